@@ -1,0 +1,43 @@
+#include "log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static ps_log_level g_level = PS_LOG_INFO;
+static const char *g_prog = "ps";
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void ps_log_set_level(ps_log_level lvl) { g_level = lvl; }
+ps_log_level ps_log_get_level(void) { return g_level; }
+void ps_log_set_prog(const char *prog) { g_prog = prog; }
+
+int ps_log_level_parse(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "debug")) return PS_LOG_DEBUG;
+    if (!strcmp(s, "info")) return PS_LOG_INFO;
+    if (!strcmp(s, "warn")) return PS_LOG_WARN;
+    if (!strcmp(s, "error")) return PS_LOG_ERROR;
+    return -1;
+}
+
+void ps_log_impl(ps_log_level lvl, const char *fmt, ...) {
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    pthread_mutex_lock(&g_lock);
+    fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s[%s] %s\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+            tm.tm_sec, ts.tv_nsec / 1000000, g_prog, names[lvl], line);
+    fflush(stderr);
+    pthread_mutex_unlock(&g_lock);
+}

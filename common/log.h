@@ -1,0 +1,24 @@
+/* log.h - leveled logging to stderr (journald keeps it) or a log file.
+ *
+ * ps_log() skips formatting entirely below the current level. Thread-safe:
+ * each line is written with a single fprintf under a lock.
+ */
+#ifndef PS_LOG_H
+#define PS_LOG_H
+
+typedef enum { PS_LOG_DEBUG = 0, PS_LOG_INFO, PS_LOG_WARN, PS_LOG_ERROR } ps_log_level;
+
+void ps_log_set_level(ps_log_level lvl);
+ps_log_level ps_log_get_level(void);
+/* Parse "debug", "info", "warn", "error"; returns -1 on anything else. */
+int ps_log_level_parse(const char *s);
+/* Prefix every line with this program name (not copied; pass a literal). */
+void ps_log_set_prog(const char *prog);
+
+void ps_log_impl(ps_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define ps_log(lvl, ...) \
+    do { if ((lvl) >= ps_log_get_level()) ps_log_impl((lvl), __VA_ARGS__); } while (0)
+
+#endif

@@ -1,0 +1,154 @@
+/* backend.h - the compute backend function table.
+ *
+ * Every layer the models use is one entry of ps_backend_ops. Exactly one
+ * place (backend.c) knows which backends exist: "ref" (plain C, slow,
+ * obviously correct; the tests' ground truth) and "dnnl" (oneDNN 2.6 CPU
+ * primitives, created once per shape and cached). A CUDA backend plugs into
+ * the same table later.
+ *
+ * Contract for every op:
+ *  - Tensors are dense float32 in plain row-major layouts: activations NCHW,
+ *    conv weights (cout, cin, kh, kw), linear weights (out, in) as in
+ *    PyTorch. Pointers are device pointers of the backend (for the CPU
+ *    backends, ordinary host memory from ps_backend_alloc).
+ *  - Gradients are written, never accumulated: dw/db/dx are overwritten.
+ *  - An optional output given as NULL is not computed (dx of the first layer).
+ *  - Ops are safe to call concurrently from several threads on the same
+ *    backend with distinct output buffers (psd serves many trainers at once).
+ *  - Ops return PS_OK or PS_ERR_INTERNAL (a library failure, with a message
+ *    in err naming the failed call); shapes are validated by the caller.
+ */
+#ifndef PS_NN_BACKEND_H
+#define PS_NN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* 2-D convolution, square stride/padding, no dilation, no groups.
+ * y is (n, cout, oh, ow) with oh = (h + 2*pad - kh)/stride + 1. */
+typedef struct ps_conv_desc {
+    int n, cin, h, w;
+    int cout, kh, kw;
+    int stride, pad;
+} ps_conv_desc;
+
+static inline int ps_conv_out_h(const ps_conv_desc *d) { return (d->h + 2 * d->pad - d->kh) / d->stride + 1; }
+static inline int ps_conv_out_w(const ps_conv_desc *d) { return (d->w + 2 * d->pad - d->kw) / d->stride + 1; }
+
+/* Max pooling, k x k window, stride, no padding; y is (n, c, oh, ow) with
+ * oh = (h - k)/stride + 1 (PyTorch's floor mode). */
+typedef struct ps_pool_desc {
+    int n, c, h, w;
+    int k, stride;
+} ps_pool_desc;
+
+static inline int ps_pool_out_h(const ps_pool_desc *d) { return (d->h - d->k) / d->stride + 1; }
+static inline int ps_pool_out_w(const ps_pool_desc *d) { return (d->w - d->k) / d->stride + 1; }
+
+/* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
+typedef struct ps_linear_desc {
+    int n, in, out;
+} ps_linear_desc;
+
+/* SGD hyper-parameters with PyTorch's torch.optim.SGD semantics
+ * (dampening 0, no Nesterov):
+ *   g' = g + weight_decay * w
+ *   buf = momentum ? (first step ? g' : momentum*buf + g') : -
+ *   w  -= lr * (momentum ? buf : g')
+ * The caller zero-fills buf and passes first_step=1 on the first update. */
+typedef struct ps_sgd_desc {
+    float lr, momentum, weight_decay;
+    int first_step;
+} ps_sgd_desc;
+
+typedef struct ps_backend_ops {
+    const char *name;
+
+    /* Create the backend's private state. device is the device index
+     * (ignored by CPU backends); nthreads the compute threads (0 = default). */
+    ps_status (*init)(void **impl, int device, int nthreads, ps_err *err);
+    void (*destroy)(void *impl);
+
+    /* Memory on the backend's device. alloc returns 64-byte aligned memory
+     * or NULL. copy_* move bytes between host and this device. */
+    void *(*alloc)(void *impl, size_t bytes);
+    void (*free)(void *impl, void *p);
+    ps_status (*copy_to_device)(void *impl, void *dst, const void *host_src, size_t bytes, ps_err *err);
+    ps_status (*copy_to_host)(void *impl, void *host_dst, const void *src, size_t bytes, ps_err *err);
+
+    /* x (n,cin,h,w), w (cout,cin,kh,kw), b (cout) -> y (n,cout,oh,ow). */
+    ps_status (*conv2d_forward)(void *impl, const ps_conv_desc *d, const float *x,
+                                const float *w, const float *b, float *y, ps_err *err);
+    /* From dy (n,cout,oh,ow): dx (may be NULL), dw, db. */
+    ps_status (*conv2d_backward)(void *impl, const ps_conv_desc *d, const float *x,
+                                 const float *w, const float *dy, float *dx, float *dw,
+                                 float *db, ps_err *err);
+
+    /* y = max(x, 0) elementwise over count elements (x == y allowed). */
+    ps_status (*relu_forward)(void *impl, int64_t count, const float *x, float *y, ps_err *err);
+    /* dx = dy where y > 0 else 0; y is relu's output (dx == dy allowed). */
+    ps_status (*relu_backward)(void *impl, int64_t count, const float *y, const float *dy,
+                               float *dx, ps_err *err);
+
+    /* Bytes of workspace maxpool_forward needs to remember argmax positions
+     * for maxpool_backward (opaque, backend-specific). */
+    size_t (*maxpool_workspace_size)(void *impl, const ps_pool_desc *d);
+    ps_status (*maxpool_forward)(void *impl, const ps_pool_desc *d, const float *x, float *y,
+                                 void *workspace, ps_err *err);
+    /* dx (n,c,h,w) from dy (n,c,oh,ow) and the forward's workspace. Ties go
+     * to the first maximum in row-major window order, as in PyTorch. */
+    ps_status (*maxpool_backward)(void *impl, const ps_pool_desc *d, const void *workspace,
+                                  const float *dy, float *dx, ps_err *err);
+
+    /* x (n,in), w (out,in), b (out) -> y (n,out). */
+    ps_status (*linear_forward)(void *impl, const ps_linear_desc *d, const float *x,
+                                const float *w, const float *b, float *y, ps_err *err);
+    /* dx (n,in; may be NULL), dw (out,in), db (out) from dy (n,out). */
+    ps_status (*linear_backward)(void *impl, const ps_linear_desc *d, const float *x,
+                                 const float *w, const float *dy, float *dx, float *dw,
+                                 float *db, ps_err *err);
+
+    /* Row-wise log-softmax of x (rows, cols). */
+    ps_status (*log_softmax_forward)(void *impl, int rows, int cols, const float *x, float *y,
+                                     ps_err *err);
+    /* dx = dy - exp(y) * sum_row(dy), y the forward's output. */
+    ps_status (*log_softmax_backward)(void *impl, int rows, int cols, const float *y,
+                                      const float *dy, float *dx, ps_err *err);
+
+    /* y = x * mask elementwise; mask holds 0 or 1/(1-p) (inverted dropout).
+     * Used for dropout's forward and backward (x == y allowed). */
+    ps_status (*mul)(void *impl, int64_t count, const float *x, const float *mask, float *y,
+                     ps_err *err);
+
+    /* One SGD update of count parameters in place (see ps_sgd_desc). buf may
+     * be NULL when momentum is 0. */
+    ps_status (*sgd_update)(void *impl, int64_t count, float *w, const float *g, float *buf,
+                            const ps_sgd_desc *s, ps_err *err);
+
+    /* dst += src elementwise (accumulating gradients of batched requests). */
+    ps_status (*add)(void *impl, int64_t count, float *dst, const float *src, ps_err *err);
+} ps_backend_ops;
+
+/* A created backend: the op table plus its private state. */
+typedef struct ps_backend {
+    const ps_backend_ops *ops;
+    void *impl;
+    int device;      /* device index, 0 for CPU backends */
+    char label[32];  /* e.g. "dnnl/cpu", "ref/cpu", "cuda/cuda:1" */
+} ps_backend;
+
+/* Names of the backends compiled in, NULL-terminated (e.g. {"ref","dnnl",NULL}). */
+const char *const *ps_backend_names(void);
+
+/* Create a backend by name; unknown names give PS_ERR_NOT_FOUND listing the
+ * known ones. ps_backend_free(NULL) is a no-op. */
+ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err *err);
+void ps_backend_free(ps_backend *b);
+
+/* Convenience wrappers over ops->alloc/free. */
+float *ps_backend_alloc_floats(ps_backend *b, int64_t count);
+void ps_backend_release(ps_backend *b, void *p);
+
+#endif

