@@ -1,0 +1,73 @@
+/* backend.c - the one place that knows which backends exist.
+ *
+ * ps_backend_create() looks a name up in a const table of op tables, runs
+ * the backend's init and wraps the result in a ps_backend the caller frees
+ * with ps_backend_free(). Adding a backend = one line in kBackends plus its
+ * backend_<name>.c exporting a ps_backend_ops.
+ */
+#include "backend.h"
+#include "backend_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const ps_backend_ops *const kBackends[] = {
+    &ps_backend_ref_ops,
+};
+#define PS_NBACKENDS (sizeof kBackends / sizeof kBackends[0])
+
+static const char *const kBackendNames[] = { "ref", NULL };
+
+const char *const *ps_backend_names(void) {
+    return kBackendNames;
+}
+
+ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err *err) {
+    const ps_backend_ops *ops = NULL;
+    for (size_t i = 0; i < PS_NBACKENDS; i++) {
+        if (name && strcmp(name, kBackends[i]->name) == 0) {
+            ops = kBackends[i];
+            break;
+        }
+    }
+    if (!ops) {
+        char known[128] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < PS_NBACKENDS && len < sizeof known; i++)
+            len += (size_t)snprintf(known + len, sizeof known - len, "%s%s",
+                                    i ? ", " : "", kBackends[i]->name);
+        ps_err_set(err, PS_ERR_NOT_FOUND, "unknown backend '%s' (known: %s)",
+                   name ? name : "(null)", known);
+        return NULL;
+    }
+    ps_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "backend '%s': out of memory", name);
+        return NULL;
+    }
+    if (ops->init(&b->impl, device, nthreads, err) != PS_OK) {
+        ps_err_prefix(err, "backend '%s'", name);
+        free(b);
+        return NULL;
+    }
+    b->ops = ops;
+    b->device = device;
+    snprintf(b->label, sizeof b->label, "%s/cpu", ops->name);
+    return b;
+}
+
+void ps_backend_free(ps_backend *b) {
+    if (!b) return;
+    b->ops->destroy(b->impl);
+    free(b);
+}
+
+float *ps_backend_alloc_floats(ps_backend *b, int64_t count) {
+    if (count < 0) return NULL;
+    return b->ops->alloc(b->impl, (size_t)count * sizeof(float));
+}
+
+void ps_backend_release(ps_backend *b, void *p) {
+    if (p) b->ops->free(b->impl, p);
+}

@@ -1,0 +1,12 @@
+/* backend_impl.h - private to common/nn: the op tables of the backends
+ * compiled in. Only backend.c refers to them; everything else goes through
+ * ps_backend_create(). Each backend_<name>.c defines exactly one table.
+ */
+#ifndef PS_NN_BACKEND_IMPL_H
+#define PS_NN_BACKEND_IMPL_H
+
+#include "backend.h"
+
+extern const ps_backend_ops ps_backend_ref_ops;   /* backend_ref.c */
+
+#endif
