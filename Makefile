@@ -16,7 +16,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wno-missing-field-initializers
-CPPFLAGS += -Icommon -Icommon/nn -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
+CPPFLAGS += -Icommon -Icommon/nn -Iserver -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
 LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthread -lm
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
@@ -26,7 +26,9 @@ PROTO_H  := $(BUILD)/proto/ps.pb.h
 LIB_SRC  := $(wildcard common/*.c common/nn/*.c)
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/proto/ps.pb.o
 LIB      := $(BUILD)/libps.a
-PSD_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard server/*.c))
+SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
+SRV_LIB  := $(BUILD)/libpsd.a
+PSD_OBJ  := $(BUILD)/obj/server/psd.o
 TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard trainer/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
@@ -74,7 +76,11 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/bin/psd: $(PSD_OBJ) $(LIB)
+$(SRV_LIB): $(SRV_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/psd: $(PSD_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -82,7 +88,7 @@ $(BUILD)/bin/ps-train: $(TRN_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

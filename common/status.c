@@ -44,7 +44,14 @@ ps_status ps_err_prefix(ps_err *e, const char *fmt, ...) {
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", head, old);
+    size_t hl = strlen(head);
+    if (hl > sizeof e->msg - 3) hl = sizeof e->msg - 3;
+    memcpy(e->msg, head, hl);
+    memcpy(e->msg + hl, ": ", 2);
+    size_t room = sizeof e->msg - hl - 3;
+    size_t ol = strnlen(old, room);
+    memcpy(e->msg + hl + 2, old, ol);
+    e->msg[hl + 2 + ol] = '\0';
     return e->code;
 }
 

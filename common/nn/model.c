@@ -486,7 +486,7 @@ static ps_status cross_stage(stage *from, stage *to, const float *src, int64_t c
     return PS_OK;
 }
 
-static ps_status layer_forward(ps_model *m, stage *st, tape_stage *ts, int l, int n, int train,
+static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int train,
                                const float *const *dropout_masks, ps_rng *rng, ps_err *err) {
     layer *ly = &st->layers[l];
     const layer_def *d = ly->def;
@@ -608,7 +608,7 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
             ts->owned[0] = (unsigned char)owned;
         }
         for (int l = 0; l < st->nlayers && rc == PS_OK; l++)
-            rc = layer_forward(m, st, ts, l, n, train, dropout_masks, &rng, err);
+            rc = layer_forward(st, ts, l, n, train, dropout_masks, &rng, err);
     }
     pthread_rwlock_unlock(&m->lock);
 

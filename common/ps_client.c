@@ -1,0 +1,155 @@
+#include "ps_client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc.h"
+
+struct ps_client {
+    ps_rpc_client *rpc;
+    int timeout_ms;
+    size_t max_bytes;
+    char target[256];
+};
+
+ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_bytes, ps_err *err) {
+    ps_client *c = calloc(1, sizeof *c);
+    if (!c) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    c->rpc = ps_rpc_client_create(target, max_message_bytes, err);
+    if (!c->rpc) { free(c); return NULL; }
+    c->timeout_ms = timeout_ms;
+    c->max_bytes = (size_t)max_message_bytes;
+    snprintf(c->target, sizeof c->target, "%s", target);
+    return c;
+}
+
+void ps_client_free(ps_client *c) {
+    if (!c) return;
+    ps_rpc_client_free(c->rpc);
+    free(c);
+}
+
+const char *ps_client_target(const ps_client *c) { return c->target; }
+
+/* Encode req, call method, decode the reply into resp (callbacks bound by
+ * the caller). */
+static ps_status call(ps_client *c, const char *method, const pb_msgdesc_t *req_fields, const void *req,
+                      const pb_msgdesc_t *resp_fields, void *resp, ps_err *err) {
+    grpc_byte_buffer *rq = NULL, *rs = NULL;
+    ps_status rc = ps_wire_encode(req_fields, req, &rq, err);
+    if (rc) return rc;
+    grpc_status_code code;
+    char details[PS_RPC_DETAILS_MAX] = "";
+    rc = ps_rpc_client_call(c->rpc, method, rq, &rs, c->timeout_ms, &code, details, sizeof details, err);
+    grpc_byte_buffer_destroy(rq);
+    const char *short_name = strrchr(method, '/') ? strrchr(method, '/') + 1 : method;
+    if (rc) return ps_err_prefix(err, "%s", short_name);
+    if (code != GRPC_STATUS_OK) {
+        if (rs) grpc_byte_buffer_destroy(rs);
+        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s", short_name, c->target,
+                          ps_grpc_code_name(code), details[0] ? details : "(no details)");
+    }
+    rc = ps_wire_decode(rs, resp_fields, resp, err);
+    if (rs) grpc_byte_buffer_destroy(rs);
+    if (rc) ps_err_prefix(err, "%s reply", short_name);
+    return rc;
+}
+
+ps_status ps_client_forward(ps_client *c, uint64_t ctx, uint32_t rank, int train, const float *x, int n,
+                            int ch, int h, int w, float *out, int64_t out_cap, int64_t *out_cols,
+                            uint64_t *version, ps_err *err) {
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    req.context_id = ctx;
+    req.train = train != 0;
+    req.trainer_rank = rank;
+    req.has_input = true;
+    int64_t dims[4] = {n, ch, h, w};
+    ps_wire_tensor_encode_bind(&req.input, NULL, 4, dims, x);
+    ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
+    ps_wire_tensor_in in;
+    ps_wire_tensor_in_init(&in, c->max_bytes);
+    in.err = err;
+    ps_wire_tensor_decode_bind(&resp.output, &in);
+    ps_status rc = call(c, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &req,
+                        ps_ForwardResponse_fields, &resp, err);
+    if (rc == PS_OK) rc = ps_wire_tensor_check(&resp.output, &in, "ForwardResponse.output", err);
+    if (rc == PS_OK && (resp.output.shape_count != 2 || resp.output.shape[0] != n ||
+                        resp.output.shape[0] * resp.output.shape[1] > out_cap))
+        rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: output has an unexpected shape");
+    if (rc == PS_OK) {
+        memcpy(out, in.data, in.bytes);
+        if (out_cols) *out_cols = resp.output.shape[1];
+        if (version) *version = resp.model_version;
+    }
+    ps_wire_tensor_in_free(&in);
+    return rc;
+}
+
+ps_status ps_client_backward(ps_client *c, uint64_t ctx, const float *grad, int n, int cols, int step,
+                             uint64_t *version, ps_err *err) {
+    ps_BackwardRequest req = ps_BackwardRequest_init_zero;
+    req.context_id = ctx;
+    req.step = step != 0;
+    req.has_grad_output = true;
+    int64_t dims[2] = {n, cols};
+    ps_wire_tensor_encode_bind(&req.grad_output, NULL, 2, dims, grad);
+    ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
+    ps_status rc = call(c, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &req,
+                        ps_BackwardResponse_fields, &resp, err);
+    if (rc == PS_OK && version) *version = resp.model_version;
+    return rc;
+}
+
+ps_status ps_client_step(ps_client *c, uint64_t ctx, uint64_t *version, ps_err *err) {
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    req.context_id = ctx;
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    ps_status rc = call(c, "/ps.ParameterServer/Step", ps_StepRequest_fields, &req, ps_StepResponse_fields,
+                        &resp, err);
+    if (rc == PS_OK && version) *version = resp.model_version;
+    return rc;
+}
+
+ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_list *list, ps_err *err) {
+    ps_GetGradientsRequest req = ps_GetGradientsRequest_init_zero;
+    req.context_id = ctx;
+    ps_GetGradientsResponse resp = ps_GetGradientsResponse_init_zero;
+    ps_wire_tensor_list_init(list, c->max_bytes);
+    list->err = err;
+    ps_wire_tensors_decode_bind(&resp.gradients, list);
+    return call(c, "/ps.ParameterServer/GetGradients", ps_GetGradientsRequest_fields, &req,
+                ps_GetGradientsResponse_fields, &resp, err);
+}
+
+ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
+                                    ps_err *err) {
+    ps_ListParametersRequest req = ps_ListParametersRequest_init_zero;
+    ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero;
+    ps_wire_param_list_init(list, 4096);
+    list->err = err;
+    ps_wire_params_decode_bind(&resp.parameters, list);
+    ps_status rc = call(c, "/ps.ParameterServer/ListParameters", ps_ListParametersRequest_fields, &req,
+                        ps_ListParametersResponse_fields, &resp, err);
+    if (rc == PS_OK && model) snprintf(model, model_len, "%s", resp.model);
+    return rc;
+}
+
+ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err) {
+    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+    ps_wire_tensor_list_init(list, c->max_bytes);
+    list->err = err;
+    ps_wire_tensors_decode_bind(&resp.parameters, list);
+    ps_status rc = call(c, "/ps.ParameterServer/GetParameters", ps_GetParametersRequest_fields, &req,
+                        ps_GetParametersResponse_fields, &resp, err);
+    if (rc == PS_OK && version) *version = resp.model_version;
+    return rc;
+}
+
+ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
+    ps_StatusRequest req = ps_StatusRequest_init_zero;
+    *out = (ps_StatusResponse)ps_StatusResponse_init_zero;
+    return call(c, "/ps.ParameterServer/Status", ps_StatusRequest_fields, &req, ps_StatusResponse_fields,
+                out, err);
+}

@@ -1,0 +1,385 @@
+#include "service.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "wire.h"
+
+struct ps_service {
+    ps_model *model;
+    ps_ctx_table *ctx;
+    size_t max_tensor_bytes;
+    double start;
+    uint64_t samples;            /* __atomic */
+    char consistency[256];
+};
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err *err) {
+    ps_service *s = calloc(1, sizeof *s);
+    if (!s) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    s->model = model;
+    s->ctx = ps_ctx_table_create(o->context_ttl_s, o->max_contexts);
+    if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    s->max_tensor_bytes = o->max_message_bytes;
+    s->start = mono_now();
+    snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
+    return s;
+}
+
+void ps_service_free(ps_service *s) {
+    if (!s) return;
+    ps_ctx_table_free(s->ctx);
+    free(s);
+}
+
+size_t ps_service_expire(ps_service *s) { return ps_ctx_table_expire(s->ctx); }
+
+void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
+    ps_ctx_table_stats(s->ctx, ctx);
+    *samples = __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
+}
+
+/* Reply with an error from err. */
+static void fail(grpc_status_code *code, char *details, size_t dlen, const ps_err *err) {
+    *code = ps_grpc_from_status(err->code);
+    snprintf(details, dlen, "%s", err->msg);
+}
+
+static void reply(const pb_msgdesc_t *fields, const void *msg, grpc_byte_buffer **response,
+                  grpc_status_code *code, char *details, size_t dlen) {
+    ps_err err = {0};
+    if (ps_wire_encode(fields, msg, response, &err) != PS_OK) fail(code, details, dlen, &err);
+}
+
+static ps_status check_finite(const float *x, size_t n, const char *what, ps_err *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: element %zu is %s; inputs must be "
+                              "finite", what, i, isnan(x[i]) ? "NaN" : "infinite");
+    return PS_OK;
+}
+
+static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
+    size_t o = 0;
+    o += snprintf(buf + o, len - o, "(");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (o < len) snprintf(buf + o, len - o, ")");
+}
+
+/* Distinct, reproducible dropout streams per context. */
+static uint64_t dropout_seed(uint64_t ctx_id) { return ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL; }
+
+static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                           grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    ps_wire_tensor_in in;
+    ps_wire_tensor_in_init(&in, s->max_tensor_bytes);
+    in.err = &err;
+    ps_wire_tensor_decode_bind(&req.input, &in);
+    float *out = NULL;
+    ps_tape *tape = NULL;
+    if (ps_wire_decode(request, ps_ForwardRequest_fields, &req, &err) ||
+        (!req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
+        ps_wire_tensor_check(&req.input, &in, "ForwardRequest.input", &err))
+        goto fail;
+    int c, h, w;
+    ps_model_input_shape(s->model, &c, &h, &w);
+    if (req.input.shape_count != 4 || req.input.shape[1] != c || req.input.shape[2] != h ||
+        req.input.shape[3] != w) {
+        char got[96];
+        format_shape(got, sizeof got, req.input.shape, (int)req.input.shape_count);
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: shape %s does not match the "
+                   "model's input (N, %d, %d, %d)", got, c, h, w);
+        goto fail;
+    }
+    int64_t n = req.input.shape[0];
+    if (n > ps_model_max_batch(s->model)) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: batch %lld is larger than "
+                   "the maximum %d", (long long)n, ps_model_max_batch(s->model));
+        goto fail;
+    }
+    if (req.train && req.context_id == 0) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.context_id: a training forward "
+                   "needs a non-zero context id");
+        goto fail;
+    }
+    if (check_finite(in.data, in.bytes / sizeof(float), "ForwardRequest.input", &err)) goto fail;
+    int outsz = ps_model_output_size(s->model);
+    out = malloc((size_t)n * outsz * sizeof(float));
+    if (!out) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    uint64_t version = 0;
+    if (ps_model_forward(s->model, in.data, (int)n, req.train, NULL, dropout_seed(req.context_id), out,
+                         req.train ? &tape : NULL, &version, &err))
+        goto fail;
+    if (req.train) {
+        ps_ctx_table_note_rank(s->ctx, req.trainer_rank);
+        if (ps_ctx_table_insert(s->ctx, req.context_id, req.trainer_rank, tape, &err)) goto fail;
+        tape = NULL;  /* the table owns it now */
+        __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
+    }
+    ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
+    int64_t dims[2] = {n, outsz};
+    resp.has_output = true;
+    ps_wire_tensor_encode_bind(&resp.output, NULL, 2, dims, out);
+    resp.model_version = version;
+    reply(ps_ForwardResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    ps_tape_free(tape);
+    free(out);
+    ps_wire_tensor_in_free(&in);
+}
+
+static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                            grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_BackwardRequest req = ps_BackwardRequest_init_zero;
+    ps_wire_tensor_in in;
+    ps_wire_tensor_in_init(&in, s->max_tensor_bytes);
+    in.err = &err;
+    ps_wire_tensor_decode_bind(&req.grad_output, &in);
+    ps_ctx *c = NULL;
+    if (ps_wire_decode(request, ps_BackwardRequest_fields, &req, &err) ||
+        (!req.has_grad_output && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.grad_output is missing")) ||
+        ps_wire_tensor_check(&req.grad_output, &in, "BackwardRequest.grad_output", &err))
+        goto fail;
+    c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
+    if (!c) goto fail;
+    int n = ps_tape_batch(c->tape), outsz = ps_model_output_size(s->model);
+    if (req.grad_output.shape_count != 2 || req.grad_output.shape[0] != n || req.grad_output.shape[1] != outsz) {
+        char got[96];
+        format_shape(got, sizeof got, req.grad_output.shape, (int)req.grad_output.shape_count);
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.grad_output: shape %s does not match "
+                   "the context's output (%d, %d)", got, n, outsz);
+        goto fail;
+    }
+    if (check_finite(in.data, in.bytes / sizeof(float), "BackwardRequest.grad_output", &err)) goto fail;
+    if (ps_model_backward(s->model, c->tape, in.data, &err)) goto fail;
+    c->state = PS_CTX_BACKWARDED;
+    ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
+    if (req.step) {
+        uint64_t v;
+        if (ps_model_step(s->model, c->tape, &v, &err)) goto fail;
+        ps_ctx_table_finish(s->ctx, c, v);
+        c = NULL;
+        resp.model_version = v;
+    } else {
+        resp.model_version = ps_model_version(s->model);
+    }
+    reply(ps_BackwardResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    ps_wire_tensor_in_free(&in);
+}
+
+static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                 grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                 size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_GetGradientsRequest req = ps_GetGradientsRequest_init_zero;
+    ps_ctx *c = NULL;
+    float *buf = NULL;
+    ps_wire_named *items = NULL;
+    if (ps_wire_decode(request, ps_GetGradientsRequest_fields, &req, &err)) goto fail;
+    c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
+    if (!c) goto fail;
+    if (!ps_tape_has_grads(c->tape)) {
+        ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients yet (call Backward first)",
+                   (unsigned long long)req.context_id);
+        goto fail;
+    }
+    int np = ps_model_num_params(s->model);
+    buf = malloc((size_t)ps_model_num_weights(s->model) * sizeof(float));
+    items = calloc(np, sizeof *items);
+    if (!buf || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    float *p = buf;
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        if (ps_tape_get_grad(s->model, c->tape, i, p, &err)) goto fail;
+        items[i].name = pi->name;
+        items[i].ndim = pi->ndim;
+        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
+        items[i].data = p;
+        p += pi->numel;
+    }
+    ps_wire_named_list list = {items, (size_t)np};
+    ps_GetGradientsResponse resp = ps_GetGradientsResponse_init_zero;
+    ps_wire_tensors_encode_bind(&resp.gradients, &list);
+    reply(ps_GetGradientsResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    free(items);
+    free(buf);
+}
+
+static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                        grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    ps_ctx *c = NULL;
+    if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err)) goto fail;
+    int finished = 0;
+    uint64_t v = 0;
+    c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
+    if (!c && finished) {   /* a retried Step: answer what the first one did */
+        resp.model_version = v;
+        reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
+        return;
+    }
+    if (!c) goto fail;
+    if (!ps_tape_has_grads(c->tape)) {
+        ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
+                   "Backward first)", (unsigned long long)req.context_id);
+        goto fail;
+    }
+    if (ps_model_step(s->model, c->tape, &v, &err)) goto fail;
+    ps_ctx_table_finish(s->ctx, c, v);
+    c = NULL;
+    resp.model_version = v;
+    reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
+    return;
+fail:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    fail(code, details, dlen, &err);
+}
+
+static void handle_list_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                   size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_ListParametersRequest req = ps_ListParametersRequest_init_zero;
+    if (ps_wire_decode(request, ps_ListParametersRequest_fields, &req, &err)) {
+        fail(code, details, dlen, &err);
+        return;
+    }
+    int np = ps_model_num_params(s->model);
+    ps_wire_named *items = calloc(np, sizeof *items);
+    if (!items) {
+        ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        fail(code, details, dlen, &err);
+        return;
+    }
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        items[i].name = pi->name;
+        items[i].ndim = pi->ndim;
+        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
+        items[i].device = pi->device;
+        items[i].stage = pi->stage;
+    }
+    ps_wire_named_list list = {items, (size_t)np};
+    ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero;
+    ps_wire_params_encode_bind(&resp.parameters, &list);
+    snprintf(resp.model, sizeof resp.model, "%s", ps_model_arch(s->model));
+    reply(ps_ListParametersResponse_fields, &resp, response, code, details, dlen);
+    free(items);
+}
+
+static void handle_get_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                  size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    float *buf = NULL;
+    ps_wire_named *items = NULL;
+    if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
+    int np = ps_model_num_params(s->model);
+    buf = malloc((size_t)ps_model_num_weights(s->model) * sizeof(float));
+    items = calloc(np, sizeof *items);
+    if (!buf || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+    resp.model_version = ps_model_version(s->model);
+    float *p = buf;
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        if (ps_model_get_param(s->model, i, p, &err)) goto fail;
+        items[i].name = pi->name;
+        items[i].ndim = pi->ndim;
+        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
+        items[i].data = p;
+        p += pi->numel;
+    }
+    ps_wire_named_list list = {items, (size_t)np};
+    ps_wire_tensors_encode_bind(&resp.parameters, &list);
+    reply(ps_GetParametersResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    free(items);
+    free(buf);
+}
+
+static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                          grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_StatusRequest req = ps_StatusRequest_init_zero;
+    if (ps_wire_decode(request, ps_StatusRequest_fields, &req, &err)) {
+        fail(code, details, dlen, &err);
+        return;
+    }
+    ps_StatusResponse resp = ps_StatusResponse_init_zero;
+    ps_ctx_stats st;
+    uint64_t samples;
+    ps_service_stats(s, &st, &samples);
+    snprintf(resp.version, sizeof resp.version, "%s", PS_VERSION);
+    snprintf(resp.model, sizeof resp.model, "%s", ps_model_arch(s->model));
+    resp.uptime_s = mono_now() - s->start;
+    resp.model_version = ps_model_version(s->model);
+    resp.live_contexts = st.live;
+    resp.expired_contexts = st.expired;
+    resp.trainers_seen = st.trainers_seen;
+    resp.samples = samples;
+    snprintf(resp.consistency, sizeof resp.consistency, "%s", s->consistency);
+    reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
+}
+
+static const ps_rpc_method methods[] = {
+    {"/ps.ParameterServer/Forward", handle_forward},
+    {"/ps.ParameterServer/Backward", handle_backward},
+    {"/ps.ParameterServer/GetGradients", handle_get_gradients},
+    {"/ps.ParameterServer/Step", handle_step},
+    {"/ps.ParameterServer/ListParameters", handle_list_parameters},
+    {"/ps.ParameterServer/GetParameters", handle_get_parameters},
+    {"/ps.ParameterServer/Status", handle_status},
+};
+
+const ps_rpc_method *ps_service_methods(int *n) {
+    *n = (int)(sizeof methods / sizeof methods[0]);
+    return methods;
+}

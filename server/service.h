@@ -1,0 +1,46 @@
+/* service.h - the ParameterServer gRPC service: request validation and the
+ * distributed-autograd context protocol on top of a model.
+ *
+ * Forward(ctx, batch, train) -> log-probabilities; with train the context
+ * keeps what Backward needs. Backward(ctx, grad_output) puts parameter
+ * gradients into the context (never into shared state); with step=true it
+ * also applies the optimizer (one round trip). GetGradients(ctx) returns
+ * them; Step(ctx) applies SGD with them and frees the context; a repeated
+ * Step of a finished context answers the version it produced (idempotent).
+ *
+ * Every handler validates what a peer sends and answers INVALID_ARGUMENT,
+ * NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS or RESOURCE_EXHAUSTED with
+ * a message naming the field; nothing a request contains can stop psd.
+ */
+#ifndef PS_SERVICE_H
+#define PS_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctx_table.h"
+#include "model.h"
+#include "rpc.h"
+
+typedef struct ps_service ps_service;
+
+typedef struct ps_service_opts {
+    double context_ttl_s;
+    size_t max_contexts;
+    size_t max_message_bytes;
+    const char *consistency;  /* description given in Status */
+} ps_service_opts;
+
+/* The service uses (does not own) the model. */
+ps_service *ps_service_create(ps_model *model, const ps_service_opts *opts, ps_err *err);
+void ps_service_free(ps_service *s);
+
+/* The method table to hand to ps_rpc_server_create with s as user data. */
+const ps_rpc_method *ps_service_methods(int *n);
+
+/* Expire idle contexts; returns how many. Call periodically. */
+size_t ps_service_expire(ps_service *s);
+
+void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
+
+#endif

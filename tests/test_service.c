@@ -1,0 +1,242 @@
+/* test_service - the ParameterServer service over real gRPC on loopback.
+ *
+ * Starts the service in-process on 127.0.0.1:<free port> (or, with
+ * PSD_ADDR=host:port, talks to an already running psd, as the integration
+ * test does while trainers train) and checks the protocol: parameter
+ * listing, a full Forward/Backward/GetGradients/Step cycle with a gradient
+ * larger than gRPC's 4 MiB default, idempotent Step, and that malformed
+ * requests, wrong shapes, unknown contexts and unknown methods get precise
+ * statuses while the server keeps serving. */
+#include <grpc/grpc.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model.h"
+#include "ps_client.h"
+#include "rpc.h"
+#include "service.h"
+#include "wire.h"
+
+#define MAXMSG (64 << 20)
+
+static ps_client *cl;
+static ps_rpc_client *raw;
+
+/* Send raw bytes to method; returns the status code, details in det. */
+static grpc_status_code send_raw(const char *method, const void *bytes, size_t len, char *det, size_t dlen) {
+    grpc_slice s = grpc_slice_from_copied_buffer(bytes, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_byte_buffer *resp = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    ps_err err = {0};
+    det[0] = 0;
+    CHECK(ps_rpc_client_call(raw, method, bb, &resp, 10000, &code, det, dlen, &err) == PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    if (resp) grpc_byte_buffer_destroy(resp);
+    return code;
+}
+
+/* Encode a ForwardRequest whose declared shape may differ from its data. */
+static grpc_status_code send_forward(uint64_t ctx, int train, const int64_t *dims, int ndim, const float *data,
+                                     int64_t data_floats, char *det, size_t dlen) {
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    req.context_id = ctx;
+    req.train = train;
+    req.has_input = true;
+    /* Bind with a fake 1-D shape of the real data size, then overwrite the declared shape. */
+    int64_t real[1] = {data_floats};
+    ps_wire_tensor_encode_bind(&req.input, NULL, 1, real, data);
+    req.input.shape_count = (pb_size_t)ndim;
+    for (int i = 0; i < ndim; i++) req.input.shape[i] = dims[i];
+    grpc_byte_buffer *bb = NULL, *resp = NULL;
+    ps_err err = {0};
+    CHECK(ps_wire_encode(ps_ForwardRequest_fields, &req, &bb, &err) == PS_OK);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    det[0] = 0;
+    CHECK(ps_rpc_client_call(raw, "/ps.ParameterServer/Forward", bb, &resp, 10000, &code, det, dlen, &err) == PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    if (resp) grpc_byte_buffer_destroy(resp);
+    return code;
+}
+
+static void fill_input(float *x, int n) {
+    for (int i = 0; i < n * 784; i++) x[i] = (float)((i * 7919) % 255) / 255.0f - 0.4f;
+}
+
+int main(void) {
+    const char *ext = getenv("PSD_ADDR");
+    grpc_init();
+    ps_err err = {0};
+    ps_model *model = NULL, *ref = NULL;
+    ps_service *svc = NULL;
+    ps_rpc_server *srv = NULL;
+    char addr[64];
+    if (ext) {
+        snprintf(addr, sizeof addr, "%s", ext);
+    } else {
+        ps_model_opts mo = {.arch = "mnist_cnn", .cpu_backend = "dnnl", .seed = 1, .compute_threads = 2,
+                            .lr = 0.03f};
+        model = ps_model_create(&mo, &err);
+        CHECK_MSG(model, "%s", err.msg);
+        mo.cpu_backend = "ref";
+        ref = ps_model_create(&mo, &err);  /* same seed: same initial weights */
+        CHECK_MSG(ref, "%s", err.msg);
+        ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
+                              .consistency = "hogwild"};
+        svc = ps_service_create(model, &so, &err);
+        int nm;
+        const ps_rpc_method *methods = ps_service_methods(&nm);
+        srv = ps_rpc_server_create("127.0.0.1:0", 2, MAXMSG, methods, nm, svc, &err);
+        CHECK_MSG(srv, "%s", err.msg);
+        if (!srv || ps_rpc_server_start(srv, &err)) return check_summary("test_service");
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", ps_rpc_server_port(srv));
+    }
+    cl = ps_client_create(addr, 30000, MAXMSG, &err);
+    raw = ps_rpc_client_create(addr, MAXMSG, &err);
+    CHECK(cl && raw);
+    char det[PS_RPC_DETAILS_MAX];
+
+    /* Parameters as in PyTorch's state_dict. */
+    ps_wire_param_list pl;
+    char mname[64];
+    CHECK(ps_client_list_parameters(cl, &pl, mname, sizeof mname, &err) == PS_OK);
+    static const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                  "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+    static const int64_t numel[] = {288, 32, 18432, 64, 1179648, 128, 1280, 10};
+    CHECK(pl.n == 8);
+    CHECK(!strcmp(mname, "mnist_cnn"));
+    for (size_t i = 0; i < pl.n && i < 8; i++) {
+        int64_t c = 1;
+        for (pb_size_t d = 0; d < pl.items[i].shape_count; d++) c *= pl.items[i].shape[d];
+        CHECK_MSG(!strcmp(pl.items[i].name, names[i]) && c == numel[i], "param %zu: %s", i, pl.items[i].name);
+        CHECK(!strcmp(pl.items[i].stage, i < 4 ? "conv" : "fc"));
+        CHECK(!strcmp(pl.items[i].device, "cpu"));
+    }
+    ps_wire_param_list_free(&pl);
+
+    const int n = 4;
+    float x[4 * 784], out[40], ref_out[40];
+    fill_input(x, n);
+    int64_t cols;
+
+    /* Eval forward over the wire equals the reference backend in-process. */
+    if (ref) {
+        CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        CHECK(cols == 10);
+        CHECK(ps_model_forward(ref, x, n, 0, NULL, 0, ref_out, NULL, NULL, &err) == PS_OK);
+        double md = 0;
+        for (int i = 0; i < 40; i++) md = fmax(md, fabs(out[i] - ref_out[i]));
+        CHECK_MSG(md < 1e-4, "wire forward vs reference: %g", md);
+    }
+
+    /* A full cycle. */
+    uint64_t ctx = 0x5eed000000000001ULL + (uint64_t)(ext ? 1000 : 0), v0 = 0, v1 = 0, v2 = 0;
+    ps_StatusResponse st;
+    CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+    v0 = st.model_version;
+    CHECK(ps_client_forward(cl, ctx, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    float grad[40] = {0};
+    int y[4] = {3, 1, 4, 1};
+    for (int i = 0; i < n; i++) grad[i * 10 + y[i]] = -1.0f / n;
+    /* Step before Backward: nothing to apply. */
+    CHECK(ps_client_step(cl, ctx, NULL, &err) == PS_ERR_FAILED_PRECONDITION);
+    CHECK(strstr(err.msg, "Backward first") != NULL);
+    /* Wrong gradient shape: refused, context still usable. */
+    CHECK(ps_client_backward(cl, ctx, grad, n, 9, 0, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(err.msg, "grad_output") && strstr(err.msg, "(4, 9)"));
+    CHECK(ps_client_backward(cl, ctx, grad, n, 10, 0, NULL, &err) == PS_OK);
+    ps_wire_tensor_list gl;
+    CHECK(ps_client_get_gradients(cl, ctx, &gl, &err) == PS_OK);
+    CHECK(gl.n == 8);
+    if (gl.n == 8) {
+        CHECK(!strcmp(gl.items[4].name, "fc1.weight") && gl.items[4].bytes == 1179648 * 4);  /* > 4 MiB */
+        /* fc2.bias gradient = sum_i (softmax_i - onehot_i) / n, from the outputs alone. */
+        double md = 0;
+        for (int c = 0; c < 10; c++) {
+            double want = 0;
+            for (int i = 0; i < n; i++) want += (exp(out[i * 10 + c]) - (y[i] == c)) / n;
+            md = fmax(md, fabs(want - gl.items[7].data[c]));
+        }
+        CHECK_MSG(md < 1e-5, "fc2.bias gradient off by %g", md);
+        int finite = 1;
+        for (size_t t = 0; t < gl.n; t++)
+            for (size_t j = 0; j < gl.items[t].bytes / 4; j++) finite &= isfinite(gl.items[t].data[j]);
+        CHECK(finite);
+    }
+    ps_wire_tensor_list_free(&gl);
+    CHECK(ps_client_step(cl, ctx, &v1, &err) == PS_OK);
+    CHECK(v1 > v0);
+    /* A retried Step is answered, not applied twice. */
+    CHECK(ps_client_step(cl, ctx, &v2, &err) == PS_OK);
+    CHECK(v2 == v1);
+    if (!ext) {
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.model_version == v1);
+        CHECK(st.live_contexts == 0);
+    }
+    /* The context is gone after Step. */
+    CHECK(ps_client_backward(cl, ctx, grad, n, 10, 0, NULL, &err) == PS_ERR_NOT_FOUND);
+    /* Reusing a finished context id is refused. */
+    CHECK(ps_client_forward(cl, ctx, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_ERR_ALREADY_EXISTS);
+    /* Fused Backward+Step. */
+    CHECK(ps_client_forward(cl, ctx + 1, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(ps_client_backward(cl, ctx + 1, grad, n, 10, 1, &v2, &err) == PS_OK);
+    CHECK(v2 > v1);
+    CHECK(ps_client_step(cl, ctx + 1, &v1, &err) == PS_OK && v1 == v2);
+
+    /* Unknown contexts. */
+    CHECK(ps_client_backward(cl, 0xdeadbeefULL, grad, n, 10, 0, NULL, &err) == PS_ERR_NOT_FOUND);
+    CHECK(strstr(err.msg, "unknown context") != NULL);
+    CHECK(ps_client_step(cl, 0xdeadbeefULL, NULL, &err) == PS_ERR_NOT_FOUND);
+    ps_wire_tensor_list gl2;
+    CHECK(ps_client_get_gradients(cl, 0xdeadbeefULL, &gl2, &err) == PS_ERR_NOT_FOUND);
+    ps_wire_tensor_list_free(&gl2);
+
+    /* Malformed protobuf. */
+    static const unsigned char garbage[] = {0x12, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x01, 0x02};
+    CHECK(send_raw("/ps.ParameterServer/Forward", garbage, sizeof garbage, det, sizeof det) ==
+          GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(det, "malformed") != NULL);
+    CHECK(send_raw("/ps.ParameterServer/Backward", garbage, 3, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    /* Unknown method. */
+    CHECK(send_raw("/ps.ParameterServer/Explode", "", 0, det, sizeof det) == GRPC_STATUS_UNIMPLEMENTED);
+    /* Wrong input shape. */
+    int64_t bad[4] = {n, 1, 28, 29};
+    CHECK(send_forward(0, 0, bad, 4, x, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    int64_t bad2[4] = {n, 1, 784, 1};
+    CHECK(send_forward(0, 0, bad2, 4, x, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(det, "(4, 1, 784, 1)") && strstr(det, "(N, 1, 28, 28)"));
+    /* Declared shape larger than the data sent. */
+    int64_t more[4] = {n + 1, 1, 28, 28};
+    CHECK(send_forward(0, 0, more, 4, x, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    /* Absurd shape (a memory bomb) with little data. */
+    int64_t bomb[4] = {1000000000000LL, 1, 28, 28};
+    CHECK(send_forward(0, 0, bomb, 4, x, 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    /* Training forward without a context id. */
+    int64_t good[4] = {n, 1, 28, 28};
+    CHECK(send_forward(0, 1, good, 4, x, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(det, "context_id") != NULL);
+    /* NaN in the input. */
+    float xn[4 * 784];
+    memcpy(xn, x, sizeof xn);
+    xn[100] = NAN;
+    CHECK(send_forward(0, 0, good, 4, xn, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(det, "NaN") != NULL);
+
+    /* Still serving. */
+    CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+
+    ps_client_free(cl);
+    ps_rpc_client_free(raw);
+    ps_rpc_server_free(srv);
+    ps_service_free(svc);
+    ps_model_free(model);
+    ps_model_free(ref);
+    grpc_shutdown();
+    return check_summary("test_service");
+}
