@@ -459,10 +459,10 @@ static int st_order_cmp(const void *a, const void *b) {
     return 0;
 }
 
-/* Checks sizes and offsets against a data buffer of dsize bytes and sorts
- * f->tensors by offset; *order gets the sorted begin offsets. */
-static ps_status st_validate(ps_st_file *f, const uint64_t *offs, uint64_t dsize,
-                             const char *path, st_order **order_out, ps_err *err) {
+/* Checks sizes and offsets against a data buffer of dsize bytes starting at
+ * file byte data_start; *order_out gets the tensors sorted by offset. */
+static ps_status st_validate(ps_st_file *f, const uint64_t *offs, uint64_t data_start,
+                             uint64_t dsize, const char *path, st_order **order_out, ps_err *err) {
     char sh[160];
     st_order *ord = malloc((f->n ? f->n : 1) * sizeof *ord);
     if (!ord) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path);
@@ -501,6 +501,14 @@ static ps_status st_validate(ps_st_file *f, const uint64_t *offs, uint64_t dsize
             free(ord);
             return PS_ERR_FORMAT;
         }
+        if (ord[k].end > dsize) {
+            ps_err_set(err, PS_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                       "] out of range: the data buffer holds only %" PRIu64 " bytes (the file is %"
+                       PRIu64 " bytes, this tensor needs %" PRIu64 "; truncated?)", path, t->name,
+                       ord[k].begin, ord[k].end, dsize, data_start + dsize, data_start + ord[k].end);
+            free(ord);
+            return PS_ERR_FORMAT;
+        }
         if (ord[k].begin > pos) {
             ps_err_set(err, PS_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
                        "] leave a gap of %" PRIu64 " bytes after byte %" PRIu64 " of the data buffer",
@@ -509,13 +517,6 @@ static ps_status st_validate(ps_st_file *f, const uint64_t *offs, uint64_t dsize
             return PS_ERR_FORMAT;
         }
         pos = ord[k].end;
-        if (pos > dsize) {
-            ps_err_set(err, PS_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                       "] out of range: the data buffer holds only %" PRIu64 " bytes"
-                       " (file truncated?)", path, t->name, ord[k].begin, ord[k].end, dsize);
-            free(ord);
-            return PS_ERR_FORMAT;
-        }
     }
     if (pos < dsize) {
         free(ord);
@@ -580,7 +581,7 @@ ps_st_file *ps_st_read(const char *path, ps_err *err) {
     if ((st = st_parse_header(&p, f, &offs))) goto out;
 
     uint64_t dsize = fsize - 8 - hlen;
-    if ((st = st_validate(f, offs, dsize, path, &ord, err))) goto out;
+    if ((st = st_validate(f, offs, 8 + hlen, dsize, path, &ord, err))) goto out;
 
     if (dsize > SIZE_MAX - ST_ALIGN) { st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: too large", path); goto out; }
     if (dsize) {
