@@ -1,0 +1,599 @@
+/* rpc.c - see rpc.h.
+ *
+ * Server call slot life cycle (one worker thread owns a slot and its call;
+ * a call never has two batches outstanding):
+ *
+ *   IDLE --request_call--> REQUESTED --ok--> batch {SEND_INITIAL_METADATA,
+ *   RECV_MESSAGE} --> RECV --handler--> batch {SEND_MESSAGE, SEND_STATUS,
+ *   RECV_CLOSE_ON_SERVER} --> SEND --cleanup--> request again (or IDLE when
+ *   stopping).
+ *
+ * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
+ *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
+ *      (registered before start). Pending request_calls fail; slots whose
+ *      calls end are not re-armed.
+ *   2. wait for the tag up to grace_ms, then grpc_server_cancel_all_calls
+ *      and wait for the tag.
+ *   3. join the workers: each leaves its loop only when every slot is IDLE,
+ *      i.e. no live call can start another batch on its queue.
+ *   4. grpc_server_destroy, then shut down, drain and destroy every queue.
+ * The caller calls grpc_shutdown() afterwards.
+ */
+#include "rpc.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+
+#include "log.h"
+
+/* ---- status mapping ---------------------------------------------------- */
+
+ps_status ps_status_from_grpc(grpc_status_code code) {
+    switch (code) {
+    case GRPC_STATUS_OK: return PS_OK;
+    case GRPC_STATUS_CANCELLED: return PS_ERR_UNAVAILABLE;
+    case GRPC_STATUS_UNKNOWN: return PS_ERR_INTERNAL;
+    case GRPC_STATUS_INVALID_ARGUMENT: return PS_ERR_INVALID_ARGUMENT;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: return PS_ERR_DEADLINE_EXCEEDED;
+    case GRPC_STATUS_NOT_FOUND: return PS_ERR_NOT_FOUND;
+    case GRPC_STATUS_ALREADY_EXISTS: return PS_ERR_ALREADY_EXISTS;
+    case GRPC_STATUS_PERMISSION_DENIED: return PS_ERR_PERMISSION_DENIED;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: return PS_ERR_RESOURCE_EXHAUSTED;
+    case GRPC_STATUS_FAILED_PRECONDITION: return PS_ERR_FAILED_PRECONDITION;
+    case GRPC_STATUS_ABORTED: return PS_ERR_FAILED_PRECONDITION;
+    case GRPC_STATUS_OUT_OF_RANGE: return PS_ERR_INVALID_ARGUMENT;
+    case GRPC_STATUS_UNIMPLEMENTED: return PS_ERR_UNIMPLEMENTED;
+    case GRPC_STATUS_INTERNAL: return PS_ERR_INTERNAL;
+    case GRPC_STATUS_UNAVAILABLE: return PS_ERR_UNAVAILABLE;
+    case GRPC_STATUS_DATA_LOSS: return PS_ERR_IO;
+    case GRPC_STATUS_UNAUTHENTICATED: return PS_ERR_UNAUTHENTICATED;
+    default: return PS_ERR_INTERNAL;
+    }
+}
+
+grpc_status_code ps_grpc_from_status(ps_status s) {
+    switch (s) {
+    case PS_OK: return GRPC_STATUS_OK;
+    case PS_ERR_INVALID_ARGUMENT: return GRPC_STATUS_INVALID_ARGUMENT;
+    case PS_ERR_NOT_FOUND: return GRPC_STATUS_NOT_FOUND;
+    case PS_ERR_ALREADY_EXISTS: return GRPC_STATUS_ALREADY_EXISTS;
+    case PS_ERR_FAILED_PRECONDITION: return GRPC_STATUS_FAILED_PRECONDITION;
+    case PS_ERR_RESOURCE_EXHAUSTED: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case PS_ERR_UNAVAILABLE: return GRPC_STATUS_UNAVAILABLE;
+    case PS_ERR_DEADLINE_EXCEEDED: return GRPC_STATUS_DEADLINE_EXCEEDED;
+    case PS_ERR_IO: return GRPC_STATUS_INTERNAL;
+    case PS_ERR_FORMAT: return GRPC_STATUS_INVALID_ARGUMENT;
+    case PS_ERR_UNAUTHENTICATED: return GRPC_STATUS_UNAUTHENTICATED;
+    case PS_ERR_PERMISSION_DENIED: return GRPC_STATUS_PERMISSION_DENIED;
+    case PS_ERR_UNIMPLEMENTED: return GRPC_STATUS_UNIMPLEMENTED;
+    case PS_ERR_INTERNAL: return GRPC_STATUS_INTERNAL;
+    }
+    return GRPC_STATUS_UNKNOWN;
+}
+
+const char *ps_grpc_code_name(grpc_status_code code) {
+    static const char *const names[] = {
+        "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+        "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+    };
+    if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0])
+        return names[code];
+    return "UNKNOWN_CODE";
+}
+
+/* ---- credentials: the one place that knows about transport security ---- */
+
+static grpc_server_credentials *server_credentials(void) {
+    return grpc_insecure_server_credentials_create();
+}
+
+static grpc_channel_credentials *channel_credentials(void) {
+    return grpc_insecure_credentials_create();
+}
+
+/* Channel args shared by server and client. args must hold 3 entries. */
+static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
+                                   int is_server) {
+    int n = 0;
+    if (max_message_bytes > 0) {
+        args[n].type = GRPC_ARG_INTEGER;
+        args[n].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+        args[n].value.integer = max_message_bytes;
+        n++;
+        args[n].type = GRPC_ARG_INTEGER;
+        args[n].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+        args[n].value.integer = max_message_bytes;
+        n++;
+    }
+    if (is_server) {
+        /* gRPC sets SO_REUSEPORT by default on Linux, which would let a
+         * second psd bind a port that is already in use without an error. */
+        args[n].type = GRPC_ARG_INTEGER;
+        args[n].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+        args[n].value.integer = 0;
+        n++;
+    }
+    grpc_channel_args ca = {(size_t)n, args};
+    return ca;
+}
+
+/* ---- server ------------------------------------------------------------ */
+
+typedef enum { SLOT_IDLE = 0, SLOT_REQUESTED, SLOT_RECV, SLOT_SEND } slot_state;
+
+struct rpc_worker;
+
+typedef struct rpc_slot {
+    struct rpc_worker *w;
+    slot_state state;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_byte_buffer *recv;      /* request message, NULL if none */
+    grpc_byte_buffer *send;      /* response message while SEND */
+    grpc_slice status_details;   /* while SEND */
+    int cancelled;
+} rpc_slot;
+
+typedef struct rpc_worker {
+    ps_rpc_server *s;
+    int index;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    int running;
+    rpc_slot slots[PS_RPC_SLOTS_PER_THREAD];
+} rpc_worker;
+
+struct ps_rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *shutdown_cq;
+    rpc_worker *workers;
+    int nthreads;
+    ps_rpc_method *methods; /* paths owned */
+    int nmethods;
+    void *user;
+    int port;
+    char *addr;
+    int started;
+    int shut_down;
+    atomic_int stopping;
+};
+
+static void slot_request(rpc_slot *sl) {
+    ps_rpc_server *s = sl->w->s;
+    sl->state = SLOT_IDLE;
+    if (atomic_load(&s->stopping)) return;
+    sl->call = NULL;
+    sl->recv = NULL;
+    sl->send = NULL;
+    sl->cancelled = 0;
+    grpc_call_details_init(&sl->details);
+    grpc_metadata_array_init(&sl->md);
+    sl->state = SLOT_REQUESTED;
+    /* After shutdown has begun gRPC fails the request with an event, so a
+     * race with ps_rpc_server_shutdown still ends in slot_event. */
+    grpc_call_error e = grpc_server_request_call(s->server, &sl->call, &sl->details,
+                                                 &sl->md, sl->w->cq, sl->w->cq, sl);
+    if (e != GRPC_CALL_OK) {
+        ps_log(PS_LOG_ERROR, "rpc: grpc_server_request_call: %s",
+               grpc_call_error_to_string(e));
+        grpc_call_details_destroy(&sl->details);
+        grpc_metadata_array_destroy(&sl->md);
+        sl->state = SLOT_IDLE;
+    }
+}
+
+/* Release everything of the slot's current call and arm it again. */
+static void slot_finish(rpc_slot *sl) {
+    if (sl->recv) grpc_byte_buffer_destroy(sl->recv);
+    if (sl->send) grpc_byte_buffer_destroy(sl->send);
+    sl->recv = sl->send = NULL;
+    if (sl->state == SLOT_SEND) grpc_slice_unref(sl->status_details);
+    grpc_call_details_destroy(&sl->details);
+    grpc_metadata_array_destroy(&sl->md);
+    if (sl->call) grpc_call_unref(sl->call);
+    sl->call = NULL;
+    sl->state = SLOT_IDLE;
+    slot_request(sl);
+}
+
+static const ps_rpc_method *find_method(const ps_rpc_server *s, grpc_slice path) {
+    for (int i = 0; i < s->nmethods; i++)
+        if (grpc_slice_str_cmp(path, s->methods[i].path) == 0) return &s->methods[i];
+    return NULL;
+}
+
+/* Run the handler (or refuse) and start the closing batch. */
+static void slot_respond(rpc_slot *sl, int recv_ok) {
+    ps_rpc_server *s = sl->w->s;
+    grpc_status_code code = GRPC_STATUS_OK;
+    char details[PS_RPC_DETAILS_MAX];
+    details[0] = '\0';
+    grpc_byte_buffer *resp = NULL;
+    char *method = grpc_slice_to_c_string(sl->details.method);
+    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+    gpr_timespec deadline = gpr_convert_clock_type(sl->details.deadline, GPR_CLOCK_MONOTONIC);
+    const ps_rpc_method *m = find_method(s, sl->details.method);
+
+    if (!recv_ok) {
+        code = GRPC_STATUS_CANCELLED;
+        snprintf(details, sizeof details, "%s: request not received", method);
+    } else if (!m) {
+        code = GRPC_STATUS_UNIMPLEMENTED;
+        snprintf(details, sizeof details, "unknown method %s", method);
+    } else if (gpr_time_cmp(deadline, now) <= 0) {
+        code = GRPC_STATUS_DEADLINE_EXCEEDED;
+        snprintf(details, sizeof details, "%s: deadline passed before the handler ran", method);
+    } else {
+        char *peer = grpc_call_get_peer(sl->call);
+        ps_rpc_call_info info = {method, peer ? peer : "", deadline};
+        m->fn(s->user, &info, sl->recv, &resp, &code, details, sizeof details);
+        details[sizeof details - 1] = '\0';
+        gpr_free(peer);
+    }
+    if (code != GRPC_STATUS_OK && resp) { /* never sent, never leaked */
+        grpc_byte_buffer_destroy(resp);
+        resp = NULL;
+    }
+    if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
+    if (code != GRPC_STATUS_OK)
+        ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
+    gpr_free(method);
+
+    sl->send = resp;
+    sl->status_details = grpc_slice_from_copied_string(details);
+    sl->state = SLOT_SEND;
+
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (resp) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = resp;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &sl->status_details;
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &sl->cancelled;
+    n++;
+    grpc_call_error e = grpc_call_start_batch(sl->call, ops, n, sl, NULL);
+    if (e != GRPC_CALL_OK) {
+        ps_log(PS_LOG_ERROR, "rpc: start_batch (reply): %s", grpc_call_error_to_string(e));
+        slot_finish(sl);
+    }
+}
+
+static void slot_event(rpc_slot *sl, int success) {
+    switch (sl->state) {
+    case SLOT_REQUESTED: {
+        if (!success) { /* server shutting down */
+            grpc_call_details_destroy(&sl->details);
+            grpc_metadata_array_destroy(&sl->md);
+            if (sl->call) grpc_call_unref(sl->call);
+            sl->call = NULL;
+            sl->state = SLOT_IDLE;
+            slot_request(sl);
+            return;
+        }
+        grpc_op ops[2];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[0].data.send_initial_metadata.count = 0;
+        ops[1].op = GRPC_OP_RECV_MESSAGE;
+        ops[1].data.recv_message.recv_message = &sl->recv;
+        sl->state = SLOT_RECV;
+        grpc_call_error e = grpc_call_start_batch(sl->call, ops, 2, sl, NULL);
+        if (e != GRPC_CALL_OK) {
+            ps_log(PS_LOG_ERROR, "rpc: start_batch (recv): %s", grpc_call_error_to_string(e));
+            slot_finish(sl);
+        }
+        return;
+    }
+    case SLOT_RECV:
+        slot_respond(sl, success);
+        return;
+    case SLOT_SEND:
+        slot_finish(sl);
+        return;
+    case SLOT_IDLE:
+        break;
+    }
+    PS_ASSERT(!"event for an idle call slot");
+}
+
+static int worker_idle(const rpc_worker *w) {
+    for (int i = 0; i < PS_RPC_SLOTS_PER_THREAD; i++)
+        if (w->slots[i].state != SLOT_IDLE) return 0;
+    return 1;
+}
+
+static void *worker_main(void *arg) {
+    rpc_worker *w = arg;
+    for (int i = 0; i < PS_RPC_SLOTS_PER_THREAD; i++) slot_request(&w->slots[i]);
+    for (;;) {
+        /* Leave only when no live call can start a batch on w->cq. */
+        if (atomic_load(&w->s->stopping) && worker_idle(w)) break;
+        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(200, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(w->cq, dl, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after join */
+        slot_event(ev.tag, ev.success);
+    }
+    return NULL;
+}
+
+static void drain_and_destroy(grpc_completion_queue *cq) {
+    if (!cq) return;
+    grpc_completion_queue_shutdown(cq);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    }
+    grpc_completion_queue_destroy(cq);
+}
+
+ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
+                                    int max_message_bytes,
+                                    const ps_rpc_method *methods, int nmethods,
+                                    void *user, ps_err *err) {
+    if (!listen_addr || !*listen_addr) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: empty listen address");
+        return NULL;
+    }
+    if (nthreads < 1 || nmethods < 0 || (nmethods > 0 && !methods)) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                   "rpc server %s: need >= 1 threads (got %d) and a method table",
+                   listen_addr, nthreads);
+        return NULL;
+    }
+    ps_rpc_server *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    atomic_init(&s->stopping, 0);
+    s->user = user;
+    s->nthreads = nthreads;
+    s->addr = strdup(listen_addr);
+    s->workers = calloc((size_t)nthreads, sizeof *s->workers);
+    s->methods = calloc((size_t)(nmethods ? nmethods : 1), sizeof *s->methods);
+    if (!s->addr || !s->workers || !s->methods) goto oom;
+    for (int i = 0; i < nmethods; i++) {
+        PS_ASSERT(methods[i].path && methods[i].fn);
+        s->methods[i].fn = methods[i].fn;
+        s->methods[i].path = strdup(methods[i].path);
+        if (!s->methods[i].path) goto oom;
+        s->nmethods = i + 1;
+    }
+
+    grpc_arg args[3];
+    grpc_channel_args ca = make_args(args, max_message_bytes, 1);
+    s->server = grpc_server_create(&ca, NULL);
+    for (int i = 0; i < nthreads; i++) {
+        rpc_worker *w = &s->workers[i];
+        w->s = s;
+        w->index = i;
+        w->cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->server, w->cq, NULL);
+        for (int j = 0; j < PS_RPC_SLOTS_PER_THREAD; j++) w->slots[j].w = w;
+    }
+    s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->shutdown_cq, NULL);
+
+    grpc_server_credentials *creds = server_credentials();
+    s->port = grpc_server_add_http2_port(s->server, listen_addr, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port == 0) {
+        ps_err_set(err, PS_ERR_UNAVAILABLE,
+                   "rpc server: cannot listen on \"%s\" (address in use, "
+                   "not local, or not a valid host:port)", listen_addr);
+        ps_rpc_server_free(s);
+        return NULL;
+    }
+    if (strncmp(listen_addr, "unix:", 5) == 0) s->port = 0;
+    return s;
+
+oom:
+    ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc server %s: out of memory", listen_addr);
+    ps_rpc_server_free(s);
+    return NULL;
+}
+
+ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err) {
+    if (s->started || s->shut_down)
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION,
+                          "rpc server %s: already started or shut down", s->addr);
+    grpc_server_start(s->server);
+    s->started = 1;
+    for (int i = 0; i < s->nthreads; i++) {
+        rpc_worker *w = &s->workers[i];
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0)
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
+                              "rpc server %s: cannot start worker %d: %s", s->addr, i,
+                              strerror(rc));
+        w->running = 1;
+    }
+    return PS_OK;
+}
+
+void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
+    if (!s || !s->server || s->shut_down) return;
+    s->shut_down = 1;
+    atomic_store(&s->stopping, 1);
+    grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, s);
+    gpr_timespec dl = grace_ms > 0
+        ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(grace_ms, GPR_TIMESPAN))
+        : gpr_inf_past(GPR_CLOCK_MONOTONIC);
+    grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, dl, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        grpc_server_cancel_all_calls(s->server);
+        ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    }
+    PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
+    for (int i = 0; i < s->nthreads; i++) {
+        if (!s->workers[i].running) continue;
+        pthread_join(s->workers[i].thread, NULL);
+        s->workers[i].running = 0;
+    }
+}
+
+void ps_rpc_server_free(ps_rpc_server *s) {
+    if (!s) return;
+    if (s->server) {
+        ps_rpc_server_shutdown(s, 0);
+        grpc_server_destroy(s->server);
+    }
+    if (s->workers)
+        for (int i = 0; i < s->nthreads; i++) drain_and_destroy(s->workers[i].cq);
+    drain_and_destroy(s->shutdown_cq);
+    if (s->methods)
+        for (int i = 0; i < s->nmethods; i++) free((char *)s->methods[i].path);
+    free(s->methods);
+    free(s->workers);
+    free(s->addr);
+    free(s);
+}
+
+int ps_rpc_server_port(const ps_rpc_server *s) {
+    return s ? s->port : 0;
+}
+
+/* ---- client ------------------------------------------------------------ */
+
+struct ps_rpc_client {
+    grpc_channel *channel;
+    char *target;
+};
+
+ps_rpc_client *ps_rpc_client_create(const char *target, int max_message_bytes,
+                                    ps_err *err) {
+    if (!target || !*target) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc client: empty target");
+        return NULL;
+    }
+    ps_rpc_client *c = calloc(1, sizeof *c);
+    if (!c || !(c->target = strdup(target))) {
+        free(c);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc client %s: out of memory", target);
+        return NULL;
+    }
+    grpc_arg args[3];
+    grpc_channel_args ca = make_args(args, max_message_bytes, 0);
+    grpc_channel_credentials *creds = channel_credentials();
+    c->channel = grpc_channel_create(target, creds, &ca);
+    grpc_channel_credentials_release(creds);
+    if (!c->channel) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc client: cannot create a channel to \"%s\"",
+                   target);
+        free(c->target);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void ps_rpc_client_free(ps_rpc_client *c) {
+    if (!c) return;
+    grpc_channel_destroy(c->channel);
+    free(c->target);
+    free(c);
+}
+
+ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
+                             const grpc_byte_buffer *request,
+                             grpc_byte_buffer **response, int timeout_ms,
+                             grpc_status_code *code, char *details,
+                             size_t details_len, ps_err *err) {
+    *response = NULL;
+    *code = GRPC_STATUS_UNKNOWN;
+    if (details && details_len) details[0] = '\0';
+
+    gpr_timespec deadline = timeout_ms > 0
+        ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
+        : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               mslice, NULL, deadline, NULL);
+    grpc_slice_unref(mslice);
+    if (!call) {
+        grpc_completion_queue_shutdown(cq);
+        grpc_completion_queue_destroy(cq);
+        return ps_err_set(err, PS_ERR_INTERNAL, "rpc %s %s: cannot create call", c->target, method);
+    }
+
+    /* SEND_MESSAGE empties its buffer: send a copy (shares the slices). */
+    grpc_byte_buffer *send = request ? grpc_byte_buffer_copy((grpc_byte_buffer *)request)
+                                     : grpc_raw_byte_buffer_create(NULL, 0);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice status_details = grpc_empty_slice();
+    const char *error_string = NULL;
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = 0;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &status_details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+
+    ps_status ret = PS_OK;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 6, ops, NULL);
+    if (e != GRPC_CALL_OK) {
+        ret = ps_err_set(err, PS_ERR_INTERNAL, "rpc %s %s: grpc_call_start_batch: %s",
+                         c->target, method, grpc_call_error_to_string(e));
+    } else {
+        /* The call's deadline guarantees completion; no timeout here. */
+        grpc_event ev = grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        PS_ASSERT(ev.type == GRPC_OP_COMPLETE);
+        *code = status;
+        if (details && details_len) {
+            size_t n = GRPC_SLICE_LENGTH(status_details);
+            if (n >= details_len) n = details_len - 1;
+            memcpy(details, GRPC_SLICE_START_PTR(status_details), n);
+            details[n] = '\0';
+        }
+        if (status != GRPC_STATUS_OK && error_string)
+            ps_log(PS_LOG_DEBUG, "rpc %s %s: %s", c->target, method, error_string);
+        if (status == GRPC_STATUS_OK) {
+            *response = recv;
+            recv = NULL;
+        }
+    }
+
+    if (recv) grpc_byte_buffer_destroy(recv);
+    grpc_byte_buffer_destroy(send);
+    grpc_slice_unref(status_details);
+    gpr_free((void *)error_string);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    return ret;
+}
