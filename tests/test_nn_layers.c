@@ -666,6 +666,17 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     /* the same shapes again: served from the primitive cache */
     cmp_conv(ref, dut, (ps_conv_desc){ .n = 3, .cin = 5, .h = 13, .w = 11, .cout = 7, .kh = 3,
                                        .kw = 3, .stride = 2, .pad = 1 }, r);
+    /* a failing library call is PS_ERR_INTERNAL naming the call (a negative
+     * pad gives negative output dims; the buffers are never touched) */
+    {
+        const ps_conv_desc bad = { .n = 1, .cin = 1, .h = 8, .w = 8, .cout = 1, .kh = 3, .kw = 3,
+                                   .stride = 1, .pad = -5 };
+        float buf[64] = { 0 };
+        ps_err e = { 0 };
+        CHECK(dut->ops->conv2d_forward(dut->impl, &bad, buf, buf, buf, buf, &e) == PS_ERR_INTERNAL);
+        CHECK_MSG(e.code == PS_ERR_INTERNAL && strstr(e.msg, "failed"), "%s", e.msg);
+        printf("expected error: %s\n", e.msg);
+    }
     ps_backend_free(dut);
     check_concurrent(name, r);
 }
@@ -687,6 +698,7 @@ static void check_registry(void) {
         ps_backend_free(b);
     }
     CHECK(have_ref);
+    CHECK(count >= 2); /* ref and dnnl */
     ps_err err = { 0 };
     CHECK(ps_backend_create("no-such-backend", 0, 0, &err) == NULL);
     CHECK(err.code == PS_ERR_NOT_FOUND);

@@ -18,6 +18,7 @@ static const ps_backend_ops *const kBackends[] = {
 };
 #define PS_NBACKENDS (sizeof kBackends / sizeof kBackends[0])
 
+/* The names of kBackends, in the same order (tests/test_nn_layers checks). */
 static const char *const kBackendNames[] = { "ref", "dnnl", NULL };
 
 const char *const *ps_backend_names(void) {
