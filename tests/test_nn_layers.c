@@ -70,6 +70,13 @@ static void check_array(const char *what, const float *got, const float *want, s
               what, bad, n, atol, rtol, worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
 }
 
+/* Backend comparison: tolerance relative to the array's largest value. */
+static void check_scaled(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) if (fabs(want[i]) > m) m = fabs(want[i]);
+    check_array(what, got, want, n, tol * (m > 0 ? m : 1.0), tol);
+}
+
 /* ---- 1. reference backend vs finite differences ---- */
 
 typedef enum { FD_CONV, FD_RELU, FD_POOL, FD_LINEAR, FD_LOGSOFTMAX, FD_MUL } fd_op;
@@ -344,6 +351,336 @@ static void check_sgd(ps_backend *b, rng *r) {
     }
 }
 
+/* ---- 2. other backends vs the reference ---- */
+
+/* Relative tolerance of backend comparisons (scaled by the array's largest
+ * magnitude): float accumulation over up to ~10^4 terms in another order
+ * differs by ~1e-6..1e-5 of the scale; any real bug is off by O(1). */
+#define CMP_TOL 1e-4
+
+/* Host buffers mirrored on a backend. */
+static float *dev_from(ps_backend *b, const float *host, size_t n) {
+    float *p = ps_backend_alloc_floats(b, (int64_t)n);
+    PS_ASSERT(p);
+    if (host) CHECK(b->ops->copy_to_device(b->impl, p, host, n * sizeof *p, NULL) == PS_OK);
+    return p;
+}
+
+static float *host_from(ps_backend *b, const float *dev, size_t n) {
+    float *p = host_zeros(n);
+    CHECK(b->ops->copy_to_host(b->impl, p, dev, n * sizeof *p, NULL) == PS_OK);
+    return p;
+}
+
+/* Run op on backend b with host inputs; outputs come back as host arrays. */
+typedef struct conv_out { float *y, *dx, *dw, *db, *dw_nodx; } conv_out;
+
+static conv_out run_conv(ps_backend *b, const ps_conv_desc *d, const float *x, const float *w,
+                         const float *bias, const float *dy) {
+    const size_t nx = (size_t)d->n * d->cin * d->h * d->w, nw = (size_t)d->cout * d->cin * d->kh * d->kw;
+    const size_t ny = (size_t)d->n * d->cout * ps_conv_out_h(d) * ps_conv_out_w(d);
+    float *X = dev_from(b, x, nx), *W = dev_from(b, w, nw), *B = dev_from(b, bias, d->cout);
+    float *DY = dev_from(b, dy, ny), *Y = dev_from(b, NULL, ny), *DX = dev_from(b, NULL, nx);
+    float *DW = dev_from(b, NULL, nw), *DB = dev_from(b, NULL, d->cout);
+    ps_err err = { 0 };
+    CHECK_MSG(b->ops->conv2d_forward(b->impl, d, X, W, B, Y, &err) == PS_OK, "%s", err.msg);
+    CHECK_MSG(b->ops->conv2d_backward(b->impl, d, X, W, DY, DX, DW, DB, &err) == PS_OK, "%s", err.msg);
+    conv_out o = { host_from(b, Y, ny), host_from(b, DX, nx), host_from(b, DW, nw),
+                   host_from(b, DB, d->cout), NULL };
+    /* dx == NULL (first layer): dw must not change */
+    CHECK_MSG(b->ops->conv2d_backward(b->impl, d, X, W, DY, NULL, DW, DB, &err) == PS_OK, "%s", err.msg);
+    o.dw_nodx = host_from(b, DW, nw);
+    ps_backend_release(b, X); ps_backend_release(b, W); ps_backend_release(b, B);
+    ps_backend_release(b, DY); ps_backend_release(b, Y); ps_backend_release(b, DX);
+    ps_backend_release(b, DW); ps_backend_release(b, DB);
+    return o;
+}
+
+static void conv_out_free(conv_out *o) { free(o->y); free(o->dx); free(o->dw); free(o->db); free(o->dw_nodx); }
+
+static void cmp_conv(ps_backend *ref, ps_backend *dut, ps_conv_desc d, rng *r) {
+    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * d.kh * d.kw;
+    const size_t ny = (size_t)d.n * d.cout * ps_conv_out_h(&d) * ps_conv_out_w(&d);
+    float *x = host_random(nx, r), *w = host_random(nw, r), *b = host_random(d.cout, r);
+    float *dy = host_random(ny, r);
+    conv_out a = run_conv(ref, &d, x, w, b, dy), o = run_conv(dut, &d, x, w, b, dy);
+    char what[128];
+    const char *nm = dut->ops->name;
+#define CMP(field, cnt) \
+    snprintf(what, sizeof what, "%s conv n%d %d->%d %dx%d k%dx%d s%d p%d " #field, nm, d.n, d.cin, \
+             d.cout, d.h, d.w, d.kh, d.kw, d.stride, d.pad); \
+    check_scaled(what, o.field, a.field, cnt, CMP_TOL)
+    CMP(y, ny); CMP(dx, nx); CMP(dw, nw); CMP(db, (size_t)d.cout); CMP(dw_nodx, nw);
+#undef CMP
+    conv_out_free(&a); conv_out_free(&o);
+    free(x); free(w); free(b); free(dy);
+}
+
+typedef struct lin_out { float *y, *dx, *dw, *db; } lin_out;
+
+static lin_out run_linear(ps_backend *b, const ps_linear_desc *d, const float *x, const float *w,
+                          const float *bias, const float *dy) {
+    const size_t nx = (size_t)d->n * d->in, nw = (size_t)d->out * d->in, ny = (size_t)d->n * d->out;
+    float *X = dev_from(b, x, nx), *W = dev_from(b, w, nw), *B = dev_from(b, bias, d->out);
+    float *DY = dev_from(b, dy, ny), *Y = dev_from(b, NULL, ny), *DX = dev_from(b, NULL, nx);
+    float *DW = dev_from(b, NULL, nw), *DB = dev_from(b, NULL, d->out);
+    ps_err err = { 0 };
+    CHECK_MSG(b->ops->linear_forward(b->impl, d, X, W, B, Y, &err) == PS_OK, "%s", err.msg);
+    CHECK_MSG(b->ops->linear_backward(b->impl, d, X, W, DY, DX, DW, DB, &err) == PS_OK, "%s", err.msg);
+    lin_out o = { host_from(b, Y, ny), host_from(b, DX, nx), host_from(b, DW, nw), host_from(b, DB, d->out) };
+    ps_backend_release(b, X); ps_backend_release(b, W); ps_backend_release(b, B);
+    ps_backend_release(b, DY); ps_backend_release(b, Y); ps_backend_release(b, DX);
+    ps_backend_release(b, DW); ps_backend_release(b, DB);
+    return o;
+}
+
+static void cmp_linear(ps_backend *ref, ps_backend *dut, ps_linear_desc d, rng *r) {
+    const size_t nx = (size_t)d.n * d.in, nw = (size_t)d.out * d.in, ny = (size_t)d.n * d.out;
+    float *x = host_random(nx, r), *w = host_random(nw, r), *b = host_random(d.out, r);
+    float *dy = host_random(ny, r);
+    lin_out a = run_linear(ref, &d, x, w, b, dy), o = run_linear(dut, &d, x, w, b, dy);
+    char what[128];
+#define CMP(field, cnt) \
+    snprintf(what, sizeof what, "%s linear n%d %d->%d " #field, dut->ops->name, d.n, d.in, d.out); \
+    check_scaled(what, o.field, a.field, cnt, CMP_TOL)
+    CMP(y, ny); CMP(dx, nx); CMP(dw, nw); CMP(db, (size_t)d.out);
+#undef CMP
+    free(a.y); free(a.dx); free(a.dw); free(a.db); free(o.y); free(o.dx); free(o.dw); free(o.db);
+    free(x); free(w); free(b); free(dy);
+}
+
+/* Max-pool forward (with and without workspace) and backward. With ties,
+ * x is drawn from {0, 1, 2} so most windows tie. */
+static void run_pool(ps_backend *b, const ps_pool_desc *d, const float *x, const float *dy,
+                     float **y_out, float **y_nows_out, float **dx_out) {
+    const size_t nx = (size_t)d->n * d->c * d->h * d->w;
+    const size_t ny = (size_t)d->n * d->c * ps_pool_out_h(d) * ps_pool_out_w(d);
+    size_t wsz = b->ops->maxpool_workspace_size(b->impl, d);
+    CHECK(wsz > 0);
+    void *ws = b->ops->alloc(b->impl, wsz);
+    float *X = dev_from(b, x, nx), *DY = dev_from(b, dy, ny), *Y = dev_from(b, NULL, ny);
+    float *DX = dev_from(b, NULL, nx);
+    ps_err err = { 0 };
+    CHECK_MSG(b->ops->maxpool_forward(b->impl, d, X, Y, NULL, &err) == PS_OK, "%s", err.msg);
+    *y_nows_out = host_from(b, Y, ny);
+    CHECK_MSG(b->ops->maxpool_forward(b->impl, d, X, Y, ws, &err) == PS_OK, "%s", err.msg);
+    CHECK_MSG(b->ops->maxpool_backward(b->impl, d, ws, DY, DX, &err) == PS_OK, "%s", err.msg);
+    *y_out = host_from(b, Y, ny);
+    *dx_out = host_from(b, DX, nx);
+    b->ops->free(b->impl, ws);
+    ps_backend_release(b, X); ps_backend_release(b, DY); ps_backend_release(b, Y);
+    ps_backend_release(b, DX);
+}
+
+static void cmp_pool(ps_backend *ref, ps_backend *dut, ps_pool_desc d, int ties, rng *r) {
+    const size_t nx = (size_t)d.n * d.c * d.h * d.w;
+    const size_t ny = (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d);
+    float *x = host_random(nx, r), *dy = host_random(ny, r);
+    if (ties)
+        for (size_t i = 0; i < nx; i++) x[i] = (float)(int)((x[i] + 1.0f) * 1.5f);
+    float *ay, *ayn, *adx, *oy, *oyn, *odx;
+    run_pool(ref, &d, x, dy, &ay, &ayn, &adx);
+    run_pool(dut, &d, x, dy, &oy, &oyn, &odx);
+    char what[128];
+    snprintf(what, sizeof what, "%s maxpool n%d c%d %dx%d k%d s%d%s y", dut->ops->name, d.n, d.c,
+             d.h, d.w, d.k, d.stride, ties ? " ties" : "");
+    check_array(what, oy, ay, ny, 0, 0);
+    strcat(what, " (no workspace)");
+    check_array(what, oyn, ayn, ny, 0, 0);
+    snprintf(what, sizeof what, "%s maxpool n%d c%d %dx%d k%d s%d%s dx", dut->ops->name, d.n, d.c,
+             d.h, d.w, d.k, d.stride, ties ? " ties" : "");
+    check_scaled(what, odx, adx, nx, 1e-6); /* sums of at most a few dy */
+    free(ay); free(ayn); free(adx); free(oy); free(oyn); free(odx); free(x); free(dy);
+}
+
+/* relu, log-softmax and mul, including the in-place forms. */
+static void cmp_small_ops(ps_backend *ref, ps_backend *dut, rng *r) {
+    ps_backend *bs[2] = { ref, dut };
+    char what[128];
+    /* relu on the conv2 activation size, with exact zeros in x */
+    {
+        const int64_t n = 4 * 64 * 24 * 24;
+        float *x = host_random(n, r), *dy = host_random(n, r);
+        for (int64_t i = 0; i < n; i += 7) x[i] = 0.0f;
+        float *y[2], *dx[2], *yi[2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = dev_from(b, x, n), *Y = dev_from(b, NULL, n), *DY = dev_from(b, dy, n);
+            float *DX = dev_from(b, NULL, n);
+            ps_err err = { 0 };
+            CHECK_MSG(b->ops->relu_forward(b->impl, n, X, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->relu_backward(b->impl, n, Y, DY, DX, &err) == PS_OK, "%s", err.msg);
+            y[k] = host_from(b, Y, n); dx[k] = host_from(b, DX, n);
+            CHECK_MSG(b->ops->relu_forward(b->impl, n, X, X, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->relu_backward(b->impl, n, X, DY, DY, &err) == PS_OK, "%s", err.msg);
+            yi[k] = host_from(b, X, n);
+            free(dx[k]); /* compare the in-place dx (DY) to the out-of-place one */
+            float *dxo = host_from(b, DX, n), *dxi = host_from(b, DY, n);
+            snprintf(what, sizeof what, "%s relu in-place dx", b->ops->name);
+            check_array(what, dxi, dxo, (size_t)n, 0, 0);
+            dx[k] = dxo;
+            free(dxi);
+            ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, DY);
+            ps_backend_release(b, DX);
+        }
+        snprintf(what, sizeof what, "%s relu y", dut->ops->name);
+        check_array(what, y[1], y[0], (size_t)n, 0, 0);
+        snprintf(what, sizeof what, "%s relu in-place y", dut->ops->name);
+        check_array(what, yi[1], y[0], (size_t)n, 0, 0);
+        snprintf(what, sizeof what, "%s relu dx", dut->ops->name);
+        check_array(what, dx[1], dx[0], (size_t)n, 0, 0);
+        for (int k = 0; k < 2; k++) { free(y[k]); free(dx[k]); free(yi[k]); }
+        free(x); free(dy);
+    }
+    /* log-softmax (4, 10) and a wider, shifted one */
+    const int shapes[2][2] = { { 4, 10 }, { 3, 1000 } };
+    for (int s = 0; s < 2; s++) {
+        const int rows = shapes[s][0], cols = shapes[s][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_random(n, r), *dy = host_random(n, r);
+        for (size_t i = 0; i < n; i++) x[i] = 5.0f * x[i] + (s ? 50.0f : 0.0f);
+        float *y[2], *dx[2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = dev_from(b, x, n), *Y = dev_from(b, NULL, n), *DY = dev_from(b, dy, n);
+            float *DX = dev_from(b, NULL, n);
+            ps_err err = { 0 };
+            CHECK_MSG(b->ops->log_softmax_forward(b->impl, rows, cols, X, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->log_softmax_backward(b->impl, rows, cols, Y, DY, DX, &err) == PS_OK,
+                      "%s", err.msg);
+            y[k] = host_from(b, Y, n); dx[k] = host_from(b, DX, n);
+            ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, DY);
+            ps_backend_release(b, DX);
+        }
+        snprintf(what, sizeof what, "%s log_softmax (%d,%d) y", dut->ops->name, rows, cols);
+        check_array(what, y[1], y[0], n, 1e-5, 1e-5);
+        snprintf(what, sizeof what, "%s log_softmax (%d,%d) dx", dut->ops->name, rows, cols);
+        check_scaled(what, dx[1], dx[0], n, CMP_TOL);
+        for (int k = 0; k < 2; k++) { free(y[k]); free(dx[k]); }
+        free(x); free(dy);
+    }
+    /* mul (dropout mask), in place */
+    {
+        const int64_t n = 4 * 128;
+        float *x = host_random(n, r), *mask = host_random(n, r), *y[2];
+        for (int64_t i = 0; i < n; i++) mask[i] = mask[i] > 0 ? 2.0f : 0.0f;
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = dev_from(b, x, n), *M = dev_from(b, mask, n);
+            CHECK(b->ops->mul(b->impl, n, X, M, X, NULL) == PS_OK);
+            y[k] = host_from(b, X, n);
+            ps_backend_release(b, X); ps_backend_release(b, M);
+        }
+        snprintf(what, sizeof what, "%s mul", dut->ops->name);
+        check_array(what, y[1], y[0], (size_t)n, 0, 0);
+        free(y[0]); free(y[1]); free(x); free(mask);
+    }
+}
+
+/* Two threads running conv2d_forward concurrently on one fresh backend
+ * (so they also race to create the cached primitive) must match a
+ * sequential run bit for bit. */
+typedef struct conv_job {
+    ps_backend *b;
+    const ps_conv_desc *d;
+    const float *x, *w, *bias;
+    float *y;
+    int reps;
+    ps_status st;
+} conv_job;
+
+static void *conv_job_run(void *arg) {
+    conv_job *j = arg;
+    j->st = PS_OK;
+    for (int i = 0; i < j->reps && j->st == PS_OK; i++)
+        j->st = j->b->ops->conv2d_forward(j->b->impl, j->d, j->x, j->w, j->bias, j->y, NULL);
+    return NULL;
+}
+
+static void check_concurrent(const char *name, rng *r) {
+    const ps_conv_desc d = { .n = 4, .cin = 32, .h = 26, .w = 26, .cout = 64, .kh = 3, .kw = 3,
+                             .stride = 1, .pad = 0 };
+    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * 9;
+    const size_t ny = (size_t)d.n * d.cout * ps_conv_out_h(&d) * ps_conv_out_w(&d);
+    ps_err err = { 0 };
+    ps_backend *b = ps_backend_create(name, 0, 1, &err);
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    if (!b) return;
+    float *xs[2], *ys[2], *seq = dev_from(b, NULL, ny);
+    float *w = dev_from(b, NULL, nw), *bias = dev_from(b, NULL, d.cout);
+    float *hw = host_random(nw, r), *hb = host_random(d.cout, r);
+    CHECK(b->ops->copy_to_device(b->impl, w, hw, nw * sizeof *hw, NULL) == PS_OK);
+    CHECK(b->ops->copy_to_device(b->impl, bias, hb, d.cout * sizeof *hb, NULL) == PS_OK);
+    conv_job jobs[2];
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++) {
+        float *hx = host_random(nx, r);
+        xs[t] = dev_from(b, hx, nx);
+        ys[t] = dev_from(b, NULL, ny);
+        free(hx);
+        jobs[t] = (conv_job){ b, &d, xs[t], w, bias, ys[t], 3, PS_OK };
+    }
+    for (int t = 0; t < 2; t++) CHECK(pthread_create(&th[t], NULL, conv_job_run, &jobs[t]) == 0);
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++) {
+        CHECK(jobs[t].st == PS_OK);
+        CHECK(b->ops->conv2d_forward(b->impl, &d, xs[t], w, bias, seq, NULL) == PS_OK);
+        float *got = host_from(b, ys[t], ny), *want = host_from(b, seq, ny);
+        char what[64];
+        snprintf(what, sizeof what, "%s concurrent conv thread %d", name, t);
+        check_array(what, got, want, ny, 0, 0);
+        free(got); free(want);
+        ps_backend_release(b, xs[t]); ps_backend_release(b, ys[t]);
+    }
+    ps_backend_release(b, seq); ps_backend_release(b, w); ps_backend_release(b, bias);
+    free(hw); free(hb);
+    ps_backend_free(b);
+}
+
+static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
+    ps_err err = { 0 };
+    ps_backend *dut = ps_backend_create(name, 0, 2, &err);
+    CHECK_MSG(dut != NULL, "create %s: %s", name, err.msg);
+    if (!dut) return;
+    /* the MNIST CNN */
+    cmp_conv(ref, dut, (ps_conv_desc){ .n = 4, .cin = 1, .h = 28, .w = 28, .cout = 32, .kh = 3,
+                                       .kw = 3, .stride = 1, .pad = 0 }, r);
+    cmp_conv(ref, dut, (ps_conv_desc){ .n = 4, .cin = 32, .h = 26, .w = 26, .cout = 64, .kh = 3,
+                                       .kw = 3, .stride = 1, .pad = 0 }, r);
+    cmp_pool(ref, dut, (ps_pool_desc){ .n = 4, .c = 64, .h = 24, .w = 24, .k = 2, .stride = 2 }, 0, r);
+    cmp_pool(ref, dut, (ps_pool_desc){ .n = 4, .c = 64, .h = 24, .w = 24, .k = 2, .stride = 2 }, 1, r);
+    cmp_linear(ref, dut, (ps_linear_desc){ .n = 4, .in = 9216, .out = 128 }, r);
+    cmp_linear(ref, dut, (ps_linear_desc){ .n = 4, .in = 128, .out = 10 }, r);
+    /* odd shapes: strided+padded conv, non-square kernel, odd pool sizes */
+    cmp_conv(ref, dut, (ps_conv_desc){ .n = 3, .cin = 5, .h = 13, .w = 11, .cout = 7, .kh = 3,
+                                       .kw = 3, .stride = 2, .pad = 1 }, r);
+    cmp_conv(ref, dut, (ps_conv_desc){ .n = 2, .cin = 3, .h = 9, .w = 10, .cout = 4, .kh = 5,
+                                       .kw = 2, .stride = 3, .pad = 2 }, r);
+    cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 7, .w = 9, .k = 2, .stride = 2 }, 0, r);
+    cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 7, .w = 9, .k = 2, .stride = 2 }, 1, r);
+    cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 11, .w = 11, .k = 3, .stride = 2 }, 1, r);
+    cmp_linear(ref, dut, (ps_linear_desc){ .n = 3, .in = 17, .out = 5 }, r);
+    cmp_small_ops(ref, dut, r);
+    ref_pool_ties(dut);
+    check_sgd(dut, r);
+    /* the same shapes again: served from the primitive cache */
+    cmp_conv(ref, dut, (ps_conv_desc){ .n = 3, .cin = 5, .h = 13, .w = 11, .cout = 7, .kh = 3,
+                                       .kw = 3, .stride = 2, .pad = 1 }, r);
+    /* a failing library call is PS_ERR_INTERNAL naming the call (a negative
+     * pad gives negative output dims; the buffers are never touched) */
+    {
+        const ps_conv_desc bad = { .n = 1, .cin = 1, .h = 8, .w = 8, .cout = 1, .kh = 3, .kw = 3,
+                                   .stride = 1, .pad = -5 };
+        float buf[64] = { 0 };
+        ps_err e = { 0 };
+        CHECK(dut->ops->conv2d_forward(dut->impl, &bad, buf, buf, buf, buf, &e) == PS_ERR_INTERNAL);
+        CHECK_MSG(e.code == PS_ERR_INTERNAL && strstr(e.msg, "failed"), "%s", e.msg);
+        printf("expected error: %s\n", e.msg);
+    }
+    ps_backend_free(dut);
+    check_concurrent(name, r);
+}
+
 static void check_registry(void) {
     const char *const *names = ps_backend_names();
     int have_ref = 0, count = 0;
@@ -361,6 +698,7 @@ static void check_registry(void) {
         ps_backend_free(b);
     }
     CHECK(have_ref);
+    CHECK(count >= 2); /* ref and dnnl */
     ps_err err = { 0 };
     CHECK(ps_backend_create("no-such-backend", 0, 0, &err) == NULL);
     CHECK(err.code == PS_ERR_NOT_FOUND);
@@ -388,6 +726,10 @@ int main(void) {
     fd_small_ops(ref, &r);
     ref_pool_ties(ref);
     check_sgd(ref, &r);
+
+    const char *const *names = ps_backend_names();
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], "ref") != 0) cmp_backend(ref, names[i], &r);
 
     ps_backend_free(ref);
     return check_summary("test_nn_layers");

@@ -14,10 +14,12 @@
 
 static const ps_backend_ops *const kBackends[] = {
     &ps_backend_ref_ops,
+    &ps_backend_dnnl_ops,
 };
 #define PS_NBACKENDS (sizeof kBackends / sizeof kBackends[0])
 
-static const char *const kBackendNames[] = { "ref", NULL };
+/* The names of kBackends, in the same order (tests/test_nn_layers checks). */
+static const char *const kBackendNames[] = { "ref", "dnnl", NULL };
 
 const char *const *ps_backend_names(void) {
     return kBackendNames;

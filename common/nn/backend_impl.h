@@ -8,5 +8,6 @@
 #include "backend.h"
 
 extern const ps_backend_ops ps_backend_ref_ops;   /* backend_ref.c */
+extern const ps_backend_ops ps_backend_dnnl_ops;  /* backend_dnnl.c */
 
 #endif

@@ -1,0 +1,599 @@
+/* backend_dnnl.c - the oneDNN (2.6, CPU, C API) backend.
+ *
+ * Conv, max-pool, linear (inner product), relu (eltwise, dst-based
+ * backward) and log-softmax run as oneDNN primitives on plain layouts
+ * (nchw, oihw, nc, oi, a); mul/add/sgd are plain C loops (memory bound).
+ *
+ * Primitives are created once per distinct (kind, shape, bias?) key and
+ * kept for the life of the backend in a mutex-protected array; creation
+ * happens under that mutex, execution outside it. oneDNN allows one
+ * primitive to execute concurrently from several threads with distinct
+ * memory objects, so every call builds its own memory objects (wrapping the
+ * caller's pointers), its own scratchpad (user-managed scratchpad mode; see
+ * make_prim) and its own stream: a stream per call keeps threads fully
+ * independent at the price of a few small allocations.
+ *
+ * Threads: when nthreads > 0 each op first calls omp_set_num_threads(), a
+ * setting of the calling thread, so every caller gets nthreads OpenMP
+ * threads for oneDNN. Memory is aligned_alloc(64); copies are memcpy.
+ * Failed oneDNN calls become PS_ERR_INTERNAL naming the call (PS_DNNL_CHECK).
+ */
+#include "backend_impl.h"
+
+#include <dnnl.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PS_DNNL_CHECK(call) do { \
+    dnnl_status_t dnnl_st_ = (call); \
+    if (dnnl_st_ != dnnl_success) \
+        return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: %s failed: status %d", \
+                          __FILE__, __LINE__, #call, (int)dnnl_st_); \
+} while (0)
+
+typedef enum {
+    PK_CONV_FWD, PK_CONV_BWD_DATA, PK_CONV_BWD_WEIGHTS,
+    PK_POOL_FWD_TRAINING, PK_POOL_FWD_INFERENCE, PK_POOL_BWD,
+    PK_IP_FWD, PK_IP_BWD_DATA, PK_IP_BWD_WEIGHTS,
+    PK_RELU_FWD, PK_RELU_BWD,
+    PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
+} prim_kind;
+
+/* Everything a primitive depends on. Compared with memcmp: always build
+ * from a zeroed value. dims: conv n,cin,h,w,cout,kh,kw,stride,pad; pool
+ * n,c,h,w,k,stride; ip n,in,out; relu count; logsoftmax rows,cols. */
+typedef struct prim_key {
+    int32_t kind;
+    int32_t bias;
+    int64_t dims[9];
+} prim_key;
+
+typedef struct prim_entry {
+    prim_key key;
+    dnnl_primitive_t prim;
+} prim_entry;
+
+typedef struct dn_impl {
+    dnnl_engine_t engine;
+    int nthreads;
+    pthread_mutex_t lock;   /* guards cache, len, cap */
+    prim_entry *cache;
+    size_t len, cap;
+} dn_impl;
+
+/* ---- primitive creation ---- */
+
+static ps_status md_plain(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
+                          dnnl_format_tag_t tag, ps_err *err) {
+    dnnl_dims_t d;
+    for (int i = 0; i < ndims; i++) d[i] = dims[i];
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag));
+    return PS_OK;
+}
+
+static ps_status prim_from_pd(dnnl_primitive_desc_t pd, dnnl_primitive_t *prim, ps_err *err) {
+    PS_DNNL_CHECK(dnnl_primitive_create(prim, pd));
+    return PS_OK;
+}
+
+static ps_status make_prim_attr(dnnl_engine_t eng, const_dnnl_op_desc_t op_desc,
+                                const_dnnl_primitive_desc_t hint, dnnl_primitive_attr_t attr,
+                                dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_primitive_desc_t pd;
+    PS_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+    PS_DNNL_CHECK(dnnl_primitive_desc_create(&pd, op_desc, attr, eng, hint));
+    ps_status st = prim_from_pd(pd, prim, err);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* Primitive for op_desc (hint: the forward pd for backward primitives).
+ * The scratchpad is user-managed: a primitive's own (library-managed)
+ * scratchpad is shared by all its executions, which would race when
+ * several threads run one cached primitive (unless oneDNN was built with
+ * DNNL_ENABLE_CONCURRENT_EXEC, which Debian's is not). */
+static ps_status make_prim(dnnl_engine_t eng, const_dnnl_op_desc_t op_desc,
+                           const_dnnl_primitive_desc_t hint, dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_primitive_attr_t attr;
+    PS_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    ps_status st = make_prim_attr(eng, op_desc, hint, attr, prim, err);
+    dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+/* Backward primitive: create the forward pd as hint, then op_desc. */
+static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
+                               const_dnnl_op_desc_t op_desc, dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_primitive_desc_t hint;
+    PS_DNNL_CHECK(dnnl_primitive_desc_create(&hint, fwd_desc, NULL, eng, NULL));
+    ps_status st = make_prim(eng, op_desc, hint, prim, err);
+    dnnl_primitive_desc_destroy(hint);
+    return st;
+}
+
+static ps_status create_conv(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                             ps_err *err) {
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,stride,pad */
+    const int64_t oh = (d[2] + 2 * d[8] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[8] - d[6]) / d[7] + 1;
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, wd[4] = { d[4], d[1], d[5], d[6] };
+    const int64_t yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
+    dnnl_memory_desc_t x, w, b, y;
+    ps_status st;
+    if ((st = md_plain(&x, 4, xd, dnnl_nchw, err)) || (st = md_plain(&w, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&b, 1, bd, dnnl_a, err)) || (st = md_plain(&y, 4, yd, dnnl_nchw, err)))
+        return st;
+    dnnl_dims_t strides = { d[7], d[7] }, pad = { d[8], d[8] };
+    dnnl_convolution_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training,
+                  dnnl_convolution_direct, &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
+    switch (k->kind) {
+    case PK_CONV_FWD:
+        return make_prim(eng, &fwd, NULL, prim, err);
+    case PK_CONV_BWD_DATA:
+        PS_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bwd, dnnl_convolution_direct,
+                      &x, &w, &y, strides, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    default:
+        PS_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
+                      &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    }
+}
+
+static ps_status create_pool(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                             ps_err *err) {
+    const int64_t *d = k->dims; /* n,c,h,w,k,stride */
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
+    const int64_t yd[4] = { d[0], d[1], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1 };
+    dnnl_memory_desc_t x, y;
+    ps_status st;
+    if ((st = md_plain(&x, 4, xd, dnnl_nchw, err)) || (st = md_plain(&y, 4, yd, dnnl_nchw, err)))
+        return st;
+    /* No padding; oneDNN's shape check floors like PyTorch's floor mode. */
+    dnnl_dims_t strides = { d[5], d[5] }, kernel = { d[4], d[4] }, pad = { 0, 0 };
+    dnnl_pooling_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_pooling_forward_desc_init(&fwd,
+                  k->kind == PK_POOL_FWD_INFERENCE ? dnnl_forward_inference : dnnl_forward_training,
+                  dnnl_pooling_max, &x, &y, strides, kernel, pad, pad));
+    if (k->kind != PK_POOL_BWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd, dnnl_pooling_max, &x, &y, strides, kernel,
+                                                  pad, pad));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
+static ps_status create_ip(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                           ps_err *err) {
+    const int64_t *d = k->dims; /* n,in,out */
+    const int64_t xd[2] = { d[0], d[1] }, wd[2] = { d[2], d[1] }, yd[2] = { d[0], d[2] };
+    const int64_t bd[1] = { d[2] };
+    dnnl_memory_desc_t x, w, b, y;
+    ps_status st;
+    if ((st = md_plain(&x, 2, xd, dnnl_nc, err)) || (st = md_plain(&w, 2, wd, dnnl_oi, err)) ||
+        (st = md_plain(&b, 1, bd, dnnl_a, err)) || (st = md_plain(&y, 2, yd, dnnl_nc, err)))
+        return st;
+    dnnl_inner_product_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_inner_product_forward_desc_init(&fwd, dnnl_forward_training, &x, &w,
+                                                       k->bias ? &b : NULL, &y));
+    switch (k->kind) {
+    case PK_IP_FWD:
+        return make_prim(eng, &fwd, NULL, prim, err);
+    case PK_IP_BWD_DATA:
+        PS_DNNL_CHECK(dnnl_inner_product_backward_data_desc_init(&bwd, &x, &w, &y));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    default:
+        PS_DNNL_CHECK(dnnl_inner_product_backward_weights_desc_init(&bwd, &x, &w,
+                                                                    k->bias ? &b : NULL, &y));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    }
+}
+
+static ps_status create_relu(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                             ps_err *err) {
+    dnnl_memory_desc_t md;
+    ps_status st = md_plain(&md, 1, k->dims, dnnl_a, err);
+    if (st) return st;
+    /* dst-based backward: dx = dy where y > 0, which is the contract. */
+    dnnl_eltwise_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training,
+                                                 dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f));
+    if (k->kind == PK_RELU_FWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
+                                                  0.f, 0.f));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
+static ps_status create_logsoftmax(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                                   ps_err *err) {
+    dnnl_memory_desc_t md;
+    ps_status st = md_plain(&md, 2, k->dims, dnnl_nc, err);
+    if (st) return st;
+    dnnl_logsoftmax_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_logsoftmax_forward_desc_init(&fwd, dnnl_forward_training, &md, 1));
+    if (k->kind == PK_LOGSOFTMAX_FWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_logsoftmax_backward_desc_init(&bwd, &md, &md, 1));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
+static ps_status create_prim(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                             ps_err *err) {
+    switch ((prim_kind)k->kind) {
+    case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
+        return create_conv(eng, k, prim, err);
+    case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
+        return create_pool(eng, k, prim, err);
+    case PK_IP_FWD: case PK_IP_BWD_DATA: case PK_IP_BWD_WEIGHTS:
+        return create_ip(eng, k, prim, err);
+    case PK_RELU_FWD: case PK_RELU_BWD:
+        return create_relu(eng, k, prim, err);
+    case PK_LOGSOFTMAX_FWD: case PK_LOGSOFTMAX_BWD:
+        return create_logsoftmax(eng, k, prim, err);
+    }
+    return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown primitive kind %d", (int)k->kind);
+}
+
+/* The cached primitive for k, created on first use. */
+static ps_status get_prim(dn_impl *im, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    ps_status st = PS_OK;
+    pthread_mutex_lock(&im->lock);
+    for (size_t i = 0; i < im->len; i++)
+        if (memcmp(&im->cache[i].key, k, sizeof *k) == 0) {
+            *prim = im->cache[i].prim;
+            pthread_mutex_unlock(&im->lock);
+            return PS_OK;
+        }
+    if (im->len == im->cap) {
+        size_t cap = im->cap ? 2 * im->cap : 16;
+        prim_entry *c = realloc(im->cache, cap * sizeof *c);
+        if (!c) {
+            pthread_mutex_unlock(&im->lock);
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: primitive cache: out of memory");
+        }
+        im->cache = c;
+        im->cap = cap;
+    }
+    st = create_prim(im->engine, k, prim, err);
+    if (st == PS_OK) {
+        im->cache[im->len].key = *k;
+        im->cache[im->len].prim = *prim;
+        im->len++;
+    }
+    pthread_mutex_unlock(&im->lock);
+    return st;
+}
+
+static prim_key key_make(prim_kind kind, int bias, int ndims, const int64_t *dims) {
+    prim_key k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind;
+    k.bias = bias;
+    for (int i = 0; i < ndims; i++) k.dims[i] = dims[i];
+    return k;
+}
+
+static prim_key conv_key(prim_kind kind, const ps_conv_desc *d, int bias) {
+    const int64_t dims[9] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride, d->pad };
+    return key_make(kind, bias, 9, dims);
+}
+
+static prim_key pool_key(prim_kind kind, const ps_pool_desc *d) {
+    const int64_t dims[6] = { d->n, d->c, d->h, d->w, d->k, d->stride };
+    return key_make(kind, 0, 6, dims);
+}
+
+static prim_key ip_key(prim_kind kind, const ps_linear_desc *d, int bias) {
+    const int64_t dims[3] = { d->n, d->in, d->out };
+    return key_make(kind, bias, 3, dims);
+}
+
+/* ---- execution ---- */
+
+typedef struct exec_arg {
+    int arg;            /* DNNL_ARG_* */
+    const void *ptr;    /* caller's buffer; written only for outputs */
+} exec_arg;
+
+#define PS_DNNL_MAX_ARGS 6
+
+/* What one execution allocates; released by run() whatever happened. */
+typedef struct exec_res {
+    dnnl_memory_t mem[PS_DNNL_MAX_ARGS + 1];  /* + scratchpad */
+    void *scratch;
+    dnnl_stream_t stream;
+} exec_res;
+
+static ps_status exec_inner(dn_impl *im, dnnl_primitive_t prim, const exec_arg *a, int n,
+                            exec_res *r, ps_err *err) {
+    const_dnnl_primitive_desc_t pd;
+    dnnl_exec_arg_t args[PS_DNNL_MAX_ARGS + 1];
+    PS_DNNL_CHECK(dnnl_primitive_get_primitive_desc(prim, &pd));
+    for (int i = 0; i < n; i++) {
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a[i].arg);
+        if (!md || md->ndims == 0)
+            return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: primitive has no argument %d", a[i].arg);
+        PS_DNNL_CHECK(dnnl_memory_create(&r->mem[i], md, im->engine, (void *)a[i].ptr));
+        args[i].arg = a[i].arg;
+        args[i].memory = r->mem[i];
+    }
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t ssize = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (ssize > 0) {
+        r->scratch = aligned_alloc(64, (ssize + 63) & ~(size_t)63);
+        if (!r->scratch)
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: scratchpad of %zu bytes", ssize);
+        PS_DNNL_CHECK(dnnl_memory_create(&r->mem[n], smd, im->engine, r->scratch));
+        args[n].arg = DNNL_ARG_SCRATCHPAD;
+        args[n].memory = r->mem[n];
+        n++;
+    }
+    PS_DNNL_CHECK(dnnl_stream_create(&r->stream, im->engine, dnnl_stream_default_flags));
+    PS_DNNL_CHECK(dnnl_primitive_execute(prim, r->stream, n, args));
+    PS_DNNL_CHECK(dnnl_stream_wait(r->stream));
+    return PS_OK;
+}
+
+/* Run the cached primitive for k on the caller's buffers. */
+static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, ps_err *err) {
+    dnnl_primitive_t prim;
+    ps_status st = get_prim(im, k, &prim, err);
+    if (st) return st;
+    exec_res r;
+    memset(&r, 0, sizeof r);
+    st = exec_inner(im, prim, a, n, &r, err);
+    for (int i = 0; i <= n; i++)
+        if (r.mem[i]) dnnl_memory_destroy(r.mem[i]);
+    free(r.scratch);
+    if (r.stream) dnnl_stream_destroy(r.stream);
+    return st;
+}
+
+static void set_threads(const dn_impl *im) {
+    if (im->nthreads > 0) omp_set_num_threads(im->nthreads);
+}
+
+/* ---- lifecycle and memory ---- */
+
+static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
+    (void)device;
+    dn_impl *im = calloc(1, sizeof *im);
+    if (!im) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory");
+    dnnl_status_t s = dnnl_engine_create(&im->engine, dnnl_cpu, 0);
+    if (s != dnnl_success) {
+        free(im);
+        return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: dnnl_engine_create(cpu, 0) failed: status %d",
+                          __FILE__, __LINE__, (int)s);
+    }
+    im->nthreads = nthreads;
+    pthread_mutex_init(&im->lock, NULL);
+    *impl = im;
+    return PS_OK;
+}
+
+static void dn_destroy(void *impl) {
+    dn_impl *im = impl;
+    if (!im) return;
+    for (size_t i = 0; i < im->len; i++) dnnl_primitive_destroy(im->cache[i].prim);
+    free(im->cache);
+    pthread_mutex_destroy(&im->lock);
+    dnnl_engine_destroy(im->engine);
+    free(im);
+}
+
+static void *dn_alloc(void *impl, size_t bytes) {
+    (void)impl;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return NULL;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+static void dn_free(void *impl, void *p) { (void)impl; free(p); }
+
+static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, ps_err *err) {
+    (void)impl; (void)err;
+    if (bytes) memcpy(dst, src, bytes);
+    return PS_OK;
+}
+
+/* ---- ops ---- */
+
+static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x,
+                                     const float *w, const float *b, float *y, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = conv_key(PK_CONV_FWD, d, b != NULL);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
+                     { DNNL_ARG_BIAS, b } };
+    return run(im, &k, a, b ? 4 : 3, err);
+}
+
+/* db = sum of dy over n, and the spatial positions (dw == NULL case). */
+static void bias_grad(const float *dy, int n, int c, int64_t plane, float *db) {
+    for (int j = 0; j < c; j++) {
+        double acc = 0.0;
+        for (int i = 0; i < n; i++)
+            for (int64_t p = 0; p < plane; p++) acc += dy[((int64_t)i * c + j) * plane + p];
+        db[j] = (float)acc;
+    }
+}
+
+static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x,
+                                      const float *w, const float *dy, float *dx, float *dw,
+                                      float *db, ps_err *err) {
+    dn_impl *im = impl;
+    ps_status st;
+    set_threads(im);
+    if (dx) {
+        prim_key k = conv_key(PK_CONV_BWD_DATA, d, 1);
+        exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
+        if ((st = run(im, &k, a, 3, err))) return st;
+    }
+    if (dw) {
+        prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, d, db != NULL);
+        exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
+                         { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
+        return run(im, &k, a, db ? 4 : 3, err);
+    }
+    if (db) bias_grad(dy, d->n, d->cout, (int64_t)ps_conv_out_h(d) * ps_conv_out_w(d), db);
+    return PS_OK;
+}
+
+static ps_status dn_relu_forward(void *impl, int64_t count, const float *x, float *y, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = key_make(PK_RELU_FWD, 0, 1, &count);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_relu_backward(void *impl, int64_t count, const float *y, const float *dy,
+                                    float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = key_make(PK_RELU_BWD, 0, 1, &count);
+    exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+/* 0 when the primitive cannot be created (the forward then reports why). */
+static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
+    dnnl_primitive_t prim;
+    const_dnnl_primitive_desc_t pd;
+    if (get_prim(im, &k, &prim, NULL) != PS_OK ||
+        dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success)
+        return 0;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_workspace_md, 0);
+    return md ? dnnl_memory_desc_get_size(md) : 0;
+}
+
+static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+                                      void *workspace, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = pool_key(workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE, d);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
+    return run(im, &k, a, workspace ? 3 : 2, err);
+}
+
+static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace,
+                                       const float *dy, float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = pool_key(PK_POOL_BWD, d);
+    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WORKSPACE, workspace },
+                     { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+static ps_status dn_linear_forward(void *impl, const ps_linear_desc *d, const float *x,
+                                     const float *w, const float *b, float *y, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    prim_key k = ip_key(PK_IP_FWD, d, b != NULL);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
+                     { DNNL_ARG_BIAS, b } };
+    return run(im, &k, a, b ? 4 : 3, err);
+}
+
+static ps_status dn_linear_backward(void *impl, const ps_linear_desc *d, const float *x,
+                                      const float *w, const float *dy, float *dx, float *dw,
+                                      float *db, ps_err *err) {
+    dn_impl *im = impl;
+    ps_status st;
+    set_threads(im);
+    if (dx) {
+        prim_key k = ip_key(PK_IP_BWD_DATA, d, 1);
+        exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
+        if ((st = run(im, &k, a, 3, err))) return st;
+    }
+    if (dw) {
+        prim_key k = ip_key(PK_IP_BWD_WEIGHTS, d, db != NULL);
+        exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
+                         { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
+        return run(im, &k, a, db ? 4 : 3, err);
+    }
+    if (db) bias_grad(dy, d->n, d->out, 1, db);
+    return PS_OK;
+}
+
+static ps_status dn_log_softmax_forward(void *impl, int rows, int cols, const float *x, float *y,
+                                          ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t dims[2] = { rows, cols };
+    prim_key k = key_make(PK_LOGSOFTMAX_FWD, 0, 2, dims);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const float *y,
+                                           const float *dy, float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t dims[2] = { rows, cols };
+    prim_key k = key_make(PK_LOGSOFTMAX_BWD, 0, 2, dims);
+    exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+/* Elementwise ops: plain loops; they are memory bound. */
+
+static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
+                          ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) y[i] = x[i] * mask[i];
+    return PS_OK;
+}
+
+static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
+                                 const ps_sgd_desc *s, ps_err *err) {
+    (void)impl; (void)err;
+    const float lr = s->lr, mom = s->momentum, wd = s->weight_decay;
+    if (mom == 0.0f) {
+        for (int64_t i = 0; i < count; i++) w[i] -= lr * (g[i] + wd * w[i]);
+    } else if (s->first_step) {
+        for (int64_t i = 0; i < count; i++) {
+            buf[i] = g[i] + wd * w[i];
+            w[i] -= lr * buf[i];
+        }
+    } else {
+        for (int64_t i = 0; i < count; i++) {
+            buf[i] = mom * buf[i] + (g[i] + wd * w[i]);
+            w[i] -= lr * buf[i];
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_add(void *impl, int64_t count, float *dst, const float *src, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) dst[i] += src[i];
+    return PS_OK;
+}
+
+const ps_backend_ops ps_backend_dnnl_ops = {
+    .name = "dnnl",
+    .init = dn_init,
+    .destroy = dn_destroy,
+    .alloc = dn_alloc,
+    .free = dn_free,
+    .copy_to_device = dn_copy,
+    .copy_to_host = dn_copy,
+    .conv2d_forward = dn_conv2d_forward,
+    .conv2d_backward = dn_conv2d_backward,
+    .relu_forward = dn_relu_forward,
+    .relu_backward = dn_relu_backward,
+    .maxpool_workspace_size = dn_maxpool_workspace_size,
+    .maxpool_forward = dn_maxpool_forward,
+    .maxpool_backward = dn_maxpool_backward,
+    .linear_forward = dn_linear_forward,
+    .linear_backward = dn_linear_backward,
+    .log_softmax_forward = dn_log_softmax_forward,
+    .log_softmax_backward = dn_log_softmax_backward,
+    .mul = dn_mul,
+    .sgd_update = dn_sgd_update,
+    .add = dn_add,
+};
