@@ -106,7 +106,7 @@ static void run_backend(const ps_st_file *g, const char *backend) {
             const float *want = tensor(g, name, p->numel);
             float *got = malloc((size_t)p->numel * sizeof(float));
             CHECK(ps_tape_get_grad(m, tape, i, got, &err) == PS_OK);
-            if (want) compare(backend, name, got, want, p->numel, 1e-4);
+            if (want) compare(backend, name, got, want, p->numel, 2e-5);
             free(got);
         }
         uint64_t v = 0;
