@@ -314,9 +314,20 @@ static void test_real_data(void) {
         ps_err e;
         CHECK_MSG(ps_mnist_load("data/mnist", "train", &m, &e) == PS_OK, "%s", e.msg);
         CHECK(m.n == 8000 && m.rows == 28 && m.cols == 28);
+        /* The fixed split of scripts/mnist_json_to_idx.py: g % 5 == 4 is
+         * test, classes interleaved round-robin. */
+        static const int train_count[10] = {801, 902, 793, 825, 784, 691, 811, 856, 755, 782};
+        static const int test_count[10] = {200, 225, 198, 207, 196, 172, 203, 214, 189, 196};
+        int count[10] = {0};
+        for (uint32_t i = 0; i < m.n; i++) count[m.labels[i]]++;
+        CHECK(memcmp(count, train_count, sizeof count) == 0);
+        for (int i = 0; i < 20 && m.labels; i++) CHECK(m.labels[i] == i % 10);
         ps_mnist_free(&m);
         CHECK_MSG(ps_mnist_load("data/mnist", "test", &m, &e) == PS_OK, "%s", e.msg);
         CHECK(m.n == 2000 && m.rows == 28 && m.cols == 28);
+        memset(count, 0, sizeof count);
+        for (uint32_t i = 0; i < m.n; i++) count[m.labels[i]]++;
+        CHECK(memcmp(count, test_count, sizeof count) == 0);
         ps_mnist_free(&m);
     } else {
         printf("test_idx: note: data/mnist absent (scripts/fetch-mnist.sh), check not run\n");
