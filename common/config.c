@@ -353,6 +353,7 @@ static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key
 
 ps_status ps_config_set(ps_config *c, const char *key, const char *value, const char *origin,
                         ps_err *err) {
+    PS_ASSERT(c && key);
     if (!origin) origin = "(unknown origin)";
     const cfg_entry *e = find_entry(key);
     if (!e && is_section(key))
