@@ -1,0 +1,627 @@
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* ---- the table ---------------------------------------------------------- */
+
+typedef enum {
+    CT_STRING,    /* char[size]; F_NONEMPTY: "" is an error */
+    CT_INT,       /* int in [lo, hi] */
+    CT_U64,       /* uint64_t, any value */
+    CT_DOUBLE,    /* double in lo..hi, each bound open or closed */
+    CT_BOOL,      /* bool */
+    CT_ENUM,      /* an enum stored as int; names[i] is value i */
+    CT_PLACEMENT, /* model.placement.<stage>: device */
+} cfg_type;
+
+enum { F_NONEMPTY = 1 };
+
+typedef struct cfg_entry cfg_entry;
+struct cfg_entry {
+    const char *key;
+    cfg_type type;
+    size_t off, size;          /* field in ps_config */
+    double lo, hi;             /* CT_INT, CT_DOUBLE */
+    bool lo_open, hi_open;     /* CT_DOUBLE: bound excluded */
+    const char *const *names;  /* CT_ENUM, NULL-terminated */
+    const char *def;           /* default, in the text form ps_config_set takes */
+    unsigned flags;
+    /* Extra check on the parsed value (after type and range checks). */
+    ps_status (*check)(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
+};
+
+_Static_assert(sizeof(ps_log_level) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_consistency) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_model_kind) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
+
+static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
+static const char *const consistency_names[] = {"hogwild", "locked", NULL};
+static const char *const model_names[] = {"mnist_cnn", NULL};
+static const char *const backend_names[] = {"ref", "dnnl", NULL};
+static const char *const optimizer_names[] = {"sgd", NULL};
+
+static ps_status check_tls(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
+
+#define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
+#define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
+#define INT(k, f, l, h, d) { .key = k, .type = CT_INT, FIELD(f), .lo = l, .hi = h, .def = d }
+#define U64(k, f, d) { .key = k, .type = CT_U64, FIELD(f), .def = d }
+/* lo_open/hi_open: 1 excludes the bound, 0 includes it. */
+#define DBL(k, f, lopen, l, h, hopen, d) \
+    { .key = k, .type = CT_DOUBLE, FIELD(f), .lo = l, .hi = h, .lo_open = lopen, \
+      .hi_open = hopen, .def = d }
+#define BOOL(k, f, d) { .key = k, .type = CT_BOOL, FIELD(f), .def = d }
+#define ENUM(k, f, n, d) { .key = k, .type = CT_ENUM, FIELD(f), .names = n, .def = d }
+
+/* Keep docs/config.md in step with this table. Entries of one section are
+ * adjacent (ps_config_print relies on it). */
+static const cfg_entry g_table[] = {
+    STR ("server.listen",          server.listen,          "127.0.0.1:50051"),
+    STR ("server.address",         server.address,         "127.0.0.1:50051"),
+    INT ("server.threads",         server.threads,         1, 64, "4"),
+    INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
+    DBL ("server.context_ttl_s",   server.context_ttl_s,   1, 0, 86400, 0, "120"),
+    INT ("server.max_message_mb",  server.max_message_mb,  4, 2047, "64"),
+    ENUM("server.log_level",       server.log_level,       log_level_names, "info"),
+    ENUM("server.consistency",     server.consistency,     consistency_names, "hogwild"),
+
+    ENUM("model.name",             model.name,             model_names, "mnist_cnn"),
+    U64 ("model.seed",             model.seed,             "1"),
+    ENUM("model.backend",          model.backend,          backend_names, "dnnl"),
+    { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
+
+    ENUM("optimizer.type",         optimizer.type,         optimizer_names, "sgd"),
+    DBL ("optimizer.lr",           optimizer.lr,           1, 0, 10, 0, "0.03"),
+    DBL ("optimizer.momentum",     optimizer.momentum,     0, 0, 1, 1, "0"),
+    DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
+
+    INT ("trainer.world_size",     trainer.world_size,     2, 1024, "3"),
+    INT ("trainer.batch_size",     trainer.batch_size,     1, 4096, "32"),
+    INT ("trainer.epochs",         trainer.epochs,         1, 10000, "1"),
+    STR ("trainer.data",           trainer.data,           "data/mnist"),
+    INT ("trainer.log_every",      trainer.log_every,      1, 1000000, "20"),
+    U64 ("trainer.seed",           trainer.seed,           "0"),
+    DBL ("trainer.rpc_timeout_s",  trainer.rpc_timeout_s,  1, 0, 3600, 0, "60"),
+    BOOL("trainer.check_gradients", trainer.check_gradients, "false"),
+
+    { .key = "security.tls", .type = CT_BOOL, FIELD(security.tls), .def = "false",
+      .check = check_tls },
+};
+#define N_ENTRIES (sizeof g_table / sizeof g_table[0])
+
+/* Placement defaults, applied in this order. */
+static const char *const g_default_placement[][2] = {{"conv", "cpu"}, {"fc", "cpu"}};
+
+/* ---- errors ------------------------------------------------------------- */
+
+/* "origin: key: message" */
+static ps_status fail(ps_err *err, ps_status code, const char *origin, const char *key,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static ps_status fail(ps_err *err, ps_status code, const char *origin, const char *key,
+                      const char *fmt, ...) {
+    char msg[PS_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!err) return code;
+    /* Truncation is fine: the message is for a person. */
+    int n = snprintf(err->msg, sizeof err->msg, "%s: %s: ", origin, key);
+    if (n >= 0 && (size_t)n < sizeof err->msg)
+        snprintf(err->msg + n, sizeof err->msg - (size_t)n, "%s", msg);
+    err->code = code;
+    return code;
+}
+
+/* A value for an error message: quoted, cut to 64 characters. */
+static const char *shown(const char *v, char *buf, size_t cap) {
+    size_t len = strlen(v);
+    if (len <= 64) snprintf(buf, cap, "'%s'", v);
+    else snprintf(buf, cap, "'%.48s...' (%zu characters)", v, len);
+    return buf;
+}
+
+static ps_status check_tls(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    if (*(const bool *)val)
+        return fail(err, PS_ERR_UNIMPLEMENTED, origin, e->key,
+                    "TLS is not supported by this build yet");
+    return PS_OK;
+}
+
+/* ---- lookup ------------------------------------------------------------- */
+
+static const char PLACEMENT_PREFIX[] = "model.placement.";
+
+static const cfg_entry *find_entry(const char *key) {
+    for (size_t i = 0; i < N_ENTRIES; i++)
+        if (!strcmp(g_table[i].key, key)) return &g_table[i];
+    if (!strncmp(key, PLACEMENT_PREFIX, sizeof PLACEMENT_PREFIX - 1))
+        for (size_t i = 0; i < N_ENTRIES; i++)
+            if (g_table[i].type == CT_PLACEMENT) return &g_table[i];
+    return NULL;
+}
+
+/* A section is a key that has keys below it: "server", "model.placement". */
+static bool is_section(const char *key) {
+    size_t n = strlen(key);
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        if (g_table[i].type == CT_PLACEMENT && !strcmp(g_table[i].key, key)) return true;
+        if (!strncmp(g_table[i].key, key, n) && g_table[i].key[n] == '.') return true;
+    }
+    return false;
+}
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) return (size_t)-1;
+    size_t row[65];
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* " (did you mean 'x'?)" for a key or section close to key, else "". */
+static void suggest(const char *key, char *buf, size_t cap) {
+    const char *best = NULL;
+    size_t best_d = 3; /* at most 2 edits */
+    char sect[64], best_sect[64] = "";
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        const char *k = g_table[i].key;
+        size_t d = edit_distance(key, k);
+        if (d < best_d) { best_d = d; best = k; best_sect[0] = '\0'; }
+        const char *dot = strchr(k, '.');
+        size_t sl = (size_t)(dot - k);
+        if (dot && sl < sizeof sect) {
+            memcpy(sect, k, sl);
+            sect[sl] = '\0';
+            d = edit_distance(key, sect);
+            if (d < best_d) { best_d = d; best = NULL; snprintf(best_sect, sizeof best_sect, "%s", sect); }
+        }
+    }
+    if (best) snprintf(buf, cap, " (did you mean '%s'?)", best);
+    else if (best_sect[0]) snprintf(buf, cap, " (did you mean '%s'?)", best_sect);
+    else buf[0] = '\0';
+}
+
+static ps_status unknown_key(const char *key, const char *origin, ps_err *err) {
+    char hint[128];
+    suggest(key, hint, sizeof hint);
+    return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: unknown key '%s'%s", origin, key, hint);
+}
+
+/* ---- parsing values ----------------------------------------------------- */
+
+static bool only_chars(const char *s, const char *allowed) {
+    return s[strspn(s, allowed)] == '\0';
+}
+
+static ps_status parse_int(const cfg_entry *e, const char *v, const char *origin, int *out,
+                           ps_err *err) {
+    char sv[128];
+    if (!*v || !only_chars(v, "+-0123456789"))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not an integer",
+                    shown(v, sv, sizeof sv));
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not an integer",
+                    shown(v, sv, sizeof sv));
+    if (errno == ERANGE || x < (long long)e->lo || x > (long long)e->hi)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is out of range [%lld, %lld]", shown(v, sv, sizeof sv),
+                    (long long)e->lo, (long long)e->hi);
+    *out = (int)x;
+    return PS_OK;
+}
+
+static ps_status parse_u64(const cfg_entry *e, const char *v, const char *origin,
+                           uint64_t *out, ps_err *err) {
+    char sv[128];
+    /* Digits only: strtoull would accept "-1" and wrap it. */
+    if (!*v || !only_chars(v, "0123456789"))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is not an unsigned integer", shown(v, sv, sizeof sv));
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is not an unsigned integer", shown(v, sv, sizeof sv));
+    if (errno == ERANGE)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is out of range [0, %" PRIu64 "]", shown(v, sv, sizeof sv), UINT64_MAX);
+    *out = (uint64_t)x;
+    return PS_OK;
+}
+
+static ps_status parse_double(const cfg_entry *e, const char *v, const char *origin,
+                              double *out, ps_err *err) {
+    char sv[128];
+    /* Decimal notation only: no hex floats, "inf", "nan" or spaces. */
+    if (!*v || !only_chars(v, "+-.0123456789eE"))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not a number",
+                    shown(v, sv, sizeof sv));
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not a number",
+                    shown(v, sv, sizeof sv));
+    if (errno == ERANGE || !isfinite(x) || (e->lo_open ? x <= e->lo : x < e->lo) ||
+        (e->hi_open ? x >= e->hi : x > e->hi))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is out of range %c%g, %g%c",
+                    shown(v, sv, sizeof sv), e->lo_open ? '(' : '[', e->lo, e->hi,
+                    e->hi_open ? ')' : ']');
+    *out = x;
+    return PS_OK;
+}
+
+static ps_status parse_bool(const cfg_entry *e, const char *v, const char *origin, bool *out,
+                            ps_err *err) {
+    static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
+    static const char *const no[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (!strcmp(v, yes[i])) { *out = true; return PS_OK; }
+        if (!strcmp(v, no[i])) { *out = false; return PS_OK; }
+    }
+    char sv[128];
+    return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                "%s is not a boolean (use true/false, yes/no or on/off)", shown(v, sv, sizeof sv));
+}
+
+static ps_status parse_enum(const cfg_entry *e, const char *v, const char *origin, int *out,
+                            ps_err *err) {
+    char list[256] = "";
+    size_t len = 0;
+    for (int i = 0; e->names[i]; i++) {
+        if (!strcmp(v, e->names[i])) { *out = i; return PS_OK; }
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
+                                    e->names[i]);
+    }
+    char sv[128];
+    return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not one of: %s",
+                shown(v, sv, sizeof sv), list);
+}
+
+/* "cpu" or "cuda:N" with N in 0..63, no sign, no spaces, at most 2 digits. */
+static bool valid_device(const char *v) {
+    if (!strcmp(v, "cpu")) return true;
+    if (strncmp(v, "cuda:", 5)) return false;
+    const char *d = v + 5;
+    size_t n = strlen(d);
+    if (n < 1 || n > 2 || !only_chars(d, "0123456789")) return false;
+    if (n == 2 && d[0] == '0') return false; /* "cuda:07" */
+    int x = 0;
+    for (size_t i = 0; i < n; i++) x = x * 10 + (d[i] - '0');
+    return x <= 63;
+}
+
+static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key, const char *v,
+                               const char *origin, ps_err *err) {
+    char sv[128];
+    if (strncmp(key, PLACEMENT_PREFIX, sizeof PLACEMENT_PREFIX - 1))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "name a stage, e.g. %sconv: cuda:0", PLACEMENT_PREFIX);
+    const char *stage = key + sizeof PLACEMENT_PREFIX - 1;
+    if (!*stage || strlen(stage) >= PS_CONFIG_STAGE_MAX ||
+        !only_chars(stage, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "stage name must be 1..%d letters, digits, '_' or '-'",
+                    PS_CONFIG_STAGE_MAX - 1);
+    if (!valid_device(v))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "%s is not a device (expected \"cpu\" or \"cuda:N\" with N in 0..63)",
+                    shown(v, sv, sizeof sv));
+    for (int i = 0; i < c->model.n_placement; i++) {
+        if (!strcmp(c->model.placement[i].stage, stage)) {
+            memset(c->model.placement[i].device, 0, PS_CONFIG_DEVICE_MAX);
+            snprintf(c->model.placement[i].device, PS_CONFIG_DEVICE_MAX, "%s", v);
+            return PS_OK;
+        }
+    }
+    if (c->model.n_placement >= PS_CONFIG_MAX_STAGES)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "too many stages in %s (at most %d)", e->key, PS_CONFIG_MAX_STAGES);
+    ps_stage_placement *p = &c->model.placement[c->model.n_placement++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->stage, sizeof p->stage, "%s", stage);
+    snprintf(p->device, sizeof p->device, "%s", v);
+    return PS_OK;
+}
+
+ps_status ps_config_set(ps_config *c, const char *key, const char *value, const char *origin,
+                        ps_err *err) {
+    PS_ASSERT(c && key);
+    if (!origin) origin = "(unknown origin)";
+    const cfg_entry *e = find_entry(key);
+    if (!e && is_section(key))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "%s: '%s' is a section, not a key; set one of its keys", origin, key);
+    if (!e) return unknown_key(key, origin, err);
+    if (!value)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "no value given");
+
+    char *field = (char *)c + e->off;
+    ps_status st = PS_OK;
+    char sv[128];
+    union { int i; uint64_t u; double d; bool b; } v;
+    memset(&v, 0, sizeof v);
+    const void *src = &v;
+    size_t n = 0;
+    switch (e->type) {
+    case CT_STRING: {
+        size_t len = strlen(value);
+        if ((e->flags & F_NONEMPTY) && len == 0)
+            return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "must not be empty");
+        if (len >= e->size)
+            return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                        "%s is %zu bytes long; at most %zu allowed", shown(value, sv, sizeof sv),
+                        len, e->size - 1);
+        src = value;
+        n = len + 1;
+        break;
+    }
+    case CT_INT: st = parse_int(e, value, origin, &v.i, err); n = sizeof v.i; break;
+    case CT_U64: st = parse_u64(e, value, origin, &v.u, err); n = sizeof v.u; break;
+    case CT_DOUBLE: st = parse_double(e, value, origin, &v.d, err); n = sizeof v.d; break;
+    case CT_BOOL: st = parse_bool(e, value, origin, &v.b, err); n = sizeof v.b; break;
+    case CT_ENUM: st = parse_enum(e, value, origin, &v.i, err); n = sizeof v.i; break;
+    case CT_PLACEMENT: return set_placement(c, e, key, value, origin, err);
+    }
+    if (st != PS_OK) return st;
+    if (e->check && (st = e->check(e, src, origin, err)) != PS_OK) return st;
+    PS_ASSERT(n <= e->size);
+    if (e->type == CT_STRING) memset(field, 0, e->size); /* no stale tail bytes */
+    memcpy(field, src, n);
+    return PS_OK;
+}
+
+void ps_config_defaults(ps_config *c) {
+    memset(c, 0, sizeof *c);
+    ps_err err;
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        if (!g_table[i].def) continue;
+        ps_status st = ps_config_set(c, g_table[i].key, g_table[i].def, "default", &err);
+        if (st != PS_OK) fprintf(stderr, "%s\n", err.msg);
+        PS_ASSERT(st == PS_OK);
+    }
+    for (size_t i = 0; i < sizeof g_default_placement / sizeof g_default_placement[0]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s%s", PLACEMENT_PREFIX, g_default_placement[i][0]);
+        ps_status st = ps_config_set(c, key, g_default_placement[i][1], "default", &err);
+        PS_ASSERT(st == PS_OK);
+    }
+}
+
+const char *ps_config_enum_name(const char *key, int value) {
+    const cfg_entry *e = find_entry(key);
+    if (!e || e->type != CT_ENUM || value < 0) return NULL;
+    for (int i = 0; e->names[i]; i++)
+        if (i == value) return e->names[i];
+    return NULL;
+}
+
+/* ---- YAML --------------------------------------------------------------- */
+
+#define KEY_MAX 128
+
+typedef struct loader {
+    yaml_document_t *doc;
+    const char *path;
+    ps_config *c;
+    ps_err *err;
+} loader;
+
+static const char *node_kind(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_SCALAR_NODE: return "a single value";
+    case YAML_SEQUENCE_NODE: return "a list";
+    case YAML_MAPPING_NODE: return "a mapping";
+    default: return "nothing";
+    }
+}
+
+/* A plain (unquoted) YAML null: "", "~", "null". */
+static bool is_null_scalar(const yaml_node_t *n) {
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return false;
+    const char *v = (const char *)n->data.scalar.value;
+    return !*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") ||
+           !strcmp(v, "NULL");
+}
+
+static ps_status walk_mapping(loader *L, yaml_node_t *map, const char *prefix) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *kn = yaml_document_get_node(L->doc, p->key);
+        yaml_node_t *vn = yaml_document_get_node(L->doc, p->value);
+        PS_ASSERT(kn && vn);
+        size_t line = kn->start_mark.line + 1;
+        char origin[PS_CONFIG_PATH_MAX + 32];
+        snprintf(origin, sizeof origin, "%s:%zu", L->path, line);
+        if (kn->type != YAML_SCALAR_NODE)
+            return ps_err_set(L->err, PS_ERR_FORMAT, "%s: a key must be a name, not %s",
+                              origin, node_kind(kn));
+        const char *name = (const char *)kn->data.scalar.value;
+        char key[KEY_MAX];
+        int kl = snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", name);
+        if (kl < 0 || (size_t)kl >= sizeof key)
+            return ps_err_set(L->err, PS_ERR_FORMAT, "%s: key '%.64s...' is too long",
+                              origin, name);
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *qk = yaml_document_get_node(L->doc, q->key);
+            if (qk->type == YAML_SCALAR_NODE && !strcmp((const char *)qk->data.scalar.value, name))
+                return ps_err_set(L->err, PS_ERR_FORMAT,
+                                  "%s: duplicate key '%s' (first given on line %zu)", origin,
+                                  key, qk->start_mark.line + 1);
+        }
+
+        bool section = is_section(key);
+        const cfg_entry *e = find_entry(key);
+        if (vn->type == YAML_MAPPING_NODE && section) {
+            ps_status st = walk_mapping(L, vn, key);
+            if (st != PS_OK) return st;
+            continue;
+        }
+        if (!section && !e) return unknown_key(key, origin, L->err);
+        if (section && !(vn->type == YAML_SCALAR_NODE && is_null_scalar(vn)))
+            return ps_err_set(L->err, PS_ERR_FORMAT, "%s: %s: expected a mapping of keys, got %s",
+                              origin, key, node_kind(vn));
+        if (section) continue; /* "server:" with nothing under it */
+        if (vn->type != YAML_SCALAR_NODE)
+            return ps_err_set(L->err, PS_ERR_FORMAT, "%s: %s: expected a single value, got %s",
+                              origin, key, node_kind(vn));
+        if (is_null_scalar(vn))
+            return ps_err_set(L->err, PS_ERR_INVALID_ARGUMENT, "%s: %s: no value given",
+                              origin, key);
+        ps_status st = ps_config_set(L->c, key, (const char *)vn->data.scalar.value, origin,
+                                     L->err);
+        if (st != PS_OK) return st;
+    }
+    return PS_OK;
+}
+
+static ps_status yaml_error(const yaml_parser_t *p, const char *path, ps_err *err) {
+    if (p->error == YAML_MEMORY_ERROR)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory parsing YAML", path);
+    if (p->error == YAML_READER_ERROR)
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: byte %zu: %s", path, p->problem_offset,
+                          p->problem ? p->problem : "cannot read");
+    return ps_err_set(err, PS_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", path,
+                      p->problem_mark.line + 1, p->problem_mark.column + 1,
+                      p->problem ? p->problem : "unknown problem", p->context ? " " : "",
+                      p->context ? p->context : "");
+}
+
+ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO,
+                          "%s: cannot open config: %s", path, strerror(errno));
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: cannot initialise libyaml", path);
+    }
+    yaml_parser_set_input_file(&parser, f);
+
+    ps_status st = PS_OK;
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+        st = yaml_error(&parser, path, err);
+        goto out;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root) {
+        if (root->type == YAML_MAPPING_NODE) {
+            loader L = {.doc = &doc, .path = path, .c = c, .err = err};
+            st = walk_mapping(&L, root, "");
+        } else if (!(root->type == YAML_SCALAR_NODE && is_null_scalar(root))) {
+            st = ps_err_set(err, PS_ERR_FORMAT,
+                            "%s:%zu: expected a mapping of sections (server:, model:, ...) at "
+                            "the top level, got %s", path, root->start_mark.line + 1,
+                            node_kind(root));
+        }
+        yaml_document_delete(&doc);
+        if (st != PS_OK) goto out;
+        /* Exactly one document per file. */
+        if (!yaml_parser_load(&parser, &doc)) {
+            st = yaml_error(&parser, path, err);
+            goto out;
+        }
+        root = yaml_document_get_root_node(&doc);
+        if (root && !(root->type == YAML_SCALAR_NODE && is_null_scalar(root)))
+            st = ps_err_set(err, PS_ERR_FORMAT,
+                            "%s:%zu: a second YAML document; a config file holds one",
+                            path, root->start_mark.line + 1);
+    }
+    yaml_document_delete(&doc);
+out:
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return st;
+}
+
+/* ---- printing ----------------------------------------------------------- */
+
+static void print_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f) fprintf(f, "\\x%02x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* Shortest %g form (6 digits at least, so 120 is not 1.2e+02) that reads
+ * back as the same double. */
+static void print_double(FILE *f, double x) {
+    char buf[64];
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    fputs(buf, f);
+}
+
+void ps_config_print(const ps_config *c, FILE *f) {
+    fputs("# effective configuration (see docs/config.md)\n", f);
+    const char *sect = NULL;
+    size_t sect_len = 0;
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        const cfg_entry *e = &g_table[i];
+        const char *dot = strchr(e->key, '.');
+        PS_ASSERT(dot);
+        size_t sl = (size_t)(dot - e->key);
+        if (!sect || sl != sect_len || strncmp(sect, e->key, sl)) {
+            fprintf(f, "%s%.*s:\n", sect ? "\n" : "", (int)sl, e->key);
+            sect = e->key;
+            sect_len = sl;
+        }
+        const char *field = (const char *)c + e->off;
+        fprintf(f, "  %s:", dot + 1);
+        switch (e->type) {
+        case CT_STRING: fputc(' ', f); print_string(f, field); break;
+        case CT_INT: fprintf(f, " %d", *(const int *)field); break;
+        case CT_U64: fprintf(f, " %" PRIu64, *(const uint64_t *)field); break;
+        case CT_DOUBLE: fputc(' ', f); print_double(f, *(const double *)field); break;
+        case CT_BOOL: fputs(*(const bool *)field ? " true" : " false", f); break;
+        case CT_ENUM: {
+            const char *name = ps_config_enum_name(e->key, *(const int *)field);
+            fprintf(f, " %s", name ? name : "?");
+            break;
+        }
+        case CT_PLACEMENT:
+            if (c->model.n_placement == 0) fputs(" {}", f);
+            for (int k = 0; k < c->model.n_placement; k++) {
+                fprintf(f, "\n    %s: ", c->model.placement[k].stage);
+                print_string(f, c->model.placement[k].device);
+            }
+            break;
+        }
+        fputc('\n', f);
+    }
+}

@@ -1,0 +1,123 @@
+/* config.h - the cluster configuration: one YAML file per cluster, plus
+ * command-line overrides.
+ *
+ * Every key lives in ONE declarative table in config.c (key, type, range,
+ * default, field); docs/config.md describes the same keys. Both the YAML
+ * loader and command-line flags go through ps_config_set, so a value is
+ * checked the same way wherever it comes from, and every error names where
+ * it came from, the key and the value:
+ *     configs/x.yaml:7: optimizer.lr: '-1' is out of range (0, 10]
+ *     command line: server.threads: 'four' is not an integer
+ *
+ * Keys are dotted paths ("server.listen"); in YAML they are nested
+ * mappings (server: {listen: ...}). Unknown keys, a mapping where a value
+ * is expected, a value where a mapping is expected and duplicate keys are
+ * errors; so is a second YAML document in the file. Numbers are parsed
+ * strictly (the whole value must be a finite decimal number); booleans
+ * accept true/false, yes/no, on/off (also Capitalised or UPPER case, as
+ * YAML 1.1).
+ *
+ * model.placement.<stage> maps a model stage to a device ("cpu" or
+ * "cuda:N", N in 0..63). Setting a stage that is already present replaces
+ * its device; a new stage is appended (up to PS_CONFIG_MAX_STAGES), so a
+ * file naming only "conv" keeps the default "fc: cpu". Stage names are not
+ * checked here; the model rejects names it does not have.
+ *
+ * Setting a string clears the rest of its buffer, so two configs built from
+ * the defaults by the same settings compare equal with memcmp.
+ *
+ * ps_config is a plain value: no allocation, copy it freely.
+ */
+#ifndef PS_CONFIG_H
+#define PS_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+#include "status.h"
+
+#define PS_CONFIG_ADDR_MAX 256   /* buffer size for addresses, incl. NUL */
+#define PS_CONFIG_PATH_MAX 1024  /* buffer size for paths, incl. NUL */
+#define PS_CONFIG_STAGE_MAX 32   /* buffer size for a stage name, incl. NUL */
+#define PS_CONFIG_DEVICE_MAX 16  /* buffer size for a device, incl. NUL */
+#define PS_CONFIG_MAX_STAGES 8
+
+/* server.consistency: how concurrent trainers' steps interleave in psd.
+ *  HOGWILD: optimizer steps are applied asynchronously as they arrive;
+ *           a forward/backward reads a consistent snapshot of the weights
+ *           (readers/writer lock: steps exclude readers only while writing).
+ *  LOCKED:  each trainer's forward, backward and step run as one
+ *           serialized unit; steps never interleave with other passes. */
+typedef enum { PS_CONSISTENCY_HOGWILD = 0, PS_CONSISTENCY_LOCKED } ps_consistency;
+typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
+typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
+typedef enum { PS_OPTIMIZER_SGD = 0 } ps_optimizer_kind;
+
+typedef struct ps_stage_placement {
+    char stage[PS_CONFIG_STAGE_MAX];   /* e.g. "conv" */
+    char device[PS_CONFIG_DEVICE_MAX]; /* "cpu" or "cuda:N" */
+} ps_stage_placement;
+
+typedef struct ps_config {
+    struct {
+        char listen[PS_CONFIG_ADDR_MAX];  /* address psd binds, host:port */
+        char address[PS_CONFIG_ADDR_MAX]; /* address trainers dial */
+        int threads;                      /* gRPC serving threads, 1..64 */
+        int compute_threads;              /* 0..256, 0 = auto */
+        double context_ttl_s;             /* idle forward context lifetime */
+        int max_message_mb;               /* 4..2047 */
+        ps_log_level log_level;
+        ps_consistency consistency;
+    } server;
+    struct {
+        ps_model_kind name;
+        uint64_t seed;                    /* weight initialisation */
+        ps_backend_kind backend;
+        int n_placement;                  /* entries used in placement[] */
+        ps_stage_placement placement[PS_CONFIG_MAX_STAGES];
+    } model;
+    struct {
+        ps_optimizer_kind type;
+        double lr, momentum, weight_decay;
+    } optimizer;
+    struct {
+        int world_size;                   /* the PS plus the trainers */
+        int batch_size;
+        int epochs;
+        char data[PS_CONFIG_PATH_MAX];    /* directory of the IDX files */
+        int log_every;                    /* batches between log lines */
+        uint64_t seed;                    /* data shuffling */
+        double rpc_timeout_s;
+        bool check_gradients;
+    } trainer;
+    struct {
+        bool tls;                         /* must be false in this build */
+    } security;
+} ps_config;
+
+/* Fill every field with its default (the table's). */
+void ps_config_defaults(ps_config *c);
+
+/* Set one key from its text form. key is dotted ("server.listen",
+ * "model.placement.conv"); origin says where the value came from and
+ * starts every error message ("command line", "configs/local.yaml:12").
+ * On error the config is unchanged. */
+ps_status ps_config_set(ps_config *c, const char *key, const char *value, const char *origin,
+                        ps_err *err);
+
+/* Apply the YAML file at path on top of *c (call ps_config_defaults first).
+ * Stops at the first error; *c may then hold some of the file's values. */
+ps_status ps_config_load(ps_config *c, const char *path, ps_err *err);
+
+/* Write the effective configuration as YAML that ps_config_load reads
+ * back to the same values. */
+void ps_config_print(const ps_config *c, FILE *f);
+
+/* Name of an enum field's value, e.g. ps_config_enum_name("model.backend",
+ * c.model.backend) == "dnnl"; NULL for a key that is not an enum or a value
+ * out of range. */
+const char *ps_config_enum_name(const char *key, int value);
+
+#endif

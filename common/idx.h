@@ -1,0 +1,41 @@
+/* idx.h - load IDX files (the MNIST container format), raw or gzip'ed.
+ *
+ * Format: magic 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32
+ * dimensions, then the elements in row-major order. Only dtype 0x08
+ * (unsigned byte) is supported; other dtypes are rejected by name.
+ *
+ * ps_idx_load reads the whole file through zlib's gzopen/gzread, which
+ * reads gzip files (detected by their magic 1f 8b) and raw files alike. It
+ * checks the magic, 1 <= ndim <= PS_IDX_MAX_DIMS, every dimension non-zero,
+ * the total size against PS_IDX_MAX_BYTES, and that the data is exactly the
+ * declared size: a short file and trailing bytes are both errors. Every
+ * error message starts with the path.
+ *
+ * On success *out owns data (malloc'ed); release it with ps_idx_free, which
+ * also accepts NULL and a zeroed struct. On failure *out is left zeroed.
+ */
+#ifndef PS_IDX_H
+#define PS_IDX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define PS_IDX_MAX_DIMS 4
+#define PS_IDX_DTYPE_UBYTE 0x08
+/* Refuse files whose data would exceed this (2 GiB): no real IDX file is
+ * this large, and a corrupt header must not make us allocate terabytes. */
+#define PS_IDX_MAX_BYTES ((size_t)1 << 31)
+
+typedef struct ps_idx {
+    int ndim;                        /* 1..PS_IDX_MAX_DIMS */
+    uint32_t dims[PS_IDX_MAX_DIMS];  /* dims[0..ndim-1]; the rest are 0 */
+    uint8_t *data;                   /* (dims[0], ..., dims[ndim-1]) unsigned bytes */
+    size_t size;                     /* product of the dims = bytes in data */
+} ps_idx;
+
+ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err);
+void ps_idx_free(ps_idx *idx);
+
+#endif

@@ -1,0 +1,425 @@
+/* test_config.c - the config table, YAML loading, printing and
+ * command-line overrides. Broken files are written into a fresh mkdtemp
+ * directory; every error must name the file and line, the key and the
+ * value. Run from the repository root (it reads configs/local.yaml and
+ * docs/config.md). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "config.h"
+
+static char g_dir[] = "/tmp/ps_test_config_XXXXXX";
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) { perror(path); exit(2); }
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Write text to <dir>/name, return its path in a static buffer. */
+static const char *tmpfile_with(const char *name, const char *text) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    write_text(path, text);
+    return path;
+}
+
+#define CONTAINS(msg, s) CHECK_MSG(strstr((msg), (s)) != NULL, "'%s' not in: %s", (s), (msg))
+
+static void test_defaults(void) {
+    ps_config c;
+    ps_config_defaults(&c);
+    CHECK(!strcmp(c.server.listen, "127.0.0.1:50051"));
+    CHECK(!strcmp(c.server.address, "127.0.0.1:50051"));
+    CHECK(c.server.threads == 4);
+    CHECK(c.server.compute_threads == 0);
+    CHECK(c.server.context_ttl_s == 120.0);
+    CHECK(c.server.max_message_mb == 64);
+    CHECK(c.server.log_level == PS_LOG_INFO);
+    CHECK(c.server.consistency == PS_CONSISTENCY_HOGWILD);
+    CHECK(c.model.name == PS_MODEL_MNIST_CNN);
+    CHECK(c.model.seed == 1);
+    CHECK(c.model.backend == PS_BACKEND_KIND_DNNL);
+    CHECK(c.model.n_placement == 2);
+    CHECK(!strcmp(c.model.placement[0].stage, "conv") && !strcmp(c.model.placement[0].device, "cpu"));
+    CHECK(!strcmp(c.model.placement[1].stage, "fc") && !strcmp(c.model.placement[1].device, "cpu"));
+    CHECK(c.optimizer.type == PS_OPTIMIZER_SGD);
+    CHECK(c.optimizer.lr == 0.03);
+    CHECK(c.optimizer.momentum == 0.0);
+    CHECK(c.optimizer.weight_decay == 0.0);
+    CHECK(c.trainer.world_size == 3);
+    CHECK(c.trainer.batch_size == 32);
+    CHECK(c.trainer.epochs == 1);
+    CHECK(!strcmp(c.trainer.data, "data/mnist"));
+    CHECK(c.trainer.log_every == 20);
+    CHECK(c.trainer.seed == 0);
+    CHECK(c.trainer.rpc_timeout_s == 60.0);
+    CHECK(c.trainer.check_gradients == false);
+    CHECK(c.security.tls == false);
+    CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
+    CHECK(!strcmp(ps_config_enum_name("server.log_level", PS_LOG_WARN), "warn"));
+    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_LOCKED), "locked"));
+    CHECK(ps_config_enum_name("model.backend", 2) == NULL);
+    CHECK(ps_config_enum_name("server.threads", 0) == NULL);
+}
+
+static const char *GOOD =
+    "# every key, none at its default\n"
+    "server:\n"
+    "  listen: \"0.0.0.0:6000\"\n"
+    "  address: ps.example:6000\n"
+    "  threads: 8\n"
+    "  compute_threads: 12\n"
+    "  context_ttl_s: 30.5\n"
+    "  max_message_mb: 128\n"
+    "  log_level: debug\n"
+    "  consistency: locked\n"
+    "model:\n"
+    "  name: mnist_cnn\n"
+    "  seed: 18446744073709551615\n"
+    "  backend: ref\n"
+    "  placement:\n"
+    "    fc: cuda:1\n"
+    "    head: cuda:63\n"
+    "optimizer:\n"
+    "  type: sgd\n"
+    "  lr: 0.1\n"
+    "  momentum: 0.9\n"
+    "  weight_decay: 5e-4\n"
+    "trainer:\n"
+    "  world_size: 5\n"
+    "  batch_size: 64\n"
+    "  epochs: 3\n"
+    "  data: '/srv/mnist data'\n"
+    "  log_every: 1000000\n"
+    "  seed: 42\n"
+    "  rpc_timeout_s: 3600\n"
+    "  check_gradients: yes\n"
+    "security:\n"
+    "  tls: off\n";
+
+static void check_good_values(const ps_config *c) {
+    CHECK(!strcmp(c->server.listen, "0.0.0.0:6000"));
+    CHECK(!strcmp(c->server.address, "ps.example:6000"));
+    CHECK(c->server.threads == 8);
+    CHECK(c->server.compute_threads == 12);
+    CHECK(c->server.context_ttl_s == 30.5);
+    CHECK(c->server.max_message_mb == 128);
+    CHECK(c->server.log_level == PS_LOG_DEBUG);
+    CHECK(c->server.consistency == PS_CONSISTENCY_LOCKED);
+    CHECK(c->model.seed == UINT64_MAX);
+    CHECK(c->model.backend == PS_BACKEND_KIND_REF);
+    /* Placement merges into the defaults: conv stays, fc changes, head is new. */
+    CHECK(c->model.n_placement == 3);
+    CHECK(!strcmp(c->model.placement[0].stage, "conv") && !strcmp(c->model.placement[0].device, "cpu"));
+    CHECK(!strcmp(c->model.placement[1].stage, "fc") && !strcmp(c->model.placement[1].device, "cuda:1"));
+    CHECK(!strcmp(c->model.placement[2].stage, "head") && !strcmp(c->model.placement[2].device, "cuda:63"));
+    CHECK(c->optimizer.lr == 0.1);
+    CHECK(c->optimizer.momentum == 0.9);
+    CHECK(c->optimizer.weight_decay == 5e-4);
+    CHECK(c->trainer.world_size == 5);
+    CHECK(c->trainer.batch_size == 64);
+    CHECK(c->trainer.epochs == 3);
+    CHECK(!strcmp(c->trainer.data, "/srv/mnist data"));
+    CHECK(c->trainer.log_every == 1000000);
+    CHECK(c->trainer.seed == 42);
+    CHECK(c->trainer.rpc_timeout_s == 3600.0);
+    CHECK(c->trainer.check_gradients == true);
+    CHECK(c->security.tls == false);
+}
+
+static void test_good_file(void) {
+    ps_config c, back;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    CHECK_MSG(ps_config_load(&c, tmpfile_with("good.yaml", GOOD), &e) == PS_OK, "%s", e.msg);
+    check_good_values(&c);
+
+    /* Print, load the print on top of fresh defaults: same config. */
+    char printed[512];
+    snprintf(printed, sizeof printed, "%s/printed.yaml", g_dir);
+    FILE *f = fopen(printed, "w");
+    ps_config_print(&c, f);
+    fclose(f);
+    ps_config_defaults(&back);
+    CHECK_MSG(ps_config_load(&back, printed, &e) == PS_OK, "%s", e.msg);
+    check_good_values(&back);
+    CHECK(memcmp(&c, &back, sizeof c) == 0);
+
+    /* The printed defaults read back as the defaults. */
+    ps_config d;
+    ps_config_defaults(&d);
+    f = fopen(printed, "w");
+    ps_config_print(&d, f);
+    fclose(f);
+    ps_config_defaults(&back);
+    ps_config_set(&back, "trainer.epochs", "7", "test", &e); /* must be overwritten */
+    CHECK_MSG(ps_config_load(&back, printed, &e) == PS_OK, "%s", e.msg);
+    CHECK(memcmp(&d, &back, sizeof d) == 0);
+
+    /* Empty file, comment-only file and empty sections change nothing. */
+    ps_config_defaults(&back);
+    CHECK(ps_config_load(&back, tmpfile_with("empty.yaml", ""), &e) == PS_OK);
+    CHECK(ps_config_load(&back, tmpfile_with("comment.yaml", "# nothing\n"), &e) == PS_OK);
+    CHECK(ps_config_load(&back, tmpfile_with("sect.yaml", "server:\ntrainer: {}\n"), &e) == PS_OK);
+    CHECK(memcmp(&d, &back, sizeof d) == 0);
+}
+
+/* configs/local.yaml spells out exactly the defaults. */
+static void test_local_yaml(void) {
+    const char *path = "configs/local.yaml";
+    CHECK_MSG(access(path, R_OK) == 0, "%s not found: run from the repository root", path);
+    ps_config c, d;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    ps_config_defaults(&d);
+    CHECK_MSG(ps_config_load(&c, path, &e) == PS_OK, "%s", e.msg);
+    CHECK(memcmp(&c, &d, sizeof c) == 0);
+    CHECK(c.trainer.world_size == 3);
+}
+
+/* Every key that ps_config_print writes is documented in docs/config.md. */
+static void test_docs(void) {
+    FILE *f = fopen("docs/config.md", "r");
+    CHECK_MSG(f != NULL, "docs/config.md not found: run from the repository root");
+    if (!f) return;
+    static char doc[65536];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+
+    ps_config c;
+    ps_config_defaults(&c);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    ps_config_print(&c, m);
+    fclose(m);
+    char section[64] = "";
+    int keys = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#') continue;
+        char name[64];
+        if (line[0] != ' ') {
+            if (sscanf(line, "%63[^:]:", section) != 1) section[0] = '\0';
+            continue;
+        }
+        if (line[2] == ' ') continue; /* placement stages */
+        if (sscanf(line + 2, "%63[^:]:", name) != 1) continue;
+        char key[160];
+        snprintf(key, sizeof key, "`%s.%s`", section, name);
+        if (!strcmp(key, "`model.placement`")) snprintf(key, sizeof key, "`model.placement.");
+        CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
+        keys++;
+    }
+    CHECK(keys == 25);
+    free(text);
+}
+
+/* Load text on top of defaults; expect failure with code, a message that
+ * starts with "<path>:<line>:" and contains each needle.
+ */
+static void expect_bad(const char *name, const char *text, ps_status code, int line,
+                       const char *n1, const char *n2) {
+    char path[512];
+    if (text) snprintf(path, sizeof path, "%s", tmpfile_with(name, text));
+    else snprintf(path, sizeof path, "%s/%s", g_dir, name); /* never written */
+    char head[600];
+    if (line > 0) snprintf(head, sizeof head, "%s:%d:", path, line); /* ":3:2" for syntax */
+    else snprintf(head, sizeof head, "%s:", path);
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    ps_status st = ps_config_load(&c, path, &e);
+    CHECK_MSG(st == code, "%s: got %s, want %s (%s)", name, ps_status_name(st),
+              ps_status_name(code), e.msg);
+    CHECK_MSG(!strncmp(e.msg, head, strlen(head)), "%s: message does not start with '%s': %s",
+              name, head, e.msg);
+    if (n1) CONTAINS(e.msg, n1);
+    if (n2) CONTAINS(e.msg, n2);
+}
+
+static void test_bad_files(void) {
+    char long_value[400];
+    memset(long_value, 'a', 300);
+    long_value[300] = '\0';
+    char long_file[600];
+    snprintf(long_file, sizeof long_file, "server:\n  listen: %s\n", long_value);
+
+    expect_bad("unknown.yaml", "server:\n  threads: 2\n  lisen: 1.2.3.4:5\n", PS_ERR_NOT_FOUND, 3,
+               "unknown key 'server.lisen'", "did you mean 'server.listen'");
+    expect_bad("unknown_section.yaml", "# x\nservr:\n  listen: a\n", PS_ERR_NOT_FOUND, 2,
+               "unknown key 'servr'", "did you mean 'server'");
+    expect_bad("range.yaml", "optimizer:\n  momentum: 0.5\n\n  lr: -1\n", PS_ERR_INVALID_ARGUMENT, 4,
+               "optimizer.lr: '-1' is out of range (0, 10]", NULL);
+    expect_bad("range_int.yaml", "trainer:\n  world_size: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.world_size: '1' is out of range [2, 1024]", NULL);
+    expect_bad("range_open.yaml", "optimizer:\n  momentum: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.momentum: '1' is out of range [0, 1)", NULL);
+    expect_bad("nonnum.yaml", "server:\n  threads: four\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.threads: 'four' is not an integer", NULL);
+    expect_bad("float_int.yaml", "server:\n  threads: 4.0\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.threads: '4.0' is not an integer", NULL);
+    expect_bad("trailing.yaml", "optimizer:\n  lr: 0.1x\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.lr: '0.1x' is not a number", NULL);
+    expect_bad("nan.yaml", "optimizer:\n  lr: .nan\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.lr: '.nan' is not a number", NULL);
+    expect_bad("neg_seed.yaml", "model:\n  seed: -1\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "model.seed: '-1' is not an unsigned integer", NULL);
+    expect_bad("big_seed.yaml", "model:\n  seed: 18446744073709551616\n", PS_ERR_INVALID_ARGUMENT,
+               2, "model.seed: '18446744073709551616' is out of range", NULL);
+    expect_bad("type_map.yaml", "server:\n  threads:\n    min: 1\n", PS_ERR_FORMAT, 2,
+               "server.threads: expected a single value, got a mapping", NULL);
+    expect_bad("type_list.yaml", "server:\n  listen: [a, b]\n", PS_ERR_FORMAT, 2,
+               "server.listen: expected a single value, got a list", NULL);
+    expect_bad("type_section.yaml", "\n\nserver: 5\n", PS_ERR_FORMAT, 3,
+               "server: expected a mapping of keys, got a single value", NULL);
+    expect_bad("type_placement.yaml", "model:\n  placement: cuda:0\n", PS_ERR_FORMAT, 2,
+               "model.placement: expected a mapping", NULL);
+    expect_bad("device.yaml", "model:\n  placement:\n    conv: gpu:0\n", PS_ERR_INVALID_ARGUMENT,
+               3, "model.placement.conv: 'gpu:0' is not a device", NULL);
+    expect_bad("device64.yaml", "model:\n  placement:\n    fc: cuda:64\n",
+               PS_ERR_INVALID_ARGUMENT, 3, "model.placement.fc: 'cuda:64' is not a device", NULL);
+    expect_bad("stage.yaml", "model:\n  placement:\n    \"a b\": cpu\n", PS_ERR_INVALID_ARGUMENT,
+               3, "model.placement.a b: stage name", NULL);
+    expect_bad("stages9.yaml",
+               "model:\n  placement:\n    a: cpu\n    b: cpu\n    c: cpu\n    d: cpu\n"
+               "    e: cpu\n    f: cpu\n    g: cpu\n",
+               PS_ERR_INVALID_ARGUMENT, 9, "model.placement.g: too many stages", "at most 8");
+    expect_bad("bool.yaml", "trainer:\n  check_gradients: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.check_gradients: 'maybe' is not a boolean", NULL);
+    expect_bad("bool1.yaml", "trainer:\n  check_gradients: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.check_gradients: '1' is not a boolean", NULL);
+    expect_bad("dup.yaml", "server:\n  threads: 2\n  listen: a:1\n  threads: 3\n", PS_ERR_FORMAT,
+               4, "duplicate key 'server.threads' (first given on line 2)", NULL);
+    expect_bad("dup_section.yaml", "server:\n  threads: 2\nserver:\n  listen: a:1\n",
+               PS_ERR_FORMAT, 3, "duplicate key 'server'", NULL);
+    expect_bad("enum.yaml", "server:\n  consistency: strict\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.consistency: 'strict' is not one of: hogwild, locked", NULL);
+    expect_bad("enum_backend.yaml", "model:\n  backend: cuda\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "model.backend: 'cuda' is not one of: ref, dnnl", NULL);
+    expect_bad("long.yaml", long_file, PS_ERR_INVALID_ARGUMENT, 2,
+               "server.listen: 'aaaa", "is 300 bytes long; at most 255 allowed");
+    expect_bad("empty_value.yaml", "trainer:\n  data:\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.data: no value given", NULL);
+    expect_bad("empty_string.yaml", "trainer:\n  data: ''\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.data: must not be empty", NULL);
+    expect_bad("tls.yaml", "security:\n  tls: true\n", PS_ERR_UNIMPLEMENTED, 2,
+               "security.tls: TLS is not supported by this build yet", NULL);
+    expect_bad("toplist.yaml", "- server\n", PS_ERR_FORMAT, 1,
+               "expected a mapping of sections", "got a list");
+    expect_bad("twodocs.yaml", "server:\n  threads: 2\n---\nserver:\n  threads: 3\n",
+               PS_ERR_FORMAT, 4, "a second YAML document", NULL);
+    expect_bad("syntax.yaml", "server:\n  threads: 2\n listen: x\n", PS_ERR_FORMAT, 3,
+               "YAML syntax error", NULL);
+    expect_bad("missing.yaml", NULL, PS_ERR_NOT_FOUND, 0, "cannot open config", NULL);
+}
+
+static void test_cli(void) {
+    ps_config c, before;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "server.listen", "0.0.0.0:7000", "command line", &e) == PS_OK);
+    CHECK(!strcmp(c.server.listen, "0.0.0.0:7000"));
+    CHECK(ps_config_set(&c, "optimizer.lr", "10", "command line", &e) == PS_OK);
+    CHECK(c.optimizer.lr == 10.0);
+    CHECK(ps_config_set(&c, "server.threads", "+64", "command line", &e) == PS_OK);
+    CHECK(c.server.threads == 64);
+    CHECK(ps_config_set(&c, "trainer.seed", "18446744073709551615", "command line", &e) == PS_OK);
+    CHECK(c.trainer.seed == UINT64_MAX);
+    CHECK(ps_config_set(&c, "server.log_level", "error", "command line", &e) == PS_OK);
+    CHECK(c.server.log_level == PS_LOG_ERROR);
+    CHECK(ps_config_set(&c, "trainer.rpc_timeout_s", "1e-3", "command line", &e) == PS_OK);
+    CHECK(c.trainer.rpc_timeout_s == 1e-3);
+
+    const char *yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "ON"};
+    const char *no[] = {"false", "False", "no", "NO", "off", "Off"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
+        c.trainer.check_gradients = false;
+        CHECK_MSG(ps_config_set(&c, "trainer.check_gradients", yes[i], "cli", &e) == PS_OK &&
+                  c.trainer.check_gradients, "%s", yes[i]);
+    }
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        c.trainer.check_gradients = true;
+        CHECK_MSG(ps_config_set(&c, "trainer.check_gradients", no[i], "cli", &e) == PS_OK &&
+                  !c.trainer.check_gradients, "%s", no[i]);
+    }
+
+    /* Failures leave the config unchanged and name origin, key and value. */
+    before = c;
+    CHECK(ps_config_set(&c, "optimizer.lr", "-1", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(!strcmp(e.msg, "command line: optimizer.lr: '-1' is out of range (0, 10]"));
+    CHECK(ps_config_set(&c, "optimizer.lr", "10.000001", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.lr", "0", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.lr", "inf", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.lr", " 0.1", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.lr", "", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "server.threads", "4 ", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "server.threads", "0x10", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "server.threads", "99999999999999999999", "cli", &e) != PS_OK);
+    CHECK(!strcmp(e.msg, "cli: server.threads: '99999999999999999999' is out of range [1, 64]"));
+    CHECK(ps_config_set(&c, "trainer.check_gradients", "y", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "server.consistency", "Hogwild", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "security.tls", "on", "command line", &e) == PS_ERR_UNIMPLEMENTED);
+    CHECK(!strcmp(e.msg, "command line: security.tls: TLS is not supported by this build yet"));
+    CHECK(ps_config_set(&c, "server.lisen", "x", "command line", &e) == PS_ERR_NOT_FOUND);
+    CHECK(!strcmp(e.msg,
+                  "command line: unknown key 'server.lisen' (did you mean 'server.listen'?)"));
+    CHECK(ps_config_set(&c, "nothing.like.this", "x", "cli", &e) == PS_ERR_NOT_FOUND);
+    CHECK(!strcmp(e.msg, "cli: unknown key 'nothing.like.this'"));
+    CHECK(ps_config_set(&c, "server", "x", "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "'server' is a section");
+    CHECK(ps_config_set(&c, "model.placement", "cpu", "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "cli: model.placement: name a stage");
+    CHECK(ps_config_set(&c, "model.placement.conv", "cuda:07", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "model.placement.conv", "cuda:", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "model.placement.conv", "cuda:-1", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "model.placement.conv", "CPU", "cli", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "server.address", NULL, "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(memcmp(&c, &before, sizeof c) == 0);
+
+    /* Placement: replace in place, append, then refuse a ninth stage. */
+    CHECK(ps_config_set(&c, "model.placement.conv", "cuda:0", "cli", &e) == PS_OK);
+    CHECK(c.model.n_placement == 2 && !strcmp(c.model.placement[0].device, "cuda:0"));
+    CHECK(ps_config_set(&c, "model.placement.fc", "cuda:10", "cli", &e) == PS_OK);
+    CHECK(c.model.n_placement == 2 && !strcmp(c.model.placement[1].device, "cuda:10"));
+    const char *more[] = {"s2", "s3", "s4", "s5", "s6", "s7"};
+    for (int i = 0; i < 6; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "model.placement.%s", more[i]);
+        CHECK(ps_config_set(&c, key, "cpu", "cli", &e) == PS_OK);
+    }
+    CHECK(c.model.n_placement == 8 && !strcmp(c.model.placement[7].stage, "s7"));
+    CHECK(ps_config_set(&c, "model.placement.s8", "cpu", "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(c.model.n_placement == 8);
+    CHECK(ps_config_set(&c, "model.placement.s7", "cuda:5", "cli", &e) == PS_OK);
+
+    /* A command-line override applied after the file wins. */
+    ps_config_defaults(&c);
+    CHECK(ps_config_load(&c, tmpfile_with("good2.yaml", GOOD), &e) == PS_OK);
+    CHECK(ps_config_set(&c, "trainer.batch_size", "16", "command line", &e) == PS_OK);
+    CHECK(c.trainer.batch_size == 16 && c.trainer.epochs == 3);
+}
+
+int main(void) {
+    if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
+    test_defaults();
+    test_good_file();
+    test_local_yaml();
+    test_docs();
+    test_bad_files();
+    test_cli();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);
+    return check_summary("test_config");
+}
