@@ -44,7 +44,7 @@ _Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written 
 _Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
-static const char *const consistency_names[] = {"hogwild", "locked", NULL};
+static const char *const consistency_names[] = {"hogwild", NULL};
 static const char *const model_names[] = {"mnist_cnn", NULL};
 static const char *const backend_names[] = {"ref", "dnnl", NULL};
 static const char *const optimizer_names[] = {"sgd", NULL};

@@ -48,9 +48,9 @@
  *  HOGWILD: optimizer steps are applied asynchronously as they arrive;
  *           a forward/backward reads a consistent snapshot of the weights
  *           (readers/writer lock: steps exclude readers only while writing).
- *  LOCKED:  each trainer's forward, backward and step run as one
- *           serialized unit; steps never interleave with other passes. */
-typedef enum { PS_CONSISTENCY_HOGWILD = 0, PS_CONSISTENCY_LOCKED } ps_consistency;
+ * The only rule this build implements; the key exists so a config names
+ * the rule it relies on and a later build can add others. */
+typedef enum { PS_CONSISTENCY_HOGWILD = 0 } ps_consistency;
 typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
 typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
 typedef enum { PS_OPTIMIZER_SGD = 0 } ps_optimizer_kind;

@@ -125,27 +125,10 @@ ps_status ps_mnist_batch(const ps_mnist *m, const uint32_t *idx, int n, float *x
     return PS_OK;
 }
 
-uint64_t ps_splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-uint64_t ps_rng_below(uint64_t *state, uint64_t bound) {
-    /* Reject the lowest (2^64 mod bound) values so every residue is equally
-     * likely. */
-    uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-        uint64_t r = ps_splitmix64(state);
-        if (r >= threshold) return r % bound;
-    }
-}
-
 void ps_shuffle_u32(uint32_t *a, size_t n, uint64_t seed) {
     uint64_t s = seed;
     for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)ps_rng_below(&s, i);
+        size_t j = (size_t)ps_splitmix64_below(&s, i);
         uint32_t t = a[i - 1];
         a[i - 1] = a[j];
         a[j] = t;

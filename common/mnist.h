@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rng.h"
 #include "status.h"
 
 #define PS_MNIST_CLASSES 10
@@ -43,15 +44,8 @@ void ps_mnist_free(ps_mnist *m);
 ps_status ps_mnist_batch(const ps_mnist *m, const uint32_t *idx, int n, float *x,
                          int64_t *y, ps_err *err);
 
-/* splitmix64 (Steele, Lea, Flood 2014): advance *state and return the next
- * 64-bit value. Small, explicit and the same on every platform. */
-uint64_t ps_splitmix64(uint64_t *state);
-
-/* Uniform value in [0, bound) from *state, without modulo bias; bound > 0. */
-uint64_t ps_rng_below(uint64_t *state, uint64_t bound);
-
 /* Fisher-Yates shuffle of a[0..n-1] with a splitmix64 stream seeded with
- * seed: for i = n-1 down to 1, swap a[i] and a[ps_rng_below(i + 1)]. The
+ * seed: for i = n-1 down to 1, swap a[i] and a[ps_splitmix64_below(i + 1)]. The
  * same (seed, n, input) gives the same permutation everywhere. */
 void ps_shuffle_u32(uint32_t *a, size_t n, uint64_t seed);
 

@@ -1,14 +1,23 @@
 #include "rng.h"
 
-static uint64_t splitmix64(uint64_t *x) {
+uint64_t ps_splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
+uint64_t ps_splitmix64_below(uint64_t *state, uint64_t bound) {
+    /* Reject the lowest (2^64 mod bound) values so every residue is equally likely. */
+    uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+        uint64_t r = ps_splitmix64(state);
+        if (r >= threshold) return r % bound;
+    }
+}
+
 void ps_rng_seed(ps_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++) r->s[i] = ps_splitmix64(&seed);
 }
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -13,6 +13,13 @@ typedef struct ps_rng {
     uint64_t s[4];
 } ps_rng;
 
+/* splitmix64 (Steele, Lea, Flood 2014): advance *state and return the next
+ * 64-bit value. Seeds xoshiro and drives the data shuffles. */
+uint64_t ps_splitmix64(uint64_t *state);
+/* Uniform value in [0, bound) from a splitmix64 stream, without modulo
+ * bias (rejection); bound > 0. */
+uint64_t ps_splitmix64_below(uint64_t *state, uint64_t bound);
+
 void ps_rng_seed(ps_rng *r, uint64_t seed);
 uint64_t ps_rng_next(ps_rng *r);
 /* Uniform in [0, 1) with 24 bits of precision. */

@@ -63,7 +63,8 @@ static void test_defaults(void) {
     CHECK(c.security.tls == false);
     CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
     CHECK(!strcmp(ps_config_enum_name("server.log_level", PS_LOG_WARN), "warn"));
-    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_LOCKED), "locked"));
+    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_HOGWILD), "hogwild"));
+    CHECK(ps_config_enum_name("server.consistency", 1) == NULL);
     CHECK(ps_config_enum_name("model.backend", 2) == NULL);
     CHECK(ps_config_enum_name("server.threads", 0) == NULL);
 }
@@ -78,7 +79,7 @@ static const char *GOOD =
     "  context_ttl_s: 30.5\n"
     "  max_message_mb: 128\n"
     "  log_level: debug\n"
-    "  consistency: locked\n"
+    "  consistency: hogwild\n"
     "model:\n"
     "  name: mnist_cnn\n"
     "  seed: 18446744073709551615\n"
@@ -111,7 +112,7 @@ static void check_good_values(const ps_config *c) {
     CHECK(c->server.context_ttl_s == 30.5);
     CHECK(c->server.max_message_mb == 128);
     CHECK(c->server.log_level == PS_LOG_DEBUG);
-    CHECK(c->server.consistency == PS_CONSISTENCY_LOCKED);
+    CHECK(c->server.consistency == PS_CONSISTENCY_HOGWILD);
     CHECK(c->model.seed == UINT64_MAX);
     CHECK(c->model.backend == PS_BACKEND_KIND_REF);
     /* Placement merges into the defaults: conv stays, fc changes, head is new. */
@@ -303,7 +304,7 @@ static void test_bad_files(void) {
     expect_bad("dup_section.yaml", "server:\n  threads: 2\nserver:\n  listen: a:1\n",
                PS_ERR_FORMAT, 3, "duplicate key 'server'", NULL);
     expect_bad("enum.yaml", "server:\n  consistency: strict\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "server.consistency: 'strict' is not one of: hogwild, locked", NULL);
+               "server.consistency: 'strict' is not one of: hogwild", NULL);
     expect_bad("enum_backend.yaml", "model:\n  backend: cuda\n", PS_ERR_INVALID_ARGUMENT, 2,
                "model.backend: 'cuda' is not one of: ref, dnnl", NULL);
     expect_bad("long.yaml", long_file, PS_ERR_INVALID_ARGUMENT, 2,

@@ -262,7 +262,7 @@ static void test_shuffle(void) {
     CHECK(ps_splitmix64(&s) == 0x6e789e6aa1b965f4ULL);
     CHECK(ps_splitmix64(&s) == 0x06c45d188009454fULL);
     s = 99;
-    CHECK(ps_rng_below(&s, 1) == 0);
+    CHECK(ps_splitmix64_below(&s, 1) == 0);
 
     /* Expected permutations from an independent Python implementation. */
     uint32_t a[10];

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pb_encode.h>
+
 #include "check.h"
 #include "model.h"
 #include "ps_client.h"
@@ -40,6 +42,14 @@ static grpc_status_code send_raw(const char *method, const void *bytes, size_t l
     return code;
 }
 
+/* Writes exactly the bytes given, whatever shape the message declares. */
+typedef struct raw_data { const float *data; size_t bytes; } raw_data;
+static bool raw_data_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
+    const raw_data *r = *arg;
+    return pb_encode_tag_for_field(stream, field) &&
+           pb_encode_string(stream, (const pb_byte_t *)r->data, r->bytes);
+}
+
 /* Encode a ForwardRequest whose declared shape may differ from its data. */
 static grpc_status_code send_forward(uint64_t ctx, int train, const int64_t *dims, int ndim, const float *data,
                                      int64_t data_floats, char *det, size_t dlen) {
@@ -47,9 +57,9 @@ static grpc_status_code send_forward(uint64_t ctx, int train, const int64_t *dim
     req.context_id = ctx;
     req.train = train;
     req.has_input = true;
-    /* Bind with a fake 1-D shape of the real data size, then overwrite the declared shape. */
-    int64_t real[1] = {data_floats};
-    ps_wire_tensor_encode_bind(&req.input, NULL, 1, real, data);
+    raw_data rd = {data, (size_t)data_floats * sizeof(float)};
+    req.input.data.funcs.encode = raw_data_encode;
+    req.input.data.arg = &rd;
     req.input.shape_count = (pb_size_t)ndim;
     for (int i = 0; i < ndim; i++) req.input.shape[i] = dims[i];
     grpc_byte_buffer *bb = NULL, *resp = NULL;
