@@ -393,12 +393,14 @@ static ps_status cu_copy_from_peer(void *impl, void *dst, void *src_impl, const 
     }
     /* Through pinned host memory, one chunk at a time. */
     pthread_mutex_lock(&im->stage_mu);
-    if (!im->pinned && cudaMallocHost(&im->pinned, PS_CUDA_STAGE_CHUNK) != cudaSuccess) {
-        im->pinned = NULL;
-        pthread_mutex_unlock(&im->stage_mu);
-        PS_CUDA_CHECK(cudaGetLastError());
-        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: cannot allocate pinned host memory", im->device);
-        goto done;
+    if (!im->pinned) {
+        cudaError_t e = cudaHostAlloc(&im->pinned, PS_CUDA_STAGE_CHUNK, cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            im->pinned = NULL;
+            pthread_mutex_unlock(&im->stage_mu);
+            rc = cuda_fail(err, __FILE__, __LINE__, "cudaHostAlloc(staging buffer)", cudaGetErrorString(e));
+            goto done;
+        }
     }
     if ((rc = ctx_acquire(sim, &sc, err)) == PS_OK) {
         for (size_t off = 0; off < bytes && rc == PS_OK; off += PS_CUDA_STAGE_CHUNK) {
@@ -434,14 +436,16 @@ static void conv_entry_free(conv_entry *ce) {
 }
 
 /* Pick the first algorithm cuDNN's heuristics rank that is deterministic,
- * uses FP32 FMA math, is GEMM-like or direct (FFT and Winograd trade
+ * needs no tensor-op math (the descriptor's CUDNN_FMA_MATH then holds it to
+ * FP32), is GEMM-like or direct (FFT and Winograd trade
  * accuracy for speed) and fits the workspace limit; fall back to the
  * classic implicit-GEMM kernels. */
 #define PICK_ALGO(perf, count, accurate, out, fallback) do { \
     (out) = (fallback); \
     for (int i_ = 0; i_ < (count); i_++) \
         if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].determinism == CUDNN_DETERMINISTIC && \
-            (perf)[i_].mathType == CUDNN_FMA_MATH && (perf)[i_].memory <= PS_CUDA_WS_LIMIT && \
+            ((perf)[i_].mathType == CUDNN_FMA_MATH || (perf)[i_].mathType == CUDNN_DEFAULT_MATH) && \
+            (perf)[i_].memory <= PS_CUDA_WS_LIMIT && \
             accurate((perf)[i_].algo)) { \
             (out) = (perf)[i_].algo; break; } \
 } while (0)
@@ -585,7 +589,7 @@ static ps_status cu_relu(cuda_impl *im, int64_t count, const float *y, const flo
     cudnnTensorDescriptor_t t = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (count <= 0) return PS_OK;
-    if (count / 1024 > INT_MAX)
+    if (count > INT_MAX)
         return ps_err_set(err, PS_ERR_INTERNAL, "cuda relu: %lld elements is too many", (long long)count);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
