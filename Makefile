@@ -21,10 +21,36 @@ LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthre
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
+# CUDA backend (README, "GPU build"): compiled and linked in whenever nvcc
+# is found (on PATH or /usr/local/cuda/bin); `make NVCC=` builds without it.
+# The backend needs cuDNN 9 and cuBLAS next to the toolkit. CUDA_ARCH: SASS
+# for Hopper (sm_90) plus PTX that newer GPUs and sm_75+ JIT-compile.
+ifeq ($(origin NVCC),undefined)
+NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+endif
+NVCC_CCBIN ?= gcc
+CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(abspath $(dir $(shell command -v $(NVCC)))/..)
+CUDA_LIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64) $(CUDA_HOME)/lib)
+ifeq ($(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h),)
+$(error nvcc found ($(NVCC)) but no cudnn.h in $(CUDA_HOME)/include or /usr/include: install cuDNN 9, or build without CUDA with `make NVCC=`)
+endif
+NVCCFLAGS ?= -O2 -g -std=c++17 -ccbin $(NVCC_CCBIN) $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
+CPPFLAGS  += -DPS_HAVE_CUDA -I$(CUDA_HOME)/include
+LIB_CUDA  := $(BUILD)/obj/common/nn/backend_cuda.o $(BUILD)/obj/common/nn/backend_cuda_kernels.o
+LDLIBS    += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudnn -lcublas -lcudart -lstdc++
+endif
+# backend.c registers the CUDA backend or not: rebuild it when that changes.
+CUDA_STAMP := $(BUILD)/cuda-config
+CUDA_STATE := $(if $(NVCC),$(NVCC) $(CUDA_HOME),none)
+$(shell mkdir -p $(BUILD) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STATE)" ] || echo "$(CUDA_STATE)" > $(CUDA_STAMP))
+
 PROTO_C  := $(BUILD)/proto/ps.pb.c
 PROTO_H  := $(BUILD)/proto/ps.pb.h
-LIB_SRC  := $(wildcard common/*.c common/nn/*.c)
-LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/proto/ps.pb.o
+CUDA_SRC := common/nn/backend_cuda.c common/nn/backend_cuda_kernels.cu
+LIB_SRC  := $(filter-out $(CUDA_SRC),$(wildcard common/*.c common/nn/*.c))
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/proto/ps.pb.o $(LIB_CUDA)
 LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
 SRV_LIB  := $(BUILD)/libpsd.a
@@ -71,6 +97,12 @@ $(BUILD)/obj/proto/ps.pb.o: $(PROTO_C)
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(BUILD)/obj/common/nn/backend.o: $(CUDA_STAMP)
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@

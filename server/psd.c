@@ -81,7 +81,9 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
             printf("psd %s (backends:", PS_VERSION);
             for (const char *const *b = ps_backend_names(); *b; b++) printf(" %s", *b);
-            printf("; CUDA: not built)\n");
+            char cuda[192];
+            ps_backend_build_info(cuda, sizeof cuda);
+            printf("; %s)\n", cuda);
             return 0;
         }
         if (!strcmp(a, "--print-config")) { print_config = 1; continue; }

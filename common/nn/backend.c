@@ -3,7 +3,9 @@
  * ps_backend_create() looks a name up in a const table of op tables, runs
  * the backend's init and wraps the result in a ps_backend the caller frees
  * with ps_backend_free(). Adding a backend = one line in kBackends plus its
- * backend_<name>.c exporting a ps_backend_ops.
+ * backend_<name>.c exporting a ps_backend_ops. The CUDA backend is the one
+ * optional entry: PS_HAVE_CUDA (set by the Makefile when nvcc is present)
+ * registers it; this file is the only place that looks at that flag.
  */
 #include "backend.h"
 #include "backend_impl.h"
@@ -15,11 +17,28 @@
 static const ps_backend_ops *const kBackends[] = {
     &ps_backend_ref_ops,
     &ps_backend_dnnl_ops,
+#ifdef PS_HAVE_CUDA
+    &ps_backend_cuda_ops,
+#endif
 };
 #define PS_NBACKENDS (sizeof kBackends / sizeof kBackends[0])
 
 /* The names of kBackends, in the same order (tests/test_nn_layers checks). */
-static const char *const kBackendNames[] = { "ref", "dnnl", NULL };
+static const char *const kBackendNames[] = { "ref", "dnnl",
+#ifdef PS_HAVE_CUDA
+    "cuda",
+#endif
+    NULL };
+
+void ps_backend_build_info(char *buf, size_t size) {
+#ifdef PS_HAVE_CUDA
+    char info[160];
+    ps_backend_cuda_build_info(info, sizeof info);
+    snprintf(buf, size, "CUDA: %s", info);
+#else
+    snprintf(buf, size, "CUDA: not built");
+#endif
+}
 
 const char *const *ps_backend_names(void) {
     return kBackendNames;
@@ -32,6 +51,11 @@ ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err
             ops = kBackends[i];
             break;
         }
+    }
+    if (!ops && name && !strcmp(name, "cuda")) {
+        ps_err_set(err, PS_ERR_UNAVAILABLE, "this binary was built without CUDA support "
+                   "(nvcc was not found at build time; see README, 'GPU build')");
+        return NULL;
     }
     if (!ops) {
         char known[128] = "";
@@ -55,7 +79,10 @@ ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err
     }
     b->ops = ops;
     b->device = device;
-    snprintf(b->label, sizeof b->label, "%s/cpu", ops->name);
+    if (ops->device_kind)
+        snprintf(b->label, sizeof b->label, "%s/%s:%d", ops->name, ops->device_kind, device);
+    else
+        snprintf(b->label, sizeof b->label, "%s/cpu", ops->name);
     return b;
 }
 

@@ -3,8 +3,8 @@
  * Every layer the models use is one entry of ps_backend_ops. Exactly one
  * place (backend.c) knows which backends exist: "ref" (plain C, slow,
  * obviously correct; the tests' ground truth) and "dnnl" (oneDNN 2.6 CPU
- * primitives, created once per shape and cached). A CUDA backend plugs into
- * the same table later.
+ * primitives, created once per shape and cached), plus "cuda" (cuDNN,
+ * cuBLAS and a few kernels; backend_cuda.c) when the build found nvcc.
  *
  * Contract for every op:
  *  - Tensors are dense float32 in plain row-major layouts: activations NCHW,
@@ -65,6 +65,11 @@ typedef struct ps_sgd_desc {
 
 typedef struct ps_backend_ops {
     const char *name;
+    /* NULL for backends computing in host memory (CPU); otherwise the device
+     * family, e.g. "cuda": pointers are device memory that only the op
+     * table's copy functions may touch, and the backend is labelled
+     * "<name>/<device_kind>:<index>". */
+    const char *device_kind;
 
     /* Create the backend's private state. device is the device index
      * (ignored by CPU backends); nthreads the compute threads (0 = default). */
@@ -77,6 +82,12 @@ typedef struct ps_backend_ops {
     void (*free)(void *impl, void *p);
     ps_status (*copy_to_device)(void *impl, void *dst, const void *host_src, size_t bytes, ps_err *err);
     ps_status (*copy_to_host)(void *impl, void *host_dst, const void *src, size_t bytes, ps_err *err);
+    /* Optional (NULL for CPU backends): copy bytes from src, memory of
+     * another instance of the same backend (src_impl, possibly on another
+     * device), to dst on this backend's device - a stage boundary between
+     * two devices, without a trip through pageable host memory. */
+    ps_status (*copy_from_peer)(void *impl, void *dst, void *src_impl, const void *src, size_t bytes,
+                                ps_err *err);
 
     /* x (n,cin,h,w), w (cout,cin,kh,kw), b (cout) -> y (n,cout,oh,ow). */
     ps_status (*conv2d_forward)(void *impl, const ps_conv_desc *d, const float *x,
@@ -146,6 +157,11 @@ const char *const *ps_backend_names(void);
  * known ones. ps_backend_free(NULL) is a no-op. */
 ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err *err);
 void ps_backend_free(ps_backend *b);
+
+/* One line saying which device support this binary carries, e.g.
+ * "CUDA: not built" or "CUDA: built (runtime 13.0, cuDNN 9.19.0)" (for
+ * `psd --version`). Does not initialise any device. */
+void ps_backend_build_info(char *buf, size_t size);
 
 /* Convenience wrappers over ops->alloc/free. */
 float *ps_backend_alloc_floats(ps_backend *b, int64_t count);

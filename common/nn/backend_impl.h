@@ -9,5 +9,10 @@
 
 extern const ps_backend_ops ps_backend_ref_ops;   /* backend_ref.c */
 extern const ps_backend_ops ps_backend_dnnl_ops;  /* backend_dnnl.c */
+/* backend_cuda.c, compiled and registered only when the build defines
+ * PS_HAVE_CUDA (the Makefile does when it finds nvcc). */
+extern const ps_backend_ops ps_backend_cuda_ops;
+/* "built (runtime X.Y, cuDNN A.B.C)"; no device is touched. */
+void ps_backend_cuda_build_info(char *buf, size_t size);
 
 #endif

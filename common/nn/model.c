@@ -459,9 +459,11 @@ size_t ps_model_tape_bytes(const ps_model *m, int n) {
 }
 
 /* Move a host or device buffer of stage `from` into a buffer usable by stage
- * `to`. Host-memory stages share pointers; otherwise the data goes through a
- * host bounce buffer. On success *dst is either src (aliased, *owned = 0) or
- * a new buffer of `to` (*owned = 1). */
+ * `to`. Host-memory stages share pointers; host <-> device is one copy by
+ * the device side's backend; two devices of one backend use its
+ * copy_from_peer (peer copy, or pinned host staging inside the backend);
+ * anything else goes through a host bounce buffer. On success *dst is
+ * either src (aliased, *owned = 0) or a new buffer of `to` (*owned = 1). */
 static ps_status cross_stage(stage *from, stage *to, const float *src, int64_t count, float **dst,
                              int *owned, ps_err *err) {
     if (from->host_memory && to->host_memory) {
@@ -470,21 +472,34 @@ static ps_status cross_stage(stage *from, stage *to, const float *src, int64_t c
         return PS_OK;
     }
     size_t bytes = (size_t)count * sizeof(float);
-    float *bounce = malloc(bytes);
     float *out = ps_backend_alloc_floats(to->be, count);
-    if (!bounce || !out) {
+    float *bounce = NULL;
+    ps_status rc;
+    if (!out) goto oom;
+    if (from->host_memory) {
+        rc = to->be->ops->copy_to_device(to->be->impl, out, src, bytes, err);
+    } else if (to->host_memory) {
+        rc = from->be->ops->copy_to_host(from->be->impl, out, src, bytes, err);
+    } else if (from->be->ops == to->be->ops && to->be->ops->copy_from_peer) {
+        rc = to->be->ops->copy_from_peer(to->be->impl, out, from->be->impl, src, bytes, err);
+    } else {
+        bounce = malloc(bytes);
+        if (!bounce) goto oom;
+        rc = from->be->ops->copy_to_host(from->be->impl, bounce, src, bytes, err);
+        if (rc == PS_OK) rc = to->be->ops->copy_to_device(to->be->impl, out, bounce, bytes, err);
         free(bounce);
-        ps_backend_release(to->be, out);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory moving %lld floats "
-                          "from stage %s to stage %s", (long long)count, from->def->name, to->def->name);
     }
-    ps_status rc = from->be->ops->copy_to_host(from->be->impl, bounce, src, bytes, err);
-    if (rc == PS_OK) rc = to->be->ops->copy_to_device(to->be->impl, out, bounce, bytes, err);
-    free(bounce);
-    if (rc != PS_OK) { ps_backend_release(to->be, out); return rc; }
+    if (rc != PS_OK) {
+        ps_backend_release(to->be, out);
+        return ps_err_prefix(err, "stage boundary %s -> %s", from->def->name, to->def->name);
+    }
     *dst = out;
     *owned = 1;
     return PS_OK;
+oom:
+    ps_backend_release(to->be, out);
+    return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory moving %lld floats "
+                      "from stage %s to stage %s", (long long)count, from->def->name, to->def->name);
 }
 
 static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int train,

@@ -1,0 +1,810 @@
+/* backend_cuda.c - the CUDA backend: cuDNN for convolution, pooling,
+ * activation and softmax (the legacy API, which cuDNN 9 still ships),
+ * cuBLAS for the fully connected layers, and the kernels of
+ * backend_cuda_kernels.cu where no library call fits (dropout, bias
+ * gradient of fc layers, max-pool argmax and gradient, SGD).
+ *
+ * Built only when the Makefile finds nvcc (it then defines PS_HAVE_CUDA and
+ * backend.c registers this table as "cuda"). Nothing here runs, and CUDA is
+ * not initialised, unless a stage is placed on cuda:N.
+ *
+ * Execution model. Every op runs on a "context" (stream + cuDNN handle +
+ * cuBLAS handle + cuDNN workspace) taken from a per-backend free list, and
+ * synchronises its stream before returning, so an op's results are complete
+ * when it returns (as with the CPU backends) and any thread may use any
+ * buffer next. cuDNN and cuBLAS handles are never used by two threads at
+ * once. Device memory comes from a per-backend stream-ordered memory pool
+ * that keeps freed blocks (no cudaMalloc/cudaFree per activation), or from
+ * cudaMalloc where the device has no memory pools.
+ *
+ * Numerics. Convolutions use FP32 FMA math (no TF32 tensor cores, which
+ * Ampere and later would otherwise use for float convolutions) and
+ * deterministic algorithms; cuBLAS runs in its default (FP32) math mode.
+ * Max pooling: y comes from cudnnPoolingForward; for training, a kernel
+ * records the argmax of each window (first maximum in row-major order, as
+ * PyTorch and the reference backend) in the workspace, and the gradient is
+ * routed through those indices. (cudnnPoolingBackward would need x and y,
+ * which the op contract does not hand to backward, and leaves the choice
+ * among tied maxima unspecified.)
+ *
+ * Stage boundaries between two CUDA devices (copy_from_peer) use a peer
+ * copy when the devices can access each other and otherwise go through a
+ * pinned host buffer. PS_CUDA_STAGE_COPY=host forces the pinned-host path
+ * (even on one device), so one GPU can exercise the two-device path.
+ */
+#include "backend_impl.h"
+#include "backend_cuda.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+/* ------------------------------------------------------------ checking */
+
+/* "file:line: cudnnConvolutionForward failed: CUDNN_STATUS_BAD_PARAM". The
+ * call's text is cut at its '(' so the message names the function. */
+static ps_status cuda_fail(ps_err *err, const char *file, int line, const char *call, const char *what) {
+    return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: %.*s failed: %s", file, line,
+                      (int)strcspn(call, "("), call, what);
+}
+
+/* One checking macro per library. They expect `ps_status rc` and a `done:`
+ * label that releases what the op holds. */
+#define PS_CUDA_CHECK(call) do { \
+    cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) { rc = cuda_fail(err, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); goto done; } \
+} while (0)
+
+#define PS_CUDNN_CHECK(call) do { \
+    cudnnStatus_t s_ = (call); \
+    if (s_ != CUDNN_STATUS_SUCCESS) { rc = cuda_fail(err, __FILE__, __LINE__, #call, cudnnGetErrorString(s_)); goto done; } \
+} while (0)
+
+#define PS_CUBLAS_CHECK(call) do { \
+    cublasStatus_t s_ = (call); \
+    if (s_ != CUBLAS_STATUS_SUCCESS) { rc = cuda_fail(err, __FILE__, __LINE__, #call, cublasGetStatusString(s_)); goto done; } \
+} while (0)
+
+/* ------------------------------------------------------------- state */
+
+typedef struct cuda_ctx {
+    struct cuda_ctx *next;
+    cudaStream_t stream;
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    void *ws;                 /* cuDNN workspace (ws_bytes), grown on demand */
+    size_t ws_bytes;
+} cuda_ctx;
+
+/* Descriptors and chosen algorithms of one convolution shape; immutable
+ * once in the cache, shared read-only by all contexts. */
+typedef struct conv_entry {
+    struct conv_entry *next;
+    ps_conv_desc d;
+    cudnnTensorDescriptor_t x, y, b;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+} conv_entry;
+
+#define PS_CUDA_MAX_DEVICES 64
+#define PS_CUDA_STAGE_CHUNK ((size_t)8 << 20) /* pinned staging buffer */
+#define PS_CUDA_WS_LIMIT ((size_t)512 << 20)   /* largest cuDNN workspace we accept */
+
+typedef struct cuda_impl {
+    int device;
+    int have_pool;
+    cudaMemPool_t pool;
+    int force_staged;                      /* PS_CUDA_STAGE_COPY=host */
+    cudnnActivationDescriptor_t relu;
+    pthread_mutex_t mu;                    /* free_ctx, convs, peer */
+    cuda_ctx *free_ctx;
+    conv_entry *convs;
+    signed char peer[PS_CUDA_MAX_DEVICES]; /* 0 unknown, 1 peer copy, -1 staged */
+    pthread_mutex_t stage_mu;              /* the pinned staging buffer */
+    void *pinned;
+} cuda_impl;
+
+static void ctx_destroy(cuda_ctx *c) {
+    if (!c) return;
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->dnn) cudnnDestroy(c->dnn);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->ws) cudaFree(c->ws);
+    free(c);
+}
+
+static ps_status ctx_create(cuda_impl *im, cuda_ctx **out, ps_err *err) {
+    ps_status rc = PS_OK;
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of memory", im->device);
+    PS_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    PS_CUDNN_CHECK(cudnnCreate(&c->dnn));
+    PS_CUDNN_CHECK(cudnnSetStream(c->dnn, c->stream));
+    PS_CUBLAS_CHECK(cublasCreate(&c->blas));
+    PS_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    PS_CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+done:
+    if (rc != PS_OK) { ctx_destroy(c); c = NULL; }
+    *out = c;
+    return rc;
+}
+
+/* Make this thread's current device the backend's and take a context. */
+static ps_status ctx_acquire(cuda_impl *im, cuda_ctx **out, ps_err *err) {
+    ps_status rc = PS_OK;
+    *out = NULL;
+    PS_CUDA_CHECK(cudaSetDevice(im->device));
+    pthread_mutex_lock(&im->mu);
+    cuda_ctx *c = im->free_ctx;
+    if (c) im->free_ctx = c->next;
+    pthread_mutex_unlock(&im->mu);
+    if (!c) return ctx_create(im, out, err);
+    *out = c;
+done:
+    return rc;
+}
+
+static void ctx_release(cuda_impl *im, cuda_ctx *c) {
+    if (!c) return;
+    pthread_mutex_lock(&im->mu);
+    c->next = im->free_ctx;
+    im->free_ctx = c;
+    pthread_mutex_unlock(&im->mu);
+}
+
+/* Wait for the context's work; every op ends with this. */
+#define PS_CUDA_SYNC(c) PS_CUDA_CHECK(cudaStreamSynchronize((c)->stream))
+
+static ps_status ctx_workspace(cuda_ctx *c, size_t bytes, ps_err *err) {
+    ps_status rc = PS_OK;
+    if (bytes <= c->ws_bytes) return PS_OK;
+    if (c->ws) {
+        PS_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        PS_CUDA_CHECK(cudaFree(c->ws));
+        c->ws = NULL;
+        c->ws_bytes = 0;
+    }
+    PS_CUDA_CHECK(cudaMalloc(&c->ws, bytes));
+    c->ws_bytes = bytes;
+done:
+    return rc;
+}
+
+/* ---------------------------------------------------------- init, info */
+
+void ps_backend_cuda_build_info(char *buf, size_t size) {
+    int rt = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) rt = CUDART_VERSION;
+    size_t dnn = cudnnGetVersion();
+    snprintf(buf, size, "built (runtime %d.%d, cuDNN %zu.%zu.%zu)", rt / 1000, (rt % 1000) / 10,
+             dnn / 10000, (dnn % 10000) / 100, dnn % 100);
+}
+
+/* "CUDA devices found: 2: cuda:0 NVIDIA H200, cuda:1 NVIDIA H200" or
+ * "no CUDA devices found: <why>". */
+static void describe_devices(char *buf, size_t size, int count, cudaError_t why) {
+    if (why != cudaSuccess || count <= 0) {
+        snprintf(buf, size, "no CUDA devices found%s%s", why != cudaSuccess ? ": " : "",
+                 why != cudaSuccess ? cudaGetErrorString(why) : "");
+        return;
+    }
+    size_t len = (size_t)snprintf(buf, size, "CUDA devices found: %d:", count);
+    for (int i = 0; i < count && len < size; i++) {
+        struct cudaDeviceProp p;
+        const char *name = cudaGetDeviceProperties(&p, i) == cudaSuccess ? p.name : "(unknown)";
+        len += (size_t)snprintf(buf + len, size - len, "%s cuda:%d %s", i ? "," : "", i, name);
+    }
+}
+
+static void cu_destroy(void *impl);
+
+static ps_status cu_init(void **impl, int device, int nthreads, ps_err *err) {
+    (void)nthreads;
+    ps_status rc = PS_OK;
+    *impl = NULL;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count <= 0 || device < 0 || device >= count) {
+        char found[384];
+        if (e != cudaSuccess) (void)cudaGetLastError(); /* clear it */
+        describe_devices(found, sizeof found, e == cudaSuccess ? count : 0, e);
+        return ps_err_set(err, (e != cudaSuccess || count <= 0) ? PS_ERR_UNAVAILABLE : PS_ERR_INVALID_ARGUMENT,
+                          "no such device (%s)", found);
+    }
+    cuda_impl *im = calloc(1, sizeof *im);
+    if (!im) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of memory", device);
+    im->device = device;
+    pthread_mutex_init(&im->mu, NULL);
+    pthread_mutex_init(&im->stage_mu, NULL);
+    const char *stage = getenv("PS_CUDA_STAGE_COPY");
+    im->force_staged = stage && !strcmp(stage, "host");
+    *impl = im;
+
+    PS_CUDA_CHECK(cudaSetDevice(device));
+    int pools = 0;
+    PS_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    if (pools) {
+        struct cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        PS_CUDA_CHECK(cudaMemPoolCreate(&im->pool, &props));
+        im->have_pool = 1;
+        uint64_t keep = UINT64_MAX; /* keep freed blocks for reuse */
+        PS_CUDA_CHECK(cudaMemPoolSetAttribute(im->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
+    PS_CUDNN_CHECK(cudnnCreateActivationDescriptor(&im->relu));
+    PS_CUDNN_CHECK(cudnnSetActivationDescriptor(im->relu, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+    /* One context now, so that a broken driver or library shows at start-up. */
+    cuda_ctx *c = NULL;
+    if ((rc = ctx_create(im, &c, err)) != PS_OK) goto done;
+    ctx_release(im, c);
+done:
+    if (rc != PS_OK) {
+        ps_err_prefix(err, "cuda:%d", device);
+        cu_destroy(im);
+        *impl = NULL;
+    }
+    return rc;
+}
+
+static void cu_destroy(void *impl) {
+    cuda_impl *im = impl;
+    if (!im) return;
+    cudaSetDevice(im->device);
+    cudaDeviceSynchronize();
+    while (im->free_ctx) {
+        cuda_ctx *c = im->free_ctx;
+        im->free_ctx = c->next;
+        ctx_destroy(c);
+    }
+    while (im->convs) {
+        conv_entry *ce = im->convs;
+        im->convs = ce->next;
+        cudnnDestroyTensorDescriptor(ce->x);
+        cudnnDestroyTensorDescriptor(ce->y);
+        cudnnDestroyTensorDescriptor(ce->b);
+        cudnnDestroyFilterDescriptor(ce->w);
+        cudnnDestroyConvolutionDescriptor(ce->conv);
+        free(ce);
+    }
+    if (im->relu) cudnnDestroyActivationDescriptor(im->relu);
+    if (im->pinned) cudaFreeHost(im->pinned);
+    if (im->have_pool) cudaMemPoolDestroy(im->pool);
+    pthread_mutex_destroy(&im->mu);
+    pthread_mutex_destroy(&im->stage_mu);
+    free(im);
+}
+
+/* -------------------------------------------------------------- memory */
+
+static void *cu_alloc(void *impl, size_t bytes) {
+    cuda_impl *im = impl;
+    void *p = NULL;
+    if (cudaSetDevice(im->device) != cudaSuccess) return NULL;
+    if (!bytes) bytes = 1;
+    if (im->have_pool) {
+        /* Stream-ordered on the legacy stream, then complete, so any
+         * context's stream may use the block right away. */
+        if (cudaMallocFromPoolAsync(&p, bytes, im->pool, 0) != cudaSuccess ||
+            cudaStreamSynchronize(0) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+        return p;
+    }
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(void *impl, void *p) {
+    cuda_impl *im = impl;
+    if (!p) return;
+    cudaSetDevice(im->device);
+    /* Every op has synchronised before returning: no work still uses p. */
+    if (im->have_pool) cudaFreeAsync(p, 0);
+    else cudaFree(p);
+}
+
+static ps_status cu_copy(cuda_impl *im, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                         ps_err *err) {
+    ps_status rc = PS_OK;
+    cuda_ctx *c = NULL;
+    if (!bytes) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_copy_to_device(void *impl, void *dst, const void *host_src, size_t bytes, ps_err *err) {
+    return cu_copy(impl, dst, host_src, bytes, cudaMemcpyHostToDevice, err);
+}
+
+static ps_status cu_copy_to_host(void *impl, void *host_dst, const void *src, size_t bytes, ps_err *err) {
+    return cu_copy(impl, host_dst, src, bytes, cudaMemcpyDeviceToHost, err);
+}
+
+/* Can this backend's device read src_dev's pool memory directly? Decided
+ * once per device pair: enables peer access (for cudaMalloc memory) and
+ * grants this device access to the source's pool. */
+static int peer_usable(cuda_impl *dst, cuda_impl *src) {
+    int s = src->device;
+    if (dst->force_staged || src->force_staged) return 0;
+    if (s == dst->device) return 1;
+    if (s < 0 || s >= PS_CUDA_MAX_DEVICES) return 0;
+    pthread_mutex_lock(&dst->mu);
+    int state = dst->peer[s];
+    if (state == 0) {
+        int can = 0;
+        state = -1;
+        if (cudaDeviceCanAccessPeer(&can, dst->device, s) == cudaSuccess && can) {
+            cudaError_t e = cudaDeviceEnablePeerAccess(s, 0); /* current device is dst's */
+            if (e == cudaErrorPeerAccessAlreadyEnabled) e = cudaSuccess;
+            if (e == cudaSuccess && src->have_pool) {
+                struct cudaMemAccessDesc a;
+                memset(&a, 0, sizeof a);
+                a.location.type = cudaMemLocationTypeDevice;
+                a.location.id = dst->device;
+                a.flags = cudaMemAccessFlagsProtReadWrite;
+                e = cudaMemPoolSetAccess(src->pool, &a, 1);
+            }
+            if (e == cudaSuccess) state = 1;
+        }
+        (void)cudaGetLastError();
+        dst->peer[s] = (signed char)state;
+    }
+    pthread_mutex_unlock(&dst->mu);
+    return state == 1;
+}
+
+/* Stage boundary between two CUDA backends (possibly on the same device). */
+static ps_status cu_copy_from_peer(void *impl, void *dst, void *src_impl, const void *src, size_t bytes,
+                                   ps_err *err) {
+    cuda_impl *im = impl, *sim = src_impl;
+    ps_status rc = PS_OK;
+    cuda_ctx *c = NULL, *sc = NULL;
+    if (!bytes) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (peer_usable(im, sim)) {
+        if (sim->device == im->device)
+            PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        else
+            PS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, im->device, src, sim->device, bytes, c->stream));
+        PS_CUDA_SYNC(c);
+        goto done;
+    }
+    /* Through pinned host memory, one chunk at a time. */
+    pthread_mutex_lock(&im->stage_mu);
+    if (!im->pinned) {
+        cudaError_t e = cudaHostAlloc(&im->pinned, PS_CUDA_STAGE_CHUNK, cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            im->pinned = NULL;
+            pthread_mutex_unlock(&im->stage_mu);
+            rc = cuda_fail(err, __FILE__, __LINE__, "cudaHostAlloc(staging buffer)", cudaGetErrorString(e));
+            goto done;
+        }
+    }
+    if ((rc = ctx_acquire(sim, &sc, err)) == PS_OK) {
+        for (size_t off = 0; off < bytes && rc == PS_OK; off += PS_CUDA_STAGE_CHUNK) {
+            size_t n = bytes - off < PS_CUDA_STAGE_CHUNK ? bytes - off : PS_CUDA_STAGE_CHUNK;
+            cudaError_t e = cudaSetDevice(sim->device);
+            if (e == cudaSuccess) e = cudaMemcpyAsync(im->pinned, (const char *)src + off, n, cudaMemcpyDeviceToHost, sc->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(sc->stream);
+            if (e == cudaSuccess) e = cudaSetDevice(im->device);
+            if (e == cudaSuccess) e = cudaMemcpyAsync((char *)dst + off, im->pinned, n, cudaMemcpyHostToDevice, c->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+            if (e != cudaSuccess)
+                rc = cuda_fail(err, __FILE__, __LINE__, "cudaMemcpyAsync(through pinned host memory)",
+                               cudaGetErrorString(e));
+        }
+    }
+    pthread_mutex_unlock(&im->stage_mu);
+done:
+    ctx_release(sim, sc);
+    ctx_release(im, c);
+    return rc;
+}
+
+/* --------------------------------------------------------- convolution */
+
+static void conv_entry_free(conv_entry *ce) {
+    if (!ce) return;
+    if (ce->x) cudnnDestroyTensorDescriptor(ce->x);
+    if (ce->y) cudnnDestroyTensorDescriptor(ce->y);
+    if (ce->b) cudnnDestroyTensorDescriptor(ce->b);
+    if (ce->w) cudnnDestroyFilterDescriptor(ce->w);
+    if (ce->conv) cudnnDestroyConvolutionDescriptor(ce->conv);
+    free(ce);
+}
+
+/* Pick the first algorithm cuDNN's heuristics rank that is deterministic,
+ * needs no tensor-op math (the descriptor's CUDNN_FMA_MATH then holds it to
+ * FP32), is GEMM-like or direct (FFT and Winograd trade
+ * accuracy for speed) and fits the workspace limit; fall back to the
+ * classic implicit-GEMM kernels. */
+#define PICK_ALGO(perf, count, accurate, out, fallback) do { \
+    (out) = (fallback); \
+    for (int i_ = 0; i_ < (count); i_++) \
+        if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].determinism == CUDNN_DETERMINISTIC && \
+            ((perf)[i_].mathType == CUDNN_FMA_MATH || (perf)[i_].mathType == CUDNN_DEFAULT_MATH) && \
+            (perf)[i_].memory <= PS_CUDA_WS_LIMIT && \
+            accurate((perf)[i_].algo)) { \
+            (out) = (perf)[i_].algo; break; } \
+} while (0)
+
+static int fwd_accurate(cudnnConvolutionFwdAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+static int bwd_data_accurate(cudnnConvolutionBwdDataAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+static int bwd_filter_accurate(cudnnConvolutionBwdFilterAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+static ps_status conv_lookup(cuda_impl *im, cuda_ctx *c, const ps_conv_desc *d, conv_entry **out, ps_err *err) {
+    ps_status rc = PS_OK;
+    conv_entry *ce = NULL;
+    pthread_mutex_lock(&im->mu);
+    for (conv_entry *e = im->convs; e; e = e->next)
+        if (!memcmp(&e->d, d, sizeof *d)) { *out = e; pthread_mutex_unlock(&im->mu); return PS_OK; }
+    ce = calloc(1, sizeof *ce);
+    if (!ce) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda: out of memory"); goto done; }
+    ce->d = *d;
+    const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d);
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ce->x));
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ce->y));
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ce->b));
+    PS_CUDNN_CHECK(cudnnCreateFilterDescriptor(&ce->w));
+    PS_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&ce->conv));
+    PS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ce->conv, d->pad, d->pad, d->stride, d->stride, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    PS_CUDNN_CHECK(cudnnSetConvolutionMathType(ce->conv, CUDNN_FMA_MATH));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->cin, d->h, d->w));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->cout, oh, ow));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->cout, 1, 1));
+    PS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ce->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->cout, d->cin, d->kh, d->kw));
+    int dn, dc, dh, dw;
+    PS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(ce->conv, ce->x, ce->w, &dn, &dc, &dh, &dw));
+    if (dn != d->n || dc != d->cout || dh != oh || dw != ow) {
+        rc = ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: cudnnGetConvolution2dForwardOutputDim failed: "
+                        "(%d,%d,%d,%d) instead of (%d,%d,%d,%d)", __FILE__, __LINE__, dn, dc, dh, dw,
+                        d->n, d->cout, oh, ow);
+        goto done;
+    }
+    {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        int n = 0;
+        PS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, ce->x, ce->w, ce->conv, ce->y,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+        PICK_ALGO(perf, n, fwd_accurate, ce->fwd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+        PS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(c->dnn, ce->x, ce->w, ce->conv, ce->y,
+                                                               ce->fwd, &ce->ws_fwd));
+    }
+    {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        int n = 0;
+        PS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, ce->w, ce->y, ce->conv, ce->x,
+                                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+        PICK_ALGO(perf, n, bwd_data_accurate, ce->bwd_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+        PS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, ce->w, ce->y, ce->conv, ce->x,
+                                                                    ce->bwd_data, &ce->ws_bwd_data));
+    }
+    {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        int n = 0;
+        PS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, ce->x, ce->y, ce->conv, ce->w,
+                                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+        PICK_ALGO(perf, n, bwd_filter_accurate, ce->bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+        PS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, ce->x, ce->y, ce->conv, ce->w,
+                                                                      ce->bwd_filter, &ce->ws_bwd_filter));
+    }
+    ce->next = im->convs;
+    im->convs = ce;
+    *out = ce;
+    ce = NULL;
+done:
+    pthread_mutex_unlock(&im->mu);
+    conv_entry_free(ce);
+    return rc;
+}
+
+static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                   const float *b, float *y, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    conv_entry *ce = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if ((rc = conv_lookup(im, c, d, &ce, err)) != PS_OK) goto done;
+    if ((rc = ctx_workspace(c, ce->ws_fwd, err)) != PS_OK) goto done;
+    PS_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, ce->x, x, ce->w, w, ce->conv, ce->fwd, c->ws,
+                                           ce->ws_fwd, &zero, ce->y, y));
+    if (b) PS_CUDNN_CHECK(cudnnAddTensor(c->dnn, &one, ce->b, b, &one, ce->y, y));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                    const float *dy, float *dx, float *dw, float *db, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    conv_entry *ce = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if ((rc = conv_lookup(im, c, d, &ce, err)) != PS_OK) goto done;
+    size_t ws = ce->ws_bwd_data > ce->ws_bwd_filter ? ce->ws_bwd_data : ce->ws_bwd_filter;
+    if ((rc = ctx_workspace(c, ws, err)) != PS_OK) goto done;
+    if (db) PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
+    if (dw)
+        PS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(c->dnn, &one, ce->x, x, ce->y, dy, ce->conv, ce->bwd_filter,
+                                                      c->ws, ce->ws_bwd_filter, &zero, ce->w, dw));
+    if (dx)
+        PS_CUDNN_CHECK(cudnnConvolutionBackwardData(c->dnn, &one, ce->w, w, ce->y, dy, ce->conv, ce->bwd_data,
+                                                    c->ws, ce->ws_bwd_data, &zero, ce->x, dx));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+/* ------------------------------------------------ activation, softmax */
+
+/* A 4-D descriptor for count elements (cuDNN has no 1-D tensors): (1, 1,
+ * count / w, w) with w the largest power of two <= 1024 dividing count. */
+static cudnnStatus_t set_flat_desc(cudnnTensorDescriptor_t t, int64_t count) {
+    int w = 1024;
+    while (w > 1 && count % w) w /= 2;
+    return cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, (int)(count / w), w);
+}
+
+static ps_status cu_relu(cuda_impl *im, int64_t count, const float *y, const float *dy, const float *x,
+                         float *out, ps_err *err) {
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    cudnnTensorDescriptor_t t = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if (count <= 0) return PS_OK;
+    if (count > INT_MAX)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda relu: %lld elements is too many", (long long)count);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
+    PS_CUDNN_CHECK(set_flat_desc(t, count));
+    if (!dy) {
+        PS_CUDNN_CHECK(cudnnActivationForward(c->dnn, im->relu, &one, t, x, &zero, t, out));
+    } else {
+        /* relu's output stands in for its input: y > 0 exactly where x > 0. */
+        PS_CUDNN_CHECK(cudnnActivationBackward(c->dnn, im->relu, &one, t, y, t, dy, t, y, &zero, t, out));
+    }
+    PS_CUDA_SYNC(c);
+done:
+    if (t) cudnnDestroyTensorDescriptor(t);
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_relu_forward(void *impl, int64_t count, const float *x, float *y, ps_err *err) {
+    return cu_relu(impl, count, NULL, NULL, x, y, err);
+}
+
+static ps_status cu_relu_backward(void *impl, int64_t count, const float *y, const float *dy, float *dx,
+                                  ps_err *err) {
+    return cu_relu(impl, count, y, dy, NULL, dx, err);
+}
+
+static ps_status cu_log_softmax(cuda_impl *im, int rows, int cols, const float *x_or_y, const float *dy,
+                                float *out, ps_err *err) {
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    cudnnTensorDescriptor_t t = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, rows, cols, 1, 1));
+    if (!dy)
+        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
+                                           x_or_y, &zero, t, out));
+    else
+        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
+                                            x_or_y, t, dy, &zero, t, out));
+    PS_CUDA_SYNC(c);
+done:
+    if (t) cudnnDestroyTensorDescriptor(t);
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_log_softmax_forward(void *impl, int rows, int cols, const float *x, float *y, ps_err *err) {
+    return cu_log_softmax(impl, rows, cols, x, NULL, y, err);
+}
+
+static ps_status cu_log_softmax_backward(void *impl, int rows, int cols, const float *y, const float *dy,
+                                         float *dx, ps_err *err) {
+    return cu_log_softmax(impl, rows, cols, y, dy, dx, err);
+}
+
+/* --------------------------------------------------------- max pooling */
+
+static size_t cu_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+    (void)impl;
+    return (size_t)d->n * d->c * ps_pool_out_h(d) * ps_pool_out_w(d) * sizeof(int32_t);
+}
+
+static ps_status cu_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+                                    void *workspace, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    cudnnTensorDescriptor_t tx = NULL, ty = NULL;
+    cudnnPoolingDescriptor_t pd = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&tx));
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ty));
+    PS_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pd));
+    PS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(pd, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, d->k,
+                                               d->k, 0, 0, d->stride, d->stride));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, d->h, d->w));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, oh, ow));
+    PS_CUDNN_CHECK(cudnnPoolingForward(c->dnn, pd, &one, tx, x, &zero, ty, y));
+    if (workspace)
+        PS_CUDA_CHECK(ps_cuda_maxpool_argmax(x, d->n * d->c, d->h, d->w, d->k, d->stride, oh, ow, workspace,
+                                             c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    if (pd) cudnnDestroyPoolingDescriptor(pd);
+    if (tx) cudnnDestroyTensorDescriptor(tx);
+    if (ty) cudnnDestroyTensorDescriptor(ty);
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
+                                     float *dx, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_maxpool_backward(workspace, dy, d->n * d->c, d->h, d->w, d->k, d->stride,
+                                           ps_pool_out_h(d), ps_pool_out_w(d), dx, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+/* -------------------------------------------------------------- linear */
+
+/* Row-major y (n, out) = x (n, in) . w (out, in)^T is, in cuBLAS's
+ * column-major terms, y^T (out, n) = w (out, in) . x^T (in, n): w's buffer
+ * is w^T column-major (ld in), so op(w) = T; x's buffer is x^T (ld in). */
+static ps_status cu_linear_forward(void *impl, const ps_linear_desc *d, const float *x, const float *w,
+                                   const float *b, float *y, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (b) PS_CUDA_CHECK(ps_cuda_fill_rows(y, b, d->n, d->out, c->stream));
+    PS_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->out, d->n, d->in, &one, w, d->in, x,
+                                d->in, b ? &one : &zero, y, d->out));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+/* dx (n, in) = dy (n, out) . w: column-major dx^T (in, n) = w^T (in, out) . dy^T (out, n).
+ * dw (out, in) = dy^T . x: column-major dw^T (in, out) = x^T (in, n) . dy (n, out). */
+static ps_status cu_linear_backward(void *impl, const ps_linear_desc *d, const float *x, const float *w,
+                                    const float *dy, float *dx, float *dw, float *db, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (dx)
+        PS_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->in, d->n, d->out, &one, w, d->in, dy,
+                                    d->out, &zero, dx, d->in));
+    if (dw)
+        PS_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, d->in, d->out, d->n, &one, x, d->in, dy,
+                                    d->out, &zero, dw, d->in));
+    if (db) PS_CUDA_CHECK(ps_cuda_col_sum(dy, d->n, d->out, db, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+/* --------------------------------------------------------- elementwise */
+
+static ps_status cu_mul(void *impl, int64_t count, const float *x, const float *mask, float *y, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (count <= 0) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_mul(count, x, mask, y, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_add(void *impl, int64_t count, float *dst, const float *src, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (count <= 0) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_add(count, dst, src, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
+                               const ps_sgd_desc *s, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (count <= 0) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_sgd(count, w, g, buf, s->lr, s->momentum, s->weight_decay, s->first_step, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+const ps_backend_ops ps_backend_cuda_ops = {
+    .name = "cuda",
+    .device_kind = "cuda",
+    .init = cu_init,
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .copy_to_device = cu_copy_to_device,
+    .copy_to_host = cu_copy_to_host,
+    .copy_from_peer = cu_copy_from_peer,
+    .conv2d_forward = cu_conv2d_forward,
+    .conv2d_backward = cu_conv2d_backward,
+    .relu_forward = cu_relu_forward,
+    .relu_backward = cu_relu_backward,
+    .maxpool_workspace_size = cu_maxpool_workspace_size,
+    .maxpool_forward = cu_maxpool_forward,
+    .maxpool_backward = cu_maxpool_backward,
+    .linear_forward = cu_linear_forward,
+    .linear_backward = cu_linear_backward,
+    .log_softmax_forward = cu_log_softmax_forward,
+    .log_softmax_backward = cu_log_softmax_backward,
+    .mul = cu_mul,
+    .sgd_update = cu_sgd_update,
+    .add = cu_add,
+};

@@ -1,0 +1,57 @@
+/* backend_cuda.h - private to backend_cuda.c: the CUDA kernels of the CUDA
+ * backend (backend_cuda_kernels.cu), for the ops no cuDNN/cuBLAS call fits.
+ *
+ * Each launcher enqueues one kernel on `stream` and returns the launch
+ * status (cudaGetLastError); the caller synchronises. Shapes follow
+ * backend.h (row-major, NCHW). Float arithmetic is written to round exactly
+ * as the reference backend does (no fused multiply-add where the reference
+ * has separate operations), so SGD, dropout and pooling gradients match it
+ * bit for bit.
+ */
+#ifndef PS_NN_BACKEND_CUDA_H
+#define PS_NN_BACKEND_CUDA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[r * cols + c] = b[c] for r < rows (the bias of a linear layer, before
+ * the GEMM accumulates onto it). */
+cudaError_t ps_cuda_fill_rows(float *y, const float *b, int rows, int cols, cudaStream_t stream);
+
+/* db[c] = sum over r of dy[r * cols + c] (the bias gradient of a linear layer). */
+cudaError_t ps_cuda_col_sum(const float *dy, int rows, int cols, float *db, cudaStream_t stream);
+
+/* Max pooling argmax: idx[p, oy, ox] = iy * w + ix of the window's first
+ * maximum in row-major order (a NaN wins), planes = n * c. */
+cudaError_t ps_cuda_maxpool_argmax(const float *x, int planes, int h, int w, int k, int stride,
+                                   int oh, int ow, int32_t *idx, cudaStream_t stream);
+
+/* dx from dy through the argmax indices; each dx element gathers the dy of
+ * the windows whose maximum it is, in ascending output order (the
+ * reference's summation order, so overlapping windows give identical sums). */
+cudaError_t ps_cuda_maxpool_backward(const int32_t *idx, const float *dy, int planes, int h, int w,
+                                     int k, int stride, int oh, int ow, float *dx,
+                                     cudaStream_t stream);
+
+/* y = x * mask (dropout, forward and backward; x == y allowed). */
+cudaError_t ps_cuda_mul(int64_t count, const float *x, const float *mask, float *y,
+                        cudaStream_t stream);
+
+/* dst += src. */
+cudaError_t ps_cuda_add(int64_t count, float *dst, const float *src, cudaStream_t stream);
+
+/* One SGD step with torch.optim.SGD semantics (see ps_sgd_desc); buf may be
+ * NULL when momentum is 0. */
+cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, float lr,
+                        float momentum, float weight_decay, int first_step, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

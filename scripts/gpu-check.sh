@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# GPU check for a machine with at least one CUDA GPU (about 3-5 minutes on
+# one GPU and 16 cores; see README, "GPU build"):
+#   1. build with CUDA (nvcc on PATH or in /usr/local/cuda/bin) and check
+#      that psd says "CUDA: built";
+#   2. run the GPU tests (test_cuda_layers, test_cuda_step): here a skip is
+#      a failure, since a GPU is expected;
+#   3. train one epoch with two trainers three times and print samples/s:
+#        cpu    : conv cpu,    fc cpu    (the CPU figure)
+#        cuda   : conv cuda:0, fc cuda:0 (device-to-device stage boundary)
+#        staged : conv cuda:0, fc cuda:0 with PS_CUDA_STAGE_COPY=host, the
+#                 path two GPUs without peer access take (pinned host memory)
+#      each must reach MIN_ACC on the test set.
+# Needs the MNIST IDX files in data/mnist (scripts/fetch-mnist.sh, run by
+# `make test`, writes them; copy them over on a machine without network).
+#   scripts/gpu-check.sh            BUILD=build TRAINERS=2 EPOCHS=1 MIN_ACC=90
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+TRAINERS=${TRAINERS:-2}
+EPOCHS=${EPOCHS:-1}
+MIN_ACC=${MIN_ACC:-90.0}
+DATA=${DATA:-data/mnist}
+JOBS=$(nproc 2>/dev/null || echo 2)
+t_start=$(date +%s)
+say() { echo "gpu-check: $*"; }
+die() { echo "gpu-check: FAILED: $*" >&2; exit 1; }
+
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+command -v nvcc >/dev/null 2>&1 || die "nvcc not found (install the CUDA toolkit or put it on PATH)"
+say "$(nvcc --version | tail -n 1)"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | sed 's/^/gpu-check: /' || say "nvidia-smi not found"
+
+say "== build (make -j$JOBS)"
+make --no-print-directory -j"$JOBS" BUILD="$BUILD" all >"/tmp/gpu-check-build.log" 2>&1 ||
+  { tail -n 40 /tmp/gpu-check-build.log; die "build failed (log /tmp/gpu-check-build.log)"; }
+warnings=$(grep -c "warning" /tmp/gpu-check-build.log || true)
+say "build ok, $warnings warning lines (log /tmp/gpu-check-build.log)"
+ver=$("$BUILD/bin/psd" --version)
+say "$ver"
+grep -q "CUDA: built" <<<"$ver" || die "psd was built without CUDA"
+
+say "== GPU tests"
+for t in test_cuda_layers test_cuda_step; do
+  set +e
+  "$BUILD/tests/$t" >"/tmp/gpu-check-$t.log" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then
+    tail -n 30 "/tmp/gpu-check-$t.log"
+    [ $rc -eq 77 ] && die "$t skipped on a machine that should have a GPU"
+    die "$t failed (exit $rc, log /tmp/gpu-check-$t.log)"
+  fi
+  say "PASS $t: $(tail -n 1 "/tmp/gpu-check-$t.log")"
+done
+grep -h "rel err" /tmp/gpu-check-test_cuda_step.log | sort -k4 -g | tail -n 3 | sed 's/^/gpu-check:   worst: /' || true
+
+[ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
+  die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
+
+# One training run: psd with the given placement, TRAINERS trainers for
+# EPOCHS epochs; prints total samples/s (sum over trainers) and accuracy.
+train() {  # label conv_device fc_device [env...]
+  local label=$1 conv=$2 fc=$3; shift 3
+  local port=$(( 20000 + RANDOM % 20000 )) log
+  log=$(mktemp -d "/tmp/gpu-check-$label.XXXXXX")
+  env "$@" "$BUILD/bin/psd" --config configs/local.yaml --listen "127.0.0.1:$port" \
+      --set "model.placement.conv=$conv" --set "model.placement.fc=$fc" 2>"$log/psd.log" &
+  local psd=$! pids=() r
+  for _ in $(seq 1 600); do  # up to 60 s: CUDA and cuDNN start-up takes a moment
+    grep -q "serving model" "$log/psd.log" && break
+    kill -0 "$psd" 2>/dev/null || { cat "$log/psd.log"; die "$label: psd did not start"; }
+    sleep 0.1
+  done
+  grep -q "serving model" "$log/psd.log" || { kill "$psd"; cat "$log/psd.log"; die "$label: psd not serving after 60 s"; }
+  for r in $(seq 1 "$TRAINERS"); do
+    timeout 300 "$BUILD/bin/ps-train" --config configs/local.yaml --server "127.0.0.1:$port" --rank "$r" \
+        --world-size $((TRAINERS + 1)) --data "$DATA" --epochs "$EPOCHS" --log-every 100000 \
+        >"$log/t$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  kill -TERM "$psd"; wait "$psd" || rc=1
+  [ $rc -eq 0 ] || { tail -n 5 "$log"/*.log; die "$label: a trainer or psd failed (logs in $log)"; }
+  local rate acc_min
+  rate=$(sed -n 's/^Rank [0-9]*: .*(\([0-9.]*\) samples\/s)$/\1/p' "$log"/t*.log | awk '{s += $1} END {printf "%.0f", s}')
+  acc_min=$(sed -n 's/^Rank [0-9]* accuracy: \([0-9.]*\)%.*/\1/p' "$log"/t*.log | sort -g | head -n 1)
+  [ -n "$acc_min" ] || die "$label: no accuracy line (logs in $log)"
+  awk -v a="$acc_min" -v m="$MIN_ACC" 'BEGIN { exit !(a >= m) }' || die "$label: accuracy $acc_min% < $MIN_ACC%"
+  printf 'gpu-check: %-7s conv %-7s fc %-7s %6s samples/s (%d trainers)  min accuracy %s%%  %s\n' \
+      "$label" "$conv" "$fc" "$rate" "$TRAINERS" "$acc_min" "$(grep -o 'serving model.*' "$log/psd.log" | head -n 1 | sed 's/ on 127.*//')"
+  eval "rate_$label=$rate"
+}
+
+say "== training, $TRAINERS trainers x $EPOCHS epoch(s)"
+train cpu cpu cpu
+train cuda cuda:0 cuda:0
+train staged cuda:0 cuda:0 PS_CUDA_STAGE_COPY=host
+say "samples/s: cpu $rate_cpu | cuda:0+cuda:0 $rate_cuda | staged through pinned host $rate_staged" \
+    "(x$(awk -v g="$rate_cuda" -v c="$rate_cpu" 'BEGIN { printf "%.2f", c > 0 ? g / c : 0 }') vs CPU)"
+say "OK in $(( $(date +%s) - t_start )) s"

@@ -1,0 +1,432 @@
+/* test_cuda_layers.c - every op of the CUDA backend against the reference
+ * backend, forward and backward, on the MNIST CNN's shapes and odd ones:
+ *  - conv (stride, padding, non-square kernels; dx NULL), linear, ReLU
+ *    (in place too), max-pool with and without ties, log-softmax, dropout's
+ *    mul, add and SGD (momentum, weight decay);
+ *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
+ *  - two threads running conv on one backend match a sequential run;
+ *  - copy_from_peer between two backends, peer path and the pinned-host
+ *    path (PS_CUDA_STAGE_COPY=host), including more than one staging chunk;
+ *  - a device index past the last one is refused naming the devices found.
+ * Without a CUDA device (or in a build without CUDA) it prints
+ * "skipped: no CUDA device" and exits 77: a skip, never a pass.
+ */
+#include "backend.h"
+#include "check.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME "test_cuda_layers"
+/* Tolerance relative to an array's largest magnitude for sums computed in
+ * another order (cuDNN/cuBLAS in float vs the reference in double). */
+#define CMP_TOL 1e-4
+
+typedef struct rng { uint64_t s; } rng;
+
+static float rng_uniform(rng *r) { /* [-1, 1) */
+    r->s ^= r->s << 13; r->s ^= r->s >> 7; r->s ^= r->s << 17;
+    return (float)((r->s >> 40) * (1.0 / (1 << 23)) - 1.0);
+}
+
+static float *host_random(size_t n, rng *r) {
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    PS_ASSERT(p);
+    for (size_t i = 0; i < n; i++) p[i] = rng_uniform(r);
+    return p;
+}
+
+static void check_array(const char *what, const float *got, const float *want, size_t n, double atol,
+                        double rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_excess = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)got[i] - want[i]), lim = atol + rtol * fabs(want[i]);
+        if (!(diff <= lim)) {
+            bad++;
+            if (isnan(diff) || diff - lim > worst_excess) {
+                worst_excess = isnan(diff) ? INFINITY : diff - lim;
+                worst = i;
+            }
+        }
+    }
+    CHECK_MSG(bad == 0, "%s: %zu of %zu elements off (atol %g rtol %g), worst [%zu] got %.9g want %.9g",
+              what, bad, n, atol, rtol, worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
+}
+
+static void check_scaled(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) if (fabs(want[i]) > m) m = fabs(want[i]);
+    check_array(what, got, want, n, tol * (m > 0 ? m : 1.0), tol);
+}
+
+/* Device buffer of n floats, filled from host (or left as is when NULL). */
+static float *up(ps_backend *b, const float *host, size_t n) {
+    float *d = ps_backend_alloc_floats(b, (int64_t)(n ? n : 1));
+    PS_ASSERT(d);
+    ps_err err = { 0 };
+    if (host) CHECK_MSG(b->ops->copy_to_device(b->impl, d, host, n * sizeof *host, &err) == PS_OK, "%s", err.msg);
+    return d;
+}
+
+/* Host copy of a device buffer; frees the device buffer. */
+static float *down(ps_backend *b, float *dev, size_t n) {
+    float *h = calloc(n ? n : 1, sizeof *h);
+    PS_ASSERT(h);
+    ps_err err = { 0 };
+    CHECK_MSG(b->ops->copy_to_host(b->impl, h, dev, n * sizeof *h, &err) == PS_OK, "%s", err.msg);
+    ps_backend_release(b, dev);
+    return h;
+}
+
+/* An op call that must succeed; the call passes &e_ as its ps_err. */
+#define OK(call) do { ps_err e_ = { 0 }; ps_status s_ = (call); \
+    CHECK_MSG(s_ == PS_OK, "%s: %s", #call, e_.msg); } while (0)
+
+/* ---- conv ---- */
+
+typedef struct conv_res { float *y, *dx, *dw, *db, *dw_nodx; } conv_res;
+
+static conv_res run_conv(ps_backend *b, const ps_conv_desc *d, const float *x, const float *w,
+                         const float *bias, const float *dy) {
+    const size_t nx = (size_t)d->n * d->cin * d->h * d->w, nw = (size_t)d->cout * d->cin * d->kh * d->kw;
+    const size_t ny = (size_t)d->n * d->cout * ps_conv_out_h(d) * ps_conv_out_w(d);
+    float *X = up(b, x, nx), *W = up(b, w, nw), *B = up(b, bias, d->cout), *DY = up(b, dy, ny);
+    float *Y = up(b, NULL, ny), *DX = up(b, NULL, nx), *DW = up(b, NULL, nw), *DB = up(b, NULL, d->cout);
+    float *DW2 = up(b, NULL, nw);
+    OK(b->ops->conv2d_forward(b->impl, d, X, W, B, Y, &e_));
+    OK(b->ops->conv2d_backward(b->impl, d, X, W, DY, DX, DW, DB, &e_));
+    OK(b->ops->conv2d_backward(b->impl, d, X, W, DY, NULL, DW2, DB, &e_));
+    conv_res o = { down(b, Y, ny), down(b, DX, nx), down(b, DW, nw), down(b, DB, d->cout), down(b, DW2, nw) };
+    ps_backend_release(b, X); ps_backend_release(b, W); ps_backend_release(b, B); ps_backend_release(b, DY);
+    return o;
+}
+
+static void cmp_conv(ps_backend *ref, ps_backend *cu, ps_conv_desc d, rng *r) {
+    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * d.kh * d.kw;
+    const size_t ny = (size_t)d.n * d.cout * ps_conv_out_h(&d) * ps_conv_out_w(&d);
+    float *x = host_random(nx, r), *w = host_random(nw, r), *b = host_random(d.cout, r), *dy = host_random(ny, r);
+    conv_res a = run_conv(ref, &d, x, w, b, dy), o = run_conv(cu, &d, x, w, b, dy);
+    char what[128];
+#define CMP(f, cnt) snprintf(what, sizeof what, "conv n%d %d->%d %dx%d k%dx%d s%d p%d " #f, d.n, d.cin, \
+                             d.cout, d.h, d.w, d.kh, d.kw, d.stride, d.pad); \
+    check_scaled(what, o.f, a.f, cnt, CMP_TOL)
+    CMP(y, ny); CMP(dx, nx); CMP(dw, nw); CMP(db, (size_t)d.cout); CMP(dw_nodx, nw);
+#undef CMP
+    free(a.y); free(a.dx); free(a.dw); free(a.db); free(a.dw_nodx);
+    free(o.y); free(o.dx); free(o.dw); free(o.db); free(o.dw_nodx);
+    free(x); free(w); free(b); free(dy);
+}
+
+/* ---- linear ---- */
+
+static void cmp_linear(ps_backend *ref, ps_backend *cu, ps_linear_desc d, rng *r) {
+    const size_t nx = (size_t)d.n * d.in, nw = (size_t)d.out * d.in, ny = (size_t)d.n * d.out;
+    float *x = host_random(nx, r), *w = host_random(nw, r), *bias = host_random(d.out, r), *dy = host_random(ny, r);
+    float *res[2][5];
+    ps_backend *bs[2] = { ref, cu };
+    for (int k = 0; k < 2; k++) {
+        ps_backend *b = bs[k];
+        float *X = up(b, x, nx), *W = up(b, w, nw), *B = up(b, bias, d.out), *DY = up(b, dy, ny);
+        float *Y = up(b, NULL, ny), *Y0 = up(b, NULL, ny), *DX = up(b, NULL, nx), *DW = up(b, NULL, nw);
+        float *DB = up(b, NULL, d.out);
+        OK(b->ops->linear_forward(b->impl, &d, X, W, B, Y, &e_));
+        OK(b->ops->linear_forward(b->impl, &d, X, W, NULL, Y0, &e_)); /* no bias */
+        OK(b->ops->linear_backward(b->impl, &d, X, W, DY, DX, DW, DB, &e_));
+        res[k][0] = down(b, Y, ny); res[k][1] = down(b, Y0, ny); res[k][2] = down(b, DX, nx);
+        res[k][3] = down(b, DW, nw); res[k][4] = down(b, DB, d.out);
+        ps_backend_release(b, X); ps_backend_release(b, W); ps_backend_release(b, B); ps_backend_release(b, DY);
+    }
+    const char *names[5] = { "y", "y (no bias)", "dx", "dw", "db" };
+    const size_t cnt[5] = { ny, ny, nx, nw, (size_t)d.out };
+    for (int f = 0; f < 5; f++) {
+        char what[128];
+        snprintf(what, sizeof what, "linear n%d %d->%d %s", d.n, d.in, d.out, names[f]);
+        check_scaled(what, res[1][f], res[0][f], cnt[f], CMP_TOL);
+        free(res[0][f]); free(res[1][f]);
+    }
+    free(x); free(w); free(bias); free(dy);
+}
+
+/* ---- max pooling: y and dx must equal the reference exactly ---- */
+
+static void cmp_pool(ps_backend *ref, ps_backend *cu, ps_pool_desc d, int ties, rng *r) {
+    const size_t nx = (size_t)d.n * d.c * d.h * d.w;
+    const size_t ny = (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d);
+    float *x = host_random(nx, r), *dy = host_random(ny, r);
+    if (ties) /* values in {0, 1, 2}: most windows tie */
+        for (size_t i = 0; i < nx; i++) x[i] = (float)(int)((x[i] + 1.0f) * 1.5f);
+    float *res[2][3];
+    ps_backend *bs[2] = { ref, cu };
+    for (int k = 0; k < 2; k++) {
+        ps_backend *b = bs[k];
+        void *ws = b->ops->alloc(b->impl, b->ops->maxpool_workspace_size(b->impl, &d));
+        PS_ASSERT(ws);
+        float *X = up(b, x, nx), *DY = up(b, dy, ny), *Y = up(b, NULL, ny), *Yn = up(b, NULL, ny);
+        float *DX = up(b, NULL, nx);
+        OK(b->ops->maxpool_forward(b->impl, &d, X, Yn, NULL, &e_));
+        OK(b->ops->maxpool_forward(b->impl, &d, X, Y, ws, &e_));
+        OK(b->ops->maxpool_backward(b->impl, &d, ws, DY, DX, &e_));
+        res[k][0] = down(b, Y, ny); res[k][1] = down(b, Yn, ny); res[k][2] = down(b, DX, nx);
+        b->ops->free(b->impl, ws);
+        ps_backend_release(b, X); ps_backend_release(b, DY);
+    }
+    const char *names[3] = { "y", "y (no workspace)", "dx" };
+    const size_t cnt[3] = { ny, ny, nx };
+    for (int f = 0; f < 3; f++) {
+        char what[128];
+        snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d%s %s", d.n, d.c, d.h, d.w, d.k, d.stride,
+                 ties ? " ties" : "", names[f]);
+        check_array(what, res[1][f], res[0][f], cnt[f], 0, 0);
+        free(res[0][f]); free(res[1][f]);
+    }
+    free(x); free(dy);
+}
+
+/* ---- relu, log-softmax, mul, add, sgd ---- */
+
+static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
+    ps_backend *bs[2] = { ref, cu };
+    char what[128];
+    {   /* relu on conv1's output size (odd count for the flat descriptor), exact zeros in x */
+        const int64_t n = 3 * 32 * 26 * 26 + 5;
+        float *x = host_random(n, r), *dy = host_random(n, r);
+        for (int64_t i = 0; i < n; i += 7) x[i] = 0.0f;
+        float *res[2][4];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = up(b, x, n), *Y = up(b, NULL, n), *DY = up(b, dy, n), *DX = up(b, NULL, n);
+            OK(b->ops->relu_forward(b->impl, n, X, Y, &e_));
+            OK(b->ops->relu_backward(b->impl, n, Y, DY, DX, &e_));
+            OK(b->ops->relu_forward(b->impl, n, X, X, &e_));     /* in place */
+            OK(b->ops->relu_backward(b->impl, n, X, DY, DY, &e_)); /* in place */
+            res[k][0] = down(b, Y, n); res[k][1] = down(b, DX, n); res[k][2] = down(b, X, n);
+            res[k][3] = down(b, DY, n);
+        }
+        const char *names[4] = { "relu y", "relu dx", "relu in-place y", "relu in-place dx" };
+        for (int f = 0; f < 4; f++) {
+            check_array(names[f], res[1][f], res[0][f], (size_t)n, 0, 0);
+            free(res[0][f]); free(res[1][f]);
+        }
+        free(x); free(dy);
+    }
+    const int shapes[3][2] = { { 8, 10 }, { 3, 1000 }, { 512, 10 } };
+    for (int s = 0; s < 3; s++) {
+        const int rows = shapes[s][0], cols = shapes[s][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_random(n, r), *dy = host_random(n, r);
+        for (size_t i = 0; i < n; i++) x[i] = 5.0f * x[i] + (s == 1 ? 50.0f : 0.0f);
+        float *res[2][2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = up(b, x, n), *Y = up(b, NULL, n), *DY = up(b, dy, n), *DX = up(b, NULL, n);
+            OK(b->ops->log_softmax_forward(b->impl, rows, cols, X, Y, &e_));
+            OK(b->ops->log_softmax_backward(b->impl, rows, cols, Y, DY, DX, &e_));
+            res[k][0] = down(b, Y, n); res[k][1] = down(b, DX, n);
+            ps_backend_release(b, X); ps_backend_release(b, DY);
+        }
+        snprintf(what, sizeof what, "log_softmax (%d,%d) y", rows, cols);
+        check_array(what, res[1][0], res[0][0], n, 1e-5, 1e-5);
+        snprintf(what, sizeof what, "log_softmax (%d,%d) dx", rows, cols);
+        check_scaled(what, res[1][1], res[0][1], n, CMP_TOL);
+        for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+        free(x); free(dy);
+    }
+    {   /* mul (dropout mask, in place) and add: exact */
+        const int64_t n = 8 * 64 * 12 * 12;
+        float *x = host_random(n, r), *mask = host_random(n, r), *z = host_random(n, r);
+        for (int64_t i = 0; i < n; i++) mask[i] = mask[i] > -0.5f ? 1.0f / 0.75f : 0.0f;
+        float *res[2][2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = up(b, x, n), *M = up(b, mask, n), *Z = up(b, z, n);
+            OK(b->ops->mul(b->impl, n, X, M, X, &e_));
+            OK(b->ops->add(b->impl, n, Z, X, &e_));
+            res[k][0] = down(b, X, n); res[k][1] = down(b, Z, n);
+            ps_backend_release(b, M);
+        }
+        check_array("mul", res[1][0], res[0][0], (size_t)n, 0, 0);
+        check_array("add", res[1][1], res[0][1], (size_t)n, 0, 0);
+        for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+        free(x); free(mask); free(z);
+    }
+    {   /* sgd: three steps, each configuration; the kernel rounds like the reference */
+        const int64_t n = 1000;
+        const ps_sgd_desc cfgs[3] = { { 0.1f, 0.9f, 0.01f, 0 }, { 0.05f, 0.0f, 0.0f, 0 }, { 0.1f, 0.0f, 0.1f, 0 } };
+        for (int c = 0; c < 3; c++) {
+            float *w0 = host_random(n, r), *g[3], *res[2];
+            for (int s = 0; s < 3; s++) g[s] = host_random(n, r);
+            for (int k = 0; k < 2; k++) {
+                ps_backend *b = bs[k];
+                float *zeros = calloc(n, sizeof *zeros);
+                float *W = up(b, w0, n), *B = cfgs[c].momentum != 0 ? up(b, zeros, n) : NULL;
+                for (int s = 0; s < 3; s++) {
+                    float *G = up(b, g[s], n);
+                    ps_sgd_desc sd = cfgs[c];
+                    sd.first_step = s == 0;
+                    OK(b->ops->sgd_update(b->impl, n, W, G, B, &sd, &e_));
+                    ps_backend_release(b, G);
+                }
+                res[k] = down(b, W, n);
+                ps_backend_release(b, B);
+                free(zeros);
+            }
+            snprintf(what, sizeof what, "sgd lr %g mom %g wd %g", cfgs[c].lr, cfgs[c].momentum, cfgs[c].weight_decay);
+            check_array(what, res[1], res[0], (size_t)n, 0, 0);
+            free(res[0]); free(res[1]); free(w0);
+            for (int s = 0; s < 3; s++) free(g[s]);
+        }
+    }
+}
+
+/* ---- concurrency ---- */
+
+typedef struct conv_job {
+    ps_backend *b;
+    const ps_conv_desc *d;
+    const float *x, *w, *bias;
+    float *y;
+    ps_status st;
+} conv_job;
+
+static void *conv_job_run(void *arg) {
+    conv_job *j = arg;
+    j->st = PS_OK;
+    for (int i = 0; i < 5 && j->st == PS_OK; i++)
+        j->st = j->b->ops->conv2d_forward(j->b->impl, j->d, j->x, j->w, j->bias, j->y, NULL);
+    return NULL;
+}
+
+static void check_concurrent(rng *r) {
+    const ps_conv_desc d = { 16, 32, 26, 26, 64, 3, 3, 1, 0 };
+    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * 9;
+    const size_t ny = (size_t)d.n * d.cout * 24 * 24;
+    ps_err err = { 0 };
+    ps_backend *b = ps_backend_create("cuda", 0, 0, &err); /* fresh: empty caches, one context */
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    if (!b) return;
+    float *hw = host_random(nw, r), *hb = host_random(d.cout, r);
+    float *W = up(b, hw, nw), *B = up(b, hb, d.cout);
+    conv_job jobs[3];
+    pthread_t th[3];
+    float *hx[3];
+    for (int t = 0; t < 3; t++) {
+        hx[t] = host_random(nx, r);
+        jobs[t] = (conv_job){ b, &d, up(b, hx[t], nx), W, B, up(b, NULL, ny), PS_OK };
+    }
+    for (int t = 0; t < 3; t++) CHECK(pthread_create(&th[t], NULL, conv_job_run, &jobs[t]) == 0);
+    for (int t = 0; t < 3; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 3; t++) {
+        CHECK(jobs[t].st == PS_OK);
+        float *seq = up(b, NULL, ny);
+        OK(b->ops->conv2d_forward(b->impl, &d, jobs[t].x, W, B, seq, &e_));
+        float *got = down(b, jobs[t].y, ny), *want = down(b, seq, ny);
+        check_array("concurrent conv vs sequential", got, want, ny, 0, 0);
+        free(got); free(want); free(hx[t]);
+        ps_backend_release(b, (void *)jobs[t].x);
+    }
+    ps_backend_release(b, W); ps_backend_release(b, B);
+    free(hw); free(hb);
+    ps_backend_free(b);
+}
+
+/* ---- stage-boundary copies between two backends ---- */
+
+static void check_peer_copy(int src_dev, int dst_dev, const char *mode, rng *r) {
+    if (mode) setenv("PS_CUDA_STAGE_COPY", mode, 1);
+    else unsetenv("PS_CUDA_STAGE_COPY");
+    ps_err err = { 0 };
+    ps_backend *a = ps_backend_create("cuda", src_dev, 0, &err);
+    CHECK_MSG(a != NULL, "%s", err.msg);
+    ps_backend *b = a ? ps_backend_create("cuda", dst_dev, 0, &err) : NULL;
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    unsetenv("PS_CUDA_STAGE_COPY");
+    if (!a || !b) { ps_backend_free(a); ps_backend_free(b); return; }
+    CHECK(b->ops->copy_from_peer != NULL && a->ops == b->ops);
+    const size_t sizes[3] = { 1, 9216 * 32, (size_t)5 << 20 }; /* the last spans several 8 MiB chunks */
+    for (int i = 0; i < 3; i++) {
+        const size_t n = sizes[i];
+        float *h = host_random(n, r);
+        float *S = up(a, h, n), *D = up(b, NULL, n);
+        OK(b->ops->copy_from_peer(b->impl, D, a->impl, S, n * sizeof *h, &e_));
+        float *got = down(b, D, n);
+        char what[96];
+        snprintf(what, sizeof what, "copy_from_peer cuda:%d -> cuda:%d (%s) %zu floats", src_dev, dst_dev,
+                 mode ? mode : "auto", n);
+        CHECK_MSG(memcmp(got, h, n * sizeof *h) == 0, "%s: bytes differ", what);
+        ps_backend_release(a, S);
+        free(got); free(h);
+    }
+    ps_backend_free(a);
+    ps_backend_free(b);
+}
+
+int main(void) {
+    ps_err err = { 0 };
+    ps_backend *cu = ps_backend_create("cuda", 0, 0, &err);
+    if (!cu) {
+        if (err.code == PS_ERR_UNAVAILABLE) {
+            char why[PS_ERR_MSG_MAX + 32];
+            snprintf(why, sizeof why, "no CUDA device (%s)", err.msg);
+            return check_skip(NAME, why);
+        }
+        CHECK_MSG(cu != NULL, "%s", err.msg);
+        return check_summary(NAME);
+    }
+    CHECK_MSG(!strcmp(cu->label, "cuda/cuda:0"), "label %s", cu->label);
+    ps_backend *ref = ps_backend_create("ref", 0, 0, &err);
+    PS_ASSERT(ref);
+    rng r = { 0x9e3779b97f4a7c15ull };
+
+    /* the MNIST CNN at batch 4 and 32, then odd shapes */
+    for (int n = 4; n <= 32; n *= 8) {
+        cmp_conv(ref, cu, (ps_conv_desc){ n, 1, 28, 28, 32, 3, 3, 1, 0 }, &r);
+        cmp_conv(ref, cu, (ps_conv_desc){ n, 32, 26, 26, 64, 3, 3, 1, 0 }, &r);
+        cmp_pool(ref, cu, (ps_pool_desc){ n, 64, 24, 24, 2, 2 }, 0, &r);
+        cmp_pool(ref, cu, (ps_pool_desc){ n, 64, 24, 24, 2, 2 }, 1, &r);
+        cmp_linear(ref, cu, (ps_linear_desc){ n, 9216, 128 }, &r);
+        cmp_linear(ref, cu, (ps_linear_desc){ n, 128, 10 }, &r);
+    }
+    cmp_conv(ref, cu, (ps_conv_desc){ 3, 5, 13, 11, 7, 3, 3, 2, 1 }, &r);
+    cmp_conv(ref, cu, (ps_conv_desc){ 2, 3, 9, 10, 4, 5, 2, 3, 2 }, &r);
+    cmp_conv(ref, cu, (ps_conv_desc){ 3, 5, 13, 11, 7, 3, 3, 2, 1 }, &r); /* from the cache */
+    cmp_pool(ref, cu, (ps_pool_desc){ 2, 3, 7, 9, 2, 2 }, 0, &r);
+    cmp_pool(ref, cu, (ps_pool_desc){ 2, 3, 7, 9, 2, 2 }, 1, &r);
+    cmp_pool(ref, cu, (ps_pool_desc){ 2, 3, 11, 11, 3, 2 }, 1, &r); /* overlapping windows */
+    cmp_linear(ref, cu, (ps_linear_desc){ 3, 17, 5 }, &r);
+    cmp_linear(ref, cu, (ps_linear_desc){ 1, 9216, 128 }, &r);
+    cmp_small_ops(ref, cu, &r);
+
+    {   /* a failing library call names the call, the file and the line */
+        const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };
+        float *buf = up(cu, NULL, 64);
+        ps_err e = { 0 };
+        CHECK(cu->ops->conv2d_forward(cu->impl, &bad, buf, buf, buf, buf, &e) == PS_ERR_INTERNAL);
+        CHECK_MSG(strstr(e.msg, "backend_cuda.c:") && strstr(e.msg, "cudnn") && strstr(e.msg, "failed"), "%s", e.msg);
+        printf("expected error: %s\n", e.msg);
+        ps_backend_release(cu, buf);
+    }
+    {   /* a device past the last one */
+        ps_err e = { 0 };
+        CHECK(ps_backend_create("cuda", 63, 0, &e) == NULL);
+        CHECK_MSG(e.code == PS_ERR_INVALID_ARGUMENT && strstr(e.msg, "CUDA devices found: ") &&
+                  strstr(e.msg, "cuda:0 "), "%s", e.msg);
+        printf("expected error: %s\n", e.msg);
+    }
+    check_concurrent(&r);
+    check_peer_copy(0, 0, NULL, &r);
+    check_peer_copy(0, 0, "host", &r);
+    ps_backend *second = ps_backend_create("cuda", 1, 0, &err);
+    if (second) {
+        ps_backend_free(second);
+        check_peer_copy(0, 1, NULL, &r);
+        check_peer_copy(1, 0, "host", &r);
+    } else {
+        printf("one CUDA device: the cuda:0 <-> cuda:1 copies are not run\n");
+    }
+    ps_backend_free(ref);
+    ps_backend_free(cu);
+    return check_summary(NAME);
+}
