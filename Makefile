@@ -21,10 +21,11 @@ LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthre
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
-PROTO_C  := $(BUILD)/proto/ps.pb.c
-PROTO_H  := $(BUILD)/proto/ps.pb.h
+PROTOS   := ps health
+PROTO_C  := $(patsubst %,$(BUILD)/proto/%.pb.c,$(PROTOS))
+PROTO_H  := $(patsubst %,$(BUILD)/proto/%.pb.h,$(PROTOS))
 LIB_SRC  := $(wildcard common/*.c common/nn/*.c)
-LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/proto/ps.pb.o
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %,$(BUILD)/obj/proto/%.pb.o,$(PROTOS))
 LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
 SRV_LIB  := $(BUILD)/libpsd.a
@@ -60,11 +61,14 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LDFLAGS="-fsanitize=address,undefined" all
 
-$(PROTO_C) $(PROTO_H): proto/ps.proto proto/ps.options
+# Generated sources and test objects are kept (not deleted as intermediates,
+# which made every `make` rebuild the tests).
+.SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC))
+$(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
-	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f ps.options ps.proto
+	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
 
-$(BUILD)/obj/proto/ps.pb.o: $(PROTO_C)
+$(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
