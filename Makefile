@@ -18,6 +18,8 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wno-missing-field-initializers
 CPPFLAGS += -Icommon -Icommon/nn -Iserver -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
 LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthread -lm
+# psd: metrics endpoint (libmicrohttpd) and systemd readiness (sd_notify).
+LDLIBS  += -lmicrohttpd -lsystemd
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
