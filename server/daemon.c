@@ -72,6 +72,10 @@ void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
+        /* As gRPC binds: SO_REUSEADDR, so connections of a psd that just
+         * stopped (TIME_WAIT) do not count, while a listener still does. */
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         int rc = bind(fd, a->ai_addr, a->ai_addrlen), e = errno;
         close(fd);
         if (rc == 0) continue;
