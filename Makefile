@@ -4,13 +4,16 @@
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
-#   make install PREFIX=/usr/local DESTDIR=
+#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
 #
 # Sources are picked up by directory: common/ and common/nn/ form libps.a,
 # server/ makes psd, trainer/ makes ps-train, tests/test_*.c one program each.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
+SYSCONFDIR ?= /etc
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+DOCDIR  ?= $(PREFIX)/share/doc/psd
 BUILD   ?= build
 CC      ?= cc
 OPT     ?= -O2
@@ -102,6 +105,12 @@ install: $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)
+	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
+	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
+	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/config.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf build build-asan
