@@ -40,6 +40,7 @@ struct ps_metrics {
     char **paths;
     method_stats *stats;
     uint64_t ckpt_ok, ckpt_err;   /* __atomic */
+    int in_flight;                /* __atomic */
     struct MHD_Daemon *http;
 };
 
@@ -55,9 +56,11 @@ static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_by
     int i = 0;
     while (i < m->n && strcmp(m->paths[i], info->method)) i++;
     PS_ASSERT(i < m->n); /* the server only dispatches paths of the table */
+    __atomic_add_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
     double t0 = mono_now();
     m->inner[i].fn(m->inner_user, info, request, response, code, details, dlen);
     double dt = mono_now() - t0;
+    __atomic_sub_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
     method_stats *s = &m->stats[i];
     int c = (int)*code >= 0 && (int)*code < N_CODES ? (int)*code : GRPC_STATUS_UNKNOWN;
     __atomic_add_fetch(&s->calls[c], 1, __ATOMIC_RELAXED);
@@ -110,6 +113,8 @@ const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n) {
     *n = m->n;
     return m->outer;
 }
+
+int ps_metrics_in_flight(ps_metrics *m) { return __atomic_load_n(&m->in_flight, __ATOMIC_SEQ_CST); }
 
 void ps_metrics_note_checkpoint(ps_metrics *m, int ok) {
     __atomic_add_fetch(ok ? &m->ckpt_ok : &m->ckpt_err, 1, __ATOMIC_RELAXED);

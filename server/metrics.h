@@ -44,6 +44,9 @@ const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n);
  * error naming it. Once. */
 ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err);
 
+/* Calls running in a handler right now (for draining). */
+int ps_metrics_in_flight(ps_metrics *m);
+
 /* Count a checkpoint write (ok != 0) or failure. */
 void ps_metrics_note_checkpoint(ps_metrics *m, int ok);
 

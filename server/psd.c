@@ -314,10 +314,13 @@ int main(int argc, char **argv) {
     ps_service_stats(svc, &st, &samples);
     ps_log(PS_LOG_INFO, "%s received: draining (up to %g s; new work refused, %llu open contexts may finish)",
            sig ? strsignal(sig) : "stop", cfg.server.grace_s, (unsigned long long)st.live);
-    /* Let open contexts reach their Step, within the grace period. */
-    for (;;) {
+    /* Let running calls return and open contexts reach their Step, within
+     * the grace period (quiet twice in a row: a call that was already being
+     * handled may still open a context). */
+    for (int quiet = 0; quiet < 2;) {
         ps_service_stats(svc, &st, &samples);
-        if (st.live == 0 || mono_s() - t_stop >= cfg.server.grace_s) break;
+        quiet = st.live == 0 && ps_metrics_in_flight(metrics) == 0 ? quiet + 1 : 0;
+        if (quiet == 2 || mono_s() - t_stop >= cfg.server.grace_s) break;
         struct timespec nap = {0, 50 * 1000 * 1000};
         nanosleep(&nap, NULL);
     }
