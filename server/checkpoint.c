@@ -102,7 +102,7 @@ static long list_versions(const char *dir, const char *suffix, uint64_t **out, p
         v[n++] = ver;
     }
     closedir(d);
-    qsort(v, n, sizeof *v, cmp_desc);
+    if (n) qsort(v, n, sizeof *v, cmp_desc);
     *out = v;
     return (long)n;
 }
