@@ -4,13 +4,16 @@
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
-#   make install PREFIX=/usr/local DESTDIR=
+#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
 #
 # Sources are picked up by directory: common/ and common/nn/ form libps.a,
 # server/ makes psd, trainer/ makes ps-train, tests/test_*.c one program each.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
+SYSCONFDIR ?= /etc
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+DOCDIR  ?= $(PREFIX)/share/doc/psd
 BUILD   ?= build
 CC      ?= cc
 OPT     ?= -O2
@@ -18,6 +21,8 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wno-missing-field-initializers
 CPPFLAGS += -Icommon -Icommon/nn -Iserver -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
 LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthread -lm
+# psd: metrics endpoint (libmicrohttpd) and systemd readiness (sd_notify).
+LDLIBS  += -lmicrohttpd -lsystemd
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
@@ -46,11 +51,12 @@ CUDA_STAMP := $(BUILD)/cuda-config
 CUDA_STATE := $(if $(NVCC),$(NVCC) $(CUDA_HOME),none)
 $(shell mkdir -p $(BUILD) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STATE)" ] || echo "$(CUDA_STATE)" > $(CUDA_STAMP))
 
-PROTO_C  := $(BUILD)/proto/ps.pb.c
-PROTO_H  := $(BUILD)/proto/ps.pb.h
+PROTOS   := ps health
+PROTO_C  := $(patsubst %,$(BUILD)/proto/%.pb.c,$(PROTOS))
+PROTO_H  := $(patsubst %,$(BUILD)/proto/%.pb.h,$(PROTOS))
 CUDA_SRC := common/nn/backend_cuda.c common/nn/backend_cuda_kernels.cu
 LIB_SRC  := $(filter-out $(CUDA_SRC),$(wildcard common/*.c common/nn/*.c))
-LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/proto/ps.pb.o $(LIB_CUDA)
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %,$(BUILD)/obj/proto/%.pb.o,$(PROTOS)) $(LIB_CUDA)
 LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
 SRV_LIB  := $(BUILD)/libpsd.a
@@ -86,11 +92,14 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LDFLAGS="-fsanitize=address,undefined" all
 
-$(PROTO_C) $(PROTO_H): proto/ps.proto proto/ps.options
+# Generated sources and test objects are kept (not deleted as intermediates,
+# which made every `make` rebuild the tests).
+.SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC))
+$(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
-	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f ps.options ps.proto
+	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
 
-$(BUILD)/obj/proto/ps.pb.o: $(PROTO_C)
+$(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -128,6 +137,12 @@ install: $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)
+	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
+	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
+	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/config.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf build build-asan

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+#include <arpa/inet.h>
 
 /* ---- the table ---------------------------------------------------------- */
 
@@ -50,6 +51,8 @@ static const char *const backend_names[] = {"ref", "dnnl", NULL};
 static const char *const optimizer_names[] = {"sgd", NULL};
 
 static ps_status check_tls(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
+static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
+                                ps_err *err);
 
 #define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
@@ -60,6 +63,8 @@ static ps_status check_tls(const cfg_entry *e, const void *val, const char *orig
     { .key = k, .type = CT_DOUBLE, FIELD(f), .lo = l, .hi = h, .lo_open = lopen, \
       .hi_open = hopen, .def = d }
 #define BOOL(k, f, d) { .key = k, .type = CT_BOOL, FIELD(f), .def = d }
+/* A string that may be empty ("" = feature off). */
+#define STR0(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d }
 #define ENUM(k, f, n, d) { .key = k, .type = CT_ENUM, FIELD(f), .names = n, .def = d }
 
 /* Keep docs/config.md in step with this table. Entries of one section are
@@ -73,6 +78,14 @@ static const cfg_entry g_table[] = {
     INT ("server.max_message_mb",  server.max_message_mb,  4, 2047, "64"),
     ENUM("server.log_level",       server.log_level,       log_level_names, "info"),
     ENUM("server.consistency",     server.consistency,     consistency_names, "hogwild"),
+    STR0("server.checkpoint_dir",  server.checkpoint_dir,  ""),
+    INT ("server.checkpoint_every_steps", server.checkpoint_every_steps, 0, 1000000000, "1000"),
+    DBL ("server.checkpoint_every_s", server.checkpoint_every_s, 0, 0, 31536000, 0, "300"),
+    INT ("server.checkpoint_keep", server.checkpoint_keep, 1, 1000, "3"),
+    DBL ("server.grace_s",         server.grace_s,         0, 0, 3600, 0, "10"),
+    { .key = "server.metrics_listen", .type = CT_STRING, FIELD(server.metrics_listen), .def = "",
+      .check = check_hostport },
+    STR0("server.log_file",        server.log_file,        ""),
 
     ENUM("model.name",             model.name,             model_names, "mnist_cnn"),
     U64 ("model.seed",             model.seed,             "1"),
@@ -134,6 +147,46 @@ static ps_status check_tls(const cfg_entry *e, const void *val, const char *orig
     if (*(const bool *)val)
         return fail(err, PS_ERR_UNIMPLEMENTED, origin, e->key,
                     "TLS is not supported by this build yet");
+    return PS_OK;
+}
+
+bool ps_config_parse_hostport(const char *v, char *host, size_t host_cap, int *port) {
+    const char *colon = strrchr(v, ':');
+    if (!colon || colon == v || !colon[1] || strlen(colon + 1) > 5) return false;
+    const char *p = colon + 1;
+    if (p[strspn(p, "0123456789")] != '\0') return false;
+    long x = strtol(p, NULL, 10);
+    if (x < 1 || x > 65535) return false;
+    char h[64];
+    size_t hl = (size_t)(colon - v);
+    if (hl >= sizeof h) return false;
+    memcpy(h, v, hl);
+    h[hl] = '\0';
+    unsigned char buf[16];
+    const char *numeric = h;
+    if (h[0] == '[') {
+        if (hl < 3 || h[hl - 1] != ']') return false;
+        h[hl - 1] = '\0';
+        numeric = h + 1;
+        if (inet_pton(AF_INET6, numeric, buf) != 1) return false;
+    } else if (!strcmp(h, "localhost")) {
+        numeric = "127.0.0.1";
+    } else if (inet_pton(AF_INET, h, buf) != 1) {
+        return false;
+    }
+    if (host && (size_t)snprintf(host, host_cap, "%s", numeric) >= host_cap) return false;
+    if (port) *port = (int)x;
+    return true;
+}
+
+static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
+                                ps_err *err) {
+    const char *v = val;
+    char sv[128];
+    if (*v && !ps_config_parse_hostport(v, NULL, 0, NULL))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or localhost; "
+                    "PORT 1..65535; \"\" turns it off)", shown(v, sv, sizeof sv));
     return PS_OK;
 }
 

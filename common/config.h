@@ -70,6 +70,14 @@ typedef struct ps_config {
         int max_message_mb;               /* 4..2047 */
         ps_log_level log_level;
         ps_consistency consistency;
+        /* Lifecycle (docs/config.md "server"): */
+        char checkpoint_dir[PS_CONFIG_PATH_MAX]; /* "" = no checkpoints */
+        int checkpoint_every_steps;       /* 0 = not by steps */
+        double checkpoint_every_s;        /* 0 = not by time */
+        int checkpoint_keep;              /* newest checkpoints kept, >= 1 */
+        double grace_s;                   /* drain time for in-flight calls on stop */
+        char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
+        char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
     } server;
     struct {
         ps_model_kind name;
@@ -119,5 +127,11 @@ void ps_config_print(const ps_config *c, FILE *f);
  * c.model.backend) == "dnnl"; NULL for a key that is not an enum or a value
  * out of range. */
 const char *ps_config_enum_name(const char *key, int value);
+
+/* Split "HOST:PORT" as server.metrics_listen takes it: HOST is an IPv4
+ * literal, an IPv6 literal in brackets or "localhost" (-> 127.0.0.1); PORT
+ * is 1..65535. Writes the numeric host (no brackets) and the port; returns
+ * false when v is not of that form. */
+bool ps_config_parse_hostport(const char *v, char *host, size_t host_cap, int *port);
 
 #endif

@@ -15,6 +15,11 @@ int ps_log_level_parse(const char *s);
 /* Prefix every line with this program name (not copied; pass a literal). */
 void ps_log_set_prog(const char *prog);
 
+/* Start every line with a syslog priority, "<6>psd[info] ...", and leave
+ * out the timestamp: what journald reads from a service's stderr (it adds
+ * its own time and keeps the level). psd turns it on under systemd. */
+void ps_log_set_syslog_prefix(int on);
+
 void ps_log_impl(ps_log_level lvl, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

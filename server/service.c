@@ -1,11 +1,13 @@
 #include "service.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "health.pb.h"
 #include "log.h"
 #include "wire.h"
 
@@ -16,6 +18,10 @@ struct ps_service {
     double start;
     uint64_t samples;            /* __atomic */
     char consistency[256];
+    int draining;                /* __atomic */
+    pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
+    int has_ckpt;
+    ps_ckpt_info ckpt;
 };
 
 static double mono_now(void) {
@@ -33,11 +39,13 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->max_tensor_bytes = o->max_message_bytes;
     s->start = mono_now();
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
+    pthread_mutex_init(&s->ckpt_mu, NULL);
     return s;
 }
 
 void ps_service_free(ps_service *s) {
     if (!s) return;
+    pthread_mutex_destroy(&s->ckpt_mu);
     ps_ctx_table_free(s->ctx);
     free(s);
 }
@@ -47,6 +55,32 @@ size_t ps_service_expire(ps_service *s) { return ps_ctx_table_expire(s->ctx); }
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     ps_ctx_table_stats(s->ctx, ctx);
     *samples = __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
+}
+
+void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
+int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
+void ps_service_set_samples(ps_service *s, uint64_t n) { __atomic_store_n(&s->samples, n, __ATOMIC_RELAXED); }
+double ps_service_uptime(ps_service *s) { return mono_now() - s->start; }
+
+void ps_service_note_checkpoint(ps_service *s, const ps_ckpt_info *info) {
+    pthread_mutex_lock(&s->ckpt_mu);
+    s->ckpt = *info;
+    s->has_ckpt = 1;
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
+int ps_service_checkpoint(ps_service *s, ps_ckpt_info *out) {
+    pthread_mutex_lock(&s->ckpt_mu);
+    int has = s->has_ckpt;
+    if (has) *out = s->ckpt;
+    pthread_mutex_unlock(&s->ckpt_mu);
+    return has;
+}
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Reply with an error from err. */
@@ -92,6 +126,11 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     ps_wire_tensor_decode_bind(&req.input, &in);
     float *out = NULL;
     ps_tape *tape = NULL;
+    if (ps_service_draining(s)) {
+        ps_err_set(&err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
+                   "contexts may still finish their Backward and Step); retry when it is back");
+        goto fail;
+    }
     if (ps_wire_decode(request, ps_ForwardRequest_fields, &req, &err) ||
         (!req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
         ps_wire_tensor_check(&req.input, &in, "ForwardRequest.input", &err))
@@ -366,7 +405,40 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     resp.trainers_seen = st.trainers_seen;
     resp.samples = samples;
     snprintf(resp.consistency, sizeof resp.consistency, "%s", s->consistency);
+    ps_ckpt_info ck;
+    resp.checkpoint_age_s = -1;
+    if (ps_service_checkpoint(s, &ck)) {
+        resp.last_checkpoint_step = ck.version;
+        resp.checkpoint_age_s = wall_now() - ck.time;
+        snprintf(resp.last_checkpoint, sizeof resp.last_checkpoint, "%.*s",
+                 (int)sizeof resp.last_checkpoint - 1, ck.path);
+    }
+    resp.draining = ps_service_draining(s) != 0;
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
+}
+
+/* grpc.health.v1.Health/Check */
+static void handle_health_check(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    grpc_health_v1_HealthCheckRequest req = grpc_health_v1_HealthCheckRequest_init_zero;
+    if (ps_wire_decode(request, grpc_health_v1_HealthCheckRequest_fields, &req, &err)) {
+        fail(code, details, dlen, &err);
+        return;
+    }
+    if (req.service[0] && strcmp(req.service, "ps.ParameterServer")) {
+        ps_err_set(&err, PS_ERR_NOT_FOUND, "HealthCheckRequest.service: unknown service '%s' (psd serves "
+                   "\"\" and \"ps.ParameterServer\")", req.service);
+        fail(code, details, dlen, &err);
+        return;
+    }
+    grpc_health_v1_HealthCheckResponse resp = grpc_health_v1_HealthCheckResponse_init_zero;
+    resp.status = ps_service_draining(s) ? grpc_health_v1_HealthCheckResponse_ServingStatus_NOT_SERVING
+                                         : grpc_health_v1_HealthCheckResponse_ServingStatus_SERVING;
+    reply(grpc_health_v1_HealthCheckResponse_fields, &resp, response, code, details, dlen);
 }
 
 static const ps_rpc_method methods[] = {
@@ -377,6 +449,7 @@ static const ps_rpc_method methods[] = {
     {"/ps.ParameterServer/ListParameters", handle_list_parameters},
     {"/ps.ParameterServer/GetParameters", handle_get_parameters},
     {"/ps.ParameterServer/Status", handle_status},
+    {"/grpc.health.v1.Health/Check", handle_health_check},
 };
 
 const ps_rpc_method *ps_service_methods(int *n) {

@@ -11,6 +11,11 @@
  * Every handler validates what a peer sends and answers INVALID_ARGUMENT,
  * NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS or RESOURCE_EXHAUSTED with
  * a message naming the field; nothing a request contains can stop psd.
+ *
+ * The method table also holds the standard health service
+ * (/grpc.health.v1.Health/Check, proto/health.proto): SERVING while psd
+ * serves, NOT_SERVING while it drains, for the service names "" and
+ * "ps.ParameterServer"; any other name is NOT_FOUND.
  */
 #ifndef PS_SERVICE_H
 #define PS_SERVICE_H
@@ -18,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint.h"
 #include "ctx_table.h"
 #include "model.h"
 #include "rpc.h"
@@ -42,5 +48,25 @@ const ps_rpc_method *ps_service_methods(int *n);
 size_t ps_service_expire(ps_service *s);
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
+
+/* ---- lifecycle (psd) ----
+ * Draining: from ps_service_set_draining on, Forward (any kind) is refused
+ * with UNAVAILABLE "psd is shutting down", while Backward, GetGradients
+ * and Step of contexts already open still run, so in-flight batches can
+ * finish; the health service answers NOT_SERVING and Status draining=true.
+ * One-way. */
+void ps_service_set_draining(ps_service *s);
+int ps_service_draining(ps_service *s);
+
+/* Training samples counted so far (e.g. restored from a checkpoint). */
+void ps_service_set_samples(ps_service *s, uint64_t samples);
+
+/* The newest checkpoint written or restored, reported by Status and the
+ * metrics. ps_service_checkpoint returns 0 when there is none. */
+void ps_service_note_checkpoint(ps_service *s, const ps_ckpt_info *info);
+int ps_service_checkpoint(ps_service *s, ps_ckpt_info *out);
+
+/* Seconds since the service was created. */
+double ps_service_uptime(ps_service *s);
 
 #endif

@@ -220,7 +220,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK(keys == 25);
+    CHECK(keys == 32);
     free(text);
 }
 
@@ -324,6 +324,80 @@ static void test_bad_files(void) {
     expect_bad("missing.yaml", NULL, PS_ERR_NOT_FOUND, 0, "cannot open config", NULL);
 }
 
+/* The lifecycle keys (checkpoints, drain, metrics, log file): defaults,
+ * every bad value named with file, line, key and value, and "" = off. */
+static void test_service_keys(void) {
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    CHECK(!strcmp(c.server.checkpoint_dir, ""));
+    CHECK(c.server.checkpoint_every_steps == 1000);
+    CHECK(c.server.checkpoint_every_s == 300.0);
+    CHECK(c.server.checkpoint_keep == 3);
+    CHECK(c.server.grace_s == 10.0);
+    CHECK(!strcmp(c.server.metrics_listen, ""));
+    CHECK(!strcmp(c.server.log_file, ""));
+
+    const char *good = "server:\n  checkpoint_dir: /var/lib/psd\n  checkpoint_every_steps: 0\n"
+                       "  checkpoint_every_s: 2.5\n  checkpoint_keep: 1\n  grace_s: 0\n"
+                       "  metrics_listen: \"[::1]:9464\"\n  log_file: /var/log/psd.log\n";
+    CHECK(ps_config_load(&c, tmpfile_with("svc_good.yaml", good), &e) == PS_OK);
+    CHECK(!strcmp(c.server.checkpoint_dir, "/var/lib/psd"));
+    CHECK(c.server.checkpoint_every_steps == 0 && c.server.checkpoint_every_s == 2.5);
+    CHECK(c.server.checkpoint_keep == 1 && c.server.grace_s == 0.0);
+    CHECK(!strcmp(c.server.metrics_listen, "[::1]:9464"));
+    CHECK(!strcmp(c.server.log_file, "/var/log/psd.log"));
+    /* "" switches a feature off again. */
+    CHECK(ps_config_load(&c, tmpfile_with("svc_off.yaml", "server:\n  checkpoint_dir: \"\"\n"
+                                          "  metrics_listen: ''\n"), &e) == PS_OK);
+    CHECK(!strcmp(c.server.checkpoint_dir, "") && !strcmp(c.server.metrics_listen, ""));
+
+    expect_bad("svc_steps.yaml", "server:\n  checkpoint_every_steps: -1\n", PS_ERR_INVALID_ARGUMENT,
+               2, "server.checkpoint_every_steps: '-1' is out of range [0, 1000000000]", NULL);
+    expect_bad("svc_steps2.yaml", "server:\n  checkpoint_every_steps: 1e3\n",
+               PS_ERR_INVALID_ARGUMENT, 2, "server.checkpoint_every_steps: '1e3' is not an integer",
+               NULL);
+    expect_bad("svc_secs.yaml", "\nserver:\n  checkpoint_every_s: -5\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "server.checkpoint_every_s: '-5' is out of range [0, 3.1536e+07]", NULL);
+    expect_bad("svc_secs2.yaml", "server:\n  checkpoint_every_s: 10min\n", PS_ERR_INVALID_ARGUMENT,
+               2, "server.checkpoint_every_s: '10min' is not a number", NULL);
+    expect_bad("svc_keep.yaml", "server:\n  checkpoint_keep: 0\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.checkpoint_keep: '0' is out of range [1, 1000]", NULL);
+    expect_bad("svc_grace.yaml", "server:\n  grace_s: 3601\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.grace_s: '3601' is out of range [0, 3600]", NULL);
+    expect_bad("svc_dir.yaml", "server:\n  checkpoint_dir:\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.checkpoint_dir: no value given", NULL);
+    expect_bad("svc_dir2.yaml", "server:\n  checkpoint_dir: [a]\n", PS_ERR_FORMAT, 2,
+               "server.checkpoint_dir: expected a single value, got a list", NULL);
+    const char *bad_addrs[] = {"9464", ":9464", "0.0.0.0:0", "0.0.0.0:65536", "host.example:80",
+                               "1.2.3.4:80x", "::1:9464", "[::1]", "[zz]:80", "1.2.3:80", NULL};
+    for (int i = 0; bad_addrs[i]; i++) {
+        char text[128], want[128];
+        snprintf(text, sizeof text, "server:\n  metrics_listen: \"%s\"\n", bad_addrs[i]);
+        snprintf(want, sizeof want, "server.metrics_listen: '%s' is not HOST:PORT", bad_addrs[i]);
+        expect_bad("svc_metrics.yaml", text, PS_ERR_INVALID_ARGUMENT, 2, want, NULL);
+    }
+    /* The same checks on the command line. */
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "server.metrics_listen", "localhost:1", "command line", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "server.metrics_listen", "127.0.0.1", "command line", &e) ==
+          PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "command line: server.metrics_listen: '127.0.0.1' is not HOST:PORT");
+    CHECK(!strcmp(c.server.metrics_listen, "localhost:1"));
+    CHECK(ps_config_set(&c, "server.grace_s", "abc", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "command line: server.grace_s: 'abc' is not a number");
+
+    char host[64];
+    int port = 0;
+    CHECK(ps_config_parse_hostport("localhost:9464", host, sizeof host, &port));
+    CHECK(!strcmp(host, "127.0.0.1") && port == 9464);
+    CHECK(ps_config_parse_hostport("[::]:65535", host, sizeof host, &port));
+    CHECK(!strcmp(host, "::") && port == 65535);
+    CHECK(ps_config_parse_hostport("0.0.0.0:1", host, sizeof host, &port));
+    CHECK(!strcmp(host, "0.0.0.0") && port == 1);
+}
+
 static void test_cli(void) {
     ps_config c, before;
     ps_err e;
@@ -418,6 +492,7 @@ int main(void) {
     test_local_yaml();
     test_docs();
     test_bad_files();
+    test_service_keys();
     test_cli();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -12,10 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <pb_encode.h>
 
 #include "check.h"
+#include "health.pb.h"
 #include "model.h"
 #include "ps_client.h"
 #include "rpc.h"
@@ -69,6 +71,32 @@ static grpc_status_code send_forward(uint64_t ctx, int train, const int64_t *dim
     det[0] = 0;
     CHECK(ps_rpc_client_call(raw, "/ps.ParameterServer/Forward", bb, &resp, 10000, &code, det, dlen, &err) == PS_OK);
     grpc_byte_buffer_destroy(bb);
+    if (resp) grpc_byte_buffer_destroy(resp);
+    return code;
+}
+
+/* grpc.health.v1.Health/Check for service; returns the gRPC code, the
+ * serving status in *status. */
+static grpc_status_code health_check(const char *service, int *status, char *det, size_t dlen) {
+    unsigned char req[64];
+    size_t len = strlen(service);
+    req[0] = 0x0a; /* field 1, length-delimited */
+    req[1] = (unsigned char)len;
+    memcpy(req + 2, service, len);
+    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)req, len ? len + 2 : 0);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    grpc_byte_buffer *resp = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    ps_err err = {0};
+    det[0] = 0;
+    CHECK(ps_rpc_client_call(raw, "/grpc.health.v1.Health/Check", bb, &resp, 10000, &code, det, dlen, &err) ==
+          PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    grpc_health_v1_HealthCheckResponse r = grpc_health_v1_HealthCheckResponse_init_zero;
+    *status = -1;
+    if (code == GRPC_STATUS_OK && ps_wire_decode(resp, grpc_health_v1_HealthCheckResponse_fields, &r, &err) == PS_OK)
+        *status = (int)r.status;
     if (resp) grpc_byte_buffer_destroy(resp);
     return code;
 }
@@ -240,6 +268,42 @@ int main(void) {
     /* Still serving. */
     CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
     CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+
+    /* Health: SERVING for "" and the service's name, NOT_FOUND otherwise. */
+    int hs = -1;
+    CHECK(health_check("", &hs, det, sizeof det) == GRPC_STATUS_OK && hs == 1);
+    CHECK(health_check("ps.ParameterServer", &hs, det, sizeof det) == GRPC_STATUS_OK && hs == 1);
+    CHECK(health_check("ps.Other", &hs, det, sizeof det) == GRPC_STATUS_NOT_FOUND);
+    CHECK(strstr(det, "unknown service 'ps.Other'") != NULL);
+    CHECK(send_raw("/grpc.health.v1.Health/Check", garbage, sizeof garbage, det, sizeof det) ==
+          GRPC_STATUS_INVALID_ARGUMENT);
+
+    if (svc) {
+        /* Draining: a context opened before may finish; new Forwards are
+         * refused with UNAVAILABLE; health says NOT_SERVING. */
+        CHECK(!st.draining);
+        uint64_t open_ctx = 0x5151;
+        CHECK(ps_client_forward(cl, open_ctx, 1, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        ps_service_set_draining(svc);
+        CHECK(ps_client_forward(cl, open_ctx + 1, 1, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) ==
+              PS_ERR_UNAVAILABLE);
+        CHECK(strstr(err.msg, "UNAVAILABLE: psd is shutting down") != NULL);
+        CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_ERR_UNAVAILABLE);
+        for (int i = 0; i < n * 10; i++) grad[i] = (i % 10 == 3) ? -0.25f : 0.0f;
+        uint64_t v0 = ps_model_version(model), v1 = 0;
+        CHECK(ps_client_backward(cl, open_ctx, grad, n, 10, 1, &v1, &err) == PS_OK);
+        CHECK(v1 == v0 + 1);
+        CHECK(health_check("", &hs, det, sizeof det) == GRPC_STATUS_OK && hs == 2);
+        CHECK(health_check("ps.ParameterServer", &hs, det, sizeof det) == GRPC_STATUS_OK && hs == 2);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK && st.draining);
+        CHECK(st.checkpoint_age_s == -1 && st.last_checkpoint[0] == 0);
+        ps_ckpt_info ck = {.version = 7, .samples = 9, .time = (double)time(NULL) - 5};
+        snprintf(ck.path, sizeof ck.path, "/x/ckpt-000000000007.safetensors");
+        ps_service_note_checkpoint(svc, &ck);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.last_checkpoint_step == 7 && !strcmp(st.last_checkpoint, ck.path));
+        CHECK(st.checkpoint_age_s >= 4.5 && st.checkpoint_age_s < 60);
+    }
 
     ps_client_free(cl);
     ps_rpc_client_free(raw);

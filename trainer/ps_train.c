@@ -21,10 +21,12 @@
 #include "log.h"
 #include "mnist.h"
 #include "ps_client.h"
+#include "status_cmd.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ps-train [options]\n"
+            "       ps-train status [--server ADDR]   print a running psd's status\n"
             "  -c, --config FILE        cluster config (YAML); flags override it\n"
             "  -s, --server ADDR        psd address host:port (server.address)\n"
             "  -r, --rank N             this trainer's rank, 1..world_size-1 (default 1)\n"
@@ -138,6 +140,7 @@ static int check_gradients(ps_client *cl, uint64_t ctx, const ps_wire_param_list
 
 int main(int argc, char **argv) {
     ps_log_set_prog("ps-train");
+    if (argc > 1 && !strcmp(argv[1], "status")) return ps_status_cmd_main(argc - 1, argv + 1);
     ps_config cfg;
     ps_config_defaults(&cfg);
     ps_err err = {0};

@@ -770,3 +770,55 @@ ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err
     if (version) *version = v;
     return rc;
 }
+
+/* ------------------------------------------------- checkpoint support */
+
+int ps_model_has_momentum(const ps_model *m) { return m->momentum > 0; }
+
+ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *started,
+                            uint64_t *version, ps_err *err) {
+    ps_status rc = PS_OK;
+    pthread_rwlock_rdlock(&m->lock);
+    int64_t o = 0;
+    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
+        stage *st = &m->stages[m->param_stage[i]];
+        size_t bytes = (size_t)m->params[i].numel * sizeof(float);
+        rc = st->be->ops->copy_to_host(st->be->impl, w + o, st->w + m->param_off[i], bytes, err);
+        if (rc == PS_OK && mom && st->mom) {
+            started[i] = !m->first_step[i];
+            if (started[i])
+                rc = st->be->ops->copy_to_host(st->be->impl, mom + o, st->mom + m->param_off[i], bytes,
+                                               err);
+            else
+                memset(mom + o, 0, bytes);
+        } else if (mom) {
+            started[i] = 0;
+        }
+        o += m->params[i].numel;
+    }
+    if (version) *version = ps_model_version(m);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+ps_status ps_model_set_momentum(ps_model *m, int i, const float *host_src, ps_err *err) {
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    stage *st = &m->stages[m->param_stage[i]];
+    if (!st->mom)
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: the optimizer keeps no momentum buffers "
+                          "(optimizer.momentum is 0)", m->params[i].name);
+    ps_status rc = PS_OK;
+    pthread_rwlock_wrlock(&m->lock);
+    if (host_src)
+        rc = st->be->ops->copy_to_device(st->be->impl, st->mom + m->param_off[i], host_src,
+                                         (size_t)m->params[i].numel * sizeof(float), err);
+    m->first_step[i] = host_src == NULL || rc != PS_OK;
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+void ps_model_set_version(ps_model *m, uint64_t version) {
+    pthread_mutex_lock(&m->version_mu);
+    m->version = version;
+    pthread_mutex_unlock(&m->version_mu);
+}

@@ -114,4 +114,28 @@ size_t ps_model_tape_bytes(const ps_model *m, int n);
 
 void ps_tape_free(ps_tape *t);
 
+/* ---- checkpoint support (used by psd's server/checkpoint.c) ---- */
+
+/* 1 when the optimizer keeps momentum buffers (momentum > 0). */
+int ps_model_has_momentum(const ps_model *m);
+
+/* A consistent copy of the training state, taken under one shared weights
+ * lock (no step lands halfway): every parameter in parameter order,
+ * concatenated (ps_model_num_weights floats), into w; when mom is not NULL
+ * and the model has momentum, the momentum buffers laid out the same way,
+ * with started[i] = 1 when parameter i's buffer exists (PyTorch creates it
+ * at a parameter's first step; an unstarted buffer is left zero); and the
+ * model version. */
+ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *started,
+                            uint64_t *version, ps_err *err);
+
+/* Set parameter i's momentum buffer from host memory (numel floats), or,
+ * with NULL, mark it not started (the next step starts it, as PyTorch's
+ * first step). Call after ps_model_set_param, which resets it.
+ * FAILED_PRECONDITION when the model has no momentum. */
+ps_status ps_model_set_momentum(ps_model *m, int i, const float *host_src, ps_err *err);
+
+/* Set the model version (steps applied), e.g. when resuming. */
+void ps_model_set_version(ps_model *m, uint64_t version);
+
 #endif

@@ -1,0 +1,498 @@
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "log.h"
+#include "safetensors.h"
+
+#define CKPT_PREFIX "ckpt-"
+#define CKPT_SUFFIX ".safetensors"
+#define OPTIM_SUFFIX ".optim.safetensors"
+#define MOM_SUFFIX ".momentum_buffer"
+
+ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (errno != ENOENT)
+            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: %s", dir, strerror(errno));
+        if (mkdir(dir, 0750) != 0)
+            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create it: %s", dir,
+                              strerror(errno));
+        ps_log(PS_LOG_INFO, "created checkpoint dir %s", dir);
+        return PS_OK;
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: not writable: %s", dir,
+                          strerror(errno));
+    return PS_OK;
+}
+
+/* CRC-32 of the parameters' data in parameter order. */
+static uint32_t crc_of(const float *const *data, const int64_t *numel, int n) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int i = 0; i < n; i++) {
+        const unsigned char *p = (const unsigned char *)data[i];
+        size_t left = (size_t)numel[i] * sizeof(float);
+        while (left) {  /* crc32 takes a uInt length */
+            uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+            crc = crc32(crc, p, chunk);
+            p += chunk;
+            left -= chunk;
+        }
+    }
+    return (uint32_t)crc;
+}
+
+/* "ckpt-000000001234.safetensors" -> 1234; -1 for any other name. */
+static int parse_name(const char *name, const char *suffix, uint64_t *version) {
+    size_t pl = strlen(CKPT_PREFIX), sl = strlen(suffix), n = strlen(name);
+    if (n != pl + 12 + sl || strncmp(name, CKPT_PREFIX, pl) || strcmp(name + pl + 12, suffix)) return -1;
+    uint64_t v = 0;
+    for (size_t i = pl; i < pl + 12; i++) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        v = v * 10 + (uint64_t)(name[i] - '0');
+    }
+    *version = v;
+    return 0;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Versions of the files in dir named ckpt-<N><suffix>, newest first.
+ * *out is malloc'ed (free it); returns the count, or -1 with err set. */
+static long list_versions(const char *dir, const char *suffix, uint64_t **out, ps_err *err) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) {
+        ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    size_t n = 0, cap = 0;
+    uint64_t *v = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        uint64_t ver;
+        if (parse_name(e->d_name, suffix, &ver)) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint64_t *nv = realloc(v, cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                closedir(d);
+                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = ver;
+    }
+    closedir(d);
+    if (n) qsort(v, n, sizeof *v, cmp_desc);
+    *out = v;
+    return (long)n;
+}
+
+static void file_path(char *buf, size_t cap, const char *dir, uint64_t version, const char *suffix) {
+    snprintf(buf, cap, "%s/" CKPT_PREFIX "%012" PRIu64 "%s", dir, version, suffix);
+}
+
+/* Delete all but the keep newest checkpoints, and optimizer files older
+ * than the oldest one kept that lost their weights file. */
+static void retain(const char *dir, int keep) {
+    uint64_t *v = NULL, *o = NULL;
+    long n = list_versions(dir, CKPT_SUFFIX, &v, NULL);
+    long no = list_versions(dir, OPTIM_SUFFIX, &o, NULL);
+    char path[PS_CKPT_PATH_MAX];
+    for (long i = keep; i < n; i++) {
+        file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
+        if (unlink(path) != 0 && errno != ENOENT)
+            ps_log(PS_LOG_WARN, "cannot delete old checkpoint %s: %s", path, strerror(errno));
+        file_path(path, sizeof path, dir, v[i], OPTIM_SUFFIX);
+        if (unlink(path) != 0 && errno != ENOENT)
+            ps_log(PS_LOG_WARN, "cannot delete old checkpoint %s: %s", path, strerror(errno));
+    }
+    if (n > 0) {
+        uint64_t oldest_kept = v[n < keep ? n - 1 : keep - 1];
+        for (long i = 0; i < no; i++) {
+            if (o[i] >= oldest_kept) continue;
+            file_path(path, sizeof path, dir, o[i], OPTIM_SUFFIX);
+            unlink(path);
+        }
+    }
+    free(v);
+    free(o);
+}
+
+ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep, ps_ckpt_info *out,
+                       ps_err *err) {
+    PS_ASSERT(keep >= 1);
+    int np = ps_model_num_params(m);
+    int64_t nw = ps_model_num_weights(m);
+    int mom = ps_model_has_momentum(m);
+    float *w = malloc((size_t)nw * sizeof(float));
+    float *mb = mom ? malloc((size_t)nw * sizeof(float)) : NULL;
+    unsigned char *started = calloc((size_t)np, 1);
+    ps_st_tensor *t = calloc((size_t)np, sizeof *t);
+    const float **ptrs = calloc((size_t)np, sizeof *ptrs);
+    int64_t *numel = calloc((size_t)np, sizeof *numel);
+    ps_status rc = PS_OK;
+    if (!w || (mom && !mb) || !started || !t || !ptrs || !numel) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
+        goto done;
+    }
+    uint64_t version;
+    if ((rc = ps_model_snapshot(m, w, mb, started, &version, err))) goto done;
+
+    char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
+        crcbuf[16], optbuf[96];
+    file_path(wpath, sizeof wpath, dir, version, CKPT_SUFFIX);
+    file_path(opath, sizeof opath, dir, version, OPTIM_SUFFIX);
+    snprintf(oname, sizeof oname, CKPT_PREFIX "%012" PRIu64 OPTIM_SUFFIX, version);
+    snprintf(vbuf, sizeof vbuf, "%" PRIu64, version);
+    snprintf(sbuf, sizeof sbuf, "%" PRIu64, samples);
+    double now = (double)time(NULL);
+    snprintf(tbuf, sizeof tbuf, "%.0f", now);
+
+    /* The optimizer file first: the weights file marks a complete pair. */
+    int nm = 0;
+    int64_t off = 0;
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        if (mom && started[i]) {
+            ps_st_tensor *x = &t[nm];
+            memset(x, 0, sizeof *x);
+            snprintf(x->name, sizeof x->name, "%s" MOM_SUFFIX, pi->name);
+            x->dtype = PS_ST_F32;
+            x->ndim = pi->ndim;
+            memcpy(x->dims, pi->dims, (size_t)pi->ndim * sizeof x->dims[0]);
+            x->data = mb + off;
+            x->bytes = (size_t)pi->numel * sizeof(float);
+            ptrs[nm] = mb + off;
+            numel[nm] = pi->numel;
+            nm++;
+        }
+        off += pi->numel;
+    }
+    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, nm));
+    const char *ometa[] = {"psd.arch", ps_model_arch(m), "psd.model_version", vbuf, "psd.crc32", crcbuf, NULL};
+    if ((rc = ps_st_write(opath, t, (size_t)nm, ometa, err))) goto done;
+
+    off = 0;
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        ps_st_tensor *x = &t[i];
+        memset(x, 0, sizeof *x);
+        snprintf(x->name, sizeof x->name, "%s", pi->name);
+        x->dtype = PS_ST_F32;
+        x->ndim = pi->ndim;
+        memcpy(x->dims, pi->dims, (size_t)pi->ndim * sizeof x->dims[0]);
+        x->data = w + off;
+        x->bytes = (size_t)pi->numel * sizeof(float);
+        ptrs[i] = w + off;
+        numel[i] = pi->numel;
+        off += pi->numel;
+    }
+    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
+    snprintf(optbuf, sizeof optbuf, "sgd");
+    const char *wmeta[] = {"format", "pt",
+                           "psd.arch", ps_model_arch(m),
+                           "psd.model_version", vbuf,
+                           "psd.global_step", vbuf,
+                           "psd.samples", sbuf,
+                           "psd.time", tbuf,
+                           "psd.version", PS_VERSION,
+                           "psd.optimizer", optbuf,
+                           "psd.optimizer_file", oname,
+                           "psd.crc32", crcbuf,
+                           NULL};
+    if ((rc = ps_st_write(wpath, t, (size_t)np, wmeta, err))) goto done;
+    if (out) {
+        out->version = version;
+        out->samples = samples;
+        out->time = now;
+        snprintf(out->path, sizeof out->path, "%s", wpath);
+    }
+    retain(dir, keep);
+done:
+    free(w);
+    free(mb);
+    free(started);
+    free(t);
+    free(ptrs);
+    free(numel);
+    return rc;
+}
+
+/* Strict decimal uint64 from a metadata value. */
+static int parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s || s[strspn(s, "0123456789")] != '\0' || strlen(s) > 20) return -1;
+    errno = 0;
+    unsigned long long x = strtoull(s, NULL, 10);
+    if (errno) return -1;
+    *out = x;
+    return 0;
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *dims) {
+    size_t o = (size_t)snprintf(buf, cap, "(");
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, d ? ", " : "", dims[d]);
+    if (o < cap) snprintf(buf + o, cap - o, ")");
+}
+
+/* Tensor t must be parameter pi: dtype (F32, or F64 when allow_f64) and shape. */
+static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_param_info *pi,
+                              int allow_f64, ps_err *err) {
+    if (t->dtype != PS_ST_F32 && !(allow_f64 && t->dtype == PS_ST_F64))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has dtype %s; expected F32%s", path,
+                          t->name, ps_st_dtype_name(t->dtype), allow_f64 ? " or F64" : "");
+    int same = t->ndim == pi->ndim;
+    for (int d = 0; same && d < pi->ndim; d++) same = t->dims[d] == pi->dims[d];
+    if (!same) {
+        char got[96], want[96];
+        shape_str(got, sizeof got, t->ndim, t->dims);
+        shape_str(want, sizeof want, pi->ndim, pi->dims);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape %s; the model's %s is %s",
+                          path, t->name, got, pi->name, want);
+    }
+    int64_t n = ps_st_numel(t);
+    for (int64_t j = 0; j < n; j++) {
+        double x = t->dtype == PS_ST_F32 ? ((const float *)t->data)[j] : ((const double *)t->data)[j];
+        if (!isfinite(x))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': element %" PRId64 " is %s", path,
+                              t->name, j, isnan(x) ? "NaN" : "infinite");
+    }
+    return PS_OK;
+}
+
+/* Every tensor of f is one of the model's parameters (with suffix). */
+static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model *m, const char *suffix,
+                                ps_err *err) {
+    size_t sl = strlen(suffix);
+    for (size_t i = 0; i < ps_st_count(f); i++) {
+        const char *name = ps_st_get(f, i)->name;
+        size_t n = strlen(name);
+        char base[PS_ST_NAME_MAX];
+        if (n < sl || strcmp(name + n - sl, suffix) || n - sl >= sizeof base)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of "
+                              "model %s)", path, name, ps_model_arch(m));
+        memcpy(base, name, n - sl);
+        base[n - sl] = '\0';
+        if (ps_model_find_param(m, base) < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of "
+                              "model %s)", path, name, ps_model_arch(m));
+    }
+    return PS_OK;
+}
+
+/* The tensors' CRC against the file's psd.crc32 (tensors in list order). */
+static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_tensor *const *ts, int n,
+                           ps_err *err) {
+    const char *want = ps_st_metadata(f, "psd.crc32");
+    if (!want) return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.crc32 is missing", path);
+    const float **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    int64_t *numel = calloc((size_t)n + 1, sizeof *numel);
+    if (!ptrs || !numel) {
+        free(ptrs);
+        free(numel);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        ptrs[i] = ts[i]->data;
+        numel[i] = ps_st_numel(ts[i]);
+    }
+    char got[16];
+    snprintf(got, sizeof got, "%08" PRIx32, crc_of(ptrs, numel, n));
+    free(ptrs);
+    free(numel);
+    if (strcmp(got, want))
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: data is corrupt (CRC-32 %s, the file says %s)", path, got,
+                          want);
+    return PS_OK;
+}
+
+ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err) {
+    int np = ps_model_num_params(m);
+    ps_status rc = PS_OK;
+    ps_st_file *wf = NULL, *of = NULL;
+    const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt), **mt = calloc((size_t)np, sizeof *mt);
+    if (!wt || !mt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    if (!(wf = ps_st_read(path, err))) { rc = err ? err->code : PS_ERR_FORMAT; goto done; }
+
+    const char *arch = ps_st_metadata(wf, "psd.arch");
+    uint64_t version = 0, step = 0, samples = 0, when = 0;
+    if (!arch || strcmp(arch, ps_model_arch(m))) {
+        rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: checkpoint of model '%s'; psd runs '%s'", path,
+                        arch ? arch : "(no psd.arch metadata)", ps_model_arch(m));
+        goto done;
+    }
+    if (parse_u64(ps_st_metadata(wf, "psd.model_version"), &version) ||
+        parse_u64(ps_st_metadata(wf, "psd.global_step"), &step) ||
+        parse_u64(ps_st_metadata(wf, "psd.samples"), &samples) ||
+        parse_u64(ps_st_metadata(wf, "psd.time"), &when) || step != version) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.model_version/global_step/samples/time missing "
+                        "or not numbers", path);
+        goto done;
+    }
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        wt[i] = ps_st_find(wf, pi->name);
+        if (!wt[i]) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing", path, pi->name);
+            goto done;
+        }
+        if ((rc = check_tensor(path, wt[i], pi, 0, err))) goto done;
+    }
+    if ((rc = check_no_extra(path, wf, m, "", err))) goto done;
+    if ((rc = check_crc(path, wf, wt, np, err))) goto done;
+
+    /* The optimizer sibling, named in the metadata, in the same directory. */
+    const char *oname = ps_st_metadata(wf, "psd.optimizer_file");
+    if (!oname || strchr(oname, '/') || !*oname) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.optimizer_file missing or not a file name", path);
+        goto done;
+    }
+    char opath[PS_CKPT_PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(opath, sizeof opath, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, oname);
+    if (!(of = ps_st_read(opath, err))) {
+        rc = ps_err_prefix(err, "optimizer state of %s", path);
+        goto done;
+    }
+    uint64_t oversion;
+    if (parse_u64(ps_st_metadata(of, "psd.model_version"), &oversion) || oversion != version) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.model_version is not %" PRIu64 " (that of %s)", opath,
+                        version, path);
+        goto done;
+    }
+    int nm = 0;
+    const ps_st_tensor **mlist = calloc((size_t)np + 1, sizeof *mlist);
+    if (!mlist) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        char name[PS_ST_NAME_MAX];
+        snprintf(name, sizeof name, "%s" MOM_SUFFIX, pi->name);
+        mt[i] = ps_st_find(of, name);
+        if (mt[i]) {
+            if ((rc = check_tensor(opath, mt[i], pi, 0, err))) break;
+            mlist[nm++] = mt[i];
+        }
+    }
+    if (rc == PS_OK) rc = check_no_extra(opath, of, m, MOM_SUFFIX, err);
+    if (rc == PS_OK) rc = check_crc(opath, of, mlist, nm, err);
+    free(mlist);
+    if (rc) goto done;
+    if (nm > 0 && !ps_model_has_momentum(m))
+        ps_log(PS_LOG_WARN, "%s: momentum buffers not used: optimizer.momentum is 0", opath);
+
+    /* Everything checked: apply. */
+    for (int i = 0; i < np && rc == PS_OK; i++) {
+        rc = ps_model_set_param(m, i, wt[i]->data, err);
+        if (rc == PS_OK && ps_model_has_momentum(m))
+            rc = ps_model_set_momentum(m, i, mt[i] ? mt[i]->data : NULL, err);
+    }
+    if (rc) goto done;
+    ps_model_set_version(m, version);
+    if (out) {
+        out->version = version;
+        out->samples = samples;
+        out->time = (double)when;
+        snprintf(out->path, sizeof out->path, "%s", path);
+    }
+done:
+    free(wt);
+    free(mt);
+    ps_st_free(wf);
+    ps_st_free(of);
+    return rc;
+}
+
+ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ckpt_info *out, ps_err *err) {
+    *found = 0;
+    uint64_t *v = NULL;
+    long n = list_versions(dir, CKPT_SUFFIX, &v, err);
+    if (n < 0) return err ? err->code : PS_ERR_IO;
+    if (n == 0) { free(v); return PS_OK; }
+    ps_status rc = PS_OK;
+    char first_reason[PS_ERR_MSG_MAX] = "";
+    long i;
+    for (i = 0; i < n; i++) {
+        char path[PS_CKPT_PATH_MAX];
+        file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
+        ps_err e = {0};
+        if (ps_ckpt_load(m, path, out, &e) == PS_OK) break;
+        ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
+        if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
+    }
+    if (i == n) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: none of the %ld checkpoints can be used (newest: %s); move "
+                        "them away to start from scratch", dir, n, first_reason);
+    } else {
+        *found = 1;
+        /* Newer ones were refused: rename them so they stop shadowing this one. */
+        for (long j = 0; j < i; j++) {
+            for (int k = 0; k < 2; k++) {
+                char path[PS_CKPT_PATH_MAX], to[PS_CKPT_PATH_MAX + 8];
+                file_path(path, sizeof path, dir, v[j], k ? OPTIM_SUFFIX : CKPT_SUFFIX);
+                snprintf(to, sizeof to, "%s.refused", path);
+                if (rename(path, to) == 0 && !k) ps_log(PS_LOG_WARN, "renamed %s to %s", path, to);
+            }
+        }
+    }
+    free(v);
+    return rc;
+}
+
+ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
+    int np = ps_model_num_params(m);
+    ps_st_file *f = ps_st_read(path, err);
+    if (!f) return err ? err->code : PS_ERR_FORMAT;
+    ps_status rc = PS_OK;
+    float *conv = NULL;
+    const ps_st_tensor **ts = calloc((size_t)np, sizeof *ts);
+    if (!ts) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    for (int i = 0; i < np; i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        ts[i] = ps_st_find(f, pi->name);
+        if (!ts[i]) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing (model %s needs every "
+                            "parameter under its state_dict name)", path, pi->name, ps_model_arch(m));
+            goto done;
+        }
+        if ((rc = check_tensor(path, ts[i], pi, 1, err))) goto done;
+    }
+    if ((rc = check_no_extra(path, f, m, "", err))) goto done;
+    for (int i = 0; i < np && rc == PS_OK; i++) {
+        const float *src = ts[i]->data;
+        if (ts[i]->dtype == PS_ST_F64) {
+            int64_t k = ps_st_numel(ts[i]);
+            float *c = realloc(conv, (size_t)k * sizeof(float));
+            if (!c) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+            conv = c;
+            const double *d = ts[i]->data;
+            for (int64_t j = 0; j < k; j++) conv[j] = (float)d[j];
+            src = conv;
+        }
+        rc = ps_model_set_param(m, i, src, err);
+    }
+done:
+    free(conv);
+    free(ts);
+    ps_st_free(f);
+    return rc;
+}

@@ -1,0 +1,104 @@
+#include "daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "log.h"
+
+ps_status ps_daemon_open_log(const char *path, ps_err *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0) return ps_err_set(err, PS_ERR_IO, "log file %s: %s", path, strerror(errno));
+    fflush(stderr);
+    if (dup2(fd, STDERR_FILENO) < 0) {
+        int e = errno;
+        close(fd);
+        return ps_err_set(err, PS_ERR_IO, "log file %s: dup2: %s", path, strerror(e));
+    }
+    close(fd);
+    return PS_OK;
+}
+
+int ps_daemon_use_journal_if_attached(void) {
+    const char *js = getenv("JOURNAL_STREAM");
+    if (!js) return 0;
+    unsigned long long dev, ino;
+    char tail;
+    if (sscanf(js, "%llu:%llu%c", &dev, &ino, &tail) != 2) return 0;
+    struct stat sb;
+    if (fstat(STDERR_FILENO, &sb) != 0 || (unsigned long long)sb.st_dev != dev ||
+        (unsigned long long)sb.st_ino != ino)
+        return 0;
+    ps_log_set_syslog_prefix(1);
+    return 1;
+}
+
+void ps_daemon_notify(const char *state) {
+    if (!getenv("NOTIFY_SOCKET")) return;
+    int r = sd_notify(0, state);
+    if (r < 0) ps_log(PS_LOG_WARN, "sd_notify(%s): %s", state, strerror(-r));
+}
+
+void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
+    buf[0] = '\0';
+    const char *colon = strrchr(addr, ':');
+    if (!colon || strchr(addr, '/') || !strncmp(addr, "unix:", 5) || !strncmp(addr, "dns:", 4) ||
+        !strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5))
+        return;
+    char host[256];
+    size_t hl = (size_t)(colon - addr);
+    if (hl >= sizeof host) return;
+    memcpy(host, addr, hl);
+    host[hl] = '\0';
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int gr = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &res);
+    if (gr != 0) {
+        snprintf(buf, cap, "cannot resolve '%s': %s", host, gai_strerror(gr));
+        return;
+    }
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        /* As gRPC binds: SO_REUSEADDR, so connections of a psd that just
+         * stopped (TIME_WAIT) do not count, while a listener still does. */
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        int rc = bind(fd, a->ai_addr, a->ai_addrlen), e = errno;
+        close(fd);
+        if (rc == 0) continue;
+        if (e == EADDRINUSE)
+            snprintf(buf, cap, "%s is already in use: another process listens there (another psd?)", addr);
+        else if (e == EADDRNOTAVAIL)
+            snprintf(buf, cap, "%s is not an address of this machine", addr);
+        else if (e == EACCES)
+            snprintf(buf, cap, "%s: permission denied (ports below 1024 need privileges)", addr);
+        else
+            snprintf(buf, cap, "%s: %s", addr, strerror(e));
+        break;
+    }
+    freeaddrinfo(res);
+}
+
+int ps_ckpt_sched_due(const ps_ckpt_sched *s, uint64_t version, double now) {
+    if (version == s->last_version) return 0;
+    if (s->every_steps > 0 && version - s->last_version >= (uint64_t)s->every_steps) return 1;
+    return s->every_s > 0 && now - s->last_time >= s->every_s;
+}
+
+void ps_ckpt_sched_done(ps_ckpt_sched *s, uint64_t version, double now) {
+    s->last_version = version;
+    s->last_time = now;
+}

@@ -1,0 +1,46 @@
+/* daemon.h - the service-manager side of psd: log destination, systemd
+ * notification, readable bind errors and the checkpoint schedule. Kept out
+ * of psd.c so that main() reads as the lifecycle and the pieces are tested.
+ */
+#ifndef PS_DAEMON_H
+#define PS_DAEMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Point stderr (fd 2, so gRPC's own messages too) at path, opened for
+ * appending (created 0640). Called at start-up and again on SIGHUP, after
+ * logrotate moved the file. On error stderr is unchanged. */
+ps_status ps_daemon_open_log(const char *path, ps_err *err);
+
+/* When stderr is the journal (systemd sets JOURNAL_STREAM to its
+ * device:inode), log with syslog priorities and no timestamps. Returns 1
+ * when it did. */
+int ps_daemon_use_journal_if_attached(void);
+
+/* sd_notify(state) when NOTIFY_SOCKET is set (under systemd Type=notify);
+ * a no-op otherwise. */
+void ps_daemon_notify(const char *state);
+
+/* Why "host:port" cannot be listened on, found by binding it once
+ * ("127.0.0.1:50051 is already in use (another psd?)"). Writes "" when it
+ * can bind it or the address is not host:port (unix:, dns:, ...). */
+void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);
+
+/* When to write a checkpoint: every_steps > 0 and that many steps since
+ * the last one, or every_s > 0, that many seconds since the last one, and
+ * the model changed. Times are monotonic seconds. */
+typedef struct ps_ckpt_sched {
+    int every_steps;
+    double every_s;
+    uint64_t last_version;
+    double last_time;
+} ps_ckpt_sched;
+
+int ps_ckpt_sched_due(const ps_ckpt_sched *s, uint64_t version, double now);
+/* Record a checkpoint of version at now. */
+void ps_ckpt_sched_done(ps_ckpt_sched *s, uint64_t version, double now);
+
+#endif

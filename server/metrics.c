@@ -1,0 +1,329 @@
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+
+#define N_CODES 17 /* gRPC status codes 0..16 */
+#define N_BUCKETS 14
+
+/* Upper bounds of the latency buckets, seconds (+Inf is implicit). */
+static const double g_bounds[N_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                           0.1,    0.25,  0.5,    1,     2.5,   5,     10};
+
+typedef struct method_stats {
+    const char *name;             /* "Forward" (points into path) */
+    uint64_t calls[N_CODES];      /* __atomic */
+    uint64_t bucket[N_BUCKETS + 1]; /* __atomic; not cumulative; last = above all bounds */
+    uint64_t sum_ns;              /* __atomic */
+} method_stats;
+
+struct ps_metrics {
+    ps_service *svc;
+    ps_model *model;
+    void *inner_user;
+    int n;
+    ps_rpc_method *inner;         /* copies of the service's entries */
+    ps_rpc_method *outer;         /* same paths, instrumented handler */
+    char **paths;
+    method_stats *stats;
+    uint64_t ckpt_ok, ckpt_err;   /* __atomic */
+    int in_flight;                /* __atomic */
+    struct MHD_Daemon *http;
+};
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                         grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    ps_metrics *m = user;
+    int i = 0;
+    while (i < m->n && strcmp(m->paths[i], info->method)) i++;
+    PS_ASSERT(i < m->n); /* the server only dispatches paths of the table */
+    __atomic_add_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
+    double t0 = mono_now();
+    m->inner[i].fn(m->inner_user, info, request, response, code, details, dlen);
+    double dt = mono_now() - t0;
+    __atomic_sub_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
+    method_stats *s = &m->stats[i];
+    int c = (int)*code >= 0 && (int)*code < N_CODES ? (int)*code : GRPC_STATUS_UNKNOWN;
+    __atomic_add_fetch(&s->calls[c], 1, __ATOMIC_RELAXED);
+    int b = 0;
+    while (b < N_BUCKETS && dt > g_bounds[b]) b++;
+    __atomic_add_fetch(&s->bucket[b], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->sum_ns, (uint64_t)(dt * 1e9), __ATOMIC_RELAXED);
+}
+
+ps_metrics *ps_metrics_create(ps_service *svc, ps_model *model, const ps_rpc_method *methods, int n,
+                              ps_err *err) {
+    ps_metrics *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->svc = svc;
+    m->model = model;
+    m->inner_user = svc;
+    m->n = n;
+    m->inner = calloc((size_t)n, sizeof *m->inner);
+    m->outer = calloc((size_t)n, sizeof *m->outer);
+    m->paths = calloc((size_t)n, sizeof *m->paths);
+    m->stats = calloc((size_t)n, sizeof *m->stats);
+    if (!m->inner || !m->outer || !m->paths || !m->stats) goto oom;
+    for (int i = 0; i < n; i++) {
+        if (!(m->paths[i] = strdup(methods[i].path))) goto oom;
+        m->inner[i] = methods[i];
+        m->outer[i].path = m->paths[i];
+        m->outer[i].fn = instrumented;
+        const char *slash = strrchr(m->paths[i], '/');
+        m->stats[i].name = slash ? slash + 1 : m->paths[i];
+    }
+    return m;
+oom:
+    ps_metrics_free(m);
+    ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "metrics: out of memory");
+    return NULL;
+}
+
+void ps_metrics_free(ps_metrics *m) {
+    if (!m) return;
+    if (m->http) MHD_stop_daemon(m->http);
+    for (int i = 0; m->paths && i < m->n; i++) free(m->paths[i]);
+    free(m->paths);
+    free(m->inner);
+    free(m->outer);
+    free(m->stats);
+    free(m);
+}
+
+const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n) {
+    *n = m->n;
+    return m->outer;
+}
+
+int ps_metrics_in_flight(ps_metrics *m) { return __atomic_load_n(&m->in_flight, __ATOMIC_SEQ_CST); }
+
+void ps_metrics_note_checkpoint(ps_metrics *m, int ok) {
+    __atomic_add_fetch(ok ? &m->ckpt_ok : &m->ckpt_err, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- rendering ---------------------------------------------------------- */
+
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} buf;
+
+static void put(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(buf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->oom = 1; return; }
+        if ((size_t)n < b->cap - b->len) { b->len += (size_t)n; return; }
+        size_t cap = (b->cap + (size_t)n) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void family(buf *b, const char *name, const char *type, const char *help) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *ps_metrics_render(ps_metrics *m, size_t *len) {
+    buf b = {malloc(8192), 0, 8192, 0};
+    if (!b.p) return NULL;
+    b.p[0] = '\0';
+    ps_ctx_stats cs;
+    uint64_t samples;
+    ps_service_stats(m->svc, &cs, &samples);
+    uint64_t version = ps_model_version(m->model);
+
+    family(&b, "psd_build_info", "gauge", "psd version and model (value 1).");
+    put(&b, "psd_build_info{version=\"%s\",model=\"%s\"} 1\n", PS_VERSION, ps_model_arch(m->model));
+    family(&b, "psd_uptime_seconds", "gauge", "Seconds since psd started.");
+    put(&b, "psd_uptime_seconds %.3f\n", ps_service_uptime(m->svc));
+    family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown.");
+    put(&b, "psd_serving %d\n", !ps_service_draining(m->svc));
+    family(&b, "psd_steps_total", "counter",
+           "Optimizer steps applied to the model, including those restored from a checkpoint.");
+    put(&b, "psd_steps_total %llu\n", (unsigned long long)version);
+    family(&b, "psd_model_version", "gauge", "Model version (= optimizer steps applied).");
+    put(&b, "psd_model_version %llu\n", (unsigned long long)version);
+    family(&b, "psd_samples_total", "counter", "Training samples received by Forward(train).");
+    put(&b, "psd_samples_total %llu\n", (unsigned long long)samples);
+
+    family(&b, "psd_rpcs_total", "counter", "RPCs handled, by method and gRPC status code.");
+    for (int i = 0; i < m->n; i++)
+        for (int c = 0; c < N_CODES; c++) {
+            uint64_t v = __atomic_load_n(&m->stats[i].calls[c], __ATOMIC_RELAXED);
+            if (v || c == 0)
+                put(&b, "psd_rpcs_total{method=\"%s\",code=\"%s\"} %llu\n", m->stats[i].name,
+                    ps_grpc_code_name((grpc_status_code)c), (unsigned long long)v);
+        }
+    family(&b, "psd_rpc_duration_seconds", "histogram", "Time spent in each method's handler, seconds.");
+    for (int i = 0; i < m->n; i++) {
+        const method_stats *s = &m->stats[i];
+        uint64_t cum = 0;
+        for (int k = 0; k <= N_BUCKETS; k++) {
+            cum += __atomic_load_n(&s->bucket[k], __ATOMIC_RELAXED);
+            if (k < N_BUCKETS)
+                put(&b, "psd_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n", s->name, g_bounds[k],
+                    (unsigned long long)cum);
+            else
+                put(&b, "psd_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n", s->name,
+                    (unsigned long long)cum);
+        }
+        put(&b, "psd_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", s->name,
+            (double)__atomic_load_n(&s->sum_ns, __ATOMIC_RELAXED) * 1e-9);
+        put(&b, "psd_rpc_duration_seconds_count{method=\"%s\"} %llu\n", s->name, (unsigned long long)cum);
+    }
+
+    family(&b, "psd_contexts_live", "gauge", "Training contexts held (forward done, step not yet).");
+    put(&b, "psd_contexts_live %llu\n", (unsigned long long)cs.live);
+    family(&b, "psd_contexts_opened_total", "counter", "Training contexts opened.");
+    put(&b, "psd_contexts_opened_total %llu\n", (unsigned long long)cs.opened);
+    family(&b, "psd_contexts_expired_total", "counter", "Contexts dropped after server.context_ttl_s idle.");
+    put(&b, "psd_contexts_expired_total %llu\n", (unsigned long long)cs.expired);
+    family(&b, "psd_trainers_seen", "gauge", "Distinct trainer ranks that have sent training work.");
+    put(&b, "psd_trainers_seen %llu\n", (unsigned long long)cs.trainers_seen);
+
+    ps_ckpt_info ck;
+    if (ps_service_checkpoint(m->svc, &ck)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        family(&b, "psd_checkpoint_last_step", "gauge", "Model version of the newest checkpoint.");
+        put(&b, "psd_checkpoint_last_step %llu\n", (unsigned long long)ck.version);
+        family(&b, "psd_checkpoint_age_seconds", "gauge", "Seconds since the newest checkpoint was written.");
+        put(&b, "psd_checkpoint_age_seconds %.3f\n", (double)ts.tv_sec + ts.tv_nsec * 1e-9 - ck.time);
+    }
+    family(&b, "psd_checkpoint_writes_total", "counter", "Checkpoint writes, by result.");
+    put(&b, "psd_checkpoint_writes_total{result=\"ok\"} %llu\n",
+        (unsigned long long)__atomic_load_n(&m->ckpt_ok, __ATOMIC_RELAXED));
+    put(&b, "psd_checkpoint_writes_total{result=\"error\"} %llu\n",
+        (unsigned long long)__atomic_load_n(&m->ckpt_err, __ATOMIC_RELAXED));
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    if (len) *len = b.len;
+    return b.p;
+}
+
+/* ---- HTTP ---------------------------------------------------------------- */
+
+static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const char *type, char *body,
+                              size_t len, enum MHD_ResponseMemoryMode mode) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    (void)version;
+    (void)upload_data;
+    (void)con_cls;
+    ps_metrics *m = cls;
+    static const char text[] = "text/plain; charset=utf-8";
+    if (*upload_data_size) { *upload_data_size = 0; return MHD_YES; } /* ignore bodies */
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        static char msg[] = "only GET and HEAD\n";
+        return answer(c, MHD_HTTP_METHOD_NOT_ALLOWED, text, msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    if (!strcmp(url, "/metrics")) {
+        size_t len = 0;
+        char *body = ps_metrics_render(m, &len);
+        if (!body) {
+            static char msg[] = "out of memory\n";
+            return answer(c, MHD_HTTP_INTERNAL_SERVER_ERROR, text, msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
+        }
+        return answer(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body, len,
+                      MHD_RESPMEM_MUST_FREE);
+    }
+    if (!strcmp(url, "/healthz")) {
+        static char ok[] = "serving\n", draining[] = "draining\n";
+        return ps_service_draining(m->svc)
+                   ? answer(c, MHD_HTTP_SERVICE_UNAVAILABLE, text, draining, sizeof draining - 1,
+                            MHD_RESPMEM_PERSISTENT)
+                   : answer(c, MHD_HTTP_OK, text, ok, sizeof ok - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    if (!strcmp(url, "/")) {
+        static char msg[] = "psd: metrics at /metrics (Prometheus text format), health at /healthz\n";
+        return answer(c, MHD_HTTP_OK, text, msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    static char nf[] = "not found: try /metrics\n";
+    return answer(c, MHD_HTTP_NOT_FOUND, text, nf, sizeof nf - 1, MHD_RESPMEM_PERSISTENT);
+}
+
+ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
+    PS_ASSERT(!m->http);
+    char host[64];
+    int port;
+    if (!ps_config_parse_hostport(hostport, host, sizeof host, &port))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "metrics: '%s' is not HOST:PORT", hostport);
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl;
+    int v6 = strchr(host, ':') != NULL;
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)port);
+        inet_pton(AF_INET6, host, &a->sin6_addr);
+        sl = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)port);
+        inet_pton(AF_INET, host, &a->sin_addr);
+        sl = sizeof *a;
+    }
+    /* Bind here rather than in libmicrohttpd, to report errno precisely. */
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ps_err_set(err, PS_ERR_INTERNAL, "metrics: socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 64) != 0) {
+        int e = errno;
+        close(fd);
+        return ps_err_set(err, PS_ERR_UNAVAILABLE, "metrics: cannot listen on %s (server.metrics_listen): %s%s",
+                          hostport, strerror(e),
+                          e == EADDRINUSE ? " - another process (another psd?) uses that port" : "");
+    }
+    m->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
+                               0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
+                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (!m->http) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_INTERNAL, "metrics: libmicrohttpd could not start on %s", hostport);
+    }
+    return PS_OK;
+}

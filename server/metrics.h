@@ -1,0 +1,57 @@
+/* metrics.h - psd's Prometheus metrics: RPC counters and latency
+ * histograms (by wrapping the service's method table), plus gauges read from
+ * the service and the model when scraped, served over HTTP by libmicrohttpd
+ * at http://HOST:PORT/metrics (text exposition format 0.0.4).
+ *
+ * Metric names (all prefixed psd_), see README "Metrics":
+ *   build_info{version,model} 1, uptime_seconds, serving (1, 0 draining),
+ *   steps_total, model_version, samples_total,
+ *   rpcs_total{method,code}, rpc_duration_seconds{method} (histogram of
+ *   handler time), contexts_live, contexts_opened_total,
+ *   contexts_expired_total, trainers_seen,
+ *   checkpoint_last_step, checkpoint_age_seconds (only once a checkpoint
+ *   exists), checkpoint_writes_total{result="ok"|"error"}.
+ *
+ * Thread-safety: the wrapped handlers run on gRPC workers and record with
+ * atomics; the HTTP thread renders with the service's and model's own
+ * locking. The user pointer of the wrapped table is the ps_metrics.
+ */
+#ifndef PS_METRICS_H
+#define PS_METRICS_H
+
+#include <stddef.h>
+
+#include "model.h"
+#include "rpc.h"
+#include "service.h"
+#include "status.h"
+
+typedef struct ps_metrics ps_metrics;
+
+/* Wraps methods (n entries, user data svc, as ps_service_methods gives
+ * them). Uses svc and model (does not own them). */
+ps_metrics *ps_metrics_create(ps_service *svc, ps_model *model, const ps_rpc_method *methods, int n,
+                              ps_err *err);
+/* Free (stops the HTTP endpoint first). NULL ok. */
+void ps_metrics_free(ps_metrics *m);
+
+/* The instrumented method table; pass it with m as the user data to
+ * ps_rpc_server_create. Valid until ps_metrics_free. */
+const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n);
+
+/* Serve /metrics on hostport (as server.metrics_listen: "IP:PORT",
+ * "[IPv6]:PORT", "localhost:PORT"). A port in use or a bad address is an
+ * error naming it. Once. */
+ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err);
+
+/* Calls running in a handler right now (for draining). */
+int ps_metrics_in_flight(ps_metrics *m);
+
+/* Count a checkpoint write (ok != 0) or failure. */
+void ps_metrics_note_checkpoint(ps_metrics *m, int ok);
+
+/* The exposition text as /metrics serves it, malloc'ed (caller frees);
+ * NULL when out of memory. */
+char *ps_metrics_render(ps_metrics *m, size_t *len);
+
+#endif

@@ -1,0 +1,100 @@
+#include "status_cmd.h"
+
+#include <grpc/grpc.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "ps_client.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ps-train status [--server ADDR] [--config FILE] [--timeout-s S]\n"
+            "  prints what psd's Status RPC returns: uptime, model version (steps),\n"
+            "  samples, live contexts, trainers seen, last checkpoint\n"
+            "  -s, --server ADDR   psd address host:port (default: server.address of the config)\n"
+            "  -c, --config FILE   cluster config (YAML)\n"
+            "      --timeout-s S   give up after S seconds (default 5)\n");
+}
+
+static const char *value_of(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
+    const char *a = argv[*i];
+    size_t n = strlen(lng);
+    if (!strncmp(a, lng, n) && a[n] == '=') return a + n + 1;
+    if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
+        if (*i + 1 >= argc) { *missing = 1; return NULL; }
+        return argv[++*i];
+    }
+    return NULL;
+}
+
+static void print_duration(double s) {
+    long t = (long)s;
+    if (t >= 86400) printf("%ldd %02ldh %02ldm %02lds", t / 86400, t % 86400 / 3600, t % 3600 / 60, t % 60);
+    else if (t >= 3600) printf("%ldh %02ldm %02lds", t / 3600, t % 3600 / 60, t % 60);
+    else if (t >= 60) printf("%ldm %02lds", t / 60, t % 60);
+    else printf("%.1fs", s);
+}
+
+int ps_status_cmd_main(int argc, char **argv) {
+    ps_config cfg;
+    ps_config_defaults(&cfg);
+    ps_err err = {0};
+    const char *server = NULL, *config = NULL;
+    double timeout_s = 5;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if ((v = value_of(argc, argv, &i, "--server", "-s", &missing))) server = v;
+        else if ((v = value_of(argc, argv, &i, "--config", "-c", &missing))) config = v;
+        else if ((v = value_of(argc, argv, &i, "--timeout-s", NULL, &missing))) {
+            ps_config tmp = cfg; /* the same checks as trainer.rpc_timeout_s */
+            if (ps_config_set(&tmp, "trainer.rpc_timeout_s", v, "--timeout-s", &err)) {
+                fprintf(stderr, "ps-train status: %s\n", err.msg);
+                return 2;
+            }
+            timeout_s = tmp.trainer.rpc_timeout_s;
+        } else if (!missing) {
+            fprintf(stderr, "ps-train status: unknown option '%s' (see ps-train status --help)\n", argv[i]);
+            return 2;
+        }
+        if (missing) { fprintf(stderr, "ps-train status: %s needs a value\n", argv[i]); return 2; }
+    }
+    if (config && ps_config_load(&cfg, config, &err)) { fprintf(stderr, "ps-train status: %s\n", err.msg); return 2; }
+    if (server && ps_config_set(&cfg, "server.address", server, "--server", &err)) {
+        fprintf(stderr, "ps-train status: %s\n", err.msg);
+        return 2;
+    }
+
+    grpc_init();
+    int rc = 1;
+    ps_client *cl = ps_client_create(cfg.server.address, (int)(timeout_s * 1000), 4 << 20, &err);
+    ps_StatusResponse st = ps_StatusResponse_init_zero;
+    if (!cl || ps_client_status(cl, &st, &err)) {
+        fprintf(stderr, "ps-train status: %s\n", err.msg);
+        goto out;
+    }
+    printf("psd %s at %s: %s\n", st.version, cfg.server.address, st.draining ? "DRAINING (shutting down)" : "serving");
+    printf("  uptime            ");
+    print_duration(st.uptime_s);
+    printf("\n  model             %s, version %llu (optimizer steps applied)\n", st.model,
+           (unsigned long long)st.model_version);
+    printf("  samples           %llu trained\n", (unsigned long long)st.samples);
+    printf("  contexts          %llu live, %llu expired\n", (unsigned long long)st.live_contexts,
+           (unsigned long long)st.expired_contexts);
+    printf("  trainers seen     %llu\n", (unsigned long long)st.trainers_seen);
+    if (st.checkpoint_age_s >= 0) {
+        printf("  last checkpoint   step %llu, ", (unsigned long long)st.last_checkpoint_step);
+        print_duration(st.checkpoint_age_s);
+        printf(" ago (%s)\n", st.last_checkpoint);
+    } else {
+        printf("  last checkpoint   none\n");
+    }
+    printf("  consistency       %s\n", st.consistency);
+    rc = 0;
+out:
+    ps_client_free(cl);
+    grpc_shutdown();
+    return rc;
+}
