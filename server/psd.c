@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
         size_t o = strlen(placement);
         snprintf(placement + o, sizeof placement - o, "%s%s on %s", o ? ", " : "", p->stage, p->device);
     }
-    ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; backend %s, %d compute threads) on %s "
+    ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.threads);
     if (cfg.server.metrics_listen[0])
