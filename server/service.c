@@ -117,10 +117,10 @@ static ps_status nonfinite(ps_service *s, ps_ctx *c, int tape_tainted, ps_err *e
 /* Finish a marked context without applying its step. */
 static uint64_t skip_step(ps_service *s, ps_ctx *c) {
     uint64_t v = ps_model_version(s->model);
-    ps_ctx_table_finish(s->ctx, c, v);
-    count(&s->nonfinite_skipped);
     ps_log(PS_LOG_WARN, "context %llx: step skipped: non-finite values (server.nonfinite_policy: skip)",
            (unsigned long long)c->id);
+    ps_ctx_table_finish(s->ctx, c, v);  /* frees c */
+    count(&s->nonfinite_skipped);
     return v;
 }
 
