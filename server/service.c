@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,15 @@ void ps_service_free(ps_service *s) {
     free(s);
 }
 
-size_t ps_service_expire(ps_service *s) { return ps_ctx_table_expire(s->ctx); }
+size_t ps_service_expire(ps_service *s) {
+    size_t n = ps_ctx_table_expire(s->ctx);
+#ifdef __GLIBC__
+    /* Hand the freed tapes' pages back to the OS: a vanished trainer's
+     * memory should not stay in psd's RSS. */
+    if (n) malloc_trim(0);
+#endif
+    return n;
+}
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     ps_ctx_table_stats(s->ctx, ctx);
