@@ -251,6 +251,8 @@ static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
         arg_int(args, &n, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        /* Reconnect within 5 s once a cut link or a restarted psd is back. */
+        arg_int(args, &n, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
         if (sec && sec->tls && has(sec->server_name)) {
             args[n].type = GRPC_ARG_STRING;
             args[n].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
