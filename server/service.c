@@ -19,6 +19,7 @@ struct ps_service {
     uint64_t nonfinite_rejected; /* __atomic */
     uint64_t nonfinite_skipped;  /* __atomic */
     int nonfinite_skip;
+    uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
     char consistency[256];
 };
 
@@ -50,9 +51,16 @@ void ps_service_free(ps_service *s) {
 size_t ps_service_expire(ps_service *s) {
     size_t n = ps_ctx_table_expire(s->ctx);
 #ifdef __GLIBC__
-    /* Hand the freed tapes' pages back to the OS: a vanished trainer's
-     * memory should not stay in psd's RSS. */
-    if (n) malloc_trim(0);
+    /* Hand freed tapes' pages back to the OS: after contexts of vanished
+     * trainers expire, and once whenever psd goes idle (no live context)
+     * after work, so a burst of load does not stay in psd's RSS. */
+    ps_ctx_stats st;
+    ps_ctx_table_stats(s->ctx, &st);
+    uint64_t work = st.opened + __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
+    if (n || (st.live == 0 && work != s->trimmed_at)) {
+        malloc_trim(0);
+        s->trimmed_at = work;
+    }
 #endif
     return n;
 }
