@@ -7,16 +7,22 @@
 # Then: with psd gone for good, a trainer gives up after
 # trainer.retry_max_s instead of hanging.
 #
-# TODO(checkpoints, issue 5): psd has no checkpoint/restore in this build,
-# so the restarted psd starts from the initial weights and all steps of the
-# first psd are lost. Once psd restores its last checkpoint on start, also
-# assert: restored model_version == the checkpoint's, and steps lost <=
-# steps applied since that checkpoint.
+# Checkpoints: when psd supports them (psd --help lists --checkpoint-dir;
+# issue 5), psd runs with a checkpoint every CKPT_STEPS steps and the test
+# also asserts that the restarted psd resumed from the newest checkpoint and
+# that only the steps since that checkpoint were lost: the batches the
+# first psd acknowledged after it are the only ones missing at the end.
+# TODO(checkpoints): without that support (this branch) the restarted psd
+# starts from the initial weights and everything the first psd learned is
+# lost; the script says so and checks the rest. PSD_BIN may point at
+# another build's psd (e.g. one with checkpoints).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-80}
+PSD_BIN=${PSD_BIN:-$BUILD/bin/psd}
+CKPT_STEPS=${CKPT_STEPS:-10}
 port=$(( 20000 + RANDOM % 20000 ))
 addr="127.0.0.1:$port"
 tmp=$(mktemp -d /tmp/it_faults.XXXXXX)
@@ -26,8 +32,15 @@ trap cleanup EXIT
 
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
+ckpt=()
+if "$PSD_BIN" --help 2>&1 | grep -q -- --checkpoint-dir; then
+  ckpt=(--checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS" --set server.checkpoint_every_s=0)
+  echo "psd has checkpoints: every $CKPT_STEPS steps into $tmp/ckpt"
+else
+  echo "psd has no checkpoints in this build: the restarted psd starts from scratch (TODO: issue 5)"
+fi
 start_psd() {
-  "$BUILD/bin/psd" --listen "$addr" --log-level warn 2>>"$tmp/psd.log" &
+  "$PSD_BIN" --listen "$addr" --log-level info "${ckpt[@]}" 2>>"$tmp/psd.log" &
   psd=$!; pids+=("$psd")
   for _ in $(seq 100); do status >/dev/null && return 0; sleep 0.1; done
   echo "psd did not come up"; cat "$tmp/psd.log"; exit 1
@@ -49,8 +62,21 @@ done
 v1=$(status | field model_version)
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
 echo "psd SIGKILLed at model version ~$v1; restarting in 2 s"
+newest=0
+if [ ${#ckpt[@]} -gt 0 ]; then
+  f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1)
+  [ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }
+  newest=$(echo "$f" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
+fi
 sleep 2
 start_psd
+restored=0
+if [ ${#ckpt[@]} -gt 0 ]; then
+  restored=$(sed -n 's/.*resumed from checkpoint .*: model version \([0-9]*\).*/\1/p' "$tmp/psd.log" | tail -n 1)
+  echo "restarted psd resumed at model version $restored (newest checkpoint: step $newest; ~$(( v1 - restored )) steps since it lost)"
+  [ "$restored" = "$newest" ] || { echo "resumed at $restored, newest checkpoint is $newest"; exit 1; }
+  [ "$restored" -gt 0 ] && [ "$restored" -le "$v1" ] || { echo "checkpoint step $restored not in (0, $v1]"; exit 1; }
+fi
 rc=0
 wait "$t1" || rc=1
 wait "$t2" || rc=1
@@ -65,8 +91,9 @@ for r in 1 2; do
 done
 s=$(status)
 v2=$(echo "$s" | field model_version); live=$(echo "$s" | field live_contexts)
+v2=$(( v2 - restored ))  # the steps the restarted psd applied itself
 total=$(( 2 * BATCHES ))
-echo "restarted psd: model version $v2 (of $total batches; the first psd applied ~$v1 before it died), live contexts $live"
+echo "restarted psd applied $v2 steps itself (of $total batches; the first psd applied ~$v1 before it died, $restored restored from its checkpoint), live contexts $live"
 # Each batch's step is applied once on the psd that acknowledged it, so the
 # second psd holds exactly the batches the first did not acknowledge: at most
 # total - v1 + 2 (one unacknowledged step per trainer at the kill), and the
@@ -93,4 +120,8 @@ echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giv
   { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
 trap - EXIT
 rm -rf "$tmp"
-echo "it_faults: psd SIGKILL+restart survived by 2 trainers, bounded give-up: OK (TODO: checkpoint restore, issue 5)"
+if [ ${#ckpt[@]} -gt 0 ]; then
+  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"
+else
+  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, bounded give-up: OK (TODO: checkpoint restore, issue 5)"
+fi
