@@ -50,7 +50,7 @@ expect_fail "wrong CA" "UNAVAILABLE" "${cl[@]}" --set security.ca="$c/rogue-ca.p
 expect_fail "no client certificate" "UNAVAILABLE" --server "$addr" --set security.tls=true --set security.ca="$c/ca.pem" \
   --set security.token_file="$tmp/tt" --set trainer.rpc_timeout_s=5 --status
 expect_fail "plaintext client" "UNAVAILABLE" --server "127.0.0.1:$port" --set security.token_file="$tmp/tt" --set trainer.rpc_timeout_s=5 --status
-kill -TERM "$psd"; wait "$psd" || { echo "FAIL: psd did not stop cleanly"; exit 1; }
+kill -TERM "$psd"; wait "$psd" || { echo "FAIL: psd did not stop cleanly"; tail -n 30 "$tmp/psd.log"; exit 1; }
 
 # psd's own refusals.
 if "$BUILD/bin/psd" --listen 0.0.0.0:$port 2>"$tmp/p1"; then echo "FAIL: plaintext on 0.0.0.0 accepted"; exit 1; fi
