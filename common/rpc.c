@@ -7,6 +7,9 @@
  *   RECV_MESSAGE} --> RECV --handler--> batch {SEND_MESSAGE, SEND_STATUS,
  *   RECV_CLOSE_ON_SERVER} --> SEND --cleanup--> request again (or IDLE when
  *   stopping).
+ *   With tokens configured, REQUESTED first checks the call's metadata; a
+ *   refused call goes straight to SEND with {SEND_INITIAL_METADATA,
+ *   SEND_STATUS, RECV_CLOSE_ON_SERVER}: its message is never read.
  *
  * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
  *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
