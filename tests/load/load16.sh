@@ -30,7 +30,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 
-"$BUILD/bin/psd" --listen "$addr" --log-level warn --set optimizer.lr="$LR" 2>"$tmp/psd.log" &
+"$BUILD/bin/psd" --listen "$addr" --set optimizer.lr="$LR" 2>"$tmp/psd.log" &
 psd=$!; pids+=("$psd")
 status() { "$BUILD/bin/ps-train" --server "$addr" --status 2>/dev/null; }
 for _ in $(seq 100); do status >/dev/null && break; sleep 0.1; done
@@ -84,7 +84,7 @@ echo "load16: psd RSS start $((rss0 / 1024)) MiB, peak $((peak / 1024)) MiB (VmH
 [ $(( hwm / 1024 )) -le "$RSS_LIMIT_MB" ] || { echo "load16: peak RSS above ${RSS_LIMIT_MB} MiB"; exit 1; }
 [ "$final" -le "$hwm" ] || { echo "load16: final RSS above the peak"; exit 1; }
 kill -TERM "$psd"; wait "$psd" || { echo "load16: psd did not stop cleanly"; tail "$tmp/psd.log"; exit 1; }
-grep -q "stopped: model version" "$tmp/psd.log"
+grep -q "stopped: model version" "$tmp/psd.log" || { echo "load16: psd did not log its clean stop"; tail "$tmp/psd.log"; exit 1; }
 trap - EXIT
 rm -rf "$tmp"
 echo "load16: OK"
