@@ -4,6 +4,9 @@
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
+#   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
+#   make test-faults  fault tests incl. network namespaces (root)
+#   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
 #
 # Sources are picked up by directory: common/ and common/nn/ form libps.a,
@@ -66,7 +69,7 @@ TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 
-.PHONY: all deps data run test unit asan install clean
+.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load
 all: $(BINS) $(TEST_BIN)
 
 deps:
@@ -91,6 +94,30 @@ unit: all
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LDFLAGS="-fsanitize=address,undefined" all
+
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang-14 NVCC= \
+	    OPT="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
+	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service
+	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+test-faults: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
+
+LOAD_SECONDS ?= 180
+test-load: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) LOAD_SECONDS=$(LOAD_SECONDS) bash tests/load/load16.sh
+
 
 # Generated sources and test objects are kept (not deleted as intermediates,
 # which made every `make` rebuild the tests).
@@ -145,6 +172,6 @@ install: $(BINS)
 	install -m 0644 docs/config.md $(DESTDIR)$(DOCDIR)/
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -43,6 +43,7 @@ _Static_assert(sizeof(ps_consistency) == sizeof(int), "enum fields are written a
 _Static_assert(sizeof(ps_model_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_nonfinite_policy) == sizeof(int), "enum fields are written as int");
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const consistency_names[] = {"hogwild", NULL};
@@ -50,9 +51,9 @@ static const char *const model_names[] = {"mnist_cnn", NULL};
 static const char *const backend_names[] = {"ref", "dnnl", NULL};
 static const char *const optimizer_names[] = {"sgd", NULL};
 
-static ps_status check_tls(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
+static const char *const nonfinite_names[] = {"reject", "skip", NULL};
 
 #define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
@@ -62,6 +63,8 @@ static ps_status check_hostport(const cfg_entry *e, const void *val, const char 
 #define DBL(k, f, lopen, l, h, hopen, d) \
     { .key = k, .type = CT_DOUBLE, FIELD(f), .lo = l, .hi = h, .lo_open = lopen, \
       .hi_open = hopen, .def = d }
+/* A string that may be empty (optional paths). */
+#define OPT(k, f) { .key = k, .type = CT_STRING, FIELD(f), .def = "" }
 #define BOOL(k, f, d) { .key = k, .type = CT_BOOL, FIELD(f), .def = d }
 /* A string that may be empty ("" = feature off). */
 #define STR0(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d }
@@ -86,6 +89,7 @@ static const cfg_entry g_table[] = {
     { .key = "server.metrics_listen", .type = CT_STRING, FIELD(server.metrics_listen), .def = "",
       .check = check_hostport },
     STR0("server.log_file",        server.log_file,        ""),
+    ENUM("server.nonfinite_policy", server.nonfinite_policy, nonfinite_names, "reject"),
 
     ENUM("model.name",             model.name,             model_names, "mnist_cnn"),
     U64 ("model.seed",             model.seed,             "1"),
@@ -105,9 +109,21 @@ static const cfg_entry g_table[] = {
     U64 ("trainer.seed",           trainer.seed,           "0"),
     DBL ("trainer.rpc_timeout_s",  trainer.rpc_timeout_s,  1, 0, 3600, 0, "60"),
     BOOL("trainer.check_gradients", trainer.check_gradients, "false"),
+    DBL ("trainer.retry_max_s",    trainer.retry_max_s,    0, 0, 86400, 0, "300"),
+    DBL ("trainer.retry_backoff_s", trainer.retry_backoff_s, 1, 0, 60, 0, "0.2"),
+    DBL ("trainer.retry_backoff_max_s", trainer.retry_backoff_max_s, 1, 0, 600, 0, "10"),
 
-    { .key = "security.tls", .type = CT_BOOL, FIELD(security.tls), .def = "false",
-      .check = check_tls },
+    BOOL("security.tls",           security.tls,           "false"),
+    OPT ("security.cert",          security.cert),
+    OPT ("security.key",           security.key),
+    OPT ("security.ca",            security.ca),
+    BOOL("security.mutual_tls",    security.mutual_tls,    "false"),
+    OPT ("security.client_cert",   security.client_cert),
+    OPT ("security.client_key",    security.client_key),
+    OPT ("security.server_name",   security.server_name),
+    OPT ("security.tokens_file",   security.tokens_file),
+    OPT ("security.token_file",    security.token_file),
+    BOOL("security.allow_insecure", security.allow_insecure, "false"),
 };
 #define N_ENTRIES (sizeof g_table / sizeof g_table[0])
 
@@ -141,13 +157,6 @@ static const char *shown(const char *v, char *buf, size_t cap) {
     if (len <= 64) snprintf(buf, cap, "'%s'", v);
     else snprintf(buf, cap, "'%.48s...' (%zu characters)", v, len);
     return buf;
-}
-
-static ps_status check_tls(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
-    if (*(const bool *)val)
-        return fail(err, PS_ERR_UNIMPLEMENTED, origin, e->key,
-                    "TLS is not supported by this build yet");
-    return PS_OK;
 }
 
 bool ps_config_parse_hostport(const char *v, char *host, size_t host_cap, int *port) {

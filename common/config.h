@@ -52,6 +52,11 @@
  * the rule it relies on and a later build can add others. */
 typedef enum { PS_CONSISTENCY_HOGWILD = 0 } ps_consistency;
 typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
+/* server.nonfinite_policy: a NaN/Inf in a training input, a gradient sent
+ * by a trainer, or a computed parameter gradient. REJECT: the call fails
+ * with INVALID_ARGUMENT. SKIP: the call succeeds, the step is not applied
+ * and counted (Status.nonfinite_skipped). */
+typedef enum { PS_NONFINITE_REJECT = 0, PS_NONFINITE_SKIP } ps_nonfinite_policy;
 typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
 typedef enum { PS_OPTIMIZER_SGD = 0 } ps_optimizer_kind;
 
@@ -67,6 +72,7 @@ typedef struct ps_config {
         int threads;                      /* gRPC serving threads, 1..64 */
         int compute_threads;              /* 0..256, 0 = auto */
         double context_ttl_s;             /* idle forward context lifetime */
+        ps_nonfinite_policy nonfinite_policy; /* NaN/Inf in a step's inputs */
         int max_message_mb;               /* 4..2047 */
         ps_log_level log_level;
         ps_consistency consistency;
@@ -99,9 +105,22 @@ typedef struct ps_config {
         uint64_t seed;                    /* data shuffling */
         double rpc_timeout_s;
         bool check_gradients;
+        double retry_max_s;               /* retry budget per batch; 0 = none */
+        double retry_backoff_s;           /* first backoff */
+        double retry_backoff_max_s;       /* backoff cap */
     } trainer;
     struct {
-        bool tls;                         /* must be false in this build */
+        bool tls;                         /* TLS on the gRPC port */
+        char cert[PS_CONFIG_PATH_MAX];    /* psd: PEM certificate chain */
+        char key[PS_CONFIG_PATH_MAX];     /* psd: PEM private key */
+        char ca[PS_CONFIG_PATH_MAX];      /* trainer: CA of psd's cert; psd: CA of client certs */
+        bool mutual_tls;                  /* psd requires client certificates */
+        char client_cert[PS_CONFIG_PATH_MAX]; /* trainer: its certificate (mutual TLS) */
+        char client_key[PS_CONFIG_PATH_MAX];  /* trainer: its key (mutual TLS) */
+        char server_name[PS_CONFIG_ADDR_MAX]; /* trainer: name expected in psd's cert */
+        char tokens_file[PS_CONFIG_PATH_MAX]; /* psd: "name role token" lines */
+        char token_file[PS_CONFIG_PATH_MAX];  /* trainer: its bearer token */
+        bool allow_insecure;              /* plaintext beyond loopback */
     } security;
 } ps_config;
 

@@ -14,9 +14,14 @@ struct ps_client {
 };
 
 ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_bytes, ps_err *err) {
+    return ps_client_create_secure(target, timeout_ms, max_message_bytes, NULL, err);
+}
+
+ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_message_bytes,
+                                   const ps_rpc_security *sec, ps_err *err) {
     ps_client *c = calloc(1, sizeof *c);
     if (!c) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
-    c->rpc = ps_rpc_client_create(target, max_message_bytes, err);
+    c->rpc = ps_rpc_client_create_secure(target, max_message_bytes, sec, err);
     if (!c->rpc) { free(c); return NULL; }
     c->timeout_ms = timeout_ms;
     c->max_bytes = (size_t)max_message_bytes;

@@ -11,12 +11,16 @@
 
 #include <stdint.h>
 
+#include "rpc.h"
 #include "status.h"
 #include "wire.h"
 
 typedef struct ps_client ps_client;
 
 ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_bytes, ps_err *err);
+/* With TLS / a token (rpc.h; NULL = plaintext, loopback only). */
+ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_message_bytes,
+                                   const ps_rpc_security *sec, ps_err *err);
 void ps_client_free(ps_client *c);
 const char *ps_client_target(const ps_client *c);
 

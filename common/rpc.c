@@ -7,6 +7,9 @@
  *   RECV_MESSAGE} --> RECV --handler--> batch {SEND_MESSAGE, SEND_STATUS,
  *   RECV_CLOSE_ON_SERVER} --> SEND --cleanup--> request again (or IDLE when
  *   stopping).
+ *   With tokens configured, REQUESTED first checks the call's metadata; a
+ *   refused call goes straight to SEND with {SEND_INITIAL_METADATA,
+ *   SEND_STATUS, RECV_CLOSE_ON_SERVER}: its message is never read.
  *
  * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
  *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
@@ -21,11 +24,13 @@
  */
 #include "rpc.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -92,35 +97,171 @@ const char *ps_grpc_code_name(grpc_status_code code) {
 
 /* ---- credentials: the one place that knows about transport security ---- */
 
-static grpc_server_credentials *server_credentials(void) {
-    return grpc_insecure_server_credentials_create();
+int ps_rpc_addr_is_loopback(const char *a) {
+    if (!a) return 0;
+    if (!strncmp(a, "unix:", 5) || !strncmp(a, "unix-abstract:", 14)) return 1;
+    static const char *const schemes[] = {"dns:///", "dns:", "ipv4:", "ipv6:"};
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        size_t n = strlen(schemes[i]);
+        if (!strncmp(a, schemes[i], n)) { a += n; break; }
+    }
+    if (!strcmp(a, "localhost") || !strncmp(a, "localhost:", 10)) return 1;
+    if (!strcmp(a, "[::1]") || !strncmp(a, "[::1]:", 6)) return 1;
+    if (strncmp(a, "127.", 4)) return 0;
+    /* 127.x.y.z, not a host name such as 127.example.com */
+    const char *colon = strrchr(a, ':');
+    size_t hl = colon ? (size_t)(colon - a) : strlen(a);
+    for (size_t i = 0; i < hl; i++)
+        if (!(a[i] == '.' || (a[i] >= '0' && a[i] <= '9'))) return 0;
+    return 1;
 }
 
-static grpc_channel_credentials *channel_credentials(void) {
-    return grpc_insecure_credentials_create();
+/* A whole PEM file (at most 1 MiB) that holds "-----BEGIN <...marker...>". */
+static char *read_pem(const char *what, const char *path, const char *marker, ps_err *err) {
+    if (!path || !*path) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "TLS: %s: no file given", what);
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ps_err_set(err, PS_ERR_NOT_FOUND, "TLS: %s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    if (buf) n = fread(buf, 1, cap + 1, f);
+    int bad_read = ferror(f);
+    fclose(f);
+    if (!buf) {
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "TLS: %s %s: out of memory", what, path);
+        return NULL;
+    }
+    if (bad_read || n > cap) {
+        ps_err_set(err, bad_read ? PS_ERR_IO : PS_ERR_INVALID_ARGUMENT, "TLS: %s %s: %s", what, path,
+                   bad_read ? "read error" : "larger than 1 MiB; not a PEM file");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    int found = 0;
+    for (const char *p = strstr(buf, "-----BEGIN "); p && !found; p = strstr(p + 1, "-----BEGIN ")) {
+        const char *end = strstr(p + 11, "-----");
+        if (end && strstr(p, marker) && strstr(p, marker) < end) found = 1;
+    }
+    if (!found || strlen(buf) != n) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "TLS: %s %s: not a PEM file with a %s block", what,
+                   path, marker);
+        free(buf);
+        return NULL;
+    }
+    return buf;
 }
 
-/* Channel args shared by server and client. args must hold 3 entries. */
+static int has(const char *s) { return s && *s; }
+
+static ps_status check_plaintext(const char *addr, const ps_rpc_security *sec, const char *side,
+                                 ps_err *err) {
+    if ((sec && sec->tls) || ps_rpc_addr_is_loopback(addr) || (sec && sec->allow_insecure))
+        return PS_OK;
+    return ps_err_set(err, PS_ERR_PERMISSION_DENIED,
+                      "%s \"%s\": plaintext gRPC is only allowed on loopback addresses; "
+                      "enable TLS (security.tls with security.cert/security.key/security.ca) "
+                      "or set security.allow_insecure: true to send it unencrypted", side, addr);
+}
+
+static grpc_server_credentials *server_credentials(const ps_rpc_security *sec, ps_err *err) {
+    if (!sec || !sec->tls) return grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = NULL;
+    char *cert = read_pem("server certificate", sec->cert_file, "CERTIFICATE", err);
+    char *key = cert ? read_pem("server key", sec->key_file, "PRIVATE KEY", err) : NULL;
+    char *ca = NULL;
+    if (key && sec->mutual_tls) {
+        if (!has(sec->ca_file))
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                       "TLS: mutual TLS needs a CA file to verify client certificates (security.ca)");
+        else
+            ca = read_pem("client CA", sec->ca_file, "CERTIFICATE", err);
+    }
+    if (key && (!sec->mutual_tls || ca)) {
+        grpc_ssl_pem_key_cert_pair pair = {key, cert};
+        creds = grpc_ssl_server_credentials_create_ex(
+            ca, &pair, 1,
+            sec->mutual_tls ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!creds) ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "TLS: gRPC refused the server certificate/key");
+    }
+    free(cert);
+    free(key);
+    free(ca);
+    return creds;
+}
+
+static grpc_channel_credentials *channel_credentials(const ps_rpc_security *sec, ps_err *err) {
+    if (!sec || !sec->tls) return grpc_insecure_credentials_create();
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    grpc_channel_credentials *creds = NULL;
+    if (has(sec->ca_file) && !(ca = read_pem("CA", sec->ca_file, "CERTIFICATE", err))) goto out;
+    if (has(sec->cert_file) != has(sec->key_file)) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                   "TLS: a client certificate needs both its certificate and its key file");
+        goto out;
+    }
+    if (has(sec->cert_file) &&
+        (!(cert = read_pem("client certificate", sec->cert_file, "CERTIFICATE", err)) ||
+         !(key = read_pem("client key", sec->key_file, "PRIVATE KEY", err))))
+        goto out;
+    grpc_ssl_pem_key_cert_pair pair = {key, cert};
+    creds = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+    if (!creds) ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "TLS: gRPC refused the client credentials");
+out:
+    free(ca);
+    free(cert);
+    free(key);
+    return creds;
+}
+
+#define MAX_ARGS 10
+
+static void arg_int(grpc_arg *args, int *n, const char *key, int value) {
+    PS_ASSERT(*n < MAX_ARGS);
+    args[*n].type = GRPC_ARG_INTEGER;
+    args[*n].key = (char *)key;
+    args[*n].value.integer = value;
+    (*n)++;
+}
+
+/* Channel args shared by server and client. args must hold MAX_ARGS entries. */
 static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
-                                   int is_server) {
+                                   int is_server, const ps_rpc_security *sec) {
     int n = 0;
     if (max_message_bytes > 0) {
-        args[n].type = GRPC_ARG_INTEGER;
-        args[n].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-        args[n].value.integer = max_message_bytes;
-        n++;
-        args[n].type = GRPC_ARG_INTEGER;
-        args[n].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-        args[n].value.integer = max_message_bytes;
-        n++;
+        arg_int(args, &n, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message_bytes);
+        arg_int(args, &n, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_message_bytes);
     }
     if (is_server) {
         /* gRPC sets SO_REUSEPORT by default on Linux, which would let a
          * second psd bind a port that is already in use without an error. */
-        args[n].type = GRPC_ARG_INTEGER;
-        args[n].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
-        args[n].value.integer = 0;
-        n++;
+        arg_int(args, &n, GRPC_ARG_ALLOW_REUSEPORT, 0);
+        /* Accept the clients' keepalive pings (below), and probe idle
+         * connections of vanished peers so they are closed. */
+        arg_int(args, &n, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
+        arg_int(args, &n, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+        arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+        arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    } else {
+        /* A cut link shows up within ~15 s as UNAVAILABLE while a call waits. */
+        arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+        arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+        arg_int(args, &n, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        /* Reconnect within 5 s once a cut link or a restarted psd is back. */
+        arg_int(args, &n, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+        if (sec && sec->tls && has(sec->server_name)) {
+            args[n].type = GRPC_ARG_STRING;
+            args[n].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+            args[n].value.string = (char *)sec->server_name;
+            n++;
+        }
     }
     grpc_channel_args ca = {(size_t)n, args};
     return ca;
@@ -142,6 +283,8 @@ typedef struct rpc_slot {
     grpc_byte_buffer *send;      /* response message while SEND */
     grpc_slice status_details;   /* while SEND */
     int cancelled;
+    int md_sent;                 /* initial metadata sent */
+    int who;                     /* index of the caller's token, -1 if none */
 } rpc_slot;
 
 typedef struct rpc_worker {
@@ -163,6 +306,8 @@ struct ps_rpc_server {
     void *user;
     int port;
     char *addr;
+    ps_rpc_token *tokens;   /* deep copies */
+    int ntokens;
     int started;
     int shut_down;
     atomic_int stopping;
@@ -176,6 +321,8 @@ static void slot_request(rpc_slot *sl) {
     sl->recv = NULL;
     sl->send = NULL;
     sl->cancelled = 0;
+    sl->md_sent = 0;
+    sl->who = -1;
     grpc_call_details_init(&sl->details);
     grpc_metadata_array_init(&sl->md);
     sl->state = SLOT_REQUESTED;
@@ -212,6 +359,97 @@ static const ps_rpc_method *find_method(const ps_rpc_server *s, grpc_slice path)
     return NULL;
 }
 
+/* Constant-time comparison of a token with the bytes a client sent. */
+static int token_equal(const char *tok, const unsigned char *got, size_t n) {
+    size_t tl = strlen(tok);
+    unsigned char diff = (unsigned char)(tl != n);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(got[i] ^ (unsigned char)tok[i < tl ? i : 0]);
+    return diff == 0 && tl > 0;
+}
+
+/* With tokens configured: who may make this call? GRPC_STATUS_OK and
+ * sl->who set, or UNAUTHENTICATED / PERMISSION_DENIED with details. */
+static grpc_status_code slot_authorize(rpc_slot *sl, char *details, size_t dlen) {
+    const ps_rpc_server *s = sl->w->s;
+    if (s->ntokens == 0) return GRPC_STATUS_OK;
+    const grpc_slice *val = NULL;
+    for (size_t i = 0; i < sl->md.count; i++)
+        if (grpc_slice_str_cmp(sl->md.metadata[i].key, "authorization") == 0) {
+            val = &sl->md.metadata[i].value;
+            break;
+        }
+    if (!val) {
+        snprintf(details, dlen, "no credentials: this server needs the metadata "
+                 "'authorization: Bearer <token>' (security.token_file on the trainer)");
+        return GRPC_STATUS_UNAUTHENTICATED;
+    }
+    const unsigned char *v = GRPC_SLICE_START_PTR(*val);
+    size_t n = GRPC_SLICE_LENGTH(*val);
+    if (n < 7 || strncasecmp((const char *)v, "Bearer ", 7) != 0) {
+        snprintf(details, dlen, "authorization metadata is not 'Bearer <token>'");
+        return GRPC_STATUS_UNAUTHENTICATED;
+    }
+    v += 7;
+    n -= 7;
+    int who = -1;
+    for (int i = 0; i < s->ntokens; i++)  /* no early exit: same time for every token */
+        if (token_equal(s->tokens[i].token, v, n) && who < 0) who = i;
+    if (who < 0) {
+        snprintf(details, dlen, "invalid token");
+        return GRPC_STATUS_UNAUTHENTICATED;
+    }
+    sl->who = who;
+    const char *const *m = s->tokens[who].methods;
+    if (!m) return GRPC_STATUS_OK;
+    for (; *m; m++)
+        if (grpc_slice_str_cmp(sl->details.method, *m) == 0) return GRPC_STATUS_OK;
+    char *method = grpc_slice_to_c_string(sl->details.method);
+    snprintf(details, dlen, "token '%s' may not call %s", s->tokens[who].name, method);
+    gpr_free(method);
+    return GRPC_STATUS_PERMISSION_DENIED;
+}
+
+/* Start the closing batch: the response (on OK), the status, and the
+ * initial metadata if not sent yet. Takes resp. */
+static void slot_reply(rpc_slot *sl, grpc_byte_buffer *resp, grpc_status_code code, const char *details) {
+    if (code != GRPC_STATUS_OK && resp) { /* never sent, never leaked */
+        grpc_byte_buffer_destroy(resp);
+        resp = NULL;
+    }
+    if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
+    sl->send = resp;
+    sl->status_details = grpc_slice_from_copied_string(details);
+    sl->state = SLOT_SEND;
+
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!sl->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[n].data.send_initial_metadata.count = 0;
+        n++;
+        sl->md_sent = 1;
+    }
+    if (resp) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = resp;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &sl->status_details;
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &sl->cancelled;
+    n++;
+    grpc_call_error e = grpc_call_start_batch(sl->call, ops, n, sl, NULL);
+    if (e != GRPC_CALL_OK) {
+        ps_log(PS_LOG_ERROR, "rpc: start_batch (reply): %s", grpc_call_error_to_string(e));
+        slot_finish(sl);
+    }
+}
+
 /* Run the handler (or refuse) and start the closing batch. */
 static void slot_respond(rpc_slot *sl, int recv_ok) {
     ps_rpc_server *s = sl->w->s;
@@ -235,45 +473,16 @@ static void slot_respond(rpc_slot *sl, int recv_ok) {
         snprintf(details, sizeof details, "%s: deadline passed before the handler ran", method);
     } else {
         char *peer = grpc_call_get_peer(sl->call);
-        ps_rpc_call_info info = {method, peer ? peer : "", deadline};
+        ps_rpc_call_info info = {method, peer ? peer : "", deadline,
+                                 sl->who >= 0 ? s->tokens[sl->who].name : ""};
         m->fn(s->user, &info, sl->recv, &resp, &code, details, sizeof details);
         details[sizeof details - 1] = '\0';
         gpr_free(peer);
     }
-    if (code != GRPC_STATUS_OK && resp) { /* never sent, never leaked */
-        grpc_byte_buffer_destroy(resp);
-        resp = NULL;
-    }
-    if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
     if (code != GRPC_STATUS_OK)
         ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
     gpr_free(method);
-
-    sl->send = resp;
-    sl->status_details = grpc_slice_from_copied_string(details);
-    sl->state = SLOT_SEND;
-
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (resp) {
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n].data.send_message.send_message = resp;
-        n++;
-    }
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
-    ops[n].data.send_status_from_server.status = code;
-    ops[n].data.send_status_from_server.status_details = &sl->status_details;
-    n++;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &sl->cancelled;
-    n++;
-    grpc_call_error e = grpc_call_start_batch(sl->call, ops, n, sl, NULL);
-    if (e != GRPC_CALL_OK) {
-        ps_log(PS_LOG_ERROR, "rpc: start_batch (reply): %s", grpc_call_error_to_string(e));
-        slot_finish(sl);
-    }
+    slot_reply(sl, resp, code, details);
 }
 
 static void slot_event(rpc_slot *sl, int success) {
@@ -288,8 +497,21 @@ static void slot_event(rpc_slot *sl, int success) {
             slot_request(sl);
             return;
         }
+        char details[PS_RPC_DETAILS_MAX];
+        grpc_status_code code = slot_authorize(sl, details, sizeof details);
+        if (code != GRPC_STATUS_OK) {  /* refused before reading the message */
+            char *peer = grpc_call_get_peer(sl->call);
+            char *method = grpc_slice_to_c_string(sl->details.method);
+            ps_log(PS_LOG_WARN, "rpc: %s from %s refused: %s: %s", method, peer ? peer : "?",
+                   ps_grpc_code_name(code), details);
+            gpr_free(method);
+            gpr_free(peer);
+            slot_reply(sl, NULL, code, details);
+            return;
+        }
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);
+        sl->md_sent = 1;
         ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
         ops[0].data.send_initial_metadata.count = 0;
         ops[1].op = GRPC_OP_RECV_MESSAGE;
@@ -350,6 +572,48 @@ ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
                                     int max_message_bytes,
                                     const ps_rpc_method *methods, int nmethods,
                                     void *user, ps_err *err) {
+    return ps_rpc_server_create_secure(listen_addr, nthreads, max_message_bytes, methods, nmethods,
+                                       user, NULL, err);
+}
+
+static void free_tokens(ps_rpc_token *t, int n) {
+    if (!t) return;
+    for (int i = 0; i < n; i++) {
+        free((char *)t[i].token);
+        free((char *)t[i].name);
+        if (t[i].methods)
+            for (const char *const *m = t[i].methods; *m; m++) free((char *)*m);
+        free((void *)t[i].methods);
+    }
+    free(t);
+}
+
+/* Deep copy; NULL on out of memory (partial copies freed). */
+static ps_rpc_token *copy_tokens(const ps_rpc_token *src, int n) {
+    ps_rpc_token *t = calloc((size_t)n, sizeof *t);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        t[i].token = strdup(src[i].token ? src[i].token : "");
+        t[i].name = strdup(src[i].name ? src[i].name : "");
+        int ok = t[i].token && t[i].name;
+        if (ok && src[i].methods) {
+            size_t k = 0;
+            while (src[i].methods[k]) k++;
+            const char **m = calloc(k + 1, sizeof *m);
+            t[i].methods = m;
+            ok = m != NULL;
+            for (size_t j = 0; ok && j < k; j++) ok = (m[j] = strdup(src[i].methods[j])) != NULL;
+        }
+        if (!ok) { free_tokens(t, i + 1); return NULL; }
+    }
+    return t;
+}
+
+ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads,
+                                           int max_message_bytes,
+                                           const ps_rpc_method *methods, int nmethods,
+                                           void *user, const ps_rpc_security *sec,
+                                           ps_err *err) {
     if (!listen_addr || !*listen_addr) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: empty listen address");
         return NULL;
@@ -360,8 +624,19 @@ ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
                    listen_addr, nthreads);
         return NULL;
     }
+    if (check_plaintext(listen_addr, sec, "rpc server: listen address", err)) return NULL;
+    for (int i = 0; sec && i < sec->ntokens; i++)
+        if (!sec->tokens[i].token || strlen(sec->tokens[i].token) < 16) {
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: token '%s' is shorter than 16 "
+                       "characters; use a long random secret", sec->tokens[i].name ? sec->tokens[i].name : "?");
+            return NULL;
+        }
     ps_rpc_server *s = calloc(1, sizeof *s);
     if (!s) goto oom;
+    if (sec && sec->ntokens > 0) {
+        if (!(s->tokens = copy_tokens(sec->tokens, sec->ntokens))) goto oom;
+        s->ntokens = sec->ntokens;
+    }
     atomic_init(&s->stopping, 0);
     s->user = user;
     s->nthreads = nthreads;
@@ -377,8 +652,14 @@ ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
         s->nmethods = i + 1;
     }
 
-    grpc_arg args[3];
-    grpc_channel_args ca = make_args(args, max_message_bytes, 1);
+    grpc_server_credentials *creds = server_credentials(sec, err);
+    if (!creds) {
+        ps_err_prefix(err, "rpc server %s", listen_addr);
+        ps_rpc_server_free(s);
+        return NULL;
+    }
+    grpc_arg args[MAX_ARGS];
+    grpc_channel_args ca = make_args(args, max_message_bytes, 1, sec);
     s->server = grpc_server_create(&ca, NULL);
     for (int i = 0; i < nthreads; i++) {
         rpc_worker *w = &s->workers[i];
@@ -391,7 +672,6 @@ ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
     s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->shutdown_cq, NULL);
 
-    grpc_server_credentials *creds = server_credentials();
     s->port = grpc_server_add_http2_port(s->server, listen_addr, creds);
     grpc_server_credentials_release(creds);
     if (s->port == 0) {
@@ -461,6 +741,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     if (s->methods)
         for (int i = 0; i < s->nmethods; i++) free((char *)s->methods[i].path);
     free(s->methods);
+    free_tokens(s->tokens, s->ntokens);
     free(s->workers);
     free(s->addr);
     free(s);
@@ -475,28 +756,53 @@ int ps_rpc_server_port(const ps_rpc_server *s) {
 struct ps_rpc_client {
     grpc_channel *channel;
     char *target;
+    char *auth;   /* "Bearer <token>" or NULL */
 };
 
 ps_rpc_client *ps_rpc_client_create(const char *target, int max_message_bytes,
                                     ps_err *err) {
+    return ps_rpc_client_create_secure(target, max_message_bytes, NULL, err);
+}
+
+ps_rpc_client *ps_rpc_client_create_secure(const char *target, int max_message_bytes,
+                                           const ps_rpc_security *sec, ps_err *err) {
     if (!target || !*target) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc client: empty target");
         return NULL;
     }
+    if (check_plaintext(target, sec, "rpc client: server address", err)) return NULL;
     ps_rpc_client *c = calloc(1, sizeof *c);
     if (!c || !(c->target = strdup(target))) {
         free(c);
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc client %s: out of memory", target);
         return NULL;
     }
-    grpc_arg args[3];
-    grpc_channel_args ca = make_args(args, max_message_bytes, 0);
-    grpc_channel_credentials *creds = channel_credentials();
+    if (sec && has(sec->token)) {
+        size_t n = strlen(sec->token) + 8;
+        if ((c->auth = malloc(n))) snprintf(c->auth, n, "Bearer %s", sec->token);
+        if (!c->auth) {
+            free(c->target);
+            free(c);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc client %s: out of memory", target);
+            return NULL;
+        }
+    }
+    grpc_channel_credentials *creds = channel_credentials(sec, err);
+    if (!creds) {
+        ps_err_prefix(err, "rpc client %s", target);
+        free(c->auth);
+        free(c->target);
+        free(c);
+        return NULL;
+    }
+    grpc_arg args[MAX_ARGS];
+    grpc_channel_args ca = make_args(args, max_message_bytes, 0, sec);
     c->channel = grpc_channel_create(target, creds, &ca);
     grpc_channel_credentials_release(creds);
     if (!c->channel) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc client: cannot create a channel to \"%s\"",
                    target);
+        free(c->auth);
         free(c->target);
         free(c);
         return NULL;
@@ -507,6 +813,7 @@ ps_rpc_client *ps_rpc_client_create(const char *target, int max_message_bytes,
 void ps_rpc_client_free(ps_rpc_client *c) {
     if (!c) return;
     grpc_channel_destroy(c->channel);
+    free(c->auth);
     free(c->target);
     free(c);
 }
@@ -547,8 +854,16 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
 
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
+    grpc_metadata auth_md;
+    memset(&auth_md, 0, sizeof auth_md);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].data.send_initial_metadata.count = 0;
+    if (c->auth) {
+        auth_md.key = grpc_slice_from_static_string("authorization");
+        auth_md.value = grpc_slice_from_static_string(c->auth);
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &auth_md;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -49,6 +49,48 @@ grpc_status_code ps_grpc_from_status(ps_status s);
 /* "OK", "INVALID_ARGUMENT", ...; never NULL. */
 const char *ps_grpc_code_name(grpc_status_code code);
 
+/* ---- transport security and authentication ---------------------------- *
+ *
+ * One struct for both ends; each end reads the fields marked for it.
+ *  - tls = 0: plaintext, allowed only on loopback addresses (127.0.0.0/8,
+ *    [::1], localhost, unix:) unless allow_insecure is set; anything else
+ *    is refused with PERMISSION_DENIED naming the address.
+ *  - tls = 1, server: cert_file/key_file are its PEM certificate chain and
+ *    key; with mutual_tls it requires a client certificate signed by a CA in
+ *    ca_file. Client: ca_file holds the CA(s) that signed the server's
+ *    certificate (NULL or "": the system's roots); cert_file/key_file, when
+ *    set, are its own certificate for mutual TLS; server_name, when set, is
+ *    the name checked in the server's certificate instead of the target's
+ *    host.
+ *  - Tokens (server): with ntokens > 0 every call must carry the metadata
+ *    "authorization: Bearer <token>" of one of them; the check happens
+ *    before the request message is read. No or an unknown token ->
+ *    UNAUTHENTICATED; a token whose methods list lacks the method ->
+ *    PERMISSION_DENIED. Tokens are compared in constant time.
+ *    Client: token, when set, is sent with every call.
+ * Files are read when the server or client is created; a missing or
+ * non-PEM file is an error naming the file. */
+typedef struct ps_rpc_token {
+    const char *token;          /* the secret */
+    const char *name;           /* who holds it, for logs (call_info.principal) */
+    const char *const *methods; /* NULL-terminated paths it may call; NULL = all */
+} ps_rpc_token;
+
+typedef struct ps_rpc_security {
+    int tls;
+    const char *cert_file, *key_file, *ca_file;
+    int mutual_tls;             /* server */
+    const char *server_name;    /* client */
+    int allow_insecure;         /* plaintext beyond loopback */
+    const ps_rpc_token *tokens; /* server; copied */
+    int ntokens;
+    const char *token;          /* client */
+} ps_rpc_security;
+
+/* 1 if addr ("127.0.0.1:5", "[::1]:5", "localhost:5", "unix:/x",
+ * "dns:///localhost:5", "ipv4:127.0.0.1:5") names this host only. */
+int ps_rpc_addr_is_loopback(const char *addr);
+
 /* ---- server ------------------------------------------------------------ */
 
 typedef struct ps_rpc_server ps_rpc_server;
@@ -57,6 +99,7 @@ typedef struct ps_rpc_call_info {
     const char *method;    /* "/ps.ParameterServer/Forward" */
     const char *peer;      /* "ipv4:127.0.0.1:51234" */
     gpr_timespec deadline; /* GPR_CLOCK_MONOTONIC; inf_future when none */
+    const char *principal; /* name of the caller's token; "" without tokens */
 } ps_rpc_call_info;
 
 /* A method handler. On entry *code == GRPC_STATUS_OK, *response == NULL,
@@ -89,6 +132,15 @@ ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
                                     const ps_rpc_method *methods, int nmethods,
                                     void *user, ps_err *err);
 
+/* Same with transport security and tokens (sec NULL = plaintext, loopback
+ * only). A bad certificate or key file, or plaintext on a non-loopback
+ * address without allow_insecure -> NULL and a message naming it. */
+ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads,
+                                           int max_message_bytes,
+                                           const ps_rpc_method *methods, int nmethods,
+                                           void *user, const ps_rpc_security *sec,
+                                           ps_err *err);
+
 /* Start accepting calls and the worker threads. Once only. */
 ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err);
 
@@ -113,6 +165,11 @@ typedef struct ps_rpc_client ps_rpc_client;
  * first call, not here. max_message_bytes > 0 sets both limits. */
 ps_rpc_client *ps_rpc_client_create(const char *target, int max_message_bytes,
                                     ps_err *err);
+/* Same with transport security and a token (sec NULL = plaintext, loopback
+ * only). Channels keep the connection alive with HTTP/2 pings while calls
+ * are in flight, so a dead peer surfaces as UNAVAILABLE, not a hang. */
+ps_rpc_client *ps_rpc_client_create_secure(const char *target, int max_message_bytes,
+                                           const ps_rpc_security *sec, ps_err *err);
 void ps_rpc_client_free(ps_rpc_client *c);
 
 /* Blocking unary call of method ("/ps.ParameterServer/Forward") with request

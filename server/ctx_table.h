@@ -33,6 +33,7 @@ typedef struct ps_ctx {
     uint32_t rank;
     ps_ctx_state state;
     ps_tape *tape;          /* owned */
+    int nonfinite;          /* a NaN/Inf reached this context: its step is not applied */
     /* private */
     double last_used;
     int busy;

@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "rpc.h"
+#include "security.h"
 #include "service.h"
 
 static void usage(FILE *f) {
@@ -234,6 +235,7 @@ int main(int argc, char **argv) {
         .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
         .consistency = "hogwild: asynchronous steps; each Forward/Backward reads one consistent "
                        "weight snapshot (readers/writer lock), each Step is atomic",
+        .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     if (svc && have_ckpt) {
@@ -248,11 +250,17 @@ int main(int argc, char **argv) {
     char why[300];
     ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);
     ps_rpc_server *srv = NULL;
-    if (why[0])
+    ps_security sec;
+    if (why[0]) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "cannot listen on %s (server.listen): %s", cfg.server.listen, why);
-    else if (metrics)
-        srv = ps_rpc_server_create(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes, methods, nm,
-                                   metrics, &err);
+    } else if (metrics && ps_security_server(&cfg, &sec, &err) == PS_OK) {
+        srv = ps_rpc_server_create_secure(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes,
+                                          methods, nm, metrics, &sec.rpc, &err);
+        ps_log(PS_LOG_INFO, "transport: %s%s; %d token%s", cfg.security.tls ? "TLS" : "plaintext",
+               cfg.security.mutual_tls ? " with client certificates" : "", sec.ntokens,
+               sec.ntokens == 1 ? "" : "s");
+        ps_security_free(&sec);
+    }
     if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen(metrics, cfg.server.metrics_listen, &err)) ||
         ps_rpc_server_start(srv, &err)) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);

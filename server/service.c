@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +18,10 @@ struct ps_service {
     size_t max_tensor_bytes;
     double start;
     uint64_t samples;            /* __atomic */
+    uint64_t nonfinite_rejected; /* __atomic */
+    uint64_t nonfinite_skipped;  /* __atomic */
+    int nonfinite_skip;
+    uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
     char consistency[256];
     int draining;                /* __atomic */
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
@@ -40,6 +45,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->start = mono_now();
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
     pthread_mutex_init(&s->ckpt_mu, NULL);
+    s->nonfinite_skip = o->nonfinite_skip;
     return s;
 }
 
@@ -50,7 +56,22 @@ void ps_service_free(ps_service *s) {
     free(s);
 }
 
-size_t ps_service_expire(ps_service *s) { return ps_ctx_table_expire(s->ctx); }
+size_t ps_service_expire(ps_service *s) {
+    size_t n = ps_ctx_table_expire(s->ctx);
+#ifdef __GLIBC__
+    /* Hand freed tapes' pages back to the OS: after contexts of vanished
+     * trainers expire, and once whenever psd goes idle (no live context)
+     * after work, so a burst of load does not stay in psd's RSS. */
+    ps_ctx_stats st;
+    ps_ctx_table_stats(s->ctx, &st);
+    uint64_t work = st.opened + __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
+    if (n || (st.live == 0 && work != s->trimmed_at)) {
+        malloc_trim(0);
+        s->trimmed_at = work;
+    }
+#endif
+    return n;
+}
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     ps_ctx_table_stats(s->ctx, ctx);
@@ -82,6 +103,12 @@ static double wall_now(void) {
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped) {
+    *rejected = __atomic_load_n(&s->nonfinite_rejected, __ATOMIC_RELAXED);
+    *skipped = __atomic_load_n(&s->nonfinite_skipped, __ATOMIC_RELAXED);
+}
+
+static void count(uint64_t *c) { __atomic_add_fetch(c, 1, __ATOMIC_RELAXED); }
 
 /* Reply with an error from err. */
 static void fail(grpc_status_code *code, char *details, size_t dlen, const ps_err *err) {
@@ -101,6 +128,50 @@ static ps_status check_finite(const float *x, size_t n, const char *what, ps_err
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: element %zu is %s; inputs must be "
                               "finite", what, i, isnan(x[i]) ? "NaN" : "infinite");
     return PS_OK;
+}
+
+/* Are the parameter gradients Backward computed into the tape finite?
+ * PS_OK, INVALID_ARGUMENT naming the parameter and element, or another
+ * error (out of memory, device copy). */
+static ps_status check_grads_finite(ps_service *s, const ps_tape *tape, ps_err *err) {
+    int np = ps_model_num_params(s->model);
+    int64_t biggest = 0;
+    for (int i = 0; i < np; i++)
+        if (ps_model_param(s->model, i)->numel > biggest) biggest = ps_model_param(s->model, i)->numel;
+    float *buf = malloc((size_t)biggest * sizeof(float));
+    if (!buf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    ps_status st = PS_OK;
+    for (int i = 0; i < np && st == PS_OK; i++) {
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        if ((st = ps_tape_get_grad(s->model, tape, i, buf, err))) break;
+        char what[160];
+        snprintf(what, sizeof what, "gradient of %s (computed from grad_output)", pi->name);
+        st = check_finite(buf, (size_t)pi->numel, what, err);
+    }
+    free(buf);
+    return st;
+}
+
+/* A non-finite value reached context c (err says where). Policy reject:
+ * refuse; the context is marked only if its tape now holds non-finite
+ * gradients (so a later Step is refused too, and a new Backward may
+ * replace them). Policy skip: mark it and go on. Returns what the handler should fail with, or
+ * PS_OK to continue. */
+static ps_status nonfinite(ps_service *s, ps_ctx *c, int tape_tainted, ps_err *err) {
+    if (c && (s->nonfinite_skip || tape_tainted)) c->nonfinite = 1;
+    if (s->nonfinite_skip) return PS_OK;
+    count(&s->nonfinite_rejected);
+    return ps_err_prefix(err, "step rejected (server.nonfinite_policy: reject)");
+}
+
+/* Finish a marked context without applying its step. */
+static uint64_t skip_step(ps_service *s, ps_ctx *c) {
+    uint64_t v = ps_model_version(s->model);
+    ps_log(PS_LOG_WARN, "context %llx: step skipped: non-finite values (server.nonfinite_policy: skip)",
+           (unsigned long long)c->id);
+    ps_ctx_table_finish(s->ctx, c, v);  /* frees c */
+    count(&s->nonfinite_skipped);
+    return v;
 }
 
 static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
@@ -156,7 +227,15 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
                    "needs a non-zero context id");
         goto fail;
     }
-    if (check_finite(in.data, in.bytes / sizeof(float), "ForwardRequest.input", &err)) goto fail;
+    int bad_input = 0;
+    if (check_finite(in.data, in.bytes / sizeof(float), "ForwardRequest.input", &err)) {
+        if (!req.train || !s->nonfinite_skip) {  /* eval: nothing to skip, always refused */
+            count(&s->nonfinite_rejected);
+            goto fail;
+        }
+        bad_input = 1;
+        ps_err_clear(&err);
+    }
     int outsz = ps_model_output_size(s->model);
     out = malloc((size_t)n * outsz * sizeof(float));
     if (!out) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
@@ -168,6 +247,13 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
         ps_ctx_table_note_rank(s->ctx, req.trainer_rank);
         if (ps_ctx_table_insert(s->ctx, req.context_id, req.trainer_rank, tape, &err)) goto fail;
         tape = NULL;  /* the table owns it now */
+        if (bad_input) {
+            ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
+            if (c) {
+                c->nonfinite = 1;
+                ps_ctx_table_release(s->ctx, c);
+            }
+        }
         __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
     }
     ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
@@ -210,11 +296,22 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
                    "the context's output (%d, %d)", got, n, outsz);
         goto fail;
     }
-    if (check_finite(in.data, in.bytes / sizeof(float), "BackwardRequest.grad_output", &err)) goto fail;
-    if (ps_model_backward(s->model, c->tape, in.data, &err)) goto fail;
+    if (check_finite(in.data, in.bytes / sizeof(float), "BackwardRequest.grad_output", &err)) {
+        if (nonfinite(s, c, 0, &err)) goto fail;
+    } else if (!(s->nonfinite_skip && c->nonfinite)) {
+        if (ps_model_backward(s->model, c->tape, in.data, &err)) goto fail;
+        ps_status gs = check_grads_finite(s, c->tape, &err);
+        if (gs != PS_OK && gs != PS_ERR_INVALID_ARGUMENT) goto fail;
+        c->nonfinite = gs != PS_OK;
+        if (gs && nonfinite(s, c, 1, &err)) goto fail;
+    }
     c->state = PS_CTX_BACKWARDED;
     ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
-    if (req.step) {
+    if (req.step && c->nonfinite) {
+        resp.model_version = skip_step(s, c);
+        resp.skipped = true;
+        c = NULL;
+    } else if (req.step) {
         uint64_t v;
         if (ps_model_step(s->model, c->tape, &v, &err)) goto fail;
         ps_ctx_table_finish(s->ctx, c, v);
@@ -295,6 +392,18 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
         return;
     }
     if (!c) goto fail;
+    if (c->nonfinite && (c->state == PS_CTX_BACKWARDED || ps_tape_has_grads(c->tape))) {
+        if (!s->nonfinite_skip) {
+            count(&s->nonfinite_rejected);
+            ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "context %llu has non-finite gradients; step "
+                       "rejected (server.nonfinite_policy: reject)", (unsigned long long)req.context_id);
+            goto fail;
+        }
+        resp.model_version = skip_step(s, c);
+        resp.skipped = true;
+        reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
+        return;
+    }
     if (!ps_tape_has_grads(c->tape)) {
         ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
                    "Backward first)", (unsigned long long)req.context_id);
@@ -414,6 +523,8 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
                  (int)sizeof resp.last_checkpoint - 1, ck.path);
     }
     resp.draining = ps_service_draining(s) != 0;
+    snprintf(resp.nonfinite_policy, sizeof resp.nonfinite_policy, "%s", s->nonfinite_skip ? "skip" : "reject");
+    ps_service_nonfinite_counts(s, &resp.nonfinite_rejected, &resp.nonfinite_skipped);
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 

@@ -8,6 +8,15 @@
  * them; Step(ctx) applies SGD with them and frees the context; a repeated
  * Step of a finished context answers the version it produced (idempotent).
  *
+ * Non-finite values (NaN/Inf in a training input, in grad_output, or in the
+ * parameter gradients Backward computes) never reach the weights. With
+ * nonfinite_skip = 0 the call is refused with INVALID_ARGUMENT naming the
+ * tensor and element (counted in Status.nonfinite_rejected); with 1 the
+ * calls succeed, the context is marked, and its step is not applied: Step
+ * (or Backward with step=true) answers OK with skipped=true and the
+ * current version (counted in Status.nonfinite_skipped). An eval Forward
+ * with a non-finite input is always refused.
+ *
  * Every handler validates what a peer sends and answers INVALID_ARGUMENT,
  * NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS or RESOURCE_EXHAUSTED with
  * a message naming the field; nothing a request contains can stop psd.
@@ -35,6 +44,7 @@ typedef struct ps_service_opts {
     size_t max_contexts;
     size_t max_message_bytes;
     const char *consistency;  /* description given in Status */
+    int nonfinite_skip;       /* 0: reject NaN/Inf (INVALID_ARGUMENT); 1: skip the step */
 } ps_service_opts;
 
 /* The service uses (does not own) the model. */
@@ -68,5 +78,7 @@ int ps_service_checkpoint(ps_service *s, ps_ckpt_info *out);
 
 /* Seconds since the service was created. */
 double ps_service_uptime(ps_service *s);
+/* Non-finite counters: calls refused (policy reject) and steps skipped. */
+void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped);
 
 #endif

@@ -94,9 +94,10 @@ for _ in $(seq 50); do [ -s "$tmp/psd.log" ] && break; sleep 0.1; done
 grep -q "reopened log file" "$tmp/psd.log" || fail "SIGHUP did not reopen the log"
 echo "SIGHUP: log reopened"
 
-# ---- 4. SIGTERM during training
+# ---- 4. SIGTERM during training (the trainer retries a stopped psd for
+# trainer.retry_max_s, then stops with the last error; 2 s here)
 "$BUILD/bin/ps-train" --config configs/local.yaml --server "$addr" --data "$DATA" --max-batches 100000 \
-    --epochs 1 --log-every 1000 >"$tmp/trainer.log" 2>&1 &
+    --epochs 1 --log-every 1000 --set trainer.retry_max_s=2 >"$tmp/trainer.log" 2>&1 &
 trainer=$!; pids+=($trainer)
 for _ in $(seq 200); do
   s1=$($PROBE metrics "$murl" psd_steps_total) || fail "metrics"

@@ -61,6 +61,11 @@ static void test_defaults(void) {
     CHECK(c.trainer.rpc_timeout_s == 60.0);
     CHECK(c.trainer.check_gradients == false);
     CHECK(c.security.tls == false);
+    CHECK(c.security.allow_insecure == false && c.security.mutual_tls == false);
+    CHECK(c.security.cert[0] == 0 && c.security.tokens_file[0] == 0 && c.security.token_file[0] == 0);
+    CHECK(c.server.nonfinite_policy == PS_NONFINITE_REJECT);
+    CHECK(c.trainer.retry_max_s == 300.0 && c.trainer.retry_backoff_s == 0.2 &&
+          c.trainer.retry_backoff_max_s == 10.0);
     CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
     CHECK(!strcmp(ps_config_enum_name("server.log_level", PS_LOG_WARN), "warn"));
     CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_HOGWILD), "hogwild"));
@@ -102,7 +107,12 @@ static const char *GOOD =
     "  rpc_timeout_s: 3600\n"
     "  check_gradients: yes\n"
     "security:\n"
-    "  tls: off\n";
+    "  tls: on\n"
+    "  cert: /etc/psd/server.pem\n"
+    "  key: /etc/psd/server.key\n"
+    "  ca: /etc/psd/ca.pem\n"
+    "  mutual_tls: true\n"
+    "  tokens_file: /etc/psd/tokens\n";
 
 static void check_good_values(const ps_config *c) {
     CHECK(!strcmp(c->server.listen, "0.0.0.0:6000"));
@@ -131,7 +141,9 @@ static void check_good_values(const ps_config *c) {
     CHECK(c->trainer.seed == 42);
     CHECK(c->trainer.rpc_timeout_s == 3600.0);
     CHECK(c->trainer.check_gradients == true);
-    CHECK(c->security.tls == false);
+    CHECK(c->security.tls == true && c->security.mutual_tls == true);
+    CHECK(!strcmp(c->security.cert, "/etc/psd/server.pem") && !strcmp(c->security.key, "/etc/psd/server.key"));
+    CHECK(!strcmp(c->security.ca, "/etc/psd/ca.pem") && !strcmp(c->security.tokens_file, "/etc/psd/tokens"));
 }
 
 static void test_good_file(void) {
@@ -220,7 +232,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK(keys == 32);
+    CHECK(keys == 46);
     free(text);
 }
 
@@ -313,8 +325,12 @@ static void test_bad_files(void) {
                "trainer.data: no value given", NULL);
     expect_bad("empty_string.yaml", "trainer:\n  data: ''\n", PS_ERR_INVALID_ARGUMENT, 2,
                "trainer.data: must not be empty", NULL);
-    expect_bad("tls.yaml", "security:\n  tls: true\n", PS_ERR_UNIMPLEMENTED, 2,
-               "security.tls: TLS is not supported by this build yet", NULL);
+    expect_bad("policy.yaml", "server:\n  nonfinite_policy: ignore\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "server.nonfinite_policy: 'ignore' is not one of: reject, skip", NULL);
+    expect_bad("retry.yaml", "trainer:\n  retry_backoff_s: 0\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.retry_backoff_s: '0' is out of range (0, 60]", NULL);
+    expect_bad("insecure.yaml", "security:\n  allow_insecure: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "security.allow_insecure: 'maybe' is not a boolean", NULL);
     expect_bad("toplist.yaml", "- server\n", PS_ERR_FORMAT, 1,
                "expected a mapping of sections", "got a list");
     expect_bad("twodocs.yaml", "server:\n  threads: 2\n---\nserver:\n  threads: 3\n",
@@ -444,8 +460,13 @@ static void test_cli(void) {
     CHECK(!strcmp(e.msg, "cli: server.threads: '99999999999999999999' is out of range [1, 64]"));
     CHECK(ps_config_set(&c, "trainer.check_gradients", "y", "cli", &e) != PS_OK);
     CHECK(ps_config_set(&c, "server.consistency", "Hogwild", "cli", &e) != PS_OK);
-    CHECK(ps_config_set(&c, "security.tls", "on", "command line", &e) == PS_ERR_UNIMPLEMENTED);
-    CHECK(!strcmp(e.msg, "command line: security.tls: TLS is not supported by this build yet"));
+    {
+        ps_config c2 = c;
+        CHECK(ps_config_set(&c2, "security.tls", "on", "command line", &e) == PS_OK && c2.security.tls);
+        CHECK(ps_config_set(&c2, "security.ca", "", "command line", &e) == PS_OK);  /* optional path */
+        CHECK(ps_config_set(&c2, "server.nonfinite_policy", "skip", "cli", &e) == PS_OK &&
+              c2.server.nonfinite_policy == PS_NONFINITE_SKIP);
+    }
     CHECK(ps_config_set(&c, "server.lisen", "x", "command line", &e) == PS_ERR_NOT_FOUND);
     CHECK(!strcmp(e.msg,
                   "command line: unknown key 'server.lisen' (did you mean 'server.listen'?)"));

@@ -101,8 +101,105 @@ static grpc_status_code health_check(const char *service, int *status, char *det
     return code;
 }
 
+/* Step or Backward over the raw client, decoding skipped/model_version. */
+static grpc_status_code step_raw(uint64_t ctx, uint64_t *version, int *skipped, char *det, size_t dlen) {
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    req.context_id = ctx;
+    grpc_byte_buffer *bb = NULL, *resp = NULL;
+    ps_err err = {0};
+    CHECK(ps_wire_encode(ps_StepRequest_fields, &req, &bb, &err) == PS_OK);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    CHECK(ps_rpc_client_call(raw, "/ps.ParameterServer/Step", bb, &resp, 10000, &code, det, dlen, &err) == PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    ps_StepResponse r = ps_StepResponse_init_zero;
+    if (code == GRPC_STATUS_OK) CHECK(ps_wire_decode(resp, ps_StepResponse_fields, &r, &err) == PS_OK);
+    if (resp) grpc_byte_buffer_destroy(resp);
+    *version = r.model_version;
+    *skipped = r.skipped;
+    return code;
+}
+
+static grpc_status_code backward_raw(uint64_t ctx, const float *grad, int n, int step, uint64_t *version,
+                                     int *skipped, char *det, size_t dlen) {
+    ps_BackwardRequest req = ps_BackwardRequest_init_zero;
+    req.context_id = ctx;
+    req.step = step;
+    req.has_grad_output = true;
+    int64_t dims[2] = {n, 10};
+    ps_wire_tensor_encode_bind(&req.grad_output, NULL, 2, dims, grad);
+    grpc_byte_buffer *bb = NULL, *resp = NULL;
+    ps_err err = {0};
+    CHECK(ps_wire_encode(ps_BackwardRequest_fields, &req, &bb, &err) == PS_OK);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    CHECK(ps_rpc_client_call(raw, "/ps.ParameterServer/Backward", bb, &resp, 10000, &code, det, dlen, &err) == PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    ps_BackwardResponse r = ps_BackwardResponse_init_zero;
+    if (code == GRPC_STATUS_OK) CHECK(ps_wire_decode(resp, ps_BackwardResponse_fields, &r, &err) == PS_OK);
+    if (resp) grpc_byte_buffer_destroy(resp);
+    *version = r.model_version;
+    *skipped = r.skipped;
+    return code;
+}
+
 static void fill_input(float *x, int n) {
     for (int i = 0; i < n * 784; i++) x[i] = (float)((i * 7919) % 255) / 255.0f - 0.4f;
+}
+
+/* server.nonfinite_policy: skip - calls succeed, steps are not applied, counted. */
+static void test_skip_policy(ps_model *model, const float *x, const float *grad, int n) {
+    ps_err err = {0};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
+                          .consistency = "hogwild", .nonfinite_skip = 1};
+    ps_service *svc = ps_service_create(model, &so, &err);
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    ps_rpc_server *srv = ps_rpc_server_create("127.0.0.1:0", 2, MAXMSG, methods, nm, svc, &err);
+    CHECK(srv && ps_rpc_server_start(srv, &err) == PS_OK);
+    char addr[64], det[PS_RPC_DETAILS_MAX];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ps_rpc_server_port(srv));
+    ps_client *sc = ps_client_create(addr, 30000, MAXMSG, &err);
+    ps_rpc_client *keep = raw;
+    raw = ps_rpc_client_create(addr, MAXMSG, &err);
+    ps_StatusResponse st;
+    CHECK(ps_client_status(sc, &st, &err) == PS_OK);
+    CHECK(!strcmp(st.nonfinite_policy, "skip"));
+    uint64_t v0 = st.model_version, v;
+    int skipped;
+    float out[40], xn[4 * 784], g[40];
+    int64_t cols;
+    memcpy(xn, x, sizeof xn);
+    xn[5] = -INFINITY;
+    /* 1: a NaN/Inf input to a training Forward: accepted, its step skipped. */
+    CHECK(ps_client_forward(sc, 0x51, 3, 1, xn, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(backward_raw(0x51, grad, n, 0, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK);
+    CHECK(step_raw(0x51, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && skipped && v == v0);
+    /* A repeated Step of it is answered, not applied. */
+    CHECK(step_raw(0x51, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && v == v0);
+    /* 2: NaN in grad_output with the fused step. */
+    memcpy(g, grad, sizeof g);
+    g[0] = NAN;
+    CHECK(ps_client_forward(sc, 0x52, 3, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(backward_raw(0x52, g, n, 1, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && skipped && v == v0);
+    /* 3: finite grad_output whose parameter gradients overflow. */
+    for (int i = 0; i < 40; i++) g[i] = 3e38f;
+    CHECK(ps_client_forward(sc, 0x53, 3, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(backward_raw(0x53, g, n, 0, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK);
+    CHECK(step_raw(0x53, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && skipped && v == v0);
+    /* An inference Forward with NaN is still refused: there is no step to skip. */
+    CHECK(ps_client_forward(sc, 0, 3, 0, xn, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    /* A clean batch still trains. */
+    CHECK(ps_client_forward(sc, 0x54, 3, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+    CHECK(backward_raw(0x54, grad, n, 1, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && !skipped &&
+          v == v0 + 1);
+    CHECK(ps_client_status(sc, &st, &err) == PS_OK);
+    CHECK_MSG(st.nonfinite_skipped == 3 && st.nonfinite_rejected == 1, "skipped %llu rejected %llu",
+              (unsigned long long)st.nonfinite_skipped, (unsigned long long)st.nonfinite_rejected);
+    CHECK(st.model_version == v0 + 1 && st.live_contexts == 0);
+    ps_client_free(sc);
+    ps_rpc_client_free(raw);
+    raw = keep;
+    ps_rpc_server_free(srv);
+    ps_service_free(svc);
 }
 
 int main(void) {
@@ -265,9 +362,49 @@ int main(void) {
     CHECK(send_forward(0, 0, good, 4, xn, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(det, "NaN") != NULL);
 
+    /* NaN/Inf under the "reject" policy: nothing reaches the weights. */
+    if (!ext) {
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        uint64_t vbefore = st.model_version, rej0 = st.nonfinite_rejected;
+        CHECK(!strcmp(st.nonfinite_policy, "reject") && st.nonfinite_skipped == 0);
+        CHECK(send_forward(0x77, 1, good, 4, xn, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(det, "element 100 is NaN") != NULL);
+        uint64_t c2 = 0x5eed0000000000a1ULL, v;
+        int skipped;
+        CHECK(ps_client_forward(cl, c2, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        float gi[40];
+        memcpy(gi, grad, sizeof gi);
+        gi[13] = INFINITY;
+        CHECK(backward_raw(c2, gi, n, 0, &v, &skipped, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(det, "step rejected") && strstr(det, "grad_output: element 13 is infinite"), "%s", det);
+        /* Finite but huge: the computed parameter gradients overflow. */
+        float gh[40];
+        for (int i = 0; i < 40; i++) gh[i] = 3e38f;
+        CHECK(backward_raw(c2, gh, n, 0, &v, &skipped, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(det, "gradient of") && strstr(det, "computed from grad_output"), "%s", det);
+        CHECK(step_raw(c2, &v, &skipped, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(det, "non-finite gradients"), "%s", det);
+        /* A good Backward replaces the gradients; then the step applies once. */
+        CHECK(backward_raw(c2, grad, n, 0, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK);
+        CHECK(step_raw(c2, &v, &skipped, det, sizeof det) == GRPC_STATUS_OK && !skipped && v == vbefore + 1);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.model_version == vbefore + 1);
+        CHECK_MSG(st.nonfinite_rejected == rej0 + 4, "%llu", (unsigned long long)st.nonfinite_rejected);
+        CHECK(st.live_contexts == 0);
+        ps_wire_tensor_list gp;
+        CHECK(ps_client_get_parameters(cl, &gp, NULL, &err) == PS_OK);
+        int finite = 1;
+        for (size_t t = 0; t < gp.n; t++)
+            for (size_t j = 0; j < gp.items[t].bytes / 4; j++) finite &= isfinite(gp.items[t].data[j]);
+        CHECK(finite);
+        ps_wire_tensor_list_free(&gp);
+    }
+
     /* Still serving. */
     CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
     CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+
+    if (!ext) test_skip_policy(model, x, grad, n);
 
     /* Health: SERVING for "" and the service's name, NOT_FOUND otherwise. */
     int hs = -1;

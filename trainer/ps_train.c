@@ -21,6 +21,8 @@
 #include "log.h"
 #include "mnist.h"
 #include "ps_client.h"
+#include "rng.h"
+#include "security.h"
 #include "status_cmd.h"
 
 static void usage(FILE *f) {
@@ -41,6 +43,7 @@ static void usage(FILE *f) {
             "      --fuse-step          send Backward and Step as one RPC\n"
             "      --max-batches N      stop each epoch after N batches (quick runs)\n"
             "      --wait-s S           wait up to S seconds for psd to come up (default 30)\n"
+            "      --status             print psd's status (model version, contexts, counters) and exit\n"
             "      --set KEY=VALUE      override any config key\n"
             "  -V, --version            print the version and exit\n"
             "  -h, --help               this help\n");
@@ -138,6 +141,135 @@ static int check_gradients(ps_client *cl, uint64_t ctx, const ps_wire_param_list
     return ok ? 0 : -1;
 }
 
+/* ---- retries ----------------------------------------------------------- *
+ * Transport failures (UNAVAILABLE: psd down, restarting or unreachable;
+ * DEADLINE_EXCEEDED: no answer within trainer.rpc_timeout_s) are retried
+ * with exponential backoff and jitter for at most trainer.retry_max_s per
+ * batch. Every other status is final. */
+typedef struct retry {
+    double max_s, backoff_s, backoff_max_s;
+    double t_first;   /* time of the first failure of this batch, 0 = none */
+    double next;      /* next backoff */
+    int tries;
+    long rank;
+    uint64_t rng;
+    long total;       /* retries over the run, for the summary */
+} retry;
+
+static int retryable(ps_status st) { return st == PS_ERR_UNAVAILABLE || st == PS_ERR_DEADLINE_EXCEEDED; }
+
+static void retry_reset(retry *r) { r->t_first = 0; r->tries = 0; r->next = r->backoff_s; }
+
+/* After a failure of what (err): 1 = sleep done, try again; 0 = give up. */
+static int retry_wait(retry *r, const char *what, const ps_err *err) {
+    double now = now_s();
+    if (r->t_first == 0) r->t_first = now;
+    double used = now - r->t_first;
+    if (r->max_s <= 0 || used >= r->max_s) {
+        if (r->max_s > 0)
+            fprintf(stderr, "ps-train: rank %ld: %s: giving up after %d retries in %.1f s "
+                    "(trainer.retry_max_s = %g)\n", r->rank, what, r->tries, used, r->max_s);
+        return 0;
+    }
+    double d = r->next * (0.5 + 0.5 * (double)(ps_splitmix64(&r->rng) >> 11) / 9007199254740992.0);
+    if (used + d > r->max_s) d = r->max_s - used;
+    r->tries++;
+    r->total++;
+    fprintf(stderr, "ps-train: rank %ld: %s: %s; retry %d in %.2f s (%.1f of %g s retry budget used)\n",
+            r->rank, what, err->msg, r->tries, d, used, r->max_s);
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    r->next *= 2;
+    if (r->next > r->backoff_max_s) r->next = r->backoff_max_s;
+    return 1;
+}
+
+/* One training batch, retried until its step is applied exactly once or
+ * the retry budget is spent. A batch whose Forward, Backward or Step did not
+ * answer is settled with Step(ctx): OK means its step was (or now is)
+ * applied once (Step is idempotent); NOT_FOUND (psd restarted, context
+ * expired) or FAILED_PRECONDITION (no gradients yet) means nothing was
+ * applied, and the batch runs again under a fresh context id. */
+typedef struct batch_job {
+    ps_client *cl;
+    long rank;
+    const float *x;
+    const int64_t *y;
+    int n, rows, cols, k, cap;
+    int fuse, check;
+    const ps_wire_param_list *params;
+    float *lp, *grad;
+    uint64_t ctx_base, *ctx_counter;
+    double loss, grad_err;
+    uint64_t version;
+    int checked;
+} batch_job;
+
+static ps_status batch_once(batch_job *j, uint64_t ctx, int *stage, ps_err *err) {
+    int64_t cols;
+    *stage = 0;
+    ps_status st = ps_client_forward(j->cl, ctx, (uint32_t)j->rank, 1, j->x, j->n, 1, j->rows, j->cols, j->lp,
+                                     (int64_t)j->cap * j->k, &cols, &j->version, err);
+    if (st) return st;
+    if (cols != j->k)
+        return ps_err_set(err, PS_ERR_INTERNAL, "model returned %lld outputs, expected %d", (long long)cols, j->k);
+    *stage = 1;
+    j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
+    int fused = j->fuse && !j->check;
+    if ((st = ps_client_backward(j->cl, ctx, j->grad, j->n, j->k, fused, &j->version, err))) return st;
+    if (j->check) {
+        j->checked = 1;
+        if (check_gradients(j->cl, ctx, j->params, j->lp, j->y, j->n, j->k, &j->grad_err))
+            return ps_err_set(err, PS_ERR_INTERNAL, "gradient check failed");
+    }
+    if (!fused) st = ps_client_step(j->cl, ctx, &j->version, err);
+    return st;
+}
+
+static ps_status train_batch(batch_job *j, retry *r, ps_err *err) {
+    retry_reset(r);
+    int lost = 0;
+    for (;;) {
+        uint64_t ctx = j->ctx_base | ++*j->ctx_counter;
+        int stage;
+        ps_status st = batch_once(j, ctx, &stage, err);
+        if (st == PS_OK) return PS_OK;
+        if (stage == 0) {  /* Forward failed: nothing kept on psd that matters */
+            if (retryable(st) && retry_wait(r, "Forward", err)) continue;
+            return st;
+        }
+        if (st == PS_ERR_NOT_FOUND && ++lost <= 3) {
+            fprintf(stderr, "ps-train: rank %ld: %s; running the batch again (psd restarted or the context "
+                    "expired)\n", j->rank, err->msg);
+            continue;
+        }
+        if (!retryable(st)) return st;
+        /* Settle the context: was its step applied? */
+        for (;;) {
+            if (!retry_wait(r, "settling the step", err)) return st;
+            st = ps_client_step(j->cl, ctx, &j->version, err);
+            if (st == PS_OK) return PS_OK;
+            if (!retryable(st)) break;
+        }
+        if (st != PS_ERR_NOT_FOUND && st != PS_ERR_FAILED_PRECONDITION) return st;
+        fprintf(stderr, "ps-train: rank %ld: context %llx not applied (%s); running the batch again\n",
+                j->rank, (unsigned long long)ctx, ps_status_name(st));
+    }
+}
+
+static int print_status(ps_client *cl, ps_err *err) {
+    ps_StatusResponse st;
+    if (ps_client_status(cl, &st, err)) return -1;
+    printf("address: %s\nversion: %s\nmodel: %s\nuptime_s: %.1f\nmodel_version: %llu\n"
+           "live_contexts: %llu\nexpired_contexts: %llu\ntrainers_seen: %llu\nsamples: %llu\n"
+           "nonfinite_policy: %s\nnonfinite_rejected: %llu\nnonfinite_skipped: %llu\nconsistency: %s\n",
+           ps_client_target(cl), st.version, st.model, st.uptime_s, (unsigned long long)st.model_version,
+           (unsigned long long)st.live_contexts, (unsigned long long)st.expired_contexts,
+           (unsigned long long)st.trainers_seen, (unsigned long long)st.samples, st.nonfinite_policy,
+           (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped, st.consistency);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("ps-train");
     if (argc > 1 && !strcmp(argv[1], "status")) return ps_status_cmd_main(argc - 1, argv + 1);
@@ -145,7 +277,7 @@ int main(int argc, char **argv) {
     ps_config_defaults(&cfg);
     ps_err err = {0};
     long rank = 1, max_batches = 0, wait_s = 30;
-    int shard = 0, fuse = 0;
+    int shard = 0, fuse = 0, status_only = 0;
     const char *config_path = NULL;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -165,6 +297,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-V") || !strcmp(a, "--version")) { printf("ps-train %s\n", PS_VERSION); return 0; }
         if (!strcmp(a, "--check-gradients")) { key = "trainer.check_gradients"; v = "true"; }
         else if (!strcmp(a, "--shard")) { shard = 1; continue; }
+        else if (!strcmp(a, "--status")) { status_only = 1; continue; }
         else if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
         else if ((v = flag_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         else if ((v = flag_value(argc, argv, &i, "--rank", "-r", &missing))) {
@@ -202,6 +335,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     int bs = cfg.trainer.batch_size;
+    ps_security sec;
+    if (ps_security_client(&cfg, &sec, &err)) { fprintf(stderr, "ps-train: %s\n", err.msg); return 2; }
+    if (status_only) {
+        grpc_init();
+        ps_client *sc = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
+                                                cfg.server.max_message_mb << 20, &sec.rpc, &err);
+        int src = sc && print_status(sc, &err) == 0 ? 0 : 1;
+        if (src) fprintf(stderr, "ps-train: %s\n", err.msg);
+        ps_client_free(sc);
+        ps_security_free(&sec);
+        grpc_shutdown();
+        return src;
+    }
 
     ps_mnist train = {0}, test = {0};
     if (ps_mnist_load(cfg.trainer.data, "train", &train, &err) ||
@@ -212,8 +358,8 @@ int main(int argc, char **argv) {
 
     grpc_init();
     int rc = 1;
-    ps_client *cl = ps_client_create(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
-                                     cfg.server.max_message_mb << 20, &err);
+    ps_client *cl = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
+                                            cfg.server.max_message_mb << 20, &sec.rpc, &err);
     ps_wire_param_list params = {0};
     float *x = NULL, *lp = NULL, *grad = NULL;
     int64_t *y = NULL;
@@ -263,7 +409,9 @@ int main(int argc, char **argv) {
     uint64_t ctx_base;
     if (getrandom(&ctx_base, sizeof ctx_base, 0) != sizeof ctx_base) ctx_base = (uint64_t)time(NULL) * 2654435761u;
     ctx_base &= ~0xffffffffULL;  /* random high half, counter in the low half */
-    uint64_t ctx_counter = 0;
+    uint64_t ctx_counter = 0, version = 0;
+    retry rt = {.max_s = cfg.trainer.retry_max_s, .backoff_s = cfg.trainer.retry_backoff_s,
+                .backoff_max_s = cfg.trainer.retry_backoff_max_s, .rank = rank, .rng = ctx_base ^ (uint64_t)rank};
     int tty = isatty(STDERR_FILENO);
     int nbatches = (int)((ntrain + bs - 1) / bs);
     if (max_batches && max_batches < nbatches) nbatches = (int)max_batches;
@@ -279,23 +427,16 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "ps-train: %s\n", err.msg);
                 goto out;
             }
-            uint64_t ctx = ctx_base | ++ctx_counter, version;
-            int64_t cols;
-            if (ps_client_forward(cl, ctx, (uint32_t)rank, 1, x, n, 1, (int)train.rows, (int)train.cols, lp,
-                                  (int64_t)cap * k, &cols, &version, &err))
-                goto rpc_fail;
-            if (cols != k) { fprintf(stderr, "ps-train: model returned %lld outputs, expected %d\n", (long long)cols, k); goto out; }
-            last_loss = nll_loss(lp, y, n, k, grad);
-            if (ps_client_backward(cl, ctx, grad, n, k, fuse && !cfg.trainer.check_gradients, &version, &err))
-                goto rpc_fail;
-            if (cfg.trainer.check_gradients) {
-                double e;
-                if (check_gradients(cl, ctx, &params, lp, y, n, k, &e)) goto out;
-                if (b % cfg.trainer.log_every == 0)
-                    printf("Rank %ld gradient check batch %d: %zu gradients OK, output bias max error %.2e\n",
-                           rank, b, params.n, e);
-            }
-            if ((!fuse || cfg.trainer.check_gradients) && ps_client_step(cl, ctx, &version, &err)) goto rpc_fail;
+            batch_job job = {.cl = cl, .rank = rank, .x = x, .y = y, .n = n, .rows = (int)train.rows,
+                             .cols = (int)train.cols, .k = k, .cap = cap, .fuse = fuse,
+                             .check = cfg.trainer.check_gradients, .params = &params, .lp = lp, .grad = grad,
+                             .ctx_base = ctx_base, .ctx_counter = &ctx_counter};
+            if (train_batch(&job, &rt, &err)) goto rpc_fail;
+            last_loss = job.loss;
+            version = job.version;
+            if (job.checked && b % cfg.trainer.log_every == 0)
+                printf("Rank %ld gradient check batch %d: %zu gradients OK, output bias max error %.2e\n",
+                       rank, b, params.n, job.grad_err);
             samples += n;
             if (b % cfg.trainer.log_every == 0) {
                 if (tty) fprintf(stderr, "\r\033[K");
@@ -314,6 +455,7 @@ int main(int argc, char **argv) {
     if (tty) fprintf(stderr, "\r\033[K");
     printf("Training complete!\n");
     printf("Rank %ld: %ld samples in %.1f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
+    if (rt.total) printf("Rank %ld: %ld RPC retries\n", rank, rt.total);
     fflush(stdout);
 
     /* Test-set accuracy with the server's current weights. */
@@ -324,9 +466,12 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) idx[i] = s + (uint32_t)i;
         if (ps_mnist_batch(&test, idx, n, x, y, &err)) { fprintf(stderr, "ps-train: %s\n", err.msg); goto out; }
         int64_t cols;
-        if (ps_client_forward(cl, 0, (uint32_t)rank, 0, x, n, 1, (int)test.rows, (int)test.cols, lp,
-                              (int64_t)cap * k, &cols, NULL, &err))
-            goto rpc_fail;
+        retry_reset(&rt);
+        ps_status est;
+        while ((est = ps_client_forward(cl, 0, (uint32_t)rank, 0, x, n, 1, (int)test.rows, (int)test.cols, lp,
+                                        (int64_t)cap * k, &cols, NULL, &err)) &&
+               retryable(est) && retry_wait(&rt, "evaluation Forward", &err)) {}
+        if (est) goto rpc_fail;
         for (int i = 0; i < n; i++) {
             int best = 0;
             for (int c = 1; c < k; c++)
@@ -344,6 +489,7 @@ out:
     free(x); free(y); free(lp); free(grad); free(order);
     ps_wire_param_list_free(&params);
     ps_client_free(cl);
+    ps_security_free(&sec);
     ps_mnist_free(&train);
     ps_mnist_free(&test);
     grpc_shutdown();

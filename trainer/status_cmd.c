@@ -6,15 +6,19 @@
 
 #include "config.h"
 #include "ps_client.h"
+#include "security.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ps-train status [--server ADDR] [--config FILE] [--timeout-s S]\n"
+            "usage: ps-train status [--server ADDR] [--config FILE] [--timeout-s S] [--set KEY=VALUE]\n"
             "  prints what psd's Status RPC returns: uptime, model version (steps),\n"
             "  samples, live contexts, trainers seen, last checkpoint\n"
             "  -s, --server ADDR   psd address host:port (default: server.address of the config)\n"
             "  -c, --config FILE   cluster config (YAML)\n"
-            "      --timeout-s S   give up after S seconds (default 5)\n");
+            "      --timeout-s S   give up after S seconds (default 5)\n"
+            "      --set KEY=VALUE override a config key (e.g. security.token_file=...)\n"
+            "  TLS and tokens come from the config's security.* keys, as for training.\n"
+            "  (ps-train --status prints the same as key: value lines for scripts.)\n");
 }
 
 static const char *value_of(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
@@ -41,6 +45,8 @@ int ps_status_cmd_main(int argc, char **argv) {
     ps_config_defaults(&cfg);
     ps_err err = {0};
     const char *server = NULL, *config = NULL;
+    const char *sets[64];
+    int nsets = 0;
     double timeout_s = 5;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -48,6 +54,10 @@ int ps_status_cmd_main(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
         if ((v = value_of(argc, argv, &i, "--server", "-s", &missing))) server = v;
         else if ((v = value_of(argc, argv, &i, "--config", "-c", &missing))) config = v;
+        else if ((v = value_of(argc, argv, &i, "--set", NULL, &missing))) {
+            if (nsets == 64) { fprintf(stderr, "ps-train status: too many --set\n"); return 2; }
+            sets[nsets++] = v;
+        }
         else if ((v = value_of(argc, argv, &i, "--timeout-s", NULL, &missing))) {
             ps_config tmp = cfg; /* the same checks as trainer.rpc_timeout_s */
             if (ps_config_set(&tmp, "trainer.rpc_timeout_s", v, "--timeout-s", &err)) {
@@ -62,14 +72,29 @@ int ps_status_cmd_main(int argc, char **argv) {
         if (missing) { fprintf(stderr, "ps-train status: %s needs a value\n", argv[i]); return 2; }
     }
     if (config && ps_config_load(&cfg, config, &err)) { fprintf(stderr, "ps-train status: %s\n", err.msg); return 2; }
+    for (int i = 0; i < nsets; i++) {
+        const char *eq = strchr(sets[i], '=');
+        char key[256];
+        if (!eq || eq == sets[i] || (size_t)(eq - sets[i]) >= sizeof key) {
+            fprintf(stderr, "ps-train status: --set needs KEY=VALUE, got '%s'\n", sets[i]);
+            return 2;
+        }
+        snprintf(key, sizeof key, "%.*s", (int)(eq - sets[i]), sets[i]);
+        if (ps_config_set(&cfg, key, eq + 1, "command line", &err)) {
+            fprintf(stderr, "ps-train status: %s\n", err.msg);
+            return 2;
+        }
+    }
     if (server && ps_config_set(&cfg, "server.address", server, "--server", &err)) {
         fprintf(stderr, "ps-train status: %s\n", err.msg);
         return 2;
     }
 
+    ps_security sec;
+    if (ps_security_client(&cfg, &sec, &err)) { fprintf(stderr, "ps-train status: %s\n", err.msg); return 2; }
     grpc_init();
     int rc = 1;
-    ps_client *cl = ps_client_create(cfg.server.address, (int)(timeout_s * 1000), 4 << 20, &err);
+    ps_client *cl = ps_client_create_secure(cfg.server.address, (int)(timeout_s * 1000), 4 << 20, &sec.rpc, &err);
     ps_StatusResponse st = ps_StatusResponse_init_zero;
     if (!cl || ps_client_status(cl, &st, &err)) {
         fprintf(stderr, "ps-train status: %s\n", err.msg);
@@ -91,10 +116,13 @@ int ps_status_cmd_main(int argc, char **argv) {
     } else {
         printf("  last checkpoint   none\n");
     }
+    printf("  non-finite        policy %s: %llu calls rejected, %llu steps skipped\n", st.nonfinite_policy,
+           (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped);
     printf("  consistency       %s\n", st.consistency);
     rc = 0;
 out:
     ps_client_free(cl);
+    ps_security_free(&sec);
     grpc_shutdown();
     return rc;
 }

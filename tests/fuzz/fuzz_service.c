@@ -1,0 +1,147 @@
+/* fuzz_service - libFuzzer target over psd's request decoding and
+ * validation: the ParameterServer handlers exactly as the rpc layer calls
+ * them, fed byte buffers built from the fuzz input, plus the tokens-file
+ * parser. Build and run: `make fuzz` (FUZZ_SECONDS=60 by default).
+ *
+ * Input: a sequence of records, each
+ *     byte 0   selector: low 3 bits pick the handler (7 = tokens parser),
+ *              bits 3-4 how many slices the payload is split into (1-4),
+ *              bit 5 the nonfinite policy of this input's service (skip)
+ *     byte 1-2 payload length, little endian (cut to what is left)
+ *     payload  the request message bytes
+ * so one input can open a context with Forward, then Backward, GetGradients
+ * and Step it. Each input gets a fresh service (contexts, counters) over one
+ * model made once, with small limits (64 KiB messages, 8 contexts) so
+ * memory stays bounded.
+ *
+ * Properties checked on every call (a violation aborts = a finding):
+ *  - a handler answers OK with a response, or a non-OK code with a
+ *    non-empty, NUL-terminated message; never both a response and an error;
+ *  - an OK response is a well-formed protobuf of the method's reply type;
+ *  - ASan/UBSan: no memory error, leak or undefined behaviour.
+ * The model's weights must stay finite whatever was sent. */
+#include <grpc/grpc.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "security.h"
+#include "service.h"
+#include "wire.h"
+
+static ps_model *g_model;  /* made once: building it per input would dominate */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    grpc_init();
+    ps_err err = {0};
+    ps_model_opts mo = {.arch = "mnist_cnn", .cpu_backend = "dnnl", .seed = 1, .compute_threads = 1,
+                        .lr = 0.03f};
+    g_model = ps_model_create(&mo, &err);
+    if (!g_model) {
+        fprintf(stderr, "fuzz_service: %s\n", err.msg);
+        abort();
+    }
+    return 0;
+}
+
+static void require(int ok, const char *what, const char *details) {
+    if (ok) return;
+    fprintf(stderr, "fuzz_service: property violated: %s (details: '%s')\n", what, details);
+    abort();
+}
+
+static const pb_msgdesc_t *reply_fields(const char *path) {
+    if (strstr(path, "/Forward")) return ps_ForwardResponse_fields;
+    if (strstr(path, "/Backward")) return ps_BackwardResponse_fields;
+    if (strstr(path, "/Step")) return ps_StepResponse_fields;
+    if (strstr(path, "/Status")) return ps_StatusResponse_fields;
+    return NULL;  /* callback-heavy replies: checked by size only */
+}
+
+static void call_handler(ps_service *svc, const ps_rpc_method *m, const uint8_t *p, size_t n, int nslices) {
+    grpc_slice sl[4];
+    size_t off = 0;
+    for (int i = 0; i < nslices; i++) {
+        size_t len = i == nslices - 1 ? n - off : (n - off) / 2;
+        sl[i] = grpc_slice_from_copied_buffer((const char *)p + off, len);
+        off += len;
+    }
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, (size_t)nslices);
+    for (int i = 0; i < nslices; i++) grpc_slice_unref(sl[i]);
+    grpc_byte_buffer *resp = NULL;
+    grpc_status_code code = GRPC_STATUS_OK;
+    char details[PS_RPC_DETAILS_MAX];
+    details[0] = '\0';
+    ps_rpc_call_info info = {m->path, "fuzz", gpr_inf_future(GPR_CLOCK_MONOTONIC), "fuzzer"};
+    m->fn(svc, &info, bb, &resp, &code, details, sizeof details);
+    require(memchr(details, 0, sizeof details) != NULL, "details NUL-terminated", "");
+    if (code == GRPC_STATUS_OK) {
+        const pb_msgdesc_t *f = reply_fields(m->path);
+        if (f && resp) {
+            /* Decode the reply back; Forward's tensor goes through the real decoder. */
+            ps_err err = {0};
+            union { ps_ForwardResponse fw; ps_BackwardResponse bw; ps_StepResponse st; ps_StatusResponse ss; } r;
+            memset(&r, 0, sizeof r);
+            ps_wire_tensor_in in;
+            ps_wire_tensor_in_init(&in, 1 << 20);
+            if (f == ps_ForwardResponse_fields) ps_wire_tensor_decode_bind(&r.fw.output, &in);
+            require(ps_wire_decode(resp, f, &r, &err) == PS_OK, "reply decodes", err.msg);
+            if (f == ps_ForwardResponse_fields)
+                require(ps_wire_tensor_check(&r.fw.output, &in, "out", &err) == PS_OK, "reply tensor", err.msg);
+            ps_wire_tensor_in_free(&in);
+        }
+    } else {
+        require(details[0] != '\0', "an error has a message", details);
+    }
+    if (resp) grpc_byte_buffer_destroy(resp);
+    grpc_byte_buffer_destroy(bb);
+}
+
+static void parse_tokens(const uint8_t *p, size_t n) {
+    char *text = malloc(n + 1);
+    if (!text) return;
+    memcpy(text, p, n);
+    text[n] = '\0';
+    ps_rpc_token *t = NULL;
+    int cnt = 0;
+    ps_err err = {0};
+    ps_status st = ps_security_parse_tokens(text, "fuzz", &t, &cnt, &err);
+    require(st == PS_OK ? (t && cnt > 0) : (!t && cnt == 0 && err.msg[0]), "tokens parser contract", err.msg);
+    for (int i = 0; i < cnt; i++)
+        require(strlen(t[i].token) >= 16 && strlen(t[i].name) >= 1, "tokens parser checks", t[i].name);
+    free(t);
+    free(text);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    ps_err err = {0};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 8, .max_message_bytes = 64 << 10,
+                          .consistency = "fuzz", .nonfinite_skip = (data[0] >> 5) & 1};
+    ps_service *svc = ps_service_create(g_model, &so, &err);
+    if (!svc) abort();
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    size_t i = 0;
+    for (int rec = 0; rec < 16 && i < size; rec++) {
+        uint8_t sel = data[i++];
+        size_t len = 0;
+        if (i < size) len = data[i++];
+        if (i < size) len |= (size_t)data[i++] << 8;
+        if (len > size - i) len = size - i;
+        int which = sel & 7;
+        int nslices = 1 + ((sel >> 3) & 3);
+        if (which < nm) call_handler(svc, &methods[which], data + i, len, nslices);
+        else parse_tokens(data + i, len);
+        i += len;
+    }
+    ps_service_free(svc);
+    return 0;
+}

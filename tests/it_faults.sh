@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Integration: psd killed with SIGKILL in the middle of training and
+# restarted on the same address. Two ps-train processes (80 batches each)
+# must retry with backoff (UNAVAILABLE while psd is down), settle their
+# in-flight step with the idempotent Step, re-run batches whose context
+# died with psd, and finish with exit 0 against the restarted psd.
+# Then: with psd gone for good, a trainer gives up after
+# trainer.retry_max_s instead of hanging.
+#
+# Checkpoints: when psd supports them (psd --help lists --checkpoint-dir;
+# issue 5), psd runs with a checkpoint every CKPT_STEPS steps and the test
+# also asserts that the restarted psd resumed from the newest checkpoint and
+# that only the steps since that checkpoint were lost: the batches the
+# first psd acknowledged after it are the only ones missing at the end.
+# TODO(checkpoints): without that support (this branch) the restarted psd
+# starts from the initial weights and everything the first psd learned is
+# lost; the script says so and checks the rest. PSD_BIN may point at
+# another build's psd (e.g. one with checkpoints).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DATA=${DATA:-data/mnist}
+BATCHES=${BATCHES:-80}
+PSD_BIN=${PSD_BIN:-$BUILD/bin/psd}
+CKPT_STEPS=${CKPT_STEPS:-10}
+port=$(( 20000 + RANDOM % 20000 ))
+addr="127.0.0.1:$port"
+tmp=$(mktemp -d /tmp/it_faults.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
+field() { sed -n "s/^$1: //p"; }
+ckpt=()
+if "$PSD_BIN" --help 2>&1 | grep -q -- --checkpoint-dir; then
+  ckpt=(--checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS" --set server.checkpoint_every_s=0)
+  echo "psd has checkpoints: every $CKPT_STEPS steps into $tmp/ckpt"
+else
+  echo "psd has no checkpoints in this build: the restarted psd starts from scratch (TODO: issue 5)"
+fi
+start_psd() {
+  "$PSD_BIN" --listen "$addr" --log-level info "${ckpt[@]}" 2>>"$tmp/psd.log" &
+  psd=$!; pids+=("$psd")
+  for _ in $(seq 100); do status >/dev/null && return 0; sleep 0.1; done
+  echo "psd did not come up"; cat "$tmp/psd.log"; exit 1
+}
+
+start_psd
+retry=(--set trainer.rpc_timeout_s=10 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.1
+       --set trainer.retry_backoff_max_s=1)
+for r in 1 2; do
+  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --data "$DATA" --max-batches "$BATCHES" \
+      --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
+  eval "t$r=\$!"; pids+=("$!")
+done
+# Kill psd once both trainers are well into training.
+for _ in $(seq 600); do
+  grep -q "training batch 15 " "$tmp/t1.log" && grep -q "training batch 15 " "$tmp/t2.log" && break
+  sleep 0.05
+done
+v1=$(status | field model_version)
+kill -9 "$psd"; wait "$psd" 2>/dev/null || true
+echo "psd SIGKILLed at model version ~$v1; restarting in 2 s"
+newest=0
+if [ ${#ckpt[@]} -gt 0 ]; then
+  f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1)
+  [ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }
+  newest=$(echo "$f" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
+fi
+sleep 2
+start_psd
+restored=0
+if [ ${#ckpt[@]} -gt 0 ]; then
+  restored=$(sed -n 's/.*resumed from checkpoint .*: model version \([0-9]*\).*/\1/p' "$tmp/psd.log" | tail -n 1)
+  echo "restarted psd resumed at model version $restored (newest checkpoint: step $newest; ~$(( v1 - restored )) steps since it lost)"
+  [ "$restored" = "$newest" ] || { echo "resumed at $restored, newest checkpoint is $newest"; exit 1; }
+  [ "$restored" -gt 0 ] && [ "$restored" -le "$v1" ] || { echo "checkpoint step $restored not in (0, $v1]"; exit 1; }
+fi
+rc=0
+wait "$t1" || rc=1
+wait "$t2" || rc=1
+for r in 1 2; do
+  echo "--- trainer $r: $(grep -c 'retry [0-9]* in' "$tmp/t$r.log") retries logged; $(grep -c 'running the batch again' "$tmp/t$r.log") batches re-run"
+  grep -E "retry 1 in|running the batch again|RPC retries|Training complete|accuracy" "$tmp/t$r.log" | head -n 6
+done
+[ $rc -eq 0 ] || { echo "a trainer failed:"; tail -n 20 "$tmp"/t*.log; exit 1; }
+for r in 1 2; do
+  grep -q "Training complete!" "$tmp/t$r.log" || { echo "trainer $r did not complete"; exit 1; }
+  grep -q "retry [0-9]* in" "$tmp/t$r.log" || { echo "trainer $r never retried: psd was not down while it trained?"; exit 1; }
+done
+s=$(status)
+v2=$(echo "$s" | field model_version); live=$(echo "$s" | field live_contexts)
+v2=$(( v2 - restored ))  # the steps the restarted psd applied itself
+total=$(( 2 * BATCHES ))
+echo "restarted psd applied $v2 steps itself (of $total batches; the first psd applied ~$v1 before it died, $restored restored from its checkpoint), live contexts $live"
+# Each batch's step is applied once on the psd that acknowledged it, so the
+# second psd holds exactly the batches the first did not acknowledge: at most
+# total - v1 + 2 (one unacknowledged step per trainer at the kill), and the
+# first psd could not have acknowledged many more than v1 before the kill.
+[ "$v2" -le $(( total - v1 + 2 )) ] || { echo "more steps ($v2) than batches left ($total - $v1 + 2): a step applied twice?"; exit 1; }
+[ "$v2" -ge $(( total - v1 - 12 )) ] || { echo "too few steps ($v2) on the restarted psd: batches lost?"; exit 1; }
+[ "$live" = 0 ] || { echo "live contexts $live after the trainers finished"; exit 1; }
+
+# psd gone for good in the middle of training: bounded retries, then a clear error.
+kill -TERM "$psd"; wait "$psd" || { echo "psd did not stop cleanly"; exit 1; }
+start_psd
+"$BUILD/bin/ps-train" --server "$addr" --data "$DATA" --log-every 1 --set trainer.rpc_timeout_s=1 \
+    --set trainer.retry_max_s=3 --set trainer.retry_backoff_s=0.1 >"$tmp/gone.log" 2>&1 &
+tg=$!; pids+=("$tg")
+for _ in $(seq 600); do grep -q "training batch 3 " "$tmp/gone.log" && break; sleep 0.05; done
+kill -9 "$psd"; wait "$psd" 2>/dev/null || true
+t0=$(date +%s%N)
+set +e
+wait "$tg"; grc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giving up' "$tmp/gone.log")"
+[ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after" "$tmp/gone.log" ||
+  { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
+trap - EXIT
+rm -rf "$tmp"
+if [ ${#ckpt[@]} -gt 0 ]; then
+  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"
+else
+  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, bounded give-up: OK (TODO: checkpoint restore, issue 5)"
+fi

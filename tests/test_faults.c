@@ -1,0 +1,224 @@
+/* test_faults - a trainer killed with SIGKILL in the middle of its steps.
+ *
+ * Starts the real psd (build/bin/psd, loopback, server.context_ttl_s = 2),
+ * then a helper trainer process (this program re-run with --open-and-die)
+ * that opens 6 training contexts of batch 128 with Forward and kills
+ * itself with SIGKILL before their Backward/Step - a trainer dying
+ * mid-step. Meanwhile a healthy trainer (a thread here) keeps running
+ * Forward/Backward/Step cycles. Checks, from psd's Status and
+ * /proc/<psd>/status:
+ *  - the dead trainer's contexts are live, and psd's RSS grew by them;
+ *  - they expire after the TTL (expired_contexts), live returns to 0, and
+ *    psd's RSS comes back down (memory returned);
+ *  - every step of the healthy trainer succeeded, during and after.
+ * Also: every RPC has a deadline - a call to a psd that is stopped
+ * (SIGSTOP) ends with DEADLINE_EXCEEDED instead of hanging. */
+#include <errno.h>
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ps_client.h"
+
+extern char **environ;
+
+#define MAXMSG (64 << 20)
+#define DEAD_CTXS 6
+#define DEAD_BATCH 128
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fill(float *x, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(((i + seed) * 7919) % 255) / 255.0f - 0.4f;
+}
+
+/* The dying trainer: open contexts, then SIGKILL itself (never returns). */
+static int open_and_die(const char *addr) {
+    grpc_init();
+    ps_err err = {0};
+    ps_client *c = ps_client_create(addr, 30000, MAXMSG, &err);
+    float *x = malloc((size_t)DEAD_BATCH * 784 * sizeof(float));
+    float *out = malloc((size_t)DEAD_BATCH * 10 * sizeof(float));
+    if (!c || !x || !out) return 3;
+    fill(x, (size_t)DEAD_BATCH * 784, 1);
+    int64_t cols;
+    for (int i = 0; i < DEAD_CTXS; i++)
+        if (ps_client_forward(c, 0xdead000000000000ULL + (uint64_t)i, 9, 1, x, DEAD_BATCH, 1, 28, 28, out,
+                              (int64_t)DEAD_BATCH * 10, &cols, NULL, &err)) {
+            fprintf(stderr, "open-and-die: %s\n", err.msg);
+            return 4;
+        }
+    raise(SIGKILL);
+    return 5;
+}
+
+static long rss_kb(pid_t pid) {
+    char p[64], line[256];
+    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(p, "r");
+    long kb = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return kb;
+}
+
+/* 'R', 'S', 'T' (stopped), ... from /proc/<pid>/stat. */
+static char proc_state(pid_t pid) {
+    char p[64], buf[512];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *r = strrchr(buf, ')');
+    return r && r[1] == ' ' ? r[2] : '?';
+}
+
+typedef struct healthy {
+    const char *addr;
+    volatile int stop;  /* set by main */
+    int steps, failures;
+    char last_err[PS_ERR_MSG_MAX];
+} healthy;
+
+static void *healthy_main(void *arg) {
+    healthy *h = arg;
+    ps_err err = {0};
+    ps_client *c = ps_client_create(h->addr, 30000, MAXMSG, &err);
+    float x[8 * 784], out[80], g[80] = {0};
+    fill(x, sizeof x / sizeof x[0], 2);
+    for (int i = 0; i < 8; i++) g[i * 10 + i % 10] = -1.0f / 8;
+    uint64_t ctx = 0xbeef000000000000ULL;
+    int64_t cols;
+    while (c && !__atomic_load_n(&h->stop, __ATOMIC_RELAXED)) {
+        ++ctx;
+        if (ps_client_forward(c, ctx, 1, 1, x, 8, 1, 28, 28, out, 80, &cols, NULL, &err) ||
+            ps_client_backward(c, ctx, g, 8, 10, 0, NULL, &err) || ps_client_step(c, ctx, NULL, &err)) {
+            h->failures++;
+            snprintf(h->last_err, sizeof h->last_err, "%s", err.msg);
+        } else {
+            h->steps++;
+        }
+    }
+    ps_client_free(c);
+    return NULL;
+}
+
+static int status(ps_client *c, ps_StatusResponse *st) {
+    ps_err err = {0};
+    if (ps_client_status(c, st, &err)) {
+        fprintf(stderr, "Status: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--open-and-die")) return open_and_die(argv[2]);
+    const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    char psd_bin[256];
+    snprintf(psd_bin, sizeof psd_bin, "%s/bin/psd", build);
+    if (access(psd_bin, X_OK) != 0) return check_skip("test_faults", "build/bin/psd not built");
+
+    srand((unsigned)getpid());
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", 20000 + rand() % 20000);
+    char *psd_argv[] = {psd_bin, "--listen", addr, "--set", "server.context_ttl_s=2", "--log-level", "warn", NULL};
+    pid_t psd;
+    if (posix_spawn(&psd, psd_bin, NULL, NULL, psd_argv, environ) != 0) { perror("spawn psd"); return 1; }
+
+    grpc_init();
+    ps_err err = {0};
+    ps_client *c = ps_client_create(addr, 5000, MAXMSG, &err);
+    ps_StatusResponse st;
+    double t0 = now_s();
+    int up = 0;
+    while (!up && now_s() - t0 < 30) {
+        up = ps_client_status(c, &st, &err) == PS_OK;
+        if (!up) usleep(100000);
+    }
+    CHECK_MSG(up, "psd did not come up on %s: %s", addr, err.msg);
+    if (!up) { kill(psd, SIGKILL); waitpid(psd, NULL, 0); return check_summary("test_faults"); }
+    long rss0 = rss_kb(psd);
+
+    healthy h = {.addr = addr};
+    pthread_t th;
+    pthread_create(&th, NULL, healthy_main, &h);
+
+    /* The trainer that dies mid-step. */
+    char *child_argv[] = {"/proc/self/exe", "--open-and-die", addr, NULL};
+    pid_t child;
+    CHECK(posix_spawn(&child, "/proc/self/exe", NULL, NULL, child_argv, environ) == 0);
+    int ws = 0;
+    waitpid(child, &ws, 0);
+    CHECK_MSG(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL, "helper ended with status %d", ws);
+    CHECK(status(c, &st) == 0);
+    long rss1 = rss_kb(psd);
+    CHECK_MSG(st.live_contexts >= DEAD_CTXS, "live %llu", (unsigned long long)st.live_contexts);
+    uint64_t expired0 = st.expired_contexts;
+    printf("after SIGKILL of the trainer: %llu live contexts, psd RSS %ld -> %ld MiB\n",
+           (unsigned long long)st.live_contexts, rss0 >> 10, rss1 >> 10);
+    CHECK_MSG(rss1 - rss0 > 100 * 1024, "the dead trainer's contexts should hold > 100 MiB (RSS %ld -> %ld kB)",
+              rss0, rss1);
+
+    /* They expire after the TTL (2 s; psd checks once a second). */
+    t0 = now_s();
+    while (now_s() - t0 < 15 && status(c, &st) == 0 && st.expired_contexts < expired0 + DEAD_CTXS) usleep(200000);
+    double took = now_s() - t0;
+    CHECK_MSG(st.expired_contexts >= expired0 + DEAD_CTXS, "expired %llu", (unsigned long long)st.expired_contexts);
+    CHECK_MSG(took < 6, "expiry took %.1f s with a 2 s TTL", took);
+    usleep(300000);
+    long rss2 = rss_kb(psd);
+    printf("after expiry (%.1f s): %llu expired, psd RSS %ld MiB\n", took,
+           (unsigned long long)st.expired_contexts, rss2 >> 10);
+    CHECK_MSG(rss2 < rss0 + (rss1 - rss0) / 3, "memory not returned: RSS %ld -> %ld -> %ld kB", rss0, rss1, rss2);
+
+    /* The healthy trainer was never disturbed. */
+    int steps_then = h.steps;
+    usleep(500000);
+    __atomic_store_n(&h.stop, 1, __ATOMIC_RELAXED);
+    pthread_join(th, NULL);
+    CHECK_MSG(h.failures == 0, "healthy trainer: %d failures, last: %s", h.failures, h.last_err);
+    CHECK(h.steps > steps_then && h.steps > 5);
+    CHECK(status(c, &st) == 0);
+    CHECK_MSG(st.live_contexts == 0, "live %llu", (unsigned long long)st.live_contexts);
+    CHECK(st.model_version == (uint64_t)h.steps);
+    printf("healthy trainer: %d steps, 0 failures; live contexts now %llu\n", h.steps,
+           (unsigned long long)st.live_contexts);
+
+    /* Every call has a deadline: a frozen psd gives DEADLINE_EXCEEDED, not a hang. */
+    ps_client *quick = ps_client_create(addr, 1000, MAXMSG, &err);
+    kill(psd, SIGSTOP);
+    for (int i = 0; i < 100 && proc_state(psd) != 'T'; i++) usleep(10000);  /* stopped for sure */
+    CHECK(proc_state(psd) == 'T');
+    t0 = now_s();
+    ps_status rc = ps_client_status(quick, &st, &err);
+    double waited = now_s() - t0;
+    kill(psd, SIGCONT);
+    CHECK_MSG(rc == PS_ERR_DEADLINE_EXCEEDED, "rc %s after %.2f s: %s", ps_status_name(rc), waited, err.msg);
+    CHECK_MSG(waited < 3, "call to a frozen psd took %.1f s with a 1 s deadline", waited);
+    CHECK(ps_client_status(quick, &st, &err) == PS_OK);  /* and it serves again */
+    ps_client_free(quick);
+
+    ps_client_free(c);
+    grpc_shutdown();
+    kill(psd, SIGTERM);
+    waitpid(psd, &ws, 0);
+    CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "psd exit status %d", ws);
+    return check_summary("test_faults");
+}
