@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "cli.h"
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
@@ -80,18 +81,6 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     return 0;
 }
 
-/* --name VALUE or --name=VALUE; advances *i. Returns NULL if argv[*i] is not name. */
-static const char *flag_value(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
-    const char *a = argv[*i];
-    size_t n = strlen(lng);
-    if (!strncmp(a, lng, n) && a[n] == '=') return a + n + 1;
-    if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
-        if (*i + 1 >= argc) { *missing = 1; return NULL; }
-        return argv[++*i];
-    }
-    return NULL;
-}
-
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -110,9 +99,9 @@ int main(int argc, char **argv) {
     /* The config file first, then flags override it through the same setter. */
     for (int i = 1; i < argc; i++) {
         int missing = 0;
-        const char *v = flag_value(argc, argv, &i, "--config", "-c", &missing);
+        const char *v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing);
         if (v) config_path = v;
-        else if ((v = flag_value(argc, argv, &i, "--check-config", NULL, &missing))) {
+        else if ((v = ps_cli_value(argc, argv, &i, "--check-config", NULL, &missing))) {
             config_path = v;
             check_config = 1;
         }
@@ -136,23 +125,22 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--print-config")) { print_config = 1; continue; }
-        if ((v = flag_value(argc, argv, &i, "--config", "-c", &missing))) continue;
-        if ((v = flag_value(argc, argv, &i, "--check-config", NULL, &missing))) continue;
-        if ((v = flag_value(argc, argv, &i, "--init-from", NULL, &missing))) { init_from = v; continue; }
+        if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
+        if ((v = ps_cli_value(argc, argv, &i, "--check-config", NULL, &missing))) continue;
+        if ((v = ps_cli_value(argc, argv, &i, "--init-from", NULL, &missing))) { init_from = v; continue; }
         const char *key = NULL;
         char kv[512];
-        if ((v = flag_value(argc, argv, &i, "--listen", "-l", &missing))) key = "server.listen";
-        else if ((v = flag_value(argc, argv, &i, "--backend", "-b", &missing))) key = "model.backend";
-        else if ((v = flag_value(argc, argv, &i, "--log-level", NULL, &missing))) key = "server.log_level";
-        else if ((v = flag_value(argc, argv, &i, "--checkpoint-dir", NULL, &missing))) key = "server.checkpoint_dir";
-        else if ((v = flag_value(argc, argv, &i, "--metrics-listen", NULL, &missing))) key = "server.metrics_listen";
-        else if ((v = flag_value(argc, argv, &i, "--log-file", NULL, &missing))) key = "server.log_file";
-        else if ((v = flag_value(argc, argv, &i, "--set", NULL, &missing))) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v) { fprintf(stderr, "psd: --set needs KEY=VALUE, got '%s'\n", v); return 2; }
-            snprintf(kv, sizeof kv, "%.*s", (int)(eq - v), v);
+        if ((v = ps_cli_value(argc, argv, &i, "--listen", "-l", &missing))) key = "server.listen";
+        else if ((v = ps_cli_value(argc, argv, &i, "--backend", "-b", &missing))) key = "model.backend";
+        else if ((v = ps_cli_value(argc, argv, &i, "--log-level", NULL, &missing))) key = "server.log_level";
+        else if ((v = ps_cli_value(argc, argv, &i, "--checkpoint-dir", NULL, &missing))) key = "server.checkpoint_dir";
+        else if ((v = ps_cli_value(argc, argv, &i, "--metrics-listen", NULL, &missing))) key = "server.metrics_listen";
+        else if ((v = ps_cli_value(argc, argv, &i, "--log-file", NULL, &missing))) key = "server.log_file";
+        else if ((v = ps_cli_value(argc, argv, &i, "--set", NULL, &missing))) {
+            const char *val = ps_cli_split_kv(v, kv, sizeof kv);
+            if (!val) { fprintf(stderr, "psd: --set needs KEY=VALUE, got '%s'\n", v); return 2; }
             key = kv;
-            v = eq + 1;
+            v = val;
         }
         if (missing) { fprintf(stderr, "psd: %s needs a value\n", a); return 2; }
         if (!key) { fprintf(stderr, "psd: unknown option '%s' (see psd --help)\n", a); return 2; }

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "config.h"
 #include "log.h"
 #include "mnist.h"
@@ -47,17 +48,6 @@ static void usage(FILE *f) {
             "      --set KEY=VALUE      override any config key\n"
             "  -V, --version            print the version and exit\n"
             "  -h, --help               this help\n");
-}
-
-static const char *flag_value(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
-    const char *a = argv[*i];
-    size_t n = strlen(lng);
-    if (!strncmp(a, lng, n) && a[n] == '=') return a + n + 1;
-    if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
-        if (*i + 1 >= argc) { *missing = 1; return NULL; }
-        return argv[++*i];
-    }
-    return NULL;
 }
 
 /* Strict integer parse of a flag value. */
@@ -281,7 +271,7 @@ int main(int argc, char **argv) {
     const char *config_path = NULL;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
-        const char *v = flag_value(argc, argv, &i, "--config", "-c", &missing);
+        const char *v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing);
         if (v) config_path = v;
         if (missing) { fprintf(stderr, "ps-train: %s needs a value\n", argv[i]); return 2; }
     }
@@ -299,30 +289,29 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--shard")) { shard = 1; continue; }
         else if (!strcmp(a, "--status")) { status_only = 1; continue; }
         else if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
-        else if ((v = flag_value(argc, argv, &i, "--config", "-c", &missing))) continue;
-        else if ((v = flag_value(argc, argv, &i, "--rank", "-r", &missing))) {
+        else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
+        else if ((v = ps_cli_value(argc, argv, &i, "--rank", "-r", &missing))) {
             if (parse_long("--rank", v, 1, 1023, &rank)) return 2;
             continue;
-        } else if ((v = flag_value(argc, argv, &i, "--max-batches", NULL, &missing))) {
+        } else if ((v = ps_cli_value(argc, argv, &i, "--max-batches", NULL, &missing))) {
             if (parse_long("--max-batches", v, 1, 1L << 30, &max_batches)) return 2;
             continue;
-        } else if ((v = flag_value(argc, argv, &i, "--wait-s", NULL, &missing))) {
+        } else if ((v = ps_cli_value(argc, argv, &i, "--wait-s", NULL, &missing))) {
             if (parse_long("--wait-s", v, 0, 3600, &wait_s)) return 2;
             continue;
         }
-        else if ((v = flag_value(argc, argv, &i, "--server", "-s", &missing))) key = "server.address";
-        else if ((v = flag_value(argc, argv, &i, "--world-size", "-w", &missing))) key = "trainer.world_size";
-        else if ((v = flag_value(argc, argv, &i, "--data", "-d", &missing))) key = "trainer.data";
-        else if ((v = flag_value(argc, argv, &i, "--epochs", "-e", &missing))) key = "trainer.epochs";
-        else if ((v = flag_value(argc, argv, &i, "--batch-size", "-b", &missing))) key = "trainer.batch_size";
-        else if ((v = flag_value(argc, argv, &i, "--log-every", NULL, &missing))) key = "trainer.log_every";
-        else if ((v = flag_value(argc, argv, &i, "--seed", NULL, &missing))) key = "trainer.seed";
-        else if ((v = flag_value(argc, argv, &i, "--set", NULL, &missing))) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v) { fprintf(stderr, "ps-train: --set needs KEY=VALUE, got '%s'\n", v); return 2; }
-            snprintf(kv, sizeof kv, "%.*s", (int)(eq - v), v);
+        else if ((v = ps_cli_value(argc, argv, &i, "--server", "-s", &missing))) key = "server.address";
+        else if ((v = ps_cli_value(argc, argv, &i, "--world-size", "-w", &missing))) key = "trainer.world_size";
+        else if ((v = ps_cli_value(argc, argv, &i, "--data", "-d", &missing))) key = "trainer.data";
+        else if ((v = ps_cli_value(argc, argv, &i, "--epochs", "-e", &missing))) key = "trainer.epochs";
+        else if ((v = ps_cli_value(argc, argv, &i, "--batch-size", "-b", &missing))) key = "trainer.batch_size";
+        else if ((v = ps_cli_value(argc, argv, &i, "--log-every", NULL, &missing))) key = "trainer.log_every";
+        else if ((v = ps_cli_value(argc, argv, &i, "--seed", NULL, &missing))) key = "trainer.seed";
+        else if ((v = ps_cli_value(argc, argv, &i, "--set", NULL, &missing))) {
+            const char *val = ps_cli_split_kv(v, kv, sizeof kv);
+            if (!val) { fprintf(stderr, "ps-train: --set needs KEY=VALUE, got '%s'\n", v); return 2; }
             key = kv;
-            v = eq + 1;
+            v = val;
         }
         if (missing) { fprintf(stderr, "ps-train: %s needs a value\n", a); return 2; }
         if (!key) { fprintf(stderr, "ps-train: unknown option '%s' (see ps-train --help)\n", a); return 2; }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "config.h"
 #include "ps_client.h"
 #include "security.h"
@@ -19,17 +20,6 @@ static void usage(FILE *f) {
             "      --set KEY=VALUE override a config key (e.g. security.token_file=...)\n"
             "  TLS and tokens come from the config's security.* keys, as for training.\n"
             "  (ps-train --status prints the same as key: value lines for scripts.)\n");
-}
-
-static const char *value_of(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
-    const char *a = argv[*i];
-    size_t n = strlen(lng);
-    if (!strncmp(a, lng, n) && a[n] == '=') return a + n + 1;
-    if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
-        if (*i + 1 >= argc) { *missing = 1; return NULL; }
-        return argv[++*i];
-    }
-    return NULL;
 }
 
 static void print_duration(double s) {
@@ -52,13 +42,13 @@ int ps_status_cmd_main(int argc, char **argv) {
         int missing = 0;
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        if ((v = value_of(argc, argv, &i, "--server", "-s", &missing))) server = v;
-        else if ((v = value_of(argc, argv, &i, "--config", "-c", &missing))) config = v;
-        else if ((v = value_of(argc, argv, &i, "--set", NULL, &missing))) {
+        if ((v = ps_cli_value(argc, argv, &i, "--server", "-s", &missing))) server = v;
+        else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) config = v;
+        else if ((v = ps_cli_value(argc, argv, &i, "--set", NULL, &missing))) {
             if (nsets == 64) { fprintf(stderr, "ps-train status: too many --set\n"); return 2; }
             sets[nsets++] = v;
         }
-        else if ((v = value_of(argc, argv, &i, "--timeout-s", NULL, &missing))) {
+        else if ((v = ps_cli_value(argc, argv, &i, "--timeout-s", NULL, &missing))) {
             ps_config tmp = cfg; /* the same checks as trainer.rpc_timeout_s */
             if (ps_config_set(&tmp, "trainer.rpc_timeout_s", v, "--timeout-s", &err)) {
                 fprintf(stderr, "ps-train status: %s\n", err.msg);
@@ -73,14 +63,13 @@ int ps_status_cmd_main(int argc, char **argv) {
     }
     if (config && ps_config_load(&cfg, config, &err)) { fprintf(stderr, "ps-train status: %s\n", err.msg); return 2; }
     for (int i = 0; i < nsets; i++) {
-        const char *eq = strchr(sets[i], '=');
         char key[256];
-        if (!eq || eq == sets[i] || (size_t)(eq - sets[i]) >= sizeof key) {
+        const char *val = ps_cli_split_kv(sets[i], key, sizeof key);
+        if (!val) {
             fprintf(stderr, "ps-train status: --set needs KEY=VALUE, got '%s'\n", sets[i]);
             return 2;
         }
-        snprintf(key, sizeof key, "%.*s", (int)(eq - sets[i]), sets[i]);
-        if (ps_config_set(&cfg, key, eq + 1, "command line", &err)) {
+        if (ps_config_set(&cfg, key, val, "command line", &err)) {
             fprintf(stderr, "ps-train status: %s\n", err.msg);
             return 2;
         }

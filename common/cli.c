@@ -1,0 +1,25 @@
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *ps_cli_value(int argc, char **argv, int *i, const char *lng, const char *shrt, int *missing) {
+    const char *a = argv[*i];
+    size_t n = strlen(lng);
+    if (!strncmp(a, lng, n) && a[n] == '=') return a + n + 1;
+    if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
+        if (*i + 1 >= argc) {
+            *missing = 1;
+            return NULL;
+        }
+        return argv[++*i];
+    }
+    return NULL;
+}
+
+const char *ps_cli_split_kv(const char *kv, char *key, size_t key_len) {
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv || (size_t)(eq - kv) >= key_len) return NULL;
+    snprintf(key, key_len, "%.*s", (int)(eq - kv), kv);
+    return eq + 1;
+}
