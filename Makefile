@@ -3,6 +3,7 @@
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
+#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make install PREFIX=/usr/local DESTDIR=
 #
@@ -33,9 +34,11 @@ TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard trainer/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run test unit asan install clean
-all: $(BINS) $(TEST_BIN)
+.PHONY: all deps data run test unit asan install clean bench
+all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
 	@scripts/install-deps.sh
@@ -89,6 +92,17 @@ $(BUILD)/bin/ps-train: $(TRN_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SRV_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Performance: compute, end to end, and PyTorch's tutorial on the same data
+# (bench/run.sh; installs python3-torch for the PyTorch side). See README.
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) bench/run.sh
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

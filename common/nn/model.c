@@ -86,6 +86,8 @@ typedef struct layer {
     int64_t w_off, b_off;    /* offsets into the stage's parameter block; -1 if none */
     int w_idx;               /* index of the weight in the model's param list, -1 if none */
     int dropout_idx;         /* index among dropout layers, -1 if not dropout */
+    int in_layout;           /* PS_LAYOUT_* this layer computes its input in */
+    int out_layout;          /* PS_LAYOUT_* of its output */
 } layer;
 
 typedef struct stage {
@@ -121,6 +123,7 @@ typedef struct tape_stage {
     float **acts;            /* nlayers+1 activations; acts[0] is the stage input */
     float **masks;           /* per layer: dropout mask or NULL */
     void **ws;               /* per layer: pooling workspace or NULL */
+    float **rin;             /* per layer: its input reordered to in_layout, or NULL */
     float *grads;            /* (nweights) this context's gradients, NULL before backward */
     unsigned char *owned;    /* per activation: allocated here (1) or aliased (0) */
 } tape_stage;
@@ -151,6 +154,43 @@ static int parse_device(const char *dev, int *is_cpu, int *index) {
         return 0;
     }
     return -1;
+}
+
+/* 1 when the stage's backend offers a blocked layout for c channels. */
+static int blocked_ok(const stage *st, int c) {
+    const ps_backend_ops *ops = st->be->ops;
+    return ops->blocked_layout && ops->reorder && ops->blocked_layout(st->be->impl, c) > 0;
+}
+
+static int prev_layout(const stage *st, int l) {
+    return l == 0 ? PS_LAYOUT_PLAIN : st->layers[l - 1].out_layout;
+}
+
+/* Activation layouts: convolutions work on the backend's blocked layout
+ * where it has one (much faster kernels), relu and max-pool keep the layout
+ * they get, everything else (dropout with its masks in PyTorch order,
+ * flatten, linear, log-softmax) and the stage's output are plain. The
+ * executor reorders where consecutive layers disagree. */
+static void plan_layouts(stage *st) {
+    int cur = PS_LAYOUT_PLAIN;
+    for (int l = 0; l < st->nlayers; l++) {
+        layer *ly = &st->layers[l];
+        int last = l == st->nlayers - 1;
+        ly->in_layout = ly->out_layout = PS_LAYOUT_PLAIN;
+        switch (ly->def->kind) {
+        case LK_CONV:
+            if (blocked_ok(st, ly->in_c)) ly->in_layout = PS_LAYOUT_BLOCKED;
+            if (!last && blocked_ok(st, ly->out_c)) ly->out_layout = PS_LAYOUT_BLOCKED;
+            break;
+        case LK_RELU:
+        case LK_MAXPOOL:
+            if (!last) ly->in_layout = ly->out_layout = cur;
+            break;
+        default:
+            break;
+        }
+        cur = ly->out_layout;
+    }
 }
 
 /* PyTorch's default init for Conv2d and Linear: kaiming_uniform_(a=sqrt(5))
@@ -328,6 +368,7 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             }
             ly->out_c = c; ly->out_h = h; ly->out_w = w;
         }
+        plan_layouts(st);
         /* Initialise on the host in state_dict order, then move to the device. */
         float *host = malloc((size_t)st->nweights * sizeof(float));
         st->w = ps_backend_alloc_floats(st->be, st->nweights);
@@ -428,10 +469,13 @@ void ps_tape_free(ps_tape *t) {
             for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->masks[l]);
         if (ts->ws)
             for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->ws[l]);
+        if (ts->rin)
+            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->rin[l]);
         ps_backend_release(st->be, ts->grads);
         free(ts->acts);
         free(ts->masks);
         free(ts->ws);
+        free(ts->rin);
         free(ts->owned);
     }
     free(t);
@@ -452,6 +496,8 @@ size_t ps_model_tape_bytes(const ps_model *m, int n) {
             size_t out = (size_t)act_numel(n, ly->out_c, ly->out_h, ly->out_w) * sizeof(float);
             bytes += out;
             if (ly->def->kind == LK_DROPOUT) bytes += out;
+            if (ly->in_layout != prev_layout(st, l))
+                bytes += (size_t)act_numel(n, ly->in_c, ly->in_h, ly->in_w) * sizeof(float);
         }
     }
     return bytes;
@@ -494,6 +540,15 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     void *impl = st->be->impl;
     const float *x = ts->acts[l];
     int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
+    int pl = prev_layout(st, l);
+    if (ly->in_layout != pl) {  /* kept in the tape: backward needs the input in this layout */
+        float *r = ps_backend_alloc_floats(st->be, act_numel(n, ly->in_c, ly->in_h, ly->in_w));
+        if (!r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
+        ts->rin[l] = r;
+        ps_status rc = ops->reorder(impl, n, ly->in_c, ly->in_h, ly->in_w, x, pl, r, ly->in_layout, err);
+        if (rc != PS_OK) return rc;
+        x = r;
+    }
     if (d->kind == LK_FLATTEN || (d->kind == LK_DROPOUT && !train)) {
         ts->acts[l + 1] = (float *)x;   /* a view of the input */
         ts->owned[l + 1] = 0;
@@ -505,7 +560,8 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     ts->owned[l + 1] = 1;
     switch (d->kind) {
     case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad};
+        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
+                           ly->in_layout, ly->out_layout};
         return ops->conv2d_forward(impl, &cd, x, st->w + ly->w_off, st->w + ly->b_off, y, err);
     }
     case LK_LINEAR: {
@@ -515,7 +571,7 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     case LK_RELU:
         return ops->relu_forward(impl, out_count, x, y, err);
     case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride};
+        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
         size_t wsb = ops->maxpool_workspace_size(impl, &pd);
         ts->ws[l] = wsb ? ops->alloc(impl, wsb) : NULL;
         if (wsb && !ts->ws[l]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for pooling");
@@ -567,7 +623,8 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
         ts->owned = calloc(nl + 1, 1);
         ts->masks = calloc(nl, sizeof *ts->masks);
         ts->ws = calloc(nl, sizeof *ts->ws);
-        if (!ts->acts || !ts->owned || !ts->masks || !ts->ws) {
+        ts->rin = calloc(nl, sizeof *ts->rin);
+        if (!ts->acts || !ts->owned || !ts->masks || !ts->ws || !ts->rin) {
             ps_tape_free(t);
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         }
@@ -632,11 +689,12 @@ static ps_status layer_backward(stage *st, tape_stage *ts, int l, int n, const f
     const layer_def *d = ly->def;
     const ps_backend_ops *ops = st->be->ops;
     void *impl = st->be->impl;
-    const float *x = ts->acts[l], *y = ts->acts[l + 1];
+    const float *x = ts->rin[l] ? ts->rin[l] : ts->acts[l], *y = ts->acts[l + 1];
     int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
     switch (d->kind) {
     case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad};
+        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
+                           ly->in_layout, ly->out_layout};
         return ops->conv2d_backward(impl, &cd, x, st->w + ly->w_off, dy, dx, ts->grads + ly->w_off,
                                     ts->grads + ly->b_off, err);
     }
@@ -648,7 +706,7 @@ static ps_status layer_backward(stage *st, tape_stage *ts, int l, int n, const f
     case LK_RELU:
         return dx ? ops->relu_backward(impl, out_count, y, dy, dx, err) : PS_OK;
     case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride};
+        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
         return dx ? ops->maxpool_backward(impl, &pd, ts->ws[l], dy, dx, err) : PS_OK;
     }
     case LK_DROPOUT:
@@ -704,17 +762,27 @@ ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_e
         for (int l = st->nlayers - 1; l >= 0 && rc == PS_OK; l--) {
             layer *ly = &st->layers[l];
             int first = (s == 0 && l == 0);
-            if (ly->def->kind == LK_FLATTEN || (ly->def->kind == LK_DROPOUT && !ts->masks[l]))
-                continue;  /* views: dy passes through unchanged */
-            float *dx = NULL;
-            if (!first) {
-                dx = ps_backend_alloc_floats(st->be, act_numel(n, ly->in_c, ly->in_h, ly->in_w));
-                if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+            int64_t in_count = act_numel(n, ly->in_c, ly->in_h, ly->in_w);
+            if (!(ly->def->kind == LK_FLATTEN || (ly->def->kind == LK_DROPOUT && !ts->masks[l]))) {
+                float *dx = NULL;
+                if (!first) {
+                    dx = ps_backend_alloc_floats(st->be, in_count);
+                    if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+                }
+                rc = layer_backward(st, ts, l, n, dy, dx, err);
+                if (dy_owned) ps_backend_release(st->be, dy);
+                dy = dx;
+                dy_owned = dx != NULL;
+            }   /* else a view: dy passes through unchanged */
+            if (ts->rin[l] && dy && rc == PS_OK) {  /* back to the layout of this layer's input */
+                float *r = ps_backend_alloc_floats(st->be, in_count);
+                if (!r) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+                rc = st->be->ops->reorder(st->be->impl, n, ly->in_c, ly->in_h, ly->in_w, dy, ly->in_layout, r,
+                                          prev_layout(st, l), err);
+                if (dy_owned) ps_backend_release(st->be, dy);
+                dy = r;
+                dy_owned = 1;
             }
-            rc = layer_backward(st, ts, l, n, dy, dx, err);
-            if (dy_owned) ps_backend_release(st->be, dy);
-            dy = dx;
-            dy_owned = dx != NULL;
         }
         carry = dy;
         carry_owned = dy_owned;
