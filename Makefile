@@ -71,6 +71,9 @@ $(BUILD)/obj/proto/ps.pb.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+# The dnnl backend's elementwise loops are OpenMP (libgomp, as oneDNN's runtime).
+$(BUILD)/obj/common/nn/backend_dnnl.o: CFLAGS += -fopenmp
+
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@

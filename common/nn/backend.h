@@ -156,6 +156,12 @@ typedef struct ps_backend_ops {
      * (src != dst). Required when blocked_layout is set. */
     ps_status (*reorder)(void *impl, int n, int c, int h, int w, const float *src, int src_layout,
                          float *dst, int dst_layout, ps_err *err);
+
+    /* Optional (NULL: init's nthreads only). Compute threads for the ops
+     * the calling thread runs from now on (n >= 1), overriding init's
+     * nthreads for that thread: the model executor sizes each call by how
+     * many calls compute at once (see model.h). */
+    void (*set_threads)(void *impl, int n);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

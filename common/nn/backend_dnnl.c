@@ -25,7 +25,9 @@
  *
  * Threads: when nthreads > 0 each op first calls omp_set_num_threads(), a
  * setting of the calling thread, so every caller gets nthreads OpenMP
- * threads for oneDNN. Memory is aligned_alloc(64); copies are memcpy.
+ * threads for oneDNN - until a caller uses set_threads, from then on the
+ * threads each calling thread set apply (the model executor sizes every
+ * call). Memory is aligned_alloc(64); copies are memcpy.
  * Failed oneDNN calls become PS_ERR_INTERNAL naming the call (PS_DNNL_CHECK).
  */
 #include "backend_impl.h"
@@ -85,6 +87,7 @@ typedef struct dn_impl {
     dnnl_engine_t engine;
     int nthreads;
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
+    int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap */
     prim_entry **cache;     /* entries never move: callers keep pointers */
     size_t len, cap;
@@ -514,8 +517,15 @@ static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, p
     return st;
 }
 
-static void set_threads(const dn_impl *im) {
-    if (im->nthreads > 0) omp_set_num_threads(im->nthreads);
+static void set_threads(dn_impl *im) {
+    if (im->nthreads > 0 && !__atomic_load_n(&im->caller_threads, __ATOMIC_RELAXED))
+        omp_set_num_threads(im->nthreads);
+}
+
+static void dn_set_threads(void *impl, int n) {
+    dn_impl *im = impl;
+    __atomic_store_n(&im->caller_threads, 1, __ATOMIC_RELAXED);
+    omp_set_num_threads(n > 0 ? n : 1);
 }
 
 /* ---- lifecycle and memory ---- */
@@ -713,27 +723,35 @@ static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const f
     return run(im, &k, a, 3, err);
 }
 
-/* Elementwise ops: plain loops; they are memory bound. */
+/* Elementwise ops: memory bound; OpenMP loops (the calling thread's
+ * thread count) when they are large enough to pay for waking threads. */
+#define PS_OMP_MIN 65536
 
 static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
                           ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
     for (int64_t i = 0; i < count; i++) y[i] = x[i] * mask[i];
     return PS_OK;
 }
 
 static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
                                  const ps_sgd_desc *s, ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
     const float lr = s->lr, mom = s->momentum, wd = s->weight_decay;
     if (mom == 0.0f) {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) w[i] -= lr * (g[i] + wd * w[i]);
     } else if (s->first_step) {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = g[i] + wd * w[i];
             w[i] -= lr * buf[i];
         }
     } else {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = mom * buf[i] + (g[i] + wd * w[i]);
             w[i] -= lr * buf[i];
@@ -743,7 +761,9 @@ static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float 
 }
 
 static ps_status dn_add(void *impl, int64_t count, float *dst, const float *src, ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
     for (int64_t i = 0; i < count; i++) dst[i] += src[i];
     return PS_OK;
 }
@@ -789,4 +809,5 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .add = dn_add,
     .blocked_layout = dn_blocked_layout,
     .reorder = dn_reorder,
+    .set_threads = dn_set_threads,
 };

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rng.h"
 
@@ -117,6 +118,8 @@ struct ps_model {
     pthread_rwlock_t lock;   /* weights: shared for forward/backward, exclusive for step */
     pthread_mutex_t version_mu;
     uint64_t version;
+    int thread_budget;       /* compute threads shared by the calls computing at once */
+    int inflight;            /* __atomic: forward/backward calls computing now */
 };
 
 typedef struct tape_stage {
@@ -192,6 +195,21 @@ static void plan_layouts(stage *st) {
         cur = ly->out_layout;
     }
 }
+
+/* Start of a compute call: size its threads so that the calls computing
+ * at once share the budget (two trainers on two cores: one thread each,
+ * rather than four threads fighting over two cores). Returns the thread
+ * count; pair with call_end. */
+static int call_begin(ps_model *m, int exclusive) {
+    int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
+    int nt = m->thread_budget / (k > 0 ? k : 1);
+    if (nt < 1) nt = 1;
+    for (int s = 0; s < m->nstages; s++)
+        if (m->stages[s].be->ops->set_threads) m->stages[s].be->ops->set_threads(m->stages[s].be->impl, nt);
+    return nt;
+}
+
+static void call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
 
 /* PyTorch's default init for Conv2d and Linear: kaiming_uniform_(a=sqrt(5))
  * for the weight and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias; both
@@ -275,6 +293,11 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     m->lr = o->lr;
     m->momentum = o->momentum;
     m->weight_decay = o->weight_decay;
+    m->thread_budget = o->compute_threads;
+    if (m->thread_budget <= 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        m->thread_budget = ncpu > 0 ? (int)ncpu : 1;
+    }
 
     int maxp = 0;
     for (int s = 0; s < a->nstages; s++) maxp += 2 * a->stages[s].n;
@@ -632,6 +655,7 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
     ps_rng rng;
     ps_rng_seed(&rng, dropout_seed);
 
+    call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     if (version_used) *version_used = ps_model_version(m);
     /* The input enters the first stage's device. Eval passes on a host
@@ -668,6 +692,7 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
             rc = layer_forward(st, ts, l, n, train, dropout_masks, &rng, err);
     }
     pthread_rwlock_unlock(&m->lock);
+    call_end(m);
 
     if (rc == PS_OK) {
         stage *last = &m->stages[m->nstages - 1];
@@ -727,6 +752,7 @@ ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_e
     stage *carry_stage = NULL;
     int carry_owned = 0;
 
+    call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     for (int s = m->nstages - 1; s >= 0 && rc == PS_OK; s--) {
         stage *st = &m->stages[s];
@@ -789,6 +815,7 @@ ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_e
         carry_stage = st;
     }
     pthread_rwlock_unlock(&m->lock);
+    call_end(m);
     if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
     if (rc == PS_OK) t->has_grads = 1;
     return rc;
@@ -806,6 +833,7 @@ ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err
     if (!t->has_grads) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
     ps_status rc = PS_OK;
     pthread_rwlock_wrlock(&m->lock);
+    call_begin(m, 1);  /* nothing else computes while the weights are written */
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         int s = m->param_stage[i];
         stage *st = &m->stages[s];
