@@ -9,6 +9,12 @@
  *
  * Writes to --out FILE one line per timed RPC:
  *   rpc <Forward|Backward|Step> <total_us> <call_us> <ser_us>
+ * With --probe, after every timed batch (outside its timing) three RPCs
+ * that psd refuses after decoding them and before any compute: a training
+ * Forward of the same input with context id 0, a Backward and a Step of an
+ * unknown context. Their latency is the RPC cost of a batch without the
+ * compute (client encode/decode + transport + psd's decode and reply):
+ *   probe <Forward|Backward|Step> <total_us>
  * and at the end (also to stdout):
  *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s>
  * t_start/t_end are CLOCK_MONOTONIC seconds (one clock for all processes
@@ -16,7 +22,7 @@
  * concurrent trainers.
  *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
- *                      [--batch-size B] [--fuse-step] [--data DIR] [--out FILE]
+ *                      [--batch-size B] [--fuse-step] [--probe] [--data DIR] [--out FILE]
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -52,9 +58,18 @@ typedef struct timing {
     double ser, call;
 } timing;
 
-/* encode, call, decode; fills t. */
+/* encode, call, decode; fills t. expect: the gRPC status the call should
+ * end with (GRPC_STATUS_OK normally; the probes expect refusals). */
+static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
+                      const pb_msgdesc_t *rf, void *r, timing *t, grpc_status_code expect, ps_err *err);
+
 static int rpc(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
                const pb_msgdesc_t *rf, void *r, timing *t, ps_err *err) {
+    return rpc_expect(cl, method, qf, q, rf, r, t, GRPC_STATUS_OK, err);
+}
+
+static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
+                      const pb_msgdesc_t *rf, void *r, timing *t, grpc_status_code expect, ps_err *err) {
     double t0 = now_s();
     grpc_byte_buffer *rq = NULL, *rs = NULL;
     if (ps_wire_encode(qf, q, &rq, err)) return -1;
@@ -65,9 +80,14 @@ static int rpc(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, co
     double t2 = now_s();
     grpc_byte_buffer_destroy(rq);
     if (st) return -1;
-    if (code != GRPC_STATUS_OK) {
+    if (code != expect) {
         ps_err_set(err, ps_status_from_grpc(code), "%s: %s: %s", method, ps_grpc_code_name(code), details);
         return -1;
+    }
+    if (code != GRPC_STATUS_OK) {
+        t->ser = t1 - t0;
+        t->call = t2 - t1;
+        return 0;
     }
     st = ps_wire_decode(rs, rf, r, err);
     if (rs) grpc_byte_buffer_destroy(rs);
@@ -79,10 +99,11 @@ static int rpc(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, co
 
 int main(int argc, char **argv) {
     const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL;
-    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
+        if (!strcmp(a, "--probe")) { probe = 1; continue; }
         if (!v) { fprintf(stderr, "bench_trainer: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--server")) server = v;
@@ -122,7 +143,7 @@ int main(int argc, char **argv) {
         usleep(100 * 1000);
     }
     long nb = data.n / (uint32_t)bs, samples = 0;
-    double t_start = 0;
+    double t_start = 0, t_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
         if (b == warmup) t_start = now_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
@@ -174,6 +195,32 @@ int main(int argc, char **argv) {
         }
         if (b < warmup) continue;
         samples += bs;
+        if (probe) {
+            double p0 = now_s();
+            timing tp[3];
+            ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
+            pq.context_id = 0;
+            ps_wire_tensor_encode_bind(&pq.input, NULL, 4, dims, x);
+            ps_ForwardResponse pr = ps_ForwardResponse_init_zero;
+            ps_BackwardRequest pb = bq;  /* unknown context */
+            pb.context_id = ctx ^ 0x8000000000000000ULL;
+            ps_wire_tensor_encode_bind(&pb.grad_output, NULL, 2, gd, grad);
+            ps_BackwardResponse pbr = ps_BackwardResponse_init_zero;
+            ps_StepRequest ps = ps_StepRequest_init_zero;
+            ps.context_id = pb.context_id;
+            ps_StepResponse psr = ps_StepResponse_init_zero;
+            if (rpc_expect(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &pq, ps_ForwardResponse_fields,
+                           &pr, &tp[0], GRPC_STATUS_INVALID_ARGUMENT, &err) ||
+                rpc_expect(cl, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &pb,
+                           ps_BackwardResponse_fields, &pbr, &tp[1], GRPC_STATUS_NOT_FOUND, &err) ||
+                rpc_expect(cl, "/ps.ParameterServer/Step", ps_StepRequest_fields, &ps, ps_StepResponse_fields, &psr,
+                           &tp[2], GRPC_STATUS_NOT_FOUND, &err))
+                goto fail;
+            if (out)
+                fprintf(out, "probe Forward %.1f\nprobe Backward %.1f\nprobe Step %.1f\n", (tp[0].ser + tp[0].call) * 1e6,
+                        (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
+            t_probe += now_s() - p0;
+        }
         if (out) {
             fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
             fprintf(out, "rpc %s %.1f %.1f %.1f\n", fuse ? "Backward+Step" : "Backward", (b3 - b2) * 1e6,
@@ -183,8 +230,8 @@ int main(int argc, char **argv) {
     }
     double t_end = now_s();
     char line[256];
-    snprintf(line, sizeof line, "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f\n", rank,
-             batches, samples, t_start, t_end, t_end - t_start);
+    snprintf(line, sizeof line, "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f\n",
+             rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe);
     fputs(line, stdout);
     if (out) fputs(line, out);
     rc = 0;

@@ -71,6 +71,7 @@ def main():
     print(f"   {'mode':<13} {'trainers':>8} {'total samples/s':>16} {'runs':>14} {'psd peak RSS':>13}")
     e2e = {}
     lat = {}
+    probe = {}
     for dd in sorted(glob.glob(os.path.join(d, "e2e-*"))):
         m = re.match(r"e2e-(.+)-(\d+)$", os.path.basename(dd))
         if not m:
@@ -78,6 +79,7 @@ def main():
         label, n = m.group(1), int(m.group(2))
         runs = {}
         rpcs = {}
+        probes = {}
         walls = []
         for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
             rep = os.path.basename(f).split("-")[0]
@@ -86,6 +88,9 @@ def main():
                     k = kv(line)
                     runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
                     walls.append(float(k["wall_s"]) / int(k["batches"]))
+                elif line.startswith("probe "):
+                    _, name, tot = line.split()
+                    probes.setdefault(name, []).append(float(tot) / 1e3)
                 elif line.startswith("rpc "):
                     _, name, tot, call, ser = line.split()
                     r = rpcs.setdefault(name, {"tot": [], "call": [], "ser": []})
@@ -100,6 +105,9 @@ def main():
         rss = ""
         for line in read(os.path.join(dd, "psd_rss.txt")):
             rss = f"{int(line.split()[1]) / 1024:.0f} MiB"
+        if probes:
+            probe[n] = (probes, statistics.median(walls), rpcs)
+            continue
         if rates:
             e2e[(label, n)] = statistics.median(rates)
             lat[(label, n)] = (rpcs, statistics.median(walls))
@@ -108,10 +116,10 @@ def main():
 
     print()
     print("   Latency per RPC, ms (client side; all runs and trainers). ser = the client's encode + decode;")
-    print("   call = transport + server (decode, compute, encode, waiting for the weights lock); compute =")
-    print("   the in-process time of that phase with the threads psd gives a call (2 threads alone, 1 with 2+ trainers)")
+    print("   call = transport + psd (decode, compute, encode, waiting for a core and the weights lock);")
+    print("   compute = the in-process time of that phase with the threads psd gives a call (2 threads alone,")
+    print("   1 with 2+ trainers); rest = call - compute: transport, psd's decode/encode and the waits")
     print(f"   {'mode':<7} {'N':>2} {'rpc':<14} {'p50':>7} {'p99':>7} {'ser p50':>8} {'call p50':>9} {'compute':>8} {'rest':>7}")
-    overhead = {}
     for (label, n), (rpcs, wall) in sorted(lat.items()):
         if label not in ("split", "fused"):
             continue
@@ -119,26 +127,26 @@ def main():
         ph = phases.get(("dnnl", t, "step"), {})
         est = {"Forward": ph.get("forward", 0), "Backward": ph.get("backward", 0), "Step": ph.get("step", 0),
                "Backward+Step": ph.get("backward", 0) + ph.get("step", 0)}
-        ov = 0.0
         for name in ("Forward", "Backward", "Backward+Step", "Step"):
             r = rpcs.get(name)
             if not r:
                 continue
             p50 = statistics.median(r["tot"])
             rest = statistics.median(r["call"]) - est[name]
-            ov += statistics.median(r["ser"]) + max(rest, 0.0)
             print(f"   {label:<7} {n:>2} {name:<14} {p50:>7.2f} {pct(r['tot'], 99):>7.2f} {statistics.median(r['ser']):>8.3f}"
                   f" {statistics.median(r['call']):>9.2f} {est[name]:>8.2f} {rest:>7.2f}")
-        overhead[(label, n)] = (ov, wall)
     print()
-    print("   RPC + serialisation share of a training step's wall time (ser + rest, over the batch's wall time):")
-    for (label, n), (ov, wall) in sorted(overhead.items()):
-        print(f"   {label:<7} {n} trainer(s): {ov:.2f} of {wall * 1e3:.2f} ms per batch = {100 * ov / (wall * 1e3):.1f}%")
-    comp2 = comp.get(("dnnl", 2, "step"))
-    if ("split", 1) in e2e and comp2:
-        share = 1 - e2e[("split", 1)] / comp2[0]
-        print(f"   cross-check, 1 trainer: 1 - e2e {e2e[('split', 1)]:.0f} / in-process {comp2[0]:.0f} samples/s"
-              f" = {100 * share:.1f}% (negative: e2e overlaps the trainer's work and psd's)")
+    print("   RPC + serialisation share of a training step (split mode): the same three RPCs sent so that psd")
+    print("   refuses them after decoding, before any compute (bench_trainer --probe: Forward with the batch and")
+    print("   context 0, Backward and Step of an unknown context), p50, over the batch's wall time in that run")
+    overhead = {}
+    for n, (pr, wall, rpcs) in sorted(probe.items()):
+        parts = {k: statistics.median(v) for k, v in pr.items()}
+        ov = sum(parts.values())
+        overhead[n] = ov / (wall * 1e3)
+        print(f"   {n} trainer(s): Forward {parts.get('Forward', 0):.3f} + Backward {parts.get('Backward', 0):.3f}"
+              f" + Step {parts.get('Step', 0):.3f} = {ov:.3f} ms of {wall * 1e3:.2f} ms per batch"
+              f" = {100 * ov / (wall * 1e3):.1f}% (p99 Forward probe {pct(pr.get('Forward', []), 99):.3f} ms)")
 
     # ---- anchors
     torch = {}
@@ -185,10 +193,9 @@ def main():
         print(f"   psd + 2 trainers >= 800 samples/s total: {v:.0f}  {verdict(v >= 800)}")
         if tut:
             print(f"   psd + 2 trainers >= 4x the PyTorch tutorial: {v / tut:.1f}x  {verdict(v / tut >= 4)}")
-    if ("split", 2) in overhead:
-        ov, wall = overhead[("split", 2)]
-        share = 100 * ov / (wall * 1e3)
-        print(f"   RPC + serialisation <= 15% of a step (2 trainers, split): {share:.1f}%  {verdict(share <= 15)}")
+    if 2 in overhead:
+        share = 100 * overhead[2]
+        print(f"   RPC + serialisation <= 15% of a step (2 trainers, probe): {share:.1f}%  {verdict(share <= 15)}")
     print("   accuracy unchanged: checked by `make test` (it_train, >= 90% for both trainers), not here")
 
 

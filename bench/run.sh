@@ -95,8 +95,10 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
 }
 for n in 1 2 4; do e2e split "$n"; done
 for n in 1 2 4; do e2e fused "$n" -- --fuse-step; done
-# the earlier fixed thread policy (every call on 2 threads) and plain layouts, 2 trainers
+# oneDNN on plain layouts (the path before blocked layouts), 2 trainers
 PS_DNNL_LAYOUT=plain e2e plain-layout 2
+# the RPC cost of a batch without compute (bench_trainer --probe), under training load
+for n in 1 2; do e2e probe "$n" -- --probe; done
 
 # ---- 3. the anchors: PyTorch's tutorial and a local PyTorch loop
 if [ -z "${SKIP_TORCH:-}" ]; then
