@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then
   REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30
 else
-  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=100
+  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60
 fi
 # psd's own default (it re-execs with it); spinning OpenMP workers collapse
 # throughput on VMs whose vCPUs share a core, so the bench uses it too.
@@ -43,7 +43,7 @@ state() {  # the machine's state, at start and end
 state start | tee "$OUT/machine.txt"
 echo "OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee -a "$OUT/machine.txt"
 # oneDNN's version, runtime and the ISA it dispatches to.
-ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep -E "^onednn_verbose,info,(oneDNN|cpu)" \
+ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --threads 2 --reps 1 --msecs 10 2>&1 | grep -E "^onednn_verbose,info,(oneDNN|cpu)" \
   | sed 's/^onednn_verbose,info,/oneDNN: /' | tee -a "$OUT/machine.txt"
 ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep "^onednn_verbose,exec" \
   | awk -F, '$4=="convolution" && $6=="forward_training" {print "oneDNN conv kernels: " $5 " " $(NF-1)}' | sort -u \
