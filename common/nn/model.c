@@ -230,6 +230,8 @@ void ps_model_free(ps_model *m) {
         ps_backend_free(st->be);
         free(st->layers);
     }
+    if (m->params)
+        for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
     free(m->param_stage);
     free(m->param_off);
