@@ -3,6 +3,7 @@
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
+#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
@@ -68,9 +69,11 @@ TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard trainer/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load
-all: $(BINS) $(TEST_BIN)
+.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load bench
+all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
 	@scripts/install-deps.sh
@@ -130,6 +133,9 @@ $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+# The dnnl backend's elementwise loops are OpenMP (libgomp, as oneDNN's runtime).
+$(BUILD)/obj/common/nn/backend_dnnl.o: CFLAGS += -fopenmp
+
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
@@ -157,6 +163,17 @@ $(BUILD)/bin/ps-train: $(TRN_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SRV_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Performance: compute, end to end, and PyTorch's tutorial on the same data
+# (bench/run.sh; installs python3-torch for the PyTorch side). See README.
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) bench/run.sh
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

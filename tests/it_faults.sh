@@ -55,8 +55,12 @@ for r in 1 2; do
   eval "t$r=\$!"; pids+=("$!")
 done
 # Kill psd once both trainers are well into training.
+# With checkpoints, also wait for the first one (psd writes them from its
+# main loop, which ticks once a second: fast training can pass step
+# CKPT_STEPS before any is on disk).
+have_ckpt() { [ ${#ckpt[@]} -eq 0 ] || ls "$tmp/ckpt" 2>/dev/null | grep -qE '^ckpt-[0-9]+\.safetensors$'; }
 for _ in $(seq 600); do
-  grep -q "training batch 15 " "$tmp/t1.log" && grep -q "training batch 15 " "$tmp/t2.log" && break
+  grep -q "training batch 15 " "$tmp/t1.log" && grep -q "training batch 15 " "$tmp/t2.log" && have_ckpt && break
   sleep 0.05
 done
 v1=$(status | field model_version)
@@ -64,7 +68,7 @@ kill -9 "$psd"; wait "$psd" 2>/dev/null || true
 echo "psd SIGKILLed at model version ~$v1; restarting in 2 s"
 newest=0
 if [ ${#ckpt[@]} -gt 0 ]; then
-  f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1)
+  f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1 || true)
   [ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }
   newest=$(echo "$f" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
 fi

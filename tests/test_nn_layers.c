@@ -637,6 +637,106 @@ static void check_concurrent(const char *name, rng *r) {
     ps_backend_free(b);
 }
 
+/* Blocked activation layouts (backend.h), when the backend offers them:
+ * the backend's reorder against the index formula written out here, and
+ * conv / max-pool on blocked activations against the reference backend on
+ * plain ones (host-side blocking, independent of the backend's reorder). */
+static void host_block(const float *src, float *dst, int n, int c, int h, int w, int B, int to_blocked) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < c; j++)
+            for (int p = 0; p < h * w; p++) {
+                size_t plain = ((size_t)i * c + j) * h * w + p;
+                size_t blk = (((size_t)i * (c / B) + j / B) * h * w + p) * B + j % B;
+                if (to_blocked) dst[blk] = src[plain];
+                else dst[plain] = src[blk];
+            }
+}
+
+static void cmp_blocked(ps_backend *ref, ps_backend *dut, rng *r) {
+    const ps_backend_ops *ops = dut->ops;
+    if (!ops->blocked_layout || ops->blocked_layout(dut->impl, 64) <= 0) {
+        printf("  %s: no blocked layout offered; plain only\n", ops->name);
+        return;
+    }
+    const int B = ops->blocked_layout(dut->impl, 64);
+    CHECK(ops->reorder != NULL && 64 % B == 0);
+    CHECK_MSG(ops->blocked_layout(dut->impl, B + 1) == 0, "%s offers a blocked layout for %d channels", ops->name, B + 1);
+    char what[128];
+    ps_err err = { 0 };
+    { /* reorder both ways */
+        const int n = 2, c = 2 * B, h = 3, w = 5;
+        const size_t cnt = (size_t)n * c * h * w;
+        float *x = host_random(cnt, r), *want = host_zeros(cnt);
+        host_block(x, want, n, c, h, w, B, 1);
+        float *X = dev_from(dut, x, cnt), *Y = dev_from(dut, NULL, cnt), *Z = dev_from(dut, NULL, cnt);
+        CHECK_MSG(ops->reorder(dut->impl, n, c, h, w, X, PS_LAYOUT_PLAIN, Y, PS_LAYOUT_BLOCKED, &err) == PS_OK, "%s", err.msg);
+        CHECK_MSG(ops->reorder(dut->impl, n, c, h, w, Y, PS_LAYOUT_BLOCKED, Z, PS_LAYOUT_PLAIN, &err) == PS_OK, "%s", err.msg);
+        float *y = host_from(dut, Y, cnt), *z = host_from(dut, Z, cnt);
+        snprintf(what, sizeof what, "%s reorder plain->blocked%d", ops->name, B);
+        check_array(what, y, want, cnt, 0, 0);
+        snprintf(what, sizeof what, "%s reorder blocked%d->plain", ops->name, B);
+        check_array(what, z, x, cnt, 0, 0);
+        ps_backend_release(dut, X); ps_backend_release(dut, Y); ps_backend_release(dut, Z);
+        free(x); free(want); free(y); free(z);
+    }
+    /* conv: plain -> blocked (the first layer) and blocked -> blocked */
+    const ps_conv_desc convs[2] = {
+        { .n = 3, .cin = 1, .h = 12, .w = 10, .cout = 2 * B, .kh = 3, .kw = 3, .stride = 1, .pad = 0,
+          .src_layout = PS_LAYOUT_PLAIN, .dst_layout = PS_LAYOUT_BLOCKED },
+        { .n = 3, .cin = B, .h = 10, .w = 9, .cout = 2 * B, .kh = 3, .kw = 3, .stride = 1, .pad = 0,
+          .src_layout = PS_LAYOUT_BLOCKED, .dst_layout = PS_LAYOUT_BLOCKED },
+    };
+    for (int k = 0; k < 2; k++) {
+        ps_conv_desc d = convs[k], dp = d;
+        dp.src_layout = dp.dst_layout = PS_LAYOUT_PLAIN;
+        const int oh = ps_conv_out_h(&d), ow = ps_conv_out_w(&d);
+        const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * d.kh * d.kw;
+        const size_t ny = (size_t)d.n * d.cout * oh * ow;
+        float *x = host_random(nx, r), *w = host_random(nw, r), *b = host_random(d.cout, r);
+        float *dy = host_random(ny, r), *xb = host_zeros(nx), *dyb = host_zeros(ny);
+        if (d.src_layout == PS_LAYOUT_BLOCKED) host_block(x, xb, d.n, d.cin, d.h, d.w, B, 1);
+        else memcpy(xb, x, nx * sizeof *x);
+        host_block(dy, dyb, d.n, d.cout, oh, ow, B, 1);
+        conv_out a = run_conv(ref, &dp, x, w, b, dy), o = run_conv(dut, &d, xb, w, b, dyb);
+        float *y = host_zeros(ny), *dx = host_zeros(nx);
+        host_block(o.y, y, d.n, d.cout, oh, ow, B, 0);
+        if (d.src_layout == PS_LAYOUT_BLOCKED) host_block(o.dx, dx, d.n, d.cin, d.h, d.w, B, 0);
+        else memcpy(dx, o.dx, nx * sizeof *dx);
+#define CMPB(got, want, cnt, field) \
+        snprintf(what, sizeof what, "%s conv blocked%d %d->%d %s", ops->name, B, d.cin, d.cout, field); \
+        check_scaled(what, got, want, cnt, CMP_TOL)
+        CMPB(y, a.y, ny, "y"); CMPB(dx, a.dx, nx, "dx"); CMPB(o.dw, a.dw, nw, "dw");
+        CMPB(o.db, a.db, (size_t)d.cout, "db"); CMPB(o.dw_nodx, a.dw_nodx, nw, "dw (no dx)");
+#undef CMPB
+        conv_out_free(&a); conv_out_free(&o);
+        free(x); free(w); free(b); free(dy); free(xb); free(dyb); free(y); free(dx);
+    }
+    /* max-pool on blocked activations, with ties */
+    {
+        ps_pool_desc d = { .n = 2, .c = 2 * B, .h = 8, .w = 9, .k = 2, .stride = 2, .layout = PS_LAYOUT_BLOCKED };
+        ps_pool_desc dp = d;
+        dp.layout = PS_LAYOUT_PLAIN;
+        const int oh = ps_pool_out_h(&d), ow = ps_pool_out_w(&d);
+        const size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * oh * ow;
+        float *x = host_random(nx, r), *dy = host_random(ny, r), *xb = host_zeros(nx), *dyb = host_zeros(ny);
+        for (size_t i = 0; i < nx; i++) x[i] = (float)(int)((x[i] + 1.0f) * 1.5f);
+        host_block(x, xb, d.n, d.c, d.h, d.w, B, 1);
+        host_block(dy, dyb, d.n, d.c, oh, ow, B, 1);
+        float *ay, *ayn, *adx, *oy, *oyn, *odx;
+        run_pool(ref, &dp, x, dy, &ay, &ayn, &adx);
+        run_pool(dut, &d, xb, dyb, &oy, &oyn, &odx);
+        float *y = host_zeros(ny), *dx = host_zeros(nx);
+        host_block(oy, y, d.n, d.c, oh, ow, B, 0);
+        host_block(odx, dx, d.n, d.c, d.h, d.w, B, 0);
+        snprintf(what, sizeof what, "%s maxpool blocked%d ties y", ops->name, B);
+        check_array(what, y, ay, ny, 0, 0);
+        snprintf(what, sizeof what, "%s maxpool blocked%d ties dx", ops->name, B);
+        check_scaled(what, dx, adx, nx, 1e-6);
+        free(ay); free(ayn); free(adx); free(oy); free(oyn); free(odx);
+        free(x); free(dy); free(xb); free(dyb); free(y); free(dx);
+    }
+}
+
 static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     ps_err err = { 0 };
     ps_backend *dut = ps_backend_create(name, 0, 2, &err);
@@ -661,6 +761,7 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 11, .w = 11, .k = 3, .stride = 2 }, 1, r);
     cmp_linear(ref, dut, (ps_linear_desc){ .n = 3, .in = 17, .out = 5 }, r);
     cmp_small_ops(ref, dut, r);
+    cmp_blocked(ref, dut, r);
     ref_pool_ties(dut);
     check_sgd(dut, r);
     /* the same shapes again: served from the primitive cache */

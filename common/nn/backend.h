@@ -17,6 +17,19 @@
  *    backend with distinct output buffers (psd serves many trainers at once).
  *  - Ops return PS_OK or PS_ERR_INTERNAL (a library failure, with a message
  *    in err naming the failed call); shapes are validated by the caller.
+ *
+ * Activation layouts (optional, for speed). A backend may offer a
+ * channel-blocked layout for 4-D activations (blocked_layout != NULL and it
+ * returns a block size B > 0 for the channel count; then B divides c):
+ * element (n, c, h, w) of an (N, C, H, W) tensor lives at
+ *     ((n * (C/B) + c/B) * H * W + h * W + w) * B + c % B
+ * (oneDNN's nChw16c / nChw8c), the same N*C*H*W floats as plain NCHW, so
+ * elementwise ops (relu, mul, add) work on either. Conv and max-pool take
+ * the layout of their activations in the descriptor (PS_LAYOUT_PLAIN, the
+ * zero value, unless the model executor asked blocked_layout first);
+ * weights, biases and gradients of parameters are always plain. reorder
+ * converts between the two. Backends without blocked_layout are only ever
+ * called with plain layouts.
  */
 #ifndef PS_NN_BACKEND_H
 #define PS_NN_BACKEND_H
@@ -28,10 +41,14 @@
 
 /* 2-D convolution, square stride/padding, no dilation, no groups.
  * y is (n, cout, oh, ow) with oh = (h + 2*pad - kh)/stride + 1. */
+#define PS_LAYOUT_PLAIN   0  /* NCHW */
+#define PS_LAYOUT_BLOCKED 1  /* the backend's channel-blocked layout (see above) */
+
 typedef struct ps_conv_desc {
     int n, cin, h, w;
     int cout, kh, kw;
     int stride, pad;
+    int src_layout, dst_layout; /* of x/dx and y/dy; PS_LAYOUT_PLAIN when 0 */
 } ps_conv_desc;
 
 static inline int ps_conv_out_h(const ps_conv_desc *d) { return (d->h + 2 * d->pad - d->kh) / d->stride + 1; }
@@ -42,6 +59,7 @@ static inline int ps_conv_out_w(const ps_conv_desc *d) { return (d->w + 2 * d->p
 typedef struct ps_pool_desc {
     int n, c, h, w;
     int k, stride;
+    int layout;                 /* of x, y, dx, dy; PS_LAYOUT_PLAIN when 0 */
 } ps_pool_desc;
 
 static inline int ps_pool_out_h(const ps_pool_desc *d) { return (d->h - d->k) / d->stride + 1; }
@@ -140,6 +158,21 @@ typedef struct ps_backend_ops {
 
     /* dst += src elementwise (accumulating gradients of batched requests). */
     ps_status (*add)(void *impl, int64_t count, float *dst, const float *src, ps_err *err);
+
+    /* Optional (NULL: plain layouts only). Block size B of the blocked
+     * layout the backend offers for 4-D activations with c channels, or 0
+     * when it offers none for c (then only plain is used). */
+    int (*blocked_layout)(void *impl, int c);
+    /* Copy an (n, c, h, w) activation from src_layout to dst_layout
+     * (src != dst). Required when blocked_layout is set. */
+    ps_status (*reorder)(void *impl, int n, int c, int h, int w, const float *src, int src_layout,
+                         float *dst, int dst_layout, ps_err *err);
+
+    /* Optional (NULL: init's nthreads only). Compute threads for the ops
+     * the calling thread runs from now on (n >= 1), overriding init's
+     * nthreads for that thread: the model executor sizes each call by how
+     * many calls compute at once (see model.h). */
+    void (*set_threads)(void *impl, int n);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1,8 +1,18 @@
 /* backend_dnnl.c - the oneDNN (2.6, CPU, C API) backend.
  *
  * Conv, max-pool, linear (inner product), relu (eltwise, dst-based
- * backward) and log-softmax run as oneDNN primitives on plain layouts
- * (nchw, oihw, nc, oi, a); mul/add/sgd are plain C loops (memory bound).
+ * backward) and log-softmax run as oneDNN primitives; mul/add/sgd are
+ * OpenMP loops (memory bound).
+ *
+ * Layouts: activations are plain (nchw, nc) or, where the model executor
+ * asks for it, blocked (nChw16c on AVX-512, nChw8c on AVX2: see
+ * blocked_layout and backend.h). Convolutions with a blocked activation
+ * let oneDNN pick the weights layout ("any": direct JIT kernels instead of
+ * im2col + GEMM); the plain master weights are reordered into it per call
+ * (conv weights are small) and weight gradients reordered back. Linear
+ * layers keep plain weights (oi), so the large fc weights are never
+ * reordered. PS_DNNL_LAYOUT=plain in the environment turns blocked
+ * layouts off (for comparison); =8 or =16 forces the block size.
  *
  * Primitives are created once per distinct (kind, shape, bias?) key and
  * kept for the life of the backend in a mutex-protected array; creation
@@ -15,7 +25,9 @@
  *
  * Threads: when nthreads > 0 each op first calls omp_set_num_threads(), a
  * setting of the calling thread, so every caller gets nthreads OpenMP
- * threads for oneDNN. Memory is aligned_alloc(64); copies are memcpy.
+ * threads for oneDNN - until a caller uses set_threads, from then on the
+ * threads each calling thread set apply (the model executor sizes every
+ * call). Memory is aligned_alloc(64); copies are memcpy.
  * Failed oneDNN calls become PS_ERR_INTERNAL naming the call (PS_DNNL_CHECK).
  */
 #include "backend_impl.h"
@@ -39,6 +51,7 @@ typedef enum {
     PK_IP_FWD, PK_IP_BWD_DATA, PK_IP_BWD_WEIGHTS,
     PK_RELU_FWD, PK_RELU_BWD,
     PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
+    PK_REORDER,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
@@ -47,21 +60,45 @@ typedef enum {
 typedef struct prim_key {
     int32_t kind;
     int32_t bias;
+    int32_t src_layout, dst_layout;  /* PS_LAYOUT_* of the activations */
     int64_t dims[9];
 } prim_key;
+
+#define PS_DNNL_MAX_CONV 2
+
+/* An argument whose caller-side layout (user_md) differs from the one the
+ * primitive chose (prim_md): inputs are reordered user -> prim before the
+ * primitive runs, outputs prim -> user after. */
+typedef struct arg_conv {
+    int arg;                    /* DNNL_ARG_* */
+    int output;
+    dnnl_primitive_t reorder;
+    size_t prim_bytes;
+} arg_conv;
 
 typedef struct prim_entry {
     prim_key key;
     dnnl_primitive_t prim;
+    int nconv;
+    arg_conv conv[PS_DNNL_MAX_CONV];
 } prim_entry;
 
 typedef struct dn_impl {
     dnnl_engine_t engine;
     int nthreads;
+    int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
+    int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap */
-    prim_entry *cache;
+    prim_entry **cache;     /* entries never move: callers keep pointers */
     size_t len, cap;
 } dn_impl;
+
+/* A candidate for arg_conv: the argument and the layout of the caller's buffer. */
+typedef struct user_arg {
+    int arg;
+    int output;
+    dnnl_memory_desc_t md;
+} user_arg;
 
 /* ---- primitive creation ---- */
 
@@ -71,6 +108,11 @@ static ps_status md_plain(dnnl_memory_desc_t *md, int ndims, const int64_t *dims
     for (int i = 0; i < ndims; i++) d[i] = dims[i];
     PS_DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag));
     return PS_OK;
+}
+
+static dnnl_format_tag_t act_tag(int block, int layout) {
+    if (layout != PS_LAYOUT_BLOCKED) return dnnl_nchw;
+    return block == 16 ? dnnl_nChw16c : dnnl_nChw8c;
 }
 
 static ps_status prim_from_pd(dnnl_primitive_desc_t pd, dnnl_primitive_t *prim, ps_err *err) {
@@ -113,17 +155,27 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     return st;
 }
 
-static ps_status create_conv(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
-                             ps_err *err) {
+static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
+                             user_arg *ua, int *nua, ps_err *err) {
     const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,stride,pad */
     const int64_t oh = (d[2] + 2 * d[8] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[8] - d[6]) / d[7] + 1;
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, wd[4] = { d[4], d[1], d[5], d[6] };
     const int64_t yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
-    dnnl_memory_desc_t x, w, b, y;
+    dnnl_memory_desc_t x, w, b, y, wuser;
     ps_status st;
-    if ((st = md_plain(&x, 4, xd, dnnl_nchw, err)) || (st = md_plain(&w, 4, wd, dnnl_oihw, err)) ||
-        (st = md_plain(&b, 1, bd, dnnl_a, err)) || (st = md_plain(&y, 4, yd, dnnl_nchw, err)))
+    /* Blocked activations: let the primitive choose its weights layout. */
+    int any_w = k->src_layout == PS_LAYOUT_BLOCKED || k->dst_layout == PS_LAYOUT_BLOCKED;
+    if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
+        (st = md_plain(&wuser, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&w, 4, wd, any_w ? dnnl_format_tag_any : dnnl_oihw, err)) ||
+        (st = md_plain(&b, 1, bd, dnnl_a, err)) || (st = md_plain(&y, 4, yd, act_tag(block, k->dst_layout), err)))
         return st;
+    if (any_w) {
+        ua[0].arg = k->kind == PK_CONV_BWD_WEIGHTS ? DNNL_ARG_DIFF_WEIGHTS : DNNL_ARG_WEIGHTS;
+        ua[0].output = k->kind == PK_CONV_BWD_WEIGHTS;
+        ua[0].md = wuser;
+        *nua = 1;
+    }
     dnnl_dims_t strides = { d[7], d[7] }, pad = { d[8], d[8] };
     dnnl_convolution_desc_t fwd, bwd;
     PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training,
@@ -142,14 +194,15 @@ static ps_status create_conv(dnnl_engine_t eng, const prim_key *k, dnnl_primitiv
     }
 }
 
-static ps_status create_pool(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              ps_err *err) {
     const int64_t *d = k->dims; /* n,c,h,w,k,stride */
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
     const int64_t yd[4] = { d[0], d[1], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1 };
     dnnl_memory_desc_t x, y;
     ps_status st;
-    if ((st = md_plain(&x, 4, xd, dnnl_nchw, err)) || (st = md_plain(&y, 4, yd, dnnl_nchw, err)))
+    if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
+        (st = md_plain(&y, 4, yd, act_tag(block, k->src_layout), err)))
         return st;
     /* No padding; oneDNN's shape check floors like PyTorch's floor mode. */
     dnnl_dims_t strides = { d[5], d[5] }, kernel = { d[4], d[4] }, pad = { 0, 0 };
@@ -216,13 +269,44 @@ static ps_status create_logsoftmax(dnnl_engine_t eng, const prim_key *k, dnnl_pr
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
-static ps_status create_prim(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
-                             ps_err *err) {
+/* Reorder from src to dst (user-managed scratchpad, like every primitive). */
+static ps_status make_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
+                              dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_primitive_attr_t attr;
+    dnnl_primitive_desc_t pd;
+    PS_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&pd, src, eng, dst, eng, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success)
+        return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: dnnl_reorder_primitive_desc_create failed: status %d",
+                          __FILE__, __LINE__, (int)s);
+    ps_status st = prim_from_pd(pd, prim, err);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* Activation reorder between layouts; dims n,c,h,w. */
+static ps_status create_act_reorder(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
+                                    ps_err *err) {
+    dnnl_memory_desc_t src, dst;
+    ps_status st;
+    if ((st = md_plain(&src, 4, k->dims, act_tag(block, k->src_layout), err)) ||
+        (st = md_plain(&dst, 4, k->dims, act_tag(block, k->dst_layout), err)))
+        return st;
+    return make_reorder(eng, &src, &dst, prim, err);
+}
+
+static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
+                             user_arg *ua, int *nua, ps_err *err) {
+    *nua = 0;
     switch ((prim_kind)k->kind) {
     case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
-        return create_conv(eng, k, prim, err);
+        return create_conv(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
-        return create_pool(eng, k, prim, err);
+        return create_pool(eng, block, k, prim, err);
+    case PK_REORDER:
+        return create_act_reorder(eng, block, k, prim, err);
     case PK_IP_FWD: case PK_IP_BWD_DATA: case PK_IP_BWD_WEIGHTS:
         return create_ip(eng, k, prim, err);
     case PK_RELU_FWD: case PK_RELU_BWD:
@@ -233,19 +317,58 @@ static ps_status create_prim(dnnl_engine_t eng, const prim_key *k, dnnl_primitiv
     return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown primitive kind %d", (int)k->kind);
 }
 
-/* The cached primitive for k, created on first use. */
-static ps_status get_prim(dn_impl *im, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+static void entry_free(prim_entry *e) {
+    if (!e) return;
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    for (int i = 0; i < e->nconv; i++)
+        if (e->conv[i].reorder) dnnl_primitive_destroy(e->conv[i].reorder);
+    free(e);
+}
+
+/* Build the entry for k: the primitive plus a reorder for every argument
+ * whose caller-side layout differs from the primitive's. */
+static ps_status entry_create(dn_impl *im, const prim_key *k, prim_entry **out, ps_err *err) {
+    prim_entry *e = calloc(1, sizeof *e);
+    if (!e) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: primitive cache: out of memory");
+    e->key = *k;
+    user_arg ua[PS_DNNL_MAX_CONV];
+    int nua = 0;
+    ps_status st = create_prim(im->engine, im->block, k, &e->prim, ua, &nua, err);
+    const_dnnl_primitive_desc_t pd = NULL;
+    if (st == PS_OK && nua > 0 && dnnl_primitive_get_primitive_desc(e->prim, &pd) != dnnl_success)
+        st = ps_err_set(err, PS_ERR_INTERNAL, "dnnl: dnnl_primitive_get_primitive_desc failed");
+    for (int i = 0; i < nua && st == PS_OK; i++) {
+        const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, ua[i].arg);
+        if (!pmd || pmd->ndims == 0) {
+            st = ps_err_set(err, PS_ERR_INTERNAL, "dnnl: primitive has no argument %d", ua[i].arg);
+            break;
+        }
+        if (dnnl_memory_desc_equal(pmd, &ua[i].md)) continue;
+        arg_conv *c = &e->conv[e->nconv++];
+        c->arg = ua[i].arg;
+        c->output = ua[i].output;
+        c->prim_bytes = dnnl_memory_desc_get_size(pmd);
+        st = ua[i].output ? make_reorder(im->engine, pmd, &ua[i].md, &c->reorder, err)
+                          : make_reorder(im->engine, &ua[i].md, pmd, &c->reorder, err);
+    }
+    if (st != PS_OK) { entry_free(e); return st; }
+    *out = e;
+    return PS_OK;
+}
+
+/* The cached entry for k, created on first use. */
+static ps_status get_entry(dn_impl *im, const prim_key *k, const prim_entry **out, ps_err *err) {
     ps_status st = PS_OK;
     pthread_mutex_lock(&im->lock);
     for (size_t i = 0; i < im->len; i++)
-        if (memcmp(&im->cache[i].key, k, sizeof *k) == 0) {
-            *prim = im->cache[i].prim;
+        if (memcmp(&im->cache[i]->key, k, sizeof *k) == 0) {
+            *out = im->cache[i];
             pthread_mutex_unlock(&im->lock);
             return PS_OK;
         }
     if (im->len == im->cap) {
         size_t cap = im->cap ? 2 * im->cap : 16;
-        prim_entry *c = realloc(im->cache, cap * sizeof *c);
+        prim_entry **c = realloc(im->cache, cap * sizeof *c);
         if (!c) {
             pthread_mutex_unlock(&im->lock);
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: primitive cache: out of memory");
@@ -253,13 +376,20 @@ static ps_status get_prim(dn_impl *im, const prim_key *k, dnnl_primitive_t *prim
         im->cache = c;
         im->cap = cap;
     }
-    st = create_prim(im->engine, k, prim, err);
+    prim_entry *e = NULL;
+    st = entry_create(im, k, &e, err);
     if (st == PS_OK) {
-        im->cache[im->len].key = *k;
-        im->cache[im->len].prim = *prim;
-        im->len++;
+        im->cache[im->len++] = e;
+        *out = e;
     }
     pthread_mutex_unlock(&im->lock);
+    return st;
+}
+
+static ps_status get_prim(dn_impl *im, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    const prim_entry *e;
+    ps_status st = get_entry(im, k, &e, err);
+    if (st == PS_OK) *prim = e->prim;
     return st;
 }
 
@@ -274,12 +404,17 @@ static prim_key key_make(prim_kind kind, int bias, int ndims, const int64_t *dim
 
 static prim_key conv_key(prim_kind kind, const ps_conv_desc *d, int bias) {
     const int64_t dims[9] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride, d->pad };
-    return key_make(kind, bias, 9, dims);
+    prim_key k = key_make(kind, bias, 9, dims);
+    k.src_layout = d->src_layout == PS_LAYOUT_BLOCKED;
+    k.dst_layout = d->dst_layout == PS_LAYOUT_BLOCKED;
+    return k;
 }
 
 static prim_key pool_key(prim_kind kind, const ps_pool_desc *d) {
     const int64_t dims[6] = { d->n, d->c, d->h, d->w, d->k, d->stride };
-    return key_make(kind, 0, 6, dims);
+    prim_key k = key_make(kind, 0, 6, dims);
+    k.src_layout = k.dst_layout = d->layout == PS_LAYOUT_BLOCKED;
+    return k;
 }
 
 static prim_key ip_key(prim_kind kind, const ps_linear_desc *d, int bias) {
@@ -333,14 +468,12 @@ static ps_status exec_inner(dn_impl *im, dnnl_primitive_t prim, const exec_arg *
     return PS_OK;
 }
 
-/* Run the cached primitive for k on the caller's buffers. */
-static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, ps_err *err) {
-    dnnl_primitive_t prim;
-    ps_status st = get_prim(im, k, &prim, err);
-    if (st) return st;
+/* Execute prim on the given buffers (memory objects, scratchpad and stream
+ * of this call only). */
+static ps_status exec_prim(dn_impl *im, dnnl_primitive_t prim, const exec_arg *a, int n, ps_err *err) {
     exec_res r;
     memset(&r, 0, sizeof r);
-    st = exec_inner(im, prim, a, n, &r, err);
+    ps_status st = exec_inner(im, prim, a, n, &r, err);
     for (int i = 0; i <= n; i++)
         if (r.mem[i]) dnnl_memory_destroy(r.mem[i]);
     free(r.scratch);
@@ -348,8 +481,51 @@ static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, p
     return st;
 }
 
-static void set_threads(const dn_impl *im) {
-    if (im->nthreads > 0) omp_set_num_threads(im->nthreads);
+/* Run the cached primitive for k on the caller's buffers, reordering the
+ * arguments whose layout the primitive chose itself (conv weights). */
+static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, ps_err *err) {
+    const prim_entry *e;
+    ps_status st = get_entry(im, k, &e, err);
+    if (st) return st;
+    if (e->nconv == 0) return exec_prim(im, e->prim, a, n, err);
+    exec_arg aa[PS_DNNL_MAX_ARGS];
+    void *tmp[PS_DNNL_MAX_CONV] = {0};
+    int at[PS_DNNL_MAX_CONV];
+    memcpy(aa, a, (size_t)n * sizeof *a);
+    for (int c = 0; c < e->nconv && st == PS_OK; c++) {
+        const arg_conv *cv = &e->conv[c];
+        at[c] = -1;
+        for (int i = 0; i < n; i++)
+            if (aa[i].arg == cv->arg) at[c] = i;
+        if (at[c] < 0) continue;
+        tmp[c] = aligned_alloc(64, (cv->prim_bytes + 63) & ~(size_t)63);
+        if (!tmp[c]) { st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: %zu bytes for a reorder", cv->prim_bytes); break; }
+        if (!cv->output) {
+            exec_arg ra[2] = { { DNNL_ARG_FROM, aa[at[c]].ptr }, { DNNL_ARG_TO, tmp[c] } };
+            st = exec_prim(im, cv->reorder, ra, 2, err);
+        }
+        aa[at[c]].ptr = tmp[c];
+    }
+    if (st == PS_OK) st = exec_prim(im, e->prim, aa, n, err);
+    for (int c = 0; c < e->nconv && st == PS_OK; c++) {
+        const arg_conv *cv = &e->conv[c];
+        if (at[c] < 0 || !cv->output) continue;
+        exec_arg ra[2] = { { DNNL_ARG_FROM, tmp[c] }, { DNNL_ARG_TO, a[at[c]].ptr } };
+        st = exec_prim(im, cv->reorder, ra, 2, err);
+    }
+    for (int c = 0; c < e->nconv; c++) free(tmp[c]);
+    return st;
+}
+
+static void set_threads(dn_impl *im) {
+    if (im->nthreads > 0 && !__atomic_load_n(&im->caller_threads, __ATOMIC_RELAXED))
+        omp_set_num_threads(im->nthreads);
+}
+
+static void dn_set_threads(void *impl, int n) {
+    dn_impl *im = impl;
+    __atomic_store_n(&im->caller_threads, 1, __ATOMIC_RELAXED);
+    omp_set_num_threads(n > 0 ? n : 1);
 }
 
 /* ---- lifecycle and memory ---- */
@@ -365,6 +541,14 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
                           __FILE__, __LINE__, (int)s);
     }
     im->nthreads = nthreads;
+    /* The ISA's natural channel block: 16 floats per AVX-512 vector, 8 per AVX2. */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if ((isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core) im->block = 16;
+    else if ((isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2) im->block = 8;
+    const char *lay = getenv("PS_DNNL_LAYOUT");
+    if (lay && !strcmp(lay, "plain")) im->block = 0;
+    else if (lay && !strcmp(lay, "8")) im->block = 8;
+    else if (lay && !strcmp(lay, "16")) im->block = 16;
     pthread_mutex_init(&im->lock, NULL);
     *impl = im;
     return PS_OK;
@@ -373,7 +557,7 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
 static void dn_destroy(void *impl) {
     dn_impl *im = impl;
     if (!im) return;
-    for (size_t i = 0; i < im->len; i++) dnnl_primitive_destroy(im->cache[i].prim);
+    for (size_t i = 0; i < im->len; i++) entry_free(im->cache[i]);
     free(im->cache);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
@@ -539,27 +723,35 @@ static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const f
     return run(im, &k, a, 3, err);
 }
 
-/* Elementwise ops: plain loops; they are memory bound. */
+/* Elementwise ops: memory bound; OpenMP loops (the calling thread's
+ * thread count) when they are large enough to pay for waking threads. */
+#define PS_OMP_MIN 65536
 
 static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
                           ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
     for (int64_t i = 0; i < count; i++) y[i] = x[i] * mask[i];
     return PS_OK;
 }
 
 static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
                                  const ps_sgd_desc *s, ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
     const float lr = s->lr, mom = s->momentum, wd = s->weight_decay;
     if (mom == 0.0f) {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) w[i] -= lr * (g[i] + wd * w[i]);
     } else if (s->first_step) {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = g[i] + wd * w[i];
             w[i] -= lr * buf[i];
         }
     } else {
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = mom * buf[i] + (g[i] + wd * w[i]);
             w[i] -= lr * buf[i];
@@ -569,9 +761,28 @@ static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float 
 }
 
 static ps_status dn_add(void *impl, int64_t count, float *dst, const float *src, ps_err *err) {
-    (void)impl; (void)err;
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
     for (int64_t i = 0; i < count; i++) dst[i] += src[i];
     return PS_OK;
+}
+
+static int dn_blocked_layout(void *impl, int c) {
+    const dn_impl *im = impl;
+    return im->block > 0 && c % im->block == 0 ? im->block : 0;
+}
+
+static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float *src, int src_layout,
+                            float *dst, int dst_layout, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t dims[4] = { n, c, h, w };
+    prim_key k = key_make(PK_REORDER, 0, 4, dims);
+    k.src_layout = src_layout == PS_LAYOUT_BLOCKED;
+    k.dst_layout = dst_layout == PS_LAYOUT_BLOCKED;
+    exec_arg a[] = { { DNNL_ARG_FROM, src }, { DNNL_ARG_TO, dst } };
+    return run(im, &k, a, 2, err);
 }
 
 const ps_backend_ops ps_backend_dnnl_ops = {
@@ -596,4 +807,7 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .mul = dn_mul,
     .sgd_update = dn_sgd_update,
     .add = dn_add,
+    .blocked_layout = dn_blocked_layout,
+    .reorder = dn_reorder,
+    .set_threads = dn_set_threads,
 };

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rng.h"
 
@@ -86,6 +87,8 @@ typedef struct layer {
     int64_t w_off, b_off;    /* offsets into the stage's parameter block; -1 if none */
     int w_idx;               /* index of the weight in the model's param list, -1 if none */
     int dropout_idx;         /* index among dropout layers, -1 if not dropout */
+    int in_layout;           /* PS_LAYOUT_* this layer computes its input in */
+    int out_layout;          /* PS_LAYOUT_* of its output */
 } layer;
 
 typedef struct stage {
@@ -115,12 +118,15 @@ struct ps_model {
     pthread_rwlock_t lock;   /* weights: shared for forward/backward, exclusive for step */
     pthread_mutex_t version_mu;
     uint64_t version;
+    int thread_budget;       /* compute threads shared by the calls computing at once */
+    int inflight;            /* __atomic: forward/backward calls computing now */
 };
 
 typedef struct tape_stage {
     float **acts;            /* nlayers+1 activations; acts[0] is the stage input */
     float **masks;           /* per layer: dropout mask or NULL */
     void **ws;               /* per layer: pooling workspace or NULL */
+    float **rin;             /* per layer: its input reordered to in_layout, or NULL */
     float *grads;            /* (nweights) this context's gradients, NULL before backward */
     unsigned char *owned;    /* per activation: allocated here (1) or aliased (0) */
 } tape_stage;
@@ -153,6 +159,58 @@ static int parse_device(const char *dev, int *is_cpu, int *index) {
     return -1;
 }
 
+/* 1 when the stage's backend offers a blocked layout for c channels. */
+static int blocked_ok(const stage *st, int c) {
+    const ps_backend_ops *ops = st->be->ops;
+    return ops->blocked_layout && ops->reorder && ops->blocked_layout(st->be->impl, c) > 0;
+}
+
+static int prev_layout(const stage *st, int l) {
+    return l == 0 ? PS_LAYOUT_PLAIN : st->layers[l - 1].out_layout;
+}
+
+/* Activation layouts: convolutions work on the backend's blocked layout
+ * where it has one (much faster kernels), relu and max-pool keep the layout
+ * they get, everything else (dropout with its masks in PyTorch order,
+ * flatten, linear, log-softmax) and the stage's output are plain. The
+ * executor reorders where consecutive layers disagree. */
+static void plan_layouts(stage *st) {
+    int cur = PS_LAYOUT_PLAIN;
+    for (int l = 0; l < st->nlayers; l++) {
+        layer *ly = &st->layers[l];
+        int last = l == st->nlayers - 1;
+        ly->in_layout = ly->out_layout = PS_LAYOUT_PLAIN;
+        switch (ly->def->kind) {
+        case LK_CONV:
+            if (blocked_ok(st, ly->in_c)) ly->in_layout = PS_LAYOUT_BLOCKED;
+            if (!last && blocked_ok(st, ly->out_c)) ly->out_layout = PS_LAYOUT_BLOCKED;
+            break;
+        case LK_RELU:
+        case LK_MAXPOOL:
+            if (!last) ly->in_layout = ly->out_layout = cur;
+            break;
+        default:
+            break;
+        }
+        cur = ly->out_layout;
+    }
+}
+
+/* Start of a compute call: size its threads so that the calls computing
+ * at once share the budget (two trainers on two cores: one thread each,
+ * rather than four threads fighting over two cores). Returns the thread
+ * count; pair with call_end. */
+static int call_begin(ps_model *m, int exclusive) {
+    int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
+    int nt = m->thread_budget / (k > 0 ? k : 1);
+    if (nt < 1) nt = 1;
+    for (int s = 0; s < m->nstages; s++)
+        if (m->stages[s].be->ops->set_threads) m->stages[s].be->ops->set_threads(m->stages[s].be->impl, nt);
+    return nt;
+}
+
+static void call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
+
 /* PyTorch's default init for Conv2d and Linear: kaiming_uniform_(a=sqrt(5))
  * for the weight and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias; both
  * reduce to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
@@ -172,7 +230,8 @@ void ps_model_free(ps_model *m) {
         ps_backend_free(st->be);
         free(st->layers);
     }
-    for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
+    if (m->params)
+        for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
     free(m->param_stage);
     free(m->param_off);
@@ -236,6 +295,11 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     m->lr = o->lr;
     m->momentum = o->momentum;
     m->weight_decay = o->weight_decay;
+    m->thread_budget = o->compute_threads;
+    if (m->thread_budget <= 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        m->thread_budget = ncpu > 0 ? (int)ncpu : 1;
+    }
 
     int maxp = 0;
     for (int s = 0; s < a->nstages; s++) maxp += 2 * a->stages[s].n;
@@ -329,6 +393,7 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             }
             ly->out_c = c; ly->out_h = h; ly->out_w = w;
         }
+        plan_layouts(st);
         /* Initialise on the host in state_dict order, then move to the device. */
         float *host = malloc((size_t)st->nweights * sizeof(float));
         st->w = ps_backend_alloc_floats(st->be, st->nweights);
@@ -429,10 +494,13 @@ void ps_tape_free(ps_tape *t) {
             for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->masks[l]);
         if (ts->ws)
             for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->ws[l]);
+        if (ts->rin)
+            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->rin[l]);
         ps_backend_release(st->be, ts->grads);
         free(ts->acts);
         free(ts->masks);
         free(ts->ws);
+        free(ts->rin);
         free(ts->owned);
     }
     free(t);
@@ -453,6 +521,8 @@ size_t ps_model_tape_bytes(const ps_model *m, int n) {
             size_t out = (size_t)act_numel(n, ly->out_c, ly->out_h, ly->out_w) * sizeof(float);
             bytes += out;
             if (ly->def->kind == LK_DROPOUT) bytes += out;
+            if (ly->in_layout != prev_layout(st, l))
+                bytes += (size_t)act_numel(n, ly->in_c, ly->in_h, ly->in_w) * sizeof(float);
         }
     }
     return bytes;
@@ -510,6 +580,15 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     void *impl = st->be->impl;
     const float *x = ts->acts[l];
     int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
+    int pl = prev_layout(st, l);
+    if (ly->in_layout != pl) {  /* kept in the tape: backward needs the input in this layout */
+        float *r = ps_backend_alloc_floats(st->be, act_numel(n, ly->in_c, ly->in_h, ly->in_w));
+        if (!r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
+        ts->rin[l] = r;
+        ps_status rc = ops->reorder(impl, n, ly->in_c, ly->in_h, ly->in_w, x, pl, r, ly->in_layout, err);
+        if (rc != PS_OK) return rc;
+        x = r;
+    }
     if (d->kind == LK_FLATTEN || (d->kind == LK_DROPOUT && !train)) {
         ts->acts[l + 1] = (float *)x;   /* a view of the input */
         ts->owned[l + 1] = 0;
@@ -521,7 +600,8 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     ts->owned[l + 1] = 1;
     switch (d->kind) {
     case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad};
+        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
+                           ly->in_layout, ly->out_layout};
         return ops->conv2d_forward(impl, &cd, x, st->w + ly->w_off, st->w + ly->b_off, y, err);
     }
     case LK_LINEAR: {
@@ -531,7 +611,7 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     case LK_RELU:
         return ops->relu_forward(impl, out_count, x, y, err);
     case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride};
+        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
         size_t wsb = ops->maxpool_workspace_size(impl, &pd);
         ts->ws[l] = wsb ? ops->alloc(impl, wsb) : NULL;
         if (wsb && !ts->ws[l]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for pooling");
@@ -583,7 +663,8 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
         ts->owned = calloc(nl + 1, 1);
         ts->masks = calloc(nl, sizeof *ts->masks);
         ts->ws = calloc(nl, sizeof *ts->ws);
-        if (!ts->acts || !ts->owned || !ts->masks || !ts->ws) {
+        ts->rin = calloc(nl, sizeof *ts->rin);
+        if (!ts->acts || !ts->owned || !ts->masks || !ts->ws || !ts->rin) {
             ps_tape_free(t);
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         }
@@ -591,6 +672,7 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
     ps_rng rng;
     ps_rng_seed(&rng, dropout_seed);
 
+    call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     if (version_used) *version_used = ps_model_version(m);
     /* The input enters the first stage's device. Eval passes on a host
@@ -627,6 +709,7 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
             rc = layer_forward(st, ts, l, n, train, dropout_masks, &rng, err);
     }
     pthread_rwlock_unlock(&m->lock);
+    call_end(m);
 
     if (rc == PS_OK) {
         stage *last = &m->stages[m->nstages - 1];
@@ -648,11 +731,12 @@ static ps_status layer_backward(stage *st, tape_stage *ts, int l, int n, const f
     const layer_def *d = ly->def;
     const ps_backend_ops *ops = st->be->ops;
     void *impl = st->be->impl;
-    const float *x = ts->acts[l], *y = ts->acts[l + 1];
+    const float *x = ts->rin[l] ? ts->rin[l] : ts->acts[l], *y = ts->acts[l + 1];
     int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
     switch (d->kind) {
     case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad};
+        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
+                           ly->in_layout, ly->out_layout};
         return ops->conv2d_backward(impl, &cd, x, st->w + ly->w_off, dy, dx, ts->grads + ly->w_off,
                                     ts->grads + ly->b_off, err);
     }
@@ -664,7 +748,7 @@ static ps_status layer_backward(stage *st, tape_stage *ts, int l, int n, const f
     case LK_RELU:
         return dx ? ops->relu_backward(impl, out_count, y, dy, dx, err) : PS_OK;
     case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride};
+        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
         return dx ? ops->maxpool_backward(impl, &pd, ts->ws[l], dy, dx, err) : PS_OK;
     }
     case LK_DROPOUT:
@@ -685,6 +769,7 @@ ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_e
     stage *carry_stage = NULL;
     int carry_owned = 0;
 
+    call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     for (int s = m->nstages - 1; s >= 0 && rc == PS_OK; s--) {
         stage *st = &m->stages[s];
@@ -720,23 +805,34 @@ ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_e
         for (int l = st->nlayers - 1; l >= 0 && rc == PS_OK; l--) {
             layer *ly = &st->layers[l];
             int first = (s == 0 && l == 0);
-            if (ly->def->kind == LK_FLATTEN || (ly->def->kind == LK_DROPOUT && !ts->masks[l]))
-                continue;  /* views: dy passes through unchanged */
-            float *dx = NULL;
-            if (!first) {
-                dx = ps_backend_alloc_floats(st->be, act_numel(n, ly->in_c, ly->in_h, ly->in_w));
-                if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+            int64_t in_count = act_numel(n, ly->in_c, ly->in_h, ly->in_w);
+            if (!(ly->def->kind == LK_FLATTEN || (ly->def->kind == LK_DROPOUT && !ts->masks[l]))) {
+                float *dx = NULL;
+                if (!first) {
+                    dx = ps_backend_alloc_floats(st->be, in_count);
+                    if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+                }
+                rc = layer_backward(st, ts, l, n, dy, dx, err);
+                if (dy_owned) ps_backend_release(st->be, dy);
+                dy = dx;
+                dy_owned = dx != NULL;
+            }   /* else a view: dy passes through unchanged */
+            if (ts->rin[l] && dy && rc == PS_OK) {  /* back to the layout of this layer's input */
+                float *r = ps_backend_alloc_floats(st->be, in_count);
+                if (!r) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+                rc = st->be->ops->reorder(st->be->impl, n, ly->in_c, ly->in_h, ly->in_w, dy, ly->in_layout, r,
+                                          prev_layout(st, l), err);
+                if (dy_owned) ps_backend_release(st->be, dy);
+                dy = r;
+                dy_owned = 1;
             }
-            rc = layer_backward(st, ts, l, n, dy, dx, err);
-            if (dy_owned) ps_backend_release(st->be, dy);
-            dy = dx;
-            dy_owned = dx != NULL;
         }
         carry = dy;
         carry_owned = dy_owned;
         carry_stage = st;
     }
     pthread_rwlock_unlock(&m->lock);
+    call_end(m);
     if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
     if (rc == PS_OK) t->has_grads = 1;
     return rc;
@@ -754,6 +850,7 @@ ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err
     if (!t->has_grads) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
     ps_status rc = PS_OK;
     pthread_rwlock_wrlock(&m->lock);
+    call_begin(m, 1);  /* nothing else computes while the weights are written */
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         int s = m->param_stage[i];
         stage *st = &m->stages[s];

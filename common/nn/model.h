@@ -42,7 +42,9 @@ typedef struct ps_model_opts {
     const char *placement_stage[PS_MODEL_MAX_STAGES];
     const char *placement_device[PS_MODEL_MAX_STAGES]; /* "cpu", "cuda:0", ... */
     uint64_t seed;                 /* initial weights and dropout streams */
-    int compute_threads;           /* per compute call; 0 = backend default */
+    int compute_threads;           /* thread budget (0 = online CPUs): each forward or
+                                      backward runs on budget / (calls computing at
+                                      once) threads, at least 1; a step on all */
     float lr, momentum, weight_decay; /* SGD (torch.optim.SGD semantics) */
 } ps_model_opts;
 

@@ -1,0 +1,175 @@
+/* bench_compute - in-process compute throughput of the model executor.
+ *
+ * For one backend and one thread count: samples/s of a training-mode
+ * forward alone and of a full training step (forward with tape, backward,
+ * SGD step), batch B on real MNIST images (IDX files) so the numbers match
+ * what psd computes. Warm-up first, then R repetitions of T seconds each;
+ * prints one machine-readable line per measurement:
+ *
+ *   compute backend=dnnl threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s
+ *
+ * usage: bench_compute [--backend NAME] [--threads N] [--batch B]
+ *                      [--reps R] [--secs T] [--data DIR] [--profile]
+ * --profile prints per-phase times (forward / backward / step) of the
+ * median repetition as well.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mnist.h"
+#include "model.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "bench_compute: %s: '%s' is not an integer in %ld..%ld\n", flag, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+typedef struct bench_ctx {
+    ps_model *m;
+    ps_mnist *data;
+    float *x, *out, *grad;
+    int64_t *y;
+    uint32_t *idx;
+    int batch;
+    uint64_t ctx;
+    double t_fwd, t_bwd, t_step; /* accumulated phase times */
+    long nbatches;
+} bench_ctx;
+
+static int one_batch(bench_ctx *b, int step, ps_err *err) {
+    uint32_t base = (uint32_t)((b->ctx * (uint64_t)b->batch) % (b->data->n - (uint32_t)b->batch));
+    for (int i = 0; i < b->batch; i++) b->idx[i] = base + (uint32_t)i;
+    if (ps_mnist_batch(b->data, b->idx, b->batch, b->x, b->y, err)) return -1;
+    b->ctx++;
+    ps_tape *t = NULL;
+    double t0 = now_s();
+    if (ps_model_forward(b->m, b->x, b->batch, 1, NULL, b->ctx, b->out, step ? &t : NULL, NULL, err))
+        return -1;
+    double t1 = now_s();
+    b->t_fwd += t1 - t0;
+    if (!step) return 0;
+    const int k = 10;
+    memset(b->grad, 0, (size_t)b->batch * k * sizeof(float));
+    for (int i = 0; i < b->batch; i++) b->grad[(size_t)i * k + b->y[i]] = -1.0f / b->batch;
+    int rc = ps_model_backward(b->m, t, b->grad, err);
+    double t2 = now_s();
+    b->t_bwd += t2 - t1;
+    if (rc == 0) rc = ps_model_step(b->m, t, NULL, err);
+    b->t_step += now_s() - t2;
+    ps_tape_free(t);
+    return rc ? -1 : 0;
+}
+
+/* Run batches for `secs` seconds; returns samples/s. */
+static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
+    long samples = 0;
+    b->t_fwd = b->t_bwd = b->t_step = 0;
+    b->nbatches = 0;
+    double t0 = now_s(), el;
+    do {
+        if (one_batch(b, step, err)) return -1;
+        samples += b->batch;
+        b->nbatches++;
+        el = now_s() - t0;
+    } while (el < secs);
+    return samples / el;
+}
+
+int main(int argc, char **argv) {
+    const char *backend = "dnnl", *data_dir = "data/mnist";
+    long threads = 1, batch = 32, reps = 5, profile = 0;
+    double secs = 1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long tmp;
+        if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        if (!v) { fprintf(stderr, "bench_compute: %s needs a value (see the header of bench/bench_compute.c)\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--data")) data_dir = v;
+        else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 1, 256, &threads)) return 2; }
+        else if (!strcmp(a, "--batch")) { if (parse_int(a, v, 1, 512, &batch)) return 2; }
+        else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 1000, &reps)) return 2; }
+        else if (!strcmp(a, "--secs")) { if (parse_int(a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
+        else if (!strcmp(a, "--msecs")) { if (parse_int(a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
+        else { fprintf(stderr, "bench_compute: unknown option '%s'\n", a); return 2; }
+    }
+    ps_err err = {0};
+    ps_mnist data = {0};
+    if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_compute: %s\n", err.msg); return 1; }
+    ps_model_opts o = {0};
+    o.arch = "mnist_cnn";
+    o.cpu_backend = backend;
+    o.seed = 1;
+    o.compute_threads = (int)threads;
+    o.lr = 0.03f;
+    ps_model *m = ps_model_create(&o, &err);
+    if (!m) { fprintf(stderr, "bench_compute: %s\n", err.msg); ps_mnist_free(&data); return 1; }
+    bench_ctx b = {0};
+    b.m = m;
+    b.data = &data;
+    b.batch = (int)batch;
+    b.x = malloc((size_t)batch * 784 * sizeof(float));
+    b.out = malloc((size_t)batch * 10 * sizeof(float));
+    b.grad = malloc((size_t)batch * 10 * sizeof(float));
+    b.y = malloc((size_t)batch * sizeof(int64_t));
+    b.idx = malloc((size_t)batch * sizeof(uint32_t));
+    int rc = 1;
+    if (!b.x || !b.out || !b.grad || !b.y || !b.idx) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
+
+    const char *what[2] = {"forward", "step"};
+    for (int step = 0; step <= 1; step++) {
+        /* Warm-up: primitive creation, page faults, caches. */
+        if (run_for(&b, step, secs < 0.5 ? secs : 0.5, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
+        double *r = calloc((size_t)reps, sizeof *r), *pf = calloc((size_t)reps * 4, sizeof *pf);
+        if (!r || !pf) { free(r); free(pf); goto out; }
+        for (long i = 0; i < reps; i++) {
+            r[i] = run_for(&b, step, secs, &err);
+            if (r[i] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(r); free(pf); goto out; }
+            double nb = (double)b.nbatches;
+            pf[i * 4] = r[i];
+            pf[i * 4 + 1] = b.t_fwd / nb * 1e3;
+            pf[i * 4 + 2] = b.t_bwd / nb * 1e3;
+            pf[i * 4 + 3] = b.t_step / nb * 1e3;
+        }
+        qsort(pf, (size_t)reps, 4 * sizeof(double), cmp_double);  /* rows by samples/s */
+        qsort(r, (size_t)reps, sizeof *r, cmp_double);
+        double med = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
+        printf("compute backend=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f unit=samples/s\n",
+               backend, threads, batch, what[step], reps, med, r[0], r[reps - 1]);
+        if (profile) {
+            const double *p = &pf[(reps / 2) * 4];
+            printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f\n", p[1], p[2], p[3]);
+        }
+        fflush(stdout);
+        free(r);
+        free(pf);
+    }
+    rc = 0;
+out:
+    free(b.x); free(b.out); free(b.grad); free(b.y); free(b.idx);
+    ps_model_free(m);
+    ps_mnist_free(&data);
+    return rc;
+}

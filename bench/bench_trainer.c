@@ -1,0 +1,248 @@
+/* bench_trainer - one ps-train-like trainer that times every RPC.
+ *
+ * Does what ps-train does per batch (Forward(train) under a fresh context,
+ * local NLL loss gradient, Backward, Step; or Backward with step=true under
+ * --fuse-step) on real MNIST batches, but calls the rpc and wire layers
+ * directly so that it can time, per RPC, the client's serialisation
+ * (encode the request + decode the reply) apart from the call itself
+ * (transport + server). W warm-up batches, then N timed ones.
+ *
+ * Writes to --out FILE one line per timed RPC:
+ *   rpc <Forward|Backward|Step> <total_us> <call_us> <ser_us>
+ * With --probe, after every timed batch (outside its timing) three RPCs
+ * that psd refuses after decoding them and before any compute: a training
+ * Forward of the same input with context id 0, a Backward and a Step of an
+ * unknown context. Their latency is the RPC cost of a batch without the
+ * compute (client encode/decode + transport + psd's decode and reply):
+ *   probe <Forward|Backward|Step> <total_us>
+ * and at the end (also to stdout):
+ *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s>
+ * t_start/t_end are CLOCK_MONOTONIC seconds (one clock for all processes
+ * of the machine), so a driver can compute the combined throughput of
+ * concurrent trainers.
+ *
+ * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
+ *                      [--batch-size B] [--fuse-step] [--probe] [--data DIR] [--out FILE]
+ */
+#include <errno.h>
+#include <grpc/grpc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mnist.h"
+#include "rpc.h"
+#include "wire.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "bench_trainer: %s: '%s' is not an integer in %ld..%ld\n", flag, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+typedef struct timing {
+    double ser, call;
+} timing;
+
+/* encode, call, decode; fills t. expect: the gRPC status the call should
+ * end with (GRPC_STATUS_OK normally; the probes expect refusals). */
+static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
+                      const pb_msgdesc_t *rf, void *r, timing *t, grpc_status_code expect, ps_err *err);
+
+static int rpc(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
+               const pb_msgdesc_t *rf, void *r, timing *t, ps_err *err) {
+    return rpc_expect(cl, method, qf, q, rf, r, t, GRPC_STATUS_OK, err);
+}
+
+static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
+                      const pb_msgdesc_t *rf, void *r, timing *t, grpc_status_code expect, ps_err *err) {
+    double t0 = now_s();
+    grpc_byte_buffer *rq = NULL, *rs = NULL;
+    if (ps_wire_encode(qf, q, &rq, err)) return -1;
+    double t1 = now_s();
+    grpc_status_code code;
+    char details[PS_RPC_DETAILS_MAX] = "";
+    ps_status st = ps_rpc_client_call(cl, method, rq, &rs, 60000, &code, details, sizeof details, err);
+    double t2 = now_s();
+    grpc_byte_buffer_destroy(rq);
+    if (st) return -1;
+    if (code != expect) {
+        ps_err_set(err, ps_status_from_grpc(code), "%s: %s: %s", method, ps_grpc_code_name(code), details);
+        return -1;
+    }
+    if (code != GRPC_STATUS_OK) {
+        t->ser = t1 - t0;
+        t->call = t2 - t1;
+        return 0;
+    }
+    st = ps_wire_decode(rs, rf, r, err);
+    if (rs) grpc_byte_buffer_destroy(rs);
+    double t3 = now_s();
+    t->ser = (t1 - t0) + (t3 - t2);
+    t->call = t2 - t1;
+    return st ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+    const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
+        if (!strcmp(a, "--probe")) { probe = 1; continue; }
+        if (!v) { fprintf(stderr, "bench_trainer: %s needs a value\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--server")) server = v;
+        else if (!strcmp(a, "--data")) data_dir = v;
+        else if (!strcmp(a, "--out")) out_path = v;
+        else if (!strcmp(a, "--rank")) { if (parse_int(a, v, 1, 1023, &rank)) return 2; }
+        else if (!strcmp(a, "--batches")) { if (parse_int(a, v, 1, 1000000, &batches)) return 2; }
+        else if (!strcmp(a, "--warmup")) { if (parse_int(a, v, 0, 1000000, &warmup)) return 2; }
+        else if (!strcmp(a, "--batch-size")) { if (parse_int(a, v, 1, 512, &bs)) return 2; }
+        else { fprintf(stderr, "bench_trainer: unknown option '%s'\n", a); return 2; }
+    }
+    if (!server) { fprintf(stderr, "bench_trainer: --server ADDR is required\n"); return 2; }
+    ps_err err = {0};
+    ps_mnist data = {0};
+    if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_trainer: %s\n", err.msg); return 1; }
+    FILE *out = out_path ? fopen(out_path, "w") : NULL;
+    if (out_path && !out) { fprintf(stderr, "bench_trainer: cannot write %s: %s\n", out_path, strerror(errno)); return 1; }
+    grpc_init();
+    int rc = 1;
+    ps_rpc_client *cl = ps_rpc_client_create(server, 64 << 20, &err);
+    const int k = 10, img = (int)(data.rows * data.cols);
+    float *x = malloc((size_t)bs * img * sizeof(float)), *grad = malloc((size_t)bs * k * sizeof(float));
+    int64_t *y = malloc((size_t)bs * sizeof(int64_t));
+    uint32_t *order = malloc((size_t)data.n * sizeof(uint32_t));
+    if (!cl || !x || !grad || !y || !order) { fprintf(stderr, "bench_trainer: %s\n", cl ? "out of memory" : err.msg); goto done; }
+    for (uint32_t i = 0; i < data.n; i++) order[i] = i;
+    ps_shuffle_u32(order, data.n, (uint64_t)rank);
+    uint64_t ctx_base = ((uint64_t)getpid() << 32) ^ ((uint64_t)rank << 56);
+    /* Wait for psd (Status until it answers). */
+    for (int tries = 0;; tries++) {
+        ps_StatusRequest q = ps_StatusRequest_init_zero;
+        ps_StatusResponse r = ps_StatusResponse_init_zero;
+        timing t;
+        if (rpc(cl, "/ps.ParameterServer/Status", ps_StatusRequest_fields, &q, ps_StatusResponse_fields, &r, &t, &err) == 0)
+            break;
+        if (tries > 150) { fprintf(stderr, "bench_trainer: psd at %s: %s\n", server, err.msg); goto done; }
+        usleep(100 * 1000);
+    }
+    long nb = data.n / (uint32_t)bs, samples = 0;
+    double t_start = 0, t_probe = 0;
+    for (long b = 0; b < warmup + batches; b++) {
+        if (b == warmup) t_start = now_s();
+        if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
+        uint64_t ctx = ctx_base | (uint64_t)(b + 1);
+        timing tf, tb, ts = {0, 0};
+        double b0 = now_s();
+        ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
+        fq.context_id = ctx;
+        fq.train = true;
+        fq.trainer_rank = (uint32_t)rank;
+        fq.has_input = true;
+        int64_t dims[4] = {bs, 1, data.rows, data.cols};
+        ps_wire_tensor_encode_bind(&fq.input, NULL, 4, dims, x);
+        ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
+        ps_wire_tensor_in in;
+        ps_wire_tensor_in_init(&in, 64 << 20);
+        in.err = &err;
+        ps_wire_tensor_decode_bind(&fr.output, &in);
+        int bad = rpc(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields, &fr,
+                      &tf, &err) ||
+                  ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
+                  in.bytes != (size_t)bs * k * sizeof(float);
+        double b1 = now_s();
+        if (!bad) {
+            memset(grad, 0, (size_t)bs * k * sizeof(float));
+            for (long i = 0; i < bs; i++) grad[i * k + y[i]] = -1.0f / (float)bs;
+        }
+        ps_wire_tensor_in_free(&in);
+        if (bad) goto fail;
+        double b2 = now_s();
+        ps_BackwardRequest bq = ps_BackwardRequest_init_zero;
+        bq.context_id = ctx;
+        bq.step = fuse != 0;
+        bq.has_grad_output = true;
+        int64_t gd[2] = {bs, k};
+        ps_wire_tensor_encode_bind(&bq.grad_output, NULL, 2, gd, grad);
+        ps_BackwardResponse br = ps_BackwardResponse_init_zero;
+        if (rpc(cl, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &bq, ps_BackwardResponse_fields, &br, &tb,
+                &err))
+            goto fail;
+        double b3 = now_s(), b4 = b3;
+        if (!fuse) {
+            ps_StepRequest sq = ps_StepRequest_init_zero;
+            sq.context_id = ctx;
+            ps_StepResponse sr = ps_StepResponse_init_zero;
+            if (rpc(cl, "/ps.ParameterServer/Step", ps_StepRequest_fields, &sq, ps_StepResponse_fields, &sr, &ts, &err))
+                goto fail;
+            b4 = now_s();
+        }
+        if (b < warmup) continue;
+        samples += bs;
+        if (probe) {
+            double p0 = now_s();
+            timing tp[3];
+            ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
+            pq.context_id = 0;
+            ps_wire_tensor_encode_bind(&pq.input, NULL, 4, dims, x);
+            ps_ForwardResponse pr = ps_ForwardResponse_init_zero;
+            ps_BackwardRequest pb = bq;  /* unknown context */
+            pb.context_id = ctx ^ 0x8000000000000000ULL;
+            ps_wire_tensor_encode_bind(&pb.grad_output, NULL, 2, gd, grad);
+            ps_BackwardResponse pbr = ps_BackwardResponse_init_zero;
+            ps_StepRequest ps = ps_StepRequest_init_zero;
+            ps.context_id = pb.context_id;
+            ps_StepResponse psr = ps_StepResponse_init_zero;
+            if (rpc_expect(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &pq, ps_ForwardResponse_fields,
+                           &pr, &tp[0], GRPC_STATUS_INVALID_ARGUMENT, &err) ||
+                rpc_expect(cl, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &pb,
+                           ps_BackwardResponse_fields, &pbr, &tp[1], GRPC_STATUS_NOT_FOUND, &err) ||
+                rpc_expect(cl, "/ps.ParameterServer/Step", ps_StepRequest_fields, &ps, ps_StepResponse_fields, &psr,
+                           &tp[2], GRPC_STATUS_NOT_FOUND, &err))
+                goto fail;
+            if (out)
+                fprintf(out, "probe Forward %.1f\nprobe Backward %.1f\nprobe Step %.1f\n", (tp[0].ser + tp[0].call) * 1e6,
+                        (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
+            t_probe += now_s() - p0;
+        }
+        if (out) {
+            fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
+            fprintf(out, "rpc %s %.1f %.1f %.1f\n", fuse ? "Backward+Step" : "Backward", (b3 - b2) * 1e6,
+                    tb.call * 1e6, tb.ser * 1e6);
+            if (!fuse) fprintf(out, "rpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
+        }
+    }
+    double t_end = now_s();
+    char line[256];
+    snprintf(line, sizeof line, "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f\n",
+             rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe);
+    fputs(line, stdout);
+    if (out) fputs(line, out);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "bench_trainer: rank %ld: %s\n", rank, err.msg);
+done:
+    if (out) fclose(out);
+    free(x); free(grad); free(y); free(order);
+    ps_rpc_client_free(cl);
+    ps_mnist_free(&data);
+    grpc_shutdown();
+    return rc;
+}

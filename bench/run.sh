@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# `make bench`: compute, end-to-end and PyTorch numbers in one run, on the
+# same data and machine, then the table and ratios (bench/report.py).
+#
+#   bench/run.sh                 everything (about 6-8 minutes on 2 cores)
+#   QUICK=1 bench/run.sh         fewer/shorter repetitions (a smoke run)
+#   SKIP_TORCH=1 bench/run.sh    without the PyTorch anchors
+#
+# Raw results go to $OUT (default build/bench-results/<date>); the table is
+# printed and saved as $OUT/report.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DATA=${DATA:-data/mnist}
+OUT=${OUT:-$BUILD/bench-results/$(date +%Y%m%d-%H%M%S)}
+PY=/usr/bin/python3
+mkdir -p "$OUT"
+if [ -n "${QUICK:-}" ]; then
+  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30
+else
+  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60
+fi
+# psd's own default (it re-execs with it); spinning OpenMP workers collapse
+# throughput on VMs whose vCPUs share a core, so the bench uses it too.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+
+# ---- the bench's own dependency: Debian's PyTorch for the anchors
+if [ -z "${SKIP_TORCH:-}" ] && ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  echo "bench: installing python3-torch (the PyTorch anchors)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends python3-torch
+fi
+
+state() {  # the machine's state, at start and end
+  echo "== machine ($1)"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -srm); cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(nproc) online CPUs; $(grep -m1 'siblings' /proc/cpuinfo | tr -s '\t ' ' ')"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "busiest other processes (%cpu command):"
+  ps -eo pcpu,comm --sort=-pcpu | awk 'NR>1 && NR<=5 {printf "  %s %s\n", $1, $2}'
+}
+
+state start | tee "$OUT/machine.txt"
+echo "OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee -a "$OUT/machine.txt"
+# oneDNN's version, runtime and the ISA it dispatches to.
+ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --threads 2 --reps 1 --msecs 10 2>&1 | grep -E "^onednn_verbose,info,(oneDNN|cpu)" \
+  | sed 's/^onednn_verbose,info,/oneDNN: /' | tee -a "$OUT/machine.txt"
+ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep "^onednn_verbose,exec" \
+  | awk -F, '$4=="convolution" && $6=="forward_training" {print "oneDNN conv kernels: " $5 " " $(NF-1)}' | sort -u \
+  | tee -a "$OUT/machine.txt"
+
+# ---- 1. compute only, in-process
+echo "== compute (in-process, batch 32, median of $REPS x ${SECS}s)"
+: >"$OUT/compute.txt"
+for be in dnnl ref; do
+  for t in 1 2; do
+    s=$SECS; r=$REPS
+    [ "$be" = ref ] && { s=1; r=3; }
+    "$BUILD/bench/bench_compute" --backend "$be" --threads "$t" --reps "$r" --secs "$s" --data "$DATA" --profile \
+      | tee -a "$OUT/compute.txt"
+  done
+done
+# the plain-layout oneDNN path, kept for comparison
+for t in 1 2; do
+  PS_DNNL_LAYOUT=plain "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$REPS" --secs "$SECS" \
+    --data "$DATA" --profile | sed 's/backend=dnnl/backend=dnnl-plain/' | tee -a "$OUT/compute.txt"
+done
+
+# ---- 2. end to end: psd + N trainers on loopback
+echo "== end to end (psd + N bench_trainer processes, $E2E_BATCHES timed batches each after $E2E_WARMUP, $REPS runs)"
+e2e() {  # label, trainers, psd flags..., -- trainer flags...
+  local label=$1 n=$2; shift 2
+  local pflags=() tflags=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  tflags=("$@")
+  local port=$(( 20000 + RANDOM % 20000 ))
+  local addr="127.0.0.1:$port" dir="$OUT/e2e-$label-$n"
+  mkdir -p "$dir"
+  "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" "${pflags[@]}" 2>"$dir/psd.log" &
+  local psd=$!
+  local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
+  for rep in $(seq 1 "$runs"); do
+    local pids=()
+    for r in $(seq 1 "$n"); do
+      "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" \
+        --data "$DATA" --out "$dir/rep$rep-t$r.txt" "${tflags[@]}" >/dev/null &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+  done
+  echo "psd_peak_rss_kb $(awk '/VmHWM/ {print $2}' /proc/$psd/status)" >"$dir/psd_rss.txt"
+  kill -TERM "$psd"; wait "$psd" || true
+  echo "  $label, $n trainer(s): $(cat "$dir/psd_rss.txt")"
+}
+for n in 1 2 4; do e2e split "$n"; done
+for n in 1 2 4; do e2e fused "$n" -- --fuse-step; done
+# oneDNN on plain layouts (the path before blocked layouts), 2 trainers
+PS_DNNL_LAYOUT=plain e2e plain-layout 2
+# the RPC cost of a batch without compute (bench_trainer --probe), under training load
+for n in 1 2; do e2e probe "$n" -- --probe; done
+
+# ---- 3. the anchors: PyTorch's tutorial and a local PyTorch loop
+if [ -z "${SKIP_TORCH:-}" ]; then
+  echo "== PyTorch $($PY -c 'import torch; print(torch.__version__)' 2>/dev/null) (Debian python3-torch), $T_BATCHES batches x $REPS after warm-up"
+  : >"$OUT/torch.txt"
+  for t in 1 2; do
+    TORCH_THREADS=$t BATCHES=$T_BATCHES REPS=$REPS $PY bench/torch_ref.py local "$DATA" 2>/dev/null | tee -a "$OUT/torch.txt"
+  done
+  for t in 1 2; do
+    TORCH_THREADS=$t BATCHES=$T_BATCHES REPS=$REPS $PY bench/torch_ref.py tutorial "$DATA" 2>/dev/null | grep '^torch' \
+      | tee -a "$OUT/torch.txt"
+  done
+fi
+
+state end >>"$OUT/machine.txt"
+$PY bench/report.py "$OUT" | tee "$OUT/report.txt"
