@@ -68,6 +68,8 @@ PSD_OBJ  := $(BUILD)/obj/server/psd.o
 TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard trainer/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+# Shared test code (the check counters, the golden replay), linked into every test.
+TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c))
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -164,7 +166,7 @@ $(BUILD)/bin/ps-train: $(TRN_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SRV_LIB) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -7,6 +7,9 @@
  * A test that cannot run here (no GPU, say) calls check_skip(), which
  * prints "skipped: <why>" and returns the special exit code 77 - a skip is
  * never counted as a pass by tests/run.sh.
+ *
+ * The counters live in tests/support/check.c, which every test program
+ * links, so checks made by shared test code (tests/support/) count too.
  */
 #ifndef PS_TEST_CHECK_H
 #define PS_TEST_CHECK_H
@@ -14,7 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 
-static int check_count_ = 0, check_failed_ = 0;
+extern int check_count_, check_failed_;
 
 #define CHECK(expr) do { \
     check_count_++; \
@@ -38,14 +41,9 @@ static int check_count_ = 0, check_failed_ = 0;
                 __FILE__, __LINE__, #a, ca_, #b, cb_); } \
 } while (0)
 
-static inline int check_summary(const char *name) {
-    printf("%s: %d checks, %d failed\n", name, check_count_, check_failed_);
-    return check_failed_ ? 1 : 0;
-}
-
-static inline int check_skip(const char *name, const char *why) {
-    printf("%s: skipped: %s\n", name, why);
-    return 77;
-}
+/* Print "name: N checks, M failed"; returns 1 when anything failed. */
+int check_summary(const char *name);
+/* Print "name: skipped: why"; returns 77, tests/run.sh's skip code. */
+int check_skip(const char *name, const char *why);
 
 #endif
