@@ -15,6 +15,7 @@
 #define PS_TEST_CHECK_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 
 extern int check_count_, check_failed_;
@@ -40,6 +41,12 @@ extern int check_count_, check_failed_;
         fprintf(stderr, "%s:%d: CHECK_CLOSE failed: %s = %.9g vs %s = %.9g\n", \
                 __FILE__, __LINE__, #a, ca_, #b, cb_); } \
 } while (0)
+
+/* One check per array: every |got - want| <= atol + rtol * |want| (NaN
+ * fails); the message names the worst element. */
+void check_array(const char *what, const float *got, const float *want, size_t n, double atol, double rtol);
+/* Backend comparison: check_array with atol = tol * max|want|, rtol = tol. */
+void check_scaled(const char *what, const float *got, const float *want, size_t n, double tol);
 
 /* Print "name: N checks, M failed"; returns 1 when anything failed. */
 int check_summary(const char *name);

@@ -51,32 +51,6 @@ static void fill_distinct(float *p, size_t n, float gap, rng *r) {
     }
 }
 
-/* One check per array: every |got - want| <= atol + rtol * |want|. */
-static void check_array(const char *what, const float *got, const float *want, size_t n,
-                        double atol, double rtol) {
-    size_t bad = 0, worst = 0;
-    double worst_excess = -1.0;
-    for (size_t i = 0; i < n; i++) {
-        double diff = fabs((double)got[i] - want[i]), lim = atol + rtol * fabs(want[i]);
-        if (!(diff <= lim)) {
-            bad++;
-            if (isnan(diff) || diff - lim > worst_excess) {
-                worst_excess = isnan(diff) ? INFINITY : diff - lim;
-                worst = i;
-            }
-        }
-    }
-    CHECK_MSG(bad == 0, "%s: %zu of %zu elements off (atol %g rtol %g), worst [%zu] got %.9g want %.9g",
-              what, bad, n, atol, rtol, worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
-}
-
-/* Backend comparison: tolerance relative to the array's largest value. */
-static void check_scaled(const char *what, const float *got, const float *want, size_t n, double tol) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) if (fabs(want[i]) > m) m = fabs(want[i]);
-    check_array(what, got, want, n, tol * (m > 0 ? m : 1.0), tol);
-}
-
 /* ---- 1. reference backend vs finite differences ---- */
 
 typedef enum { FD_CONV, FD_RELU, FD_POOL, FD_LINEAR, FD_LOGSOFTMAX, FD_MUL } fd_op;
