@@ -190,7 +190,7 @@ install: $(BINS)
 	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
-	install -m 0644 docs/config.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/config.md docs/security.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf build build-asan build-fuzz
