@@ -182,6 +182,9 @@ static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
     if (o < len) snprintf(buf + o, len - o, ")");
 }
 
+/* Samples per slice of an inference Forward (see handle_forward). */
+#define PS_EVAL_SLICE 64
+
 /* Distinct, reproducible dropout streams per context. */
 static uint64_t dropout_seed(uint64_t ctx_id) { return ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL; }
 
@@ -240,9 +243,24 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     out = malloc((size_t)n * outsz * sizeof(float));
     if (!out) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
     uint64_t version = 0;
-    if (ps_model_forward(s->model, in.data, (int)n, req.train, NULL, dropout_seed(req.context_id), out,
-                         req.train ? &tape : NULL, &version, &err))
-        goto fail;
+    if (req.train) {
+        if (ps_model_forward(s->model, in.data, (int)n, 1, NULL, dropout_seed(req.context_id), out, &tape,
+                             &version, &err))
+            goto fail;
+    } else {
+        /* Inference keeps nothing, so it runs in slices: a large evaluation
+         * batch then needs the activations of PS_EVAL_SLICE samples at a
+         * time instead of all of them (under load, one 500-sample forward
+         * per serving thread was most of psd's peak memory). The reported
+         * version is the first slice's. */
+        const int64_t per = (int64_t)c * h * w;
+        for (int64_t o = 0; o < n; o += PS_EVAL_SLICE) {
+            int len = (int)(n - o < PS_EVAL_SLICE ? n - o : PS_EVAL_SLICE);
+            if (ps_model_forward(s->model, in.data + o * per, len, 0, NULL, 0, out + o * outsz, NULL,
+                                 o ? NULL : &version, &err))
+                goto fail;
+        }
+    }
     if (req.train) {
         ps_ctx_table_note_rank(s->ctx, req.trainer_rank);
         if (ps_ctx_table_insert(s->ctx, req.context_id, req.trainer_rank, tape, &err)) goto fail;

@@ -266,6 +266,21 @@ int main(void) {
         double md = 0;
         for (int i = 0; i < 40; i++) md = fmax(md, fabs(out[i] - ref_out[i]));
         CHECK_MSG(md < 1e-4, "wire forward vs reference: %g", md);
+
+        /* A batch psd evaluates in several slices (2 full + a partial one)
+         * matches the reference's single pass row for row. */
+        enum { NB = 130 };
+        float *bx = malloc(sizeof(float) * NB * 784), *bo = malloc(sizeof(float) * NB * 10),
+              *br = malloc(sizeof(float) * NB * 10);
+        for (int i = 0; i < NB * 784; i++) bx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+        CHECK(ps_client_forward(cl, 0, 1, 0, bx, NB, 1, 28, 28, bo, NB * 10, &cols, NULL, &err) == PS_OK);
+        CHECK(ps_model_forward(ref, bx, NB, 0, NULL, 0, br, NULL, NULL, &err) == PS_OK);
+        md = 0;
+        for (int i = 0; i < NB * 10; i++) md = fmax(md, fabs(bo[i] - br[i]));
+        CHECK_MSG(md < 1e-4, "sliced eval forward vs reference: %g", md);
+        free(bx);
+        free(bo);
+        free(br);
     }
 
     /* A full cycle. */
