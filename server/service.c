@@ -347,6 +347,40 @@ done:
     ps_wire_tensor_in_free(&in);
 }
 
+/* The model's parameters as a list for the wire: names, shapes, stages and
+ * devices, and - with want_data - a host copy of each parameter's weights,
+ * or of its gradient in tape when tape is not NULL. The caller frees
+ * *items and *buf (both NULL on error). */
+static ps_status named_params(ps_service *s, int want_data, const ps_tape *tape, ps_wire_named **items,
+                              float **buf, ps_err *err) {
+    int np = ps_model_num_params(s->model);
+    *items = calloc(np, sizeof **items);
+    *buf = want_data ? malloc((size_t)ps_model_num_weights(s->model) * sizeof(float)) : NULL;
+    ps_status rc = PS_OK;
+    if (!*items || (want_data && !*buf)) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    float *p = *buf;
+    for (int i = 0; i < np && rc == PS_OK; i++) {
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        ps_wire_named *it = &(*items)[i];
+        it->name = pi->name;
+        it->ndim = pi->ndim;
+        memcpy(it->dims, pi->dims, sizeof pi->dims);
+        it->device = pi->device;
+        it->stage = pi->stage;
+        if (!want_data) continue;
+        rc = tape ? ps_tape_get_grad(s->model, tape, i, p, err) : ps_model_get_param(s->model, i, p, err);
+        it->data = p;
+        p += pi->numel;
+    }
+    if (rc != PS_OK) {
+        free(*items);
+        free(*buf);
+        *items = NULL;
+        *buf = NULL;
+    }
+    return rc;
+}
+
 static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
                                  size_t dlen) {
@@ -365,21 +399,8 @@ static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const
                    (unsigned long long)req.context_id);
         goto fail;
     }
-    int np = ps_model_num_params(s->model);
-    buf = malloc((size_t)ps_model_num_weights(s->model) * sizeof(float));
-    items = calloc(np, sizeof *items);
-    if (!buf || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
-    float *p = buf;
-    for (int i = 0; i < np; i++) {
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        if (ps_tape_get_grad(s->model, c->tape, i, p, &err)) goto fail;
-        items[i].name = pi->name;
-        items[i].ndim = pi->ndim;
-        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
-        items[i].data = p;
-        p += pi->numel;
-    }
-    ps_wire_named_list list = {items, (size_t)np};
+    if (named_params(s, 1, c->tape, &items, &buf, &err)) goto fail;
+    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
     ps_GetGradientsResponse resp = ps_GetGradientsResponse_init_zero;
     ps_wire_tensors_encode_bind(&resp.gradients, &list);
     reply(ps_GetGradientsResponse_fields, &resp, response, code, details, dlen);
@@ -449,22 +470,13 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
         fail(code, details, dlen, &err);
         return;
     }
-    int np = ps_model_num_params(s->model);
-    ps_wire_named *items = calloc(np, sizeof *items);
-    if (!items) {
-        ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    ps_wire_named *items;
+    float *none;
+    if (named_params(s, 0, NULL, &items, &none, &err)) {
         fail(code, details, dlen, &err);
         return;
     }
-    for (int i = 0; i < np; i++) {
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        items[i].name = pi->name;
-        items[i].ndim = pi->ndim;
-        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
-        items[i].device = pi->device;
-        items[i].stage = pi->stage;
-    }
-    ps_wire_named_list list = {items, (size_t)np};
+    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
     ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero;
     ps_wire_params_encode_bind(&resp.parameters, &list);
     snprintf(resp.model, sizeof resp.model, "%s", ps_model_arch(s->model));
@@ -482,23 +494,10 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     float *buf = NULL;
     ps_wire_named *items = NULL;
     if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
-    int np = ps_model_num_params(s->model);
-    buf = malloc((size_t)ps_model_num_weights(s->model) * sizeof(float));
-    items = calloc(np, sizeof *items);
-    if (!buf || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
     ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
     resp.model_version = ps_model_version(s->model);
-    float *p = buf;
-    for (int i = 0; i < np; i++) {
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        if (ps_model_get_param(s->model, i, p, &err)) goto fail;
-        items[i].name = pi->name;
-        items[i].ndim = pi->ndim;
-        memcpy(items[i].dims, pi->dims, sizeof pi->dims);
-        items[i].data = p;
-        p += pi->numel;
-    }
-    ps_wire_named_list list = {items, (size_t)np};
+    if (named_params(s, 1, NULL, &items, &buf, &err)) goto fail;
+    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
     ps_wire_tensors_encode_bind(&resp.parameters, &list);
     reply(ps_GetParametersResponse_fields, &resp, response, code, details, dlen);
     goto done;

@@ -419,6 +419,23 @@ int main(void) {
     CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
     CHECK(ps_client_status(cl, &st, &err) == PS_OK);
 
+    /* GetParameters returns exactly the model's weights, in state_dict order. */
+    if (model) {
+        ps_wire_tensor_list wp;
+        uint64_t wv = 0;
+        CHECK(ps_client_get_parameters(cl, &wp, &wv, &err) == PS_OK);
+        CHECK(wp.n == (size_t)ps_model_num_params(model) && wv == ps_model_version(model));
+        for (size_t i = 0; i < wp.n && i < (size_t)ps_model_num_params(model); i++) {
+            const ps_param_info *pi = ps_model_param(model, (int)i);
+            float *w = malloc((size_t)pi->numel * sizeof(float));
+            CHECK(ps_model_get_param(model, (int)i, w, &err) == PS_OK);
+            CHECK_MSG(!strcmp(wp.items[i].name, pi->name) && wp.items[i].bytes == (size_t)pi->numel * 4 &&
+                      !memcmp(wp.items[i].data, w, wp.items[i].bytes), "GetParameters %s", pi->name);
+            free(w);
+        }
+        ps_wire_tensor_list_free(&wp);
+    }
+
     if (!ext) test_skip_policy(model, x, grad, n);
 
     /* Health: SERVING for "" and the service's name, NOT_FOUND otherwise. */
