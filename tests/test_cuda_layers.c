@@ -13,6 +13,7 @@
  */
 #include "backend.h"
 #include "check.h"
+#include "support/random.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -23,20 +24,6 @@
 /* Tolerance relative to an array's largest magnitude for sums computed in
  * another order (cuDNN/cuBLAS in float vs the reference in double). */
 #define CMP_TOL 1e-4
-
-typedef struct rng { uint64_t s; } rng;
-
-static float rng_uniform(rng *r) { /* [-1, 1) */
-    r->s ^= r->s << 13; r->s ^= r->s >> 7; r->s ^= r->s << 17;
-    return (float)((r->s >> 40) * (1.0 / (1 << 23)) - 1.0);
-}
-
-static float *host_random(size_t n, rng *r) {
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    PS_ASSERT(p);
-    for (size_t i = 0; i < n; i++) p[i] = rng_uniform(r);
-    return p;
-}
 
 /* Device buffer of n floats, filled from host (or left as is when NULL). */
 static float *up(ps_backend *b, const float *host, size_t n) {
