@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "methods.h"
 #include "rpc.h"
 
 struct ps_client {
@@ -39,8 +40,10 @@ const char *ps_client_target(const ps_client *c) { return c->target; }
 
 /* Encode req, call method, decode the reply into resp (callbacks bound by
  * the caller). */
-static ps_status call(ps_client *c, const char *method, const pb_msgdesc_t *req_fields, const void *req,
-                      const pb_msgdesc_t *resp_fields, void *resp, ps_err *err) {
+static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
+    const ps_method_desc *m = ps_method(id);
+    const char *method = m->path;
+    const pb_msgdesc_t *req_fields = m->request, *resp_fields = m->response;
     grpc_byte_buffer *rq = NULL, *rs = NULL;
     ps_status rc = ps_wire_encode(req_fields, req, &rq, err);
     if (rc) return rc;
@@ -48,7 +51,7 @@ static ps_status call(ps_client *c, const char *method, const pb_msgdesc_t *req_
     char details[PS_RPC_DETAILS_MAX] = "";
     rc = ps_rpc_client_call(c->rpc, method, rq, &rs, c->timeout_ms, &code, details, sizeof details, err);
     grpc_byte_buffer_destroy(rq);
-    const char *short_name = strrchr(method, '/') ? strrchr(method, '/') + 1 : method;
+    const char *short_name = m->name;
     if (rc) return ps_err_prefix(err, "%s", short_name);
     if (code != GRPC_STATUS_OK) {
         if (rs) grpc_byte_buffer_destroy(rs);
@@ -76,8 +79,7 @@ ps_status ps_client_forward(ps_client *c, uint64_t ctx, uint32_t rank, int train
     ps_wire_tensor_in_init(&in, c->max_bytes);
     in.err = err;
     ps_wire_tensor_decode_bind(&resp.output, &in);
-    ps_status rc = call(c, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &req,
-                        ps_ForwardResponse_fields, &resp, err);
+    ps_status rc = call(c, PS_M_FORWARD, &req, &resp, err);
     if (rc == PS_OK) rc = ps_wire_tensor_check(&resp.output, &in, "ForwardResponse.output", err);
     if (rc == PS_OK && (resp.output.shape_count != 2 || resp.output.shape[0] != n ||
                         resp.output.shape[0] * resp.output.shape[1] > out_cap))
@@ -100,8 +102,7 @@ ps_status ps_client_backward(ps_client *c, uint64_t ctx, const float *grad, int 
     int64_t dims[2] = {n, cols};
     ps_wire_tensor_encode_bind(&req.grad_output, NULL, 2, dims, grad);
     ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
-    ps_status rc = call(c, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &req,
-                        ps_BackwardResponse_fields, &resp, err);
+    ps_status rc = call(c, PS_M_BACKWARD, &req, &resp, err);
     if (rc == PS_OK && version) *version = resp.model_version;
     return rc;
 }
@@ -110,8 +111,7 @@ ps_status ps_client_step(ps_client *c, uint64_t ctx, uint64_t *version, ps_err *
     ps_StepRequest req = ps_StepRequest_init_zero;
     req.context_id = ctx;
     ps_StepResponse resp = ps_StepResponse_init_zero;
-    ps_status rc = call(c, "/ps.ParameterServer/Step", ps_StepRequest_fields, &req, ps_StepResponse_fields,
-                        &resp, err);
+    ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
     if (rc == PS_OK && version) *version = resp.model_version;
     return rc;
 }
@@ -123,8 +123,7 @@ ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_lis
     ps_wire_tensor_list_init(list, c->max_bytes);
     list->err = err;
     ps_wire_tensors_decode_bind(&resp.gradients, list);
-    return call(c, "/ps.ParameterServer/GetGradients", ps_GetGradientsRequest_fields, &req,
-                ps_GetGradientsResponse_fields, &resp, err);
+    return call(c, PS_M_GET_GRADIENTS, &req, &resp, err);
 }
 
 ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
@@ -134,8 +133,7 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
     ps_wire_param_list_init(list, 4096);
     list->err = err;
     ps_wire_params_decode_bind(&resp.parameters, list);
-    ps_status rc = call(c, "/ps.ParameterServer/ListParameters", ps_ListParametersRequest_fields, &req,
-                        ps_ListParametersResponse_fields, &resp, err);
+    ps_status rc = call(c, PS_M_LIST_PARAMETERS, &req, &resp, err);
     if (rc == PS_OK && model) snprintf(model, model_len, "%s", resp.model);
     return rc;
 }
@@ -146,8 +144,7 @@ ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint
     ps_wire_tensor_list_init(list, c->max_bytes);
     list->err = err;
     ps_wire_tensors_decode_bind(&resp.parameters, list);
-    ps_status rc = call(c, "/ps.ParameterServer/GetParameters", ps_GetParametersRequest_fields, &req,
-                        ps_GetParametersResponse_fields, &resp, err);
+    ps_status rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
     if (rc == PS_OK && version) *version = resp.model_version;
     return rc;
 }
@@ -155,6 +152,5 @@ ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
     ps_StatusRequest req = ps_StatusRequest_init_zero;
     *out = (ps_StatusResponse)ps_StatusResponse_init_zero;
-    return call(c, "/ps.ParameterServer/Status", ps_StatusRequest_fields, &req, ps_StatusResponse_fields,
-                out, err);
+    return call(c, PS_M_STATUS, &req, out, err);
 }

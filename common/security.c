@@ -1,17 +1,13 @@
 #include "security.h"
 
+#include "methods.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const reader_methods[] = {
-    "/ps.ParameterServer/ListParameters",
-    "/ps.ParameterServer/GetParameters",
-    "/ps.ParameterServer/Status",
-    NULL,
-};
 
 #define TOKENS_FILE_MAX (1 << 20)
 
@@ -99,7 +95,7 @@ ps_status ps_security_parse_tokens(char *text, const char *origin, ps_rpc_token 
         }
         const char *const *methods;
         if (!strcmp(f[1], "trainer")) methods = NULL;
-        else if (!strcmp(f[1], "reader")) methods = reader_methods;
+        else if (!strcmp(f[1], "reader")) methods = ps_method_reader_paths();
         else {
             free(t);
             return ps_err_set(err, PS_ERR_FORMAT, "%s:%d: role '%.32s' of '%s' is not 'trainer' or "

@@ -209,17 +209,38 @@ void ps_wire_tensor_decode_bind(ps_Tensor *msg, ps_wire_tensor_in *t) {
     msg->data.arg = t;
 }
 
+size_t ps_wire_dtype_size(int dtype) {
+    switch (dtype) {
+    case ps_DType_FLOAT32: return 4;
+    case ps_DType_INT64: return 8;
+    default: return 0;
+    }
+}
+
+const char *ps_wire_dtype_name(int dtype) {
+    switch (dtype) {
+    case ps_DType_FLOAT32: return "float32";
+    case ps_DType_INT64: return "int64";
+    default: return "unknown";
+    }
+}
+
 ps_status ps_wire_tensor_check(const ps_Tensor *msg, const ps_wire_tensor_in *t,
                                const char *what, ps_err *err) {
+    size_t esz = ps_wire_dtype_size(msg->dtype);
+    if (!esz)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "%s: dtype %d is not a known dtype (FLOAT32 = 0, INT64 = 1)", what,
+                          (int)msg->dtype);
     size_t count;
     ps_status st = ps_wire_shape_count(msg->shape, (int)msg->shape_count, what, &count, err);
     if (st != PS_OK) return st;
-    if (count * sizeof(float) != t->bytes) {
+    if (count > SIZE_MAX / esz || count * esz != t->bytes) {
         char sh[128];
         shape_str(msg->shape, (int)msg->shape_count, sh, sizeof sh);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
-                          "%s: shape %s needs %zu bytes (%zu float32) but data has %zu bytes",
-                          what, sh, count * sizeof(float), count, t->bytes);
+                          "%s: shape %s needs %zu bytes (%zu %s) but data has %zu bytes",
+                          what, sh, count * esz, count, ps_wire_dtype_name(msg->dtype), t->bytes);
     }
     return PS_OK;
 }
@@ -233,7 +254,7 @@ static bool tensor_data_encode(pb_ostream_t *stream, const pb_field_t *field,
     for (pb_size_t i = 0; i < m->shape_count; i++) count *= (size_t)m->shape[i];
     if (count == 0 || !*arg) return true; /* nothing to send */
     if (!pb_encode_tag_for_field(stream, field)) return false;
-    return pb_encode_string(stream, (const pb_byte_t *)*arg, count * sizeof(float));
+    return pb_encode_string(stream, (const pb_byte_t *)*arg, count * ps_wire_dtype_size(m->dtype));
 }
 
 static void copy_name(char *dst, size_t cap, const char *src) {
@@ -245,7 +266,14 @@ static void copy_name(char *dst, size_t cap, const char *src) {
 
 void ps_wire_tensor_encode_bind(ps_Tensor *msg, const char *name, int ndim,
                                 const int64_t *dims, const float *data) {
+    ps_wire_tensor_encode_bind_typed(msg, name, ndim, dims, data, ps_DType_FLOAT32);
+}
+
+void ps_wire_tensor_encode_bind_typed(ps_Tensor *msg, const char *name, int ndim,
+                                      const int64_t *dims, const void *data, int dtype) {
     PS_ASSERT(ndim >= 1 && ndim <= PS_WIRE_MAX_DIMS);
+    PS_ASSERT(ps_wire_dtype_size(dtype) != 0);
+    msg->dtype = (ps_DType)dtype;
     copy_name(msg->name, sizeof msg->name, name);
     msg->shape_count = (pb_size_t)ndim;
     size_t count = 1;
@@ -254,7 +282,7 @@ void ps_wire_tensor_encode_bind(ps_Tensor *msg, const char *name, int ndim,
         PS_ASSERT(!__builtin_mul_overflow(count, (size_t)dims[i], &count));
         msg->shape[i] = dims[i];
     }
-    PS_ASSERT(count <= SIZE_MAX / sizeof(float));
+    PS_ASSERT(count <= SIZE_MAX / ps_wire_dtype_size(dtype));
     msg->data.funcs.encode = tensor_data_encode;
     msg->data.arg = (void *)data; /* only read, in tensor_data_encode */
 }
@@ -267,7 +295,7 @@ static bool tensors_encode(pb_ostream_t *stream, const pb_field_t *field,
     for (size_t i = 0; i < l->n; i++) {
         const ps_wire_named *it = &l->items[i];
         ps_Tensor t = ps_Tensor_init_zero;
-        ps_wire_tensor_encode_bind(&t, it->name, it->ndim, it->dims, it->data);
+        ps_wire_tensor_encode_bind_typed(&t, it->name, it->ndim, it->dims, it->data, it->dtype);
         if (!pb_encode_tag_for_field(stream, field)) return false;
         if (!pb_encode_submessage(stream, ps_Tensor_fields, &t)) return false;
     }
@@ -289,6 +317,7 @@ static bool params_encode(pb_ostream_t *stream, const pb_field_t *field,
         copy_name(p.name, sizeof p.name, it->name);
         copy_name(p.device, sizeof p.device, it->device);
         copy_name(p.stage, sizeof p.stage, it->stage);
+        p.sparse = it->sparse != 0;
         p.shape_count = (pb_size_t)it->ndim;
         memcpy(p.shape, it->dims, (size_t)it->ndim * sizeof(int64_t));
         if (!pb_encode_tag_for_field(stream, field)) return false;
@@ -365,6 +394,7 @@ static bool tensors_decode(pb_istream_t *stream, const pb_field_t *field, void *
     t->ndim = (int)msg.shape_count;
     memset(t->dims, 0, sizeof t->dims);
     memcpy(t->dims, msg.shape, msg.shape_count * sizeof(int64_t));
+    t->dtype = (int)msg.dtype;
     t->data = in.data; /* ownership moves to the list */
     t->bytes = in.bytes;
     l->total_bytes += overhead + in.bytes;

@@ -11,8 +11,11 @@
  *    here keeps a pointer after encode/decode returns except the decoded
  *    buffers, which belong to the ps_wire_tensor_in / ps_wire_tensor_list
  *    they were decoded into and are released by its _free.
- *  - Tensors are float32, little endian on the wire; this module requires a
- *    little-endian host (checked at compile time) and copies bytes as is.
+ *  - Tensors are little endian on the wire, float32 unless Tensor.dtype
+ *    says INT64; this module requires a little-endian host (checked at
+ *    compile time) and copies bytes as is. Decoded data lands in a `float *`
+ *    buffer whatever the dtype: cast it to int64_t * for INT64 (the buffer
+ *    is 64-byte aligned).
  *  - Errors: anything a peer can cause returns a status and a message in err
  *    that names what was wrong (INVALID_ARGUMENT for malformed protobuf or
  *    shapes that disagree with the data, RESOURCE_EXHAUSTED for payloads
@@ -85,10 +88,15 @@ void ps_wire_tensor_in_init(ps_wire_tensor_in *t, size_t max_bytes);
  * occurrence of the field replaces the previous data (protobuf "last wins"). */
 void ps_wire_tensor_decode_bind(ps_Tensor *msg, ps_wire_tensor_in *t);
 
-/* Validate a decoded tensor: 1..4 dims, every dim >= 1, element count
- * computed with overflow checks, count*4 == bytes received. `what` names the
- * field in messages ("ForwardRequest.input"). PS_ERR_INVALID_ARGUMENT on
- * mismatch, with both sizes in the message. */
+/* Bytes per element of a wire dtype (ps_DType value); 0 when unknown. */
+size_t ps_wire_dtype_size(int dtype);
+/* "float32", "int64"; "unknown" otherwise. */
+const char *ps_wire_dtype_name(int dtype);
+
+/* Validate a decoded tensor: a known dtype, 1..4 dims, every dim >= 1,
+ * element count computed with overflow checks, count * dtype size == bytes
+ * received. `what` names the field in messages ("ForwardRequest.input").
+ * PS_ERR_INVALID_ARGUMENT on mismatch, with both sizes in the message. */
 ps_status ps_wire_tensor_check(const ps_Tensor *msg, const ps_wire_tensor_in *t,
                                const char *what, ps_err *err);
 
@@ -111,15 +119,22 @@ ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
 void ps_wire_tensor_encode_bind(ps_Tensor *msg, const char *name, int ndim,
                                 const int64_t *dims, const float *data);
 
+/* Same for a tensor of any wire dtype (ps_DType value): data holds
+ * prod(dims) elements of it. */
+void ps_wire_tensor_encode_bind_typed(ps_Tensor *msg, const char *name, int ndim,
+                                      const int64_t *dims, const void *data, int dtype);
+
 /* ---- repeated tensors / parameter infos, encode side ------------------- */
 
 typedef struct ps_wire_named {
     const char *name;   /* "fc1.weight" */
     int ndim;           /* 1..4 */
     int64_t dims[PS_WIRE_MAX_DIMS];
-    const float *data;  /* prod(dims) floats; unused for parameter infos */
+    const void *data;   /* prod(dims) elements of dtype; unused for parameter infos */
     const char *device; /* "cpu", ...; only for parameter infos (NULL = "") */
     const char *stage;  /* "conv", "fc"; only for parameter infos (NULL = "") */
+    int dtype;          /* ps_DType value of data; 0 = float32 */
+    int sparse;         /* parameter infos: row-sparse updates */
 } ps_wire_named;
 
 typedef struct ps_wire_named_list {
@@ -143,8 +158,10 @@ typedef struct ps_wire_tensor {
     char name[PS_WIRE_NAME_MAX];
     int ndim;
     int64_t dims[PS_WIRE_MAX_DIMS];
-    float *data;        /* owned, 64-byte aligned; NULL only if bytes == 0 */
-    size_t bytes;       /* = prod(dims) * 4, checked */
+    int dtype;          /* ps_DType value */
+    float *data;        /* owned, 64-byte aligned; NULL only if bytes == 0;
+                           int64 elements when dtype is INT64 */
+    size_t bytes;       /* = prod(dims) * dtype size, checked */
 } ps_wire_tensor;
 
 typedef struct ps_wire_tensor_list {

@@ -10,6 +10,7 @@
 
 #include "health.pb.h"
 #include "log.h"
+#include "methods.h"
 #include "wire.h"
 
 struct ps_service {
@@ -569,18 +570,30 @@ static void handle_health_check(void *user, const ps_rpc_call_info *info, const 
     reply(grpc_health_v1_HealthCheckResponse_fields, &resp, response, code, details, dlen);
 }
 
-static const ps_rpc_method methods[] = {
-    {"/ps.ParameterServer/Forward", handle_forward},
-    {"/ps.ParameterServer/Backward", handle_backward},
-    {"/ps.ParameterServer/GetGradients", handle_get_gradients},
-    {"/ps.ParameterServer/Step", handle_step},
-    {"/ps.ParameterServer/ListParameters", handle_list_parameters},
-    {"/ps.ParameterServer/GetParameters", handle_get_parameters},
-    {"/ps.ParameterServer/Status", handle_status},
-    {"/grpc.health.v1.Health/Check", handle_health_check},
+/* Handlers by method id; paths and descriptors come from common/methods.c. */
+static const ps_rpc_handler handlers[PS_M_COUNT] = {
+    [PS_M_FORWARD] = handle_forward,
+    [PS_M_BACKWARD] = handle_backward,
+    [PS_M_GET_GRADIENTS] = handle_get_gradients,
+    [PS_M_STEP] = handle_step,
+    [PS_M_LIST_PARAMETERS] = handle_list_parameters,
+    [PS_M_GET_PARAMETERS] = handle_get_parameters,
+    [PS_M_STATUS] = handle_status,
+    [PS_M_HEALTH_CHECK] = handle_health_check,
 };
 
+static ps_rpc_method methods[PS_M_COUNT];
+static pthread_once_t methods_once = PTHREAD_ONCE_INIT;
+
+static void methods_fill(void) {
+    for (int i = 0; i < PS_M_COUNT; i++) {
+        methods[i].path = ps_method((ps_method_id)i)->path;
+        methods[i].fn = handlers[i];
+    }
+}
+
 const ps_rpc_method *ps_service_methods(int *n) {
-    *n = (int)(sizeof methods / sizeof methods[0]);
+    pthread_once(&methods_once, methods_fill);
+    *n = PS_M_COUNT;
     return methods;
 }

@@ -496,8 +496,78 @@ static void test_bad_input(void) {
     free(data);
 }
 
+/* Typed tensors: an INT64 input round-trips with its dtype; a shape that
+ * would fit float32 but not int64 is refused naming the dtype; an unknown
+ * dtype is refused; an old client's tensor (no dtype field) reads as
+ * FLOAT32. The new Forward/Backward fields and repeated gradients survive. */
+static void test_dtypes_and_stage_fields(void) {
+    ps_err err = {0};
+    int64_t ids[6] = {0, 1, 9999, -1, INT64_MAX, 42};
+    int64_t dims[2] = {2, 3};
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    req.context_id = 5;
+    req.train = true;
+    req.seq = 7;
+    snprintf(req.stage, sizeof req.stage, "emb");
+    req.has_input = true;
+    ps_wire_tensor_encode_bind_typed(&req.input, "ids", 2, dims, ids, ps_DType_INT64);
+    grpc_byte_buffer *bb = encode(ps_ForwardRequest_fields, &req);
+    ps_ForwardRequest got = ps_ForwardRequest_init_zero;
+    ps_wire_tensor_in in;
+    ps_wire_tensor_in_init(&in, 1 << 20);
+    ps_wire_tensor_decode_bind(&got.input, &in);
+    CHECK(ps_wire_decode(bb, ps_ForwardRequest_fields, &got, &err) == PS_OK);
+    CHECK(ps_wire_tensor_check(&got.input, &in, "ForwardRequest.input", &err) == PS_OK);
+    CHECK(got.input.dtype == ps_DType_INT64 && got.seq == 7 && !strcmp(got.stage, "emb"));
+    CHECK(in.bytes == sizeof ids && memcmp(in.data, ids, sizeof ids) == 0);
+    /* The same bytes claimed as a (2, 6) int64 tensor: 96 bytes needed. */
+    got.input.shape[1] = 6;
+    CHECK(ps_wire_tensor_check(&got.input, &in, "ForwardRequest.input", &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "int64") && strstr(err.msg, "96 bytes"), "%s", err.msg);
+    /* As float32 the 48 bytes are 12 values: (2, 6) float32 passes. */
+    got.input.dtype = ps_DType_FLOAT32;
+    CHECK(ps_wire_tensor_check(&got.input, &in, "ForwardRequest.input", &err) == PS_OK);
+    got.input.dtype = (ps_DType)9;
+    CHECK(ps_wire_tensor_check(&got.input, &in, "ForwardRequest.input", &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "dtype 9"), "%s", err.msg);
+    ps_wire_tensor_in_free(&in);
+    grpc_byte_buffer_destroy(bb);
+
+    /* Backward with more forwards and input gradients in the reply. */
+    float g0[2] = {1, 2}, g1[2] = {3, 4}, g2[2] = {5, 6};
+    int64_t gd[2] = {1, 2};
+    ps_wire_named more[2] = {{.name = "", .ndim = 2, .dims = {1, 2}, .data = g1},
+                             {.name = "", .ndim = 2, .dims = {1, 2}, .data = g2}};
+    ps_wire_named_list ml = {more, 2};
+    ps_BackwardRequest br = ps_BackwardRequest_init_zero;
+    br.context_id = 9;
+    br.seq = 1;
+    br.want_input_grad = true;
+    br.more_seqs_count = 2;
+    br.more_seqs[0] = 2;
+    br.more_seqs[1] = 3;
+    br.has_grad_output = true;
+    ps_wire_tensor_encode_bind(&br.grad_output, NULL, 2, gd, g0);
+    ps_wire_tensors_encode_bind(&br.more_grad_outputs, &ml);
+    bb = encode(ps_BackwardRequest_fields, &br);
+    ps_BackwardRequest b2 = ps_BackwardRequest_init_zero;
+    ps_wire_tensor_in_init(&in, 1 << 20);
+    ps_wire_tensor_decode_bind(&b2.grad_output, &in);
+    ps_wire_tensor_list l;
+    ps_wire_tensor_list_init(&l, 1 << 20);
+    ps_wire_tensors_decode_bind(&b2.more_grad_outputs, &l);
+    CHECK(ps_wire_decode(bb, ps_BackwardRequest_fields, &b2, &err) == PS_OK);
+    CHECK(b2.want_input_grad && b2.seq == 1 && b2.more_seqs_count == 2 && b2.more_seqs[1] == 3);
+    CHECK(l.n == 2 && l.items[1].dtype == ps_DType_FLOAT32 && l.items[1].data[1] == 6.0f);
+    CHECK(in.bytes == 8 && in.data[1] == 2.0f);
+    ps_wire_tensor_list_free(&l);
+    ps_wire_tensor_in_free(&in);
+    grpc_byte_buffer_destroy(bb);
+}
+
 int main(void) {
     grpc_init();
+    test_dtypes_and_stage_fields();
     test_forward_roundtrip(64, 1, 28, 28, 0);
     test_forward_roundtrip(64, 1, 28, 28, 1);
     /* 5 MiB tensor: 1310720 floats, both as one slice and many slices. */
