@@ -40,13 +40,15 @@ struct cfg_entry {
 
 _Static_assert(sizeof(ps_log_level) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_consistency) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_sync_reduce) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_model_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_nonfinite_policy) == sizeof(int), "enum fields are written as int");
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
-static const char *const consistency_names[] = {"hogwild", NULL};
+static const char *const consistency_names[] = {"hogwild", "sync", "ssp", NULL};
+static const char *const sync_reduce_names[] = {"sum", "mean", NULL};
 static const char *const model_names[] = {"mnist_cnn", NULL};
 static const char *const backend_names[] = {"ref", "dnnl", NULL};
 static const char *const optimizer_names[] = {"sgd", NULL};
@@ -81,6 +83,12 @@ static const cfg_entry g_table[] = {
     INT ("server.max_message_mb",  server.max_message_mb,  4, 2047, "64"),
     ENUM("server.log_level",       server.log_level,       log_level_names, "info"),
     ENUM("server.consistency",     server.consistency,     consistency_names, "hogwild"),
+    INT ("server.sync_workers",    server.sync_workers,    1, 4096, "2"),
+    DBL ("server.sync_timeout_s",  server.sync_timeout_s,  1, 0, 86400, 0, "30"),
+    ENUM("server.sync_reduce",     server.sync_reduce,     sync_reduce_names, "mean"),
+    INT ("server.max_staleness",   server.max_staleness,   0, 1000000, "3"),
+    DBL ("server.settle_window_s", server.settle_window_s, 1, 0, 604800, 0, "900"),
+    INT ("server.max_finished",    server.max_finished,    1024, 16777216, "1048576"),
     STR0("server.checkpoint_dir",  server.checkpoint_dir,  ""),
     INT ("server.checkpoint_every_steps", server.checkpoint_every_steps, 0, 1000000000, "1000"),
     DBL ("server.checkpoint_every_s", server.checkpoint_every_s, 0, 0, 31536000, 0, "300"),

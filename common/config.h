@@ -44,13 +44,19 @@
 #define PS_CONFIG_DEVICE_MAX 16  /* buffer size for a device, incl. NUL */
 #define PS_CONFIG_MAX_STAGES 8
 
-/* server.consistency: how concurrent trainers' steps interleave in psd.
+/* server.consistency: how concurrent trainers' steps interleave in psd
+ * (server/consistency.h has the full rules).
  *  HOGWILD: optimizer steps are applied asynchronously as they arrive;
  *           a forward/backward reads a consistent snapshot of the weights
  *           (readers/writer lock: steps exclude readers only while writing).
- * The only rule this build implements; the key exists so a config names
- * the rule it relies on and a later build can add others. */
-typedef enum { PS_CONSISTENCY_HOGWILD = 0 } ps_consistency;
+ *  SYNC:    rounds of server.sync_workers contexts, summed or averaged
+ *           (server.sync_reduce) into one step; stragglers past
+ *           server.sync_timeout_s are dropped from their round.
+ *  SSP:     stale synchronous parallel: a trainer more than
+ *           server.max_staleness steps ahead of the slowest active one
+ *           waits before its next Forward. */
+typedef enum { PS_CONSISTENCY_HOGWILD = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
+typedef enum { PS_SYNC_SUM = 0, PS_SYNC_MEAN } ps_sync_reduce;
 typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
 /* server.nonfinite_policy: a NaN/Inf in a training input, a gradient sent
  * by a trainer, or a computed parameter gradient. REJECT: the call fails
@@ -76,6 +82,12 @@ typedef struct ps_config {
         int max_message_mb;               /* 4..2047 */
         ps_log_level log_level;
         ps_consistency consistency;
+        int sync_workers;                 /* sync: contexts per round */
+        double sync_timeout_s;            /* sync: straggler timeout */
+        ps_sync_reduce sync_reduce;       /* sync: sum or mean */
+        int max_staleness;                /* ssp: steps ahead of the slowest */
+        double settle_window_s;           /* finished contexts answer repeated Steps this long */
+        int max_finished;                 /* ... and at most this many */
         /* Lifecycle (docs/config.md "server"): */
         char checkpoint_dir[PS_CONFIG_PATH_MAX]; /* "" = no checkpoints */
         int checkpoint_every_steps;       /* 0 = not by steps */

@@ -21,6 +21,7 @@ const char *ps_status_name(ps_status s) {
     case PS_ERR_PERMISSION_DENIED: return "PERMISSION_DENIED";
     case PS_ERR_UNIMPLEMENTED: return "UNIMPLEMENTED";
     case PS_ERR_INTERNAL: return "INTERNAL";
+    case PS_ERR_ABORTED: return "ABORTED";
     }
     return "UNKNOWN";
 }

@@ -29,6 +29,7 @@ typedef enum {
     PS_ERR_PERMISSION_DENIED,
     PS_ERR_UNIMPLEMENTED,
     PS_ERR_INTERNAL,           /* a library call failed unexpectedly */
+    PS_ERR_ABORTED,            /* the operation was overtaken (a closed sync round); do not retry it as is */
 } ps_status;
 
 #define PS_ERR_MSG_MAX 512

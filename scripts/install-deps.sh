@@ -16,6 +16,8 @@ PKGS=(
   libsystemd-dev       # psd's sd_notify readiness under systemd
   python3-grpcio       # tests: health check from a Python gRPC client
   python3-prometheus-client # tests: parse psd's /metrics with Prometheus' own parser
+  python3-grpc-tools   # tests: a Python client generated from proto/ps.proto
+  python3-numpy        # tests: independent references for the generic client
   openssl              # TLS tests make throw-away certificates
   iproute2             # make test-faults: network namespaces
 )

@@ -1,19 +1,33 @@
 /* ctx_table.h - the request contexts psd keeps between a trainer's RPCs
  * (PyTorch's distributed-autograd contexts).
  *
- * A context is opened by Forward(train) under the id the trainer chose and
- * holds the model tape (activations, then gradients). Backward, GetGradients
- * and Step look it up; Step frees it. Contexts idle for longer than the TTL
- * (a trainer that vanished) are expired by ps_ctx_table_expire.
+ * A context is opened by the first Forward(train) under the id the trainer
+ * chose and records every Forward made under it, by sequence number: its
+ * tape (activations for the backward pass). Backward covers recorded
+ * forwards and accumulates parameter gradients into the context's gradient
+ * accumulator (opaque here: a ps_grads of the model, freed with the
+ * grads_free callback); a forward's tape is released once it has been
+ * backwarded. Step applies the accumulated gradients once and finishes the
+ * context. Contexts idle for longer than the TTL (a trainer that vanished)
+ * are expired by ps_ctx_table_expire.
  *
  * Concurrency: the table has one mutex. An RPC works on a context between
- * ps_ctx_table_acquire and _release/_finish; meanwhile the context is busy:
- * a second RPC on it gets FAILED_PRECONDITION and the expiry skips it, so a
- * tape is never freed under a running computation.
+ * ps_ctx_table_open/_acquire and _release/_finish/_drop; meanwhile the
+ * context is busy: a second RPC on it gets FAILED_PRECONDITION and the
+ * expiry skips it, so a tape is never freed under a running computation.
+ * The fields of a busy context belong to the RPC holding it.
  *
- * Finished ids are remembered (a bounded ring) so a repeated Step of the
- * same context is answered with the version of the step that was applied,
- * instead of NOT_FOUND or a second update: steps are idempotent.
+ * Finished contexts are remembered by time: for settle_window_s after their
+ * Step (and at most max_finished of them), a repeated Step is answered with
+ * the version its step produced instead of a second update (steps are
+ * idempotent). Past that window the id is kept in a compact filter, and a
+ * Step for it is answered FAILED_PRECONDITION "too old to settle": the batch
+ * was applied once and must not be re-run. (The filter can, rarely, take a
+ * never-used id for an old one; it errs on the side of not re-running.)
+ *
+ * Memory: each context carries `bytes` (tapes + gradients) that the caller
+ * keeps up to date with ps_ctx_table_account; the table sums them
+ * (ps_ctx_stats.bytes) so limits and metrics can read one number.
  */
 #ifndef PS_CTX_TABLE_H
 #define PS_CTX_TABLE_H
@@ -26,15 +40,26 @@
 
 typedef struct ps_ctx_table ps_ctx_table;
 
-typedef enum { PS_CTX_FORWARDED = 0, PS_CTX_BACKWARDED = 1 } ps_ctx_state;
+/* One recorded Forward. */
+typedef struct ps_ctx_fwd {
+    uint32_t seq;
+    int backwarded;         /* its Backward ran: tape released */
+    ps_tape *tape;          /* owned until backwarded; NULL after */
+    uint64_t version;       /* weights version the forward used */
+    size_t bytes;           /* tape bytes, for accounting */
+} ps_ctx_fwd;
 
 typedef struct ps_ctx {
     uint64_t id;
     uint32_t rank;
-    ps_ctx_state state;
-    ps_tape *tape;          /* owned */
+    ps_ctx_fwd *fwd;        /* recorded forwards, in arrival order */
+    size_t nfwd;
+    void *grads;            /* accumulated parameter gradients (ps_grads); NULL before a Backward */
     int nonfinite;          /* a NaN/Inf reached this context: its step is not applied */
+    uint64_t round;         /* consistency "sync": the round the context belongs to */
+    size_t bytes;           /* tapes + gradients held (ps_ctx_table_account) */
     /* private */
+    size_t cap;
     double last_used;
     int busy;
     struct ps_ctx *next;
@@ -45,33 +70,60 @@ typedef struct ps_ctx_stats {
     uint64_t expired;       /* total since start */
     uint64_t opened;        /* total since start */
     uint64_t trainers_seen; /* distinct ranks */
+    uint64_t bytes;         /* sum of live contexts' bytes */
+    uint64_t finished_kept; /* finished ids remembered for repeated Steps */
 } ps_ctx_stats;
 
-/* ttl_s: idle time after which a context expires. max_live: contexts held
- * at once before new ones are refused (RESOURCE_EXHAUSTED). */
-ps_ctx_table *ps_ctx_table_create(double ttl_s, size_t max_live);
+typedef struct ps_ctx_table_opts {
+    double ttl_s;           /* idle time after which a context expires */
+    size_t max_live;        /* contexts held at once before new ones are refused */
+    double settle_window_s; /* finished contexts answer repeated Steps this long (0: 600 s) */
+    size_t max_finished;    /* and at most this many (0: 1 << 20) */
+    void (*grads_free)(void *grads); /* frees ps_ctx.grads; NULL: free() */
+} ps_ctx_table_opts;
+
+ps_ctx_table *ps_ctx_table_create(const ps_ctx_table_opts *opts);
 void ps_ctx_table_free(ps_ctx_table *t);   /* frees every tape; NULL ok */
 
-/* Adds a context that owns tape, busy=0. ALREADY_EXISTS if the id is live
- * or was recently finished; on error the caller keeps the tape. */
-ps_status ps_ctx_table_insert(ps_ctx_table *t, uint64_t id, uint32_t rank, ps_tape *tape, ps_err *err);
+/* For a training Forward: the live context id (marked busy), or a new empty
+ * one (busy, no forwards). ALREADY_EXISTS when id belongs to a finished
+ * context; RESOURCE_EXHAUSTED past max_live; FAILED_PRECONDITION when busy.
+ * *created (may be NULL) says whether it is new; a new context that gets no
+ * forward is removed again by ps_ctx_table_release. */
+ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *created, ps_err *err);
 
 /* Finds a live context and marks it busy. NOT_FOUND (unknown or expired),
- * FAILED_PRECONDITION (another RPC is using it). When the id belongs to a
- * recently finished context, *finished_version (if not NULL) receives the
- * model version its step produced and NOT_FOUND is returned with
- * *finished = 1. */
+ * FAILED_PRECONDITION (another RPC is using it, or finished too long ago to
+ * settle; *finished = 2 then). When the id belongs to a recently finished
+ * context, *finished = 1, *finished_version (if not NULL) receives the model
+ * version its step produced, and NOT_FOUND is returned. */
 ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished,
                              uint64_t *finished_version, ps_err *err);
 
-/* Ends an RPC's use of the context, which stays. */
+/* The record of forward seq in c, or NULL. */
+ps_ctx_fwd *ps_ctx_find_fwd(ps_ctx *c, uint32_t seq);
+/* Record a forward (c busy, seq not yet recorded): the context owns tape
+ * from now on. RESOURCE_EXHAUSTED when out of memory (tape stays the
+ * caller's). */
+ps_status ps_ctx_add_fwd(ps_ctx_table *t, ps_ctx *c, uint32_t seq, ps_tape *tape, uint64_t version,
+                         size_t bytes, ps_err *err);
+/* Mark forward f backwarded and free its tape. */
+void ps_ctx_fwd_done(ps_ctx_table *t, ps_ctx *c, ps_ctx_fwd *f);
+/* Number of recorded forwards not yet backwarded; *first_seq (may be NULL)
+ * gets the first such sequence number. */
+size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq);
+/* Set c->bytes (c busy) and the table's total accordingly. */
+void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes);
+
+/* Ends an RPC's use of the context, which stays (unless it has no forward). */
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c);
 
-/* Removes the context and frees its tape; remembers it as finished with
- * the given version (the result of its step) for repeated Steps. */
+/* Removes the context and frees its tapes and gradients; remembers it as
+ * finished with the given version (the result of its step). */
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version);
 
-/* Expires contexts idle for longer than the TTL; returns how many. */
+/* Expires contexts idle for longer than the TTL and forgets finished ids
+ * older than the settle window; returns how many contexts expired. */
 size_t ps_ctx_table_expire(ps_ctx_table *t);
 
 /* Notes that a trainer of this rank was seen. */

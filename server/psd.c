@@ -217,13 +217,35 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);  /* before grpc_init: its threads inherit it */
     grpc_init();
 
+    char consistency[256];
+    switch (cfg.server.consistency) {
+    case PS_CONSISTENCY_SYNC:
+        snprintf(consistency, sizeof consistency, "sync: rounds of %d contexts, gradients %s into one step; "
+                 "stragglers dropped after %g s", cfg.server.sync_workers,
+                 cfg.server.sync_reduce == PS_SYNC_MEAN ? "averaged" : "summed", cfg.server.sync_timeout_s);
+        break;
+    case PS_CONSISTENCY_SSP:
+        snprintf(consistency, sizeof consistency, "ssp: a trainer at most %d steps ahead of the slowest active "
+                 "one; steps applied as they arrive", cfg.server.max_staleness);
+        break;
+    default:
+        snprintf(consistency, sizeof consistency, "hogwild: asynchronous steps; each Forward/Backward reads one "
+                 "consistent weight snapshot (readers/writer lock), each Step is atomic");
+    }
     ps_service_opts so = {
         .context_ttl_s = cfg.server.context_ttl_s,
         .max_contexts = 4096,
         .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
-        .consistency = "hogwild: asynchronous steps; each Forward/Backward reads one consistent "
-                       "weight snapshot (readers/writer lock), each Step is atomic",
+        .consistency = consistency,
         .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
+        .mode = (int)cfg.server.consistency,  /* same order as ps_cons_mode */
+        .sync_workers = cfg.server.sync_workers,
+        .sync_timeout_s = cfg.server.sync_timeout_s,
+        .sync_average = cfg.server.sync_reduce == PS_SYNC_MEAN,
+        .max_staleness = cfg.server.max_staleness,
+        .settle_window_s = cfg.server.settle_window_s,
+        .max_finished = (size_t)cfg.server.max_finished,
+        .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     if (svc && have_ckpt) {
@@ -323,6 +345,7 @@ int main(int argc, char **argv) {
         nanosleep(&nap, NULL);
     }
     double left = cfg.server.grace_s - (mono_s() - t_stop);
+    ps_service_close(svc);  /* sync rounds and held Forwards that cannot complete now: UNAVAILABLE */
     ps_rpc_server_shutdown(srv, left > 0.1 ? (int)(left * 1000) : 100);
     ps_service_stats(svc, &st, &samples);
     if (st.live) ps_log(PS_LOG_WARN, "%llu contexts still open after the grace period: dropped",

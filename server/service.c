@@ -8,14 +8,28 @@
 #include <string.h>
 #include <time.h>
 
+#include "consistency.h"
 #include "health.pb.h"
 #include "log.h"
 #include "methods.h"
 #include "wire.h"
 
+typedef struct fwd_node fwd_node;
+
 struct ps_service {
     ps_model *model;
     ps_ctx_table *ctx;
+    ps_cons *cons;               /* server.consistency */
+    /* ssp: Forwards released from their wait run here, not on the
+     * releasing thread (a Step's reply must not wait for them) */
+    pthread_t exec;
+    int exec_started;
+    pthread_mutex_t exec_mu;
+    pthread_cond_t exec_cv;
+    fwd_node *exec_head, *exec_tail;
+    int exec_stop;
+    char optimizer[16];
+    const char *(*cpu_isa)(void);
     size_t max_tensor_bytes;
     double start;
     uint64_t samples;            /* __atomic */
@@ -30,6 +44,10 @@ struct ps_service {
     ps_ckpt_info ckpt;
 };
 
+static void grads_free_cb(void *g) { ps_grads_free(g); }
+static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err);
+static void *exec_main(void *p);
+
 static double mono_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -40,8 +58,33 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     ps_service *s = calloc(1, sizeof *s);
     if (!s) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     s->model = model;
-    s->ctx = ps_ctx_table_create(o->context_ttl_s, o->max_contexts);
+    ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts,
+                            .settle_window_s = o->settle_window_s, .max_finished = o->max_finished,
+                            .grads_free = grads_free_cb};
+    s->ctx = ps_ctx_table_create(&to);
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
+                       .sync_average = o->sync_average, .max_staleness = o->max_staleness,
+                       .active_s = o->context_ttl_s};
+    if (!(s->cons = ps_cons_create(&co, sync_apply, s, err))) {
+        ps_ctx_table_free(s->ctx);
+        free(s);
+        return NULL;
+    }
+    pthread_mutex_init(&s->exec_mu, NULL);
+    pthread_cond_init(&s->exec_cv, NULL);
+    if (o->mode == PS_CONS_SSP) {
+        if (pthread_create(&s->exec, NULL, exec_main, s)) {
+            ps_cons_free(s->cons);
+            ps_ctx_table_free(s->ctx);
+            free(s);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cannot start the ssp executor thread");
+            return NULL;
+        }
+        s->exec_started = 1;
+    }
+    snprintf(s->optimizer, sizeof s->optimizer, "%s", o->optimizer ? o->optimizer : "sgd");
+    s->cpu_isa = o->cpu_isa;
     s->max_tensor_bytes = o->max_message_bytes;
     s->start = mono_now();
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
@@ -50,14 +93,31 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     return s;
 }
 
+void ps_service_close(ps_service *s) {
+    ps_cons_close(s->cons);  /* answers waiting sync steps and held Forwards */
+    if (s->exec_started) {
+        pthread_mutex_lock(&s->exec_mu);
+        s->exec_stop = 1;
+        pthread_cond_signal(&s->exec_cv);
+        pthread_mutex_unlock(&s->exec_mu);
+        pthread_join(s->exec, NULL);   /* runs what was released before the close */
+        s->exec_started = 0;
+    }
+}
+
 void ps_service_free(ps_service *s) {
     if (!s) return;
+    ps_service_close(s);
+    ps_cons_free(s->cons);
+    pthread_mutex_destroy(&s->exec_mu);
+    pthread_cond_destroy(&s->exec_cv);
     pthread_mutex_destroy(&s->ckpt_mu);
     ps_ctx_table_free(s->ctx);
     free(s);
 }
 
 size_t ps_service_expire(ps_service *s) {
+    ps_cons_tick(s->cons);  /* sync round timeouts, ssp activity */
     size_t n = ps_ctx_table_expire(s->ctx);
 #ifdef __GLIBC__
     /* Hand freed tapes' pages back to the OS: after contexts of vanished
@@ -131,28 +191,6 @@ static ps_status check_finite(const float *x, size_t n, const char *what, ps_err
     return PS_OK;
 }
 
-/* Are the parameter gradients Backward computed into the tape finite?
- * PS_OK, INVALID_ARGUMENT naming the parameter and element, or another
- * error (out of memory, device copy). */
-static ps_status check_grads_finite(ps_service *s, const ps_tape *tape, ps_err *err) {
-    int np = ps_model_num_params(s->model);
-    int64_t biggest = 0;
-    for (int i = 0; i < np; i++)
-        if (ps_model_param(s->model, i)->numel > biggest) biggest = ps_model_param(s->model, i)->numel;
-    float *buf = malloc((size_t)biggest * sizeof(float));
-    if (!buf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    ps_status st = PS_OK;
-    for (int i = 0; i < np && st == PS_OK; i++) {
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        if ((st = ps_tape_get_grad(s->model, tape, i, buf, err))) break;
-        char what[160];
-        snprintf(what, sizeof what, "gradient of %s (computed from grad_output)", pi->name);
-        st = check_finite(buf, (size_t)pi->numel, what, err);
-    }
-    free(buf);
-    return st;
-}
-
 /* A non-finite value reached context c (err says where). Policy reject:
  * refuse; the context is marked only if its tape now holds non-finite
  * gradients (so a later Step is refused too, and a new Backward may
@@ -165,6 +203,316 @@ static ps_status nonfinite(ps_service *s, ps_ctx *c, int tape_tainted, ps_err *e
     return ps_err_prefix(err, "step rejected (server.nonfinite_policy: reject)");
 }
 
+static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
+    size_t o = 0;
+    o += snprintf(buf + o, len - o, "(");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (o < len) snprintf(buf + o, len - o, ")");
+}
+
+/* ---- stages, shapes ------------------------------------------------------ */
+
+/* Distinct, reproducible dropout streams per (context, forward). */
+static uint64_t dropout_seed(uint64_t ctx_id, uint32_t seq) {
+    uint64_t z = ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL + (uint64_t)seq * 0xbf58476d1ce4e5b9ULL;
+    z ^= z >> 31;
+    return z * 0x94d049bb133111ebULL;
+}
+
+/* The run of stages a request names: both empty = all; only stage = that
+ * one; only last = from the first up to it. */
+static ps_status resolve_stages(ps_service *s, const char *first_name, const char *last_name, const char *what,
+                                int *first, int *last, ps_err *err) {
+    int ns = ps_model_num_stages(s->model);
+    *first = 0;
+    *last = ns - 1;
+    if (first_name[0] && (*first = ps_model_find_stage(s->model, first_name)) < 0)
+        goto unknown;
+    if (last_name[0]) {
+        if ((*last = ps_model_find_stage(s->model, last_name)) < 0) {
+            first_name = last_name;
+            goto unknown;
+        }
+    } else if (first_name[0]) {
+        *last = *first;
+    }
+    if (*last < *first)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: last_stage '%s' comes before stage '%s' in model %s",
+                          what, last_name, first_name, ps_model_arch(s->model));
+    return PS_OK;
+unknown:;
+    char names[256] = "";
+    for (int i = 0; i < ns; i++) {
+        size_t o = strlen(names);
+        snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", ps_model_stage(s->model, i)->name);
+    }
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: model %s has no stage '%s' (stages: %s)", what,
+                      ps_model_arch(s->model), first_name, names);
+}
+
+/* "(N, 1, 28, 28)"-style description of leading dims + per-sample dims. */
+static void format_expected(char *buf, size_t len, const int64_t *dims, int ndim) {
+    size_t o = (size_t)snprintf(buf, len, "(N");
+    for (int i = 0; i < ndim && o < len; i++) o += (size_t)snprintf(buf + o, len - o, ", %lld", (long long)dims[i]);
+    if (o < len) snprintf(buf + o, len - o, ")");
+}
+
+/* A tensor shaped (leading..., per-sample dims): checks the trailing dims
+ * and returns the product of the leading ones (at least one leading dim). */
+static ps_status split_batch(const ps_Tensor *t, const int64_t *per, int per_ndim, const char *what,
+                             const char *whose, int64_t *n, int *nlead, ps_err *err) {
+    int nd = (int)t->shape_count;
+    int ok = nd >= per_ndim + 1;
+    for (int i = 0; ok && i < per_ndim; i++) ok = t->shape[nd - per_ndim + i] == per[i];
+    if (!ok) {
+        char got[96], want[96];
+        format_shape(got, sizeof got, t->shape, nd);
+        format_expected(want, sizeof want, per, per_ndim);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: shape %s does not match %s %s (N = any leading dims)",
+                          what, got, whose, want);
+    }
+    *nlead = nd - per_ndim;
+    int64_t p = 1;
+    for (int i = 0; i < *nlead; i++) p *= t->shape[i];  /* wire-checked: no overflow */
+    *n = p;
+    return PS_OK;
+}
+
+/* Forward output / input gradient dims: the request's leading dims + per-sample dims. */
+static int join_dims(int64_t *out, const int64_t *lead, int nlead, const int64_t *per, int per_ndim) {
+    int nd = 0;
+    if (nlead + per_ndim > PS_WIRE_MAX_DIMS) {  /* fold leading dims into one */
+        int64_t p = 1;
+        for (int i = 0; i < nlead; i++) p *= lead[i];
+        out[nd++] = p;
+    } else {
+        for (int i = 0; i < nlead; i++) out[nd++] = lead[i];
+    }
+    for (int i = 0; i < per_ndim && nd < PS_WIRE_MAX_DIMS; i++) out[nd++] = per[i];
+    return nd;
+}
+
+/* ---- Forward ---------------------------------------------------------------- */
+
+/* A decoded Forward: what forward_run needs, also after an ssp wait. */
+typedef struct fwd_req {
+    ps_service *svc;
+    ps_ForwardRequest req;
+    ps_wire_tensor_in in;
+    ps_err err;
+    ps_rpc_call *call;       /* when deferred */
+} fwd_req;
+
+static void fwd_req_free(fwd_req *f) {
+    if (!f) return;
+    ps_wire_tensor_in_free(&f->in);
+    free(f);
+}
+
+typedef struct fwd_node {
+    fwd_req *f;
+    struct fwd_node *next;
+} fwd_node;
+
+/* Runs a decoded, validated Forward; *response or err. */
+static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
+                             grpc_byte_buffer **response, ps_err *err) {
+    int first, last;
+    if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
+    const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
+    if ((int)req->input.dtype != (int)si->in_dtype)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: dtype %s, but stage '%s' takes %s",
+                          ps_wire_dtype_name(req->input.dtype), si->name, ps_wire_dtype_name(si->in_dtype));
+    char whose[96];
+    snprintf(whose, sizeof whose, "the input of stage '%s'", si->name);
+    int64_t n;
+    int nlead;
+    if (split_batch(&req->input, si->in_dims, si->in_ndim, "ForwardRequest.input", whose, &n, &nlead, err))
+        return err->code;
+    if (req->train && n > ps_model_max_batch(s->model))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: batch %lld is larger than the "
+                          "maximum %d", (long long)n, ps_model_max_batch(s->model));
+    if (!req->train && n > (int64_t)1 << 24)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: %lld samples in one inference "
+                          "call; send at most %d", (long long)n, 1 << 24);
+    if (req->train && req->context_id == 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.context_id: a training forward needs a "
+                          "non-zero context id");
+    int bad_input = 0;
+    if (si->in_dtype == PS_DTYPE_F32 &&
+        check_finite(in->data, in->bytes / sizeof(float), "ForwardRequest.input", err)) {
+        if (!req->train || !s->nonfinite_skip) {  /* eval: nothing to skip, always refused */
+            count(&s->nonfinite_rejected);
+            return err->code;
+        }
+        bad_input = 1;
+        ps_err_clear(err);
+    }
+    int64_t outper = 1;
+    for (int i = 0; i < so->out_ndim; i++) outper *= so->out_dims[i];
+    float *out = malloc((size_t)(n * outper) * sizeof(float) + 1);
+    if (!out) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a %lld x %lld output",
+                                (long long)n, (long long)outper);
+    uint64_t version = 0;
+    ps_tape *tape = NULL;
+    ps_ctx *c = NULL;
+    int replayed = 0;
+    ps_status st = PS_OK;
+    if (req->train) {
+        ps_ctx_table_note_rank(s->ctx, req->trainer_rank);
+        if (!(c = ps_ctx_table_open(s->ctx, req->context_id, req->trainer_rank, NULL, err))) {
+            st = err->code;
+            goto out;
+        }
+        ps_ctx_fwd *rec = ps_ctx_find_fwd(c, req->seq);
+        if (rec) {  /* a retried Forward: answer from the record */
+            if (!rec->tape) {
+                st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: forward %u was already "
+                                "backwarded; use a new sequence number for a new forward",
+                                (unsigned long long)req->context_id, req->seq);
+            } else if (ps_tape_first_stage(rec->tape) != first || ps_tape_last_stage(rec->tape) != last ||
+                       ps_tape_batch(rec->tape) != n) {
+                st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "context %llu: forward %u is recorded for other "
+                                "stages or another batch size; a retry must repeat the request",
+                                (unsigned long long)req->context_id, req->seq);
+            } else if (!(st = ps_tape_get_output(s->model, rec->tape, out, err))) {
+                version = rec->version;
+                replayed = 1;
+            }
+            goto out;
+        }
+        if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
+                                         dropout_seed(req->context_id, req->seq), out, &tape, &version, err)))
+            goto out;
+        if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version,
+                                 ps_tape_bytes(tape), err)))
+            goto out;
+        tape = NULL;  /* the context owns it now */
+        if (bad_input) c->nonfinite = 1;
+        __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
+    } else {
+        if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 0, NULL, 0, out, NULL,
+                                         &version, err)))
+            goto out;
+    }
+    ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
+    int64_t dims[PS_WIRE_MAX_DIMS];
+    int nd = join_dims(dims, req->input.shape, nlead, so->out_dims, so->out_ndim);
+    if (nd == 1) dims[nd++] = 1;  /* a scalar per sample travels as (N, 1) */
+    resp.has_output = true;
+    ps_wire_tensor_encode_bind(&resp.output, NULL, nd, dims, out);
+    resp.model_version = version;
+    resp.replayed = replayed;
+    if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp.round = c && c->round ? c->round : ps_cons_round(s->cons);
+    if (c && !c->round && ps_cons_mode_of(s->cons) == PS_CONS_SYNC) c->round = resp.round;
+    st = ps_wire_encode(ps_ForwardResponse_fields, &resp, response, err);
+out:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    ps_tape_free(tape);
+    free(out);
+    return st;
+}
+
+/* ssp: a held-back Forward may run (or psd shuts down). Runs on the
+ * service's executor thread, never on the thread that released it. */
+static void fwd_ready(void *arg, ps_status st, const ps_err *err) {
+    fwd_req *f = arg;
+    ps_service *s = f->svc;
+    if (st != PS_OK) {
+        ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(st), err ? err->msg : "");
+        fwd_req_free(f);
+        return;
+    }
+    pthread_mutex_lock(&s->exec_mu);
+    fwd_node *node = malloc(sizeof *node);
+    if (!node) {
+        pthread_mutex_unlock(&s->exec_mu);
+        ps_rpc_call_complete(f->call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        fwd_req_free(f);
+        return;
+    }
+    node->f = f;
+    node->next = NULL;
+    if (s->exec_tail) s->exec_tail->next = node;
+    else s->exec_head = node;
+    s->exec_tail = node;
+    pthread_cond_signal(&s->exec_cv);
+    pthread_mutex_unlock(&s->exec_mu);
+}
+
+static void *exec_main(void *p) {
+    ps_service *s = p;
+    pthread_mutex_lock(&s->exec_mu);
+    for (;;) {
+        while (!s->exec_head && !s->exec_stop) pthread_cond_wait(&s->exec_cv, &s->exec_mu);
+        if (!s->exec_head) break;
+        fwd_node *node = s->exec_head;
+        s->exec_head = node->next;
+        if (!s->exec_head) s->exec_tail = NULL;
+        pthread_mutex_unlock(&s->exec_mu);
+        fwd_req *f = node->f;
+        free(node);
+        grpc_byte_buffer *resp = NULL;
+        ps_err err = {0};
+        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+            ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
+        else
+            ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
+        fwd_req_free(f);
+        pthread_mutex_lock(&s->exec_mu);
+    }
+    pthread_mutex_unlock(&s->exec_mu);
+    return NULL;
+}
+
+static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                           grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
+    ps_service *s = user;
+    fwd_req *f = calloc(1, sizeof *f);
+    ps_err err = {0};
+    if (!f) {
+        ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        fail(code, details, dlen, &err);
+        return;
+    }
+    f->svc = s;
+    f->req = (ps_ForwardRequest)ps_ForwardRequest_init_zero;
+    ps_wire_tensor_in_init(&f->in, s->max_tensor_bytes);
+    f->in.err = &err;
+    ps_wire_tensor_decode_bind(&f->req.input, &f->in);
+    if (ps_service_draining(s)) {
+        ps_err_set(&err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
+                   "contexts may still finish their Backward and Step); retry when it is back");
+        goto fail;
+    }
+    if (ps_wire_decode(request, ps_ForwardRequest_fields, &f->req, &err) ||
+        (!f->req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
+        ps_wire_tensor_check(&f->req.input, &f->in, "ForwardRequest.input", &err))
+        goto fail;
+    f->in.err = NULL;
+    /* ssp: a trainer too far ahead waits, without holding this thread. */
+    if (f->req.train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && info->call) {
+        f->call = ps_rpc_call_defer(info, NULL, NULL);
+        if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
+        grpc_byte_buffer *resp = NULL;
+        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+            ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
+        else
+            ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
+        fwd_req_free(f);
+        return;
+    }
+    if (forward_run(s, &f->req, &f->in, response, &err)) goto fail;
+    fwd_req_free(f);
+    return;
+fail:
+    fail(code, details, dlen, &err);
+    fwd_req_free(f);
+}
+
+/* ---- Step (shared by Step and Backward(step)) --------------------------------- */
+
 /* Finish a marked context without applying its step. */
 static uint64_t skip_step(ps_service *s, ps_ctx *c) {
     uint64_t v = ps_model_version(s->model);
@@ -175,124 +523,235 @@ static uint64_t skip_step(ps_service *s, ps_ctx *c) {
     return v;
 }
 
-static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
-    size_t o = 0;
-    o += snprintf(buf + o, len - o, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)dims[i]);
-    if (o < len) snprintf(buf + o, len - o, ")");
+/* A step's answer, as Step or Backward sends it. */
+typedef struct step_result {
+    uint64_t version, round;
+    uint32_t members;
+    int skipped;
+} step_result;
+
+static ps_status encode_step_result(int as_backward, const step_result *r, const ps_wire_named_list *input_grads,
+                                    grpc_byte_buffer **response, ps_err *err) {
+    if (as_backward) {
+        ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
+        resp.model_version = r->version;
+        resp.skipped = r->skipped;
+        resp.round = r->round;
+        if (input_grads && input_grads->n) ps_wire_tensors_encode_bind(&resp.input_grads, input_grads);
+        return ps_wire_encode(ps_BackwardResponse_fields, &resp, response, err);
+    }
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    resp.model_version = r->version;
+    resp.skipped = r->skipped;
+    resp.round = r->round;
+    resp.round_contexts = r->members;
+    return ps_wire_encode(ps_StepResponse_fields, &resp, response, err);
 }
 
-/* Samples per slice of an inference Forward (see handle_forward). */
-#define PS_EVAL_SLICE 64
+/* A context waiting in a sync round. */
+typedef struct sync_wait {
+    ps_service *svc;
+    ps_ctx *ctx;
+    ps_rpc_call *call;
+    int as_backward;
+    ps_wire_named_list grads_list;  /* Backward(step, want_input_grad): what to send back */
+    ps_wire_named *items;
+    float *gbuf;
+} sync_wait;
 
-/* Distinct, reproducible dropout streams per context. */
-static uint64_t dropout_seed(uint64_t ctx_id) { return ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL; }
+static void sync_wait_free(sync_wait *w) {
+    free(w->items);
+    free(w->gbuf);
+    free(w);
+}
 
-static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
-                           grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
-    (void)info;
+static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t version, uint64_t round,
+                      uint32_t members) {
+    sync_wait *w = arg;
+    ps_service *s = w->svc;
+    if (st != PS_OK) {
+        ps_ctx_table_release(s->ctx, w->ctx);  /* kept: a retry of the Step may rejoin */
+        ps_rpc_call_complete(w->call, NULL, ps_grpc_from_status(st), err ? err->msg : "");
+        sync_wait_free(w);
+        return;
+    }
+    int skipped = w->ctx->nonfinite;
+    if (skipped) count(&s->nonfinite_skipped);
+    ps_ctx_table_finish(s->ctx, w->ctx, version);
+    step_result r = {version, round, members, skipped};
+    grpc_byte_buffer *resp = NULL;
+    ps_err e = {0};
+    if (encode_step_result(w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
+        ps_rpc_call_complete(w->call, resp, GRPC_STATUS_OK, NULL);
+    else
+        ps_rpc_call_complete(w->call, NULL, ps_grpc_from_status(e.code), e.msg);
+    sync_wait_free(w);
+}
+
+/* sync: sum (or average) the round's gradients into the first and step. */
+static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err) {
     ps_service *s = user;
-    ps_err err = {0};
-    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
-    ps_wire_tensor_in in;
-    ps_wire_tensor_in_init(&in, s->max_tensor_bytes);
-    in.err = &err;
-    ps_wire_tensor_decode_bind(&req.input, &in);
-    float *out = NULL;
-    ps_tape *tape = NULL;
-    if (ps_service_draining(s)) {
-        ps_err_set(&err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
-                   "contexts may still finish their Backward and Step); retry when it is back");
-        goto fail;
+    ps_grads *acc = NULL;
+    int used = 0;
+    for (int i = 0; i < n; i++) {
+        if (!grads[i]) continue;
+        if (!acc) acc = grads[i];
+        else if (ps_grads_add(s->model, acc, grads[i], err)) return err->code;
+        used++;
     }
-    if (ps_wire_decode(request, ps_ForwardRequest_fields, &req, &err) ||
-        (!req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
-        ps_wire_tensor_check(&req.input, &in, "ForwardRequest.input", &err))
-        goto fail;
-    int c, h, w;
-    ps_model_input_shape(s->model, &c, &h, &w);
-    if (req.input.shape_count != 4 || req.input.shape[1] != c || req.input.shape[2] != h ||
-        req.input.shape[3] != w) {
-        char got[96];
-        format_shape(got, sizeof got, req.input.shape, (int)req.input.shape_count);
-        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: shape %s does not match the "
-                   "model's input (N, %d, %d, %d)", got, c, h, w);
-        goto fail;
+    if (!acc) {  /* every member skipped: nothing to apply, the version stays */
+        *version = ps_model_version(s->model);
+        return PS_OK;
     }
-    int64_t n = req.input.shape[0];
-    if (n > ps_model_max_batch(s->model)) {
-        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input: batch %lld is larger than "
-                   "the maximum %d", (long long)n, ps_model_max_batch(s->model));
-        goto fail;
+    if (average && used > 1 && ps_grads_scale(s->model, acc, 1.0f / (float)used, err)) return err->code;
+    return ps_model_step_grads(s->model, acc, version, err);
+}
+
+/* Apply (or, under sync, queue) the step of context c, which the caller
+ * holds. On return either c was finished or released and *response / err
+ * say what to answer (returns PS_OK or an error), or the answer was
+ * deferred: *deferred = 1 and c belongs to the round. */
+static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ctx *c, uint64_t round,
+                              int as_backward, ps_wire_named *items, float *gbuf, size_t nitems,
+                              grpc_byte_buffer **response, int *deferred, ps_err *err) {
+    *deferred = 0;
+    uint32_t pending_seq = 0;
+    size_t pending = ps_ctx_pending(c, &pending_seq);
+    if (pending) {
+        ps_ctx_table_release(s->ctx, c);
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: %zu recorded forward%s not backwarded "
+                          "yet (first: seq %u); Backward every forward before Step",
+                          (unsigned long long)c->id, pending, pending == 1 ? "" : "s", pending_seq);
     }
-    if (req.train && req.context_id == 0) {
-        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.context_id: a training forward "
-                   "needs a non-zero context id");
-        goto fail;
+    if (c->nonfinite && !s->nonfinite_skip) {
+        count(&s->nonfinite_rejected);
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "context %llu has non-finite gradients; step rejected "
+                   "(server.nonfinite_policy: reject)", (unsigned long long)c->id);
+        ps_ctx_table_release(s->ctx, c);
+        return err->code;
     }
-    int bad_input = 0;
-    if (check_finite(in.data, in.bytes / sizeof(float), "ForwardRequest.input", &err)) {
-        if (!req.train || !s->nonfinite_skip) {  /* eval: nothing to skip, always refused */
-            count(&s->nonfinite_rejected);
-            goto fail;
+    if (!c->grads && !c->nonfinite) {
+        uint64_t id = c->id;
+        ps_ctx_table_release(s->ctx, c);
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
+                          "Backward first)", (unsigned long long)id);
+    }
+    ps_wire_named_list list = {items, nitems};
+    if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) {
+        sync_wait *w = calloc(1, sizeof *w);
+        ps_rpc_call *call = w ? ps_rpc_call_defer(info, NULL, NULL) : NULL;
+        if (!call) {
+            free(w);
+            ps_ctx_table_release(s->ctx, c);
+            return ps_err_set(err, w ? PS_ERR_UNAVAILABLE : PS_ERR_RESOURCE_EXHAUSTED,
+                              w ? "sync step outside a server" : "out of memory");
         }
-        bad_input = 1;
-        ps_err_clear(&err);
+        *w = (sync_wait){s, c, call, as_backward, list, items, gbuf};
+        if (round == 0) round = c->round;
+        ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
+        if (st != PS_OK) {
+            if (st == PS_ERR_ABORTED) ps_ctx_table_finish(s->ctx, c, ps_model_version(s->model));
+            else ps_ctx_table_release(s->ctx, c);
+            ps_rpc_call_complete(call, NULL, ps_grpc_from_status(st), err->msg);
+            sync_wait_free(w);
+        }
+        *deferred = 1;
+        return PS_OK;
     }
-    int outsz = ps_model_output_size(s->model);
-    out = malloc((size_t)n * outsz * sizeof(float));
-    if (!out) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
-    uint64_t version = 0;
-    if (req.train) {
-        if (ps_model_forward(s->model, in.data, (int)n, 1, NULL, dropout_seed(req.context_id), out, &tape,
-                             &version, &err))
-            goto fail;
+    step_result r = {0};
+    if (c->nonfinite) {
+        r.version = skip_step(s, c);
+        r.skipped = 1;
     } else {
-        /* Inference keeps nothing, so it runs in slices: a large evaluation
-         * batch then needs the activations of PS_EVAL_SLICE samples at a
-         * time instead of all of them (under load, one 500-sample forward
-         * per serving thread was most of psd's peak memory). The reported
-         * version is the first slice's. */
-        const int64_t per = (int64_t)c * h * w;
-        for (int64_t o = 0; o < n; o += PS_EVAL_SLICE) {
-            int len = (int)(n - o < PS_EVAL_SLICE ? n - o : PS_EVAL_SLICE);
-            if (ps_model_forward(s->model, in.data + o * per, len, 0, NULL, 0, out + o * outsz, NULL,
-                                 o ? NULL : &version, &err))
-                goto fail;
+        uint32_t rank = c->rank;
+        if (ps_model_step_grads(s->model, c->grads, &r.version, err)) {
+            ps_ctx_table_release(s->ctx, c);
+            return err->code;
+        }
+        ps_ctx_table_finish(s->ctx, c, r.version);
+        ps_cons_stepped(s->cons, rank);
+    }
+    return encode_step_result(as_backward, &r, &list, response, err);
+}
+
+/* ---- Backward --------------------------------------------------------------- */
+
+/* Backward of one recorded forward: accumulate its parameter gradients into
+ * the context (never non-finite ones under "reject"), optionally its input
+ * gradient into gin. */
+static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                              size_t gbytes, const char *what, float *gin, ps_err *err) {
+    ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
+    if (!f)
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
+                          what, (unsigned long long)c->id, seq);
+    if (!f->tape)
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
+                          "backwarded", what, seq, (unsigned long long)c->id);
+    const ps_stage_info *so = ps_model_stage(s->model, ps_tape_last_stage(f->tape));
+    int64_t n;
+    int nlead;
+    char whose[128];
+    snprintf(whose, sizeof whose, "the output of stage '%s'", so->name);
+    if (split_batch(g, so->out_dims, so->out_ndim, what, whose, &n, &nlead, err)) {
+        /* a scalar output travels as (N, 1) */
+        if (!(so->out_ndim == 0 && g->shape_count == 2 && g->shape[1] == 1)) return err->code;
+        n = g->shape[0];
+        ps_err_clear(err);
+    }
+    if (n != ps_tape_batch(f->tape)) {
+        char got[96];
+        format_shape(got, sizeof got, g->shape, (int)g->shape_count);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: shape %s does not match the context's output "
+                          "(%d samples of forward %u)", what, got, ps_tape_batch(f->tape), seq);
+    }
+    if (g->dtype != ps_DType_FLOAT32)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: dtype %s; gradients are float32", what,
+                          ps_wire_dtype_name(g->dtype));
+    if (check_finite(gdata, gbytes / sizeof(float), what, err)) {
+        ps_status st = nonfinite(s, c, 0, err);
+        if (st) return st;
+        ps_ctx_fwd_done(s->ctx, c, f);  /* skip: the context's step will not apply */
+        return PS_OK;
+    }
+    if (c->nonfinite && s->nonfinite_skip) {
+        ps_ctx_fwd_done(s->ctx, c, f);
+        return PS_OK;
+    }
+    /* Into the context's accumulator directly when it is empty; otherwise
+     * through a scratch one, so a refused backward adds nothing. */
+    int direct = c->grads == NULL;
+    ps_grads *g2 = ps_grads_create(s->model, err);
+    if (!g2) return err->code;
+    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, g2, err);
+    int bad_param = -1;
+    int64_t bad_elem = -1;
+    int fin = st ? 1 : ps_grads_check_finite(s->model, g2, &bad_param, &bad_elem);
+    if (!st && fin < 0) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cannot check the gradients (out of memory)");
+    if (!st && fin == 0) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradient of %s (computed from grad_output): element %lld is "
+                   "not finite", ps_model_param(s->model, bad_param)->name, (long long)bad_elem);
+        st = nonfinite(s, c, 0, err);
+        if (!st) {  /* skip: marked; the step will not apply */
+            c->nonfinite = 1;
+            ps_grads_free(g2);
+            ps_ctx_fwd_done(s->ctx, c, f);
+            return PS_OK;
         }
     }
-    if (req.train) {
-        ps_ctx_table_note_rank(s->ctx, req.trainer_rank);
-        if (ps_ctx_table_insert(s->ctx, req.context_id, req.trainer_rank, tape, &err)) goto fail;
-        tape = NULL;  /* the table owns it now */
-        if (bad_input) {
-            ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
-            if (c) {
-                c->nonfinite = 1;
-                ps_ctx_table_release(s->ctx, c);
-            }
-        }
-        __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
+    if (!st && !direct) st = ps_grads_add(s->model, c->grads, g2, err);
+    if (st) {
+        ps_grads_free(g2);
+        return st;
     }
-    ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
-    int64_t dims[2] = {n, outsz};
-    resp.has_output = true;
-    ps_wire_tensor_encode_bind(&resp.output, NULL, 2, dims, out);
-    resp.model_version = version;
-    reply(ps_ForwardResponse_fields, &resp, response, code, details, dlen);
-    goto done;
-fail:
-    fail(code, details, dlen, &err);
-done:
-    ps_tape_free(tape);
-    free(out);
-    ps_wire_tensor_in_free(&in);
+    if (direct) c->grads = g2;
+    else ps_grads_free(g2);
+    ps_ctx_fwd_done(s->ctx, c, f);
+    return PS_OK;
 }
 
 static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                             grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
-    (void)info;
     ps_service *s = user;
     ps_err err = {0};
     ps_BackwardRequest req = ps_BackwardRequest_init_zero;
@@ -300,59 +759,112 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
     ps_wire_tensor_in_init(&in, s->max_tensor_bytes);
     in.err = &err;
     ps_wire_tensor_decode_bind(&req.grad_output, &in);
+    ps_wire_tensor_list more;
+    ps_wire_tensor_list_init(&more, s->max_tensor_bytes);
+    more.err = &err;
+    ps_wire_tensors_decode_bind(&req.more_grad_outputs, &more);
     ps_ctx *c = NULL;
+    ps_wire_named *items = NULL;
+    float *gbuf = NULL;
+    size_t nitems = 0;
     if (ps_wire_decode(request, ps_BackwardRequest_fields, &req, &err) ||
         (!req.has_grad_output && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.grad_output is missing")) ||
         ps_wire_tensor_check(&req.grad_output, &in, "BackwardRequest.grad_output", &err))
         goto fail;
-    c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
-    if (!c) goto fail;
-    int n = ps_tape_batch(c->tape), outsz = ps_model_output_size(s->model);
-    if (req.grad_output.shape_count != 2 || req.grad_output.shape[0] != n || req.grad_output.shape[1] != outsz) {
-        char got[96];
-        format_shape(got, sizeof got, req.grad_output.shape, (int)req.grad_output.shape_count);
-        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.grad_output: shape %s does not match "
-                   "the context's output (%d, %d)", got, n, outsz);
+    if (req.more_seqs_count != more.n) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest: %u more_seqs but %zu more_grad_outputs; "
+                   "they go in pairs", (unsigned)req.more_seqs_count, more.n);
         goto fail;
     }
-    if (check_finite(in.data, in.bytes / sizeof(float), "BackwardRequest.grad_output", &err)) {
-        if (nonfinite(s, c, 0, &err)) goto fail;
-    } else if (!(s->nonfinite_skip && c->nonfinite)) {
-        if (ps_model_backward(s->model, c->tape, in.data, &err)) goto fail;
-        ps_status gs = check_grads_finite(s, c->tape, &err);
-        if (gs != PS_OK && gs != PS_ERR_INVALID_ARGUMENT) goto fail;
-        c->nonfinite = gs != PS_OK;
-        if (gs && nonfinite(s, c, 1, &err)) goto fail;
+    if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    size_t ncov = 1 + more.n;
+    if (req.want_input_grad) {
+        /* one input gradient per covered forward: sizes from their tapes */
+        items = calloc(ncov, sizeof *items);
+        size_t total = 0;
+        for (size_t k = 0; items && k < ncov; k++) {
+            uint32_t seq = k ? req.more_seqs[k - 1] : req.seq;
+            ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
+            if (!f || !f->tape) continue;  /* backward_one explains */
+            const ps_stage_info *si = ps_model_stage(s->model, ps_tape_first_stage(f->tape));
+            if (si->in_dtype != PS_DTYPE_F32) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.want_input_grad: the input of stage "
+                           "'%s' is %s ids; it has no gradient", si->name, ps_wire_dtype_name(si->in_dtype));
+                goto fail;
+            }
+            int64_t per = 1;
+            for (int i = 0; i < si->in_ndim; i++) per *= si->in_dims[i];
+            items[k].ndim = 1 + si->in_ndim;
+            items[k].dims[0] = ps_tape_batch(f->tape);
+            for (int i = 0; i < si->in_ndim; i++) items[k].dims[1 + i] = si->in_dims[i];
+            if (items[k].ndim > PS_WIRE_MAX_DIMS) items[k].ndim = PS_WIRE_MAX_DIMS;
+            total += (size_t)(ps_tape_batch(f->tape) * per);
+        }
+        gbuf = items ? malloc(total * sizeof(float) + 1) : NULL;
+        if (!gbuf) {
+            ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for input gradients");
+            goto fail;
+        }
+        float *p = gbuf;
+        for (size_t k = 0; k < ncov; k++) {
+            int64_t cnt = 1;
+            for (int i = 0; i < items[k].ndim; i++) cnt *= items[k].dims[i];
+            items[k].data = p;
+            items[k].name = "";
+            if (items[k].ndim) p += cnt;
+        }
+        nitems = ncov;
     }
-    c->state = PS_CTX_BACKWARDED;
-    ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
-    if (req.step && c->nonfinite) {
-        resp.model_version = skip_step(s, c);
-        resp.skipped = true;
-        c = NULL;
-    } else if (req.step) {
-        uint64_t v;
-        if (ps_model_step(s->model, c->tape, &v, &err)) goto fail;
-        ps_ctx_table_finish(s->ctx, c, v);
-        c = NULL;
-        resp.model_version = v;
-    } else {
-        resp.model_version = ps_model_version(s->model);
+    for (size_t k = 0; k < ncov; k++) {
+        char what[96];
+        if (k == 0) snprintf(what, sizeof what, "BackwardRequest.grad_output");
+        else snprintf(what, sizeof what, "BackwardRequest.more_grad_outputs[%zu]", k - 1);
+        const ps_Tensor *gt = &req.grad_output;
+        ps_Tensor mt = ps_Tensor_init_zero;
+        const float *gd = in.data;
+        size_t gb = in.bytes;
+        if (k) {
+            const ps_wire_tensor *w = &more.items[k - 1];
+            mt.shape_count = (pb_size_t)w->ndim;
+            memcpy(mt.shape, w->dims, sizeof(int64_t) * (size_t)w->ndim);
+            mt.dtype = (ps_DType)w->dtype;
+            gt = &mt;
+            gd = w->data;
+            gb = w->bytes;
+        }
+        float *gin = nitems && items[k].ndim ? (float *)items[k].data : NULL;
+        if (backward_one(s, c, k ? req.more_seqs[k - 1] : req.seq, gt, gd, gb, what, gin, &err)) goto fail;
     }
-    reply(ps_BackwardResponse_fields, &resp, response, code, details, dlen);
+    size_t tb = 0;
+    for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
+    ps_ctx_table_account(s->ctx, c, (c->grads ? ps_grads_bytes(c->grads) : 0) + tb);
+    if (req.step) {
+        int deferred;
+        ps_ctx *held = c;
+        c = NULL;  /* step_context finishes, releases or queues it */
+        if (step_context(s, info, held, req.round, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
+        if (deferred) items = NULL, gbuf = NULL;  /* the round owns them */
+        goto done;
+    }
+    step_result r = {.version = ps_model_version(s->model)};
+    ps_wire_named_list list = {items, nitems};
+    if (encode_step_result(1, &r, &list, response, &err)) goto fail;
     goto done;
 fail:
     fail(code, details, dlen, &err);
 done:
     if (c) ps_ctx_table_release(s->ctx, c);
+    free(items);
+    free(gbuf);
+    ps_wire_tensor_list_free(&more);
     ps_wire_tensor_in_free(&in);
 }
 
 /* The model's parameters as a list for the wire: names, shapes, stages and
  * devices, and - with want_data - a host copy of each parameter's weights,
- * or of its gradient in tape when tape is not NULL. The caller frees
+ * or of its accumulated gradient in grads when grads is not NULL. The caller frees
  * *items and *buf (both NULL on error). */
-static ps_status named_params(ps_service *s, int want_data, const ps_tape *tape, ps_wire_named **items,
+static ps_status named_params(ps_service *s, int want_data, const ps_grads *grads, ps_wire_named **items,
                               float **buf, ps_err *err) {
     int np = ps_model_num_params(s->model);
     *items = calloc(np, sizeof **items);
@@ -368,8 +880,9 @@ static ps_status named_params(ps_service *s, int want_data, const ps_tape *tape,
         memcpy(it->dims, pi->dims, sizeof pi->dims);
         it->device = pi->device;
         it->stage = pi->stage;
+        it->sparse = pi->sparse;
         if (!want_data) continue;
-        rc = tape ? ps_tape_get_grad(s->model, tape, i, p, err) : ps_model_get_param(s->model, i, p, err);
+        rc = grads ? ps_grads_get(s->model, grads, i, p, err) : ps_model_get_param(s->model, i, p, err);
         it->data = p;
         p += pi->numel;
     }
@@ -395,12 +908,12 @@ static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const
     if (ps_wire_decode(request, ps_GetGradientsRequest_fields, &req, &err)) goto fail;
     c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
     if (!c) goto fail;
-    if (!ps_tape_has_grads(c->tape)) {
+    if (!c->grads) {
         ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients yet (call Backward first)",
                    (unsigned long long)req.context_id);
         goto fail;
     }
-    if (named_params(s, 1, c->tape, &items, &buf, &err)) goto fail;
+    if (named_params(s, 1, c->grads, &items, &buf, &err)) goto fail;
     ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
     ps_GetGradientsResponse resp = ps_GetGradientsResponse_init_zero;
     ps_wire_tensors_encode_bind(&resp.gradients, &list);
@@ -416,47 +929,23 @@ done:
 
 static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                         grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
-    (void)info;
     ps_service *s = user;
     ps_err err = {0};
     ps_StepRequest req = ps_StepRequest_init_zero;
-    ps_StepResponse resp = ps_StepResponse_init_zero;
-    ps_ctx *c = NULL;
     if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err)) goto fail;
     int finished = 0;
     uint64_t v = 0;
-    c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
-    if (!c && finished) {   /* a retried Step: answer what the first one did */
-        resp.model_version = v;
-        reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
+    ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
+    if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
+        step_result r = {.version = v};
+        if (encode_step_result(0, &r, NULL, response, &err)) goto fail;
         return;
     }
     if (!c) goto fail;
-    if (c->nonfinite && (c->state == PS_CTX_BACKWARDED || ps_tape_has_grads(c->tape))) {
-        if (!s->nonfinite_skip) {
-            count(&s->nonfinite_rejected);
-            ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "context %llu has non-finite gradients; step "
-                       "rejected (server.nonfinite_policy: reject)", (unsigned long long)req.context_id);
-            goto fail;
-        }
-        resp.model_version = skip_step(s, c);
-        resp.skipped = true;
-        reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
-        return;
-    }
-    if (!ps_tape_has_grads(c->tape)) {
-        ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
-                   "Backward first)", (unsigned long long)req.context_id);
-        goto fail;
-    }
-    if (ps_model_step(s->model, c->tape, &v, &err)) goto fail;
-    ps_ctx_table_finish(s->ctx, c, v);
-    c = NULL;
-    resp.model_version = v;
-    reply(ps_StepResponse_fields, &resp, response, code, details, dlen);
+    int deferred;
+    if (step_context(s, info, c, req.round, 0, NULL, NULL, 0, response, &deferred, &err)) goto fail;
     return;
 fail:
-    if (c) ps_ctx_table_release(s->ctx, c);
     fail(code, details, dlen, &err);
 }
 
@@ -480,6 +969,18 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
     ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
     ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero;
     ps_wire_params_encode_bind(&resp.parameters, &list);
+    int ns = ps_model_num_stages(s->model);
+    for (int i = 0; i < ns && i < (int)(sizeof resp.stages / sizeof resp.stages[0]); i++) {
+        const ps_stage_info *si = ps_model_stage(s->model, i);
+        ps_StageInfo *o = &resp.stages[resp.stages_count++];
+        snprintf(o->name, sizeof o->name, "%s", si->name);
+        snprintf(o->device, sizeof o->device, "%s", si->device);
+        o->input_dtype = (ps_DType)si->in_dtype;
+        o->input_shape_count = (pb_size_t)si->in_ndim;
+        memcpy(o->input_shape, si->in_dims, sizeof(int64_t) * (size_t)si->in_ndim);
+        o->output_shape_count = (pb_size_t)si->out_ndim;
+        memcpy(o->output_shape, si->out_dims, sizeof(int64_t) * (size_t)si->out_ndim);
+    }
     snprintf(resp.model, sizeof resp.model, "%s", ps_model_arch(s->model));
     reply(ps_ListParametersResponse_fields, &resp, response, code, details, dlen);
     free(items);
@@ -543,6 +1044,16 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     resp.draining = ps_service_draining(s) != 0;
     snprintf(resp.nonfinite_policy, sizeof resp.nonfinite_policy, "%s", s->nonfinite_skip ? "skip" : "reject");
     ps_service_nonfinite_counts(s, &resp.nonfinite_rejected, &resp.nonfinite_skipped);
+    snprintf(resp.optimizer, sizeof resp.optimizer, "%s", s->optimizer);
+    if (s->cpu_isa) snprintf(resp.cpu_isa, sizeof resp.cpu_isa, "%s", s->cpu_isa());
+    ps_cons_stats cs;
+    ps_cons_stats_get(s->cons, &cs);
+    if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) {
+        resp.sync_round = cs.round;
+        resp.sync_members = cs.members;
+    }
+    resp.sync_dropped = cs.dropped;
+    resp.ssp_deferred = cs.ssp_deferred;
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 
@@ -589,6 +1100,7 @@ static void methods_fill(void) {
     for (int i = 0; i < PS_M_COUNT; i++) {
         methods[i].path = ps_method((ps_method_id)i)->path;
         methods[i].fn = handlers[i];
+        methods[i].reserved = ps_method((ps_method_id)i)->reserved;
     }
 }
 

@@ -1,12 +1,23 @@
 /* service.h - the ParameterServer gRPC service: request validation and the
  * distributed-autograd context protocol on top of a model.
  *
- * Forward(ctx, batch, train) -> log-probabilities; with train the context
- * keeps what Backward needs. Backward(ctx, grad_output) puts parameter
- * gradients into the context (never into shared state); with step=true it
- * also applies the optimizer (one round trip). GetGradients(ctx) returns
- * them; Step(ctx) applies SGD with them and frees the context; a repeated
- * Step of a finished context answers the version it produced (idempotent).
+ * Forward(ctx, seq, input, stages, train) runs a run of the hosted stages
+ * (all by default); with train the context records the forward under its
+ * sequence number, with the tape Backward needs, and a retried Forward of a
+ * recorded (ctx, seq) is answered from the record, never computed or
+ * recorded twice. Each forward draws its own dropout masks, seeded by
+ * (context, seq). Backward(ctx, seq [+ more_seqs], grad_output[s]) covers
+ * recorded forwards: it ADDS their parameter gradients into the context
+ * (never into shared state), returns the gradients of their inputs when
+ * asked (want_input_grad; off by default, so nobody pays for a backward-data
+ * they do not use), and with step=true also steps (one round trip).
+ * GetGradients(ctx) returns the accumulated gradients; Step(ctx) refuses
+ * while a recorded forward has not been backwarded, otherwise applies the
+ * optimizer once - when, depends on server.consistency (consistency.h):
+ * at once (hogwild, ssp) or with its sync round, the reply deferred without
+ * holding a server thread - and frees the context; a repeated Step of a
+ * finished context answers the version it produced (idempotent) for
+ * settle_window_s, and "too old to settle" after that.
  *
  * Non-finite values (NaN/Inf in a training input, in grad_output, or in the
  * parameter gradients Backward computes) never reach the weights. With
@@ -45,6 +56,15 @@ typedef struct ps_service_opts {
     size_t max_message_bytes;
     const char *consistency;  /* description given in Status */
     int nonfinite_skip;       /* 0: reject NaN/Inf (INVALID_ARGUMENT); 1: skip the step */
+    int mode;                 /* ps_cons_mode: 0 hogwild, 1 sync, 2 ssp */
+    int sync_workers;         /* sync: contexts per round */
+    double sync_timeout_s;    /* sync: straggler timeout (> 0 under sync) */
+    int sync_average;         /* sync: 1 mean, 0 sum */
+    int max_staleness;        /* ssp */
+    double settle_window_s;   /* repeated Steps answered this long (0: 600 s) */
+    size_t max_finished;      /* ... for at most this many contexts (0: 1 << 20) */
+    const char *optimizer;    /* reported by Status ("sgd") */
+    const char *(*cpu_isa)(void); /* reported by Status; NULL: "" */
 } ps_service_opts;
 
 /* The service uses (does not own) the model. */
@@ -67,6 +87,11 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
  * One-way. */
 void ps_service_set_draining(ps_service *s);
 int ps_service_draining(ps_service *s);
+
+/* Answers every waiting sync Step and held-back ssp Forward with
+ * UNAVAILABLE and stops the ssp executor; call before shutting the server
+ * down (ps_service_free does it too). Idempotent. */
+void ps_service_close(ps_service *s);
 
 /* Training samples counted so far (e.g. restored from a checkpoint). */
 void ps_service_set_samples(ps_service *s, uint64_t samples);

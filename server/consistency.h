@@ -1,0 +1,125 @@
+/* consistency.h - when a context's gradients reach the weights
+ * (server.consistency).
+ *
+ *  - hogwild: every Step applies at once (the weights lock keeps each step
+ *    atomic and each forward/backward on one consistent set of weights).
+ *  - sync: a round gathers server.sync_workers contexts. Each Step names its
+ *    round (StepRequest.round; 0 = the round now open) and waits - without
+ *    holding a server thread: the reply is deferred - until the round is
+ *    complete; then the gradients of all its contexts are summed (or
+ *    averaged: server.sync_reduce) and applied as ONE optimizer step, and
+ *    every member is answered with the same version and round. A Step naming
+ *    a round that has closed never counts toward a later round: it is
+ *    refused with ABORTED and its context is dropped. When a round has
+ *    waited server.sync_timeout_s since its first member arrived, it closes
+ *    with the members it has: the missing ones are stragglers, the expected
+ *    membership shrinks to what arrived (so a dead worker does not stall
+ *    every later round), and grows back by one whenever a dropped
+ *    straggler's late Step shows up, up to sync_workers.
+ *  - ssp (stale synchronous parallel, Petuum): each trainer rank has a
+ *    clock, the number of its steps applied. A training Forward of a rank
+ *    whose clock is more than server.max_staleness ahead of the slowest
+ *    ACTIVE rank (seen within the activity window) waits - its reply
+ *    deferred - until the slowest catches up or goes inactive. Nothing is
+ *    refused, and no forward runs on weights older than the bound. Steps
+ *    apply as under hogwild.
+ *
+ * This module holds the rules and the waiting lists; it knows neither gRPC
+ * nor the model. The service hands it callbacks: `apply` (sum/average a
+ * round's gradients and step the model), `done` (answer one Step) and
+ * `ready` (run a Forward that was held back). Callbacks are never called
+ * with the module's lock held; each waiter's callback is called exactly
+ * once, also at shutdown (ps_cons_close: UNAVAILABLE).
+ *
+ * Thread-safe: any number of handler threads may call in at once.
+ */
+#ifndef PS_CONSISTENCY_H
+#define PS_CONSISTENCY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum { PS_CONS_HOGWILD = 0, PS_CONS_SYNC = 1, PS_CONS_SSP = 2 } ps_cons_mode;
+
+typedef struct ps_cons_opts {
+    ps_cons_mode mode;
+    int sync_workers;       /* sync: contexts per round (>= 1) */
+    double sync_timeout_s;  /* sync: a round open this long closes with whom it has (> 0) */
+    int sync_average;       /* sync: 1 = average the round's gradients, 0 = sum them */
+    int max_staleness;      /* ssp: steps a rank may run ahead of the slowest active one (>= 0) */
+    double active_s;        /* ssp: a rank not seen for this long no longer holds others back */
+} ps_cons_opts;
+
+/* Applies one round: grads[0..n-1] are the members' gradient accumulators
+ * (NULL for a member whose step is skipped, e.g. non-finite values);
+ * average says whether to divide the sum by the number of non-NULL ones.
+ * Returns PS_OK and the new model version, or an error (nothing applied). */
+typedef ps_status (*ps_cons_apply_fn)(void *user, void *const *grads, int n, int average,
+                                      uint64_t *version, ps_err *err);
+/* Answers one sync member: st == PS_OK with the round's version, round and
+ * member count, or an error in err (round not applied, or shutdown). */
+typedef void (*ps_cons_done_fn)(void *arg, ps_status st, const ps_err *err, uint64_t version,
+                                uint64_t round, uint32_t members);
+/* Runs (st == PS_OK) or refuses (err) a Forward held back by ssp. */
+typedef void (*ps_cons_ready_fn)(void *arg, ps_status st, const ps_err *err);
+
+typedef struct ps_cons ps_cons;
+
+ps_cons *ps_cons_create(const ps_cons_opts *o, ps_cons_apply_fn apply, void *user, ps_err *err);
+/* Answers every waiter with UNAVAILABLE; later calls are refused. */
+void ps_cons_close(ps_cons *c);
+void ps_cons_free(ps_cons *c);   /* closes first; NULL ok */
+
+ps_cons_mode ps_cons_mode_of(const ps_cons *c);
+/* "hogwild", "sync", "ssp"; NULL for an unknown value. */
+const char *ps_cons_mode_name(ps_cons_mode m);
+/* Parses a mode name; -1 when unknown. */
+int ps_cons_mode_parse(const char *name);
+
+/* ---- sync ---- */
+
+/* The round now open (starts at 1). */
+uint64_t ps_cons_round(ps_cons *c);
+
+/* Submit one context's Step for round (0 = the open round). On PS_OK the
+ * member is queued and done(arg, ...) will be called exactly once - maybe
+ * before this returns, by this thread, when it completes the round.
+ * Errors (nothing kept, done not called): ABORTED for a round that has
+ * closed (counted as dropped), INVALID_ARGUMENT for a round not open yet,
+ * UNAVAILABLE after close. */
+ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_done_fn done,
+                              void *arg, ps_err *err);
+
+/* Close a round that has waited past its timeout; call about once a second.
+ * Returns 1 when it closed one. */
+int ps_cons_tick(ps_cons *c);
+
+typedef struct ps_cons_stats {
+    uint64_t round;         /* open round */
+    uint32_t members;       /* contexts the open round waits for */
+    uint32_t waiting;       /* contexts queued in it now */
+    uint64_t dropped;       /* late Steps refused (stragglers) */
+    uint64_t timeouts;      /* rounds closed by their timeout */
+    uint64_t ssp_deferred;  /* Forwards held back */
+    uint64_t ssp_waiting;   /* held back now */
+} ps_cons_stats;
+void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out);
+
+/* ---- ssp ---- */
+
+/* May a training Forward of rank run now? Returns 1: run it (ready is not
+ * called). Returns 0: held back; ready(arg, ...) is called exactly once
+ * later, from the thread whose step (or tick) released it, or with
+ * UNAVAILABLE at close. In modes other than ssp always 1. */
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg);
+
+/* A step of rank was applied (hogwild application under ssp): advance its
+ * clock and release the Forwards that may run now. */
+void ps_cons_stepped(ps_cons *c, uint32_t rank);
+
+/* Clock of a rank (steps applied); 0 for an unknown rank. */
+uint64_t ps_cons_clock(ps_cons *c, uint32_t rank);
+
+#endif

@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""Drive psd's stage-addressed, typed, multi-forward and sync calls from a
+Python grpcio client generated from proto/ps.proto (by python3-grpc-tools,
+as any user's client would be), and check every answer against numpy.
+
+    generic_client.py lm ADDR LR      psd hosting rnn_lm (ntoken 50, ninp 8, nhid 8, dropout 0), sgd LR
+    generic_client.py sync ADDR       psd hosting cartpole_policy, consistency sync, 2 workers, sum
+
+The expected values are computed here from the weights GetParameters
+returns, independently of psd's C code. Exit 0 and a last line "...: OK"
+when everything holds; an AssertionError names what did not.
+"""
+import sys
+import threading
+
+import grpc
+import numpy as np
+
+import ps_pb2
+import ps_pb2_grpc
+
+F32, I64 = ps_pb2.FLOAT32, ps_pb2.INT64
+
+
+def tensor(a, dtype=F32):
+    a = np.ascontiguousarray(a, dtype=np.float32 if dtype == F32 else np.int64)
+    return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=dtype)
+
+
+def array(t):
+    dt = np.float32 if t.dtype == F32 else np.int64
+    return np.frombuffer(t.data, dtype=dt).reshape(tuple(t.shape))
+
+
+def params(stub):
+    r = stub.GetParameters(ps_pb2.GetParametersRequest())
+    return {t.name: array(t).copy() for t in r.parameters}, r.model_version
+
+
+def expect_error(fn, code, *words):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        assert e.code() == code, f"expected {code}, got {e.code()}: {e.details()}"
+        for w in words:
+            assert w in e.details(), f"'{w}' not in '{e.details()}'"
+        return e.details()
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def close(a, b, what, tol=1e-5):
+    err = float(np.max(np.abs(a - b) / (np.abs(b) + 1.0))) if a.size else 0.0
+    assert a.shape == b.shape and err < tol, f"{what}: shape {a.shape} vs {b.shape}, rel err {err:g}"
+
+
+def test_lm(stub, lr):
+    lp = stub.ListParameters(ps_pb2.ListParametersRequest())
+    assert lp.model == "rnn_lm", lp.model
+    shapes = {p.name: tuple(p.shape) for p in lp.parameters}
+    assert shapes == {"encoder.weight": (50, 8), "decoder.weight": (50, 8), "decoder.bias": (50,)}, shapes
+    assert [p.sparse for p in lp.parameters if p.name == "encoder.weight"] == [True]
+    st = {s.name: s for s in lp.stages}
+    assert list(st) == ["emb", "decoder"], list(st)
+    assert st["emb"].input_dtype == I64 and list(st["emb"].input_shape) == [] and list(st["emb"].output_shape) == [8]
+    assert st["decoder"].input_dtype == F32 and list(st["decoder"].input_shape) == [8]
+    assert list(st["decoder"].output_shape) == [50] and st["decoder"].device == "cpu"
+
+    w, v0 = params(stub)
+    enc, dec, bias = w["encoder.weight"], w["decoder.weight"], w["decoder.bias"]
+    rng = np.random.default_rng(5)
+    ids = np.array([[3, 7], [7, 49], [0, 3]], dtype=np.int64)      # (seq 3, batch 2); rows 3, 7 repeat
+
+    # Inference through one stage: the embedding rows themselves.
+    r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(ids, I64), stage="emb"))
+    close(array(r.output), enc[ids], "eval emb forward")
+    # Typed input refusals name what was wrong.
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(ids.astype(np.float32)), stage="emb")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "dtype float32", "int64")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(ids + 47, I64), stage="emb")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "50")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(ids, I64), stage="lstm")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "no stage 'lstm'", "emb, decoder")
+
+    # One training step over both stages, the LSTM's output faked by h.
+    ctx = 0x1000001
+    f0 = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                            input=tensor(ids, I64), stage="emb"))
+    close(array(f0.output), enc[ids], "train emb forward (dropout 0)")
+    again = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                               input=tensor(ids, I64), stage="emb"))
+    assert again.replayed and again.output.data == f0.output.data, "a retried Forward is answered from the record"
+    h = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    f1 = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=1, train=True, trainer_rank=1,
+                                            input=tensor(h), stage="decoder"))
+    assert not f1.replayed
+    close(array(f1.output), h @ dec.T + bias, "decoder forward")
+    # Step before every forward was backwarded: refused, nothing applied.
+    expect_error(lambda: stub.Step(ps_pb2.StepRequest(context_id=ctx)), grpc.StatusCode.FAILED_PRECONDITION,
+                 "not backwarded")
+    g1 = rng.standard_normal((3, 2, 50)).astype(np.float32)
+    b1 = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=1, grad_output=tensor(g1), want_input_grad=True))
+    assert len(b1.input_grads) == 1
+    close(array(b1.input_grads[0]).reshape(3, 2, 8), g1 @ dec, "decoder input gradient")
+    g0 = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    b0 = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(g0)))
+    assert len(b0.input_grads) == 0, "input gradients only when asked"
+    expect_error(lambda: stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(g0))),
+                 grpc.StatusCode.FAILED_PRECONDITION, "already backwarded")
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx)).gradients}
+    g_dec = np.einsum("sbo,sbi->oi", g1, h)
+    g_enc = np.zeros_like(enc)
+    np.add.at(g_enc, ids.reshape(-1), g0.reshape(-1, 8))
+    close(gr["decoder.weight"], g_dec, "decoder.weight gradient")
+    close(gr["decoder.bias"], g1.sum(axis=(0, 1)), "decoder.bias gradient")
+    close(gr["encoder.weight"], g_enc, "encoder.weight gradient (scatter-add of repeated rows)")
+    s = stub.Step(ps_pb2.StepRequest(context_id=ctx))
+    assert s.model_version == v0 + 1 and not s.skipped
+    assert stub.Step(ps_pb2.StepRequest(context_id=ctx)).model_version == s.model_version, "idempotent Step"
+    w2, v2 = params(stub)
+    assert v2 == v0 + 1
+    close(w2["decoder.weight"], dec - lr * g_dec, "decoder.weight after SGD")
+    close(w2["decoder.bias"], bias - lr * g1.sum(axis=(0, 1)), "decoder.bias after SGD")
+    touched = np.unique(ids)
+    untouched = np.setdiff1d(np.arange(50), touched)
+    assert np.array_equal(w2["encoder.weight"][untouched], enc[untouched]), "untouched embedding rows are bit-identical"
+    close(w2["encoder.weight"][touched], enc[touched] - lr * g_enc[touched], "touched embedding rows after SGD")
+
+    # One Backward covering two forwards (more_seqs) accumulates both.
+    ctx2 = 0x1000002
+    hs = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(2)]
+    gs = [rng.standard_normal((4, 50)).astype(np.float32) for _ in range(2)]
+    for k in range(2):
+        stub.Forward(ps_pb2.ForwardRequest(context_id=ctx2, seq=k, train=True, trainer_rank=1, input=tensor(hs[k]),
+                                           stage="decoder"))
+    b = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx2, seq=0, grad_output=tensor(gs[0]), more_seqs=[1],
+                                             more_grad_outputs=[tensor(gs[1])], want_input_grad=True))
+    assert len(b.input_grads) == 2
+    close(array(b.input_grads[1]), gs[1] @ w2["decoder.weight"], "second covered forward's input gradient")
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx2)).gradients}
+    close(gr["decoder.bias"], gs[0].sum(0) + gs[1].sum(0), "accumulated bias gradient of two forwards")
+    assert not gr["encoder.weight"].any(), "the embedding got no gradient in this context"
+    expect_error(lambda: stub.Backward(ps_pb2.BackwardRequest(context_id=ctx2, seq=5, grad_output=tensor(gs[0]))),
+                 grpc.StatusCode.NOT_FOUND, "seq 5")
+    s2 = stub.Step(ps_pb2.StepRequest(context_id=ctx2))
+    w3, _ = params(stub)
+    assert np.array_equal(w3["encoder.weight"], w2["encoder.weight"]), "a step without embedding gradient leaves it"
+    st = stub.Status(ps_pb2.StatusRequest())
+    assert st.model == "rnn_lm" and st.optimizer == "sgd" and st.model_version == s2.model_version
+    assert st.live_contexts == 0
+    print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows: OK")
+
+
+def test_sync(stub):
+    lp = stub.ListParameters(ps_pb2.ListParametersRequest())
+    assert lp.model == "cartpole_policy"
+    assert [(p.name, tuple(p.shape)) for p in lp.parameters] == [
+        ("affine1.weight", (128, 4)), ("affine1.bias", (128,)), ("affine2.weight", (2, 128)), ("affine2.bias", (2,))]
+    st0 = stub.Status(ps_pb2.StatusRequest())
+    assert st0.consistency.startswith("sync") and st0.sync_members == 2, st0
+    round0, v0 = st0.sync_round, st0.model_version
+    results, errors = {}, []
+
+    def observer(rank):
+        try:
+            rng = np.random.default_rng(rank)
+            ctx = 0x2000000 + rank
+            for seq in range(5):   # five environment steps, one Forward each
+                f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=seq, train=True, trainer_rank=rank,
+                                                       input=tensor(rng.uniform(-0.05, 0.05, (1, 4)))))
+                p = array(f.output)
+                assert p.shape == (1, 2) and abs(float(p.sum()) - 1) < 1e-5 and (p >= 0).all(), p
+                assert f.round == round0
+                stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=seq, grad_output=tensor(-1 / (p + 1e-6))))
+            results[rank] = stub.Step(ps_pb2.StepRequest(context_id=ctx, round=f.round), timeout=60)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"observer {rank}: {e!r}")
+
+    th = [threading.Thread(target=observer, args=(r,)) for r in (1, 2)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert not errors, errors
+    a, b = results[1], results[2]
+    assert a.model_version == b.model_version == v0 + 1, (a, b)
+    assert a.round == b.round == round0 and a.round_contexts == 2
+    st = stub.Status(ps_pb2.StatusRequest())
+    assert st.sync_round == round0 + 1 and st.model_version == v0 + 1 and st.live_contexts == 0
+    # A step naming a closed round never counts toward the open one.
+    ctx = 0x2000100
+    f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=3,
+                                           input=tensor(np.zeros((1, 4)))))
+    stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(np.ones((1, 2)))))
+    expect_error(lambda: stub.Step(ps_pb2.StepRequest(context_id=ctx, round=round0)), grpc.StatusCode.ABORTED,
+                 f"round {round0} closed", f"round {round0 + 1}")
+    st = stub.Status(ps_pb2.StatusRequest())
+    assert st.sync_dropped >= 1 and st.model_version == v0 + 1 and st.sync_round == round0 + 1
+    print("generic_client sync: two observers, one summed step per round, late step refused: OK")
+
+
+def main():
+    mode, addr = sys.argv[1], sys.argv[2]
+    with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+        grpc.channel_ready_future(ch).result(timeout=30)
+        stub = ps_pb2_grpc.ParameterServerStub(ch)
+        if mode == "lm":
+            test_lm(stub, float(sys.argv[3]))
+        else:
+            test_sync(stub)
+
+
+if __name__ == "__main__":
+    main()

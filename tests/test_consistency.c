@@ -1,0 +1,270 @@
+/* test_consistency - the sync / ssp rules of server/consistency.c with
+ * counting callbacks (no model, no gRPC): exactly-once application under
+ * concurrency with more trainer threads than the server has, straggler
+ * timeouts that shrink and regrow the round, late steps that never count
+ * toward a later round, ssp's bound, and shutdown answering every waiter. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "consistency.h"
+
+/* ---- a fake model: counts rounds and what they combined ---------------- */
+
+typedef struct fake {
+    pthread_mutex_t mu;
+    uint64_t version;
+    int rounds;
+    int64_t grads_seen;     /* sum over rounds of the members' "gradients" */
+    int last_n, last_average;
+} fake;
+
+static ps_status fake_apply(void *user, void *const *grads, int n, int average, uint64_t *version,
+                            ps_err *err) {
+    (void)err;
+    fake *f = user;
+    pthread_mutex_lock(&f->mu);
+    for (int i = 0; i < n; i++)
+        if (grads[i]) f->grads_seen += *(const int *)grads[i];
+    f->rounds++;
+    f->last_n = n;
+    f->last_average = average;
+    *version = ++f->version;
+    pthread_mutex_unlock(&f->mu);
+    return PS_OK;
+}
+
+/* One Step waiting for its answer. */
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int answered;
+    ps_status st;
+    uint64_t version, round;
+    uint32_t members;
+    char msg[PS_ERR_MSG_MAX];
+} waiter;
+
+static void waiter_init(waiter *w) {
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+}
+
+static void on_done(void *arg, ps_status st, const ps_err *err, uint64_t version, uint64_t round,
+                    uint32_t members) {
+    waiter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->answered++;  /* checked by the waiting side: exactly 1 */
+    w->st = st;
+    w->version = version;
+    w->round = round;
+    w->members = members;
+    if (err) snprintf(w->msg, sizeof w->msg, "%s", err->msg);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void waiter_wait(waiter *w) {
+    pthread_mutex_lock(&w->mu);
+    while (!w->answered) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- sync: many trainers, exactly once ------------------------------------ */
+
+#define TRAINERS 6
+#define ROUNDS 40
+
+typedef struct trainer_arg {
+    ps_cons *c;
+    int rank;
+    uint64_t versions[ROUNDS];
+    uint64_t rounds[ROUNDS];
+    int ok, members_ok;
+} trainer_arg;
+
+static void *trainer(void *p) {
+    trainer_arg *a = p;
+    int one = 1;
+    uint64_t round = 0;  /* join the open round first, then follow the answers */
+    static waiter ws[TRAINERS][ROUNDS];  /* never reused: the answering thread may still hold one */
+    for (int i = 0; i < ROUNDS; i++) {
+        waiter *wp = &ws[a->rank][i];
+        waiter_init(wp);
+#define w (*wp)
+        ps_err err = {0};
+        if (ps_cons_sync_submit(a->c, round, &one, on_done, &w, &err) != PS_OK) {
+            return NULL;  /* a->ok stays short: checked after the join */
+        }
+        waiter_wait(&w);
+        if (w.st != PS_OK) return NULL;
+        a->versions[i] = w.version;
+        a->rounds[i] = w.round;
+        a->members_ok += w.members == TRAINERS && w.answered == 1;
+        round = w.round + 1;
+        a->ok++;
+        if (i % 7 == a->rank) usleep(1000);  /* uneven speeds */
+#undef w
+    }
+    return NULL;
+}
+
+static void test_sync_exactly_once(void) {
+    fake f = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = TRAINERS, .sync_timeout_s = 600};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, &f, &err);
+    CHECK_MSG(c != NULL, "%s", err.msg);
+    pthread_t th[TRAINERS];
+    trainer_arg a[TRAINERS];
+    for (int i = 0; i < TRAINERS; i++) {
+        a[i] = (trainer_arg){.c = c, .rank = i};
+        pthread_create(&th[i], NULL, trainer, &a[i]);
+    }
+    for (int i = 0; i < TRAINERS; i++) pthread_join(th[i], NULL);
+    /* One optimizer step per round, each combining every trainer's gradient once. */
+    CHECK(f.rounds == ROUNDS);
+    CHECK(f.grads_seen == (int64_t)TRAINERS * ROUNDS);
+    CHECK(f.last_n == TRAINERS && f.last_average == 0);
+    for (int i = 0; i < TRAINERS; i++) {
+        CHECK(a[i].ok == ROUNDS && a[i].members_ok == ROUNDS);
+        for (int r = 0; r < ROUNDS; r++) {
+            /* every member of a round saw the same version and round */
+            CHECK(a[i].versions[r] == a[0].versions[r] && a[i].rounds[r] == a[0].rounds[r]);
+            CHECK(a[i].rounds[r] == (uint64_t)r + 1 && a[i].versions[r] == (uint64_t)r + 1);
+        }
+    }
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.round == ROUNDS + 1 && st.waiting == 0 && st.dropped == 0 && st.timeouts == 0);
+    ps_cons_free(c);
+}
+
+/* ---- sync: stragglers ---------------------------------------------------------- */
+
+static void test_sync_straggler(void) {
+    fake f = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 3, .sync_timeout_s = 0.05, .sync_average = 1};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, &f, &err);
+    int one = 1;
+    waiter w1, w2, w3;
+    waiter_init(&w1);
+    waiter_init(&w2);
+    waiter_init(&w3);
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w1, &err) == PS_OK);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w2, &err) == PS_OK);
+    ps_cons_tick(c);  /* may already be past the timeout on a slow machine */
+    usleep(60 * 1000);
+    ps_cons_tick(c);
+    waiter_wait(&w1);
+    waiter_wait(&w2);
+    CHECK(f.rounds == 1 && f.last_n == 2 && f.last_average == 1);
+    CHECK(w1.st == PS_OK && w1.round == 1 && w1.members == 2 && w1.version == w2.version);
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.round == 2 && st.members == 2 && st.timeouts == 1);
+    /* Round 2 now completes with two: a dead third worker stalls nothing. */
+    waiter_init(&w1);
+    waiter_init(&w2);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w1, &err) == PS_OK);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w2, &err) == PS_OK);
+    waiter_wait(&w1);
+    CHECK(f.rounds == 2 && w1.round == 2 && w1.members == 2);
+    /* The straggler's late step for round 1 never counts toward round 3. */
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w3, &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 1 closed") && strstr(err.msg, "round 3"), "%s", err.msg);
+    CHECK(!w3.answered);
+    ps_cons_stats_get(c, &st);
+    CHECK(st.dropped == 1 && st.members == 3 && st.waiting == 0);  /* membership grows back */
+    /* A round not open yet is refused. */
+    CHECK(ps_cons_sync_submit(c, 9, &one, on_done, &w3, &err) == PS_ERR_INVALID_ARGUMENT);
+    /* Shutdown answers the waiting member. */
+    CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w3, &err) == PS_OK);
+    ps_cons_close(c);
+    waiter_wait(&w3);
+    CHECK(w3.st == PS_ERR_UNAVAILABLE);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w1, &err) == PS_ERR_UNAVAILABLE);
+    CHECK(f.rounds == 2);
+    ps_cons_free(c);
+}
+
+/* ---- ssp ------------------------------------------------------------------------ */
+
+typedef struct ready_rec {
+    int called;
+    ps_status st;
+} ready_rec;
+
+static void on_ready(void *arg, ps_status st, const ps_err *err) {
+    (void)err;
+    ready_rec *r = arg;
+    r->called++;
+    r->st = st;
+}
+
+static void test_ssp(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 1, .active_s = 0.2};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r = {0}, r2 = {0};
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r) == 1);
+    ps_cons_stepped(c, 1);
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);   /* 1 ahead: within the bound */
+    ps_cons_stepped(c, 1);
+    CHECK(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);   /* 2 ahead: held back */
+    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r2) == 1);  /* the slowest always runs */
+    CHECK(r.called == 0);
+    ps_cons_stepped(c, 2);                               /* slowest catches up to 1 */
+    CHECK(r.called == 1 && r.st == PS_OK);
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.ssp_deferred == 1 && st.ssp_waiting == 0);
+    /* A rank that goes quiet stops holding the others back. */
+    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 1);
+    r = (ready_rec){0};
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    usleep(300 * 1000);                                  /* rank 2 inactive now; rank 1 is waiting */
+    ps_cons_tick(c);
+    CHECK(r.called == 1 && r.st == PS_OK);
+    /* Shutdown answers a held Forward. */
+    ps_cons_stepped(c, 2);
+    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 1);
+    r = (ready_rec){0};
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    ps_cons_close(c);
+    CHECK(r.called == 1 && r.st == PS_ERR_UNAVAILABLE);
+    ps_cons_free(c);
+    /* hogwild admits everything and holds nothing. */
+    o.mode = PS_CONS_HOGWILD;
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1);
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
+    ps_cons_free(c);
+}
+
+static void test_options(void) {
+    ps_err err = {0};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 0, .sync_timeout_s = 1};
+    CHECK(ps_cons_create(&o, fake_apply, NULL, &err) == NULL && strstr(err.msg, "sync_workers"));
+    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = -1, .active_s = 1};
+    CHECK(ps_cons_create(&o, fake_apply, NULL, &err) == NULL && strstr(err.msg, "max_staleness"));
+    CHECK(ps_cons_mode_parse("ssp") == PS_CONS_SSP && ps_cons_mode_parse("bsp") == -1);
+}
+
+int main(void) {
+    test_options();
+    test_sync_exactly_once();
+    test_sync_straggler();
+    test_ssp();
+    return check_summary("test_consistency");
+}
