@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "log.h"
 #include "mnist.h"
 #include "ps_client.h"
+#include "retry.h"
 #include "rng.h"
 #include "security.h"
 #include "status_cmd.h"
@@ -131,55 +131,9 @@ static int check_gradients(ps_client *cl, uint64_t ctx, const ps_wire_param_list
     return ok ? 0 : -1;
 }
 
-/* ---- retries ----------------------------------------------------------- *
- * Transport failures (UNAVAILABLE: psd down, restarting or unreachable;
- * DEADLINE_EXCEEDED: no answer within trainer.rpc_timeout_s) are retried
- * with exponential backoff and jitter for at most trainer.retry_max_s per
- * batch. Every other status is final. */
-typedef struct retry {
-    double max_s, backoff_s, backoff_max_s;
-    double t_first;   /* time of the first failure of this batch, 0 = none */
-    double next;      /* next backoff */
-    int tries;
-    long rank;
-    uint64_t rng;
-    long total;       /* retries over the run, for the summary */
-} retry;
-
-static int retryable(ps_status st) { return st == PS_ERR_UNAVAILABLE || st == PS_ERR_DEADLINE_EXCEEDED; }
-
-static void retry_reset(retry *r) { r->t_first = 0; r->tries = 0; r->next = r->backoff_s; }
-
-/* After a failure of what (err): 1 = sleep done, try again; 0 = give up. */
-static int retry_wait(retry *r, const char *what, const ps_err *err) {
-    double now = now_s();
-    if (r->t_first == 0) r->t_first = now;
-    double used = now - r->t_first;
-    if (r->max_s <= 0 || used >= r->max_s) {
-        if (r->max_s > 0)
-            fprintf(stderr, "ps-train: rank %ld: %s: giving up after %d retries in %.1f s "
-                    "(trainer.retry_max_s = %g)\n", r->rank, what, r->tries, used, r->max_s);
-        return 0;
-    }
-    double d = r->next * (0.5 + 0.5 * (double)(ps_splitmix64(&r->rng) >> 11) / 9007199254740992.0);
-    if (used + d > r->max_s) d = r->max_s - used;
-    r->tries++;
-    r->total++;
-    fprintf(stderr, "ps-train: rank %ld: %s: %s; retry %d in %.2f s (%.1f of %g s retry budget used)\n",
-            r->rank, what, err->msg, r->tries, d, used, r->max_s);
-    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-    r->next *= 2;
-    if (r->next > r->backoff_max_s) r->next = r->backoff_max_s;
-    return 1;
-}
-
-/* One training batch, retried until its step is applied exactly once or
- * the retry budget is spent. A batch whose Forward, Backward or Step did not
- * answer is settled with Step(ctx): OK means its step was (or now is)
- * applied once (Step is idempotent); NOT_FOUND (psd restarted, context
- * expired) or FAILED_PRECONDITION (no gradients yet) means nothing was
- * applied, and the batch runs again under a fresh context id. */
+/* One training batch under one context id: Forward, local loss, Backward,
+ * optional gradient check, Step; run by ps_retry_once (retry.h), which
+ * retries, settles an unanswered step and re-runs a lost batch. */
 typedef struct batch_job {
     ps_client *cl;
     long rank;
@@ -189,21 +143,20 @@ typedef struct batch_job {
     int fuse, check;
     const ps_wire_param_list *params;
     float *lp, *grad;
-    uint64_t ctx_base, *ctx_counter;
     double loss, grad_err;
     uint64_t version;
     int checked;
 } batch_job;
 
-static ps_status batch_once(batch_job *j, uint64_t ctx, int *stage, ps_err *err) {
+static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
+    batch_job *j = arg;
     int64_t cols;
-    *stage = 0;
     ps_status st = ps_client_forward(j->cl, ctx, (uint32_t)j->rank, 1, j->x, j->n, 1, j->rows, j->cols, j->lp,
                                      (int64_t)j->cap * j->k, &cols, &j->version, err);
     if (st) return st;
     if (cols != j->k)
         return ps_err_set(err, PS_ERR_INTERNAL, "model returned %lld outputs, expected %d", (long long)cols, j->k);
-    *stage = 1;
+    *kept = 1;
     j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
     int fused = j->fuse && !j->check;
     if ((st = ps_client_backward(j->cl, ctx, j->grad, j->n, j->k, fused, &j->version, err))) return st;
@@ -216,35 +169,24 @@ static ps_status batch_once(batch_job *j, uint64_t ctx, int *stage, ps_err *err)
     return st;
 }
 
-static ps_status train_batch(batch_job *j, retry *r, ps_err *err) {
-    retry_reset(r);
-    int lost = 0;
-    for (;;) {
-        uint64_t ctx = j->ctx_base | ++*j->ctx_counter;
-        int stage;
-        ps_status st = batch_once(j, ctx, &stage, err);
-        if (st == PS_OK) return PS_OK;
-        if (stage == 0) {  /* Forward failed: nothing kept on psd that matters */
-            if (retryable(st) && retry_wait(r, "Forward", err)) continue;
-            return st;
-        }
-        if (st == PS_ERR_NOT_FOUND && ++lost <= 3) {
-            fprintf(stderr, "ps-train: rank %ld: %s; running the batch again (psd restarted or the context "
-                    "expired)\n", j->rank, err->msg);
-            continue;
-        }
-        if (!retryable(st)) return st;
-        /* Settle the context: was its step applied? */
-        for (;;) {
-            if (!retry_wait(r, "settling the step", err)) return st;
-            st = ps_client_step(j->cl, ctx, &j->version, err);
-            if (st == PS_OK) return PS_OK;
-            if (!retryable(st)) break;
-        }
-        if (st != PS_ERR_NOT_FOUND && st != PS_ERR_FAILED_PRECONDITION) return st;
-        fprintf(stderr, "ps-train: rank %ld: context %llx not applied (%s); running the batch again\n",
-                j->rank, (unsigned long long)ctx, ps_status_name(st));
-    }
+static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err) {
+    batch_job *j = arg;
+    return ps_client_step(j->cl, ctx, &j->version, err);
+}
+
+typedef struct eval_call {
+    ps_client *cl;
+    long rank;
+    const float *x;
+    int n, rows, cols;
+    float *out;
+    int64_t cap, out_cols;
+} eval_call;
+
+static ps_status eval_forward(void *arg, ps_err *err) {
+    eval_call *e = arg;
+    return ps_client_forward(e->cl, 0, (uint32_t)e->rank, 0, e->x, e->n, 1, e->rows, e->cols, e->out, e->cap,
+                             &e->out_cols, NULL, err);
 }
 
 static int print_status(ps_client *cl, ps_err *err) {
@@ -395,12 +337,16 @@ int main(int argc, char **argv) {
     order = malloc((size_t)ntrain * sizeof(uint32_t));
     if (!x || !y || !lp || !grad || !order) { fprintf(stderr, "ps-train: out of memory\n"); goto out; }
 
-    uint64_t ctx_base;
-    if (getrandom(&ctx_base, sizeof ctx_base, 0) != sizeof ctx_base) ctx_base = (uint64_t)time(NULL) * 2654435761u;
-    ctx_base &= ~0xffffffffULL;  /* random high half, counter in the low half */
-    uint64_t ctx_counter = 0, version = 0;
-    retry rt = {.max_s = cfg.trainer.retry_max_s, .backoff_s = cfg.trainer.retry_backoff_s,
-                .backoff_max_s = cfg.trainer.retry_backoff_max_s, .rank = rank, .rng = ctx_base ^ (uint64_t)rank};
+    ps_ctx_ids ids;
+    ps_ctx_ids_init(&ids);
+    uint64_t version = 0;
+    char who[64];
+    snprintf(who, sizeof who, "ps-train: rank %ld", rank);
+    ps_retry_policy rp = {.max_s = cfg.trainer.retry_max_s, .backoff_s = cfg.trainer.retry_backoff_s,
+                          .backoff_max_s = cfg.trainer.retry_backoff_max_s, .seed = ids.base ^ (uint64_t)rank,
+                          .who = who, .log = stderr};
+    ps_retry rt;
+    ps_retry_init(&rt, &rp);
     int tty = isatty(STDERR_FILENO);
     int nbatches = (int)((ntrain + bs - 1) / bs);
     if (max_batches && max_batches < nbatches) nbatches = (int)max_batches;
@@ -418,9 +364,9 @@ int main(int argc, char **argv) {
             }
             batch_job job = {.cl = cl, .rank = rank, .x = x, .y = y, .n = n, .rows = (int)train.rows,
                              .cols = (int)train.cols, .k = k, .cap = cap, .fuse = fuse,
-                             .check = cfg.trainer.check_gradients, .params = &params, .lp = lp, .grad = grad,
-                             .ctx_base = ctx_base, .ctx_counter = &ctx_counter};
-            if (train_batch(&job, &rt, &err)) goto rpc_fail;
+                             .check = cfg.trainer.check_gradients, .params = &params, .lp = lp, .grad = grad};
+            ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job};
+            if (ps_retry_once(&rt, &ids, &ops, &err)) goto rpc_fail;
             last_loss = job.loss;
             version = job.version;
             if (job.checked && b % cfg.trainer.log_every == 0)
@@ -454,13 +400,10 @@ int main(int argc, char **argv) {
         uint32_t idx[500];
         for (int i = 0; i < n; i++) idx[i] = s + (uint32_t)i;
         if (ps_mnist_batch(&test, idx, n, x, y, &err)) { fprintf(stderr, "ps-train: %s\n", err.msg); goto out; }
-        int64_t cols;
-        retry_reset(&rt);
-        ps_status est;
-        while ((est = ps_client_forward(cl, 0, (uint32_t)rank, 0, x, n, 1, (int)test.rows, (int)test.cols, lp,
-                                        (int64_t)cap * k, &cols, NULL, &err)) &&
-               retryable(est) && retry_wait(&rt, "evaluation Forward", &err)) {}
-        if (est) goto rpc_fail;
+        ps_retry_reset(&rt);
+        eval_call ec = {.cl = cl, .rank = rank, .x = x, .n = n, .rows = (int)test.rows, .cols = (int)test.cols,
+                        .out = lp, .cap = (int64_t)cap * k};
+        if (ps_retry_call(&rt, "evaluation Forward", eval_forward, &ec, &err)) goto rpc_fail;
         for (int i = 0; i < n; i++) {
             int best = 0;
             for (int c = 1; c < k; c++)
