@@ -26,6 +26,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
+# The task CLI, before any psd: an unknown task is refused naming the
+# tasks; `ps-train mnist --help` lists the task's own flags.
+if "$BUILD/bin/ps-train" nosuchtask --server "$addr" >"$tmp/cli.log" 2>&1; then echo "unknown task accepted"; exit 1; fi
+grep -q "unknown task 'nosuchtask'; tasks: mnist" "$tmp/cli.log" || { echo "bad unknown-task error:"; cat "$tmp/cli.log"; exit 1; }
+"$BUILD/bin/ps-train" mnist --help | grep -q -- "--batch-size N" || { echo "ps-train mnist --help lacks --batch-size"; exit 1; }
+
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
 ckpt=(--checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS" --set server.checkpoint_every_s=0)
@@ -40,9 +46,11 @@ start_psd() {
 start_psd
 retry=(--set trainer.rpc_timeout_s=10 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.1
        --set trainer.retry_backoff_max_s=1)
+# Trainer 1 runs the default task, trainer 2 names it (`ps-train mnist`).
+task=("" mnist)
 for r in 1 2; do
-  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --data "$DATA" --max-batches "$BATCHES" \
-      --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
+  "$BUILD/bin/ps-train" ${task[$((r - 1))]} --server "$addr" --rank "$r" --world-size 3 --data "$DATA" \
+      --max-batches "$BATCHES" --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
 done
 # Kill psd once both trainers are well into training.
