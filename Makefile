@@ -23,7 +23,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wno-missing-field-initializers
-CPPFLAGS += -Icommon -Icommon/nn -Iserver -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
+CPPFLAGS += -Icommon -Icommon/nn -Iserver -Itrainer -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
 LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthread -lm
 # psd: metrics endpoint (libmicrohttpd) and systemd readiness (sd_notify).
 LDLIBS  += -lmicrohttpd -lsystemd
@@ -65,7 +65,10 @@ LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
 SRV_LIB  := $(BUILD)/libpsd.a
 PSD_OBJ  := $(BUILD)/obj/server/psd.o
-TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard trainer/*.c))
+# trainer/ except main() is libtrainer.a, so unit tests link its modules.
+TRN_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out trainer/ps_train.c,$(wildcard trainer/*.c)))
+TRN_LIB  := $(BUILD)/libtrainer.a
+TRN_MAIN := $(BUILD)/obj/trainer/ps_train.o
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # Shared test code (the check counters, the golden replay), linked into every test.
@@ -162,11 +165,15 @@ $(BUILD)/bin/psd: $(PSD_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/bin/ps-train: $(TRN_OBJ) $(LIB)
+$(TRN_LIB): $(TRN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/ps-train: $(TRN_MAIN) $(TRN_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(SRV_LIB) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

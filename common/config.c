@@ -34,6 +34,7 @@ struct cfg_entry {
     const char *const *names;  /* CT_ENUM, NULL-terminated */
     const char *def;           /* default, in the text form ps_config_set takes */
     unsigned flags;
+    const char *why;           /* CT_INT: appended to an out-of-range error */
     /* Extra check on the parsed value (after type and range checks). */
     ps_status (*check)(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 };
@@ -110,7 +111,10 @@ static const cfg_entry g_table[] = {
     DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
 
     INT ("trainer.world_size",     trainer.world_size,     2, 1024, "3"),
-    INT ("trainer.batch_size",     trainer.batch_size,     1, 4096, "32"),
+    /* psd refuses a Forward larger than its model's max_batch (mnist_cnn:
+     * 512, common/nn/model.c); test_config holds the two together. */
+    { .key = "trainer.batch_size", .type = CT_INT, FIELD(trainer.batch_size), .lo = 1, .hi = 512,
+      .def = "32", .why = "psd's model (mnist_cnn) takes at most 512 samples per call" },
     INT ("trainer.epochs",         trainer.epochs,         1, 10000, "1"),
     STR ("trainer.data",           trainer.data,           "data/mnist"),
     INT ("trainer.log_every",      trainer.log_every,      1, 1000000, "20"),
@@ -299,8 +303,8 @@ static ps_status parse_int(const cfg_entry *e, const char *v, const char *origin
                     shown(v, sv, sizeof sv));
     if (errno == ERANGE || x < (long long)e->lo || x > (long long)e->hi)
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
-                    "%s is out of range [%lld, %lld]", shown(v, sv, sizeof sv),
-                    (long long)e->lo, (long long)e->hi);
+                    "%s is out of range [%lld, %lld]%s%s", shown(v, sv, sizeof sv),
+                    (long long)e->lo, (long long)e->hi, e->why ? ": " : "", e->why ? e->why : "");
     *out = (int)x;
     return PS_OK;
 }

@@ -7,15 +7,11 @@
 # Then: with psd gone for good, a trainer gives up after
 # trainer.retry_max_s instead of hanging.
 #
-# Checkpoints: when psd supports them (psd --help lists --checkpoint-dir;
-# issue 5), psd runs with a checkpoint every CKPT_STEPS steps and the test
-# also asserts that the restarted psd resumed from the newest checkpoint and
+# Checkpoints: psd runs with a checkpoint every CKPT_STEPS steps and the
+# test asserts that the restarted psd resumed from the newest checkpoint and
 # that only the steps since that checkpoint were lost: the batches the
 # first psd acknowledged after it are the only ones missing at the end.
-# TODO(checkpoints): without that support (this branch) the restarted psd
-# starts from the initial weights and everything the first psd learned is
-# lost; the script says so and checks the rest. PSD_BIN may point at
-# another build's psd (e.g. one with checkpoints).
+# PSD_BIN may point at another build's psd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -30,15 +26,16 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
+# The task CLI, before any psd: an unknown task is refused naming the
+# tasks; `ps-train mnist --help` lists the task's own flags.
+if "$BUILD/bin/ps-train" nosuchtask --server "$addr" >"$tmp/cli.log" 2>&1; then echo "unknown task accepted"; exit 1; fi
+grep -q "unknown task 'nosuchtask'; tasks: mnist" "$tmp/cli.log" || { echo "bad unknown-task error:"; cat "$tmp/cli.log"; exit 1; }
+"$BUILD/bin/ps-train" mnist --help | grep -q -- "--batch-size N" || { echo "ps-train mnist --help lacks --batch-size"; exit 1; }
+
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
-ckpt=()
-if "$PSD_BIN" --help 2>&1 | grep -q -- --checkpoint-dir; then
-  ckpt=(--checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS" --set server.checkpoint_every_s=0)
-  echo "psd has checkpoints: every $CKPT_STEPS steps into $tmp/ckpt"
-else
-  echo "psd has no checkpoints in this build: the restarted psd starts from scratch (TODO: issue 5)"
-fi
+ckpt=(--checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS" --set server.checkpoint_every_s=0)
+echo "psd checkpoints every $CKPT_STEPS steps into $tmp/ckpt"
 start_psd() {
   "$PSD_BIN" --listen "$addr" --log-level info "${ckpt[@]}" 2>>"$tmp/psd.log" &
   psd=$!; pids+=("$psd")
@@ -49,16 +46,18 @@ start_psd() {
 start_psd
 retry=(--set trainer.rpc_timeout_s=10 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.1
        --set trainer.retry_backoff_max_s=1)
+# Trainer 1 runs the default task, trainer 2 names it (`ps-train mnist`).
+task=("" mnist)
 for r in 1 2; do
-  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --data "$DATA" --max-batches "$BATCHES" \
-      --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
+  "$BUILD/bin/ps-train" ${task[$((r - 1))]} --server "$addr" --rank "$r" --world-size 3 --data "$DATA" \
+      --max-batches "$BATCHES" --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
 done
 # Kill psd once both trainers are well into training.
-# With checkpoints, also wait for the first one (psd writes them from its
-# main loop, which ticks once a second: fast training can pass step
-# CKPT_STEPS before any is on disk).
-have_ckpt() { [ ${#ckpt[@]} -eq 0 ] || ls "$tmp/ckpt" 2>/dev/null | grep -qE '^ckpt-[0-9]+\.safetensors$'; }
+# Also wait for the first checkpoint (psd writes them from its main loop,
+# which ticks once a second: fast training can pass step CKPT_STEPS before
+# any is on disk).
+have_ckpt() { ls "$tmp/ckpt" 2>/dev/null | grep -qE '^ckpt-[0-9]+\.safetensors$'; }
 for _ in $(seq 600); do
   grep -q "training batch 15 " "$tmp/t1.log" && grep -q "training batch 15 " "$tmp/t2.log" && have_ckpt && break
   sleep 0.05
@@ -66,21 +65,16 @@ done
 v1=$(status | field model_version)
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
 echo "psd SIGKILLed at model version ~$v1; restarting in 2 s"
-newest=0
-if [ ${#ckpt[@]} -gt 0 ]; then
-  f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1 || true)
-  [ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }
-  newest=$(echo "$f" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
-fi
+f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1 || true)
+[ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }
+newest=$(echo "$f" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
 sleep 2
 start_psd
-restored=0
-if [ ${#ckpt[@]} -gt 0 ]; then
-  restored=$(sed -n 's/.*resumed from checkpoint .*: model version \([0-9]*\).*/\1/p' "$tmp/psd.log" | tail -n 1)
-  echo "restarted psd resumed at model version $restored (newest checkpoint: step $newest; ~$(( v1 - restored )) steps since it lost)"
-  [ "$restored" = "$newest" ] || { echo "resumed at $restored, newest checkpoint is $newest"; exit 1; }
-  [ "$restored" -gt 0 ] && [ "$restored" -le "$v1" ] || { echo "checkpoint step $restored not in (0, $v1]"; exit 1; }
-fi
+restored=$(sed -n 's/.*resumed from checkpoint .*: model version \([0-9]*\).*/\1/p' "$tmp/psd.log" | tail -n 1)
+[ -n "$restored" ] || { echo "the restarted psd did not say it resumed from a checkpoint"; tail "$tmp/psd.log"; exit 1; }
+echo "restarted psd resumed at model version $restored (newest checkpoint: step $newest; ~$(( v1 - restored )) steps since it lost)"
+[ "$restored" = "$newest" ] || { echo "resumed at $restored, newest checkpoint is $newest"; exit 1; }
+[ "$restored" -gt 0 ] && [ "$restored" -le "$v1" ] || { echo "checkpoint step $restored not in (0, $v1]"; exit 1; }
 rc=0
 wait "$t1" || rc=1
 wait "$t2" || rc=1
@@ -124,8 +118,4 @@ echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giv
   { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
 trap - EXIT
 rm -rf "$tmp"
-if [ ${#ckpt[@]} -gt 0 ]; then
-  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"
-else
-  echo "it_faults: psd SIGKILL+restart survived by 2 trainers, bounded give-up: OK (TODO: checkpoint restore, issue 5)"
-fi
+echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"

@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "config.h"
+#include "model.h"
 
 static char g_dir[] = "/tmp/ps_test_config_XXXXXX";
 
@@ -506,6 +507,43 @@ static void test_cli(void) {
     CHECK(c.trainer.batch_size == 16 && c.trainer.epochs == 3);
 }
 
+/* trainer.batch_size accepts exactly what psd's model accepts in one call:
+ * up to ps_model_max_batch; beyond it the error names the key, the value
+ * and the range, from the command line and from a file. */
+static void test_batch_size_limit(void) {
+    ps_model_opts o = {.arch = "mnist_cnn", .cpu_backend = "ref", .seed = 1, .compute_threads = 1};
+    ps_err e;
+    ps_err_clear(&e);
+    ps_model *m = ps_model_create(&o, &e);
+    CHECK_MSG(m != NULL, "mnist_cnn: %s", e.msg);
+    if (!m) return;
+    int max = ps_model_max_batch(m);
+    ps_model_free(m);
+    char v[32], range[64];
+    ps_config c;
+    ps_config_defaults(&c);
+    snprintf(v, sizeof v, "%d", max);
+    CHECK(ps_config_set(&c, "trainer.batch_size", v, "command line", &e) == PS_OK);
+    CHECK(c.trainer.batch_size == max);
+    CHECK(ps_config_set(&c, "trainer.batch_size", "1", "command line", &e) == PS_OK);
+    snprintf(v, sizeof v, "%d", max + 1);
+    snprintf(range, sizeof range, "[1, %d]", max);
+    ps_err_clear(&e);
+    CHECK(ps_config_set(&c, "trainer.batch_size", v, "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(c.trainer.batch_size == 1);
+    CONTAINS(e.msg, "command line: trainer.batch_size: ");
+    CONTAINS(e.msg, v);
+    CONTAINS(e.msg, range);
+    CONTAINS(e.msg, "at most");
+    ps_err_clear(&e);
+    CHECK(ps_config_set(&c, "trainer.batch_size", "4096", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "'4096'");
+    CHECK(ps_config_set(&c, "trainer.batch_size", "0", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, range);
+    expect_bad("batch_big.yaml", "trainer:\n  batch_size: 1000\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "trainer.batch_size", range);
+}
+
 int main(void) {
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
     test_defaults();
@@ -515,6 +553,7 @@ int main(void) {
     test_bad_files();
     test_service_keys();
     test_cli();
+    test_batch_size_limit();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);

@@ -1,16 +1,19 @@
 /* test_faults - a trainer killed with SIGKILL in the middle of its steps.
  *
- * Starts the real psd (build/bin/psd, loopback, server.context_ttl_s = 2),
- * then a helper trainer process (this program re-run with --open-and-die)
- * that opens 6 training contexts of batch 128 with Forward and kills
- * itself with SIGKILL before their Backward/Step - a trainer dying
- * mid-step. Meanwhile a healthy trainer (a thread here) keeps running
- * Forward/Backward/Step cycles. Checks, from psd's Status and
- * /proc/<psd>/status:
+ * Starts the real psd (build/bin/psd, loopback, server.context_ttl_s = 2)
+ * and a healthy trainer (a thread here) that keeps running
+ * Forward/Backward/Step cycles. Once it has warmed up, psd's RSS is the
+ * baseline. Then a helper trainer process (this program re-run with
+ * --open-and-die) opens 6 training contexts of batch 128 with Forward and
+ * kills itself with SIGKILL before their Backward/Step - a trainer dying
+ * mid-step. Checks properties, not timings (CI is a loaded 2-core machine;
+ * every wait is a poll with a generous deadline that only guards a hang):
  *  - the dead trainer's contexts are live, and psd's RSS grew by them;
- *  - they expire after the TTL (expired_contexts), live returns to 0, and
- *    psd's RSS comes back down (memory returned);
- *  - every step of the healthy trainer succeeded, during and after.
+ *  - they expire after the TTL (expired_contexts), live contexts fall to at
+ *    most the healthy trainer's one, and psd's RSS comes back to within
+ *    half of that growth above the baseline (memory returned);
+ *  - the healthy trainer never failed and kept stepping; at the end live
+ *    contexts are 0 and the model version equals its steps.
  * Also: every RPC has a deadline - a call to a psd that is stopped
  * (SIGSTOP) ends with DEADLINE_EXCEEDED instead of hanging. */
 #include <errno.h>
@@ -33,6 +36,9 @@ extern char **environ;
 #define MAXMSG (64 << 20)
 #define DEAD_CTXS 6
 #define DEAD_BATCH 128
+/* Deadline of every wait: far beyond what an idle machine needs; it only
+ * turns a hang into a failure. */
+#define POLL_S 60
 
 static double now_s(void) {
     struct timespec ts;
@@ -92,7 +98,7 @@ static char proc_state(pid_t pid) {
 typedef struct healthy {
     const char *addr;
     volatile int stop;  /* set by main */
-    int steps, failures;
+    int steps, failures;  /* written by the thread, read atomically by main */
     char last_err[PS_ERR_MSG_MAX];
 } healthy;
 
@@ -109,10 +115,10 @@ static void *healthy_main(void *arg) {
         ++ctx;
         if (ps_client_forward(c, ctx, 1, 1, x, 8, 1, 28, 28, out, 80, &cols, NULL, &err) ||
             ps_client_backward(c, ctx, g, 8, 10, 0, NULL, &err) || ps_client_step(c, ctx, NULL, &err)) {
-            h->failures++;
+            __atomic_add_fetch(&h->failures, 1, __ATOMIC_RELAXED);
             snprintf(h->last_err, sizeof h->last_err, "%s", err.msg);
         } else {
-            h->steps++;
+            __atomic_add_fetch(&h->steps, 1, __ATOMIC_RELAXED);
         }
     }
     ps_client_free(c);
@@ -154,11 +160,17 @@ int main(int argc, char **argv) {
     }
     CHECK_MSG(up, "psd did not come up on %s: %s", addr, err.msg);
     if (!up) { kill(psd, SIGKILL); waitpid(psd, NULL, 0); return check_summary("test_faults"); }
-    long rss0 = rss_kb(psd);
-
     healthy h = {.addr = addr};
     pthread_t th;
     pthread_create(&th, NULL, healthy_main, &h);
+    /* Baseline: psd with the healthy trainer running (its buffers and
+     * allocator arenas are part of it). */
+    t0 = now_s();
+    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < 10 && __atomic_load_n(&h.failures, __ATOMIC_RELAXED) == 0 && now_s() - t0 < POLL_S)
+        usleep(50000);
+    CHECK_MSG(h.steps >= 10, "healthy trainer: %d steps after %.0f s (%d failures: %s)", h.steps, now_s() - t0,
+              h.failures, h.last_err);
+    long rss0 = rss_kb(psd);
 
     /* The trainer that dies mid-step. */
     char *child_argv[] = {"/proc/self/exe", "--open-and-die", addr, NULL};
@@ -168,33 +180,44 @@ int main(int argc, char **argv) {
     waitpid(child, &ws, 0);
     CHECK_MSG(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL, "helper ended with status %d", ws);
     CHECK(status(c, &st) == 0);
-    long rss1 = rss_kb(psd);
+    long rss1 = rss_kb(psd), grew = rss1 - rss0;
     CHECK_MSG(st.live_contexts >= DEAD_CTXS, "live %llu", (unsigned long long)st.live_contexts);
     uint64_t expired0 = st.expired_contexts;
     printf("after SIGKILL of the trainer: %llu live contexts, psd RSS %ld -> %ld MiB\n",
            (unsigned long long)st.live_contexts, rss0 >> 10, rss1 >> 10);
-    CHECK_MSG(rss1 - rss0 > 100 * 1024, "the dead trainer's contexts should hold > 100 MiB (RSS %ld -> %ld kB)",
-              rss0, rss1);
+    /* Six batch-128 tapes are hundreds of MiB; without a clear growth the
+     * "memory returned" check below would prove nothing. */
+    CHECK_MSG(grew > 50 * 1024, "the dead trainer's contexts should hold > 50 MiB (RSS %ld -> %ld kB)", rss0, rss1);
 
     /* They expire after the TTL (2 s; psd checks once a second). */
     t0 = now_s();
-    while (now_s() - t0 < 15 && status(c, &st) == 0 && st.expired_contexts < expired0 + DEAD_CTXS) usleep(200000);
+    while (now_s() - t0 < POLL_S && status(c, &st) == 0 && st.expired_contexts < expired0 + DEAD_CTXS)
+        usleep(200000);
     double took = now_s() - t0;
-    CHECK_MSG(st.expired_contexts >= expired0 + DEAD_CTXS, "expired %llu", (unsigned long long)st.expired_contexts);
-    CHECK_MSG(took < 6, "expiry took %.1f s with a 2 s TTL", took);
-    usleep(300000);
-    long rss2 = rss_kb(psd);
-    printf("after expiry (%.1f s): %llu expired, psd RSS %ld MiB\n", took,
-           (unsigned long long)st.expired_contexts, rss2 >> 10);
-    CHECK_MSG(rss2 < rss0 + (rss1 - rss0) / 3, "memory not returned: RSS %ld -> %ld -> %ld kB", rss0, rss1, rss2);
+    CHECK_MSG(st.expired_contexts >= expired0 + DEAD_CTXS, "expired %llu of %llu + %d after %.0f s",
+              (unsigned long long)st.expired_contexts, (unsigned long long)expired0, DEAD_CTXS, took);
+    /* Only the healthy trainer's context (one at a time) may be left. */
+    CHECK_MSG(st.live_contexts <= 1, "live %llu after the expiry", (unsigned long long)st.live_contexts);
 
-    /* The healthy trainer was never disturbed. */
-    int steps_then = h.steps;
-    usleep(500000);
+    /* Memory returns: RSS back to within half the growth of the baseline. */
+    long limit = rss0 + grew / 2, rss2 = rss_kb(psd);
+    double t1 = now_s();
+    while (rss2 > limit && now_s() - t1 < POLL_S) {
+        usleep(200000);
+        rss2 = rss_kb(psd);
+    }
+    printf("after expiry (%.1f s): %llu expired, psd RSS %ld MiB (baseline %ld, peak %ld)\n", took,
+           (unsigned long long)st.expired_contexts, rss2 >> 10, rss0 >> 10, rss1 >> 10);
+    CHECK_MSG(rss2 <= limit, "memory not returned: RSS %ld -> %ld -> %ld kB (limit %ld)", rss0, rss1, rss2, limit);
+
+    /* The healthy trainer was never disturbed and keeps stepping. */
+    int steps_then = __atomic_load_n(&h.steps, __ATOMIC_RELAXED);
+    t0 = now_s();
+    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < steps_then + 3 && now_s() - t0 < POLL_S) usleep(50000);
     __atomic_store_n(&h.stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
     CHECK_MSG(h.failures == 0, "healthy trainer: %d failures, last: %s", h.failures, h.last_err);
-    CHECK(h.steps > steps_then && h.steps > 5);
+    CHECK_MSG(h.steps >= steps_then + 3, "healthy trainer stalled at %d steps", h.steps);
     CHECK(status(c, &st) == 0);
     CHECK_MSG(st.live_contexts == 0, "live %llu", (unsigned long long)st.live_contexts);
     CHECK(st.model_version == (uint64_t)h.steps);
@@ -211,7 +234,8 @@ int main(int argc, char **argv) {
     double waited = now_s() - t0;
     kill(psd, SIGCONT);
     CHECK_MSG(rc == PS_ERR_DEADLINE_EXCEEDED, "rc %s after %.2f s: %s", ps_status_name(rc), waited, err.msg);
-    CHECK_MSG(waited < 3, "call to a frozen psd took %.1f s with a 1 s deadline", waited);
+    /* Only a hang guard: how late a 1 s deadline fires depends on the load. */
+    CHECK_MSG(waited < POLL_S, "call to a frozen psd took %.1f s with a 1 s deadline", waited);
     CHECK(ps_client_status(quick, &st, &err) == PS_OK);  /* and it serves again */
     ps_client_free(quick);
 

@@ -1,0 +1,146 @@
+/* retry.c - backoff, settling and exactly-once units of work (retry.h). */
+#include "retry.h"
+
+#include <errno.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "rng.h"
+
+/* A remainder of the budget below this is spent: waiting it out would only
+ * add a call that cannot be retried anyway. */
+#define MIN_WAIT_S 1e-3
+
+static double clock_now(void *arg) {
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void clock_sleep(void *arg, double s) {
+    (void)arg;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+void ps_retry_init(ps_retry *r, const ps_retry_policy *p) {
+    *r = (ps_retry){.p = *p, .rng = p->seed};
+    if (!r->p.now) r->p.now = clock_now;
+    if (!r->p.sleep) r->p.sleep = clock_sleep;
+    if (!r->p.who) r->p.who = "ps-train";
+    ps_retry_reset(r);
+}
+
+void ps_retry_reset(ps_retry *r) {
+    r->failed = false;
+    r->t_first = 0;
+    r->tries = 0;
+    r->next = r->p.backoff_s;
+}
+
+bool ps_retry_retryable(ps_status st) { return st == PS_ERR_UNAVAILABLE || st == PS_ERR_DEADLINE_EXCEEDED; }
+
+bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
+    double now = r->p.now(r->p.clock_arg);
+    if (!r->failed) {
+        r->failed = true;
+        r->t_first = now;
+    }
+    double used = now - r->t_first;
+    if (r->p.max_s <= 0 || used >= r->p.max_s - MIN_WAIT_S) {
+        if (r->p.max_s > 0 && r->p.log)
+            fprintf(r->p.log, "%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g)\n",
+                    r->p.who, what, r->tries, used, r->p.max_s);
+        return false;
+    }
+    /* Jitter: a uniform fraction in [0.5, 1) of the backoff, so trainers
+     * that failed together do not come back together. */
+    double u = (double)(ps_splitmix64(&r->rng) >> 11) / 9007199254740992.0;
+    double d = r->next * (0.5 + 0.5 * u);
+    if (used + d > r->p.max_s) d = r->p.max_s - used;
+    r->tries++;
+    r->total++;
+    if (r->p.log)
+        fprintf(r->p.log, "%s: %s: %s; retry %d in %.2f s (%.1f of %g s retry budget used)\n", r->p.who, what,
+                err ? err->msg : "failed", r->tries, d, used, r->p.max_s);
+    r->p.sleep(r->p.clock_arg, d);
+    r->next *= 2;
+    if (r->next > r->p.backoff_max_s) r->next = r->p.backoff_max_s;
+    return true;
+}
+
+ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err) {
+    for (;;) {
+        ps_status st = fn(arg, err);
+        if (st == PS_OK || !ps_retry_retryable(st) || !ps_retry_wait(r, what, err)) return st;
+    }
+}
+
+ps_status ps_retry_settle(ps_retry *r, ps_retry_fn step, void *arg, ps_err *err) {
+    ps_status st = err ? err->code : PS_ERR_UNAVAILABLE;
+    if (!ps_retry_retryable(st)) st = PS_ERR_UNAVAILABLE;
+    for (;;) {
+        if (!ps_retry_wait(r, "settling the step", err)) return st;
+        st = step(arg, err);
+        if (!ps_retry_retryable(st)) return st;
+    }
+}
+
+void ps_ctx_ids_init(ps_ctx_ids *ids) {
+    uint64_t base;
+    if (getrandom(&base, sizeof base, 0) != sizeof base) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        base = (uint64_t)ts.tv_sec * 2654435761u ^ (uint64_t)ts.tv_nsec << 20;
+    }
+    ids->base = base & ~0xffffffffULL;
+    ids->n = 0;
+}
+
+uint64_t ps_ctx_ids_next(ps_ctx_ids *ids) {
+    ids->n = (ids->n + 1) & 0xffffffffULL;
+    if (ids->n == 0) ids->n = 1;  /* low half 0 would make the id the bare base */
+    return ids->base | ids->n;
+}
+
+typedef struct step_call {
+    const ps_once_ops *ops;
+    uint64_t ctx;
+} step_call;
+
+static ps_status call_step(void *arg, ps_err *err) {
+    step_call *s = arg;
+    return s->ops->step(s->ops->arg, s->ctx, err);
+}
+
+ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps_err *err) {
+    ps_retry_reset(r);
+    const char *unit = ops->unit ? ops->unit : "unit";
+    int lost = 0;
+    for (;;) {
+        uint64_t ctx = ps_ctx_ids_next(ids);
+        int kept = 0;
+        ps_status st = ops->run(ops->arg, ctx, &kept, err);
+        if (st == PS_OK) return PS_OK;
+        if (!kept) {  /* psd holds nothing of ctx that a step could apply */
+            if (ps_retry_retryable(st) && ps_retry_wait(r, "Forward", err)) continue;
+            return st;
+        }
+        if (st == PS_ERR_NOT_FOUND && ++lost <= PS_RETRY_MAX_LOST) {
+            if (r->p.log)
+                fprintf(r->p.log, "%s: %s; running the %s again (psd restarted or the context expired)\n",
+                        r->p.who, err ? err->msg : "context not found", unit);
+            continue;
+        }
+        if (!ps_retry_retryable(st)) return st;
+        /* Unanswered after the Forward: was the step applied? */
+        step_call sc = {ops, ctx};
+        st = ps_retry_settle(r, call_step, &sc, err);
+        if (st == PS_OK) return PS_OK;
+        if (st != PS_ERR_NOT_FOUND && st != PS_ERR_FAILED_PRECONDITION) return st;
+        if (r->p.log)
+            fprintf(r->p.log, "%s: context %llx not applied (%s); running the %s again\n", r->p.who,
+                    (unsigned long long)ctx, ps_status_name(st), unit);
+    }
+}

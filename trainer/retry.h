@@ -1,0 +1,104 @@
+/* retry.h - retrying calls to psd, and applying a step at most once.
+ *
+ * Retries: a call that failed with PS_ERR_UNAVAILABLE (psd down, restarting
+ * or unreachable) or PS_ERR_DEADLINE_EXCEEDED (no answer within the RPC
+ * deadline) is tried again after an exponential backoff with jitter; every
+ * other status is final. A ps_retry holds one retry budget (policy.max_s):
+ * it starts at the first failure after ps_retry_reset, and no wait goes
+ * past it. The trainer resets it for every unit of work (a batch), so the
+ * budget is "per batch", not per call.
+ *
+ * Settling: a unit of work runs Forward ... Step under one context id. When
+ * a call of it goes unanswered, psd may or may not have applied its step.
+ * Step(ctx) is idempotent on psd, so asking again settles it: OK means the
+ * step was (or now is) applied once; NOT_FOUND (psd restarted, the context
+ * expired) or FAILED_PRECONDITION (no gradients yet) means nothing was
+ * applied, and the unit runs again under a fresh context id.
+ *
+ * Nothing here knows about gRPC or psd's messages: the calls are function
+ * pointers (tests/test_retry.c drives it with fakes). Not thread-safe: one
+ * ps_retry per trainer thread.
+ */
+#ifndef PS_TRAINER_RETRY_H
+#define PS_TRAINER_RETRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+typedef struct ps_retry_policy {
+    double max_s;           /* budget from the first failure; 0 = never retry */
+    double backoff_s;       /* first wait, before jitter (> 0) */
+    double backoff_max_s;   /* waits double up to this */
+    uint64_t seed;          /* jitter stream */
+    const char *who;        /* message prefix, e.g. "ps-train: rank 1" */
+    FILE *log;              /* where retries and give-ups are reported; NULL: nowhere */
+    /* Clock and sleep, for tests; NULL: CLOCK_MONOTONIC and nanosleep. */
+    double (*now)(void *clock_arg);
+    void (*sleep)(void *clock_arg, double s);
+    void *clock_arg;
+} ps_retry_policy;
+
+typedef struct ps_retry {
+    ps_retry_policy p;
+    bool failed;            /* a failure since the last reset */
+    double t_first;         /* its time */
+    double next;            /* next wait before jitter */
+    int tries;              /* retries since the last reset */
+    long total;             /* retries over the object's life (for summaries) */
+    uint64_t rng;
+} ps_retry;
+
+/* A call: returns PS_OK or a status with its message in err. */
+typedef ps_status (*ps_retry_fn)(void *arg, ps_err *err);
+
+void ps_retry_init(ps_retry *r, const ps_retry_policy *p);
+/* Start a fresh budget (a new unit of work). */
+void ps_retry_reset(ps_retry *r);
+/* UNAVAILABLE and DEADLINE_EXCEEDED. */
+bool ps_retry_retryable(ps_status st);
+/* After a failure of `what` (err): if the budget allows, report it, sleep
+ * the next backoff (cut to what is left of the budget) and return true;
+ * else report the give-up and return false. */
+bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err);
+/* Call fn until it returns something not retryable or the budget is spent;
+ * returns its last status (err holds its message). Does not reset. */
+ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err);
+/* Settle an unanswered step whose failure is in err: wait, then call the
+ * idempotent step until it answers. PS_OK: applied once; NOT_FOUND or
+ * FAILED_PRECONDITION: not applied; anything else (including the last
+ * retryable failure when the budget ran out): give up with it. */
+ps_status ps_retry_settle(ps_retry *r, ps_retry_fn step, void *arg, ps_err *err);
+
+/* Context ids: a random high half per process, a counter in the low half,
+ * so a re-run never reuses an id psd may remember. */
+typedef struct ps_ctx_ids {
+    uint64_t base, n;
+} ps_ctx_ids;
+void ps_ctx_ids_init(ps_ctx_ids *ids);
+uint64_t ps_ctx_ids_next(ps_ctx_ids *ids);
+
+/* A unit of work whose step must be applied at most once. */
+typedef struct ps_once_ops {
+    const char *unit;       /* "batch": for messages */
+    /* Run the whole unit under ctx, ending with its step. Set *kept = 1 as
+     * soon as psd may hold state for ctx (its Forward answered): a failure
+     * before that is simply retried, one after it is settled. */
+    ps_status (*run)(void *arg, uint64_t ctx, int *kept, ps_err *err);
+    /* Step(ctx) alone (idempotent). */
+    ps_status (*step)(void *arg, uint64_t ctx, ps_err *err);
+    void *arg;
+} ps_once_ops;
+
+/* How often a unit whose context psd no longer knows (NOT_FOUND after its
+ * Forward) runs again before that is an error. */
+#define PS_RETRY_MAX_LOST 3
+
+/* Reset the budget and run the unit until its step is applied exactly once
+ * (PS_OK) or a final error / the spent budget stops it. Each run gets a
+ * fresh id from ids. */
+ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps_err *err);
+
+#endif
