@@ -26,7 +26,9 @@
  * row-sparse alike, one count per parameter tensor as PyTorch's
  * state['step']). Adam's bias corrections use it; for SGD it only says
  * whether the momentum buffer exists yet (step 0: PyTorch has not created
- * it; the first update sets it to the gradient). A parameter mixing dense
+ * it; the first update sets it to the gradient). A zero-filled momentum
+ * buffer with step > 0 gives the same update (momentum * 0 + g = g), so a
+ * restored step without its buffer restarts momentum as PyTorch would. A parameter mixing dense
  * and sparse updates under adam shares exp_avg, exp_avg_sq and step between
  * the two formulas (PyTorch would need two optimizers for that; avoid it).
  *
