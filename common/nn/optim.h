@@ -11,7 +11,9 @@
  * Kinds are rows of one table (optim.c): name, PyTorch class, state buffers
  * and their names. The state names are PyTorch's state keys, so checkpoints
  * store them as "<param>.<state name>" ("fc1.weight.exp_avg") and a
- * PyTorch user can put them into optimizer.state[p][name] as they are.
+ * PyTorch user can put them into optimizer.state[p][name] as they are
+ * (the step is an int64 count here; torch.optim.Adam 1.13 keeps
+ * state['step'] as a float32 scalar tensor: convert with .float()).
  *
  *   kind   dense update            row-sparse update          state buffers
  *   sgd    torch.optim.SGD         plain SGD on the rows       momentum_buffer (only when
@@ -28,15 +30,17 @@
  * whether the momentum buffer exists yet (step 0: PyTorch has not created
  * it; the first update sets it to the gradient). A zero-filled momentum
  * buffer with step > 0 gives the same update (momentum * 0 + g = g), so a
- * restored step without its buffer restarts momentum as PyTorch would. A parameter mixing dense
- * and sparse updates under adam shares exp_avg, exp_avg_sq and step between
- * the two formulas (PyTorch would need two optimizers for that; avoid it).
+ * restored step without its buffer restarts momentum as PyTorch would. A
+ * parameter mixing dense and sparse updates under adam shares exp_avg,
+ * exp_avg_sq and step between the two formulas (PyTorch would need two
+ * optimizers for that; avoid it).
  *
  * Errors: a bad spec (range, kind, a combination the sparse update refuses)
  * is PS_ERR_INVALID_ARGUMENT; bad row indices (out of range, repeated) are
  * PS_ERR_INVALID_ARGUMENT naming the index - they come from peers, so they
- * are statuses, never asserts. On any error nothing was changed, step
- * included.
+ * are statuses, never asserts. A refused update changes nothing, step
+ * included; when the backend op itself fails (a device error) the step is
+ * not counted but the buffers' contents are unspecified.
  */
 #ifndef PS_NN_OPTIM_H
 #define PS_NN_OPTIM_H
