@@ -52,7 +52,7 @@ static const char *const consistency_names[] = {"hogwild", "sync", "ssp", NULL};
 static const char *const sync_reduce_names[] = {"sum", "mean", NULL};
 static const char *const model_names[] = {"mnist_cnn", NULL};
 static const char *const backend_names[] = {"ref", "dnnl", NULL};
-static const char *const optimizer_names[] = {"sgd", NULL};
+static const char *const optimizer_names[] = {"sgd", "adam", NULL};
 
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
@@ -109,6 +109,9 @@ static const cfg_entry g_table[] = {
     DBL ("optimizer.lr",           optimizer.lr,           1, 0, 10, 0, "0.03"),
     DBL ("optimizer.momentum",     optimizer.momentum,     0, 0, 1, 1, "0"),
     DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
+    DBL ("optimizer.beta1",        optimizer.beta1,        0, 0, 1, 1, "0.9"),
+    DBL ("optimizer.beta2",        optimizer.beta2,        0, 0, 1, 1, "0.999"),
+    DBL ("optimizer.eps",          optimizer.eps,          1, 0, 1, 0, "1e-8"),
 
     INT ("trainer.world_size",     trainer.world_size,     2, 1024, "3"),
     /* psd refuses a Forward larger than its model's max_batch (mnist_cnn:

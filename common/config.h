@@ -64,7 +64,9 @@ typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
  * and counted (Status.nonfinite_skipped). */
 typedef enum { PS_NONFINITE_REJECT = 0, PS_NONFINITE_SKIP } ps_nonfinite_policy;
 typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
-typedef enum { PS_OPTIMIZER_SGD = 0 } ps_optimizer_kind;
+/* optimizer.type; the same values and names as ps_optim_kind in
+ * common/nn/optim.h (tests/test_optim checks). */
+typedef enum { PS_OPTIMIZER_SGD = 0, PS_OPTIMIZER_ADAM } ps_optimizer_kind;
 
 typedef struct ps_stage_placement {
     char stage[PS_CONFIG_STAGE_MAX];   /* e.g. "conv" */
@@ -106,7 +108,8 @@ typedef struct ps_config {
     } model;
     struct {
         ps_optimizer_kind type;
-        double lr, momentum, weight_decay;
+        double lr, momentum, weight_decay; /* momentum: sgd only */
+        double beta1, beta2, eps;          /* adam only */
     } optimizer;
     struct {
         int world_size;                   /* the PS plus the trainers */

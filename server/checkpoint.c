@@ -18,7 +18,6 @@
 #define CKPT_PREFIX "ckpt-"
 #define CKPT_SUFFIX ".safetensors"
 #define OPTIM_SUFFIX ".optim.safetensors"
-#define MOM_SUFFIX ".momentum_buffer"
 
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     struct stat sb;
@@ -150,8 +149,9 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     ps_st_tensor *t = calloc((size_t)np, sizeof *t);
     const float **ptrs = calloc((size_t)np, sizeof *ptrs);
     int64_t *numel = calloc((size_t)np, sizeof *numel);
+    ps_ckpt_optim_param *op = calloc((size_t)np, sizeof *op);
     ps_status rc = PS_OK;
-    if (!w || (mom && !mb) || !started || !t || !ptrs || !numel) {
+    if (!w || (mom && !mb) || !started || !t || !ptrs || !numel || !op) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
         goto done;
     }
@@ -159,7 +159,7 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     if ((rc = ps_model_snapshot(m, w, mb, started, &version, err))) goto done;
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
-        crcbuf[16], optbuf[96];
+        crcbuf[16];
     file_path(wpath, sizeof wpath, dir, version, CKPT_SUFFIX);
     file_path(opath, sizeof opath, dir, version, OPTIM_SUFFIX);
     snprintf(oname, sizeof oname, CKPT_PREFIX "%012" PRIu64 OPTIM_SUFFIX, version);
@@ -168,29 +168,23 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     double now = (double)time(NULL);
     snprintf(tbuf, sizeof tbuf, "%.0f", now);
 
-    /* The optimizer file first: the weights file marks a complete pair. */
-    int nm = 0;
+    /* The optimizer file first: the weights file marks a complete pair.
+     * ps_model keeps SGD state (momentum buffers once started) and steps
+     * every parameter at every version. */
     int64_t off = 0;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
-        if (mom && started[i]) {
-            ps_st_tensor *x = &t[nm];
-            memset(x, 0, sizeof *x);
-            snprintf(x->name, sizeof x->name, "%s" MOM_SUFFIX, pi->name);
-            x->dtype = PS_ST_F32;
-            x->ndim = pi->ndim;
-            memcpy(x->dims, pi->dims, (size_t)pi->ndim * sizeof x->dims[0]);
-            x->data = mb + off;
-            x->bytes = (size_t)pi->numel * sizeof(float);
-            ptrs[nm] = mb + off;
-            numel[nm] = pi->numel;
-            nm++;
-        }
+        ps_ckpt_optim_param *q = &op[i];
+        q->name = pi->name;
+        q->ndim = pi->ndim;
+        memcpy(q->dims, pi->dims, sizeof q->dims);
+        q->numel = pi->numel;
+        q->step = (int64_t)version;
+        q->state[0] = mom && started[i] ? mb + off : NULL;
         off += pi->numel;
     }
-    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, nm));
-    const char *ometa[] = {"psd.arch", ps_model_arch(m), "psd.model_version", vbuf, "psd.crc32", crcbuf, NULL};
-    if ((rc = ps_st_write(opath, t, (size_t)nm, ometa, err))) goto done;
+    const ps_ckpt_optim o = { PS_OPTIM_SGD, np, op };
+    if ((rc = ps_ckpt_optim_write(opath, &o, ps_model_arch(m), version, err))) goto done;
 
     off = 0;
     for (int i = 0; i < np; i++) {
@@ -208,7 +202,6 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
         off += pi->numel;
     }
     snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
-    snprintf(optbuf, sizeof optbuf, "sgd");
     const char *wmeta[] = {"format", "pt",
                            "psd.arch", ps_model_arch(m),
                            "psd.model_version", vbuf,
@@ -216,7 +209,7 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
                            "psd.samples", sbuf,
                            "psd.time", tbuf,
                            "psd.version", PS_VERSION,
-                           "psd.optimizer", optbuf,
+                           "psd.optimizer", ps_optim_kind_name(o.kind),
                            "psd.optimizer_file", oname,
                            "psd.crc32", crcbuf,
                            NULL};
@@ -235,6 +228,7 @@ done:
     free(t);
     free(ptrs);
     free(numel);
+    free(op);
     return rc;
 }
 
@@ -326,12 +320,237 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
     return PS_OK;
 }
 
+/* ---- optimizer state (generic over the kinds of optim.h) ---------------- */
+
+static uLong crc_bytes(uLong crc, const void *data, size_t left) {
+    const unsigned char *p = data;
+    while (left) {  /* crc32 takes a uInt length */
+        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        crc = crc32(crc, p, chunk);
+        p += chunk;
+        left -= chunk;
+    }
+    return crc;
+}
+
+/* "exp_avg,exp_avg_sq" */
+static void state_list(ps_optim_kind kind, char *buf, size_t cap) {
+    int n;
+    const char *const *names = ps_optim_state_names(kind, &n);
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int j = 0; j < n && o < cap; j++) o += (size_t)snprintf(buf + o, cap - o, "%s%s", j ? "," : "", names[j]);
+}
+
+ps_status ps_ckpt_optim_write(const char *path, const ps_ckpt_optim *o, const char *arch, uint64_t version,
+                              ps_err *err) {
+    int ns;
+    const char *const *snames = ps_optim_state_names(o->kind, &ns);
+    if (!snames) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer kind %d unknown", path, (int)o->kind);
+    ps_st_tensor *t = calloc((size_t)o->nparams * (PS_OPTIM_MAX_STATE + 1) + 1, sizeof *t);
+    if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
+    size_t n = 0;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    ps_status rc = PS_OK;
+    for (int i = 0; i < o->nparams && rc == PS_OK; i++) {
+        const ps_ckpt_optim_param *q = &o->params[i];
+        if (q->step <= 0) continue; /* no state yet, as in PyTorch */
+        for (int j = 0; j <= ns; j++) {
+            if (j < ns && !q->state[j]) continue;
+            ps_st_tensor *x = &t[n];
+            int len = snprintf(x->name, sizeof x->name, "%s.%s", q->name, j < ns ? snames[j] : "step");
+            if (len < 0 || (size_t)len >= sizeof x->name) {
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor name '%s.%s' too long", path, q->name,
+                                j < ns ? snames[j] : "step");
+                break;
+            }
+            if (j < ns) {
+                x->dtype = PS_ST_F32;
+                x->ndim = q->ndim;
+                memcpy(x->dims, q->dims, (size_t)q->ndim * sizeof x->dims[0]);
+                x->data = q->state[j];
+                x->bytes = (size_t)q->numel * sizeof(float);
+            } else {
+                x->dtype = PS_ST_I64; /* a scalar; PyTorch's Adam keeps state['step'] as a tensor too */
+                x->ndim = 0;
+                x->data = (void *)&q->step;
+                x->bytes = sizeof q->step;
+            }
+            crc = crc_bytes(crc, x->data, x->bytes);
+            n++;
+        }
+    }
+    if (rc == PS_OK) {
+        char vbuf[32], crcbuf[16], list[128];
+        snprintf(vbuf, sizeof vbuf, "%" PRIu64, version);
+        snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, (uint32_t)crc);
+        state_list(o->kind, list, sizeof list);
+        const char *meta[] = {"psd.arch", arch, "psd.model_version", vbuf,
+                              "psd.optimizer", ps_optim_kind_name(o->kind), "psd.optim_state", list,
+                              "psd.crc32", crcbuf, NULL};
+        rc = ps_st_write(path, t, n, meta, err);
+    }
+    free(t);
+    return rc;
+}
+
+/* The parameter and state index (ns = "step") a tensor name denotes, or -1. */
+static int match_state(const ps_ckpt_optim *o, const char *const *snames, int ns, const char *name, int *j) {
+    for (int i = 0; i < o->nparams; i++) {
+        size_t pl = strlen(o->params[i].name);
+        if (strncmp(name, o->params[i].name, pl) || name[pl] != '.') continue;
+        const char *suffix = name + pl + 1;
+        for (int k = 0; k <= ns; k++) {
+            if (!strcmp(suffix, k < ns ? snames[k] : "step")) {
+                *j = k;
+                return i;
+            }
+        }
+    }
+    return -1;
+}
+
+static ps_status check_state_tensor(const char *path, const ps_st_tensor *t, const ps_ckpt_optim_param *q,
+                                    ps_err *err) {
+    ps_param_info pi = { .name = q->name, .ndim = q->ndim, .numel = q->numel };
+    memcpy(pi.dims, q->dims, sizeof pi.dims);
+    return check_tensor(path, t, &pi, 0, err);
+}
+
+ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arch, uint64_t version,
+                             ps_err *err) {
+    int ns;
+    const char *const *snames = ps_optim_state_names(o->kind, &ns);
+    if (!snames) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer kind %d unknown", path, (int)o->kind);
+    ps_st_file *f = ps_st_read(path, err);
+    if (!f) return err ? err->code : PS_ERR_FORMAT;
+    ps_status rc = PS_OK;
+    const int np = o->nparams;
+    const ps_st_tensor **ts = calloc((size_t)np * (PS_OPTIM_MAX_STATE + 1) + 1, sizeof *ts);
+    int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
+    if (!ts || !steps) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+#define TS(i, j) ts[(size_t)(i) * (PS_OPTIM_MAX_STATE + 1) + (size_t)(j)]
+
+    const char *farch = ps_st_metadata(f, "psd.arch");
+    if (!farch || strcmp(farch, arch)) {
+        rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer state of model '%s'; psd runs '%s'", path,
+                        farch ? farch : "(no psd.arch metadata)", arch);
+        goto done;
+    }
+    uint64_t fversion;
+    if (parse_u64(ps_st_metadata(f, "psd.model_version"), &fversion) || fversion != version) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.model_version is not %" PRIu64, path, version);
+        goto done;
+    }
+    /* The kind: files written before psd.optimizer existed hold SGD momentum. */
+    const char *kname = ps_st_metadata(f, "psd.optimizer");
+    const int legacy = kname == NULL;
+    ps_optim_kind fkind = PS_OPTIM_SGD;
+    if (kname && ps_optim_kind_parse(kname, &fkind, NULL) != PS_OK) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.optimizer '%s' is not an optimizer this build knows", path,
+                        kname);
+        goto done;
+    }
+    if (fkind != o->kind) {
+        char have[128];
+        state_list(fkind, have, sizeof have);
+        rc = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: optimizer state of %s (%s); psd runs %s, whose "
+                        "state it is not. Resume with optimizer.type: %s, or move the checkpoints away and "
+                        "start from the weights alone (psd --init-from <the weights file>)", path,
+                        ps_optim_kind_name(fkind), have, ps_optim_kind_name(o->kind), ps_optim_kind_name(fkind));
+        goto done;
+    }
+    /* Every tensor is a known parameter's state or step, with its shape. */
+    for (size_t k = 0; k < ps_st_count(f); k++) {
+        const ps_st_tensor *t = ps_st_get(f, k);
+        int j, i = match_state(o, snames, ns, t->name, &j);
+        if (i < 0) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not the %s state of a "
+                            "parameter of model %s)", path, t->name, ps_optim_kind_name(o->kind), arch);
+            goto done;
+        }
+        if (j < ns) {
+            if ((rc = check_state_tensor(path, t, &o->params[i], err))) goto done;
+        } else {
+            if (t->dtype != PS_ST_I64 || ps_st_numel(t) != 1 || t->ndim > 1) {
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' must be an I64 scalar", path,
+                                t->name);
+                goto done;
+            }
+            memcpy(&steps[i], t->data, sizeof steps[i]);
+            if (steps[i] < 0) {
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is %" PRId64 " (negative)", path,
+                                t->name, steps[i]);
+                goto done;
+            }
+        }
+        TS(i, j) = t;
+    }
+    /* Completeness, then the CRC in writing order. */
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int i = 0; i < np; i++) {
+        int have = 0;
+        for (int j = 0; j < ns; j++) have += TS(i, j) != NULL;
+        if (legacy) steps[i] = version; /* psd stepped every parameter at every version */
+        if (have && steps[i] == 0) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: parameter %s has optimizer state but no step "
+                            "(tensor '%s.step' missing or 0)", path, o->params[i].name, o->params[i].name);
+            goto done;
+        }
+        if (o->kind == PS_OPTIM_ADAM && steps[i] > 0 && have != ns) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: parameter %s took %" PRId64 " steps but its "
+                            "tensor '%s.%s' is missing (Adam cannot resume exactly without it)", path,
+                            o->params[i].name, steps[i], o->params[i].name, snames[TS(i, 0) ? 1 : 0]);
+            goto done;
+        }
+        for (int j = 0; j <= ns; j++)
+            if (TS(i, j)) crc = crc_bytes(crc, TS(i, j)->data, TS(i, j)->bytes);
+    }
+    const char *want = ps_st_metadata(f, "psd.crc32");
+    char got[16];
+    snprintf(got, sizeof got, "%08" PRIx32, (uint32_t)crc);
+    if (!want) { rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.crc32 is missing", path); goto done; }
+    if (strcmp(got, want)) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: data is corrupt (CRC-32 %s, the file says %s)", path, got, want);
+        goto done;
+    }
+    /* Everything checked: fill the caller's buffers. */
+    int unused = 0;
+    for (int i = 0; i < np; i++) {
+        ps_ckpt_optim_param *q = &o->params[i];
+        int wanted = 0, loaded = 0;
+        q->step = steps[i];
+        for (int j = 0; j < ns; j++) {
+            if (!q->state[j]) { unused += TS(i, j) != NULL; continue; }
+            wanted++;
+            if (TS(i, j)) {
+                memcpy(q->state[j], TS(i, j)->data, TS(i, j)->bytes);
+                loaded++;
+            } else {
+                memset(q->state[j], 0, (size_t)q->numel * sizeof(float));
+            }
+        }
+        q->has_state = wanted > 0 && loaded == wanted;
+    }
+    if (unused)
+        ps_log(PS_LOG_WARN, "%s: %d optimizer state tensors not used (the running %s keeps no such state, e.g. "
+               "optimizer.momentum is 0)", path, unused, ps_optim_kind_name(o->kind));
+#undef TS
+done:
+    free(ts);
+    free(steps);
+    ps_st_free(f);
+    return rc;
+}
+
 ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err) {
     int np = ps_model_num_params(m);
     ps_status rc = PS_OK;
-    ps_st_file *wf = NULL, *of = NULL;
-    const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt), **mt = calloc((size_t)np, sizeof *mt);
-    if (!wt || !mt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    ps_st_file *wf = NULL;
+    ps_ckpt_optim_param *op = NULL;
+    float *mb = NULL;
+    const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt);
+    if (!wt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
     if (!(wf = ps_st_read(path, err))) { rc = err ? err->code : PS_ERR_FORMAT; goto done; }
 
     const char *arch = ps_st_metadata(wf, "psd.arch");
@@ -370,41 +589,35 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
     char opath[PS_CKPT_PATH_MAX];
     const char *slash = strrchr(path, '/');
     snprintf(opath, sizeof opath, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, oname);
-    if (!(of = ps_st_read(opath, err))) {
-        rc = ps_err_prefix(err, "optimizer state of %s", path);
+    /* ps_model keeps SGD state: momentum buffers when momentum > 0. */
+    const int mom = ps_model_has_momentum(m);
+    if (!(op = calloc((size_t)np, sizeof *op)) ||
+        (mom && !(mb = malloc((size_t)ps_model_num_weights(m) * sizeof *mb)))) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto done;
     }
-    uint64_t oversion;
-    if (parse_u64(ps_st_metadata(of, "psd.model_version"), &oversion) || oversion != version) {
-        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.model_version is not %" PRIu64 " (that of %s)", opath,
-                        version, path);
-        goto done;
-    }
-    int nm = 0;
-    const ps_st_tensor **mlist = calloc((size_t)np + 1, sizeof *mlist);
-    if (!mlist) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    int64_t off = 0;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
-        char name[PS_ST_NAME_MAX];
-        snprintf(name, sizeof name, "%s" MOM_SUFFIX, pi->name);
-        mt[i] = ps_st_find(of, name);
-        if (mt[i]) {
-            if ((rc = check_tensor(opath, mt[i], pi, 0, err))) break;
-            mlist[nm++] = mt[i];
-        }
+        ps_ckpt_optim_param *q = &op[i];
+        q->name = pi->name;
+        q->ndim = pi->ndim;
+        memcpy(q->dims, pi->dims, sizeof q->dims);
+        q->numel = pi->numel;
+        q->state[0] = mom ? mb + off : NULL;
+        off += pi->numel;
     }
-    if (rc == PS_OK) rc = check_no_extra(opath, of, m, MOM_SUFFIX, err);
-    if (rc == PS_OK) rc = check_crc(opath, of, mlist, nm, err);
-    free(mlist);
-    if (rc) goto done;
-    if (nm > 0 && !ps_model_has_momentum(m))
-        ps_log(PS_LOG_WARN, "%s: momentum buffers not used: optimizer.momentum is 0", opath);
+    ps_ckpt_optim o = { PS_OPTIM_SGD, np, op };
+    if ((rc = ps_ckpt_optim_read(opath, &o, ps_model_arch(m), version, err))) {
+        ps_err_prefix(err, "optimizer state of %s", path);
+        goto done;
+    }
 
     /* Everything checked: apply. */
     for (int i = 0; i < np && rc == PS_OK; i++) {
         rc = ps_model_set_param(m, i, wt[i]->data, err);
-        if (rc == PS_OK && ps_model_has_momentum(m))
-            rc = ps_model_set_momentum(m, i, mt[i] ? mt[i]->data : NULL, err);
+        if (rc == PS_OK && mom)
+            rc = ps_model_set_momentum(m, i, op[i].has_state ? op[i].state[0] : NULL, err);
     }
     if (rc) goto done;
     ps_model_set_version(m, version);
@@ -416,9 +629,9 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
     }
 done:
     free(wt);
-    free(mt);
+    free(op);
+    free(mb);
     ps_st_free(wf);
-    ps_st_free(of);
     return rc;
 }
 

@@ -4,10 +4,14 @@
  * A checkpoint of model version (= optimizer steps applied) N in directory D
  * is two files, each written atomically by ps_st_write (temporary file,
  * fsync, rename, fsync of D):
- *   D/ckpt-<N, 12 digits>.optim.safetensors  written first: the SGD momentum
- *       buffers as "<param>.momentum_buffer" (F32, the parameter's shape),
- *       only for parameters whose buffer exists (PyTorch creates it at the
- *       first step); metadata psd.model_version, psd.arch, psd.crc32.
+ *   D/ckpt-<N, 12 digits>.optim.safetensors  written first: the optimizer
+ *       state (ps_ckpt_optim_write below), generic over the kinds of
+ *       common/nn/optim.h: "<param>.<state name>" (F32, the parameter's
+ *       shape; e.g. "fc1.weight.momentum_buffer", "fc1.weight.exp_avg")
+ *       for parameters whose state exists (PyTorch creates it at the first
+ *       step), "<param>.step" (I64 scalar: updates applied to it);
+ *       metadata psd.optimizer (kind name), psd.optim_state (the kind's
+ *       state names), psd.model_version, psd.arch, psd.crc32.
  *   D/ckpt-<N>.safetensors  written last, so its presence means the pair is
  *       complete: every parameter under its state_dict name ("conv1.weight",
  *       F32, PyTorch's shape), so
@@ -33,6 +37,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "optim.h"
 #include "status.h"
 
 #define PS_CKPT_PATH_MAX 1100
@@ -43,6 +48,58 @@ typedef struct ps_ckpt_info {
     double time;                 /* Unix time written */
     char path[PS_CKPT_PATH_MAX]; /* the weights file */
 } ps_ckpt_info;
+
+/* ---- optimizer state, generic over optimizer kinds ----
+ *
+ * The checkpoint's view of an optimizer: host-memory copies of every
+ * parameter's state, filled by the model executor under the same lock as
+ * its weights snapshot (save) or applied by it after a successful read
+ * (load). This is the whole interface the model side needs:
+ *   save: for each parameter, name/shape, step, and state[j] pointing at a
+ *         host copy of state buffer j (the kind's order, optim.h), NULL
+ *         for a buffer that does not exist (e.g. no momentum);
+ *   load: the same descriptors with state[j] pointing at host buffers to
+ *         fill for each buffer the running optimizer needs; on success
+ *         step and has_state say what to apply.
+ *
+ * Resume rules (ps_ckpt_optim_read):
+ *  - the file's psd.optimizer must be the running kind, else
+ *    PS_ERR_FAILED_PRECONDITION naming both: the state of one optimizer
+ *    is never reinterpreted as another's (SGD momentum is not Adam's
+ *    exp_avg). Files written before psd.optimizer existed are SGD's.
+ *  - adam: a parameter with step > 0 must have exp_avg and exp_avg_sq,
+ *    one with step 0 neither (a half state would not resume exactly).
+ *  - sgd: a missing momentum_buffer restarts that parameter's momentum
+ *    (has_state 0: PyTorch's first-step rule); buffers the running
+ *    optimizer does not want (momentum 0 now) are skipped with a warning.
+ *  - hyper-parameters are not part of the state: a restart may change lr.
+ */
+typedef struct ps_ckpt_optim_param {
+    const char *name;               /* state_dict name, e.g. "fc1.weight" */
+    int ndim;
+    int64_t dims[4];
+    int64_t numel;
+    int64_t step;                   /* save: in; load: out (0 when absent) */
+    float *state[PS_OPTIM_MAX_STATE]; /* host, numel floats each, or NULL */
+    int has_state;                  /* load: 1 when the file held this parameter's buffers */
+} ps_ckpt_optim_param;
+
+typedef struct ps_ckpt_optim {
+    ps_optim_kind kind;
+    int nparams;
+    ps_ckpt_optim_param *params;
+} ps_ckpt_optim;
+
+/* Write o to path atomically (ps_st_write) with metadata psd.arch = arch
+ * and psd.model_version = version. */
+ps_status ps_ckpt_optim_write(const char *path, const ps_ckpt_optim *o, const char *arch, uint64_t version,
+                              ps_err *err);
+
+/* Read path into o (see the rules above). Checks everything - arch,
+ * version, kind, names, dtypes, shapes, finiteness, CRC - before writing
+ * into o's buffers; buffers of parameters without state are zero-filled. */
+ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arch, uint64_t version,
+                             ps_err *err);
 
 /* Create dir if it does not exist (one level, mode 0750) and check that it
  * is a writable directory. */
@@ -55,7 +112,9 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
                        ps_ckpt_info *out, ps_err *err);
 
 /* Load the checkpoint whose weights file is path (the optimizer sibling is
- * found from its metadata) into m: weights, momentum buffers, version. */
+ * found from its metadata) into m: weights, momentum buffers, version.
+ * (Today's ps_model has SGD only; its state goes through the generic
+ * ps_ckpt_optim above, so a model with other kinds only needs to fill it.) */
 ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err);
 
 /* Restore the newest checkpoint in dir that loads; each refused one is

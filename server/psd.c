@@ -154,6 +154,15 @@ int main(int argc, char **argv) {
     }
     if (!cfg.server.log_file[0]) ps_daemon_use_journal_if_attached();
 
+    /* The model executor applies SGD only so far (common/nn/optim.h has Adam;
+     * the executor does not call it yet): refuse rather than silently run
+     * SGD when the config asks for another optimizer. */
+    if (cfg.optimizer.type != PS_OPTIMIZER_SGD) {
+        fprintf(stderr, "psd: optimizer.type: '%s' is not supported by this psd yet (its model executor "
+                "applies sgd only)\n", ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type));
+        return 2;
+    }
+
     /* Build the model before anything listens: placement errors stop start-up. */
     ps_model_opts mo = {0};
     mo.arch = ps_config_enum_name("model.name", (int)cfg.model.name);

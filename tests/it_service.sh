@@ -59,6 +59,8 @@ bad metrics   'server:\n  metrics_listen: "9464"\n' "2: server.metrics_listen: '
 bad empty     'server:\n  log_file:\n' "2: server.log_file: no value given"
 bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 10]"
 bad placement 'model:\n  placement:\n    conv: gpu\n' "3: model.placement.conv: 'gpu' is not a device"
+rc=0; out=$(build --check-config configs/local.yaml --set optimizer.type=adam 2>&1) || rc=$?
+[ $rc -eq 2 ] && [[ "$out" == *"optimizer.type: 'adam' is not supported by this psd yet"* ]] || fail "adam not refused: $out"
 rc=0; out=$(build --check-config configs/local.yaml --metrics-listen localhost 2>&1) || rc=$?
 [ $rc -eq 2 ] && [[ "$out" == *"command line: server.metrics_listen: 'localhost' is not HOST:PORT"* ]] || fail "flag override: $out"
 rc=0; out=$(build --check-config configs/local.yaml --set model.placement.head=cpu 2>&1) || rc=$?

@@ -3,18 +3,25 @@
  * step bit-identically to the one that never stopped), the file layout a
  * PyTorch user sees, retention, and refusal of truncated, corrupt and
  * incomplete checkpoints with fallback to the previous one; --init-from
- * files (PyTorch-style, no metadata) with every mismatch named. */
+ * files (PyTorch-style, no metadata) with every mismatch named. The generic
+ * optimizer state (ps_ckpt_optim_*): Adam interrupted by a checkpoint
+ * resumes bit-identically to an uninterrupted run; a checkpoint of one
+ * optimizer is refused by another; files from before psd.optimizer read as
+ * SGD; incomplete Adam state, stray tensors, bad steps, corruption refused. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "check.h"
 #include "checkpoint.h"
+#include "backend.h"
 #include "log.h"
 #include "model.h"
+#include "optim.h"
 #include "safetensors.h"
 
 static char g_dir[] = "/tmp/ps_test_ckpt_XXXXXX";
@@ -123,9 +130,14 @@ static void test_round_trip(void) {
     f = ps_st_read(p, &e);
     CHECK(f != NULL);
     if (f) {
-        CHECK(ps_st_count(f) == (size_t)ps_model_num_params(a)); /* every buffer started */
+        /* every buffer started, and every parameter's step */
+        CHECK(ps_st_count(f) == 2 * (size_t)ps_model_num_params(a));
         const ps_st_tensor *t = ps_st_find(f, "fc1.weight.momentum_buffer");
         CHECK(t && t->ndim == 2 && t->dims[0] == 128 && t->dims[1] == 9216);
+        t = ps_st_find(f, "fc1.weight.step");
+        CHECK(t && t->dtype == PS_ST_I64 && t->ndim == 0 && *(const int64_t *)t->data == 2);
+        CHECK(!strcmp(ps_st_metadata(f, "psd.optimizer"), "sgd"));
+        CHECK(!strcmp(ps_st_metadata(f, "psd.optim_state"), "momentum_buffer"));
         ps_st_free(f);
     }
 
@@ -346,12 +358,276 @@ static void test_init_from(void) {
     ps_model_free(ref);
 }
 
+/* ---- generic optimizer state: Adam ---- */
+
+enum { OP_N = 3 };
+static const char *const kOpNames[OP_N] = { "emb.weight", "fc.weight", "fc.bias" };
+static const int64_t kOpDims[OP_N][2] = { { 10, 4 }, { 3, 5 }, { 3, 0 } };
+
+typedef struct adam_run {
+    ps_backend *b;
+    ps_optim_spec spec;
+    int64_t numel[OP_N];
+    float *w[OP_N];             /* device */
+    ps_optim_state st[OP_N];
+} adam_run;
+
+static void run_init(adam_run *r, ps_backend *b) {
+    memset(r, 0, sizeof *r);
+    r->b = b;
+    ps_optim_spec_default(PS_OPTIM_ADAM, &r->spec);
+    r->spec.lr = 0.01;
+    r->spec.weight_decay = 0.02;
+    r->spec.beta1 = 0.8;
+    for (int p = 0; p < OP_N; p++) {
+        r->numel[p] = kOpDims[p][0] * (kOpDims[p][1] ? kOpDims[p][1] : 1);
+        float *h = calloc((size_t)r->numel[p], sizeof *h);
+        for (int64_t i = 0; i < r->numel[p]; i++) h[i] = (float)((i * 37 + p * 11) % 23) / 23.0f - 0.5f;
+        ps_err e = {0};
+        r->w[p] = ps_backend_alloc_floats(b, r->numel[p]);
+        CHECK(b->ops->copy_to_device(b->impl, r->w[p], h, (size_t)r->numel[p] * sizeof *h, &e) == PS_OK);
+        for (int j = 0; j < 2; j++) {
+            r->st[p].buf[j] = ps_backend_alloc_floats(b, r->numel[p]);
+            memset(h, 0, (size_t)r->numel[p] * sizeof *h);
+            CHECK(b->ops->copy_to_device(b->impl, r->st[p].buf[j], h, (size_t)r->numel[p] * sizeof *h, &e) == PS_OK);
+        }
+        free(h);
+    }
+}
+
+static void run_free(adam_run *r) {
+    for (int p = 0; p < OP_N; p++) {
+        ps_backend_release(r->b, r->w[p]);
+        ps_backend_release(r->b, r->st[p].buf[0]);
+        ps_backend_release(r->b, r->st[p].buf[1]);
+    }
+}
+
+/* Global step k (1-based): emb.weight takes row-sparse steps (SparseAdam),
+ * fc.weight dense ones, fc.bias only from k = 3 (so a checkpoint after
+ * step 2 holds no state for it). */
+static void run_step(adam_run *r, int k) {
+    ps_err e = {0};
+    for (int p = 0; p < OP_N; p++) {
+        if (p == 2 && k < 3) continue;
+        float g[64];
+        for (int64_t i = 0; i < r->numel[p]; i++) g[i] = (float)(((i + 3) * (k + 5) * 7 + p) % 19) / 9.5f - 1.0f;
+        float *gd = ps_backend_alloc_floats(r->b, r->numel[p]);
+        CHECK(r->b->ops->copy_to_device(r->b->impl, gd, g, (size_t)r->numel[p] * sizeof(float), &e) == PS_OK);
+        if (p == 0) {
+            const int64_t rows[3] = { k % 10, (k * 3 + 1) % 10, (k * 7 + 5) % 10 };
+            ps_optim_spec sp = r->spec;
+            sp.weight_decay = 0; /* SparseAdam has none */
+            CHECK_MSG(ps_optim_step_rows(r->b, &sp, 10, 4, rows, rows[2] == rows[0] || rows[2] == rows[1] ? 2 : 3,
+                                         r->w[p], gd, &r->st[p], &e) == PS_OK, "%s", e.msg);
+        } else {
+            CHECK_MSG(ps_optim_step(r->b, &r->spec, r->numel[p], r->w[p], gd, &r->st[p], &e) == PS_OK, "%s", e.msg);
+        }
+        ps_backend_release(r->b, gd);
+    }
+}
+
+/* Host copies of the run's state as the checkpoint sees it. */
+static void run_export(adam_run *r, ps_ckpt_optim_param *q, float *host) {
+    ps_err e = {0};
+    for (int p = 0; p < OP_N; p++) {
+        q[p].name = kOpNames[p];
+        q[p].ndim = kOpDims[p][1] ? 2 : 1;
+        q[p].dims[0] = kOpDims[p][0];
+        q[p].dims[1] = kOpDims[p][1];
+        q[p].numel = r->numel[p];
+        q[p].step = r->st[p].step;
+        for (int j = 0; j < 2; j++) {
+            q[p].state[j] = host + (p * 2 + j) * 64;
+            CHECK(r->b->ops->copy_to_host(r->b->impl, q[p].state[j], r->st[p].buf[j],
+                                          (size_t)r->numel[p] * sizeof(float), &e) == PS_OK);
+        }
+    }
+}
+
+static int runs_equal(adam_run *a, adam_run *b) {
+    int same = 1;
+    float ha[64], hb[64];
+    ps_err e = {0};
+    for (int p = 0; p < OP_N; p++) {
+        float *da[3] = { a->w[p], a->st[p].buf[0], a->st[p].buf[1] }, *db[3] = { b->w[p], b->st[p].buf[0], b->st[p].buf[1] };
+        for (int k = 0; k < 3; k++) {
+            a->b->ops->copy_to_host(a->b->impl, ha, da[k], (size_t)a->numel[p] * sizeof(float), &e);
+            b->b->ops->copy_to_host(b->b->impl, hb, db[k], (size_t)b->numel[p] * sizeof(float), &e);
+            same &= !memcmp(ha, hb, (size_t)a->numel[p] * sizeof(float));
+        }
+        same &= a->st[p].step == b->st[p].step;
+    }
+    return same;
+}
+
+/* Write a small safetensors file with the given tensors and metadata. */
+static void write_raw(const char *path, const ps_st_tensor *t, size_t n, const char *const *meta) {
+    ps_err e = {0};
+    CHECK_MSG(ps_st_write(path, t, n, meta, &e) == PS_OK, "%s", e.msg);
+}
+
+static void test_optim_state(void) {
+    char path[512], sgd_path[512], p2[512];
+    ps_err e = {0};
+    ps_backend *b = ps_backend_create("ref", 0, 0, &e);
+    PS_ASSERT(b);
+
+    /* A: 5 uninterrupted steps. B: 2 steps, checkpoint, a fresh run whose
+     * state comes only from the file (buffers start as garbage), 3 steps. */
+    adam_run a, bb, c;
+    run_init(&a, b);
+    run_init(&bb, b);
+    for (int k = 1; k <= 5; k++) run_step(&a, k);
+    for (int k = 1; k <= 2; k++) run_step(&bb, k);
+    static float host[OP_N * 2 * 64], back[OP_N * 2 * 64];
+    ps_ckpt_optim_param q[OP_N] = {{0}}, r[OP_N] = {{0}};
+    run_export(&bb, q, host);
+    CHECK(q[2].step == 0 && q[0].step == 2 && q[1].step == 2);
+    ps_ckpt_optim o = { PS_OPTIM_ADAM, OP_N, q };
+    snprintf(path, sizeof path, "%s/adam.optim.safetensors", g_dir);
+    CHECK_MSG(ps_ckpt_optim_write(path, &o, "toy", 2, &e) == PS_OK, "%s", e.msg);
+    ps_st_file *f = ps_st_read(path, &e);
+    CHECK(f != NULL);
+    if (f) {  /* what a PyTorch user sees: state keys under the parameter's name */
+        CHECK(ps_st_count(f) == 6); /* fc.bias has no state yet */
+        CHECK(ps_st_find(f, "emb.weight.exp_avg") && ps_st_find(f, "fc.weight.exp_avg_sq"));
+        CHECK(ps_st_find(f, "fc.weight.step") && !ps_st_find(f, "fc.bias.step") && !ps_st_find(f, "fc.bias.exp_avg"));
+        CHECK(!strcmp(ps_st_metadata(f, "psd.optimizer"), "adam"));
+        CHECK(!strcmp(ps_st_metadata(f, "psd.optim_state"), "exp_avg,exp_avg_sq"));
+        CHECK(!strcmp(ps_st_metadata(f, "psd.model_version"), "2"));
+        ps_st_free(f);
+    }
+    for (size_t i = 0; i < sizeof back / sizeof back[0]; i++) back[i] = 7.0f;
+    memcpy(r, q, sizeof r);
+    for (int p = 0; p < OP_N; p++) {
+        r[p].step = 99;
+        for (int j = 0; j < 2; j++) r[p].state[j] = back + (p * 2 + j) * 64;
+    }
+    ps_ckpt_optim in = { PS_OPTIM_ADAM, OP_N, r };
+    CHECK_MSG(ps_ckpt_optim_read(path, &in, "toy", 2, &e) == PS_OK, "%s", e.msg);
+    CHECK(r[0].step == 2 && r[1].step == 2 && r[2].step == 0);
+    CHECK(r[0].has_state && r[1].has_state && !r[2].has_state);
+    CHECK(r[2].state[0][0] == 0.0f && r[2].state[1][2] == 0.0f); /* zero-filled, not left at 7 */
+    run_init(&c, b);
+    for (int p = 0; p < OP_N; p++) {  /* weights come from the weights file; here from bb */
+        float hw[64];
+        CHECK(b->ops->copy_to_host(b->impl, hw, bb.w[p], (size_t)bb.numel[p] * sizeof(float), &e) == PS_OK);
+        CHECK(b->ops->copy_to_device(b->impl, c.w[p], hw, (size_t)c.numel[p] * sizeof(float), &e) == PS_OK);
+        for (int j = 0; j < 2; j++)
+            CHECK(b->ops->copy_to_device(b->impl, c.st[p].buf[j], r[p].state[j], (size_t)c.numel[p] * sizeof(float),
+                                         &e) == PS_OK);
+        c.st[p].step = r[p].step;
+    }
+    for (int k = 3; k <= 5; k++) run_step(&c, k);
+    CHECK_MSG(runs_equal(&a, &c), "Adam resumed from a checkpoint differs from the uninterrupted run");
+    /* Control: the same resume without the moments (step kept) differs. */
+    adam_run d;
+    run_init(&d, b);
+    for (int p = 0; p < OP_N; p++) {
+        float hw[64];
+        b->ops->copy_to_host(b->impl, hw, bb.w[p], (size_t)bb.numel[p] * sizeof(float), &e);
+        b->ops->copy_to_device(b->impl, d.w[p], hw, (size_t)d.numel[p] * sizeof(float), &e);
+        d.st[p].step = r[p].step;
+    }
+    for (int k = 3; k <= 5; k++) run_step(&d, k);
+    CHECK(!runs_equal(&a, &d));
+
+    /* Other readers of the same file. */
+    CHECK(ps_ckpt_optim_read(path, &in, "toy", 3, &e) == PS_ERR_FORMAT);
+    CONTAINS(e.msg, "psd.model_version is not 3");
+    CHECK(ps_ckpt_optim_read(path, &in, "mnist_cnn", 2, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "optimizer state of model 'toy'; psd runs 'mnist_cnn'");
+    ps_ckpt_optim as_sgd = { PS_OPTIM_SGD, OP_N, r };
+    CHECK(ps_ckpt_optim_read(path, &as_sgd, "toy", 2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "optimizer state of adam (exp_avg,exp_avg_sq); psd runs sgd");
+    CONTAINS(e.msg, "psd --init-from");
+
+    /* An SGD checkpoint is refused by Adam, and read by SGD. */
+    for (int p = 0; p < OP_N; p++) q[p].state[1] = NULL;
+    ps_ckpt_optim so = { PS_OPTIM_SGD, OP_N, q };
+    snprintf(sgd_path, sizeof sgd_path, "%s/sgd.optim.safetensors", g_dir);
+    CHECK_MSG(ps_ckpt_optim_write(sgd_path, &so, "toy", 2, &e) == PS_OK, "%s", e.msg);
+    CHECK(ps_ckpt_optim_read(sgd_path, &in, "toy", 2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "optimizer state of sgd (momentum_buffer); psd runs adam, whose state it is not");
+    CHECK(ps_ckpt_optim_read(sgd_path, &as_sgd, "toy", 2, &e) == PS_OK);
+    CHECK(r[0].has_state && !memcmp(r[0].state[0], q[0].state[0], 40 * sizeof(float)));
+
+    /* A file from before psd.optimizer: SGD momentum, steps = the version. */
+    const int64_t dims_fw[2] = { 3, 5 };
+    ps_st_tensor legacy = { .name = "fc.weight.momentum_buffer", .dtype = PS_ST_F32, .ndim = 2,
+                            .dims = { dims_fw[0], dims_fw[1] }, .data = q[1].state[0], .bytes = 15 * sizeof(float) };
+    char crc[16];
+    {   /* its CRC is over the momentum tensors, as psd wrote it */
+        uLong x = crc32(0L, Z_NULL, 0);
+        x = crc32(x, (const unsigned char *)q[1].state[0], 15 * sizeof(float));
+        snprintf(crc, sizeof crc, "%08lx", (unsigned long)x);
+    }
+    const char *lmeta[] = { "psd.arch", "toy", "psd.model_version", "4", "psd.crc32", crc, NULL };
+    snprintf(p2, sizeof p2, "%s/legacy.optim.safetensors", g_dir);
+    write_raw(p2, &legacy, 1, lmeta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 4, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "optimizer state of sgd");
+    CHECK_MSG(ps_ckpt_optim_read(p2, &as_sgd, "toy", 4, &e) == PS_OK, "%s", e.msg);
+    CHECK(r[1].has_state && !r[0].has_state && r[0].step == 4 && r[1].step == 4);
+
+    /* Incomplete Adam state, stray tensors, bad steps, corruption. */
+    int64_t three = 3, minus = -1;
+    ps_st_tensor half[2] = {
+        { .name = "fc.weight.exp_avg", .dtype = PS_ST_F32, .ndim = 2, .dims = { 3, 5 }, .data = q[1].state[0],
+          .bytes = 15 * sizeof(float) },
+        { .name = "fc.weight.step", .dtype = PS_ST_I64, .ndim = 0, .data = &three, .bytes = 8 },
+    };
+    const char *ameta[] = { "psd.arch", "toy", "psd.model_version", "2", "psd.optimizer", "adam", "psd.crc32",
+                            "00000000", NULL };
+    write_raw(p2, half, 2, ameta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 2, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "parameter fc.weight took 3 steps but its tensor 'fc.weight.exp_avg_sq' is missing");
+    ps_st_tensor stray = half[0];
+    snprintf(stray.name, sizeof stray.name, "fc.weight.momentum_buffer");
+    write_raw(p2, &stray, 1, ameta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 2, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "unexpected tensor 'fc.weight.momentum_buffer' (not the adam state of a parameter of model toy)");
+    ps_st_tensor neg = half[1];
+    neg.data = &minus;
+    write_raw(p2, &neg, 1, ameta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 2, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "tensor 'fc.weight.step' is -1 (negative)");
+    ps_st_tensor nostep = half[0];
+    write_raw(p2, &nostep, 1, ameta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 2, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "parameter fc.weight has optimizer state but no step");
+    const char *kmeta[] = { "psd.arch", "toy", "psd.model_version", "2", "psd.optimizer", "adagrad", NULL };
+    write_raw(p2, NULL, 0, kmeta);
+    CHECK(ps_ckpt_optim_read(p2, &in, "toy", 2, &e) == PS_ERR_FORMAT);
+    CONTAINS(e.msg, "psd.optimizer 'adagrad' is not an optimizer this build knows");
+    {   /* one flipped bit in the Adam file's data */
+        FILE *fp = fopen(path, "r+b");
+        CHECK(fp != NULL);
+        if (fp) {
+            fseek(fp, -3, SEEK_END);
+            int ch = fgetc(fp);
+            fseek(fp, -3, SEEK_END);
+            fputc(ch ^ 0x10, fp);
+            fclose(fp);
+        }
+        CHECK(ps_ckpt_optim_read(path, &in, "toy", 2, &e) == PS_ERR_FORMAT);
+        CONTAINS(e.msg, "data is corrupt (CRC-32");
+    }
+    run_free(&a);
+    run_free(&bb);
+    run_free(&c);
+    run_free(&d);
+    ps_backend_free(b);
+}
+
 int main(void) {
     ps_log_set_level(PS_LOG_ERROR);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
     test_round_trip();
     test_fallback();
     test_init_from();
+    test_optim_state();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);

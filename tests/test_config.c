@@ -53,6 +53,9 @@ static void test_defaults(void) {
     CHECK(c.optimizer.lr == 0.03);
     CHECK(c.optimizer.momentum == 0.0);
     CHECK(c.optimizer.weight_decay == 0.0);
+    CHECK(c.optimizer.beta1 == 0.9);      /* torch.optim.Adam's defaults */
+    CHECK(c.optimizer.beta2 == 0.999);
+    CHECK(c.optimizer.eps == 1e-8);
     CHECK(c.trainer.world_size == 3);
     CHECK(c.trainer.batch_size == 32);
     CHECK(c.trainer.epochs == 1);
@@ -233,7 +236,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK(keys == 46);
+    CHECK(keys == 49);
     free(text);
 }
 
@@ -544,6 +547,42 @@ static void test_batch_size_limit(void) {
                "trainer.batch_size", range);
 }
 
+/* optimizer.type adam and its keys (beta1, beta2, eps), good and bad. */
+static void test_optimizer_keys(void) {
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    const char *text = "optimizer:\n  type: adam\n  lr: 0.001\n  beta1: 0.85\n  beta2: 0\n"
+                       "  eps: 1\n  weight_decay: 0.01\n";
+    CHECK_MSG(ps_config_load(&c, tmpfile_with("adam.yaml", text), &e) == PS_OK, "%s", e.msg);
+    CHECK(c.optimizer.type == PS_OPTIMIZER_ADAM);
+    CHECK(!strcmp(ps_config_enum_name("optimizer.type", c.optimizer.type), "adam"));
+    CHECK(c.optimizer.lr == 0.001 && c.optimizer.beta1 == 0.85 && c.optimizer.beta2 == 0.0);
+    CHECK(c.optimizer.eps == 1.0 && c.optimizer.weight_decay == 0.01);
+    /* Command-line flags go through the same checks. */
+    CHECK(ps_config_set(&c, "optimizer.eps", "1e-6", "command line", &e) == PS_OK && c.optimizer.eps == 1e-6);
+    CHECK(ps_config_set(&c, "optimizer.beta2", "0.9999", "command line", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.type", "sgd", "command line", &e) == PS_OK &&
+          c.optimizer.type == PS_OPTIMIZER_SGD);
+    CHECK(ps_config_set(&c, "optimizer.eps", "0", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(!strcmp(e.msg, "command line: optimizer.eps: '0' is out of range (0, 1]"), "%s", e.msg);
+    CHECK(c.optimizer.eps == 1e-6); /* unchanged on error */
+
+    expect_bad("opt_type.yaml", "optimizer:\n  lr: 0.1\n  type: adamw\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "optimizer.type: 'adamw' is not one of: sgd, adam", NULL);
+    expect_bad("beta1.yaml", "optimizer:\n  type: adam\n  beta1: 1\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "optimizer.beta1: '1' is out of range [0, 1)", NULL);
+    expect_bad("beta2.yaml", "optimizer:\n  beta2: -0.1\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.beta2: '-0.1' is out of range [0, 1)", NULL);
+    expect_bad("eps.yaml", "optimizer:\n  eps: 0\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.eps: '0' is out of range (0, 1]", NULL);
+    expect_bad("eps_nan.yaml", "optimizer:\n  eps: one\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "optimizer.eps: 'one' is not a number", NULL);
+    expect_bad("betas.yaml", "optimizer:\n  betas: [0.9, 0.999]\n", PS_ERR_NOT_FOUND, 2,
+               "unknown key 'optimizer.betas'", NULL);
+}
+
 int main(void) {
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
     test_defaults();
@@ -554,6 +593,7 @@ int main(void) {
     test_service_keys();
     test_cli();
     test_batch_size_limit();
+    test_optimizer_keys();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);

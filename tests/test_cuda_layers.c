@@ -2,7 +2,8 @@
  * backend, forward and backward, on the MNIST CNN's shapes and odd ones:
  *  - conv (stride, padding, non-square kernels; dx NULL), linear, ReLU
  *    (in place too), max-pool with and without ties, log-softmax, dropout's
- *    mul, add and SGD (momentum, weight decay);
+ *    mul, add, SGD (momentum, weight decay), Adam and the row-sparse
+ *    updates (sgd_update_rows, adam_update_rows), bit for bit;
  *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
  *  - two threads running conv on one backend match a sequential run;
  *  - copy_from_peer between two backends, peer path and the pinned-host
@@ -148,7 +149,7 @@ static void cmp_pool(ps_backend *ref, ps_backend *cu, ps_pool_desc d, int ties, 
     free(x); free(dy);
 }
 
-/* ---- relu, log-softmax, mul, add, sgd ---- */
+/* ---- relu, log-softmax, mul, add, sgd, adam, row-sparse updates ---- */
 
 static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
     ps_backend *bs[2] = { ref, cu };
@@ -241,6 +242,72 @@ static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
             free(res[0]); free(res[1]); free(w0);
             for (int s = 0; s < 3; s++) free(g[s]);
         }
+    }
+    {   /* adam: three steps with and without weight decay; the kernel rounds like the reference */
+        const int64_t n = 1000;
+        const ps_adam_desc cfgs[2] = { { 0.01, 0.8, 0.99, 1e-6, 0.05, 0 }, { 1e-3, 0.9, 0.999, 1e-8, 0.0, 0 } };
+        for (int c = 0; c < 2; c++) {
+            float *w0 = host_random(n, r), *g[3], *res[2][3];
+            for (int s = 0; s < 3; s++) g[s] = host_random(n, r);
+            for (int i = 0; i < n; i += 11) g[0][i] = 0.0f;
+            for (int k = 0; k < 2; k++) {
+                ps_backend *b = bs[k];
+                float *zeros = calloc(n, sizeof *zeros);
+                float *W = up(b, w0, n), *M = up(b, zeros, n), *V = up(b, zeros, n);
+                for (int s = 0; s < 3; s++) {
+                    float *G = up(b, g[s], n);
+                    ps_adam_desc ad = cfgs[c];
+                    ad.step = s + 1;
+                    OK(b->ops->adam_update(b->impl, n, W, G, M, V, &ad, &e_));
+                    ps_backend_release(b, G);
+                }
+                res[k][0] = down(b, W, n); res[k][1] = down(b, M, n); res[k][2] = down(b, V, n);
+                free(zeros);
+            }
+            const char *names[3] = { "w", "exp_avg", "exp_avg_sq" };
+            for (int f = 0; f < 3; f++) {
+                snprintf(what, sizeof what, "adam lr %g wd %g: %s", cfgs[c].lr, cfgs[c].weight_decay, names[f]);
+                check_array(what, res[1][f], res[0][f], (size_t)n, 0, 0);
+                free(res[0][f]); free(res[1][f]);
+            }
+            free(w0);
+            for (int s = 0; s < 3; s++) free(g[s]);
+        }
+    }
+    {   /* row-sparse sgd and SparseAdam: two steps on listed rows of a (50, 33) table */
+        enum { R = 50, W = 33, NR = 7 };
+        const int64_t rows[2][NR] = { { 4, 49, 0, 17, 3, 30, 8 }, { 17, 1, 4, 48, 22, 9, 35 } };
+        float *w0 = host_random(R * W, r), *g[2];
+        for (int s = 0; s < 2; s++) g[s] = host_random(NR * W, r);
+        float *res[2][4];
+        const ps_adam_desc ad0 = { 0.01, 0.9, 0.999, 1e-4, 0.0, 0 };
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *zeros = calloc(R * W, sizeof *zeros);
+            float *WS = up(b, w0, R * W), *WA = up(b, w0, R * W), *M = up(b, zeros, R * W), *V = up(b, zeros, R * W);
+            for (int s = 0; s < 2; s++) {
+                int64_t *RI = b->ops->alloc(b->impl, sizeof rows[s]);
+                PS_ASSERT(RI);
+                OK(b->ops->copy_to_device(b->impl, RI, rows[s], sizeof rows[s], &e_));
+                float *G = up(b, g[s], NR * W);
+                OK(b->ops->sgd_update_rows(b->impl, NR, W, RI, WS, G, 0.1f, &e_));
+                ps_adam_desc ad = ad0;
+                ad.step = s + 1;
+                OK(b->ops->adam_update_rows(b->impl, NR, W, RI, WA, G, M, V, &ad, &e_));
+                ps_backend_release(b, G);
+                ps_backend_release(b, RI);
+            }
+            res[k][0] = down(b, WS, R * W); res[k][1] = down(b, WA, R * W);
+            res[k][2] = down(b, M, R * W); res[k][3] = down(b, V, R * W);
+            free(zeros);
+        }
+        const char *names[4] = { "sgd_update_rows w", "adam_update_rows w", "adam_update_rows exp_avg",
+                                 "adam_update_rows exp_avg_sq" };
+        for (int f = 0; f < 4; f++) {
+            check_array(names[f], res[1][f], res[0][f], (size_t)R * W, 0, 0);
+            free(res[0][f]); free(res[1][f]);
+        }
+        free(w0); free(g[0]); free(g[1]);
     }
 }
 

@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "backend_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,4 +100,20 @@ float *ps_backend_alloc_floats(ps_backend *b, int64_t count) {
 
 void ps_backend_release(ps_backend *b, void *p) {
     if (p) b->ops->free(b->impl, p);
+}
+
+ps_adam_scalars ps_adam_scalars_of(const ps_adam_desc *d) {
+    const double st = (double)d->step;
+    const double bc1 = 1.0 - pow(d->beta1, st), bc2 = 1.0 - pow(d->beta2, st);
+    ps_adam_scalars s;
+    s.one_minus_beta1 = (float)(1.0 - d->beta1);
+    s.one_minus_beta2 = (float)(1.0 - d->beta2);
+    s.beta1 = (float)d->beta1;
+    s.beta2 = (float)d->beta2;
+    s.eps = (float)d->eps;
+    s.weight_decay = (float)d->weight_decay;
+    s.step_size = (float)(d->lr / bc1);
+    s.bc2_sqrt = (float)sqrt(bc2);
+    s.step_size_sp = (float)(d->lr * sqrt(bc2) / bc1);
+    return s;
 }

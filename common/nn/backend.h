@@ -81,6 +81,45 @@ typedef struct ps_sgd_desc {
     int first_step;
 } ps_sgd_desc;
 
+/* Adam hyper-parameters and the step number, with PyTorch 1.13's
+ * torch.optim.Adam semantics (_single_tensor_adam; amsgrad and maximize off,
+ * weight decay added to the gradient - Adam, not AdamW). step is the
+ * parameter's update count INCLUDING this update (1 on the first), as
+ * PyTorch's state['step'] after its increment. Per element, in float:
+ *   g' = weight_decay ? g + weight_decay * w : g
+ *   m  = beta1 * m + (1 - beta1) * g'
+ *   v  = beta2 * v + (1 - beta2) * g' * g'
+ *   w += -step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+ * with, in double as Python computes them, then rounded to float:
+ *   step_size = lr / (1 - beta1^step), bc2_sqrt = sqrt(1 - beta2^step).
+ * The caller zero-fills m and v before step 1.
+ *
+ * The row-sparse variant (adam_update_rows) is torch.optim.SparseAdam: only
+ * the given rows change (weight_decay must be 0; SparseAdam has none):
+ *   m += (1 - beta1) * (g - m_old)            (per touched element)
+ *   v += (1 - beta2) * (g * g - v_old)
+ *   w += -step_size_sp * (m / (sqrt(v) + eps))
+ * with step_size_sp = lr * sqrt(1 - beta2^step) / (1 - beta1^step) (double,
+ * then float) - note eps is not scaled as in dense Adam. */
+typedef struct ps_adam_desc {
+    double lr, beta1, beta2, eps, weight_decay; /* double, as the Python floats */
+    int64_t step;
+} ps_adam_desc;
+
+/* The float scalars every backend uses for an Adam update (see above). */
+typedef struct ps_adam_scalars {
+    float one_minus_beta1, one_minus_beta2;
+    float beta1, beta2, eps, weight_decay; /* the desc's, rounded to float */
+    float step_size;      /* dense: lr / bc1 */
+    float bc2_sqrt;       /* dense: sqrt(bc2) */
+    float step_size_sp;   /* sparse: lr * sqrt(bc2) / bc1 */
+} ps_adam_scalars;
+
+/* Computes them in double as Python does (bc = 1 - beta ** step), then
+ * rounds each to float, as PyTorch does when a Python scalar meets a float32
+ * tensor. d->step >= 1. */
+ps_adam_scalars ps_adam_scalars_of(const ps_adam_desc *d);
+
 typedef struct ps_backend_ops {
     const char *name;
     /* NULL for backends computing in host memory (CPU); otherwise the device
@@ -173,6 +212,26 @@ typedef struct ps_backend_ops {
      * nthreads for that thread: the model executor sizes each call by how
      * many calls compute at once (see model.h). */
     void (*set_threads)(void *impl, int n);
+
+    /* ---- optimizers (see common/nn/optim.h for the module that calls them) ---- */
+
+    /* One Adam update of count parameters in place (see ps_adam_desc); m and
+     * v are the exp_avg and exp_avg_sq buffers (count floats each). */
+    ps_status (*adam_update)(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
+                             const ps_adam_desc *d, ps_err *err);
+    /* Row-sparse updates of a (total_rows, width) parameter w: rows holds
+     * nrows distinct row indices in [0, total_rows) (int64, device memory;
+     * the caller validates them) and g_rows the (nrows, width) gradient rows
+     * in that order. Rows not listed are not touched, nor is their state.
+     * sgd_update_rows: w[r] -= lr * g (plain SGD; identical to the dense
+     * update with zero gradient elsewhere). adam_update_rows:
+     * torch.optim.SparseAdam (see ps_adam_desc; d->weight_decay is ignored,
+     * the caller refuses it). */
+    ps_status (*sgd_update_rows)(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                 const float *g_rows, float lr, ps_err *err);
+    ps_status (*adam_update_rows)(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                  const float *g_rows, float *m, float *v, const ps_adam_desc *d,
+                                  ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -783,6 +783,61 @@ done:
     return rc;
 }
 
+static ps_cuda_adam_args cu_adam_args(const ps_adam_desc *d) {
+    const ps_adam_scalars s = ps_adam_scalars_of(d);
+    ps_cuda_adam_args a = {
+        .beta1 = s.beta1, .beta2 = s.beta2, .one_minus_beta1 = s.one_minus_beta1,
+        .one_minus_beta2 = s.one_minus_beta2, .eps = s.eps, .weight_decay = s.weight_decay,
+        .step_size = s.step_size, .bc2_sqrt = s.bc2_sqrt, .step_size_sp = s.step_size_sp,
+    };
+    return a;
+}
+
+static ps_status cu_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
+                                const ps_adam_desc *d, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (count <= 0) return PS_OK;
+    const ps_cuda_adam_args a = cu_adam_args(d);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_adam(count, w, g, m, v, &a, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_sgd_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                    const float *g_rows, float lr, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (nrows <= 0 || width <= 0) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_sgd_rows(nrows, width, rows, w, g_rows, lr, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_adam_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                     const float *g_rows, float *m, float *v, const ps_adam_desc *d,
+                                     ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (nrows <= 0 || width <= 0) return PS_OK;
+    const ps_cuda_adam_args a = cu_adam_args(d);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_sparse_adam_rows(nrows, width, rows, w, g_rows, m, v, &a, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -807,4 +862,7 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .mul = cu_mul,
     .sgd_update = cu_sgd_update,
     .add = cu_add,
+    .adam_update = cu_adam_update,
+    .sgd_update_rows = cu_sgd_update_rows,
+    .adam_update_rows = cu_adam_update_rows,
 };

@@ -50,6 +50,27 @@ cudaError_t ps_cuda_add(int64_t count, float *dst, const float *src, cudaStream_
 cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, float lr,
                         float momentum, float weight_decay, int first_step, cudaStream_t stream);
 
+/* Adam's float scalars (ps_adam_scalars of backend.h, which this header
+ * does not include: nvcc compiles it alone). */
+typedef struct ps_cuda_adam_args {
+    float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
+    float step_size, bc2_sqrt, step_size_sp;
+} ps_cuda_adam_args;
+
+/* One Adam step (torch.optim.Adam, see ps_adam_desc in backend.h). */
+cudaError_t ps_cuda_adam(int64_t count, float *w, const float *g, float *m, float *v,
+                         const ps_cuda_adam_args *a, cudaStream_t stream);
+
+/* Plain SGD on nrows listed rows (device int64 indices) of a row-major
+ * (?, width) parameter; g_rows is (nrows, width). */
+cudaError_t ps_cuda_sgd_rows(int64_t nrows, int64_t width, const int64_t *rows, float *w, const float *g_rows,
+                             float lr, cudaStream_t stream);
+
+/* SparseAdam on the listed rows (torch.optim.SparseAdam). */
+cudaError_t ps_cuda_sparse_adam_rows(int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                     const float *g_rows, float *m, float *v, const ps_cuda_adam_args *a,
+                                     cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,7 @@
 /* backend_cuda_kernels.cu - the CUDA kernels of the CUDA backend (see
  * backend_cuda.h): bias broadcast and reduction of the fc layers, the
  * max-pool argmax and its gradient, dropout's multiply, gradient
- * accumulation and SGD. Everything else is cuDNN or cuBLAS
+ * accumulation, SGD and Adam. Everything else is cuDNN or cuBLAS
  * (backend_cuda.c).
  *
  * All kernels are grid-stride loops over int64 indices. The _rn intrinsics
@@ -109,6 +109,49 @@ __global__ void sgd_kernel(int64_t n, float *w, const float *g, float *buf, floa
     }
 }
 
+/* Adam, as the reference backend's ref_adam_one (no contraction). */
+__global__ void adam_kernel(int64_t n, float *w, const float *g, float *m, float *v, ps_cuda_adam_args a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        if (a.weight_decay != 0.0f) gi = __fadd_rn(gi, __fmul_rn(a.weight_decay, w[i]));
+        const float mi = __fadd_rn(__fmul_rn(a.beta1, m[i]), __fmul_rn(a.one_minus_beta1, gi));
+        const float vi = __fadd_rn(__fmul_rn(a.beta2, v[i]), __fmul_rn(a.one_minus_beta2, __fmul_rn(gi, gi)));
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
+        w[i] = __fadd_rn(w[i], __fmul_rn(-a.step_size, __fdiv_rn(mi, denom)));
+    }
+}
+
+/* Plain SGD on the listed rows: element i is column i % width of row rows[i / width]. */
+__global__ void sgd_rows_kernel(int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                const float *g_rows, float lr) {
+    const int64_t n = nrows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = rows[i / width] * width + i % width;
+        w[o] = __fsub_rn(w[o], __fmul_rn(lr, g_rows[i]));
+    }
+}
+
+/* SparseAdam on the listed rows, as the reference's ref_sparse_adam_one. */
+__global__ void sparse_adam_rows_kernel(int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                        const float *g_rows, float *m, float *v, ps_cuda_adam_args a) {
+    const int64_t n = nrows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = rows[i / width] * width + i % width;
+        const float g = g_rows[i], m_old = m[o], v_old = v[o];
+        const float m_upd = __fmul_rn(__fsub_rn(g, m_old), a.one_minus_beta1);
+        const float v_upd = __fmul_rn(__fsub_rn(__fmul_rn(g, g), v_old), a.one_minus_beta2);
+        m[o] = __fadd_rn(m_old, m_upd);
+        v[o] = __fadd_rn(v_old, v_upd);
+        const float denom = __fadd_rn(__fsqrt_rn(__fadd_rn(v_upd, v_old)), a.eps);
+        w[o] = __fadd_rn(w[o], __fmul_rn(-a.step_size_sp, __fdiv_rn(__fadd_rn(m_upd, m_old), denom)));
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -153,6 +196,26 @@ cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, flo
                         float momentum, float weight_decay, int first_step, cudaStream_t stream) {
     sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w, g, buf, lr, momentum,
                                                            weight_decay, first_step);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_adam(int64_t count, float *w, const float *g, float *m, float *v,
+                         const ps_cuda_adam_args *a, cudaStream_t stream) {
+    adam_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w, g, m, v, *a);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_sgd_rows(int64_t nrows, int64_t width, const int64_t *rows, float *w, const float *g_rows,
+                             float lr, cudaStream_t stream) {
+    sgd_rows_kernel<<<blocks_for(nrows * width), kThreads, 0, stream>>>(nrows, width, rows, w, g_rows, lr);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_sparse_adam_rows(int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                     const float *g_rows, float *m, float *v, const ps_cuda_adam_args *a,
+                                     cudaStream_t stream) {
+    sparse_adam_rows_kernel<<<blocks_for(nrows * width), kThreads, 0, stream>>>(nrows, width, rows, w, g_rows,
+                                                                               m, v, *a);
     return cudaGetLastError();
 }
 

@@ -33,6 +33,7 @@
 #include "backend_impl.h"
 
 #include <dnnl.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -768,6 +769,64 @@ static ps_status dn_add(void *impl, int64_t count, float *dst, const float *src,
     return PS_OK;
 }
 
+/* Adam and SparseAdam: the reference backend's float expressions, in
+ * OpenMP loops (see ps_adam_desc). */
+static ps_status dn_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
+                                const ps_adam_desc *d, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const ps_adam_scalars s = ps_adam_scalars_of(d);
+    const float b1 = s.beta1, b2 = s.beta2, omb1 = s.one_minus_beta1, omb2 = s.one_minus_beta2;
+    const float wd = s.weight_decay, eps = s.eps, bc2s = s.bc2_sqrt, nss = -s.step_size;
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) {
+        const float gi = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+        const float mi = b1 * m[i] + omb1 * gi;
+        const float vi = b2 * v[i] + omb2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = w[i] + nss * (mi / (sqrtf(vi) / bc2s + eps));
+    }
+    return PS_OK;
+}
+
+static ps_status dn_sgd_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                    const float *g_rows, float lr, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (nrows * width >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < nrows; r++) {
+        float *wr = w + rows[r] * width;
+        const float *gr = g_rows + r * width;
+#pragma omp simd
+        for (int64_t j = 0; j < width; j++) wr[j] -= lr * gr[j];
+    }
+    return PS_OK;
+}
+
+static ps_status dn_adam_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                     const float *g_rows, float *m, float *v, const ps_adam_desc *d,
+                                     ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const ps_adam_scalars s = ps_adam_scalars_of(d);
+    const float omb1 = s.one_minus_beta1, omb2 = s.one_minus_beta2, eps = s.eps, nss = -s.step_size_sp;
+#pragma omp parallel for if (nrows * width >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < nrows; r++) {
+        const int64_t o = rows[r] * width;
+        const float *gr = g_rows + r * width;
+#pragma omp simd
+        for (int64_t j = 0; j < width; j++) {
+            const float g = gr[j], m_old = m[o + j], v_old = v[o + j];
+            const float m_upd = (g - m_old) * omb1, v_upd = (g * g - v_old) * omb2;
+            m[o + j] = m_old + m_upd;
+            v[o + j] = v_old + v_upd;
+            w[o + j] = w[o + j] + nss * ((m_upd + m_old) / (sqrtf(v_upd + v_old) + eps));
+        }
+    }
+    return PS_OK;
+}
+
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
     return im->block > 0 && c % im->block == 0 ? im->block : 0;
@@ -810,4 +869,7 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .blocked_layout = dn_blocked_layout,
     .reorder = dn_reorder,
     .set_threads = dn_set_threads,
+    .adam_update = dn_adam_update,
+    .sgd_update_rows = dn_sgd_update_rows,
+    .adam_update_rows = dn_adam_update_rows,
 };

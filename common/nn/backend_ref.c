@@ -280,6 +280,60 @@ static ps_status ref_add(void *impl, int64_t count, float *dst, const float *src
     return PS_OK;
 }
 
+/* ---- optimizers ---- */
+
+/* Adam on one element, as ps_adam_desc documents (torch.optim.Adam). */
+static inline void ref_adam_one(float *w, float g, float *m, float *v, const ps_adam_scalars *s) {
+    if (s->weight_decay != 0.0f) g = g + s->weight_decay * *w;
+    *m = s->beta1 * *m + s->one_minus_beta1 * g;
+    *v = s->beta2 * *v + s->one_minus_beta2 * (g * g);
+    const float denom = sqrtf(*v) / s->bc2_sqrt + s->eps;
+    *w = *w + (-s->step_size) * (*m / denom);
+}
+
+/* SparseAdam on one element of a touched row (torch.optim.SparseAdam). */
+static inline void ref_sparse_adam_one(float *w, float g, float *m, float *v, const ps_adam_scalars *s) {
+    const float m_old = *m, v_old = *v;
+    const float m_upd = (g - m_old) * s->one_minus_beta1;
+    const float v_upd = (g * g - v_old) * s->one_minus_beta2;
+    *m = m_old + m_upd;
+    *v = v_old + v_upd;
+    const float numer = m_upd + m_old, denom = sqrtf(v_upd + v_old) + s->eps;
+    *w = *w + (-s->step_size_sp) * (numer / denom);
+}
+
+static ps_status ref_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
+                                 const ps_adam_desc *d, ps_err *err) {
+    (void)impl; (void)err;
+    const ps_adam_scalars s = ps_adam_scalars_of(d);
+    for (int64_t i = 0; i < count; i++) ref_adam_one(&w[i], g[i], &m[i], &v[i], &s);
+    return PS_OK;
+}
+
+static ps_status ref_sgd_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                     const float *g_rows, float lr, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t r = 0; r < nrows; r++) {
+        float *wr = w + rows[r] * width;
+        const float *gr = g_rows + r * width;
+        for (int64_t j = 0; j < width; j++) wr[j] -= lr * gr[j];
+    }
+    return PS_OK;
+}
+
+static ps_status ref_adam_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
+                                      const float *g_rows, float *m, float *v, const ps_adam_desc *d,
+                                      ps_err *err) {
+    (void)impl; (void)err;
+    const ps_adam_scalars s = ps_adam_scalars_of(d);
+    for (int64_t r = 0; r < nrows; r++) {
+        const int64_t o = rows[r] * width;
+        for (int64_t j = 0; j < width; j++)
+            ref_sparse_adam_one(&w[o + j], g_rows[r * width + j], &m[o + j], &v[o + j], &s);
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -302,4 +356,7 @@ const ps_backend_ops ps_backend_ref_ops = {
     .mul = ref_mul,
     .sgd_update = ref_sgd_update,
     .add = ref_add,
+    .adam_update = ref_adam_update,
+    .sgd_update_rows = ref_sgd_update_rows,
+    .adam_update_rows = ref_adam_update_rows,
 };
