@@ -50,6 +50,17 @@ cudaError_t ps_cuda_add(int64_t count, float *dst, const float *src, cudaStream_
 cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, float lr,
                         float momentum, float weight_decay, int first_step, cudaStream_t stream);
 
+/* y (n, dim) = rows ids[i] of w (n, dim). */
+cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
+                                      cudaStream_t stream);
+
+/* grows (nrows, dim) = 0, then grows[slot[i]] += dy[i], summed in sample order. */
+cudaError_t ps_cuda_embedding_backward(int64_t n, int dim, const int64_t *slot, const float *dy,
+                                       int64_t nrows, float *grows, cudaStream_t stream);
+
+/* x *= s. */
+cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
