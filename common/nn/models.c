@@ -17,7 +17,7 @@ static const ps_layer_def mnist_conv[] = {
     {.kind = "relu"},
     {.kind = "conv2d", .name = "conv2", .out = 64, .k = 3, .stride = 1},
     {.kind = "maxpool2d", .k = 2, .stride = 2},
-    {.kind = "dropout", .p = 0.25f},
+    {.kind = "dropout2d", .p = 0.25f},
     {.kind = "flatten"},
 };
 static const ps_layer_def mnist_fc[] = {
