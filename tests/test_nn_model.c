@@ -13,6 +13,8 @@
  *  - the step is atomic: a refused step leaves weights and version alone;
  *    a context covering one stage leaves the other stage's weights alone;
  *  - a 200-sample eval forward (run in slices) equals per-sample forwards;
+ *  - Dropout2d zeroes whole planes; the conv stage's input gradient on
+ *    dnnl equals ref's; one seed repeats a forward's masks, another not;
  *  - bad input: int64 ids out of range (index and value named), stage runs
  *    that do not chain, an input gradient of int64 ids, non-finite grads.
  */
@@ -141,6 +143,66 @@ static void fd_input_grad(const char *label, ps_model *m, int first, int last, i
     ps_grads_free(g);
     ps_tape_free(t);
     free(x); free(rr); free(out); free(gin); free(num);
+}
+
+/* The conv stage of mnist_cnn (conv, relu, conv, max-pool, Dropout2d,
+ * flatten) with a channel mask: a dropped channel is zero over its whole
+ * plane, and the stage's input gradient (conv1's backward-data, through
+ * the blocked-layout reorders) on dnnl equals the reference backend's.
+ * (Finite differences through two ReLUs and a max-pool cross too many
+ * kinks to be a sharp reference here; the ops themselves are checked
+ * against finite differences in test_nn_layers.) */
+static void conv_stage_grad_in(rng *r) {
+    const int n = 2;
+    const int64_t in_k = 784, out_k = 9216;
+    float *x = host_random(n * in_k, r), *rr = host_random(n * out_k, r), *mask = mask_random(n * 64, 0.25f, r);
+    float *out = malloc(n * out_k * sizeof(float)), *gin[2] = {malloc(n * in_k * sizeof(float)),
+                                                                malloc(n * in_k * sizeof(float))};
+    const char *backends[2] = {"ref", "dnnl"};
+    const float *masks[1] = {mask};
+    ps_model *m[2];
+    for (int b = 0; b < 2; b++) {
+        m[b] = make("mnist_cnn", backends[b], 0, 0, NULL, NULL);   /* same seed: same weights */
+        if (!m[b]) return;
+        ps_err err = {0};
+        ps_tape *t = NULL;
+        ps_grads *g = ps_grads_create(m[b], &err);
+        OKE(ps_model_forward_range(m[b], 0, 0, x, n, 1, masks, 0, out, &t, NULL, &err));
+        int dropped = 0, zero_planes = 0;
+        for (int c = 0; c < n * 64; c++) {
+            int allz = 1;
+            for (int k = 0; k < 144; k++) allz &= out[c * 144 + k] == 0.0f;
+            dropped += mask[c] == 0;
+            zero_planes += allz && mask[c] == 0;
+        }
+        CHECK(dropped > 0 && zero_planes == dropped);
+        if (t && g) OKE(ps_model_backward_acc(m[b], t, rr, gin[b], g, &err));
+        ps_grads_free(g);
+        ps_tape_free(t);
+    }
+    check_scaled("dnnl mnist_cnn conv stage input gradient vs ref", gin[1], gin[0], (size_t)(n * in_k), 1e-4);
+    free(x); free(rr); free(out); free(gin[0]); free(gin[1]); free(mask);
+    ps_model_free(m[0]); ps_model_free(m[1]);
+}
+
+/* Each forward draws its masks from its own seed: the same seed repeats
+ * them, another seed does not. */
+static void test_dropout_seeds(rng *r) {
+    ps_model *m = make("cartpole_policy", "ref", 0, 0, NULL, NULL);
+    if (!m) return;
+    ps_err err = {0};
+    float *x = host_random(64 * 4, r), a[128], b[128], c[128], e1[128], e2[128];
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 42, a, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 42, b, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 43, c, NULL, NULL, &err));
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(memcmp(a, c, sizeof a) != 0);
+    /* eval ignores the seed (no dropout) */
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 0, NULL, 1, e1, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 0, NULL, 2, e2, NULL, NULL, &err));
+    CHECK(memcmp(e1, e2, sizeof e1) == 0);
+    free(x);
+    ps_model_free(m);
 }
 
 static void test_input_grads(rng *r) {
@@ -405,6 +467,8 @@ int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
     test_stage_shapes();
     test_input_grads(&r);
+    conv_stage_grad_in(&r);
+    test_dropout_seeds(&r);
     test_accumulation(&r);
     test_sparse_rows(&r);
     test_atomic_step(&r);
