@@ -1,14 +1,12 @@
 /* exec.c - the executor: runs a consecutive run of stages forward on a
  * tape, and backward from a tape into accumulated gradients (see model.h).
  * It walks the layers of the model's stages through the layer-kind table;
- * nothing here knows which model it runs. The weights lock is taken here
- * (shared) around the compute; the optimizer lives in model.c. */
+ * nothing here knows which model it runs. No locks and no optimizer:
+ * model.c takes the weights lock around these calls and owns the step. */
 #include "model_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define EVAL_SLICE 64   /* samples per slice of an eval forward */
 
 /* ---------------------------------------------------------------- layouts */
 
@@ -208,9 +206,9 @@ static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int trai
     return ly->kind->forward(&c, err);
 }
 
-/* Forward of t's stages on x (host), the weights lock held. keep: x is
- * copied (a training tape outlives the caller's buffer). */
-static ps_status forward_locked(ps_model *m, ps_tape *t, const void *x, int keep, const float *const *masks,
+/* Forward of t's stages on x (host). keep: x is copied (a training tape
+ * outlives the caller's buffer). */
+static ps_status forward_stages(ps_model *m, ps_tape *t, const void *x, int keep, const float *const *masks,
                                 ps_rng *rng, ps_err *err) {
     int n = t->n;
     stage *s0 = &m->stages[t->first];
@@ -259,10 +257,7 @@ ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_
     return tape_output(m, t, host_out, err);
 }
 
-ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
-                                 const float *const *dropout_masks, uint64_t dropout_seed, float *out,
-                                 ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
-    if (tape_out) *tape_out = NULL;
+ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err) {
     if (first < 0 || last >= m->nstages || first > last)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stages %d..%d are not a run of the model's 0..%d", first,
                           last, m->nstages - 1);
@@ -276,50 +271,20 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
                               ps_shape_format(&b->in, b2, sizeof b2), ps_dtype_name(b->in_dtype));
         }
     }
-    if (n < 1 || (train && n > m->def->max_batch))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
-    const stage *s0 = &m->stages[first];
-    const ps_layer *l0 = &s0->layers[0];
-    if (l0->kind->check_input) {
-        ps_status rc = l0->kind->check_input(l0, x, n * ps_shape_numel(&l0->in), err);
-        if (rc) return ps_err_prefix(err, "stage '%s'", s0->def->name);
-    }
-    size_t in_sample = act_bytes(&l0->in, l0->in_dtype, 1);
-    const stage *sl = &m->stages[last];
-    int64_t out_sample = ps_shape_numel(&sl->layers[sl->nlayers - 1].outs);
-    ps_rng rng;
-    ps_rng_seed(&rng, dropout_seed);
-    int keep = train && tape_out;
-    ps_status rc = PS_OK;
-    ps_tape *kept = NULL;
-
-    ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
-    if (version_used) *version_used = ps_model_version(m);
-    int slice = train ? n : EVAL_SLICE;
-    for (int o = 0; o < n && rc == PS_OK; o += slice) {
-        int k = n - o < slice ? n - o : slice;
-        ps_tape *t = tape_new(m, first, last, k);
-        if (!t) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
-        t->train = train;
-        rc = forward_locked(m, t, (const char *)x + (size_t)o * in_sample, keep, dropout_masks, &rng, err);
-        if (rc == PS_OK) rc = tape_output(m, t, out + (size_t)o * out_sample, err);
-        if (rc == PS_OK && keep) kept = t;
-        else ps_tape_free(t);
-    }
-    pthread_rwlock_unlock(&m->lock);
-    ps_model_call_end(m);
-    if (tape_out) *tape_out = kept;
-    return rc;
+    return PS_OK;
 }
 
-ps_status ps_model_forward(ps_model *m, const float *x, int n, int train, const float *const *dropout_masks,
-                           uint64_t dropout_seed, float *out, ps_tape **tape_out, uint64_t *version_used,
-                           ps_err *err) {
-    if (n > m->def->max_batch)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
-    return ps_model_forward_range(m, 0, m->nstages - 1, x, n, train, dropout_masks, dropout_seed, out, tape_out,
-                                  version_used, err);
+ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n, int train, int keep,
+                          const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err) {
+    if (tape) *tape = NULL;
+    ps_tape *t = tape_new(m, first, last, n);
+    if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    t->train = train;
+    ps_status rc = forward_stages(m, t, x, keep, masks, rng, err);
+    if (rc == PS_OK) rc = tape_output(m, t, out, err);
+    if (rc == PS_OK && keep && tape) *tape = t;
+    else ps_tape_free(t);
+    return rc;
 }
 
 /* --------------------------------------------------------------- backward */
@@ -403,8 +368,8 @@ static ps_status commit(ps_model *m, ps_grads *acc, pending *p, int first, int l
     return rc;
 }
 
-ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
-                                ps_err *err) {
+ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
+                           ps_err *err) {
     if (!t || t->m != m || !acc || acc->m != m)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
     if (!t->train) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "an eval forward keeps no tape");
@@ -428,8 +393,6 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
     int carry_owned = 0;
     stage *carry_stage = NULL;
 
-    ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
     for (int s = t->last; s >= t->first && rc == PS_OK; s--) {
         stage *st = &m->stages[s];
         const ps_layer *ll = &st->layers[st->nlayers - 1];
@@ -452,8 +415,6 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
         carry_stage = st;
         if (rc == PS_OK) rc = stage_backward(m, t, s, &carry, &carry_owned, s > t->first || grad_in, &p, err);
     }
-    pthread_rwlock_unlock(&m->lock);
-    ps_model_call_end(m);
     if (rc == PS_OK && grad_in)
         rc = s0->be->ops->copy_to_host(s0->be->impl, grad_in, carry,
                                        act_bytes(&s0->layers[0].in, PS_DTYPE_F32, n), err);
@@ -463,17 +424,3 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
     return rc;
 }
 
-ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_err *err) {
-    ps_grads_free(t->own);
-    t->own = ps_grads_create(m, err);
-    if (!t->own) return PS_ERR_RESOURCE_EXHAUSTED;
-    ps_status rc = ps_model_backward_acc(m, t, grad_out, NULL, t->own, err);
-    if (rc != PS_OK) { ps_grads_free(t->own); t->own = NULL; }
-    return rc;
-}
-
-ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err) {
-    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients yet (Backward first)");
-    return ps_grads_get(m, t->own, i, host_dst, err);
-}

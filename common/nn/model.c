@@ -1,6 +1,7 @@
 /* model.c - a hosted model: building it from the registry, its weights,
- * the weights lock, versions, placement and the optimizer step (see
- * model.h). The executor is exec.c, accumulated gradients grads.c. */
+ * the weights lock around the executor's calls, versions, placement and
+ * the optimizer step (see model.h). The executor is exec.c, accumulated
+ * gradients grads.c. */
 #include "model_impl.h"
 
 #include <math.h>
@@ -178,8 +179,6 @@ static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtyp
     for (int l = 0; l < st->nlayers; l++) st->info.params += st->layers[l].nparams;
     return PS_OK;
 }
-
-void ps_exec_plan_layouts(stage *st);   /* exec.c */
 
 ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     const ps_model_def *a = ps_model_def_find(o->arch);
@@ -363,6 +362,77 @@ ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *
     m->first_step[i] = 1;
     pthread_rwlock_unlock(&m->lock);
     return rc;
+}
+
+/* ----------------------------------------------- forward and backward */
+
+#define EVAL_SLICE 64   /* samples per slice of an eval forward */
+
+ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
+                                 const float *const *dropout_masks, uint64_t dropout_seed, float *out,
+                                 ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
+    if (tape_out) *tape_out = NULL;
+    ps_status rc = ps_exec_check_run(m, first, last, err);
+    if (rc != PS_OK) return rc;
+    if (n < 1 || (train && n > m->def->max_batch))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
+    const stage *s0 = &m->stages[first], *sl = &m->stages[last];
+    const ps_layer *l0 = &s0->layers[0];
+    if (l0->kind->check_input && (rc = l0->kind->check_input(l0, x, n * ps_shape_numel(&l0->in), err)) != PS_OK)
+        return ps_err_prefix(err, "stage '%s'", s0->def->name);
+    size_t in_sample = (size_t)ps_shape_numel(&l0->in) * ps_dtype_size(l0->in_dtype);
+    int64_t out_sample = ps_shape_numel(&sl->layers[sl->nlayers - 1].outs);
+    ps_rng rng;
+    ps_rng_seed(&rng, dropout_seed);
+    /* One shared acquisition for the whole call: one weights version, even
+     * for an eval forward run in slices (bounded memory). */
+    ps_model_call_begin(m, 0);
+    pthread_rwlock_rdlock(&m->lock);
+    if (version_used) *version_used = ps_model_version(m);
+    int slice = train ? n : EVAL_SLICE;
+    for (int o = 0; o < n && rc == PS_OK; o += slice) {
+        int k = n - o < slice ? n - o : slice;
+        rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
+                             dropout_masks, &rng, out + (size_t)o * out_sample, tape_out, err);
+    }
+    pthread_rwlock_unlock(&m->lock);
+    ps_model_call_end(m);
+    return rc;
+}
+
+ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
+                                ps_err *err) {
+    ps_model_call_begin(m, 0);
+    pthread_rwlock_rdlock(&m->lock);
+    ps_status rc = ps_exec_backward(m, t, grad_out, grad_in, acc, err);
+    pthread_rwlock_unlock(&m->lock);
+    ps_model_call_end(m);
+    return rc;
+}
+
+ps_status ps_model_forward(ps_model *m, const float *x, int n, int train, const float *const *dropout_masks,
+                           uint64_t dropout_seed, float *out, ps_tape **tape_out, uint64_t *version_used,
+                           ps_err *err) {
+    if (n > m->def->max_batch)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
+    return ps_model_forward_range(m, 0, m->nstages - 1, x, n, train, dropout_masks, dropout_seed, out, tape_out,
+                                  version_used, err);
+}
+
+
+ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_err *err) {
+    ps_grads_free(t->own);
+    t->own = ps_grads_create(m, err);
+    if (!t->own) return PS_ERR_RESOURCE_EXHAUSTED;
+    ps_status rc = ps_model_backward_acc(m, t, grad_out, NULL, t->own, err);
+    if (rc != PS_OK) { ps_grads_free(t->own); t->own = NULL; }
+    return rc;
+}
+
+ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients yet (Backward first)");
+    return ps_grads_get(m, t->own, i, host_dst, err);
 }
 
 /* ------------------------------------------------------------------ step */

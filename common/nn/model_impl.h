@@ -82,6 +82,23 @@ struct ps_grads {
     ps_rows *rows;           /* per parameter: its rows when sparse */
 };
 
+/* ---- the executor (exec.c): no locks, no optimizer ---- */
+
+/* Plan the activation layouts of a stage's layers (blocked where the
+ * backend offers it and the kind prefers it); separate from the rest so a
+ * backend's layout rules can change without touching the executor. */
+void ps_exec_plan_layouts(stage *st);
+/* INVALID_ARGUMENT unless first..last is a run of stages whose shapes chain. */
+ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err);
+/* Forward of stages first..last on n samples of host x into host out (one
+ * tape); with keep, the tape (x copied) is returned in *tape. Dropout masks
+ * come from masks (per dropout layer of the run) or rng. */
+ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n, int train, int keep,
+                          const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err);
+/* Backward of t into acc (ps_model_backward_acc's contract). */
+ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
+                           ps_err *err);
+
 /* Thread budget of a compute call (see model.c). */
 int ps_model_call_begin(ps_model *m, int exclusive);
 void ps_model_call_end(ps_model *m);
