@@ -10,6 +10,8 @@
 #include <yaml.h>
 #include <arpa/inet.h>
 
+#include "models.h"
+
 /* ---- the table ---------------------------------------------------------- */
 
 typedef enum {
@@ -20,6 +22,7 @@ typedef enum {
     CT_BOOL,      /* bool */
     CT_ENUM,      /* an enum stored as int; names[i] is value i */
     CT_PLACEMENT, /* model.placement.<stage>: device */
+    CT_SIZE,      /* model.sizes.<key>: a number in the registry's range for key */
 } cfg_type;
 
 enum { F_NONEMPTY = 1 };
@@ -32,6 +35,7 @@ struct cfg_entry {
     double lo, hi;             /* CT_INT, CT_DOUBLE */
     bool lo_open, hi_open;     /* CT_DOUBLE: bound excluded */
     const char *const *names;  /* CT_ENUM, NULL-terminated */
+    const char *const *(*names_fn)(void); /* CT_ENUM: names kept elsewhere (the model registry) */
     const char *def;           /* default, in the text form ps_config_set takes */
     unsigned flags;
     const char *why;           /* CT_INT: appended to an out-of-range error */
@@ -42,7 +46,6 @@ struct cfg_entry {
 _Static_assert(sizeof(ps_log_level) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_consistency) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_sync_reduce) == sizeof(int), "enum fields are written as int");
-_Static_assert(sizeof(ps_model_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_nonfinite_policy) == sizeof(int), "enum fields are written as int");
@@ -50,7 +53,6 @@ _Static_assert(sizeof(ps_nonfinite_policy) == sizeof(int), "enum fields are writ
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const consistency_names[] = {"hogwild", "sync", "ssp", NULL};
 static const char *const sync_reduce_names[] = {"sum", "mean", NULL};
-static const char *const model_names[] = {"mnist_cnn", NULL};
 static const char *const backend_names[] = {"ref", "dnnl", NULL};
 static const char *const optimizer_names[] = {"sgd", "adam", NULL};
 
@@ -100,10 +102,12 @@ static const cfg_entry g_table[] = {
     STR0("server.log_file",        server.log_file,        ""),
     ENUM("server.nonfinite_policy", server.nonfinite_policy, nonfinite_names, "reject"),
 
-    ENUM("model.name",             model.name,             model_names, "mnist_cnn"),
+    { .key = "model.name", .type = CT_ENUM, FIELD(model.name), .names_fn = ps_model_def_names,
+      .def = "mnist_cnn" },
     U64 ("model.seed",             model.seed,             "1"),
     ENUM("model.backend",          model.backend,          backend_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
+    { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },
 
     ENUM("optimizer.type",         optimizer.type,         optimizer_names, "sgd"),
     DBL ("optimizer.lr",           optimizer.lr,           1, 0, 10, 0, "0.03"),
@@ -142,8 +146,7 @@ static const cfg_entry g_table[] = {
 };
 #define N_ENTRIES (sizeof g_table / sizeof g_table[0])
 
-/* Placement defaults, applied in this order. */
-static const char *const g_default_placement[][2] = {{"conv", "cpu"}, {"fc", "cpu"}};
+static const char *const *entry_names(const cfg_entry *e) { return e->names ? e->names : e->names_fn(); }
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -217,13 +220,19 @@ static ps_status check_hostport(const cfg_entry *e, const void *val, const char 
 /* ---- lookup ------------------------------------------------------------- */
 
 static const char PLACEMENT_PREFIX[] = "model.placement.";
+static const char SIZES_PREFIX[] = "model.sizes.";
+
+/* Entries whose keys are a section of free names ("model.placement.<stage>"). */
+static bool is_map_type(cfg_type t) { return t == CT_PLACEMENT || t == CT_SIZE; }
 
 static const cfg_entry *find_entry(const char *key) {
     for (size_t i = 0; i < N_ENTRIES; i++)
         if (!strcmp(g_table[i].key, key)) return &g_table[i];
-    if (!strncmp(key, PLACEMENT_PREFIX, sizeof PLACEMENT_PREFIX - 1))
-        for (size_t i = 0; i < N_ENTRIES; i++)
-            if (g_table[i].type == CT_PLACEMENT) return &g_table[i];
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        size_t n = strlen(g_table[i].key);
+        if (is_map_type(g_table[i].type) && !strncmp(key, g_table[i].key, n) && key[n] == '.')
+            return &g_table[i];
+    }
     return NULL;
 }
 
@@ -231,7 +240,7 @@ static const cfg_entry *find_entry(const char *key) {
 static bool is_section(const char *key) {
     size_t n = strlen(key);
     for (size_t i = 0; i < N_ENTRIES; i++) {
-        if (g_table[i].type == CT_PLACEMENT && !strcmp(g_table[i].key, key)) return true;
+        if (is_map_type(g_table[i].type) && !strcmp(g_table[i].key, key)) return true;
         if (!strncmp(g_table[i].key, key, n) && g_table[i].key[n] == '.') return true;
     }
     return false;
@@ -371,11 +380,12 @@ static ps_status parse_enum(const cfg_entry *e, const char *v, const char *origi
                             ps_err *err) {
     char list[256] = "";
     size_t len = 0;
-    for (int i = 0; e->names[i]; i++) {
-        if (!strcmp(v, e->names[i])) { *out = i; return PS_OK; }
+    const char *const *names = entry_names(e);
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(v, names[i])) { *out = i; return PS_OK; }
         if (len < sizeof list)
             len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
-                                    e->names[i]);
+                                    names[i]);
     }
     char sv[128];
     return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not one of: %s",
@@ -428,6 +438,66 @@ static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key
     return PS_OK;
 }
 
+/* model.sizes.<key>: the key must be a size of some model in the registry;
+ * the value is checked against that size's range. */
+static ps_status set_size(ps_config *c, const cfg_entry *e, const char *key, const char *v,
+                          const char *origin, ps_err *err) {
+    const char *name = strncmp(key, SIZES_PREFIX, sizeof SIZES_PREFIX - 1) ? "" : key + sizeof SIZES_PREFIX - 1;
+    const ps_size_key *sk = *name ? ps_model_any_size(name) : NULL;
+    if (!sk) {
+        char list[256] = "";
+        size_t len = 0;
+        for (int m = 0; m < ps_model_def_count(); m++) {
+            const ps_model_def *d = ps_model_def_at(m);
+            for (int i = 0; i < d->nsizes && len < sizeof list; i++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%s)", len ? ", " : "",
+                                        d->sizes[i].key, d->name);
+        }
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "no model has a size '%s' (sizes: %s)",
+                    name, list);
+    }
+    cfg_entry ek = { .key = key, .type = CT_DOUBLE, .lo = sk->lo, .hi = sk->hi, .hi_open = sk->hi_open };
+    double x;
+    ps_status st = parse_double(&ek, v, origin, &x, err);
+    if (st != PS_OK) return st;
+    char sv[128];
+    if (sk->integer && x != floor(x))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is not a whole number",
+                    shown(v, sv, sizeof sv));
+    for (int i = 0; i < c->model.n_sizes; i++)
+        if (!strcmp(c->model.sizes[i].key, name)) { c->model.sizes[i].value = x; return PS_OK; }
+    if (c->model.n_sizes >= PS_CONFIG_MAX_SIZES || strlen(name) >= PS_CONFIG_SIZE_KEY_MAX)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "too many sizes in %s (at most %d)", e->key,
+                    PS_CONFIG_MAX_SIZES);
+    ps_model_size *ms = &c->model.sizes[c->model.n_sizes++];
+    memset(ms, 0, sizeof *ms);
+    snprintf(ms->key, sizeof ms->key, "%s", name);
+    ms->value = x;
+    return PS_OK;
+}
+
+ps_status ps_config_check_model(const ps_config *c, ps_err *err) {
+    const ps_model_def *d = ps_model_def_at(c->model.name);
+    PS_ASSERT(d);
+    char list[256];
+    for (int i = 0; i < c->model.n_placement; i++)
+        if (ps_model_def_stage(d, c->model.placement[i].stage) < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no stage '%s' (stages: %s)",
+                              PLACEMENT_PREFIX, c->model.placement[i].stage, d->name, c->model.placement[i].stage,
+                              ps_model_def_stage_list(d, list, sizeof list));
+    for (int i = 0; i < c->model.n_sizes; i++)
+        if (!ps_model_def_size(d, c->model.sizes[i].key)) {
+            size_t len = 0;
+            list[0] = 0;
+            for (int k = 0; k < d->nsizes; k++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", d->sizes[k].key);
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no size '%s' (sizes: %s)",
+                              SIZES_PREFIX, c->model.sizes[i].key, d->name, c->model.sizes[i].key,
+                              d->nsizes ? list : "none");
+        }
+    return PS_OK;
+}
+
 ps_status ps_config_set(ps_config *c, const char *key, const char *value, const char *origin,
                         ps_err *err) {
     PS_ASSERT(c && key);
@@ -466,6 +536,7 @@ ps_status ps_config_set(ps_config *c, const char *key, const char *value, const 
     case CT_BOOL: st = parse_bool(e, value, origin, &v.b, err); n = sizeof v.b; break;
     case CT_ENUM: st = parse_enum(e, value, origin, &v.i, err); n = sizeof v.i; break;
     case CT_PLACEMENT: return set_placement(c, e, key, value, origin, err);
+    case CT_SIZE: return set_size(c, e, key, value, origin, err);
     }
     if (st != PS_OK) return st;
     if (e->check && (st = e->check(e, src, origin, err)) != PS_OK) return st;
@@ -484,19 +555,14 @@ void ps_config_defaults(ps_config *c) {
         if (st != PS_OK) fprintf(stderr, "%s\n", err.msg);
         PS_ASSERT(st == PS_OK);
     }
-    for (size_t i = 0; i < sizeof g_default_placement / sizeof g_default_placement[0]; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "%s%s", PLACEMENT_PREFIX, g_default_placement[i][0]);
-        ps_status st = ps_config_set(c, key, g_default_placement[i][1], "default", &err);
-        PS_ASSERT(st == PS_OK);
-    }
 }
 
 const char *ps_config_enum_name(const char *key, int value) {
     const cfg_entry *e = find_entry(key);
     if (!e || e->type != CT_ENUM || value < 0) return NULL;
-    for (int i = 0; e->names[i]; i++)
-        if (i == value) return e->names[i];
+    const char *const *names = entry_names(e);
+    for (int i = 0; names[i]; i++)
+        if (i == value) return names[i];
     return NULL;
 }
 
@@ -696,6 +762,13 @@ void ps_config_print(const ps_config *c, FILE *f) {
             for (int k = 0; k < c->model.n_placement; k++) {
                 fprintf(f, "\n    %s: ", c->model.placement[k].stage);
                 print_string(f, c->model.placement[k].device);
+            }
+            break;
+        case CT_SIZE:
+            if (c->model.n_sizes == 0) fputs(" {}", f);
+            for (int k = 0; k < c->model.n_sizes; k++) {
+                fprintf(f, "\n    %s: ", c->model.sizes[k].key);
+                print_double(f, c->model.sizes[k].value);
             }
             break;
         }

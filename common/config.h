@@ -20,8 +20,12 @@
  * model.placement.<stage> maps a model stage to a device ("cpu" or
  * "cuda:N", N in 0..63). Setting a stage that is already present replaces
  * its device; a new stage is appended (up to PS_CONFIG_MAX_STAGES), so a
- * file naming only "conv" keeps the default "fc: cpu". Stage names are not
- * checked here; the model rejects names it does not have.
+ * stage not named runs on "cpu". model.sizes.<key> sets one of the model's
+ * sizes (e.g. model.sizes.ntoken for rnn_lm); the key must be a size some
+ * model of the registry has, in its range. model.name is any name of the
+ * model registry (common/nn/models.h). Stage and size names against the
+ * chosen model are checked by ps_config_check_model (after every override),
+ * and again by the model itself.
  *
  * Setting a string clears the rest of its buffer, so two configs built from
  * the defaults by the same settings compare equal with memcmp.
@@ -43,6 +47,8 @@
 #define PS_CONFIG_STAGE_MAX 32   /* buffer size for a stage name, incl. NUL */
 #define PS_CONFIG_DEVICE_MAX 16  /* buffer size for a device, incl. NUL */
 #define PS_CONFIG_MAX_STAGES 8
+#define PS_CONFIG_MAX_SIZES 8
+#define PS_CONFIG_SIZE_KEY_MAX 32 /* buffer size for a size key, incl. NUL */
 
 /* server.consistency: how concurrent trainers' steps interleave in psd
  * (server/consistency.h has the full rules).
@@ -57,7 +63,6 @@
  *           waits before its next Forward. */
 typedef enum { PS_CONSISTENCY_HOGWILD = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
 typedef enum { PS_SYNC_SUM = 0, PS_SYNC_MEAN } ps_sync_reduce;
-typedef enum { PS_MODEL_MNIST_CNN = 0 } ps_model_kind;
 /* server.nonfinite_policy: a NaN/Inf in a training input, a gradient sent
  * by a trainer, or a computed parameter gradient. REJECT: the call fails
  * with INVALID_ARGUMENT. SKIP: the call succeeds, the step is not applied
@@ -72,6 +77,11 @@ typedef struct ps_stage_placement {
     char stage[PS_CONFIG_STAGE_MAX];   /* e.g. "conv" */
     char device[PS_CONFIG_DEVICE_MAX]; /* "cpu" or "cuda:N" */
 } ps_stage_placement;
+
+typedef struct ps_model_size {
+    char key[PS_CONFIG_SIZE_KEY_MAX];  /* e.g. "ntoken" */
+    double value;
+} ps_model_size;
 
 typedef struct ps_config {
     struct {
@@ -100,11 +110,13 @@ typedef struct ps_config {
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
     } server;
     struct {
-        ps_model_kind name;
+        int name;                         /* index in the model registry (models.h) */
         uint64_t seed;                    /* weight initialisation */
         ps_backend_kind backend;
         int n_placement;                  /* entries used in placement[] */
         ps_stage_placement placement[PS_CONFIG_MAX_STAGES];
+        int n_sizes;                      /* entries used in sizes[] */
+        ps_model_size sizes[PS_CONFIG_MAX_SIZES]; /* the rest take the registry's defaults */
     } model;
     struct {
         ps_optimizer_kind type;
@@ -138,6 +150,12 @@ typedef struct ps_config {
         bool allow_insecure;              /* plaintext beyond loopback */
     } security;
 } ps_config;
+
+/* Check model.placement.<stage> and model.sizes.<key> against the stages
+ * and sizes of the model model.name names (the registry). Call once every
+ * override is applied; INVALID_ARGUMENT naming the key and what the model
+ * has. */
+ps_status ps_config_check_model(const ps_config *c, ps_err *err);
 
 /* Fill every field with its default (the table's). */
 void ps_config_defaults(ps_config *c);

@@ -22,7 +22,8 @@ Network (pytorch/tutorials intermediate_source/rpc_param_server_tutorial.rst,
                   -> conv2 = Conv2d(32, 64, 3, stride 1)  -> (N,64,24,24)
                      (no relu after conv2 in the tutorial's Net)
                   -> max_pool2d(2)                        -> (N,64,12,12)
-                  -> dropout1 (p=0.25): x * mask1         -> (N,64,12,12)
+                  -> dropout1 = Dropout2d(p=0.25): x * mask1[:, :, None, None]
+                                                          -> (N,64,12,12)
                   -> flatten                              -> (N,9216)
                   -> fc1 = Linear(9216, 128)              -> (N,128)
                   -> relu
@@ -31,11 +32,13 @@ Network (pytorch/tutorials intermediate_source/rpc_param_server_tutorial.rst,
                   -> log_softmax(dim=1)                   -> output (N,10)
     loss = nll_loss(output, target), mean over the batch
 
-Dropout is made reproducible from the file: instead of F.dropout, explicit
-element-wise masks mask = bernoulli(1-p) / (1-p) (values 0 or 1/(1-p) in
-float32) are drawn with torch and applied as x * mask; they are stored. (The
-tutorial's modules are nn.Dropout2d, which drops whole channels; an explicit
-full-size mask can express either, the C side just multiplies.)
+Dropout is made reproducible from the file: instead of the modules, explicit
+masks mask = bernoulli(1-p) / (1-p) (values 0 or 1/(1-p) in float32) are
+drawn with torch and applied by multiplying; they are stored. The tutorial's
+modules are nn.Dropout2d: the first acts on the 4-D conv output and drops
+whole channels, so mask1 is one value per (sample, channel), (N,64), spread
+over the channel's 12x12 plane (what nn.Dropout2d does); the second acts on
+(N,128), where nn.Dropout2d drops single elements, so mask2 is (N,128).
 
 Randomness, in this order, from torch.manual_seed(0): the modules' default
 initialisation (conv1, conv2, fc1, fc2 constructed in that order), then for
@@ -51,7 +54,7 @@ the I64 targets:
     init.<P>                weights before step 1
     stepK.input             (N,1,28,28)   K = 1, 2
     stepK.target            (N,) I64
-    stepK.mask1             (N,64,12,12)
+    stepK.mask1             (N,64) one value per channel
     stepK.mask2             (N,128)
     stepK.output            (N,10) log-probabilities
     stepK.loss              (1,)
@@ -75,7 +78,7 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.03, 0.9, 1e-4
 P1, P2 = 0.25, 0.5
 SEED = 0
 LAYERS = ("conv1=Conv2d(1,32,3,1); relu; conv2=Conv2d(32,64,3,1); max_pool2d(2); "
-          "dropout1(p=0.25, x*mask1); flatten(1); fc1=Linear(9216,128); relu; "
+          "dropout1=Dropout2d(p=0.25, x*mask1[:,:,None,None]); flatten(1); fc1=Linear(9216,128); relu; "
           "dropout2(p=0.5, x*mask2); fc2=Linear(128,10); log_softmax(dim=1)")
 PARAMS = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
           "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
@@ -97,7 +100,7 @@ class Net(nn.Module):
         x = F.relu(x)
         x = self.conv2(x)
         x = F.max_pool2d(x, 2)
-        x = x * mask1
+        x = x * mask1[:, :, None, None]
         x = torch.flatten(x, 1)
         x = self.fc1(x)
         x = F.relu(x)
@@ -109,7 +112,7 @@ class Net(nn.Module):
 def make_batch():
     inp = (torch.rand(BATCH, 1, 28, 28) - 0.1307) / 0.3081
     target = torch.randint(0, 10, (BATCH,), dtype=torch.int64)
-    mask1 = torch.bernoulli(torch.full((BATCH, 64, 12, 12), 1 - P1)) / (1 - P1)
+    mask1 = torch.bernoulli(torch.full((BATCH, 64), 1 - P1)) / (1 - P1)
     mask2 = torch.bernoulli(torch.full((BATCH, 128), 1 - P2)) / (1 - P2)
     return inp, target, mask1, mask2
 
@@ -224,7 +227,7 @@ def self_check(path, expected_names):
     assert set(got) == set(expected_names), "tensor names differ after re-reading"
     assert meta["layers"] == LAYERS
     shapes = {"step1.input": (BATCH, 1, 28, 28), "step1.target": (BATCH,),
-              "step1.mask1": (BATCH, 64, 12, 12), "step1.mask2": (BATCH, 128),
+              "step1.mask1": (BATCH, 64), "step1.mask2": (BATCH, 128),
               "step1.output": (BATCH, 10), "step1.loss": (1,),
               "step1.grad_output": (BATCH, 10), "init.fc1.weight": (128, 9216),
               "final.conv2.weight": (64, 32, 3, 3), "step2.grad.fc2.bias": (10,)}
@@ -271,7 +274,8 @@ def main():
         "nesterov": "false",
         "dropout1_p": repr(P1),
         "dropout2_p": repr(P2),
-        "dropout": "explicit element-wise masks, mask = bernoulli(1-p)/(1-p), applied as x*mask",
+        "dropout": "explicit masks, mask = bernoulli(1-p)/(1-p): mask1 per channel (Dropout2d), "
+                   "mask2 per element",
         "input": "(torch.rand(N,1,28,28) - 0.1307) / 0.3081",
         "loss": "nll_loss(output, target), mean",
         "dtype": "float32 (targets int64)",

@@ -164,6 +164,10 @@ int main(int argc, char **argv) {
     }
 
     /* Build the model before anything listens: placement errors stop start-up. */
+    if (ps_config_check_model(&cfg, &err)) {
+        fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
+        return 2;
+    }
     ps_model_opts mo = {0};
     mo.arch = ps_config_enum_name("model.name", (int)cfg.model.name);
     mo.cpu_backend = ps_config_enum_name("model.backend", (int)cfg.model.backend);
@@ -171,6 +175,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < cfg.model.n_placement; i++) {
         mo.placement_stage[i] = cfg.model.placement[i].stage;
         mo.placement_device[i] = cfg.model.placement[i].device;
+    }
+    mo.n_sizes = cfg.model.n_sizes;
+    for (int i = 0; i < cfg.model.n_sizes; i++) {
+        mo.size_key[i] = cfg.model.sizes[i].key;
+        mo.size_value[i] = cfg.model.sizes[i].value;
     }
     mo.seed = cfg.model.seed;
     mo.compute_threads = cfg.server.compute_threads > 0 ? cfg.server.compute_threads
@@ -291,11 +300,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     char placement[256] = "";
-    for (int i = 0; i < ps_model_num_params(model); i += 2) {
-        const ps_param_info *p = ps_model_param(model, i);
-        if (strstr(placement, p->stage)) continue;
+    for (int s = 0; s < ps_model_num_stages(model); s++) {
+        const ps_stage_info *si = ps_model_stage(model, s);
         size_t o = strlen(placement);
-        snprintf(placement + o, sizeof placement - o, "%s%s on %s", o ? ", " : "", p->stage, p->device);
+        snprintf(placement + o, sizeof placement - o, "%s%s on %s", o ? ", " : "", si->name, si->device);
     }
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),

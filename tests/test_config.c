@@ -43,12 +43,11 @@ static void test_defaults(void) {
     CHECK(c.server.max_message_mb == 64);
     CHECK(c.server.log_level == PS_LOG_INFO);
     CHECK(c.server.consistency == PS_CONSISTENCY_HOGWILD);
-    CHECK(c.model.name == PS_MODEL_MNIST_CNN);
+    CHECK(!strcmp(ps_config_enum_name("model.name", c.model.name), "mnist_cnn"));
     CHECK(c.model.seed == 1);
     CHECK(c.model.backend == PS_BACKEND_KIND_DNNL);
-    CHECK(c.model.n_placement == 2);
-    CHECK(!strcmp(c.model.placement[0].stage, "conv") && !strcmp(c.model.placement[0].device, "cpu"));
-    CHECK(!strcmp(c.model.placement[1].stage, "fc") && !strcmp(c.model.placement[1].device, "cpu"));
+    CHECK(c.model.n_placement == 0);   /* stages not named run on cpu */
+    CHECK(c.model.n_sizes == 0);       /* the registry's defaults */
     CHECK(c.optimizer.type == PS_OPTIMIZER_SGD);
     CHECK(c.optimizer.lr == 0.03);
     CHECK(c.optimizer.momentum == 0.0);
@@ -129,11 +128,14 @@ static void check_good_values(const ps_config *c) {
     CHECK(c->server.consistency == PS_CONSISTENCY_HOGWILD);
     CHECK(c->model.seed == UINT64_MAX);
     CHECK(c->model.backend == PS_BACKEND_KIND_REF);
-    /* Placement merges into the defaults: conv stays, fc changes, head is new. */
-    CHECK(c->model.n_placement == 3);
-    CHECK(!strcmp(c->model.placement[0].stage, "conv") && !strcmp(c->model.placement[0].device, "cpu"));
-    CHECK(!strcmp(c->model.placement[1].stage, "fc") && !strcmp(c->model.placement[1].device, "cuda:1"));
-    CHECK(!strcmp(c->model.placement[2].stage, "head") && !strcmp(c->model.placement[2].device, "cuda:63"));
+    /* Placement keeps the file's stages in order; stage names are checked
+     * against the model by ps_config_check_model, not while loading. */
+    CHECK(c->model.n_placement == 2);
+    CHECK(!strcmp(c->model.placement[0].stage, "fc") && !strcmp(c->model.placement[0].device, "cuda:1"));
+    CHECK(!strcmp(c->model.placement[1].stage, "head") && !strcmp(c->model.placement[1].device, "cuda:63"));
+    ps_err e;
+    CHECK(ps_config_check_model(c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.placement.head: model 'mnist_cnn' has no stage 'head' (stages: conv, fc)");
     CHECK(c->optimizer.lr == 0.1);
     CHECK(c->optimizer.momentum == 0.9);
     CHECK(c->optimizer.weight_decay == 5e-4);
@@ -197,8 +199,12 @@ static void test_local_yaml(void) {
     ps_err_clear(&e);
     ps_config_defaults(&c);
     ps_config_defaults(&d);
+    /* The file spells out the placement the defaults leave implicit. */
+    CHECK(ps_config_set(&d, "model.placement.conv", "cpu", "test", &e) == PS_OK);
+    CHECK(ps_config_set(&d, "model.placement.fc", "cpu", "test", &e) == PS_OK);
     CHECK_MSG(ps_config_load(&c, path, &e) == PS_OK, "%s", e.msg);
     CHECK(memcmp(&c, &d, sizeof c) == 0);
+    CHECK(ps_config_check_model(&c, &e) == PS_OK);
     CHECK(c.trainer.world_size == 3);
 }
 
@@ -233,10 +239,11 @@ static void test_docs(void) {
         char key[160];
         snprintf(key, sizeof key, "`%s.%s`", section, name);
         if (!strcmp(key, "`model.placement`")) snprintf(key, sizeof key, "`model.placement.");
+        if (!strcmp(key, "`model.sizes`")) snprintf(key, sizeof key, "`model.sizes.");
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK(keys == 49);
+    CHECK_MSG(keys == 56, "%d keys", keys);
     free(text);
 }
 
@@ -309,8 +316,16 @@ static void test_bad_files(void) {
                3, "model.placement.a b: stage name", NULL);
     expect_bad("stages9.yaml",
                "model:\n  placement:\n    a: cpu\n    b: cpu\n    c: cpu\n    d: cpu\n"
-               "    e: cpu\n    f: cpu\n    g: cpu\n",
-               PS_ERR_INVALID_ARGUMENT, 9, "model.placement.g: too many stages", "at most 8");
+               "    e: cpu\n    f: cpu\n    g: cpu\n    h: cpu\n    i: cpu\n",
+               PS_ERR_INVALID_ARGUMENT, 11, "model.placement.i: too many stages", "at most 8");
+    expect_bad("size_key.yaml", "model:\n  sizes:\n    nlayers: 2\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "model.sizes.nlayers: no model has a size 'nlayers'", "ntoken (rnn_lm)");
+    expect_bad("size_int.yaml", "model:\n  sizes:\n    ntoken: 1.5\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "model.sizes.ntoken: '1.5' is not a whole number", NULL);
+    expect_bad("size_range.yaml", "model:\n  sizes:\n    dropout: 1\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "model.sizes.dropout: '1' is out of range [0, 1)", NULL);
+    expect_bad("model_name.yaml", "model:\n  name: resnet\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "model.name: 'resnet' is not one of: mnist_cnn, cartpole_policy, rnn_lm", NULL);
     expect_bad("bool.yaml", "trainer:\n  check_gradients: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
                "trainer.check_gradients: 'maybe' is not a boolean", NULL);
     expect_bad("bool1.yaml", "trainer:\n  check_gradients: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
@@ -488,6 +503,8 @@ static void test_cli(void) {
     CHECK(memcmp(&c, &before, sizeof c) == 0);
 
     /* Placement: replace in place, append, then refuse a ninth stage. */
+    CHECK(ps_config_set(&c, "model.placement.conv", "cpu", "cli", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "model.placement.fc", "cpu", "cli", &e) == PS_OK);
     CHECK(ps_config_set(&c, "model.placement.conv", "cuda:0", "cli", &e) == PS_OK);
     CHECK(c.model.n_placement == 2 && !strcmp(c.model.placement[0].device, "cuda:0"));
     CHECK(ps_config_set(&c, "model.placement.fc", "cuda:10", "cli", &e) == PS_OK);
@@ -583,8 +600,32 @@ static void test_optimizer_keys(void) {
                "unknown key 'optimizer.betas'", NULL);
 }
 
+/* model.name takes any registry model; placement and sizes are checked
+ * against the chosen model's stages and sizes. */
+static void test_model_keys(void) {
+    ps_config c;
+    ps_err e;
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "model.name", "rnn_lm", "test", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "model.sizes.ntoken", "50", "test", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "model.sizes.ntoken", "60", "test", &e) == PS_OK);   /* replaces */
+    CHECK(ps_config_set(&c, "model.placement.decoder", "cpu", "test", &e) == PS_OK);
+    CHECK(c.model.n_sizes == 1 && !strcmp(c.model.sizes[0].key, "ntoken") && c.model.sizes[0].value == 60);
+    CHECK_MSG(ps_config_check_model(&c, &e) == PS_OK, "%s", e.msg);
+    CHECK(ps_config_set(&c, "model.placement.conv", "cpu", "test", &e) == PS_OK);
+    CHECK(ps_config_check_model(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.placement.conv: model 'rnn_lm' has no stage 'conv' (stages: emb, decoder)");
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "model.sizes.nhid", "16", "test", &e) == PS_OK);
+    CHECK(ps_config_check_model(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.sizes.nhid: model 'mnist_cnn' has no size 'nhid' (sizes: none)");
+    CHECK(ps_config_set(&c, "model.name", "cartpole_policy", "test", &e) == PS_OK);
+    CHECK(!strcmp(ps_config_enum_name("model.name", c.model.name), "cartpole_policy"));
+}
+
 int main(void) {
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
+    test_model_keys();
     test_defaults();
     test_good_file();
     test_local_yaml();

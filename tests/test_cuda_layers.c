@@ -311,6 +311,67 @@ static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
     }
 }
 
+/* The ops added for issue 9: softmax (cuDNN accurate), embedding gather
+ * and scatter-add (sample order: exact), scale (exact). */
+static void cmp_new_ops(ps_backend *ref, ps_backend *cu, rng *r) {
+    ps_backend *bs[2] = { ref, cu };
+    char what[96];
+    const int shapes[2][2] = { { 6, 2 }, { 35, 1000 } };
+    for (int s = 0; s < 2; s++) {
+        const int rows = shapes[s][0], cols = shapes[s][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_random(n, r), *dy = host_random(n, r), *res[2][2];
+        for (size_t i = 0; i < n; i++) x[i] *= 5.0f;
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = up(b, x, n), *Y = up(b, NULL, n), *DY = up(b, dy, n), *DX = up(b, NULL, n);
+            OK(b->ops->softmax_forward(b->impl, rows, cols, X, Y, &e_));
+            OK(b->ops->softmax_backward(b->impl, rows, cols, Y, DY, DX, &e_));
+            res[k][0] = down(b, Y, n); res[k][1] = down(b, DX, n);
+            ps_backend_release(b, X); ps_backend_release(b, DY);
+        }
+        snprintf(what, sizeof what, "softmax (%d,%d) y", rows, cols);
+        check_array(what, res[1][0], res[0][0], n, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "softmax (%d,%d) dx", rows, cols);
+        check_scaled(what, res[1][1], res[0][1], n, CMP_TOL);
+        for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+        free(x); free(dy);
+    }
+    {
+        const int64_t n = 700, num = 50;
+        const int dim = 16;
+        int64_t *ids = malloc(n * sizeof *ids);
+        for (int64_t i = 0; i < n; i++) ids[i] = (int64_t)((rng_uniform(r) + 1.0f) * 0.5f * num) % num;
+        float *w = host_random((size_t)num * dim, r), *dy = host_random((size_t)n * dim, r), *res[2][2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            int64_t *I = b->ops->alloc(b->impl, n * sizeof *I);
+            OK(b->ops->copy_to_device(b->impl, I, ids, n * sizeof *I, &e_));
+            float *W = up(b, w, (size_t)num * dim), *Y = up(b, NULL, (size_t)n * dim), *DY = up(b, dy, (size_t)n * dim);
+            float *G = up(b, NULL, (size_t)num * dim);
+            OK(b->ops->embedding_forward(b->impl, n, dim, I, W, Y, &e_));
+            OK(b->ops->embedding_backward(b->impl, n, dim, I, DY, num, G, &e_));   /* slot = id */
+            res[k][0] = down(b, Y, (size_t)n * dim); res[k][1] = down(b, G, (size_t)num * dim);
+            ps_backend_release(b, I); ps_backend_release(b, W); ps_backend_release(b, DY);
+        }
+        check_array("embedding y", res[1][0], res[0][0], (size_t)n * dim, 0, 0);
+        check_array("embedding grows", res[1][1], res[0][1], (size_t)num * dim, 0, 0);
+        for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+        free(ids); free(w); free(dy);
+    }
+    {
+        const int64_t n = 100000;
+        float *x = host_random(n, r), *res[2];
+        for (int k = 0; k < 2; k++) {
+            float *X = up(bs[k], x, n);
+            OK(bs[k]->ops->scale(bs[k]->impl, n, X, 0.37f, &e_));
+            res[k] = down(bs[k], X, n);
+        }
+        check_array("scale", res[1], res[0], (size_t)n, 0, 0);
+        free(res[0]); free(res[1]); free(x);
+    }
+}
+
 /* ---- concurrency ---- */
 
 typedef struct conv_job {
@@ -428,6 +489,7 @@ int main(void) {
     cmp_linear(ref, cu, (ps_linear_desc){ 3, 17, 5 }, &r);
     cmp_linear(ref, cu, (ps_linear_desc){ 1, 9216, 128 }, &r);
     cmp_small_ops(ref, cu, &r);
+    cmp_new_ops(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };

@@ -40,7 +40,7 @@ static void fill_distinct(float *p, size_t n, float gap, rng *r) {
 
 /* ---- 1. reference backend vs finite differences ---- */
 
-typedef enum { FD_CONV, FD_RELU, FD_POOL, FD_LINEAR, FD_LOGSOFTMAX, FD_MUL } fd_op;
+typedef enum { FD_CONV, FD_RELU, FD_POOL, FD_LINEAR, FD_LOGSOFTMAX, FD_MUL, FD_SOFTMAX, FD_EMBEDDING } fd_op;
 
 typedef struct fd_case {
     ps_backend *b;
@@ -49,7 +49,9 @@ typedef struct fd_case {
     ps_pool_desc pool;
     ps_linear_desc lin;
     int rows, cols;      /* log-softmax */
-    int64_t count;       /* relu, mul */
+    int64_t count;       /* relu, mul; embedding: ids */
+    const int64_t *ids;  /* embedding */
+    int dim;             /* embedding */
     float *x, *w, *bias, *mask;
     float *y;            /* forward output, ny floats */
     const float *r;      /* loss weights, ny floats */
@@ -67,6 +69,8 @@ static double fd_loss(fd_case *c) {
     case FD_LINEAR: st = o->linear_forward(c->b->impl, &c->lin, c->x, c->w, c->bias, c->y, NULL); break;
     case FD_LOGSOFTMAX: st = o->log_softmax_forward(c->b->impl, c->rows, c->cols, c->x, c->y, NULL); break;
     case FD_MUL: st = o->mul(c->b->impl, c->count, c->x, c->mask, c->y, NULL); break;
+    case FD_SOFTMAX: st = o->softmax_forward(c->b->impl, c->rows, c->cols, c->x, c->y, NULL); break;
+    case FD_EMBEDDING: st = o->embedding_forward(c->b->impl, c->count, c->dim, c->ids, c->w, c->y, NULL); break;
     }
     PS_ASSERT(st == PS_OK);
     double s = 0.0;
@@ -219,6 +223,64 @@ static void fd_small_ops(ps_backend *b, rng *r) {
         CHECK(b->ops->mul(b->impl, n, rr, c.mask, dx, NULL) == PS_OK);
         fd_check("mul dx", &c, c.x, dx, (size_t)n, FD_EPS, FD_ATOL, FD_RTOL);
         free(c.x); free(c.mask); free(c.y); free(rr); free(dx);
+    }
+}
+
+/* The ops added for issue 9: softmax, embedding (gather / scatter-add into
+ * unique rows), scale. */
+static void fd_new_ops(ps_backend *b, rng *r) {
+    /* softmax over rows, and its stability on huge logits */
+    {
+        const int rows = 4, cols = 6;
+        const size_t n = (size_t)rows * cols;
+        fd_case c = { .b = b, .op = FD_SOFTMAX, .rows = rows, .cols = cols, .ny = n };
+        c.x = host_random(n, r);
+        for (size_t i = 0; i < n; i++) c.x[i] *= 3.0f;
+        c.y = host_zeros(n);
+        float *rr = host_random(n, r), *dx = host_zeros(n);
+        c.r = rr;
+        fd_loss(&c);
+        for (int i = 0; i < rows; i++) {   /* each row sums to 1 */
+            double sum = 0;
+            for (int j = 0; j < cols; j++) sum += c.y[i * cols + j];
+            CHECK_CLOSE(sum, 1.0, 1e-6, 1e-6);
+        }
+        CHECK(b->ops->softmax_backward(b->impl, rows, cols, c.y, rr, dx, NULL) == PS_OK);
+        fd_check("softmax dx", &c, c.x, dx, n, FD_EPS, FD_ATOL, FD_RTOL);
+        float big[3] = { 1000.0f, 999.0f, -1000.0f }, yb[3];
+        CHECK(b->ops->softmax_forward(b->impl, 1, 3, big, yb, NULL) == PS_OK);
+        double z = 1.0 + exp(-1.0);
+        CHECK_CLOSE(yb[0], 1.0 / z, 1e-6, 1e-6);
+        CHECK_CLOSE(yb[1], exp(-1.0) / z, 1e-6, 1e-6);
+        CHECK_CLOSE(yb[2], 0.0, 1e-30, 0);
+        free(c.x); free(c.y); free(rr); free(dx);
+    }
+    /* embedding: y = w[ids]; the scatter-add into unique rows vs finite
+     * differences on the whole table (untouched rows must have gradient 0) */
+    {
+        const int num = 7, dim = 3;
+        const int64_t ids[6] = { 4, 1, 4, 6, 1, 4 }, rows[3] = { 1, 4, 6 }, slot[6] = { 1, 0, 1, 2, 0, 1 };
+        const size_t ny = 6 * dim;
+        fd_case c = { .b = b, .op = FD_EMBEDDING, .count = 6, .ids = ids, .dim = dim, .ny = ny };
+        c.w = host_random((size_t)num * dim, r);
+        c.y = host_zeros(ny);
+        float *rr = host_random(ny, r), *grows = host_zeros(3 * dim), *dense = host_zeros((size_t)num * dim);
+        c.r = rr;
+        fd_loss(&c);
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < dim; j++) CHECK(c.y[i * dim + j] == c.w[ids[i] * dim + j]);
+        for (int i = 0; i < 3 * dim; i++) grows[i] = 99.0f;   /* must be overwritten */
+        CHECK(b->ops->embedding_backward(b->impl, 6, dim, slot, rr, 3, grows, NULL) == PS_OK);
+        for (int k = 0; k < 3; k++)
+            for (int j = 0; j < dim; j++) dense[rows[k] * dim + j] = grows[k * dim + j];
+        fd_check("embedding dw", &c, c.w, dense, (size_t)num * dim, FD_EPS, FD_ATOL, FD_RTOL);
+        free(c.w); free(c.y); free(rr); free(grows); free(dense);
+    }
+    /* scale */
+    {
+        float x[5] = { 1, -2, 3.5f, 0, 8 };
+        CHECK(b->ops->scale(b->impl, 5, x, 0.5f, NULL) == PS_OK);
+        CHECK(x[0] == 0.5f && x[1] == -1.0f && x[2] == 1.75f && x[3] == 0.0f && x[4] == 4.0f);
     }
 }
 
@@ -538,6 +600,74 @@ static void cmp_small_ops(ps_backend *ref, ps_backend *dut, rng *r) {
     }
 }
 
+/* softmax, embedding and scale: the backend against the reference. */
+static void cmp_new_ops(ps_backend *ref, ps_backend *dut, rng *r) {
+    ps_backend *bs[2] = { ref, dut };
+    char what[128];
+    const int shapes[3][2] = { { 4, 2 }, { 35, 50 }, { 3, 1000 } };
+    for (int s = 0; s < 3; s++) {
+        const int rows = shapes[s][0], cols = shapes[s][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_random(n, r), *dy = host_random(n, r), *y[2], *dx[2];
+        for (size_t i = 0; i < n; i++) x[i] = 5.0f * x[i] + (s == 2 ? 50.0f : 0.0f);
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *X = dev_from(b, x, n), *Y = dev_from(b, NULL, n), *DY = dev_from(b, dy, n), *DX = dev_from(b, NULL, n);
+            ps_err err = { 0 };
+            CHECK_MSG(b->ops->softmax_forward(b->impl, rows, cols, X, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->softmax_backward(b->impl, rows, cols, Y, DY, DX, &err) == PS_OK, "%s", err.msg);
+            y[k] = host_from(b, Y, n); dx[k] = host_from(b, DX, n);
+            ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, DY); ps_backend_release(b, DX);
+        }
+        snprintf(what, sizeof what, "%s softmax (%d,%d) y", dut->ops->name, rows, cols);
+        check_array(what, y[1], y[0], n, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "%s softmax (%d,%d) dx", dut->ops->name, rows, cols);
+        check_scaled(what, dx[1], dx[0], n, CMP_TOL);
+        for (int k = 0; k < 2; k++) { free(y[k]); free(dx[k]); }
+        free(x); free(dy);
+    }
+    {   /* embedding over a (35 x 20) batch of ids into a 50 x 16 table: exact */
+        const int64_t n = 700, num = 50, nrows_max = 50;
+        const int dim = 16;
+        int64_t *ids = malloc(n * sizeof *ids), *slot = malloc(n * sizeof *slot);
+        for (int64_t i = 0; i < n; i++) { ids[i] = (int64_t)((rng_uniform(r) + 1.0f) * 0.5f * num) % num; slot[i] = ids[i]; }
+        float *w = host_random((size_t)num * dim, r), *dy = host_random((size_t)n * dim, r), *y[2], *g[2];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            int64_t *I = b->ops->alloc(b->impl, n * sizeof *I), *S = b->ops->alloc(b->impl, n * sizeof *S);
+            ps_err err = { 0 };
+            CHECK(b->ops->copy_to_device(b->impl, I, ids, n * sizeof *I, &err) == PS_OK);
+            CHECK(b->ops->copy_to_device(b->impl, S, slot, n * sizeof *S, &err) == PS_OK);
+            float *W = dev_from(b, w, (size_t)num * dim), *Y = dev_from(b, NULL, (size_t)n * dim);
+            float *DY = dev_from(b, dy, (size_t)n * dim), *G = dev_from(b, NULL, (size_t)nrows_max * dim);
+            CHECK_MSG(b->ops->embedding_forward(b->impl, n, dim, I, W, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->embedding_backward(b->impl, n, dim, S, DY, nrows_max, G, &err) == PS_OK, "%s", err.msg);
+            y[k] = host_from(b, Y, (size_t)n * dim); g[k] = host_from(b, G, (size_t)nrows_max * dim);
+            ps_backend_release(b, I); ps_backend_release(b, S); ps_backend_release(b, W);
+            ps_backend_release(b, Y); ps_backend_release(b, DY); ps_backend_release(b, G);
+        }
+        snprintf(what, sizeof what, "%s embedding y", dut->ops->name);
+        check_array(what, y[1], y[0], (size_t)n * dim, 0, 0);
+        snprintf(what, sizeof what, "%s embedding grows", dut->ops->name);
+        check_array(what, g[1], g[0], (size_t)nrows_max * dim, 0, 0);   /* same summation order */
+        for (int k = 0; k < 2; k++) { free(y[k]); free(g[k]); }
+        free(ids); free(slot); free(w); free(dy);
+    }
+    {
+        const int64_t n = 100000;
+        float *x = host_random(n, r), *y[2];
+        for (int k = 0; k < 2; k++) {
+            float *X = dev_from(bs[k], x, n);
+            CHECK(bs[k]->ops->scale(bs[k]->impl, n, X, 0.37f, NULL) == PS_OK);
+            y[k] = host_from(bs[k], X, n);
+            ps_backend_release(bs[k], X);
+        }
+        snprintf(what, sizeof what, "%s scale", dut->ops->name);
+        check_array(what, y[1], y[0], (size_t)n, 0, 0);
+        free(y[0]); free(y[1]); free(x);
+    }
+}
+
 /* Two threads running conv2d_forward concurrently on one fresh backend
  * (so they also race to create the cached primitive) must match a
  * sequential run bit for bit. */
@@ -722,6 +852,7 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 11, .w = 11, .k = 3, .stride = 2 }, 1, r);
     cmp_linear(ref, dut, (ps_linear_desc){ .n = 3, .in = 17, .out = 5 }, r);
     cmp_small_ops(ref, dut, r);
+    cmp_new_ops(ref, dut, r);
     cmp_blocked(ref, dut, r);
     ref_pool_ties(dut);
     check_sgd(dut, r);
@@ -787,6 +918,7 @@ int main(void) {
     fd_pool(ref, (ps_pool_desc){ .n = 1, .c = 2, .h = 7, .w = 9, .k = 2, .stride = 2 }, &r);
     fd_pool(ref, (ps_pool_desc){ .n = 1, .c = 2, .h = 7, .w = 7, .k = 3, .stride = 2 }, &r);
     fd_small_ops(ref, &r);
+    fd_new_ops(ref, &r);
     ref_pool_ties(ref);
     check_sgd(ref, &r);
 

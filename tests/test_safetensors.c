@@ -399,14 +399,14 @@ static void test_golden(const char *golden) {
     }
     const int N = 8;
     for (int s = 1; s <= 2; s++) {
-        int64_t din[4] = { N, 1, 28, 28 }, dn[1] = { N }, dm1[4] = { N, 64, 12, 12 }, dm2[2] = { N, 128 },
+        int64_t din[4] = { N, 1, 28, 28 }, dn[1] = { N }, dm1[2] = { N, 64 }, dm2[2] = { N, 128 },
                 dout[2] = { N, 10 }, d1[1] = { 1 };
         char pfx[24];
         snprintf(pfx, sizeof pfx, "step%d.", s);
 #define NAME(x) (snprintf(name, sizeof name, "%s%s", pfx, x), name)
         need(f, NAME("input"), PS_ST_F32, 4, din);
         const ps_st_tensor *tg = need(f, NAME("target"), PS_ST_I64, 1, dn);
-        const ps_st_tensor *m1 = need(f, NAME("mask1"), PS_ST_F32, 4, dm1);
+        const ps_st_tensor *m1 = need(f, NAME("mask1"), PS_ST_F32, 2, dm1);
         const ps_st_tensor *m2 = need(f, NAME("mask2"), PS_ST_F32, 2, dm2);
         const ps_st_tensor *out = need(f, NAME("output"), PS_ST_F32, 2, dout);
         const ps_st_tensor *loss = need(f, NAME("loss"), PS_ST_F32, 1, d1);

@@ -173,6 +173,28 @@ typedef struct ps_backend_ops {
     /* x (n,in), w (out,in), b (out) -> y (n,out). */
     ps_status (*linear_forward)(void *impl, const ps_linear_desc *d, const float *x,
                                 const float *w, const float *b, float *y, ps_err *err);
+
+    /* ---- appended for issue 9 (models beyond MNIST). Optional: a layer
+     * kind whose op a backend lacks is refused at model creation, naming
+     * the stage, the kind and the backend. ---- */
+
+    /* Row-wise softmax of x (rows, cols). */
+    ps_status (*softmax_forward)(void *impl, int64_t rows, int cols, const float *x, float *y,
+                                 ps_err *err);
+    /* dx = y * (dy - sum_row(dy * y)), y the forward's output. */
+    ps_status (*softmax_backward)(void *impl, int64_t rows, int cols, const float *y,
+                                  const float *dy, float *dx, ps_err *err);
+    /* y (n, dim) = w[ids[i]] row by row; ids (n) int64 on the device, each
+     * already checked to lie in 0..rows of w. */
+    ps_status (*embedding_forward)(void *impl, int64_t n, int dim, const int64_t *ids,
+                                   const float *w, float *y, ps_err *err);
+    /* Row-sparse weight gradient: grows (nrows, dim) = 0, then
+     * grows[slot[i]] += dy[i] for i < n (slot: device int64, each in
+     * 0..nrows-1; the caller maps ids to slots of the unique rows). */
+    ps_status (*embedding_backward)(void *impl, int64_t n, int dim, const int64_t *slot,
+                                    const float *dy, int64_t nrows, float *grows, ps_err *err);
+    /* x *= s elementwise (averaging accumulated gradients). */
+    ps_status (*scale)(void *impl, int64_t count, float *x, float s, ps_err *err);
     /* dx (n,in; may be NULL), dw (out,in), db (out) from dy (n,out). */
     ps_status (*linear_backward)(void *impl, const ps_linear_desc *d, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw,

@@ -647,6 +647,77 @@ static ps_status cu_log_softmax_backward(void *impl, int rows, int cols, const f
     return cu_log_softmax(impl, rows, cols, y, dy, dx, err);
 }
 
+/* Softmax: cuDNN's accurate (max-shifted) softmax over each row. */
+static ps_status cu_softmax(cuda_impl *im, int64_t rows, int cols, const float *x_or_y, const float *dy,
+                            float *out, ps_err *err) {
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    cudnnTensorDescriptor_t t = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if (rows > 0x7fffffff) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "softmax: %lld rows", (long long)rows);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)rows, cols, 1, 1));
+    if (!dy)
+        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
+                                           x_or_y, &zero, t, out));
+    else
+        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
+                                            x_or_y, t, dy, &zero, t, out));
+    PS_CUDA_SYNC(c);
+done:
+    if (t) cudnnDestroyTensorDescriptor(t);
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_softmax_forward(void *impl, int64_t rows, int cols, const float *x, float *y, ps_err *err) {
+    return cu_softmax(impl, rows, cols, x, NULL, y, err);
+}
+
+static ps_status cu_softmax_backward(void *impl, int64_t rows, int cols, const float *y, const float *dy,
+                                     float *dx, ps_err *err) {
+    return cu_softmax(impl, rows, cols, y, dy, dx, err);
+}
+
+static ps_status cu_embedding_forward(void *impl, int64_t n, int dim, const int64_t *ids, const float *w,
+                                      float *y, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_embedding_forward(n, dim, ids, w, y, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_embedding_backward(void *impl, int64_t n, int dim, const int64_t *slot, const float *dy,
+                                       int64_t nrows, float *grows, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_embedding_backward(n, dim, slot, dy, nrows, grows, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_scale(void *impl, int64_t count, float *x, float s, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDA_CHECK(ps_cuda_scale(count, x, s, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
 /* --------------------------------------------------------- max pooling */
 
 static size_t cu_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
@@ -807,6 +878,11 @@ done:
     ctx_release(im, c);
     return rc;
 }
+    .softmax_forward = cu_softmax_forward,
+    .softmax_backward = cu_softmax_backward,
+    .embedding_forward = cu_embedding_forward,
+    .embedding_backward = cu_embedding_backward,
+    .scale = cu_scale,
 
 static ps_status cu_sgd_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
                                     const float *g_rows, float lr, ps_err *err) {

@@ -71,6 +71,17 @@ cudaError_t ps_cuda_sparse_adam_rows(int64_t nrows, int64_t width, const int64_t
                                      const float *g_rows, float *m, float *v, const ps_cuda_adam_args *a,
                                      cudaStream_t stream);
 
+/* y (n, dim) = rows ids[i] of w (n, dim). */
+cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
+                                      cudaStream_t stream);
+
+/* grows (nrows, dim) = 0, then grows[slot[i]] += dy[i], summed in sample order. */
+cudaError_t ps_cuda_embedding_backward(int64_t n, int dim, const int64_t *slot, const float *dy,
+                                       int64_t nrows, float *grows, cudaStream_t stream);
+
+/* x *= s. */
+cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,9 +152,50 @@ __global__ void sparse_adam_rows_kernel(int64_t nrows, int64_t width, const int6
     }
 }
 
+__global__ void embedding_forward_kernel(int64_t n, int dim, const int64_t *ids, const float *w, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * dim;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = w[ids[i / dim] * dim + i % dim];
+}
+
+/* One thread per column: every gradient row is summed in sample order, as
+ * in the reference (deterministic, no atomics). */
+__global__ void embedding_backward_kernel(int64_t n, int dim, const int64_t *slot, const float *dy,
+                                          float *grows) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < dim;
+         j += (int64_t)gridDim.x * blockDim.x)
+        for (int64_t i = 0; i < n; i++)
+            grows[slot[i] * dim + j] = __fadd_rn(grows[slot[i] * dim + j], dy[i * dim + j]);
+}
+
+__global__ void scale_kernel(int64_t n, float *x, float s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
 } // namespace
 
 extern "C" {
+
+cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
+                                      cudaStream_t stream) {
+    embedding_forward_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(n, dim, ids, w, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_embedding_backward(int64_t n, int dim, const int64_t *slot, const float *dy,
+                                       int64_t nrows, float *grows, cudaStream_t stream) {
+    cudaError_t e = cudaMemsetAsync(grows, 0, (size_t)nrows * dim * sizeof(float), stream);
+    if (e != cudaSuccess) return e;
+    embedding_backward_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(n, dim, slot, dy, grows);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream) {
+    scale_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, x, s);
+    return cudaGetLastError();
+}
 
 cudaError_t ps_cuda_fill_rows(float *y, const float *b, int rows, int cols, cudaStream_t stream) {
     fill_rows_kernel<<<blocks_for((int64_t)rows * cols), kThreads, 0, stream>>>(y, b, rows, cols);

@@ -53,6 +53,7 @@ typedef enum {
     PK_RELU_FWD, PK_RELU_BWD,
     PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
     PK_REORDER,
+    PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
@@ -270,6 +271,18 @@ static ps_status create_logsoftmax(dnnl_engine_t eng, const prim_key *k, dnnl_pr
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
+static ps_status create_softmax(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
+                                ps_err *err) {
+    dnnl_memory_desc_t md;
+    ps_status st = md_plain(&md, 2, k->dims, dnnl_nc, err);
+    if (st) return st;
+    dnnl_softmax_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_softmax_forward_desc_init(&fwd, dnnl_forward_training, &md, 1));
+    if (k->kind == PK_SOFTMAX_FWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_softmax_backward_desc_init(&bwd, &md, &md, 1));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
 /* Reorder from src to dst (user-managed scratchpad, like every primitive). */
 static ps_status make_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
                               dnnl_primitive_t *prim, ps_err *err) {
@@ -314,6 +327,8 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
         return create_relu(eng, k, prim, err);
     case PK_LOGSOFTMAX_FWD: case PK_LOGSOFTMAX_BWD:
         return create_logsoftmax(eng, k, prim, err);
+    case PK_SOFTMAX_FWD: case PK_SOFTMAX_BWD:
+        return create_softmax(eng, k, prim, err);
     }
     return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown primitive kind %d", (int)k->kind);
 }
@@ -827,6 +842,57 @@ static ps_status dn_adam_update_rows(void *impl, int64_t nrows, int64_t width, c
     return PS_OK;
 }
 
+static ps_status dn_softmax_forward(void *impl, int64_t rows, int cols, const float *x, float *y,
+                                    ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t dims[2] = { rows, cols };
+    prim_key k = key_make(PK_SOFTMAX_FWD, 0, 2, dims);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_softmax_backward(void *impl, int64_t rows, int cols, const float *y,
+                                     const float *dy, float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t dims[2] = { rows, cols };
+    prim_key k = key_make(PK_SOFTMAX_BWD, 0, 2, dims);
+    exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+/* Embedding rows: oneDNN has no gather primitive; OpenMP loops. */
+static ps_status dn_embedding_forward(void *impl, int64_t n, int dim, const int64_t *ids,
+                                      const float *w, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (n * dim >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * dim, w + ids[i] * dim, (size_t)dim * sizeof(float));
+    return PS_OK;
+}
+
+/* Each thread owns a range of columns, so the scatter-add needs no atomics
+ * and sums every row in sample order (deterministic). */
+static ps_status dn_embedding_backward(void *impl, int64_t n, int dim, const int64_t *slot,
+                                       const float *dy, int64_t nrows, float *grows, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    memset(grows, 0, (size_t)nrows * dim * sizeof(float));
+#pragma omp parallel for if (n * dim >= PS_OMP_MIN) schedule(static)
+    for (int j = 0; j < dim; j++)
+        for (int64_t i = 0; i < n; i++) grows[slot[i] * dim + j] += dy[i * dim + j];
+    return PS_OK;
+}
+
+static ps_status dn_scale(void *impl, int64_t count, float *x, float s, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) x[i] *= s;
+    return PS_OK;
+}
+
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
     return im->block > 0 && c % im->block == 0 ? im->block : 0;
@@ -869,6 +935,11 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .blocked_layout = dn_blocked_layout,
     .reorder = dn_reorder,
     .set_threads = dn_set_threads,
+    .softmax_forward = dn_softmax_forward,
+    .softmax_backward = dn_softmax_backward,
+    .embedding_forward = dn_embedding_forward,
+    .embedding_backward = dn_embedding_backward,
+    .scale = dn_scale,
     .adam_update = dn_adam_update,
     .sgd_update_rows = dn_sgd_update_rows,
     .adam_update_rows = dn_adam_update_rows,

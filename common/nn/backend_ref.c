@@ -334,6 +334,57 @@ static ps_status ref_adam_update_rows(void *impl, int64_t nrows, int64_t width, 
     return PS_OK;
 }
 
+/* Softmax over each row, max-shifted: y = exp(x - max) / sum exp(x - max). */
+static ps_status ref_softmax_forward(void *impl, int64_t rows, int cols, const float *x, float *y,
+                                     ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float mx = xr[0];
+        for (int j = 1; j < cols; j++) if (xr[j] > mx) mx = xr[j];
+        double sum = 0;
+        for (int j = 0; j < cols; j++) { yr[j] = expf(xr[j] - mx); sum += yr[j]; }
+        for (int j = 0; j < cols; j++) yr[j] = (float)(yr[j] / sum);
+    }
+    return PS_OK;
+}
+
+static ps_status ref_softmax_backward(void *impl, int64_t rows, int cols, const float *y,
+                                      const float *dy, float *dx, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * cols, *dyr = dy + r * cols;
+        float *dxr = dx + r * cols;
+        double dot = 0;
+        for (int j = 0; j < cols; j++) dot += (double)dyr[j] * yr[j];
+        for (int j = 0; j < cols; j++) dxr[j] = yr[j] * (dyr[j] - (float)dot);
+    }
+    return PS_OK;
+}
+
+static ps_status ref_embedding_forward(void *impl, int64_t n, int dim, const int64_t *ids,
+                                       const float *w, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * dim, w + ids[i] * dim, (size_t)dim * sizeof(float));
+    return PS_OK;
+}
+
+static ps_status ref_embedding_backward(void *impl, int64_t n, int dim, const int64_t *slot,
+                                        const float *dy, int64_t nrows, float *grows, ps_err *err) {
+    (void)impl; (void)err;
+    memset(grows, 0, (size_t)nrows * dim * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < dim; j++) grows[slot[i] * dim + j] += dy[i * dim + j];
+    return PS_OK;
+}
+
+static ps_status ref_scale(void *impl, int64_t count, float *x, float s, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) x[i] *= s;
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -356,6 +407,11 @@ const ps_backend_ops ps_backend_ref_ops = {
     .mul = ref_mul,
     .sgd_update = ref_sgd_update,
     .add = ref_add,
+    .softmax_forward = ref_softmax_forward,
+    .softmax_backward = ref_softmax_backward,
+    .embedding_forward = ref_embedding_forward,
+    .embedding_backward = ref_embedding_backward,
+    .scale = ref_scale,
     .adam_update = ref_adam_update,
     .sgd_update_rows = ref_sgd_update_rows,
     .adam_update_rows = ref_adam_update_rows,

@@ -1,150 +1,16 @@
-/* model.c - sequential models split into placed stages (see model.h).
- *
- * An architecture is a table: stages, each a list of layers. The executor
- * below walks that table for forward and, in reverse, for backward; nothing
- * in it knows about MNIST. Adding a model means adding a table (and, if it
- * needs one, a layer kind).
- */
-#include "model.h"
+/* model.c - a hosted model: building it from the registry, its weights,
+ * the weights lock around the executor's calls, versions, placement and
+ * the optimizer step (see model.h). The executor is exec.c, accumulated
+ * gradients grads.c. */
+#include "model_impl.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "rng.h"
-
-/* ---------------------------------------------------------------- tables */
-
-typedef enum {
-    LK_CONV,       /* out channels, k, stride, pad; params weight, bias */
-    LK_RELU,
-    LK_MAXPOOL,    /* k, stride */
-    LK_DROPOUT,    /* p; elementwise (nn.Dropout) */
-    LK_FLATTEN,    /* (c,h,w) -> (c*h*w,1,1); a view */
-    LK_LINEAR,     /* out features; params weight, bias */
-    LK_LOGSOFTMAX, /* over the feature dimension */
-} layer_kind;
-
-typedef struct layer_def {
-    layer_kind kind;
-    const char *name; /* parameter prefix for layers with parameters */
-    int out, k, stride, pad;
-    float p;
-} layer_def;
-
-typedef struct stage_def {
-    const char *name;
-    const layer_def *layers;
-    int n;
-} stage_def;
-
-typedef struct arch_def {
-    const char *name;
-    int c, h, w;      /* per-sample input */
-    int max_batch;
-    const stage_def *stages;
-    int nstages;
-} arch_def;
-
-/* PyTorch's RPC parameter-server tutorial network. Its forward is:
- * conv1, relu, conv2, max_pool2d(2), dropout(0.25), flatten | fc1, relu,
- * dropout(0.5), fc2, log_softmax. The "|" is the tutorial's device split. */
-static const layer_def mnist_conv_layers[] = {
-    {.kind = LK_CONV, .name = "conv1", .out = 32, .k = 3, .stride = 1, .pad = 0},
-    {.kind = LK_RELU},
-    {.kind = LK_CONV, .name = "conv2", .out = 64, .k = 3, .stride = 1, .pad = 0},
-    {.kind = LK_MAXPOOL, .k = 2, .stride = 2},
-    {.kind = LK_DROPOUT, .p = 0.25f},
-    {.kind = LK_FLATTEN},
-};
-static const layer_def mnist_fc_layers[] = {
-    {.kind = LK_LINEAR, .name = "fc1", .out = 128},
-    {.kind = LK_RELU},
-    {.kind = LK_DROPOUT, .p = 0.5f},
-    {.kind = LK_LINEAR, .name = "fc2", .out = 10},
-    {.kind = LK_LOGSOFTMAX},
-};
-static const stage_def mnist_stages[] = {
-    {"conv", mnist_conv_layers, sizeof mnist_conv_layers / sizeof mnist_conv_layers[0]},
-    {"fc", mnist_fc_layers, sizeof mnist_fc_layers / sizeof mnist_fc_layers[0]},
-};
-static const arch_def arch_table[] = {
-    {"mnist_cnn", 1, 28, 28, 512, mnist_stages, 2},
-};
-static const char *const arch_names[] = {"mnist_cnn", NULL};
-
-const char *const *ps_model_arch_names(void) { return arch_names; }
-
-/* ------------------------------------------------------------- instances */
-
-typedef struct layer {
-    const layer_def *def;
-    int in_c, in_h, in_w;    /* per-sample input shape */
-    int out_c, out_h, out_w; /* per-sample output shape */
-    int64_t w_off, b_off;    /* offsets into the stage's parameter block; -1 if none */
-    int w_idx;               /* index of the weight in the model's param list, -1 if none */
-    int dropout_idx;         /* index among dropout layers, -1 if not dropout */
-    int in_layout;           /* PS_LAYOUT_* this layer computes its input in */
-    int out_layout;          /* PS_LAYOUT_* of its output */
-} layer;
-
-typedef struct stage {
-    const stage_def *def;
-    char device[32];
-    int host_memory;         /* device memory is host memory (cpu) */
-    ps_backend *be;
-    layer *layers;
-    int nlayers;
-    int64_t nweights;        /* floats in the parameter block */
-    float *w;                /* (nweights) parameters, on the stage's device */
-    float *mom;              /* (nweights) momentum buffers, NULL when momentum == 0 */
-} stage;
-
-struct ps_model {
-    const arch_def *arch;
-    stage stages[PS_MODEL_MAX_STAGES];
-    int nstages;
-    ps_param_info *params;
-    int *param_stage;        /* stage of each param */
-    int64_t *param_off;      /* offset in its stage block */
-    unsigned char *first_step; /* per param: momentum buffer not yet started */
-    int nparams;
-    int ndropout;
-    int64_t total_weights;
-    float lr, momentum, weight_decay;
-    pthread_rwlock_t lock;   /* weights: shared for forward/backward, exclusive for step */
-    pthread_mutex_t version_mu;
-    uint64_t version;
-    int thread_budget;       /* compute threads shared by the calls computing at once */
-    int inflight;            /* __atomic: forward/backward calls computing now */
-};
-
-typedef struct tape_stage {
-    float **acts;            /* nlayers+1 activations; acts[0] is the stage input */
-    float **masks;           /* per layer: dropout mask or NULL */
-    void **ws;               /* per layer: pooling workspace or NULL */
-    float **rin;             /* per layer: its input reordered to in_layout, or NULL */
-    float *grads;            /* (nweights) this context's gradients, NULL before backward */
-    unsigned char *owned;    /* per activation: allocated here (1) or aliased (0) */
-} tape_stage;
-
-struct ps_tape {
-    ps_model *m;
-    int n;
-    int has_grads;
-    tape_stage st[PS_MODEL_MAX_STAGES];
-};
-
-static int64_t act_numel(int n, int c, int h, int w) { return (int64_t)n * c * h * w; }
-
-static const arch_def *find_arch(const char *name) {
-    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
-        if (name && !strcmp(arch_table[i].name, name)) return &arch_table[i];
-    return NULL;
-}
+const char *const *ps_model_arch_names(void) { return ps_model_def_names(); }
 
 /* Parses "cpu" or "cuda:N". Returns 0 on success. */
 static int parse_device(const char *dev, int *is_cpu, int *index) {
@@ -159,48 +25,11 @@ static int parse_device(const char *dev, int *is_cpu, int *index) {
     return -1;
 }
 
-/* 1 when the stage's backend offers a blocked layout for c channels. */
-static int blocked_ok(const stage *st, int c) {
-    const ps_backend_ops *ops = st->be->ops;
-    return ops->blocked_layout && ops->reorder && ops->blocked_layout(st->be->impl, c) > 0;
-}
-
-static int prev_layout(const stage *st, int l) {
-    return l == 0 ? PS_LAYOUT_PLAIN : st->layers[l - 1].out_layout;
-}
-
-/* Activation layouts: convolutions work on the backend's blocked layout
- * where it has one (much faster kernels), relu and max-pool keep the layout
- * they get, everything else (dropout with its masks in PyTorch order,
- * flatten, linear, log-softmax) and the stage's output are plain. The
- * executor reorders where consecutive layers disagree. */
-static void plan_layouts(stage *st) {
-    int cur = PS_LAYOUT_PLAIN;
-    for (int l = 0; l < st->nlayers; l++) {
-        layer *ly = &st->layers[l];
-        int last = l == st->nlayers - 1;
-        ly->in_layout = ly->out_layout = PS_LAYOUT_PLAIN;
-        switch (ly->def->kind) {
-        case LK_CONV:
-            if (blocked_ok(st, ly->in_c)) ly->in_layout = PS_LAYOUT_BLOCKED;
-            if (!last && blocked_ok(st, ly->out_c)) ly->out_layout = PS_LAYOUT_BLOCKED;
-            break;
-        case LK_RELU:
-        case LK_MAXPOOL:
-            if (!last) ly->in_layout = ly->out_layout = cur;
-            break;
-        default:
-            break;
-        }
-        cur = ly->out_layout;
-    }
-}
-
 /* Start of a compute call: size its threads so that the calls computing
  * at once share the budget (two trainers on two cores: one thread each,
  * rather than four threads fighting over two cores). Returns the thread
- * count; pair with call_end. */
-static int call_begin(ps_model *m, int exclusive) {
+ * count; pair with ps_model_call_end (not after an exclusive call). */
+int ps_model_call_begin(ps_model *m, int exclusive) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
     int nt = m->thread_budget / (k > 0 ? k : 1);
     if (nt < 1) nt = 1;
@@ -209,15 +38,7 @@ static int call_begin(ps_model *m, int exclusive) {
     return nt;
 }
 
-static void call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
-
-/* PyTorch's default init for Conv2d and Linear: kaiming_uniform_(a=sqrt(5))
- * for the weight and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias; both
- * reduce to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
-static void init_uniform(float *p, int64_t n, int64_t fan_in, ps_rng *r) {
-    float bound = 1.0f / sqrtf((float)fan_in);
-    for (int64_t i = 0; i < n; i++) p[i] = (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
-}
+void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
 
 void ps_model_free(ps_model *m) {
     if (!m) return;
@@ -229,56 +50,155 @@ void ps_model_free(ps_model *m) {
         }
         ps_backend_free(st->be);
         free(st->layers);
+        free(st->slots);
     }
     if (m->params)
         for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
-    free(m->param_stage);
-    free(m->param_off);
+    free(m->loc);
     free(m->first_step);
     pthread_rwlock_destroy(&m->lock);
     pthread_mutex_destroy(&m->version_mu);
     free(m);
 }
 
-static ps_status add_param(ps_model *m, int s, const char *prefix, const char *suffix, int ndim,
-                           const int64_t *dims, int64_t off, ps_err *err) {
+/* The model's value of size key (registry default unless given). */
+static double size_of(const ps_model *m, const char *key) {
+    for (int i = 0; i < m->def->nsizes; i++)
+        if (!strcmp(m->def->sizes[i].key, key)) return m->sizes[i];
+    PS_ASSERT(!"layer refers to a size its model does not declare");
+    return 0;
+}
+
+static ps_status resolve_sizes(ps_model *m, const ps_model_opts *o, ps_err *err) {
+    const ps_model_def *d = m->def;
+    for (int i = 0; i < d->nsizes; i++) m->sizes[i] = d->sizes[i].def;
+    for (int j = 0; j < o->n_sizes; j++) {
+        const ps_size_key *k = ps_model_def_size(d, o->size_key[j]);
+        if (!k) {
+            char known[256] = "";
+            for (int i = 0; i < d->nsizes; i++) {
+                strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+                strncat(known, d->sizes[i].key, sizeof known - strlen(known) - 1);
+            }
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.sizes.%s: model '%s' has no size '%s' "
+                              "(sizes: %s)", o->size_key[j], d->name, o->size_key[j], *known ? known : "none");
+        }
+        double v = o->size_value[j];
+        if (!(v >= k->lo && (k->hi_open ? v < k->hi : v <= k->hi)) || (k->integer && v != floor(v)))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.sizes.%s: %g is outside %g..%g%s%s",
+                              k->key, v, k->lo, k->hi, k->hi_open ? " (excluded)" : "",
+                              k->integer ? " or not a whole number" : "");
+        m->sizes[k - d->sizes] = v;
+    }
+    return PS_OK;
+}
+
+static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_t goff, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_layer *ly = &st->layers[l];
+    const ps_layer_param *lp = &ly->param[j];
     ps_param_info *pi = &m->params[m->nparams];
-    char *name = malloc(strlen(prefix) + strlen(suffix) + 2);
+    char *name = malloc(strlen(ly->def->name) + strlen(lp->suffix) + 2);
     if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    sprintf(name, "%s.%s", prefix, suffix);
+    sprintf(name, "%s.%s", ly->def->name, lp->suffix);
     pi->name = name;
-    pi->ndim = ndim;
-    pi->numel = 1;
-    for (int d = 0; d < ndim; d++) { pi->dims[d] = dims[d]; pi->numel *= dims[d]; }
-    pi->stage = m->stages[s].def->name;
-    pi->device = m->stages[s].device;
-    m->param_stage[m->nparams] = s;
-    m->param_off[m->nparams] = off;
+    pi->ndim = lp->ndim;
+    pi->numel = lp->numel;
+    for (int d = 0; d < lp->ndim; d++) pi->dims[d] = lp->dims[d];
+    pi->stage = st->def->name;
+    pi->device = st->device;
+    pi->stage_index = s;
+    pi->sparse = lp->sparse;
+    m->loc[m->nparams] = (param_loc){s, l, j, off, goff};
     m->first_step[m->nparams] = 1;
+    st->slots[l].param[j] = m->nparams;
+    st->slots[l].w_off[j] = off;
+    st->slots[l].g_off[j] = goff;
+    m->nsparse += lp->sparse;
     m->nparams++;
     return PS_OK;
 }
 
+/* Build stage s's layers: resolve sizes, infer shapes, lay out parameters. */
+static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtype, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_stage_def *sd = st->def;
+    char b1[64];
+    if (!sd->inherit || s == 0) {
+        shape->ndim = sd->in_ndim;
+        for (int d = 0; d < sd->in_ndim; d++)
+            shape->dims[d] = sd->in_keys[d] ? (int64_t)size_of(m, sd->in_keys[d]) : sd->in_dims[d];
+        *dtype = sd->in_dtype;
+    }
+    st->nlayers = sd->nlayers;
+    st->layers = calloc(st->nlayers, sizeof *st->layers);
+    st->slots = calloc(st->nlayers, sizeof *st->slots);
+    if (!st->layers || !st->slots) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    st->info.name = sd->name;
+    st->info.device = st->device;
+    st->info.in_ndim = shape->ndim;
+    memcpy(st->info.in_dims, shape->dims, sizeof st->info.in_dims);
+    st->info.in_dtype = *dtype;
+    st->dropout_base = m->ndropout;
+    for (int l = 0; l < st->nlayers; l++) {
+        ps_layer *ly = &st->layers[l];
+        const ps_layer_def *d = &sd->layers[l];
+        ly->def = d;
+        ly->kind = ps_layer_kind_find(d->kind);
+        PS_ASSERT(ly->kind && "the registry names a layer kind the table lacks");
+        ly->out = d->out_key ? (int)size_of(m, d->out_key) : d->out;
+        ly->num = d->num_key ? (int)size_of(m, d->num_key) : d->num;
+        ly->p = d->p_key ? (float)size_of(m, d->p_key) : d->p;
+        ly->k = d->k;
+        ly->stride = d->stride;
+        ly->pad = d->pad;
+        ly->in = *shape;
+        ly->in_dtype = *dtype;
+        ly->dropout_idx = (ly->kind->flags & PS_KIND_DROPOUT) ? m->ndropout++ : -1;
+        ps_status rc = ps_layer_infer(ly, err);
+        if (rc) return ps_err_prefix(err, "model '%s', stage '%s' (input %s)", m->def->name, sd->name,
+                                     ps_shape_format(shape, b1, sizeof b1));
+        const char *missing = ly->kind->missing_op(st->be->ops);
+        if (missing)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.placement.%s: %s: backend '%s' has no %s "
+                              "(layer kind '%s')", sd->name, st->device, st->be->ops->name, missing,
+                              ly->kind->name);
+        for (int j = 0; j < ly->nparams; j++) {
+            int64_t goff = -1;
+            if (!ly->param[j].sparse) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
+            if ((rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
+            st->nweights += ly->param[j].numel;
+        }
+        *shape = ly->outs;
+        *dtype = ly->out_dtype;
+    }
+    st->info.out_ndim = shape->ndim;
+    memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
+    st->info.params = 0;
+    for (int l = 0; l < st->nlayers; l++) st->info.params += st->layers[l].nparams;
+    return PS_OK;
+}
+
 ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
-    const arch_def *a = find_arch(o->arch);
+    const ps_model_def *a = ps_model_def_find(o->arch);
     if (!a) {
-        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "unknown model '%s' (known: mnist_cnn)",
-                   o->arch ? o->arch : "(null)");
+        char known[256] = "";
+        for (const char *const *n = ps_model_def_names(); *n; n++) {
+            strncat(known, n != ps_model_def_names() ? ", " : "", sizeof known - strlen(known) - 1);
+            strncat(known, *n, sizeof known - strlen(known) - 1);
+        }
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "unknown model '%s' (known: %s)", o->arch ? o->arch : "(null)",
+                   known);
         return NULL;
     }
+    PS_ASSERT(a->nstages <= PS_MODEL_MAX_STAGES && a->nsizes <= PS_MODEL_MAX_SIZES);
     for (int i = 0; i < o->n_placement; i++) {
-        int found = 0;
-        for (int s = 0; s < a->nstages; s++) found |= !strcmp(a->stages[s].name, o->placement_stage[i]);
-        if (!found) {
-            char known[256] = "";
-            for (int s = 0; s < a->nstages; s++) {
-                strncat(known, s ? ", " : "", sizeof known - strlen(known) - 1);
-                strncat(known, a->stages[s].name, sizeof known - strlen(known) - 1);
-            }
+        if (ps_model_def_stage(a, o->placement_stage[i]) < 0) {
+            char known[256];
             ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                        "model.placement: model '%s' has no stage '%s' (stages: %s)", a->name,
-                       o->placement_stage[i], known);
+                       o->placement_stage[i], ps_model_def_stage_list(a, known, sizeof known));
             return NULL;
         }
     }
@@ -291,7 +211,7 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     pthread_rwlock_init(&m->lock, &attr);
     pthread_rwlockattr_destroy(&attr);
     pthread_mutex_init(&m->version_mu, NULL);
-    m->arch = a;
+    m->def = a;
     m->lr = o->lr;
     m->momentum = o->momentum;
     m->weight_decay = o->weight_decay;
@@ -300,21 +220,22 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         m->thread_budget = ncpu > 0 ? (int)ncpu : 1;
     }
+    if (resolve_sizes(m, o, err) != PS_OK) goto fail;
 
     int maxp = 0;
-    for (int s = 0; s < a->nstages; s++) maxp += 2 * a->stages[s].n;
-    m->params = calloc(maxp, sizeof *m->params);
-    m->param_stage = calloc(maxp, sizeof *m->param_stage);
-    m->param_off = calloc(maxp, sizeof *m->param_off);
-    m->first_step = calloc(maxp, 1);
-    if (!m->params || !m->param_stage || !m->param_off || !m->first_step) {
+    for (int s = 0; s < a->nstages; s++) maxp += PS_LAYER_MAX_PARAMS * a->stages[s].nlayers;
+    m->params = calloc(maxp + 1, sizeof *m->params);
+    m->loc = calloc(maxp + 1, sizeof *m->loc);
+    m->first_step = calloc(maxp + 1, 1);
+    if (!m->params || !m->loc || !m->first_step) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
 
     ps_rng rng;
     ps_rng_seed(&rng, o->seed);
-    int c = a->c, h = a->h, w = a->w;
+    ps_shape shape = {0};
+    ps_dtype dtype = PS_DTYPE_F32;
     for (int s = 0; s < a->nstages; s++) {
         stage *st = &m->stages[s];
         st->def = &a->stages[s];
@@ -336,82 +257,33 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             ps_err_prefix(err, "model.placement.%s: %s", st->def->name, st->device);
             goto fail;
         }
-        st->nlayers = st->def->n;
-        st->layers = calloc(st->nlayers, sizeof *st->layers);
-        if (!st->layers) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
-        for (int l = 0; l < st->nlayers; l++) {
-            layer *ly = &st->layers[l];
-            const layer_def *d = &st->def->layers[l];
-            ly->def = d;
-            ly->in_c = c; ly->in_h = h; ly->in_w = w;
-            ly->w_off = ly->b_off = -1;
-            ly->w_idx = -1;
-            ly->dropout_idx = -1;
-            switch (d->kind) {
-            case LK_CONV: {
-                int64_t wd[4] = {d->out, c, d->k, d->k}, bd[1] = {d->out};
-                ly->w_idx = m->nparams;
-                ly->w_off = st->nweights;
-                st->nweights += wd[0] * wd[1] * wd[2] * wd[3];
-                ly->b_off = st->nweights;
-                st->nweights += d->out;
-                if (add_param(m, s, d->name, "weight", 4, wd, ly->w_off, err) ||
-                    add_param(m, s, d->name, "bias", 1, bd, ly->b_off, err))
-                    goto fail;
-                c = d->out;
-                h = (h + 2 * d->pad - d->k) / d->stride + 1;
-                w = (w + 2 * d->pad - d->k) / d->stride + 1;
+        if (build_stage(m, s, &shape, &dtype, err) != PS_OK) goto fail;
+        ps_exec_plan_layouts(st);
+    }
+    if (m->nsparse && (m->momentum != 0.0f || m->weight_decay != 0.0f)) {
+        for (int i = 0; i < m->nparams; i++)
+            if (m->params[i].sparse) {
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': %s is a row-sparse parameter (embedding "
+                           "table), updated with plain SGD only: set optimizer.momentum and "
+                           "optimizer.weight_decay to 0", a->name, m->params[i].name);
                 break;
             }
-            case LK_LINEAR: {
-                int in = c * h * w;
-                int64_t wd[2] = {d->out, in}, bd[1] = {d->out};
-                ly->w_idx = m->nparams;
-                ly->w_off = st->nweights;
-                st->nweights += (int64_t)d->out * in;
-                ly->b_off = st->nweights;
-                st->nweights += d->out;
-                if (add_param(m, s, d->name, "weight", 2, wd, ly->w_off, err) ||
-                    add_param(m, s, d->name, "bias", 1, bd, ly->b_off, err))
-                    goto fail;
-                c = d->out; h = 1; w = 1;
-                break;
-            }
-            case LK_MAXPOOL:
-                h = (h - d->k) / d->stride + 1;
-                w = (w - d->k) / d->stride + 1;
-                break;
-            case LK_FLATTEN:
-                c = c * h * w; h = 1; w = 1;
-                break;
-            case LK_DROPOUT:
-                ly->dropout_idx = m->ndropout++;
-                break;
-            case LK_RELU:
-            case LK_LOGSOFTMAX:
-                break;
-            }
-            ly->out_c = c; ly->out_h = h; ly->out_w = w;
-        }
-        plan_layouts(st);
-        /* Initialise on the host in state_dict order, then move to the device. */
-        float *host = malloc((size_t)st->nweights * sizeof(float));
-        st->w = ps_backend_alloc_floats(st->be, st->nweights);
-        if (m->momentum > 0) st->mom = ps_backend_alloc_floats(st->be, st->nweights);
+        goto fail;
+    }
+    /* Initialise on the host in state_dict order, then move to the device. */
+    for (int s = 0; s < m->nstages; s++) {
+        stage *st = &m->stages[s];
+        float *host = malloc((size_t)(st->nweights ? st->nweights : 1) * sizeof(float));
+        st->w = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
+        if (m->momentum > 0) st->mom = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
         if (!host || !st->w || (m->momentum > 0 && !st->mom)) {
             free(host);
-            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights",
-                       st->def->name);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
             goto fail;
         }
-        for (int l = 0; l < st->nlayers; l++) {
-            layer *ly = &st->layers[l];
-            if (ly->w_idx < 0) continue;
-            const ps_param_info *pw = &m->params[ly->w_idx];
-            int64_t fan_in = pw->numel / pw->dims[0];
-            init_uniform(host + ly->w_off, pw->numel, fan_in, &rng);
-            init_uniform(host + ly->b_off, m->params[ly->w_idx + 1].numel, fan_in, &rng);
-        }
+        for (int l = 0; l < st->nlayers; l++)
+            for (int j = 0; j < st->layers[l].nparams; j++)
+                ps_layer_init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng);
         ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w, host,
                                                    (size_t)st->nweights * sizeof(float), err);
         if (rc == PS_OK && st->mom) {
@@ -429,7 +301,7 @@ fail:
     return NULL;
 }
 
-const char *ps_model_arch(const ps_model *m) { return m->arch->name; }
+const char *ps_model_arch(const ps_model *m) { return m->def->name; }
 int ps_model_num_params(const ps_model *m) { return m->nparams; }
 const ps_param_info *ps_model_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->nparams) ? &m->params[i] : NULL;
@@ -440,15 +312,28 @@ int ps_model_find_param(const ps_model *m, const char *name) {
     return -1;
 }
 int64_t ps_model_num_weights(const ps_model *m) { return m->total_weights; }
+
+int ps_model_num_stages(const ps_model *m) { return m->nstages; }
+const ps_stage_info *ps_model_stage(const ps_model *m, int s) {
+    return s >= 0 && s < m->nstages ? &m->stages[s].info : NULL;
+}
+int ps_model_find_stage(const ps_model *m, const char *name) {
+    for (int s = 0; s < m->nstages; s++)
+        if (name && !strcmp(m->stages[s].def->name, name)) return s;
+    return -1;
+}
+
 void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w) {
-    *c = m->arch->c; *h = m->arch->h; *w = m->arch->w;
+    const ps_stage_info *si = &m->stages[0].info;
+    *c = si->in_ndim > 0 ? (int)si->in_dims[0] : 1;
+    *h = si->in_ndim > 1 ? (int)si->in_dims[1] : 1;
+    *w = si->in_ndim > 2 ? (int)si->in_dims[2] : 1;
 }
 int ps_model_output_size(const ps_model *m) {
     const stage *st = &m->stages[m->nstages - 1];
-    const layer *ly = &st->layers[st->nlayers - 1];
-    return ly->out_c * ly->out_h * ly->out_w;
+    return (int)ps_shape_numel(&st->layers[st->nlayers - 1].outs);
 }
-int ps_model_max_batch(const ps_model *m) { return m->arch->max_batch; }
+int ps_model_max_batch(const ps_model *m) { return m->def->max_batch; }
 
 uint64_t ps_model_version(const ps_model *m) {
     ps_model *mm = (ps_model *)m;
@@ -460,9 +345,9 @@ uint64_t ps_model_version(const ps_model *m) {
 
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    stage *st = &m->stages[m->param_stage[i]];
+    stage *st = &m->stages[m->loc[i].stage];
     pthread_rwlock_rdlock(&m->lock);
-    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, st->w + m->param_off[i],
+    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, st->w + m->loc[i].off,
                                              (size_t)m->params[i].numel * sizeof(float), err);
     pthread_rwlock_unlock(&m->lock);
     return rc;
@@ -470,402 +355,181 @@ ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
 
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    stage *st = &m->stages[m->param_stage[i]];
+    stage *st = &m->stages[m->loc[i].stage];
     pthread_rwlock_wrlock(&m->lock);
-    ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w + m->param_off[i], host_src,
+    ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w + m->loc[i].off, host_src,
                                                (size_t)m->params[i].numel * sizeof(float), err);
     m->first_step[i] = 1;
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
 
-/* ----------------------------------------------------------------- tapes */
+/* ----------------------------------------------- forward and backward */
 
-void ps_tape_free(ps_tape *t) {
-    if (!t) return;
-    ps_model *m = t->m;
-    for (int s = 0; s < m->nstages; s++) {
-        stage *st = &m->stages[s];
-        tape_stage *ts = &t->st[s];
-        if (ts->acts)
-            for (int l = 0; l <= st->nlayers; l++)
-                if (ts->owned[l]) ps_backend_release(st->be, ts->acts[l]);
-        if (ts->masks)
-            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->masks[l]);
-        if (ts->ws)
-            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->ws[l]);
-        if (ts->rin)
-            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->rin[l]);
-        ps_backend_release(st->be, ts->grads);
-        free(ts->acts);
-        free(ts->masks);
-        free(ts->ws);
-        free(ts->rin);
-        free(ts->owned);
-    }
-    free(t);
-}
+#define EVAL_SLICE 64   /* samples per slice of an eval forward */
 
-int ps_tape_has_grads(const ps_tape *t) { return t->has_grads; }
-int ps_tape_batch(const ps_tape *t) { return t->n; }
-
-size_t ps_model_tape_bytes(const ps_model *m, int n) {
-    size_t bytes = 0;
-    for (int s = 0; s < m->nstages; s++) {
-        const stage *st = &m->stages[s];
-        bytes += (size_t)st->nweights * sizeof(float);
-        const layer *l0 = &st->layers[0];
-        bytes += (size_t)act_numel(n, l0->in_c, l0->in_h, l0->in_w) * sizeof(float);
-        for (int l = 0; l < st->nlayers; l++) {
-            const layer *ly = &st->layers[l];
-            size_t out = (size_t)act_numel(n, ly->out_c, ly->out_h, ly->out_w) * sizeof(float);
-            bytes += out;
-            if (ly->def->kind == LK_DROPOUT) bytes += out;
-            if (ly->in_layout != prev_layout(st, l))
-                bytes += (size_t)act_numel(n, ly->in_c, ly->in_h, ly->in_w) * sizeof(float);
-        }
-    }
-    return bytes;
-}
-
-/* Move a host or device buffer of stage `from` into a buffer usable by stage
- * `to`. Host-memory stages share pointers; host <-> device is one copy by
- * the device side's backend; two devices of one backend use its
- * copy_from_peer (peer copy, or pinned host staging inside the backend);
- * anything else goes through a host bounce buffer. On success *dst is
- * either src (aliased, *owned = 0) or a new buffer of `to` (*owned = 1). */
-static ps_status cross_stage(stage *from, stage *to, const float *src, int64_t count, float **dst,
-                             int *owned, ps_err *err) {
-    if (from->host_memory && to->host_memory) {
-        *dst = (float *)src;
-        *owned = 0;
-        return PS_OK;
-    }
-    size_t bytes = (size_t)count * sizeof(float);
-    float *out = ps_backend_alloc_floats(to->be, count);
-    float *bounce = NULL;
-    ps_status rc;
-    if (!out) goto oom;
-    if (from->host_memory) {
-        rc = to->be->ops->copy_to_device(to->be->impl, out, src, bytes, err);
-    } else if (to->host_memory) {
-        rc = from->be->ops->copy_to_host(from->be->impl, out, src, bytes, err);
-    } else if (from->be->ops == to->be->ops && to->be->ops->copy_from_peer) {
-        rc = to->be->ops->copy_from_peer(to->be->impl, out, from->be->impl, src, bytes, err);
-    } else {
-        bounce = malloc(bytes);
-        if (!bounce) goto oom;
-        rc = from->be->ops->copy_to_host(from->be->impl, bounce, src, bytes, err);
-        if (rc == PS_OK) rc = to->be->ops->copy_to_device(to->be->impl, out, bounce, bytes, err);
-        free(bounce);
-    }
-    if (rc != PS_OK) {
-        ps_backend_release(to->be, out);
-        return ps_err_prefix(err, "stage boundary %s -> %s", from->def->name, to->def->name);
-    }
-    *dst = out;
-    *owned = 1;
-    return PS_OK;
-oom:
-    ps_backend_release(to->be, out);
-    return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory moving %lld floats "
-                      "from stage %s to stage %s", (long long)count, from->def->name, to->def->name);
-}
-
-static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int train,
-                               const float *const *dropout_masks, ps_rng *rng, ps_err *err) {
-    layer *ly = &st->layers[l];
-    const layer_def *d = ly->def;
-    const ps_backend_ops *ops = st->be->ops;
-    void *impl = st->be->impl;
-    const float *x = ts->acts[l];
-    int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
-    int pl = prev_layout(st, l);
-    if (ly->in_layout != pl) {  /* kept in the tape: backward needs the input in this layout */
-        float *r = ps_backend_alloc_floats(st->be, act_numel(n, ly->in_c, ly->in_h, ly->in_w));
-        if (!r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
-        ts->rin[l] = r;
-        ps_status rc = ops->reorder(impl, n, ly->in_c, ly->in_h, ly->in_w, x, pl, r, ly->in_layout, err);
-        if (rc != PS_OK) return rc;
-        x = r;
-    }
-    if (d->kind == LK_FLATTEN || (d->kind == LK_DROPOUT && !train)) {
-        ts->acts[l + 1] = (float *)x;   /* a view of the input */
-        ts->owned[l + 1] = 0;
-        return PS_OK;
-    }
-    float *y = ps_backend_alloc_floats(st->be, out_count);
-    if (!y) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
-    ts->acts[l + 1] = y;
-    ts->owned[l + 1] = 1;
-    switch (d->kind) {
-    case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
-                           ly->in_layout, ly->out_layout};
-        return ops->conv2d_forward(impl, &cd, x, st->w + ly->w_off, st->w + ly->b_off, y, err);
-    }
-    case LK_LINEAR: {
-        ps_linear_desc ld = {n, ly->in_c * ly->in_h * ly->in_w, d->out};
-        return ops->linear_forward(impl, &ld, x, st->w + ly->w_off, st->w + ly->b_off, y, err);
-    }
-    case LK_RELU:
-        return ops->relu_forward(impl, out_count, x, y, err);
-    case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
-        size_t wsb = ops->maxpool_workspace_size(impl, &pd);
-        ts->ws[l] = wsb ? ops->alloc(impl, wsb) : NULL;
-        if (wsb && !ts->ws[l]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for pooling");
-        return ops->maxpool_forward(impl, &pd, x, y, ts->ws[l], err);
-    }
-    case LK_DROPOUT: {
-        float *mask = ps_backend_alloc_floats(st->be, out_count);
-        if (!mask) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
-        ts->masks[l] = mask;
-        ps_status rc;
-        if (dropout_masks) {
-            rc = ops->copy_to_device(impl, mask, dropout_masks[ly->dropout_idx],
-                                     (size_t)out_count * sizeof(float), err);
-        } else {
-            float *host = malloc((size_t)out_count * sizeof(float));
-            if (!host) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
-            float keep = 1.0f / (1.0f - d->p);
-            for (int64_t i = 0; i < out_count; i++) host[i] = ps_rng_uniform(rng) < d->p ? 0.0f : keep;
-            rc = ops->copy_to_device(impl, mask, host, (size_t)out_count * sizeof(float), err);
-            free(host);
-        }
-        if (rc != PS_OK) return rc;
-        return ops->mul(impl, out_count, x, mask, y, err);
-    }
-    case LK_LOGSOFTMAX:
-        return ops->log_softmax_forward(impl, n, ly->in_c * ly->in_h * ly->in_w, x, y, err);
-    case LK_FLATTEN:
-        break;
-    }
-    return PS_OK;
-}
-
-ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
-                           const float *const *dropout_masks, uint64_t dropout_seed, float *out,
-                           ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
+ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
+                                 const float *const *dropout_masks, uint64_t dropout_seed, float *out,
+                                 ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
     if (tape_out) *tape_out = NULL;
-    if (n < 1 || n > m->arch->max_batch)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n,
-                          m->arch->max_batch);
-    ps_tape *t = calloc(1, sizeof *t);
-    if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    t->m = m;
-    t->n = n;
-    ps_status rc = PS_OK;
-    for (int s = 0; s < m->nstages; s++) {
-        int nl = m->stages[s].nlayers;
-        tape_stage *ts = &t->st[s];
-        ts->acts = calloc(nl + 1, sizeof *ts->acts);
-        ts->owned = calloc(nl + 1, 1);
-        ts->masks = calloc(nl, sizeof *ts->masks);
-        ts->ws = calloc(nl, sizeof *ts->ws);
-        ts->rin = calloc(nl, sizeof *ts->rin);
-        if (!ts->acts || !ts->owned || !ts->masks || !ts->ws || !ts->rin) {
-            ps_tape_free(t);
-            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-        }
-    }
+    ps_status rc = ps_exec_check_run(m, first, last, err);
+    if (rc != PS_OK) return rc;
+    if (n < 1 || (train && n > m->def->max_batch))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
+    const stage *s0 = &m->stages[first], *sl = &m->stages[last];
+    const ps_layer *l0 = &s0->layers[0];
+    if (l0->kind->check_input && (rc = l0->kind->check_input(l0, x, n * ps_shape_numel(&l0->in), err)) != PS_OK)
+        return ps_err_prefix(err, "stage '%s'", s0->def->name);
+    size_t in_sample = (size_t)ps_shape_numel(&l0->in) * ps_dtype_size(l0->in_dtype);
+    int64_t out_sample = ps_shape_numel(&sl->layers[sl->nlayers - 1].outs);
     ps_rng rng;
     ps_rng_seed(&rng, dropout_seed);
-
-    call_begin(m, 0);
+    /* One shared acquisition for the whole call: one weights version, even
+     * for an eval forward run in slices (bounded memory). */
+    ps_model_call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     if (version_used) *version_used = ps_model_version(m);
-    /* The input enters the first stage's device. Eval passes on a host
-     * stage read the caller's buffer in place; a tape kept for backward
-     * owns a copy. */
-    stage *s0 = &m->stages[0];
-    const layer *l0 = &s0->layers[0];
-    int64_t in_count = act_numel(n, l0->in_c, l0->in_h, l0->in_w);
-    int keep = train && tape_out;
-    if (s0->host_memory && !keep) {
-        t->st[0].acts[0] = (float *)x;
-        t->st[0].owned[0] = 0;
-    } else {
-        float *xd = ps_backend_alloc_floats(s0->be, in_count);
-        if (!xd) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for input");
-        else {
-            t->st[0].acts[0] = xd;
-            t->st[0].owned[0] = 1;
-            rc = s0->be->ops->copy_to_device(s0->be->impl, xd, x, (size_t)in_count * sizeof(float), err);
-        }
-    }
-    for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
-        stage *st = &m->stages[s];
-        tape_stage *ts = &t->st[s];
-        if (s > 0) {
-            stage *prev = &m->stages[s - 1];
-            const layer *pl = &prev->layers[prev->nlayers - 1];
-            int owned;
-            rc = cross_stage(prev, st, t->st[s - 1].acts[prev->nlayers],
-                             act_numel(n, pl->out_c, pl->out_h, pl->out_w), &ts->acts[0], &owned, err);
-            ts->owned[0] = (unsigned char)owned;
-        }
-        for (int l = 0; l < st->nlayers && rc == PS_OK; l++)
-            rc = layer_forward(st, ts, l, n, train, dropout_masks, &rng, err);
+    int slice = train ? n : EVAL_SLICE;
+    for (int o = 0; o < n && rc == PS_OK; o += slice) {
+        int k = n - o < slice ? n - o : slice;
+        rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
+                             dropout_masks, &rng, out + (size_t)o * out_sample, tape_out, err);
     }
     pthread_rwlock_unlock(&m->lock);
-    call_end(m);
-
-    if (rc == PS_OK) {
-        stage *last = &m->stages[m->nstages - 1];
-        int outsz = ps_model_output_size(m);
-        rc = last->be->ops->copy_to_host(last->be->impl, out, t->st[m->nstages - 1].acts[last->nlayers],
-                                         (size_t)n * outsz * sizeof(float), err);
-    }
-    if (rc != PS_OK || !keep) {
-        ps_tape_free(t);
-        return rc;
-    }
-    *tape_out = t;
-    return PS_OK;
+    ps_model_call_end(m);
+    return rc;
 }
 
-static ps_status layer_backward(stage *st, tape_stage *ts, int l, int n, const float *dy, float *dx,
+ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
-    layer *ly = &st->layers[l];
-    const layer_def *d = ly->def;
-    const ps_backend_ops *ops = st->be->ops;
-    void *impl = st->be->impl;
-    const float *x = ts->rin[l] ? ts->rin[l] : ts->acts[l], *y = ts->acts[l + 1];
-    int64_t out_count = act_numel(n, ly->out_c, ly->out_h, ly->out_w);
-    switch (d->kind) {
-    case LK_CONV: {
-        ps_conv_desc cd = {n, ly->in_c, ly->in_h, ly->in_w, d->out, d->k, d->k, d->stride, d->pad,
-                           ly->in_layout, ly->out_layout};
-        return ops->conv2d_backward(impl, &cd, x, st->w + ly->w_off, dy, dx, ts->grads + ly->w_off,
-                                    ts->grads + ly->b_off, err);
-    }
-    case LK_LINEAR: {
-        ps_linear_desc ld = {n, ly->in_c * ly->in_h * ly->in_w, d->out};
-        return ops->linear_backward(impl, &ld, x, st->w + ly->w_off, dy, dx, ts->grads + ly->w_off,
-                                    ts->grads + ly->b_off, err);
-    }
-    case LK_RELU:
-        return dx ? ops->relu_backward(impl, out_count, y, dy, dx, err) : PS_OK;
-    case LK_MAXPOOL: {
-        ps_pool_desc pd = {n, ly->in_c, ly->in_h, ly->in_w, d->k, d->stride, ly->in_layout};
-        return dx ? ops->maxpool_backward(impl, &pd, ts->ws[l], dy, dx, err) : PS_OK;
-    }
-    case LK_DROPOUT:
-        return dx ? ops->mul(impl, out_count, dy, ts->masks[l], dx, err) : PS_OK;
-    case LK_LOGSOFTMAX:
-        return dx ? ops->log_softmax_backward(impl, n, ly->in_c * ly->in_h * ly->in_w, y, dy, dx, err)
-                  : PS_OK;
-    case LK_FLATTEN:
-        break;
-    }
-    return PS_OK;
+    ps_model_call_begin(m, 0);
+    pthread_rwlock_rdlock(&m->lock);
+    ps_status rc = ps_exec_backward(m, t, grad_out, grad_in, acc, err);
+    pthread_rwlock_unlock(&m->lock);
+    ps_model_call_end(m);
+    return rc;
 }
+
+ps_status ps_model_forward(ps_model *m, const float *x, int n, int train, const float *const *dropout_masks,
+                           uint64_t dropout_seed, float *out, ps_tape **tape_out, uint64_t *version_used,
+                           ps_err *err) {
+    if (n > m->def->max_batch)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
+    return ps_model_forward_range(m, 0, m->nstages - 1, x, n, train, dropout_masks, dropout_seed, out, tape_out,
+                                  version_used, err);
+}
+
 
 ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_err *err) {
-    int n = t->n;
-    ps_status rc = PS_OK;
-    float *carry = NULL;          /* dy for the current layer, on the current stage's device */
-    stage *carry_stage = NULL;
-    int carry_owned = 0;
-
-    call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
-    for (int s = m->nstages - 1; s >= 0 && rc == PS_OK; s--) {
-        stage *st = &m->stages[s];
-        tape_stage *ts = &t->st[s];
-        if (!ts->grads) {
-            ts->grads = ps_backend_alloc_floats(st->be, st->nweights);
-            if (!ts->grads) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients"); break; }
-        }
-        /* Bring dy onto this stage's device. */
-        const layer *last = &st->layers[st->nlayers - 1];
-        int64_t cnt = act_numel(n, last->out_c, last->out_h, last->out_w);
-        float *dy = NULL;
-        int dy_owned = 0;
-        if (s == m->nstages - 1) {
-            dy = ps_backend_alloc_floats(st->be, cnt);
-            dy_owned = 1;
-            if (!dy) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
-            rc = st->be->ops->copy_to_device(st->be->impl, dy, grad_out, (size_t)cnt * sizeof(float), err);
-        } else {
-            float *moved;
-            int moved_owned;
-            rc = cross_stage(carry_stage, st, carry, cnt, &moved, &moved_owned, err);
-            if (rc == PS_OK && !moved_owned) {
-                dy = carry;                 /* same memory space: hand over */
-                dy_owned = carry_owned;
-            } else {
-                if (carry_owned) ps_backend_release(carry_stage->be, carry);
-                if (rc == PS_OK) { dy = moved; dy_owned = 1; }
-            }
-            carry = NULL;
-            carry_owned = 0;
-        }
-        for (int l = st->nlayers - 1; l >= 0 && rc == PS_OK; l--) {
-            layer *ly = &st->layers[l];
-            int first = (s == 0 && l == 0);
-            int64_t in_count = act_numel(n, ly->in_c, ly->in_h, ly->in_w);
-            if (!(ly->def->kind == LK_FLATTEN || (ly->def->kind == LK_DROPOUT && !ts->masks[l]))) {
-                float *dx = NULL;
-                if (!first) {
-                    dx = ps_backend_alloc_floats(st->be, in_count);
-                    if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
-                }
-                rc = layer_backward(st, ts, l, n, dy, dx, err);
-                if (dy_owned) ps_backend_release(st->be, dy);
-                dy = dx;
-                dy_owned = dx != NULL;
-            }   /* else a view: dy passes through unchanged */
-            if (ts->rin[l] && dy && rc == PS_OK) {  /* back to the layout of this layer's input */
-                float *r = ps_backend_alloc_floats(st->be, in_count);
-                if (!r) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
-                rc = st->be->ops->reorder(st->be->impl, n, ly->in_c, ly->in_h, ly->in_w, dy, ly->in_layout, r,
-                                          prev_layout(st, l), err);
-                if (dy_owned) ps_backend_release(st->be, dy);
-                dy = r;
-                dy_owned = 1;
-            }
-        }
-        carry = dy;
-        carry_owned = dy_owned;
-        carry_stage = st;
-    }
-    pthread_rwlock_unlock(&m->lock);
-    call_end(m);
-    if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
-    if (rc == PS_OK) t->has_grads = 1;
+    ps_grads_free(t->own);
+    t->own = ps_grads_create(m, err);
+    if (!t->own) return PS_ERR_RESOURCE_EXHAUSTED;
+    ps_status rc = ps_model_backward_acc(m, t, grad_out, NULL, t->own, err);
+    if (rc != PS_OK) { ps_grads_free(t->own); t->own = NULL; }
     return rc;
 }
 
 ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    if (!t->has_grads) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients yet (Backward first)");
-    stage *st = &m->stages[m->param_stage[i]];
-    return st->be->ops->copy_to_host(st->be->impl, host_dst, t->st[m->param_stage[i]].grads + m->param_off[i],
-                                      (size_t)m->params[i].numel * sizeof(float), err);
+    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients yet (Backward first)");
+    return ps_grads_get(m, t->own, i, host_dst, err);
+}
+
+/* ------------------------------------------------------------------ step */
+
+/* One parameter's gradient as the optimizer sees it: dense (on the
+ * stage's device) or row-sparse (host rows). */
+typedef struct param_grad {
+    const float *dense;
+    const ps_rows *rows;
+    float *scratch;          /* host (nrows, width) for rows of a device stage */
+} param_grad;
+
+/* One optimizer update of parameter i: the single place a new optimizer
+ * (Adam, SparseAdam) plugs in. Runs under the exclusive lock, after every
+ * allocation and check: it only computes and writes. */
+static ps_status update_param(ps_model *m, int i, const param_grad *g, ps_err *err) {
+    const param_loc *pl = &m->loc[i];
+    stage *st = &m->stages[pl->stage];
+    float *w = st->w + pl->off;
+    if (g->dense) {
+        ps_sgd_desc sd = {m->lr, m->momentum, m->weight_decay, m->first_step[i]};
+        ps_status rc = st->be->ops->sgd_update(st->be->impl, m->params[i].numel, w, g->dense,
+                                               st->mom ? st->mom + pl->off : NULL, &sd, err);
+        m->first_step[i] = 0;
+        return rc;
+    }
+    /* Row-sparse plain SGD (momentum and weight decay refused at creation):
+     * w[row] -= lr * grad[row] for the touched rows only. */
+    const ps_rows *r = g->rows;
+    int64_t wd = r->width;
+    if (st->host_memory) {
+        for (int64_t k = 0; k < r->nrows; k++) {
+            float *wr = w + r->rows[k] * wd;
+            const float *gr = r->grad + k * wd;
+            for (int64_t j = 0; j < wd; j++) wr[j] -= m->lr * gr[j];
+        }
+        return PS_OK;
+    }
+    const ps_backend_ops *ops = st->be->ops;
+    size_t rb = (size_t)wd * sizeof(float);
+    for (int64_t k = 0; k < r->nrows; k++) {
+        float *row = g->scratch + k * wd;
+        ps_status rc = ops->copy_to_host(st->be->impl, row, w + r->rows[k] * wd, rb, err);
+        if (rc != PS_OK) return rc;
+        for (int64_t j = 0; j < wd; j++) row[j] -= m->lr * r->grad[k * wd + j];
+        if ((rc = ops->copy_to_device(st->be->impl, w + r->rows[k] * wd, row, rb, err)) != PS_OK) return rc;
+    }
+    return PS_OK;
+}
+
+ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err) {
+    if (!g || g->m != m)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    if (!ps_grads_touched(g))
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
+    /* Everything that can fail before any weight is written. */
+    param_grad *pg = calloc((size_t)m->nparams, sizeof *pg);
+    if (!pg) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
+    ps_status rc = PS_OK;
+    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
+        const param_loc *pl = &m->loc[i];
+        if (m->params[i].sparse) {
+            const ps_rows *r = &g->rows[i];
+            if (!r->nrows) continue;
+            pg[i].rows = r;
+            if (!m->stages[pl->stage].host_memory &&
+                !(pg[i].scratch = malloc((size_t)r->nrows * r->width * sizeof(float))))
+                rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s step", m->params[i].name);
+        } else if (g->dense[pl->stage]) {
+            pg[i].dense = g->dense[pl->stage] + pl->goff;
+        }
+    }
+    if (rc == PS_OK) {
+        int wrote = 0;
+        pthread_rwlock_wrlock(&m->lock);
+        ps_model_call_begin(m, 1);  /* nothing else computes while the weights are written */
+        for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
+            if (!pg[i].dense && !pg[i].rows) continue;
+            rc = update_param(m, i, &pg[i], err);
+            wrote = 1;
+        }
+        uint64_t v;
+        pthread_mutex_lock(&m->version_mu);
+        if (wrote) m->version++;  /* a device failure half-way still changed weights */
+        v = m->version;
+        pthread_mutex_unlock(&m->version_mu);
+        pthread_rwlock_unlock(&m->lock);
+        if (version) *version = v;
+    }
+    for (int i = 0; i < m->nparams; i++) free(pg[i].scratch);
+    free(pg);
+    return rc;
 }
 
 ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err *err) {
-    if (!t->has_grads) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
-    ps_status rc = PS_OK;
-    pthread_rwlock_wrlock(&m->lock);
-    call_begin(m, 1);  /* nothing else computes while the weights are written */
-    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
-        int s = m->param_stage[i];
-        stage *st = &m->stages[s];
-        int64_t off = m->param_off[i];
-        ps_sgd_desc sd = {m->lr, m->momentum, m->weight_decay, m->first_step[i]};
-        rc = st->be->ops->sgd_update(st->be->impl, m->params[i].numel, st->w + off, t->st[s].grads + off,
-                                     st->mom ? st->mom + off : NULL, &sd, err);
-        m->first_step[i] = 0;
-    }
-    pthread_mutex_lock(&m->version_mu);
-    uint64_t v = ++m->version;
-    pthread_mutex_unlock(&m->version_mu);
-    pthread_rwlock_unlock(&m->lock);
-    if (version) *version = v;
-    return rc;
+    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
+    return ps_model_step_grads(m, t->own, version, err);
 }
 
 /* ------------------------------------------------- checkpoint support */
@@ -878,14 +542,13 @@ ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *st
     pthread_rwlock_rdlock(&m->lock);
     int64_t o = 0;
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
-        stage *st = &m->stages[m->param_stage[i]];
+        stage *st = &m->stages[m->loc[i].stage];
         size_t bytes = (size_t)m->params[i].numel * sizeof(float);
-        rc = st->be->ops->copy_to_host(st->be->impl, w + o, st->w + m->param_off[i], bytes, err);
+        rc = st->be->ops->copy_to_host(st->be->impl, w + o, st->w + m->loc[i].off, bytes, err);
         if (rc == PS_OK && mom && st->mom) {
             started[i] = !m->first_step[i];
             if (started[i])
-                rc = st->be->ops->copy_to_host(st->be->impl, mom + o, st->mom + m->param_off[i], bytes,
-                                               err);
+                rc = st->be->ops->copy_to_host(st->be->impl, mom + o, st->mom + m->loc[i].off, bytes, err);
             else
                 memset(mom + o, 0, bytes);
         } else if (mom) {
@@ -900,14 +563,14 @@ ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *st
 
 ps_status ps_model_set_momentum(ps_model *m, int i, const float *host_src, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    stage *st = &m->stages[m->param_stage[i]];
+    stage *st = &m->stages[m->loc[i].stage];
     if (!st->mom)
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: the optimizer keeps no momentum buffers "
                           "(optimizer.momentum is 0)", m->params[i].name);
     ps_status rc = PS_OK;
     pthread_rwlock_wrlock(&m->lock);
     if (host_src)
-        rc = st->be->ops->copy_to_device(st->be->impl, st->mom + m->param_off[i], host_src,
+        rc = st->be->ops->copy_to_device(st->be->impl, st->mom + m->loc[i].off, host_src,
                                          (size_t)m->params[i].numel * sizeof(float), err);
     m->first_step[i] = host_src == NULL || rc != PS_OK;
     pthread_rwlock_unlock(&m->lock);

@@ -1,18 +1,24 @@
 /* model.h - a model hosted by psd: named stages of layers, each stage placed
  * on a device with its own backend.
  *
- * A model is built from an architecture definition (a table of stages, each
- * a sequence of layers; see model.c: "mnist_cnn" is PyTorch's RPC
- * parameter-server tutorial network, stages "conv" and "fc"). Parameters use
- * PyTorch's state_dict names and default initialisation, one block per stage.
+ * A model is built from a row of the model registry (models.h: stages of
+ * layers; "mnist_cnn" is PyTorch's RPC parameter-server tutorial network,
+ * stages "conv" and "fc"). Parameters use PyTorch's state_dict names and
+ * initialisation, one block per stage.
+ *
+ * Shapes: every stage has a per-sample input shape (0..3 dims) and dtype
+ * and a per-sample output shape (ps_stage_info). A batch is (leading
+ * dims..., per-sample dims); the functions here take n = the product of the
+ * leading dims, so (seq, batch) ids are n = seq*batch samples of shape ().
  *
  * Ownership and concurrency:
  *  - ps_model owns the weights and the optimizer state (momentum buffers).
- *  - A ps_tape is what one forward pass keeps for its backward pass
- *    (activations, dropout masks, pooling workspaces) plus that context's
- *    parameter gradients. It belongs to one request context; the caller
- *    frees it with ps_tape_free. Gradients go into the tape, never into
- *    shared state.
+ *  - A ps_tape is what one forward pass over a run of stages keeps for its
+ *    backward pass (activations, dropout masks, pooling workspaces). It
+ *    belongs to one request context; the caller frees it with ps_tape_free.
+ *  - A ps_grads holds the parameter gradients a context accumulated over
+ *    any number of tapes (dense blocks per stage, row-sparse rows for
+ *    embedding tables). Gradients go into it, never into shared state.
  *  - Consistency (hogwild with a readers/writer lock): forward and backward
  *    hold the weights lock shared, step holds it exclusively, so every
  *    operation sees one consistent set of weights and no step tears another.
@@ -30,7 +36,10 @@
 #include "backend.h"
 #include "status.h"
 
+#include "tensor.h"
+
 #define PS_MODEL_MAX_STAGES 8
+#define PS_MODEL_MAX_SIZE_KEYS 8
 
 typedef struct ps_model ps_model;
 typedef struct ps_tape ps_tape;
@@ -45,7 +54,12 @@ typedef struct ps_model_opts {
     int compute_threads;           /* thread budget (0 = online CPUs): each forward or
                                       backward runs on budget / (calls computing at
                                       once) threads, at least 1; a step on all */
-    float lr, momentum, weight_decay; /* SGD (torch.optim.SGD semantics) */
+    float lr, momentum, weight_decay; /* SGD (torch.optim.SGD semantics); a model with a
+                                         sparse parameter takes plain SGD only (0, 0) */
+    int n_sizes;                   /* (key, value) pairs of the model's sizes (models.h);
+                                      sizes not named take the registry's defaults */
+    const char *size_key[PS_MODEL_MAX_SIZE_KEYS];
+    double size_value[PS_MODEL_MAX_SIZE_KEYS];
 } ps_model_opts;
 
 typedef struct ps_param_info {
@@ -55,13 +69,31 @@ typedef struct ps_param_info {
     int64_t numel;
     const char *stage;             /* "conv" */
     const char *device;            /* "cpu" */
+    int stage_index;
+    int sparse;                    /* 1: row-sparse gradient and update (embedding table) */
 } ps_param_info;
 
-/* Names of the architectures this build knows, NULL-terminated. */
+typedef struct ps_stage_info {
+    const char *name;              /* "conv" */
+    const char *device;            /* "cpu", "cuda:0" */
+    int in_ndim;                   /* per-sample input */
+    int64_t in_dims[4];
+    ps_dtype in_dtype;
+    int out_ndim;                  /* per-sample output (always float32) */
+    int64_t out_dims[4];
+    int params;                    /* parameters of the stage */
+} ps_stage_info;
+
+typedef struct ps_grads ps_grads;
+
+/* Names of the architectures this build knows, NULL-terminated (the
+ * registry's, models.h). */
 const char *const *ps_model_arch_names(void);
 
-/* Build the model: validates arch, stage names and devices (an unknown stage
- * or a device without a backend is PS_ERR_INVALID_ARGUMENT naming it). */
+/* Build the model: validates arch, sizes, stage names and devices (an
+ * unknown stage or size, a device without a backend, a layer kind the
+ * stage's backend lacks, momentum or weight decay with a sparse parameter
+ * are PS_ERR_INVALID_ARGUMENT naming it). */
 ps_model *ps_model_create(const ps_model_opts *opts, ps_err *err);
 void ps_model_free(ps_model *m);
 
@@ -71,7 +103,82 @@ const ps_param_info *ps_model_param(const ps_model *m, int i);
 int ps_model_find_param(const ps_model *m, const char *name); /* -1 if absent */
 int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
 
-/* Per-sample input shape (c, h, w) and number of outputs per sample. */
+/* ---- stages ---- */
+int ps_model_num_stages(const ps_model *m);
+const ps_stage_info *ps_model_stage(const ps_model *m, int s);   /* NULL if out of range */
+int ps_model_find_stage(const ps_model *m, const char *name);    /* -1 if absent */
+
+/* Forward of stages first..last (a consecutive run whose shapes chain) on n
+ * samples. x is host memory of the first stage's in_dtype, n x per-sample
+ * input; out receives n x per-sample output of the last stage (float).
+ * Int64 ids outside an embedding's rows are INVALID_ARGUMENT naming the
+ * index and the value.
+ * train != 0: dropout is active and *tape (when tape is not NULL) receives
+ * what backward needs; n is at most ps_model_max_batch.
+ * train == 0 (eval): any n; it runs in slices of at most 64 samples under
+ * ONE acquisition of the weights lock, so the whole call sees one weights
+ * version (*version_used) and memory stays bounded; nothing is kept.
+ * dropout_masks, when not NULL, supplies one host mask per dropout layer of
+ * the run, in order: (n, per-sample shape) of values 0 or 1/(1-p) for
+ * dropout, (n, C) for dropout2d (one value per channel) - used by the
+ * golden tests. Otherwise masks are drawn from dropout_seed: give every
+ * forward its own seed (psd derives it from the context id and the
+ * forward's sequence number in the context). */
+ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
+                                 const float *const *dropout_masks, uint64_t dropout_seed, float *out,
+                                 ps_tape **tape, uint64_t *version_used, ps_err *err);
+
+int ps_tape_first_stage(const ps_tape *t);
+int ps_tape_last_stage(const ps_tape *t);
+/* The forward's output again (host, n x per-sample output of the last
+ * stage): a retried Forward is answered from the record. */
+ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_err *err);
+
+/* ---- accumulated gradients ---- */
+
+/* An empty accumulator: blocks are allocated when a backward first touches
+ * a stage or an embedding row. ps_grads_free(NULL) is a no-op. */
+ps_grads *ps_grads_create(ps_model *m, ps_err *err);
+void ps_grads_free(ps_grads *g);
+
+/* Backward of the tape from d loss / d output (host, n x per-sample output
+ * of its last stage). ADDS the parameter gradients of the stages the tape
+ * covers into acc. When grad_in is not NULL, writes d loss / d input of the
+ * tape's first stage there (host, n x per-sample input, float;
+ * INVALID_ARGUMENT when that input is int64); when it is NULL the first
+ * layer's backward-data is not computed. The tape stays valid. */
+ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
+                                ps_err *err);
+
+/* Parameter param's accumulated gradient, dense (numel floats; zero where
+ * nothing was accumulated). */
+ps_status ps_grads_get(ps_model *m, const ps_grads *g, int param, float *host_dst, ps_err *err);
+/* dst += src (sync rounds sum contexts); both of model m. */
+ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *err);
+/* g *= s (averaging). */
+ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err);
+/* 1 when every accumulated value is finite; 0 with *param and *elem (index
+ * into the dense parameter) naming the first that is not; -1 when it could
+ * not be checked (out of memory, device copy failure). */
+int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *elem);
+/* Bytes the accumulator holds. */
+size_t ps_grads_bytes(const ps_grads *g);
+/* 1 when a backward or add has put anything into g. */
+int ps_grads_touched(const ps_grads *g);
+
+/* Apply the optimizer to the parameters g has gradients for (parameters of
+ * stages it never touched are left alone; sparse parameters update only
+ * their touched rows) under the exclusive weights lock; returns the new
+ * version in *version. Atomic: everything that can fail on input or memory
+ * (validation, allocation) happens before the first weight is written, so
+ * an error leaves weights, optimizer state and version untouched. */
+ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err);
+
+/* ---- whole-model functions of the first API (wrappers over the above) ---- */
+
+/* Per-sample input shape (c, h, w) of the first stage (a 1-D input (F)
+ * reads (F, 1, 1), a scalar (1, 1, 1)) and number of outputs per sample
+ * of the last stage. */
 void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w);
 int ps_model_output_size(const ps_model *m);
 /* Largest batch a single forward accepts. */
@@ -85,7 +192,7 @@ uint64_t ps_model_version(const ps_model *m);
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err);
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err);
 
-/* Forward pass of a batch x (n, c, h, w) in host memory; writes n *
+/* ps_model_forward_range over all stages (float input). Forward pass of a batch x (n, c, h, w) in host memory; writes n *
  * output_size floats to host out. With train != 0, dropout is active and
  * *tape receives what backward needs (free with ps_tape_free); with
  * train == 0 (eval), tape may be NULL and nothing is kept.
@@ -98,7 +205,8 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
                            float *out, ps_tape **tape, uint64_t *version_used, ps_err *err);
 
 /* Backward pass from d loss / d output (n, output_size, host memory); the
- * parameter gradients land in the tape (overwriting earlier ones). */
+ * parameter gradients land in the tape's own ps_grads (overwriting earlier
+ * ones). */
 ps_status ps_model_backward(ps_model *m, ps_tape *tape, const float *grad_out, ps_err *err);
 
 /* 1 once backward has filled the tape's gradients. */
@@ -107,8 +215,8 @@ int ps_tape_batch(const ps_tape *t);
 /* Copy parameter i's gradient from the tape to host memory. */
 ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err);
 
-/* Apply SGD with the tape's gradients (exclusive weights lock); returns the
- * new version in *version. The tape stays valid; the caller frees it. */
+/* ps_model_step_grads with the tape's own gradients (ps_model_backward).
+ * The tape stays valid; the caller frees it. */
 ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err *err);
 
 /* Bytes a tape of batch n holds (activations + gradients), for limits. */

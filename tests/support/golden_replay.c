@@ -62,7 +62,7 @@ void golden_replay(const ps_st_file *g, ps_model *m, const char *label) {
         snprintf(key, sizeof key, "step%d.input", step);
         const float *x = golden_tensor(g, key, (int64_t)n * 784);
         snprintf(key, sizeof key, "step%d.mask1", step);
-        const float *m1 = golden_tensor(g, key, (int64_t)n * 64 * 12 * 12);
+        const float *m1 = golden_tensor(g, key, (int64_t)n * 64);   /* Dropout2d: per channel */
         snprintf(key, sizeof key, "step%d.mask2", step);
         const float *m2 = golden_tensor(g, key, (int64_t)n * 128);
         snprintf(key, sizeof key, "step%d.output", step);
@@ -122,8 +122,8 @@ void golden_replay(const ps_st_file *g, ps_model *m, const char *label) {
     const float *x = golden_tensor(g, "step1.input", (int64_t)n * 784);
     if (x) {
         float ev[80], tr[80];
-        float *ones1 = malloc(sizeof(float) * n * 64 * 144), *ones2 = malloc(sizeof(float) * n * 128);
-        for (int i = 0; i < n * 64 * 144; i++) ones1[i] = 1;
+        float *ones1 = malloc(sizeof(float) * n * 64), *ones2 = malloc(sizeof(float) * n * 128);
+        for (int i = 0; i < n * 64; i++) ones1[i] = 1;
         for (int i = 0; i < n * 128; i++) ones2[i] = 1;
         const float *ones[2] = {ones1, ones2};
         CHECK(ps_model_forward(m, x, n, 0, NULL, 0, ev, NULL, NULL, &err) == PS_OK);

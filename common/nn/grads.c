@@ -1,0 +1,190 @@
+/* grads.c - accumulated parameter gradients of one context (see model.h):
+ * a dense block per stage on the stage's device, allocated when a backward
+ * first touches the stage, and row-sparse rows in host memory for embedding
+ * tables (memory proportional to the rows touched, not to the table). */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+ps_grads *ps_grads_create(ps_model *m, ps_err *err) {
+    ps_grads *g = calloc(1, sizeof *g);
+    if (g) g->rows = calloc((size_t)m->nparams + 1, sizeof *g->rows);
+    if (!g || !g->rows) {
+        free(g);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+        return NULL;
+    }
+    g->m = m;
+    return g;
+}
+
+void ps_grads_free(ps_grads *g) {
+    if (!g) return;
+    ps_model *m = g->m;
+    for (int s = 0; s < m->nstages; s++) ps_backend_release(m->stages[s].be, g->dense[s]);
+    for (int i = 0; i < m->nparams; i++) ps_rows_clear(&g->rows[i]);
+    free(g->rows);
+    free(g);
+}
+
+int ps_grads_touched(const ps_grads *g) {
+    const ps_model *m = g->m;
+    for (int s = 0; s < m->nstages; s++)
+        if (g->dense[s]) return 1;
+    for (int i = 0; i < m->nparams; i++)
+        if (g->rows[i].nrows) return 1;
+    return 0;
+}
+
+size_t ps_grads_bytes(const ps_grads *g) {
+    const ps_model *m = g->m;
+    size_t b = sizeof *g + (size_t)m->nparams * sizeof *g->rows;
+    for (int s = 0; s < m->nstages; s++)
+        if (g->dense[s]) b += (size_t)m->stages[s].ngrads * sizeof(float);
+    for (int i = 0; i < m->nparams; i++)
+        b += (size_t)g->rows[i].nrows * (sizeof(int64_t) + (size_t)g->rows[i].width * sizeof(float));
+    return b;
+}
+
+ps_status ps_rows_merge(ps_rows *dst, const ps_rows *src, ps_err *err) {
+    if (!src->nrows) return PS_OK;
+    int64_t w = src->width;
+    ps_rows r = {0};
+    r.width = w;
+    r.rows = malloc((size_t)(dst->nrows + src->nrows) * sizeof(int64_t));
+    r.grad = malloc((size_t)(dst->nrows + src->nrows) * w * sizeof(float));
+    if (!r.rows || !r.grad) {
+        ps_rows_clear(&r);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory merging gradient rows");
+    }
+    int64_t a = 0, b = 0;
+    while (a < dst->nrows || b < src->nrows) {   /* both sorted: a merge */
+        float *out = r.grad + r.nrows * w;
+        if (b >= src->nrows || (a < dst->nrows && dst->rows[a] < src->rows[b])) {
+            r.rows[r.nrows] = dst->rows[a];
+            memcpy(out, dst->grad + a * w, (size_t)w * sizeof(float));
+            a++;
+        } else if (a >= dst->nrows || src->rows[b] < dst->rows[a]) {
+            r.rows[r.nrows] = src->rows[b];
+            memcpy(out, src->grad + b * w, (size_t)w * sizeof(float));
+            b++;
+        } else {
+            r.rows[r.nrows] = dst->rows[a];
+            for (int64_t j = 0; j < w; j++) out[j] = dst->grad[a * w + j] + src->grad[b * w + j];
+            a++;
+            b++;
+        }
+        r.nrows++;
+    }
+    ps_rows_clear(dst);
+    *dst = r;
+    return PS_OK;
+}
+
+ps_status ps_grads_get(ps_model *m, const ps_grads *g, int i, float *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    const param_loc *pl = &m->loc[i];
+    size_t bytes = (size_t)m->params[i].numel * sizeof(float);
+    if (m->params[i].sparse) {
+        const ps_rows *r = &g->rows[i];
+        memset(host_dst, 0, bytes);
+        for (int64_t k = 0; k < r->nrows; k++)
+            memcpy(host_dst + r->rows[k] * r->width, r->grad + k * r->width, (size_t)r->width * sizeof(float));
+        return PS_OK;
+    }
+    stage *st = &m->stages[pl->stage];
+    if (!g->dense[pl->stage]) { memset(host_dst, 0, bytes); return PS_OK; }
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, g->dense[pl->stage] + pl->goff, bytes, err);
+}
+
+ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *err) {
+    if (dst->m != m || src->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    ps_status rc = PS_OK;
+    for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
+        stage *st = &m->stages[s];
+        if (!src->dense[s]) continue;
+        if (dst->dense[s]) {
+            rc = st->be->ops->add(st->be->impl, st->ngrads, dst->dense[s], src->dense[s], err);
+            continue;
+        }
+        float *b = ps_backend_alloc_floats(st->be, st->ngrads);
+        if (!b) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+        rc = ps_stage_copy(st, b, src->dense[s], st->ngrads, err);
+        if (rc == PS_OK) dst->dense[s] = b;
+        else ps_backend_release(st->be, b);
+    }
+    for (int i = 0; i < m->nparams && rc == PS_OK; i++) rc = ps_rows_merge(&dst->rows[i], &src->rows[i], err);
+    return rc;
+}
+
+ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err) {
+    if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    ps_status rc = PS_OK;
+    for (int k = 0; k < m->nstages && rc == PS_OK; k++) {
+        stage *st = &m->stages[k];
+        if (!g->dense[k]) continue;
+        if (st->be->ops->scale) {
+            rc = st->be->ops->scale(st->be->impl, st->ngrads, g->dense[k], s, err);
+            continue;
+        }
+        float *h = malloc((size_t)st->ngrads * sizeof(float));   /* a backend without scale */
+        if (!h) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory scaling gradients");
+        rc = st->be->ops->copy_to_host(st->be->impl, h, g->dense[k], (size_t)st->ngrads * sizeof(float), err);
+        for (int64_t j = 0; rc == PS_OK && j < st->ngrads; j++) h[j] *= s;
+        if (rc == PS_OK)
+            rc = st->be->ops->copy_to_device(st->be->impl, g->dense[k], h, (size_t)st->ngrads * sizeof(float), err);
+        free(h);
+    }
+    for (int i = 0; i < m->nparams; i++)
+        for (int64_t j = 0; j < g->rows[i].nrows * g->rows[i].width; j++) g->rows[i].grad[j] *= s;
+    return rc;
+}
+
+int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *elem) {
+    if (g->m != m) return -1;
+    float *h[PS_MODEL_MAX_STAGES] = {0};
+    int result = 1;
+    for (int s = 0; s < m->nstages && result == 1; s++) {
+        stage *st = &m->stages[s];
+        if (!g->dense[s]) continue;
+        ps_err err;
+        if (st->host_memory) { h[s] = g->dense[s]; continue; }
+        float *b = malloc((size_t)st->ngrads * sizeof(float));
+        if (!b || st->be->ops->copy_to_host(st->be->impl, b, g->dense[s], (size_t)st->ngrads * sizeof(float), &err)) {
+            free(b);
+            result = -1;
+            break;
+        }
+        h[s] = b;
+    }
+    for (int i = 0; i < m->nparams && result == 1; i++) {
+        const param_loc *pl = &m->loc[i];
+        if (m->params[i].sparse) {
+            const ps_rows *r = &g->rows[i];
+            for (int64_t k = 0; k < r->nrows && result == 1; k++)
+                for (int64_t j = 0; j < r->width; j++)
+                    if (!isfinite(r->grad[k * r->width + j])) {
+                        if (param) *param = i;
+                        if (elem) *elem = r->rows[k] * r->width + j;
+                        result = 0;
+                        break;
+                    }
+            continue;
+        }
+        const float *d = h[pl->stage];
+        if (!d) continue;
+        for (int64_t j = 0; j < m->params[i].numel; j++)
+            if (!isfinite(d[pl->goff + j])) {
+                if (param) *param = i;
+                if (elem) *elem = j;
+                result = 0;
+                break;
+            }
+    }
+    for (int s = 0; s < m->nstages; s++)
+        if (!m->stages[s].host_memory) free(h[s]);
+    return result;
+}

@@ -1,0 +1,478 @@
+/* test_nn_model.c - the model API over the layer table and the registry
+ * (common/nn/model.h), with properties that do not depend on the code:
+ *
+ *  - stage shapes of every registry model;
+ *  - input gradients (ps_model_backward_acc's grad_in) vs central finite
+ *    differences of L = sum(out * r) with the dropout masks held fixed;
+ *  - accumulation: two forwards + two backward_acc into one ps_grads equal
+ *    one forward + backward of the concatenated batch (gradients add over
+ *    samples); ps_grads_add + ps_grads_scale average two contexts;
+ *  - row-sparse embeddings: only the touched rows have gradients and
+ *    change in the step, by exactly the dense SGD update w - lr * g;
+ *    momentum with a sparse table is refused;
+ *  - the step is atomic: a refused step leaves weights and version alone;
+ *    a context covering one stage leaves the other stage's weights alone;
+ *  - a 200-sample eval forward (run in slices) equals per-sample forwards;
+ *  - Dropout2d zeroes whole planes; the conv stage's input gradient on
+ *    dnnl equals ref's; one seed repeats a forward's masks, another not;
+ *  - bad input: int64 ids out of range (index and value named), stage runs
+ *    that do not chain, an input gradient of int64 ids, non-finite grads.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "support/random.h"
+
+#define OKE(call) CHECK_MSG((call) == PS_OK, "%s", err.msg)
+
+static ps_model *make(const char *arch, const char *backend, float momentum, int nsizes, const char **keys,
+                      const double *vals) {
+    ps_model_opts o = {0};
+    o.arch = arch;
+    o.cpu_backend = backend;
+    o.seed = 7;
+    o.compute_threads = 2;
+    o.lr = 0.1f;
+    o.momentum = momentum;
+    o.n_sizes = nsizes;
+    for (int i = 0; i < nsizes; i++) { o.size_key[i] = keys[i]; o.size_value[i] = vals[i]; }
+    ps_err err = {0};
+    ps_model *m = ps_model_create(&o, &err);
+    CHECK_MSG(m != NULL, "%s/%s: %s", arch, backend, err.msg);
+    return m;
+}
+
+static const char *RNN_KEYS[4] = {"ntoken", "ninp", "nhid", "dropout"};
+
+static ps_model *make_rnn(const char *backend, int ninp, int nhid) {
+    const double vals[4] = {50, ninp, nhid, 0.25};
+    return make("rnn_lm", backend, 0, 4, RNN_KEYS, vals);
+}
+
+/* n masks of per-sample size k: 0 or 1/(1-p), drawn from r. */
+static float *mask_random(int64_t count, float p, rng *r) {
+    float *m = malloc((size_t)count * sizeof *m);
+    for (int64_t i = 0; i < count; i++) m[i] = (rng_uniform(r) + 1.0f) * 0.5f < p ? 0.0f : 1.0f / (1.0f - p);
+    return m;
+}
+
+static void test_stage_shapes(void) {
+    ps_model *m = make("mnist_cnn", "ref", 0, 0, NULL, NULL);
+    if (m) {
+        CHECK(ps_model_num_stages(m) == 2);
+        const ps_stage_info *c = ps_model_stage(m, 0), *f = ps_model_stage(m, 1);
+        CHECK(!strcmp(c->name, "conv") && c->in_ndim == 3 && c->in_dims[0] == 1 && c->in_dims[1] == 28 &&
+              c->in_dtype == PS_DTYPE_F32 && c->out_ndim == 1 && c->out_dims[0] == 9216 && c->params == 4);
+        CHECK(!strcmp(f->name, "fc") && f->in_ndim == 1 && f->in_dims[0] == 9216 && f->out_dims[0] == 10);
+        CHECK(ps_model_find_stage(m, "fc") == 1 && ps_model_find_stage(m, "emb") == -1);
+        CHECK(ps_model_stage(m, 2) == NULL);
+        ps_model_free(m);
+    }
+    m = make("cartpole_policy", "ref", 0, 0, NULL, NULL);
+    if (m) {
+        const ps_stage_info *p = ps_model_stage(m, 0);
+        CHECK(ps_model_num_stages(m) == 1 && !strcmp(p->name, "policy") && p->in_ndim == 1 && p->in_dims[0] == 4 &&
+              p->out_ndim == 1 && p->out_dims[0] == 2 && p->params == 4);
+        const char *names[] = {"affine1.weight", "affine1.bias", "affine2.weight", "affine2.bias"};
+        for (int i = 0; i < 4; i++) CHECK(ps_model_find_param(m, names[i]) == i);
+        ps_model_free(m);
+    }
+    m = make_rnn("ref", 8, 6);
+    if (m) {
+        const ps_stage_info *e = ps_model_stage(m, 0), *d = ps_model_stage(m, 1);
+        CHECK(!strcmp(e->name, "emb") && e->in_ndim == 0 && e->in_dtype == PS_DTYPE_I64 && e->out_ndim == 1 &&
+              e->out_dims[0] == 8);
+        CHECK(!strcmp(d->name, "decoder") && d->in_ndim == 1 && d->in_dims[0] == 6 && d->out_dims[0] == 50);
+        int w = ps_model_find_param(m, "encoder.weight");
+        CHECK(w == 0 && ps_model_param(m, w)->sparse && ps_model_param(m, w)->dims[0] == 50);
+        CHECK(!ps_model_param(m, ps_model_find_param(m, "decoder.weight"))->sparse);
+        /* init: encoder and decoder weights in U(-0.1, 0.1), decoder bias 0 */
+        float buf[400];
+        ps_err err = {0};
+        OKE(ps_model_get_param(m, 0, buf, &err));
+        float mx = 0;
+        for (int i = 0; i < 400; i++) mx = fmaxf(mx, fabsf(buf[i]));
+        CHECK(mx <= 0.1f && mx > 0.09f);
+        OKE(ps_model_get_param(m, ps_model_find_param(m, "decoder.bias"), buf, &err));
+        for (int i = 0; i < 50; i++) CHECK(buf[i] == 0.0f);
+        ps_model_free(m);
+    }
+    /* a size the model does not have, and momentum with a sparse table */
+    ps_model_opts o = {.arch = "cartpole_policy", .cpu_backend = "ref", .lr = 0.1f, .n_sizes = 1,
+                       .size_key = {"ntoken"}, .size_value = {5}};
+    ps_err err = {0};
+    CHECK(ps_model_create(&o, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "model.sizes.ntoken: model 'cartpole_policy' has no size 'ntoken'"), "%s", err.msg);
+    ps_model_opts r = {.arch = "rnn_lm", .cpu_backend = "ref", .lr = 0.1f, .momentum = 0.9f};
+    CHECK(ps_model_create(&r, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "encoder.weight is a row-sparse parameter"), "%s", err.msg);
+}
+
+/* d L / d x of stages first..last vs central differences, masks fixed. */
+static void fd_input_grad(const char *label, ps_model *m, int first, int last, int n, int64_t in_k, int64_t out_k,
+                          const float *const *masks, rng *r) {
+    ps_err err = {0};
+    float *x = host_random((size_t)(n * in_k), r), *rr = host_random((size_t)(n * out_k), r);
+    float *out = malloc((size_t)(n * out_k) * sizeof(float)), *gin = malloc((size_t)(n * in_k) * sizeof(float));
+    ps_tape *t = NULL;
+    OKE(ps_model_forward_range(m, first, last, x, n, 1, masks, 0, out, &t, NULL, &err));
+    ps_grads *g = ps_grads_create(m, &err);
+    if (!t || !g) return;
+    OKE(ps_model_backward_acc(m, t, rr, gin, g, &err));
+    float *num = malloc((size_t)(n * in_k) * sizeof(float));
+    const float eps = 1e-2f;
+    for (int64_t i = 0; i < n * in_k; i++) {
+        double l[2];
+        for (int s = 0; s < 2; s++) {
+            float save = x[i];
+            x[i] = save + (s ? -eps : eps);
+            OKE(ps_model_forward_range(m, first, last, x, n, 1, masks, 0, out, NULL, NULL, &err));
+            x[i] = save;
+            l[s] = 0;
+            for (int64_t j = 0; j < n * out_k; j++) l[s] += (double)out[j] * rr[j];
+        }
+        num[i] = (float)((l[0] - l[1]) / (2 * eps));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s input gradient vs finite differences", label);
+    check_array(what, gin, num, (size_t)(n * in_k), 2e-3, 5e-3);
+    ps_grads_free(g);
+    ps_tape_free(t);
+    free(x); free(rr); free(out); free(gin); free(num);
+}
+
+/* The conv stage of mnist_cnn (conv, relu, conv, max-pool, Dropout2d,
+ * flatten) with a channel mask: a dropped channel is zero over its whole
+ * plane, and the stage's input gradient (conv1's backward-data, through
+ * the blocked-layout reorders) on dnnl equals the reference backend's.
+ * (Finite differences through two ReLUs and a max-pool cross too many
+ * kinks to be a sharp reference here; the ops themselves are checked
+ * against finite differences in test_nn_layers.) */
+static void conv_stage_grad_in(rng *r) {
+    const int n = 2;
+    const int64_t in_k = 784, out_k = 9216;
+    float *x = host_random(n * in_k, r), *rr = host_random(n * out_k, r), *mask = mask_random(n * 64, 0.25f, r);
+    float *out = malloc(n * out_k * sizeof(float)), *gin[2] = {malloc(n * in_k * sizeof(float)),
+                                                                malloc(n * in_k * sizeof(float))};
+    const char *backends[2] = {"ref", "dnnl"};
+    const float *masks[1] = {mask};
+    ps_model *m[2];
+    for (int b = 0; b < 2; b++) {
+        m[b] = make("mnist_cnn", backends[b], 0, 0, NULL, NULL);   /* same seed: same weights */
+        if (!m[b]) return;
+        ps_err err = {0};
+        ps_tape *t = NULL;
+        ps_grads *g = ps_grads_create(m[b], &err);
+        OKE(ps_model_forward_range(m[b], 0, 0, x, n, 1, masks, 0, out, &t, NULL, &err));
+        int dropped = 0, zero_planes = 0;
+        for (int c = 0; c < n * 64; c++) {
+            int allz = 1;
+            for (int k = 0; k < 144; k++) allz &= out[c * 144 + k] == 0.0f;
+            dropped += mask[c] == 0;
+            zero_planes += allz && mask[c] == 0;
+        }
+        CHECK(dropped > 0 && zero_planes == dropped);
+        if (t && g) OKE(ps_model_backward_acc(m[b], t, rr, gin[b], g, &err));
+        ps_grads_free(g);
+        ps_tape_free(t);
+    }
+    check_scaled("dnnl mnist_cnn conv stage input gradient vs ref", gin[1], gin[0], (size_t)(n * in_k), 1e-4);
+    free(x); free(rr); free(out); free(gin[0]); free(gin[1]); free(mask);
+    ps_model_free(m[0]); ps_model_free(m[1]);
+}
+
+/* Each forward draws its masks from its own seed: the same seed repeats
+ * them, another seed does not. */
+static void test_dropout_seeds(rng *r) {
+    ps_model *m = make("cartpole_policy", "ref", 0, 0, NULL, NULL);
+    if (!m) return;
+    ps_err err = {0};
+    float *x = host_random(64 * 4, r), a[128], b[128], c[128], e1[128], e2[128];
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 42, a, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 42, b, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 1, NULL, 43, c, NULL, NULL, &err));
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(memcmp(a, c, sizeof a) != 0);
+    /* eval ignores the seed (no dropout) */
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 0, NULL, 1, e1, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, 0, x, 64, 0, NULL, 2, e2, NULL, NULL, &err));
+    CHECK(memcmp(e1, e2, sizeof e1) == 0);
+    free(x);
+    ps_model_free(m);
+}
+
+static void test_input_grads(rng *r) {
+    const char *backends[2] = {"ref", "dnnl"};
+    for (int b = 0; b < 2; b++) {
+        ps_model *m = make("cartpole_policy", backends[b], 0, 0, NULL, NULL);
+        if (!m) continue;
+        float *mask = mask_random(3 * 128, 0.6f, r);
+        const float *masks[1] = {mask};
+        char label[64];
+        snprintf(label, sizeof label, "%s cartpole_policy", backends[b]);
+        fd_input_grad(label, m, 0, 0, 3, 4, 2, masks, r);
+        free(mask);
+        ps_model_free(m);
+        /* the decoder stage of the LM: dropout + linear on (n, nhid) */
+        m = make_rnn(backends[b], 8, 6);
+        if (!m) continue;
+        mask = mask_random(4 * 6, 0.25f, r);
+        masks[0] = mask;
+        snprintf(label, sizeof label, "%s rnn_lm decoder", backends[b]);
+        fd_input_grad(label, m, 1, 1, 4, 6, 50, masks, r);
+        free(mask);
+        ps_model_free(m);
+    }
+}
+
+/* Gradients accumulate over forwards: (n1 + n2) samples in two tapes into
+ * one ps_grads == one tape of the concatenation. */
+static void check_accumulation(const char *label, ps_model *m, int n1, int n2, int64_t in_k, int64_t out_k,
+                               int nmask, const int64_t *mask_k, const float *const *masks12, rng *r) {
+    ps_err err = {0};
+    int n = n1 + n2;
+    float *x = host_random((size_t)(n * in_k), r), *gout = host_random((size_t)(n * out_k), r);
+    float *out = malloc((size_t)(n * out_k) * sizeof(float));
+    float *gin = malloc((size_t)(n * in_k) * sizeof(float)), *gin2 = malloc((size_t)(n * in_k) * sizeof(float));
+    ps_grads *whole = ps_grads_create(m, &err), *parts = ps_grads_create(m, &err);
+    ps_tape *t = NULL, *t1 = NULL, *t2 = NULL;
+    OKE(ps_model_forward_range(m, 0, ps_model_num_stages(m) - 1, x, n, 1, masks12, 0, out, &t, NULL, &err));
+    OKE(ps_model_backward_acc(m, t, gout, gin, whole, &err));
+    const float *m2[4];
+    for (int k = 0; k < nmask; k++) m2[k] = masks12[k] + n1 * mask_k[k];
+    OKE(ps_model_forward_range(m, 0, ps_model_num_stages(m) - 1, x, n1, 1, masks12, 0, out, &t1, NULL, &err));
+    OKE(ps_model_forward_range(m, 0, ps_model_num_stages(m) - 1, x + n1 * in_k, n2, 1, m2, 0, out, &t2, NULL,
+                               &err));
+    OKE(ps_model_backward_acc(m, t1, gout, gin2, parts, &err));
+    OKE(ps_model_backward_acc(m, t2, gout + n1 * out_k, gin2 + n1 * in_k, parts, &err));
+    char what[128];
+    for (int i = 0; i < ps_model_num_params(m); i++) {
+        const ps_param_info *p = ps_model_param(m, i);
+        float *a = malloc((size_t)p->numel * sizeof(float)), *b = malloc((size_t)p->numel * sizeof(float));
+        OKE(ps_grads_get(m, whole, i, a, &err));
+        OKE(ps_grads_get(m, parts, i, b, &err));
+        snprintf(what, sizeof what, "%s accumulated %s", label, p->name);
+        check_scaled(what, b, a, (size_t)p->numel, 1e-5);
+        free(a); free(b);
+    }
+    snprintf(what, sizeof what, "%s input gradient of the parts", label);
+    check_array(what, gin2, gin, (size_t)(n * in_k), 0, 0);   /* per-sample: same arithmetic */
+    /* average of two contexts = (parts + whole) / 2 = whole (both hold the same sums) */
+    OKE(ps_grads_add(m, parts, whole, &err));
+    OKE(ps_grads_scale(m, parts, 0.5f, &err));
+    for (int i = 0; i < ps_model_num_params(m); i++) {
+        const ps_param_info *p = ps_model_param(m, i);
+        float *a = malloc((size_t)p->numel * sizeof(float)), *b = malloc((size_t)p->numel * sizeof(float));
+        OKE(ps_grads_get(m, whole, i, a, &err));
+        OKE(ps_grads_get(m, parts, i, b, &err));
+        snprintf(what, sizeof what, "%s add+scale %s", label, p->name);
+        check_scaled(what, b, a, (size_t)p->numel, 1e-5);
+        free(a); free(b);
+    }
+    int bad = -1;
+    int64_t el = -1;
+    CHECK(ps_grads_check_finite(m, whole, &bad, &el) == 1);
+    CHECK(ps_grads_bytes(whole) > 0);
+    ps_tape_free(t); ps_tape_free(t1); ps_tape_free(t2);
+    ps_grads_free(whole); ps_grads_free(parts);
+    free(x); free(gout); free(out); free(gin); free(gin2);
+}
+
+static void test_accumulation(rng *r) {
+    ps_model *m = make("cartpole_policy", "ref", 0, 0, NULL, NULL);
+    if (m) {
+        float *mask = mask_random(8 * 128, 0.6f, r);
+        const float *masks[1] = {mask};
+        const int64_t mk[1] = {128};
+        check_accumulation("ref cartpole_policy", m, 3, 5, 4, 2, 1, mk, masks, r);
+        free(mask);
+        ps_model_free(m);
+    }
+    m = make("mnist_cnn", "dnnl", 0, 0, NULL, NULL);
+    if (m) {
+        float *m1 = mask_random(5 * 64, 0.25f, r), *m2 = mask_random(5 * 128, 0.5f, r);
+        const float *masks[2] = {m1, m2};
+        const int64_t mk[2] = {64, 128};   /* dropout2d: one value per channel */
+        check_accumulation("dnnl mnist_cnn", m, 2, 3, 784, 10, 2, mk, masks, r);
+        free(m1); free(m2);
+        ps_model_free(m);
+    }
+}
+
+/* Embedding: only touched rows get gradients and change; the change is
+ * exactly plain SGD's. */
+static void test_sparse_rows(rng *r) {
+    const char *backends[2] = {"ref", "dnnl"};
+    for (int b = 0; b < 2; b++) {
+        ps_model *m = make_rnn(backends[b], 8, 8);
+        if (!m) continue;
+        ps_err err = {0};
+        /* (seq 3, batch 4) ids, rows 3 and 17 repeated; two forwards */
+        int64_t ids1[12] = {3, 17, 5, 3, 17, 17, 40, 3, 9, 5, 17, 3}, ids2[4] = {49, 0, 3, 22};
+        float *out1 = malloc(12 * 8 * sizeof(float)), *out2 = malloc(4 * 8 * sizeof(float));
+        float *g1 = host_random(12 * 8, r), *g2 = host_random(4 * 8, r);
+        ps_tape *t1 = NULL, *t2 = NULL;
+        ps_grads *g = ps_grads_create(m, &err);
+        OKE(ps_model_forward_range(m, 0, 0, ids1, 12, 1, NULL, 11, out1, &t1, NULL, &err));
+        OKE(ps_model_forward_range(m, 0, 0, ids2, 4, 1, NULL, 12, out2, &t2, NULL, &err));
+        float *gin = malloc(12 * sizeof(float));
+        CHECK(ps_model_backward_acc(m, t1, g1, gin, g, &err) == PS_ERR_INVALID_ARGUMENT);  /* int64 input */
+        CHECK_MSG(strstr(err.msg, "int64"), "%s", err.msg);
+        OKE(ps_model_backward_acc(m, t1, g1, NULL, g, &err));
+        OKE(ps_model_backward_acc(m, t2, g2, NULL, g, &err));
+        /* memory: 8 unique rows, not the 50-row table */
+        CHECK(ps_grads_bytes(g) < 50 * 8 * sizeof(float));
+        /* the expected dense gradient: sum over samples of dy * mask where ids hit */
+        float dense[400] = {0}, w0[400], w1[400], gotg[400];
+        int touched[50] = {0};
+        float *mk1 = malloc(12 * 8 * sizeof(float)), *mk2 = malloc(4 * 8 * sizeof(float));
+        /* the masks are recovered from the outputs: out = w[id] * mask */
+        OKE(ps_model_get_param(m, 0, w0, &err));
+        for (int i = 0; i < 12 * 8; i++) { float wv = w0[ids1[i / 8] * 8 + i % 8]; mk1[i] = wv != 0 ? out1[i] / wv : 0; }
+        for (int i = 0; i < 4 * 8; i++) { float wv = w0[ids2[i / 8] * 8 + i % 8]; mk2[i] = wv != 0 ? out2[i] / wv : 0; }
+        for (int i = 0; i < 12; i++) { touched[ids1[i]] = 1; for (int j = 0; j < 8; j++) dense[ids1[i] * 8 + j] += g1[i * 8 + j] * mk1[i * 8 + j]; }
+        for (int i = 0; i < 4; i++) { touched[ids2[i]] = 1; for (int j = 0; j < 8; j++) dense[ids2[i] * 8 + j] += g2[i * 8 + j] * mk2[i * 8 + j]; }
+        OKE(ps_grads_get(m, g, 0, gotg, &err));
+        char what[96];
+        snprintf(what, sizeof what, "%s encoder.weight row-sparse gradient", backends[b]);
+        check_array(what, gotg, dense, 400, 1e-5, 1e-4);
+        /* the decoder stage was not run: its weights must not move */
+        int dw = ps_model_find_param(m, "decoder.weight");
+        float d0[400], d1[400];
+        OKE(ps_model_get_param(m, dw, d0, &err));
+        uint64_t v = 0;
+        OKE(ps_model_step_grads(m, g, &v, &err));
+        CHECK(v == 1);
+        OKE(ps_model_get_param(m, 0, w1, &err));
+        OKE(ps_model_get_param(m, dw, d1, &err));
+        CHECK(memcmp(d0, d1, sizeof d0) == 0);
+        int changed_untouched = 0;
+        for (int row = 0; row < 50; row++)
+            for (int j = 0; j < 8; j++) {
+                int k = row * 8 + j;
+                if (!touched[row]) changed_untouched += w1[k] != w0[k];
+                else CHECK_CLOSE(w1[k], w0[k] - 0.1f * gotg[k], 1e-7, 1e-6);  /* dense SGD on that row */
+            }
+        CHECK(changed_untouched == 0);
+        ps_tape_free(t1); ps_tape_free(t2); ps_grads_free(g);
+        free(out1); free(out2); free(g1); free(g2); free(gin); free(mk1); free(mk2);
+        ps_model_free(m);
+    }
+}
+
+/* A refused step changes nothing; the old per-tape API still works. */
+static void test_atomic_step(rng *r) {
+    ps_model *a = make("cartpole_policy", "ref", 0.9f, 0, NULL, NULL), *b = make("cartpole_policy", "ref", 0, 0, NULL, NULL);
+    if (!a || !b) return;
+    ps_err err = {0};
+    float x[8], out[4], w0[512], w1[512];
+    for (int i = 0; i < 8; i++) x[i] = rng_uniform(r);
+    ps_tape *t = NULL;
+    ps_grads *gb = ps_grads_create(b, &err), *empty = ps_grads_create(a, &err);
+    OKE(ps_model_forward_range(b, 0, 0, x, 2, 1, NULL, 1, out, &t, NULL, &err));
+    float gout[4] = {1, -1, 0.5f, 0.25f};
+    OKE(ps_model_backward_acc(b, t, gout, NULL, gb, &err));
+    OKE(ps_model_get_param(a, 0, w0, &err));
+    uint64_t v = 99;
+    CHECK(ps_model_step_grads(a, gb, &v, &err) == PS_ERR_INVALID_ARGUMENT);   /* another model's */
+    CHECK(ps_model_step_grads(a, empty, &v, &err) == PS_ERR_FAILED_PRECONDITION);
+    CHECK(v == 99 && ps_model_version(a) == 0);
+    OKE(ps_model_get_param(a, 0, w1, &err));
+    CHECK(memcmp(w0, w1, sizeof w0) == 0);
+    /* a tape from an eval forward has nothing to go backward from */
+    ps_tape *te = NULL;
+    OKE(ps_model_forward_range(b, 0, 0, x, 2, 0, NULL, 1, out, &te, NULL, &err));
+    CHECK(te == NULL);
+    /* the tape answers its output again */
+    float again[4];
+    OKE(ps_tape_get_output(b, t, again, &err));
+    OKE(ps_model_forward_range(b, 0, 0, x, 2, 1, NULL, 1, out, NULL, NULL, &err));  /* same seed */
+    CHECK(memcmp(again, out, sizeof out) == 0);
+    CHECK(ps_tape_first_stage(t) == 0 && ps_tape_last_stage(t) == 0 && ps_tape_batch(t) == 2);
+    /* non-finite gradients are found and named */
+    float nan_out[4] = {NAN, 0, 0, 0};
+    ps_grads *gn = ps_grads_create(b, &err);
+    OKE(ps_model_backward_acc(b, t, nan_out, NULL, gn, &err));
+    int p = -1;
+    int64_t el = -1;
+    CHECK(ps_grads_check_finite(b, gn, &p, &el) == 0 && p >= 0 && el >= 0);
+    ps_grads_free(gn);
+    ps_tape_free(t);
+    ps_grads_free(gb); ps_grads_free(empty);
+    ps_model_free(a); ps_model_free(b);
+}
+
+/* 200-sample eval = 200 one-sample evals (slices of 64 inside). */
+static void test_eval_slices(rng *r) {
+    const char *arch[2] = {"cartpole_policy", "mnist_cnn"};
+    const int64_t in_k[2] = {4, 784}, out_k[2] = {2, 10};
+    for (int a = 0; a < 2; a++) {
+        ps_model *m = make(arch[a], "dnnl", 0, 0, NULL, NULL);
+        if (!m) continue;
+        ps_err err = {0};
+        const int n = 200;
+        float *x = host_random((size_t)(n * in_k[a]), r);
+        float *all = malloc((size_t)(n * out_k[a]) * sizeof(float)), *one = malloc((size_t)(n * out_k[a]) * sizeof(float));
+        uint64_t ver = 5;
+        OKE(ps_model_forward_range(m, 0, ps_model_num_stages(m) - 1, x, n, 0, NULL, 0, all, NULL, &ver, &err));
+        CHECK(ver == 0);
+        for (int i = 0; i < n; i++)
+            OKE(ps_model_forward_range(m, 0, ps_model_num_stages(m) - 1, x + i * in_k[a], 1, 0, NULL, 0,
+                                       one + i * out_k[a], NULL, NULL, &err));
+        char what[96];
+        snprintf(what, sizeof what, "%s: eval of 200 == 200 evals of 1", arch[a]);
+        check_array(what, all, one, (size_t)(n * out_k[a]), 1e-6, 1e-5);
+        /* training forwards stay bounded by max_batch */
+        CHECK(ps_model_forward_range(m, 0, 0, x, ps_model_max_batch(m) + 1, 1, NULL, 0, all, NULL, NULL, &err) ==
+              PS_ERR_INVALID_ARGUMENT);
+        free(x); free(all); free(one);
+        ps_model_free(m);
+    }
+}
+
+static void test_bad_input(void) {
+    ps_model *m = make_rnn("ref", 8, 6);
+    if (!m) return;
+    ps_err err = {0};
+    int64_t ids[3] = {1, 50, 2};
+    float out[3 * 50];
+    CHECK(ps_model_forward_range(m, 0, 0, ids, 3, 0, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "input[1] = 50") && strstr(err.msg, "encoder.weight"), "%s", err.msg);
+    ids[1] = -3;
+    CHECK(ps_model_forward_range(m, 0, 0, ids, 3, 1, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "input[1] = -3"), "%s", err.msg);
+    ids[1] = 49;
+    /* emb (8) does not feed decoder (6) */
+    CHECK(ps_model_forward_range(m, 0, 1, ids, 3, 0, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "does not feed stage 'decoder'"), "%s", err.msg);
+    CHECK(ps_model_forward_range(m, 1, 0, ids, 3, 0, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK(ps_model_forward_range(m, 0, 2, ids, 3, 0, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    ps_model_free(m);
+    /* with ninp == nhid the two stages chain: ids in, logits out */
+    m = make_rnn("ref", 6, 6);
+    if (!m) return;
+    OKE(ps_model_forward_range(m, 0, 1, ids, 3, 0, NULL, 0, out, NULL, NULL, &err));
+    float e[18], d[150];
+    OKE(ps_model_forward_range(m, 0, 0, ids, 3, 0, NULL, 0, e, NULL, NULL, &err));
+    OKE(ps_model_forward_range(m, 1, 1, e, 3, 0, NULL, 0, d, NULL, NULL, &err));
+    check_array("rnn_lm emb..decoder == emb then decoder", out, d, 150, 0, 0);
+    ps_model_free(m);
+}
+
+int main(void) {
+    rng r = {0x2545f4914f6cdd1dull};
+    test_stage_shapes();
+    test_input_grads(&r);
+    conv_stage_grad_in(&r);
+    test_dropout_seeds(&r);
+    test_accumulation(&r);
+    test_sparse_rows(&r);
+    test_atomic_step(&r);
+    test_eval_slices(&r);
+    test_bad_input();
+    return check_summary("test_nn_model");
+}
