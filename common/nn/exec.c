@@ -98,11 +98,13 @@ int ps_tape_batch(const ps_tape *t) { return t->n; }
 int ps_tape_first_stage(const ps_tape *t) { return t->first; }
 int ps_tape_last_stage(const ps_tape *t) { return t->last; }
 
-size_t ps_model_tape_bytes(const ps_model *m, int n) {
+/* Activations and workspaces a forward of stages first..last keeps for n
+ * samples, plus (with_grads) the stages' dense gradient blocks. */
+static size_t range_bytes(const ps_model *m, int first, int last, int n, int with_grads) {
     size_t bytes = 0;
-    for (int s = 0; s < m->nstages; s++) {
+    for (int s = first; s <= last; s++) {
         const stage *st = &m->stages[s];
-        bytes += (size_t)st->ngrads * sizeof(float);
+        if (with_grads) bytes += (size_t)st->ngrads * sizeof(float);
         bytes += act_bytes(&st->layers[0].in, st->layers[0].in_dtype, n);
         for (int l = 0; l < st->nlayers; l++) {
             const ps_layer *ly = &st->layers[l];
@@ -112,6 +114,10 @@ size_t ps_model_tape_bytes(const ps_model *m, int n) {
     }
     return bytes;
 }
+
+size_t ps_model_tape_bytes(const ps_model *m, int n) { return range_bytes(m, 0, m->nstages - 1, n, 1); }
+
+size_t ps_tape_bytes(const ps_tape *t) { return range_bytes(t->m, t->first, t->last, t->n, 0); }
 
 /* Move a host or device buffer of stage `from` into a buffer usable by stage
  * `to`. Host-memory stages share pointers; host <-> device is one copy by

@@ -221,6 +221,9 @@ ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err
 
 /* Bytes a tape of batch n holds (activations + gradients), for limits. */
 size_t ps_model_tape_bytes(const ps_model *m, int n);
+/* Bytes a recorded forward's tape holds (activations and workspaces of its
+ * stages; gradients live in ps_grads), for the context memory accounting. */
+size_t ps_tape_bytes(const ps_tape *t);
 
 void ps_tape_free(ps_tape *t);
 
