@@ -576,8 +576,9 @@ static const ps_rpc_method methods[] = {
     {"/ps.ParameterServer/Step", handle_step},
     {"/ps.ParameterServer/ListParameters", handle_list_parameters},
     {"/ps.ParameterServer/GetParameters", handle_get_parameters},
-    {"/ps.ParameterServer/Status", handle_status},
-    {"/grpc.health.v1.Health/Check", handle_health_check},
+    /* reserved: served by their own worker, never behind heavy calls */
+    {"/ps.ParameterServer/Status", handle_status, 1},
+    {"/grpc.health.v1.Health/Check", handle_health_check, 1},
 };
 
 const ps_rpc_method *ps_service_methods(int *n) {
