@@ -878,11 +878,6 @@ done:
     ctx_release(im, c);
     return rc;
 }
-    .softmax_forward = cu_softmax_forward,
-    .softmax_backward = cu_softmax_backward,
-    .embedding_forward = cu_embedding_forward,
-    .embedding_backward = cu_embedding_backward,
-    .scale = cu_scale,
 
 static ps_status cu_sgd_update_rows(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
                                     const float *g_rows, float lr, ps_err *err) {
@@ -941,4 +936,9 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .adam_update = cu_adam_update,
     .sgd_update_rows = cu_sgd_update_rows,
     .adam_update_rows = cu_adam_update_rows,
+    .softmax_forward = cu_softmax_forward,
+    .softmax_backward = cu_softmax_backward,
+    .embedding_forward = cu_embedding_forward,
+    .embedding_backward = cu_embedding_backward,
+    .scale = cu_scale,
 };
