@@ -23,34 +23,55 @@ static ps_tape *make_tape(uint64_t seed) {
     return t;
 }
 
+static ps_ctx_table *table(double ttl, size_t max_live) {
+    ps_ctx_table_opts o = {.ttl_s = ttl, .max_live = max_live, .grads_free = free};
+    return ps_ctx_table_create(&o);
+}
+
+/* What a training Forward does: open (or find) the context, record one
+ * forward, release. Returns the open status. */
+static ps_status open_fwd(ps_ctx_table *t, uint64_t id, uint32_t seq, ps_err *err) {
+    ps_ctx *c = ps_ctx_table_open(t, id, 1, NULL, err);
+    if (!c) return err->code;
+    ps_tape *tp = make_tape(id + seq);
+    ps_status st = ps_ctx_add_fwd(t, c, seq, tp, 0, 1000, err);
+    if (st) ps_tape_free(tp);
+    ps_ctx_table_release(t, c);
+    return st;
+}
+
 static void test_lifecycle(void) {
     ps_err err = {0};
-    ps_ctx_table *t = ps_ctx_table_create(0.3, 3);
-    CHECK(ps_ctx_table_insert(t, 1, 1, make_tape(1), &err) == PS_OK);
-    ps_tape *dup = make_tape(2);
-    CHECK(ps_ctx_table_insert(t, 1, 1, dup, &err) == PS_ERR_ALREADY_EXISTS);
-    ps_tape_free(dup);  /* on error the caller keeps the tape */
-    CHECK(ps_ctx_table_insert(t, 2, 2, make_tape(2), &err) == PS_OK);
-    CHECK(ps_ctx_table_insert(t, 3, 2, make_tape(3), &err) == PS_OK);
-    ps_tape *over = make_tape(4);
-    CHECK(ps_ctx_table_insert(t, 4, 2, over, &err) == PS_ERR_RESOURCE_EXHAUSTED);
+    ps_ctx_table *t = table(0.3, 3);
+    CHECK(open_fwd(t, 1, 0, &err) == PS_OK);
+    CHECK(open_fwd(t, 1, 1, &err) == PS_OK);  /* a second forward of the same context */
+    CHECK(open_fwd(t, 2, 0, &err) == PS_OK);
+    CHECK(open_fwd(t, 3, 0, &err) == PS_OK);
+    CHECK(open_fwd(t, 4, 0, &err) == PS_ERR_RESOURCE_EXHAUSTED);
     CHECK(strstr(err.msg, "too many open contexts") != NULL);
-    ps_tape_free(over);
 
     ps_ctx *c = ps_ctx_table_acquire(t, 1, NULL, NULL, &err);
-    CHECK(c != NULL && c->id == 1);
-    /* A busy context can be acquired by nobody else and never expires. */
+    CHECK(c != NULL && c->id == 1 && c->nfwd == 2);
+    if (!c) return;
+    CHECK(ps_ctx_find_fwd(c, 1) && ps_ctx_find_fwd(c, 1)->tape && !ps_ctx_find_fwd(c, 7));
+    uint32_t first = 99;
+    CHECK(ps_ctx_pending(c, &first) == 2 && first == 0);
+    ps_ctx_fwd_done(t, c, ps_ctx_find_fwd(c, 0));
+    CHECK(ps_ctx_pending(c, &first) == 1 && first == 1 && ps_ctx_find_fwd(c, 0)->tape == NULL);
+    /* A busy context can be acquired or opened by nobody else and never expires. */
     CHECK(ps_ctx_table_acquire(t, 1, NULL, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
+    CHECK(ps_ctx_table_open(t, 1, 1, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
     CHECK(ps_ctx_table_acquire(t, 99, NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND);
 
     ps_ctx_stats st;
     ps_ctx_table_stats(t, &st);
     CHECK(st.live == 3 && st.opened == 3 && st.expired == 0);
+    CHECK(st.bytes == 3000);  /* 4 forwards of 1000 bytes, one backwarded */
 
     usleep(450 * 1000);  /* past the TTL */
     CHECK(ps_ctx_table_expire(t) == 2);  /* 2 and 3; 1 is busy */
     ps_ctx_table_stats(t, &st);
-    CHECK(st.live == 1 && st.expired == 2);
+    CHECK(st.live == 1 && st.expired == 2 && st.bytes == 1000);
     CHECK(ps_ctx_table_acquire(t, 2, NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND);
     CHECK(strstr(err.msg, "expired") != NULL);
 
@@ -60,28 +81,91 @@ static void test_lifecycle(void) {
     uint64_t v = 0;
     CHECK(ps_ctx_table_acquire(t, 1, &finished, &v, &err) == NULL);
     CHECK(finished == 1 && v == 42 && err.code == PS_ERR_NOT_FOUND);
-    ps_tape *again = make_tape(5);
-    CHECK(ps_ctx_table_insert(t, 1, 1, again, &err) == PS_ERR_ALREADY_EXISTS);
-    ps_tape_free(again);
+    CHECK(open_fwd(t, 1, 5, &err) == PS_ERR_ALREADY_EXISTS);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.live == 0 && st.bytes == 0 && st.finished_kept == 1);
+
+    /* A context opened by a Forward that failed (no forward recorded) is gone. */
+    c = ps_ctx_table_open(t, 8, 1, NULL, &err);
+    CHECK(c != NULL);
+    if (c) ps_ctx_table_release(t, c);
     ps_ctx_table_stats(t, &st);
     CHECK(st.live == 0);
-
-    /* A released context stays and its idle clock restarts. */
-    CHECK(ps_ctx_table_insert(t, 7, 1, make_tape(7), &err) == PS_OK);
-    usleep(200 * 1000);
-    c = ps_ctx_table_acquire(t, 7, NULL, NULL, &err);
-    CHECK(c != NULL);
-    ps_ctx_table_release(t, c);
-    usleep(200 * 1000);
-    CHECK(ps_ctx_table_expire(t) == 0);  /* idle 0.2 s < 0.3 s */
 
     ps_ctx_table_note_rank(t, 1);
     ps_ctx_table_note_rank(t, 1);
     ps_ctx_table_note_rank(t, 5);
     ps_ctx_table_stats(t, &st);
     CHECK(st.trainers_seen == 2);
-    ps_ctx_table_free(t);  /* frees the live context's tape */
+    ps_ctx_table_free(t);
 }
+
+/* A released context's idle clock restarts: of two contexts opened
+ * together, the one used in between survives an expiry that takes the
+ * other. Margins are 40 % of a 3 s TTL, not milliseconds. */
+static void test_idle_restart(void) {
+    ps_err err = {0};
+    ps_ctx_table *t = table(3.0, 16);
+    CHECK(open_fwd(t, 1, 0, &err) == PS_OK);
+    CHECK(open_fwd(t, 2, 0, &err) == PS_OK);
+    usleep(1800 * 1000);
+    ps_ctx *c = ps_ctx_table_acquire(t, 1, NULL, NULL, &err);
+    CHECK(c != NULL);
+    if (c) ps_ctx_table_release(t, c);
+    usleep(1800 * 1000);
+    CHECK(ps_ctx_table_expire(t) == 1);
+    CHECK((c = ps_ctx_table_acquire(t, 1, NULL, NULL, &err)) != NULL);
+    if (c) ps_ctx_table_release(t, c);
+    CHECK(ps_ctx_table_acquire(t, 2, NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND);
+    ps_ctx_table_free(t);
+}
+
+/* Finished contexts are kept by time and by a cap; past either, a Step is
+ * answered "too old to settle" - never as unknown (which invites a re-run)
+ * and never applied again. */
+static void test_settle_window(void) {
+    ps_err err = {0};
+    ps_ctx_table_opts o = {.ttl_s = 60, .max_live = 4096, .settle_window_s = 0.2, .max_finished = 1000,
+                           .grads_free = free};
+    ps_ctx_table *t = ps_ctx_table_create(&o);
+    /* 1500 steps: the first 500 fall out by count. */
+    for (uint64_t id = 1; id <= 1500; id++) {
+        ps_ctx *c = ps_ctx_table_open(t, id, 1, NULL, &err);
+        c->grads = malloc(8);  /* not empty: release would drop it */
+        ps_ctx_table_finish(t, c, id * 10);
+    }
+    int finished = 0;
+    uint64_t v = 0;
+    CHECK(ps_ctx_table_acquire(t, 1400, &finished, &v, &err) == NULL && finished == 1 && v == 14000);
+    CHECK(ps_ctx_table_acquire(t, 3, &finished, &v, &err) == NULL && finished == 2);
+    CHECK(err.code == PS_ERR_FAILED_PRECONDITION && strstr(err.msg, "too old to settle"));
+    CHECK(strstr(err.msg, "do not re-run"));
+    int old = 0;
+    for (uint64_t id = 1; id <= 500; id++) {
+        ps_ctx_table_acquire(t, id, &finished, &v, &err);
+        old += finished == 2;
+    }
+    CHECK(old == 500);  /* the filter has no false negatives */
+    /* ... and reusing an old id for a new context is refused too. */
+    CHECK(ps_ctx_table_open(t, 3, 1, NULL, &err) == NULL && err.code == PS_ERR_ALREADY_EXISTS);
+    /* By time: after the window every id is "too old". */
+    usleep(300 * 1000);
+    ps_ctx_table_expire(t);
+    ps_ctx_stats st;
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.finished_kept == 0);
+    CHECK(ps_ctx_table_acquire(t, 1400, &finished, &v, &err) == NULL && finished == 2);
+    /* Ids never used stay unknown (NOT_FOUND), up to the filter's rare false positives. */
+    int unknown = 0;
+    for (uint64_t id = 1000000; id < 1001000; id++) {
+        ps_ctx_table_acquire(t, id, &finished, &v, &err);
+        unknown += finished == 0 && err.code == PS_ERR_NOT_FOUND;
+    }
+    CHECK_MSG(unknown >= 980, "%d of 1000 never-used ids taken for old ones", 1000 - unknown);
+    ps_ctx_table_free(t);
+}
+
+static void grads_free(void *g) { ps_grads_free(g); }
 
 typedef struct worker_arg {
     ps_ctx_table *t;
@@ -97,14 +181,19 @@ static void *worker(void *p) {
     grad[a->id % 10] = -1.0f;
     for (int i = 0; i < 30; i++) {
         uint64_t id = ((uint64_t)a->id << 32) | (uint64_t)(i + 1);
-        if (ps_ctx_table_insert(a->t, id, (uint32_t)a->id, make_tape(id), &err)) continue;
+        if (open_fwd(a->t, id, 0, &err)) continue;
         ps_ctx *c = ps_ctx_table_acquire(a->t, id, NULL, NULL, &err);
         if (!c) continue;  /* expired by the reaper: allowed */
         uint64_t v;
-        if (ps_model_backward(model, c->tape, grad, &err) == PS_OK && ps_model_step(model, c->tape, &v, &err) == PS_OK) {
+        ps_ctx_fwd *f = ps_ctx_find_fwd(c, 0);
+        ps_grads *g = ps_grads_create(model, &err);
+        if (g && ps_model_backward_acc(model, f->tape, grad, NULL, g, &err) == PS_OK &&
+            ps_model_step_grads(model, g, &v, &err) == PS_OK) {
+            c->grads = g;
             ps_ctx_table_finish(a->t, c, v);
             a->ok++;
         } else {
+            ps_grads_free(g);
             ps_ctx_table_release(a->t, c);
         }
     }
@@ -121,7 +210,8 @@ static void *reaper(void *p) {
 }
 
 static void test_concurrent(void) {
-    ps_ctx_table *t = ps_ctx_table_create(0.0005, 1024);  /* tiny TTL: the reaper races the workers */
+    ps_ctx_table_opts o = {.ttl_s = 0.0005, .max_live = 1024, .grads_free = grads_free};
+    ps_ctx_table *t = ps_ctx_table_create(&o);  /* tiny TTL: the reaper races the workers */
     uint64_t v0 = ps_model_version(model);
     pthread_t th[4], r;
     worker_arg args[4];
@@ -149,6 +239,8 @@ int main(void) {
     CHECK_MSG(model != NULL, "%s", err.msg);
     if (!model) return check_summary("test_ctx_table");
     test_lifecycle();
+    test_idle_restart();
+    test_settle_window();
     test_concurrent();
     ps_model_free(model);
     return check_summary("test_ctx_table");
