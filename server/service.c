@@ -380,17 +380,17 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
                 version = rec->version;
                 replayed = 1;
             }
-            goto out;
+            if (st) goto out;
         }
-        if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
+        if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
                                          dropout_seed(req->context_id, req->seq), out, &tape, &version, err)))
             goto out;
-        if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version,
-                                 ps_tape_bytes(tape), err)))
-            goto out;
-        tape = NULL;  /* the context owns it now */
-        if (bad_input) c->nonfinite = 1;
-        __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
+        if (!replayed) {
+            if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version, ps_tape_bytes(tape), err))) goto out;
+            tape = NULL;  /* the context owns it now */
+            if (bad_input) c->nonfinite = 1;
+            __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
+        }
     } else {
         if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 0, NULL, 0, out, NULL,
                                          &version, err)))
@@ -620,7 +620,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
     if (pending) {
         ps_ctx_table_release(s->ctx, c);
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: %zu recorded forward%s not backwarded "
-                          "yet (first: seq %u); Backward every forward before Step",
+                          "yet (first: seq %u); call Backward first, for every forward of the context",
                           (unsigned long long)c->id, pending, pending == 1 ? "" : "s", pending_seq);
     }
     if (c->nonfinite && !s->nonfinite_skip) {

@@ -72,7 +72,8 @@ static void test_defaults(void) {
     CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
     CHECK(!strcmp(ps_config_enum_name("server.log_level", PS_LOG_WARN), "warn"));
     CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_HOGWILD), "hogwild"));
-    CHECK(ps_config_enum_name("server.consistency", 1) == NULL);
+    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_SSP), "ssp"));
+    CHECK(ps_config_enum_name("server.consistency", 3) == NULL);
     CHECK(ps_config_enum_name("model.backend", 2) == NULL);
     CHECK(ps_config_enum_name("server.threads", 0) == NULL);
 }
