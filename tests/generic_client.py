@@ -5,6 +5,8 @@ as any user's client would be), and check every answer against numpy.
 
     generic_client.py lm ADDR LR      psd hosting rnn_lm (ntoken 50, ninp 8, nhid 8, dropout 0), sgd LR
     generic_client.py sync ADDR       psd hosting cartpole_policy, consistency sync, 2 workers, sum
+    generic_client.py modes ADDR MODE psd hosting cartpole_policy with 2 server threads and MODE
+                                      (hogwild; sync with 6 workers; ssp with max_staleness 1)
 
 The expected values are computed here from the weights GetParameters
 returns, independently of psd's C code. Exit 0 and a last line "...: OK"
@@ -198,6 +200,92 @@ def test_sync(stub):
     print("generic_client sync: two observers, one summed step per round, late step refused: OK")
 
 
+def policy_step(stub, ctx, rank, seq, rng, round_=0, step=True):
+    """One observer step on cartpole_policy: Forward, Backward, (Step)."""
+    f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=seq, train=True, trainer_rank=rank,
+                                           input=tensor(rng.uniform(-0.05, 0.05, (1, 4)))))
+    p = array(f.output)
+    stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=seq, grad_output=tensor(-0.01 / (p + 1e-6))))
+    if step:
+        return f, stub.Step(ps_pb2.StepRequest(context_id=ctx, round=round_ or f.round), timeout=120)
+    return f, None
+
+
+def run_threads(fn, ranks):
+    errors = []
+
+    def wrap(r):
+        try:
+            fn(r)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"rank {r}: {e!r}")
+    th = [threading.Thread(target=wrap, args=(r,)) for r in ranks]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert not errors, errors
+
+
+def test_modes(stub, mode):
+    """More trainers than psd has threads (psd runs with server.threads=2):
+    every step is applied exactly once, in each consistency mode."""
+    v0 = stub.Status(ps_pb2.StatusRequest()).model_version
+    if mode == "hogwild":
+        def trainer(rank):
+            rng = np.random.default_rng(rank)
+            for i in range(5):
+                policy_step(stub, 0x3000000 + rank * 100 + i, rank, 0, rng)
+        run_threads(trainer, range(1, 7))
+        st = stub.Status(ps_pb2.StatusRequest())
+        assert st.model_version == v0 + 30 and st.live_contexts == 0, st
+    elif mode == "sync":
+        answers = {}
+
+        def trainer(rank):
+            rng = np.random.default_rng(rank)
+            round_ = 0
+            for i in range(4):
+                _, s = policy_step(stub, 0x4000000 + rank * 100 + i, rank, 0, rng, round_)
+                answers[(rank, i)] = (s.model_version, s.round, s.round_contexts)
+                round_ = s.round + 1
+        run_threads(trainer, range(1, 7))
+        st = stub.Status(ps_pb2.StatusRequest())
+        assert st.model_version == v0 + 4, f"4 rounds of 6 contexts are 4 steps, not {st.model_version - v0}"
+        for i in range(4):
+            got = {answers[(r, i)] for r in range(1, 7)}
+            assert len(got) == 1 and next(iter(got))[2] == 6, f"round {i}: {got}"
+        assert st.live_contexts == 0 and st.sync_dropped == 0, st
+    else:  # ssp, max_staleness 1: two fast trainers and a slow one
+        done = {1: 0, 2: 0, 3: 0}
+        lag = []
+        lock = threading.Lock()
+
+        def trainer(rank):
+            rng = np.random.default_rng(rank)
+            for i in range(6 if rank == 3 else 8):
+                ctx = 0x5000000 + rank * 100 + i
+                stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=rank,
+                                                   input=tensor(rng.uniform(-0.05, 0.05, (1, 4)))), timeout=120)
+                with lock:
+                    if rank != 3 and done[3] < 6:
+                        lag.append(done[rank] - done[3])
+                stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(np.ones((1, 2)))))
+                if rank == 3:
+                    import time
+                    time.sleep(0.3)
+                stub.Step(ps_pb2.StepRequest(context_id=ctx))
+                with lock:
+                    done[rank] += 1
+        run_threads(trainer, (1, 2, 3))
+        st = stub.Status(ps_pb2.StatusRequest())
+        assert st.model_version == v0 + 22 and st.live_contexts == 0, st
+        assert st.ssp_deferred > 0, "the fast trainers never waited"
+        # A Forward runs only within the bound (+1: the slow step's reply may trail its application).
+        assert max(lag) <= 1 + 1, f"a fast trainer ran {max(lag)} steps ahead of the slow one"
+    print(f"generic_client modes {mode}: exactly once with more trainers than server threads: OK")
+
+
 def main():
     mode, addr = sys.argv[1], sys.argv[2]
     with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
@@ -205,8 +293,10 @@ def main():
         stub = ps_pb2_grpc.ParameterServerStub(ch)
         if mode == "lm":
             test_lm(stub, float(sys.argv[3]))
-        else:
+        elif mode == "sync":
             test_sync(stub)
+        else:
+            test_modes(stub, sys.argv[3])
 
 
 if __name__ == "__main__":

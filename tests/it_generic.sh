@@ -11,7 +11,10 @@
 #     the embedding rows the batch touched;
 #  3. cartpole_policy under consistency sync (2 workers, sum): two observers
 #     of five Forwards each get one summed step with the same version and
-#     round; a Step naming the closed round is refused ABORTED.
+#     round; a Step naming the closed round is refused ABORTED;
+#  4. hogwild, sync (6 workers) and ssp (staleness 1) with more trainer
+#     threads than psd's 2 server threads: every step applied exactly once,
+#     every sync round one step, no fast trainer beyond the ssp bound.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -48,6 +51,16 @@ PYTHONPATH="$tmp" timeout 120 $PY tests/generic_client.py lm "$addr" 0.5 || fail
 start sync configs/cartpole.yaml --set server.consistency=sync --set server.sync_workers=2 \
   --set server.sync_reduce=sum --set server.sync_timeout_s=60 --set optimizer.type=sgd --set optimizer.lr=0.01
 PYTHONPATH="$tmp" timeout 120 $PY tests/generic_client.py sync "$addr" || fail "sync checks"
+
+# Each mode with more trainers than psd has threads: exactly-once application.
+start hog configs/cartpole.yaml --set server.threads=2 --set server.consistency=hogwild --set optimizer.type=sgd
+PYTHONPATH="$tmp" timeout 120 $PY tests/generic_client.py modes "$addr" hogwild || fail "hogwild exactly once"
+start bsp configs/cartpole.yaml --set server.threads=2 --set server.consistency=sync --set server.sync_workers=6 \
+  --set server.sync_timeout_s=120 --set optimizer.type=sgd
+PYTHONPATH="$tmp" timeout 180 $PY tests/generic_client.py modes "$addr" sync || fail "sync exactly once"
+start ssp configs/cartpole.yaml --set server.threads=2 --set server.consistency=ssp --set server.max_staleness=1 \
+  --set optimizer.type=sgd
+PYTHONPATH="$tmp" timeout 180 $PY tests/generic_client.py modes "$addr" ssp || fail "ssp bound"
 
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${pids[@]}"; do wait "$p" || fail "psd $p did not stop cleanly"; done
