@@ -208,6 +208,20 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_contexts_expired_total %llu\n", (unsigned long long)cs.expired);
     family(&b, "psd_trainers_seen", "gauge", "Distinct trainer ranks that have sent training work.");
     put(&b, "psd_trainers_seen %llu\n", (unsigned long long)cs.trainers_seen);
+    family(&b, "psd_context_bytes", "gauge", "Bytes held by live contexts (recorded forwards' tapes and gradients).");
+    put(&b, "psd_context_bytes %llu\n", (unsigned long long)cs.bytes);
+    ps_service_mode_stats ms;
+    ps_service_mode(m->svc, &ms);
+    family(&b, "psd_sync_round", "gauge", "consistency sync: the round now open (0 in other modes).");
+    put(&b, "psd_sync_round %llu\n", (unsigned long long)ms.sync_round);
+    family(&b, "psd_sync_members", "gauge", "consistency sync: contexts the open round waits for.");
+    put(&b, "psd_sync_members %u\n", ms.sync_members);
+    family(&b, "psd_sync_dropped_total", "counter", "consistency sync: late Steps of closed rounds (stragglers).");
+    put(&b, "psd_sync_dropped_total %llu\n", (unsigned long long)ms.sync_dropped);
+    family(&b, "psd_sync_timeouts_total", "counter", "consistency sync: rounds closed by server.sync_timeout_s.");
+    put(&b, "psd_sync_timeouts_total %llu\n", (unsigned long long)ms.sync_timeouts);
+    family(&b, "psd_ssp_deferred_total", "counter", "consistency ssp: training Forwards that waited for the slowest trainer.");
+    put(&b, "psd_ssp_deferred_total %llu\n", (unsigned long long)ms.ssp_deferred);
 
     ps_ckpt_info ck;
     if (ps_service_checkpoint(m->svc, &ck)) {

@@ -164,6 +164,14 @@ static double wall_now(void) {
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+void ps_service_mode(ps_service *s, ps_service_mode_stats *out) {
+    ps_cons_stats cs;
+    ps_cons_stats_get(s->cons, &cs);
+    int sync = ps_cons_mode_of(s->cons) == PS_CONS_SYNC;
+    *out = (ps_service_mode_stats){sync ? cs.round : 0, sync ? cs.members : 0, cs.dropped, cs.timeouts,
+                                   cs.ssp_deferred};
+}
+
 void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped) {
     *rejected = __atomic_load_n(&s->nonfinite_rejected, __ATOMIC_RELAXED);
     *skipped = __atomic_load_n(&s->nonfinite_skipped, __ATOMIC_RELAXED);

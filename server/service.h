@@ -101,6 +101,14 @@ void ps_service_set_samples(ps_service *s, uint64_t samples);
 void ps_service_note_checkpoint(ps_service *s, const ps_ckpt_info *info);
 int ps_service_checkpoint(ps_service *s, ps_ckpt_info *out);
 
+/* What the consistency mode is doing (Status and /metrics). */
+typedef struct ps_service_mode_stats {
+    uint64_t sync_round;      /* 0 unless sync */
+    uint32_t sync_members;
+    uint64_t sync_dropped, sync_timeouts, ssp_deferred;
+} ps_service_mode_stats;
+void ps_service_mode(ps_service *s, ps_service_mode_stats *out);
+
 /* Seconds since the service was created. */
 double ps_service_uptime(ps_service *s);
 /* Non-finite counters: calls refused (policy reject) and steps skipped. */
