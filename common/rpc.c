@@ -269,88 +269,158 @@ static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
 
 /* ---- server ------------------------------------------------------------ */
 
-typedef enum { SLOT_IDLE = 0, SLOT_REQUESTED, SLOT_RECV, SLOT_SEND } slot_state;
+enum { TAG_REQUEST, TAG_RECV, TAG_CLOSE, TAG_SEND, NTAGS };
+enum { CLASS_ORDINARY = 0, CLASS_RESERVED = 1, NCLASSES };
 
-struct rpc_worker;
+/* A completion-queue tag: which call, which batch. */
+typedef struct call_tag {
+    struct ps_rpc_call *c;
+    int kind;
+} call_tag;
 
-typedef struct rpc_slot {
-    struct rpc_worker *w;
-    slot_state state;
+struct ps_rpc_call {
+    ps_rpc_server *s;            /* valid until the call is finished */
+    pthread_mutex_t mu;          /* everything below; batches start under it */
+    atomic_int refs;             /* server side until finished, owner until
+                                    complete, each running on_cancel */
+    call_tag tags[NTAGS];
     grpc_call *call;
     grpc_call_details details;
     grpc_metadata_array md;
     grpc_byte_buffer *recv;      /* request message, NULL if none */
-    grpc_byte_buffer *send;      /* response message while SEND */
-    grpc_slice status_details;   /* while SEND */
-    int cancelled;
-    int md_sent;                 /* initial metadata sent */
+    grpc_byte_buffer *send;      /* response message once replied */
+    grpc_slice status_details;   /* once replied */
+    int close_cancelled;         /* RECV_CLOSE_ON_SERVER's output */
+    const ps_rpc_method *m;
+    int cls;                     /* CLASS_*, counted in s->ncalls[cls] if counted */
+    int counted;
     int who;                     /* index of the caller's token, -1 if none */
-} rpc_slot;
+    int batches;                 /* outstanding batches */
+    int queued;                  /* waiting for a worker */
+    int handler_running;
+    int deferred, completed;     /* ps_rpc_call_defer / ps_rpc_call_complete called */
+    int replied;                 /* status handed to gRPC */
+    int cancelled;               /* ended (or will end) without our reply */
+    int cancel_fired;
+    int finished;                /* gRPC side released; s no longer used */
+    ps_rpc_cancel_fn on_cancel;
+    void *cancel_arg;
+    struct ps_rpc_call *next;    /* work queue link */
+};
+
+typedef struct work_queue {
+    ps_rpc_call *head, *tail;
+    pthread_cond_t cv;
+} work_queue;
 
 typedef struct rpc_worker {
     ps_rpc_server *s;
-    int index;
-    grpc_completion_queue *cq;
+    int cls;
     pthread_t thread;
     int running;
-    rpc_slot slots[PS_RPC_SLOTS_PER_THREAD];
 } rpc_worker;
 
 struct ps_rpc_server {
     grpc_server *server;
+    grpc_completion_queue *cq;          /* every call's batches and requests */
     grpc_completion_queue *shutdown_cq;
-    rpc_worker *workers;
-    int nthreads;
-    ps_rpc_method *methods; /* paths owned */
+    pthread_t event_thread;
+    int event_running;
+    rpc_worker *workers;                /* opts.threads ordinary, then reserved */
+    int nworkers;
+    ps_rpc_server_opts opts;            /* defaults filled in */
+    ps_rpc_method *methods;             /* paths owned */
     int nmethods;
     void *user;
     int port;
     char *addr;
-    ps_rpc_token *tokens;   /* deep copies */
+    ps_rpc_token *tokens;               /* deep copies */
     int ntokens;
-    int started;
+    int started;                        /* grpc_server_start called */
     int shut_down;
     atomic_int stopping;
+    pthread_mutex_t mu;                 /* the fields below */
+    int live;                           /* armed requests + unfinished calls */
+    int ncalls[NCLASSES];               /* accepted, unfinished calls */
+    work_queue q[NCLASSES];
+    int workers_stop;
 };
 
-static void slot_request(rpc_slot *sl) {
-    ps_rpc_server *s = sl->w->s;
-    sl->state = SLOT_IDLE;
-    if (atomic_load(&s->stopping)) return;
-    sl->call = NULL;
-    sl->recv = NULL;
-    sl->send = NULL;
-    sl->cancelled = 0;
-    sl->md_sent = 0;
-    sl->who = -1;
-    grpc_call_details_init(&sl->details);
-    grpc_metadata_array_init(&sl->md);
-    sl->state = SLOT_REQUESTED;
-    /* After shutdown has begun gRPC fails the request with an event, so a
-     * race with ps_rpc_server_shutdown still ends in slot_event. */
-    grpc_call_error e = grpc_server_request_call(s->server, &sl->call, &sl->details,
-                                                 &sl->md, sl->w->cq, sl->w->cq, sl);
-    if (e != GRPC_CALL_OK) {
-        ps_log(PS_LOG_ERROR, "rpc: grpc_server_request_call: %s",
-               grpc_call_error_to_string(e));
-        grpc_call_details_destroy(&sl->details);
-        grpc_metadata_array_destroy(&sl->md);
-        sl->state = SLOT_IDLE;
-    }
+static ps_rpc_call *call_new(ps_rpc_server *s) {
+    ps_rpc_call *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->s = s;
+    pthread_mutex_init(&c->mu, NULL);
+    atomic_init(&c->refs, 1);
+    for (int i = 0; i < NTAGS; i++) c->tags[i] = (call_tag){c, i};
+    c->who = -1;
+    grpc_call_details_init(&c->details);
+    grpc_metadata_array_init(&c->md);
+    return c;
 }
 
-/* Release everything of the slot's current call and arm it again. */
-static void slot_finish(rpc_slot *sl) {
-    if (sl->recv) grpc_byte_buffer_destroy(sl->recv);
-    if (sl->send) grpc_byte_buffer_destroy(sl->send);
-    sl->recv = sl->send = NULL;
-    if (sl->state == SLOT_SEND) grpc_slice_unref(sl->status_details);
-    grpc_call_details_destroy(&sl->details);
-    grpc_metadata_array_destroy(&sl->md);
-    if (sl->call) grpc_call_unref(sl->call);
-    sl->call = NULL;
-    sl->state = SLOT_IDLE;
-    slot_request(sl);
+static void call_unref(ps_rpc_call *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* Does the application side still hold the call (so its grpc_call and
+ * request must stay)? */
+static int call_busy(const ps_rpc_call *c) {
+    return c->queued || c->handler_running || (c->deferred && !c->completed && !c->cancelled);
+}
+
+/* Called with c->mu held; unlocks it. Releases the gRPC side of the call
+ * once no batch is outstanding and the application is done with it; the
+ * struct itself lives on while the owner of a deferred call holds it. */
+static void call_unlock_maybe_finish(ps_rpc_call *c) {
+    if (c->finished || c->batches > 0 || call_busy(c)) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->finished = 1;
+    ps_rpc_server *s = c->s;
+    c->s = NULL;
+    if (c->recv) grpc_byte_buffer_destroy(c->recv);
+    if (c->send) grpc_byte_buffer_destroy(c->send);
+    c->recv = c->send = NULL;
+    if (c->replied) grpc_slice_unref(c->status_details);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->call) grpc_call_unref(c->call);
+    c->call = NULL;
+    int counted = c->counted, cls = c->cls;
+    pthread_mutex_unlock(&c->mu);
+    /* The server outlives every unfinished call (the event thread leaves
+     * only at live == 0); s must not be touched after this unlock. */
+    pthread_mutex_lock(&s->mu);
+    s->live--;
+    if (counted) s->ncalls[cls]--;
+    pthread_mutex_unlock(&s->mu);
+    call_unref(c);
+}
+
+/* Arm one more generic request for a new call (unless stopping). */
+static void arm_request(ps_rpc_server *s) {
+    if (atomic_load(&s->stopping)) return;
+    ps_rpc_call *c = call_new(s);
+    if (!c) {
+        ps_log(PS_LOG_ERROR, "rpc: out of memory for a new call; one fewer request armed");
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->live++;
+    pthread_mutex_unlock(&s->mu);
+    /* After shutdown has begun gRPC fails the request with an event, so a
+     * race with ps_rpc_server_shutdown still ends in on_request. */
+    grpc_call_error e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md,
+                                                 s->cq, s->cq, &c->tags[TAG_REQUEST]);
+    if (e != GRPC_CALL_OK) {
+        ps_log(PS_LOG_ERROR, "rpc: grpc_server_request_call: %s", grpc_call_error_to_string(e));
+        pthread_mutex_lock(&c->mu);
+        call_unlock_maybe_finish(c);
+    }
 }
 
 static const ps_rpc_method *find_method(const ps_rpc_server *s, grpc_slice path) {
@@ -368,14 +438,14 @@ static int token_equal(const char *tok, const unsigned char *got, size_t n) {
 }
 
 /* With tokens configured: who may make this call? GRPC_STATUS_OK and
- * sl->who set, or UNAUTHENTICATED / PERMISSION_DENIED with details. */
-static grpc_status_code slot_authorize(rpc_slot *sl, char *details, size_t dlen) {
-    const ps_rpc_server *s = sl->w->s;
+ * c->who set, or UNAUTHENTICATED / PERMISSION_DENIED with details. */
+static grpc_status_code call_authorize(ps_rpc_call *c, char *details, size_t dlen) {
+    const ps_rpc_server *s = c->s;
     if (s->ntokens == 0) return GRPC_STATUS_OK;
     const grpc_slice *val = NULL;
-    for (size_t i = 0; i < sl->md.count; i++)
-        if (grpc_slice_str_cmp(sl->md.metadata[i].key, "authorization") == 0) {
-            val = &sl->md.metadata[i].value;
+    for (size_t i = 0; i < c->md.count; i++)
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
+            val = &c->md.metadata[i].value;
             break;
         }
     if (!val) {
@@ -398,38 +468,44 @@ static grpc_status_code slot_authorize(rpc_slot *sl, char *details, size_t dlen)
         snprintf(details, dlen, "invalid token");
         return GRPC_STATUS_UNAUTHENTICATED;
     }
-    sl->who = who;
+    c->who = who;
     const char *const *m = s->tokens[who].methods;
     if (!m) return GRPC_STATUS_OK;
     for (; *m; m++)
-        if (grpc_slice_str_cmp(sl->details.method, *m) == 0) return GRPC_STATUS_OK;
-    char *method = grpc_slice_to_c_string(sl->details.method);
+        if (grpc_slice_str_cmp(c->details.method, *m) == 0) return GRPC_STATUS_OK;
+    char *method = grpc_slice_to_c_string(c->details.method);
     snprintf(details, dlen, "token '%s' may not call %s", s->tokens[who].name, method);
     gpr_free(method);
     return GRPC_STATUS_PERMISSION_DENIED;
 }
 
-/* Start the closing batch: the response (on OK), the status, and the
- * initial metadata if not sent yet. Takes resp. */
-static void slot_reply(rpc_slot *sl, grpc_byte_buffer *resp, grpc_status_code code, const char *details) {
-    if (code != GRPC_STATUS_OK && resp) { /* never sent, never leaked */
+static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int tag, const char *what) {
+    c->batches++;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tags[tag], NULL);
+    if (e != GRPC_CALL_OK) {
+        c->batches--;
+        c->cancelled = 1;
+        ps_log(PS_LOG_ERROR, "rpc: start_batch (%s): %s", what, grpc_call_error_to_string(e));
+    }
+}
+
+/* With c->mu held: hand the reply to gRPC. Takes resp. Returns 1 if sent,
+ * 0 if the call was cancelled (resp destroyed). */
+static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code code,
+                        const char *details) {
+    PS_ASSERT(!c->replied);
+    if ((code != GRPC_STATUS_OK || c->cancelled || c->finished) && resp) { /* never sent, never leaked */
         grpc_byte_buffer_destroy(resp);
         resp = NULL;
     }
+    if (c->cancelled || c->finished) return 0;
     if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
-    sl->send = resp;
-    sl->status_details = grpc_slice_from_copied_string(details);
-    sl->state = SLOT_SEND;
-
-    grpc_op ops[4];
+    c->send = resp;
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
-    if (!sl->md_sent) {
-        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[n].data.send_initial_metadata.count = 0;
-        n++;
-        sl->md_sent = 1;
-    }
     if (resp) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = resp;
@@ -438,123 +514,250 @@ static void slot_reply(rpc_slot *sl, grpc_byte_buffer *resp, grpc_status_code co
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.trailing_metadata_count = 0;
     ops[n].data.send_status_from_server.status = code;
-    ops[n].data.send_status_from_server.status_details = &sl->status_details;
+    ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &sl->cancelled;
-    n++;
-    grpc_call_error e = grpc_call_start_batch(sl->call, ops, n, sl, NULL);
-    if (e != GRPC_CALL_OK) {
-        ps_log(PS_LOG_ERROR, "rpc: start_batch (reply): %s", grpc_call_error_to_string(e));
-        slot_finish(sl);
-    }
+    start_batch_locked(c, ops, n, TAG_SEND, "reply");
+    return 1;
 }
 
-/* Run the handler (or refuse) and start the closing batch. */
-static void slot_respond(rpc_slot *sl, int recv_ok) {
-    ps_rpc_server *s = sl->w->s;
+/* Refuse an accepted call without reading its message. */
+static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *details) {
+    pthread_mutex_lock(&c->mu);
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = 0;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[1].data.send_status_from_server.status = code;
+    ops[1].data.send_status_from_server.status_details = &c->status_details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch_locked(c, ops, 3, TAG_SEND, "refuse");
+    call_unlock_maybe_finish(c);
+}
+
+/* Event thread: a requested call arrived (metadata only). */
+static void on_request(ps_rpc_call *c, int success) {
+    ps_rpc_server *s = c->s;
+    if (!success) { /* server shutting down */
+        pthread_mutex_lock(&c->mu);
+        call_unlock_maybe_finish(c);
+        return;
+    }
+    arm_request(s);  /* the next call needs no worker to be free */
+
+    char details[PS_RPC_DETAILS_MAX];
+    details[0] = '\0';
+    grpc_status_code code = call_authorize(c, details, sizeof details);
+    if (code != GRPC_STATUS_OK) {
+        char *peer = grpc_call_get_peer(c->call);
+        char *method = grpc_slice_to_c_string(c->details.method);
+        ps_log(PS_LOG_WARN, "rpc: %s from %s refused: %s: %s", method, peer ? peer : "?",
+               ps_grpc_code_name(code), details);
+        gpr_free(method);
+        gpr_free(peer);
+        call_refuse(c, code, details);
+        return;
+    }
+    c->m = find_method(s, c->details.method);
+    if (!c->m) {
+        char *method = grpc_slice_to_c_string(c->details.method);
+        snprintf(details, sizeof details, "unknown method %s", method);
+        ps_log(PS_LOG_DEBUG, "rpc: %s -> UNIMPLEMENTED", method);
+        gpr_free(method);
+        call_refuse(c, GRPC_STATUS_UNIMPLEMENTED, details);
+        return;
+    }
+    c->cls = c->m->reserved ? CLASS_RESERVED : CLASS_ORDINARY;
+    int cap = c->cls == CLASS_RESERVED ? s->opts.max_reserved_calls : s->opts.max_calls;
+    pthread_mutex_lock(&s->mu);
+    int n = s->ncalls[c->cls];
+    if (n < cap) {
+        s->ncalls[c->cls]++;
+        c->counted = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!c->counted) {
+        char *peer = grpc_call_get_peer(c->call);
+        snprintf(details, sizeof details, "server busy: %d %scalls in progress (limit %d); retry later",
+                 n, c->cls == CLASS_RESERVED ? "reserved " : "", cap);
+        ps_log(PS_LOG_WARN, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", c->m->path,
+               peer ? peer : "?", details);
+        gpr_free(peer);
+        call_refuse(c, GRPC_STATUS_RESOURCE_EXHAUSTED, details);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[0].data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch_locked(c, ops, 1, TAG_CLOSE, "close");
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = 0;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &c->recv;
+    if (!c->cancelled) start_batch_locked(c, ops, 2, TAG_RECV, "recv");
+    call_unlock_maybe_finish(c);
+}
+
+static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
+    pthread_mutex_lock(&s->mu);
+    work_queue *q = &s->q[c->cls];
+    c->next = NULL;
+    if (q->tail) q->tail->next = c;
+    else q->head = c;
+    q->tail = c;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Event thread: the request message arrived (or the call died first). */
+static void on_recv(ps_rpc_call *c, int success) {
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    if (success && !c->cancelled) {
+        c->queued = 1;
+        ps_rpc_server *s = c->s;
+        pthread_mutex_unlock(&c->mu);
+        enqueue(s, c);
+        return;
+    }
+    c->cancelled = 1;  /* the close batch reports the end of the call */
+    call_unlock_maybe_finish(c);
+}
+
+/* With c->mu held: should on_cancel run now? Takes a reference if so. */
+static int cancel_due_locked(ps_rpc_call *c) {
+    if (!c->deferred || c->completed || !c->cancelled || c->handler_running || c->cancel_fired ||
+        !c->on_cancel)
+        return 0;
+    c->cancel_fired = 1;
+    atomic_fetch_add(&c->refs, 1);
+    return 1;
+}
+
+static void fire_cancel(ps_rpc_call *c) {
+    c->on_cancel(c->cancel_arg, c);
+    call_unref(c);
+}
+
+/* Event thread: the call ended (reply sent, or cancelled). */
+static void on_close(ps_rpc_call *c, int success) {
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    if (!success || c->close_cancelled || !c->replied) c->cancelled = 1;
+    int fire = cancel_due_locked(c);
+    call_unlock_maybe_finish(c);
+    if (fire) fire_cancel(c);
+}
+
+static void on_send(ps_rpc_call *c, int success) {
+    (void)success;  /* a failed send shows up as cancelled on the close batch */
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    call_unlock_maybe_finish(c);
+}
+
+static void call_event(call_tag *t, int success) {
+    switch (t->kind) {
+    case TAG_REQUEST: on_request(t->c, success); return;
+    case TAG_RECV: on_recv(t->c, success); return;
+    case TAG_CLOSE: on_close(t->c, success); return;
+    case TAG_SEND: on_send(t->c, success); return;
+    }
+    PS_ASSERT(!"unknown call tag");
+}
+
+/* Worker: run the handler of a received call (or answer for it). */
+static void run_call(ps_rpc_call *c) {
+    pthread_mutex_lock(&c->mu);
+    c->queued = 0;
+    if (c->cancelled) {  /* the client went away while the call waited */
+        call_unlock_maybe_finish(c);
+        return;
+    }
+    c->handler_running = 1;
+    ps_rpc_server *s = c->s;
+    pthread_mutex_unlock(&c->mu);
+
     grpc_status_code code = GRPC_STATUS_OK;
     char details[PS_RPC_DETAILS_MAX];
     details[0] = '\0';
     grpc_byte_buffer *resp = NULL;
-    char *method = grpc_slice_to_c_string(sl->details.method);
+    char *method = grpc_slice_to_c_string(c->details.method);
     gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
-    gpr_timespec deadline = gpr_convert_clock_type(sl->details.deadline, GPR_CLOCK_MONOTONIC);
-    const ps_rpc_method *m = find_method(s, sl->details.method);
-
-    if (!recv_ok) {
-        code = GRPC_STATUS_CANCELLED;
-        snprintf(details, sizeof details, "%s: request not received", method);
-    } else if (!m) {
-        code = GRPC_STATUS_UNIMPLEMENTED;
-        snprintf(details, sizeof details, "unknown method %s", method);
-    } else if (gpr_time_cmp(deadline, now) <= 0) {
+    gpr_timespec deadline = gpr_convert_clock_type(c->details.deadline, GPR_CLOCK_MONOTONIC);
+    if (gpr_time_cmp(deadline, now) <= 0) {
         code = GRPC_STATUS_DEADLINE_EXCEEDED;
         snprintf(details, sizeof details, "%s: deadline passed before the handler ran", method);
     } else {
-        char *peer = grpc_call_get_peer(sl->call);
+        char *peer = grpc_call_get_peer(c->call);
         ps_rpc_call_info info = {method, peer ? peer : "", deadline,
-                                 sl->who >= 0 ? s->tokens[sl->who].name : ""};
-        m->fn(s->user, &info, sl->recv, &resp, &code, details, sizeof details);
+                                 c->who >= 0 ? s->tokens[c->who].name : "", c};
+        c->m->fn(s->user, &info, c->recv, &resp, &code, details, sizeof details);
         details[sizeof details - 1] = '\0';
         gpr_free(peer);
     }
-    if (code != GRPC_STATUS_OK)
-        ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
+
+    pthread_mutex_lock(&c->mu);
+    c->handler_running = 0;
+    int fire = 0;
+    if (c->deferred) {
+        if (resp) grpc_byte_buffer_destroy(resp);
+        fire = cancel_due_locked(c);
+    } else {
+        if (code != GRPC_STATUS_OK)
+            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
+        reply_locked(c, resp, code, details);
+    }
     gpr_free(method);
-    slot_reply(sl, resp, code, details);
-}
-
-static void slot_event(rpc_slot *sl, int success) {
-    switch (sl->state) {
-    case SLOT_REQUESTED: {
-        if (!success) { /* server shutting down */
-            grpc_call_details_destroy(&sl->details);
-            grpc_metadata_array_destroy(&sl->md);
-            if (sl->call) grpc_call_unref(sl->call);
-            sl->call = NULL;
-            sl->state = SLOT_IDLE;
-            slot_request(sl);
-            return;
-        }
-        char details[PS_RPC_DETAILS_MAX];
-        grpc_status_code code = slot_authorize(sl, details, sizeof details);
-        if (code != GRPC_STATUS_OK) {  /* refused before reading the message */
-            char *peer = grpc_call_get_peer(sl->call);
-            char *method = grpc_slice_to_c_string(sl->details.method);
-            ps_log(PS_LOG_WARN, "rpc: %s from %s refused: %s: %s", method, peer ? peer : "?",
-                   ps_grpc_code_name(code), details);
-            gpr_free(method);
-            gpr_free(peer);
-            slot_reply(sl, NULL, code, details);
-            return;
-        }
-        grpc_op ops[2];
-        memset(ops, 0, sizeof ops);
-        sl->md_sent = 1;
-        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[0].data.send_initial_metadata.count = 0;
-        ops[1].op = GRPC_OP_RECV_MESSAGE;
-        ops[1].data.recv_message.recv_message = &sl->recv;
-        sl->state = SLOT_RECV;
-        grpc_call_error e = grpc_call_start_batch(sl->call, ops, 2, sl, NULL);
-        if (e != GRPC_CALL_OK) {
-            ps_log(PS_LOG_ERROR, "rpc: start_batch (recv): %s", grpc_call_error_to_string(e));
-            slot_finish(sl);
-        }
-        return;
-    }
-    case SLOT_RECV:
-        slot_respond(sl, success);
-        return;
-    case SLOT_SEND:
-        slot_finish(sl);
-        return;
-    case SLOT_IDLE:
-        break;
-    }
-    PS_ASSERT(!"event for an idle call slot");
-}
-
-static int worker_idle(const rpc_worker *w) {
-    for (int i = 0; i < PS_RPC_SLOTS_PER_THREAD; i++)
-        if (w->slots[i].state != SLOT_IDLE) return 0;
-    return 1;
+    call_unlock_maybe_finish(c);
+    if (fire) fire_cancel(c);
 }
 
 static void *worker_main(void *arg) {
     rpc_worker *w = arg;
-    for (int i = 0; i < PS_RPC_SLOTS_PER_THREAD; i++) slot_request(&w->slots[i]);
+    ps_rpc_server *s = w->s;
+    work_queue *q = &s->q[w->cls];
     for (;;) {
-        /* Leave only when no live call can start a batch on w->cq. */
-        if (atomic_load(&w->s->stopping) && worker_idle(w)) break;
-        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                       gpr_time_from_millis(200, GPR_TIMESPAN));
-        grpc_event ev = grpc_completion_queue_next(w->cq, dl, NULL);
-        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
-        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after join */
-        slot_event(ev.tag, ev.success);
+        pthread_mutex_lock(&s->mu);
+        while (!q->head && !s->workers_stop) pthread_cond_wait(&q->cv, &s->mu);
+        ps_rpc_call *c = q->head;
+        if (c) {
+            q->head = c->next;
+            if (!q->head) q->tail = NULL;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!c) break;  /* stopping and nothing left */
+        run_call(c);
     }
+    return NULL;
+}
+
+/* Serve events until stopping and no call or request is left, i.e. no live
+ * call can start a batch on s->cq any more. */
+static void event_loop(ps_rpc_server *s) {
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int done = atomic_load(&s->stopping) && s->live == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (done) break;
+        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(100, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(s->cq, dl, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after this loop */
+        call_event(ev.tag, ev.success);
+    }
+}
+
+static void *event_main(void *arg) {
+    event_loop(arg);
     return NULL;
 }
 
@@ -568,12 +771,64 @@ static void drain_and_destroy(grpc_completion_queue *cq) {
     grpc_completion_queue_destroy(cq);
 }
 
+/* ---- deferred replies -------------------------------------------------- */
+
+ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on_cancel,
+                               void *cancel_arg) {
+    ps_rpc_call *c = info ? info->call : NULL;
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    PS_ASSERT(c->handler_running && !c->deferred); /* from the handler, once */
+    c->deferred = 1;
+    c->on_cancel = on_cancel;
+    c->cancel_arg = cancel_arg;
+    atomic_fetch_add(&c->refs, 1);  /* the owner's, released by ps_rpc_call_complete */
+    pthread_mutex_unlock(&c->mu);
+    return c;
+}
+
+int ps_rpc_call_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status_code code,
+                         const char *details) {
+    if (!c) {
+        if (response) grpc_byte_buffer_destroy(response);
+        return 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    PS_ASSERT(c->deferred && !c->completed); /* exactly once per deferred call */
+    c->completed = 1;
+    int sent = reply_locked(c, response, code, details ? details : "");
+    if (!sent && !c->finished && code != GRPC_STATUS_OK)
+        ps_log(PS_LOG_DEBUG, "rpc: deferred reply dropped: call already cancelled");
+    call_unlock_maybe_finish(c);
+    call_unref(c);
+    return sent;
+}
+
+int ps_rpc_call_cancelled(ps_rpc_call *c) {
+    if (!c) return 1;
+    pthread_mutex_lock(&c->mu);
+    int r = c->cancelled;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* ---- server set-up and shutdown ---------------------------------------- */
+
 ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
                                     int max_message_bytes,
                                     const ps_rpc_method *methods, int nmethods,
                                     void *user, ps_err *err) {
     return ps_rpc_server_create_secure(listen_addr, nthreads, max_message_bytes, methods, nmethods,
                                        user, NULL, err);
+}
+
+ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads,
+                                           int max_message_bytes,
+                                           const ps_rpc_method *methods, int nmethods,
+                                           void *user, const ps_rpc_security *sec,
+                                           ps_err *err) {
+    ps_rpc_server_opts o = {.threads = nthreads, .max_message_bytes = max_message_bytes};
+    return ps_rpc_server_create_opts(listen_addr, &o, methods, nmethods, user, sec, err);
 }
 
 static void free_tokens(ps_rpc_token *t, int n) {
@@ -609,19 +864,24 @@ static ps_rpc_token *copy_tokens(const ps_rpc_token *src, int n) {
     return t;
 }
 
-ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads,
-                                           int max_message_bytes,
-                                           const ps_rpc_method *methods, int nmethods,
-                                           void *user, const ps_rpc_security *sec,
-                                           ps_err *err) {
+ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_server_opts *opts,
+                                         const ps_rpc_method *methods, int nmethods,
+                                         void *user, const ps_rpc_security *sec,
+                                         ps_err *err) {
     if (!listen_addr || !*listen_addr) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: empty listen address");
         return NULL;
     }
-    if (nthreads < 1 || nmethods < 0 || (nmethods > 0 && !methods)) {
+    ps_rpc_server_opts o = opts ? *opts : (ps_rpc_server_opts){0};
+    if (o.reserved_threads == 0) o.reserved_threads = PS_RPC_DEFAULT_RESERVED_THREADS;
+    if (o.max_calls == 0) o.max_calls = PS_RPC_DEFAULT_MAX_CALLS;
+    if (o.max_reserved_calls == 0) o.max_reserved_calls = PS_RPC_DEFAULT_MAX_RESERVED_CALLS;
+    if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
+        nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
-                   "rpc server %s: need >= 1 threads (got %d) and a method table",
-                   listen_addr, nthreads);
+                   "rpc server %s: need >= 1 threads (got %d), >= 1 reserved threads (got %d), "
+                   "call limits >= 1 (got %d, %d) and a method table",
+                   listen_addr, o.threads, o.reserved_threads, o.max_calls, o.max_reserved_calls);
         return NULL;
     }
     if (check_plaintext(listen_addr, sec, "rpc server: listen address", err)) return NULL;
@@ -633,24 +893,29 @@ ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads
         }
     ps_rpc_server *s = calloc(1, sizeof *s);
     if (!s) goto oom;
+    pthread_mutex_init(&s->mu, NULL);
+    for (int i = 0; i < NCLASSES; i++) pthread_cond_init(&s->q[i].cv, NULL);
     if (sec && sec->ntokens > 0) {
         if (!(s->tokens = copy_tokens(sec->tokens, sec->ntokens))) goto oom;
         s->ntokens = sec->ntokens;
     }
     atomic_init(&s->stopping, 0);
     s->user = user;
-    s->nthreads = nthreads;
+    s->opts = o;
+    s->nworkers = o.threads + o.reserved_threads;
     s->addr = strdup(listen_addr);
-    s->workers = calloc((size_t)nthreads, sizeof *s->workers);
+    s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
     s->methods = calloc((size_t)(nmethods ? nmethods : 1), sizeof *s->methods);
     if (!s->addr || !s->workers || !s->methods) goto oom;
     for (int i = 0; i < nmethods; i++) {
         PS_ASSERT(methods[i].path && methods[i].fn);
-        s->methods[i].fn = methods[i].fn;
+        s->methods[i] = methods[i];
         s->methods[i].path = strdup(methods[i].path);
         if (!s->methods[i].path) goto oom;
         s->nmethods = i + 1;
     }
+    for (int i = 0; i < s->nworkers; i++)
+        s->workers[i] = (rpc_worker){s, i < o.threads ? CLASS_ORDINARY : CLASS_RESERVED, 0, 0};
 
     grpc_server_credentials *creds = server_credentials(sec, err);
     if (!creds) {
@@ -659,16 +924,10 @@ ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads
         return NULL;
     }
     grpc_arg args[MAX_ARGS];
-    grpc_channel_args ca = make_args(args, max_message_bytes, 1, sec);
+    grpc_channel_args ca = make_args(args, o.max_message_bytes, 1, sec);
     s->server = grpc_server_create(&ca, NULL);
-    for (int i = 0; i < nthreads; i++) {
-        rpc_worker *w = &s->workers[i];
-        w->s = s;
-        w->index = i;
-        w->cq = grpc_completion_queue_create_for_next(NULL);
-        grpc_server_register_completion_queue(s->server, w->cq, NULL);
-        for (int j = 0; j < PS_RPC_SLOTS_PER_THREAD; j++) w->slots[j].w = w;
-    }
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
     s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->shutdown_cq, NULL);
 
@@ -690,21 +949,44 @@ oom:
     return NULL;
 }
 
+static void stop_workers(ps_rpc_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->workers_stop = 1;
+    for (int i = 0; i < NCLASSES; i++) pthread_cond_broadcast(&s->q[i].cv);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->nworkers; i++) {
+        if (!s->workers[i].running) continue;
+        pthread_join(s->workers[i].thread, NULL);
+        s->workers[i].running = 0;
+    }
+}
+
 ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err) {
     if (s->started || s->shut_down)
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION,
                           "rpc server %s: already started or shut down", s->addr);
-    grpc_server_start(s->server);
-    s->started = 1;
-    for (int i = 0; i < s->nthreads; i++) {
+    /* Workers first: a received call must always find its workers. */
+    for (int i = 0; i < s->nworkers; i++) {
         rpc_worker *w = &s->workers[i];
         int rc = pthread_create(&w->thread, NULL, worker_main, w);
-        if (rc != 0)
+        if (rc != 0) {
+            stop_workers(s);
+            s->workers_stop = 0;
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
                               "rpc server %s: cannot start worker %d: %s", s->addr, i,
                               strerror(rc));
+        }
         w->running = 1;
     }
+    grpc_server_start(s->server);
+    s->started = 1;
+    for (int i = 0; i < PS_RPC_REQUESTS_ARMED; i++) arm_request(s);
+    int rc = pthread_create(&s->event_thread, NULL, event_main, s);
+    if (rc != 0)  /* ps_rpc_server_shutdown runs the event loop itself */
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
+                          "rpc server %s: cannot start the event thread: %s", s->addr,
+                          strerror(rc));
+    s->event_running = 1;
     return PS_OK;
 }
 
@@ -719,14 +1001,17 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, dl, NULL);
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
         grpc_server_cancel_all_calls(s->server);
+        if (s->started && !s->event_running) event_loop(s);  /* no event thread: serve here */
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     }
     PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
-    for (int i = 0; i < s->nthreads; i++) {
-        if (!s->workers[i].running) continue;
-        pthread_join(s->workers[i].thread, NULL);
-        s->workers[i].running = 0;
+    if (s->event_running) {
+        pthread_join(s->event_thread, NULL);
+        s->event_running = 0;
+    } else if (s->started) {
+        event_loop(s);
     }
+    stop_workers(s);
 }
 
 void ps_rpc_server_free(ps_rpc_server *s) {
@@ -735,8 +1020,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
         ps_rpc_server_shutdown(s, 0);
         grpc_server_destroy(s->server);
     }
-    if (s->workers)
-        for (int i = 0; i < s->nthreads; i++) drain_and_destroy(s->workers[i].cq);
+    drain_and_destroy(s->cq);
     drain_and_destroy(s->shutdown_cq);
     if (s->methods)
         for (int i = 0; i < s->nmethods; i++) free((char *)s->methods[i].path);
@@ -744,11 +1028,21 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     free_tokens(s->tokens, s->ntokens);
     free(s->workers);
     free(s->addr);
+    for (int i = 0; i < NCLASSES; i++) pthread_cond_destroy(&s->q[i].cv);
+    pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
 int ps_rpc_server_port(const ps_rpc_server *s) {
     return s ? s->port : 0;
+}
+
+int ps_rpc_server_calls(ps_rpc_server *s) {
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    int n = s->ncalls[CLASS_ORDINARY] + s->ncalls[CLASS_RESERVED];
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 /* ---- client ------------------------------------------------------------ */

@@ -88,6 +88,7 @@ ps_metrics *ps_metrics_create(ps_service *svc, ps_model *model, const ps_rpc_met
         m->inner[i] = methods[i];
         m->outer[i].path = m->paths[i];
         m->outer[i].fn = instrumented;
+        m->outer[i].reserved = methods[i].reserved;
         const char *slash = strrchr(m->paths[i], '/');
         m->stats[i].name = slash ? slash + 1 : m->paths[i];
     }

@@ -589,6 +589,7 @@ static void methods_fill(void) {
     for (int i = 0; i < PS_M_COUNT; i++) {
         methods[i].path = ps_method((ps_method_id)i)->path;
         methods[i].fn = handlers[i];
+        methods[i].reserved = ps_method((ps_method_id)i)->reserved;  /* rpc.h: own workers */
     }
 }
 
