@@ -1,6 +1,14 @@
 /* test_rpc.c - the generic unary server and client over loopback: normal
  * calls, > 4 MiB messages, error propagation, unknown methods, deadlines,
- * concurrent clients, bind failures and shutdown with calls in flight. */
+ * concurrent clients, bind failures and shutdown with calls in flight;
+ * deferred replies (completed from other threads, many more than workers,
+ * cancelled by the client, by the deadline, by shutdown), clients that
+ * never send their message, the call cap, and reserved methods served
+ * while every ordinary worker is blocked.
+ *
+ * No assertion bounds wall-clock time from above: waits are for events
+ * (with a generous give-up so that a bug fails instead of hanging), and
+ * checks are about order ("answered while the handler was still blocked"). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -9,6 +17,7 @@
 #include <time.h>
 
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 
 #include "check.h"
@@ -19,6 +28,15 @@
 #define M_FORWARD "/ps.ParameterServer/Forward"
 #define M_FAIL "/test.Test/Fail"
 #define M_SLEEP "/test.Test/Sleep"
+#define M_GATE "/test.Test/Gate"
+#define M_DEFER "/test.Test/Defer"
+#define M_DEFER_QUIET "/test.Test/DeferQuiet"
+#define M_DEFER_SELF "/test.Test/DeferSelf"
+#define M_PING "/test.Test/Ping"
+
+/* Give-up time of every wait for an event: only reached when something is
+ * broken, never a performance bound. */
+#define WAIT_MS 30000
 
 static atomic_int sleeps_started;
 static atomic_int sleeps_done;
@@ -33,6 +51,12 @@ static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
+
+/* Poll cond every 2 ms until it holds or ms pass; its final value. */
+#define WAIT_UNTIL(cond, ms) __extension__({ \
+    double until_ = now_ms() + (ms); \
+    while (!(cond) && now_ms() < until_) sleep_ms(2); \
+    (cond); })
 
 static void reply_err(const ps_err *err, grpc_status_code *code, char *details, size_t len) {
     *code = ps_grpc_from_status(err->code);
@@ -100,20 +124,170 @@ static void h_sleep(void *user, const ps_rpc_call_info *info, const grpc_byte_bu
         reply_err(&err, code, details, details_len);
 }
 
-static const ps_rpc_method methods[] = {
-    {M_FORWARD, h_forward},
-    {M_FAIL, h_fail},
-    {M_SLEEP, h_sleep},
-};
-
-static ps_rpc_server *start_server(int nthreads) {
+static grpc_byte_buffer *step_response(uint64_t v) {
+    ps_StepResponse r = {.model_version = v};
+    grpc_byte_buffer *b = NULL;
     ps_err err;
-    ps_rpc_server *s = ps_rpc_server_create("127.0.0.1:0", nthreads, MAX_MSG, methods, 3, NULL, &err);
+    CHECK(ps_wire_encode(ps_StepResponse_fields, &r, &b, &err) == PS_OK);
+    return b;
+}
+
+/* ---- a gate: handlers block in it until the test opens it ------------- */
+
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_open;
+static atomic_int gate_blocked;  /* handlers waiting in the gate now */
+static atomic_int gate_passed;   /* handlers that went through */
+
+static void gate_set(int open) {
+    pthread_mutex_lock(&gate_mu);
+    gate_open = open;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* Blocks until the gate opens; replies model_version 5. */
+static void h_gate(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                   size_t details_len) {
+    (void)user, (void)info, (void)request, (void)code, (void)details, (void)details_len;
+    pthread_mutex_lock(&gate_mu);
+    atomic_fetch_add(&gate_blocked, 1);
+    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+    atomic_fetch_sub(&gate_blocked, 1);
+    atomic_fetch_add(&gate_passed, 1);
+    pthread_mutex_unlock(&gate_mu);
+    *response = step_response(5);
+}
+
+/* Reserved method: replies model_version 7 at once. */
+static void h_ping(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                   size_t details_len) {
+    (void)user, (void)info, (void)request, (void)code, (void)details, (void)details_len;
+    *response = step_response(7);
+}
+
+/* ---- deferred calls: a table of pending handles, as psd's rounds keep --- */
+
+#define MAX_DEFERRED 256
+typedef struct pending { ps_rpc_call *call; uint64_t id; } pending;
+static pthread_mutex_t def_mu = PTHREAD_MUTEX_INITIALIZER;
+static pending def_tab[MAX_DEFERRED];
+static atomic_int def_count;         /* handles in the table */
+static atomic_int def_total;         /* calls deferred so far */
+static atomic_int cancels;           /* on_cancel calls that found their handle */
+static atomic_int cancels_seen_flag; /* ... of which ps_rpc_call_cancelled() said 1 */
+
+/* Whoever removes a handle from the table completes it. */
+static ps_rpc_call *def_take(uint64_t id) {
+    ps_rpc_call *c = NULL;
+    pthread_mutex_lock(&def_mu);
+    for (int i = 0; i < MAX_DEFERRED && !c; i++)
+        if (def_tab[i].call && def_tab[i].id == id) {
+            c = def_tab[i].call;
+            def_tab[i].call = NULL;
+            atomic_fetch_sub(&def_count, 1);
+        }
+    pthread_mutex_unlock(&def_mu);
+    return c;
+}
+
+static void on_cancel(void *arg, ps_rpc_call *call) {
+    (void)arg;
+    int found = 0;
+    pthread_mutex_lock(&def_mu);
+    for (int i = 0; i < MAX_DEFERRED; i++)
+        if (def_tab[i].call == call) {
+            def_tab[i].call = NULL;
+            atomic_fetch_sub(&def_count, 1);
+            found = 1;
+        }
+    pthread_mutex_unlock(&def_mu);
+    if (!found) return;  /* the normal path took it and completes it */
+    if (ps_rpc_call_cancelled(call)) atomic_fetch_add(&cancels_seen_flag, 1);
+    atomic_fetch_add(&cancels, 1);
+    /* Nobody will read this: the call is gone. Must not crash or leak. */
+    CHECK(ps_rpc_call_complete(call, step_response(0), GRPC_STATUS_OK, NULL) == 0);
+}
+
+/* Defers; the test completes the call later through def_take(context_id).
+ * Quiet variant: no on_cancel (the owner polls ps_rpc_call_cancelled). */
+static void defer_common(const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                         grpc_status_code *code, char *details, size_t details_len, int quiet) {
+    ps_err err;
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err) != PS_OK) {
+        reply_err(&err, code, details, details_len);
+        return;
+    }
+    ps_rpc_call *c = ps_rpc_call_defer(info, quiet ? NULL : on_cancel, NULL);
+    CHECK(c != NULL);
+    if (!c) return;
+    pthread_mutex_lock(&def_mu);
+    int i = 0;
+    while (i < MAX_DEFERRED && def_tab[i].call) i++;
+    PS_ASSERT(i < MAX_DEFERRED);
+    def_tab[i] = (pending){c, req.context_id};
+    atomic_fetch_add(&def_count, 1);
+    atomic_fetch_add(&def_total, 1);
+    pthread_mutex_unlock(&def_mu);
+    /* What a deferring handler leaves behind is ignored, not sent. */
+    *code = GRPC_STATUS_INTERNAL;
+    snprintf(details, details_len, "must not be sent");
+}
+
+static void h_defer(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                    grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                    size_t details_len) {
+    (void)user;
+    defer_common(info, request, code, details, details_len, 0);
+    *response = step_response(666);  /* destroyed by the server */
+}
+
+static void h_defer_quiet(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                          grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                          size_t details_len) {
+    (void)user, (void)response;
+    defer_common(info, request, code, details, details_len, 1);
+}
+
+/* Defers and completes at once, from inside the handler. */
+static void h_defer_self(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                         grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                         size_t details_len) {
+    (void)user, (void)request, (void)response, (void)code, (void)details, (void)details_len;
+    ps_rpc_call *c = ps_rpc_call_defer(info, on_cancel, NULL);
+    CHECK(c != NULL);
+    CHECK(ps_rpc_call_complete(c, step_response(9), GRPC_STATUS_OK, NULL) == 1);
+}
+
+static const ps_rpc_method methods[] = {
+    {M_FORWARD, h_forward, 0},
+    {M_FAIL, h_fail, 0},
+    {M_SLEEP, h_sleep, 0},
+    {M_GATE, h_gate, 0},
+    {M_DEFER, h_defer, 0},
+    {M_DEFER_QUIET, h_defer_quiet, 0},
+    {M_DEFER_SELF, h_defer_self, 0},
+    {M_PING, h_ping, 1},
+};
+#define NMETHODS ((int)(sizeof methods / sizeof methods[0]))
+
+static ps_rpc_server *start_server_opts(const ps_rpc_server_opts *o) {
+    ps_err err;
+    ps_rpc_server *s = ps_rpc_server_create_opts("127.0.0.1:0", o, methods, NMETHODS, NULL, NULL, &err);
     CHECK_MSG(s != NULL, "%s", err.msg);
     if (!s) return NULL;
     CHECK(ps_rpc_server_port(s) > 0);
     CHECK(ps_rpc_server_start(s, &err) == PS_OK);
     return s;
+}
+
+static ps_rpc_server *start_server(int nthreads) {
+    ps_rpc_server_opts o = {.threads = nthreads, .max_message_bytes = MAX_MSG};
+    return start_server_opts(&o);
 }
 
 static ps_rpc_client *connect_to(const ps_rpc_server *s, int max_msg) {
@@ -166,14 +340,16 @@ static grpc_status_code forward_echo(ps_rpc_client *c, int64_t d0, int64_t d1, u
     return code;
 }
 
-static grpc_status_code sleep_call(ps_rpc_client *c, int ms, int timeout_ms, char *details,
-                                   size_t dlen, uint64_t *version) {
-    ps_StepRequest req = {.context_id = (uint64_t)ms};
+/* A call of method with StepRequest{context_id = arg}; *version is the
+ * reply's model_version on OK. */
+static grpc_status_code step_call(ps_rpc_client *c, const char *method, uint64_t arg, int timeout_ms,
+                                  char *details, size_t dlen, uint64_t *version) {
+    ps_StepRequest req = {.context_id = arg};
     grpc_byte_buffer *rb = NULL, *resp = NULL;
     ps_err err;
     ps_wire_encode(ps_StepRequest_fields, &req, &rb, &err);
     grpc_status_code code;
-    CHECK(ps_rpc_client_call(c, M_SLEEP, rb, &resp, timeout_ms, &code, details, dlen, &err) == PS_OK);
+    CHECK(ps_rpc_client_call(c, method, rb, &resp, timeout_ms, &code, details, dlen, &err) == PS_OK);
     if (code == GRPC_STATUS_OK) {
         ps_StepResponse r = ps_StepResponse_init_zero;
         CHECK(ps_wire_decode(resp, ps_StepResponse_fields, &r, &err) == PS_OK);
@@ -182,6 +358,11 @@ static grpc_status_code sleep_call(ps_rpc_client *c, int ms, int timeout_ms, cha
     grpc_byte_buffer_destroy(rb);
     if (resp) grpc_byte_buffer_destroy(resp);
     return code;
+}
+
+static grpc_status_code sleep_call(ps_rpc_client *c, int ms, int timeout_ms, char *details,
+                                   size_t dlen, uint64_t *version) {
+    return step_call(c, M_SLEEP, (uint64_t)ms, timeout_ms, details, dlen, version);
 }
 
 /* ---- concurrent clients ------------------------------------------------ */
@@ -258,12 +439,19 @@ static void test_calls(ps_rpc_server *s) {
     CHECK(code == GRPC_STATUS_UNIMPLEMENTED && resp == NULL);
     CHECK_MSG(strstr(details, "/ps.ParameterServer/Nope") != NULL, "%s", details);
 
-    /* Deadline shorter than the handler. */
+    /* Deadline shorter than the handler: the client gets DEADLINE_EXCEEDED
+     * before the handler can have finished (the gate opens only after the
+     * client returned), and not before the deadline. */
+    gate_set(0);
     double t0 = now_ms();
-    code = sleep_call(c, 600, 100, details, sizeof details, NULL);
+    code = step_call(c, M_GATE, 0, 100, details, sizeof details, NULL);
     double dt = now_ms() - t0;
     CHECK_MSG(code == GRPC_STATUS_DEADLINE_EXCEEDED, "%s", ps_grpc_code_name(code));
-    CHECK_MSG(dt >= 90 && dt < 450, "deadline call took %.0f ms", dt);
+    CHECK_MSG(dt >= 90, "deadline call took %.0f ms", dt);
+    CHECK(atomic_load(&gate_passed) == 0);
+    gate_set(1);
+    /* The late reply goes to nobody and the server lets go of the call. */
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0 && atomic_load(&gate_blocked) == 0, WAIT_MS));
     uint64_t v = 0;
     CHECK(sleep_call(c, 10, 5000, details, sizeof details, &v) == GRPC_STATUS_OK && v == 10);
 
@@ -310,20 +498,20 @@ static void test_unreachable_and_bind(ps_rpc_server *s) {
     /* Port already in use. */
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", ps_rpc_server_port(s));
-    ps_rpc_server *s2 = ps_rpc_server_create(addr, 1, 0, methods, 3, NULL, &err);
+    ps_rpc_server *s2 = ps_rpc_server_create(addr, 1, 0, methods, NMETHODS, NULL, &err);
     CHECK(s2 == NULL);
     CHECK_MSG(err.code == PS_ERR_UNAVAILABLE && strstr(err.msg, addr), "%s", err.msg);
     ps_rpc_server_free(s2);
 
     /* Not an address. */
-    s2 = ps_rpc_server_create("no-such-host.invalid:zz", 1, 0, methods, 3, NULL, &err);
+    s2 = ps_rpc_server_create("no-such-host.invalid:zz", 1, 0, methods, NMETHODS, NULL, &err);
     CHECK(s2 == NULL);
     CHECK_MSG(strstr(err.msg, "no-such-host.invalid:zz") != NULL, "%s", err.msg);
-    s2 = ps_rpc_server_create("127.0.0.1:0", 0, 0, methods, 3, NULL, &err);
+    s2 = ps_rpc_server_create("127.0.0.1:0", 0, 0, methods, NMETHODS, NULL, &err);
     CHECK(s2 == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
 
     /* Created, never started, freed. */
-    s2 = ps_rpc_server_create("127.0.0.1:0", 2, 0, methods, 3, NULL, &err);
+    s2 = ps_rpc_server_create("127.0.0.1:0", 2, 0, methods, NMETHODS, NULL, &err);
     CHECK(s2 != NULL);
     ps_rpc_server_free(s2);
     ps_rpc_server_free(NULL);
@@ -382,6 +570,382 @@ static void test_forced_shutdown(void) {
     ps_rpc_client_free(c);
 }
 
+/* ---- raw gRPC core client calls (what ps_rpc_client cannot do) -------- */
+
+typedef struct raw_call {
+    grpc_call *call;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_byte_buffer *send, *recv;
+    grpc_status_code status;
+    grpc_slice status_details;
+} raw_call;
+
+static grpc_channel *raw_channel(const ps_rpc_server *s) {
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", ps_rpc_server_port(s));
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
+    grpc_channel_credentials_release(creds);
+    return ch;
+}
+
+/* Start a call of method on cq. With message == 0 only the initial
+ * metadata is sent (the request message never comes); otherwise
+ * StepRequest{context_id = arg} and the half-close. Either way a second
+ * batch waits for the status. Two events (tags &r->call, r) follow. */
+static void raw_start(raw_call *r, grpc_channel *ch, grpc_completion_queue *cq, const char *method,
+                      int message, uint64_t arg) {
+    memset(r, 0, sizeof *r);
+    grpc_metadata_array_init(&r->initial_md);
+    grpc_metadata_array_init(&r->trailing_md);
+    r->status_details = grpc_empty_slice();
+    grpc_slice m = grpc_slice_from_static_string(method);
+    gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                   gpr_time_from_millis(WAIT_MS, GPR_TIMESPAN));
+    r->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL, dl, NULL);
+    CHECK(r->call != NULL);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (message) {
+        ps_StepRequest req = {.context_id = arg};
+        ps_err err;
+        CHECK(ps_wire_encode(ps_StepRequest_fields, &req, &r->send, &err) == PS_OK);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = r->send;
+        ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    }
+    CHECK(grpc_call_start_batch(r->call, ops, n, &r->call, NULL) == GRPC_CALL_OK);
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &r->recv;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &r->trailing_md;
+    ops[2].data.recv_status_on_client.status = &r->status;
+    ops[2].data.recv_status_on_client.status_details = &r->status_details;
+    CHECK(grpc_call_start_batch(r->call, ops, 3, r, NULL) == GRPC_CALL_OK);
+}
+
+static void raw_free(raw_call *r) {
+    if (r->send) grpc_byte_buffer_destroy(r->send);
+    if (r->recv) grpc_byte_buffer_destroy(r->recv);
+    grpc_metadata_array_destroy(&r->initial_md);
+    grpc_metadata_array_destroy(&r->trailing_md);
+    grpc_slice_unref(r->status_details);
+    if (r->call) grpc_call_unref(r->call);
+}
+
+/* Take n events from cq (gives up after WAIT_MS); how many came. */
+static int raw_events(grpc_completion_queue *cq, int n) {
+    int got = 0;
+    gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(WAIT_MS, GPR_TIMESPAN));
+    while (got < n) {
+        grpc_event ev = grpc_completion_queue_next(cq, dl, NULL);
+        if (ev.type != GRPC_OP_COMPLETE) break;
+        got++;
+    }
+    return got;
+}
+
+static void raw_cq_destroy(grpc_completion_queue *cq) {
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
+    grpc_completion_queue_destroy(cq);
+}
+
+/* ---- deferred calls ---------------------------------------------------- */
+
+typedef struct step_arg {
+    ps_rpc_client *c;
+    const char *method;
+    uint64_t id;
+    int timeout_ms;
+    grpc_status_code code;
+    uint64_t v;
+    atomic_int done;
+} step_arg;
+
+static void *step_thread(void *p) {
+    step_arg *a = p;
+    char details[256];
+    a->code = step_call(a->c, a->method, a->id, a->timeout_ms, details, sizeof details, &a->v);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* Index of a call of a[0..n) that has returned, or -1. */
+static int first_done(step_arg *a, int n) {
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&a[i].done)) return i;
+    return -1;
+}
+
+typedef struct completer_arg { const uint64_t *ids; int n; int sent; } completer_arg;
+
+/* Completes the deferred calls of ids, in that order, with model_version
+ * id * 3 (from a thread that is neither a worker nor a client). */
+static void *completer_thread(void *p) {
+    completer_arg *a = p;
+    for (int i = 0; i < a->n; i++) {
+        ps_rpc_call *c = def_take(a->ids[i]);
+        CHECK_MSG(c != NULL, "deferred call %llu not found", (unsigned long long)a->ids[i]);
+        if (c) a->sent += ps_rpc_call_complete(c, step_response(a->ids[i] * 3), GRPC_STATUS_OK, NULL);
+    }
+    return NULL;
+}
+
+static void complete_from_thread(const uint64_t *ids, int n, int *sent) {
+    completer_arg a = {ids, n, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, completer_thread, &a);
+    pthread_join(th, NULL);
+    *sent = a.sent;
+}
+
+/* One worker; a deferred call waits while 20 other calls are served on
+ * that same worker, then another thread completes it. */
+static void test_defer_frees_worker(void) {
+    ps_rpc_server *s = start_server(1);
+    if (!s) return;
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    int cancels0 = atomic_load(&cancels);
+    step_arg a = {c, M_DEFER, 1001, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, step_thread, &a);
+    CHECK(WAIT_UNTIL(atomic_load(&def_count) == 1, WAIT_MS));
+    char details[256];
+    int served = 0;
+    for (int i = 0; i < 20; i++) {
+        int same = 0;
+        if (forward_echo(c, 2, 10, (uint32_t)i, details, sizeof details, &same) == GRPC_STATUS_OK && same)
+            served++;
+    }
+    CHECK_MSG(served == 20, "%d of 20 calls served while a call was deferred", served);
+    CHECK(atomic_load(&a.done) == 0);  /* still waiting for its reply */
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 1, WAIT_MS));
+    uint64_t id = 1001;
+    int sent = 0;
+    complete_from_thread(&id, 1, &sent);
+    CHECK(sent == 1);
+    pthread_join(th, NULL);
+    CHECK_MSG(a.code == GRPC_STATUS_OK && a.v == 3003, "deferred call: %s, version %llu",
+              ps_grpc_code_name(a.code), (unsigned long long)a.v);
+
+    /* A handler may complete its own deferred call before returning. */
+    uint64_t v = 0;
+    CHECK(step_call(c, M_DEFER_SELF, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK && v == 9);
+    CHECK(atomic_load(&cancels) == cancels0);  /* no spurious cancellation */
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
+/* 64 deferred calls on a server with 2 workers, completed in reverse order
+ * from another thread: each client gets its own reply. */
+#define NDEFER 64
+static void test_many_deferred(void) {
+    ps_rpc_server *s = start_server(2);
+    if (!s) return;
+    ps_rpc_client *cl[4];
+    for (int i = 0; i < 4; i++) cl[i] = connect_to(s, MAX_MSG);
+    int cancels0 = atomic_load(&cancels);
+    static step_arg a[NDEFER];
+    pthread_t th[NDEFER];
+    uint64_t ids[NDEFER];
+    for (int i = 0; i < NDEFER; i++) {
+        a[i] = (step_arg){cl[i % 4], M_DEFER, 2000 + (uint64_t)i, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+        ids[NDEFER - 1 - i] = 2000 + (uint64_t)i;
+        pthread_create(&th[i], NULL, step_thread, &a[i]);
+    }
+    CHECK_MSG(WAIT_UNTIL(atomic_load(&def_count) == NDEFER, WAIT_MS), "%d of %d calls deferred",
+              atomic_load(&def_count), NDEFER);
+    CHECK(ps_rpc_server_calls(s) == NDEFER);
+    int done = 0;
+    for (int i = 0; i < NDEFER; i++) done += atomic_load(&a[i].done);
+    CHECK(done == 0);
+    int sent = 0;
+    complete_from_thread(ids, NDEFER, &sent);
+    CHECK(sent == NDEFER);
+    int ok = 0;
+    for (int i = 0; i < NDEFER; i++) {
+        pthread_join(th[i], NULL);
+        if (a[i].code == GRPC_STATUS_OK && a[i].v == a[i].id * 3) ok++;
+    }
+    CHECK_MSG(ok == NDEFER, "%d of %d deferred calls got their reply", ok, NDEFER);
+    CHECK(atomic_load(&cancels) == cancels0);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    for (int i = 0; i < 4; i++) ps_rpc_client_free(cl[i]);
+    ps_rpc_server_free(s);
+}
+
+/* 40 calls that never send their message (more than the 2 workers and the
+ * old 8 slots) are accepted, and other calls are still served. */
+#define NSILENT 40
+static void test_silent_clients(void) {
+    ps_rpc_server *s = start_server(2);
+    if (!s) return;
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    static raw_call r[NSILENT];
+    for (int i = 0; i < NSILENT; i++) raw_start(&r[i], ch, cq, M_FORWARD, 0, 0);
+    CHECK_MSG(WAIT_UNTIL(ps_rpc_server_calls(s) == NSILENT, WAIT_MS), "%d of %d silent calls accepted",
+              ps_rpc_server_calls(s), NSILENT);
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    char details[256];
+    int served = 0;
+    for (int i = 0; i < 20; i++) {
+        int same = 0;
+        if (forward_echo(c, 3, 5, (uint32_t)i, details, sizeof details, &same) == GRPC_STATUS_OK && same)
+            served++;
+    }
+    CHECK_MSG(served == 20, "%d of 20 calls served beside %d silent ones", served, NSILENT);
+    /* The served calls are released just after their replies; the silent
+     * ones stay open. */
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == NSILENT, WAIT_MS));
+    for (int i = 0; i < NSILENT; i++) grpc_call_cancel(r[i].call, NULL);
+    CHECK(raw_events(cq, 2 * NSILENT) == 2 * NSILENT);
+    int cancelled = 0;
+    for (int i = 0; i < NSILENT; i++) {
+        cancelled += r[i].status == GRPC_STATUS_CANCELLED;
+        raw_free(&r[i]);
+    }
+    CHECK(cancelled == NSILENT);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
+/* A client cancelling a deferred call: on_cancel runs (and finds
+ * ps_rpc_call_cancelled() true); the deadline passing on a quiet deferred
+ * call makes ps_rpc_call_cancelled() true, and completing it then sends
+ * nothing. */
+static void test_deferred_cancel(void) {
+    ps_rpc_server *s = start_server(2);
+    if (!s) return;
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    int cancels0 = atomic_load(&cancels), seen0 = atomic_load(&cancels_seen_flag);
+    int total0 = atomic_load(&def_total);
+    raw_call r;
+    raw_start(&r, ch, cq, M_DEFER, 1, 77);
+    CHECK(WAIT_UNTIL(atomic_load(&def_total) == total0 + 1, WAIT_MS));
+    CHECK(atomic_load(&cancels) == cancels0);
+    grpc_call_cancel(r.call, NULL);
+    CHECK_MSG(WAIT_UNTIL(atomic_load(&cancels) == cancels0 + 1, WAIT_MS), "on_cancel not called");
+    CHECK(atomic_load(&cancels_seen_flag) == seen0 + 1);
+    CHECK(def_take(77) == NULL);  /* on_cancel took (and completed) it */
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_CANCELLED, "%s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+
+    /* Deadline on a deferred call without on_cancel. */
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    char details[256];
+    grpc_status_code code = step_call(c, M_DEFER_QUIET, 78, 200, details, sizeof details, NULL);
+    CHECK_MSG(code == GRPC_STATUS_DEADLINE_EXCEEDED, "%s", ps_grpc_code_name(code));
+    ps_rpc_call *h = def_take(78);
+    CHECK(h != NULL);
+    if (h) {
+        CHECK(WAIT_UNTIL(ps_rpc_call_cancelled(h), WAIT_MS));
+        CHECK(ps_rpc_call_complete(h, step_response(1), GRPC_STATUS_OK, NULL) == 0);
+    }
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    CHECK(atomic_load(&cancels) == cancels0 + 1);
+    ps_rpc_client_free(c);
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_server_free(s);
+}
+
+/* Shutdown with 8 deferred calls (6 with on_cancel, 2 quiet) nobody
+ * completes: it returns, every client sees CANCELLED or UNAVAILABLE, each
+ * on_cancel runs, and the quiet handles stay valid after the server is
+ * freed, to be completed once. */
+static void test_shutdown_deferred(void) {
+    ps_rpc_server *s = start_server(2);
+    if (!s) return;
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    int cancels0 = atomic_load(&cancels);
+    step_arg a[8];
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = (step_arg){c, i < 6 ? M_DEFER : M_DEFER_QUIET, 3000 + (uint64_t)i, WAIT_MS,
+                          GRPC_STATUS_UNKNOWN, 0, 0};
+        pthread_create(&th[i], NULL, step_thread, &a[i]);
+    }
+    CHECK(WAIT_UNTIL(atomic_load(&def_count) == 8, WAIT_MS));
+    ps_rpc_server_shutdown(s, 100);
+    CHECK(atomic_load(&cancels) == cancels0 + 6);
+    int failed = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        failed += a[i].code == GRPC_STATUS_CANCELLED || a[i].code == GRPC_STATUS_UNAVAILABLE;
+    }
+    CHECK_MSG(failed == 8, "%d of 8 clients saw CANCELLED/UNAVAILABLE", failed);
+    CHECK(ps_rpc_server_calls(s) == 0);
+    ps_rpc_server_free(s);
+    for (uint64_t id = 3006; id < 3008; id++) {
+        ps_rpc_call *h = def_take(id);
+        CHECK(h != NULL);
+        CHECK(ps_rpc_call_cancelled(h));
+        CHECK(ps_rpc_call_complete(h, step_response(1), GRPC_STATUS_OK, NULL) == 0);
+    }
+    CHECK(atomic_load(&def_count) == 0);
+    ps_rpc_client_free(c);
+}
+
+/* Both ordinary workers blocked in the gate, more calls queued behind them
+ * and the ordinary call cap (3) reached: the reserved Ping is answered
+ * while the gate is still closed, and a 4th ordinary call is refused with
+ * RESOURCE_EXHAUSTED before its message is read. */
+static void test_reserved_and_cap(void) {
+    ps_rpc_server_opts o = {.threads = 2, .max_calls = 3, .max_message_bytes = MAX_MSG};
+    ps_rpc_server *s = start_server_opts(&o);
+    if (!s) return;
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    gate_set(0);
+    int passed0 = atomic_load(&gate_passed);
+    step_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (step_arg){c, M_GATE, 0, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+        pthread_create(&th[i], NULL, step_thread, &a[i]);
+    }
+    /* Two in the gate, one queued, one refused. */
+    CHECK(WAIT_UNTIL(atomic_load(&gate_blocked) == 2, WAIT_MS));
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 3, WAIT_MS));
+    int refused = -1;
+    CHECK(WAIT_UNTIL((refused = first_done(a, 4)) >= 0, WAIT_MS));
+    if (refused >= 0)
+        CHECK_MSG(a[refused].code == GRPC_STATUS_RESOURCE_EXHAUSTED, "%s",
+                  ps_grpc_code_name(a[refused].code));
+    char details[256];
+    uint64_t v = 0;
+    for (int i = 0; i < 3; i++) {
+        grpc_status_code code = step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v);
+        CHECK_MSG(code == GRPC_STATUS_OK && v == 7, "ping: %s: %s", ps_grpc_code_name(code), details);
+    }
+    CHECK(atomic_load(&gate_passed) == passed0 && atomic_load(&gate_blocked) == 2);
+    gate_set(1);
+    int ok = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ok += a[i].code == GRPC_STATUS_OK && a[i].v == 5;
+    }
+    CHECK_MSG(ok == 3, "%d of 3 accepted gate calls answered", ok);
+    /* Capacity is back once they finished. */
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    CHECK(step_call(c, M_GATE, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK && v == 5);
+    ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
 int main(void) {
     grpc_init();
     ps_rpc_server *s = start_server(2);
@@ -394,6 +958,12 @@ int main(void) {
     }
     test_graceful_shutdown();
     test_forced_shutdown();
+    test_defer_frees_worker();
+    test_many_deferred();
+    test_silent_clients();
+    test_deferred_cancel();
+    test_shutdown_deferred();
+    test_reserved_and_cap();
     grpc_shutdown();
     return check_summary("test_rpc");
 }
