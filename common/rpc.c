@@ -1,25 +1,40 @@
 /* rpc.c - see rpc.h.
  *
- * Server call slot life cycle (one worker thread owns a slot and its call;
- * a call never has two batches outstanding):
+ * Server call life cycle (a ps_rpc_call is allocated per armed request;
+ * E = event thread, W = worker, A = any thread):
  *
- *   IDLE --request_call--> REQUESTED --ok--> batch {SEND_INITIAL_METADATA,
- *   RECV_MESSAGE} --> RECV --handler--> batch {SEND_MESSAGE, SEND_STATUS,
- *   RECV_CLOSE_ON_SERVER} --> SEND --cleanup--> request again (or IDLE when
- *   stopping).
- *   With tokens configured, REQUESTED first checks the call's metadata; a
- *   refused call goes straight to SEND with {SEND_INITIAL_METADATA,
- *   SEND_STATUS, RECV_CLOSE_ON_SERVER}: its message is never read.
+ *   requested --E: request_call ok--> accepted: arm the next request;
+ *     tokens, method and call cap checked; a refused call gets one batch
+ *     {SEND_INITIAL_METADATA, SEND_STATUS, RECV_CLOSE_ON_SERVER} and its
+ *     message is never read. Otherwise two batches: {RECV_CLOSE_ON_SERVER}
+ *     (tag CLOSE) and {SEND_INITIAL_METADATA, RECV_MESSAGE} (tag RECV).
+ *   --E: RECV ok--> queued on the class's FIFO
+ *   --W: handler--> replied: {SEND_MESSAGE, SEND_STATUS} (tag SEND)
+ *                or deferred --A: ps_rpc_call_complete--> replied
+ *   --E: CLOSE and SEND done--> finished.
+ * CLOSE completing before a reply was sent means cancelled: a queued call
+ * is then dropped unhandled, a deferred one gets on_cancel (never while its
+ * handler runs) and its later complete sends nothing.
+ *
+ * "finished" (call_unlock_maybe_finish) = no batch outstanding and the
+ * application no longer holds the call (not queued, not in its handler, not
+ * deferred-and-uncompleted-and-uncancelled): the grpc_call, metadata and
+ * buffers are released and s->live drops. The struct itself is reference
+ * counted and outlives that while a deferred call's owner holds it; once
+ * finished it no longer points to the server. Every batch of a call is
+ * started under c->mu, so batches never race.
  *
  * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
  *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
- *      (registered before start). Pending request_calls fail; slots whose
- *      calls end are not re-armed.
- *   2. wait for the tag up to grace_ms, then grpc_server_cancel_all_calls
- *      and wait for the tag.
- *   3. join the workers: each leaves its loop only when every slot is IDLE,
- *      i.e. no live call can start another batch on its queue.
- *   4. grpc_server_destroy, then shut down, drain and destroy every queue.
+ *      (registered before start). Pending request_calls fail; no new ones
+ *      are armed.
+ *   2. wait for the tag up to grace_ms (deferred calls may still be
+ *      completed meanwhile), then grpc_server_cancel_all_calls (every CLOSE
+ *      completes; deferred owners get on_cancel) and wait for the tag.
+ *   3. join the event thread: it leaves only when s->live == 0, i.e. no
+ *      live call or request can start a batch on s->cq; then stop and join
+ *      the workers (their queues are empty by then).
+ *   4. grpc_server_destroy, then shut down, drain and destroy the queues.
  * The caller calls grpc_shutdown() afterwards.
  */
 #include "rpc.h"

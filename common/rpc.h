@@ -29,7 +29,8 @@
  *    (health, Status), which therefore never wait behind slow Forward or
  *    Backward handlers nor behind an exhausted ordinary call cap. Up to
  *    threads + reserved_threads handlers run concurrently: handlers
- *    synchronise shared state themselves.
+ *    synchronise shared state themselves. Received calls beyond the free
+ *    workers wait in the FIFO, holding their request message.
  *  - A handler answers synchronously (sets its response and code), or DEFERS:
  *    ps_rpc_call_defer() hands it a ps_rpc_call handle and its worker is
  *    free as soon as it returns; any thread later answers with
@@ -43,7 +44,8 @@
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
  *    waited for a worker is answered DEADLINE_EXCEEDED without running the
- *    handler; one whose client went away meanwhile is dropped unhandled.
+ *    handler; one known to be cancelled (client gone) by the time a worker
+ *    takes it is dropped without running the handler.
  *
  * Client: one channel per ps_rpc_client; each call creates its own
  * completion queue, so a client may be used by several threads at once
@@ -185,7 +187,9 @@ typedef struct ps_rpc_method {
  * pattern: the owner keeps its deferred handles in a table under its own
  * lock; whoever (the normal path or on_cancel) removes a handle from the
  * table calls ps_rpc_call_complete on it. on_cancel may call
- * ps_rpc_call_complete itself.
+ * ps_rpc_call_complete itself. It runs on the thread that receives every
+ * call, so it must be quick and must not block (take a lock briefly, never
+ * wait for another call).
  *
  * Shutdown: ps_rpc_server_shutdown gives deferred calls the grace period to
  * be completed, then cancels them (clients see CANCELLED or UNAVAILABLE,
