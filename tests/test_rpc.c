@@ -946,6 +946,43 @@ static void test_reserved_and_cap(void) {
     ps_rpc_server_free(s);
 }
 
+/* Refusals come before the request message is read: a client that sends
+ * only its metadata is answered UNAUTHENTICATED (no token), and
+ * UNIMPLEMENTED (unknown method), instead of waiting for its message. */
+static void test_refused_before_message(void) {
+    static const ps_rpc_token tok[] = {{"0123456789abcdef-test-token", "trainer", NULL}};
+    ps_rpc_security sec = {.tokens = tok, .ntokens = 1};
+    ps_rpc_server_opts o = {.threads = 1};
+    ps_err err;
+    ps_rpc_server *s = ps_rpc_server_create_opts("127.0.0.1:0", &o, methods, NMETHODS, NULL, &sec, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    if (!s) return;
+    CHECK(ps_rpc_server_start(s, &err) == PS_OK);
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    raw_call r;
+    raw_start(&r, ch, cq, M_FORWARD, 0, 0);
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_UNAUTHENTICATED, "%s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_server_free(s);
+
+    s = start_server(1);
+    if (!s) return;
+    ch = raw_channel(s);
+    cq = grpc_completion_queue_create_for_next(NULL);
+    raw_start(&r, ch, cq, "/test.Test/Nope", 0, 0);
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_UNIMPLEMENTED, "%s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    CHECK(ps_rpc_server_calls(s) == 0);  /* refused calls are not counted */
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_server_free(s);
+}
+
 int main(void) {
     grpc_init();
     ps_rpc_server *s = start_server(2);
@@ -964,6 +1001,7 @@ int main(void) {
     test_deferred_cancel();
     test_shutdown_deferred();
     test_reserved_and_cap();
+    test_refused_before_message();
     grpc_shutdown();
     return check_summary("test_rpc");
 }
