@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pb_encode.h>
+
 #include "methods.h"
 #include "rpc.h"
 
@@ -153,4 +155,107 @@ ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
     ps_StatusRequest req = ps_StatusRequest_init_zero;
     *out = (ps_StatusResponse)ps_StatusResponse_init_zero;
     return call(c, PS_M_STATUS, &req, out, err);
+}
+
+/* ---- stage-addressed, typed, multi-forward calls ---------------------------- */
+
+static void bind_tensor(ps_Tensor *t, const ps_client_tensor *x) {
+    ps_wire_tensor_encode_bind_typed(t, NULL, x->ndim, x->dims, x->data, x->dtype);
+}
+
+ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_fwd_out *o, ps_err *err) {
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    req.context_id = f->ctx;
+    req.seq = f->seq;
+    req.trainer_rank = f->rank;
+    req.train = f->train != 0;
+    if (f->stage) snprintf(req.stage, sizeof req.stage, "%s", f->stage);
+    if (f->last_stage) snprintf(req.last_stage, sizeof req.last_stage, "%s", f->last_stage);
+    req.has_input = true;
+    bind_tensor(&req.input, &f->input);
+    ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
+    ps_wire_tensor_in in;
+    ps_wire_tensor_in_init(&in, c->max_bytes);
+    in.err = err;
+    ps_wire_tensor_decode_bind(&resp.output, &in);
+    ps_status rc = call(c, PS_M_FORWARD, &req, &resp, err);
+    if (rc == PS_OK) rc = ps_wire_tensor_check(&resp.output, &in, "ForwardResponse.output", err);
+    if (rc == PS_OK && (resp.output.dtype != ps_DType_FLOAT32 || in.bytes > (size_t)o->out_cap * sizeof(float)))
+        rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: output of %zu bytes does not fit %lld floats",
+                        in.bytes, (long long)o->out_cap);
+    if (rc == PS_OK) {
+        memcpy(o->out, in.data, in.bytes);
+        o->ndim = (int)resp.output.shape_count;
+        memcpy(o->dims, resp.output.shape, sizeof(int64_t) * resp.output.shape_count);
+        o->version = resp.model_version;
+        o->round = resp.round;
+        o->replayed = resp.replayed;
+    }
+    ps_wire_tensor_in_free(&in);
+    return rc;
+}
+
+/* Encodes more_grad_outputs from the client tensors 1..n-1. */
+typedef struct more_grads {
+    const ps_client_tensor *t;
+    int n;
+} more_grads;
+
+static bool more_grads_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
+    const more_grads *m = *arg;
+    for (int i = 0; i < m->n; i++) {
+        ps_Tensor t = ps_Tensor_init_zero;
+        bind_tensor(&t, &m->t[i]);
+        if (!pb_encode_tag_for_field(stream, field) || !pb_encode_submessage(stream, ps_Tensor_fields, &t))
+            return false;
+    }
+    return true;
+}
+
+ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_step_out *o, ps_err *err) {
+    if (b->n < 1 || b->n - 1 > (int)(sizeof ((ps_BackwardRequest *)0)->more_seqs / sizeof(uint32_t)))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: %d forwards in one call (1..4097)", b->n);
+    ps_BackwardRequest req = ps_BackwardRequest_init_zero;
+    req.context_id = b->ctx;
+    req.seq = b->seqs[0];
+    req.has_grad_output = true;
+    bind_tensor(&req.grad_output, &b->grads[0]);
+    req.more_seqs_count = (pb_size_t)(b->n - 1);
+    for (int i = 1; i < b->n; i++) req.more_seqs[i - 1] = b->seqs[i];
+    more_grads mg = {b->grads + 1, b->n - 1};
+    req.more_grad_outputs.funcs.encode = more_grads_encode;
+    req.more_grad_outputs.arg = &mg;
+    req.want_input_grad = b->input_grads != NULL;
+    req.step = b->step != 0;
+    req.round = b->round;
+    ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
+    ps_wire_tensor_list gl;
+    ps_wire_tensor_list_init(&gl, c->max_bytes);
+    gl.err = err;
+    ps_wire_tensors_decode_bind(&resp.input_grads, &gl);
+    ps_status rc = call(c, PS_M_BACKWARD, &req, &resp, err);
+    if (rc == PS_OK && b->input_grads) {
+        if (gl.n != (size_t)b->n)
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward reply: %zu input gradients for %d forwards",
+                            gl.n, b->n);
+        for (size_t i = 0; rc == PS_OK && i < gl.n; i++) {
+            if (gl.items[i].bytes > (size_t)b->input_caps[i] * sizeof(float))
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward reply: input gradient %zu does not fit", i);
+            else
+                memcpy(b->input_grads[i], gl.items[i].data, gl.items[i].bytes);
+        }
+    }
+    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, 0, resp.skipped};
+    ps_wire_tensor_list_free(&gl);
+    return rc;
+}
+
+ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err) {
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    req.context_id = ctx;
+    req.round = round;
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
+    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
+    return rc;
 }

@@ -40,4 +40,64 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err);
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err);
 
+/* ---- stage-addressed, typed, multi-forward calls (any model) ---------------- */
+
+/* A host tensor for the calls below: ndim 1..4 dims, data of dtype
+ * (PS_CLIENT_F32 or PS_CLIENT_I64 = the wire's DType values). */
+#define PS_CLIENT_F32 0
+#define PS_CLIENT_I64 1
+typedef struct ps_client_tensor {
+    int dtype;
+    int ndim;
+    int64_t dims[PS_WIRE_MAX_DIMS];
+    const void *data;
+} ps_client_tensor;
+
+typedef struct ps_client_fwd {
+    uint64_t ctx;              /* 0 with train = 0 */
+    uint32_t seq;              /* the forward's number in the context */
+    uint32_t rank;
+    int train;
+    const char *stage, *last_stage;  /* NULL or "" = see proto/ps.proto */
+    ps_client_tensor input;
+} ps_client_fwd;
+
+typedef struct ps_client_fwd_out {
+    float *out;                /* caller's buffer of out_cap floats */
+    int64_t out_cap;
+    int ndim;                  /* the output's shape */
+    int64_t dims[PS_WIRE_MAX_DIMS];
+    uint64_t version, round;
+    int replayed;
+} ps_client_fwd_out;
+
+/* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit
+ * out_cap. */
+ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_fwd_out *o, ps_err *err);
+
+/* Backward covering n recorded forwards seqs[i] with gradients grads[i]
+ * (float32, shaped like the forward's output). With input_grads != NULL
+ * (n buffers of input_caps[i] floats) the server returns each forward's
+ * input gradient into them. step/round as StepRequest. */
+typedef struct ps_client_bwd {
+    uint64_t ctx;
+    int n;
+    const uint32_t *seqs;
+    const ps_client_tensor *grads;
+    float *const *input_grads;   /* NULL: not asked */
+    const int64_t *input_caps;
+    int step;
+    uint64_t round;
+} ps_client_bwd;
+
+typedef struct ps_client_step_out {
+    uint64_t version, round;
+    uint32_t round_contexts;
+    int skipped;
+} ps_client_step_out;
+
+ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_step_out *o, ps_err *err);
+/* Step of a context under sync round `round` (0 = the open one). */
+ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err);
+
 #endif

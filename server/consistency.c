@@ -119,7 +119,7 @@ static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
 
 /* Apply a taken round outside the lock and answer its members. */
 static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
-    void **grads = malloc((size_t)n * sizeof *grads);
+    void **grads = calloc((size_t)n, sizeof *grads);
     ps_err err = {0};
     uint64_t version = 0;
     ps_status st;
