@@ -245,17 +245,50 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
                 memcpy(b->input_grads[i], gl.items[i].data, gl.items[i].bytes);
         }
     }
-    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, 0, resp.skipped};
+    if (rc == PS_OK && o)
+        *o = (ps_client_step_out){resp.model_version, resp.round, 0, resp.skipped, resp.grad_sq_norm};
     ps_wire_tensor_list_free(&gl);
     return rc;
 }
 
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err) {
+    return ps_client_step_scaled(c, ctx, round, 0.0f, o, err);
+}
+
+ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
+                                ps_err *err) {
     ps_StepRequest req = ps_StepRequest_init_zero;
     req.context_id = ctx;
     req.round = round;
+    req.grad_scale = grad_scale;
     ps_StepResponse resp = ps_StepResponse_init_zero;
     ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
     if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
+    return rc;
+}
+
+ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
+                                         uint64_t *version, ps_err *err) {
+    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    snprintf(req.stage, sizeof req.stage, "%s", stage ? stage : "");
+    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+    ps_wire_tensor_list_init(list, c->max_bytes);
+    list->err = err;
+    ps_wire_tensors_decode_bind(&resp.parameters, list);
+    ps_status rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
+    if (rc == PS_OK && version) *version = resp.model_version;
+    return rc;
+}
+
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
+                                   double *sq_norm, ps_err *err) {
+    ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
+    req.context_id = ctx;
+    req.trainer_rank = rank;
+    ps_wire_named_list list = {items, n};
+    ps_wire_tensors_encode_bind(&req.gradients, &list);
+    ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;
+    ps_status rc = call(c, PS_M_PUSH_GRADIENTS, &req, &resp, err);
+    if (rc == PS_OK && sq_norm) *sq_norm = resp.grad_sq_norm;
     return rc;
 }

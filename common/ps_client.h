@@ -94,10 +94,24 @@ typedef struct ps_client_step_out {
     uint64_t version, round;
     uint32_t round_contexts;
     int skipped;
+    double sq_norm;            /* Backward without step: the context's gradient norm squared */
 } ps_client_step_out;
 
 ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_step_out *o, ps_err *err);
 /* Step of a context under sync round `round` (0 = the open one). */
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err);
+/* The same with the context's gradients multiplied by grad_scale first
+ * (StepRequest.grad_scale: clipping by the global norm). */
+ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
+                                ps_err *err);
+/* The parameters of one stage (GetParametersRequest.stage), as
+ * ps_client_get_parameters. */
+ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
+                                         uint64_t *version, ps_err *err);
+/* Add the gradients of a parameter-only stage's parameters (n named float32
+ * tensors) into context ctx (PushGradients); *sq_norm (may be NULL)
+ * receives the context's gradient norm squared after it. */
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
+                                   double *sq_norm, ps_err *err);
 
 #endif

@@ -536,6 +536,7 @@ typedef struct step_result {
     uint64_t version, round;
     uint32_t members;
     int skipped;
+    double sq_norm;         /* Backward without step: the context's gradient norm squared */
 } step_result;
 
 static ps_status encode_step_result(int as_backward, const step_result *r, const ps_wire_named_list *input_grads,
@@ -545,6 +546,7 @@ static ps_status encode_step_result(int as_backward, const step_result *r, const
         resp.model_version = r->version;
         resp.skipped = r->skipped;
         resp.round = r->round;
+        resp.grad_sq_norm = r->sq_norm;
         if (input_grads && input_grads->n) ps_wire_tensors_encode_bind(&resp.input_grads, input_grads);
         return ps_wire_encode(ps_BackwardResponse_fields, &resp, response, err);
     }
@@ -620,7 +622,7 @@ static ps_status sync_apply(void *user, void *const *grads, int n, int average, 
  * say what to answer (returns PS_OK or an error), or the answer was
  * deferred: *deferred = 1 and c belongs to the round. */
 static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ctx *c, uint64_t round,
-                              int as_backward, ps_wire_named *items, float *gbuf, size_t nitems,
+                              float grad_scale, int as_backward, ps_wire_named *items, float *gbuf, size_t nitems,
                               grpc_byte_buffer **response, int *deferred, ps_err *err) {
     *deferred = 0;
     uint32_t pending_seq = 0;
@@ -643,6 +645,16 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         ps_ctx_table_release(s->ctx, c);
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
                           "Backward first)", (unsigned long long)id);
+    }
+    if (!isfinite(grad_scale) || grad_scale < 0) {
+        ps_ctx_table_release(s->ctx, c);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "StepRequest.grad_scale %g: must be finite and >= 0 "
+                          "(0 = 1)", (double)grad_scale);
+    }
+    if (grad_scale != 0 && grad_scale != 1 && c->grads && !c->nonfinite &&
+        ps_grads_scale(s->model, c->grads, grad_scale, err)) {
+        ps_ctx_table_release(s->ctx, c);
+        return err->code;
     }
     ps_wire_named_list list = {items, nitems};
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) {
@@ -850,11 +862,12 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         int deferred;
         ps_ctx *held = c;
         c = NULL;  /* step_context finishes, releases or queues it */
-        if (step_context(s, info, held, req.round, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
+        if (step_context(s, info, held, req.round, 1.0f, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
         if (deferred) items = NULL, gbuf = NULL;  /* the round owns them */
         goto done;
     }
     step_result r = {.version = ps_model_version(s->model)};
+    if (c->grads && ps_grads_sq_norm(s->model, c->grads, &r.sq_norm, &err)) goto fail;
     ps_wire_named_list list = {items, nitems};
     if (encode_step_result(1, &r, &list, response, &err)) goto fail;
     goto done;
@@ -951,10 +964,93 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     }
     if (!c) goto fail;
     int deferred;
-    if (step_context(s, info, c, req.round, 0, NULL, NULL, 0, response, &deferred, &err)) goto fail;
+    if (step_context(s, info, c, req.round, req.grad_scale, 0, NULL, NULL, 0, response, &deferred, &err)) goto fail;
     return;
 fail:
     fail(code, details, dlen, &err);
+}
+
+/* PushGradients: gradients of a parameter-only stage's parameters (the
+ * trainer's LSTM) added into a live context, applied by its Step. Once per
+ * context: a repeat (a retry whose first reply was lost) is answered
+ * without adding again. */
+static void handle_push_gradients(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                  size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
+    ps_wire_tensor_list gl;
+    ps_wire_tensor_list_init(&gl, s->max_tensor_bytes);
+    gl.err = &err;
+    ps_wire_tensors_decode_bind(&req.gradients, &gl);
+    ps_ctx *c = NULL;
+    ps_grads *g2 = NULL;
+    if (ps_wire_decode(request, ps_PushGradientsRequest_fields, &req, &err)) goto fail;
+    if (!gl.n) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients is empty");
+        goto fail;
+    }
+    if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    if (!c->pushed) {
+        /* check everything into a scratch accumulator first: a refused push adds nothing */
+        if (!(g2 = ps_grads_create(s->model, &err))) goto fail;
+        for (size_t k = 0; k < gl.n; k++) {
+            const ps_wire_tensor *t = &gl.items[k];
+            int i = ps_model_find_param(s->model, t->name);
+            if (i < 0) {
+                ps_err_set(&err, PS_ERR_NOT_FOUND, "PushGradientsRequest.gradients[%zu]: model '%s' has no parameter "
+                           "'%s'", k, ps_model_arch(s->model), t->name);
+                goto fail;
+            }
+            const ps_param_info *pi = ps_model_param(s->model, i);
+            const ps_stage_info *si = ps_model_stage(s->model, pi->stage_index);
+            if (!si->params_only) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu]: %s belongs to stage "
+                           "'%s', which psd computes (its gradients come from Backward); only a parameter-only "
+                           "stage's gradients are pushed", k, t->name, si->name);
+                goto fail;
+            }
+            int same = t->ndim == pi->ndim;
+            for (int d = 0; same && d < pi->ndim; d++) same = t->dims[d] == pi->dims[d];
+            if (!same || t->dtype != ps_DType_FLOAT32) {
+                char got[96], want[96];
+                format_shape(got, sizeof got, t->dims, t->ndim);
+                format_shape(want, sizeof want, pi->dims, pi->ndim);
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu] (%s): %s %s; the "
+                           "parameter is float32 %s", k, t->name, ps_wire_dtype_name(t->dtype), got, want);
+                goto fail;
+            }
+            if (check_finite(t->data, t->bytes / sizeof(float), t->name, &err)) {
+                if (nonfinite(s, c, 0, &err)) goto fail;
+                c->nonfinite = 1;   /* skip: marked; the step will not apply */
+                continue;
+            }
+            if (ps_grads_add_dense(s->model, g2, i, t->data, &err)) goto fail;
+        }
+        if (c->grads) {
+            if (ps_grads_add(s->model, c->grads, g2, &err)) goto fail;
+        } else {
+            c->grads = g2;
+            g2 = NULL;
+        }
+        c->pushed = 1;
+        size_t tb = 0;
+        for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
+        ps_ctx_table_account(s->ctx, c, ps_grads_bytes(c->grads) + tb);
+    }
+    ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;
+    resp.model_version = ps_model_version(s->model);
+    if (c->grads && ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, &err)) goto fail;
+    reply(ps_PushGradientsResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    ps_grads_free(g2);
+    ps_wire_tensor_list_free(&gl);
 }
 
 static void handle_list_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
@@ -1006,8 +1102,25 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
     ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
     resp.model_version = ps_model_version(s->model);
+    size_t np = (size_t)ps_model_num_params(s->model);
+    if (req.stage[0] && ps_model_find_stage(s->model, req.stage) < 0) {
+        char names[256];
+        size_t o = 0;
+        names[0] = 0;
+        for (int i = 0; i < ps_model_num_stages(s->model) && o < sizeof names; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", ps_model_stage(s->model, i)->name);
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.stage: model '%s' has no stage '%s' "
+                   "(stages: %s)", ps_model_arch(s->model), req.stage, names);
+        goto fail;
+    }
     if (named_params(s, 1, NULL, &items, &buf, &err)) goto fail;
-    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
+    if (req.stage[0]) {   /* keep that stage's parameters */
+        size_t k = 0;
+        for (size_t i = 0; i < np; i++)
+            if (!strcmp(items[i].stage, req.stage)) items[k++] = items[i];
+        np = k;
+    }
+    ps_wire_named_list list = {items, np};
     ps_wire_tensors_encode_bind(&resp.parameters, &list);
     reply(ps_GetParametersResponse_fields, &resp, response, code, details, dlen);
     goto done;
@@ -1098,6 +1211,7 @@ static const ps_rpc_handler handlers[PS_M_COUNT] = {
     [PS_M_LIST_PARAMETERS] = handle_list_parameters,
     [PS_M_GET_PARAMETERS] = handle_get_parameters,
     [PS_M_STATUS] = handle_status,
+    [PS_M_PUSH_GRADIENTS] = handle_push_gradients,
     [PS_M_HEALTH_CHECK] = handle_health_check,
 };
 

@@ -59,10 +59,14 @@ def test_lm(stub, lr):
     lp = stub.ListParameters(ps_pb2.ListParametersRequest())
     assert lp.model == "rnn_lm", lp.model
     shapes = {p.name: tuple(p.shape) for p in lp.parameters}
-    assert shapes == {"encoder.weight": (50, 8), "decoder.weight": (50, 8), "decoder.bias": (50,)}, shapes
+    want = {"encoder.weight": (50, 8), "decoder.weight": (50, 8), "decoder.bias": (50,)}
+    for l in range(2):  # the trainer's nn.LSTM(8, 8, 2): parameter-only stage "rnn"
+        want.update({f"rnn.weight_ih_l{l}": (32, 8), f"rnn.weight_hh_l{l}": (32, 8), f"rnn.bias_ih_l{l}": (32,),
+                     f"rnn.bias_hh_l{l}": (32,)})
+    assert shapes == want, shapes
     assert [p.sparse for p in lp.parameters if p.name == "encoder.weight"] == [True]
     st = {s.name: s for s in lp.stages}
-    assert list(st) == ["emb", "decoder"], list(st)
+    assert list(st) == ["emb", "decoder", "rnn"], list(st)
     assert st["emb"].input_dtype == I64 and list(st["emb"].input_shape) == [] and list(st["emb"].output_shape) == [8]
     assert st["decoder"].input_dtype == F32 and list(st["decoder"].input_shape) == [8]
     assert list(st["decoder"].output_shape) == [50] and st["decoder"].device == "cpu"
@@ -149,7 +153,58 @@ def test_lm(stub, lr):
     st = stub.Status(ps_pb2.StatusRequest())
     assert st.model == "rnn_lm" and st.optimizer == "sgd" and st.model_version == s2.model_version
     assert st.live_contexts == 0
-    print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows: OK")
+
+    # The LSTM's parameters: a parameter-only stage. GetParameters of one stage,
+    # gradients pushed under a context, norms in the replies, a scaled Step.
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(hs[0]), stage="rnn")),
+                 grpc.StatusCode.FAILED_PRECONDITION, "parameters only", "PushGradients")
+    rp = stub.GetParameters(ps_pb2.GetParametersRequest(stage="rnn"))
+    rnn = {t.name: array(t).copy() for t in rp.parameters}
+    assert sorted(rnn) == sorted(k for k in want if k.startswith("rnn.")), sorted(rnn)
+    bound = 1 / np.sqrt(8)  # nn.LSTM's init U(-1/sqrt(H), 1/sqrt(H))
+    assert all(np.abs(v).max() <= bound and np.abs(v).max() > 0.5 * bound for v in rnn.values())
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(stage="lstm")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "no stage 'lstm'", "emb, decoder, rnn")
+    w4, v4 = params(stub)
+    ctx3 = 0x1000003
+    stub.Forward(ps_pb2.ForwardRequest(context_id=ctx3, seq=0, train=True, trainer_rank=1, input=tensor(ids, I64),
+                                       stage="emb"))
+    b3 = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx3, seq=0, grad_output=tensor(g0)))
+    g_enc_sq = float((g_enc.astype(np.float64) ** 2).sum())  # repeated rows summed first, as clip_grad_norm_
+    assert abs(b3.grad_sq_norm - g_enc_sq) <= 1e-5 * g_enc_sq, (b3.grad_sq_norm, g_enc_sq)
+    g_rnn = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in rnn.items()}
+    push = [ps_pb2.Tensor(name=k, shape=list(v.shape), data=v.tobytes(), dtype=F32) for k, v in g_rnn.items()]
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="encoder.weight", shape=[50, 8], data=g_enc.tobytes(), dtype=F32)])),
+        grpc.StatusCode.INVALID_ARGUMENT, "encoder.weight", "parameter-only")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="rnn.bias_ih_l0", shape=[31], data=np.zeros(31, np.float32).tobytes(), dtype=F32)])),
+        grpc.StatusCode.INVALID_ARGUMENT, "rnn.bias_ih_l0", "(32)")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="rnn.nope", shape=[32], data=np.zeros(32, np.float32).tobytes(), dtype=F32)])),
+        grpc.StatusCode.NOT_FOUND, "rnn.nope")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push)),
+                 grpc.StatusCode.NOT_FOUND)
+    p3 = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push, trainer_rank=1))
+    total = g_enc_sq + sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
+    assert abs(p3.grad_sq_norm - total) <= 1e-5 * total, (p3.grad_sq_norm, total)
+    p3b = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push, trainer_rank=1))
+    assert abs(p3b.grad_sq_norm - total) <= 1e-5 * total, "a repeated push (a retry) is not added again"
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx3)).gradients}
+    for k, v in g_rnn.items():
+        close(gr[k], v, f"pushed gradient {k}")
+    expect_error(lambda: stub.Step(ps_pb2.StepRequest(context_id=ctx3, grad_scale=-1)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "grad_scale")
+    s3 = stub.Step(ps_pb2.StepRequest(context_id=ctx3, grad_scale=0.25))
+    w5, v5 = params(stub)
+    assert v5 == v4 + 1 == s3.model_version
+    for k, v in g_rnn.items():
+        close(w5[k], rnn[k] - lr * 0.25 * v, f"{k} after a Step with grad_scale 0.25")
+    close(w5["encoder.weight"][touched], w4["encoder.weight"][touched] - lr * 0.25 * g_enc[touched],
+          "embedding rows after a Step with grad_scale 0.25")
+    assert np.array_equal(w5["decoder.weight"], w4["decoder.weight"]), "no decoder gradient: unchanged"
+    print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows, "
+          "parameter-only rnn stage (PushGradients, norms, grad_scale): OK")
 
 
 def test_sync(stub):

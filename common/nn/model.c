@@ -177,6 +177,9 @@ static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtyp
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
     for (int l = 0; l < st->nlayers; l++) st->info.params += st->layers[l].nparams;
+    st->info.params_only = st->nlayers > 0;
+    for (int l = 0; l < st->nlayers; l++)
+        if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
     return PS_OK;
 }
 

@@ -82,6 +82,8 @@ typedef struct ps_stage_info {
     int out_ndim;                  /* per-sample output (always float32) */
     int64_t out_dims[4];
     int params;                    /* parameters of the stage */
+    int params_only;               /* 1: a parameter-only stage (rnn_lm's "rnn"): never forwarded;
+                                      its gradients come from ps_grads_add_dense (PushGradients) */
 } ps_stage_info;
 
 typedef struct ps_grads ps_grads;
@@ -161,6 +163,13 @@ ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err);
  * into the dense parameter) naming the first that is not; -1 when it could
  * not be checked (out of memory, device copy failure). */
 int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *elem);
+/* g[param] += host_src (numel floats): the gradient of a parameter of a
+ * parameter-only stage, computed elsewhere (PushGradients). Dense
+ * parameters only (INVALID_ARGUMENT for a sparse one). */
+ps_status ps_grads_add_dense(ps_model *m, ps_grads *g, int param, const float *host_src, ps_err *err);
+/* Sum of squares of every accumulated value (dense blocks and row-sparse
+ * rows, duplicates already merged): clip_grad_norm_'s total norm squared. */
+ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *err);
 /* Bytes the accumulator holds. */
 size_t ps_grads_bytes(const ps_grads *g);
 /* 1 when a backward or add has put anything into g. */
