@@ -110,7 +110,7 @@ static const cfg_entry g_table[] = {
     { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },
 
     ENUM("optimizer.type",         optimizer.type,         optimizer_names, "sgd"),
-    DBL ("optimizer.lr",           optimizer.lr,           1, 0, 10, 0, "0.03"),
+    DBL ("optimizer.lr",           optimizer.lr,           1, 0, 100, 0, "0.03"),
     DBL ("optimizer.momentum",     optimizer.momentum,     0, 0, 1, 1, "0"),
     DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
     DBL ("optimizer.beta1",        optimizer.beta1,        0, 0, 1, 1, "0.9"),
