@@ -41,6 +41,7 @@ typedef struct lstm_slot { ps_lstm *l; int64_t T, N; } lstm_slot;
 
 typedef struct lm_task {
     int bptt;                   /* --bptt */
+    int eval_only;              /* --eval-only */
     double clip;                /* --clip */
     ps_lstm_impl impl;          /* --lstm */
     ps_lm_corpus *corpus;
@@ -339,6 +340,10 @@ static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_
         t->clip = v;
         return PS_OK;
     }
+    if (!strcmp(flag, "--eval-only")) {
+        t->eval_only = 1;
+        return PS_OK;
+    }
     if (!strcmp(flag, "--lstm")) {
         int v = ps_lstm_impl_parse(value);
         if (v < 0) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--lstm '%s': dnnl or ref", value);
@@ -445,7 +450,7 @@ static ps_status lm_begin_epoch(void *arg, const ps_task_env *env, int epoch, in
     if (epoch > 0 && (st = lm_validate(t, env, epoch - 1, err))) return st;
     memset(t->h, 0, (size_t)(t->nlayers * t->bs * t->nhid) * sizeof(float));
     memset(t->c, 0, (size_t)(t->nlayers * t->bs * t->nhid) * sizeof(float));
-    *rounds = (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
+    *rounds = t->eval_only ? 0 : (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
     t->log_loss = 0;
     t->log_n = 0;
     t->log_t0 = now_s();
@@ -529,6 +534,7 @@ static const ps_task_flag lm_flags[] = {
     {"--bptt", NULL, "N", NULL, "sequence length of a window (35)"},
     {"--clip", NULL, "X", NULL, "clip the global gradient norm to X (0.25)"},
     {"--lstm", NULL, "IMPL", NULL, "the trainer's LSTM: dnnl (oneDNN) or ref (plain C)"},
+    {"--eval-only", NULL, NULL, NULL, "no training: validation and test perplexity of psd's weights"},
     {0},
 };
 
