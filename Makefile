@@ -2,6 +2,7 @@
 #
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
+#   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
@@ -77,7 +78,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load bench
+.PHONY: all deps data run run-lm test unit asan install clean fuzz test-faults test-load bench
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -90,6 +91,11 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@scripts/run-local.sh
+
+run-lm: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-fortunes.sh data/fortunes
+	@scripts/run-lm.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all
