@@ -141,14 +141,7 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
 }
 
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err) {
-    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
-    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
-    ps_wire_tensor_list_init(list, c->max_bytes);
-    list->err = err;
-    ps_wire_tensors_decode_bind(&resp.parameters, list);
-    ps_status rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
-    if (rc == PS_OK && version) *version = resp.model_version;
-    return rc;
+    return ps_client_get_stage_parameters(c, NULL, list, version, err);
 }
 
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
@@ -267,16 +260,70 @@ ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, floa
     return rc;
 }
 
+/* Append page item it (first row r0 of its parameter) to out: a new tensor,
+ * or the rows that continue out's last one. Takes it->data. */
+static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64_t r0, ps_err *err) {
+    if (r0 == 0) {
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 16;
+            ps_wire_tensor *n = realloc(out->items, cap * sizeof *n);
+            if (!n) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for parameters");
+            out->items = n;
+            out->cap = cap;
+        }
+        out->items[out->n++] = *it;
+        out->total_bytes += it->bytes;
+        it->data = NULL;
+        return PS_OK;
+    }
+    ps_wire_tensor *last = out->n ? &out->items[out->n - 1] : NULL;
+    if (!last || strcmp(last->name, it->name) || last->dims[0] != r0 || last->ndim != it->ndim)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: rows from %lld of %s do not continue "
+                          "the previous page", (long long)r0, it->name);
+    void *d = NULL;
+    if (posix_memalign(&d, 64, last->bytes + it->bytes + 1) != 0)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", it->name);
+    memcpy(d, last->data, last->bytes);
+    memcpy((char *)d + last->bytes, it->data, it->bytes);
+    free(last->data);
+    last->data = d;
+    last->bytes += it->bytes;
+    last->dims[0] += it->dims[0];
+    out->total_bytes += it->bytes;
+    return PS_OK;
+}
+
 ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
                                          uint64_t *version, ps_err *err) {
     ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
     snprintf(req.stage, sizeof req.stage, "%s", stage ? stage : "");
-    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
     ps_wire_tensor_list_init(list, c->max_bytes);
-    list->err = err;
-    ps_wire_tensors_decode_bind(&resp.parameters, list);
-    ps_status rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
-    if (rc == PS_OK && version) *version = resp.model_version;
+    ps_status rc = PS_OK;
+    int first_page = 1;
+    for (;;) {   /* pages until the selection is complete */
+        ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+        ps_wire_tensor_list page;
+        ps_wire_tensor_list_init(&page, c->max_bytes);
+        page.err = err;
+        ps_wire_tensors_decode_bind(&resp.parameters, &page);
+        rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
+        if (rc == PS_OK && resp.first_rows_count != page.n)
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: %zu tensors, %u first_rows",
+                            page.n, (unsigned)resp.first_rows_count);
+        for (size_t i = 0; rc == PS_OK && i < page.n; i++) rc = page_append(list, &page.items[i], resp.first_rows[i], err);
+        ps_wire_tensor_list_free(&page);
+        if (rc != PS_OK) break;
+        if (first_page && version) *version = resp.model_version;
+        first_page = 0;
+        if (!resp.more) break;
+        if (resp.next < req.first || (resp.next == req.first && resp.next_row <= req.first_row)) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: paging does not advance");
+            break;
+        }
+        req.first = resp.next;
+        req.first_row = resp.next_row;
+    }
+    if (rc != PS_OK) ps_wire_tensor_list_free(list);
     return rc;
 }
 

@@ -1090,6 +1090,11 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
     free(items);
 }
 
+/* GetParameters: the weights of every parameter, or of one stage's, paged
+ * by max_bytes (or the message limit): a parameter that does not fit is cut
+ * between rows. Each tensor is copied under the weights lock; a page's
+ * model_version is read before its copies, and the pages of one selection
+ * may span steps (training goes on between them). */
 static void handle_get_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
                                   size_t dlen) {
@@ -1097,12 +1102,12 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     ps_service *s = user;
     ps_err err = {0};
     ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
     float *buf = NULL;
     ps_wire_named *items = NULL;
+    int *sel = NULL;
     if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
-    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
-    resp.model_version = ps_model_version(s->model);
-    size_t np = (size_t)ps_model_num_params(s->model);
+    int np = ps_model_num_params(s->model);
     if (req.stage[0] && ps_model_find_stage(s->model, req.stage) < 0) {
         char names[256];
         size_t o = 0;
@@ -1113,20 +1118,76 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
                    "(stages: %s)", ps_model_arch(s->model), req.stage, names);
         goto fail;
     }
-    if (named_params(s, 1, NULL, &items, &buf, &err)) goto fail;
-    if (req.stage[0]) {   /* keep that stage's parameters */
-        size_t k = 0;
-        for (size_t i = 0; i < np; i++)
-            if (!strcmp(items[i].stage, req.stage)) items[k++] = items[i];
-        np = k;
+    sel = malloc(sizeof *sel * (size_t)(np + 1));
+    items = calloc((size_t)np + 1, sizeof *items);
+    if (!sel || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    int nsel = 0;
+    for (int i = 0; i < np; i++)
+        if (!req.stage[0] || !strcmp(ps_model_param(s->model, i)->stage, req.stage)) sel[nsel++] = i;
+    if (req.first > (uint32_t)nsel || (req.first == (uint32_t)nsel && req.first_row) ||
+        (req.first < (uint32_t)nsel && (req.first_row < 0 ||
+                                        req.first_row >= ps_model_param(s->model, sel[req.first])->dims[0]))) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest: first %u, first_row %lld is outside the "
+                   "selection (%d parameters)", (unsigned)req.first, (long long)req.first_row, nsel);
+        goto fail;
     }
-    ps_wire_named_list list = {items, np};
+    /* room for tensor data in one reply: the message limit less headers */
+    uint64_t limit = s->max_tensor_bytes > (1u << 17) ? s->max_tensor_bytes - (1u << 16) : s->max_tensor_bytes / 2;
+    uint64_t budget = req.max_bytes && req.max_bytes < limit ? req.max_bytes : limit;
+    /* plan the page: [first, k) whole or cut, then copy just those */
+    int k = (int)req.first;
+    int64_t row = req.first_row;
+    size_t n = 0;
+    int64_t floats = 0;
+    while (k < nsel && n < (sizeof resp.first_rows / sizeof resp.first_rows[0])) {
+        const ps_param_info *pi = ps_model_param(s->model, sel[k]);
+        int64_t rows = pi->dims[0], per = pi->numel / rows, row_bytes = per * (int64_t)sizeof(float);
+        int64_t fit = (int64_t)(budget / (uint64_t)row_bytes);
+        if (fit <= 0) {
+            if (n == 0) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.max_bytes %llu: less than one row "
+                           "of %s (%lld bytes)", (unsigned long long)budget, pi->name, (long long)row_bytes);
+                goto fail;
+            }
+            break;
+        }
+        int64_t take = rows - row < fit ? rows - row : fit;
+        items[n].name = pi->name;
+        items[n].ndim = pi->ndim;
+        memcpy(items[n].dims, pi->dims, sizeof pi->dims);
+        items[n].dims[0] = take;
+        resp.first_rows[n] = row;
+        n++;
+        floats += pi->numel; /* the whole parameter is copied, then cut */
+        budget -= (uint64_t)(take * row_bytes);
+        row += take;
+        if (row < rows) break;
+        k++;
+        row = 0;
+    }
+    resp.first_rows_count = (pb_size_t)n;
+    resp.more = k < nsel;
+    resp.next = (uint32_t)k;
+    resp.next_row = row;
+    buf = malloc((size_t)floats * sizeof(float) + 1);
+    if (!buf) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    resp.model_version = ps_model_version(s->model);
+    float *p = buf;
+    for (size_t j = 0; j < n; j++) {
+        int i = sel[(int)req.first + (int)j];
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        if (ps_model_get_param(s->model, i, p, &err)) goto fail;
+        items[j].data = p + resp.first_rows[j] * (pi->numel / pi->dims[0]);
+        p += pi->numel;
+    }
+    ps_wire_named_list list = {items, n};
     ps_wire_tensors_encode_bind(&resp.parameters, &list);
     reply(ps_GetParametersResponse_fields, &resp, response, code, details, dlen);
     goto done;
 fail:
     fail(code, details, dlen, &err);
 done:
+    free(sel);
     free(items);
     free(buf);
 }

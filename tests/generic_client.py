@@ -73,6 +73,26 @@ def test_lm(stub, lr):
 
     w, v0 = params(stub)
     enc, dec, bias = w["encoder.weight"], w["decoder.weight"], w["decoder.bias"]
+    # Paged GetParameters: 200-byte pages cut parameters between rows; reassembled, they are the weights.
+    got, req, pages = {}, ps_pb2.GetParametersRequest(max_bytes=200), 0
+    while True:
+        r = stub.GetParameters(req)
+        pages += 1
+        assert len(r.first_rows) == len(r.parameters) and sum(len(t.data) for t in r.parameters) <= 200
+        for t, r0 in zip(r.parameters, r.first_rows):
+            a = array(t)
+            assert r0 == (got[t.name].shape[0] if t.name in got else 0), (t.name, r0)
+            got[t.name] = np.concatenate([got[t.name], a]) if t.name in got else a
+        if not r.more:
+            break
+        req = ps_pb2.GetParametersRequest(max_bytes=200, first=r.next, first_row=r.next_row)
+    assert pages > 10 and sorted(got) == sorted(w) and all(np.array_equal(got[k], w[k]) for k in w), pages
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(max_bytes=16)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "less than one row", "encoder.weight")
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=99)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=0, first_row=50)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
     rng = np.random.default_rng(5)
     ids = np.array([[3, 7], [7, 49], [0, 3]], dtype=np.int64)      # (seq 3, batch 2); rows 3, 7 repeat
 

@@ -202,6 +202,41 @@ static void test_skip_policy(ps_model *model, const float *x, const float *grad,
     ps_service_free(svc);
 }
 
+/* GetParameters larger than one message: a psd and a client limited to
+ * 1 MiB page fc1.weight (4.7 MB) between rows; the client reassembles every
+ * parameter bit for bit. */
+static void test_paged_parameters(ps_model *model) {
+    const int lim = 1 << 20;
+    ps_err err = {0};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = lim, .consistency = "hogwild"};
+    ps_service *svc = ps_service_create(model, &so, &err);
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    ps_rpc_server *srv = ps_rpc_server_create("127.0.0.1:0", 2, lim, methods, nm, svc, &err);
+    CHECK(srv && ps_rpc_server_start(srv, &err) == PS_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ps_rpc_server_port(srv));
+    ps_client *sc = ps_client_create(addr, 30000, lim, &err);
+    ps_wire_tensor_list gp;
+    uint64_t v = 99;
+    CHECK_MSG(ps_client_get_parameters(sc, &gp, &v, &err) == PS_OK, "%s", err.msg);
+    CHECK(v == ps_model_version(model));
+    CHECK(gp.n == (size_t)ps_model_num_params(model));
+    for (size_t i = 0; i < gp.n && i < (size_t)ps_model_num_params(model); i++) {
+        const ps_param_info *p = ps_model_param(model, (int)i);
+        float *want = malloc((size_t)p->numel * sizeof(float));
+        CHECK(ps_model_get_param(model, (int)i, want, &err) == PS_OK);
+        CHECK_MSG(!strcmp(gp.items[i].name, p->name) && gp.items[i].dims[0] == p->dims[0] &&
+                  gp.items[i].bytes == (size_t)p->numel * sizeof(float) &&
+                  !memcmp(gp.items[i].data, want, gp.items[i].bytes), "paged %s differs", p->name);
+        free(want);
+    }
+    ps_wire_tensor_list_free(&gp);
+    ps_client_free(sc);
+    ps_rpc_server_free(srv);
+    ps_service_free(svc);
+}
+
 int main(void) {
     const char *ext = getenv("PSD_ADDR");
     grpc_init();
@@ -495,6 +530,7 @@ int main(void) {
         ps_wire_tensor_list_free(&wp);
     }
 
+    if (!ext) test_paged_parameters(model);
     if (!ext) test_skip_policy(model, x, grad, n);
 
     /* Health: SERVING for "" and the service's name, NOT_FOUND otherwise. */
