@@ -166,12 +166,35 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
     if (f->last_stage) snprintf(req.last_stage, sizeof req.last_stage, "%s", f->last_stage);
     req.has_input = true;
     bind_tensor(&req.input, &f->input);
+    int fused = f->targets.data != NULL;
+    if (fused) {
+        req.has_targets = true;
+        bind_tensor(&req.targets, &f->targets);
+    }
     ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
     ps_wire_tensor_in in;
     ps_wire_tensor_in_init(&in, c->max_bytes);
     in.err = err;
-    ps_wire_tensor_decode_bind(&resp.output, &in);
+    ps_wire_tensor_decode_bind(fused ? &resp.input_grad : &resp.output, &in);
     ps_status rc = call(c, PS_M_FORWARD, &req, &resp, err);
+    if (rc == PS_OK && fused) {
+        if (resp.has_input_grad && o->input_grad) {
+            rc = ps_wire_tensor_check(&resp.input_grad, &in, "ForwardResponse.input_grad", err);
+            if (rc == PS_OK && in.bytes > (size_t)o->input_grad_cap * sizeof(float))
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: input gradient of %zu bytes does "
+                                "not fit %lld floats", in.bytes, (long long)o->input_grad_cap);
+            if (rc == PS_OK) memcpy(o->input_grad, in.data, in.bytes);
+        }
+        if (rc == PS_OK) {
+            o->loss = resp.loss;
+            o->version = resp.model_version;
+            o->round = resp.round;
+            o->replayed = resp.replayed;
+            o->ndim = 0;
+        }
+        ps_wire_tensor_in_free(&in);
+        return rc;
+    }
     if (rc == PS_OK) rc = ps_wire_tensor_check(&resp.output, &in, "ForwardResponse.output", err);
     if (rc == PS_OK && (resp.output.dtype != ps_DType_FLOAT32 || in.bytes > (size_t)o->out_cap * sizeof(float)))
         rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: output of %zu bytes does not fit %lld floats",

@@ -60,6 +60,7 @@ typedef struct ps_client_fwd {
     int train;
     const char *stage, *last_stage;  /* NULL or "" = see proto/ps.proto */
     ps_client_tensor input;
+    ps_client_tensor targets;  /* data != NULL: the fused loss (ForwardRequest.targets, int64) */
 } ps_client_fwd;
 
 typedef struct ps_client_fwd_out {
@@ -69,6 +70,10 @@ typedef struct ps_client_fwd_out {
     int64_t dims[PS_WIRE_MAX_DIMS];
     uint64_t version, round;
     int replayed;
+    /* with targets: the loss, and the input gradient into input_grad (input_grad_cap floats); out unused */
+    double loss;
+    float *input_grad;
+    int64_t input_grad_cap;
 } ps_client_fwd_out;
 
 /* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit

@@ -308,6 +308,7 @@ typedef struct fwd_req {
     ps_service *svc;
     ps_ForwardRequest req;
     ps_wire_tensor_in in;
+    ps_wire_tensor_in tin;   /* targets */
     ps_err err;
     ps_rpc_call *call;       /* when deferred */
 } fwd_req;
@@ -315,6 +316,7 @@ typedef struct fwd_req {
 static void fwd_req_free(fwd_req *f) {
     if (!f) return;
     ps_wire_tensor_in_free(&f->in);
+    ps_wire_tensor_in_free(&f->tin);
     free(f);
 }
 
@@ -324,8 +326,35 @@ typedef struct fwd_node {
 } fwd_node;
 
 /* Runs a decoded, validated Forward; *response or err. */
+static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                              size_t gbytes, const char *what, float *gin, ps_err *err);
+
+/* Mean cross-entropy of logits (n, k) against int64 targets; grad receives
+ * d loss / d logits. INVALID_ARGUMENT naming a target outside 0..k-1. */
+static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad, double *loss,
+                          ps_err *err) {
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (tgt[i] < 0 || tgt[i] >= k)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets[%lld] = %lld: outside the %lld "
+                              "classes of the output", (long long)i, (long long)tgt[i], (long long)k);
+        const float *z = logits + i * k;
+        float mx = z[0];
+        for (int64_t v = 1; v < k; v++) mx = z[v] > mx ? z[v] : mx;
+        double se = 0;
+        for (int64_t v = 0; v < k; v++) se += exp((double)z[v] - mx);
+        double lse = mx + log(se);
+        total += lse - z[tgt[i]];
+        float *g = grad + i * k;
+        for (int64_t v = 0; v < k; v++) g[v] = (float)(exp((double)z[v] - lse) / (double)n);
+        g[tgt[i]] -= 1.0f / (float)n;
+    }
+    *loss = total / (double)n;
+    return PS_OK;
+}
+
 static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
-                             grpc_byte_buffer **response, ps_err *err) {
+                             const ps_wire_tensor_in *tin, grpc_byte_buffer **response, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -347,6 +376,18 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
     if (req->train && req->context_id == 0)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.context_id: a training forward needs a "
                           "non-zero context id");
+    int fused = req->has_targets;
+    if (fused) {
+        if (!req->train)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: a fused loss needs train=true");
+        if (so->out_ndim != 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: stage '%s' does not output "
+                              "logits (one vector per sample)", so->name);
+        if (req->targets.dtype != ps_DType_INT64 || tin->bytes != (size_t)n * sizeof(int64_t))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: %s of %zu bytes; the fused "
+                              "loss takes %lld int64 class ids (one per sample)", ps_wire_dtype_name(req->targets.dtype),
+                              tin->bytes, (long long)n);
+    }
     int bad_input = 0;
     if (si->in_dtype == PS_DTYPE_F32 &&
         check_finite(in->data, in->bytes / sizeof(float), "ForwardRequest.input", err)) {
@@ -365,6 +406,7 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
     uint64_t version = 0;
     ps_tape *tape = NULL;
     ps_ctx *c = NULL;
+    float *gin = NULL;
     int replayed = 0;
     ps_status st = PS_OK;
     if (req->train) {
@@ -374,6 +416,12 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
             goto out;
         }
         ps_ctx_fwd *rec = ps_ctx_find_fwd(c, req->seq);
+        if (rec && fused) {
+            st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: forward %u with targets is recorded "
+                            "and backwarded; a fused forward is not repeated: run the round again under a new "
+                            "context", (unsigned long long)req->context_id, req->seq);
+            goto out;
+        }
         if (rec) {  /* a retried Forward: answer from the record */
             if (!rec->tape) {
                 st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: forward %u was already "
@@ -408,8 +456,36 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
     int64_t dims[PS_WIRE_MAX_DIMS];
     int nd = join_dims(dims, req->input.shape, nlead, so->out_dims, so->out_ndim);
     if (nd == 1) dims[nd++] = 1;  /* a scalar per sample travels as (N, 1) */
-    resp.has_output = true;
-    ps_wire_tensor_encode_bind(&resp.output, NULL, nd, dims, out);
+    if (fused) {   /* the loss here, the backward of this forward at once */
+        int64_t inper = 1;
+        for (int i = 0; i < si->in_ndim; i++) inper *= si->in_dims[i];
+        gin = si->in_dtype == PS_DTYPE_F32 ? malloc((size_t)(n * inper) * sizeof(float) + 1) : NULL;
+        float *dl = malloc((size_t)(n * outper) * sizeof(float) + 1);
+        if (!dl || (si->in_dtype == PS_DTYPE_F32 && !gin)) {
+            free(dl);
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the fused loss");
+            goto out;
+        }
+        st = fused_ce(out, (const int64_t *)tin->data, n, outper, dl, &resp.loss, err);
+        ps_Tensor gt = ps_Tensor_init_zero;
+        gt.shape_count = (pb_size_t)nd;
+        memcpy(gt.shape, dims, sizeof(int64_t) * (size_t)nd);
+        gt.dtype = ps_DType_FLOAT32;
+        if (!st) st = backward_one(s, c, req->seq, &gt, dl, (size_t)(n * outper) * sizeof(float),
+                                   "ForwardRequest.targets", gin, err);
+        free(dl);
+        if (st) goto out;
+        size_t tb = 0;
+        for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
+        ps_ctx_table_account(s->ctx, c, (c->grads ? ps_grads_bytes(c->grads) : 0) + tb);
+        if (gin) {
+            resp.has_input_grad = true;
+            ps_wire_tensor_encode_bind(&resp.input_grad, NULL, (int)req->input.shape_count, req->input.shape, gin);
+        }
+    } else {
+        resp.has_output = true;
+        ps_wire_tensor_encode_bind(&resp.output, NULL, nd, dims, out);
+    }
     resp.model_version = version;
     resp.replayed = replayed;
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp.round = c && c->round ? c->round : ps_cons_round(s->cons);
@@ -419,6 +495,7 @@ out:
     if (c) ps_ctx_table_release(s->ctx, c);
     ps_tape_free(tape);
     free(out);
+    free(gin);
     return st;
 }
 
@@ -463,7 +540,7 @@ static void *exec_main(void *p) {
         free(node);
         grpc_byte_buffer *resp = NULL;
         ps_err err = {0};
-        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
@@ -489,6 +566,9 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     ps_wire_tensor_in_init(&f->in, s->max_tensor_bytes);
     f->in.err = &err;
     ps_wire_tensor_decode_bind(&f->req.input, &f->in);
+    ps_wire_tensor_in_init(&f->tin, s->max_tensor_bytes);
+    f->tin.err = &err;
+    ps_wire_tensor_decode_bind(&f->req.targets, &f->tin);
     if (ps_service_draining(s)) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
                    "contexts may still finish their Backward and Step); retry when it is back");
@@ -496,22 +576,24 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     }
     if (ps_wire_decode(request, ps_ForwardRequest_fields, &f->req, &err) ||
         (!f->req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
-        ps_wire_tensor_check(&f->req.input, &f->in, "ForwardRequest.input", &err))
+        ps_wire_tensor_check(&f->req.input, &f->in, "ForwardRequest.input", &err) ||
+        (f->req.has_targets && ps_wire_tensor_check(&f->req.targets, &f->tin, "ForwardRequest.targets", &err)))
         goto fail;
     f->in.err = NULL;
+    f->tin.err = NULL;
     /* ssp: a trainer too far ahead waits, without holding this thread. */
     if (f->req.train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && info->call) {
         f->call = ps_rpc_call_defer(info, NULL, NULL);
         if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
         grpc_byte_buffer *resp = NULL;
-        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
         fwd_req_free(f);
         return;
     }
-    if (forward_run(s, &f->req, &f->in, response, &err)) goto fail;
+    if (forward_run(s, &f->req, &f->in, &f->tin, response, &err)) goto fail;
     fwd_req_free(f);
     return;
 fail:

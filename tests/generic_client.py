@@ -223,8 +223,39 @@ def test_lm(stub, lr):
     close(w5["encoder.weight"][touched], w4["encoder.weight"][touched] - lr * 0.25 * g_enc[touched],
           "embedding rows after a Step with grad_scale 0.25")
     assert np.array_equal(w5["decoder.weight"], w4["decoder.weight"]), "no decoder gradient: unchanged"
+
+    # The fused decoder: targets in, the mean cross-entropy and the decoder's input gradient out, no logits.
+    dec5, b5 = w5["decoder.weight"], w5["decoder.bias"]
+    ctx4 = 0x1000004
+    hf = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    tg = np.array([[1, 49], [0, 7], [7, 3]], dtype=np.int64)
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(hf), stage="decoder", targets=tensor(tg, I64))),
+                 grpc.StatusCode.INVALID_ARGUMENT, "train=true")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4 + 9, seq=0, train=True, input=tensor(hf),
+                                                            stage="decoder", targets=tensor(tg + 1, I64))),
+                 grpc.StatusCode.INVALID_ARGUMENT, "targets[1]", "50")
+    ff = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, trainer_rank=1, input=tensor(hf),
+                                            stage="decoder", targets=tensor(tg, I64)))
+    z = (hf.reshape(-1, 8).astype(np.float64) @ dec5.T + b5)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    t = tg.reshape(-1)
+    want_loss = float(-np.log(p[np.arange(6), t]).mean())
+    assert not ff.HasField("output") and abs(ff.loss - want_loss) < 1e-5 * abs(want_loss), (ff.loss, want_loss)
+    dz = p.copy()
+    dz[np.arange(6), t] -= 1
+    dz /= 6
+    close(array(ff.input_grad), (dz @ dec5).reshape(3, 2, 8).astype(np.float32), "fused decoder input gradient")
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx4)).gradients}
+    close(gr["decoder.weight"], (dz.T @ hf.reshape(-1, 8)).astype(np.float32), "fused decoder.weight gradient")
+    close(gr["decoder.bias"], dz.sum(0).astype(np.float32), "fused decoder.bias gradient")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, input=tensor(hf),
+                                                            stage="decoder", targets=tensor(tg, I64))),
+                 grpc.StatusCode.FAILED_PRECONDITION, "not repeated")
+    s4 = stub.Step(ps_pb2.StepRequest(context_id=ctx4))
+    assert s4.model_version == v5 + 1, "the fused forward's gradients step without a Backward"
     print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows, "
-          "parameter-only rnn stage (PushGradients, norms, grad_scale): OK")
+          "parameter-only rnn stage (PushGradients, norms, grad_scale), fused decoder loss: OK")
 
 
 def test_sync(stub):
