@@ -2,7 +2,9 @@
 # Integration: the model-parallel language model (ps-train lm) end to end.
 #  1. a fortunes corpus with a 2,000-word vocabulary (scripts/fortunes_corpus.py);
 #  2. psd hosting rnn_lm (ntoken 2000, ninp = nhid = 64, 2 LSTM layers on the
-#     trainers) and two trainers, 150 BPTT windows each (300 steps): the
+#     trainers) and two trainers, 150 BPTT windows each (300 steps), one in
+#     each decoder mode (--decoder fused: psd computes the loss; logits: the
+#     tutorial's, logits to the trainer): the
 #     test perplexity ends 4x and more below the first batch's;
 #  3. a third run with --eval-only measures the final weights' test perplexity;
 #     psd stops on SIGTERM and writes its checkpoint, which PyTorch's
@@ -34,6 +36,8 @@ out=$("$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --data "$tmp/bad" --
 printf 'x\0y\n' >"$tmp/bad/test.txt"
 out=$("$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --data "$tmp/bad" --server 127.0.0.1:1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "test.txt:1: NUL byte" <<<"$out" || fail "binary test.txt: rc $rc: $out"
+out=$("$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --decoder both --data "$tmp/corpus" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "decoder 'both': fused or logits" <<<"$out" || fail "bad --decoder: rc $rc: $out"
 out=$("$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --set model.sizes.ntoken=100 --data "$tmp/corpus" \
   --server 127.0.0.1:1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "vocabulary of 2000 words does not fit the model's ntoken 100" <<<"$out" || fail "vocab > ntoken: $out"
@@ -44,9 +48,10 @@ addr="127.0.0.1:$port"
   --set server.checkpoint_every_steps=0 --set server.checkpoint_every_s=0 2>"$tmp/psd.log" &
 psd=$!
 pids+=($psd)
+mode=(x fused logits)  # trainer 1: psd computes the loss; trainer 2: the tutorial's logits to the trainer
 for r in 1 2; do
   timeout 600 "$BUILD/bin/ps-train" lm "${train_args[@]}" --server "$addr" --rank $r --max-batches 150 \
-    --log-every 25 >"$tmp/t$r.log" 2>&1 &
+    --decoder "${mode[$r]}" --log-every 25 >"$tmp/t$r.log" 2>&1 &
   pids+=($!)
   tp[$r]=$!
 done

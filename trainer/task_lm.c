@@ -42,6 +42,7 @@ typedef struct lstm_slot { ps_lstm *l; int64_t T, N; } lstm_slot;
 typedef struct lm_task {
     int bptt;                   /* --bptt */
     int eval_only;              /* --eval-only */
+    int fused;                  /* --decoder fused (1) or logits (0) */
     double clip;                /* --clip */
     ps_lstm_impl impl;          /* --lstm */
     ps_lm_corpus *corpus;
@@ -196,16 +197,26 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     /* 4. decoder (psd) and the loss here */
     f = (ps_client_fwd){.ctx = ctx, .seq = 1, .rank = rank, .train = 1, .stage = "decoder",
                         .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
-    fo = (ps_client_fwd_out){.out = j->logits, .out_cap = T * N * V};
-    if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
-    j->loss = cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
-    /* 5. backward: decoder (its input gradient), the LSTM, the embedding */
-    uint32_t seq1 = 1, seq0 = 0;
-    ps_client_tensor gt = {PS_CLIENT_F32, 3, {T, N, V}, j->dlogits};
-    float *ig[1] = {j->dy};
-    int64_t cap[1] = {T * N * H};
-    ps_client_bwd b = {.ctx = ctx, .n = 1, .seqs = &seq1, .grads = &gt, .input_grads = ig, .input_caps = cap};
-    if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
+    uint32_t seq0 = 0;
+    ps_client_tensor gt;
+    ps_client_bwd b;
+    if (t->fused) { /* psd computes the loss and backwards the decoder: only its input gradient returns */
+        f.targets = (ps_client_tensor){PS_CLIENT_I64, 2, {T, N}, j->tgt};
+        fo = (ps_client_fwd_out){.input_grad = j->dy, .input_grad_cap = T * N * H};
+        if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+        j->loss = fo.loss;
+    } else { /* the tutorial's: logits here, the loss here, their gradient back */
+        fo = (ps_client_fwd_out){.out = j->logits, .out_cap = T * N * V};
+        if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+        j->loss = cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
+        uint32_t seq1 = 1;
+        gt = (ps_client_tensor){PS_CLIENT_F32, 3, {T, N, V}, j->dlogits};
+        float *ig[1] = {j->dy};
+        int64_t cap[1] = {T * N * H};
+        b = (ps_client_bwd){.ctx = ctx, .n = 1, .seqs = &seq1, .grads = &gt, .input_grads = ig, .input_caps = cap};
+        if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
+    }
+    /* 5. backward: the LSTM, the embedding */
     for (int k = 0; k < t->nlayers; k++)
         for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
     float *dy = j->dy;
@@ -307,7 +318,7 @@ static double size_of(const ps_config *cfg, const char *key) {
 
 static void *lm_create(void) {
     lm_task *t = calloc(1, sizeof(lm_task));
-    if (t) t->bptt = 35, t->clip = 0.25, t->impl = PS_LSTM_DNNL;
+    if (t) t->bptt = 35, t->clip = 0.25, t->impl = PS_LSTM_DNNL, t->fused = 1;
     return t;
 }
 
@@ -338,6 +349,12 @@ static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_
         if (*end || end == value || !(v > 0) || !isfinite(v))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--clip '%s': a positive number", value);
         t->clip = v;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--decoder")) {
+        if (strcmp(value, "fused") && strcmp(value, "logits"))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--decoder '%s': fused or logits", value);
+        t->fused = !strcmp(value, "fused");
         return PS_OK;
     }
     if (!strcmp(flag, "--eval-only")) {
@@ -422,13 +439,15 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
     t->h = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
     t->c = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
     if (!t->h || !t->c) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    int64_t logit_bytes = (int64_t)t->bptt * t->bs * t->ntoken * 4;
+    /* logits that travel: a training window's (logits mode) and an evaluation window's */
+    int64_t cols = !t->fused && t->bs > LM_EVAL_BATCH ? t->bs : LM_EVAL_BATCH;
+    int64_t logit_bytes = (int64_t)t->bptt * cols * t->ntoken * 4;
     int64_t limit = (int64_t)env->cfg->server.max_message_mb << 20;
     if (logit_bytes + 4096 > limit)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: a window's logits are %lld MiB (bptt %d x batch %d x "
-                          "ntoken %lld floats), over server.max_message_mb %d: lower --bptt or --batch-size or raise "
-                          "the limit (on psd too)", (long long)(logit_bytes >> 20), t->bptt, t->bs,
-                          (long long)t->ntoken, env->cfg->server.max_message_mb);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: a window's logits are %lld MiB (bptt %d x batch %lld x "
+                          "ntoken %lld floats), over server.max_message_mb %d: lower --bptt%s or raise the limit (on "
+                          "psd too)", (long long)(logit_bytes >> 20), t->bptt, (long long)cols, (long long)t->ntoken,
+                          env->cfg->server.max_message_mb, t->fused ? "" : " or --batch-size, use --decoder fused,");
     return PS_OK;
 }
 
@@ -535,6 +554,7 @@ static const ps_task_flag lm_flags[] = {
     {"--clip", NULL, "X", NULL, "clip the global gradient norm to X (0.25)"},
     {"--lstm", NULL, "IMPL", NULL, "the trainer's LSTM: dnnl (oneDNN) or ref (plain C)"},
     {"--eval-only", NULL, NULL, NULL, "no training: validation and test perplexity of psd's weights"},
+    {"--decoder", NULL, "MODE", NULL, "fused (psd computes the loss; default) or logits (the tutorial's: logits here)"},
     {0},
 };
 
