@@ -330,10 +330,12 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
         page.err = err;
         ps_wire_tensors_decode_bind(&resp.parameters, &page);
         rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
-        if (rc == PS_OK && resp.first_rows_count != page.n)
+        /* a psd without paging sends no first_rows: whole tensors */
+        if (rc == PS_OK && resp.first_rows_count != page.n && (resp.first_rows_count || resp.more))
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: %zu tensors, %u first_rows",
                             page.n, (unsigned)resp.first_rows_count);
-        for (size_t i = 0; rc == PS_OK && i < page.n; i++) rc = page_append(list, &page.items[i], resp.first_rows[i], err);
+        for (size_t i = 0; rc == PS_OK && i < page.n; i++)
+            rc = page_append(list, &page.items[i], resp.first_rows_count ? resp.first_rows[i] : 0, err);
         ps_wire_tensor_list_free(&page);
         if (rc != PS_OK) break;
         if (first_page && version) *version = resp.model_version;
