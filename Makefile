@@ -5,6 +5,7 @@
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
+#   make bench-lm   the language model's tokens/s, both decoder modes, vs PyTorch's local loop
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
@@ -78,7 +79,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run run-lm test unit asan install clean fuzz test-faults test-load bench
+.PHONY: all deps data run run-lm bench-lm test unit asan install clean fuzz test-faults test-load bench
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -189,6 +190,12 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/run.sh
+
+# The language model's throughput, both decoder modes, 1 and 2 trainers, and
+# PyTorch's local loop at the same sizes (bench/lm.sh, a few minutes).
+bench-lm: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bench/lm.sh
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)

@@ -57,7 +57,7 @@ bad keep      'server:\n  listen: "127.0.0.1:1"\n  checkpoint_keep: 0\n' "3: ser
 bad grace     'server:\n  grace_s: -1\n' "2: server.grace_s: '-1' is out of range [0, 3600]"
 bad metrics   'server:\n  metrics_listen: "9464"\n' "2: server.metrics_listen: '9464' is not HOST:PORT"
 bad empty     'server:\n  log_file:\n' "2: server.log_file: no value given"
-bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 10]"
+bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 100]"
 bad placement 'model:\n  placement:\n    conv: gpu\n' "3: model.placement.conv: 'gpu' is not a device"
 rc=0; out=$(build --check-config configs/local.yaml --set optimizer.type=adam 2>&1) || rc=$?
 [ $rc -eq 2 ] && [[ "$out" == *"optimizer.type: 'adam' is not supported by this psd yet"* ]] || fail "adam not refused: $out"

@@ -469,7 +469,7 @@ static void test_cli(void) {
     before = c;
     CHECK(ps_config_set(&c, "optimizer.lr", "-1", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
     CHECK(!strcmp(e.msg, "command line: optimizer.lr: '-1' is out of range (0, 100]"));
-    CHECK(ps_config_set(&c, "optimizer.lr", "10.000001", "command line", &e) != PS_OK);
+    CHECK(ps_config_set(&c, "optimizer.lr", "100.000001", "command line", &e) != PS_OK);
     CHECK(ps_config_set(&c, "optimizer.lr", "0", "command line", &e) != PS_OK);
     CHECK(ps_config_set(&c, "optimizer.lr", "inf", "command line", &e) != PS_OK);
     CHECK(ps_config_set(&c, "optimizer.lr", " 0.1", "command line", &e) != PS_OK);
