@@ -50,3 +50,5 @@ done
 tl=$($PY bench/lm_torch.py $V $E $H $T $N 10 | sed 's/torch local: \([0-9]*\) .*/\1/')
 printf "%-28s %12s %14.2f\n" "PyTorch local loop" "$tl" "$(awk -v a="$tl" -v f="$flop" 'BEGIN{print a*f/1e9}')"
 rm -rf "$out"
+echo "== the embedding's row-sparse update as the table grows (target: 1M rows >= 90 % of 10k rows' rate)"
+"$BUILD/bench/bench_embedding" --secs 3 10000 1000000
