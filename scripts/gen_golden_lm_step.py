@@ -43,7 +43,7 @@ def main():
     # weights large enough that the step moves things visibly
     with torch.no_grad():
         for p in list(l0.parameters()) + list(l1.parameters()):
-            p.uniform_(-0.5, 0.5)
+            p.uniform_(-1.5, 1.5)
     named = {'encoder.weight': encoder.weight, 'decoder.weight': decoder.weight, 'decoder.bias': decoder.bias}
     for k, layer in enumerate((l0, l1)):
         for nm in ('weight_ih', 'weight_hh', 'bias_ih', 'bias_hh'):

@@ -121,7 +121,7 @@ static void step(const ps_st_file *g, const char *backend, ps_lstm_impl impl) {
         double sq = 0;
         CHECK(ps_grads_sq_norm(m, acc, &sq, &err) == PS_OK);
         const float *gn = gt(g, "norm", 1);
-        if (gn) CHECK_CLOSE(sqrt(sq), gn[0], 1e-6, 1e-5);
+        if (gn) CHECK_CLOSE(sqrt(sq), gn[0], 0, 2e-6); /* tight: the embedding rows are a small share */
         double coef = CLIP / (sqrt(sq) + 1e-6);
         CHECK(coef < 1);  /* the clip bites */
         CHECK(ps_grads_scale(m, acc, (float)coef, &err) == PS_OK);
