@@ -485,9 +485,12 @@ typedef struct param_grad {
 
 /* One optimizer update of parameter i through the optimizer module (its
  * dense or row-sparse rule, optim.h). Runs under the exclusive lock, after
- * every allocation and check: it only computes and writes (the rows are
- * distinct and in range by construction of ps_rows, and the spec passed
- * ps_optim_check for both rules at creation). */
+ * every allocation and check of the step: the rows are distinct and in
+ * range by construction of ps_rows, and the spec passed ps_optim_check for
+ * both rules at creation. Known gap: ps_optim_step_rows itself allocates
+ * (a bitmap to re-check the rows; on a device backend, a device copy of
+ * the indices), so out of memory there could still fail a step after
+ * other parameters were written. */
 static ps_status update_param(ps_model *m, int i, const param_grad *g, ps_err *err) {
     const param_loc *pl = &m->loc[i];
     stage *st = &m->stages[pl->stage];
