@@ -480,32 +480,47 @@ ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst
 typedef struct param_grad {
     const float *dense;
     const ps_rows *rows;
-    float *dev_rows;         /* (nrows, width) on the stage's device, for rows of a device stage */
+    const int64_t *idx;      /* rows->rows where the optimizer reads them: host, or the copy below */
+    const float *grad;       /* rows->grad likewise */
+    int64_t *dev_idx;        /* (nrows) copies on a device stage's device, made before the step */
+    float *dev_grad;         /* (nrows, width) */
 } param_grad;
 
 /* One optimizer update of parameter i through the optimizer module (its
  * dense or row-sparse rule, optim.h). Runs under the exclusive lock, after
- * every allocation and check of the step: the rows are distinct and in
- * range by construction of ps_rows, and the spec passed ps_optim_check for
- * both rules at creation. Known gap: ps_optim_step_rows itself allocates
- * (a bitmap to re-check the rows; on a device backend, a device copy of
- * the indices), so out of memory there could still fail a step after
- * other parameters were written. */
+ * every allocation, copy and check of the step: it only computes and
+ * writes. The rows are distinct and in range by construction of ps_rows
+ * (merged, sorted, ids checked at the forward) and the spec passed
+ * ps_optim_check for both rules at creation, hence the unchecked
+ * row-sparse entry. */
 static ps_status update_param(ps_model *m, int i, const param_grad *g, ps_err *err) {
     const param_loc *pl = &m->loc[i];
     stage *st = &m->stages[pl->stage];
     float *w = st->w + pl->off;
     if (g->dense) return ps_optim_step(st->be, &m->optim, m->params[i].numel, w, g->dense, &m->ost[i], err);
-    const ps_rows *r = g->rows;
-    const float *grows = r->grad;
-    if (g->dev_rows) {
-        ps_status rc = st->be->ops->copy_to_device(st->be->impl, g->dev_rows, r->grad,
-                                                   (size_t)r->nrows * r->width * sizeof(float), err);
-        if (rc != PS_OK) return rc;
-        grows = g->dev_rows;
-    }
-    return ps_optim_step_rows(st->be, &m->optim, m->params[i].dims[0], r->width, r->rows, r->nrows, w, grows,
-                              &m->ost[i], err);
+    return ps_optim_step_rows_checked(st->be, &m->optim, g->rows->width, g->idx, g->rows->nrows, w, g->grad,
+                                      &m->ost[i], err);
+}
+
+/* Put parameter i's gradient rows where its stage's optimizer ops read
+ * them (a device stage: copies on the device). */
+static ps_status stage_rows(ps_model *m, int i, const ps_rows *r, param_grad *pg, ps_err *err) {
+    stage *st = &m->stages[m->loc[i].stage];
+    pg->rows = r;
+    pg->idx = r->rows;
+    pg->grad = r->grad;
+    if (st->host_memory) return PS_OK;
+    const ps_backend_ops *ops = st->be->ops;
+    const size_t ib = (size_t)r->nrows * sizeof(int64_t), gb = (size_t)r->nrows * r->width * sizeof(float);
+    pg->dev_idx = ops->alloc(st->be->impl, ib);
+    pg->dev_grad = ops->alloc(st->be->impl, gb ? gb : sizeof(float));
+    if (!pg->dev_idx || !pg->dev_grad)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of device memory for the %s step", m->params[i].name);
+    ps_status rc = ops->copy_to_device(st->be->impl, pg->dev_idx, r->rows, ib, err);
+    if (rc == PS_OK) rc = ops->copy_to_device(st->be->impl, pg->dev_grad, r->grad, gb, err);
+    pg->idx = pg->dev_idx;
+    pg->grad = pg->dev_grad;
+    return rc;
 }
 
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err) {
@@ -523,11 +538,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         if (m->params[i].sparse) {
             const ps_rows *r = &g->rows[i];
             if (!r->nrows) continue;
-            pg[i].rows = r;
-            if (!m->stages[pl->stage].host_memory &&
-                !(pg[i].dev_rows = ps_backend_alloc_floats(m->stages[pl->stage].be, r->nrows * r->width)))
-                rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of device memory for the %s step",
-                                m->params[i].name);
+            rc = stage_rows(m, i, r, &pg[i], err);
         } else if (g->dense[pl->stage]) {
             pg[i].dense = g->dense[pl->stage] + pl->goff;
         }
@@ -549,8 +560,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         pthread_rwlock_unlock(&m->lock);
         if (version) *version = v;
     }
-    for (int i = 0; i < m->nparams; i++)
-        if (pg[i].dev_rows) ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_rows);
+    for (int i = 0; i < m->nparams; i++) {
+        ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_idx);
+        ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_grad);
+    }
     free(pg);
     return rc;
 }
