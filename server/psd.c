@@ -154,15 +154,6 @@ int main(int argc, char **argv) {
     }
     if (!cfg.server.log_file[0]) ps_daemon_use_journal_if_attached();
 
-    /* The model executor applies SGD only so far (common/nn/optim.h has Adam;
-     * the executor does not call it yet): refuse rather than silently run
-     * SGD when the config asks for another optimizer. */
-    if (cfg.optimizer.type != PS_OPTIMIZER_SGD) {
-        fprintf(stderr, "psd: optimizer.type: '%s' is not supported by this psd yet (its model executor "
-                "applies sgd only)\n", ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type));
-        return 2;
-    }
-
     /* Build the model before anything listens: placement errors stop start-up. */
     if (ps_config_check_model(&cfg, &err)) {
         fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
@@ -184,9 +175,18 @@ int main(int argc, char **argv) {
     mo.seed = cfg.model.seed;
     mo.compute_threads = cfg.server.compute_threads > 0 ? cfg.server.compute_threads
                                                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    mo.lr = (float)cfg.optimizer.lr;
-    mo.momentum = (float)cfg.optimizer.momentum;
-    mo.weight_decay = (float)cfg.optimizer.weight_decay;
+    /* optimizer.type's values are ps_optim_kind's (config.h); the model
+     * checks the settings (e.g. momentum with adam, weight decay with an
+     * embedding table) and names the one it refuses. */
+    ps_optim_spec os;
+    ps_optim_spec_default((ps_optim_kind)cfg.optimizer.type, &os);
+    os.lr = cfg.optimizer.lr;
+    os.momentum = cfg.optimizer.momentum;
+    os.weight_decay = cfg.optimizer.weight_decay;
+    os.beta1 = cfg.optimizer.beta1;
+    os.beta2 = cfg.optimizer.beta2;
+    os.eps = cfg.optimizer.eps;
+    mo.optim = &os;
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
