@@ -315,6 +315,9 @@ fail:
 }
 
 const char *ps_model_arch(const ps_model *m) { return m->def->name; }
+const ps_backend *ps_model_stage_backend(const ps_model *m, int s) {
+    return s >= 0 && s < m->nstages ? m->stages[s].be : NULL;
+}
 int ps_model_num_params(const ps_model *m) { return m->nparams; }
 const ps_param_info *ps_model_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->nparams) ? &m->params[i] : NULL;

@@ -112,6 +112,9 @@ ps_model *ps_model_create(const ps_model_opts *opts, ps_err *err);
 void ps_model_free(ps_model *m);
 
 const char *ps_model_arch(const ps_model *m);
+/* The backend running stage s (0-based), NULL past the last stage: for
+ * asking it ps_backend_fallbacks() (psd's start-up check, the ISA test). */
+const ps_backend *ps_model_stage_backend(const ps_model *m, int s);
 int ps_model_num_params(const ps_model *m);
 const ps_param_info *ps_model_param(const ps_model *m, int i);
 int ps_model_find_param(const ps_model *m, const char *name); /* -1 if absent */
