@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "config.h"
 #include "daemon.h"
+#include "isa_check.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
@@ -79,6 +80,40 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_log(PS_LOG_INFO, "checkpoint written: %s (model version %llu, %.0f ms)", info.path,
            (unsigned long long)info.version, (mono_s() - t0) * 1000);
     return 0;
+}
+
+/* Start-up: the CPU's effective ISA, and every training primitive that
+ * oneDNN could only give a reference (plain C) kernel - the difference
+ * between ~1000 and ~80 samples/s. A probe step on a throwaway copy of the
+ * model creates the primitives (ps_isa_check); the served model is not
+ * touched. */
+static void log_cpu_kernels(const ps_model_opts *mo) {
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    char capped[96] = "";
+    if (cap && cap[0]) snprintf(capped, sizeof capped, " (capped by ONEDNN_MAX_CPU_ISA=%.40s)", cap);
+    if (strcmp(mo->cpu_backend, "dnnl")) {
+        ps_log(PS_LOG_INFO, "cpu ISA %s%s; cpu backend %s: no kernel check", ps_backend_cpu_isa(), capped,
+               mo->cpu_backend);
+        return;
+    }
+    ps_isa_report rep;
+    ps_err err = {0};
+    if (ps_isa_check(mo, 32, &rep, &err) != PS_OK) {
+        ps_log(PS_LOG_WARN, "cpu ISA %s%s; kernel check failed: %s", rep.isa, capped, err.msg);
+        return;
+    }
+    if (rep.nfallback == 0) {
+        ps_log(PS_LOG_INFO, "cpu ISA %s%s; training kernels: no reference fallbacks", rep.isa, capped);
+        return;
+    }
+    ps_log(PS_LOG_WARN, "cpu ISA %s%s; %d training primitive%s run oneDNN's slow reference kernels:", rep.isa,
+           capped, rep.nfallback, rep.nfallback == 1 ? "" : "s");
+    for (char *line = rep.fallbacks, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) { ps_log(PS_LOG_WARN, "  reference kernel: %s", line); break; }
+        *nl = 0;
+        ps_log(PS_LOG_WARN, "  reference kernel: %s", line);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -227,6 +262,8 @@ int main(int argc, char **argv) {
         ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
     }
 
+    log_cpu_kernels(&mo);
+
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -256,6 +293,7 @@ int main(int argc, char **argv) {
         .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
         .consistency = consistency,
         .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
+        .cpu_isa = ps_backend_cpu_isa,
         .mode = (int)cfg.server.consistency,  /* same order as ps_cons_mode */
         .sync_workers = cfg.server.sync_workers,
         .sync_timeout_s = cfg.server.sync_timeout_s,
