@@ -3,7 +3,7 @@
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
 #   make test       install deps, build, run every test (tests/run.sh)
-#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
+#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
