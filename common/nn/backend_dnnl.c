@@ -5,14 +5,22 @@
  * OpenMP loops (memory bound).
  *
  * Layouts: activations are plain (nchw, nc) or, where the model executor
- * asks for it, blocked (nChw16c on AVX-512, nChw8c on AVX2: see
- * blocked_layout and backend.h). Convolutions with a blocked activation
- * let oneDNN pick the weights layout ("any": direct JIT kernels instead of
- * im2col + GEMM); the plain master weights are reordered into it per call
- * (conv weights are small) and weight gradients reordered back. Linear
- * layers keep plain weights (oi), so the large fc weights are never
- * reordered. PS_DNNL_LAYOUT=plain in the environment turns blocked
- * layouts off (for comparison); =8 or =16 forces the block size.
+ * asks for it, blocked with the channel block oneDNN itself picks on this
+ * ISA (probe_block: nChw16c on AVX-512, nChw8c on AVX2 and SSE4.1; see
+ * blocked_layout and backend.h). Convolutions take "any" for src, weights
+ * and dst, so oneDNN picks the layouts its fastest kernel for the ISA
+ * wants; the caller's activations and the plain master weights are
+ * reordered into them where they differ (cached reorder primitives), and
+ * outputs reordered back. Linear layers keep plain weights (oi), so the
+ * large fc weights are never reordered. PS_DNNL_LAYOUT=plain in the
+ * environment turns blocked layouts off (for comparison); =8 or =16
+ * forces the block size.
+ *
+ * Fallback check: every primitive's implementation name is checked at
+ * creation against kKindInfo; reference kernels of kinds that may not have
+ * one are counted and described (ps_backend_fallbacks). On SSE4.1, where
+ * oneDNN has no JIT backward-data convolution, the data gradient runs as
+ * the equivalent forward convolution (conv_bwd_data_as_forward).
  *
  * Primitives are created once per distinct (kind, shape, bias?) key and
  * kept for the life of the backend in a mutex-protected array; creation
@@ -155,13 +163,16 @@ typedef struct user_arg {
  * A training step allocates and frees the same few MB of activations,
  * workspaces, scratchpads and reorder buffers every batch. Through plain
  * malloc, buffers that large are fresh mmaps each time, and the kernel
- * zero-fills every page on first touch: 30 % of an AVX2 step on 2 threads
- * (bench_compute: 1575 -> 2181 samples/s without it). The backend keeps freed
- * buffers of at least PS_POOL_MIN bytes, by exact size, up to PS_POOL_CAP
- * bytes in all, and hands them out again; beyond the cap they are freed.
- * Each buffer carries a 64-byte header with its size. */
+ * zero-fills every page on first touch (an AVX2 step on 2 threads went
+ * from 1575 to 2181 samples/s with glibc told to keep them). The backend
+ * keeps freed buffers of at least PS_POOL_MIN bytes, by exact size, up to
+ * PS_POOL_CAP bytes in all, and hands them out again; beyond the cap they
+ * are freed. The cap holds a batch-32 step's working set (~20 MB) a few
+ * times over and stays small beside psd's memory: test_faults expects
+ * psd's RSS to come back after a dead trainer's contexts expire, which a
+ * 256 MB cap broke. Each buffer carries a 64-byte header with its size. */
 #define PS_POOL_MIN ((size_t)64 << 10)
-#define PS_POOL_CAP ((size_t)256 << 20)
+#define PS_POOL_CAP ((size_t)64 << 20)
 #define PS_POOL_HDR 64
 
 typedef struct pool_buf {
