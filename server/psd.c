@@ -262,14 +262,15 @@ int main(int argc, char **argv) {
         ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
     }
 
-    log_cpu_kernels(&mo);
-
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);  /* before grpc_init: its threads inherit it */
+    /* After the mask: the probe step starts the OpenMP workers, which must
+     * inherit it too, or a SIGTERM lands on one of them and kills psd. */
+    log_cpu_kernels(&mo);
     grpc_init();
 
     char consistency[256];
