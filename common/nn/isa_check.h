@@ -4,9 +4,10 @@
  * JIT kernel fits (an ISA without one for a layout, a shape it does not
  * cover) it silently falls back to its reference C kernels, 10-100x slower.
  * ps_isa_check() builds the model `opts` describes with every stage on the
- * CPU, runs one training step on `batch` synthetic samples (forward with a
- * tape, backward, SGD step) so that every training primitive gets created,
- * and collects what the stages' backends report (ps_backend_fallbacks).
+ * CPU, runs one training step of each stage alone on `batch` synthetic
+ * samples of the stage's input dtype (forward with a tape, backward,
+ * optimizer step) so that every training primitive gets created, and
+ * collects what the stages' backends report (ps_backend_fallbacks).
  * The probe model is freed before it returns; nothing of the caller's is
  * touched. psd runs it at start-up and logs the result; tests/test_isa.c
  * holds every ISA the host can run to zero fallbacks.
