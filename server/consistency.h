@@ -22,7 +22,9 @@
  *    ACTIVE rank (seen within the activity window) waits - its reply
  *    deferred - until the slowest catches up or goes inactive. Nothing is
  *    refused, and no forward runs on weights older than the bound. Steps
- *    apply as under hogwild.
+ *    apply as under hogwild. A rank seen for the first time, or back after
+ *    being inactive, joins at the present (its clock raised to the slowest
+ *    active one) rather than stalling everyone while it replays the past.
  *
  * This module holds the rules and the waiting lists; it knows neither gRPC
  * nor the model. The service hands it callbacks: `apply` (sum/average a
