@@ -51,7 +51,6 @@ typedef struct cartpole_task {
     ps_client_tensor *gt;  /* (T) */
     int solved;            /* psd said the running reward crossed the threshold */
     double last_reward, running;
-    int have_running;
 } cartpole_task;
 
 static void *cartpole_create(void) {
@@ -191,11 +190,13 @@ typedef struct episode_job {
     double loss;
     uint64_t round;
     ps_client_step_out so;
+    ps_client_round rep;
 } episode_job;
 
 static ps_status episode_step(void *arg, uint64_t ctx, ps_err *err) {
     episode_job *j = arg;
-    return ps_client_step_ex(j->env->cl, ctx, j->round, &j->so, err);
+    ps_client_scalar sc[2] = {{"reward", (double)j->T}, {"loss", j->loss}};
+    return ps_client_step_scalars(j->env->cl, ctx, j->round, sc, 2, &j->so, &j->rep, err);
 }
 
 static ps_status episode_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
@@ -252,15 +253,26 @@ static ps_status cartpole_run_round(void *arg, const ps_task_env *env, int epoch
     ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job};
     ps_status st = ps_retry_once(env->retry, env->ids, &ops, err);
     if (st) return st;
-    t->last_reward = job.T;
-    t->running = t->have_running ? 0.05 * job.T + 0.95 * t->running : job.T;
-    t->have_running = 1;
-    if (r % t->log_interval == 0) {
-        printf("Rank %ld Episode %d (round %llu)\tLast reward: %d\tAverage reward: %.2f\tloss %.4f\n", env->rank, r,
-               (unsigned long long)job.so.round, job.T, t->running, job.loss);
-        fflush(stdout);
+    /* psd's round metrics: the round's rewards over all observers and the
+     * running reward (server.metrics_ema_of / _alpha); the tutorial's
+     * "Last reward" is the round's minimum. */
+    const ps_client_round_scalar *rw = ps_client_round_find(&job.rep, "reward");
+    t->last_reward = rw ? rw->min : job.T;
+    t->running = rw ? rw->ema : job.T;
+    int solved = job.rep.solved;
+    if (r % t->log_interval == 0 || solved) {
+        printf("Rank %ld Episode %d\tLast reward: %.2f\tAverage reward: %.2f\t(own %d steps, round %llu of %u "
+               "observers, loss %.4f)\n", env->rank, r + 1, t->last_reward, t->running, job.T,
+               (unsigned long long)job.so.round, job.so.round_contexts, job.loss);
     }
-    *out = (ps_task_round){.loss = job.loss, .samples = job.T, .version = job.so.version, .printed = 1};
+    if (solved) {
+        printf("Rank %ld Solved! Running reward is now %.2f (round %llu, %d episodes)\n", env->rank, t->running,
+               (unsigned long long)job.so.round, r + 1);
+        t->solved = 1;
+    }
+    fflush(stdout);
+    *out = (ps_task_round){.loss = job.loss, .samples = job.T, .version = job.so.version, .printed = 1,
+                           .stop = solved};
     return PS_OK;
 }
 
