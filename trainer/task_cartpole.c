@@ -27,9 +27,8 @@
 #include <string.h>
 
 #include "cartpole.h"
+#include "reinforce.h"
 #include "task.h"
-
-#define CP_FLOAT_EPS 1.1920928955078125e-07 /* reinforce.py's eps: np.finfo(np.float32).eps */
 
 typedef struct cartpole_task {
     double gamma;          /* --gamma */
@@ -146,40 +145,11 @@ static ps_status cartpole_begin_epoch(void *arg, const ps_task_env *env, int epo
     return PS_OK;
 }
 
-/* Returns, normalisation and d loss / d probs of the episode's T steps;
- * returns the loss. Public for tests through the task? No: tests re-derive
- * it from PyTorch (tests/test_golden_rl.c). */
+/* Returns, normalisation and d loss / d probs of the episode's T steps
+ * (reinforce.h); returns the loss. */
 static double episode_grads(cartpole_task *t, int T) {
-    double R = 0, mean = 0, var = 0;
-    for (int i = T - 1; i >= 0; i--) {
-        R = t->rewards[i] + t->gamma * R;
-        t->returns[i] = R;
-    }
-    if (t->normalize) {
-        for (int i = 0; i < T; i++) mean += t->returns[i];
-        mean /= T;
-        for (int i = 0; i < T; i++) var += (t->returns[i] - mean) * (t->returns[i] - mean);
-        double sd = T > 1 ? sqrt(var / (T - 1)) : 0;  /* torch's unbiased std */
-        for (int i = 0; i < T; i++) t->returns[i] = (t->returns[i] - mean) / (sd + CP_FLOAT_EPS);
-    }
-    double loss = 0;
-    for (int i = 0; i < T; i++) {
-        const float *p = t->probs + (size_t)i * 2;
-        float *g = t->grads + (size_t)i * 2;
-        int a = t->actions[i];
-        double pa = p[a] > 1e-30f ? p[a] : 1e-30;
-        loss -= log(pa) * t->returns[i];
-        g[0] = g[1] = 0;
-        g[a] = (float)(-t->returns[i] / pa);
-        if (t->entropy > 0) {
-            for (int j = 0; j < 2; j++) {
-                double pj = p[j] > 1e-30f ? p[j] : 1e-30;
-                loss += t->entropy * pj * log(pj);   /* -beta * H */
-                g[j] += (float)(t->entropy * (log(pj) + 1));
-            }
-        }
-    }
-    return loss;
+    ps_reinforce_returns(t->rewards, T, t->gamma, t->normalize, t->returns);
+    return ps_reinforce_grads(t->probs, T, PS_CARTPOLE_ACTIONS, t->actions, t->returns, t->entropy, t->grads);
 }
 
 /* One episode under one context (ps_retry_once: a lost one runs again). */
