@@ -5,6 +5,7 @@
 #   bench/run.sh                 everything (about 6-8 minutes on 2 cores)
 #   QUICK=1 bench/run.sh         fewer/shorter repetitions (a smoke run)
 #   SKIP_TORCH=1 bench/run.sh    without the PyTorch anchors
+#   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -113,5 +114,11 @@ if [ -z "${SKIP_TORCH:-}" ]; then
   done
 fi
 
+# ---- 4. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
+if [ -z "${SKIP_RL:-}" ]; then
+  echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
+  OUT="$OUT" BUILD="$BUILD" ROUNDS=$([ -n "${QUICK:-}" ] && echo 10 || echo 30) bash bench/rl.sh >/dev/null
+fi
+
 state end >>"$OUT/machine.txt"
-$PY bench/report.py "$OUT" | tee "$OUT/report.txt"
+{ $PY bench/report.py "$OUT"; if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"

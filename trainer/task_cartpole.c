@@ -30,6 +30,21 @@
 #include "reinforce.h"
 #include "task.h"
 
+#include <time.h>
+
+#define LAT_CAP (1 << 16)
+
+static double mono_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 typedef struct cartpole_task {
     double gamma;          /* --gamma */
     double entropy;        /* --entropy: beta */
@@ -48,6 +63,8 @@ typedef struct cartpole_task {
     float *grads;          /* (T, 2) d loss / d probs */
     uint32_t *seqs;        /* (T) */
     ps_client_tensor *gt;  /* (T) */
+    float *lat_us;         /* select-action (Forward) round trips, a sample of at most LAT_CAP */
+    long nlat;
     int solved;            /* psd said the running reward crossed the threshold */
     double last_reward, running;
 } cartpole_task;
@@ -73,6 +90,7 @@ static void cartpole_destroy(void *arg) {
     free(t->grads);
     free(t->seqs);
     free(t->gt);
+    free(t->lat_us);
     free(t);
 }
 
@@ -127,7 +145,8 @@ static ps_status cartpole_init(void *arg, const ps_task_env *env, ps_err *err) {
     t->grads = malloc(T * PS_CARTPOLE_ACTIONS * sizeof(float));
     t->seqs = malloc(T * sizeof(uint32_t));
     t->gt = calloc(T, sizeof(ps_client_tensor));
-    if (!t->obs || !t->probs || !t->actions || !t->rewards || !t->returns || !t->grads || !t->seqs || !t->gt)
+    t->lat_us = malloc(LAT_CAP * sizeof(float));
+    if (!t->obs || !t->probs || !t->actions || !t->rewards || !t->returns || !t->grads || !t->seqs || !t->gt || !t->lat_us)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     /* Each observer its own environment and action stream (the tutorial
      * seeds every observer alike; we do not). */
@@ -184,7 +203,9 @@ static ps_status episode_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
                            .input = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {1, PS_CARTPOLE_OBS},
                                      .data = t->obs + (size_t)T * 4}};
         ps_client_fwd_out o = {.out = t->probs + (size_t)T * 2, .out_cap = 2};
+        double t0 = mono_us();
         if ((st = ps_client_forward_ex(j->env->cl, &f, &o, err))) return st;
+        if (t->nlat < LAT_CAP) t->lat_us[t->nlat++] = (float)(mono_us() - t0);
         *kept = 1;
         if (o.ndim != 2 || o.dims[0] != 1 || o.dims[1] != 2)
             return ps_err_set(err, PS_ERR_INTERNAL, "policy returned a (%lld, %lld) output, expected (1, 2)",
@@ -280,6 +301,11 @@ static ps_status cartpole_evaluate(void *arg, const ps_task_env *env, ps_err *er
     }
     printf("Rank %ld greedy policy: %.1f steps per episode over %d episodes (limit %d)\n", env->rank,
            (double)total / episodes, episodes, t->episode_steps);
+    if (t->nlat) {   /* the first LAT_CAP training Forwards */
+        qsort(t->lat_us, (size_t)t->nlat, sizeof(float), cmp_float);
+        printf("Rank %ld select-action round trip (training Forward): median %.0f us, p90 %.0f us over %ld calls\n",
+               env->rank, t->lat_us[t->nlat / 2], t->lat_us[t->nlat * 9 / 10], t->nlat);
+    }
     return PS_OK;
 }
 
