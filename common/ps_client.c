@@ -228,6 +228,16 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
     req.want_input_grad = b->input_grads != NULL;
     req.step = b->step != 0;
     req.round = b->round;
+    if (b->nscalars < 0 || b->nscalars > (int)(sizeof req.scalars / sizeof req.scalars[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: %d scalars, at most %d", b->nscalars,
+                          (int)(sizeof req.scalars / sizeof req.scalars[0]));
+    for (int i = 0; i < b->nscalars; i++) {
+        if (strlen(b->scalars[i].name) >= sizeof req.scalars[i].name)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: scalar name '%s' is too long", b->scalars[i].name);
+        snprintf(req.scalars[i].name, sizeof req.scalars[i].name, "%s", b->scalars[i].name);
+        req.scalars[i].value = b->scalars[i].value;
+    }
+    req.scalars_count = (pb_size_t)b->nscalars;
     ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
     ps_wire_tensor_list gl;
     ps_wire_tensor_list_init(&gl, c->max_bytes);

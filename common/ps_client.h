@@ -79,6 +79,13 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's
  * input gradient into them. step/round as StepRequest. */
+/* A named scalar for psd's round metrics (README "Round metrics"). */
+#define PS_CLIENT_MAX_SCALARS 8
+typedef struct ps_client_scalar {
+    const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
+    double value;              /* finite */
+} ps_client_scalar;
+
 typedef struct ps_client_bwd {
     uint64_t ctx;
     int n;
@@ -88,6 +95,8 @@ typedef struct ps_client_bwd {
     const int64_t *input_caps;
     int step;
     uint64_t round;
+    const ps_client_scalar *scalars;  /* with step: as ps_client_step_scalars (<= 8) */
+    int nscalars;
 } ps_client_bwd;
 
 typedef struct ps_client_step_out {
@@ -101,11 +110,6 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err);
 
 /* ---- round metrics (README "Round metrics") ---- */
-#define PS_CLIENT_MAX_SCALARS 8
-typedef struct ps_client_scalar {
-    const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
-    double value;              /* finite */
-} ps_client_scalar;
 typedef struct ps_client_round_scalar {
     char name[32];
     uint32_t count;

@@ -853,6 +853,11 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
                    "they go in pairs", (unsigned)req.more_seqs_count, more.n);
         goto fail;
     }
+    ps_scalar_set sc;   /* refused before anything is accumulated */
+    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+        ps_err_prefix(&err, "BackwardRequest");
+        goto fail;
+    }
     if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
     size_t ncov = 1 + more.n;
     if (req.want_input_grad) {
@@ -919,12 +924,6 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         int deferred;
         ps_ctx *held = c;
         c = NULL;  /* step_context finishes, releases or queues it */
-        ps_scalar_set sc;
-        if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
-            ps_err_prefix(&err, "BackwardRequest");
-            c = held;
-            goto fail;
-        }
         if (step_context(s, info, held, req.round, &sc, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
         if (deferred) items = NULL, gbuf = NULL;  /* the round owns them */
         goto done;

@@ -365,6 +365,21 @@ int main(void) {
         CHECK(ps_client_status(cl, &st, &err) == PS_OK);
         CHECK(st.metrics_round == rep.metrics_round && st.round_scalars_count == 2 &&
               !strcmp(st.round_scalars[0].name, "reward") && st.round_scalars[0].max == 17);
+        /* ... and with Backward(step) */
+        uint64_t c4 = ctx + 3;
+        CHECK(ps_client_forward(cl, c4, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        uint32_t seq0 = 0;
+        ps_client_tensor gt = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {n, 10}, .data = grad};
+        ps_client_scalar bsc[1] = {{"bad name!", 1}};
+        ps_client_bwd b = {.ctx = c4, .n = 1, .seqs = &seq0, .grads = &gt, .step = 1, .scalars = bsc, .nscalars = 1};
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "BackwardRequest") && strstr(err.msg, "scalars[0].name"), "%s", err.msg);
+        bsc[0].name = "reward";
+        bsc[0].value = 5;
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_OK && so.version == vb + 2);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.metrics_round == rep.metrics_round + 1 && st.round_scalars_count == 1 &&
+              st.round_scalars[0].max == 5 && st.round_scalars[0].ema == 5 * 0.05 + 17 * 0.95);
     }
 
     /* Unknown contexts. */
