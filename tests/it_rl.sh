@@ -52,7 +52,7 @@ for r in 1 2; do
   grep "Episode" "$tmp/smoke$r.log" | grep -q "of 2 observers" || fail "observer $r: rounds without 2 observers"
   grep "Episode" "$tmp/smoke$r.log" | grep -vq "of 2 observers" && fail "observer $r: a round without both observers"
   grep -Eq "loss (nan|-?inf)" "$tmp/smoke$r.log" && fail "observer $r: non-finite loss"
-  rounds=$(grep -o "round [0-9]*" "$tmp/smoke$r.log" | awk '{print $2}' | tr '\n' ' ')
+  rounds=$(grep "Episode" "$tmp/smoke$r.log" | grep -o "round [0-9][0-9]*" | awk '{print $2}' | tr '\n' ' ')
   [ "$rounds" = "1 2 3 4 5 6 " ] || fail "observer $r: rounds '$rounds', expected 1..6"
 done
 # each round's min reward is the smaller of the two observers' episode lengths
