@@ -5,7 +5,7 @@
 #   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test       install deps, build, run every test (tests/run.sh)
-#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
+#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)

@@ -163,6 +163,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
 
     family(&b, "psd_build_info", "gauge", "psd version and model (value 1).");
     put(&b, "psd_build_info{version=\"%s\",model=\"%s\"} 1\n", PS_VERSION, ps_model_arch(m->model));
+    family(&b, "psd_cpu_isa_info", "gauge",
+           "Instruction set the CPU backend's kernels use (oneDNN's effective ISA; value 1).");
+    put(&b, "psd_cpu_isa_info{isa=\"%s\"} 1\n", ps_backend_cpu_isa());
     family(&b, "psd_uptime_seconds", "gauge", "Seconds since psd started.");
     put(&b, "psd_uptime_seconds %.3f\n", ps_service_uptime(m->svc));
     family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown.");

@@ -95,6 +95,7 @@ int ps_status_cmd_main(int argc, char **argv) {
     printf("\n  model             %s, version %llu (optimizer steps applied)\n", st.model,
            (unsigned long long)st.model_version);
     printf("  samples           %llu trained\n", (unsigned long long)st.samples);
+    printf("  cpu ISA           %s\n", st.cpu_isa[0] ? st.cpu_isa : "(not reported)");
     printf("  contexts          %llu live, %llu expired\n", (unsigned long long)st.live_contexts,
            (unsigned long long)st.expired_contexts);
     printf("  trainers seen     %llu\n", (unsigned long long)st.trainers_seen);
