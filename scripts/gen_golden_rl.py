@@ -13,7 +13,9 @@ over its episode ((R - mean) / (std + eps), torch's unbiased std, eps the
 float32 epsilon, as reinforce.py); its loss is
     -sum_t log pi(a_t|s_t) * R_t - beta * sum_t H(pi(.|s_t)),  beta = 0.01,
 and the round's loss is the sum over observers (psd's sync round with
-server.sync_reduce sum), followed by one torch.optim.SGD(lr=0.01) step.
+server.sync_reduce sum), followed by one torch.optim.SGD(lr=0.01) step
+(final.<P>) and, from the same weights and gradients, one
+torch.optim.Adam(lr=0.01) step (final_adam.<P>, configs/cartpole.yaml's).
 Actions and rewards are injected (stored), so the C side needs no RNG.
 
 Tensors: init.<P>; o<k>.input (T,4), o<k>.mask (T,128), o<k>.action (T,)
@@ -37,6 +39,7 @@ SEED = 11
 GAMMA = 0.99
 BETA = 0.01
 LR = 0.01
+ADAM_LR = 0.01
 EPS = torch.finfo(torch.float32).eps
 OUT_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
 
@@ -97,11 +100,18 @@ def main():
         t[f"o{k}.grad_output"] = torch.cat([p.grad.detach() for p in probs])
     for name, p in net.named_parameters():
         t["grad." + name] = p.grad.detach().clone()
+    # the same round's gradients under the tutorial's optimizer, from the same weights
+    adam_net = Policy()
+    adam_net.load_state_dict({k[len("init."):]: v for k, v in t.items() if k.startswith("init.")})
+    for (_, pa), (_, p) in zip(adam_net.named_parameters(), net.named_parameters()):
+        pa.grad = p.grad.detach().clone()
+    torch.optim.Adam(adam_net.parameters(), lr=ADAM_LR).step()
+    t.update({"final_adam." + k: v.detach().clone() for k, v in adam_net.state_dict().items()})
     opt.step()
     t.update({"final." + k: v.detach().clone() for k, v in net.state_dict().items()})
     t["round_loss"] = total.detach().reshape(1).float()
     meta = {"format": "psd golden cartpole REINFORCE round v1", "generator": "scripts/gen_golden_rl.py",
-            "gamma": str(GAMMA), "beta": str(BETA), "optimizer": f"SGD(lr={LR})", "observers": "2 (T=9, 6)",
+            "gamma": str(GAMMA), "beta": str(BETA), "optimizer": f"SGD(lr={LR}); Adam(lr={ADAM_LR})", "observers": "2 (T=9, 6)",
             "reduce": "sum", "seed": str(SEED), "torch_version": torch.__version__}
     path = os.path.join(out_dir, "cartpole_round.safetensors")
     write_safetensors(path, t, meta)

@@ -5,8 +5,9 @@
  * observers' returns and d loss / d probs from trainer/reinforce.c (the
  * code ps-train cartpole runs) given the stored actions and rewards, each
  * observer's backward into its own context gradients, the round's sum (as
- * psd's sync round with sync_reduce sum adds its members) and one SGD
- * step - for the ref and dnnl backends. */
+ * psd's sync round with sync_reduce sum adds its members) and one SGD or
+ * Adam (lr 1e-2, the shipped config's) step - for the ref and dnnl
+ * backends. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,14 +27,17 @@ static const void *tensor(const ps_st_file *g, const char *name, int dtype, int6
     return t && t->dtype == dtype && ps_st_numel(t) == numel ? t->data : NULL;
 }
 
-static void round_test(const char *backend) {
+static void round_test(const char *backend, int adam) {
     char label[64], what[192], name[96];
-    snprintf(label, sizeof label, "%s cartpole round", backend);
+    snprintf(label, sizeof label, "%s cartpole round (%s)", backend, adam ? "adam" : "sgd");
     ps_err err = {0};
     ps_st_file *g = ps_st_read("tests/golden/cartpole_round.safetensors", &err);
     CHECK_MSG(g, "%s", err.msg);
+    ps_optim_spec spec;
+    ps_optim_spec_default(PS_OPTIM_ADAM, &spec);
+    spec.lr = 0.01;
     ps_model_opts o = {.arch = "cartpole_policy", .cpu_backend = backend, .seed = 3, .compute_threads = 2,
-                       .lr = 0.01f};
+                       .lr = 0.01f, .optim = adam ? &spec : NULL};
     ps_model *m = ps_model_create(&o, &err);
     CHECK_MSG(m, "%s", err.msg);
     if (!g || !m) { ps_st_free(g); ps_model_free(m); return; }
@@ -115,7 +119,7 @@ static void round_test(const char *backend) {
         for (int i = 0; i < ps_model_num_params(m); i++) {
             const ps_param_info *p = ps_model_param(m, i);
             float *got = malloc((size_t)p->numel * sizeof(float));
-            snprintf(name, sizeof name, "final.%s", p->name);
+            snprintf(name, sizeof name, "%s.%s", adam ? "final_adam" : "final", p->name);
             const float *want = tensor(g, name, PS_ST_F32, p->numel);
             OKE(ps_model_get_param(m, i, got, &err));
             snprintf(what, sizeof what, "%s %s", label, name);
@@ -143,7 +147,9 @@ static void returns_props(void) {
 
 int main(void) {
     returns_props();
-    round_test("ref");
-    round_test("dnnl");
+    for (int adam = 0; adam < 2; adam++) {
+        round_test("ref", adam);
+        round_test("dnnl", adam);
+    }
     return check_summary("test_golden_rl");
 }
