@@ -25,14 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cartpole.h"
 #include "reinforce.h"
 #include "task.h"
 
-#include <time.h>
-
-#define LAT_CAP (1 << 16)
+#define LAT_CAP (1 << 16) /* select-action round trips kept for the median */
 
 static double mono_us(void) {
     struct timespec ts;
