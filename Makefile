@@ -2,6 +2,8 @@
 #
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
+#   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
+#   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
@@ -77,7 +79,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load bench
+.PHONY: all deps data run run-rl test test-rl unit asan install clean fuzz test-faults test-load bench
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -90,6 +92,15 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@scripts/run-local.sh
+
+run-rl: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-rl.sh
+
+RL_SEEDS ?= 1 2 3 4 5
+test-rl: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -8,6 +8,7 @@
 #   ISAS="AVX2 SSE41" bench/run.sh   the ISAs emulated in section 4 (oneDNN's
 #                                ONEDNN_MAX_CPU_ISA names; default: those of
 #                                AVX2 and SSE41 below the CPU's own; "" none)
+#   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -149,6 +150,11 @@ for isa in $ISAS; do
     fi
   )
 done
+# ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
+if [ -z "${SKIP_RL:-}" ]; then
+  echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
+  OUT="$OUT" BUILD="$BUILD" ROUNDS=$([ -n "${QUICK:-}" ] && echo 10 || echo 30) bash bench/rl.sh >/dev/null
+fi
 
 state end >>"$OUT/machine.txt"
-$PY bench/report.py "$OUT" | tee "$OUT/report.txt"
+{ $PY bench/report.py "$OUT"; if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"

@@ -108,6 +108,12 @@ typedef struct ps_config {
         double grace_s;                   /* drain time for in-flight calls on stop */
         char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
+        /* Round metrics (server/round_metrics.h): */
+        int metrics_round_steps;          /* hogwild/ssp: Steps per metrics round */
+        double metrics_ema_alpha;         /* EMA weight of the newest round */
+        int metrics_ema_of;               /* 0 min, 1 mean, 2 max (ps_rm_ema_of) */
+        char stop_metric[PS_CONFIG_STAGE_MAX]; /* "" = never solved */
+        double stop_threshold;            /* solved when EMA(stop_metric) > this */
     } server;
     struct {
         int name;                         /* index in the model registry (models.h) */

@@ -119,7 +119,7 @@ static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
 
 /* Apply a taken round outside the lock and answer its members. */
 static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
-    void **grads = calloc((size_t)n, sizeof *grads);
+    void **grads = calloc((size_t)n * 2, sizeof *grads);
     ps_err err = {0};
     uint64_t version = 0;
     ps_status st;
@@ -127,8 +127,8 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
         st = ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory applying round %llu",
                         (unsigned long long)round);
     } else {
-        for (int i = 0; i < n; i++) grads[i] = m[i].grads;
-        st = c->apply(c->user, grads, n, c->o.sync_average, &version, &err);
+        for (int i = 0; i < n; i++) grads[i] = m[i].grads, grads[n + i] = m[i].arg;
+        st = c->apply(c->user, grads, grads + n, n, c->o.sync_average, &version, &err);
         if (st) ps_err_prefix(&err, "round %llu not applied", (unsigned long long)round);
     }
     free(grads);

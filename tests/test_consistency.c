@@ -22,10 +22,11 @@ typedef struct fake {
     int last_n, last_average;
 } fake;
 
-static ps_status fake_apply(void *user, void *const *grads, int n, int average, uint64_t *version,
+static ps_status fake_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
                             ps_err *err) {
     (void)err;
     fake *f = user;
+    for (int i = 0; i < n; i++) CHECK(args[i] != NULL);  /* every member's done argument */
     pthread_mutex_lock(&f->mu);
     for (int i = 0; i < n; i++)
         if (grads[i]) f->grads_seen += *(const int *)grads[i];
