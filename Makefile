@@ -2,9 +2,11 @@
 #
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
+#   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
+#   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test       install deps, build, run every test (tests/run.sh)
-#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
+#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs PyTorch's local loop
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
@@ -79,7 +81,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run run-lm bench-lm test unit asan install clean fuzz test-faults test-load bench
+.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load bench bench-lm
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -97,6 +99,15 @@ run-lm: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-fortunes.sh data/fortunes
 	@scripts/run-lm.sh
+
+run-rl: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-rl.sh
+
+RL_SEEDS ?= 1 2 3 4 5
+test-rl: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all

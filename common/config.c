@@ -59,6 +59,7 @@ static const char *const optimizer_names[] = {"sgd", "adam", NULL};
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
 static const char *const nonfinite_names[] = {"reject", "skip", NULL};
+static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 
 #define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
@@ -101,6 +102,11 @@ static const cfg_entry g_table[] = {
       .check = check_hostport },
     STR0("server.log_file",        server.log_file,        ""),
     ENUM("server.nonfinite_policy", server.nonfinite_policy, nonfinite_names, "reject"),
+    INT ("server.metrics_round_steps", server.metrics_round_steps, 1, 1000000000, "1"),
+    DBL ("server.metrics_ema_alpha", server.metrics_ema_alpha, 1, 0, 1, 0, "0.05"),
+    ENUM("server.metrics_ema_of",  server.metrics_ema_of,  ema_of_names, "mean"),
+    STR0("server.stop_metric",     server.stop_metric,     ""),
+    DBL ("server.stop_threshold",  server.stop_threshold,  0, -1e300, 1e300, 0, "0"),
 
     { .key = "model.name", .type = CT_ENUM, FIELD(model.name), .names_fn = ps_model_def_names,
       .def = "mnist_cnn" },

@@ -244,6 +244,16 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
     req.want_input_grad = b->input_grads != NULL;
     req.step = b->step != 0;
     req.round = b->round;
+    if (b->nscalars < 0 || b->nscalars > (int)(sizeof req.scalars / sizeof req.scalars[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: %d scalars, at most %d", b->nscalars,
+                          (int)(sizeof req.scalars / sizeof req.scalars[0]));
+    for (int i = 0; i < b->nscalars; i++) {
+        if (strlen(b->scalars[i].name) >= sizeof req.scalars[i].name)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: scalar name '%s' is too long", b->scalars[i].name);
+        snprintf(req.scalars[i].name, sizeof req.scalars[i].name, "%s", b->scalars[i].name);
+        req.scalars[i].value = b->scalars[i].value;
+    }
+    req.scalars_count = (pb_size_t)b->nscalars;
     ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
     ps_wire_tensor_list gl;
     ps_wire_tensor_list_init(&gl, c->max_bytes);
@@ -268,7 +278,40 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
 }
 
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err) {
-    return ps_client_step_scaled(c, ctx, round, 0.0f, o, err);
+    return ps_client_step_scalars(c, ctx, round, NULL, 0, o, NULL, err);
+}
+
+ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
+                                 ps_client_step_out *o, ps_client_round *rep, ps_err *err) {
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    req.context_id = ctx;
+    req.round = round;
+    if (n < 0 || n > (int)(sizeof req.scalars / sizeof req.scalars[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Step: %d scalars, at most %d", n,
+                          (int)(sizeof req.scalars / sizeof req.scalars[0]));
+    for (int i = 0; i < n; i++) {
+        if (strlen(sc[i].name) >= sizeof req.scalars[i].name)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Step: scalar name '%s' is too long", sc[i].name);
+        snprintf(req.scalars[i].name, sizeof req.scalars[i].name, "%s", sc[i].name);
+        req.scalars[i].value = sc[i].value;
+    }
+    req.scalars_count = (pb_size_t)n;
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
+    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
+    if (rc == PS_OK && rep) {
+        memset(rep, 0, sizeof *rep);
+        rep->metrics_round = resp.metrics_round;
+        rep->solved = resp.solved;
+        for (pb_size_t i = 0; i < resp.round_scalars_count && i < PS_CLIENT_MAX_SCALARS; i++) {
+            const ps_RoundScalar *r = &resp.round_scalars[i];
+            ps_client_round_scalar *d = &rep->s[rep->n++];
+            snprintf(d->name, sizeof d->name, "%s", r->name);
+            d->count = r->count;
+            d->min = r->min, d->mean = r->mean, d->max = r->max, d->ema = r->ema;
+        }
+    }
+    return rc;
 }
 
 ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
@@ -363,4 +406,10 @@ ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, co
     ps_status rc = call(c, PS_M_PUSH_GRADIENTS, &req, &resp, err);
     if (rc == PS_OK && sq_norm) *sq_norm = resp.grad_sq_norm;
     return rc;
+}
+
+const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name) {
+    for (int i = 0; r && i < r->n; i++)
+        if (!strcmp(r->s[i].name, name)) return &r->s[i];
+    return NULL;
 }

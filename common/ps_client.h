@@ -84,6 +84,13 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's
  * input gradient into them. step/round as StepRequest. */
+/* A named scalar for psd's round metrics (README "Round metrics"). */
+#define PS_CLIENT_MAX_SCALARS 8
+typedef struct ps_client_scalar {
+    const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
+    double value;              /* finite */
+} ps_client_scalar;
+
 typedef struct ps_client_bwd {
     uint64_t ctx;
     int n;
@@ -93,6 +100,8 @@ typedef struct ps_client_bwd {
     const int64_t *input_caps;
     int step;
     uint64_t round;
+    const ps_client_scalar *scalars;  /* with step: as ps_client_step_scalars (<= 8) */
+    int nscalars;
 } ps_client_bwd;
 
 typedef struct ps_client_step_out {
@@ -118,5 +127,24 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
  * receives the context's gradient norm squared after it. */
 ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
                                    double *sq_norm, ps_err *err);
+
+/* ---- round metrics (README "Round metrics") ---- */
+typedef struct ps_client_round_scalar {
+    char name[32];
+    uint32_t count;
+    double min, mean, max, ema;
+} ps_client_round_scalar;
+typedef struct ps_client_round {
+    uint64_t metrics_round;    /* metrics rounds closed so far */
+    int solved;                /* psd's stop metric crossed its threshold */
+    int n;
+    ps_client_round_scalar s[PS_CLIENT_MAX_SCALARS];
+} ps_client_round;
+/* Step with n (<= 8) named scalars; rep (may be NULL) receives the
+ * metrics of the step's round (sync) or the newest closed one. */
+ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
+                                 ps_client_step_out *o, ps_client_round *rep, ps_err *err);
+/* The scalar called name in r; NULL when absent. */
+const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name);
 
 #endif

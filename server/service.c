@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "consistency.h"
+#include "round_metrics.h"
 #include "health.pb.h"
 #include "log.h"
 #include "methods.h"
@@ -20,6 +21,9 @@ struct ps_service {
     ps_model *model;
     ps_ctx_table *ctx;
     ps_cons *cons;               /* server.consistency */
+    ps_rmetrics *rm;             /* round metrics of the Steps' scalars */
+    char stop_metric[PS_RM_NAME_MAX];
+    double stop_threshold;
     /* ssp: Forwards released from their wait run here, not on the
      * releasing thread (a Step's reply must not wait for them) */
     pthread_t exec;
@@ -45,7 +49,8 @@ struct ps_service {
 };
 
 static void grads_free_cb(void *g) { ps_grads_free(g); }
-static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err);
+static ps_status sync_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
+                            ps_err *err);
 static void *exec_main(void *p);
 
 static double mono_now(void) {
@@ -71,10 +76,23 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
         free(s);
         return NULL;
     }
+    ps_rmetrics_opts ro = {.alpha = o->metrics_ema_alpha > 0 ? o->metrics_ema_alpha : 0.05,
+                           .ema_of = (ps_rm_ema_of)o->metrics_ema_of,
+                           .round_steps = o->metrics_round_steps > 0 ? o->metrics_round_steps : 1,
+                           .stop_metric = o->stop_metric, .stop_threshold = o->stop_threshold};
+    if (!(s->rm = ps_rmetrics_create(&ro, err))) {
+        ps_cons_free(s->cons);
+        ps_ctx_table_free(s->ctx);
+        free(s);
+        return NULL;
+    }
+    snprintf(s->stop_metric, sizeof s->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
+    s->stop_threshold = o->stop_threshold;
     pthread_mutex_init(&s->exec_mu, NULL);
     pthread_cond_init(&s->exec_cv, NULL);
     if (o->mode == PS_CONS_SSP) {
         if (pthread_create(&s->exec, NULL, exec_main, s)) {
+            ps_rmetrics_free(s->rm);
             ps_cons_free(s->cons);
             ps_ctx_table_free(s->ctx);
             free(s);
@@ -109,6 +127,7 @@ void ps_service_free(ps_service *s) {
     if (!s) return;
     ps_service_close(s);
     ps_cons_free(s->cons);
+    ps_rmetrics_free(s->rm);
     pthread_mutex_destroy(&s->exec_mu);
     pthread_cond_destroy(&s->exec_cv);
     pthread_mutex_destroy(&s->ckpt_mu);
@@ -619,10 +638,34 @@ typedef struct step_result {
     uint32_t members;
     int skipped;
     double sq_norm;         /* Backward without step: the context's gradient norm squared */
+    const ps_round_report *metrics;  /* NULL: the newest closed metrics round */
 } step_result;
 
-static ps_status encode_step_result(int as_backward, const step_result *r, const ps_wire_named_list *input_grads,
-                                    grpc_byte_buffer **response, ps_err *err) {
+static void put_round_scalars(const ps_round_report *r, ps_RoundScalar *out, pb_size_t *count, pb_size_t cap) {
+    *count = 0;
+    for (int i = 0; i < r->n && *count < cap; i++) {
+        ps_RoundScalar *o = &out[(*count)++];
+        snprintf(o->name, sizeof o->name, "%s", r->s[i].name);
+        o->count = r->s[i].count;
+        o->min = r->s[i].min;
+        o->mean = r->s[i].mean;
+        o->max = r->s[i].max;
+        o->ema = r->s[i].ema;
+    }
+}
+
+/* A request's scalars as a checked set. */
+static ps_status scalars_in(const ps_ScalarValue *v, pb_size_t n, ps_scalar_set *set, ps_err *err) {
+    set->n = 0;
+    for (pb_size_t i = 0; i < n && i < PS_RM_MAX_SCALARS; i++) {
+        snprintf(set->s[set->n].name, PS_RM_NAME_MAX, "%s", v[i].name);
+        set->s[set->n++].value = v[i].value;
+    }
+    return ps_scalar_set_check(set, err);
+}
+
+static ps_status encode_step_result(ps_service *svc, int as_backward, const step_result *r,
+                                    const ps_wire_named_list *input_grads, grpc_byte_buffer **response, ps_err *err) {
     if (as_backward) {
         ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
         resp.model_version = r->version;
@@ -637,6 +680,18 @@ static ps_status encode_step_result(int as_backward, const step_result *r, const
     resp.skipped = r->skipped;
     resp.round = r->round;
     resp.round_contexts = r->members;
+    ps_round_report latest;
+    const ps_round_report *m = r->metrics;
+    if (!m && svc) {
+        ps_rmetrics_latest(svc->rm, &latest);
+        m = &latest;
+    }
+    if (m) {
+        put_round_scalars(m, resp.round_scalars, &resp.round_scalars_count,
+                          (pb_size_t)(sizeof resp.round_scalars / sizeof resp.round_scalars[0]));
+        resp.metrics_round = m->round;
+        resp.solved = m->solved;
+    }
     return ps_wire_encode(ps_StepResponse_fields, &resp, response, err);
 }
 
@@ -649,6 +704,8 @@ typedef struct sync_wait {
     ps_wire_named_list grads_list;  /* Backward(step, want_input_grad): what to send back */
     ps_wire_named *items;
     float *gbuf;
+    ps_scalar_set scalars;          /* its contribution to the round's metrics */
+    ps_round_report report;         /* the round's metrics (set by sync_apply) */
 } sync_wait;
 
 static void sync_wait_free(sync_wait *w) {
@@ -670,10 +727,10 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
     int skipped = w->ctx->nonfinite;
     if (skipped) count(&s->nonfinite_skipped);
     ps_ctx_table_finish(s->ctx, w->ctx, version);
-    step_result r = {version, round, members, skipped};
+    step_result r = {version, round, members, skipped, &w->report};
     grpc_byte_buffer *resp = NULL;
     ps_err e = {0};
-    if (encode_step_result(w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
+    if (encode_step_result(s, w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
         ps_rpc_call_complete(w->call, resp, GRPC_STATUS_OK, NULL);
     else
         ps_rpc_call_complete(w->call, NULL, ps_grpc_from_status(e.code), e.msg);
@@ -681,8 +738,17 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
 }
 
 /* sync: sum (or average) the round's gradients into the first and step. */
-static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err) {
+static ps_status sync_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
+                            ps_err *err) {
     ps_service *s = user;
+    /* the round's metrics, once, into every member's answer */
+    const ps_scalar_set **sets = calloc((size_t)(n > 0 ? n : 1), sizeof *sets);
+    if (!sets) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory closing the round's metrics");
+    for (int i = 0; i < n; i++) sets[i] = &((const sync_wait *)args[i])->scalars;
+    ps_round_report rep;
+    ps_rmetrics_close_round(s->rm, sets, n, &rep);
+    free(sets);
+    for (int i = 0; i < n; i++) ((sync_wait *)args[i])->report = rep;
     ps_grads *acc = NULL;
     int used = 0;
     for (int i = 0; i < n; i++) {
@@ -704,8 +770,8 @@ static ps_status sync_apply(void *user, void *const *grads, int n, int average, 
  * say what to answer (returns PS_OK or an error), or the answer was
  * deferred: *deferred = 1 and c belongs to the round. */
 static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ctx *c, uint64_t round,
-                              float grad_scale, int as_backward, ps_wire_named *items, float *gbuf, size_t nitems,
-                              grpc_byte_buffer **response, int *deferred, ps_err *err) {
+                              float grad_scale, const ps_scalar_set *scalars, int as_backward, ps_wire_named *items,
+                              float *gbuf, size_t nitems, grpc_byte_buffer **response, int *deferred, ps_err *err) {
     *deferred = 0;
     uint32_t pending_seq = 0;
     size_t pending = ps_ctx_pending(c, &pending_seq);
@@ -748,7 +814,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
             return ps_err_set(err, w ? PS_ERR_UNAVAILABLE : PS_ERR_RESOURCE_EXHAUSTED,
                               w ? "sync step outside a server" : "out of memory");
         }
-        *w = (sync_wait){s, c, call, as_backward, list, items, gbuf};
+        *w = (sync_wait){s, c, call, as_backward, list, items, gbuf, *scalars, {0}};
         if (round == 0) round = c->round;
         ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
         if (st != PS_OK) {
@@ -761,6 +827,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         return PS_OK;
     }
     step_result r = {0};
+    ps_round_report rep;
     if (c->nonfinite) {
         r.version = skip_step(s, c);
         r.skipped = 1;
@@ -773,7 +840,9 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         ps_ctx_table_finish(s->ctx, c, r.version);
         ps_cons_stepped(s->cons, rank);
     }
-    return encode_step_result(as_backward, &r, &list, response, err);
+    ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
+    r.metrics = &rep;
+    return encode_step_result(s, as_backward, &r, &list, response, err);
 }
 
 /* ---- Backward --------------------------------------------------------------- */
@@ -878,6 +947,11 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
                    "they go in pairs", (unsigned)req.more_seqs_count, more.n);
         goto fail;
     }
+    ps_scalar_set sc;   /* refused before anything is accumulated */
+    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+        ps_err_prefix(&err, "BackwardRequest");
+        goto fail;
+    }
     if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
     size_t ncov = 1 + more.n;
     if (req.want_input_grad) {
@@ -944,14 +1018,15 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         int deferred;
         ps_ctx *held = c;
         c = NULL;  /* step_context finishes, releases or queues it */
-        if (step_context(s, info, held, req.round, 1.0f, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
+        if (step_context(s, info, held, req.round, 1.0f, &sc, 1, items, gbuf, nitems, response, &deferred, &err))
+            goto fail;
         if (deferred) items = NULL, gbuf = NULL;  /* the round owns them */
         goto done;
     }
     step_result r = {.version = ps_model_version(s->model)};
     if (c->grads && ps_grads_sq_norm(s->model, c->grads, &r.sq_norm, &err)) goto fail;
     ps_wire_named_list list = {items, nitems};
-    if (encode_step_result(1, &r, &list, response, &err)) goto fail;
+    if (encode_step_result(s, 1, &r, &list, response, &err)) goto fail;
     goto done;
 fail:
     fail(code, details, dlen, &err);
@@ -1036,17 +1111,23 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     ps_err err = {0};
     ps_StepRequest req = ps_StepRequest_init_zero;
     if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err)) goto fail;
+    ps_scalar_set sc;
+    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+        ps_err_prefix(&err, "StepRequest");
+        goto fail;
+    }
     int finished = 0;
     uint64_t v = 0;
     ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         step_result r = {.version = v};
-        if (encode_step_result(0, &r, NULL, response, &err)) goto fail;
+        if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
         return;
     }
     if (!c) goto fail;
     int deferred;
-    if (step_context(s, info, c, req.round, req.grad_scale, 0, NULL, NULL, 0, response, &deferred, &err)) goto fail;
+    if (step_context(s, info, c, req.round, req.grad_scale, &sc, 0, NULL, NULL, 0, response, &deferred, &err))
+        goto fail;
     return;
 fail:
     fail(code, details, dlen, &err);
@@ -1318,6 +1399,14 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     }
     resp.sync_dropped = cs.dropped;
     resp.ssp_deferred = cs.ssp_deferred;
+    ps_round_report rep;
+    ps_rmetrics_latest(s->rm, &rep);
+    put_round_scalars(&rep, resp.round_scalars, &resp.round_scalars_count,
+                      (pb_size_t)(sizeof resp.round_scalars / sizeof resp.round_scalars[0]));
+    resp.metrics_round = rep.round;
+    resp.solved = rep.solved;
+    snprintf(resp.stop_metric, sizeof resp.stop_metric, "%s", s->stop_metric);
+    resp.stop_threshold = s->stop_threshold;
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 
@@ -1373,4 +1462,11 @@ const ps_rpc_method *ps_service_methods(int *n) {
     pthread_once(&methods_once, methods_fill);
     *n = PS_M_COUNT;
     return methods;
+}
+
+void ps_service_round_metrics(ps_service *s, struct ps_round_report *out, const char **stop_metric,
+                              double *stop_threshold) {
+    ps_rmetrics_latest(s->rm, out);
+    if (stop_metric) *stop_metric = s->stop_metric;
+    if (stop_threshold) *stop_threshold = s->stop_threshold;
 }

@@ -366,13 +366,17 @@ def test_modes(stub, mode):
         done = {1: 0, 2: 0, 3: 0}
         lag = []
         lock = threading.Lock()
+        joined = threading.Event()   # the slow trainer is known to psd before the fast ones start
 
         def trainer(rank):
             rng = np.random.default_rng(rank)
+            if rank != 3:
+                assert joined.wait(60), "the slow trainer never made its first Forward"
             for i in range(6 if rank == 3 else 8):
                 ctx = 0x5000000 + rank * 100 + i
                 stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=rank,
                                                    input=tensor(rng.uniform(-0.05, 0.05, (1, 4)))), timeout=120)
+                joined.set()
                 with lock:
                     if rank != 3 and done[3] < 6:
                         lag.append(done[rank] - done[3])

@@ -244,7 +244,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK_MSG(keys == 56, "%d keys", keys);
+    CHECK_MSG(keys == 61, "%d keys", keys);
     free(text);
 }
 
@@ -532,7 +532,7 @@ static void test_cli(void) {
  * up to ps_model_max_batch; beyond it the error names the key, the value
  * and the range, from the command line and from a file. */
 static void test_batch_size_limit(void) {
-    ps_model_opts o = {.arch = "mnist_cnn", .cpu_backend = "ref", .seed = 1, .compute_threads = 1};
+    ps_model_opts o = {.arch = "mnist_cnn", .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.03f};
     ps_err e;
     ps_err_clear(&e);
     ps_model *m = ps_model_create(&o, &e);

@@ -373,6 +373,50 @@ int main(void) {
     CHECK(v2 > v1);
     CHECK(ps_client_step(cl, ctx + 1, &v1, &err) == PS_OK && v1 == v2);
 
+    /* Round metrics (hogwild: a round per Step by default): the Step's
+     * scalars come back as its round's stats; bad scalars are refused
+     * naming the scalar, before anything is applied. */
+    if (!ext) {
+        uint64_t c3 = ctx + 2, vb = 0;
+        CHECK(ps_client_forward(cl, c3, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        CHECK(ps_client_backward(cl, c3, grad, n, 10, 0, NULL, &err) == PS_OK);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        vb = st.model_version;
+        ps_client_scalar bad[2] = {{"reward", 3}, {"reward", 4}};
+        CHECK(ps_client_step_scalars(cl, c3, 0, bad, 2, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "StepRequest") && strstr(err.msg, "twice"), "%s", err.msg);
+        ps_client_scalar nan_sc[1] = {{"loss", NAN}};
+        CHECK(ps_client_step_scalars(cl, c3, 0, nan_sc, 1, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "'loss'") && strstr(err.msg, "not finite"), "%s", err.msg);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK && st.model_version == vb);  /* nothing applied */
+        ps_client_scalar good[2] = {{"reward", 17}, {"tokens", 4}};
+        ps_client_step_out so;
+        ps_client_round rep;
+        CHECK(ps_client_step_scalars(cl, c3, 0, good, 2, &so, &rep, &err) == PS_OK);
+        CHECK(so.version == vb + 1);
+        const ps_client_round_scalar *rw = ps_client_round_find(&rep, "reward");
+        CHECK(rep.n == 2 && rw && rw->count == 1 && rw->min == 17 && rw->mean == 17 && rw->max == 17 &&
+              rw->ema == 17 && !rep.solved);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.metrics_round == rep.metrics_round && st.round_scalars_count == 2 &&
+              !strcmp(st.round_scalars[0].name, "reward") && st.round_scalars[0].max == 17);
+        /* ... and with Backward(step) */
+        uint64_t c4 = ctx + 3;
+        CHECK(ps_client_forward(cl, c4, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        uint32_t seq0 = 0;
+        ps_client_tensor gt = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {n, 10}, .data = grad};
+        ps_client_scalar bsc[1] = {{"bad name!", 1}};
+        ps_client_bwd b = {.ctx = c4, .n = 1, .seqs = &seq0, .grads = &gt, .step = 1, .scalars = bsc, .nscalars = 1};
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "BackwardRequest") && strstr(err.msg, "scalars[0].name"), "%s", err.msg);
+        bsc[0].name = "reward";
+        bsc[0].value = 5;
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_OK && so.version == vb + 2);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.metrics_round == rep.metrics_round + 1 && st.round_scalars_count == 1 &&
+              st.round_scalars[0].max == 5 && st.round_scalars[0].ema == 5 * 0.05 + 17 * 0.95);
+    }
+
     /* Unknown contexts. */
     CHECK(ps_client_backward(cl, 0xdeadbeefULL, grad, n, 10, 0, NULL, &err) == PS_ERR_NOT_FOUND);
     CHECK(strstr(err.msg, "unknown context") != NULL);

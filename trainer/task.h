@@ -64,6 +64,8 @@ typedef struct ps_task_round {
     double loss;
     long samples;           /* samples (or environment steps) it trained on */
     uint64_t version;       /* psd's model version after its step */
+    int printed;            /* the task printed its own progress line: the driver prints none */
+    int stop;               /* the task is done (e.g. psd says it is solved): no further rounds */
 } ps_task_round;
 
 typedef struct ps_task {
