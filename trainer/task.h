@@ -14,7 +14,8 @@
  *  - cartpole: one episode - act with Forwards under one context, then
  *    Backward of the returns, Step;
  *  - lm: one BPTT window - Forward the embedding, run the local LSTM,
- *    Forward the decoder, Backward both, Step.
+ *    Forward the decoder (with the targets: psd's loss), Backward the
+ *    embedding, PushGradients of the LSTM, Step (task_lm.c).
  *
  * Lifecycle, on one thread:
  *   create -> set_flag (task flags without a config key) -> init (config
