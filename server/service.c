@@ -727,7 +727,7 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
     int skipped = w->ctx->nonfinite;
     if (skipped) count(&s->nonfinite_skipped);
     ps_ctx_table_finish(s->ctx, w->ctx, version);
-    step_result r = {version, round, members, skipped, &w->report};
+    step_result r = {.version = version, .round = round, .members = members, .skipped = skipped, .metrics = &w->report};
     grpc_byte_buffer *resp = NULL;
     ps_err e = {0};
     if (encode_step_result(s, w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
