@@ -61,7 +61,9 @@ ps_status ps_isa_check(const ps_model_opts *opts, int batch, ps_isa_report *r, p
     if (!m) return err->code ? err->code : PS_ERR_INTERNAL;
     if (batch > ps_model_max_batch(m)) batch = ps_model_max_batch(m);
     ps_status st = PS_OK;
-    for (int s = 0; s < ps_model_num_stages(m) && st == PS_OK; s++) st = probe_stage(m, s, batch, err);
+    for (int s = 0; s < ps_model_num_stages(m) && st == PS_OK; s++)
+        if (!ps_model_stage(m, s)->params_only)  /* computed on the trainers, never here */
+            st = probe_stage(m, s, batch, err);
     size_t len = 0;
     for (int s = 0; st == PS_OK && ps_model_stage_backend(m, s); s++) {
         r->nfallback += ps_backend_fallbacks(ps_model_stage_backend(m, s), r->fallbacks + len,
