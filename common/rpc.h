@@ -63,7 +63,8 @@
 
 #include "status.h"
 
-#define PS_RPC_REQUESTS_ARMED 8    /* grpc_server_request_call()s kept outstanding */
+#define PS_RPC_REQUESTS_ARMED 64   /* grpc_server_request_call()s kept outstanding */
+#define PS_RPC_EVENT_THREADS 2     /* threads polling the server's completion queue */
 #define PS_RPC_DETAILS_MAX 512     /* size of the details buffer handlers get */
 #define PS_RPC_DEFAULT_MAX_CALLS 256         /* see ps_rpc_server_opts */
 #define PS_RPC_DEFAULT_MAX_RESERVED_CALLS 32
@@ -222,7 +223,57 @@ typedef struct ps_rpc_server_opts {
     int max_reserved_calls; /* same for reserved methods; 0 = default */
     int max_message_bytes;  /* > 0 sets the receive and send limits (gRPC's
                                default is 4 MiB) */
+    /* Limits against hostile or careless clients (docs/security.md). A
+     * "client" is the caller's token with tokens configured, else its peer
+     * host (the address without the port: every connection from a host is
+     * one client). */
+    int max_calls_per_client;    /* ordinary calls one client may hold at
+                                    once; 0 = max_calls / 4 (at least 1).
+                                    Reserved calls: max_reserved_calls / 4
+                                    (at least 2) per client. Past it:
+                                    RESOURCE_EXHAUSTED naming the limit. */
+    int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS;
+                                       0 = PS_RPC_DEFAULT_MAX_STREAMS */
+    int max_connection_age_ms;   /* > 0: GOAWAY after this long (clients
+                                    reconnect); calls in flight get
+                                    max_connection_age_grace_ms */
+    int max_connection_age_grace_ms;
+    long long transport_memory_bytes; /* gRPC resource quota for the
+                                    transport's buffers; 0 = default
+                                    (PS_RPC_DEFAULT_TRANSPORT_MEMORY), < 0 = none */
+    int recv_timeout_ms;         /* an accepted call must deliver its request
+                                    message within this; then it is cancelled
+                                    (DEADLINE_EXCEEDED); 0 = default */
+    int send_timeout_ms;         /* a reply the client does not take (flow
+                                    control) within this is cancelled; 0 = default */
+    int max_resets_per_s;        /* a connection whose streams end before
+                                    their request message more often than
+                                    this in one second (HTTP/2 rapid reset)
+                                    is closed; 0 = default */
 } ps_rpc_server_opts;
+
+#define PS_RPC_DEFAULT_MAX_STREAMS 64
+#define PS_RPC_DEFAULT_TRANSPORT_MEMORY (512LL << 20)
+#define PS_RPC_DEFAULT_RECV_TIMEOUT_MS 30000
+#define PS_RPC_DEFAULT_SEND_TIMEOUT_MS 60000
+#define PS_RPC_DEFAULT_MAX_RESETS 200
+
+/* What admission control did, since the server started (a snapshot). */
+typedef struct ps_rpc_admission {
+    int calls, reserved_calls;      /* accepted and unfinished, per class */
+    int clients;                    /* clients holding calls now */
+    unsigned long long refused_busy;    /* call cap reached */
+    unsigned long long refused_client;  /* per-client cap reached */
+    unsigned long long refused_auth;    /* no/unknown token, method not allowed */
+    unsigned long long recv_timeouts;   /* request message never came */
+    unsigned long long send_timeouts;   /* reply never taken */
+    unsigned long long conns_cut;       /* connections closed for rapid reset */
+    double saturated_s;             /* how long ordinary calls have been
+                                       refused for the call cap without a
+                                       break of more than 1 s; 0 = not now */
+} ps_rpc_admission;
+
+void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out);
 
 /* Create a server listening on listen_addr ("0.0.0.0:50051",
  * "127.0.0.1:0" for any free port, "[::]:50051", "unix:/path") with

@@ -264,6 +264,7 @@ int main(int argc, char **argv) {
         .settle_window_s = cfg.server.settle_window_s,
         .max_finished = (size_t)cfg.server.max_finished,
         .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
+        .max_context_bytes = (size_t)cfg.server.max_context_bytes,
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     if (svc && have_ckpt) {
@@ -282,8 +283,21 @@ int main(int argc, char **argv) {
     if (why[0]) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "cannot listen on %s (server.listen): %s", cfg.server.listen, why);
     } else if (metrics && ps_security_server(&cfg, &sec, &err) == PS_OK) {
-        srv = ps_rpc_server_create_secure(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes,
-                                          methods, nm, metrics, &sec.rpc, &err);
+        ps_rpc_server_opts ro = {
+            .threads = cfg.server.threads,
+            .max_calls = cfg.server.max_calls,
+            .max_calls_per_client = cfg.server.max_calls_per_client,
+            .max_message_bytes = (int)so.max_message_bytes,
+            .max_streams_per_connection = cfg.server.max_streams_per_connection,
+            .max_connection_age_ms = (int)(cfg.server.max_connection_age_s * 1000 > 2e9
+                                               ? 2e9 : cfg.server.max_connection_age_s * 1000),
+            .transport_memory_bytes = cfg.server.transport_memory_mb > 0
+                                          ? (long long)cfg.server.transport_memory_mb << 20 : -1,
+            .recv_timeout_ms = (int)(cfg.server.recv_timeout_s * 1000),
+            .send_timeout_ms = (int)(cfg.server.send_timeout_s * 1000),
+        };
+        srv = ps_rpc_server_create_opts(cfg.server.listen, &ro, methods, nm, metrics, &sec.rpc, &err);
+        if (srv) ps_service_set_admission(svc, srv, cfg.server.health_saturated_s);
         ps_log(PS_LOG_INFO, "transport: %s%s; %d token%s", cfg.security.tls ? "TLS" : "plaintext",
                cfg.security.mutual_tls ? " with client certificates" : "", sec.ntokens,
                sec.ntokens == 1 ? "" : "s");

@@ -39,6 +39,8 @@ struct ps_service {
     uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
     char consistency[256];
     int draining;                /* __atomic */
+    ps_rpc_server *rpc;          /* admission counters (set before start) */
+    double saturated_limit_s;
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
     ps_ckpt_info ckpt;
@@ -60,7 +62,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->model = model;
     ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts,
                             .settle_window_s = o->settle_window_s, .max_finished = o->max_finished,
-                            .grads_free = grads_free_cb};
+                            .grads_free = grads_free_cb, .max_bytes = o->max_context_bytes};
     s->ctx = ps_ctx_table_create(&to);
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
@@ -141,6 +143,34 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
 
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
+
+void ps_service_set_admission(ps_service *s, ps_rpc_server *srv, double saturated_limit_s) {
+    s->rpc = srv;
+    s->saturated_limit_s = saturated_limit_s;
+}
+
+int ps_service_admission(ps_service *s, ps_rpc_admission *a) {
+    ps_rpc_server_admission(s->rpc, a);  /* zeros for NULL */
+    return s->rpc != NULL;
+}
+
+int ps_service_serving(ps_service *s, char *why, size_t n) {
+    if (ps_service_draining(s)) {
+        if (why) snprintf(why, n, "draining");
+        return 0;
+    }
+    if (s->rpc && s->saturated_limit_s > 0) {
+        ps_rpc_admission a;
+        ps_rpc_server_admission(s->rpc, &a);
+        if (a.saturated_s > s->saturated_limit_s) {
+            if (why) snprintf(why, n, "saturated: every new call refused for %.0f s (server.max_calls)",
+                              a.saturated_s);
+            return 0;
+        }
+    }
+    if (why) snprintf(why, n, "serving");
+    return 1;
+}
 void ps_service_set_samples(ps_service *s, uint64_t n) { __atomic_store_n(&s->samples, n, __ATOMIC_RELAXED); }
 double ps_service_uptime(ps_service *s) { return mono_now() - s->start; }
 
@@ -303,8 +333,23 @@ static int join_dims(int64_t *out, const int64_t *lead, int nlead, const int64_t
 
 /* ---- Forward ---------------------------------------------------------------- */
 
+/* Whom a call's contexts belong to (ctx_table.h "Fair shares"): the
+ * caller's token name, or its peer host without tokens (every connection
+ * from a host is one client; trainer_rank is whatever a client claims). */
+static void owner_of(const ps_rpc_call_info *info, char *dst, size_t n) {
+    if (info && info->principal && info->principal[0]) {
+        snprintf(dst, n, "token:%s", info->principal);
+        return;
+    }
+    snprintf(dst, n, "%s", info && info->peer ? info->peer : "");
+    if (!strncmp(dst, "unix", 4)) return;
+    char *colon = strrchr(dst, ':'), *bracket = strrchr(dst, ']');
+    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+}
+
 /* A decoded Forward: what forward_run needs, also after an ssp wait. */
 typedef struct fwd_req {
+    char owner[64];
     ps_service *svc;
     ps_ForwardRequest req;
     ps_wire_tensor_in in;
@@ -324,8 +369,8 @@ typedef struct fwd_node {
 } fwd_node;
 
 /* Runs a decoded, validated Forward; *response or err. */
-static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
-                             grpc_byte_buffer **response, ps_err *err) {
+static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardRequest *req,
+                             const ps_wire_tensor_in *in, grpc_byte_buffer **response, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -369,7 +414,7 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
     ps_status st = PS_OK;
     if (req->train) {
         ps_ctx_table_note_rank(s->ctx, req->trainer_rank);
-        if (!(c = ps_ctx_table_open(s->ctx, req->context_id, req->trainer_rank, NULL, err))) {
+        if (!(c = ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, owner, NULL, err))) {
             st = err->code;
             goto out;
         }
@@ -390,6 +435,9 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
             }
             if (st) goto out;
         }
+        /* the tape's memory, admitted before it is computed */
+        if (!replayed && (st = ps_ctx_table_reserve(s->ctx, c, ps_model_tape_bytes(s->model, (int)n), err)))
+            goto out;
         if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
                                          dropout_seed(req->context_id, req->seq), out, &tape, &version, err)))
             goto out;
@@ -463,7 +511,7 @@ static void *exec_main(void *p) {
         free(node);
         grpc_byte_buffer *resp = NULL;
         ps_err err = {0};
-        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
@@ -485,6 +533,7 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
         return;
     }
     f->svc = s;
+    owner_of(info, f->owner, sizeof f->owner);
     f->req = (ps_ForwardRequest)ps_ForwardRequest_init_zero;
     ps_wire_tensor_in_init(&f->in, s->max_tensor_bytes);
     f->in.err = &err;
@@ -504,14 +553,14 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
         f->call = ps_rpc_call_defer(info, NULL, NULL);
         if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
         grpc_byte_buffer *resp = NULL;
-        if (forward_run(s, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
         fwd_req_free(f);
         return;
     }
-    if (forward_run(s, &f->req, &f->in, response, &err)) goto fail;
+    if (forward_run(s, f->owner, &f->req, &f->in, response, &err)) goto fail;
     fwd_req_free(f);
     return;
 fail:
@@ -785,6 +834,9 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         goto fail;
     }
     if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    /* the first Backward of a context allocates its gradient accumulator */
+    if (!c->grads && ps_ctx_table_reserve(s->ctx, c, (size_t)ps_model_num_weights(s->model) * sizeof(float), &err))
+        goto fail;
     size_t ncov = 1 + more.n;
     if (req.want_input_grad) {
         /* one input gradient per covered forward: sizes from their tapes */
@@ -1084,8 +1136,8 @@ static void handle_health_check(void *user, const ps_rpc_call_info *info, const 
         return;
     }
     grpc_health_v1_HealthCheckResponse resp = grpc_health_v1_HealthCheckResponse_init_zero;
-    resp.status = ps_service_draining(s) ? grpc_health_v1_HealthCheckResponse_ServingStatus_NOT_SERVING
-                                         : grpc_health_v1_HealthCheckResponse_ServingStatus_SERVING;
+    resp.status = !ps_service_serving(s, NULL, 0) ? grpc_health_v1_HealthCheckResponse_ServingStatus_NOT_SERVING
+                                                  : grpc_health_v1_HealthCheckResponse_ServingStatus_SERVING;
     reply(grpc_health_v1_HealthCheckResponse_fields, &resp, response, code, details, dlen);
 }
 
