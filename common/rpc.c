@@ -428,6 +428,8 @@ struct ps_rpc_server {
     int log_lines;
     unsigned long long log_dropped;
     atomic_ullong refused_auth;
+    atomic_llong auth_window;           /* transport_auth: failures in this second */
+    atomic_int auth_fails;
     grpc_resource_quota *quota;
     atomic_llong next_scan;
 };
@@ -815,6 +817,18 @@ static void transport_auth(void *state, grpc_auth_context *ctx, const grpc_metad
         cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_OK, NULL);
         return;
     }
+    /* A flood of calls without a valid token (more than max_resets_per_s in
+     * a second): pass them on to call_authorize, which refuses them just
+     * the same but knows their connection, so that a connection that
+     * floods is found and closed (on_request) - here gRPC says nothing
+     * about where a call comes from. */
+    long long w = now_ms() / 1000;
+    long long cur = atomic_load(&s->auth_window);
+    if (cur != w && atomic_compare_exchange_strong(&s->auth_window, &cur, w)) atomic_store(&s->auth_fails, 0);
+    if (atomic_fetch_add(&s->auth_fails, 1) >= s->opts.max_resets_per_s) {
+        cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_OK, NULL);
+        return;
+    }
     atomic_fetch_add(&s->refused_auth, 1);
     cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_UNAUTHENTICATED,
        val ? "invalid token" : "no credentials: this server needs the metadata "
@@ -932,8 +946,12 @@ static void on_request(ps_rpc_call *c, int success) {
     client_key(c->client, sizeof c->client, c->who >= 0 ? s->tokens[c->who].name : NULL, rawpeer);
     gpr_free(rawpeer);
     int cap = c->cls == CLASS_RESERVED ? s->opts.max_reserved_calls : s->opts.max_calls;
-    int ccap = c->cls == CLASS_RESERVED ? s->opts.max_reserved_calls / 4 : s->opts.max_calls_per_client;
-    if (c->cls == CLASS_RESERVED && ccap < 2) ccap = 2;
+    /* reserved calls: the same fraction of their cap, at least 2 */
+    int ccap = s->opts.max_calls_per_client;
+    if (c->cls == CLASS_RESERVED) {
+        ccap = (int)((long long)s->opts.max_reserved_calls * s->opts.max_calls_per_client / s->opts.max_calls);
+        if (ccap < 2) ccap = 2;
+    }
     double now = now_ms() / 1000.0;
     pthread_mutex_lock(&s->mu);
     int n = s->ncalls[c->cls], mine = -1;
@@ -1308,7 +1326,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.reserved_threads == 0) o.reserved_threads = PS_RPC_DEFAULT_RESERVED_THREADS;
     if (o.max_calls == 0) o.max_calls = PS_RPC_DEFAULT_MAX_CALLS;
     if (o.max_reserved_calls == 0) o.max_reserved_calls = PS_RPC_DEFAULT_MAX_RESERVED_CALLS;
-    if (o.max_calls_per_client == 0) o.max_calls_per_client = o.max_calls / 4 > 0 ? o.max_calls / 4 : 1;
+    if (o.max_calls_per_client == 0) o.max_calls_per_client = o.max_calls;
     if (o.max_streams_per_connection == 0) o.max_streams_per_connection = PS_RPC_DEFAULT_MAX_STREAMS;
     if (o.transport_memory_bytes == 0) o.transport_memory_bytes = PS_RPC_DEFAULT_TRANSPORT_MEMORY;
     if (o.recv_timeout_ms == 0) o.recv_timeout_ms = PS_RPC_DEFAULT_RECV_TIMEOUT_MS;

@@ -228,10 +228,11 @@ typedef struct ps_rpc_server_opts {
      * host (the address without the port: every connection from a host is
      * one client). */
     int max_calls_per_client;    /* ordinary calls one client may hold at
-                                    once; 0 = max_calls / 4 (at least 1).
-                                    Reserved calls: max_reserved_calls / 4
-                                    (at least 2) per client. Past it:
-                                    RESOURCE_EXHAUSTED naming the limit. */
+                                    once; 0 = max_calls (no per-client
+                                    limit). Reserved calls: the same
+                                    fraction of max_reserved_calls (at least
+                                    2). Past it: RESOURCE_EXHAUSTED naming
+                                    the limit. */
     int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS;
                                        0 = PS_RPC_DEFAULT_MAX_STREAMS */
     int max_connection_age_ms;   /* > 0: GOAWAY after this long (clients

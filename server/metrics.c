@@ -177,6 +177,8 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
            "request (recv) or never took its reply (send).");
     put(&b, "psd_calls_stalled_total{phase=\"recv\"} %llu\n", ad.recv_timeouts);
     put(&b, "psd_calls_stalled_total{phase=\"send\"} %llu\n", ad.send_timeouts);
+    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset.");
+    put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
     put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);
     put(&b, "psd_calls_in_progress{class=\"reserved\"} %d\n", ad.reserved_calls);

@@ -286,7 +286,8 @@ int main(int argc, char **argv) {
         ps_rpc_server_opts ro = {
             .threads = cfg.server.threads,
             .max_calls = cfg.server.max_calls,
-            .max_calls_per_client = cfg.server.max_calls_per_client,
+            .max_calls_per_client = cfg.server.max_calls_per_client > 0 ? cfg.server.max_calls_per_client
+                                    : (cfg.server.max_calls / 4 > 0 ? cfg.server.max_calls / 4 : 1),
             .max_message_bytes = (int)so.max_message_bytes,
             .max_streams_per_connection = cfg.server.max_streams_per_connection,
             .max_connection_age_ms = (int)(cfg.server.max_connection_age_s * 1000 > 2e9

@@ -40,6 +40,7 @@ struct ps_service {
     char consistency[256];
     int draining;                /* __atomic */
     ps_rpc_server *rpc;          /* admission counters (set before start) */
+    size_t max_context_bytes;
     double saturated_limit_s;
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
@@ -92,6 +93,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
     pthread_mutex_init(&s->ckpt_mu, NULL);
     s->nonfinite_skip = o->nonfinite_skip;
+    s->max_context_bytes = o->max_context_bytes;
     return s;
 }
 
@@ -1114,6 +1116,17 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     }
     resp.sync_dropped = cs.dropped;
     resp.ssp_deferred = cs.ssp_deferred;
+    resp.context_bytes = st.bytes;
+    resp.max_context_bytes = s->max_context_bytes;
+    resp.contexts_evicted = st.evicted;
+    resp.contexts_refused = st.refused;
+    resp.context_clients = (uint32_t)st.owners;
+    ps_rpc_admission ad;
+    ps_service_admission(s, &ad);
+    resp.calls_refused = ad.refused_busy + ad.refused_client + ad.refused_auth;
+    resp.calls_stalled = ad.recv_timeouts + ad.send_timeouts;
+    resp.connections_closed = ad.conns_cut;
+    resp.admission_saturated_s = ad.saturated_s;
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 

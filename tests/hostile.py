@@ -242,6 +242,7 @@ def main():
     ap.add_argument("--max-rss-mb", type=float)
     ap.add_argument("--max-latency-s", type=float)
     ap.add_argument("--expect-ended", action="store_true")
+    ap.add_argument("--expect-cut", action="store_true", help="reset: psd must close the connection")
     a = ap.parse_args()
     if not a.host.startswith(LOOPBACK) or not a.source.startswith(LOOPBACK):
         sys.exit("hostile.py: loopback targets only")
@@ -325,6 +326,8 @@ def main():
                     conns.append(c)
             extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on "
                      f"{len(conns)} connection(s), {cut} closed by psd")
+            if a.expect_cut and cut < 1:
+                good.failed.append("psd never closed the resetting connection")
     finally:
         for c in conns:
             c.close()
