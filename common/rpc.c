@@ -7,11 +7,17 @@
  *     tokens, method and call cap checked; a refused call gets one batch
  *     {SEND_INITIAL_METADATA, SEND_STATUS, RECV_CLOSE_ON_SERVER} and its
  *     message is never read. Otherwise two batches: {RECV_CLOSE_ON_SERVER}
- *     (tag CLOSE) and {SEND_INITIAL_METADATA, RECV_MESSAGE} (tag RECV).
+ *     (tag CLOSE) and {RECV_MESSAGE} (tag RECV); initial metadata goes
+ *     with the reply.
  *   --E: RECV ok--> queued on the class's FIFO
  *   --W: handler--> replied: {SEND_MESSAGE, SEND_STATUS} (tag SEND)
  *                or deferred --A: ps_rpc_call_complete--> replied
  *   --E: CLOSE and SEND done--> finished.
+ * Limits (rpc.h, docs/security.md): per-class and per-client call caps at
+ * accept; scan_timeouts (every 200 ms on an event thread) cancels calls
+ * waiting too long for their message or for the client to take the reply;
+ * a connection that resets streams faster than allowed, or holds far more
+ * call objects than its stream limit allows, is cut (cut_connection).
  * CLOSE completing before a reply was sent means cancelled: a queued call
  * is then dropped unhandled, a deferred one gets on_cancel (never while its
  * handler runs) and its later complete sends nothing.

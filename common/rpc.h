@@ -12,11 +12,13 @@
  * blocks no signals itself.
  *
  * Server threading model (calls are objects, not threads):
- *  - One event thread drives a single completion queue: it accepts calls,
- *    checks tokens, refuses what it must, and starts the asynchronous
- *    receive of each request message. It never runs a handler and never
- *    waits on the network, so a client that never sends its message holds
- *    one call object, not a thread.
+ *  - PS_RPC_EVENT_THREADS event threads drive a single completion queue:
+ *    they accept calls, check tokens, refuse what they must, and start the
+ *    asynchronous receive of each request message. They never run a
+ *    handler and never wait on the network, so a client that never sends
+ *    its message holds one call object, not a thread (and only until
+ *    opts.recv_timeout_ms). They also enforce the limits against hostile
+ *    clients listed with ps_rpc_server_opts.
  *  - PS_RPC_REQUESTS_ARMED generic grpc_server_request_call()s are kept
  *    outstanding: a fresh one is armed as soon as one is matched, so the
  *    number of accepted calls is bounded only by opts.max_calls (ordinary
@@ -37,9 +39,10 @@
  *    ps_rpc_call_complete(). Deferred calls cost no thread.
  *  - Per call: at accept, batch {RECV_CLOSE_ON_SERVER} (completes when the
  *    call ends: reply sent, client cancelled, deadline passed, server
- *    cancelled) and batch {SEND_INITIAL_METADATA, RECV_MESSAGE}; after the
- *    handler or ps_rpc_call_complete, batch {SEND_MESSAGE (only on OK),
- *    SEND_STATUS_FROM_SERVER}. Batches of one call are started under the
+ *    cancelled) and batch {RECV_MESSAGE}; after the handler or
+ *    ps_rpc_call_complete, batch {SEND_INITIAL_METADATA, SEND_MESSAGE (only
+ *    on OK), SEND_STATUS_FROM_SERVER} (initial metadata with the reply: a
+ *    call reset before its message costs no write). Batches of one call are started under the
  *    call's lock.
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
