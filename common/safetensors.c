@@ -538,7 +538,9 @@ ps_st_file *ps_st_read(const char *path, ps_err *err) {
     int fd = -1;
     if (!f) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path); return NULL; }
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (or device) named like the file must not block
+     * psd here; anything but a regular file is refused below. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s",
                         path, strerror(errno));
