@@ -794,9 +794,9 @@ static grpc_status_code call_authorize(ps_rpc_call *c, char *details, size_t dle
     if (!m) return GRPC_STATUS_OK;
     for (; *m; m++)
         if (grpc_slice_str_cmp(c->details.method, *m) == 0) return GRPC_STATUS_OK;
-    char *method = grpc_slice_to_c_string(c->details.method);
+    char method[160];
+    escape_slice(method, sizeof method, c->details.method);
     snprintf(details, dlen, "token '%s' may not call %s", s->tokens[who].name, method);
-    gpr_free(method);
     return GRPC_STATUS_PERMISSION_DENIED;
 }
 
@@ -1121,8 +1121,11 @@ static void run_call(ps_rpc_call *c) {
         if (resp) grpc_byte_buffer_destroy(resp);
         fire = cancel_due_locked(c);
     } else {
-        if (code != GRPC_STATUS_OK)
-            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
+        if (code != GRPC_STATUS_OK && PS_LOG_DEBUG >= ps_log_get_level()) {
+            char esc[PS_RPC_DETAILS_MAX];  /* details may quote what the client sent */
+            escape_str(esc, sizeof esc, details);
+            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), esc);
+        }
         reply_locked(c, resp, code, details);
     }
     gpr_free(method);

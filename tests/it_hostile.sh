@@ -16,7 +16,10 @@
 #       closed -> psd closes each such connection; RSS bounded;
 #  2. mutual TLS + tokens: the same rapid reset without a token (refused in
 #     the transport), and with a valid token (connections closed);
-#  3. the context memory budget shared per token (tests/hostile_ctx.py).
+#  3. the context memory budget shared per token (tests/hostile_ctx.py);
+#  4. the metrics/health port answers with 1,100 idle gRPC connections open
+#     (libmicrohttpd on epoll, not select: tests/many_conns.py);
+#  5. ps-train refuses test images of other dimensions than the model's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -74,6 +77,12 @@ attack "rapid reset without a token (mTLS)" reset 127.0.0.1 "$port" "$psd" 8 "${
   --max-rss-mb 1000 --max-latency-s 8
 attack "rapid reset with a reader token (mTLS)" reset 127.0.0.1 "$port" "$psd" 8 "${tls[@]}" --token "$tr" \
   --good-token "$tt" --max-rss-mb 1000 --max-latency-s 8 --expect-cut
+attack "forged log lines in method paths (mTLS, reader token)" forge 127.0.0.1 "$port" "$psd" 1 "${tls[@]}" \
+  --token "$tr" --good-token "$tt"
+! grep -a -q "^2026-01-01T00:00:00.000Z psd\[error\] FORGED\|^<0>psd" "$tmp/psd2.log" || fail "a client forged a log line"
+grep -a -q 'Forward\\x0a2026-01-01T00:00:00.000Z psd\[error\] FORGED LINE\\x1b' "$tmp/psd2.log" ||
+  fail "the refused forged path was not logged escaped"
+echo "ok: method paths with newline/ESC are logged escaped: $(grep -a -o 'Forward\\x0a2026.\{0,40\}' "$tmp/psd2.log" | head -n 1)"
 attack "stalled requests with a reader token (mTLS)" stall 127.0.0.1 "$port" "$psd" 8 "${tls[@]}" --token "$tr" \
   --good-token "$tt" --n 300 --max-rss-mb 300 --max-latency-s 5 --expect-ended
 stop_psd
@@ -89,6 +98,42 @@ PYTHONPATH="$tmp" timeout 150 $PY tests/hostile_ctx.py "127.0.0.1:$port" "$psd" 
   >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "context budget"; }
 echo "ok: $(cat "$tmp/out")"
 stop_psd
+
+# 4. the metrics/health port with more than 1,024 descriptors open in psd
+if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 2048 ]; then
+  mport=$(( 20000 + RANDOM % 20000 ))
+  (ulimit -n 2048; exec "$BUILD/bin/psd" --listen "127.0.0.1:$((mport + 1))" --set server.log_level=warn \
+     --set server.metrics_listen="127.0.0.1:$mport" 2>"$tmp/psd4.log") &
+  psd=$!; pids+=("$psd"); port=$((mport + 1))
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
+  timeout 120 $PY tests/many_conns.py "$port" "$mport" 1100 >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "metrics port"; }
+  echo "ok: $(cat "$tmp/out")"
+  stop_psd
+else
+  echo "note: metrics port with 1,100 connections not checked (hard descriptor limit $(ulimit -Hn))"
+fi
+
+# 5. a careless user: test images of other dimensions than the training
+#    images (were copied past the end of the batch buffer)
+mkdir -p "$tmp/d"
+ln -s "$(pwd)/data/mnist/train-images-idx3-ubyte" "$tmp/d/" 2>/dev/null || true
+ln -s "$(pwd)/data/mnist/train-labels-idx1-ubyte" "$tmp/d/" 2>/dev/null || true
+$PY - "$tmp/d" <<'PYEOF'
+import struct, sys
+d = sys.argv[1]
+n, r, c = 600, 32, 32
+open(f"{d}/t10k-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, r, c) + bytes(n * r * c))
+open(f"{d}/t10k-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(n))
+PYEOF
+if [ -e data/mnist/train-images-idx3-ubyte ]; then
+  start_psd psd5.log
+  if "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --data "$tmp/d" --max-batches 2 --wait-s 5 >"$tmp/out" 2>&1; then
+    cat "$tmp/out"; fail "ps-train accepted 32x32 test images for a 28x28 model"; fi
+  grep -q "test (t10k-images-idx3-ubyte) images are 32x32, but model mnist_cnn takes 28x28" "$tmp/out" ||
+    { cat "$tmp/out"; fail "no clear error for 32x32 test images"; }
+  echo "ok: ps-train refuses test images of other dimensions: $(grep -o 'the test.*' "$tmp/out" | head -n 1)"
+  stop_psd
+fi
 
 trap - EXIT
 cleanup
