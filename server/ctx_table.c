@@ -15,6 +15,7 @@
 typedef struct fin_entry {
     uint64_t id;
     uint64_t version;
+    int skipped;                   /* its step was skipped (non-finite values) */
     double time;
     struct fin_entry *chain;
     struct fin_entry *fifo_next;
@@ -153,7 +154,7 @@ static void trim_finished_locked(ps_ctx_table *t, double now) {
         evict_oldest_locked(t);
 }
 
-static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version) {
+static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version, int skipped) {
     fin_entry *f = malloc(sizeof *f);
     if (!f) {  /* cannot remember it: at least the filter says "too old" */
         bloom_add_locked(t, id);
@@ -161,6 +162,7 @@ static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t vers
     }
     f->id = id;
     f->version = version;
+    f->skipped = skipped;
     f->time = now_s();
     size_t b = fin_bucket_of(id);
     f->chain = t->fin[b];
@@ -480,7 +482,7 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
     pthread_mutex_lock(&t->mu);
     unlink_locked(t, c);
-    remember_finished_locked(t, c->id, version);
+    remember_finished_locked(t, c->id, version, c->nonfinite);
     pthread_mutex_unlock(&t->mu);
     ctx_free(t, c);
 }
@@ -516,6 +518,14 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
         dead = next;
     }
     return n;
+}
+
+int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
+    pthread_mutex_lock(&t->mu);
+    const fin_entry *f = find_finished_locked(t, id);
+    int skipped = f && f->skipped;
+    pthread_mutex_unlock(&t->mu);
+    return skipped;
 }
 
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {

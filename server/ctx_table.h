@@ -153,6 +153,10 @@ void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version);
  * older than the settle window; returns how many contexts expired. */
 size_t ps_ctx_table_expire(ps_ctx_table *t);
 
+/* 1 if the recently finished context id had its step skipped (a NaN/Inf
+ * reached it), so a repeated Step can say so too. */
+int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id);
+
 /* Notes that a trainer of this rank was seen. */
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank);
 

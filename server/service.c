@@ -999,7 +999,7 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     uint64_t v = 0;
     ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
-        step_result r = {.version = v};
+        step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
         if (encode_step_result(0, &r, NULL, response, &err)) goto fail;
         return;
     }
