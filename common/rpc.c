@@ -1428,6 +1428,22 @@ oom:
     return NULL;
 }
 
+ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *sec, ps_err *err) {
+    if (check_plaintext(listen_addr, sec, "rpc server: listen address", err)) return err ? err->code : PS_ERR_PERMISSION_DENIED;
+    for (int i = 0; sec && i < sec->ntokens; i++)
+        if (!sec->tokens[i].token || strlen(sec->tokens[i].token) < 16)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: token '%s' is shorter than 16 "
+                              "characters; use a long random secret",
+                              sec->tokens[i].name ? sec->tokens[i].name : "?");
+    grpc_server_credentials *creds = server_credentials(sec, err);
+    if (!creds) {
+        ps_err_prefix(err, "rpc server %s", listen_addr);
+        return err ? err->code : PS_ERR_INVALID_ARGUMENT;
+    }
+    grpc_server_credentials_release(creds);
+    return PS_OK;
+}
+
 static void stop_workers(ps_rpc_server *s) {
     pthread_mutex_lock(&s->mu);
     s->workers_stop = 1;

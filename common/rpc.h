@@ -305,6 +305,12 @@ ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads
                                            void *user, const ps_rpc_security *sec,
                                            ps_err *err);
 
+/* What ps_rpc_server_create_opts would refuse about the address and the
+ * security settings (plaintext beyond loopback, short tokens, missing or
+ * non-PEM certificate/key/CA files), without binding anything; for
+ * `psd --check-config`. Needs grpc_init(). */
+ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *sec, ps_err *err);
+
 /* Start accepting calls and the worker threads. Once only. */
 ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err);
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -79,6 +80,39 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_log(PS_LOG_INFO, "checkpoint written: %s (model version %llu, %.0f ms)", info.path,
            (unsigned long long)info.version, (mono_s() - t0) * 1000);
     return 0;
+}
+
+/* What start-up would refuse beyond the config's own checks: transport
+ * security (certificate, key and CA files, tokens file, plaintext beyond
+ * loopback), the checkpoint directory, the log file's directory. A port in
+ * use is only a warning: psd itself may be running. */
+static ps_status check_startup(const ps_config *cfg, ps_err *err) {
+    grpc_init();
+    ps_security sec;
+    ps_status st = ps_security_server(cfg, &sec, err);
+    if (!st) {
+        st = ps_rpc_server_check(cfg->server.listen, &sec.rpc, err);
+        ps_security_free(&sec);
+    }
+    grpc_shutdown();
+    if (st) return st;
+    const char *ck = cfg->server.checkpoint_dir;
+    struct stat sb;
+    if (ck[0] && stat(ck, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir %s: not a directory", ck);
+        if (access(ck, W_OK | X_OK) != 0)
+            return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "server.checkpoint_dir %s: not writable by this "
+                              "user: %s", ck, strerror(errno));
+    } else if (ck[0] && errno != ENOENT) {
+        return ps_err_set(err, PS_ERR_IO, "server.checkpoint_dir %s: %s", ck, strerror(errno));
+    }
+    char why[300];
+    ps_daemon_explain_bind(cfg->server.listen, why, sizeof why);
+    if (why[0])
+        fprintf(stderr, "psd: warning: server.listen %s: %s (fine if this psd is the one running)\n",
+                cfg->server.listen, why);
+    return PS_OK;
 }
 
 int main(int argc, char **argv) {
@@ -190,13 +224,18 @@ int main(int argc, char **argv) {
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
+        /* every check start-up makes, without binding or writing anything */
         int rc = 0;
         if (init_from && ps_ckpt_init_from(model, init_from, &err)) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }
-        if (!rc) printf("psd: %s: configuration OK\n", config_path);
         ps_model_free(model);
+        if (!rc && check_startup(&cfg, &err)) {
+            fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
+            rc = 2;
+        }
+        if (!rc) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
         return rc;
     }
 

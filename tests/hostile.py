@@ -31,6 +31,7 @@ and exits 1 when an asserted bound is broken.
 """
 import argparse
 import os
+import select
 import socket
 import ssl
 import struct
@@ -76,9 +77,10 @@ def headers_block(path, authority, scheme, token):
 
 
 class H2Conn:
-    """One raw HTTP/2 connection. A reader thread drains what psd sends and
-    answers SETTINGS and PING (never WINDOW_UPDATE: the attacker decides
-    flow control). It counts RST_STREAM and trailers-bearing HEADERS frames."""
+    """One raw HTTP/2 connection, driven from one thread (an SSL object must
+    not be read and written concurrently): pump() drains what psd sent,
+    answers SETTINGS and PING (never WINDOW_UPDATE: the attacker decides flow
+    control), and counts RST_STREAM, GOAWAY and trailers (ended calls)."""
 
     def __init__(self, host, port, tls, window=None, source=None):
         s = socket.create_connection((host, port), timeout=10,
@@ -92,59 +94,63 @@ class H2Conn:
             ctx.set_alpn_protocols(["h2"])
             s = ctx.wrap_socket(s, server_hostname="localhost")
             self.scheme = "https"
+        s.settimeout(2.0)  # every send is bounded in time
         self.sock = s
-        self.lock = threading.Lock()
         self.closed = False
         self.rst = 0
         self.headers = 0
         self.goaway = 0
         self.next_id = 1
+        self.buf = b""
         settings = b""
         if window is not None:  # SETTINGS_INITIAL_WINDOW_SIZE
             settings = struct.pack(">HI", 4, window)
         self.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, settings))
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
 
     def send(self, data):
-        with self.lock:
-            self.sock.sendall(data)
+        self.sock.sendall(data)
 
-    def _recv_exact(self, n):
-        buf = b""
-        while len(buf) < n:
-            try:
-                chunk = self.sock.recv(n - len(buf))
-            except socket.timeout:
-                if self.closed:
-                    raise EOFError
-                continue
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        return buf
-
-    def _read(self):
+    def pump(self, max_bytes=1 << 20):
+        """Read what is there (without waiting) and handle whole frames."""
+        got = 0
         try:
-            self.sock.settimeout(2.0)  # every send and receive is bounded in time
-            while True:
-                h = self._recv_exact(9)
-                ln = struct.unpack(">I", b"\0" + h[:3])[0]
-                ftype, flags = h[3], h[4]
-                payload = self._recv_exact(ln) if ln else b""
-                if ftype == 4 and not flags & 1:
-                    self.send(frame(4, 1, 0))
-                elif ftype == 6 and not flags & 1:
-                    self.send(frame(6, 1, 0, payload))
-                elif ftype == 3:
-                    self.rst += 1
-                elif ftype == 1 and flags & 1:  # trailers: the call ended
-                    self.headers += 1
-                elif ftype == 7:
-                    self.goaway += 1
-        except Exception:
+            while got < max_bytes:
+                pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+                if not pending and not select.select([self.sock], [], [], 0)[0]:
+                    break
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    self.closed = True
+                    break
+                got += len(chunk)
+                self.buf += chunk
+        except (ssl.SSLWantReadError, BlockingIOError, socket.timeout):
             pass
-        self.closed = True
+        except OSError:
+            self.closed = True
+        out = b""
+        while len(self.buf) >= 9:
+            ln = struct.unpack(">I", b"\0" + self.buf[:3])[0]
+            if len(self.buf) < 9 + ln:
+                break
+            ftype, flags = self.buf[3], self.buf[4]
+            payload = self.buf[9:9 + ln]
+            self.buf = self.buf[9 + ln:]
+            if ftype == 4 and not flags & 1:
+                out += frame(4, 1, 0)
+            elif ftype == 6 and not flags & 1:
+                out += frame(6, 1, 0, payload)
+            elif ftype == 3:
+                self.rst += 1
+            elif ftype == 1 and flags & 1:  # trailers: the call ended
+                self.headers += 1
+            elif ftype == 7:
+                self.goaway += 1
+        if out and not self.closed:
+            try:
+                self.send(out)
+            except OSError:
+                self.closed = True
 
     def open_stream(self, path, authority, token, message=None):
         sid = self.next_id
@@ -276,6 +282,7 @@ def main():
                 c.open_stream(p, authority, a.token, b"")
                 sent += 1
             for _ in range(20):
+                c.pump()
                 if c.rst + c.headers >= sent:
                     break
                 time.sleep(0.1)
@@ -292,8 +299,11 @@ def main():
                 for _ in range(min(per, a.n - sent)):
                     c.open_stream(path, authority, a.token, msg)
                     sent += 1
+                c.pump()
             while time.monotonic() < t_end:
                 peak = max(peak, rss_mb(a.pid) or 0)
+                for c in conns:
+                    c.pump()
                 time.sleep(0.2)
             ended = sum(c.rst + c.headers for c in conns)
             extra = (f", {sent} streams opened on {len(conns)} connections, {ended} ended by psd "
@@ -325,11 +335,10 @@ def main():
                     sent += 1
                 try:
                     c.send(bytes(burst))
-                except socket.timeout:
-                    continue  # psd is not reading this connection
-                except OSError:
+                except OSError:  # psd closed it, or stopped reading it for 2 s
                     c.closed = True
                     continue
+                c.pump()
                 now = time.monotonic()
                 if now - last_sample > 0.2:
                     peak = max(peak, rss_mb(a.pid) or 0)
