@@ -20,6 +20,7 @@ PKGS=(
   python3-numpy        # tests: independent references for the generic client
   openssl              # TLS tests make throw-away certificates
   iproute2             # make test-faults: network namespaces
+  prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
 )
 # make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
