@@ -42,5 +42,5 @@ out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" 
   fail "a busy port failed --check-config: $out"
 [[ "$out" == *"already in use"* ]] || fail "no warning about the busy port: $out"
 echo "ok: a busy port is a warning only"
-kill -TERM $psdpid; wait $psdpid || fail "psd with configs/psd.yaml did not stop cleanly"
+kill -TERM $psdpid; wait $psdpid || { cat "$tmp/psd.log"; fail "psd with configs/psd.yaml did not stop cleanly"; }
 echo "it_check_config: --check-config runs every start-up check; the shipped config starts: OK"
