@@ -17,7 +17,7 @@ port=$(( 20000 + RANDOM % 20000 ))
 
 out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" 2>&1) || fail "configs/psd.yaml: $out"
 echo "ok: configs/psd.yaml passes --check-config"
-psd --config configs/psd.yaml --listen "127.0.0.1:$port" --set server.metrics_listen="127.0.0.1:$((port + 1))" \
+"$BUILD/bin/psd" --config configs/psd.yaml --listen "127.0.0.1:$port" --set server.metrics_listen="127.0.0.1:$((port + 1))" \
   --set server.checkpoint_dir="$tmp/ck" 2>"$tmp/psd.log" &
 psdpid=$!; pids+=($psdpid)
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
