@@ -254,8 +254,14 @@ static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
 /* ---- stages, shapes ------------------------------------------------------ */
 
 /* Distinct, reproducible dropout streams per (context, forward). */
-static uint64_t dropout_seed(uint64_t ctx_id, uint32_t seq) {
-    uint64_t z = ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL + (uint64_t)seq * 0xbf58476d1ce4e5b9ULL;
+/* Dropout masks of a training forward. From the low 32 bits of the context
+ * id (ps-train's ids are a random base | a batch counter), the trainer's
+ * rank and seq: ps-train's run with a given --seed draws the same masks
+ * every time (reproducible on the same ISA and thread count), while
+ * trainers of different ranks and batches draw different ones. */
+static uint64_t dropout_seed(uint64_t ctx_id, uint32_t rank, uint32_t seq) {
+    uint64_t z = (ctx_id & 0xffffffffULL) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL +
+                 (uint64_t)seq * 0xbf58476d1ce4e5b9ULL + ((uint64_t)rank << 32) * 0xd6e8feb86659fd93ULL;
     z ^= z >> 31;
     return z * 0x94d049bb133111ebULL;
 }
@@ -441,7 +447,7 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
         if (!replayed && (st = ps_ctx_table_reserve(s->ctx, c, ps_model_tape_bytes(s->model, (int)n), err)))
             goto out;
         if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
-                                         dropout_seed(req->context_id, req->seq), out, &tape, &version, err)))
+                                         dropout_seed(req->context_id, req->trainer_rank, req->seq), out, &tape, &version, err)))
             goto out;
         if (!replayed) {
             if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version, ps_tape_bytes(tape), err))) goto out;
