@@ -2,8 +2,12 @@
 #
 #   make            build build/bin/psd and build/bin/ps-train
 #   make run        install deps, build, fetch data, psd + 2 trainers on loopback
+#   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
+#   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
+#   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test       install deps, build, run every test (tests/run.sh)
-#   make bench      performance table vs PyTorch (bench/run.sh, ~8 min)
+#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
+#   make bench-lm   the language model's tokens/s, both decoder modes, vs PyTorch's local loop
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
@@ -77,7 +81,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run test unit asan install clean fuzz test-faults test-load bench
+.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load bench bench-lm
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -90,6 +94,20 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@scripts/run-local.sh
+
+run-lm: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-fortunes.sh data/fortunes
+	@scripts/run-lm.sh
+
+run-rl: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-rl.sh
+
+RL_SEEDS ?= 1 2 3 4 5
+test-rl: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all
@@ -183,6 +201,12 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/run.sh
+
+# The language model's throughput, both decoder modes, 1 and 2 trainers, and
+# PyTorch's local loop at the same sizes (bench/lm.sh, a few minutes).
+bench-lm: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bench/lm.sh
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)

@@ -6,7 +6,9 @@
  * what psd computes. Warm-up first, then R repetitions of T seconds each;
  * prints one machine-readable line per measurement:
  *
- *   compute backend=dnnl threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s
+ *   compute backend=dnnl isa=avx2 threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s
+ *
+ * (isa: oneDNN's effective ISA, which ONEDNN_MAX_CPU_ISA can lower).
  *
  * usage: bench_compute [--backend NAME] [--threads N] [--batch B]
  *                      [--reps R] [--secs T] [--data DIR] [--profile]
@@ -156,8 +158,9 @@ int main(int argc, char **argv) {
         qsort(pf, (size_t)reps, 4 * sizeof(double), cmp_double);  /* rows by samples/s */
         qsort(r, (size_t)reps, sizeof *r, cmp_double);
         double med = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
-        printf("compute backend=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f unit=samples/s\n",
-               backend, threads, batch, what[step], reps, med, r[0], r[reps - 1]);
+        printf("compute backend=%s isa=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
+               "unit=samples/s\n", backend, ps_backend_cpu_isa(), threads, batch, what[step], reps, med, r[0],
+               r[reps - 1]);
         if (profile) {
             const double *p = &pf[(reps / 2) * 4];
             printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f\n", p[1], p[2], p[3]);

@@ -42,11 +42,12 @@ def main():
         print(line)
 
     # ---- compute
-    comp, phases, last = {}, {}, None
+    comp, phases, last, isa_of = {}, {}, None, {}
     for line in read(os.path.join(d, "compute.txt")):
         if line.startswith("compute "):
             k = kv(line)
             last = (k["backend"], int(k["threads"]), k["what"])
+            isa_of[k["backend"]] = k.get("isa", "?")
             comp[last] = (float(k["median"]), float(k["min"]), float(k["max"]))
         elif "phases" in line and last:
             m = re.findall(r"(forward|backward|step) ([0-9.]+)", line)
@@ -149,16 +150,22 @@ def main():
               f" = {100 * ov / (wall * 1e3):.1f}% (p99 Forward probe {pct(pr.get('Forward', []), 99):.3f} ms)")
 
     # ---- anchors
-    torch = {}
+    torch, torch_isa, torch_caps = {}, {}, {}
     for line in read(os.path.join(d, "torch.txt")):
         if line.startswith("torch "):
             k = kv(line)
-            torch[(k["what"], int(k["threads"]))] = float(k["median"])
+            caps = f"{k.get('aten', '?')} / {k.get('onednn_max', '?')}"
+            if "isa" in k:  # section 4: capped to an emulated ISA
+                torch_isa[(k["isa"], int(k["threads"]))] = float(k["median"])
+                torch_caps[k["isa"]] = caps
+            else:
+                torch[(k["what"], int(k["threads"]))] = float(k["median"])
+                torch_caps["host"] = caps
     print()
     print("3. Anchors: PyTorch (Debian python3-torch) on the same IDX data, batch 32, samples/s")
     for (what, t), v in sorted(torch.items()):
         name = "RPC parameter-server tutorial, PS + 1 trainer" if what == "tutorial" else "plain local training loop"
-        print(f"   {name:<48} torch threads={t}: {v:8.0f}")
+        print(f"   {name:<48} torch threads={t}: {v:8.0f}  (ATen / oneDNN cap: {torch_caps.get('host', '')})")
     tut = max([v for (w, _), v in torch.items() if w == "tutorial"], default=None)
     loc = max([v for (w, _), v in torch.items() if w == "local"], default=None)
 
@@ -197,6 +204,80 @@ def main():
         share = 100 * overhead[2]
         print(f"   RPC + serialisation <= 15% of a step (2 trainers, probe): {share:.1f}%  {verdict(share <= 15)}")
     print("   accuracy unchanged: checked by `make test` (it_train, >= 90% for both trainers), not here")
+
+    per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps)
+
+
+def fallbacks_logged(d, label):
+    """Reference-kernel lines psd logged at start-up in that e2e run (None: no log)."""
+    lines = read(os.path.join(d, f"e2e-{label}-2", "psd.log"))
+    if not lines:
+        return None
+    return sum("reference kernel:" in line for line in lines)
+
+
+def per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps):
+    """Section 6: the host's ISA and each emulated one side by side, with issue 10's targets."""
+    cols = [("host", "dnnl", ("split", 2), lambda t: torch.get(("tutorial", t)))]
+    for be in sorted(b for b in isa_of if b.startswith("dnnl@")):
+        low = be.split("@", 1)[1]
+        cols.append((low, be, (f"isa@{low}", 2), lambda t, low=low: torch_isa.get((low, t))))
+    if ("dnnl", 1, "step") not in comp:
+        return
+    print()
+    print("6. Per ISA (batch 32, samples/s). host = the CPU's own ISA; the others are emulated with")
+    print("   ONEDNN_MAX_CPU_ISA (oneDNN only; same cores, same memory), PyTorch capped the same way.")
+    heads = [f"{isa_of.get(be, '?')}{' (host)' if name == 'host' else ' (emul.)'}" for name, be, _, _ in cols]
+    w = 24
+    print(f"   {'':<44}" + "".join(f"{h:>{w}}" for h in heads))
+
+    def row(label, vals, fmt="{:.0f}"):
+        print(f"   {label:<44}" + "".join(f"{(fmt.format(v) if isinstance(v, (int, float)) else (v or '-')):>{w}}"
+                                         for v in vals))
+
+    def med(key):
+        v = comp.get(key)
+        return v[0] if v else None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    res = {}
+    for t in (1, 2):
+        f = [med((be, t, "forward")) for _, be, _, _ in cols]
+        st = [med((be, t, "step")) for _, be, _, _ in cols]
+        row(f"in-process forward, {t} thread(s)", f)
+        row(f"in-process training step, {t} thread(s)", st)
+        row(f"  step / forward (target >= 0.30)", [ratio(a, b) for a, b in zip(st, f)], "{:.2f}")
+        ph = [phases.get((be, t, "step"), {}) for _, be, _, _ in cols]
+        row(f"  step phases fwd/bwd/sgd ms, {t} thread(s)",
+            [f"{p.get('forward', 0):.1f}/{p.get('backward', 0):.1f}/{p.get('step', 0):.2f}" if p else None for p in ph])
+        for (name, _, _, _), a, b in zip(cols, st, f):
+            res.setdefault(name, {})[f"ratio{t}"] = ratio(a, b)
+    e = [e2e.get(key) for _, _, key, _ in cols]
+    st2 = [med((be, 2, "step")) for _, be, _, _ in cols]
+    row("psd + 2 trainers, total", e)
+    row("  / in-process step, 2 threads (target >= 0.85)", [ratio(a, b) for a, b in zip(e, st2)], "{:.2f}")
+    row("psd start-up: reference kernels logged", [fallbacks_logged(d, key[0]) for _, _, key, _ in cols], "{:d}")
+    tut = [[fn(t) for _, _, _, fn in cols] for t in (1, 2)]
+    row("PyTorch tutorial, 1 / 2 torch threads",
+        [f"{a:.0f} / {b:.0f}" if a and b else None for a, b in zip(tut[0], tut[1])])
+    row("  PyTorch's ISA: ATen / oneDNN cap", [torch_caps.get(name) for name, _, _, _ in cols])
+    best = [max([v for v in (a, b) if v], default=None) for a, b in zip(tut[0], tut[1])]
+    row("psd + 2 trainers / PyTorch tutorial", [ratio(a, b) for a, b in zip(e, best)], "{:.1f}x")
+    print()
+    print("   Targets (issue 10)")
+    for i, (name, be, key, _) in enumerate(cols):
+        isa = isa_of.get(be, "?")
+        r1, r2 = res[name].get("ratio1"), res[name].get("ratio2")
+        vs = ratio(e[i], st2[i])
+        for what, v, goal in ((f"step/forward 1 thread >= 0.30", r1, 0.30), (f"step/forward 2 threads >= 0.30", r2, 0.30),
+                              ("psd + 2 trainers >= 0.85 x in-process 2-thread step", vs, 0.85)):
+            if v is not None:
+                print(f"   {isa:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+        if isa.startswith("avx2") and ratio(e[i], best[i]) is not None:
+            v = ratio(e[i], best[i])
+            print(f"   {isa:<18} {'psd + 2 trainers >= 3.5 x PyTorch tutorial':<54} {v:6.1f}x {'MET' if v >= 3.5 else 'NOT MET'}")
 
 
 if __name__ == "__main__":

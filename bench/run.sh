@@ -2,9 +2,13 @@
 # `make bench`: compute, end-to-end and PyTorch numbers in one run, on the
 # same data and machine, then the table and ratios (bench/report.py).
 #
-#   bench/run.sh                 everything (about 6-8 minutes on 2 cores)
+#   bench/run.sh                 everything (about 11 minutes on 2 cores)
 #   QUICK=1 bench/run.sh         fewer/shorter repetitions (a smoke run)
 #   SKIP_TORCH=1 bench/run.sh    without the PyTorch anchors
+#   ISAS="AVX2 SSE41" bench/run.sh   the ISAs emulated in section 4 (oneDNN's
+#                                ONEDNN_MAX_CPU_ISA names; default: those of
+#                                AVX2 and SSE41 below the CPU's own; "" none)
+#   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -16,9 +20,17 @@ OUT=${OUT:-$BUILD/bench-results/$(date +%Y%m%d-%H%M%S)}
 PY=/usr/bin/python3
 mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then
-  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30
+  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20
 else
-  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60
+  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60; I_REPS=3; I_T_BATCHES=40
+fi
+# The ISAs this CPU can run below its own, emulated in section 4.
+CPU_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has_flags() { local f; for f; do [[ "$CPU_FLAGS" == *" $f "* ]] || return 1; done; }
+if [ -z "${ISAS+set}" ]; then
+  if has_flags avx512f avx512bw avx512vl avx512dq; then ISAS="AVX2 SSE41"
+  elif has_flags avx2 fma; then ISAS="SSE41"
+  else ISAS=""; fi
 fi
 # psd's own default (it re-execs with it); spinning OpenMP workers collapse
 # throughput on VMs whose vCPUs share a core, so the bench uses it too.
@@ -35,6 +47,7 @@ state() {  # the machine's state, at start and end
   echo "== machine ($1)"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -srm); cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(nproc) online CPUs; $(grep -m1 'siblings' /proc/cpuinfo | tr -s '\t ' ' ')"
+  echo "cpu ISA extensions: $(for f in avx512f avx512bw avx512_bf16 amx_tile avx2 fma avx sse4_1; do has_flags $f && printf '%s ' $f; done)"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "busiest other processes (%cpu command):"
   ps -eo pcpu,comm --sort=-pcpu | awk 'NR>1 && NR<=5 {printf "  %s %s\n", $1, $2}'
@@ -94,7 +107,7 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   echo "  $label, $n trainer(s): $(cat "$dir/psd_rss.txt")"
 }
 for n in 1 2 4; do e2e split "$n"; done
-for n in 1 2 4; do e2e fused "$n" -- --fuse-step; done
+e2e fused 2 -- --fuse-step
 # oneDNN on plain layouts (the path before blocked layouts), 2 trainers
 PS_DNNL_LAYOUT=plain e2e plain-layout 2
 # the RPC cost of a batch without compute (bench_trainer --probe), under training load
@@ -113,5 +126,35 @@ if [ -z "${SKIP_TORCH:-}" ]; then
   done
 fi
 
+# ---- 4. per ISA: oneDNN capped to each lower ISA (ONEDNN_MAX_CPU_ISA; it
+# can only lower it), the in-process step and psd + 2 trainers, beside
+# PyTorch's tutorial capped the same way (ONEDNN_MAX_CPU_ISA for its oneDNN
+# convolutions, ATEN_CPU_CAPABILITY for ATen's kernels; no SSE4.1 level in
+# ATen: "default"). The host's own ISA is sections 1-3.
+for isa in $ISAS; do
+  low=$(echo "$isa" | tr 'A-Z' 'a-z')
+  case $isa in AVX512*) aten=avx512 ;; AVX2) aten=avx2 ;; *) aten=default ;; esac
+  echo "== ISA $isa (emulated: ONEDNN_MAX_CPU_ISA=$isa, torch ATEN_CPU_CAPABILITY=$aten)"
+  (
+    export ONEDNN_MAX_CPU_ISA=$isa
+    for t in 1 2; do
+      "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$I_REPS" --secs 1 --data "$DATA" --profile \
+        | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
+    done
+    e2e "isa@$low" 2
+    if [ -z "${SKIP_TORCH:-}" ]; then
+      for t in 1 2; do
+        ATEN_CPU_CAPABILITY=$aten TORCH_THREADS=$t BATCHES=$I_T_BATCHES REPS=$I_REPS $PY bench/torch_ref.py tutorial \
+          "$DATA" 2>/dev/null | grep '^torch' | sed "s/^torch /torch isa=$low /" | tee -a "$OUT/torch.txt"
+      done
+    fi
+  )
+done
+# ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
+if [ -z "${SKIP_RL:-}" ]; then
+  echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
+  OUT="$OUT" BUILD="$BUILD" ROUNDS=$([ -n "${QUICK:-}" ] && echo 10 || echo 30) bash bench/rl.sh >/dev/null
+fi
+
 state end >>"$OUT/machine.txt"
-$PY bench/report.py "$OUT" | tee "$OUT/report.txt"
+{ $PY bench/report.py "$OUT"; if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"

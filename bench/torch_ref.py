@@ -19,7 +19,8 @@ of BATCHES batches each as machine-readable lines:
   torch what=local threads=2 reps=3 median=... min=... max=... unit=samples/s
 
 Environment: BATCHES (100), WARMUP (10), REPS (3), TORCH_THREADS (torch's
-default when unset).
+default when unset); ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA cap the ISA
+of ATen's kernels and of its oneDNN convolutions (the line says both).
 """
 import gzip
 import os
@@ -78,8 +79,19 @@ def batches(x, y):
         i += 1
 
 
+def cpu_capability():
+    """ATen's kernel ISA as torch reports it ("AVX2", "AVX512", "NO AVX"), no spaces."""
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage:" in line:
+            return line.split(":", 1)[1].strip().replace(" ", "_")
+    return "unknown"
+
+
 def report(what, rates):
-    print(f"torch what={what} threads={torch.get_num_threads()} batch={BATCH} reps={len(rates)} "
+    # aten: ATen's own kernels (capped by ATEN_CPU_CAPABILITY); onednn_max:
+    # the cap on the oneDNN (MKL-DNN) convolutions torch runs.
+    print(f"torch what={what} threads={torch.get_num_threads()} aten={cpu_capability()} "
+          f"onednn_max={os.environ.get('ONEDNN_MAX_CPU_ISA') or 'none'} batch={BATCH} reps={len(rates)} "
           f"median={statistics.median(rates):.1f} min={min(rates):.1f} max={max(rates):.1f} unit=samples/s",
           flush=True)
 

@@ -59,6 +59,7 @@ static const char *const optimizer_names[] = {"sgd", "adam", NULL};
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
 static const char *const nonfinite_names[] = {"reject", "skip", NULL};
+static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 
 #define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
@@ -110,6 +111,11 @@ static const cfg_entry g_table[] = {
     DBL ("server.send_timeout_s",  server.send_timeout_s,  1, 0, 3600, 0, "60"),
     U64 ("server.max_context_bytes", server.max_context_bytes, "4294967296"),
     DBL ("server.health_saturated_s", server.health_saturated_s, 0, 0, 86400, 0, "30"),
+    INT ("server.metrics_round_steps", server.metrics_round_steps, 1, 1000000000, "1"),
+    DBL ("server.metrics_ema_alpha", server.metrics_ema_alpha, 1, 0, 1, 0, "0.05"),
+    ENUM("server.metrics_ema_of",  server.metrics_ema_of,  ema_of_names, "mean"),
+    STR0("server.stop_metric",     server.stop_metric,     ""),
+    DBL ("server.stop_threshold",  server.stop_threshold,  0, -1e300, 1e300, 0, "0"),
 
     { .key = "model.name", .type = CT_ENUM, FIELD(model.name), .names_fn = ps_model_def_names,
       .def = "mnist_cnn" },
@@ -119,7 +125,7 @@ static const cfg_entry g_table[] = {
     { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },
 
     ENUM("optimizer.type",         optimizer.type,         optimizer_names, "sgd"),
-    DBL ("optimizer.lr",           optimizer.lr,           1, 0, 10, 0, "0.03"),
+    DBL ("optimizer.lr",           optimizer.lr,           1, 0, 100, 0, "0.03"),
     DBL ("optimizer.momentum",     optimizer.momentum,     0, 0, 1, 1, "0"),
     DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
     DBL ("optimizer.beta1",        optimizer.beta1,        0, 0, 1, 1, "0.9"),

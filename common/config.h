@@ -6,7 +6,7 @@
  * loader and command-line flags go through ps_config_set, so a value is
  * checked the same way wherever it comes from, and every error names where
  * it came from, the key and the value:
- *     configs/x.yaml:7: optimizer.lr: '-1' is out of range (0, 10]
+ *     configs/x.yaml:7: optimizer.lr: '-1' is out of range (0, 100]
  *     command line: server.threads: 'four' is not an integer
  *
  * Keys are dotted paths ("server.listen"); in YAML they are nested
@@ -118,6 +118,12 @@ typedef struct ps_config {
         double send_timeout_s;            /* reply must be taken within */
         uint64_t max_context_bytes;       /* live contexts' tapes + gradients; 0 = unlimited */
         double health_saturated_s;        /* health NOT_SERVING after this long saturated; 0 = never */
+        /* Round metrics (server/round_metrics.h): */
+        int metrics_round_steps;          /* hogwild/ssp: Steps per metrics round */
+        double metrics_ema_alpha;         /* EMA weight of the newest round */
+        int metrics_ema_of;               /* 0 min, 1 mean, 2 max (ps_rm_ema_of) */
+        char stop_metric[PS_CONFIG_STAGE_MAX]; /* "" = never solved */
+        double stop_threshold;            /* solved when EMA(stop_metric) > this */
     } server;
     struct {
         int name;                         /* index in the model registry (models.h) */

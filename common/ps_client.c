@@ -141,14 +141,7 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
 }
 
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err) {
-    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
-    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
-    ps_wire_tensor_list_init(list, c->max_bytes);
-    list->err = err;
-    ps_wire_tensors_decode_bind(&resp.parameters, list);
-    ps_status rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
-    if (rc == PS_OK && version) *version = resp.model_version;
-    return rc;
+    return ps_client_get_stage_parameters(c, NULL, list, version, err);
 }
 
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
@@ -173,12 +166,35 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
     if (f->last_stage) snprintf(req.last_stage, sizeof req.last_stage, "%s", f->last_stage);
     req.has_input = true;
     bind_tensor(&req.input, &f->input);
+    int fused = f->targets.data != NULL;
+    if (fused) {
+        req.has_targets = true;
+        bind_tensor(&req.targets, &f->targets);
+    }
     ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
     ps_wire_tensor_in in;
     ps_wire_tensor_in_init(&in, c->max_bytes);
     in.err = err;
-    ps_wire_tensor_decode_bind(&resp.output, &in);
+    ps_wire_tensor_decode_bind(fused ? &resp.input_grad : &resp.output, &in);
     ps_status rc = call(c, PS_M_FORWARD, &req, &resp, err);
+    if (rc == PS_OK && fused) {
+        if (resp.has_input_grad && o->input_grad) {
+            rc = ps_wire_tensor_check(&resp.input_grad, &in, "ForwardResponse.input_grad", err);
+            if (rc == PS_OK && in.bytes > (size_t)o->input_grad_cap * sizeof(float))
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: input gradient of %zu bytes does "
+                                "not fit %lld floats", in.bytes, (long long)o->input_grad_cap);
+            if (rc == PS_OK) memcpy(o->input_grad, in.data, in.bytes);
+        }
+        if (rc == PS_OK) {
+            o->loss = resp.loss;
+            o->version = resp.model_version;
+            o->round = resp.round;
+            o->replayed = resp.replayed;
+            o->ndim = 0;
+        }
+        ps_wire_tensor_in_free(&in);
+        return rc;
+    }
     if (rc == PS_OK) rc = ps_wire_tensor_check(&resp.output, &in, "ForwardResponse.output", err);
     if (rc == PS_OK && (resp.output.dtype != ps_DType_FLOAT32 || in.bytes > (size_t)o->out_cap * sizeof(float)))
         rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Forward reply: output of %zu bytes does not fit %lld floats",
@@ -228,6 +244,16 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
     req.want_input_grad = b->input_grads != NULL;
     req.step = b->step != 0;
     req.round = b->round;
+    if (b->nscalars < 0 || b->nscalars > (int)(sizeof req.scalars / sizeof req.scalars[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: %d scalars, at most %d", b->nscalars,
+                          (int)(sizeof req.scalars / sizeof req.scalars[0]));
+    for (int i = 0; i < b->nscalars; i++) {
+        if (strlen(b->scalars[i].name) >= sizeof req.scalars[i].name)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Backward: scalar name '%s' is too long", b->scalars[i].name);
+        snprintf(req.scalars[i].name, sizeof req.scalars[i].name, "%s", b->scalars[i].name);
+        req.scalars[i].value = b->scalars[i].value;
+    }
+    req.scalars_count = (pb_size_t)b->nscalars;
     ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
     ps_wire_tensor_list gl;
     ps_wire_tensor_list_init(&gl, c->max_bytes);
@@ -245,17 +271,145 @@ ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_
                 memcpy(b->input_grads[i], gl.items[i].data, gl.items[i].bytes);
         }
     }
-    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, 0, resp.skipped};
+    if (rc == PS_OK && o)
+        *o = (ps_client_step_out){resp.model_version, resp.round, 0, resp.skipped, resp.grad_sq_norm};
     ps_wire_tensor_list_free(&gl);
     return rc;
 }
 
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err) {
+    return ps_client_step_scalars(c, ctx, round, NULL, 0, o, NULL, err);
+}
+
+ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
+                                 ps_client_step_out *o, ps_client_round *rep, ps_err *err) {
     ps_StepRequest req = ps_StepRequest_init_zero;
     req.context_id = ctx;
     req.round = round;
+    if (n < 0 || n > (int)(sizeof req.scalars / sizeof req.scalars[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Step: %d scalars, at most %d", n,
+                          (int)(sizeof req.scalars / sizeof req.scalars[0]));
+    for (int i = 0; i < n; i++) {
+        if (strlen(sc[i].name) >= sizeof req.scalars[i].name)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Step: scalar name '%s' is too long", sc[i].name);
+        snprintf(req.scalars[i].name, sizeof req.scalars[i].name, "%s", sc[i].name);
+        req.scalars[i].value = sc[i].value;
+    }
+    req.scalars_count = (pb_size_t)n;
+    ps_StepResponse resp = ps_StepResponse_init_zero;
+    ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
+    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
+    if (rc == PS_OK && rep) {
+        memset(rep, 0, sizeof *rep);
+        rep->metrics_round = resp.metrics_round;
+        rep->solved = resp.solved;
+        for (pb_size_t i = 0; i < resp.round_scalars_count && i < PS_CLIENT_MAX_SCALARS; i++) {
+            const ps_RoundScalar *r = &resp.round_scalars[i];
+            ps_client_round_scalar *d = &rep->s[rep->n++];
+            snprintf(d->name, sizeof d->name, "%s", r->name);
+            d->count = r->count;
+            d->min = r->min, d->mean = r->mean, d->max = r->max, d->ema = r->ema;
+        }
+    }
+    return rc;
+}
+
+ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
+                                ps_err *err) {
+    ps_StepRequest req = ps_StepRequest_init_zero;
+    req.context_id = ctx;
+    req.round = round;
+    req.grad_scale = grad_scale;
     ps_StepResponse resp = ps_StepResponse_init_zero;
     ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
     if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
     return rc;
+}
+
+/* Append page item it (first row r0 of its parameter) to out: a new tensor,
+ * or the rows that continue out's last one. Takes it->data. */
+static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64_t r0, ps_err *err) {
+    if (r0 == 0) {
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 16;
+            ps_wire_tensor *n = realloc(out->items, cap * sizeof *n);
+            if (!n) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for parameters");
+            out->items = n;
+            out->cap = cap;
+        }
+        out->items[out->n++] = *it;
+        out->total_bytes += it->bytes;
+        it->data = NULL;
+        return PS_OK;
+    }
+    ps_wire_tensor *last = out->n ? &out->items[out->n - 1] : NULL;
+    if (!last || strcmp(last->name, it->name) || last->dims[0] != r0 || last->ndim != it->ndim)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: rows from %lld of %s do not continue "
+                          "the previous page", (long long)r0, it->name);
+    void *d = NULL;
+    if (posix_memalign(&d, 64, last->bytes + it->bytes + 1) != 0)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", it->name);
+    memcpy(d, last->data, last->bytes);
+    memcpy((char *)d + last->bytes, it->data, it->bytes);
+    free(last->data);
+    last->data = d;
+    last->bytes += it->bytes;
+    last->dims[0] += it->dims[0];
+    out->total_bytes += it->bytes;
+    return PS_OK;
+}
+
+ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
+                                         uint64_t *version, ps_err *err) {
+    ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    snprintf(req.stage, sizeof req.stage, "%s", stage ? stage : "");
+    ps_wire_tensor_list_init(list, c->max_bytes);
+    ps_status rc = PS_OK;
+    int first_page = 1;
+    for (;;) {   /* pages until the selection is complete */
+        ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+        ps_wire_tensor_list page;
+        ps_wire_tensor_list_init(&page, c->max_bytes);
+        page.err = err;
+        ps_wire_tensors_decode_bind(&resp.parameters, &page);
+        rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
+        /* a psd without paging sends no first_rows: whole tensors */
+        if (rc == PS_OK && resp.first_rows_count != page.n && (resp.first_rows_count || resp.more))
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: %zu tensors, %u first_rows",
+                            page.n, (unsigned)resp.first_rows_count);
+        for (size_t i = 0; rc == PS_OK && i < page.n; i++)
+            rc = page_append(list, &page.items[i], resp.first_rows_count ? resp.first_rows[i] : 0, err);
+        ps_wire_tensor_list_free(&page);
+        if (rc != PS_OK) break;
+        if (first_page && version) *version = resp.model_version;
+        first_page = 0;
+        if (!resp.more) break;
+        if (resp.next < req.first || (resp.next == req.first && resp.next_row <= req.first_row)) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: paging does not advance");
+            break;
+        }
+        req.first = resp.next;
+        req.first_row = resp.next_row;
+    }
+    if (rc != PS_OK) ps_wire_tensor_list_free(list);
+    return rc;
+}
+
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
+                                   double *sq_norm, ps_err *err) {
+    ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
+    req.context_id = ctx;
+    req.trainer_rank = rank;
+    ps_wire_named_list list = {items, n};
+    ps_wire_tensors_encode_bind(&req.gradients, &list);
+    ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;
+    ps_status rc = call(c, PS_M_PUSH_GRADIENTS, &req, &resp, err);
+    if (rc == PS_OK && sq_norm) *sq_norm = resp.grad_sq_norm;
+    return rc;
+}
+
+const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name) {
+    for (int i = 0; r && i < r->n; i++)
+        if (!strcmp(r->s[i].name, name)) return &r->s[i];
+    return NULL;
 }

@@ -60,6 +60,7 @@ typedef struct ps_client_fwd {
     int train;
     const char *stage, *last_stage;  /* NULL or "" = see proto/ps.proto */
     ps_client_tensor input;
+    ps_client_tensor targets;  /* data != NULL: the fused loss (ForwardRequest.targets, int64) */
 } ps_client_fwd;
 
 typedef struct ps_client_fwd_out {
@@ -69,6 +70,10 @@ typedef struct ps_client_fwd_out {
     int64_t dims[PS_WIRE_MAX_DIMS];
     uint64_t version, round;
     int replayed;
+    /* with targets: the loss, and the input gradient into input_grad (input_grad_cap floats); out unused */
+    double loss;
+    float *input_grad;
+    int64_t input_grad_cap;
 } ps_client_fwd_out;
 
 /* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit
@@ -79,6 +84,13 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's
  * input gradient into them. step/round as StepRequest. */
+/* A named scalar for psd's round metrics (README "Round metrics"). */
+#define PS_CLIENT_MAX_SCALARS 8
+typedef struct ps_client_scalar {
+    const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
+    double value;              /* finite */
+} ps_client_scalar;
+
 typedef struct ps_client_bwd {
     uint64_t ctx;
     int n;
@@ -88,16 +100,51 @@ typedef struct ps_client_bwd {
     const int64_t *input_caps;
     int step;
     uint64_t round;
+    const ps_client_scalar *scalars;  /* with step: as ps_client_step_scalars (<= 8) */
+    int nscalars;
 } ps_client_bwd;
 
 typedef struct ps_client_step_out {
     uint64_t version, round;
     uint32_t round_contexts;
     int skipped;
+    double sq_norm;            /* Backward without step: the context's gradient norm squared */
 } ps_client_step_out;
 
 ps_status ps_client_backward_ex(ps_client *c, const ps_client_bwd *b, ps_client_step_out *o, ps_err *err);
 /* Step of a context under sync round `round` (0 = the open one). */
 ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_client_step_out *o, ps_err *err);
+/* The same with the context's gradients multiplied by grad_scale first
+ * (StepRequest.grad_scale: clipping by the global norm). */
+ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
+                                ps_err *err);
+/* The parameters of one stage (GetParametersRequest.stage), as
+ * ps_client_get_parameters. */
+ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
+                                         uint64_t *version, ps_err *err);
+/* Add the gradients of a parameter-only stage's parameters (n named float32
+ * tensors) into context ctx (PushGradients); *sq_norm (may be NULL)
+ * receives the context's gradient norm squared after it. */
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
+                                   double *sq_norm, ps_err *err);
+
+/* ---- round metrics (README "Round metrics") ---- */
+typedef struct ps_client_round_scalar {
+    char name[32];
+    uint32_t count;
+    double min, mean, max, ema;
+} ps_client_round_scalar;
+typedef struct ps_client_round {
+    uint64_t metrics_round;    /* metrics rounds closed so far */
+    int solved;                /* psd's stop metric crossed its threshold */
+    int n;
+    ps_client_round_scalar s[PS_CLIENT_MAX_SCALARS];
+} ps_client_round;
+/* Step with n (<= 8) named scalars; rep (may be NULL) receives the
+ * metrics of the step's round (sync) or the newest closed one. */
+ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
+                                 ps_client_step_out *o, ps_client_round *rep, ps_err *err);
+/* The scalar called name in r; NULL when absent. */
+const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name);
 
 #endif

@@ -4,6 +4,9 @@ CNN (scripts/gen_golden.py writes that one):
 
     tests/golden/cartpole_step.safetensors   cartpole_policy, one SGD step
     tests/golden/rnn_lm_stages.safetensors   rnn_lm's two stages, one SGD step
+    tests/golden/cartpole_adam.safetensors   cartpole_policy, two Adam steps
+    tests/golden/rnn_lm_adam.safetensors     rnn_lm, two steps: SparseAdam on the
+                                             embedding, Adam on the decoder
 
 Regenerate (needs PyTorch; Debian's python3-torch 1.13 made the committed
 files):
@@ -34,6 +37,31 @@ word_language_model's init_weights), ntoken 50, ninp 8, nhid 8, dropout 0.2:
   grad.<P> (encoder.weight dense, zero rows where no id hit), final.<P> after
   torch.optim.SGD(lr=0.5) (plain SGD: only the hit rows of encoder.weight
   change).
+
+cartpole_adam: the policy above, two steps k = 0, 1 of
+torch.optim.Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+on given output gradients: probs = net(step<k>.input, step<k>.mask),
+probs.backward(step<k>.grad_output) (random, not a loss: the parameter
+gradients are what the C side must reproduce, from the weights it has
+after step k-1).
+  tensors: init.<P>, step<k>.{input (N,4), mask (N,128), grad_output (N,2)},
+  step<k>.grad.<P>, and after the step step<k>.final.<P>,
+  step<k>.exp_avg.<P>, step<k>.exp_avg_sq.<P> (optimizer.state).
+
+rnn_lm_adam: rnn_lm's stages as above (ntoken 50, ninp 8, nhid 8), the
+embedding with sparse=True updated by torch.optim.SparseAdam, the decoder
+by torch.optim.Adam, both lr=0.01, betas (0.9, 0.999), eps 1e-8; two steps
+k = 0, 1 on given output gradients: e = emb(step<k>.emb.input,
+step<k>.emb.mask), e.backward(step<k>.emb.grad_output); out =
+dec(step<k>.dec.input, step<k>.dec.mask), out.backward(step<k>.dec.
+grad_output). Step 0 hits rows 0, 3, ..., 33 (ids 3*randint(0,12)), step 1
+rows 1, 4, ..., 34 plus a few of step 0's, so rows touched only at step 0
+show SparseAdam's laziness (weights and moments kept at step 1).
+  tensors: init.<P>, step<k>.emb.{input (S,B) I64, mask (S,B,8),
+  grad_output (S,B,8)}, step<k>.dec.{input (S,B,8), mask (S,B,8),
+  grad_output (S,B,50)}, step<k>.grad.<P> (dense; encoder.weight's sparse
+  gradient coalesced and densified), step<k>.final.<P>,
+  step<k>.exp_avg.<P>, step<k>.exp_avg_sq.<P>.
 
 Masks are bernoulli(1-p)/(1-p) in float32, drawn with torch and stored.
 Randomness: torch.manual_seed(SEED) before each model, in the order the
@@ -157,12 +185,91 @@ def rnn_lm():
     return "rnn_lm_stages.safetensors", t, meta
 
 
+def adam_state(opt, named, k, t):
+    for name, prm in named:
+        st = opt.state[prm]
+        t[f"step{k}.exp_avg.{name}"] = st["exp_avg"].detach().clone()
+        t[f"step{k}.exp_avg_sq.{name}"] = st["exp_avg_sq"].detach().clone()
+
+
+def cartpole_adam():
+    torch.manual_seed(SEED + 1)
+    net = Policy()
+    n, lr, wd = 6, 0.01, 0.01
+    named = list(net.named_parameters())
+    t = {"init." + k: v.detach().clone() for k, v in net.state_dict().items()}
+    opt = torch.optim.Adam(net.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    for k in range(2):
+        x = torch.randn(n, 4)
+        mask = torch.bernoulli(torch.full((n, 128), 0.4)) / 0.4
+        gout = torch.randn(n, 2)
+        opt.zero_grad()
+        probs = net(x, mask)
+        probs.backward(gout)
+        t.update({f"step{k}.input": x, f"step{k}.mask": mask, f"step{k}.grad_output": gout})
+        for name, prm in named:
+            t[f"step{k}.grad.{name}"] = prm.grad.detach().clone()
+        opt.step()
+        for name, prm in named:
+            t[f"step{k}.final.{name}"] = prm.detach().clone()
+        adam_state(opt, named, k, t)
+    meta = {"format": "psd golden cartpole_policy adam v1", "generator": "scripts/gen_golden_models.py",
+            "layers": "affine1=Linear(4,128); dropout(p=0.6, x*mask); relu; affine2=Linear(128,2); softmax(dim=1)",
+            "gradients": "probs.backward(step<k>.grad_output)",
+            "optimizer": f"Adam(lr={lr}, betas=(0.9, 0.999), eps=1e-08, weight_decay={wd})",
+            "steps": "2", "batch": str(n), "seed": str(SEED + 1), "torch_version": torch.__version__}
+    return "cartpole_adam.safetensors", t, meta
+
+
+def rnn_lm_adam():
+    ntoken, ninp, nhid, p, seq, batch, lr = 50, 8, 8, 0.2, 5, 3, 0.01
+    torch.manual_seed(SEED + 2)
+    emb, dec = EmbeddingTable(ntoken, ninp), Decoder(ntoken, nhid)
+    emb.encoder.sparse = True              # sparse gradient: what SparseAdam takes
+    nemb, ndec = list(emb.named_parameters()), list(dec.named_parameters())
+    t = {"init." + k: v.detach().clone() for k, v in list(emb.state_dict().items()) + list(dec.state_dict().items())}
+    sopt = torch.optim.SparseAdam([prm for _, prm in nemb], lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    dopt = torch.optim.Adam([prm for _, prm in ndec], lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    for k in range(2):
+        ids = torch.randint(0, 12, (seq, batch), dtype=torch.int64) * 3 + k
+        if k == 1:
+            ids[0, :] = torch.tensor([0, 3, 6])   # a few rows of step 0 again
+        emask = torch.bernoulli(torch.full((seq, batch, ninp), 1 - p)) / (1 - p)
+        dmask = torch.bernoulli(torch.full((seq, batch, nhid), 1 - p)) / (1 - p)
+        h = torch.randn(seq, batch, nhid)
+        eg = torch.randn(seq, batch, ninp)
+        dg = torch.randn(seq, batch, ntoken)
+        sopt.zero_grad()
+        dopt.zero_grad()
+        emb(ids, emask).backward(eg)
+        dec(h, dmask).backward(dg)
+        t.update({f"step{k}.emb.input": ids, f"step{k}.emb.mask": emask, f"step{k}.emb.grad_output": eg,
+                  f"step{k}.dec.input": h, f"step{k}.dec.mask": dmask, f"step{k}.dec.grad_output": dg})
+        for name, prm in nemb + ndec:
+            gr = prm.grad.coalesce().to_dense() if prm.grad.is_sparse else prm.grad
+            t[f"step{k}.grad.{name}"] = gr.detach().clone()
+        sopt.step()
+        dopt.step()
+        for name, prm in nemb + ndec:
+            t[f"step{k}.final.{name}"] = prm.detach().clone()
+        adam_state(sopt, nemb, k, t)
+        adam_state(dopt, ndec, k, t)
+    meta = {"format": "psd golden rnn_lm adam v1", "generator": "scripts/gen_golden_models.py",
+            "sizes": f"ntoken={ntoken} ninp={ninp} nhid={nhid} dropout={p}", "shape": f"seq={seq} batch={batch}",
+            "layers": "emb: encoder=Embedding(50,8,sparse=True), x*emb.mask | decoder: x*dec.mask, decoder=Linear(8,50)",
+            "gradients": "emb.backward(step<k>.emb.grad_output), dec.backward(step<k>.dec.grad_output)",
+            "optimizer": f"SparseAdam(encoder, lr={lr}, betas=(0.9, 0.999), eps=1e-08); "
+                         f"Adam(decoder, lr={lr}, betas=(0.9, 0.999), eps=1e-08)",
+            "steps": "2", "seed": str(SEED + 2), "torch_version": torch.__version__}
+    return "rnn_lm_adam.safetensors", t, meta
+
+
 def main():
     assert sys.byteorder == "little"
     out_dir = sys.argv[1] if len(sys.argv) > 1 else OUT_DIR
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    for make in (cartpole, rnn_lm):
+    for make in (cartpole, rnn_lm, cartpole_adam, rnn_lm_adam):
         name, tensors, meta = make()
         path = os.path.join(out_dir, name)
         write_safetensors(path, tensors, meta)

@@ -21,6 +21,8 @@ PKGS=(
   openssl              # TLS tests make throw-away certificates
   iproute2             # make test-faults: network namespaces
   prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
+  fortunes             # the language-model corpus (scripts/fetch-fortunes.sh) and tests/it_lm.sh
+  python3-torch        # golden files and tests/it_lm.sh: PyTorch loads psd's rnn_lm checkpoint
 )
 # make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)

@@ -165,21 +165,25 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     PS_ASSERT(keep >= 1);
     int np = ps_model_num_params(m);
     int64_t nw = ps_model_num_weights(m);
-    int mom = ps_model_has_momentum(m);
+    const ps_optim_spec *spec = ps_model_optim(m);
+    const int ns = ps_optim_num_state(spec);
     float *w = malloc((size_t)nw * sizeof(float));
-    float *mb = mom ? malloc((size_t)nw * sizeof(float)) : NULL;
-    unsigned char *started = calloc((size_t)np, 1);
+    float *sb[PS_OPTIM_MAX_STATE] = {0};   /* state buffer j of every parameter, laid out as w */
+    int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
     ps_st_tensor *t = calloc((size_t)np, sizeof *t);
     const float **ptrs = calloc((size_t)np, sizeof *ptrs);
     int64_t *numel = calloc((size_t)np, sizeof *numel);
     ps_ckpt_optim_param *op = calloc((size_t)np, sizeof *op);
     ps_status rc = PS_OK;
-    if (!w || (mom && !mb) || !started || !t || !ptrs || !numel || !op) {
+    int have = 1;
+    for (int j = 0; j < ns; j++) have &= (sb[j] = malloc((size_t)nw * sizeof(float))) != NULL;
+    if (!w || !have || !steps || !t || !ptrs || !numel || !op) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
         goto done;
     }
+    /* Weights, steps and state under one shared weights lock: consistent. */
     uint64_t version;
-    if ((rc = ps_model_snapshot(m, w, mb, started, &version, err))) goto done;
+    if ((rc = ps_model_snapshot(m, w, steps, sb, &version, err))) goto done;
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
         crcbuf[16];
@@ -192,8 +196,7 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     snprintf(tbuf, sizeof tbuf, "%.0f", now);
 
     /* The optimizer file first: the weights file marks a complete pair.
-     * ps_model keeps SGD state (momentum buffers once started) and steps
-     * every parameter at every version. */
+     * A parameter's state exists once it took a step (PyTorch's rule). */
     int64_t off = 0;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
@@ -202,11 +205,11 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
         q->ndim = pi->ndim;
         memcpy(q->dims, pi->dims, sizeof q->dims);
         q->numel = pi->numel;
-        q->step = (int64_t)version;
-        q->state[0] = mom && started[i] ? mb + off : NULL;
+        q->step = steps[i];
+        for (int j = 0; j < ns; j++) q->state[j] = steps[i] > 0 ? sb[j] + off : NULL;
         off += pi->numel;
     }
-    const ps_ckpt_optim o = { PS_OPTIM_SGD, np, op };
+    const ps_ckpt_optim o = { spec->kind, np, op };
     if ((rc = ps_ckpt_optim_write(opath, &o, ps_model_arch(m), version, err))) goto done;
 
     off = 0;
@@ -246,8 +249,8 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
     retain(dir, keep);
 done:
     free(w);
-    free(mb);
-    free(started);
+    for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
+    free(steps);
     free(t);
     free(ptrs);
     free(numel);
@@ -571,7 +574,7 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
     ps_status rc = PS_OK;
     ps_st_file *wf = NULL;
     ps_ckpt_optim_param *op = NULL;
-    float *mb = NULL;
+    float *sb[PS_OPTIM_MAX_STATE] = {0};
     const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt);
     if (!wt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
     if (!(wf = ps_st_read(path, err))) { rc = err ? err->code : PS_ERR_FORMAT; goto done; }
@@ -612,10 +615,12 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
     char opath[PS_CKPT_PATH_MAX];
     const char *slash = strrchr(path, '/');
     snprintf(opath, sizeof opath, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, oname);
-    /* ps_model keeps SGD state: momentum buffers when momentum > 0. */
-    const int mom = ps_model_has_momentum(m);
-    if (!(op = calloc((size_t)np, sizeof *op)) ||
-        (mom && !(mb = malloc((size_t)ps_model_num_weights(m) * sizeof *mb)))) {
+    /* The running optimizer's state: ns buffers per parameter. */
+    const ps_optim_spec *spec = ps_model_optim(m);
+    const int ns = ps_optim_num_state(spec);
+    int have = (op = calloc((size_t)np, sizeof *op)) != NULL;
+    for (int j = 0; j < ns; j++) have &= (sb[j] = malloc((size_t)ps_model_num_weights(m) * sizeof(float))) != NULL;
+    if (!have) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto done;
     }
@@ -627,20 +632,22 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
         q->ndim = pi->ndim;
         memcpy(q->dims, pi->dims, sizeof q->dims);
         q->numel = pi->numel;
-        q->state[0] = mom ? mb + off : NULL;
+        for (int j = 0; j < ns; j++) q->state[j] = sb[j] + off;
         off += pi->numel;
     }
-    ps_ckpt_optim o = { PS_OPTIM_SGD, np, op };
+    ps_ckpt_optim o = { spec->kind, np, op };
     if ((rc = ps_ckpt_optim_read(opath, &o, ps_model_arch(m), version, err))) {
         ps_err_prefix(err, "optimizer state of %s", path);
         goto done;
     }
 
-    /* Everything checked: apply. */
+    /* Everything checked: apply. Buffers the file lacks were zero-filled
+     * by ps_ckpt_optim_read (SGD: momentum restarts; Adam: only with step
+     * 0, it refuses a half state). */
     for (int i = 0; i < np && rc == PS_OK; i++) {
         rc = ps_model_set_param(m, i, wt[i]->data, err);
-        if (rc == PS_OK && mom)
-            rc = ps_model_set_momentum(m, i, op[i].has_state ? op[i].state[0] : NULL, err);
+        if (rc == PS_OK)
+            rc = ps_model_set_optim_state(m, i, op[i].step, (const float *const *)op[i].state, err);
     }
     if (rc) goto done;
     ps_model_set_version(m, version);
@@ -653,7 +660,7 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
 done:
     free(wt);
     free(op);
-    free(mb);
+    for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
     ps_st_free(wf);
     return rc;
 }

@@ -106,15 +106,17 @@ ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arc
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
 
 /* Write a checkpoint of m's current state into dir, then delete all but the
- * keep (>= 1) newest checkpoints. *out (may be NULL) describes what was
+ * keep (>= 1) newest checkpoints: weights, each parameter's optimizer step
+ * and state (ps_model_snapshot, one shared weights lock: consistent) in the
+ * kind of ps_model_optim(m). *out (may be NULL) describes what was
  * written. */
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
                        ps_ckpt_info *out, ps_err *err);
 
 /* Load the checkpoint whose weights file is path (the optimizer sibling is
- * found from its metadata) into m: weights, momentum buffers, version.
- * (Today's ps_model has SGD only; its state goes through the generic
- * ps_ckpt_optim above, so a model with other kinds only needs to fill it.) */
+ * found from its metadata) into m: weights, each parameter's optimizer step
+ * and state (ps_model_set_optim_state; the file's kind must be m's, see the
+ * resume rules above), version. */
 ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err);
 
 /* Restore the newest checkpoint in dir that loads; each refused one is
@@ -125,7 +127,8 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
 
 /* Set m's weights from any safetensors file with the model's state_dict
  * names and shapes (e.g. saved from PyTorch with safetensors.torch.save_file,
- * F32 or F64): version and momentum stay as they are. A missing, extra or
+ * F32 or F64): the version stays; the optimizer state restarts (as
+ * ps_model_set_param: step 0, buffers zero). A missing, extra or
  * mis-shaped tensor is refused with its name. */
 ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err);
 

@@ -119,7 +119,7 @@ static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
 
 /* Apply a taken round outside the lock and answer its members. */
 static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
-    void **grads = calloc((size_t)n, sizeof *grads);
+    void **grads = calloc((size_t)n * 2, sizeof *grads);
     ps_err err = {0};
     uint64_t version = 0;
     ps_status st;
@@ -127,8 +127,8 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
         st = ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory applying round %llu",
                         (unsigned long long)round);
     } else {
-        for (int i = 0; i < n; i++) grads[i] = m[i].grads;
-        st = c->apply(c->user, grads, n, c->o.sync_average, &version, &err);
+        for (int i = 0; i < n; i++) grads[i] = m[i].grads, grads[n + i] = m[i].arg;
+        st = c->apply(c->user, grads, grads + n, n, c->o.sync_average, &version, &err);
         if (st) ps_err_prefix(&err, "round %llu not applied", (unsigned long long)round);
     }
     free(grads);
@@ -239,13 +239,27 @@ static int may_run_locked(ps_cons *c, uint32_t rank, double now) {
     return lo == UINT64_MAX || clock_of_locked(c, rank)->clock <= lo + (uint64_t)c->o.max_staleness;
 }
 
+/* A rank seen for the first time, or back after being inactive, joins at
+ * the present: its clock is raised to the slowest active clock, so a new or
+ * returning trainer is held to the bound from now on instead of stalling
+ * everyone until it has replayed the steps it missed. */
+static rank_clock *touch_locked(ps_cons *c, uint32_t rank, double now) {
+    rank_clock *k = clock_of_locked(c, rank);
+    if (!k->used || now - k->last_seen > c->o.active_s) {
+        k->used = 0;  /* not counted while finding the others' slowest */
+        uint64_t lo = slowest_locked(c, now);
+        if (lo != UINT64_MAX && lo > k->clock) k->clock = lo;
+        k->used = 1;
+    }
+    k->last_seen = now;
+    return k;
+}
+
 int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg) {
     if (c->o.mode != PS_CONS_SSP) return 1;
     double now = now_s();
     pthread_mutex_lock(&c->mu);
-    rank_clock *k = clock_of_locked(c, rank);
-    k->used = 1;
-    k->last_seen = now;
+    touch_locked(c, rank, now);
     int ok = c->closed || may_run_locked(c, rank, now);
     if (!ok) {
         held *h = malloc(sizeof *h);
@@ -267,12 +281,7 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank) {
     double now = now_s();
     held *go = NULL;
     pthread_mutex_lock(&c->mu);
-    if (rank != UINT32_MAX) {
-        rank_clock *k = clock_of_locked(c, rank);
-        k->used = 1;
-        k->clock++;
-        k->last_seen = now;
-    }
+    if (rank != UINT32_MAX) touch_locked(c, rank, now)->clock++;
     held **pp = &c->held_head;
     while (*pp) {
         held *h = *pp;

@@ -22,7 +22,9 @@
  *    ACTIVE rank (seen within the activity window) waits - its reply
  *    deferred - until the slowest catches up or goes inactive. Nothing is
  *    refused, and no forward runs on weights older than the bound. Steps
- *    apply as under hogwild.
+ *    apply as under hogwild. A rank seen for the first time, or back after
+ *    being inactive, joins at the present (its clock raised to the slowest
+ *    active one) rather than stalling everyone while it replays the past.
  *
  * This module holds the rules and the waiting lists; it knows neither gRPC
  * nor the model. The service hands it callbacks: `apply` (sum/average a
@@ -53,10 +55,12 @@ typedef struct ps_cons_opts {
 } ps_cons_opts;
 
 /* Applies one round: grads[0..n-1] are the members' gradient accumulators
- * (NULL for a member whose step is skipped, e.g. non-finite values);
- * average says whether to divide the sum by the number of non-NULL ones.
+ * (NULL for a member whose step is skipped, e.g. non-finite values) and
+ * args[0..n-1] the members' done arguments (what the service keeps per
+ * member, e.g. its round metrics); average says whether to divide the sum
+ * by the number of non-NULL ones. Called once per round, before any done.
  * Returns PS_OK and the new model version, or an error (nothing applied). */
-typedef ps_status (*ps_cons_apply_fn)(void *user, void *const *grads, int n, int average,
+typedef ps_status (*ps_cons_apply_fn)(void *user, void *const *grads, void *const *args, int n, int average,
                                       uint64_t *version, ps_err *err);
 /* Answers one sync member: st == PS_OK with the round's version, round and
  * member count, or an error in err (round not applied, or shutdown). */

@@ -67,6 +67,7 @@ typedef struct ps_ctx {
     void *grads;            /* accumulated parameter gradients (ps_grads); NULL before a Backward */
     int nonfinite;          /* a NaN/Inf reached this context: its step is not applied */
     uint64_t round;         /* consistency "sync": the round the context belongs to */
+    int pushed;             /* a PushGradients was added (a repeat is not added again) */
     size_t bytes;           /* tapes + gradients held (ps_ctx_table_account) */
     /* private */
     size_t reserved;        /* admitted by ps_ctx_table_reserve, not yet accounted */

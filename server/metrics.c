@@ -1,4 +1,5 @@
 #include "metrics.h"
+#include "round_metrics.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -162,6 +163,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
 
     family(&b, "psd_build_info", "gauge", "psd version and model (value 1).");
     put(&b, "psd_build_info{version=\"%s\",model=\"%s\"} 1\n", PS_VERSION, ps_model_arch(m->model));
+    family(&b, "psd_cpu_isa_info", "gauge",
+           "Instruction set the CPU backend's kernels use (oneDNN's effective ISA; value 1).");
+    put(&b, "psd_cpu_isa_info{isa=\"%s\"} 1\n", ps_backend_cpu_isa());
     family(&b, "psd_uptime_seconds", "gauge", "Seconds since psd started.");
     put(&b, "psd_uptime_seconds %.3f\n", ps_service_uptime(m->svc));
     family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown or saturated for "
@@ -247,6 +251,26 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_sync_timeouts_total %llu\n", (unsigned long long)ms.sync_timeouts);
     family(&b, "psd_ssp_deferred_total", "counter", "consistency ssp: training Forwards that waited for the slowest trainer.");
     put(&b, "psd_ssp_deferred_total %llu\n", (unsigned long long)ms.ssp_deferred);
+    ps_round_report rr;
+    const char *stop_metric;
+    double stop_threshold;
+    ps_service_round_metrics(m->svc, &rr, &stop_metric, &stop_threshold);
+    family(&b, "psd_metrics_rounds_total", "counter", "Metrics rounds closed (sync rounds, or server.metrics_round_steps Steps).");
+    put(&b, "psd_metrics_rounds_total %llu\n", (unsigned long long)rr.round);
+    family(&b, "psd_round_scalar", "gauge",
+           "The newest metrics round's scalars from the Steps: stat min, mean, max, count and ema (across rounds).");
+    for (int i = 0; i < rr.n; i++) {
+        const ps_round_stat *st = &rr.s[i];
+        put(&b, "psd_round_scalar{name=\"%s\",stat=\"min\"} %.17g\n", st->name, st->min);
+        put(&b, "psd_round_scalar{name=\"%s\",stat=\"mean\"} %.17g\n", st->name, st->mean);
+        put(&b, "psd_round_scalar{name=\"%s\",stat=\"max\"} %.17g\n", st->name, st->max);
+        put(&b, "psd_round_scalar{name=\"%s\",stat=\"count\"} %u\n", st->name, st->count);
+        put(&b, "psd_round_scalar{name=\"%s\",stat=\"ema\"} %.17g\n", st->name, st->ema);
+    }
+    if (stop_metric && stop_metric[0]) {
+        family(&b, "psd_solved", "gauge", "1 once the EMA of server.stop_metric exceeded server.stop_threshold.");
+        put(&b, "psd_solved{metric=\"%s\"} %d\n", stop_metric, rr.solved);
+    }
 
     ps_ckpt_info ck;
     if (ps_service_checkpoint(m->svc, &ck)) {

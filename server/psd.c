@@ -27,6 +27,7 @@
 #include "cli.h"
 #include "config.h"
 #include "daemon.h"
+#include "isa_check.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
@@ -115,6 +116,40 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     return PS_OK;
 }
 
+/* Start-up: the CPU's effective ISA, and every training primitive that
+ * oneDNN could only give a reference (plain C) kernel - the difference
+ * between ~1000 and ~80 samples/s. A probe step on a throwaway copy of the
+ * model creates the primitives (ps_isa_check); the served model is not
+ * touched. */
+static void log_cpu_kernels(const ps_model_opts *mo) {
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    char capped[96] = "";
+    if (cap && cap[0]) snprintf(capped, sizeof capped, " (capped by ONEDNN_MAX_CPU_ISA=%.40s)", cap);
+    if (strcmp(mo->cpu_backend, "dnnl")) {
+        ps_log(PS_LOG_INFO, "cpu ISA %s%s; cpu backend %s: no kernel check", ps_backend_cpu_isa(), capped,
+               mo->cpu_backend);
+        return;
+    }
+    ps_isa_report rep;
+    ps_err err = {0};
+    if (ps_isa_check(mo, 32, &rep, &err) != PS_OK) {
+        ps_log(PS_LOG_WARN, "cpu ISA %s%s; kernel check failed: %s", rep.isa, capped, err.msg);
+        return;
+    }
+    if (rep.nfallback == 0) {
+        ps_log(PS_LOG_INFO, "cpu ISA %s%s; training kernels: no reference fallbacks", rep.isa, capped);
+        return;
+    }
+    ps_log(PS_LOG_WARN, "cpu ISA %s%s; %d training primitive%s run oneDNN's slow reference kernels:", rep.isa,
+           capped, rep.nfallback, rep.nfallback == 1 ? "" : "s");
+    for (char *line = rep.fallbacks, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) { ps_log(PS_LOG_WARN, "  reference kernel: %s", line); break; }
+        *nl = 0;
+        ps_log(PS_LOG_WARN, "  reference kernel: %s", line);
+    }
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -188,15 +223,6 @@ int main(int argc, char **argv) {
     }
     if (!cfg.server.log_file[0]) ps_daemon_use_journal_if_attached();
 
-    /* The model executor applies SGD only so far (common/nn/optim.h has Adam;
-     * the executor does not call it yet): refuse rather than silently run
-     * SGD when the config asks for another optimizer. */
-    if (cfg.optimizer.type != PS_OPTIMIZER_SGD) {
-        fprintf(stderr, "psd: optimizer.type: '%s' is not supported by this psd yet (its model executor "
-                "applies sgd only)\n", ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type));
-        return 2;
-    }
-
     /* Build the model before anything listens: placement errors stop start-up. */
     if (ps_config_check_model(&cfg, &err)) {
         fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
@@ -218,9 +244,18 @@ int main(int argc, char **argv) {
     mo.seed = cfg.model.seed;
     mo.compute_threads = cfg.server.compute_threads > 0 ? cfg.server.compute_threads
                                                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    mo.lr = (float)cfg.optimizer.lr;
-    mo.momentum = (float)cfg.optimizer.momentum;
-    mo.weight_decay = (float)cfg.optimizer.weight_decay;
+    /* optimizer.type's values are ps_optim_kind's (config.h); the model
+     * checks the settings (e.g. momentum with adam, weight decay with an
+     * embedding table) and names the one it refuses. */
+    ps_optim_spec os;
+    ps_optim_spec_default((ps_optim_kind)cfg.optimizer.type, &os);
+    os.lr = cfg.optimizer.lr;
+    os.momentum = cfg.optimizer.momentum;
+    os.weight_decay = cfg.optimizer.weight_decay;
+    os.beta1 = cfg.optimizer.beta1;
+    os.beta2 = cfg.optimizer.beta2;
+    os.eps = cfg.optimizer.eps;
+    mo.optim = &os;
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
@@ -272,6 +307,9 @@ int main(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);  /* before grpc_init: its threads inherit it */
+    /* After the mask: the probe step starts the OpenMP workers, which must
+     * inherit it too, or a SIGTERM lands on one of them and kills psd. */
+    log_cpu_kernels(&mo);
     grpc_init();
 
     char consistency[256];
@@ -295,10 +333,16 @@ int main(int argc, char **argv) {
         .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
         .consistency = consistency,
         .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
+        .cpu_isa = ps_backend_cpu_isa,
         .mode = (int)cfg.server.consistency,  /* same order as ps_cons_mode */
         .sync_workers = cfg.server.sync_workers,
         .sync_timeout_s = cfg.server.sync_timeout_s,
         .sync_average = cfg.server.sync_reduce == PS_SYNC_MEAN,
+        .metrics_round_steps = cfg.server.metrics_round_steps,
+        .metrics_ema_alpha = cfg.server.metrics_ema_alpha,
+        .metrics_ema_of = cfg.server.metrics_ema_of,
+        .stop_metric = cfg.server.stop_metric,
+        .stop_threshold = cfg.server.stop_threshold,
         .max_staleness = cfg.server.max_staleness,
         .settle_window_s = cfg.server.settle_window_s,
         .max_finished = (size_t)cfg.server.max_finished,

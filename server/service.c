@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "consistency.h"
+#include "round_metrics.h"
 #include "health.pb.h"
 #include "log.h"
 #include "methods.h"
@@ -20,6 +21,9 @@ struct ps_service {
     ps_model *model;
     ps_ctx_table *ctx;
     ps_cons *cons;               /* server.consistency */
+    ps_rmetrics *rm;             /* round metrics of the Steps' scalars */
+    char stop_metric[PS_RM_NAME_MAX];
+    double stop_threshold;
     /* ssp: Forwards released from their wait run here, not on the
      * releasing thread (a Step's reply must not wait for them) */
     pthread_t exec;
@@ -48,7 +52,8 @@ struct ps_service {
 };
 
 static void grads_free_cb(void *g) { ps_grads_free(g); }
-static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err);
+static ps_status sync_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
+                            ps_err *err);
 static void *exec_main(void *p);
 
 static double mono_now(void) {
@@ -74,10 +79,23 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
         free(s);
         return NULL;
     }
+    ps_rmetrics_opts ro = {.alpha = o->metrics_ema_alpha > 0 ? o->metrics_ema_alpha : 0.05,
+                           .ema_of = (ps_rm_ema_of)o->metrics_ema_of,
+                           .round_steps = o->metrics_round_steps > 0 ? o->metrics_round_steps : 1,
+                           .stop_metric = o->stop_metric, .stop_threshold = o->stop_threshold};
+    if (!(s->rm = ps_rmetrics_create(&ro, err))) {
+        ps_cons_free(s->cons);
+        ps_ctx_table_free(s->ctx);
+        free(s);
+        return NULL;
+    }
+    snprintf(s->stop_metric, sizeof s->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
+    s->stop_threshold = o->stop_threshold;
     pthread_mutex_init(&s->exec_mu, NULL);
     pthread_cond_init(&s->exec_cv, NULL);
     if (o->mode == PS_CONS_SSP) {
         if (pthread_create(&s->exec, NULL, exec_main, s)) {
+            ps_rmetrics_free(s->rm);
             ps_cons_free(s->cons);
             ps_ctx_table_free(s->ctx);
             free(s);
@@ -113,6 +131,7 @@ void ps_service_free(ps_service *s) {
     if (!s) return;
     ps_service_close(s);
     ps_cons_free(s->cons);
+    ps_rmetrics_free(s->rm);
     pthread_mutex_destroy(&s->exec_mu);
     pthread_cond_destroy(&s->exec_cv);
     pthread_mutex_destroy(&s->ckpt_mu);
@@ -361,6 +380,7 @@ typedef struct fwd_req {
     ps_service *svc;
     ps_ForwardRequest req;
     ps_wire_tensor_in in;
+    ps_wire_tensor_in tin;   /* targets */
     ps_err err;
     ps_rpc_call *call;       /* when deferred */
 } fwd_req;
@@ -368,6 +388,7 @@ typedef struct fwd_req {
 static void fwd_req_free(fwd_req *f) {
     if (!f) return;
     ps_wire_tensor_in_free(&f->in);
+    ps_wire_tensor_in_free(&f->tin);
     free(f);
 }
 
@@ -377,8 +398,36 @@ typedef struct fwd_node {
 } fwd_node;
 
 /* Runs a decoded, validated Forward; *response or err. */
+static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                              size_t gbytes, const char *what, float *gin, ps_err *err);
+
+/* Mean cross-entropy of logits (n, k) against int64 targets; grad receives
+ * d loss / d logits. INVALID_ARGUMENT naming a target outside 0..k-1. */
+static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad, double *loss,
+                          ps_err *err) {
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (tgt[i] < 0 || tgt[i] >= k)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets[%lld] = %lld: outside the %lld "
+                              "classes of the output", (long long)i, (long long)tgt[i], (long long)k);
+        const float *z = logits + i * k;
+        float mx = z[0];
+        for (int64_t v = 1; v < k; v++) mx = z[v] > mx ? z[v] : mx;
+        double se = 0;
+        for (int64_t v = 0; v < k; v++) se += exp((double)z[v] - mx);
+        double lse = mx + log(se);
+        total += lse - z[tgt[i]];
+        float *g = grad + i * k;
+        for (int64_t v = 0; v < k; v++) g[v] = (float)(exp((double)z[v] - lse) / (double)n);
+        g[tgt[i]] -= 1.0f / (float)n;
+    }
+    *loss = total / (double)n;
+    return PS_OK;
+}
+
 static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardRequest *req,
-                             const ps_wire_tensor_in *in, grpc_byte_buffer **response, ps_err *err) {
+                             const ps_wire_tensor_in *in, const ps_wire_tensor_in *tin,
+                             grpc_byte_buffer **response, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -400,6 +449,18 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
     if (req->train && req->context_id == 0)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.context_id: a training forward needs a "
                           "non-zero context id");
+    int fused = req->has_targets;
+    if (fused) {
+        if (!req->train)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: a fused loss needs train=true");
+        if (so->out_ndim != 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: stage '%s' does not output "
+                              "logits (one vector per sample)", so->name);
+        if (req->targets.dtype != ps_DType_INT64 || tin->bytes != (size_t)n * sizeof(int64_t))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: %s of %zu bytes; the fused "
+                              "loss takes %lld int64 class ids (one per sample)", ps_wire_dtype_name(req->targets.dtype),
+                              tin->bytes, (long long)n);
+    }
     int bad_input = 0;
     if (si->in_dtype == PS_DTYPE_F32 &&
         check_finite(in->data, in->bytes / sizeof(float), "ForwardRequest.input", err)) {
@@ -418,6 +479,7 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
     uint64_t version = 0;
     ps_tape *tape = NULL;
     ps_ctx *c = NULL;
+    float *gin = NULL;
     int replayed = 0;
     ps_status st = PS_OK;
     if (req->train) {
@@ -427,6 +489,12 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
             goto out;
         }
         ps_ctx_fwd *rec = ps_ctx_find_fwd(c, req->seq);
+        if (rec && fused) {
+            st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: forward %u with targets is recorded "
+                            "and backwarded; a fused forward is not repeated: run the round again under a new "
+                            "context", (unsigned long long)req->context_id, req->seq);
+            goto out;
+        }
         if (rec) {  /* a retried Forward: answer from the record */
             if (!rec->tape) {
                 st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: forward %u was already "
@@ -464,8 +532,36 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
     int64_t dims[PS_WIRE_MAX_DIMS];
     int nd = join_dims(dims, req->input.shape, nlead, so->out_dims, so->out_ndim);
     if (nd == 1) dims[nd++] = 1;  /* a scalar per sample travels as (N, 1) */
-    resp.has_output = true;
-    ps_wire_tensor_encode_bind(&resp.output, NULL, nd, dims, out);
+    if (fused) {   /* the loss here, the backward of this forward at once */
+        int64_t inper = 1;
+        for (int i = 0; i < si->in_ndim; i++) inper *= si->in_dims[i];
+        gin = si->in_dtype == PS_DTYPE_F32 ? malloc((size_t)(n * inper) * sizeof(float) + 1) : NULL;
+        float *dl = malloc((size_t)(n * outper) * sizeof(float) + 1);
+        if (!dl || (si->in_dtype == PS_DTYPE_F32 && !gin)) {
+            free(dl);
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the fused loss");
+            goto out;
+        }
+        st = fused_ce(out, (const int64_t *)tin->data, n, outper, dl, &resp.loss, err);
+        ps_Tensor gt = ps_Tensor_init_zero;
+        gt.shape_count = (pb_size_t)nd;
+        memcpy(gt.shape, dims, sizeof(int64_t) * (size_t)nd);
+        gt.dtype = ps_DType_FLOAT32;
+        if (!st) st = backward_one(s, c, req->seq, &gt, dl, (size_t)(n * outper) * sizeof(float),
+                                   "ForwardRequest.targets", gin, err);
+        free(dl);
+        if (st) goto out;
+        size_t tb = 0;
+        for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
+        ps_ctx_table_account(s->ctx, c, (c->grads ? ps_grads_bytes(c->grads) : 0) + tb);
+        if (gin) {
+            resp.has_input_grad = true;
+            ps_wire_tensor_encode_bind(&resp.input_grad, NULL, (int)req->input.shape_count, req->input.shape, gin);
+        }
+    } else {
+        resp.has_output = true;
+        ps_wire_tensor_encode_bind(&resp.output, NULL, nd, dims, out);
+    }
     resp.model_version = version;
     resp.replayed = replayed;
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp.round = c && c->round ? c->round : ps_cons_round(s->cons);
@@ -475,6 +571,7 @@ out:
     if (c) ps_ctx_table_release(s->ctx, c);
     ps_tape_free(tape);
     free(out);
+    free(gin);
     return st;
 }
 
@@ -519,7 +616,7 @@ static void *exec_main(void *p) {
         free(node);
         grpc_byte_buffer *resp = NULL;
         ps_err err = {0};
-        if (forward_run(s, f->owner, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
@@ -546,6 +643,9 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     ps_wire_tensor_in_init(&f->in, s->max_tensor_bytes);
     f->in.err = &err;
     ps_wire_tensor_decode_bind(&f->req.input, &f->in);
+    ps_wire_tensor_in_init(&f->tin, s->max_tensor_bytes);
+    f->tin.err = &err;
+    ps_wire_tensor_decode_bind(&f->req.targets, &f->tin);
     if (ps_service_draining(s)) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
                    "contexts may still finish their Backward and Step); retry when it is back");
@@ -553,22 +653,24 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     }
     if (ps_wire_decode(request, ps_ForwardRequest_fields, &f->req, &err) ||
         (!f->req.has_input && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.input is missing")) ||
-        ps_wire_tensor_check(&f->req.input, &f->in, "ForwardRequest.input", &err))
+        ps_wire_tensor_check(&f->req.input, &f->in, "ForwardRequest.input", &err) ||
+        (f->req.has_targets && ps_wire_tensor_check(&f->req.targets, &f->tin, "ForwardRequest.targets", &err)))
         goto fail;
     f->in.err = NULL;
+    f->tin.err = NULL;
     /* ssp: a trainer too far ahead waits, without holding this thread. */
     if (f->req.train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && info->call) {
         f->call = ps_rpc_call_defer(info, NULL, NULL);
         if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
         grpc_byte_buffer *resp = NULL;
-        if (forward_run(s, f->owner, &f->req, &f->in, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
         fwd_req_free(f);
         return;
     }
-    if (forward_run(s, f->owner, &f->req, &f->in, response, &err)) goto fail;
+    if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, response, &err)) goto fail;
     fwd_req_free(f);
     return;
 fail:
@@ -593,15 +695,41 @@ typedef struct step_result {
     uint64_t version, round;
     uint32_t members;
     int skipped;
+    double sq_norm;         /* Backward without step: the context's gradient norm squared */
+    const ps_round_report *metrics;  /* NULL: the newest closed metrics round */
 } step_result;
 
-static ps_status encode_step_result(int as_backward, const step_result *r, const ps_wire_named_list *input_grads,
-                                    grpc_byte_buffer **response, ps_err *err) {
+static void put_round_scalars(const ps_round_report *r, ps_RoundScalar *out, pb_size_t *count, pb_size_t cap) {
+    *count = 0;
+    for (int i = 0; i < r->n && *count < cap; i++) {
+        ps_RoundScalar *o = &out[(*count)++];
+        snprintf(o->name, sizeof o->name, "%s", r->s[i].name);
+        o->count = r->s[i].count;
+        o->min = r->s[i].min;
+        o->mean = r->s[i].mean;
+        o->max = r->s[i].max;
+        o->ema = r->s[i].ema;
+    }
+}
+
+/* A request's scalars as a checked set. */
+static ps_status scalars_in(const ps_ScalarValue *v, pb_size_t n, ps_scalar_set *set, ps_err *err) {
+    set->n = 0;
+    for (pb_size_t i = 0; i < n && i < PS_RM_MAX_SCALARS; i++) {
+        snprintf(set->s[set->n].name, PS_RM_NAME_MAX, "%s", v[i].name);
+        set->s[set->n++].value = v[i].value;
+    }
+    return ps_scalar_set_check(set, err);
+}
+
+static ps_status encode_step_result(ps_service *svc, int as_backward, const step_result *r,
+                                    const ps_wire_named_list *input_grads, grpc_byte_buffer **response, ps_err *err) {
     if (as_backward) {
         ps_BackwardResponse resp = ps_BackwardResponse_init_zero;
         resp.model_version = r->version;
         resp.skipped = r->skipped;
         resp.round = r->round;
+        resp.grad_sq_norm = r->sq_norm;
         if (input_grads && input_grads->n) ps_wire_tensors_encode_bind(&resp.input_grads, input_grads);
         return ps_wire_encode(ps_BackwardResponse_fields, &resp, response, err);
     }
@@ -610,6 +738,18 @@ static ps_status encode_step_result(int as_backward, const step_result *r, const
     resp.skipped = r->skipped;
     resp.round = r->round;
     resp.round_contexts = r->members;
+    ps_round_report latest;
+    const ps_round_report *m = r->metrics;
+    if (!m && svc) {
+        ps_rmetrics_latest(svc->rm, &latest);
+        m = &latest;
+    }
+    if (m) {
+        put_round_scalars(m, resp.round_scalars, &resp.round_scalars_count,
+                          (pb_size_t)(sizeof resp.round_scalars / sizeof resp.round_scalars[0]));
+        resp.metrics_round = m->round;
+        resp.solved = m->solved;
+    }
     return ps_wire_encode(ps_StepResponse_fields, &resp, response, err);
 }
 
@@ -622,6 +762,8 @@ typedef struct sync_wait {
     ps_wire_named_list grads_list;  /* Backward(step, want_input_grad): what to send back */
     ps_wire_named *items;
     float *gbuf;
+    ps_scalar_set scalars;          /* its contribution to the round's metrics */
+    ps_round_report report;         /* the round's metrics (set by sync_apply) */
 } sync_wait;
 
 static void sync_wait_free(sync_wait *w) {
@@ -643,10 +785,10 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
     int skipped = w->ctx->nonfinite;
     if (skipped) count(&s->nonfinite_skipped);
     ps_ctx_table_finish(s->ctx, w->ctx, version);
-    step_result r = {version, round, members, skipped};
+    step_result r = {.version = version, .round = round, .members = members, .skipped = skipped, .metrics = &w->report};
     grpc_byte_buffer *resp = NULL;
     ps_err e = {0};
-    if (encode_step_result(w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
+    if (encode_step_result(s, w->as_backward, &r, &w->grads_list, &resp, &e) == PS_OK)
         ps_rpc_call_complete(w->call, resp, GRPC_STATUS_OK, NULL);
     else
         ps_rpc_call_complete(w->call, NULL, ps_grpc_from_status(e.code), e.msg);
@@ -654,8 +796,17 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
 }
 
 /* sync: sum (or average) the round's gradients into the first and step. */
-static ps_status sync_apply(void *user, void *const *grads, int n, int average, uint64_t *version, ps_err *err) {
+static ps_status sync_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
+                            ps_err *err) {
     ps_service *s = user;
+    /* the round's metrics, once, into every member's answer */
+    const ps_scalar_set **sets = calloc((size_t)(n > 0 ? n : 1), sizeof *sets);
+    if (!sets) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory closing the round's metrics");
+    for (int i = 0; i < n; i++) sets[i] = &((const sync_wait *)args[i])->scalars;
+    ps_round_report rep;
+    ps_rmetrics_close_round(s->rm, sets, n, &rep);
+    free(sets);
+    for (int i = 0; i < n; i++) ((sync_wait *)args[i])->report = rep;
     ps_grads *acc = NULL;
     int used = 0;
     for (int i = 0; i < n; i++) {
@@ -677,8 +828,8 @@ static ps_status sync_apply(void *user, void *const *grads, int n, int average, 
  * say what to answer (returns PS_OK or an error), or the answer was
  * deferred: *deferred = 1 and c belongs to the round. */
 static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ctx *c, uint64_t round,
-                              int as_backward, ps_wire_named *items, float *gbuf, size_t nitems,
-                              grpc_byte_buffer **response, int *deferred, ps_err *err) {
+                              float grad_scale, const ps_scalar_set *scalars, int as_backward, ps_wire_named *items,
+                              float *gbuf, size_t nitems, grpc_byte_buffer **response, int *deferred, ps_err *err) {
     *deferred = 0;
     uint32_t pending_seq = 0;
     size_t pending = ps_ctx_pending(c, &pending_seq);
@@ -701,6 +852,16 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients to apply (call "
                           "Backward first)", (unsigned long long)id);
     }
+    if (!isfinite(grad_scale) || grad_scale < 0) {
+        ps_ctx_table_release(s->ctx, c);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "StepRequest.grad_scale %g: must be finite and >= 0 "
+                          "(0 = 1)", (double)grad_scale);
+    }
+    if (grad_scale != 0 && grad_scale != 1 && c->grads && !c->nonfinite &&
+        ps_grads_scale(s->model, c->grads, grad_scale, err)) {
+        ps_ctx_table_release(s->ctx, c);
+        return err->code;
+    }
     ps_wire_named_list list = {items, nitems};
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) {
         sync_wait *w = calloc(1, sizeof *w);
@@ -711,7 +872,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
             return ps_err_set(err, w ? PS_ERR_UNAVAILABLE : PS_ERR_RESOURCE_EXHAUSTED,
                               w ? "sync step outside a server" : "out of memory");
         }
-        *w = (sync_wait){s, c, call, as_backward, list, items, gbuf};
+        *w = (sync_wait){s, c, call, as_backward, list, items, gbuf, *scalars, {0}};
         if (round == 0) round = c->round;
         ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
         if (st != PS_OK) {
@@ -724,6 +885,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         return PS_OK;
     }
     step_result r = {0};
+    ps_round_report rep;
     if (c->nonfinite) {
         r.version = skip_step(s, c);
         r.skipped = 1;
@@ -736,7 +898,9 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         ps_ctx_table_finish(s->ctx, c, r.version);
         ps_cons_stepped(s->cons, rank);
     }
-    return encode_step_result(as_backward, &r, &list, response, err);
+    ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
+    r.metrics = &rep;
+    return encode_step_result(s, as_backward, &r, &list, response, err);
 }
 
 /* ---- Backward --------------------------------------------------------------- */
@@ -841,6 +1005,11 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
                    "they go in pairs", (unsigned)req.more_seqs_count, more.n);
         goto fail;
     }
+    ps_scalar_set sc;   /* refused before anything is accumulated */
+    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+        ps_err_prefix(&err, "BackwardRequest");
+        goto fail;
+    }
     if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
     /* the first Backward of a context allocates its gradient accumulator */
     if (!c->grads && ps_ctx_table_reserve(s->ctx, c, (size_t)ps_model_num_weights(s->model) * sizeof(float), &err))
@@ -910,13 +1079,15 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         int deferred;
         ps_ctx *held = c;
         c = NULL;  /* step_context finishes, releases or queues it */
-        if (step_context(s, info, held, req.round, 1, items, gbuf, nitems, response, &deferred, &err)) goto fail;
+        if (step_context(s, info, held, req.round, 1.0f, &sc, 1, items, gbuf, nitems, response, &deferred, &err))
+            goto fail;
         if (deferred) items = NULL, gbuf = NULL;  /* the round owns them */
         goto done;
     }
     step_result r = {.version = ps_model_version(s->model)};
+    if (c->grads && ps_grads_sq_norm(s->model, c->grads, &r.sq_norm, &err)) goto fail;
     ps_wire_named_list list = {items, nitems};
-    if (encode_step_result(1, &r, &list, response, &err)) goto fail;
+    if (encode_step_result(s, 1, &r, &list, response, &err)) goto fail;
     goto done;
 fail:
     fail(code, details, dlen, &err);
@@ -1001,20 +1172,109 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     ps_err err = {0};
     ps_StepRequest req = ps_StepRequest_init_zero;
     if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err)) goto fail;
+    ps_scalar_set sc;
+    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+        ps_err_prefix(&err, "StepRequest");
+        goto fail;
+    }
     int finished = 0;
     uint64_t v = 0;
     ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
-        if (encode_step_result(0, &r, NULL, response, &err)) goto fail;
+        if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
         return;
     }
     if (!c) goto fail;
     int deferred;
-    if (step_context(s, info, c, req.round, 0, NULL, NULL, 0, response, &deferred, &err)) goto fail;
+    if (step_context(s, info, c, req.round, req.grad_scale, &sc, 0, NULL, NULL, 0, response, &deferred, &err))
+        goto fail;
     return;
 fail:
     fail(code, details, dlen, &err);
+}
+
+/* PushGradients: gradients of a parameter-only stage's parameters (the
+ * trainer's LSTM) added into a live context, applied by its Step. Once per
+ * context: a repeat (a retry whose first reply was lost) is answered
+ * without adding again. */
+static void handle_push_gradients(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                  size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
+    ps_wire_tensor_list gl;
+    ps_wire_tensor_list_init(&gl, s->max_tensor_bytes);
+    gl.err = &err;
+    ps_wire_tensors_decode_bind(&req.gradients, &gl);
+    ps_ctx *c = NULL;
+    ps_grads *g2 = NULL;
+    if (ps_wire_decode(request, ps_PushGradientsRequest_fields, &req, &err)) goto fail;
+    if (!gl.n) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients is empty");
+        goto fail;
+    }
+    if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    if (!c->pushed) {
+        /* check everything into a scratch accumulator first: a refused push adds nothing */
+        if (!(g2 = ps_grads_create(s->model, &err))) goto fail;
+        for (size_t k = 0; k < gl.n; k++) {
+            const ps_wire_tensor *t = &gl.items[k];
+            int i = ps_model_find_param(s->model, t->name);
+            if (i < 0) {
+                ps_err_set(&err, PS_ERR_NOT_FOUND, "PushGradientsRequest.gradients[%zu]: model '%s' has no parameter "
+                           "'%s'", k, ps_model_arch(s->model), t->name);
+                goto fail;
+            }
+            const ps_param_info *pi = ps_model_param(s->model, i);
+            const ps_stage_info *si = ps_model_stage(s->model, pi->stage_index);
+            if (!si->params_only) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu]: %s belongs to stage "
+                           "'%s', which psd computes (its gradients come from Backward); only a parameter-only "
+                           "stage's gradients are pushed", k, t->name, si->name);
+                goto fail;
+            }
+            int same = t->ndim == pi->ndim;
+            for (int d = 0; same && d < pi->ndim; d++) same = t->dims[d] == pi->dims[d];
+            if (!same || t->dtype != ps_DType_FLOAT32) {
+                char got[96], want[96];
+                format_shape(got, sizeof got, t->dims, t->ndim);
+                format_shape(want, sizeof want, pi->dims, pi->ndim);
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu] (%s): %s %s; the "
+                           "parameter is float32 %s", k, t->name, ps_wire_dtype_name(t->dtype), got, want);
+                goto fail;
+            }
+            if (check_finite(t->data, t->bytes / sizeof(float), t->name, &err)) {
+                if (nonfinite(s, c, 0, &err)) goto fail;
+                c->nonfinite = 1;   /* skip: marked; the step will not apply */
+                continue;
+            }
+            if (ps_grads_add_dense(s->model, g2, i, t->data, &err)) goto fail;
+        }
+        if (c->grads) {
+            if (ps_grads_add(s->model, c->grads, g2, &err)) goto fail;
+        } else {
+            c->grads = g2;
+            g2 = NULL;
+        }
+        c->pushed = 1;
+        size_t tb = 0;
+        for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
+        ps_ctx_table_account(s->ctx, c, ps_grads_bytes(c->grads) + tb);
+    }
+    ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;
+    resp.model_version = ps_model_version(s->model);
+    if (c->grads && ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, &err)) goto fail;
+    reply(ps_PushGradientsResponse_fields, &resp, response, code, details, dlen);
+    goto done;
+fail:
+    fail(code, details, dlen, &err);
+done:
+    if (c) ps_ctx_table_release(s->ctx, c);
+    ps_grads_free(g2);
+    ps_wire_tensor_list_free(&gl);
 }
 
 static void handle_list_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
@@ -1054,6 +1314,11 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
     free(items);
 }
 
+/* GetParameters: the weights of every parameter, or of one stage's, paged
+ * by max_bytes (or the message limit): a parameter that does not fit is cut
+ * between rows. Each tensor is copied under the weights lock; a page's
+ * model_version is read before its copies, and the pages of one selection
+ * may span steps (training goes on between them). */
 static void handle_get_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
                                   size_t dlen) {
@@ -1061,19 +1326,92 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     ps_service *s = user;
     ps_err err = {0};
     ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
+    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
     float *buf = NULL;
     ps_wire_named *items = NULL;
+    int *sel = NULL;
     if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
-    ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
+    int np = ps_model_num_params(s->model);
+    if (req.stage[0] && ps_model_find_stage(s->model, req.stage) < 0) {
+        char names[256];
+        size_t o = 0;
+        names[0] = 0;
+        for (int i = 0; i < ps_model_num_stages(s->model) && o < sizeof names; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", ps_model_stage(s->model, i)->name);
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.stage: model '%s' has no stage '%s' "
+                   "(stages: %s)", ps_model_arch(s->model), req.stage, names);
+        goto fail;
+    }
+    sel = malloc(sizeof *sel * (size_t)(np + 1));
+    items = calloc((size_t)np + 1, sizeof *items);
+    if (!sel || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
+    int nsel = 0;
+    for (int i = 0; i < np; i++)
+        if (!req.stage[0] || !strcmp(ps_model_param(s->model, i)->stage, req.stage)) sel[nsel++] = i;
+    if (req.first > (uint32_t)nsel || (req.first == (uint32_t)nsel && req.first_row) ||
+        (req.first < (uint32_t)nsel && (req.first_row < 0 ||
+                                        req.first_row >= ps_model_param(s->model, sel[req.first])->dims[0]))) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest: first %u, first_row %lld is outside the "
+                   "selection (%d parameters)", (unsigned)req.first, (long long)req.first_row, nsel);
+        goto fail;
+    }
+    /* room for tensor data in one reply: the message limit less headers */
+    uint64_t limit = s->max_tensor_bytes > (1u << 17) ? s->max_tensor_bytes - (1u << 16) : s->max_tensor_bytes / 2;
+    uint64_t budget = req.max_bytes && req.max_bytes < limit ? req.max_bytes : limit;
+    /* plan the page: [first, k) whole or cut, then copy just those */
+    int k = (int)req.first;
+    int64_t row = req.first_row;
+    size_t n = 0;
+    int64_t floats = 0;
+    while (k < nsel && n < (sizeof resp.first_rows / sizeof resp.first_rows[0])) {
+        const ps_param_info *pi = ps_model_param(s->model, sel[k]);
+        int64_t rows = pi->dims[0], per = pi->numel / rows, row_bytes = per * (int64_t)sizeof(float);
+        int64_t fit = (int64_t)(budget / (uint64_t)row_bytes);
+        if (fit <= 0) {
+            if (n == 0) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.max_bytes %llu: less than one row "
+                           "of %s (%lld bytes)", (unsigned long long)budget, pi->name, (long long)row_bytes);
+                goto fail;
+            }
+            break;
+        }
+        int64_t take = rows - row < fit ? rows - row : fit;
+        items[n].name = pi->name;
+        items[n].ndim = pi->ndim;
+        memcpy(items[n].dims, pi->dims, sizeof pi->dims);
+        items[n].dims[0] = take;
+        resp.first_rows[n] = row;
+        n++;
+        floats += pi->numel; /* the whole parameter is copied, then cut */
+        budget -= (uint64_t)(take * row_bytes);
+        row += take;
+        if (row < rows) break;
+        k++;
+        row = 0;
+    }
+    resp.first_rows_count = (pb_size_t)n;
+    resp.more = k < nsel;
+    resp.next = (uint32_t)k;
+    resp.next_row = row;
+    buf = malloc((size_t)floats * sizeof(float) + 1);
+    if (!buf) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
     resp.model_version = ps_model_version(s->model);
-    if (named_params(s, 1, NULL, &items, &buf, &err)) goto fail;
-    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
+    float *p = buf;
+    for (size_t j = 0; j < n; j++) {
+        int i = sel[(int)req.first + (int)j];
+        const ps_param_info *pi = ps_model_param(s->model, i);
+        if (ps_model_get_param(s->model, i, p, &err)) goto fail;
+        items[j].data = p + resp.first_rows[j] * (pi->numel / pi->dims[0]);
+        p += pi->numel;
+    }
+    ps_wire_named_list list = {items, n};
     ps_wire_tensors_encode_bind(&resp.parameters, &list);
     reply(ps_GetParametersResponse_fields, &resp, response, code, details, dlen);
     goto done;
 fail:
     fail(code, details, dlen, &err);
 done:
+    free(sel);
     free(items);
     free(buf);
 }
@@ -1133,6 +1471,14 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     resp.calls_stalled = ad.recv_timeouts + ad.send_timeouts;
     resp.connections_closed = ad.conns_cut;
     resp.admission_saturated_s = ad.saturated_s;
+    ps_round_report rep;
+    ps_rmetrics_latest(s->rm, &rep);
+    put_round_scalars(&rep, resp.round_scalars, &resp.round_scalars_count,
+                      (pb_size_t)(sizeof resp.round_scalars / sizeof resp.round_scalars[0]));
+    resp.metrics_round = rep.round;
+    resp.solved = rep.solved;
+    snprintf(resp.stop_metric, sizeof resp.stop_metric, "%s", s->stop_metric);
+    resp.stop_threshold = s->stop_threshold;
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 
@@ -1169,6 +1515,7 @@ static const ps_rpc_handler handlers[PS_M_COUNT] = {
     [PS_M_LIST_PARAMETERS] = handle_list_parameters,
     [PS_M_GET_PARAMETERS] = handle_get_parameters,
     [PS_M_STATUS] = handle_status,
+    [PS_M_PUSH_GRADIENTS] = handle_push_gradients,
     [PS_M_HEALTH_CHECK] = handle_health_check,
 };
 
@@ -1187,4 +1534,11 @@ const ps_rpc_method *ps_service_methods(int *n) {
     pthread_once(&methods_once, methods_fill);
     *n = PS_M_COUNT;
     return methods;
+}
+
+void ps_service_round_metrics(ps_service *s, struct ps_round_report *out, const char **stop_metric,
+                              double *stop_threshold) {
+    ps_rmetrics_latest(s->rm, out);
+    if (stop_metric) *stop_metric = s->stop_metric;
+    if (stop_threshold) *stop_threshold = s->stop_threshold;
 }

@@ -66,6 +66,12 @@ typedef struct ps_service_opts {
     const char *optimizer;    /* reported by Status ("sgd") */
     const char *(*cpu_isa)(void); /* reported by Status; NULL: "" */
     size_t max_context_bytes; /* live contexts' bytes, shared fairly per client; 0 = unlimited */
+    /* Round metrics (round_metrics.h; zeros: alpha 0.05, 1 step per round, no stop) */
+    int metrics_round_steps;  /* hogwild/ssp: Steps per metrics round */
+    double metrics_ema_alpha;
+    int metrics_ema_of;       /* ps_rm_ema_of */
+    const char *stop_metric;  /* NULL or "": none */
+    double stop_threshold;
 } ps_service_opts;
 
 /* The service uses (does not own) the model. */
@@ -120,6 +126,12 @@ typedef struct ps_service_mode_stats {
     uint64_t sync_dropped, sync_timeouts, ssp_deferred;
 } ps_service_mode_stats;
 void ps_service_mode(ps_service *s, ps_service_mode_stats *out);
+
+/* The newest closed metrics round (Status, /metrics); stop_metric and
+ * stop_threshold as configured (NULL ok). */
+struct ps_round_report;
+void ps_service_round_metrics(ps_service *s, struct ps_round_report *out, const char **stop_metric,
+                              double *stop_threshold);
 
 /* Seconds since the service was created. */
 double ps_service_uptime(ps_service *s);

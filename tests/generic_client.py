@@ -59,16 +59,40 @@ def test_lm(stub, lr):
     lp = stub.ListParameters(ps_pb2.ListParametersRequest())
     assert lp.model == "rnn_lm", lp.model
     shapes = {p.name: tuple(p.shape) for p in lp.parameters}
-    assert shapes == {"encoder.weight": (50, 8), "decoder.weight": (50, 8), "decoder.bias": (50,)}, shapes
+    want = {"encoder.weight": (50, 8), "decoder.weight": (50, 8), "decoder.bias": (50,)}
+    for l in range(2):  # the trainer's nn.LSTM(8, 8, 2): parameter-only stage "rnn"
+        want.update({f"rnn.weight_ih_l{l}": (32, 8), f"rnn.weight_hh_l{l}": (32, 8), f"rnn.bias_ih_l{l}": (32,),
+                     f"rnn.bias_hh_l{l}": (32,)})
+    assert shapes == want, shapes
     assert [p.sparse for p in lp.parameters if p.name == "encoder.weight"] == [True]
     st = {s.name: s for s in lp.stages}
-    assert list(st) == ["emb", "decoder"], list(st)
+    assert list(st) == ["emb", "decoder", "rnn"], list(st)
     assert st["emb"].input_dtype == I64 and list(st["emb"].input_shape) == [] and list(st["emb"].output_shape) == [8]
     assert st["decoder"].input_dtype == F32 and list(st["decoder"].input_shape) == [8]
     assert list(st["decoder"].output_shape) == [50] and st["decoder"].device == "cpu"
 
     w, v0 = params(stub)
     enc, dec, bias = w["encoder.weight"], w["decoder.weight"], w["decoder.bias"]
+    # Paged GetParameters: 200-byte pages cut parameters between rows; reassembled, they are the weights.
+    got, req, pages = {}, ps_pb2.GetParametersRequest(max_bytes=200), 0
+    while True:
+        r = stub.GetParameters(req)
+        pages += 1
+        assert len(r.first_rows) == len(r.parameters) and sum(len(t.data) for t in r.parameters) <= 200
+        for t, r0 in zip(r.parameters, r.first_rows):
+            a = array(t)
+            assert r0 == (got[t.name].shape[0] if t.name in got else 0), (t.name, r0)
+            got[t.name] = np.concatenate([got[t.name], a]) if t.name in got else a
+        if not r.more:
+            break
+        req = ps_pb2.GetParametersRequest(max_bytes=200, first=r.next, first_row=r.next_row)
+    assert pages > 10 and sorted(got) == sorted(w) and all(np.array_equal(got[k], w[k]) for k in w), pages
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(max_bytes=16)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "less than one row", "encoder.weight")
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=99)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=0, first_row=50)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
     rng = np.random.default_rng(5)
     ids = np.array([[3, 7], [7, 49], [0, 3]], dtype=np.int64)      # (seq 3, batch 2); rows 3, 7 repeat
 
@@ -149,7 +173,89 @@ def test_lm(stub, lr):
     st = stub.Status(ps_pb2.StatusRequest())
     assert st.model == "rnn_lm" and st.optimizer == "sgd" and st.model_version == s2.model_version
     assert st.live_contexts == 0
-    print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows: OK")
+
+    # The LSTM's parameters: a parameter-only stage. GetParameters of one stage,
+    # gradients pushed under a context, norms in the replies, a scaled Step.
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(hs[0]), stage="rnn")),
+                 grpc.StatusCode.FAILED_PRECONDITION, "parameters only", "PushGradients")
+    rp = stub.GetParameters(ps_pb2.GetParametersRequest(stage="rnn"))
+    rnn = {t.name: array(t).copy() for t in rp.parameters}
+    assert sorted(rnn) == sorted(k for k in want if k.startswith("rnn.")), sorted(rnn)
+    bound = 1 / np.sqrt(8)  # nn.LSTM's init U(-1/sqrt(H), 1/sqrt(H))
+    assert all(np.abs(v).max() <= bound and np.abs(v).max() > 0.5 * bound for v in rnn.values())
+    expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(stage="lstm")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "no stage 'lstm'", "emb, decoder, rnn")
+    w4, v4 = params(stub)
+    ctx3 = 0x1000003
+    stub.Forward(ps_pb2.ForwardRequest(context_id=ctx3, seq=0, train=True, trainer_rank=1, input=tensor(ids, I64),
+                                       stage="emb"))
+    b3 = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx3, seq=0, grad_output=tensor(g0)))
+    g_enc_sq = float((g_enc.astype(np.float64) ** 2).sum())  # repeated rows summed first, as clip_grad_norm_
+    assert abs(b3.grad_sq_norm - g_enc_sq) <= 1e-5 * g_enc_sq, (b3.grad_sq_norm, g_enc_sq)
+    g_rnn = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in rnn.items()}
+    push = [ps_pb2.Tensor(name=k, shape=list(v.shape), data=v.tobytes(), dtype=F32) for k, v in g_rnn.items()]
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="encoder.weight", shape=[50, 8], data=g_enc.tobytes(), dtype=F32)])),
+        grpc.StatusCode.INVALID_ARGUMENT, "encoder.weight", "parameter-only")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="rnn.bias_ih_l0", shape=[31], data=np.zeros(31, np.float32).tobytes(), dtype=F32)])),
+        grpc.StatusCode.INVALID_ARGUMENT, "rnn.bias_ih_l0", "(32)")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
+        ps_pb2.Tensor(name="rnn.nope", shape=[32], data=np.zeros(32, np.float32).tobytes(), dtype=F32)])),
+        grpc.StatusCode.NOT_FOUND, "rnn.nope")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push)),
+                 grpc.StatusCode.NOT_FOUND)
+    p3 = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push, trainer_rank=1))
+    total = g_enc_sq + sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
+    assert abs(p3.grad_sq_norm - total) <= 1e-5 * total, (p3.grad_sq_norm, total)
+    p3b = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push, trainer_rank=1))
+    assert abs(p3b.grad_sq_norm - total) <= 1e-5 * total, "a repeated push (a retry) is not added again"
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx3)).gradients}
+    for k, v in g_rnn.items():
+        close(gr[k], v, f"pushed gradient {k}")
+    expect_error(lambda: stub.Step(ps_pb2.StepRequest(context_id=ctx3, grad_scale=-1)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "grad_scale")
+    s3 = stub.Step(ps_pb2.StepRequest(context_id=ctx3, grad_scale=0.25))
+    w5, v5 = params(stub)
+    assert v5 == v4 + 1 == s3.model_version
+    for k, v in g_rnn.items():
+        close(w5[k], rnn[k] - lr * 0.25 * v, f"{k} after a Step with grad_scale 0.25")
+    close(w5["encoder.weight"][touched], w4["encoder.weight"][touched] - lr * 0.25 * g_enc[touched],
+          "embedding rows after a Step with grad_scale 0.25")
+    assert np.array_equal(w5["decoder.weight"], w4["decoder.weight"]), "no decoder gradient: unchanged"
+
+    # The fused decoder: targets in, the mean cross-entropy and the decoder's input gradient out, no logits.
+    dec5, b5 = w5["decoder.weight"], w5["decoder.bias"]
+    ctx4 = 0x1000004
+    hf = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    tg = np.array([[1, 49], [0, 7], [7, 3]], dtype=np.int64)
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(input=tensor(hf), stage="decoder", targets=tensor(tg, I64))),
+                 grpc.StatusCode.INVALID_ARGUMENT, "train=true")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4 + 9, seq=0, train=True, input=tensor(hf),
+                                                            stage="decoder", targets=tensor(tg + 1, I64))),
+                 grpc.StatusCode.INVALID_ARGUMENT, "targets[1]", "50")
+    ff = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, trainer_rank=1, input=tensor(hf),
+                                            stage="decoder", targets=tensor(tg, I64)))
+    z = (hf.reshape(-1, 8).astype(np.float64) @ dec5.T + b5)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    t = tg.reshape(-1)
+    want_loss = float(-np.log(p[np.arange(6), t]).mean())
+    assert not ff.HasField("output") and abs(ff.loss - want_loss) < 1e-5 * abs(want_loss), (ff.loss, want_loss)
+    dz = p.copy()
+    dz[np.arange(6), t] -= 1
+    dz /= 6
+    close(array(ff.input_grad), (dz @ dec5).reshape(3, 2, 8).astype(np.float32), "fused decoder input gradient")
+    gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx4)).gradients}
+    close(gr["decoder.weight"], (dz.T @ hf.reshape(-1, 8)).astype(np.float32), "fused decoder.weight gradient")
+    close(gr["decoder.bias"], dz.sum(0).astype(np.float32), "fused decoder.bias gradient")
+    expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, input=tensor(hf),
+                                                            stage="decoder", targets=tensor(tg, I64))),
+                 grpc.StatusCode.FAILED_PRECONDITION, "not repeated")
+    s4 = stub.Step(ps_pb2.StepRequest(context_id=ctx4))
+    assert s4.model_version == v5 + 1, "the fused forward's gradients step without a Backward"
+    print("generic_client lm: stages, int64 ids, replayed forward, input gradients, more_seqs, sparse rows, "
+          "parameter-only rnn stage (PushGradients, norms, grad_scale), fused decoder loss: OK")
 
 
 def test_sync(stub):
@@ -260,13 +366,17 @@ def test_modes(stub, mode):
         done = {1: 0, 2: 0, 3: 0}
         lag = []
         lock = threading.Lock()
+        joined = threading.Event()   # the slow trainer is known to psd before the fast ones start
 
         def trainer(rank):
             rng = np.random.default_rng(rank)
+            if rank != 3:
+                assert joined.wait(60), "the slow trainer never made its first Forward"
             for i in range(6 if rank == 3 else 8):
                 ctx = 0x5000000 + rank * 100 + i
                 stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=rank,
                                                    input=tensor(rng.uniform(-0.05, 0.05, (1, 4)))), timeout=120)
+                joined.set()
                 with lock:
                     if rank != 3 and done[3] < 6:
                         lag.append(done[rank] - done[3])

@@ -57,15 +57,20 @@ bad keep      'server:\n  listen: "127.0.0.1:1"\n  checkpoint_keep: 0\n' "3: ser
 bad grace     'server:\n  grace_s: -1\n' "2: server.grace_s: '-1' is out of range [0, 3600]"
 bad metrics   'server:\n  metrics_listen: "9464"\n' "2: server.metrics_listen: '9464' is not HOST:PORT"
 bad empty     'server:\n  log_file:\n' "2: server.log_file: no value given"
-bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 10]"
+bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 100]"
 bad placement 'model:\n  placement:\n    conv: gpu\n' "3: model.placement.conv: 'gpu' is not a device"
-rc=0; out=$(build --check-config configs/local.yaml --set optimizer.type=adam 2>&1) || rc=$?
-[ $rc -eq 2 ] && [[ "$out" == *"optimizer.type: 'adam' is not supported by this psd yet"* ]] || fail "adam not refused: $out"
+out=$(build --check-config configs/local.yaml --set optimizer.type=adam --set optimizer.lr=0.001 2>&1) || fail "adam refused: $out"
+[[ "$out" == *"configuration OK"* ]] || fail "--check-config with adam said: $out"
+rc=0; out=$(build --check-config configs/local.yaml --set optimizer.type=adam --set optimizer.momentum=0.9 2>&1) || rc=$?
+[ $rc -eq 2 ] && [[ "$out" == *"optimizer adam: momentum 0.9 is not an Adam setting"* ]] || fail "adam with momentum: $out"
+rc=0; out=$(build --check-config configs/rnn_lm.yaml --set optimizer.type=adam --set optimizer.weight_decay=0.01 2>&1) || rc=$?
+[ $rc -eq 2 ] && [[ "$out" == *"encoder.weight is a row-sparse parameter"*"weight_decay 0.01"* ]] ||
+  fail "SparseAdam with weight decay: $out"
 rc=0; out=$(build --check-config configs/local.yaml --metrics-listen localhost 2>&1) || rc=$?
 [ $rc -eq 2 ] && [[ "$out" == *"command line: server.metrics_listen: 'localhost' is not HOST:PORT"* ]] || fail "flag override: $out"
 rc=0; out=$(build --check-config configs/local.yaml --set model.placement.head=cpu 2>&1) || rc=$?
 [ $rc -eq 2 ] && [[ "$out" == *"head"* ]] || fail "unknown stage passed --check-config: $out"
-echo "config: shipped configs OK, 10 bad cases refused with file:line: key: value"
+echo "config: shipped configs OK, adam accepted, 11 bad cases refused with file:line: key: value"
 
 # ---- 2. start under a fake systemd notify socket
 : >"$tmp/notify.txt"

@@ -7,7 +7,14 @@
  * optimizer state (ps_ckpt_optim_*): Adam interrupted by a checkpoint
  * resumes bit-identically to an uninterrupted run; a checkpoint of one
  * optimizer is refused by another; files from before psd.optimizer read as
- * SGD; incomplete Adam state, stray tensors, bad steps, corruption refused. */
+ * SGD; incomplete Adam state, stray tensors, bad steps, corruption refused.
+ * Through the model (ps_ckpt_save / ps_ckpt_load): rnn_lm under Adam
+ * (SparseAdam on its embedding) and mnist_cnn under Adam with weight decay
+ * trained N steps, checkpointed, loaded into a differently initialised
+ * model and trained M more equal N+M uninterrupted steps bit for bit -
+ * weights, every state buffer and every parameter's step count (the
+ * embedding skips some steps, so its count is not the version); a model
+ * whose optimizer differs from the checkpoint's refuses it. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -669,6 +676,160 @@ static void test_dir_oddities(void) {
     ps_model_free(c);
 }
 
+/* ---- Adam through the model ---- */
+
+static ps_model *make_adam(const char *arch, uint64_t seed, double weight_decay) {
+    ps_optim_spec s;
+    ps_optim_spec_default(PS_OPTIM_ADAM, &s);
+    s.lr = 0.01;
+    s.beta1 = 0.8;
+    s.weight_decay = weight_decay;
+    ps_model_opts o = {.arch = arch, .cpu_backend = "dnnl", .seed = seed, .compute_threads = 1, .optim = &s};
+    if (!strcmp(arch, "rnn_lm")) {
+        o.n_sizes = 3;
+        o.size_key[0] = "ntoken"; o.size_value[0] = 40;
+        o.size_key[1] = "ninp";   o.size_value[1] = 6;
+        o.size_key[2] = "nhid";   o.size_value[2] = 6;
+    }
+    ps_err e = {0};
+    ps_model *m = ps_model_create(&o, &e);
+    CHECK_MSG(m != NULL, "%s adam: %s", arch, e.msg);
+    return m;
+}
+
+/* rnn_lm step k: both stages, except every third step the decoder alone
+ * (so the embedding's step count falls behind the version). */
+static void lm_step(ps_model *m, int k) {
+    enum { N = 8, W = 6, V = 40 };
+    int64_t ids[N];
+    float e[N * W], h[N * W], out[N * V], ge[N * W], gd[N * V];
+    for (int i = 0; i < N; i++) ids[i] = (i * 7 + k * 5) % 17;   /* rows 0..16 of 40 */
+    for (int i = 0; i < N * W; i++) {
+        h[i] = (float)((i * 5 + k * 3) % 11) / 11.0f - 0.5f;
+        ge[i] = (float)((i * 3 + k) % 13) / 13.0f - 0.4f;
+    }
+    for (int i = 0; i < N * V; i++) gd[i] = (float)((i * 11 + k * 7) % 23) / 23.0f - 0.45f;
+    ps_err err = {0};
+    ps_grads *g = ps_grads_create(m, &err);
+    ps_tape *te = NULL, *td = NULL;
+    if (k % 3 != 2) {
+        CHECK(ps_model_forward_range(m, 0, 0, ids, N, 1, NULL, 50 + (uint64_t)k, e, &te, NULL, &err) == PS_OK);
+        CHECK(ps_model_backward_acc(m, te, ge, NULL, g, &err) == PS_OK);
+    }
+    CHECK(ps_model_forward_range(m, 1, 1, h, N, 1, NULL, 90 + (uint64_t)k, out, &td, NULL, &err) == PS_OK);
+    CHECK(ps_model_backward_acc(m, td, gd, NULL, g, &err) == PS_OK);
+    CHECK_MSG(ps_model_step_grads(m, g, NULL, &err) == PS_OK, "%s", err.msg);
+    ps_tape_free(te);
+    ps_tape_free(td);
+    ps_grads_free(g);
+}
+
+/* Weights, steps and both Adam buffers of a and b are identical. */
+static int same_training_state(ps_model *a, ps_model *b) {
+    const int64_t nw = ps_model_num_weights(a);
+    const int np = ps_model_num_params(a);
+    float *w[2], *s[2][2];
+    int64_t *st[2];
+    ps_model *m[2] = {a, b};
+    ps_err e = {0};
+    for (int x = 0; x < 2; x++) {
+        w[x] = malloc((size_t)nw * sizeof(float));
+        s[x][0] = malloc((size_t)nw * sizeof(float));
+        s[x][1] = malloc((size_t)nw * sizeof(float));
+        st[x] = calloc((size_t)np, sizeof *st[x]);
+        CHECK(ps_model_snapshot(m[x], w[x], st[x], s[x], NULL, &e) == PS_OK);
+    }
+    const size_t bytes = (size_t)nw * sizeof(float);
+    int same = !memcmp(w[0], w[1], bytes) && !memcmp(s[0][0], s[1][0], bytes) && !memcmp(s[0][1], s[1][1], bytes) &&
+               !memcmp(st[0], st[1], (size_t)np * sizeof *st[0]);
+    for (int x = 0; x < 2; x++) {
+        free(w[x]);
+        free(s[x][0]);
+        free(s[x][1]);
+        free(st[x]);
+    }
+    return same;
+}
+
+static void test_model_adam(void) {
+    enum { N = 4, M = 3 };
+    ps_err e = {0};
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/adam", g_dir);
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+
+    /* rnn_lm: SparseAdam on the embedding, Adam on the decoder. */
+    ps_model *a = make_adam("rnn_lm", 5, 0), *b = make_adam("rnn_lm", 5, 0), *c = make_adam("rnn_lm", 6, 0);
+    if (!a || !b || !c) goto lm_done;
+    for (int k = 0; k < N + M; k++) lm_step(a, k);
+    for (int k = 0; k < N; k++) lm_step(b, k);
+    ps_ckpt_info info;
+    CHECK_MSG(ps_ckpt_save(b, dir, 0, 5, &info, &e) == PS_OK, "%s", e.msg);
+    CHECK(info.version == N);
+    {   /* the file: Adam state under PyTorch's keys, the embedding's own count */
+        char p[PS_CKPT_PATH_MAX];
+        path_of(p, sizeof p, dir, N, ".optim.safetensors");
+        ps_st_file *f = ps_st_read(p, &e);
+        CHECK(f != NULL);
+        if (f) {
+            CHECK(!strcmp(ps_st_metadata(f, "psd.optimizer"), "adam"));
+            const ps_st_tensor *t = ps_st_find(f, "encoder.weight.exp_avg_sq");
+            CHECK(t && t->ndim == 2 && t->dims[0] == 40 && t->dims[1] == 6);
+            t = ps_st_find(f, "encoder.weight.step");  /* steps 0, 1, 3 of 0..3 touched it */
+            CHECK(t && t->dtype == PS_ST_I64 && *(const int64_t *)t->data == 3);
+            t = ps_st_find(f, "decoder.bias.step");
+            CHECK(t && *(const int64_t *)t->data == N);
+            CHECK(ps_st_find(f, "decoder.weight.exp_avg") != NULL);
+            ps_st_free(f);
+        }
+    }
+    CHECK(!same_weights(b, c));
+    CHECK_MSG(ps_ckpt_load(c, info.path, NULL, &e) == PS_OK, "%s", e.msg);
+    CHECK(ps_model_version(c) == N);
+    CHECK(same_training_state(b, c));
+    for (int k = N; k < N + M; k++) {
+        lm_step(b, k);
+        lm_step(c, k);
+    }
+    CHECK(same_training_state(a, c));
+    CHECK(same_training_state(a, b));
+    /* Control: the weights alone (state restarted) do not resume Adam. */
+    ps_model *d = make_adam("rnn_lm", 6, 0);
+    if (d) {
+        CHECK(ps_ckpt_init_from(d, info.path, &e) == PS_OK);
+        ps_model_set_version(d, N);
+        for (int k = N; k < N + M; k++) lm_step(d, k);
+        CHECK(!same_weights(a, d));
+        ps_model_free(d);
+    }
+lm_done:
+    ps_model_free(a);
+    ps_model_free(b);
+    ps_model_free(c);
+
+    /* mnist_cnn: dense Adam with weight decay; and optimizers do not mix. */
+    snprintf(dir, sizeof dir, "%s/adam_cnn", g_dir);
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    a = make_adam("mnist_cnn", 1, 0.01);
+    b = make_adam("mnist_cnn", 1, 0.01);
+    c = make_adam("mnist_cnn", 2, 0.01);
+    ps_model *sgd = make_model(2, 0.9f);
+    if (a && b && c && sgd) {
+        for (int k = 0; k < 3; k++) train_step(a, k);
+        for (int k = 0; k < 2; k++) train_step(b, k);
+        CHECK(ps_ckpt_save(b, dir, 0, 5, &info, &e) == PS_OK);
+        CHECK(ps_ckpt_load(sgd, info.path, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+        CONTAINS(e.msg, "optimizer state of adam");
+        CHECK_MSG(ps_ckpt_load(c, info.path, NULL, &e) == PS_OK, "%s", e.msg);
+        train_step(c, 2);
+        CHECK(same_training_state(a, c));
+    }
+    ps_model_free(a);
+    ps_model_free(b);
+    ps_model_free(c);
+    ps_model_free(sgd);
+}
+
 int main(void) {
     ps_log_set_level(PS_LOG_ERROR);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -677,6 +838,7 @@ int main(void) {
     test_init_from();
     test_optim_state();
     test_dir_oddities();
+    test_model_adam();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);

@@ -22,10 +22,11 @@ typedef struct fake {
     int last_n, last_average;
 } fake;
 
-static ps_status fake_apply(void *user, void *const *grads, int n, int average, uint64_t *version,
+static ps_status fake_apply(void *user, void *const *grads, void *const *args, int n, int average, uint64_t *version,
                             ps_err *err) {
     (void)err;
     fake *f = user;
+    for (int i = 0; i < n; i++) CHECK(args[i] != NULL);  /* every member's done argument */
     pthread_mutex_lock(&f->mu);
     for (int i = 0; i < n; i++)
         if (grads[i]) f->grads_seen += *(const int *)grads[i];
@@ -243,6 +244,24 @@ static void test_ssp(void) {
     CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
     ps_cons_close(c);
     CHECK(r.called == 1 && r.st == PS_ERR_UNAVAILABLE);
+    ps_cons_free(c);
+    /* A newcomer joins at the present: rank 7 starts at the slowest active
+     * clock and holds nobody back for the steps it never saw. */
+    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60};
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    for (int i = 0; i < 5; i++) {
+        ps_cons_stepped(c, 1);
+        ps_cons_stepped(c, 2);
+    }
+    r = (ready_rec){0};
+    CHECK(ps_cons_ssp_admit(c, 7, on_ready, &r) == 1);
+    CHECK(ps_cons_clock(c, 7) == 5);
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);  /* 1 is not ahead of the newcomer */
+    ps_cons_stepped(c, 1);
+    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);  /* now it is, with bound 0 */
+    ps_cons_stepped(c, 7);
+    ps_cons_stepped(c, 2);
+    CHECK(r.called == 1 && r.st == PS_OK);
     ps_cons_free(c);
     /* hogwild admits everything and holds nothing. */
     o.mode = PS_CONS_HOGWILD;

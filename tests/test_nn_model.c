@@ -16,7 +16,12 @@
  *  - Dropout2d zeroes whole planes; the conv stage's input gradient on
  *    dnnl equals ref's; one seed repeats a forward's masks, another not;
  *  - bad input: int64 ids out of range (index and value named), stage runs
- *    that do not chain, an input gradient of int64 ids, non-finite grads.
+ *    that do not chain, an input gradient of int64 ids, non-finite grads;
+ *  - the optimizer state (Adam): a step on the decoder alone counts only
+ *    the decoder's parameters; a refused step leaves state and steps alone;
+ *    set_param restarts a parameter's state (step 0, zeros);
+ *    ps_model_set_optim_state puts back a snapshot exactly; momentum with
+ *    adam is refused at creation.
  */
 #include "model.h"
 
@@ -463,6 +468,79 @@ static void test_bad_input(void) {
     ps_model_free(m);
 }
 
+static void test_optim_state(rng *r) {
+    ps_optim_spec spec;
+    ps_optim_spec_default(PS_OPTIM_ADAM, &spec);
+    spec.lr = 0.01;
+    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 2, .compute_threads = 1, .optim = &spec,
+                       .n_sizes = 2, .size_key = {"ntoken", "nhid"}, .size_value = {20, 6}};
+    ps_err err = {0};
+    ps_model *m = ps_model_create(&o, &err);
+    CHECK_MSG(m != NULL, "%s", err.msg);
+    if (!m) return;
+    const int np = ps_model_num_params(m), dec = ps_model_find_param(m, "decoder.weight");
+    const int64_t nw = ps_model_num_weights(m);
+    CHECK(ps_optim_num_state(ps_model_optim(m)) == 2 && dec > 0);
+    float *w = malloc((size_t)nw * sizeof *w), *s0 = malloc((size_t)nw * sizeof *s0), *s1 = malloc((size_t)nw * sizeof *s1);
+    float *w2 = malloc((size_t)nw * sizeof *w2), *t0 = malloc((size_t)nw * sizeof *t0), *t1 = malloc((size_t)nw * sizeof *t1);
+    float *st[2] = {s0, s1}, *st2[2] = {t0, t1};
+    int64_t steps[16] = {0}, steps2[16] = {0};
+    CHECK(np <= 16);
+    /* a decoder-only step: the embedding keeps step 0 and zero state */
+    float *h = host_random(4 * 6, r), *gd = host_random(4 * 20, r), out[80];
+    ps_tape *t = NULL;
+    ps_grads *g = ps_grads_create(m, &err);
+    OKE(ps_model_forward_range(m, 1, 1, h, 4, 1, NULL, 3, out, &t, NULL, &err));
+    OKE(ps_model_backward_acc(m, t, gd, NULL, g, &err));
+    OKE(ps_model_step_grads(m, g, NULL, &err));
+    OKE(ps_model_snapshot(m, w, steps, st, NULL, &err));
+    CHECK(steps[0] == 0 && steps[dec] == 1);
+    int64_t off = 0, nz0 = 0, nzd = 0;
+    for (int i = 0; i < np; i++) {
+        for (int64_t k = 0; k < ps_model_param(m, i)->numel; k++) {
+            if (i == 0) nz0 += s0[off + k] != 0 || s1[off + k] != 0;
+            if (i == dec) nzd += s1[off + k] != 0;
+        }
+        off += ps_model_param(m, i)->numel;
+    }
+    CHECK(nz0 == 0 && nzd > 0);
+    /* a refused step (gradients of another model) changes nothing */
+    ps_model *other = ps_model_create(&o, &err);
+    ps_grads *go = other ? ps_grads_create(other, &err) : NULL;
+    if (go) {
+        CHECK(ps_model_step_grads(m, go, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        OKE(ps_model_snapshot(m, w2, steps2, st2, NULL, &err));
+        CHECK(!memcmp(steps, steps2, sizeof steps) && !memcmp(s1, t1, (size_t)nw * sizeof *s1));
+    }
+    ps_grads_free(go);
+    ps_model_free(other);
+    /* set_param restarts the parameter's state; set_optim_state puts it back */
+    const int64_t dn = ps_model_param(m, dec)->numel;
+    int64_t doff = 0;
+    for (int i = 0; i < dec; i++) doff += ps_model_param(m, i)->numel;
+    OKE(ps_model_set_param(m, dec, w + doff, &err));
+    OKE(ps_model_snapshot(m, w2, steps2, st2, NULL, &err));
+    int zero = 1;
+    for (int64_t k = 0; k < dn; k++) zero &= t0[doff + k] == 0 && t1[doff + k] == 0;
+    CHECK(steps2[dec] == 0 && zero);
+    const float *back[2] = {s0 + doff, s1 + doff};
+    OKE(ps_model_set_optim_state(m, dec, steps[dec], back, &err));
+    OKE(ps_model_snapshot(m, w2, steps2, st2, NULL, &err));
+    CHECK(!memcmp(steps, steps2, sizeof steps) && !memcmp(s0, t0, (size_t)nw * sizeof *s0) &&
+          !memcmp(s1, t1, (size_t)nw * sizeof *s1) && !memcmp(w, w2, (size_t)nw * sizeof *w));
+    CHECK(ps_model_set_optim_state(m, dec, -1, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+    ps_tape_free(t);
+    ps_grads_free(g);
+    free(h); free(gd); free(w); free(s0); free(s1); free(w2); free(t0); free(t1);
+    ps_model_free(m);
+    /* momentum is SGD's; Adam's is beta1 */
+    spec.momentum = 0.9;
+    o.arch = "cartpole_policy";
+    o.n_sizes = 0;
+    CHECK(ps_model_create(&o, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "momentum 0.9 is not an Adam setting"), "%s", err.msg);
+}
+
 int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
     test_stage_shapes();
@@ -474,5 +552,6 @@ int main(void) {
     test_atomic_step(&r);
     test_eval_slices(&r);
     test_bad_input();
+    test_optim_state(&r);
     return check_summary("test_nn_model");
 }

@@ -203,6 +203,41 @@ static void test_skip_policy(ps_model *model, const float *x, const float *grad,
     ps_service_free(svc);
 }
 
+/* GetParameters larger than one message: a psd and a client limited to
+ * 1 MiB page fc1.weight (4.7 MB) between rows; the client reassembles every
+ * parameter bit for bit. */
+static void test_paged_parameters(ps_model *model) {
+    const int lim = 1 << 20;
+    ps_err err = {0};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = lim, .consistency = "hogwild"};
+    ps_service *svc = ps_service_create(model, &so, &err);
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    ps_rpc_server *srv = ps_rpc_server_create("127.0.0.1:0", 2, lim, methods, nm, svc, &err);
+    CHECK(srv && ps_rpc_server_start(srv, &err) == PS_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ps_rpc_server_port(srv));
+    ps_client *sc = ps_client_create(addr, 30000, lim, &err);
+    ps_wire_tensor_list gp;
+    uint64_t v = 99;
+    CHECK_MSG(ps_client_get_parameters(sc, &gp, &v, &err) == PS_OK, "%s", err.msg);
+    CHECK(v == ps_model_version(model));
+    CHECK(gp.n == (size_t)ps_model_num_params(model));
+    for (size_t i = 0; i < gp.n && i < (size_t)ps_model_num_params(model); i++) {
+        const ps_param_info *p = ps_model_param(model, (int)i);
+        float *want = malloc((size_t)p->numel * sizeof(float));
+        CHECK(ps_model_get_param(model, (int)i, want, &err) == PS_OK);
+        CHECK_MSG(!strcmp(gp.items[i].name, p->name) && gp.items[i].dims[0] == p->dims[0] &&
+                  gp.items[i].bytes == (size_t)p->numel * sizeof(float) &&
+                  !memcmp(gp.items[i].data, want, gp.items[i].bytes), "paged %s differs", p->name);
+        free(want);
+    }
+    ps_wire_tensor_list_free(&gp);
+    ps_client_free(sc);
+    ps_rpc_server_free(srv);
+    ps_service_free(svc);
+}
+
 int main(void) {
     const char *ext = getenv("PSD_ADDR");
     grpc_init();
@@ -338,6 +373,50 @@ int main(void) {
     CHECK(ps_client_backward(cl, ctx + 1, grad, n, 10, 1, &v2, &err) == PS_OK);
     CHECK(v2 > v1);
     CHECK(ps_client_step(cl, ctx + 1, &v1, &err) == PS_OK && v1 == v2);
+
+    /* Round metrics (hogwild: a round per Step by default): the Step's
+     * scalars come back as its round's stats; bad scalars are refused
+     * naming the scalar, before anything is applied. */
+    if (!ext) {
+        uint64_t c3 = ctx + 2, vb = 0;
+        CHECK(ps_client_forward(cl, c3, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        CHECK(ps_client_backward(cl, c3, grad, n, 10, 0, NULL, &err) == PS_OK);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        vb = st.model_version;
+        ps_client_scalar bad[2] = {{"reward", 3}, {"reward", 4}};
+        CHECK(ps_client_step_scalars(cl, c3, 0, bad, 2, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "StepRequest") && strstr(err.msg, "twice"), "%s", err.msg);
+        ps_client_scalar nan_sc[1] = {{"loss", NAN}};
+        CHECK(ps_client_step_scalars(cl, c3, 0, nan_sc, 1, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "'loss'") && strstr(err.msg, "not finite"), "%s", err.msg);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK && st.model_version == vb);  /* nothing applied */
+        ps_client_scalar good[2] = {{"reward", 17}, {"tokens", 4}};
+        ps_client_step_out so;
+        ps_client_round rep;
+        CHECK(ps_client_step_scalars(cl, c3, 0, good, 2, &so, &rep, &err) == PS_OK);
+        CHECK(so.version == vb + 1);
+        const ps_client_round_scalar *rw = ps_client_round_find(&rep, "reward");
+        CHECK(rep.n == 2 && rw && rw->count == 1 && rw->min == 17 && rw->mean == 17 && rw->max == 17 &&
+              rw->ema == 17 && !rep.solved);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.metrics_round == rep.metrics_round && st.round_scalars_count == 2 &&
+              !strcmp(st.round_scalars[0].name, "reward") && st.round_scalars[0].max == 17);
+        /* ... and with Backward(step) */
+        uint64_t c4 = ctx + 3;
+        CHECK(ps_client_forward(cl, c4, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        uint32_t seq0 = 0;
+        ps_client_tensor gt = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {n, 10}, .data = grad};
+        ps_client_scalar bsc[1] = {{"bad name!", 1}};
+        ps_client_bwd b = {.ctx = c4, .n = 1, .seqs = &seq0, .grads = &gt, .step = 1, .scalars = bsc, .nscalars = 1};
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "BackwardRequest") && strstr(err.msg, "scalars[0].name"), "%s", err.msg);
+        bsc[0].name = "reward";
+        bsc[0].value = 5;
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_OK && so.version == vb + 2);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK(st.metrics_round == rep.metrics_round + 1 && st.round_scalars_count == 1 &&
+              st.round_scalars[0].max == 5 && st.round_scalars[0].ema == 5 * 0.05 + 17 * 0.95);
+    }
 
     /* Unknown contexts. */
     CHECK(ps_client_backward(cl, 0xdeadbeefULL, grad, n, 10, 0, NULL, &err) == PS_ERR_NOT_FOUND);
@@ -496,6 +575,7 @@ int main(void) {
         ps_wire_tensor_list_free(&wp);
     }
 
+    if (!ext) test_paged_parameters(model);
     if (!ext) test_skip_policy(model, x, grad, n);
 
     /* Health: SERVING for "" and the service's name, NOT_FOUND otherwise. */

@@ -85,11 +85,12 @@ static int print_status(ps_client *cl, ps_err *err) {
     if (ps_client_status(cl, &st, err)) return -1;
     printf("address: %s\nversion: %s\nmodel: %s\nuptime_s: %.1f\nmodel_version: %llu\n"
            "live_contexts: %llu\nexpired_contexts: %llu\ntrainers_seen: %llu\nsamples: %llu\n"
-           "nonfinite_policy: %s\nnonfinite_rejected: %llu\nnonfinite_skipped: %llu\nconsistency: %s\n",
+           "nonfinite_policy: %s\nnonfinite_rejected: %llu\nnonfinite_skipped: %llu\ncpu_isa: %s\nconsistency: %s\n",
            ps_client_target(cl), st.version, st.model, st.uptime_s, (unsigned long long)st.model_version,
            (unsigned long long)st.live_contexts, (unsigned long long)st.expired_contexts,
            (unsigned long long)st.trainers_seen, (unsigned long long)st.samples, st.nonfinite_policy,
-           (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped, st.consistency);
+           (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped, st.cpu_isa,
+           st.consistency);
     return 0;
 }
 
@@ -207,16 +208,18 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     double t0 = now_s();
     long samples = 0;
     uint64_t version = 0;
-    for (int ep = 0; ep < cfg->trainer.epochs; ep++) {
+    int stop = 0;
+    for (int ep = 0; ep < cfg->trainer.epochs && !stop; ep++) {
         int rounds = 0;
         if (task->begin_epoch(t, env, ep, &rounds, &err)) goto fail;
         if (o->max_rounds && o->max_rounds < rounds) rounds = (int)o->max_rounds;
-        for (int b = 0; b < rounds; b++) {
+        for (int b = 0; b < rounds && !stop; b++) {
             ps_task_round r = {0};
             if (task->run_round(t, env, ep, b, &r, &err)) goto fail;
             version = r.version;
             samples += r.samples;
-            if (b % cfg->trainer.log_every == 0) {
+            stop = r.stop;
+            if (!r.printed && b % cfg->trainer.log_every == 0) {
                 if (tty) fprintf(stderr, "\r\033[K");
                 printf("Rank %ld training %s %d loss %.6f\n", rank, task->unit, b, r.loss);
                 fflush(stdout);

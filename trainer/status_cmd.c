@@ -95,6 +95,7 @@ int ps_status_cmd_main(int argc, char **argv) {
     printf("\n  model             %s, version %llu (optimizer steps applied)\n", st.model,
            (unsigned long long)st.model_version);
     printf("  samples           %llu trained\n", (unsigned long long)st.samples);
+    printf("  cpu ISA           %s\n", st.cpu_isa[0] ? st.cpu_isa : "(not reported)");
     printf("  contexts          %llu live, %llu expired\n", (unsigned long long)st.live_contexts,
            (unsigned long long)st.expired_contexts);
     printf("  trainers seen     %llu\n", (unsigned long long)st.trainers_seen);
@@ -108,6 +109,19 @@ int ps_status_cmd_main(int argc, char **argv) {
     printf("  non-finite        policy %s: %llu calls rejected, %llu steps skipped\n", st.nonfinite_policy,
            (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped);
     printf("  consistency       %s\n", st.consistency);
+    if (st.sync_round) printf("  sync round        %llu open, waits for %u\n", (unsigned long long)st.sync_round,
+                              st.sync_members);
+    if (st.metrics_round) {
+        printf("  metrics round     %llu", (unsigned long long)st.metrics_round);
+        if (st.stop_metric[0])
+            printf(" (%s: running %s > %g)", st.solved ? "SOLVED" : "not solved", st.stop_metric, st.stop_threshold);
+        printf("\n");
+        for (pb_size_t i = 0; i < st.round_scalars_count; i++) {
+            const ps_RoundScalar *r = &st.round_scalars[i];
+            printf("    %-15s count %u  min %.6g  mean %.6g  max %.6g  ema %.6g\n", r->name, r->count, r->min, r->mean,
+                   r->max, r->ema);
+        }
+    }
     rc = 0;
 out:
     ps_client_free(cl);

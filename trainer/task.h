@@ -14,7 +14,8 @@
  *  - cartpole: one episode - act with Forwards under one context, then
  *    Backward of the returns, Step;
  *  - lm: one BPTT window - Forward the embedding, run the local LSTM,
- *    Forward the decoder, Backward both, Step.
+ *    Forward the decoder (with the targets: psd's loss), Backward the
+ *    embedding, PushGradients of the LSTM, Step (task_lm.c).
  *
  * Lifecycle, on one thread:
  *   create -> set_flag (task flags without a config key) -> init (config
@@ -64,6 +65,8 @@ typedef struct ps_task_round {
     double loss;
     long samples;           /* samples (or environment steps) it trained on */
     uint64_t version;       /* psd's model version after its step */
+    int printed;            /* the task printed its own progress line: the driver prints none */
+    int stop;               /* the task is done (e.g. psd says it is solved): no further rounds */
 } ps_task_round;
 
 typedef struct ps_task {

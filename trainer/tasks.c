@@ -5,10 +5,13 @@
 #include "task.h"
 
 extern const ps_task ps_task_mnist;
+extern const ps_task ps_task_cartpole;
+extern const ps_task ps_task_lm;
 
 static const ps_task *const g_tasks[] = {
     &ps_task_mnist,
-    /* cartpole, lm: later issues (one row and one task_<name>.c each) */
+    &ps_task_cartpole,
+    &ps_task_lm,
 };
 #define N_TASKS ((int)(sizeof g_tasks / sizeof g_tasks[0]))
 

@@ -117,3 +117,13 @@ ps_adam_scalars ps_adam_scalars_of(const ps_adam_desc *d) {
     s.step_size_sp = (float)(d->lr * sqrt(bc2) / bc1);
     return s;
 }
+
+const char *ps_backend_cpu_isa(void) {
+    return ps_backend_dnnl_isa();
+}
+
+int ps_backend_fallbacks(const ps_backend *b, char *buf, size_t size) {
+    if (buf && size) buf[0] = 0;
+    if (!b || b->ops != &ps_backend_dnnl_ops) return 0;
+    return ps_backend_dnnl_fallbacks(b->impl, buf, size);
+}

@@ -277,6 +277,19 @@ void ps_backend_free(ps_backend *b);
  * `psd --version`). Does not initialise any device. */
 void ps_backend_build_info(char *buf, size_t size);
 
+/* The instruction set the CPU backend's kernels run on in this process:
+ * oneDNN's effective ISA, lower case ("avx512_core_bf16", "avx2", "sse41",
+ * ...; ONEDNN_MAX_CPU_ISA in the environment can only lower it), "unknown"
+ * when oneDNN does not say. Freezes oneDNN's ISA choice. */
+const char *ps_backend_cpu_isa(void);
+
+/* How many of b's primitives so far were created with a reference (plain
+ * C) kernel where the backend's allow-list forbids one (convolution, inner
+ * product, pooling and eltwise may not; see kKindInfo in backend_dnnl.c).
+ * Their descriptions, one per line, go into buf (may be NULL). Always 0
+ * for backends without such a check (ref, cuda). */
+int ps_backend_fallbacks(const ps_backend *b, char *buf, size_t size);
+
 /* Convenience wrappers over ops->alloc/free. */
 float *ps_backend_alloc_floats(ps_backend *b, int64_t count);
 void ps_backend_release(ps_backend *b, void *p);

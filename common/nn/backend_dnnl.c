@@ -5,14 +5,22 @@
  * OpenMP loops (memory bound).
  *
  * Layouts: activations are plain (nchw, nc) or, where the model executor
- * asks for it, blocked (nChw16c on AVX-512, nChw8c on AVX2: see
- * blocked_layout and backend.h). Convolutions with a blocked activation
- * let oneDNN pick the weights layout ("any": direct JIT kernels instead of
- * im2col + GEMM); the plain master weights are reordered into it per call
- * (conv weights are small) and weight gradients reordered back. Linear
- * layers keep plain weights (oi), so the large fc weights are never
- * reordered. PS_DNNL_LAYOUT=plain in the environment turns blocked
- * layouts off (for comparison); =8 or =16 forces the block size.
+ * asks for it, blocked with the channel block oneDNN itself picks on this
+ * ISA (probe_block: nChw16c on AVX-512, nChw8c on AVX2 and SSE4.1; see
+ * blocked_layout and backend.h). Convolutions take "any" for src, weights
+ * and dst, so oneDNN picks the layouts its fastest kernel for the ISA
+ * wants; the caller's activations and the plain master weights are
+ * reordered into them where they differ (cached reorder primitives), and
+ * outputs reordered back. Linear layers keep plain weights (oi), so the
+ * large fc weights are never reordered. PS_DNNL_LAYOUT=plain in the
+ * environment turns blocked layouts off (for comparison); =8 or =16
+ * forces the block size.
+ *
+ * Fallback check: every primitive's implementation name is checked at
+ * creation against kKindInfo; reference kernels of kinds that may not have
+ * one are counted and described (ps_backend_fallbacks). On SSE4.1, where
+ * oneDNN has no JIT backward-data convolution, the data gradient runs as
+ * the equivalent forward convolution (conv_bwd_data_as_forward).
  *
  * Primitives are created once per distinct (kind, shape, bias?) key and
  * kept for the life of the backend in a mutex-protected array; creation
@@ -27,7 +35,8 @@
  * setting of the calling thread, so every caller gets nthreads OpenMP
  * threads for oneDNN - until a caller uses set_threads, from then on the
  * threads each calling thread set apply (the model executor sizes every
- * call). Memory is aligned_alloc(64); copies are memcpy.
+ * call). Memory is aligned_alloc(64) through a pool of freed buffers (see
+ * "buffer pool" below); copies are memcpy.
  * Failed oneDNN calls become PS_ERR_INTERNAL naming the call (PS_DNNL_CHECK).
  */
 #include "backend_impl.h"
@@ -36,6 +45,8 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,7 +77,7 @@ typedef struct prim_key {
     int64_t dims[9];
 } prim_key;
 
-#define PS_DNNL_MAX_CONV 2
+#define PS_DNNL_MAX_CONV 3
 
 /* An argument whose caller-side layout (user_md) differs from the one the
  * primitive chose (prim_md): inputs are reordered user -> prim before the
@@ -81,19 +92,65 @@ typedef struct arg_conv {
 typedef struct prim_entry {
     prim_key key;
     dnnl_primitive_t prim;
+    const char *impl;           /* oneDNN's implementation name (owned by prim) */
     int nconv;
     arg_conv conv[PS_DNNL_MAX_CONV];
 } prim_entry;
+
+#define PS_DNNL_MAX_FALLBACKS 16  /* descriptions kept; the count goes on */
 
 typedef struct dn_impl {
     dnnl_engine_t engine;
     int nthreads;
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
-    pthread_mutex_t lock;   /* guards cache, len, cap */
+    pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
     size_t len, cap;
+    pthread_mutex_t pool_lock; /* guards pool, pool_bytes */
+    struct pool_buf *pool;  /* freed buffers kept for reuse (pool_get/pool_put) */
+    size_t pool_bytes;
+    int nfallback;          /* primitives created with a disallowed reference kernel */
+    char fallback[PS_DNNL_MAX_FALLBACKS][160]; /* the first ones, described */
 } dn_impl;
+
+/* ---- the fallback check ----
+ * Which primitive kinds may run oneDNN's reference (plain C) kernels. The
+ * hot paths of a training step may not: a reference convolution or pooling
+ * is 10-100x slower than the JIT kernel and dominates the step. Tiny ops
+ * (log-softmax of 10 classes) and memory-bound reorders may. Adding a kind
+ * is adding a row. */
+typedef struct prim_kind_info {
+    const char *name;
+    int may_ref;
+} prim_kind_info;
+
+static const prim_kind_info kKindInfo[] = {
+    [PK_CONV_FWD] = { "convolution forward", 0 },
+    [PK_CONV_BWD_DATA] = { "convolution backward data", 0 },
+    [PK_CONV_BWD_WEIGHTS] = { "convolution backward weights", 0 },
+    [PK_POOL_FWD_TRAINING] = { "max-pool forward (training)", 0 },
+    [PK_POOL_FWD_INFERENCE] = { "max-pool forward (inference)", 0 },
+    [PK_POOL_BWD] = { "max-pool backward", 0 },
+    [PK_IP_FWD] = { "inner product forward", 0 },
+    [PK_IP_BWD_DATA] = { "inner product backward data", 0 },
+    [PK_IP_BWD_WEIGHTS] = { "inner product backward weights", 0 },
+    [PK_RELU_FWD] = { "relu forward", 0 },
+    [PK_RELU_BWD] = { "relu backward", 0 },
+    [PK_LOGSOFTMAX_FWD] = { "log-softmax forward", 1 },
+    [PK_LOGSOFTMAX_BWD] = { "log-softmax backward", 1 },
+    [PK_REORDER] = { "reorder", 1 },
+    [PK_SOFTMAX_FWD] = { "softmax forward", 0 },  /* a language model's vocabulary: not tiny */
+    [PK_SOFTMAX_BWD] = { "softmax backward", 1 },
+};
+
+/* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
+ * "gemm:ref", or the plain C loops ("simple_nchw:any"); JIT kernels
+ * ("jit:avx2", "x64:gemm:jit", "brgconv:avx512_core") are not. */
+static int impl_is_reference(const char *impl) {
+    if (!impl || strstr(impl, "ref") || !strncmp(impl, "simple", 6)) return 1;
+    return !strstr(impl, "jit") && !strstr(impl, "brg");
+}
 
 /* A candidate for arg_conv: the argument and the layout of the caller's buffer. */
 typedef struct user_arg {
@@ -101,6 +158,66 @@ typedef struct user_arg {
     int output;
     dnnl_memory_desc_t md;
 } user_arg;
+
+/* ---- buffer pool ----
+ * A training step allocates and frees the same few MB of activations,
+ * workspaces, scratchpads and reorder buffers every batch. Through plain
+ * malloc, buffers that large are fresh mmaps each time, and the kernel
+ * zero-fills every page on first touch (an AVX2 step on 2 threads went
+ * from 1575 to 2181 samples/s with glibc told to keep them). The backend
+ * keeps freed buffers of at least PS_POOL_MIN bytes, by exact size, up to
+ * PS_POOL_CAP bytes in all, and hands them out again; beyond the cap they
+ * are freed. The cap holds a batch-32 step's working set (~20 MB) a few
+ * times over and stays small beside psd's memory: test_faults expects
+ * psd's RSS to come back after a dead trainer's contexts expire, which a
+ * 256 MB cap broke. Each buffer carries a 64-byte header with its size. */
+#define PS_POOL_MIN ((size_t)64 << 10)
+#define PS_POOL_CAP ((size_t)64 << 20)
+#define PS_POOL_HDR 64
+
+typedef struct pool_buf {
+    struct pool_buf *next;
+    size_t size;        /* usable bytes after the header, a multiple of 64 */
+} pool_buf;
+
+static void *pool_get(dn_impl *im, size_t bytes) {
+    size_t size = (bytes + 63) & ~(size_t)63;
+    if (size < bytes || size > SIZE_MAX - PS_POOL_HDR) return NULL;
+    if (size == 0) size = 64;
+    if (size >= PS_POOL_MIN) {
+        pthread_mutex_lock(&im->pool_lock);
+        for (pool_buf **pp = &im->pool; *pp; pp = &(*pp)->next)
+            if ((*pp)->size == size) {
+                pool_buf *b = *pp;
+                *pp = b->next;
+                im->pool_bytes -= size;
+                pthread_mutex_unlock(&im->pool_lock);
+                return (char *)b + PS_POOL_HDR;
+            }
+        pthread_mutex_unlock(&im->pool_lock);
+    }
+    pool_buf *b = aligned_alloc(64, size + PS_POOL_HDR);
+    if (!b) return NULL;
+    b->size = size;
+    return (char *)b + PS_POOL_HDR;
+}
+
+static void pool_put(dn_impl *im, void *p) {
+    if (!p) return;
+    pool_buf *b = (pool_buf *)((char *)p - PS_POOL_HDR);
+    if (b->size >= PS_POOL_MIN) {
+        pthread_mutex_lock(&im->pool_lock);
+        if (im->pool_bytes + b->size <= PS_POOL_CAP) {
+            b->next = im->pool;
+            im->pool = b;
+            im->pool_bytes += b->size;
+            pthread_mutex_unlock(&im->pool_lock);
+            return;
+        }
+        pthread_mutex_unlock(&im->pool_lock);
+    }
+    free(b);
+}
 
 /* ---- primitive creation ---- */
 
@@ -157,27 +274,38 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     return st;
 }
 
+/* Convolutions take "any" for every tensor: oneDNN picks the layouts its
+ * fastest kernel for this ISA wants (a fixed layout can leave only the
+ * reference kernel: conv1's weight gradient with plain src and nChw8c
+ * diff_dst is ref:any on AVX2). The caller's layouts (ua) are reordered to
+ * and from the chosen ones where they differ (entry_create). */
 static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
     const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,stride,pad */
     const int64_t oh = (d[2] + 2 * d[8] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[8] - d[6]) / d[7] + 1;
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, wd[4] = { d[4], d[1], d[5], d[6] };
     const int64_t yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
-    dnnl_memory_desc_t x, w, b, y, wuser;
+    dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser;
     ps_status st;
-    /* Blocked activations: let the primitive choose its weights layout. */
-    int any_w = k->src_layout == PS_LAYOUT_BLOCKED || k->dst_layout == PS_LAYOUT_BLOCKED;
-    if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
+    if ((st = md_plain(&xuser, 4, xd, act_tag(block, k->src_layout), err)) ||
         (st = md_plain(&wuser, 4, wd, dnnl_oihw, err)) ||
-        (st = md_plain(&w, 4, wd, any_w ? dnnl_format_tag_any : dnnl_oihw, err)) ||
-        (st = md_plain(&b, 1, bd, dnnl_a, err)) || (st = md_plain(&y, 4, yd, act_tag(block, k->dst_layout), err)))
+        (st = md_plain(&yuser, 4, yd, act_tag(block, k->dst_layout), err)) ||
+        (st = md_plain(&x, 4, xd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&w, 4, wd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&b, 1, bd, dnnl_a, err)) ||
+        (st = md_plain(&y, 4, yd, dnnl_format_tag_any, err)))
         return st;
-    if (any_w) {
-        ua[0].arg = k->kind == PK_CONV_BWD_WEIGHTS ? DNNL_ARG_DIFF_WEIGHTS : DNNL_ARG_WEIGHTS;
-        ua[0].output = k->kind == PK_CONV_BWD_WEIGHTS;
-        ua[0].md = wuser;
-        *nua = 1;
-    }
+    /* The caller's side of each argument: (arg, output?, layout). */
+    const user_arg fwd_ua[3] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_WEIGHTS, 0, wuser },
+                                 { DNNL_ARG_DST, 1, yuser } };
+    const user_arg bwd_data_ua[3] = { { DNNL_ARG_DIFF_DST, 0, yuser }, { DNNL_ARG_WEIGHTS, 0, wuser },
+                                      { DNNL_ARG_DIFF_SRC, 1, xuser } };
+    const user_arg bwd_w_ua[3] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_DIFF_DST, 0, yuser },
+                                   { DNNL_ARG_DIFF_WEIGHTS, 1, wuser } };
+    const user_arg *src_ua = k->kind == PK_CONV_FWD ? fwd_ua
+                           : k->kind == PK_CONV_BWD_DATA ? bwd_data_ua : bwd_w_ua;
+    memcpy(ua, src_ua, sizeof fwd_ua);
+    *nua = 3;
     dnnl_dims_t strides = { d[7], d[7] }, pad = { d[8], d[8] };
     dnnl_convolution_desc_t fwd, bwd;
     PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training,
@@ -341,6 +469,25 @@ static void entry_free(prim_entry *e) {
     free(e);
 }
 
+/* Record a disallowed reference kernel for k (called under im->lock, once
+ * per primitive since primitives are cached). */
+static void check_fallback(dn_impl *im, const prim_key *k, const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
+    const prim_kind_info *ki = &kKindInfo[k->kind];
+    if (ki->may_ref || !impl_is_reference(impl)) return;
+    if (im->nfallback < PS_DNNL_MAX_FALLBACKS) {
+        char dims[96] = "";
+        size_t len = 0;
+        for (int i = 0; i < 9 && k->dims[i] && len < sizeof dims; i++)
+            len += (size_t)snprintf(dims + len, sizeof dims - len, "%s%lld", i ? "," : "",
+                                    (long long)k->dims[i]);
+        snprintf(im->fallback[im->nfallback], sizeof im->fallback[0], "%s [%s]%s: %s", ki->name, dims,
+                 k->src_layout || k->dst_layout ? " (blocked)" : "", impl ? impl : "(unknown)");
+    }
+    im->nfallback++;
+}
+
 /* Build the entry for k: the primitive plus a reorder for every argument
  * whose caller-side layout differs from the primitive's. */
 static ps_status entry_create(dn_impl *im, const prim_key *k, prim_entry **out, ps_err *err) {
@@ -351,8 +498,12 @@ static ps_status entry_create(dn_impl *im, const prim_key *k, prim_entry **out, 
     int nua = 0;
     ps_status st = create_prim(im->engine, im->block, k, &e->prim, ua, &nua, err);
     const_dnnl_primitive_desc_t pd = NULL;
-    if (st == PS_OK && nua > 0 && dnnl_primitive_get_primitive_desc(e->prim, &pd) != dnnl_success)
+    if (st == PS_OK && dnnl_primitive_get_primitive_desc(e->prim, &pd) != dnnl_success)
         st = ps_err_set(err, PS_ERR_INTERNAL, "dnnl: dnnl_primitive_get_primitive_desc failed");
+    if (st == PS_OK) {
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &e->impl) != dnnl_success) e->impl = NULL;
+        check_fallback(im, k, pd);
+    }
     for (int i = 0; i < nua && st == PS_OK; i++) {
         const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, ua[i].arg);
         if (!pmd || pmd->ndims == 0) {
@@ -470,7 +621,7 @@ static ps_status exec_inner(dn_impl *im, dnnl_primitive_t prim, const exec_arg *
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t ssize = smd ? dnnl_memory_desc_get_size(smd) : 0;
     if (ssize > 0) {
-        r->scratch = aligned_alloc(64, (ssize + 63) & ~(size_t)63);
+        r->scratch = pool_get(im, ssize);
         if (!r->scratch)
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: scratchpad of %zu bytes", ssize);
         PS_DNNL_CHECK(dnnl_memory_create(&r->mem[n], smd, im->engine, r->scratch));
@@ -492,7 +643,7 @@ static ps_status exec_prim(dn_impl *im, dnnl_primitive_t prim, const exec_arg *a
     ps_status st = exec_inner(im, prim, a, n, &r, err);
     for (int i = 0; i <= n; i++)
         if (r.mem[i]) dnnl_memory_destroy(r.mem[i]);
-    free(r.scratch);
+    pool_put(im, r.scratch);
     if (r.stream) dnnl_stream_destroy(r.stream);
     return st;
 }
@@ -514,7 +665,7 @@ static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, p
         for (int i = 0; i < n; i++)
             if (aa[i].arg == cv->arg) at[c] = i;
         if (at[c] < 0) continue;
-        tmp[c] = aligned_alloc(64, (cv->prim_bytes + 63) & ~(size_t)63);
+        tmp[c] = pool_get(im, cv->prim_bytes);
         if (!tmp[c]) { st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: %zu bytes for a reorder", cv->prim_bytes); break; }
         if (!cv->output) {
             exec_arg ra[2] = { { DNNL_ARG_FROM, aa[at[c]].ptr }, { DNNL_ARG_TO, tmp[c] } };
@@ -529,7 +680,7 @@ static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, p
         exec_arg ra[2] = { { DNNL_ARG_FROM, tmp[c] }, { DNNL_ARG_TO, a[at[c]].ptr } };
         st = exec_prim(im, cv->reorder, ra, 2, err);
     }
-    for (int c = 0; c < e->nconv; c++) free(tmp[c]);
+    for (int c = 0; c < e->nconv; c++) pool_put(im, tmp[c]);
     return st;
 }
 
@@ -546,6 +697,66 @@ static void dn_set_threads(void *impl, int n) {
 
 /* ---- lifecycle and memory ---- */
 
+/* The activation block oneDNN itself picks on this ISA: the layout of the
+ * output a direct convolution chooses with "any" layouts, for a shape like
+ * the model's conv2 (3x3, 32 -> 64 channels, 26x26, batch 32). nChw16c on
+ * AVX-512, nChw8c on AVX2 and SSE4.1 (oneDNN 2.6); 0 when it picks a plain
+ * layout or the query fails. Convolutions reorder whatever they get to what
+ * they choose (create_conv), so this is a speed choice, not a contract. */
+static int probe_block(dnnl_engine_t eng) {
+    dnnl_memory_desc_t x, w, y;
+    dnnl_dims_t xd = { 32, 32, 26, 26 }, wd = { 64, 32, 3, 3 }, yd = { 32, 64, 24, 24 };
+    dnnl_dims_t strides = { 1, 1 }, pad = { 0, 0 };
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&y, 4, yd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
+                                           NULL, &y, strides, pad, pad) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &cd, NULL, eng, NULL) != dnnl_success)
+        return 0;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    int block = 0;
+    if (md && md->format_kind == dnnl_blocked && md->format_desc.blocking.inner_nblks == 1 &&
+        md->format_desc.blocking.inner_idxs[0] == 1)
+        block = (int)md->format_desc.blocking.inner_blks[0];
+    dnnl_primitive_desc_destroy(pd);
+    return block;
+}
+
+const char *ps_backend_dnnl_isa(void) {
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+int ps_backend_dnnl_fallbacks(void *impl, char *buf, size_t size) {
+    dn_impl *im = impl;
+    pthread_mutex_lock(&im->lock);
+    int n = im->nfallback;
+    if (buf && size) {
+        size_t len = 0;
+        buf[0] = 0;
+        for (int i = 0; i < n && i < PS_DNNL_MAX_FALLBACKS && len < size; i++)
+            len += (size_t)snprintf(buf + len, size - len, "%s\n", im->fallback[i]);
+        if (n > PS_DNNL_MAX_FALLBACKS && len < size)
+            snprintf(buf + len, size - len, "(and %d more)\n", n - PS_DNNL_MAX_FALLBACKS);
+    }
+    pthread_mutex_unlock(&im->lock);
+    return n;
+}
+
 static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     (void)device;
     dn_impl *im = calloc(1, sizeof *im);
@@ -557,15 +768,13 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
                           __FILE__, __LINE__, (int)s);
     }
     im->nthreads = nthreads;
-    /* The ISA's natural channel block: 16 floats per AVX-512 vector, 8 per AVX2. */
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    if ((isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core) im->block = 16;
-    else if ((isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2) im->block = 8;
+    im->block = probe_block(im->engine);
     const char *lay = getenv("PS_DNNL_LAYOUT");
     if (lay && !strcmp(lay, "plain")) im->block = 0;
     else if (lay && !strcmp(lay, "8")) im->block = 8;
     else if (lay && !strcmp(lay, "16")) im->block = 16;
     pthread_mutex_init(&im->lock, NULL);
+    pthread_mutex_init(&im->pool_lock, NULL);
     *impl = im;
     return PS_OK;
 }
@@ -575,19 +784,22 @@ static void dn_destroy(void *impl) {
     if (!im) return;
     for (size_t i = 0; i < im->len; i++) entry_free(im->cache[i]);
     free(im->cache);
+    while (im->pool) {
+        pool_buf *b = im->pool;
+        im->pool = b->next;
+        free(b);
+    }
+    pthread_mutex_destroy(&im->pool_lock);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
     free(im);
 }
 
 static void *dn_alloc(void *impl, size_t bytes) {
-    (void)impl;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded < bytes) return NULL;
-    return aligned_alloc(64, rounded ? rounded : 64);
+    return pool_get(impl, bytes);
 }
 
-static void dn_free(void *impl, void *p) { (void)impl; free(p); }
+static void dn_free(void *impl, void *p) { pool_put(impl, p); }
 
 static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, ps_err *err) {
     (void)impl; (void)err;
@@ -605,6 +817,57 @@ static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const floa
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
                      { DNNL_ARG_BIAS, b } };
     return run(im, &k, a, b ? 4 : 3, err);
+}
+
+/* The data gradient of a stride-1 convolution is itself a forward
+ * convolution: dx = conv(dy, W') with W'[i][o][a][b] = W[o][i][k-1-a][k-1-b]
+ * (in and out channels swapped, kernel rotated 180 degrees) and padding
+ * k-1-pad. oneDNN 2.6 has no SSE4.1 JIT kernel for backward data (it runs
+ * im2col + GEMM, 1.5x the time of the JIT forward kernel for the same
+ * FLOPs), but has a forward one. The forward descriptor of that equivalent
+ * convolution. */
+static ps_conv_desc bwd_data_fwd_desc(const ps_conv_desc *d) {
+    ps_conv_desc t = { d->n, d->cout, ps_conv_out_h(d), ps_conv_out_w(d), d->cin, d->kh, d->kw, 1,
+                       d->kh - 1 - d->pad, d->dst_layout, d->src_layout };
+    return t;
+}
+
+/* 1 in *via when the backward-data primitive for k is GEMM-based and the
+ * equivalent forward convolution gets a direct JIT kernel (square kernel,
+ * stride 1, pad < k; SSE4.1 in practice): then that is the faster way. */
+static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const prim_key *k, int *via,
+                                      ps_err *err) {
+    const prim_entry *e;
+    ps_status st;
+    *via = 0;
+    if (d->stride != 1 || d->kh != d->kw || d->pad >= d->kh) return PS_OK;
+    if ((st = get_entry(im, k, &e, err))) return st;
+    if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
+    ps_conv_desc t = bwd_data_fwd_desc(d);
+    prim_key fk = conv_key(PK_CONV_FWD, &t, 0);
+    const prim_entry *f;
+    if ((st = get_entry(im, &fk, &f, err))) return st;
+    *via = f->impl && !strstr(f->impl, "gemm") && !impl_is_reference(f->impl);
+    return PS_OK;
+}
+
+static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, const float *w,
+                                          const float *dy, float *dx, ps_err *err) {
+    const int co = d->cout, ci = d->cin, kk = d->kh;
+    float *wt = pool_get(im, (size_t)co * ci * kk * kk * sizeof(float));  /* (cin, cout, k, k) */
+    if (!wt) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory for rotated weights");
+    for (int o = 0; o < co; o++)
+        for (int i = 0; i < ci; i++)
+            for (int a = 0; a < kk; a++)
+                for (int b = 0; b < kk; b++)
+                    wt[(((size_t)i * co + o) * kk + a) * kk + b] =
+                        w[(((size_t)o * ci + i) * kk + (kk - 1 - a)) * kk + (kk - 1 - b)];
+    ps_conv_desc t = bwd_data_fwd_desc(d);
+    prim_key fk = conv_key(PK_CONV_FWD, &t, 0);
+    exec_arg a[] = { { DNNL_ARG_SRC, dy }, { DNNL_ARG_WEIGHTS, wt }, { DNNL_ARG_DST, dx } };
+    ps_status st = run(im, &fk, a, 3, err);
+    pool_put(im, wt);
+    return st;
 }
 
 /* db = sum of dy over n, and the spatial positions (dw == NULL case). */
@@ -625,8 +888,14 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const flo
     set_threads(im);
     if (dx) {
         prim_key k = conv_key(PK_CONV_BWD_DATA, d, 1);
-        exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
-        if ((st = run(im, &k, a, 3, err))) return st;
+        int via_fwd = 0;
+        if ((st = bwd_data_via_forward(im, d, &k, &via_fwd, err))) return st;
+        if (via_fwd) {
+            if ((st = conv_bwd_data_as_forward(im, d, w, dy, dx, err))) return st;
+        } else {
+            exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
+            if ((st = run(im, &k, a, 3, err))) return st;
+        }
     }
     if (dw) {
         prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, d, db != NULL);

@@ -188,3 +188,63 @@ int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *e
         if (!m->stages[s].host_memory) free(h[s]);
     return result;
 }
+
+ps_status ps_grads_add_dense(ps_model *m, ps_grads *g, int i, const float *host_src, ps_err *err) {
+    if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    if (m->params[i].sparse)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s is row-sparse; only dense gradients can be added",
+                          m->params[i].name);
+    const param_loc *pl = &m->loc[i];
+    stage *st = &m->stages[pl->stage];
+    size_t n = (size_t)m->params[i].numel;
+    float *h = malloc(n * sizeof(float) + 1);
+    if (!h) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+    ps_status rc = PS_OK;
+    int fresh = !g->dense[pl->stage];
+    if (fresh) {   /* a new block: zero, then this parameter */
+        float *b = ps_backend_alloc_floats(st->be, st->ngrads);
+        float *z = b ? calloc((size_t)st->ngrads + 1, sizeof(float)) : NULL;
+        if (!b || !z) {
+            ps_backend_release(st->be, b);
+            free(z);
+            free(h);
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+        }
+        rc = st->be->ops->copy_to_device(st->be->impl, b, z, (size_t)st->ngrads * sizeof(float), err);
+        free(z);
+        if (rc) { ps_backend_release(st->be, b); free(h); return rc; }
+        g->dense[pl->stage] = b;
+    }
+    float *dst = g->dense[pl->stage] + pl->goff;
+    rc = st->be->ops->copy_to_host(st->be->impl, h, dst, n * sizeof(float), err);
+    for (size_t k = 0; rc == PS_OK && k < n; k++) h[k] += host_src[k];
+    if (rc == PS_OK) rc = st->be->ops->copy_to_device(st->be->impl, dst, h, n * sizeof(float), err);
+    free(h);
+    return rc;
+}
+
+ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *err) {
+    if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    double s = 0;
+    for (int k = 0; k < m->nstages; k++) {
+        stage *st = &m->stages[k];
+        if (!g->dense[k]) continue;
+        const float *h = g->dense[k];
+        float *b = NULL;
+        if (!st->host_memory) {
+            b = malloc((size_t)st->ngrads * sizeof(float) + 1);
+            if (!b) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the gradient norm");
+            ps_status rc = st->be->ops->copy_to_host(st->be->impl, b, g->dense[k], (size_t)st->ngrads * sizeof(float), err);
+            if (rc) { free(b); return rc; }
+            h = b;
+        }
+        for (int64_t j = 0; j < st->ngrads; j++) s += (double)h[j] * h[j];
+        free(b);
+    }
+    for (int i = 0; i < m->nparams; i++)
+        for (int64_t j = 0; j < g->rows[i].nrows * g->rows[i].width; j++)
+            s += (double)g->rows[i].grad[j] * g->rows[i].grad[j];
+    *out = s;
+    return PS_OK;
+}

@@ -359,6 +359,45 @@ done:
     return rc;
 }
 
+/* ---- lstm: the parameters of one nn.LSTM layer (weight_ih_l<k>,
+ * weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>; gate order i, f, g, o),
+ * PyTorch's init U(-1/sqrt(H), 1/sqrt(H)) for all four. psd only holds
+ * them: the LSTM runs on the trainer (common/nn/lstm.h), which pulls the
+ * weights and pushes their gradients (PushGradients). A stage of lstm
+ * layers is parameter-only: Forward and Backward on it are refused. ---- */
+
+#define LSTM_MAX_LAYERS 8
+static const char *const lstm_suffix[LSTM_MAX_LAYERS][4] = {
+#define LSTM_SUFFIXES(l) {"weight_ih_l" #l, "weight_hh_l" #l, "bias_ih_l" #l, "bias_hh_l" #l}
+    LSTM_SUFFIXES(0), LSTM_SUFFIXES(1), LSTM_SUFFIXES(2), LSTM_SUFFIXES(3),
+    LSTM_SUFFIXES(4), LSTM_SUFFIXES(5), LSTM_SUFFIXES(6), LSTM_SUFFIXES(7),
+#undef LSTM_SUFFIXES
+};
+
+static ps_status lstm_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_shape(ly, 1, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if (ly->out < 1 || ly->k < 0 || ly->k >= LSTM_MAX_LAYERS)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lstm %s: needs hidden size >= 1 and a layer index "
+                          "0..%d (got %d, %d)", ly->def->name, LSTM_MAX_LAYERS - 1, ly->out, ly->k);
+    int64_t in = ly->in.dims[0], H = ly->out;
+    ly->outs = ly->in;
+    ly->outs.dims[0] = H;
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t wi[2] = {4 * H, in}, wh[2] = {4 * H, H}, b[1] = {4 * H};
+    set_param(ly, 0, lstm_suffix[ly->k][0], 2, wi, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
+    set_param(ly, 1, lstm_suffix[ly->k][1], 2, wh, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
+    set_param(ly, 2, lstm_suffix[ly->k][2], 1, b, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
+    set_param(ly, 3, lstm_suffix[ly->k][3], 1, b, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
+    return PS_OK;
+}
+
+static ps_status lstm_refuse(ps_layer_call *c, ps_err *err) {
+    return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "lstm %s: psd holds this LSTM's parameters only; the "
+                      "LSTM runs on the trainer (pull them with GetParameters, push their gradients with "
+                      "PushGradients)", c->ly->def->name);
+}
+
 /* ---------------------------------------------------------------- table */
 
 static const ps_layer_kind kinds[] = {
@@ -374,6 +413,7 @@ static const ps_layer_kind kinds[] = {
     {"log_softmax", 0, infer_same, no_op, log_softmax_forward, log_softmax_backward, no_bytes, NULL},
     {"softmax", 0, infer_same, softmax_missing, softmax_forward, softmax_backward, no_bytes, NULL},
     {"embedding", 0, emb_infer, emb_missing, emb_forward, emb_backward, no_bytes, emb_check},
+    {"lstm", PS_KIND_PARAMS_ONLY, lstm_infer, no_op, lstm_refuse, lstm_refuse, no_bytes, NULL},
 };
 
 const ps_layer_kind *ps_layer_kind_find(const char *name) {

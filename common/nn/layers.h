@@ -44,14 +44,14 @@ typedef struct ps_layer_def {
     const char *out_key;
     int num;                    /* embedding: rows of the table */
     const char *num_key;
-    int k, stride, pad;         /* conv2d, maxpool2d */
+    int k, stride, pad;         /* conv2d, maxpool2d; lstm: k = the layer index l (suffix _l<k>) */
     float p;                    /* dropout, dropout2d: drop probability */
     const char *p_key;
     ps_init_kind w_init, b_init;/* override the kind's default initialisation */
     float init_a;               /* bound of PS_INIT_UNIFORM */
 } ps_layer_def;
 
-#define PS_LAYER_MAX_PARAMS 2
+#define PS_LAYER_MAX_PARAMS 4 /* lstm: weight_ih, weight_hh, bias_ih, bias_hh */
 
 typedef struct ps_layer_param {
     const char *suffix;         /* "weight", "bias" */
@@ -125,6 +125,8 @@ enum {
     PS_KIND_LAYOUT_KEEP = 4,    /* computes in whatever layout it gets (relu, max-pool) */
     PS_KIND_LAYOUT_BLOCKED = 8, /* prefers the backend's blocked layout (conv) */
     PS_KIND_DROPOUT = 16,       /* takes a dropout mask (counted in dropout_idx) */
+    PS_KIND_PARAMS_ONLY = 32,   /* holds parameters another process computes with (lstm):
+                                   never forwarded; its stage is parameter-only */
 };
 
 typedef struct ps_layer_kind {

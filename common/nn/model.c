@@ -46,7 +46,7 @@ void ps_model_free(ps_model *m) {
         stage *st = &m->stages[s];
         if (st->be) {
             ps_backend_release(st->be, st->w);
-            ps_backend_release(st->be, st->mom);
+            for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) ps_backend_release(st->be, st->state[j]);
         }
         ps_backend_free(st->be);
         free(st->layers);
@@ -56,7 +56,7 @@ void ps_model_free(ps_model *m) {
         for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
     free(m->loc);
-    free(m->first_step);
+    free(m->ost);
     pthread_rwlock_destroy(&m->lock);
     pthread_mutex_destroy(&m->version_mu);
     free(m);
@@ -111,7 +111,6 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     pi->stage_index = s;
     pi->sparse = lp->sparse;
     m->loc[m->nparams] = (param_loc){s, l, j, off, goff};
-    m->first_step[m->nparams] = 1;
     st->slots[l].param[j] = m->nparams;
     st->slots[l].w_off[j] = off;
     st->slots[l].g_off[j] = goff;
@@ -177,6 +176,9 @@ static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtyp
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
     for (int l = 0; l < st->nlayers; l++) st->info.params += st->layers[l].nparams;
+    st->info.params_only = st->nlayers > 0;
+    for (int l = 0; l < st->nlayers; l++)
+        if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
     return PS_OK;
 }
 
@@ -212,9 +214,19 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     pthread_rwlockattr_destroy(&attr);
     pthread_mutex_init(&m->version_mu, NULL);
     m->def = a;
-    m->lr = o->lr;
-    m->momentum = o->momentum;
-    m->weight_decay = o->weight_decay;
+    if (o->optim) {
+        m->optim = *o->optim;
+    } else {
+        ps_optim_spec_default(PS_OPTIM_SGD, &m->optim);
+        m->optim.lr = o->lr;
+        m->optim.momentum = o->momentum;
+        m->optim.weight_decay = o->weight_decay;
+    }
+    if (ps_optim_check(&m->optim, 0, err) != PS_OK) {
+        ps_err_prefix(err, "model '%s'", a->name);
+        goto fail;
+    }
+    m->nstate = ps_optim_num_state(&m->optim);
     m->thread_budget = o->compute_threads;
     if (m->thread_budget <= 0) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -226,8 +238,8 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     for (int s = 0; s < a->nstages; s++) maxp += PS_LAYER_MAX_PARAMS * a->stages[s].nlayers;
     m->params = calloc(maxp + 1, sizeof *m->params);
     m->loc = calloc(maxp + 1, sizeof *m->loc);
-    m->first_step = calloc(maxp + 1, 1);
-    if (!m->params || !m->loc || !m->first_step) {
+    m->ost = calloc(maxp + 1, sizeof *m->ost);
+    if (!m->params || !m->loc || !m->ost) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -260,12 +272,13 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         if (build_stage(m, s, &shape, &dtype, err) != PS_OK) goto fail;
         ps_exec_plan_layouts(st);
     }
-    if (m->nsparse && (m->momentum != 0.0f || m->weight_decay != 0.0f)) {
+    if (m->nsparse && ps_optim_check(&m->optim, 1, err) != PS_OK) {
         for (int i = 0; i < m->nparams; i++)
             if (m->params[i].sparse) {
-                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': %s is a row-sparse parameter (embedding "
-                           "table), updated with plain SGD only: set optimizer.momentum and "
-                           "optimizer.weight_decay to 0", a->name, m->params[i].name);
+                ps_err_prefix(err, "model '%s': %s is a row-sparse parameter (embedding table), updated "
+                              "with %s", a->name, m->params[i].name,
+                              m->optim.kind == PS_OPTIM_ADAM ? "torch.optim.SparseAdam's rule"
+                                                             : "plain SGD only");
                 break;
             }
         goto fail;
@@ -275,8 +288,10 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         stage *st = &m->stages[s];
         float *host = malloc((size_t)(st->nweights ? st->nweights : 1) * sizeof(float));
         st->w = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
-        if (m->momentum > 0) st->mom = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
-        if (!host || !st->w || (m->momentum > 0 && !st->mom)) {
+        int have = 1;
+        for (int j = 0; j < m->nstate; j++)
+            have &= (st->state[j] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1)) != NULL;
+        if (!host || !st->w || !have) {
             free(host);
             ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
             goto fail;
@@ -286,15 +301,16 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
                 ps_layer_init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng);
         ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w, host,
                                                    (size_t)st->nweights * sizeof(float), err);
-        if (rc == PS_OK && st->mom) {
-            memset(host, 0, (size_t)st->nweights * sizeof(float));
-            rc = st->be->ops->copy_to_device(st->be->impl, st->mom, host,
+        if (m->nstate) memset(host, 0, (size_t)st->nweights * sizeof(float));
+        for (int j = 0; j < m->nstate && rc == PS_OK; j++)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->state[j], host,
                                              (size_t)st->nweights * sizeof(float), err);
-        }
         free(host);
         if (rc != PS_OK) goto fail;
         m->total_weights += st->nweights;
     }
+    for (int i = 0; i < m->nparams; i++)
+        for (int j = 0; j < m->nstate; j++) m->ost[i].buf[j] = m->stages[m->loc[i].stage].state[j] + m->loc[i].off;
     return m;
 fail:
     ps_model_free(m);
@@ -302,6 +318,9 @@ fail:
 }
 
 const char *ps_model_arch(const ps_model *m) { return m->def->name; }
+const ps_backend *ps_model_stage_backend(const ps_model *m, int s) {
+    return s >= 0 && s < m->nstages ? m->stages[s].be : NULL;
+}
 int ps_model_num_params(const ps_model *m) { return m->nparams; }
 const ps_param_info *ps_model_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->nparams) ? &m->params[i] : NULL;
@@ -353,14 +372,39 @@ ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
     return rc;
 }
 
+/* Parameter i's optimizer state := step and state[j] (host), zeros when
+ * state is NULL (zeros is a host buffer of numel zero floats then).
+ * Under the exclusive lock. */
+static ps_status put_optim_state(ps_model *m, int i, int64_t step, const float *const *state,
+                                 const float *zeros, ps_err *err) {
+    stage *st = &m->stages[m->loc[i].stage];
+    ps_status rc = PS_OK;
+    m->ost[i].step = 0;
+    for (int j = 0; j < m->nstate && rc == PS_OK; j++)
+        rc = st->be->ops->copy_to_device(st->be->impl, m->ost[i].buf[j], state ? state[j] : zeros,
+                                         (size_t)m->params[i].numel * sizeof(float), err);
+    if (rc == PS_OK) m->ost[i].step = step;
+    return rc;
+}
+
+static float *zeros_for(const ps_model *m, int i, ps_err *err) {
+    float *z = m->nstate ? calloc((size_t)m->params[i].numel + 1, sizeof *z) : NULL;
+    if (m->nstate && !z)
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's optimizer state", m->params[i].name);
+    return z;
+}
+
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
     stage *st = &m->stages[m->loc[i].stage];
+    float *zeros = zeros_for(m, i, err);
+    if (m->nstate && !zeros) return PS_ERR_RESOURCE_EXHAUSTED;
     pthread_rwlock_wrlock(&m->lock);
     ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w + m->loc[i].off, host_src,
                                                (size_t)m->params[i].numel * sizeof(float), err);
-    m->first_step[i] = 1;
+    if (rc == PS_OK) rc = put_optim_state(m, i, 0, NULL, zeros, err);
     pthread_rwlock_unlock(&m->lock);
+    free(zeros);
     return rc;
 }
 
@@ -442,45 +486,47 @@ ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst
 typedef struct param_grad {
     const float *dense;
     const ps_rows *rows;
-    float *scratch;          /* host (nrows, width) for rows of a device stage */
+    const int64_t *idx;      /* rows->rows where the optimizer reads them: host, or the copy below */
+    const float *grad;       /* rows->grad likewise */
+    int64_t *dev_idx;        /* (nrows) copies on a device stage's device, made before the step */
+    float *dev_grad;         /* (nrows, width) */
 } param_grad;
 
-/* One optimizer update of parameter i: the single place a new optimizer
- * (Adam, SparseAdam) plugs in. Runs under the exclusive lock, after every
- * allocation and check: it only computes and writes. */
+/* One optimizer update of parameter i through the optimizer module (its
+ * dense or row-sparse rule, optim.h). Runs under the exclusive lock, after
+ * every allocation, copy and check of the step: it only computes and
+ * writes. The rows are distinct and in range by construction of ps_rows
+ * (merged, sorted, ids checked at the forward) and the spec passed
+ * ps_optim_check for both rules at creation, hence the unchecked
+ * row-sparse entry. */
 static ps_status update_param(ps_model *m, int i, const param_grad *g, ps_err *err) {
     const param_loc *pl = &m->loc[i];
     stage *st = &m->stages[pl->stage];
     float *w = st->w + pl->off;
-    if (g->dense) {
-        ps_sgd_desc sd = {m->lr, m->momentum, m->weight_decay, m->first_step[i]};
-        ps_status rc = st->be->ops->sgd_update(st->be->impl, m->params[i].numel, w, g->dense,
-                                               st->mom ? st->mom + pl->off : NULL, &sd, err);
-        m->first_step[i] = 0;
-        return rc;
-    }
-    /* Row-sparse plain SGD (momentum and weight decay refused at creation):
-     * w[row] -= lr * grad[row] for the touched rows only. */
-    const ps_rows *r = g->rows;
-    int64_t wd = r->width;
-    if (st->host_memory) {
-        for (int64_t k = 0; k < r->nrows; k++) {
-            float *wr = w + r->rows[k] * wd;
-            const float *gr = r->grad + k * wd;
-            for (int64_t j = 0; j < wd; j++) wr[j] -= m->lr * gr[j];
-        }
-        return PS_OK;
-    }
+    if (g->dense) return ps_optim_step(st->be, &m->optim, m->params[i].numel, w, g->dense, &m->ost[i], err);
+    return ps_optim_step_rows_checked(st->be, &m->optim, g->rows->width, g->idx, g->rows->nrows, w, g->grad,
+                                      &m->ost[i], err);
+}
+
+/* Put parameter i's gradient rows where its stage's optimizer ops read
+ * them (a device stage: copies on the device). */
+static ps_status stage_rows(ps_model *m, int i, const ps_rows *r, param_grad *pg, ps_err *err) {
+    stage *st = &m->stages[m->loc[i].stage];
+    pg->rows = r;
+    pg->idx = r->rows;
+    pg->grad = r->grad;
+    if (st->host_memory) return PS_OK;
     const ps_backend_ops *ops = st->be->ops;
-    size_t rb = (size_t)wd * sizeof(float);
-    for (int64_t k = 0; k < r->nrows; k++) {
-        float *row = g->scratch + k * wd;
-        ps_status rc = ops->copy_to_host(st->be->impl, row, w + r->rows[k] * wd, rb, err);
-        if (rc != PS_OK) return rc;
-        for (int64_t j = 0; j < wd; j++) row[j] -= m->lr * r->grad[k * wd + j];
-        if ((rc = ops->copy_to_device(st->be->impl, w + r->rows[k] * wd, row, rb, err)) != PS_OK) return rc;
-    }
-    return PS_OK;
+    const size_t ib = (size_t)r->nrows * sizeof(int64_t), gb = (size_t)r->nrows * r->width * sizeof(float);
+    pg->dev_idx = ops->alloc(st->be->impl, ib);
+    pg->dev_grad = ops->alloc(st->be->impl, gb ? gb : sizeof(float));
+    if (!pg->dev_idx || !pg->dev_grad)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of device memory for the %s step", m->params[i].name);
+    ps_status rc = ops->copy_to_device(st->be->impl, pg->dev_idx, r->rows, ib, err);
+    if (rc == PS_OK) rc = ops->copy_to_device(st->be->impl, pg->dev_grad, r->grad, gb, err);
+    pg->idx = pg->dev_idx;
+    pg->grad = pg->dev_grad;
+    return rc;
 }
 
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err) {
@@ -488,7 +534,8 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
     if (!ps_grads_touched(g))
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
-    /* Everything that can fail before any weight is written. */
+    /* Everything that can fail before any weight is written. The optimizer
+     * state needs nothing here: it was allocated with the weights. */
     param_grad *pg = calloc((size_t)m->nparams, sizeof *pg);
     if (!pg) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
     ps_status rc = PS_OK;
@@ -497,10 +544,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         if (m->params[i].sparse) {
             const ps_rows *r = &g->rows[i];
             if (!r->nrows) continue;
-            pg[i].rows = r;
-            if (!m->stages[pl->stage].host_memory &&
-                !(pg[i].scratch = malloc((size_t)r->nrows * r->width * sizeof(float))))
-                rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s step", m->params[i].name);
+            rc = stage_rows(m, i, r, &pg[i], err);
         } else if (g->dense[pl->stage]) {
             pg[i].dense = g->dense[pl->stage] + pl->goff;
         }
@@ -522,7 +566,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         pthread_rwlock_unlock(&m->lock);
         if (version) *version = v;
     }
-    for (int i = 0; i < m->nparams; i++) free(pg[i].scratch);
+    for (int i = 0; i < m->nparams; i++) {
+        ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_idx);
+        ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_grad);
+    }
     free(pg);
     return rc;
 }
@@ -534,10 +581,10 @@ ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err
 
 /* ------------------------------------------------- checkpoint support */
 
-int ps_model_has_momentum(const ps_model *m) { return m->momentum > 0; }
+const ps_optim_spec *ps_model_optim(const ps_model *m) { return &m->optim; }
 
-ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *started,
-                            uint64_t *version, ps_err *err) {
+ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *state, uint64_t *version,
+                            ps_err *err) {
     ps_status rc = PS_OK;
     pthread_rwlock_rdlock(&m->lock);
     int64_t o = 0;
@@ -545,14 +592,12 @@ ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *st
         stage *st = &m->stages[m->loc[i].stage];
         size_t bytes = (size_t)m->params[i].numel * sizeof(float);
         rc = st->be->ops->copy_to_host(st->be->impl, w + o, st->w + m->loc[i].off, bytes, err);
-        if (rc == PS_OK && mom && st->mom) {
-            started[i] = !m->first_step[i];
-            if (started[i])
-                rc = st->be->ops->copy_to_host(st->be->impl, mom + o, st->mom + m->loc[i].off, bytes, err);
+        if (step) step[i] = m->ost[i].step;
+        for (int j = 0; state && j < m->nstate && rc == PS_OK; j++) {
+            if (m->ost[i].step > 0)
+                rc = st->be->ops->copy_to_host(st->be->impl, state[j] + o, m->ost[i].buf[j], bytes, err);
             else
-                memset(mom + o, 0, bytes);
-        } else if (mom) {
-            started[i] = 0;
+                memset(state[j] + o, 0, bytes);
         }
         o += m->params[i].numel;
     }
@@ -561,19 +606,17 @@ ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *st
     return rc;
 }
 
-ps_status ps_model_set_momentum(ps_model *m, int i, const float *host_src, ps_err *err) {
+ps_status ps_model_set_optim_state(ps_model *m, int i, int64_t step, const float *const *state, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    stage *st = &m->stages[m->loc[i].stage];
-    if (!st->mom)
-        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: the optimizer keeps no momentum buffers "
-                          "(optimizer.momentum is 0)", m->params[i].name);
-    ps_status rc = PS_OK;
+    if (step < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer step %lld is negative", m->params[i].name,
+                          (long long)step);
+    float *zeros = NULL;
+    if (!state && m->nstate && !(zeros = zeros_for(m, i, err))) return PS_ERR_RESOURCE_EXHAUSTED;
     pthread_rwlock_wrlock(&m->lock);
-    if (host_src)
-        rc = st->be->ops->copy_to_device(st->be->impl, st->mom + m->loc[i].off, host_src,
-                                         (size_t)m->params[i].numel * sizeof(float), err);
-    m->first_step[i] = host_src == NULL || rc != PS_OK;
+    ps_status rc = put_optim_state(m, i, step, state, zeros, err);
     pthread_rwlock_unlock(&m->lock);
+    free(zeros);
     return rc;
 }
 

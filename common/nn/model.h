@@ -12,7 +12,10 @@
  * leading dims, so (seq, batch) ids are n = seq*batch samples of shape ().
  *
  * Ownership and concurrency:
- *  - ps_model owns the weights and the optimizer state (momentum buffers).
+ *  - ps_model owns the weights and the optimizer state (optim.h: one
+ *    ps_optim_state per parameter - SGD's momentum buffer, Adam's exp_avg
+ *    and exp_avg_sq - and its step count), allocated and zero-filled with
+ *    the weights at creation, so a step never allocates it.
  *  - A ps_tape is what one forward pass over a run of stages keeps for its
  *    backward pass (activations, dropout masks, pooling workspaces). It
  *    belongs to one request context; the caller frees it with ps_tape_free.
@@ -34,6 +37,7 @@
 #include <stddef.h>
 
 #include "backend.h"
+#include "optim.h"
 #include "status.h"
 
 #include "tensor.h"
@@ -54,8 +58,10 @@ typedef struct ps_model_opts {
     int compute_threads;           /* thread budget (0 = online CPUs): each forward or
                                       backward runs on budget / (calls computing at
                                       once) threads, at least 1; a step on all */
-    float lr, momentum, weight_decay; /* SGD (torch.optim.SGD semantics); a model with a
-                                         sparse parameter takes plain SGD only (0, 0) */
+    const ps_optim_spec *optim;    /* the optimizer (optim.h: kind and hyper-parameters),
+                                      copied; NULL: SGD from lr, momentum, weight_decay */
+    float lr, momentum, weight_decay; /* shorthand for SGD (torch.optim.SGD semantics) when
+                                         optim is NULL */
     int n_sizes;                   /* (key, value) pairs of the model's sizes (models.h);
                                       sizes not named take the registry's defaults */
     const char *size_key[PS_MODEL_MAX_SIZE_KEYS];
@@ -82,6 +88,8 @@ typedef struct ps_stage_info {
     int out_ndim;                  /* per-sample output (always float32) */
     int64_t out_dims[4];
     int params;                    /* parameters of the stage */
+    int params_only;               /* 1: a parameter-only stage (rnn_lm's "rnn"): never forwarded;
+                                      its gradients come from ps_grads_add_dense (PushGradients) */
 } ps_stage_info;
 
 typedef struct ps_grads ps_grads;
@@ -90,14 +98,25 @@ typedef struct ps_grads ps_grads;
  * registry's, models.h). */
 const char *const *ps_model_arch_names(void);
 
-/* Build the model: validates arch, sizes, stage names and devices (an
- * unknown stage or size, a device without a backend, a layer kind the
- * stage's backend lacks, momentum or weight decay with a sparse parameter
- * are PS_ERR_INVALID_ARGUMENT naming it). */
+/* Build the model: validates arch, sizes, stage names, devices and the
+ * optimizer (an unknown stage or size, a device without a backend, a layer
+ * kind the stage's backend lacks, an optimizer setting out of range
+ * (ps_optim_check), and with a row-sparse parameter (embedding table)
+ * anything its row-sparse update refuses - sgd momentum, weight decay -
+ * are PS_ERR_INVALID_ARGUMENT naming it).
+ *
+ * Every dense parameter is updated with the optimizer's dense rule
+ * (ps_optim_step: torch.optim.SGD or torch.optim.Adam), every row-sparse
+ * one with its row-sparse rule (ps_optim_step_rows: plain SGD on the
+ * touched rows, or torch.optim.SparseAdam's lazy update: only the touched
+ * rows' weights and moments change, one step count per parameter). */
 ps_model *ps_model_create(const ps_model_opts *opts, ps_err *err);
 void ps_model_free(ps_model *m);
 
 const char *ps_model_arch(const ps_model *m);
+/* The backend running stage s (0-based), NULL past the last stage: for
+ * asking it ps_backend_fallbacks() (psd's start-up check, the ISA test). */
+const ps_backend *ps_model_stage_backend(const ps_model *m, int s);
 int ps_model_num_params(const ps_model *m);
 const ps_param_info *ps_model_param(const ps_model *m, int i);
 int ps_model_find_param(const ps_model *m, const char *name); /* -1 if absent */
@@ -161,6 +180,13 @@ ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err);
  * into the dense parameter) naming the first that is not; -1 when it could
  * not be checked (out of memory, device copy failure). */
 int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *elem);
+/* g[param] += host_src (numel floats): the gradient of a parameter of a
+ * parameter-only stage, computed elsewhere (PushGradients). Dense
+ * parameters only (INVALID_ARGUMENT for a sparse one). */
+ps_status ps_grads_add_dense(ps_model *m, ps_grads *g, int param, const float *host_src, ps_err *err);
+/* Sum of squares of every accumulated value (dense blocks and row-sparse
+ * rows, duplicates already merged): clip_grad_norm_'s total norm squared. */
+ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *err);
 /* Bytes the accumulator holds. */
 size_t ps_grads_bytes(const ps_grads *g);
 /* 1 when a backward or add has put anything into g. */
@@ -188,7 +214,8 @@ int ps_model_max_batch(const ps_model *m);
 uint64_t ps_model_version(const ps_model *m);
 
 /* Copy a parameter to / from host memory (numel floats). set_param takes the
- * weights lock exclusively and resets that parameter's momentum. */
+ * weights lock exclusively and restarts that parameter's optimizer state
+ * (step 0, buffers zero), as a fresh PyTorch optimizer would. */
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err);
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err);
 
@@ -229,24 +256,29 @@ void ps_tape_free(ps_tape *t);
 
 /* ---- checkpoint support (used by psd's server/checkpoint.c) ---- */
 
-/* 1 when the optimizer keeps momentum buffers (momentum > 0). */
-int ps_model_has_momentum(const ps_model *m);
+/* The optimizer the model applies (a copy of ps_model_opts' spec). Its
+ * state: ps_optim_num_state(spec) buffers per parameter, named by
+ * ps_optim_state_name(spec->kind, j). */
+const ps_optim_spec *ps_model_optim(const ps_model *m);
 
 /* A consistent copy of the training state, taken under one shared weights
  * lock (no step lands halfway): every parameter in parameter order,
- * concatenated (ps_model_num_weights floats), into w; when mom is not NULL
- * and the model has momentum, the momentum buffers laid out the same way,
- * with started[i] = 1 when parameter i's buffer exists (PyTorch creates it
- * at a parameter's first step; an unstarted buffer is left zero); and the
+ * concatenated (ps_model_num_weights floats), into w; when step is not
+ * NULL, each parameter's update count (ps_model_num_params of them; 0: no
+ * update yet, as PyTorch before it creates the state); when state is not
+ * NULL, state[j] (j < ps_optim_num_state(ps_model_optim(m))) receives
+ * buffer j of every parameter laid out as w (zero for step 0); and the
  * model version. */
-ps_status ps_model_snapshot(ps_model *m, float *w, float *mom, unsigned char *started,
-                            uint64_t *version, ps_err *err);
+ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *state, uint64_t *version,
+                            ps_err *err);
 
-/* Set parameter i's momentum buffer from host memory (numel floats), or,
- * with NULL, mark it not started (the next step starts it, as PyTorch's
- * first step). Call after ps_model_set_param, which resets it.
- * FAILED_PRECONDITION when the model has no momentum. */
-ps_status ps_model_set_momentum(ps_model *m, int i, const float *host_src, ps_err *err);
+/* Set parameter i's optimizer state: its update count and, for j <
+ * ps_optim_num_state, buffer j from state[j] (host, numel floats); state
+ * NULL sets the buffers to zero (with step 0: not started, as PyTorch's
+ * first step; an SGD momentum buffer of zeros with step > 0 gives the same
+ * update). Call after ps_model_set_param, which restarts it. A negative
+ * step is INVALID_ARGUMENT; on a device error the step is left at 0. */
+ps_status ps_model_set_optim_state(ps_model *m, int i, int64_t step, const float *const *state, ps_err *err);
 
 /* Set the model version (steps applied), e.g. when resuming. */
 void ps_model_set_version(ps_model *m, uint64_t version);

@@ -29,7 +29,8 @@ typedef struct stage {
     int64_t nweights;        /* floats in the weight block */
     int64_t ngrads;          /* floats in a dense gradient block (sparse parameters excluded) */
     float *w;                /* (nweights) parameters, on the stage's device */
-    float *mom;              /* (nweights) momentum buffers, NULL when momentum == 0 */
+    float *state[PS_OPTIM_MAX_STATE]; /* (nweights) each: the optimizer's state buffers laid out
+                                         as w, the model's nstate of them (NULL beyond) */
     int dropout_base;        /* model-wide index of the stage's first dropout layer */
     ps_stage_info info;
 } stage;
@@ -47,12 +48,14 @@ struct ps_model {
     int nstages;
     ps_param_info *params;
     param_loc *loc;
-    unsigned char *first_step; /* per param: momentum buffer not yet started */
     int nparams;
     int nsparse;
     int ndropout;
     int64_t total_weights;
-    float lr, momentum, weight_decay;
+    ps_optim_spec optim;     /* the optimizer (checked at creation) */
+    int nstate;              /* ps_optim_num_state(&optim) */
+    ps_optim_state *ost;     /* per param: buffers into its stage's state blocks, and its step
+                                (step 0 <=> buffers zero / not started) */
     pthread_rwlock_t lock;   /* weights: shared for forward/backward, exclusive for step */
     pthread_mutex_t version_mu;
     uint64_t version;

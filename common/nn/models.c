@@ -62,10 +62,17 @@ static const ps_layer_def rnn_dec[] = {
     {.kind = "linear", .name = "decoder", .out_key = "ntoken", .w_init = PS_INIT_UNIFORM, .init_a = 0.1f,
      .b_init = PS_INIT_ZERO},
 };
+/* The trainer's 2-layer nn.LSTM(ninp, nhid): parameters only (PushGradients). */
+static const ps_layer_def rnn_lstm[] = {
+    {.kind = "lstm", .name = "rnn", .out_key = "nhid", .k = 0},
+    {.kind = "lstm", .name = "rnn", .out_key = "nhid", .k = 1},
+};
 static const ps_stage_def rnn_stages[] = {
     {.name = "emb", .in_ndim = 0, .in_dtype = PS_DTYPE_I64, .layers = rnn_emb, .nlayers = LEN(rnn_emb)},
     {.name = "decoder", .in_ndim = 1, .in_keys = {"nhid"}, .in_dtype = PS_DTYPE_F32, .layers = rnn_dec,
      .nlayers = LEN(rnn_dec)},
+    {.name = "rnn", .in_ndim = 1, .in_keys = {"ninp"}, .in_dtype = PS_DTYPE_F32, .layers = rnn_lstm,
+     .nlayers = LEN(rnn_lstm)},
 };
 static const ps_size_key rnn_sizes[] = {
     {"ntoken", 10000, 1, 100000000, 0, 1, "vocabulary size (rows of encoder.weight, outputs of decoder)"},

@@ -145,6 +145,25 @@ static ps_status check_rows(int64_t total_rows, const int64_t *rows, int64_t nro
     return rc;
 }
 
+ps_status ps_optim_step_rows_checked(ps_backend *b, const ps_optim_spec *s, int64_t width, const int64_t *drows,
+                                     int64_t nrows, float *w, const float *g_rows, ps_optim_state *st,
+                                     ps_err *err) {
+    const int64_t step = st->step + 1;
+    ps_status rc = PS_OK;
+    if (nrows == 0 || width == 0) {
+        st->step = step;
+        return PS_OK;
+    }
+    if (s->kind == PS_OPTIM_SGD) {
+        rc = b->ops->sgd_update_rows(b->impl, nrows, width, drows, w, g_rows, (float)s->lr, err);
+    } else {
+        const ps_adam_desc d = adam_desc(s, step);
+        rc = b->ops->adam_update_rows(b->impl, nrows, width, drows, w, g_rows, st->buf[0], st->buf[1], &d, err);
+    }
+    if (rc == PS_OK) st->step = step;
+    return rc;
+}
+
 ps_status ps_optim_step_rows(ps_backend *b, const ps_optim_spec *s, int64_t total_rows, int64_t width,
                              const int64_t *rows, int64_t nrows, float *w, const float *g_rows,
                              ps_optim_state *st, ps_err *err) {
@@ -154,11 +173,7 @@ ps_status ps_optim_step_rows(ps_backend *b, const ps_optim_spec *s, int64_t tota
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "row-sparse update: %lld rows of a (%lld, %lld) "
                           "parameter", (long long)nrows, (long long)total_rows, (long long)width);
     if ((rc = check_rows(total_rows, rows, nrows, err))) return rc;
-    const int64_t step = st->step + 1;
-    if (nrows == 0 || width == 0) {
-        st->step = step;
-        return PS_OK;
-    }
+    if (nrows == 0 || width == 0) return ps_optim_step_rows_checked(b, s, width, rows, nrows, w, g_rows, st, err);
     /* The ops take the indices in device memory. */
     const int64_t *drows = rows;
     int64_t *copy = NULL;
@@ -171,13 +186,7 @@ ps_status ps_optim_step_rows(ps_backend *b, const ps_optim_spec *s, int64_t tota
         if ((rc = b->ops->copy_to_device(b->impl, copy, rows, bytes, err))) goto done;
         drows = copy;
     }
-    if (s->kind == PS_OPTIM_SGD) {
-        rc = b->ops->sgd_update_rows(b->impl, nrows, width, drows, w, g_rows, (float)s->lr, err);
-    } else {
-        const ps_adam_desc d = adam_desc(s, step);
-        rc = b->ops->adam_update_rows(b->impl, nrows, width, drows, w, g_rows, st->buf[0], st->buf[1], &d, err);
-    }
-    if (rc == PS_OK) st->step = step;
+    rc = ps_optim_step_rows_checked(b, s, width, drows, nrows, w, g_rows, st, err);
 done:
     if (copy) b->ops->free(b->impl, copy);
     return rc;

@@ -127,4 +127,13 @@ ps_status ps_optim_step_rows(ps_backend *b, const ps_optim_spec *s, int64_t tota
                              const int64_t *rows, int64_t nrows, float *w, const float *g_rows,
                              ps_optim_state *st, ps_err *err);
 
+/* ps_optim_step_rows without its checks and allocations, for a caller
+ * that did them before writing anything (the model's step): drows are in
+ * device memory of b (host memory for a host backend), distinct and within
+ * the parameter's rows; s passed ps_optim_check(s, 1). Bad indices here
+ * are a broken invariant, not a status. Allocates nothing. */
+ps_status ps_optim_step_rows_checked(ps_backend *b, const ps_optim_spec *s, int64_t width, const int64_t *drows,
+                                     int64_t nrows, float *w, const float *g_rows, ps_optim_state *st,
+                                     ps_err *err);
+
 #endif

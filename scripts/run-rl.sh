@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The tutorial's REINFORCE agent on one machine: psd hosts the CartPole
+# policy and its optimizer (configs/cartpole.yaml: Adam 1e-2, sync rounds of
+# 2 observers, gradients summed), two `ps-train cartpole` observers play
+# their episodes through it, print the tutorial's lines and stop when psd
+# says the running reward passed 475; psd is stopped cleanly. `make run-rl`.
+#   CONFIG=configs/cartpole.yaml OBSERVERS=2 SEED=543 scripts/run-rl.sh [extra ps-train flags]
+# PSD_FLAGS adds psd options (e.g. "--set optimizer.lr=0.005").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+CONFIG=${CONFIG:-configs/cartpole.yaml}
+OBSERVERS=${OBSERVERS:-2}
+SEED=${SEED:-543}
+PORT=${PORT:-$(( 20000 + RANDOM % 20000 ))}
+addr="127.0.0.1:$PORT"
+logdir=$(mktemp -d /tmp/psd-rl.XXXXXX)
+
+# shellcheck disable=SC2086
+"$BUILD/bin/psd" --config "$CONFIG" --listen "$addr" --set server.sync_workers="$OBSERVERS" ${PSD_FLAGS:-} \
+    2>"$logdir/psd.log" &
+psd_pid=$!
+cleanup() { kill "$psd_pid" 2>/dev/null || true; }
+trap cleanup EXIT
+echo "psd started (pid $psd_pid, config $CONFIG, $addr, log $logdir/psd.log)"
+
+pids=()
+for r in $(seq 1 "$OBSERVERS"); do
+  "$BUILD/bin/ps-train" cartpole --config "$CONFIG" --server "$addr" --rank "$r" --world-size $((OBSERVERS + 1)) \
+      --seed "$SEED" "$@" >"$logdir/observer$r.log" 2>&1 &
+  pids+=($!)
+done
+tail -q -n +1 -f "$logdir"/observer*.log --pid "${pids[-1]}" 2>/dev/null &
+tail_pid=$!
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+sleep 0.2; kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true
+
+kill -TERM "$psd_pid"
+psd_status=0
+wait "$psd_pid" || psd_status=$?
+trap - EXIT
+echo
+echo "== summary"
+for r in $(seq 1 "$OBSERVERS"); do
+  grep -h "Solved!\|greedy policy\|samples in" "$logdir/observer$r.log" || { echo "Observer $r failed:"; tail -n 5 "$logdir/observer$r.log"; }
+done
+grep -h "Solved!" "$logdir/psd.log" || echo "psd: not solved within the rounds run"
+if [ "$psd_status" -ne 0 ]; then echo "psd exited with status $psd_status"; status=1; fi
+exit $status

@@ -1,0 +1,580 @@
+/* task_lm.c - the "lm" task: PyTorch's model-parallel RNN language model
+ * (RPC tutorial distributed/rpc/rnn) trained as word_language_model does
+ * (task.h).
+ *
+ * psd hosts rnn_lm: stage "emb" (encoder Embedding + dropout), stage
+ * "decoder" (dropout + Linear) and the parameter-only stage "rnn" holding
+ * the LSTM's weights. The LSTM runs here (common/nn/lstm.h, oneDNN or the
+ * reference), one layer at a time with dropout between layers. A round is
+ * one BPTT window of the batchified training stream, under one context:
+ *   Forward ids on emb -> (pull the LSTM weights if the version changed)
+ *   -> LSTM -> Forward on decoder -> cross-entropy here -> Backward decoder
+ *   (its input gradient back) -> LSTM backward -> Backward emb ->
+ *   PushGradients (the LSTM's) -> Step with grad_scale = clip coefficient x
+ *   lr factor.
+ * Clipping is clip_grad_norm_ over every parameter: the PushGradients reply
+ * carries the context's squared gradient norm (emb, decoder and LSTM).
+ * The lr schedule (÷4 when validation loss does not improve, as the
+ * example) rides on grad_scale: exact for plain SGD (psd's optimizer must
+ * be sgd without momentum or weight decay, optimizer.lr the starting lr).
+ * The hidden state is carried across windows, detached, and reset at each
+ * epoch; a retried round restarts from the state before it.
+ * Each trainer takes its contiguous 1/(world_size-1) share of train.txt.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lm_corpus.h"
+#include "lstm.h"
+#include "models.h"
+#include "rng.h"
+#include "task.h"
+
+#define LM_MAX_LAYERS 8
+#define LM_EVAL_BATCH 10 /* word_language_model's eval_batch_size */
+#define LM_LSTM_CACHE 4
+
+typedef struct lstm_slot { ps_lstm *l; int64_t T, N; } lstm_slot;
+
+typedef struct lm_task {
+    int bptt;                   /* --bptt */
+    int eval_only;              /* --eval-only */
+    int fused;                  /* --decoder fused (1) or logits (0) */
+    int no_eval;                /* --no-eval */
+    double clip;                /* --clip */
+    ps_lstm_impl impl;          /* --lstm */
+    ps_lm_corpus *corpus;
+    int64_t ntoken, ninp, nhid; /* from psd's parameters (ListParameters) */
+    int nlayers;
+    double dropout;
+    int bs;
+    int64_t *train;             /* (train_rows, bs) this rank's share, batchified */
+    size_t train_rows;
+    int64_t *valid, *test;      /* (rows, LM_EVAL_BATCH) */
+    size_t valid_rows, test_rows;
+    /* LSTM weights (PyTorch layout), their version, gradients */
+    float *w[LM_MAX_LAYERS][4], *g[LM_MAX_LAYERS][4];
+    int64_t wn[LM_MAX_LAYERS][4];
+    uint64_t w_version;
+    int have_w;
+    lstm_slot cache[LM_MAX_LAYERS][LM_LSTM_CACHE];
+    /* hidden state carried across windows: h, c (nlayers, bs, nhid) */
+    float *h, *c;
+    /* schedule */
+    double lr0, lr, best_val;
+    int epoch_seen;
+    /* progress */
+    double log_loss, log_t0;
+    int log_n;
+} lm_task;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *pnames[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
+
+/* The layer-k LSTM handle for (T, N), made on first use. */
+static ps_status lstm_get(lm_task *t, int k, int64_t T, int64_t N, ps_lstm **out, ps_err *err) {
+    lstm_slot *s = t->cache[k];
+    for (int i = 0; i < LM_LSTM_CACHE; i++)
+        if (s[i].l && s[i].T == T && s[i].N == N) { *out = s[i].l; return PS_OK; }
+    ps_lstm_free(s[LM_LSTM_CACHE - 1].l);
+    memmove(s + 1, s, (LM_LSTM_CACHE - 1) * sizeof *s);
+    ps_lstm_shape sh = {T, N, k ? t->nhid : t->ninp, t->nhid};
+    s[0] = (lstm_slot){NULL, T, N};
+    ps_status st = ps_lstm_create(t->impl, sh, &s[0].l, err);
+    *out = s[0].l;
+    return st;
+}
+
+static ps_lstm_weights weights_of(const lm_task *t, int k) {
+    return (ps_lstm_weights){t->w[k][0], t->w[k][1], t->w[k][2], t->w[k][3]};
+}
+
+/* Pull the LSTM's weights from psd (GetParameters of stage "rnn"). */
+static ps_status pull_weights(lm_task *t, ps_client *cl, ps_err *err) {
+    ps_wire_tensor_list l;
+    uint64_t v = 0;
+    ps_status st = ps_client_get_stage_parameters(cl, "rnn", &l, &v, err);
+    int got = 0;
+    for (size_t i = 0; st == PS_OK && i < l.n; i++) {
+        int k, j, found = 0;
+        char want[64];
+        for (k = 0; k < t->nlayers && !found; k++)
+            for (j = 0; j < 4 && !found; j++) {
+                snprintf(want, sizeof want, "rnn.%s_l%d", pnames[j], k);
+                if (strcmp(want, l.items[i].name)) continue;
+                found = 1;
+                if (l.items[i].bytes != (size_t)t->wn[k][j] * sizeof(float))
+                    st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters: %s has %zu bytes, expected %lld "
+                                    "floats", want, l.items[i].bytes, (long long)t->wn[k][j]);
+                else
+                    memcpy(t->w[k][j], l.items[i].data, l.items[i].bytes), got++;
+            }
+    }
+    if (st == PS_OK && got != 4 * t->nlayers)
+        st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters(stage rnn): %d of the LSTM's %d tensors", got,
+                        4 * t->nlayers);
+    if (st == PS_OK) t->w_version = v, t->have_w = 1;
+    ps_wire_tensor_list_free(&l);
+    return st;
+}
+
+/* Mean cross-entropy of logits (n, V) against targets; grad (may be NULL)
+ * receives d loss / d logits. */
+static double cross_entropy(const float *logits, const int64_t *tgt, int64_t n, int64_t V, float *grad) {
+    double loss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *z = logits + i * V;
+        float mx = z[0];
+        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double s = 0;
+        for (int64_t v = 0; v < V; v++) s += exp((double)z[v] - mx);
+        double lse = mx + log(s);
+        loss += lse - z[tgt[i]];
+        if (grad) {
+            float *g = grad + i * V;
+            for (int64_t v = 0; v < V; v++) g[v] = (float)(exp((double)z[v] - lse) / (double)n);
+            g[tgt[i]] -= 1.0f / (float)n;
+        }
+    }
+    return loss / (double)n;
+}
+
+/* One window: what a run of the round uses and produces. */
+typedef struct lm_job {
+    lm_task *t;
+    const ps_task_env *env;
+    const int64_t *ids, *tgt;   /* (T, N) */
+    int64_t T, N;
+    float *e, *y[LM_MAX_LAYERS], *mask[LM_MAX_LAYERS], *logits, *dlogits, *dy, *dx;
+    float *h1, *c1;             /* the state after the window (nlayers, N, H) */
+    double loss, sq_norm, scale;
+    uint64_t version;
+    uint64_t seed;
+} lm_job;
+
+static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
+    lm_job *j = arg;
+    lm_task *t = j->t;
+    ps_client *cl = j->env->cl;
+    const int64_t T = j->T, N = j->N, H = t->nhid, V = t->ntoken;
+    uint32_t rank = (uint32_t)j->env->rank;
+    ps_status st;
+    /* 1. embedding (psd) */
+    ps_client_fwd f = {.ctx = ctx, .seq = 0, .rank = rank, .train = 1, .stage = "emb",
+                       .input = {PS_CLIENT_I64, 2, {T, N}, j->ids}};
+    ps_client_fwd_out fo = {.out = j->e, .out_cap = T * N * t->ninp};
+    if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+    *kept = 1;
+    /* 2. the LSTM's weights when psd's version moved on */
+    if ((!t->have_w || fo.version != t->w_version) && (st = pull_weights(t, cl, err))) return st;
+    /* 3. the LSTM here, dropout between layers */
+    ps_rng rng;
+    ps_rng_seed(&rng, j->seed);
+    const float *x = j->e;
+    for (int k = 0; k < t->nlayers; k++) {
+        ps_lstm *l;
+        ps_lstm_weights w = weights_of(t, k);
+        if ((st = lstm_get(t, k, T, N, &l, err)) ||
+            (st = ps_lstm_forward(l, &w, x, t->h + k * N * H, t->c + k * N * H, j->y[k], j->h1 + k * N * H,
+                                  j->c1 + k * N * H, err)))
+            return st;
+        if (k < t->nlayers - 1 && t->dropout > 0) {
+            float keep = (float)(1.0 - t->dropout), sc = 1.0f / keep;
+            for (int64_t i = 0; i < T * N * H; i++) {
+                j->mask[k][i] = ps_rng_uniform(&rng) < keep ? sc : 0.0f;
+                j->y[k][i] *= j->mask[k][i];
+            }
+        }
+        x = j->y[k];
+    }
+    /* 4. decoder (psd) and the loss here */
+    f = (ps_client_fwd){.ctx = ctx, .seq = 1, .rank = rank, .train = 1, .stage = "decoder",
+                        .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
+    uint32_t seq0 = 0;
+    ps_client_tensor gt;
+    ps_client_bwd b;
+    if (t->fused) { /* psd computes the loss and backwards the decoder: only its input gradient returns */
+        f.targets = (ps_client_tensor){PS_CLIENT_I64, 2, {T, N}, j->tgt};
+        fo = (ps_client_fwd_out){.input_grad = j->dy, .input_grad_cap = T * N * H};
+        if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+        j->loss = fo.loss;
+    } else { /* the tutorial's: logits here, the loss here, their gradient back */
+        fo = (ps_client_fwd_out){.out = j->logits, .out_cap = T * N * V};
+        if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+        j->loss = cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
+        uint32_t seq1 = 1;
+        gt = (ps_client_tensor){PS_CLIENT_F32, 3, {T, N, V}, j->dlogits};
+        float *ig[1] = {j->dy};
+        int64_t cap[1] = {T * N * H};
+        b = (ps_client_bwd){.ctx = ctx, .n = 1, .seqs = &seq1, .grads = &gt, .input_grads = ig, .input_caps = cap};
+        if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
+    }
+    /* 5. backward: the LSTM, the embedding */
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
+    float *dy = j->dy;
+    for (int k = t->nlayers - 1; k >= 0; k--) {
+        ps_lstm *l;
+        ps_lstm_weights w = weights_of(t, k);
+        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
+        float *dx = k ? j->dx : j->e; /* the embedding's output is not needed any more: reuse it */
+        if ((st = lstm_get(t, k, T, N, &l, err)) ||
+            (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
+            return st;
+        if (k) {
+            if (t->dropout > 0)
+                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
+            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
+            dy = j->dy;
+        }
+    }
+    gt = (ps_client_tensor){PS_CLIENT_F32, 3, {T, N, t->ninp}, j->e};
+    b = (ps_client_bwd){.ctx = ctx, .n = 1, .seqs = &seq0, .grads = &gt};
+    if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
+    /* 6. the LSTM's gradients into the context; the global norm back */
+    ps_wire_named items[LM_MAX_LAYERS * 4];
+    char names[LM_MAX_LAYERS * 4][32];
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) {
+            ps_wire_named *it = &items[k * 4 + q];
+            snprintf(names[k * 4 + q], sizeof names[0], "rnn.%s_l%d", pnames[q], k);
+            *it = (ps_wire_named){.name = names[k * 4 + q], .ndim = q < 2 ? 2 : 1, .data = t->g[k][q]};
+            it->dims[0] = 4 * H;
+            if (q < 2) it->dims[1] = q == 0 ? (k ? H : t->ninp) : H;
+        }
+    if ((st = ps_client_push_gradients(cl, ctx, rank, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
+        return st;
+    /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
+    double norm = sqrt(j->sq_norm), coef = t->clip / (norm + 1e-6);
+    j->scale = (coef < 1 ? coef : 1.0) * (t->lr / t->lr0);
+    ps_client_step_out so;
+    if ((st = ps_client_step_scaled(cl, ctx, 0, (float)j->scale, &so, err))) return st;
+    j->version = so.version;
+    return PS_OK;
+}
+
+static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
+    lm_job *j = arg;
+    ps_client_step_out so;
+    ps_status st = ps_client_step_scaled(j->env->cl, ctx, 0, (float)j->scale, &so, err);
+    if (!st) j->version = so.version;
+    return st;
+}
+
+/* Mean loss of a batchified split (rows, LM_EVAL_BATCH) with psd's weights
+ * (eval: no dropout, nothing kept), the state carried across windows. */
+static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t *data, size_t rows, double *loss,
+                               ps_err *err) {
+    const int64_t N = LM_EVAL_BATCH, H = t->nhid, V = t->ntoken, B = t->bptt;
+    float *e = malloc((size_t)(B * N * t->ninp) * sizeof(float)), *logits = malloc((size_t)(B * N * V) * sizeof(float));
+    float *y[2] = {malloc((size_t)(B * N * H) * sizeof(float)), malloc((size_t)(B * N * H) * sizeof(float))};
+    float *h = calloc((size_t)(t->nlayers * N * H), sizeof(float)), *c = calloc((size_t)(t->nlayers * N * H), sizeof(float));
+    ps_status st = PS_OK;
+    if (!e || !logits || !y[0] || !y[1] || !h || !c) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (!st) st = pull_weights(t, env->cl, err);
+    double total = 0;
+    int64_t count = 0;
+    for (size_t i = 0; !st && i + 1 < rows; i += (size_t)B) {
+        int64_t T = (int64_t)(rows - 1 - i) < B ? (int64_t)(rows - 1 - i) : B;
+        ps_client_fwd f = {.rank = (uint32_t)env->rank, .stage = "emb",
+                           .input = {PS_CLIENT_I64, 2, {T, N}, data + i * N}};
+        ps_client_fwd_out fo = {.out = e, .out_cap = B * N * t->ninp};
+        if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
+        const float *x = e;
+        for (int k = 0; k < t->nlayers && !st; k++) {
+            ps_lstm *l;
+            ps_lstm_weights w = weights_of(t, k);
+            if (!(st = lstm_get(t, k, T, N, &l, err)))
+                st = ps_lstm_forward(l, &w, x, h + k * N * H, c + k * N * H, y[k & 1], h + k * N * H, c + k * N * H,
+                                     err);
+            x = y[k & 1];
+        }
+        if (st) break;
+        f = (ps_client_fwd){.rank = (uint32_t)env->rank, .stage = "decoder", .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
+        fo = (ps_client_fwd_out){.out = logits, .out_cap = B * N * V};
+        if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
+        total += cross_entropy(logits, data + (i + 1) * N, T * N, V, NULL) * (double)(T * N);
+        count += T * N;
+    }
+    free(e); free(logits); free(y[0]); free(y[1]); free(h); free(c);
+    *loss = count ? total / (double)count : 0;
+    return st;
+}
+
+static double size_of(const ps_config *cfg, const char *key) {
+    for (int i = 0; i < cfg->model.n_sizes; i++)
+        if (!strcmp(cfg->model.sizes[i].key, key)) return cfg->model.sizes[i].value;
+    const ps_model_def *d = ps_model_def_find("rnn_lm");
+    const ps_size_key *k = d ? ps_model_def_size(d, key) : NULL;
+    return k ? k->def : 0;
+}
+
+static void *lm_create(void) {
+    lm_task *t = calloc(1, sizeof(lm_task));
+    if (t) t->bptt = 35, t->clip = 0.25, t->impl = PS_LSTM_DNNL, t->fused = 1;
+    return t;
+}
+
+static void lm_destroy(void *arg) {
+    lm_task *t = arg;
+    if (!t) return;
+    ps_lm_corpus_free(t->corpus);
+    free(t->train); free(t->valid); free(t->test); free(t->h); free(t->c);
+    for (int k = 0; k < LM_MAX_LAYERS; k++) {
+        for (int q = 0; q < 4; q++) { free(t->w[k][q]); free(t->g[k][q]); }
+        for (int i = 0; i < LM_LSTM_CACHE; i++) ps_lstm_free(t->cache[k][i].l);
+    }
+    free(t);
+}
+
+static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_err *err) {
+    lm_task *t = arg;
+    char *end;
+    if (!strcmp(flag, "--bptt")) {
+        long v = strtol(value, &end, 10);
+        if (*end || end == value || v < 1 || v > 1000)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--bptt '%s': a whole number 1..1000", value);
+        t->bptt = (int)v;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--clip")) {
+        double v = strtod(value, &end);
+        if (*end || end == value || !(v > 0) || !isfinite(v))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--clip '%s': a positive number", value);
+        t->clip = v;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--decoder")) {
+        if (strcmp(value, "fused") && strcmp(value, "logits"))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--decoder '%s': fused or logits", value);
+        t->fused = !strcmp(value, "fused");
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--no-eval")) {
+        t->no_eval = 1;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--eval-only")) {
+        t->eval_only = 1;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--lstm")) {
+        int v = ps_lstm_impl_parse(value);
+        if (v < 0) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--lstm '%s': dnnl or ref", value);
+        t->impl = (ps_lstm_impl)v;
+        return PS_OK;
+    }
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: unknown flag '%s'", flag);
+}
+
+static ps_status lm_init(void *arg, const ps_task_env *env, ps_err *err) {
+    lm_task *t = arg;
+    const ps_config *cfg = env->cfg;
+    ps_status st = ps_lm_corpus_load(cfg->trainer.data, &t->corpus, err);
+    if (st) return st;
+    t->bs = cfg->trainer.batch_size;
+    t->dropout = size_of(cfg, "dropout");
+    double ntok = size_of(cfg, "ntoken");
+    if (ps_lm_vocab_size(t->corpus) > (int64_t)ntok)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a vocabulary of %lld words does not fit the model's "
+                          "ntoken %.0f (set model.sizes.ntoken, in psd's config too)", cfg->trainer.data,
+                          (long long)ps_lm_vocab_size(t->corpus), ntok);
+    if (cfg->optimizer.type != PS_OPTIMIZER_SGD || cfg->optimizer.momentum != 0 || cfg->optimizer.weight_decay != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: the lr schedule needs plain SGD (optimizer.type sgd, "
+                          "momentum 0, weight_decay 0)");
+    t->lr0 = t->lr = cfg->optimizer.lr;
+    t->best_val = INFINITY;
+    /* this rank's contiguous share of the training stream */
+    size_t n;
+    const int64_t *tr = ps_lm_tokens(t->corpus, PS_LM_TRAIN, &n);
+    size_t per = n / (size_t)(env->world_size - 1), first = per * (size_t)(env->rank - 1);
+    t->train = ps_lm_batchify(tr + first, per, t->bs, &t->train_rows);
+    if (!t->train || t->train_rows < 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s/train.txt: %zu tokens for rank %ld of %d trainers: too "
+                          "few for batch size %d", cfg->trainer.data, per, env->rank, env->world_size - 1, t->bs);
+    const int64_t *va = ps_lm_tokens(t->corpus, PS_LM_VALID, &n);
+    t->valid = ps_lm_batchify(va, n, LM_EVAL_BATCH, &t->valid_rows);
+    const int64_t *te = ps_lm_tokens(t->corpus, PS_LM_TEST, &n);
+    t->test = ps_lm_batchify(te, n, LM_EVAL_BATCH, &t->test_rows);
+    if (!t->valid || !t->test || t->valid_rows < 2 || t->test_rows < 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: valid.txt and test.txt need at least %d tokens each",
+                          cfg->trainer.data, 2 * LM_EVAL_BATCH);
+    return PS_OK;
+}
+
+/* Sizes from psd's parameters, buffers; once connected. */
+static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
+    if (strcmp(env->model, "rnn_lm"))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: psd serves model '%s'; the lm task needs rnn_lm",
+                          env->model);
+    t->nlayers = 0;
+    for (size_t i = 0; i < env->params->n; i++) {
+        const ps_ParameterInfo *p = &env->params->items[i];
+        if (!strcmp(p->name, "encoder.weight")) t->ntoken = p->shape[0], t->ninp = p->shape[1];
+        if (!strncmp(p->name, "rnn.weight_hh_l", 15)) {
+            t->nlayers++;
+            t->nhid = p->shape[1];
+        }
+    }
+    if (!t->ntoken || !t->nlayers || t->nlayers > LM_MAX_LAYERS)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: psd's rnn_lm has no encoder.weight or no LSTM layers "
+                          "(stage rnn)");
+    if (ps_lm_vocab_size(t->corpus) > t->ntoken)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: a vocabulary of %lld words does not fit psd's ntoken "
+                          "%lld", (long long)ps_lm_vocab_size(t->corpus), (long long)t->ntoken);
+    int64_t H = t->nhid;
+    for (int k = 0; k < t->nlayers; k++) {
+        int64_t in = k ? H : t->ninp;
+        int64_t n[4] = {4 * H * in, 4 * H * H, 4 * H, 4 * H};
+        for (int q = 0; q < 4; q++) {
+            t->wn[k][q] = n[q];
+            t->w[k][q] = malloc((size_t)n[q] * sizeof(float));
+            t->g[k][q] = malloc((size_t)n[q] * sizeof(float));
+            if (!t->w[k][q] || !t->g[k][q]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        }
+    }
+    t->h = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
+    t->c = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
+    if (!t->h || !t->c) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    /* logits that travel: a training window's (logits mode) and an evaluation window's */
+    int64_t cols = !t->fused && t->bs > LM_EVAL_BATCH ? t->bs : LM_EVAL_BATCH;
+    int64_t logit_bytes = (int64_t)t->bptt * cols * t->ntoken * 4;
+    int64_t limit = (int64_t)env->cfg->server.max_message_mb << 20;
+    if (logit_bytes + 4096 > limit)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: a window's logits are %lld MiB (bptt %d x batch %lld x "
+                          "ntoken %lld floats), over server.max_message_mb %d: lower --bptt%s or raise the limit (on "
+                          "psd too)", (long long)(logit_bytes >> 20), t->bptt, (long long)cols, (long long)t->ntoken,
+                          env->cfg->server.max_message_mb, t->fused ? "" : " or --batch-size, use --decoder fused,");
+    return PS_OK;
+}
+
+static ps_status lm_validate(lm_task *t, const ps_task_env *env, int epoch, ps_err *err) {
+    double vl;
+    ps_status st = lm_eval_split(t, env, t->valid, t->valid_rows, &vl, err);
+    if (st) return st;
+    printf("| end of epoch %3d | valid loss %5.2f | valid ppl %8.2f | rank %ld\n", epoch + 1, vl, exp(vl), env->rank);
+    if (vl < t->best_val) t->best_val = vl;
+    else t->lr /= 4.0; /* as word_language_model: anneal when validation stops improving */
+    fflush(stdout);
+    return PS_OK;
+}
+
+static ps_status lm_begin_epoch(void *arg, const ps_task_env *env, int epoch, int *rounds, ps_err *err) {
+    lm_task *t = arg;
+    ps_status st;
+    if (!t->h && (st = lm_connect(t, env, err))) return st;
+    if (epoch > 0 && (st = lm_validate(t, env, epoch - 1, err))) return st;
+    memset(t->h, 0, (size_t)(t->nlayers * t->bs * t->nhid) * sizeof(float));
+    memset(t->c, 0, (size_t)(t->nlayers * t->bs * t->nhid) * sizeof(float));
+    *rounds = t->eval_only ? 0 : (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
+    t->log_loss = 0;
+    t->log_n = 0;
+    t->log_t0 = now_s();
+    t->epoch_seen = epoch;
+    return PS_OK;
+}
+
+static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int r, ps_task_round *out, ps_err *err) {
+    lm_task *t = arg;
+    size_t i = (size_t)r * (size_t)t->bptt;
+    int64_t T = (int64_t)(t->train_rows - 1 - i) < t->bptt ? (int64_t)(t->train_rows - 1 - i) : t->bptt;
+    int64_t N = t->bs, H = t->nhid, V = t->ntoken;
+    lm_job j = {.t = t, .env = env, .ids = t->train + i * (size_t)N, .tgt = t->train + (i + 1) * (size_t)N, .T = T,
+                .N = N, .seed = ((uint64_t)env->rank << 48) ^ ((uint64_t)epoch << 32) ^ (uint64_t)r ^ env->cfg->trainer.seed};
+    size_t th = (size_t)(T * N * H) * sizeof(float);
+    j.e = malloc((size_t)(T * N * t->ninp) * sizeof(float));
+    j.logits = malloc((size_t)(T * N * V) * sizeof(float));
+    j.dlogits = malloc((size_t)(T * N * V) * sizeof(float));
+    j.dy = malloc(th);
+    j.dx = malloc(th);
+    j.h1 = malloc((size_t)(t->nlayers * N * H) * sizeof(float));
+    j.c1 = malloc((size_t)(t->nlayers * N * H) * sizeof(float));
+    int ok = j.e && j.logits && j.dlogits && j.dy && j.dx && j.h1 && j.c1;
+    for (int k = 0; k < t->nlayers; k++) {
+        j.y[k] = malloc(th);
+        j.mask[k] = malloc(th);
+        ok = ok && j.y[k] && j.mask[k];
+    }
+    ps_status st = ok ? PS_OK : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (!st) {
+        ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j};
+        st = ps_retry_once(env->retry, env->ids, &ops, err);
+    }
+    if (!st) { /* the window is done: carry its state (detached) */
+        memcpy(t->h, j.h1, (size_t)(t->nlayers * N * H) * sizeof(float));
+        memcpy(t->c, j.c1, (size_t)(t->nlayers * N * H) * sizeof(float));
+        *out = (ps_task_round){.loss = j.loss, .samples = T * N, .version = j.version};
+        t->log_loss += j.loss;
+        t->log_n++;
+        int every = env->cfg->trainer.log_every;
+        if (t->log_n == every) {
+            double ms = (now_s() - t->log_t0) * 1000.0 / every, l = t->log_loss / every;
+            int rounds = (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
+            printf("| epoch %3d | %5d/%5d batches | lr %02.2f | ms/batch %5.2f | loss %5.2f | ppl %8.2f | rank %ld\n",
+                   epoch + 1, r + 1, rounds, t->lr, ms, l, exp(l), env->rank);
+            fflush(stdout);
+            t->log_loss = 0;
+            t->log_n = 0;
+            t->log_t0 = now_s();
+        }
+    }
+    free(j.e); free(j.logits); free(j.dlogits); free(j.dy); free(j.dx); free(j.h1); free(j.c1);
+    for (int k = 0; k < t->nlayers; k++) { free(j.y[k]); free(j.mask[k]); }
+    return st;
+}
+
+static ps_status lm_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
+    lm_task *t = arg;
+    ps_status st;
+    if (t->no_eval) return PS_OK;
+    if (!t->h && (st = lm_connect(t, env, err))) return st;
+    if ((st = lm_validate(t, env, t->epoch_seen, err))) return st;
+    double tl;
+    if ((st = lm_eval_split(t, env, t->test, t->test_rows, &tl, err))) return st;
+    /* the unigram model of the training counts (add-one), on the same test tokens */
+    const int64_t *cnt = ps_lm_train_counts(t->corpus);
+    int64_t V = ps_lm_vocab_size(t->corpus);
+    double tot = 0, ul = 0;
+    for (int64_t v = 0; v < V; v++) tot += (double)cnt[v] + 1;
+    size_t n = (t->test_rows - 1) * LM_EVAL_BATCH;
+    for (size_t i = 0; i < n; i++) ul -= log(((double)cnt[t->test[LM_EVAL_BATCH + i]] + 1) / tot);
+    ul /= (double)n;
+    printf("| End of training | test loss %5.2f | test ppl %8.2f | unigram test ppl %8.2f | ratio %.3f | rank %ld\n",
+           tl, exp(tl), exp(ul), exp(tl) / exp(ul), env->rank);
+    fflush(stdout);
+    return PS_OK;
+}
+
+static const ps_task_flag lm_flags[] = {
+    {"--data", "-d", "DIR", "trainer.data", "directory with train.txt, valid.txt, test.txt (trainer.data)"},
+    {"--batch-size", "-b", "N", "trainer.batch_size", "columns of the batchified stream (trainer.batch_size; 20)"},
+    {"--bptt", NULL, "N", NULL, "sequence length of a window (35)"},
+    {"--clip", NULL, "X", NULL, "clip the global gradient norm to X (0.25)"},
+    {"--lstm", NULL, "IMPL", NULL, "the trainer's LSTM: dnnl (oneDNN) or ref (plain C)"},
+    {"--eval-only", NULL, NULL, NULL, "no training: validation and test perplexity of psd's weights"},
+    {"--no-eval", NULL, NULL, NULL, "skip the final validation and test passes (benchmarks)"},
+    {"--decoder", NULL, "MODE", NULL, "fused (psd computes the loss; default) or logits (the tutorial's: logits here)"},
+    {0},
+};
+
+const ps_task ps_task_lm = {
+    .name = "lm",
+    .description = "model-parallel RNN language model: embedding and decoder on psd (rnn_lm), LSTM here",
+    .unit = "batch",
+    .flags = lm_flags,
+    .create = lm_create,
+    .set_flag = lm_set_flag,
+    .init = lm_init,
+    .begin_epoch = lm_begin_epoch,
+    .run_round = lm_run_round,
+    .evaluate = lm_evaluate,
+    .destroy = lm_destroy,
+};
