@@ -714,8 +714,12 @@ static void call_unlock_maybe_finish(ps_rpc_call *c) {
     int cut = reset && note_reset_locked(s, c->peer);
     if (c->conn_counted) conn_release_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);
-    if (cut) cut_connection(s, c->peer, "reset more streams in one second before sending their messages "
-                            "than server.max_resets_per_s");
+    if (cut) {
+        char why[120];
+        snprintf(why, sizeof why, "reset more than %d streams in one second before sending their messages",
+                 s->opts.max_resets_per_s);
+        cut_connection(s, c->peer, why);
+    }
     call_unref(c);
 }
 
