@@ -108,6 +108,16 @@ typedef struct ps_config {
         double grace_s;                   /* drain time for in-flight calls on stop */
         char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
+        /* Limits against hostile or careless clients (docs/security.md): */
+        int max_calls;                    /* ordinary calls accepted at once */
+        int max_calls_per_client;         /* per token / peer host; 0 = max_calls / 4 */
+        int max_streams_per_connection;   /* HTTP/2 concurrent streams */
+        double max_connection_age_s;      /* 0 = unlimited */
+        int transport_memory_mb;          /* gRPC resource quota; 0 = none */
+        double recv_timeout_s;            /* request message must arrive within */
+        double send_timeout_s;            /* reply must be taken within */
+        uint64_t max_context_bytes;       /* live contexts' tapes + gradients; 0 = unlimited */
+        double health_saturated_s;        /* health NOT_SERVING after this long saturated; 0 = never */
         /* Round metrics (server/round_metrics.h): */
         int metrics_round_steps;          /* hogwild/ssp: Steps per metrics round */
         double metrics_ema_alpha;         /* EMA weight of the newest round */

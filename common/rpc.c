@@ -7,11 +7,17 @@
  *     tokens, method and call cap checked; a refused call gets one batch
  *     {SEND_INITIAL_METADATA, SEND_STATUS, RECV_CLOSE_ON_SERVER} and its
  *     message is never read. Otherwise two batches: {RECV_CLOSE_ON_SERVER}
- *     (tag CLOSE) and {SEND_INITIAL_METADATA, RECV_MESSAGE} (tag RECV).
+ *     (tag CLOSE) and {RECV_MESSAGE} (tag RECV); initial metadata goes
+ *     with the reply.
  *   --E: RECV ok--> queued on the class's FIFO
  *   --W: handler--> replied: {SEND_MESSAGE, SEND_STATUS} (tag SEND)
  *                or deferred --A: ps_rpc_call_complete--> replied
  *   --E: CLOSE and SEND done--> finished.
+ * Limits (rpc.h, docs/security.md): per-class and per-client call caps at
+ * accept; scan_timeouts (every 200 ms on an event thread) cancels calls
+ * waiting too long for their message or for the client to take the reply;
+ * a connection that resets streams faster than allowed, or holds far more
+ * call objects than its stream limit allows, is cut (cut_connection).
  * CLOSE completing before a reply was sent means cancelled: a queued call
  * is then dropped unhandled, a deferred one gets on_cancel (never while its
  * handler runs) and its later complete sends nothing.
@@ -41,11 +47,17 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -237,9 +249,10 @@ out:
     return creds;
 }
 
-#define MAX_ARGS 10
+#define MAX_ARGS 16
 
 static void arg_int(grpc_arg *args, int *n, const char *key, int value) {
+    if (value < 0) return;
     PS_ASSERT(*n < MAX_ARGS);
     args[*n].type = GRPC_ARG_INTEGER;
     args[*n].key = (char *)key;
@@ -249,7 +262,8 @@ static void arg_int(grpc_arg *args, int *n, const char *key, int value) {
 
 /* Channel args shared by server and client. args must hold MAX_ARGS entries. */
 static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
-                                   int is_server, const ps_rpc_security *sec) {
+                                   int is_server, const ps_rpc_security *sec,
+                                   const ps_rpc_server_opts *o, grpc_resource_quota *quota) {
     int n = 0;
     if (max_message_bytes > 0) {
         arg_int(args, &n, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message_bytes);
@@ -265,6 +279,24 @@ static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+        /* Limits against hostile clients (docs/security.md): streams per
+         * connection, connection age, no BDP probing (its window growth lets
+         * a client make gRPC buffer megabytes per stream before psd reads
+         * them), the transport's memory under a quota. */
+        arg_int(args, &n, GRPC_ARG_MAX_CONCURRENT_STREAMS, o->max_streams_per_connection);
+        arg_int(args, &n, GRPC_ARG_HTTP2_BDP_PROBE, 0);
+        if (o->max_connection_age_ms > 0) {
+            arg_int(args, &n, GRPC_ARG_MAX_CONNECTION_AGE_MS, o->max_connection_age_ms);
+            arg_int(args, &n, GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, o->max_connection_age_grace_ms);
+        }
+        if (quota) {
+            PS_ASSERT(n < MAX_ARGS);
+            args[n].type = GRPC_ARG_POINTER;
+            args[n].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+            args[n].value.pointer.p = quota;
+            args[n].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+            n++;
+        }
     } else {
         /* A cut link shows up within ~15 s as UNAVAILABLE while a call waits. */
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -286,6 +318,23 @@ static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
 /* ---- server ------------------------------------------------------------ */
 
 enum { TAG_REQUEST, TAG_RECV, TAG_CLOSE, TAG_SEND, NTAGS };
+#define PS_RPC_CLIENT_KEY 96
+
+/* Calls a client holds, per class (s->mu). */
+/* Streams a connection reset before sending their message, in the
+ * current one-second window (HTTP/2 rapid reset detection). */
+#define PS_RPC_RESET_SLOTS 64
+typedef struct conn_resets {
+    char peer[PS_RPC_CLIENT_KEY];
+    long long window;   /* now_ms() / 1000 of the window */
+    int n;
+    int cut;            /* already cut in this window */
+} conn_resets;
+
+typedef struct client_slot {
+    char key[PS_RPC_CLIENT_KEY];
+    int n[2];
+} client_slot;
 enum { CLASS_ORDINARY = 0, CLASS_RESERVED = 1, NCLASSES };
 
 /* A completion-queue tag: which call, which batch. */
@@ -322,6 +371,18 @@ struct ps_rpc_call {
     ps_rpc_cancel_fn on_cancel;
     void *cancel_arg;
     struct ps_rpc_call *next;    /* work queue link */
+    /* admission (s->mu): the client it is counted for, the watch list of
+     * accepted calls (until finished), and since when (monotonic ms, 0 =
+     * not) it waits for its request message / for its reply to be taken
+     * (__atomic: set under c->mu, read by the scan under s->mu) */
+    char client[PS_RPC_CLIENT_KEY];
+    char peer[PS_RPC_CLIENT_KEY];   /* "ipv4:127.0.0.1:5678": the connection */
+    int got_message;                /* RECV_MESSAGE succeeded */
+    int timed_out;                  /* cancelled by scan_timeouts */
+    int conn_counted;               /* in s->conns */
+    struct ps_rpc_call *wprev, *wnext;
+    int watched;
+    long long recv_since, send_since;
 };
 
 typedef struct work_queue {
@@ -340,8 +401,8 @@ struct ps_rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;          /* every call's batches and requests */
     grpc_completion_queue *shutdown_cq;
-    pthread_t event_thread;
-    int event_running;
+    pthread_t event_threads[PS_RPC_EVENT_THREADS];
+    int event_running;                  /* event threads started */
     rpc_worker *workers;                /* opts.threads ordinary, then reserved */
     int nworkers;
     ps_rpc_server_opts opts;            /* defaults filled in */
@@ -357,10 +418,236 @@ struct ps_rpc_server {
     atomic_int stopping;
     pthread_mutex_t mu;                 /* the fields below */
     int live;                           /* armed requests + unfinished calls */
+    conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
+    unsigned long long conns_cut;
     int ncalls[NCLASSES];               /* accepted, unfinished calls */
     work_queue q[NCLASSES];
     int workers_stop;
+    client_slot *clients;               /* clients holding calls */
+    int nclients, cap_clients;
+    client_slot *conns;                 /* connections (peers) holding call objects: n[0] calls, n[1] cut */
+    int nconns, cap_conns;
+    ps_rpc_call *watch;                 /* accepted, unfinished calls */
+    unsigned long long refused_busy, refused_client, recv_timeouts, send_timeouts;
+    double sat_start, sat_last;         /* current streak of cap refusals */
+    double log_window;                  /* refusal log lines: at most 10 a second */
+    int log_lines;
+    unsigned long long log_dropped;
+    atomic_ullong refused_auth;
+    atomic_llong auth_window;           /* transport_auth: failures in this second */
+    atomic_int auth_fails;
+    grpc_resource_quota *quota;
+    atomic_llong next_scan;
 };
+
+static long long now_ms(void) {
+    gpr_timespec t = gpr_now(GPR_CLOCK_MONOTONIC);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Copy what a peer controls (method path, peer string) into dst for a log
+ * line: printable ASCII as is, everything else (newlines, ESC, bytes >=
+ * 0x7f) as \xNN, cut at n - 1 bytes with "..." so nothing can forge or
+ * flood a log line. */
+static void escape(char *dst, size_t n, const unsigned char *src, size_t len) {
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = src[i];
+        int plain = ch >= 0x20 && ch < 0x7f && ch != '\\';
+        size_t need = plain ? 1 : 4;
+        if (o + need + 4 > n) {
+            if (o + 4 <= n) memcpy(dst + o, "...", 3), o += 3;
+            break;
+        }
+        if (plain) dst[o++] = (char)ch;
+        else o += (size_t)snprintf(dst + o, n - o, "\\x%02x", ch);
+    }
+    if (n) dst[o < n ? o : n - 1] = '\0';
+}
+
+static void escape_slice(char *dst, size_t n, grpc_slice sl) {
+    escape(dst, n, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+}
+
+static void escape_str(char *dst, size_t n, const char *src) {
+    escape(dst, n, (const unsigned char *)(src ? src : "?"), src ? strlen(src) : 1);
+}
+
+/* The client a call is counted for: its token's name, or the peer host
+ * ("ipv4:127.0.0.1:5678" -> "ipv4:127.0.0.1", "ipv6:[::1]:5" ->
+ * "ipv6:[::1]"). */
+static void client_key(char *dst, size_t n, const char *token_name, const char *peer) {
+    if (token_name) {
+        snprintf(dst, n, "token:%s", token_name);
+        return;
+    }
+    snprintf(dst, n, "%s", peer ? peer : "?");
+    if (strncmp(dst, "unix", 4) == 0) return;
+    char *colon = strrchr(dst, ':');
+    char *bracket = strrchr(dst, ']');
+    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+}
+
+/* With s->mu held: the slot of key in a table of slots. */
+static client_slot *slot_find(client_slot **tab, int *n, int *cap, const char *key, int create) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp((*tab)[i].key, key)) return &(*tab)[i];
+    if (!create) return NULL;
+    if (*n == *cap) {
+        int ncap = *cap ? 2 * *cap : 16;
+        client_slot *c = realloc(*tab, (size_t)ncap * sizeof *c);
+        if (!c) return NULL;
+        *tab = c;
+        *cap = ncap;
+    }
+    client_slot *c = &(*tab)[(*n)++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->key, sizeof c->key, "%s", key);
+    return c;
+}
+
+static client_slot *client_find(ps_rpc_server *s, const char *key, int create) {
+    return slot_find(&s->clients, &s->nclients, &s->cap_clients, key, create);
+}
+
+/* With s->mu held: one more call object from connection peer. 1 when the
+ * connection should be cut: it holds more call objects than any client
+ * that keeps to SETTINGS_MAX_CONCURRENT_STREAMS could (its streams end
+ * faster than psd can even finish them: HTTP/2 rapid reset). */
+static int conn_add_locked(ps_rpc_server *s, const char *peer) {
+    client_slot *c = slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 1);
+    if (!c) return 0;
+    c->n[0]++;
+    if (c->n[0] <= 8 * s->opts.max_streams_per_connection + 64 || c->n[1]) return 0;
+    c->n[1] = 1;
+    s->conns_cut++;
+    return 1;
+}
+
+static void conn_release_locked(ps_rpc_server *s, const char *peer) {
+    client_slot *c = slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 0);
+    if (c && --c->n[0] <= 0) *c = s->conns[--s->nconns];
+}
+
+/* With s->mu held: one call of class cls of client key ended. */
+static void client_release(ps_rpc_server *s, const char *key, int cls) {
+    client_slot *c = client_find(s, key, 0);
+    if (!c) return;
+    c->n[cls]--;
+    if (c->n[0] <= 0 && c->n[1] <= 0) *c = s->clients[--s->nclients];
+}
+
+/* With s->mu held: connection peer reset one more stream before sending its
+ * message. 1 when it passed opts.max_resets_per_s in this second and
+ * should be cut (once per window). */
+static int note_reset_locked(ps_rpc_server *s, const char *peer) {
+    long long w = now_ms() / 1000;
+    conn_resets *slot = NULL, *oldest = &s->resets[0];
+    for (int i = 0; i < PS_RPC_RESET_SLOTS; i++) {
+        conn_resets *r = &s->resets[i];
+        if (!strcmp(r->peer, peer)) { slot = r; break; }
+        if (r->window < oldest->window) oldest = r;
+    }
+    if (!slot) {
+        slot = oldest;
+        snprintf(slot->peer, sizeof slot->peer, "%s", peer);
+        slot->window = w;
+        slot->n = 0;
+        slot->cut = 0;
+    }
+    if (slot->window != w) {
+        slot->window = w;
+        slot->n = 0;
+        slot->cut = 0;
+    }
+    if (++slot->n <= s->opts.max_resets_per_s || slot->cut) return 0;
+    slot->cut = 1;
+    s->conns_cut++;
+    return 1;
+}
+
+/* The "ipv4:1.2.3.4:5" / "ipv6:[::1]:5" form gRPC gives peers. */
+static int format_peer(const struct sockaddr_storage *ss, char *dst, size_t n) {
+    char host[INET6_ADDRSTRLEN];
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        snprintf(dst, n, "ipv4:%s:%u", host, ntohs(a->sin_port));
+        return 1;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+            inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
+            snprintf(dst, n, "ipv4:%s:%u", host, ntohs(a->sin6_port));
+        } else {
+            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+            snprintf(dst, n, "ipv6:[%s]:%u", host, ntohs(a->sin6_port));
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Close the connection to peer (HTTP/2 rapid reset: gRPC 1.51 has no limit
+ * of its own, and its core API cannot close one connection). psd finds the
+ * connection's socket among its descriptors and shuts it down: gRPC sees the
+ * end of the stream and closes the transport with all its calls; the fd
+ * itself stays gRPC's to close. */
+static void cut_connection(ps_rpc_server *s, const char *peer, const char *why) {
+    (void)s;
+    DIR *d = opendir("/proc/self/fd");
+    int cut = 0;
+    for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 0 || fd == dirfd(d)) continue;
+        struct stat st;
+        if (fstat((int)fd, &st) || !S_ISSOCK(st.st_mode)) continue;
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        char name[PS_RPC_CLIENT_KEY];
+        if (getpeername((int)fd, (struct sockaddr *)&ss, &len) || !format_peer(&ss, name, sizeof name) ||
+            strcmp(name, peer))
+            continue;
+        if (shutdown((int)fd, SHUT_RDWR) == 0) cut++;
+    }
+    if (d) closedir(d);
+    char esc[160];
+    escape_str(esc, sizeof esc, peer);
+    ps_log(PS_LOG_WARN, "rpc: connection %s %s (HTTP/2 rapid reset?): %s", esc, why,
+           cut ? "connection closed" : "its socket was not found");
+}
+
+/* A refusal worth a log line, at most 10 lines a second (a flood of
+ * refused calls must not become a flood of log writes). */
+static void log_refusal(ps_rpc_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_refusal(ps_rpc_server *s, const char *fmt, ...) {
+    double now = now_ms() / 1000.0;
+    unsigned long long dropped = 0;
+    pthread_mutex_lock(&s->mu);
+    if (now - s->log_window >= 1.0) {
+        dropped = s->log_dropped;
+        s->log_dropped = 0;
+        s->log_window = now;
+        s->log_lines = 0;
+    }
+    int ok = s->log_lines < 10;
+    if (ok) s->log_lines++;
+    else s->log_dropped++;
+    pthread_mutex_unlock(&s->mu);
+    if (dropped)
+        ps_log(PS_LOG_WARN, "rpc: %llu more refusals in the last second not logged", dropped);
+    if (!ok) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    ps_log(PS_LOG_WARN, "%s", line);
+}
+
+static void arm_request(ps_rpc_server *s);
 
 static ps_rpc_call *call_new(ps_rpc_server *s) {
     ps_rpc_call *c = calloc(1, sizeof *c);
@@ -407,27 +694,49 @@ static void call_unlock_maybe_finish(ps_rpc_call *c) {
     if (c->call) grpc_call_unref(c->call);
     c->call = NULL;
     int counted = c->counted, cls = c->cls;
+    /* a stream that ended, unanswered, before its request message arrived */
+    int reset = c->peer[0] && !c->got_message && !c->timed_out && (c->cancelled || c->close_cancelled);
     pthread_mutex_unlock(&c->mu);
     /* The server outlives every unfinished call (the event thread leaves
      * only at live == 0); s must not be touched after this unlock. */
     pthread_mutex_lock(&s->mu);
     s->live--;
-    if (counted) s->ncalls[cls]--;
+    if (counted) {
+        s->ncalls[cls]--;
+        client_release(s, c->client, cls);
+    }
+    if (c->watched) {
+        if (c->wprev) c->wprev->wnext = c->wnext;
+        else s->watch = c->wnext;
+        if (c->wnext) c->wnext->wprev = c->wprev;
+        c->watched = 0;
+    }
+    int cut = reset && note_reset_locked(s, c->peer);
+    if (c->conn_counted) conn_release_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);
+    if (cut) {
+        char why[120];
+        snprintf(why, sizeof why, "reset more than %d streams in one second before sending their messages",
+                 s->opts.max_resets_per_s);
+        cut_connection(s, c->peer, why);
+    }
     call_unref(c);
 }
 
 /* Arm one more generic request for a new call (unless stopping). */
 static void arm_request(ps_rpc_server *s) {
     if (atomic_load(&s->stopping)) return;
-    ps_rpc_call *c = call_new(s);
-    if (!c) {
-        ps_log(PS_LOG_ERROR, "rpc: out of memory for a new call; one fewer request armed");
-        return;
-    }
     pthread_mutex_lock(&s->mu);
     s->live++;
     pthread_mutex_unlock(&s->mu);
+    ps_rpc_call *c = call_new(s);
+    if (!c) {
+        ps_log(PS_LOG_ERROR, "rpc: out of memory for a new call; one fewer request armed");
+        pthread_mutex_lock(&s->mu);
+        s->live--;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     /* After shutdown has begun gRPC fails the request with an event, so a
      * race with ps_rpc_server_shutdown still ends in on_request. */
     grpc_call_error e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md,
@@ -489,10 +798,51 @@ static grpc_status_code call_authorize(ps_rpc_call *c, char *details, size_t dle
     if (!m) return GRPC_STATUS_OK;
     for (; *m; m++)
         if (grpc_slice_str_cmp(c->details.method, *m) == 0) return GRPC_STATUS_OK;
-    char *method = grpc_slice_to_c_string(c->details.method);
+    char method[160];
+    escape_slice(method, sizeof method, c->details.method);
     snprintf(details, dlen, "token '%s' may not call %s", s->tokens[who].name, method);
-    gpr_free(method);
     return GRPC_STATUS_PERMISSION_DENIED;
+}
+
+/* gRPC's auth metadata processor (runs on a gRPC thread for every new
+ * stream, before the call reaches the application): is there a valid
+ * bearer token? Which methods it may call is checked later, in
+ * call_authorize, which also names the holder. */
+static void transport_auth(void *state, grpc_auth_context *ctx, const grpc_metadata *md, size_t nmd,
+                           grpc_process_auth_metadata_done_cb cb, void *user_data) {
+    (void)ctx;
+    ps_rpc_server *s = state;
+    const grpc_slice *val = NULL;
+    for (size_t i = 0; i < nmd; i++)
+        if (grpc_slice_str_cmp(md[i].key, "authorization") == 0) val = &md[i].value;
+    int ok = 0;
+    if (val && GRPC_SLICE_LENGTH(*val) > 7 &&
+        strncasecmp((const char *)GRPC_SLICE_START_PTR(*val), "Bearer ", 7) == 0) {
+        const unsigned char *v = GRPC_SLICE_START_PTR(*val) + 7;
+        size_t n = GRPC_SLICE_LENGTH(*val) - 7;
+        for (int i = 0; i < s->ntokens; i++) ok |= token_equal(s->tokens[i].token, v, n);
+    }
+    if (ok) {
+        /* consumed nothing: call_authorize reads the header again */
+        cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_OK, NULL);
+        return;
+    }
+    /* A flood of calls without a valid token (more than max_resets_per_s in
+     * a second): pass them on to call_authorize, which refuses them just
+     * the same but knows their connection, so that a connection that
+     * floods is found and closed (on_request) - here gRPC says nothing
+     * about where a call comes from. */
+    long long w = now_ms() / 1000;
+    long long cur = atomic_load(&s->auth_window);
+    if (cur != w && atomic_compare_exchange_strong(&s->auth_window, &cur, w)) atomic_store(&s->auth_fails, 0);
+    if (atomic_fetch_add(&s->auth_fails, 1) >= s->opts.max_resets_per_s) {
+        cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_OK, NULL);
+        return;
+    }
+    atomic_fetch_add(&s->refused_auth, 1);
+    cb(user_data, NULL, 0, NULL, 0, GRPC_STATUS_UNAUTHENTICATED,
+       val ? "invalid token" : "no credentials: this server needs the metadata "
+       "'authorization: Bearer <token>' (security.token_file on the trainer)");
 }
 
 static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int tag, const char *what) {
@@ -519,9 +869,14 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     c->send = resp;
     c->status_details = grpc_slice_from_copied_string(details);
     c->replied = 1;
-    grpc_op ops[2];
+    grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
+    /* initial metadata goes with the reply, not with the receive: a call
+     * reset before its message costs psd no write */
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 0;
+    n++;
     if (resp) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = resp;
@@ -532,6 +887,7 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     ops[n].data.send_status_from_server.status = code;
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
+    if (c->counted) __atomic_store_n(&c->send_since, now_ms(), __ATOMIC_RELAXED);
     start_batch_locked(c, ops, n, TAG_SEND, "reply");
     return 1;
 }
@@ -567,57 +923,96 @@ static void on_request(ps_rpc_call *c, int success) {
 
     char details[PS_RPC_DETAILS_MAX];
     details[0] = '\0';
+    char method[160], peer[160];
+    escape_slice(method, sizeof method, c->details.method);
+    char *rawpeer = grpc_call_get_peer(c->call);
+    snprintf(c->peer, sizeof c->peer, "%s", rawpeer ? rawpeer : "");
+    pthread_mutex_lock(&s->mu);
+    int cut = conn_add_locked(s, c->peer);
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&c->mu);
+    c->conn_counted = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (cut) cut_connection(s, c->peer, "holds far more calls than its concurrent stream limit allows "
+                            "(server.max_streams_per_connection)");
+    escape_str(peer, sizeof peer, rawpeer);
     grpc_status_code code = call_authorize(c, details, sizeof details);
     if (code != GRPC_STATUS_OK) {
-        char *peer = grpc_call_get_peer(c->call);
-        char *method = grpc_slice_to_c_string(c->details.method);
-        ps_log(PS_LOG_WARN, "rpc: %s from %s refused: %s: %s", method, peer ? peer : "?",
-               ps_grpc_code_name(code), details);
-        gpr_free(method);
-        gpr_free(peer);
+        atomic_fetch_add(&s->refused_auth, 1);
+        log_refusal(s, "rpc: %s from %s refused: %s: %s", method, peer, ps_grpc_code_name(code), details);
+        gpr_free(rawpeer);
         call_refuse(c, code, details);
         return;
     }
     c->m = find_method(s, c->details.method);
     if (!c->m) {
-        char *method = grpc_slice_to_c_string(c->details.method);
         snprintf(details, sizeof details, "unknown method %s", method);
-        ps_log(PS_LOG_DEBUG, "rpc: %s -> UNIMPLEMENTED", method);
-        gpr_free(method);
+        ps_log(PS_LOG_DEBUG, "rpc: %s from %s -> UNIMPLEMENTED", method, peer);
+        gpr_free(rawpeer);
         call_refuse(c, GRPC_STATUS_UNIMPLEMENTED, details);
         return;
     }
     c->cls = c->m->reserved ? CLASS_RESERVED : CLASS_ORDINARY;
+    client_key(c->client, sizeof c->client, c->who >= 0 ? s->tokens[c->who].name : NULL, rawpeer);
+    gpr_free(rawpeer);
     int cap = c->cls == CLASS_RESERVED ? s->opts.max_reserved_calls : s->opts.max_calls;
+    /* reserved calls: the same fraction of their cap, at least 2 */
+    int ccap = s->opts.max_calls_per_client;
+    if (c->cls == CLASS_RESERVED) {
+        ccap = (int)((long long)s->opts.max_reserved_calls * s->opts.max_calls_per_client / s->opts.max_calls);
+        if (ccap < 2) ccap = 2;
+    }
+    double now = now_ms() / 1000.0;
     pthread_mutex_lock(&s->mu);
-    int n = s->ncalls[c->cls];
+    int n = s->ncalls[c->cls], mine = -1;
+    client_slot *cs = NULL;
     if (n < cap) {
-        s->ncalls[c->cls]++;
-        c->counted = 1;
+        cs = client_find(s, c->client, 1);
+        mine = cs ? cs->n[c->cls] : ccap;
+        if (mine < ccap) {
+            s->ncalls[c->cls]++;
+            cs->n[c->cls]++;
+            c->counted = 1;
+            c->watched = 1;
+            c->wprev = NULL;
+            c->wnext = s->watch;
+            if (s->watch) s->watch->wprev = c;
+            s->watch = c;
+        } else {
+            s->refused_client++;
+            if (cs && cs->n[0] <= 0 && cs->n[1] <= 0) *cs = s->clients[--s->nclients];
+        }
+    } else {
+        s->refused_busy++;
+        if (c->cls == CLASS_ORDINARY) {
+            if (now - s->sat_last > 1.0) s->sat_start = now;
+            s->sat_last = now;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     if (!c->counted) {
-        char *peer = grpc_call_get_peer(c->call);
-        snprintf(details, sizeof details, "server busy: %d %scalls in progress (limit %d); retry later",
-                 n, c->cls == CLASS_RESERVED ? "reserved " : "", cap);
-        ps_log(PS_LOG_WARN, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", c->m->path,
-               peer ? peer : "?", details);
-        gpr_free(peer);
+        if (mine < 0)
+            snprintf(details, sizeof details, "server busy: %d %scalls in progress (limit %d); retry later",
+                     n, c->cls == CLASS_RESERVED ? "reserved " : "", cap);
+        else
+            snprintf(details, sizeof details, "too many calls from one client: %s holds %d %scalls "
+                     "(limit %d per client, server.max_calls_per_client); retry later", c->client, mine,
+                     c->cls == CLASS_RESERVED ? "reserved " : "", ccap);
+        log_refusal(s, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", method, peer, details);
         call_refuse(c, GRPC_STATUS_RESOURCE_EXHAUSTED, details);
         return;
     }
     pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&c->recv_since, now_ms(), __ATOMIC_RELAXED);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[0].data.recv_close_on_server.cancelled = &c->close_cancelled;
     start_batch_locked(c, ops, 1, TAG_CLOSE, "close");
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = 0;
-    ops[1].op = GRPC_OP_RECV_MESSAGE;
-    ops[1].data.recv_message.recv_message = &c->recv;
-    if (!c->cancelled) start_batch_locked(c, ops, 2, TAG_RECV, "recv");
+    ops[0].op = GRPC_OP_RECV_MESSAGE;
+    ops[0].data.recv_message.recv_message = &c->recv;
+    if (!c->cancelled) start_batch_locked(c, ops, 1, TAG_RECV, "recv");
     call_unlock_maybe_finish(c);
 }
 
@@ -636,7 +1031,9 @@ static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
 static void on_recv(ps_rpc_call *c, int success) {
     pthread_mutex_lock(&c->mu);
     c->batches--;
+    __atomic_store_n(&c->recv_since, 0, __ATOMIC_RELAXED);
     if (success && !c->cancelled) {
+        c->got_message = 1;
         c->queued = 1;
         ps_rpc_server *s = c->s;
         pthread_mutex_unlock(&c->mu);
@@ -676,6 +1073,7 @@ static void on_send(ps_rpc_call *c, int success) {
     (void)success;  /* a failed send shows up as cancelled on the close batch */
     pthread_mutex_lock(&c->mu);
     c->batches--;
+    __atomic_store_n(&c->send_since, 0, __ATOMIC_RELAXED);
     call_unlock_maybe_finish(c);
 }
 
@@ -727,8 +1125,11 @@ static void run_call(ps_rpc_call *c) {
         if (resp) grpc_byte_buffer_destroy(resp);
         fire = cancel_due_locked(c);
     } else {
-        if (code != GRPC_STATUS_OK)
-            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), details);
+        if (code != GRPC_STATUS_OK && PS_LOG_DEBUG >= ps_log_get_level()) {
+            char esc[PS_RPC_DETAILS_MAX];  /* details may quote what the client sent */
+            escape_str(esc, sizeof esc, details);
+            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), esc);
+        }
         reply_locked(c, resp, code, details);
     }
     gpr_free(method);
@@ -755,10 +1156,56 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* Cancel calls that waited too long for their request message or for the
+ * client to take their reply (a stalled or silent client): they hold a
+ * call of their client's share and, for replies, the reply's bytes. */
+static void scan_timeouts(ps_rpc_server *s) {
+    enum { MAXCUT = 256 };
+    ps_rpc_call *cut[MAXCUT];
+    int why[MAXCUT];
+    int n = 0;
+    long long now = now_ms();
+    pthread_mutex_lock(&s->mu);
+    for (ps_rpc_call *c = s->watch; c && n < MAXCUT; c = c->wnext) {
+        long long r = __atomic_load_n(&c->recv_since, __ATOMIC_RELAXED);
+        long long w = __atomic_load_n(&c->send_since, __ATOMIC_RELAXED);
+        int k = r && now - r > s->opts.recv_timeout_ms ? 1 : w && now - w > s->opts.send_timeout_ms ? 2 : 0;
+        if (!k) continue;
+        atomic_fetch_add(&c->refs, 1);
+        why[n] = k;
+        cut[n++] = c;
+        if (k == 1) s->recv_timeouts++;
+        else s->send_timeouts++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) {
+        ps_rpc_call *c = cut[i];
+        pthread_mutex_lock(&c->mu);
+        __atomic_store_n(why[i] == 1 ? &c->recv_since : &c->send_since, 0, __ATOMIC_RELAXED);
+        c->timed_out = 1;
+        if (!c->finished && c->call) {
+            char msg[200];
+            snprintf(msg, sizeof msg, why[i] == 1
+                     ? "request message not received within %d ms (server.recv_timeout_s)"
+                     : "reply not taken by the client within %d ms (server.send_timeout_s)",
+                     why[i] == 1 ? s->opts.recv_timeout_ms : s->opts.send_timeout_ms);
+            grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+        }
+        pthread_mutex_unlock(&c->mu);
+        call_unref(c);
+    }
+    if (n) log_refusal(s, "rpc: cancelled %d call%s that stalled (request never sent or reply never read)",
+                       n, n == 1 ? "" : "s");
+}
+
 /* Serve events until stopping and no call or request is left, i.e. no live
  * call can start a batch on s->cq any more. */
 static void event_loop(ps_rpc_server *s) {
     for (;;) {
+        long long now = now_ms();
+        long long due = atomic_load(&s->next_scan);
+        if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
+            scan_timeouts(s);  /* one event thread at a time */
         pthread_mutex_lock(&s->mu);
         int done = atomic_load(&s->stopping) && s->live == 0;
         pthread_mutex_unlock(&s->mu);
@@ -892,7 +1339,16 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.reserved_threads == 0) o.reserved_threads = PS_RPC_DEFAULT_RESERVED_THREADS;
     if (o.max_calls == 0) o.max_calls = PS_RPC_DEFAULT_MAX_CALLS;
     if (o.max_reserved_calls == 0) o.max_reserved_calls = PS_RPC_DEFAULT_MAX_RESERVED_CALLS;
+    if (o.max_calls_per_client == 0) o.max_calls_per_client = o.max_calls;
+    if (o.max_streams_per_connection == 0) o.max_streams_per_connection = PS_RPC_DEFAULT_MAX_STREAMS;
+    if (o.transport_memory_bytes == 0) o.transport_memory_bytes = PS_RPC_DEFAULT_TRANSPORT_MEMORY;
+    if (o.recv_timeout_ms == 0) o.recv_timeout_ms = PS_RPC_DEFAULT_RECV_TIMEOUT_MS;
+    if (o.send_timeout_ms == 0) o.send_timeout_ms = PS_RPC_DEFAULT_SEND_TIMEOUT_MS;
+    if (o.max_connection_age_grace_ms <= 0) o.max_connection_age_grace_ms = 60000;
+    if (o.max_resets_per_s == 0) o.max_resets_per_s = PS_RPC_DEFAULT_MAX_RESETS;
     if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
+        o.max_calls_per_client < 1 || o.max_streams_per_connection < 1 || o.recv_timeout_ms < 1 ||
+        o.send_timeout_ms < 1 ||
         nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                    "rpc server %s: need >= 1 threads (got %d), >= 1 reserved threads (got %d), "
@@ -918,6 +1374,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     atomic_init(&s->stopping, 0);
     s->user = user;
     s->opts = o;
+
     s->nworkers = o.threads + o.reserved_threads;
     s->addr = strdup(listen_addr);
     s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
@@ -939,8 +1396,18 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
         ps_rpc_server_free(s);
         return NULL;
     }
+    /* Tokens checked in the transport, before a call is created for the
+     * application: a client without a valid token costs no call object. */
+    if (s->ntokens > 0) {
+        grpc_auth_metadata_processor proc = {transport_auth, NULL, s};
+        grpc_server_credentials_set_auth_metadata_processor(creds, proc);
+    }
+    if (o.transport_memory_bytes > 0) {
+        s->quota = grpc_resource_quota_create("psd");
+        grpc_resource_quota_resize(s->quota, (size_t)o.transport_memory_bytes);
+    }
     grpc_arg args[MAX_ARGS];
-    grpc_channel_args ca = make_args(args, o.max_message_bytes, 1, sec);
+    grpc_channel_args ca = make_args(args, o.max_message_bytes, 1, sec, &o, s->quota);
     s->server = grpc_server_create(&ca, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -963,6 +1430,22 @@ oom:
     ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc server %s: out of memory", listen_addr);
     ps_rpc_server_free(s);
     return NULL;
+}
+
+ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *sec, ps_err *err) {
+    if (check_plaintext(listen_addr, sec, "rpc server: listen address", err)) return err ? err->code : PS_ERR_PERMISSION_DENIED;
+    for (int i = 0; sec && i < sec->ntokens; i++)
+        if (!sec->tokens[i].token || strlen(sec->tokens[i].token) < 16)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc server: token '%s' is shorter than 16 "
+                              "characters; use a long random secret",
+                              sec->tokens[i].name ? sec->tokens[i].name : "?");
+    grpc_server_credentials *creds = server_credentials(sec, err);
+    if (!creds) {
+        ps_err_prefix(err, "rpc server %s", listen_addr);
+        return err ? err->code : PS_ERR_INVALID_ARGUMENT;
+    }
+    grpc_server_credentials_release(creds);
+    return PS_OK;
 }
 
 static void stop_workers(ps_rpc_server *s) {
@@ -997,12 +1480,16 @@ ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err) {
     grpc_server_start(s->server);
     s->started = 1;
     for (int i = 0; i < PS_RPC_REQUESTS_ARMED; i++) arm_request(s);
-    int rc = pthread_create(&s->event_thread, NULL, event_main, s);
-    if (rc != 0)  /* ps_rpc_server_shutdown runs the event loop itself */
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
-                          "rpc server %s: cannot start the event thread: %s", s->addr,
-                          strerror(rc));
-    s->event_running = 1;
+    for (int i = 0; i < PS_RPC_EVENT_THREADS; i++) {
+        int rc = pthread_create(&s->event_threads[i], NULL, event_main, s);
+        if (rc != 0) {  /* with none, ps_rpc_server_shutdown runs the event loop itself */
+            if (s->event_running) break;
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
+                              "rpc server %s: cannot start the event thread: %s", s->addr,
+                              strerror(rc));
+        }
+        s->event_running++;
+    }
     return PS_OK;
 }
 
@@ -1022,7 +1509,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     }
     PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
     if (s->event_running) {
-        pthread_join(s->event_thread, NULL);
+        for (int i = 0; i < s->event_running; i++) pthread_join(s->event_threads[i], NULL);
         s->event_running = 0;
     } else if (s->started) {
         event_loop(s);
@@ -1042,6 +1529,9 @@ void ps_rpc_server_free(ps_rpc_server *s) {
         for (int i = 0; i < s->nmethods; i++) free((char *)s->methods[i].path);
     free(s->methods);
     free_tokens(s->tokens, s->ntokens);
+    if (s->quota) grpc_resource_quota_unref(s->quota);
+    free(s->clients);
+    free(s->conns);
     free(s->workers);
     free(s->addr);
     for (int i = 0; i < NCLASSES; i++) pthread_cond_destroy(&s->q[i].cv);
@@ -1059,6 +1549,26 @@ int ps_rpc_server_calls(ps_rpc_server *s) {
     int n = s->ncalls[CLASS_ORDINARY] + s->ncalls[CLASS_RESERVED];
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out) {
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    double now = now_ms() / 1000.0;
+    pthread_mutex_lock(&s->mu);
+    out->calls = s->ncalls[CLASS_ORDINARY];
+    out->reserved_calls = s->ncalls[CLASS_RESERVED];
+    out->clients = s->nclients;
+    out->refused_busy = s->refused_busy;
+    out->refused_client = s->refused_client;
+    out->recv_timeouts = s->recv_timeouts;
+    out->send_timeouts = s->send_timeouts;
+    if (s->sat_last > 0 && now - s->sat_last <= 1.0) out->saturated_s = now - s->sat_start;
+    pthread_mutex_unlock(&s->mu);
+    out->refused_auth = atomic_load(&s->refused_auth);
+    pthread_mutex_lock(&s->mu);
+    out->conns_cut = s->conns_cut;
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- client ------------------------------------------------------------ */
@@ -1106,7 +1616,7 @@ ps_rpc_client *ps_rpc_client_create_secure(const char *target, int max_message_b
         return NULL;
     }
     grpc_arg args[MAX_ARGS];
-    grpc_channel_args ca = make_args(args, max_message_bytes, 0, sec);
+    grpc_channel_args ca = make_args(args, max_message_bytes, 0, sec, NULL, NULL);
     c->channel = grpc_channel_create(target, creds, &ca);
     grpc_channel_credentials_release(creds);
     if (!c->channel) {

@@ -12,11 +12,13 @@
  * blocks no signals itself.
  *
  * Server threading model (calls are objects, not threads):
- *  - One event thread drives a single completion queue: it accepts calls,
- *    checks tokens, refuses what it must, and starts the asynchronous
- *    receive of each request message. It never runs a handler and never
- *    waits on the network, so a client that never sends its message holds
- *    one call object, not a thread.
+ *  - PS_RPC_EVENT_THREADS event threads drive a single completion queue:
+ *    they accept calls, check tokens, refuse what they must, and start the
+ *    asynchronous receive of each request message. They never run a
+ *    handler and never wait on the network, so a client that never sends
+ *    its message holds one call object, not a thread (and only until
+ *    opts.recv_timeout_ms). They also enforce the limits against hostile
+ *    clients listed with ps_rpc_server_opts.
  *  - PS_RPC_REQUESTS_ARMED generic grpc_server_request_call()s are kept
  *    outstanding: a fresh one is armed as soon as one is matched, so the
  *    number of accepted calls is bounded only by opts.max_calls (ordinary
@@ -37,9 +39,10 @@
  *    ps_rpc_call_complete(). Deferred calls cost no thread.
  *  - Per call: at accept, batch {RECV_CLOSE_ON_SERVER} (completes when the
  *    call ends: reply sent, client cancelled, deadline passed, server
- *    cancelled) and batch {SEND_INITIAL_METADATA, RECV_MESSAGE}; after the
- *    handler or ps_rpc_call_complete, batch {SEND_MESSAGE (only on OK),
- *    SEND_STATUS_FROM_SERVER}. Batches of one call are started under the
+ *    cancelled) and batch {RECV_MESSAGE}; after the handler or
+ *    ps_rpc_call_complete, batch {SEND_INITIAL_METADATA, SEND_MESSAGE (only
+ *    on OK), SEND_STATUS_FROM_SERVER} (initial metadata with the reply: a
+ *    call reset before its message costs no write). Batches of one call are started under the
  *    call's lock.
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
@@ -63,7 +66,8 @@
 
 #include "status.h"
 
-#define PS_RPC_REQUESTS_ARMED 8    /* grpc_server_request_call()s kept outstanding */
+#define PS_RPC_REQUESTS_ARMED 64   /* grpc_server_request_call()s kept outstanding */
+#define PS_RPC_EVENT_THREADS 2     /* threads polling the server's completion queue */
 #define PS_RPC_DETAILS_MAX 512     /* size of the details buffer handlers get */
 #define PS_RPC_DEFAULT_MAX_CALLS 256         /* see ps_rpc_server_opts */
 #define PS_RPC_DEFAULT_MAX_RESERVED_CALLS 32
@@ -222,7 +226,58 @@ typedef struct ps_rpc_server_opts {
     int max_reserved_calls; /* same for reserved methods; 0 = default */
     int max_message_bytes;  /* > 0 sets the receive and send limits (gRPC's
                                default is 4 MiB) */
+    /* Limits against hostile or careless clients (docs/security.md). A
+     * "client" is the caller's token with tokens configured, else its peer
+     * host (the address without the port: every connection from a host is
+     * one client). */
+    int max_calls_per_client;    /* ordinary calls one client may hold at
+                                    once; 0 = max_calls (no per-client
+                                    limit). Reserved calls: the same
+                                    fraction of max_reserved_calls (at least
+                                    2). Past it: RESOURCE_EXHAUSTED naming
+                                    the limit. */
+    int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS;
+                                       0 = PS_RPC_DEFAULT_MAX_STREAMS */
+    int max_connection_age_ms;   /* > 0: GOAWAY after this long (clients
+                                    reconnect); calls in flight get
+                                    max_connection_age_grace_ms */
+    int max_connection_age_grace_ms;
+    long long transport_memory_bytes; /* gRPC resource quota for the
+                                    transport's buffers; 0 = default
+                                    (PS_RPC_DEFAULT_TRANSPORT_MEMORY), < 0 = none */
+    int recv_timeout_ms;         /* an accepted call must deliver its request
+                                    message within this; then it is cancelled
+                                    (DEADLINE_EXCEEDED); 0 = default */
+    int send_timeout_ms;         /* a reply the client does not take (flow
+                                    control) within this is cancelled; 0 = default */
+    int max_resets_per_s;        /* a connection whose streams end before
+                                    their request message more often than
+                                    this in one second (HTTP/2 rapid reset)
+                                    is closed; 0 = default */
 } ps_rpc_server_opts;
+
+#define PS_RPC_DEFAULT_MAX_STREAMS 64
+#define PS_RPC_DEFAULT_TRANSPORT_MEMORY (512LL << 20)
+#define PS_RPC_DEFAULT_RECV_TIMEOUT_MS 30000
+#define PS_RPC_DEFAULT_SEND_TIMEOUT_MS 60000
+#define PS_RPC_DEFAULT_MAX_RESETS 200
+
+/* What admission control did, since the server started (a snapshot). */
+typedef struct ps_rpc_admission {
+    int calls, reserved_calls;      /* accepted and unfinished, per class */
+    int clients;                    /* clients holding calls now */
+    unsigned long long refused_busy;    /* call cap reached */
+    unsigned long long refused_client;  /* per-client cap reached */
+    unsigned long long refused_auth;    /* no/unknown token, method not allowed */
+    unsigned long long recv_timeouts;   /* request message never came */
+    unsigned long long send_timeouts;   /* reply never taken */
+    unsigned long long conns_cut;       /* connections closed for rapid reset */
+    double saturated_s;             /* how long ordinary calls have been
+                                       refused for the call cap without a
+                                       break of more than 1 s; 0 = not now */
+} ps_rpc_admission;
+
+void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out);
 
 /* Create a server listening on listen_addr ("0.0.0.0:50051",
  * "127.0.0.1:0" for any free port, "[::]:50051", "unix:/path") with
@@ -249,6 +304,12 @@ ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads
                                            const ps_rpc_method *methods, int nmethods,
                                            void *user, const ps_rpc_security *sec,
                                            ps_err *err);
+
+/* What ps_rpc_server_create_opts would refuse about the address and the
+ * security settings (plaintext beyond loopback, short tokens, missing or
+ * non-PEM certificate/key/CA files), without binding anything; for
+ * `psd --check-config`. Needs grpc_init(). */
+ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *sec, ps_err *err);
 
 /* Start accepting calls and the worker threads. Once only. */
 ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err);

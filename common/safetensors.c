@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -332,6 +333,32 @@ static ps_status st_parse_tensor(st_parser *p, ps_st_tensor *t, uint64_t off[2])
     return PS_OK;
 }
 
+static int cmp_strp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first name (in sorted order) that occurs twice among n records of
+ * `stride` bytes whose name is at byte `off` (indirect: a char * there,
+ * else the characters themselves), in O(n log n): a header of 60,000
+ * tensors must not take a quadratic pass. *dup = NULL if none; returns -1
+ * when out of memory. */
+static int first_duplicate(const void *base, size_t n, size_t stride, size_t off, int indirect,
+                           const char **dup) {
+    *dup = NULL;
+    if (n < 2) return 0;
+    const char **names = malloc(n * sizeof *names);
+    if (!names) return -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *rec = (const char *)base + i * stride;
+        names[i] = indirect ? *(const char *const *)(rec + off) : rec + off;
+    }
+    qsort(names, n, sizeof *names, cmp_strp);
+    for (size_t i = 1; i < n && !*dup; i++)
+        if (!strcmp(names[i - 1], names[i])) *dup = names[i];
+    free(names);
+    return 0;
+}
+
 static ps_status st_parse_metadata(st_parser *p, ps_st_file *f) {
     ps_status st = st_expect(p, '{', "to start __metadata__");
     if (st) return st;
@@ -339,12 +366,6 @@ static ps_status st_parse_metadata(st_parser *p, ps_st_file *f) {
     for (;;) {
         char *k = NULL, *v = NULL;
         if ((st = st_string(p, &k))) return st;
-        for (size_t j = 0; j < f->nmeta; j++)
-            if (!strcmp(f->meta_keys[j], k)) {
-                st = st_fail(p, "duplicate __metadata__ key \"%.64s\"", k);
-                free(k);
-                return st;
-            }
         if ((st = st_expect(p, ':', "after a __metadata__ key"))) { free(k); return st; }
         if (st_peek(p) != '"') {
             st = st_fail(p, "__metadata__ value of \"%.64s\" must be a string", k);
@@ -364,7 +385,14 @@ static ps_status st_parse_metadata(st_parser *p, ps_st_file *f) {
         f->meta_vals[f->nmeta] = v;
         f->nmeta++;
         char c = st_peek(p);
-        if (c == '}') { p->i++; return PS_OK; }
+        if (c == '}') {
+            p->i++;
+            const char *dup = NULL;
+            if (first_duplicate(f->meta_keys, f->nmeta, sizeof(char *), 0, 1, &dup))
+                return ps_err_set(p->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", p->path);
+            if (dup) return st_fail(p, "duplicate __metadata__ key \"%.64s\"", dup);
+            return PS_OK;
+        }
         if (c != ',') return st_fail(p, "expected ',' or '}' in __metadata__");
         p->i++;
     }
@@ -393,12 +421,6 @@ static ps_status st_parse_header(st_parser *p, ps_st_file *f, uint64_t **offs) {
                 free(key);
                 return st;
             }
-            for (size_t j = 0; j < f->n; j++)
-                if (!strcmp(f->tensors[j].name, key)) {
-                    st = st_fail(p, "duplicate tensor name '%s'", key);
-                    free(key);
-                    return st;
-                }
             if (f->n == cap) {
                 cap = cap ? 2 * cap : 16;
                 ps_st_tensor *nt = realloc(f->tensors, cap * sizeof *nt);
@@ -425,6 +447,10 @@ static ps_status st_parse_header(st_parser *p, ps_st_file *f, uint64_t **offs) {
         p->i++;
     }
     if (st_peek(p)) return st_fail(p, "unexpected '%c' after the header object", p->s[p->i]);
+    const char *dup = NULL;
+    if (first_duplicate(f->tensors, f->n, sizeof *f->tensors, offsetof(ps_st_tensor, name), 0, &dup))
+        return ps_err_set(p->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", p->path);
+    if (dup) return st_fail(p, "duplicate tensor name '%s'", dup);
     return PS_OK;
 }
 
@@ -538,7 +564,9 @@ ps_st_file *ps_st_read(const char *path, ps_err *err) {
     int fd = -1;
     if (!f) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path); return NULL; }
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (or device) named like the file must not block
+     * psd here; anything but a regular file is refused below. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s",
                         path, strerror(errno));
@@ -757,9 +785,6 @@ static ps_status st_check_input(const char *path, const ps_st_tensor *tensors, s
                               path, i, PS_ST_NAME_MAX - 1);
         if (!strcmp(t->name, "__metadata__") || !st_utf8_valid(t->name))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor %zu: invalid name '%s'", path, i, t->name);
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(tensors[j].name, t->name))
-                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: duplicate tensor name '%s'", path, t->name);
         if (!ps_st_dtype_size(t->dtype))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': unknown dtype %d",
                               path, t->name, t->dtype);
@@ -774,6 +799,10 @@ static ps_status st_check_input(const char *path, const ps_st_tensor *tensors, s
         if (t->bytes && !t->data)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': data is NULL", path, t->name);
     }
+    const char *dup = NULL;
+    if (first_duplicate(tensors, n, sizeof *tensors, offsetof(ps_st_tensor, name), 0, &dup))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+    if (dup) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: duplicate tensor name '%s'", path, dup);
     for (size_t i = 0; meta_kv && meta_kv[i]; i += 2) {
         if (!meta_kv[i + 1])
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: metadata key '%s' has no value", path, meta_kv[i]);

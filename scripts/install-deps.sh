@@ -20,6 +20,7 @@ PKGS=(
   python3-numpy        # tests: independent references for the generic client
   openssl              # TLS tests make throw-away certificates
   iproute2             # make test-faults: network namespaces
+  prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
   fortunes             # the language-model corpus (scripts/fetch-fortunes.sh) and tests/it_lm.sh
   python3-torch        # golden files and tests/it_lm.sh: PyTorch loads psd's rnn_lm checkpoint
 )

@@ -54,17 +54,40 @@ static uint32_t crc_of(const float *const *data, const int64_t *numel, int n) {
     return (uint32_t)crc;
 }
 
-/* "ckpt-000000001234.safetensors" -> 1234; -1 for any other name. */
+/* "ckpt-000000001234.safetensors" -> 1234; -1 for any other name. At
+ * least 12 digits (the "%012" padding), more for versions from 10^12 on. */
 static int parse_name(const char *name, const char *suffix, uint64_t *version) {
     size_t pl = strlen(CKPT_PREFIX), sl = strlen(suffix), n = strlen(name);
-    if (n != pl + 12 + sl || strncmp(name, CKPT_PREFIX, pl) || strcmp(name + pl + 12, suffix)) return -1;
+    if (n < pl + 12 + sl || n > pl + 20 + sl || strncmp(name, CKPT_PREFIX, pl) || strcmp(name + n - sl, suffix))
+        return -1;
     uint64_t v = 0;
-    for (size_t i = pl; i < pl + 12; i++) {
+    for (size_t i = pl; i < n - sl; i++) {
         if (name[i] < '0' || name[i] > '9') return -1;
-        v = v * 10 + (uint64_t)(name[i] - '0');
+        uint64_t d = (uint64_t)(name[i] - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1;
+        v = v * 10 + d;
     }
+    if (n - sl - pl > 12 && name[pl] == '0') return -1;  /* padded beyond 12: not a name psd writes */
     *version = v;
     return 0;
+}
+
+/* Delete ckpt-*.tmp files: writes that a crash cut between write and
+ * rename (psd renames a finished file over its final name, so a .tmp is
+ * never a checkpoint). Called at start-up, before anything is written. */
+static void clean_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    size_t pl = strlen(CKPT_PREFIX);
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n <= pl + 4 || strncmp(e->d_name, CKPT_PREFIX, pl) || strcmp(e->d_name + n - 4, ".tmp")) continue;
+        char path[PS_CKPT_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0) ps_log(PS_LOG_WARN, "deleted %s, an unfinished checkpoint write", path);
+    }
+    closedir(d);
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -645,6 +668,7 @@ done:
 ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ckpt_info *out, ps_err *err) {
     *found = 0;
     uint64_t *v = NULL;
+    clean_tmp(dir);
     long n = list_versions(dir, CKPT_SUFFIX, &v, err);
     if (n < 0) return err ? err->code : PS_ERR_IO;
     if (n == 0) { free(v); return PS_OK; }
@@ -678,6 +702,8 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
     return rc;
 }
 
+static const char *pi_name(ps_model *m, int i) { return ps_model_param(m, i)->name; }
+
 ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
     int np = ps_model_num_params(m);
     ps_st_file *f = ps_st_read(path, err);
@@ -697,6 +723,18 @@ ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
         if ((rc = check_tensor(path, ts[i], pi, 1, err))) goto done;
     }
     if ((rc = check_no_extra(path, f, m, "", err))) goto done;
+    /* float64 values must fit float32 - checked before any weight changes */
+    for (int i = 0; i < np; i++) {
+        if (ts[i]->dtype != PS_ST_F64) continue;
+        const double *d = ts[i]->data;
+        for (int64_t j = 0, k = ps_st_numel(ts[i]); j < k; j++)
+            if (isfinite(d[j]) && !isfinite((float)d[j])) {
+                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' element %lld is %g, beyond "
+                                "float32's range (psd's weights are float32)", path, pi_name(m, i),
+                                (long long)j, d[j]);
+                goto done;
+            }
+    }
     for (int i = 0; i < np && rc == PS_OK; i++) {
         const float *src = ts[i]->data;
         if (ts[i]->dtype == PS_ST_F64) {

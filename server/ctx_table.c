@@ -15,10 +15,18 @@
 typedef struct fin_entry {
     uint64_t id;
     uint64_t version;
+    int skipped;                   /* its step was skipped (non-finite values) */
     double time;
     struct fin_entry *chain;
     struct fin_entry *fifo_next;
 } fin_entry;
+
+/* Who holds contexts: bytes and count per owner (t->mu). */
+typedef struct ctx_owner {
+    char key[64];
+    size_t bytes, count;
+    struct ctx_owner *next;
+} ctx_owner;
 
 struct ps_ctx_table {
     pthread_mutex_t mu;
@@ -30,8 +38,46 @@ struct ps_ctx_table {
     unsigned char *bloom[2];       /* ids evicted from fin: [0] current, [1] previous generation */
     size_t bloom_n;
     uint64_t live, expired, opened, trainers_seen, bytes;
+    uint64_t evicted, refused;
+    ctx_owner *owners;
+    size_t nowners;
     unsigned char *ranks;  /* bitmap of ranks seen */
 };
+
+static ctx_owner *owner_get_locked(ps_ctx_table *t, const char *key, int create) {
+    if (!key) key = "";
+    for (ctx_owner *o = t->owners; o; o = o->next)
+        if (!strncmp(o->key, key, sizeof o->key - 1)) return o;
+    if (!create) return NULL;
+    ctx_owner *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    snprintf(o->key, sizeof o->key, "%s", key);
+    o->next = t->owners;
+    t->owners = o;
+    t->nowners++;
+    return o;
+}
+
+/* A context's bytes (held + reserved) change by delta, for the total and
+ * its owner. */
+static void bytes_add_locked(ps_ctx_table *t, ps_ctx *c, long long delta) {
+    t->bytes += (uint64_t)delta;
+    if (c->own) c->own->bytes += (size_t)delta;
+}
+
+/* c leaves the table: its owner loses it (and is forgotten at zero). */
+static void owner_drop_locked(ps_ctx_table *t, ps_ctx *c) {
+    ctx_owner *o = c->own;
+    if (!o) return;
+    c->own = NULL;
+    o->bytes -= c->bytes + c->reserved;
+    if (--o->count > 0) return;
+    ctx_owner **pp = &t->owners;
+    while (*pp && *pp != o) pp = &(*pp)->next;
+    if (*pp) *pp = o->next;
+    t->nowners--;
+    free(o);
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -108,7 +154,7 @@ static void trim_finished_locked(ps_ctx_table *t, double now) {
         evict_oldest_locked(t);
 }
 
-static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version) {
+static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version, int skipped) {
     fin_entry *f = malloc(sizeof *f);
     if (!f) {  /* cannot remember it: at least the filter says "too old" */
         bloom_add_locked(t, id);
@@ -116,6 +162,7 @@ static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t vers
     }
     f->id = id;
     f->version = version;
+    f->skipped = skipped;
     f->time = now_s();
     size_t b = fin_bucket_of(id);
     f->chain = t->fin[b];
@@ -162,6 +209,14 @@ static void ctx_free(ps_ctx_table *t, ps_ctx *c) {
     free(c);
 }
 
+static void free_dead(ps_ctx_table *t, ps_ctx *dead) {
+    while (dead) {
+        ps_ctx *next = dead->next;
+        ctx_free(t, dead);
+        dead = next;
+    }
+}
+
 void ps_ctx_table_free(ps_ctx_table *t) {
     if (!t) return;
     for (size_t b = 0; b < NBUCKETS; b++) {
@@ -176,6 +231,11 @@ void ps_ctx_table_free(ps_ctx_table *t) {
         fin_entry *n = t->fifo_head->fifo_next;
         free(t->fifo_head);
         t->fifo_head = n;
+    }
+    while (t->owners) {
+        ctx_owner *n = t->owners->next;
+        free(t->owners);
+        t->owners = n;
     }
     pthread_mutex_destroy(&t->mu);
     free(t->fin);
@@ -196,14 +256,62 @@ static void unlink_locked(ps_ctx_table *t, ps_ctx *c) {
     while (*pp && *pp != c) pp = &(*pp)->next;
     if (*pp) *pp = c->next;
     t->live--;
-    t->bytes -= c->bytes;
+    t->bytes -= c->bytes + c->reserved;
+    owner_drop_locked(t, c);
+}
+
+/* The least recently used idle context of the owner holding the most
+ * (bytes if by_bytes, else contexts) beyond share, not of `spare`; NULL if
+ * no owner is over its share or it has no idle context. */
+static ps_ctx *victim_locked(ps_ctx_table *t, const ctx_owner *spare, size_t share, int by_bytes) {
+    ctx_owner *worst = NULL;
+    for (ctx_owner *o = t->owners; o; o = o->next) {
+        size_t v = by_bytes ? o->bytes : o->count;
+        if (o != spare && v > share && (!worst || v > (by_bytes ? worst->bytes : worst->count))) worst = o;
+    }
+    if (!worst) return NULL;
+    ps_ctx *lru = NULL;
+    for (size_t b = 0; b < NBUCKETS; b++)
+        for (ps_ctx *c = t->buckets[b]; c; c = c->next)
+            if (c->own == worst && !c->busy && (!lru || c->last_used < lru->last_used)) lru = c;
+    return lru;
+}
+
+/* Evict one context (make room for another owner); it is freed by the
+ * caller after unlocking, from the *dead list. */
+static void evict_locked(ps_ctx_table *t, ps_ctx *c, ps_ctx **dead) {
+    unlink_locked(t, c);
+    c->next = *dead;
+    *dead = c;
+    t->evicted++;
 }
 
 ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *created, ps_err *err) {
+    return ps_ctx_table_open_as(t, id, rank, NULL, created, err);
+}
+
+ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const char *owner, int *created,
+                             ps_err *err) {
     if (created) *created = 0;
+    if (!owner) owner = "";
+    ps_ctx *dead = NULL;
     pthread_mutex_lock(&t->mu);
     ps_ctx *c = find_locked(t, id);
-    if (c) {
+    ctx_owner *me = owner_get_locked(t, owner, 0);
+    if (!c && t->live >= t->o.max_live && !find_finished_locked(t, id) && !bloom_has_locked(t, id)) {
+        /* the count limit, shared fairly: room by evicting from whoever
+         * holds the most contexts beyond its share */
+        size_t share = t->o.max_live / (t->nowners + (me ? 0 : 1));
+        if ((me ? me->count : 0) < share) {
+            ps_ctx *v = victim_locked(t, me, share, 0);
+            if (v) evict_locked(t, v, &dead);
+        }
+    }
+    if (c && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+        ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu belongs to another client; "
+                   "choose context ids at random (64 bits)", (unsigned long long)id);
+        c = NULL;
+    } else if (c) {
         if (c->busy) {
             ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu is in use by another request",
                        (unsigned long long)id);
@@ -215,11 +323,18 @@ ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *crea
         ps_err_set(err, PS_ERR_ALREADY_EXISTS, "context %llu was already used and stepped; "
                    "use a new context id for every batch", (unsigned long long)id);
     } else if (t->live >= t->o.max_live) {
-        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "too many open contexts (%zu); finish or "
-                   "abandon some (they expire after %.0f s)", t->o.max_live, t->o.ttl_s);
-    } else if (!(c = calloc(1, sizeof *c))) {
+        t->refused++;
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "too many open contexts (%zu); this client holds %zu "
+                   "of them, its fair share among %zu clients is %zu; finish or abandon some (they expire "
+                   "after %.0f s)", t->o.max_live, me ? me->count : 0, t->nowners + (me ? 0 : 1),
+                   t->o.max_live / (t->nowners + (me ? 0 : 1)), t->o.ttl_s);
+    } else if (!(c = calloc(1, sizeof *c)) || !(me = owner_get_locked(t, owner, 1))) {
+        free(c);
+        c = NULL;
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     } else {
+        c->own = me;
+        me->count++;
         c->id = id;
         c->rank = rank;
         c->busy = 1;
@@ -232,7 +347,43 @@ ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *crea
         if (created) *created = 1;
     }
     pthread_mutex_unlock(&t->mu);
+    free_dead(t, dead);
     return c;
+}
+
+ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *err) {
+    size_t max = t->o.max_bytes;
+    if (!max) return PS_OK;
+    ps_ctx *dead = NULL;
+    ps_status st = PS_OK;
+    pthread_mutex_lock(&t->mu);
+    size_t nown = t->nowners ? t->nowners : 1;
+    size_t share = max / nown;
+    size_t mine = c->own ? c->own->bytes : c->bytes + c->reserved;
+    if (t->bytes + more > max && mine + more > share) {
+        st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "context memory budget: this client holds %zu bytes "
+                        "in %zu contexts and asks for %zu more; its fair share of server.max_context_bytes "
+                        "(%zu) among %zu clients is %zu bytes; Step or abandon contexts, or use smaller "
+                        "batches", mine, c->own ? c->own->count : 1, more, max, nown, share);
+    } else {
+        while (t->bytes + more > max) {
+            ps_ctx *v = victim_locked(t, c->own, share, 1);
+            if (!v) break;
+            evict_locked(t, v, &dead);
+        }
+        if (t->bytes + more > max)
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "context memory budget server.max_context_bytes "
+                            "(%zu) is in use (%llu bytes by %zu clients) by contexts that are busy; retry "
+                            "later", max, (unsigned long long)t->bytes, nown);
+    }
+    if (st) t->refused++;
+    else {
+        c->reserved += more;
+        bytes_add_locked(t, c, (long long)more);
+    }
+    pthread_mutex_unlock(&t->mu);
+    free_dead(t, dead);
+    return st;
 }
 
 ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished, uint64_t *finished_version,
@@ -308,13 +459,18 @@ size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq) {
 
 void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes) {
     pthread_mutex_lock(&t->mu);
-    t->bytes = t->bytes - c->bytes + bytes;
+    bytes_add_locked(t, c, (long long)bytes - (long long)(c->bytes + c->reserved));
     c->bytes = bytes;
+    c->reserved = 0;
     pthread_mutex_unlock(&t->mu);
 }
 
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
     pthread_mutex_lock(&t->mu);
+    if (c->reserved) {  /* admitted but never accounted: the call failed */
+        bytes_add_locked(t, c, -(long long)c->reserved);
+        c->reserved = 0;
+    }
     int empty = c->nfwd == 0 && !c->grads;
     if (empty) unlink_locked(t, c);  /* opened by a Forward that failed: nothing to keep */
     c->busy = 0;
@@ -326,7 +482,7 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
     pthread_mutex_lock(&t->mu);
     unlink_locked(t, c);
-    remember_finished_locked(t, c->id, version);
+    remember_finished_locked(t, c->id, version, c->nonfinite);
     pthread_mutex_unlock(&t->mu);
     ctx_free(t, c);
 }
@@ -345,7 +501,8 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
                 c->next = dead;
                 dead = c;
                 t->live--;
-                t->bytes -= c->bytes;
+                t->bytes -= c->bytes + c->reserved;
+                owner_drop_locked(t, c);
                 t->expired++;
                 n++;
             } else {
@@ -361,6 +518,14 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
         dead = next;
     }
     return n;
+}
+
+int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
+    pthread_mutex_lock(&t->mu);
+    const fin_entry *f = find_finished_locked(t, id);
+    int skipped = f && f->skipped;
+    pthread_mutex_unlock(&t->mu);
+    return skipped;
 }
 
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
@@ -381,5 +546,8 @@ void ps_ctx_table_stats(ps_ctx_table *t, ps_ctx_stats *out) {
     out->trainers_seen = t->trainers_seen;
     out->bytes = t->bytes;
     out->finished_kept = t->nfin;
+    out->evicted = t->evicted;
+    out->refused = t->refused;
+    out->owners = t->nowners;
     pthread_mutex_unlock(&t->mu);
 }

@@ -28,6 +28,16 @@
  * Memory: each context carries `bytes` (tapes + gradients) that the caller
  * keeps up to date with ps_ctx_table_account; the table sums them
  * (ps_ctx_stats.bytes) so limits and metrics can read one number.
+ *
+ * Fair shares: every context belongs to an owner (the caller's token name,
+ * or its peer host without tokens; never what a client claims about
+ * itself). With max_bytes set, ps_ctx_table_reserve admits bytes while the
+ * total stays within max_bytes; past it, an owner within its fair share
+ * (max_bytes / owners holding contexts) gets room by evicting the least
+ * recently used idle contexts of the owner furthest over its share, and an
+ * owner over its share is refused (RESOURCE_EXHAUSTED). The count limit
+ * max_live is shared the same way. So one client filling the table cannot
+ * lock the others out until its contexts expire.
  */
 #ifndef PS_CTX_TABLE_H
 #define PS_CTX_TABLE_H
@@ -60,6 +70,8 @@ typedef struct ps_ctx {
     int pushed;             /* a PushGradients was added (a repeat is not added again) */
     size_t bytes;           /* tapes + gradients held (ps_ctx_table_account) */
     /* private */
+    size_t reserved;        /* admitted by ps_ctx_table_reserve, not yet accounted */
+    struct ctx_owner *own;
     size_t cap;
     double last_used;
     int busy;
@@ -73,6 +85,9 @@ typedef struct ps_ctx_stats {
     uint64_t trainers_seen; /* distinct ranks */
     uint64_t bytes;         /* sum of live contexts' bytes */
     uint64_t finished_kept; /* finished ids remembered for repeated Steps */
+    uint64_t evicted;       /* total since start: freed to make room for another owner */
+    uint64_t refused;       /* total since start: reservations/opens refused for memory or count */
+    uint64_t owners;        /* owners holding contexts now */
 } ps_ctx_stats;
 
 typedef struct ps_ctx_table_opts {
@@ -81,6 +96,7 @@ typedef struct ps_ctx_table_opts {
     double settle_window_s; /* finished contexts answer repeated Steps this long (0: 600 s) */
     size_t max_finished;    /* and at most this many (0: 1 << 20) */
     void (*grads_free)(void *grads); /* frees ps_ctx.grads; NULL: free() */
+    size_t max_bytes;       /* live contexts' bytes, shared fairly by owners; 0 = unlimited */
 } ps_ctx_table_opts;
 
 ps_ctx_table *ps_ctx_table_create(const ps_ctx_table_opts *opts);
@@ -92,6 +108,17 @@ void ps_ctx_table_free(ps_ctx_table *t);   /* frees every tape; NULL ok */
  * *created (may be NULL) says whether it is new; a new context that gets no
  * forward is removed again by ps_ctx_table_release. */
 ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *created, ps_err *err);
+/* The same for an owner (see "Fair shares"; NULL or "" = one anonymous
+ * owner). A live context opened by another owner is FAILED_PRECONDITION:
+ * one client cannot add to or read another's context. */
+ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const char *owner, int *created,
+                             ps_err *err);
+/* Admit `more` bytes for busy context c (before computing them): OK, or
+ * RESOURCE_EXHAUSTED naming the budget and the owner's share. May evict idle
+ * contexts of owners over their share. The reservation counts in the total
+ * until the next ps_ctx_table_account / ps_ctx_add_fwd of c (which set its
+ * real bytes) or its release. */
+ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *err);
 
 /* Finds a live context and marks it busy. NOT_FOUND (unknown or expired),
  * FAILED_PRECONDITION (another RPC is using it, or finished too long ago to
@@ -126,6 +153,10 @@ void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version);
 /* Expires contexts idle for longer than the TTL and forgets finished ids
  * older than the settle window; returns how many contexts expired. */
 size_t ps_ctx_table_expire(ps_ctx_table *t);
+
+/* 1 if the recently finished context id had its step skipped (a NaN/Inf
+ * reached it), so a repeated Step can say so too. */
+int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id);
 
 /* Notes that a trainer of this rank was seen. */
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank);

@@ -168,8 +168,33 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_cpu_isa_info{isa=\"%s\"} 1\n", ps_backend_cpu_isa());
     family(&b, "psd_uptime_seconds", "gauge", "Seconds since psd started.");
     put(&b, "psd_uptime_seconds %.3f\n", ps_service_uptime(m->svc));
-    family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown.");
-    put(&b, "psd_serving %d\n", !ps_service_draining(m->svc));
+    family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown or saturated for "
+           "longer than server.health_saturated_s.");
+    put(&b, "psd_serving %d\n", ps_service_serving(m->svc, NULL, 0));
+    ps_rpc_admission ad;
+    ps_service_admission(m->svc, &ad);
+    family(&b, "psd_calls_refused_total", "counter", "Calls refused before their message was read, by reason.");
+    put(&b, "psd_calls_refused_total{reason=\"busy\"} %llu\n", ad.refused_busy);
+    put(&b, "psd_calls_refused_total{reason=\"client_limit\"} %llu\n", ad.refused_client);
+    put(&b, "psd_calls_refused_total{reason=\"auth\"} %llu\n", ad.refused_auth);
+    family(&b, "psd_calls_stalled_total", "counter", "Calls cancelled because the client never sent its "
+           "request (recv) or never took its reply (send).");
+    put(&b, "psd_calls_stalled_total{phase=\"recv\"} %llu\n", ad.recv_timeouts);
+    put(&b, "psd_calls_stalled_total{phase=\"send\"} %llu\n", ad.send_timeouts);
+    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset.");
+    put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
+    family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
+    put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);
+    put(&b, "psd_calls_in_progress{class=\"reserved\"} %d\n", ad.reserved_calls);
+    family(&b, "psd_admission_saturated_seconds", "gauge", "How long every new ordinary call has been "
+           "refused for the call cap (0: not saturated).");
+    put(&b, "psd_admission_saturated_seconds %.3f\n", ad.saturated_s);
+    family(&b, "psd_contexts_evicted_total", "counter", "Contexts freed to make room for a client within its "
+           "fair share of server.max_context_bytes or of the context count.");
+    put(&b, "psd_contexts_evicted_total %llu\n", (unsigned long long)cs.evicted);
+    family(&b, "psd_contexts_refused_total", "counter", "Forwards/Backwards refused for the context memory "
+           "budget or the context count.");
+    put(&b, "psd_contexts_refused_total %llu\n", (unsigned long long)cs.refused);
     family(&b, "psd_steps_total", "counter",
            "Optimizer steps applied to the model, including those restored from a checkpoint.");
     put(&b, "psd_steps_total %llu\n", (unsigned long long)version);
@@ -308,11 +333,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                       MHD_RESPMEM_MUST_FREE);
     }
     if (!strcmp(url, "/healthz")) {
-        static char ok[] = "serving\n", draining[] = "draining\n";
-        return ps_service_draining(m->svc)
-                   ? answer(c, MHD_HTTP_SERVICE_UNAVAILABLE, text, draining, sizeof draining - 1,
-                            MHD_RESPMEM_PERSISTENT)
-                   : answer(c, MHD_HTTP_OK, text, ok, sizeof ok - 1, MHD_RESPMEM_PERSISTENT);
+        char why[160];
+        int serving = ps_service_serving(m->svc, why, sizeof why - 1);
+        strcat(why, "\n");
+        return answer(c, serving ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text, why, strlen(why),
+                      MHD_RESPMEM_MUST_COPY);
     }
     if (!strcmp(url, "/")) {
         static char msg[] = "psd: metrics at /metrics (Prometheus text format), health at /healthz\n";
@@ -357,7 +382,7 @@ ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
                           hostport, strerror(e),
                           e == EADDRINUSE ? " - another process (another psd?) uses that port" : "");
     }
-    m->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
+    m->http = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
                                0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!m->http) {

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -80,6 +81,39 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_log(PS_LOG_INFO, "checkpoint written: %s (model version %llu, %.0f ms)", info.path,
            (unsigned long long)info.version, (mono_s() - t0) * 1000);
     return 0;
+}
+
+/* What start-up would refuse beyond the config's own checks: transport
+ * security (certificate, key and CA files, tokens file, plaintext beyond
+ * loopback), the checkpoint directory, the log file's directory. A port in
+ * use is only a warning: psd itself may be running. */
+static ps_status check_startup(const ps_config *cfg, ps_err *err) {
+    grpc_init();
+    ps_security sec;
+    ps_status st = ps_security_server(cfg, &sec, err);
+    if (!st) {
+        st = ps_rpc_server_check(cfg->server.listen, &sec.rpc, err);
+        ps_security_free(&sec);
+    }
+    grpc_shutdown();
+    if (st) return st;
+    const char *ck = cfg->server.checkpoint_dir;
+    struct stat sb;
+    if (ck[0] && stat(ck, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir %s: not a directory", ck);
+        if (access(ck, W_OK | X_OK) != 0)
+            return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "server.checkpoint_dir %s: not writable by this "
+                              "user: %s", ck, strerror(errno));
+    } else if (ck[0] && errno != ENOENT) {
+        return ps_err_set(err, PS_ERR_IO, "server.checkpoint_dir %s: %s", ck, strerror(errno));
+    }
+    char why[300];
+    ps_daemon_explain_bind(cfg->server.listen, why, sizeof why);
+    if (why[0])
+        fprintf(stderr, "psd: warning: server.listen %s: %s (fine if this psd is the one running)\n",
+                cfg->server.listen, why);
+    return PS_OK;
 }
 
 /* Start-up: the CPU's effective ISA, and every training primitive that
@@ -225,13 +259,18 @@ int main(int argc, char **argv) {
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
+        /* every check start-up makes, without binding or writing anything */
         int rc = 0;
         if (init_from && ps_ckpt_init_from(model, init_from, &err)) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }
-        if (!rc) printf("psd: %s: configuration OK\n", config_path);
         ps_model_free(model);
+        if (!rc && check_startup(&cfg, &err)) {
+            fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
+            rc = 2;
+        }
+        if (!rc) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
         return rc;
     }
 
@@ -308,6 +347,7 @@ int main(int argc, char **argv) {
         .settle_window_s = cfg.server.settle_window_s,
         .max_finished = (size_t)cfg.server.max_finished,
         .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
+        .max_context_bytes = (size_t)cfg.server.max_context_bytes,
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     if (svc && have_ckpt) {
@@ -326,8 +366,22 @@ int main(int argc, char **argv) {
     if (why[0]) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "cannot listen on %s (server.listen): %s", cfg.server.listen, why);
     } else if (metrics && ps_security_server(&cfg, &sec, &err) == PS_OK) {
-        srv = ps_rpc_server_create_secure(cfg.server.listen, cfg.server.threads, (int)so.max_message_bytes,
-                                          methods, nm, metrics, &sec.rpc, &err);
+        ps_rpc_server_opts ro = {
+            .threads = cfg.server.threads,
+            .max_calls = cfg.server.max_calls,
+            .max_calls_per_client = cfg.server.max_calls_per_client > 0 ? cfg.server.max_calls_per_client
+                                    : (cfg.server.max_calls / 4 > 0 ? cfg.server.max_calls / 4 : 1),
+            .max_message_bytes = (int)so.max_message_bytes,
+            .max_streams_per_connection = cfg.server.max_streams_per_connection,
+            .max_connection_age_ms = (int)(cfg.server.max_connection_age_s * 1000 > 2e9
+                                               ? 2e9 : cfg.server.max_connection_age_s * 1000),
+            .transport_memory_bytes = cfg.server.transport_memory_mb > 0
+                                          ? (long long)cfg.server.transport_memory_mb << 20 : -1,
+            .recv_timeout_ms = (int)(cfg.server.recv_timeout_s * 1000),
+            .send_timeout_ms = (int)(cfg.server.send_timeout_s * 1000),
+        };
+        srv = ps_rpc_server_create_opts(cfg.server.listen, &ro, methods, nm, metrics, &sec.rpc, &err);
+        if (srv) ps_service_set_admission(svc, srv, cfg.server.health_saturated_s);
         ps_log(PS_LOG_INFO, "transport: %s%s; %d token%s", cfg.security.tls ? "TLS" : "plaintext",
                cfg.security.mutual_tls ? " with client certificates" : "", sec.ntokens,
                sec.ntokens == 1 ? "" : "s");

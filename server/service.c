@@ -43,6 +43,9 @@ struct ps_service {
     uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
     char consistency[256];
     int draining;                /* __atomic */
+    ps_rpc_server *rpc;          /* admission counters (set before start) */
+    size_t max_context_bytes;
+    double saturated_limit_s;
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
     ps_ckpt_info ckpt;
@@ -65,7 +68,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->model = model;
     ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts,
                             .settle_window_s = o->settle_window_s, .max_finished = o->max_finished,
-                            .grads_free = grads_free_cb};
+                            .grads_free = grads_free_cb, .max_bytes = o->max_context_bytes};
     s->ctx = ps_ctx_table_create(&to);
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
@@ -108,6 +111,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
     pthread_mutex_init(&s->ckpt_mu, NULL);
     s->nonfinite_skip = o->nonfinite_skip;
+    s->max_context_bytes = o->max_context_bytes;
     return s;
 }
 
@@ -160,6 +164,34 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
 
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
+
+void ps_service_set_admission(ps_service *s, ps_rpc_server *srv, double saturated_limit_s) {
+    s->rpc = srv;
+    s->saturated_limit_s = saturated_limit_s;
+}
+
+int ps_service_admission(ps_service *s, ps_rpc_admission *a) {
+    ps_rpc_server_admission(s->rpc, a);  /* zeros for NULL */
+    return s->rpc != NULL;
+}
+
+int ps_service_serving(ps_service *s, char *why, size_t n) {
+    if (ps_service_draining(s)) {
+        if (why) snprintf(why, n, "draining");
+        return 0;
+    }
+    if (s->rpc && s->saturated_limit_s > 0) {
+        ps_rpc_admission a;
+        ps_rpc_server_admission(s->rpc, &a);
+        if (a.saturated_s > s->saturated_limit_s) {
+            if (why) snprintf(why, n, "saturated: every new call refused for %.0f s (server.max_calls)",
+                              a.saturated_s);
+            return 0;
+        }
+    }
+    if (why) snprintf(why, n, "serving");
+    return 1;
+}
 void ps_service_set_samples(ps_service *s, uint64_t n) { __atomic_store_n(&s->samples, n, __ATOMIC_RELAXED); }
 double ps_service_uptime(ps_service *s) { return mono_now() - s->start; }
 
@@ -241,8 +273,14 @@ static void format_shape(char *buf, size_t len, const int64_t *dims, int ndim) {
 /* ---- stages, shapes ------------------------------------------------------ */
 
 /* Distinct, reproducible dropout streams per (context, forward). */
-static uint64_t dropout_seed(uint64_t ctx_id, uint32_t seq) {
-    uint64_t z = ctx_id * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL + (uint64_t)seq * 0xbf58476d1ce4e5b9ULL;
+/* Dropout masks of a training forward. From the low 32 bits of the context
+ * id (ps-train's ids are a random base | a batch counter), the trainer's
+ * rank and seq: ps-train's run with a given --seed draws the same masks
+ * every time (reproducible on the same ISA and thread count), while
+ * trainers of different ranks and batches draw different ones. */
+static uint64_t dropout_seed(uint64_t ctx_id, uint32_t rank, uint32_t seq) {
+    uint64_t z = (ctx_id & 0xffffffffULL) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL +
+                 (uint64_t)seq * 0xbf58476d1ce4e5b9ULL + ((uint64_t)rank << 32) * 0xd6e8feb86659fd93ULL;
     z ^= z >> 31;
     return z * 0x94d049bb133111ebULL;
 }
@@ -322,8 +360,23 @@ static int join_dims(int64_t *out, const int64_t *lead, int nlead, const int64_t
 
 /* ---- Forward ---------------------------------------------------------------- */
 
+/* Whom a call's contexts belong to (ctx_table.h "Fair shares"): the
+ * caller's token name, or its peer host without tokens (every connection
+ * from a host is one client; trainer_rank is whatever a client claims). */
+static void owner_of(const ps_rpc_call_info *info, char *dst, size_t n) {
+    if (info && info->principal && info->principal[0]) {
+        snprintf(dst, n, "token:%s", info->principal);
+        return;
+    }
+    snprintf(dst, n, "%s", info && info->peer ? info->peer : "");
+    if (!strncmp(dst, "unix", 4)) return;
+    char *colon = strrchr(dst, ':'), *bracket = strrchr(dst, ']');
+    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+}
+
 /* A decoded Forward: what forward_run needs, also after an ssp wait. */
 typedef struct fwd_req {
+    char owner[64];
     ps_service *svc;
     ps_ForwardRequest req;
     ps_wire_tensor_in in;
@@ -372,8 +425,9 @@ static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, in
     return PS_OK;
 }
 
-static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
-                             const ps_wire_tensor_in *tin, grpc_byte_buffer **response, ps_err *err) {
+static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardRequest *req,
+                             const ps_wire_tensor_in *in, const ps_wire_tensor_in *tin,
+                             grpc_byte_buffer **response, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -430,7 +484,7 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
     ps_status st = PS_OK;
     if (req->train) {
         ps_ctx_table_note_rank(s->ctx, req->trainer_rank);
-        if (!(c = ps_ctx_table_open(s->ctx, req->context_id, req->trainer_rank, NULL, err))) {
+        if (!(c = ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, owner, NULL, err))) {
             st = err->code;
             goto out;
         }
@@ -457,8 +511,11 @@ static ps_status forward_run(ps_service *s, const ps_ForwardRequest *req, const 
             }
             if (st) goto out;
         }
+        /* the tape's memory, admitted before it is computed */
+        if (!replayed && (st = ps_ctx_table_reserve(s->ctx, c, ps_model_tape_bytes(s->model, (int)n), err)))
+            goto out;
         if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
-                                         dropout_seed(req->context_id, req->seq), out, &tape, &version, err)))
+                                         dropout_seed(req->context_id, req->trainer_rank, req->seq), out, &tape, &version, err)))
             goto out;
         if (!replayed) {
             if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version, ps_tape_bytes(tape), err))) goto out;
@@ -559,7 +616,7 @@ static void *exec_main(void *p) {
         free(node);
         grpc_byte_buffer *resp = NULL;
         ps_err err = {0};
-        if (forward_run(s, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
@@ -581,6 +638,7 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
         return;
     }
     f->svc = s;
+    owner_of(info, f->owner, sizeof f->owner);
     f->req = (ps_ForwardRequest)ps_ForwardRequest_init_zero;
     ps_wire_tensor_in_init(&f->in, s->max_tensor_bytes);
     f->in.err = &err;
@@ -605,14 +663,14 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
         f->call = ps_rpc_call_defer(info, NULL, NULL);
         if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
         grpc_byte_buffer *resp = NULL;
-        if (forward_run(s, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
+        if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
         else
             ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
         fwd_req_free(f);
         return;
     }
-    if (forward_run(s, &f->req, &f->in, &f->tin, response, &err)) goto fail;
+    if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, response, &err)) goto fail;
     fwd_req_free(f);
     return;
 fail:
@@ -953,6 +1011,9 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         goto fail;
     }
     if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    /* the first Backward of a context allocates its gradient accumulator */
+    if (!c->grads && ps_ctx_table_reserve(s->ctx, c, (size_t)ps_model_num_weights(s->model) * sizeof(float), &err))
+        goto fail;
     size_t ncov = 1 + more.n;
     if (req.want_input_grad) {
         /* one input gradient per covered forward: sizes from their tapes */
@@ -1120,7 +1181,7 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     uint64_t v = 0;
     ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
-        step_result r = {.version = v};
+        step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
         if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
         return;
     }
@@ -1399,6 +1460,17 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     }
     resp.sync_dropped = cs.dropped;
     resp.ssp_deferred = cs.ssp_deferred;
+    resp.context_bytes = st.bytes;
+    resp.max_context_bytes = s->max_context_bytes;
+    resp.contexts_evicted = st.evicted;
+    resp.contexts_refused = st.refused;
+    resp.context_clients = (uint32_t)st.owners;
+    ps_rpc_admission ad;
+    ps_service_admission(s, &ad);
+    resp.calls_refused = ad.refused_busy + ad.refused_client + ad.refused_auth;
+    resp.calls_stalled = ad.recv_timeouts + ad.send_timeouts;
+    resp.connections_closed = ad.conns_cut;
+    resp.admission_saturated_s = ad.saturated_s;
     ps_round_report rep;
     ps_rmetrics_latest(s->rm, &rep);
     put_round_scalars(&rep, resp.round_scalars, &resp.round_scalars_count,
@@ -1429,8 +1501,8 @@ static void handle_health_check(void *user, const ps_rpc_call_info *info, const 
         return;
     }
     grpc_health_v1_HealthCheckResponse resp = grpc_health_v1_HealthCheckResponse_init_zero;
-    resp.status = ps_service_draining(s) ? grpc_health_v1_HealthCheckResponse_ServingStatus_NOT_SERVING
-                                         : grpc_health_v1_HealthCheckResponse_ServingStatus_SERVING;
+    resp.status = !ps_service_serving(s, NULL, 0) ? grpc_health_v1_HealthCheckResponse_ServingStatus_NOT_SERVING
+                                                  : grpc_health_v1_HealthCheckResponse_ServingStatus_SERVING;
     reply(grpc_health_v1_HealthCheckResponse_fields, &resp, response, code, details, dlen);
 }
 

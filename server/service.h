@@ -65,6 +65,7 @@ typedef struct ps_service_opts {
     size_t max_finished;      /* ... for at most this many contexts (0: 1 << 20) */
     const char *optimizer;    /* reported by Status ("sgd") */
     const char *(*cpu_isa)(void); /* reported by Status; NULL: "" */
+    size_t max_context_bytes; /* live contexts' bytes, shared fairly per client; 0 = unlimited */
     /* Round metrics (round_metrics.h; zeros: alpha 0.05, 1 step per round, no stop) */
     int metrics_round_steps;  /* hogwild/ssp: Steps per metrics round */
     double metrics_ema_alpha;
@@ -93,6 +94,17 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
  * One-way. */
 void ps_service_set_draining(ps_service *s);
 int ps_service_draining(ps_service *s);
+
+/* Admission state for health and Status: the rpc server whose admission
+ * counters Status reports, and after how long saturated (every ordinary call
+ * refused for the call cap, server.health_saturated_s; 0 = never) health
+ * says NOT_SERVING. Set once before the server starts; srv NULL = none. */
+void ps_service_set_admission(ps_service *s, ps_rpc_server *srv, double saturated_limit_s);
+/* 1 while serving; 0 while draining or saturated for longer than the
+ * limit, with the reason in why (may be NULL). */
+int ps_service_serving(ps_service *s, char *why, size_t n);
+/* The rpc server's admission counters; 0 (and zeros) when none is set. */
+int ps_service_admission(ps_service *s, ps_rpc_admission *a);
 
 /* Answers every waiting sync Step and held-back ssp Forward with
  * UNAVAILABLE and stops the ssp executor; call before shutting the server

@@ -114,7 +114,7 @@ wait "$tg"; grc=$?
 set -e
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giving up' "$tmp/gone.log")"
-[ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after" "$tmp/gone.log" ||
+[ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after.*psd did not come back (last error: " "$tmp/gone.log" ||
   { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
 trap - EXIT
 rm -rf "$tmp"

@@ -271,7 +271,7 @@ static void test_fallback(void) {
 }
 
 /* Write the model's weights as PyTorch's save_file would, with edits. */
-enum { EDIT_NONE, EDIT_SHAPE, EDIT_MISSING, EDIT_EXTRA, EDIT_F64, EDIT_NAN };
+enum { EDIT_NONE, EDIT_SHAPE, EDIT_MISSING, EDIT_EXTRA, EDIT_F64, EDIT_NAN, EDIT_F64_HUGE };
 static void write_export(ps_model *m, const char *path, int edit) {
     int np = ps_model_num_params(m);
     float *w = weights(m);
@@ -292,9 +292,10 @@ static void write_export(ps_model *m, const char *path, int edit) {
         x->bytes = (size_t)pi->numel * sizeof(float);
         if (edit == EDIT_SHAPE && !strcmp(pi->name, "fc1.weight")) { x->dims[0] = 9216; x->dims[1] = 128; }
         if (edit == EDIT_NAN && !strcmp(pi->name, "fc2.bias")) p[3] = NAN;
-        if (edit == EDIT_F64) {
+        if (edit == EDIT_F64 || edit == EDIT_F64_HUGE) {
             d64[i] = malloc((size_t)pi->numel * sizeof(double));
             for (int64_t j = 0; j < pi->numel; j++) d64[i][j] = p[j];
+            if (edit == EDIT_F64_HUGE && !strcmp(pi->name, "fc2.bias")) d64[i][4] = 1e300;  /* finite, not in float32 */
             x->dtype = PS_ST_F64;
             x->data = d64[i];
             x->bytes = (size_t)pi->numel * sizeof(double);
@@ -339,6 +340,9 @@ static void test_init_from(void) {
     CHECK(same_weights(src, f));
 
     ps_model *fresh = make_model(12, 0.9f);
+    write_export(src, path, EDIT_F64_HUGE);
+    CHECK(ps_ckpt_init_from(fresh, path, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "tensor 'fc2.bias' element 4 is 1e+300, beyond float32's range");
     write_export(src, path, EDIT_SHAPE);
     CHECK(ps_ckpt_init_from(fresh, path, &e) == PS_ERR_INVALID_ARGUMENT);
     CONTAINS(e.msg, "tensor 'fc1.weight' has shape (9216, 128); the model's fc1.weight is (128, 9216)");
@@ -628,6 +632,50 @@ static void test_optim_state(void) {
     ps_backend_free(b);
 }
 
+/* Names and leftovers in the checkpoint directory: a FIFO named like the
+ * newest checkpoint is refused without blocking, versions of 13+ digits
+ * are found, and *.tmp files left by a crash are deleted at restore. */
+static void test_dir_oddities(void) {
+    char dir[256], p[PS_CKPT_PATH_MAX], q[PS_CKPT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/odd", g_dir);
+    ps_err e = {0};
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    ps_model *a = make_model(1, 0.5f);
+    train_step(a, 1);
+    CHECK(ps_ckpt_save(a, dir, 1, 3, NULL, &e) == PS_OK);
+    ps_model *b = make_model(5, 0.5f);
+    int found = 0;
+    ps_ckpt_info info;
+
+    /* a version past 10^12: "%012" gives 13 digits */
+    path_of(p, sizeof p, dir, 1, ".safetensors");
+    snprintf(q, sizeof q, "%s/ckpt-1000000000000.safetensors", dir);
+    CHECK(rename(p, q) == 0);
+    CHECK(ps_ckpt_restore_latest(b, dir, &found, &info, &e) == PS_OK);
+    CHECK_MSG(found && ps_model_version(b) == 1, "a 13-digit checkpoint name was %s", found ? "used" : "ignored");
+    CHECK(rename(q, p) == 0);
+
+    /* a FIFO as the newest: refused (not a regular file), version 1 used */
+    alarm(60);  /* a hang is a failure, not a stuck test run */
+    path_of(q, sizeof q, dir, 9, ".safetensors");
+    CHECK(mkfifo(q, 0600) == 0);
+    ps_model *c = make_model(6, 0.5f);
+    CHECK(ps_ckpt_restore_latest(c, dir, &found, &info, &e) == PS_OK);
+    CHECK(found && ps_model_version(c) == 1);
+    alarm(0);
+
+    /* leftovers of a write cut by a crash */
+    snprintf(q, sizeof q, "%s/ckpt-000000000007.safetensors.tmp", dir);
+    FILE *f = fopen(q, "wb");
+    CHECK(f != NULL);
+    if (f) { fputs("partial", f); fclose(f); }
+    CHECK(ps_ckpt_restore_latest(c, dir, &found, &info, &e) == PS_OK);
+    CHECK_MSG(!exists(q), "%s was not cleaned up", q);
+    ps_model_free(a);
+    ps_model_free(b);
+    ps_model_free(c);
+}
+
 /* ---- Adam through the model ---- */
 
 static ps_model *make_adam(const char *arch, uint64_t seed, double weight_decay) {
@@ -789,6 +837,7 @@ int main(void) {
     test_fallback();
     test_init_from();
     test_optim_state();
+    test_dir_oddities();
     test_model_adam();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -231,6 +231,72 @@ static void test_concurrent(void) {
     ps_ctx_table_free(t);
 }
 
+/* Open context id for owner, reserve `bytes` and record a forward of that
+ * size (what a training Forward does under a budget). */
+static ps_status owned_fwd(ps_ctx_table *t, const char *owner, uint64_t id, size_t bytes, ps_err *err) {
+    ps_ctx *c = ps_ctx_table_open_as(t, id, 1, owner, NULL, err);
+    if (!c) return err->code;
+    ps_status st = ps_ctx_table_reserve(t, c, bytes, err);
+    if (!st) {
+        ps_tape *tp = make_tape(id);
+        if ((st = ps_ctx_add_fwd(t, c, 0, tp, 0, bytes, err))) ps_tape_free(tp);
+    }
+    ps_ctx_table_release(t, c);
+    return st;
+}
+
+/* The byte budget and the count limit are shared fairly by owners: a hog
+ * is refused once it holds the budget, a newcomer within its share gets
+ * room by evicting the hog's least recently used contexts, the total never
+ * passes the budget, and a context cannot be taken over by another owner. */
+static void test_fair_shares(void) {
+    ps_ctx_table_opts o = {.ttl_s = 60, .max_live = 8, .grads_free = free, .max_bytes = 1000};
+    ps_ctx_table *t = ps_ctx_table_create(&o);
+    ps_err err = {0};
+    ps_ctx_stats st;
+    int held = 0;
+    for (uint64_t id = 1; id <= 20; id++) {
+        ps_err_clear(&err);
+        if (owned_fwd(t, "hog", id, 300, &err) == PS_OK) held++;
+        ps_ctx_table_stats(t, &st);
+        CHECK_MSG(st.bytes <= 1000, "total %llu past the budget", (unsigned long long)st.bytes);
+    }
+    CHECK_MSG(held == 3, "the hog holds %d contexts of 300 bytes under a 1000-byte budget", held);
+    CHECK(err.code == PS_ERR_RESOURCE_EXHAUSTED && strstr(err.msg, "max_context_bytes"));
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.refused == 17 && st.owners == 1 && st.evicted == 0);
+    /* a newcomer: its share is 500, it gets room from the hog's oldest */
+    ps_err_clear(&err);
+    CHECK_MSG(owned_fwd(t, "good", 100, 300, &err) == PS_OK, "%s", err.msg);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.evicted == 1 && st.bytes == 900 && st.owners == 2);
+    ps_err_clear(&err);
+    CHECK(ps_ctx_table_acquire(t, 1, NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND); /* the oldest went */
+    /* the hog (600 > its share 500) is refused; the newcomer up to its share */
+    ps_err_clear(&err);
+    CHECK(owned_fwd(t, "hog", 50, 300, &err) == PS_ERR_RESOURCE_EXHAUSTED && strstr(err.msg, "fair share"));
+    ps_err_clear(&err);
+    CHECK(owned_fwd(t, "good", 101, 150, &err) == PS_OK);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.bytes <= 1000);
+    /* another owner cannot add to someone's context */
+    ps_err_clear(&err);
+    CHECK(ps_ctx_table_open_as(t, 100, 1, "hog", NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
+    ps_ctx_table_free(t);
+
+    /* the count limit: 8 contexts, a hog fills it, a newcomer still opens */
+    ps_ctx_table_opts oc = {.ttl_s = 60, .max_live = 8, .grads_free = free};
+    t = ps_ctx_table_create(&oc);
+    for (uint64_t id = 1; id <= 8; id++) CHECK(owned_fwd(t, "hog", id, 10, &err) == PS_OK);
+    ps_err_clear(&err);
+    CHECK(owned_fwd(t, "hog", 9, 10, &err) == PS_ERR_RESOURCE_EXHAUSTED);
+    ps_err_clear(&err);
+    CHECK_MSG(owned_fwd(t, "good", 10, 10, &err) == PS_OK, "%s", err.msg);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.live == 8 && st.evicted == 1);
+    ps_ctx_table_free(t);
+}
+
 int main(void) {
     ps_model_opts o = {.arch = "mnist_cnn", .cpu_backend = "dnnl", .seed = 3, .compute_threads = 1, .lr = 0.01f,
                        .momentum = 0.9f};
@@ -242,6 +308,7 @@ int main(void) {
     test_idle_restart();
     test_settle_window();
     test_concurrent();
+    test_fair_shares();
     ps_model_free(model);
     return check_summary("test_ctx_table");
 }

@@ -50,8 +50,10 @@ bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
     double used = now - r->t_first;
     if (r->p.max_s <= 0 || used >= r->p.max_s - MIN_WAIT_S) {
         if (r->p.max_s > 0 && r->p.log)
-            fprintf(r->p.log, "%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g)\n",
-                    r->p.who, what, r->tries, used, r->p.max_s);
+            fprintf(r->p.log, "%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g); "
+                    "psd did not come back (last error: %s). Restart this trainer once psd serves again; "
+                    "steps it acknowledged are kept\n",
+                    r->p.who, what, r->tries, used, r->p.max_s, err && err->msg[0] ? err->msg : "none");
         return false;
     }
     /* Jitter: a uniform fraction in [0.5, 1) of the backoff, so trainers

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "mnist.h"
+#include "models.h"
 #include "task.h"
 
 #define MNIST_CLASSES 10
@@ -183,6 +184,24 @@ static ps_status mnist_init(void *arg, const ps_task_env *env, ps_err *err) {
     if ((st = ps_mnist_load(cfg->trainer.data, "train", &t->train, err)) ||
         (st = ps_mnist_load(cfg->trainer.data, "test", &t->test, err)))
         return st;
+    /* The images must be what the model takes (one buffer serves both
+     * splits): an IDX file of other dimensions is refused here, before any
+     * RPC, instead of overflowing the buffer. */
+    const ps_model_def *def = ps_model_def_find("mnist_cnn");
+    int64_t mr = 28, mc = 28;
+    if (def && def->nstages > 0 && def->stages[0].in_ndim == 3 && !def->stages[0].in_keys[1] &&
+        !def->stages[0].in_keys[2]) {
+        mr = def->stages[0].in_dims[1];
+        mc = def->stages[0].in_dims[2];
+    }
+    const ps_mnist *sp[2] = {&t->train, &t->test};
+    for (int i = 0; i < 2; i++)
+        if (sp[i]->rows != mr || sp[i]->cols != mc)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the %s images are %ux%u, but model mnist_cnn "
+                              "takes %lldx%lld images (the %s images are %ux%u)", cfg->trainer.data,
+                              i ? "test (t10k-images-idx3-ubyte)" : "training (train-images-idx3-ubyte)",
+                              sp[i]->rows, sp[i]->cols, (long long)mr, (long long)mc, i ? "training" : "test",
+                              sp[!i]->rows, sp[!i]->cols);
     t->bs = cfg->trainer.batch_size;
     t->cap = t->bs > EVAL_BATCH ? t->bs : EVAL_BATCH;
     size_t img = (size_t)t->train.rows * t->train.cols;

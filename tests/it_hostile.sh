@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Integration: hostile and careless clients against the real psd on loopback
+# (tests/hostile.py speaks HTTP/2 by hand; docs/security.md lists the limits).
+# For each attack a well-behaved grpcio client keeps calling Health/Check,
+# Status and GetParameters; psd's RSS growth and that client's worst latency
+# are printed, and loose bounds asserted (properties, not timings):
+#  1. plaintext, no tokens; the attacker connects from 127.0.0.2, so it is
+#     another client than the well-behaved one (127.0.0.1):
+#     - stall: 400 calls that never send their request -> the client's share
+#       of calls fills, its calls are cancelled after server.recv_timeout_s,
+#       everyone else is served;
+#     - silent: 400 GetParameters whose 4.8 MB replies are never read ->
+#       cancelled after server.send_timeout_s, memory bounded by the
+#       client's share;
+#     - reset: HEADERS + RST_STREAM as fast as it goes, reconnecting when
+#       closed -> psd closes each such connection; RSS bounded;
+#  2. mutual TLS + tokens: the same rapid reset without a token (refused in
+#     the transport), and with a valid token (connections closed);
+#  3. the context memory budget shared per token (tests/hostile_ctx.py);
+#  4. the metrics/health port answers with 1,100 idle gRPC connections open
+#     (libmicrohttpd on epoll, not select: tests/many_conns.py);
+#  5. ps-train refuses test images of other dimensions than the model's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+PY=/usr/bin/python3
+for m in grpc grpc_tools numpy; do
+  $PY -c "import $m" 2>/dev/null || { echo "it_hostile: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
+done
+command -v openssl >/dev/null || { echo "it_hostile: skipped: openssl not installed"; exit 77; }
+tmp=$(mktemp -d /tmp/it_hostile.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; grep -v 'refused: RESOURCE_EXHAUSTED' "$f" | tail -n 15; }; done; exit 1; }
+
+start_psd() {  # log args... ; sets psd, port
+  local log=$1; shift
+  port=$(( 20000 + RANDOM % 20000 ))
+  "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.log_level=warn "$@" 2>"$tmp/$log" &
+  psd=$!; pids+=("$psd")
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && return 0
+    kill -0 "$psd" 2>/dev/null || fail "psd did not start: $(tail -n 3 "$tmp/$log")"
+    sleep 0.1
+  done
+  fail "psd did not listen on $port"
+}
+stop_psd() {
+  kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly after the attacks"
+}
+attack() {  # name args...
+  local name=$1; shift
+  timeout 150 $PY tests/hostile.py "$@" >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "$name"; }
+  echo "ok: $name: $(cat "$tmp/out")"
+}
+
+# 1. plaintext
+limits=(--set server.recv_timeout_s=3 --set server.send_timeout_s=5)
+start_psd psd1.log "${limits[@]}"
+attack "stalled requests" stall 127.0.0.1 "$port" "$psd" 10 --n 400 --max-rss-mb 300 --max-latency-s 5 --expect-ended
+attack "silent readers" silent 127.0.0.1 "$port" "$psd" 10 --n 400 --max-rss-mb 800 --max-latency-s 5 --expect-ended
+attack "rapid reset" reset 127.0.0.1 "$port" "$psd" 10 --max-rss-mb 1000 --max-latency-s 8 --expect-cut
+grep -q "HTTP/2 rapid reset" "$tmp/psd1.log" || fail "psd did not log the rapid reset"
+stop_psd
+
+# 2. mutual TLS + tokens
+scripts/gen-test-certs.sh "$tmp/c" >/dev/null
+c="$tmp/c"
+tt=$(openssl rand -hex 32); tr=$(openssl rand -hex 32)
+printf 'trainer1 trainer %s\nmonitor reader %s\n' "$tt" "$tr" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
+start_psd psd2.log "${limits[@]}" --set security.tls=true --set security.cert="$c/server.pem" \
+  --set security.key="$c/server.key" --set security.mutual_tls=true --set security.ca="$c/ca.pem" \
+  --set security.tokens_file="$tmp/tokens"
+tls=(--tls "$c/ca.pem" "$c/client.pem" "$c/client.key")
+attack "rapid reset without a token (mTLS)" reset 127.0.0.1 "$port" "$psd" 8 "${tls[@]}" --good-token "$tt" \
+  --max-rss-mb 1000 --max-latency-s 8
+attack "rapid reset with a reader token (mTLS)" reset 127.0.0.1 "$port" "$psd" 8 "${tls[@]}" --token "$tr" \
+  --good-token "$tt" --max-rss-mb 1000 --max-latency-s 8 --expect-cut
+attack "forged log lines in method paths (mTLS, reader token)" forge 127.0.0.1 "$port" "$psd" 1 "${tls[@]}" \
+  --token "$tr" --good-token "$tt"
+! grep -a -q "^2026-01-01T00:00:00.000Z psd\[error\] FORGED\|^<0>psd" "$tmp/psd2.log" || fail "a client forged a log line"
+grep -a -q 'Forward\\x0a2026-01-01T00:00:00.000Z psd\[error\] FORGED LINE\\x1b' "$tmp/psd2.log" ||
+  fail "the refused forged path was not logged escaped"
+echo "ok: method paths with newline/ESC are logged escaped: $(grep -a -o 'Forward\\x0a2026.\{0,40\}' "$tmp/psd2.log" | head -n 1)"
+attack "stalled requests with a reader token (mTLS)" stall 127.0.0.1 "$port" "$psd" 8 "${tls[@]}" --token "$tr" \
+  --good-token "$tt" --n 300 --max-rss-mb 300 --max-latency-s 5 --expect-ended
+stop_psd
+
+# 3. context memory budget, shared per token
+$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
+  fail "protoc could not compile proto/ps.proto"
+th=$(openssl rand -hex 32); tg=$(openssl rand -hex 32)
+printf 'hog trainer %s\ngood trainer %s\n' "$th" "$tg" >"$tmp/tokens2"; chmod 600 "$tmp/tokens2"
+budget=$((256 << 20))
+start_psd psd3.log --set server.max_context_bytes=$budget --set security.tokens_file="$tmp/tokens2"
+PYTHONPATH="$tmp" timeout 150 $PY tests/hostile_ctx.py "127.0.0.1:$port" "$psd" "$th" "$tg" $budget \
+  >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "context budget"; }
+echo "ok: $(cat "$tmp/out")"
+stop_psd
+
+# 4. the metrics/health port with more than 1,024 descriptors open in psd
+if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 2048 ]; then
+  mport=$(( 20000 + RANDOM % 20000 ))
+  (ulimit -n 2048; exec "$BUILD/bin/psd" --listen "127.0.0.1:$((mport + 1))" --set server.log_level=warn \
+     --set server.metrics_listen="127.0.0.1:$mport" 2>"$tmp/psd4.log") &
+  psd=$!; pids+=("$psd"); port=$((mport + 1))
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
+  timeout 120 $PY tests/many_conns.py "$port" "$mport" 1100 >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "metrics port"; }
+  echo "ok: $(cat "$tmp/out")"
+  stop_psd
+else
+  echo "note: metrics port with 1,100 connections not checked (hard descriptor limit $(ulimit -Hn))"
+fi
+
+# 5. a careless user: test images of other dimensions than the training
+#    images (were copied past the end of the batch buffer)
+mkdir -p "$tmp/d"
+ln -s "$(pwd)/data/mnist/train-images-idx3-ubyte" "$tmp/d/" 2>/dev/null || true
+ln -s "$(pwd)/data/mnist/train-labels-idx1-ubyte" "$tmp/d/" 2>/dev/null || true
+$PY - "$tmp/d" <<'PYEOF'
+import struct, sys
+d = sys.argv[1]
+n, r, c = 600, 32, 32
+open(f"{d}/t10k-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, r, c) + bytes(n * r * c))
+open(f"{d}/t10k-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(n))
+PYEOF
+if [ -e data/mnist/train-images-idx3-ubyte ]; then
+  start_psd psd5.log
+  if "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --data "$tmp/d" --max-batches 2 --wait-s 5 >"$tmp/out" 2>&1; then
+    cat "$tmp/out"; fail "ps-train accepted 32x32 test images for a 28x28 model"; fi
+  grep -q "test (t10k-images-idx3-ubyte) images are 32x32, but model mnist_cnn takes 28x28" "$tmp/out" ||
+    { cat "$tmp/out"; fail "no clear error for 32x32 test images"; }
+  echo "ok: ps-train refuses test images of other dimensions: $(grep -o 'the test.*' "$tmp/out" | head -n 1)"
+  stop_psd
+fi
+
+trap - EXIT
+cleanup
+echo "it_hostile: stalled calls, silent readers, rapid reset (plaintext and mTLS+tokens), context budget: OK"

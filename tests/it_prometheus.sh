@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Integration: a real Prometheus (Debian's `prometheus`) started on loopback
+# scrapes psd's /metrics; the test reads the psd_* series back through
+# Prometheus's HTTP API and compares them with what it made psd do:
+#  - up{job="psd"} == 1 (Prometheus parsed the page);
+#  - psd_model_version == the batches ps-train trained (5);
+#  - psd_serving == 1, psd_calls_refused_total{reason="auth"} counted the
+#    calls made without a token.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DATA=${DATA:-data/mnist}
+PY=/usr/bin/python3
+command -v prometheus >/dev/null || { echo "it_prometheus: skipped: prometheus not installed (scripts/install-deps.sh)"; exit 77; }
+command -v openssl >/dev/null || { echo "it_prometheus: skipped: openssl not installed"; exit 77; }
+[ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_prometheus: skipped: no MNIST in $DATA"; exit 77; }
+tmp=$(mktemp -d /tmp/it_prometheus.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
+
+port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1)); pport=$((port + 2))
+tok=$(openssl rand -hex 32)
+printf 'trainer1 trainer %s\n' "$tok" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
+printf '%s\n' "$tok" >"$tmp/tok"; chmod 600 "$tmp/tok"
+"$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.metrics_listen="127.0.0.1:$mport" \
+  --set security.tokens_file="$tmp/tokens" 2>"$tmp/psd.log" &
+psd=$!; pids+=("$psd")
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
+"$BUILD/bin/ps-train" --server "127.0.0.1:$port" --set security.token_file="$tmp/tok" --data "$DATA" \
+  --max-batches 5 --log-every 5 >"$tmp/train.log" 2>&1 || fail "ps-train"
+for _ in 1 2 3; do "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --status >/dev/null 2>&1 || true; done
+
+cat >"$tmp/prometheus.yml" <<YML
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: psd
+    static_configs:
+      - targets: ["127.0.0.1:$mport"]
+YML
+prometheus --config.file="$tmp/prometheus.yml" --storage.tsdb.path="$tmp/tsdb" \
+  --web.listen-address="127.0.0.1:$pport" >"$tmp/prometheus.log" 2>&1 &
+pids+=($!)
+
+query() {  # PromQL -> the first sample's value, or "" (bounded: 5 s per query)
+  $PY - "$pport" "$1" <<'PYEOF'
+import json, sys, urllib.parse, urllib.request
+port, q = sys.argv[1], sys.argv[2]
+try:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    r = json.load(urllib.request.urlopen(url, timeout=5))
+    res = r["data"]["result"]
+    print(res[0]["value"][1] if res else "")
+except Exception:
+    print("")
+PYEOF
+}
+up=""
+for _ in $(seq 60); do
+  up=$(query 'up{job="psd"}')
+  [ "$up" = 1 ] && [ -n "$(query psd_model_version)" ] && break
+  sleep 0.5
+done
+[ "$up" = 1 ] || fail "Prometheus did not scrape psd (up=$up)"
+v=$(query psd_model_version)
+[ "$v" = 5 ] || fail "psd_model_version through Prometheus is '$v', expected 5"
+s=$(query psd_serving)
+[ "$s" = 1 ] || fail "psd_serving through Prometheus is '$s'"
+a=$(query 'psd_calls_refused_total{reason="auth"}')
+[ -n "$a" ] && [ "${a%.*}" -ge 3 ] || fail "psd_calls_refused_total{reason=\"auth\"} is '$a', expected >= 3"
+n=$(query 'count({__name__=~"psd_.+"})')
+echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, $n psd_* series"
+kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
+trap - EXIT
+cleanup
+echo "it_prometheus: a real Prometheus scrapes psd and serves its psd_* series: OK"
