@@ -388,6 +388,11 @@ ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *
 
 ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished, uint64_t *finished_version,
                              ps_err *err) {
+    return ps_ctx_table_acquire_as(t, id, NULL, finished, finished_version, err);
+}
+
+ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner, int *finished,
+                                uint64_t *finished_version, ps_err *err) {
     if (finished) *finished = 0;
     pthread_mutex_lock(&t->mu);
     ps_ctx *c = find_locked(t, id);
@@ -408,6 +413,10 @@ ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished, uint64
             ps_err_set(err, PS_ERR_NOT_FOUND, "unknown context %llu (never opened by a training "
                        "Forward, or expired after %.0f s idle)", (unsigned long long)id, t->o.ttl_s);
         }
+    } else if (owner && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+        ps_err_set(err, PS_ERR_PERMISSION_DENIED, "context %llu belongs to another client (token or host); "
+                   "only the client that opened a context may use it", (unsigned long long)id);
+        c = NULL;
     } else if (c->busy) {
         ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu is in use by another request",
                    (unsigned long long)id);

@@ -127,6 +127,11 @@ ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *
  * version its step produced, and NOT_FOUND is returned. */
 ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished,
                              uint64_t *finished_version, ps_err *err);
+/* The same for the client `owner` (as ps_ctx_table_open_as; NULL = no
+ * check): a live context opened by another owner is PERMISSION_DENIED, so
+ * no client can backward, step or read another's context. */
+ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner, int *finished,
+                                uint64_t *finished_version, ps_err *err);
 
 /* The record of forward seq in c, or NULL. */
 ps_ctx_fwd *ps_ctx_find_fwd(ps_ctx *c, uint32_t seq);

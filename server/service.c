@@ -374,6 +374,14 @@ static void owner_of(const ps_rpc_call_info *info, char *dst, size_t n) {
     if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
 }
 
+/* A context the caller may use: its own (the owner that opened it). */
+static ps_ctx *acquire_own(ps_service *s, const ps_rpc_call_info *info, uint64_t id, int *finished,
+                           uint64_t *version, ps_err *err) {
+    char owner[64];
+    owner_of(info, owner, sizeof owner);
+    return ps_ctx_table_acquire_as(s->ctx, id, owner, finished, version, err);
+}
+
 /* A decoded Forward: what forward_run needs, also after an ssp wait. */
 typedef struct fwd_req {
     char owner[64];
@@ -1010,7 +1018,7 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         ps_err_prefix(&err, "BackwardRequest");
         goto fail;
     }
-    if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    if (!(c = acquire_own(s, info, req.context_id, NULL, NULL, &err))) goto fail;
     /* the first Backward of a context allocates its gradient accumulator */
     if (!c->grads && ps_ctx_table_reserve(s->ctx, c, (size_t)ps_model_num_weights(s->model) * sizeof(float), &err))
         goto fail;
@@ -1145,7 +1153,7 @@ static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const
     float *buf = NULL;
     ps_wire_named *items = NULL;
     if (ps_wire_decode(request, ps_GetGradientsRequest_fields, &req, &err)) goto fail;
-    c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err);
+    c = acquire_own(s, info, req.context_id, NULL, NULL, &err);
     if (!c) goto fail;
     if (!c->grads) {
         ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients yet (call Backward first)",
@@ -1179,7 +1187,7 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     }
     int finished = 0;
     uint64_t v = 0;
-    ps_ctx *c = ps_ctx_table_acquire(s->ctx, req.context_id, &finished, &v, &err);
+    ps_ctx *c = acquire_own(s, info, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
         if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
@@ -1216,7 +1224,7 @@ static void handle_push_gradients(void *user, const ps_rpc_call_info *info, cons
         ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients is empty");
         goto fail;
     }
-    if (!(c = ps_ctx_table_acquire(s->ctx, req.context_id, NULL, NULL, &err))) goto fail;
+    if (!(c = acquire_own(s, info, req.context_id, NULL, NULL, &err))) goto fail;
     if (!c->pushed) {
         /* check everything into a scratch accumulator first: a refused push adds nothing */
         if (!(g2 = ps_grads_create(s->model, &err))) goto fail;

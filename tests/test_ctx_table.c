@@ -100,6 +100,23 @@ static void test_lifecycle(void) {
     ps_ctx_table_free(t);
 }
 
+/* Only the owner that opened a context may backward, step or read it. */
+static void test_owner_only(void) {
+    ps_err err = {0};
+    ps_ctx_table *t = table(60, 16);
+    ps_ctx *c = ps_ctx_table_open_as(t, 42, 1, "token:alice", NULL, &err);
+    CHECK(c != NULL);
+    if (!c) return;
+    ps_tape *tp = make_tape(42);
+    CHECK(ps_ctx_add_fwd(t, c, 0, tp, 0, 100, &err) == PS_OK);
+    ps_ctx_table_release(t, c);
+    CHECK(ps_ctx_table_acquire_as(t, 42, "token:mallory", NULL, NULL, &err) == NULL);
+    CHECK(err.code == PS_ERR_PERMISSION_DENIED && strstr(err.msg, "belongs to another client"));
+    CHECK((c = ps_ctx_table_acquire_as(t, 42, "token:alice", NULL, NULL, &err)) != NULL);
+    if (c) ps_ctx_table_release(t, c);
+    ps_ctx_table_free(t);
+}
+
 /* A released context's idle clock restarts: of two contexts opened
  * together, the one used in between survives an expiry that takes the
  * other. Margins are 40 % of a 3 s TTL, not milliseconds. */
@@ -305,6 +322,7 @@ int main(void) {
     CHECK_MSG(model != NULL, "%s", err.msg);
     if (!model) return check_summary("test_ctx_table");
     test_lifecycle();
+    test_owner_only();
     test_idle_restart();
     test_settle_window();
     test_concurrent();
