@@ -76,11 +76,11 @@ rm -rf "$out"
 echo "== targets"
 for k in 1 2; do
   awk -v a="${tps[fused$k]}" -v b="${tps[rpc$k]}" -v k="$k" 'BEGIN { r = a / b
-    printf "fused / the tutorial'"'"'s design, %d trainer(s): %.1fx (target >= 10x): %s\n", k, r, r >= 10 ? "met" : "NOT met" }'
+    printf "fused / the tutorial'"'"'s design, %d trainer(s): %.1fx (target >= 10x): %s\n", k, r, (r >= 10 ? "met" : "NOT met") }'
 done
 best=$(printf "%s\n" "${tps[fused1]}" "${tps[fused2]}" | sort -n | tail -1)
 awk -v a="$best" -v f="$flop" -v p="$peak" -v pa="$peak_all" 'BEGIN { g = a * f / 1e9
-  printf "best fused rate %.1f GFLOP/s = %.1f %% of the FMA peak %.1f GFLOP/s (per core x CPUs; target >= 30 %%): %s;", g, 100 * g / p, p, g >= 0.3 * p ? "met" : "NOT met"
+  printf "best fused rate %.1f GFLOP/s = %.1f %% of the FMA peak %.1f GFLOP/s (per core x CPUs; target >= 30 %%): %s;", g, 100 * g / p, p, (g >= 0.3 * p ? "met" : "NOT met")
   printf " %.1f %% of the CPUs'"'"' rate measured together now (%.1f GFLOP/s)\n", 100 * g / pa, pa }'
 echo "== the embedding's row-sparse update as the table grows (target: 1M rows >= 90 % of 10k rows' rate)"
 "$BUILD/bench/bench_embedding" --secs 3 10000 1000000
