@@ -207,7 +207,7 @@ bench: deps
 # beside the PyTorch RPC tutorial's design and PyTorch's local loop at the
 # same sizes, the CPU's FMA peak and the targets' ratios (~5 min), then test
 # perplexity vs PyTorch's RNNModel over 3 seeds (LM_STEPS=100 windows each,
-# ~13 min; LM_QUALITY=0 skips it). bench/lm.sh says more.
+# ~15 min; LM_QUALITY=0 skips it). bench/lm.sh says more.
 bench-lm: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/lm.sh

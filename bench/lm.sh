@@ -9,7 +9,7 @@
 # (bench/fma_peak.c) and the targets' ratios (fused >= 10x the tutorial's
 # tokens/s; >= 30 % of the FMA peak); then the embedding bench and the
 # quality comparison with PyTorch's RNNModel over 3 seeds
-# (bench/lm_quality.sh, ~13 min at LM_STEPS=100; LM_QUALITY=0 skips it).
+# (bench/lm_quality.sh, ~15 min at LM_STEPS=100; LM_QUALITY=0 skips it).
 #   WINDOWS=40 RPC_WINDOWS=8 LM_STEPS=100 bench/lm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ BUILD=${BUILD:-build}
 CONFIG=configs/rnn_lm.yaml
 DATA=${DATA:-data/fortunes}
 WINDOWS=${WINDOWS:-40}
-RPC_WINDOWS=${RPC_WINDOWS:-8}   # the tutorial's design runs ~5 s a window here
+RPC_WINDOWS=${RPC_WINDOWS:-8}   # the tutorial's design runs ~2.5 s a window here
 V=10000 E=200 H=200 T=35 N=20
 PY=/usr/bin/python3
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}

@@ -9,7 +9,7 @@
 #
 # PyTorch trains at ~380 tokens/s on the 2-core CI machine and evaluates the
 # 30k-token test split in ~30 s, so STEPS=100 (70k tokens) takes ~4 min per
-# seed and the default three seeds ~13 min. Fewer steps are quicker but
+# seed and the default three seeds ~15 min (measured 14.5 beside other jobs). Fewer steps are quicker but
 # compare noisier, earlier models.
 #   LM_STEPS=100 LM_SEEDS="1 2 3" bench/lm_quality.sh
 set -euo pipefail
