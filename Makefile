@@ -7,7 +7,8 @@
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
-#   make bench-lm   the language model's tokens/s, both decoder modes, vs PyTorch's local loop
+#   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
+#                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
@@ -202,8 +203,11 @@ bench: deps
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/run.sh
 
-# The language model's throughput, both decoder modes, 1 and 2 trainers, and
-# PyTorch's local loop at the same sizes (bench/lm.sh, a few minutes).
+# The language model's throughput, both decoder modes, 1 and 2 trainers,
+# beside the PyTorch RPC tutorial's design and PyTorch's local loop at the
+# same sizes, the CPU's FMA peak and the targets' ratios (~5 min), then test
+# perplexity vs PyTorch's RNNModel over 3 seeds (LM_STEPS=100 windows each,
+# ~15 min; LM_QUALITY=0 skips it). bench/lm.sh says more.
 bench-lm: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/lm.sh

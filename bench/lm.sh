@@ -2,16 +2,22 @@
 # `make bench-lm`: the language model's throughput (ps-train lm) on the
 # fortunes corpus at configs/rnn_lm.yaml's sizes (ntoken 10000, ninp = nhid
 # = 200, bptt 35, batch 20): tokens/s for psd + 1 and 2 trainers in both
-# decoder modes, beside PyTorch's local loop at the same sizes
-# (bench/lm_torch.py), with the bytes each window moves (computed from the
-# message sizes) and the FLOPs per token.
-#   WINDOWS=40 bench/lm.sh
+# decoder modes, beside the PyTorch RPC tutorial's design with 1 and 2
+# trainers (bench/lm_rpc.py) and PyTorch's local loop (bench/lm_torch.py) at
+# the same sizes, with the bytes each window moves (computed from the
+# message sizes), the FLOPs per token, the CPU's measured FMA peak
+# (bench/fma_peak.c) and the targets' ratios (fused >= 10x the tutorial's
+# tokens/s; >= 30 % of the FMA peak); then the embedding bench and the
+# quality comparison with PyTorch's RNNModel over 3 seeds
+# (bench/lm_quality.sh, ~15 min at LM_STEPS=100; LM_QUALITY=0 skips it).
+#   WINDOWS=40 RPC_WINDOWS=8 LM_STEPS=100 bench/lm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 CONFIG=configs/rnn_lm.yaml
 DATA=${DATA:-data/fortunes}
 WINDOWS=${WINDOWS:-40}
+RPC_WINDOWS=${RPC_WINDOWS:-8}   # the tutorial's design runs ~2.5 s a window here
 V=10000 E=200 H=200 T=35 N=20
 PY=/usr/bin/python3
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -40,15 +46,44 @@ lstm_w=$(( 4 * (4 * H * (E + H) + 4 * H * (H + H) + 16 * H) ))
 common=$(( T * N * 8 + 2 * T * N * E * 4 + 2 * T * N * H * 4 + 2 * lstm_w ))
 echo "bytes per window: logits mode $(( common + 2 * T * N * V * 4 + T * N * H * 4 )), fused mode $(( common + T * N * 8 ))" \
      "(ids, embeddings and their gradient, decoder input and its gradient, LSTM weights pulled and gradients pushed; logits and their gradient in logits mode)"
-printf "%-28s %12s %14s\n" "configuration" "tokens/s" "GFLOP/s"
+# the CPU's FP32 FMA peak, measured (bench/fma_peak.c, the vector width of oneDNN's ISA)
+fma=$("$BUILD/bench/fma_peak")
+echo "$fma"
+# the peak: the best single core x the CPUs (lscpu: 1 thread per core); the
+# CPUs measured together are printed beside (lower when other jobs run)
+peak=$(echo "$fma" | sed 's/.*CPUs) \([0-9.]*\) GFLOP.*/\1/')
+peak_all=$(echo "$fma" | sed 's/.*together \([0-9.]*\) GFLOP.*/\1/')
+row() {  # name tokens/s
+  printf "%-32s %10s %10.2f %10.1f %%\n" "$1" "$2" "$(awk -v a="$2" -v f="$flop" 'BEGIN{print a*f/1e9}')" \
+    "$(awk -v a="$2" -v f="$flop" -v p="$peak" 'BEGIN{print 100*a*f/1e9/p}')"
+}
+printf "%-32s %10s %10s %12s\n" "configuration" "tokens/s" "GFLOP/s" "% of peak"
+declare -A tps
 for mode in fused logits; do
   for k in 1 2; do
-    tps=$(run $mode $k)
-    printf "%-28s %12s %14.2f\n" "psd + $k trainer(s), $mode" "$tps" "$(awk -v a="$tps" -v f="$flop" 'BEGIN{print a*f/1e9}')"
+    tps[$mode$k]=$(run $mode $k)
+    row "psd + $k trainer(s), $mode" "${tps[$mode$k]}"
   done
 done
+for k in 1 2; do
+  tps[rpc$k]=$($PY bench/lm_rpc.py $k $V $E $H $T $N "$RPC_WINDOWS" 2>/dev/null | sed -n 's/torch rpc: \([0-9]*\) .*/\1/p')
+  [ -n "${tps[rpc$k]}" ] || { echo "lm.sh: the tutorial's RPC design failed ($k trainers): bench/lm_rpc.py $k $V $E $H $T $N 2" >&2; exit 1; }
+  row "PyTorch RPC tutorial, $k trainer(s)" "${tps[rpc$k]}"
+done
 tl=$($PY bench/lm_torch.py $V $E $H $T $N 10 | sed 's/torch local: \([0-9]*\) .*/\1/')
-printf "%-28s %12s %14.2f\n" "PyTorch local loop" "$tl" "$(awk -v a="$tl" -v f="$flop" 'BEGIN{print a*f/1e9}')"
+row "PyTorch local loop" "$tl"
 rm -rf "$out"
+echo "== targets"
+for k in 1 2; do
+  awk -v a="${tps[fused$k]}" -v b="${tps[rpc$k]}" -v k="$k" 'BEGIN { r = a / b
+    printf "fused / the tutorial'"'"'s design, %d trainer(s): %.1fx (target >= 10x): %s\n", k, r, (r >= 10 ? "met" : "NOT met") }'
+done
+best=$(printf "%s\n" "${tps[fused1]}" "${tps[fused2]}" | sort -n | tail -1)
+awk -v a="$best" -v f="$flop" -v p="$peak" -v pa="$peak_all" 'BEGIN { g = a * f / 1e9
+  printf "best fused rate %.1f GFLOP/s = %.1f %% of the FMA peak %.1f GFLOP/s (per core x CPUs; target >= 30 %%): %s;", g, 100 * g / p, p, (g >= 0.3 * p ? "met" : "NOT met")
+  printf " %.1f %% of the CPUs'"'"' rate measured together now (%.1f GFLOP/s)\n", 100 * g / pa, pa }'
 echo "== the embedding's row-sparse update as the table grows (target: 1M rows >= 90 % of 10k rows' rate)"
 "$BUILD/bench/bench_embedding" --secs 3 10000 1000000
+if [ "${LM_QUALITY:-1}" != 0 ]; then
+  BUILD=$BUILD DATA=$DATA bench/lm_quality.sh
+fi
