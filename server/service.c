@@ -12,6 +12,7 @@
 #include "round_metrics.h"
 #include "health.pb.h"
 #include "log.h"
+#include "loss.h"
 #include "methods.h"
 #include "wire.h"
 
@@ -405,34 +406,22 @@ typedef struct fwd_node {
     struct fwd_node *next;
 } fwd_node;
 
-/* Runs a decoded, validated Forward; *response or err. */
 static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
                               size_t gbytes, const char *what, float *gin, ps_err *err);
 
-/* Mean cross-entropy of logits (n, k) against int64 targets; grad receives
- * d loss / d logits. INVALID_ARGUMENT naming a target outside 0..k-1. */
+/* The fused decoder mode's loss: targets outside 0..k-1 are refused
+ * (INVALID_ARGUMENT naming the first), then the shared cross-entropy. */
 static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad, double *loss,
                           ps_err *err) {
-    double total = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n; i++)
         if (tgt[i] < 0 || tgt[i] >= k)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets[%lld] = %lld: outside the %lld "
                               "classes of the output", (long long)i, (long long)tgt[i], (long long)k);
-        const float *z = logits + i * k;
-        float mx = z[0];
-        for (int64_t v = 1; v < k; v++) mx = z[v] > mx ? z[v] : mx;
-        double se = 0;
-        for (int64_t v = 0; v < k; v++) se += exp((double)z[v] - mx);
-        double lse = mx + log(se);
-        total += lse - z[tgt[i]];
-        float *g = grad + i * k;
-        for (int64_t v = 0; v < k; v++) g[v] = (float)(exp((double)z[v] - lse) / (double)n);
-        g[tgt[i]] -= 1.0f / (float)n;
-    }
-    *loss = total / (double)n;
+    *loss = ps_cross_entropy(logits, tgt, n, k, grad);
     return PS_OK;
 }
 
+/* Runs a decoded, validated Forward; *response or err. */
 static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardRequest *req,
                              const ps_wire_tensor_in *in, const ps_wire_tensor_in *tin,
                              grpc_byte_buffer **response, ps_err *err) {

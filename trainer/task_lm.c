@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "lm_corpus.h"
+#include "loss.h"
 #include "lstm.h"
 #include "models.h"
 #include "rng.h"
@@ -126,27 +127,6 @@ static ps_status pull_weights(lm_task *t, ps_client *cl, ps_err *err) {
     return st;
 }
 
-/* Mean cross-entropy of logits (n, V) against targets; grad (may be NULL)
- * receives d loss / d logits. */
-static double cross_entropy(const float *logits, const int64_t *tgt, int64_t n, int64_t V, float *grad) {
-    double loss = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *z = logits + i * V;
-        float mx = z[0];
-        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double s = 0;
-        for (int64_t v = 0; v < V; v++) s += exp((double)z[v] - mx);
-        double lse = mx + log(s);
-        loss += lse - z[tgt[i]];
-        if (grad) {
-            float *g = grad + i * V;
-            for (int64_t v = 0; v < V; v++) g[v] = (float)(exp((double)z[v] - lse) / (double)n);
-            g[tgt[i]] -= 1.0f / (float)n;
-        }
-    }
-    return loss / (double)n;
-}
-
 /* One window: what a run of the round uses and produces. */
 typedef struct lm_job {
     lm_task *t;
@@ -209,7 +189,7 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     } else { /* the tutorial's: logits here, the loss here, their gradient back */
         fo = (ps_client_fwd_out){.out = j->logits, .out_cap = T * N * V};
         if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
-        j->loss = cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
+        j->loss = ps_cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
         uint32_t seq1 = 1;
         gt = (ps_client_tensor){PS_CLIENT_F32, 3, {T, N, V}, j->dlogits};
         float *ig[1] = {j->dy};
@@ -301,7 +281,7 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
         f = (ps_client_fwd){.rank = (uint32_t)env->rank, .stage = "decoder", .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
         fo = (ps_client_fwd_out){.out = logits, .out_cap = B * N * V};
         if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
-        total += cross_entropy(logits, data + (i + 1) * N, T * N, V, NULL) * (double)(T * N);
+        total += ps_cross_entropy(logits, data + (i + 1) * N, T * N, V, NULL) * (double)(T * N);
         count += T * N;
     }
     free(e); free(logits); free(y[0]); free(y[1]); free(h); free(c);
