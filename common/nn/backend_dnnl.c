@@ -50,12 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PS_DNNL_CHECK(call) do { \
-    dnnl_status_t dnnl_st_ = (call); \
-    if (dnnl_st_ != dnnl_success) \
-        return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: %s failed: status %d", \
-                          __FILE__, __LINE__, #call, (int)dnnl_st_); \
-} while (0)
+#include "dnnl_check.h"
 
 typedef enum {
     PK_CONV_FWD, PK_CONV_BWD_DATA, PK_CONV_BWD_WEIGHTS,

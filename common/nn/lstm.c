@@ -8,12 +8,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#define PS_DNNL_CHECK(call) do { \
-    dnnl_status_t dnnl_st_ = (call); \
-    if (dnnl_st_ != dnnl_success) \
-        return ps_err_set(err, PS_ERR_INTERNAL, "%s:%d: %s failed: status %d", \
-                          __FILE__, __LINE__, #call, (int)dnnl_st_); \
-} while (0)
+#include "dnnl_check.h"
 
 typedef struct lstm_impl_ops {
     ps_status (*init)(ps_lstm *l, ps_err *err);
