@@ -38,7 +38,6 @@ struct ps_cons {
     member *members;        /* queued in the open round */
     int nmembers, cap;
     double first_arrival;   /* when the open round's first member came */
-    int applying;           /* a round is being applied outside the lock */
     uint64_t dropped, timeouts;
     /* ssp */
     rank_clock clocks[MAX_CLOCKS];
@@ -113,7 +112,6 @@ static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
     c->members = NULL;
     c->nmembers = c->cap = 0;
     c->round++;
-    c->applying = 1;
     return n;
 }
 
@@ -132,9 +130,6 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
         if (st) ps_err_prefix(&err, "round %llu not applied", (unsigned long long)round);
     }
     free(grads);
-    pthread_mutex_lock(&c->mu);
-    c->applying = 0;
-    pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < n; i++) m[i].done(m[i].arg, st, &err, version, round, (uint32_t)n);
     free(m);
 }
@@ -224,7 +219,7 @@ static rank_clock *clock_of_locked(ps_cons *c, uint32_t rank) {
     return &c->clocks[rank < MAX_CLOCKS ? rank : MAX_CLOCKS - 1];
 }
 
-/* Slowest clock among active ranks other than `except`... all active ranks. */
+/* Slowest clock among the active ranks (UINT64_MAX when none is active). */
 static uint64_t slowest_locked(ps_cons *c, double now) {
     uint64_t lo = UINT64_MAX;
     for (int i = 0; i < MAX_CLOCKS; i++) {
