@@ -14,23 +14,11 @@ EPOCHS=${EPOCHS:-1}
 DATA=${DATA:-data/fortunes}
 logdir=$(mktemp -d /tmp/psd-lm.XXXXXX)
 
-"$BUILD/bin/psd" --config "$CONFIG" 2>"$logdir/psd.log" &
-psd_pid=$!
-cleanup() { kill "$psd_pid" 2>/dev/null || true; }
-trap cleanup EXIT
-echo "psd started (pid $psd_pid, config $CONFIG, log $logdir/psd.log)"
-
-pids=()
-for r in $(seq 1 "$TRAINERS"); do
-  "$BUILD/bin/ps-train" lm --config "$CONFIG" --rank "$r" --world-size $((TRAINERS + 1)) \
-      --data "$DATA" --epochs "$EPOCHS" "$@" >"$logdir/trainer$r.log" 2>&1 &
-  pids+=($!)
-done
-tail -q -n +1 -f "$logdir"/trainer*.log --pid "${pids[-1]}" 2>/dev/null &
-tail_pid=$!
+. scripts/local-cluster.sh
+psd_start "$CONFIG"
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
-sleep 0.2; kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true
+workers_run "$TRAINERS" trainer "$BUILD/bin/ps-train" lm --config "$CONFIG" --data "$DATA" --epochs "$EPOCHS" "$@" ||
+  status=1
 
 echo
 echo "== the final weights"
@@ -46,10 +34,8 @@ if [ -n "$ratio" ]; then
   fi
 fi
 
-kill -TERM "$psd_pid"
 psd_status=0
-wait "$psd_pid" || psd_status=$?
-trap - EXIT
+psd_stop || psd_status=$?
 tail -n 2 "$logdir/psd.log"
 if [ "$psd_status" -ne 0 ]; then echo "psd exited with status $psd_status"; status=1; fi
 echo "logs in $logdir"

@@ -12,29 +12,13 @@ EPOCHS=${EPOCHS:-1}
 DATA=${DATA:-data/mnist}
 logdir=$(mktemp -d /tmp/psd-run.XXXXXX)
 
-"$BUILD/bin/psd" --config "$CONFIG" 2>"$logdir/psd.log" &
-psd_pid=$!
-cleanup() { kill "$psd_pid" 2>/dev/null || true; }
-trap cleanup EXIT
-echo "psd started (pid $psd_pid, config $CONFIG, log $logdir/psd.log)"
-
-pids=()
-for r in $(seq 1 "$TRAINERS"); do
-  "$BUILD/bin/ps-train" --config "$CONFIG" --rank "$r" --world-size $((TRAINERS + 1)) \
-      --data "$DATA" --epochs "$EPOCHS" "$@" >"$logdir/trainer$r.log" 2>&1 &
-  pids+=($!)
-done
-# Show the trainers' progress as it happens.
-tail -q -n +1 -f "$logdir"/trainer*.log --pid "${pids[-1]}" 2>/dev/null &
-tail_pid=$!
+. scripts/local-cluster.sh
+psd_start "$CONFIG"
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
-sleep 0.2; kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true
-
-kill -TERM "$psd_pid"
+workers_run "$TRAINERS" trainer "$BUILD/bin/ps-train" --config "$CONFIG" --data "$DATA" --epochs "$EPOCHS" "$@" ||
+  status=1
 psd_status=0
-wait "$psd_pid" || psd_status=$?
-trap - EXIT
+psd_stop || psd_status=$?
 echo
 echo "== summary"
 for r in $(seq 1 "$TRAINERS"); do

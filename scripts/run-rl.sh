@@ -16,30 +16,14 @@ PORT=${PORT:-$(( 20000 + RANDOM % 20000 ))}
 addr="127.0.0.1:$PORT"
 logdir=$(mktemp -d /tmp/psd-rl.XXXXXX)
 
+. scripts/local-cluster.sh
 # shellcheck disable=SC2086
-"$BUILD/bin/psd" --config "$CONFIG" --listen "$addr" --set server.sync_workers="$OBSERVERS" ${PSD_FLAGS:-} \
-    2>"$logdir/psd.log" &
-psd_pid=$!
-cleanup() { kill "$psd_pid" 2>/dev/null || true; }
-trap cleanup EXIT
-echo "psd started (pid $psd_pid, config $CONFIG, $addr, log $logdir/psd.log)"
-
-pids=()
-for r in $(seq 1 "$OBSERVERS"); do
-  "$BUILD/bin/ps-train" cartpole --config "$CONFIG" --server "$addr" --rank "$r" --world-size $((OBSERVERS + 1)) \
-      --seed "$SEED" "$@" >"$logdir/observer$r.log" 2>&1 &
-  pids+=($!)
-done
-tail -q -n +1 -f "$logdir"/observer*.log --pid "${pids[-1]}" 2>/dev/null &
-tail_pid=$!
+psd_start "$CONFIG" --listen "$addr" --set server.sync_workers="$OBSERVERS" ${PSD_FLAGS:-}
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
-sleep 0.2; kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true
-
-kill -TERM "$psd_pid"
+workers_run "$OBSERVERS" observer "$BUILD/bin/ps-train" cartpole --config "$CONFIG" --server "$addr" \
+  --seed "$SEED" "$@" || status=1
 psd_status=0
-wait "$psd_pid" || psd_status=$?
-trap - EXIT
+psd_stop || psd_status=$?
 echo
 echo "== summary"
 for r in $(seq 1 "$OBSERVERS"); do
