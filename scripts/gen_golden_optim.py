@@ -43,12 +43,13 @@ Tensors, F32 unless said (K = 1.. steps, P = parameter name):
 Metadata: each case's hyper-parameters as "<case>lr" etc. (repr of the
 Python float), "<case>steps", "<case>params", and the torch version.
 """
-import json
 import os
-import struct
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_golden import read_safetensors, write_safetensors  # noqa: E402  (struct + json only)
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden",
                            "optim_steps.safetensors")
@@ -108,54 +109,6 @@ def run_case(case, spec, tensors):
                     continue
                 tensors[f"{s}{key}.{n}"] = v.detach().clone()
     return ps, opt
-
-
-# --- safetensors with struct + json only (as scripts/gen_golden.py) --------
-
-DTYPES = {torch.float32: ("F32", 4), torch.int64: ("I64", 8)}
-DTYPE_RANK = {"I64": 0, "F64": 1, "F32": 2}
-
-
-def write_safetensors(path, tensors, metadata):
-    items = []
-    for name, t in tensors.items():
-        code, _ = DTYPES[t.dtype]
-        items.append((DTYPE_RANK[code], name, code, t.contiguous()))
-    items.sort(key=lambda it: (it[0], it[1]))
-    header = {"__metadata__": metadata}
-    blobs, pos = [], 0
-    for _, name, code, t in items:
-        b = t.numpy().tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [pos, pos + len(b)]}
-        blobs.append(b)
-        pos += len(b)
-    hj = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
-        for b in blobs:
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__", {})
-    data = raw[8 + n:]
-    out = {}
-    for k, v in header.items():
-        dt = {"F32": torch.float32, "I64": torch.int64}[v["dtype"]]
-        b, e = v["data_offsets"]
-        out[k] = torch.frombuffer(bytearray(data[b:e]), dtype=dt).reshape(v["shape"])
-    return out, meta
 
 
 def self_check(path, tensors):
