@@ -616,40 +616,11 @@ static ps_status cu_relu_backward(void *impl, int64_t count, const float *y, con
     return cu_relu(impl, count, y, dy, NULL, dx, err);
 }
 
-static ps_status cu_log_softmax(cuda_impl *im, int rows, int cols, const float *x_or_y, const float *dy,
-                                float *out, ps_err *err) {
-    ps_status rc;
-    cuda_ctx *c = NULL;
-    cudnnTensorDescriptor_t t = NULL;
-    const float one = 1.0f, zero = 0.0f;
-    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
-    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, rows, cols, 1, 1));
-    if (!dy)
-        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
-                                           x_or_y, &zero, t, out));
-    else
-        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
-                                            x_or_y, t, dy, &zero, t, out));
-    PS_CUDA_SYNC(c);
-done:
-    if (t) cudnnDestroyTensorDescriptor(t);
-    ctx_release(im, c);
-    return rc;
-}
-
-static ps_status cu_log_softmax_forward(void *impl, int rows, int cols, const float *x, float *y, ps_err *err) {
-    return cu_log_softmax(impl, rows, cols, x, NULL, y, err);
-}
-
-static ps_status cu_log_softmax_backward(void *impl, int rows, int cols, const float *y, const float *dy,
-                                         float *dx, ps_err *err) {
-    return cu_log_softmax(impl, rows, cols, y, dy, dx, err);
-}
-
-/* Softmax: cuDNN's accurate (max-shifted) softmax over each row. */
-static ps_status cu_softmax(cuda_impl *im, int64_t rows, int cols, const float *x_or_y, const float *dy,
-                            float *out, ps_err *err) {
+/* Softmax (CUDNN_SOFTMAX_ACCURATE: max-shifted) or log-softmax
+ * (CUDNN_SOFTMAX_LOG) over each row: the forward pass when dy is NULL
+ * (x_or_y = x), else the backward pass (x_or_y = the forward's output). */
+static ps_status cu_softmax(cuda_impl *im, cudnnSoftmaxAlgorithm_t algo, int64_t rows, int cols,
+                            const float *x_or_y, const float *dy, float *out, ps_err *err) {
     ps_status rc;
     cuda_ctx *c = NULL;
     cudnnTensorDescriptor_t t = NULL;
@@ -659,11 +630,11 @@ static ps_status cu_softmax(cuda_impl *im, int64_t rows, int cols, const float *
     PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
     PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)rows, cols, 1, 1));
     if (!dy)
-        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
-                                           x_or_y, &zero, t, out));
+        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, algo, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t, x_or_y, &zero, t,
+                                           out));
     else
-        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t,
-                                            x_or_y, t, dy, &zero, t, out));
+        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, algo, CUDNN_SOFTMAX_MODE_INSTANCE, &one, t, x_or_y, t, dy,
+                                            &zero, t, out));
     PS_CUDA_SYNC(c);
 done:
     if (t) cudnnDestroyTensorDescriptor(t);
@@ -672,12 +643,21 @@ done:
 }
 
 static ps_status cu_softmax_forward(void *impl, int64_t rows, int cols, const float *x, float *y, ps_err *err) {
-    return cu_softmax(impl, rows, cols, x, NULL, y, err);
+    return cu_softmax(impl, CUDNN_SOFTMAX_ACCURATE, rows, cols, x, NULL, y, err);
 }
 
 static ps_status cu_softmax_backward(void *impl, int64_t rows, int cols, const float *y, const float *dy,
                                      float *dx, ps_err *err) {
-    return cu_softmax(impl, rows, cols, y, dy, dx, err);
+    return cu_softmax(impl, CUDNN_SOFTMAX_ACCURATE, rows, cols, y, dy, dx, err);
+}
+
+static ps_status cu_log_softmax_forward(void *impl, int rows, int cols, const float *x, float *y, ps_err *err) {
+    return cu_softmax(impl, CUDNN_SOFTMAX_LOG, rows, cols, x, NULL, y, err);
+}
+
+static ps_status cu_log_softmax_backward(void *impl, int rows, int cols, const float *y, const float *dy,
+                                         float *dx, ps_err *err) {
+    return cu_softmax(impl, CUDNN_SOFTMAX_LOG, rows, cols, y, dy, dx, err);
 }
 
 static ps_status cu_embedding_forward(void *impl, int64_t n, int dim, const int64_t *ids, const float *w,
