@@ -252,12 +252,12 @@ static ps_status check_finite(const float *x, size_t n, const char *what, ps_err
 }
 
 /* A non-finite value reached context c (err says where). Policy reject:
- * refuse; the context is marked only if its tape now holds non-finite
- * gradients (so a later Step is refused too, and a new Backward may
- * replace them). Policy skip: mark it and go on. Returns what the handler should fail with, or
- * PS_OK to continue. */
-static ps_status nonfinite(ps_service *s, ps_ctx *c, int tape_tainted, ps_err *err) {
-    if (c && (s->nonfinite_skip || tape_tainted)) c->nonfinite = 1;
+ * refuse (nothing non-finite is ever added to a context, so it stays
+ * usable). Policy skip: mark the context, whose step will then not be
+ * applied, and go on. Returns what the handler should fail with, or PS_OK
+ * to continue. */
+static ps_status nonfinite(ps_service *s, ps_ctx *c, ps_err *err) {
+    if (c && s->nonfinite_skip) c->nonfinite = 1;
     if (s->nonfinite_skip) return PS_OK;
     count(&s->nonfinite_rejected);
     return ps_err_prefix(err, "step rejected (server.nonfinite_policy: reject)");
@@ -935,7 +935,7 @@ static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_T
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: dtype %s; gradients are float32", what,
                           ps_wire_dtype_name(g->dtype));
     if (check_finite(gdata, gbytes / sizeof(float), what, err)) {
-        ps_status st = nonfinite(s, c, 0, err);
+        ps_status st = nonfinite(s, c, err);
         if (st) return st;
         ps_ctx_fwd_done(s->ctx, c, f);  /* skip: the context's step will not apply */
         return PS_OK;
@@ -957,9 +957,8 @@ static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_T
     if (!st && fin == 0) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradient of %s (computed from grad_output): element %lld is "
                    "not finite", ps_model_param(s->model, bad_param)->name, (long long)bad_elem);
-        st = nonfinite(s, c, 0, err);
-        if (!st) {  /* skip: marked; the step will not apply */
-            c->nonfinite = 1;
+        st = nonfinite(s, c, err);
+        if (!st) {  /* skip: nonfinite() marked it; the step will not apply */
             ps_grads_free(g2);
             ps_ctx_fwd_done(s->ctx, c, f);
             return PS_OK;
@@ -1244,7 +1243,7 @@ static void handle_push_gradients(void *user, const ps_rpc_call_info *info, cons
                 goto fail;
             }
             if (check_finite(t->data, t->bytes / sizeof(float), t->name, &err)) {
-                if (nonfinite(s, c, 0, &err)) goto fail;
+                if (nonfinite(s, c, &err)) goto fail;
                 c->nonfinite = 1;   /* skip: marked; the step will not apply */
                 continue;
             }
