@@ -14,6 +14,8 @@
 # Needs the MNIST IDX files in data/mnist (scripts/fetch-mnist.sh, run by
 # `make test`, writes them; copy them over on a machine without network).
 #   scripts/gpu-check.sh            BUILD=build TRAINERS=2 EPOCHS=1 MIN_ACC=90
+# PREBUILT=1 skips the build and uses the binaries already in $BUILD (a
+# machine without this project's build dependencies: scripts/gpu-bundle.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -25,6 +27,10 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 t_start=$(date +%s)
 say() { echo "gpu-check: $*"; }
 die() { echo "gpu-check: FAILED: $*" >&2; exit 1; }
+# A failed test or training run is reported and the check goes on, so that
+# one session on a GPU machine shows every failure; the exit status is 1.
+failures=()
+fail() { echo "gpu-check: FAILED: $*" >&2; failures+=("$*"); }
 
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
@@ -33,11 +39,15 @@ command -v nvcc >/dev/null 2>&1 || die "nvcc not found (install the CUDA toolkit
 say "$(nvcc --version | tail -n 1)"
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | sed 's/^/gpu-check: /' || say "nvidia-smi not found"
 
-say "== build (make -j$JOBS)"
-make --no-print-directory -j"$JOBS" BUILD="$BUILD" all >"/tmp/gpu-check-build.log" 2>&1 ||
-  { tail -n 40 /tmp/gpu-check-build.log; die "build failed (log /tmp/gpu-check-build.log)"; }
-warnings=$(grep -c "warning" /tmp/gpu-check-build.log || true)
-say "build ok, $warnings warning lines (log /tmp/gpu-check-build.log)"
+if [ "${PREBUILT:-0}" = 1 ]; then
+  say "== prebuilt binaries in $BUILD (no build)"
+else
+  say "== build (make -j$JOBS)"
+  make --no-print-directory -j"$JOBS" BUILD="$BUILD" all >"/tmp/gpu-check-build.log" 2>&1 ||
+    { tail -n 40 /tmp/gpu-check-build.log; die "build failed (log /tmp/gpu-check-build.log)"; }
+  warnings=$(grep -c "warning" /tmp/gpu-check-build.log || true)
+  say "build ok, $warnings warning lines (log /tmp/gpu-check-build.log)"
+fi
 ver=$("$BUILD/bin/psd" --version)
 say "$ver"
 grep -q "CUDA: built" <<<"$ver" || die "psd was built without CUDA"
@@ -50,10 +60,11 @@ for t in test_cuda_layers test_cuda_step; do
   set -e
   if [ $rc -ne 0 ]; then
     tail -n 30 "/tmp/gpu-check-$t.log"
-    [ $rc -eq 77 ] && die "$t skipped on a machine that should have a GPU"
-    die "$t failed (exit $rc, log /tmp/gpu-check-$t.log)"
+    if [ $rc -eq 77 ]; then fail "$t skipped on a machine that should have a GPU"
+    else fail "$t failed (exit $rc, log /tmp/gpu-check-$t.log)"; fi
+  else
+    say "PASS $t: $(tail -n 1 "/tmp/gpu-check-$t.log")"
   fi
-  say "PASS $t: $(tail -n 1 "/tmp/gpu-check-$t.log")"
 done
 grep -h "rel err" /tmp/gpu-check-test_cuda_step.log | sort -k4 -g | tail -n 3 | sed 's/^/gpu-check:   worst: /' || true
 
@@ -71,10 +82,10 @@ train() {  # label conv_device fc_device [env...]
   local psd=$! pids=() r
   for _ in $(seq 1 600); do  # up to 60 s: CUDA and cuDNN start-up takes a moment
     grep -q "serving model" "$log/psd.log" && break
-    kill -0 "$psd" 2>/dev/null || { cat "$log/psd.log"; die "$label: psd did not start"; }
+    kill -0 "$psd" 2>/dev/null || { cat "$log/psd.log"; { fail "$label: psd did not start"; return 0; }; }
     sleep 0.1
   done
-  grep -q "serving model" "$log/psd.log" || { kill "$psd"; cat "$log/psd.log"; die "$label: psd not serving after 60 s"; }
+  grep -q "serving model" "$log/psd.log" || { kill "$psd"; cat "$log/psd.log"; { fail "$label: psd not serving after 60 s"; return 0; }; }
   for r in $(seq 1 "$TRAINERS"); do
     timeout 300 "$BUILD/bin/ps-train" --config configs/local.yaml --server "127.0.0.1:$port" --rank "$r" \
         --world-size $((TRAINERS + 1)) --data "$DATA" --epochs "$EPOCHS" --log-every 100000 \
@@ -84,21 +95,27 @@ train() {  # label conv_device fc_device [env...]
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   kill -TERM "$psd"; wait "$psd" || rc=1
-  [ $rc -eq 0 ] || { tail -n 5 "$log"/*.log; die "$label: a trainer or psd failed (logs in $log)"; }
+  [ $rc -eq 0 ] || { tail -n 5 "$log"/*.log; { fail "$label: a trainer or psd failed (logs in $log)"; return 0; }; }
   local rate acc_min
   rate=$(sed -n 's/^Rank [0-9]*: .*(\([0-9.]*\) samples\/s)$/\1/p' "$log"/t*.log | awk '{s += $1} END {printf "%.0f", s}')
   acc_min=$(sed -n 's/^Rank [0-9]* accuracy: \([0-9.]*\)%.*/\1/p' "$log"/t*.log | sort -g | head -n 1)
-  [ -n "$acc_min" ] || die "$label: no accuracy line (logs in $log)"
-  awk -v a="$acc_min" -v m="$MIN_ACC" 'BEGIN { exit !(a >= m) }' || die "$label: accuracy $acc_min% < $MIN_ACC%"
+  [ -n "$acc_min" ] || { fail "$label: no accuracy line (logs in $log)"; return 0; }
+  awk -v a="$acc_min" -v m="$MIN_ACC" 'BEGIN { exit !(a >= m) }' || { fail "$label: accuracy $acc_min% < $MIN_ACC%"; return 0; }
   printf 'gpu-check: %-7s conv %-7s fc %-7s %6s samples/s (%d trainers)  min accuracy %s%%  %s\n' \
       "$label" "$conv" "$fc" "$rate" "$TRAINERS" "$acc_min" "$(grep -o 'serving model.*' "$log/psd.log" | head -n 1 | sed 's/ on 127.*//')"
   eval "rate_$label=$rate"
 }
 
 say "== training, $TRAINERS trainers x $EPOCHS epoch(s)"
+rate_cpu=0 rate_cuda=0 rate_staged=0
 train cpu cpu cpu
 train cuda cuda:0 cuda:0
 train staged cuda:0 cuda:0 PS_CUDA_STAGE_COPY=host
 say "samples/s: cpu $rate_cpu | cuda:0+cuda:0 $rate_cuda | staged through pinned host $rate_staged" \
-    "(x$(awk -v g="$rate_cuda" -v c="$rate_cpu" 'BEGIN { printf "%.2f", c > 0 ? g / c : 0 }') vs CPU)"
+    "(x$(awk -v g="$rate_cuda" -v c="$rate_cpu" 'BEGIN { printf "%.2f", (c > 0 ? g / c : 0) }') vs CPU)"
+if [ ${#failures[@]} -gt 0 ]; then
+  say "${#failures[@]} FAILED after $(( $(date +%s) - t_start )) s:"
+  printf 'gpu-check:   %s\n' "${failures[@]}"
+  exit 1
+fi
 say "OK in $(( $(date +%s) - t_start )) s"
