@@ -49,6 +49,9 @@
 #define PS_CONFIG_MAX_STAGES 8
 #define PS_CONFIG_MAX_SIZES 8
 #define PS_CONFIG_SIZE_KEY_MAX 32 /* buffer size for a size key, incl. NUL */
+#define PS_CONFIG_NAME_MAX 32     /* buffer size for a server or cluster name, incl. NUL */
+#define PS_CONFIG_MAX_SERVERS 8   /* servers.<name> entries */
+#define PS_CONFIG_MAX_SHARDS 8    /* model.placement.<stage>.shards entries */
 
 /* server.consistency: how concurrent trainers' steps interleave in psd
  * (server/consistency.h has the full rules).
@@ -73,10 +76,34 @@ typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
  * common/nn/optim.h (tests/test_optim checks). */
 typedef enum { PS_OPTIMIZER_SGD = 0, PS_OPTIMIZER_ADAM } ps_optimizer_kind;
 
+/* model.placement.<stage>: "DEVICE", "SERVER/DEVICE" or "SERVER" (device
+ * cpu), or model.placement.<stage>.shards: a list of "SERVER[/DEVICE]"
+ * (YAML sequence, or comma-separated in one string from --set) that splits
+ * the stage's embedding table into contiguous row ranges, shard k holding
+ * rows [rows*k/n, rows*(k+1)/n) (common/placement.h). */
 typedef struct ps_stage_placement {
     char stage[PS_CONFIG_STAGE_MAX];   /* e.g. "conv" */
-    char device[PS_CONFIG_DEVICE_MAX]; /* "cpu" or "cuda:N" */
+    char device[PS_CONFIG_DEVICE_MAX]; /* "cpu" or "cuda:N" (unsharded) */
+    char server[PS_CONFIG_NAME_MAX];   /* "" = the single-server form (no servers.*) */
+    int n_shards;                      /* 0 = not sharded */
+    char shard_server[PS_CONFIG_MAX_SHARDS][PS_CONFIG_NAME_MAX];
+    char shard_device[PS_CONFIG_MAX_SHARDS][PS_CONFIG_DEVICE_MAX];
 } ps_stage_placement;
+
+/* servers.<name>: one psd of a cluster with several PS nodes. psd --name
+ * <name> hosts the stages placed on it (ps_config_select_server copies this
+ * entry over server.listen/address/metrics_listen/checkpoint_dir and
+ * security.cert/key). */
+typedef struct ps_server_def {
+    char name[PS_CONFIG_NAME_MAX];          /* "ps0": letters, digits, '_' or '-' */
+    char address[PS_CONFIG_ADDR_MAX];       /* where trainers dial it (required) */
+    char listen[PS_CONFIG_ADDR_MAX];        /* where it binds; "" = address */
+    char cert[PS_CONFIG_PATH_MAX];          /* TLS certificate chain; "" = security.cert */
+    char key[PS_CONFIG_PATH_MAX];           /* TLS private key; "" = security.key */
+    char server_name[PS_CONFIG_ADDR_MAX];   /* name trainers expect in its cert; "" = security.server_name */
+    char metrics_listen[PS_CONFIG_ADDR_MAX];/* "" = server.metrics_listen */
+    char checkpoint_dir[PS_CONFIG_PATH_MAX];/* "" = server.checkpoint_dir/<name> (or none) */
+} ps_server_def;
 
 typedef struct ps_model_size {
     char key[PS_CONFIG_SIZE_KEY_MAX];  /* e.g. "ntoken" */
@@ -84,6 +111,12 @@ typedef struct ps_model_size {
 } ps_model_size;
 
 typedef struct ps_config {
+    struct {
+        char name[PS_CONFIG_NAME_MAX];    /* cluster.name: written into every checkpoint part */
+    } cluster;
+    int n_servers;                        /* 0 = the single-server form */
+    ps_server_def servers[PS_CONFIG_MAX_SERVERS];
+    int self;                             /* psd --name: index into servers[]; -1 = none */
     struct {
         char listen[PS_CONFIG_ADDR_MAX];  /* address psd binds, host:port */
         char address[PS_CONFIG_ADDR_MAX]; /* address trainers dial */
@@ -172,6 +205,23 @@ typedef struct ps_config {
  * override is applied; INVALID_ARGUMENT naming the key and what the model
  * has. */
 ps_status ps_config_check_model(const ps_config *c, ps_err *err);
+
+/* A cluster (n_servers > 0): everything --check-config checks beyond
+ * single keys - every stage of the model placed exactly once (on a named
+ * server, or sharded), every server named in a placement defined, shards
+ * only for embedding stages and no more shards than rows, addresses (and
+ * listen addresses) distinct, consistency sync/ssp refused when the stages
+ * span more than one server. Calls ps_config_check_model. The single-server
+ * form passes when ps_config_check_model does. INVALID_ARGUMENT naming the
+ * key. */
+ps_status ps_config_check_cluster(const ps_config *c, ps_err *err);
+
+/* psd --name NAME: make servers.<NAME> this process's server (c->self) and
+ * copy its address, listen, cert, key, metrics_listen and checkpoint_dir
+ * over server.* / security.* (checkpoint_dir defaulting to
+ * server.checkpoint_dir/NAME). INVALID_ARGUMENT when NAME is not a server of
+ * the config (listing them), or when the config has no servers. */
+ps_status ps_config_select_server(ps_config *c, const char *name, ps_err *err);
 
 /* Fill every field with its default (the table's). */
 void ps_config_defaults(ps_config *c);

@@ -66,6 +66,23 @@ typedef struct ps_model_opts {
                                       sizes not named take the registry's defaults */
     const char *size_key[PS_MODEL_MAX_SIZE_KEYS];
     double size_value[PS_MODEL_MAX_SIZE_KEYS];
+    /* Several PS nodes (common/placement.h). n_hosted == 0: every stage of
+     * the model is built here (the single-server form). Otherwise only the
+     * named stages are built - the others have no parameters, backend or
+     * memory here, though every stage's shapes are still inferred - and
+     * ps_model_num_stages / ps_model_stage / ps_model_param enumerate the
+     * hosted stages and their parameters only, in model order. */
+    int n_hosted;
+    const char *hosted[PS_MODEL_MAX_STAGES];
+    /* shard_stage (NULL = none), a hosted stage whose first layer is an
+     * embedding of R rows: this model holds only its global rows
+     * [shard_lo, shard_hi), the table parameter keeps its state_dict name
+     * with (shard_hi - shard_lo) rows, ids stay global (an id outside the
+     * range is INVALID_ARGUMENT naming it and the range), and the initial
+     * rows equal rows [shard_lo, shard_hi) of the whole model built with
+     * the same seed. */
+    const char *shard_stage;
+    int64_t shard_lo, shard_hi;
 } ps_model_opts;
 
 typedef struct ps_param_info {
