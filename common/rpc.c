@@ -420,6 +420,7 @@ struct ps_rpc_server {
     int live;                           /* armed requests + unfinished calls */
     conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
     unsigned long long conns_cut;
+    atomic_ullong bytes_received, bytes_sent; /* message payloads, both ways */
     int ncalls[NCLASSES];               /* accepted, unfinished calls */
     work_queue q[NCLASSES];
     int workers_stop;
@@ -866,6 +867,7 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     }
     if (c->cancelled || c->finished) return 0;
     if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
+    if (resp) atomic_fetch_add(&c->s->bytes_sent, grpc_byte_buffer_length(resp));
     c->send = resp;
     c->status_details = grpc_slice_from_copied_string(details);
     c->replied = 1;
@@ -1036,6 +1038,7 @@ static void on_recv(ps_rpc_call *c, int success) {
         c->got_message = 1;
         c->queued = 1;
         ps_rpc_server *s = c->s;
+        if (c->recv) atomic_fetch_add(&s->bytes_received, grpc_byte_buffer_length(c->recv));
         pthread_mutex_unlock(&c->mu);
         enqueue(s, c);
         return;
@@ -1569,6 +1572,8 @@ void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out) {
     pthread_mutex_lock(&s->mu);
     out->conns_cut = s->conns_cut;
     pthread_mutex_unlock(&s->mu);
+    out->bytes_received = atomic_load(&s->bytes_received);
+    out->bytes_sent = atomic_load(&s->bytes_sent);
 }
 
 /* ---- client ------------------------------------------------------------ */

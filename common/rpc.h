@@ -272,6 +272,8 @@ typedef struct ps_rpc_admission {
     unsigned long long recv_timeouts;   /* request message never came */
     unsigned long long send_timeouts;   /* reply never taken */
     unsigned long long conns_cut;       /* connections closed for rapid reset */
+    unsigned long long bytes_received;  /* request message bytes (serialized protobuf) */
+    unsigned long long bytes_sent;      /* response message bytes handed to gRPC */
     double saturated_s;             /* how long ordinary calls have been
                                        refused for the call cap without a
                                        break of more than 1 s; 0 = not now */

@@ -181,6 +181,10 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
            "request (recv) or never took its reply (send).");
     put(&b, "psd_calls_stalled_total{phase=\"recv\"} %llu\n", ad.recv_timeouts);
     put(&b, "psd_calls_stalled_total{phase=\"send\"} %llu\n", ad.send_timeouts);
+    family(&b, "psd_message_bytes_total", "counter", "Serialized request messages received and response "
+           "messages sent (payloads, without HTTP/2 and TLS framing).");
+    put(&b, "psd_message_bytes_total{dir=\"received\"} %llu\n", ad.bytes_received);
+    put(&b, "psd_message_bytes_total{dir=\"sent\"} %llu\n", ad.bytes_sent);
     family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");

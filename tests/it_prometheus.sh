@@ -71,8 +71,12 @@ s=$(query psd_serving)
 [ "$s" = 1 ] || fail "psd_serving through Prometheus is '$s'"
 a=$(query 'psd_calls_refused_total{reason="auth"}')
 [ -n "$a" ] && [ "${a%.*}" -ge 3 ] || fail "psd_calls_refused_total{reason=\"auth\"} is '$a', expected >= 3"
+# 5 training batches of 64 images (1x28x28 float32 = 3136 bytes each) went to psd's Forward
+rb=$(query 'psd_message_bytes_total{dir="received"}'); sb=$(query 'psd_message_bytes_total{dir="sent"}')
+[ -n "$rb" ] && [ "${rb%.*}" -ge $((5 * 64 * 3136)) ] || fail "psd_message_bytes_total{dir=\"received\"} is '$rb', expected >= $((5 * 64 * 3136))"
+[ -n "$sb" ] && [ "${sb%.*}" -gt 0 ] || fail "psd_message_bytes_total{dir=\"sent\"} is '$sb'"
 n=$(query 'count({__name__=~"psd_.+"})')
-echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, $n psd_* series"
+echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, message bytes in/out $rb/$sb, $n psd_* series"
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
 trap - EXIT
 cleanup
