@@ -7,6 +7,9 @@
 #                                 localhost, psd.test, 127.0.0.1, ::1 and the
 #                                 namespace test's 10.200.1.1 / 10.200.2.1
 #   client.pem client.key         a trainer certificate (mutual TLS), CN trainer1
+#   ps0.pem ps0.key .. ps2.*      one certificate per server of a cluster (several
+#                                 PS nodes), same CA; psK names psK.test,
+#                                 localhost, 127.0.0.1 and 10.201.0.(K+1)
 #   rogue-ca.pem                  an unrelated CA, and a server and a client
 #   rogue-server.pem/.key         certificate signed by it (must be refused)
 #   rogue-client.pem/.key
@@ -39,6 +42,11 @@ basicConstraints=CA:FALSE'
 ca ca "psd test CA"
 leaf server psd ca "$server_ext"
 leaf client trainer1 ca "$client_ext"
+for k in 0 1 2; do
+  leaf "ps$k" "ps$k.test" ca "subjectAltName=DNS:ps$k.test,DNS:localhost,IP:127.0.0.1,IP:10.201.0.$((k + 1))
+extendedKeyUsage=serverAuth
+basicConstraints=CA:FALSE"
+done
 ca rogue-ca "rogue CA"
 leaf rogue-server psd rogue-ca "$server_ext"
 leaf rogue-client trainer1 rogue-ca "$client_ext"
