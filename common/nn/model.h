@@ -94,6 +94,9 @@ typedef struct ps_param_info {
     const char *device;            /* "cpu" */
     int stage_index;
     int sparse;                    /* 1: row-sparse gradient and update (embedding table) */
+    int64_t row_offset;            /* a shard's table (shard_stage): it holds global rows
+                                      [row_offset, row_offset + dims[0]) ... */
+    int64_t rows_total;            /* ... of rows_total; 0 = not a shard (the whole parameter) */
 } ps_param_info;
 
 typedef struct ps_stage_info {
@@ -107,6 +110,7 @@ typedef struct ps_stage_info {
     int params;                    /* parameters of the stage */
     int params_only;               /* 1: a parameter-only stage (rnn_lm's "rnn"): never forwarded;
                                       its gradients come from ps_grads_add_dense (PushGradients) */
+    int64_t row_lo, row_hi;        /* the shard stage: global ids it answers; both 0 = not sharded */
 } ps_stage_info;
 
 typedef struct ps_grads ps_grads;

@@ -20,6 +20,7 @@ typedef struct layer_slot {
 
 typedef struct stage {
     const ps_stage_def *def;
+    int def_index;           /* index in the model definition (hosted subsets skip some) */
     char device[32];
     int host_memory;         /* device memory is host memory (cpu) */
     ps_backend *be;
