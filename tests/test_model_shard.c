@@ -97,6 +97,14 @@ static void emb_shards(const char *backend, ps_optim_kind kind) {
     CHECK(si->row_lo == cut && si->row_hi == V);
     CHECK(ps_model_stage(whole, 0)->row_lo == 0 && ps_model_stage(whole, 0)->row_hi == 0);
     CHECK(ps_model_num_weights(s1) == (V - cut) * E);
+    /* The definition's parameters: whole shapes, the others hosted elsewhere. */
+    CHECK(ps_model_num_def_params(s1) == ps_model_num_def_params(whole) && ps_model_num_def_params(s1) == 11);
+    for (int i = 0; i < ps_model_num_def_params(s1); i++) {
+        const ps_param_info *d = ps_model_def_param(s1, i), *wp = ps_model_param(whole, i);
+        CHECK_MSG(!strcmp(d->name, wp->name) && d->numel == wp->numel && d->dims[0] == wp->dims[0] &&
+                  d->rows_total == 0, "%s", d->name);
+        CHECK(d->stage_index == (i == 0 ? 0 : -1));
+    }
 
     float *w = param(whole, "encoder.weight"), *a = param(s0, "encoder.weight"), *b = param(s1, "encoder.weight");
     CHECK(rows_equal(w, a, 0, cut));

@@ -55,6 +55,9 @@ void ps_model_free(ps_model *m) {
     if (m->params)
         for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
+    if (m->def_params)
+        for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
+    free(m->def_params);
     free(m->loc);
     free(m->ost);
     pthread_rwlock_destroy(&m->lock);
@@ -257,6 +260,39 @@ static int def_stage_index(const ps_model_def *a, const char *key, const char *n
     return i;
 }
 
+/* m->def_params: every parameter of the definition, whole shapes. */
+static ps_status list_def_params(ps_model *m, stage *const *seq, const int *hosted, ps_err *err) {
+    int n = 0, h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) n += seq[ds]->layers[l].nparams;
+    if (!(m->def_params = calloc((size_t)n + 1, sizeof *m->def_params)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++) {
+            const ps_layer *ly = &st->layers[l];
+            for (int j = 0; j < ly->nparams; j++) {
+                const ps_layer_param *lp = &ly->param[j];
+                ps_param_info *pi = &m->def_params[m->ndef_params];
+                char *name = malloc(strlen(ly->def->name) + strlen(lp->suffix) + 2);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                sprintf(name, "%s.%s", ly->def->name, lp->suffix);
+                m->ndef_params++;
+                *pi = (ps_param_info){.name = name, .ndim = lp->ndim, .numel = lp->numel, .stage = st->def->name,
+                                      .device = st->device, .stage_index = hosted[ds] ? h : -1,
+                                      .sparse = lp->sparse};
+                memcpy(pi->dims, lp->dims, sizeof pi->dims);
+                if (lp->sparse && ly->row_total) {   /* the whole table */
+                    pi->dims[0] = ly->row_total;
+                    pi->numel = lp->numel / ly->num * ly->row_total;
+                }
+            }
+        }
+        h += hosted[ds];
+    }
+    return PS_OK;
+}
+
 static void ghosts_free(stage *ghost) {
     for (int s = 0; s < PS_MODEL_MAX_STAGES; s++) {
         free(ghost[s].layers);
@@ -436,6 +472,7 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         if (rc != PS_OK) goto fail;
         m->total_weights += st->nweights;
     }
+    if (list_def_params(m, seq, hosted, err) != PS_OK) goto fail;
     ghosts_free(ghost);
     for (int i = 0; i < m->nparams; i++)
         for (int j = 0; j < m->nstate; j++) m->ost[i].buf[j] = m->stages[m->loc[i].stage].state[j] + m->loc[i].off;
@@ -460,6 +497,10 @@ int ps_model_find_param(const ps_model *m, const char *name) {
     return -1;
 }
 int64_t ps_model_num_weights(const ps_model *m) { return m->total_weights; }
+int ps_model_num_def_params(const ps_model *m) { return m->ndef_params; }
+const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
+    return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
+}
 
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
 const ps_stage_info *ps_model_stage(const ps_model *m, int s) {

@@ -48,6 +48,8 @@ struct ps_model {
     stage stages[PS_MODEL_MAX_STAGES];
     int nstages;
     ps_param_info *params;
+    ps_param_info *def_params; /* every parameter of the definition, whole shapes (ndef_params) */
+    int ndef_params;
     param_loc *loc;
     int nparams;
     int nsparse;
