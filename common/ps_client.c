@@ -413,3 +413,23 @@ const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, con
         if (!strcmp(r->s[i].name, name)) return &r->s[i];
     return NULL;
 }
+
+ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, const char *const *applied_on,
+                                   int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
+                                   ps_err *err) {
+    ps_ReportPartialRequest req = ps_ReportPartialRequest_init_zero;
+    const int cap = (int)(sizeof req.applied_on / sizeof req.applied_on[0]);
+    if (n_applied < 0 || n_applied > cap || n_lost < 0 || n_lost > cap)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReportPartial: %d applied and %d lost servers (at most %d "
+                          "each)", n_applied, n_lost, cap);
+    req.context_id = ctx;
+    req.trainer_rank = rank;
+    for (int i = 0; i < n_applied; i++) snprintf(req.applied_on[i], sizeof req.applied_on[i], "%s", applied_on[i]);
+    for (int i = 0; i < n_lost; i++) snprintf(req.lost_on[i], sizeof req.lost_on[i], "%s", lost_on[i]);
+    req.applied_on_count = (pb_size_t)n_applied;
+    req.lost_on_count = (pb_size_t)n_lost;
+    ps_ReportPartialResponse resp = ps_ReportPartialResponse_init_zero;
+    ps_status rc = call(c, PS_M_REPORT_PARTIAL, &req, &resp, err);
+    if (rc == PS_OK && partial_steps) *partial_steps = resp.partial_steps;
+    return rc;
+}
