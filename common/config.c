@@ -7,10 +7,12 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 #include <arpa/inet.h>
 
 #include "models.h"
+#include "placement.h"
 
 /* ---- the table ---------------------------------------------------------- */
 
@@ -23,6 +25,7 @@ typedef enum {
     CT_ENUM,      /* an enum stored as int; names[i] is value i */
     CT_PLACEMENT, /* model.placement.<stage>: device */
     CT_SIZE,      /* model.sizes.<key>: a number in the registry's range for key */
+    CT_SERVERS,   /* servers.<name>.<field>: one psd of a cluster (ps_server_def) */
 } cfg_type;
 
 enum { F_NONEMPTY = 1 };
@@ -58,6 +61,8 @@ static const char *const optimizer_names[] = {"sgd", "adam", NULL};
 
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
+static ps_status check_cluster_name(const cfg_entry *e, const void *val, const char *origin,
+                                    ps_err *err);
 static const char *const nonfinite_names[] = {"reject", "skip", NULL};
 static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 
@@ -79,6 +84,10 @@ static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 /* Keep docs/config.md in step with this table. Entries of one section are
  * adjacent (ps_config_print relies on it). */
 static const cfg_entry g_table[] = {
+    { .key = "cluster.name", .type = CT_STRING, FIELD(cluster.name), .def = "psd", .flags = F_NONEMPTY,
+      .check = check_cluster_name },
+    { .key = "servers", .type = CT_SERVERS, FIELD(servers) },
+
     STR ("server.listen",          server.listen,          "127.0.0.1:50051"),
     STR ("server.address",         server.address,         "127.0.0.1:50051"),
     INT ("server.threads",         server.threads,         1, 64, "4"),
@@ -238,7 +247,7 @@ static const char PLACEMENT_PREFIX[] = "model.placement.";
 static const char SIZES_PREFIX[] = "model.sizes.";
 
 /* Entries whose keys are a section of free names ("model.placement.<stage>"). */
-static bool is_map_type(cfg_type t) { return t == CT_PLACEMENT || t == CT_SIZE; }
+static bool is_map_type(cfg_type t) { return t == CT_PLACEMENT || t == CT_SIZE || t == CT_SERVERS; }
 
 static const cfg_entry *find_entry(const char *key) {
     for (size_t i = 0; i < N_ENTRIES; i++)
@@ -291,7 +300,7 @@ static void suggest(const char *key, char *buf, size_t cap) {
         size_t d = edit_distance(key, k);
         if (d < best_d) { best_d = d; best = k; best_sect[0] = '\0'; }
         const char *dot = strchr(k, '.');
-        size_t sl = (size_t)(dot - k);
+        size_t sl = dot ? (size_t)(dot - k) : 0;
         if (dot && sl < sizeof sect) {
             memcpy(sect, k, sl);
             sect[sl] = '\0';
@@ -420,36 +429,239 @@ static bool valid_device(const char *v) {
     return x <= 63;
 }
 
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+
+/* A server name (servers.<name>): 1..31 letters, digits, '_' or '-', and
+ * no device's name in any case ("cpu", "cuda..."): a bare word in a
+ * placement is a device when it can be one, so "CPU" is a typo, not a
+ * server. */
+static bool valid_server_name(const char *v) {
+    return *v && strlen(v) < PS_CONFIG_NAME_MAX && only_chars(v, NAME_CHARS) && strcasecmp(v, "cpu") &&
+           strncasecmp(v, "cuda", 4);
+}
+
+static ps_status check_cluster_name(const cfg_entry *e, const void *val, const char *origin,
+                                    ps_err *err) {
+    const char *v = val;
+    char sv[128];
+    if (!only_chars(v, NAME_CHARS "."))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s: a cluster name is 1..%d letters, digits, '_', '-' or '.'", shown(v, sv, sizeof sv),
+                    PS_CONFIG_NAME_MAX - 1);
+    return PS_OK;
+}
+
+/* "HOST:PORT" where trainers dial a server or where it binds: HOST an IPv4
+ * address, [IPv6 address] or a host name (letters, digits, '-', '.');
+ * PORT 1..65535. */
+static bool valid_dial_address(const char *v) {
+    if (ps_config_parse_hostport(v, NULL, 0, NULL)) return true;
+    const char *colon = strrchr(v, ':');
+    if (!colon || colon == v || (size_t)(colon - v) > 253) return false;
+    char host[256];
+    memcpy(host, v, (size_t)(colon - v));
+    host[colon - v] = '\0';
+    if (!only_chars(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.") ||
+        host[0] == '-' || host[0] == '.' || strstr(host, ".."))
+        return false;
+    const char *p = colon + 1;
+    if (!*p || strlen(p) > 5 || !only_chars(p, "0123456789")) return false;
+    long x = strtol(p, NULL, 10);
+    return x >= 1 && x <= 65535;
+}
+
+/* "DEVICE", "SERVER/DEVICE" or "SERVER" (device cpu) into server (maybe
+ * "") and device. need_server: a bare device is refused (shard entries).
+ * NULL when valid, else what is wrong. */
+static const char *parse_place(const char *v, bool need_server, char server[PS_CONFIG_NAME_MAX],
+                               char device[PS_CONFIG_DEVICE_MAX]) {
+    memset(server, 0, PS_CONFIG_NAME_MAX);
+    memset(device, 0, PS_CONFIG_DEVICE_MAX);
+    const char *slash = strchr(v, '/');
+    if (!slash && valid_device(v)) {
+        if (need_server) return "names no server (expected SERVER or SERVER/DEVICE)";
+        snprintf(device, PS_CONFIG_DEVICE_MAX, "%s", v);
+        return NULL;
+    }
+    size_t sl = slash ? (size_t)(slash - v) : strlen(v);
+    char name[PS_CONFIG_NAME_MAX + 1] = "";
+    if (sl < sizeof name) { memcpy(name, v, sl); name[sl] = '\0'; }
+    if (sl == 0 || sl >= PS_CONFIG_NAME_MAX || !valid_server_name(name))
+        return slash ? "is not SERVER/DEVICE (SERVER: 1..31 letters, digits, '_' or '-'; DEVICE: \"cpu\" or "
+                       "\"cuda:N\" with N in 0..63)"
+                     : "is not a device (expected \"cpu\" or \"cuda:N\" with N in 0..63), nor a server name "
+                       "(1..31 letters, digits, '_' or '-'; or SERVER/DEVICE)";
+    if (slash && !valid_device(slash + 1))
+        return "has no valid device after the '/' (expected \"cpu\" or \"cuda:N\" with N in 0..63)";
+    snprintf(server, PS_CONFIG_NAME_MAX, "%s", name);
+    snprintf(device, PS_CONFIG_DEVICE_MAX, "%s", slash ? slash + 1 : "cpu");
+    return NULL;
+}
+
+/* model.placement.<stage> = "DEVICE" | "SERVER/DEVICE" | "SERVER", or
+ * model.placement.<stage>.shards = "SERVER[/DEVICE],..." (from YAML the
+ * sequence, joined by the loader). Either replaces the stage's previous
+ * placement whole, so printing and loading give the same bytes. */
 static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key, const char *v,
                                const char *origin, ps_err *err) {
     char sv[128];
     if (strncmp(key, PLACEMENT_PREFIX, sizeof PLACEMENT_PREFIX - 1))
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "name a stage, e.g. %sconv: cuda:0", PLACEMENT_PREFIX);
-    const char *stage = key + sizeof PLACEMENT_PREFIX - 1;
-    if (!*stage || strlen(stage) >= PS_CONFIG_STAGE_MAX ||
-        !only_chars(stage, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"))
+    char stage[PS_CONFIG_STAGE_MAX + 1] = "";
+    const char *rest = key + sizeof PLACEMENT_PREFIX - 1;
+    const char *dot = strchr(rest, '.');
+    size_t sl = dot ? (size_t)(dot - rest) : strlen(rest);
+    if (sl < sizeof stage) { memcpy(stage, rest, sl); stage[sl] = '\0'; }
+    if (sl == 0 || sl >= PS_CONFIG_STAGE_MAX || !only_chars(stage, NAME_CHARS))
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "stage name must be 1..%d letters, digits, '_' or '-'",
                     PS_CONFIG_STAGE_MAX - 1);
-    if (!valid_device(v))
+    if (dot && strcmp(dot + 1, "shards"))
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
-                    "%s is not a device (expected \"cpu\" or \"cuda:N\" with N in 0..63)",
-                    shown(v, sv, sizeof sv));
+                    "a placement has no key '%s' (a stage takes a device or SERVER/DEVICE, or "
+                    "%s%s.shards: a list of servers)", dot + 1, PLACEMENT_PREFIX, stage);
+    ps_stage_placement np;
+    memset(&np, 0, sizeof np);
+    snprintf(np.stage, sizeof np.stage, "%s", stage);
+    if (!dot) {
+        const char *why = parse_place(v, false, np.server, np.device);
+        if (why) return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s %s", shown(v, sv, sizeof sv), why);
+    } else {
+        /* comma-separated entries, blanks around each ignored */
+        const char *p = v;
+        for (;;) {
+            while (*p == ' ') p++;
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            while (len && p[len - 1] == ' ') len--;
+            char item[PS_CONFIG_NAME_MAX + PS_CONFIG_DEVICE_MAX + 2];
+            if (len == 0)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                            "%s: shard %d is empty (expected a list of SERVER or SERVER/DEVICE)",
+                            shown(v, sv, sizeof sv), np.n_shards + 1);
+            if (np.n_shards >= PS_CONFIG_MAX_SHARDS)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "more than %d shards",
+                            PS_CONFIG_MAX_SHARDS);
+            if (len >= sizeof item)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "shard %d '%.40s...' is too long",
+                            np.n_shards + 1, p);
+            memcpy(item, p, len);
+            item[len] = '\0';
+            const char *why = parse_place(item, true, np.shard_server[np.n_shards], np.shard_device[np.n_shards]);
+            if (why)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "shard %d %s %s", np.n_shards + 1,
+                            shown(item, sv, sizeof sv), why);
+            np.n_shards++;
+            if (!comma) break;
+            p = comma + 1;
+        }
+    }
     for (int i = 0; i < c->model.n_placement; i++) {
         if (!strcmp(c->model.placement[i].stage, stage)) {
-            memset(c->model.placement[i].device, 0, PS_CONFIG_DEVICE_MAX);
-            snprintf(c->model.placement[i].device, PS_CONFIG_DEVICE_MAX, "%s", v);
+            c->model.placement[i] = np;
             return PS_OK;
         }
     }
     if (c->model.n_placement >= PS_CONFIG_MAX_STAGES)
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "too many stages in %s (at most %d)", e->key, PS_CONFIG_MAX_STAGES);
-    ps_stage_placement *p = &c->model.placement[c->model.n_placement++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->stage, sizeof p->stage, "%s", stage);
-    snprintf(p->device, sizeof p->device, "%s", v);
+    c->model.placement[c->model.n_placement++] = np;
+    return PS_OK;
+}
+
+/* servers.<name>.<field>: the fields of ps_server_def, in print order. */
+typedef enum { SF_DIAL, SF_LISTEN, SF_PATH, SF_TEXT } server_field_kind;
+static const struct server_field {
+    const char *name;
+    size_t off, size;
+    server_field_kind kind;
+} g_server_fields[] = {
+#define SFIELD(n, k) { #n, offsetof(ps_server_def, n), sizeof(((ps_server_def *)0)->n), k }
+    SFIELD(address, SF_DIAL),
+    SFIELD(listen, SF_DIAL),
+    SFIELD(cert, SF_PATH),
+    SFIELD(key, SF_PATH),
+    SFIELD(server_name, SF_TEXT),
+    SFIELD(metrics_listen, SF_LISTEN),
+    SFIELD(checkpoint_dir, SF_PATH),
+#undef SFIELD
+};
+#define N_SERVER_FIELDS (sizeof g_server_fields / sizeof g_server_fields[0])
+static const char SERVERS_PREFIX[] = "servers.";
+
+static const char *server_field_list(char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_SERVER_FIELDS && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? ", " : "", g_server_fields[i].name);
+    return buf;
+}
+
+/* Index of servers.<name>, -1 if absent. */
+static int find_server(const ps_config *c, const char *name) {
+    for (int i = 0; i < c->n_servers; i++)
+        if (!strcmp(c->servers[i].name, name)) return i;
+    return -1;
+}
+
+/* "ps0, ps1" */
+static const char *server_names(const ps_config *c, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < c->n_servers && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? ", " : "", c->servers[i].name);
+    return buf;
+}
+
+/* servers.<name>.<field>; a name not seen yet adds a server. */
+static ps_status set_server(ps_config *c, const char *key, const char *v, const char *origin, ps_err *err) {
+    char sv[128], list[160];
+    if (strncmp(key, SERVERS_PREFIX, sizeof SERVERS_PREFIX - 1))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "name a server and a field, e.g. %sps0.address",
+                    SERVERS_PREFIX);
+    const char *rest = key + sizeof SERVERS_PREFIX - 1;
+    const char *dot = strchr(rest, '.');
+    size_t nl = dot ? (size_t)(dot - rest) : strlen(rest);
+    char name[PS_CONFIG_NAME_MAX + 1] = "";
+    if (nl < sizeof name) { memcpy(name, rest, nl); name[nl] = '\0'; }
+    if (nl == 0 || nl >= PS_CONFIG_NAME_MAX || !valid_server_name(name))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "a server name is 1..%d letters, digits, '_' or '-' (and not a device: cpu, cuda...)",
+                    PS_CONFIG_NAME_MAX - 1);
+    if (!dot)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "name a field of the server: %s%s.<%s>",
+                    SERVERS_PREFIX, name, server_field_list(list, sizeof list));
+    const struct server_field *sf = NULL;
+    for (size_t i = 0; i < N_SERVER_FIELDS; i++)
+        if (!strcmp(g_server_fields[i].name, dot + 1)) sf = &g_server_fields[i];
+    if (!sf)
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: unknown key '%s' (a server has: %s)", origin, key,
+                          server_field_list(list, sizeof list));
+    size_t len = strlen(v);
+    if (len >= sf->size)
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is %zu bytes long; at most %zu allowed",
+                    shown(v, sv, sizeof sv), len, sf->size - 1);
+    if (*v && sf->kind == SF_DIAL && !valid_dial_address(v))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535)",
+                    shown(v, sv, sizeof sv));
+    if (*v && sf->kind == SF_LISTEN && !ps_config_parse_hostport(v, NULL, 0, NULL))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or localhost; "
+                    "PORT 1..65535; \"\" takes server.metrics_listen)", shown(v, sv, sizeof sv));
+    int i = find_server(c, name);
+    if (i < 0) {
+        if (c->n_servers >= PS_CONFIG_MAX_SERVERS)
+            return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "too many servers (at most %d: %s)",
+                        PS_CONFIG_MAX_SERVERS, server_names(c, list, sizeof list));
+        i = c->n_servers++;
+        memset(&c->servers[i], 0, sizeof c->servers[i]);
+        snprintf(c->servers[i].name, sizeof c->servers[i].name, "%s", name);
+    }
+    char *field = (char *)&c->servers[i] + sf->off;
+    memset(field, 0, sf->size);
+    memcpy(field, v, len + 1);
     return PS_OK;
 }
 
@@ -513,6 +725,126 @@ ps_status ps_config_check_model(const ps_config *c, ps_err *err) {
     return PS_OK;
 }
 
+/* ---- a cluster of several psd ------------------------------------------- */
+
+/* Split "HOST:PORT" (HOST maybe [v6]; "localhost" -> 127.0.0.1). */
+static void split_hostport(const char *v, char *host, size_t cap, int *port) {
+    const char *colon = strrchr(v, ':');
+    size_t hl = colon ? (size_t)(colon - v) : strlen(v);
+    if (hl >= cap) hl = cap - 1;
+    memcpy(host, v, hl);
+    host[hl] = '\0';
+    if (!strcmp(host, "localhost")) snprintf(host, cap, "127.0.0.1");
+    *port = colon ? (int)strtol(colon + 1, NULL, 10) : 0;
+}
+
+static bool wildcard_host(const char *h) { return !strcmp(h, "0.0.0.0") || !strcmp(h, "[::]"); }
+
+/* Two servers on one host (same address host) binding the same port. */
+static bool same_bind(const char *addr_a, const char *a, const char *addr_b, const char *b) {
+    char ha[256], hb[256], la[256], lb[256];
+    int pa, pb, qa, qb;
+    split_hostport(addr_a, ha, sizeof ha, &pa);
+    split_hostport(addr_b, hb, sizeof hb, &pb);
+    if (strcmp(ha, hb)) return false;   /* different machines may bind the same port */
+    split_hostport(a, la, sizeof la, &qa);
+    split_hostport(b, lb, sizeof lb, &qb);
+    return qa == qb && (!strcmp(la, lb) || wildcard_host(la) || wildcard_host(lb));
+}
+
+static const char *effective_listen(const ps_server_def *s) { return s->listen[0] ? s->listen : s->address; }
+
+static const char *effective_metrics(const ps_config *c, const ps_server_def *s) {
+    return s->metrics_listen[0] ? s->metrics_listen : c->server.metrics_listen;
+}
+
+static ps_status check_servers(const ps_config *c, ps_err *err) {
+    for (int i = 0; i < c->n_servers; i++) {
+        const ps_server_def *s = &c->servers[i];
+        if (!s->address[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.address: required (HOST:PORT where "
+                              "trainers dial %s)", s->name, s->name);
+        for (int j = 0; j < i; j++) {
+            const ps_server_def *o = &c->servers[j];
+            char h1[256], h2[256];
+            int p1, p2;
+            split_hostport(s->address, h1, sizeof h1, &p1);
+            split_hostport(o->address, h2, sizeof h2, &p2);
+            if (!strcmp(h1, h2) && p1 == p2)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.address: '%s' is also servers.%s's "
+                                  "address '%s'; each server needs its own", s->name, s->address, o->name,
+                                  o->address);
+            if (same_bind(s->address, effective_listen(s), o->address, effective_listen(o)))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.listen: '%s' is where servers.%s "
+                                  "binds too ('%s', same host); servers on one host need distinct ports",
+                                  s->name, effective_listen(s), o->name, effective_listen(o));
+            const char *ms = effective_metrics(c, s), *mo = effective_metrics(c, o);
+            if (ms[0] && mo[0] && same_bind(s->address, ms, o->address, mo))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.metrics_listen: '%s' is servers.%s's "
+                                  "metrics address too (same host); set servers.<name>.metrics_listen per "
+                                  "server", s->name, ms, o->name);
+        }
+    }
+    return PS_OK;
+}
+
+ps_status ps_config_check_cluster(const ps_config *c, ps_err *err) {
+    ps_status st = c->n_servers ? check_servers(c, err) : PS_OK;
+    ps_placement p;
+    if (st == PS_OK) st = ps_placement_build(c, &p, err);  /* also ps_config_check_model */
+    if (st != PS_OK || c->n_servers == 0) return st;
+    char used[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX] = "";
+    size_t o = 0;
+    for (int sv = 0; sv < p.n_servers; sv++) {
+        int hosts = 0;
+        for (int s = 0; s < p.n_stages && !hosts; s++) hosts = ps_placement_hosts(&p, s, sv);
+        if (!hosts)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s: no stage is placed on it (%s"
+                              "<stage>: %s/DEVICE, or a shard) - remove it or give it a stage", p.server_name[sv],
+                              PLACEMENT_PREFIX, p.server_name[sv]);
+        o += (size_t)snprintf(used + o, sizeof used - o, "%s%s", o ? ", " : "", p.server_name[sv]);
+    }
+    if (c->server.consistency != PS_CONSISTENCY_HOGWILD && ps_placement_servers_used(&p) > 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.consistency: %s needs one server: stages span "
+                          "%s; use hogwild until a cross-server round exists",
+                          ps_config_enum_name("server.consistency", (int)c->server.consistency), used);
+    return PS_OK;
+}
+
+ps_status ps_config_select_server(ps_config *c, const char *name, ps_err *err) {
+    char list[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX];
+    if (c->n_servers == 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--name %s: this config defines no servers "
+                          "(servers.<name>); without them psd is the only server: drop --name", name);
+    int i = find_server(c, name);
+    if (i < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--name %s: not a server of this config (servers: %s)",
+                          name, server_names(c, list, sizeof list));
+    const ps_server_def *s = &c->servers[i];
+    char ck[PS_CONFIG_PATH_MAX];
+    if (s->checkpoint_dir[0]) {
+        snprintf(ck, sizeof ck, "%s", s->checkpoint_dir);
+    } else if (c->server.checkpoint_dir[0]) {
+        int n = snprintf(ck, sizeof ck, "%s/%s", c->server.checkpoint_dir, s->name);
+        if (n < 0 || (size_t)n >= sizeof ck)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir: '%.64s...' + '/%s' is "
+                              "longer than %d bytes", c->server.checkpoint_dir, s->name, PS_CONFIG_PATH_MAX - 1);
+    } else {
+        ck[0] = '\0';
+    }
+    /* Whole buffers copied, so the config stays memcmp-comparable. */
+#define TAKE(dst, src) do { memset((dst), 0, sizeof(dst)); snprintf((dst), sizeof(dst), "%s", (src)); } while (0)
+    TAKE(c->server.address, s->address);
+    TAKE(c->server.listen, effective_listen(s));
+    if (s->cert[0]) TAKE(c->security.cert, s->cert);
+    if (s->key[0]) TAKE(c->security.key, s->key);
+    if (s->metrics_listen[0]) TAKE(c->server.metrics_listen, s->metrics_listen);
+    TAKE(c->server.checkpoint_dir, ck);
+#undef TAKE
+    c->self = i;
+    return PS_OK;
+}
+
 ps_status ps_config_set(ps_config *c, const char *key, const char *value, const char *origin,
                         ps_err *err) {
     PS_ASSERT(c && key);
@@ -552,6 +884,7 @@ ps_status ps_config_set(ps_config *c, const char *key, const char *value, const 
     case CT_ENUM: st = parse_enum(e, value, origin, &v.i, err); n = sizeof v.i; break;
     case CT_PLACEMENT: return set_placement(c, e, key, value, origin, err);
     case CT_SIZE: return set_size(c, e, key, value, origin, err);
+    case CT_SERVERS: return set_server(c, key, value, origin, err);
     }
     if (st != PS_OK) return st;
     if (e->check && (st = e->check(e, src, origin, err)) != PS_OK) return st;
@@ -563,6 +896,7 @@ ps_status ps_config_set(ps_config *c, const char *key, const char *value, const 
 
 void ps_config_defaults(ps_config *c) {
     memset(c, 0, sizeof *c);
+    c->self = -1;
     ps_err err;
     for (size_t i = 0; i < N_ENTRIES; i++) {
         if (!g_table[i].def) continue;
@@ -609,6 +943,51 @@ static bool is_null_scalar(const yaml_node_t *n) {
            !strcmp(v, "NULL");
 }
 
+/* Depth below a map-type entry's key: "servers.ps0" 1, "servers.ps0.listen" 2. */
+static int depth_below(const cfg_entry *e, const char *key) {
+    int d = 0;
+    for (const char *p = key + strlen(e->key); *p; p++) d += *p == '.';
+    return d;
+}
+
+/* A key whose YAML value may be a mapping of further keys:
+ * servers.<name> and model.placement.<stage> ({shards: [...]}). */
+static bool nests(const cfg_entry *e, const char *key) {
+    return e && (e->type == CT_SERVERS || e->type == CT_PLACEMENT) && depth_below(e, key) == 1;
+}
+
+/* A key whose YAML value may be a sequence: model.placement.<stage>.shards. */
+static bool is_list_key(const cfg_entry *e, const char *key) {
+    size_t n = strlen(key);
+    return e->type == CT_PLACEMENT && depth_below(e, key) == 2 && n > 7 && !strcmp(key + n - 7, ".shards");
+}
+
+/* A sequence of single values as the comma-separated text the setter takes. */
+static ps_status join_sequence(loader *L, yaml_node_t *seq, const char *key, const char *origin, char *out,
+                               size_t cap) {
+    size_t o = 0;
+    out[0] = '\0';
+    for (yaml_node_item_t *it = seq->data.sequence.items.start; it < seq->data.sequence.items.top; it++) {
+        yaml_node_t *n = yaml_document_get_node(L->doc, *it);
+        PS_ASSERT(n);
+        if (n->type != YAML_SCALAR_NODE || is_null_scalar(n))
+            return ps_err_set(L->err, PS_ERR_FORMAT, "%s: %s: entry %d: expected a single value, got %s",
+                              origin, key, (int)(it - seq->data.sequence.items.start) + 1,
+                              n->type == YAML_SCALAR_NODE ? "nothing" : node_kind(n));
+        const char *v = (const char *)n->data.scalar.value;
+        if (strchr(v, ','))
+            return ps_err_set(L->err, PS_ERR_INVALID_ARGUMENT, "%s: %s: entry %d '%.64s' holds a ','; "
+                              "write one server per entry", origin, key,
+                              (int)(it - seq->data.sequence.items.start) + 1, v);
+        int w = snprintf(out + o, cap - o, "%s%s", o ? "," : "", v);
+        if (w < 0 || (size_t)w >= cap - o)
+            return ps_err_set(L->err, PS_ERR_INVALID_ARGUMENT, "%s: %s: too many or too long entries", origin,
+                              key);
+        o += (size_t)w;
+    }
+    return PS_OK;
+}
+
 static ps_status walk_mapping(loader *L, yaml_node_t *map, const char *prefix) {
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
@@ -637,8 +1016,15 @@ static ps_status walk_mapping(loader *L, yaml_node_t *map, const char *prefix) {
 
         bool section = is_section(key);
         const cfg_entry *e = find_entry(key);
-        if (vn->type == YAML_MAPPING_NODE && section) {
+        if (vn->type == YAML_MAPPING_NODE && (section || nests(e, key))) {
             ps_status st = walk_mapping(L, vn, key);
+            if (st != PS_OK) return st;
+            continue;
+        }
+        if (vn->type == YAML_SEQUENCE_NODE && e && is_list_key(e, key)) {
+            char joined[PS_CONFIG_MAX_SHARDS * (PS_CONFIG_NAME_MAX + PS_CONFIG_DEVICE_MAX + 2) + 64];
+            ps_status st = join_sequence(L, vn, key, origin, joined, sizeof joined);
+            if (st == PS_OK) st = ps_config_set(L->c, key, joined, origin, L->err);
             if (st != PS_OK) return st;
             continue;
         }
@@ -745,12 +1131,58 @@ static void print_double(FILE *f, double x) {
     fputs(buf, f);
 }
 
+static void print_servers(const ps_config *c, FILE *f) {
+    fputs("servers:", f);
+    if (c->n_servers == 0) fputs(" {}", f);
+    for (int i = 0; i < c->n_servers; i++) {
+        fprintf(f, "\n  %s:", c->servers[i].name);
+        for (size_t k = 0; k < N_SERVER_FIELDS; k++) {
+            fprintf(f, "\n    %s: ", g_server_fields[k].name);
+            print_string(f, (const char *)&c->servers[i] + g_server_fields[k].off);
+        }
+    }
+    fputc('\n', f);
+}
+
+static void print_placement(const ps_config *c, FILE *f) {
+    if (c->model.n_placement == 0) fputs(" {}", f);
+    for (int k = 0; k < c->model.n_placement; k++) {
+        const ps_stage_placement *p = &c->model.placement[k];
+        fprintf(f, "\n    %s:", p->stage);
+        if (p->n_shards) {
+            fputs(" {shards: [", f);
+            for (int j = 0; j < p->n_shards; j++) {
+                char item[PS_CONFIG_NAME_MAX + PS_CONFIG_DEVICE_MAX + 1];
+                snprintf(item, sizeof item, "%s/%s", p->shard_server[j], p->shard_device[j]);
+                if (j) fputs(", ", f);
+                print_string(f, item);
+            }
+            fputs("]}", f);
+        } else if (p->server[0]) {
+            char item[PS_CONFIG_NAME_MAX + PS_CONFIG_DEVICE_MAX + 1];
+            snprintf(item, sizeof item, "%s/%s", p->server, p->device);
+            fputc(' ', f);
+            print_string(f, item);
+        } else {
+            fputc(' ', f);
+            print_string(f, p->device);
+        }
+    }
+}
+
 void ps_config_print(const ps_config *c, FILE *f) {
     fputs("# effective configuration (see docs/config.md)\n", f);
     const char *sect = NULL;
     size_t sect_len = 0;
     for (size_t i = 0; i < N_ENTRIES; i++) {
         const cfg_entry *e = &g_table[i];
+        if (e->type == CT_SERVERS) { /* a top-level map: servers.<name>.<field> */
+            fputs(sect ? "\n" : "", f);
+            print_servers(c, f);
+            sect = e->key;
+            sect_len = strlen(e->key);
+            continue;
+        }
         const char *dot = strchr(e->key, '.');
         PS_ASSERT(dot);
         size_t sl = (size_t)(dot - e->key);
@@ -772,13 +1204,7 @@ void ps_config_print(const ps_config *c, FILE *f) {
             fprintf(f, " %s", name ? name : "?");
             break;
         }
-        case CT_PLACEMENT:
-            if (c->model.n_placement == 0) fputs(" {}", f);
-            for (int k = 0; k < c->model.n_placement; k++) {
-                fprintf(f, "\n    %s: ", c->model.placement[k].stage);
-                print_string(f, c->model.placement[k].device);
-            }
-            break;
+        case CT_PLACEMENT: print_placement(c, f); break;
         case CT_SIZE:
             if (c->model.n_sizes == 0) fputs(" {}", f);
             for (int k = 0; k < c->model.n_sizes; k++) {
@@ -786,6 +1212,7 @@ void ps_config_print(const ps_config *c, FILE *f) {
                 print_double(f, c->model.sizes[k].value);
             }
             break;
+        case CT_SERVERS: PS_ASSERT(!"handled above"); break;
         }
         fputc('\n', f);
     }

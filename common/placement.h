@@ -55,6 +55,13 @@ typedef struct ps_placement {
  * same things and fails the same way). */
 ps_status ps_placement_resolve(const ps_config *c, ps_placement *p, ps_err *err);
 
+/* The placement part of ps_placement_resolve alone: model stages and sizes
+ * (ps_config_check_model), every stage placed, servers named in a
+ * placement defined, shard lists valid; without ps_config_check_cluster's
+ * checks of the servers' addresses and the consistency mode (it calls
+ * this). */
+ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err);
+
 /* Shard k of n over rows R: [R*k/n, R*(k+1)/n). */
 void ps_shard_range(int64_t rows, int n, int k, int64_t *lo, int64_t *hi);
 

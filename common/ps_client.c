@@ -42,8 +42,7 @@ const char *ps_client_target(const ps_client *c) { return c->target; }
 
 /* Encode req, call method, decode the reply into resp (callbacks bound by
  * the caller). */
-static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
-    const ps_method_desc *m = ps_method(id);
+static ps_status call_desc(ps_client *c, const ps_method_desc *m, const void *req, void *resp, ps_err *err) {
     const char *method = m->path;
     const pb_msgdesc_t *req_fields = m->request, *resp_fields = m->response;
     grpc_byte_buffer *rq = NULL, *rs = NULL;
@@ -64,6 +63,10 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
     if (rs) grpc_byte_buffer_destroy(rs);
     if (rc) ps_err_prefix(err, "%s reply", short_name);
     return rc;
+}
+
+static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
+    return call_desc(c, ps_method(id), req, resp, err);
 }
 
 ps_status ps_client_forward(ps_client *c, uint64_t ctx, uint32_t rank, int train, const float *x, int n,
@@ -412,4 +415,31 @@ const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, con
     for (int i = 0; r && i < r->n; i++)
         if (!strcmp(r->s[i].name, name)) return &r->s[i];
     return NULL;
+}
+
+/* ReportPartial by its path: a psd that does not serve it answers
+ * UNIMPLEMENTED (an older psd), which the caller may take in its stride. */
+static const ps_method_desc report_partial_desc = {
+    .path = "/ps.ParameterServer/ReportPartial", .name = "ReportPartial",
+    .request = ps_ReportPartialRequest_fields, .response = ps_ReportPartialResponse_fields, .mutating = 1};
+
+ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, const char *const *applied_on,
+                                   int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
+                                   ps_err *err) {
+    ps_ReportPartialRequest req = ps_ReportPartialRequest_init_zero;
+    const int cap = (int)(sizeof req.applied_on / sizeof req.applied_on[0]);
+    if (n_applied < 0 || n_applied > cap || n_lost < 0 || n_lost > cap)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReportPartial: %d applied and %d lost servers (at most %d "
+                          "each)", n_applied, n_lost, cap);
+    req.context_id = ctx;
+    req.trainer_rank = rank;
+    for (int i = 0; i < n_applied; i++) snprintf(req.applied_on[i], sizeof req.applied_on[i], "%s", applied_on[i]);
+    for (int i = 0; i < n_lost; i++) snprintf(req.lost_on[i], sizeof req.lost_on[i], "%s", lost_on[i]);
+    req.applied_on_count = (pb_size_t)n_applied;
+    req.lost_on_count = (pb_size_t)n_lost;
+    ps_ReportPartialResponse resp = ps_ReportPartialResponse_init_zero;
+    const ps_method_desc *m = ps_method_by_path(report_partial_desc.path);
+    ps_status rc = call_desc(c, m ? m : &report_partial_desc, &req, &resp, err);
+    if (rc == PS_OK && partial_steps) *partial_steps = resp.partial_steps;
+    return rc;
 }

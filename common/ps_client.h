@@ -128,6 +128,14 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
 ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
                                    double *sq_norm, ps_err *err);
 
+/* Several PS nodes: tell a psd that context ctx was applied on the servers
+ * applied_on and lost on lost_on (<= 8 names each; proto/ps.proto
+ * ReportPartialRequest); *partial_steps (may be NULL) receives that psd's
+ * count after it. A psd without the RPC answers UNIMPLEMENTED. */
+ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, const char *const *applied_on,
+                                   int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
+                                   ps_err *err);
+
 /* ---- round metrics (README "Round metrics") ---- */
 typedef struct ps_client_round_scalar {
     char name[32];

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
+#include "placement.h"
 #include "rpc.h"
 #include "security.h"
 #include "service.h"
@@ -40,13 +41,17 @@ static void usage(FILE *f) {
             "usage: psd [options]\n"
             "  -c, --config FILE      cluster config (YAML); default: built-in defaults\n"
             "  -l, --listen ADDR      address to serve on (server.listen)\n"
+            "      --name NAME        be servers.NAME of a cluster config: host the stages placed on NAME,\n"
+            "                         bind its listen address, use its cert, key and checkpoint_dir\n"
+            "                         (required when the config defines servers)\n"
             "  -b, --backend NAME     CPU compute backend: dnnl or ref (model.backend)\n"
             "      --checkpoint-dir DIR  write and resume checkpoints there (server.checkpoint_dir)\n"
             "      --metrics-listen ADDR serve Prometheus metrics on HOST:PORT (server.metrics_listen)\n"
             "      --log-file FILE    log to FILE instead of stderr; SIGHUP reopens it (server.log_file)\n"
             "      --init-from FILE   start from these weights (safetensors, state_dict names, e.g.\n"
             "                         exported from PyTorch) unless a checkpoint exists to resume\n"
-            "      --check-config FILE  validate FILE (and the flags given) and exit: 0 when valid\n"
+            "      --check-config FILE  validate FILE (and the flags given) and exit: 0 when valid; a cluster\n"
+            "                         config is checked whole, and what each server hosts is printed\n"
             "      --set KEY=VALUE    override any config key, e.g. --set optimizer.lr=0.05\n"
             "      --log-level LEVEL  debug, info, warn or error (server.log_level)\n"
             "      --print-config     print the effective config and exit\n"
@@ -150,6 +155,32 @@ static void log_cpu_kernels(const ps_model_opts *mo) {
     }
 }
 
+/* --check-config on a cluster: what each server (or only servers[self])
+ * hosts, one line per server. */
+static void print_hosted(const ps_config *cfg, FILE *f) {
+    ps_placement p;
+    ps_err err = {0};
+    if (ps_placement_resolve(cfg, &p, &err) != PS_OK) return;  /* checked before */
+    for (int sv = 0; sv < p.n_servers; sv++) {
+        if (cfg->self >= 0 && sv != cfg->self) continue;
+        char line[1024];
+        size_t o = 0;
+        line[0] = '\0';
+        for (int s = 0; s < p.n_stages && o < sizeof line; s++) {
+            const ps_place_stage *ps = &p.stages[s];
+            if (ps->server == sv)
+                o += (size_t)snprintf(line + o, sizeof line - o, "%s%s on %s", o ? ", " : "", ps->name, ps->device);
+            for (int k = 0; k < ps->n_shards && o < sizeof line; k++)
+                if (ps->shards[k].server == sv)
+                    o += (size_t)snprintf(line + o, sizeof line - o, "%s%s rows [%lld, %lld) of %lld (%s, shard %d "
+                                          "of %d) on %s", o ? ", " : "", ps->name, (long long)ps->shards[k].lo,
+                                          (long long)ps->shards[k].hi, (long long)ps->rows, ps->table, k + 1,
+                                          ps->n_shards, ps->shards[k].device);
+        }
+        fprintf(f, "  %s (%s) hosts: %s\n", p.server_name[sv], p.server_addr[sv], line);
+    }
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -163,8 +194,8 @@ int main(int argc, char **argv) {
     ps_config cfg;
     ps_config_defaults(&cfg);
     ps_err err = {0};
-    const char *config_path = NULL, *init_from = NULL;
-    int print_config = 0, check_config = 0;
+    const char *config_path = NULL, *init_from = NULL, *name = NULL;
+    int print_config = 0, check_config = 0, listen_flag = 0;
     /* The config file first, then flags override it through the same setter. */
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -197,9 +228,10 @@ int main(int argc, char **argv) {
         if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         if ((v = ps_cli_value(argc, argv, &i, "--check-config", NULL, &missing))) continue;
         if ((v = ps_cli_value(argc, argv, &i, "--init-from", NULL, &missing))) { init_from = v; continue; }
+        if ((v = ps_cli_value(argc, argv, &i, "--name", NULL, &missing))) { name = v; continue; }
         const char *key = NULL;
         char kv[512];
-        if ((v = ps_cli_value(argc, argv, &i, "--listen", "-l", &missing))) key = "server.listen";
+        if ((v = ps_cli_value(argc, argv, &i, "--listen", "-l", &missing))) { key = "server.listen"; listen_flag = 1; }
         else if ((v = ps_cli_value(argc, argv, &i, "--backend", "-b", &missing))) key = "model.backend";
         else if ((v = ps_cli_value(argc, argv, &i, "--log-level", NULL, &missing))) key = "server.log_level";
         else if ((v = ps_cli_value(argc, argv, &i, "--checkpoint-dir", NULL, &missing))) key = "server.checkpoint_dir";
@@ -215,7 +247,27 @@ int main(int argc, char **argv) {
         if (!key) { fprintf(stderr, "psd: unknown option '%s' (see psd --help)\n", a); return 2; }
         if (ps_config_set(&cfg, key, v, "command line", &err)) { fprintf(stderr, "psd: %s\n", err.msg); return 2; }
     }
+    /* A cluster config (servers.*): this psd is servers.<name>; its entry
+     * replaces server.listen/address/metrics_listen/checkpoint_dir and
+     * security.cert/key before anything below reads them. */
+    const char *where = config_path ? config_path : "command line";
+    if (name && listen_flag) {
+        fprintf(stderr, "psd: --listen does not apply with --name: servers.%s binds servers.%s.listen (set that, "
+                "e.g. --set servers.%s.listen=HOST:PORT)\n", name, name, name);
+        return 2;
+    }
+    if (name && ps_config_select_server(&cfg, name, &err)) { fprintf(stderr, "psd: %s: %s\n", where, err.msg); return 2; }
     if (print_config) { ps_config_print(&cfg, stdout); return 0; }
+    if (cfg.n_servers) {
+        if (ps_config_check_cluster(&cfg, &err)) { fprintf(stderr, "psd: %s: %s\n", where, err.msg); return 2; }
+        if (!name && !check_config) {
+            char names[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX] = "";
+            for (int i = 0, o = 0; i < cfg.n_servers; i++)
+                o += snprintf(names + o, sizeof names - (size_t)o, "%s%s", i ? ", " : "", cfg.servers[i].name);
+            fprintf(stderr, "psd: %s: this config describes servers %s: start one with --name NAME\n", where, names);
+            return 2;
+        }
+    }
     ps_log_set_level(cfg.server.log_level);
     if (!check_config && cfg.server.log_file[0] && ps_daemon_open_log(cfg.server.log_file, &err)) {
         fprintf(stderr, "psd: %s (server.log_file)\n", err.msg);
@@ -234,7 +286,8 @@ int main(int argc, char **argv) {
     mo.n_placement = cfg.model.n_placement;
     for (int i = 0; i < cfg.model.n_placement; i++) {
         mo.placement_stage[i] = cfg.model.placement[i].stage;
-        mo.placement_device[i] = cfg.model.placement[i].device;
+        mo.placement_device[i] = cfg.model.placement[i].n_shards ? cfg.model.placement[i].shard_device[0]
+                                                                  : cfg.model.placement[i].device;
     }
     mo.n_sizes = cfg.model.n_sizes;
     for (int i = 0; i < cfg.model.n_sizes; i++) {
@@ -266,11 +319,19 @@ int main(int argc, char **argv) {
             rc = 2;
         }
         ps_model_free(model);
-        if (!rc && check_startup(&cfg, &err)) {
+        /* A server's start-up checks (its files, its port) need --name: they
+         * are about one host. */
+        if (!rc && (!cfg.n_servers || name) && check_startup(&cfg, &err)) {
             fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
             rc = 2;
         }
-        if (!rc) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
+        if (!rc && !cfg.n_servers) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
+        if (!rc && cfg.n_servers && name)
+            printf("psd: %s: configuration OK for %s of cluster %s\n", where, name, cfg.cluster.name);
+        if (!rc && cfg.n_servers && !name)
+            printf("psd: %s: cluster %s: configuration OK (each server's start-up checks - files, port: "
+                   "--check-config with --name)\n", where, cfg.cluster.name);
+        if (!rc && cfg.n_servers) print_hosted(&cfg, stdout);
         return rc;
     }
 

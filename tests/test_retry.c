@@ -11,6 +11,13 @@
  *    FAILED_PRECONDITION decide applied / re-run;
  *  - ps_retry_once against a fake psd that loses answers or its contexts:
  *    every unit's step is applied exactly once, re-runs use fresh ids.
+ *  - ps_retry_once_multi (a batch over several servers) against fake
+ *    servers that each apply a context at most once: only touched servers
+ *    step; an unanswered Step is settled on its server; lost everywhere =
+ *    run again under a fresh id; applied on some and lost on others = a
+ *    partial step, not run again (no server applies the batch twice) and
+ *    reported to every server with the right names; a failure before the
+ *    Steps runs again without any Step of the old id.
  */
 #include <stdio.h>
 #include <string.h>
@@ -400,6 +407,155 @@ static void test_ctx_ids(void) {
     CHECK(a.base != b.base);  /* two processes: random high halves (fails with p = 2^-32) */
 }
 
+/* ---- a batch over several fake servers --------------------------------- */
+
+#define FS 3
+typedef struct fake_server {
+    uint64_t contexts[64];  /* contexts holding state (forwarded, not stepped) */
+    int ncontexts;
+    uint64_t applied[64];   /* contexts whose Step was applied */
+    int napplied;
+    int lose_next;          /* the next Step finds no context (a restart) */
+    int drop_next_reply;    /* the next Step is applied but its answer is lost */
+    ps_status refuse;       /* the next Step fails with this (final) */
+} fake_server;
+
+typedef struct fake_cluster {
+    fake_server s[FS];
+    unsigned use;           /* servers a run touches */
+    int fail_run;           /* the next run fails UNAVAILABLE after touching */
+    int lose_always;        /* every Step finds no context */
+    int runs, steps_sent;
+    uint64_t last_ctx;
+    int reports;
+    unsigned rep_applied, rep_lost;
+    int rep_to[FS];
+} fake_cluster;
+
+static int has(const uint64_t *v, int n, uint64_t x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return 1;
+    return 0;
+}
+
+static ps_status mrun(void *arg, uint64_t ctx, unsigned *touched, ps_err *err) {
+    fake_cluster *c = arg;
+    c->runs++;
+    c->last_ctx = ctx;
+    for (int i = 0; i < FS; i++)
+        if (c->use & (1u << i)) {
+            *touched |= 1u << i;
+            c->s[i].contexts[c->s[i].ncontexts++ % 64] = ctx;
+            if (c->fail_run) {
+                c->fail_run = 0;
+                return ps_err_set(err, PS_ERR_UNAVAILABLE, "fake: Forward unanswered");
+            }
+        }
+    return PS_OK;
+}
+
+static ps_status mstep(void *arg, int server, uint64_t ctx, ps_err *err) {
+    fake_cluster *c = arg;
+    fake_server *s = &c->s[server];
+    c->steps_sent++;
+    if (s->refuse) {
+        ps_status st = s->refuse;
+        s->refuse = PS_OK;
+        return ps_err_set(err, st, "fake: refused");
+    }
+    if (has(s->applied, s->napplied, ctx)) return PS_OK; /* the finished-Step record */
+    if (s->lose_next || c->lose_always) {
+        s->lose_next = 0;
+        s->ncontexts = 0;
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "fake: context %llx not found", (unsigned long long)ctx);
+    }
+    if (!has(s->contexts, s->ncontexts < 64 ? s->ncontexts : 64, ctx))
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "fake: context %llx not found", (unsigned long long)ctx);
+    s->applied[s->napplied++ % 64] = ctx;
+    if (s->drop_next_reply) {
+        s->drop_next_reply = 0;
+        return ps_err_set(err, PS_ERR_DEADLINE_EXCEEDED, "fake: Step answer lost");
+    }
+    return PS_OK;
+}
+
+static void mreport(void *arg, int server, uint64_t ctx, unsigned applied, unsigned lost) {
+    fake_cluster *c = arg;
+    (void)ctx;
+    c->reports++;
+    c->rep_to[server]++;
+    c->rep_applied = applied;
+    c->rep_lost = lost;
+}
+
+static void test_once_multi(void) {
+    fake_clock clk = {.t = 0};
+    ps_retry_policy p = fake_policy(&clk, 30, 0.1, 1);
+    ps_retry r;
+    ps_retry_init(&r, &p);
+    ps_ctx_ids ids;
+    ps_ctx_ids_init(&ids);
+    static const char *const names[FS] = {"ps0", "ps1", "ps2"};
+    ps_err e = {0};
+    ps_multi_result res;
+
+    /* 1. touched ps0 and ps1 (not ps2): both step once, no partial. */
+    fake_cluster c = {.use = 3};
+    ps_multi_ops ops = {.unit = "batch", .n_servers = FS, .names = names, .run = mrun, .step = mstep,
+                        .report = mreport, .arg = &c};
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
+    CHECK(c.s[0].napplied == 1 && c.s[1].napplied == 1 && c.s[2].napplied == 0);
+    CHECK(c.steps_sent == 2 && !res.partial && res.applied == 3 && res.lost == 0 && c.reports == 0);
+
+    /* 2. ps1 lost the context (restart): partial, not run again, reported to
+     *    every server as applied on ps0 / lost on ps1. */
+    c = (fake_cluster){.use = 3};
+    c.s[1].lose_next = 1;
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
+    CHECK(res.partial && res.applied == 1 && res.lost == 2 && res.reruns == 0);
+    CHECK(c.runs == 1 && c.s[0].napplied == 1 && c.s[1].napplied == 0);
+    CHECK(c.reports == FS && c.rep_to[0] == 1 && c.rep_to[1] == 1 && c.rep_to[2] == 1);
+    CHECK(c.rep_applied == 1 && c.rep_lost == 2);
+    char buf[64];
+    ps_retry_mask_names(res.applied | res.lost, FS, names, buf, sizeof buf);
+    CHECK_MSG(!strcmp(buf, "ps0, ps1"), "names '%s'", buf);
+
+    /* 3. both lost it: nothing applied anywhere, the batch runs again under a
+     *    fresh id and is then applied once on each. */
+    c = (fake_cluster){.use = 3};
+    c.s[0].lose_next = c.s[1].lose_next = 1;
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
+    CHECK(c.runs == 2 && res.reruns == 1 && !res.partial && res.applied == 3);
+    CHECK(c.s[0].napplied == 1 && c.s[1].napplied == 1 && c.s[0].applied[0] == c.last_ctx);
+    CHECK(c.reports == 0);
+
+    /* 4. ps1's Step applied but unanswered: settled on ps1 (its record
+     *    answers), applied once, no re-run. */
+    c = (fake_cluster){.use = 3};
+    c.s[1].drop_next_reply = 1;
+    double t0 = clk.t;
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
+    CHECK(c.runs == 1 && c.s[0].napplied == 1 && c.s[1].napplied == 1 && !res.partial);
+    CHECK(c.steps_sent == 3 && clk.t > t0);  /* the settle waited a backoff, then asked ps1 again */
+
+    /* 5. a failure before the Steps: no Step of that id anywhere, run again. */
+    c = (fake_cluster){.use = 5, .fail_run = 1};
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
+    CHECK(c.runs == 2 && c.steps_sent == 2 && c.s[0].napplied == 1 && c.s[2].napplied == 1);
+    CHECK(c.s[0].applied[0] == c.last_ctx && c.s[2].applied[0] == c.last_ctx && res.touched == 5);
+
+    /* 6. a final refusal of a Step names the server. */
+    c = (fake_cluster){.use = 3};
+    c.s[1].refuse = PS_ERR_PERMISSION_DENIED;
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_ERR_PERMISSION_DENIED);
+    CHECK_MSG(strstr(e.msg, "ps1") != NULL, "message '%s'", e.msg);
+
+    /* 7. lost everywhere every time: gives up after PS_RETRY_MAX_LOST re-runs. */
+    c = (fake_cluster){.use = 1, .lose_always = 1};
+    CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_ERR_NOT_FOUND);
+    CHECK(c.runs == PS_RETRY_MAX_LOST + 1 && c.s[0].napplied == 0);
+}
+
 int main(void) {
     test_retryable();
     test_codes_sequence();
@@ -409,5 +565,6 @@ int main(void) {
     test_settle();
     test_once();
     test_ctx_ids();
+    test_once_multi();
     return check_summary("test_retry");
 }

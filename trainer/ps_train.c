@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cluster.h"
 #include "config.h"
 #include "log.h"
 #include "ps_client.h"
@@ -35,7 +36,8 @@ static void print_flag(FILE *f, const char *shrt, const char *lng, const char *a
 static void usage(FILE *f, const ps_task *task) {
     fprintf(f,
             "usage: ps-train [TASK] [options]\n"
-            "       ps-train status [--server ADDR]   print a running psd's status\n"
+            "       ps-train status [--server ADDR]   print a running psd's status (every server's, with a\n"
+            "                                         cluster config)\n"
             "TASK is what to train (default %s; `ps-train TASK --help` lists its options):\n",
             ps_task_default()->name);
     for (int i = 0; i < ps_task_count(); i++)
@@ -284,11 +286,16 @@ int main(int argc, char **argv) {
     if (o.status_only) {
         task->destroy(t);
         grpc_init();
-        ps_client *sc = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
-                                                cfg.server.max_message_mb << 20, &sec.rpc, &err);
-        int src = sc && print_status(sc, &err) == 0 ? 0 : 1;
-        if (src) fprintf(stderr, "ps-train: %s\n", err.msg);
-        ps_client_free(sc);
+        int src;
+        if (cfg.n_servers > 0) {
+            src = ps_cluster_print_status(&cfg, cfg.trainer.rpc_timeout_s, stdout);
+        } else {
+            ps_client *sc = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
+                                                    cfg.server.max_message_mb << 20, &sec.rpc, &err);
+            src = sc && print_status(sc, &err) == 0 ? 0 : 1;
+            if (src) fprintf(stderr, "ps-train: %s\n", err.msg);
+            ps_client_free(sc);
+        }
         ps_security_free(&sec);
         grpc_shutdown();
         return src;
@@ -305,21 +312,12 @@ int main(int argc, char **argv) {
     grpc_init();
     rc = 1;
     ps_wire_param_list params = {0};
-    ps_client *cl = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
-                                            cfg.server.max_message_mb << 20, &sec.rpc, &err);
-    if (!cl) { fprintf(stderr, "ps-train: %s\n", err.msg); goto out; }
-
-    /* Wait for psd, then learn the model's parameters (the tutorial's RRefs). */
+    ps_cluster *cluster = NULL;
     char model[64] = "";
-    double t_wait = now_s();
-    for (;;) {
-        ps_wire_param_list_free(&params);
-        if (ps_client_list_parameters(cl, &params, model, sizeof model, &err) == PS_OK) break;
-        if (err.code != PS_ERR_UNAVAILABLE || now_s() - t_wait > o.wait_s) {
-            fprintf(stderr, "ps-train: rank %ld: cannot reach psd: %s\n", o.rank, err.msg);
-            goto out;
-        }
-        usleep(200 * 1000);
+    if (ps_cluster_open(&cfg, o.rank, stderr, &cluster, &err) ||
+        ps_cluster_connect(cluster, (double)o.wait_s, &params, model, sizeof model, &err)) {
+        fprintf(stderr, "ps-train: rank %ld: %s\n", o.rank, err.msg);
+        goto out;
     }
     int64_t nweights = 0;
     for (size_t i = 0; i < params.n; i++) {
@@ -327,17 +325,29 @@ int main(int argc, char **argv) {
         for (pb_size_t d = 0; d < params.items[i].shape_count; d++) c *= params.items[i].shape[d];
         nweights += c;
     }
-    printf("Rank %ld: connected to psd at %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
-           cfg.server.address, model, params.n, (long long)nweights);
+    int single = ps_cluster_single(cluster);
+    ps_client *cl = single >= 0 ? ps_cluster_client(cluster, single) : NULL;
+    if (cfg.n_servers == 0) {
+        printf("Rank %ld: connected to psd at %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
+               cfg.server.address, model, params.n, (long long)nweights);
+    } else {
+        printf("Rank %ld: connected to cluster %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
+               cfg.cluster.name, model, params.n, (long long)nweights);
+        ps_cluster_print(cluster, stdout);
+    }
     fflush(stdout);
+    env.cluster = cluster;
     env.cl = cl;
     env.model = model;
     env.params = &params;
     rc = train(task, t, &env, &o);
+    if (ps_cluster_partial_steps(cluster) || ps_cluster_reruns(cluster))
+        printf("Rank %ld: %ld partial steps (applied on some servers, lost on others), %ld batches run again\n",
+               o.rank, ps_cluster_partial_steps(cluster), ps_cluster_reruns(cluster));
 out:
     task->destroy(t);
     ps_wire_param_list_free(&params);
-    ps_client_free(cl);
+    ps_cluster_free(cluster);
     ps_security_free(&sec);
     grpc_shutdown();
     return rc;

@@ -146,3 +146,80 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
                     (unsigned long long)ctx, ps_status_name(st), unit);
     }
 }
+
+void ps_retry_mask_names(unsigned mask, int n, const char *const *names, char *buf, size_t len) {
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (int i = 0; i < n && at < len; i++)
+        if (mask & (1u << i)) at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? ", " : "", names[i]);
+}
+
+typedef struct server_step_call {
+    const ps_multi_ops *ops;
+    int server;
+    uint64_t ctx;
+} server_step_call;
+
+static ps_status call_server_step(void *arg, ps_err *err) {
+    server_step_call *s = arg;
+    return s->ops->step(s->ops->arg, s->server, s->ctx, err);
+}
+
+ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *ops, ps_multi_result *res,
+                              ps_err *err) {
+    PS_ASSERT(ops->n_servers >= 1 && ops->n_servers <= PS_RETRY_MAX_SERVERS);
+    ps_retry_reset(r);
+    const char *unit = ops->unit ? ops->unit : "unit";
+    *res = (ps_multi_result){0};
+    int lost_runs = 0;
+    for (;;) {
+        uint64_t ctx = ps_ctx_ids_next(ids);
+        unsigned touched = 0;
+        ps_status st = ops->run(ops->arg, ctx, &touched, err);
+        if (st != PS_OK) {  /* no Step was asked anywhere: nothing is applied */
+            if (ps_retry_retryable(st) && ps_retry_wait(r, unit, err)) continue;
+            if (st == PS_ERR_NOT_FOUND && touched && ++lost_runs <= PS_RETRY_MAX_LOST) {
+                res->reruns++;
+                if (r->p.log)
+                    fprintf(r->p.log, "%s: %s; running the %s again (a psd restarted or the context expired)\n",
+                            r->p.who, err ? err->msg : "context not found", unit);
+                continue;
+            }
+            return st;
+        }
+        unsigned applied = 0, lost = 0;
+        for (int i = 0; i < ops->n_servers; i++) {
+            if (!(touched & (1u << i))) continue;
+            server_step_call sc = {ops, i, ctx};
+            st = call_server_step(&sc, err);
+            if (ps_retry_retryable(st)) st = ps_retry_settle(r, call_server_step, &sc, err);
+            if (st == PS_OK) applied |= 1u << i;
+            else if (st == PS_ERR_NOT_FOUND || st == PS_ERR_FAILED_PRECONDITION) lost |= 1u << i;
+            else return ps_err_prefix(err, "Step of context %llx on %s", (unsigned long long)ctx, ops->names[i]);
+        }
+        *res = (ps_multi_result){.ctx = ctx, .touched = touched, .applied = applied, .lost = lost,
+                                 .reruns = res->reruns};
+        if (!lost) return PS_OK;
+        char an[256], ln[256];
+        ps_retry_mask_names(applied, ops->n_servers, ops->names, an, sizeof an);
+        ps_retry_mask_names(lost, ops->n_servers, ops->names, ln, sizeof ln);
+        if (!applied) {  /* lost everywhere: nothing applied, as on one server */
+            if (++lost_runs <= PS_RETRY_MAX_LOST) {
+                res->reruns++;
+                if (r->p.log)
+                    fprintf(r->p.log, "%s: context %llx not applied on any server (%s lost it); running the %s "
+                            "again\n", r->p.who, (unsigned long long)ctx, ln, unit);
+                continue;
+            }
+            return ps_err_set(err, PS_ERR_NOT_FOUND, "%s lost its context %d times in a row (%s)", unit, lost_runs,
+                              ln);
+        }
+        res->partial = 1;
+        if (r->p.log)
+            fprintf(r->p.log, "%s: partial step: %s of context %llx applied on %s, lost on %s (context gone there: "
+                    "restarted or expired); not run again, that would apply it twice on %s\n", r->p.who, unit,
+                    (unsigned long long)ctx, an, ln, an);
+        for (int i = 0; ops->report && i < ops->n_servers; i++) ops->report(ops->arg, i, ctx, applied, lost);
+        return PS_OK;
+    }
+}

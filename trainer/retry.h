@@ -101,4 +101,56 @@ typedef struct ps_once_ops {
  * fresh id from ids. */
 ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps_err *err);
 
+/* ---- a unit of work over several servers (trainer/cluster.h) ------------
+ *
+ * A batch whose stages live on several psd runs its Forwards and Backwards
+ * under one context id on every server it touches, then finishes with
+ * Step(ctx) on each of them. Each server applies a context at most once,
+ * and each Step is settled on its own server (ps_retry_settle). The rule
+ * for the outcome, per batch:
+ *  - every touched server applied it: done;
+ *  - a failure before the Steps (run): no server was asked to step, nothing
+ *    is applied anywhere: retried / run again under a fresh id as
+ *    ps_retry_once does;
+ *  - no server applied it (each Step answered NOT_FOUND or
+ *    FAILED_PRECONDITION): nothing applied, the batch runs again under a
+ *    fresh id (today's single-server rule), at most PS_RETRY_MAX_LOST times;
+ *  - some applied it and others lost the context (a restart, an expiry): a
+ *    PARTIAL step. The batch is not run again - that would apply it twice
+ *    where it was applied - it is logged, counted (ps_multi_result) and
+ *    reported to every server (ops->report: ReportPartial);
+ *  - any other answer of a Step is final (the error names the server).
+ */
+#define PS_RETRY_MAX_SERVERS 8 /* = PS_CONFIG_MAX_SERVERS; masks are unsigned bit sets */
+
+typedef struct ps_multi_ops {
+    const char *unit;                 /* "batch": for messages */
+    int n_servers;                    /* 1..PS_RETRY_MAX_SERVERS */
+    const char *const *names;         /* names[i]: server i in messages ("ps0") */
+    /* The unit's Forwards and Backwards under ctx, no Step. Set bit i of
+     * *touched as soon as server i may hold state for ctx. */
+    ps_status (*run)(void *arg, uint64_t ctx, unsigned *touched, ps_err *err);
+    /* Step(ctx) on server i (idempotent there). */
+    ps_status (*step)(void *arg, int server, uint64_t ctx, ps_err *err);
+    /* ReportPartial to server i (best effort: the callee logs failures);
+     * may be NULL. */
+    void (*report)(void *arg, int server, uint64_t ctx, unsigned applied, unsigned lost);
+    void *arg;
+} ps_multi_ops;
+
+typedef struct ps_multi_result {
+    uint64_t ctx;                     /* the context that finished */
+    unsigned touched, applied, lost;  /* server bit sets of that context */
+    int partial;                      /* applied on some servers, lost on others */
+    int reruns;                       /* runs again with nothing applied anywhere */
+} ps_multi_result;
+
+/* Reset the budget and run the unit as above. PS_OK: applied on every
+ * touched server, or a partial step (res->partial). */
+ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *ops, ps_multi_result *res,
+                              ps_err *err);
+
+/* "ps0, ps1" of the servers in mask (names as ops->names). */
+void ps_retry_mask_names(unsigned mask, int n, const char *const *names, char *buf, size_t len);
+
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cluster.h"
 #include "config.h"
 #include "ps_client.h"
 #include "security.h"
@@ -19,6 +20,8 @@ static void usage(FILE *f) {
             "      --timeout-s S   give up after S seconds (default 5)\n"
             "      --set KEY=VALUE override a config key (e.g. security.token_file=...)\n"
             "  TLS and tokens come from the config's security.* keys, as for training.\n"
+            "  With a cluster config (servers.*) and no --server: one line per server (name,\n"
+            "  address, hosted stages, model version, partial steps applied / lost there).\n"
             "  (ps-train --status prints the same as key: value lines for scripts.)\n");
 }
 
@@ -79,6 +82,12 @@ int ps_status_cmd_main(int argc, char **argv) {
         return 2;
     }
 
+    if (cfg.n_servers > 0 && !server) {
+        grpc_init();
+        int crc = ps_cluster_print_status(&cfg, timeout_s, stdout);
+        grpc_shutdown();
+        return crc;
+    }
     ps_security sec;
     if (ps_security_client(&cfg, &sec, &err)) { fprintf(stderr, "ps-train status: %s\n", err.msg); return 2; }
     grpc_init();
@@ -109,6 +118,12 @@ int ps_status_cmd_main(int argc, char **argv) {
     printf("  non-finite        policy %s: %llu calls rejected, %llu steps skipped\n", st.nonfinite_policy,
            (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped);
     printf("  consistency       %s\n", st.consistency);
+    if (st.server_name[0] || st.hosted[0])
+        printf("  cluster           %s, server %s, hosts %s\n", st.cluster, st.server_name[0] ? st.server_name : "-",
+               st.hosted[0] ? st.hosted : "(not reported)");
+    if (st.partial_steps || st.partial_steps_lost)
+        printf("  partial steps     %llu applied here (lost elsewhere), %llu lost here\n",
+               (unsigned long long)st.partial_steps, (unsigned long long)st.partial_steps_lost);
     if (st.sync_round) printf("  sync round        %llu open, waits for %u\n", (unsigned long long)st.sync_round,
                               st.sync_members);
     if (st.metrics_round) {

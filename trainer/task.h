@@ -3,7 +3,7 @@
  * `ps-train [TASK] [options]`: TASK names a row of the task table (tasks.c,
  * the one place that knows which tasks exist; default "mnist"). The driver
  * (ps_train.c) owns what every task shares: config file and common flags,
- * TLS, the connection to psd and waiting for it, psd's parameter list, the
+ * TLS, the connections to the psd servers (cluster.h) and waiting for them, psd's parameter list, the
  * retry policy and context ids, epochs, progress lines and the summary. A
  * task owns its data, its flags, what one round sends to psd, and its
  * evaluation.
@@ -53,7 +53,9 @@ typedef struct ps_task_env {
     int world_size;         /* the PS plus the trainers */
     int fuse_step;          /* --fuse-step: Backward and Step as one RPC */
     /* Set once connected; NULL in init. */
-    ps_client *cl;
+    struct ps_cluster *cluster;       /* every server of the config (cluster.h) */
+    ps_client *cl;                    /* the server hosting every stage; NULL when the stages span
+                                         several servers (then calls go through cluster) */
     const char *model;                /* the model psd serves */
     const ps_wire_param_list *params; /* its parameters (ListParameters) */
     ps_retry *retry;                  /* the trainer's retry policy and counters */

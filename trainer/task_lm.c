@@ -20,6 +20,22 @@
  * The hidden state is carried across windows, detached, and reset at each
  * epoch; a retried round restarts from the state before it.
  * Each trainer takes its contiguous 1/(world_size-1) share of train.txt.
+ *
+ * Several PS nodes (cluster.h): the stages may live on different servers
+ * and emb may be sharded by rows (model.placement.emb.shards). Then a
+ * window runs under one context id on every server it touches
+ * (ps_cluster_run): each shard gets the ids of the window's positions that
+ * fall in its rows (global ids, 1-D) and its rows are scattered back into
+ * the (T, N, ninp) input of the LSTM; its Backward gets the matching rows
+ * of the gradient; a shard no id of the window falls in is not touched.
+ * The LSTM's weights come from the server hosting "rnn" (pulled every
+ * window unless a Forward of the window on that server shows the version
+ * unchanged), its gradients go there; the decoder runs on its server. The
+ * global-norm clip sums the squared gradient norm each touched server
+ * reports for the context and gives every Step the same grad_scale.
+ * --decoder fused across servers needs the decoder on rnn's server (its
+ * norm arrives with the PushGradients reply). With every stage on one
+ * server the single-server path is used unchanged.
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster.h"
 #include "lm_corpus.h"
 #include "loss.h"
 #include "lstm.h"
@@ -70,6 +87,15 @@ typedef struct lm_task {
     /* progress */
     double log_loss, log_t0;
     int log_n;
+    /* stages on several servers (env->cl == NULL): where they live, and the
+     * per-shard gather buffers of a window (ids, positions, rows) */
+    int s_emb, s_dec, s_rnn;    /* servers; s_emb -1 when sharded */
+    int emb_stage;              /* emb's index in the placement */
+    int64_t *sh_ids;            /* (bptt * max(bs, LM_EVAL_BATCH)) */
+    int64_t *sh_pos;
+    float *sh_rows;             /* (bptt * max(bs, LM_EVAL_BATCH), ninp) */
+    uint64_t fwd_version[PS_CONFIG_MAX_SERVERS]; /* versions the window's emb Forwards saw */
+    unsigned fwd_seen;
 } lm_task;
 
 static double now_s(void) {
@@ -241,6 +267,173 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     return PS_OK;
 }
 
+/* ---- stages on several servers ------------------------------------------ */
+
+/* The Forward of stage emb for ids (T, N) into e (T, N, ninp): on its
+ * server, or per shard with the window's ids in its rows, scattered back.
+ * b: a training window's batch (train, context); NULL: evaluation. */
+static ps_status emb_forward_multi(lm_task *t, const ps_task_env *env, ps_cluster_batch *b, const int64_t *ids,
+                                   int64_t T, int64_t N, float *e, ps_err *err) {
+    const ps_placement *p = ps_cluster_placement(env->cluster);
+    const ps_place_stage *ps = &p->stages[t->emb_stage];
+    const int64_t D = t->ninp;
+    uint32_t rank = (uint32_t)env->rank;
+    ps_status st;
+    t->fwd_seen = 0;
+    int n = ps->n_shards ? ps->n_shards : 1;
+    for (int k = 0; k < n; k++) {
+        int server = ps->n_shards ? ps->shards[k].server : ps->server;
+        ps_client_fwd f = {.rank = rank, .stage = "emb"};
+        ps_client_fwd_out o;
+        int64_t cnt = T * N;
+        if (ps->n_shards) {
+            cnt = 0;
+            for (int64_t i = 0; i < T * N; i++) {
+                if (ids[i] < 0 || ids[i] >= ps->rows)
+                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "token id %lld is outside the embedding's %lld "
+                                      "rows", (long long)ids[i], (long long)ps->rows);
+                if (ids[i] >= ps->shards[k].lo && ids[i] < ps->shards[k].hi) t->sh_pos[cnt] = i, t->sh_ids[cnt++] = ids[i];
+            }
+            if (!cnt) continue;  /* no id of the window in this shard: not touched */
+            f.input = (ps_client_tensor){PS_CLIENT_I64, 1, {cnt}, t->sh_ids};
+            o = (ps_client_fwd_out){.out = t->sh_rows, .out_cap = cnt * D};
+        } else {
+            f.input = (ps_client_tensor){PS_CLIENT_I64, 2, {T, N}, ids};
+            o = (ps_client_fwd_out){.out = e, .out_cap = T * N * D};
+        }
+        if (b) st = ps_cluster_forward(b, server, &f, &o, err);
+        else if ((st = ps_client_forward_ex(ps_cluster_client(env->cluster, server), &f, &o, err)))
+            ps_err_prefix(err, "%s", ps_cluster_name(env->cluster, server));
+        if (st) return st;
+        t->fwd_version[server] = o.version;
+        t->fwd_seen |= 1u << server;
+        if (ps->n_shards)
+            for (int64_t i = 0; i < cnt; i++) memcpy(e + t->sh_pos[i] * D, t->sh_rows + i * D, (size_t)D * sizeof(float));
+    }
+    return PS_OK;
+}
+
+/* The Backward of stage emb with de (T, N, ninp): per shard the rows of its
+ * positions (the same gather as its Forward). */
+static ps_status emb_backward_multi(lm_task *t, const ps_task_env *env, ps_cluster_batch *b, const int64_t *ids,
+                                    int64_t T, int64_t N, const float *de, ps_err *err) {
+    const ps_place_stage *ps = &ps_cluster_placement(env->cluster)->stages[t->emb_stage];
+    const int64_t D = t->ninp;
+    uint32_t seq = 0;
+    ps_status st;
+    if (!ps->n_shards) {
+        ps_client_tensor g = {PS_CLIENT_F32, 3, {T, N, D}, de};
+        ps_client_bwd bw = {.n = 1, .seqs = &seq, .grads = &g};
+        return ps_cluster_backward(b, ps->server, &bw, err);
+    }
+    for (int k = 0; k < ps->n_shards; k++) {
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < T * N; i++)
+            if (ids[i] >= ps->shards[k].lo && ids[i] < ps->shards[k].hi)
+                memcpy(t->sh_rows + cnt++ * D, de + i * D, (size_t)D * sizeof(float));
+        if (!cnt) continue;
+        ps_client_tensor g = {PS_CLIENT_F32, 2, {cnt, D}, t->sh_rows};
+        ps_client_bwd bw = {.n = 1, .seqs = &seq, .grads = &g};
+        if ((st = ps_cluster_backward(b, ps->shards[k].server, &bw, err))) return st;
+    }
+    return PS_OK;
+}
+
+/* The LSTM's weights from rnn's server unless a Forward of this window
+ * there showed them unchanged. */
+static ps_status pull_weights_multi(lm_task *t, const ps_task_env *env, ps_err *err) {
+    if (t->have_w && (t->fwd_seen & (1u << t->s_rnn)) && t->fwd_version[t->s_rnn] == t->w_version) return PS_OK;
+    ps_status st = pull_weights(t, ps_cluster_client(env->cluster, t->s_rnn), err);
+    return st ? ps_err_prefix(err, "%s", ps_cluster_name(env->cluster, t->s_rnn)) : PS_OK;
+}
+
+/* One window over several servers (ps_cluster_run): lm_once's steps with
+ * each stage's calls on its server; no Step (the cluster sends them, with
+ * b->grad_scale). */
+static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
+    lm_job *j = arg;
+    lm_task *t = j->t;
+    const ps_task_env *env = j->env;
+    const int64_t T = j->T, N = j->N, H = t->nhid, V = t->ntoken;
+    uint32_t rank = (uint32_t)env->rank;
+    ps_status st;
+    if ((st = emb_forward_multi(t, env, b, j->ids, T, N, j->e, err))) return st;
+    if ((st = pull_weights_multi(t, env, err))) return st;
+    ps_rng rng;
+    ps_rng_seed(&rng, j->seed);
+    const float *x = j->e;
+    for (int k = 0; k < t->nlayers; k++) {
+        ps_lstm *l;
+        ps_lstm_weights w = weights_of(t, k);
+        if ((st = lstm_get(t, k, T, N, &l, err)) ||
+            (st = ps_lstm_forward(l, &w, x, t->h + k * N * H, t->c + k * N * H, j->y[k], j->h1 + k * N * H,
+                                  j->c1 + k * N * H, err)))
+            return st;
+        if (k < t->nlayers - 1 && t->dropout > 0) {
+            float keep = (float)(1.0 - t->dropout), sc = 1.0f / keep;
+            for (int64_t i = 0; i < T * N * H; i++) {
+                j->mask[k][i] = ps_rng_uniform(&rng) < keep ? sc : 0.0f;
+                j->y[k][i] *= j->mask[k][i];
+            }
+        }
+        x = j->y[k];
+    }
+    ps_client_fwd f = {.seq = 1, .rank = rank, .stage = "decoder", .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
+    ps_client_fwd_out fo;
+    if (t->fused) {
+        f.targets = (ps_client_tensor){PS_CLIENT_I64, 2, {T, N}, j->tgt};
+        fo = (ps_client_fwd_out){.input_grad = j->dy, .input_grad_cap = T * N * H};
+        if ((st = ps_cluster_forward(b, t->s_dec, &f, &fo, err))) return st;
+        j->loss = fo.loss;
+    } else {
+        fo = (ps_client_fwd_out){.out = j->logits, .out_cap = T * N * V};
+        if ((st = ps_cluster_forward(b, t->s_dec, &f, &fo, err))) return st;
+        j->loss = ps_cross_entropy(j->logits, j->tgt, T * N, V, j->dlogits);
+        uint32_t seq1 = 1;
+        ps_client_tensor gt = {PS_CLIENT_F32, 3, {T, N, V}, j->dlogits};
+        float *ig[1] = {j->dy};
+        int64_t cap[1] = {T * N * H};
+        ps_client_bwd bw = {.n = 1, .seqs = &seq1, .grads = &gt, .input_grads = ig, .input_caps = cap};
+        if ((st = ps_cluster_backward(b, t->s_dec, &bw, err))) return st;
+    }
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
+    float *dy = j->dy;
+    for (int k = t->nlayers - 1; k >= 0; k--) {
+        ps_lstm *l;
+        ps_lstm_weights w = weights_of(t, k);
+        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
+        float *dx = k ? j->dx : j->e;
+        if ((st = lstm_get(t, k, T, N, &l, err)) ||
+            (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
+            return st;
+        if (k) {
+            if (t->dropout > 0)
+                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
+            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
+            dy = j->dy;
+        }
+    }
+    if ((st = emb_backward_multi(t, env, b, j->ids, T, N, j->e, err))) return st;
+    ps_wire_named items[LM_MAX_LAYERS * 4];
+    char names[LM_MAX_LAYERS * 4][32];
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) {
+            ps_wire_named *it = &items[k * 4 + q];
+            snprintf(names[k * 4 + q], sizeof names[0], "rnn.%s_l%d", pnames[q], k);
+            *it = (ps_wire_named){.name = names[k * 4 + q], .ndim = q < 2 ? 2 : 1, .data = t->g[k][q]};
+            it->dims[0] = 4 * H;
+            if (q < 2) it->dims[1] = q == 0 ? (k ? H : t->ninp) : H;
+        }
+    if ((st = ps_cluster_push_gradients(b, t->s_rnn, items, (size_t)(4 * t->nlayers), err))) return st;
+    /* clip_grad_norm_ over every server's part of the model, one scale for all Steps */
+    j->sq_norm = ps_cluster_batch_sq_norm(b);
+    double norm = sqrt(j->sq_norm), coef = t->clip / (norm + 1e-6);
+    j->scale = (coef < 1 ? coef : 1.0) * (t->lr / t->lr0);
+    b->grad_scale = (float)j->scale;
+    return PS_OK;
+}
+
 static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
     lm_job *j = arg;
     ps_client_step_out so;
@@ -259,7 +452,8 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
     float *h = calloc((size_t)(t->nlayers * N * H), sizeof(float)), *c = calloc((size_t)(t->nlayers * N * H), sizeof(float));
     ps_status st = PS_OK;
     if (!e || !logits || !y[0] || !y[1] || !h || !c) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    if (!st) st = pull_weights(t, env->cl, err);
+    if (!st) st = env->cl ? pull_weights(t, env->cl, err) : (t->fwd_seen = 0, pull_weights_multi(t, env, err));
+    ps_client *dec = env->cl ? env->cl : ps_cluster_client(env->cluster, t->s_dec);
     double total = 0;
     int64_t count = 0;
     for (size_t i = 0; !st && i + 1 < rows; i += (size_t)B) {
@@ -267,7 +461,9 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
         ps_client_fwd f = {.rank = (uint32_t)env->rank, .stage = "emb",
                            .input = {PS_CLIENT_I64, 2, {T, N}, data + i * N}};
         ps_client_fwd_out fo = {.out = e, .out_cap = B * N * t->ninp};
-        if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
+        if (!env->cl) {
+            if ((st = emb_forward_multi(t, env, NULL, data + i * N, T, N, e, err))) break;
+        } else if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
         const float *x = e;
         for (int k = 0; k < t->nlayers && !st; k++) {
             ps_lstm *l;
@@ -280,7 +476,7 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
         if (st) break;
         f = (ps_client_fwd){.rank = (uint32_t)env->rank, .stage = "decoder", .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
         fo = (ps_client_fwd_out){.out = logits, .out_cap = B * N * V};
-        if ((st = ps_client_forward_ex(env->cl, &f, &fo, err))) break;
+        if ((st = ps_client_forward_ex(dec, &f, &fo, err))) break;
         total += ps_cross_entropy(logits, data + (i + 1) * N, T * N, V, NULL) * (double)(T * N);
         count += T * N;
     }
@@ -308,6 +504,7 @@ static void lm_destroy(void *arg) {
     if (!t) return;
     ps_lm_corpus_free(t->corpus);
     free(t->train); free(t->valid); free(t->test); free(t->h); free(t->c);
+    free(t->sh_ids); free(t->sh_pos); free(t->sh_rows);
     for (int k = 0; k < LM_MAX_LAYERS; k++) {
         for (int q = 0; q < 4; q++) { free(t->w[k][q]); free(t->g[k][q]); }
         for (int i = 0; i < LM_LSTM_CACHE; i++) ps_lstm_free(t->cache[k][i].l);
@@ -398,7 +595,8 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
     t->nlayers = 0;
     for (size_t i = 0; i < env->params->n; i++) {
         const ps_ParameterInfo *p = &env->params->items[i];
-        if (!strcmp(p->name, "encoder.weight")) t->ntoken = p->shape[0], t->ninp = p->shape[1];
+        if (!strcmp(p->name, "encoder.weight"))  /* a shard: rows_total is the table's */
+            t->ntoken = p->rows_total ? p->rows_total : p->shape[0], t->ninp = p->shape[1];
         if (!strncmp(p->name, "rnn.weight_hh_l", 15)) {
             t->nlayers++;
             t->nhid = p->shape[1];
@@ -420,6 +618,25 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
             t->g[k][q] = malloc((size_t)n[q] * sizeof(float));
             if (!t->w[k][q] || !t->g[k][q]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         }
+    }
+    if (!env->cl) {  /* stages on several servers */
+        t->emb_stage = ps_placement_stage(ps_cluster_placement(env->cluster), "emb");
+        t->s_emb = ps_cluster_stage_server(env->cluster, "emb");
+        t->s_dec = ps_cluster_stage_server(env->cluster, "decoder");
+        t->s_rnn = ps_cluster_stage_server(env->cluster, "rnn");
+        if (t->emb_stage < 0 || t->s_dec < 0 || t->s_rnn < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: stages decoder and rnn must each be placed on one "
+                              "server and emb on one or sharded (model.placement)");
+        if (t->fused && t->s_dec != t->s_rnn)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: --decoder fused needs the decoder on rnn's server "
+                              "(here %s and %s): its gradient norm for clipping comes with the PushGradients reply; "
+                              "use --decoder logits", ps_cluster_name(env->cluster, t->s_dec),
+                              ps_cluster_name(env->cluster, t->s_rnn));
+        size_t cols = (size_t)(t->bs > LM_EVAL_BATCH ? t->bs : LM_EVAL_BATCH), pos = (size_t)t->bptt * cols;
+        t->sh_ids = malloc(pos * sizeof(int64_t));
+        t->sh_pos = malloc(pos * sizeof(int64_t));
+        t->sh_rows = malloc(pos * (size_t)t->ninp * sizeof(float));
+        if (!t->sh_ids || !t->sh_pos || !t->sh_rows) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     }
     t->h = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
     t->c = calloc((size_t)(t->nlayers * t->bs * H), sizeof(float));
@@ -484,7 +701,11 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
         ok = ok && j.y[k] && j.mask[k];
     }
     ps_status st = ok ? PS_OK : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    if (!st) {
+    if (!st && !env->cl) {
+        ps_cluster_batch cb;
+        st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", lm_once_multi, &j, &cb, err);
+        j.version = cb.version;
+    } else if (!st) {
         ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j};
         st = ps_retry_once(env->retry, env->ids, &ops, err);
     }

@@ -7,18 +7,26 @@
  * Evaluation runs the test set through remote Forward (eval) and prints the
  * accuracy. Every rank trains on all of the data, shuffled with its own
  * seed, as in the tutorial, or on its share with --shard.
+ *
+ * Stages on two servers (model.placement conv: ps0, fc: ps1, cluster.h):
+ * Forward(conv) on its server -> Forward(fc) on the other -> the loss here
+ * -> Backward(fc) with its input gradient back -> Backward(conv) with it ->
+ * Step on both, one context id on both (ps_cluster_run). With both stages
+ * on one server the single-call path below is used unchanged.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "mnist.h"
 #include "models.h"
 #include "task.h"
 
 #define MNIST_CLASSES 10
 #define EVAL_BATCH 500 /* test images per evaluation Forward (<= the model's max batch) */
+#define CONV_OUT 9216  /* floats per image between the stages: mnist_cnn's conv output, 64 x 12 x 12 */
 
 typedef struct mnist_task {
     int shard;                 /* --shard */
@@ -30,6 +38,8 @@ typedef struct mnist_task {
     int64_t *y;                /* (cap) */
     float *lp;                 /* (cap, 10) log-probabilities */
     float *grad;               /* (bs, 10) d loss / d lp */
+    int s_conv, s_fc;          /* servers of the stages when they differ (cluster.h); else -1 */
+    float *act, *dact;         /* (cap, CONV_OUT) conv's output, its gradient (stages on two servers) */
 } mnist_task;
 
 /* NLL loss (mean) of log-probabilities lp (n, k) and its gradient. */
@@ -137,6 +147,44 @@ static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err) {
     return ps_client_step(j->cl, ctx, &j->version, err);
 }
 
+/* The same batch with conv and fc on different servers: the activations
+ * and their gradient travel through the trainer (ps_cluster_run). */
+typedef struct chain_job {
+    batch_job *j;
+    int s_conv, s_fc;
+    float *act, *dact;
+} chain_job;
+
+static ps_status chain_once(void *arg, ps_cluster_batch *b, ps_err *err) {
+    chain_job *c = arg;
+    batch_job *j = c->j;
+    uint32_t seq = 0;
+    ps_client_fwd f = {.rank = (uint32_t)j->rank, .stage = "conv",
+                       .input = {PS_CLIENT_F32, 4, {j->n, 1, j->rows, j->cols}, j->x}};
+    ps_client_fwd_out o = {.out = c->act, .out_cap = (int64_t)j->cap * CONV_OUT};
+    ps_status st = ps_cluster_forward(b, c->s_conv, &f, &o, err);
+    if (st) return st;
+    int64_t acols = o.ndim == 2 ? o.dims[1] : 0;
+    if (acols <= 0 || acols > CONV_OUT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "stage conv returned %d dims (%lld per image), expected (n, <= %d)",
+                          o.ndim, (long long)acols, CONV_OUT);
+    f = (ps_client_fwd){.rank = (uint32_t)j->rank, .stage = "fc", .input = {PS_CLIENT_F32, 2, {j->n, acols}, c->act}};
+    o = (ps_client_fwd_out){.out = j->lp, .out_cap = (int64_t)j->cap * j->k};
+    if ((st = ps_cluster_forward(b, c->s_fc, &f, &o, err))) return st;
+    if (o.ndim != 2 || o.dims[1] != j->k)
+        return ps_err_set(err, PS_ERR_INTERNAL, "stage fc returned %lld outputs, expected %d",
+                          (long long)(o.ndim == 2 ? o.dims[1] : -1), j->k);
+    j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
+    ps_client_tensor g = {PS_CLIENT_F32, 2, {j->n, j->k}, j->grad};
+    float *ig[1] = {c->dact};
+    int64_t icap[1] = {(int64_t)j->n * acols};
+    ps_client_bwd bw = {.n = 1, .seqs = &seq, .grads = &g, .input_grads = ig, .input_caps = icap};
+    if ((st = ps_cluster_backward(b, c->s_fc, &bw, err))) return st;
+    g = (ps_client_tensor){PS_CLIENT_F32, 2, {j->n, acols}, c->dact};
+    bw = (ps_client_bwd){.n = 1, .seqs = &seq, .grads = &g};
+    return ps_cluster_backward(b, c->s_conv, &bw, err);
+}
+
 typedef struct eval_call {
     ps_client *cl;
     long rank;
@@ -145,6 +193,31 @@ typedef struct eval_call {
     float *out;
     int64_t cap, out_cols;
 } eval_call;
+
+/* Evaluation through two servers: conv there, fc here. */
+typedef struct eval_chain {
+    ps_client *conv, *fc;
+    long rank;
+    const float *x;
+    int n, rows, cols;
+    float *act, *out;
+    int64_t act_cap, cap, out_cols;
+} eval_chain;
+
+static ps_status eval_chain_forward(void *arg, ps_err *err) {
+    eval_chain *e = arg;
+    ps_client_fwd f = {.rank = (uint32_t)e->rank, .stage = "conv",
+                       .input = {PS_CLIENT_F32, 4, {e->n, 1, e->rows, e->cols}, e->x}};
+    ps_client_fwd_out o = {.out = e->act, .out_cap = e->act_cap};
+    ps_status st = ps_client_forward_ex(e->conv, &f, &o, err);
+    if (st) return st;
+    if (o.ndim != 2) return ps_err_set(err, PS_ERR_INTERNAL, "stage conv returned %d dims, expected 2", o.ndim);
+    f = (ps_client_fwd){.rank = (uint32_t)e->rank, .stage = "fc", .input = {PS_CLIENT_F32, 2, {e->n, o.dims[1]}, e->act}};
+    o = (ps_client_fwd_out){.out = e->out, .out_cap = e->cap};
+    if ((st = ps_client_forward_ex(e->fc, &f, &o, err))) return st;
+    e->out_cols = o.ndim == 2 ? o.dims[1] : -1;
+    return PS_OK;
+}
 
 static ps_status eval_forward(void *arg, ps_err *err) {
     eval_call *e = arg;
@@ -164,6 +237,8 @@ static void mnist_destroy(void *arg) {
     free(t->y);
     free(t->lp);
     free(t->grad);
+    free(t->act);
+    free(t->dact);
     free(t);
 }
 
@@ -235,6 +310,24 @@ static ps_status mnist_begin_epoch(void *arg, const ps_task_env *env, int epoch,
     return PS_OK;
 }
 
+/* Stages on two servers: which, and the buffers between them (once). */
+static ps_status mnist_chain_setup(mnist_task *t, const ps_task_env *env, ps_err *err) {
+    if (t->act) return PS_OK;
+    t->s_conv = ps_cluster_stage_server(env->cluster, "conv");
+    t->s_fc = ps_cluster_stage_server(env->cluster, "fc");
+    if (t->s_conv < 0 || t->s_fc < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "mnist: stages conv and fc must each be placed on one server "
+                          "(model.placement.conv / .fc)");
+    if (env->cfg->trainer.check_gradients)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "trainer.check_gradients needs conv and fc on one server "
+                          "(here %s and %s)", ps_cluster_name(env->cluster, t->s_conv),
+                          ps_cluster_name(env->cluster, t->s_fc));
+    t->act = malloc((size_t)t->cap * CONV_OUT * sizeof(float));
+    t->dact = malloc((size_t)t->cap * CONV_OUT * sizeof(float));
+    if (!t->act || !t->dact) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    return PS_OK;
+}
+
 static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, int b, ps_task_round *out,
                                  ps_err *err) {
     mnist_task *t = arg;
@@ -247,6 +340,14 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
                      .cols = (int)t->train.cols, .k = MNIST_CLASSES, .cap = t->cap, .fuse = env->fuse_step,
                      .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
                      .grad = t->grad};
+    if (!env->cl) {  /* conv and fc on different servers */
+        if ((st = mnist_chain_setup(t, env, err))) return st;
+        chain_job cj = {.j = &job, .s_conv = t->s_conv, .s_fc = t->s_fc, .act = t->act, .dact = t->dact};
+        ps_cluster_batch cb;
+        if ((st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", chain_once, &cj, &cb, err))) return st;
+        *out = (ps_task_round){.loss = job.loss, .samples = n, .version = cb.version};
+        return PS_OK;
+    }
     ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job};
     if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     if (job.checked && b % env->cfg->trainer.log_every == 0)
@@ -268,12 +369,23 @@ static ps_status mnist_evaluate(void *arg, const ps_task_env *env, ps_err *err) 
         for (int i = 0; i < n; i++) idx[i] = s + (uint32_t)i;
         if ((st = ps_mnist_batch(&t->test, idx, n, t->x, t->y, err))) return st;
         ps_retry_reset(env->retry);
-        eval_call ec = {.cl = env->cl, .rank = env->rank, .x = t->x, .n = n, .rows = (int)t->test.rows,
-                        .cols = (int)t->test.cols, .out = t->lp, .cap = (int64_t)t->cap * k};
-        if ((st = ps_retry_call(env->retry, "evaluation Forward", eval_forward, &ec, err))) return st;
-        if (ec.out_cols != k)
-            return ps_err_set(err, PS_ERR_INTERNAL, "model returned %lld outputs, expected %d",
-                              (long long)ec.out_cols, k);
+        int64_t out_cols;
+        if (!env->cl) {
+            if ((st = mnist_chain_setup(t, env, err))) return st;
+            eval_chain ec = {.conv = ps_cluster_client(env->cluster, t->s_conv),
+                             .fc = ps_cluster_client(env->cluster, t->s_fc), .rank = env->rank, .x = t->x, .n = n,
+                             .rows = (int)t->test.rows, .cols = (int)t->test.cols, .act = t->act, .out = t->lp,
+                             .act_cap = (int64_t)t->cap * CONV_OUT, .cap = (int64_t)t->cap * k};
+            if ((st = ps_retry_call(env->retry, "evaluation Forward", eval_chain_forward, &ec, err))) return st;
+            out_cols = ec.out_cols;
+        } else {
+            eval_call ec = {.cl = env->cl, .rank = env->rank, .x = t->x, .n = n, .rows = (int)t->test.rows,
+                            .cols = (int)t->test.cols, .out = t->lp, .cap = (int64_t)t->cap * k};
+            if ((st = ps_retry_call(env->retry, "evaluation Forward", eval_forward, &ec, err))) return st;
+            out_cols = ec.out_cols;
+        }
+        if (out_cols != k)
+            return ps_err_set(err, PS_ERR_INTERNAL, "model returned %lld outputs, expected %d", (long long)out_cols, k);
         for (int i = 0; i < n; i++) {
             int best = 0;
             for (int c = 1; c < k; c++)

@@ -1,0 +1,182 @@
+/* placement.c - resolve a config's placement against the model registry
+ * (see placement.h). */
+#include "placement.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "models.h"
+
+void ps_shard_range(int64_t rows, int n, int k, int64_t *lo, int64_t *hi) {
+    PS_ASSERT(n >= 1 && k >= 0 && k < n && rows >= 0);
+    *lo = rows * k / n;
+    *hi = rows * (k + 1) / n;
+}
+
+/* The model's value of size key: model.sizes.<key>, else the registry's. */
+static double size_value(const ps_config *c, const ps_model_def *d, const char *key) {
+    for (int i = 0; i < c->model.n_sizes; i++)
+        if (!strcmp(c->model.sizes[i].key, key)) return c->model.sizes[i].value;
+    const ps_size_key *k = ps_model_def_size(d, key);
+    PS_ASSERT(k);
+    return k->def;
+}
+
+static const ps_stage_placement *find_placement(const ps_config *c, const char *stage) {
+    for (int i = 0; i < c->model.n_placement; i++)
+        if (!strcmp(c->model.placement[i].stage, stage)) return &c->model.placement[i];
+    return NULL;
+}
+
+static int find_server(const ps_placement *p, const char *name) {
+    for (int i = 0; i < p->n_servers; i++)
+        if (!strcmp(p->server_name[i], name)) return i;
+    return -1;
+}
+
+static const char *name_list(const ps_placement *p, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->n_servers && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? ", " : "", p->server_name[i]);
+    return buf;
+}
+
+#define PL "model.placement."
+
+/* A sharded stage: its first layer must be an embedding; rows and table name. */
+static ps_status place_shards(const ps_config *c, const ps_model_def *d, const ps_stage_def *sd,
+                              const ps_stage_placement *pl, ps_placement *p, ps_place_stage *ps, ps_err *err) {
+    char list[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX];
+    const ps_layer_def *first = sd->nlayers ? &sd->layers[0] : NULL;
+    if (!first || strcmp(first->kind, "embedding"))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: only a stage whose first layer is an "
+                          "embedding table can be sharded; stage '%s' of model '%s' starts with %s", sd->name,
+                          sd->name, d->name, first ? first->kind : "no layer");
+    int64_t rows = first->num_key ? (int64_t)size_value(c, d, first->num_key) : first->num;
+    ps->rows = rows;
+    snprintf(ps->table, sizeof ps->table, "%s.weight", first->name);
+    if (pl->n_shards > rows)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: %d shards but %s has only %lld rows%s%s%s "
+                          "(at least one row per shard)", sd->name, pl->n_shards, ps->table, (long long)rows,
+                          first->num_key ? " (model.sizes." : "", first->num_key ? first->num_key : "",
+                          first->num_key ? ")" : "");
+    ps->server = -1;
+    ps->n_shards = pl->n_shards;
+    for (int k = 0; k < pl->n_shards; k++) {
+        int sv = find_server(p, pl->shard_server[k]);
+        if (sv < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: server '%s' is not in servers (%s)",
+                              sd->name, pl->shard_server[k], name_list(p, list, sizeof list));
+        for (int j = 0; j < k; j++)
+            if (ps->shards[j].server == sv)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: server '%s' is named twice "
+                                  "(shards %d and %d); each shard goes on its own server", sd->name,
+                                  pl->shard_server[k], j + 1, k + 1);
+        ps->shards[k].server = sv;
+        snprintf(ps->shards[k].device, sizeof ps->shards[k].device, "%s", pl->shard_device[k]);
+        ps_shard_range(rows, pl->n_shards, k, &ps->shards[k].lo, &ps->shards[k].hi);
+    }
+    return PS_OK;
+}
+
+ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
+    memset(p, 0, sizeof *p);
+    ps_status st = ps_config_check_model(c, err);
+    if (st != PS_OK) return st;
+    const ps_model_def *d = ps_model_def_at(c->model.name);
+    PS_ASSERT(d && d->nstages <= PS_CONFIG_MAX_STAGES);
+    char list[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX];
+    if (c->n_servers == 0) {
+        p->n_servers = 1;
+        snprintf(p->server_addr[0], sizeof p->server_addr[0], "%s", c->server.address);
+    } else {
+        p->n_servers = c->n_servers;
+        for (int i = 0; i < c->n_servers; i++) {
+            snprintf(p->server_name[i], sizeof p->server_name[i], "%s", c->servers[i].name);
+            snprintf(p->server_addr[i], sizeof p->server_addr[i], "%s", c->servers[i].address);
+        }
+    }
+    p->n_stages = d->nstages;
+    for (int s = 0; s < d->nstages; s++) {
+        const ps_stage_def *sd = &d->stages[s];
+        ps_place_stage *ps = &p->stages[s];
+        snprintf(ps->name, sizeof ps->name, "%s", sd->name);
+        const ps_stage_placement *pl = find_placement(c, sd->name);
+        if (c->n_servers == 0) {
+            if (pl && (pl->server[0] || pl->n_shards))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s%s: names server '%s' but the config "
+                                  "defines no servers (add servers.%s.address, or place the stage on a "
+                                  "device only)", sd->name, pl->n_shards ? ".shards" : "",
+                                  pl->n_shards ? pl->shard_server[0] : pl->server,
+                                  pl->n_shards ? pl->shard_server[0] : pl->server);
+            ps->server = 0;
+            snprintf(ps->device, sizeof ps->device, "%s", pl ? pl->device : "cpu");
+            continue;
+        }
+        if (!pl)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s: stage '%s' of model '%s' is not placed; "
+                              "with servers defined every stage names its server (servers: %s)", sd->name,
+                              sd->name, d->name, name_list(p, list, sizeof list));
+        if (pl->n_shards) {
+            if ((st = place_shards(c, d, sd, pl, p, ps, err)) != PS_OK) return st;
+            continue;
+        }
+        if (!pl->server[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s: '%s' names no server; with servers "
+                              "defined write SERVER or SERVER/DEVICE (servers: %s)", sd->name, pl->device,
+                              name_list(p, list, sizeof list));
+        int sv = find_server(p, pl->server);
+        if (sv < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s: server '%s' is not in servers (%s)",
+                              sd->name, pl->server, name_list(p, list, sizeof list));
+        ps->server = sv;
+        snprintf(ps->device, sizeof ps->device, "%s", pl->device);
+    }
+    return PS_OK;
+}
+
+ps_status ps_placement_resolve(const ps_config *c, ps_placement *p, ps_err *err) {
+    ps_status st = ps_config_check_cluster(c, err);
+    if (st != PS_OK) {
+        memset(p, 0, sizeof *p);
+        return st;
+    }
+    return ps_placement_build(c, p, err);
+}
+
+int ps_placement_shard_of(const ps_placement *p, int s, int64_t id) {
+    if (s < 0 || s >= p->n_stages) return -1;
+    const ps_place_stage *ps = &p->stages[s];
+    if (ps->n_shards == 0 || id < 0 || id >= ps->rows) return -1;
+    /* the largest k with R*k/n <= id: floor(R*k/n) <= id <=> R*k < n*(id+1) */
+    int64_t n = ps->n_shards;
+    int k = (int)((n * (id + 1) - 1) / ps->rows);
+    PS_ASSERT(k >= 0 && k < ps->n_shards && ps->shards[k].lo <= id && id < ps->shards[k].hi);
+    return k;
+}
+
+int ps_placement_stage(const ps_placement *p, const char *name) {
+    for (int s = 0; s < p->n_stages; s++)
+        if (!strcmp(p->stages[s].name, name)) return s;
+    return -1;
+}
+
+int ps_placement_hosts(const ps_placement *p, int s, int server) {
+    if (s < 0 || s >= p->n_stages) return 0;
+    const ps_place_stage *ps = &p->stages[s];
+    if (ps->server == server) return 1;
+    for (int k = 0; k < ps->n_shards; k++)
+        if (ps->shards[k].server == server) return 1;
+    return 0;
+}
+
+int ps_placement_servers_used(const ps_placement *p) {
+    int used = 0;
+    for (int sv = 0; sv < p->n_servers; sv++) {
+        int any = 0;
+        for (int s = 0; s < p->n_stages && !any; s++) any = ps_placement_hosts(p, s, sv);
+        used += any;
+    }
+    return used;
+}
