@@ -18,6 +18,7 @@ static const ps_method_desc table[PS_M_COUNT] = {
     PSM(PS_M_GET_PARAMETERS, GetParameters, 0, 0),
     PSM(PS_M_STATUS, Status, 0, 1),
     PSM(PS_M_PUSH_GRADIENTS, PushGradients, 1, 0),
+    PSM(PS_M_REPORT_PARTIAL, ReportPartial, 1, 0),   /* a trainer's report: counters, trainer role */
     {PS_M_HEALTH_CHECK, "/grpc.health.v1.Health/Check", "Health/Check",
      grpc_health_v1_HealthCheckRequest_fields, grpc_health_v1_HealthCheckResponse_fields, 0, 1},
 };

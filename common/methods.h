@@ -21,6 +21,7 @@ typedef enum {
     PS_M_GET_PARAMETERS,
     PS_M_STATUS,
     PS_M_PUSH_GRADIENTS,
+    PS_M_REPORT_PARTIAL,
     PS_M_HEALTH_CHECK,
     PS_M_COUNT
 } ps_method_id;

@@ -318,6 +318,8 @@ static bool params_encode(pb_ostream_t *stream, const pb_field_t *field,
         copy_name(p.device, sizeof p.device, it->device);
         copy_name(p.stage, sizeof p.stage, it->stage);
         p.sparse = it->sparse != 0;
+        p.row_offset = it->row_offset;
+        p.rows_total = it->rows_total;
         p.shape_count = (pb_size_t)it->ndim;
         memcpy(p.shape, it->dims, (size_t)it->ndim * sizeof(int64_t));
         if (!pb_encode_tag_for_field(stream, field)) return false;

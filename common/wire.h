@@ -135,6 +135,8 @@ typedef struct ps_wire_named {
     const char *stage;  /* "conv", "fc"; only for parameter infos (NULL = "") */
     int dtype;          /* ps_DType value of data; 0 = float32 */
     int sparse;         /* parameter infos: row-sparse updates */
+    int64_t row_offset; /* parameter infos: a shard's first global row ... */
+    int64_t rows_total; /* ... of this many (0 = not a shard) */
 } ps_wire_named;
 
 typedef struct ps_wire_named_list {

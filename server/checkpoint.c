@@ -160,9 +160,46 @@ static void retain(const char *dir, int keep) {
     free(o);
 }
 
+static const ps_ckpt_ident single = {"psd", ""};
+
+/* Metadata of a part: psd.cluster, psd.server, psd.hosted and
+ * psd.rows.<param> of shards, appended to kv (key, value pairs) from
+ * index *n; the strings live in buf (cap bytes). 0 when it does not fit. */
+static int part_meta(ps_model *m, const ps_ckpt_ident *id, const char **kv, int *n, int max, char *buf,
+                     size_t cap) {
+    size_t o = 0;
+    kv[(*n)++] = "psd.cluster";
+    kv[(*n)++] = id->cluster ? id->cluster : "";
+    kv[(*n)++] = "psd.server";
+    kv[(*n)++] = id->server ? id->server : "";
+    kv[(*n)++] = "psd.hosted";
+    kv[(*n)++] = buf;
+    for (int s = 0; s < ps_model_num_stages(m) && o < cap; s++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", s ? "," : "", ps_model_stage(m, s)->name);
+    if (o++ >= cap) return 0;
+    for (int i = 0; i < ps_model_num_params(m); i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        if (!pi->rows_total) continue;
+        if (*n + 2 > max) return 0;
+        kv[(*n)++] = buf + o;
+        o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, "psd.rows.%s", pi->name) + 1;
+        kv[(*n)++] = buf + o;
+        o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, "%" PRId64 ",%" PRId64 ",%" PRId64, pi->row_offset,
+                              pi->row_offset + pi->dims[0], pi->rows_total) + 1;
+        if (o > cap) return 0;
+    }
+    return 1;
+}
+
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep, ps_ckpt_info *out,
                        ps_err *err) {
+    return ps_ckpt_save_part(m, dir, NULL, samples, keep, out, err);
+}
+
+ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, uint64_t samples, int keep,
+                            ps_ckpt_info *out, ps_err *err) {
     PS_ASSERT(keep >= 1);
+    if (!id) id = &single;
     int np = ps_model_num_params(m);
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
@@ -228,17 +265,20 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
         off += pi->numel;
     }
     snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
-    const char *wmeta[] = {"format", "pt",
-                           "psd.arch", ps_model_arch(m),
-                           "psd.model_version", vbuf,
-                           "psd.global_step", vbuf,
-                           "psd.samples", sbuf,
-                           "psd.time", tbuf,
-                           "psd.version", PS_VERSION,
-                           "psd.optimizer", ps_optim_kind_name(o.kind),
-                           "psd.optimizer_file", oname,
-                           "psd.crc32", crcbuf,
-                           NULL};
+    const char *wmeta[64] = {"format", "pt",
+                             "psd.arch", ps_model_arch(m),
+                             "psd.model_version", vbuf,
+                             "psd.global_step", vbuf,
+                             "psd.samples", sbuf,
+                             "psd.time", tbuf,
+                             "psd.version", PS_VERSION,
+                             "psd.optimizer", ps_optim_kind_name(o.kind),
+                             "psd.optimizer_file", oname,
+                             "psd.crc32", crcbuf};
+    int nmeta = 20;
+    char pbuf[2048];
+    PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 62, pbuf, sizeof pbuf) && "part metadata fits");
+    wmeta[nmeta] = NULL;
     if ((rc = ps_st_write(wpath, t, (size_t)np, wmeta, err))) goto done;
     if (out) {
         out->version = version;
@@ -569,7 +609,45 @@ done:
     return rc;
 }
 
+/* The part identity of file f (path) against this psd's (id, the model's
+ * shard rows): FAILED_PRECONDITION naming both when it is another's. */
+static ps_status check_part(const char *path, const ps_st_file *f, ps_model *m, const ps_ckpt_ident *id,
+                            ps_err *err) {
+    const char *cl = ps_st_metadata(f, "psd.cluster"), *sv = ps_st_metadata(f, "psd.server");
+    const char *mycl = id->cluster ? id->cluster : "", *mysv = id->server ? id->server : "";
+    if (!cl || !sv) {
+        if (!*mysv) return PS_OK;   /* written before clusters: the single-server form's */
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: checkpoint of a single-server psd (no psd.cluster/"
+                          "psd.server metadata); this psd is server '%s' of cluster '%s'", path, mysv, mycl);
+    }
+    if (strcmp(cl, mycl))
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: checkpoint part of cluster '%s'; this psd is of "
+                          "cluster '%s' (cluster.name)", path, cl, mycl);
+    if (strcmp(sv, mysv))
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: checkpoint part of server '%s'; this psd is "
+                          "server '%s'", path, *sv ? sv : "(single-server form)", *mysv ? mysv : "(single-server form)");
+    for (int i = 0; i < ps_model_num_params(m); i++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        char key[PS_ST_NAME_MAX + 16], want[80] = "";
+        snprintf(key, sizeof key, "psd.rows.%s", pi->name);
+        if (pi->rows_total)
+            snprintf(want, sizeof want, "%" PRId64 ",%" PRId64 ",%" PRId64, pi->row_offset,
+                     pi->row_offset + pi->dims[0], pi->rows_total);
+        const char *got = ps_st_metadata(f, key);
+        if (strcmp(got ? got : "", want))
+            return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: %s holds rows %s; this psd holds %s", path,
+                              pi->name, got ? got : "all (not a shard)", *want ? want : "all (not a shard)");
+    }
+    return PS_OK;
+}
+
 ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err) {
+    return ps_ckpt_load_part(m, path, NULL, out, err);
+}
+
+ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
+                            ps_err *err) {
+    if (!id) id = &single;
     int np = ps_model_num_params(m);
     ps_status rc = PS_OK;
     ps_st_file *wf = NULL;
@@ -586,6 +664,7 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
                         arch ? arch : "(no psd.arch metadata)", ps_model_arch(m));
         goto done;
     }
+    if ((rc = check_part(path, wf, m, id, err))) goto done;
     if (parse_u64(ps_st_metadata(wf, "psd.model_version"), &version) ||
         parse_u64(ps_st_metadata(wf, "psd.global_step"), &step) ||
         parse_u64(ps_st_metadata(wf, "psd.samples"), &samples) ||
@@ -666,6 +745,11 @@ done:
 }
 
 ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ckpt_info *out, ps_err *err) {
+    return ps_ckpt_restore_latest_part(m, dir, NULL, found, out, err);
+}
+
+ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_err *err) {
     *found = 0;
     uint64_t *v = NULL;
     clean_tmp(dir);
@@ -679,7 +763,7 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
         char path[PS_CKPT_PATH_MAX];
         file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
         ps_err e = {0};
-        if (ps_ckpt_load(m, path, out, &e) == PS_OK) break;
+        if (ps_ckpt_load_part(m, path, id, out, &e) == PS_OK) break;
         ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
         if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
     }
@@ -702,27 +786,45 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
     return rc;
 }
 
-static const char *pi_name(ps_model *m, int i) { return ps_model_param(m, i)->name; }
-
 ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
-    int np = ps_model_num_params(m);
+    return ps_ckpt_init_from_part(m, path, NULL, err);
+}
+
+ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps_err *err) {
+    int np = ps_model_num_params(m), nd = ps_model_num_def_params(m), nskip = 0;
+    if (skipped) *skipped = 0;
     ps_st_file *f = ps_st_read(path, err);
     if (!f) return err ? err->code : PS_ERR_FORMAT;
     ps_status rc = PS_OK;
     float *conv = NULL;
-    const ps_st_tensor **ts = calloc((size_t)np, sizeof *ts);
+    const ps_st_tensor **ts = calloc((size_t)np + 1, sizeof *ts);
     if (!ts) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
-    for (int i = 0; i < np; i++) {
-        const ps_param_info *pi = ps_model_param(m, i);
-        ts[i] = ps_st_find(f, pi->name);
-        if (!ts[i]) {
+    /* Every parameter of the definition (whole shapes): the hosted ones must
+     * be there, the others may be (they are checked and skipped). */
+    for (int i = 0; i < nd; i++) {
+        const ps_param_info *pi = ps_model_def_param(m, i);
+        const ps_st_tensor *t = ps_st_find(f, pi->name);
+        int here = ps_model_find_param(m, pi->name);
+        if (!t && here >= 0) {
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing (model %s needs every "
                             "parameter under its state_dict name)", path, pi->name, ps_model_arch(m));
             goto done;
         }
-        if ((rc = check_tensor(path, ts[i], pi, 1, err))) goto done;
+        if (!t) continue;
+        if ((rc = check_tensor(path, t, pi, 1, err))) goto done;
+        if (here >= 0) ts[here] = t;
+        else nskip++;
     }
-    if ((rc = check_no_extra(path, f, m, "", err))) goto done;
+    for (size_t k = 0; k < ps_st_count(f); k++) {
+        const char *name = ps_st_get(f, k)->name;
+        int known = 0;
+        for (int i = 0; i < nd && !known; i++) known = !strcmp(ps_model_def_param(m, i)->name, name);
+        if (!known) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of model %s)",
+                            path, name, ps_model_arch(m));
+            goto done;
+        }
+    }
     /* float64 values must fit float32 - checked before any weight changes */
     for (int i = 0; i < np; i++) {
         if (ts[i]->dtype != PS_ST_F64) continue;
@@ -730,24 +832,29 @@ ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
         for (int64_t j = 0, k = ps_st_numel(ts[i]); j < k; j++)
             if (isfinite(d[j]) && !isfinite((float)d[j])) {
                 rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' element %lld is %g, beyond "
-                                "float32's range (psd's weights are float32)", path, pi_name(m, i),
+                                "float32's range (psd's weights are float32)", path, ps_model_param(m, i)->name,
                                 (long long)j, d[j]);
                 goto done;
             }
     }
     for (int i = 0; i < np && rc == PS_OK; i++) {
-        const float *src = ts[i]->data;
+        const ps_param_info *pi = ps_model_param(m, i);
+        /* A shard takes its rows of the whole table. */
+        int64_t first = pi->rows_total ? pi->row_offset * (pi->numel / pi->dims[0]) : 0;
+        const void *src = (const char *)ts[i]->data + (size_t)first * ps_st_dtype_size(ts[i]->dtype);
         if (ts[i]->dtype == PS_ST_F64) {
-            int64_t k = ps_st_numel(ts[i]);
-            float *c = realloc(conv, (size_t)k * sizeof(float));
+            float *c = realloc(conv, (size_t)pi->numel * sizeof(float));
             if (!c) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
             conv = c;
-            const double *d = ts[i]->data;
-            for (int64_t j = 0; j < k; j++) conv[j] = (float)d[j];
+            const double *d = src;
+            for (int64_t j = 0; j < pi->numel; j++) conv[j] = (float)d[j];
             src = conv;
         }
         rc = ps_model_set_param(m, i, src, err);
     }
+    if (rc == PS_OK && nskip)
+        ps_log(PS_LOG_INFO, "%s: skipped %d tensors of stages hosted elsewhere", path, nskip);
+    if (rc == PS_OK && skipped) *skipped = nskip;
 done:
     free(conv);
     free(ts);

@@ -19,7 +19,13 @@
  *       works as is; metadata format=pt, psd.arch, psd.model_version,
  *       psd.global_step, psd.samples, psd.time (Unix seconds), psd.version,
  *       psd.optimizer_file, psd.crc32 (CRC-32 of the tensor data in
- *       parameter order).
+ *       parameter order); and which part of a cluster's model it is
+ *       (several PS nodes, ps_ckpt_ident): psd.cluster (cluster.name),
+ *       psd.server (servers.<name>; "" in the single-server form),
+ *       psd.hosted (the hosted stages, comma-separated, model order) and,
+ *       for a shard's table, psd.rows.<param> = "lo,hi,R" (global rows
+ *       [lo, hi) of R; the tensor holds hi - lo rows). tools/ps_ckpt.c
+ *       (ps-ckpt merge) joins the parts of a cluster into one state_dict.
  *
  * Loading validates everything (file structure, names, dtypes, shapes,
  * metadata, CRC, the sibling's version) before it changes the model, and
@@ -41,6 +47,14 @@
 #include "status.h"
 
 #define PS_CKPT_PATH_MAX 1100
+
+/* Whose part a checkpoint is: cluster.name and servers.<name> ("" = the
+ * single-server form). NULL where a function takes one = {"psd", ""}. The
+ * hosted stages and shard rows come from the model. */
+typedef struct ps_ckpt_ident {
+    const char *cluster;
+    const char *server;
+} ps_ckpt_ident;
 
 typedef struct ps_ckpt_info {
     uint64_t version;            /* model version = global step */
@@ -112,24 +126,45 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
  * written. */
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
                        ps_ckpt_info *out, ps_err *err);
+/* ps_ckpt_save with the part's identity id (NULL = {"psd", ""}). */
+ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, uint64_t samples, int keep,
+                            ps_ckpt_info *out, ps_err *err);
 
 /* Load the checkpoint whose weights file is path (the optimizer sibling is
  * found from its metadata) into m: weights, each parameter's optimizer step
  * and state (ps_model_set_optim_state; the file's kind must be m's, see the
  * resume rules above), version. */
 ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err *err);
+/* ps_ckpt_load of this psd's own part: a checkpoint whose psd.cluster or
+ * psd.server differs from id's (NULL = {"psd", ""}), or whose
+ * psd.rows.<param> differ from the model's shard rows, is refused
+ * (FAILED_PRECONDITION naming both). A checkpoint without psd.cluster
+ * (written before clusters existed) is accepted only in the single-server
+ * form (id->server ""). ps_ckpt_load is ps_ckpt_load_part with NULL. */
+ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
+                            ps_err *err);
 
 /* Restore the newest checkpoint in dir that loads; each refused one is
  * logged (warn) with the reason. *found = 0 and PS_OK when dir holds no
  * checkpoint; an error when it holds some but none loads (err lists why). */
 ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ckpt_info *out,
                                  ps_err *err);
+/* ... with ps_ckpt_load_part's identity checks. */
+ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_err *err);
 
 /* Set m's weights from any safetensors file with the model's state_dict
  * names and shapes (e.g. saved from PyTorch with safetensors.torch.save_file,
  * F32 or F64): the version stays; the optimizer state restarts (as
  * ps_model_set_param: step 0, buffers zero). A missing, extra or
- * mis-shaped tensor is refused with its name. */
+ * mis-shaped tensor is refused with its name. A model hosting part of a
+ * cluster's model (model.h n_hosted, shard_*) takes the whole state_dict
+ * too: it loads the tensors of its hosted stages (a shard: its rows of the
+ * whole table) and skips, after checking their shapes, the tensors of
+ * stages hosted elsewhere (logged with their count); *skipped (may be
+ * NULL) receives that count. Names the model's definition lacks are still
+ * refused. */
+ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps_err *err);
 ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err);
 
 #endif

@@ -272,6 +272,13 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
         put(&b, "psd_solved{metric=\"%s\"} %d\n", stop_metric, rr.solved);
     }
 
+    uint64_t pa, pl;
+    ps_service_partial_counts(m->svc, &pa, &pl);
+    family(&b, "psd_partial_steps_total", "counter", "Batches a trainer reported as partial steps (ReportPartial): "
+           "applied here but lost on another server, or lost here but applied on another.");
+    put(&b, "psd_partial_steps_total{side=\"applied\"} %llu\n", (unsigned long long)pa);
+    put(&b, "psd_partial_steps_total{side=\"lost\"} %llu\n", (unsigned long long)pl);
+
     ps_ckpt_info ck;
     if (ps_service_checkpoint(m->svc, &ck)) {
         struct timespec ts;

@@ -47,6 +47,10 @@ struct ps_service {
     ps_rpc_server *rpc;          /* admission counters (set before start) */
     size_t max_context_bytes;
     double saturated_limit_s;
+    char cluster[32];            /* cluster.name */
+    char server_name[32];        /* servers.<name>; "" = single-server form */
+    uint64_t partial_applied;    /* __atomic: ReportPartial, applied here */
+    uint64_t partial_lost;       /* __atomic: ReportPartial, lost here */
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
     ps_ckpt_info ckpt;
@@ -110,6 +114,8 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->max_tensor_bytes = o->max_message_bytes;
     s->start = mono_now();
     snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
+    snprintf(s->cluster, sizeof s->cluster, "%s", o->cluster ? o->cluster : "");
+    snprintf(s->server_name, sizeof s->server_name, "%s", o->server_name ? o->server_name : "");
     pthread_mutex_init(&s->ckpt_mu, NULL);
     s->nonfinite_skip = o->nonfinite_skip;
     s->max_context_bytes = o->max_context_bytes;
@@ -1116,6 +1122,8 @@ static ps_status named_params(ps_service *s, int want_data, const ps_grads *grad
         it->device = pi->device;
         it->stage = pi->stage;
         it->sparse = pi->sparse;
+        it->row_offset = pi->row_offset;
+        it->rows_total = pi->rows_total;
         if (!want_data) continue;
         rc = grads ? ps_grads_get(s->model, grads, i, p, err) : ps_model_get_param(s->model, i, p, err);
         it->data = p;
@@ -1304,8 +1312,12 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
         memcpy(o->input_shape, si->in_dims, sizeof(int64_t) * (size_t)si->in_ndim);
         o->output_shape_count = (pb_size_t)si->out_ndim;
         memcpy(o->output_shape, si->out_dims, sizeof(int64_t) * (size_t)si->out_ndim);
+        o->row_lo = si->row_lo;
+        o->row_hi = si->row_hi;
     }
     snprintf(resp.model, sizeof resp.model, "%s", ps_model_arch(s->model));
+    snprintf(resp.cluster, sizeof resp.cluster, "%s", s->cluster);
+    snprintf(resp.server_name, sizeof resp.server_name, "%s", s->server_name);
     reply(ps_ListParametersResponse_fields, &resp, response, code, details, dlen);
     free(items);
 }
@@ -1475,7 +1487,103 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     resp.solved = rep.solved;
     snprintf(resp.stop_metric, sizeof resp.stop_metric, "%s", s->stop_metric);
     resp.stop_threshold = s->stop_threshold;
+    snprintf(resp.cluster, sizeof resp.cluster, "%s", s->cluster);
+    snprintf(resp.server_name, sizeof resp.server_name, "%s", s->server_name);
+    ps_service_hosted(s, resp.hosted, sizeof resp.hosted);
+    ps_service_partial_counts(s, &resp.partial_steps, &resp.partial_steps_lost);
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
+}
+
+void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost) {
+    if (applied) *applied = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
+    if (lost) *lost = __atomic_load_n(&s->partial_lost, __ATOMIC_RELAXED);
+}
+
+void ps_service_hosted(ps_service *s, char *buf, size_t n) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < ps_model_num_stages(s->model) && o < n; i++) {
+        const ps_stage_info *si = ps_model_stage(s->model, i);
+        if (si->row_hi > si->row_lo)
+            o += (size_t)snprintf(buf + o, n - o, "%s%s rows [%lld, %lld) on %s", i ? ", " : "", si->name,
+                                  (long long)si->row_lo, (long long)si->row_hi, si->device);
+        else
+            o += (size_t)snprintf(buf + o, n - o, "%s%s on %s", i ? ", " : "", si->name, si->device);
+    }
+}
+
+/* One list of ReportPartialRequest (applied_on / lost_on): 1..8 names of
+ * 1..31 characters, letters, digits, '_' or '-' (servers.<name>). Sets
+ * *here when this psd's name is among them. */
+static ps_status partial_names(const char *field, char names[][32], pb_size_t count, const char *self, int *here,
+                               ps_err *err) {
+    *here = 0;
+    for (pb_size_t i = 0; i < count; i++) {
+        size_t len = strlen(names[i]);
+        if (len < 1 || len > 31)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest.%s[%u]: a server name has 1..31 "
+                              "characters (got %zu)", field, (unsigned)i, len);
+        for (size_t k = 0; k < len; k++) {
+            char c = names[i][k];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                  c == '-'))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest.%s[%u]: '%s' is not a "
+                                  "server name (letters, digits, '_' or '-')", field, (unsigned)i, names[i]);
+        }
+        if (self[0] && !strcmp(names[i], self)) *here = 1;
+    }
+    return PS_OK;
+}
+
+/* ReportPartial: a trainer tells every server it reaches that a batch's
+ * Step was applied on some servers and lost on others (service.h). The
+ * batch is not re-run; this psd counts it on its side and logs it. A
+ * report naming this psd in neither list counts nothing (it says so in
+ * the log). */
+static void handle_report_partial(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
+                                  size_t dlen) {
+    (void)info;
+    ps_service *s = user;
+    ps_err err = {0};
+    ps_ReportPartialRequest req = ps_ReportPartialRequest_init_zero;
+    int applied = 0, lost = 0;
+    if (ps_wire_decode(request, ps_ReportPartialRequest_fields, &req, &err)) goto fail;
+    if (req.context_id == 0) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest.context_id: must be non-zero");
+        goto fail;
+    }
+    if (!req.applied_on_count || !req.lost_on_count) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest: a partial step names at least one server "
+                   "in applied_on and one in lost_on (got %u and %u)", (unsigned)req.applied_on_count,
+                   (unsigned)req.lost_on_count);
+        goto fail;
+    }
+    if (partial_names("applied_on", req.applied_on, req.applied_on_count, s->server_name, &applied, &err) ||
+        partial_names("lost_on", req.lost_on, req.lost_on_count, s->server_name, &lost, &err))
+        goto fail;
+    if (applied && lost) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest: server '%s' is in both applied_on and "
+                   "lost_on", s->server_name);
+        goto fail;
+    }
+    char a[8 * 34] = "", l[8 * 34] = "";
+    for (pb_size_t i = 0; i < req.applied_on_count; i++)
+        snprintf(a + strlen(a), sizeof a - strlen(a), "%s%s", i ? "," : "", req.applied_on[i]);
+    for (pb_size_t i = 0; i < req.lost_on_count; i++)
+        snprintf(l + strlen(l), sizeof l - strlen(l), "%s%s", i ? "," : "", req.lost_on[i]);
+    if (applied) __atomic_add_fetch(&s->partial_applied, 1, __ATOMIC_RELAXED);
+    if (lost) __atomic_add_fetch(&s->partial_lost, 1, __ATOMIC_RELAXED);
+    ps_log(PS_LOG_WARN, "partial step: context %llx of trainer %u applied on %s, lost on %s%s",
+           (unsigned long long)req.context_id, (unsigned)req.trainer_rank, a, l,
+           applied ? " (applied here)" : lost ? " (lost here)"
+                                             : " (this server is in neither list: not counted here)");
+    ps_ReportPartialResponse resp = ps_ReportPartialResponse_init_zero;
+    resp.partial_steps = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
+    reply(ps_ReportPartialResponse_fields, &resp, response, code, details, dlen);
+    return;
+fail:
+    fail(code, details, dlen, &err);
 }
 
 /* grpc.health.v1.Health/Check */
@@ -1512,6 +1620,7 @@ static const ps_rpc_handler handlers[PS_M_COUNT] = {
     [PS_M_GET_PARAMETERS] = handle_get_parameters,
     [PS_M_STATUS] = handle_status,
     [PS_M_PUSH_GRADIENTS] = handle_push_gradients,
+    [PS_M_REPORT_PARTIAL] = handle_report_partial,
     [PS_M_HEALTH_CHECK] = handle_health_check,
 };
 

@@ -72,6 +72,9 @@ typedef struct ps_service_opts {
     int metrics_ema_of;       /* ps_rm_ema_of */
     const char *stop_metric;  /* NULL or "": none */
     double stop_threshold;
+    /* Several PS nodes: reported by ListParameters and Status; NULL = "" */
+    const char *cluster;      /* cluster.name */
+    const char *server_name;  /* servers.<name> this psd is; "" = the single-server form */
 } ps_service_opts;
 
 /* The service uses (does not own) the model. */
@@ -137,5 +140,13 @@ void ps_service_round_metrics(ps_service *s, struct ps_round_report *out, const 
 double ps_service_uptime(ps_service *s);
 /* Non-finite counters: calls refused (policy reject) and steps skipped. */
 void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped);
+
+/* Partial steps reported by trainers (ReportPartial): batches applied here
+ * but lost on another server, and lost here but applied elsewhere. */
+void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost);
+
+/* What this psd hosts, in words: "emb rows [0, 5000) on cpu, decoder on
+ * cpu" (Status.hosted). */
+void ps_service_hosted(ps_service *s, char *buf, size_t n);
 
 #endif

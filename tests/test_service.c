@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "health.pb.h"
+#include "metrics.h"
 #include "model.h"
 #include "ps_client.h"
 #include "rpc.h"
@@ -236,6 +237,142 @@ static void test_paged_parameters(ps_model *model) {
     ps_client_free(sc);
     ps_rpc_server_free(srv);
     ps_service_free(svc);
+}
+
+/* Call method with req, decode into resp; the gRPC code, details in det. */
+static grpc_status_code call_msg(ps_rpc_client *rc, const char *method, const pb_msgdesc_t *qf, const void *req,
+                                 const pb_msgdesc_t *rf, void *resp, char *det, size_t dlen) {
+    grpc_byte_buffer *bb = NULL, *out = NULL;
+    ps_err err = {0};
+    CHECK(ps_wire_encode(qf, req, &bb, &err) == PS_OK);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    det[0] = 0;
+    CHECK(ps_rpc_client_call(rc, method, bb, &out, 10000, &code, det, dlen, &err) == PS_OK);
+    grpc_byte_buffer_destroy(bb);
+    if (out && code == GRPC_STATUS_OK) CHECK_MSG(ps_wire_decode(out, rf, resp, &err) == PS_OK, "%s", err.msg);
+    if (out) grpc_byte_buffer_destroy(out);
+    return code;
+}
+
+static grpc_status_code report_partial(ps_rpc_client *rc, uint64_t ctx, const char *applied, const char *lost,
+                                       uint64_t *count, char *det, size_t dlen) {
+    ps_ReportPartialRequest q = ps_ReportPartialRequest_init_zero;
+    ps_ReportPartialResponse r = ps_ReportPartialResponse_init_zero;
+    q.context_id = ctx;
+    q.trainer_rank = 1;
+    const char *lists[2] = {applied, lost};
+    for (int k = 0; k < 2; k++) {   /* comma-separated names */
+        char (*names)[32] = k ? q.lost_on : q.applied_on;
+        pb_size_t *n = k ? &q.lost_on_count : &q.applied_on_count;
+        for (const char *p = lists[k]; p && *p && *n < 8;) {
+            size_t len = strcspn(p, ",");
+            snprintf(names[(*n)++], 32, "%.*s", (int)len, p);
+            p += len + (p[len] == ',');
+        }
+    }
+    grpc_status_code code = call_msg(rc, "/ps.ParameterServer/ReportPartial", ps_ReportPartialRequest_fields, &q,
+                                     ps_ReportPartialResponse_fields, &r, det, dlen);
+    if (count) *count = r.partial_steps;
+    return code;
+}
+
+/* One psd of a cluster: the shard ps1 of rnn_lm's emb table (rows [10, 21))
+ * and the decoder: ListParameters and Status say which rows and which
+ * cluster, a Forward of another shard's id is refused naming it and the
+ * range (the server keeps serving), ReportPartial counts, validates and
+ * shows in Status and /metrics. */
+static void test_cluster_service(void) {
+    printf("cluster: shard ps1 of lm-demo\n");
+    ps_err err = {0};
+    ps_model_opts mo = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 4, .compute_threads = 1, .lr = 0.1f,
+                        .n_sizes = 3, .size_key = {"ntoken", "ninp", "nhid"}, .size_value = {21, 6, 5},
+                        .n_hosted = 2, .hosted = {"emb", "decoder"}, .shard_stage = "emb", .shard_lo = 10,
+                        .shard_hi = 21};
+    ps_model *model = ps_model_create(&mo, &err);
+    CHECK_MSG(model, "%s", err.msg);
+    if (!model) return;
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
+                          .consistency = "hogwild", .cluster = "lm-demo", .server_name = "ps1"};
+    ps_service *svc = ps_service_create(model, &so, &err);
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    ps_metrics *met = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;
+    CHECK_MSG(met, "%s", err.msg);
+    if (!met) { ps_service_free(svc); ps_model_free(model); return; }
+    const ps_rpc_method *mm = ps_metrics_methods(met, &nm);
+    ps_rpc_server *srv = ps_rpc_server_create("127.0.0.1:0", 2, MAXMSG, mm, nm, met, &err);
+    CHECK_MSG(srv && ps_rpc_server_start(srv, &err) == PS_OK, "%s", err.msg);
+    char addr[64], det[PS_RPC_DETAILS_MAX];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", srv ? ps_rpc_server_port(srv) : 0);
+    ps_rpc_client *rc = ps_rpc_client_create(addr, MAXMSG, &err);
+    ps_client *c = ps_client_create(addr, 30000, MAXMSG, &err);
+
+    ps_ListParametersRequest lq = ps_ListParametersRequest_init_zero;
+    ps_ListParametersResponse lr = ps_ListParametersResponse_init_zero;
+    ps_wire_param_list pl;
+    ps_wire_param_list_init(&pl, 64);
+    ps_wire_params_decode_bind(&lr.parameters, &pl);
+    CHECK(call_msg(rc, "/ps.ParameterServer/ListParameters", ps_ListParametersRequest_fields, &lq,
+                   ps_ListParametersResponse_fields, &lr, det, sizeof det) == GRPC_STATUS_OK);
+    CHECK(!strcmp(lr.cluster, "lm-demo") && !strcmp(lr.server_name, "ps1"));
+    CHECK(lr.stages_count == 2 && !strcmp(lr.stages[0].name, "emb") && !strcmp(lr.stages[1].name, "decoder"));
+    CHECK(lr.stages[0].row_lo == 10 && lr.stages[0].row_hi == 21 && lr.stages[1].row_hi == 0);
+    CHECK(pl.n == 3);
+    if (pl.n == 3) {
+        CHECK(!strcmp(pl.items[0].name, "encoder.weight") && pl.items[0].shape[0] == 11);
+        CHECK(pl.items[0].row_offset == 10 && pl.items[0].rows_total == 21);
+        CHECK(pl.items[1].rows_total == 0 && !strcmp(pl.items[1].name, "decoder.weight"));
+    }
+    ps_wire_param_list_free(&pl);
+
+    /* Ids travel global: 12 and 20 are here, 3 is not. */
+    ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
+    ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
+    int64_t ids[3] = {12, 20, 3};
+    raw_data rd = {(const float *)ids, sizeof ids};
+    fq.has_input = true;
+    fq.input.dtype = ps_DType_INT64;
+    fq.input.data.funcs.encode = raw_data_encode;
+    fq.input.data.arg = &rd;
+    fq.input.shape_count = 1;
+    fq.input.shape[0] = 3;
+    snprintf(fq.stage, sizeof fq.stage, "emb");
+    snprintf(fq.last_stage, sizeof fq.last_stage, "emb");
+    CHECK(call_msg(rc, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields, &fr,
+                   det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(det, "input[2] = 3") && strstr(det, "[10, 21)"), "%s", det);
+    fq.input.shape[0] = 2;
+    rd.bytes = 2 * sizeof(int64_t);
+    CHECK_MSG(call_msg(rc, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields,
+                       &fr, det, sizeof det) == GRPC_STATUS_OK, "%s", det);
+
+    /* ReportPartial: counted on this server's side; bad reports refused. */
+    uint64_t cnt = 0;
+    CHECK(report_partial(rc, 7, "ps1,ps2", "ps0", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
+    CHECK(report_partial(rc, 8, "ps0", "ps1", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
+    CHECK(report_partial(rc, 9, "ps0", "ps2", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
+    CHECK(report_partial(rc, 0, "ps1", "ps0", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(det, "context_id"), "%s", det);
+    CHECK(report_partial(rc, 10, "ps1", "", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK(report_partial(rc, 10, "ps1", "ps 0", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(det, "lost_on[0]") && strstr(det, "'ps 0'"), "%s", det);
+    CHECK(report_partial(rc, 10, "ps1", "ps1", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+    ps_StatusResponse st;
+    CHECK(ps_client_status(c, &st, &err) == PS_OK);
+    CHECK(st.partial_steps == 1 && st.partial_steps_lost == 1);
+    CHECK(!strcmp(st.cluster, "lm-demo") && !strcmp(st.server_name, "ps1"));
+    CHECK_MSG(!strcmp(st.hosted, "emb rows [10, 21) on cpu, decoder on cpu"), "%s", st.hosted);
+    char *text = ps_metrics_render(met, NULL);
+    CHECK(text && strstr(text, "psd_partial_steps_total{side=\"applied\"} 1\n") &&
+          strstr(text, "psd_partial_steps_total{side=\"lost\"} 1\n"));
+    free(text);
+
+    ps_client_free(c);
+    ps_rpc_client_free(rc);
+    ps_rpc_server_free(srv);
+    ps_metrics_free(met);
+    ps_service_free(svc);
+    ps_model_free(model);
 }
 
 int main(void) {
@@ -620,6 +757,7 @@ int main(void) {
     ps_service_free(svc);
     ps_model_free(model);
     ps_model_free(ref);
+    if (!ext) test_cluster_service();
     grpc_shutdown();
     return check_summary("test_service");
 }

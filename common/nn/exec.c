@@ -268,6 +268,10 @@ ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stages %d..%d are not a run of the model's 0..%d", first,
                           last, m->nstages - 1);
     for (int s = first; s < last; s++) {
+        if (m->stages[s + 1].def_index != m->stages[s].def_index + 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stages '%s' and '%s' are not consecutive in model '%s' "
+                              "(the stage between them is hosted elsewhere): run them separately",
+                              m->stages[s].def->name, m->stages[s + 1].def->name, m->def->name);
         const ps_layer *a = &m->stages[s].layers[m->stages[s].nlayers - 1], *b = &m->stages[s + 1].layers[0];
         if (!ps_shape_equal(&a->outs, &b->in) || a->out_dtype != b->in_dtype) {
             char b1[64], b2[64];

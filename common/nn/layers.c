@@ -292,17 +292,46 @@ static const char *emb_missing(const ps_backend_ops *ops) {
 
 static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err) {
     const int64_t *ids = host_x;
-    for (int64_t i = 0; i < count; i++)
-        if (ids[i] < 0 || ids[i] >= ly->num)
+    int64_t lo = ly->row_lo, hi = ly->row_lo + ly->num;
+    for (int64_t i = 0; i < count; i++) {
+        if (ids[i] >= lo && ids[i] < hi) continue;
+        if (ly->row_total)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
-                              "input[%lld] = %lld is not a row of %s.weight (0..%d)", (long long)i,
-                              (long long)ids[i], ly->def->name, ly->num - 1);
+                              "input[%lld] = %lld is outside this shard's rows [%lld, %lld) of %s.weight "
+                              "(%lld rows over its shards)", (long long)i, (long long)ids[i], (long long)lo,
+                              (long long)hi, ly->def->name, (long long)ly->row_total);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "input[%lld] = %lld is not a row of %s.weight (0..%d)", (long long)i,
+                          (long long)ids[i], ly->def->name, ly->num - 1);
+    }
     return PS_OK;
 }
 
+/* A shard's ids (global) as local rows, in a new buffer of c->be's
+ * device; NULL on failure (err set). */
+static int64_t *emb_local_ids(const ps_layer_call *c, int64_t n, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    size_t ib = (size_t)n * sizeof(int64_t);
+    int64_t *h = malloc(ib ? ib : 8), *d = ops->alloc(c->be->impl, ib ? ib : 8);
+    ps_status rc = PS_OK;
+    if (!h || !d) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", c->ly->def->name);
+    if (rc == PS_OK) rc = ops->copy_to_host(c->be->impl, h, c->x, ib, err);
+    for (int64_t i = 0; rc == PS_OK && i < n; i++) h[i] -= c->ly->row_lo;
+    if (rc == PS_OK) rc = ops->copy_to_device(c->be->impl, d, h, ib, err);
+    free(h);
+    if (rc != PS_OK) { ps_backend_release(c->be, d); return NULL; }
+    return d;
+}
+
 static ps_status emb_forward(ps_layer_call *c, ps_err *err) {
-    return c->be->ops->embedding_forward(c->be->impl, c->n * ps_shape_numel(&c->ly->in), c->ly->out, c->x,
-                                         c->w[0], c->y, err);
+    int64_t n = c->n * ps_shape_numel(&c->ly->in);
+    if (!c->ly->row_lo)
+        return c->be->ops->embedding_forward(c->be->impl, n, c->ly->out, c->x, c->w[0], c->y, err);
+    int64_t *ids = emb_local_ids(c, n, err);
+    if (!ids) return PS_ERR_RESOURCE_EXHAUSTED;
+    ps_status rc = c->be->ops->embedding_forward(c->be->impl, n, c->ly->out, ids, c->w[0], c->y, err);
+    ps_backend_release(c->be, ids);
+    return rc;
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -323,6 +352,7 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     ps_rows r = {0};
     if (!ids || !sorted || !slot || !dslot) goto oom;
     if ((rc = ops->copy_to_host(impl, ids, c->x, ib, err)) != PS_OK) goto done;
+    for (int64_t i = 0; i < n; i++) ids[i] -= c->ly->row_lo;   /* a shard's local rows */
     memcpy(sorted, ids, ib);
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_i64);
     int64_t nrows = 0;

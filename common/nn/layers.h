@@ -79,6 +79,9 @@ typedef struct ps_layer {
     ps_layer_param param[PS_LAYER_MAX_PARAMS];
     int in_layout, out_layout;      /* PS_LAYOUT_* (planned by the executor) */
     int dropout_idx;                /* index among the model's dropout layers, -1 if none */
+    int64_t row_lo;                 /* embedding shard (model.h shard_*): its table holds global rows
+                                       [row_lo, row_lo + num) of row_total; ids stay global */
+    int64_t row_total;              /* 0 = not a shard */
 } ps_layer;
 
 /* What a layer keeps in a tape for its backward pass; freed by the tape. */

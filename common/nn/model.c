@@ -55,6 +55,9 @@ void ps_model_free(ps_model *m) {
     if (m->params)
         for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
     free(m->params);
+    if (m->def_params)
+        for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
+    free(m->def_params);
     free(m->loc);
     free(m->ost);
     pthread_rwlock_destroy(&m->lock);
@@ -110,6 +113,10 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     pi->device = st->device;
     pi->stage_index = s;
     pi->sparse = lp->sparse;
+    if (lp->sparse && ly->row_total) {
+        pi->row_offset = ly->row_lo;
+        pi->rows_total = ly->row_total;
+    }
     m->loc[m->nparams] = (param_loc){s, l, j, off, goff};
     st->slots[l].param[j] = m->nparams;
     st->slots[l].w_off[j] = off;
@@ -119,12 +126,21 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     return PS_OK;
 }
 
-/* Build stage s's layers: resolve sizes, infer shapes, lay out parameters. */
-static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtype, ps_err *err) {
-    stage *st = &m->stages[s];
+/* What one ps_model_create builds beyond the model itself. */
+typedef struct build_ctx {
+    const ps_model_opts *o;
+    int shard_def;           /* definition index of opts->shard_stage, -1 = none */
+} build_ctx;
+
+/* Build stage st (definition index st->def_index): resolve sizes, infer
+ * shapes, lay out parameters. s is its index among the hosted stages, or -1
+ * for a stage hosted elsewhere: then only the shapes are inferred (no
+ * backend, no parameters here). */
+static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc, ps_shape *shape,
+                             ps_dtype *dtype, ps_err *err) {
     const ps_stage_def *sd = st->def;
     char b1[64];
-    if (!sd->inherit || s == 0) {
+    if (!sd->inherit || st->def_index == 0) {
         shape->ndim = sd->in_ndim;
         for (int d = 0; d < sd->in_ndim; d++)
             shape->dims[d] = sd->in_keys[d] ? (int64_t)size_of(m, sd->in_keys[d]) : sd->in_dims[d];
@@ -155,18 +171,35 @@ static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtyp
         ly->in = *shape;
         ly->in_dtype = *dtype;
         ly->dropout_idx = (ly->kind->flags & PS_KIND_DROPOUT) ? m->ndropout++ : -1;
+        if (l == 0 && st->def_index == bc->shard_def) {
+            const ps_model_opts *o = bc->o;
+            if (strcmp(ly->kind->name, "embedding"))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': stage '%s' cannot be sharded: its "
+                                  "first layer is %s, not an embedding", m->def->name, sd->name, ly->kind->name);
+            if (o->shard_lo < 0 || o->shard_lo >= o->shard_hi || o->shard_hi > ly->num)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard rows [%lld, %lld) of stage "
+                                  "'%s' are not a non-empty range within its %d rows", m->def->name,
+                                  (long long)o->shard_lo, (long long)o->shard_hi, sd->name, ly->num);
+            ly->row_lo = o->shard_lo;
+            ly->row_total = ly->num;
+            ly->num = (int)(o->shard_hi - o->shard_lo);
+            st->info.row_lo = o->shard_lo;
+            st->info.row_hi = o->shard_hi;
+        }
         ps_status rc = ps_layer_infer(ly, err);
         if (rc) return ps_err_prefix(err, "model '%s', stage '%s' (input %s)", m->def->name, sd->name,
                                      ps_shape_format(shape, b1, sizeof b1));
-        const char *missing = ly->kind->missing_op(st->be->ops);
-        if (missing)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.placement.%s: %s: backend '%s' has no %s "
-                              "(layer kind '%s')", sd->name, st->device, st->be->ops->name, missing,
-                              ly->kind->name);
+        if (s >= 0) {
+            const char *missing = ly->kind->missing_op(st->be->ops);
+            if (missing)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.placement.%s: %s: backend '%s' has no %s "
+                                  "(layer kind '%s')", sd->name, st->device, st->be->ops->name, missing,
+                                  ly->kind->name);
+        }
         for (int j = 0; j < ly->nparams; j++) {
             int64_t goff = -1;
             if (!ly->param[j].sparse) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
-            if ((rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
+            if (s >= 0 && (rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
             st->nweights += ly->param[j].numel;
         }
         *shape = ly->outs;
@@ -180,6 +213,93 @@ static ps_status build_stage(ps_model *m, int s, ps_shape *shape, ps_dtype *dtyp
     for (int l = 0; l < st->nlayers; l++)
         if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
     return PS_OK;
+}
+
+/* Initial values of parameter j of layer ly into host (ly's numel floats),
+ * drawing from rng exactly what the whole model draws for it: a shard's
+ * table draws the whole table and keeps its rows, so that shard's rows
+ * equal the same rows of the whole model built with the same seed. host
+ * NULL: draw and discard (a stage hosted elsewhere keeps the stream in
+ * step). */
+static ps_status init_param(const ps_layer *ly, int j, float *host, ps_rng *rng, ps_err *err) {
+    ps_layer full = *ly;
+    if (ly->row_total) {
+        full.num = (int)ly->row_total;
+        full.row_lo = 0;
+        full.row_total = 0;
+        ps_status rc = ps_layer_infer(&full, err);
+        PS_ASSERT(rc == PS_OK && "a shard's table inferred once already");
+    }
+    if (host && !ly->row_total) {
+        ps_layer_init_param(ly, j, host, rng);
+        return PS_OK;
+    }
+    const ps_layer_param *p = &full.param[j];
+    float *scratch = malloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
+    if (!scratch)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory drawing the initial %s.%s",
+                          ly->def->name, p->suffix);
+    ps_layer_init_param(&full, j, scratch, rng);
+    if (host) {
+        int64_t width = p->numel / p->dims[0];
+        memcpy(host, scratch + ly->row_lo * width, (size_t)ly->param[j].numel * sizeof(float));
+    }
+    free(scratch);
+    return PS_OK;
+}
+
+/* The definition index of a stage named in opts (hosted, shard_stage),
+ * or -1 with INVALID_ARGUMENT naming the key. */
+static int def_stage_index(const ps_model_def *a, const char *key, const char *name, ps_err *err) {
+    int i = name ? ps_model_def_stage(a, name) : -1;
+    if (i < 0) {
+        char known[256];
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: model '%s' has no stage '%s' (stages: %s)", key, a->name,
+                   name ? name : "(null)", ps_model_def_stage_list(a, known, sizeof known));
+    }
+    return i;
+}
+
+/* m->def_params: every parameter of the definition, whole shapes. */
+static ps_status list_def_params(ps_model *m, stage *const *seq, const int *hosted, ps_err *err) {
+    int n = 0, h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) n += seq[ds]->layers[l].nparams;
+    if (!(m->def_params = calloc((size_t)n + 1, sizeof *m->def_params)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++) {
+            const ps_layer *ly = &st->layers[l];
+            for (int j = 0; j < ly->nparams; j++) {
+                const ps_layer_param *lp = &ly->param[j];
+                ps_param_info *pi = &m->def_params[m->ndef_params];
+                char *name = malloc(strlen(ly->def->name) + strlen(lp->suffix) + 2);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                sprintf(name, "%s.%s", ly->def->name, lp->suffix);
+                m->ndef_params++;
+                *pi = (ps_param_info){.name = name, .ndim = lp->ndim, .numel = lp->numel, .stage = st->def->name,
+                                      .device = st->device, .stage_index = hosted[ds] ? h : -1,
+                                      .sparse = lp->sparse};
+                memcpy(pi->dims, lp->dims, sizeof pi->dims);
+                if (lp->sparse && ly->row_total) {   /* the whole table */
+                    pi->dims[0] = ly->row_total;
+                    pi->numel = lp->numel / ly->num * ly->row_total;
+                }
+            }
+        }
+        h += hosted[ds];
+    }
+    return PS_OK;
+}
+
+static void ghosts_free(stage *ghost) {
+    for (int s = 0; s < PS_MODEL_MAX_STAGES; s++) {
+        free(ghost[s].layers);
+        free(ghost[s].slots);
+        ghost[s].layers = NULL;
+        ghost[s].slots = NULL;
+    }
 }
 
 ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
@@ -204,8 +324,32 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             return NULL;
         }
     }
+    int hosted[PS_MODEL_MAX_STAGES] = {0};
+    build_ctx bc = {o, -1};
+    if (o->n_hosted < 0 || o->n_hosted > a->nstages) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': %d hosted stages (it has %d)", a->name, o->n_hosted,
+                   a->nstages);
+        return NULL;
+    }
+    for (int s = 0; s < a->nstages; s++) hosted[s] = o->n_hosted == 0;
+    for (int i = 0; i < o->n_hosted; i++) {
+        int s = def_stage_index(a, "hosted stages", o->hosted[i], err);
+        if (s < 0) return NULL;
+        hosted[s] = 1;
+    }
+    if (o->shard_stage) {
+        if ((bc.shard_def = def_stage_index(a, "shard stage", o->shard_stage, err)) < 0) return NULL;
+        if (!hosted[bc.shard_def]) {
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard stage '%s' is not among the hosted stages",
+                       a->name, o->shard_stage);
+            return NULL;
+        }
+    }
     ps_model *m = calloc(1, sizeof *m);
     if (!m) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    stage ghost[PS_MODEL_MAX_STAGES];   /* stages hosted elsewhere: shapes only */
+    stage *seq[PS_MODEL_MAX_STAGES];    /* every stage in definition order */
+    memset(ghost, 0, sizeof ghost);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
     /* Steps must not starve behind a stream of forwards. */
@@ -248,9 +392,19 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     ps_rng_seed(&rng, o->seed);
     ps_shape shape = {0};
     ps_dtype dtype = PS_DTYPE_F32;
-    for (int s = 0; s < a->nstages; s++) {
-        stage *st = &m->stages[s];
-        st->def = &a->stages[s];
+    for (int ds = 0; ds < a->nstages; ds++) {
+        if (!hosted[ds]) {
+            stage *g = seq[ds] = &ghost[ds];
+            g->def = &a->stages[ds];
+            g->def_index = ds;
+            snprintf(g->device, sizeof g->device, "elsewhere");
+            if (build_stage(m, g, -1, &bc, &shape, &dtype, err) != PS_OK) goto fail;
+            continue;
+        }
+        int s = m->nstages;
+        stage *st = seq[ds] = &m->stages[s];
+        st->def = &a->stages[ds];
+        st->def_index = ds;
         m->nstages = s + 1;
         snprintf(st->device, sizeof st->device, "cpu");
         for (int i = 0; i < o->n_placement; i++)
@@ -269,7 +423,7 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             ps_err_prefix(err, "model.placement.%s: %s", st->def->name, st->device);
             goto fail;
         }
-        if (build_stage(m, s, &shape, &dtype, err) != PS_OK) goto fail;
+        if (build_stage(m, st, s, &bc, &shape, &dtype, err) != PS_OK) goto fail;
         ps_exec_plan_layouts(st);
     }
     if (m->nsparse && ps_optim_check(&m->optim, 1, err) != PS_OK) {
@@ -283,9 +437,17 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             }
         goto fail;
     }
-    /* Initialise on the host in state_dict order, then move to the device. */
-    for (int s = 0; s < m->nstages; s++) {
-        stage *st = &m->stages[s];
+    /* Initialise on the host in state_dict order, then move to the device.
+     * Every stage of the definition draws from the one stream, hosted or
+     * not, so a hosted subset starts from the whole model's values. */
+    for (int ds = 0; ds < a->nstages; ds++) {
+        stage *st = seq[ds];
+        if (!hosted[ds]) {
+            for (int l = 0; l < st->nlayers; l++)
+                for (int j = 0; j < st->layers[l].nparams; j++)
+                    if (init_param(&st->layers[l], j, NULL, &rng, err) != PS_OK) goto fail;
+            continue;
+        }
         float *host = malloc((size_t)(st->nweights ? st->nweights : 1) * sizeof(float));
         st->w = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
         int have = 1;
@@ -296,11 +458,12 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
             goto fail;
         }
-        for (int l = 0; l < st->nlayers; l++)
-            for (int j = 0; j < st->layers[l].nparams; j++)
-                ps_layer_init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng);
-        ps_status rc = st->be->ops->copy_to_device(st->be->impl, st->w, host,
-                                                   (size_t)st->nweights * sizeof(float), err);
+        ps_status rc = PS_OK;
+        for (int l = 0; l < st->nlayers && rc == PS_OK; l++)
+            for (int j = 0; j < st->layers[l].nparams && rc == PS_OK; j++)
+                rc = init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng, err);
+        if (rc == PS_OK)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->w, host, (size_t)st->nweights * sizeof(float), err);
         if (m->nstate) memset(host, 0, (size_t)st->nweights * sizeof(float));
         for (int j = 0; j < m->nstate && rc == PS_OK; j++)
             rc = st->be->ops->copy_to_device(st->be->impl, st->state[j], host,
@@ -309,10 +472,13 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         if (rc != PS_OK) goto fail;
         m->total_weights += st->nweights;
     }
+    if (list_def_params(m, seq, hosted, err) != PS_OK) goto fail;
+    ghosts_free(ghost);
     for (int i = 0; i < m->nparams; i++)
         for (int j = 0; j < m->nstate; j++) m->ost[i].buf[j] = m->stages[m->loc[i].stage].state[j] + m->loc[i].off;
     return m;
 fail:
+    ghosts_free(ghost);
     ps_model_free(m);
     return NULL;
 }
@@ -331,6 +497,10 @@ int ps_model_find_param(const ps_model *m, const char *name) {
     return -1;
 }
 int64_t ps_model_num_weights(const ps_model *m) { return m->total_weights; }
+int ps_model_num_def_params(const ps_model *m) { return m->ndef_params; }
+const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
+    return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
+}
 
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
 const ps_stage_info *ps_model_stage(const ps_model *m, int s) {

@@ -94,6 +94,9 @@ typedef struct ps_param_info {
     const char *device;            /* "cpu" */
     int stage_index;
     int sparse;                    /* 1: row-sparse gradient and update (embedding table) */
+    int64_t row_offset;            /* a shard's table (shard_stage): it holds global rows
+                                      [row_offset, row_offset + dims[0]) ... */
+    int64_t rows_total;            /* ... of rows_total; 0 = not a shard (the whole parameter) */
 } ps_param_info;
 
 typedef struct ps_stage_info {
@@ -107,6 +110,7 @@ typedef struct ps_stage_info {
     int params;                    /* parameters of the stage */
     int params_only;               /* 1: a parameter-only stage (rnn_lm's "rnn"): never forwarded;
                                       its gradients come from ps_grads_add_dense (PushGradients) */
+    int64_t row_lo, row_hi;        /* the shard stage: global ids it answers; both 0 = not sharded */
 } ps_stage_info;
 
 typedef struct ps_grads ps_grads;
@@ -138,6 +142,14 @@ int ps_model_num_params(const ps_model *m);
 const ps_param_info *ps_model_param(const ps_model *m, int i);
 int ps_model_find_param(const ps_model *m, const char *name); /* -1 if absent */
 int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
+/* Every parameter of the model's definition, hosted here or not, in
+ * state_dict order, with the whole model's shapes (a shard's table with all
+ * its rows, row_offset 0, rows_total 0); stage_index is the hosted stage's
+ * index, -1 for a stage hosted elsewhere (device "elsewhere"). The
+ * single-server form: the same as ps_model_param. For checking a full
+ * state_dict against a hosted subset (--init-from). */
+int ps_model_num_def_params(const ps_model *m);
+const ps_param_info *ps_model_def_param(const ps_model *m, int i);
 
 /* ---- stages ---- */
 int ps_model_num_stages(const ps_model *m);

@@ -20,6 +20,7 @@ typedef struct layer_slot {
 
 typedef struct stage {
     const ps_stage_def *def;
+    int def_index;           /* index in the model definition (hosted subsets skip some) */
     char device[32];
     int host_memory;         /* device memory is host memory (cpu) */
     ps_backend *be;
@@ -47,6 +48,8 @@ struct ps_model {
     stage stages[PS_MODEL_MAX_STAGES];
     int nstages;
     ps_param_info *params;
+    ps_param_info *def_params; /* every parameter of the definition, whole shapes (ndef_params) */
+    int ndef_params;
     param_loc *loc;
     int nparams;
     int nsparse;
