@@ -40,6 +40,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 slurm_up "$tmp/slurm"
+mkdir -p "$tmp/ckpt"
 
 base=$(slurm_free_port)
 run=$tmp/run
@@ -84,10 +85,16 @@ done
 for k in 0 1; do
   log=$run/ps$k.log
   stage=$([ $k = 0 ] && echo conv || echo fc)
-  grep -q "hosting.*$stage" "$log" || { cat "$log" >&2; fail "ps$k.log does not show it hosting $stage"; }
-  grep -q "SIGTERM received: draining" "$log" || { tail "$log" >&2; fail "ps$k did not drain on SIGTERM"; }
+  other=$([ $k = 0 ] && echo fc || echo conv)
+  serving=$(grep -m1 "serving model mnist_cnn" "$log" || true)
+  case "$serving" in
+    *"$stage on cpu"*) case "$serving" in *"$other on "*) fail "ps$k hosts $other too: $serving";; esac ;;
+    *) cat "$log" >&2; fail "ps$k.log does not show it serving $stage";;
+  esac
+  grep -q "received: draining" "$log" || { tail "$log" >&2; fail "ps$k did not drain on SIGTERM"; }
   grep -q "checkpoint written: $tmp/ckpt/ps$k/" "$log" || { tail "$log" >&2; fail "ps$k wrote no checkpoint part in $tmp/ckpt/ps$k"; }
   grep -q "stopped: model version" "$log" || { tail "$log" >&2; fail "ps$k did not stop cleanly"; }
-  echo "ok: ps$k: $(grep -m1 "hosting" "$log" | sed 's/^.*\] //'); $(grep -m1 'stopped:' "$log" | sed 's/^.*stopped/stopped/')"
+  echo "ok: ps$k: ${serving#*] }"
+  echo "    $(grep -m1 'stopped:' "$log" | sed 's/^.*stopped/stopped/')"
 done
 echo "test-slurm: passed ($(( SECONDS - start ))s from submit to checks)"
