@@ -45,9 +45,11 @@ mkdir -p "$tmp/ckpt"
 base=$(slurm_free_port)
 run=$tmp/run
 start=$SECONDS
+# The groups' sizes are given the way README shows (options before and
+# after ':' replace the script's #SBATCH lines, group by group).
 job=$(sl sbatch --parsable --chdir="$repo" --output="$tmp/job.out" \
   --export=ALL,PS_HOME="$repo",PS_BIN="$repo/$BUILD/bin",PS_RUN_DIR="$run",PS_BASE_PORT="$base",PS_WAIT_S=60,PS_PSD_ARGS="--checkpoint-dir $tmp/ckpt" \
-  scripts/slurm/ps-cluster.sbatch scripts/slurm/mnist-2ps.yaml \
+  -N1 -n2 : -N1 -n2 scripts/slurm/ps-cluster.sbatch scripts/slurm/mnist-2ps.yaml \
   mnist --data "$DATA" --max-batches "$MAX_BATCHES" --log-every 50)
 job=${job%%;*}
 echo "test-slurm: submitted job $job (2 psd : 2 trainers, $MAX_BATCHES batches each, ports from $base)"
