@@ -830,6 +830,168 @@ lm_done:
     ps_model_free(sgd);
 }
 
+/* ---- parts of a cluster (several PS nodes) ---- */
+
+static ps_model *lm_part(int n_hosted, const char *h0, const char *h1, const char *h2, int64_t lo, int64_t hi) {
+    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 9, .compute_threads = 1, .lr = 0.1f,
+                       .n_sizes = 3, .size_key = {"ntoken", "ninp", "nhid"}, .size_value = {21, 4, 3},
+                       .n_hosted = n_hosted, .hosted = {h0, h1, h2}, .shard_stage = hi ? "emb" : NULL,
+                       .shard_lo = lo, .shard_hi = hi};
+    ps_err e = {0};
+    ps_model *m = ps_model_create(&o, &e);
+    CHECK_MSG(m, "%s", e.msg);
+    return m;
+}
+
+/* The whole model's state_dict into path; bad: a tensor named so gets a
+ * wrong shape; extra: one more tensor of that name. */
+static void write_dict(ps_model *m, const char *path, const char *bad, const char *extra) {
+    int np = ps_model_num_params(m);
+    float *w = weights(m), *p = w;
+    static float x3[3] = {1, 2, 3};
+    ps_st_tensor t[32];
+    int n = 0;
+    for (int i = 0; i < np; i++, n++) {
+        const ps_param_info *pi = ps_model_param(m, i);
+        memset(&t[n], 0, sizeof t[n]);
+        snprintf(t[n].name, sizeof t[n].name, "%s", pi->name);
+        t[n].dtype = PS_ST_F32;
+        t[n].ndim = pi->ndim;
+        memcpy(t[n].dims, pi->dims, sizeof pi->dims);
+        t[n].data = p;
+        t[n].bytes = (size_t)pi->numel * sizeof(float);
+        if (bad && !strcmp(bad, pi->name)) { t[n].ndim = 1; t[n].dims[0] = pi->numel; }
+        p += pi->numel;
+    }
+    if (extra) {
+        memset(&t[n], 0, sizeof t[n]);
+        snprintf(t[n].name, sizeof t[n].name, "%s", extra);
+        t[n].dtype = PS_ST_F32;
+        t[n].ndim = 1;
+        t[n].dims[0] = 3;
+        t[n].data = x3;
+        t[n].bytes = sizeof x3;
+        n++;
+    }
+    ps_err e = {0};
+    CHECK_MSG(ps_st_write(path, t, (size_t)n, NULL, &e) == PS_OK, "%s", e.msg);
+    free(w);
+}
+
+/* Parameter name of a and b (a shard's rows of b's table when a is one) equal. */
+static int same_param(ps_model *a, ps_model *b, const char *name) {
+    int i = ps_model_find_param(a, name), j = ps_model_find_param(b, name);
+    if (i < 0 || j < 0) return 0;
+    const ps_param_info *pa = ps_model_param(a, i);
+    float *x = malloc((size_t)pa->numel * sizeof *x), *y = malloc((size_t)ps_model_param(b, j)->numel * sizeof *y);
+    ps_err e = {0};
+    CHECK(ps_model_get_param(a, i, x, &e) == PS_OK && ps_model_get_param(b, j, y, &e) == PS_OK);
+    int64_t first = pa->rows_total ? pa->row_offset * (pa->numel / pa->dims[0]) : 0;
+    int same = !memcmp(x, y + first, (size_t)pa->numel * sizeof *x);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_parts(void) {
+    char d0[256], d1[256], p[PS_CKPT_PATH_MAX], full[300];
+    snprintf(d0, sizeof d0, "%s/ps0", g_dir);
+    snprintf(d1, sizeof d1, "%s/ps1", g_dir);
+    snprintf(full, sizeof full, "%s/full.safetensors", g_dir);
+    ps_err e = {0};
+    CHECK(ps_ckpt_prepare_dir(d0, &e) == PS_OK && ps_ckpt_prepare_dir(d1, &e) == PS_OK);
+    /* ps0: emb rows [0, 10); ps1: emb rows [10, 21), decoder and rnn. */
+    ps_model *whole = lm_part(0, NULL, NULL, NULL, 0, 0), *a = lm_part(1, "emb", NULL, NULL, 0, 10),
+             *b = lm_part(3, "emb", "decoder", "rnn", 10, 21);
+    if (!whole || !a || !b) goto out;
+    const ps_ckpt_ident i0 = {"lm-demo", "ps0"}, i1 = {"lm-demo", "ps1"};
+    ps_model_set_version(a, 5);
+    ps_model_set_version(b, 7);
+    CHECK(ps_ckpt_save_part(a, d0, &i0, 0, 2, NULL, &e) == PS_OK);
+    CHECK(ps_ckpt_save_part(b, d1, &i1, 0, 2, NULL, &e) == PS_OK);
+    path_of(p, sizeof p, d0, 5, ".safetensors");
+    ps_st_file *f = ps_st_read(p, &e);
+    CHECK_MSG(f, "%s", e.msg);
+    if (f) {
+        const char *v;
+        CHECK((v = ps_st_metadata(f, "psd.cluster")) && !strcmp(v, "lm-demo"));
+        CHECK((v = ps_st_metadata(f, "psd.server")) && !strcmp(v, "ps0"));
+        CHECK((v = ps_st_metadata(f, "psd.hosted")) && !strcmp(v, "emb"));
+        CHECK((v = ps_st_metadata(f, "psd.rows.encoder.weight")) && !strcmp(v, "0,10,21"));
+        CHECK(ps_st_count(f) == 1 && ps_st_find(f, "encoder.weight")->dims[0] == 10);
+        ps_st_free(f);
+    }
+    path_of(p, sizeof p, d1, 7, ".safetensors");
+    if ((f = ps_st_read(p, &e))) {
+        const char *v;
+        CHECK((v = ps_st_metadata(f, "psd.hosted")) && !strcmp(v, "emb,decoder,rnn"));
+        CHECK((v = ps_st_metadata(f, "psd.rows.encoder.weight")) && !strcmp(v, "10,21,21"));
+        CHECK(!ps_st_metadata(f, "psd.rows.decoder.weight"));
+        ps_st_free(f);
+    }
+
+    /* Resume: its own part loads; another server's, cluster's or row range's is refused naming both. */
+    int found = 0;
+    ps_model *a2 = lm_part(1, "emb", NULL, NULL, 0, 10), *a3 = lm_part(1, "emb", NULL, NULL, 1, 11);
+    CHECK(ps_ckpt_restore_latest_part(a2, d0, &i0, &found, NULL, &e) == PS_OK && found);
+    CHECK(ps_model_version(a2) == 5 && same_param(a2, a, "encoder.weight"));
+    path_of(p, sizeof p, d0, 5, ".safetensors");
+    const ps_ckpt_ident other = {"lm-other", "ps0"}, single = {"psd", ""};
+    CHECK(ps_ckpt_load_part(a2, p, &i1, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "part of server 'ps0'; this psd is server 'ps1'");
+    CHECK(ps_ckpt_load_part(a2, p, &other, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "part of cluster 'lm-demo'; this psd is of cluster 'lm-other'");
+    CHECK(ps_ckpt_load_part(a2, p, &single, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+    CHECK(ps_ckpt_load_part(a3, p, &i0, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "holds rows 0,10,21; this psd holds 1,11,21");
+    /* A single-server checkpoint is not a cluster server's part, and vice versa. */
+    char ds[256];
+    snprintf(ds, sizeof ds, "%s/single", g_dir);
+    CHECK(ps_ckpt_prepare_dir(ds, &e) == PS_OK);
+    CHECK(ps_ckpt_save(whole, ds, 0, 1, NULL, &e) == PS_OK);
+    path_of(p, sizeof p, ds, 0, ".safetensors");
+    CHECK(ps_ckpt_load(whole, p, NULL, &e) == PS_OK);
+    CHECK(ps_ckpt_load_part(whole, p, &i0, NULL, &e) == PS_ERR_FAILED_PRECONDITION);
+    ps_model_free(a3);
+
+    /* --init-from a full state_dict: each part takes its tensors and rows. */
+    for (int k = 0; k < 3; k++) {   /* make the whole model's values differ from the parts' */
+        int64_t ids[4] = {k, 9 + k, 10 + k, 20 - k};
+        float out[4 * 4], g[4 * 4];
+        for (int i = 0; i < 16; i++) g[i] = (float)(i % 5) - 2.0f;
+        ps_tape *t = NULL;
+        ps_grads *acc = ps_grads_create(whole, &e);
+        CHECK(ps_model_forward_range(whole, 0, 0, ids, 4, 1, NULL, 3, out, &t, NULL, &e) == PS_OK);
+        CHECK(ps_model_backward_acc(whole, t, g, NULL, acc, &e) == PS_OK);
+        CHECK(ps_model_step_grads(whole, acc, NULL, &e) == PS_OK);
+        ps_tape_free(t);
+        ps_grads_free(acc);
+    }
+    CHECK(!same_param(a2, whole, "encoder.weight"));
+    write_dict(whole, full, NULL, NULL);
+    int skipped = -1;
+    CHECK_MSG(ps_ckpt_init_from_part(a2, full, &skipped, &e) == PS_OK, "%s", e.msg);
+    CHECK(skipped == 10 && same_param(a2, whole, "encoder.weight"));
+    CHECK_MSG(ps_ckpt_init_from_part(b, full, &skipped, &e) == PS_OK, "%s", e.msg);
+    CHECK(skipped == 0);
+    for (int i = 0; i < ps_model_num_params(whole); i++)
+        CHECK_MSG(same_param(b, whole, ps_model_param(whole, i)->name), "%s", ps_model_param(whole, i)->name);
+    write_dict(whole, full, "decoder.weight", NULL);   /* hosted elsewhere, still checked */
+    CHECK(ps_ckpt_init_from_part(a2, full, NULL, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "'decoder.weight' has shape");
+    write_dict(whole, full, NULL, "fc3.bias");
+    CHECK(ps_ckpt_init_from_part(a2, full, NULL, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "unexpected tensor 'fc3.bias'");
+    write_dict(a2, full, NULL, NULL);   /* only the shard's rows: not a whole state_dict */
+    CHECK(ps_ckpt_init_from_part(a2, full, NULL, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "'encoder.weight' has shape (10, 4); the model's encoder.weight is (21, 4)");
+    ps_model_free(a2);
+out:
+    ps_model_free(whole);
+    ps_model_free(a);
+    ps_model_free(b);
+}
+
 int main(void) {
     ps_log_set_level(PS_LOG_ERROR);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -839,6 +1001,7 @@ int main(void) {
     test_optim_state();
     test_dir_oddities();
     test_model_adam();
+    test_parts();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);

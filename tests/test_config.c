@@ -12,6 +12,7 @@
 #include "check.h"
 #include "config.h"
 #include "model.h"
+#include "placement.h"
 
 static char g_dir[] = "/tmp/ps_test_config_XXXXXX";
 
@@ -624,6 +625,342 @@ static void test_model_keys(void) {
     CHECK(!strcmp(ps_config_enum_name("model.name", c.model.name), "cartpole_policy"));
 }
 
+/* ---- several PS nodes: cluster.name, servers.<name>, placement forms ---- */
+
+static const char *CLUSTER =
+    "cluster:\n"
+    "  name: lm-demo.1\n"
+    "servers:\n"
+    "  ps0:\n"
+    "    address: \"127.0.0.1:50061\"\n"
+    "    listen: \"0.0.0.0:50061\"\n"
+    "    cert: certs/ps0.pem\n"
+    "    key: certs/ps0.key\n"
+    "    server_name: ps0.example\n"
+    "    metrics_listen: \"127.0.0.1:9101\"\n"
+    "    checkpoint_dir: /var/lib/psd/ps0\n"
+    "  ps1: {address: \"node-2.cluster:50062\"}\n"
+    "  ps_2: {address: \"[::1]:50063\"}\n"
+    "model:\n"
+    "  name: rnn_lm\n"
+    "  sizes: {ntoken: 1000}\n"
+    "  placement:\n"
+    "    emb: {shards: [ps0, ps1/cuda:0]}\n"
+    "    decoder: ps_2/cpu\n"
+    "    rnn: ps_2\n";
+
+static void check_cluster_values(const ps_config *c) {
+    CHECK(!strcmp(c->cluster.name, "lm-demo.1"));
+    CHECK(c->n_servers == 3 && c->self == -1);
+    const ps_server_def *s = &c->servers[0];
+    CHECK(!strcmp(s->name, "ps0") && !strcmp(s->address, "127.0.0.1:50061") && !strcmp(s->listen, "0.0.0.0:50061"));
+    CHECK(!strcmp(s->cert, "certs/ps0.pem") && !strcmp(s->key, "certs/ps0.key"));
+    CHECK(!strcmp(s->server_name, "ps0.example") && !strcmp(s->metrics_listen, "127.0.0.1:9101"));
+    CHECK(!strcmp(s->checkpoint_dir, "/var/lib/psd/ps0"));
+    CHECK(!strcmp(c->servers[1].name, "ps1") && !strcmp(c->servers[1].address, "node-2.cluster:50062"));
+    CHECK(!c->servers[1].listen[0] && !c->servers[1].cert[0]);
+    CHECK(!strcmp(c->servers[2].name, "ps_2") && !strcmp(c->servers[2].address, "[::1]:50063"));
+    CHECK(c->model.n_placement == 3);
+    const ps_stage_placement *emb = &c->model.placement[0];
+    CHECK(!strcmp(emb->stage, "emb") && emb->n_shards == 2 && !emb->server[0] && !emb->device[0]);
+    CHECK(!strcmp(emb->shard_server[0], "ps0") && !strcmp(emb->shard_device[0], "cpu"));
+    CHECK(!strcmp(emb->shard_server[1], "ps1") && !strcmp(emb->shard_device[1], "cuda:0"));
+    CHECK(!strcmp(c->model.placement[1].stage, "decoder") && !strcmp(c->model.placement[1].server, "ps_2") &&
+          !strcmp(c->model.placement[1].device, "cpu") && c->model.placement[1].n_shards == 0);
+    CHECK(!strcmp(c->model.placement[2].server, "ps_2") && !strcmp(c->model.placement[2].device, "cpu"));
+}
+
+static void set_ok(ps_config *c, const char *k, const char *v) {
+    ps_err e;
+    ps_err_clear(&e);
+    CHECK_MSG(ps_config_set(c, k, v, "command line", &e) == PS_OK, "%s=%s: %s", k, v, e.msg);
+}
+
+static void test_cluster_parse(void) {
+    ps_config c, back;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    CHECK(!strcmp(c.cluster.name, "psd") && c.n_servers == 0 && c.self == -1);
+    CHECK_MSG(ps_config_load(&c, tmpfile_with("cluster.yaml", CLUSTER), &e) == PS_OK, "%s", e.msg);
+    check_cluster_values(&c);
+    CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+
+    /* print -> load: the same bytes (servers and shard lists included) */
+    char printed[512];
+    snprintf(printed, sizeof printed, "%s/cluster-printed.yaml", g_dir);
+    FILE *f = fopen(printed, "w");
+    ps_config_print(&c, f);
+    fclose(f);
+    ps_config_defaults(&back);
+    CHECK_MSG(ps_config_load(&back, printed, &e) == PS_OK, "%s", e.msg);
+    check_cluster_values(&back);
+    CHECK(memcmp(&c, &back, sizeof c) == 0);
+
+    /* the flag forms build the same config as the YAML */
+    ps_config cli;
+    ps_config_defaults(&cli);
+    set_ok(&cli, "cluster.name", "lm-demo.1");
+    set_ok(&cli, "servers.ps0.address", "127.0.0.1:50061");
+    set_ok(&cli, "servers.ps0.listen", "0.0.0.0:50061");
+    set_ok(&cli, "servers.ps0.cert", "certs/ps0.pem");
+    set_ok(&cli, "servers.ps0.key", "certs/ps0.key");
+    set_ok(&cli, "servers.ps0.server_name", "ps0.example");
+    set_ok(&cli, "servers.ps0.metrics_listen", "127.0.0.1:9101");
+    set_ok(&cli, "servers.ps0.checkpoint_dir", "/var/lib/psd/ps0");
+    set_ok(&cli, "servers.ps1.address", "node-2.cluster:50062");
+    set_ok(&cli, "servers.ps_2.address", "[::1]:50063");
+    set_ok(&cli, "model.name", "rnn_lm");
+    set_ok(&cli, "model.sizes.ntoken", "1000");
+    set_ok(&cli, "model.placement.emb", "cpu");          /* replaced by the shards below */
+    set_ok(&cli, "model.placement.emb.shards", " ps0 , ps1/cuda:0");
+    set_ok(&cli, "model.placement.decoder", "ps_2/cpu");
+    set_ok(&cli, "model.placement.rnn", "ps_2");
+    CHECK(memcmp(&c, &cli, sizeof c) == 0);
+    /* a stage given a plain placement after shards drops the shards */
+    set_ok(&cli, "model.placement.emb", "ps0/cuda:1");
+    CHECK(cli.model.placement[0].n_shards == 0 && !strcmp(cli.model.placement[0].server, "ps0") &&
+          !strcmp(cli.model.placement[0].device, "cuda:1") && !cli.model.placement[0].shard_server[0][0]);
+    /* a setting of an existing server replaces that field only */
+    set_ok(&cli, "servers.ps1.address", "127.0.0.1:50099");
+    CHECK(cli.n_servers == 3 && !strcmp(cli.servers[1].address, "127.0.0.1:50099"));
+
+    /* single-server forms are unchanged: a bare device; a bare word is a server */
+    ps_config_defaults(&c);
+    set_ok(&c, "model.placement.conv", "cuda:3");
+    CHECK(!c.model.placement[0].server[0] && !strcmp(c.model.placement[0].device, "cuda:3"));
+    set_ok(&c, "model.placement.conv", "gpu_host");
+    CHECK(!strcmp(c.model.placement[0].server, "gpu_host") && !strcmp(c.model.placement[0].device, "cpu"));
+
+    /* at most PS_CONFIG_MAX_SERVERS servers, PS_CONFIG_MAX_SHARDS shards */
+    ps_config_defaults(&c);
+    for (int i = 0; i < PS_CONFIG_MAX_SERVERS; i++) {
+        char k[64], v[64];
+        snprintf(k, sizeof k, "servers.s%d.address", i);
+        snprintf(v, sizeof v, "127.0.0.1:%d", 40000 + i);
+        set_ok(&c, k, v);
+    }
+    CHECK(ps_config_set(&c, "servers.s8.address", "127.0.0.1:1", "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "cli: servers.s8.address: too many servers (at most 8: s0, s1,");
+    CHECK(ps_config_set(&c, "model.placement.emb.shards", "s0,s1,s2,s3,s4,s5,s6,s7,s0", "cli", &e) != PS_OK);
+    CONTAINS(e.msg, "more than 8 shards");
+}
+
+/* Each bad value: from the command line, refused naming key and value,
+ * the config unchanged. */
+static void test_cluster_bad_values(void) {
+    static const struct { const char *key, *value, *want; } bad[] = {
+        {"cluster.name", "my cluster", "cli: cluster.name: 'my cluster': a cluster name is 1..31 letters"},
+        {"cluster.name", "", "cluster.name: must not be empty"},
+        {"cluster.name", "abcdefghijklmnopqrstuvwxyz0123456", "at most 31 allowed"},
+        {"servers.p s.address", "127.0.0.1:1", "servers.p s.address: a server name is 1..31 letters"},
+        {"servers.cpu.address", "127.0.0.1:1", "and not a device"},
+        {"servers.CUDA1.address", "127.0.0.1:1", "and not a device"},
+        {"servers.abcdefghijklmnopqrstuvwxyz0123456.address", "127.0.0.1:1", "a server name is 1..31"},
+        {"servers.ps0", "127.0.0.1:1", "servers.ps0: name a field of the server: servers.ps0.<address, listen"},
+        {"servers.ps0.adress", "127.0.0.1:1", "unknown key 'servers.ps0.adress' (a server has: address, listen"},
+        {"servers.ps0.address", "127.0.0.1", "servers.ps0.address: '127.0.0.1' is not HOST:PORT"},
+        {"servers.ps0.address", "host:0", "'host:0' is not HOST:PORT"},
+        {"servers.ps0.address", "bad_host:50061", "'bad_host:50061' is not HOST:PORT"},
+        {"servers.ps0.listen", "0.0.0.0:99999", "servers.ps0.listen: '0.0.0.0:99999' is not HOST:PORT"},
+        {"servers.ps0.metrics_listen", "node-1:9100", "servers.ps0.metrics_listen: 'node-1:9100' is not HOST:PORT"},
+        {"model.placement.fc", "ps0/gpu", "model.placement.fc: 'ps0/gpu' has no valid device after the '/'"},
+        {"model.placement.fc", "p s/cpu", "'p s/cpu' is not SERVER/DEVICE"},
+        {"model.placement.fc", "/cpu", "'/cpu' is not SERVER/DEVICE"},
+        {"model.placement.fc", "gpu:0", "model.placement.fc: 'gpu:0' is not a device"},
+        {"model.placement.fc.device", "cpu", "model.placement.fc.device: a placement has no key 'device'"},
+        {"model.placement.emb.shards", "", "model.placement.emb.shards: '': shard 1 is empty"},
+        {"model.placement.emb.shards", "ps0,,ps1", "shard 2 is empty"},
+        {"model.placement.emb.shards", "ps0,cuda:0", "shard 2 'cuda:0' names no server"},
+        {"model.placement.emb.shards", "ps0,ps1/tpu", "shard 2 'ps1/tpu' has no valid device"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ps_config c, before;
+        ps_err e;
+        ps_err_clear(&e);
+        ps_config_defaults(&c);
+        set_ok(&c, "servers.ps0.address", "127.0.0.1:50061");
+        before = c;
+        CHECK_MSG(ps_config_set(&c, bad[i].key, bad[i].value, "cli", &e) != PS_OK, "%s=%s accepted", bad[i].key,
+                  bad[i].value);
+        CONTAINS(e.msg, bad[i].want);
+        CHECK_MSG(memcmp(&c, &before, sizeof c) == 0, "%s=%s changed the config", bad[i].key, bad[i].value);
+    }
+    /* YAML: a sequence only where a list is meant */
+    expect_bad("seq_lr.yaml", "optimizer:\n  lr: [0.1]\n", PS_ERR_FORMAT, 2,
+               "optimizer.lr: expected a single value, got a list", NULL);
+    expect_bad("seq_stage.yaml", "model:\n  name: rnn_lm\n  placement:\n    emb: [ps0, ps1]\n", PS_ERR_FORMAT, 4,
+               "model.placement.emb: expected a single value, got a list", NULL);
+    expect_bad("seq_servers.yaml", "servers: [ps0, ps1]\n", PS_ERR_FORMAT, 1,
+               "servers: expected a mapping of keys, got a list", NULL);
+    expect_bad("seq_addr.yaml", "servers:\n  ps0:\n    address: [a, b]\n", PS_ERR_FORMAT, 3,
+               "servers.ps0.address: expected a single value, got a list", NULL);
+    expect_bad("seq_nested.yaml", "model:\n  placement:\n    emb: {shards: [ps0, [ps1]]}\n", PS_ERR_FORMAT, 3,
+               "model.placement.emb.shards: entry 2: expected a single value, got a list", NULL);
+    expect_bad("seq_null.yaml", "model:\n  placement:\n    emb: {shards: [ps0, ~]}\n", PS_ERR_FORMAT, 3,
+               "entry 2: expected a single value, got nothing", NULL);
+    expect_bad("seq_comma.yaml", "model:\n  placement:\n    emb: {shards: [\"ps0,ps1\"]}\n",
+               PS_ERR_INVALID_ARGUMENT, 3, "entry 1 'ps0,ps1' holds a ','", NULL);
+    expect_bad("seq_empty.yaml", "model:\n  placement:\n    emb: {shards: []}\n", PS_ERR_INVALID_ARGUMENT, 3,
+               "model.placement.emb.shards: '': shard 1 is empty", NULL);
+    expect_bad("server_null.yaml", "servers:\n  ps0:\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "servers.ps0: no value given", NULL);
+    expect_bad("server_field.yaml", "servers:\n  ps0: {addr: \"127.0.0.1:1\"}\n", PS_ERR_NOT_FOUND, 2,
+               "unknown key 'servers.ps0.addr'", NULL);
+    expect_bad("server_dup.yaml", "servers:\n  ps0: {address: \"127.0.0.1:1\"}\n  ps0: {address: \"127.0.0.1:2\"}\n",
+               PS_ERR_FORMAT, 3, "duplicate key 'servers.ps0'", NULL);
+    expect_bad("server_deep.yaml", "servers:\n  ps0: {address: {host: a}}\n", PS_ERR_FORMAT, 2,
+               "servers.ps0.address: expected a single value, got a mapping", NULL);
+}
+
+/* A cluster config built by settings; then one change, one expected error. */
+static void cluster_base(ps_config *c) {
+    ps_config_defaults(c);
+    set_ok(c, "model.name", "rnn_lm");
+    set_ok(c, "model.sizes.ntoken", "3");
+    set_ok(c, "servers.ps0.address", "127.0.0.1:50061");
+    set_ok(c, "servers.ps1.address", "127.0.0.1:50062");
+    set_ok(c, "model.placement.emb.shards", "ps0,ps1");
+    set_ok(c, "model.placement.decoder", "ps1");
+    set_ok(c, "model.placement.rnn", "ps0/cpu");
+}
+
+static void expect_cluster_bad(const char *what, const char *k1, const char *v1, const char *k2, const char *v2,
+                               const char *want) {
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    cluster_base(&c);
+    if (k1) set_ok(&c, k1, v1);
+    if (k2) set_ok(&c, k2, v2);
+    CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT, "%s: accepted", what);
+    CHECK_MSG(!strncmp(e.msg, want, strlen(want)), "%s:\n  got  %s\n  want %s", what, e.msg, want);
+    ps_placement p;
+    ps_err e2;
+    ps_err_clear(&e2);
+    CHECK_MSG(ps_placement_resolve(&c, &p, &e2) == PS_ERR_INVALID_ARGUMENT && !strcmp(e.msg, e2.msg),
+              "%s: resolve said: %s", what, e2.msg);
+}
+
+static void test_cluster_checks(void) {
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    cluster_base(&c);
+    CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+    expect_cluster_bad("unknown server", "model.placement.decoder", "ps3", NULL, NULL,
+                       "model.placement.decoder: server 'ps3' is not in servers (ps0, ps1)");
+    expect_cluster_bad("unknown shard server", "model.placement.emb.shards", "ps0,ps3/cuda:0", NULL, NULL,
+                       "model.placement.emb.shards: server 'ps3' is not in servers (ps0, ps1)");
+    {
+        ps_config_defaults(&c);
+        set_ok(&c, "model.name", "rnn_lm");
+        set_ok(&c, "servers.ps0.address", "127.0.0.1:50061");
+        set_ok(&c, "model.placement.emb", "ps0");
+        set_ok(&c, "model.placement.decoder", "ps0");
+        CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+        CONTAINS(e.msg, "model.placement.rnn: stage 'rnn' of model 'rnn_lm' is not placed; with servers defined "
+                        "every stage names its server (servers: ps0)");
+    }
+    expect_cluster_bad("single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
+                       "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or "
+                       "SERVER/DEVICE (servers: ps0, ps1)");
+    expect_cluster_bad("a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL,
+                       NULL, "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)");
+    expect_cluster_bad("shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
+                       "model.placement.decoder.shards: only a stage whose first layer is an embedding table can "
+                       "be sharded; stage 'decoder' of model 'rnn_lm' starts with dropout");
+    expect_cluster_bad("more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
+                       "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)");
+    expect_cluster_bad("duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
+                       "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'");
+    expect_cluster_bad("duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen",
+                       "127.0.0.1:7000", "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too");
+    expect_cluster_bad("one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
+                       "servers.ps1.metrics_listen: '127.0.0.1:9100' is servers.ps0's metrics address too");
+    expect_cluster_bad("an address missing", "servers.ps2.listen", "0.0.0.0:50063", NULL, NULL,
+                       "servers.ps2.address: required");
+    expect_cluster_bad("a server hosting nothing", "servers.ps2.address", "127.0.0.1:50063", NULL, NULL,
+                       "servers.ps2: no stage is placed on it");
+    expect_cluster_bad("sync across servers", "server.consistency", "sync", NULL, NULL,
+                       "server.consistency: sync needs one server: stages span ps0, ps1; use hogwild until a "
+                       "cross-server round exists");
+    expect_cluster_bad("ssp across servers", "server.consistency", "ssp", NULL, NULL,
+                       "server.consistency: ssp needs one server");
+    expect_cluster_bad("a stage the model lacks", "model.placement.conv", "ps0", NULL, NULL,
+                       "model.placement.conv: model 'rnn_lm' has no stage 'conv'");
+
+    /* the same ports on different hosts are fine: they are different machines */
+    cluster_base(&c);
+    set_ok(&c, "servers.ps0.address", "node-1:50061");
+    set_ok(&c, "servers.ps1.address", "node-2:50061");
+    set_ok(&c, "servers.ps0.listen", "0.0.0.0:50061");
+    set_ok(&c, "servers.ps1.listen", "0.0.0.0:50061");
+    set_ok(&c, "server.metrics_listen", "0.0.0.0:9100");
+    CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+
+    /* a placement naming a server without servers */
+    ps_config_defaults(&c);
+    set_ok(&c, "model.placement.fc", "ps1/cpu");
+    CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.placement.fc: names server 'ps1' but the config defines no servers (add "
+                    "servers.ps1.address");
+    ps_config_defaults(&c);
+    set_ok(&c, "model.name", "rnn_lm");
+    set_ok(&c, "model.placement.emb.shards", "a,b");
+    CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.placement.emb.shards: names server 'a' but the config defines no servers");
+    /* the single-server form passes as before, sync included */
+    ps_config_defaults(&c);
+    set_ok(&c, "model.placement.fc", "cuda:0");
+    set_ok(&c, "server.consistency", "sync");
+    CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+}
+
+static void test_select_server(void) {
+    ps_config c;
+    ps_err e;
+    ps_err_clear(&e);
+    ps_config_defaults(&c);
+    CHECK(ps_config_select_server(&c, "ps0", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "--name ps0: this config defines no servers");
+    CHECK_MSG(ps_config_load(&c, tmpfile_with("cluster-sel.yaml", CLUSTER), &e) == PS_OK, "%s", e.msg);
+    set_ok(&c, "server.checkpoint_dir", "/ck");
+    set_ok(&c, "server.metrics_listen", "127.0.0.1:9200");
+    set_ok(&c, "security.cert", "certs/all.pem");
+    ps_config before = c;
+    CHECK(ps_config_select_server(&c, "ps9", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "--name ps9: not a server of this config (servers: ps0, ps1, ps_2)");
+    CHECK(memcmp(&c, &before, sizeof c) == 0);
+
+    ps_config c0 = c;
+    CHECK_MSG(ps_config_select_server(&c0, "ps0", &e) == PS_OK, "%s", e.msg);
+    CHECK(c0.self == 0);
+    CHECK(!strcmp(c0.server.address, "127.0.0.1:50061") && !strcmp(c0.server.listen, "0.0.0.0:50061"));
+    CHECK(!strcmp(c0.security.cert, "certs/ps0.pem") && !strcmp(c0.security.key, "certs/ps0.key"));
+    CHECK(!strcmp(c0.server.metrics_listen, "127.0.0.1:9101"));
+    CHECK(!strcmp(c0.server.checkpoint_dir, "/var/lib/psd/ps0"));
+
+    ps_config c1 = c;
+    CHECK_MSG(ps_config_select_server(&c1, "ps1", &e) == PS_OK, "%s", e.msg);
+    CHECK(c1.self == 1);
+    CHECK(!strcmp(c1.server.address, "node-2.cluster:50062") && !strcmp(c1.server.listen, "node-2.cluster:50062"));
+    CHECK(!strcmp(c1.security.cert, "certs/all.pem") && !c1.security.key[0]);     /* the cluster's */
+    CHECK(!strcmp(c1.server.metrics_listen, "127.0.0.1:9200"));
+    CHECK(!strcmp(c1.server.checkpoint_dir, "/ck/ps1"));
+    /* buffers cleared: selecting by hand equals the same settings */
+    ps_config by_hand = c;
+    set_ok(&by_hand, "server.address", "node-2.cluster:50062");
+    set_ok(&by_hand, "server.listen", "node-2.cluster:50062");
+    set_ok(&by_hand, "server.checkpoint_dir", "/ck/ps1");
+    by_hand.self = 1;
+    CHECK(memcmp(&c1, &by_hand, sizeof c1) == 0);
+
+    ps_config c2 = c;
+    set_ok(&c2, "server.checkpoint_dir", "");
+    CHECK(ps_config_select_server(&c2, "ps_2", &e) == PS_OK && c2.self == 2 && !c2.server.checkpoint_dir[0]);
+}
+
 int main(void) {
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
     test_model_keys();
@@ -636,6 +973,10 @@ int main(void) {
     test_cli();
     test_batch_size_limit();
     test_optimizer_keys();
+    test_cluster_parse();
+    test_cluster_bad_values();
+    test_cluster_checks();
+    test_select_server();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);
