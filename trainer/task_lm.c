@@ -597,8 +597,13 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
         const ps_ParameterInfo *p = &env->params->items[i];
         if (!strcmp(p->name, "encoder.weight"))  /* a shard: rows_total is the table's */
             t->ntoken = p->rows_total ? p->rows_total : p->shape[0], t->ninp = p->shape[1];
-        if (!strncmp(p->name, "rnn.weight_hh_l", 15)) {
-            t->nlayers++;
+        if (!strncmp(p->name, "rnn.weight_hh_l", 15)) {  /* by index: a list of several servers may repeat it */
+            char *end;
+            long k = strtol(p->name + 15, &end, 10);
+            if (*end || end == p->name + 15 || k < 0 || k >= LM_MAX_LAYERS)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: psd's parameter %s: not an LSTM layer 0..%d",
+                                  p->name, LM_MAX_LAYERS - 1);
+            if (k + 1 > t->nlayers) t->nlayers = (int)k + 1;
             t->nhid = p->shape[1];
         }
     }
