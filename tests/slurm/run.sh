@@ -32,7 +32,7 @@ tmp=$(mktemp -d /tmp/test-slurm.XXXXXX)
 chmod 711 "$tmp"
 cleanup() {
   local rc=$?
-  [ -n "${job:-}" ] && sl scancel "$job" 2>/dev/null || true
+  if [ -n "${job:-}" ]; then sl scancel "$job" 2>/dev/null || true; fi
   slurm_down
   if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then echo "test-slurm: files kept in $tmp"; else rm -rf "$tmp"; fi
 }
@@ -40,31 +40,38 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 slurm_up "$tmp/slurm"
-mkdir -p "$tmp/ckpt"
 
-base=$(slurm_free_port)
-run=$tmp/run
+# submit_wait RUN_DIR CKPT_DIR TRAINER-ARGS...: submit ps-cluster.sbatch (2 psd
+# : 2 trainers), wait (deadline) until it leaves the queue; sets job, base
+# (the first psd port) and states (JobStates seen by scontrol while it ran).
+submit_wait() {
+  local run=$1 ckpt=$2 t0=$SECONDS q s; shift 2
+  base=$(slurm_free_port)
+  mkdir -p "$ckpt"
+  # The groups' sizes are given the way README shows (options before and
+  # after ':' replace the script's #SBATCH lines, group by group).
+  job=$(sl sbatch --parsable --chdir="$repo" --output="$run.out" \
+    --export=ALL,PS_HOME="$repo",PS_BIN="$repo/$BUILD/bin",PS_RUN_DIR="$run",PS_BASE_PORT="$base",PS_WAIT_S=60,PS_PSD_ARGS="--checkpoint-dir $ckpt" \
+    -N1 -n2 : -N1 -n2 scripts/slurm/ps-cluster.sbatch scripts/slurm/mnist-2ps.yaml "$@")
+  job=${job%%;*}
+  echo "test-slurm: submitted job $job (2 psd : 2 trainers: $*; ports from $base)"
+  states=""
+  while :; do
+    q=$(sl squeue -h -j "$job" -o '%i %t %R' 2>/dev/null || true)
+    [ -z "$q" ] && break
+    s=$(sl scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort -u | tr '\n' ' ' || true)
+    case "$states" in *"$s"*) ;; *) states="$states$s"; echo "  $(( SECONDS - t0 ))s: $s";; esac
+    [ $((SECONDS - t0)) -lt "$JOB_DEADLINE_S" ] || { cat "$run.out" 2>/dev/null; fail "job $job still queued/running after ${JOB_DEADLINE_S}s: $q"; }
+    sleep 1
+  done
+  echo "test-slurm: job $job left the queue after $(( SECONDS - t0 ))s"
+  echo "---- job output"; cat "$run.out" 2>/dev/null || true; echo "----"
+  job=""
+}
+
 start=$SECONDS
-# The groups' sizes are given the way README shows (options before and
-# after ':' replace the script's #SBATCH lines, group by group).
-job=$(sl sbatch --parsable --chdir="$repo" --output="$tmp/job.out" \
-  --export=ALL,PS_HOME="$repo",PS_BIN="$repo/$BUILD/bin",PS_RUN_DIR="$run",PS_BASE_PORT="$base",PS_WAIT_S=60,PS_PSD_ARGS="--checkpoint-dir $tmp/ckpt" \
-  -N1 -n2 : -N1 -n2 scripts/slurm/ps-cluster.sbatch scripts/slurm/mnist-2ps.yaml \
-  mnist --data "$DATA" --max-batches "$MAX_BATCHES" --log-every 50)
-job=${job%%;*}
-echo "test-slurm: submitted job $job (2 psd : 2 trainers, $MAX_BATCHES batches each, ports from $base)"
-
-states=""
-while :; do
-  q=$(sl squeue -h -j "$job" -o '%i %t %R' 2>/dev/null || true)
-  [ -z "$q" ] && break
-  s=$(sl scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort -u | tr '\n' ' ' || true)
-  case "$states" in *"$s"*) ;; *) states="$states$s"; echo "  $(( SECONDS - start ))s: $s";; esac
-  [ $((SECONDS - start)) -lt "$JOB_DEADLINE_S" ] || { cat "$tmp/job.out" 2>/dev/null; fail "job $job still queued/running after ${JOB_DEADLINE_S}s: $q"; }
-  sleep 1
-done
-echo "test-slurm: job $job left the queue after $(( SECONDS - start ))s"
-echo "---- job output"; cat "$tmp/job.out" 2>/dev/null || true; echo "----"
+run=$tmp/run
+submit_wait "$run" "$tmp/ckpt" mnist --data "$DATA" --max-batches "$MAX_BATCHES" --log-every 50
 
 case "$states" in *FAIL*|*CANCEL*|*TIMEOUT*|*NODE_FAIL*|*OUT_OF_ME*) fail "job states seen: $states";; esac
 [ -f "$run/result" ] || fail "the job wrote no $run/result"
@@ -99,4 +106,13 @@ for k in 0 1; do
   echo "ok: ps$k: ${serving#*] }"
   echo "    $(grep -m1 'stopped:' "$log" | sed 's/^.*stopped/stopped/')"
 done
+
+# A failing trainer fails the job, and the servers are still stopped cleanly.
+submit_wait "$tmp/bad" "$tmp/ckpt-bad" mnist --data "$tmp/no-such-dir" --max-batches 5
+grep -q "^failed: trainers [1-9]" "$tmp/bad/result" || fail "trainers failed, job result: '$(cat "$tmp/bad/result" 2>/dev/null)'"
+case "$states" in *FAIL*) ;; *) echo "  (scontrol saw no FAILED state: $states; the result file decides)";; esac
+for k in 0 1; do
+  grep -q "stopped: model version" "$tmp/bad/ps$k.log" || { tail "$tmp/bad/ps$k.log" >&2; fail "ps$k did not stop cleanly after the trainers failed"; }
+done
+echo "ok: trainers failing fails the job ($(cat "$tmp/bad/result")), both psd stopped cleanly"
 echo "test-slurm: passed ($(( SECONDS - start ))s from submit to checks)"
