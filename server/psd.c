@@ -75,7 +75,9 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     uint64_t samples;
     ps_service_stats(svc, &st, &samples);
     double t0 = mono_s();
-    if (ps_ckpt_save(model, cfg->server.checkpoint_dir, samples, cfg->server.checkpoint_keep, &info, &err)) {
+    const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
+    if (ps_ckpt_save_part(model, cfg->server.checkpoint_dir, &id, samples, cfg->server.checkpoint_keep, &info,
+                          &err)) {
         ps_log(PS_LOG_ERROR, "checkpoint failed: %s", err.msg);
         ps_metrics_note_checkpoint(metrics, 0);
         return -1;
@@ -153,6 +155,40 @@ static void log_cpu_kernels(const ps_model_opts *mo) {
         *nl = 0;
         ps_log(PS_LOG_WARN, "  reference kernel: %s", line);
     }
+}
+
+/* The model options of servers[cfg->self]: hosted stages, the shard's rows
+ * and devices from the resolved placement p (which the options point into:
+ * keep it alive while mo is used). INVALID_ARGUMENT when the server hosts
+ * no stage, or shards of two stages. */
+static ps_status hosted_opts(const ps_config *cfg, ps_placement *p, ps_model_opts *mo, ps_err *err) {
+    if (ps_placement_resolve(cfg, p, err) != PS_OK) return err->code;
+    int self = cfg->self;
+    mo->n_hosted = 0;
+    mo->n_placement = 0;
+    mo->shard_stage = NULL;
+    for (int s = 0; s < p->n_stages; s++) {
+        const ps_place_stage *ps = &p->stages[s];
+        if (!ps_placement_hosts(p, s, self)) continue;
+        const char *device = ps->device;
+        for (int k = 0; k < ps->n_shards; k++) {
+            if (ps->shards[k].server != self) continue;
+            if (mo->shard_stage)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s holds shards of two stages (%s and %s); "
+                                  "one sharded stage per server", cfg->servers[self].name, mo->shard_stage, ps->name);
+            mo->shard_stage = ps->name;
+            mo->shard_lo = ps->shards[k].lo;
+            mo->shard_hi = ps->shards[k].hi;
+            device = ps->shards[k].device;
+        }
+        mo->hosted[mo->n_hosted++] = ps->name;
+        mo->placement_stage[mo->n_placement] = ps->name;
+        mo->placement_device[mo->n_placement++] = device;
+    }
+    if (!mo->n_hosted)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s hosts no stage of model %s: place a stage on it "
+                          "in model.placement, or remove it from servers", cfg->servers[self].name, mo->arch);
+    return PS_OK;
 }
 
 /* --check-config on a cluster: what each server (or only servers[self])
@@ -289,6 +325,13 @@ int main(int argc, char **argv) {
         mo.placement_device[i] = cfg.model.placement[i].n_shards ? cfg.model.placement[i].shard_device[0]
                                                                   : cfg.model.placement[i].device;
     }
+    /* A cluster's server (psd --name): only the stages, and the shard rows,
+     * placed on it, each on its placement's device. */
+    ps_placement place;
+    if (cfg.self >= 0 && hosted_opts(&cfg, &place, &mo, &err)) {
+        fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+        return 2;
+    }
     mo.n_sizes = cfg.model.n_sizes;
     for (int i = 0; i < cfg.model.n_sizes; i++) {
         mo.size_key[i] = cfg.model.sizes[i].key;
@@ -314,7 +357,7 @@ int main(int argc, char **argv) {
     if (check_config) {
         /* every check start-up makes, without binding or writing anything */
         int rc = 0;
-        if (init_from && ps_ckpt_init_from(model, init_from, &err)) {
+        if (init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }
@@ -340,8 +383,9 @@ int main(int argc, char **argv) {
     ps_ckpt_info restored = {0};
     int have_ckpt = 0;
     const char *ckdir = cfg.server.checkpoint_dir;
+    const ps_ckpt_ident ckid = {cfg.cluster.name, cfg.self >= 0 ? cfg.servers[cfg.self].name : ""};
     if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) ||
-                     ps_ckpt_restore_latest(model, ckdir, &have_ckpt, &restored, &err))) {
+                     ps_ckpt_restore_latest_part(model, ckdir, &ckid, &have_ckpt, &restored, &err))) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_model_free(model);
         return 1;
@@ -352,7 +396,7 @@ int main(int argc, char **argv) {
                (unsigned long long)restored.samples);
         if (init_from) ps_log(PS_LOG_WARN, "--init-from %s ignored: resuming from the checkpoint", init_from);
     } else if (init_from) {
-        if (ps_ckpt_init_from(model, init_from, &err)) {
+        if (ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
             ps_log(PS_LOG_ERROR, "--init-from: %s", err.msg);
             ps_model_free(model);
             return 1;
@@ -409,6 +453,8 @@ int main(int argc, char **argv) {
         .max_finished = (size_t)cfg.server.max_finished,
         .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
         .max_context_bytes = (size_t)cfg.server.max_context_bytes,
+        .cluster = cfg.cluster.name,
+        .server_name = cfg.self >= 0 ? cfg.servers[cfg.self].name : "",
     };
     ps_service *svc = ps_service_create(model, &so, &err);
     if (svc && have_ckpt) {
@@ -458,12 +504,11 @@ int main(int argc, char **argv) {
         grpc_shutdown();
         return 1;
     }
-    char placement[256] = "";
-    for (int s = 0; s < ps_model_num_stages(model); s++) {
-        const ps_stage_info *si = ps_model_stage(model, s);
-        size_t o = strlen(placement);
-        snprintf(placement + o, sizeof placement - o, "%s%s on %s", o ? ", " : "", si->name, si->device);
-    }
+    char placement[512];
+    ps_service_hosted(svc, placement, sizeof placement);
+    if (cfg.self >= 0)
+        ps_log(PS_LOG_INFO, "server %s of cluster %s: hosts %s", cfg.servers[cfg.self].name, cfg.cluster.name,
+               placement);
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.threads);

@@ -4,7 +4,11 @@
 #  - the shipped configs/psd.yaml (the systemd unit's) passes and starts;
 #  - a world-readable tokens file, a missing certificate, a checkpoint_dir
 #    that is a file, plaintext on 0.0.0.0 are refused, naming the problem;
-#  - a busy port is only a warning (psd itself may be running).
+#  - a busy port is only a warning (psd itself may be running);
+#  - several PS nodes: the shipped cluster configs pass and print what each
+#    server hosts; sync across servers, an unknown --name, a cluster config
+#    without --name are refused with their messages; psd --name binds the
+#    chosen server's address.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -42,5 +46,45 @@ out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" 
   fail "a busy port failed --check-config: $out"
 [[ "$out" == *"already in use"* ]] || fail "no warning about the busy port: $out"
 echo "ok: a busy port is a warning only"
+# ---- several PS nodes (servers.*) ----
+out=$(psd --check-config configs/cluster-lm.yaml 2>&1) || fail "configs/cluster-lm.yaml: $out"
+for want in "ps0 (127.0.0.1:50071) hosts: emb rows [0, 5000) of 10000" "ps1 (127.0.0.1:50072) hosts: emb rows [5000, 10000)" \
+            "ps2 (127.0.0.1:50073) hosts: decoder on cpu, rnn on cpu"; do
+  [[ "$out" == *"$want"* ]] || fail "cluster-lm --check-config lacks '$want': $out"
+done
+echo "ok: configs/cluster-lm.yaml (emb sharded over ps0, ps1; decoder, rnn on ps2) passes --check-config"
+out=$(psd --check-config configs/cluster-mnist.yaml --name ps1 2>&1) || fail "cluster-mnist --name ps1: $out"
+[[ "$out" == *"configuration OK for ps1 of cluster mnist-2"* && "$out" == *"ps1 (127.0.0.1:50062) hosts: fc on cpu"* &&
+   "$out" != *"ps0 ("* ]] || fail "cluster-mnist --name ps1: $out"
+echo "ok: --check-config --name ps1 prints what ps1 hosts: $(grep -o 'ps1 (.*' <<<"$out")"
+refused_cluster() {  # what needle args...
+  local what=$1 needle=$2; shift 2
+  if psd "$@" >"$tmp/out" 2>&1; then cat "$tmp/out"; fail "psd $* passed $what"; fi
+  grep -qF -- "$needle" "$tmp/out" || { cat "$tmp/out"; fail "$what: expected '$needle'"; }
+  echo "ok: psd refuses $what: $(grep -oF -- "$needle" "$tmp/out" | head -n 1)"
+}
+refused_cluster "sync across servers" \
+  "server.consistency: sync needs one server: stages span ps0, ps1, ps2; use hogwild until a cross-server round exists" \
+  --check-config configs/cluster-lm.yaml --set server.consistency=sync
+refused_cluster "an unknown --name" "--name ps9: not a server of this config (servers: ps0, ps1, ps2)" \
+  --check-config configs/cluster-lm.yaml --name ps9
+refused_cluster "a cluster config without --name" \
+  "this config describes servers ps0, ps1: start one with --name NAME" --config configs/cluster-mnist.yaml
+refused_cluster "a stage on an undefined server" "model.placement.fc: server 'ps3' is not in servers (ps0, ps1)" \
+  --check-config configs/cluster-mnist.yaml --set model.placement.fc=ps3
+refused_cluster "two servers on one address" "servers.ps1.address: '127.0.0.1:50061' is also servers.ps0's address" \
+  --check-config configs/cluster-mnist.yaml --set servers.ps1.address=127.0.0.1:50061
+refused_cluster "--listen with --name" "--listen does not apply with --name" \
+  --check-config configs/cluster-mnist.yaml --name ps0 --listen 127.0.0.1:1
+# psd --name ps1 binds servers.ps1's address, not server.listen
+cport=$(( port + 2 ))
+"$BUILD/bin/psd" --config configs/cluster-mnist.yaml --name ps1 --set servers.ps1.address="127.0.0.1:$cport" \
+  --set server.listen="127.0.0.1:$port" 2>"$tmp/ps1.log" &
+ps1pid=$!; pids+=($ps1pid)
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$cport) 2>/dev/null && break; sleep 0.1; done
+(exec 3<>/dev/tcp/127.0.0.1/$cport) 2>/dev/null || { cat "$tmp/ps1.log"; fail "psd --name ps1 does not listen on servers.ps1.address"; }
+kill -TERM $ps1pid; wait $ps1pid || { cat "$tmp/ps1.log"; fail "psd --name ps1 did not stop cleanly"; }
+echo "ok: psd --name ps1 listens on servers.ps1.address (127.0.0.1:$cport)"
+
 kill -TERM $psdpid; wait $psdpid || { cat "$tmp/psd.log"; fail "psd with configs/psd.yaml did not stop cleanly"; }
 echo "it_check_config: --check-config runs every start-up check; the shipped config starts: OK"

@@ -247,6 +247,26 @@ static void test_docs(void) {
     }
     CHECK_MSG(keys == 71, "%d keys", keys);
     free(text);
+
+    /* servers.<name>.<field>: every field a printed server has */
+    ps_err e;
+    ps_err_clear(&e);
+    CHECK(ps_config_set(&c, "servers.ps0.address", "127.0.0.1:1", "test", &e) == PS_OK);
+    m = open_memstream(&text, &len);
+    ps_config_print(&c, m);
+    fclose(m);
+    int fields = 0;
+    for (char *p = strstr(text, "\n  ps0:\n"); p && (p = strstr(p, "\n    ")) && p[5] != ' ';) {
+        char name[64], key[160];
+        p += 5;
+        if (sscanf(p, "%63[^:]:", name) != 1) break;
+        snprintf(key, sizeof key, "`servers.<name>.%s`", name);
+        CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
+        fields++;
+    }
+    CHECK_MSG(fields == 7, "%d server fields", fields);
+    free(text);
+    CHECK(strstr(doc, "`model.placement.<stage>.shards`") != NULL);
 }
 
 /* Load text on top of defaults; expect failure with code, a message that

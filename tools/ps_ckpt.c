@@ -1,0 +1,308 @@
+/* ps_ckpt.c - ps-ckpt: checkpoint parts of a cluster with several PS nodes.
+ *
+ *   ps-ckpt merge -o OUT.safetensors [--allow-mixed-versions] PART...
+ *       Joins the parts (each psd's ckpt-<N>.safetensors, server/checkpoint.h)
+ *       into one safetensors state_dict that PyTorch loads with
+ *       load_state_dict(strict=True): unsharded tensors as they are, each
+ *       sharded table rebuilt from its parts' rows (psd.rows.<param> =
+ *       "lo,hi,R"; every row covered exactly once). Refuses parts of
+ *       different clusters or models, a tensor in two parts, rows missing or
+ *       covered twice, a stage of the model in no part, and - unless
+ *       --allow-mixed-versions - parts of different model versions. The
+ *       optimizer state files (ckpt-<N>.optim.safetensors) are not merged.
+ *   ps-ckpt info PART...
+ *       Prints each file's metadata and tensors.
+ *
+ * Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 usage.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models.h"
+#include "safetensors.h"
+#include "status.h"
+
+#define MAX_PARTS 64
+#define MAX_OUT 512
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ps-ckpt merge -o OUT.safetensors [--allow-mixed-versions] PART...\n"
+               "       ps-ckpt info PART...\n"
+               "\n"
+               "merge joins the checkpoint parts written by the psd servers of one cluster\n"
+               "(servers.* in the config; each part holds that server's stages and, for a\n"
+               "sharded embedding table, its rows) into one safetensors state_dict that\n"
+               "PyTorch loads with load_state_dict(strict=True). Every row of a sharded\n"
+               "table must come from exactly one part. Parts of different clusters or models\n"
+               "are refused; parts of different model versions too, unless\n"
+               "--allow-mixed-versions. Optimizer state files are not merged.\n"
+               "info prints each file's metadata (psd.cluster, psd.server, psd.hosted,\n"
+               "psd.model_version, psd.rows.*) and tensors.\n");
+}
+
+static const char *meta(const ps_st_file *f, const char *key) {
+    const char *v = ps_st_metadata(f, key);
+    return v ? v : "";
+}
+
+static int cmd_info(int argc, char **argv) {
+    if (argc < 1) { usage(stderr); return 2; }
+    int rc = 0;
+    for (int i = 0; i < argc; i++) {
+        ps_err err = {0};
+        ps_st_file *f = ps_st_read(argv[i], &err);
+        if (!f) { fprintf(stderr, "ps-ckpt: %s\n", err.msg); rc = 1; continue; }
+        printf("%s:\n", argv[i]);
+        for (size_t k = 0; k < ps_st_metadata_count(f); k++)
+            printf("  %s = %s\n", ps_st_metadata_key(f, k), ps_st_metadata_value(f, k));
+        for (size_t k = 0; k < ps_st_count(f); k++) {
+            const ps_st_tensor *t = ps_st_get(f, k);
+            printf("  tensor %s %s (", t->name, ps_st_dtype_name(t->dtype));
+            for (int d = 0; d < t->ndim; d++) printf("%s%" PRId64, d ? ", " : "", t->dims[d]);
+            printf(")\n");
+        }
+        ps_st_free(f);
+    }
+    return rc;
+}
+
+/* "lo,hi,R" -> 0 on success. */
+static int parse_rows(const char *s, int64_t *lo, int64_t *hi, int64_t *r) {
+    char tail;
+    long long a, b, c;
+    if (sscanf(s, "%lld,%lld,%lld%c", &a, &b, &c, &tail) != 3 || a < 0 || b <= a || c < b) return -1;
+    *lo = a, *hi = b, *r = c;
+    return 0;
+}
+
+/* One tensor of the output: whole from one part, or rebuilt from pieces. */
+typedef struct piece {
+    int part;
+    const ps_st_tensor *t;
+    int64_t lo, hi;
+} piece;
+
+typedef struct out_tensor {
+    char name[PS_ST_NAME_MAX];
+    int sharded;                 /* 1: rows from pieces */
+    int64_t rows;                /* sharded: R */
+    int npieces;
+    piece pieces[MAX_PARTS];
+} out_tensor;
+
+static int cmp_piece(const void *a, const void *b) {
+    const piece *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+static out_tensor *find_out(out_tensor *o, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(o[i].name, name)) return &o[i];
+    return NULL;
+}
+
+/* Does the comma-separated list contain item? */
+static int list_has(const char *list, const char *item) {
+    size_t n = strlen(item);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, item, n)) return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+static int cmd_merge(int argc, char **argv) {
+    const char *out_path = NULL;
+    int allow_mixed = 0, nparts = 0;
+    const char *paths[MAX_PARTS];
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
+            if (++i >= argc) { fprintf(stderr, "ps-ckpt: %s needs a file name\n", argv[i - 1]); return 2; }
+            out_path = argv[i];
+        } else if (!strcmp(argv[i], "--allow-mixed-versions")) {
+            allow_mixed = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "ps-ckpt: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else if (nparts == MAX_PARTS) {
+            fprintf(stderr, "ps-ckpt: at most %d parts\n", MAX_PARTS);
+            return 2;
+        } else {
+            paths[nparts++] = argv[i];
+        }
+    }
+    if (!out_path || !nparts) { usage(stderr); return 2; }
+
+    ps_st_file *f[MAX_PARTS] = {0};
+    static out_tensor outs[MAX_OUT];
+    int nout = 0, rc = 1, mixed = 0;
+    float *bufs[MAX_OUT] = {0};
+    ps_st_tensor *ts = NULL;
+    char from[2048] = "";
+    for (int p = 0; p < nparts; p++) {
+        ps_err err = {0};
+        if (!(f[p] = ps_st_read(paths[p], &err))) { fprintf(stderr, "ps-ckpt: %s\n", err.msg); goto done; }
+        const char *cl = ps_st_metadata(f[p], "psd.cluster"), *arch = ps_st_metadata(f[p], "psd.arch"),
+                   *ver = ps_st_metadata(f[p], "psd.model_version");
+        if (!cl || !arch || !ver || !ps_st_metadata(f[p], "psd.hosted")) {
+            fprintf(stderr, "ps-ckpt: %s: not a psd checkpoint part (metadata psd.cluster, psd.arch, "
+                    "psd.model_version or psd.hosted missing)\n", paths[p]);
+            goto done;
+        }
+        printf("%s: cluster %s, server %s, model %s, version %s, hosts %s\n", paths[p], cl,
+               *meta(f[p], "psd.server") ? meta(f[p], "psd.server") : "(single-server form)", arch, ver,
+               meta(f[p], "psd.hosted"));
+        snprintf(from + strlen(from), sizeof from - strlen(from), "%s%s@%s", p ? "," : "", meta(f[p], "psd.server"),
+                 ver);
+        if (p == 0) continue;
+        if (strcmp(cl, meta(f[0], "psd.cluster"))) {
+            fprintf(stderr, "ps-ckpt: %s is a part of cluster '%s', %s of cluster '%s': parts of one cluster only\n",
+                    paths[p], cl, paths[0], meta(f[0], "psd.cluster"));
+            goto done;
+        }
+        if (strcmp(arch, meta(f[0], "psd.arch"))) {
+            fprintf(stderr, "ps-ckpt: %s holds model '%s', %s model '%s'\n", paths[p], arch, paths[0],
+                    meta(f[0], "psd.arch"));
+            goto done;
+        }
+        if (strcmp(meta(f[p], "psd.server"), meta(f[0], "psd.server")) == 0) {
+            fprintf(stderr, "ps-ckpt: %s and %s are both parts of server '%s': give one part per server\n",
+                    paths[0], paths[p], meta(f[0], "psd.server"));
+            goto done;
+        }
+        if (strcmp(ver, meta(f[0], "psd.model_version"))) mixed = 1;
+    }
+    if (mixed && !allow_mixed) {
+        fprintf(stderr, "ps-ckpt: the parts are at different model versions (%s): each server resumed or "
+                "checkpointed on its own; merge them anyway with --allow-mixed-versions\n", from);
+        goto done;
+    }
+    if (mixed)
+        fprintf(stderr, "ps-ckpt: warning: merging parts of different model versions (%s): the merged "
+                "state_dict mixes them\n", from);
+
+    /* Every stage of the model's definition in some part. */
+    const ps_model_def *def = ps_model_def_find(meta(f[0], "psd.arch"));
+    for (int s = 0; def && s < def->nstages; s++) {
+        int in = 0;
+        for (int p = 0; p < nparts && !in; p++) in = list_has(meta(f[p], "psd.hosted"), def->stages[s].name);
+        if (!in) {
+            fprintf(stderr, "ps-ckpt: stage '%s' of model %s is in none of the parts (they host: ",
+                    def->stages[s].name, def->name);
+            for (int p = 0; p < nparts; p++) fprintf(stderr, "%s%s", p ? "; " : "", meta(f[p], "psd.hosted"));
+            fprintf(stderr, "): give every server's part\n");
+            goto done;
+        }
+    }
+
+    /* Collect tensors and pieces. */
+    for (int p = 0; p < nparts; p++) {
+        for (size_t k = 0; k < ps_st_count(f[p]); k++) {
+            const ps_st_tensor *t = ps_st_get(f[p], k);
+            char key[PS_ST_NAME_MAX + 16];
+            snprintf(key, sizeof key, "psd.rows.%s", t->name);
+            const char *rows = ps_st_metadata(f[p], key);
+            out_tensor *o = find_out(outs, nout, t->name);
+            if (!o) {
+                if (nout == MAX_OUT) { fprintf(stderr, "ps-ckpt: more than %d tensors\n", MAX_OUT); goto done; }
+                o = &outs[nout++];
+                snprintf(o->name, sizeof o->name, "%s", t->name);
+                o->sharded = rows != NULL;
+            } else if (!o->sharded || !rows) {
+                fprintf(stderr, "ps-ckpt: tensor '%s' is in %s and in %s%s: each parameter belongs to one server\n",
+                        t->name, paths[o->pieces[0].part], paths[p], rows || o->sharded ? " (one of them a shard)" : "");
+                goto done;
+            }
+            piece *pc = &o->pieces[o->npieces++];
+            pc->part = p;
+            pc->t = t;
+            if (!rows) continue;
+            int64_t lo, hi, r;
+            if (parse_rows(rows, &lo, &hi, &r) || t->ndim < 1 || t->dims[0] != hi - lo) {
+                fprintf(stderr, "ps-ckpt: %s: %s = '%s' does not describe its tensor (%" PRId64 " rows)\n", paths[p],
+                        key, rows, t->ndim ? t->dims[0] : 0);
+                goto done;
+            }
+            if (o->npieces > 1 && (r != o->rows || t->ndim != o->pieces[0].t->ndim ||
+                                   t->dtype != o->pieces[0].t->dtype ||
+                                   memcmp(t->dims + 1, o->pieces[0].t->dims + 1, (size_t)(t->ndim - 1) * sizeof(int64_t)))) {
+                fprintf(stderr, "ps-ckpt: shards of '%s' disagree: %s (%s) and %s\n", t->name, paths[p], rows,
+                        paths[o->pieces[0].part]);
+                goto done;
+            }
+            o->rows = r;
+            pc->lo = lo;
+            pc->hi = hi;
+        }
+    }
+
+    /* Sharded tables: rows [0, R) covered exactly once, then rebuilt. */
+    ts = calloc((size_t)nout + 1, sizeof *ts);
+    if (!ts) { fprintf(stderr, "ps-ckpt: out of memory\n"); goto done; }
+    for (int i = 0; i < nout; i++) {
+        out_tensor *o = &outs[i];
+        const ps_st_tensor *t0 = o->pieces[0].t;
+        ps_st_tensor *x = &ts[i];
+        *x = *t0;
+        if (!o->sharded) continue;
+        qsort(o->pieces, (size_t)o->npieces, sizeof *o->pieces, cmp_piece);
+        int64_t at = 0;
+        for (int k = 0; k < o->npieces; k++) {
+            const piece *pc = &o->pieces[k];
+            if (pc->lo != at) {
+                if (pc->lo > at)
+                    fprintf(stderr, "ps-ckpt: %s: rows [%" PRId64 ", %" PRId64 ") are in no part (next: %s from %s)\n",
+                            o->name, at, pc->lo, paths[pc->part], meta(f[pc->part], "psd.server"));
+                else
+                    fprintf(stderr, "ps-ckpt: %s: rows [%" PRId64 ", %" PRId64 ") are in two parts (%s and %s)\n",
+                            o->name, pc->lo, at < pc->hi ? at : pc->hi, paths[o->pieces[k - 1].part], paths[pc->part]);
+                goto done;
+            }
+            at = pc->hi;
+        }
+        if (at != o->rows) {
+            fprintf(stderr, "ps-ckpt: %s: rows [%" PRId64 ", %" PRId64 ") of %" PRId64 " are in no part\n", o->name, at,
+                    o->rows, o->rows);
+            goto done;
+        }
+        size_t row_bytes = t0->bytes / (size_t)t0->dims[0];
+        x->dims[0] = o->rows;
+        x->bytes = row_bytes * (size_t)o->rows;
+        if (!(bufs[i] = malloc(x->bytes ? x->bytes : 1))) { fprintf(stderr, "ps-ckpt: out of memory\n"); goto done; }
+        for (int k = 0; k < o->npieces; k++)
+            memcpy((char *)bufs[i] + row_bytes * (size_t)o->pieces[k].lo, o->pieces[k].t->data, o->pieces[k].t->bytes);
+        x->data = bufs[i];
+        printf("%s: rows rebuilt from %d shards\n", o->name, o->npieces);
+    }
+    const char *m[] = {"format", "pt",
+                       "psd.arch", meta(f[0], "psd.arch"),
+                       "psd.cluster", meta(f[0], "psd.cluster"),
+                       "psd.merged_from", from,
+                       mixed ? NULL : "psd.model_version", meta(f[0], "psd.model_version"),
+                       NULL};
+    ps_err err = {0};
+    if (ps_st_write(out_path, ts, (size_t)nout, m, &err)) { fprintf(stderr, "ps-ckpt: %s\n", err.msg); goto done; }
+    printf("wrote %s: %d tensors from %d parts; optimizer state (ckpt-*.optim.safetensors) is not merged\n",
+           out_path, nout, nparts);
+    rc = 0;
+done:
+    for (int i = 0; i < nout; i++) free(bufs[i]);
+    free(ts);
+    for (int p = 0; p < nparts; p++) ps_st_free(f[p]);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "merge")) return cmd_merge(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "info")) return cmd_info(argc - 2, argv + 2);
+    fprintf(stderr, "ps-ckpt: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
