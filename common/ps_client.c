@@ -42,7 +42,8 @@ const char *ps_client_target(const ps_client *c) { return c->target; }
 
 /* Encode req, call method, decode the reply into resp (callbacks bound by
  * the caller). */
-static ps_status call_desc(ps_client *c, const ps_method_desc *m, const void *req, void *resp, ps_err *err) {
+static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
+    const ps_method_desc *m = ps_method(id);
     const char *method = m->path;
     const pb_msgdesc_t *req_fields = m->request, *resp_fields = m->response;
     grpc_byte_buffer *rq = NULL, *rs = NULL;
@@ -63,10 +64,6 @@ static ps_status call_desc(ps_client *c, const ps_method_desc *m, const void *re
     if (rs) grpc_byte_buffer_destroy(rs);
     if (rc) ps_err_prefix(err, "%s reply", short_name);
     return rc;
-}
-
-static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
-    return call_desc(c, ps_method(id), req, resp, err);
 }
 
 ps_status ps_client_forward(ps_client *c, uint64_t ctx, uint32_t rank, int train, const float *x, int n,
@@ -417,12 +414,6 @@ const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, con
     return NULL;
 }
 
-/* ReportPartial by its path: a psd that does not serve it answers
- * UNIMPLEMENTED (an older psd), which the caller may take in its stride. */
-static const ps_method_desc report_partial_desc = {
-    .path = "/ps.ParameterServer/ReportPartial", .name = "ReportPartial",
-    .request = ps_ReportPartialRequest_fields, .response = ps_ReportPartialResponse_fields, .mutating = 1};
-
 ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, const char *const *applied_on,
                                    int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
                                    ps_err *err) {
@@ -438,8 +429,7 @@ ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, co
     req.applied_on_count = (pb_size_t)n_applied;
     req.lost_on_count = (pb_size_t)n_lost;
     ps_ReportPartialResponse resp = ps_ReportPartialResponse_init_zero;
-    const ps_method_desc *m = ps_method_by_path(report_partial_desc.path);
-    ps_status rc = call_desc(c, m ? m : &report_partial_desc, &req, &resp, err);
+    ps_status rc = call(c, PS_M_REPORT_PARTIAL, &req, &resp, err);
     if (rc == PS_OK && partial_steps) *partial_steps = resp.partial_steps;
     return rc;
 }
