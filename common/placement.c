@@ -104,12 +104,16 @@ ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
         snprintf(ps->name, sizeof ps->name, "%s", sd->name);
         const ps_stage_placement *pl = find_placement(c, sd->name);
         if (c->n_servers == 0) {
-            if (pl && (pl->server[0] || pl->n_shards))
-                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s%s: names server '%s' but the config "
-                                  "defines no servers (add servers.%s.address, or place the stage on a "
-                                  "device only)", sd->name, pl->n_shards ? ".shards" : "",
-                                  pl->n_shards ? pl->shard_server[0] : pl->server,
-                                  pl->n_shards ? pl->shard_server[0] : pl->server);
+            if (pl && pl->n_shards)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: names server '%s' but the config "
+                                  "defines no servers (add servers.%s.address)", sd->name, pl->shard_server[0],
+                                  pl->shard_server[0]);
+            /* a bare word that is no device reads as a server: most often a mistyped device */
+            if (pl && pl->server[0])
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s: '%s' is not a device (\"cpu\" or "
+                                  "\"cuda:N\" with N in 0..63) but a server name, and the config defines no "
+                                  "servers (add servers.%s.address, or give a device)", sd->name, pl->server,
+                                  pl->server);
             ps->server = 0;
             snprintf(ps->device, sizeof ps->device, "%s", pl ? pl->device : "cpu");
             continue;

@@ -294,8 +294,9 @@ int main(int argc, char **argv) {
     }
     if (name && ps_config_select_server(&cfg, name, &err)) { fprintf(stderr, "psd: %s: %s\n", where, err.msg); return 2; }
     if (print_config) { ps_config_print(&cfg, stdout); return 0; }
+    /* The whole cluster (or the single-server form: stages, sizes, no server names). */
+    if (ps_config_check_cluster(&cfg, &err)) { fprintf(stderr, "psd: %s: %s\n", where, err.msg); return 2; }
     if (cfg.n_servers) {
-        if (ps_config_check_cluster(&cfg, &err)) { fprintf(stderr, "psd: %s: %s\n", where, err.msg); return 2; }
         if (!name && !check_config) {
             char names[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX] = "";
             for (int i = 0, o = 0; i < cfg.n_servers; i++)

@@ -58,7 +58,10 @@ bad grace     'server:\n  grace_s: -1\n' "2: server.grace_s: '-1' is out of rang
 bad metrics   'server:\n  metrics_listen: "9464"\n' "2: server.metrics_listen: '9464' is not HOST:PORT"
 bad empty     'server:\n  log_file:\n' "2: server.log_file: no value given"
 bad lr        'optimizer:\n  lr: 0\n' "2: optimizer.lr: '0' is out of range (0, 100]"
-bad placement 'model:\n  placement:\n    conv: gpu\n' "3: model.placement.conv: 'gpu' is not a device"
+bad placement 'model:\n  placement:\n    conv: gpu:0\n' "3: model.placement.conv: 'gpu:0' is not a device"
+# a bare word that is no device reads as a server name (SERVER = SERVER/cpu):
+# refused after loading, naming the key, since this config defines no servers
+bad placement_word 'model:\n  placement:\n    conv: gpu\n' " model.placement.conv: 'gpu' is not a device"
 out=$(build --check-config configs/local.yaml --set optimizer.type=adam --set optimizer.lr=0.001 2>&1) || fail "adam refused: $out"
 [[ "$out" == *"configuration OK"* ]] || fail "--check-config with adam said: $out"
 rc=0; out=$(build --check-config configs/local.yaml --set optimizer.type=adam --set optimizer.momentum=0.9 2>&1) || rc=$?
@@ -70,7 +73,7 @@ rc=0; out=$(build --check-config configs/local.yaml --metrics-listen localhost 2
 [ $rc -eq 2 ] && [[ "$out" == *"command line: server.metrics_listen: 'localhost' is not HOST:PORT"* ]] || fail "flag override: $out"
 rc=0; out=$(build --check-config configs/local.yaml --set model.placement.head=cpu 2>&1) || rc=$?
 [ $rc -eq 2 ] && [[ "$out" == *"head"* ]] || fail "unknown stage passed --check-config: $out"
-echo "config: shipped configs OK, adam accepted, 11 bad cases refused with file:line: key: value"
+echo "config: shipped configs OK, adam accepted, 12 bad cases refused with file (and line): key: value"
 
 # ---- 2. start under a fake systemd notify socket
 : >"$tmp/notify.txt"

@@ -923,8 +923,8 @@ static void test_cluster_checks(void) {
     ps_config_defaults(&c);
     set_ok(&c, "model.placement.fc", "ps1/cpu");
     CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
-    CONTAINS(e.msg, "model.placement.fc: names server 'ps1' but the config defines no servers (add "
-                    "servers.ps1.address");
+    CONTAINS(e.msg, "model.placement.fc: 'ps1' is not a device (\"cpu\" or \"cuda:N\" with N in 0..63) but a "
+                    "server name, and the config defines no servers (add servers.ps1.address");
     ps_config_defaults(&c);
     set_ok(&c, "model.name", "rnn_lm");
     set_ok(&c, "model.placement.emb.shards", "a,b");
