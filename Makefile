@@ -13,6 +13,7 @@
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root)
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
+#   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
 #
 # Sources are picked up by directory: common/ and common/nn/ form libps.a,
@@ -82,7 +83,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load bench bench-lm
+.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -144,6 +145,14 @@ test-load: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) LOAD_SECONDS=$(LOAD_SECONDS) bash tests/load/load16.sh
+
+# A real Slurm (slurmctld + slurmd n1, n2 on this host, from a temp dir) runs
+# 2 psd + 2 trainers as one heterogeneous job (tests/slurm/run.sh).
+test-slurm: deps
+	@scripts/install-deps.sh --slurm
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) bash tests/slurm/run.sh
 
 
 # Generated sources and test objects are kept (not deleted as intermediates,

