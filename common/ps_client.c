@@ -187,6 +187,7 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
         }
         if (rc == PS_OK) {
             o->loss = resp.loss;
+            o->sq_norm = resp.grad_sq_norm;
             o->version = resp.model_version;
             o->round = resp.round;
             o->replayed = resp.replayed;

@@ -74,6 +74,7 @@ typedef struct ps_client_fwd_out {
     double loss;
     float *input_grad;
     int64_t input_grad_cap;
+    double sq_norm;            /* with targets: the context's gradient norm squared after it */
 } ps_client_fwd_out;
 
 /* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit

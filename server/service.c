@@ -554,6 +554,7 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
                                    "ForwardRequest.targets", gin, err);
         free(dl);
         if (st) goto out;
+        if (c->grads && (st = ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, err))) goto out;
         size_t tb = 0;
         for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
         ps_ctx_table_account(s->ctx, c, (c->grads ? ps_grads_bytes(c->grads) : 0) + tb);
@@ -1220,7 +1221,23 @@ static void handle_push_gradients(void *user, const ps_rpc_call_info *info, cons
         ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients is empty");
         goto fail;
     }
-    if (!(c = acquire_own(s, info, req.context_id, NULL, NULL, &err))) goto fail;
+    /* Open the context when this is its first call here: a psd that hosts
+     * only a parameter-only stage (rnn_lm's "rnn" on its own server) sees
+     * no Forward of the batch. */
+    if (req.context_id == 0) {
+        ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.context_id is 0 (gradients belong to a "
+                   "training context)");
+        goto fail;
+    }
+    char owner[64];
+    owner_of(info, owner, sizeof owner);
+    int created = 0;
+    if (!(c = ps_ctx_table_open_as(s->ctx, req.context_id, req.trainer_rank, owner, &created, &err))) goto fail;
+    if (created) {
+        size_t more = 0;
+        for (size_t k = 0; k < gl.n; k++) more += gl.items[k].bytes;
+        if (ps_ctx_table_reserve(s->ctx, c, more, &err)) goto fail;
+    }
     if (!c->pushed) {
         /* check everything into a scratch accumulator first: a refused push adds nothing */
         if (!(g2 = ps_grads_create(s->model, &err))) goto fail;

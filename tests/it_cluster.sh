@@ -110,6 +110,18 @@ echo "LM test perplexity: untrained $p0, 60 windows on one psd $p1, emb sharded 
 awk -v a="$p1" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
   || fail "cluster test ppl $p3 is not within 1 % of one psd's $p1"
 awk -v a="$p0" -v b="$p3" 'BEGIN { exit !(b > 0 && b < a / 4) }' || fail "test ppl did not fall 4x ($p0 -> $p3)"
+# decoder and rnn on different servers: the fused Forward's reply carries the decoder server's norm
+lb2=$(( lb + 20 ))
+sed -e "s/:$lb\"/:$lb2\"/; s/:$((lb + 1))\"/:$((lb2 + 1))\"/; s/:$((lb + 2))\"/:$((lb2 + 2))\"/" \
+    -e 's/emb: {shards: \[ps0, ps1\]}/emb: ps0/; s/decoder: ps2/decoder: ps1/' -e 's/name: it-lm/name: it-lm2/' \
+    "$tmp/lm.yaml" >"$tmp/lm2.yaml"
+for s in 0 1 2; do start_psd l2psd$s --config "$tmp/lm2.yaml" --name ps$s; done
+timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm2.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm4.log" 2>&1 \
+  || fail "lm with emb, decoder and rnn on three servers"
+p4=$(ppl "$tmp/lm4.log")
+echo "LM test perplexity with emb on ps0, decoder on ps1, rnn on ps2 (fused): $p4"
+awk -v a="$p1" -v b="$p4" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
+  || fail "decoder apart from rnn: test ppl $p4 is not within 1 % of one psd's $p1 (the clip norm misses a server?)"
 status=$("$BUILD/bin/ps-train" status --config "$tmp/lm.yaml" 2>&1) || fail "ps-train status: $status"
 echo "$status"
 v2=$(grep " ps2 " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')

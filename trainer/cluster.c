@@ -208,7 +208,9 @@ ps_status ps_cluster_forward(ps_cluster_batch *b, int server, ps_client_fwd *f, 
     f->ctx = b->ctx;
     f->train = 1;
     ps_status st = ps_client_forward_ex(b->cluster->cl[server], f, o, err);
-    return st ? ps_err_prefix(err, "%s", b->cluster->name[server]) : PS_OK;
+    if (st) return ps_err_prefix(err, "%s", b->cluster->name[server]);
+    if (f->targets.data) b->sq_norm[server] = o->sq_norm;  /* fused loss: the backward ran here */
+    return PS_OK;
 }
 
 ps_status ps_cluster_backward(ps_cluster_batch *b, int server, ps_client_bwd *bw, ps_err *err) {

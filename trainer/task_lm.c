@@ -33,9 +33,9 @@
  * unchanged), its gradients go there; the decoder runs on its server. The
  * global-norm clip sums the squared gradient norm each touched server
  * reports for the context and gives every Step the same grad_scale.
- * --decoder fused across servers needs the decoder on rnn's server (its
- * norm arrives with the PushGradients reply). With every stage on one
- * server the single-server path is used unchanged.
+ * In fused mode the decoder's server reports its norm with the Forward
+ * reply (ForwardResponse.grad_sq_norm). With every stage on one server the
+ * single-server path is used unchanged.
  */
 #include <math.h>
 #include <stdio.h>
@@ -632,11 +632,6 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
         if (t->emb_stage < 0 || t->s_dec < 0 || t->s_rnn < 0)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: stages decoder and rnn must each be placed on one "
                               "server and emb on one or sharded (model.placement)");
-        if (t->fused && t->s_dec != t->s_rnn)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: --decoder fused needs the decoder on rnn's server "
-                              "(here %s and %s): its gradient norm for clipping comes with the PushGradients reply; "
-                              "use --decoder logits", ps_cluster_name(env->cluster, t->s_dec),
-                              ps_cluster_name(env->cluster, t->s_rnn));
         size_t cols = (size_t)(t->bs > LM_EVAL_BATCH ? t->bs : LM_EVAL_BATCH), pos = (size_t)t->bptt * cols;
         t->sh_ids = malloc(pos * sizeof(int64_t));
         t->sh_pos = malloc(pos * sizeof(int64_t));
