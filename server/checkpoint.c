@@ -24,9 +24,21 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     if (stat(dir, &sb) != 0) {
         if (errno != ENOENT)
             return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: %s", dir, strerror(errno));
-        if (mkdir(dir, 0750) != 0)
-            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create it: %s", dir,
-                              strerror(errno));
+        /* mkdir -p: a cluster's parts live in server.checkpoint_dir/<name>,
+         * and neither level need exist yet */
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: path too long", dir);
+        for (char *p = path + 1; ; p++) {
+            if (*p != '/' && *p != '\0') continue;
+            char c = *p;
+            *p = '\0';
+            if (mkdir(path, 0750) != 0 && errno != EEXIST)
+                return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create %s: %s", dir, path,
+                                  strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
         ps_log(PS_LOG_INFO, "created checkpoint dir %s", dir);
         return PS_OK;
     }
