@@ -302,8 +302,14 @@ static grpc_channel_args make_args(grpc_arg *args, int max_message_bytes,
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
         arg_int(args, &n, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
         arg_int(args, &n, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-        /* Reconnect within 5 s once a cut link or a restarted psd is back. */
+        /* Reconnect within 5 s once a cut link or a restarted psd is back;
+         * ps_rpc_client_call resets the backoff after UNAVAILABLE. The
+         * resolver's cooldown between re-resolutions (30 s by default)
+         * otherwise keeps pick_first failing fast with the old error for
+         * 5-10 s after the server is back (measured on a killed and
+         * restarted psd): 200 ms. */
         arg_int(args, &n, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+        arg_int(args, &n, GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 200);
         if (sec && sec->tls && has(sec->server_name)) {
             args[n].type = GRPC_ARG_STRING;
             args[n].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
@@ -1582,6 +1588,7 @@ struct ps_rpc_client {
     grpc_channel *channel;
     char *target;
     char *auth;   /* "Bearer <token>" or NULL */
+    atomic_int unavailable;  /* the last call ended UNAVAILABLE */
 };
 
 ps_rpc_client *ps_rpc_client_create(const char *target, int max_message_bytes,
@@ -1651,6 +1658,11 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
     *response = NULL;
     *code = GRPC_STATUS_UNKNOWN;
     if (details && details_len) details[0] = '\0';
+    /* After UNAVAILABLE (psd restarting, a link down) the caller's own
+     * retry decides when to try again: let this call reconnect now instead
+     * of failing fast until gRPC's reconnect backoff expires (measured:
+     * 4-10 s after a restarted psd was serving again). */
+    if (atomic_exchange(&c->unavailable, 0)) grpc_channel_reset_connect_backoff(c->channel);
 
     gpr_timespec deadline = timeout_ms > 0
         ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
@@ -1712,6 +1724,7 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
         grpc_event ev = grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         PS_ASSERT(ev.type == GRPC_OP_COMPLETE);
         *code = status;
+        if (status == GRPC_STATUS_UNAVAILABLE) atomic_store(&c->unavailable, 1);
         if (details && details_len) {
             size_t n = GRPC_SLICE_LENGTH(status_details);
             if (n >= details_len) n = details_len - 1;
