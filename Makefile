@@ -11,7 +11,7 @@
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
-#   make test-faults  fault tests incl. network namespaces (root)
+#   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
@@ -139,6 +139,7 @@ test-faults: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
+	@BUILD=$(BUILD) bash tests/faults/netns_cluster.sh
 
 LOAD_SECONDS ?= 180
 test-load: deps
