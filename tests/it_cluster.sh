@@ -91,8 +91,9 @@ model:
   sizes: {ntoken: 2000, ninp: 64, nhid: 64, dropout: 0}
 optimizer: {type: sgd, lr: 20}
 trainer: {world_size: 2, batch_size: 10, epochs: 1, data: $tmp/corpus, log_every: 20, rpc_timeout_s: 60}
+server: {checkpoint_dir: $tmp/ckpt, checkpoint_every_steps: 0, checkpoint_every_s: 0}
 EOF
-for s in 0 1 2; do start_psd lpsd$s --config "$tmp/lm.yaml" --name ps$s; done
+for s in 0 1 2; do start_psd lpsd$s --config "$tmp/lm.yaml" --name ps$s; lpid[$s]=$!; done
 one="127.0.0.1:$(( lb + 3 ))"
 start_psd lpsd_one --config configs/rnn_lm.yaml --listen "$one" "${sizes[@]}"
 targs=(--world-size 2 --data "$tmp/corpus" --batch-size 10 --bptt 20 --log-every 20 --decoder fused)
@@ -114,6 +115,7 @@ awk -v a="$p0" -v b="$p3" 'BEGIN { exit !(b > 0 && b < a / 4) }' || fail "test p
 lb2=$(( lb + 20 ))
 sed -e "s/:$lb\"/:$lb2\"/; s/:$((lb + 1))\"/:$((lb2 + 1))\"/; s/:$((lb + 2))\"/:$((lb2 + 2))\"/" \
     -e 's/emb: {shards: \[ps0, ps1\]}/emb: ps0/; s/decoder: ps2/decoder: ps1/' -e 's/name: it-lm/name: it-lm2/' \
+    -e "s|checkpoint_dir: $tmp/ckpt|checkpoint_dir: $tmp/ckpt2|" \
     "$tmp/lm.yaml" >"$tmp/lm2.yaml"
 for s in 0 1 2; do start_psd l2psd$s --config "$tmp/lm2.yaml" --name ps$s; done
 timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm2.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm4.log" 2>&1 \
@@ -130,4 +132,24 @@ for s in ps0 ps1; do
   v=$(grep " $s " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')
   [ -n "$v" ] && [ "$v" -ge 1 ] && [ "$v" -le 60 ] || fail "$s applied ${v:-?} steps (1..60 expected: the windows with ids in its rows)"
 done
+# Each server checkpoints its part on SIGTERM; ps-ckpt merges them into one
+# state_dict that PyTorch's RNNModel loads strict, with the same test loss.
+for s in 0 1 2; do kill -TERM "${lpid[$s]}"; wait "${lpid[$s]}" || fail "lm ps$s did not stop cleanly"; done
+parts=()
+for s in 0 1 2; do
+  f=$(ls "$tmp"/ckpt/ps$s/ckpt-*.safetensors 2>/dev/null | grep -v optim | tail -n 1)
+  [ -n "$f" ] || fail "no checkpoint part from ps$s"
+  parts+=("$f")
+done
+"$BUILD/bin/ps-ckpt" merge --allow-mixed-versions -o "$tmp/merged.safetensors" "${parts[@]}" >"$tmp/merge.log" 2>&1 ||
+  fail "ps-ckpt merge: $(cat "$tmp/merge.log")"
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  out=$(/usr/bin/python3 tests/lm_check.py "$tmp/merged.safetensors" "$tmp/corpus" 2 20) || fail "PyTorch: $out"
+  tp=$(sed 's/.*ppl \([0-9.]*\)$/\1/' <<<"$out")
+  echo "merged checkpoint of ps0+ps1 (emb shards) and ps2 in PyTorch RNNModel (strict): $out"
+  awk -v a="$tp" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }' ||
+    fail "PyTorch test ppl $tp vs the cluster's $p3"
+else
+  echo "note: python3-torch not installed: merged checkpoint not loaded into PyTorch"
+fi
 echo "it_cluster: MNIST over two servers and the sharded LM over three: OK"
