@@ -9,6 +9,7 @@
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
+#   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
@@ -83,7 +84,7 @@ BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm
+.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 deps:
@@ -226,6 +227,12 @@ bench: deps
 bench-lm: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/lm.sh
+
+# One model on 1, 2 and 3 psd servers on loopback: samples or tokens/s,
+# bytes per batch on each link, CPU-seconds per server per batch (~3 min).
+bench-cluster: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bench/cluster.sh
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)

@@ -43,15 +43,14 @@ layout() {
     sed '/^servers:/,/^[^ ]/{/^servers:/d;/^  /d}' "$cfg"
     echo "servers:"
     for k in $(seq 0 $((n - 1))); do
-      echo "  ps$k: {address: \"127.0.0.1:$((base + 2 * k))\"}"
+      echo "  ps$k: {address: \"127.0.0.1:$((base + 2 * k))\", metrics_listen: \"127.0.0.1:$((base + 2 * k + 1))\"}"
     done
   } >"$yaml"
   local spids=() mports=() t0=() k2
   for k in $(seq 0 $((n - 1))); do
     mports[$k]=$((base + 2 * k + 1))
     # shellcheck disable=SC2086
-    "$BUILD/bin/psd" --config "$yaml" --name "ps$k" $place --set servers.ps$k.metrics_listen="127.0.0.1:${mports[$k]}" \
-      --set server.checkpoint_dir= 2>"$out/$label-ps$k.log" &
+    "$BUILD/bin/psd" --config "$yaml" --name "ps$k" $place --set server.checkpoint_dir= 2>"$out/$label-ps$k.log" &
     spids[$k]=$!; pids+=($!)
   done
   for k in $(seq 0 $((n - 1))); do
@@ -72,7 +71,7 @@ layout() {
   done
   for p in "${tp[@]}"; do wait "$p" || { tail -n 5 "$out/$label-t"*.log; echo "bench-cluster: $label: a trainer failed"; exit 1; }; done
   local total=$((batches * TRAINERS)) rate
-  rate=$(cat "$out/$label"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", t > 0 ? s / t : 0 }')
+  rate=$(cat "$out/$label"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", (t > 0 ? s / t : 0) }')
   local worst=0
   for k in $(seq 0 $((n - 1))); do
     local b1 c1 bytes cpu
@@ -81,19 +80,19 @@ layout() {
     bytes=$(( (b1 - b0[k]) / total ))
     cpu=$(awk -v a="${c0[$k]}" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN { printf "%.4f", (b - a) / hz / n }')
     worst=$(awk -v w="$worst" -v c="$cpu" 'BEGIN { print (c > w) ? c : w }')
-    printf "  %-22s ps%d  %12d bytes/batch  %8s CPU-s/batch  (%s)\n" "$label" "$k" "$bytes" "$cpu" \
-      "$(grep -o 'serving model [^(]*([^)]*)' "$out/$label-ps$k.log" | sed 's/.*; //; s/)$//' | head -n 1)"
+    printf "  %-10s ps%d  %10d bytes/batch  %8s CPU-s/batch  hosts %s\n" "$label" "$k" "$bytes" "$cpu" \
+      "$(sed -n 's/.*: hosts \(.*\)$/\1/p' "$out/$label-ps$k.log" | head -n 1)"
   done
   for k in $(seq 0 $((n - 1))); do kill -TERM "${spids[$k]}"; wait "${spids[$k]}" || true; done
-  printf "  %-22s %8s %s/s (%d trainers), busiest server %s CPU-s/batch\n" "$label" "$rate" \
+  printf "  %-10s %8s %s/s (%d trainers), busiest server %s CPU-s/batch\n" "$label" "$rate" \
     "$([ "$task" = lm ] && echo tokens || echo samples)" "$TRAINERS" "$worst"
   eval "worst_$label=$worst"
 }
 
 echo
 echo "== MNIST CNN (the tutorial's two stages): $BATCHES batches x $TRAINERS trainers"
-layout mnist_1 configs/cluster-mnist.yaml "--set model.placement.conv=ps0 --set model.placement.fc=ps0" 1 "" "$BATCHES" --data "$MNIST"
-layout mnist_2 configs/cluster-mnist.yaml "--set model.placement.conv=ps0 --set model.placement.fc=ps1" 2 "" "$BATCHES" --data "$MNIST"
+layout mnist_1 configs/cluster-mnist.yaml "--set model.placement.conv=ps0 --set model.placement.fc=ps0" 1 "" "$BATCHES" --data "$MNIST" --no-eval
+layout mnist_2 configs/cluster-mnist.yaml "--set model.placement.conv=ps0 --set model.placement.fc=ps1" 2 "" "$BATCHES" --data "$MNIST" --no-eval
 echo "  (MNIST has two stages: a third server would host nothing)"
 echo
 echo "== RNN language model (rnn_lm, ntoken 10000): $LM_BATCHES windows x $TRAINERS trainers, fused decoder"
@@ -103,5 +102,5 @@ layout lm_2 configs/cluster-lm.yaml "$(lmset ps0 ps1)" 2 lm "$LM_BATCHES" --data
 layout lm_3 configs/cluster-lm.yaml "--set model.placement.emb.shards=ps0,ps1 --set model.placement.decoder=ps2 --set model.placement.rnn=ps2" 3 lm "$LM_BATCHES" --data "$LMDATA" --no-eval
 echo
 # shellcheck disable=SC2154
-echo "busiest server's CPU-s per batch vs one server: MNIST 2 servers $(awk -v a="$worst_mnist_2" -v b="$worst_mnist_1" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }');" \
-     "LM 2 servers $(awk -v a="$worst_lm_2" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }'), 3 servers $(awk -v a="$worst_lm_3" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }') (< 1: the per-server cost falls)"
+echo "busiest server's CPU-s per batch vs one server: MNIST 2 servers $(awk -v a="$worst_mnist_2" -v b="$worst_mnist_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }');" \
+     "LM 2 servers $(awk -v a="$worst_lm_2" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'), 3 servers $(awk -v a="$worst_lm_3" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') (< 1: the per-server cost falls)"
