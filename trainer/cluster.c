@@ -170,11 +170,17 @@ void ps_cluster_print(ps_cluster *c, FILE *f) {
         }
     }
     if (c->single >= 0) return;
-    /* the servers' model versions: each part resumes from its own newest checkpoint */
+    /* The model versions of the servers every batch steps (those hosting a
+     * whole stage; a shard is stepped only by the batches with ids in its
+     * rows, so its version legitimately lags): they differ after a restart
+     * from an older checkpoint part, or after partial steps. */
     uint64_t v[PS_CONFIG_MAX_SERVERS];
     int have[PS_CONFIG_MAX_SERVERS] = {0}, differ = 0, first = -1;
     for (int i = 0; i < p->n_servers; i++) {
         if (!c->cl[i]) continue;
+        int whole = 0;
+        for (int s = 0; s < p->n_stages; s++) whole |= p->stages[s].n_shards == 0 && p->stages[s].server == i;
+        if (!whole) continue;
         ps_StatusResponse rs;
         ps_err e = {0};
         if (ps_client_status(c->cl[i], &rs, &e)) {
@@ -193,7 +199,8 @@ void ps_cluster_print(ps_cluster *c, FILE *f) {
     fprintf(f, "warning: parts at different versions:");
     for (int i = 0, n = 0; i < p->n_servers; i++)
         if (have[i]) fprintf(f, "%s %s %llu", n++ ? "," : "", c->name[i], (unsigned long long)v[i]);
-    fprintf(f, " (each resumed from its own newest checkpoint)\n");
+    fprintf(f, " (every batch steps each of them: a server resumed from an older checkpoint part, or partial "
+            "steps; each goes on from its own version)\n");
 }
 
 /* ---- batches ------------------------------------------------------------ */

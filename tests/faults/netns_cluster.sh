@@ -171,6 +171,14 @@ grep -q "partial step" "$tmp/ps0.log" || [ "$partial" = 0 ] || fail "ps0's log h
 echo "ps0: $v0 steps = $total batches; ps1: $v1 (resumed from its part after $KILLS SIGKILLs); partial steps $partial (trainers) = $p0 (ps0)"
 [ "$partial" -gt 0 ] || echo "note: no batch was caught between its two Steps by the kills this time (partial steps 0)"
 
+# ps1 resumed from older parts: a trainer starting now is told the versions differ
+if [ "$v0" != "$v1" ]; then
+  ip netns exec "$A" "$BUILD/bin/ps-train" --config "$tmp/cluster.yaml" --rank 1 --max-batches 1 --no-eval \
+    >"$tmp/late.log" 2>&1 || fail "a late trainer failed"
+  grep -q "warning: parts at different versions: ps0 $v0, ps1 $v1" "$tmp/late.log" ||
+    fail "no version warning for ps0 $v0 / ps1 $v1: $(grep -i version "$tmp/late.log")"
+  echo "a trainer started now warns: $(grep -o 'parts at different versions: [^(]*' "$tmp/late.log")"
+fi
 kill -TERM "$pid_ps0" "$pid_ps1"
 wait "$pid_ps0" || fail "ps0 did not stop cleanly"
 wait "$pid_ps1" || fail "ps1 did not stop cleanly"
