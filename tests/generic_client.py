@@ -203,8 +203,15 @@ def test_lm(stub, lr):
     expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
         ps_pb2.Tensor(name="rnn.nope", shape=[32], data=np.zeros(32, np.float32).tobytes(), dtype=F32)])),
         grpc.StatusCode.NOT_FOUND, "rnn.nope")
-    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push)),
-                 grpc.StatusCode.NOT_FOUND)
+    # A push opens its context when no Forward did (a psd that hosts only the rnn stage sees none).
+    p_open = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push, trainer_rank=1))
+    rnn_sq = sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
+    assert abs(p_open.grad_sq_norm - rnn_sq) <= 1e-5 * rnn_sq, (p_open.grad_sq_norm, rnn_sq)
+    go = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=0x7777)).gradients}
+    for k, v in g_rnn.items():
+        close(go[k], v, f"pushed gradient {k} in a context the push opened")
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0, gradients=push)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "context_id")
     p3 = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push, trainer_rank=1))
     total = g_enc_sq + sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
     assert abs(p3.grad_sq_norm - total) <= 1e-5 * total, (p3.grad_sq_norm, total)
@@ -249,6 +256,8 @@ def test_lm(stub, lr):
     gr = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx4)).gradients}
     close(gr["decoder.weight"], (dz.T @ hf.reshape(-1, 8)).astype(np.float32), "fused decoder.weight gradient")
     close(gr["decoder.bias"], dz.sum(0).astype(np.float32), "fused decoder.bias gradient")
+    want_sq = float(((dz.T @ hf.reshape(-1, 8)) ** 2).sum() + (dz.sum(0) ** 2).sum())
+    assert abs(ff.grad_sq_norm - want_sq) <= 1e-4 * want_sq, ("fused forward's grad_sq_norm", ff.grad_sq_norm, want_sq)
     expect_error(lambda: stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, input=tensor(hf),
                                                             stage="decoder", targets=tensor(tg, I64))),
                  grpc.StatusCode.FAILED_PRECONDITION, "not repeated")
