@@ -539,20 +539,18 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
         int64_t inper = 1;
         for (int i = 0; i < si->in_ndim; i++) inper *= si->in_dims[i];
         gin = si->in_dtype == PS_DTYPE_F32 ? malloc((size_t)(n * inper) * sizeof(float) + 1) : NULL;
-        float *dl = malloc((size_t)(n * outper) * sizeof(float) + 1);
-        if (!dl || (si->in_dtype == PS_DTYPE_F32 && !gin)) {
-            free(dl);
+        if (si->in_dtype == PS_DTYPE_F32 && !gin) {
             st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the fused loss");
             goto out;
         }
-        st = fused_ce(out, (const int64_t *)tin->data, n, outper, dl, &resp.loss, err);
+        /* the logits' gradient replaces them in place: they do not travel */
+        st = fused_ce(out, (const int64_t *)tin->data, n, outper, out, &resp.loss, err);
         ps_Tensor gt = ps_Tensor_init_zero;
         gt.shape_count = (pb_size_t)nd;
         memcpy(gt.shape, dims, sizeof(int64_t) * (size_t)nd);
         gt.dtype = ps_DType_FLOAT32;
-        if (!st) st = backward_one(s, c, req->seq, &gt, dl, (size_t)(n * outper) * sizeof(float),
+        if (!st) st = backward_one(s, c, req->seq, &gt, out, (size_t)(n * outper) * sizeof(float),
                                    "ForwardRequest.targets", gin, err);
-        free(dl);
         if (st) goto out;
         if (c->grads && (st = ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, err))) goto out;
         size_t tb = 0;
