@@ -957,6 +957,14 @@ static void check_cross_entropy(rng *r) {
         }
         free(z); free(g); free(zz); free(gr);
     }
+    /* ps_sum_squares (the gradient norms): every length's vector tail */
+    float x[77];
+    for (int i = 0; i < 77; i++) x[i] = 3.0f * rng_uniform(r);
+    for (int n = 0; n <= 77; n += 7) {
+        double ref = 0;
+        for (int i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        CHECK_CLOSE(ps_sum_squares(x, n), ref, 1e-12, 1e-14);
+    }
 }
 
 int main(void) {

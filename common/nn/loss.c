@@ -196,16 +196,57 @@ __attribute__((target("avx2,fma"))) static void row_scale_256(float *g, int64_t 
 }
 #endif
 
+/* sum of squares, in double lanes (each float converted exactly) */
+static double sumsq_scalar(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+#ifdef PS_CE_X86
+__attribute__((target("avx512f"))) static double sumsq_512(const float *x, int64_t n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512d v0 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), v1 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        __m512d v2 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 16)), v3 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 24));
+        a0 = _mm512_fmadd_pd(v0, v0, a0);
+        a1 = _mm512_fmadd_pd(v1, v1, a1);
+        a2 = _mm512_fmadd_pd(v2, v2, a2);
+        a3 = _mm512_fmadd_pd(v3, v3, a3);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3))) +
+           sumsq_scalar(x + i, n - i);
+}
+
+__attribute__((target("avx2,fma"))) static double sumsq_256(const float *x, int64_t n) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd(), a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256d v0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), v1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        __m256d v2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), v3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+        a0 = _mm256_fmadd_pd(v0, v0, a0);
+        a1 = _mm256_fmadd_pd(v1, v1, a1);
+        a2 = _mm256_fmadd_pd(v2, v2, a2);
+        a3 = _mm256_fmadd_pd(v3, v3, a3);
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+    return t[0] + t[1] + t[2] + t[3] + sumsq_scalar(x + i, n - i);
+}
+#endif
+
 typedef struct ce_ops {
     float (*max)(const float *, int64_t);
     double (*exp_sum)(const float *, int64_t, float, float *);
     void (*scale)(float *, int64_t, float);
+    double (*sumsq)(const float *, int64_t);
 } ce_ops;
 
-static const ce_ops ce_scalar = {row_max_scalar, row_exp_scalar, row_scale_scalar};
+static const ce_ops ce_scalar = {row_max_scalar, row_exp_scalar, row_scale_scalar, sumsq_scalar};
 #ifdef PS_CE_X86
-static const ce_ops ce_512 = {row_max_512, row_exp_512, row_scale_512};
-static const ce_ops ce_256 = {row_max_256, row_exp_256, row_scale_256};
+static const ce_ops ce_512 = {row_max_512, row_exp_512, row_scale_512, sumsq_512};
+static const ce_ops ce_256 = {row_max_256, row_exp_256, row_scale_256, sumsq_256};
 #endif
 
 static const ce_ops *ce_pick(void) {
@@ -244,6 +285,10 @@ static double ce_run(const ce_ops *o, const float *logits, const int64_t *tgt, i
 
 double ps_cross_entropy(const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad) {
     return ce_run(ce_pick(), logits, tgt, n, k, grad);
+}
+
+double ps_sum_squares(const float *x, int64_t n) {
+    return ce_pick()->sumsq(x, n);
 }
 
 int ps_cross_entropy_width(int width, const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad,
