@@ -413,7 +413,7 @@ typedef struct fwd_node {
 } fwd_node;
 
 static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
-                              size_t gbytes, const char *what, float *gin, ps_err *err);
+                              size_t gbytes, int finite, const char *what, float *gin, ps_err *err);
 
 /* The fused decoder mode's loss: targets outside 0..k-1 are refused
  * (INVALID_ARGUMENT naming the first), then the shared cross-entropy. */
@@ -476,8 +476,9 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
     }
     int64_t outper = 1;
     for (int i = 0; i < so->out_ndim; i++) outper *= so->out_dims[i];
-    float *out = malloc((size_t)(n * outper) * sizeof(float) + 1);
-    if (!out) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a %lld x %lld output",
+    /* fused: the logits stay in the tape (below) */
+    float *out = fused ? NULL : malloc((size_t)(n * outper) * sizeof(float) + 1), *logits = NULL;
+    if (!fused && !out) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a %lld x %lld output",
                                 (long long)n, (long long)outper);
     uint64_t version = 0;
     ps_tape *tape = NULL;
@@ -520,6 +521,17 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
         if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
                                          dropout_seed(req->context_id, req->trainer_rank, req->seq), out, &tape, &version, err)))
             goto out;
+        if (fused) {  /* read and overwritten with their gradient in place, or a copy (a device stage) */
+            if (!(logits = ps_tape_output_writable(tape))) {
+                if (!(out = malloc((size_t)(n * outper) * sizeof(float) + 1))) {
+                    st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a %lld x %lld output",
+                                    (long long)n, (long long)outper);
+                    goto out;
+                }
+                if ((st = ps_tape_get_output(s->model, tape, out, err))) goto out;
+                logits = out;
+            }
+        }
         if (!replayed) {
             if ((st = ps_ctx_add_fwd(s->ctx, c, req->seq, tape, version, ps_tape_bytes(tape), err))) goto out;
             tape = NULL;  /* the context owns it now */
@@ -539,20 +551,19 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
         int64_t inper = 1;
         for (int i = 0; i < si->in_ndim; i++) inper *= si->in_dims[i];
         gin = si->in_dtype == PS_DTYPE_F32 ? malloc((size_t)(n * inper) * sizeof(float) + 1) : NULL;
-        float *dl = malloc((size_t)(n * outper) * sizeof(float) + 1);
-        if (!dl || (si->in_dtype == PS_DTYPE_F32 && !gin)) {
-            free(dl);
+        if (si->in_dtype == PS_DTYPE_F32 && !gin) {
             st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the fused loss");
             goto out;
         }
-        st = fused_ce(out, (const int64_t *)tin->data, n, outper, dl, &resp.loss, err);
+        /* the logits' gradient replaces them in place: they do not travel; a
+         * finite loss means a finite gradient (every softmax term <= 1) */
+        st = fused_ce(logits, (const int64_t *)tin->data, n, outper, logits, &resp.loss, err);
         ps_Tensor gt = ps_Tensor_init_zero;
         gt.shape_count = (pb_size_t)nd;
         memcpy(gt.shape, dims, sizeof(int64_t) * (size_t)nd);
         gt.dtype = ps_DType_FLOAT32;
-        if (!st) st = backward_one(s, c, req->seq, &gt, dl, (size_t)(n * outper) * sizeof(float),
-                                   "ForwardRequest.targets", gin, err);
-        free(dl);
+        if (!st) st = backward_one(s, c, req->seq, &gt, logits, (size_t)(n * outper) * sizeof(float),
+                                   isfinite(resp.loss), "ForwardRequest.targets", gin, err);
         if (st) goto out;
         if (c->grads && (st = ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, err))) goto out;
         size_t tb = 0;
@@ -913,7 +924,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
  * the context (never non-finite ones under "reject"), optionally its input
  * gradient into gin. */
 static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
-                              size_t gbytes, const char *what, float *gin, ps_err *err) {
+                              size_t gbytes, int finite, const char *what, float *gin, ps_err *err) {
     ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
     if (!f)
         return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
@@ -941,7 +952,7 @@ static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_T
     if (g->dtype != ps_DType_FLOAT32)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: dtype %s; gradients are float32", what,
                           ps_wire_dtype_name(g->dtype));
-    if (check_finite(gdata, gbytes / sizeof(float), what, err)) {
+    if (!finite && check_finite(gdata, gbytes / sizeof(float), what, err)) {
         ps_status st = nonfinite(s, c, err);
         if (st) return st;
         ps_ctx_fwd_done(s->ctx, c, f);  /* skip: the context's step will not apply */
@@ -1073,7 +1084,7 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
             gb = w->bytes;
         }
         float *gin = nitems && items[k].ndim ? (float *)items[k].data : NULL;
-        if (backward_one(s, c, k ? req.more_seqs[k - 1] : req.seq, gt, gd, gb, what, gin, &err)) goto fail;
+        if (backward_one(s, c, k ? req.more_seqs[k - 1] : req.seq, gt, gd, gb, 0, what, gin, &err)) goto fail;
     }
     size_t tb = 0;
     for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;

@@ -13,8 +13,10 @@
  */
 #include "backend.h"
 #include "check.h"
+#include "loss.h"
 #include "support/random.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -900,6 +902,71 @@ static void check_registry(void) {
     ps_backend_free(NULL);
 }
 
+/* ---- the cross-entropy (loss.c) ---- */
+
+/* Every vector width this CPU has against a double-precision loop: loss and
+ * gradient, odd row lengths (the vector tails), in place (grad = logits)
+ * bit-identical to out of place, -inf logits (exp 0) and a NaN (NaN loss). */
+static void check_cross_entropy(rng *r) {
+    const int64_t ks[] = { 1, 7, 16, 33, 250, 10000 };
+    const int widths[] = { 0, 256, 512 };
+    for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+        int64_t k = ks[ki], n = 5;
+        float *z = host_zeros((size_t)(n * k)), *g = host_zeros((size_t)(n * k)), *zz = host_zeros((size_t)(n * k));
+        double *gr = calloc((size_t)(n * k), sizeof *gr);
+        int64_t tgt[5];
+        PS_ASSERT(gr);
+        for (int64_t i = 0; i < n * k; i++) z[i] = 8.0f * rng_uniform(r);
+        if (k > 2) z[k + 1] = -INFINITY, z[2 * k] = -200.0f, z[3 * k + 2] = 80.0f;
+        for (int64_t i = 0; i < n; i++) tgt[i] = (i * 7 + 3) % k;
+        double ref = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *zi = z + i * k;
+            double mx = zi[0], s = 0;
+            for (int64_t v = 1; v < k; v++) mx = zi[v] > mx ? zi[v] : mx;
+            for (int64_t v = 0; v < k; v++) s += exp((double)zi[v] - mx);
+            double lse = mx + log(s);
+            ref += lse - zi[tgt[i]];
+            for (int64_t v = 0; v < k; v++) gr[i * k + v] = exp((double)zi[v] - lse) / (double)n;
+            gr[i * k + tgt[i]] -= 1.0 / (double)n;
+        }
+        ref /= (double)n;
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+            double loss = 0, loss2 = 0;
+            if (!ps_cross_entropy_width(widths[wi], z, tgt, n, k, g, &loss)) continue;
+            CHECK_CLOSE(loss, ref, 1e-6, 1e-6);
+            double worst = 0;
+            for (int64_t i = 0; i < n * k; i++) {
+                double d = fabs(g[i] - gr[i]) / (fabs(gr[i]) + 1e-12);
+                if (d > worst) worst = d;
+            }
+            CHECK_MSG(worst < 2e-6, "cross-entropy width %d k %lld: gradient relative error %g", widths[wi],
+                      (long long)k, worst);
+            memcpy(zz, z, (size_t)(n * k) * sizeof *z);
+            ps_cross_entropy_width(widths[wi], zz, tgt, n, k, zz, &loss2);
+            CHECK_MSG(loss2 == loss && !memcmp(zz, g, (size_t)(n * k) * sizeof *g),
+                      "cross-entropy width %d k %lld: in place differs", widths[wi], (long long)k);
+            CHECK_CLOSE(ps_cross_entropy_width(widths[wi], z, tgt, n, k, NULL, &loss2) ? loss2 : loss, loss, 0, 0);
+            if (k > 2) {
+                memcpy(zz, z, (size_t)(n * k) * sizeof *z);
+                zz[4 * k + k / 2] = NAN;
+                ps_cross_entropy_width(widths[wi], zz, tgt, n, k, g, &loss2);
+                CHECK_MSG(isnan(loss2), "cross-entropy width %d k %lld: a NaN logit gives loss %g", widths[wi],
+                          (long long)k, loss2);
+            }
+        }
+        free(z); free(g); free(zz); free(gr);
+    }
+    /* ps_sum_squares (the gradient norms): every length's vector tail */
+    float x[77];
+    for (int i = 0; i < 77; i++) x[i] = 3.0f * rng_uniform(r);
+    for (int n = 0; n <= 77; n += 7) {
+        double ref = 0;
+        for (int i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        CHECK_CLOSE(ps_sum_squares(x, n), ref, 1e-12, 1e-14);
+    }
+}
+
 int main(void) {
     rng r = { 0x9e3779b97f4a7c15ull };
     check_registry();
@@ -921,6 +988,7 @@ int main(void) {
     fd_new_ops(ref, &r);
     ref_pool_ties(ref);
     check_sgd(ref, &r);
+    check_cross_entropy(&r);
 
     const char *const *names = ps_backend_names();
     for (int i = 0; names[i]; i++)

@@ -62,6 +62,7 @@ typedef struct lm_task {
     int eval_only;              /* --eval-only */
     int fused;                  /* --decoder fused (1) or logits (0) */
     int no_eval;                /* --no-eval */
+    int threads;                /* --threads: the LSTM's oneDNN threads */
     double clip;                /* --clip */
     ps_lstm_impl impl;          /* --lstm */
     ps_lm_corpus *corpus;
@@ -495,7 +496,7 @@ static double size_of(const ps_config *cfg, const char *key) {
 
 static void *lm_create(void) {
     lm_task *t = calloc(1, sizeof(lm_task));
-    if (t) t->bptt = 35, t->clip = 0.25, t->impl = PS_LSTM_DNNL, t->fused = 1;
+    if (t) t->bptt = 35, t->clip = 0.25, t->impl = PS_LSTM_DNNL, t->fused = 1, t->threads = 1;
     return t;
 }
 
@@ -535,6 +536,13 @@ static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_
         t->fused = !strcmp(value, "fused");
         return PS_OK;
     }
+    if (!strcmp(flag, "--threads")) {
+        long v = strtol(value, &end, 10);
+        if (*end || end == value || v < 0 || v > 1024)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--threads '%s': a whole number 0..1024", value);
+        t->threads = (int)v;
+        return PS_OK;
+    }
     if (!strcmp(flag, "--no-eval")) {
         t->no_eval = 1;
         return PS_OK;
@@ -557,6 +565,7 @@ static ps_status lm_init(void *arg, const ps_task_env *env, ps_err *err) {
     const ps_config *cfg = env->cfg;
     ps_status st = ps_lm_corpus_load(cfg->trainer.data, &t->corpus, err);
     if (st) return st;
+    ps_lstm_set_threads(t->threads);
     t->bs = cfg->trainer.batch_size;
     t->dropout = size_of(cfg, "dropout");
     double ntok = size_of(cfg, "ntoken");
@@ -760,6 +769,7 @@ static const ps_task_flag lm_flags[] = {
     {"--bptt", NULL, "N", NULL, "sequence length of a window (35)"},
     {"--clip", NULL, "X", NULL, "clip the global gradient norm to X (0.25)"},
     {"--lstm", NULL, "IMPL", NULL, "the trainer's LSTM: dnnl (oneDNN) or ref (plain C)"},
+    {"--threads", NULL, "N", NULL, "oneDNN threads of the LSTM here (1; 0 = OpenMP's default, every CPU)"},
     {"--eval-only", NULL, NULL, NULL, "no training: validation and test perplexity of psd's weights"},
     {"--no-eval", NULL, NULL, NULL, "skip the final validation and test passes (benchmarks)"},
     {"--decoder", NULL, "MODE", NULL, "fused (psd computes the loss; default) or logits (the tutorial's: logits here)"},

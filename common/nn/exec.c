@@ -263,6 +263,16 @@ ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_
     return tape_output(m, t, host_out, err);
 }
 
+float *ps_tape_output_writable(ps_tape *t) {
+    stage *last = &t->m->stages[t->last];
+    int l = last->nlayers - 1;
+    const ps_layer *ly = &last->layers[l];
+    if (!t->train || !last->host_memory || !(ly->kind->flags & PS_KIND_OUTPUT_FREE) || ly->out_dtype != PS_DTYPE_F32 ||
+        !t->st[t->last].owned[l + 1])
+        return NULL;
+    return t->st[t->last].acts[l + 1];
+}
+
 ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err) {
     if (first < 0 || last >= m->nstages || first > last)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stages %d..%d are not a run of the model's 0..%d", first,
@@ -291,7 +301,7 @@ ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n
     if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     t->train = train;
     ps_status rc = forward_stages(m, t, x, keep, masks, rng, err);
-    if (rc == PS_OK) rc = tape_output(m, t, out, err);
+    if (rc == PS_OK && out) rc = tape_output(m, t, out, err);
     if (rc == PS_OK && keep && tape) *tape = t;
     else ps_tape_free(t);
     return rc;
@@ -407,7 +417,10 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
         stage *st = &m->stages[s];
         const ps_layer *ll = &st->layers[st->nlayers - 1];
         size_t ob = act_bytes(&ll->outs, ll->out_dtype, n);
-        if (s == t->last) {   /* d loss / d output onto this stage's device */
+        if (s == t->last && st->host_memory) {   /* read in place: no backward writes its dy */
+            carry = (void *)grad_out;
+            carry_owned = 0;
+        } else if (s == t->last) {   /* d loss / d output onto this stage's device */
             carry = st->be->ops->alloc(st->be->impl, ob ? ob : 4);
             carry_owned = 1;
             if (!carry) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }

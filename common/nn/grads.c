@@ -3,6 +3,7 @@
  * first touches the stage, and row-sparse rows in host memory for embedding
  * tables (memory proportional to the rows touched, not to the table). */
 #include "model_impl.h"
+#include "loss.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -239,12 +240,10 @@ ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *
             if (rc) { free(b); return rc; }
             h = b;
         }
-        for (int64_t j = 0; j < st->ngrads; j++) s += (double)h[j] * h[j];
+        s += ps_sum_squares(h, st->ngrads);
         free(b);
     }
-    for (int i = 0; i < m->nparams; i++)
-        for (int64_t j = 0; j < g->rows[i].nrows * g->rows[i].width; j++)
-            s += (double)g->rows[i].grad[j] * g->rows[i].grad[j];
+    for (int i = 0; i < m->nparams; i++) s += ps_sum_squares(g->rows[i].grad, g->rows[i].nrows * g->rows[i].width);
     *out = s;
     return PS_OK;
 }

@@ -439,7 +439,7 @@ static const ps_layer_kind kinds[] = {
     {"dropout2d", PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT, dropout2d_infer, no_op, dropout2d_forward,
      dropout_backward, dropout_bytes, NULL},
     {"flatten", PS_KIND_VIEW, flatten_infer, no_op, view_pass, view_pass, no_bytes, NULL},
-    {"linear", 0, linear_infer, no_op, linear_forward, linear_backward, no_bytes, NULL},
+    {"linear", PS_KIND_OUTPUT_FREE, linear_infer, no_op, linear_forward, linear_backward, no_bytes, NULL},
     {"log_softmax", 0, infer_same, no_op, log_softmax_forward, log_softmax_backward, no_bytes, NULL},
     {"softmax", 0, infer_same, softmax_missing, softmax_forward, softmax_backward, no_bytes, NULL},
     {"embedding", 0, emb_infer, emb_missing, emb_forward, emb_backward, no_bytes, emb_check},

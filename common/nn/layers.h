@@ -130,6 +130,8 @@ enum {
     PS_KIND_DROPOUT = 16,       /* takes a dropout mask (counted in dropout_idx) */
     PS_KIND_PARAMS_ONLY = 32,   /* holds parameters another process computes with (lstm):
                                    never forwarded; its stage is parameter-only */
+    PS_KIND_OUTPUT_FREE = 64,   /* backward never reads the output (linear): a fused loss may
+                                   overwrite it with its gradient (ps_tape_output_writable) */
 };
 
 typedef struct ps_layer_kind {

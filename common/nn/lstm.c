@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 
 #include "dnnl_check.h"
 
@@ -150,6 +151,15 @@ static const lstm_impl_ops ref_ops = {ref_init, ref_fini, ref_forward, ref_backw
 
 /* ---- oneDNN ---- */
 
+static int lstm_threads; /* __atomic; ps_lstm_set_threads */
+
+void ps_lstm_set_threads(int n) { __atomic_store_n(&lstm_threads, n > 0 ? n : 0, __ATOMIC_RELAXED); }
+
+static void use_threads(void) {
+    int n = __atomic_load_n(&lstm_threads, __ATOMIC_RELAXED);
+    if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
 static ps_status md_tag(dnnl_memory_desc_t *md, int nd, const dnnl_dims_t dims, dnnl_format_tag_t tag, ps_err *err) {
     PS_DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, nd, dims, dnnl_f32, tag));
     return PS_OK;
@@ -179,6 +189,7 @@ static ps_status run_reorder(lstm_dnnl *d, dnnl_primitive_t r, const dnnl_memory
     dnnl_status_t st = dnnl_memory_create(&b, to, d->eng, dst);
     if (st != dnnl_success) { dnnl_memory_destroy(a); PS_DNNL_CHECK(st); }
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
+    use_threads();
     st = dnnl_primitive_execute(r, d->strm, 2, args);
     if (st == dnnl_success) st = dnnl_stream_wait(d->strm);
     dnnl_memory_destroy(a);
@@ -281,6 +292,7 @@ static ps_status exec(lstm_dnnl *d, dnnl_primitive_t prim, const marg *a, int n,
         args[made].arg = a[made].arg;
         if (st != dnnl_success) break;
     }
+    use_threads();
     if (st == dnnl_success) st = dnnl_primitive_execute(prim, d->strm, n, args);
     if (st == dnnl_success) st = dnnl_stream_wait(d->strm);
     for (int i = 0; i < made; i++) dnnl_memory_destroy(args[i].memory);

@@ -50,6 +50,10 @@ typedef struct ps_lstm ps_lstm;
 ps_status ps_lstm_create(ps_lstm_impl impl, ps_lstm_shape shape, ps_lstm **out, ps_err *err);
 void ps_lstm_free(ps_lstm *l);
 ps_lstm_shape ps_lstm_get_shape(const ps_lstm *l);
+/* OpenMP threads oneDNN's LSTM primitives run on, for every handle, set in
+ * the thread that computes before each primitive; 0 (the default) leaves
+ * the OpenMP default (OMP_NUM_THREADS, else every CPU). */
+void ps_lstm_set_threads(int n);
 /* "ref" or "dnnl"; ps_lstm_impl_parse returns -1 for anything else. */
 const char *ps_lstm_impl_name(ps_lstm_impl impl);
 int ps_lstm_impl_parse(const char *name);

@@ -607,7 +607,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
         int k = n - o < slice ? n - o : slice;
         rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
-                             dropout_masks, &rng, out + (size_t)o * out_sample, tape_out, err);
+                             dropout_masks, &rng, out ? out + (size_t)o * out_sample : NULL, tape_out, err);
     }
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);

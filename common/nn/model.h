@@ -171,7 +171,9 @@ int ps_model_find_stage(const ps_model *m, const char *name);    /* -1 if absent
  * dropout, (n, C) for dropout2d (one value per channel) - used by the
  * golden tests. Otherwise masks are drawn from dropout_seed: give every
  * forward its own seed (psd derives it from the context id and the
- * forward's sequence number in the context). */
+ * forward's sequence number in the context). out may be NULL for a training
+ * forward that keeps its tape: the output is then only in the tape
+ * (ps_tape_get_output, ps_tape_output_writable). */
 ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
                                  const float *const *dropout_masks, uint64_t dropout_seed, float *out,
                                  ps_tape **tape, uint64_t *version_used, ps_err *err);
@@ -181,6 +183,13 @@ int ps_tape_last_stage(const ps_tape *t);
 /* The forward's output again (host, n x per-sample output of the last
  * stage): a retried Forward is answered from the record. */
 ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_err *err);
+/* The tape's output itself (host, n x per-sample output of the last stage),
+ * for a fused loss to read and overwrite with d loss / d output, then pass
+ * to ps_model_backward_acc as grad_out, saving two copies of it: non-NULL
+ * only for a training tape whose last stage is in host memory and whose
+ * last layer's backward does not read its output (linear). Once written,
+ * ps_tape_get_output returns the gradient. */
+float *ps_tape_output_writable(ps_tape *t);
 
 /* ---- accumulated gradients ---- */
 
