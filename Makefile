@@ -246,6 +246,9 @@ install: $(BINS)
 	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
+	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    -f systemd/psd-template.sed systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
+	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
 	install -m 0644 docs/config.md docs/security.md $(DESTDIR)$(DOCDIR)/
 

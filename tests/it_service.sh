@@ -165,6 +165,13 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   out=$(systemd-analyze verify "$tmp/psd.service" 2>&1) || fail "systemd-analyze: $out"
   [ -z "$out" ] || fail "systemd-analyze verify: $out"
   echo "systemd-analyze verify psd.service: clean"
+  sed -e "s|@BINDIR@|$PWD/$BUILD/bin|g" -e 's|@SYSCONFDIR@|/etc|g' -e "s|@DOCDIR@|$PWD|g" \
+      -f systemd/psd-template.sed systemd/psd.service.in >"$tmp/psd@.service"
+  grep -q "^ExecStart=$PWD/$BUILD/bin/psd --config /etc/psd/cluster.yaml --name %i$" "$tmp/psd@.service" ||
+    fail "psd@.service: ExecStart is $(grep ^ExecStart "$tmp/psd@.service")"
+  out=$(systemd-analyze verify "$tmp/psd@.service" 2>&1) || fail "systemd-analyze psd@.service: $out"
+  [ -z "$out" ] || fail "systemd-analyze verify psd@.service: $out"
+  echo "systemd-analyze verify psd@.service (template, --name %i): clean"
 fi
 trap - EXIT
 cleanup
