@@ -267,6 +267,7 @@ static void test_docs(void) {
     CHECK_MSG(fields == 7, "%d server fields", fields);
     free(text);
     CHECK(strstr(doc, "`model.placement.<stage>.shards`") != NULL);
+    CHECK(strstr(doc, "`model.placement.<stage>.rows`") != NULL);
 }
 
 /* Load text on top of defaults; expect failure with code, a message that
