@@ -7,7 +7,10 @@
 # One 2-vCPU host cannot show a speed-up from more servers - they share the
 # same two cores - so the figure to read is the per-server cost: the
 # busiest server's CPU-seconds per batch must fall as stages and shards are
-# spread (the ratio against the one-server layout is printed).
+# spread (the ratio against the one-server layout is printed). lm_3 and
+# lm_3b shard emb over ps0/ps1 at equal rows and at the rows
+# scripts/shard-rows.py chooses; the last line compares ps0's share of the
+# two emb servers' bytes.
 #   BATCHES=60 LM_BATCHES=30 TRAINERS=2 bench/cluster.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,6 +83,7 @@ layout() {
     bytes=$(( (b1 - b0[k]) / total ))
     cpu=$(awk -v a="${c0[$k]}" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN { printf "%.4f", (b - a) / hz / n }')
     worst=$(awk -v w="$worst" -v c="$cpu" 'BEGIN { print (c > w) ? c : w }')
+    eval "emb_${label}_$k=$bytes"
     printf "  %-10s ps%d  %10d bytes/batch  %8s CPU-s/batch  hosts %s\n" "$label" "$k" "$bytes" "$cpu" \
       "$(sed -n 's/.*: hosts \(.*\)$/\1/p' "$out/$label-ps$k.log" | head -n 1)"
   done
@@ -100,7 +104,13 @@ lmset() { echo "--set model.placement.emb=$1 --set model.placement.decoder=$2 --
 layout lm_1 configs/cluster-lm.yaml "$(lmset ps0 ps0)" 1 lm "$LM_BATCHES" --data "$LMDATA" --no-eval
 layout lm_2 configs/cluster-lm.yaml "$(lmset ps0 ps1)" 2 lm "$LM_BATCHES" --data "$LMDATA" --no-eval
 layout lm_3 configs/cluster-lm.yaml "--set model.placement.emb.shards=ps0,ps1 --set model.placement.decoder=ps2 --set model.placement.rnn=ps2" 3 lm "$LM_BATCHES" --data "$LMDATA" --no-eval
+# emb split where scripts/shard-rows.py puts half the training tokens on each shard
+lm_rows=$(python3 scripts/shard-rows.py "$LMDATA" 2 10000 2>/dev/null | sed -n 's/^--set model.placement.emb.rows=//p')
+layout lm_3b configs/cluster-lm.yaml "--set model.placement.emb.shards=ps0,ps1 --set model.placement.emb.rows=$lm_rows --set model.placement.decoder=ps2 --set model.placement.rnn=ps2" 3 lm "$LM_BATCHES" --data "$LMDATA" --no-eval
+echo "  (lm_3: emb split at row 5000 of 10000 (equal rows); lm_3b: at row $lm_rows (equal token shares, shard-rows.py))"
 echo
 # shellcheck disable=SC2154
 echo "busiest server's CPU-s per batch vs one server: MNIST 2 servers $(awk -v a="$worst_mnist_2" -v b="$worst_mnist_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }');" \
      "LM 2 servers $(awk -v a="$worst_lm_2" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'), 3 servers $(awk -v a="$worst_lm_3" -v b="$worst_lm_1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') (< 1: the per-server cost falls)"
+# shellcheck disable=SC2154
+echo "emb shards' bytes per batch, ps0 / (ps0 + ps1): equal rows $(awk -v a="$emb_lm_3_0" -v b="$emb_lm_3_1" 'BEGIN { printf "%.1f %%", (a + b > 0 ? 100 * a / (a + b) : 0) }'), shard-rows.py's rows $(awk -v a="$emb_lm_3b_0" -v b="$emb_lm_3b_1" 'BEGIN { printf "%.1f %%", (a + b > 0 ? 100 * a / (a + b) : 0) }')"

@@ -325,6 +325,13 @@ static bool only_chars(const char *s, const char *allowed) {
     return s[strspn(s, allowed)] == '\0';
 }
 
+/* The first n characters of s are all in allowed. */
+static bool only_chars_n(const char *s, size_t n, const char *allowed) {
+    for (size_t i = 0; i < n; i++)
+        if (!s[i] || !strchr(allowed, s[i])) return false;
+    return true;
+}
+
 static ps_status parse_int(const cfg_entry *e, const char *v, const char *origin, int *out,
                            ps_err *err) {
     char sv[128];
@@ -517,14 +524,56 @@ static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "stage name must be 1..%d letters, digits, '_' or '-'",
                     PS_CONFIG_STAGE_MAX - 1);
-    if (dot && strcmp(dot + 1, "shards"))
+    if (dot && strcmp(dot + 1, "shards") && strcmp(dot + 1, "rows"))
         return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "a placement has no key '%s' (a stage takes a device or SERVER/DEVICE, or "
-                    "%s%s.shards: a list of servers)", dot + 1, PLACEMENT_PREFIX, stage);
+                    "%s%s.shards: a list of servers and optionally %s%s.rows: the row boundaries "
+                    "between them)", dot + 1, PLACEMENT_PREFIX, stage, PLACEMENT_PREFIX, stage);
+    ps_stage_placement *old = NULL;
+    for (int i = 0; i < c->model.n_placement && !old; i++)
+        if (!strcmp(c->model.placement[i].stage, stage)) old = &c->model.placement[i];
     ps_stage_placement np;
     memset(&np, 0, sizeof np);
     snprintf(np.stage, sizeof np.stage, "%s", stage);
-    if (!dot) {
+    if (dot && !strcmp(dot + 1, "rows")) {
+        /* only the boundaries change; the servers stay as they are */
+        if (old) np = *old;
+        np.n_rows = 0;
+        memset(np.rows, 0, sizeof np.rows);
+        const char *p = v;
+        while (*p == ' ') p++;
+        while (*p) {
+            while (*p == ' ') p++;
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            while (len && p[len - 1] == ' ') len--;
+            char item[32];
+            if (len == 0 || len >= sizeof item || !only_chars_n(p, len, "0123456789"))
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
+                            "%s: boundary %d is not a row number (expected a list of integers, the first "
+                            "row of shards 2..n)", shown(v, sv, sizeof sv), np.n_rows + 1);
+            memcpy(item, p, len);
+            item[len] = '\0';
+            if (np.n_rows >= PS_CONFIG_MAX_SHARDS - 1)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "more than %d boundaries (at most %d "
+                            "shards)", PS_CONFIG_MAX_SHARDS - 1, PS_CONFIG_MAX_SHARDS);
+            errno = 0;
+            long long x = strtoll(item, NULL, 10);
+            if (errno || x < 1)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s: boundary %d (%s) must be at least 1 "
+                            "(shard 1 starts at row 0)", shown(v, sv, sizeof sv), np.n_rows + 1, item);
+            if (np.n_rows && x <= np.rows[np.n_rows - 1])
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s: boundaries must be strictly "
+                            "increasing (boundary %d, %lld, follows %lld)", shown(v, sv, sizeof sv),
+                            np.n_rows + 1, x, (long long)np.rows[np.n_rows - 1]);
+            np.rows[np.n_rows++] = x;
+            if (!comma) break;
+            p = comma + 1;
+            if (!*p)
+                return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s: boundary %d is empty",
+                            shown(v, sv, sizeof sv), np.n_rows + 1);
+        }
+    } else if (!dot) {
         const char *why = parse_place(v, false, np.server, np.device);
         if (why) return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s %s", shown(v, sv, sizeof sv), why);
     } else {
@@ -555,6 +604,11 @@ static ps_status set_placement(ps_config *c, const cfg_entry *e, const char *key
             np.n_shards++;
             if (!comma) break;
             p = comma + 1;
+        }
+        /* the boundaries stay: shards and rows may come in either order */
+        if (old) {
+            np.n_rows = old->n_rows;
+            memcpy(np.rows, old->rows, sizeof np.rows);
         }
     }
     for (int i = 0; i < c->model.n_placement; i++) {
@@ -956,10 +1010,12 @@ static bool nests(const cfg_entry *e, const char *key) {
     return e && (e->type == CT_SERVERS || e->type == CT_PLACEMENT) && depth_below(e, key) == 1;
 }
 
-/* A key whose YAML value may be a sequence: model.placement.<stage>.shards. */
+/* A key whose YAML value may be a sequence: model.placement.<stage>.shards
+ * and model.placement.<stage>.rows. */
 static bool is_list_key(const cfg_entry *e, const char *key) {
     size_t n = strlen(key);
-    return e->type == CT_PLACEMENT && depth_below(e, key) == 2 && n > 7 && !strcmp(key + n - 7, ".shards");
+    return e->type == CT_PLACEMENT && depth_below(e, key) == 2 &&
+           ((n > 7 && !strcmp(key + n - 7, ".shards")) || (n > 5 && !strcmp(key + n - 5, ".rows")));
 }
 
 /* A sequence of single values as the comma-separated text the setter takes. */
@@ -977,7 +1033,7 @@ static ps_status join_sequence(loader *L, yaml_node_t *seq, const char *key, con
         const char *v = (const char *)n->data.scalar.value;
         if (strchr(v, ','))
             return ps_err_set(L->err, PS_ERR_INVALID_ARGUMENT, "%s: %s: entry %d '%.64s' holds a ','; "
-                              "write one server per entry", origin, key,
+                              "write one value per entry", origin, key,
                               (int)(it - seq->data.sequence.items.start) + 1, v);
         int w = snprintf(out + o, cap - o, "%s%s", o ? "," : "", v);
         if (w < 0 || (size_t)w >= cap - o)
@@ -1157,6 +1213,17 @@ static void print_placement(const ps_config *c, FILE *f) {
                 if (j) fputs(", ", f);
                 print_string(f, item);
             }
+            fputc(']', f);
+            if (p->n_rows) {
+                fputs(", rows: [", f);
+                for (int j = 0; j < p->n_rows; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)p->rows[j]);
+                fputc(']', f);
+            }
+            fputc('}', f);
+        } else if (p->n_rows) {
+            /* rows without shards: refused by the checks, printed so the mistake survives a round trip */
+            fputs(" {rows: [", f);
+            for (int j = 0; j < p->n_rows; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)p->rows[j]);
             fputs("]}", f);
         } else if (p->server[0]) {
             char item[PS_CONFIG_NAME_MAX + PS_CONFIG_DEVICE_MAX + 1];

@@ -80,7 +80,13 @@ typedef enum { PS_OPTIMIZER_SGD = 0, PS_OPTIMIZER_ADAM } ps_optimizer_kind;
  * cpu), or model.placement.<stage>.shards: a list of "SERVER[/DEVICE]"
  * (YAML sequence, or comma-separated in one string from --set) that splits
  * the stage's embedding table into contiguous row ranges, shard k holding
- * rows [rows*k/n, rows*(k+1)/n) (common/placement.h). */
+ * rows [rows*k/n, rows*(k+1)/n) (common/placement.h) - or, with
+ * model.placement.<stage>.rows: [B1, ..., B(n-1)] (the inner boundaries,
+ * strictly increasing, each in 1..R-1), rows [B_k, B_{k+1}) with B_0 = 0 and
+ * B_n = R. Setting .shards keeps .rows; setting the stage itself (a device
+ * or SERVER/DEVICE) replaces both; an empty .rows means the equal split.
+ * The count (n-1) and the range (R) are checked when the placement is
+ * resolved (ps_placement_build), since the keys may come in either order. */
 typedef struct ps_stage_placement {
     char stage[PS_CONFIG_STAGE_MAX];   /* e.g. "conv" */
     char device[PS_CONFIG_DEVICE_MAX]; /* "cpu" or "cuda:N" (unsharded) */
@@ -88,6 +94,8 @@ typedef struct ps_stage_placement {
     int n_shards;                      /* 0 = not sharded */
     char shard_server[PS_CONFIG_MAX_SHARDS][PS_CONFIG_NAME_MAX];
     char shard_device[PS_CONFIG_MAX_SHARDS][PS_CONFIG_DEVICE_MAX];
+    int n_rows;                        /* entries of rows[]; 0 = the equal split */
+    int64_t rows[PS_CONFIG_MAX_SHARDS - 1]; /* inner boundaries, strictly increasing, >= 1 */
 } ps_stage_placement;
 
 /* servers.<name>: one psd of a cluster with several PS nodes. psd --name

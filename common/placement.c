@@ -63,6 +63,7 @@ static ps_status place_shards(const ps_config *c, const ps_model_def *d, const p
                           first->num_key ? ")" : "");
     ps->server = -1;
     ps->n_shards = pl->n_shards;
+    ps->equal = 1;
     for (int k = 0; k < pl->n_shards; k++) {
         int sv = find_server(p, pl->shard_server[k]);
         if (sv < 0)
@@ -77,6 +78,26 @@ static ps_status place_shards(const ps_config *c, const ps_model_def *d, const p
         snprintf(ps->shards[k].device, sizeof ps->shards[k].device, "%s", pl->shard_device[k]);
         ps_shard_range(rows, pl->n_shards, k, &ps->shards[k].lo, &ps->shards[k].hi);
     }
+    if (pl->n_rows == 0) return PS_OK;
+    /* chosen ranges: shard k holds [B_k, B_{k+1}), B_0 = 0, B_n = R */
+    if (pl->n_rows != pl->n_shards - 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.rows: %d boundar%s for %d shards; give n-1 = %d "
+                          "(the first row of shards 2..%d)", sd->name, pl->n_rows, pl->n_rows == 1 ? "y" : "ies",
+                          pl->n_shards, pl->n_shards - 1, pl->n_shards);
+    for (int k = 0; k < pl->n_rows; k++) {
+        /* strictly increasing and >= 1 already checked when set */
+        if (pl->rows[k] < 1 || pl->rows[k] > rows - 1 || (k && pl->rows[k] <= pl->rows[k - 1]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.rows: boundary %d (%lld) is outside 1..%lld "
+                              "or not above the one before (%s has %lld rows%s%s%s; boundaries strictly "
+                              "increasing)", sd->name, k + 1, (long long)pl->rows[k], (long long)(rows - 1),
+                              ps->table, (long long)rows, first->num_key ? " (model.sizes." : "",
+                              first->num_key ? first->num_key : "", first->num_key ? ")" : "");
+    }
+    for (int k = 0; k < pl->n_shards; k++) {
+        ps->shards[k].lo = k ? pl->rows[k - 1] : 0;
+        ps->shards[k].hi = k < pl->n_rows ? pl->rows[k] : rows;
+    }
+    ps->equal = 0;
     return PS_OK;
 }
 
@@ -103,6 +124,10 @@ ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
         ps_place_stage *ps = &p->stages[s];
         snprintf(ps->name, sizeof ps->name, "%s", sd->name);
         const ps_stage_placement *pl = find_placement(c, sd->name);
+        if (pl && pl->n_rows && !pl->n_shards)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.rows: boundaries between shards, but stage "
+                              "'%s' is not sharded (add " PL "%s.shards: [SERVER, ...], or drop rows)", sd->name,
+                              sd->name, sd->name);
         if (c->n_servers == 0) {
             if (pl && pl->n_shards)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: names server '%s' but the config "
@@ -153,9 +178,21 @@ int ps_placement_shard_of(const ps_placement *p, int s, int64_t id) {
     if (s < 0 || s >= p->n_stages) return -1;
     const ps_place_stage *ps = &p->stages[s];
     if (ps->n_shards == 0 || id < 0 || id >= ps->rows) return -1;
-    /* the largest k with R*k/n <= id: floor(R*k/n) <= id <=> R*k < n*(id+1) */
-    int64_t n = ps->n_shards;
-    int k = (int)((n * (id + 1) - 1) / ps->rows);
+    int k;
+    if (ps->equal) {
+        /* the largest k with R*k/n <= id: floor(R*k/n) <= id <=> R*k < n*(id+1) */
+        int64_t n = ps->n_shards;
+        k = (int)((n * (id + 1) - 1) / ps->rows);
+    } else {
+        /* chosen ranges: the largest k with lo_k <= id (binary search; n <= PS_CONFIG_MAX_SHARDS) */
+        int a = 0, b = ps->n_shards - 1;
+        while (a < b) {
+            int m = (a + b + 1) / 2;
+            if (ps->shards[m].lo <= id) a = m;
+            else b = m - 1;
+        }
+        k = a;
+    }
     PS_ASSERT(k >= 0 && k < ps->n_shards && ps->shards[k].lo <= id && id < ps->shards[k].hi);
     return k;
 }

@@ -14,7 +14,11 @@
  * Shards: a stage placed with model.placement.<stage>.shards: [a, b, ...]
  * (n entries) keeps its first layer's table (an embedding of R rows) split
  * into contiguous ranges: shard k holds global rows [R*k/n, R*(k+1)/n)
- * (integer division; ps_shard_range). Row ids travel global: the shard's
+ * (integer division; ps_shard_range), or, with model.placement.<stage>.rows:
+ * [B1, ..., B(n-1)], [B_k, B_{k+1}) with B_0 = 0 and B_n = R (checked here:
+ * n-1 boundaries, strictly increasing, in 1..R-1). Everything that needs a
+ * shard's rows reads shards[k].lo/hi, never ps_shard_range. Row ids travel
+ * global: the shard's
  * psd maps id - lo to its local row and refuses ids outside [lo, hi).
  *
  * A plain value; no allocation.
@@ -40,6 +44,7 @@ typedef struct ps_place_stage {
     int n_shards;                      /* 0 = not sharded */
     ps_place_shard shards[PS_CONFIG_MAX_SHARDS];
     int64_t rows;                      /* sharded: rows of the table (R) */
+    int equal;                         /* sharded: 1 = ps_shard_range's split, 0 = model.placement.<stage>.rows */
     char table[64];                    /* sharded: the table's parameter name ("encoder.weight") */
 } ps_place_stage;
 
@@ -62,7 +67,8 @@ ps_status ps_placement_resolve(const ps_config *c, ps_placement *p, ps_err *err)
  * this). */
 ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err);
 
-/* Shard k of n over rows R: [R*k/n, R*(k+1)/n). */
+/* Shard k of n over rows R: [R*k/n, R*(k+1)/n) - the equal split used when
+ * a stage gives no rows; resolved stages carry their ranges in lo/hi. */
 void ps_shard_range(int64_t rows, int n, int k, int64_t *lo, int64_t *hi);
 
 /* The shard of stage s that holds global row id (0..n_shards-1), or -1

@@ -10,7 +10,8 @@
 #     on ps2, against the same model on one psd: one trainer, the same
 #     windows and seeds, dropout 0 (so the runs are comparable): the
 #     cluster's test perplexity is within 1 % of the one-psd run's and 4x
-#     below the untrained model's.
+#     below the untrained model's. The same with emb split at the row
+#     scripts/shard-rows.py chooses (model.placement.emb.rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -124,6 +125,24 @@ p4=$(ppl "$tmp/lm4.log")
 echo "LM test perplexity with emb on ps0, decoder on ps1, rnn on ps2 (fused): $p4"
 awk -v a="$p1" -v b="$p4" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
   || fail "decoder apart from rnn: test ppl $p4 is not within 1 % of one psd's $p1 (the clip norm misses a server?)"
+# emb sharded at the rows scripts/shard-rows.py chooses (equal token shares):
+# the same training, so the same perplexity as one psd
+rows=$(python3 scripts/shard-rows.py "$tmp/corpus" 2 2000 2>"$tmp/shard-rows.log" | sed -n 's/^rows: \[\([0-9]*\)\]$/\1/p')
+[ -n "$rows" ] || fail "shard-rows.py: $(cat "$tmp/shard-rows.log")"
+lb5=$(( lb + 30 ))
+sed -e "s/:$lb\"/:$lb5\"/; s/:$((lb + 1))\"/:$((lb5 + 1))\"/; s/:$((lb + 2))\"/:$((lb5 + 2))\"/" \
+    -e "s/emb: {shards: \[ps0, ps1\]}/emb: {shards: [ps0, ps1], rows: [$rows]}/" -e 's/name: it-lm/name: it-lm5/' \
+    -e "s|checkpoint_dir: $tmp/ckpt|checkpoint_dir: $tmp/ckpt5|" \
+    "$tmp/lm.yaml" >"$tmp/lm5.yaml"
+for s in 0 1 2; do start_psd l5psd$s --config "$tmp/lm5.yaml" --name ps$s; done
+timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm5.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm5.log" 2>&1 \
+  || fail "lm with emb sharded at rows [$rows]"
+grep -q "stage emb: encoder.weight sharded over ps0 rows \[0,$rows) at .*, ps1 rows \[$rows,2000) at " "$tmp/lm5.log" \
+  || fail "no placement line for the emb shards at rows [$rows]"
+p5=$(ppl "$tmp/lm5.log")
+echo "LM test perplexity with emb split at row $rows (shard-rows.py: $(tr '\n' ';' <"$tmp/shard-rows.log")): $p5"
+awk -v a="$p1" -v b="$p5" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
+  || fail "emb split at row $rows: test ppl $p5 is not within 1 % of one psd's $p1"
 status=$("$BUILD/bin/ps-train" status --config "$tmp/lm.yaml" 2>&1) || fail "ps-train status: $status"
 echo "$status"
 v2=$(grep " ps2 " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')

@@ -267,6 +267,7 @@ static void test_docs(void) {
     CHECK_MSG(fields == 7, "%d server fields", fields);
     free(text);
     CHECK(strstr(doc, "`model.placement.<stage>.shards`") != NULL);
+    CHECK(strstr(doc, "`model.placement.<stage>.rows`") != NULL);
 }
 
 /* Load text on top of defaults; expect failure with code, a message that
@@ -665,7 +666,7 @@ static const char *CLUSTER =
     "  name: rnn_lm\n"
     "  sizes: {ntoken: 1000}\n"
     "  placement:\n"
-    "    emb: {shards: [ps0, ps1/cuda:0]}\n"
+    "    emb: {shards: [ps0, ps1/cuda:0], rows: [300]}\n"
     "    decoder: ps_2/cpu\n"
     "    rnn: ps_2\n";
 
@@ -685,6 +686,7 @@ static void check_cluster_values(const ps_config *c) {
     CHECK(!strcmp(emb->stage, "emb") && emb->n_shards == 2 && !emb->server[0] && !emb->device[0]);
     CHECK(!strcmp(emb->shard_server[0], "ps0") && !strcmp(emb->shard_device[0], "cpu"));
     CHECK(!strcmp(emb->shard_server[1], "ps1") && !strcmp(emb->shard_device[1], "cuda:0"));
+    CHECK(emb->n_rows == 1 && emb->rows[0] == 300);
     CHECK(!strcmp(c->model.placement[1].stage, "decoder") && !strcmp(c->model.placement[1].server, "ps_2") &&
           !strcmp(c->model.placement[1].device, "cpu") && c->model.placement[1].n_shards == 0);
     CHECK(!strcmp(c->model.placement[2].server, "ps_2") && !strcmp(c->model.placement[2].device, "cpu"));
@@ -733,13 +735,15 @@ static void test_cluster_parse(void) {
     set_ok(&cli, "model.name", "rnn_lm");
     set_ok(&cli, "model.sizes.ntoken", "1000");
     set_ok(&cli, "model.placement.emb", "cpu");          /* replaced by the shards below */
+    set_ok(&cli, "model.placement.emb.rows", " 300 ");   /* before the shards: kept by them */
     set_ok(&cli, "model.placement.emb.shards", " ps0 , ps1/cuda:0");
     set_ok(&cli, "model.placement.decoder", "ps_2/cpu");
     set_ok(&cli, "model.placement.rnn", "ps_2");
     CHECK(memcmp(&c, &cli, sizeof c) == 0);
     /* a stage given a plain placement after shards drops the shards */
     set_ok(&cli, "model.placement.emb", "ps0/cuda:1");
-    CHECK(cli.model.placement[0].n_shards == 0 && !strcmp(cli.model.placement[0].server, "ps0") &&
+    CHECK(cli.model.placement[0].n_shards == 0 && cli.model.placement[0].n_rows == 0 &&
+          !strcmp(cli.model.placement[0].server, "ps0") &&
           !strcmp(cli.model.placement[0].device, "cuda:1") && !cli.model.placement[0].shard_server[0][0]);
     /* a setting of an existing server replaces that field only */
     set_ok(&cli, "servers.ps1.address", "127.0.0.1:50099");
@@ -793,6 +797,15 @@ static void test_cluster_bad_values(void) {
         {"model.placement.emb.shards", "ps0,,ps1", "shard 2 is empty"},
         {"model.placement.emb.shards", "ps0,cuda:0", "shard 2 'cuda:0' names no server"},
         {"model.placement.emb.shards", "ps0,ps1/tpu", "shard 2 'ps1/tpu' has no valid device"},
+        {"model.placement.emb.rows", "300,x", "model.placement.emb.rows: '300,x': boundary 2 is not a row number"},
+        {"model.placement.emb.rows", "-5", "model.placement.emb.rows: '-5': boundary 1 is not a row number"},
+        {"model.placement.emb.rows", "0,10", "model.placement.emb.rows: '0,10': boundary 1 (0) must be at least 1"},
+        {"model.placement.emb.rows", "300,300", "model.placement.emb.rows: '300,300': boundaries must be strictly "
+                                                "increasing (boundary 2, 300, follows 300)"},
+        {"model.placement.emb.rows", "300,200", "boundaries must be strictly increasing (boundary 2, 200, follows"},
+        {"model.placement.emb.rows", "300,", "model.placement.emb.rows: '300,': boundary 2 is empty"},
+        {"model.placement.emb.rows", "1,2,3,4,5,6,7,8", "model.placement.emb.rows: more than 7 boundaries"},
+        {"model.placement.emb.rows", "99999999999999999999", "boundary 1 (99999999999999999999) must be at least 1"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ps_config c, before;
@@ -892,6 +905,38 @@ static void test_cluster_checks(void) {
                        "be sharded; stage 'decoder' of model 'rnn_lm' starts with dropout");
     expect_cluster_bad("more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
                        "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)");
+    /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */
+    expect_cluster_bad("rows: too many", "model.placement.emb.rows", "1,2", NULL, NULL,
+                       "model.placement.emb.rows: 2 boundaries for 2 shards; give n-1 = 1");
+    {
+        cluster_base(&c);
+        set_ok(&c, "model.sizes.ntoken", "30");
+        set_ok(&c, "servers.ps2.address", "127.0.0.1:50063");
+        set_ok(&c, "model.placement.emb.rows", "10");
+        set_ok(&c, "model.placement.emb.shards", "ps0,ps1,ps2");
+        CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+        CONTAINS(e.msg, "model.placement.emb.rows: 1 boundary for 3 shards; give n-1 = 2 (the first row of shards "
+                        "2..3)");
+        set_ok(&c, "model.placement.emb.rows", "10,29");
+        CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+    }
+    expect_cluster_bad("rows: past the table", "model.placement.emb.rows", "3", NULL, NULL,
+                       "model.placement.emb.rows: boundary 1 (3) is outside 1..2 or not above the one before "
+                       "(encoder.weight has 3 rows (model.sizes.ntoken)");
+    expect_cluster_bad("rows without shards", "model.placement.decoder.rows", "1", NULL, NULL,
+                       "model.placement.decoder.rows: boundaries between shards, but stage 'decoder' is not sharded "
+                       "(add model.placement.decoder.shards: [SERVER, ...], or drop rows)");
+    {
+        cluster_base(&c);
+        set_ok(&c, "model.placement.emb.rows", "2");
+        ps_placement p;
+        CHECK_MSG(ps_placement_resolve(&c, &p, &e) == PS_OK, "%s", e.msg);
+        CHECK(p.stages[0].shards[0].lo == 0 && p.stages[0].shards[0].hi == 2 && p.stages[0].shards[1].lo == 2 &&
+              p.stages[0].shards[1].hi == 3);
+        set_ok(&c, "model.placement.emb.rows", "");     /* empty: the equal split again */
+        CHECK_MSG(ps_placement_resolve(&c, &p, &e) == PS_OK, "%s", e.msg);
+        CHECK(p.stages[0].shards[0].hi == 1 && c.model.placement[0].n_rows == 0);
+    }
     expect_cluster_bad("duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
                        "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'");
     expect_cluster_bad("duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen",
@@ -930,6 +975,11 @@ static void test_cluster_checks(void) {
     set_ok(&c, "model.placement.emb.shards", "a,b");
     CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
     CONTAINS(e.msg, "model.placement.emb.shards: names server 'a' but the config defines no servers");
+    ps_config_defaults(&c);
+    set_ok(&c, "model.name", "rnn_lm");
+    set_ok(&c, "model.placement.emb.rows", "100");
+    CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.placement.emb.rows: boundaries between shards, but stage 'emb' is not sharded");
     /* the single-server form passes as before, sync included */
     ps_config_defaults(&c);
     set_ok(&c, "model.placement.fc", "cuda:0");

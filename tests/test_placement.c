@@ -95,6 +95,71 @@ static void test_shard_of(void) {
     CHECK_MSG(bad == 0, "%d disagreements", bad);
 }
 
+/* model.placement.emb.rows: chosen boundaries (pseudo-random, strictly
+ * increasing in 1..R-1) tile [0, R) as given, and shard_of agrees with
+ * lo/hi for every id. */
+static void test_chosen_rows(void) {
+    int bad = 0, cases = 0;
+    uint64_t x = 88172645463325252ull;
+    for (int64_t R = 2; R <= 80; R++)
+        for (int n = 2; n <= 8 && n <= R; n++)
+            for (int rep = 0; rep < 4; rep++) {
+                /* n-1 distinct boundaries from 1..R-1, sorted */
+                int64_t b[8];
+                int nb = 0;
+                for (int64_t v = 1; v < R && nb < n - 1; v++) {
+                    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                    /* take v with probability (needed)/(left) */
+                    if ((int64_t)(x % (uint64_t)(R - v)) < (n - 1 - nb)) b[nb++] = v;
+                }
+                if (nb != n - 1) { bad++; continue; }
+                char list[256] = "";
+                for (int k = 0; k < nb; k++) {
+                    size_t o = strlen(list);
+                    snprintf(list + o, sizeof list - o, "%s%lld", k ? "," : "", (long long)b[k]);
+                }
+                ps_config c;
+                ps_placement p;
+                ps_err e;
+                ps_err_clear(&e);
+                lm_sharded(&c, n, R);
+                set(&c, "model.placement.emb.rows", list);
+                if (ps_placement_resolve(&c, &p, &e) != PS_OK) {
+                    CHECK_MSG(0, "R=%lld n=%d rows %s: %s", (long long)R, n, list, e.msg);
+                    continue;
+                }
+                cases++;
+                const ps_place_stage *ps = &p.stages[0];
+                int64_t next = 0;
+                for (int k = 0; k < n; k++) {
+                    if (ps->shards[k].lo != next || ps->shards[k].hi <= ps->shards[k].lo) bad++;
+                    if (k < n - 1 && ps->shards[k].hi != b[k]) bad++;
+                    next = ps->shards[k].hi;
+                }
+                if (next != R) bad++;
+                for (int64_t id = 0; id < R; id++) {
+                    int k = ps_placement_shard_of(&p, 0, id);
+                    if (k < 0 || k >= n || !(ps->shards[k].lo <= id && id < ps->shards[k].hi)) bad++;
+                }
+                if (ps_placement_shard_of(&p, 0, -1) != -1 || ps_placement_shard_of(&p, 0, R) != -1) bad++;
+            }
+    CHECK(cases > 1500);
+    CHECK_MSG(bad == 0, "%d disagreements over %d cases", bad, cases);
+    /* the boundaries a user gives for a skewed vocabulary: a small first shard */
+    ps_config c;
+    ps_placement p;
+    ps_err e;
+    ps_err_clear(&e);
+    lm_sharded(&c, 3, 2000);
+    set(&c, "model.placement.emb.rows", "12, 140");
+    CHECK_MSG(ps_placement_resolve(&c, &p, &e) == PS_OK, "%s", e.msg);
+    CHECK(p.stages[0].shards[0].hi == 12 && p.stages[0].shards[1].lo == 12 && p.stages[0].shards[1].hi == 140 &&
+          p.stages[0].shards[2].lo == 140 && p.stages[0].shards[2].hi == 2000);
+    CHECK(ps_placement_shard_of(&p, 0, 11) == 0 && ps_placement_shard_of(&p, 0, 12) == 1 &&
+          ps_placement_shard_of(&p, 0, 139) == 1 && ps_placement_shard_of(&p, 0, 140) == 2 &&
+          ps_placement_shard_of(&p, 0, 1999) == 2);
+}
+
 /* No servers: one implicit server hosting every stage on its device. */
 static void test_single_server(void) {
     ps_config c;
@@ -199,6 +264,7 @@ static void test_lm_sharded(void) {
 int main(void) {
     test_ranges();
     test_shard_of();
+    test_chosen_rows();
     test_single_server();
     test_mnist_two_servers();
     test_lm_sharded();
