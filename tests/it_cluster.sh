@@ -134,7 +134,7 @@ sed -e "s/:$lb\"/:$lb5\"/; s/:$((lb + 1))\"/:$((lb5 + 1))\"/; s/:$((lb + 2))\"/:
     -e "s/emb: {shards: \[ps0, ps1\]}/emb: {shards: [ps0, ps1], rows: [$rows]}/" -e 's/name: it-lm/name: it-lm5/' \
     -e "s|checkpoint_dir: $tmp/ckpt|checkpoint_dir: $tmp/ckpt5|" \
     "$tmp/lm.yaml" >"$tmp/lm5.yaml"
-for s in 0 1 2; do start_psd l5psd$s --config "$tmp/lm5.yaml" --name ps$s; done
+for s in 0 1 2; do start_psd l5psd$s --config "$tmp/lm5.yaml" --name ps$s; l5pid[$s]=$!; done
 timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm5.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm5.log" 2>&1 \
   || fail "lm with emb sharded at rows [$rows]"
 grep -q "stage emb: encoder.weight sharded over ps0 rows \[0,$rows) at .*, ps1 rows \[$rows,2000) at " "$tmp/lm5.log" \
@@ -143,6 +143,19 @@ p5=$(ppl "$tmp/lm5.log")
 echo "LM test perplexity with emb split at row $rows (shard-rows.py: $(tr '\n' ';' <"$tmp/shard-rows.log")): $p5"
 awk -v a="$p1" -v b="$p5" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
   || fail "emb split at row $rows: test ppl $p5 is not within 1 % of one psd's $p1"
+# its parts (ps0 rows [0,rows), ps1 [rows,2000)) merge into the whole table PyTorch evaluates alike
+for s in 0 1 2; do kill -TERM "${l5pid[$s]}"; wait "${l5pid[$s]}" || fail "lm5 ps$s did not stop cleanly"; done
+parts5=()
+for s in 0 1 2; do parts5+=("$(ls "$tmp"/ckpt5/ps$s/ckpt-*.safetensors 2>/dev/null | grep -v optim | tail -n 1)"); done
+"$BUILD/bin/ps-ckpt" merge --allow-mixed-versions -o "$tmp/merged5.safetensors" "${parts5[@]}" >"$tmp/merge5.log" 2>&1 ||
+  fail "ps-ckpt merge (rows [$rows]): $(cat "$tmp/merge5.log")"
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  out=$(/usr/bin/python3 tests/lm_check.py "$tmp/merged5.safetensors" "$tmp/corpus" 2 20) || fail "PyTorch (rows [$rows]): $out"
+  tp5=$(sed 's/.*ppl \([0-9.]*\)$/\1/' <<<"$out")
+  awk -v a="$tp5" -v b="$p5" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }' ||
+    fail "PyTorch test ppl $tp5 of the parts split at row $rows vs the cluster's $p5"
+  echo "parts split at row $rows merged and loaded into PyTorch: ppl $tp5"
+fi
 status=$("$BUILD/bin/ps-train" status --config "$tmp/lm.yaml" 2>&1) || fail "ps-train status: $status"
 echo "$status"
 v2=$(grep " ps2 " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')
