@@ -167,22 +167,13 @@ typedef struct lm_job {
     uint64_t seed;
 } lm_job;
 
-static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
-    lm_job *j = arg;
+/* The LSTM forward of job j's window over its embeddings j->e, dropout
+ * between layers (masks drawn from j->seed, kept for the backward); the
+ * output is j->y[nlayers - 1]. */
+static ps_status lstm_window_forward(lm_job *j, ps_err *err) {
     lm_task *t = j->t;
-    ps_client *cl = j->env->cl;
-    const int64_t T = j->T, N = j->N, H = t->nhid, V = t->ntoken;
-    uint32_t rank = (uint32_t)j->env->rank;
+    const int64_t T = j->T, N = j->N, H = t->nhid;
     ps_status st;
-    /* 1. embedding (psd) */
-    ps_client_fwd f = {.ctx = ctx, .seq = 0, .rank = rank, .train = 1, .stage = "emb",
-                       .input = {PS_CLIENT_I64, 2, {T, N}, j->ids}};
-    ps_client_fwd_out fo = {.out = j->e, .out_cap = T * N * t->ninp};
-    if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
-    *kept = 1;
-    /* 2. the LSTM's weights when psd's version moved on */
-    if ((!t->have_w || fo.version != t->w_version) && (st = pull_weights(t, cl, err))) return st;
-    /* 3. the LSTM here, dropout between layers */
     ps_rng rng;
     ps_rng_seed(&rng, j->seed);
     const float *x = j->e;
@@ -202,6 +193,76 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         }
         x = j->y[k];
     }
+    return PS_OK;
+}
+
+/* The LSTM backward from d loss / d output in j->dy: the weights' gradients
+ * into t->g (zeroed first), d loss / d embeddings into j->e (the
+ * embedding's output is not needed any more: reused). */
+static ps_status lstm_window_backward(lm_job *j, ps_err *err) {
+    lm_task *t = j->t;
+    const int64_t T = j->T, N = j->N, H = t->nhid;
+    ps_status st;
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
+    float *dy = j->dy;
+    for (int k = t->nlayers - 1; k >= 0; k--) {
+        ps_lstm *l;
+        ps_lstm_weights w = weights_of(t, k);
+        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
+        float *dx = k ? j->dx : j->e;
+        if ((st = lstm_get(t, k, T, N, &l, err)) ||
+            (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
+            return st;
+        if (k) {
+            if (t->dropout > 0)
+                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
+            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
+            dy = j->dy;
+        }
+    }
+    return PS_OK;
+}
+
+/* The LSTM's gradients t->g as PushGradients items named as the state_dict
+ * ("rnn.weight_ih_l0", ...); names is their storage. */
+static void rnn_grad_items(const lm_task *t, ps_wire_named *items, char (*names)[32]) {
+    const int64_t H = t->nhid;
+    for (int k = 0; k < t->nlayers; k++)
+        for (int q = 0; q < 4; q++) {
+            ps_wire_named *it = &items[k * 4 + q];
+            snprintf(names[k * 4 + q], 32, "rnn.%s_l%d", pnames[q], k);
+            *it = (ps_wire_named){.name = names[k * 4 + q], .ndim = q < 2 ? 2 : 1, .data = t->g[k][q]};
+            it->dims[0] = 4 * H;
+            if (q < 2) it->dims[1] = q == 0 ? (k ? H : t->ninp) : H;
+        }
+}
+
+/* clip_grad_norm_(clip) for the global squared norm, times the lr schedule,
+ * as the one scale every Step of the window gets. */
+static double clip_scale(const lm_task *t, double sq_norm) {
+    double norm = sqrt(sq_norm), coef = t->clip / (norm + 1e-6);
+    return (coef < 1 ? coef : 1.0) * (t->lr / t->lr0);
+}
+
+static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
+    lm_job *j = arg;
+    lm_task *t = j->t;
+    ps_client *cl = j->env->cl;
+    const int64_t T = j->T, N = j->N, H = t->nhid, V = t->ntoken;
+    uint32_t rank = (uint32_t)j->env->rank;
+    ps_status st;
+    /* 1. embedding (psd) */
+    ps_client_fwd f = {.ctx = ctx, .seq = 0, .rank = rank, .train = 1, .stage = "emb",
+                       .input = {PS_CLIENT_I64, 2, {T, N}, j->ids}};
+    ps_client_fwd_out fo = {.out = j->e, .out_cap = T * N * t->ninp};
+    if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
+    *kept = 1;
+    /* 2. the LSTM's weights when psd's version moved on */
+    if ((!t->have_w || fo.version != t->w_version) && (st = pull_weights(t, cl, err))) return st;
+    /* 3. the LSTM here, dropout between layers */
+    if ((st = lstm_window_forward(j, err))) return st;
+    const float *x = j->y[t->nlayers - 1];
     /* 4. decoder (psd) and the loss here */
     f = (ps_client_fwd){.ctx = ctx, .seq = 1, .rank = rank, .train = 1, .stage = "decoder",
                         .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
@@ -225,43 +286,18 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
     }
     /* 5. backward: the LSTM, the embedding */
-    for (int k = 0; k < t->nlayers; k++)
-        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
-    float *dy = j->dy;
-    for (int k = t->nlayers - 1; k >= 0; k--) {
-        ps_lstm *l;
-        ps_lstm_weights w = weights_of(t, k);
-        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
-        float *dx = k ? j->dx : j->e; /* the embedding's output is not needed any more: reuse it */
-        if ((st = lstm_get(t, k, T, N, &l, err)) ||
-            (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
-            return st;
-        if (k) {
-            if (t->dropout > 0)
-                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
-            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
-            dy = j->dy;
-        }
-    }
+    if ((st = lstm_window_backward(j, err))) return st;
     gt = (ps_client_tensor){PS_CLIENT_F32, 3, {T, N, t->ninp}, j->e};
     b = (ps_client_bwd){.ctx = ctx, .n = 1, .seqs = &seq0, .grads = &gt};
     if ((st = ps_client_backward_ex(cl, &b, NULL, err))) return st;
     /* 6. the LSTM's gradients into the context; the global norm back */
     ps_wire_named items[LM_MAX_LAYERS * 4];
     char names[LM_MAX_LAYERS * 4][32];
-    for (int k = 0; k < t->nlayers; k++)
-        for (int q = 0; q < 4; q++) {
-            ps_wire_named *it = &items[k * 4 + q];
-            snprintf(names[k * 4 + q], sizeof names[0], "rnn.%s_l%d", pnames[q], k);
-            *it = (ps_wire_named){.name = names[k * 4 + q], .ndim = q < 2 ? 2 : 1, .data = t->g[k][q]};
-            it->dims[0] = 4 * H;
-            if (q < 2) it->dims[1] = q == 0 ? (k ? H : t->ninp) : H;
-        }
+    rnn_grad_items(t, items, names);
     if ((st = ps_client_push_gradients(cl, ctx, rank, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
         return st;
     /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
-    double norm = sqrt(j->sq_norm), coef = t->clip / (norm + 1e-6);
-    j->scale = (coef < 1 ? coef : 1.0) * (t->lr / t->lr0);
+    j->scale = clip_scale(t, j->sq_norm);
     ps_client_step_out so;
     if ((st = ps_client_step_scaled(cl, ctx, 0, (float)j->scale, &so, err))) return st;
     j->version = so.version;
@@ -360,25 +396,8 @@ static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
     ps_status st;
     if ((st = emb_forward_multi(t, env, b, j->ids, T, N, j->e, err))) return st;
     if ((st = pull_weights_multi(t, env, err))) return st;
-    ps_rng rng;
-    ps_rng_seed(&rng, j->seed);
-    const float *x = j->e;
-    for (int k = 0; k < t->nlayers; k++) {
-        ps_lstm *l;
-        ps_lstm_weights w = weights_of(t, k);
-        if ((st = lstm_get(t, k, T, N, &l, err)) ||
-            (st = ps_lstm_forward(l, &w, x, t->h + k * N * H, t->c + k * N * H, j->y[k], j->h1 + k * N * H,
-                                  j->c1 + k * N * H, err)))
-            return st;
-        if (k < t->nlayers - 1 && t->dropout > 0) {
-            float keep = (float)(1.0 - t->dropout), sc = 1.0f / keep;
-            for (int64_t i = 0; i < T * N * H; i++) {
-                j->mask[k][i] = ps_rng_uniform(&rng) < keep ? sc : 0.0f;
-                j->y[k][i] *= j->mask[k][i];
-            }
-        }
-        x = j->y[k];
-    }
+    if ((st = lstm_window_forward(j, err))) return st;
+    const float *x = j->y[t->nlayers - 1];
     ps_client_fwd f = {.seq = 1, .rank = rank, .stage = "decoder", .input = {PS_CLIENT_F32, 3, {T, N, H}, x}};
     ps_client_fwd_out fo;
     if (t->fused) {
@@ -397,40 +416,15 @@ static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
         ps_client_bwd bw = {.n = 1, .seqs = &seq1, .grads = &gt, .input_grads = ig, .input_caps = cap};
         if ((st = ps_cluster_backward(b, t->s_dec, &bw, err))) return st;
     }
-    for (int k = 0; k < t->nlayers; k++)
-        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
-    float *dy = j->dy;
-    for (int k = t->nlayers - 1; k >= 0; k--) {
-        ps_lstm *l;
-        ps_lstm_weights w = weights_of(t, k);
-        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
-        float *dx = k ? j->dx : j->e;
-        if ((st = lstm_get(t, k, T, N, &l, err)) ||
-            (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
-            return st;
-        if (k) {
-            if (t->dropout > 0)
-                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
-            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
-            dy = j->dy;
-        }
-    }
+    if ((st = lstm_window_backward(j, err))) return st;
     if ((st = emb_backward_multi(t, env, b, j->ids, T, N, j->e, err))) return st;
     ps_wire_named items[LM_MAX_LAYERS * 4];
     char names[LM_MAX_LAYERS * 4][32];
-    for (int k = 0; k < t->nlayers; k++)
-        for (int q = 0; q < 4; q++) {
-            ps_wire_named *it = &items[k * 4 + q];
-            snprintf(names[k * 4 + q], sizeof names[0], "rnn.%s_l%d", pnames[q], k);
-            *it = (ps_wire_named){.name = names[k * 4 + q], .ndim = q < 2 ? 2 : 1, .data = t->g[k][q]};
-            it->dims[0] = 4 * H;
-            if (q < 2) it->dims[1] = q == 0 ? (k ? H : t->ninp) : H;
-        }
+    rnn_grad_items(t, items, names);
     if ((st = ps_cluster_push_gradients(b, t->s_rnn, items, (size_t)(4 * t->nlayers), err))) return st;
     /* clip_grad_norm_ over every server's part of the model, one scale for all Steps */
     j->sq_norm = ps_cluster_batch_sq_norm(b);
-    double norm = sqrt(j->sq_norm), coef = t->clip / (norm + 1e-6);
-    j->scale = (coef < 1 ? coef : 1.0) * (t->lr / t->lr0);
+    j->scale = clip_scale(t, j->sq_norm);
     b->grad_scale = (float)j->scale;
     return PS_OK;
 }
