@@ -170,6 +170,7 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
     if (fused) {
         req.has_targets = true;
         bind_tensor(&req.targets, &f->targets);
+        req.want_grad_sq_norm = f->want_sq_norm != 0;
     }
     ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
     ps_wire_tensor_in in;

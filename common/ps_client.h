@@ -61,6 +61,7 @@ typedef struct ps_client_fwd {
     const char *stage, *last_stage;  /* NULL or "" = see proto/ps.proto */
     ps_client_tensor input;
     ps_client_tensor targets;  /* data != NULL: the fused loss (ForwardRequest.targets, int64) */
+    int want_sq_norm;          /* with targets: ask for the context's gradient norm (fwd_out.sq_norm) */
 } ps_client_fwd;
 
 typedef struct ps_client_fwd_out {
@@ -74,7 +75,7 @@ typedef struct ps_client_fwd_out {
     double loss;
     float *input_grad;
     int64_t input_grad_cap;
-    double sq_norm;            /* with targets: the context's gradient norm squared after it */
+    double sq_norm;            /* with targets and want_sq_norm: the context's gradient norm squared after it */
 } ps_client_fwd_out;
 
 /* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit

@@ -565,7 +565,9 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
         if (!st) st = backward_one(s, c, req->seq, &gt, logits, (size_t)(n * outper) * sizeof(float),
                                    isfinite(resp.loss), "ForwardRequest.targets", gin, err);
         if (st) goto out;
-        if (c->grads && (st = ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, err))) goto out;
+        if (req->want_grad_sq_norm && c->grads &&
+            (st = ps_grads_sq_norm(s->model, c->grads, &resp.grad_sq_norm, err)))
+            goto out;
         size_t tb = 0;
         for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
         ps_ctx_table_account(s->ctx, c, (c->grads ? ps_grads_bytes(c->grads) : 0) + tb);

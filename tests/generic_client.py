@@ -242,7 +242,7 @@ def test_lm(stub, lr):
                                                             stage="decoder", targets=tensor(tg + 1, I64))),
                  grpc.StatusCode.INVALID_ARGUMENT, "targets[1]", "50")
     ff = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx4, seq=0, train=True, trainer_rank=1, input=tensor(hf),
-                                            stage="decoder", targets=tensor(tg, I64)))
+                                            stage="decoder", targets=tensor(tg, I64), want_grad_sq_norm=True))
     z = (hf.reshape(-1, 8).astype(np.float64) @ dec5.T + b5)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)

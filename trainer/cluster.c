@@ -214,6 +214,7 @@ ps_status ps_cluster_forward(ps_cluster_batch *b, int server, ps_client_fwd *f, 
     touch(b, server);
     f->ctx = b->ctx;
     f->train = 1;
+    f->want_sq_norm = f->targets.data != NULL;  /* fused loss: the backward runs here, its norm is needed */
     ps_status st = ps_client_forward_ex(b->cluster->cl[server], f, o, err);
     if (st) return ps_err_prefix(err, "%s", b->cluster->name[server]);
     if (f->targets.data) b->sq_norm[server] = o->sq_norm;  /* fused loss: the backward ran here */
