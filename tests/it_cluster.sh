@@ -107,6 +107,30 @@ timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm.yaml" "${targs[@]}" --max
 grep -q "stage emb: encoder.weight sharded over ps0 rows \[0,1000) at .*, ps1 rows \[1000,2000) at " "$tmp/lm3.log" \
   || fail "no placement line for the emb shards"
 ppl() { grep 'End of training' "$1" | sed 's/.*| test ppl *\([0-9.]*\) .*/\1/'; }
+# stop_merge_check LABEL CKDIR PPL PID...: SIGTERM the three servers (each
+# writes its checkpoint part), ps-ckpt merge the parts, and PyTorch's RNNModel
+# (strict load) must give the cluster's test perplexity PPL to 1e-3.
+stop_merge_check() {
+  local label=$1 ckdir=$2 want=$3 k f out tp parts=()
+  shift 3
+  for k in 0 1 2; do kill -TERM "${@:k+1:1}"; wait "${@:k+1:1}" || fail "$label: ps$k did not stop cleanly"; done
+  for k in 0 1 2; do
+    f=$(ls "$ckdir"/ps$k/ckpt-*.safetensors 2>/dev/null | grep -v optim | tail -n 1)
+    [ -n "$f" ] || fail "$label: no checkpoint part from ps$k"
+    parts+=("$f")
+  done
+  "$BUILD/bin/ps-ckpt" merge --allow-mixed-versions -o "$ckdir/merged.safetensors" "${parts[@]}" >"$ckdir/merge.log" 2>&1 ||
+    fail "$label: ps-ckpt merge: $(cat "$ckdir/merge.log")"
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    out=$(/usr/bin/python3 tests/lm_check.py "$ckdir/merged.safetensors" "$tmp/corpus" 2 20) || fail "$label: PyTorch: $out"
+    tp=$(sed 's/.*ppl \([0-9.]*\)$/\1/' <<<"$out")
+    echo "$label in PyTorch RNNModel (strict): $out"
+    awk -v a="$tp" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }' ||
+      fail "$label: PyTorch test ppl $tp vs the cluster's $want"
+  else
+    echo "note: python3-torch not installed: $label not loaded into PyTorch"
+  fi
+}
 p0=$(ppl "$tmp/lm0.log"); p1=$(ppl "$tmp/lm1.log"); p3=$(ppl "$tmp/lm3.log")
 echo "LM test perplexity: untrained $p0, 60 windows on one psd $p1, emb sharded over ps0/ps1 + ps2 $p3"
 awk -v a="$p1" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
@@ -144,18 +168,7 @@ echo "LM test perplexity with emb split at row $rows (shard-rows.py: $(tr '\n' '
 awk -v a="$p1" -v b="$p5" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * a) }' \
   || fail "emb split at row $rows: test ppl $p5 is not within 1 % of one psd's $p1"
 # its parts (ps0 rows [0,rows), ps1 [rows,2000)) merge into the whole table PyTorch evaluates alike
-for s in 0 1 2; do kill -TERM "${l5pid[$s]}"; wait "${l5pid[$s]}" || fail "lm5 ps$s did not stop cleanly"; done
-parts5=()
-for s in 0 1 2; do parts5+=("$(ls "$tmp"/ckpt5/ps$s/ckpt-*.safetensors 2>/dev/null | grep -v optim | tail -n 1)"); done
-"$BUILD/bin/ps-ckpt" merge --allow-mixed-versions -o "$tmp/merged5.safetensors" "${parts5[@]}" >"$tmp/merge5.log" 2>&1 ||
-  fail "ps-ckpt merge (rows [$rows]): $(cat "$tmp/merge5.log")"
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  out=$(/usr/bin/python3 tests/lm_check.py "$tmp/merged5.safetensors" "$tmp/corpus" 2 20) || fail "PyTorch (rows [$rows]): $out"
-  tp5=$(sed 's/.*ppl \([0-9.]*\)$/\1/' <<<"$out")
-  awk -v a="$tp5" -v b="$p5" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }' ||
-    fail "PyTorch test ppl $tp5 of the parts split at row $rows vs the cluster's $p5"
-  echo "parts split at row $rows merged and loaded into PyTorch: ppl $tp5"
-fi
+stop_merge_check "parts split at row $rows" "$tmp/ckpt5" "$p5" "${l5pid[@]}"
 status=$("$BUILD/bin/ps-train" status --config "$tmp/lm.yaml" 2>&1) || fail "ps-train status: $status"
 echo "$status"
 v2=$(grep " ps2 " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')
@@ -166,22 +179,5 @@ for s in ps0 ps1; do
 done
 # Each server checkpoints its part on SIGTERM; ps-ckpt merges them into one
 # state_dict that PyTorch's RNNModel loads strict, with the same test loss.
-for s in 0 1 2; do kill -TERM "${lpid[$s]}"; wait "${lpid[$s]}" || fail "lm ps$s did not stop cleanly"; done
-parts=()
-for s in 0 1 2; do
-  f=$(ls "$tmp"/ckpt/ps$s/ckpt-*.safetensors 2>/dev/null | grep -v optim | tail -n 1)
-  [ -n "$f" ] || fail "no checkpoint part from ps$s"
-  parts+=("$f")
-done
-"$BUILD/bin/ps-ckpt" merge --allow-mixed-versions -o "$tmp/merged.safetensors" "${parts[@]}" >"$tmp/merge.log" 2>&1 ||
-  fail "ps-ckpt merge: $(cat "$tmp/merge.log")"
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  out=$(/usr/bin/python3 tests/lm_check.py "$tmp/merged.safetensors" "$tmp/corpus" 2 20) || fail "PyTorch: $out"
-  tp=$(sed 's/.*ppl \([0-9.]*\)$/\1/' <<<"$out")
-  echo "merged checkpoint of ps0+ps1 (emb shards) and ps2 in PyTorch RNNModel (strict): $out"
-  awk -v a="$tp" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }' ||
-    fail "PyTorch test ppl $tp vs the cluster's $p3"
-else
-  echo "note: python3-torch not installed: merged checkpoint not loaded into PyTorch"
-fi
+stop_merge_check "merged checkpoint of ps0+ps1 (emb shards) and ps2" "$tmp/ckpt" "$p3" "${lpid[@]}"
 echo "it_cluster: MNIST over two servers and the sharded LM over three: OK"
