@@ -53,6 +53,8 @@ static void usage(FILE *f, const ps_task *task) {
             "      --seed N             shuffling seed; each rank adds its rank (trainer.seed)\n"
             "      --fuse-step          send Backward and Step as one RPC\n"
             "      --max-batches N      stop each epoch after N rounds (quick runs)\n"
+            "      --no-eval            skip the task's final evaluation (test set, perplexities, greedy\n"
+            "                           policy): benchmarks\n"
             "      --wait-s S           wait up to S seconds for psd to come up (default 30)\n"
             "      --status             print psd's status (model version, contexts, counters) and exit\n"
             "      --set KEY=VALUE      override any config key\n"
@@ -99,6 +101,7 @@ static int print_status(ps_client *cl, ps_err *err) {
 /* The common options, after the task's name. */
 typedef struct train_opts {
     long rank, max_rounds, wait_s;
+    int no_eval;            /* --no-eval: skip task->evaluate */
     int fuse, status_only;
 } train_opts;
 
@@ -156,6 +159,7 @@ static int parse_args(const ps_task *task, void *t, int argc, char **argv, int f
         if (tf > 0) continue;
         if (!strcmp(a, "--status")) { o->status_only = 1; continue; }
         else if (!strcmp(a, "--fuse-step")) { o->fuse = 1; continue; }
+        else if (!strcmp(a, "--no-eval")) { o->no_eval = 1; continue; }
         else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         else if ((v = ps_cli_value(argc, argv, &i, "--rank", "-r", &missing))) {
             if (parse_long("--rank", v, 1, 1023, &o->rank)) return 2;
@@ -240,7 +244,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     printf("Rank %ld: %ld samples in %.1f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
     if (rt.total) printf("Rank %ld: %ld RPC retries\n", rank, rt.total);
     fflush(stdout);
-    if (task->evaluate(t, env, &err)) goto fail;
+    if (!o->no_eval && task->evaluate(t, env, &err)) goto fail;
     return 0;
 fail:
     if (tty) fprintf(stderr, "\r\033[K");

@@ -61,7 +61,6 @@ typedef struct lm_task {
     int bptt;                   /* --bptt */
     int eval_only;              /* --eval-only */
     int fused;                  /* --decoder fused (1) or logits (0) */
-    int no_eval;                /* --no-eval */
     int threads;                /* --threads: the LSTM's oneDNN threads */
     double clip;                /* --clip */
     ps_lstm_impl impl;          /* --lstm */
@@ -537,10 +536,6 @@ static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_
         t->threads = (int)v;
         return PS_OK;
     }
-    if (!strcmp(flag, "--no-eval")) {
-        t->no_eval = 1;
-        return PS_OK;
-    }
     if (!strcmp(flag, "--eval-only")) {
         t->eval_only = 1;
         return PS_OK;
@@ -738,7 +733,6 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
 static ps_status lm_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
     lm_task *t = arg;
     ps_status st;
-    if (t->no_eval) return PS_OK;
     if (!t->h && (st = lm_connect(t, env, err))) return st;
     if ((st = lm_validate(t, env, t->epoch_seen, err))) return st;
     double tl;
@@ -765,7 +759,6 @@ static const ps_task_flag lm_flags[] = {
     {"--lstm", NULL, "IMPL", NULL, "the trainer's LSTM: dnnl (oneDNN) or ref (plain C)"},
     {"--threads", NULL, "N", NULL, "oneDNN threads of the LSTM here (1; 0 = OpenMP's default, every CPU)"},
     {"--eval-only", NULL, NULL, NULL, "no training: validation and test perplexity of psd's weights"},
-    {"--no-eval", NULL, NULL, NULL, "skip the final validation and test passes (benchmarks)"},
     {"--decoder", NULL, "MODE", NULL, "fused (psd computes the loss; default) or logits (the tutorial's: logits here)"},
     {0},
 };

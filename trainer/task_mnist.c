@@ -30,7 +30,6 @@
 
 typedef struct mnist_task {
     int shard;                 /* --shard */
-    int no_eval;               /* --no-eval */
     ps_mnist train, test;
     uint32_t first, ntrain;    /* this rank's training indices: first .. first+ntrain-1 */
     uint32_t *order;           /* (ntrain) this epoch's order */
@@ -250,10 +249,6 @@ static ps_status mnist_set_flag(void *arg, const char *flag, const char *value, 
         t->shard = 1;
         return PS_OK;
     }
-    if (!strcmp(flag, "--no-eval")) {
-        t->no_eval = 1;
-        return PS_OK;
-    }
     return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "mnist: unknown flag '%s'", flag);
 }
 
@@ -365,7 +360,6 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
 /* Test-set accuracy with the server's current weights. */
 static ps_status mnist_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
     mnist_task *t = arg;
-    if (t->no_eval) return PS_OK;
     const int k = MNIST_CLASSES;
     long correct = 0;
     ps_status st;
@@ -410,7 +404,6 @@ static const ps_task_flag mnist_flags[] = {
     {"--check-gradients", NULL, NULL, "trainer.check_gradients",
      "fetch each batch's gradients and verify them (trainer.check_gradients)"},
     {"--shard", NULL, NULL, NULL, "train on this rank's 1/(world_size-1) share of the data"},
-    {"--no-eval", NULL, NULL, NULL, "skip the test-set evaluation at the end (benchmarks)"},
     {0},
 };
 
