@@ -31,10 +31,10 @@ hz=$(getconf CLK_TCK)
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-metric() {  # port name{labels} -> value
+msg_bytes() {  # port -> psd_message_bytes_total, received + sent, from one scrape
   local v
   v=$(exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3) || true
-  awk -v k="$2" '$1 == k { print $2 }' <<<"$v" | head -n 1
+  awk '$1 ~ /^psd_message_bytes_total\{/ { s += $2 } END { printf "%.0f", s }' <<<"$v"
 }
 
 # layout NAME BASECONFIG "placement flags..." SERVERS  then the trainer command after --
@@ -62,7 +62,7 @@ layout() {
   done
   local b0=() c0=()
   for k in $(seq 0 $((n - 1))); do
-    b0[$k]=$(( $(metric "${mports[$k]}" 'psd_message_bytes_total{dir="received"}') + $(metric "${mports[$k]}" 'psd_message_bytes_total{dir="sent"}') ))
+    b0[$k]=$(msg_bytes "${mports[$k]}")
     c0[$k]=$(cpu_ticks "${spids[$k]}")
   done
   local tp=() r
@@ -78,7 +78,7 @@ layout() {
   local worst=0
   for k in $(seq 0 $((n - 1))); do
     local b1 c1 bytes cpu
-    b1=$(( $(metric "${mports[$k]}" 'psd_message_bytes_total{dir="received"}') + $(metric "${mports[$k]}" 'psd_message_bytes_total{dir="sent"}') ))
+    b1=$(msg_bytes "${mports[$k]}")
     c1=$(cpu_ticks "${spids[$k]}")
     bytes=$(( (b1 - b0[k]) / total ))
     cpu=$(awk -v a="${c0[$k]}" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN { printf "%.4f", (b - a) / hz / n }')
