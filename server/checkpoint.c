@@ -203,6 +203,62 @@ static int part_meta(ps_model *m, const ps_ckpt_ident *id, const char **kv, int 
     return 1;
 }
 
+/* ---- the finished-context records (psd.settle) ---------------------------- */
+
+void ps_ckpt_settle_free(ps_ckpt_settle *s) {
+    if (!s) return;
+    free(s->rec);
+    *s = (ps_ckpt_settle){0};
+}
+
+/* "<id, 16 hex>:<version>[s|d]" separated by single spaces, oldest first;
+ * NULL when out of memory. */
+static char *settle_encode(const ps_ctx_finished *r, size_t n) {
+    size_t cap = n * 40 + 1, o = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%016" PRIx64 ":%" PRIu64 "%s", i ? " " : "", r[i].id,
+                              r[i].version, r[i].how == PS_CTX_SKIPPED ? "s" : r[i].how == PS_CTX_DROPPED ? "d" : "");
+    return buf;
+}
+
+/* Strictly the format above; every version <= max_version, at most
+ * PS_CKPT_SETTLE_MAX records. */
+static ps_status settle_decode(const char *path, const char *s, uint64_t max_version, ps_ckpt_settle *out,
+                               ps_err *err) {
+    size_t n = *s ? 1 : 0;
+    for (const char *p = s; *p; p++) n += *p == ' ';
+    if (n > PS_CKPT_SETTLE_MAX)
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle holds %zu records (at most %d)", path, n,
+                          PS_CKPT_SETTLE_MAX);
+    ps_ctx_finished *r = n ? malloc(n * sizeof *r) : NULL;
+    if (n && !r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory reading psd.settle", path);
+    const char *p = s;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        size_t hex = strspn(p, "0123456789abcdef");
+        if (hex != 16 || p[16] != ':' || p[17] < '0' || p[17] > '9') goto bad;
+        r[i].id = strtoull(p, NULL, 16);
+        errno = 0;
+        r[i].version = strtoull(p + 17, &end, 10);
+        if (errno || end - (p + 17) > 20 || r[i].version > max_version) goto bad;
+        r[i].how = *end == 's' ? PS_CTX_SKIPPED : *end == 'd' ? PS_CTX_DROPPED : PS_CTX_APPLIED;
+        if (*end == 's' || *end == 'd') end++;
+        if (i + 1 < n ? *end != ' ' : *end != '\0') goto bad;
+        p = end + 1;
+        continue;
+    bad:
+        free(r);
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle: record %zu is not <16 hex digits>:<version "
+                          "<= %" PRIu64 ">[s|d]", path, i, max_version);
+    }
+    out->rec = r;
+    out->n = n;
+    return PS_OK;
+}
+
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep, ps_ckpt_info *out,
                        ps_err *err) {
     return ps_ckpt_save_part(m, dir, NULL, samples, keep, out, err);
@@ -210,8 +266,17 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
 
 ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, uint64_t samples, int keep,
                             ps_ckpt_info *out, ps_err *err) {
+    ps_ckpt_save_opts o = {.id = id, .samples = samples, .keep = keep};
+    return ps_ckpt_save_with(m, dir, &o, out, err);
+}
+
+ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opts *so, ps_ckpt_info *out,
+                            ps_err *err) {
+    const ps_ckpt_ident *id = so->id ? so->id : &single;
+    uint64_t samples = so->samples;
+    int keep = so->keep;
     PS_ASSERT(keep >= 1);
-    if (!id) id = &single;
+    char *settle = NULL;
     int np = ps_model_num_params(m);
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
@@ -230,9 +295,25 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
         goto done;
     }
-    /* Weights, steps and state under one shared weights lock: consistent. */
-    uint64_t version;
-    if ((rc = ps_model_snapshot(m, w, steps, sb, &version, err))) goto done;
+    /* Weights, steps and state under one shared weights lock: consistent.
+     * With the contexts' records: no step between its update and its record
+     * meanwhile, so the records are exactly the steps the snapshot holds. */
+    uint64_t version, applied = 0;
+    if (so->contexts) ps_ctx_table_freeze(so->contexts);
+    rc = ps_model_snapshot(m, w, steps, sb, &version, err);
+    ps_ctx_finished *rec = NULL;
+    size_t nrec = 0;
+    if (!rc && so->contexts) nrec = ps_ctx_table_export(so->contexts, version, PS_CKPT_SETTLE_MAX, &rec, &applied);
+    if (so->contexts) ps_ctx_table_thaw(so->contexts);
+    if (rc) goto done;
+    if (so->contexts) {
+        settle = settle_encode(rec, nrec);
+        free(rec);
+        if (!settle) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory for the settle records");
+            goto done;
+        }
+    }
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
         crcbuf[16];
@@ -277,7 +358,7 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
         off += pi->numel;
     }
     snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
-    const char *wmeta[64] = {"format", "pt",
+    const char *wmeta[72] = {"format", "pt",
                              "psd.arch", ps_model_arch(m),
                              "psd.model_version", vbuf,
                              "psd.global_step", vbuf,
@@ -288,8 +369,16 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
                              "psd.optimizer_file", oname,
                              "psd.crc32", crcbuf};
     int nmeta = 20;
+    char abuf[32];
+    if (settle) {  /* the steps this snapshot holds, for settling after a restart */
+        snprintf(abuf, sizeof abuf, "%" PRIu64, applied);
+        wmeta[nmeta++] = "psd.contexts_applied";
+        wmeta[nmeta++] = abuf;
+        wmeta[nmeta++] = "psd.settle";
+        wmeta[nmeta++] = settle;
+    }
     char pbuf[2048];
-    PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 62, pbuf, sizeof pbuf) && "part metadata fits");
+    PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 70, pbuf, sizeof pbuf) && "part metadata fits");
     wmeta[nmeta] = NULL;
     if ((rc = ps_st_write(wpath, t, (size_t)np, wmeta, err))) goto done;
     if (out) {
@@ -300,6 +389,7 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
     }
     retain(dir, keep);
 done:
+    free(settle);
     free(w);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
     free(steps);
@@ -659,7 +749,14 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
 
 ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
                             ps_err *err) {
+    return ps_ckpt_load_with(m, path, id, out, NULL, err);
+}
+
+ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
+                            ps_ckpt_settle *settle, ps_err *err) {
     if (!id) id = &single;
+    ps_ckpt_settle rs = {0};
+    if (settle) *settle = rs;
     int np = ps_model_num_params(m);
     ps_status rc = PS_OK;
     ps_st_file *wf = NULL;
@@ -685,6 +782,15 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
                         "or not numbers", path);
         goto done;
     }
+    /* The finished-context records: checked with the rest, before anything changes. */
+    const char *sv = ps_st_metadata(wf, "psd.settle"), *av = ps_st_metadata(wf, "psd.contexts_applied");
+    if (!sv != !av || (av && parse_u64(av, &rs.applied))) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle and psd.contexts_applied (a number) come "
+                        "together", path);
+        goto done;
+    }
+    if (sv && (rc = settle_decode(path, sv, version, &rs, err))) goto done;
+    rs.present = sv != NULL;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
         wt[i] = ps_st_find(wf, pi->name);
@@ -748,7 +854,9 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         out->time = (double)when;
         snprintf(out->path, sizeof out->path, "%s", path);
     }
+    if (settle) *settle = rs, rs = (ps_ckpt_settle){0};
 done:
+    ps_ckpt_settle_free(&rs);
     free(wt);
     free(op);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
@@ -762,6 +870,11 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
 
 ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
                                       ps_ckpt_info *out, ps_err *err) {
+    return ps_ckpt_restore_latest_with(m, dir, id, found, out, NULL, err);
+}
+
+ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err) {
     *found = 0;
     uint64_t *v = NULL;
     clean_tmp(dir);
@@ -775,7 +888,7 @@ ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckp
         char path[PS_CKPT_PATH_MAX];
         file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
         ps_err e = {0};
-        if (ps_ckpt_load_part(m, path, id, out, &e) == PS_OK) break;
+        if (ps_ckpt_load_with(m, path, id, out, settle, &e) == PS_OK) break;
         ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
         if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
     }

@@ -193,6 +193,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_admission_saturated_seconds", "gauge", "How long every new ordinary call has been "
            "refused for the call cap (0: not saturated).");
     put(&b, "psd_admission_saturated_seconds %.3f\n", ad.saturated_s);
+    family(&b, "psd_contexts_applied_total", "counter", "Contexts whose step reached the weights (each member "
+           "of a sync round counts; restored with a checkpoint).");
+    put(&b, "psd_contexts_applied_total %llu\n", (unsigned long long)cs.applied);
     family(&b, "psd_contexts_evicted_total", "counter", "Contexts freed to make room for a client within its "
            "fair share of server.max_context_bytes or of the context count.");
     put(&b, "psd_contexts_evicted_total %llu\n", (unsigned long long)cs.evicted);

@@ -76,8 +76,9 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_service_stats(svc, &st, &samples);
     double t0 = mono_s();
     const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
-    if (ps_ckpt_save_part(model, cfg->server.checkpoint_dir, &id, samples, cfg->server.checkpoint_keep, &info,
-                          &err)) {
+    ps_ckpt_save_opts so = {.id = &id, .samples = samples, .keep = cfg->server.checkpoint_keep,
+                            .contexts = ps_service_contexts(svc)};
+    if (ps_ckpt_save_with(model, cfg->server.checkpoint_dir, &so, &info, &err)) {
         ps_log(PS_LOG_ERROR, "checkpoint failed: %s", err.msg);
         ps_metrics_note_checkpoint(metrics, 0);
         return -1;
@@ -385,8 +386,9 @@ int main(int argc, char **argv) {
     int have_ckpt = 0;
     const char *ckdir = cfg.server.checkpoint_dir;
     const ps_ckpt_ident ckid = {cfg.cluster.name, cfg.self >= 0 ? cfg.servers[cfg.self].name : ""};
+    ps_ckpt_settle settle = {0};   /* the restored steps' records: a retried Step of them is answered */
     if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) ||
-                     ps_ckpt_restore_latest_part(model, ckdir, &ckid, &have_ckpt, &restored, &err))) {
+                     ps_ckpt_restore_latest_with(model, ckdir, &ckid, &have_ckpt, &restored, &settle, &err))) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_model_free(model);
         return 1;
@@ -461,7 +463,12 @@ int main(int argc, char **argv) {
     if (svc && have_ckpt) {
         ps_service_set_samples(svc, restored.samples);
         ps_service_note_checkpoint(svc, &restored);
+        ps_ctx_table_import(ps_service_contexts(svc), settle.rec, settle.n, settle.applied);
+        if (settle.present)
+            ps_log(PS_LOG_INFO, "%zu finished-context records restored (%llu contexts applied): a retried Step of "
+                   "them is answered, not re-run", settle.n, (unsigned long long)settle.applied);
     }
+    ps_ckpt_settle_free(&settle);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
     ps_metrics *metrics = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;

@@ -169,6 +169,8 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     *samples = __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
 }
 
+ps_ctx_table *ps_service_contexts(ps_service *s) { return s->ctx; }
+
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
 
@@ -781,6 +783,7 @@ typedef struct sync_wait {
     float *gbuf;
     ps_scalar_set scalars;          /* its contribution to the round's metrics */
     ps_round_report report;         /* the round's metrics (set by sync_apply) */
+    int finished, skipped;          /* set by sync_apply: ctx finished (and freed) with the round */
 } sync_wait;
 
 static void sync_wait_free(sync_wait *w) {
@@ -799,9 +802,8 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
         sync_wait_free(w);
         return;
     }
-    int skipped = w->ctx->nonfinite;
+    int skipped = w->skipped;  /* sync_apply finished the context with its round */
     if (skipped) count(&s->nonfinite_skipped);
-    ps_ctx_table_finish(s->ctx, w->ctx, version);
     step_result r = {.version = version, .round = round, .members = members, .skipped = skipped, .metrics = &w->report};
     grpc_byte_buffer *resp = NULL;
     ps_err e = {0};
@@ -832,12 +834,21 @@ static ps_status sync_apply(void *user, void *const *grads, void *const *args, i
         else if (ps_grads_add(s->model, acc, grads[i], err)) return err->code;
         used++;
     }
-    if (!acc) {  /* every member skipped: nothing to apply, the version stays */
-        *version = ps_model_version(s->model);
-        return PS_OK;
-    }
     if (average && used > 1 && ps_grads_scale(s->model, acc, 1.0f / (float)used, err)) return err->code;
-    return ps_model_step_grads(s->model, acc, version, err);
+    /* the update and the members' records under the apply lock (ctx_table.h) */
+    ps_ctx_table_apply_begin(s->ctx);
+    ps_status st = PS_OK;
+    if (!acc) *version = ps_model_version(s->model);  /* every member skipped: the version stays */
+    else st = ps_model_step_grads(s->model, acc, version, err);
+    for (int i = 0; st == PS_OK && i < n; i++) {
+        sync_wait *w = args[i];
+        w->skipped = w->ctx->nonfinite;
+        ps_ctx_table_finish(s->ctx, w->ctx, *version);  /* frees its gradients (acc too) */
+        w->ctx = NULL;
+        w->finished = 1;
+    }
+    ps_ctx_table_apply_end(s->ctx);
+    return st;
 }
 
 /* Apply (or, under sync, queue) the step of context c, which the caller
@@ -893,7 +904,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         if (round == 0) round = c->round;
         ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
         if (st != PS_OK) {
-            if (st == PS_ERR_ABORTED) ps_ctx_table_finish(s->ctx, c, ps_model_version(s->model));
+            if (st == PS_ERR_ABORTED) ps_ctx_table_finish_as(s->ctx, c, ps_model_version(s->model), PS_CTX_DROPPED);
             else ps_ctx_table_release(s->ctx, c);
             ps_rpc_call_complete(call, NULL, ps_grpc_from_status(st), err->msg);
             sync_wait_free(w);
@@ -908,11 +919,14 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         r.skipped = 1;
     } else {
         uint32_t rank = c->rank;
+        ps_ctx_table_apply_begin(s->ctx);  /* the update and its record together (ctx_table.h) */
         if (ps_model_step_grads(s->model, c->grads, &r.version, err)) {
+            ps_ctx_table_apply_end(s->ctx);
             ps_ctx_table_release(s->ctx, c);
             return err->code;
         }
         ps_ctx_table_finish(s->ctx, c, r.version);
+        ps_ctx_table_apply_end(s->ctx);
         ps_cons_stepped(s->cons, rank);
     }
     ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
@@ -1198,6 +1212,11 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     int finished = 0;
     uint64_t v = 0;
     ps_ctx *c = acquire_own(s, info, req.context_id, &finished, &v, &err);
+    if (!c && finished == 1 && ps_ctx_table_finished_how(s->ctx, req.context_id) == PS_CTX_DROPPED) {
+        ps_err_set(&err, PS_ERR_ABORTED, "context %llu was dropped: its sync round closed without it, nothing was "
+                   "applied; run the batch again under a new context", (unsigned long long)req.context_id);
+        goto fail;
+    }
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
         if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
@@ -1498,6 +1517,7 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     }
     resp.sync_dropped = cs.dropped;
     resp.ssp_deferred = cs.ssp_deferred;
+    resp.contexts_applied = st.applied;
     resp.context_bytes = st.bytes;
     resp.max_context_bytes = s->max_context_bytes;
     resp.contexts_evicted = st.evicted;

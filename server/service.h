@@ -88,6 +88,8 @@ const ps_rpc_method *ps_service_methods(int *n);
 size_t ps_service_expire(ps_service *s);
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
+/* The context table: what checkpoints keep of it (checkpoint.h psd.settle). */
+ps_ctx_table *ps_service_contexts(ps_service *s);
 
 /* ---- lifecycle (psd) ----
  * Draining: from ps_service_set_draining on, Forward (any kind) is refused

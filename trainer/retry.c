@@ -41,6 +41,22 @@ void ps_retry_reset(ps_retry *r) {
 
 bool ps_retry_retryable(ps_status st) { return st == PS_ERR_UNAVAILABLE || st == PS_ERR_DEADLINE_EXCEEDED; }
 
+ps_settled ps_retry_settled(ps_status st) {
+    switch (st) {
+    case PS_OK:
+    case PS_ERR_ALREADY_EXISTS:      /* "too old to settle": applied once, its version forgotten */
+        return PS_SETTLED_APPLIED;
+    case PS_ERR_UNAVAILABLE:         /* psd down, or the context in use (its Step still running or */
+    case PS_ERR_DEADLINE_EXCEEDED:   /* waiting in its sync round): nothing decided yet */
+        return PS_SETTLED_UNKNOWN;
+    case PS_ERR_NOT_FOUND:           /* psd holds no record: never applied (restart, expiry) */
+    case PS_ERR_FAILED_PRECONDITION: /* refused as it stands (a forward not backwarded, no gradients) */
+        return PS_SETTLED_NOT_APPLIED;
+    default:
+        return PS_SETTLED_FINAL;
+    }
+}
+
 bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
     double now = r->p.now(r->p.clock_arg);
     if (!r->failed) {
@@ -85,7 +101,7 @@ ps_status ps_retry_settle(ps_retry *r, ps_retry_fn step, void *arg, ps_err *err)
     for (;;) {
         if (!ps_retry_wait(r, "settling the step", err)) return st;
         st = step(arg, err);
-        if (!ps_retry_retryable(st)) return st;
+        if (ps_retry_settled(st) != PS_SETTLED_UNKNOWN) return st;
     }
 }
 
@@ -139,8 +155,14 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
         /* Unanswered after the Forward: was the step applied? */
         step_call sc = {ops, ctx};
         st = ps_retry_settle(r, call_step, &sc, err);
-        if (st == PS_OK) return PS_OK;
-        if (st != PS_ERR_NOT_FOUND && st != PS_ERR_FAILED_PRECONDITION) return st;
+        ps_settled how = ps_retry_settled(st);
+        if (how == PS_SETTLED_APPLIED) {
+            if (st != PS_OK && r->p.log)
+                fprintf(r->p.log, "%s: context %llx was applied once (%s); not running the %s again\n", r->p.who,
+                        (unsigned long long)ctx, err ? err->msg : ps_status_name(st), unit);
+            return PS_OK;
+        }
+        if (how != PS_SETTLED_NOT_APPLIED) return st;
         if (r->p.log)
             fprintf(r->p.log, "%s: context %llx not applied (%s); running the %s again\n", r->p.who,
                     (unsigned long long)ctx, ps_status_name(st), unit);
@@ -193,8 +215,9 @@ ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *
             server_step_call sc = {ops, i, ctx};
             st = call_server_step(&sc, err);
             if (ps_retry_retryable(st)) st = ps_retry_settle(r, call_server_step, &sc, err);
-            if (st == PS_OK) applied |= 1u << i;
-            else if (st == PS_ERR_NOT_FOUND || st == PS_ERR_FAILED_PRECONDITION) lost |= 1u << i;
+            ps_settled how = ps_retry_settled(st);
+            if (how == PS_SETTLED_APPLIED) applied |= 1u << i;
+            else if (how == PS_SETTLED_NOT_APPLIED) lost |= 1u << i;
             else return ps_err_prefix(err, "Step of context %llx on %s", (unsigned long long)ctx, ops->names[i]);
         }
         *res = (ps_multi_result){.ctx = ctx, .touched = touched, .applied = applied, .lost = lost,
