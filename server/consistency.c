@@ -6,6 +6,15 @@
 #include <time.h>
 
 #define MAX_CLOCKS 4096   /* ssp: ranks tracked (ranks beyond share the last slot) */
+#define CLOSED_RING 64    /* sync: closed rounds remembered, for the Steps that name them */
+
+typedef struct closed_round {   /* sync: a round that has closed */
+    uint64_t round;             /* 0: an empty slot */
+    double closed_at;
+    int by_timeout;             /* closed by server.sync_timeout_s, short of members */
+    int members, expected;      /* who it had, and waited for */
+    int missing;                /* stragglers whose late Step may still raise the membership */
+} closed_round;
 
 typedef struct member {
     void *grads;
@@ -38,7 +47,8 @@ struct ps_cons {
     member *members;        /* queued in the open round */
     int nmembers, cap;
     double first_arrival;   /* when the open round's first member came */
-    uint64_t dropped, timeouts;
+    uint64_t dropped, timeouts, queued;
+    closed_round closed_rounds[CLOSED_RING];  /* by round % CLOSED_RING */
     /* ssp */
     rank_clock clocks[MAX_CLOCKS];
     held *held_head;
@@ -104,11 +114,15 @@ uint64_t ps_cons_round(ps_cons *c) {
 }
 
 /* Takes the open round's members out (lock held) when it may close: full,
- * or (force) timed out. Advances the round. Returns the count taken. */
-static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
+ * or (by_timeout) timed out. Remembers the round as closed and advances.
+ * Returns the count taken. */
+static int take_round_locked(ps_cons *c, member **out, uint64_t *round, int by_timeout) {
     *out = c->members;
     *round = c->round;
     int n = c->nmembers;
+    closed_round *k = &c->closed_rounds[c->round % CLOSED_RING];
+    *k = (closed_round){.round = c->round, .closed_at = now_s(), .by_timeout = by_timeout, .members = n,
+                        .expected = c->expected, .missing = by_timeout ? c->expected - n : 0};
     c->members = NULL;
     c->nmembers = c->cap = 0;
     c->round++;
@@ -134,6 +148,43 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
     free(m);
 }
 
+/* A Step naming round r, which has closed (lock held): 0 when it may join
+ * the open round instead - r closed complete (more trainers than
+ * sync_workers) no longer than sync_timeout_s before this step came; else
+ * 1 and err says why it is dropped. A straggler of a round that closed by
+ * its timeout raises the membership back by one, at most as many times as
+ * that round was short: the membership follows the trainers that exist, and
+ * a Step naming an old round cannot raise it again and again. */
+static int late_locked(ps_cons *c, uint64_t r, ps_err *err) {
+    const closed_round *k = &c->closed_rounds[r % CLOSED_RING];
+    double now = now_s();
+    if (k->round == r && !k->by_timeout && now - k->closed_at <= c->o.sync_timeout_s) return 0;
+    c->dropped++;
+    unsigned long long open = c->round;
+    if (k->round != r) {
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed long ago (the open round is %llu); this context's "
+                   "gradients were computed for it and are dropped: run the batch again under a new context",
+                   (unsigned long long)r, open);
+    } else if (k->by_timeout) {
+        closed_round *w = &c->closed_rounds[r % CLOSED_RING];
+        if (w->missing > 0 && c->expected < c->o.sync_workers) {
+            w->missing--;
+            c->expected++;
+        }
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed without this step: it waited server.sync_timeout_s = "
+                   "%g s after its first step and closed with %d of %d members, %.1f s before this step came; "
+                   "this context's gradients were computed for that round and are dropped: run the batch again "
+                   "under a new context (it joins round %llu)", (unsigned long long)r, c->o.sync_timeout_s,
+                   k->members, k->expected, now - k->closed_at, open);
+    } else {
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed complete %.1f s before this step came, more than "
+                   "server.sync_timeout_s = %g s: too stale to join round %llu; this context's gradients are "
+                   "dropped: run the batch again under a new context", (unsigned long long)r,
+                   now - k->closed_at, c->o.sync_timeout_s, open);
+    }
+    return 1;
+}
+
 ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_done_fn done, void *arg,
                               ps_err *err) {
     pthread_mutex_lock(&c->mu);
@@ -142,17 +193,13 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
         return ps_err_set(err, PS_ERR_UNAVAILABLE, "psd is shutting down: the sync round was not applied");
     }
     if (round == 0) round = c->round;
-    if (round < c->round) {
-        /* A straggler: its round closed without it. It never counts toward
-         * a later round; its return grows the membership back. */
-        c->dropped++;
-        if (c->expected < c->o.sync_workers) c->expected++;
-        uint64_t open = c->round;
+    if (round < c->round && late_locked(c, round, err)) {
         pthread_mutex_unlock(&c->mu);
-        return ps_err_set(err, PS_ERR_ABORTED, "round %llu closed without this step (it came later than "
-                          "server.sync_timeout_s = %g s after the round's first step); its gradients are "
-                          "dropped - continue with round %llu", (unsigned long long)round,
-                          c->o.sync_timeout_s, (unsigned long long)open);
+        return PS_ERR_ABORTED;
+    }
+    if (round < c->round) {  /* its round filled up without it: it joins the open one */
+        c->queued++;
+        round = c->round;
     }
     if (round > c->round) {
         uint64_t open = c->round;
@@ -176,7 +223,7 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
     member *m = NULL;
     int n = 0;
     uint64_t r = 0;
-    if (c->nmembers >= c->expected) n = take_round_locked(c, &m, &r);
+    if (c->nmembers >= c->expected) n = take_round_locked(c, &m, &r, 0);
     pthread_mutex_unlock(&c->mu);
     if (n) run_round(c, m, n, r);
     return PS_OK;
@@ -193,8 +240,8 @@ int ps_cons_tick(ps_cons *c) {
     uint64_t r = 0;
     if (!c->closed && c->nmembers > 0 && now_s() - c->first_arrival >= c->o.sync_timeout_s) {
         c->timeouts++;
-        c->expected = c->nmembers;   /* the missing ones are stragglers */
-        n = take_round_locked(c, &m, &r);
+        n = take_round_locked(c, &m, &r, 1);
+        c->expected = n;   /* the missing ones are stragglers */
     }
     pthread_mutex_unlock(&c->mu);
     if (n) run_round(c, m, n, r);
@@ -208,6 +255,7 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
     out->waiting = (uint32_t)c->nmembers;
     out->dropped = c->dropped;
     out->timeouts = c->timeouts;
+    out->queued = c->queued;
     out->ssp_deferred = c->ssp_deferred;
     out->ssp_waiting = c->ssp_waiting;
     pthread_mutex_unlock(&c->mu);

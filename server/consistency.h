@@ -8,14 +8,20 @@
  *    holding a server thread: the reply is deferred - until the round is
  *    complete; then the gradients of all its contexts are summed (or
  *    averaged: server.sync_reduce) and applied as ONE optimizer step, and
- *    every member is answered with the same version and round. A Step naming
- *    a round that has closed never counts toward a later round: it is
- *    refused with ABORTED and its context is dropped. When a round has
- *    waited server.sync_timeout_s since its first member arrived, it closes
- *    with the members it has: the missing ones are stragglers, the expected
- *    membership shrinks to what arrived (so a dead worker does not stall
- *    every later round), and grows back by one whenever a dropped
- *    straggler's late Step shows up, up to sync_workers.
+ *    every member is answered with the same version and round. With more
+ *    trainers than sync_workers a round fills up without some of them: a
+ *    Step naming a round that closed complete joins the open round (it is
+ *    queued), when it comes at most sync_timeout_s after that round closed.
+ *    When a round has waited server.sync_timeout_s since its first member
+ *    arrived, it closes with the members it has: the missing ones are
+ *    stragglers, the expected membership shrinks to what arrived (so a dead
+ *    worker does not stall every later round). A straggler's late Step
+ *    never counts toward a later round: it is refused with ABORTED (its
+ *    context dropped; the trainer runs the batch again under a new context,
+ *    which joins the open round), and raises the membership back by one -
+ *    at most as many times as its round was short, up to sync_workers. A
+ *    Step naming a round closed long ago, or a complete round more than
+ *    sync_timeout_s after it closed, is ABORTED too, changing nothing.
  *  - ssp (stale synchronous parallel, Petuum): each trainer rank has a
  *    clock, the number of its steps applied. A training Forward of a rank
  *    whose clock is more than server.max_staleness ahead of the slowest
@@ -90,9 +96,10 @@ uint64_t ps_cons_round(ps_cons *c);
 /* Submit one context's Step for round (0 = the open round). On PS_OK the
  * member is queued and done(arg, ...) will be called exactly once - maybe
  * before this returns, by this thread, when it completes the round.
- * Errors (nothing kept, done not called): ABORTED for a round that has
- * closed (counted as dropped), INVALID_ARGUMENT for a round not open yet,
- * UNAVAILABLE after close. */
+ * A round that closed complete, recently, is taken as the open one (see
+ * above). Errors (nothing kept, done not called): ABORTED for a round that
+ * closed without it (counted as dropped; err says what happened and when),
+ * INVALID_ARGUMENT for a round not open yet, UNAVAILABLE after close. */
 ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_done_fn done,
                               void *arg, ps_err *err);
 
@@ -106,6 +113,7 @@ typedef struct ps_cons_stats {
     uint32_t waiting;       /* contexts queued in it now */
     uint64_t dropped;       /* late Steps refused (stragglers) */
     uint64_t timeouts;      /* rounds closed by their timeout */
+    uint64_t queued;        /* Steps of a round that filled up without them, moved to the open round */
     uint64_t ssp_deferred;  /* Forwards held back */
     uint64_t ssp_waiting;   /* held back now */
 } ps_cons_stats;

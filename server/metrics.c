@@ -254,6 +254,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_sync_members %u\n", ms.sync_members);
     family(&b, "psd_sync_dropped_total", "counter", "consistency sync: late Steps of closed rounds (stragglers).");
     put(&b, "psd_sync_dropped_total %llu\n", (unsigned long long)ms.sync_dropped);
+    family(&b, "psd_sync_queued_total", "counter", "consistency sync: Steps of a round that filled up without "
+           "them (more trainers than server.sync_workers), moved to the open round.");
+    put(&b, "psd_sync_queued_total %llu\n", (unsigned long long)ms.sync_queued);
     family(&b, "psd_sync_timeouts_total", "counter", "consistency sync: rounds closed by server.sync_timeout_s.");
     put(&b, "psd_sync_timeouts_total %llu\n", (unsigned long long)ms.sync_timeouts);
     family(&b, "psd_ssp_deferred_total", "counter", "consistency ssp: training Forwards that waited for the slowest trainer.");

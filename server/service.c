@@ -229,7 +229,7 @@ void ps_service_mode(ps_service *s, ps_service_mode_stats *out) {
     ps_cons_stats_get(s->cons, &cs);
     int sync = ps_cons_mode_of(s->cons) == PS_CONS_SYNC;
     *out = (ps_service_mode_stats){sync ? cs.round : 0, sync ? cs.members : 0, cs.dropped, cs.timeouts,
-                                   cs.ssp_deferred};
+                                   cs.ssp_deferred, cs.queued};
 }
 
 void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped) {
@@ -1518,6 +1518,7 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     resp.sync_dropped = cs.dropped;
     resp.ssp_deferred = cs.ssp_deferred;
     resp.contexts_applied = st.applied;
+    resp.sync_queued = cs.queued;
     resp.context_bytes = st.bytes;
     resp.max_context_bytes = s->max_context_bytes;
     resp.contexts_evicted = st.evicted;

@@ -129,6 +129,7 @@ typedef struct ps_service_mode_stats {
     uint64_t sync_round;      /* 0 unless sync */
     uint32_t sync_members;
     uint64_t sync_dropped, sync_timeouts, ssp_deferred;
+    uint64_t sync_queued;     /* Steps moved to the open round (their round filled up without them) */
 } ps_service_mode_stats;
 void ps_service_mode(ps_service *s, ps_service_mode_stats *out);
 

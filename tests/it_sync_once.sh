@@ -16,7 +16,11 @@
 #     with their version (tests/settle_client.py), the later ones NOT_FOUND;
 #  4. sync with psd SIGKILLed mid-training and restarted from its checkpoint:
 #     both trainers finish; no batch is applied twice (contexts_applied <= the
-#     batches) and only the steps since the checkpoint are lost.
+#     batches) and only the steps since the checkpoint are lost;
+#  5. sync with more trainers than server.sync_workers (3 ps-train mnist,
+#     rounds of 2): a Step whose round filled up without it joins the next
+#     round (Status.sync_queued), a late one runs again into a new round; all
+#     three finish, contexts_applied = 3 x batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -26,7 +30,7 @@ for m in grpc grpc_tools numpy; do
   $PY -c "import $m" 2>/dev/null || { echo "it_sync_once: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
 done
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_sync_once: skipped: no MNIST data in $DATA (scripts/fetch-mnist.sh)"; exit 77; }
-CASES=${CASES:-1234}   # a subset while working on one
+CASES=${CASES:-12345}   # a subset while working on one
 tmp=$(mktemp -d /tmp/it_sync_once.XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; }
@@ -141,6 +145,24 @@ cat "$tmp"/t*.log | grep -q "retry [0-9]* in" || fail "no trainer retried: psd w
 stop_psd
 fi
 
+# 5. more trainers than sync_workers
+if [[ $CASES == *5* ]]; then
+N=6
+addr=; start_psd psd5.log --set server.consistency=sync --set server.sync_workers=2 --set server.sync_timeout_s=3
+for r in 1 2 3; do
+  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 4 --max-batches "$N" "${retry[@]}" \
+      --set trainer.rpc_timeout_s=10 >"$tmp/t$r.log" 2>&1 &
+  eval "t$r=\$!"; pids+=("$!")
+done
+rc=0; for t in "$t1" "$t2" "$t3"; do wait "$t" || rc=1; done
+[ $rc -eq 0 ] || fail "a trainer failed with 3 trainers and rounds of 2"
+s=$(status); applied=$(echo "$s" | field contexts_applied)
+queued=$(echo "$s" | field sync_queued); dropped=$(echo "$s" | field sync_dropped)
+echo "[${SECONDS}s] 3 trainers, rounds of 2: contexts applied $applied for 3 x $N batches; $queued steps queued into the next round, $dropped late ones run again"
+[ "$applied" = $((3 * N)) ] || fail "$applied contexts applied for $((3 * N)) batches"
+stop_psd
+fi
+
 trap - EXIT
 rm -rf "$tmp"
-echo "it_sync_once: sync and ssp exactly once under short deadlines, settle after restart, sync across a SIGKILL: OK"
+echo "it_sync_once: sync and ssp exactly once under short deadlines, settle after restart, sync across a SIGKILL, more trainers than sync_workers: OK"

@@ -194,6 +194,69 @@ static void test_sync_straggler(void) {
     ps_cons_free(c);
 }
 
+/* ---- sync: more trainers than sync_workers, late and forged round ids ----------- */
+
+static void test_sync_queue(void) {
+    fake f = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 2, .sync_timeout_s = 0.3};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, &f, &err);
+    int one = 1;
+    waiter w[6];
+    for (int i = 0; i < 6; i++) waiter_init(&w[i]);
+    /* Three trainers' contexts belong to round 1; two fill it. */
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w[0], &err) == PS_OK);
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w[1], &err) == PS_OK);
+    CHECK(w[0].answered && w[0].round == 1 && w[0].members == 2);
+    /* The third came in time, only too many: it joins round 2, never dropped. */
+    CHECK_MSG(ps_cons_sync_submit(c, 1, &one, on_done, &w[2], &err) == PS_OK, "%s", err.msg);
+    CHECK(!w[2].answered);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[3], &err) == PS_OK);
+    CHECK(w[2].answered == 1 && w[2].st == PS_OK && w[2].round == 2 && w[2].members == 2 && w[3].round == 2);
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.queued == 1 && st.dropped == 0 && st.timeouts == 0 && f.rounds == 2 && f.grads_seen == 4);
+    /* A complete round's step coming more than sync_timeout_s after it
+     * closed is too stale for the open round: ABORTED, saying so. */
+    usleep(400 * 1000);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[4], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 2 closed complete") && strstr(err.msg, "server.sync_timeout_s") &&
+              strstr(err.msg, "run the batch again"), "%s", err.msg);
+    CHECK(!w[4].answered);
+    /* Round 3 times out short of one member: the membership shrinks to 1. */
+    waiter_init(&w[4]);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[4], &err) == PS_OK);
+    usleep(400 * 1000);
+    CHECK(ps_cons_tick(c) == 1);
+    waiter_wait(&w[4]);
+    ps_cons_stats_get(c, &st);
+    CHECK(st.members == 1 && st.timeouts == 1 && st.round == 4);
+    /* Its straggler: ABORTED, saying what happened and when; the membership
+     * grows back by one. Steps naming round 3 again (forged, or more late
+     * contexts than the round was short) change nothing more. */
+    CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[5], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 3 closed without this step") && strstr(err.msg, "1 of 2 members") &&
+              strstr(err.msg, "joins round 4") && !strstr(err.msg, "later than"), "%s", err.msg);
+    for (int i = 0; i < 5; i++) CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[5], &err) == PS_ERR_ABORTED);
+    ps_cons_stats_get(c, &st);
+    CHECK_MSG(st.members == 2, "membership %u after 6 late steps of a round short of 1", st.members);
+    ps_cons_close(c);
+    ps_cons_free(c);
+    /* A round closed long ago, beyond what is remembered: ABORTED, the
+     * membership unchanged. */
+    o.sync_workers = 1;
+    c = ps_cons_create(&o, fake_apply, &f, &err);
+    for (int i = 0; i < 100; i++) {
+        waiter_init(&w[0]);
+        CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[0], &err) == PS_OK && w[0].answered);
+    }
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[1], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 2 closed long ago"), "%s", err.msg);
+    ps_cons_stats_get(c, &st);
+    CHECK(st.members == 1);
+    ps_cons_free(c);
+}
+
 /* ---- ssp ------------------------------------------------------------------------ */
 
 typedef struct ready_rec {
@@ -284,6 +347,7 @@ int main(void) {
     test_options();
     test_sync_exactly_once();
     test_sync_straggler();
+    test_sync_queue();
     test_ssp();
     return check_summary("test_consistency");
 }

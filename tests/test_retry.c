@@ -416,6 +416,19 @@ static void test_once(void) {
     CHECK(run_units(&f, 1, refused, 1, 10) == PS_ERR_INVALID_ARGUMENT);
     CHECK(f.applied_per_unit[0] == 0 && f.nids == 1 && f.steps_asked == 0);
 
+    /* A sync straggler: its round closed without it (ABORTED, nothing
+     * applied, the context dropped): the unit runs again under a fresh id,
+     * into the open round - whether the Step said so at once or when it was
+     * settled - at most PS_RETRY_MAX_LATE times in a row. */
+    const fault late[] = {{0, STEP, 0, PS_ERR_ABORTED}, {1, STEP, 0, PS_ERR_DEADLINE_EXCEEDED},
+                          {1, STEP, 1, PS_ERR_ABORTED}};
+    CHECK(run_units(&f, 2, late, 3, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.applied_per_unit[1] == 1 && f.nids == 4 && ids_distinct(&f));
+    fault always_late[PS_RETRY_MAX_LATE + 1];
+    for (int i = 0; i <= PS_RETRY_MAX_LATE; i++) always_late[i] = (fault){0, STEP, i, PS_ERR_ABORTED};
+    ps_status lst = run_units(&f, 1, always_late, PS_RETRY_MAX_LATE + 1, 10);
+    CHECK(lst == PS_ERR_ABORTED && f.applied_per_unit[0] == 0 && f.nids == PS_RETRY_MAX_LATE + 1);
+
     /* The Step outlived its deadline while waiting in a sync round: the
      * settling Steps find the context in use (UNAVAILABLE) until the round
      * closes, then its record: applied once, never run again. */

@@ -51,6 +51,7 @@ ps_settled ps_retry_settled(ps_status st) {
         return PS_SETTLED_UNKNOWN;
     case PS_ERR_NOT_FOUND:           /* psd holds no record: never applied (restart, expiry) */
     case PS_ERR_FAILED_PRECONDITION: /* refused as it stands (a forward not backwarded, no gradients) */
+    case PS_ERR_ABORTED:             /* dropped: its sync round closed without it */
         return PS_SETTLED_NOT_APPLIED;
     default:
         return PS_SETTLED_FINAL;
@@ -132,10 +133,25 @@ static ps_status call_step(void *arg, ps_err *err) {
     return s->ops->step(s->ops->arg, s->ctx, err);
 }
 
+/* A sync round closed without the unit's step (ABORTED, in err): 1 when the
+ * unit should run again under a new context (its step joins the open
+ * round), 0 when it was late too often (err says so). */
+static int late_again(ps_retry *r, const char *unit, int *late, ps_err *err) {
+    if (++*late > PS_RETRY_MAX_LATE) {
+        ps_err_prefix(err, "the %s was late for its sync round %d times in a row (is this trainer much slower than "
+                      "the others, or server.sync_timeout_s too short?)", unit, *late);
+        return 0;
+    }
+    if (r->p.log)
+        fprintf(r->p.log, "%s: %s; running the %s again under a new context (it joins the open round)\n", r->p.who,
+                err ? err->msg : "round closed without this step", unit);
+    return 1;
+}
+
 ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps_err *err) {
     ps_retry_reset(r);
     const char *unit = ops->unit ? ops->unit : "unit";
-    int lost = 0;
+    int lost = 0, late = 0;
     for (;;) {
         uint64_t ctx = ps_ctx_ids_next(ids);
         int kept = 0;
@@ -151,6 +167,10 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
                         r->p.who, err ? err->msg : "context not found", unit);
             continue;
         }
+        if (st == PS_ERR_ABORTED) {  /* sync: its round closed without it; nothing applied */
+            if (late_again(r, unit, &late, err)) continue;
+            return st;
+        }
         if (!ps_retry_retryable(st)) return st;
         /* Unanswered after the Forward: was the step applied? */
         step_call sc = {ops, ctx};
@@ -163,6 +183,10 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
             return PS_OK;
         }
         if (how != PS_SETTLED_NOT_APPLIED) return st;
+        if (st == PS_ERR_ABORTED) {
+            if (late_again(r, unit, &late, err)) continue;
+            return st;
+        }
         if (r->p.log)
             fprintf(r->p.log, "%s: context %llx not applied (%s); running the %s again\n", r->p.who,
                     (unsigned long long)ctx, ps_status_name(st), unit);

@@ -16,9 +16,9 @@
  * applied once; UNAVAILABLE or DEADLINE_EXCEEDED - psd down, or the context
  * in use because its first Step still runs or waits in its sync round -
  * means nothing is decided yet: ask again after a backoff; NOT_FOUND (psd
- * restarted without it, the context expired) or FAILED_PRECONDITION (no
- * gradients yet) means nothing was applied, and the unit runs again under a
- * fresh context id.
+ * restarted without it, the context expired), FAILED_PRECONDITION (no
+ * gradients yet) or ABORTED (its sync round closed without it) means
+ * nothing was applied, and the unit runs again under a fresh context id.
  *
  * Nothing here knows about gRPC or psd's messages: the calls are function
  * pointers (tests/test_retry.c drives it with fakes). Not thread-safe: one
@@ -69,7 +69,7 @@ bool ps_retry_retryable(ps_status st);
 typedef enum {
     PS_SETTLED_APPLIED,     /* OK, ALREADY_EXISTS: applied once; never run the unit again */
     PS_SETTLED_UNKNOWN,     /* UNAVAILABLE, DEADLINE_EXCEEDED: ask again later */
-    PS_SETTLED_NOT_APPLIED, /* NOT_FOUND, FAILED_PRECONDITION: nothing applied; run again, fresh id */
+    PS_SETTLED_NOT_APPLIED, /* NOT_FOUND, FAILED_PRECONDITION, ABORTED: nothing applied; run again, fresh id */
     PS_SETTLED_FINAL,       /* anything else: an error to report */
 } ps_settled;
 ps_settled ps_retry_settled(ps_status st);
@@ -108,6 +108,10 @@ typedef struct ps_once_ops {
 /* How often a unit whose context psd no longer knows (NOT_FOUND after its
  * Forward) runs again before that is an error. */
 #define PS_RETRY_MAX_LOST 3
+/* How often a unit whose sync round closed without its step (ABORTED: a
+ * straggler, dropped) runs again under a new context, which joins the open
+ * round, before that is an error. */
+#define PS_RETRY_MAX_LATE 4
 
 /* Reset the budget and run the unit until its step is applied exactly once
  * (PS_OK) or a final error / the spent budget stops it. Each run gets a
