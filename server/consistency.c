@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_CLOCKS 4096   /* ssp: ranks tracked (ranks beyond share the last slot) */
+#define MAX_CLOCKS 4096   /* ssp: ranks tracked at once; an inactive rank's slot is reused */
 #define CLOSED_RING 64    /* sync: closed rounds remembered, for the Steps that name them */
 
 typedef struct closed_round {   /* sync: a round that has closed */
@@ -29,10 +29,12 @@ typedef struct held {       /* a Forward held back by ssp */
     struct held *next;
 } held;
 
-typedef struct rank_clock {
+typedef struct rank_clock {   /* ssp: one trainer rank */
+    uint32_t rank;
     uint64_t clock;
     double last_seen;
-    int used;
+    int nheld;                  /* its Forwards held now (its slot is not reused meanwhile) */
+    char *owner;                /* the identity that first used the rank (malloc'ed) */
 } rank_clock;
 
 struct ps_cons {
@@ -50,7 +52,8 @@ struct ps_cons {
     uint64_t dropped, timeouts, queued;
     closed_round closed_rounds[CLOSED_RING];  /* by round % CLOSED_RING */
     /* ssp */
-    rank_clock clocks[MAX_CLOCKS];
+    rank_clock clocks[MAX_CLOCKS];  /* [0, nclocks) in use */
+    int nclocks;
     held *held_head;
     uint64_t ssp_deferred, ssp_waiting;
 };
@@ -103,6 +106,8 @@ ps_cons *ps_cons_create(const ps_cons_opts *o, ps_cons_apply_fn apply, void *use
 }
 
 ps_cons_mode ps_cons_mode_of(const ps_cons *c) { return c->o.mode; }
+
+static void ssp_tick(ps_cons *c);
 
 /* ---- sync ------------------------------------------------------------------ */
 
@@ -231,7 +236,7 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
 
 int ps_cons_tick(ps_cons *c) {
     if (c->o.mode != PS_CONS_SYNC) {
-        if (c->o.mode == PS_CONS_SSP) ps_cons_stepped(c, UINT32_MAX);  /* re-check activity */
+        if (c->o.mode == PS_CONS_SSP) ssp_tick(c);  /* re-check activity */
         return 0;
     }
     pthread_mutex_lock(&c->mu);
@@ -263,47 +268,94 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
 
 /* ---- ssp ------------------------------------------------------------------- */
 
-static rank_clock *clock_of_locked(ps_cons *c, uint32_t rank) {
-    return &c->clocks[rank < MAX_CLOCKS ? rank : MAX_CLOCKS - 1];
+static int active(const ps_cons *c, const rank_clock *k, double now) {
+    return k->nheld > 0 || now - k->last_seen <= c->o.active_s;  /* a held rank waits, it is not idle */
 }
 
-/* Slowest clock among the active ranks (UINT64_MAX when none is active). */
-static uint64_t slowest_locked(ps_cons *c, double now) {
+static rank_clock *find_locked(ps_cons *c, uint32_t rank) {
+    for (int i = 0; i < c->nclocks; i++)
+        if (c->clocks[i].rank == rank) return &c->clocks[i];
+    return NULL;
+}
+
+/* Slowest clock among the active ranks but `skip` (UINT64_MAX when none). */
+static uint64_t slowest_locked(ps_cons *c, double now, const rank_clock *skip) {
     uint64_t lo = UINT64_MAX;
-    for (int i = 0; i < MAX_CLOCKS; i++) {
+    for (int i = 0; i < c->nclocks; i++) {
         const rank_clock *k = &c->clocks[i];
-        if (k->used && now - k->last_seen <= c->o.active_s && k->clock < lo) lo = k->clock;
+        if (k != skip && active(c, k, now) && k->clock < lo) lo = k->clock;
     }
     return lo;
 }
 
-static int may_run_locked(ps_cons *c, uint32_t rank, double now) {
-    uint64_t lo = slowest_locked(c, now);
-    return lo == UINT64_MAX || clock_of_locked(c, rank)->clock <= lo + (uint64_t)c->o.max_staleness;
+static int may_run_locked(ps_cons *c, const rank_clock *k, double now) {
+    uint64_t lo = slowest_locked(c, now, NULL);
+    return !k || lo == UINT64_MAX || k->clock <= lo + (uint64_t)c->o.max_staleness;
 }
 
-/* A rank seen for the first time, or back after being inactive, joins at
- * the present: its clock is raised to the slowest active clock, so a new or
- * returning trainer is held to the bound from now on instead of stalling
- * everyone until it has replayed the steps it missed. */
-static rank_clock *touch_locked(ps_cons *c, uint32_t rank, double now) {
-    rank_clock *k = clock_of_locked(c, rank);
-    if (!k->used || now - k->last_seen > c->o.active_s) {
-        k->used = 0;  /* not counted while finding the others' slowest */
-        uint64_t lo = slowest_locked(c, now);
+/* The clock of rank for owner: found, or a new one (in a free slot, or the
+ * slot of the rank idle longest); NULL with err when the rank belongs to
+ * another identity, is outside server.ssp_world_size, or every slot is
+ * active. A rank seen for the first time, or back after being inactive,
+ * joins at the present: its clock is raised to the slowest active clock,
+ * so a new or returning trainer is held to the bound from now on instead of
+ * stalling everyone until it has replayed the steps it missed. */
+static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, double now, ps_err *err) {
+    if (!owner) owner = "";
+    if (c->o.ssp_world_size && rank >= (uint32_t)c->o.ssp_world_size) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "trainer_rank %u: server.ssp_world_size is %d (ranks 0..%d)",
+                   rank, c->o.ssp_world_size, c->o.ssp_world_size - 1);
+        return NULL;
+    }
+    rank_clock *k = find_locked(c, rank);
+    if (k && strcmp(k->owner, owner) && active(c, k, now)) {
+        ps_err_set(err, PS_ERR_PERMISSION_DENIED, "trainer_rank %u belongs to another client (token or host) while "
+                   "it is active: each trainer needs its own rank (trainer.rank)", rank);
+        return NULL;
+    }
+    if (!k) {
+        if (c->nclocks < MAX_CLOCKS) {
+            k = &c->clocks[c->nclocks++];
+        } else {  /* reuse the slot of the rank idle longest */
+            for (int i = 0; i < c->nclocks; i++)
+                if (!active(c, &c->clocks[i], now) && (!k || c->clocks[i].last_seen < k->last_seen)) k = &c->clocks[i];
+            if (!k) {
+                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%d trainer ranks are active (the most psd tracks); set "
+                           "server.ssp_world_size to the trainers' world size", MAX_CLOCKS);
+                return NULL;
+            }
+        }
+        free(k->owner);
+        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1};
+    }
+    if (!k->owner || strcmp(k->owner, owner)) {  /* new, or an inactive rank taken over */
+        char *o = strdup(owner);
+        if (!o) {
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return NULL;
+        }
+        free(k->owner);
+        k->owner = o;
+    }
+    if (!active(c, k, now)) {
+        uint64_t lo = slowest_locked(c, now, k);
         if (lo != UINT64_MAX && lo > k->clock) k->clock = lo;
-        k->used = 1;
     }
     k->last_seen = now;
     return k;
 }
 
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg) {
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
+                      ps_err *err) {
     if (c->o.mode != PS_CONS_SSP) return 1;
     double now = now_s();
     pthread_mutex_lock(&c->mu);
-    touch_locked(c, rank, now);
-    int ok = c->closed || may_run_locked(c, rank, now);
+    rank_clock *k = touch_locked(c, rank, owner, now, err);
+    if (!k) {
+        pthread_mutex_unlock(&c->mu);
+        return -1;
+    }
+    int ok = c->closed || may_run_locked(c, k, now);
     if (!ok) {
         held *h = malloc(sizeof *h);
         if (!h) {
@@ -311,6 +363,7 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *a
         } else {
             *h = (held){rank, ready, arg, c->held_head};
             c->held_head = h;
+            k->nheld++;
             c->ssp_deferred++;
             c->ssp_waiting++;
         }
@@ -319,27 +372,28 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *a
     return ok;
 }
 
-void ps_cons_stepped(ps_cons *c, uint32_t rank) {
-    if (c->o.mode != PS_CONS_SSP) return;
-    double now = now_s();
-    held *go = NULL;
-    pthread_mutex_lock(&c->mu);
-    if (rank != UINT32_MAX) touch_locked(c, rank, now)->clock++;
+/* Release the held Forwards that may run now (lock held); they go to *go. */
+static void release_locked(ps_cons *c, double now, held **go) {
     held **pp = &c->held_head;
     while (*pp) {
         held *h = *pp;
-        if (may_run_locked(c, h->rank, now)) {
+        rank_clock *k = find_locked(c, h->rank);
+        if (may_run_locked(c, k, now)) {
             *pp = h->next;
-            h->next = go;
-            go = h;
+            h->next = *go;
+            *go = h;
             c->ssp_waiting--;
-            /* a held rank is waiting, not idle */
-            clock_of_locked(c, h->rank)->last_seen = now;
+            if (k) {
+                k->nheld--;
+                k->last_seen = now;  /* it waited, it was not idle */
+            }
         } else {
             pp = &h->next;
         }
     }
-    pthread_mutex_unlock(&c->mu);
+}
+
+static void run_released(held *go) {
     while (go) {
         held *n = go->next;
         go->ready(go->arg, PS_OK, NULL);
@@ -348,9 +402,34 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank) {
     }
 }
 
+void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
+    if (c->o.mode != PS_CONS_SSP) return;
+    double now = now_s();
+    held *go = NULL;
+    ps_err ignored;
+    pthread_mutex_lock(&c->mu);
+    /* the step was applied; its clock advances only for the rank's own identity */
+    rank_clock *k = touch_locked(c, rank, owner, now, &ignored);
+    if (k) k->clock++;
+    release_locked(c, now, &go);
+    pthread_mutex_unlock(&c->mu);
+    run_released(go);
+}
+
+/* ssp: ranks that went inactive no longer hold the others back. */
+static void ssp_tick(ps_cons *c) {
+    double now = now_s();
+    held *go = NULL;
+    pthread_mutex_lock(&c->mu);
+    release_locked(c, now, &go);
+    pthread_mutex_unlock(&c->mu);
+    run_released(go);
+}
+
 uint64_t ps_cons_clock(ps_cons *c, uint32_t rank) {
     pthread_mutex_lock(&c->mu);
-    uint64_t v = clock_of_locked(c, rank)->clock;
+    const rank_clock *k = find_locked(c, rank);
+    uint64_t v = k ? k->clock : 0;
     pthread_mutex_unlock(&c->mu);
     return v;
 }
@@ -384,6 +463,7 @@ void ps_cons_close(ps_cons *c) {
 void ps_cons_free(ps_cons *c) {
     if (!c) return;
     ps_cons_close(c);
+    for (int i = 0; i < c->nclocks; i++) free(c->clocks[i].owner);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

@@ -31,6 +31,12 @@
  *    apply as under hogwild. A rank seen for the first time, or back after
  *    being inactive, joins at the present (its clock raised to the slowest
  *    active one) rather than stalling everyone while it replays the past.
+ *    A rank belongs to the identity (token, or host) that first used it
+ *    while it is active: another client's Forward under it is refused
+ *    PERMISSION_DENIED, and its Steps do not move that rank's clock. With
+ *    ssp_world_size set, ranks must be below it; without, at most 4096
+ *    ranks are tracked at once (an inactive one's slot is reused). Every
+ *    uint32 is a rank: nothing in the value space means "no rank".
  *
  * This module holds the rules and the waiting lists; it knows neither gRPC
  * nor the model. The service hands it callbacks: `apply` (sum/average a
@@ -57,6 +63,7 @@ typedef struct ps_cons_opts {
     double sync_timeout_s;  /* sync: a round open this long closes with whom it has (> 0) */
     int sync_average;       /* sync: 1 = average the round's gradients, 0 = sum them */
     int max_staleness;      /* ssp: steps a rank may run ahead of the slowest active one (>= 0) */
+    int ssp_world_size;     /* ssp: ranks must be below this; 0 = any (4096 tracked at once) */
     double active_s;        /* ssp: a rank not seen for this long no longer holds others back */
 } ps_cons_opts;
 
@@ -121,15 +128,20 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out);
 
 /* ---- ssp ---- */
 
-/* May a training Forward of rank run now? Returns 1: run it (ready is not
- * called). Returns 0: held back; ready(arg, ...) is called exactly once
- * later, from the thread whose step (or tick) released it, or with
- * UNAVAILABLE at close. In modes other than ssp always 1. */
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg);
+/* May a training Forward of rank, from the client identity owner (NULL =
+ * ""), run now? Returns 1: run it (ready is not called). Returns 0: held
+ * back; ready(arg, ...) is called exactly once later, from the thread whose
+ * step (or tick) released it, or with UNAVAILABLE at close. Returns -1:
+ * refused, err says why (PERMISSION_DENIED: another identity's active rank;
+ * INVALID_ARGUMENT: not below ssp_world_size; RESOURCE_EXHAUSTED: every
+ * rank slot active); ready is not called. In modes other than ssp always 1. */
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
+                      ps_err *err);
 
-/* A step of rank was applied (hogwild application under ssp): advance its
- * clock and release the Forwards that may run now. */
-void ps_cons_stepped(ps_cons *c, uint32_t rank);
+/* A step of rank, from owner, was applied (hogwild application under ssp):
+ * advance the rank's clock (not when the rank is another identity's) and
+ * release the Forwards that may run now. */
+void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner);
 
 /* Clock of a rank (steps applied); 0 for an unknown rank. */
 uint64_t ps_cons_clock(ps_cons *c, uint32_t rank);

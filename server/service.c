@@ -78,7 +78,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
                        .sync_average = o->sync_average, .max_staleness = o->max_staleness,
-                       .active_s = o->context_ttl_s};
+                       .active_s = o->context_ttl_s, .ssp_world_size = o->ssp_world_size};
     if (!(s->cons = ps_cons_create(&co, sync_apply, s, err))) {
         ps_ctx_table_free(s->ctx);
         free(s);
@@ -369,6 +369,8 @@ static int join_dims(int64_t *out, const int64_t *lead, int nlead, const int64_t
 
 /* ---- Forward ---------------------------------------------------------------- */
 
+#define PS_OWNER_MAX 64   /* "token:" + a token name (security.h), or a peer's host */
+
 /* Whom a call's contexts belong to (ctx_table.h "Fair shares"): the
  * caller's token name, or its peer host without tokens (every connection
  * from a host is one client; trainer_rank is whatever a client claims). */
@@ -386,14 +388,14 @@ static void owner_of(const ps_rpc_call_info *info, char *dst, size_t n) {
 /* A context the caller may use: its own (the owner that opened it). */
 static ps_ctx *acquire_own(ps_service *s, const ps_rpc_call_info *info, uint64_t id, int *finished,
                            uint64_t *version, ps_err *err) {
-    char owner[64];
+    char owner[PS_OWNER_MAX];
     owner_of(info, owner, sizeof owner);
     return ps_ctx_table_acquire_as(s->ctx, id, owner, finished, version, err);
 }
 
 /* A decoded Forward: what forward_run needs, also after an ssp wait. */
 typedef struct fwd_req {
-    char owner[64];
+    char owner[PS_OWNER_MAX];
     ps_service *svc;
     ps_ForwardRequest req;
     ps_wire_tensor_in in;
@@ -680,7 +682,14 @@ static void handle_forward(void *user, const ps_rpc_call_info *info, const grpc_
     /* ssp: a trainer too far ahead waits, without holding this thread. */
     if (f->req.train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && info->call) {
         f->call = ps_rpc_call_defer(info, NULL, NULL);
-        if (!ps_cons_ssp_admit(s->cons, f->req.trainer_rank, fwd_ready, f)) return;  /* answered later */
+        int admit = ps_cons_ssp_admit(s->cons, f->req.trainer_rank, f->owner, fwd_ready, f, &err);
+        if (!admit) return;  /* answered later */
+        if (admit < 0) {
+            ps_err_prefix(&err, "ForwardRequest");
+            ps_rpc_call_complete(f->call, NULL, ps_grpc_from_status(err.code), err.msg);
+            fwd_req_free(f);
+            return;
+        }
         grpc_byte_buffer *resp = NULL;
         if (forward_run(s, f->owner, &f->req, &f->in, &f->tin, &resp, &err) == PS_OK)
             ps_rpc_call_complete(f->call, resp, GRPC_STATUS_OK, NULL);
@@ -901,7 +910,11 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
                               w ? "sync step outside a server" : "out of memory");
         }
         *w = (sync_wait){s, c, call, as_backward, list, items, gbuf, *scalars, {0}};
-        if (round == 0) round = c->round;
+        /* The round psd recorded at the context's first Forward (0: the open
+         * one); the request's round is a claim and is ignored, so an id of a
+         * closed round cannot make the context a straggler of it. */
+        (void)round;
+        round = c->round;
         ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
         if (st != PS_OK) {
             if (st == PS_ERR_ABORTED) ps_ctx_table_finish_as(s->ctx, c, ps_model_version(s->model), PS_CTX_DROPPED);
@@ -927,7 +940,9 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         }
         ps_ctx_table_finish(s->ctx, c, r.version);
         ps_ctx_table_apply_end(s->ctx);
-        ps_cons_stepped(s->cons, rank);
+        char owner[PS_OWNER_MAX];
+        owner_of(info, owner, sizeof owner);
+        ps_cons_stepped(s->cons, rank, owner);
     }
     ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
     r.metrics = &rep;
@@ -1261,7 +1276,7 @@ static void handle_push_gradients(void *user, const ps_rpc_call_info *info, cons
                    "training context)");
         goto fail;
     }
-    char owner[64];
+    char owner[PS_OWNER_MAX];
     owner_of(info, owner, sizeof owner);
     int created = 0;
     if (!(c = ps_ctx_table_open_as(s->ctx, req.context_id, req.trainer_rank, owner, &created, &err))) goto fail;

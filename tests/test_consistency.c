@@ -276,35 +276,35 @@ static void test_ssp(void) {
     ps_err err = {0};
     ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
     ready_rec r = {0}, r2 = {0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
-    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r) == 1);
-    ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);   /* 1 ahead: within the bound */
-    ps_cons_stepped(c, 1);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);   /* 1 ahead: within the bound */
+    ps_cons_stepped(c, 1, "h");
     CHECK(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 0);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);   /* 2 ahead: held back */
-    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r2) == 1);  /* the slowest always runs */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 2 ahead: held back */
+    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r2, &err) == 1);  /* the slowest always runs */
     CHECK(r.called == 0);
-    ps_cons_stepped(c, 2);                               /* slowest catches up to 1 */
+    ps_cons_stepped(c, 2, "h");                               /* slowest catches up to 1 */
     CHECK(r.called == 1 && r.st == PS_OK);
     ps_cons_stats st;
     ps_cons_stats_get(c, &st);
     CHECK(st.ssp_deferred == 1 && st.ssp_waiting == 0);
     /* A rank that goes quiet stops holding the others back. */
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
     usleep(300 * 1000);                                  /* rank 2 inactive now; rank 1 is waiting */
     ps_cons_tick(c);
     CHECK(r.called == 1 && r.st == PS_OK);
     /* Shutdown answers a held Forward. */
-    ps_cons_stepped(c, 2);
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 2, "h");
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
     ps_cons_close(c);
     CHECK(r.called == 1 && r.st == PS_ERR_UNAVAILABLE);
     ps_cons_free(c);
@@ -313,24 +313,75 @@ static void test_ssp(void) {
     o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60};
     c = ps_cons_create(&o, fake_apply, NULL, &err);
     for (int i = 0; i < 5; i++) {
-        ps_cons_stepped(c, 1);
-        ps_cons_stepped(c, 2);
+        ps_cons_stepped(c, 1, "h");
+        ps_cons_stepped(c, 2, "h");
     }
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 7, on_ready, &r) == 1);
+    CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1);
     CHECK(ps_cons_clock(c, 7) == 5);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);  /* 1 is not ahead of the newcomer */
-    ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);  /* now it is, with bound 0 */
-    ps_cons_stepped(c, 7);
-    ps_cons_stepped(c, 2);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);  /* 1 is not ahead of the newcomer */
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);  /* now it is, with bound 0 */
+    ps_cons_stepped(c, 7, "h");
+    ps_cons_stepped(c, 2, "h");
     CHECK(r.called == 1 && r.st == PS_OK);
     ps_cons_free(c);
     /* hogwild admits everything and holds nothing. */
     o.mode = PS_CONS_HOGWILD;
     c = ps_cons_create(&o, fake_apply, NULL, &err);
-    for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
+    for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    ps_cons_free(c);
+}
+
+/* ssp clocks: every uint32 is a rank (no sentinel), ranks never share a
+ * clock, a rank belongs to the identity that first used it, and
+ * ssp_world_size bounds them. */
+static void test_ssp_ranks(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r = {0}, r2 = {0};
+    const uint32_t top = UINT32_MAX;
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, top, "x", on_ready, &r, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 1 ahead of rank 2^32-1 */
+    ps_cons_stepped(c, top, "x");                                  /* the top rank steps like any */
+    CHECK_MSG(ps_cons_clock(c, top) == 1 && r.called == 1 && r.st == PS_OK, "rank %u clock %llu, released %d",
+              top, (unsigned long long)ps_cons_clock(c, top), r.called);
+    /* ranks past 4095 each have their own clock */
+    CHECK(ps_cons_ssp_admit(c, 5000, "y", on_ready, &r2, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 6000, "y", on_ready, &r2, &err) == 1);
+    uint64_t c6 = ps_cons_clock(c, 6000);
+    ps_cons_stepped(c, 5000, "y");
+    ps_cons_stepped(c, 5000, "y");
+    CHECK(ps_cons_clock(c, 6000) == c6 && ps_cons_clock(c, 5000) == c6 + 2);
+    /* another identity: refused while the rank is active; its steps move nothing */
+    r2 = (ready_rec){0};
+    CHECK(ps_cons_ssp_admit(c, 1, "intruder", on_ready, &r2, &err) == -1 && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK_MSG(strstr(err.msg, "trainer_rank 1") && strstr(err.msg, "another client"), "%s", err.msg);
+    uint64_t c1 = ps_cons_clock(c, 1);
+    ps_cons_stepped(c, 1, "intruder");
+    CHECK(ps_cons_clock(c, 1) == c1 && r2.called == 0);
+    ps_cons_free(c);
+    /* ssp_world_size: ranks below it only */
+    o.ssp_world_size = 4;
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    CHECK(ps_cons_ssp_admit(c, 3, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 4, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "server.ssp_world_size is 4"), "%s", err.msg);
+    CHECK(ps_cons_ssp_admit(c, top, "h", on_ready, &r, &err) == -1);
+    ps_cons_free(c);
+    /* without it, at most 4096 active ranks; an inactive one's slot is reused */
+    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 1000, .active_s = 0.2};
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    int ok = 0;
+    for (uint32_t k = 0; k < 4096; k++) ok += ps_cons_ssp_admit(c, 100000 + k, "many", on_ready, &r, &err) == 1;
+    CHECK(ok == 4096);
+    CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_RESOURCE_EXHAUSTED);
+    usleep(300 * 1000);
+    CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1, "%s", err.msg);
     ps_cons_free(c);
 }
 
@@ -349,5 +400,6 @@ int main(void) {
     test_sync_straggler();
     test_sync_queue();
     test_ssp();
+    test_ssp_ranks();
     return check_summary("test_consistency");
 }

@@ -230,6 +230,38 @@ static void test_sync_late(void) {
     stop(&s);
 }
 
+/* A Step claiming a closed round (StepRequest.round) for a context of the
+ * open round: psd uses the round it recorded, so the forged id neither
+ * drops the context nor raises the round's membership (which made every
+ * later round wait for its timeout). */
+static void test_forged_round(void) {
+    server s;
+    g_sync_timeout_s = 0.5;
+    int rc = start(&s, new_model(), "sync", 1, 2, 0);
+    g_sync_timeout_s = 60;
+    if (rc) return;
+    ps_err err = {0};
+    ps_client *cl = ps_client_create(s.addr, 20000, MAXMSG, &err);
+    float x[NB * 784] = {0}, out[NB * 10], grad[NB * 10] = {0};
+    for (int i = 0; i < NB; i++) grad[i * 10 + i] = -1.0f / NB;
+    int64_t cols;
+    ps_client_step_out so;
+    for (uint64_t ctx = 0xf0f0000000000001ULL; ctx <= 0xf0f0000000000003ULL; ctx++) {
+        CHECK(ps_client_forward(cl, ctx, 1, 1, x, NB, 1, 28, 28, out, NB * 10, &cols, NULL, &err) == PS_OK);
+        CHECK(ps_client_backward(cl, ctx, grad, NB, 10, 0, NULL, &err) == PS_OK);
+        /* the first: alone, its round closes by the timeout (one trainer left); the
+         * others name that closed round */
+        ps_status st = ps_client_step_ex(cl, ctx, ctx == 0xf0f0000000000001ULL ? 0 : 1, &so, &err);
+        CHECK_MSG(st == PS_OK, "Step of context %llx: %s", (unsigned long long)ctx, err.msg);
+        CHECK_MSG(so.round == ctx - 0xf0f0000000000000ULL && so.round_contexts == 1, "round %llu of %u", (unsigned long long)so.round, so.round_contexts);
+    }
+    ps_StatusResponse st = status_of(s.addr);
+    CHECK_MSG(st.sync_members == 1 && st.sync_dropped == 0, "after forged round ids: membership %u, %llu dropped",
+              st.sync_members, (unsigned long long)st.sync_dropped);
+    ps_client_free(cl);
+    stop(&s);
+}
+
 static void test_ssp(void) {
     server s;
     if (start(&s, new_model(), "ssp", 2, 0, 0)) return;
@@ -301,6 +333,7 @@ int main(void) {
     grpc_init();
     test_sync();
     test_sync_late();
+    test_forged_round();
     test_ssp();
     test_restart();
     grpc_shutdown();
