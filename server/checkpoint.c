@@ -2,11 +2,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +50,98 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
         return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: not writable: %s", dir,
                           strerror(errno));
     return PS_OK;
+}
+
+/* ---- one server per directory: the lock file ------------------------------ */
+
+#define LOCK_NAME "psd.lock"
+
+/* The identity a lock file names: "cluster NAME" and "server NAME" lines
+ * (server "" = the single-server form). 0 when the file holds none. */
+static int lock_ident(int fd, char *cluster, char *server, char *who, size_t n) {
+    char buf[1024];
+    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+    if (got <= 0) return 0;
+    buf[got] = 0;
+    int have = 0;
+    cluster[0] = server[0] = who[0] = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "cluster ", 8)) snprintf(cluster, n, "%s", line + 8), have |= 1;
+        else if (!strncmp(line, "server ", 7)) snprintf(server, n, "%s", line + 7), have |= 2;
+        else if (!strncmp(line, "server", 7)) server[0] = 0, have |= 2;   /* "server" alone: single-server */
+        else if (!strncmp(line, "by ", 3)) snprintf(who, n, "%s", line + 3);
+    }
+    return have == 3;
+}
+
+static const char *ident_name(const char *server) { return *server ? server : "(single-server form)"; }
+
+/* Opens dir's lock file and checks whose it is; *fd open on success. With
+ * take, also locks it (flock, exclusive) and writes this identity. */
+static ps_status lock_open(const char *dir, const ps_ckpt_ident *id, int take, int *fd, ps_err *err) {
+    static const ps_ckpt_ident single_id = {"psd", ""};
+    if (!id) id = &single_id;
+    const char *mycl = id->cluster ? id->cluster : "", *mysv = id->server ? id->server : "";
+    char path[PS_CKPT_PATH_MAX];
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    *fd = open(path, take ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0640);
+    if (*fd < 0) {
+        if (!take && errno == ENOENT) return PS_OK;
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot open its lock file %s: %s", dir, path,
+                          strerror(errno));
+    }
+    char cl[256], sv[256], who[256];
+    int named = lock_ident(*fd, cl, sv, who, sizeof cl);
+    if (named && (strcmp(cl, mycl) || strcmp(sv, mysv))) {
+        close(*fd);
+        *fd = -1;
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "checkpoint dir %s belongs to server %s of cluster %s "
+                          "(%s names it%s%s); this psd is server %s of cluster %s: give each server its own "
+                          "directory (servers.<name>.checkpoint_dir), or remove the lock file if that server is "
+                          "gone for good", dir, ident_name(sv), cl, path, who[0] ? ", written by " : "", who,
+                          ident_name(mysv), mycl);
+    }
+    if (flock(*fd, (take ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        if (e == EWOULDBLOCK) {  /* its holder may have written its names meanwhile */
+            int rfd = open(path, O_RDONLY | O_CLOEXEC);
+            if (rfd >= 0 && lock_ident(rfd, cl, sv, who, sizeof cl)) mycl = cl, mysv = sv;
+            if (rfd >= 0) close(rfd);
+            return ps_err_set(err, PS_ERR_UNAVAILABLE, "checkpoint dir %s is in use by a running psd (server %s of "
+                              "cluster %s%s%s): one psd per directory", dir, ident_name(mysv), mycl,
+                              who[0] ? ", " : "", who);
+        }
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot lock %s: %s", dir, path, strerror(e));
+    }
+    if (!take) return PS_OK;
+    char host[256] = "?", text[1024];
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(text, sizeof text, "# psd: this directory holds the checkpoints of one server\ncluster %s\n"
+                       "server %s\nby %s pid %ld\n", mycl, mysv, host, (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, text, (size_t)len, 0) != len || fsync(*fd) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot write %s: %s", dir, path, strerror(e));
+    }
+    return PS_OK;
+}
+
+ps_status ps_ckpt_lock_dir(const char *dir, const ps_ckpt_ident *id, int *fd, ps_err *err) {
+    return lock_open(dir, id, 1, fd, err);
+}
+
+ps_status ps_ckpt_check_lock(const char *dir, const ps_ckpt_ident *id, ps_err *err) {
+    int fd = -1;
+    ps_status st = lock_open(dir, id, 0, &fd, err);
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+void ps_ckpt_unlock_dir(int fd) {
+    if (fd >= 0) close(fd);  /* closing drops the flock */
 }
 
 /* CRC-32 of the parameters' data in parameter order. */

@@ -129,6 +129,19 @@ ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arc
  * is a writable directory. */
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
 
+/* One server per checkpoint directory: dir/psd.lock names the cluster and
+ * server whose checkpoints the directory holds (and the host and pid that
+ * last took it), and a running psd holds an exclusive flock on it (on a
+ * network filesystem too, where its flock reaches the server; the names
+ * catch another server even where it does not). ps_ckpt_lock_dir takes it
+ * for id (NULL = {"psd", ""}) and keeps *fd open for the process's life:
+ * FAILED_PRECONDITION when the file names another server, UNAVAILABLE when
+ * a running psd holds it. ps_ckpt_check_lock makes the same checks without
+ * taking it (--check-config; no lock file is fine). */
+ps_status ps_ckpt_lock_dir(const char *dir, const ps_ckpt_ident *id, int *fd, ps_err *err);
+ps_status ps_ckpt_check_lock(const char *dir, const ps_ckpt_ident *id, ps_err *err);
+void ps_ckpt_unlock_dir(int fd);   /* -1 ok */
+
 /* Records of finished contexts kept in a checkpoint (psd.settle, above). */
 #define PS_CKPT_SETTLE_MAX (1 << 20)   /* ~36 MB of metadata at most; the newest are kept */
 typedef struct ps_ckpt_settle {

@@ -113,6 +113,12 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
         if (access(ck, W_OK | X_OK) != 0)
             return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "server.checkpoint_dir %s: not writable by this "
                               "user: %s", ck, strerror(errno));
+        const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
+        ps_err le = {0};
+        if (ps_ckpt_check_lock(ck, &id, &le) == PS_ERR_UNAVAILABLE)  /* itself, running: as a taken port */
+            fprintf(stderr, "psd: warning: server.checkpoint_dir: %s (fine if this psd is the one running)\n", le.msg);
+        else if (le.code)
+            return ps_err_set(err, le.code, "server.checkpoint_dir: %s", le.msg);
     } else if (ck[0] && errno != ENOENT) {
         return ps_err_set(err, PS_ERR_IO, "server.checkpoint_dir %s: %s", ck, strerror(errno));
     }
@@ -387,7 +393,8 @@ int main(int argc, char **argv) {
     const char *ckdir = cfg.server.checkpoint_dir;
     const ps_ckpt_ident ckid = {cfg.cluster.name, cfg.self >= 0 ? cfg.servers[cfg.self].name : ""};
     ps_ckpt_settle settle = {0};   /* the restored steps' records: a retried Step of them is answered */
-    if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) ||
+    int cklock = -1;               /* this server's hold on its checkpoint dir, for the process's life */
+    if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) || ps_ckpt_lock_dir(ckdir, &ckid, &cklock, &err) ||
                      ps_ckpt_restore_latest_with(model, ckdir, &ckid, &have_ckpt, &restored, &settle, &err))) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_model_free(model);
@@ -592,5 +599,6 @@ int main(int argc, char **argv) {
     ps_service_free(svc);
     ps_model_free(model);
     grpc_shutdown();
+    ps_ckpt_unlock_dir(cklock);
     return rc;
 }

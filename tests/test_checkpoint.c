@@ -1078,6 +1078,33 @@ static void test_settle_records(void) {
     ps_model_free(r);
 }
 
+/* One server per directory: the lock file names it; a held directory and
+ * one named for another server are refused; the same server takes it back
+ * after a restart. */
+static void test_dir_lock(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/lock", g_dir);
+    ps_err e = {0};
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    const ps_ckpt_ident a = {"mnist-2", "ps0"}, b = {"mnist-2", "ps1"};
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_OK);  /* no lock file yet */
+    int fd = -1, fd2 = -1;
+    CHECK_MSG(ps_ckpt_lock_dir(dir, &a, &fd, &e) == PS_OK && fd >= 0, "%s", e.msg);
+    CHECK(ps_ckpt_lock_dir(dir, &a, &fd2, &e) == PS_ERR_UNAVAILABLE && fd2 < 0);
+    CONTAINS(e.msg, "in use by a running psd (server ps0 of cluster mnist-2");
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_ERR_UNAVAILABLE);
+    CHECK(ps_ckpt_lock_dir(dir, &b, &fd2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "belongs to server ps0 of cluster mnist-2");
+    ps_ckpt_unlock_dir(fd);
+    /* ps0 is gone: ps1 is still refused (the file names ps0), ps0 takes it back */
+    CHECK(ps_ckpt_check_lock(dir, &b, &e) == PS_ERR_FAILED_PRECONDITION);
+    CHECK(ps_ckpt_lock_dir(dir, NULL, &fd2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "this psd is server (single-server form) of cluster psd");
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_OK);
+    CHECK_MSG(ps_ckpt_lock_dir(dir, &a, &fd, &e) == PS_OK, "%s", e.msg);
+    ps_ckpt_unlock_dir(fd);
+}
+
 int main(void) {
     ps_log_set_level(PS_LOG_ERROR);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -1089,6 +1116,7 @@ int main(void) {
     test_model_adam();
     test_parts();
     test_settle_records();
+    test_dir_lock();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);
