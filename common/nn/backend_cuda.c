@@ -529,7 +529,7 @@ done:
     return rc;
 }
 
-static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+static ps_status cu_conv2d_forward_sq(void *impl, const ps_conv_desc *d, const float *x, const float *w,
                                    const float *b, float *y, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
@@ -548,7 +548,7 @@ done:
     return rc;
 }
 
-static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+static ps_status cu_conv2d_backward_sq(void *impl, const ps_conv_desc *d, const float *x, const float *w,
                                     const float *dy, float *dx, float *dw, float *db, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
@@ -700,12 +700,12 @@ done:
 
 /* --------------------------------------------------------- max pooling */
 
-static size_t cu_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+static size_t cu_maxpool_workspace_size_sq(void *impl, const ps_pool_desc *d) {
     (void)impl;
     return (size_t)d->n * d->c * ps_pool_out_h(d) * ps_pool_out_w(d) * sizeof(int32_t);
 }
 
-static ps_status cu_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+static ps_status cu_maxpool_forward_sq(void *impl, const ps_pool_desc *d, const float *x, float *y,
                                     void *workspace, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
@@ -735,7 +735,7 @@ done:
     return rc;
 }
 
-static ps_status cu_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
+static ps_status cu_maxpool_backward_sq(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
                                      float *dx, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
@@ -887,6 +887,58 @@ static ps_status cu_adam_update_rows(void *impl, int64_t nrows, int64_t width, c
 done:
     ctx_release(im, c);
     return rc;
+}
+
+
+/* ---- general descriptors (issue 18), until this backend implements them:
+ * a descriptor the square form can express runs as that form, any other
+ * is refused. ---- */
+
+static int conv_square(const ps_conv_desc *d, ps_conv_desc *sq) {
+    const ps_conv_desc r = ps_conv_resolve(d);
+    if (r.stride_h != r.stride_w || r.pad_h != r.pad_w || r.dil_h != 1 || r.dil_w != 1 || r.groups != 1) return 0;
+    *sq = (ps_conv_desc){ r.n, r.cin, r.h, r.w, r.cout, r.kh, r.kw, r.stride_h, r.pad_h, r.src_layout, r.dst_layout };
+    return 1;
+}
+
+static int pool_square(const ps_pool_desc *d, ps_pool_desc *sq) {
+    const ps_pool_desc r = ps_pool_resolve(d);
+    if (r.kh != r.kw || r.stride_h != r.stride_w || r.pad_h || r.pad_w) return 0;
+    *sq = (ps_pool_desc){ r.n, r.c, r.h, r.w, r.kh, r.stride_h, r.layout };
+    return 1;
+}
+
+static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                   const float *b, float *y, ps_err *err) {
+    ps_conv_desc sq;
+    if (!conv_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "cu: general conv2d not implemented yet");
+    return cu_conv2d_forward_sq(impl, &sq, x, w, b, y, err);
+}
+
+static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                    const float *dy, float *dx, float *dw, float *db, ps_err *err) {
+    ps_conv_desc sq;
+    if (!conv_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "cu: general conv2d not implemented yet");
+    return cu_conv2d_backward_sq(impl, &sq, x, w, dy, dx, dw, db, err);
+}
+
+static size_t cu_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+    ps_pool_desc sq;
+    return pool_square(d, &sq) ? cu_maxpool_workspace_size_sq(impl, &sq) : 0;
+}
+
+static ps_status cu_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y, void *workspace,
+                                    ps_err *err) {
+    ps_pool_desc sq;
+    if (!pool_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "cu: padded max-pool not implemented yet");
+    return cu_maxpool_forward_sq(impl, &sq, x, y, workspace, err);
+}
+
+static ps_status cu_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
+                                     float *dx, ps_err *err) {
+    ps_pool_desc sq;
+    if (!pool_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "cu: padded max-pool not implemented yet");
+    return cu_maxpool_backward_sq(impl, &sq, workspace, dy, dx, err);
 }
 
 const ps_backend_ops ps_backend_cuda_ops = {

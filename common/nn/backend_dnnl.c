@@ -804,7 +804,7 @@ static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, p
 
 /* ---- ops ---- */
 
-static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x,
+static ps_status dn_conv2d_forward_sq(void *impl, const ps_conv_desc *d, const float *x,
                                      const float *w, const float *b, float *y, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
@@ -875,7 +875,7 @@ static void bias_grad(const float *dy, int n, int c, int64_t plane, float *db) {
     }
 }
 
-static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x,
+static ps_status dn_conv2d_backward_sq(void *impl, const ps_conv_desc *d, const float *x,
                                       const float *w, const float *dy, float *dx, float *dw,
                                       float *db, ps_err *err) {
     dn_impl *im = impl;
@@ -920,7 +920,7 @@ static ps_status dn_relu_backward(void *impl, int64_t count, const float *y, con
 }
 
 /* 0 when the primitive cannot be created (the forward then reports why). */
-static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+static size_t dn_maxpool_workspace_size_sq(void *impl, const ps_pool_desc *d) {
     dn_impl *im = impl;
     set_threads(im);
     prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
@@ -933,7 +933,7 @@ static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
     return md ? dnnl_memory_desc_get_size(md) : 0;
 }
 
-static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+static ps_status dn_maxpool_forward_sq(void *impl, const ps_pool_desc *d, const float *x, float *y,
                                       void *workspace, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
@@ -942,7 +942,7 @@ static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const flo
     return run(im, &k, a, workspace ? 3 : 2, err);
 }
 
-static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace,
+static ps_status dn_maxpool_backward_sq(void *impl, const ps_pool_desc *d, const void *workspace,
                                        const float *dy, float *dx, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
@@ -1172,6 +1172,58 @@ static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float 
     k.dst_layout = dst_layout == PS_LAYOUT_BLOCKED;
     exec_arg a[] = { { DNNL_ARG_FROM, src }, { DNNL_ARG_TO, dst } };
     return run(im, &k, a, 2, err);
+}
+
+
+/* ---- general descriptors (issue 18), until this backend implements them:
+ * a descriptor the square form can express runs as that form, any other
+ * is refused. ---- */
+
+static int conv_square(const ps_conv_desc *d, ps_conv_desc *sq) {
+    const ps_conv_desc r = ps_conv_resolve(d);
+    if (r.stride_h != r.stride_w || r.pad_h != r.pad_w || r.dil_h != 1 || r.dil_w != 1 || r.groups != 1) return 0;
+    *sq = (ps_conv_desc){ r.n, r.cin, r.h, r.w, r.cout, r.kh, r.kw, r.stride_h, r.pad_h, r.src_layout, r.dst_layout };
+    return 1;
+}
+
+static int pool_square(const ps_pool_desc *d, ps_pool_desc *sq) {
+    const ps_pool_desc r = ps_pool_resolve(d);
+    if (r.kh != r.kw || r.stride_h != r.stride_w || r.pad_h || r.pad_w) return 0;
+    *sq = (ps_pool_desc){ r.n, r.c, r.h, r.w, r.kh, r.stride_h, r.layout };
+    return 1;
+}
+
+static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                   const float *b, float *y, ps_err *err) {
+    ps_conv_desc sq;
+    if (!conv_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "dn: general conv2d not implemented yet");
+    return dn_conv2d_forward_sq(impl, &sq, x, w, b, y, err);
+}
+
+static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+                                    const float *dy, float *dx, float *dw, float *db, ps_err *err) {
+    ps_conv_desc sq;
+    if (!conv_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "dn: general conv2d not implemented yet");
+    return dn_conv2d_backward_sq(impl, &sq, x, w, dy, dx, dw, db, err);
+}
+
+static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+    ps_pool_desc sq;
+    return pool_square(d, &sq) ? dn_maxpool_workspace_size_sq(impl, &sq) : 0;
+}
+
+static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y, void *workspace,
+                                    ps_err *err) {
+    ps_pool_desc sq;
+    if (!pool_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "dn: padded max-pool not implemented yet");
+    return dn_maxpool_forward_sq(impl, &sq, x, y, workspace, err);
+}
+
+static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
+                                     float *dx, ps_err *err) {
+    ps_pool_desc sq;
+    if (!pool_square(d, &sq)) return ps_err_set(err, PS_ERR_INTERNAL, "dn: padded max-pool not implemented yet");
+    return dn_maxpool_backward_sq(impl, &sq, workspace, dy, dx, err);
 }
 
 const ps_backend_ops ps_backend_dnnl_ops = {
