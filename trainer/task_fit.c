@@ -46,6 +46,8 @@
 
 #define FIT_MAX_STAGES 8
 #define FIT_MAX_SHARDS 8
+#define FIT_EVAL_BYTES ((int64_t)8 << 20)
+#define FIT_EVAL_MAX 1024
 
 typedef struct fit_hop {
     int server;                       /* -1: a sharded first stage */
@@ -84,7 +86,7 @@ typedef struct fit_task {
     fit_hop hops[FIT_MAX_STAGES];
     double grad_scale;                /* --lr / optimizer.lr; 1 without --lr */
     /* buffers */
-    int bs, cap;
+    int bs, ebs, cap;                 /* training and evaluation batch sizes; rows of the buffers */
     float *xf;                        /* (cap, x_numel) float inputs */
     int64_t *xi;                      /* (cap, x_numel) int64 inputs */
     void *tgt;                        /* (cap, y_numel) int64 or float targets */
@@ -248,7 +250,6 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
                            &t->train, &t->ntrain, &t->val, &t->nval, err)))
         return st;
     t->bs = cfg->trainer.batch_size;
-    t->cap = t->bs;
     if (!(t->order = malloc((size_t)t->ntrain * sizeof *t->order)))
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     if (t->have_test) {
@@ -371,7 +372,14 @@ static ps_status fit_setup(fit_task *t, const ps_task_env *env, ps_err *err) {
     if (t->hops[t->nhops - 1].out_numel != lay->out_numel)
         return ps_err_set(err, PS_ERR_INTERNAL, "the last stage outputs %lld values per sample, expected %lld",
                           (long long)t->hops[t->nhops - 1].out_numel, (long long)lay->out_numel);
-    /* buffers */
+    /* buffers. Evaluation Forwards (no context, no max batch) take up to
+     * FIT_EVAL_BYTES of inputs or outputs, at most FIT_EVAL_MAX samples. */
+    int64_t per = lay->x_numel * (m->in_int64 ? 8 : 4), widest = 0;
+    for (int h = 0; h < t->nhops; h++) widest = t->hops[h].out_numel > widest ? t->hops[h].out_numel : widest;
+    if (widest * 4 > per) per = widest * 4;
+    int64_t ebs = FIT_EVAL_BYTES / (per > 0 ? per : 1);
+    t->ebs = (int)(ebs > FIT_EVAL_MAX ? FIT_EVAL_MAX : ebs < t->bs ? t->bs : ebs);
+    t->cap = t->ebs > t->bs ? t->ebs : t->bs;
     size_t cap = (size_t)t->cap;
     size_t tsz = t->loss->class_targets ? sizeof(int64_t) : sizeof(float);
     int64_t ynum = lay->y_numel > t->tlay.y_numel ? lay->y_numel : t->tlay.y_numel;
@@ -642,8 +650,8 @@ static ps_status evaluate_set(fit_task *t, const ps_task_env *env, const char *w
     double loss_sum = 0;
     int64_t correct = 0, preds = 0;
     const int64_t per_sample = lay->rows * ps_loss_predictions(t->loss, lay->classes, lay->inner);
-    for (uint32_t s = 0; s < n; s += (uint32_t)t->bs) {
-        int m = (int)(n - s < (uint32_t)t->bs ? n - s : (uint32_t)t->bs);
+    for (uint32_t s = 0; s < n; s += (uint32_t)t->ebs) {
+        int m = (int)(n - s < (uint32_t)t->ebs ? n - s : (uint32_t)t->ebs);
         ps_status st = fill_batch(t, x, y, lay, idx + s, m, err);
         if (st) return st;
         fit_job j = {.t = t, .env = env, .lay = lay, .n = m, .train = 0};
