@@ -69,7 +69,7 @@ typedef struct fit_task {
     char inputs[1024], labels[1024], test_inputs[1024], test_labels[1024];
     const ps_loss *loss;
     double val_fraction, lr;
-    int all_data;
+    int all_data, eval_only;
     size_t max_bytes;
     ps_fit_norm norm;
     /* data */
@@ -160,6 +160,10 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
     if (!strcmp(flag, "--input-std")) return parse_list(flag, v, t->norm.std, &t->norm.nstd, err);
     if (!strcmp(flag, "--all-data")) {
         t->all_data = 1;
+        return PS_OK;
+    }
+    if (!strcmp(flag, "--eval-only")) {
+        t->eval_only = 1;
         return PS_OK;
     }
     if (!strcmp(flag, "--max-data-mb")) {
@@ -596,7 +600,7 @@ static ps_status fit_begin_epoch(void *arg, const ps_task_env *env, int epoch, i
     if (!t->ready && (st = fit_setup(t, env, err))) return st;
     memcpy(t->order, t->train, (size_t)t->ntrain * sizeof *t->order);
     ps_shuffle_u32(t->order, t->ntrain, env->cfg->trainer.seed + (uint64_t)env->rank + 1000003ULL * (uint64_t)epoch);
-    *rounds = (int)((t->ntrain + (uint32_t)t->bs - 1) / (uint32_t)t->bs);
+    *rounds = t->eval_only ? 0 : (int)((t->ntrain + (uint32_t)t->bs - 1) / (uint32_t)t->bs);
     t->epoch_loss = 0;
     t->epoch_batches = 0;
     return PS_OK;
@@ -676,6 +680,7 @@ static ps_status evaluate_set(fit_task *t, const ps_task_env *env, const char *w
 static ps_status fit_end_epoch(void *arg, const ps_task_env *env, int epoch, ps_err *err) {
     fit_task *t = arg;
     char what[64];
+    if (t->eval_only) return PS_OK;
     printf("Rank %ld epoch %d/%d: training loss %.4f (mean of %ld batches)\n", env->rank, epoch + 1,
            env->cfg->trainer.epochs, t->epoch_batches ? t->epoch_loss / (double)t->epoch_batches : 0.0,
            t->epoch_batches);
@@ -716,6 +721,7 @@ static const ps_task_flag fit_flags[] = {
     {"--input-std", NULL, "S[,S..]", NULL, "then divide by S (one value, or one per channel)"},
     {"--all-data", NULL, NULL, NULL, "every rank trains on all training samples (default: its 1/(world_size-1) share)"},
     {"--max-data-mb", NULL, "N", NULL, "refuse an array over N MiB (default 4096)"},
+    {"--eval-only", NULL, NULL, NULL, "no training: evaluate psd's current model on the test files (or the split)"},
     {0},
 };
 
