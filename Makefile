@@ -259,7 +259,7 @@ install: $(BINS)
 	    -f systemd/psd-template.sed systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
-	install -m 0644 docs/config.md docs/security.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/config.md docs/security.md docs/fit.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf build build-asan build-fuzz
