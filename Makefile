@@ -5,6 +5,7 @@
 #   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
+#   make test-fit   the small ResNet on Fashion-MNIST through psd + 2 `ps-train fit` vs PyTorch's loop (~30 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
@@ -94,7 +95,7 @@ PY_GEN   := $(PY_GEN_DIR)/__init__.py $(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_p
 # Where Debian's python3 finds packages under PREFIX (/usr/local/lib/python3.N/dist-packages).
 PYTHONDIR ?= $(PREFIX)/lib/python3.$(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null || echo 11)/dist-packages
 
-.PHONY: all deps data run run-rl run-lm test test-rl test-python unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
@@ -121,6 +122,14 @@ RL_SEEDS ?= 1 2 3 4 5
 test-rl: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
+
+# docs/fit.md: psd + 2 ps-train fit trainers within 1 point of PyTorch's
+# local loop (mean of FIT_SEEDS), the checkpoint loaded into the twin.
+FIT_SEEDS ?= 1 2
+test-fit: deps
+	@scripts/install-deps.sh --fit
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all
@@ -279,7 +288,7 @@ install: $(BINS) $(PY_GEN)
 	    -f systemd/psd-template.sed systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
-	install -m 0644 docs/config.md docs/security.md docs/protocol.md docs/python.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(PYTHONDIR)/psd/_proto $(DESTDIR)$(DOCDIR)/examples
 	install -m 0644 python/psd/*.py $(DESTDIR)$(PYTHONDIR)/psd/
 	install -m 0644 $(PY_GEN) $(DESTDIR)$(PYTHONDIR)/psd/_proto/

@@ -237,6 +237,8 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                         el > 0 ? samples / el : 0.0, (unsigned long long)version);
             }
         }
+        if (tty) fprintf(stderr, "\r\033[K");
+        if (task->end_epoch && !o->no_eval && task->end_epoch(t, env, ep, &err)) goto fail;
     }
     double secs = now_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");
