@@ -154,6 +154,10 @@ typedef struct ps_client_round {
  * metrics of the step's round (sync) or the newest closed one. */
 ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
                                  ps_client_step_out *o, ps_client_round *rep, ps_err *err);
+/* Step with everything: grad_scale (0 = 1) as ps_client_step_scaled and
+ * the scalars as ps_client_step_scalars (sc may be NULL when n is 0). */
+ps_status ps_client_step_full(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, const ps_client_scalar *sc,
+                              int n, ps_client_step_out *o, ps_client_round *rep, ps_err *err);
 /* The scalar called name in r; NULL when absent. */
 const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name);
 
