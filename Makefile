@@ -70,6 +70,8 @@ LIB_SRC  := $(filter-out $(CUDA_SRC),$(wildcard common/*.c common/nn/*.c))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %,$(BUILD)/obj/proto/%.pb.o,$(PROTOS)) $(LIB_CUDA)
 LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
+# The dashboard's page (web/) and chart library, compiled into psd (below).
+SRV_OBJ  += $(BUILD)/obj/web/web_assets.o
 SRV_LIB  := $(BUILD)/libpsd.a
 PSD_OBJ  := $(BUILD)/obj/server/psd.o
 # trainer/ except main() is libtrainer.a, so unit tests link its modules.
@@ -83,6 +85,16 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+# Quiet build: one short line per step ("CC common/wire.c", "LD build/bin/psd");
+# `make V=1` prints the full commands.
+ifeq ($(V),1)
+Q :=
+say :=
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2);
+endif
 
 .PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
@@ -134,7 +146,7 @@ fuzz:
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 test-faults: deps
 	@$(MAKE) --no-print-directory all
@@ -162,11 +174,11 @@ test-slurm: deps
 .SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC))
 $(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
-	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
+	$(call say,GEN,$@)cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
 
 $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 # The dnnl backend's elementwise loops are OpenMP (libgomp, as oneDNN's runtime).
 # GNU OpenMP, the runtime Debian's oneDNN uses (clang defaults to LLVM's libomp).
@@ -175,42 +187,63 @@ $(BUILD)/obj/common/nn/backend_dnnl.o $(BUILD)/obj/common/nn/lstm.o: CFLAGS += $
 
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/obj/common/nn/backend.o: $(CUDA_STAMP)
 
+# psd's web dashboard (server/dashboard.c): web/ and the chart library uPlot
+# from the npm registry, pinned by web/package-lock.json and installed by
+# `npm ci` into web/node_modules when it is missing or older than the lock
+# file (no network once it is there), compiled into psd with its licence
+# by scripts/embed-web.py. Nothing is fetched when the page runs.
+WEB_LIB   := web/node_modules/uplot/dist/uPlot.iife.min.js
+WEB_FILES := /=web/index.html /dashboard.js=web/dashboard.js /dashboard.css=web/dashboard.css /favicon.svg=web/favicon.svg \
+             /uPlot.iife.min.js=$(WEB_LIB) /uPlot.min.css=web/node_modules/uplot/dist/uPlot.min.css \
+             /uPlot.LICENSE.txt=web/node_modules/uplot/LICENSE
+$(WEB_LIB): web/package.json web/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "web/node_modules is missing and npm is not installed: run scripts/install-deps.sh (or make deps)" >&2; exit 1; }
+	$(call say,NPM,web/node_modules)cd web && npm ci --no-audit --no-fund --loglevel=error $(if $(Q),>/dev/null)
+	@touch $@
+
+$(BUILD)/web/web_assets.c: scripts/embed-web.py web/index.html web/dashboard.js web/dashboard.css web/favicon.svg $(WEB_LIB)
+	$(call say,GEN,$@)/usr/bin/env python3 scripts/embed-web.py -o $@ $(WEB_FILES)
+
+$(BUILD)/obj/web/web_assets.o: $(BUILD)/web/web_assets.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) -Iserver $(CFLAGS) $(WARN) -c $< -o $@
+
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(SRV_LIB): $(SRV_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(BUILD)/bin/psd: $(PSD_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TRN_LIB): $(TRN_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(BUILD)/bin/ps-train: $(TRN_MAIN) $(TRN_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # ps-ckpt: checkpoint parts of a cluster (merge, info); tools/ps_ckpt.c.
 $(BUILD)/bin/ps-ckpt: $(BUILD)/obj/tools/ps_ckpt.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Performance: compute, end to end, and PyTorch's tutorial on the same data
 # (bench/run.sh; installs python3-torch for the PyTorch side). See README.
@@ -236,7 +269,7 @@ bench-cluster: deps
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 install: $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
