@@ -37,7 +37,7 @@ LDLIBS  += -lmicrohttpd -lsystemd
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
-# CUDA backend (README, "GPU build"): compiled and linked in whenever nvcc
+# CUDA backend (docs/gpu.md): compiled and linked in whenever nvcc
 # is found (on PATH or /usr/local/cuda/bin); `make NVCC=` builds without it.
 # The backend needs cuDNN 9 and cuBLAS next to the toolkit. CUDA_ARCH: SASS
 # for Hopper (sm_90) plus PTX that newer GPUs and sm_75+ JIT-compile.
@@ -246,7 +246,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LI
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Performance: compute, end to end, and PyTorch's tutorial on the same data
-# (bench/run.sh; installs python3-torch for the PyTorch side). See README.
+# (bench/run.sh; installs python3-torch for the PyTorch side). See docs/performance.md.
 bench: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
@@ -283,7 +283,9 @@ install: $(BINS)
 	    -f systemd/psd-template.sed systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
-	install -m 0644 docs/config.md docs/security.md $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/docs/img
+	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/
+	install -m 0644 docs/img/*.png $(DESTDIR)$(DOCDIR)/docs/img/
 
 clean:
 	rm -rf build build-asan build-fuzz

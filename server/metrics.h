@@ -9,7 +9,7 @@
  * client address as the gRPC port caps calls (server.max_calls,
  * server.max_calls_per_client), and idle ones closed.
  *
- * Metric names (all prefixed psd_), see docs/operations.md "Metrics":
+ * Metric names (all prefixed psd_), see docs/operations.md, "Metrics":
  *   build_info{version,model} 1, uptime_seconds, serving (1, 0 draining),
  *   steps_total, model_version, samples_total,
  *   rpcs_total{method,code}, rpc_duration_seconds{method} (histogram of
