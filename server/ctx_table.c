@@ -22,11 +22,12 @@ typedef struct fin_entry {
     struct fin_entry *fifo_next;
 } fin_entry;
 
-/* Who holds contexts: bytes and count per owner (t->mu). */
+/* Who holds contexts: bytes and count per owner (t->mu). The key is the
+ * whole identity, compared whole. */
 typedef struct ctx_owner {
-    char key[64];
     size_t bytes, count;
     struct ctx_owner *next;
+    char key[];
 } ctx_owner;
 
 struct ps_ctx_table {
@@ -51,11 +52,12 @@ struct ps_ctx_table {
 static ctx_owner *owner_get_locked(ps_ctx_table *t, const char *key, int create) {
     if (!key) key = "";
     for (ctx_owner *o = t->owners; o; o = o->next)
-        if (!strncmp(o->key, key, sizeof o->key - 1)) return o;
+        if (!strcmp(o->key, key)) return o;
     if (!create) return NULL;
-    ctx_owner *o = calloc(1, sizeof *o);
+    size_t len = strlen(key);
+    ctx_owner *o = calloc(1, sizeof *o + len + 1);
     if (!o) return NULL;
-    snprintf(o->key, sizeof o->key, "%s", key);
+    memcpy(o->key, key, len + 1);
     o->next = t->owners;
     t->owners = o;
     t->nowners++;
@@ -325,7 +327,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
             if (v) evict_locked(t, v, &dead);
         }
     }
-    if (c && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+    if (c && c->own && strcmp(c->own->key, owner)) {
         ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu belongs to another client; "
                    "choose context ids at random (64 bits)", (unsigned long long)id);
         c = NULL;
@@ -430,7 +432,7 @@ ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner,
             ps_err_set(err, PS_ERR_NOT_FOUND, "unknown context %llu (never opened by a training "
                        "Forward, or expired after %.0f s idle)", (unsigned long long)id, t->o.ttl_s);
         }
-    } else if (owner && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+    } else if (owner && c->own && strcmp(c->own->key, owner)) {
         ps_err_set(err, PS_ERR_PERMISSION_DENIED, "context %llu belongs to another client (token or host); "
                    "only the client that opened a context may use it", (unsigned long long)id);
         c = NULL;

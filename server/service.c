@@ -10,6 +10,7 @@
 
 #include "consistency.h"
 #include "round_metrics.h"
+#include "security.h"
 #include "trainers.h"
 #include "health.pb.h"
 #include "log.h"
@@ -371,7 +372,10 @@ static int join_dims(int64_t *out, const int64_t *lead, int nlead, const int64_t
 
 /* ---- Forward ---------------------------------------------------------------- */
 
-#define PS_OWNER_MAX 64   /* "token:" + a token name (security.h), or a peer's host */
+/* "token:" + a token name (security.h: longer names are refused at load), or
+ * a peer's host: an identity always fits, so it is compared whole. */
+#define PS_OWNER_MAX 128
+_Static_assert(sizeof "token:" + PS_TOKEN_NAME_MAX <= PS_OWNER_MAX, "a token identity fits PS_OWNER_MAX");
 
 /* Whom a call's contexts belong to (ctx_table.h "Fair shares"): the
  * caller's token name, or its peer host without tokens (every connection

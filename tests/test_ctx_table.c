@@ -119,6 +119,25 @@ static void test_owner_only(void) {
     CHECK(err.code == PS_ERR_PERMISSION_DENIED && strstr(err.msg, "belongs to another client"));
     CHECK((c = ps_ctx_table_acquire_as(t, 42, "token:alice", NULL, NULL, &err)) != NULL);
     if (c) ps_ctx_table_release(t, c);
+    /* Whole identities: two token names of 63 characters (the most a tokens
+     * file takes) sharing their first 57 are two clients. */
+    char a[80], b[80];
+    snprintf(a, sizeof a, "token:%057dA12345", 0);
+    snprintf(b, sizeof b, "token:%057dB12345", 0);
+    CHECK(strlen(a) == 6 + 63 && strncmp(a, b, 63) == 0);
+    CHECK((c = ps_ctx_table_open_as(t, 43, 1, a, NULL, &err)) != NULL);
+    if (c) {
+        ps_tape *tp2 = make_tape(43);
+        CHECK(ps_ctx_add_fwd(t, c, 0, tp2, 0, 100, &err) == PS_OK);
+        ps_ctx_table_release(t, c);
+    }
+    CHECK(ps_ctx_table_acquire_as(t, 43, b, NULL, NULL, &err) == NULL && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK(ps_ctx_table_open_as(t, 43, 1, b, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
+    CHECK((c = ps_ctx_table_acquire_as(t, 43, a, NULL, NULL, &err)) != NULL);
+    if (c) ps_ctx_table_release(t, c);
+    ps_ctx_stats st;
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.owners == 2);
     ps_ctx_table_free(t);
 }
 

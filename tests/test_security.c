@@ -293,6 +293,20 @@ static void test_config_checks(void) {
     expect_parse_error("a trainer 0123456789abcdef0123\nb admin 0123456789abcdef9999\n",
                        "tok:2: role 'admin' of 'b' is not 'trainer' or 'reader'");
     expect_parse_error("a trainer short\n", "tok:1: the token of 'a' must be 16..256");
+    /* over-long names are refused at load (identities are compared whole):
+     * 63 characters pass, 64 do not */
+    {
+        char text[256], buf[256];
+        snprintf(text, sizeof text, "%063d trainer 0123456789abcdef0123\n", 7);
+        snprintf(buf, sizeof buf, "%s", text);
+        ps_rpc_token *t = NULL;
+        int n = 0;
+        ps_err err = {0};
+        CHECK(ps_security_parse_tokens(buf, "tok", &t, &n, &err) == PS_OK && n == 1 && strlen(t[0].name) == 63);
+        free(t);
+        snprintf(text, sizeof text, "%064d trainer 0123456789abcdef0123\n", 7);
+        expect_parse_error(text, "must be 1..63");
+    }
     expect_parse_error("a trainer\n", "tok:1: expected '<name> <role> <token>', got 2 fields");
     expect_parse_error("a trainer 0123456789abcdef0123 extra\n", "got 4 fields");
     expect_parse_error("a trainer 0123456789abcdef0123\nb reader 0123456789abcdef0123\n",
