@@ -747,14 +747,19 @@ static void put_round_scalars(const ps_round_report *r, ps_RoundScalar *out, pb_
     }
 }
 
-/* A request's scalars as a checked set. */
-static ps_status scalars_in(const ps_ScalarValue *v, pb_size_t n, ps_scalar_set *set, ps_err *err) {
+/* A request's scalars as a checked set whose names the caller's client may
+ * bring (round_metrics.h: reserved names, a share per client). */
+static ps_status scalars_in(ps_service *s, const ps_rpc_call_info *info, const ps_ScalarValue *v, pb_size_t n,
+                            ps_scalar_set *set, ps_err *err) {
     set->n = 0;
     for (pb_size_t i = 0; i < n && i < PS_RM_MAX_SCALARS; i++) {
         snprintf(set->s[set->n].name, PS_RM_NAME_MAX, "%s", v[i].name);
         set->s[set->n++].value = v[i].value;
     }
-    return ps_scalar_set_check(set, err);
+    if (ps_scalar_set_check(set, err)) return err->code;
+    char owner[PS_OWNER_MAX];
+    owner_of(info, owner, sizeof owner);
+    return ps_rmetrics_admit(s->rm, set, owner, err);
 }
 
 static ps_status encode_step_result(ps_service *svc, int as_backward, const step_result *r,
@@ -1066,7 +1071,7 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         goto fail;
     }
     ps_scalar_set sc;   /* refused before anything is accumulated */
-    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+    if (scalars_in(s, info, req.scalars, req.scalars_count, &sc, &err)) {
         ps_err_prefix(&err, "BackwardRequest");
         goto fail;
     }
@@ -1235,7 +1240,7 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     ps_StepRequest req = ps_StepRequest_init_zero;
     if (ps_wire_decode(request, ps_StepRequest_fields, &req, &err)) goto fail;
     ps_scalar_set sc;
-    if (scalars_in(req.scalars, req.scalars_count, &sc, &err)) {
+    if (scalars_in(s, info, req.scalars, req.scalars_count, &sc, &err)) {
         ps_err_prefix(&err, "StepRequest");
         goto fail;
     }
