@@ -24,14 +24,15 @@ static const ps_method_desc table[PS_M_COUNT] = {
 };
 
 /* GetGradients reads a context's gradients: read-only for the weights, but
- * it names a context, so it is not for readers. */
+ * it names a context, so it is not for readers. The health check is for
+ * anyone who may connect, readers included. */
 static const char *reader_paths[PS_M_COUNT + 1];
 static pthread_once_t reader_once = PTHREAD_ONCE_INIT;
 
 static void reader_fill(void) {
     int n = 0;
     for (int i = 0; i < PS_M_COUNT; i++)
-        if (!table[i].mutating && table[i].id != PS_M_GET_GRADIENTS && table[i].id != PS_M_HEALTH_CHECK)
+        if (!table[i].mutating && table[i].id != PS_M_GET_GRADIENTS)
             reader_paths[n++] = table[i].path;
     reader_paths[n] = NULL;
 }

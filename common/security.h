@@ -5,7 +5,7 @@
  *     <name> <role> <token>
  * '#' starts a comment; blank lines are ignored. name: 1..PS_TOKEN_NAME_MAX (63) letters,
  * digits, '_', '-', '.'; role: "trainer" (every method) or "reader"
- * (ListParameters, GetParameters, Status only); token: 16..256 printable
+ * (ListParameters, GetParameters, Status, Health/Check only); token: 16..256 printable
  * characters without spaces (e.g. `openssl rand -hex 32`). Names and tokens
  * must be unique. The file must not be readable by other users (like ssh
  * keys): a mode with o+r is refused. A shared secret is one line that every

@@ -1317,6 +1317,12 @@ static void handle_push_gradients(void *user, const ps_rpc_call_info *info, cons
                            "'%s'", k, ps_model_arch(s->model), t->name);
                 goto fail;
             }
+            for (size_t j = 0; j < k; j++)  /* each parameter once: it would be added twice */
+                if (!strcmp(gl.items[j].name, t->name)) {
+                    ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu]: '%s' is given "
+                               "twice (also gradients[%zu])", k, t->name, j);
+                    goto fail;
+                }
             const ps_param_info *pi = ps_model_param(s->model, i);
             const ps_stage_info *si = ps_model_stage(s->model, pi->stage_index);
             if (!si->params_only) {

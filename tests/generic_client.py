@@ -203,6 +203,9 @@ def test_lm(stub, lr):
     expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
         ps_pb2.Tensor(name="rnn.nope", shape=[32], data=np.zeros(32, np.float32).tobytes(), dtype=F32)])),
         grpc.StatusCode.NOT_FOUND, "rnn.nope")
+    # One parameter twice in one push: refused whole (it used to be added twice).
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push + push[:1])),
+                 grpc.StatusCode.INVALID_ARGUMENT, f"gradients[{len(push)}]", push[0].name, "twice")
     # A push opens its context when no Forward did (a psd that hosts only the rnn stage sees none).
     p_open = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push, trainer_rank=1))
     rnn_sq = sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
