@@ -205,6 +205,8 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
     if (round < c->round) {  /* its round filled up without it: it joins the open one */
         c->queued++;
         round = c->round;
+        /* more trainers than the membership: a shrunk one grows back */
+        if (c->expected < c->o.sync_workers) c->expected++;
     }
     if (round > c->round) {
         uint64_t open = c->round;

@@ -11,7 +11,9 @@
  *    every member is answered with the same version and round. With more
  *    trainers than sync_workers a round fills up without some of them: a
  *    Step naming a round that closed complete joins the open round (it is
- *    queued), when it comes at most sync_timeout_s after that round closed.
+ *    queued), when it comes at most sync_timeout_s after that round closed;
+ *    a membership that had shrunk grows back by one with it (a returning
+ *    or new trainer).
  *    When a round has waited server.sync_timeout_s since its first member
  *    arrived, it closes with the members it has: the missing ones are
  *    stragglers, the expected membership shrinks to what arrived (so a dead

@@ -242,6 +242,22 @@ static void test_sync_queue(void) {
     CHECK_MSG(st.members == 2, "membership %u after 6 late steps of a round short of 1", st.members);
     ps_cons_close(c);
     ps_cons_free(c);
+    /* A dead trainer shrinks the membership; a new (or restarted) one, whose
+     * first round fills up without it, grows it back: its step is queued and
+     * the rounds after have both. */
+    o.sync_timeout_s = 0.2;
+    c = ps_cons_create(&o, fake_apply, &f, &err);
+    for (int i = 0; i < 4; i++) waiter_init(&w[i]);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[0], &err) == PS_OK);
+    usleep(300 * 1000);
+    CHECK(ps_cons_tick(c) == 1);               /* round 1 closed by its timeout: membership 1 */
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[1], &err) == PS_OK && w[1].answered);  /* round 2: alone */
+    CHECK_MSG(ps_cons_sync_submit(c, 2, &one, on_done, &w[2], &err) == PS_OK, "%s", err.msg);  /* the newcomer */
+    ps_cons_stats_get(c, &st);
+    CHECK(!w[2].answered && st.members == 2 && st.queued == 1 && st.round == 3);
+    CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[3], &err) == PS_OK);
+    CHECK(w[2].answered && w[2].round == 3 && w[2].members == 2 && w[3].round == 3);
+    ps_cons_free(c);
     /* A round closed long ago, beyond what is remembered: ABORTED, the
      * membership unchanged. */
     o.sync_workers = 1;
