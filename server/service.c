@@ -971,18 +971,16 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
 
 /* ---- Backward --------------------------------------------------------------- */
 
-/* Backward of one recorded forward: accumulate its parameter gradients into
- * the context (never non-finite ones under "reject"), optionally its input
- * gradient into gin. */
-static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
-                              size_t gbytes, int finite, const char *what, float *gin, ps_err *err) {
-    ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
-    if (!f)
-        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
-                          what, (unsigned long long)c->id, seq);
-    if (!f->tape)
-        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
-                          "backwarded", what, seq, (unsigned long long)c->id);
+/* Backward of one recorded forward f (checked: recorded, not backwarded)
+ * into the scratch accumulator *acc (created on first use): its parameter
+ * gradients, optionally its input gradient into gin. The context is not
+ * changed: backward_commit does that, for every forward of a call at once,
+ * so a call refused half-way changes nothing. *skip = 1 when a NaN/Inf
+ * reached it under policy skip (the context's step will not apply); under
+ * reject such a call is refused (never anything non-finite added). */
+static ps_status backward_into(ps_service *s, ps_ctx *c, ps_ctx_fwd *f, const ps_Tensor *g, const float *gdata,
+                               size_t gbytes, int finite, const char *what, float *gin, ps_grads **acc, int *skip,
+                               ps_err *err) {
     const ps_stage_info *so = ps_model_stage(s->model, ps_tape_last_stage(f->tape));
     int64_t n;
     int nlead;
@@ -998,50 +996,67 @@ static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_T
         char got[96];
         format_shape(got, sizeof got, g->shape, (int)g->shape_count);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: shape %s does not match the context's output "
-                          "(%d samples of forward %u)", what, got, ps_tape_batch(f->tape), seq);
+                          "(%d samples of forward %u)", what, got, ps_tape_batch(f->tape), f->seq);
     }
     if (g->dtype != ps_DType_FLOAT32)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: dtype %s; gradients are float32", what,
                           ps_wire_dtype_name(g->dtype));
+    if (*skip || (c->nonfinite && s->nonfinite_skip)) return PS_OK;  /* the step will not apply anyway */
     if (!finite && check_finite(gdata, gbytes / sizeof(float), what, err)) {
-        ps_status st = nonfinite(s, c, err);
-        if (st) return st;
-        ps_ctx_fwd_done(s->ctx, c, f);  /* skip: the context's step will not apply */
-        return PS_OK;
+        ps_status st = nonfinite(s, NULL, err);
+        if (!st) *skip = 1;
+        return st;
     }
-    if (c->nonfinite && s->nonfinite_skip) {
-        ps_ctx_fwd_done(s->ctx, c, f);
-        return PS_OK;
-    }
-    /* Into the context's accumulator directly when it is empty; otherwise
-     * through a scratch one, so a refused backward adds nothing. */
-    int direct = c->grads == NULL;
-    ps_grads *g2 = ps_grads_create(s->model, err);
-    if (!g2) return err->code;
-    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, g2, err);
+    if (!*acc && !(*acc = ps_grads_create(s->model, err))) return err->code;
+    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, *acc, err);
     int bad_param = -1;
     int64_t bad_elem = -1;
-    int fin = st ? 1 : ps_grads_check_finite(s->model, g2, &bad_param, &bad_elem);
+    int fin = st ? 1 : ps_grads_check_finite(s->model, *acc, &bad_param, &bad_elem);
     if (!st && fin < 0) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cannot check the gradients (out of memory)");
     if (!st && fin == 0) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradient of %s (computed from grad_output): element %lld is "
                    "not finite", ps_model_param(s->model, bad_param)->name, (long long)bad_elem);
-        st = nonfinite(s, c, err);
-        if (!st) {  /* skip: nonfinite() marked it; the step will not apply */
-            ps_grads_free(g2);
-            ps_ctx_fwd_done(s->ctx, c, f);
-            return PS_OK;
-        }
+        st = nonfinite(s, NULL, err);
+        if (!st) *skip = 1;
     }
-    if (!st && !direct) st = ps_grads_add(s->model, c->grads, g2, err);
-    if (st) {
-        ps_grads_free(g2);
-        return st;
+    return st;
+}
+
+/* The forwards fs[0..n-1] were backwarded into acc (NULL: nothing to add):
+ * add it into the context's gradients, mark the context when skip, and
+ * release the forwards' tapes - all of it, or (an error) nothing. */
+static ps_status backward_commit(ps_service *s, ps_ctx *c, ps_ctx_fwd *const *fs, size_t n, ps_grads *acc, int skip,
+                                 ps_err *err) {
+    if (acc && !skip) {
+        if (!c->grads) c->grads = acc;
+        else if (ps_grads_add(s->model, c->grads, acc, err)) return err->code;
+        else ps_grads_free(acc);
+    } else {
+        ps_grads_free(acc);
     }
-    if (direct) c->grads = g2;
-    else ps_grads_free(g2);
-    ps_ctx_fwd_done(s->ctx, c, f);
+    if (skip) c->nonfinite = 1;
+    for (size_t k = 0; k < n; k++) ps_ctx_fwd_done(s->ctx, c, fs[k]);
     return PS_OK;
+}
+
+/* Backward of one recorded forward: accumulate its parameter gradients into
+ * the context (never non-finite ones under "reject"), optionally its input
+ * gradient into gin. */
+static ps_status backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                              size_t gbytes, int finite, const char *what, float *gin, ps_err *err) {
+    ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
+    if (!f)
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
+                          what, (unsigned long long)c->id, seq);
+    if (!f->tape)
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
+                          "backwarded", what, seq, (unsigned long long)c->id);
+    ps_grads *acc = NULL;
+    int skip = 0;
+    ps_status st = backward_into(s, c, f, g, gdata, gbytes, finite, what, gin, &acc, &skip, err);
+    if (!st) st = backward_commit(s, c, &f, 1, acc, skip, err);
+    else ps_grads_free(acc);
+    return st;
 }
 
 static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
@@ -1061,6 +1076,7 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
     ps_wire_named *items = NULL;
     float *gbuf = NULL;
     size_t nitems = 0;
+    ps_ctx_fwd **fs = NULL;   /* the covered forwards */
     if (ps_wire_decode(request, ps_BackwardRequest_fields, &req, &err) ||
         (!req.has_grad_output && ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest.grad_output is missing")) ||
         ps_wire_tensor_check(&req.grad_output, &in, "BackwardRequest.grad_output", &err))
@@ -1117,6 +1133,38 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
         }
         nitems = ncov;
     }
+    /* All or nothing: every covered forward is checked, then backwarded into
+     * a scratch accumulator, and only then added and marked backwarded - a
+     * call refused for any of them changes nothing (its forwards stay
+     * pending, a retry of the whole call works). */
+    fs = calloc(ncov, sizeof *fs);
+    if (!fs) {
+        ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    for (size_t k = 0; k < ncov; k++) {
+        uint32_t seq = k ? req.more_seqs[k - 1] : req.seq;
+        char what[96];
+        if (k == 0) snprintf(what, sizeof what, "BackwardRequest.seq");
+        else snprintf(what, sizeof what, "BackwardRequest.more_seqs[%zu]", k - 1);
+        if (!(fs[k] = ps_ctx_find_fwd(c, seq))) {
+            ps_err_set(&err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u", what,
+                       (unsigned long long)c->id, seq);
+            goto fail;
+        }
+        if (!fs[k]->tape) {
+            ps_err_set(&err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already backwarded",
+                       what, seq, (unsigned long long)c->id);
+            goto fail;
+        }
+        for (size_t j = 0; j < k; j++)
+            if (fs[j] == fs[k]) {
+                ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "%s: forward %u is covered twice in one call", what, seq);
+                goto fail;
+            }
+    }
+    ps_grads *acc = NULL;
+    int skip = 0;
     for (size_t k = 0; k < ncov; k++) {
         char what[96];
         if (k == 0) snprintf(what, sizeof what, "BackwardRequest.grad_output");
@@ -1135,7 +1183,14 @@ static void handle_backward(void *user, const ps_rpc_call_info *info, const grpc
             gb = w->bytes;
         }
         float *gin = nitems && items[k].ndim ? (float *)items[k].data : NULL;
-        if (backward_one(s, c, k ? req.more_seqs[k - 1] : req.seq, gt, gd, gb, 0, what, gin, &err)) goto fail;
+        if (backward_into(s, c, fs[k], gt, gd, gb, 0, what, gin, &acc, &skip, &err)) {
+            ps_grads_free(acc);
+            goto fail;
+        }
+    }
+    if (backward_commit(s, c, fs, ncov, acc, skip, &err)) {
+        ps_grads_free(acc);
+        goto fail;
     }
     size_t tb = 0;
     for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;
@@ -1159,6 +1214,7 @@ fail:
 done:
     if (c) ps_ctx_table_release(s->ctx, c);
     free(items);
+    free(fs);
     free(gbuf);
     ps_wire_tensor_list_free(&more);
     ps_wire_tensor_in_free(&in);
