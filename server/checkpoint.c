@@ -268,6 +268,26 @@ static void retain(const char *dir, int keep) {
 
 static const ps_ckpt_ident single = {"psd", ""};
 
+/* psd.params: every parameter of the model's definition (hosted here or
+ * not), "<name>@<stage>:<d0>,<d1>,..." with ":shard" for a table that may be
+ * split by rows, joined by ';' - what ps-ckpt merge checks the parts
+ * against. NULL when out of memory. */
+static char *params_meta(ps_model *m) {
+    size_t cap = 256, o = 0;
+    int n = ps_model_num_def_params(m);
+    for (int i = 0; i < n; i++) cap += strlen(ps_model_def_param(m, i)->name) + 160;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const ps_param_info *pi = ps_model_def_param(m, i);
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s@%s:", i ? ";" : "", pi->name, pi->stage ? pi->stage : "");
+        for (int d = 0; d < pi->ndim; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, d ? "," : "", pi->dims[d]);
+        if (pi->sparse) o += (size_t)snprintf(buf + o, cap - o, ":shard");
+    }
+    return buf;
+}
+
 /* Metadata of a part: psd.cluster, psd.server, psd.hosted and
  * psd.rows.<param> of shards, appended to kv (key, value pairs) from
  * index *n; the strings live in buf (cap bytes). 0 when it does not fit. */
@@ -370,7 +390,7 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
     uint64_t samples = so->samples;
     int keep = so->keep;
     PS_ASSERT(keep >= 1);
-    char *settle = NULL;
+    char *settle = NULL, *params = NULL;
     int np = ps_model_num_params(m);
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
@@ -471,6 +491,12 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
         wmeta[nmeta++] = "psd.settle";
         wmeta[nmeta++] = settle;
     }
+    if (!(params = params_meta(m))) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
+        goto done;
+    }
+    wmeta[nmeta++] = "psd.params";
+    wmeta[nmeta++] = params;
     char pbuf[2048];
     PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 70, pbuf, sizeof pbuf) && "part metadata fits");
     wmeta[nmeta] = NULL;
@@ -484,6 +510,7 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
     retain(dir, keep);
 done:
     free(settle);
+    free(params);
     free(w);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
     free(steps);

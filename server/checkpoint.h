@@ -26,6 +26,10 @@
  *       for a shard's table, psd.rows.<param> = "lo,hi,R" (global rows
  *       [lo, hi) of R; the tensor holds hi - lo rows). tools/ps_ckpt.c
  *       (ps-ckpt merge) joins the parts of a cluster into one state_dict.
+ *       psd.params lists every parameter of the model's definition (hosted
+ *       here or not): "<name>@<stage>:<d0>,<d1>,..." (":shard" for a table
+ *       that may be split by rows), ';'-separated - ps-ckpt merge checks the
+ *       parts' tensors against it.
  *       Written by psd (ps_ckpt_save_with with its context table), also the
  *       records of the finished contexts whose steps this snapshot holds,
  *       so a restarted psd answers a retried Step of them instead of
