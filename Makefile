@@ -17,8 +17,9 @@
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
 #
-# Sources are picked up by directory: common/ and common/nn/ form libps.a,
-# server/ makes psd, trainer/ makes ps-train, tests/test_*.c one program each.
+# Sources are picked up by directory (docs/layout.md): common/ and common/nn/
+# (what both sides use) form libps.a, server/ makes psd, trainer/ makes
+# ps-train, tests/test_*.c one program each.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -234,7 +235,7 @@ bench-cluster: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/cluster.sh
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
