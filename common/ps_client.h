@@ -90,7 +90,7 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's
  * input gradient into them. step/round as StepRequest. */
-/* A named scalar for psd's round metrics (README "Round metrics"). */
+/* A named scalar for psd's round metrics (docs/rl.md, "Round metrics"). */
 #define PS_CLIENT_MAX_SCALARS 8
 typedef struct ps_client_scalar {
     const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
@@ -142,7 +142,7 @@ ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, co
                                    int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
                                    ps_err *err);
 
-/* ---- round metrics (README "Round metrics") ---- */
+/* ---- round metrics (docs/rl.md, "Round metrics") ---- */
 typedef struct ps_client_round_scalar {
     char name[32];
     uint32_t count;
@@ -158,6 +158,10 @@ typedef struct ps_client_round {
  * metrics of the step's round (sync) or the newest closed one. */
 ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
                                  ps_client_step_out *o, ps_client_round *rep, ps_err *err);
+/* Step with everything: grad_scale (0 = 1) as ps_client_step_scaled and
+ * the scalars as ps_client_step_scalars (sc may be NULL when n is 0). */
+ps_status ps_client_step_full(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, const ps_client_scalar *sc,
+                              int n, ps_client_step_out *o, ps_client_round *rep, ps_err *err);
 /* The scalar called name in r; NULL when absent. */
 const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name);
 
