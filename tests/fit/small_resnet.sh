@@ -66,7 +66,7 @@ EOF
   "$BUILD/bin/psd" --config "$tmp/fit$s.yaml" 2>"$tmp/psd$s.log" &
   psd=$!; pids+=($psd)
   for r in 1 2; do
-    "$BUILD/bin/ps-train" fit --config "$tmp/fit$s.yaml" --rank $r "${DATA[@]}" --no-eval >"$tmp/t$s-$r.log" 2>&1 &
+    "$BUILD/bin/ps-train" fit --config "$tmp/fit$s.yaml" --rank $r "${DATA[@]}" --no-eval --wait-s 300 >"$tmp/t$s-$r.log" 2>&1 &
     pids+=($!); tp[$r]=$!
   done
   for r in 1 2; do wait "${tp[$r]}" || fail "seed $s: trainer $r exited with $?"; done
