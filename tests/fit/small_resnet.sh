@@ -56,7 +56,7 @@ server:
   checkpoint_every_s: 0
   checkpoint_every_steps: 0
 model:
-  file: $MODEL
+  file: $PWD/$MODEL
   seed: $s
 optimizer: {type: sgd, lr: $LR, momentum: $MOMENTUM, weight_decay: 0}
 trainer: {world_size: 3, batch_size: $BS, epochs: $EPOCHS, seed: $s, log_every: 200, rpc_timeout_s: 120}
