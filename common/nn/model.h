@@ -35,21 +35,23 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "backend.h"
 #include "optim.h"
 #include "status.h"
 
+#include "modeldef.h"
 #include "tensor.h"
 
-#define PS_MODEL_MAX_STAGES 8
 #define PS_MODEL_MAX_SIZE_KEYS 8
 
 typedef struct ps_model ps_model;
 typedef struct ps_tape ps_tape;
 
 typedef struct ps_model_opts {
-    const char *arch;              /* "mnist_cnn" */
+    const char *arch;              /* model.arch: a shipped model file (modeldef.h), "mnist_cnn" */
+    const char *file;              /* model.file: a model file's path; when set, arch is not used */
     const char *cpu_backend;       /* backend for stages on "cpu": "dnnl" or "ref" */
     int n_placement;               /* (stage, device) pairs; stages not named go to "cpu" */
     const char *placement_stage[PS_MODEL_MAX_STAGES];
@@ -115,10 +117,6 @@ typedef struct ps_stage_info {
 
 typedef struct ps_grads ps_grads;
 
-/* Names of the architectures this build knows, NULL-terminated (the
- * registry's, models.h). */
-const char *const *ps_model_arch_names(void);
-
 /* Build the model: validates arch, sizes, stage names, devices and the
  * optimizer (an unknown stage or size, a device without a backend, a layer
  * kind the stage's backend lacks, an optimizer setting out of range
@@ -133,6 +131,14 @@ const char *const *ps_model_arch_names(void);
  * rows' weights and moments change, one step count per parameter). */
 ps_model *ps_model_create(const ps_model_opts *opts, ps_err *err);
 void ps_model_free(ps_model *m);
+
+/* The stage table of opts' model (psd --check-config), every stage of its
+ * definition, without building weights or backends: per stage its input
+ * and output shapes and dtypes, parameters, FLOPs and the bytes of
+ * activations a training forward keeps per sample (its memory plan on a
+ * plain layout), and where[s] (NULL: opts' placement device). Errors as
+ * ps_model_create (the model file's name file:line and the node). */
+ps_status ps_model_describe(const ps_model_opts *opts, const char *const *where, FILE *f, ps_err *err);
 
 const char *ps_model_arch(const ps_model *m);
 /* The backend running stage s (0-based), NULL past the last stage: for
