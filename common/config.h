@@ -148,6 +148,7 @@ typedef struct ps_config {
         int checkpoint_keep;              /* newest checkpoints kept, >= 1 */
         double grace_s;                   /* drain time for in-flight calls on stop */
         char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
+        bool metrics_tls;                 /* HTTPS on metrics_listen with security.cert/key */
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
         /* Limits against hostile or careless clients (docs/security.md): */
         int max_calls;                    /* ordinary calls accepted at once */
@@ -187,6 +188,7 @@ typedef struct ps_config {
         int epochs;
         char data[PS_CONFIG_PATH_MAX];    /* directory of the IDX files */
         int log_every;                    /* batches between log lines */
+        double progress_every_s;          /* not on a terminal: seconds between progress lines; 0 = none */
         uint64_t seed;                    /* data shuffling */
         double rpc_timeout_s;
         bool check_gradients;

@@ -10,6 +10,7 @@
 
 #include "consistency.h"
 #include "round_metrics.h"
+#include "trainers.h"
 #include "health.pb.h"
 #include "log.h"
 #include "loss.h"
@@ -54,6 +55,7 @@ struct ps_service {
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
     ps_ckpt_info ckpt;
+    ps_trainers *trainers;       /* the dashboard's view of each trainer; NULL = none */
 };
 
 static void grads_free_cb(void *g) { ps_grads_free(g); }
@@ -581,6 +583,7 @@ static ps_status forward_run(ps_service *s, const char *owner, const ps_ForwardR
     }
     resp.model_version = version;
     resp.replayed = replayed;
+    if (req->train) ps_trainers_forward(s->trainers, req->trainer_rank, n, replayed, fused ? resp.loss : NAN);
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp.round = c && c->round ? c->round : ps_cons_round(s->cons);
     if (c && !c->round && ps_cons_mode_of(s->cons) == PS_CONS_SYNC) c->round = resp.round;
     st = ps_wire_encode(ps_ForwardResponse_fields, &resp, response, err);
@@ -801,6 +804,7 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
     }
     int skipped = w->ctx->nonfinite;
     if (skipped) count(&s->nonfinite_skipped);
+    ps_trainers_step(s->trainers, w->ctx->rank, w->ctx->id, &w->scalars);
     ps_ctx_table_finish(s->ctx, w->ctx, version);
     step_result r = {.version = version, .round = round, .members = members, .skipped = skipped, .metrics = &w->report};
     grpc_byte_buffer *resp = NULL;
@@ -903,6 +907,8 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
     }
     step_result r = {0};
     ps_round_report rep;
+    uint32_t who = c->rank;
+    uint64_t cid = c->id;
     if (c->nonfinite) {
         r.version = skip_step(s, c);
         r.skipped = 1;
@@ -915,6 +921,7 @@ static ps_status step_context(ps_service *s, const ps_rpc_call_info *info, ps_ct
         ps_ctx_table_finish(s->ctx, c, r.version);
         ps_cons_stepped(s->cons, rank);
     }
+    ps_trainers_step(s->trainers, who, cid, scalars);
     ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
     r.metrics = &rep;
     return encode_step_result(s, as_backward, &r, &list, response, err);
@@ -1199,6 +1206,7 @@ static void handle_step(void *user, const ps_rpc_call_info *info, const grpc_byt
     uint64_t v = 0;
     ps_ctx *c = acquire_own(s, info, req.context_id, &finished, &v, &err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
+        ps_trainers_step_repeated(s->trainers, req.context_id);
         step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req.context_id)};
         if (encode_step_result(s, 0, &r, NULL, response, &err)) goto fail;
         return;
@@ -1524,6 +1532,8 @@ static void handle_status(void *user, const ps_rpc_call_info *info, const grpc_b
     reply(ps_StatusResponse_fields, &resp, response, code, details, dlen);
 }
 
+void ps_service_set_trainers(ps_service *s, ps_trainers *t) { s->trainers = t; }
+
 void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost) {
     if (applied) *applied = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
     if (lost) *lost = __atomic_load_n(&s->partial_lost, __ATOMIC_RELAXED);
@@ -1604,6 +1614,7 @@ static void handle_report_partial(void *user, const ps_rpc_call_info *info, cons
         snprintf(l + strlen(l), sizeof l - strlen(l), "%s%s", i ? "," : "", req.lost_on[i]);
     if (applied) __atomic_add_fetch(&s->partial_applied, 1, __ATOMIC_RELAXED);
     if (lost) __atomic_add_fetch(&s->partial_lost, 1, __ATOMIC_RELAXED);
+    if (applied || lost) ps_trainers_partial(s->trainers, req.trainer_rank, applied);
     ps_log(PS_LOG_WARN, "partial step: context %llx of trainer %u applied on %s, lost on %s%s",
            (unsigned long long)req.context_id, (unsigned)req.trainer_rank, a, l,
            applied ? " (applied here)" : lost ? " (lost here)"
