@@ -11,7 +11,7 @@
  * Settling: a unit of work runs Forward ... Step under one context id. When
  * a call of it goes unanswered, psd may or may not have applied its step.
  * Step(ctx) is idempotent on psd, so asking again settles it
- * (ps_retry_settled; docs/protocol.md "Retry and settle rules"): OK, or
+ * (ps_retry_settled; docs/protocol.md "Statuses"): OK, or
  * ALREADY_EXISTS ("too old to settle"), means the step was (or now is)
  * applied once; UNAVAILABLE or DEADLINE_EXCEEDED - psd down, or the context
  * in use because its first Step still runs or waits in its sync round -
@@ -23,6 +23,9 @@
  * Nothing here knows about gRPC or psd's messages: the calls are function
  * pointers (tests/test_retry.c drives it with fakes). Not thread-safe: one
  * ps_retry per trainer thread.
+ *
+ * docs/protocol.md writes these rules down for every client (ps-train and
+ * python/psd, which follows them); change both together.
  */
 #ifndef PS_TRAINER_RETRY_H
 #define PS_TRAINER_RETRY_H
