@@ -5,6 +5,7 @@
 #   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
+#   make test-fit   the small ResNet on Fashion-MNIST through psd + 2 `ps-train fit` vs PyTorch's loop (~30 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
@@ -15,10 +16,15 @@
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
-#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
+#   make test-python  the Python package's long runs: 2 Python MNIST trainers, the Python RNN trainer
+#                   against ps-train lm's perplexity, the REINFORCE example solving CartPole (~15-25 min)
+#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs, the psd Python package)
 #
-# Sources are picked up by directory: common/ and common/nn/ form libps.a,
-# server/ makes psd, trainer/ makes ps-train, tests/test_*.c one program each.
+# Sources are picked up by directory (docs/layout.md): common/ and common/nn/
+# (what both sides use) form libps.a, server/ makes psd, trainer/ makes
+# ps-train, tests/test_*.c one program each.
+# python/psd is the Python package (docs/python.md); `make` generates its
+# gRPC stubs from proto/ps.proto into python/psd/_proto (git-ignored).
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -85,6 +91,12 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+# The Python package: Debian's python3 (with python3-grpc-tools, python3-grpcio, python3-torch).
+PYTHON   ?= /usr/bin/python3
+PY_GEN_DIR := python/psd/_proto
+PY_GEN   := $(PY_GEN_DIR)/__init__.py $(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_pb2_grpc.py
+# Where Debian's python3 finds packages under PREFIX (/usr/local/lib/python3.N/dist-packages).
+PYTHONDIR ?= $(PREFIX)/lib/python3.$(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null || echo 11)/dist-packages
 
 # Quiet build: one short line per step ("CC common/wire.c", "LD build/bin/psd");
 # `make V=1` prints the full commands.
@@ -96,8 +108,8 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
-all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
+all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
 	@scripts/install-deps.sh
@@ -123,6 +135,14 @@ RL_SEEDS ?= 1 2 3 4 5
 test-rl: deps
 	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
+
+# docs/fit.md: psd + 2 ps-train fit trainers within 1 point of PyTorch's
+# local loop (mean of FIT_SEEDS), the checkpoint loaded into the twin.
+FIT_SEEDS ?= 1 2
+test-fit: deps
+	@scripts/install-deps.sh --fit
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
 test: deps
 	@$(MAKE) --no-print-directory $(if $(Q),-s) all
@@ -154,6 +174,13 @@ test-faults: deps
 	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
 	@BUILD=$(BUILD) bash tests/faults/netns_cluster.sh
 
+# The Python package's long runs (tests/python/run.sh; the quick ones are in `make test`).
+test-python: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@scripts/fetch-fortunes.sh data/fortunes
+	@BUILD=$(BUILD) bash tests/python/run.sh
+
 LOAD_SECONDS ?= 180
 test-load: deps
 	@$(MAKE) --no-print-directory $(if $(Q),-s) all
@@ -175,6 +202,18 @@ test-slurm: deps
 $(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
 	$(call say,GEN,$@)cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
+
+# The Python stubs (python3-grpc-tools). ps_pb2_grpc imports ps_pb2 as a
+# top-level module; inside the package it is a sibling.
+$(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_pb2_grpc.py: proto/ps.proto
+	@mkdir -p $(PY_GEN_DIR)
+	@$(PYTHON) -c 'import grpc_tools' 2>/dev/null || { echo "make: python3-grpc-tools is missing (scripts/install-deps.sh): it generates python/psd's stubs" >&2; exit 1; }
+	$(call say,GEN,$(PY_GEN_DIR))$(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(PY_GEN_DIR) --grpc_python_out=$(PY_GEN_DIR) proto/ps.proto
+	$(Q)sed -i 's/^import ps_pb2 as /from . import ps_pb2 as /' $(PY_GEN_DIR)/ps_pb2_grpc.py
+
+$(PY_GEN_DIR)/__init__.py: VERSION
+	@mkdir -p $(PY_GEN_DIR)
+	$(Q)printf '"""Generated by make (python3-grpc-tools stubs of proto/ps.proto); not in git."""\nversion = "%s"\n' "$(PS_VERSION)" > $@
 
 $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
@@ -267,11 +306,11 @@ bench-cluster: deps
 	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) bench/cluster.sh
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-install: $(BINS)
+install: $(BINS) $(PY_GEN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
@@ -286,8 +325,12 @@ install: $(BINS)
 	install -d $(DESTDIR)$(DOCDIR)/docs/img
 	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/
 	install -m 0644 docs/img/*.png $(DESTDIR)$(DOCDIR)/docs/img/
+	install -d $(DESTDIR)$(PYTHONDIR)/psd/_proto $(DESTDIR)$(DOCDIR)/examples
+	install -m 0644 python/psd/*.py $(DESTDIR)$(PYTHONDIR)/psd/
+	install -m 0644 $(PY_GEN) $(DESTDIR)$(PYTHONDIR)/psd/_proto/
+	install -m 0644 examples/*.py $(DESTDIR)$(DOCDIR)/examples/
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz $(PY_GEN_DIR) python/psd/__pycache__
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

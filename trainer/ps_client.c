@@ -140,6 +140,16 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
     return rc;
 }
 
+ps_status ps_client_list_stages(ps_client *c, ps_StageInfo *out, int cap, int *n, ps_err *err) {
+    ps_ListParametersRequest req = ps_ListParametersRequest_init_zero;
+    ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero; /* parameters unbound: skipped */
+    *n = 0;
+    ps_status rc = call(c, PS_M_LIST_PARAMETERS, &req, &resp, err);
+    if (rc) return rc;
+    for (pb_size_t i = 0; i < resp.stages_count && *n < cap; i++) out[(*n)++] = resp.stages[i];
+    return PS_OK;
+}
+
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err) {
     return ps_client_get_stage_parameters(c, NULL, list, version, err);
 }

@@ -38,6 +38,10 @@ ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_lis
 ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
                                     ps_err *err);
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err);
+/* The stages psd hosts (ListParametersResponse.stages: per-sample input
+ * shape and dtype, output shape, shard rows), in model order: at most cap
+ * into out, *n how many. */
+ps_status ps_client_list_stages(ps_client *c, ps_StageInfo *out, int cap, int *n, ps_err *err);
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err);
 
 /* ---- stage-addressed, typed, multi-forward calls (any model) ---------------- */
