@@ -12,7 +12,7 @@
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
-#   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
+#   make fuzz       libFuzzer over request decoding/validation and the model-file loader (FUZZ_SECONDS=60 each)
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
@@ -161,8 +161,10 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang-14 NVCC= \
 	    OPT="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service
+	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service build-fuzz/fuzz/fuzz_modelfile
 	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGET=fuzz_modelfile \
+	    FUZZ_SEEDS=tests/fuzz/corpus_modelfile tests/fuzz/run.sh
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
@@ -233,6 +235,10 @@ $(BUILD)/obj/%.o: %.cu
 	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/obj/common/nn/backend.o: $(CUDA_STAMP)
+
+# model.arch NAME is looked up beside the binary first (modeldef.h); the
+# install directory compiled in is the last resort.
+$(BUILD)/obj/common/nn/modeldef.o: CPPFLAGS += -DPS_MODELS_DIR=\"$(PREFIX)/share/psd/models\"
 
 # psd's web dashboard (server/dashboard.c): web/ and the chart library uPlot
 # from the npm registry, pinned by web/package-lock.json and installed by
@@ -311,9 +317,10 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 install: $(BINS) $(PY_GEN)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs $(DESTDIR)$(PREFIX)/share/psd/models
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
+	install -m 0644 configs/models/*.yaml $(DESTDIR)$(PREFIX)/share/psd/models/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)
 	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service
