@@ -81,7 +81,9 @@ try {
   const p1 = await points("throughput");
   check(p1 >= p0 + 2, `charts updated live: throughput chart ${p0} -> ${p1} points`);
   check((await page.$$("[data-chart] canvas")).length >= 3, "charts drawn (uPlot canvases)");
-  check(await page.$('[data-chart="loss"] canvas') !== null, "a loss chart (the trainers' Step scalar 'loss')");
+  // the loss series appears with the first history point after the first Step
+  await until("a loss chart", async () => (await page.$('[data-chart="loss"] canvas')) !== null, 60000);
+  check(true, "a loss chart (the trainers' Step scalar 'loss')");
 
   // 2. the finished run against Status and the trainers' own counts
   await until("the trainers to finish", async () => existsSync(doneFile), 300000);
