@@ -27,12 +27,13 @@
 #include "cli.h"
 #include "config.h"
 #include "daemon.h"
+#include "dashboard.h"
 #include "isa_check.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
 #include "placement.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "security.h"
 #include "service.h"
 
@@ -217,6 +218,35 @@ static void print_hosted(const ps_config *cfg, FILE *f) {
     }
 }
 
+/* --check-config: the model's stage table (every stage of its definition),
+ * each with where the config places it. */
+static ps_status print_stage_table(const ps_config *cfg, const ps_model_opts *mo, FILE *f, ps_err *err) {
+    ps_placement p;
+    static char where[PS_CONFIG_MAX_STAGES][512];
+    const char *wp[PS_CONFIG_MAX_STAGES] = {0};
+    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return err->code;
+    for (int s = 0; s < p.n_stages; s++) {
+        const ps_place_stage *ps = &p.stages[s];
+        size_t o = 0;
+        where[s][0] = '\0';
+        if (ps->n_shards) {
+            for (int k = 0; k < ps->n_shards && o < sizeof where[s]; k++)
+                o += (size_t)snprintf(where[s] + o, sizeof where[s] - o, "%s%s/%s rows [%lld, %lld)", k ? ", " : "",
+                                      p.server_name[ps->shards[k].server], ps->shards[k].device,
+                                      (long long)ps->shards[k].lo, (long long)ps->shards[k].hi);
+        } else if (cfg->n_servers) {
+            snprintf(where[s], sizeof where[s], "%s/%s", p.server_name[ps->server], ps->device);
+        } else {
+            snprintf(where[s], sizeof where[s], "%s", ps->device);
+        }
+        wp[s] = where[s];
+    }
+    ps_model_opts all = *mo;
+    all.n_hosted = 0;
+    all.shard_stage = NULL;
+    return ps_model_describe(&all, wp, f, err);
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -318,7 +348,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     ps_model_opts mo = {0};
-    mo.arch = ps_config_enum_name("model.name", (int)cfg.model.name);
+    mo.arch = cfg.model.arch;
+    mo.file = cfg.model.file[0] ? cfg.model.file : NULL;
     mo.cpu_backend = ps_config_enum_name("model.backend", (int)cfg.model.backend);
     mo.n_placement = cfg.model.n_placement;
     for (int i = 0; i < cfg.model.n_placement; i++) {
@@ -358,7 +389,11 @@ int main(int argc, char **argv) {
     if (check_config) {
         /* every check start-up makes, without binding or writing anything */
         int rc = 0;
-        if (init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
+        if (print_stage_table(&cfg, &mo, stdout, &err)) {
+            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+            rc = 2;
+        }
+        if (!rc && init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }
@@ -466,6 +501,17 @@ int main(int argc, char **argv) {
     const ps_rpc_method *methods = ps_service_methods(&nm);
     ps_metrics *metrics = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;
     if (metrics) methods = ps_metrics_methods(metrics, &nm);
+    /* The web dashboard on the metrics port (dashboard.h): each trainer as psd sees it, a bounded history. */
+    ps_trainers *trainers = metrics && cfg.server.metrics_listen[0] ? ps_trainers_create() : NULL;
+    ps_dashboard_opts dopts = {svc, model, trainers, &cfg, 0};
+    ps_dashboard *dash = trainers ? ps_dashboard_create(&dopts, &err) : NULL;
+    if (dash) ps_service_set_trainers(svc, trainers), ps_metrics_set_dashboard(metrics, dash);
+    else if (trainers) ps_log(PS_LOG_WARN, "no dashboard (metrics only): %s", err.msg);
+    int per_client = cfg.server.max_calls_per_client > 0 ? cfg.server.max_calls_per_client
+                     : (cfg.server.max_calls / 4 > 0 ? cfg.server.max_calls / 4 : 1);
+    ps_metrics_http_opts ho = {cfg.server.metrics_tls ? cfg.security.cert : NULL, cfg.security.key,
+                               (unsigned)cfg.server.max_calls, (unsigned)per_client,
+                               (unsigned)(cfg.server.recv_timeout_s < 10 ? cfg.server.recv_timeout_s + 0.999 : 10)};
     /* A taken port is the common failure (a second psd): say so plainly. */
     char why[300];
     ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);
@@ -477,8 +523,7 @@ int main(int argc, char **argv) {
         ps_rpc_server_opts ro = {
             .threads = cfg.server.threads,
             .max_calls = cfg.server.max_calls,
-            .max_calls_per_client = cfg.server.max_calls_per_client > 0 ? cfg.server.max_calls_per_client
-                                    : (cfg.server.max_calls / 4 > 0 ? cfg.server.max_calls / 4 : 1),
+            .max_calls_per_client = per_client,
             .max_message_bytes = (int)so.max_message_bytes,
             .max_streams_per_connection = cfg.server.max_streams_per_connection,
             .max_connection_age_ms = (int)(cfg.server.max_connection_age_s * 1000 > 2e9
@@ -495,12 +540,14 @@ int main(int argc, char **argv) {
                sec.ntokens == 1 ? "" : "s");
         ps_security_free(&sec);
     }
-    if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen(metrics, cfg.server.metrics_listen, &err)) ||
+    if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen_opts(metrics, cfg.server.metrics_listen, &ho, &err)) ||
         ps_rpc_server_start(srv, &err)) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_rpc_server_free(srv);
         ps_metrics_free(metrics);
+        ps_dashboard_free(dash);
         ps_service_free(svc);
+        ps_trainers_free(trainers);
         ps_model_free(model);
         grpc_shutdown();
         return 1;
@@ -514,7 +561,8 @@ int main(int argc, char **argv) {
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.threads);
     if (cfg.server.metrics_listen[0])
-        ps_log(PS_LOG_INFO, "metrics on http://%s/metrics", cfg.server.metrics_listen);
+        ps_log(PS_LOG_INFO, "dashboard on %s://%s/ (metrics at /metrics)", cfg.server.metrics_tls ? "https" : "http",
+               cfg.server.metrics_listen);
     if (ckdir[0])
         ps_log(PS_LOG_INFO, "checkpoints in %s every %d steps / %g s, keeping %d", ckdir,
                cfg.server.checkpoint_every_steps, cfg.server.checkpoint_every_s, cfg.server.checkpoint_keep);
@@ -581,7 +629,9 @@ int main(int argc, char **argv) {
            (unsigned long long)st.opened, (unsigned long long)st.expired);
     ps_rpc_server_free(srv);
     ps_metrics_free(metrics);
+    ps_dashboard_free(dash);
     ps_service_free(svc);
+    ps_trainers_free(trainers);
     ps_model_free(model);
     grpc_shutdown();
     return rc;

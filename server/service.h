@@ -46,7 +46,7 @@
 #include "checkpoint.h"
 #include "ctx_table.h"
 #include "model.h"
-#include "rpc.h"
+#include "rpc_server.h"
 
 typedef struct ps_service ps_service;
 
@@ -144,6 +144,11 @@ void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *sk
 /* Partial steps reported by trainers (ReportPartial): batches applied here
  * but lost on another server, and lost here but applied elsewhere. */
 void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost);
+
+/* The dashboard's per-trainer view (trainers.h), fed by the handlers from
+ * now on; NULL = none. Set before the server starts; t outlives s. */
+struct ps_trainers;
+void ps_service_set_trainers(ps_service *s, struct ps_trainers *t);
 
 /* What this psd hosts, in words: "emb rows [0, 5000) on cpu, decoder on
  * cpu" (Status.hosted). */

@@ -47,7 +47,7 @@
 #include "lm_corpus.h"
 #include "loss.h"
 #include "lstm.h"
-#include "models.h"
+#include "modeldef.h"
 #include "rng.h"
 #include "task.h"
 
@@ -298,7 +298,8 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
     j->scale = clip_scale(t, j->sq_norm);
     ps_client_step_out so;
-    if ((st = ps_client_step_scaled(cl, ctx, 0, (float)j->scale, &so, err))) return st;
+    ps_client_scalar loss = {"loss", j->loss};   /* the dashboard's loss where psd computes none (logits mode) */
+    if ((st = ps_client_step_full(cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err))) return st;
     j->version = so.version;
     return PS_OK;
 }
@@ -425,13 +426,16 @@ static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
     j->sq_norm = ps_cluster_batch_sq_norm(b);
     j->scale = clip_scale(t, j->sq_norm);
     b->grad_scale = (float)j->scale;
+    b->has_loss = 1;
+    b->loss = j->loss;
     return PS_OK;
 }
 
 static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
     lm_job *j = arg;
     ps_client_step_out so;
-    ps_status st = ps_client_step_scaled(j->env->cl, ctx, 0, (float)j->scale, &so, err);
+    ps_client_scalar loss = {"loss", j->loss};
+    ps_status st = ps_client_step_full(j->env->cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err);
     if (!st) j->version = so.version;
     return st;
 }
@@ -482,9 +486,11 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
 static double size_of(const ps_config *cfg, const char *key) {
     for (int i = 0; i < cfg->model.n_sizes; i++)
         if (!strcmp(cfg->model.sizes[i].key, key)) return cfg->model.sizes[i].value;
-    const ps_model_def *d = ps_model_def_find("rnn_lm");
+    ps_model_def *d = ps_model_def_load("rnn_lm", NULL, NULL);   /* the model this task trains */
     const ps_size_key *k = d ? ps_model_def_size(d, key) : NULL;
-    return k ? k->def : 0;
+    double v = k ? k->def : 0;
+    ps_model_def_free(d);
+    return v;
 }
 
 static void *lm_create(void) {

@@ -14,7 +14,8 @@
  * outputs reordered back. Linear layers keep plain weights (oi), so the
  * large fc weights are never reordered. PS_DNNL_LAYOUT=plain in the
  * environment turns blocked layouts off (for comparison); =8 or =16
- * forces the block size.
+ * forces the block size. PS_DNNL_POOL=c runs plain-layout pooling in the
+ * C kernels, normally their last resort (for tests and comparison).
  *
  * Fallback check: every primitive's implementation name is checked at
  * creation against kKindInfo; reference kernels of kinds that may not have
@@ -60,16 +61,27 @@ typedef enum {
     PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
     PK_REORDER,
     PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
+    PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
+    PK_ELTWISE_FWD, PK_ELTWISE_BWD,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
- * from a zeroed value. dims: conv n,cin,h,w,cout,kh,kw,stride,pad; pool
- * n,c,h,w,k,stride; ip n,in,out; relu count; logsoftmax rows,cols. */
+ * from a zeroed value (key_make; no padding bytes). dims: conv
+ * n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups; pool n,c,h,w,kh,kw,sh,sw,
+ * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols. */
+#define PS_DNNL_KEY_DIMS 14
 typedef struct prim_key {
     int32_t kind;
-    int32_t bias;
+    int32_t bias;                    /* conv/ip: has a bias; avg-pool: count_include_pad */
     int32_t src_layout, dst_layout;  /* PS_LAYOUT_* of the activations */
-    int64_t dims[9];
+    int32_t alg;                     /* eltwise: the dnnl_alg_kind_t */
+    uint32_t alpha_bits;             /* eltwise: alpha's float bits */
+    int32_t ndims;                   /* dims used */
+    int32_t plain_try;               /* plain-layout pooling tried on oneDNN (plain_pool_entry):
+                                      * 1 nchw, 2 blocked behind reorders (block in alg); a
+                                      * reference kernel is not run (the C kernel is) nor a
+                                      * fallback */
+    int64_t dims[PS_DNNL_KEY_DIMS];
 } prim_key;
 
 #define PS_DNNL_MAX_CONV 3
@@ -98,6 +110,8 @@ typedef struct dn_impl {
     dnnl_engine_t engine;
     int nthreads;
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
+    int native_block;       /* probe_block's, whatever PS_DNNL_LAYOUT says (plain pooling) */
+    int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -106,7 +120,7 @@ typedef struct dn_impl {
     struct pool_buf *pool;  /* freed buffers kept for reuse (pool_get/pool_put) */
     size_t pool_bytes;
     int nfallback;          /* primitives created with a disallowed reference kernel */
-    char fallback[PS_DNNL_MAX_FALLBACKS][160]; /* the first ones, described */
+    char fallback[PS_DNNL_MAX_FALLBACKS][200]; /* the first ones, described */
 } dn_impl;
 
 /* ---- the fallback check ----
@@ -137,6 +151,10 @@ static const prim_kind_info kKindInfo[] = {
     [PK_REORDER] = { "reorder", 1 },
     [PK_SOFTMAX_FWD] = { "softmax forward", 0 },  /* a language model's vocabulary: not tiny */
     [PK_SOFTMAX_BWD] = { "softmax backward", 1 },
+    [PK_AVGPOOL_FWD] = { "avg-pool forward", 0 },
+    [PK_AVGPOOL_BWD] = { "avg-pool backward", 0 },
+    [PK_ELTWISE_FWD] = { "activation forward", 0 },
+    [PK_ELTWISE_BWD] = { "activation backward", 0 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -269,26 +287,64 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     return st;
 }
 
+/* The convolution primitive of kind k->kind for the given activation
+ * layouts (x, y) and weight layout. */
+static ps_status conv_prim_with(dnnl_engine_t eng, const prim_key *k, const dnnl_memory_desc_t *x,
+                                const dnnl_memory_desc_t *w, const dnnl_memory_desc_t *b,
+                                const dnnl_memory_desc_t *y, dnnl_primitive_t *prim, ps_err *err) {
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    dnnl_dims_t strides = { d[7], d[8] }, pad = { d[9], d[10] };
+    dnnl_dims_t dil = { d[11] - 1, d[12] - 1 };  /* oneDNN counts the gaps: 0 = dense */
+    dnnl_convolution_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training,
+                  dnnl_convolution_direct, x, w, k->bias ? b : NULL, y, strides, dil, pad, pad));
+    switch (k->kind) {
+    case PK_CONV_FWD:
+        return make_prim(eng, &fwd, NULL, prim, err);
+    case PK_CONV_BWD_DATA:
+        PS_DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(&bwd, dnnl_convolution_direct,
+                      x, w, y, strides, dil, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    default:
+        PS_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
+                      x, w, k->bias ? b : NULL, y, strides, dil, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    }
+}
+
 /* Convolutions take "any" for every tensor: oneDNN picks the layouts its
  * fastest kernel for this ISA wants (a fixed layout can leave only the
  * reference kernel: conv1's weight gradient with plain src and nChw8c
- * diff_dst is ref:any on AVX2). The caller's layouts (ua) are reordered to
- * and from the chosen ones where they differ (entry_create). */
+ * diff_dst is ref:any on AVX2; grouped and dilated backward passes in
+ * nChw8c are ref:any on SSE4.1, dilated weight gradients in nChw8c on
+ * every ISA). Should "any" still end on a reference kernel, the primitive
+ * is made again with plain nchw activations, where the GEMM-based kernel
+ * (gemm:jit) takes every stride, padding, dilation and group count. The
+ * caller's layouts (ua) are reordered to and from the chosen ones where
+ * they differ (entry_create). Grouped weights are oneDNN's goihw, (g,
+ * cout/g, cin/g, kh, kw): the same floats as PyTorch's (cout, cin/g, kh,
+ * kw). */
 static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
-    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,stride,pad */
-    const int64_t oh = (d[2] + 2 * d[8] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[8] - d[6]) / d[7] + 1;
-    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, wd[4] = { d[4], d[1], d[5], d[6] };
-    const int64_t yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
-    dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser;
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    const int64_t oh = (d[2] + 2 * d[9] - d[11] * (d[5] - 1) - 1) / d[7] + 1;
+    const int64_t ow = (d[3] + 2 * d[10] - d[12] * (d[6] - 1) - 1) / d[8] + 1;
+    const int64_t g = d[13];
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
+    const int64_t wd4[4] = { d[4], d[1], d[5], d[6] }, wd5[5] = { g, d[4] / g, d[1] / g, d[5], d[6] };
+    const int wn = g > 1 ? 5 : 4;
+    const int64_t *wd = g > 1 ? wd5 : wd4;
+    dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser, xplain, yplain;
     ps_status st;
     if ((st = md_plain(&xuser, 4, xd, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&wuser, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&wuser, wn, wd, g > 1 ? dnnl_goihw : dnnl_oihw, err)) ||
         (st = md_plain(&yuser, 4, yd, act_tag(block, k->dst_layout), err)) ||
         (st = md_plain(&x, 4, xd, dnnl_format_tag_any, err)) ||
-        (st = md_plain(&w, 4, wd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&w, wn, wd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&b, 1, bd, dnnl_a, err)) ||
-        (st = md_plain(&y, 4, yd, dnnl_format_tag_any, err)))
+        (st = md_plain(&y, 4, yd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&xplain, 4, xd, dnnl_nchw, err)) ||
+        (st = md_plain(&yplain, 4, yd, dnnl_nchw, err)))
         return st;
     /* The caller's side of each argument: (arg, output?, layout). */
     const user_arg fwd_ua[3] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_WEIGHTS, 0, wuser },
@@ -301,44 +357,57 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
                            : k->kind == PK_CONV_BWD_DATA ? bwd_data_ua : bwd_w_ua;
     memcpy(ua, src_ua, sizeof fwd_ua);
     *nua = 3;
-    dnnl_dims_t strides = { d[7], d[7] }, pad = { d[8], d[8] };
-    dnnl_convolution_desc_t fwd, bwd;
-    PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training,
-                  dnnl_convolution_direct, &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
-    switch (k->kind) {
-    case PK_CONV_FWD:
-        return make_prim(eng, &fwd, NULL, prim, err);
-    case PK_CONV_BWD_DATA:
-        PS_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bwd, dnnl_convolution_direct,
-                      &x, &w, &y, strides, pad, pad));
-        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
-    default:
-        PS_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
-                      &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
-        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
-    }
+    if ((st = conv_prim_with(eng, k, &x, &w, &b, &y, prim, err))) return st;
+    const_dnnl_primitive_desc_t pd;
+    const char *impl = NULL;
+    if (dnnl_primitive_get_primitive_desc(*prim, &pd) != dnnl_success ||
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+        impl = NULL;
+    if (!impl_is_reference(impl)) return PS_OK;
+    dnnl_primitive_destroy(*prim);
+    *prim = NULL;
+    return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
 }
 
+/* Pooling in the blocked layout (the plain layout runs the C kernels of
+ * pool_plain_*: oneDNN 2.6 has only simple_nchw below AVX-512 there).
+ * Max (PK_POOL_*) or average (PK_AVGPOOL_*, k->bias = count_include_pad);
+ * padding on both sides; oneDNN's shape check floors like PyTorch's floor
+ * mode, its max pooling never picks padding, and avg_include_padding
+ * divides by kh*kw as PyTorch does without ceil_mode. */
 static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
-                             ps_err *err) {
-    const int64_t *d = k->dims; /* n,c,h,w,k,stride */
+                             user_arg *ua, int *nua, ps_err *err) {
+    const int64_t *d = k->dims; /* n,c,h,w,kh,kw,sh,sw,ph,pw */
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
-    const int64_t yd[4] = { d[0], d[1], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1 };
-    dnnl_memory_desc_t x, y;
+    const int64_t yd[4] = { d[0], d[1], (d[2] + 2 * d[8] - d[4]) / d[6] + 1, (d[3] + 2 * d[9] - d[5]) / d[7] + 1 };
+    /* plain_try 2: the primitive in the blocked layout (block k->alg), the
+     * caller's plain activations reordered to and from it (entry_create;
+     * oneDNN pads a channel count that does not fill the last block) */
+    const int behind = k->plain_try == 2;
+    const dnnl_format_tag_t tag = behind ? act_tag((int)k->alg, PS_LAYOUT_BLOCKED) : act_tag(block, k->src_layout);
+    dnnl_memory_desc_t x, y, xuser, yuser;
     ps_status st;
-    if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&y, 4, yd, act_tag(block, k->src_layout), err)))
+    if ((st = md_plain(&x, 4, xd, tag, err)) || (st = md_plain(&y, 4, yd, tag, err)) ||
+        (st = md_plain(&xuser, 4, xd, dnnl_nchw, err)) || (st = md_plain(&yuser, 4, yd, dnnl_nchw, err)))
         return st;
-    /* No padding; oneDNN's shape check floors like PyTorch's floor mode. */
-    dnnl_dims_t strides = { d[5], d[5] }, kernel = { d[4], d[4] }, pad = { 0, 0 };
-    dnnl_pooling_desc_t fwd, bwd;
+    const int avg = k->kind == PK_AVGPOOL_FWD || k->kind == PK_AVGPOOL_BWD;
+    const int bwd = k->kind == PK_POOL_BWD || k->kind == PK_AVGPOOL_BWD;
+    if (behind) {
+        const user_arg fwd_ua[2] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_DST, 1, yuser } };
+        const user_arg bwd_ua[2] = { { DNNL_ARG_DIFF_DST, 0, yuser }, { DNNL_ARG_DIFF_SRC, 1, xuser } };
+        memcpy(ua, bwd ? bwd_ua : fwd_ua, sizeof fwd_ua);
+        *nua = 2;
+    }
+    const dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max
+                              : k->bias ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
+    dnnl_dims_t strides = { d[6], d[7] }, kernel = { d[4], d[5] }, pad = { d[8], d[9] };
+    dnnl_pooling_desc_t fwd, bwdd;
     PS_DNNL_CHECK(dnnl_pooling_forward_desc_init(&fwd,
                   k->kind == PK_POOL_FWD_INFERENCE ? dnnl_forward_inference : dnnl_forward_training,
-                  dnnl_pooling_max, &x, &y, strides, kernel, pad, pad));
-    if (k->kind != PK_POOL_BWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd, dnnl_pooling_max, &x, &y, strides, kernel,
-                                                  pad, pad));
-    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+                  alg, &x, &y, strides, kernel, pad, pad));
+    if (!bwd) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwdd, alg, &x, &y, strides, kernel, pad, pad));
+    return make_bwd_prim(eng, &fwd, &bwdd, prim, err);
 }
 
 static ps_status create_ip(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
@@ -379,6 +448,22 @@ static ps_status create_relu(dnnl_engine_t eng, const prim_key *k, dnnl_primitiv
     if (k->kind == PK_RELU_FWD) return make_prim(eng, &fwd, NULL, prim, err);
     PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
                                                   0.f, 0.f));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
+/* An activation over dims[0] elements: k->alg, alpha from k->alpha_bits;
+ * the backward of a *_use_dst_for_bwd algorithm reads dst, the others src. */
+static ps_status create_eltwise(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_memory_desc_t md;
+    ps_status st = md_plain(&md, 1, k->dims, dnnl_a, err);
+    if (st) return st;
+    float alpha;
+    memcpy(&alpha, &k->alpha_bits, sizeof alpha);
+    dnnl_eltwise_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, (dnnl_alg_kind_t)k->alg, &md,
+                                                 alpha, 0.f));
+    if (k->kind == PK_ELTWISE_FWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, (dnnl_alg_kind_t)k->alg, &md, &md, alpha, 0.f));
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
@@ -441,7 +526,10 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
     case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
         return create_conv(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
-        return create_pool(eng, block, k, prim, err);
+    case PK_AVGPOOL_FWD: case PK_AVGPOOL_BWD:
+        return create_pool(eng, block, k, prim, ua, nua, err);
+    case PK_ELTWISE_FWD: case PK_ELTWISE_BWD:
+        return create_eltwise(eng, k, prim, err);
     case PK_REORDER:
         return create_act_reorder(eng, block, k, prim, err);
     case PK_IP_FWD: case PK_IP_BWD_DATA: case PK_IP_BWD_WEIGHTS:
@@ -470,11 +558,11 @@ static void check_fallback(dn_impl *im, const prim_key *k, const_dnnl_primitive_
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
     const prim_kind_info *ki = &kKindInfo[k->kind];
-    if (ki->may_ref || !impl_is_reference(impl)) return;
+    if (ki->may_ref || k->plain_try || !impl_is_reference(impl)) return;
     if (im->nfallback < PS_DNNL_MAX_FALLBACKS) {
         char dims[96] = "";
         size_t len = 0;
-        for (int i = 0; i < 9 && k->dims[i] && len < sizeof dims; i++)
+        for (int i = 0; i < k->ndims && len < sizeof dims; i++)
             len += (size_t)snprintf(dims + len, sizeof dims - len, "%s%lld", i ? "," : "",
                                     (long long)k->dims[i]);
         snprintf(im->fallback[im->nfallback], sizeof im->fallback[0], "%s [%s]%s: %s", ki->name, dims,
@@ -560,21 +648,26 @@ static prim_key key_make(prim_kind kind, int bias, int ndims, const int64_t *dim
     memset(&k, 0, sizeof k);
     k.kind = kind;
     k.bias = bias;
+    k.ndims = ndims;
     for (int i = 0; i < ndims; i++) k.dims[i] = dims[i];
     return k;
 }
 
+/* d: resolved (ps_conv_resolve). */
 static prim_key conv_key(prim_kind kind, const ps_conv_desc *d, int bias) {
-    const int64_t dims[9] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride, d->pad };
-    prim_key k = key_make(kind, bias, 9, dims);
+    const int64_t dims[14] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride_h, d->stride_w,
+                               d->pad_h, d->pad_w, d->dil_h, d->dil_w, d->groups };
+    prim_key k = key_make(kind, bias, 14, dims);
     k.src_layout = d->src_layout == PS_LAYOUT_BLOCKED;
     k.dst_layout = d->dst_layout == PS_LAYOUT_BLOCKED;
     return k;
 }
 
+/* d: resolved (ps_pool_resolve). */
 static prim_key pool_key(prim_kind kind, const ps_pool_desc *d) {
-    const int64_t dims[6] = { d->n, d->c, d->h, d->w, d->k, d->stride };
-    prim_key k = key_make(kind, 0, 6, dims);
+    const int64_t dims[10] = { d->n, d->c, d->h, d->w, d->kh, d->kw, d->stride_h, d->stride_w, d->pad_h, d->pad_w };
+    prim_key k = key_make(kind, kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD ? d->count_include_pad != 0 : 0,
+                          10, dims);
     k.src_layout = k.dst_layout = d->layout == PS_LAYOUT_BLOCKED;
     return k;
 }
@@ -763,11 +856,13 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
                           __FILE__, __LINE__, (int)s);
     }
     im->nthreads = nthreads;
-    im->block = probe_block(im->engine);
+    im->block = im->native_block = probe_block(im->engine);
     const char *lay = getenv("PS_DNNL_LAYOUT");
     if (lay && !strcmp(lay, "plain")) im->block = 0;
     else if (lay && !strcmp(lay, "8")) im->block = 8;
     else if (lay && !strcmp(lay, "16")) im->block = 16;
+    const char *pool = getenv("PS_DNNL_POOL");
+    im->pool_c = pool && !strcmp(pool, "c");
     pthread_mutex_init(&im->lock, NULL);
     pthread_mutex_init(&im->pool_lock, NULL);
     *impl = im;
@@ -804,38 +899,64 @@ static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, p
 
 /* ---- ops ---- */
 
-static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x,
-                                     const float *w, const float *b, float *y, ps_err *err) {
+/* Elementwise ops and the C kernels: memory bound; OpenMP loops (the
+ * calling thread's thread count) when they are large enough to pay for
+ * waking threads. */
+#define PS_OMP_MIN 65536
+
+/* ---- C kernels: vector width ----
+ * The build targets baseline x86-64 (SSE2); the hot C kernels below are
+ * also compiled for AVX2 and AVX-512 and the CPU's best version is picked
+ * at load time (GCC's target_clones; other compilers get the baseline). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define PS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PS_CLONES
+#endif
+#define PS_INLINE static inline __attribute__((always_inline))
+
+/* Sums run in float over chunks of at most PS_SUM_CHUNK elements
+ * (vectorised) and are added up in double. */
+#define PS_SUM_CHUNK 256
+
+
+static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *desc, const float *x,
+                                   const float *w, const float *b, float *y, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = conv_key(PK_CONV_FWD, d, b != NULL);
+    const ps_conv_desc d = ps_conv_resolve(desc);
+    prim_key k = conv_key(PK_CONV_FWD, &d, b != NULL);
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
                      { DNNL_ARG_BIAS, b } };
     return run(im, &k, a, b ? 4 : 3, err);
 }
 
 /* The data gradient of a stride-1 convolution is itself a forward
- * convolution: dx = conv(dy, W') with W'[i][o][a][b] = W[o][i][k-1-a][k-1-b]
+ * convolution: dx = conv(dy, W') with W'[i][o][a][b] = W[o][i][kh-1-a][kw-1-b]
  * (in and out channels swapped, kernel rotated 180 degrees) and padding
  * k-1-pad. oneDNN 2.6 has no SSE4.1 JIT kernel for backward data (it runs
  * im2col + GEMM, 1.5x the time of the JIT forward kernel for the same
  * FLOPs), but has a forward one. The forward descriptor of that equivalent
- * convolution. */
+ * convolution (d resolved: one group, no dilation, stride 1). */
 static ps_conv_desc bwd_data_fwd_desc(const ps_conv_desc *d) {
-    ps_conv_desc t = { d->n, d->cout, ps_conv_out_h(d), ps_conv_out_w(d), d->cin, d->kh, d->kw, 1,
-                       d->kh - 1 - d->pad, d->dst_layout, d->src_layout };
-    return t;
+    ps_conv_desc t = { .n = d->n, .cin = d->cout, .h = ps_conv_out_h(d), .w = ps_conv_out_w(d), .cout = d->cin,
+                       .kh = d->kh, .kw = d->kw, .stride_h = 1, .stride_w = 1, .pad_h = d->kh - 1 - d->pad_h,
+                       .pad_w = d->kw - 1 - d->pad_w, .src_layout = d->dst_layout, .dst_layout = d->src_layout };
+    return ps_conv_resolve(&t);
 }
 
 /* 1 in *via when the backward-data primitive for k is GEMM-based and the
- * equivalent forward convolution gets a direct JIT kernel (square kernel,
- * stride 1, pad < k; SSE4.1 in practice): then that is the faster way. */
+ * equivalent forward convolution gets a direct JIT kernel (stride 1, one
+ * group, no dilation, pad < k; SSE4.1 in practice): then that is the
+ * faster way. d resolved. */
 static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const prim_key *k, int *via,
                                       ps_err *err) {
     const prim_entry *e;
     ps_status st;
     *via = 0;
-    if (d->stride != 1 || d->kh != d->kw || d->pad >= d->kh) return PS_OK;
+    if (d->stride_h != 1 || d->stride_w != 1 || d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 ||
+        d->pad_h >= d->kh || d->pad_w >= d->kw)
+        return PS_OK;
     if ((st = get_entry(im, k, &e, err))) return st;
     if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
     ps_conv_desc t = bwd_data_fwd_desc(d);
@@ -848,15 +969,15 @@ static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const 
 
 static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, const float *w,
                                           const float *dy, float *dx, ps_err *err) {
-    const int co = d->cout, ci = d->cin, kk = d->kh;
-    float *wt = pool_get(im, (size_t)co * ci * kk * kk * sizeof(float));  /* (cin, cout, k, k) */
+    const int co = d->cout, ci = d->cin, kh = d->kh, kw = d->kw;
+    float *wt = pool_get(im, (size_t)co * ci * kh * kw * sizeof(float));  /* (cin, cout, kh, kw) */
     if (!wt) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory for rotated weights");
     for (int o = 0; o < co; o++)
         for (int i = 0; i < ci; i++)
-            for (int a = 0; a < kk; a++)
-                for (int b = 0; b < kk; b++)
-                    wt[(((size_t)i * co + o) * kk + a) * kk + b] =
-                        w[(((size_t)o * ci + i) * kk + (kk - 1 - a)) * kk + (kk - 1 - b)];
+            for (int a = 0; a < kh; a++)
+                for (int b = 0; b < kw; b++)
+                    wt[(((size_t)i * co + o) * kh + a) * kw + b] =
+                        w[(((size_t)o * ci + i) * kh + (kh - 1 - a)) * kw + (kw - 1 - b)];
     ps_conv_desc t = bwd_data_fwd_desc(d);
     prim_key fk = conv_key(PK_CONV_FWD, &t, 0);
     exec_arg a[] = { { DNNL_ARG_SRC, dy }, { DNNL_ARG_WEIGHTS, wt }, { DNNL_ARG_DST, dx } };
@@ -865,40 +986,46 @@ static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, co
     return st;
 }
 
-/* db = sum of dy over n, and the spatial positions (dw == NULL case). */
-static void bias_grad(const float *dy, int n, int c, int64_t plane, float *db) {
+/* db = sum of dy over n and the positions (the dw == NULL case), dy in
+ * the plain or the blocked (block > 0) layout. */
+static void bias_grad(const float *dy, int n, int c, int64_t plane, int block, float *db) {
     for (int j = 0; j < c; j++) {
         double acc = 0.0;
         for (int i = 0; i < n; i++)
-            for (int64_t p = 0; p < plane; p++) acc += dy[((int64_t)i * c + j) * plane + p];
+            for (int64_t p = 0; p < plane; p++)
+                acc += block ? dy[(((int64_t)i * (c / block) + j / block) * plane + p) * block + j % block]
+                             : dy[((int64_t)i * c + j) * plane + p];
         db[j] = (float)acc;
     }
 }
 
-static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x,
-                                      const float *w, const float *dy, float *dx, float *dw,
-                                      float *db, ps_err *err) {
+static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x,
+                                    const float *w, const float *dy, float *dx, float *dw,
+                                    float *db, ps_err *err) {
     dn_impl *im = impl;
     ps_status st;
     set_threads(im);
+    const ps_conv_desc d = ps_conv_resolve(desc);
     if (dx) {
-        prim_key k = conv_key(PK_CONV_BWD_DATA, d, 1);
+        prim_key k = conv_key(PK_CONV_BWD_DATA, &d, 1);
         int via_fwd = 0;
-        if ((st = bwd_data_via_forward(im, d, &k, &via_fwd, err))) return st;
+        if ((st = bwd_data_via_forward(im, &d, &k, &via_fwd, err))) return st;
         if (via_fwd) {
-            if ((st = conv_bwd_data_as_forward(im, d, w, dy, dx, err))) return st;
+            if ((st = conv_bwd_data_as_forward(im, &d, w, dy, dx, err))) return st;
         } else {
             exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
             if ((st = run(im, &k, a, 3, err))) return st;
         }
     }
     if (dw) {
-        prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, d, db != NULL);
+        prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
         exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
     }
-    if (db) bias_grad(dy, d->n, d->cout, (int64_t)ps_conv_out_h(d) * ps_conv_out_w(d), db);
+    if (db)
+        bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
+                  d.dst_layout == PS_LAYOUT_BLOCKED ? im->block : 0, db);
     return PS_OK;
 }
 
@@ -919,37 +1046,354 @@ static ps_status dn_relu_backward(void *impl, int64_t count, const float *y, con
     return run(im, &k, a, 3, err);
 }
 
+/* ---- pooling ----
+ * Blocked layout: oneDNN primitives (JIT on every ISA for the block
+ * probe_block picks). Plain layout: oneDNN 2.6 runs nchw pooling with its
+ * reference kernel (simple_nchw) below AVX-512 and for channel counts it
+ * does not block, so plain_pool_entry picks a JIT way (nchw where there is
+ * a kernel, else blocked behind reorders), and the C kernels below are
+ * the last resort. The C max-pool's workspace is the ref backend's: the
+ * int32 index iy*w+ix of each output's maximum in its plane. */
+
+/* Window of output (oy, ox), clipped to the input; returns PyTorch's
+ * count_include_pad divisor. */
+static int pool_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, int *x0, int *x1) {
+    int hs = oy * d->stride_h - d->pad_h, ws = ox * d->stride_w - d->pad_w;
+    int he = hs + d->kh, we = ws + d->kw;
+    if (he > d->h + d->pad_h) he = d->h + d->pad_h;
+    if (we > d->w + d->pad_w) we = d->w + d->pad_w;
+    const int padded = (he - hs) * (we - ws);
+    *y0 = hs < 0 ? 0 : hs;
+    *x0 = ws < 0 ? 0 : ws;
+    *y1 = he > d->h ? d->h : he;
+    *x1 = we > d->w ? d->w : we;
+    return padded;
+}
+
+/* The C kernels work plane by plane and output row by output row. Output
+ * columns whose window lies inside the input horizontally ([lo, hi)) are
+ * computed together, vectorised across columns, one window position
+ * (ky, kx) after the other in row-major order (so the first maximum still
+ * wins); the border columns, whose windows stick into the padding, take
+ * the scalar path. Columns go PS_POOL_COLS at a time. */
+#define PS_POOL_COLS 256
+
+static void pool_interior(const ps_pool_desc *d, int ow, int *lo, int *hi) {
+    *lo = (d->pad_w + d->stride_w - 1) / d->stride_w;
+    *hi = d->w + d->pad_w - d->kw < 0 ? 0 : (d->w + d->pad_w - d->kw) / d->stride_w + 1;
+    if (*hi > ow) *hi = ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* Scalar max over one window (the border columns). */
+static void pool_max_one(const ps_pool_desc *d, const float *xp, int oy, int ox, float *y, int32_t *idx) {
+    int y0, y1, x0, x1;
+    pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+    int best = y0 * d->w + x0;
+    float m = -INFINITY;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            const float v = xp[iy * d->w + ix];
+            if (v > m || isnan(v)) {
+                m = v;
+                best = iy * d->w + ix;
+            }
+        }
+    *y = m;
+    if (idx) *idx = best;
+}
+
+PS_CLONES static void pool_max_plane(const ps_pool_desc *d, const float *xp, float *yp, int32_t *ip) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        float *yr = yp + (int64_t)oy * ow;
+        int32_t *ir = ip ? ip + (int64_t)oy * ow : NULL;
+        for (int ox = 0; ox < ow; ox++)   /* the border columns */
+            if (ox < lo || ox >= hi) pool_max_one(d, xp, oy, ox, &yr[ox], ir ? &ir[ox] : NULL);
+        int y0, y1, x0, x1;
+        pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float m[PS_POOL_COLS];
+            int32_t id[PS_POOL_COLS];
+            const int32_t first = y0 * d->w + c0 * sw - d->pad_w;
+            for (int k = 0; k < n; k++) {
+                m[k] = -INFINITY;
+                id[k] = first + k * sw;
+            }
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    const int32_t base = iy * d->w + c0 * sw - d->pad_w + kx;
+                    const float *row = xp + base;
+#pragma omp simd
+                    for (int k = 0; k < n; k++) {
+                        const float v = row[k * sw];
+                        const int take = v > m[k] || v != v;
+                        m[k] = take ? v : m[k];
+                        id[k] = take ? base + k * sw : id[k];
+                    }
+                }
+            memcpy(yr + c0, m, (size_t)n * sizeof *m);
+            if (ir) memcpy(ir + c0, id, (size_t)n * sizeof *id);
+        }
+    }
+}
+
+/* One window covering each whole plane, no padding (AdaptiveAvgPool2d(1)). */
+static int pool_is_global(const ps_pool_desc *d) {
+    return d->kh == d->h && d->kw == d->w && !d->pad_h && !d->pad_w;
+}
+
+PS_CLONES static void pool_avg_plane(const ps_pool_desc *d, const float *xp, float *yp) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    if (pool_is_global(d)) {
+        const int64_t n = (int64_t)d->h * d->w;
+        double total = 0.0;
+        for (int64_t j0 = 0; j0 < n; j0 += PS_SUM_CHUNK) {
+            const int64_t je = j0 + PS_SUM_CHUNK < n ? j0 + PS_SUM_CHUNK : n;
+            float t = 0.0f;
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += xp[j];
+            total += t;
+        }
+        yp[0] = (float)(total / (double)n);
+        return;
+    }
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        float *yr = yp + (int64_t)oy * ow;
+        for (int ox = 0; ox < ow; ox++) {
+            if (ox >= lo && ox < hi) continue;
+            int y0, y1, x0, x1;
+            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+            const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+            float acc = 0.0f;
+            for (int iy = y0; iy < y1; iy++)
+                for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+            yr[ox] = acc / (float)div;
+        }
+        if (lo >= hi) continue;
+        int y0, y1, x0, x1;
+        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float acc[PS_POOL_COLS] = { 0 };
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    const float *row = xp + iy * d->w + c0 * sw - d->pad_w + kx;
+#pragma omp simd
+                    for (int k = 0; k < n; k++) acc[k] += row[k * sw];
+                }
+#pragma omp simd
+            for (int k = 0; k < n; k++) yr[c0 + k] = acc[k] / div;
+        }
+    }
+}
+
+PS_CLONES static void pool_avg_bwd_plane(const ps_pool_desc *d, const float *dyp, float *dxp) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    const int64_t plane = (int64_t)d->h * d->w;
+    if (pool_is_global(d)) {
+        const float g = dyp[0] / (float)plane;
+#pragma omp simd
+        for (int64_t j = 0; j < plane; j++) dxp[j] = g;
+        return;
+    }
+    memset(dxp, 0, (size_t)plane * sizeof *dxp);
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        const float *gr = dyp + (int64_t)oy * ow;
+        for (int ox = 0; ox < ow; ox++) {
+            if (ox >= lo && ox < hi) continue;
+            int y0, y1, x0, x1;
+            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+            const float g = gr[ox] / (float)(d->count_include_pad ? padded : (y1 - y0) * (x1 - x0));
+            for (int iy = y0; iy < y1; iy++)
+                for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
+        }
+        if (lo >= hi) continue;
+        int y0, y1, x0, x1;
+        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float g[PS_POOL_COLS];
+            for (int k = 0; k < n; k++) g[k] = gr[c0 + k] / div;
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    float *row = dxp + iy * d->w + c0 * sw - d->pad_w + kx;
+                    /* one window position: distinct columns k*sw, no two k write the same element */
+#pragma omp simd
+                    for (int k = 0; k < n; k++) row[k * sw] += g[k];
+                }
+        }
+    }
+}
+
+/* Max pooling of the plain planes; idx may be NULL (inference). */
+static void pool_plain_max(const ps_pool_desc *d, const float *x, float *y, int32_t *idx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++)
+        pool_max_plane(d, x + p * plane, y + p * oh * ow, idx ? idx + p * oh * ow : NULL);
+}
+
+/* Gradient through the recorded maxima, summed in output order per plane. */
+static void pool_plain_max_bwd(const ps_pool_desc *d, const int32_t *idx, const float *dy, float *dx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * plane >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        float *dxp = dx + p * plane;
+        memset(dxp, 0, (size_t)plane * sizeof *dxp);
+        for (int o = 0; o < oh * ow; o++) dxp[idx[p * oh * ow + o]] += dy[p * oh * ow + o];
+    }
+}
+
+static void pool_plain_avg(const ps_pool_desc *d, const float *x, float *y) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) pool_avg_plane(d, x + p * plane, y + p * oh * ow);
+}
+
+static void pool_plain_avg_bwd(const ps_pool_desc *d, const float *dy, float *dx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) pool_avg_bwd_plane(d, dy + p * oh * ow, dx + p * plane);
+}
+
+/* Plain layout: a oneDNN primitive of kind for d with a JIT kernel, NULL
+ * when the C kernels run instead. First the nchw primitive (AVX-512 has
+ * nchw pooling kernels for channel counts it likes), else the blocked one
+ * behind JIT reorders (every ISA has those; the reorders cost two passes
+ * over the activations, far less than the C loops for small windows). For
+ * max pooling the training forward and the backward must agree (they share
+ * the workspace's format): both from the same choice, both JIT. */
+static const prim_entry *plain_pool_entry(dn_impl *im, prim_kind kind, const ps_pool_desc *d) {
+    /* global average pooling (AdaptiveAvgPool2d(1)): one sum per plane, the
+     * C kernel's fast path beats two reorders */
+    if ((kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) && pool_is_global(d)) return NULL;
+    if (im->pool_c) return NULL;
+    prim_kind need[2] = { kind, kind };
+    int nneed = 1;
+    if (kind == PK_POOL_FWD_TRAINING || kind == PK_POOL_BWD) {
+        need[0] = PK_POOL_FWD_TRAINING; need[1] = PK_POOL_BWD; nneed = 2;
+    } else if (kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) {
+        need[0] = PK_AVGPOOL_FWD; need[1] = PK_AVGPOOL_BWD; nneed = 2;
+    }
+    for (int mode = 1; mode <= 2; mode++) {
+        if (mode == 2 && !im->native_block) break;
+        const prim_entry *e = NULL;
+        int ok = 1;
+        for (int i = 0; i < nneed && ok; i++) {
+            prim_key k = pool_key(need[i], d);
+            k.plain_try = mode;
+            if (mode == 2) k.alg = im->native_block;
+            ps_err err = { 0 };
+            const prim_entry *t;
+            if (get_entry(im, &k, &t, &err) != PS_OK || !t->impl || impl_is_reference(t->impl)) ok = 0;
+            else if (need[i] == kind) e = t;
+        }
+        if (ok) return e;
+    }
+    return NULL;
+}
+
+/* Run the plain-layout primitive entry e on the caller's buffers. */
+static ps_status run_entry(dn_impl *im, const prim_entry *e, const exec_arg *a, int n, ps_err *err) {
+    return run(im, &e->key, a, n, err);
+}
+
 /* 0 when the primitive cannot be created (the forward then reports why). */
-static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *desc) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const prim_entry *e = NULL;
+    if (d.layout != PS_LAYOUT_BLOCKED && !(e = plain_pool_entry(im, PK_POOL_FWD_TRAINING, &d)))
+        return (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d) * sizeof(int32_t);
+    prim_key k = pool_key(PK_POOL_FWD_TRAINING, &d);
     dnnl_primitive_t prim;
     const_dnnl_primitive_desc_t pd;
-    if (get_prim(im, &k, &prim, NULL) != PS_OK ||
-        dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success)
-        return 0;
+    if (e) prim = e->prim;
+    else if (get_prim(im, &k, &prim, NULL) != PS_OK) return 0;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return 0;
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_workspace_md, 0);
     return md ? dnnl_memory_desc_get_size(md) : 0;
 }
 
-static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
-                                      void *workspace, ps_err *err) {
+static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
+                                    void *workspace, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = pool_key(workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE, d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const prim_kind kind = workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE;
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, kind, &d);
+        if (e) return run_entry(im, e, a, workspace ? 3 : 2, err);
+        pool_plain_max(&d, x, y, workspace);
+        return PS_OK;
+    }
+    prim_key k = pool_key(kind, &d);
     return run(im, &k, a, workspace ? 3 : 2, err);
 }
 
-static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace,
-                                       const float *dy, float *dx, ps_err *err) {
+static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const void *workspace,
+                                     const float *dy, float *dx, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = pool_key(PK_POOL_BWD, d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
     exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WORKSPACE, workspace },
                      { DNNL_ARG_DIFF_SRC, dx } };
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_POOL_BWD, &d);
+        if (e) return run_entry(im, e, a, 3, err);
+        pool_plain_max_bwd(&d, workspace, dy, dx);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_POOL_BWD, &d);
     return run(im, &k, a, 3, err);
+}
+
+static ps_status dn_avgpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
+                                    ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_FWD, &d);
+        if (e) return run_entry(im, e, a, 2, err);
+        pool_plain_avg(&d, x, y);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_AVGPOOL_FWD, &d);
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const float *dy, float *dx,
+                                     ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_BWD, &d);
+        if (e) return run_entry(im, e, a, 2, err);
+        pool_plain_avg_bwd(&d, dy, dx);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_AVGPOOL_BWD, &d);
+    return run(im, &k, a, 2, err);
 }
 
 static ps_status dn_linear_forward(void *impl, const ps_linear_desc *d, const float *x,
@@ -979,7 +1423,7 @@ static ps_status dn_linear_backward(void *impl, const ps_linear_desc *d, const f
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
     }
-    if (db) bias_grad(dy, d->n, d->out, 1, db);
+    if (db) bias_grad(dy, d->n, d->out, 1, 0, db);
     return PS_OK;
 }
 
@@ -1002,10 +1446,6 @@ static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const f
     exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 3, err);
 }
-
-/* Elementwise ops: memory bound; OpenMP loops (the calling thread's
- * thread count) when they are large enough to pay for waking threads. */
-#define PS_OMP_MIN 65536
 
 static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
                           ps_err *err) {
@@ -1157,6 +1597,560 @@ static ps_status dn_scale(void *impl, int64_t count, float *x, float s, ps_err *
     return PS_OK;
 }
 
+/* ---- activations: oneDNN eltwise (JIT on every ISA for these algorithms) ----
+ * The *_use_dst_for_bwd algorithms compute the same forward and take dst
+ * in the backward: the kinds whose backward reads y (backend.h). */
+typedef struct act_alg {
+    dnnl_alg_kind_t alg;
+    int use_alpha;      /* alpha from the descriptor; else the fixed one */
+    float alpha;
+} act_alg;
+
+static const act_alg kActAlg[PS_ACT_COUNT] = {
+    [PS_ACT_RELU] = { dnnl_eltwise_relu_use_dst_for_bwd, 0, 0.0f },
+    [PS_ACT_LEAKY_RELU] = { dnnl_eltwise_relu, 1, 0.0f },
+    [PS_ACT_GELU] = { dnnl_eltwise_gelu_erf, 0, 0.0f },
+    [PS_ACT_GELU_TANH] = { dnnl_eltwise_gelu_tanh, 0, 0.0f },
+    [PS_ACT_SILU] = { dnnl_eltwise_swish, 0, 1.0f },           /* x * sigmoid(1 * x) */
+    [PS_ACT_TANH] = { dnnl_eltwise_tanh_use_dst_for_bwd, 0, 0.0f },
+    [PS_ACT_SIGMOID] = { dnnl_eltwise_logistic_use_dst_for_bwd, 0, 0.0f },
+};
+
+static ps_status act_key(prim_kind kind, const ps_act_desc *d, int64_t count, prim_key *k, ps_err *err) {
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown activation %d", d->kind);
+    const act_alg *a = &kActAlg[d->kind];
+    const float alpha = a->use_alpha ? d->alpha : a->alpha;
+    *k = key_make(kind, 0, 1, &count);
+    k->alg = (int32_t)a->alg;
+    memcpy(&k->alpha_bits, &alpha, sizeof alpha);
+    return PS_OK;
+}
+
+static ps_status dn_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
+                                ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (count <= 0) return PS_OK;
+    prim_key k;
+    ps_status st = act_key(PK_ELTWISE_FWD, d, count, &k, err);
+    if (st) return st;
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
+                                 const float *dy, float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (count <= 0) return PS_OK;
+    prim_key k;
+    ps_status st = act_key(PK_ELTWISE_BWD, d, count, &k, err);
+    if (st) return st;
+    const int rx = ps_act_backward_reads_x(d->kind);
+    exec_arg a[] = { { rx ? DNNL_ARG_SRC : DNNL_ARG_DST, rx ? x : y }, { DNNL_ARG_DIFF_DST, dy },
+                     { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+/* ---- batch normalisation: C kernels ----
+ * oneDNN 2.6 has no JIT batch normalisation for plain layouts (ncsp_bnorm)
+ * nor for nChw16c below AVX-512 (bnorm_ref). Memory bound: the forward
+ * reads x three times (mean, squared deviations, output), the backward
+ * twice; OpenMP over channel groups; sums as PS_SUM_CHUNK says. A
+ * group is L channels j0..j0+L-1 whose element (i, p, lane) is at
+ * base + i*istride + p*pstride + lane:
+ *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
+ *   plain, s == 1: up to 16 channels,    base j0,      istride c
+ *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B */
+#define PS_BN_LANES 16
+
+typedef struct bn_group {
+    int64_t base, istride, pstride;
+    int j0, lanes;
+} bn_group;
+
+static int bn_ngroups(const ps_chan_desc *d, int block) {
+    if (d->layout == PS_LAYOUT_BLOCKED) return d->c / block;
+    if (d->s == 1) return (d->c + PS_BN_LANES - 1) / PS_BN_LANES;
+    return d->c;
+}
+
+static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
+    bn_group r;
+    if (d->layout == PS_LAYOUT_BLOCKED) {
+        r = (bn_group){ (int64_t)g * d->s * block, (int64_t)d->c * d->s, block, g * block, block };
+    } else if (d->s == 1) {
+        const int j0 = g * PS_BN_LANES;
+        r = (bn_group){ j0, d->c, 0, j0, d->c - j0 < PS_BN_LANES ? d->c - j0 : PS_BN_LANES };
+    } else {
+        r = (bn_group){ (int64_t)g * d->s, (int64_t)d->c * d->s, 1, g, 1 };
+    }
+    return r;
+}
+
+/* The per-lane sums of a group, for L lanes (a constant after inlining):
+ *   mode 0: s1 = sum(x)
+ *   mode 1: s1 = sum((x - mu)^2)
+ *   mode 2: s1 = sum(dy), s2 = sum(dy * (x - mu)) */
+PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
+                         int mode, int L, double *s1, double *s2) {
+    for (int l = 0; l < L; l++) s1[l] = s2[l] = 0.0;
+    for (int i = 0; i < n; i++) {
+        const int64_t o = g->base + i * g->istride;
+        for (int64_t p0 = 0; p0 < s; p0 += PS_SUM_CHUNK) {
+            const int64_t pe = p0 + PS_SUM_CHUNK < s ? p0 + PS_SUM_CHUNK : s;
+            if (L == 1) {   /* plain: contiguous positions */
+                const float *xi = x + o, *gi = dy ? dy + o : NULL, m = mu ? mu[0] : 0.0f;
+                float a = 0.0f, b = 0.0f;
+                if (mode == 0) {
+#pragma omp simd reduction(+:a)
+                    for (int64_t p = p0; p < pe; p++) a += xi[p];
+                } else if (mode == 1) {
+#pragma omp simd reduction(+:a)
+                    for (int64_t p = p0; p < pe; p++) a += (xi[p] - m) * (xi[p] - m);
+                } else {
+#pragma omp simd reduction(+:a, b)
+                    for (int64_t p = p0; p < pe; p++) {
+                        a += gi[p];
+                        b += gi[p] * (xi[p] - m);
+                    }
+                }
+                s1[0] += a;
+                s2[0] += b;
+                continue;
+            }
+            float a[PS_BN_LANES] = { 0 }, b[PS_BN_LANES] = { 0 };
+            for (int64_t p = p0; p < pe; p++) {
+                const float *xp = x + o + p * g->pstride, *gp = dy ? dy + o + p * g->pstride : NULL;
+                if (mode == 0) {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) a[l] += xp[l];
+                } else if (mode == 1) {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) a[l] += (xp[l] - mu[l]) * (xp[l] - mu[l]);
+                } else {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) {
+                        a[l] += gp[l];
+                        b[l] += gp[l] * (xp[l] - mu[l]);
+                    }
+                }
+            }
+            for (int l = 0; l < L; l++) {
+                s1[l] += a[l];
+                s2[l] += b[l];
+            }
+        }
+    }
+}
+
+/* out = ca*in + cb*(x - mu) + cc per lane (cb, x, mu unused when x is
+ * NULL: then out = ca*in + cc, the forward's affine map). */
+PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
+                        const float *ca, const float *cb, const float *cc, int L, float *out) {
+    for (int i = 0; i < n; i++) {
+        const int64_t o = g->base + i * g->istride;
+        if (L == 1) {
+            const float a = ca[0], c = cc[0], b = x ? cb[0] : 0.0f, m = x ? mu[0] : 0.0f;
+            if (x) {
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + b * (x[o + p] - m) + c;
+            } else {
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + c;
+            }
+            continue;
+        }
+        for (int64_t p = 0; p < s; p++) {
+            const int64_t q = o + p * g->pstride;
+            if (x) {
+#pragma omp simd
+                for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
+            } else {
+#pragma omp simd
+                for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cc[l];
+            }
+        }
+    }
+}
+
+/* The group's lane count as a constant for the inlined bodies. */
+#define BN_BY_LANES(L, call) \
+    switch (L) { \
+    case 1: { const int L_ = 1; call; break; } \
+    case 8: { const int L_ = 8; call; break; } \
+    case 16: { const int L_ = 16; call; break; } \
+    default: { const int L_ = (L); call; break; } \
+    }
+
+PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
+                              int mode, double *s1, double *s2) {
+    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, 0, L_, s1, s2)) }
+    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, 1, L_, s1, s2)) }
+    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, 2, L_, s1, s2)) }
+}
+
+PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
+                             const float *ca, const float *cb, const float *cc, float *out) {
+    if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, L_, out)) }
+    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, L_, out)) }
+}
+
+/* (The OpenMP if-clauses are spelled out: compilers that ignore the
+ * pragmas would otherwise warn about unused helpers.) */
+static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                        const float *beta, float *y, float *mean, float *invstd,
+                                        float *var_unbiased, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+    const double m = (double)d->n * d->s;
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        double s1[PS_BN_LANES], s2[PS_BN_LANES];
+        float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
+        bn_sums(&g, d->n, d->s, x, NULL, NULL, 0, s1, s2);
+        for (int l = 0; l < g.lanes; l++) mu[l] = (float)(s1[l] / m);
+        bn_sums(&g, d->n, d->s, x, NULL, mu, 1, s1, s2);   /* squared deviations from mu */
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double is = 1.0 / sqrt(s1[l] / m + d->eps);
+            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
+            scale[l] = (float)(is * gm);
+            shift[l] = (float)(bt - mu[l] * is * gm);
+            mean[j] = mu[l];
+            invstd[j] = (float)is;
+            if (var_unbiased) var_unbiased[j] = (float)(s1[l] / (m - 1.0));
+        }
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                         const float *beta, const float *running_mean, const float *running_var,
+                                         float *y, float *invstd, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        float scale[PS_BN_LANES], shift[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double is = 1.0 / sqrt((double)running_var[j] + d->eps);
+            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
+            scale[l] = (float)(is * gm);
+            shift[l] = (float)(bt - running_mean[j] * is * gm);
+            if (invstd) invstd[j] = (float)is;
+        }
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
+                                const float *dy, const float *gamma, const float *mean, const float *invstd,
+                                float *dx, float *dgamma, float *dbeta, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+    const double m = (double)d->n * d->s;
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
+        float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) mu[l] = mean[g.j0 + l];
+        bn_sums(&g, d->n, d->s, x, dy, mu, 2, sdy, sdyx);
+        /* dx = ca * dy + cb * (x - mean) + cc per lane */
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double gm = gamma ? gamma[j] : 1.0, s = invstd[j], dg = sdyx[l] * s;
+            if (dbeta) dbeta[j] = (float)sdy[l];
+            if (dgamma) dgamma[j] = (float)dg;
+            ca[l] = (float)(gm * s);
+            cb[l] = batch_stats ? (float)(-gm * s * s * dg / m) : 0.0f;
+            cc[l] = batch_stats ? (float)(-gm * s * sdy[l] / m) : 0.0f;
+        }
+        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, dx);
+    }
+    return PS_OK;
+}
+
+/* ---- layer normalisation: C kernels ----
+ * oneDNN 2.6's layer normalisation is simple_layer_normalization (plain C,
+ * not JIT) on every ISA. Rows in parallel, two passes per row (mean, then
+ * squared deviations), float sums over chunks added up in double as for
+ * batch norm; the parameter gradients in blocks of columns (each thread
+ * owns its columns: deterministic, no atomics). */
+#define PS_LN_COLS 64
+
+/* sum(a) (b NULL, mu unused), sum((a - mu)^2) (b == a) or sum(a * (b - mu) * rs)
+ * over n floats, in float chunks added up in double. */
+PS_INLINE double ln_sum(const float *a, const float *b, float mu, float rs, const float *gamma, int mode, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += PS_SUM_CHUNK) {
+        const int64_t je = j0 + PS_SUM_CHUNK < n ? j0 + PS_SUM_CHUNK : n;
+        float t = 0.0f;
+        if (mode == 0) {
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += a[j];
+        } else if (mode == 1) {
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += (a[j] - mu) * (a[j] - mu);
+        } else if (mode == 2) {   /* sum(dy * gamma) */
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += gamma ? a[j] * gamma[j] : a[j];
+        } else {                  /* sum(dy * gamma * xhat) */
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += (gamma ? a[j] * gamma[j] : a[j]) * ((b[j] - mu) * rs);
+        }
+        total += t;
+    }
+    return total;
+}
+
+PS_CLONES static void ln_row_forward(const float *xr, int64_t n, float eps, const float *gamma, const float *beta,
+                                     float *yr, float *mean, float *rstd) {
+    const float mu = (float)(ln_sum(xr, NULL, 0.0f, 0.0f, NULL, 0, n) / (double)n);
+    const float rs = (float)(1.0 / sqrt(ln_sum(xr, NULL, mu, 0.0f, NULL, 1, n) / (double)n + eps));
+    if (gamma) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * rs * gamma[j] + beta[j];
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * rs;
+    }
+    *mean = mu;
+    *rstd = rs;
+}
+
+PS_CLONES static void ln_row_dx(const float *xr, const float *dyr, int64_t n, const float *gamma, float mu, float rs,
+                                float *dxr) {
+    const float a = (float)(ln_sum(dyr, NULL, 0.0f, 0.0f, gamma, 2, n) / (double)n);
+    const float b = (float)(ln_sum(dyr, xr, mu, rs, gamma, 3, n) / (double)n);
+    if (gamma) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dxr[j] = rs * (dyr[j] * gamma[j] - a - (xr[j] - mu) * rs * b);
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dxr[j] = rs * (dyr[j] - a - (xr[j] - mu) * rs * b);
+    }
+}
+
+/* dgamma, dbeta of columns j0..j0+len-1 (len <= PS_LN_COLS) over all rows. */
+PS_CLONES static void ln_cols_grad(const float *x, const float *dy, int64_t rows, int64_t cols, int64_t j0,
+                                   int64_t len, const float *mean, const float *rstd, float *dgamma, float *dbeta) {
+    double dg[PS_LN_COLS] = { 0 }, db[PS_LN_COLS] = { 0 };
+    for (int64_t r0 = 0; r0 < rows; r0 += PS_SUM_CHUNK) {
+        const int64_t re = r0 + PS_SUM_CHUNK < rows ? r0 + PS_SUM_CHUNK : rows;
+        float fg[PS_LN_COLS] = { 0 }, fb[PS_LN_COLS] = { 0 };
+        for (int64_t r = r0; r < re; r++) {
+            const float *xr = x + r * cols + j0, *dyr = dy + r * cols + j0;
+            const float mu = mean[r], rs = rstd[r];
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                fg[j] += dyr[j] * ((xr[j] - mu) * rs);
+                fb[j] += dyr[j];
+            }
+        }
+        for (int64_t j = 0; j < len; j++) {
+            dg[j] += fg[j];
+            db[j] += fb[j];
+        }
+    }
+    for (int64_t j = 0; j < len; j++) {
+        if (dgamma) dgamma[j0 + j] = (float)dg[j];
+        if (dbeta) dbeta[j0 + j] = (float)db[j];
+    }
+}
+
+static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < d->rows; r++) {
+        float mu, rs;
+        ln_row_forward(x + r * d->cols, d->cols, d->eps, gamma, beta, y + r * d->cols, &mu, &rs);
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_ln_backward(void *impl, const ps_ln_desc *d, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *rstd, float *dx,
+                                float *dgamma, float *dbeta, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t n = d->cols;
+    if (dx) {
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < d->rows; r++)
+            ln_row_dx(x + r * n, dy + r * n, n, gamma, mean[r], rstd[r], dx + r * n);
+    }
+    if (dgamma || dbeta) {
+        const int64_t nb = (n + PS_LN_COLS - 1) / PS_LN_COLS;
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
+        for (int64_t cb = 0; cb < nb; cb++) {
+            const int64_t j0 = cb * PS_LN_COLS;
+            ln_cols_grad(x, dy, d->rows, n, j0, n - j0 < PS_LN_COLS ? n - j0 : PS_LN_COLS, mean, rstd, dgamma, dbeta);
+        }
+    }
+    return PS_OK;
+}
+
+/* ---- softmax over one dimension ----
+ * inner == 1 (the last dimension) runs the (log-)softmax primitives of
+ * softmax_forward / log_softmax_forward; otherwise (oneDNN 2.6 has only
+ * ref:any for a strided axis) a C kernel: for each outer index, a block
+ * of inner positions at a time, vectorised along inner. */
+#define PS_SM_INNER 64
+
+static void softmax_strided(const ps_softmax_desc *d, const float *x, float *y) {
+    const int64_t nb = (d->inner + PS_SM_INNER - 1) / PS_SM_INNER;
+#pragma omp parallel for collapse(2) if (d->outer * d->dim * d->inner >= PS_OMP_MIN) schedule(static)
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * PS_SM_INNER, len = d->inner - i0 < PS_SM_INNER ? d->inner - i0 : PS_SM_INNER;
+            const float *xo = x + o * d->dim * d->inner + i0;
+            float *yo = y + o * d->dim * d->inner + i0;
+            float mx[PS_SM_INNER];
+            double sum[PS_SM_INNER] = { 0 };
+            for (int64_t i = 0; i < len; i++) mx[i] = -INFINITY;
+            for (int k = 0; k < d->dim; k++)
+#pragma omp simd
+                for (int64_t i = 0; i < len; i++) mx[i] = xo[k * d->inner + i] > mx[i] ? xo[k * d->inner + i] : mx[i];
+            for (int k = 0; k < d->dim; k++)
+                for (int64_t i = 0; i < len; i++) sum[i] += expf(xo[k * d->inner + i] - mx[i]);
+            for (int k = 0; k < d->dim; k++)
+                for (int64_t i = 0; i < len; i++) {
+                    const float t = xo[k * d->inner + i] - mx[i];
+                    yo[k * d->inner + i] = d->log ? t - (float)log(sum[i]) : (float)(expf(t) / sum[i]);
+                }
+        }
+}
+
+static void softmax_strided_bwd(const ps_softmax_desc *d, const float *y, const float *dy, float *dx) {
+    const int64_t nb = (d->inner + PS_SM_INNER - 1) / PS_SM_INNER;
+#pragma omp parallel for collapse(2) if (d->outer * d->dim * d->inner >= PS_OMP_MIN) schedule(static)
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * PS_SM_INNER, len = d->inner - i0 < PS_SM_INNER ? d->inner - i0 : PS_SM_INNER;
+            const int64_t base = o * d->dim * d->inner + i0;
+            double s[PS_SM_INNER] = { 0 };
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+#pragma omp simd
+                for (int64_t i = 0; i < len; i++) s[i] += d->log ? (double)dy[e + i] : (double)dy[e + i] * y[e + i];
+            }
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+                for (int64_t i = 0; i < len; i++)
+                    dx[e + i] = d->log ? dy[e + i] - expf(y[e + i]) * (float)s[i] : y[e + i] * (dy[e + i] - (float)s[i]);
+            }
+        }
+}
+
+static ps_status dn_softmax_dim_forward(void *impl, const ps_softmax_desc *d, const float *x, float *y,
+                                        ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->inner == 1) {
+        const int64_t dims[2] = { d->outer, d->dim };
+        prim_key k = key_make(d->log ? PK_LOGSOFTMAX_FWD : PK_SOFTMAX_FWD, 0, 2, dims);
+        exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+        return run(im, &k, a, 2, err);
+    }
+    softmax_strided(d, x, y);
+    return PS_OK;
+}
+
+static ps_status dn_softmax_dim_backward(void *impl, const ps_softmax_desc *d, const float *y, const float *dy,
+                                         float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->inner == 1) {
+        const int64_t dims[2] = { d->outer, d->dim };
+        prim_key k = key_make(d->log ? PK_LOGSOFTMAX_BWD : PK_SOFTMAX_BWD, 0, 2, dims);
+        exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+        return run(im, &k, a, 3, err);
+    }
+    softmax_strided_bwd(d, y, dy, dx);
+    return PS_OK;
+}
+
+/* ---- channel masks, copies, sums, fill: OpenMP loops ---- */
+
+static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float *x, const float *mask, float *y,
+                                 ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    if (d->layout == PS_LAYOUT_BLOCKED) {
+        const int B = im->block, nb = d->c / B;
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
+        for (int64_t q = 0; q < (int64_t)d->n * nb; q++) {
+            const float *mq = mask + (q / nb) * d->c + (q % nb) * B;   /* sample q/nb, block q%nb */
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = (q * d->s + p) * B;
+#pragma omp simd
+                for (int l = 0; l < B; l++) y[o + l] = x[o + l] * mq[l];
+            }
+        }
+        return PS_OK;
+    }
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
+    for (int64_t q = 0; q < (int64_t)d->n * d->c; q++) {
+        const float m = mask[q];
+#pragma omp simd
+        for (int64_t p = 0; p < d->s; p++) y[q * d->s + p] = x[q * d->s + p] * m;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_copy2d(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                           int64_t dst_ld, int accumulate, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (rows * cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * src_ld;
+        float *t = dst + r * dst_ld;
+        if (accumulate) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) t[j] += s[j];
+        } else if (cols) {
+            memcpy(t, s, (size_t)cols * sizeof *t);
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_add_out(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) y[i] = a[i] + b[i];
+    return PS_OK;
+}
+
+static ps_status dn_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) x[i] = value;
+    return PS_OK;
+}
+
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
     return im->block > 0 && c % im->block == 0 ? im->block : 0;
@@ -1173,6 +2167,7 @@ static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float 
     exec_arg a[] = { { DNNL_ARG_FROM, src }, { DNNL_ARG_TO, dst } };
     return run(im, &k, a, 2, err);
 }
+
 
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
@@ -1207,4 +2202,19 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .adam_update = dn_adam_update,
     .sgd_update_rows = dn_sgd_update_rows,
     .adam_update_rows = dn_adam_update_rows,
+    .avgpool_forward = dn_avgpool_forward,
+    .avgpool_backward = dn_avgpool_backward,
+    .batchnorm_forward_training = dn_bn_forward_training,
+    .batchnorm_forward_inference = dn_bn_forward_inference,
+    .batchnorm_backward = dn_bn_backward,
+    .layernorm_forward = dn_ln_forward,
+    .layernorm_backward = dn_ln_backward,
+    .act_forward = dn_act_forward,
+    .act_backward = dn_act_backward,
+    .softmax_dim_forward = dn_softmax_dim_forward,
+    .softmax_dim_backward = dn_softmax_dim_backward,
+    .mul_channels = dn_mul_channels,
+    .copy2d = dn_copy2d,
+    .add_out = dn_add_out,
+    .fill = dn_fill,
 };
