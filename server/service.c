@@ -1160,6 +1160,26 @@ static ps_status named_params(ps_service *s, int want_data, const ps_grads *grad
     return rc;
 }
 
+/* The model's buffers (BatchNorm's running statistics) appended to the
+ * parameter infos *items (ps_model_num_params of them), as buffers. */
+static ps_status named_buffers(ps_service *s, ps_wire_named **items, ps_err *err) {
+    int np = ps_model_num_params(s->model), nb = ps_model_num_buffers(s->model);
+    ps_wire_named *it = realloc(*items, (size_t)(np + nb + 1) * sizeof *it);
+    if (!it) {
+        free(*items);
+        *items = NULL;
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    *items = it;
+    for (int b = 0; b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(s->model, b);
+        it[np + b] = (ps_wire_named){.name = bi->name, .ndim = bi->ndim, .device = bi->device, .stage = bi->stage,
+                                     .dtype = (int)bi->dtype, .buffer = 1};
+        memcpy(it[np + b].dims, bi->dims, sizeof bi->dims);
+    }
+    return PS_OK;
+}
+
 static void handle_get_gradients(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                                  grpc_byte_buffer **response, grpc_status_code *code, char *details,
                                  size_t dlen) {
@@ -1333,11 +1353,11 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
     }
     ps_wire_named *items;
     float *none;
-    if (named_params(s, 0, NULL, &items, &none, &err)) {
+    if (named_params(s, 0, NULL, &items, &none, &err) || named_buffers(s, &items, &err)) {
         fail(code, details, dlen, &err);
         return;
     }
-    ps_wire_named_list list = {items, (size_t)ps_model_num_params(s->model)};
+    ps_wire_named_list list = {items, (size_t)(ps_model_num_params(s->model) + ps_model_num_buffers(s->model))};
     ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero;
     ps_wire_params_encode_bind(&resp.parameters, &list);
     int ns = ps_model_num_stages(s->model);
@@ -1366,6 +1386,32 @@ static void handle_list_parameters(void *user, const ps_rpc_call_info *info, con
  * between rows. Each tensor is copied under the weights lock; a page's
  * model_version is read before its copies, and the pages of one selection
  * may span steps (training goes on between them). */
+/* Entry e of GetParameters' selection: parameter e, or buffer e - np. */
+typedef struct sel_entry {
+    const char *name;
+    int ndim;
+    int64_t dims[4];
+    int64_t numel, rows;     /* rows: dims[0], 1 for a scalar */
+    int dtype;
+    int64_t esz;
+} sel_entry;
+
+static sel_entry sel_entry_of(ps_service *s, int e) {
+    int np = ps_model_num_params(s->model);
+    sel_entry o = {0};
+    if (e < np) {
+        const ps_param_info *pi = ps_model_param(s->model, e);
+        o = (sel_entry){pi->name, pi->ndim, {0}, pi->numel, pi->dims[0], 0, sizeof(float)};
+        memcpy(o.dims, pi->dims, sizeof o.dims);
+    } else {
+        const ps_buffer_info *bi = ps_model_buffer(s->model, e - np);
+        o = (sel_entry){bi->name, bi->ndim, {0}, bi->numel, bi->ndim ? bi->dims[0] : 1, (int)bi->dtype,
+                        (int64_t)ps_dtype_size(bi->dtype)};
+        memcpy(o.dims, bi->dims, sizeof o.dims);
+    }
+    return o;
+}
+
 static void handle_get_parameters(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                                   grpc_byte_buffer **response, grpc_status_code *code, char *details,
                                   size_t dlen) {
@@ -1374,7 +1420,7 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     ps_err err = {0};
     ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
     ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
-    float *buf = NULL;
+    char *buf = NULL;
     ps_wire_named *items = NULL;
     int *sel = NULL;
     if (ps_wire_decode(request, ps_GetParametersRequest_fields, &req, &err)) goto fail;
@@ -1389,15 +1435,19 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
                    "(stages: %s)", ps_model_arch(s->model), req.stage, names);
         goto fail;
     }
-    sel = malloc(sizeof *sel * (size_t)(np + 1));
-    items = calloc((size_t)np + 1, sizeof *items);
+    /* the selection: parameters, then buffers (entry np + b) */
+    int nb = ps_model_num_buffers(s->model);
+    sel = malloc(sizeof *sel * (size_t)(np + nb + 1));
+    items = calloc((size_t)(np + nb) + 1, sizeof *items);
     if (!sel || !items) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
     int nsel = 0;
     for (int i = 0; i < np; i++)
         if (!req.stage[0] || !strcmp(ps_model_param(s->model, i)->stage, req.stage)) sel[nsel++] = i;
+    for (int b = 0; b < nb; b++)
+        if (!req.stage[0] || !strcmp(ps_model_buffer(s->model, b)->stage, req.stage)) sel[nsel++] = np + b;
     if (req.first > (uint32_t)nsel || (req.first == (uint32_t)nsel && req.first_row) ||
         (req.first < (uint32_t)nsel && (req.first_row < 0 ||
-                                        req.first_row >= ps_model_param(s->model, sel[req.first])->dims[0]))) {
+                                        req.first_row >= sel_entry_of(s, sel[req.first]).rows))) {
         ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest: first %u, first_row %lld is outside the "
                    "selection (%d parameters)", (unsigned)req.first, (long long)req.first_row, nsel);
         goto fail;
@@ -1409,27 +1459,28 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     int k = (int)req.first;
     int64_t row = req.first_row;
     size_t n = 0;
-    int64_t floats = 0;
+    int64_t total = 0;
     while (k < nsel && n < (sizeof resp.first_rows / sizeof resp.first_rows[0])) {
-        const ps_param_info *pi = ps_model_param(s->model, sel[k]);
-        int64_t rows = pi->dims[0], per = pi->numel / rows, row_bytes = per * (int64_t)sizeof(float);
+        sel_entry pi = sel_entry_of(s, sel[k]);
+        int64_t rows = pi.rows, per = pi.numel / rows, row_bytes = per * pi.esz;
         int64_t fit = (int64_t)(budget / (uint64_t)row_bytes);
         if (fit <= 0) {
             if (n == 0) {
                 ps_err_set(&err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.max_bytes %llu: less than one row "
-                           "of %s (%lld bytes)", (unsigned long long)budget, pi->name, (long long)row_bytes);
+                           "of %s (%lld bytes)", (unsigned long long)budget, pi.name, (long long)row_bytes);
                 goto fail;
             }
             break;
         }
         int64_t take = rows - row < fit ? rows - row : fit;
-        items[n].name = pi->name;
-        items[n].ndim = pi->ndim;
-        memcpy(items[n].dims, pi->dims, sizeof pi->dims);
-        items[n].dims[0] = take;
+        items[n].name = pi.name;
+        items[n].ndim = pi.ndim;
+        items[n].dtype = pi.dtype;
+        memcpy(items[n].dims, pi.dims, sizeof pi.dims);
+        if (pi.ndim) items[n].dims[0] = take;
         resp.first_rows[n] = row;
         n++;
-        floats += pi->numel; /* the whole parameter is copied, then cut */
+        total += pi.numel * pi.esz; /* the whole parameter is copied, then cut */
         budget -= (uint64_t)(take * row_bytes);
         row += take;
         if (row < rows) break;
@@ -1440,16 +1491,17 @@ static void handle_get_parameters(void *user, const ps_rpc_call_info *info, cons
     resp.more = k < nsel;
     resp.next = (uint32_t)k;
     resp.next_row = row;
-    buf = malloc((size_t)floats * sizeof(float) + 1);
+    buf = malloc((size_t)total + 1);
     if (!buf) { ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto fail; }
     resp.model_version = ps_model_version(s->model);
-    float *p = buf;
+    char *p = buf;
     for (size_t j = 0; j < n; j++) {
         int i = sel[(int)req.first + (int)j];
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        if (ps_model_get_param(s->model, i, p, &err)) goto fail;
-        items[j].data = p + resp.first_rows[j] * (pi->numel / pi->dims[0]);
-        p += pi->numel;
+        sel_entry pi = sel_entry_of(s, i);
+        if (i < np ? ps_model_get_param(s->model, i, (float *)p, &err) : ps_model_get_buffer(s->model, i - np, p, &err))
+            goto fail;
+        items[j].data = p + resp.first_rows[j] * (pi.numel / pi.rows) * pi.esz;
+        p += pi.numel * pi.esz;
     }
     ps_wire_named_list list = {items, n};
     ps_wire_tensors_encode_bind(&resp.parameters, &list);
