@@ -33,7 +33,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "placement.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "security.h"
 #include "service.h"
 
