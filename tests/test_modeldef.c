@@ -13,7 +13,13 @@
  *  - a DAG with fan-out and a residual Add: the input gradient equals
  *    central finite differences of sum(out * r) (an independent check of
  *    the executor's gradient sums at fan-out; the kinds themselves are
- *    checked against PyTorch in test_kinds).
+ *    checked against PyTorch in test_kinds);
+ *  - the memory plan keeps what backward needs and nothing else: for a
+ *    chain Linear, Tanh, Linear, Add (residual), LogSoftmax the training
+ *    tape holds what PyTorch's autograd saves - each Linear's input, Tanh's
+ *    and LogSoftmax's outputs (the stage input counts as the first
+ *    Linear's) - and not the first Linear's output, the second's or the
+ *    Add's; the stage table prints the same bytes per sample.
  */
 #include "model.h"
 #include "modeldef.h"
@@ -214,6 +220,52 @@ static void test_dag(const char *backend) {
     ps_model_free(m);
 }
 
+/* x(8) -> a Linear(16) -> b Tanh -> c Linear(16) -> d Add(c, b) ->
+ * e LogSoftmax. Backward reads x (a's input), b (Tanh's output and c's
+ * input) and e (LogSoftmax's output): 8 + 16 + 16 floats per sample. a, c
+ * and d are dead once read (Tanh and Add may overwrite theirs in place, but
+ * LogSoftmax writes a new tensor, so d's memory must be released). */
+static const char *PLAN =
+    "name: plan\n"
+    "stages:\n"
+    "  - name: s\n"
+    "    input: {shape: [8], dtype: float32}\n"
+    "    nodes:\n"
+    "      - {name: a, kind: Linear, out_features: 16}\n"
+    "      - {name: b, kind: Tanh}\n"
+    "      - {name: c, kind: Linear, out_features: 16}\n"
+    "      - {name: d, kind: Add, inputs: [c, b]}\n"
+    "      - {name: e, kind: LogSoftmax, dim: -1}\n";
+
+static void test_plan(const char *backend) {
+    const char *path = write_file("plan.yaml", PLAN);
+    ps_err e = {0};
+    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 3, .compute_threads = 1, .lr = 0.1f};
+    ps_model *m = ps_model_create(&o, &e);
+    CHECK_MSG(m, "%s", e.msg);
+    if (!m) return;
+    enum { N = 5, PER = (8 + 16 + 16) * 4 };
+    float x[N * 8], out[N * 16];
+    rng r = {7};
+    for (int i = 0; i < N * 8; i++) x[i] = rng_uniform(&r);
+    ps_tape *t = NULL;
+    CHECK_MSG(ps_model_forward_range(m, 0, 0, x, N, 1, NULL, 0, out, &t, NULL, &e) == PS_OK, "%s", e.msg);
+    if (t) {
+        CHECK_MSG(ps_tape_bytes(t) == (size_t)N * PER, "%s: the tape keeps %zu bytes for %d samples, want %d",
+                  backend, ps_tape_bytes(t), N, N * PER);
+        ps_tape_free(t);
+    }
+    /* the stage table's activation bytes per sample */
+    char buf[4096] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    CHECK(f && ps_model_describe(&o, NULL, f, &e) == PS_OK);
+    if (f) fclose(f);
+    char row[64];
+    snprintf(row, sizeof row, "%d  cpu", PER);
+    CONTAINS(buf, row);
+    ps_model_free(m);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ps-test-modeldef.XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
@@ -221,6 +273,8 @@ int main(void) {
     test_shipped();
     test_dag("ref");
     test_dag("dnnl");
+    test_plan("ref");
+    test_plan("dnnl");
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd)) {}
