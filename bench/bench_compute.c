@@ -9,9 +9,13 @@
  *   compute backend=dnnl isa=avx2 threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s
  *
  * (isa: oneDNN's effective ISA, which ONEDNN_MAX_CPU_ISA can lower).
+ * The model is mnist_cnn, or with --model FILE a model file of one's own
+ * that takes a 1x28x28 float32 image and gives 10 outputs (e.g.
+ * examples/models/small_resnet.yaml); the line then starts
+ * "compute model=NAME backend=...".
  *
  * usage: bench_compute [--backend NAME] [--threads N] [--batch B]
- *                      [--reps R] [--secs T] [--data DIR] [--profile]
+ *                      [--reps R] [--secs T] [--data DIR] [--model FILE] [--profile]
  * --profile prints per-phase times (forward / backward / step) of the
  * median repetition as well.
  */
@@ -99,7 +103,7 @@ static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
 }
 
 int main(int argc, char **argv) {
-    const char *backend = "dnnl", *data_dir = "data/mnist";
+    const char *backend = "dnnl", *data_dir = "data/mnist", *model_file = NULL;
     long threads = 1, batch = 32, reps = 5, profile = 0;
     double secs = 1.0;
     for (int i = 1; i < argc; i++) {
@@ -110,6 +114,7 @@ int main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--data")) data_dir = v;
+        else if (!strcmp(a, "--model")) model_file = v;
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 1, 256, &threads)) return 2; }
         else if (!strcmp(a, "--batch")) { if (parse_int(a, v, 1, 512, &batch)) return 2; }
         else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 1000, &reps)) return 2; }
@@ -121,13 +126,26 @@ int main(int argc, char **argv) {
     ps_mnist data = {0};
     if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_compute: %s\n", err.msg); return 1; }
     ps_model_opts o = {0};
-    o.arch = "mnist_cnn";
+    if (model_file) o.file = model_file;
+    else o.arch = "mnist_cnn";
     o.cpu_backend = backend;
     o.seed = 1;
     o.compute_threads = (int)threads;
     o.lr = 0.03f;
     ps_model *m = ps_model_create(&o, &err);
     if (!m) { fprintf(stderr, "bench_compute: %s\n", err.msg); ps_mnist_free(&data); return 1; }
+    const ps_stage_info *in = ps_model_stage(m, 0);
+    if (ps_model_output_size(m) != 10 || in->in_dtype != PS_DTYPE_F32 ||
+        (in->in_ndim == 3 ? in->in_dims[0] * in->in_dims[1] * in->in_dims[2] : in->in_ndim == 1 ? in->in_dims[0] : 0) !=
+            784) {
+        fprintf(stderr, "bench_compute: model %s does not take a 1x28x28 float32 image to 10 outputs\n",
+                ps_model_arch(m));
+        ps_model_free(m);
+        ps_mnist_free(&data);
+        return 2;
+    }
+    char model_tag[80] = "";
+    if (model_file) snprintf(model_tag, sizeof model_tag, "model=%s ", ps_model_arch(m));
     bench_ctx b = {0};
     b.m = m;
     b.data = &data;
@@ -158,8 +176,8 @@ int main(int argc, char **argv) {
         qsort(pf, (size_t)reps, 4 * sizeof(double), cmp_double);  /* rows by samples/s */
         qsort(r, (size_t)reps, sizeof *r, cmp_double);
         double med = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
-        printf("compute backend=%s isa=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
-               "unit=samples/s\n", backend, ps_backend_cpu_isa(), threads, batch, what[step], reps, med, r[0],
+        printf("compute %sbackend=%s isa=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
+               "unit=samples/s\n", model_tag, backend, ps_backend_cpu_isa(), threads, batch, what[step], reps, med, r[0],
                r[reps - 1]);
         if (profile) {
             const double *p = &pf[(reps / 2) * 4];

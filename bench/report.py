@@ -31,6 +31,32 @@ def read(path):
         return []
 
 
+def read_e2e(dd, n):
+    """One e2e run directory of n trainers: the combined samples/s of each
+    repetition where all n trainers reported, the RPC and probe latencies (ms)
+    and the wall seconds per batch."""
+    runs, rpcs, probes, walls = {}, {}, {}, []
+    for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
+        rep = os.path.basename(f).split("-")[0]
+        for line in read(f):
+            if line.startswith("trainer "):
+                k = kv(line)
+                runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
+                walls.append(float(k["wall_s"]) / int(k["batches"]))
+            elif line.startswith("probe "):
+                _, name, tot = line.split()
+                probes.setdefault(name, []).append(float(tot) / 1e3)
+            elif line.startswith("rpc "):
+                _, name, tot, call, ser = line.split()
+                r = rpcs.setdefault(name, {"tot": [], "call": [], "ser": []})
+                r["tot"].append(float(tot) / 1e3)
+                r["call"].append(float(call) / 1e3)
+                r["ser"].append(float(ser) / 1e3)
+    rates = [sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
+             for tr in runs.values() if len(tr) == n]
+    return rates, rpcs, probes, walls
+
+
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
@@ -78,31 +104,7 @@ def main():
         if not m:
             continue
         label, n = m.group(1), int(m.group(2))
-        runs = {}
-        rpcs = {}
-        probes = {}
-        walls = []
-        for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
-            rep = os.path.basename(f).split("-")[0]
-            for line in read(f):
-                if line.startswith("trainer "):
-                    k = kv(line)
-                    runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
-                    walls.append(float(k["wall_s"]) / int(k["batches"]))
-                elif line.startswith("probe "):
-                    _, name, tot = line.split()
-                    probes.setdefault(name, []).append(float(tot) / 1e3)
-                elif line.startswith("rpc "):
-                    _, name, tot, call, ser = line.split()
-                    r = rpcs.setdefault(name, {"tot": [], "call": [], "ser": []})
-                    r["tot"].append(float(tot) / 1e3)
-                    r["call"].append(float(call) / 1e3)
-                    r["ser"].append(float(ser) / 1e3)
-        rates = []
-        for rep, tr in runs.items():
-            if len(tr) != n:
-                continue
-            rates.append(sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr)))
+        rates, rpcs, probes, walls = read_e2e(dd, n)
         rss = ""
         for line in read(os.path.join(dd, "psd_rss.txt")):
             rss = f"{int(line.split()[1]) / 1024:.0f} MiB"
@@ -206,6 +208,69 @@ def main():
     print("   accuracy unchanged: checked by `make test` (it_train, >= 90% for both trainers), not here")
 
     per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps)
+    resnet(os.path.join(d, "resnet"))
+
+
+def resnet(d):
+    """Section 7: the small ResNet model file (bench/run.sh section 4b), per ISA."""
+    comp, phases, isa_of, order, last = {}, {}, {}, [], None
+    for line in read(os.path.join(d, "compute.txt")):
+        if line.startswith("compute "):
+            k = kv(line)
+            col = k["backend"].split("@", 1)[1] if "@" in k["backend"] else "host"
+            if col not in order:
+                order.append(col)
+            isa_of[col] = k.get("isa", "?")
+            last = (col, int(k["threads"]), k["what"])
+            comp[last] = float(k["median"])
+        elif "phases" in line and last:
+            phases[last] = {a: float(b) for a, b in re.findall(r"(forward|backward|step) ([0-9.]+)", line)}
+    if not order:
+        return
+    e2e = {}
+    for col in order:
+        rates = read_e2e(os.path.join(d, f"e2e-{col}-2"), 2)[0]
+        if rates:
+            e2e[col] = statistics.median(rates)
+    print()
+    print("7. The small ResNet (examples/models/small_resnet.yaml: conv, BatchNorm, residual Adds, pooling, linear)")
+    print("   on the MNIST images, batch 32, samples/s; psd serving it to 2 bench_trainer processes (bench/run.sh 4b)")
+    w = 24
+    print(f"   {'':<50}" + "".join(f"{isa_of[c] + (' (host)' if c == 'host' else ' (emul.)'):>{w}}" for c in order))
+
+    def row(label, vals, fmt="{:.0f}"):
+        print(f"   {label:<50}" + "".join(f"{(fmt.format(v) if isinstance(v, (int, float)) else (v or '-')):>{w}}"
+                                         for v in vals))
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    res = {c: {} for c in order}
+    for t in (1, 2):
+        f = [comp.get((c, t, "forward")) for c in order]
+        st = [comp.get((c, t, "step")) for c in order]
+        row(f"in-process forward, {t} thread(s)", f)
+        row(f"in-process training step, {t} thread(s)", st)
+        row("  step / forward (target >= 0.30)", [ratio(a, b) for a, b in zip(st, f)], "{:.2f}")
+        ph = [phases.get((c, t, "step"), {}) for c in order]
+        row(f"  step phases fwd/bwd/sgd ms, {t} thread(s)",
+            [f"{p.get('forward', 0):.1f}/{p.get('backward', 0):.1f}/{p.get('step', 0):.2f}" if p else None for p in ph])
+        for c, a, b in zip(order, st, f):
+            res[c][f"sf{t}"] = ratio(a, b)
+    e = [e2e.get(c) for c in order]
+    st1 = [comp.get((c, 1, "step")) for c in order]
+    row("psd + 2 trainers, total", e)
+    row("  / (2 x in-process step, 1 thread) (target >= 0.85)",
+        [ratio(a, 2 * b) if b else None for a, b in zip(e, st1)], "{:.2f}")
+    print()
+    print("   Targets (issue 18)")
+    for i, c in enumerate(order):
+        vs = ratio(e[i], 2 * st1[i]) if st1[i] else None
+        for what, v, goal in (("step/forward 1 thread >= 0.30", res[c].get("sf1"), 0.30),
+                              ("step/forward 2 threads >= 0.30", res[c].get("sf2"), 0.30),
+                              ("psd + 2 trainers >= 0.85 x (2 x 1-thread step)", vs, 0.85)):
+            if v is not None:
+                print(f"   {isa_of[c]:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
 
 
 def fallbacks_logged(d, label):

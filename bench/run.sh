@@ -91,7 +91,7 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   local port=$(( 20000 + RANDOM % 20000 ))
   local addr="127.0.0.1:$port" dir="$OUT/e2e-$label-$n"
   mkdir -p "$dir"
-  "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" "${pflags[@]}" 2>"$dir/psd.log" &
+  "$BUILD/bin/psd" --config "${E2E_CONFIG:-configs/local.yaml}" --listen "$addr" "${pflags[@]}" 2>"$dir/psd.log" &
   local psd=$!
   local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
   for rep in $(seq 1 "$runs"); do
@@ -151,6 +151,32 @@ for isa in $ISAS; do
     fi
   )
 done
+# ---- 4b. the small ResNet of examples/models/small_resnet.yaml (a model
+# file: conv, BatchNorm, residual Adds, pooling) on the MNIST images, per ISA
+# (the host's, then those of $ISAS): its in-process forward and step with 1
+# and 2 threads, and psd + 2 trainers serving it; results under $OUT/resnet
+# (compute.txt, e2e-<isa>-2), section 7 of the report.
+echo "== small ResNet (examples/models/small_resnet.yaml): in-process and psd + 2 trainers, per ISA"
+mkdir -p "$OUT/resnet"
+: >"$OUT/resnet/compute.txt"
+cat >"$OUT/resnet/psd.yaml" <<EOF
+server: {threads: 4, compute_threads: 0, context_ttl_s: 120, max_message_mb: 64, consistency: hogwild}
+model: {file: $PWD/examples/models/small_resnet.yaml, seed: 1, backend: dnnl}
+optimizer: {type: sgd, lr: 0.03, momentum: 0, weight_decay: 0}
+EOF
+for isa in host $ISAS; do
+  low=$(echo "$isa" | tr 'A-Z' 'a-z')
+  (
+    [ "$isa" = host ] || export ONEDNN_MAX_CPU_ISA=$isa
+    for t in 1 2; do
+      "$BUILD/bench/bench_compute" --model examples/models/small_resnet.yaml --backend dnnl --threads "$t" \
+        --reps "$I_REPS" --secs "$SECS" --data "$DATA" --profile | sed "s/backend=dnnl/backend=dnnl@$low/" \
+        | tee -a "$OUT/resnet/compute.txt"
+    done
+    E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" e2e "$low" 2
+  )
+done
+
 # ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
 if [ -z "${SKIP_RL:-}" ]; then
   echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
