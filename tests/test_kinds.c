@@ -17,8 +17,13 @@
  *    buffer (running_mean, running_var, num_batches_tracked) folded as
  *    PyTorch does, in order;
  *  - an eval forward after the step (running statistics, no dropout).
+ * And the same on the cuda backend (the case's stage placed on cuda:0, a
+ * looser tolerance for the device's summation order) where this binary
+ * has CUDA and the machine a device; otherwise that part prints skipped.
  */
+#include "backend.h"
 #include "model.h"
+#include "modeldef.h"
 #include "safetensors.h"
 
 #include <stdio.h>
@@ -30,6 +35,10 @@
 
 #define ATOL 2e-5
 #define RTOL 2e-4
+#define ATOL_CUDA 1e-4
+#define RTOL_CUDA 1e-3
+
+static double g_atol = ATOL, g_rtol = RTOL;
 
 static char g_dir[256];
 
@@ -43,7 +52,7 @@ static void compare(const char *label, const char *what, const float *got, const
     char w[256];
     snprintf(w, sizeof w, "%s %s", label, what);
     CHECK_MSG(want && want->dtype == PS_ST_F32 && ps_st_numel(want) == n, "%s: golden missing or of another size", w);
-    if (want && want->dtype == PS_ST_F32 && ps_st_numel(want) == n) check_array(w, got, want->data, (size_t)n, ATOL, RTOL);
+    if (want && want->dtype == PS_ST_F32 && ps_st_numel(want) == n) check_array(w, got, want->data, (size_t)n, g_atol, g_rtol);
 }
 
 /* The state_dict entries of the golden (init.* and initbuf.*) are exactly the model's. */
@@ -110,7 +119,18 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     fclose(f);
     ps_err err = {0};
     ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 1, .compute_threads = 2, .lr = 0.1f};
+    ps_model_def *def = NULL;
+    if (!strcmp(backend, "cuda")) {   /* the case's one stage on the device */
+        def = ps_model_def_load_file(path, &err);
+        CHECK_MSG(def && def->nstages == 1, "%s: %s", label, def ? "not one stage" : err.msg);
+        if (!def || def->nstages != 1) { ps_model_def_free(def); return; }
+        o.cpu_backend = "ref";
+        o.n_placement = 1;
+        o.placement_stage[0] = def->stages[0].name;
+        o.placement_device[0] = "cuda:0";
+    }
     ps_model *m = ps_model_create(&o, &err);
+    ps_model_def_free(def);
     CHECK_MSG(m, "%s: %s", label, err.msg);
     if (!m) return;
     check_names(label, g, c, m);
@@ -233,6 +253,22 @@ int main(void) {
         ncases++;
     }
     printf("%d cases, ref and dnnl\n", ncases);
+#ifdef PS_HAVE_CUDA
+    ps_backend *cu = ps_backend_create("cuda", 0, 0, &err);
+    if (cu) {
+        ps_backend_free(cu);
+        free(list);
+        list = strdup(cases ? cases : "");
+        g_atol = ATOL_CUDA;
+        g_rtol = RTOL_CUDA;
+        for (char *save = NULL, *c = strtok_r(list, ",", &save); c; c = strtok_r(NULL, ",", &save)) run_case(g, c, "cuda");
+        printf("%d cases on cuda:0\n", ncases);
+    } else {
+        printf("cuda: skipped: %s\n", err.msg);
+    }
+#else
+    printf("cuda: skipped: this binary was built without CUDA\n");
+#endif
     free(list);
     ps_st_free(g);
     char cmd[300];
