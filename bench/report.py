@@ -262,6 +262,8 @@ def resnet(d):
     row("psd + 2 trainers, total", e)
     row("  / (2 x in-process step, 1 thread) (target >= 0.85)",
         [ratio(a, 2 * b) if b else None for a, b in zip(e, st1)], "{:.2f}")
+    row("psd start-up: reference kernels logged",
+        [fallbacks_logged(d, c) for c in order], "{:d}")
     print()
     print("   Targets (issue 18)")
     for i, c in enumerate(order):
