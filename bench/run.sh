@@ -10,8 +10,6 @@
 #                                AVX2 and SSE41 below the CPU's own; "" none)
 #   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #   SKIP_PYTHON=1 bench/run.sh   without the Python client's row (bench/python.sh)
-#   SKIP_BASE=1 bench/run.sh     without MNIST vs the pre-executor commit (bench/vs_base.sh;
-#                                BASE_REV=REV another base, BASE_TREE=DIR a built one)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -192,14 +190,6 @@ if [ -z "${SKIP_PYTHON:-}" ]; then
     bash bench/python.sh >/dev/null
 fi
 
-# ---- 8. MNIST vs the last commit before the graph executor (bench/vs_base.sh): built once in a
-# git worktree under $BUILD/bench-base, run alternately with this checkout
-if [ -z "${SKIP_BASE:-}" ]; then
-  echo "== MNIST vs the pre-executor base: in-process step and psd + 2 trainers, alternately"
-  OUT="$OUT" BUILD="$BUILD" DATA="$DATA" ROUNDS=$([ -n "${QUICK:-}" ] && echo 2 || echo 5) SECS=$SECS \
-    E2E_BATCHES=$E2E_BATCHES E2E_WARMUP=$E2E_WARMUP bash bench/vs_base.sh >/dev/null
-fi
-
 state end >>"$OUT/machine.txt"
 { $PY bench/report.py "$OUT"
-  for r in rl-report python-report base-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"
+  for r in rl-report python-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"
