@@ -1,3 +1,5 @@
+/* cli.c - the command-line parsing psd, ps-train and its subcommands share
+ * (cli.h): a flag's value in any of its spellings, KEY=VALUE pairs. */
 #include "cli.h"
 
 #include <stdio.h>

@@ -1,3 +1,7 @@
+/* config.c - the configuration: the one table of keys (type, range,
+ * default, field), the YAML loader and the setter both it and the
+ * command-line flags go through, printing, and the checks that span keys
+ * (config.h, docs/config.md). */
 #include "config.h"
 
 #include <errno.h>

@@ -1,3 +1,5 @@
+/* log.c - leveled logging to stderr or a log file, one locked write per
+ * line (log.h). */
 #include "log.h"
 
 #include <pthread.h>

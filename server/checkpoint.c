@@ -1,3 +1,6 @@
+/* checkpoint.c - psd's checkpoints: write the model and optimizer state
+ * as safetensors (atomically, keeping the newest few), find and load the
+ * newest good one, refuse a broken or mismatched file by name (checkpoint.h). */
 #include "checkpoint.h"
 
 #include <dirent.h>

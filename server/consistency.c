@@ -1,3 +1,6 @@
+/* consistency.c - the rules of server.consistency (consistency.h): sync
+ * rounds and their stragglers, ssp clocks and the Forwards held back, with
+ * the service's callbacks run outside the module's lock. */
 #include "consistency.h"
 
 #include <pthread.h>

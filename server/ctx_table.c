@@ -1,3 +1,6 @@
+/* ctx_table.c - the table of psd's request contexts (ctx_table.h): open,
+ * acquire and release by id and owner, the finished contexts that answer a
+ * repeated Step, expiry, and the fair shares of context memory per client. */
 #include "ctx_table.h"
 
 #include <pthread.h>

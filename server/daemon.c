@@ -1,3 +1,5 @@
+/* daemon.c - psd's service-manager side (daemon.h): log destination,
+ * sd_notify, readable bind errors and the checkpoint schedule. */
 #include "daemon.h"
 
 #include <errno.h>

@@ -1,3 +1,6 @@
+/* metrics.c - psd's Prometheus endpoint (metrics.h): the RPC counters and
+ * latency histograms of the wrapped method table, gauges read at scrape
+ * time, served over HTTP by libmicrohttpd. */
 #include "metrics.h"
 #include "round_metrics.h"
 

@@ -1,3 +1,5 @@
+/* round_metrics.c - the trainers' named scalars aggregated per round:
+ * min/mean/max, the EMA and the stop rule (round_metrics.h). */
 #include "round_metrics.h"
 
 #include <math.h>

@@ -1,3 +1,5 @@
+/* idx.c - IDX files (the MNIST container), raw or gzip'ed, checked
+ * against their header (idx.h). */
 #include "idx.h"
 
 #include <errno.h>
