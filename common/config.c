@@ -32,7 +32,7 @@ typedef enum {
     CT_SERVERS,   /* servers.<name>.<field>: one psd of a cluster (ps_server_def) */
 } cfg_type;
 
-enum { F_NONEMPTY = 1 };
+enum { F_NONEMPTY = 1, F_ALSO = 2 };
 
 typedef struct cfg_entry cfg_entry;
 struct cfg_entry {
@@ -44,31 +44,33 @@ struct cfg_entry {
     const char *const *names;  /* CT_ENUM, NULL-terminated */
     const char *const *(*names_fn)(void); /* CT_ENUM: names kept elsewhere (the model registry) */
     const char *def;           /* default, in the text form ps_config_set takes */
-    unsigned flags;
+    unsigned flags;            /* F_NONEMPTY, F_ALSO */
+    int scale;                 /* CT_INT: the field holds value * scale (0 = 1), e.g. MiB -> bytes */
+    size_t also;               /* F_ALSO: a second field that takes the same value (same type) */
     const char *why;           /* CT_INT: appended to an out-of-range error */
     /* Extra check on the parsed value (after type and range checks). */
     ps_status (*check)(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 };
 
 _Static_assert(sizeof(ps_log_level) == sizeof(int), "enum fields are written as int");
-_Static_assert(sizeof(ps_consistency) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_cons_mode) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_sync_reduce) == sizeof(int), "enum fields are written as int");
-_Static_assert(sizeof(ps_backend_kind) == sizeof(int), "enum fields are written as int");
-_Static_assert(sizeof(ps_optimizer_kind) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_rm_ema_of) == sizeof(int), "enum fields are written as int");
+_Static_assert(sizeof(ps_optim_kind) == sizeof(int), "enum fields are written as int");
 _Static_assert(sizeof(ps_nonfinite_policy) == sizeof(int), "enum fields are written as int");
 
-static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
-static const char *const consistency_names[] = {"hogwild", "sync", "ssp", NULL};
-static const char *const sync_reduce_names[] = {"sum", "mean", NULL};
-static const char *const backend_names[] = {"ref", "dnnl", NULL};
-static const char *const optimizer_names[] = {"sgd", "adam", NULL};
+/* Enum names: each list is its module's (X(value, name) in its header). */
+#define NAME_OF(value, name) name,
+static const char *const consistency_names[] = {PS_CONS_MODES(NAME_OF) NULL};
+static const char *const sync_reduce_names[] = {PS_SYNC_REDUCES(NAME_OF) NULL};
+static const char *const nonfinite_names[] = {PS_NONFINITE_POLICIES(NAME_OF) NULL};
+static const char *const ema_of_names[] = {PS_RM_EMA_OFS(NAME_OF) NULL};
+#undef NAME_OF
 
 static ps_status check_hostport(const cfg_entry *e, const void *val, const char *origin,
                                 ps_err *err);
 static ps_status check_cluster_name(const cfg_entry *e, const void *val, const char *origin,
                                     ps_err *err);
-static const char *const nonfinite_names[] = {"reject", "skip", NULL};
-static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 
 #define FIELD(f) .off = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define STR(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d, .flags = F_NONEMPTY }
@@ -84,60 +86,64 @@ static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 /* A string that may be empty ("" = feature off). */
 #define STR0(k, f, d) { .key = k, .type = CT_STRING, FIELD(f), .def = d }
 #define ENUM(k, f, n, d) { .key = k, .type = CT_ENUM, FIELD(f), .names = n, .def = d }
+/* An enum whose names a module function gives. */
+#define ENUMF(k, f, fn, d) { .key = k, .type = CT_ENUM, FIELD(f), .names_fn = fn, .def = d }
+#define SVC(f) server.service.f
+#define RPC(f) server.rpc.f
 
 /* Keep docs/config.md in step with this table. Entries of one section are
  * adjacent (ps_config_print relies on it). */
 static const cfg_entry g_table[] = {
-    { .key = "cluster.name", .type = CT_STRING, FIELD(cluster.name), .def = "psd", .flags = F_NONEMPTY,
-      .check = check_cluster_name },
+    { .key = "cluster.name", .type = CT_STRING, FIELD(cluster.name), .def = "psd", .flags = F_NONEMPTY | F_ALSO,
+      .also = offsetof(ps_config, SVC(cluster)), .check = check_cluster_name },
     { .key = "servers", .type = CT_SERVERS, FIELD(servers) },
 
     STR ("server.listen",          server.listen,          "127.0.0.1:50051"),
     STR ("server.address",         server.address,         "127.0.0.1:50051"),
-    INT ("server.threads",         server.threads,         1, 64, "4"),
+    INT ("server.threads",         RPC(threads),           1, 64, "4"),
     INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
-    DBL ("server.context_ttl_s",   server.context_ttl_s,   1, 0, 86400, 0, "120"),
-    INT ("server.max_message_mb",  server.max_message_mb,  4, 2047, "64"),
-    ENUM("server.log_level",       server.log_level,       log_level_names, "info"),
-    ENUM("server.consistency",     server.consistency,     consistency_names, "hogwild"),
-    INT ("server.sync_workers",    server.sync_workers,    1, 4096, "2"),
-    DBL ("server.sync_timeout_s",  server.sync_timeout_s,  1, 0, 86400, 0, "30"),
-    ENUM("server.sync_reduce",     server.sync_reduce,     sync_reduce_names, "mean"),
-    INT ("server.max_staleness",   server.max_staleness,   0, 1000000, "3"),
-    DBL ("server.settle_window_s", server.settle_window_s, 1, 0, 604800, 0, "900"),
-    INT ("server.max_finished",    server.max_finished,    1024, 16777216, "1048576"),
-    STR0("server.checkpoint_dir",  server.checkpoint_dir,  ""),
-    INT ("server.checkpoint_every_steps", server.checkpoint_every_steps, 0, 1000000000, "1000"),
-    DBL ("server.checkpoint_every_s", server.checkpoint_every_s, 0, 0, 31536000, 0, "300"),
-    INT ("server.checkpoint_keep", server.checkpoint_keep, 1, 1000, "3"),
+    DBL ("server.context_ttl_s",   SVC(context_ttl_s),     1, 0, 86400, 0, "120"),
+    { .key = "server.max_message_mb", .type = CT_INT, FIELD(RPC(max_message_bytes)), .lo = 4, .hi = 2047,
+      .def = "64", .scale = 1 << 20, .flags = F_ALSO, .also = offsetof(ps_config, SVC(max_message_bytes)) },
+    ENUMF("server.log_level",      server.log_level,       ps_log_level_names, "info"),
+    ENUM("server.consistency",     SVC(cons.mode),         consistency_names, "hogwild"),
+    INT ("server.sync_workers",    SVC(cons.sync_workers), 1, 4096, "2"),
+    DBL ("server.sync_timeout_s",  SVC(cons.sync_timeout_s), 1, 0, 86400, 0, "30"),
+    ENUM("server.sync_reduce",     SVC(cons.sync_reduce),  sync_reduce_names, "mean"),
+    INT ("server.max_staleness",   SVC(cons.max_staleness), 0, 1000000, "3"),
+    DBL ("server.settle_window_s", SVC(settle_window_s),   1, 0, 604800, 0, "900"),
+    INT ("server.max_finished",    SVC(max_finished),      1024, 16777216, "1048576"),
+    STR0("server.checkpoint_dir",  server.checkpoint.dir,  ""),
+    INT ("server.checkpoint_every_steps", server.checkpoint.every_steps, 0, 1000000000, "1000"),
+    DBL ("server.checkpoint_every_s", server.checkpoint.every_s, 0, 0, 31536000, 0, "300"),
+    INT ("server.checkpoint_keep", server.checkpoint.keep, 1, 1000, "3"),
     DBL ("server.grace_s",         server.grace_s,         0, 0, 3600, 0, "10"),
     { .key = "server.metrics_listen", .type = CT_STRING, FIELD(server.metrics_listen), .def = "",
       .check = check_hostport },
     STR0("server.log_file",        server.log_file,        ""),
-    ENUM("server.nonfinite_policy", server.nonfinite_policy, nonfinite_names, "reject"),
-    INT ("server.max_calls",       server.max_calls,       1, 65536, "256"),
-    INT ("server.max_calls_per_client", server.max_calls_per_client, 0, 65536, "0"),
-    INT ("server.max_streams_per_connection", server.max_streams_per_connection, 1, 4096, "64"),
-    DBL ("server.max_connection_age_s", server.max_connection_age_s, 0, 0, 31536000, 0, "1800"),
-    INT ("server.transport_memory_mb", server.transport_memory_mb, 0, 1048576, "512"),
-    DBL ("server.recv_timeout_s",  server.recv_timeout_s,  1, 0, 3600, 0, "30"),
-    DBL ("server.send_timeout_s",  server.send_timeout_s,  1, 0, 3600, 0, "60"),
-    U64 ("server.max_context_bytes", server.max_context_bytes, "4294967296"),
-    DBL ("server.health_saturated_s", server.health_saturated_s, 0, 0, 86400, 0, "30"),
-    INT ("server.metrics_round_steps", server.metrics_round_steps, 1, 1000000000, "1"),
-    DBL ("server.metrics_ema_alpha", server.metrics_ema_alpha, 1, 0, 1, 0, "0.05"),
-    ENUM("server.metrics_ema_of",  server.metrics_ema_of,  ema_of_names, "mean"),
-    STR0("server.stop_metric",     server.stop_metric,     ""),
-    DBL ("server.stop_threshold",  server.stop_threshold,  0, -1e300, 1e300, 0, "0"),
+    ENUM("server.nonfinite_policy", SVC(nonfinite_policy), nonfinite_names, "reject"),
+    INT ("server.max_calls",       RPC(max_calls),         1, 65536, "256"),
+    INT ("server.max_calls_per_client", RPC(max_calls_per_client), 0, 65536, "0"),
+    INT ("server.max_streams_per_connection", RPC(max_streams_per_connection), 1, 4096, "64"),
+    DBL ("server.max_connection_age_s", RPC(max_connection_age_s), 0, 0, 31536000, 0, "1800"),
+    INT ("server.transport_memory_mb", RPC(transport_memory_mb), 0, 1048576, "512"),
+    DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    1, 0, 3600, 0, "30"),
+    DBL ("server.send_timeout_s",  RPC(send_timeout_s),    1, 0, 3600, 0, "60"),
+    U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
+    DBL ("server.health_saturated_s", SVC(health_saturated_s), 0, 0, 86400, 0, "30"),
+    INT ("server.metrics_round_steps", SVC(round_metrics.round_steps), 1, 1000000000, "1"),
+    DBL ("server.metrics_ema_alpha", SVC(round_metrics.alpha), 1, 0, 1, 0, "0.05"),
+    ENUM("server.metrics_ema_of",  SVC(round_metrics.ema_of), ema_of_names, "mean"),
+    STR0("server.stop_metric",     SVC(round_metrics.stop_metric), ""),
+    DBL ("server.stop_threshold",  SVC(round_metrics.stop_threshold), 0, -1e300, 1e300, 0, "0"),
 
-    { .key = "model.name", .type = CT_ENUM, FIELD(model.name), .names_fn = ps_model_def_names,
-      .def = "mnist_cnn" },
+    ENUMF("model.name",            model.name,             ps_model_def_names, "mnist_cnn"),
     U64 ("model.seed",             model.seed,             "1"),
-    ENUM("model.backend",          model.backend,          backend_names, "dnnl"),
+    ENUMF("model.backend",         model.backend,          ps_backend_cpu_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
     { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },
 
-    ENUM("optimizer.type",         optimizer.type,         optimizer_names, "sgd"),
+    ENUMF("optimizer.type",        optimizer.kind,         ps_optim_kind_names, "sgd"),
     DBL ("optimizer.lr",           optimizer.lr,           1, 0, 100, 0, "0.03"),
     DBL ("optimizer.momentum",     optimizer.momentum,     0, 0, 1, 1, "0"),
     DBL ("optimizer.weight_decay", optimizer.weight_decay, 0, 0, 1, 0, "0"),
@@ -336,24 +342,57 @@ static bool only_chars_n(const char *s, size_t n, const char *allowed) {
     return true;
 }
 
-static ps_status parse_int(const cfg_entry *e, const char *v, const char *origin, int *out,
-                           ps_err *err) {
+/* ---- checked numbers (config.h: also the flags' parser) ------------------ */
+
+static ps_status num_long(const char *what, const char *v, long lo, long hi, const char *why, long *out,
+                          ps_err *err) {
     char sv[128];
     if (!*v || !only_chars(v, "+-0123456789"))
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not an integer",
-                    shown(v, sv, sizeof sv));
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is not an integer", what, shown(v, sv, sizeof sv));
     char *end;
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (end == v || *end)
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not an integer",
-                    shown(v, sv, sizeof sv));
-    if (errno == ERANGE || x < (long long)e->lo || x > (long long)e->hi)
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
-                    "%s is out of range [%lld, %lld]%s%s", shown(v, sv, sizeof sv),
-                    (long long)e->lo, (long long)e->hi, e->why ? ": " : "", e->why ? e->why : "");
-    *out = (int)x;
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is not an integer", what, shown(v, sv, sizeof sv));
+    if (errno == ERANGE || x < lo || x > hi)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is out of range [%ld, %ld]%s%s", what,
+                          shown(v, sv, sizeof sv), lo, hi, why ? ": " : "", why ? why : "");
+    *out = (long)x;
     return PS_OK;
+}
+
+ps_status ps_parse_long(const char *what, const char *text, long lo, long hi, long *out, ps_err *err) {
+    return num_long(what, text, lo, hi, NULL, out, err);
+}
+
+ps_status ps_parse_double(const char *what, const char *text, double lo, double hi, unsigned open, double *out,
+                          ps_err *err) {
+    char sv[128];
+    /* Decimal notation only: no hex floats, "inf", "nan" or spaces. */
+    if (!*text || !only_chars(text, "+-.0123456789eE"))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is not a number", what, shown(text, sv, sizeof sv));
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || *end)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is not a number", what, shown(text, sv, sizeof sv));
+    bool lo_open = open & PS_PARSE_OPEN_LO, hi_open = open & PS_PARSE_OPEN_HI;
+    if (errno == ERANGE || !isfinite(x) || (lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %s is out of range %c%g, %g%c", what,
+                          shown(text, sv, sizeof sv), lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    *out = x;
+    return PS_OK;
+}
+
+/* The table's entries: "origin: key: ..." */
+static ps_status parse_int(const cfg_entry *e, const char *v, const char *origin, int *out,
+                           ps_err *err) {
+    char what[PS_CONFIG_PATH_MAX + 192];
+    snprintf(what, sizeof what, "%s: %s", origin, e->key);
+    long x;
+    ps_status st = num_long(what, v, (long)e->lo, (long)e->hi, e->why, &x, err);
+    if (st == PS_OK) *out = (int)x;
+    return st;
 }
 
 static ps_status parse_u64(const cfg_entry *e, const char *v, const char *origin,
@@ -378,24 +417,10 @@ static ps_status parse_u64(const cfg_entry *e, const char *v, const char *origin
 
 static ps_status parse_double(const cfg_entry *e, const char *v, const char *origin,
                               double *out, ps_err *err) {
-    char sv[128];
-    /* Decimal notation only: no hex floats, "inf", "nan" or spaces. */
-    if (!*v || !only_chars(v, "+-.0123456789eE"))
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not a number",
-                    shown(v, sv, sizeof sv));
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end)
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is not a number",
-                    shown(v, sv, sizeof sv));
-    if (errno == ERANGE || !isfinite(x) || (e->lo_open ? x <= e->lo : x < e->lo) ||
-        (e->hi_open ? x >= e->hi : x > e->hi))
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is out of range %c%g, %g%c",
-                    shown(v, sv, sizeof sv), e->lo_open ? '(' : '[', e->lo, e->hi,
-                    e->hi_open ? ')' : ']');
-    *out = x;
-    return PS_OK;
+    char what[PS_CONFIG_PATH_MAX + 192];
+    snprintf(what, sizeof what, "%s: %s", origin, e->key);
+    return ps_parse_double(what, v, e->lo, e->hi, (e->lo_open ? PS_PARSE_OPEN_LO : 0) |
+                           (e->hi_open ? PS_PARSE_OPEN_HI : 0), out, err);
 }
 
 static ps_status parse_bool(const cfg_entry *e, const char *v, const char *origin, bool *out,
@@ -862,10 +887,10 @@ ps_status ps_config_check_cluster(const ps_config *c, ps_err *err) {
                               PLACEMENT_PREFIX, p.server_name[sv]);
         o += (size_t)snprintf(used + o, sizeof used - o, "%s%s", o ? ", " : "", p.server_name[sv]);
     }
-    if (c->server.consistency != PS_CONSISTENCY_HOGWILD && ps_placement_servers_used(&p) > 1)
+    if (c->server.service.cons.mode != PS_CONS_HOGWILD && ps_placement_servers_used(&p) > 1)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.consistency: %s needs one server: stages span "
                           "%s; use hogwild until a cross-server round exists",
-                          ps_config_enum_name("server.consistency", (int)c->server.consistency), used);
+                          ps_config_enum_name("server.consistency", (int)c->server.service.cons.mode), used);
     return PS_OK;
 }
 
@@ -882,11 +907,11 @@ ps_status ps_config_select_server(ps_config *c, const char *name, ps_err *err) {
     char ck[PS_CONFIG_PATH_MAX];
     if (s->checkpoint_dir[0]) {
         snprintf(ck, sizeof ck, "%s", s->checkpoint_dir);
-    } else if (c->server.checkpoint_dir[0]) {
-        int n = snprintf(ck, sizeof ck, "%s/%s", c->server.checkpoint_dir, s->name);
+    } else if (c->server.checkpoint.dir[0]) {
+        int n = snprintf(ck, sizeof ck, "%s/%s", c->server.checkpoint.dir, s->name);
         if (n < 0 || (size_t)n >= sizeof ck)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir: '%.64s...' + '/%s' is "
-                              "longer than %d bytes", c->server.checkpoint_dir, s->name, PS_CONFIG_PATH_MAX - 1);
+                              "longer than %d bytes", c->server.checkpoint.dir, s->name, PS_CONFIG_PATH_MAX - 1);
     } else {
         ck[0] = '\0';
     }
@@ -897,7 +922,8 @@ ps_status ps_config_select_server(ps_config *c, const char *name, ps_err *err) {
     if (s->cert[0]) TAKE(c->security.cert, s->cert);
     if (s->key[0]) TAKE(c->security.key, s->key);
     if (s->metrics_listen[0]) TAKE(c->server.metrics_listen, s->metrics_listen);
-    TAKE(c->server.checkpoint_dir, ck);
+    TAKE(c->server.checkpoint.dir, ck);
+    TAKE(c->server.service.server_name, s->name);
 #undef TAKE
     c->self = i;
     return PS_OK;
@@ -935,7 +961,11 @@ ps_status ps_config_set(ps_config *c, const char *key, const char *value, const 
         n = len + 1;
         break;
     }
-    case CT_INT: st = parse_int(e, value, origin, &v.i, err); n = sizeof v.i; break;
+    case CT_INT:
+        st = parse_int(e, value, origin, &v.i, err);
+        if (e->scale) v.i *= e->scale;  /* the range (checked) keeps it within int */
+        n = sizeof v.i;
+        break;
     case CT_U64: st = parse_u64(e, value, origin, &v.u, err); n = sizeof v.u; break;
     case CT_DOUBLE: st = parse_double(e, value, origin, &v.d, err); n = sizeof v.d; break;
     case CT_BOOL: st = parse_bool(e, value, origin, &v.b, err); n = sizeof v.b; break;
@@ -949,6 +979,11 @@ ps_status ps_config_set(ps_config *c, const char *key, const char *value, const 
     PS_ASSERT(n <= e->size);
     if (e->type == CT_STRING) memset(field, 0, e->size); /* no stale tail bytes */
     memcpy(field, src, n);
+    if (e->flags & F_ALSO) {
+        char *also = (char *)c + e->also;
+        if (e->type == CT_STRING) memset(also, 0, e->size);
+        memcpy(also, src, n);
+    }
     return PS_OK;
 }
 
@@ -1266,7 +1301,7 @@ void ps_config_print(const ps_config *c, FILE *f) {
         fprintf(f, "  %s:", dot + 1);
         switch (e->type) {
         case CT_STRING: fputc(' ', f); print_string(f, field); break;
-        case CT_INT: fprintf(f, " %d", *(const int *)field); break;
+        case CT_INT: fprintf(f, " %d", *(const int *)field / (e->scale ? e->scale : 1)); break;
         case CT_U64: fprintf(f, " %" PRIu64, *(const uint64_t *)field); break;
         case CT_DOUBLE: fputc(' ', f); print_double(f, *(const double *)field); break;
         case CT_BOOL: fputs(*(const bool *)field ? " true" : " false", f); break;

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+
 #define NBUCKETS 1024
 #define FIN_BUCKETS 65536
 #define MAX_RANKS 65536
@@ -80,12 +82,6 @@ static void owner_drop_locked(ps_ctx_table *t, ps_ctx *c) {
     if (*pp) *pp = o->next;
     t->nowners--;
     free(o);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static uint64_t mix(uint64_t id) {
@@ -166,7 +162,7 @@ static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t vers
     f->id = id;
     f->version = version;
     f->skipped = skipped;
-    f->time = now_s();
+    f->time = ps_mono_s();
     size_t b = fin_bucket_of(id);
     f->chain = t->fin[b];
     t->fin[b] = f;
@@ -341,7 +337,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
         c->id = id;
         c->rank = rank;
         c->busy = 1;
-        c->last_used = now_s();
+        c->last_used = ps_mono_s();
         size_t b = bucket_of(id);
         c->next = t->buckets[b];
         t->buckets[b] = c;
@@ -486,7 +482,7 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
     int empty = c->nfwd == 0 && !c->grads;
     if (empty) unlink_locked(t, c);  /* opened by a Forward that failed: nothing to keep */
     c->busy = 0;
-    c->last_used = now_s();
+    c->last_used = ps_mono_s();
     pthread_mutex_unlock(&t->mu);
     if (empty) ctx_free(t, c);
 }
@@ -502,7 +498,7 @@ void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
 size_t ps_ctx_table_expire(ps_ctx_table *t) {
     ps_ctx *dead = NULL;
     size_t n = 0;
-    double now = now_s();
+    double now = ps_mono_s();
     pthread_mutex_lock(&t->mu);
     for (size_t b = 0; b < NBUCKETS; b++) {
         ps_ctx **pp = &t->buckets[b];

@@ -18,7 +18,6 @@ typedef struct acc {        /* one name within the open round */
 struct ps_rmetrics {
     pthread_mutex_t mu;
     ps_rmetrics_opts o;
-    char stop_metric[PS_RM_NAME_MAX];
     int nnames;
     char names[PS_RM_MAX_NAMES][PS_RM_NAME_MAX];
     double ema[PS_RM_MAX_NAMES];
@@ -31,18 +30,16 @@ struct ps_rmetrics {
 };
 
 const char *ps_rm_ema_of_name(ps_rm_ema_of e) {
-    return e == PS_RM_EMA_MIN ? "min" : e == PS_RM_EMA_MAX ? "max" : "mean";
+#define EMA_NAME(value, name) [value] = name,
+    static const char *const names[] = {PS_RM_EMA_OFS(EMA_NAME)};
+#undef EMA_NAME
+    return (unsigned)e < sizeof names / sizeof names[0] ? names[e] : "mean";
 }
 
 ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     if (!(o->alpha > 0 && o->alpha <= 1) || o->round_steps < 1) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "round metrics need 0 < alpha <= 1 (got %g) and round_steps >= 1 "
                    "(got %d)", o->alpha, o->round_steps);
-        return NULL;
-    }
-    if (o->stop_metric && strlen(o->stop_metric) >= PS_RM_NAME_MAX) {
-        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stop metric '%s' is longer than %d characters", o->stop_metric,
-                   PS_RM_NAME_MAX - 1);
         return NULL;
     }
     ps_rmetrics *m = calloc(1, sizeof *m);
@@ -52,8 +49,7 @@ ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     }
     pthread_mutex_init(&m->mu, NULL);
     m->o = *o;
-    snprintf(m->stop_metric, sizeof m->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
-    m->o.stop_metric = m->stop_metric;
+    m->o.stop_metric[PS_RM_NAME_MAX - 1] = '\0';
     return m;
 }
 
@@ -141,10 +137,10 @@ static void close_locked(ps_rmetrics *m, const acc *a) {
         s->mean = mean;
         s->max = a[k].max;
         s->ema = m->ema[k];
-        if (!m->solved && m->stop_metric[0] && !strcmp(m->names[k], m->stop_metric) &&
+        if (!m->solved && m->o.stop_metric[0] && !strcmp(m->names[k], m->o.stop_metric) &&
             m->ema[k] > m->o.stop_threshold) {
             m->solved = 1;
-            ps_log(PS_LOG_INFO, "Solved! Running %s is now %g (> %g) after %llu rounds", m->stop_metric, m->ema[k],
+            ps_log(PS_LOG_INFO, "Solved! Running %s is now %g (> %g) after %llu rounds", m->o.stop_metric, m->ema[k],
                    m->o.stop_threshold, (unsigned long long)r->round);
         }
     }

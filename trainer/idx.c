@@ -8,6 +8,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "dims.h"
+
 /* Human name of an IDX dtype byte, for error messages. */
 static const char *dtype_name(int t) {
     switch (t) {
@@ -54,11 +56,11 @@ static const char *strip_path(const char *path, const char *zmsg) {
     return zmsg;
 }
 
+/* "60000x28x28" */
 static void dims_str(const ps_idx *x, char *buf, size_t cap) {
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < x->ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%u", i ? "x" : "", x->dims[i]);
+    int64_t d[PS_IDX_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) d[i] = x->dims[i];
+    ps_dims_format_as(buf, cap, d, x->ndim, "", "x", "");
 }
 
 ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {

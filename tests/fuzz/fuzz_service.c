@@ -123,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     ps_err err = {0};
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 8, .max_message_bytes = 64 << 10,
-                          .consistency = "fuzz", .nonfinite_skip = (data[0] >> 6) & 1};
+                          .nonfinite_policy = (ps_nonfinite_policy)((data[0] >> 6) & 1)};
     ps_service *svc = ps_service_create(g_model, &so, &err);
     if (!svc) abort();
     int nm;
