@@ -5,6 +5,7 @@
 #   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
+#   make test-fit   the small ResNet on Fashion-MNIST through psd + 2 `ps-train fit` vs PyTorch's loop (~30 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
@@ -15,11 +16,15 @@
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
-#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs)
+#   make test-python  the Python package's long runs: 2 Python MNIST trainers, the Python RNN trainer
+#                   against ps-train lm's perplexity, the REINFORCE example solving CartPole (~15-25 min)
+#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs, the psd Python package)
 #
 # Sources are picked up by directory (docs/layout.md): common/ and common/nn/
 # (what both sides use) form libps.a, server/ makes psd, trainer/ makes
 # ps-train, tests/test_*.c one program each.
+# python/psd is the Python package (docs/python.md); `make` generates its
+# gRPC stubs from proto/ps.proto into python/psd/_proto (git-ignored).
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -38,7 +43,7 @@ LDLIBS  += -lmicrohttpd -lsystemd
 PS_VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 CPPFLAGS += -DPS_VERSION=\"$(PS_VERSION)\"
 
-# CUDA backend (README, "GPU build"): compiled and linked in whenever nvcc
+# CUDA backend (docs/gpu.md): compiled and linked in whenever nvcc
 # is found (on PATH or /usr/local/cuda/bin); `make NVCC=` builds without it.
 # The backend needs cuDNN 9 and cuBLAS next to the toolkit. CUDA_ARCH: SASS
 # for Hopper (sm_90) plus PTX that newer GPUs and sm_75+ JIT-compile.
@@ -71,6 +76,8 @@ LIB_SRC  := $(filter-out $(CUDA_SRC),$(wildcard common/*.c common/nn/*.c))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %,$(BUILD)/obj/proto/%.pb.o,$(PROTOS)) $(LIB_CUDA)
 LIB      := $(BUILD)/libps.a
 SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
+# The dashboard's page (web/) and chart library, compiled into psd (below).
+SRV_OBJ  += $(BUILD)/obj/web/web_assets.o
 SRV_LIB  := $(BUILD)/libpsd.a
 PSD_OBJ  := $(BUILD)/obj/server/psd.o
 # trainer/ except main() is libtrainer.a, so unit tests link its modules.
@@ -84,9 +91,25 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c
 BINS     := $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+# The Python package: Debian's python3 (with python3-grpc-tools, python3-grpcio, python3-torch).
+PYTHON   ?= /usr/bin/python3
+PY_GEN_DIR := python/psd/_proto
+PY_GEN   := $(PY_GEN_DIR)/__init__.py $(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_pb2_grpc.py
+# Where Debian's python3 finds packages under PREFIX (/usr/local/lib/python3.N/dist-packages).
+PYTHONDIR ?= $(PREFIX)/lib/python3.$(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null || echo 11)/dist-packages
 
-.PHONY: all deps data run run-rl run-lm test test-rl unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
-all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
+# Quiet build: one short line per step ("CC common/wire.c", "LD build/bin/psd");
+# `make V=1` prints the full commands.
+ifeq ($(V),1)
+Q :=
+say :=
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2);
+endif
+
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster
+all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
 	@scripts/install-deps.sh
@@ -113,6 +136,14 @@ test-rl: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
+# docs/fit.md: psd + 2 ps-train fit trainers within 1 point of PyTorch's
+# local loop (mean of FIT_SEEDS), the checkpoint loaded into the twin.
+FIT_SEEDS ?= 1 2
+test-fit: deps
+	@scripts/install-deps.sh --fit
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
+
 test: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
@@ -135,13 +166,20 @@ fuzz:
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 test-faults: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
 	@BUILD=$(BUILD) bash tests/faults/netns_cluster.sh
+
+# The Python package's long runs (tests/python/run.sh; the quick ones are in `make test`).
+test-python: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@scripts/fetch-fortunes.sh data/fortunes
+	@BUILD=$(BUILD) bash tests/python/run.sh
 
 LOAD_SECONDS ?= 180
 test-load: deps
@@ -163,11 +201,23 @@ test-slurm: deps
 .SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC))
 $(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
-	cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
+	$(call say,GEN,$@)cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
+
+# The Python stubs (python3-grpc-tools). ps_pb2_grpc imports ps_pb2 as a
+# top-level module; inside the package it is a sibling.
+$(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_pb2_grpc.py: proto/ps.proto
+	@mkdir -p $(PY_GEN_DIR)
+	@$(PYTHON) -c 'import grpc_tools' 2>/dev/null || { echo "make: python3-grpc-tools is missing (scripts/install-deps.sh): it generates python/psd's stubs" >&2; exit 1; }
+	$(call say,GEN,$(PY_GEN_DIR))$(PYTHON) -m grpc_tools.protoc -Iproto --python_out=$(PY_GEN_DIR) --grpc_python_out=$(PY_GEN_DIR) proto/ps.proto
+	$(Q)sed -i 's/^import ps_pb2 as /from . import ps_pb2 as /' $(PY_GEN_DIR)/ps_pb2_grpc.py
+
+$(PY_GEN_DIR)/__init__.py: VERSION
+	@mkdir -p $(PY_GEN_DIR)
+	$(Q)printf '"""Generated by make (python3-grpc-tools stubs of proto/ps.proto); not in git."""\nversion = "%s"\n' "$(PS_VERSION)" > $@
 
 $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 # The dnnl backend's elementwise loops are OpenMP (libgomp, as oneDNN's runtime).
 # GNU OpenMP, the runtime Debian's oneDNN uses (clang defaults to LLVM's libomp).
@@ -176,45 +226,66 @@ $(BUILD)/obj/common/nn/backend_dnnl.o $(BUILD)/obj/common/nn/lstm.o: CFLAGS += $
 
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/obj/common/nn/backend.o: $(CUDA_STAMP)
 
+# psd's web dashboard (server/dashboard.c): web/ and the chart library uPlot
+# from the npm registry, pinned by web/package-lock.json and installed by
+# `npm ci` into web/node_modules when it is missing or older than the lock
+# file (no network once it is there), compiled into psd with its licence
+# by scripts/embed-web.py. Nothing is fetched when the page runs.
+WEB_LIB   := web/node_modules/uplot/dist/uPlot.iife.min.js
+WEB_FILES := /=web/index.html /dashboard.js=web/dashboard.js /dashboard.css=web/dashboard.css /favicon.svg=web/favicon.svg \
+             /uPlot.iife.min.js=$(WEB_LIB) /uPlot.min.css=web/node_modules/uplot/dist/uPlot.min.css \
+             /uPlot.LICENSE.txt=web/node_modules/uplot/LICENSE
+$(WEB_LIB): web/package.json web/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "web/node_modules is missing and npm is not installed: run scripts/install-deps.sh (or make deps)" >&2; exit 1; }
+	$(call say,NPM,web/node_modules)cd web && npm ci --no-audit --no-fund --loglevel=error $(if $(Q),>/dev/null)
+	@touch $@
+
+$(BUILD)/web/web_assets.c: scripts/embed-web.py web/index.html web/dashboard.js web/dashboard.css web/favicon.svg $(WEB_LIB)
+	$(call say,GEN,$@)/usr/bin/env python3 scripts/embed-web.py -o $@ $(WEB_FILES)
+
+$(BUILD)/obj/web/web_assets.o: $(BUILD)/web/web_assets.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) -Iserver $(CFLAGS) $(WARN) -c $< -o $@
+
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(SRV_LIB): $(SRV_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(BUILD)/bin/psd: $(PSD_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TRN_LIB): $(TRN_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
 $(BUILD)/bin/ps-train: $(TRN_MAIN) $(TRN_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # ps-ckpt: checkpoint parts of a cluster (merge, info); tools/ps_ckpt.c.
 $(BUILD)/bin/ps-ckpt: $(BUILD)/obj/tools/ps_ckpt.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Performance: compute, end to end, and PyTorch's tutorial on the same data
-# (bench/run.sh; installs python3-torch for the PyTorch side). See README.
+# (bench/run.sh; installs python3-torch for the PyTorch side). See docs/performance.md.
 bench: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
@@ -237,9 +308,9 @@ bench-cluster: deps
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-install: $(BINS)
+install: $(BINS) $(PY_GEN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
@@ -251,9 +322,15 @@ install: $(BINS)
 	    -f systemd/psd-template.sed systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/psd@.service
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/
-	install -m 0644 docs/config.md docs/security.md $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/docs/img
+	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/
+	install -m 0644 docs/img/*.png $(DESTDIR)$(DOCDIR)/docs/img/
+	install -d $(DESTDIR)$(PYTHONDIR)/psd/_proto $(DESTDIR)$(DOCDIR)/examples
+	install -m 0644 python/psd/*.py $(DESTDIR)$(PYTHONDIR)/psd/
+	install -m 0644 $(PY_GEN) $(DESTDIR)$(PYTHONDIR)/psd/_proto/
+	install -m 0644 examples/*.py $(DESTDIR)$(DOCDIR)/examples/
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz $(PY_GEN_DIR) python/psd/__pycache__
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench-cluster`: one model on 1, 2 and 3 psd servers on loopback
-# (README, "Several PS nodes"). For each layout: the trainers' samples/s
+# (docs/clusters.md). For each layout: the trainers' samples/s
 # (MNIST) or tokens/s (the RNN language model), and per server the message
 # bytes per batch on its link (psd_message_bytes_total, both directions)
 # and the CPU-seconds it spent per batch (/proc/PID/stat utime + stime).

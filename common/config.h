@@ -124,6 +124,7 @@ typedef struct ps_config {
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
         double grace_s;                   /* drain time for in-flight calls on stop */
         char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
+        bool metrics_tls;                 /* HTTPS on metrics_listen with security.cert/key */
         /* the modules' own (their headers say which key is which field) */
         ps_rpc_server_opts rpc;           /* threads, call limits, timeouts, message size */
         ps_service_opts service;          /* contexts, non-finite policy, consistency, round metrics */
@@ -145,6 +146,7 @@ typedef struct ps_config {
         int epochs;
         char data[PS_CONFIG_PATH_MAX];    /* directory of the IDX files */
         int log_every;                    /* batches between log lines */
+        double progress_every_s;          /* not on a terminal: seconds between progress lines; 0 = none */
         uint64_t seed;                    /* data shuffling */
         double rpc_timeout_s;
         bool check_gradients;

@@ -31,21 +31,23 @@ struct ps_st_file {
     void *data;             /* the whole data buffer */
 };
 
+/* The dtypes, one row each: the header's name and the element size. */
+static const struct { int dtype; const char *name; size_t size; } g_st_dtypes[] = {
+    {PS_ST_F32, "F32", 4}, {PS_ST_F64, "F64", 8}, {PS_ST_I64, "I64", 8}, {PS_ST_I32, "I32", 4},
+    {PS_ST_I16, "I16", 2}, {PS_ST_I8, "I8", 1},   {PS_ST_U8, "U8", 1},   {PS_ST_U16, "U16", 2},
+    {PS_ST_U32, "U32", 4}, {PS_ST_U64, "U64", 8}, {PS_ST_BOOL, "BOOL", 1},
+};
+#define N_ST_DTYPES (sizeof g_st_dtypes / sizeof g_st_dtypes[0])
+
 const char *ps_st_dtype_name(int dtype) {
-    switch (dtype) {
-    case PS_ST_F32: return "F32";
-    case PS_ST_F64: return "F64";
-    case PS_ST_I64: return "I64";
-    }
+    for (size_t i = 0; i < N_ST_DTYPES; i++)
+        if (g_st_dtypes[i].dtype == dtype) return g_st_dtypes[i].name;
     return "?";
 }
 
 size_t ps_st_dtype_size(int dtype) {
-    switch (dtype) {
-    case PS_ST_F32: return 4;
-    case PS_ST_F64: return 8;
-    case PS_ST_I64: return 8;
-    }
+    for (size_t i = 0; i < N_ST_DTYPES; i++)
+        if (g_st_dtypes[i].dtype == dtype) return g_st_dtypes[i].size;
     return 0;
 }
 
@@ -288,12 +290,12 @@ static ps_status st_parse_tensor(st_parser *p, ps_st_tensor *t, uint64_t off[2])
             char *v = NULL;
             if (have_dtype++) { free(key); return st_fail(p, "duplicate key \"dtype\""); }
             if ((st = st_string(p, &v))) { free(key); return st; }
-            if (!strcmp(v, "F32")) t->dtype = PS_ST_F32;
-            else if (!strcmp(v, "F64")) t->dtype = PS_ST_F64;
-            else if (!strcmp(v, "I64")) t->dtype = PS_ST_I64;
-            else {
+            t->dtype = 0;
+            for (size_t i = 0; i < N_ST_DTYPES && !t->dtype; i++)
+                if (!strcmp(v, g_st_dtypes[i].name)) t->dtype = g_st_dtypes[i].dtype;
+            if (!t->dtype) {
                 st = ps_err_set(p->err, PS_ERR_FORMAT,
-                                "%s: tensor '%s': unsupported dtype \"%.32s\" (supported: F32, F64, I64)",
+                                "%s: tensor '%s': unsupported dtype \"%.32s\" (supported: F32, F64, I64, I32, I16, I8, U8, U16, U32, U64, BOOL)",
                                 p->path, p->tensor, v);
                 free(v); free(key);
                 return st;
@@ -839,7 +841,7 @@ ps_status ps_st_write(const char *path, const ps_st_tensor *tensors, size_t n,
         first = 0;
         sb_json_string(&h, t->name);
         sb_put(&h, ":{\"dtype\":\"", 11);
-        sb_put(&h, ps_st_dtype_name(t->dtype), 3);
+        sb_put(&h, ps_st_dtype_name(t->dtype), strlen(ps_st_dtype_name(t->dtype)));
         sb_put(&h, "\",\"shape\":[", 11);
         for (int d = 0; d < t->ndim; d++) sb_printf(&h, "%s%" PRId64, d ? "," : "", t->dims[d]);
         sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",", pos);

@@ -10,8 +10,10 @@
  *             the tensors are contiguous, do not overlap and cover it exactly.
  * Tensor data is raw little-endian, row-major (C order).
  *
- * Supported dtypes: F32 and I64 (read and write), F64 (read and write; it
- * costs nothing). Any other dtype is refused with PS_ERR_FORMAT.
+ * Supported dtypes: F32, F64, I64 (checkpoints), and the integer types
+ * I32, I16, I8, U8, U16, U32, U64 and BOOL (data sets: uint8 images,
+ * int32 labels), read and write. Any other dtype (F16, BF16, ...) is
+ * refused with PS_ERR_FORMAT. Callers check the dtype they need.
  *
  * Ownership: ps_st_read() returns a handle that owns the file's contents;
  * every tensor, name and metadata string obtained from it stays valid until
@@ -37,6 +39,14 @@ typedef enum {
     PS_ST_F32 = 1,
     PS_ST_F64,
     PS_ST_I64,
+    PS_ST_I32,
+    PS_ST_I16,
+    PS_ST_I8,
+    PS_ST_U8,
+    PS_ST_U16,
+    PS_ST_U32,
+    PS_ST_U64,
+    PS_ST_BOOL,
 } ps_st_dtype;
 
 #define PS_ST_NAME_MAX 128 /* including the terminating NUL */
@@ -53,7 +63,7 @@ typedef struct ps_st_tensor {
 
 typedef struct ps_st_file ps_st_file;
 
-/* "F32", "F64", "I64"; "?" for anything else. */
+/* "F32", "F64", "I64", "U8", ...; "?" for anything else. */
 const char *ps_st_dtype_name(int dtype);
 /* Element size in bytes; 0 for an unknown dtype. */
 size_t ps_st_dtype_size(int dtype);

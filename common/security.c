@@ -151,6 +151,10 @@ ps_status ps_security_server(const ps_config *c, ps_security *out, ps_err *err) 
     if (k)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "security.tls is true but %s (a PEM file) "
                           "is not set", k);
+    if (c->server.metrics_tls && (!c->security.cert[0] || !c->security.key[0]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.metrics_tls is true but %s (a PEM file) is not set: "
+                          "the metrics port serves HTTPS with the gRPC port's certificate",
+                          !c->security.cert[0] ? "security.cert" : "security.key");
     if (c->security.mutual_tls && (!c->security.tls || !c->security.ca[0]))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "security.mutual_tls needs security.tls: true "
                           "and security.ca (the CA that signs the trainers' certificates)");

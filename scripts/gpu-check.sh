@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for a machine with at least one CUDA GPU (about 3-5 minutes on
-# one GPU and 16 cores; see README, "GPU build"):
+# one GPU and 16 cores; see docs/gpu.md):
 #   1. build with CUDA (nvcc on PATH or in /usr/local/cuda/bin) and check
 #      that psd says "CUDA: built";
 #   2. run the GPU tests (test_cuda_layers, test_cuda_step): here a skip is

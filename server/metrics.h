@@ -3,7 +3,13 @@
  * the service and the model when scraped, served over HTTP by libmicrohttpd
  * at http://HOST:PORT/metrics (text exposition format 0.0.4).
  *
- * Metric names (all prefixed psd_), see README "Metrics":
+ * The same HTTP port serves psd's web dashboard (dashboard.h) at / once
+ * one is attached, and /healthz. Plain HTTP, or HTTPS with the gRPC port's
+ * certificate (server.metrics_tls); connections are capped in all and per
+ * client address as the gRPC port caps calls (server.max_calls,
+ * server.max_calls_per_client), and idle ones closed.
+ *
+ * Metric names (all prefixed psd_), see docs/operations.md, "Metrics":
  *   build_info{version,model} 1, uptime_seconds, serving (1, 0 draining),
  *   steps_total, model_version, samples_total,
  *   rpcs_total{method,code}, rpc_duration_seconds{method} (histogram of
@@ -41,8 +47,23 @@ const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n);
 
 /* Serve /metrics on hostport (as server.metrics_listen: "IP:PORT",
  * "[IPv6]:PORT", "localhost:PORT"). A port in use or a bad address is an
- * error naming it. Once. */
+ * error naming it. Once. Plain HTTP with default limits. */
 ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err);
+
+typedef struct ps_metrics_http_opts {
+    const char *cert_file, *key_file;  /* PEM files: HTTPS; NULL = plain HTTP */
+    unsigned max_connections;          /* 0: 256 */
+    unsigned max_per_client;           /* connections from one address; 0: max_connections / 4 */
+    unsigned idle_timeout_s;           /* 0: 10 */
+} ps_metrics_http_opts;
+/* The same with TLS and limits; a certificate that cannot be read or used
+ * is an error naming the file. */
+ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err);
+
+/* Serve the dashboard at / (and its JSON and files) from now on; d
+ * outlives m's HTTP endpoint. */
+struct ps_dashboard;
+void ps_metrics_set_dashboard(ps_metrics *m, struct ps_dashboard *d);
 
 /* Calls running in a handler right now (for draining). */
 int ps_metrics_in_flight(ps_metrics *m);

@@ -28,6 +28,7 @@
 #include "clock.h"
 #include "config.h"
 #include "daemon.h"
+#include "dashboard.h"
 #include "isa_check.h"
 #include "log.h"
 #include "metrics.h"
@@ -363,6 +364,16 @@ int main(int argc, char **argv) {
     const ps_rpc_method *methods = ps_service_methods(&nm);
     ps_metrics *metrics = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;
     if (metrics) methods = ps_metrics_methods(metrics, &nm);
+    /* The web dashboard on the metrics port (dashboard.h): each trainer as psd sees it, a bounded history. */
+    ps_trainers *trainers = metrics && cfg.server.metrics_listen[0] ? ps_trainers_create() : NULL;
+    ps_dashboard_opts dopts = {svc, model, trainers, &cfg, 0};
+    ps_dashboard *dash = trainers ? ps_dashboard_create(&dopts, &err) : NULL;
+    if (dash) ps_service_set_trainers(svc, trainers), ps_metrics_set_dashboard(metrics, dash);
+    else if (trainers) ps_log(PS_LOG_WARN, "no dashboard (metrics only): %s", err.msg);
+    const ps_rpc_server_opts *ro = &cfg.server.rpc;
+    ps_metrics_http_opts ho = {cfg.server.metrics_tls ? cfg.security.cert : NULL, cfg.security.key,
+                               (unsigned)ro->max_calls, (unsigned)ps_rpc_calls_per_client(ro),
+                               (unsigned)(ro->recv_timeout_s < 10 ? ro->recv_timeout_s + 0.999 : 10)};
     /* A taken port is the common failure (a second psd): say so plainly. */
     char why[300];
     ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);
@@ -378,12 +389,14 @@ int main(int argc, char **argv) {
                sec.ntokens == 1 ? "" : "s");
         ps_security_free(&sec);
     }
-    if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen(metrics, cfg.server.metrics_listen, &err)) ||
+    if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen_opts(metrics, cfg.server.metrics_listen, &ho, &err)) ||
         ps_rpc_server_start(srv, &err)) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_rpc_server_free(srv);
         ps_metrics_free(metrics);
+        ps_dashboard_free(dash);
         ps_service_free(svc);
+        ps_trainers_free(trainers);
         ps_model_free(model);
         grpc_shutdown();
         return 1;
@@ -397,7 +410,8 @@ int main(int argc, char **argv) {
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.rpc.threads);
     if (cfg.server.metrics_listen[0])
-        ps_log(PS_LOG_INFO, "metrics on http://%s/metrics", cfg.server.metrics_listen);
+        ps_log(PS_LOG_INFO, "dashboard on %s://%s/ (metrics at /metrics)", cfg.server.metrics_tls ? "https" : "http",
+               cfg.server.metrics_listen);
     if (ckdir[0])
         ps_log(PS_LOG_INFO, "checkpoints in %s every %d steps / %g s, keeping %d", ckdir,
                cfg.server.checkpoint.every_steps, cfg.server.checkpoint.every_s, cfg.server.checkpoint.keep);
@@ -463,7 +477,9 @@ int main(int argc, char **argv) {
            (unsigned long long)st.opened, (unsigned long long)st.expired);
     ps_rpc_server_free(srv);
     ps_metrics_free(metrics);
+    ps_dashboard_free(dash);
     ps_service_free(svc);
+    ps_trainers_free(trainers);
     ps_model_free(model);
     grpc_shutdown();
     return rc;

@@ -202,6 +202,10 @@ typedef struct ps_rpc_server_opts {
                                     is closed; 0 = default */
 } ps_rpc_server_opts;
 
+/* The per-client cap opts give: max_calls_per_client, or max_calls / 4
+ * (at least 1). */
+int ps_rpc_calls_per_client(const ps_rpc_server_opts *opts);
+
 #define PS_RPC_DEFAULT_MAX_STREAMS 64
 #define PS_RPC_DEFAULT_RECV_TIMEOUT_S 30.0
 #define PS_RPC_DEFAULT_SEND_TIMEOUT_S 60.0

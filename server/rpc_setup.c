@@ -83,6 +83,12 @@ static grpc_channel_args server_args(grpc_arg *args, const ps_rpc_server_opts *o
     return ca;
 }
 
+int ps_rpc_calls_per_client(const ps_rpc_server_opts *o) {
+    if (o->max_calls_per_client > 0) return o->max_calls_per_client;
+    int max_calls = o->max_calls > 0 ? o->max_calls : PS_RPC_DEFAULT_MAX_CALLS;
+    return max_calls / 4 > 0 ? max_calls / 4 : 1;
+}
+
 ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
                                     int max_message_bytes,
                                     const ps_rpc_method *methods, int nmethods,
@@ -145,7 +151,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.reserved_threads == 0) o.reserved_threads = PS_RPC_DEFAULT_RESERVED_THREADS;
     if (o.max_calls == 0) o.max_calls = PS_RPC_DEFAULT_MAX_CALLS;
     if (o.max_reserved_calls == 0) o.max_reserved_calls = PS_RPC_DEFAULT_MAX_RESERVED_CALLS;
-    if (o.max_calls_per_client == 0) o.max_calls_per_client = o.max_calls / 4 > 0 ? o.max_calls / 4 : 1;
+    if (o.max_calls_per_client == 0) o.max_calls_per_client = ps_rpc_calls_per_client(&o);
     if (o.max_streams_per_connection == 0) o.max_streams_per_connection = PS_RPC_DEFAULT_MAX_STREAMS;
     if (o.recv_timeout_s == 0) o.recv_timeout_s = PS_RPC_DEFAULT_RECV_TIMEOUT_S;
     if (o.send_timeout_s == 0) o.send_timeout_s = PS_RPC_DEFAULT_SEND_TIMEOUT_S;

@@ -177,6 +177,8 @@ void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *sk
     *skipped = __atomic_load_n(&s->nonfinite_skipped, __ATOMIC_RELAXED);
 }
 
+void ps_service_set_trainers(ps_service *s, ps_trainers *t) { s->trainers = t; }
+
 void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost) {
     if (applied) *applied = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
     if (lost) *lost = __atomic_load_n(&s->partial_lost, __ATOMIC_RELAXED);

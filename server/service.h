@@ -153,6 +153,11 @@ void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *sk
  * but lost on another server, and lost here but applied elsewhere. */
 void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost);
 
+/* The dashboard's per-trainer view (trainers.h), fed by the handlers from
+ * now on; NULL = none. Set before the server starts; t outlives s. */
+struct ps_trainers;
+void ps_service_set_trainers(ps_service *s, struct ps_trainers *t);
+
 /* What this psd hosts, in words: "emb rows [0, 5000) on cpu, decoder on
  * cpu" (Status.hosted). */
 void ps_service_hosted(ps_service *s, char *buf, size_t n);

@@ -277,6 +277,7 @@ ps_status ps_svc_ReportPartial(ps_svc_call *call, const ps_ReportPartialRequest 
         snprintf(l + strlen(l), sizeof l - strlen(l), "%s%s", i ? "," : "", req->lost_on[i]);
     if (applied) __atomic_add_fetch(&s->partial_applied, 1, __ATOMIC_RELAXED);
     if (lost) __atomic_add_fetch(&s->partial_lost, 1, __ATOMIC_RELAXED);
+    if (applied || lost) ps_trainers_partial(s->trainers, req->trainer_rank, applied);
     ps_log(PS_LOG_WARN, "partial step: context %llx of trainer %u applied on %s, lost on %s%s",
            (unsigned long long)req->context_id, (unsigned)req->trainer_rank, a, l,
            applied ? " (applied here)" : lost ? " (lost here)"

@@ -92,6 +92,7 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
     } else {
         int skipped = w->ctx->nonfinite;
         if (skipped) svc_count(&s->nonfinite_skipped);
+        ps_trainers_step(s->trainers, w->ctx->rank, w->ctx->id, &w->scalars);
         ps_ctx_table_finish(s->ctx, w->ctx, version);
         step_result r = {.version = version, .round = round, .members = members, .skipped = skipped,
                          .metrics = &w->report};
@@ -188,6 +189,8 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
     }
     step_result r = {0};
     ps_round_report rep;
+    uint32_t who = c->rank;
+    uint64_t cid = c->id;
     if (c->nonfinite) {
         r.version = skip_step(s, c);
         r.skipped = 1;
@@ -200,6 +203,7 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
         ps_ctx_table_finish(s->ctx, c, r.version);
         ps_cons_stepped(s->cons, rank);
     }
+    ps_trainers_step(s->trainers, who, cid, scalars);
     ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
     r.metrics = &rep;
     put_step_result(call, &r);
@@ -386,6 +390,7 @@ ps_status ps_svc_Step(ps_svc_call *call, const ps_StepRequest *req, ps_StepRespo
     ps_ctx *c = svc_acquire_own(call, req->context_id, &finished, &v, err);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         ps_err_clear(err);
+        ps_trainers_step_repeated(s->trainers, req->context_id);
         step_result r = {.version = v, .skipped = ps_ctx_table_finished_skipped(s->ctx, req->context_id)};
         put_step_result(call, &r);
         return PS_OK;

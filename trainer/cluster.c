@@ -1,6 +1,7 @@
 /* cluster.c - the servers of a cluster, seen from a trainer (cluster.h). */
 #include "cluster.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -264,7 +265,9 @@ static ps_status op_step(void *arg, int server, uint64_t ctx, ps_err *err) {
     run_arg *a = arg;
     ps_cluster *c = a->b->cluster;
     ps_client_step_out so = {0};
-    ps_status st = ps_client_step_scaled(c->cl[server], ctx, 0, a->b->grad_scale, &so, err);
+    ps_client_scalar loss = {"loss", a->b->loss};
+    int n = a->b->has_loss && isfinite(a->b->loss);
+    ps_status st = ps_client_step_full(c->cl[server], ctx, 0, a->b->grad_scale, n ? &loss : NULL, n, &so, NULL, err);
     if (st == PS_OK && so.version > a->b->version) a->b->version = so.version;
     return st;
 }

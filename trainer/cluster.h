@@ -78,6 +78,8 @@ typedef struct ps_cluster_batch {
     unsigned touched;                    /* bit i: server i holds state of ctx */
     double sq_norm[PS_CONFIG_MAX_SERVERS]; /* the context's gradient norm^2 on each server (latest reply) */
     float grad_scale;                    /* the Steps' StepRequest.grad_scale; the task may set it (1) */
+    int has_loss;                        /* the task sets these: the Steps carry the scalar "loss" */
+    double loss;
     uint64_t version;                    /* the largest model version its Steps returned */
     ps_multi_result result;              /* how it ended (partial, reruns) */
 } ps_cluster_batch;

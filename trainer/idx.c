@@ -1,5 +1,4 @@
-/* idx.c - IDX files (the MNIST container), raw or gzip'ed, checked
- * against their header (idx.h). */
+/* idx.c - IDX files (the MNIST container format), raw or gzip'ed (idx.h). */
 #include "idx.h"
 
 #include <errno.h>
@@ -10,17 +9,26 @@
 
 #include "dims.h"
 
-/* Human name of an IDX dtype byte, for error messages. */
-static const char *dtype_name(int t) {
-    switch (t) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    }
-    return "unknown";
+/* The IDX element types: type byte, name, bytes per element. */
+static const struct { int code; const char *name; size_t size; } g_idx_types[] = {
+    {PS_IDX_DTYPE_UBYTE, "unsigned byte", 1}, {0x09, "signed byte", 1}, {0x0B, "int16", 2},
+    {0x0C, "int32", 4},                        {0x0D, "float32", 4},     {0x0E, "float64", 8},
+};
+
+static int type_index(int code) {
+    for (size_t i = 0; i < sizeof g_idx_types / sizeof g_idx_types[0]; i++)
+        if (g_idx_types[i].code == code) return (int)i;
+    return -1;
+}
+
+const char *ps_idx_dtype_name(int code) {
+    int i = type_index(code);
+    return i < 0 ? "unknown" : g_idx_types[i].name;
+}
+
+size_t ps_idx_dtype_size(int code) {
+    int i = type_index(code);
+    return i < 0 ? 0 : g_idx_types[i].size;
 }
 
 /* Read up to n bytes; *got is how many arrived. Returns 0 at a clean end or
@@ -56,14 +64,14 @@ static const char *strip_path(const char *path, const char *zmsg) {
     return zmsg;
 }
 
-/* "60000x28x28" */
 static void dims_str(const ps_idx *x, char *buf, size_t cap) {
     int64_t d[PS_IDX_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) d[i] = x->dims[i];
-    ps_dims_format_as(buf, cap, d, x->ndim, "", "x", "");
+    ps_dims_format_as(buf, cap, d, x->ndim, "", "x", "");  /* "60000x28x28" */
 }
 
-ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
+/* any: every IDX type (else unsigned bytes only); max_bytes: the data's limit. */
+static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *out, ps_err *err) {
     memset(out, 0, sizeof *out);
 
     /* Peek at the first two bytes only to say "gzip" in messages; zlib
@@ -109,12 +117,16 @@ ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
                         path, kind, hdr[0], hdr[1], hdr[2], hdr[3]);
         goto done;
     }
-    if (hdr[2] != PS_IDX_DTYPE_UBYTE) {
+    if (any ? !ps_idx_dtype_size(hdr[2]) : hdr[2] != PS_IDX_DTYPE_UBYTE) {
         st = ps_err_set(err, PS_ERR_UNIMPLEMENTED,
-                        "%s: IDX dtype 0x%02x (%s) is not supported; only 0x08 (unsigned byte) is",
-                        path, hdr[2], dtype_name(hdr[2]));
+                        "%s: IDX dtype 0x%02x (%s) is not supported; only %s",
+                        path, hdr[2], ps_idx_dtype_name(hdr[2]),
+                        any ? "0x08 (unsigned byte), 0x09 (signed byte), 0x0b (int16), 0x0c (int32), 0x0d (float32) "
+                              "and 0x0e (float64) are" : "0x08 (unsigned byte) is");
         goto done;
     }
+    x.dtype = hdr[2];
+    x.esize = ps_idx_dtype_size(hdr[2]);
     if (hdr[3] < 1 || hdr[3] > PS_IDX_MAX_DIMS) {
         st = ps_err_set(err, PS_ERR_FORMAT,
                         "%s: IDX header declares %d dimensions; expected 1..%d",
@@ -133,7 +145,7 @@ ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
                         path, 4 * x.ndim, got);
         goto done;
     }
-    uint64_t total = 1;
+    uint64_t total = x.esize;
     for (int i = 0; i < x.ndim; i++) {
         const unsigned char *p = hdr + 4 + 4 * i;
         x.dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
@@ -141,24 +153,25 @@ ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
             st = ps_err_set(err, PS_ERR_FORMAT, "%s: IDX dimension %d is 0", path, i);
             goto done;
         }
-        /* dims are < 2^32 and total stays <= 2^31 before each step: no overflow. */
+        /* dims are < 2^32 and total stays <= max_bytes <= 2^32 before each step: no overflow. */
         total *= x.dims[i];
-        if (total > PS_IDX_MAX_BYTES) {
+        if (total > max_bytes) {
             st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
                             "%s: IDX dimensions declare more than %zu bytes of data; "
-                            "refusing (corrupt header?)", path, (size_t)PS_IDX_MAX_BYTES);
+                            "refusing (corrupt header?)", path, max_bytes);
             goto done;
         }
     }
-    x.size = (size_t)total;
+    x.bytes = (size_t)total;
+    x.size = x.bytes / x.esize;
 
     /* Grow the buffer as data arrives so that a short file with a huge
      * header costs only what the file holds. */
     size_t cap = 0, have = 0;
-    while (have < x.size) {
+    while (have < x.bytes) {
         if (have == cap) {
             size_t ncap = cap ? cap * 2 : (size_t)1 << 20;
-            if (ncap > x.size) ncap = x.size;
+            if (ncap > x.bytes) ncap = x.bytes;
             uint8_t *nd = realloc(data, ncap);
             if (!nd) {
                 st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED,
@@ -171,18 +184,18 @@ ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
         if (read_full(gz, data + have, cap - have, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT,
                             "%s: read error%s after %zu of %zu data bytes (corrupt or truncated?): %s",
-                            path, kind, have + got, x.size, strip_path(path, zmsg));
+                            path, kind, have + got, x.bytes, strip_path(path, zmsg));
             goto done;
         }
         have += got;
         if (have < cap) break; /* end of file */
     }
-    if (have < x.size) {
+    if (have < x.bytes) {
         char ds[64];
         dims_str(&x, ds, sizeof ds);
         st = ps_err_set(err, PS_ERR_FORMAT,
                         "%s: truncated IDX data%s: dimensions %s need %zu bytes, got %zu",
-                        path, kind, ds, x.size, have);
+                        path, kind, ds, x.bytes, have);
         goto done;
     }
 
@@ -203,10 +216,21 @@ ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
         dims_str(&x, ds, sizeof ds);
         st = ps_err_set(err, PS_ERR_FORMAT,
                         "%s: %zu trailing bytes after the %zu data bytes that dimensions %s declare",
-                        path, trailing, x.size, ds);
+                        path, trailing, x.bytes, ds);
         goto done;
     }
 
+    /* IDX data is big-endian: to host order (a no-op for bytes). */
+    if (x.esize > 1) {
+        const uint16_t probe = 1;
+        if (*(const uint8_t *)&probe)
+            for (size_t i = 0; i < x.size; i++)
+                for (size_t a = i * x.esize, b = a + x.esize - 1; a < b; a++, b--) {
+                    uint8_t t = data[a];
+                    data[a] = data[b];
+                    data[b] = t;
+                }
+    }
     x.data = data;
     data = NULL;
     *out = x;
@@ -214,6 +238,14 @@ done:
     free(data);
     gzclose(gz);
     return st;
+}
+
+ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
+    return idx_load(path, 0, PS_IDX_MAX_BYTES, out, err);
+}
+
+ps_status ps_idx_load_any(const char *path, size_t max_bytes, ps_idx *out, ps_err *err) {
+    return idx_load(path, 1, max_bytes < PS_IDX_MAX_BYTES ? max_bytes : PS_IDX_MAX_BYTES, out, err);
 }
 
 void ps_idx_free(ps_idx *idx) {

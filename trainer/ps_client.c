@@ -143,6 +143,16 @@ ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char
     return rc;
 }
 
+ps_status ps_client_list_stages(ps_client *c, ps_StageInfo *out, int cap, int *n, ps_err *err) {
+    ps_ListParametersRequest req = ps_ListParametersRequest_init_zero;
+    ps_ListParametersResponse resp = ps_ListParametersResponse_init_zero; /* parameters unbound: skipped */
+    *n = 0;
+    ps_status rc = call(c, PS_M_LIST_PARAMETERS, &req, &resp, err);
+    if (rc) return rc;
+    for (pb_size_t i = 0; i < resp.stages_count && *n < cap; i++) out[(*n)++] = resp.stages[i];
+    return PS_OK;
+}
+
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err) {
     return ps_client_get_stage_parameters(c, NULL, list, version, err);
 }
@@ -288,9 +298,15 @@ ps_status ps_client_step_ex(ps_client *c, uint64_t ctx, uint64_t round, ps_clien
 
 ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
                                  ps_client_step_out *o, ps_client_round *rep, ps_err *err) {
+    return ps_client_step_full(c, ctx, round, 0.0f, sc, n, o, rep, err);
+}
+
+ps_status ps_client_step_full(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, const ps_client_scalar *sc,
+                              int n, ps_client_step_out *o, ps_client_round *rep, ps_err *err) {
     ps_StepRequest req = ps_StepRequest_init_zero;
     req.context_id = ctx;
     req.round = round;
+    req.grad_scale = grad_scale;
     if (n < 0 || n > (int)(sizeof req.scalars / sizeof req.scalars[0]))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "Step: %d scalars, at most %d", n,
                           (int)(sizeof req.scalars / sizeof req.scalars[0]));
@@ -321,14 +337,7 @@ ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, con
 
 ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, ps_client_step_out *o,
                                 ps_err *err) {
-    ps_StepRequest req = ps_StepRequest_init_zero;
-    req.context_id = ctx;
-    req.round = round;
-    req.grad_scale = grad_scale;
-    ps_StepResponse resp = ps_StepResponse_init_zero;
-    ps_status rc = call(c, PS_M_STEP, &req, &resp, err);
-    if (rc == PS_OK && o) *o = (ps_client_step_out){resp.model_version, resp.round, resp.round_contexts, resp.skipped};
-    return rc;
+    return ps_client_step_full(c, ctx, round, grad_scale, NULL, 0, o, NULL, err);
 }
 
 /* Append page item it (first row r0 of its parameter) to out: a new tensor,

@@ -38,6 +38,10 @@ ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_lis
 ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
                                     ps_err *err);
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err);
+/* The stages psd hosts (ListParametersResponse.stages: per-sample input
+ * shape and dtype, output shape, shard rows), in model order: at most cap
+ * into out, *n how many. */
+ps_status ps_client_list_stages(ps_client *c, ps_StageInfo *out, int cap, int *n, ps_err *err);
 ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err);
 
 /* ---- stage-addressed, typed, multi-forward calls (any model) ---------------- */
@@ -86,7 +90,7 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's
  * input gradient into them. step/round as StepRequest. */
-/* A named scalar for psd's round metrics (README "Round metrics"). */
+/* A named scalar for psd's round metrics (docs/rl.md, "Round metrics"). */
 #define PS_CLIENT_MAX_SCALARS 8
 typedef struct ps_client_scalar {
     const char *name;          /* 1..31 characters of [A-Za-z0-9_.-] */
@@ -138,7 +142,7 @@ ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, co
                                    int n_applied, const char *const *lost_on, int n_lost, uint64_t *partial_steps,
                                    ps_err *err);
 
-/* ---- round metrics (README "Round metrics") ---- */
+/* ---- round metrics (docs/rl.md, "Round metrics") ---- */
 typedef struct ps_client_round_scalar {
     char name[32];
     uint32_t count;
@@ -154,6 +158,10 @@ typedef struct ps_client_round {
  * metrics of the step's round (sync) or the newest closed one. */
 ps_status ps_client_step_scalars(ps_client *c, uint64_t ctx, uint64_t round, const ps_client_scalar *sc, int n,
                                  ps_client_step_out *o, ps_client_round *rep, ps_err *err);
+/* Step with everything: grad_scale (0 = 1) as ps_client_step_scaled and
+ * the scalars as ps_client_step_scalars (sc may be NULL when n is 0). */
+ps_status ps_client_step_full(ps_client *c, uint64_t ctx, uint64_t round, float grad_scale, const ps_client_scalar *sc,
+                              int n, ps_client_step_out *o, ps_client_round *rep, ps_err *err);
 /* The scalar called name in r; NULL when absent. */
 const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, const char *name);
 

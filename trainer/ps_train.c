@@ -192,8 +192,10 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     env->retry = &rt;
     env->ids = &ids;
 
+    /* Progress: a live line on a terminal; otherwise (a log file, make run's
+     * scripts) a line every trainer.progress_every_s. */
     int tty = isatty(STDERR_FILENO);
-    double t0 = ps_mono_s();
+    double t0 = ps_mono_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every;
     long samples = 0;
     uint64_t version = 0;
     int stop = 0;
@@ -201,6 +203,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
         int rounds = 0;
         if (task->begin_epoch(t, env, ep, &rounds, &err)) goto fail;
         if (o->max_rounds && o->max_rounds < rounds) rounds = (int)o->max_rounds;
+        double ep_t0 = ps_mono_s();
         for (int b = 0; b < rounds && !stop; b++) {
             ps_task_round r = {0};
             if (task->run_round(t, env, ep, b, &r, &err)) goto fail;
@@ -212,13 +215,22 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                 printf("Rank %ld training %s %d loss %.6f\n", rank, task->unit, b, r.loss);
                 fflush(stdout);
             }
+            double now = ps_mono_s(), el = now - t0;
             if (tty) {
-                double el = ps_mono_s() - t0;
                 fprintf(stderr, "\r\033[K[rank %ld] epoch %d/%d %s %d/%d loss %.4f  %.0f samples/s  model v%llu",
                         rank, ep + 1, cfg->trainer.epochs, task->unit, b + 1, rounds, r.loss,
                         el > 0 ? samples / el : 0.0, (unsigned long long)version);
+            } else if (every > 0 && now >= next_line && b + 1 < rounds) {
+                double ep_el = now - ep_t0, eta = (b + 1) ? ep_el / (b + 1) * (rounds - b - 1) : 0;
+                fprintf(stderr, "[rank %ld] progress: epoch %d/%d %s %d/%d (%.0f%%) loss %.4f, %.0f samples/s, "
+                        "model v%llu, epoch ends in ~%.0f s\n", rank, ep + 1, cfg->trainer.epochs, task->unit, b + 1,
+                        rounds, 100.0 * (b + 1) / rounds, r.loss, el > 0 ? samples / el : 0.0,
+                        (unsigned long long)version, eta);
+                next_line = now + every;
             }
         }
+        if (tty) fprintf(stderr, "\r\033[K");
+        if (task->end_epoch && !o->no_eval && task->end_epoch(t, env, ep, &err)) goto fail;
     }
     double secs = ps_mono_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");

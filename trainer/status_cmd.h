@@ -1,5 +1,5 @@
 /* status_cmd.h - `ps-train status`: ask a running psd for its Status and
- * print it for people (see README, "Running psd as a service"). */
+ * print it for people (docs/operations.md, "Status for humans"). */
 #ifndef PS_STATUS_CMD_H
 #define PS_STATUS_CMD_H
 

@@ -13,6 +13,8 @@
  *  - mnist: one batch - Forward, local NLL loss, Backward, Step;
  *  - cartpole: one episode - act with Forwards under one context, then
  *    Backward of the returns, Step;
+ *  - fit: one batch of any model psd hosts - Forward through its stages,
+ *    a loss from the table here, Backward, Step (task_fit.c);
  *  - lm: one BPTT window - Forward the embedding, run the local LSTM,
  *    Forward the decoder (with the targets: psd's loss), Backward the
  *    embedding, PushGradients of the LSTM, Step (task_lm.c).
@@ -20,7 +22,7 @@
  * Lifecycle, on one thread:
  *   create -> set_flag (task flags without a config key) -> init (config
  *   final, not connected: load and check the data) -> for each epoch:
- *   begin_epoch, run_round x rounds -> evaluate -> destroy.
+ *   begin_epoch, run_round x rounds, end_epoch -> evaluate -> destroy.
  * Functions return a ps_status with the message in err; the driver prints
  * it and exits 1.
  *
@@ -88,6 +90,9 @@ typedef struct ps_task {
     /* Round `round` of the epoch, its step applied once. */
     ps_status (*run_round)(void *t, const ps_task_env *env, int epoch, int round, ps_task_round *out,
                            ps_err *err);
+    /* After epoch's rounds (held-out loss and accuracy, say); may be NULL.
+     * Skipped with --no-eval, like evaluate. */
+    ps_status (*end_epoch)(void *t, const ps_task_env *env, int epoch, ps_err *err);
     /* Evaluate psd's current weights and print the result lines. */
     ps_status (*evaluate)(void *t, const ps_task_env *env, ps_err *err);
     /* Free everything; NULL is a no-op. */

@@ -293,7 +293,8 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
     j->scale = clip_scale(t, j->sq_norm);
     ps_client_step_out so;
-    if ((st = ps_client_step_scaled(cl, ctx, 0, (float)j->scale, &so, err))) return st;
+    ps_client_scalar loss = {"loss", j->loss};   /* the dashboard's loss where psd computes none (logits mode) */
+    if ((st = ps_client_step_full(cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err))) return st;
     j->version = so.version;
     return PS_OK;
 }
@@ -420,13 +421,16 @@ static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
     j->sq_norm = ps_cluster_batch_sq_norm(b);
     j->scale = clip_scale(t, j->sq_norm);
     b->grad_scale = (float)j->scale;
+    b->has_loss = 1;
+    b->loss = j->loss;
     return PS_OK;
 }
 
 static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
     lm_job *j = arg;
     ps_client_step_out so;
-    ps_status st = ps_client_step_scaled(j->env->cl, ctx, 0, (float)j->scale, &so, err);
+    ps_client_scalar loss = {"loss", j->loss};
+    ps_status st = ps_client_step_full(j->env->cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err);
     if (!st) j->version = so.version;
     return st;
 }

@@ -121,6 +121,8 @@ typedef struct batch_job {
     int checked;
 } batch_job;
 
+static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err);
+
 static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     batch_job *j = arg;
     int64_t cols;
@@ -132,19 +134,33 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     *kept = 1;
     j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
     int fused = j->fuse && !j->check;
-    if ((st = ps_client_backward(j->cl, ctx, j->grad, j->n, j->k, fused, &j->version, err))) return st;
+    ps_client_scalar loss = {"loss", j->loss};   /* psd's round metrics and dashboard */
+    if (fused) {   /* Backward with step: one round trip */
+        uint32_t seq = 0;
+        ps_client_tensor g = {PS_CLIENT_F32, 2, {j->n, j->k}, j->grad};
+        ps_client_bwd bw = {.ctx = ctx, .n = 1, .seqs = &seq, .grads = &g, .step = 1, .scalars = &loss,
+                            .nscalars = isfinite(j->loss)};
+        ps_client_step_out so = {0};
+        if ((st = ps_client_backward_ex(j->cl, &bw, &so, err))) return st;
+        j->version = so.version;
+        return PS_OK;
+    }
+    if ((st = ps_client_backward(j->cl, ctx, j->grad, j->n, j->k, 0, &j->version, err))) return st;
     if (j->check) {
         j->checked = 1;
         if (check_gradients(j->cl, ctx, j->params, j->lp, j->y, j->n, j->k, &j->grad_err))
             return ps_err_set(err, PS_ERR_INTERNAL, "gradient check failed");
     }
-    if (!fused) st = ps_client_step(j->cl, ctx, &j->version, err);
-    return st;
+    return batch_step(j, ctx, err);
 }
 
 static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err) {
     batch_job *j = arg;
-    return ps_client_step(j->cl, ctx, &j->version, err);
+    ps_client_scalar loss = {"loss", j->loss};
+    ps_client_step_out so = {0};
+    ps_status st = ps_client_step_full(j->cl, ctx, 0, 0.0f, &loss, isfinite(j->loss), &so, NULL, err);
+    if (!st) j->version = so.version;
+    return st;
 }
 
 /* The same batch with conv and fc on different servers: the activations
@@ -175,6 +191,8 @@ static ps_status chain_once(void *arg, ps_cluster_batch *b, ps_err *err) {
         return ps_err_set(err, PS_ERR_INTERNAL, "stage fc returned %lld outputs, expected %d",
                           (long long)(o.ndim == 2 ? o.dims[1] : -1), j->k);
     j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
+    b->has_loss = 1;
+    b->loss = j->loss;
     ps_client_tensor g = {PS_CLIENT_F32, 2, {j->n, j->k}, j->grad};
     float *ig[1] = {c->dact};
     int64_t icap[1] = {(int64_t)j->n * acols};

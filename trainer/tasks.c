@@ -7,11 +7,13 @@
 extern const ps_task ps_task_mnist;
 extern const ps_task ps_task_cartpole;
 extern const ps_task ps_task_lm;
+extern const ps_task ps_task_fit;
 
 static const ps_task *const g_tasks[] = {
     &ps_task_mnist,
     &ps_task_cartpole,
     &ps_task_lm,
+    &ps_task_fit,
 };
 #define N_TASKS ((int)(sizeof g_tasks / sizeof g_tasks[0]))
 

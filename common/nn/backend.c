@@ -70,7 +70,7 @@ ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err
     }
     if (!ops && name && !strcmp(name, "cuda")) {
         ps_err_set(err, PS_ERR_UNAVAILABLE, "this binary was built without CUDA support "
-                   "(nvcc was not found at build time; see README, 'GPU build')");
+                   "(nvcc was not found at build time; see docs/gpu.md)");
         return NULL;
     }
     if (!ops) {

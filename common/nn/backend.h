@@ -24,10 +24,12 @@
  * element (n, c, h, w) of an (N, C, H, W) tensor lives at
  *     ((n * (C/B) + c/B) * H * W + h * W + w) * B + c % B
  * (oneDNN's nChw16c / nChw8c), the same N*C*H*W floats as plain NCHW, so
- * elementwise ops (relu, mul, add) work on either. Conv and max-pool take
- * the layout of their activations in the descriptor (PS_LAYOUT_PLAIN, the
- * zero value, unless the model executor asked blocked_layout first);
- * weights, biases and gradients of parameters are always plain. reorder
+ * elementwise ops (relu, act, mul, add, add_out, fill) work on either.
+ * Conv, pooling (max and average), batch normalisation and mul_channels
+ * take the layout of their activations in the descriptor (PS_LAYOUT_PLAIN,
+ * the zero value, unless the model executor asked blocked_layout first);
+ * layer normalisation, softmax and linear are plain only. Weights, biases,
+ * statistics and gradients of parameters are always plain. reorder
  * converts between the two. Backends without blocked_layout are only ever
  * called with plain layouts.
  */
@@ -39,31 +41,169 @@
 
 #include "status.h"
 
-/* 2-D convolution, square stride/padding, no dilation, no groups.
- * y is (n, cout, oh, ow) with oh = (h + 2*pad - kh)/stride + 1. */
 #define PS_LAYOUT_PLAIN   0  /* NCHW */
 #define PS_LAYOUT_BLOCKED 1  /* the backend's channel-blocked layout (see above) */
 
+/* 2-D convolution (nn.Conv2d). Two ways to fill it:
+ *  - square form (the MNIST CNN's; positional initialisers keep working):
+ *    stride and pad apply to both axes, no dilation, one group;
+ *  - general form, selected by stride_h > 0: stride_h/stride_w,
+ *    pad_h/pad_w (zero padding on both sides of the axis, as PyTorch's
+ *    padding=(ph, pw)), dil_h/dil_w (0 means 1) and groups (0 means 1);
+ *    stride and pad are then ignored. Use designated initialisers.
+ * With groups g, cin and cout are divisible by g and the weight is
+ * (cout, cin/g, kh, kw) as in PyTorch; groups == cin (== cout or a
+ * multiple) is the depthwise convolution. y is (n, cout, oh, ow) with
+ *   oh = (h + 2*pad_h - dil_h*(kh-1) - 1) / stride_h + 1   (floor)
+ * and likewise ow. ps_conv_resolve() gives the general form of either. */
 typedef struct ps_conv_desc {
     int n, cin, h, w;
     int cout, kh, kw;
-    int stride, pad;
+    int stride, pad;            /* square form; ignored when stride_h > 0 */
     int src_layout, dst_layout; /* of x/dx and y/dy; PS_LAYOUT_PLAIN when 0 */
+    int stride_h, stride_w, pad_h, pad_w; /* general form (stride_h > 0) */
+    int dil_h, dil_w;           /* dilation; 0 = 1 */
+    int groups;                 /* 0 = 1 */
 } ps_conv_desc;
 
-static inline int ps_conv_out_h(const ps_conv_desc *d) { return (d->h + 2 * d->pad - d->kh) / d->stride + 1; }
-static inline int ps_conv_out_w(const ps_conv_desc *d) { return (d->w + 2 * d->pad - d->kw) / d->stride + 1; }
+/* d in the general form with every field explicit (stride = pad = 0,
+ * dil_h, dil_w, groups >= 1): what backends compute from. */
+static inline ps_conv_desc ps_conv_resolve(const ps_conv_desc *d) {
+    ps_conv_desc r = *d;
+    if (r.stride_h <= 0) {
+        r.stride_h = r.stride_w = d->stride;
+        r.pad_h = r.pad_w = d->pad;
+    }
+    r.stride = r.pad = 0;
+    if (r.dil_h <= 0) r.dil_h = 1;
+    if (r.dil_w <= 0) r.dil_w = 1;
+    if (r.groups <= 0) r.groups = 1;
+    return r;
+}
 
-/* Max pooling, k x k window, stride, no padding; y is (n, c, oh, ow) with
- * oh = (h - k)/stride + 1 (PyTorch's floor mode). */
+static inline int ps_conv_out_h(const ps_conv_desc *d) {
+    const ps_conv_desc r = ps_conv_resolve(d);
+    return (r.h + 2 * r.pad_h - r.dil_h * (r.kh - 1) - 1) / r.stride_h + 1;
+}
+static inline int ps_conv_out_w(const ps_conv_desc *d) {
+    const ps_conv_desc r = ps_conv_resolve(d);
+    return (r.w + 2 * r.pad_w - r.dil_w * (r.kw - 1) - 1) / r.stride_w + 1;
+}
+/* Elements of the weight: cout * (cin / groups) * kh * kw. */
+static inline int64_t ps_conv_weight_count(const ps_conv_desc *d) {
+    const ps_conv_desc r = ps_conv_resolve(d);
+    return (int64_t)r.cout * (r.cin / r.groups) * r.kh * r.kw;
+}
+
+/* 2-D pooling (nn.MaxPool2d, nn.AvgPool2d; ceil_mode=False only). Two
+ * forms, as for convolution:
+ *  - square form: k x k window, stride, no padding (positional
+ *    initialisers { n, c, h, w, k, stride, layout } keep working);
+ *  - general form, selected by kh > 0: kh x kw window, stride_h/stride_w,
+ *    pad_h/pad_w (implicit padding on both sides; PyTorch requires
+ *    pad <= kernel/2, the caller checks); k and stride are then ignored.
+ * y is (n, c, oh, ow), oh = (h + 2*pad_h - kh) / stride_h + 1 (floor).
+ * Max pooling never picks a padded position (padding is -inf). Average
+ * pooling divides by kh*kw when count_include_pad (PyTorch's default;
+ * with ceil_mode off every window lies inside the padded input) and by
+ * the number of window positions inside the input otherwise.
+ * AdaptiveAvgPool2d((1, 1)) is average pooling with kh = h, kw = w,
+ * stride 1, no padding. */
 typedef struct ps_pool_desc {
     int n, c, h, w;
-    int k, stride;
+    int k, stride;              /* square form; ignored when kh > 0 */
     int layout;                 /* of x, y, dx, dy; PS_LAYOUT_PLAIN when 0 */
+    int kh, kw, stride_h, stride_w, pad_h, pad_w; /* general form (kh > 0) */
+    int count_include_pad;      /* average pooling only */
 } ps_pool_desc;
 
-static inline int ps_pool_out_h(const ps_pool_desc *d) { return (d->h - d->k) / d->stride + 1; }
-static inline int ps_pool_out_w(const ps_pool_desc *d) { return (d->w - d->k) / d->stride + 1; }
+/* d in the general form with every field explicit (k = stride = 0). */
+static inline ps_pool_desc ps_pool_resolve(const ps_pool_desc *d) {
+    ps_pool_desc r = *d;
+    if (r.kh <= 0) {
+        r.kh = r.kw = d->k;
+        r.stride_h = r.stride_w = d->stride;
+        r.pad_h = r.pad_w = 0;
+    }
+    r.k = r.stride = 0;
+    return r;
+}
+
+static inline int ps_pool_out_h(const ps_pool_desc *d) {
+    const ps_pool_desc r = ps_pool_resolve(d);
+    return (r.h + 2 * r.pad_h - r.kh) / r.stride_h + 1;
+}
+static inline int ps_pool_out_w(const ps_pool_desc *d) {
+    const ps_pool_desc r = ps_pool_resolve(d);
+    return (r.w + 2 * r.pad_w - r.kw) / r.stride_w + 1;
+}
+
+/* A per-channel view of an activation for batch normalisation and channel
+ * masks: n samples, c channels, s elements per (sample, channel) - H*W for
+ * (N, C, H, W), L for (N, C, L), 1 for (N, C). Element (i, j, p) of a plain
+ * tensor is at (i*c + j)*s + p; a blocked one (layout PS_LAYOUT_BLOCKED,
+ * only for 4-D activations with blocked_layout(c) > 0, s = H*W) follows
+ * the formula at the top of this file. eps: batch normalisation only. */
+typedef struct ps_chan_desc {
+    int n, c;
+    int64_t s;
+    int layout;
+    float eps;
+} ps_chan_desc;
+
+/* Layer normalisation (nn.LayerNorm): each of rows rows of cols contiguous
+ * floats (cols = the product of normalized_shape, the trailing dims) is
+ * normalised with its own mean and biased variance; gamma, beta have cols
+ * elements. Plain layout only. */
+typedef struct ps_ln_desc {
+    int64_t rows, cols;
+    float eps;
+} ps_ln_desc;
+
+/* Softmax over one dimension of a tensor seen as (outer, dim, inner):
+ * element (o, k, i) at (o*dim + k)*inner + i; softmax over k. inner = 1 is
+ * the last dimension (the row-wise softmax_forward); dim 1 of (N, C, H, W)
+ * is outer N, dim C, inner H*W. log selects log-softmax. Plain layout. */
+typedef struct ps_softmax_desc {
+    int64_t outer;
+    int dim;
+    int64_t inner;
+    int log;
+} ps_softmax_desc;
+
+/* Elementwise activations (act_forward / act_backward). alpha is
+ * LeakyReLU's negative_slope and ignored by the others. Formulas
+ * (PyTorch's):
+ *   RELU       max(x, 0)
+ *   LEAKY_RELU x > 0 ? x : alpha * x
+ *   GELU       x * 0.5 * (1 + erf(x / sqrt(2)))       (approximate='none')
+ *   GELU_TANH  0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+ *   SILU       x * sigmoid(x)
+ *   TANH       tanh(x)
+ *   SIGMOID    1 / (1 + exp(-x))
+ * The backward of RELU, TANH and SIGMOID reads y (the forward's output),
+ * the others read x (the input): ps_act_backward_reads_x says which, so
+ * the executor keeps the right one (and may run those forwards in place,
+ * x == y, only when the backward reads y). */
+typedef enum {
+    PS_ACT_RELU = 0,
+    PS_ACT_LEAKY_RELU,
+    PS_ACT_GELU,
+    PS_ACT_GELU_TANH,
+    PS_ACT_SILU,
+    PS_ACT_TANH,
+    PS_ACT_SIGMOID,
+    PS_ACT_COUNT
+} ps_act_kind;
+
+typedef struct ps_act_desc {
+    int kind;                   /* a ps_act_kind */
+    float alpha;                /* LEAKY_RELU's negative_slope */
+} ps_act_desc;
+
+static inline int ps_act_backward_reads_x(int kind) {
+    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID;
+}
 
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
 typedef struct ps_linear_desc {
@@ -146,10 +286,12 @@ typedef struct ps_backend_ops {
     ps_status (*copy_from_peer)(void *impl, void *dst, void *src_impl, const void *src, size_t bytes,
                                 ps_err *err);
 
-    /* x (n,cin,h,w), w (cout,cin,kh,kw), b (cout) -> y (n,cout,oh,ow). */
+    /* x (n,cin,h,w), w (cout,cin/groups,kh,kw), b (cout; NULL: no bias)
+     * -> y (n,cout,oh,ow); either form of ps_conv_desc. */
     ps_status (*conv2d_forward)(void *impl, const ps_conv_desc *d, const float *x,
                                 const float *w, const float *b, float *y, ps_err *err);
-    /* From dy (n,cout,oh,ow): dx (may be NULL), dw, db. */
+    /* From dy (n,cout,oh,ow): dx (may be NULL), dw, db (may be NULL: no
+     * bias). */
     ps_status (*conv2d_backward)(void *impl, const ps_conv_desc *d, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw,
                                  float *db, ps_err *err);
@@ -166,7 +308,8 @@ typedef struct ps_backend_ops {
     ps_status (*maxpool_forward)(void *impl, const ps_pool_desc *d, const float *x, float *y,
                                  void *workspace, ps_err *err);
     /* dx (n,c,h,w) from dy (n,c,oh,ow) and the forward's workspace. Ties go
-     * to the first maximum in row-major window order, as in PyTorch. */
+     * to the first maximum in row-major window order, as in PyTorch. The
+     * max-pool ops take either form of ps_pool_desc (padding included). */
     ps_status (*maxpool_backward)(void *impl, const ps_pool_desc *d, const void *workspace,
                                   const float *dy, float *dx, ps_err *err);
 
@@ -254,6 +397,108 @@ typedef struct ps_backend_ops {
     ps_status (*adam_update_rows)(void *impl, int64_t nrows, int64_t width, const int64_t *rows, float *w,
                                   const float *g_rows, float *m, float *v, const ps_adam_desc *d,
                                   ps_err *err);
+
+    /* ---- appended for issue 18 (models as files: the layer kinds PyTorch
+     * users reach for). All three backends implement all of them; a
+     * backend may leave one NULL, and the model then refuses the kind on
+     * it. Shapes are validated by the caller, as above. ---- */
+
+    /* Average pooling (either form of ps_pool_desc, count_include_pad as
+     * documented there): y (n,c,oh,ow) from x; dx (n,c,h,w) from dy. */
+    ps_status (*avgpool_forward)(void *impl, const ps_pool_desc *d, const float *x, float *y, ps_err *err);
+    ps_status (*avgpool_backward)(void *impl, const ps_pool_desc *d, const float *dy, float *dx, ps_err *err);
+
+    /* Batch normalisation (nn.BatchNorm2d over N,H,W per channel; BatchNorm1d
+     * over N or N,L), d->eps. gamma, beta (c) are both NULL when
+     * affine=False (then gamma = 1, beta = 0).
+     * Training forward, with batch statistics over the m = n*s elements
+     * of each channel:
+     *   mean = sum(x)/m, var = sum((x - mean)^2)/m          (biased)
+     *   y = (x - mean) * invstd * gamma + beta,  invstd = 1/sqrt(var + eps)
+     * writes y and, per channel, mean and invstd (both required: the
+     * backward's inputs, PyTorch's save_mean/save_invstd) and, when
+     * var_unbiased is not NULL, var * m/(m-1): what PyTorch folds into
+     * running_var (running_var = (1-momentum)*running_var + momentum *
+     * var_unbiased; running_mean likewise with mean) - the folding is the
+     * caller's. m >= 2 (PyTorch refuses training with one value per
+     * channel; so does the caller). */
+    ps_status (*batchnorm_forward_training)(void *impl, const ps_chan_desc *d, const float *x,
+                                            const float *gamma, const float *beta, float *y, float *mean,
+                                            float *invstd, float *var_unbiased, ps_err *err);
+    /* Eval forward from the running statistics (c each):
+     *   y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta
+     * and, when invstd is not NULL, invstd = 1/sqrt(running_var + eps) per
+     * channel (for batchnorm_backward in eval mode). */
+    ps_status (*batchnorm_forward_inference)(void *impl, const ps_chan_desc *d, const float *x,
+                                             const float *gamma, const float *beta, const float *running_mean,
+                                             const float *running_var, float *y, float *invstd, ps_err *err);
+    /* Backward from dy, x and the statistics the forward used: mean and
+     * invstd from the training forward (batch_stats = 1), or running_mean
+     * and the inference forward's invstd (batch_stats = 0; the statistics
+     * are then constants). With xhat = (x - mean) * invstd, per channel:
+     *   dbeta = sum(dy), dgamma = sum(dy * xhat)
+     *   dx = gamma * invstd * (dy - dbeta/m - xhat * dgamma/m)  (batch_stats)
+     *   dx = gamma * invstd * dy                                (otherwise)
+     * dx, dgamma, dbeta may each be NULL (not computed; dgamma and dbeta
+     * are NULL without affine, and gamma is then NULL). */
+    ps_status (*batchnorm_backward)(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
+                                    const float *dy, const float *gamma, const float *mean, const float *invstd,
+                                    float *dx, float *dgamma, float *dbeta, ps_err *err);
+
+    /* Layer normalisation (see ps_ln_desc); gamma, beta (cols) both NULL
+     * without elementwise_affine. Per row: mean, biased var, rstd =
+     * 1/sqrt(var + eps), y = (x - mean) * rstd * gamma + beta; mean and
+     * rstd (rows each) are written when not NULL (the backward needs them). */
+    ps_status (*layernorm_forward)(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd, ps_err *err);
+    /* With xhat = (x - mean) * rstd and g = dy * gamma, per row:
+     *   dx = rstd * (g - mean_row(g) - xhat * mean_row(g * xhat))
+     * and over all rows dgamma = sum(dy * xhat), dbeta = sum(dy). dx,
+     * dgamma, dbeta may each be NULL. */
+    ps_status (*layernorm_backward)(void *impl, const ps_ln_desc *d, const float *x, const float *dy,
+                                    const float *gamma, const float *mean, const float *rstd, float *dx,
+                                    float *dgamma, float *dbeta, ps_err *err);
+
+    /* Elementwise activation of count elements (see ps_act_desc); x == y
+     * allowed. */
+    ps_status (*act_forward)(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
+                             ps_err *err);
+    /* dx = dy * f'(x); reads x or y as ps_act_backward_reads_x says (the
+     * other may be NULL); dx == dy allowed. */
+    ps_status (*act_backward)(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
+                              const float *dy, float *dx, ps_err *err);
+
+    /* Softmax / log-softmax over one dimension (see ps_softmax_desc).
+     * Backward from the forward's output y:
+     *   softmax:     dx = y * (dy - sum_k(dy * y))
+     *   log-softmax: dx = dy - exp(y) * sum_k(dy) */
+    ps_status (*softmax_dim_forward)(void *impl, const ps_softmax_desc *d, const float *x, float *y,
+                                     ps_err *err);
+    ps_status (*softmax_dim_backward)(void *impl, const ps_softmax_desc *d, const float *y, const float *dy,
+                                      float *dx, ps_err *err);
+
+    /* y = x * mask[sample, channel] broadcast over the s elements of each
+     * (sample, channel) (see ps_chan_desc; either layout): nn.Dropout2d's
+     * forward and backward with a (n, c) mask of 0 or 1/(1-p). x == y
+     * allowed. */
+    ps_status (*mul_channels)(void *impl, const ps_chan_desc *d, const float *x, const float *mask, float *y,
+                              ps_err *err);
+
+    /* Strided copy of rows x cols floats: dst[r*dst_ld + j] = src[r*src_ld
+     * + j] (accumulate = 0) or += (accumulate = 1); rows, cols >= 0, lds
+     * >= cols, the two regions do not overlap. Concat along dim d of a
+     * plain tensor: rows = the product of the dims before d, cols = the
+     * part's dims from d on, dst_ld = the output's (and the backward's
+     * split is the same copy the other way). Along the channels of a
+     * blocked 4-D activation this holds too when every part's channel
+     * count is a multiple of the block (part i's block of sample n is
+     * then contiguous: cols = c_i*H*W, dst_ld = C*H*W). */
+    ps_status (*copy2d)(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                        int64_t dst_ld, int accumulate, ps_err *err);
+    /* y = a + b elementwise (the residual add's forward; y may be a or b). */
+    ps_status (*add_out)(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err);
+    /* x[i] = value for i < count (zeroing gradient buffers on the device). */
+    ps_status (*fill)(void *impl, int64_t count, float *x, float value, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -17,15 +17,19 @@
  * that keeps freed blocks (no cudaMalloc/cudaFree per activation), or from
  * cudaMalloc where the device has no memory pools.
  *
- * Numerics. Convolutions use FP32 FMA math (no TF32 tensor cores, which
- * Ampere and later would otherwise use for float convolutions) and
- * deterministic algorithms; cuBLAS runs in its default (FP32) math mode.
- * Max pooling: y comes from cudnnPoolingForward; for training, a kernel
- * records the argmax of each window (first maximum in row-major order, as
- * PyTorch and the reference backend) in the workspace, and the gradient is
- * routed through those indices. (cudnnPoolingBackward would need x and y,
- * which the op contract does not hand to backward, and leaves the choice
- * among tied maxima unspecified.)
+ * Numerics. Convolutions (any stride, padding, dilation and group count)
+ * use FP32 FMA math (no TF32 tensor cores, which Ampere and later would
+ * otherwise use for float convolutions) and deterministic algorithms;
+ * cuBLAS runs in its default (FP32) math mode. Pooling is kernels of
+ * backend_cuda_kernels.cu: max pooling records the argmax of each window
+ * (first maximum in row-major order, as PyTorch and the reference backend)
+ * in the workspace and routes the gradient through those indices
+ * (cudnnPoolingBackward would need x and y, which the op contract does not
+ * hand to backward, and leaves the choice among tied maxima unspecified);
+ * average pooling follows ps_pool_desc's count_include_pad. Batch and
+ * layer normalisation are kernels too (one block per channel or row, sums
+ * in double, deterministic), as are the activations; softmax over a
+ * dimension is cuDNN's channel mode.
  *
  * Stage boundaries between two CUDA devices (copy_from_peer) use a peer
  * copy when the devices can access each other and otherwise go through a
@@ -462,6 +466,7 @@ static int bwd_filter_accurate(cudnnConvolutionBwdFilterAlgo_t a) {
            a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
+/* The entry of d (resolved: ps_conv_resolve), created on first use. */
 static ps_status conv_lookup(cuda_impl *im, cuda_ctx *c, const ps_conv_desc *d, conv_entry **out, ps_err *err) {
     ps_status rc = PS_OK;
     conv_entry *ce = NULL;
@@ -477,13 +482,16 @@ static ps_status conv_lookup(cuda_impl *im, cuda_ctx *c, const ps_conv_desc *d, 
     PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ce->b));
     PS_CUDNN_CHECK(cudnnCreateFilterDescriptor(&ce->w));
     PS_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&ce->conv));
-    PS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ce->conv, d->pad, d->pad, d->stride, d->stride, 1, 1,
-                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    PS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ce->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
+                                                   d->dil_h, d->dil_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    PS_CUDNN_CHECK(cudnnSetConvolutionGroupCount(ce->conv, d->groups));
     PS_CUDNN_CHECK(cudnnSetConvolutionMathType(ce->conv, CUDNN_FMA_MATH));
     PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->cin, d->h, d->w));
     PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->cout, oh, ow));
     PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ce->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->cout, 1, 1));
-    PS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ce->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->cout, d->cin, d->kh, d->kw));
+    /* grouped: (cout, cin/groups, kh, kw), PyTorch's weight */
+    PS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ce->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->cout, d->cin / d->groups,
+                                              d->kh, d->kw));
     int dn, dc, dh, dw;
     PS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(ce->conv, ce->x, ce->w, &dn, &dc, &dh, &dw));
     if (dn != d->n || dc != d->cout || dh != oh || dw != ow) {
@@ -529,15 +537,16 @@ done:
     return rc;
 }
 
-static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *desc, const float *x, const float *w,
                                    const float *b, float *y, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
     conv_entry *ce = NULL;
     const float one = 1.0f, zero = 0.0f;
+    const ps_conv_desc d = ps_conv_resolve(desc);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    if ((rc = conv_lookup(im, c, d, &ce, err)) != PS_OK) goto done;
+    if ((rc = conv_lookup(im, c, &d, &ce, err)) != PS_OK) goto done;
     if ((rc = ctx_workspace(c, ce->ws_fwd, err)) != PS_OK) goto done;
     PS_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, ce->x, x, ce->w, w, ce->conv, ce->fwd, c->ws,
                                            ce->ws_fwd, &zero, ce->y, y));
@@ -548,15 +557,16 @@ done:
     return rc;
 }
 
-static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x, const float *w,
+static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x, const float *w,
                                     const float *dy, float *dx, float *dw, float *db, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
     conv_entry *ce = NULL;
     const float one = 1.0f, zero = 0.0f;
+    const ps_conv_desc d = ps_conv_resolve(desc);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    if ((rc = conv_lookup(im, c, d, &ce, err)) != PS_OK) goto done;
+    if ((rc = conv_lookup(im, c, &d, &ce, err)) != PS_OK) goto done;
     size_t ws = ce->ws_bwd_data > ce->ws_bwd_filter ? ce->ws_bwd_data : ce->ws_bwd_filter;
     if ((rc = ctx_workspace(c, ws, err)) != PS_OK) goto done;
     if (db) PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
@@ -698,55 +708,58 @@ done:
     return rc;
 }
 
-/* --------------------------------------------------------- max pooling */
+/* ------------------------------------------------------------- pooling */
+
+/* The kernels' view of d (resolved here). */
+static ps_cuda_pool cu_pool_of(const ps_pool_desc *desc) {
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    ps_cuda_pool p = { d.n * d.c, d.h, d.w, d.kh, d.kw, d.stride_h, d.stride_w, d.pad_h, d.pad_w,
+                       ps_pool_out_h(&d), ps_pool_out_w(&d), d.count_include_pad };
+    return p;
+}
 
 static size_t cu_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
     (void)impl;
     return (size_t)d->n * d->c * ps_pool_out_h(d) * ps_pool_out_w(d) * sizeof(int32_t);
 }
 
-static ps_status cu_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
-                                    void *workspace, ps_err *err) {
-    cuda_impl *im = impl;
+/* All four pooling ops: one kernel on a context's stream. */
+typedef enum { POOL_MAX_FWD, POOL_MAX_BWD, POOL_AVG_FWD, POOL_AVG_BWD } pool_op;
+
+static ps_status cu_pool(cuda_impl *im, pool_op op, const ps_pool_desc *d, const float *in, void *workspace,
+                         float *out, ps_err *err) {
     ps_status rc;
     cuda_ctx *c = NULL;
-    cudnnTensorDescriptor_t tx = NULL, ty = NULL;
-    cudnnPoolingDescriptor_t pd = NULL;
-    const float one = 1.0f, zero = 0.0f;
-    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const ps_cuda_pool p = cu_pool_of(d);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&tx));
-    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&ty));
-    PS_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pd));
-    PS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(pd, CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, d->k,
-                                               d->k, 0, 0, d->stride, d->stride));
-    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, d->h, d->w));
-    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, oh, ow));
-    PS_CUDNN_CHECK(cudnnPoolingForward(c->dnn, pd, &one, tx, x, &zero, ty, y));
-    if (workspace)
-        PS_CUDA_CHECK(ps_cuda_maxpool_argmax(x, d->n * d->c, d->h, d->w, d->k, d->stride, oh, ow, workspace,
-                                             c->stream));
+    switch (op) {
+    case POOL_MAX_FWD: PS_CUDA_CHECK(ps_cuda_maxpool_forward(&p, in, out, workspace, c->stream)); break;
+    case POOL_MAX_BWD: PS_CUDA_CHECK(ps_cuda_maxpool_backward(&p, workspace, in, out, c->stream)); break;
+    case POOL_AVG_FWD: PS_CUDA_CHECK(ps_cuda_avgpool_forward(&p, in, out, c->stream)); break;
+    case POOL_AVG_BWD: PS_CUDA_CHECK(ps_cuda_avgpool_backward(&p, in, out, c->stream)); break;
+    }
     PS_CUDA_SYNC(c);
 done:
-    if (pd) cudnnDestroyPoolingDescriptor(pd);
-    if (tx) cudnnDestroyTensorDescriptor(tx);
-    if (ty) cudnnDestroyTensorDescriptor(ty);
     ctx_release(im, c);
     return rc;
 }
 
+static ps_status cu_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+                                    void *workspace, ps_err *err) {
+    return cu_pool(impl, POOL_MAX_FWD, d, x, workspace, y, err);
+}
+
 static ps_status cu_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace, const float *dy,
                                      float *dx, ps_err *err) {
-    cuda_impl *im = impl;
-    ps_status rc;
-    cuda_ctx *c = NULL;
-    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUDA_CHECK(ps_cuda_maxpool_backward(workspace, dy, d->n * d->c, d->h, d->w, d->k, d->stride,
-                                           ps_pool_out_h(d), ps_pool_out_w(d), dx, c->stream));
-    PS_CUDA_SYNC(c);
-done:
-    ctx_release(im, c);
-    return rc;
+    return cu_pool(impl, POOL_MAX_BWD, d, dy, (void *)workspace, dx, err);
+}
+
+static ps_status cu_avgpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y, ps_err *err) {
+    return cu_pool(impl, POOL_AVG_FWD, d, x, NULL, y, err);
+}
+
+static ps_status cu_avgpool_backward(void *impl, const ps_pool_desc *d, const float *dy, float *dx, ps_err *err) {
+    return cu_pool(impl, POOL_AVG_BWD, d, dy, NULL, dx, err);
 }
 
 /* -------------------------------------------------------------- linear */
@@ -889,6 +902,151 @@ done:
     return rc;
 }
 
+
+/* ------------------------------------- normalisation, activations, copies */
+
+_Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEAKY_RELU == (int)PS_ACT_LEAKY_RELU &&
+               (int)PS_CUDA_ACT_GELU == (int)PS_ACT_GELU && (int)PS_CUDA_ACT_GELU_TANH == (int)PS_ACT_GELU_TANH &&
+               (int)PS_CUDA_ACT_SILU == (int)PS_ACT_SILU && (int)PS_CUDA_ACT_TANH == (int)PS_ACT_TANH &&
+               (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
+               "backend_cuda.h's activation kinds are ps_act_kind's");
+
+/* Run one launcher (an expression using c->stream) on a context and wait. */
+#define CU_LAUNCH(im, launch) do { \
+    ps_status rc; \
+    cuda_ctx *c = NULL; \
+    if ((rc = ctx_acquire((im), &c, err)) != PS_OK) return rc; \
+    PS_CUDA_CHECK(launch); \
+    PS_CUDA_SYNC(c); \
+done: \
+    ctx_release((im), c); \
+    return rc; \
+} while (0)
+
+static ps_status cu_bn_forward_training(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                        const float *beta, float *y, float *mean, float *invstd,
+                                        float *var_unbiased, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bn_forward_training(x, d->n, d->c, d->s, d->eps, gamma, beta, y, mean, invstd,
+                                                            var_unbiased, c->stream));
+}
+
+static ps_status cu_bn_forward_inference(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                         const float *beta, const float *running_mean, const float *running_var,
+                                         float *y, float *invstd, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bn_forward_inference(x, d->n, d->c, d->s, d->eps, gamma, beta, running_mean,
+                                                             running_var, y, invstd, c->stream));
+}
+
+static ps_status cu_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *invstd, float *dx, float *dgamma,
+                                float *dbeta, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bn_backward(x, dy, d->n, d->c, d->s, batch_stats, gamma, mean, invstd, dx,
+                                                    dgamma, dbeta, c->stream));
+}
+
+static ps_status cu_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma, const float *beta,
+                               float *y, float *mean, float *rstd, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_ln_forward(x, d->rows, d->cols, d->eps, gamma, beta, y, mean, rstd,
+                                                   c->stream));
+}
+
+static ps_status cu_ln_backward(void *impl, const ps_ln_desc *d, const float *x, const float *dy, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_ln_backward(x, dy, d->rows, d->cols, gamma, mean, rstd, dx, dgamma, dbeta,
+                                                    c->stream));
+}
+
+static ps_status cu_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
+                                ps_err *err) {
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda: unknown activation %d", d->kind);
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_forward(d->kind, d->alpha, count, x, y, c->stream));
+}
+
+static ps_status cu_act_backward(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
+                                 const float *dy, float *dx, ps_err *err) {
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda: unknown activation %d", d->kind);
+    if (count <= 0) return PS_OK;
+    const int rx = ps_act_backward_reads_x(d->kind);
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_backward(d->kind, d->alpha, count, rx ? x : NULL, rx ? NULL : y, dy, dx,
+                                                     c->stream));
+}
+
+/* cuDNN's channel-mode softmax over C of an (outer, dim, inner, 1) NCHW
+ * tensor is exactly softmax over dim of (outer, dim, inner). */
+static ps_status cu_softmax_dim(cuda_impl *im, const ps_softmax_desc *d, const float *x_or_y, const float *dy,
+                                float *out, ps_err *err) {
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    cudnnTensorDescriptor_t t = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    const cudnnSoftmaxAlgorithm_t algo = d->log ? CUDNN_SOFTMAX_LOG : CUDNN_SOFTMAX_ACCURATE;
+    if (d->outer > INT_MAX || d->inner > INT_MAX)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda softmax: %lld x %d x %lld is too large", (long long)d->outer,
+                          d->dim, (long long)d->inner);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    PS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&t));
+    PS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)d->outer, d->dim,
+                                              (int)d->inner, 1));
+    if (!dy)
+        PS_CUDNN_CHECK(cudnnSoftmaxForward(c->dnn, algo, CUDNN_SOFTMAX_MODE_CHANNEL, &one, t, x_or_y, &zero, t, out));
+    else
+        PS_CUDNN_CHECK(cudnnSoftmaxBackward(c->dnn, algo, CUDNN_SOFTMAX_MODE_CHANNEL, &one, t, x_or_y, t, dy, &zero,
+                                            t, out));
+    PS_CUDA_SYNC(c);
+done:
+    if (t) cudnnDestroyTensorDescriptor(t);
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_softmax_dim_forward(void *impl, const ps_softmax_desc *d, const float *x, float *y, ps_err *err) {
+    return cu_softmax_dim(impl, d, x, NULL, y, err);
+}
+
+static ps_status cu_softmax_dim_backward(void *impl, const ps_softmax_desc *d, const float *y, const float *dy,
+                                         float *dx, ps_err *err) {
+    return cu_softmax_dim(impl, d, y, dy, dx, err);
+}
+
+static ps_status cu_mul_channels(void *impl, const ps_chan_desc *d, const float *x, const float *mask, float *y,
+                                 ps_err *err) {
+    if ((int64_t)d->n * d->c * d->s <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_mul_planes((int64_t)d->n * d->c, d->s, x, mask, y, c->stream));
+}
+
+static ps_status cu_copy2d(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                           int64_t dst_ld, int accumulate, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *c = NULL;
+    if (rows <= 0 || cols <= 0) return PS_OK;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (accumulate)
+        PS_CUDA_CHECK(ps_cuda_add2d(rows, cols, src, src_ld, dst, dst_ld, c->stream));
+    else
+        PS_CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)dst_ld * sizeof(float), src, (size_t)src_ld * sizeof(float),
+                                        (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice,
+                                        c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    ctx_release(im, c);
+    return rc;
+}
+
+static ps_status cu_add_out(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err) {
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_add_out(count, a, b, y, c->stream));
+}
+
+static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_fill(count, x, value, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -921,4 +1079,19 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .embedding_forward = cu_embedding_forward,
     .embedding_backward = cu_embedding_backward,
     .scale = cu_scale,
+    .avgpool_forward = cu_avgpool_forward,
+    .avgpool_backward = cu_avgpool_backward,
+    .batchnorm_forward_training = cu_bn_forward_training,
+    .batchnorm_forward_inference = cu_bn_forward_inference,
+    .batchnorm_backward = cu_bn_backward,
+    .layernorm_forward = cu_ln_forward,
+    .layernorm_backward = cu_ln_backward,
+    .act_forward = cu_act_forward,
+    .act_backward = cu_act_backward,
+    .softmax_dim_forward = cu_softmax_dim_forward,
+    .softmax_dim_backward = cu_softmax_dim_backward,
+    .mul_channels = cu_mul_channels,
+    .copy2d = cu_copy2d,
+    .add_out = cu_add_out,
+    .fill = cu_fill,
 };

@@ -26,17 +26,78 @@ cudaError_t ps_cuda_fill_rows(float *y, const float *b, int rows, int cols, cuda
 /* db[c] = sum over r of dy[r * cols + c] (the bias gradient of a linear layer). */
 cudaError_t ps_cuda_col_sum(const float *dy, int rows, int cols, float *db, cudaStream_t stream);
 
-/* Max pooling argmax: idx[p, oy, ox] = iy * w + ix of the window's first
- * maximum in row-major order (a NaN wins), planes = n * c. */
-cudaError_t ps_cuda_maxpool_argmax(const float *x, int planes, int h, int w, int k, int stride,
-                                   int oh, int ow, int32_t *idx, cudaStream_t stream);
+/* A 2-D pooling shape (ps_pool_desc resolved; planes = n * c). */
+typedef struct ps_cuda_pool {
+    int planes, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+    int count_include_pad;  /* average pooling */
+} ps_cuda_pool;
+
+/* Max pooling: y and, when idx is not NULL, idx[p, oy, ox] = iy * w + ix of
+ * the window's first maximum in row-major order (padding never wins; a NaN
+ * does), as the reference backend and PyTorch. */
+cudaError_t ps_cuda_maxpool_forward(const ps_cuda_pool *p, const float *x, float *y, int32_t *idx,
+                                    cudaStream_t stream);
 
 /* dx from dy through the argmax indices; each dx element gathers the dy of
  * the windows whose maximum it is, in ascending output order (the
  * reference's summation order, so overlapping windows give identical sums). */
-cudaError_t ps_cuda_maxpool_backward(const int32_t *idx, const float *dy, int planes, int h, int w,
-                                     int k, int stride, int oh, int ow, float *dx,
+cudaError_t ps_cuda_maxpool_backward(const ps_cuda_pool *p, const int32_t *idx, const float *dy, float *dx,
                                      cudaStream_t stream);
+
+/* Average pooling (count_include_pad as ps_pool_desc documents); the
+ * backward gathers dy / divisor of every window covering an element. */
+cudaError_t ps_cuda_avgpool_forward(const ps_cuda_pool *p, const float *x, float *y, cudaStream_t stream);
+cudaError_t ps_cuda_avgpool_backward(const ps_cuda_pool *p, const float *dy, float *dx, cudaStream_t stream);
+
+/* Batch normalisation over (n, c, s), plain layout (ps_chan_desc; the
+ * formulas of backend.h). One block per channel, sums in double. gamma
+ * and beta NULL without affine; var_unbiased may be NULL. */
+cudaError_t ps_cuda_bn_forward_training(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                        const float *beta, float *y, float *mean, float *invstd,
+                                        float *var_unbiased, cudaStream_t stream);
+/* Inference: from running_mean/var; invstd (c) written when not NULL. */
+cudaError_t ps_cuda_bn_forward_inference(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                         const float *beta, const float *running_mean, const float *running_var,
+                                         float *y, float *invstd, cudaStream_t stream);
+/* dx (may be NULL), dgamma, dbeta (NULL without affine). */
+cudaError_t ps_cuda_bn_backward(const float *x, const float *dy, int n, int c, int64_t s, int batch_stats,
+                                const float *gamma, const float *mean, const float *invstd, float *dx,
+                                float *dgamma, float *dbeta, cudaStream_t stream);
+
+/* Layer normalisation of rows x cols (ps_ln_desc); mean, rstd may be NULL
+ * in the forward; dx, dgamma, dbeta may each be NULL in the backward. */
+cudaError_t ps_cuda_ln_forward(const float *x, int64_t rows, int64_t cols, float eps, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, cudaStream_t stream);
+cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, int64_t cols, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                cudaStream_t stream);
+
+/* Activations: the values of ps_act_kind (backend.h; backend_cuda.c checks
+ * they agree). */
+enum {
+    PS_CUDA_ACT_RELU = 0, PS_CUDA_ACT_LEAKY_RELU, PS_CUDA_ACT_GELU, PS_CUDA_ACT_GELU_TANH, PS_CUDA_ACT_SILU,
+    PS_CUDA_ACT_TANH, PS_CUDA_ACT_SIGMOID, PS_CUDA_ACT_COUNT
+};
+
+/* y = f(x) (x == y allowed). */
+cudaError_t ps_cuda_act_forward(int kind, float alpha, int64_t count, const float *x, float *y, cudaStream_t stream);
+/* dx = dy * f'(.) from x or y (ps_act_backward_reads_x). */
+cudaError_t ps_cuda_act_backward(int kind, float alpha, int64_t count, const float *x, const float *y,
+                                 const float *dy, float *dx, cudaStream_t stream);
+
+/* y[q * s + p] = x[q * s + p] * mask[q] for q < planes (Dropout2d). */
+cudaError_t ps_cuda_mul_planes(int64_t planes, int64_t s, const float *x, const float *mask, float *y,
+                               cudaStream_t stream);
+
+/* dst[r * dst_ld + j] += src[r * src_ld + j] (copy2d's accumulate). */
+cudaError_t ps_cuda_add2d(int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                          int64_t dst_ld, cudaStream_t stream);
+
+/* y = a + b. */
+cudaError_t ps_cuda_add_out(int64_t count, const float *a, const float *b, float *y, cudaStream_t stream);
+
+/* x[i] = value. */
+cudaError_t ps_cuda_fill(int64_t count, float *x, float value, cudaStream_t stream);
 
 /* y = x * mask (dropout, forward and backward; x == y allowed). */
 cudaError_t ps_cuda_mul(int64_t count, const float *x, const float *mask, float *y,

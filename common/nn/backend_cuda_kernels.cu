@@ -1,7 +1,8 @@
 /* backend_cuda_kernels.cu - the CUDA kernels of the CUDA backend (see
- * backend_cuda.h): bias broadcast and reduction of the fc layers, the
- * max-pool argmax and its gradient, dropout's multiply, gradient
- * accumulation, SGD and Adam. Everything else is cuDNN or cuBLAS
+ * backend_cuda.h): bias broadcast and reduction of the fc layers, max and
+ * average pooling (with padding) and their gradients, batch and layer
+ * normalisation, activations, dropout's multiplies, strided accumulation,
+ * gradient accumulation, SGD and Adam. Everything else is cuDNN or cuBLAS
  * (backend_cuda.c).
  *
  * All kernels are grid-stride loops over int64 indices. The _rn intrinsics
@@ -38,48 +39,338 @@ __global__ void col_sum_kernel(const float *dy, int rows, int cols, float *db) {
     }
 }
 
-__global__ void maxpool_argmax_kernel(const float *x, int planes, int h, int w, int k, int stride,
-                                      int oh, int ow, int32_t *idx) {
-    const int64_t n = (int64_t)planes * oh * ow;
+/* Window of output (oy, ox) clipped to the input; returns PyTorch's
+ * count_include_pad divisor (the window clipped to the padded input). */
+__device__ int pool_window(const ps_cuda_pool &p, int oy, int ox, int *y0, int *y1, int *x0, int *x1) {
+    const int hs = oy * p.sh - p.ph, ws = ox * p.sw - p.pw;
+    const int he = min(hs + p.kh, p.h + p.ph), we = min(ws + p.kw, p.w + p.pw);
+    const int padded = (he - hs) * (we - ws);
+    *y0 = max(hs, 0);
+    *x0 = max(ws, 0);
+    *y1 = min(he, p.h);
+    *x1 = min(we, p.w);
+    return padded;
+}
+
+/* The outputs whose window covers input row iy: [*o0, *o1] (empty when o0 > o1). */
+__device__ void covering(int i, int k, int s, int pad, int on, int *o0, int *o1) {
+    const int a = i + pad - k + 1;          /* o * s >= a */
+    *o0 = a <= 0 ? 0 : (a + s - 1) / s;
+    *o1 = min((i + pad) / s, on - 1);
+}
+
+__global__ void maxpool_forward_kernel(ps_cuda_pool p, const float *x, float *y, int32_t *idx) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int ox = (int)(i % ow), oy = (int)((i / ow) % oh);
-        const float *xp = x + (i / ((int64_t)oh * ow)) * h * w;
-        int best = (oy * stride) * w + ox * stride;
-        float m = xp[best];
-        for (int ky = 0; ky < k; ky++)
-            for (int kx = 0; kx < k; kx++) {
-                const int j = (oy * stride + ky) * w + ox * stride + kx;
-                const float v = xp[j];
+        const int ox = (int)(i % p.ow), oy = (int)((i / p.ow) % p.oh);
+        const float *xp = x + (i / ((int64_t)p.oh * p.ow)) * p.h * p.w;
+        int y0, y1, x0, x1;
+        pool_window(p, oy, ox, &y0, &y1, &x0, &x1);
+        int best = y0 * p.w + x0;
+        float m = -INFINITY;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) {
+                const float v = xp[iy * p.w + ix];
                 if (v > m || isnan(v)) {
                     m = v;
-                    best = j;
+                    best = iy * p.w + ix;
                 }
             }
-        idx[i] = best;
+        y[i] = m;
+        if (idx) idx[i] = best;
     }
 }
 
-__global__ void maxpool_backward_kernel(const int32_t *idx, const float *dy, int planes, int h, int w,
-                                        int k, int stride, int oh, int ow, float *dx) {
-    const int64_t n = (int64_t)planes * h * w;
+__global__ void maxpool_backward_kernel(ps_cuda_pool p, const int32_t *idx, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.h * p.w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int ix = (int)(i % w), iy = (int)((i / w) % h);
-        const int64_t p = i / ((int64_t)h * w);
-        const int self = iy * w + ix;
-        /* Windows covering (iy, ix): oy*stride <= iy < oy*stride + k. */
-        const int oy0 = iy - k + 1 <= 0 ? 0 : (iy - k + stride) / stride;
-        const int ox0 = ix - k + 1 <= 0 ? 0 : (ix - k + stride) / stride;
-        const int oy1 = min(iy / stride, oh - 1), ox1 = min(ix / stride, ow - 1);
+        const int ix = (int)(i % p.w), iy = (int)((i / p.w) % p.h);
+        const int64_t pl = i / ((int64_t)p.h * p.w);
+        const int self = iy * p.w + ix;
+        int oy0, oy1, ox0, ox1;
+        covering(iy, p.kh, p.sh, p.ph, p.oh, &oy0, &oy1);
+        covering(ix, p.kw, p.sw, p.pw, p.ow, &ox0, &ox1);
         float acc = 0.0f;
         for (int oy = oy0; oy <= oy1; oy++)
             for (int ox = ox0; ox <= ox1; ox++) {
-                const int64_t o = (p * oh + oy) * ow + ox;
+                const int64_t o = (pl * p.oh + oy) * p.ow + ox;
                 if (idx[o] == self) acc = __fadd_rn(acc, dy[o]);
             }
         dx[i] = acc;
     }
+}
+
+__global__ void avgpool_forward_kernel(ps_cuda_pool p, const float *x, float *y) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)((i / p.ow) % p.oh);
+        const float *xp = x + (i / ((int64_t)p.oh * p.ow)) * p.h * p.w;
+        int y0, y1, x0, x1;
+        const int padded = pool_window(p, oy, ox, &y0, &y1, &x0, &x1);
+        const int div = p.count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+        float acc = 0.0f;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) acc += xp[iy * p.w + ix];
+        y[i] = acc / (float)div;
+    }
+}
+
+__global__ void avgpool_backward_kernel(ps_cuda_pool p, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.h * p.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ix = (int)(i % p.w), iy = (int)((i / p.w) % p.h);
+        const int64_t pl = i / ((int64_t)p.h * p.w);
+        int oy0, oy1, ox0, ox1;
+        covering(iy, p.kh, p.sh, p.ph, p.oh, &oy0, &oy1);
+        covering(ix, p.kw, p.sw, p.pw, p.ow, &ox0, &ox1);
+        float acc = 0.0f;
+        for (int oy = oy0; oy <= oy1; oy++)
+            for (int ox = ox0; ox <= ox1; ox++) {
+                int y0, y1, x0, x1;
+                const int padded = pool_window(p, oy, ox, &y0, &y1, &x0, &x1);
+                const int div = p.count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+                acc += dy[(pl * p.oh + oy) * p.ow + ox] / (float)div;
+            }
+        dx[i] = acc;
+    }
+}
+
+/* Sum of v over the block (blockDim.x == kThreads, a power of two); every
+ * thread gets the result. red: kThreads doubles of shared memory. */
+__device__ double block_sum(double v, double *red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const double r = red[0];
+    __syncthreads();
+    return r;
+}
+
+/* Element e (0 <= e < n*s) of channel j of a plain (n, c, s) tensor. */
+__device__ __forceinline__ int64_t chan_at(int64_t e, int j, int c, int64_t s) {
+    return ((e / s) * c + j) * s + e % s;
+}
+
+/* One block per channel (grid-stride over channels). */
+__global__ void bn_forward_training_kernel(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                           const float *beta, float *y, float *mean, float *invstd,
+                                           float *var_unbiased) {
+    __shared__ double red[kThreads];
+    const int64_t m = (int64_t)n * s;
+    for (int j = blockIdx.x; j < c; j += gridDim.x) {
+        double acc = 0.0;
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x) acc += x[chan_at(e, j, c, s)];
+        const double mu = block_sum(acc, red) / (double)m;
+        acc = 0.0;
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+            const double t = x[chan_at(e, j, c, s)] - mu;
+            acc += t * t;
+        }
+        const double sq = block_sum(acc, red);
+        const double is = 1.0 / sqrt(sq / (double)m + eps);
+        const double g = gamma ? gamma[j] : 1.0, b = beta ? beta[j] : 0.0;
+        const float scale = (float)(is * g), shift = (float)(b - mu * is * g);
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+            const int64_t o = chan_at(e, j, c, s);
+            y[o] = x[o] * scale + shift;
+        }
+        if (threadIdx.x == 0) {
+            mean[j] = (float)mu;
+            invstd[j] = (float)is;
+            if (var_unbiased) var_unbiased[j] = (float)(sq / (double)(m - 1));
+        }
+    }
+}
+
+__global__ void bn_forward_inference_kernel(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                            const float *beta, const float *running_mean, const float *running_var,
+                                            float *y) {
+    const int64_t total = (int64_t)n * c * s;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int j = (int)((i / s) % c);
+        const double is = 1.0 / sqrt((double)running_var[j] + eps);
+        const double g = gamma ? gamma[j] : 1.0, b = beta ? beta[j] : 0.0;
+        y[i] = (float)((x[i] - running_mean[j]) * is * g + b);
+    }
+}
+
+__global__ void bn_invstd_kernel(int c, float eps, const float *running_var, float *invstd) {
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
+        invstd[j] = (float)(1.0 / sqrt((double)running_var[j] + eps));
+}
+
+__global__ void bn_backward_kernel(const float *x, const float *dy, int n, int c, int64_t s, int batch_stats,
+                                   const float *gamma, const float *mean, const float *invstd, float *dx,
+                                   float *dgamma, float *dbeta) {
+    __shared__ double red[kThreads];
+    const int64_t m = (int64_t)n * s;
+    for (int j = blockIdx.x; j < c; j += gridDim.x) {
+        const float mu = mean[j];
+        double a = 0.0, b = 0.0;
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+            const int64_t o = chan_at(e, j, c, s);
+            a += dy[o];
+            b += (double)dy[o] * (x[o] - mu);
+        }
+        const double sdy = block_sum(a, red), sdyx = block_sum(b, red);
+        const double is = invstd[j], g = gamma ? gamma[j] : 1.0, dg = sdyx * is;
+        if (threadIdx.x == 0) {
+            if (dbeta) dbeta[j] = (float)sdy;
+            if (dgamma) dgamma[j] = (float)dg;
+        }
+        if (!dx) continue;
+        const float ca = (float)(g * is);
+        const float cb = batch_stats ? (float)(-g * is * is * dg / (double)m) : 0.0f;
+        const float cc = batch_stats ? (float)(-g * is * sdy / (double)m) : 0.0f;
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+            const int64_t o = chan_at(e, j, c, s);
+            dx[o] = ca * dy[o] + cb * (x[o] - mu) + cc;
+        }
+    }
+}
+
+/* One block per row (grid-stride over rows). */
+__global__ void ln_forward_kernel(const float *x, int64_t rows, int64_t cols, float eps, const float *gamma,
+                                  const float *beta, float *y, float *mean, float *rstd) {
+    __shared__ double red[kThreads];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        double acc = 0.0;
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += xr[j];
+        const double mu = block_sum(acc, red) / (double)cols;
+        acc = 0.0;
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(block_sum(acc, red) / (double)cols + eps);
+        const float fm = (float)mu, fr = (float)rs;
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float t = (xr[j] - fm) * fr;
+            yr[j] = gamma ? t * gamma[j] + beta[j] : t;
+        }
+        if (threadIdx.x == 0) {
+            if (mean) mean[r] = fm;
+            if (rstd) rstd[r] = fr;
+        }
+    }
+}
+
+__global__ void ln_backward_dx_kernel(const float *x, const float *dy, int64_t rows, int64_t cols,
+                                      const float *gamma, const float *mean, const float *rstd, float *dx) {
+    __shared__ double red[kThreads];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * cols, *dyr = dy + r * cols;
+        const float mu = mean[r], rs = rstd[r];
+        double a = 0.0, b = 0.0;
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+            a += g;
+            b += (double)g * ((xr[j] - mu) * rs);
+        }
+        const float ma = (float)(block_sum(a, red) / (double)cols), mb = (float)(block_sum(b, red) / (double)cols);
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+            dx[r * cols + j] = rs * (g - ma - (xr[j] - mu) * rs * mb);
+        }
+    }
+}
+
+/* One thread per column, rows summed in order (deterministic). */
+__global__ void ln_backward_params_kernel(const float *x, const float *dy, int64_t rows, int64_t cols,
+                                          const float *mean, const float *rstd, float *dgamma, float *dbeta) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < cols; j += (int64_t)gridDim.x * blockDim.x) {
+        double dg = 0.0, db = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            const float g = dy[r * cols + j];
+            dg += (double)g * ((x[r * cols + j] - mean[r]) * rstd[r]);
+            db += g;
+        }
+        if (dgamma) dgamma[j] = (float)dg;
+        if (dbeta) dbeta[j] = (float)db;
+    }
+}
+
+__device__ float act_f(int kind, float alpha, float x) {
+    switch (kind) {
+    case PS_CUDA_ACT_RELU: return x > 0.0f || isnan(x) ? x : 0.0f;
+    case PS_CUDA_ACT_LEAKY_RELU: return x > 0.0f ? x : alpha * x;
+    case PS_CUDA_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case PS_CUDA_ACT_GELU_TANH: {
+        const float k = 0.79788456080286536f; /* sqrt(2/pi) */
+        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    case PS_CUDA_ACT_SILU: return x / (1.0f + expf(-x));
+    case PS_CUDA_ACT_TANH: return tanhf(x);
+    case PS_CUDA_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    }
+    return NAN;
+}
+
+__device__ float act_df(int kind, float alpha, float x, float y, float dy) {
+    switch (kind) {
+    case PS_CUDA_ACT_RELU: return y > 0.0f ? dy : 0.0f;
+    case PS_CUDA_ACT_LEAKY_RELU: return x > 0.0f ? dy : alpha * dy;
+    case PS_CUDA_ACT_GELU: {
+        const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+        const float pdf = expf(-0.5f * x * x) * 0.39894228040143268f; /* 1/sqrt(2 pi) */
+        return dy * (cdf + x * pdf);
+    }
+    case PS_CUDA_ACT_GELU_TANH: {
+        const float k = 0.79788456080286536f, u = k * (x + 0.044715f * x * x * x), t = tanhf(u);
+        const float du = k * (1.0f + 3.0f * 0.044715f * x * x);
+        return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    }
+    case PS_CUDA_ACT_SILU: {
+        const float sg = 1.0f / (1.0f + expf(-x));
+        return dy * sg * (1.0f + x * (1.0f - sg));
+    }
+    case PS_CUDA_ACT_TANH: return dy * (1.0f - y * y);
+    case PS_CUDA_ACT_SIGMOID: return dy * y * (1.0f - y);
+    }
+    return NAN;
+}
+
+__global__ void act_forward_kernel(int kind, float alpha, int64_t n, const float *x, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = act_f(kind, alpha, x[i]);
+}
+
+__global__ void act_backward_kernel(int kind, float alpha, int64_t n, const float *x, const float *y,
+                                    const float *dy, float *dx) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dx[i] = act_df(kind, alpha, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
+}
+
+__global__ void mul_planes_kernel(int64_t planes, int64_t s, const float *x, const float *mask, float *y) {
+    const int64_t n = planes * s;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(x[i], mask[i / s]);
+}
+
+__global__ void add2d_kernel(int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                             int64_t dst_ld) {
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, j = i % cols;
+        dst[r * dst_ld + j] = __fadd_rn(dst[r * dst_ld + j], src[r * src_ld + j]);
+    }
+}
+
+__global__ void add_out_kernel(int64_t n, const float *a, const float *b, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(a[i], b[i]);
+}
+
+__global__ void fill_kernel(int64_t n, float *x, float v) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = v;
 }
 
 __global__ void mul_kernel(int64_t n, const float *x, const float *mask, float *y) {
@@ -207,18 +498,104 @@ cudaError_t ps_cuda_col_sum(const float *dy, int rows, int cols, float *db, cuda
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_maxpool_argmax(const float *x, int planes, int h, int w, int k, int stride,
-                                   int oh, int ow, int32_t *idx, cudaStream_t stream) {
-    maxpool_argmax_kernel<<<blocks_for((int64_t)planes * oh * ow), kThreads, 0, stream>>>(
-        x, planes, h, w, k, stride, oh, ow, idx);
+cudaError_t ps_cuda_maxpool_forward(const ps_cuda_pool *p, const float *x, float *y, int32_t *idx,
+                                    cudaStream_t stream) {
+    maxpool_forward_kernel<<<blocks_for((int64_t)p->planes * p->oh * p->ow), kThreads, 0, stream>>>(*p, x, y, idx);
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_maxpool_backward(const int32_t *idx, const float *dy, int planes, int h, int w,
-                                     int k, int stride, int oh, int ow, float *dx,
+cudaError_t ps_cuda_maxpool_backward(const ps_cuda_pool *p, const int32_t *idx, const float *dy, float *dx,
                                      cudaStream_t stream) {
-    maxpool_backward_kernel<<<blocks_for((int64_t)planes * h * w), kThreads, 0, stream>>>(
-        idx, dy, planes, h, w, k, stride, oh, ow, dx);
+    maxpool_backward_kernel<<<blocks_for((int64_t)p->planes * p->h * p->w), kThreads, 0, stream>>>(*p, idx, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_avgpool_forward(const ps_cuda_pool *p, const float *x, float *y, cudaStream_t stream) {
+    avgpool_forward_kernel<<<blocks_for((int64_t)p->planes * p->oh * p->ow), kThreads, 0, stream>>>(*p, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_avgpool_backward(const ps_cuda_pool *p, const float *dy, float *dx, cudaStream_t stream) {
+    avgpool_backward_kernel<<<blocks_for((int64_t)p->planes * p->h * p->w), kThreads, 0, stream>>>(*p, dy, dx);
+    return cudaGetLastError();
+}
+
+/* Blocks for a one-block-per-item kernel (channels, rows). */
+static unsigned items_for(int64_t n) {
+    return (unsigned)(n < 1 ? 1 : n > 65535 ? 65535 : n);
+}
+
+cudaError_t ps_cuda_bn_forward_training(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                        const float *beta, float *y, float *mean, float *invstd,
+                                        float *var_unbiased, cudaStream_t stream) {
+    bn_forward_training_kernel<<<items_for(c), kThreads, 0, stream>>>(x, n, c, s, eps, gamma, beta, y, mean,
+                                                                      invstd, var_unbiased);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bn_forward_inference(const float *x, int n, int c, int64_t s, float eps, const float *gamma,
+                                         const float *beta, const float *running_mean, const float *running_var,
+                                         float *y, float *invstd, cudaStream_t stream) {
+    bn_forward_inference_kernel<<<blocks_for((int64_t)n * c * s), kThreads, 0, stream>>>(
+        x, n, c, s, eps, gamma, beta, running_mean, running_var, y);
+    if (invstd) bn_invstd_kernel<<<blocks_for(c), kThreads, 0, stream>>>(c, eps, running_var, invstd);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bn_backward(const float *x, const float *dy, int n, int c, int64_t s, int batch_stats,
+                                const float *gamma, const float *mean, const float *invstd, float *dx,
+                                float *dgamma, float *dbeta, cudaStream_t stream) {
+    bn_backward_kernel<<<items_for(c), kThreads, 0, stream>>>(x, dy, n, c, s, batch_stats, gamma, mean, invstd, dx,
+                                                              dgamma, dbeta);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_ln_forward(const float *x, int64_t rows, int64_t cols, float eps, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, cudaStream_t stream) {
+    ln_forward_kernel<<<items_for(rows), kThreads, 0, stream>>>(x, rows, cols, eps, gamma, beta, y, mean, rstd);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, int64_t cols, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                cudaStream_t stream) {
+    if (dx) ln_backward_dx_kernel<<<items_for(rows), kThreads, 0, stream>>>(x, dy, rows, cols, gamma, mean, rstd, dx);
+    if (dgamma || dbeta)
+        ln_backward_params_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(x, dy, rows, cols, mean, rstd, dgamma,
+                                                                             dbeta);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_act_forward(int kind, float alpha, int64_t count, const float *x, float *y, cudaStream_t stream) {
+    act_forward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, count, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_act_backward(int kind, float alpha, int64_t count, const float *x, const float *y,
+                                 const float *dy, float *dx, cudaStream_t stream) {
+    act_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, count, x, y, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_mul_planes(int64_t planes, int64_t s, const float *x, const float *mask, float *y,
+                               cudaStream_t stream) {
+    mul_planes_kernel<<<blocks_for(planes * s), kThreads, 0, stream>>>(planes, s, x, mask, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_add2d(int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                          int64_t dst_ld, cudaStream_t stream) {
+    add2d_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(rows, cols, src, src_ld, dst, dst_ld);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_add_out(int64_t count, const float *a, const float *b, float *y, cudaStream_t stream) {
+    add_out_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, a, b, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_fill(int64_t count, float *x, float value, cudaStream_t stream) {
+    fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, x, value);
     return cudaGetLastError();
 }
 

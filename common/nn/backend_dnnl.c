@@ -60,16 +60,24 @@ typedef enum {
     PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
     PK_REORDER,
     PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
+    PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
+    PK_ELTWISE_FWD, PK_ELTWISE_BWD,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
- * from a zeroed value. dims: conv n,cin,h,w,cout,kh,kw,stride,pad; pool
- * n,c,h,w,k,stride; ip n,in,out; relu count; logsoftmax rows,cols. */
+ * from a zeroed value (key_make; no padding bytes). dims: conv
+ * n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups; pool n,c,h,w,kh,kw,sh,sw,
+ * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols. */
+#define PS_DNNL_KEY_DIMS 14
 typedef struct prim_key {
     int32_t kind;
-    int32_t bias;
+    int32_t bias;                    /* conv/ip: has a bias; avg-pool: count_include_pad */
     int32_t src_layout, dst_layout;  /* PS_LAYOUT_* of the activations */
-    int64_t dims[9];
+    int32_t alg;                     /* eltwise: the dnnl_alg_kind_t */
+    uint32_t alpha_bits;             /* eltwise: alpha's float bits */
+    int32_t ndims;                   /* dims used */
+    int32_t unused;
+    int64_t dims[PS_DNNL_KEY_DIMS];
 } prim_key;
 
 #define PS_DNNL_MAX_CONV 3
@@ -106,7 +114,7 @@ typedef struct dn_impl {
     struct pool_buf *pool;  /* freed buffers kept for reuse (pool_get/pool_put) */
     size_t pool_bytes;
     int nfallback;          /* primitives created with a disallowed reference kernel */
-    char fallback[PS_DNNL_MAX_FALLBACKS][160]; /* the first ones, described */
+    char fallback[PS_DNNL_MAX_FALLBACKS][200]; /* the first ones, described */
 } dn_impl;
 
 /* ---- the fallback check ----
@@ -137,6 +145,10 @@ static const prim_kind_info kKindInfo[] = {
     [PK_REORDER] = { "reorder", 1 },
     [PK_SOFTMAX_FWD] = { "softmax forward", 0 },  /* a language model's vocabulary: not tiny */
     [PK_SOFTMAX_BWD] = { "softmax backward", 1 },
+    [PK_AVGPOOL_FWD] = { "avg-pool forward", 0 },
+    [PK_AVGPOOL_BWD] = { "avg-pool backward", 0 },
+    [PK_ELTWISE_FWD] = { "activation forward", 0 },
+    [PK_ELTWISE_BWD] = { "activation backward", 0 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -269,26 +281,64 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     return st;
 }
 
+/* The convolution primitive of kind k->kind for the given activation
+ * layouts (x, y) and weight layout. */
+static ps_status conv_prim_with(dnnl_engine_t eng, const prim_key *k, const dnnl_memory_desc_t *x,
+                                const dnnl_memory_desc_t *w, const dnnl_memory_desc_t *b,
+                                const dnnl_memory_desc_t *y, dnnl_primitive_t *prim, ps_err *err) {
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    dnnl_dims_t strides = { d[7], d[8] }, pad = { d[9], d[10] };
+    dnnl_dims_t dil = { d[11] - 1, d[12] - 1 };  /* oneDNN counts the gaps: 0 = dense */
+    dnnl_convolution_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training,
+                  dnnl_convolution_direct, x, w, k->bias ? b : NULL, y, strides, dil, pad, pad));
+    switch (k->kind) {
+    case PK_CONV_FWD:
+        return make_prim(eng, &fwd, NULL, prim, err);
+    case PK_CONV_BWD_DATA:
+        PS_DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(&bwd, dnnl_convolution_direct,
+                      x, w, y, strides, dil, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    default:
+        PS_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
+                      x, w, k->bias ? b : NULL, y, strides, dil, pad, pad));
+        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    }
+}
+
 /* Convolutions take "any" for every tensor: oneDNN picks the layouts its
  * fastest kernel for this ISA wants (a fixed layout can leave only the
  * reference kernel: conv1's weight gradient with plain src and nChw8c
- * diff_dst is ref:any on AVX2). The caller's layouts (ua) are reordered to
- * and from the chosen ones where they differ (entry_create). */
+ * diff_dst is ref:any on AVX2; grouped and dilated backward passes in
+ * nChw8c are ref:any on SSE4.1, dilated weight gradients in nChw8c on
+ * every ISA). Should "any" still end on a reference kernel, the primitive
+ * is made again with plain nchw activations, where the GEMM-based kernel
+ * (gemm:jit) takes every stride, padding, dilation and group count. The
+ * caller's layouts (ua) are reordered to and from the chosen ones where
+ * they differ (entry_create). Grouped weights are oneDNN's goihw, (g,
+ * cout/g, cin/g, kh, kw): the same floats as PyTorch's (cout, cin/g, kh,
+ * kw). */
 static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
-    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,stride,pad */
-    const int64_t oh = (d[2] + 2 * d[8] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[8] - d[6]) / d[7] + 1;
-    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, wd[4] = { d[4], d[1], d[5], d[6] };
-    const int64_t yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
-    dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser;
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    const int64_t oh = (d[2] + 2 * d[9] - d[11] * (d[5] - 1) - 1) / d[7] + 1;
+    const int64_t ow = (d[3] + 2 * d[10] - d[12] * (d[6] - 1) - 1) / d[8] + 1;
+    const int64_t g = d[13];
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, yd[4] = { d[0], d[4], oh, ow }, bd[1] = { d[4] };
+    const int64_t wd4[4] = { d[4], d[1], d[5], d[6] }, wd5[5] = { g, d[4] / g, d[1] / g, d[5], d[6] };
+    const int wn = g > 1 ? 5 : 4;
+    const int64_t *wd = g > 1 ? wd5 : wd4;
+    dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser, xplain, yplain;
     ps_status st;
     if ((st = md_plain(&xuser, 4, xd, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&wuser, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&wuser, wn, wd, g > 1 ? dnnl_goihw : dnnl_oihw, err)) ||
         (st = md_plain(&yuser, 4, yd, act_tag(block, k->dst_layout), err)) ||
         (st = md_plain(&x, 4, xd, dnnl_format_tag_any, err)) ||
-        (st = md_plain(&w, 4, wd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&w, wn, wd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&b, 1, bd, dnnl_a, err)) ||
-        (st = md_plain(&y, 4, yd, dnnl_format_tag_any, err)))
+        (st = md_plain(&y, 4, yd, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&xplain, 4, xd, dnnl_nchw, err)) ||
+        (st = md_plain(&yplain, 4, yd, dnnl_nchw, err)))
         return st;
     /* The caller's side of each argument: (arg, output?, layout). */
     const user_arg fwd_ua[3] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_WEIGHTS, 0, wuser },
@@ -301,43 +351,44 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
                            : k->kind == PK_CONV_BWD_DATA ? bwd_data_ua : bwd_w_ua;
     memcpy(ua, src_ua, sizeof fwd_ua);
     *nua = 3;
-    dnnl_dims_t strides = { d[7], d[7] }, pad = { d[8], d[8] };
-    dnnl_convolution_desc_t fwd, bwd;
-    PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training,
-                  dnnl_convolution_direct, &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
-    switch (k->kind) {
-    case PK_CONV_FWD:
-        return make_prim(eng, &fwd, NULL, prim, err);
-    case PK_CONV_BWD_DATA:
-        PS_DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&bwd, dnnl_convolution_direct,
-                      &x, &w, &y, strides, pad, pad));
-        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
-    default:
-        PS_DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
-                      &x, &w, k->bias ? &b : NULL, &y, strides, pad, pad));
-        return make_bwd_prim(eng, &fwd, &bwd, prim, err);
-    }
+    if ((st = conv_prim_with(eng, k, &x, &w, &b, &y, prim, err))) return st;
+    const_dnnl_primitive_desc_t pd;
+    const char *impl = NULL;
+    if (dnnl_primitive_get_primitive_desc(*prim, &pd) != dnnl_success ||
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+        impl = NULL;
+    if (!impl_is_reference(impl)) return PS_OK;
+    dnnl_primitive_destroy(*prim);
+    *prim = NULL;
+    return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
 }
 
+/* Pooling in the blocked layout (the plain layout runs the C kernels of
+ * pool_plain_*: oneDNN 2.6 has only simple_nchw below AVX-512 there).
+ * Max (PK_POOL_*) or average (PK_AVGPOOL_*, k->bias = count_include_pad);
+ * padding on both sides; oneDNN's shape check floors like PyTorch's floor
+ * mode, its max pooling never picks padding, and avg_include_padding
+ * divides by kh*kw as PyTorch does without ceil_mode. */
 static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              ps_err *err) {
-    const int64_t *d = k->dims; /* n,c,h,w,k,stride */
+    const int64_t *d = k->dims; /* n,c,h,w,kh,kw,sh,sw,ph,pw */
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
-    const int64_t yd[4] = { d[0], d[1], (d[2] - d[4]) / d[5] + 1, (d[3] - d[4]) / d[5] + 1 };
+    const int64_t yd[4] = { d[0], d[1], (d[2] + 2 * d[8] - d[4]) / d[6] + 1, (d[3] + 2 * d[9] - d[5]) / d[7] + 1 };
     dnnl_memory_desc_t x, y;
     ps_status st;
     if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
         (st = md_plain(&y, 4, yd, act_tag(block, k->src_layout), err)))
         return st;
-    /* No padding; oneDNN's shape check floors like PyTorch's floor mode. */
-    dnnl_dims_t strides = { d[5], d[5] }, kernel = { d[4], d[4] }, pad = { 0, 0 };
+    const int avg = k->kind == PK_AVGPOOL_FWD || k->kind == PK_AVGPOOL_BWD;
+    const dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max
+                              : k->bias ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
+    dnnl_dims_t strides = { d[6], d[7] }, kernel = { d[4], d[5] }, pad = { d[8], d[9] };
     dnnl_pooling_desc_t fwd, bwd;
     PS_DNNL_CHECK(dnnl_pooling_forward_desc_init(&fwd,
                   k->kind == PK_POOL_FWD_INFERENCE ? dnnl_forward_inference : dnnl_forward_training,
-                  dnnl_pooling_max, &x, &y, strides, kernel, pad, pad));
-    if (k->kind != PK_POOL_BWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd, dnnl_pooling_max, &x, &y, strides, kernel,
-                                                  pad, pad));
+                  alg, &x, &y, strides, kernel, pad, pad));
+    if (k->kind != PK_POOL_BWD && k->kind != PK_AVGPOOL_BWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd, alg, &x, &y, strides, kernel, pad, pad));
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
@@ -379,6 +430,22 @@ static ps_status create_relu(dnnl_engine_t eng, const prim_key *k, dnnl_primitiv
     if (k->kind == PK_RELU_FWD) return make_prim(eng, &fwd, NULL, prim, err);
     PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
                                                   0.f, 0.f));
+    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+}
+
+/* An activation over dims[0] elements: k->alg, alpha from k->alpha_bits;
+ * the backward of a *_use_dst_for_bwd algorithm reads dst, the others src. */
+static ps_status create_eltwise(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    dnnl_memory_desc_t md;
+    ps_status st = md_plain(&md, 1, k->dims, dnnl_a, err);
+    if (st) return st;
+    float alpha;
+    memcpy(&alpha, &k->alpha_bits, sizeof alpha);
+    dnnl_eltwise_desc_t fwd, bwd;
+    PS_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, (dnnl_alg_kind_t)k->alg, &md,
+                                                 alpha, 0.f));
+    if (k->kind == PK_ELTWISE_FWD) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, (dnnl_alg_kind_t)k->alg, &md, &md, alpha, 0.f));
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
@@ -441,7 +508,10 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
     case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
         return create_conv(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
+    case PK_AVGPOOL_FWD: case PK_AVGPOOL_BWD:
         return create_pool(eng, block, k, prim, err);
+    case PK_ELTWISE_FWD: case PK_ELTWISE_BWD:
+        return create_eltwise(eng, k, prim, err);
     case PK_REORDER:
         return create_act_reorder(eng, block, k, prim, err);
     case PK_IP_FWD: case PK_IP_BWD_DATA: case PK_IP_BWD_WEIGHTS:
@@ -474,7 +544,7 @@ static void check_fallback(dn_impl *im, const prim_key *k, const_dnnl_primitive_
     if (im->nfallback < PS_DNNL_MAX_FALLBACKS) {
         char dims[96] = "";
         size_t len = 0;
-        for (int i = 0; i < 9 && k->dims[i] && len < sizeof dims; i++)
+        for (int i = 0; i < k->ndims && len < sizeof dims; i++)
             len += (size_t)snprintf(dims + len, sizeof dims - len, "%s%lld", i ? "," : "",
                                     (long long)k->dims[i]);
         snprintf(im->fallback[im->nfallback], sizeof im->fallback[0], "%s [%s]%s: %s", ki->name, dims,
@@ -560,21 +630,26 @@ static prim_key key_make(prim_kind kind, int bias, int ndims, const int64_t *dim
     memset(&k, 0, sizeof k);
     k.kind = kind;
     k.bias = bias;
+    k.ndims = ndims;
     for (int i = 0; i < ndims; i++) k.dims[i] = dims[i];
     return k;
 }
 
+/* d: resolved (ps_conv_resolve). */
 static prim_key conv_key(prim_kind kind, const ps_conv_desc *d, int bias) {
-    const int64_t dims[9] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride, d->pad };
-    prim_key k = key_make(kind, bias, 9, dims);
+    const int64_t dims[14] = { d->n, d->cin, d->h, d->w, d->cout, d->kh, d->kw, d->stride_h, d->stride_w,
+                               d->pad_h, d->pad_w, d->dil_h, d->dil_w, d->groups };
+    prim_key k = key_make(kind, bias, 14, dims);
     k.src_layout = d->src_layout == PS_LAYOUT_BLOCKED;
     k.dst_layout = d->dst_layout == PS_LAYOUT_BLOCKED;
     return k;
 }
 
+/* d: resolved (ps_pool_resolve). */
 static prim_key pool_key(prim_kind kind, const ps_pool_desc *d) {
-    const int64_t dims[6] = { d->n, d->c, d->h, d->w, d->k, d->stride };
-    prim_key k = key_make(kind, 0, 6, dims);
+    const int64_t dims[10] = { d->n, d->c, d->h, d->w, d->kh, d->kw, d->stride_h, d->stride_w, d->pad_h, d->pad_w };
+    prim_key k = key_make(kind, kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD ? d->count_include_pad != 0 : 0,
+                          10, dims);
     k.src_layout = k.dst_layout = d->layout == PS_LAYOUT_BLOCKED;
     return k;
 }
@@ -804,38 +879,48 @@ static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, p
 
 /* ---- ops ---- */
 
-static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x,
-                                     const float *w, const float *b, float *y, ps_err *err) {
+/* Elementwise ops and the C kernels: memory bound; OpenMP loops (the
+ * calling thread's thread count) when they are large enough to pay for
+ * waking threads. */
+#define PS_OMP_MIN 65536
+
+static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *desc, const float *x,
+                                   const float *w, const float *b, float *y, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = conv_key(PK_CONV_FWD, d, b != NULL);
+    const ps_conv_desc d = ps_conv_resolve(desc);
+    prim_key k = conv_key(PK_CONV_FWD, &d, b != NULL);
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
                      { DNNL_ARG_BIAS, b } };
     return run(im, &k, a, b ? 4 : 3, err);
 }
 
 /* The data gradient of a stride-1 convolution is itself a forward
- * convolution: dx = conv(dy, W') with W'[i][o][a][b] = W[o][i][k-1-a][k-1-b]
+ * convolution: dx = conv(dy, W') with W'[i][o][a][b] = W[o][i][kh-1-a][kw-1-b]
  * (in and out channels swapped, kernel rotated 180 degrees) and padding
  * k-1-pad. oneDNN 2.6 has no SSE4.1 JIT kernel for backward data (it runs
  * im2col + GEMM, 1.5x the time of the JIT forward kernel for the same
  * FLOPs), but has a forward one. The forward descriptor of that equivalent
- * convolution. */
+ * convolution (d resolved: one group, no dilation, stride 1). */
 static ps_conv_desc bwd_data_fwd_desc(const ps_conv_desc *d) {
-    ps_conv_desc t = { d->n, d->cout, ps_conv_out_h(d), ps_conv_out_w(d), d->cin, d->kh, d->kw, 1,
-                       d->kh - 1 - d->pad, d->dst_layout, d->src_layout };
-    return t;
+    ps_conv_desc t = { .n = d->n, .cin = d->cout, .h = ps_conv_out_h(d), .w = ps_conv_out_w(d), .cout = d->cin,
+                       .kh = d->kh, .kw = d->kw, .stride_h = 1, .stride_w = 1, .pad_h = d->kh - 1 - d->pad_h,
+                       .pad_w = d->kw - 1 - d->pad_w, .src_layout = d->dst_layout, .dst_layout = d->src_layout };
+    return ps_conv_resolve(&t);
 }
 
 /* 1 in *via when the backward-data primitive for k is GEMM-based and the
- * equivalent forward convolution gets a direct JIT kernel (square kernel,
- * stride 1, pad < k; SSE4.1 in practice): then that is the faster way. */
+ * equivalent forward convolution gets a direct JIT kernel (stride 1, one
+ * group, no dilation, pad < k; SSE4.1 in practice): then that is the
+ * faster way. d resolved. */
 static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const prim_key *k, int *via,
                                       ps_err *err) {
     const prim_entry *e;
     ps_status st;
     *via = 0;
-    if (d->stride != 1 || d->kh != d->kw || d->pad >= d->kh) return PS_OK;
+    if (d->stride_h != 1 || d->stride_w != 1 || d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 ||
+        d->pad_h >= d->kh || d->pad_w >= d->kw)
+        return PS_OK;
     if ((st = get_entry(im, k, &e, err))) return st;
     if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
     ps_conv_desc t = bwd_data_fwd_desc(d);
@@ -848,15 +933,15 @@ static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const 
 
 static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, const float *w,
                                           const float *dy, float *dx, ps_err *err) {
-    const int co = d->cout, ci = d->cin, kk = d->kh;
-    float *wt = pool_get(im, (size_t)co * ci * kk * kk * sizeof(float));  /* (cin, cout, k, k) */
+    const int co = d->cout, ci = d->cin, kh = d->kh, kw = d->kw;
+    float *wt = pool_get(im, (size_t)co * ci * kh * kw * sizeof(float));  /* (cin, cout, kh, kw) */
     if (!wt) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory for rotated weights");
     for (int o = 0; o < co; o++)
         for (int i = 0; i < ci; i++)
-            for (int a = 0; a < kk; a++)
-                for (int b = 0; b < kk; b++)
-                    wt[(((size_t)i * co + o) * kk + a) * kk + b] =
-                        w[(((size_t)o * ci + i) * kk + (kk - 1 - a)) * kk + (kk - 1 - b)];
+            for (int a = 0; a < kh; a++)
+                for (int b = 0; b < kw; b++)
+                    wt[(((size_t)i * co + o) * kh + a) * kw + b] =
+                        w[(((size_t)o * ci + i) * kh + (kh - 1 - a)) * kw + (kw - 1 - b)];
     ps_conv_desc t = bwd_data_fwd_desc(d);
     prim_key fk = conv_key(PK_CONV_FWD, &t, 0);
     exec_arg a[] = { { DNNL_ARG_SRC, dy }, { DNNL_ARG_WEIGHTS, wt }, { DNNL_ARG_DST, dx } };
@@ -865,40 +950,46 @@ static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, co
     return st;
 }
 
-/* db = sum of dy over n, and the spatial positions (dw == NULL case). */
-static void bias_grad(const float *dy, int n, int c, int64_t plane, float *db) {
+/* db = sum of dy over n and the positions (the dw == NULL case), dy in
+ * the plain or the blocked (block > 0) layout. */
+static void bias_grad(const float *dy, int n, int c, int64_t plane, int block, float *db) {
     for (int j = 0; j < c; j++) {
         double acc = 0.0;
         for (int i = 0; i < n; i++)
-            for (int64_t p = 0; p < plane; p++) acc += dy[((int64_t)i * c + j) * plane + p];
+            for (int64_t p = 0; p < plane; p++)
+                acc += block ? dy[(((int64_t)i * (c / block) + j / block) * plane + p) * block + j % block]
+                             : dy[((int64_t)i * c + j) * plane + p];
         db[j] = (float)acc;
     }
 }
 
-static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x,
-                                      const float *w, const float *dy, float *dx, float *dw,
-                                      float *db, ps_err *err) {
+static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x,
+                                    const float *w, const float *dy, float *dx, float *dw,
+                                    float *db, ps_err *err) {
     dn_impl *im = impl;
     ps_status st;
     set_threads(im);
+    const ps_conv_desc d = ps_conv_resolve(desc);
     if (dx) {
-        prim_key k = conv_key(PK_CONV_BWD_DATA, d, 1);
+        prim_key k = conv_key(PK_CONV_BWD_DATA, &d, 1);
         int via_fwd = 0;
-        if ((st = bwd_data_via_forward(im, d, &k, &via_fwd, err))) return st;
+        if ((st = bwd_data_via_forward(im, &d, &k, &via_fwd, err))) return st;
         if (via_fwd) {
-            if ((st = conv_bwd_data_as_forward(im, d, w, dy, dx, err))) return st;
+            if ((st = conv_bwd_data_as_forward(im, &d, w, dy, dx, err))) return st;
         } else {
             exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DIFF_SRC, dx } };
             if ((st = run(im, &k, a, 3, err))) return st;
         }
     }
     if (dw) {
-        prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, d, db != NULL);
+        prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
         exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
     }
-    if (db) bias_grad(dy, d->n, d->cout, (int64_t)ps_conv_out_h(d) * ps_conv_out_w(d), db);
+    if (db)
+        bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
+                  d.dst_layout == PS_LAYOUT_BLOCKED ? im->block : 0, db);
     return PS_OK;
 }
 
@@ -919,11 +1010,115 @@ static ps_status dn_relu_backward(void *impl, int64_t count, const float *y, con
     return run(im, &k, a, 3, err);
 }
 
+/* ---- pooling ----
+ * Blocked layout: oneDNN primitives (JIT on every ISA for the block
+ * probe_block picks). Plain layout: the C kernels below, because oneDNN
+ * 2.6 runs plain-layout pooling with its reference kernel (simple_nchw)
+ * below AVX-512 and for channel counts it does not block. The plain
+ * max-pool workspace is the ref backend's: the int32 index iy*w+ix of each
+ * output's maximum in its plane. */
+
+/* Window of output (oy, ox), clipped to the input; returns PyTorch's
+ * count_include_pad divisor. */
+static int pool_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, int *x0, int *x1) {
+    int hs = oy * d->stride_h - d->pad_h, ws = ox * d->stride_w - d->pad_w;
+    int he = hs + d->kh, we = ws + d->kw;
+    if (he > d->h + d->pad_h) he = d->h + d->pad_h;
+    if (we > d->w + d->pad_w) we = d->w + d->pad_w;
+    const int padded = (he - hs) * (we - ws);
+    *y0 = hs < 0 ? 0 : hs;
+    *x0 = ws < 0 ? 0 : ws;
+    *y1 = he > d->h ? d->h : he;
+    *x1 = we > d->w ? d->w : we;
+    return padded;
+}
+
+/* Max pooling of the plain planes; idx may be NULL (inference). */
+static void pool_plain_max(const ps_pool_desc *d, const float *x, float *y, int32_t *idx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *xp = x + p * d->h * d->w;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                int y0, y1, x0, x1;
+                pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+                int best = y0 * d->w + x0;
+                float m = -INFINITY;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) {
+                        const float v = xp[iy * d->w + ix];
+                        if (v > m || isnan(v)) {
+                            m = v;
+                            best = iy * d->w + ix;
+                        }
+                    }
+                const int64_t o = (p * oh + oy) * ow + ox;
+                y[o] = m;
+                if (idx) idx[o] = best;
+            }
+    }
+}
+
+/* Gradient through the recorded maxima, summed in output order per plane. */
+static void pool_plain_max_bwd(const ps_pool_desc *d, const int32_t *idx, const float *dy, float *dx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * plane >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        float *dxp = dx + p * plane;
+        memset(dxp, 0, (size_t)plane * sizeof *dxp);
+        for (int o = 0; o < oh * ow; o++) dxp[idx[p * oh * ow + o]] += dy[p * oh * ow + o];
+    }
+}
+
+static void pool_plain_avg(const ps_pool_desc *d, const float *x, float *y) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *xp = x + p * d->h * d->w;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                int y0, y1, x0, x1;
+                const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+                const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+                float acc = 0.0f;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+                y[(p * oh + oy) * ow + ox] = acc / (float)div;
+            }
+    }
+}
+
+static void pool_plain_avg_bwd(const ps_pool_desc *d, const float *dy, float *dx) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
+#pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        float *dxp = dx + p * plane;
+        memset(dxp, 0, (size_t)plane * sizeof *dxp);
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                int y0, y1, x0, x1;
+                const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+                const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+                const float g = dy[(p * oh + oy) * ow + ox] / (float)div;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
+            }
+    }
+}
+
 /* 0 when the primitive cannot be created (the forward then reports why). */
-static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
+static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *desc) {
     dn_impl *im = impl;
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    if (d.layout != PS_LAYOUT_BLOCKED)
+        return (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d) * sizeof(int32_t);
     set_threads(im);
-    prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
+    prim_key k = pool_key(PK_POOL_FWD_TRAINING, &d);
     dnnl_primitive_t prim;
     const_dnnl_primitive_desc_t pd;
     if (get_prim(im, &k, &prim, NULL) != PS_OK ||
@@ -933,23 +1128,61 @@ static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
     return md ? dnnl_memory_desc_get_size(md) : 0;
 }
 
-static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
-                                      void *workspace, ps_err *err) {
+static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
+                                    void *workspace, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = pool_key(workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE, d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        pool_plain_max(&d, x, y, workspace);
+        return PS_OK;
+    }
+    prim_key k = pool_key(workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE, &d);
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
     return run(im, &k, a, workspace ? 3 : 2, err);
 }
 
-static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace,
-                                       const float *dy, float *dx, ps_err *err) {
+static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const void *workspace,
+                                     const float *dy, float *dx, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    prim_key k = pool_key(PK_POOL_BWD, d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        pool_plain_max_bwd(&d, workspace, dy, dx);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_POOL_BWD, &d);
     exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WORKSPACE, workspace },
                      { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 3, err);
+}
+
+static ps_status dn_avgpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
+                                    ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        pool_plain_avg(&d, x, y);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_AVGPOOL_FWD, &d);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const float *dy, float *dx,
+                                     ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    if (d.layout != PS_LAYOUT_BLOCKED) {
+        pool_plain_avg_bwd(&d, dy, dx);
+        return PS_OK;
+    }
+    prim_key k = pool_key(PK_AVGPOOL_BWD, &d);
+    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 2, err);
 }
 
 static ps_status dn_linear_forward(void *impl, const ps_linear_desc *d, const float *x,
@@ -979,7 +1212,7 @@ static ps_status dn_linear_backward(void *impl, const ps_linear_desc *d, const f
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
     }
-    if (db) bias_grad(dy, d->n, d->out, 1, db);
+    if (db) bias_grad(dy, d->n, d->out, 1, 0, db);
     return PS_OK;
 }
 
@@ -1002,10 +1235,6 @@ static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const f
     exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 3, err);
 }
-
-/* Elementwise ops: memory bound; OpenMP loops (the calling thread's
- * thread count) when they are large enough to pay for waking threads. */
-#define PS_OMP_MIN 65536
 
 static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
                           ps_err *err) {
@@ -1157,6 +1386,508 @@ static ps_status dn_scale(void *impl, int64_t count, float *x, float s, ps_err *
     return PS_OK;
 }
 
+/* ---- activations: oneDNN eltwise (JIT on every ISA for these algorithms) ----
+ * The *_use_dst_for_bwd algorithms compute the same forward and take dst
+ * in the backward: the kinds whose backward reads y (backend.h). */
+typedef struct act_alg {
+    dnnl_alg_kind_t alg;
+    int use_alpha;      /* alpha from the descriptor; else the fixed one */
+    float alpha;
+} act_alg;
+
+static const act_alg kActAlg[PS_ACT_COUNT] = {
+    [PS_ACT_RELU] = { dnnl_eltwise_relu_use_dst_for_bwd, 0, 0.0f },
+    [PS_ACT_LEAKY_RELU] = { dnnl_eltwise_relu, 1, 0.0f },
+    [PS_ACT_GELU] = { dnnl_eltwise_gelu_erf, 0, 0.0f },
+    [PS_ACT_GELU_TANH] = { dnnl_eltwise_gelu_tanh, 0, 0.0f },
+    [PS_ACT_SILU] = { dnnl_eltwise_swish, 0, 1.0f },           /* x * sigmoid(1 * x) */
+    [PS_ACT_TANH] = { dnnl_eltwise_tanh_use_dst_for_bwd, 0, 0.0f },
+    [PS_ACT_SIGMOID] = { dnnl_eltwise_logistic_use_dst_for_bwd, 0, 0.0f },
+};
+
+static ps_status act_key(prim_kind kind, const ps_act_desc *d, int64_t count, prim_key *k, ps_err *err) {
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown activation %d", d->kind);
+    const act_alg *a = &kActAlg[d->kind];
+    const float alpha = a->use_alpha ? d->alpha : a->alpha;
+    *k = key_make(kind, 0, 1, &count);
+    k->alg = (int32_t)a->alg;
+    memcpy(&k->alpha_bits, &alpha, sizeof alpha);
+    return PS_OK;
+}
+
+static ps_status dn_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
+                                ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (count <= 0) return PS_OK;
+    prim_key k;
+    ps_status st = act_key(PK_ELTWISE_FWD, d, count, &k, err);
+    if (st) return st;
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+    return run(im, &k, a, 2, err);
+}
+
+static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
+                                 const float *dy, float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (count <= 0) return PS_OK;
+    prim_key k;
+    ps_status st = act_key(PK_ELTWISE_BWD, d, count, &k, err);
+    if (st) return st;
+    const int rx = ps_act_backward_reads_x(d->kind);
+    exec_arg a[] = { { rx ? DNNL_ARG_SRC : DNNL_ARG_DST, rx ? x : y }, { DNNL_ARG_DIFF_DST, dy },
+                     { DNNL_ARG_DIFF_SRC, dx } };
+    return run(im, &k, a, 3, err);
+}
+
+/* ---- batch normalisation: C kernels ----
+ * oneDNN 2.6 has no JIT batch normalisation for plain layouts (ncsp_bnorm)
+ * nor for nChw16c below AVX-512 (bnorm_ref). Memory bound: three passes
+ * (sum, squared deviations, output), accumulated in double per channel,
+ * OpenMP over channel groups. A group is L channels j0..j0+L-1 whose
+ * element (i, p, lane) is at base + i*istride + p*pstride + lane:
+ *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
+ *   plain, s == 1: up to 16 channels,    base j0,      istride c
+ *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B */
+#define PS_BN_LANES 16
+
+typedef struct bn_group {
+    int64_t base, istride, pstride;
+    int j0, lanes;
+} bn_group;
+
+static int bn_ngroups(const ps_chan_desc *d, int block) {
+    if (d->layout == PS_LAYOUT_BLOCKED) return d->c / block;
+    if (d->s == 1) return (d->c + PS_BN_LANES - 1) / PS_BN_LANES;
+    return d->c;
+}
+
+static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
+    bn_group r;
+    if (d->layout == PS_LAYOUT_BLOCKED) {
+        r = (bn_group){ (int64_t)g * d->s * block, (int64_t)d->c * d->s, block, g * block, block };
+    } else if (d->s == 1) {
+        const int j0 = g * PS_BN_LANES;
+        r = (bn_group){ j0, d->c, 0, j0, d->c - j0 < PS_BN_LANES ? d->c - j0 : PS_BN_LANES };
+    } else {
+        r = (bn_group){ (int64_t)g * d->s, (int64_t)d->c * d->s, 1, g, 1 };
+    }
+    return r;
+}
+
+/* acc[lane] = sum over (i, p) of f(x - shift[lane]) for f = identity
+ * (sq = 0) or square (sq = 1). */
+static void bn_sum(const ps_chan_desc *d, const bn_group *g, const float *x, const double *shift, int sq,
+                   double *acc) {
+    for (int l = 0; l < g->lanes; l++) acc[l] = 0.0;
+    for (int i = 0; i < d->n; i++) {
+        const float *xi = x + g->base + i * g->istride;
+        if (g->lanes == 1) {
+            const double sh = shift[0];
+            double a = 0.0;
+#pragma omp simd reduction(+:a)
+            for (int64_t p = 0; p < d->s; p++) {
+                const double t = xi[p] - sh;
+                a += sq ? t * t : t;
+            }
+            acc[0] += a;
+        } else {
+            for (int64_t p = 0; p < d->s; p++) {
+                const float *xp = xi + p * g->pstride;
+#pragma omp simd
+                for (int l = 0; l < g->lanes; l++) {
+                    const double t = xp[l] - shift[l];
+                    acc[l] += sq ? t * t : t;
+                }
+            }
+        }
+    }
+}
+
+/* y = x * scale[lane] + shift[lane] over the group. */
+static void bn_affine(const ps_chan_desc *d, const bn_group *g, const float *x, const float *scale,
+                      const float *shift, float *y) {
+    for (int i = 0; i < d->n; i++) {
+        const int64_t o = g->base + i * g->istride;
+        if (g->lanes == 1) {
+            const float a = scale[0], b = shift[0];
+#pragma omp simd
+            for (int64_t p = 0; p < d->s; p++) y[o + p] = x[o + p] * a + b;
+        } else {
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t q = o + p * g->pstride;
+#pragma omp simd
+                for (int l = 0; l < g->lanes; l++) y[q + l] = x[q + l] * scale[l] + shift[l];
+            }
+        }
+    }
+}
+
+static int bn_parallel(const ps_chan_desc *d) {
+    return (int64_t)d->n * d->c * d->s >= PS_OMP_MIN;
+}
+
+static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                        const float *beta, float *y, float *mean, float *invstd,
+                                        float *var_unbiased, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+    const double m = (double)d->n * d->s;
+#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        double zero[PS_BN_LANES] = { 0 }, mu[PS_BN_LANES], sq[PS_BN_LANES];
+        float scale[PS_BN_LANES], shift[PS_BN_LANES];
+        bn_sum(d, &g, x, zero, 0, mu);
+        for (int l = 0; l < g.lanes; l++) mu[l] /= m;
+        bn_sum(d, &g, x, mu, 1, sq);
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double is = 1.0 / sqrt(sq[l] / m + d->eps);
+            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
+            scale[l] = (float)(is * gm);
+            shift[l] = (float)(bt - mu[l] * is * gm);
+            mean[j] = (float)mu[l];
+            invstd[j] = (float)is;
+            if (var_unbiased) var_unbiased[j] = (float)(sq[l] / (m - 1.0));
+        }
+        bn_affine(d, &g, x, scale, shift, y);
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                         const float *beta, const float *running_mean, const float *running_var,
+                                         float *y, float *invstd, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        float scale[PS_BN_LANES], shift[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double is = 1.0 / sqrt((double)running_var[j] + d->eps);
+            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
+            scale[l] = (float)(is * gm);
+            shift[l] = (float)(bt - running_mean[j] * is * gm);
+            if (invstd) invstd[j] = (float)is;
+        }
+        bn_affine(d, &g, x, scale, shift, y);
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
+                                const float *dy, const float *gamma, const float *mean, const float *invstd,
+                                float *dx, float *dgamma, float *dbeta, ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int ng = bn_ngroups(d, im->block);
+    const double m = (double)d->n * d->s;
+#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+    for (int gi = 0; gi < ng; gi++) {
+        const bn_group g = bn_group_at(d, im->block, gi);
+        double sdy[PS_BN_LANES] = { 0 }, sdyx[PS_BN_LANES] = { 0 };
+        float mu[PS_BN_LANES], is[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) {
+            mu[l] = mean[g.j0 + l];
+            is[l] = invstd[g.j0 + l];
+        }
+        /* sum(dy) and sum(dy * (x - mean)) per lane */
+        for (int i = 0; i < d->n; i++) {
+            const int64_t o = g.base + i * g.istride;
+            if (g.lanes == 1) {
+                double a = 0.0, b = 0.0;
+                const float mu0 = mu[0];
+#pragma omp simd reduction(+:a, b)
+                for (int64_t p = 0; p < d->s; p++) {
+                    a += dy[o + p];
+                    b += (double)dy[o + p] * (x[o + p] - mu0);
+                }
+                sdy[0] += a;
+                sdyx[0] += b;
+            } else {
+                for (int64_t p = 0; p < d->s; p++) {
+                    const int64_t q = o + p * g.pstride;
+#pragma omp simd
+                    for (int l = 0; l < g.lanes; l++) {
+                        sdy[l] += dy[q + l];
+                        sdyx[l] += (double)dy[q + l] * (x[q + l] - mu[l]);
+                    }
+                }
+            }
+        }
+        /* dx = a * dy + b * (x - mean) + c per lane */
+        float ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) {
+            const int j = g.j0 + l;
+            const double gm = gamma ? gamma[j] : 1.0, s = is[l], dg = sdyx[l] * s;
+            if (dbeta) dbeta[j] = (float)sdy[l];
+            if (dgamma) dgamma[j] = (float)dg;
+            ca[l] = (float)(gm * s);
+            cb[l] = batch_stats ? (float)(-gm * s * s * dg / m) : 0.0f;
+            cc[l] = batch_stats ? (float)(-gm * s * sdy[l] / m) : 0.0f;
+        }
+        if (!dx) continue;
+        for (int i = 0; i < d->n; i++) {
+            const int64_t o = g.base + i * g.istride;
+            if (g.lanes == 1) {
+#pragma omp simd
+                for (int64_t p = 0; p < d->s; p++) dx[o + p] = ca[0] * dy[o + p] + cb[0] * (x[o + p] - mu[0]) + cc[0];
+            } else {
+                for (int64_t p = 0; p < d->s; p++) {
+                    const int64_t q = o + p * g.pstride;
+#pragma omp simd
+                    for (int l = 0; l < g.lanes; l++) dx[q + l] = ca[l] * dy[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
+                }
+            }
+        }
+    }
+    return PS_OK;
+}
+
+/* ---- layer normalisation: C kernels ----
+ * oneDNN 2.6's layer normalisation is simple_layer_normalization (plain C,
+ * not JIT) on every ISA. Rows in parallel, two passes in double per row;
+ * the parameter gradients in column blocks (each thread owns its columns:
+ * deterministic, no atomics). */
+#define PS_LN_COLS 64
+
+static int ln_parallel(const ps_ln_desc *d) { return d->rows * d->cols >= PS_OMP_MIN; }
+
+static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t n = d->cols;
+#pragma omp parallel for if (ln_parallel(d)) schedule(static)
+    for (int64_t r = 0; r < d->rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double sum = 0.0, sq = 0.0;
+#pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < n; j++) sum += xr[j];
+        const double mu = sum / (double)n;
+#pragma omp simd reduction(+:sq)
+        for (int64_t j = 0; j < n; j++) sq += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(sq / (double)n + d->eps);
+        const float fm = (float)mu, fr = (float)rs;
+        if (gamma) {
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - fm) * fr * gamma[j] + beta[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - fm) * fr;
+        }
+        if (mean) mean[r] = fm;
+        if (rstd) rstd[r] = fr;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_ln_backward(void *impl, const ps_ln_desc *d, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *rstd, float *dx,
+                                float *dgamma, float *dbeta, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t n = d->cols;
+    if (dx) {
+#pragma omp parallel for if (ln_parallel(d)) schedule(static)
+        for (int64_t r = 0; r < d->rows; r++) {
+            const float *xr = x + r * n, *dyr = dy + r * n;
+            float *dxr = dx + r * n;
+            const float mu = mean[r], rs = rstd[r];
+            double sg = 0.0, sgx = 0.0;
+#pragma omp simd reduction(+:sg, sgx)
+            for (int64_t j = 0; j < n; j++) {
+                const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+                sg += g;
+                sgx += (double)g * ((xr[j] - mu) * rs);
+            }
+            const float a = (float)(sg / (double)n), b = (float)(sgx / (double)n);
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) {
+                const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+                dxr[j] = rs * (g - a - (xr[j] - mu) * rs * b);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+        const int64_t nb = (n + PS_LN_COLS - 1) / PS_LN_COLS;
+#pragma omp parallel for if (ln_parallel(d)) schedule(static)
+        for (int64_t cb = 0; cb < nb; cb++) {
+            const int64_t j0 = cb * PS_LN_COLS, len = n - j0 < PS_LN_COLS ? n - j0 : PS_LN_COLS;
+            double dg[PS_LN_COLS] = { 0 }, db[PS_LN_COLS] = { 0 };
+            for (int64_t r = 0; r < d->rows; r++) {
+                const float *xr = x + r * n + j0, *dyr = dy + r * n + j0;
+                const float mu = mean[r], rs = rstd[r];
+#pragma omp simd
+                for (int64_t j = 0; j < len; j++) {
+                    dg[j] += (double)dyr[j] * ((xr[j] - mu) * rs);
+                    db[j] += dyr[j];
+                }
+            }
+            for (int64_t j = 0; j < len; j++) {
+                if (dgamma) dgamma[j0 + j] = (float)dg[j];
+                if (dbeta) dbeta[j0 + j] = (float)db[j];
+            }
+        }
+    }
+    return PS_OK;
+}
+
+/* ---- softmax over one dimension ----
+ * inner == 1 (the last dimension) runs the (log-)softmax primitives of
+ * softmax_forward / log_softmax_forward; otherwise (oneDNN 2.6 has only
+ * ref:any for a strided axis) a C kernel: for each outer index, a block
+ * of inner positions at a time, vectorised along inner. */
+#define PS_SM_INNER 64
+
+static void softmax_strided(const ps_softmax_desc *d, const float *x, float *y) {
+    const int64_t nb = (d->inner + PS_SM_INNER - 1) / PS_SM_INNER;
+#pragma omp parallel for collapse(2) if (d->outer * d->dim * d->inner >= PS_OMP_MIN) schedule(static)
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * PS_SM_INNER, len = d->inner - i0 < PS_SM_INNER ? d->inner - i0 : PS_SM_INNER;
+            const float *xo = x + o * d->dim * d->inner + i0;
+            float *yo = y + o * d->dim * d->inner + i0;
+            float mx[PS_SM_INNER];
+            double sum[PS_SM_INNER] = { 0 };
+            for (int64_t i = 0; i < len; i++) mx[i] = -INFINITY;
+            for (int k = 0; k < d->dim; k++)
+#pragma omp simd
+                for (int64_t i = 0; i < len; i++) mx[i] = xo[k * d->inner + i] > mx[i] ? xo[k * d->inner + i] : mx[i];
+            for (int k = 0; k < d->dim; k++)
+                for (int64_t i = 0; i < len; i++) sum[i] += expf(xo[k * d->inner + i] - mx[i]);
+            for (int k = 0; k < d->dim; k++)
+                for (int64_t i = 0; i < len; i++) {
+                    const float t = xo[k * d->inner + i] - mx[i];
+                    yo[k * d->inner + i] = d->log ? t - (float)log(sum[i]) : (float)(expf(t) / sum[i]);
+                }
+        }
+}
+
+static void softmax_strided_bwd(const ps_softmax_desc *d, const float *y, const float *dy, float *dx) {
+    const int64_t nb = (d->inner + PS_SM_INNER - 1) / PS_SM_INNER;
+#pragma omp parallel for collapse(2) if (d->outer * d->dim * d->inner >= PS_OMP_MIN) schedule(static)
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * PS_SM_INNER, len = d->inner - i0 < PS_SM_INNER ? d->inner - i0 : PS_SM_INNER;
+            const int64_t base = o * d->dim * d->inner + i0;
+            double s[PS_SM_INNER] = { 0 };
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+#pragma omp simd
+                for (int64_t i = 0; i < len; i++) s[i] += d->log ? (double)dy[e + i] : (double)dy[e + i] * y[e + i];
+            }
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+                for (int64_t i = 0; i < len; i++)
+                    dx[e + i] = d->log ? dy[e + i] - expf(y[e + i]) * (float)s[i] : y[e + i] * (dy[e + i] - (float)s[i]);
+            }
+        }
+}
+
+static ps_status dn_softmax_dim_forward(void *impl, const ps_softmax_desc *d, const float *x, float *y,
+                                        ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->inner == 1) {
+        const int64_t dims[2] = { d->outer, d->dim };
+        prim_key k = key_make(d->log ? PK_LOGSOFTMAX_FWD : PK_SOFTMAX_FWD, 0, 2, dims);
+        exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
+        return run(im, &k, a, 2, err);
+    }
+    softmax_strided(d, x, y);
+    return PS_OK;
+}
+
+static ps_status dn_softmax_dim_backward(void *impl, const ps_softmax_desc *d, const float *y, const float *dy,
+                                         float *dx, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->inner == 1) {
+        const int64_t dims[2] = { d->outer, d->dim };
+        prim_key k = key_make(d->log ? PK_LOGSOFTMAX_BWD : PK_SOFTMAX_BWD, 0, 2, dims);
+        exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
+        return run(im, &k, a, 3, err);
+    }
+    softmax_strided_bwd(d, y, dy, dx);
+    return PS_OK;
+}
+
+/* ---- channel masks, copies, sums, fill: OpenMP loops ---- */
+
+static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float *x, const float *mask, float *y,
+                                 ps_err *err) {
+    dn_impl *im = impl;
+    (void)err;
+    set_threads(im);
+    const int64_t total = (int64_t)d->n * d->c * d->s;
+    if (d->layout == PS_LAYOUT_BLOCKED) {
+        const int B = im->block, nb = d->c / B;
+#pragma omp parallel for if (total >= PS_OMP_MIN) schedule(static)
+        for (int64_t q = 0; q < (int64_t)d->n * nb; q++) {
+            const float *mq = mask + (q / nb) * d->c + (q % nb) * B;   /* sample q/nb, block q%nb */
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = (q * d->s + p) * B;
+#pragma omp simd
+                for (int l = 0; l < B; l++) y[o + l] = x[o + l] * mq[l];
+            }
+        }
+        return PS_OK;
+    }
+#pragma omp parallel for if (total >= PS_OMP_MIN) schedule(static)
+    for (int64_t q = 0; q < (int64_t)d->n * d->c; q++) {
+        const float m = mask[q];
+#pragma omp simd
+        for (int64_t p = 0; p < d->s; p++) y[q * d->s + p] = x[q * d->s + p] * m;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_copy2d(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                           int64_t dst_ld, int accumulate, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (rows * cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * src_ld;
+        float *t = dst + r * dst_ld;
+        if (accumulate) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) t[j] += s[j];
+        } else if (cols) {
+            memcpy(t, s, (size_t)cols * sizeof *t);
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_add_out(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) y[i] = a[i] + b[i];
+    return PS_OK;
+}
+
+static ps_status dn_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) x[i] = value;
+    return PS_OK;
+}
+
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
     return im->block > 0 && c % im->block == 0 ? im->block : 0;
@@ -1173,6 +1904,7 @@ static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float 
     exec_arg a[] = { { DNNL_ARG_FROM, src }, { DNNL_ARG_TO, dst } };
     return run(im, &k, a, 2, err);
 }
+
 
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
@@ -1207,4 +1939,19 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .adam_update = dn_adam_update,
     .sgd_update_rows = dn_sgd_update_rows,
     .adam_update_rows = dn_adam_update_rows,
+    .avgpool_forward = dn_avgpool_forward,
+    .avgpool_backward = dn_avgpool_backward,
+    .batchnorm_forward_training = dn_bn_forward_training,
+    .batchnorm_forward_inference = dn_bn_forward_inference,
+    .batchnorm_backward = dn_bn_backward,
+    .layernorm_forward = dn_ln_forward,
+    .layernorm_backward = dn_ln_backward,
+    .act_forward = dn_act_forward,
+    .act_backward = dn_act_backward,
+    .softmax_dim_forward = dn_softmax_dim_forward,
+    .softmax_dim_backward = dn_softmax_dim_backward,
+    .mul_channels = dn_mul_channels,
+    .copy2d = dn_copy2d,
+    .add_out = dn_add_out,
+    .fill = dn_fill,
 };

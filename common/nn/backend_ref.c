@@ -4,7 +4,9 @@
  * backend. Semantics follow PyTorch (CPU): sums are accumulated in double,
  * max-pool ties go to the first maximum in row-major window order (a NaN
  * wins, as in PyTorch), log-softmax subtracts the row maximum, SGD is
- * computed in float exactly as ps_sgd_desc documents. Memory is host memory
+ * computed in float exactly as ps_sgd_desc documents; normalisations and
+ * activations are computed in double and rounded once. Only plain layouts
+ * (no blocked_layout). Memory is host memory
  * from aligned_alloc(64); copies are memcpy. There is no state: impl is NULL,
  * so every op is trivially safe to call concurrently.
  */
@@ -37,72 +39,84 @@ static ps_status ref_copy(void *impl, void *dst, const void *src, size_t bytes, 
     return PS_OK;
 }
 
-/* ---- convolution ---- */
+/* ---- convolution (general form: strides, padding, dilation, groups) ---- */
 
-static ps_status ref_conv2d_forward(void *impl, const ps_conv_desc *d, const float *x,
+static ps_status ref_conv2d_forward(void *impl, const ps_conv_desc *desc, const float *x,
                                     const float *w, const float *b, float *y, ps_err *err) {
     (void)impl; (void)err;
-    const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d);
-    for (int n = 0; n < d->n; n++)
-        for (int co = 0; co < d->cout; co++)
+    const ps_conv_desc d = ps_conv_resolve(desc);
+    const int oh = ps_conv_out_h(&d), ow = ps_conv_out_w(&d);
+    const int cig = d.cin / d.groups, cog = d.cout / d.groups;
+    for (int n = 0; n < d.n; n++)
+        for (int co = 0; co < d.cout; co++) {
+            const int g = co / cog;
             for (int oy = 0; oy < oh; oy++)
                 for (int ox = 0; ox < ow; ox++) {
                     double acc = b ? b[co] : 0.0;
-                    for (int ci = 0; ci < d->cin; ci++)
-                        for (int ky = 0; ky < d->kh; ky++) {
-                            int iy = oy * d->stride - d->pad + ky;
-                            if (iy < 0 || iy >= d->h) continue;
-                            for (int kx = 0; kx < d->kw; kx++) {
-                                int ix = ox * d->stride - d->pad + kx;
-                                if (ix < 0 || ix >= d->w) continue;
-                                acc += (double)x[(((size_t)n * d->cin + ci) * d->h + iy) * d->w + ix] *
-                                       w[(((size_t)co * d->cin + ci) * d->kh + ky) * d->kw + kx];
+                    for (int cj = 0; cj < cig; cj++) {
+                        const int ci = g * cig + cj;
+                        for (int ky = 0; ky < d.kh; ky++) {
+                            int iy = oy * d.stride_h - d.pad_h + ky * d.dil_h;
+                            if (iy < 0 || iy >= d.h) continue;
+                            for (int kx = 0; kx < d.kw; kx++) {
+                                int ix = ox * d.stride_w - d.pad_w + kx * d.dil_w;
+                                if (ix < 0 || ix >= d.w) continue;
+                                acc += (double)x[(((size_t)n * d.cin + ci) * d.h + iy) * d.w + ix] *
+                                       w[(((size_t)co * cig + cj) * d.kh + ky) * d.kw + kx];
                             }
                         }
-                    y[(((size_t)n * d->cout + co) * oh + oy) * ow + ox] = (float)acc;
+                    }
+                    y[(((size_t)n * d.cout + co) * oh + oy) * ow + ox] = (float)acc;
                 }
+        }
     return PS_OK;
 }
 
-static ps_status ref_conv2d_backward(void *impl, const ps_conv_desc *d, const float *x,
+static ps_status ref_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x,
                                      const float *w, const float *dy, float *dx, float *dw,
                                      float *db, ps_err *err) {
     (void)impl; (void)err;
-    const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d);
-    const size_t xsz = (size_t)d->n * d->cin * d->h * d->w;
-    const size_t wsz = (size_t)d->cout * d->cin * d->kh * d->kw;
+    const ps_conv_desc d = ps_conv_resolve(desc);
+    const int oh = ps_conv_out_h(&d), ow = ps_conv_out_w(&d);
+    const int cig = d.cin / d.groups, cog = d.cout / d.groups;
+    const size_t xsz = (size_t)d.n * d.cin * d.h * d.w;
+    const size_t wsz = (size_t)ps_conv_weight_count(&d);
     double *dxa = dx ? calloc(xsz, sizeof *dxa) : NULL;
     double *dwa = dw ? calloc(wsz, sizeof *dwa) : NULL;
     if ((dx && !dxa) || (dw && !dwa)) {
         free(dxa); free(dwa);
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref conv2d_backward: out of memory");
     }
-    for (int co = 0; co < d->cout; co++) {
+    for (int co = 0; co < d.cout; co++) {
         double acc = 0.0;
-        for (int n = 0; n < d->n; n++)
+        for (int n = 0; n < d.n; n++)
             for (int i = 0; i < oh * ow; i++)
-                acc += dy[((size_t)n * d->cout + co) * oh * ow + i];
+                acc += dy[((size_t)n * d.cout + co) * oh * ow + i];
         if (db) db[co] = (float)acc;
     }
-    for (int n = 0; n < d->n; n++)
-        for (int co = 0; co < d->cout; co++)
+    for (int n = 0; n < d.n; n++)
+        for (int co = 0; co < d.cout; co++) {
+            const int g = co / cog;
             for (int oy = 0; oy < oh; oy++)
                 for (int ox = 0; ox < ow; ox++) {
-                    double g = dy[(((size_t)n * d->cout + co) * oh + oy) * ow + ox];
-                    for (int ci = 0; ci < d->cin; ci++)
-                        for (int ky = 0; ky < d->kh; ky++) {
-                            int iy = oy * d->stride - d->pad + ky;
-                            if (iy < 0 || iy >= d->h) continue;
-                            for (int kx = 0; kx < d->kw; kx++) {
-                                int ix = ox * d->stride - d->pad + kx;
-                                if (ix < 0 || ix >= d->w) continue;
-                                size_t xi = (((size_t)n * d->cin + ci) * d->h + iy) * d->w + ix;
-                                size_t wi = (((size_t)co * d->cin + ci) * d->kh + ky) * d->kw + kx;
-                                if (dwa) dwa[wi] += g * x[xi];
-                                if (dxa) dxa[xi] += g * w[wi];
+                    double gv = dy[(((size_t)n * d.cout + co) * oh + oy) * ow + ox];
+                    for (int cj = 0; cj < cig; cj++) {
+                        const int ci = g * cig + cj;
+                        for (int ky = 0; ky < d.kh; ky++) {
+                            int iy = oy * d.stride_h - d.pad_h + ky * d.dil_h;
+                            if (iy < 0 || iy >= d.h) continue;
+                            for (int kx = 0; kx < d.kw; kx++) {
+                                int ix = ox * d.stride_w - d.pad_w + kx * d.dil_w;
+                                if (ix < 0 || ix >= d.w) continue;
+                                size_t xi = (((size_t)n * d.cin + ci) * d.h + iy) * d.w + ix;
+                                size_t wi = (((size_t)co * cig + cj) * d.kh + ky) * d.kw + kx;
+                                if (dwa) dwa[wi] += gv * x[xi];
+                                if (dxa) dxa[xi] += gv * w[wi];
                             }
                         }
+                    }
                 }
+        }
     if (dw)
         for (size_t i = 0; i < wsz; i++) dw[i] = (float)dwa[i];
     if (dx)
@@ -129,27 +143,48 @@ static ps_status ref_relu_backward(void *impl, int64_t count, const float *y, co
     return PS_OK;
 }
 
-/* ---- max pooling: workspace = int32 flat index (iy*w+ix) per output ---- */
+/* ---- pooling: max-pool workspace = int32 flat index (iy*w+ix) per output ---- */
 
 static size_t ref_maxpool_workspace_size(void *impl, const ps_pool_desc *d) {
     (void)impl;
     return (size_t)d->n * d->c * ps_pool_out_h(d) * ps_pool_out_w(d) * sizeof(int32_t);
 }
 
-static ps_status ref_maxpool_forward(void *impl, const ps_pool_desc *d, const float *x, float *y,
+/* Window of output (oy, ox) clipped to the input: rows [*y0, *y1), cols
+ * [*x0, *x1); returns PyTorch's count_include_pad divisor (the window
+ * clipped to the padded input: kh*kw with ceil_mode off). */
+static int pool_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, int *x0, int *x1) {
+    int hs = oy * d->stride_h - d->pad_h, ws = ox * d->stride_w - d->pad_w;
+    int he = hs + d->kh, we = ws + d->kw;
+    if (he > d->h + d->pad_h) he = d->h + d->pad_h;
+    if (we > d->w + d->pad_w) we = d->w + d->pad_w;
+    const int padded = (he - hs) * (we - ws);
+    *y0 = hs < 0 ? 0 : hs;
+    *x0 = ws < 0 ? 0 : ws;
+    *y1 = he > d->h ? d->h : he;
+    *x1 = we > d->w ? d->w : we;
+    return padded;
+}
+
+static ps_status ref_maxpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
                                      void *workspace, ps_err *err) {
     (void)impl; (void)err;
-    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const int oh = ps_pool_out_h(&d), ow = ps_pool_out_w(&d);
     int32_t *idx = workspace;
-    for (size_t p = 0; p < (size_t)d->n * d->c; p++) {
-        const float *xp = x + p * d->h * d->w;
+    for (size_t p = 0; p < (size_t)d.n * d.c; p++) {
+        const float *xp = x + p * d.h * d.w;
         for (int oy = 0; oy < oh; oy++)
             for (int ox = 0; ox < ow; ox++) {
-                int best = (oy * d->stride) * d->w + ox * d->stride;
-                float m = xp[best];
-                for (int ky = 0; ky < d->k; ky++)
-                    for (int kx = 0; kx < d->k; kx++) {
-                        int i = (oy * d->stride + ky) * d->w + ox * d->stride + kx;
+                int y0, y1, x0, x1;
+                pool_window(&d, oy, ox, &y0, &y1, &x0, &x1);
+                /* As PyTorch: start at -inf with the first position; a
+                 * larger value or a NaN takes over. */
+                int best = y0 * d.w + x0;
+                float m = -INFINITY;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) {
+                        int i = iy * d.w + ix;
                         if (xp[i] > m || isnan(xp[i])) {
                             m = xp[i];
                             best = i;
@@ -163,15 +198,62 @@ static ps_status ref_maxpool_forward(void *impl, const ps_pool_desc *d, const fl
     return PS_OK;
 }
 
-static ps_status ref_maxpool_backward(void *impl, const ps_pool_desc *d, const void *workspace,
+static ps_status ref_maxpool_backward(void *impl, const ps_pool_desc *desc, const void *workspace,
                                       const float *dy, float *dx, ps_err *err) {
     (void)impl; (void)err;
-    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const int oh = ps_pool_out_h(&d), ow = ps_pool_out_w(&d);
     const int32_t *idx = workspace;
-    memset(dx, 0, (size_t)d->n * d->c * d->h * d->w * sizeof *dx);
-    for (size_t p = 0; p < (size_t)d->n * d->c; p++)
+    memset(dx, 0, (size_t)d.n * d.c * d.h * d.w * sizeof *dx);
+    for (size_t p = 0; p < (size_t)d.n * d.c; p++)
         for (int o = 0; o < oh * ow; o++)
-            dx[p * d->h * d->w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
+            dx[p * d.h * d.w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
+    return PS_OK;
+}
+
+static ps_status ref_avgpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
+                                     ps_err *err) {
+    (void)impl; (void)err;
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const int oh = ps_pool_out_h(&d), ow = ps_pool_out_w(&d);
+    for (size_t p = 0; p < (size_t)d.n * d.c; p++) {
+        const float *xp = x + p * d.h * d.w;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                int y0, y1, x0, x1;
+                const int padded = pool_window(&d, oy, ox, &y0, &y1, &x0, &x1);
+                const int div = d.count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+                double acc = 0.0;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d.w + ix];
+                y[(p * oh + oy) * ow + ox] = (float)(acc / div);
+            }
+    }
+    return PS_OK;
+}
+
+static ps_status ref_avgpool_backward(void *impl, const ps_pool_desc *desc, const float *dy, float *dx,
+                                      ps_err *err) {
+    (void)impl;
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const int oh = ps_pool_out_h(&d), ow = ps_pool_out_w(&d);
+    const size_t plane = (size_t)d.h * d.w;
+    double *acc = calloc(plane, sizeof *acc);
+    if (!acc) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref avgpool_backward: out of memory");
+    for (size_t p = 0; p < (size_t)d.n * d.c; p++) {
+        memset(acc, 0, plane * sizeof *acc);
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                int y0, y1, x0, x1;
+                const int padded = pool_window(&d, oy, ox, &y0, &y1, &x0, &x1);
+                const int div = d.count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+                const double g = (double)dy[(p * oh + oy) * ow + ox] / div;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc[iy * d.w + ix] += g;
+            }
+        for (size_t i = 0; i < plane; i++) dx[p * plane + i] = (float)acc[i];
+    }
+    free(acc);
     return PS_OK;
 }
 
@@ -385,6 +467,276 @@ static ps_status ref_scale(void *impl, int64_t count, float *x, float s, ps_err 
     return PS_OK;
 }
 
+/* ---- batch normalisation (plain layout: element (i, j, p) at (i*c + j)*s + p) ---- */
+
+static ps_status ref_bn_forward_training(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                         const float *beta, float *y, float *mean, float *invstd,
+                                         float *var_unbiased, ps_err *err) {
+    (void)impl; (void)err;
+    const double m = (double)d->n * d->s;
+    for (int j = 0; j < d->c; j++) {
+        double sum = 0.0, sq = 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) sum += x[((int64_t)i * d->c + j) * d->s + p];
+        const double mu = sum / m;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) {
+                const double t = x[((int64_t)i * d->c + j) * d->s + p] - mu;
+                sq += t * t;
+            }
+        const double var = sq / m, is = 1.0 / sqrt(var + d->eps);
+        const double g = gamma ? gamma[j] : 1.0, bb = beta ? beta[j] : 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = ((int64_t)i * d->c + j) * d->s + p;
+                y[o] = (float)((x[o] - mu) * is * g + bb);
+            }
+        mean[j] = (float)mu;
+        invstd[j] = (float)is;
+        if (var_unbiased) var_unbiased[j] = (float)(sq / (m - 1.0));
+    }
+    return PS_OK;
+}
+
+static ps_status ref_bn_forward_inference(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
+                                          const float *beta, const float *running_mean, const float *running_var,
+                                          float *y, float *invstd, ps_err *err) {
+    (void)impl; (void)err;
+    for (int j = 0; j < d->c; j++) {
+        const double is = 1.0 / sqrt((double)running_var[j] + d->eps), mu = running_mean[j];
+        const double g = gamma ? gamma[j] : 1.0, bb = beta ? beta[j] : 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = ((int64_t)i * d->c + j) * d->s + p;
+                y[o] = (float)((x[o] - mu) * is * g + bb);
+            }
+        if (invstd) invstd[j] = (float)is;
+    }
+    return PS_OK;
+}
+
+static ps_status ref_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
+                                 const float *dy, const float *gamma, const float *mean, const float *invstd,
+                                 float *dx, float *dgamma, float *dbeta, ps_err *err) {
+    (void)impl; (void)err;
+    const double m = (double)d->n * d->s;
+    for (int j = 0; j < d->c; j++) {
+        const double mu = mean[j], is = invstd[j], g = gamma ? gamma[j] : 1.0;
+        double sdy = 0.0, sdyx = 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = ((int64_t)i * d->c + j) * d->s + p;
+                sdy += dy[o];
+                sdyx += dy[o] * (x[o] - mu) * is;
+            }
+        if (dbeta) dbeta[j] = (float)sdy;
+        if (dgamma) dgamma[j] = (float)sdyx;
+        if (!dx) continue;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) {
+                const int64_t o = ((int64_t)i * d->c + j) * d->s + p;
+                double v = dy[o];
+                if (batch_stats) v -= sdy / m + (x[o] - mu) * is * sdyx / m;
+                dx[o] = (float)(g * is * v);
+            }
+    }
+    return PS_OK;
+}
+
+/* ---- layer normalisation ---- */
+
+static ps_status ref_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
+                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t r = 0; r < d->rows; r++) {
+        const float *xr = x + r * d->cols;
+        float *yr = y + r * d->cols;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < d->cols; j++) sum += xr[j];
+        const double mu = sum / (double)d->cols;
+        for (int64_t j = 0; j < d->cols; j++) sq += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(sq / (double)d->cols + d->eps);
+        for (int64_t j = 0; j < d->cols; j++)
+            yr[j] = (float)((xr[j] - mu) * rs * (gamma ? gamma[j] : 1.0) + (beta ? beta[j] : 0.0));
+        if (mean) mean[r] = (float)mu;
+        if (rstd) rstd[r] = (float)rs;
+    }
+    return PS_OK;
+}
+
+static ps_status ref_ln_backward(void *impl, const ps_ln_desc *d, const float *x, const float *dy,
+                                 const float *gamma, const float *mean, const float *rstd, float *dx,
+                                 float *dgamma, float *dbeta, ps_err *err) {
+    (void)impl;
+    double *dg = NULL, *dbb = NULL;
+    if (dgamma || dbeta) {
+        dg = calloc((size_t)d->cols, sizeof *dg);
+        dbb = calloc((size_t)d->cols, sizeof *dbb);
+        if (!dg || !dbb) {
+            free(dg); free(dbb);
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref layernorm_backward: out of memory");
+        }
+    }
+    for (int64_t r = 0; r < d->rows; r++) {
+        const float *xr = x + r * d->cols, *dyr = dy + r * d->cols;
+        const double mu = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < d->cols; j++) {
+            const double xh = (xr[j] - mu) * rs, g = dyr[j] * (gamma ? gamma[j] : 1.0);
+            sg += g;
+            sgx += g * xh;
+            if (dg) { dg[j] += dyr[j] * xh; dbb[j] += dyr[j]; }
+        }
+        if (!dx) continue;
+        const double n = (double)d->cols;
+        for (int64_t j = 0; j < d->cols; j++) {
+            const double xh = (xr[j] - mu) * rs, g = dyr[j] * (gamma ? gamma[j] : 1.0);
+            dx[r * d->cols + j] = (float)(rs * (g - sg / n - xh * sgx / n));
+        }
+    }
+    for (int64_t j = 0; dg && j < d->cols; j++) {
+        if (dgamma) dgamma[j] = (float)dg[j];
+        if (dbeta) dbeta[j] = (float)dbb[j];
+    }
+    free(dg);
+    free(dbb);
+    return PS_OK;
+}
+
+/* ---- activations (computed in double, rounded once) ---- */
+
+static double act_f(const ps_act_desc *d, double x) {
+    switch ((ps_act_kind)d->kind) {
+    case PS_ACT_RELU: return x > 0.0 || isnan(x) ? x : 0.0;
+    case PS_ACT_LEAKY_RELU: return x > 0.0 ? x : (double)d->alpha * x;
+    case PS_ACT_GELU: return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
+    case PS_ACT_GELU_TANH: {
+        const double k = sqrt(2.0 / M_PI);
+        return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    }
+    case PS_ACT_SILU: return x / (1.0 + exp(-x));
+    case PS_ACT_TANH: return tanh(x);
+    case PS_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case PS_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+/* f'(x) * dy, from x or y as ps_act_backward_reads_x says. */
+static double act_df(const ps_act_desc *d, double x, double y, double dy) {
+    switch ((ps_act_kind)d->kind) {
+    case PS_ACT_RELU: return y > 0.0 ? dy : 0.0;
+    case PS_ACT_LEAKY_RELU: return x > 0.0 ? dy : (double)d->alpha * dy;
+    case PS_ACT_GELU: {
+        const double cdf = 0.5 * (1.0 + erf(x * M_SQRT1_2)), pdf = exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+        return dy * (cdf + x * pdf);
+    }
+    case PS_ACT_GELU_TANH: {
+        const double k = sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+        const double du = k * (1.0 + 3.0 * 0.044715 * x * x);
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
+    }
+    case PS_ACT_SILU: {
+        const double sg = 1.0 / (1.0 + exp(-x));
+        return dy * sg * (1.0 + x * (1.0 - sg));
+    }
+    case PS_ACT_TANH: return dy * (1.0 - y * y);
+    case PS_ACT_SIGMOID: return dy * y * (1.0 - y);
+    case PS_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static ps_status ref_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
+                                 ps_err *err) {
+    (void)impl;
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "ref act_forward: unknown activation %d", d->kind);
+    for (int64_t i = 0; i < count; i++) y[i] = (float)act_f(d, x[i]);
+    return PS_OK;
+}
+
+static ps_status ref_act_backward(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
+                                  const float *dy, float *dx, ps_err *err) {
+    (void)impl;
+    if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
+        return ps_err_set(err, PS_ERR_INTERNAL, "ref act_backward: unknown activation %d", d->kind);
+    const int rx = ps_act_backward_reads_x(d->kind);
+    for (int64_t i = 0; i < count; i++)
+        dx[i] = (float)act_df(d, rx ? x[i] : 0.0, rx ? 0.0 : y[i], dy[i]);
+    return PS_OK;
+}
+
+/* ---- softmax over one dimension of (outer, dim, inner) ---- */
+
+static ps_status ref_softmax_dim_forward(void *impl, const ps_softmax_desc *d, const float *x, float *y,
+                                         ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t i = 0; i < d->inner; i++) {
+            const float *xp = x + o * d->dim * d->inner + i;
+            float *yp = y + o * d->dim * d->inner + i;
+            double m = -INFINITY, s = 0.0;
+            for (int k = 0; k < d->dim; k++)
+                if (xp[k * d->inner] > m) m = xp[k * d->inner];
+            for (int k = 0; k < d->dim; k++) s += exp(xp[k * d->inner] - m);
+            for (int k = 0; k < d->dim; k++)
+                yp[k * d->inner] = d->log ? (float)(xp[k * d->inner] - m - log(s))
+                                          : (float)(exp(xp[k * d->inner] - m) / s);
+        }
+    return PS_OK;
+}
+
+static ps_status ref_softmax_dim_backward(void *impl, const ps_softmax_desc *d, const float *y, const float *dy,
+                                          float *dx, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t i = 0; i < d->inner; i++) {
+            const int64_t base = o * d->dim * d->inner + i;
+            double s = 0.0;
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+                s += d->log ? (double)dy[e] : (double)dy[e] * y[e];
+            }
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t e = base + k * d->inner;
+                dx[e] = d->log ? (float)(dy[e] - exp(y[e]) * s) : (float)(y[e] * (dy[e] - s));
+            }
+        }
+    return PS_OK;
+}
+
+/* ---- channel masks, copies, sums ---- */
+
+static ps_status ref_mul_channels(void *impl, const ps_chan_desc *d, const float *x, const float *mask, float *y,
+                                  ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t q = 0; q < (int64_t)d->n * d->c; q++)
+        for (int64_t p = 0; p < d->s; p++) y[q * d->s + p] = x[q * d->s + p] * mask[q];
+    return PS_OK;
+}
+
+static ps_status ref_copy2d(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
+                            int64_t dst_ld, int accumulate, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++)
+            dst[r * dst_ld + j] = accumulate ? dst[r * dst_ld + j] + src[r * src_ld + j] : src[r * src_ld + j];
+    return PS_OK;
+}
+
+static ps_status ref_add_out(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) y[i] = a[i] + b[i];
+    return PS_OK;
+}
+
+static ps_status ref_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) x[i] = value;
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -415,4 +767,19 @@ const ps_backend_ops ps_backend_ref_ops = {
     .adam_update = ref_adam_update,
     .sgd_update_rows = ref_sgd_update_rows,
     .adam_update_rows = ref_adam_update_rows,
+    .avgpool_forward = ref_avgpool_forward,
+    .avgpool_backward = ref_avgpool_backward,
+    .batchnorm_forward_training = ref_bn_forward_training,
+    .batchnorm_forward_inference = ref_bn_forward_inference,
+    .batchnorm_backward = ref_bn_backward,
+    .layernorm_forward = ref_ln_forward,
+    .layernorm_backward = ref_ln_backward,
+    .act_forward = ref_act_forward,
+    .act_backward = ref_act_backward,
+    .softmax_dim_forward = ref_softmax_dim_forward,
+    .softmax_dim_backward = ref_softmax_dim_backward,
+    .mul_channels = ref_mul_channels,
+    .copy2d = ref_copy2d,
+    .add_out = ref_add_out,
+    .fill = ref_fill,
 };

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""Write tests/golden/losses.safetensors: the losses of `ps-train fit`
+(trainer/losses.h) computed by PyTorch, for tests/test_losses.c.
+
+Regenerate (needs PyTorch; Debian's python3-torch 1.13 made the committed
+file):
+
+    /usr/bin/python3 scripts/gen_golden_losses.py [output path]
+
+Each case is a model output `out` (float32), its targets, and PyTorch's
+answers:
+  <case>.out       F32 (n, c, inner...) the output
+  <case>.target    I64 (n, inner...) class ids (nll, cross_entropy) or F32
+                   shaped like out (mse, bce_with_logits)
+  <case>.grad      F32 like out: d loss / d out from autograd in float32
+  <case>.correct   I64 (1,) correct predictions (argmax over dim 1 == target;
+                   for bce_with_logits (out > 0) == (target > 0.5)); absent
+                   for mse
+Metadata "<case>.loss_name" names the row of the table, "<case>.shape" is
+"n,c,inner", "<case>.loss" the mean loss (repr of a float64) computed by
+torch.nn.functional in float64 from the float32 output.
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_golden import write_safetensors  # noqa: E402  (struct + json only)
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden",
+                           "losses.safetensors")
+
+torch.manual_seed(18)
+tensors, meta = {}, {"torch": torch.__version__}
+
+
+def case(name, loss_name, out, target):
+    n, c = out.shape[0], out.shape[1]
+    inner = out[0, 0].numel()
+    fn = {"nll": F.nll_loss, "cross_entropy": F.cross_entropy, "mse": F.mse_loss,
+          "bce_with_logits": F.binary_cross_entropy_with_logits}[loss_name]
+    x = out.clone().requires_grad_(True)
+    fn(x, target).backward()
+    loss64 = fn(out.double(), target if target.dtype == torch.int64 else target.double())
+    tensors[name + ".out"] = out.contiguous()
+    tensors[name + ".target"] = target.contiguous()
+    meta[name + ".loss"] = repr(float(loss64))
+    tensors[name + ".grad"] = x.grad.contiguous()
+    if loss_name in ("nll", "cross_entropy"):
+        tensors[name + ".correct"] = (out.argmax(1) == target).sum().reshape(1)
+    elif loss_name == "bce_with_logits":
+        tensors[name + ".correct"] = ((out > 0) == (target > 0.5)).sum().reshape(1)
+    meta[name + ".loss_name"] = loss_name
+    meta[name + ".shape"] = "%d,%d,%d" % (n, c, inner)
+
+
+logits = torch.randn(7, 10) * 3
+logits[1, 4] = 60.0          # a confident row
+logits[2] = -80.0            # all equal: the first maximum wins for accuracy
+logits[3, 0] = -100.0
+y = torch.randint(0, 10, (7,))
+case("nll_plain", "nll", F.log_softmax(logits, 1), y)
+case("ce_plain", "cross_entropy", logits, y)
+seg = torch.randn(3, 4, 2, 5) * 2      # (n, c, H, W): inner 10
+yseg = torch.randint(0, 4, (3, 2, 5))
+case("nll_inner", "nll", F.log_softmax(seg, 1), yseg)
+case("ce_inner", "cross_entropy", seg, yseg)
+big = torch.randn(32, 300)             # a wide classifier, the vectorised path
+case("ce_wide", "cross_entropy", big, torch.randint(0, 300, (32,)))
+case("mse_2d", "mse", torch.randn(5, 3), torch.randn(5, 3))
+case("mse_img", "mse", torch.randn(2, 1, 4, 4), torch.rand(2, 1, 4, 4))
+bl = torch.randn(9, 1) * 4
+bl[0, 0], bl[1, 0], bl[2, 0] = 40.0, -40.0, 0.0
+case("bce_binary", "bce_with_logits", bl, torch.randint(0, 2, (9, 1)).float())
+case("bce_soft", "bce_with_logits", torch.randn(4, 3) * 2, torch.rand(4, 3))
+
+write_safetensors(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, tensors, meta)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Integration: psd's web dashboard in a real browser (Debian's Chromium,
+# driven by playwright-core from tests/browser/, which downloads no browser).
+# psd with a checkpoint directory and two MNIST trainers; while they train
+# the page must redraw its charts with new points; once they are done its
+# values must equal `ps-train status` (model, version, samples, trainers
+# seen, live contexts, last checkpoint) and, per rank, the samples and
+# batches each trainer printed itself. Every request must go to psd (every
+# other host is unresolvable), none may fail, no script error. Saves a
+# screenshot: SCREENSHOT=docs/img/dashboard.png refreshes the README's.
+# Skipped (exit 77) only when Chromium is missing or cannot start.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DATA=${DATA:-data/mnist}
+PY=/usr/bin/python3
+BATCHES=${BATCHES:-120}
+[ -x /usr/bin/chromium ] || { echo "it_dashboard_browser: skipped: Chromium cannot start: /usr/bin/chromium is not installed (scripts/install-deps.sh installs it)"; exit 77; }
+[ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard_browser: skipped: no MNIST in $DATA"; exit 77; }
+command -v node >/dev/null || { echo "FAIL: node is not installed (scripts/install-deps.sh installs nodejs)"; exit 1; }
+if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
+  echo "tests/browser: npm ci (playwright-core, pinned by tests/browser/package-lock.json; no browser download)"
+  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL: npm ci in tests/browser"; exit 1; }
+fi
+tmp=$(mktemp -d /tmp/it_dashboard_browser.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
+
+port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
+"$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --checkpoint-dir "$tmp/ck" \
+  --set server.checkpoint_every_steps=50 2>"$tmp/psd.log" &
+pids+=($!)
+for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
+shot=${SCREENSHOT:-$tmp/dashboard.png}
+node tests/browser/dashboard_check.mjs "http://127.0.0.1:$mport/" "$tmp/done" "$tmp/status.json" "$shot" \
+  >"$tmp/browser.log" 2>&1 &
+browser=$!
+pids+=("$browser")
+sleep 2   # the page is open before training starts
+for r in 1 2; do
+  "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --rank "$r" --world-size 3 --data "$DATA" \
+    --max-batches "$BATCHES" --log-every 40 --no-eval >"$tmp/rank$r.log" 2>&1 &
+  pids+=($!); tp[$r]=$!
+done
+wait "${tp[1]}" || fail "trainer 1"
+wait "${tp[2]}" || fail "trainer 2"
+"$BUILD/bin/ps-train" status --server "127.0.0.1:$port" >"$tmp/status.txt" 2>&1 || fail "ps-train status"
+$PY - "$tmp" "$BATCHES" <<'PYEOF' || fail "reading Status and the trainers' summaries"
+import json, re, sys
+tmp, batches = sys.argv[1], int(sys.argv[2])
+s = open(f"{tmp}/status.txt").read()
+m = re.search(r"model\s+(\S+), version (\d+)", s)
+out = {"model": m.group(1), "version": int(m.group(2)),
+       "samples": int(re.search(r"samples\s+(\d+) trained", s).group(1)),
+       "live": int(re.search(r"contexts\s+(\d+) live", s).group(1)),
+       "trainers_seen": int(re.search(r"trainers seen\s+(\d+)", s).group(1)),
+       "checkpoint_step": None, "trainers": []}
+c = re.search(r"last checkpoint\s+step (\d+)", s)
+if c:
+    out["checkpoint_step"] = int(c.group(1))
+for r in (1, 2):
+    t = open(f"{tmp}/rank{r}.log").read()
+    n = int(re.search(rf"Rank {r}: (\d+) samples in", t).group(1))
+    out["trainers"].append({"rank": r, "samples": n, "batches": batches})
+json.dump(out, open(f"{tmp}/status.json", "w"))
+print("Status:", out)
+PYEOF
+touch "$tmp/done"
+rc=0
+wait "$browser" || rc=$?
+cat "$tmp/browser.log"
+[ $rc -eq 77 ] && { grep -m1 skipped "$tmp/browser.log" | sed 's/^/it_dashboard_browser: /'; exit 77; }
+[ $rc -eq 0 ] || fail "the dashboard in Chromium (above)"
+echo "it_dashboard_browser: OK ($(grep -c '^ok' "$tmp/browser.log") checks in Chromium; screenshot $shot)"

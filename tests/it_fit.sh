@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Integration: ps-train fit (docs/fit.md) against the real psd on loopback.
+#  1. psd (mnist_cnn, fresh weights) + one `ps-train fit` on the MNIST IDX
+#     files of data/mnist: 20 batches of 32, then the 2,000 test digits
+#     reach >= 70 % (the untrained model: ~10 %).
+#  2. The same data as .npz (uint8 images, int64 labels; numpy converts the
+#     IDX files itself) and as .npy (float32 images normalised by numpy):
+#     against a fresh psd of the same seed, the first batch's loss is
+#     bit-identical to the IDX run's and the test accuracy within 2 points.
+#  3. Refusals before any training call, naming the file: labels of another
+#     count, images of another size than the model takes, a class id out of
+#     range; psd keeps serving.
+#  4. A 2-server cluster (conv on ps0, fc on ps1; configs/cluster-mnist.yaml's
+#     layout), two fit trainers with a held-out split, 25 batches each: both
+#     report validation and test accuracy >= 55 %, both servers applied every
+#     batch's Step, no partial steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DATA=${DATA:-data/mnist}
+MIN_ACC=${MIN_ACC:-70.0}
+CLUSTER_MIN=${CLUSTER_MIN:-55.0}
+[ -f "$DATA/train-images-idx3-ubyte" ] || { echo "it_fit: skipped: no MNIST in $DATA (make data)"; exit 77; }
+PY=/usr/bin/python3
+"$PY" -c 'import numpy' 2>/dev/null || { echo "it_fit: skipped: /usr/bin/python3 with numpy is needed"; exit 77; }
+tmp=$(mktemp -d /tmp/it_fit.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "it_fit: FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+base=$(( 20000 + RANDOM % 20000 ))
+
+start_psd() {  # log, args...
+  local log=$1; shift
+  "$BUILD/bin/psd" "$@" 2>"$tmp/$log.log" &
+  pids+=($!)
+  psd_pid=$!
+}
+acc_of() { sed -n "s|^Rank [0-9]* $2 loss [0-9.]* accuracy \([0-9.]*\)%.*|\1|p" "$1" | tail -n 1; }
+ge() { awk -v a="$1" -v m="$2" 'BEGIN { exit !(a != "" && a >= m) }'; }
+
+IDX=(--inputs "$DATA/train-images-idx3-ubyte" --labels "$DATA/train-labels-idx1-ubyte"
+     --test-inputs "$DATA/t10k-images-idx3-ubyte" --test-labels "$DATA/t10k-labels-idx1-ubyte")
+COMMON=(--config configs/local.yaml --world-size 2 --loss nll --input-mean 0.1307 --input-std 0.3081
+        --batch-size 32 --epochs 1 --max-batches 50 --log-every 10 --seed 3)
+
+run_fit() {  # log, port, args...
+  local log=$1 port=$2; shift 2
+  timeout 120 "$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$port" "$@" >"$tmp/$log.log" 2>&1
+}
+
+# ---- 1. IDX ----------------------------------------------------------------
+p1=$base
+start_psd psd1 --config configs/local.yaml --listen "127.0.0.1:$p1"
+run_fit idx "$p1" "${IDX[@]}" || fail "fit on IDX exited with $?"
+kill "$psd_pid"
+a_idx=$(acc_of "$tmp/idx.log" test)
+echo "IDX: $(grep -m1 'training batch 0 ' "$tmp/idx.log"); test accuracy $a_idx %"
+ge "$a_idx" "$MIN_ACC" || fail "IDX run: test accuracy '$a_idx' < $MIN_ACC %"
+grep -q "model mnist_cnn: 2 stages in 1 hop; per sample float32 (1, 28, 28) in, (10,) out; loss nll" "$tmp/idx.log" \
+  || fail "no model line"
+
+# ---- 2. the same data as .npz and .npy --------------------------------------
+"$PY" - "$DATA" "$tmp" <<'EOF' || fail "numpy conversion"
+import sys, numpy as np
+d, out = sys.argv[1], sys.argv[2]
+def idx(name):
+    raw = open("%s/%s" % (d, name), "rb").read()
+    nd = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+xtr, ytr = idx("train-images-idx3-ubyte"), idx("train-labels-idx1-ubyte").astype(np.int64)
+xte, yte = idx("t10k-images-idx3-ubyte"), idx("t10k-labels-idx1-ubyte").astype(np.int64)
+np.savez_compressed(out + "/mnist.npz", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
+norm = lambda x: ((x.astype(np.float32) / 255 - np.float32(0.1307)) / np.float32(0.3081))[:, None]
+np.save(out + "/xtr.npy", norm(xtr)); np.save(out + "/ytr.npy", ytr.astype(np.int32))
+np.save(out + "/xte.npy", norm(xte)); np.save(out + "/yte.npy", yte.astype(np.uint8))
+np.save(out + "/xte27.npy", xte[:, :27]); np.save(out + "/yte_bad.npy", yte + 5)
+EOF
+p2=$((base + 1))
+start_psd psd2 --config configs/local.yaml --listen "127.0.0.1:$p2"
+run_fit npz "$p2" --inputs "$tmp/mnist.npz:x_train" --labels "$tmp/mnist.npz:y_train" \
+    --test-inputs "$tmp/mnist.npz:x_test" --test-labels "$tmp/mnist.npz:y_test" || fail "fit on .npz exited with $?"
+kill "$psd_pid"
+p3=$((base + 2))
+start_psd psd3 --config configs/local.yaml --listen "127.0.0.1:$p3"
+# already normalised floats: scale 1, no mean/std (the later flags override COMMON's)
+run_fit npy "$p3" --inputs "$tmp/xtr.npy" --labels "$tmp/ytr.npy" --test-inputs "$tmp/xte.npy" \
+    --test-labels "$tmp/yte.npy" --input-mean 0 --input-std 1 || fail "fit on .npy exited with $?"
+b_idx=$(grep -m1 'training batch 0 ' "$tmp/idx.log")
+for f in npz npy; do
+  b=$(grep -m1 'training batch 0 ' "$tmp/$f.log")
+  a=$(acc_of "$tmp/$f.log" test)
+  echo "$f: $b; test accuracy $a %"
+  [ "$b" = "$b_idx" ] || fail "$f: first batch '$b' differs from the IDX run's '$b_idx'"
+  awk -v a="$a" -v b="$a_idx" 'BEGIN { d = a - b; exit !(a != "" && d <= 2 && d >= -2) }' \
+    || fail "$f: test accuracy $a % vs the IDX run's $a_idx %"
+done
+
+# ---- 3. refusals, psd (p3) still serving -----------------------------------
+expect_refusal() {  # what, needle, args...
+  local what=$1 needle=$2; shift 2
+  if run_fit refuse "$p3" "$@"; then fail "$what: accepted"; fi
+  grep -qF -- "$needle" "$tmp/refuse.log" || fail "$what: no '$needle' in: $(tail -n 2 "$tmp/refuse.log")"
+  grep -q "training batch" "$tmp/refuse.log" && fail "$what: trained before refusing"
+  echo "refused ($what): $(grep -m1 'ps-train' "$tmp/refuse.log")"
+}
+expect_refusal "label count" "labels $DATA/t10k-labels-idx1-ubyte hold 2000" \
+    --inputs "$DATA/train-images-idx3-ubyte" --labels "$DATA/t10k-labels-idx1-ubyte"
+expect_refusal "image size" "inputs $tmp/xte27.npy: each sample is (27, 28), but the model's first stage 'conv' takes (1, 28, 28)" \
+    --inputs "$tmp/xte27.npy" --labels "$tmp/yte.npy"
+expect_refusal "class range" "labels $tmp/yte_bad.npy: sample" \
+    --inputs "$tmp/xte.npy" --labels "$tmp/yte_bad.npy"
+expect_refusal "loss" "--loss: unknown loss 'hinge'" "${IDX[@]}" --loss hinge
+"$BUILD/bin/ps-train" status --server "127.0.0.1:$p3" >"$tmp/status.log" 2>&1 || fail "psd stopped serving"
+kill "$psd_pid"
+
+# ---- 4. two servers, two trainers --------------------------------------------
+c0=$((base + 3)) c1=$((base + 4))
+cat >"$tmp/cluster.yaml" <<EOF
+cluster: {name: it-fit}
+servers:
+  ps0: {address: "127.0.0.1:$c0"}
+  ps1: {address: "127.0.0.1:$c1"}
+model:
+  name: mnist_cnn
+  seed: 1
+  placement: {conv: ps0/cpu, fc: ps1}
+optimizer: {type: sgd, lr: 0.03}
+trainer: {world_size: 3, batch_size: 32, epochs: 1, rpc_timeout_s: 60}
+EOF
+start_psd c0 --config "$tmp/cluster.yaml" --name ps0
+start_psd c1 --config "$tmp/cluster.yaml" --name ps1
+for r in 1 2; do
+  timeout 120 "$BUILD/bin/ps-train" fit --config "$tmp/cluster.yaml" --rank $r "${IDX[@]}" --loss nll \
+      --input-mean 0.1307 --input-std 0.3081 --val-fraction 0.05 --max-batches 25 --log-every 5 \
+      >"$tmp/cl$r.log" 2>&1 &
+  pids+=($!); tp[$r]=$!
+done
+for r in 1 2; do wait "${tp[$r]}" || fail "cluster trainer $r exited with $?"; done
+batches=0
+for r in 1 2; do
+  grep -q "model mnist_cnn: 2 stages in 2 hops" "$tmp/cl$r.log" || fail "trainer $r: not 2 hops"
+  v=$(acc_of "$tmp/cl$r.log" "epoch 1/1 validation")
+  a=$(acc_of "$tmp/cl$r.log" test)
+  echo "cluster trainer $r: validation $v %, test $a %"
+  # each evaluates when it ends, the other may still be training: the bar is lower than one trainer's
+  ge "$v" "$CLUSTER_MIN" && ge "$a" "$CLUSTER_MIN" || fail "trainer $r: accuracy $v / $a % < $CLUSTER_MIN %"
+  grep -q "partial steps (applied" "$tmp/cl$r.log" && fail "trainer $r reports partial steps"
+  n=$(sed -n 's/.*: \([0-9]*\) samples in .*/\1/p' "$tmp/cl$r.log")
+  batches=$(( batches + (n + 31) / 32 ))
+done
+status=$("$BUILD/bin/ps-train" status --config "$tmp/cluster.yaml" 2>&1) || fail "ps-train status: $status"
+for s in ps0 ps1; do
+  v=$(grep " $s " <<<"$status" | sed -n 's/.* version \([0-9]*\),.*/\1/p')
+  [ "$v" = "$batches" ] || fail "$s applied ${v:-?} steps, the trainers ran $batches batches"
+  grep " $s " <<<"$status" | grep -q "partial steps 0 applied here, 0 lost here" || fail "$s: partial steps counted"
+done
+echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains: OK"

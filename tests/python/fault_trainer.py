@@ -1,0 +1,42 @@
+#!/usr/bin/python3
+"""A Python MNIST trainer for tests/it_py_faults.sh: BATCHES batches of 32
+in a fixed order, the whole model as one RemoteStage, each batch in
+psd.attempts() (a batch psd lost runs again). Prints after every batch
+`batch B version V` (the model version its step produced) and at the end
+the client's retries and re-runs.
+
+    fault_trainer.py ADDR DATA_DIR BATCHES [KEY=VALUE ...]   (config overrides)
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import psd
+from mnist_trainer import load_mnist
+
+
+def main():
+    addr, data, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    overrides = dict(kv.split("=", 1) for kv in sys.argv[4:])
+    torch.set_num_threads(1)
+    client = psd.connect(addr, rank=1, overrides=overrides)
+    x, y = load_mnist(data, "train")
+    net = psd.RemoteStage(None, client)
+    for b in range(batches):
+        i = (b * 32) % (len(x) - 32)
+        for ctx in psd.attempts(client):
+            with ctx:
+                loss = F.nll_loss(net(x[i:i + 32]), y[i:i + 32])
+                loss.backward()
+                r = ctx.step()
+        print(f"batch {b} version {r.version} loss {loss.item():.4f}", flush=True)
+    print(f"fault_trainer: {batches} batches, {client.budget.total} retries, {client.reruns} batches run again",
+          flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except psd.Error as e:
+        sys.exit(f"fault_trainer: {e}")

@@ -1,0 +1,40 @@
+/* dataset.h - one array of a data set (inputs or labels) from a file,
+ * whatever its format: what `ps-train fit --inputs/--labels` read.
+ *
+ * A spec is PATH or PATH:NAME. NAME picks an array inside a file that holds
+ * several: a member of an .npz (x_train or x_train.npy) or a tensor of a
+ * safetensors file; a file holding exactly one array needs none. When PATH
+ * itself names an existing file the whole spec is the path (so paths with
+ * ':' work).
+ *
+ * The format is recognised by content, not by extension (after gunzip for
+ * IDX and .npy, which may be gzip'ed):
+ *   IDX          00 00 <type> <ndim>      (common/idx.h: every IDX type)
+ *   .npy         \x93NUMPY                (npy.h)
+ *   .npz         PK\x03\x04               (npy.h, zip.h)
+ *   safetensors  8-byte header length, then '{'  (common/safetensors.h:
+ *                F32 F64 I64 I32 I16 I8 U8 U16 U32 U64 BOOL)
+ * Anything else is refused with the first bytes it starts with.
+ *
+ * max_bytes limits the array's data (and what is read to get it): a header
+ * that declares more is refused before anything is allocated.
+ * Errors start with the path and say what is wrong; *out is zeroed then.
+ */
+#ifndef PS_TRAINER_DATASET_H
+#define PS_TRAINER_DATASET_H
+
+#include <stddef.h>
+
+#include "array.h"
+#include "status.h"
+
+/* The default data limit (--max-data-mb): 4 GiB per array. */
+#define PS_DATA_MAX_BYTES ((size_t)4 << 30)
+
+ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err *err);
+
+/* The format of the file at path in words ("IDX", "npy", "npz",
+ * "safetensors"), or NULL when it is none of them (err says why). */
+const char *ps_data_format(const char *path, ps_err *err);
+
+#endif

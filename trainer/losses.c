@@ -1,0 +1,125 @@
+/* losses.c - the loss table of ps-train fit (losses.h). */
+#include "losses.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loss.h"
+
+/* ---- class losses: out (n, c, inner), y (n, inner) ------------------------ */
+
+static double nll_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+    const int64_t *y = targets;
+    const int64_t m = n * inner;
+    double loss = 0;
+    memset(grad, 0, (size_t)(n * c * inner) * sizeof *grad);
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < inner; i++) {
+            int64_t k = (s * c + y[s * inner + i]) * inner + i;
+            loss -= out[k];
+            grad[k] = (float)(-1.0 / (double)m);
+        }
+    return loss / (double)m;
+}
+
+/* log-softmax over c at (s, i), stride inner. */
+static double ce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+    const int64_t *y = targets;
+    if (inner == 1) return ps_cross_entropy(out, y, n, c, grad); /* psd's vectorised one (common/nn/loss.h) */
+    const int64_t m = n * inner;
+    double loss = 0;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *o = out + s * c * inner + i;
+            float *g = grad + s * c * inner + i;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t k = 0; k < c; k++) mx = o[k * inner] > mx ? o[k * inner] : mx;
+            for (int64_t k = 0; k < c; k++) sum += exp((double)o[k * inner] - mx);
+            double lse = mx + log(sum);
+            int64_t t = y[s * inner + i];
+            loss += lse - o[t * inner];
+            for (int64_t k = 0; k < c; k++)
+                g[k * inner] = (float)((exp((double)o[k * inner] - lse) - (k == t)) / (double)m);
+        }
+    return loss / (double)m;
+}
+
+static int64_t argmax_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+    const int64_t *y = targets;
+    int64_t ok = 0;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *o = out + s * c * inner + i;
+            int64_t best = 0;
+            for (int64_t k = 1; k < c; k++)
+                if (o[k * inner] > o[best * inner]) best = k;
+            ok += best == y[s * inner + i];
+        }
+    return ok;
+}
+
+/* ---- dense losses: out and t of n*c*inner floats ---------------------------- */
+
+static double mse_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+    const float *t = targets;
+    const int64_t m = n * c * inner;
+    double loss = 0;
+    for (int64_t k = 0; k < m; k++) {
+        double d = (double)out[k] - t[k];
+        loss += d * d;
+        grad[k] = (float)(2.0 * d / (double)m);
+    }
+    return loss / (double)m;
+}
+
+/* max(x, 0) - x t + log(1 + exp(-|x|)): PyTorch's stable form. */
+static double bce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+    const float *t = targets;
+    const int64_t m = n * c * inner;
+    double loss = 0;
+    for (int64_t k = 0; k < m; k++) {
+        double x = out[k];
+        loss += (x > 0 ? x : 0) - x * t[k] + log1p(exp(-fabs(x)));
+        double sig = x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+        grad[k] = (float)((sig - t[k]) / (double)m);
+    }
+    return loss / (double)m;
+}
+
+static int64_t bce_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+    const float *t = targets;
+    int64_t ok = 0;
+    for (int64_t k = 0; k < n * c * inner; k++) ok += (out[k] > 0) == (t[k] > 0.5f);
+    return ok;
+}
+
+static const ps_loss g_losses[] = {
+    {"nll", "F.nll_loss: the model outputs log-probabilities (LogSoftmax), targets are class ids", 1, nll_forward,
+     argmax_correct},
+    {"cross_entropy", "F.cross_entropy: the model outputs logits, targets are class ids", 1, ce_forward,
+     argmax_correct},
+    {"mse", "F.mse_loss: targets are numbers shaped like the output", 0, mse_forward, NULL},
+    {"bce_with_logits", "F.binary_cross_entropy_with_logits: logits, targets in [0, 1] shaped like the output", 0,
+     bce_forward, bce_correct},
+};
+#define N_LOSSES ((int)(sizeof g_losses / sizeof g_losses[0]))
+
+const ps_loss *ps_loss_find(const char *name) {
+    for (int i = 0; i < N_LOSSES; i++)
+        if (!strcmp(g_losses[i].name, name)) return &g_losses[i];
+    return NULL;
+}
+
+int ps_loss_count(void) { return N_LOSSES; }
+const ps_loss *ps_loss_at(int i) { return i >= 0 && i < N_LOSSES ? &g_losses[i] : NULL; }
+
+const char *ps_loss_names(char *buf, size_t len) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < N_LOSSES && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", g_losses[i].name);
+    return buf;
+}
+
+int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner) { return l->class_targets ? inner : c * inner; }

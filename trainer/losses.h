@@ -1,0 +1,50 @@
+/* losses.h - the losses `ps-train fit --loss` computes on the trainer, one
+ * row each: the value (the batch mean, as PyTorch's reduction='mean'), its
+ * gradient with respect to the model's output, and accuracy where the loss
+ * classifies.
+ *
+ * Shapes. The model's output is (n, c, inner): n samples (times any
+ * leading dims), c the class dim (PyTorch's dim 1) and inner the product of
+ * the dims after it (1 for a plain classifier, H*W for segmentation).
+ *  - class losses (targets = class ids): targets are int64 (n, inner),
+ *    each in 0..c-1 (checked by the caller: trainer/fit_data.h);
+ *      nll            F.nll_loss(out, y): out holds log-probabilities
+ *      cross_entropy  F.cross_entropy(out, y): out holds logits
+ *  - dense losses: targets are float32 shaped like the output (n*c*inner
+ *    values; c and inner only matter for the count);
+ *      mse               F.mse_loss(out, t)
+ *      bce_with_logits   F.binary_cross_entropy_with_logits(out, t)
+ * The value is the mean over every prediction (n*inner for class losses,
+ * n*c*inner for dense), summed in double; grad (n*c*inner floats, not
+ * aliasing out) receives d loss / d out.
+ *
+ * Accuracy: class losses count argmax over c == target (the first maximum
+ * wins, as torch.argmax); bce_with_logits counts (out > 0) == (t > 0.5);
+ * mse has none (correct is NULL). Each is checked against PyTorch by
+ * tests/test_losses.c (tests/golden/losses.safetensors).
+ */
+#ifndef PS_TRAINER_LOSSES_H
+#define PS_TRAINER_LOSSES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ps_loss {
+    const char *name;           /* "cross_entropy" */
+    const char *about;          /* one line for --help: PyTorch's equivalent */
+    int class_targets;          /* 1: int64 class ids (n, inner); 0: float32 like the output */
+    double (*forward)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad);
+    /* Correct predictions of the n*inner (class) or n*c*inner (dense)
+     * made; NULL when the loss has no accuracy. */
+    int64_t (*correct)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner);
+} ps_loss;
+
+const ps_loss *ps_loss_find(const char *name); /* NULL when unknown */
+int ps_loss_count(void);
+const ps_loss *ps_loss_at(int i);
+/* "nll, cross_entropy, mse, bce_with_logits" into buf. */
+const char *ps_loss_names(char *buf, size_t len);
+/* Predictions one sample makes: inner (class) or c*inner (dense). */
+int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner);
+
+#endif
