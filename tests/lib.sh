@@ -6,7 +6,8 @@
 # It sets -euo pipefail, changes to the repository root and gives:
 #   BUILD            the build directory (default build)
 #   tmp              a fresh directory /tmp/it_name.XXXXXX; removed at exit
-#                    when the script succeeds, kept (and named) when it fails
+#                    when the script succeeds or skips (exit 77), kept (and
+#                    named) when it fails or KEEP_TMP is set
 #   pids             an array: processes appended to it are killed at exit
 #                    (SIGKILL; cleanup_signal=TERM sends SIGTERM and waits)
 #   fail MSG...      prints "it_name: FAIL: MSG" and the last lines of every
@@ -16,6 +17,8 @@
 #   wait_for SECS WHAT CMD...  runs CMD every 0.1 s until it succeeds; after
 #                    SECS seconds fails with "WHAT did not happen within SECS s"
 #   wait_port PORT [SECS]      wait_for a listener on 127.0.0.1:PORT (30 s)
+#   on_exit          a function the script may define: called first at exit
+#                    (processes it tracks its own way)
 set -euo pipefail
 lib_name=${1:-$(basename "$0" .sh)}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,11 +31,15 @@ fail_tail=${fail_tail:-15}
 lib_exit() {
   local rc=$?
   local p
+  if declare -F on_exit >/dev/null; then on_exit || true; fi
   for p in "${pids[@]}"; do kill "-$cleanup_signal" "$p" 2>/dev/null || true; done
   [ "$cleanup_signal" = KILL ] || wait 2>/dev/null || true
-  if [ "$rc" -eq 0 ] && [ -z "${KEEP_TMP:-}" ]; then rm -rf "$tmp"; else echo "$lib_name: logs kept in $tmp" >&2; fi
+  if { [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; } && [ -z "${KEEP_TMP:-}" ]; then rm -rf "$tmp"
+  else echo "$lib_name: logs kept in $tmp" >&2; fi
 }
 trap lib_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 fail() {
   echo "$lib_name: FAIL: $*"
