@@ -395,11 +395,6 @@ static char *read_pem(const char *what, const char *path, ps_err *err) {
     return p;
 }
 
-ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
-    ps_metrics_http_opts o = {0};
-    return ps_metrics_listen_opts(m, hostport, &o, err);
-}
-
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err) {
     PS_ASSERT(!m->http);
     unsigned maxc = o->max_connections ? o->max_connections : 256;

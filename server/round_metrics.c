@@ -29,13 +29,6 @@ struct ps_rmetrics {
     ps_round_report latest;
 };
 
-const char *ps_rm_ema_of_name(ps_rm_ema_of e) {
-#define EMA_NAME(value, name) [value] = name,
-    static const char *const names[] = {PS_RM_EMA_OFS(EMA_NAME)};
-#undef EMA_NAME
-    return (unsigned)e < sizeof names / sizeof names[0] ? names[e] : "mean";
-}
-
 ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     if (!(o->alpha > 0 && o->alpha <= 1) || o->round_steps < 1) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "round metrics need 0 < alpha <= 1 (got %g) and round_steps >= 1 "

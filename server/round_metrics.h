@@ -85,6 +85,4 @@ void ps_rmetrics_add_step(ps_rmetrics *m, const ps_scalar_set *set, ps_round_rep
 /* The newest closed round. */
 void ps_rmetrics_latest(ps_rmetrics *m, ps_round_report *out);
 
-const char *ps_rm_ema_of_name(ps_rm_ema_of e);
-
 #endif

@@ -2,7 +2,7 @@
  * distributed RPC tutorial's REINFORCE agent, with psd hosting the policy
  * (model cartpole_policy, stage "policy") and its optimizer (task.h).
  *
- * One round is one episode of CartPole-v1 (common/cartpole.h) under one
+ * One round is one episode of CartPole-v1 (cartpole.h) under one
  * context id: at every step t a training Forward of the observation
  * (stage "policy", seq = t) answers the action probabilities, the observer
  * samples the action with its own RNG and steps its environment. At the

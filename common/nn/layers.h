@@ -10,7 +10,7 @@
  *  - the bytes a training tape keeps for the layer beyond its output.
  * Adding a kind is adding a row (and its tests in tests/test_nn_layers.c).
  *
- * The executor (model.c) owns the memory: it allocates each layer's output
+ * The executor (exec.c) owns the memory: it allocates each layer's output
  * and the gradients, and frees what a layer saved (ps_layer_saved) with the
  * tape. Layers never lock and never touch the optimizer.
  */
@@ -101,7 +101,7 @@ typedef struct ps_rows {
 void ps_rows_clear(ps_rows *r);   /* frees and zeroes */
 
 /* One call of a layer's forward or backward. Pointers are memory of be's
- * device (ps_backend_alloc) unless said otherwise. */
+ * device (ps_backend_alloc_floats) unless said otherwise. */
 typedef struct ps_layer_call {
     const ps_layer *ly;
     ps_backend *be;

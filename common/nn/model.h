@@ -115,10 +115,6 @@ typedef struct ps_stage_info {
 
 typedef struct ps_grads ps_grads;
 
-/* Names of the architectures this build knows, NULL-terminated (the
- * registry's, models.h). */
-const char *const *ps_model_arch_names(void);
-
 /* Build the model: validates arch, sizes, stage names, devices and the
  * optimizer (an unknown stage or size, a device without a backend, a layer
  * kind the stage's backend lacks, an optimizer setting out of range
@@ -240,11 +236,6 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
 
 /* ---- whole-model functions of the first API (wrappers over the above) ---- */
 
-/* Per-sample input shape (c, h, w) of the first stage (a 1-D input (F)
- * reads (F, 1, 1), a scalar (1, 1, 1)) and number of outputs per sample
- * of the last stage. */
-void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w);
-int ps_model_output_size(const ps_model *m);
 /* Largest batch a single forward accepts. */
 int ps_model_max_batch(const ps_model *m);
 
@@ -274,8 +265,6 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
  * ones). */
 ps_status ps_model_backward(ps_model *m, ps_tape *tape, const float *grad_out, ps_err *err);
 
-/* 1 once backward has filled the tape's gradients. */
-int ps_tape_has_grads(const ps_tape *t);
 int ps_tape_batch(const ps_tape *t);
 /* Copy parameter i's gradient from the tape to host memory. */
 ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err);
