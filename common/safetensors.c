@@ -624,8 +624,8 @@ ps_st_file *ps_st_read(const char *path, ps_err *err) {
     for (size_t k = 0; k < f->n; k++) {
         ps_st_tensor *t = &sorted[k];
         *t = f->tensors[ord[k].idx];
-        char *src = (char *)f->data + ord[k].begin;
-        t->data = t->bytes ? src : NULL;
+        char *src = t->bytes ? (char *)f->data + ord[k].begin : NULL;  /* no data at all: f->data is NULL */
+        t->data = src;
         if (t->bytes && ord[k].begin % ps_st_dtype_size(t->dtype) != 0) {
             /* Valid but misaligned for its dtype: keep an aligned copy. */
             f->owned[k] = aligned_alloc(ST_ALIGN, (t->bytes + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN);

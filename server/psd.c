@@ -179,6 +179,20 @@ static void print_hosted(const ps_config *cfg, FILE *f) {
     }
 }
 
+/* Free what main made, in the order the server needs (no call in flight
+ * once the rpc server is gone), and shut gRPC down; returns rc. */
+static int teardown(ps_rpc_server *srv, ps_metrics *metrics, ps_dashboard *dash, ps_service *svc,
+                    ps_trainers *trainers, ps_model *model, int rc) {
+    ps_rpc_server_free(srv);
+    ps_metrics_free(metrics);
+    ps_dashboard_free(dash);
+    ps_service_free(svc);
+    ps_trainers_free(trainers);
+    ps_model_free(model);
+    grpc_shutdown();
+    return rc;
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -392,14 +406,7 @@ int main(int argc, char **argv) {
     if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen_opts(metrics, cfg.server.metrics_listen, &ho, &err)) ||
         ps_rpc_server_start(srv, &err)) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
-        ps_rpc_server_free(srv);
-        ps_metrics_free(metrics);
-        ps_dashboard_free(dash);
-        ps_service_free(svc);
-        ps_trainers_free(trainers);
-        ps_model_free(model);
-        grpc_shutdown();
-        return 1;
+        return teardown(srv, metrics, dash, svc, trainers, model, 1);
     }
     char placement[512];
     ps_service_hosted(svc, placement, sizeof placement);
@@ -475,12 +482,5 @@ int main(int argc, char **argv) {
     ps_log(PS_LOG_INFO, "stopped: model version %llu, %llu training samples, %llu contexts opened, %llu expired",
            (unsigned long long)ps_model_version(model), (unsigned long long)samples,
            (unsigned long long)st.opened, (unsigned long long)st.expired);
-    ps_rpc_server_free(srv);
-    ps_metrics_free(metrics);
-    ps_dashboard_free(dash);
-    ps_service_free(svc);
-    ps_trainers_free(trainers);
-    ps_model_free(model);
-    grpc_shutdown();
-    return rc;
+    return teardown(srv, metrics, dash, svc, trainers, model, rc);
 }

@@ -8,13 +8,9 @@
 #     run, which they only do when the Adam state and step counts came back.
 . "$(dirname "$0")/lib.sh" it_adam
 fail_tail=20
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_adam: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+require_py grpc grpc_tools numpy
 
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+proto_stubs
 addr="127.0.0.1:$(free_port)"
 args=(--config configs/rnn_lm.yaml --listen "$addr" --checkpoint-dir "$tmp/ckpt"
       --set model.sizes.ntoken=50 --set model.sizes.ninp=8 --set model.sizes.nhid=8 --set model.sizes.dropout=0

@@ -17,7 +17,6 @@
 #  5. rnn_lm: the dashboard reports tokens and perplexity.
 . "$(dirname "$0")/lib.sh" it_dashboard
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard: skipped: no MNIST in $DATA"; exit 77; }
 command -v openssl >/dev/null || { echo "it_dashboard: skipped: openssl not installed"; exit 77; }
 BATCHES=40

@@ -11,7 +11,6 @@
 # Skipped (exit 77) only when Chromium is missing or cannot start.
 . "$(dirname "$0")/lib.sh" it_dashboard_browser
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 BATCHES=${BATCHES:-120}
 [ -x /usr/bin/chromium ] || { echo "it_dashboard_browser: skipped: Chromium cannot start: /usr/bin/chromium is not installed (scripts/install-deps.sh installs it)"; exit 77; }
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard_browser: skipped: no MNIST in $DATA"; exit 77; }

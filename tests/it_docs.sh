@@ -14,7 +14,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 DOCS_BLOCK_S=${DOCS_BLOCK_S:-120}
-PY=/usr/bin/python3
 # Pages README.md links that other work in flight writes; remove a name once its page is here.
 PENDING="docs/protocol.md docs/python.md"
 tmp=$(mktemp -d /tmp/it_docs.XXXXXX)

@@ -21,7 +21,6 @@ DATA=${DATA:-data/mnist}
 MIN_ACC=${MIN_ACC:-70.0}
 CLUSTER_MIN=${CLUSTER_MIN:-55.0}
 [ -f "$DATA/train-images-idx3-ubyte" ] || { echo "it_fit: skipped: no MNIST in $DATA (make data)"; exit 77; }
-PY=/usr/bin/python3
 "$PY" -c 'import numpy' 2>/dev/null || { echo "it_fit: skipped: /usr/bin/python3 with numpy is needed"; exit 77; }
 base=$(free_port)
 

@@ -17,13 +17,9 @@
 #     every sync round one step, no fast trainer beyond the ssp bound.
 . "$(dirname "$0")/lib.sh" it_generic
 fail_tail=20
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_generic: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+require_py grpc grpc_tools numpy
 
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+proto_stubs
 
 for c in configs/cartpole.yaml configs/rnn_lm.yaml; do
   out=$("$BUILD/bin/psd" --check-config "$c") || fail "--check-config $c: $out"

@@ -21,10 +21,7 @@
 #     (libmicrohttpd on epoll, not select: tests/many_conns.py);
 #  5. ps-train refuses test images of other dimensions than the model's.
 . "$(dirname "$0")/lib.sh" it_hostile
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_hostile: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+require_py grpc grpc_tools numpy
 command -v openssl >/dev/null || { echo "it_hostile: skipped: openssl not installed"; exit 77; }
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; grep -v 'refused: RESOURCE_EXHAUSTED' "$f" | tail -n 15; }; done; exit 1; }
 
@@ -82,8 +79,7 @@ attack "stalled requests with a reader token (mTLS)" stall 127.0.0.1 "$port" "$p
 stop_psd
 
 # 3. context memory budget, shared per token
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+proto_stubs
 th=$(openssl rand -hex 32); tg=$(openssl rand -hex 32)
 printf 'hog trainer %s\ngood trainer %s\n' "$th" "$tg" >"$tmp/tokens2"; chmod 600 "$tmp/tokens2"
 budget=$((256 << 20))

@@ -15,7 +15,6 @@
 . "$(dirname "$0")/lib.sh" it_lm
 set +e
 cleanup_signal=TERM
-PY=/usr/bin/python3
 
 [ -f /usr/share/games/fortunes/fortunes ] || { echo "it_lm: skipped: Debian's fortunes package is not installed (scripts/install-deps.sh)"; exit 77; }
 $PY -c 'import torch' 2>/dev/null || { echo "it_lm: skipped: python3-torch is not installed"; exit 77; }

@@ -8,7 +8,6 @@
 #    calls made without a token.
 . "$(dirname "$0")/lib.sh" it_prometheus
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 command -v prometheus >/dev/null || { echo "it_prometheus: skipped: prometheus not installed (scripts/install-deps.sh)"; exit 77; }
 command -v openssl >/dev/null || { echo "it_prometheus: skipped: openssl not installed"; exit 77; }
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_prometheus: skipped: no MNIST in $DATA"; exit 77; }

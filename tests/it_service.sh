@@ -16,11 +16,8 @@
 #  7. the systemd unit passes systemd-analyze verify (when available).
 . "$(dirname "$0")/lib.sh" it_service
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 PROBE="$PY tests/psd_probe.py"
-for m in grpc prometheus_client; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_service: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+require_py grpc prometheus_client
 port=$(free_port)
 addr="127.0.0.1:$port"
 murl="http://127.0.0.1:$((port + 1))/metrics"

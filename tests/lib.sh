@@ -16,9 +16,12 @@
 #   listening PORT   true when something accepts on 127.0.0.1:PORT
 #   wait_for SECS WHAT CMD...  runs CMD every 0.1 s until it succeeds; after
 #                    SECS seconds fails with "WHAT did not happen within SECS s"
-#   wait_port PORT [SECS]      wait_for a listener on 127.0.0.1:PORT (30 s)
+#   wait_port PORT [SECS]      wait_for a listener on 127.0.0.1:PORT (60 s)
 #   on_exit          a function the script may define: called first at exit
 #                    (processes it tracks its own way)
+#   PY, require_py MOD...  Debian's python3; skip (exit 77) unless it imports
+#                    every MOD
+#   proto_stubs      ps_pb2.py and ps_pb2_grpc.py from proto/ps.proto into $tmp
 set -euo pipefail
 lib_name=${1:-$(basename "$0" .sh)}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,4 +75,17 @@ wait_for() {  # SECS WHAT CMD...
   done
 }
 
-wait_port() { wait_for "${2:-30}" "a listener on port $1" listening "$1"; }
+wait_port() { wait_for "${2:-60}" "a listener on port $1" listening "$1"; }
+
+PY=/usr/bin/python3
+require_py() {
+  local m
+  for m; do
+    $PY -c "import $m" 2>/dev/null || { echo "$lib_name: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
+  done
+}
+
+proto_stubs() {
+  $PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
+    fail "protoc could not compile proto/ps.proto"
+}
