@@ -14,7 +14,6 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-#include "models.h"
 
 /* ---- the table ---------------------------------------------------------- */
 
@@ -103,7 +102,14 @@ static const cfg_entry g_table[] = {
     STR0("server.stop_metric",     SVC(round_metrics.stop_metric), ""),
     DBL ("server.stop_threshold",  SVC(round_metrics.stop_threshold), 0, -1e300, 1e300, 0, "0"),
 
-    ENUMF("model.name",            model.name,             ps_model_def_names, "mnist_cnn"),
+    /* model.arch: a shipped model file (common/nn/modeldef.h, configs/models/); model.name is its
+     * older name. model.file: a model file of one's own (a relative path from a config file is
+     * relative to that file's directory). */
+    { .key = "model.arch", .type = CT_STRING, FIELD(model.arch), .def = "mnist_cnn", .flags = F_NONEMPTY,
+      .check = cfg_check_arch },
+    { .key = "model.name", .type = CT_STRING, FIELD(model.arch), .def = NULL, .flags = F_NONEMPTY | F_ALIAS,
+      .check = cfg_check_arch },
+    OPT ("model.file",             model.file),
     U64 ("model.seed",             model.seed,             "1"),
     ENUMF("model.backend",         model.backend,          ps_backend_cpu_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },

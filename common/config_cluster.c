@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "models.h"
+#include "modeldef.h"
 #include "placement.h"
 
 /* "cpu" or "cuda:N" with N in 0..63, no sign, no spaces, at most 2 digits. */
@@ -309,37 +309,32 @@ ps_status cfg_set_server(ps_config *c, const char *key, const char *v, const cha
     return PS_OK;
 }
 
-/* model.sizes.<key>: the key must be a size of some model in the registry;
- * the value is checked against that size's range. */
+/* model.sizes.<key>: a number, checked against the range of the size of
+ * the model set so far when it has one (the error then names the line);
+ * ps_config_check_model checks every size against the final model (the
+ * model may be set after its sizes). */
 ps_status cfg_set_size(ps_config *c, const cfg_entry *e, const char *key, const char *v,
-                          const char *origin, ps_err *err) {
+                       const char *origin, ps_err *err) {
     const char *name = strncmp(key, CFG_SIZES_PREFIX, sizeof CFG_SIZES_PREFIX - 1) ? "" : key + sizeof CFG_SIZES_PREFIX - 1;
-    const ps_size_key *sk = *name ? ps_model_any_size(name) : NULL;
-    if (!sk) {
-        char list[256] = "";
-        size_t len = 0;
-        for (int m = 0; m < ps_model_def_count(); m++) {
-            const ps_model_def *d = ps_model_def_at(m);
-            for (int i = 0; i < d->nsizes && len < sizeof list; i++)
-                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%s)", len ? ", " : "",
-                                        d->sizes[i].key, d->name);
-        }
-        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "no model has a size '%s' (sizes: %s)",
-                    name, list);
-    }
-    cfg_entry ek = { .key = key, .type = CT_DOUBLE, .lo = sk->lo, .hi = sk->hi, .hi_open = sk->hi_open };
+    if (!*name || strchr(name, '.'))
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "expected model.sizes.NAME");
+    ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, NULL);
+    const ps_size_key *sk = d ? ps_model_def_size(d, name) : NULL;
+    cfg_entry ek = { .key = key, .type = CT_DOUBLE, .lo = sk ? sk->lo : -1e300, .hi = sk ? sk->hi : 1e300,
+                     .hi_open = sk && sk->hi_open };
+    int integer = sk && sk->integer;
+    ps_model_def_free(d);
     double x;
     ps_status st = cfg_parse_double(&ek, v, origin, &x, err);
     if (st != PS_OK) return st;
     char sv[128];
-    if (sk->integer && x != floor(x))
-        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is not a whole number",
-                    cfg_shown(v, sv, sizeof sv));
+    if (integer && x != floor(x))
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is not a whole number", cfg_shown(v, sv, sizeof sv));
     for (int i = 0; i < c->model.n_sizes; i++)
         if (!strcmp(c->model.sizes[i].key, name)) { c->model.sizes[i].value = x; return PS_OK; }
     if (c->model.n_sizes >= PS_CONFIG_MAX_SIZES || strlen(name) >= PS_CONFIG_SIZE_KEY_MAX)
         return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "too many sizes in %s (at most %d)", e->key,
-                    PS_CONFIG_MAX_SIZES);
+                        PS_CONFIG_MAX_SIZES);
     ps_model_size *ms = &c->model.sizes[c->model.n_sizes++];
     memset(ms, 0, sizeof *ms);
     snprintf(ms->key, sizeof ms->key, "%s", name);
@@ -347,28 +342,55 @@ ps_status cfg_set_size(ps_config *c, const cfg_entry *e, const char *key, const 
     return PS_OK;
 }
 
+ps_status cfg_check_arch(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    const char *v = val;
+    for (const char *p = v; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-'))
+            return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "'%.64s' is not a model name (letters, "
+                            "digits, '_' and '-'; a model file of your own goes in model.file)", v);
+    return PS_OK;
+}
+
+ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err) {
+    ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, err);
+    if (!d) ps_err_prefix(err, "%s", c->model.file[0] ? "model.file" : "model.arch");
+    return d;
+}
+
 ps_status ps_config_check_model(const ps_config *c, ps_err *err) {
-    const ps_model_def *d = ps_model_def_at(c->model.name);
-    PS_ASSERT(d);
+    ps_model_def *d = ps_config_load_model(c, err);
+    if (!d) return err ? err->code : PS_ERR_INVALID_ARGUMENT;
     char list[256];
-    for (int i = 0; i < c->model.n_placement; i++)
+    ps_status st = PS_OK;
+    for (int i = 0; i < c->model.n_placement && st == PS_OK; i++)
         if (ps_model_def_stage(d, c->model.placement[i].stage) < 0)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no stage '%s' (stages: %s)",
-                              CFG_PLACEMENT_PREFIX, c->model.placement[i].stage, d->name, c->model.placement[i].stage,
-                              ps_model_def_stage_list(d, list, sizeof list));
-    for (int i = 0; i < c->model.n_sizes; i++)
-        if (!ps_model_def_size(d, c->model.sizes[i].key)) {
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no stage '%s' (stages: %s)",
+                            CFG_PLACEMENT_PREFIX, c->model.placement[i].stage, d->name, c->model.placement[i].stage,
+                            ps_model_def_stage_list(d, list, sizeof list));
+    for (int i = 0; i < c->model.n_sizes && st == PS_OK; i++) {
+        const ps_model_size *ms = &c->model.sizes[i];
+        const ps_size_key *sk = ps_model_def_size(d, ms->key);
+        if (!sk) {
             size_t len = 0;
             list[0] = 0;
             for (int k = 0; k < d->nsizes; k++)
                 len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", d->sizes[k].key);
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no size '%s' (sizes: %s)",
-                              CFG_SIZES_PREFIX, c->model.sizes[i].key, d->name, c->model.sizes[i].key,
-                              d->nsizes ? list : "none");
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no size '%s' (sizes: %s)",
+                            CFG_SIZES_PREFIX, ms->key, d->name, ms->key, d->nsizes ? list : "none");
+        } else if (!(ms->value >= sk->lo && (sk->hi_open ? ms->value < sk->hi : ms->value <= sk->hi))) {
+            char v[32];
+            snprintf(v, sizeof v, "%g", ms->value);
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: '%s' is out of range %g..%g%s (model '%s')",
+                            CFG_SIZES_PREFIX, ms->key, v, sk->lo, sk->hi, sk->hi_open ? " (excluded)" : "", d->name);
+        } else if (sk->integer && ms->value != floor(ms->value)) {
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: %g is not a whole number (model '%s')",
+                            CFG_SIZES_PREFIX, ms->key, ms->value, d->name);
         }
-    return PS_OK;
+    }
+    ps_model_def_free(d);
+    return st;
 }
-
 
 /* ---- a cluster of several psd ------------------------------------------- */
 

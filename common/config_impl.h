@@ -23,11 +23,11 @@ typedef enum {
     CT_BOOL,      /* bool */
     CT_ENUM,      /* an enum stored as int; names[i] is value i */
     CT_PLACEMENT, /* model.placement.<stage>: device */
-    CT_SIZE,      /* model.sizes.<key>: a number in the registry's range for key */
+    CT_SIZE,      /* model.sizes.<key>: a number (the model's range for key: ps_config_check_model) */
     CT_SERVERS,   /* servers.<name>.<field>: one psd of a cluster (ps_server_def) */
 } cfg_type;
 
-enum { F_NONEMPTY = 1, F_ALSO = 2 };
+enum { F_NONEMPTY = 1, F_ALSO = 2, F_ALIAS = 4 /* another name of the entry before it: not printed */ };
 
 typedef struct cfg_entry cfg_entry;
 struct cfg_entry {
@@ -37,7 +37,7 @@ struct cfg_entry {
     double lo, hi;             /* CT_INT, CT_DOUBLE */
     bool lo_open, hi_open;     /* CT_DOUBLE: bound excluded */
     const char *const *names;  /* CT_ENUM, NULL-terminated */
-    const char *const *(*names_fn)(void); /* CT_ENUM: names kept elsewhere (the model registry) */
+    const char *const *(*names_fn)(void); /* CT_ENUM: names its owning module gives */
     const char *def;           /* default, in the text form ps_config_set takes */
     unsigned flags;            /* F_NONEMPTY, F_ALSO */
     int scale;                 /* CT_INT: the field holds value * scale (0 = 1), e.g. MiB -> bytes */
@@ -77,6 +77,7 @@ ps_status cfg_set_server(ps_config *c, const char *key, const char *v, const cha
 ps_status cfg_set_size(ps_config *c, const cfg_entry *e, const char *key, const char *v, const char *origin,
                        ps_err *err);
 ps_status cfg_check_cluster_name(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
+ps_status cfg_check_arch(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 void cfg_print_servers(const ps_config *c, FILE *f);
 void cfg_print_placement(const ps_config *c, FILE *f);
 

@@ -156,6 +156,20 @@ static ps_status yaml_error(const yaml_parser_t *p, const char *path, ps_err *er
                       p->context ? p->context : "");
 }
 
+/* A relative model.file this config file set is relative to its directory. */
+static ps_status file_relative_to(ps_config *c, const char *before, const char *path, ps_err *err) {
+    const char *slash = strrchr(path, '/');
+    if (!c->model.file[0] || c->model.file[0] == '/' || !strcmp(before, c->model.file) || !slash) return PS_OK;
+    char joined[PS_CONFIG_PATH_MAX];
+    int n = snprintf(joined, sizeof joined, "%.*s/%s", (int)(slash - path), path, c->model.file);
+    if (n < 0 || (size_t)n >= sizeof joined)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: model.file: '%s' relative to the config's directory "
+                          "is too long", path, c->model.file);
+    memset(c->model.file, 0, sizeof c->model.file);
+    memcpy(c->model.file, joined, (size_t)n + 1);
+    return PS_OK;
+}
+
 ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -170,6 +184,8 @@ ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
 
     ps_status st = PS_OK;
     yaml_document_t doc;
+    char file_before[PS_CONFIG_PATH_MAX];
+    memcpy(file_before, c->model.file, sizeof file_before);
     if (!yaml_parser_load(&parser, &doc)) {
         st = yaml_error(&parser, path, err);
         goto out;
@@ -179,6 +195,7 @@ ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
         if (root->type == YAML_MAPPING_NODE) {
             loader L = {.doc = &doc, .path = path, .c = c, .err = err};
             st = walk_mapping(&L, root, "");
+            if (st == PS_OK) st = file_relative_to(c, file_before, path, err);
         } else if (!(root->type == YAML_SCALAR_NODE && is_null_scalar(root))) {
             st = ps_err_set(err, PS_ERR_FORMAT,
                             "%s:%zu: expected a mapping of sections (server:, model:, ...) at "
@@ -237,6 +254,7 @@ void ps_config_print(const ps_config *c, FILE *f) {
     const cfg_entry *table = cfg_table(&n);
     for (size_t i = 0; i < n; i++) {
         const cfg_entry *e = &table[i];
+        if (e->flags & F_ALIAS) continue;
         if (e->type == CT_SERVERS) { /* a top-level map: servers.<name>.<field> */
             fputs(sect ? "\n" : "", f);
             cfg_print_servers(c, f);

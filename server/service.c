@@ -4,6 +4,7 @@
  * files share (service_impl.h). The handlers: svc_forward.c, svc_step.c,
  * svc_reads.c; the dispatch path that calls them: dispatch.c. */
 #include "service_impl.h"
+#include "trainers.h"
 
 #include <malloc.h>
 #include <math.h>
@@ -146,6 +147,8 @@ int ps_service_serving(ps_service *s, char *why, size_t n) {
     if (why) snprintf(why, n, "serving");
     return 1;
 }
+void ps_service_set_trainers(ps_service *s, ps_trainers *t) { s->trainers = t; }
+
 void ps_service_set_samples(ps_service *s, uint64_t n) { __atomic_store_n(&s->samples, n, __ATOMIC_RELAXED); }
 double ps_service_uptime(ps_service *s) { return ps_mono_s() - s->start; }
 
@@ -176,8 +179,6 @@ void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *sk
     *rejected = __atomic_load_n(&s->nonfinite_rejected, __ATOMIC_RELAXED);
     *skipped = __atomic_load_n(&s->nonfinite_skipped, __ATOMIC_RELAXED);
 }
-
-void ps_service_set_trainers(ps_service *s, ps_trainers *t) { s->trainers = t; }
 
 void ps_service_partial_counts(ps_service *s, uint64_t *applied, uint64_t *lost) {
     if (applied) *applied = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);

@@ -4,6 +4,7 @@
  * ReportPartial (a trainer's report of a step applied on some servers only:
  * counted and logged, nothing else changes). */
 #include "service_impl.h"
+#include "trainers.h"
 
 #include <stdio.h>
 #include <stdlib.h>

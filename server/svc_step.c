@@ -4,6 +4,7 @@
  * PushGradients (a parameter-only stage's gradients from the trainer), and
  * the sync rounds that gather several contexts' steps into one. */
 #include "service_impl.h"
+#include "trainers.h"
 
 #include <math.h>
 #include <stdio.h>
