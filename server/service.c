@@ -120,6 +120,8 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     *samples = __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
 }
 
+ps_ctx_table *ps_service_contexts(ps_service *s) { return s->ctx; }
+
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
 
@@ -172,7 +174,7 @@ void ps_service_mode(ps_service *s, ps_service_mode_stats *out) {
     ps_cons_stats_get(s->cons, &cs);
     int sync = ps_cons_mode_of(s->cons) == PS_CONS_SYNC;
     *out = (ps_service_mode_stats){sync ? cs.round : 0, sync ? cs.members : 0, cs.dropped, cs.timeouts,
-                                   cs.ssp_deferred};
+                                   cs.ssp_deferred, cs.queued};
 }
 
 void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped) {

@@ -80,4 +80,6 @@ except ValueError as e:
 print("ok: psd.state_dict of the checkpoint parts (directory, list, ps-ckpt merge) equals GetParameters'; "
       f"a missing part: {msg}")
 PYEOF
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+pids=()
 echo "it_py_exact: python/psd equals PyTorch on one psd, MNIST over two and the sharded LM over three: OK"
