@@ -47,7 +47,7 @@ scripts/fetch-mnist.sh "$DATA" >/dev/null
 make --no-print-directory -j"$JOBS" "$BUILD/bin/psd" "$BUILD/bench/bench_trainer" "$BUILD/bench/bench_compute" >"$tmp/build-new.log" 2>&1 ||
   { tail -n 30 "$tmp/build-new.log"; echo "compare: this tree does not build" >&2; exit 1; }
 git worktree add --detach "$old" "$ref" >/dev/null 2>&1
-make --no-print-directory -C "$old" -j"$JOBS" build/bin/psd build/bench/bench_trainer build/bench/bench_compute \
+make --no-print-directory -C "$old" -j"$JOBS" BUILD=build build/bin/psd build/bench/bench_trainer build/bench/bench_compute \
   >"$tmp/build-old.log" 2>&1 || { tail -n 30 "$tmp/build-old.log"; echo "compare: $REF does not build" >&2; exit 1; }
 data=$(cd "$DATA" && pwd)
 
