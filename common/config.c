@@ -126,8 +126,8 @@ static const cfg_entry g_table[] = {
 
     INT ("trainer.world_size",     trainer.world_size,     2, 1024, "3"),
     /* psd refuses a Forward larger than its model's max_batch (mnist_cnn:
-     * 512, the registry's row in common/nn/models.c); test_config holds the
-     * two together. */
+     * 512, max_batch in configs/models/mnist_cnn.yaml); test_config holds
+     * the two together. */
     { .key = "trainer.batch_size", .type = CT_INT, FIELD(trainer.batch_size), .lo = 1, .hi = 512,
       .def = "32", .why = "psd's model (mnist_cnn) takes at most 512 samples per call" },
     INT ("trainer.epochs",         trainer.epochs,         1, 10000, "1"),

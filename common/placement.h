@@ -3,7 +3,7 @@
  * embedding table each shard server holds.
  *
  * Resolved once from a checked config (ps_config_check_cluster) and the
- * model registry; psd (what do I host?), ps-train (whom do I call for a
+ * model file it names; psd (what do I host?), ps-train (whom do I call for a
  * stage, which shard owns a row id?) and --check-config read the same
  * answer, so they cannot disagree.
  *

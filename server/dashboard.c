@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "history.h"
 #include "placement.h"
 #include "round_metrics.h"
@@ -51,18 +52,6 @@ struct ps_dashboard {
     uint64_t prev_samples, prev_version, prev_in, prev_out, prev_round;
     int primed;
 };
-
-static double mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- sampling ------------------------------------------------------------ */
 
@@ -108,7 +97,7 @@ void ps_dashboard_sample(ps_dashboard *d) {
         ps_history_add(d->hist, ps_history_series(d->hist, name, PS_HIST_LAST), rr.s[i].ema, 1);
     }
     d->prev_round = rr.round;
-    ps_history_tick(d->hist, mono_now(), wall_now());
+    ps_history_tick(d->hist, ps_mono_s(), ps_wall_s());
 }
 
 static void *sampler_main(void *p) {
@@ -283,7 +272,7 @@ static void render_trainers(ps_dashboard *d, ps_textbuf *b, double now) {
 char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     ps_textbuf tb = {0}, *b = &tb;
     const ps_config *c = &d->cfg;
-    double now = wall_now();
+    double now = ps_wall_s();
     ps_ctx_stats cs;
     uint64_t samples;
     ps_service_stats(d->svc, &cs, &samples);
