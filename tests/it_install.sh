@@ -8,12 +8,7 @@
 #    installed file (the path --check-config prints) and its stage table
 #    equals the one of the built psd in the checkout;
 #  - a model.arch that is not shipped is refused, listing the installed ones.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-tmp=$(mktemp -d /tmp/it_install.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh" it_install
 unset PSD_MODEL_PATH
 
 make -s --no-print-directory install BUILD="$BUILD" DESTDIR="$tmp/root" PREFIX=/usr/local >"$tmp/install.log" 2>&1 ||
