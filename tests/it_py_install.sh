@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Integration: `make install` puts the Python package where Debian's python3
+# finds it (issue 20). Stages an install tree (make install DESTDIR=tmp,
+# the default PREFIX) and checks that
+#  - the package's directory, without DESTDIR, is on /usr/bin/python3's own
+#    sys.path (no PYTHONPATH), so an installed psd imports as is;
+#  - from that tree alone (run outside the checkout, PYTHONPATH the staged
+#    directory) `import psd` finds the installed files, its generated gRPC
+#    stubs and the version of the VERSION file;
+#  - the installed package talks to the installed psd (started from the
+#    staged bin/ with the staged configs/local.yaml): psd.connect().status()
+#    returns the model psd serves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. tests/python/lib.sh
+py_require it_py_install
+tmp=$(mktemp -d /tmp/it_py_install.XXXXXX)
+psd=
+cleanup() { [ -n "$psd" ] && kill -9 "$psd" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
+
+make --no-print-directory -s install DESTDIR="$tmp/root" BUILD="$BUILD" >"$tmp/install.log" 2>&1 || fail "make install"
+init=$(cd "$tmp/root" && find . -path '*/psd/__init__.py' | head -n 1)
+[ -n "$init" ] || fail "make install staged no psd/__init__.py"
+dir=${init#.}; dir=${dir%/psd/__init__.py}
+[ -f "$tmp/root$dir/psd/_proto/ps_pb2_grpc.py" ] || fail "no generated stubs under $dir/psd/_proto"
+syspath=$(env -u PYTHONPATH $PY -c 'import sys; print("\n".join(sys.path))')
+grep -qx "$dir" <<<"$syspath" || fail "$dir is not on /usr/bin/python3's sys.path: $(tr '\n' ' ' <<<"$syspath")"
+echo "ok    the package goes to $dir, on /usr/bin/python3's sys.path"
+
+port=$(( 20000 + RANDOM % 20000 ))
+"$tmp/root/usr/local/bin/psd" --config "$tmp/root/usr/local/share/psd/configs/local.yaml" --listen "127.0.0.1:$port" \
+  2>"$tmp/psd.log" &
+psd=$!
+out=$(cd / && PYTHONPATH="$tmp/root$dir" $PY - "$tmp/root$dir" "127.0.0.1:$port" "$(cat "$OLDPWD/VERSION")" <<'PYEOF'
+import sys
+import psd
+import psd._proto.ps_pb2_grpc
+root, addr, version = sys.argv[1:]
+assert psd.__file__.startswith(root + "/psd/"), f"imported {psd.__file__}, not the installed package"
+assert psd._proto.ps_pb2_grpc.__file__.startswith(root), psd._proto.ps_pb2_grpc.__file__
+assert psd.__version__ == version.strip(), f"psd.__version__ {psd.__version__!r}, VERSION {version!r}"
+client = psd.connect(addr, wait_s=60)
+s = client.status()
+assert s.get("model"), f"status without a model: {s}"
+print(f"installed psd {psd.__version__} from {psd.__file__}: status model {s['model']}, version {s['model_version']}")
+PYEOF
+) || fail "the installed package: $out"
+echo "ok    $out"
+kill -TERM "$psd"; wait "$psd" || fail "the installed psd did not stop cleanly"
+psd=
+echo "it_py_install: make install's Python package imports with Debian's python3 and drives the installed psd: OK"
