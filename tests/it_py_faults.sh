@@ -14,18 +14,14 @@
 # applied that was not acknowledged, none twice).
 # Then psd gone for good: the trainer gives up once trainer.retry_max_s is
 # spent, with ps-train's message, instead of hanging.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_faults
 . tests/python/lib.sh
 py_require it_py_faults
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-120}
 CKPT_STEPS=${CKPT_STEPS:-10}
-tmp=$(mktemp -d /tmp/it_py_faults.XXXXXX)
 psd= tr=
-cleanup() { for p in $psd $tr; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+on_exit() { for p in $psd $tr; do kill -9 "$p" 2>/dev/null || true; done; }
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
 ckpt=(--config configs/local.yaml --checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS"
@@ -117,6 +113,4 @@ n, used, budget = int(m.group(1)), float(m.group(2)), float(sys.argv[2])
 assert n >= 1, "gave up without retrying"
 assert used >= budget - 0.1, f"gave up after {used} s, before the {budget} s budget was spent"
 PYEOF
-trap - EXIT
-rm -rf "$tmp"
 echo "it_py_faults: a Python trainer survived psd's SIGKILL + restart, every batch applied once; bounded give-up: OK"

@@ -10,15 +10,9 @@
 #  - the installed package talks to the installed psd (started from the
 #    staged bin/ with the staged configs/local.yaml): psd.connect().status()
 #    returns the model psd serves.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_install
 . tests/python/lib.sh
 py_require it_py_install
-tmp=$(mktemp -d /tmp/it_py_install.XXXXXX)
-psd=
-cleanup() { [ -n "$psd" ] && kill -9 "$psd" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
 
 make --no-print-directory -s install DESTDIR="$tmp/root" BUILD="$BUILD" >"$tmp/install.log" 2>&1 || fail "make install"
 init=$(cd "$tmp/root" && find . -path '*/psd/__init__.py' | head -n 1)
@@ -29,11 +23,13 @@ syspath=$(env -u PYTHONPATH $PY -c 'import sys; print("\n".join(sys.path))')
 grep -qx "$dir" <<<"$syspath" || fail "$dir is not on /usr/bin/python3's sys.path: $(tr '\n' ' ' <<<"$syspath")"
 echo "ok    the package goes to $dir, on /usr/bin/python3's sys.path"
 
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 "$tmp/root/usr/local/bin/psd" --config "$tmp/root/usr/local/share/psd/configs/local.yaml" --listen "127.0.0.1:$port" \
   2>"$tmp/psd.log" &
 psd=$!
-out=$(cd / && PYTHONPATH="$tmp/root$dir" $PY - "$tmp/root$dir" "127.0.0.1:$port" "$(cat "$OLDPWD/VERSION")" <<'PYEOF'
+pids+=("$psd")
+ver=$(cat VERSION)
+out=$(cd / && PYTHONPATH="$tmp/root$dir" $PY - "$tmp/root$dir" "127.0.0.1:$port" "$ver" <<'PYEOF'
 import sys
 import psd
 import psd._proto.ps_pb2_grpc
@@ -49,5 +45,5 @@ PYEOF
 ) || fail "the installed package: $out"
 echo "ok    $out"
 kill -TERM "$psd"; wait "$psd" || fail "the installed psd did not stop cleanly"
-psd=
+pids=()
 echo "it_py_install: make install's Python package imports with Debian's python3 and drives the installed psd: OK"
