@@ -4,8 +4,8 @@
 # must retry with backoff (UNAVAILABLE while psd is down), settle their
 # in-flight step with the idempotent Step, re-run batches whose context
 # died with psd, and finish with exit 0 against the restarted psd.
-# Then: with psd gone for good, a trainer gives up after
-# trainer.retry_max_s instead of hanging.
+# Then: with psd gone for good, a trainer gives up once trainer.retry_max_s
+# is spent instead of hanging.
 #
 # Checkpoints: psd runs with a checkpoint every CKPT_STEPS steps and the
 # test asserts that the restarted psd resumed from the newest checkpoint and
@@ -99,22 +99,40 @@ echo "restarted psd applied $v2 steps itself (of $total batches; the first psd a
 [ "$v2" -ge $(( total - v1 - 12 )) ] || { echo "too few steps ($v2) on the restarted psd: batches lost?"; exit 1; }
 [ "$live" = 0 ] || { echo "live contexts $live after the trainers finished"; exit 1; }
 
-# psd gone for good in the middle of training: bounded retries, then a clear error.
+# psd gone for good in the middle of training: bounded retries, then a clear
+# error. Properties, not timings (the machine may be loaded): the trainer was
+# training when psd died (alive, past batch 3; a generous rpc_timeout_s so a
+# slow psd is not taken for a dead one), then ended on its own (a hang guard,
+# not a bound) with a non-zero exit and the give-up message, after retrying
+# and spending its whole retry budget (the "in X s" it reports >=
+# retry_max_s), its last error psd being unreachable, not a deadline.
 kill -TERM "$psd"; wait "$psd" || { echo "psd did not stop cleanly"; exit 1; }
 start_psd
-"$BUILD/bin/ps-train" --server "$addr" --data "$DATA" --log-every 1 --set trainer.rpc_timeout_s=1 \
-    --set trainer.retry_max_s=3 --set trainer.retry_backoff_s=0.1 >"$tmp/gone.log" 2>&1 &
+GONE_MAX_S=3
+"$BUILD/bin/ps-train" --server "$addr" --data "$DATA" --log-every 1 --set trainer.rpc_timeout_s=30 \
+    --set trainer.retry_max_s=$GONE_MAX_S --set trainer.retry_backoff_s=0.1 >"$tmp/gone.log" 2>&1 &
 tg=$!; pids+=("$tg")
-for _ in $(seq 600); do grep -q "training batch 3 " "$tmp/gone.log" && break; sleep 0.05; done
+gone_fail() { echo "gone for good: $*"; tail "$tmp/gone.log"; exit 1; }
+until grep -q "training batch 3 " "$tmp/gone.log"; do
+  kill -0 "$tg" 2>/dev/null || gone_fail "the trainer ended before psd was killed"
+  sleep 0.05
+done
+kill -0 "$tg" 2>/dev/null || gone_fail "the trainer ended before psd was killed"
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
-t0=$(date +%s%N)
+for _ in $(seq 6000); do kill -0 "$tg" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$tg" 2>/dev/null && gone_fail "the trainer still runs 300 s after psd died (retry_max_s $GONE_MAX_S): it hangs"
 set +e
 wait "$tg"; grc=$?
 set -e
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giving up' "$tmp/gone.log")"
-[ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after.*psd did not come back (last error: " "$tmp/gone.log" ||
-  { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
+msg=$(grep -m1 'giving up after' "$tmp/gone.log" || true)
+echo "trainer after psd died for good: exit $grc: $msg"
+[ $grc -ne 0 ] || gone_fail "the trainer exited 0 with psd gone"
+echo "$msg" | grep -q "psd did not come back (last error: " || gone_fail "no give-up message"
+echo "$msg" | grep -qi "deadline" && gone_fail "the trainer gave up on a deadline, not on psd gone"
+echo "$msg" | awk -v b=$GONE_MAX_S '{ if (match($0, /giving up after [0-9]+ retries in [0-9.]+ s/)) {
+    split(substr($0, RSTART, RLENGTH), w, " "); n = w[4]; used = w[7] }
+  else exit 1
+  exit !(n >= 1 && used >= b - 0.1) }' || gone_fail "the give-up did not retry and spend its retry budget first"
 pids=()  # stopped above: nothing left to kill
 rm -rf "$tmp"
 echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"

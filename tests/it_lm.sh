@@ -48,16 +48,28 @@ timeout 300 "$BUILD/bin/ps-train" lm "${train_args[@]}" --server "$addr" --rank 
   || fail "--eval-only before training"
 ppl0=$(grep 'End of training' "$tmp/eval0.log" | sed 's/.*| test ppl *\([0-9.]*\) .*/\1/')
 mode=(x fused logits)  # trainer 1: psd computes the loss; trainer 2: the tutorial's logits to the trainer
+# Trainer 1 also shows its progress lines (stderr is a file, not a terminal):
+# one after every round at trainer.progress_every_s 0.001 (a round takes longer).
+prog=(x "--set trainer.progress_every_s=0.001" "")
 for r in 1 2; do
+  # shellcheck disable=SC2086
   timeout 600 "$BUILD/bin/ps-train" lm "${train_args[@]}" --server "$addr" --rank $r --max-batches 150 \
-    --decoder "${mode[$r]}" --log-every 25 >"$tmp/t$r.log" 2>&1 &
+    --decoder "${mode[$r]}" --log-every 25 ${prog[$r]} >"$tmp/t$r.log" 2>&1 &
   pids+=($!)
   tp[$r]=$!
 done
 for r in 1 2; do wait "${tp[$r]}" || fail "trainer $r exited with $?"; done
-timeout 300 "$BUILD/bin/ps-train" lm "${train_args[@]}" --server "$addr" --rank 1 --eval-only >"$tmp/eval.log" 2>&1 \
-  || fail "--eval-only"
+# The LM epoch's progress lines: rounds counted up to the 150 of --max-batches,
+# with a percentage, a rate and the time left.
+awk '/^\[rank 1\] progress: epoch 1\/1 batch [0-9]+\/150 \([0-9]+%\) loss [0-9.]+, [0-9]+ samples\/s, model v[0-9]+, epoch ends in ~[0-9]+ s$/ {
+       split($7, b, "/"); if (b[1] + 0 <= last) bad = 1; last = b[1] + 0; n++ }
+     END { printf "progress: %d lines, last at round %d of 150\n", n, last; exit !(n >= 100 && !bad && last >= 140 && last < 150) }' "$tmp/t1.log" \
+  || fail "trainer 1's progress lines (trainer.progress_every_s 0.001): $(grep -m3 progress "$tmp/t1.log")"
+timeout 300 "$BUILD/bin/ps-train" lm "${train_args[@]}" --server "$addr" --rank 1 --eval-only \
+  --set trainer.progress_every_s=0.001 >"$tmp/eval.log" 2>&1 || fail "--eval-only"
 grep 'End of training' "$tmp/eval.log"
+grep -q '^\[rank 1\] progress: evaluating [a-z.]*: window [0-9]*/[0-9]* ([0-9]*%), ends in ~[0-9]* s$' "$tmp/eval.log" \
+  || fail "no progress lines while evaluating (trainer.progress_every_s 0.001): $(grep -m3 progress "$tmp/eval.log")"
 ctest=$(grep 'End of training' "$tmp/eval.log" | sed 's/.*test loss *\([0-9.]*\) .*/\1/')
 cppl=$(grep 'End of training' "$tmp/eval.log" | sed 's/.*| test ppl *\([0-9.]*\) .*/\1/')
 echo "test perplexity: untrained $ppl0, after 300 steps of two trainers $cppl"

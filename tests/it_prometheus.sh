@@ -71,5 +71,4 @@ n=$(query 'count({__name__=~"psd_.+"})')
 echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, message bytes in/out $rb/$sb, $n psd_* series"
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
 pids=()  # stopped above: nothing left to kill
-cleanup
 echo "it_prometheus: a real Prometheus scrapes psd and serves its psd_* series: OK"

@@ -12,8 +12,8 @@
 # in order (R: the checkpoint it resumed), a + b = BATCHES (every batch
 # acknowledged once), and the restarted psd ends at version R + b (no step
 # applied that was not acknowledged, none twice).
-# Then psd gone for good: the trainer gives up after trainer.retry_max_s
-# with ps-train's message instead of hanging.
+# Then psd gone for good: the trainer gives up once trainer.retry_max_s is
+# spent, with ps-train's message, instead of hanging.
 . "$(dirname "$0")/lib.sh" it_py_faults
 . tests/python/lib.sh
 py_require it_py_faults
@@ -33,8 +33,7 @@ port=${addr##*:}
 timeout 600 $PY tests/python/fault_trainer.py "$addr" "$DATA" "$BATCHES" trainer.rpc_timeout_s=10 \
   trainer.retry_max_s=60 trainer.retry_backoff_s=0.1 trainer.retry_backoff_max_s=1 >"$tmp/t.log" 2>"$tmp/t.err" &
 tr=$!
-for _ in $(seq 1200); do
-  grep -q "^batch 25 " "$tmp/t.log" && have_ckpt && break
+until grep -q "^batch 25 " "$tmp/t.log" && have_ckpt; do
   kill -0 "$tr" 2>/dev/null || fail "the trainer ended before the kill"
   sleep 0.05
 done
@@ -76,21 +75,42 @@ PYEOF
 [ "$retries" -ge 1 ] || fail "the trainer never retried: psd was not down while it trained?"
 [ "$live" = 0 ] || fail "live contexts $live after the trainer finished"
 
-# psd gone for good: bounded retries, then a clear error.
+# psd gone for good: bounded retries, then a clear error. Properties, not
+# timings (the machine may be loaded): the trainer was training when psd
+# died (alive, past batch 3; a generous rpc_timeout_s so a slow psd is not
+# taken for a dead one), then ended on its own (a hang guard, not a bound)
+# with a non-zero exit and the give-up message, after retrying and spending
+# its whole retry budget (the "in X s" it reports >= retry_max_s), and its
+# last error was psd being unreachable, not a deadline.
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
 psd=
 start_psd "$tmp/psd2.log" --config configs/local.yaml || fail "psd"
-$PY tests/python/fault_trainer.py "$addr" "$DATA" 100000 trainer.rpc_timeout_s=1 trainer.retry_max_s=3 \
+GONE_MAX_S=3
+$PY tests/python/fault_trainer.py "$addr" "$DATA" 100000 trainer.rpc_timeout_s=30 trainer.retry_max_s=$GONE_MAX_S \
   trainer.retry_backoff_s=0.1 >"$tmp/gone.log" 2>"$tmp/gone.err" &
 tr=$!
-for _ in $(seq 1200); do grep -q "^batch 3 " "$tmp/gone.log" && break; sleep 0.05; done
+until grep -q "^batch 3 " "$tmp/gone.log"; do
+  kill -0 "$tr" 2>/dev/null || fail "the trainer ended before psd was killed (gone for good)"
+  sleep 0.05
+done
+kill -0 "$tr" 2>/dev/null || fail "the trainer ended before psd was killed (gone for good)"
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
 psd=
-t0=$(date +%s%N)
+for _ in $(seq 6000); do kill -0 "$tr" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$tr" 2>/dev/null && fail "the trainer still runs 300 s after psd died for good (retry_max_s $GONE_MAX_S): it hangs"
 set +e; wait "$tr"; grc=$?; set -e
 tr=
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-echo "trainer after psd died for good: exit $grc after $ms ms: $(grep -m1 'giving up' "$tmp/gone.err")"
-[ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after.*psd did not come back (last error: " "$tmp/gone.err" ||
-  fail "expected the trainer to give up within 8 s (retry_max_s 3)"
+msg=$(grep -m1 'giving up after' "$tmp/gone.err" || true)
+echo "trainer after psd died for good: exit $grc: $msg"
+[ $grc -ne 0 ] || fail "the trainer exited 0 with psd gone"
+[ -n "$msg" ] && echo "$msg" | grep -q "psd did not come back (last error: " || fail "no give-up message"
+echo "$msg" | grep -qi "deadline" && fail "the trainer gave up on a deadline, not on psd gone"
+$PY - "$msg" "$GONE_MAX_S" <<'PYEOF' || fail "the give-up did not follow the retry budget"
+import re, sys
+m = re.search(r"giving up after (\d+) retries in ([0-9.]+) s", sys.argv[1])
+assert m, "no retry count in the message"
+n, used, budget = int(m.group(1)), float(m.group(2)), float(sys.argv[2])
+assert n >= 1, "gave up without retrying"
+assert used >= budget - 0.1, f"gave up after {used} s, before the {budget} s budget was spent"
+PYEOF
 echo "it_py_faults: a Python trainer survived psd's SIGKILL + restart, every batch applied once; bounded give-up: OK"

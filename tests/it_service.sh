@@ -164,6 +164,4 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   echo "systemd-analyze verify psd@.service (template, --name %i): clean"
 fi
 pids=()  # stopped above: nothing left to kill
-cleanup
-rm -rf "$tmp"
 echo "it_service: config, readiness, health, metrics, SIGHUP, SIGTERM + checkpoint, resume, fallback: OK"
