@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
     ps_StatusResponse st;
     double t0 = ps_mono_s();
     int up = 0;
-    while (!up && ps_mono_s() - t0 < 30) {
+    while (!up && ps_mono_s() - t0 < 120) {
         up = ps_client_status(c, &st, &err) == PS_OK;
         if (!up) usleep(100000);
     }
