@@ -33,6 +33,7 @@ typedef struct rank_clock {   /* ssp: one trainer rank */
     uint32_t rank;
     uint64_t clock;
     double last_seen;
+    double last_step;           /* its latest Step (or when it joined) */
     int nheld;                  /* its Forwards held now (its slot is not reused meanwhile) */
     char *owner;                /* the identity that first used the rank (malloc'ed) */
 } rank_clock;
@@ -270,8 +271,12 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
 
 /* ---- ssp ------------------------------------------------------------------- */
 
+/* A rank holds the others back while it is active: seen within active_s
+ * and stepped within idle_s (a rank that only sends Forwards - or invalid
+ * ones - does not pin everyone), or waiting (held), which is not idle. */
 static int active(const ps_cons *c, const rank_clock *k, double now) {
-    return k->nheld > 0 || now - k->last_seen <= c->o.active_s;  /* a held rank waits, it is not idle */
+    if (k->nheld > 0) return 1;
+    return now - k->last_seen <= c->o.active_s && (!(c->o.idle_s > 0) || now - k->last_step <= c->o.idle_s);
 }
 
 static rank_clock *find_locked(ps_cons *c, uint32_t rank) {
@@ -328,7 +333,7 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
             }
         }
         free(k->owner);
-        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1};
+        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1, .last_step = now};
     }
     if (!k->owner || strcmp(k->owner, owner)) {  /* new, or an inactive rank taken over */
         char *o = strdup(owner);
@@ -339,7 +344,7 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
         free(k->owner);
         k->owner = o;
     }
-    if (!active(c, k, now)) {
+    if (!active(c, k, now)) {  /* new, or back: joins at the present (an idle one counts again once it steps) */
         uint64_t lo = slowest_locked(c, now, k);
         if (lo != UINT64_MAX && lo > k->clock) k->clock = lo;
     }
@@ -412,7 +417,7 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
     pthread_mutex_lock(&c->mu);
     /* the step was applied; its clock advances only for the rank's own identity */
     rank_clock *k = touch_locked(c, rank, owner, now, &ignored);
-    if (k) k->clock++;
+    if (k) k->clock++, k->last_step = now;
     release_locked(c, now, &go);
     pthread_mutex_unlock(&c->mu);
     run_released(go);

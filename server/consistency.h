@@ -33,6 +33,10 @@
  *    apply as under hogwild. A rank seen for the first time, or back after
  *    being inactive, joins at the present (its clock raised to the slowest
  *    active one) rather than stalling everyone while it replays the past.
+ *    A rank that has not stepped for idle_s (server.ssp_idle_s; a new rank
+ *    counts from its first Forward) leaves the slowest-clock computation
+ *    until it steps again: Forwards alone - let alone refused ones, which
+ *    never reach this module - do not keep a rank holding the others back.
  *    A rank belongs to the identity (token, or host) that first used it
  *    while it is active: another client's Forward under it is refused
  *    PERMISSION_DENIED, and its Steps do not move that rank's clock. With
@@ -67,6 +71,7 @@ typedef struct ps_cons_opts {
     int max_staleness;      /* ssp: steps a rank may run ahead of the slowest active one (>= 0) */
     int ssp_world_size;     /* ssp: ranks must be below this; 0 = any (4096 tracked at once) */
     double active_s;        /* ssp: a rank not seen for this long no longer holds others back */
+    double idle_s;          /* ssp: ... nor one without a Step for this long (until it steps); 0 = no limit */
 } ps_cons_opts;
 
 /* Applies one round: grads[0..n-1] are the members' gradient accumulators

@@ -495,6 +495,7 @@ int main(int argc, char **argv) {
         .stop_threshold = cfg.server.stop_threshold,
         .max_staleness = cfg.server.max_staleness,
         .ssp_world_size = cfg.server.ssp_world_size,
+        .ssp_idle_s = cfg.server.ssp_idle_s,
         .settle_window_s = cfg.server.settle_window_s,
         .max_finished = (size_t)cfg.server.max_finished,
         .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),

@@ -30,7 +30,8 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
                        .sync_average = o->sync_average, .max_staleness = o->max_staleness,
-                       .active_s = o->context_ttl_s, .ssp_world_size = o->ssp_world_size};
+                       .active_s = o->context_ttl_s, .ssp_world_size = o->ssp_world_size,
+                       .idle_s = o->ssp_idle_s};
     if (!(s->cons = ps_cons_create(&co, svc_sync_apply, s, err))) {
         ps_ctx_table_free(s->ctx);
         free(s);

@@ -62,6 +62,7 @@ typedef struct ps_service_opts {
     int sync_average;         /* sync: 1 mean, 0 sum */
     int max_staleness;        /* ssp */
     int ssp_world_size;       /* ssp: trainer ranks must be below this; 0 = any */
+    double ssp_idle_s;        /* ssp: a rank without a Step this long stops holding others back (0: no limit) */
     double settle_window_s;   /* repeated Steps answered this long (0: 600 s) */
     size_t max_finished;      /* ... for at most this many contexts (0: 1 << 20) */
     const char *optimizer;    /* reported by Status ("sgd") */

@@ -87,10 +87,21 @@ static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, in
     return PS_OK;
 }
 
-/* Runs a decoded Forward with its checked tensors into resp, or err. */
-static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
-                             const ps_wire_tensor_in *tin, ps_ForwardResponse *resp, ps_err *err) {
-    ps_service *s = call->svc;
+/* What a Forward's checks found out. */
+typedef struct fwd_plan {
+    int first, last;           /* the stages it runs */
+    const ps_stage_info *si, *so;
+    int64_t n;                 /* samples */
+    int nlead;                 /* leading dims of the input */
+    int fused;                 /* targets: the fused loss */
+    int bad_input;             /* a NaN/Inf input under policy skip */
+} fwd_plan;
+
+/* Everything about a Forward that can be refused without running it: the
+ * stages, the input's dtype and shape, the batch size, the context id, the
+ * targets, non-finite inputs. Nothing of psd's state changes. */
+static ps_status forward_check(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
+                               const ps_wire_tensor_in *tin, fwd_plan *p, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -134,6 +145,19 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
         bad_input = 1;
         ps_err_clear(err);
     }
+    *p = (fwd_plan){first, last, si, so, n, nlead, fused, bad_input};
+    return PS_OK;
+}
+
+/* Runs a decoded Forward with its checked tensors into resp, or err. */
+static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
+                             const ps_wire_tensor_in *tin, ps_ForwardResponse *resp, ps_err *err) {
+    ps_service *s = call->svc;
+    fwd_plan p;
+    if (forward_check(s, req, in, tin, &p, err)) return err->code;
+    int first = p.first, last = p.last, nlead = p.nlead, fused = p.fused, bad_input = p.bad_input;
+    const ps_stage_info *si = p.si, *so = p.so;
+    int64_t n = p.n;
     int64_t outper = 1;
     for (int i = 0; i < so->out_ndim; i++) outper *= so->out_dims[i];
     /* fused: the logits stay in the tape (below) */
@@ -298,7 +322,12 @@ ps_status ps_svc_Forward(ps_svc_call *c, const ps_ForwardRequest *req, ps_Forwar
     if (ps_svc_tensor(c, &req->input, req->has_input, "ForwardRequest.input", 1, &in, err) ||
         ps_svc_tensor(c, &req->targets, req->has_targets, "ForwardRequest.targets", 0, &tin, err))
         return err->code;
-    /* ssp: a trainer too far ahead waits, without holding this thread. */
+    /* ssp: a trainer too far ahead waits, without holding this thread - a
+     * request that would be refused is refused first, so it never counts
+     * as its rank's activity (an invalid Forward cannot pin the others). */
+    fwd_plan plan;
+    if (req->train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && forward_check(s, req, in, tin, &plan, err))
+        return err->code;
     if (req->train && ps_cons_mode_of(s->cons) == PS_CONS_SSP) {
         svc_fwd_node *node = malloc(sizeof *node);
         if (!node) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");

@@ -390,14 +390,48 @@ static void test_ssp_ranks(void) {
     CHECK(ps_cons_ssp_admit(c, top, "h", on_ready, &r, &err) == -1);
     ps_cons_free(c);
     /* without it, at most 4096 active ranks; an inactive one's slot is reused */
-    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 1000, .active_s = 0.2};
+    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 1000, .active_s = 2};
     c = ps_cons_create(&o, fake_apply, NULL, &err);
     int ok = 0;
     for (uint32_t k = 0; k < 4096; k++) ok += ps_cons_ssp_admit(c, 100000 + k, "many", on_ready, &r, &err) == 1;
     CHECK(ok == 4096);
     CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_RESOURCE_EXHAUSTED);
-    usleep(300 * 1000);
+    usleep(2200 * 1000);
     CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1, "%s", err.msg);
+    ps_cons_free(c);
+}
+
+/* A rank that only sends Forwards (no Step for idle_s) stops holding the
+ * others back, until it steps again. */
+static void test_ssp_idle(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60, .idle_s = 0.2};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r = {0}, r2 = {0};
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "x", on_ready, &r2, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);  /* held: rank 2 is at 0 */
+    /* rank 2 keeps forwarding, never steps */
+    for (int i = 0; i < 4; i++) {
+        usleep(100 * 1000);
+        CHECK(ps_cons_ssp_admit(c, 2, "x", on_ready, &r2, &err) == 1);
+        ps_cons_tick(c);
+    }
+    CHECK_MSG(r.called == 1 && r.st == PS_OK, "rank 1 still held by a rank that never steps (%d)", r.called);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    /* rank 2 steps: it counts again (joining at the present: the slowest
+     * active clock, 2, then its step), and holds rank 1 to the bound */
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 2, "x");
+    r = (ready_rec){0};
+    CHECK_MSG(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 3, "clocks %llu %llu",
+              (unsigned long long)ps_cons_clock(c, 1), (unsigned long long)ps_cons_clock(c, 2));
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);  /* 4 > 3 */
+    ps_cons_stepped(c, 2, "x");
+    CHECK(r.called == 1);
     ps_cons_free(c);
 }
 
@@ -417,5 +451,6 @@ int main(void) {
     test_sync_queue();
     test_ssp();
     test_ssp_ranks();
+    test_ssp_idle();
     return check_summary("test_consistency");
 }
