@@ -24,6 +24,7 @@ typedef struct member {
 
 typedef struct held {       /* a Forward held back by ssp */
     uint32_t rank;
+    const void *key;        /* for ps_cons_ssp_cancel; NULL = none */
     ps_cons_ready_fn ready;
     void *arg;
     struct held *next;
@@ -352,8 +353,8 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
     return k;
 }
 
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
-                      ps_err *err) {
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, const void *key, ps_cons_ready_fn ready,
+                      void *arg, ps_err *err) {
     if (c->o.mode != PS_CONS_SSP) return 1;
     double now = now_s();
     pthread_mutex_lock(&c->mu);
@@ -368,7 +369,7 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_read
         if (!h) {
             ok = 1;  /* cannot hold it: run it (the bound is a goal, not worth failing a call) */
         } else {
-            *h = (held){rank, ready, arg, c->held_head};
+            *h = (held){rank, key, ready, arg, c->held_head};
             c->held_head = h;
             k->nheld++;
             c->ssp_deferred++;
@@ -398,6 +399,25 @@ static void release_locked(ps_cons *c, double now, held **go) {
             pp = &h->next;
         }
     }
+}
+
+void *ps_cons_ssp_cancel(ps_cons *c, const void *key) {
+    if (!key) return NULL;
+    void *arg = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (held **pp = &c->held_head; *pp; pp = &(*pp)->next) {
+        held *h = *pp;
+        if (h->key != key) continue;
+        *pp = h->next;
+        c->ssp_waiting--;
+        rank_clock *k = find_locked(c, h->rank);
+        if (k) k->nheld--;  /* a cancelled wait no longer keeps its rank active */
+        arg = h->arg;
+        free(h);
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return arg;
 }
 
 static void run_released(held *go) {

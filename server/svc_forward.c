@@ -272,10 +272,31 @@ out:
     return st;
 }
 
-/* A held-back Forward runs and is answered; the node is freed. */
+/* A held-back Forward runs and is answered; the node is freed. One whose
+ * client went away meanwhile (cancelled between its release and now) is
+ * not run: nobody waits for it, and a retry of it may be running already. */
 static void fwd_node_run(svc_fwd_node *node) {
     ps_svc_call *c = node->c;
-    ps_svc_finish(c, forward_run(c, c->req, node->in, node->tin, c->resp, &c->err));
+    if (c->rpc && ps_rpc_call_cancelled(c->rpc)) {
+        ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
+        ps_svc_finish(c, c->err.code);
+    } else {
+        ps_svc_finish(c, forward_run(c, c->req, node->in, node->tin, c->resp, &c->err));
+    }
+    free(node);
+}
+
+/* ssp: the client of a held-back Forward went away (its deadline, or a
+ * cancel): take the Forward back so that it never runs and its request
+ * (input tensors) is freed now, not when its rank's turn comes. When it
+ * was released already, fwd_ready has it (and fwd_node_run skips it). */
+static void fwd_cancelled(void *arg, ps_rpc_call *rpc) {
+    ps_service *s = arg;
+    svc_fwd_node *node = ps_cons_ssp_cancel(s->cons, rpc);
+    if (!node) return;
+    ps_svc_call *c = node->c;
+    ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
+    ps_svc_finish(c, c->err.code);
     free(node);
 }
 
@@ -332,8 +353,8 @@ ps_status ps_svc_Forward(ps_svc_call *c, const ps_ForwardRequest *req, ps_Forwar
         svc_fwd_node *node = malloc(sizeof *node);
         if (!node) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         *node = (svc_fwd_node){c, in, tin, NULL};
-        if (ps_svc_defer(c)) {
-            int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, fwd_ready, node, &c->err);
+        if (ps_svc_defer(c, fwd_cancelled, s)) {
+            int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, c->rpc, fwd_ready, node, &c->err);
             if (!admit) return PS_OK;  /* answered later */
             if (admit < 0) {  /* another client's rank, or outside server.ssp_world_size */
                 ps_err_prefix(&c->err, "ForwardRequest");
