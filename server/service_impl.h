@@ -59,6 +59,7 @@ struct ps_service {
     int has_ckpt;
     ps_ckpt_info ckpt;
     struct ps_trainers *trainers; /* the dashboard's view of each trainer (trainers.h); NULL = none */
+    struct ps_report_limit *reports; /* ReportPartial per client: repeats, rate, log lines */
 };
 
 /* ---- service.c: helpers the handlers share ---- */
