@@ -76,6 +76,7 @@ static const cfg_entry g_table[] = {
     ENUM("server.sync_reduce",     SVC(cons.sync_reduce),  sync_reduce_names, "mean"),
     INT ("server.max_staleness",   SVC(cons.max_staleness), 0, 1000000, "3"),
     INT ("server.ssp_world_size",  SVC(cons.ssp_world_size), 0, 1000000, "0"),
+    DBL ("server.ssp_idle_s",      SVC(cons.idle_s),       1, 0, 86400, 0, "30"),
     DBL ("server.settle_window_s", SVC(settle_window_s),   1, 0, 604800, 0, "900"),
     INT ("server.max_finished",    SVC(max_finished),      1024, 16777216, "1048576"),
     STR0("server.checkpoint_dir",  server.checkpoint.dir,  ""),

@@ -30,6 +30,7 @@ typedef struct member {
 
 typedef struct held {       /* a Forward held back by ssp */
     uint32_t rank;
+    const void *key;        /* for ps_cons_ssp_cancel; NULL = none */
     ps_cons_ready_fn ready;
     void *arg;
     struct held *next;
@@ -39,6 +40,7 @@ typedef struct rank_clock {   /* ssp: one trainer rank */
     uint32_t rank;
     uint64_t clock;
     double last_seen;
+    double last_step;           /* its latest Step (or when it joined) */
     int nheld;                  /* its Forwards held now (its slot is not reused meanwhile) */
     char *owner;                /* the identity that first used the rank (malloc'ed) */
 } rank_clock;
@@ -288,8 +290,12 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
 
 /* ---- ssp ------------------------------------------------------------------- */
 
+/* A rank holds the others back while it is active: seen within active_s
+ * and stepped within idle_s (a rank that only sends Forwards - or invalid
+ * ones - does not pin everyone), or waiting (held), which is not idle. */
 static int active(const ps_cons *c, const rank_clock *k, double now) {
-    return k->nheld > 0 || now - k->last_seen <= c->o.active_s;  /* a held rank waits, it is not idle */
+    if (k->nheld > 0) return 1;
+    return now - k->last_seen <= c->o.active_s && (!(c->o.idle_s > 0) || now - k->last_step <= c->o.idle_s);
 }
 
 static rank_clock *find_locked(ps_cons *c, uint32_t rank) {
@@ -346,7 +352,7 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
             }
         }
         free(k->owner);
-        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1};
+        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1, .last_step = now};
     }
     if (!k->owner || strcmp(k->owner, owner)) {  /* new, or an inactive rank taken over */
         char *o = strdup(owner);
@@ -357,7 +363,7 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
         free(k->owner);
         k->owner = o;
     }
-    if (!active(c, k, now)) {
+    if (!active(c, k, now)) {  /* new, or back: joins at the present (an idle one counts again once it steps) */
         uint64_t lo = slowest_locked(c, now, k);
         if (lo != UINT64_MAX && lo > k->clock) k->clock = lo;
     }
@@ -365,8 +371,8 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
     return k;
 }
 
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
-                      ps_err *err) {
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, const void *key, ps_cons_ready_fn ready,
+                      void *arg, ps_err *err) {
     if (c->o.mode != PS_CONS_SSP) return 1;
     double now = ps_mono_s();
     pthread_mutex_lock(&c->mu);
@@ -381,7 +387,7 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_read
         if (!h) {
             ok = 1;  /* cannot hold it: run it (the bound is a goal, not worth failing a call) */
         } else {
-            *h = (held){rank, ready, arg, c->held_head};
+            *h = (held){rank, key, ready, arg, c->held_head};
             c->held_head = h;
             k->nheld++;
             c->ssp_deferred++;
@@ -413,6 +419,25 @@ static void release_locked(ps_cons *c, double now, held **go) {
     }
 }
 
+void *ps_cons_ssp_cancel(ps_cons *c, const void *key) {
+    if (!key) return NULL;
+    void *arg = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (held **pp = &c->held_head; *pp; pp = &(*pp)->next) {
+        held *h = *pp;
+        if (h->key != key) continue;
+        *pp = h->next;
+        c->ssp_waiting--;
+        rank_clock *k = find_locked(c, h->rank);
+        if (k) k->nheld--;  /* a cancelled wait no longer keeps its rank active */
+        arg = h->arg;
+        free(h);
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return arg;
+}
+
 static void run_released(held *go) {
     while (go) {
         held *n = go->next;
@@ -430,7 +455,7 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
     pthread_mutex_lock(&c->mu);
     /* the step was applied; its clock advances only for the rank's own identity */
     rank_clock *k = touch_locked(c, rank, owner, now, &ignored);
-    if (k) k->clock++;
+    if (k) k->clock++, k->last_step = now;
     release_locked(c, now, &go);
     pthread_mutex_unlock(&c->mu);
     run_released(go);

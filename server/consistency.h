@@ -33,12 +33,22 @@
  *    apply as under hogwild. A rank seen for the first time, or back after
  *    being inactive, joins at the present (its clock raised to the slowest
  *    active one) rather than stalling everyone while it replays the past.
+ *    A rank that has not stepped for idle_s (server.ssp_idle_s; a new rank
+ *    counts from its first Forward) leaves the slowest-clock computation
+ *    until it steps again: Forwards alone - let alone refused ones, which
+ *    never reach this module - do not keep a rank holding the others back.
  *    A rank belongs to the identity (token, or host) that first used it
  *    while it is active: another client's Forward under it is refused
  *    PERMISSION_DENIED, and its Steps do not move that rank's clock. With
  *    ssp_world_size set, ranks must be below it; without, at most 4096
  *    ranks are tracked at once (an inactive one's slot is reused). Every
  *    uint32 is a rank: nothing in the value space means "no rank".
+ *    A held Forward whose client goes away (deadline, cancel) is taken back
+ *    (ps_cons_ssp_cancel): it never runs, so a trainer retrying a long wait
+ *    does not pile up stale Forwards that would run ahead of its live
+ *    retry, and it no longer keeps its rank active. A rank that finished
+ *    still holds the others until idle_s after its last Step (psd cannot
+ *    tell finished from slow).
  *
  * This module holds the rules and the waiting lists; it knows neither gRPC
  * nor the model. The service hands it callbacks: `apply` (sum/average a
@@ -78,6 +88,8 @@ typedef struct ps_cons_opts {
     int ssp_world_size;         /* server.ssp_world_size: ranks must be below this; 0 = any (4096 tracked at once) */
     double active_s;            /* ssp: a rank not seen for this long no longer holds others back
                                    (not a key: the service passes server.context_ttl_s) */
+    double idle_s;              /* server.ssp_idle_s: ssp: a rank without a Step this long stops holding the
+                                   others back (until it steps); 0 = no limit */
 } ps_cons_opts;
 
 /* Applies one round: grads[0..n-1] are the members' gradient accumulators
@@ -147,12 +159,23 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out);
 /* May a training Forward of rank, from the client identity owner (NULL =
  * ""), run now? Returns 1: run it (ready is not called). Returns 0: held
  * back; ready(arg, ...) is called exactly once later, from the thread whose
- * step (or tick) released it, or with UNAVAILABLE at close. Returns -1:
- * refused, err says why (PERMISSION_DENIED: another identity's active rank;
- * INVALID_ARGUMENT: not below ssp_world_size; RESOURCE_EXHAUSTED: every
- * rank slot active); ready is not called. In modes other than ssp always 1. */
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
-                      ps_err *err);
+ * step (or tick) released it, or with UNAVAILABLE at close - unless
+ * ps_cons_ssp_cancel(key) takes it back first. Returns -1: refused, err says
+ * why (PERMISSION_DENIED: another identity's active rank; INVALID_ARGUMENT:
+ * not below ssp_world_size; RESOURCE_EXHAUSTED: every rank slot active);
+ * ready is not called. In modes other than ssp always 1. key names the
+ * held Forward for ps_cons_ssp_cancel (unique among the held ones, e.g. its
+ * call; NULL = it cannot be cancelled). */
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, const void *key, ps_cons_ready_fn ready,
+                      void *arg, ps_err *err);
+
+/* The client of the held Forward `key` went away: it is taken back - it will
+ * never run, ready is not called, it no longer counts as its rank waiting
+ * (a rank whose waits were all cancelled is not kept active by them). Returns
+ * its arg, for the caller to answer and free; NULL when no Forward with that
+ * key is held (already released - ready is or was being called - or never
+ * held). */
+void *ps_cons_ssp_cancel(ps_cons *c, const void *key);
 
 /* A step of rank, from owner, was applied (hogwild application under ssp):
  * advance the rank's clock (not when the rank is another identity's) and

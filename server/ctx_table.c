@@ -559,6 +559,14 @@ int ps_ctx_table_finished_how(ps_ctx_table *t, uint64_t id) {
     return how;
 }
 
+int ps_ctx_table_applied(ps_ctx_table *t, uint64_t id) {
+    pthread_mutex_lock(&t->mu);
+    const fin_entry *f = find_finished_locked(t, id);
+    int applied = f ? f->how == PS_CTX_APPLIED : bloom_has_locked(t, id);
+    pthread_mutex_unlock(&t->mu);
+    return applied;
+}
+
 int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
     return ps_ctx_table_finished_how(t, id) == PS_CTX_SKIPPED;
 }

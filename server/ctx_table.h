@@ -193,6 +193,10 @@ int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id);
 /* What the recently finished context id's step did (ps_ctx_fin_how); -1
  * when it is not remembered. */
 int ps_ctx_table_finished_how(ps_ctx_table *t, uint64_t id);
+/* 1 when this table applied context id's step as far as it knows: a
+ * recent record that says so, or an id finished too long ago to tell (the
+ * filter); 0 otherwise (unknown, live, skipped or dropped). */
+int ps_ctx_table_applied(ps_ctx_table *t, uint64_t id);
 
 /* A step's optimizer update and its record (ps_ctx_table_finish*) happen
  * between apply_begin and apply_end (a shared lock; many steps at once). */

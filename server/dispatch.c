@@ -135,9 +135,9 @@ void *ps_svc_keep(ps_svc_call *c, void *p) {
     return p;
 }
 
-int ps_svc_defer(ps_svc_call *c) {
+int ps_svc_defer(ps_svc_call *c, ps_rpc_cancel_fn on_cancel, void *cancel_arg) {
     if (!c->info || !c->info->call) return 0;
-    c->rpc = ps_rpc_call_defer(c->info, NULL, NULL);
+    c->rpc = ps_rpc_call_defer(c->info, on_cancel, cancel_arg);
     if (!c->rpc) return 0;
     *c->deferred = 1;
     c->deferred = NULL;

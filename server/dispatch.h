@@ -87,8 +87,11 @@ void *ps_svc_keep(ps_svc_call *c, void *p);
 /* The reply will come later, from any thread, through ps_svc_finish; the
  * handler returns PS_OK at once (its return value is then ignored) and
  * touches c no more unless it finishes it itself. Returns 0, doing
- * nothing, when the handler runs outside a server (answer synchronously). */
-int ps_svc_defer(ps_svc_call *c);
+ * nothing, when the handler runs outside a server (answer synchronously).
+ * on_cancel (NULL = none) runs when the client goes away first, with
+ * (cancel_arg, c->rpc), under ps_rpc_call_defer's rules (rpc_server.h): the
+ * owner that takes the call back from where it waits finishes it. */
+int ps_svc_defer(ps_svc_call *c, ps_rpc_cancel_fn on_cancel, void *cancel_arg);
 
 /* Answer a deferred call: st == PS_OK encodes c->resp, otherwise c->err is
  * sent (st is its code). Frees c. */

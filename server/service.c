@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "log.h"
 #include "dims.h"
+#include "report_limit.h"
 
 static void grads_free_cb(void *g) { ps_grads_free(g); }
 
@@ -67,6 +68,12 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     snprintf(s->cluster, sizeof s->cluster, "%.*s", (int)sizeof o->cluster, o->cluster);
     snprintf(s->server_name, sizeof s->server_name, "%.*s", (int)sizeof o->server_name, o->server_name);
     pthread_mutex_init(&s->ckpt_mu, NULL);
+    /* a trainer reports a partial step once: 5 a second per client (20 at once) is plenty */
+    if (!(s->reports = ps_report_limit_create(5, 20))) {
+        ps_service_free(s);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     s->nonfinite_skip = o->nonfinite_policy == PS_NONFINITE_SKIP;
     s->max_context_bytes = o->max_context_bytes;
     s->saturated_limit_s = o->health_saturated_s;
@@ -93,6 +100,7 @@ void ps_service_free(ps_service *s) {
     pthread_mutex_destroy(&s->exec_mu);
     pthread_cond_destroy(&s->exec_cv);
     pthread_mutex_destroy(&s->ckpt_mu);
+    ps_report_limit_free(s->reports);
     ps_ctx_table_free(s->ctx);
     free(s);
 }

@@ -60,6 +60,7 @@ struct ps_service {
     int has_ckpt;
     ps_ckpt_info ckpt;
     ps_trainers *trainers;       /* the dashboard's view of each trainer; NULL = none */
+    struct ps_report_limit *reports; /* ReportPartial per client: repeats, rate, log lines */
 };
 
 /* ---- service.c: helpers the handlers share ---- */

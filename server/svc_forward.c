@@ -87,10 +87,21 @@ static ps_status fused_ce(const float *logits, const int64_t *tgt, int64_t n, in
     return PS_OK;
 }
 
-/* Runs a decoded Forward with its checked tensors into resp, or err. */
-static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
-                             const ps_wire_tensor_in *tin, ps_ForwardResponse *resp, ps_err *err) {
-    ps_service *s = call->svc;
+/* What a Forward's checks found out. */
+typedef struct fwd_plan {
+    int first, last;           /* the stages it runs */
+    const ps_stage_info *si, *so;
+    int64_t n;                 /* samples */
+    int nlead;                 /* leading dims of the input */
+    int fused;                 /* targets: the fused loss */
+    int bad_input;             /* a NaN/Inf input under policy skip */
+} fwd_plan;
+
+/* Everything about a Forward that can be refused without running it: the
+ * stages, the input's dtype and shape, the batch size, the context id, the
+ * targets, non-finite inputs. Nothing of psd's state changes. */
+static ps_status forward_check(ps_service *s, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
+                               const ps_wire_tensor_in *tin, fwd_plan *p, ps_err *err) {
     int first, last;
     if (resolve_stages(s, req->stage, req->last_stage, "ForwardRequest.stage", &first, &last, err)) return err->code;
     const ps_stage_info *si = ps_model_stage(s->model, first), *so = ps_model_stage(s->model, last);
@@ -134,6 +145,19 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
         bad_input = 1;
         ps_err_clear(err);
     }
+    *p = (fwd_plan){first, last, si, so, n, nlead, fused, bad_input};
+    return PS_OK;
+}
+
+/* Runs a decoded Forward with its checked tensors into resp, or err. */
+static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, const ps_wire_tensor_in *in,
+                             const ps_wire_tensor_in *tin, ps_ForwardResponse *resp, ps_err *err) {
+    ps_service *s = call->svc;
+    fwd_plan p;
+    if (forward_check(s, req, in, tin, &p, err)) return err->code;
+    int first = p.first, last = p.last, nlead = p.nlead, fused = p.fused, bad_input = p.bad_input;
+    const ps_stage_info *si = p.si, *so = p.so;
+    int64_t n = p.n;
     int64_t outper = 1;
     for (int i = 0; i < so->out_ndim; i++) outper *= so->out_dims[i];
     /* fused: the logits stay in the tape (below) */
@@ -248,10 +272,31 @@ out:
     return st;
 }
 
-/* A held-back Forward runs and is answered; the node is freed. */
+/* A held-back Forward runs and is answered; the node is freed. One whose
+ * client went away meanwhile (cancelled between its release and now) is
+ * not run: nobody waits for it, and a retry of it may be running already. */
 static void fwd_node_run(svc_fwd_node *node) {
     ps_svc_call *c = node->c;
-    ps_svc_finish(c, forward_run(c, c->req, node->in, node->tin, c->resp, &c->err));
+    if (c->rpc && ps_rpc_call_cancelled(c->rpc)) {
+        ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
+        ps_svc_finish(c, c->err.code);
+    } else {
+        ps_svc_finish(c, forward_run(c, c->req, node->in, node->tin, c->resp, &c->err));
+    }
+    free(node);
+}
+
+/* ssp: the client of a held-back Forward went away (its deadline, or a
+ * cancel): take the Forward back so that it never runs and its request
+ * (input tensors) is freed now, not when its rank's turn comes. When it
+ * was released already, fwd_ready has it (and fwd_node_run skips it). */
+static void fwd_cancelled(void *arg, ps_rpc_call *rpc) {
+    ps_service *s = arg;
+    svc_fwd_node *node = ps_cons_ssp_cancel(s->cons, rpc);
+    if (!node) return;
+    ps_svc_call *c = node->c;
+    ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
+    ps_svc_finish(c, c->err.code);
     free(node);
 }
 
@@ -298,13 +343,18 @@ ps_status ps_svc_Forward(ps_svc_call *c, const ps_ForwardRequest *req, ps_Forwar
     if (ps_svc_tensor(c, &req->input, req->has_input, "ForwardRequest.input", 1, &in, err) ||
         ps_svc_tensor(c, &req->targets, req->has_targets, "ForwardRequest.targets", 0, &tin, err))
         return err->code;
-    /* ssp: a trainer too far ahead waits, without holding this thread. */
+    /* ssp: a trainer too far ahead waits, without holding this thread - a
+     * request that would be refused is refused first, so it never counts
+     * as its rank's activity (an invalid Forward cannot pin the others). */
+    fwd_plan plan;
+    if (req->train && ps_cons_mode_of(s->cons) == PS_CONS_SSP && forward_check(s, req, in, tin, &plan, err))
+        return err->code;
     if (req->train && ps_cons_mode_of(s->cons) == PS_CONS_SSP) {
         svc_fwd_node *node = malloc(sizeof *node);
         if (!node) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         *node = (svc_fwd_node){c, in, tin, NULL};
-        if (ps_svc_defer(c)) {
-            int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, fwd_ready, node, &c->err);
+        if (ps_svc_defer(c, fwd_cancelled, s)) {
+            int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, c->rpc, fwd_ready, node, &c->err);
             if (!admit) return PS_OK;  /* answered later */
             if (admit < 0) {  /* another client's rank, or outside server.ssp_world_size */
                 ps_err_prefix(&c->err, "ForwardRequest");

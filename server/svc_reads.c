@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "report_limit.h"
 
 /* The model's parameters as a list for the wire, in call->out: names,
  * shapes, stages and devices, and - with want_data - a host copy of each
@@ -307,7 +308,11 @@ static ps_status partial_names(const char *field, const char names[][32], pb_siz
  * Step was applied on some servers and lost on others (service.h). The
  * batch is not re-run; this psd counts it on its side and logs it. A
  * report naming this psd in neither list counts nothing (it says so in
- * the log). */
+ * the log). What a client can make psd count and log is bounded
+ * (report_limit.h): a report contradicting this psd's own records (applied
+ * here, but psd has no record of applying it; lost here, but psd applied
+ * it) is refused, a repeat counts once, each client has a rate, and its
+ * log lines are one a second. */
 ps_status ps_svc_ReportPartial(ps_svc_call *call, const ps_ReportPartialRequest *req,
                                ps_ReportPartialResponse *resp, ps_err *err) {
     ps_service *s = call->svc;
@@ -324,6 +329,20 @@ ps_status ps_svc_ReportPartial(ps_svc_call *call, const ps_ReportPartialRequest 
     if (applied && lost)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReportPartialRequest: server '%s' is in both applied_on and "
                           "lost_on", s->server_name);
+    int mine = ps_ctx_table_applied(s->ctx, req->context_id);
+    if ((applied && !mine) || (lost && mine))
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "ReportPartialRequest: context %llx is reported %s here, "
+                          "but this server %s it; not counted", (unsigned long long)req->context_id,
+                          applied ? "applied" : "lost", mine ? "applied" : "has no record of applying");
+    int log = 0;
+    uint64_t held = 0;
+    ps_status st = ps_report_limit_admit(s->reports, call->owner, req->context_id, ps_mono_s(), &log, &held, err);
+    if (st == PS_ERR_ALREADY_EXISTS) {  /* a retried report: answered, counted once */
+        ps_err_clear(err);
+        resp->partial_steps = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
+        return PS_OK;
+    }
+    if (st) return st;
     char a[8 * 34] = "", l[8 * 34] = "";
     for (pb_size_t i = 0; i < req->applied_on_count; i++)
         snprintf(a + strlen(a), sizeof a - strlen(a), "%s%s", i ? "," : "", req->applied_on[i]);
@@ -332,10 +351,13 @@ ps_status ps_svc_ReportPartial(ps_svc_call *call, const ps_ReportPartialRequest 
     if (applied) __atomic_add_fetch(&s->partial_applied, 1, __ATOMIC_RELAXED);
     if (lost) __atomic_add_fetch(&s->partial_lost, 1, __ATOMIC_RELAXED);
     if (applied || lost) ps_trainers_partial(s->trainers, req->trainer_rank, applied);
-    ps_log(PS_LOG_WARN, "partial step: context %llx of trainer %u applied on %s, lost on %s%s",
-           (unsigned long long)req->context_id, (unsigned)req->trainer_rank, a, l,
-           applied ? " (applied here)" : lost ? " (lost here)"
-                                             : " (this server is in neither list: not counted here)");
+    if (log)
+        ps_log(PS_LOG_WARN, "partial step: context %llx of trainer %u (client %s) applied on %s, lost on %s%s "
+               "(%llu more reports of this client counted since its last line)", (unsigned long long)req->context_id,
+               (unsigned)req->trainer_rank, call->owner, a, l,
+               applied ? " (applied here)" : lost ? " (lost here)"
+                                                 : " (this server is in neither list: not counted here)",
+               (unsigned long long)held);
     resp->partial_steps = __atomic_load_n(&s->partial_applied, __ATOMIC_RELAXED);
     return PS_OK;
 }

@@ -187,7 +187,7 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
     }
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) {
         sync_wait *w = calloc(1, sizeof *w);
-        if (!w || !ps_svc_defer(call)) {
+        if (!w || !ps_svc_defer(call, NULL, NULL)) {
             free(w);
             ps_ctx_table_release(s->ctx, c);
             return ps_err_set(err, w ? PS_ERR_UNAVAILABLE : PS_ERR_RESOURCE_EXHAUSTED,

@@ -9,8 +9,10 @@
 #     deadline and are settled ("in use": ask again), never re-run:
 #     contexts_applied = 2 x batches, model version = batches (one step per
 #     round);
-#  2. ssp (max_staleness 0), the same stop: trainer 1's Forwards are held past
-#     the deadline and retried: contexts_applied = version = 2 x batches;
+#  2. ssp (max_staleness 0), trainer 2 stopped after its first batch and
+#     trainer 1 started then: trainer 1's Forwards are held past the deadline
+#     and retried (the cancelled ones never run): contexts_applied = version
+#     = 2 x batches;
 #  3. settle after a restart: steps acknowledged, a checkpoint, two more steps,
 #     SIGKILL, restart: the retried Steps the checkpoint holds are answered
 #     with their version (tests/settle_client.py), the later ones NOT_FOUND;
@@ -75,9 +77,29 @@ fi
 
 # 2. ssp: Forwards held past their deadline
 if [[ $CASES == *2* ]]; then
-addr=; start_psd psd2.log --set server.consistency=ssp --set server.max_staleness=0
-trainers $N
-stop_trainer_2
+# server.ssp_idle_s 15: above trainer 1's start-up while trainer 2 is stopped
+# (or trainer 1 would not be held), and the most a trainer waits for one
+# that finished (see below).
+addr=; start_psd psd2.log --set server.consistency=ssp --set server.max_staleness=0 --set server.ssp_idle_s=15
+# Trainer 2 first, stopped after its first batch; then trainer 1, which
+# joins at trainer 2's clock and is held behind it until it goes on. (Both
+# at once let one finish before the other's first Forward, when the machine
+# is busy: a newcomer then joins at the finished rank's clock and waits
+# server.ssp_idle_s for it - by design, and not what this case tests. So
+# does trainer 1 for its last batches when trainer 2 ran more than one batch
+# before it stopped: hence the quick poll.)
+start_trainer() {  # rank; sets t<rank>
+  "$BUILD/bin/ps-train" --server "$addr" --rank "$1" --world-size 3 --max-batches "$N" "${retry[@]}" \
+      >"$tmp/t$1.log" 2>&1 &
+  eval "t$1=\$!"; pids+=("$!")
+}
+start_trainer 2
+for _ in $(seq 3000); do grep -q "training batch 0 " "$tmp/t2.log" && break; sleep 0.01; done
+grep -q "training batch 0 " "$tmp/t2.log" || fail "trainer 2 did not train its first batch in 30 s"
+kill -STOP "$t2"
+start_trainer 1
+for _ in $(seq 600); do grep -q "retry 1 in" "$tmp/t1.log" && break; sleep 0.05; done
+sleep 1; kill -CONT "$t2"
 wait_trainers "ssp"
 s=$(status); applied=$(echo "$s" | field contexts_applied); v=$(echo "$s" | field model_version)
 retries=$(grep -c "retry [0-9]* in" "$tmp/t1.log" || true)

@@ -293,14 +293,14 @@ static void test_ssp(void) {
     ps_err err = {0};
     ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
     ready_rec r = {0}, r2 = {0};
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
-    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "h", NULL, on_ready, &r, &err) == 1);
     ps_cons_stepped(c, 1, "h");
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);   /* 1 ahead: within the bound */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);   /* 1 ahead: within the bound */
     ps_cons_stepped(c, 1, "h");
     CHECK(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 0);
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 2 ahead: held back */
-    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r2, &err) == 1);  /* the slowest always runs */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);   /* 2 ahead: held back */
+    CHECK(ps_cons_ssp_admit(c, 2, "h", NULL, on_ready, &r2, &err) == 1);  /* the slowest always runs */
     CHECK(r.called == 0);
     ps_cons_stepped(c, 2, "h");                               /* slowest catches up to 1 */
     CHECK(r.called == 1 && r.st == PS_OK);
@@ -311,7 +311,7 @@ static void test_ssp(void) {
     ps_cons_stepped(c, 1, "h");
     ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);
     usleep(300 * 1000);                                  /* rank 2 inactive now; rank 1 is waiting */
     ps_cons_tick(c);
     CHECK(r.called == 1 && r.st == PS_OK);
@@ -321,7 +321,7 @@ static void test_ssp(void) {
     ps_cons_stepped(c, 1, "h");
     ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);
     ps_cons_close(c);
     CHECK(r.called == 1 && r.st == PS_ERR_UNAVAILABLE);
     ps_cons_free(c);
@@ -334,11 +334,11 @@ static void test_ssp(void) {
         ps_cons_stepped(c, 2, "h");
     }
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 7, "h", NULL, on_ready, &r, &err) == 1);
     CHECK(ps_cons_clock(c, 7) == 5);
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);  /* 1 is not ahead of the newcomer */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);  /* 1 is not ahead of the newcomer */
     ps_cons_stepped(c, 1, "h");
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);  /* now it is, with bound 0 */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);  /* now it is, with bound 0 */
     ps_cons_stepped(c, 7, "h");
     ps_cons_stepped(c, 2, "h");
     CHECK(r.called == 1 && r.st == PS_OK);
@@ -347,7 +347,7 @@ static void test_ssp(void) {
     o.mode = PS_CONS_HOGWILD;
     c = ps_cons_create(&o, fake_apply, NULL, &err);
     for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1, "h");
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);
     ps_cons_free(c);
 }
 
@@ -360,23 +360,23 @@ static void test_ssp_ranks(void) {
     ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
     ready_rec r = {0}, r2 = {0};
     const uint32_t top = UINT32_MAX;
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
-    CHECK(ps_cons_ssp_admit(c, top, "x", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, top, "x", NULL, on_ready, &r, &err) == 1);
     ps_cons_stepped(c, 1, "h");
-    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 1 ahead of rank 2^32-1 */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);   /* 1 ahead of rank 2^32-1 */
     ps_cons_stepped(c, top, "x");                                  /* the top rank steps like any */
     CHECK_MSG(ps_cons_clock(c, top) == 1 && r.called == 1 && r.st == PS_OK, "rank %u clock %llu, released %d",
               top, (unsigned long long)ps_cons_clock(c, top), r.called);
     /* ranks past 4095 each have their own clock */
-    CHECK(ps_cons_ssp_admit(c, 5000, "y", on_ready, &r2, &err) == 1);
-    CHECK(ps_cons_ssp_admit(c, 6000, "y", on_ready, &r2, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 5000, "y", NULL, on_ready, &r2, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 6000, "y", NULL, on_ready, &r2, &err) == 1);
     uint64_t c6 = ps_cons_clock(c, 6000);
     ps_cons_stepped(c, 5000, "y");
     ps_cons_stepped(c, 5000, "y");
     CHECK(ps_cons_clock(c, 6000) == c6 && ps_cons_clock(c, 5000) == c6 + 2);
     /* another identity: refused while the rank is active; its steps move nothing */
     r2 = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, "intruder", on_ready, &r2, &err) == -1 && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK(ps_cons_ssp_admit(c, 1, "intruder", NULL, on_ready, &r2, &err) == -1 && err.code == PS_ERR_PERMISSION_DENIED);
     CHECK_MSG(strstr(err.msg, "trainer_rank 1") && strstr(err.msg, "another client"), "%s", err.msg);
     uint64_t c1 = ps_cons_clock(c, 1);
     ps_cons_stepped(c, 1, "intruder");
@@ -385,10 +385,10 @@ static void test_ssp_ranks(void) {
     /* ssp_world_size: ranks below it only */
     o.ssp_world_size = 4;
     c = ps_cons_create(&o, fake_apply, NULL, &err);
-    CHECK(ps_cons_ssp_admit(c, 3, "h", on_ready, &r, &err) == 1);
-    CHECK(ps_cons_ssp_admit(c, 4, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK(ps_cons_ssp_admit(c, 3, "h", NULL, on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 4, "h", NULL, on_ready, &r, &err) == -1 && err.code == PS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(err.msg, "server.ssp_world_size is 4"), "%s", err.msg);
-    CHECK(ps_cons_ssp_admit(c, top, "h", on_ready, &r, &err) == -1);
+    CHECK(ps_cons_ssp_admit(c, top, "h", NULL, on_ready, &r, &err) == -1);
     ps_cons_free(c);
     /* without it, at most 4096 active ranks; an inactive one's slot is reused.
      * The 4096 admissions must all fall within active_s of each other for the
@@ -401,8 +401,8 @@ static void test_ssp_ranks(void) {
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         int ok = 0;
-        for (uint32_t k = 0; k < 4096; k++) ok += ps_cons_ssp_admit(c, 100000 + k, "many", on_ready, &r, &err) == 1;
-        int full = ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_RESOURCE_EXHAUSTED;
+        for (uint32_t k = 0; k < 4096; k++) ok += ps_cons_ssp_admit(c, 100000 + k, "many", NULL, on_ready, &r, &err) == 1;
+        int full = ps_cons_ssp_admit(c, 7, "h", NULL, on_ready, &r, &err) == -1 && err.code == PS_ERR_RESOURCE_EXHAUSTED;
         clock_gettime(CLOCK_MONOTONIC, &b);
         double took = (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
         if (took < as / 2) {   /* no admission went stale meanwhile: the checks hold */
@@ -410,12 +410,84 @@ static void test_ssp_ranks(void) {
             CHECK(ok == 4096);
             CHECK(full);
             usleep((useconds_t)(as * 1.5e6));
-            CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1, "%s", err.msg);
+            CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", NULL, on_ready, &r, &err) == 1, "%s", err.msg);
         }
         ps_cons_free(c);
         if (tried) break;
     }
     CHECK_MSG(tried, "4096 ssp admissions never fitted in a 25 s activity window");
+}
+
+/* A rank that only sends Forwards (no Step for idle_s) stops holding the
+ * others back, until it steps again. */
+static void test_ssp_idle(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60, .idle_s = 0.2};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r = {0}, r2 = {0};
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "x", NULL, on_ready, &r2, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);  /* held: rank 2 is at 0 */
+    /* rank 2 keeps forwarding, never steps */
+    for (int i = 0; i < 4; i++) {
+        usleep(100 * 1000);
+        CHECK(ps_cons_ssp_admit(c, 2, "x", NULL, on_ready, &r2, &err) == 1);
+        ps_cons_tick(c);
+    }
+    CHECK_MSG(r.called == 1 && r.st == PS_OK, "rank 1 still held by a rank that never steps (%d)", r.called);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 1);
+    /* rank 2 steps: it counts again (joining at the present: the slowest
+     * active clock, 2, then its step), and holds rank 1 to the bound */
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 2, "x");
+    r = (ready_rec){0};
+    CHECK_MSG(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 3, "clocks %llu %llu",
+              (unsigned long long)ps_cons_clock(c, 1), (unsigned long long)ps_cons_clock(c, 2));
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", NULL, on_ready, &r, &err) == 0);  /* 4 > 3 */
+    ps_cons_stepped(c, 2, "x");
+    CHECK(r.called == 1);
+    ps_cons_free(c);
+}
+
+/* A held Forward whose client went away (its deadline passed: ps-train
+ * retries it) is taken back: it never runs - else every retry of a long
+ * wait leaves one more stale Forward to run when the rank is released,
+ * ahead of the live retry, whose deadline then passes too - and it no
+ * longer keeps its rank active. */
+static void test_ssp_cancel(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 0.2};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r1 = {0}, r2 = {0}, r3 = {0};
+    int k1, k2, k3;  /* the held Forwards' keys (their calls, in psd) */
+    CHECK(ps_cons_ssp_admit(c, 1, "a", NULL, on_ready, &r1, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "b", NULL, on_ready, &r2, &err) == 1);
+    ps_cons_stepped(c, 1, "a");
+    CHECK(ps_cons_ssp_admit(c, 1, "a", &k1, on_ready, &r1, &err) == 0);  /* held: rank 2 is at 0 */
+    CHECK(ps_cons_ssp_admit(c, 1, "a", &k2, on_ready, &r2, &err) == 0);  /* its retry, held too */
+    CHECK(ps_cons_ssp_cancel(c, &k1) == &r1);
+    CHECK(ps_cons_ssp_cancel(c, &k1) == NULL && ps_cons_ssp_cancel(c, &k3) == NULL);
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.ssp_waiting == 1 && st.ssp_deferred == 2);
+    ps_cons_stepped(c, 2, "b");  /* releases the retry only */
+    CHECK_MSG(r1.called == 0 && r2.called == 1 && r2.st == PS_OK, "cancelled ran %d times, retry %d",
+              r1.called, r2.called);
+    CHECK(ps_cons_ssp_cancel(c, &k2) == NULL);  /* released: ready had it */
+    /* rank 1's trainer dies while held: the cancel frees its rank; once
+     * inactive, another identity (the restarted trainer on another host)
+     * may use it */
+    ps_cons_stepped(c, 1, "a");
+    CHECK(ps_cons_ssp_admit(c, 1, "a", &k3, on_ready, &r3, &err) == 0);
+    CHECK(ps_cons_ssp_cancel(c, &k3) == &r3);
+    usleep(300 * 1000);
+    ps_cons_tick(c);
+    CHECK_MSG(ps_cons_ssp_admit(c, 1, "a-restarted", NULL, on_ready, &r3, &err) != -1, "%s", err.msg);
+    CHECK(r3.called == 0);
+    ps_cons_free(c);
 }
 
 static void test_options(void) {
@@ -434,5 +506,7 @@ int main(void) {
     test_sync_queue();
     test_ssp();
     test_ssp_ranks();
+    test_ssp_idle();
+    test_ssp_cancel();
     return check_summary("test_consistency");
 }

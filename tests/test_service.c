@@ -17,6 +17,7 @@
 #include <pb_encode.h>
 
 #include "check.h"
+#include "clock.h"
 #include "health.pb.h"
 #include "metrics.h"
 #include "model.h"
@@ -346,11 +347,29 @@ static void test_cluster_service(void) {
     CHECK_MSG(call_msg(rc, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields,
                        &fr, det, sizeof det) == GRPC_STATUS_OK, "%s", det);
 
-    /* ReportPartial: counted on this server's side; bad reports refused. */
+    /* ReportPartial: counted on this server's side; bad reports refused.
+     * Context 7 is applied here (a real step), 8 is unknown here. */
+    int64_t ids7[2] = {12, 20};
+    float g7[2 * 6];
+    for (int i = 0; i < 12; i++) g7[i] = 0.01f * (float)(i + 1);
+    ps_client_fwd f7 = {.ctx = 7, .train = 1, .rank = 1, .stage = "emb", .input = {PS_CLIENT_I64, 1, {2}, ids7}};
+    float o7[2 * 6];
+    ps_client_fwd_out fo7 = {.out = o7, .out_cap = 12};
+    CHECK_MSG(ps_client_forward_ex(c, &f7, &fo7, &err) == PS_OK, "%s", err.msg);
+    uint32_t s7 = 0;
+    ps_client_tensor gt7 = {PS_CLIENT_F32, 2, {2, 6}, g7};
+    ps_client_bwd b7 = {.ctx = 7, .n = 1, .seqs = &s7, .grads = &gt7, .step = 1};
+    CHECK_MSG(ps_client_backward_ex(c, &b7, NULL, &err) == PS_OK, "%s", err.msg);
     uint64_t cnt = 0;
     CHECK(report_partial(rc, 7, "ps1,ps2", "ps0", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
     CHECK(report_partial(rc, 8, "ps0", "ps1", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
     CHECK(report_partial(rc, 9, "ps0", "ps2", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
+    /* a repeat (a retried report) counts once; a report contradicting this
+     * server's records is refused, not counted */
+    CHECK(report_partial(rc, 7, "ps1,ps2", "ps0", &cnt, det, sizeof det) == GRPC_STATUS_OK && cnt == 1);
+    CHECK(report_partial(rc, 11, "ps1", "ps0", NULL, det, sizeof det) == GRPC_STATUS_FAILED_PRECONDITION);
+    CHECK_MSG(strstr(det, "reported applied here") && strstr(det, "no record of applying"), "%s", det);
+    CHECK(report_partial(rc, 7, "ps0", "ps1", NULL, det, sizeof det) == GRPC_STATUS_FAILED_PRECONDITION);
     CHECK(report_partial(rc, 0, "ps1", "ps0", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
     CHECK_MSG(strstr(det, "context_id"), "%s", det);
     CHECK(report_partial(rc, 10, "ps1", "", NULL, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
@@ -366,6 +385,21 @@ static void test_cluster_service(void) {
     CHECK(text && strstr(text, "psd_partial_steps_total{side=\"applied\"} 1\n") &&
           strstr(text, "psd_partial_steps_total{side=\"lost\"} 1\n"));
     free(text);
+    /* spam: 200 'lost here' reports of distinct contexts at once - the
+     * client's rate (a burst of 20) bounds what is counted; the rest are
+     * refused RESOURCE_EXHAUSTED, counting nothing */
+    int took = 0, refused = 0;
+    double t0 = ps_mono_s();
+    for (uint64_t k = 0; k < 200; k++) {
+        grpc_status_code rcode = report_partial(rc, 1000 + k, "ps0", "ps1", NULL, det, sizeof det);
+        took += rcode == GRPC_STATUS_OK;
+        refused += rcode == GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    double spent = ps_mono_s() - t0;  /* the bucket refills 5 a second meanwhile (a loaded machine is slow) */
+    CHECK(ps_client_status(c, &st, &err) == PS_OK);
+    CHECK_MSG(took + refused == 200 && took >= 10 && took <= 20 + (int)(5 * spent) + 1 &&
+              st.partial_steps_lost == 1 + (uint64_t)took, "%d counted in %.1f s, %d refused, lost %llu", took, spent,
+              refused, (unsigned long long)st.partial_steps_lost);
 
     ps_client_free(c);
     ps_rpc_client_free(rc);

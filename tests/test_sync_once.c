@@ -278,6 +278,36 @@ static void test_ssp(void) {
     stop(&s);
 }
 
+/* ssp, max_staleness 0: a second client's refused Forwards (a wrong shape)
+ * under another rank do not make that rank active - the trainer is never
+ * held behind it. */
+static void test_ssp_invalid_forward(void) {
+    server s;
+    if (start(&s, new_model(), PS_CONS_SSP, 2, 0)) return;
+    ps_err err = {0};
+    ps_client *cl = ps_client_create(s.addr, 3000, MAXMSG, &err);
+    float x[NB * 784] = {0}, out[NB * 10], grad[NB * 10] = {0}, bad[NB * 700] = {0};
+    for (int i = 0; i < NB; i++) grad[i * 10 + i] = -1.0f / NB;
+    int64_t cols;
+    int ok = 0;
+    for (uint64_t k = 1; k <= 3; k++) {
+        /* rank 2: a training Forward of 28x25 images, refused */
+        CHECK(ps_client_forward(cl, 0xbad0000000000000ULL + k, 2, 1, bad, NB, 1, 28, 25, out, NB * 10, &cols, NULL,
+                                &err) == PS_ERR_INVALID_ARGUMENT);
+        uint64_t ctx = 0x900d000000000000ULL + k;
+        ps_status st = ps_client_forward(cl, ctx, 1, 1, x, NB, 1, 28, 28, out, NB * 10, &cols, NULL, &err);
+        CHECK_MSG(st == PS_OK, "rank 1's Forward %llu: %s", (unsigned long long)k, err.msg);
+        if (st) break;
+        CHECK(ps_client_backward(cl, ctx, grad, NB, 10, 0, NULL, &err) == PS_OK);
+        ok += ps_client_step(cl, ctx, NULL, &err) == PS_OK;
+    }
+    ps_StatusResponse st = status_of(s.addr);
+    CHECK_MSG(ok == 3 && st.ssp_deferred == 0, "%d of 3 batches, %llu Forwards held", ok,
+              (unsigned long long)st.ssp_deferred);
+    ps_client_free(cl);
+    stop(&s);
+}
+
 /* A step acknowledged, a checkpoint, a restored psd: the retried Step is
  * answered from the checkpoint's records. */
 static void test_restart(void) {
@@ -335,6 +365,7 @@ int main(void) {
     test_sync_late();
     test_forged_round();
     test_ssp();
+    test_ssp_invalid_forward();
     test_restart();
     grpc_shutdown();
     return check_summary("test_sync_once");
