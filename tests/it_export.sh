@@ -19,7 +19,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 /usr/bin/python3 tests/export/check_export.py "$tmp" || fail "tests/export/check_export.py"
 for m in mnist_cnn rnn_lm; do
-  out=$("$BUILD/bin/psd" --check-config --set model.file="$tmp/$m.yaml" --init-from "$tmp/$m.safetensors" 2>&1) ||
+  printf 'model:\n  file: %s.yaml\n' "$m" >"$tmp/$m.conf.yaml"
+  out=$("$BUILD/bin/psd" --check-config "$tmp/$m.conf.yaml" --init-from "$tmp/$m.safetensors" 2>&1) ||
     fail "psd refuses the export of $m: $out"
   echo "ok: psd --check-config takes the exported $m with --init-from its weights"
 done
