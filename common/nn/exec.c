@@ -791,6 +791,7 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
     }
     if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
     if (rc == PS_OK) rc = commit(m, acc, &p, t->first, t->last, err);
+    if (rc == PS_OK) rc = ps_grads_record(m, acc, t, err);   /* BatchNorm's batch statistics, for the step */
     pending_free(m, &p);
     return rc;
 }

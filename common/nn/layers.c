@@ -234,8 +234,10 @@ static void set_param(ps_layer *ly, int j, const char *suffix, int ndim, const i
 
 static const ps_init FAN_UNIFORM = {PS_INIT_UNIFORM, 0, 0, 1};
 static const ps_init NORMAL01 = {PS_INIT_NORMAL, 0, 1, 0};
+static const ps_init ZEROS = {PS_INIT_CONST, 0, 0, 0};
+static const ps_init ONES = {PS_INIT_CONST, 1, 0, 0};
 
-static inline void set_buffer(ps_layer *ly, const char *suffix, int ndim, const int64_t *dims, ps_dtype dt, float init) {
+static void set_buffer(ps_layer *ly, const char *suffix, int ndim, const int64_t *dims, ps_dtype dt, float init) {
     ps_layer_buffer *b = &ly->buffer[ly->nbuffers++];
     b->suffix = suffix;
     b->ndim = ndim;
@@ -280,9 +282,22 @@ static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; 
 
 static ps_conv_desc conv_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
-    ps_conv_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2], (int)a->out,
-                      (int)a->kernel[0], (int)a->kernel[1], (int)a->stride[0], (int)a->padding[0],
-                      ly->in_layout[0], ly->out_layout};
+    ps_conv_desc d = {.n = n, .cin = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                      .cout = (int)a->out, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
+                      .src_layout = ly->in_layout[0], .dst_layout = ly->out_layout};
+    if (a->kernel[0] == a->kernel[1] && a->stride[0] == a->stride[1] && a->padding[0] == a->padding[1] &&
+        a->dilation[0] == 1 && a->dilation[1] == 1 && a->groups == 1) {   /* the square form (MNIST's) */
+        d.stride = (int)a->stride[0];
+        d.pad = (int)a->padding[0];
+        return d;
+    }
+    d.stride_h = (int)a->stride[0];
+    d.stride_w = (int)a->stride[1];
+    d.pad_h = (int)a->padding[0];
+    d.pad_w = (int)a->padding[1];
+    d.dil_h = (int)a->dilation[0];
+    d.dil_w = (int)a->dilation[1];
+    d.groups = (int)a->groups;
     return d;
 }
 
@@ -292,20 +307,17 @@ static ps_status conv_infer(ps_layer *ly, ps_err *err) {
     const ps_layer_attrs *a = &ly->a;
     int64_t cin = ly->in[0].dims[0];
     if ((rc = check_given("in_channels", a->in_features, cin, err))) return rc;
-    if (a->kernel[0] != a->kernel[1] || a->stride[0] != a->stride[1] || a->padding[0] != a->padding[1] ||
-        a->dilation[0] != 1 || a->dilation[1] != 1 || a->groups != 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel_size %lldx%lld, stride %lldx%lld, padding "
-                          "%lldx%lld, dilation %lldx%lld, groups %lld: this build's convolution takes square "
-                          "kernels, strides and padding without dilation or groups",
-                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)a->stride[0],
-                          (long long)a->stride[1], (long long)a->padding[0], (long long)a->padding[1],
-                          (long long)a->dilation[0], (long long)a->dilation[1], (long long)a->groups);
-    if (!a->bias)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "bias: false is not supported by this build's convolution");
+    if (cin % a->groups || a->out % a->groups)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "groups %lld divides neither in_channels %lld and "
+                          "out_channels %lld both", (long long)a->groups, (long long)cin, (long long)a->out);
     ps_conv_desc d = conv_desc(ly, 1);
-    if (ps_conv_out_h(&d) < 1 || ps_conv_out_w(&d) < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel %lldx%lld does not fit the input (%lld, %lld, %lld)",
-                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)cin,
+    if (ps_conv_out_h(&d) < 1 || ps_conv_out_w(&d) < 1 ||
+        ly->in[0].dims[1] + 2 * a->padding[0] < a->dilation[0] * (a->kernel[0] - 1) + 1 ||
+        ly->in[0].dims[2] + 2 * a->padding[1] < a->dilation[1] * (a->kernel[1] - 1) + 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel %lldx%lld (dilation %lldx%lld, padding %lldx%lld) "
+                          "does not fit the input (%lld, %lld, %lld)", (long long)a->kernel[0],
+                          (long long)a->kernel[1], (long long)a->dilation[0], (long long)a->dilation[1],
+                          (long long)a->padding[0], (long long)a->padding[1], (long long)cin,
                           (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
     ly->outs.ndim = 3;
     ly->outs.dims[0] = a->out;
@@ -346,12 +358,35 @@ static ps_status relu_backward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->relu_backward(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, c->dy, c->dx, err);
 }
 
-/* ---- MaxPool2d: nn.MaxPool2d(kernel_size, stride=kernel_size, padding) ---- */
+/* ---- MaxPool2d, AvgPool2d: nn.MaxPool2d / nn.AvgPool2d(kernel_size,
+ * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d(1):
+ * an average pool over the whole plane ---- */
+
+static int is_adaptive(const ps_layer *ly) { return ly->a.output_size[0] > 0; }
 
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
-    ps_pool_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2],
-                      (int)ly->a.kernel[0], (int)(ly->a.stride[0] ? ly->a.stride[0] : ly->a.kernel[0]),
-                      ly->in_layout[0]};
+    const ps_layer_attrs *a = &ly->a;
+    ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                      .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad};
+    if (is_adaptive(ly)) {   /* the whole plane, one window */
+        d.kh = d.h;
+        d.kw = d.w;
+        d.stride_h = d.stride_w = 1;
+        d.count_include_pad = 1;
+        return d;
+    }
+    int64_t sh = a->stride[0] ? a->stride[0] : a->kernel[0], sw = a->stride[1] ? a->stride[1] : a->kernel[1];
+    if (a->kernel[0] == a->kernel[1] && sh == sw && !a->padding[0] && !a->padding[1]) {   /* the square form */
+        d.k = (int)a->kernel[0];
+        d.stride = (int)sh;
+        return d;
+    }
+    d.kh = (int)a->kernel[0];
+    d.kw = (int)a->kernel[1];
+    d.stride_h = (int)sh;
+    d.stride_w = (int)sw;
+    d.pad_h = (int)a->padding[0];
+    d.pad_w = (int)a->padding[1];
     return d;
 }
 
@@ -359,13 +394,21 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
-    int64_t sh = a->stride[0] ? a->stride[0] : a->kernel[0], sw = a->stride[1] ? a->stride[1] : a->kernel[1];
-    if (a->kernel[0] != a->kernel[1] || sh != sw || a->padding[0] || a->padding[1])
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "this build's max pooling takes a square window and stride "
-                          "without padding");
+    if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
+                          (long long)a->output_size[0], (long long)a->output_size[1]);
+    if (!is_adaptive(ly) && (2 * a->padding[0] > a->kernel[0] || 2 * a->padding[1] > a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is more than half the kernel %lldx%lld "
+                          "(PyTorch refuses it too)", (long long)a->padding[0], (long long)a->padding[1],
+                          (long long)a->kernel[0], (long long)a->kernel[1]);
+    if (a->flag)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ceil_mode: true is not supported (floor mode only)");
     ps_pool_desc d = pool_desc(ly, 1);
-    if (ps_pool_out_h(&d) < 1 || ps_pool_out_w(&d) < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lld does not fit the input", (long long)a->kernel[0]);
+    if (!is_adaptive(ly) && (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] ||
+                             ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",
+                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)ly->in[0].dims[0],
+                          (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
     ly->outs.ndim = 3;
     ly->outs.dims[0] = ly->in[0].dims[0];
     ly->outs.dims[1] = ps_pool_out_h(&d);
@@ -394,7 +437,243 @@ static ps_status pool_backward(ps_layer_call *c, ps_err *err) {
 static size_t pool_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
 static double pool_flops(const ps_layer *ly) {
-    return (double)ps_shape_numel(&ly->outs) * (double)ly->a.kernel[0] * (double)ly->a.kernel[1];
+    const ps_pool_desc r = pool_desc(ly, 1), g = ps_pool_resolve(&r);
+    return (double)ps_shape_numel(&ly->outs) * (double)g.kh * (double)g.kw;
+}
+
+static const char *avgpool_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->avgpool_forward && ops->avgpool_backward ? NULL : "avgpool_forward/avgpool_backward";
+}
+
+static ps_status avgpool_forward(ps_layer_call *c, ps_err *err) {
+    ps_pool_desc d = pool_desc(c->ly, c->n);
+    return c->be->ops->avgpool_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status avgpool_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_pool_desc d = pool_desc(c->ly, c->n);
+    return c->be->ops->avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* ---- BatchNorm2d / BatchNorm1d: nn.BatchNorm2d(num_features, eps,
+ * momentum, affine, track_running_stats). Training forwards use the
+ * batch's statistics and keep mean, invstd and the unbiased variance in the
+ * tape: the model folds the last two into running_mean / running_var when
+ * the context's step is applied (model.c), never here. ---- */
+
+/* (n, C, s): s = H*W (2d), L or 1 (1d). */
+static ps_chan_desc bn_desc(const ps_layer *ly, int n) {
+    const ps_shape *in = &ly->in[0];
+    int64_t s = 1;
+    for (int d = 1; d < in->ndim; d++) s *= in->dims[d];
+    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps};
+    return d;
+}
+
+static ps_status bn_infer_dims(ps_layer *ly, int lo, int hi, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, lo, hi, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int64_t c = ly->in[0].dims[0];
+    if ((rc = check_given("num_features", ly->a.in_features, c, err))) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t cd[1] = {c};
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", 1, cd, c, ONES);
+        set_param(ly, 1, "bias", 1, cd, c, ZEROS);
+    }
+    if (ly->a.track) {
+        set_buffer(ly, "running_mean", 1, cd, PS_DTYPE_F32, 0.0f);
+        set_buffer(ly, "running_var", 1, cd, PS_DTYPE_F32, 1.0f);
+        set_buffer(ly, "num_batches_tracked", 0, cd, PS_DTYPE_I64, 0.0f);
+    }
+    return PS_OK;
+}
+
+static ps_status bn2d_infer(ps_layer *ly, ps_err *err) { return bn_infer_dims(ly, 3, 3, err); }
+static ps_status bn1d_infer(ps_layer *ly, ps_err *err) { return bn_infer_dims(ly, 1, 2, err); }
+
+static const char *bn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->batchnorm_forward_training && ops->batchnorm_forward_inference && ops->batchnorm_backward
+               ? NULL : "batchnorm_forward_training/batchnorm_forward_inference/batchnorm_backward";
+}
+
+static ps_status bn_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_chan_desc d = bn_desc(ly, c->n);
+    const float *gamma = ly->a.affine ? c->w[0] : NULL, *beta = ly->a.affine ? c->w[1] : NULL;
+    if (!c->train && ly->a.track)   /* eval: the running statistics */
+        return c->be->ops->batchnorm_forward_inference(c->be->impl, &d, c->x, gamma, beta, c->buf[0], c->buf[1],
+                                                       c->y, NULL, err);
+    if ((int64_t)d.n * d.s < 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "BatchNorm %s: expected more than 1 value per channel when "
+                          "training (got a batch of %d with %lld per sample)", ly->name, c->n, (long long)d.s);
+    float *mean = ps_backend_alloc_floats(c->be, d.c), *invstd = ps_backend_alloc_floats(c->be, d.c);
+    float *var = c->train && ly->a.track ? ps_backend_alloc_floats(c->be, d.c) : NULL;
+    if (!mean || !invstd || (c->train && ly->a.track && !var)) {
+        ps_backend_release(c->be, mean);
+        ps_backend_release(c->be, invstd);
+        ps_backend_release(c->be, var);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's statistics", ly->name);
+    }
+    if (c->train) {   /* kept for the backward and the running statistics */
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = invstd;
+        c->saved->dev[2] = var;
+    }
+    ps_status rc = c->be->ops->batchnorm_forward_training(c->be->impl, &d, c->x, gamma, beta, c->y, mean, invstd,
+                                                          var, err);
+    if (!c->train) {
+        ps_backend_release(c->be, mean);
+        ps_backend_release(c->be, invstd);
+    }
+    return rc;
+}
+
+static ps_status bn_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_chan_desc d = bn_desc(ly, c->n);
+    return c->be->ops->batchnorm_backward(c->be->impl, &d, 1, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx,
+                                          ly->a.affine ? c->dw[0] : NULL, ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t bn_bytes(const ps_layer *ly, int n) { (void)n; return 3 * (size_t)ly->in[0].dims[0] * sizeof(float); }
+
+static double bn_flops(const ps_layer *ly) { return 4.0 * (double)ps_shape_numel(&ly->outs); }
+
+/* The batch mean and unbiased variance of a training forward. */
+static int bn_stats(const ps_layer *ly, const ps_layer_saved *sv, const float **dev, int64_t *len) {
+    if (!ly->a.track || !sv->dev[0] || !sv->dev[2]) return 0;
+    dev[0] = sv->dev[0];
+    dev[1] = sv->dev[2];
+    len[0] = len[1] = ly->in[0].dims[0];
+    return 2;
+}
+
+/* PyTorch's update (ATen's batch_norm update_stats, in double): count the
+ * batch, then running = (1 - f) * running + f * batch with f = momentum,
+ * or 1 / num_batches_tracked for momentum=None (a cumulative average). */
+static void bn_fold(const ps_layer *ly, float *const *fbuf, int64_t *const *ibuf, const float *const *stats) {
+    int64_t c = ly->in[0].dims[0];
+    ibuf[2][0] += 1;
+    double f = ly->a.momentum_null ? 1.0 / (double)ibuf[2][0] : ly->a.momentum;
+    for (int64_t j = 0; j < c; j++) {
+        fbuf[0][j] = (float)(f * stats[0][j] + (1.0 - f) * fbuf[0][j]);
+        fbuf[1][j] = (float)(f * stats[1][j] + (1.0 - f) * fbuf[1][j]);
+    }
+}
+
+/* ---- LayerNorm: nn.LayerNorm(normalized_shape, eps, elementwise_affine)
+ * over the trailing dimensions ---- */
+
+static ps_ln_desc ln_desc(const ps_layer *ly, int n) {
+    int64_t cols = 1;
+    for (int d = 0; d < ly->a.ndims; d++) cols *= ly->a.dims[d];
+    ps_ln_desc d = {(int64_t)n * (ps_shape_numel(&ly->in[0]) / cols), cols, (float)ly->a.eps};
+    return d;
+}
+
+static ps_status ln_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_shape *in = &ly->in[0];
+    int k = ly->a.ndims, ok = k <= in->ndim;
+    for (int d = 0; ok && d < k; d++) ok = in->dims[in->ndim - k + d] == ly->a.dims[d];
+    if (!ok) {
+        char b[64];
+        ps_shape ns = {.ndim = k};
+        for (int d = 0; d < k; d++) ns.dims[d] = ly->a.dims[d];
+        char b2[64];
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "normalized_shape %s is not the input's trailing "
+                          "dimensions %s", ps_shape_format(&ns, b2, sizeof b2), ps_shape_format(in, b, sizeof b));
+    }
+    ly->outs = *in;
+    ly->out_dtype = PS_DTYPE_F32;
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", k, ly->a.dims, 1, ONES);
+        set_param(ly, 1, "bias", k, ly->a.dims, 1, ZEROS);
+    }
+    return PS_OK;
+}
+
+static const char *ln_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->layernorm_forward && ops->layernorm_backward ? NULL : "layernorm_forward/layernorm_backward";
+}
+
+static ps_status ln_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_ln_desc d = ln_desc(ly, c->n);
+    float *mean = NULL, *rstd = NULL;
+    if (c->train) {
+        mean = ps_backend_alloc_floats(c->be, d.rows);
+        rstd = ps_backend_alloc_floats(c->be, d.rows);
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = rstd;
+        if (!mean || !rstd) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name);
+    }
+    return c->be->ops->layernorm_forward(c->be->impl, &d, c->x, ly->a.affine ? c->w[0] : NULL,
+                                         ly->a.affine ? c->w[1] : NULL, c->y, mean, rstd, err);
+}
+
+static ps_status ln_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_ln_desc d = ln_desc(ly, c->n);
+    return c->be->ops->layernorm_backward(c->be->impl, &d, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx, ly->a.affine ? c->dw[0] : NULL,
+                                          ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(ly, n).rows * sizeof(float); }
+
+static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
+
+/* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
+ * Tanh, Sigmoid (ReLU has its own ops above); the backward reads the
+ * input or the output, as the activation needs ---- */
+
+static ps_act_desc act_desc(const ps_layer *ly) {
+    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID};
+    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope};
+    if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
+    return d;
+}
+
+/* ly->a.act carries the row's activation (set by its infer). */
+static ps_status act_infer_as(ps_layer *ly, int which, ps_err *err) {
+    ps_status rc = infer_same(ly, err);
+    if (rc) return rc;
+    ly->a.act = which;
+    ly->flags &= ~(unsigned)(PS_KIND_BWD_X | PS_KIND_BWD_Y);
+    ly->flags |= ps_act_backward_reads_x(act_desc(ly).kind) ? PS_KIND_BWD_X : PS_KIND_BWD_Y;
+    return PS_OK;
+}
+static ps_status leaky_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 0, err); }
+static ps_status gelu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 1, err); }
+static ps_status silu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 2, err); }
+static ps_status tanh_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 3, err); }
+static ps_status sigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 4, err); }
+
+static const char *act_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->act_backward ? NULL : "act_forward/act_backward";
+}
+
+static ps_status act_forward(ps_layer_call *c, ps_err *err) {
+    ps_act_desc d = act_desc(c->ly);
+    return c->be->ops->act_forward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), c->x, c->y, err);
+}
+
+static ps_status act_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_act_desc d = act_desc(c->ly);
+    int rx = ps_act_backward_reads_x(d.kind);
+    return c->be->ops->act_backward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), rx ? c->x : NULL,
+                                    rx ? NULL : c->y, c->dy, c->dx, err);
 }
 
 /* ---- Dropout / Dropout2d: inverted dropout with a mask kept in the tape ---- */
@@ -434,14 +713,46 @@ static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
 
 static ps_status dropout_forward(ps_layer_call *c, ps_err *err) { return dropout_run(c, 1, err); }
 
+/* Dropout2d: one draw per (sample, channel), applied by mul_channels in
+ * the layout the activation has (the mask is (n, C) whatever the layout). */
 static ps_status dropout2d_forward(ps_layer_call *c, ps_err *err) {
-    return dropout_run(c, c->ly->in[0].dims[1] * c->ly->in[0].dims[2], err);
+    const ps_backend_ops *ops = c->be->ops;
+    ps_chan_desc d = bn_desc(c->ly, c->n);
+    int64_t count = (int64_t)d.n * d.c;
+    float *mask = ps_backend_alloc_floats(c->be, count);
+    float *host = malloc((size_t)(count ? count : 1) * sizeof(float));
+    if (!mask || !host) {
+        ps_backend_release(c->be, mask);
+        free(host);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
+    }
+    c->saved->dev[0] = mask;
+    float keep = 1.0f / (1.0f - (float)c->ly->a.p);
+    for (int64_t g = 0; g < count; g++)
+        host[g] = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < (float)c->ly->a.p ? 0.0f : keep);
+    ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+    free(host);
+    if (rc != PS_OK) return rc;
+    return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
 }
 
 static ps_status dropout_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
     return c->be->ops->mul(c->be->impl, ps_layer_out_count(c->ly, c->n), c->dy, c->saved->dev[0], c->dx, err);
 }
+
+static ps_status dropout2d_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_chan_desc d = bn_desc(c->ly, c->n);
+    return c->be->ops->mul_channels(c->be->impl, &d, c->dy, c->saved->dev[0], c->dx, err);
+}
+
+static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->mul_channels ? NULL : "mul_channels";
+}
+
+static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
@@ -512,30 +823,30 @@ static ps_status linear_infer(ps_layer *ly, ps_err *err) {
     if (rc) return rc;
     int64_t in = ps_shape_last(&ly->in[0]);
     if ((rc = check_given("in_features", ly->a.in_features, in, err))) return rc;
-    if (!ly->a.bias)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "bias: false is not supported by this build's linear");
     ly->outs = ly->in[0];
     ly->outs.dims[ly->outs.ndim - 1] = ly->a.out;
     ly->out_dtype = PS_DTYPE_F32;
     int64_t wd[2] = {ly->a.out, in}, bd[1] = {ly->a.out};
     set_param(ly, 0, "weight", 2, wd, in, FAN_UNIFORM);
-    set_param(ly, 1, "bias", 1, bd, in, FAN_UNIFORM);
+    if (ly->a.bias) set_param(ly, 1, "bias", 1, bd, in, FAN_UNIFORM);
     return PS_OK;
 }
 
 static ps_status linear_forward(ps_layer_call *c, ps_err *err) {
     ps_linear_desc d = linear_desc(c->ly, c->n);
-    return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->w[1], c->y, err);
+    return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
     ps_linear_desc d = linear_desc(c->ly, c->n);
-    return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0], c->dw[1], err);
+    return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
+                                       c->ly->a.bias ? c->dw[1] : NULL, err);
 }
 
 static double linear_flops(const ps_layer *ly) { return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)ps_shape_last(&ly->in[0]); }
 
-/* ---- LogSoftmax and Softmax over dim (the last dimension) ---- */
+/* ---- LogSoftmax and Softmax over dim: the row-wise ops when dim is
+ * the last one that is not 1, the strided op otherwise ---- */
 
 static ps_status softmax_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
@@ -544,46 +855,50 @@ static ps_status softmax_infer(ps_layer *ly, ps_err *err) {
     if (d < 0)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
                           "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
-    for (int k = d + 1; k < ly->in[0].ndim; k++)
-        if (ly->in[0].dims[k] != 1)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld: this build takes softmax over the last "
-                              "dimension only", (long long)ly->a.dim);
     ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
 
-static int64_t sm_rows(const ps_layer_call *c) {
-    int d = sample_dim(c->ly->a.dim, c->ly->in[0].ndim);
-    int64_t r = c->n;
-    for (int k = 0; k < d; k++) r *= c->ly->in[0].dims[k];
-    return r;
+/* The input as (outer, dim, inner) around the softmax dimension. */
+static ps_softmax_desc sm_desc(const ps_layer *ly, int n, int log) {
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    ps_softmax_desc s = {n, (int)ly->in[0].dims[d], 1, log};
+    for (int k = 0; k < d; k++) s.outer *= ly->in[0].dims[k];
+    for (int k = d + 1; k < ly->in[0].ndim; k++) s.inner *= ly->in[0].dims[k];
+    return s;
 }
 
-static int sm_cols(const ps_layer_call *c) { return (int)c->ly->in[0].dims[sample_dim(c->ly->a.dim, c->ly->in[0].ndim)]; }
-
-static ps_status log_softmax_forward(ps_layer_call *c, ps_err *err) {
-    return c->be->ops->log_softmax_forward(c->be->impl, (int)sm_rows(c), sm_cols(c), c->x, c->y, err);
-}
-
-static ps_status log_softmax_backward(ps_layer_call *c, ps_err *err) {
-    if (!c->dx) return PS_OK;
-    return c->be->ops->log_softmax_backward(c->be->impl, (int)sm_rows(c), sm_cols(c), c->y, c->dy, c->dx, err);
-}
-
-static const char *softmax_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+static const char *sm_missing(const ps_layer *ly, const ps_backend_ops *ops, int log) {
+    ps_softmax_desc s = sm_desc(ly, 1, log);
+    if (s.inner > 1) return ops->softmax_dim_forward && ops->softmax_dim_backward ? NULL : "softmax_dim_forward/backward";
+    if (log) return NULL;
     return ops->softmax_forward && ops->softmax_backward ? NULL : "softmax_forward/softmax_backward";
 }
+static const char *softmax_missing(const ps_layer *ly, const ps_backend_ops *ops) { return sm_missing(ly, ops, 0); }
+static const char *log_softmax_missing(const ps_layer *ly, const ps_backend_ops *ops) { return sm_missing(ly, ops, 1); }
 
-static ps_status softmax_forward(ps_layer_call *c, ps_err *err) {
-    return c->be->ops->softmax_forward(c->be->impl, sm_rows(c), sm_cols(c), c->x, c->y, err);
+static ps_status sm_forward(ps_layer_call *c, int log, ps_err *err) {
+    ps_softmax_desc s = sm_desc(c->ly, c->n, log);
+    const ps_backend_ops *ops = c->be->ops;
+    if (s.inner > 1) return ops->softmax_dim_forward(c->be->impl, &s, c->x, c->y, err);
+    if (log) return ops->log_softmax_forward(c->be->impl, (int)s.outer, s.dim, c->x, c->y, err);
+    return ops->softmax_forward(c->be->impl, s.outer, s.dim, c->x, c->y, err);
 }
 
-static ps_status softmax_backward(ps_layer_call *c, ps_err *err) {
+static ps_status sm_backward(ps_layer_call *c, int log, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return c->be->ops->softmax_backward(c->be->impl, sm_rows(c), sm_cols(c), c->y, c->dy, c->dx, err);
+    ps_softmax_desc s = sm_desc(c->ly, c->n, log);
+    const ps_backend_ops *ops = c->be->ops;
+    if (s.inner > 1) return ops->softmax_dim_backward(c->be->impl, &s, c->y, c->dy, c->dx, err);
+    if (log) return ops->log_softmax_backward(c->be->impl, (int)s.outer, s.dim, c->y, c->dy, c->dx, err);
+    return ops->softmax_backward(c->be->impl, s.outer, s.dim, c->y, c->dy, c->dx, err);
 }
+
+static ps_status log_softmax_forward(ps_layer_call *c, ps_err *err) { return sm_forward(c, 1, err); }
+static ps_status log_softmax_backward(ps_layer_call *c, ps_err *err) { return sm_backward(c, 1, err); }
+static ps_status softmax_forward(ps_layer_call *c, ps_err *err) { return sm_forward(c, 0, err); }
+static ps_status softmax_backward(ps_layer_call *c, ps_err *err) { return sm_backward(c, 0, err); }
 
 /* ---- Embedding: nn.Embedding(num_embeddings, embedding_dim); int64 ids
  * in, rows out. The weight's gradient is row-sparse: the unique ids of the
@@ -778,19 +1093,91 @@ static ps_status add_infer(ps_layer *ly, ps_err *err) {
 static ps_status add_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     int64_t count = ps_layer_out_count(c->ly, c->n);
-    ps_status rc = PS_OK;
-    if (c->y != c->xs[0]) {
-        if (c->be->ops->alloc && c->be->device == 0 && !c->be->ops->device_kind) {
-            memcpy(c->y, c->xs[0], (size_t)count * sizeof(float));
-        } else {   /* a device: through the host */
-            float *h = malloc((size_t)(count ? count : 1) * sizeof(float));
-            if (!h) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-            rc = ops->copy_to_host(c->be->impl, h, c->xs[0], (size_t)count * sizeof(float), err);
-            if (rc == PS_OK) rc = ops->copy_to_device(c->be->impl, c->y, h, (size_t)count * sizeof(float), err);
-            free(h);
-        }
+    ps_status rc = ops->add_out(c->be->impl, count, c->xs[0], c->xs[1], c->y, err);
+    for (int i = 2; i < c->ly->nin && rc == PS_OK; i++) rc = ops->add(c->be->impl, count, c->y, c->xs[i], err);
+    return rc;
+}
+
+static const char *add_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->add_out ? NULL : "add_out";
+}
+
+/* ---- Concat: torch.cat(inputs, dim); every other dimension equal ---- */
+
+static ps_status concat_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    if (d < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
+                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
+    ly->outs = ly->in[0];
+    for (int i = 1; i < ly->nin; i++) {
+        if ((rc = need_ndim(ly, i, ly->in[0].ndim, ly->in[0].ndim, PS_DTYPE_F32, err))) return rc;
+        for (int k = 0; k < ly->in[0].ndim; k++)
+            if (k != d && ly->in[i].dims[k] != ly->in[0].dims[k])
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: they may "
+                                  "differ only in dim %lld", ly->def->in_names[0],
+                                  ps_shape_format(&ly->in[0], b1, sizeof b1), ly->def->in_names[i],
+                                  ps_shape_format(&ly->in[i], b2, sizeof b2), (long long)ly->a.dim);
+        ly->outs.dims[d] += ly->in[i].dims[d];
     }
-    for (int i = 1; i < c->ly->nin && rc == PS_OK; i++) rc = ops->add(c->be->impl, count, c->y, c->xs[i], err);
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* Input i as rows of a 2-D copy into the output: rows, its columns, the
+ * output's row length and i's offset in it. A blocked (C, H, W) activation
+ * is viewed as (C/B, H, W, B). */
+static void concat_geom(const ps_layer *ly, const ps_backend *be, int n, int i, int64_t *rows, int64_t *cols,
+                        int64_t *ld, int64_t *off) {
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    int64_t before = 0;
+    for (int j = 0; j < i; j++) before += ly->in[j].dims[d];
+    const ps_shape *o = &ly->outs;
+    if (ly->in_layout[0] == PS_LAYOUT_BLOCKED) {
+        int64_t B = be->ops->blocked_layout(be->impl, (int)o->dims[0]), C = o->dims[0], H = o->dims[1],
+                W = o->dims[2];
+        int64_t ci = ly->in[i].dims[0], hi = ly->in[i].dims[1], wi = ly->in[i].dims[2];
+        if (d == 0) { *rows = n; *cols = ci * H * W; *ld = C * H * W; *off = before * H * W; }
+        else if (d == 1) { *rows = (int64_t)n * (C / B); *cols = hi * W * B; *ld = H * W * B; *off = before * W * B; }
+        else { *rows = (int64_t)n * (C / B) * H; *cols = wi * B; *ld = W * B; *off = before * B; }
+        return;
+    }
+    int64_t outer = n, inner = 1;
+    for (int k = 0; k < d; k++) outer *= o->dims[k];
+    for (int k = d + 1; k < o->ndim; k++) inner *= o->dims[k];
+    *rows = outer;
+    *cols = ly->in[i].dims[d] * inner;
+    *ld = o->dims[d] * inner;
+    *off = before * inner;
+}
+
+static const char *concat_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->copy2d ? NULL : "copy2d";
+}
+
+static ps_status concat_forward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int i = 0; i < c->ly->nin && rc == PS_OK; i++) {
+        int64_t rows, cols, ld, off;
+        concat_geom(c->ly, c->be, c->n, i, &rows, &cols, &ld, &off);
+        rc = c->be->ops->copy2d(c->be->impl, rows, cols, c->xs[i], cols, (float *)c->y + off, ld, 0, err);
+    }
+    return rc;
+}
+
+static ps_status concat_backward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int i = 0; i < c->ly->nin && rc == PS_OK; i++) {
+        if (!c->dxs[i]) continue;
+        int64_t rows, cols, ld, off;
+        concat_geom(c->ly, c->be, c->n, i, &rows, &cols, &ld, &off);
+        rc = c->be->ops->copy2d(c->be->impl, rows, cols, c->dy + off, ld, c->dxs[i], cols, 0, err);
+    }
     return rc;
 }
 
@@ -821,6 +1208,47 @@ static const ps_attr_spec maxpool_attrs[] = {
     ATTR_PAIR("kernel_size", kernel, NULL, 1),
     ATTR_PAIR("stride", stride, "", 1),
     ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec avgpool_attrs[] = {
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_BOOL("count_include_pad", count_include_pad, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec adaptive_attrs[] = {
+    ATTR_PAIR("output_size", output_size, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec bn_attrs[] = {
+    ATTR_INT("num_features", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    {"momentum", PS_ATTR_FLOAT_OR_NULL, A(momentum), "0.1", 0, 1, 0, 0, NULL, A(momentum_null)},
+    ATTR_BOOL("affine", affine, "true"),
+    ATTR_BOOL("track_running_stats", track, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec ln_attrs[] = {
+    {"normalized_shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_BOOL("elementwise_affine", affine, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec leaky_attrs[] = {
+    ATTR_FLOAT("negative_slope", slope, "0.01", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const char *const gelu_approx[] = {"none", "tanh", NULL};
+static const ps_attr_spec gelu_attrs[] = {
+    {"approximate", PS_ATTR_ENUM, A(approximate), "none", 0, 0, 0, 0, gelu_approx, 0},
+    ATTR_END,
+};
+static const ps_attr_spec concat_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec linear_attrs[] = {
@@ -868,22 +1296,38 @@ static const ps_attr_spec no_attrs[] = {ATTR_END};
 /* ---------------------------------------------------------------- table */
 
 #define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
+#define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
     {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, no_op, conv_forward,
      conv_backward, NULL, NULL, conv_flops},
     {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
+    {"BatchNorm2d", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn2d_infer,
+     bn_missing, bn_forward, bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
+    {"BatchNorm1d", PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn1d_infer, bn_missing, bn_forward,
+     bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
+    {"LayerNorm", PS_KIND_BWD_X, 1, 1, ln_attrs, ln_infer, ln_missing, ln_forward, ln_backward, ln_bytes, NULL,
+     ln_flops},
     {"MaxPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, maxpool_attrs, pool_infer, no_op, pool_forward, pool_backward,
      pool_bytes, NULL, pool_flops},
+    {"AvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, avgpool_attrs, pool_infer, avgpool_missing, avgpool_forward,
+     avgpool_backward, NULL, NULL, pool_flops},
+    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, pool_infer, avgpool_missing, avgpool_forward,
+     avgpool_backward, NULL, NULL, pool_flops},
     {"ReLU", F_ACT | PS_KIND_BWD_Y, 1, 1, inplace_attrs, infer_same, no_op, relu_forward, relu_backward, NULL, NULL,
      NULL},
-    {"Dropout", PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE, 1, 1, dropout_attrs, dropout_infer, no_op,
-     dropout_forward, dropout_backward, dropout_bytes, NULL, NULL},
-    {"Dropout2d", PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE, 1, 1, dropout_attrs, dropout2d_infer, no_op,
-     dropout2d_forward, dropout_backward, dropout_bytes, NULL, NULL},
+    {"LeakyReLU", F_ACT, 1, 1, leaky_attrs, leaky_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"GELU", F_ACT, 1, 1, gelu_attrs, gelu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"SiLU", F_ACT, 1, 1, inplace_attrs, silu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Tanh", F_ACT, 1, 1, no_attrs, tanh_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sigmoid", F_ACT, 1, 1, no_attrs, sigmoid_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Dropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, no_op, dropout_forward, dropout_backward, dropout_bytes,
+     NULL, NULL},
+    {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
+     dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
     {"Reshape", PS_KIND_VIEW, 1, 1, reshape_attrs, reshape_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
-    {"LogSoftmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, no_op, log_softmax_forward,
+    {"LogSoftmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, log_softmax_missing, log_softmax_forward,
      log_softmax_backward, NULL, NULL, NULL},
     {"Softmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, softmax_missing, softmax_forward, softmax_backward,
      NULL, NULL, NULL},
@@ -892,7 +1336,9 @@ static const ps_layer_kind kinds[] = {
     {"LSTM", PS_KIND_PARAMS_ONLY, 1, 1, lstm_attrs, lstm_infer, no_op, lstm_refuse, lstm_refuse, NULL, NULL,
      lstm_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
-     no_op, add_forward, view_pass, NULL, NULL, NULL},
+     add_missing, add_forward, view_pass, NULL, NULL, NULL},
+    {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
+     concat_backward, NULL, NULL, zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))

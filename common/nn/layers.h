@@ -72,7 +72,8 @@ typedef struct ps_layer_attrs {
     int ndims;                  /* Reshape shape / LayerNorm normalized_shape */
     int64_t dims[PS_SHAPE_MAX_DIMS];
     int count_include_pad;      /* AvgPool2d */
-    int64_t output_size[2];     /* AdaptiveAvgPool2d */
+    int64_t output_size[2];     /* AdaptiveAvgPool2d (0: not an adaptive pool) */
+    int act;                    /* the activation of an activation kind (set by its infer) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -232,6 +233,15 @@ typedef struct ps_layer_kind {
     ps_status (*check_input)(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err);
     /* FLOPs per sample of the forward, a multiply-add counted as 2 (NULL: elementwise, the output's size). */
     double (*flops)(const ps_layer *ly);
+    /* Buffers updated by training (BatchNorm's running statistics), both
+     * NULL for kinds without. stats: the arrays of a training forward's
+     * saved state its fold reads (device memory, float), their lengths;
+     * returns how many (0: nothing to fold). fold: apply one forward's
+     * stats (host copies) to the node's buffers (host copies: float32 ones
+     * in fbuf, int64 ones in ibuf, in ly->buffer order). The model folds a
+     * context's forwards when its step is applied (model.h). */
+    int (*stats)(const ps_layer *ly, const ps_layer_saved *sv, const float **dev, int64_t *len);
+    void (*fold)(const ps_layer *ly, float *const *fbuf, int64_t *const *ibuf, const float *const *stats);
 } ps_layer_kind;
 
 /* The kind of that name, or NULL. */

@@ -74,6 +74,13 @@ void ps_model_free(ps_model *m) {
     if (m->def_params)
         for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
     free(m->def_params);
+    if (m->buffers)
+        for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
+    free(m->buffers);
+    free(m->bloc);
+    if (m->def_buffers)
+        for (int i = 0; i < m->ndef_buffers; i++) free((char *)m->def_buffers[i].name);
+    free(m->def_buffers);
     free(m->loc);
     free(m->ost);
     ps_model_def_free(m->def);
@@ -145,6 +152,25 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     st->slots[l].g_off[j] = goff;
     m->nsparse += lp->sparse;
     m->nparams++;
+    return PS_OK;
+}
+
+static ps_buffer_info buffer_info(const stage *st, const ps_layer *ly, int j, int stage_index, char *name) {
+    const ps_layer_buffer *b = &ly->buffer[j];
+    ps_buffer_info bi = {.name = name, .ndim = b->ndim, .numel = b->numel, .dtype = b->dtype, .stage = st->def->name,
+                         .device = st->device, .stage_index = stage_index};
+    memcpy(bi.dims, b->dims, sizeof bi.dims);
+    return bi;
+}
+
+static ps_status add_buffer(ps_model *m, int s, int l, int j, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_layer *ly = &st->layers[l];
+    char *name = join_name(ly->name, ly->buffer[j].suffix);
+    if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    m->buffers[m->nbuffers] = buffer_info(st, ly, j, s, name);
+    m->bloc[m->nbuffers] = (buffer_loc){s, l, j, st->slots[l].b_off[j]};
+    st->slots[l].buffer[j] = m->nbuffers++;
     return PS_OK;
 }
 
@@ -295,6 +321,8 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
             st->slots[l].buffer[j] = -1;
             if (b->dtype == PS_DTYPE_I64) { st->slots[l].b_off[j] = st->nbufi; st->nbufi += b->numel; }
             else { st->slots[l].b_off[j] = st->nbufw; st->nbufw += b->numel; }
+            ps_status rc;
+            if (s >= 0 && (rc = add_buffer(m, s, l, j, err)) != PS_OK) return rc;
         }
     }
     const ps_layer *ol = ps_stage_out_layer(st);
@@ -384,6 +412,22 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
         }
         h += hosted[ds];
     }
+    int nb = 0;   /* and every buffer */
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) nb += seq[ds]->layers[l].nbuffers;
+    if (!(m->def_buffers = calloc((size_t)nb + 1, sizeof *m->def_buffers)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++)
+            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+                char *name = join_name(st->layers[l].name, st->layers[l].buffer[j].suffix);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                m->def_buffers[m->ndef_buffers++] = buffer_info(st, &st->layers[l], j, hosted[ds] ? h : -1, name);
+            }
+        h += hosted[ds];
+    }
     return PS_OK;
 }
 
@@ -471,7 +515,9 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
     m->params = calloc(maxp + 1, sizeof *m->params);
     m->loc = calloc(maxp + 1, sizeof *m->loc);
     m->ost = calloc(maxp + 1, sizeof *m->ost);
-    if (!m->params || !m->loc || !m->ost) {
+    m->buffers = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->buffers);
+    m->bloc = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->bloc);
+    if (!m->params || !m->loc || !m->ost || !m->buffers || !m->bloc) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -660,6 +706,59 @@ int64_t ps_model_num_weights(const ps_model *m) { return m->total_weights; }
 int ps_model_num_def_params(const ps_model *m) { return m->ndef_params; }
 const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
+}
+
+int ps_model_num_buffers(const ps_model *m) { return m->nbuffers; }
+const ps_buffer_info *ps_model_buffer(const ps_model *m, int i) {
+    return (i >= 0 && i < m->nbuffers) ? &m->buffers[i] : NULL;
+}
+int ps_model_find_buffer(const ps_model *m, const char *name) {
+    for (int i = 0; name && i < m->nbuffers; i++)
+        if (!strcmp(m->buffers[i].name, name)) return i;
+    return -1;
+}
+int ps_model_num_def_buffers(const ps_model *m) { return m->ndef_buffers; }
+const ps_buffer_info *ps_model_def_buffer(const ps_model *m, int i) {
+    return (i >= 0 && i < m->ndef_buffers) ? &m->def_buffers[i] : NULL;
+}
+
+/* Buffer i's memory: float32 on the stage's device, int64 on the host. */
+static void *buffer_mem(ps_model *m, int i) {
+    stage *st = &m->stages[m->bloc[i].stage];
+    return m->buffers[i].dtype == PS_DTYPE_I64 ? (void *)(st->bufi + m->bloc[i].off) : (void *)(st->bufw + m->bloc[i].off);
+}
+
+/* Under the weights lock (either). */
+static ps_status copy_buffer_out(ps_model *m, int i, void *host_dst, ps_err *err) {
+    stage *st = &m->stages[m->bloc[i].stage];
+    size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
+    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, buffer_mem(m, i), bytes); return PS_OK; }
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, buffer_mem(m, i), bytes, err);
+}
+
+ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    pthread_rwlock_rdlock(&m->lock);
+    ps_status rc = copy_buffer_out(m, i, host_dst, err);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+ps_status ps_model_set_buffer(ps_model *m, int i, const void *host_src, ps_err *err) {
+    if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    stage *st = &m->stages[m->bloc[i].stage];
+    size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
+    ps_status rc = PS_OK;
+    pthread_rwlock_wrlock(&m->lock);
+    if (m->buffers[i].dtype == PS_DTYPE_I64) memcpy(buffer_mem(m, i), host_src, bytes);
+    else rc = st->be->ops->copy_to_device(st->be->impl, buffer_mem(m, i), host_src, bytes, err);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq) {
+    t->key = key;
+    t->seq = seq;
 }
 
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
@@ -865,6 +964,97 @@ static ps_status stage_rows(ps_model *m, int i, const ps_rows *r, param_grad *pg
     return rc;
 }
 
+/* ---- running statistics: the folds a step applies ---- */
+
+/* The nodes g's records touch, each with host copies of its float32
+ * buffers; the records in fold order. Built before the weights lock. */
+typedef struct fold_plan {
+    int *order;              /* (nrecs) record indices in (key, seq) order, stable */
+    int nlayers;
+    int (*at)[2];            /* (nlayers) stage, layer */
+    float *(*fbuf)[PS_LAYER_MAX_BUFFERS]; /* per node: host copies of its float32 buffers */
+} fold_plan;
+
+static const ps_grads *g_sort;   /* qsort has no context; the sort runs under fold_mu */
+static pthread_mutex_t fold_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_rec(const void *a, const void *b) {
+    const fold_record *x = &g_sort->recs[*(const int *)a], *y = &g_sort->recs[*(const int *)b];
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+    return *(const int *)a - *(const int *)b;   /* stable */
+}
+
+static void fold_plan_free(fold_plan *fp) {
+    for (int k = 0; fp->fbuf && k < fp->nlayers; k++)
+        for (int j = 0; j < PS_LAYER_MAX_BUFFERS; j++) free(fp->fbuf[k][j]);
+    free(fp->fbuf);
+    free(fp->at);
+    free(fp->order);
+}
+
+static ps_status fold_prepare(ps_model *m, const ps_grads *g, fold_plan *fp, ps_err *err) {
+    memset(fp, 0, sizeof *fp);
+    if (!g->nrecs) return PS_OK;
+    fp->order = malloc((size_t)g->nrecs * sizeof *fp->order);
+    fp->at = calloc((size_t)g->nrecs, sizeof *fp->at);
+    fp->fbuf = calloc((size_t)g->nrecs, sizeof *fp->fbuf);
+    if (!fp->order || !fp->at || !fp->fbuf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
+    for (int r = 0; r < g->nrecs; r++) fp->order[r] = r;
+    pthread_mutex_lock(&fold_mu);
+    g_sort = g;
+    qsort(fp->order, (size_t)g->nrecs, sizeof *fp->order, cmp_rec);
+    pthread_mutex_unlock(&fold_mu);
+    for (int r = 0; r < g->nrecs; r++) {
+        const fold_record *rec = &g->recs[r];
+        int k = 0;
+        while (k < fp->nlayers && (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer)) k++;
+        if (k < fp->nlayers) continue;
+        fp->at[k][0] = rec->stage;
+        fp->at[k][1] = rec->layer;
+        fp->nlayers++;
+        const ps_layer *ly = &m->stages[rec->stage].layers[rec->layer];
+        for (int j = 0; j < ly->nbuffers; j++)
+            if (ly->buffer[j].dtype == PS_DTYPE_F32 &&
+                !(fp->fbuf[k][j] = malloc((size_t)ly->buffer[j].numel * sizeof(float))))
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
+    }
+    return PS_OK;
+}
+
+/* Under the exclusive weights lock: every record, in order, into the buffers. */
+static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int k = 0; k < fp->nlayers && rc == PS_OK; k++) {   /* the float32 buffers to the host */
+        stage *st = &m->stages[fp->at[k][0]];
+        const ps_layer *ly = &st->layers[fp->at[k][1]];
+        for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
+            if (fp->fbuf[k][j])
+                rc = st->be->ops->copy_to_host(st->be->impl, fp->fbuf[k][j], st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                                               (size_t)ly->buffer[j].numel * sizeof(float), err);
+    }
+    for (int r = 0; r < g->nrecs && rc == PS_OK; r++) {
+        const fold_record *rec = &g->recs[fp->order[r]];
+        int k = 0;
+        while (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer) k++;
+        stage *st = &m->stages[rec->stage];
+        const ps_layer *ly = &st->layers[rec->layer];
+        int64_t *ibuf[PS_LAYER_MAX_BUFFERS] = {0};
+        for (int j = 0; j < ly->nbuffers; j++)
+            if (ly->buffer[j].dtype == PS_DTYPE_I64) ibuf[j] = st->bufi + st->slots[rec->layer].b_off[j];
+        ly->kind->fold(ly, fp->fbuf[k], ibuf, (const float *const *)rec->stats);
+    }
+    for (int k = 0; k < fp->nlayers && rc == PS_OK; k++) {   /* and back */
+        stage *st = &m->stages[fp->at[k][0]];
+        const ps_layer *ly = &st->layers[fp->at[k][1]];
+        for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
+            if (fp->fbuf[k][j])
+                rc = st->be->ops->copy_to_device(st->be->impl, st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                                                 fp->fbuf[k][j], (size_t)ly->buffer[j].numel * sizeof(float), err);
+    }
+    return rc;
+}
+
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err) {
     if (!g || g->m != m)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
@@ -872,9 +1062,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
     /* Everything that can fail before any weight is written. The optimizer
      * state needs nothing here: it was allocated with the weights. */
-    param_grad *pg = calloc((size_t)m->nparams, sizeof *pg);
+    param_grad *pg = calloc((size_t)m->nparams + 1, sizeof *pg);
     if (!pg) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
-    ps_status rc = PS_OK;
+    fold_plan fp;
+    ps_status rc = fold_prepare(m, g, &fp, err);
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         const param_loc *pl = &m->loc[i];
         if (m->params[i].sparse) {
@@ -894,6 +1085,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
             rc = update_param(m, i, &pg[i], err);
             wrote = 1;
         }
+        if (rc == PS_OK && fp.nlayers) {
+            rc = fold_apply(m, g, &fp, err);
+            wrote = 1;
+        }
         uint64_t v;
         pthread_mutex_lock(&m->version_mu);
         if (wrote) m->version++;  /* a device failure half-way still changed weights */
@@ -907,6 +1102,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_grad);
     }
     free(pg);
+    fold_plan_free(&fp);
     return rc;
 }
 
@@ -921,8 +1117,14 @@ const ps_optim_spec *ps_model_optim(const ps_model *m) { return &m->optim; }
 
 ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *state, uint64_t *version,
                             ps_err *err) {
+    return ps_model_snapshot_ex(m, w, step, state, NULL, version, err);
+}
+
+ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *const *state, void *const *bufs,
+                               uint64_t *version, ps_err *err) {
     ps_status rc = PS_OK;
     pthread_rwlock_rdlock(&m->lock);
+    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++) rc = copy_buffer_out(m, i, bufs[i], err);
     int64_t o = 0;
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         stage *st = &m->stages[m->loc[i].stage];

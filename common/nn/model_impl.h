@@ -76,6 +76,23 @@ typedef struct stage {
     ps_stage_info info;
 } stage;
 
+typedef struct buffer_loc {
+    int stage, layer, j;
+    int64_t off;             /* in the stage's float32 buffer block or its int64 counters */
+} buffer_loc;
+
+/* One training forward's statistics for a node with buffers (BatchNorm),
+ * kept in the accumulated gradients until the step folds them (model.c):
+ * host copies of what the kind's stats() names. */
+typedef struct fold_record {
+    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order */
+    uint32_t seq;
+    int stage, layer;
+    int nstats;
+    float *stats[4];
+    int64_t len[4];
+} fold_record;
+
 typedef struct param_loc {
     int stage, layer, j;
     int64_t off;             /* in the stage's weight block */
@@ -93,6 +110,11 @@ struct ps_model {
     int ndef_params;
     param_loc *loc;
     int nparams;
+    ps_buffer_info *buffers; /* every buffer of the hosted stages (nbuffers) */
+    buffer_loc *bloc;
+    int nbuffers;
+    ps_buffer_info *def_buffers; /* every buffer of the definition (ndef_buffers) */
+    int ndef_buffers;
     int nsparse;
     int ndropout;
     int64_t total_weights;
@@ -118,6 +140,9 @@ struct ps_tape {
     int first, last;
     int n;
     int train;
+    uint64_t key;            /* ps_tape_set_key: the order its statistics fold in */
+    uint32_t seq;
+    int folded;              /* its statistics went into an accumulator (once per tape) */
     tape_stage st[PS_MODEL_MAX_STAGES];
     ps_grads *own;           /* the first API's per-tape gradients (ps_model_backward) */
 };
@@ -126,7 +151,12 @@ struct ps_grads {
     ps_model *m;
     float *dense[PS_MODEL_MAX_STAGES]; /* per stage: (ngrads) on its device, NULL = untouched */
     ps_rows *rows;           /* per parameter: its rows when sparse */
+    fold_record *recs;       /* training forwards' statistics, folded into buffers at the step */
+    int nrecs, caprecs;
 };
+
+/* Append the statistics of tape t's nodes (a training tape, once) to g. */
+ps_status ps_grads_record(ps_model *m, ps_grads *g, ps_tape *t, ps_err *err);
 
 /* ---- the executor (exec.c): no locks, no optimizer ---- */
 
