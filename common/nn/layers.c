@@ -397,10 +397,12 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
                           (long long)a->output_size[0], (long long)a->output_size[1]);
-    if (!is_adaptive(ly) && (2 * a->padding[0] > a->kernel[0] || 2 * a->padding[1] > a->kernel[1]))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is more than half the kernel %lldx%lld "
-                          "(PyTorch refuses it too)", (long long)a->padding[0], (long long)a->padding[1],
-                          (long long)a->kernel[0], (long long)a->kernel[1]);
+    /* PyTorch takes padding up to half the kernel; ONNX (and psd) up to the
+     * kernel less one, so every window holds an input position. */
+    if (!is_adaptive(ly) && (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
+                          (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
+                          (long long)a->kernel[1]);
     if (a->flag)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ceil_mode: true is not supported (floor mode only)");
     ps_pool_desc d = pool_desc(ly, 1);
