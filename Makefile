@@ -20,8 +20,9 @@
 #                   against ps-train lm's perplexity, the REINFORCE example solving CartPole (~15-25 min)
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, psd-export, configs, systemd unit, docs, the psd Python package)
 #
-# Sources are picked up by directory: common/ and common/nn/ form libps.a,
-# server/ makes psd, trainer/ makes ps-train, tests/test_*.c one program each.
+# Sources are picked up by directory (docs/layout.md): common/ and common/nn/
+# (what both sides use) form libps.a, server/ makes psd, trainer/ makes
+# ps-train, tests/test_*.c one program each.
 # python/psd is the Python package (docs/python.md); `make` generates its
 # gRPC stubs from proto/ps.proto into python/psd/_proto (git-ignored).
 
@@ -320,7 +321,7 @@ bench-cluster: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/cluster.sh
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(SRV_LIB) $(LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

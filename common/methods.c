@@ -1,42 +1,26 @@
+/* methods.c - the ps_method_desc rows made from PS_METHODS (methods.h),
+ * and the lookups the client, the server and the security module use. */
 #include "methods.h"
 
 #include <pthread.h>
 #include <string.h>
 
-#include "health.pb.h"
-#include "ps.pb.h"
-
-#define PSM(id, name, mut, res) \
-    {id, "/ps.ParameterServer/" #name, #name, ps_##name##Request_fields, ps_##name##Response_fields, mut, res}
-
 static const ps_method_desc table[PS_M_COUNT] = {
-    PSM(PS_M_FORWARD, Forward, 1, 0),
-    PSM(PS_M_BACKWARD, Backward, 1, 0),
-    PSM(PS_M_GET_GRADIENTS, GetGradients, 0, 0),
-    PSM(PS_M_STEP, Step, 1, 0),
-    PSM(PS_M_LIST_PARAMETERS, ListParameters, 0, 0),
-    PSM(PS_M_GET_PARAMETERS, GetParameters, 0, 0),
-    PSM(PS_M_STATUS, Status, 0, 1),
-    PSM(PS_M_PUSH_GRADIENTS, PushGradients, 1, 0),
-    PSM(PS_M_REPORT_PARTIAL, ReportPartial, 1, 0),   /* a trainer's report: counters, trainer role */
-    {PS_M_HEALTH_CHECK, "/grpc.health.v1.Health/Check", "Health/Check",
-     grpc_health_v1_HealthCheckRequest_fields, grpc_health_v1_HealthCheckResponse_fields, 0, 1},
+#define PS_METHOD_ROW(ID, Fn, name, path, Req, Resp, flags) \
+    {PS_M_##ID, path, name, Req##_fields, Resp##_fields, sizeof(Req), sizeof(Resp), flags},
+    PS_METHODS(PS_METHOD_ROW)
+#undef PS_METHOD_ROW
 };
 
-/* GetGradients reads a context's gradients: read-only for the weights, but
- * it names a context, so it is not for readers. */
 static const char *reader_paths[PS_M_COUNT + 1];
 static pthread_once_t reader_once = PTHREAD_ONCE_INIT;
 
 static void reader_fill(void) {
     int n = 0;
     for (int i = 0; i < PS_M_COUNT; i++)
-        if (!table[i].mutating && table[i].id != PS_M_GET_GRADIENTS && table[i].id != PS_M_HEALTH_CHECK)
-            reader_paths[n++] = table[i].path;
+        if (table[i].flags & PS_MF_READER) reader_paths[n++] = table[i].path;
     reader_paths[n] = NULL;
 }
-
-const ps_method_desc *ps_methods(void) { return table; }
 
 const ps_method_desc *ps_method(ps_method_id id) {
     return (unsigned)id < PS_M_COUNT ? &table[id] : NULL;

@@ -51,11 +51,11 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
 }
 
 /* CRC-32 of the parameters' data in parameter order. */
-static uint32_t crc_of(const float *const *data, const int64_t *numel, int n) {
+static uint32_t crc_of(const void *const *data, const size_t *bytes, int n) {
     uLong crc = crc32(0L, Z_NULL, 0);
     for (int i = 0; i < n; i++) {
         const unsigned char *p = (const unsigned char *)data[i];
-        size_t left = (size_t)numel[i] * sizeof(float);
+        size_t left = bytes[i];
         while (left) {  /* crc32 takes a uInt length */
             uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
             crc = crc32(crc, p, chunk);
@@ -216,23 +216,29 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
     const int ns = ps_optim_num_state(spec);
+    int nb = ps_model_num_buffers(m);
     float *w = malloc((size_t)nw * sizeof(float));
     float *sb[PS_OPTIM_MAX_STATE] = {0};   /* state buffer j of every parameter, laid out as w */
     int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
-    ps_st_tensor *t = calloc((size_t)np, sizeof *t);
-    const float **ptrs = calloc((size_t)np, sizeof *ptrs);
-    int64_t *numel = calloc((size_t)np, sizeof *numel);
-    ps_ckpt_optim_param *op = calloc((size_t)np, sizeof *op);
+    ps_st_tensor *t = calloc((size_t)(np + nb) + 1, sizeof *t);
+    const void **ptrs = calloc((size_t)(np + nb) + 1, sizeof *ptrs);
+    size_t *numel = calloc((size_t)(np + nb) + 1, sizeof *numel);   /* bytes of each tensor, for the CRC */
+    ps_ckpt_optim_param *op = calloc((size_t)np + 1, sizeof *op);
+    void **bufs = calloc((size_t)nb + 1, sizeof *bufs);   /* the buffers (BatchNorm's running statistics) */
     ps_status rc = PS_OK;
-    int have = 1;
+    int have = bufs != NULL;
     for (int j = 0; j < ns; j++) have &= (sb[j] = malloc((size_t)nw * sizeof(float))) != NULL;
+    for (int b = 0; have && b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        have &= (bufs[b] = malloc((size_t)bi->numel * ps_dtype_size(bi->dtype) + 1)) != NULL;
+    }
     if (!w || !have || !steps || !t || !ptrs || !numel || !op) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
         goto done;
     }
-    /* Weights, steps and state under one shared weights lock: consistent. */
+    /* Weights, steps, state and buffers under one shared weights lock: consistent. */
     uint64_t version;
-    if ((rc = ps_model_snapshot(m, w, steps, sb, &version, err))) goto done;
+    if ((rc = ps_model_snapshot_ex(m, w, steps, sb, bufs, &version, err))) goto done;
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
         crcbuf[16];
@@ -273,10 +279,23 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
         x->data = w + off;
         x->bytes = (size_t)pi->numel * sizeof(float);
         ptrs[i] = w + off;
-        numel[i] = pi->numel;
+        numel[i] = x->bytes;
         off += pi->numel;
     }
-    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
+    for (int b = 0; b < nb; b++) {   /* buffers after the parameters, under their state_dict names */
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        ps_st_tensor *x = &t[np + b];
+        memset(x, 0, sizeof *x);
+        snprintf(x->name, sizeof x->name, "%s", bi->name);
+        x->dtype = bi->dtype == PS_DTYPE_I64 ? PS_ST_I64 : PS_ST_F32;
+        x->ndim = bi->ndim;
+        memcpy(x->dims, bi->dims, (size_t)bi->ndim * sizeof x->dims[0]);
+        x->data = bufs[b];
+        x->bytes = (size_t)bi->numel * ps_dtype_size(bi->dtype);
+        ptrs[np + b] = bufs[b];
+        numel[np + b] = x->bytes;
+    }
+    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np + nb));
     const char *wmeta[64] = {"format", "pt",
                              "psd.arch", ps_model_arch(m),
                              "psd.model_version", vbuf,
@@ -291,7 +310,7 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
     char pbuf[2048];
     PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 62, pbuf, sizeof pbuf) && "part metadata fits");
     wmeta[nmeta] = NULL;
-    if ((rc = ps_st_write(wpath, t, (size_t)np, wmeta, err))) goto done;
+    if ((rc = ps_st_write(wpath, t, (size_t)(np + nb), wmeta, err))) goto done;
     if (out) {
         out->version = version;
         out->samples = samples;
@@ -302,6 +321,8 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
 done:
     free(w);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
+    for (int b = 0; bufs && b < nb; b++) free(bufs[b]);
+    free(bufs);
     free(steps);
     free(t);
     free(ptrs);
@@ -352,6 +373,32 @@ static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_
     return PS_OK;
 }
 
+/* Tensor t must be buffer bi: its dtype (F32, or I64 for counters) and
+ * shape; float values finite. */
+static ps_status check_buffer(const char *path, const ps_st_tensor *t, const ps_buffer_info *bi, ps_model *m,
+                              ps_err *err) {
+    char where[PS_ERR_MSG_MAX / 2];
+    int want = bi->dtype == PS_DTYPE_I64 ? PS_ST_I64 : PS_ST_F32;
+    if (t->dtype != want)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has dtype %s; the buffer is %s (%s)", path,
+                          t->name, ps_st_dtype_name(t->dtype), ps_st_dtype_name(want),
+                          ps_model_where(m, bi->name, where, sizeof where));
+    int same = t->ndim == bi->ndim;
+    for (int d = 0; same && d < bi->ndim; d++) same = t->dims[d] == bi->dims[d];
+    if (!same) {
+        char got[96], shp[96];
+        shape_str(got, sizeof got, t->ndim, t->dims);
+        shape_str(shp, sizeof shp, bi->ndim, bi->dims);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape %s; the model's %s is %s (%s)",
+                          path, t->name, got, bi->name, shp, ps_model_where(m, bi->name, where, sizeof where));
+    }
+    for (int64_t j = 0, n = ps_st_numel(t); want == PS_ST_F32 && j < n; j++)
+        if (!isfinite(((const float *)t->data)[j]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': element %" PRId64 " is not finite",
+                              path, t->name, j);
+    return PS_OK;
+}
+
 /* Every tensor of f is one of the model's parameters (with suffix). */
 static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model *m, const char *suffix,
                                 ps_err *err) {
@@ -365,7 +412,7 @@ static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model 
                               "model %s)", path, name, ps_model_arch(m));
         memcpy(base, name, n - sl);
         base[n - sl] = '\0';
-        if (ps_model_find_param(m, base) < 0)
+        if (ps_model_find_param(m, base) < 0 && (sl || ps_model_find_buffer(m, base) < 0))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of "
                               "model %s)", path, name, ps_model_arch(m));
     }
@@ -377,8 +424,8 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
                            ps_err *err) {
     const char *want = ps_st_metadata(f, "psd.crc32");
     if (!want) return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.crc32 is missing", path);
-    const float **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
-    int64_t *numel = calloc((size_t)n + 1, sizeof *numel);
+    const void **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    size_t *numel = calloc((size_t)n + 1, sizeof *numel);
     if (!ptrs || !numel) {
         free(ptrs);
         free(numel);
@@ -386,7 +433,7 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
     }
     for (int i = 0; i < n; i++) {
         ptrs[i] = ts[i]->data;
-        numel[i] = ps_st_numel(ts[i]);
+        numel[i] = ts[i]->bytes;
     }
     char got[16];
     snprintf(got, sizeof got, "%08" PRIx32, crc_of(ptrs, numel, n));
@@ -660,12 +707,12 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
 ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
                             ps_err *err) {
     if (!id) id = &single;
-    int np = ps_model_num_params(m);
+    int np = ps_model_num_params(m), nb = ps_model_num_buffers(m);
     ps_status rc = PS_OK;
     ps_st_file *wf = NULL;
     ps_ckpt_optim_param *op = NULL;
     float *sb[PS_OPTIM_MAX_STATE] = {0};
-    const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt);
+    const ps_st_tensor **wt = calloc((size_t)(np + nb) + 1, sizeof *wt);   /* parameters, then buffers */
     if (!wt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
     if (!(wf = ps_st_read(path, err))) { rc = err ? err->code : PS_ERR_FORMAT; goto done; }
 
@@ -694,8 +741,17 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         }
         if ((rc = check_tensor(path, wt[i], pi, 0, err))) goto done;
     }
+    for (int b = 0; b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        wt[np + b] = ps_st_find(wf, bi->name);
+        if (!wt[np + b]) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' (a buffer) is missing", path, bi->name);
+            goto done;
+        }
+        if ((rc = check_buffer(path, wt[np + b], bi, m, err))) goto done;
+    }
     if ((rc = check_no_extra(path, wf, m, "", err))) goto done;
-    if ((rc = check_crc(path, wf, wt, np, err))) goto done;
+    if ((rc = check_crc(path, wf, wt, np + nb, err))) goto done;
 
     /* The optimizer sibling, named in the metadata, in the same directory. */
     const char *oname = ps_st_metadata(wf, "psd.optimizer_file");
@@ -740,6 +796,7 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         if (rc == PS_OK)
             rc = ps_model_set_optim_state(m, i, op[i].step, (const float *const *)op[i].state, err);
     }
+    for (int b = 0; b < nb && rc == PS_OK; b++) rc = ps_model_set_buffer(m, b, wt[np + b]->data, err);
     if (rc) goto done;
     ps_model_set_version(m, version);
     if (out) {
@@ -802,17 +859,27 @@ ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
     return ps_ckpt_init_from_part(m, path, NULL, err);
 }
 
+/* err's message followed by " (where name is defined in the model file)". */
+static ps_status with_where(ps_model *m, const char *name, ps_err *err) {
+    if (!err) return PS_ERR_INVALID_ARGUMENT;
+    char where[PS_ERR_MSG_MAX / 2], msg[PS_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    return ps_err_set(err, err->code, "%s (%s)", msg, ps_model_where(m, name, where, sizeof where));
+}
+
 ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps_err *err) {
     int np = ps_model_num_params(m), nd = ps_model_num_def_params(m), nskip = 0;
+    int nbd = ps_model_num_def_buffers(m), nb = ps_model_num_buffers(m);
     if (skipped) *skipped = 0;
     ps_st_file *f = ps_st_read(path, err);
     if (!f) return err ? err->code : PS_ERR_FORMAT;
     ps_status rc = PS_OK;
     float *conv = NULL;
     const ps_st_tensor **ts = calloc((size_t)np + 1, sizeof *ts);
-    if (!ts) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
-    /* Every parameter of the definition (whole shapes): the hosted ones must
-     * be there, the others may be (they are checked and skipped). */
+    const ps_st_tensor **tb = calloc((size_t)nb + 1, sizeof *tb);
+    if (!ts || !tb) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    /* Every parameter and buffer of the definition (whole shapes): the hosted
+     * ones must be there, the others may be (they are checked and skipped). */
     for (int i = 0; i < nd; i++) {
         const ps_param_info *pi = ps_model_def_param(m, i);
         const ps_st_tensor *t = ps_st_find(f, pi->name);
@@ -820,20 +887,38 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
         if (!t && here >= 0) {
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing (model %s needs every "
                             "parameter under its state_dict name)", path, pi->name, ps_model_arch(m));
+            rc = with_where(m, pi->name, err);
             goto done;
         }
         if (!t) continue;
-        if ((rc = check_tensor(path, t, pi, 1, err))) goto done;
+        if ((rc = check_tensor(path, t, pi, 1, err))) { rc = with_where(m, pi->name, err); goto done; }
         if (here >= 0) ts[here] = t;
+        else nskip++;
+    }
+    for (int i = 0; i < nbd; i++) {
+        const ps_buffer_info *bi = ps_model_def_buffer(m, i);
+        const ps_st_tensor *t = ps_st_find(f, bi->name);
+        int here = ps_model_find_buffer(m, bi->name);
+        if (!t && here >= 0) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' (a buffer) is missing (model %s needs "
+                            "its state_dict's buffers too)", path, bi->name, ps_model_arch(m));
+            rc = with_where(m, bi->name, err);
+            goto done;
+        }
+        if (!t) continue;
+        if ((rc = check_buffer(path, t, bi, m, err))) goto done;
+        if (here >= 0) tb[here] = t;
         else nskip++;
     }
     for (size_t k = 0; k < ps_st_count(f); k++) {
         const char *name = ps_st_get(f, k)->name;
         int known = 0;
         for (int i = 0; i < nd && !known; i++) known = !strcmp(ps_model_def_param(m, i)->name, name);
+        for (int i = 0; i < nbd && !known; i++) known = !strcmp(ps_model_def_buffer(m, i)->name, name);
         if (!known) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of model %s)",
-                            path, name, ps_model_arch(m));
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter or buffer "
+                            "of model %s)", path, name, ps_model_arch(m));
+            rc = with_where(m, name, err);
             goto done;
         }
     }
@@ -864,12 +949,14 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
         }
         rc = ps_model_set_param(m, i, src, err);
     }
+    for (int b = 0; b < nb && rc == PS_OK; b++) rc = ps_model_set_buffer(m, b, tb[b]->data, err);
     if (rc == PS_OK && nskip)
         ps_log(PS_LOG_INFO, "%s: skipped %d tensors of stages hosted elsewhere", path, nskip);
     if (rc == PS_OK && skipped) *skipped = nskip;
 done:
     free(conv);
     free(ts);
+    free(tb);
     ps_st_free(f);
     return rc;
 }

@@ -14,12 +14,13 @@
  *       state names), psd.model_version, psd.arch, psd.crc32.
  *   D/ckpt-<N>.safetensors  written last, so its presence means the pair is
  *       complete: every parameter under its state_dict name ("conv1.weight",
- *       F32, PyTorch's shape), so
+ *       F32, PyTorch's shape) and every buffer ("bn1.running_mean" F32,
+ *       "bn1.num_batches_tracked" I64 scalar), so
  *           model.load_state_dict(safetensors.torch.load_file(path))
  *       works as is; metadata format=pt, psd.arch, psd.model_version,
  *       psd.global_step, psd.samples, psd.time (Unix seconds), psd.version,
  *       psd.optimizer_file, psd.crc32 (CRC-32 of the tensor data in
- *       parameter order); and which part of a cluster's model it is
+ *       parameter order, then the buffers'); and which part of a cluster's model it is
  *       (several PS nodes, ps_ckpt_ident): psd.cluster (cluster.name),
  *       psd.server (servers.<name>; "" in the single-server form),
  *       psd.hosted (the hosted stages, comma-separated, model order) and,

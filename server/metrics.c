@@ -61,7 +61,7 @@ static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_by
                          grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
     ps_metrics *m = user;
     int i = 0;
-    while (i < m->n && strcmp(m->paths[i], info->method)) i++;
+    while (i < m->n && m->inner[i].id != info->method_id) i++;
     PS_ASSERT(i < m->n); /* the server only dispatches paths of the table */
     __atomic_add_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
     double t0 = mono_now();
@@ -96,6 +96,7 @@ ps_metrics *ps_metrics_create(ps_service *svc, ps_model *model, const ps_rpc_met
         m->outer[i].path = m->paths[i];
         m->outer[i].fn = instrumented;
         m->outer[i].reserved = methods[i].reserved;
+        m->outer[i].id = methods[i].id;
         const char *slash = strrchr(m->paths[i], '/');
         m->stats[i].name = slash ? slash + 1 : m->paths[i];
     }

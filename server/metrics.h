@@ -28,7 +28,7 @@
 #include <stddef.h>
 
 #include "model.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "service.h"
 #include "status.h"
 

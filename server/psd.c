@@ -34,7 +34,7 @@
 #include "model.h"
 #include "onnx_model.h"
 #include "placement.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "security.h"
 #include "service.h"
 

@@ -46,7 +46,7 @@
 #include "checkpoint.h"
 #include "ctx_table.h"
 #include "model.h"
-#include "rpc.h"
+#include "rpc_server.h"
 
 typedef struct ps_service ps_service;
 

@@ -21,7 +21,7 @@
 #include <grpc/slice.h>
 
 #include "check.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "wire.h"
 
 #define MAX_MSG (16 << 20)

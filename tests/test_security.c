@@ -16,7 +16,7 @@
 
 #include "check.h"
 #include "config.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "security.h"
 
 #define M_FORWARD "/ps.ParameterServer/Forward"

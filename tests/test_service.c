@@ -21,7 +21,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "ps_client.h"
-#include "rpc.h"
+#include "rpc_server.h"
 #include "service.h"
 #include "wire.h"
 

@@ -288,6 +288,7 @@ double ps_cross_entropy(const float *logits, const int64_t *tgt, int64_t n, int6
 }
 
 double ps_sum_squares(const float *x, int64_t n) {
+    if (n <= 0) return 0;  /* x may be NULL then (a parameter without row gradients) */
     return ce_pick()->sumsq(x, n);
 }
 

@@ -708,6 +708,19 @@ const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
 }
 
+const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap) {
+    const char *dot = name ? strrchr(name, '.') : NULL;
+    for (int i = 0; dot && i < m->def->nnodes; i++) {
+        const ps_node_def *nd = &m->def->nodes[i];
+        if (strlen(nd->name) == (size_t)(dot - name) && !strncmp(nd->name, name, (size_t)(dot - name))) {
+            snprintf(buf, cap, "%s:%d: node '%s'", m->def->path, nd->line, nd->name);
+            return buf;
+        }
+    }
+    snprintf(buf, cap, "%s", m->def->path);
+    return buf;
+}
+
 int ps_model_num_buffers(const ps_model *m) { return m->nbuffers; }
 const ps_buffer_info *ps_model_buffer(const ps_model *m, int i) {
     return (i >= 0 && i < m->nbuffers) ? &m->buffers[i] : NULL;

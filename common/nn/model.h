@@ -171,6 +171,11 @@ int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
 int ps_model_num_def_params(const ps_model *m);
 const ps_param_info *ps_model_def_param(const ps_model *m, int i);
 
+/* Where a parameter or buffer (by state_dict name) is defined:
+ * "path:line: node 'fc1'" into buf (the model file's path when no node
+ * has that name). For errors about it. */
+const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap);
+
 /* ---- buffers ---- */
 
 /* The buffers of the hosted stages, in state_dict order. */

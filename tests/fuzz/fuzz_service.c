@@ -1,18 +1,21 @@
 /* fuzz_service - libFuzzer target over psd's request decoding and
- * validation: the ParameterServer handlers exactly as the rpc layer calls
- * them, fed byte buffers built from the fuzz input, plus the tokens-file
- * parser. Build and run: `make fuzz` (FUZZ_SECONDS=60 by default).
+ * validation: every row of the method table (methods.h), through the one
+ * dispatch path the rpc layer calls, fed byte buffers built from the fuzz
+ * input, plus the tokens-file parser. Build and run: `make fuzz`
+ * (FUZZ_SECONDS=60 by default).
  *
  * Input: a sequence of records, each
- *     byte 0   selector: low 3 bits pick the handler (7 = tokens parser),
- *              bits 3-4 how many slices the payload is split into (1-4),
- *              bit 5 the nonfinite policy of this input's service (skip)
+ *     byte 0   selector: low 4 bits modulo (PS_M_COUNT + 1) pick the
+ *              method by id, PS_M_COUNT = the tokens parser;
+ *              bits 4-5 how many slices the payload is split into (1-4),
+ *              bit 6 the nonfinite policy of this input's service (skip;
+ *              read from the first record)
  *     byte 1-2 payload length, little endian (cut to what is left)
  *     payload  the request message bytes
  * so one input can open a context with Forward, then Backward, GetGradients
  * and Step it. Each input gets a fresh service (contexts, counters) over one
  * model made once, with small limits (64 KiB messages, 8 contexts) so
- * memory stays bounded.
+ * memory stays bounded. tests/fuzz/make_corpus.py writes the seeds.
  *
  * Properties checked on every call (a violation aborts = a finding):
  *  - a handler answers OK with a response, or a non-OK code with a
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "methods.h"
 #include "model.h"
 #include "security.h"
 #include "service.h"
@@ -57,14 +61,6 @@ static void require(int ok, const char *what, const char *details) {
     abort();
 }
 
-static const pb_msgdesc_t *reply_fields(const char *path) {
-    if (strstr(path, "/Forward")) return ps_ForwardResponse_fields;
-    if (strstr(path, "/Backward")) return ps_BackwardResponse_fields;
-    if (strstr(path, "/Step")) return ps_StepResponse_fields;
-    if (strstr(path, "/Status")) return ps_StatusResponse_fields;
-    return NULL;  /* callback-heavy replies: checked by size only */
-}
-
 static void call_handler(ps_service *svc, const ps_rpc_method *m, const uint8_t *p, size_t n, int nslices) {
     grpc_slice sl[4];
     size_t off = 0;
@@ -79,26 +75,29 @@ static void call_handler(ps_service *svc, const ps_rpc_method *m, const uint8_t 
     grpc_status_code code = GRPC_STATUS_OK;
     char details[PS_RPC_DETAILS_MAX];
     details[0] = '\0';
-    ps_rpc_call_info info = {m->path, "fuzz", gpr_inf_future(GPR_CLOCK_MONOTONIC), "fuzzer"};
+    ps_rpc_call_info info = {m->path, "fuzz", gpr_inf_future(GPR_CLOCK_MONOTONIC), "fuzzer", NULL, m->id, "fuzz"};
     m->fn(svc, &info, bb, &resp, &code, details, sizeof details);
     require(memchr(details, 0, sizeof details) != NULL, "details NUL-terminated", "");
     if (code == GRPC_STATUS_OK) {
-        const pb_msgdesc_t *f = reply_fields(m->path);
-        if (f && resp) {
-            /* Decode the reply back; Forward's tensor goes through the real decoder. */
-            ps_err err = {0};
-            union { ps_ForwardResponse fw; ps_BackwardResponse bw; ps_StepResponse st; ps_StatusResponse ss; } r;
-            memset(&r, 0, sizeof r);
-            ps_wire_tensor_in in;
-            ps_wire_tensor_in_init(&in, 1 << 20);
-            if (f == ps_ForwardResponse_fields) ps_wire_tensor_decode_bind(&r.fw.output, &in);
-            require(ps_wire_decode(resp, f, &r, &err) == PS_OK, "reply decodes", err.msg);
-            if (f == ps_ForwardResponse_fields)
-                require(ps_wire_tensor_check(&r.fw.output, &in, "out", &err) == PS_OK, "reply tensor", err.msg);
-            ps_wire_tensor_in_free(&in);
-        }
+        /* Decode the reply back with the row's descriptor (callback fields
+         * left unbound are skipped); Forward's tensor goes through the real
+         * decoder. */
+        const ps_method_desc *d = ps_method((ps_method_id)m->id);
+        void *r = calloc(1, d->response_size);
+        require(r != NULL, "reply buffer", "out of memory");
+        ps_err err = {0};
+        ps_wire_tensor_in in;
+        ps_wire_tensor_in_init(&in, 1 << 20);
+        ps_ForwardResponse *fw = d->id == PS_M_FORWARD ? r : NULL;
+        if (fw) ps_wire_tensor_decode_bind(&fw->output, &in);
+        require(ps_wire_decode(resp, d->response, r, &err) == PS_OK, "reply decodes", err.msg);
+        if (fw && fw->has_output)
+            require(ps_wire_tensor_check(&fw->output, &in, "out", &err) == PS_OK, "reply tensor", err.msg);
+        ps_wire_tensor_in_free(&in);
+        free(r);
     } else {
         require(details[0] != '\0', "an error has a message", details);
+        require(resp == NULL, "no response with an error", details);
     }
     if (resp) grpc_byte_buffer_destroy(resp);
     grpc_byte_buffer_destroy(bb);
@@ -124,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     ps_err err = {0};
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 8, .max_message_bytes = 64 << 10,
-                          .consistency = "fuzz", .nonfinite_skip = (data[0] >> 5) & 1};
+                          .consistency = "fuzz", .nonfinite_skip = (data[0] >> 6) & 1};
     ps_service *svc = ps_service_create(g_model, &so, &err);
     if (!svc) abort();
     int nm;
@@ -136,8 +135,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (i < size) len = data[i++];
         if (i < size) len |= (size_t)data[i++] << 8;
         if (len > size - i) len = size - i;
-        int which = sel & 7;
-        int nslices = 1 + ((sel >> 3) & 3);
+        int which = (sel & 15) % (nm + 1);
+        int nslices = 1 + ((sel >> 4) & 3);
         if (which < nm) call_handler(svc, &methods[which], data + i, len, nslices);
         else parse_tokens(data + i, len);
         i += len;

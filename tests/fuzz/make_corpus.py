@@ -2,12 +2,22 @@
 """Writes the seed corpus of fuzz_service into tests/fuzz/corpus/ (committed).
 
 Each seed is a sequence of records (see fuzz_service.c): selector byte,
-2-byte little-endian length, protobuf payload. Handler order is that of
-ps_service_methods(): 0 Forward, 1 Backward, 2 GetGradients, 3 Step,
-4 ListParameters, 5 GetParameters, 6 Status, 7 = tokens-file parser.
+2-byte little-endian length, protobuf payload. The selector's low 4 bits are
+a method id - the row's place in PS_METHODS, common/methods.h, read from
+there - or the number of rows for the tokens-file parser; bits 4-5 the
+slices, bit 6 the nonfinite policy "skip".
 """
 import os
+import re
 import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "..", "..", "common", "methods.h")) as f:
+    ROWS = re.findall(r"^\s*X\((\w+),", f.read(), re.M)
+M = {name: i for i, name in enumerate(ROWS)}
+TOKENS = len(ROWS)
+SLICES = lambda n: (n - 1) << 4  # noqa: E731
+SKIP = 0x40
 
 
 def varint(n):
@@ -52,26 +62,49 @@ def backward(ctx, n, step=False, val=-0.25):
     return msg
 
 
+FW, BW, GG, ST = M["FORWARD"], M["BACKWARD"], M["GET_GRADIENTS"], M["STEP"]
+
+
+def named(num, name):
+    return field(num, 2, name.encode())
+
+
+def push(ctx, name, shape, values):
+    """PushGradientsRequest: context, rank 1, one named gradient."""
+    return field(1, 0, ctx) + field(2, 2, named(1, name) + tensor(shape, values)) + field(3, 0, 1)
+
+
 seeds = {
-    "cycle": rec(0, forward(1, 1)) + rec(1, backward(1, 1)) + rec(2, field(1, 0, 1)) +
-             rec(3, field(1, 0, 1)) + rec(3, field(1, 0, 1)),
-    "fused": rec(0, forward(2, 2)) + rec(1, backward(2, 2, step=True)),
-    "eval": rec(0, forward(0, 1, train=False)),
-    "nan_skip": rec(0x20, forward(3, 1, fill=float("nan"))) + rec(1, backward(3, 1)) + rec(3, field(1, 0, 3)),
-    "inf_grad": rec(0, forward(4, 1)) + rec(1, backward(4, 1, val=float("inf"))) + rec(3, field(1, 0, 4)),
-    "huge_grad": rec(0, forward(5, 1)) + rec(1, backward(5, 1, val=3e38)) + rec(3, field(1, 0, 5)),
-    "list_status": rec(4, b"") + rec(6, b""),
-    "params": rec(5, b""),
-    "bomb": rec(0, field(2, 2, field(2, 2, varint(10**12) + varint(1) + varint(28) + varint(28)) +
-                       field(3, 2, b"\0" * 16))),
-    "mismatch": rec(0, field(1, 0, 9) + field(2, 2, tensor([2, 1, 28, 28], [0.0] * 784)) + field(3, 0, 1)),
-    "truncated": rec(0, forward(6, 1)[:50]),
-    "slices": rec(0x18, forward(7, 1)) + rec(0x09, backward(7, 1)) + rec(0x13, field(1, 0, 7)),
-    "unknown_ctx": rec(1, backward(99, 1)) + rec(3, field(1, 0, 99)) + rec(2, field(1, 0, 99)),
-    "tokens": rec(7, b"# name role token\ntrainer1 trainer 0123456789abcdef0123\nmon reader fedcba9876543210fedc\n"),
+    "cycle": rec(FW, forward(1, 1)) + rec(BW, backward(1, 1)) + rec(GG, field(1, 0, 1)) +
+             rec(ST, field(1, 0, 1)) + rec(ST, field(1, 0, 1)),
+    "fused": rec(FW, forward(2, 2)) + rec(BW, backward(2, 2, step=True)),
+    "eval": rec(FW, forward(0, 1, train=False)),
+    "nan_skip": rec(FW | SKIP, forward(3, 1, fill=float("nan"))) + rec(BW, backward(3, 1)) +
+                rec(ST, field(1, 0, 3)),
+    "inf_grad": rec(FW, forward(4, 1)) + rec(BW, backward(4, 1, val=float("inf"))) + rec(ST, field(1, 0, 4)),
+    "huge_grad": rec(FW, forward(5, 1)) + rec(BW, backward(5, 1, val=3e38)) + rec(ST, field(1, 0, 5)),
+    "list_status": rec(M["LIST_PARAMETERS"], b"") + rec(M["STATUS"], b""),
+    "params": rec(M["GET_PARAMETERS"], b""),
+    "params_paged": rec(M["GET_PARAMETERS"], field(13, 0, 4096)) +
+                    rec(M["GET_PARAMETERS"], named(10, "fc") + field(11, 0, 1) + field(12, 0, 3)),
+    "bomb": rec(FW, field(2, 2, field(2, 2, varint(10**12) + varint(1) + varint(28) + varint(28)) +
+                        field(3, 2, b"\0" * 16))),
+    "mismatch": rec(FW, field(1, 0, 9) + field(2, 2, tensor([2, 1, 28, 28], [0.0] * 784)) + field(3, 0, 1)),
+    "truncated": rec(FW, forward(6, 1)[:50]),
+    "slices": rec(FW | SLICES(2), forward(7, 1)) + rec(BW | SLICES(1), backward(7, 1)) +
+              rec(ST | SLICES(2), field(1, 0, 7)),
+    "unknown_ctx": rec(BW, backward(99, 1)) + rec(ST, field(1, 0, 99)) + rec(GG, field(1, 0, 99)),
+    "push": rec(M["PUSH_GRADIENTS"], push(8, "fc2.bias", [10], [0.5] * 10)) +
+            rec(M["PUSH_GRADIENTS"], push(0, "nope", [1], [1.0])),
+    "partial": rec(M["REPORT_PARTIAL"], field(1, 0, 5) + field(2, 0, 1) + named(3, "ps0") + named(4, "ps1")) +
+               rec(M["REPORT_PARTIAL"], field(1, 0, 5) + named(3, "bad name")),
+    "health": rec(M["HEALTH_CHECK"], named(1, "")) + rec(M["HEALTH_CHECK"], named(1, "ps.ParameterServer")) +
+              rec(M["HEALTH_CHECK"], named(1, "other")),
+    "tokens": rec(TOKENS, b"# name role token\ntrainer1 trainer 0123456789abcdef0123\nmon reader fedcba9876543210fedc\n"),
+    "tokens_bad": rec(TOKENS, b"a trainer short\nb admin 0123456789abcdef0123\n"),
 }
 
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+out = os.path.join(HERE, "corpus")
 os.makedirs(out, exist_ok=True)
 for name, data in seeds.items():
     with open(os.path.join(out, name), "wb") as f:

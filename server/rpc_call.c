@@ -1,0 +1,432 @@
+/* rpc_call.c - a server call's life cycle (rpc_server_impl.h): armed
+ * request, accepted (admission: rpc_admission.c), message received, queued,
+ * run by a worker or deferred, replied, finished; the event threads that
+ * drive the completion queue and the workers that run handlers. */
+#include "rpc_server_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/support/alloc.h>
+
+#include "clock.h"
+#include "log.h"
+
+static ps_rpc_call *call_new(ps_rpc_server *s) {
+    ps_rpc_call *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->s = s;
+    pthread_mutex_init(&c->mu, NULL);
+    atomic_init(&c->refs, 1);
+    for (int i = 0; i < NTAGS; i++) c->tags[i] = (call_tag){c, i};
+    c->who = -1;
+    grpc_call_details_init(&c->details);
+    grpc_metadata_array_init(&c->md);
+    return c;
+}
+
+void rpc_call_unref(ps_rpc_call *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* Does the application side still hold the call (so its grpc_call and
+ * request must stay)? */
+static int call_busy(const ps_rpc_call *c) {
+    return c->queued || c->handler_running || (c->deferred && !c->completed && !c->cancelled);
+}
+
+/* Called with c->mu held; unlocks it. Releases the gRPC side of the call
+ * once no batch is outstanding and the application is done with it; the
+ * struct itself lives on while the owner of a deferred call holds it. */
+void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
+    if (c->finished || c->batches > 0 || call_busy(c)) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->finished = 1;
+    ps_rpc_server *s = c->s;
+    c->s = NULL;
+    if (c->recv) grpc_byte_buffer_destroy(c->recv);
+    if (c->send) grpc_byte_buffer_destroy(c->send);
+    c->recv = c->send = NULL;
+    if (c->replied) grpc_slice_unref(c->status_details);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->call) grpc_call_unref(c->call);
+    c->call = NULL;
+    int counted = c->counted, cls = c->cls;
+    /* a stream that ended, unanswered, before its request message arrived */
+    int reset = c->peer[0] && !c->got_message && !c->timed_out && (c->cancelled || c->close_cancelled);
+    pthread_mutex_unlock(&c->mu);
+    /* The server outlives every unfinished call (the event thread leaves
+     * only at live == 0); s must not be touched after this unlock. */
+    pthread_mutex_lock(&s->mu);
+    s->live--;
+    if (counted) {
+        s->ncalls[cls]--;
+        rpc_client_release_locked(s, c->client, cls);
+    }
+    if (c->watched) {
+        if (c->wprev) c->wprev->wnext = c->wnext;
+        else s->watch = c->wnext;
+        if (c->wnext) c->wnext->wprev = c->wprev;
+        c->watched = 0;
+    }
+    int cut = reset && rpc_note_reset_locked(s, c->peer);
+    if (c->conn_counted) rpc_conn_release_locked(s, c->peer);
+    pthread_mutex_unlock(&s->mu);
+    if (cut) {
+        char why[120];
+        snprintf(why, sizeof why, "reset more than %d streams in one second before sending their messages",
+                 s->opts.max_resets_per_s);
+        rpc_cut_connection(s, c->peer, why);
+    }
+    rpc_call_unref(c);
+}
+
+/* Arm one more generic request for a new call (unless stopping). */
+void rpc_arm_request(ps_rpc_server *s) {
+    if (atomic_load(&s->stopping)) return;
+    pthread_mutex_lock(&s->mu);
+    s->live++;
+    pthread_mutex_unlock(&s->mu);
+    ps_rpc_call *c = call_new(s);
+    if (!c) {
+        ps_log(PS_LOG_ERROR, "rpc: out of memory for a new call; one fewer request armed");
+        pthread_mutex_lock(&s->mu);
+        s->live--;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    /* After shutdown has begun gRPC fails the request with an event, so a
+     * race with ps_rpc_server_shutdown still ends in on_request. */
+    grpc_call_error e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md,
+                                                 s->cq, s->cq, &c->tags[TAG_REQUEST]);
+    if (e != GRPC_CALL_OK) {
+        ps_log(PS_LOG_ERROR, "rpc: grpc_server_request_call: %s", grpc_call_error_to_string(e));
+        pthread_mutex_lock(&c->mu);
+        rpc_call_unlock_maybe_finish(c);
+    }
+}
+
+static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int tag, const char *what) {
+    c->batches++;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tags[tag], NULL);
+    if (e != GRPC_CALL_OK) {
+        c->batches--;
+        c->cancelled = 1;
+        ps_log(PS_LOG_ERROR, "rpc: start_batch (%s): %s", what, grpc_call_error_to_string(e));
+    }
+}
+
+/* With c->mu held: hand the reply to gRPC. Takes resp. Returns 1 if sent,
+ * 0 if the call was cancelled (resp destroyed). */
+static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code code,
+                        const char *details) {
+    PS_ASSERT(!c->replied);
+    if ((code != GRPC_STATUS_OK || c->cancelled || c->finished) && resp) { /* never sent, never leaked */
+        grpc_byte_buffer_destroy(resp);
+        resp = NULL;
+    }
+    if (c->cancelled || c->finished) return 0;
+    if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
+    if (resp) atomic_fetch_add(&c->s->bytes_sent, grpc_byte_buffer_length(resp));
+    c->send = resp;
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    /* initial metadata goes with the reply, not with the receive: a call
+     * reset before its message costs psd no write */
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 0;
+    n++;
+    if (resp) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = resp;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &c->status_details;
+    n++;
+    if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    start_batch_locked(c, ops, n, TAG_SEND, "reply");
+    return 1;
+}
+
+/* Refuse an accepted call without reading its message. */
+static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *details) {
+    pthread_mutex_lock(&c->mu);
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = 0;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[1].data.send_status_from_server.status = code;
+    ops[1].data.send_status_from_server.status_details = &c->status_details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch_locked(c, ops, 3, TAG_SEND, "refuse");
+    rpc_call_unlock_maybe_finish(c);
+}
+
+/* Event thread: a requested call arrived (metadata only). */
+static void on_request(ps_rpc_call *c, int success) {
+    ps_rpc_server *s = c->s;
+    if (!success) { /* server shutting down */
+        pthread_mutex_lock(&c->mu);
+        rpc_call_unlock_maybe_finish(c);
+        return;
+    }
+    rpc_arm_request(s);  /* the next call needs no worker to be free */
+
+    char details[PS_RPC_DETAILS_MAX];
+    details[0] = '\0';
+    char method[160], peer[160];
+    rpc_escape_slice(method, sizeof method, c->details.method);
+    char *rawpeer = grpc_call_get_peer(c->call);
+    snprintf(c->peer, sizeof c->peer, "%s", rawpeer ? rawpeer : "");
+    pthread_mutex_lock(&s->mu);
+    int cut = rpc_conn_add_locked(s, c->peer);
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&c->mu);
+    c->conn_counted = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (cut) rpc_cut_connection(s, c->peer, "holds far more calls than its concurrent stream limit allows "
+                            "(server.max_streams_per_connection)");
+    rpc_escape_str(peer, sizeof peer, rawpeer);
+    grpc_status_code code = rpc_admit(c, rawpeer, method, peer, details, sizeof details);
+    gpr_free(rawpeer);
+    if (code != GRPC_STATUS_OK) {
+        call_refuse(c, code, details);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&c->recv_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[0].data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch_locked(c, ops, 1, TAG_CLOSE, "close");
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_MESSAGE;
+    ops[0].data.recv_message.recv_message = &c->recv;
+    if (!c->cancelled) start_batch_locked(c, ops, 1, TAG_RECV, "recv");
+    rpc_call_unlock_maybe_finish(c);
+}
+
+static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
+    pthread_mutex_lock(&s->mu);
+    work_queue *q = &s->q[c->cls];
+    c->next = NULL;
+    if (q->tail) q->tail->next = c;
+    else q->head = c;
+    q->tail = c;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Event thread: the request message arrived (or the call died first). */
+static void on_recv(ps_rpc_call *c, int success) {
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    __atomic_store_n(&c->recv_since, 0, __ATOMIC_RELAXED);
+    if (success && !c->cancelled) {
+        c->got_message = 1;
+        c->queued = 1;
+        ps_rpc_server *s = c->s;
+        if (c->recv) atomic_fetch_add(&s->bytes_received, grpc_byte_buffer_length(c->recv));
+        pthread_mutex_unlock(&c->mu);
+        enqueue(s, c);
+        return;
+    }
+    c->cancelled = 1;  /* the close batch reports the end of the call */
+    rpc_call_unlock_maybe_finish(c);
+}
+
+/* With c->mu held: should on_cancel run now? Takes a reference if so. */
+static int cancel_due_locked(ps_rpc_call *c) {
+    if (!c->deferred || c->completed || !c->cancelled || c->handler_running || c->cancel_fired ||
+        !c->on_cancel)
+        return 0;
+    c->cancel_fired = 1;
+    atomic_fetch_add(&c->refs, 1);
+    return 1;
+}
+
+static void fire_cancel(ps_rpc_call *c) {
+    c->on_cancel(c->cancel_arg, c);
+    rpc_call_unref(c);
+}
+
+/* Event thread: the call ended (reply sent, or cancelled). */
+static void on_close(ps_rpc_call *c, int success) {
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    if (!success || c->close_cancelled || !c->replied) c->cancelled = 1;
+    int fire = cancel_due_locked(c);
+    rpc_call_unlock_maybe_finish(c);
+    if (fire) fire_cancel(c);
+}
+
+static void on_send(ps_rpc_call *c, int success) {
+    (void)success;  /* a failed send shows up as cancelled on the close batch */
+    pthread_mutex_lock(&c->mu);
+    c->batches--;
+    __atomic_store_n(&c->send_since, 0, __ATOMIC_RELAXED);
+    rpc_call_unlock_maybe_finish(c);
+}
+
+static void call_event(call_tag *t, int success) {
+    switch (t->kind) {
+    case TAG_REQUEST: on_request(t->c, success); return;
+    case TAG_RECV: on_recv(t->c, success); return;
+    case TAG_CLOSE: on_close(t->c, success); return;
+    case TAG_SEND: on_send(t->c, success); return;
+    }
+    PS_ASSERT(!"unknown call tag");
+}
+
+/* Worker: run the handler of a received call (or answer for it). */
+static void run_call(ps_rpc_call *c) {
+    pthread_mutex_lock(&c->mu);
+    c->queued = 0;
+    if (c->cancelled) {  /* the client went away while the call waited */
+        rpc_call_unlock_maybe_finish(c);
+        return;
+    }
+    c->handler_running = 1;
+    ps_rpc_server *s = c->s;
+    pthread_mutex_unlock(&c->mu);
+
+    grpc_status_code code = GRPC_STATUS_OK;
+    char details[PS_RPC_DETAILS_MAX];
+    details[0] = '\0';
+    grpc_byte_buffer *resp = NULL;
+    char *method = grpc_slice_to_c_string(c->details.method);
+    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+    gpr_timespec deadline = gpr_convert_clock_type(c->details.deadline, GPR_CLOCK_MONOTONIC);
+    if (gpr_time_cmp(deadline, now) <= 0) {
+        code = GRPC_STATUS_DEADLINE_EXCEEDED;
+        snprintf(details, sizeof details, "%s: deadline passed before the handler ran", method);
+    } else {
+        char *peer = grpc_call_get_peer(c->call);
+        ps_rpc_call_info info = {method, peer ? peer : "", deadline,
+                                 c->who >= 0 ? s->tokens[c->who].name : "", c, c->m->id, c->client};
+        c->m->fn(s->user, &info, c->recv, &resp, &code, details, sizeof details);
+        details[sizeof details - 1] = '\0';
+        gpr_free(peer);
+    }
+
+    pthread_mutex_lock(&c->mu);
+    c->handler_running = 0;
+    int fire = 0;
+    if (c->deferred) {
+        if (resp) grpc_byte_buffer_destroy(resp);
+        fire = cancel_due_locked(c);
+    } else {
+        if (code != GRPC_STATUS_OK && PS_LOG_DEBUG >= ps_log_get_level()) {
+            char esc[PS_RPC_DETAILS_MAX];  /* details may quote what the client sent */
+            rpc_escape_str(esc, sizeof esc, details);
+            ps_log(PS_LOG_DEBUG, "rpc: %s -> %s: %s", method, ps_grpc_code_name(code), esc);
+        }
+        reply_locked(c, resp, code, details);
+    }
+    gpr_free(method);
+    rpc_call_unlock_maybe_finish(c);
+    if (fire) fire_cancel(c);
+}
+
+void *rpc_worker_main(void *arg) {
+    rpc_worker *w = arg;
+    ps_rpc_server *s = w->s;
+    work_queue *q = &s->q[w->cls];
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!q->head && !s->workers_stop) pthread_cond_wait(&q->cv, &s->mu);
+        ps_rpc_call *c = q->head;
+        if (c) {
+            q->head = c->next;
+            if (!q->head) q->tail = NULL;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!c) break;  /* stopping and nothing left */
+        run_call(c);
+    }
+    return NULL;
+}
+
+/* Serve events until stopping and no call or request is left, i.e. no live
+ * call can start a batch on s->cq any more. */
+void rpc_event_loop(ps_rpc_server *s) {
+    for (;;) {
+        long long now = ps_mono_ms();
+        long long due = atomic_load(&s->next_scan);
+        if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
+            rpc_scan_timeouts(s);  /* one event thread at a time */
+        pthread_mutex_lock(&s->mu);
+        int done = atomic_load(&s->stopping) && s->live == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (done) break;
+        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(100, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(s->cq, dl, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after this loop */
+        call_event(ev.tag, ev.success);
+    }
+}
+
+void *rpc_event_main(void *arg) {
+    rpc_event_loop(arg);
+    return NULL;
+}
+
+ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on_cancel,
+                               void *cancel_arg) {
+    ps_rpc_call *c = info ? info->call : NULL;
+    if (!c) return NULL;
+    pthread_mutex_lock(&c->mu);
+    PS_ASSERT(c->handler_running && !c->deferred); /* from the handler, once */
+    c->deferred = 1;
+    c->on_cancel = on_cancel;
+    c->cancel_arg = cancel_arg;
+    atomic_fetch_add(&c->refs, 1);  /* the owner's, released by ps_rpc_call_complete */
+    pthread_mutex_unlock(&c->mu);
+    return c;
+}
+
+int ps_rpc_call_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status_code code,
+                         const char *details) {
+    if (!c) {
+        if (response) grpc_byte_buffer_destroy(response);
+        return 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    PS_ASSERT(c->deferred && !c->completed); /* exactly once per deferred call */
+    c->completed = 1;
+    int sent = reply_locked(c, response, code, details ? details : "");
+    if (!sent && !c->finished && code != GRPC_STATUS_OK)
+        ps_log(PS_LOG_DEBUG, "rpc: deferred reply dropped: call already cancelled");
+    rpc_call_unlock_maybe_finish(c);
+    rpc_call_unref(c);
+    return sent;
+}
+
+int ps_rpc_call_cancelled(ps_rpc_call *c) {
+    if (!c) return 1;
+    pthread_mutex_lock(&c->mu);
+    int r = c->cancelled;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+

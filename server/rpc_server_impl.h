@@ -1,0 +1,228 @@
+/* rpc_server_impl.h - the server's insides, shared by its files (see
+ * rpc_server.h): the call and server structs and the functions one file
+ * offers the others. Not for use outside server/rpc_*.c.
+ *
+ * Server call life cycle (a ps_rpc_call is allocated per armed request;
+ * E = event thread, W = worker, A = any thread):
+ *
+ *   requested --E: request_call ok--> accepted: arm the next request;
+ *     tokens, method and call cap checked; a refused call gets one batch
+ *     {SEND_INITIAL_METADATA, SEND_STATUS, RECV_CLOSE_ON_SERVER} and its
+ *     message is never read. Otherwise two batches: {RECV_CLOSE_ON_SERVER}
+ *     (tag CLOSE) and {RECV_MESSAGE} (tag RECV); initial metadata goes
+ *     with the reply.
+ *   --E: RECV ok--> queued on the class's FIFO
+ *   --W: handler--> replied: {SEND_MESSAGE, SEND_STATUS} (tag SEND)
+ *                or deferred --A: ps_rpc_call_complete--> replied
+ *   --E: CLOSE and SEND done--> finished.
+ * Limits (rpc_server.h, docs/security.md): per-class and per-client call
+ * caps at accept (rpc_admission.c); rpc_scan_timeouts (every 200 ms on an
+ * event thread) cancels calls waiting too long for their message or for the
+ * client to take the reply; a connection that resets streams faster than
+ * allowed, or holds far more call objects than its stream limit allows, is
+ * cut (rpc_policing.c). CLOSE completing before a reply was sent means
+ * cancelled: a queued call is then dropped unhandled, a deferred one gets
+ * on_cancel (never while its handler runs) and its later complete sends
+ * nothing.
+ *
+ * "finished" (rpc_call_unlock_maybe_finish) = no batch outstanding and the
+ * application no longer holds the call (not queued, not in its handler, not
+ * deferred-and-uncompleted-and-uncancelled): the grpc_call, metadata and
+ * buffers are released and s->live drops. The struct itself is reference
+ * counted and outlives that while a deferred call's owner holds it; once
+ * finished it no longer points to the server. Every batch of a call is
+ * started under c->mu, so batches never race.
+ *
+ * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
+ *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
+ *      (registered before start). Pending request_calls fail; no new ones
+ *      are armed.
+ *   2. wait for the tag up to grace_ms (deferred calls may still be
+ *      completed meanwhile), then grpc_server_cancel_all_calls (every CLOSE
+ *      completes; deferred owners get on_cancel) and wait for the tag.
+ *   3. join the event thread: it leaves only when s->live == 0, i.e. no
+ *      live call or request can start a batch on s->cq; then stop and join
+ *      the workers (their queues are empty by then).
+ *   4. grpc_server_destroy, then shut down, drain and destroy the queues.
+ * The caller calls grpc_shutdown() afterwards.
+ */
+#ifndef PS_RPC_SERVER_IMPL_H
+#define PS_RPC_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <grpc/grpc_security.h>
+
+#include "rpc_server.h"
+
+enum { TAG_REQUEST, TAG_RECV, TAG_CLOSE, TAG_SEND, NTAGS };
+#define PS_RPC_CLIENT_KEY 96
+
+/* Streams a connection reset before sending their message, in the
+ * current one-second window (HTTP/2 rapid reset detection). */
+#define PS_RPC_RESET_SLOTS 64
+typedef struct conn_resets {
+    char peer[PS_RPC_CLIENT_KEY];
+    long long window;   /* now_ms() / 1000 of the window */
+    int n;
+    int cut;            /* already cut in this window */
+} conn_resets;
+
+/* Calls a client (or a connection) holds, per class (s->mu). */
+typedef struct client_slot {
+    char key[PS_RPC_CLIENT_KEY];
+    int n[2];
+} client_slot;
+enum { CLASS_ORDINARY = 0, CLASS_RESERVED = 1, NCLASSES };
+
+/* A completion-queue tag: which call, which batch. */
+typedef struct call_tag {
+    struct ps_rpc_call *c;
+    int kind;
+} call_tag;
+
+struct ps_rpc_call {
+    ps_rpc_server *s;            /* valid until the call is finished */
+    pthread_mutex_t mu;          /* everything below; batches start under it */
+    atomic_int refs;             /* server side until finished, owner until
+                                    complete, each running on_cancel */
+    call_tag tags[NTAGS];
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_byte_buffer *recv;      /* request message, NULL if none */
+    grpc_byte_buffer *send;      /* response message once replied */
+    grpc_slice status_details;   /* once replied */
+    int close_cancelled;         /* RECV_CLOSE_ON_SERVER's output */
+    const ps_rpc_method *m;
+    int cls;                     /* CLASS_*, counted in s->ncalls[cls] if counted */
+    int counted;
+    int who;                     /* index of the caller's token, -1 if none */
+    int batches;                 /* outstanding batches */
+    int queued;                  /* waiting for a worker */
+    int handler_running;
+    int deferred, completed;     /* ps_rpc_call_defer / ps_rpc_call_complete called */
+    int replied;                 /* status handed to gRPC */
+    int cancelled;               /* ended (or will end) without our reply */
+    int cancel_fired;
+    int finished;                /* gRPC side released; s no longer used */
+    ps_rpc_cancel_fn on_cancel;
+    void *cancel_arg;
+    struct ps_rpc_call *next;    /* work queue link */
+    /* admission (s->mu): the client it is counted for, the watch list of
+     * accepted calls (until finished), and since when (monotonic ms, 0 =
+     * not) it waits for its request message / for its reply to be taken
+     * (__atomic: set under c->mu, read by the scan under s->mu) */
+    char client[PS_RPC_CLIENT_KEY];
+    char peer[PS_RPC_CLIENT_KEY];   /* "ipv4:127.0.0.1:5678": the connection */
+    int got_message;                /* RECV_MESSAGE succeeded */
+    int timed_out;                  /* cancelled by scan_timeouts */
+    int conn_counted;               /* in s->conns */
+    struct ps_rpc_call *wprev, *wnext;
+    int watched;
+    long long recv_since, send_since;
+};
+
+typedef struct work_queue {
+    ps_rpc_call *head, *tail;
+    pthread_cond_t cv;
+} work_queue;
+
+typedef struct rpc_worker {
+    ps_rpc_server *s;
+    int cls;
+    pthread_t thread;
+    int running;
+} rpc_worker;
+
+struct ps_rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;          /* every call's batches and requests */
+    grpc_completion_queue *shutdown_cq;
+    pthread_t event_threads[PS_RPC_EVENT_THREADS];
+    int event_running;                  /* event threads started */
+    rpc_worker *workers;                /* opts.threads ordinary, then reserved */
+    int nworkers;
+    ps_rpc_server_opts opts;            /* defaults filled in */
+    ps_rpc_method *methods;             /* paths owned */
+    int nmethods;
+    void *user;
+    int port;
+    char *addr;
+    ps_rpc_token *tokens;               /* deep copies */
+    int ntokens;
+    int started;                        /* grpc_server_start called */
+    int shut_down;
+    atomic_int stopping;
+    pthread_mutex_t mu;                 /* the fields below */
+    int live;                           /* armed requests + unfinished calls */
+    conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
+    unsigned long long conns_cut;
+    atomic_ullong bytes_received, bytes_sent; /* message payloads, both ways */
+    int ncalls[NCLASSES];               /* accepted, unfinished calls */
+    work_queue q[NCLASSES];
+    int workers_stop;
+    client_slot *clients;               /* clients holding calls */
+    int nclients, cap_clients;
+    client_slot *conns;                 /* connections (peers) holding call objects: n[0] calls, n[1] cut */
+    int nconns, cap_conns;
+    ps_rpc_call *watch;                 /* accepted, unfinished calls */
+    unsigned long long refused_busy, refused_client, recv_timeouts, send_timeouts;
+    double sat_start, sat_last;         /* current streak of cap refusals */
+    double log_window;                  /* refusal log lines: at most 10 a second */
+    int log_lines;
+    unsigned long long log_dropped;
+    atomic_ullong refused_auth;
+    atomic_llong auth_window;           /* transport_auth: failures in this second */
+    atomic_int auth_fails;
+    grpc_resource_quota *quota;
+    atomic_llong next_scan;
+};
+
+/* ---- rpc_call.c: the call life cycle ---- */
+void rpc_arm_request(ps_rpc_server *s);
+/* Called with c->mu held; unlocks it (see "finished" above). */
+void rpc_call_unlock_maybe_finish(ps_rpc_call *c);
+void rpc_call_unref(ps_rpc_call *c);
+void *rpc_event_main(void *arg);   /* an event thread */
+void rpc_event_loop(ps_rpc_server *s);
+void *rpc_worker_main(void *arg);  /* a worker (rpc_worker) */
+
+/* ---- rpc_admission.c: who may call, how many calls ---- */
+/* Copy what a peer controls into dst for a log line: printable ASCII as
+ * is, everything else as \xNN, cut with "..." (nothing can forge or flood
+ * a log line). */
+void rpc_escape_str(char *dst, size_t n, const char *src);
+void rpc_escape_slice(char *dst, size_t n, grpc_slice sl);
+/* A refusal worth a log line, at most 10 lines a second. */
+void rpc_log_refusal(ps_rpc_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Accept or refuse a call that arrived (event thread): token, method,
+ * caps. GRPC_STATUS_OK with c->m, c->cls, c->client set and the call
+ * counted; otherwise the code and details to refuse it with (already
+ * counted and logged). peer: escaped for logs. */
+grpc_status_code rpc_admit(ps_rpc_call *c, const char *rawpeer, const char *method, const char *peer,
+                           char *details, size_t dlen);
+/* With s->mu held: one call of class cls of client key ended. */
+void rpc_client_release_locked(ps_rpc_server *s, const char *key, int cls);
+/* gRPC's auth metadata processor (grpc_auth_metadata_processor.process). */
+void rpc_transport_auth(void *state, grpc_auth_context *ctx, const grpc_metadata *md, size_t nmd,
+                        grpc_process_auth_metadata_done_cb cb, void *user_data);
+
+/* ---- rpc_policing.c: connections and stalled calls ---- */
+/* With s->mu held: one more call object from connection peer; 1 when the
+ * connection should be cut (rapid reset). */
+int rpc_conn_add_locked(ps_rpc_server *s, const char *peer);
+void rpc_conn_release_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: peer reset one more stream before its message; 1 when
+ * it passed opts.max_resets_per_s in this second (once per window). */
+int rpc_note_reset_locked(ps_rpc_server *s, const char *peer);
+/* Close the connection to peer, logging why. */
+void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why);
+/* Cancel calls that waited too long for their message or for the client
+ * to take their reply. */
+void rpc_scan_timeouts(ps_rpc_server *s);
+/* With s->mu held: the slot of key in a table of slots (create: add it). */
+client_slot *rpc_slot_find(client_slot **tab, int *n, int *cap, const char *key, int create);
+
+#endif

@@ -1,0 +1,115 @@
+/* service_impl.h - what the service's files share: the ps_service struct
+ * and the helpers its handlers use. Not for use outside server/service.c,
+ * dispatch.c and the handler files svc_*.c:
+ *   service.c      the service object: create, free, lifecycle, counters
+ *                  and the helpers below
+ *   svc_forward.c  Forward: validation, batch splitting, the fused loss,
+ *                  ssp's held-back forwards
+ *   svc_step.c     Backward, Step, PushGradients and sync rounds
+ *   svc_reads.c    GetGradients, ListParameters, GetParameters, Status,
+ *                  ReportPartial, health
+ */
+#ifndef PS_SERVICE_IMPL_H
+#define PS_SERVICE_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "consistency.h"
+#include "dispatch.h"
+#include "round_metrics.h"
+#include "service.h"
+
+typedef struct svc_fwd_node svc_fwd_node;
+
+struct ps_service {
+    ps_model *model;
+    ps_ctx_table *ctx;
+    ps_cons *cons;               /* server.consistency */
+    ps_rmetrics *rm;             /* round metrics of the Steps' scalars */
+    char stop_metric[PS_RM_NAME_MAX];
+    double stop_threshold;
+    /* ssp: Forwards released from their wait run here, not on the
+     * releasing thread (a Step's reply must not wait for them) */
+    pthread_t exec;
+    int exec_started;
+    pthread_mutex_t exec_mu;
+    pthread_cond_t exec_cv;
+    svc_fwd_node *exec_head, *exec_tail;
+    int exec_stop;
+    char optimizer[16];
+    const char *(*cpu_isa)(void);
+    size_t max_tensor_bytes;
+    double start;
+    uint64_t samples;            /* __atomic */
+    uint64_t nonfinite_rejected; /* __atomic */
+    uint64_t nonfinite_skipped;  /* __atomic */
+    int nonfinite_skip;
+    uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
+    char consistency[256];
+    int draining;                /* __atomic */
+    ps_rpc_server *rpc;          /* admission counters (set before start) */
+    size_t max_context_bytes;
+    double saturated_limit_s;
+    char cluster[32];            /* cluster.name */
+    char server_name[32];        /* servers.<name>; "" = single-server form */
+    uint64_t partial_applied;    /* __atomic: ReportPartial, applied here */
+    uint64_t partial_lost;       /* __atomic: ReportPartial, lost here */
+    pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
+    int has_ckpt;
+    ps_ckpt_info ckpt;
+    struct ps_trainers *trainers; /* the dashboard's view of each trainer (trainers.h); NULL = none */
+};
+
+/* ---- service.c: helpers the handlers share ---- */
+
+/* The tensor limit the dispatcher decodes with (server.max_message_bytes). */
+size_t ps_service_max_tensor_bytes(ps_service *s);
+
+void svc_count(uint64_t *c);  /* += 1, relaxed atomic */
+
+/* INVALID_ARGUMENT naming what and the first NaN/Inf element of x. */
+ps_status svc_check_finite(const float *x, size_t n, const char *what, ps_err *err);
+
+/* A non-finite value reached context c (err says where). Policy reject:
+ * refuse (nothing non-finite is ever added to a context, so it stays
+ * usable). Policy skip: mark the context, whose step will then not be
+ * applied, and go on. Returns what the handler should fail with, or PS_OK
+ * to continue. */
+ps_status svc_nonfinite(ps_service *s, ps_ctx *c, ps_err *err);
+
+/* "stage 'x'"-free list of the model's stage names: "conv, fc". */
+void svc_stage_names(ps_service *s, char *buf, size_t n);
+
+/* A tensor shaped (leading..., per-sample dims): checks the trailing dims
+ * and returns the product of the leading ones (at least one leading dim). */
+ps_status svc_split_batch(const ps_Tensor *t, const int64_t *per, int per_ndim, const char *what,
+                          const char *whose, int64_t *n, int *nlead, ps_err *err);
+
+/* The call's own context (the owner that opened it), acquired. */
+ps_ctx *svc_acquire_own(ps_svc_call *c, uint64_t id, int *finished, uint64_t *version, ps_err *err);
+
+/* Bytes a context holds now (its tapes and gradients), for the table's accounting. */
+void svc_account(ps_service *s, ps_ctx *c);
+
+/* A round report's scalars into a reply's repeated RoundScalar. */
+void svc_put_round_scalars(const ps_round_report *r, ps_RoundScalar *out, pb_size_t *count, pb_size_t cap);
+
+/* ---- svc_forward.c ---- */
+void *svc_exec_main(void *p);   /* the ssp executor thread */
+
+/* ---- svc_step.c ---- */
+
+/* Backward of one recorded forward seq of context c with gradient g
+ * (gdata, gbytes; finite: already known finite): accumulates its
+ * parameter gradients into the context (never non-finite ones under
+ * "reject"), optionally its input gradient into gin. */
+ps_status svc_backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                           size_t gbytes, int finite, const char *what, float *gin, ps_err *err);
+
+/* sync: sum (or average) a round's gradients into the first and step
+ * (ps_cons_apply_fn). */
+ps_status svc_sync_apply(void *user, void *const *grads, void *const *args, int n, int average,
+                         uint64_t *version, ps_err *err);
+
+#endif
