@@ -469,7 +469,8 @@ static int scope_shared(const imp *im, const char *scope, int self) {
     size_t n = strlen(scope);
     char other[NAME_MAX_ + 1];
     for (int i = 0; i < im->m->nnodes; i++) {
-        if (i == self || !im->live[i]) continue;
+        /* Constants (an op's constant inputs) and nodes a recogniser folded in do not count */
+        if (i == self || !im->live[i] || im->absorbed[i] || !strcmp(im->m->nodes[i].op_type, "Constant")) continue;
         scope_of(im->m->nodes[i].name, other, sizeof other);
         if (!strncmp(other, scope, n) && (other[n] == 0 || other[n] == '.')) return 1;
     }
@@ -1642,11 +1643,14 @@ static ps_status h_fused(imp *im) {
     int in = x->node;
     int pn = emit(im, f->kind, NULL, NULL, NULL, 1, &in);
     if (pn < 0) return oom(im);
-    if (f->scope[0] && strcmp(im->pn[pn].name, f->scope)) {
-        char nm[NAME_MAX_ + 1];
-        snprintf(nm, sizeof nm, "%s", f->scope);
-        if (!name_taken(im, nm)) snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
-    }
+    /* named after the module it came from, else after the kind (F.gelu at the top: "gelu") */
+    char nm[NAME_MAX_ + 1], base[NAME_MAX_ + 1];
+    if (f->scope[0]) snprintf(base, sizeof base, "%s", f->scope);
+    else lower_op(f->kind, base, sizeof base);
+    snprintf(nm, sizeof nm, "%s", base);
+    im->pn[pn].name[0] = 0;   /* not its own rival */
+    for (int k = 1; name_taken(im, nm); k++) snprintf(nm, sizeof nm, "%.88s_%d", base, k);
+    snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
