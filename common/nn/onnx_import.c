@@ -1716,6 +1716,18 @@ static ps_status h_squeeze(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
 }
 
+/* Cast: folded on constants; on a computed value only to its own type
+ * (PyTorch exports x.to(device) and x.float() of a float as a Cast). */
+static ps_status h_cast(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t to = attr_i(im, "to", 0);
+    if (x->kind == VK_DATA && to == x->dtype) return alias_out(im, 0, x);
+    return unsup(im, "Cast of a computed %s value to %s (psd computes in float32; ids are int64)",
+                 ps_onnx_dtype_name(x->dtype), ps_onnx_dtype_name((int32_t)to));
+}
+
 static ps_status h_fold_only(imp *im) {
     if (all_const(im)) return fold(im);
     return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
@@ -1748,7 +1760,7 @@ static const op_row ops[] = {
     {"LayerNormalization", h_layernorm, 17},
     {"Constant", h_constant, 1},
     {"Shape", h_shape, 1},
-    {"Cast", h_fold_only, 1},
+    {"Cast", h_cast, 1},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},
     {"Sqrt", h_fold_only, 1},
