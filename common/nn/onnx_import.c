@@ -210,9 +210,16 @@ static val *vmake(imp *im, const char *name) {
     return v;
 }
 
+/* a * b for element counts, saturating at 2^62 (anything near it is refused as absurd) */
+static int64_t smul(int64_t a, int64_t b) {
+    const int64_t cap = (int64_t)1 << 62;
+    if (a <= 0 || b <= 0) return a < 0 || b < 0 ? -1 : 0;
+    return a > cap / b ? cap : a * b;
+}
+
 static int64_t prod(const int64_t *d, int n) {
     int64_t p = 1;
-    for (int i = 0; i < n; i++) p *= d[i];
+    for (int i = 0; i < n; i++) p = smul(p, d[i]);
     return p;
 }
 
@@ -313,7 +320,7 @@ static val *data_out(imp *im, int k, int pn, int dtype, int ndim, const int64_t 
         return NULL;
     }
     for (int d = 0; d < ndim; d++)
-        if (dims[d] <= 0) {
+        if (dims[d] <= 0 && !(d == 0 && !im->whole && dims[0] == -1)) {   /* a symbolic batch is -1 */
             unsup(im, "output '%s' has a dimension of size %lld (psd's tensors are not empty)", n->out[k],
                   (long long)dims[d]);
             return NULL;
@@ -861,7 +868,8 @@ static ps_status fold(imp *im) {
         for (int i = 0; i < ax; i++) dims[nd++] = a->dims[i];
         for (int i = 0; i < iv->ndim && nd < MAXD; i++) dims[nd++] = iv->dims[i];
         for (int i = ax + 1; i < a->ndim && nd < MAXD; i++) dims[nd++] = a->dims[i];
-        int64_t cnt = outer * iv->numel * inner;
+        int64_t cnt = smul(smul(outer, iv->numel), inner);
+        if (cnt > FOLD_MAX) return unsup(im, "folding a Gather of %lld values", (long long)cnt);
         double *f = palloc(&im->mem, (size_t)(cnt ? cnt : 1) * sizeof *f);
         if (!f) return oom(im);
         for (int64_t o = 0, k = 0; o < outer; o++)
@@ -1397,15 +1405,19 @@ static ps_status h_reshape(imp *im) {
     if (x->kind == VK_CONST) return unsup(im, "Reshape of a constant");
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
     int allowzero = (int)attr_i(im, "allowzero", 0);
+    /* leading mode: the first entry must keep the batch (0, the batch symbol, the batch size, or -1 over
+     * exactly the batch); the rest reshape one sample. Whole-sample: every entry reshapes the sample. */
+    int off = im->whole ? 0 : 1;
     int64_t full[MAXD];
-    int64_t total = prod(x->dims, x->ndim), known_p = 1;
+    int64_t total = prod(x->dims + off, x->ndim - off), known_p = 1;
     int neg = -1;
-    for (int i = 0; i < ns; i++) {
+    if (!im->whole) {
+        if (ns < 1) return along_batch(im, "a Reshape to a scalar");
+        full[0] = x->dims[0];
+    }
+    for (int i = off; i < ns; i++) {
         int64_t v = shape[i];
-        if (v == BATCH_SYM) {
-            if (im->whole) return unsup(im, "the batch size in the target shape");
-            v = x->dims[0];
-        }
+        if (v == BATCH_SYM) return along_batch(im, "a Reshape that moves the batch");
         if (v == 0 && !allowzero) {
             if (i >= x->ndim) return bad(im, "shape entry %d is 0 but the input has rank %d", i, x->ndim);
             v = x->dims[i];
@@ -1413,40 +1425,34 @@ static ps_status h_reshape(imp *im) {
         if (v == -1) {
             if (neg >= 0) return bad(im, "two -1 entries in the shape");
             neg = i;
-        } else if (v < 0) {
+        } else if (v < 0 || v > PS_ONNX_MAX_NUMEL) {
             return bad(im, "shape entry %lld", (long long)v);
         } else {
-            known_p *= v;
+            known_p = smul(known_p, v);
         }
         full[i] = v;
+    }
+    if (!im->whole) {
+        int64_t f0 = shape[0];
+        int keeps = f0 == BATCH_SYM || (f0 == 0 && !allowzero) || (f0 > 0 && f0 == x->dims[0]) ||
+                    (f0 == -1 && neg < 0 && known_p == total);
+        if (!keeps) return along_batch(im, "a Reshape that moves the batch");
     }
     if (neg >= 0) {
         if (!known_p || total % known_p) return bad(im, "cannot reshape %lld elements to the shape", (long long)total);
         full[neg] = total / known_p;
     } else if (known_p != total) {
+        if (!im->whole) return along_batch(im, "a Reshape that moves the batch");
         return bad(im, "cannot reshape %lld elements to %lld", (long long)total, (long long)known_p);
     }
     int xin = x->node;
-    int64_t ps[MAXD];
     int pn;
     char b[128];
-    if (!im->whole) {
-        /* the batch must stay the first dimension */
-        if (ns < 1 || full[0] != x->dims[0] || prod(full + 1, ns - 1) != prod(x->dims + 1, x->ndim - 1))
-            return along_batch(im, "a Reshape that moves the batch");
-        if (ns - 1 > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
-        for (int i = 1; i < ns; i++) ps[i - 1] = full[i];
-        if (ns == 1) return unsup(im, "a Reshape to one value per sample");
-        pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
-        if (pn < 0) return oom(im);
-        add_attr(im, pn, "shape: %s", dims_text(ps, ns - 1, b, sizeof b));
-    } else {
-        if (ns > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
-        if (ns == 0) return unsup(im, "a Reshape to a scalar");
-        pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
-        if (pn < 0) return oom(im);
-        add_attr(im, pn, "shape: %s", dims_text(full, ns, b, sizeof b));
-    }
+    if (ns - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
+    if (ns - off < 1) return unsup(im, "a Reshape to one value per sample");
+    pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "shape: %s", dims_text(full + off, ns - off, b, sizeof b));
     return data_out(im, 0, pn, PS_ONNX_FLOAT, ns, full) ? PS_OK : im->err->code;
 }
 
@@ -2061,6 +2067,9 @@ static ps_status convert(imp *im) {
                               "needs every per-sample dimension", im->label, gi->name, d,
                               gi->dim_param[d] ? gi->dim_param[d] : "?");
     }
+    if (prod(in->dims + (im->whole ? 0 : 1), gi->ndim - (im->whole ? 0 : 1)) > PS_ONNX_MAX_NUMEL)
+        return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: input '%s': more than %lld values per sample",
+                          im->label, gi->name, (long long)PS_ONNX_MAX_NUMEL);
     if (!im->whole && gi->ndim < 1)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' is a scalar", im->label, gi->name);
     if (gi->ndim - (im->whole ? 0 : 1) > PS_MAXD) {
