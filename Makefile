@@ -118,22 +118,22 @@ data: deps
 	@scripts/fetch-mnist.sh data/mnist
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@scripts/run-local.sh
 
 run-lm: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-fortunes.sh data/fortunes
 	@scripts/run-lm.sh
 
 run-rl: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/run-rl.sh
 
 RL_SEEDS ?= 1 2 3 4 5
 test-rl: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
 # docs/fit.md: psd + 2 ps-train fit trainers within 1 point of PyTorch's
@@ -145,7 +145,7 @@ test-fit: deps
 	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) tests/run.sh
 
@@ -174,7 +174,7 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 test-faults: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
 	@BUILD=$(BUILD) bash tests/faults/netns_cluster.sh
@@ -188,7 +188,7 @@ test-python: deps
 
 LOAD_SECONDS ?= 180
 test-load: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) LOAD_SECONDS=$(LOAD_SECONDS) bash tests/load/load16.sh
 
@@ -196,7 +196,7 @@ test-load: deps
 # 2 psd + 2 trainers as one heterogeneous job (tests/slurm/run.sh).
 test-slurm: deps
 	@scripts/install-deps.sh --slurm
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/slurm/run.sh
 
@@ -305,7 +305,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LI
 # Performance: compute, end to end, and PyTorch's tutorial on the same data
 # (bench/run.sh; installs python3-torch for the PyTorch side). See docs/performance.md.
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/run.sh
 
@@ -315,13 +315,13 @@ bench: deps
 # perplexity vs PyTorch's RNNModel over 3 seeds (LM_STEPS=100 windows each,
 # ~15 min; LM_QUALITY=0 skips it). bench/lm.sh says more.
 bench-lm: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) bench/lm.sh
 
 # One model on 1, 2 and 3 psd servers on loopback: samples or tokens/s,
 # bytes per batch on each link, CPU-seconds per server per batch (~3 min).
 bench-cluster: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) bench/cluster.sh
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
