@@ -72,12 +72,21 @@ typedef struct val {
     double *f;                  /* folded values (numel), or NULL until needed */
     int64_t *q;                 /* the same as integers (when integral) */
     int is_int;                 /* an integer type */
+    int tpose;                  /* a Transpose of the initializer t: dims are t's swapped */
+    int stage;                  /* DATA: the psd stage computing it */
+    int lstm_out;               /* DATA: an LSTM's output (1: ONNX's (seq, 1, batch, H); 2: squeezed) */
+    int trainer;                /* an LSTM's hidden-state input or output: the trainer's, not psd's */
 } val;
+
+enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES };
 
 typedef struct pbind {
     char suffix[24];
     const ps_onnx_tensor *t;
-    int transpose;              /* a 2-D tensor stored transposed (MatMul's B, Gemm's B without transB) */
+    int transform;              /* TF_TRANSPOSE: a 2-D tensor stored transposed (MatMul's B, Gemm's B without
+                                   transB); TF_GATES: ONNX LSTM rows in gate order i, o, f, c to PyTorch's
+                                   i, f, g, o, read from element `offset` of t */
+    int64_t offset;
     int64_t numel;              /* the parameter's elements (t's, or a scalar broadcast to them) */
 } pbind;
 
@@ -88,10 +97,11 @@ typedef struct pnode {
     int nin;
     int in[MAX_INPUTS];         /* psd node index; -1: the stage input */
     int nb;
-    pbind b[6];
+    pbind b[16];                /* an LSTM: 4 per layer */
     int onnx;                   /* the ONNX node it came from */
     int has_bias_attr;          /* Linear/Conv2d written with bias: false (a later Add may give it one) */
     int readers;
+    int stage;                  /* 0, or 1 after a trainer-side LSTM */
 } pnode;
 
 /* Fused ops the pre-pass found: at the node that ends a pattern, its kind
@@ -100,6 +110,8 @@ typedef struct fused {
     const char *kind;           /* "GELU", "SiLU", "LayerNorm" */
     const char *x;              /* the input value's name */
     const char *scale, *bias;   /* LayerNorm's initializers (names) */
+    const char *src[4];         /* LSTM: the initializers behind W, R, B (weight_ih, weight_hh, bias_ih,
+                                   bias_hh) when the exporter glued them from PyTorch's; NULL: W, R, B as given */
     int axis;
     double eps;
     char scope[NAME_MAX_ + 1];
@@ -110,7 +122,9 @@ typedef struct imp {
     const char *label;
     ps_err *err;
     const ps_onnx_import_opts *o;
-    int whole, needs_whole;
+    int whole, needs_whole;     /* whole: lead is 0 (the whole input is one sample) */
+    int lead;                   /* leading dims of computed values: 0, 1 (the batch), or 2 (seq, batch: a model
+                                   whose LSTM the trainer runs) */
     int64_t opset;
     mpool mem;
     val **hash;
@@ -123,6 +137,17 @@ typedef struct imp {
     int64_t batch;              /* leading mode: the input's first dimension (-1 symbolic) */
     val *input;                 /* the stage input */
     fused *fz;                  /* per ONNX node: a recognised pattern ending there */
+    int stage;                  /* the psd stage nodes go to: 0, then 1 after a trainer-side LSTM */
+    int stage0_out;             /* psd node ending stage 0 (the LSTM's input), -1 before */
+    struct {
+        int layers;             /* LSTM ops chained so far */
+        int64_t hidden, input;
+        int pn;                 /* its psd node (stage 2: parameters only) */
+        const char *last_out;   /* the previous layer's output value */
+    } lstm;
+    int trailing;               /* ONNX node where the trainer's part after the model begins, or -1 */
+    const char *out_name;       /* the graph output psd computes */
+    int out_node;               /* its psd node */
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
 } imp;
 
@@ -134,7 +159,8 @@ struct ps_onnx_import {
     struct imp_value {
         char name[128];
         const ps_onnx_tensor *t;
-        int transpose;
+        int transform;          /* TF_* */
+        int64_t offset;
         int64_t numel;
     } *values;
 };
@@ -235,6 +261,15 @@ static val *in_val(imp *im, int k, int required) {
         bad(im, "input '%s' is neither a graph input, an initializer nor an earlier node's output", n->in[k]);
         return NULL;
     }
+    if (v->trainer) {
+        unsup(im, "input '%s' is an LSTM's hidden state (the trainer's)", v->name);
+        return NULL;
+    }
+    if (v->kind == VK_DATA && v->stage != im->stage) {
+        unsup(im, "'%s' is computed before the LSTM and read after it: one tensor crosses a stage boundary "
+              "(the LSTM's output)", v->name);
+        return NULL;
+    }
     return v;
 }
 
@@ -320,7 +355,7 @@ static val *data_out(imp *im, int k, int pn, int dtype, int ndim, const int64_t 
         return NULL;
     }
     for (int d = 0; d < ndim; d++)
-        if (dims[d] <= 0 && !(d == 0 && !im->whole && dims[0] == -1)) {   /* a symbolic batch is -1 */
+        if (dims[d] <= 0 && !(d < im->lead && dims[d] == -1)) {   /* a symbolic batch is -1 */
             unsup(im, "output '%s' has a dimension of size %lld (psd's tensors are not empty)", n->out[k],
                   (long long)dims[d]);
             return NULL;
@@ -329,6 +364,8 @@ static val *data_out(imp *im, int k, int pn, int dtype, int ndim, const int64_t 
     if (!v) { oom(im); return NULL; }
     v->kind = VK_DATA;
     v->node = pn;
+    v->stage = im->stage;
+    v->lstm_out = 0;
     v->dtype = dtype;
     v->ndim = ndim;
     memcpy(v->dims, dims, (size_t)ndim * sizeof *dims);
@@ -355,7 +392,7 @@ static ps_status alias_out(imp *im, int k, const val *src) {
 
 /* Per-sample dims of a computed value (psd's view). */
 static int sample_dims(const imp *im, const val *v, int64_t *out) {
-    int off = im->whole ? 0 : 1, n = v->ndim - off;
+    int off = im->lead, n = v->ndim - off;
     for (int i = 0; i < n; i++) out[i] = v->dims[off + i];
     return n;
 }
@@ -371,7 +408,7 @@ static int norm_axis(imp *im, int64_t axis, int r, const char *what) {
 }
 
 /* PyTorch's dim (the batch counted as 0) for ONNX axis a; -1 when a is the batch (leading mode). */
-static int pt_dim(const imp *im, int a) { return im->whole ? a + 1 : (a == 0 ? -1 : a); }
+static int pt_dim(const imp *im, int a) { return a < im->lead ? -1 : a - im->lead + 1; }
 
 /* ------------------------------------------------------------- attributes */
 
@@ -554,6 +591,7 @@ static int emit(imp *im, const char *kind, const char *prefer_init, const char *
         if (in[i] >= 0) im->pn[in[i]].readers++;
     }
     p->onnx = im->cur;
+    p->stage = im->stage;
     return im->npn++;
 }
 
@@ -593,10 +631,17 @@ static const char *float_text(double v, char *buf, size_t cap) {
 }
 
 /* Bind a constant initializer as parameter or buffer suffix of psd node pn. */
+static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel);
+
 static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose, int64_t numel) {
+    return bind_tf(im, pn, suffix, c, (transpose ^ c->tpose) ? TF_TRANSPOSE : TF_NONE, 0, numel);
+}
+
+/* Bind with a transform; an initializer read in parts (an LSTM's B) is bound once per part. */
+static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel) {
     if (!c->init || !c->t)
         return unsup(im, "'%s' is computed from other values: psd takes parameters from initializers", c->name);
-    if (c->bound)
+    if (c->bound && !offset)
         return unsup(im, "initializer '%s' is read by two nodes: psd gives every node its own parameters", c->name);
     pnode *p = &im->pn[pn];
     if (p->nb == (int)(sizeof p->b / sizeof p->b[0])) return bad(im, "too many parameters");
@@ -606,7 +651,8 @@ static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose
     pbind *b = &p->b[p->nb++];
     snprintf(b->suffix, sizeof b->suffix, "%s", suffix);
     b->t = c->t;
-    b->transpose = transpose;
+    b->transform = transform;
+    b->offset = offset;
     b->numel = numel ? numel : c->t->numel;
     c->bound = 1;
     return PS_OK;
@@ -618,7 +664,7 @@ static ps_status need_float(imp *im, const val *v, int lo, int hi, const char *w
         return unsup(im, "%s '%s' is a constant: psd computes ops on the input's values only", what, v->name);
     if (v->dtype != PS_ONNX_FLOAT)
         return unsup(im, "%s '%s' is %s: psd computes on float", what, v->name, ps_onnx_dtype_name(v->dtype));
-    int r = v->ndim - (im->whole ? 0 : 1);
+    int r = v->ndim - im->lead;
     if (r < lo || r > hi) {
         if (im->whole && v->ndim >= 1 && r - 1 >= lo && r - 1 <= hi)
             return unsup(im, "%s '%s' of rank %d: this op needs its batch dimension (it is the whole input, one "
@@ -800,7 +846,7 @@ static ps_status h_shape(imp *im) {
     int64_t d1[1] = {e > s ? e - s : 0};
     for (int i = s; i < e; i++) {
         int64_t d = x->dims[i];
-        if (x->kind == VK_DATA && !im->whole && i == 0) f[i - s] = (double)BATCH_SYM;
+        if (x->kind == VK_DATA && i < im->lead) f[i - s] = (double)BATCH_SYM;
         else if (d < 0) return unsup(im, "the shape of '%s' has a symbolic dimension %d", x->name, i);
         else f[i - s] = (double)d;
     }
@@ -958,15 +1004,16 @@ static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, in
     int64_t cd[MAXD];
     int cn = c->ndim;
     memcpy(cd, c->dims, sizeof cd);
-    int off = im->whole ? 0 : 1;
-    /* in leading mode the constant must not span the batch */
-    if (!im->whole && cn == partner->ndim) {
-        if (cd[0] != 1) {
-            *rc = along_batch(im, "a constant operand");
-            return -1;
-        }
-        memmove(cd, cd + 1, (size_t)(cn - 1) * sizeof *cd);
-        cn--;
+    int off = im->lead;
+    /* the constant must not span the leading (batch) dims */
+    if (off && cn == partner->ndim) {
+        for (int i = 0; i < off; i++)
+            if (cd[i] != 1) {
+                *rc = along_batch(im, "a constant operand");
+                return -1;
+            }
+        memmove(cd, cd + off, (size_t)(cn - off) * sizeof *cd);
+        cn -= off;
     }
     int64_t pd[MAXD];
     int pn_nd = partner->ndim - off;
@@ -1020,6 +1067,20 @@ static int fold_bias(imp *im, const val *x, val *c) {
         ok = c->numel == want && c->ndim >= 3 && c->dims[c->ndim - 1] == 1 && c->dims[c->ndim - 2] == 1;
     }
     if (!ok) return 0;
+    /* named after the bias's state_dict prefix when the weight gave it none (an eval export's
+     * onnx::MatMul_208 with decoder.bias: node decoder) */
+    size_t bl = strlen(c->name);
+    if (bl > 5 && !strcmp(c->name + bl - 5, ".bias") && bl - 5 <= NAME_MAX_ && p->nb == 1 &&
+        strncmp(p->b[0].t->name, c->name, bl - 4)) {
+        char pre[NAME_MAX_ + 1], clean[NAME_MAX_ + 1];
+        memcpy(pre, c->name, bl - 5);
+        pre[bl - 5] = 0;
+        sanitize(pre, clean, sizeof clean);
+        const char *wn = p->b[0].t->name;
+        size_t wl = strlen(wn);
+        int weight_named = wl > 7 && !strcmp(wn + wl - 7, ".weight");   /* keep a state_dict name it has */
+        if (!strcmp(clean, pre) && !weight_named && !name_taken(im, pre)) snprintf(p->name, sizeof p->name, "%s", pre);
+    }
     /* drop ", bias: false" */
     char *s = strstr(p->attrs, ", bias: false");
     if (s) memmove(s, s + 13, strlen(s + 13) + 1);
@@ -1078,7 +1139,7 @@ static ps_status linear(imp *im, val *x, val *w, int w_is_in_out, val *c) {
         return bad(im, "input '%s' has %lld features but the weight '%s' takes %lld", x->name,
                    (long long)x->dims[x->ndim - 1], w->name, (long long)in);
     int xin = x->node;
-    int pn = emit(im, "Linear", w->name, "weight", NULL, 1, &xin);
+    int pn = emit(im, "Linear", w->t ? w->t->name : w->name, "weight", NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "out_features: %lld", (long long)out);
     if ((rc = bind(im, pn, "weight", w, w_is_in_out, 0))) return rc;
@@ -1324,9 +1385,9 @@ static ps_status h_batchnorm(imp *im) {
             return unsup(im, "output %d (the %s) is used: psd keeps BatchNorm's statistics in its buffers", k,
                          k == 1 ? "running mean" : k == 2 ? "running variance" : "saved statistics");
     }
-    int r = x->ndim - (im->whole ? 0 : 1);
+    int r = x->ndim - im->lead;
     if ((rc = need_float(im, x, 1, 3, "input"))) return rc;
-    int64_t c = x->dims[im->whole ? 0 : 1];
+    int64_t c = x->dims[im->lead];
     if (im->whole) return unsup(im, "BatchNormalization needs the batch dimension");
     val *ps[4] = {sc, bi, mean, var};
     static const char *const suf[4] = {"weight", "bias", "running_mean", "running_var"};
@@ -1364,7 +1425,7 @@ static ps_status h_flatten(imp *im) {
     int64_t od[2] = {prod(x->dims, a), prod(x->dims + a, r - a)};
     int xin = x->node, pn;
     if (!im->whole) {
-        if (a != 1) return along_batch(im, "Flatten with an axis other than 1");
+        if (im->lead != 1 || a != 1) return along_batch(im, "Flatten with an axis other than 1");
         pn = emit(im, "Flatten", NULL, NULL, NULL, 1, &xin);
         if (pn < 0) return oom(im);
         od[0] = x->dims[0];
@@ -1407,14 +1468,12 @@ static ps_status h_reshape(imp *im) {
     int allowzero = (int)attr_i(im, "allowzero", 0);
     /* leading mode: the first entry must keep the batch (0, the batch symbol, the batch size, or -1 over
      * exactly the batch); the rest reshape one sample. Whole-sample: every entry reshapes the sample. */
-    int off = im->whole ? 0 : 1;
+    int off = im->lead;
     int64_t full[MAXD];
     int64_t total = prod(x->dims + off, x->ndim - off), known_p = 1;
     int neg = -1;
-    if (!im->whole) {
-        if (ns < 1) return along_batch(im, "a Reshape to a scalar");
-        full[0] = x->dims[0];
-    }
+    if (ns < off) return along_batch(im, "a Reshape that merges the batch");
+    for (int i = 0; i < off; i++) full[i] = x->dims[i];
     for (int i = off; i < ns; i++) {
         int64_t v = shape[i];
         if (v == BATCH_SYM) return along_batch(im, "a Reshape that moves the batch");
@@ -1432,10 +1491,10 @@ static ps_status h_reshape(imp *im) {
         }
         full[i] = v;
     }
-    if (!im->whole) {
-        int64_t f0 = shape[0];
-        int keeps = f0 == BATCH_SYM || (f0 == 0 && !allowzero) || (f0 > 0 && f0 == x->dims[0]) ||
-                    (f0 == -1 && neg < 0 && known_p == total);
+    for (int i = 0; i < off; i++) {
+        int64_t f0 = shape[i];
+        int keeps = f0 == BATCH_SYM || (f0 == 0 && !allowzero) || (f0 > 0 && f0 == x->dims[i]) ||
+                    (off == 1 && f0 == -1 && neg < 0 && known_p == total);
         if (!keeps) return along_batch(im, "a Reshape that moves the batch");
     }
     if (neg >= 0) {
@@ -1485,9 +1544,10 @@ static ps_status h_concat(imp *im) {
         if (v->kind == VK_CONST) {
             /* a constant part: a Parameter of its shape (it spans the batch in leading mode only as 1) */
             val tmp = *first;
-            int off = im->whole ? 0 : 1;
+            int off = im->lead;
             if (v->ndim != r) return bad(im, "input '%s' has rank %d, not %d", v->name, v->ndim, r);
-            if (!im->whole && v->dims[0] != 1) return along_batch(im, "a constant part of Concat");
+            for (int i = 0; i < off; i++)
+                if (v->dims[i] != 1) return along_batch(im, "a constant part of Concat");
             for (int i = 0; i < r; i++) tmp.dims[i] = i == a ? v->dims[i] : first->dims[i];
             int64_t want[MAXD];
             memcpy(want, tmp.dims, sizeof want);
@@ -1573,7 +1633,7 @@ static ps_status h_gather(imp *im) {
     add_attr(im, pn, "index: [%s]", b);
     if (idx->ndim != 1) {
         int64_t ps[MAXD];
-        int off = im->whole ? 0 : 1;
+        int off = im->lead;
         if (nd - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
         if (nd - off < 1) return unsup(im, "a scalar per sample");
         for (int i = off; i < nd; i++) ps[i - off] = od[i];
@@ -1660,6 +1720,9 @@ static ps_status h_fused(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
+
+static ps_status h_lstm(imp *im);
+
 /* ------------------------------------------------------------- op table */
 
 typedef struct op_row {
@@ -1668,6 +1731,29 @@ typedef struct op_row {
     int min_opset;              /* the first opset whose meaning the handler reads */
 } op_row;
 
+/* Transpose of a 2-D initializer (PyTorch's training-mode export of
+ * nn.Linear on 3-D input: MatMul(x, Transpose(weight))): the same tensor,
+ * read transposed where it is bound. */
+static ps_status h_transpose(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t perm[MAXD];
+    int np = attr_ints(im, "perm", perm, MAXD);
+    if (x->kind != VK_CONST || !x->t || !x->init || x->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 ||
+                                                                                  perm[1] != 0)))
+        return unsup(im, "Transpose other than of a 2-D initializer (psd reads it as a transposed weight)");
+    const ps_onnx_node *n = cur_node(im);
+    if (n->nout < 1) return bad(im, "no output");
+    val *v = vmake(im, n->out[0]);
+    if (!v) return oom(im);
+    set_const_tensor(v, x->t, 1);
+    v->tpose = !x->tpose;
+    v->dims[0] = x->dims[1];
+    v->dims[1] = x->dims[0];
+    x->bound = 1;   /* read through the transpose only */
+    return PS_OK;
+}
+
 /* Squeeze / Unsqueeze of a computed value: a Reshape (axes an input from
  * opset 13, an attribute before); the batch stays where it is. */
 static ps_status h_squeeze(imp *im) {
@@ -1675,6 +1761,23 @@ static ps_status h_squeeze(imp *im) {
     int unsq = !strcmp(cur_node(im)->op_type, "Unsqueeze");
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
+    if (x->lstm_out == 1 && !unsq) {   /* an LSTM's Y (seq, 1, batch, H) without its direction axis */
+        int64_t ax[1] = {1};
+        int na = has_in(im, 1) ? -1 : attr_ints(im, "axes", ax, 1);
+        if (has_in(im, 1)) {
+            val *av = in_val(im, 1, 1);
+            const int64_t *q = av && av->kind == VK_CONST && av->numel == 1 ? cints(im, av) : NULL;
+            if (q) { ax[0] = q[0]; na = 1; }
+        }
+        if (na != 1 || (ax[0] != 1 && ax[0] != -3)) return unsup(im, "a Squeeze of an LSTM's output other than "
+                                                               "its direction axis");
+        int64_t od[3] = {x->dims[0], x->dims[2], x->dims[3]};
+        val *y = data_out(im, 0, -1, PS_ONNX_FLOAT, 3, od);
+        if (!y) return im->err->code;
+        y->lstm_out = 2;
+        im->lstm.last_out = y->name;
+        return PS_OK;
+    }
     ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
     if (rc) return rc;
     int64_t axes[MAXD];
@@ -1711,7 +1814,7 @@ static ps_status h_squeeze(imp *im) {
             od[nd++] = x->dims[i];
         }
     }
-    int off = im->whole ? 0 : 1;
+    int off = im->lead;
     if (nd - off < 1) return unsup(im, "a scalar per sample");
     if (nd - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
     int xin = x->node;
@@ -1767,6 +1870,8 @@ static const op_row ops[] = {
     {"Constant", h_constant, 1},
     {"Shape", h_shape, 1},
     {"Cast", h_cast, 1},
+    {"Transpose", h_transpose, 1},
+    {"LSTM", h_lstm, 7},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},
     {"Sqrt", h_fold_only, 1},
@@ -1992,7 +2097,244 @@ static void find_patterns(imp *im) {
     }
 }
 
+/* ---- the LSTM weight glue ----
+ * PyTorch exports nn.LSTM as one ONNX LSTM per layer. ONNX orders the gates
+ * i, o, f, c where PyTorch has i, f, g, o: an eval export stores W, R, B
+ * reordered (initializers onnx::LSTM_*), a training export computes them
+ * from PyTorch's weight_ih_l<k>, weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>:
+ *   W = Unsqueeze(Concat(Slice(w, 0:H), Slice(w, 3H:4H), Slice(w, H:3H)))
+ *   B = Unsqueeze(Concat(Concat(3 Slices of bias_ih), Concat(3 Slices of bias_hh)))
+ * The hidden state comes in through Slices of graph inputs (h0, c0) and
+ * leaves through Concats into graph outputs: the trainer's. */
+
+/* Constant integer input k of node i (a Constant node's value, or an initializer); 0 if not one. */
+static int const_ints(imp *im, int i, int k, int64_t *out, int max) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return 0;
+    val *v = vget(im, n->in[k]);
+    if (!v || v->kind != VK_CONST || v->numel < 1 || v->numel > max) return 0;
+    const int64_t *q = cints(im, v);
+    if (!q) { ps_err_clear(im->err); return 0; }
+    for (int64_t j = 0; j < v->numel; j++) out[j] = q[j];
+    return (int)v->numel;
+}
+
+/* v = Concat(axis 0) of Slices of one initializer along axis 0 in ONNX's gate order: that initializer's name. */
+static const char *gate_slices(imp *im, const char *v, int64_t H, int *absorb, int *na) {
+    int c = producer_of(im, v);
+    if (!is_op(im, c, "Concat") || im->m->nodes[c].nin != 3) return NULL;
+    const ps_onnx_attr *ax = ps_onnx_attr_find(&im->m->nodes[c], "axis");
+    if (ax && ax->i != 0) return NULL;
+    static const int64_t want[3][2] = {{0, 1}, {3, 4}, {1, 3}};
+    const char *src = NULL;
+    int slices[3];
+    for (int k = 0; k < 3; k++) {
+        int sl = producer_of(im, im->m->nodes[c].in[k]);
+        if (!is_op(im, sl, "Slice")) return NULL;
+        const ps_onnx_node *n = &im->m->nodes[sl];
+        int64_t st[1], en[1], axes[1] = {0};
+        if (const_ints(im, sl, 1, st, 1) != 1 || const_ints(im, sl, 2, en, 1) != 1) return NULL;
+        if (n->nin > 3 && n->in[3][0] && (const_ints(im, sl, 3, axes, 1) != 1 || axes[0] != 0)) return NULL;
+        if (n->nin > 4 && n->in[4][0]) return NULL;   /* steps */
+        if (st[0] != want[k][0] * H || en[0] != want[k][1] * H) return NULL;
+        if (src && strcmp(src, n->in[0])) return NULL;
+        src = n->in[0];
+        slices[k] = sl;
+    }
+    val *pv = vget(im, src);
+    if (!pv || pv->kind != VK_CONST || !pv->init) return NULL;
+    absorb[(*na)++] = c;
+    for (int k = 0; k < 3; k++) absorb[(*na)++] = slices[k];
+    return src;
+}
+
+static int unsqueezed(imp *im, const char *v) {
+    int u = producer_of(im, v);
+    return is_op(im, u, "Unsqueeze") ? u : -1;
+}
+
+static void find_lstms(imp *im) {
+    const ps_onnx_model *m = im->m;
+    for (int i = 0; i < m->nnodes; i++) {
+        const ps_onnx_node *n = &m->nodes[i];
+        if (strcmp(n->op_type, "LSTM") || n->nin < 3) continue;
+        const ps_onnx_attr *hs = ps_onnx_attr_find(n, "hidden_size");
+        int64_t H = hs ? hs->i : 0;
+        if (H < 1) continue;
+        int absorb[32], na = 0;
+        /* W, R and B glued from PyTorch's tensors */
+        int uw = unsqueezed(im, n->in[1]), ur = unsqueezed(im, n->in[2]), ub = n->nin > 3 && n->in[3][0]
+                                                                                   ? unsqueezed(im, n->in[3]) : -1;
+        const char *sw = uw >= 0 ? gate_slices(im, m->nodes[uw].in[0], H, absorb, &na) : NULL;
+        const char *sr = ur >= 0 && sw ? gate_slices(im, m->nodes[ur].in[0], H, absorb, &na) : NULL;
+        const char *sbi = NULL, *sbh = NULL;
+        if (ub >= 0 && sr) {
+            int cb = producer_of(im, m->nodes[ub].in[0]);
+            if (is_op(im, cb, "Concat") && m->nodes[cb].nin == 2) {
+                sbi = gate_slices(im, m->nodes[cb].in[0], H, absorb, &na);
+                sbh = sbi ? gate_slices(im, m->nodes[cb].in[1], H, absorb, &na) : NULL;
+                if (sbh) absorb[na++] = cb;
+            }
+        }
+        if (sw && sr && sbi && sbh) {
+            absorb[na++] = uw;
+            absorb[na++] = ur;
+            absorb[na++] = ub;
+            for (int k = 0; k < na; k++) im->absorbed[absorb[k]] = 1;
+            im->fz[i].src[0] = sw;
+            im->fz[i].src[1] = sr;
+            im->fz[i].src[2] = sbi;
+            im->fz[i].src[3] = sbh;
+        }
+        /* the hidden state in (Slices of graph inputs) and out (Concats into graph outputs): the trainer's */
+        for (int k = 5; k < 7 && k < n->nin; k++) {
+            if (!n->in[k][0]) continue;
+            val *v = vget(im, n->in[k]);
+            int sl = producer_of(im, n->in[k]);
+            if (is_op(im, sl, "Slice")) {
+                val *g = vget(im, m->nodes[sl].in[0]);
+                if (g && g->prod < 0) {
+                    g->trainer = 1;
+                    im->absorbed[sl] = 1;
+                }
+            }
+            if (v) v->trainer = 1;
+        }
+        for (int k = 1; k < n->nout && k < 3; k++) {
+            if (!n->out[k][0]) continue;
+            val *v = vget(im, n->out[k]);
+            if (v) v->trainer = 1;
+            for (int j = 0; j < m->nnodes; j++) {
+                if (!is_op(im, j, "Concat")) continue;
+                int reads = 0;
+                for (int q = 0; q < m->nodes[j].nin; q++) reads |= !strcmp(m->nodes[j].in[q], n->out[k]);
+                val *o = reads && m->nodes[j].nout ? vget(im, m->nodes[j].out[0]) : NULL;
+                if (o && o->graph_output) {
+                    im->absorbed[j] = 1;
+                    o->trainer = 1;
+                }
+            }
+        }
+    }
+}
+
+/* LSTM: a layer of the trainer-side LSTM. The first one ends stage 0 (its
+ * input is that stage's output); its parameters go to a parameter-only
+ * stage; its output (squeezed) is stage 1's input. */
+static ps_status h_lstm(imp *im) {
+    static const char *const known[] = {"hidden_size", "direction", "activations", "clip", "input_forget", "layout",
+                                        "activation_alpha", "activation_beta", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *n = cur_node(im);
+    int64_t H = attr_i(im, "hidden_size", 0);
+    const char *dir = attr_s(im, "direction", "forward");
+    if (H < 1) return bad(im, "no hidden_size");
+    if (strcmp(dir, "forward")) return unsup(im, "direction '%s' (psd's LSTM is unidirectional)", dir);
+    if (attr(im, "clip") || attr_i(im, "input_forget", 0) || attr_i(im, "layout", 0) || attr(im, "activation_alpha"))
+        return unsup(im, "clip, input_forget, layout or activation parameters (PyTorch's nn.LSTM has none)");
+    const ps_onnx_attr *acts = attr(im, "activations");
+    if (acts && acts->nstrings) return unsup(im, "activations other than the default (Sigmoid, Tanh, Tanh)");
+    if ((n->nin > 4 && n->in[4][0]) || (n->nin > 7 && n->in[7][0]))
+        return unsup(im, "sequence_lens or peepholes (P)");
+    if (im->lead != 2) return unsup(im, "an LSTM in a graph psd reads without (seq, batch) leading dims");
+    val *x = vget(im, n->in[0]);
+    if (!x || x->kind != VK_DATA || x->dtype != PS_ONNX_FLOAT || x->ndim != 3)
+        return unsup(im, "the LSTM's input '%s' is not a computed (seq, batch, features) float tensor", n->in[0]);
+    int first = im->lstm.layers == 0;
+    if (first) {
+        if (x->stage != 0 || x->node < 0)
+            return unsup(im, "the LSTM's input must be computed by psd (an embedding table before it)");
+        if (im->pn[x->node].readers || x->uses != 1)
+            return unsup(im, "the LSTM's input '%s' is read by other nodes too", x->name);
+        im->stage0_out = x->node;
+        im->lstm.input = x->dims[2];
+        im->lstm.hidden = H;
+    } else {
+        if (!x->lstm_out || strcmp(im->lstm.last_out, x->name))
+            return unsup(im, "an LSTM whose input is not the previous LSTM layer's output");
+        if (H != im->lstm.hidden) return unsup(im, "LSTM layers of different hidden sizes");
+        if (im->npn && im->pn[im->npn - 1].stage == 1)
+            return unsup(im, "nodes between LSTM layers (psd's LSTM stacks its layers directly)");
+    }
+    int k = im->lstm.layers;
+    if (k >= 4) return unsup(im, "more than 4 LSTM layers");
+    int64_t in = first ? im->lstm.input : H;
+    if (first) {
+        int pn = emit(im, "LSTM", NULL, NULL, NULL, 0, NULL);
+        if (pn < 0) return oom(im);
+        im->pn[pn].stage = 2;
+        im->lstm.pn = pn;
+    }
+    int pn = im->lstm.pn;
+    const fused *f = &im->fz[im->cur];
+    char suf[4][24];
+    snprintf(suf[0], sizeof suf[0], "weight_ih_l%d", k);
+    snprintf(suf[1], sizeof suf[1], "weight_hh_l%d", k);
+    snprintf(suf[2], sizeof suf[2], "bias_ih_l%d", k);
+    snprintf(suf[3], sizeof suf[3], "bias_hh_l%d", k);
+    int64_t sizes[4] = {4 * H * in, 4 * H * H, 4 * H, 4 * H};
+    if (f->src[0]) {   /* glued from PyTorch's tensors: bound as they are */
+        for (int j = 0; j < 4; j++) {
+            val *c = vget(im, f->src[j]);
+            if (!c || c->kind != VK_CONST || c->numel != sizes[j])
+                return bad(im, "'%s' does not have the %lld values of %s", f->src[j], (long long)sizes[j], suf[j]);
+            if ((rc = bind(im, pn, suf[j], c, 0, 0))) return rc;
+        }
+    } else {   /* ONNX's own W (1, 4H, in), R (1, 4H, H), B (1, 8H): gates reordered where bound */
+        val *w = in_val(im, 1, 1), *r = in_val(im, 2, 1), *b = has_in(im, 3) ? in_val(im, 3, 1) : NULL;
+        if (!w || !r || (has_in(im, 3) && !b)) return im->err->code;
+        if (!b) return unsup(im, "an LSTM without B (PyTorch's nn.LSTM has biases)");
+        if (w->kind != VK_CONST || w->numel != sizes[0] || r->kind != VK_CONST || r->numel != sizes[1] ||
+            b->kind != VK_CONST || b->numel != 8 * H)
+            return unsup(im, "W, R and B that are not initializers of (1, 4H, in), (1, 4H, H), (1, 8H)");
+        if ((rc = bind_tf(im, pn, suf[0], w, TF_GATES, 0, sizes[0])) || (rc = bind_tf(im, pn, suf[1], r, TF_GATES, 0,
+                                                                                      sizes[1])) ||
+            (rc = bind_tf(im, pn, suf[2], b, TF_GATES, 0, 4 * H)) || (rc = bind_tf(im, pn, suf[3], b, TF_GATES, 4 * H,
+                                                                                    4 * H)))
+            return rc;
+        b->bound = 1;
+    }
+    im->lstm.layers++;
+    /* the psd node's name: the exporter's scope of the LSTM module */
+    if (first && n->name[0]) {
+        char scope[NAME_MAX_ + 1];
+        scope_of(n->name, scope, sizeof scope);
+        if (scope[0] && !strchr(scope, '.') && !name_taken(im, scope))
+            snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", scope);
+    }
+    im->stage = 1;
+    int64_t od[4] = {x->dims[0], 1, x->dims[1], H};
+    val *y = data_out(im, 0, -1, PS_ONNX_FLOAT, 4, od);
+    if (!y) return im->err->code;
+    y->lstm_out = 1;
+    return PS_OK;
+}
+
 /* ------------------------------------------------------------- driver */
+
+/* After a trainer-side LSTM, node `first` acts along the (seq, batch) dims
+ * (word_language_model's decoded.view(-1, ntoken)): it and what follows
+ * are the trainer's (its loss), provided none of it holds parameters; the
+ * model ends with the last psd node. */
+static ps_status trainer_tail(imp *im, int first) {
+    const ps_onnx_model *m = im->m;
+    for (int i = first; i < m->nnodes; i++) {
+        if (!im->live[i]) continue;
+        for (int k = 0; k < m->nodes[i].nin; k++) {
+            val *v = m->nodes[i].in[k][0] ? vget(im, m->nodes[i].in[k]) : NULL;
+            if (v && v->kind == VK_CONST && v->init && v->t && v->numel > 1)
+                return PS_ERR_UNIMPLEMENTED;   /* a parameter after the cut: keep the first error */
+        }
+    }
+    if (!im->npn || im->pn[im->npn - 1].stage != 1) return PS_ERR_UNIMPLEMENTED;
+    ps_err_clear(im->err);
+    im->needs_whole = 0;
+    im->trailing = first;
+    im->out_node = im->npn - 1;
+    im->cur = -1;
+    return PS_OK;
+}
 
 static ps_status convert(imp *im) {
     const ps_onnx_model *m = im->m;
@@ -2027,7 +2369,22 @@ static ps_status convert(imp *im) {
         if (!v) return oom(im);
         set_const_tensor(v, o->feeds[i], 1);
     }
-    /* the stage input: the one graph input that is not an initializer */
+    if (!(im->live = calloc((size_t)m->nnodes + 1, 1)) || !(im->absorbed = calloc((size_t)m->nnodes + 1, 1)))
+        return oom(im);
+    for (int i = 0; i < m->noutputs; i++) {
+        val *v = vget(im, m->outputs[i].name);
+        if (v) v->graph_output = 1;
+    }
+    /* Constants first (the recognisers read them), then an LSTM's glue and hidden state */
+    for (int i = 0; i < m->nnodes; i++) {
+        if (strcmp(m->nodes[i].op_type, "Constant")) continue;
+        im->cur = i;
+        ps_status rc = h_constant(im);
+        if (rc) return rc;
+    }
+    im->cur = -1;
+    find_lstms(im);
+    /* the stage input: the one graph input that is not an initializer (nor an LSTM's hidden state) */
     const ps_onnx_value *gi = NULL;
     for (int i = 0; i < m->ninputs; i++) {
         int t = m->inputs[i].elem_type;
@@ -2038,7 +2395,7 @@ static ps_status convert(imp *im) {
     }
     for (int i = 0; i < m->ninputs; i++) {
         val *v = vget(im, m->inputs[i].name);
-        if (v && v->kind == VK_CONST) continue;
+        if (v && (v->kind == VK_CONST || v->trainer)) continue;
         if (gi)
             return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph inputs '%s' and '%s': psd's model takes one "
                               "input", im->label, gi->name, m->inputs[i].name);
@@ -2062,32 +2419,37 @@ static ps_status convert(imp *im) {
         if (gi->dims[d] == 0)
             return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s': dimension %d is 0 (psd's tensors are "
                               "not empty)", im->label, gi->name, d);
-        if (gi->dims[d] < 0 && (im->whole || d > 0))
+        if (gi->dims[d] < 0 && d >= im->lead)
             return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s': dimension %d is symbolic ('%s'): psd "
                               "needs every per-sample dimension", im->label, gi->name, d,
                               gi->dim_param[d] ? gi->dim_param[d] : "?");
     }
-    if (prod(in->dims + (im->whole ? 0 : 1), gi->ndim - (im->whole ? 0 : 1)) > PS_ONNX_MAX_NUMEL)
+    if (prod(in->dims + im->lead, gi->ndim - im->lead) > PS_ONNX_MAX_NUMEL)
         return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: input '%s': more than %lld values per sample",
                           im->label, gi->name, (long long)PS_ONNX_MAX_NUMEL);
-    if (!im->whole && gi->ndim < 1)
+    if (gi->ndim < im->lead)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' is a scalar", im->label, gi->name);
-    if (gi->ndim - (im->whole ? 0 : 1) > PS_MAXD) {
+    if (gi->ndim - im->lead > PS_MAXD) {
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' has %d dimensions per sample (psd takes at "
-                          "most %d)", im->label, gi->name, gi->ndim - (im->whole ? 0 : 1), PS_MAXD);
+                          "most %d)", im->label, gi->name, gi->ndim - im->lead, PS_MAXD);
     }
     im->input = in;
     im->batch = im->whole ? 1 : gi->dims[0];
-    /* outputs and liveness */
-    if (m->noutputs != 1)
+    /* the output (an LSTM's hidden state out is the trainer's) and liveness */
+    val *out = NULL;
+    int nout = 0;
+    for (int i = 0; i < m->noutputs; i++) {
+        val *v = vget(im, m->outputs[i].name);
+        if (!v) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
+                                  im->label, m->outputs[i].name);
+        if (v->trainer) continue;
+        nout++;
+        out = v;
+    }
+    if (nout != 1)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has %d outputs: psd's model has one",
-                          im->label, m->noutputs);
-    val *out = vget(im, m->outputs[0].name);
-    if (!out) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
-                                im->label, m->outputs[0].name);
-    out->graph_output = 1;
-    if (!(im->live = calloc((size_t)m->nnodes + 1, 1)) || !(im->absorbed = calloc((size_t)m->nnodes + 1, 1)))
-        return oom(im);
+                          im->label, nout);
+    im->out_name = out->name;
     if (out->prod >= 0) im->live[out->prod] = 1;
     for (int i = m->nnodes - 1; i >= 0; i--) {
         if (!im->live[i]) continue;
@@ -2098,14 +2460,6 @@ static ps_status convert(imp *im) {
             if (p >= 0) im->live[p] = 1;
         }
     }
-    /* Constants first (the recognisers read them) */
-    for (int i = 0; i < m->nnodes; i++) {
-        if (!im->live[i] || strcmp(m->nodes[i].op_type, "Constant")) continue;
-        im->cur = i;
-        ps_status rc = h_constant(im);
-        if (rc) return rc;
-    }
-    im->cur = -1;
     find_patterns(im);
     for (int i = 0; i < m->nnodes; i++) {
         if (!im->live[i] || im->absorbed[i] || !strcmp(m->nodes[i].op_type, "Constant")) continue;
@@ -2144,18 +2498,21 @@ static ps_status convert(imp *im) {
         if (im->opset < r->min_opset) return unsup(im, "opset %lld (psd reads %s from opset %d)",
                                                    (long long)im->opset, n->op_type, r->min_opset);
         ps_status rc = r->fn(im);
+        if (rc && im->needs_whole && im->lstm.layers && im->stage == 1 && (rc = trainer_tail(im, i)) == PS_OK)
+            return PS_OK;
         if (rc) return rc;
     }
     im->cur = -1;
-    out = vget(im, m->outputs[0].name);
+    if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
+    out = vget(im, im->out_name);
     if (!out || out->kind != VK_DATA || out->node < 0)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
-                          "output from the input", im->label, m->outputs[0].name,
+                          "output from the input", im->label, im->out_name,
                           out && out->kind == VK_CONST ? "a constant" : "the input itself");
     if (out->dtype != PS_ONNX_FLOAT)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the output is %s (psd's are float)", im->label,
                           ps_onnx_dtype_name(out->dtype));
-    /* nodes nothing reads are dropped (e.g. a Parameter a bias fold replaced) */
+    im->out_node = out->node;
     return PS_OK;
 }
 
@@ -2169,33 +2526,63 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
     o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s\n",
                           im->label, m->producer, (long long)m->ir_version, (long long)im->opset,
                           im->whole ? "; the whole input is one sample" : "");
-    o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\nstages:\n  - name: main\n", name, name);
-    int64_t ps[MAXD];
-    int n = sample_dims(im, im->input, ps);
-    o += (size_t)snprintf(y + o, cap - o, "    input: {shape: %s, dtype: %s}\n",
-                          n ? dims_text(ps, n, b, sizeof b) : "[]",
-                          im->input->dtype == PS_ONNX_INT64 ? "int64" : "float32");
-    o += (size_t)snprintf(y + o, cap - o, "    output: %s\n    nodes:\n", im->pn[out_node].name);
-    int prev = -1;
-    for (int i = 0; i < im->npn; i++) {
-        pnode *p = &im->pn[i];
-        if (!p->readers && i != out_node) continue;
-        o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
-        if (p->nin > 1) {
-            o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
-            for (int k = 0; k < p->nin; k++)
-                o += (size_t)snprintf(y + o, cap - o, "%s%s", k ? ", " : "", p->in[k] < 0 ? "input" : im->pn[p->in[k]].name);
-            o += (size_t)snprintf(y + o, cap - o, "]");
-        } else if (p->nin == 1 && p->in[0] != prev) {
-            o += (size_t)snprintf(y + o, cap - o, ", input: %s", p->in[0] < 0 ? "input" : im->pn[p->in[0]].name);
+    o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\n", name, name);
+    if (im->trailing >= 0)
+        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it\n",
+                              m->nodes[im->trailing].name, m->nodes[im->trailing].op_type);
+    o += (size_t)snprintf(y + o, cap - o, "stages:\n");
+    /* one stage "main"; with a trainer-side LSTM: "pre" (to the LSTM's input), "post" (from its output), and
+     * the LSTM's parameters in a stage of its own */
+    int nst = im->lstm.layers ? 3 : 1;
+    for (int st = 0; st < nst; st++) {
+        char sname[32];
+        int64_t ps[MAXD];
+        int n = 0, dtype_int = 0, last = st == 0 && nst > 1 ? im->stage0_out : out_node;
+        if (nst == 1) {
+            snprintf(sname, sizeof sname, "main");
+        } else if (st < 2) {
+            snprintf(sname, sizeof sname, "%s", st ? "post" : "pre");
+        } else {
+            sanitize(im->pn[im->lstm.pn].name, sname, sizeof sname);
+            for (char *c = sname; *c; c++) if (*c == '.') *c = '_';
+            last = im->lstm.pn;
         }
-        o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
-        prev = i;
-        if (o + 1500 > cap) {
-            cap *= 2;
-            char *ny = realloc(y, cap);
-            if (!ny) { free(y); return oom(im); }
-            y = ny;
+        if (st == 0) {
+            n = sample_dims(im, im->input, ps);
+            dtype_int = im->input->dtype == PS_ONNX_INT64;
+        } else {
+            ps[0] = st == 1 ? im->lstm.hidden : im->lstm.input;
+            n = 1;
+        }
+        o += (size_t)snprintf(y + o, cap - o, "  - name: %s\n    input: {shape: %s, dtype: %s}\n", sname,
+                              n ? dims_text(ps, n, b, sizeof b) : "[]", dtype_int ? "int64" : "float32");
+        if (st < 2) o += (size_t)snprintf(y + o, cap - o, "    output: %s\n", im->pn[last].name);
+        o += (size_t)snprintf(y + o, cap - o, "    nodes:\n");
+        int prev = -1;
+        for (int i = 0; i < im->npn; i++) {
+            pnode *p = &im->pn[i];
+            if (p->stage != st || (!p->readers && i != last)) continue;
+            o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
+            if (p->nin > 1) {
+                o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
+                for (int k = 0; k < p->nin; k++)
+                    o += (size_t)snprintf(y + o, cap - o, "%s%s", k ? ", " : "",
+                                          p->in[k] < 0 ? "input" : im->pn[p->in[k]].name);
+                o += (size_t)snprintf(y + o, cap - o, "]");
+            } else if (p->nin == 1 && p->in[0] != prev) {
+                o += (size_t)snprintf(y + o, cap - o, ", input: %s", p->in[0] < 0 ? "input" : im->pn[p->in[0]].name);
+            }
+            if (st == 2)
+                o += (size_t)snprintf(y + o, cap - o, ", hidden_size: %lld, num_layers: %d", (long long)im->lstm.hidden,
+                                      im->lstm.layers);
+            o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
+            prev = i;
+            if (o + 1500 > cap) {
+                cap *= 2;
+                char *ny = realloc(y, cap);
+                if (!ny) { free(y); return oom(im); }
+                y = ny;
+            }
         }
     }
     res->yaml = y;
@@ -2212,6 +2599,11 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
     im.err = err;
     im.o = o;
     im.whole = whole;
+    im.lead = whole ? 0 : 1;
+    im.stage0_out = -1;
+    im.trailing = -1;
+    for (int i = 0; i < m->nnodes && !whole; i++)
+        if (!strcmp(m->nodes[i].op_type, "LSTM")) im.lead = 2;   /* (seq, batch) leading dims */
     im.cur = -1;
     im.opset = m->opset;
     im.hcap = 1;
@@ -2224,7 +2616,6 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
         goto out;
     }
     if ((rc = convert(&im))) goto out;
-    val *out = vget(&im, m->outputs[0].name);
     char name[64];
     if (o && o->name && o->name[0]) {
         snprintf(name, sizeof name, "%s", o->name);
@@ -2238,7 +2629,7 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
         if (dot && !dot[5]) *dot = 0;
         if (!name[0]) snprintf(name, sizeof name, "onnx_model");
     }
-    if ((rc = write_yaml(&im, res, name, out->node))) goto out;
+    if ((rc = write_yaml(&im, res, name, im.out_node))) goto out;
     /* the initial values */
     int nv = 0;
     for (int i = 0; i < im.npn; i++) nv += im.pn[i].nb;
@@ -2249,7 +2640,8 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
             struct imp_value *v = &res->values[res->nvalues++];
             snprintf(v->name, sizeof v->name, "%s.%s", im.pn[i].name, im.pn[i].b[k].suffix);
             v->t = im.pn[i].b[k].t;
-            v->transpose = im.pn[i].b[k].transpose;
+            v->transform = im.pn[i].b[k].transform;
+            v->offset = im.pn[i].b[k].offset;
             v->numel = im.pn[i].b[k].numel;
         }
     res->whole = whole;
@@ -2325,6 +2717,16 @@ int64_t ps_onnx_import_value_numel(const ps_onnx_import *im, int i) { return im-
 ps_status ps_onnx_import_value(const ps_onnx_import *im, int i, float *dst, ps_err *err) {
     const struct imp_value *v = &im->values[i];
     const ps_onnx_tensor *t = v->t;
+    if (v->transform == TF_GATES) {   /* ONNX's gate order i, o, f, c as PyTorch's i, f, g, o */
+        float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *tmp);
+        if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for '%s'", v->name);
+        ps_status rc = ps_onnx_tensor_floats(t, tmp, err);
+        static const int from[4] = {0, 2, 3, 1};
+        int64_t g = v->numel / 4;
+        for (int k = 0; rc == PS_OK && k < 4; k++) memcpy(dst + k * g, tmp + v->offset + from[k] * g, (size_t)g * 4);
+        free(tmp);
+        return rc;
+    }
     if (v->numel != t->numel) {   /* a scalar spread over numel */
         float x;
         ps_status rc = ps_onnx_tensor_floats(t, &x, err);
@@ -2332,7 +2734,7 @@ ps_status ps_onnx_import_value(const ps_onnx_import *im, int i, float *dst, ps_e
         for (int64_t k = 0; k < v->numel; k++) dst[k] = x;
         return PS_OK;
     }
-    if (!v->transpose) return ps_onnx_tensor_floats(t, dst, err);
+    if (v->transform != TF_TRANSPOSE) return ps_onnx_tensor_floats(t, dst, err);
     float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *tmp);
     if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for '%s'", v->name);
     ps_status rc = ps_onnx_tensor_floats(t, tmp, err);

@@ -24,7 +24,10 @@ For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
   - an eval Forward after the step equals the module's (rtol 1e-4).
 
 Then the model's eval export (BatchNorm folded into the convolutions,
-onnx::* names): psd's eval Forward equals the module's. And the RPC
+onnx::* names): psd's eval Forward equals the module's. word_language_
+model's RNNModel through its training and eval exports: stages pre,
+post and the trainer's LSTM, every parameter equal to the state_dict (the
+LSTM's gate glue undone), the stages' forwards equal. And the RPC
 tutorial's Net, which PyTorch 1.13 cannot export in training mode (its
 Dropout2d): its eval export (model.onnx) and configs/models/mnist_cnn.yaml
 with dropout off (--init-from its weights) each go through the checks
@@ -284,6 +287,38 @@ def main():
     stub, p = start_psd("net_file", "file: %s" % nodrop, ["--init-from", os.path.join(TMP, "net.safetensors")])
     run("tutorial Net, mnist_cnn.yaml with p 0", stub, copy.deepcopy(net), xn, tn)
     p.kill()
+
+    # 5. word_language_model's RNNModel through ONNX: the LSTM weight glue (the training export slices and
+    # concatenates PyTorch's weight_ih_l<k>... into ONNX's gate order; the eval export stores them reordered)
+    from rpc_tutorials import RNNModel
+    torch.manual_seed(11)
+    lm = RNNModel("LSTM", 50, 8, 8, 2, 0.0)   # PyTorch 1.13 exports no LSTM dropout in training mode
+    ids, hidden = torch.randint(0, 50, (5, 3)), lm.init_hidden(3)
+    for mode in ("training", "eval"):
+        path = os.path.join(TMP, "lm_%s.onnx" % mode)
+        tm = torch.onnx.TrainingMode.TRAINING if mode == "training" else torch.onnx.TrainingMode.EVAL
+        torch.onnx.export(copy.deepcopy(lm), (ids, hidden), path, opset_version=13, training=tm,
+                          do_constant_folding=mode == "eval")
+        stub, p = start_psd("lm_" + mode, "onnx: %s" % path, [])
+        lp = stub.ListParameters(ps_pb2.ListParametersRequest())
+        check([st.name for st in lp.stages] == ["pre", "post", "rnn"],
+              "lm %s export: stages pre (embedding), post (decoder) and the trainer's LSTM rnn (%s)"
+              % (mode, [st.name for st in lp.stages]))
+        got = get_parameters(stub)
+        sd = {k: v.numpy() for k, v in lm.state_dict().items()}
+        bad = [k for k in sd if k not in got or not np.array_equal(got[k].reshape(sd[k].shape), sd[k])]
+        check(set(got) == set(sd) and not bad, "lm %s export: psd's parameters are the state_dict's, exactly - the "
+              "LSTM's in PyTorch's gate order (%s %s)" % (mode, sorted(set(got) ^ set(sd))[:3], bad[:3]))
+        r = stub.Forward(ps_pb2.ForwardRequest(stage="pre", input=ps_pb2.Tensor(
+            shape=list(ids.shape), data=ids.numpy().astype(np.int64).tobytes(), dtype=I64)), timeout=60)
+        with torch.no_grad():
+            emb = lm.encoder(ids)
+            out, _ = lm.rnn(emb, hidden)        # the trainer's LSTM, on psd's weights (equal, checked above)
+            want = lm.decoder(out)
+        close(array(r.output), emb.numpy(), 1e-6, 1e-7, "lm %s export: stage pre = the embedding" % mode)
+        r = stub.Forward(ps_pb2.ForwardRequest(stage="post", input=tensor(out.numpy())), timeout=60)
+        close(array(r.output), want.numpy(), 1e-4, 1e-5, "lm %s export: stage post = the decoder" % mode)
+        p.kill()
 
 
 if __name__ == "__main__":
