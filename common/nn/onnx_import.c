@@ -1943,8 +1943,13 @@ static void set_scope(imp *im, int i, char *out) {
     scope_of(im->m->nodes[i].name, out, NAME_MAX_ + 1);
 }
 
+/* Output 0 / input 0 of node i, "" when it has none (a malformed graph). */
+static const char *out0(imp *im, int i) { return im->m->nodes[i].nout ? im->m->nodes[i].out[0] : ""; }
+static const char *in0(imp *im, int i) { return im->m->nodes[i].nin ? im->m->nodes[i].in[0] : ""; }
+
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). */
+
 static void find_patterns(imp *im) {
     const ps_onnx_model *m = im->m;
     for (int i = 0; i < m->nnodes; i++) {
@@ -1952,24 +1957,24 @@ static void find_patterns(imp *im) {
         if (!strcmp(n->op_type, "Erf") && n->nin == 1 && n->nout == 1) {
             int dv = producer_of(im, n->in[0]);
             double c;
-            if (!is_op(im, dv, "Div") || sole_consumer(im, m->nodes[dv].out[0]) != i) continue;
+            if (!is_op(im, dv, "Div") || sole_consumer(im, out0(im, dv)) != i) continue;
             if (!const_scalar(im, dv, 1, &c) || fabs(c - 1.41421356) > 1e-5) continue;
-            const char *x = m->nodes[dv].in[0];
-            int ad = sole_consumer(im, n->out[0]);
-            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, n->out[0]), &c) || c != 1) continue;
-            int mu = sole_consumer(im, m->nodes[ad].out[0]);
+            const char *x = in0(im, dv);
+            int ad = sole_consumer(im, out0(im, i));
+            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, out0(im, i)), &c) || c != 1) continue;
+            int mu = sole_consumer(im, out0(im, ad));
             if (!is_op(im, mu, "Mul")) continue;
-            int xi = other_input(im, mu, m->nodes[ad].out[0]);
+            int xi = other_input(im, mu, out0(im, ad));
             if (xi < 0) continue;
             int end = -1;
             if (!strcmp(m->nodes[mu].in[xi], x)) {   /* x * (1 + erf) then * 0.5 */
-                int h = sole_consumer(im, m->nodes[mu].out[0]);
-                if (is_op(im, h, "Mul") && const_scalar(im, h, other_input(im, h, m->nodes[mu].out[0]), &c) &&
+                int h = sole_consumer(im, out0(im, mu));
+                if (is_op(im, h, "Mul") && const_scalar(im, h, other_input(im, h, out0(im, mu)), &c) &&
                     c == 0.5)
                     end = h;
             } else {   /* (x * 0.5) * (1 + erf) */
                 int h = producer_of(im, m->nodes[mu].in[xi]);
-                if (is_op(im, h, "Mul") && sole_consumer(im, m->nodes[h].out[0]) == mu &&
+                if (is_op(im, h, "Mul") && sole_consumer(im, out0(im, h)) == mu &&
                     other_input(im, h, x) >= 0 && const_scalar(im, h, other_input(im, h, x), &c) && c == 0.5) {
                     im->absorbed[h] = 1;
                     end = mu;
@@ -1982,9 +1987,9 @@ static void find_patterns(imp *im) {
             im->fz[end].x = x;
             set_scope(im, dv, im->fz[end].scope);
         } else if (!strcmp(n->op_type, "Sigmoid") && n->nin == 1 && n->nout == 1) {
-            int mu = sole_consumer(im, n->out[0]);
+            int mu = sole_consumer(im, out0(im, i));
             if (!is_op(im, mu, "Mul")) continue;
-            int xi = other_input(im, mu, n->out[0]);
+            int xi = other_input(im, mu, out0(im, i));
             if (xi < 0 || strcmp(m->nodes[mu].in[xi], n->in[0])) continue;
             im->absorbed[i] = 1;
             im->fz[mu].kind = "SiLU";
@@ -1996,29 +2001,29 @@ static void find_patterns(imp *im) {
             const char *x = n->in[0];
             int sub = -1;
             for (int j = 0; j < m->nnodes && sub < 0; j++)
-                if (is_op(im, j, "Sub") && m->nodes[j].nin == 2 && !strcmp(m->nodes[j].in[0], x) &&
-                    !strcmp(m->nodes[j].in[1], n->out[0]))
+                if (is_op(im, j, "Sub") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), x) &&
+                    !strcmp(m->nodes[j].in[1], out0(im, i)))
                     sub = j;
-            if (sub < 0 || sole_consumer(im, n->out[0]) != sub) continue;
-            const char *d = m->nodes[sub].out[0];
+            if (sub < 0 || sole_consumer(im, out0(im, i)) != sub) continue;
+            const char *d = out0(im, sub);
             int pw = -1, dv = -1;
             for (int j = 0; j < m->nnodes; j++) {
-                if (is_op(im, j, "Pow") && m->nodes[j].nin == 2 && !strcmp(m->nodes[j].in[0], d)) pw = j;
-                if (is_op(im, j, "Div") && m->nodes[j].nin == 2 && !strcmp(m->nodes[j].in[0], d)) dv = j;
+                if (is_op(im, j, "Pow") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), d)) pw = j;
+                if (is_op(im, j, "Div") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), d)) dv = j;
             }
             double c;
             if (pw < 0 || dv < 0 || !const_scalar(im, pw, 1, &c) || c != 2) continue;
             val *dval = vget(im, d);
             if (!dval || dval->uses != 2) continue;
-            int rm2 = sole_consumer(im, m->nodes[pw].out[0]);
+            int rm2 = sole_consumer(im, out0(im, pw));
             if (!is_op(im, rm2, "ReduceMean")) continue;
-            int ad = sole_consumer(im, m->nodes[rm2].out[0]);
+            int ad = sole_consumer(im, out0(im, rm2));
             double eps;
-            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, m->nodes[rm2].out[0]), &eps))
+            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, out0(im, rm2)), &eps))
                 continue;
-            int sq = sole_consumer(im, m->nodes[ad].out[0]);
-            if (!is_op(im, sq, "Sqrt") || sole_consumer(im, m->nodes[sq].out[0]) != dv ||
-                strcmp(m->nodes[dv].in[1], m->nodes[sq].out[0]))
+            int sq = sole_consumer(im, out0(im, ad));
+            if (!is_op(im, sq, "Sqrt") || sole_consumer(im, out0(im, sq)) != dv ||
+                strcmp(m->nodes[dv].in[1], out0(im, sq)))
                 continue;
             int64_t axes[MAXD];
             const ps_onnx_attr *ax = ps_onnx_attr_find(n, "axes");
@@ -2026,13 +2031,13 @@ static void find_patterns(imp *im) {
             for (int k = 0; k < ax->nints; k++) axes[k] = ax->ints[k];
             int end = dv;
             const char *scale = NULL, *bias = NULL;
-            int mu = sole_consumer(im, m->nodes[dv].out[0]);
+            int mu = sole_consumer(im, out0(im, dv));
             if (is_op(im, mu, "Mul")) {
-                int gi = other_input(im, mu, m->nodes[dv].out[0]);
+                int gi = other_input(im, mu, out0(im, dv));
                 val *g = gi >= 0 ? vget(im, m->nodes[mu].in[gi]) : NULL;
                 if (g && g->kind == VK_CONST && g->init) {
-                    int bi = sole_consumer(im, m->nodes[mu].out[0]);
-                    int k2 = is_op(im, bi, "Add") ? other_input(im, bi, m->nodes[mu].out[0]) : -1;
+                    int bi = sole_consumer(im, out0(im, mu));
+                    int k2 = is_op(im, bi, "Add") ? other_input(im, bi, out0(im, mu)) : -1;
                     val *bv = k2 >= 0 ? vget(im, m->nodes[bi].in[k2]) : NULL;
                     if (bv && bv->kind == VK_CONST && bv->init) {
                         scale = g->name;
@@ -2056,7 +2061,7 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
-        } else if (!strcmp(n->op_type, "Pad") && n->nout == 1) {
+        } else if (!strcmp(n->op_type, "Pad") && n->nout == 1 && n->nin >= 1) {
             /* a zero constant Pad of H and W read only by an AveragePool or a Conv: their padding */
             const char *mode = "constant";
             const ps_onnx_attr *ma = ps_onnx_attr_find(n, "mode");
@@ -2086,7 +2091,7 @@ static void find_patterns(imp *im) {
                 if (n->nin > 2 && n->in[2][0] && !const_scalar(im, i, 2, &cv)) continue;
             }
             if (np != 8 || cv != 0 || p[0] || p[1] || p[4] || p[5] || p[2] != p[6] || p[3] != p[7]) continue;
-            int c = sole_consumer(im, n->out[0]);
+            int c = sole_consumer(im, out0(im, i));
             if (!is_op(im, c, "AveragePool") && !is_op(im, c, "Conv")) continue;
             im->absorbed[i] = 1;
             im->fz[c].kind = "Pad";
@@ -2132,6 +2137,7 @@ static const char *gate_slices(imp *im, const char *v, int64_t H, int *absorb, i
         int sl = producer_of(im, im->m->nodes[c].in[k]);
         if (!is_op(im, sl, "Slice")) return NULL;
         const ps_onnx_node *n = &im->m->nodes[sl];
+        if (n->nin < 3) return NULL;
         int64_t st[1], en[1], axes[1] = {0};
         if (const_ints(im, sl, 1, st, 1) != 1 || const_ints(im, sl, 2, en, 1) != 1) return NULL;
         if (n->nin > 3 && n->in[3][0] && (const_ints(im, sl, 3, axes, 1) != 1 || axes[0] != 0)) return NULL;
@@ -2165,13 +2171,13 @@ static void find_lstms(imp *im) {
         /* W, R and B glued from PyTorch's tensors */
         int uw = unsqueezed(im, n->in[1]), ur = unsqueezed(im, n->in[2]), ub = n->nin > 3 && n->in[3][0]
                                                                                    ? unsqueezed(im, n->in[3]) : -1;
-        const char *sw = uw >= 0 ? gate_slices(im, m->nodes[uw].in[0], H, absorb, &na) : NULL;
-        const char *sr = ur >= 0 && sw ? gate_slices(im, m->nodes[ur].in[0], H, absorb, &na) : NULL;
+        const char *sw = uw >= 0 ? gate_slices(im, in0(im, uw), H, absorb, &na) : NULL;
+        const char *sr = ur >= 0 && sw ? gate_slices(im, in0(im, ur), H, absorb, &na) : NULL;
         const char *sbi = NULL, *sbh = NULL;
         if (ub >= 0 && sr) {
-            int cb = producer_of(im, m->nodes[ub].in[0]);
+            int cb = producer_of(im, in0(im, ub));
             if (is_op(im, cb, "Concat") && m->nodes[cb].nin == 2) {
-                sbi = gate_slices(im, m->nodes[cb].in[0], H, absorb, &na);
+                sbi = gate_slices(im, in0(im, cb), H, absorb, &na);
                 sbh = sbi ? gate_slices(im, m->nodes[cb].in[1], H, absorb, &na) : NULL;
                 if (sbh) absorb[na++] = cb;
             }
@@ -2192,7 +2198,7 @@ static void find_lstms(imp *im) {
             val *v = vget(im, n->in[k]);
             int sl = producer_of(im, n->in[k]);
             if (is_op(im, sl, "Slice")) {
-                val *g = vget(im, m->nodes[sl].in[0]);
+                val *g = vget(im, in0(im, sl));
                 if (g && g->prod < 0) {
                     g->trainer = 1;
                     im->absorbed[sl] = 1;
@@ -2208,7 +2214,7 @@ static void find_lstms(imp *im) {
                 if (!is_op(im, j, "Concat")) continue;
                 int reads = 0;
                 for (int q = 0; q < m->nodes[j].nin; q++) reads |= !strcmp(m->nodes[j].in[q], n->out[k]);
-                val *o = reads && m->nodes[j].nout ? vget(im, m->nodes[j].out[0]) : NULL;
+                val *o = reads && m->nodes[j].nout ? vget(im, out0(im, j)) : NULL;
                 if (o && o->graph_output) {
                     im->absorbed[j] = 1;
                     o->trainer = 1;

@@ -10,6 +10,11 @@ small ONNX model (under the fuzzer's 70 KB input limit):
                        its shape computed from constants
   tiny_eval_11.onnx    the same module's eval export at opset 11 (BatchNorm
                        folded, onnx::* names, constant-folded shapes)
+  lm_train_13.onnx     word_language_model's RNNModel (ntoken 20, 4 wide, 2
+                       layers) in training mode: Gather, the LSTM weight glue
+                       (Slice, Concat, Unsqueeze of weight_ih_l<k>...), two
+                       LSTM layers with their hidden state in and out,
+                       MatMul of a Transpose, the trainer's Reshape tail
   node_*.onnx          a few of Debian libonnx-testdata's node test models
                        (Gather, Concat, Softmax, Gemm)
 
@@ -52,6 +57,13 @@ def main():
     torch.onnx.export(m, x, os.path.join(OUT, "tiny_train_13.onnx"), opset_version=13,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     torch.onnx.export(m.eval(), x, os.path.join(OUT, "tiny_eval_11.onnx"), opset_version=11)
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(OUT), "..", "..", "examples", "models"))
+    from rpc_tutorials import RNNModel
+    lm = RNNModel("LSTM", 20, 4, 4, 2, 0.0)
+    ids = torch.randint(0, 20, (3, 2))
+    torch.onnx.export(lm, (ids, lm.init_hidden(2)), os.path.join(OUT, "lm_train_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     for t in ("test_gather_1", "test_concat_2d_axis_0", "test_softmax_axis_1", "test_gemm_default_matrix_bias",
               "test_conv_with_autopad_same", "test_reshape_negative_dim", "test_batchnorm_example"):
         shutil.copy(os.path.join(NODE, t, "model.onnx"), os.path.join(OUT, "node_%s.onnx" % t[5:]))
