@@ -252,6 +252,8 @@ ps_status ps_svc_Status(ps_svc_call *call, const ps_StatusRequest *req, ps_Statu
     }
     resp->sync_dropped = cs.dropped;
     resp->ssp_deferred = cs.ssp_deferred;
+    resp->contexts_applied = st.applied;
+    resp->sync_queued = cs.queued;
     resp->context_bytes = st.bytes;
     resp->max_context_bytes = s->max_context_bytes;
     resp->contexts_evicted = st.evicted;

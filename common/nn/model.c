@@ -332,6 +332,8 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
     for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
+    for (int l = 0; l < nl; l++)   /* batch statistics in eval too: eval forwards are not sliced */
+        if ((st->layers[l].flags & PS_KIND_BUFFERS_EVAL) && !st->layers[l].nbuffers) m->eval_whole = 1;
     st->info.params_only = nl > 0;
     for (int l = 0; l < nl; l++)
         if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
@@ -881,7 +883,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_model_call_begin(m, 0);
     pthread_rwlock_rdlock(&m->lock);
     if (version_used) *version_used = ps_model_version(m);
-    int slice = train ? n : EVAL_SLICE;
+    int slice = train || m->eval_whole ? n : EVAL_SLICE;
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
         int k = n - o < slice ? n - o : slice;
         rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
