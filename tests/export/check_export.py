@@ -10,6 +10,10 @@ as a module so PyTorch is imported once) on
     twice (two nodes, act and act_1);
   - modules it must refuse (tests/export/refused.py), checking the message
     names the culprit and the source line;
+  - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
+    does not trace with torch 1.13's own Proxy.__iter__ on this Python
+    (else the fix is not what makes rnn_lm export - said, not failed) and
+    traces with psd-export's;
 
 and checks each weights file holds the module's state_dict (same names,
 values). Writes into the directory given as argv[1].
@@ -29,6 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests", "export"))
 import compare  # noqa: E402
 
+import torch.fx  # noqa: E402
+
+TORCH_PROXY_ITER = torch.fx.Proxy.__iter__       # before psd-export replaces it
 loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
 spec = importlib.util.spec_from_loader("psd_export", loader)
 pe = importlib.util.module_from_spec(spec)
@@ -99,6 +106,29 @@ for name, args, cls, kw in CASES:
         failures.append(f"{name}: weights differ from the module's state_dict")
     else:
         print(f"ok: {name}: weights file = the module's state_dict ({len(w)} tensors)")
+
+def traces(module):
+    try:
+        pe.Tracer(["rnn"]).trace(module)
+        return None
+    except Exception as e:  # torch's own __iter__ fails on 3.11 (IndexError or TraceError)
+        return f"{type(e).__name__}: {e}"
+
+
+lm = tut.RNNModel("LSTM", 20, 4, 4, 2, 0.0)
+torch.fx.Proxy.__iter__ = TORCH_PROXY_ITER
+try:
+    unfixed = traces(lm)
+finally:
+    torch.fx.Proxy.__iter__ = pe._proxy_iter
+fixed = traces(lm)
+if fixed is not None:
+    failures.append(f"RNNModel does not trace with psd-export's Proxy.__iter__: {fixed}")
+elif unfixed is None:
+    print(f"ok: RNNModel traces (torch {torch.__version__} on Python {sys.version.split()[0]} traces "
+          f"`output, hidden = self.rnn(...)` without the fix too)")
+else:
+    print(f"ok: `output, hidden = self.rnn(...)` traces with psd-export's Proxy.__iter__ (torch's own: {unfixed})")
 
 rc, msg = run([REF + ":make_shared_activation", "--input-shape", "4", "-o", os.path.join(out, "sa.yaml")])
 names = [n["name"] for n in compare.load(os.path.join(out, "sa.yaml"))["stages"][0]["nodes"]] if rc == 0 else []
