@@ -11,7 +11,10 @@
  *  - meanings that follow the opset: Softmax's axis (one axis from 13; the
  *    flattened trailing dims before, checked numerically against a softmax
  *    computed here), Dropout's ratio (attribute before 12, input from 12),
- *    BatchNormalization's momentum (PyTorch's 1 - m) and spatial (before 9);
+ *    BatchNormalization's momentum (PyTorch's 1 - m) and spatial (before 9),
+ *    Pad's pads (attribute before 11, input from 11: a zero Pad before an
+ *    AveragePool is the pool's padding); the oldest file read (IR 3,
+ *    opset 6);
  *  - names: a Gemm reading 'fc.weight' is node 'fc' with parameters
  *    fc.weight, fc.bias; Gemm without transB stores B transposed.
  */
@@ -122,21 +125,35 @@ static buf node(const char *name, const char *op, int nin, const char *const *in
     return n;
 }
 
-/* ModelProto: ir 7, the default-domain opset, a graph of nodes, initializers, one input, one output */
-static buf model(int64_t opset, buf *nodes, int nn, buf *inits, int ni, buf *in, buf *out) {
+/* ModelProto: IR version ir, the default-domain opset, a graph of nodes, initializers, one input, one output */
+static buf model_ir(int64_t ir, int64_t opset, buf *nodes, int nn, buf *inits, int ni, buf *in, buf *out) {
     buf g = {0}, m = {0}, o = {0};
     for (int i = 0; i < nn; i++) f_msg(&g, 1, &nodes[i]);
     f_str(&g, 2, "g");
     for (int i = 0; i < ni; i++) f_msg(&g, 5, &inits[i]);
     f_msg(&g, 11, in);
     f_msg(&g, 12, out);
-    f_varint(&m, 1, 7);
+    f_varint(&m, 1, (uint64_t)ir);
     f_str(&m, 2, "test_onnx_import");
     f_msg(&m, 7, &g);
     f_str(&o, 1, "");
     f_varint(&o, 2, (uint64_t)opset);
     f_msg(&m, 8, &o);
     return m;
+}
+
+static buf model(int64_t opset, buf *nodes, int nn, buf *inits, int ni, buf *in, buf *out) {
+    return model_ir(7, opset, nodes, nn, inits, ni, in, out);
+}
+
+/* TensorProto of int64 values (a Pad's pads from opset 11) */
+static buf tensor_i64(const char *name, int64_t dim, const int64_t *vals) {
+    buf t = {0};
+    f_varint(&t, 1, (uint64_t)dim);
+    f_varint(&t, 2, 7);   /* INT64 */
+    f_str(&t, 8, name);
+    f_bytes(&t, 9, vals, (size_t)dim * sizeof(int64_t));
+    return t;
 }
 
 /* ---- helpers ---- */
@@ -439,9 +456,60 @@ static void test_attributes(void) {
     }
 }
 
+/* The oldest files psd reads (IR 3, opset 6), and Pad's pads: an attribute
+ * before opset 11, an input from 11. A zero Pad of H and W read by an
+ * AveragePool is the pool's padding, the zeros counted in the average
+ * (count_include_pad, AvgPool2d's default); at opset 11 a Pad with pads as
+ * an attribute is not ONNX's Pad of that opset and stays an op psd refuses. */
+static void test_old_opsets(void) {
+    buf r = {0};
+    {
+        int64_t d[2] = {2, 3};
+        const char *in[1] = {"x"};
+        buf n = node("/act/Relu", "Relu", 1, in, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        r = model_ir(3, 6, &n, 1, NULL, 0, &vi, &vo);
+    }
+    char *y = yaml_of(&r);
+    CHECK_MSG(strstr(y, "kind: ReLU"), "IR 3, opset 6 relu: %s", y);
+    if (strstr(y, "kind: ReLU")) printf("ok: IR 3, opset 6 read\n");
+    free(y);
+    free(r.p);
+    int64_t x4[4] = {2, 3, 4, 4};
+    int64_t pads[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+    attr_spec pool = {"kernel_shape", 7, 0, 0, 2, {3, 3}};
+    for (int opset = 10; opset <= 11; opset++) {
+        for (int as_attr = 0; as_attr < 2; as_attr++) {
+            if (opset == 10 && !as_attr) continue;   /* no pads input before 11 */
+            const char *pin[2] = {"x", "pads"}, *ain[1] = {"p"};
+            attr_spec pa = {"pads", 7, 0, 0, 8, {0, 0, 1, 1, 0, 0, 1, 1}};
+            buf ns[2] = {node("/pool/Pad", "Pad", as_attr ? 1 : 2, pin, "p", as_attr, &pa),
+                         node("/pool/AveragePool", "AveragePool", 1, ain, "y", 1, &pool)};
+            buf t = tensor_i64("pads", 8, pads);
+            buf vi = value_info("x", 4, x4), vo = value_info("y", 4, x4);
+            buf m = model(opset, ns, 2, as_attr ? NULL : &t, as_attr ? 0 : 1, &vi, &vo);
+            if (as_attr) free(t.p);
+            char what[64];
+            snprintf(what, sizeof what, "Pad with pads as %s at opset %d", as_attr ? "attribute" : "input", opset);
+            if (opset == 11 && as_attr) {
+                expect_refusal(what, &m, PS_ERR_UNIMPLEMENTED, "(Pad)");
+            } else {
+                y = yaml_of(&m);
+                int ok = strstr(y, "kind: AvgPool2d, kernel_size: 3, stride: 1, padding: 1") && !strstr(y, "Pad") &&
+                         !strstr(y, "count_include_pad");
+                CHECK_MSG(ok, "%s: %s", what, y);
+                if (ok) printf("ok: %s: the pool's padding\n", what);
+                free(y);
+            }
+            free(m.p);
+        }
+    }
+}
+
 int main(void) {
     test_refusals();
     test_softmax_opsets();
     test_attributes();
+    test_old_opsets();
     return check_summary("test_onnx_import");
 }
