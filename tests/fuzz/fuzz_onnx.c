@@ -1,6 +1,6 @@
 /* fuzz_onnx - libFuzzer target over psd's ONNX reader and importer
  * (common/nn/onnx.h, onnx_import.h) and the model built from what they
- * produce. Build and run: `make fuzz` (seeds: tests/fuzz/corpus_onnx, small
+ * produce. Build and run: `make fuzz` (seeds: tests/fuzz/corpus/onnx, small
  * exports of PyTorch modules and ONNX backend test models, written by
  * tests/fuzz/make_onnx_corpus.py).
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Write tests/fuzz/corpus_onnx: seeds for fuzz_onnx (make fuzz), each a
+"""Write tests/fuzz/corpus/onnx: seeds for fuzz_onnx (make fuzz), each a
 small ONNX model (under the fuzzer's 70 KB input limit):
 
   tiny_train_13.onnx   a tiny CNN exported by PyTorch in training mode
@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus_onnx")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus/onnx")
 NODE = "/usr/share/libonnx-testdata/data/node"
 
 
@@ -58,7 +58,7 @@ def main():
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     torch.onnx.export(m.eval(), x, os.path.join(OUT, "tiny_eval_11.onnx"), opset_version=11)
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(OUT), "..", "..", "examples", "models"))
+    sys.path.insert(0, os.path.join(os.path.dirname(OUT), "..", "..", "..", "examples", "models"))
     from rpc_tutorials import RNNModel
     lm = RNNModel("LSTM", 20, 4, 4, 2, 0.0)
     ids = torch.randint(0, 20, (3, 2))
