@@ -13,13 +13,13 @@
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
-#                   the model-file loader
+#                   the model-file loader, the ONNX import
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
 #   make test-python  the Python package's long runs: 2 Python MNIST trainers, the Python RNN trainer
 #                   against ps-train lm's perplexity, the REINFORCE example solving CartPole (~15-25 min)
-#   make install PREFIX=/usr/local DESTDIR=   (binaries, configs, systemd unit, docs, the psd Python package)
+#   make install PREFIX=/usr/local DESTDIR=   (binaries, psd-export, configs, systemd unit, docs, the psd Python package)
 #
 # Sources are picked up by directory (docs/layout.md): common/ and common/nn/
 # (what both sides use) form libps.a, server/ makes psd, trainer/ makes
@@ -69,7 +69,7 @@ CUDA_STAMP := $(BUILD)/cuda-config
 CUDA_STATE := $(if $(NVCC),$(NVCC) $(CUDA_HOME),none)
 $(shell mkdir -p $(BUILD) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STATE)" ] || echo "$(CUDA_STATE)" > $(CUDA_STAMP))
 
-PROTOS   := ps health
+PROTOS   := ps health onnx
 PROTO_C  := $(patsubst %,$(BUILD)/proto/%.pb.c,$(PROTOS))
 PROTO_H  := $(patsubst %,$(BUILD)/proto/%.pb.h,$(PROTOS))
 CUDA_SRC := common/nn/backend_cuda.c common/nn/backend_cuda_kernels.cu
@@ -205,6 +205,15 @@ $(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
 	$(call say,GEN,$@)cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto
 
+# ONNX models (common/nn/onnx.c): nanopb sources generated from Debian
+# libonnx-dev's onnx.proto with proto/onnx.options.
+ONNX_PROTO ?= /usr/include/onnx/onnx.proto
+$(BUILD)/proto/onnx.pb.c $(BUILD)/proto/onnx.pb.h &: $(wildcard $(ONNX_PROTO)) proto/onnx.options
+	@[ -f $(ONNX_PROTO) ] || { echo "make: $(ONNX_PROTO) is missing: scripts/install-deps.sh installs libonnx-dev" >&2; exit 1; }
+	@mkdir -p $(BUILD)/proto
+	$(call say,GEN,$@)cp $(ONNX_PROTO) $(BUILD)/proto/onnx.proto && cd $(BUILD)/proto && \
+	    nanopb_generator.py -q -f $(abspath proto/onnx.options) onnx.proto
+
 # The Python stubs (python3-grpc-tools). ps_pb2_grpc imports ps_pb2 as a
 # top-level module; inside the package it is a sibling.
 $(PY_GEN_DIR)/ps_pb2.py $(PY_GEN_DIR)/ps_pb2_grpc.py: proto/ps.proto
@@ -319,6 +328,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 install: $(BINS) $(PY_GEN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs $(DESTDIR)$(PREFIX)/share/psd/models
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 tools/psd-export $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
 	install -m 0644 configs/models/*.yaml $(DESTDIR)$(PREFIX)/share/psd/models/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)

@@ -112,6 +112,9 @@ static const cfg_entry g_table[] = {
     { .key = "model.name", .type = CT_STRING, FIELD(model.arch), .def = NULL, .flags = F_NONEMPTY | F_ALIAS,
       .check = cfg_check_arch },
     OPT ("model.file",             model.file),
+    /* model.onnx: an ONNX model (common/nn/onnx_model.h): another name of model.file, which takes
+     * .onnx files too (its initializers are the initial weights) */
+    { .key = "model.onnx", .type = CT_STRING, FIELD(model.file), .def = NULL, .flags = F_ALIAS },
     U64 ("model.seed",             model.seed,             "1"),
     ENUMF("model.backend",         model.backend,          ps_backend_cpu_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },

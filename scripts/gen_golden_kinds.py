@@ -119,6 +119,15 @@ CASES = [
         "{name: flat, kind: Flatten}",
         "{name: fc, kind: Linear, out_features: 5}",
         "{name: out, kind: LogSoftmax, dim: 1}"])),
+    # the kinds ONNX import adds (issue 19): a learned tensor broadcast into an Add and a Concat, and
+    # index_select with a repeated index (its gradient adds)
+    ("parameter_add", stage([3, 4], ["{name: p, kind: Parameter, input: input, shape: [4], expand: [3, 4]}",
+                                     "{name: a, kind: Add, inputs: [input, p]}"])),
+    ("parameter_concat", stage([2, 3], ["{name: t, kind: Tanh, input: input}",
+                                        "{name: p, kind: Parameter, input: input, shape: [2, 1], expand: [2, 2]}",
+                                        "{name: j, kind: Concat, inputs: [t, p], dim: 2}"])),
+    ("index_select", stage([5, 3], ["{name: s, kind: IndexSelect, dim: 1, index: [4, 0, 4]}"])),
+    ("index_select_last", stage([2, 3, 4], ["{name: s, kind: IndexSelect, dim: -1, index: [2, 1]}"])),
 ]
 
 
@@ -200,7 +209,24 @@ def make_module(kind, a, shapes):
     if kind == "Concat":
         dim = a.get("dim", 1)
         return Lambda(lambda *xs: torch.cat(xs, dim))
+    if kind == "Parameter":
+        return Broadcast(a["shape"], a.get("expand", a["shape"]))
+    if kind == "IndexSelect":
+        dim, index = a.get("dim", 1), torch.tensor(a["index"])
+        return Lambda(lambda x: x.index_select(dim, index))
     raise ValueError(kind)
+
+
+class Broadcast(nn.Module):
+    """psd's Parameter kind: a tensor of its own, broadcast to (N, *expand)."""
+
+    def __init__(self, shape, expand):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(shape))
+        self.expand = expand
+
+    def forward(self, x):
+        return self.weight.expand([x.shape[0]] + list(self.expand))
 
 
 class Lambda(nn.Module):

@@ -24,6 +24,9 @@ PKGS=(
   prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
   fortunes             # the language-model corpus (scripts/fetch-fortunes.sh) and tests/it_lm.sh
   python3-torch        # golden files, tests/it_lm.sh, python/psd (PyTorch modules over psd)
+  libonnx-dev          # ONNX import (model.onnx): onnx.proto, nanopb sources generated from it
+  libonnx-testdata     # tests: ONNX's backend node tests through psd (tests/test_onnx_node.c)
+  python3-torchvision  # psd-export's torchvision models; tests: resnet18 through psd vs PyTorch
   chromium             # tests/it_dashboard_browser.sh: psd's dashboard in a real (headless) browser
   fonts-dejavu-core    # ... and its screenshot's text
 )

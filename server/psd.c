@@ -33,6 +33,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
+#include "onnx_model.h"
 #include "placement.h"
 #include "rpc_server.h"
 #include "security.h"
@@ -351,6 +352,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }
+        if (!rc && !init_from && mo.file && ps_onnx_is_onnx_file(mo.file) && ps_onnx_init_weights(model, mo.file, &err)) {
+            fprintf(stderr, "psd: %s\n", err.msg);
+            rc = 2;
+        }
         ps_model_free(model);
         /* A server's start-up checks (its files, its port) need --name: they
          * are about one host. */
@@ -394,6 +399,13 @@ int main(int argc, char **argv) {
             return 1;
         }
         ps_log(PS_LOG_INFO, "initial weights from %s", init_from);
+    } else if (mo.file && ps_onnx_is_onnx_file(mo.file)) {   /* model.onnx: the file's initializers */
+        if (ps_onnx_init_weights(model, mo.file, &err)) {
+            ps_log(PS_LOG_ERROR, "%s", err.msg);
+            ps_model_free(model);
+            return 1;
+        }
+        ps_log(PS_LOG_INFO, "initial weights from the initializers of %s", mo.file);
     } else if (ckdir[0]) {
         ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
     }

@@ -397,10 +397,12 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
                           (long long)a->output_size[0], (long long)a->output_size[1]);
-    if (!is_adaptive(ly) && (2 * a->padding[0] > a->kernel[0] || 2 * a->padding[1] > a->kernel[1]))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is more than half the kernel %lldx%lld "
-                          "(PyTorch refuses it too)", (long long)a->padding[0], (long long)a->padding[1],
-                          (long long)a->kernel[0], (long long)a->kernel[1]);
+    /* PyTorch takes padding up to half the kernel; ONNX (and psd) up to the
+     * kernel less one, so every window holds an input position. */
+    if (!is_adaptive(ly) && (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
+                          (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
+                          (long long)a->kernel[1]);
     if (a->flag)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ceil_mode: true is not supported (floor mode only)");
     ps_pool_desc d = pool_desc(ly, 1);
@@ -1182,6 +1184,155 @@ static ps_status concat_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Parameter: a learned tensor of its own (`shape`), broadcast to each
+ * sample (`expand`, numpy's rule: trailing dims equal or 1 in shape) - a
+ * constant operand of an imported graph (ONNX Add/Concat with an
+ * initializer, Gemm's matrix bias), as x + self.p is in PyTorch. Its input
+ * only gives the batch size (its gradient is zero). Param weight, zeros. ---- */
+
+typedef struct bcast {
+    int ne;
+    int64_t e[PS_SHAPE_MAX_DIMS], pstride[PS_SHAPE_MAX_DIMS];
+    int k;                      /* dims k.. are equal in both: one contiguous run */
+    int64_t run, outer, numel;
+} bcast;
+
+static bcast param_bcast(const ps_layer *ly) {
+    const ps_layer_attrs *a = &ly->a;
+    bcast b;
+    memset(&b, 0, sizeof b);
+    b.ne = ly->outs.ndim;
+    int64_t pd[PS_SHAPE_MAX_DIMS];
+    for (int i = 0; i < b.ne; i++) {
+        b.e[i] = ly->outs.dims[i];
+        int j = i - (b.ne - a->ndims);
+        pd[i] = j >= 0 ? a->dims[j] : 1;
+    }
+    int64_t st = 1;
+    for (int i = b.ne - 1; i >= 0; i--) {
+        b.pstride[i] = pd[i] == 1 ? 0 : st;
+        st *= pd[i];
+    }
+    b.k = b.ne;
+    while (b.k > 0 && pd[b.k - 1] == b.e[b.k - 1]) b.k--;
+    b.run = 1;
+    for (int i = b.k; i < b.ne; i++) b.run *= b.e[i];
+    b.outer = 1;
+    for (int i = 0; i < b.k; i++) b.outer *= b.e[i];
+    b.numel = b.run * b.outer;
+    return b;
+}
+
+static int64_t bcast_src(const bcast *b, int64_t o) {
+    int64_t off = 0;
+    for (int i = b->k - 1; i >= 0; i--) {
+        off += (o % b->e[i]) * b->pstride[i];
+        o /= b->e[i];
+    }
+    return off;
+}
+
+static ps_status param_infer(ps_layer *ly, ps_err *err) {
+    const ps_layer_attrs *a = &ly->a;
+    int ne = a->ndims2 ? a->ndims2 : a->ndims;
+    const int64_t *e = a->ndims2 ? a->dims2 : a->dims;
+    if (a->ndims > ne)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape has %d dimensions, expand %d", a->ndims, ne);
+    for (int i = 0; i < a->ndims; i++) {
+        int64_t p = a->dims[a->ndims - 1 - i], q = e[ne - 1 - i];
+        if (p != q && p != 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape dimension %d (%lld) does not broadcast to "
+                              "expand's %lld (equal, or 1)", a->ndims - 1 - i, (long long)p, (long long)q);
+    }
+    ly->outs.ndim = ne;
+    for (int i = 0; i < ne; i++) ly->outs.dims[i] = e[i];
+    ly->out_dtype = PS_DTYPE_F32;
+    set_param(ly, 0, "weight", a->ndims, a->dims, 1, ZEROS);
+    return PS_OK;
+}
+
+static const char *copy_fill_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return !ops->copy2d ? "copy2d" : !ops->fill ? "fill" : NULL;
+}
+
+static ps_status param_forward(ps_layer_call *c, ps_err *err) {
+    bcast b = param_bcast(c->ly);
+    ps_status rc = PS_OK;
+    for (int s = 0; s < c->n && rc == PS_OK; s++)
+        for (int64_t o = 0; o < b.outer && rc == PS_OK; o++)
+            rc = c->be->ops->copy2d(c->be->impl, 1, b.run, c->w[0] + bcast_src(&b, o), b.run,
+                                    (float *)c->y + s * b.numel + o * b.run, b.run, 0, err);
+    return rc;
+}
+
+static ps_status param_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    bcast b = param_bcast(c->ly);
+    ps_status rc = PS_OK;
+    if (c->dx) rc = ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
+    if (rc == PS_OK && c->dw[0]) {
+        rc = ops->fill(c->be->impl, c->ly->param[0].numel, c->dw[0], 0.0f, err);
+        for (int s = 0; s < c->n && rc == PS_OK; s++)
+            for (int64_t o = 0; o < b.outer && rc == PS_OK; o++)
+                rc = ops->copy2d(c->be->impl, 1, b.run, c->dy + s * b.numel + o * b.run, b.run,
+                                 c->dw[0] + bcast_src(&b, o), b.run, 1, err);
+    }
+    return rc;
+}
+
+/* ---- IndexSelect: x.index_select(dim, index) with a constant index list
+ * (ONNX Gather of a computed value by constant indices); backward sums
+ * dy into the selected positions (repeated indices add). ---- */
+
+static ps_status index_select_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    if (d < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
+                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
+    for (int i = 0; i < ly->a.ndims; i++)
+        if (ly->a.dims[i] >= ly->in[0].dims[d])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "index %lld is outside dim %lld of size %lld",
+                              (long long)ly->a.dims[i], (long long)ly->a.dim, (long long)ly->in[0].dims[d]);
+    ly->outs = ly->in[0];
+    ly->outs.dims[d] = ly->a.ndims;
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* The input as (outer, D, inner) around the selected dim. */
+static void index_select_geom(const ps_layer *ly, int n, int64_t *outer, int64_t *D, int64_t *inner) {
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    *outer = n;
+    *inner = 1;
+    for (int k = 0; k < d; k++) *outer *= ly->in[0].dims[k];
+    for (int k = d + 1; k < ly->in[0].ndim; k++) *inner *= ly->in[0].dims[k];
+    *D = ly->in[0].dims[d];
+}
+
+static ps_status index_select_forward(ps_layer_call *c, ps_err *err) {
+    int64_t outer, D, inner, K = c->ly->a.ndims;
+    index_select_geom(c->ly, c->n, &outer, &D, &inner);
+    ps_status rc = PS_OK;
+    for (int64_t k = 0; k < K && rc == PS_OK; k++)
+        rc = c->be->ops->copy2d(c->be->impl, outer, inner, (const float *)c->x + c->ly->a.dims[k] * inner, D * inner,
+                                (float *)c->y + k * inner, K * inner, 0, err);
+    return rc;
+}
+
+static ps_status index_select_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    int64_t outer, D, inner, K = c->ly->a.ndims;
+    index_select_geom(c->ly, c->n, &outer, &D, &inner);
+    ps_status rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
+    for (int64_t k = 0; k < K && rc == PS_OK; k++)
+        rc = c->be->ops->copy2d(c->be->impl, outer, inner, c->dy + k * inner, K * inner,
+                                c->dx + c->ly->a.dims[k] * inner, D * inner, 1, err);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -1292,6 +1443,16 @@ static const ps_attr_spec reshape_attrs[] = {
     {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     ATTR_END,
 };
+static const ps_attr_spec param_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"expand", PS_ATTR_DIMS, A(dims2), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims2)},
+    ATTR_END,
+};
+static const ps_attr_spec index_select_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
+    {"index", PS_ATTR_DIMS, A(dims), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -1340,6 +1501,10 @@ static const ps_layer_kind kinds[] = {
      add_missing, add_forward, view_pass, NULL, NULL, NULL},
     {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
      concat_backward, NULL, NULL, zero_flops},
+    {"Parameter", 0, 1, 1, param_attrs, param_infer, copy_fill_missing, param_forward, param_backward, NULL, NULL,
+     zero_flops},
+    {"IndexSelect", 0, 1, 1, index_select_attrs, index_select_infer, copy_fill_missing, index_select_forward,
+     index_select_backward, NULL, NULL, zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))

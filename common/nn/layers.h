@@ -73,6 +73,8 @@ typedef struct ps_layer_attrs {
     int64_t dims[PS_SHAPE_MAX_DIMS];
     int count_include_pad;      /* AvgPool2d */
     int64_t output_size[2];     /* AdaptiveAvgPool2d (0: not an adaptive pool) */
+    int ndims2;                 /* Parameter expand (0: its shape) */
+    int64_t dims2[PS_SHAPE_MAX_DIMS];
     int act;                    /* the activation of an activation kind (set by its infer) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;

@@ -16,6 +16,7 @@
 #include <yaml.h>
 
 #include "layers.h"
+#include "onnx_model.h"
 
 #ifndef PS_MODELS_DIR
 #define PS_MODELS_DIR "/usr/local/share/psd/models"
@@ -860,6 +861,7 @@ ps_model_def *ps_model_def_parse(const char *text, size_t len, const char *path,
 }
 
 ps_model_def *ps_model_def_load_file(const char *path, ps_err *err) {
+    if (ps_onnx_is_onnx_file(path)) return ps_onnx_load_def(path, err);   /* model.onnx (onnx_model.h) */
     FILE *f = fopen(path, "rb");
     if (!f) {
         ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open model file: %s", path,

@@ -1,0 +1,2764 @@
+/* onnx_import.c - an ONNX graph as a psd model file (see onnx_import.h): a
+ * table of op handlers that turn ONNX nodes into psd nodes (layer kinds with
+ * attributes and initializer bindings), constant folding for the shape
+ * arithmetic exporters emit, recognisers for the exporters' decompositions,
+ * and the writer of the model file's text. */
+#include "onnx_import.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXD PS_ONNX_MAX_DIMS
+#define PS_MAXD 4                 /* psd's per-sample dims (tensor.h PS_SHAPE_MAX_DIMS) */
+#define NAME_MAX_ 100             /* modeldef.c's node names */
+#define FOLD_MAX ((int64_t)1 << 20)   /* elements a folded constant may have */
+#define BATCH_SYM INT64_MIN       /* a folded integer that is "the batch size" (Shape of the input, dim 0) */
+#define MAX_INPUTS 8              /* modeldef.h PS_NODE_MAX_INPUTS */
+#define INDEX_MAX 4               /* IndexSelect's index list (a DIMS attribute) */
+
+/* ------------------------------------------------------------- memory */
+
+typedef struct blk {
+    struct blk *next;
+    max_align_t data[];
+} blk;
+
+typedef struct pool {
+    blk *head;
+} mpool;
+
+static void *palloc(mpool *p, size_t n) {
+    blk *b = calloc(1, sizeof *b + (n ? n : 1));
+    if (!b) return NULL;
+    b->next = p->head;
+    p->head = b;
+    return b->data;
+}
+
+static void pool_free(mpool *p) {
+    for (blk *b = p->head, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    p->head = NULL;
+}
+
+/* ------------------------------------------------------------- state */
+
+enum { VK_NONE = 0, VK_DATA, VK_CONST };
+
+typedef struct val {
+    struct val *next;           /* hash chain */
+    const char *name;
+    int kind;
+    int prod;                   /* ONNX node producing it, -1: a graph input or initializer */
+    int uses;                   /* ONNX node inputs reading it */
+    int graph_output;
+    /* VK_DATA */
+    int node;                   /* psd node producing it, -1: the stage input */
+    int dtype;                  /* PS_ONNX_FLOAT or PS_ONNX_INT64 */
+    /* both: the full shape (DATA: the batch first unless whole-sample) */
+    int ndim;
+    int64_t dims[MAXD];
+    /* VK_CONST */
+    const ps_onnx_tensor *t;    /* a tensor of the file (initializer, Constant, feed), or NULL */
+    int init;                   /* an initializer (or feed): may become a parameter */
+    int bound;                  /* already a parameter of a psd node */
+    int64_t numel;
+    double *f;                  /* folded values (numel), or NULL until needed */
+    int64_t *q;                 /* the same as integers (when integral) */
+    int is_int;                 /* an integer type */
+    int tpose;                  /* a Transpose of the initializer t: dims are t's swapped */
+    int stage;                  /* DATA: the psd stage computing it */
+    int lstm_out;               /* DATA: an LSTM's output (1: ONNX's (seq, 1, batch, H); 2: squeezed) */
+    int trainer;                /* an LSTM's hidden-state input or output: the trainer's, not psd's */
+} val;
+
+enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES };
+
+typedef struct pbind {
+    char suffix[24];
+    const ps_onnx_tensor *t;
+    int transform;              /* TF_TRANSPOSE: a 2-D tensor stored transposed (MatMul's B, Gemm's B without
+                                   transB); TF_GATES: ONNX LSTM rows in gate order i, o, f, c to PyTorch's
+                                   i, f, g, o, read from element `offset` of t */
+    int64_t offset;
+    int64_t numel;              /* the parameter's elements (t's, or a scalar broadcast to them) */
+} pbind;
+
+typedef struct pnode {
+    char name[NAME_MAX_ + 1];
+    const char *kind;
+    char attrs[1024];           /* ", key: value" */
+    int nin;
+    int in[MAX_INPUTS];         /* psd node index; -1: the stage input */
+    int nb;
+    pbind b[16];                /* an LSTM: 4 per layer */
+    int onnx;                   /* the ONNX node it came from */
+    int has_bias_attr;          /* Linear/Conv2d written with bias: false (a later Add may give it one) */
+    int readers;
+    int stage;                  /* 0, or 1 after a trainer-side LSTM */
+} pnode;
+
+/* Fused ops the pre-pass found: at the node that ends a pattern, its kind
+ * and what it reads. */
+typedef struct fused {
+    const char *kind;           /* "GELU", "SiLU", "LayerNorm" */
+    const char *x;              /* the input value's name */
+    const char *scale, *bias;   /* LayerNorm's initializers (names) */
+    const char *src[4];         /* LSTM: the initializers behind W, R, B (weight_ih, weight_hh, bias_ih,
+                                   bias_hh) when the exporter glued them from PyTorch's; NULL: W, R, B as given */
+    int axis;
+    double eps;
+    char scope[NAME_MAX_ + 1];
+} fused;
+
+typedef struct imp {
+    const ps_onnx_model *m;
+    const char *label;
+    ps_err *err;
+    const ps_onnx_import_opts *o;
+    int whole, needs_whole;     /* whole: lead is 0 (the whole input is one sample) */
+    int lead;                   /* leading dims of computed values: 0, 1 (the batch), or 2 (seq, batch: a model
+                                   whose LSTM the trainer runs) */
+    int64_t opset;
+    mpool mem;
+    val **hash;
+    int hcap;
+    pnode *pn;
+    int npn, cappn;
+    int cur;                    /* the ONNX node being converted */
+    char *absorbed;             /* per ONNX node: handled by a recogniser */
+    char *live;                 /* per ONNX node: its outputs reach the graph output */
+    int64_t batch;              /* leading mode: the input's first dimension (-1 symbolic) */
+    val *input;                 /* the stage input */
+    fused *fz;                  /* per ONNX node: a recognised pattern ending there */
+    int stage;                  /* the psd stage nodes go to: 0, then 1 after a trainer-side LSTM */
+    int stage0_out;             /* psd node ending stage 0 (the LSTM's input), -1 before */
+    struct {
+        int layers;             /* LSTM ops chained so far */
+        int64_t hidden, input;
+        int pn;                 /* its psd node (stage 2: parameters only) */
+        const char *last_out;   /* the previous layer's output value */
+    } lstm;
+    int trailing;               /* ONNX node where the trainer's part after the model begins, or -1 */
+    const char *out_name;       /* the graph output psd computes */
+    int out_node;               /* its psd node */
+    int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
+} imp;
+
+struct ps_onnx_import {
+    char *yaml;
+    size_t yaml_len;
+    int whole;
+    int nvalues;
+    struct imp_value {
+        char name[128];
+        const ps_onnx_tensor *t;
+        int transform;          /* TF_* */
+        int64_t offset;
+        int64_t numel;
+    } *values;
+};
+
+/* ------------------------------------------------------------- errors */
+
+static const ps_onnx_node *cur_node(const imp *im) { return im->cur >= 0 ? &im->m->nodes[im->cur] : NULL; }
+
+static ps_status verr(imp *im, ps_status code, const char *fmt, va_list ap) {
+    char msg[PS_ERR_MSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    const ps_onnx_node *n = cur_node(im);
+    if (n && n->name[0])
+        return ps_err_set(im->err, code, "%s: node '%.120s' (%s): %s", im->label, n->name, n->op_type, msg);
+    if (n) return ps_err_set(im->err, code, "%s: node #%d (%s): %s", im->label, im->cur, n->op_type, msg);
+    return ps_err_set(im->err, code, "%s: %s", im->label, msg);
+}
+
+/* Not supported: the only error meaning "psd does not do this". */
+static ps_status unsup(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ps_status unsup(imp *im, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    ps_status rc = verr(im, PS_ERR_UNIMPLEMENTED, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* A graph psd could read but that is wrong. */
+static ps_status bad(imp *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ps_status bad(imp *im, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    ps_status rc = verr(im, PS_ERR_INVALID_ARGUMENT, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static ps_status oom(imp *im) { return ps_err_set(im->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", im->label); }
+
+/* In leading mode: this op acts along the batch; the import is retried
+ * with the whole input as one sample. */
+static ps_status along_batch(imp *im, const char *what) {
+    im->needs_whole = 1;
+    return unsup(im, "%s acts along dimension 0, the batch (psd then reads the whole input as one sample)", what);
+}
+
+/* ------------------------------------------------------------- values */
+
+static uint64_t hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static val *vget(imp *im, const char *name) {
+    for (val *v = im->hash[hash_str(name) & (uint64_t)(im->hcap - 1)]; v; v = v->next)
+        if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
+
+static val *vmake(imp *im, const char *name) {
+    val *v = vget(im, name);
+    if (v) return v;
+    v = palloc(&im->mem, sizeof *v);
+    if (!v) return NULL;
+    v->name = name;
+    v->prod = -1;
+    v->node = -1;
+    uint64_t h = hash_str(name) & (uint64_t)(im->hcap - 1);
+    v->next = im->hash[h];
+    im->hash[h] = v;
+    return v;
+}
+
+/* a * b for element counts, saturating at 2^62 (anything near it is refused as absurd) */
+static int64_t smul(int64_t a, int64_t b) {
+    const int64_t cap = (int64_t)1 << 62;
+    if (a <= 0 || b <= 0) return a < 0 || b < 0 ? -1 : 0;
+    return a > cap / b ? cap : a * b;
+}
+
+static int64_t prod(const int64_t *d, int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++) p = smul(p, d[i]);
+    return p;
+}
+
+/* Input k of the current node (NULL, with err set, when missing or unknown). */
+static val *in_val(imp *im, int k, int required) {
+    const ps_onnx_node *n = cur_node(im);
+    if (k >= n->nin || !n->in[k][0]) {
+        if (required) bad(im, "input %d is missing", k);
+        return NULL;
+    }
+    val *v = vget(im, n->in[k]);
+    if (!v || v->kind == VK_NONE) {
+        bad(im, "input '%s' is neither a graph input, an initializer nor an earlier node's output", n->in[k]);
+        return NULL;
+    }
+    if (v->trainer) {
+        unsup(im, "input '%s' is an LSTM's hidden state (the trainer's)", v->name);
+        return NULL;
+    }
+    if (v->kind == VK_DATA && v->stage != im->stage) {
+        unsup(im, "'%s' is computed before the LSTM and read after it: one tensor crosses a stage boundary "
+              "(the LSTM's output)", v->name);
+        return NULL;
+    }
+    return v;
+}
+
+static int has_in(imp *im, int k) {
+    const ps_onnx_node *n = cur_node(im);
+    return k < n->nin && n->in[k][0];
+}
+
+/* The folded values of a constant (NULL with err set when too large or not numbers). */
+static const double *cvals(imp *im, val *v) {
+    if (v->f) return v->f;
+    if (v->numel > FOLD_MAX) {
+        unsup(im, "constant '%s' of %lld elements used as a value (psd folds constants of at most %lld)", v->name,
+              (long long)v->numel, (long long)FOLD_MAX);
+        return NULL;
+    }
+    double *f = palloc(&im->mem, (size_t)(v->numel ? v->numel : 1) * sizeof *f);
+    int64_t *q = palloc(&im->mem, (size_t)(v->numel ? v->numel : 1) * sizeof *q);
+    float *tmp = palloc(&im->mem, (size_t)(v->numel ? v->numel : 1) * sizeof *tmp);
+    if (!f || !q || !tmp) { oom(im); return NULL; }
+    ps_err e = {0};
+    if (v->is_int) {
+        if (ps_onnx_tensor_int64s(v->t, q, &e)) { bad(im, "%s", e.msg); return NULL; }
+        for (int64_t i = 0; i < v->numel; i++) f[i] = (double)q[i];
+    } else {
+        if (ps_onnx_tensor_floats(v->t, tmp, &e)) { bad(im, "%s", e.msg); return NULL; }
+        for (int64_t i = 0; i < v->numel; i++) { f[i] = tmp[i]; q[i] = (int64_t)tmp[i]; }
+    }
+    v->f = f;
+    v->q = q;
+    return f;
+}
+
+static const int64_t *cints(imp *im, val *v) {
+    if (!cvals(im, v)) return NULL;
+    return v->q;
+}
+
+static int dtype_is_int(int dt) {
+    return dt == PS_ONNX_INT64 || dt == PS_ONNX_INT32 || dt == PS_ONNX_INT16 || dt == PS_ONNX_INT8 ||
+           dt == PS_ONNX_UINT8 || dt == PS_ONNX_UINT16 || dt == PS_ONNX_UINT32 || dt == PS_ONNX_UINT64 ||
+           dt == PS_ONNX_BOOL;
+}
+
+static void set_const_tensor(val *v, const ps_onnx_tensor *t, int init) {
+    v->kind = VK_CONST;
+    v->t = t;
+    v->init = init;
+    v->ndim = t->ndim;
+    memcpy(v->dims, t->dims, sizeof v->dims);
+    v->numel = t->numel;
+    v->is_int = dtype_is_int(t->dtype);
+    v->dtype = t->dtype;
+}
+
+/* A folded constant (its values given). */
+static val *const_out(imp *im, int k, int ndim, const int64_t *dims, const double *f, int is_int) {
+    const ps_onnx_node *n = cur_node(im);
+    if (k >= n->nout || !n->out[k][0]) return NULL;
+    val *v = vmake(im, n->out[k]);
+    if (!v) { oom(im); return NULL; }
+    v->kind = VK_CONST;
+    v->ndim = ndim;
+    memcpy(v->dims, dims, (size_t)ndim * sizeof *dims);
+    v->numel = prod(dims, ndim);
+    v->is_int = is_int;
+    v->dtype = is_int ? PS_ONNX_INT64 : PS_ONNX_FLOAT;
+    v->f = palloc(&im->mem, (size_t)(v->numel ? v->numel : 1) * sizeof(double));
+    v->q = palloc(&im->mem, (size_t)(v->numel ? v->numel : 1) * sizeof(int64_t));
+    if (!v->f || !v->q) { oom(im); return NULL; }
+    for (int64_t i = 0; i < v->numel; i++) {
+        v->f[i] = f[i];
+        v->q[i] = f[i] == (double)BATCH_SYM ? BATCH_SYM : (int64_t)f[i];
+    }
+    return v;
+}
+
+/* A computed tensor, output k of the current node, produced by psd node pn. */
+static val *data_out(imp *im, int k, int pn, int dtype, int ndim, const int64_t *dims) {
+    const ps_onnx_node *n = cur_node(im);
+    if (k >= n->nout || !n->out[k][0]) {
+        bad(im, "output %d is missing", k);
+        return NULL;
+    }
+    for (int d = 0; d < ndim; d++)
+        if (dims[d] <= 0 && !(d < im->lead && dims[d] == -1)) {   /* a symbolic batch is -1 */
+            unsup(im, "output '%s' has a dimension of size %lld (psd's tensors are not empty)", n->out[k],
+                  (long long)dims[d]);
+            return NULL;
+        }
+    val *v = vmake(im, n->out[k]);
+    if (!v) { oom(im); return NULL; }
+    v->kind = VK_DATA;
+    v->node = pn;
+    v->stage = im->stage;
+    v->lstm_out = 0;
+    v->dtype = dtype;
+    v->ndim = ndim;
+    memcpy(v->dims, dims, (size_t)ndim * sizeof *dims);
+    return v;
+}
+
+/* An alias: output k is input value src. */
+static ps_status alias_out(imp *im, int k, const val *src) {
+    const ps_onnx_node *n = cur_node(im);
+    if (k >= n->nout || !n->out[k][0]) return PS_OK;
+    val *v = vmake(im, n->out[k]);
+    if (!v) return oom(im);
+    val *keep = v->next;
+    const char *name = v->name;
+    int prodn = v->prod, uses = v->uses, gout = v->graph_output;
+    *v = *src;
+    v->next = keep;
+    v->name = name;
+    v->prod = prodn;
+    v->uses = uses;
+    v->graph_output = gout;
+    return PS_OK;
+}
+
+/* Per-sample dims of a computed value (psd's view). */
+static int sample_dims(const imp *im, const val *v, int64_t *out) {
+    int off = im->lead, n = v->ndim - off;
+    for (int i = 0; i < n; i++) out[i] = v->dims[off + i];
+    return n;
+}
+
+/* ONNX axis (negative from the end) of a value with rank r, normalised;
+ * -1 and err set when out of range. */
+static int norm_axis(imp *im, int64_t axis, int r, const char *what) {
+    if (axis < -r || axis >= r) {
+        bad(im, "%s %lld is outside a tensor of rank %d", what, (long long)axis, r);
+        return -1;
+    }
+    return (int)(axis < 0 ? axis + r : axis);
+}
+
+/* PyTorch's dim (the batch counted as 0) for ONNX axis a; -1 when a is the batch (leading mode). */
+static int pt_dim(const imp *im, int a) { return a < im->lead ? -1 : a - im->lead + 1; }
+
+/* ------------------------------------------------------------- attributes */
+
+static const ps_onnx_attr *attr(imp *im, const char *name) { return ps_onnx_attr_find(cur_node(im), name); }
+
+static int64_t attr_i(imp *im, const char *name, int64_t def) {
+    const ps_onnx_attr *a = attr(im, name);
+    return a ? a->i : def;
+}
+
+static float attr_f(imp *im, const char *name, float def) {
+    const ps_onnx_attr *a = attr(im, name);
+    return a ? a->f : def;
+}
+
+static const char *attr_s(imp *im, const char *name, const char *def) {
+    const ps_onnx_attr *a = attr(im, name);
+    return a && a->s ? a->s : def;
+}
+
+/* ints attribute into out (at most max); returns the count, -1 when absent. */
+static int attr_ints(imp *im, const char *name, int64_t *out, int max) {
+    const ps_onnx_attr *a = attr(im, name);
+    if (!a) return -1;
+    int n = a->nints < max ? a->nints : max;
+    for (int i = 0; i < n; i++) out[i] = a->ints[i];
+    return a->nints > max ? max + 1 : n;
+}
+
+/* Refuse attributes outside the list the handler reads. */
+static ps_status only_attrs(imp *im, const char *const *known) {
+    const ps_onnx_node *n = cur_node(im);
+    for (int i = 0; i < n->nattr; i++) {
+        int ok = 0;
+        for (const char *const *k = known; *k && !ok; k++) ok = !strcmp(*k, n->attrs[i].name);
+        if (!ok) return unsup(im, "attribute '%s' is not supported", n->attrs[i].name);
+    }
+    return PS_OK;
+}
+
+/* ------------------------------------------------------------- psd nodes */
+
+static int valid_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+static int name_taken(const imp *im, const char *name) {
+    if (!strcmp(name, "input")) return 1;
+    for (int i = 0; i < im->npn; i++)
+        if (!strcmp(im->pn[i].name, name)) return 1;
+    return 0;
+}
+
+/* s sanitised into a node name (segments of [A-Za-z0-9_] joined by '.'). */
+static void sanitize(const char *s, char *out, size_t cap) {
+    size_t o = 0;
+    int seg = 0;
+    for (; *s && o + 1 < cap; s++) {
+        char c = *s;
+        if (c == '.' || c == '/') {
+            if (seg) { out[o++] = '.'; seg = 0; }
+            continue;
+        }
+        out[o++] = valid_char(c) ? c : '_';
+        seg = 1;
+    }
+    while (o && out[o - 1] == '.') o--;
+    out[o] = 0;
+}
+
+/* The scope path of an exporter's node name ("/layer1/layer1.0/conv1/Conv"
+ * -> "layer1.0.conv1"): segments are module names, each either the full
+ * dotted path or relative to the one before; the last is the op. */
+static void scope_of(const char *name, char *out, size_t cap) {
+    char path[512] = "";
+    const char *p = name;
+    char segs[32][128];
+    int ns = 0;
+    while (*p && ns < 32) {
+        while (*p == '/') p++;
+        if (!*p) break;
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n >= sizeof segs[0]) n = sizeof segs[0] - 1;
+        memcpy(segs[ns], p, n);
+        segs[ns][n] = 0;
+        ns++;
+        p += n;
+    }
+    for (int i = 0; i + 1 < ns; i++) {   /* the last segment is the op */
+        size_t pl = strlen(path);
+        if (pl && !strncmp(segs[i], path, pl) && segs[i][pl] == '.')
+            snprintf(path, sizeof path, "%s", segs[i]);
+        else if (pl)
+            snprintf(path + pl, sizeof path - pl, ".%s", segs[i]);
+        else
+            snprintf(path, sizeof path, "%s", segs[i]);
+    }
+    sanitize(path, out, cap);
+}
+
+/* Does another ONNX node's scope equal or extend scope? */
+static int scope_shared(const imp *im, const char *scope, int self) {
+    size_t n = strlen(scope);
+    char other[NAME_MAX_ + 1];
+    for (int i = 0; i < im->m->nnodes; i++) {
+        /* Constants (an op's constant inputs) and nodes a recogniser folded in do not count */
+        if (i == self || !im->live[i] || im->absorbed[i] || !strcmp(im->m->nodes[i].op_type, "Constant")) continue;
+        scope_of(im->m->nodes[i].name, other, sizeof other);
+        if (!strncmp(other, scope, n) && (other[n] == 0 || other[n] == '.')) return 1;
+    }
+    return 0;
+}
+
+static void lower_op(const char *op, char *out, size_t cap) {
+    size_t o = 0;
+    for (; *op && o + 1 < cap; op++) out[o++] = valid_char(*op) ? (char)tolower((unsigned char)*op) : '_';
+    out[o] = 0;
+}
+
+/* The name of a psd node for the current ONNX node: the state_dict prefix
+ * of an initializer it binds (prefix.suffix), else its scope, else its op. */
+static void pick_name(imp *im, const char *prefer_init, const char *suffix, const char *extra, char *out) {
+    char base[NAME_MAX_ + 1] = "";
+    const ps_onnx_node *n = cur_node(im);
+    if (prefer_init && suffix) {
+        size_t l = strlen(prefer_init), s = strlen(suffix);
+        if (l > s + 1 && prefer_init[l - s - 1] == '.' && !strcmp(prefer_init + l - s, suffix) && l - s - 1 <= NAME_MAX_) {
+            char pre[NAME_MAX_ + 1];
+            memcpy(pre, prefer_init, l - s - 1);
+            pre[l - s - 1] = 0;
+            char clean[NAME_MAX_ + 1];
+            sanitize(pre, clean, sizeof clean);
+            if (!strcmp(clean, pre)) snprintf(base, sizeof base, "%s", pre);
+        }
+    }
+    if (!base[0] && n->name[0]) {
+        char scope[NAME_MAX_ + 1], op[64];
+        scope_of(n->name, scope, sizeof scope);
+        lower_op(n->op_type, op, sizeof op);
+        if (scope[0] && !scope_shared(im, scope, im->cur))
+            snprintf(base, sizeof base, "%s", scope);
+        else if (scope[0])
+            snprintf(base, sizeof base, "%.60s.%.36s", scope, op);
+        else if (n->name[0] == '/')
+            snprintf(base, sizeof base, "%s", op);
+        else
+            sanitize(n->name, base, sizeof base);
+    }
+    if (!base[0]) lower_op(n->op_type, base, sizeof base);
+    if (extra) {
+        size_t l = strlen(base);
+        snprintf(base + l, sizeof base - l, ".%s", extra);
+    }
+    if (!base[0] || isdigit((unsigned char)base[0])) {
+        char t[NAME_MAX_ + 1];
+        snprintf(t, sizeof t, "n%s", base);
+        snprintf(base, sizeof base, "%s", t);
+    }
+    base[NAME_MAX_ - 6] = 0;
+    snprintf(out, NAME_MAX_ + 1, "%s", base);
+    for (int k = 1; name_taken(im, out); k++) snprintf(out, NAME_MAX_ + 1, "%s_%d", base, k);
+}
+
+/* A new psd node of kind reading inputs in[] (psd node indices, -1 = the stage input). */
+static int emit(imp *im, const char *kind, const char *prefer_init, const char *suffix, const char *extra, int nin,
+                const int *in) {
+    if (im->npn == im->cappn) {
+        int cap = im->cappn ? im->cappn * 2 : 64;
+        pnode *p = realloc(im->pn, (size_t)cap * sizeof *p);
+        if (!p) { oom(im); return -1; }
+        im->pn = p;
+        im->cappn = cap;
+    }
+    pnode *p = &im->pn[im->npn];
+    memset(p, 0, sizeof *p);
+    pick_name(im, prefer_init, suffix, extra, p->name);
+    p->kind = kind;
+    p->nin = nin;
+    for (int i = 0; i < nin; i++) {
+        p->in[i] = in[i];
+        if (in[i] >= 0) im->pn[in[i]].readers++;
+    }
+    p->onnx = im->cur;
+    p->stage = im->stage;
+    return im->npn++;
+}
+
+static void add_attr(imp *im, int pn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add_attr(imp *im, int pn, const char *fmt, ...) {
+    pnode *p = &im->pn[pn];
+    size_t l = strlen(p->attrs);
+    if (l + 3 >= sizeof p->attrs) return;
+    memcpy(p->attrs + l, ", ", 3);
+    l += 2;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->attrs + l, sizeof p->attrs - l, fmt, ap);
+    va_end(ap);
+}
+
+/* "[a, b, c]" */
+static const char *dims_text(const int64_t *d, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, cap - o, "[");
+    for (int i = 0; i < n && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+    return buf;
+}
+
+/* A float as the shortest text that reads back as the same float32. */
+static const char *float_text(double v, char *buf, size_t cap) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, v);
+        if ((float)strtod(buf, NULL) == (float)v) break;
+    }
+    if (!strpbrk(buf, ".eEn")) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, ".0");
+    }
+    return buf;
+}
+
+/* Bind a constant initializer as parameter or buffer suffix of psd node pn. */
+static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel);
+
+static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose, int64_t numel) {
+    return bind_tf(im, pn, suffix, c, (transpose ^ c->tpose) ? TF_TRANSPOSE : TF_NONE, 0, numel);
+}
+
+/* Bind with a transform; an initializer read in parts (an LSTM's B) is bound once per part. */
+static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel) {
+    if (!c->init || !c->t)
+        return unsup(im, "'%s' is computed from other values: psd takes parameters from initializers", c->name);
+    if (c->bound && !offset)
+        return unsup(im, "initializer '%s' is read by two nodes: psd gives every node its own parameters", c->name);
+    pnode *p = &im->pn[pn];
+    if (p->nb == (int)(sizeof p->b / sizeof p->b[0])) return bad(im, "too many parameters");
+    if (!ps_onnx_dtype_size(c->t->dtype) || c->t->dtype == PS_ONNX_BOOL)
+        return unsup(im, "initializer '%s' of type %s as a parameter (psd's parameters are float32)", c->name,
+                     ps_onnx_dtype_name(c->t->dtype));
+    pbind *b = &p->b[p->nb++];
+    snprintf(b->suffix, sizeof b->suffix, "%s", suffix);
+    b->t = c->t;
+    b->transform = transform;
+    b->offset = offset;
+    b->numel = numel ? numel : c->t->numel;
+    c->bound = 1;
+    return PS_OK;
+}
+
+/* A computed float value with per-sample rank in [lo, hi]. */
+static ps_status need_float(imp *im, const val *v, int lo, int hi, const char *what) {
+    if (v->kind != VK_DATA)
+        return unsup(im, "%s '%s' is a constant: psd computes ops on the input's values only", what, v->name);
+    if (v->dtype != PS_ONNX_FLOAT)
+        return unsup(im, "%s '%s' is %s: psd computes on float", what, v->name, ps_onnx_dtype_name(v->dtype));
+    int r = v->ndim - im->lead;
+    if (r < lo || r > hi) {
+        if (im->whole && v->ndim >= 1 && r - 1 >= lo && r - 1 <= hi)
+            return unsup(im, "%s '%s' of rank %d: this op needs its batch dimension (it is the whole input, one "
+                         "sample, here)", what, v->name, v->ndim);
+        return unsup(im, "%s '%s' of rank %d: psd's kind takes %d..%d dimensions per sample", what, v->name,
+                     v->ndim, lo, hi);
+    }
+    return PS_OK;
+}
+
+/* ---------------------------------------------------- elementwise ops */
+
+static ps_status simple_act(imp *im, const char *kind, const char *attrs_text) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int in = x->node;
+    int pn = emit(im, kind, NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    if (attrs_text) add_attr(im, pn, "%s", attrs_text);
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+static ps_status h_relu(imp *im) { return simple_act(im, "ReLU", NULL); }
+static ps_status h_sigmoid(imp *im) { return simple_act(im, "Sigmoid", NULL); }
+static ps_status h_tanh(imp *im) { return simple_act(im, "Tanh", NULL); }
+
+static ps_status h_leaky(imp *im) {
+    static const char *const known[] = {"alpha", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    char t[64], f[40];
+    snprintf(t, sizeof t, "negative_slope: %s", float_text(attr_f(im, "alpha", 0.01f), f, sizeof f));
+    return simple_act(im, "LeakyReLU", t);
+}
+
+static ps_status h_identity(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    return alias_out(im, 0, x);
+}
+
+/* Softmax / LogSoftmax: one axis from opset 13; before, the input flattened
+ * to 2-D at axis (default 1) and normalised over the second part. */
+static ps_status softmax_like(imp *im, const char *kind) {
+    static const char *const known[] = {"axis", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int r = x->ndim;
+    int a = norm_axis(im, attr_i(im, "axis", im->opset >= 13 ? -1 : 1), r, "axis");
+    if (a < 0) return im->err->code;
+    if (im->opset < 13 && a != r - 1) {
+        /* over the flattened trailing dims a..r-1: Flatten, the kind, Reshape back */
+        int d = pt_dim(im, a);
+        if (d < 0) return along_batch(im, cur_node(im)->op_type);
+        int in = x->node;
+        int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &in);
+        if (f < 0) return oom(im);
+        add_attr(im, f, "start_dim: %d", d);
+        int s = emit(im, kind, NULL, NULL, NULL, 1, &f);
+        if (s < 0) return oom(im);
+        add_attr(im, s, "dim: -1");
+        int64_t ps[MAXD];
+        int n = sample_dims(im, x, ps);
+        char buf[128];
+        int back = emit(im, "Reshape", NULL, NULL, "reshape", 1, &s);
+        if (back < 0) return oom(im);
+        add_attr(im, back, "shape: %s", dims_text(ps, n, buf, sizeof buf));
+        return data_out(im, 0, back, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, cur_node(im)->op_type);
+    int in = x->node;
+    int pn = emit(im, kind, NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "dim: %d", d);
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+static ps_status h_softmax(imp *im) { return softmax_like(im, "Softmax"); }
+static ps_status h_log_softmax(imp *im) { return softmax_like(im, "LogSoftmax"); }
+
+/* Dropout: ratio an attribute before opset 12, an input from 12 (with
+ * training_mode); is_test before 7. psd's Dropout is the identity in eval
+ * forwards and drops in training ones, as the exported module did. */
+static ps_status h_dropout(imp *im) {
+    static const char *const known[] = {"ratio", "is_test", "seed", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    const ps_onnx_node *n = cur_node(im);
+    if (n->nout > 1 && n->out[1][0]) {
+        val *mask = vget(im, n->out[1]);
+        if (mask && (mask->uses || mask->graph_output)) return unsup(im, "its mask output is used");
+    }
+    double p = 0.5;
+    if (im->opset < 12) {
+        p = attr_f(im, "ratio", 0.5f);
+        if (im->opset < 7 && attr_i(im, "is_test", 0)) return alias_out(im, 0, x);
+    } else if (has_in(im, 1)) {
+        val *r = in_val(im, 1, 1);
+        if (!r) return im->err->code;
+        if (r->kind != VK_CONST || r->numel != 1) return unsup(im, "a ratio that is not a constant scalar");
+        const double *f = cvals(im, r);
+        if (!f) return im->err->code;
+        p = f[0];
+    }
+    int training = 0;
+    if (has_in(im, 2)) {
+        val *tm = in_val(im, 2, 1);
+        if (!tm) return im->err->code;
+        if (tm->kind != VK_CONST || tm->numel != 1) return unsup(im, "a training_mode that is not a constant");
+        const double *f = cvals(im, tm);
+        if (!f) return im->err->code;
+        training = f[0] != 0;
+    }
+    if (p == 0) return alias_out(im, 0, x);
+    if (training && attr(im, "seed"))
+        return unsup(im, "seed %lld: psd draws dropout masks from its own seed per forward", (long long)attr_i(im, "seed", 0));
+    if (!(p > 0 && p < 1)) return unsup(im, "ratio %g (psd's dropout takes [0, 1))", p);
+    if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
+    char t[64], f[40];
+    snprintf(t, sizeof t, "p: %s", float_text(p, f, sizeof f));
+    return simple_act(im, "Dropout", t);
+}
+
+/* ------------------------------------------------------------ constants */
+
+static ps_status h_constant(imp *im) {
+    const ps_onnx_node *n = cur_node(im);
+    const ps_onnx_attr *a = attr(im, "value");
+    if (n->nout < 1) return bad(im, "no output");
+    val *v = vmake(im, n->out[0]);
+    if (!v) return oom(im);
+    if (a && a->t) {
+        set_const_tensor(v, a->t, 0);
+        return PS_OK;
+    }
+    int64_t dims[1];
+    double *f;
+    if ((a = attr(im, "value_float"))) {
+        double x = a->f;
+        return const_out(im, 0, 0, dims, &x, 0) ? PS_OK : im->err->code;
+    }
+    if ((a = attr(im, "value_int"))) {
+        double x = (double)a->i;
+        return const_out(im, 0, 0, dims, &x, 1) ? PS_OK : im->err->code;
+    }
+    if ((a = attr(im, "value_floats")) || (a = attr(im, "value_ints"))) {
+        int is_int = !strcmp(a->name, "value_ints");
+        int cnt = is_int ? a->nints : a->nfloats;
+        dims[0] = cnt;
+        f = palloc(&im->mem, (size_t)(cnt ? cnt : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int i = 0; i < cnt; i++) f[i] = is_int ? (double)a->ints[i] : a->floats[i];
+        return const_out(im, 0, 1, dims, f, is_int) ? PS_OK : im->err->code;
+    }
+    return unsup(im, "a Constant without value, value_float(s) or value_int(s)");
+}
+
+/* Shape of a computed value: its dims, the batch as BATCH_SYM in leading mode. */
+static ps_status h_shape(imp *im) {
+    static const char *const known[] = {"start", "end", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int r = x->ndim, s = (int)attr_i(im, "start", 0), e = (int)attr_i(im, "end", r);
+    if (s < 0) s += r;
+    if (e < 0) e += r;
+    if (s < 0) s = 0;
+    if (e > r) e = r;
+    double f[MAXD];
+    int64_t d1[1] = {e > s ? e - s : 0};
+    for (int i = s; i < e; i++) {
+        int64_t d = x->dims[i];
+        if (x->kind == VK_DATA && i < im->lead) f[i - s] = (double)BATCH_SYM;
+        else if (d < 0) return unsup(im, "the shape of '%s' has a symbolic dimension %d", x->name, i);
+        else f[i - s] = (double)d;
+    }
+    return const_out(im, 0, 1, d1, f, 1) ? PS_OK : im->err->code;
+}
+
+/* A constant op on constants: Cast, Unsqueeze, Squeeze, Gather, Concat,
+ * Add, Sub, Mul, Div, Sqrt, Neg - the exporters' shape arithmetic. */
+static ps_status fold(imp *im) {
+    const ps_onnx_node *n = cur_node(im);
+    const char *op = n->op_type;
+    val *a = in_val(im, 0, 1);
+    if (!a) return im->err->code;
+    const double *af = cvals(im, a);
+    if (!af) return im->err->code;
+    int64_t dims[MAXD];
+    if (!strcmp(op, "Cast") || !strcmp(op, "Identity")) {
+        int to = (int)attr_i(im, "to", a->is_int ? PS_ONNX_INT64 : PS_ONNX_FLOAT);
+        return const_out(im, 0, a->ndim, a->dims, af, dtype_is_int(to) || (!strcmp(op, "Identity") && a->is_int))
+            ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Unsqueeze") || !strcmp(op, "Squeeze")) {
+        int64_t axes[MAXD];
+        int na;
+        if (im->opset >= 13 && has_in(im, 1)) {
+            val *av = in_val(im, 1, 1);
+            if (!av) return im->err->code;
+            const int64_t *q = cints(im, av);
+            if (!q) return im->err->code;
+            na = (int)(av->numel < MAXD ? av->numel : MAXD);
+            for (int i = 0; i < na; i++) axes[i] = q[i];
+        } else {
+            na = attr_ints(im, "axes", axes, MAXD);
+        }
+        int nd = 0;
+        if (!strcmp(op, "Unsqueeze")) {
+            int r = a->ndim + (na < 0 ? 0 : na);
+            if (na < 0 || r > MAXD) return unsup(im, "Unsqueeze to rank %d", r);
+            int is_new[MAXD] = {0};
+            for (int i = 0; i < na; i++) {
+                int x = norm_axis(im, axes[i], r, "axis");
+                if (x < 0) return im->err->code;
+                is_new[x] = 1;
+            }
+            for (int i = 0, k = 0; i < r; i++) dims[nd++] = is_new[i] ? 1 : a->dims[k++];
+        } else {
+            for (int i = 0; i < a->ndim; i++) {
+                int drop = 0;
+                for (int j = 0; j < na; j++) drop |= norm_axis(im, axes[j], a->ndim, "axis") == i;
+                if (na < 0) drop = a->dims[i] == 1;
+                if (!drop) dims[nd++] = a->dims[i];
+            }
+        }
+        return const_out(im, 0, nd, dims, af, a->is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Gather")) {
+        val *iv = in_val(im, 1, 1);
+        if (!iv) return im->err->code;
+        const int64_t *idx = cints(im, iv);
+        if (!idx) return im->err->code;
+        int ax = norm_axis(im, attr_i(im, "axis", 0), a->ndim, "axis");
+        if (ax < 0) return im->err->code;
+        int64_t outer = prod(a->dims, ax), inner = prod(a->dims + ax + 1, a->ndim - ax - 1), D = a->dims[ax];
+        int nd = 0;
+        for (int i = 0; i < ax; i++) dims[nd++] = a->dims[i];
+        for (int i = 0; i < iv->ndim && nd < MAXD; i++) dims[nd++] = iv->dims[i];
+        for (int i = ax + 1; i < a->ndim && nd < MAXD; i++) dims[nd++] = a->dims[i];
+        int64_t cnt = smul(smul(outer, iv->numel), inner);
+        if (cnt > FOLD_MAX) return unsup(im, "folding a Gather of %lld values", (long long)cnt);
+        double *f = palloc(&im->mem, (size_t)(cnt ? cnt : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t o = 0, k = 0; o < outer; o++)
+            for (int64_t j = 0; j < iv->numel; j++) {
+                int64_t ix = idx[j] < 0 ? idx[j] + D : idx[j];
+                if (ix < 0 || ix >= D) return bad(im, "index %lld outside %lld", (long long)idx[j], (long long)D);
+                for (int64_t i = 0; i < inner; i++) f[k++] = af[(o * D + ix) * inner + i];
+            }
+        return const_out(im, 0, nd, dims, f, a->is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Concat")) {
+        int ax = norm_axis(im, attr_i(im, "axis", 0), a->ndim ? a->ndim : 1, "axis");
+        if (ax < 0) return im->err->code;
+        if (a->ndim != 1) return unsup(im, "folding a Concat of rank-%d constants", a->ndim);
+        int64_t total = 0;
+        for (int k = 0; k < n->nin; k++) {
+            val *v = in_val(im, k, 1);
+            if (!v) return im->err->code;
+            if (v->kind != VK_CONST || v->ndim != 1) return unsup(im, "folding a Concat of '%s'", v->name);
+            total += v->numel;
+        }
+        double *f = palloc(&im->mem, (size_t)(total ? total : 1) * sizeof *f);
+        if (!f) return oom(im);
+        int64_t o = 0;
+        int is_int = 1;
+        for (int k = 0; k < n->nin; k++) {
+            val *v = in_val(im, k, 1);
+            const double *vf = cvals(im, v);
+            if (!vf) return im->err->code;
+            is_int &= v->is_int;
+            for (int64_t i = 0; i < v->numel; i++) f[o++] = vf[i];
+        }
+        dims[0] = total;
+        return const_out(im, 0, 1, dims, f, is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Sqrt") || !strcmp(op, "Neg")) {
+        double *f = palloc(&im->mem, (size_t)(a->numel ? a->numel : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t i = 0; i < a->numel; i++) f[i] = op[0] == 'S' ? sqrt(af[i]) : -af[i];
+        return const_out(im, 0, a->ndim, a->dims, f, a->is_int && op[0] == 'N') ? PS_OK : im->err->code;
+    }
+    /* binary, numpy broadcasting of a scalar or equal shapes */
+    val *b = in_val(im, 1, 1);
+    if (!b) return im->err->code;
+    const double *bf = cvals(im, b);
+    if (!bf) return im->err->code;
+    if (!(a->numel == 1 || b->numel == 1 || (a->ndim == b->ndim && !memcmp(a->dims, b->dims, (size_t)a->ndim * 8))))
+        return unsup(im, "folding %s of shapes that broadcast other than by a scalar", op);
+    const val *big = a->numel >= b->numel ? a : b;
+    double *f = palloc(&im->mem, (size_t)(big->numel ? big->numel : 1) * sizeof *f);
+    if (!f) return oom(im);
+    for (int64_t i = 0; i < big->numel; i++) {
+        double x = af[a->numel == 1 ? 0 : i], y = bf[b->numel == 1 ? 0 : i];
+        if (x == (double)BATCH_SYM || y == (double)BATCH_SYM) return unsup(im, "arithmetic on the batch size");
+        switch (op[0]) {
+        case 'A': f[i] = x + y; break;
+        case 'S': f[i] = x - y; break;
+        case 'M': f[i] = x * y; break;
+        default:
+            if (a->is_int && b->is_int) {
+                if (y == 0) return bad(im, "integer division by zero");
+                f[i] = (double)((int64_t)x / (int64_t)y);
+            } else {
+                f[i] = x / y;
+            }
+        }
+    }
+    return const_out(im, 0, big->ndim, big->dims, f, a->is_int && b->is_int) ? PS_OK : im->err->code;
+}
+
+static int all_const(imp *im) {
+    const ps_onnx_node *n = cur_node(im);
+    for (int k = 0; k < n->nin; k++) {
+        if (!n->in[k][0]) continue;
+        val *v = vget(im, n->in[k]);
+        if (!v || v->kind != VK_CONST) return 0;
+    }
+    return n->nin > 0;
+}
+
+/* --------------------------------------------------------- Parameter */
+
+/* A Parameter node: constant c (an initializer) broadcast to the per-sample
+ * dims of partner (a computed value), for Add and Concat. */
+static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, int *out_nd, ps_status *rc) {
+    int64_t cd[MAXD];
+    int cn = c->ndim;
+    memcpy(cd, c->dims, sizeof cd);
+    int off = im->lead;
+    /* the constant must not span the leading (batch) dims */
+    if (off && cn == partner->ndim) {
+        for (int i = 0; i < off; i++)
+            if (cd[i] != 1) {
+                *rc = along_batch(im, "a constant operand");
+                return -1;
+            }
+        memmove(cd, cd + off, (size_t)(cn - off) * sizeof *cd);
+        cn -= off;
+    }
+    int64_t pd[MAXD];
+    int pn_nd = partner->ndim - off;
+    for (int i = 0; i < pn_nd; i++) pd[i] = partner->dims[off + i];
+    if (cn > pn_nd) {
+        *rc = unsup(im, "constant '%s' has more dimensions than the value it meets", c->name);
+        return -1;
+    }
+    if (cn == 0) { cd[0] = 1; cn = 1; }
+    if (cn > PS_MAXD || pn_nd > PS_MAXD) {
+        *rc = unsup(im, "more than %d dimensions per sample", PS_MAXD);
+        return -1;
+    }
+    for (int i = 0; i < cn; i++) {
+        int64_t x = cd[cn - 1 - i], y = pn_nd ? pd[pn_nd - 1 - i] : 1;
+        if (x != y && x != 1) {
+            *rc = bad(im, "constant '%s' does not broadcast to the per-sample shape of '%s'", c->name, partner->name);
+            return -1;
+        }
+    }
+    int in = partner->node;
+    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
+    if (p < 0) {
+        *rc = oom(im);
+        return -1;
+    }
+    char b1[128], b2[128];
+    add_attr(im, p, "shape: %s", dims_text(cd, cn, b1, sizeof b1));
+    if (pn_nd != cn || memcmp(cd, pd, (size_t)cn * sizeof *cd))
+        add_attr(im, p, "expand: %s", dims_text(pd, pn_nd ? pn_nd : 1, b2, sizeof b2));
+    if ((*rc = bind(im, p, "weight", c, 0, 0))) return -1;
+    memcpy(out_dims, pd, sizeof pd);
+    *out_nd = pn_nd;
+    return p;
+}
+
+/* ------------------------------------------------------------ Add */
+
+/* Fold a bias-shaped initializer into the Linear / Conv2d that computed x
+ * (written with bias: false and read only here). */
+static int fold_bias(imp *im, const val *x, val *c) {
+    if (x->kind != VK_DATA || x->node < 0 || !c->init || c->bound || x->uses != 1) return 0;
+    pnode *p = &im->pn[x->node];
+    if (!p->has_bias_attr || p->readers) return 0;
+    int64_t want = x->dims[x->ndim - 1];
+    int ok;
+    if (!strcmp(p->kind, "Linear")) {
+        ok = c->numel == want && (c->ndim == 1 || (c->ndim == 2 && c->dims[0] == 1));
+    } else {   /* Conv2d: (C, 1, 1) or (1, C, 1, 1) */
+        want = x->dims[x->ndim - 3];
+        ok = c->numel == want && c->ndim >= 3 && c->dims[c->ndim - 1] == 1 && c->dims[c->ndim - 2] == 1;
+    }
+    if (!ok) return 0;
+    /* named after the bias's state_dict prefix when the weight gave it none (an eval export's
+     * onnx::MatMul_208 with decoder.bias: node decoder) */
+    size_t bl = strlen(c->name);
+    if (bl > 5 && !strcmp(c->name + bl - 5, ".bias") && bl - 5 <= NAME_MAX_ && p->nb == 1 &&
+        strncmp(p->b[0].t->name, c->name, bl - 4)) {
+        char pre[NAME_MAX_ + 1], clean[NAME_MAX_ + 1];
+        memcpy(pre, c->name, bl - 5);
+        pre[bl - 5] = 0;
+        sanitize(pre, clean, sizeof clean);
+        const char *wn = p->b[0].t->name;
+        size_t wl = strlen(wn);
+        int weight_named = wl > 7 && !strcmp(wn + wl - 7, ".weight");   /* keep a state_dict name it has */
+        if (!strcmp(clean, pre) && !weight_named && !name_taken(im, pre)) snprintf(p->name, sizeof p->name, "%s", pre);
+    }
+    /* drop ", bias: false" */
+    char *s = strstr(p->attrs, ", bias: false");
+    if (s) memmove(s, s + 13, strlen(s + 13) + 1);
+    p->has_bias_attr = 0;
+    if (bind(im, x->node, "bias", c, 0, 0)) return -1;
+    return 1;
+}
+
+static ps_status h_add(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind == VK_CONST) { val *t = a; a = b; b = t; }
+    if (b->kind == VK_CONST) {
+        ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+        if (rc) return rc;
+        int f = fold_bias(im, a, b);
+        if (f < 0) return im->err->code;
+        if (f) return alias_out(im, 0, a);
+        int64_t pd[MAXD];
+        int pnd;
+        int p = param_node(im, b, a, pd, &pnd, &rc);
+        if (p < 0) return rc;
+        int ins[2] = {a->node, p};
+        int s = emit(im, "Add", NULL, NULL, NULL, 2, ins);
+        if (s < 0) return oom(im);
+        return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+    }
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
+        return unsup(im, "adding '%s' and '%s' of different shapes (psd's Add takes one shape; broadcasting "
+                     "between computed values is not supported)", a->name, b->name);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, "Add", NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
+static ps_status h_arith(imp *im) {
+    if (all_const(im)) return fold(im);
+    return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
+                 "SiLU, LayerNorm)", cur_node(im)->op_type);
+}
+
+/* ------------------------------------------------------------ Linear */
+
+/* y = x . W (+ bias): W (in, out) with transpose, or (out, in). */
+static ps_status linear(imp *im, val *x, val *w, int w_is_in_out, val *c) {
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    if (w->kind != VK_CONST || w->ndim != 2)
+        return unsup(im, "a weight '%s' that is not a 2-D initializer", w->name);
+    int64_t in = w_is_in_out ? w->dims[0] : w->dims[1], out = w_is_in_out ? w->dims[1] : w->dims[0];
+    if (x->dims[x->ndim - 1] != in)
+        return bad(im, "input '%s' has %lld features but the weight '%s' takes %lld", x->name,
+                   (long long)x->dims[x->ndim - 1], w->name, (long long)in);
+    int xin = x->node;
+    int pn = emit(im, "Linear", w->t ? w->t->name : w->name, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "out_features: %lld", (long long)out);
+    if ((rc = bind(im, pn, "weight", w, w_is_in_out, 0))) return rc;
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[x->ndim - 1] = out;
+    int has_bias = 0;
+    if (c) {
+        if (c->kind != VK_CONST) return unsup(im, "a bias '%s' that is computed", c->name);
+        if (c->numel == out && (c->ndim == 1 || (c->ndim == 2 && c->dims[0] == 1))) {
+            if ((rc = bind(im, pn, "bias", c, 0, 0))) return rc;
+            has_bias = 1;
+        } else if (c->numel == 1) {   /* a scalar bias: every output gets it (out values, trained apart) */
+            if ((rc = bind(im, pn, "bias", c, 0, out))) return rc;
+            has_bias = 1;
+        }
+    }
+    if (!has_bias) {
+        add_attr(im, pn, "bias: false");
+        im->pn[pn].has_bias_attr = 1;
+    }
+    if (c && !has_bias) {   /* a bias of another shape (Gemm's C (M, N)): a Parameter added */
+        val tmp = *x;
+        tmp.node = pn;
+        memcpy(tmp.dims, od, sizeof od);
+        int64_t pd[MAXD];
+        int pnd;
+        int p = param_node(im, c, &tmp, pd, &pnd, &rc);
+        if (p < 0) return rc;
+        int ins[2] = {pn, p};
+        int s = emit(im, "Add", NULL, NULL, "add", 2, ins);
+        if (s < 0) return oom(im);
+        pn = s;
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_gemm(imp *im) {
+    static const char *const known[] = {"alpha", "beta", "transA", "transB", "broadcast", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (attr_f(im, "alpha", 1.0f) != 1.0f) return unsup(im, "alpha %g (psd's Linear computes x W^T + b)",
+                                                       attr_f(im, "alpha", 1));
+    if (has_in(im, 2) && attr_f(im, "beta", 1.0f) != 1.0f)
+        return unsup(im, "beta %g (psd's Linear computes x W^T + b)", attr_f(im, "beta", 1));
+    if (attr_i(im, "transA", 0)) return unsup(im, "transA: 1 (psd's Linear takes the input untransposed)");
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1), *c = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
+    if (!a || !b || (has_in(im, 2) && !c)) return im->err->code;
+    if (a->kind == VK_DATA && a->ndim != 2) return bad(im, "input A of rank %d (Gemm takes 2)", a->ndim);
+    return linear(im, a, b, !attr_i(im, "transB", 0), c);
+}
+
+static ps_status h_matmul(imp *im) {
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind == VK_CONST && b->kind == VK_CONST) return unsup(im, "MatMul of two constants");
+    if (b->kind != VK_CONST) return unsup(im, "MatMul of two computed values (psd's Linear multiplies by an "
+                                          "initializer)");
+    return linear(im, a, b, 1, NULL);
+}
+
+/* ------------------------------------------------------ Conv and pools */
+
+/* The 2-D padding of pads [hb, wb, he, we] (or auto_pad), symmetric. */
+static ps_status pads_2d(imp *im, const val *x, const int64_t *k, const int64_t *s, const int64_t *dil, int64_t *pad,
+                         int64_t *extra) {
+    int64_t p[4] = {0, 0, 0, 0};
+    const char *ap = attr_s(im, "auto_pad", "NOTSET");
+    if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+        for (int i = 0; i < 2; i++) {
+            int64_t in = x->dims[x->ndim - 2 + i], out = (in + s[i] - 1) / s[i];
+            int64_t total = (out - 1) * s[i] + (k[i] - 1) * dil[i] + 1 - in;
+            if (total < 0) total = 0;
+            int64_t small = total / 2, large = total - small;
+            p[i] = !strcmp(ap, "SAME_UPPER") ? small : large;
+            p[i + 2] = total - p[i];
+        }
+    } else if (!strcmp(ap, "NOTSET")) {
+        int n = attr_ints(im, "pads", p, 4);
+        if (n >= 0 && n != 4) return bad(im, "pads has %d values (2-D takes 4)", n);
+    } else if (strcmp(ap, "VALID")) {
+        return unsup(im, "auto_pad '%s'", ap);
+    }
+    for (int i = 0; i < 4; i++)
+        if (p[i] < 0) return unsup(im, "negative pads");
+    if (p[0] != p[2] || p[1] != p[3]) {
+        if (!extra) return unsup(im, "asymmetric pads [%lld, %lld, %lld, %lld] (psd pads both sides alike)",
+                                 (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3]);
+        memcpy(extra, p, sizeof p);
+    }
+    pad[0] = p[0];
+    pad[1] = p[1];
+    return PS_OK;
+}
+
+static void pair_attr(imp *im, int pn, const char *key, const int64_t *v) {
+    if (v[0] == v[1]) add_attr(im, pn, "%s: %lld", key, (long long)v[0]);
+    else add_attr(im, pn, "%s: [%lld, %lld]", key, (long long)v[0], (long long)v[1]);
+}
+
+static ps_status h_conv(imp *im) {
+    static const char *const known[] = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *w = in_val(im, 1, 1), *b = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
+    if (!x || !w || (has_in(im, 2) && !b)) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "a %d-D convolution (psd's Conv2d is 2-D)", x->ndim - 2);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    if (w->kind != VK_CONST || w->ndim != 4) return unsup(im, "a weight '%s' that is not a 4-D initializer", w->name);
+    int64_t k[2] = {w->dims[2], w->dims[3]}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2], ks[2];
+    int n;
+    if ((n = attr_ints(im, "kernel_shape", ks, 2)) >= 0 && (n != 2 || ks[0] != k[0] || ks[1] != k[1]))
+        return bad(im, "kernel_shape does not match the weight '%s'", w->name);
+    if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
+    if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && n != 2) return bad(im, "dilations has %d values", n);
+    int64_t g = attr_i(im, "group", 1);
+    if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
+    if (im->pad_extra[2] == im->cur + 1) {   /* a zero Pad folded in */
+        pad[0] += im->pad_extra[0];
+        pad[1] += im->pad_extra[1];
+    }
+    int64_t cin = x->dims[x->ndim - 3];
+    if (g < 1 || cin % g || w->dims[0] % g || w->dims[1] * g != cin)
+        return bad(im, "group %lld does not fit input channels %lld and weight '%s' (%lld, %lld, ...)", (long long)g,
+                   (long long)cin, w->name, (long long)w->dims[0], (long long)w->dims[1]);
+    int xin = x->node;
+    int pn = emit(im, "Conv2d", w->name, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "out_channels: %lld", (long long)w->dims[0]);
+    pair_attr(im, pn, "kernel_size", k);
+    if (s[0] != 1 || s[1] != 1) pair_attr(im, pn, "stride", s);
+    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
+    if (dil[0] != 1 || dil[1] != 1) pair_attr(im, pn, "dilation", dil);
+    if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
+    if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
+    if (b) {
+        if (b->kind != VK_CONST || b->numel != w->dims[0]) return bad(im, "bias '%s' does not fit", b->name);
+        if ((rc = bind(im, pn, "bias", b, 0, 0))) return rc;
+    } else {
+        add_attr(im, pn, "bias: false");
+        im->pn[pn].has_bias_attr = 1;
+    }
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[x->ndim - 3] = w->dims[0];
+    for (int i = 0; i < 2; i++) {
+        int64_t in = x->dims[x->ndim - 2 + i];
+        od[x->ndim - 2 + i] = (in + 2 * pad[i] - dil[i] * (k[i] - 1) - 1) / s[i] + 1;
+        if (od[x->ndim - 2 + i] < 1) return bad(im, "the kernel does not fit the input");
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+static ps_status pool(imp *im, int is_max) {
+    static const char *const kmax[] = {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",
+                                       "strides", NULL};
+    static const char *const kavg[] = {"auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads",
+                                       "strides", NULL};
+    ps_status rc = only_attrs(im, is_max ? kmax : kavg);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    const ps_onnx_node *nd = cur_node(im);
+    if (is_max && nd->nout > 1 && nd->out[1][0]) {
+        val *ix = vget(im, nd->out[1]);
+        if (ix && (ix->uses || ix->graph_output)) return unsup(im, "the Indices output");
+    }
+    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "%d-D pooling (psd pools 2-D)", x->ndim - 2);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    int64_t k[2], s[2] = {1, 1}, dil[2] = {1, 1}, pad[2];
+    int n;
+    if ((n = attr_ints(im, "kernel_shape", k, 2)) != 2) return bad(im, "kernel_shape must have 2 values");
+    if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
+    if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && (dil[0] != 1 || dil[1] != 1))
+        return unsup(im, "dilations (psd's pools have none)");
+    if (attr_i(im, "ceil_mode", 0)) return unsup(im, "ceil_mode: 1 (psd's pools floor)");
+    if (attr_i(im, "storage_order", 0)) return unsup(im, "storage_order: 1");
+    if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
+    int cip = is_max ? 0 : (int)attr_i(im, "count_include_pad", 0);
+    if (!is_max && im->pad_extra[2] == im->cur + 1) {   /* a zero Pad folded in: it counts in the average */
+        if ((pad[0] || pad[1]) && !cip) return unsup(im, "a Pad before an AveragePool that pads without counting");
+        pad[0] += im->pad_extra[0];
+        pad[1] += im->pad_extra[1];
+        cip = 1;
+    }
+    if (pad[0] >= k[0] || pad[1] >= k[1])
+        return unsup(im, "pads %lldx%lld as large as the kernel %lldx%lld", (long long)pad[0], (long long)pad[1],
+                     (long long)k[0], (long long)k[1]);
+    int xin = x->node;
+    int pn = emit(im, is_max ? "MaxPool2d" : "AvgPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    pair_attr(im, pn, "kernel_size", k);
+    if (s[0] != k[0] || s[1] != k[1]) pair_attr(im, pn, "stride", s);
+    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
+    if (!is_max && !cip) add_attr(im, pn, "count_include_pad: false");
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    for (int i = 0; i < 2; i++) {
+        int64_t in = x->dims[x->ndim - 2 + i];
+        od[x->ndim - 2 + i] = (in + 2 * pad[i] - k[i]) / s[i] + 1;
+        if (od[x->ndim - 2 + i] < 1) return bad(im, "the window does not fit the input");
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_maxpool(imp *im) { return pool(im, 1); }
+static ps_status h_avgpool(imp *im) { return pool(im, 0); }
+
+static ps_status h_gap(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "%d-D pooling (psd pools 2-D)", x->ndim - 2);
+    ps_status rc = need_float(im, x, 3, 3, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "output_size: 1");
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[x->ndim - 1] = od[x->ndim - 2] = 1;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+/* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
+ * consumed_inputs; < 7: is_test; < 9: spatial (1 only); >= 14:
+ * training_mode. momentum m is PyTorch's 1 - m. A training-mode node's
+ * extra outputs (the updated statistics) must be unused: psd folds the
+ * batch statistics into its running buffers itself. */
+static ps_status h_batchnorm(imp *im) {
+    static const char *const known[] = {"epsilon", "momentum", "spatial", "is_test", "consumed_inputs",
+                                        "training_mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (im->opset < 9 && attr_i(im, "spatial", 1) != 1) return unsup(im, "spatial: 0 (per-activation statistics)");
+    val *x = in_val(im, 0, 1), *sc = in_val(im, 1, 1), *bi = in_val(im, 2, 1), *mean = in_val(im, 3, 1),
+        *var = in_val(im, 4, 1);
+    if (!x || !sc || !bi || !mean || !var) return im->err->code;
+    const ps_onnx_node *nd = cur_node(im);
+    for (int k = 1; k < nd->nout; k++) {
+        val *o = nd->out[k][0] ? vget(im, nd->out[k]) : NULL;
+        if (o && (o->uses || o->graph_output))
+            return unsup(im, "output %d (the %s) is used: psd keeps BatchNorm's statistics in its buffers", k,
+                         k == 1 ? "running mean" : k == 2 ? "running variance" : "saved statistics");
+    }
+    int r = x->ndim - im->lead;
+    if ((rc = need_float(im, x, 1, 3, "input"))) return rc;
+    int64_t c = x->dims[im->lead];
+    if (im->whole) return unsup(im, "BatchNormalization needs the batch dimension");
+    val *ps[4] = {sc, bi, mean, var};
+    static const char *const suf[4] = {"weight", "bias", "running_mean", "running_var"};
+    for (int i = 0; i < 4; i++)
+        if (ps[i]->kind != VK_CONST || ps[i]->numel != c)
+            return bad(im, "input '%s' (%s) must be an initializer of %lld values", ps[i]->name, suf[i], (long long)c);
+    int xin = x->node;
+    int pn = emit(im, r == 3 ? "BatchNorm2d" : "BatchNorm1d", sc->name, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    double eps = attr_f(im, "epsilon", 1e-5f), mom = 1.0 - (double)attr_f(im, "momentum", 0.9f);
+    char f1[40], f2[40];
+    snprintf(f1, sizeof f1, "%.6g", eps);
+    if ((float)strtod(f1, NULL) != (float)eps) float_text(eps, f1, sizeof f1);
+    snprintf(f2, sizeof f2, "%.6g", mom);
+    if ((float)eps != 1e-5f) add_attr(im, pn, "eps: %s", f1);
+    if (fabs(mom - 0.1) > 1e-6) add_attr(im, pn, "momentum: %s", f2);
+    for (int i = 0; i < 4; i++)
+        if ((rc = bind(im, pn, suf[i], ps[i], 0, 0))) return rc;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* ---------------------------------------------------- shapes and joins */
+
+static ps_status h_flatten(imp *im) {
+    static const char *const known[] = {"axis", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "Flatten of a constant");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
+    int r = x->ndim;
+    int a = norm_axis(im, attr_i(im, "axis", 1), r + 1, "axis");
+    if (a < 0) return im->err->code;
+    int64_t od[2] = {prod(x->dims, a), prod(x->dims + a, r - a)};
+    int xin = x->node, pn;
+    if (!im->whole) {
+        if (im->lead != 1 || a != 1) return along_batch(im, "Flatten with an axis other than 1");
+        pn = emit(im, "Flatten", NULL, NULL, NULL, 1, &xin);
+        if (pn < 0) return oom(im);
+        od[0] = x->dims[0];
+    } else {
+        pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
+        if (pn < 0) return oom(im);
+        char b[64];
+        add_attr(im, pn, "shape: %s", dims_text(od, 2, b, sizeof b));
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
+}
+
+/* Reshape: the shape a constant input (opset >= 5) or attribute; 0 copies
+ * a dimension (unless allowzero), -1 is inferred. In leading mode the
+ * first entry must keep the batch (0, the batch symbol, the traced batch
+ * size, or -1 with the rest per sample). */
+static ps_status h_reshape(imp *im) {
+    static const char *const known[] = {"allowzero", "shape", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t shape[MAXD + 1];
+    int ns;
+    if (im->opset < 5) {
+        ns = attr_ints(im, "shape", shape, MAXD);
+        if (ns < 0) return bad(im, "no shape");
+    } else {
+        val *sv = in_val(im, 1, 1);
+        if (!sv) return im->err->code;
+        if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
+        const int64_t *q = cints(im, sv);
+        if (!q) return im->err->code;
+        if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
+        ns = (int)sv->numel;
+        for (int i = 0; i < ns; i++) shape[i] = q[i];
+    }
+    if (x->kind == VK_CONST) return unsup(im, "Reshape of a constant");
+    if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
+    int allowzero = (int)attr_i(im, "allowzero", 0);
+    /* leading mode: the first entry must keep the batch (0, the batch symbol, the batch size, or -1 over
+     * exactly the batch); the rest reshape one sample. Whole-sample: every entry reshapes the sample. */
+    int off = im->lead;
+    int64_t full[MAXD];
+    int64_t total = prod(x->dims + off, x->ndim - off), known_p = 1;
+    int neg = -1;
+    if (ns < off) return along_batch(im, "a Reshape that merges the batch");
+    for (int i = 0; i < off; i++) full[i] = x->dims[i];
+    for (int i = off; i < ns; i++) {
+        int64_t v = shape[i];
+        if (v == BATCH_SYM) return along_batch(im, "a Reshape that moves the batch");
+        if (v == 0 && !allowzero) {
+            if (i >= x->ndim) return bad(im, "shape entry %d is 0 but the input has rank %d", i, x->ndim);
+            v = x->dims[i];
+        }
+        if (v == -1) {
+            if (neg >= 0) return bad(im, "two -1 entries in the shape");
+            neg = i;
+        } else if (v < 0 || v > PS_ONNX_MAX_NUMEL) {
+            return bad(im, "shape entry %lld", (long long)v);
+        } else {
+            known_p = smul(known_p, v);
+        }
+        full[i] = v;
+    }
+    for (int i = 0; i < off; i++) {
+        int64_t f0 = shape[i];
+        int keeps = f0 == BATCH_SYM || (f0 == 0 && !allowzero) || (f0 > 0 && f0 == x->dims[i]) ||
+                    (off == 1 && f0 == -1 && neg < 0 && known_p == total);
+        if (!keeps) return along_batch(im, "a Reshape that moves the batch");
+    }
+    if (neg >= 0) {
+        if (!known_p || total % known_p) return bad(im, "cannot reshape %lld elements to the shape", (long long)total);
+        full[neg] = total / known_p;
+    } else if (known_p != total) {
+        if (!im->whole) return along_batch(im, "a Reshape that moves the batch");
+        return bad(im, "cannot reshape %lld elements to %lld", (long long)total, (long long)known_p);
+    }
+    int xin = x->node;
+    int pn;
+    char b[128];
+    if (ns - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
+    if (ns - off < 1) return unsup(im, "a Reshape to one value per sample");
+    pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "shape: %s", dims_text(full + off, ns - off, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, ns, full) ? PS_OK : im->err->code;
+}
+
+static ps_status h_concat(imp *im) {
+    static const char *const known[] = {"axis", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return fold(im);
+    const ps_onnx_node *nd = cur_node(im);
+    if (nd->nin < 2 || nd->nin > MAX_INPUTS) return unsup(im, "%d inputs (psd's Concat takes 2 to %d)", nd->nin,
+                                                          MAX_INPUTS);
+    val *first = NULL;
+    for (int k = 0; k < nd->nin && !first; k++) {
+        val *v = in_val(im, k, 1);
+        if (!v) return im->err->code;
+        if (v->kind == VK_DATA) first = v;
+    }
+    int r = first->ndim;
+    int a = norm_axis(im, attr_i(im, "axis", im->opset >= 4 ? 0 : 1), r, "axis");
+    if (a < 0) return im->err->code;
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, "Concat");
+    int ins[MAX_INPUTS];
+    int64_t od[MAXD];
+    memcpy(od, first->dims, sizeof od);
+    od[a] = 0;
+    for (int k = 0; k < nd->nin; k++) {
+        val *v = in_val(im, k, 1);
+        if (!v) return im->err->code;
+        if (v->kind == VK_CONST) {
+            /* a constant part: a Parameter of its shape (it spans the batch in leading mode only as 1) */
+            val tmp = *first;
+            int off = im->lead;
+            if (v->ndim != r) return bad(im, "input '%s' has rank %d, not %d", v->name, v->ndim, r);
+            for (int i = 0; i < off; i++)
+                if (v->dims[i] != 1) return along_batch(im, "a constant part of Concat");
+            for (int i = 0; i < r; i++) tmp.dims[i] = i == a ? v->dims[i] : first->dims[i];
+            int64_t want[MAXD];
+            memcpy(want, tmp.dims, sizeof want);
+            int64_t pd[MAXD];
+            int pnd;
+            int p = param_node(im, v, &tmp, pd, &pnd, &rc);
+            if (p < 0) return rc;
+            (void)off;
+            ins[k] = p;
+            od[a] += v->dims[a];
+            continue;
+        }
+        if ((rc = need_float(im, v, 0, PS_MAXD, "input"))) return rc;
+        if (v->ndim != r) return bad(im, "input '%s' has rank %d, not %d", v->name, v->ndim, r);
+        for (int i = 0; i < r; i++)
+            if (i != a && v->dims[i] != first->dims[i])
+                return bad(im, "input '%s' differs from '%s' outside the axis", v->name, first->name);
+        ins[k] = v->node;
+        od[a] += v->dims[a];
+    }
+    int pn = emit(im, "Concat", NULL, NULL, NULL, nd->nin, ins);
+    if (pn < 0) return oom(im);
+    if (d != 1) add_attr(im, pn, "dim: %d", d);
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
+}
+
+/* Gather: an initializer table read by computed int64 ids along axis 0 is
+ * an Embedding; a computed value indexed by constant indices is an
+ * IndexSelect (+ Reshape for indices of rank != 1). */
+static ps_status h_gather(imp *im) {
+    static const char *const known[] = {"axis", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return fold(im);
+    val *data = in_val(im, 0, 1), *idx = in_val(im, 1, 1);
+    if (!data || !idx) return im->err->code;
+    int a = norm_axis(im, attr_i(im, "axis", 0), data->ndim, "axis");
+    if (a < 0) return im->err->code;
+    int64_t od[MAXD];
+    int nd = 0;
+    for (int i = 0; i < a; i++) od[nd++] = data->dims[i];
+    for (int i = 0; i < idx->ndim; i++) {
+        if (nd == MAXD) return unsup(im, "an output of more than %d dimensions", MAXD);
+        od[nd++] = idx->dims[i];
+    }
+    for (int i = a + 1; i < data->ndim; i++) {
+        if (nd == MAXD) return unsup(im, "an output of more than %d dimensions", MAXD);
+        od[nd++] = data->dims[i];
+    }
+    if (data->kind == VK_CONST) {   /* Embedding */
+        if (idx->dtype != PS_ONNX_INT64) return unsup(im, "indices of type %s (psd's ids are int64)",
+                                                      ps_onnx_dtype_name(idx->dtype));
+        if (a != 0) return unsup(im, "a table indexed along axis %d (an Embedding takes rows)", a);
+        if (data->ndim != 2) return unsup(im, "a table of rank %d (an Embedding's is 2-D)", data->ndim);
+        int xin = idx->node;
+        int pn = emit(im, "Embedding", data->name, "weight", NULL, 1, &xin);
+        if (pn < 0) return oom(im);
+        add_attr(im, pn, "num_embeddings: %lld, embedding_dim: %lld", (long long)data->dims[0],
+                 (long long)data->dims[1]);
+        if ((rc = bind(im, pn, "weight", data, 0, 0))) return rc;
+        return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
+    }
+    if (idx->kind != VK_CONST) return unsup(im, "indices computed from the input for a computed table");
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, "Gather");
+    if ((rc = need_float(im, data, 1, PS_MAXD, "data"))) return rc;
+    const int64_t *q = cints(im, idx);
+    if (!q) return im->err->code;
+    if (idx->numel < 1 || idx->numel > INDEX_MAX)
+        return unsup(im, "%lld indices (psd's IndexSelect takes 1 to %d)", (long long)idx->numel, INDEX_MAX);
+    char b[256];
+    size_t o = 0;
+    for (int64_t i = 0; i < idx->numel; i++) {
+        int64_t v = q[i] < 0 ? q[i] + data->dims[a] : q[i];
+        if (v < 0 || v >= data->dims[a]) return bad(im, "index %lld outside %lld", (long long)q[i],
+                                                     (long long)data->dims[a]);
+        o += (size_t)snprintf(b + o, sizeof b - o, "%s%lld", i ? ", " : "", (long long)v);
+    }
+    int xin = data->node;
+    int pn = emit(im, "IndexSelect", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    if (d != 1) add_attr(im, pn, "dim: %d", d);
+    add_attr(im, pn, "index: [%s]", b);
+    if (idx->ndim != 1) {
+        int64_t ps[MAXD];
+        int off = im->lead;
+        if (nd - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
+        if (nd - off < 1) return unsup(im, "a scalar per sample");
+        for (int i = off; i < nd; i++) ps[i - off] = od[i];
+        int r2 = emit(im, "Reshape", NULL, NULL, "reshape", 1, &pn);
+        if (r2 < 0) return oom(im);
+        add_attr(im, r2, "shape: %s", dims_text(ps, nd - off, b, sizeof b));
+        pn = r2;
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
+}
+
+/* LayerNormalization (opset 17): axis to the end, Scale and B initializers. */
+static ps_status layer_norm(imp *im, val *x, int axis, double eps, val *scale, val *bias, const char *scope_name) {
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    int a = norm_axis(im, axis, x->ndim, "axis");
+    if (a < 0) return im->err->code;
+    if (pt_dim(im, a) < 0) return along_batch(im, "LayerNormalization");
+    int64_t *shape = x->dims + a;
+    int n = x->ndim - a;
+    int xin = x->node;
+    int pn = emit(im, "LayerNorm", scale ? scale->name : NULL, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    if (scope_name && scope_name[0] && !(scale && strstr(scale->name, ".weight"))) {
+        char nm[NAME_MAX_ + 1];
+        snprintf(nm, sizeof nm, "%s", scope_name);
+        if (!name_taken(im, nm)) snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
+    }
+    char b[128], f[40];
+    add_attr(im, pn, "normalized_shape: %s", n == 1 ? (snprintf(b, sizeof b, "%lld", (long long)shape[0]), b)
+                                                    : dims_text(shape, n, b, sizeof b));
+    if ((float)eps != 1e-5f) add_attr(im, pn, "eps: %s", float_text(eps, f, sizeof f));
+    int64_t cnt = prod(shape, n);
+    if (!scale && !bias) {
+        add_attr(im, pn, "elementwise_affine: false");
+    } else {
+        if (!scale || !bias || scale->kind != VK_CONST || bias->kind != VK_CONST || scale->numel != cnt ||
+            bias->numel != cnt)
+            return unsup(im, "a LayerNorm whose scale and bias are not initializers of %lld values", (long long)cnt);
+        if ((rc = bind(im, pn, "weight", scale, 0, 0)) || (rc = bind(im, pn, "bias", bias, 0, 0))) return rc;
+    }
+    return PS_OK;
+}
+
+static ps_status h_layernorm(imp *im) {
+    static const char *const known[] = {"axis", "epsilon", "stash_type", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *nd = cur_node(im);
+    for (int k = 1; k < nd->nout; k++) {
+        val *o = nd->out[k][0] ? vget(im, nd->out[k]) : NULL;
+        if (o && (o->uses || o->graph_output)) return unsup(im, "its mean / inverse deviation outputs are used");
+    }
+    val *x = in_val(im, 0, 1), *s = in_val(im, 1, 1), *b = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
+    if (!x || !s) return im->err->code;
+    if ((rc = layer_norm(im, x, (int)attr_i(im, "axis", -1), attr_f(im, "epsilon", 1e-5f), s, b, NULL))) return rc;
+    return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* ------------------------------------------------- recognised patterns */
+
+static ps_status h_fused(imp *im) {
+    fused *f = &im->fz[im->cur];
+    val *x = vget(im, f->x);
+    if (!x || x->kind == VK_NONE) return bad(im, "the %s's input '%s' is unknown", f->kind, f->x);
+    ps_status rc;
+    if (!strcmp(f->kind, "LayerNorm")) {
+        val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
+        if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
+        return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
+    int in = x->node;
+    int pn = emit(im, f->kind, NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    /* named after the module it came from, else after the kind (F.gelu at the top: "gelu") */
+    char nm[NAME_MAX_ + 1], base[NAME_MAX_ + 1];
+    if (f->scope[0]) snprintf(base, sizeof base, "%s", f->scope);
+    else lower_op(f->kind, base, sizeof base);
+    snprintf(nm, sizeof nm, "%s", base);
+    im->pn[pn].name[0] = 0;   /* not its own rival */
+    for (int k = 1; name_taken(im, nm); k++) snprintf(nm, sizeof nm, "%.88s_%d", base, k);
+    snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+
+static ps_status h_lstm(imp *im);
+
+/* ------------------------------------------------------------- op table */
+
+typedef struct op_row {
+    const char *op;
+    ps_status (*fn)(imp *im);
+    int min_opset;              /* the first opset whose meaning the handler reads */
+} op_row;
+
+/* Transpose of a 2-D initializer (PyTorch's training-mode export of
+ * nn.Linear on 3-D input: MatMul(x, Transpose(weight))): the same tensor,
+ * read transposed where it is bound. */
+static ps_status h_transpose(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t perm[MAXD];
+    int np = attr_ints(im, "perm", perm, MAXD);
+    if (x->kind != VK_CONST || !x->t || !x->init || x->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 ||
+                                                                                  perm[1] != 0)))
+        return unsup(im, "Transpose other than of a 2-D initializer (psd reads it as a transposed weight)");
+    const ps_onnx_node *n = cur_node(im);
+    if (n->nout < 1) return bad(im, "no output");
+    val *v = vmake(im, n->out[0]);
+    if (!v) return oom(im);
+    set_const_tensor(v, x->t, 1);
+    v->tpose = !x->tpose;
+    v->dims[0] = x->dims[1];
+    v->dims[1] = x->dims[0];
+    x->bound = 1;   /* read through the transpose only */
+    return PS_OK;
+}
+
+/* Squeeze / Unsqueeze of a computed value: a Reshape (axes an input from
+ * opset 13, an attribute before); the batch stays where it is. */
+static ps_status h_squeeze(imp *im) {
+    if (all_const(im)) return fold(im);
+    int unsq = !strcmp(cur_node(im)->op_type, "Unsqueeze");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->lstm_out == 1 && !unsq) {   /* an LSTM's Y (seq, 1, batch, H) without its direction axis */
+        int64_t ax[1] = {1};
+        int na = has_in(im, 1) ? -1 : attr_ints(im, "axes", ax, 1);
+        if (has_in(im, 1)) {
+            val *av = in_val(im, 1, 1);
+            const int64_t *q = av && av->kind == VK_CONST && av->numel == 1 ? cints(im, av) : NULL;
+            if (q) { ax[0] = q[0]; na = 1; }
+        }
+        if (na != 1 || (ax[0] != 1 && ax[0] != -3)) return unsup(im, "a Squeeze of an LSTM's output other than "
+                                                               "its direction axis");
+        int64_t od[3] = {x->dims[0], x->dims[2], x->dims[3]};
+        val *y = data_out(im, 0, -1, PS_ONNX_FLOAT, 3, od);
+        if (!y) return im->err->code;
+        y->lstm_out = 2;
+        im->lstm.last_out = y->name;
+        return PS_OK;
+    }
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int64_t axes[MAXD];
+    int na;
+    if (im->opset >= 13 && has_in(im, 1)) {
+        val *av = in_val(im, 1, 1);
+        if (!av) return im->err->code;
+        if (av->kind != VK_CONST) return unsup(im, "axes computed from the input");
+        const int64_t *q = cints(im, av);
+        if (!q) return im->err->code;
+        if (av->numel > MAXD) return unsup(im, "%lld axes", (long long)av->numel);
+        na = (int)av->numel;
+        for (int i = 0; i < na; i++) axes[i] = q[i];
+    } else {
+        na = attr_ints(im, "axes", axes, MAXD);
+    }
+    int64_t od[MAXD];
+    int nd = 0, r = unsq ? x->ndim + (na < 0 ? 0 : na) : x->ndim;
+    if (unsq && (na < 0 || r > MAXD)) return unsup(im, "Unsqueeze to rank %d", r);
+    int mark[MAXD] = {0};
+    for (int i = 0; i < (na < 0 ? 0 : na); i++) {
+        int a = norm_axis(im, axes[i], r, "axis");
+        if (a < 0) return im->err->code;
+        mark[a] = 1;
+    }
+    for (int i = 0, k = 0; i < r; i++) {
+        if (unsq) {
+            od[nd++] = mark[i] ? 1 : x->dims[k++];
+            if (mark[i] && pt_dim(im, i) < 0) return along_batch(im, "Unsqueeze");
+        } else if ((na < 0 && x->dims[i] == 1) || mark[i]) {
+            if (x->dims[i] != 1) return bad(im, "axis %d has size %lld, not 1", i, (long long)x->dims[i]);
+            if (pt_dim(im, i) < 0) return along_batch(im, "Squeeze");
+        } else {
+            od[nd++] = x->dims[i];
+        }
+    }
+    int off = im->lead;
+    if (nd - off < 1) return unsup(im, "a scalar per sample");
+    if (nd - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
+    int xin = x->node;
+    int pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[128];
+    add_attr(im, pn, "shape: %s", dims_text(od + off, nd - off, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
+}
+
+/* Cast: folded on constants; on a computed value only to its own type
+ * (PyTorch exports x.to(device) and x.float() of a float as a Cast). */
+static ps_status h_cast(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t to = attr_i(im, "to", 0);
+    if (x->kind == VK_DATA && to == x->dtype) return alias_out(im, 0, x);
+    return unsup(im, "Cast of a computed %s value to %s (psd computes in float32; ids are int64)",
+                 ps_onnx_dtype_name(x->dtype), ps_onnx_dtype_name((int32_t)to));
+}
+
+static ps_status h_fold_only(imp *im) {
+    if (all_const(im)) return fold(im);
+    return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
+}
+
+static const op_row ops[] = {
+    {"Conv", h_conv, 1},
+    {"Gemm", h_gemm, 1},
+    {"MatMul", h_matmul, 1},
+    {"Relu", h_relu, 1},
+    {"LeakyRelu", h_leaky, 1},
+    {"Sigmoid", h_sigmoid, 1},
+    {"Tanh", h_tanh, 1},
+    {"Softmax", h_softmax, 1},
+    {"LogSoftmax", h_log_softmax, 1},
+    {"Dropout", h_dropout, 1},
+    {"Identity", h_identity, 1},
+    {"Add", h_add, 1},
+    {"Sub", h_arith, 1},
+    {"Mul", h_arith, 1},
+    {"Div", h_arith, 1},
+    {"MaxPool", h_maxpool, 1},
+    {"AveragePool", h_avgpool, 1},
+    {"GlobalAveragePool", h_gap, 1},
+    {"BatchNormalization", h_batchnorm, 1},
+    {"Flatten", h_flatten, 1},
+    {"Reshape", h_reshape, 1},
+    {"Concat", h_concat, 1},
+    {"Gather", h_gather, 1},
+    {"LayerNormalization", h_layernorm, 17},
+    {"Constant", h_constant, 1},
+    {"Shape", h_shape, 1},
+    {"Cast", h_cast, 1},
+    {"Transpose", h_transpose, 1},
+    {"LSTM", h_lstm, 7},
+    {"Unsqueeze", h_squeeze, 1},
+    {"Squeeze", h_squeeze, 1},
+    {"Sqrt", h_fold_only, 1},
+    {"Neg", h_fold_only, 1},
+};
+
+static const op_row *find_op(const char *op) {
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (!strcmp(ops[i].op, op)) return &ops[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------ pre-pass */
+
+static int producer_of(imp *im, const char *name) {
+    val *v = vget(im, name);
+    return v ? v->prod : -1;
+}
+
+/* The single consumer of value name (node index), or -1. */
+static int sole_consumer(imp *im, const char *name) {
+    val *v = vget(im, name);
+    if (!v || v->uses != 1 || v->graph_output) return -1;
+    for (int i = 0; i < im->m->nnodes; i++)
+        for (int k = 0; k < im->m->nodes[i].nin; k++)
+            if (!strcmp(im->m->nodes[i].in[k], name)) return i;
+    return -1;
+}
+
+static int is_op(imp *im, int i, const char *op) { return i >= 0 && !strcmp(im->m->nodes[i].op_type, op); }
+
+/* A constant scalar input value (initializer or Constant node) of node i, input k. */
+static int const_scalar(imp *im, int i, int k, double *out) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin) return 0;
+    val *v = vget(im, n->in[k]);
+    if (v && v->kind == VK_CONST && v->t && v->t->numel == 1) {
+        float f;
+        if (ps_onnx_tensor_floats(v->t, &f, NULL)) return 0;
+        *out = f;
+        return 1;
+    }
+    int p = producer_of(im, n->in[k]);
+    if (!is_op(im, p, "Constant")) return 0;
+    const ps_onnx_attr *a = ps_onnx_attr_find(&im->m->nodes[p], "value");
+    if (a && a->t && a->t->numel == 1) {
+        float f;
+        if (ps_onnx_tensor_floats(a->t, &f, NULL)) return 0;
+        *out = f;
+        return 1;
+    }
+    if ((a = ps_onnx_attr_find(&im->m->nodes[p], "value_float"))) {
+        *out = a->f;
+        return 1;
+    }
+    return 0;
+}
+
+/* The other input of binary node i (not the one named x); -1 if x is not an input. */
+static int other_input(imp *im, int i, const char *x) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (n->nin != 2) return -1;
+    if (!strcmp(n->in[0], x)) return 1;
+    if (!strcmp(n->in[1], x)) return 0;
+    return -1;
+}
+
+static void set_scope(imp *im, int i, char *out) {
+    scope_of(im->m->nodes[i].name, out, NAME_MAX_ + 1);
+}
+
+/* Output 0 / input 0 of node i, "" when it has none (a malformed graph). */
+static const char *out0(imp *im, int i) { return im->m->nodes[i].nout ? im->m->nodes[i].out[0] : ""; }
+static const char *in0(imp *im, int i) { return im->m->nodes[i].nin ? im->m->nodes[i].in[0] : ""; }
+
+/* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
+ * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). */
+
+static void find_patterns(imp *im) {
+    const ps_onnx_model *m = im->m;
+    for (int i = 0; i < m->nnodes; i++) {
+        const ps_onnx_node *n = &m->nodes[i];
+        if (!strcmp(n->op_type, "Erf") && n->nin == 1 && n->nout == 1) {
+            int dv = producer_of(im, n->in[0]);
+            double c;
+            if (!is_op(im, dv, "Div") || sole_consumer(im, out0(im, dv)) != i) continue;
+            if (!const_scalar(im, dv, 1, &c) || fabs(c - 1.41421356) > 1e-5) continue;
+            const char *x = in0(im, dv);
+            int ad = sole_consumer(im, out0(im, i));
+            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, out0(im, i)), &c) || c != 1) continue;
+            int mu = sole_consumer(im, out0(im, ad));
+            if (!is_op(im, mu, "Mul")) continue;
+            int xi = other_input(im, mu, out0(im, ad));
+            if (xi < 0) continue;
+            int end = -1;
+            if (!strcmp(m->nodes[mu].in[xi], x)) {   /* x * (1 + erf) then * 0.5 */
+                int h = sole_consumer(im, out0(im, mu));
+                if (is_op(im, h, "Mul") && const_scalar(im, h, other_input(im, h, out0(im, mu)), &c) &&
+                    c == 0.5)
+                    end = h;
+            } else {   /* (x * 0.5) * (1 + erf) */
+                int h = producer_of(im, m->nodes[mu].in[xi]);
+                if (is_op(im, h, "Mul") && sole_consumer(im, out0(im, h)) == mu &&
+                    other_input(im, h, x) >= 0 && const_scalar(im, h, other_input(im, h, x), &c) && c == 0.5) {
+                    im->absorbed[h] = 1;
+                    end = mu;
+                }
+            }
+            if (end < 0) continue;
+            im->absorbed[dv] = im->absorbed[i] = im->absorbed[ad] = 1;
+            if (end != mu) im->absorbed[mu] = 1;
+            im->fz[end].kind = "GELU";
+            im->fz[end].x = x;
+            set_scope(im, dv, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "Sigmoid") && n->nin == 1 && n->nout == 1) {
+            int mu = sole_consumer(im, out0(im, i));
+            if (!is_op(im, mu, "Mul")) continue;
+            int xi = other_input(im, mu, out0(im, i));
+            if (xi < 0 || strcmp(m->nodes[mu].in[xi], n->in[0])) continue;
+            im->absorbed[i] = 1;
+            im->fz[mu].kind = "SiLU";
+            im->fz[mu].x = n->in[0];
+            set_scope(im, i, im->fz[mu].scope);
+        } else if (!strcmp(n->op_type, "ReduceMean") && n->nin >= 1 && n->nout == 1) {
+            /* LayerNorm: ReduceMean(x) -> Sub(x, mean) -> Pow(., 2) -> ReduceMean -> Add(eps) -> Sqrt ->
+             * Div(sub, .) [-> Mul(gamma) -> Add(beta)] */
+            const char *x = n->in[0];
+            int sub = -1;
+            for (int j = 0; j < m->nnodes && sub < 0; j++)
+                if (is_op(im, j, "Sub") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), x) &&
+                    !strcmp(m->nodes[j].in[1], out0(im, i)))
+                    sub = j;
+            if (sub < 0 || sole_consumer(im, out0(im, i)) != sub) continue;
+            const char *d = out0(im, sub);
+            int pw = -1, dv = -1;
+            for (int j = 0; j < m->nnodes; j++) {
+                if (is_op(im, j, "Pow") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), d)) pw = j;
+                if (is_op(im, j, "Div") && m->nodes[j].nin == 2 && !strcmp(in0(im, j), d)) dv = j;
+            }
+            double c;
+            if (pw < 0 || dv < 0 || !const_scalar(im, pw, 1, &c) || c != 2) continue;
+            val *dval = vget(im, d);
+            if (!dval || dval->uses != 2) continue;
+            int rm2 = sole_consumer(im, out0(im, pw));
+            if (!is_op(im, rm2, "ReduceMean")) continue;
+            int ad = sole_consumer(im, out0(im, rm2));
+            double eps;
+            if (!is_op(im, ad, "Add") || !const_scalar(im, ad, other_input(im, ad, out0(im, rm2)), &eps))
+                continue;
+            int sq = sole_consumer(im, out0(im, ad));
+            if (!is_op(im, sq, "Sqrt") || sole_consumer(im, out0(im, sq)) != dv ||
+                strcmp(m->nodes[dv].in[1], out0(im, sq)))
+                continue;
+            int64_t axes[MAXD];
+            const ps_onnx_attr *ax = ps_onnx_attr_find(n, "axes");
+            if (!ax || ax->nints < 1 || ax->nints > MAXD || !ps_onnx_attr_find(&m->nodes[rm2], "axes")) continue;
+            for (int k = 0; k < ax->nints; k++) axes[k] = ax->ints[k];
+            int end = dv;
+            const char *scale = NULL, *bias = NULL;
+            int mu = sole_consumer(im, out0(im, dv));
+            if (is_op(im, mu, "Mul")) {
+                int gi = other_input(im, mu, out0(im, dv));
+                val *g = gi >= 0 ? vget(im, m->nodes[mu].in[gi]) : NULL;
+                if (g && g->kind == VK_CONST && g->init) {
+                    int bi = sole_consumer(im, out0(im, mu));
+                    int k2 = is_op(im, bi, "Add") ? other_input(im, bi, out0(im, mu)) : -1;
+                    val *bv = k2 >= 0 ? vget(im, m->nodes[bi].in[k2]) : NULL;
+                    if (bv && bv->kind == VK_CONST && bv->init) {
+                        scale = g->name;
+                        bias = bv->name;
+                        im->absorbed[dv] = im->absorbed[mu] = 1;
+                        end = bi;
+                    }
+                }
+            }
+            im->absorbed[i] = im->absorbed[sub] = im->absorbed[pw] = im->absorbed[rm2] = im->absorbed[ad] =
+                im->absorbed[sq] = 1;
+            if (end == dv) im->absorbed[dv] = 0;
+            /* the trailing axes: the smallest (as a negative axis) */
+            int64_t lo = 0;
+            for (int k = 0; k < ax->nints; k++) lo = axes[k] < lo ? axes[k] : lo;
+            if (lo >= 0) lo = axes[0];
+            im->fz[end].kind = "LayerNorm";
+            im->fz[end].x = x;
+            im->fz[end].scale = scale;
+            im->fz[end].bias = bias;
+            im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
+            im->fz[end].eps = eps;
+            set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "Pad") && n->nout == 1 && n->nin >= 1) {
+            /* a zero constant Pad of H and W read only by an AveragePool or a Conv: their padding */
+            const char *mode = "constant";
+            const ps_onnx_attr *ma = ps_onnx_attr_find(n, "mode");
+            if (ma && ma->s) mode = ma->s;
+            if (strcmp(mode, "constant")) continue;
+            int64_t p[8];
+            int np = -1;
+            double cv = 0;
+            if (im->opset < 11) {
+                const ps_onnx_attr *pa = ps_onnx_attr_find(n, "pads");
+                const ps_onnx_attr *va = ps_onnx_attr_find(n, "value");
+                if (!pa || pa->nints != 8) continue;
+                for (int k = 0; k < 8; k++) p[k] = pa->ints[k];
+                np = 8;
+                if (va) cv = va->f;
+            } else {
+                if (n->nin < 2) continue;
+                val *pv = vget(im, n->in[1]);
+                int pp = producer_of(im, n->in[1]);
+                const ps_onnx_tensor *t = pv && pv->kind == VK_CONST ? pv->t : NULL;
+                if (!t && is_op(im, pp, "Constant")) {
+                    const ps_onnx_attr *a = ps_onnx_attr_find(&m->nodes[pp], "value");
+                    t = a ? a->t : NULL;
+                }
+                if (!t || t->numel != 8 || ps_onnx_tensor_int64s(t, p, NULL)) continue;
+                np = 8;
+                if (n->nin > 2 && n->in[2][0] && !const_scalar(im, i, 2, &cv)) continue;
+            }
+            if (np != 8 || cv != 0 || p[0] || p[1] || p[4] || p[5] || p[2] != p[6] || p[3] != p[7]) continue;
+            int c = sole_consumer(im, out0(im, i));
+            if (!is_op(im, c, "AveragePool") && !is_op(im, c, "Conv")) continue;
+            im->absorbed[i] = 1;
+            im->fz[c].kind = "Pad";
+            im->fz[c].x = n->in[0];
+            im->fz[c].axis = (int)p[2];
+            im->fz[c].eps = (double)p[3];
+        }
+    }
+}
+
+/* ---- the LSTM weight glue ----
+ * PyTorch exports nn.LSTM as one ONNX LSTM per layer. ONNX orders the gates
+ * i, o, f, c where PyTorch has i, f, g, o: an eval export stores W, R, B
+ * reordered (initializers onnx::LSTM_*), a training export computes them
+ * from PyTorch's weight_ih_l<k>, weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>:
+ *   W = Unsqueeze(Concat(Slice(w, 0:H), Slice(w, 3H:4H), Slice(w, H:3H)))
+ *   B = Unsqueeze(Concat(Concat(3 Slices of bias_ih), Concat(3 Slices of bias_hh)))
+ * The hidden state comes in through Slices of graph inputs (h0, c0) and
+ * leaves through Concats into graph outputs: the trainer's. */
+
+/* Constant integer input k of node i (a Constant node's value, or an initializer); 0 if not one. */
+static int const_ints(imp *im, int i, int k, int64_t *out, int max) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return 0;
+    val *v = vget(im, n->in[k]);
+    if (!v || v->kind != VK_CONST || v->numel < 1 || v->numel > max) return 0;
+    const int64_t *q = cints(im, v);
+    if (!q) { ps_err_clear(im->err); return 0; }
+    for (int64_t j = 0; j < v->numel; j++) out[j] = q[j];
+    return (int)v->numel;
+}
+
+/* v = Concat(axis 0) of Slices of one initializer along axis 0 in ONNX's gate order: that initializer's name. */
+static const char *gate_slices(imp *im, const char *v, int64_t H, int *absorb, int *na) {
+    int c = producer_of(im, v);
+    if (!is_op(im, c, "Concat") || im->m->nodes[c].nin != 3) return NULL;
+    const ps_onnx_attr *ax = ps_onnx_attr_find(&im->m->nodes[c], "axis");
+    if (ax && ax->i != 0) return NULL;
+    static const int64_t want[3][2] = {{0, 1}, {3, 4}, {1, 3}};
+    const char *src = NULL;
+    int slices[3];
+    for (int k = 0; k < 3; k++) {
+        int sl = producer_of(im, im->m->nodes[c].in[k]);
+        if (!is_op(im, sl, "Slice")) return NULL;
+        const ps_onnx_node *n = &im->m->nodes[sl];
+        if (n->nin < 3) return NULL;
+        int64_t st[1], en[1], axes[1] = {0};
+        if (const_ints(im, sl, 1, st, 1) != 1 || const_ints(im, sl, 2, en, 1) != 1) return NULL;
+        if (n->nin > 3 && n->in[3][0] && (const_ints(im, sl, 3, axes, 1) != 1 || axes[0] != 0)) return NULL;
+        if (n->nin > 4 && n->in[4][0]) return NULL;   /* steps */
+        if (st[0] != want[k][0] * H || en[0] != want[k][1] * H) return NULL;
+        if (src && strcmp(src, n->in[0])) return NULL;
+        src = n->in[0];
+        slices[k] = sl;
+    }
+    val *pv = vget(im, src);
+    if (!pv || pv->kind != VK_CONST || !pv->init) return NULL;
+    absorb[(*na)++] = c;
+    for (int k = 0; k < 3; k++) absorb[(*na)++] = slices[k];
+    return src;
+}
+
+static int unsqueezed(imp *im, const char *v) {
+    int u = producer_of(im, v);
+    return is_op(im, u, "Unsqueeze") ? u : -1;
+}
+
+static void find_lstms(imp *im) {
+    const ps_onnx_model *m = im->m;
+    for (int i = 0; i < m->nnodes; i++) {
+        const ps_onnx_node *n = &m->nodes[i];
+        if (strcmp(n->op_type, "LSTM") || n->nin < 3) continue;
+        const ps_onnx_attr *hs = ps_onnx_attr_find(n, "hidden_size");
+        int64_t H = hs ? hs->i : 0;
+        if (H < 1) continue;
+        int absorb[32], na = 0;
+        /* W, R and B glued from PyTorch's tensors */
+        int uw = unsqueezed(im, n->in[1]), ur = unsqueezed(im, n->in[2]), ub = n->nin > 3 && n->in[3][0]
+                                                                                   ? unsqueezed(im, n->in[3]) : -1;
+        const char *sw = uw >= 0 ? gate_slices(im, in0(im, uw), H, absorb, &na) : NULL;
+        const char *sr = ur >= 0 && sw ? gate_slices(im, in0(im, ur), H, absorb, &na) : NULL;
+        const char *sbi = NULL, *sbh = NULL;
+        if (ub >= 0 && sr) {
+            int cb = producer_of(im, in0(im, ub));
+            if (is_op(im, cb, "Concat") && m->nodes[cb].nin == 2) {
+                sbi = gate_slices(im, in0(im, cb), H, absorb, &na);
+                sbh = sbi ? gate_slices(im, m->nodes[cb].in[1], H, absorb, &na) : NULL;
+                if (sbh) absorb[na++] = cb;
+            }
+        }
+        if (sw && sr && sbi && sbh) {
+            absorb[na++] = uw;
+            absorb[na++] = ur;
+            absorb[na++] = ub;
+            for (int k = 0; k < na; k++) im->absorbed[absorb[k]] = 1;
+            im->fz[i].src[0] = sw;
+            im->fz[i].src[1] = sr;
+            im->fz[i].src[2] = sbi;
+            im->fz[i].src[3] = sbh;
+        }
+        /* the hidden state in (Slices of graph inputs) and out (Concats into graph outputs): the trainer's */
+        for (int k = 5; k < 7 && k < n->nin; k++) {
+            if (!n->in[k][0]) continue;
+            val *v = vget(im, n->in[k]);
+            int sl = producer_of(im, n->in[k]);
+            if (is_op(im, sl, "Slice")) {
+                val *g = vget(im, in0(im, sl));
+                if (g && g->prod < 0) {
+                    g->trainer = 1;
+                    im->absorbed[sl] = 1;
+                }
+            }
+            if (v) v->trainer = 1;
+        }
+        for (int k = 1; k < n->nout && k < 3; k++) {
+            if (!n->out[k][0]) continue;
+            val *v = vget(im, n->out[k]);
+            if (v) v->trainer = 1;
+            for (int j = 0; j < m->nnodes; j++) {
+                if (!is_op(im, j, "Concat")) continue;
+                int reads = 0;
+                for (int q = 0; q < m->nodes[j].nin; q++) reads |= !strcmp(m->nodes[j].in[q], n->out[k]);
+                val *o = reads && m->nodes[j].nout ? vget(im, out0(im, j)) : NULL;
+                if (o && o->graph_output) {
+                    im->absorbed[j] = 1;
+                    o->trainer = 1;
+                }
+            }
+        }
+    }
+}
+
+/* LSTM: a layer of the trainer-side LSTM. The first one ends stage 0 (its
+ * input is that stage's output); its parameters go to a parameter-only
+ * stage; its output (squeezed) is stage 1's input. */
+static ps_status h_lstm(imp *im) {
+    static const char *const known[] = {"hidden_size", "direction", "activations", "clip", "input_forget", "layout",
+                                        "activation_alpha", "activation_beta", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *n = cur_node(im);
+    int64_t H = attr_i(im, "hidden_size", 0);
+    const char *dir = attr_s(im, "direction", "forward");
+    if (H < 1) return bad(im, "no hidden_size");
+    if (strcmp(dir, "forward")) return unsup(im, "direction '%s' (psd's LSTM is unidirectional)", dir);
+    if (attr(im, "clip") || attr_i(im, "input_forget", 0) || attr_i(im, "layout", 0) || attr(im, "activation_alpha"))
+        return unsup(im, "clip, input_forget, layout or activation parameters (PyTorch's nn.LSTM has none)");
+    const ps_onnx_attr *acts = attr(im, "activations");
+    if (acts && acts->nstrings) return unsup(im, "activations other than the default (Sigmoid, Tanh, Tanh)");
+    if ((n->nin > 4 && n->in[4][0]) || (n->nin > 7 && n->in[7][0]))
+        return unsup(im, "sequence_lens or peepholes (P)");
+    if (im->lead != 2) return unsup(im, "an LSTM in a graph psd reads without (seq, batch) leading dims");
+    val *x = vget(im, n->in[0]);
+    if (!x || x->kind != VK_DATA || x->dtype != PS_ONNX_FLOAT || x->ndim != 3)
+        return unsup(im, "the LSTM's input '%s' is not a computed (seq, batch, features) float tensor", n->in[0]);
+    int first = im->lstm.layers == 0;
+    if (first) {
+        if (x->stage != 0 || x->node < 0)
+            return unsup(im, "the LSTM's input must be computed by psd (an embedding table before it)");
+        if (im->pn[x->node].readers || x->uses != 1)
+            return unsup(im, "the LSTM's input '%s' is read by other nodes too", x->name);
+        im->stage0_out = x->node;
+        im->lstm.input = x->dims[2];
+        im->lstm.hidden = H;
+    } else {
+        if (!x->lstm_out || strcmp(im->lstm.last_out, x->name))
+            return unsup(im, "an LSTM whose input is not the previous LSTM layer's output");
+        if (H != im->lstm.hidden) return unsup(im, "LSTM layers of different hidden sizes");
+        if (im->npn && im->pn[im->npn - 1].stage == 1)
+            return unsup(im, "nodes between LSTM layers (psd's LSTM stacks its layers directly)");
+    }
+    int k = im->lstm.layers;
+    if (k >= 4) return unsup(im, "more than 4 LSTM layers");
+    int64_t in = first ? im->lstm.input : H;
+    if (first) {
+        int pn = emit(im, "LSTM", NULL, NULL, NULL, 0, NULL);
+        if (pn < 0) return oom(im);
+        im->pn[pn].stage = 2;
+        im->lstm.pn = pn;
+    }
+    int pn = im->lstm.pn;
+    const fused *f = &im->fz[im->cur];
+    char suf[4][24];
+    snprintf(suf[0], sizeof suf[0], "weight_ih_l%d", k);
+    snprintf(suf[1], sizeof suf[1], "weight_hh_l%d", k);
+    snprintf(suf[2], sizeof suf[2], "bias_ih_l%d", k);
+    snprintf(suf[3], sizeof suf[3], "bias_hh_l%d", k);
+    int64_t sizes[4] = {4 * H * in, 4 * H * H, 4 * H, 4 * H};
+    if (f->src[0]) {   /* glued from PyTorch's tensors: bound as they are */
+        for (int j = 0; j < 4; j++) {
+            val *c = vget(im, f->src[j]);
+            if (!c || c->kind != VK_CONST || c->numel != sizes[j])
+                return bad(im, "'%s' does not have the %lld values of %s", f->src[j], (long long)sizes[j], suf[j]);
+            if ((rc = bind(im, pn, suf[j], c, 0, 0))) return rc;
+        }
+    } else {   /* ONNX's own W (1, 4H, in), R (1, 4H, H), B (1, 8H): gates reordered where bound */
+        val *w = in_val(im, 1, 1), *r = in_val(im, 2, 1), *b = has_in(im, 3) ? in_val(im, 3, 1) : NULL;
+        if (!w || !r || (has_in(im, 3) && !b)) return im->err->code;
+        if (!b) return unsup(im, "an LSTM without B (PyTorch's nn.LSTM has biases)");
+        if (w->kind != VK_CONST || w->numel != sizes[0] || r->kind != VK_CONST || r->numel != sizes[1] ||
+            b->kind != VK_CONST || b->numel != 8 * H)
+            return unsup(im, "W, R and B that are not initializers of (1, 4H, in), (1, 4H, H), (1, 8H)");
+        if ((rc = bind_tf(im, pn, suf[0], w, TF_GATES, 0, sizes[0])) || (rc = bind_tf(im, pn, suf[1], r, TF_GATES, 0,
+                                                                                      sizes[1])) ||
+            (rc = bind_tf(im, pn, suf[2], b, TF_GATES, 0, 4 * H)) || (rc = bind_tf(im, pn, suf[3], b, TF_GATES, 4 * H,
+                                                                                    4 * H)))
+            return rc;
+        b->bound = 1;
+    }
+    im->lstm.layers++;
+    /* the psd node's name: the exporter's scope of the LSTM module */
+    if (first && n->name[0]) {
+        char scope[NAME_MAX_ + 1];
+        scope_of(n->name, scope, sizeof scope);
+        if (scope[0] && !strchr(scope, '.') && !name_taken(im, scope))
+            snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", scope);
+    }
+    im->stage = 1;
+    int64_t od[4] = {x->dims[0], 1, x->dims[1], H};
+    val *y = data_out(im, 0, -1, PS_ONNX_FLOAT, 4, od);
+    if (!y) return im->err->code;
+    y->lstm_out = 1;
+    return PS_OK;
+}
+
+/* ------------------------------------------------------------- driver */
+
+/* After a trainer-side LSTM, node `first` acts along the (seq, batch) dims
+ * (word_language_model's decoded.view(-1, ntoken)): it and what follows
+ * are the trainer's (its loss), provided none of it holds parameters; the
+ * model ends with the last psd node. */
+static ps_status trainer_tail(imp *im, int first) {
+    const ps_onnx_model *m = im->m;
+    for (int i = first; i < m->nnodes; i++) {
+        if (!im->live[i]) continue;
+        for (int k = 0; k < m->nodes[i].nin; k++) {
+            val *v = m->nodes[i].in[k][0] ? vget(im, m->nodes[i].in[k]) : NULL;
+            if (v && v->kind == VK_CONST && v->init && v->t && v->numel > 1)
+                return PS_ERR_UNIMPLEMENTED;   /* a parameter after the cut: keep the first error */
+        }
+    }
+    if (!im->npn || im->pn[im->npn - 1].stage != 1) return PS_ERR_UNIMPLEMENTED;
+    ps_err_clear(im->err);
+    im->needs_whole = 0;
+    im->trailing = first;
+    im->out_node = im->npn - 1;
+    im->cur = -1;
+    return PS_OK;
+}
+
+static ps_status convert(imp *im) {
+    const ps_onnx_model *m = im->m;
+    const ps_onnx_import_opts *o = im->o;
+    /* every value named anywhere: its producer and readers */
+    for (int i = 0; i < m->nnodes; i++) {
+        const ps_onnx_node *n = &m->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            if (!n->in[k][0]) continue;
+            val *v = vmake(im, n->in[k]);
+            if (!v) return oom(im);
+            v->uses++;
+        }
+        for (int k = 0; k < n->nout; k++) {
+            if (!n->out[k][0]) continue;
+            val *v = vmake(im, n->out[k]);
+            if (!v) return oom(im);
+            if (v->prod >= 0) return bad(im, "value '%s' is the output of nodes %d and %d", n->out[k], v->prod, i);
+            v->prod = i;
+        }
+    }
+    for (int i = 0; i < m->ninits; i++) {
+        val *v = vmake(im, m->inits[i].name);
+        if (!v) return oom(im);
+        if (v->prod >= 0)
+            return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: initializer '%s' is also a node's output",
+                              im->label, v->name);
+        set_const_tensor(v, &m->inits[i], 1);
+    }
+    for (int i = 0; o && i < o->nfeeds; i++) {
+        val *v = vmake(im, o->feeds[i]->name);
+        if (!v) return oom(im);
+        set_const_tensor(v, o->feeds[i], 1);
+    }
+    if (!(im->live = calloc((size_t)m->nnodes + 1, 1)) || !(im->absorbed = calloc((size_t)m->nnodes + 1, 1)))
+        return oom(im);
+    for (int i = 0; i < m->noutputs; i++) {
+        val *v = vget(im, m->outputs[i].name);
+        if (v) v->graph_output = 1;
+    }
+    /* Constants first (the recognisers read them), then an LSTM's glue and hidden state */
+    for (int i = 0; i < m->nnodes; i++) {
+        if (strcmp(m->nodes[i].op_type, "Constant")) continue;
+        im->cur = i;
+        ps_status rc = h_constant(im);
+        if (rc) return rc;
+    }
+    im->cur = -1;
+    find_lstms(im);
+    /* the stage input: the one graph input that is not an initializer (nor an LSTM's hidden state) */
+    const ps_onnx_value *gi = NULL;
+    for (int i = 0; i < m->ninputs; i++) {
+        int t = m->inputs[i].elem_type;
+        if (!t || !ps_onnx_dtype_size(t) || t == PS_ONNX_BOOL)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph input '%s' is %s: psd's inputs and constants "
+                              "are numeric tensors", im->label, m->inputs[i].name,
+                              t ? ps_onnx_dtype_name(t) : "not a tensor (a sequence, map or optional)");
+    }
+    for (int i = 0; i < m->ninputs; i++) {
+        val *v = vget(im, m->inputs[i].name);
+        if (v && (v->kind == VK_CONST || v->trainer)) continue;
+        if (gi)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph inputs '%s' and '%s': psd's model takes one "
+                              "input", im->label, gi->name, m->inputs[i].name);
+        gi = &m->inputs[i];
+    }
+    if (!gi) return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has no input: psd's model computes "
+                               "from one", im->label);
+    if (gi->elem_type != PS_ONNX_FLOAT && gi->elem_type != PS_ONNX_INT64)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' is %s: psd's inputs are float or int64",
+                          im->label, gi->name, ps_onnx_dtype_name(gi->elem_type));
+    if (!gi->has_shape) return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' has no shape", im->label,
+                                          gi->name);
+    val *in = vmake(im, gi->name);
+    if (!in) return oom(im);
+    in->kind = VK_DATA;
+    in->node = -1;
+    in->dtype = gi->elem_type;
+    in->ndim = gi->ndim;
+    for (int d = 0; d < gi->ndim; d++) {
+        in->dims[d] = gi->dims[d];
+        if (gi->dims[d] == 0)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s': dimension %d is 0 (psd's tensors are "
+                              "not empty)", im->label, gi->name, d);
+        if (gi->dims[d] < 0 && d >= im->lead)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s': dimension %d is symbolic ('%s'): psd "
+                              "needs every per-sample dimension", im->label, gi->name, d,
+                              gi->dim_param[d] ? gi->dim_param[d] : "?");
+    }
+    if (prod(in->dims + im->lead, gi->ndim - im->lead) > PS_ONNX_MAX_NUMEL)
+        return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: input '%s': more than %lld values per sample",
+                          im->label, gi->name, (long long)PS_ONNX_MAX_NUMEL);
+    if (gi->ndim < im->lead)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' is a scalar", im->label, gi->name);
+    if (gi->ndim - im->lead > PS_MAXD) {
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: input '%s' has %d dimensions per sample (psd takes at "
+                          "most %d)", im->label, gi->name, gi->ndim - im->lead, PS_MAXD);
+    }
+    im->input = in;
+    im->batch = im->whole ? 1 : gi->dims[0];
+    /* the output (an LSTM's hidden state out is the trainer's) and liveness */
+    val *out = NULL;
+    int nout = 0;
+    for (int i = 0; i < m->noutputs; i++) {
+        val *v = vget(im, m->outputs[i].name);
+        if (!v) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
+                                  im->label, m->outputs[i].name);
+        if (v->trainer) continue;
+        nout++;
+        out = v;
+    }
+    if (nout != 1)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has %d outputs: psd's model has one",
+                          im->label, nout);
+    im->out_name = out->name;
+    if (out->prod >= 0) im->live[out->prod] = 1;
+    for (int i = m->nnodes - 1; i >= 0; i--) {
+        if (!im->live[i]) continue;
+        for (int k = 0; k < m->nodes[i].nin; k++) {
+            int p = m->nodes[i].in[k][0] ? producer_of(im, m->nodes[i].in[k]) : -1;
+            if (p >= i) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: node %d reads '%s' computed later "
+                                          "(the nodes are not in topological order)", im->label, i, m->nodes[i].in[k]);
+            if (p >= 0) im->live[p] = 1;
+        }
+    }
+    find_patterns(im);
+    for (int i = 0; i < m->nnodes; i++) {
+        if (!im->live[i] || im->absorbed[i] || !strcmp(m->nodes[i].op_type, "Constant")) continue;
+        const ps_onnx_node *n = &m->nodes[i];
+        im->cur = i;
+        if (n->domain[0] && strcmp(n->domain, "ai.onnx"))
+            return unsup(im, "op domain '%s': psd reads the default ONNX domain", n->domain);
+        if (im->fz[i].kind && strcmp(im->fz[i].kind, "Pad")) {
+            ps_status rc = h_fused(im);
+            if (rc) return rc;
+            continue;
+        }
+        const op_row *r = find_op(n->op_type);
+        if (im->fz[i].kind) {   /* a zero Pad folded into this AveragePool / Conv: it reads the Pad's input */
+            im->pad_extra[0] = im->fz[i].axis;
+            im->pad_extra[1] = (int64_t)im->fz[i].eps;
+            im->pad_extra[2] = i + 1;
+            val *src = vget(im, im->fz[i].x), *pad_out = vget(im, n->in[0]);
+            if (!src || src->kind == VK_NONE || !pad_out) return bad(im, "the Pad's input is unknown");
+            val saved = *pad_out;
+            *pad_out = *src;
+            pad_out->next = saved.next;
+            pad_out->name = saved.name;
+            pad_out->uses = saved.uses;
+            pad_out->prod = saved.prod;
+            ps_status rc = r->fn(im);
+            im->pad_extra[2] = 0;
+            if (rc) return rc;
+            continue;
+        }
+        if (!r) {
+            if (!strcmp(n->op_type, "Erf"))
+                return unsup(im, "op Erf outside the GELU decomposition psd recognises");
+            return unsup(im, "op %s is not supported", n->op_type);
+        }
+        if (im->opset < r->min_opset) return unsup(im, "opset %lld (psd reads %s from opset %d)",
+                                                   (long long)im->opset, n->op_type, r->min_opset);
+        ps_status rc = r->fn(im);
+        if (rc && im->needs_whole && im->lstm.layers && im->stage == 1 && (rc = trainer_tail(im, i)) == PS_OK)
+            return PS_OK;
+        if (rc) return rc;
+    }
+    im->cur = -1;
+    if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
+    out = vget(im, im->out_name);
+    if (!out || out->kind != VK_DATA || out->node < 0)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
+                          "output from the input", im->label, im->out_name,
+                          out && out->kind == VK_CONST ? "a constant" : "the input itself");
+    if (out->dtype != PS_ONNX_FLOAT)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the output is %s (psd's are float)", im->label,
+                          ps_onnx_dtype_name(out->dtype));
+    im->out_node = out->node;
+    return PS_OK;
+}
+
+/* The model file's text. */
+static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
+    size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
+    char *y = malloc(cap);
+    if (!y) return oom(im);
+    const ps_onnx_model *m = im->m;
+    char b[256];
+    o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s\n",
+                          im->label, m->producer, (long long)m->ir_version, (long long)im->opset,
+                          im->whole ? "; the whole input is one sample" : "");
+    o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\n", name, name);
+    if (im->trailing >= 0)
+        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it\n",
+                              m->nodes[im->trailing].name, m->nodes[im->trailing].op_type);
+    o += (size_t)snprintf(y + o, cap - o, "stages:\n");
+    /* one stage "main"; with a trainer-side LSTM: "pre" (to the LSTM's input), "post" (from its output), and
+     * the LSTM's parameters in a stage of its own */
+    int nst = im->lstm.layers ? 3 : 1;
+    for (int st = 0; st < nst; st++) {
+        char sname[32];
+        int64_t ps[MAXD];
+        int n = 0, dtype_int = 0, last = st == 0 && nst > 1 ? im->stage0_out : out_node;
+        if (nst == 1) {
+            snprintf(sname, sizeof sname, "main");
+        } else if (st < 2) {
+            snprintf(sname, sizeof sname, "%s", st ? "post" : "pre");
+        } else {
+            sanitize(im->pn[im->lstm.pn].name, sname, sizeof sname);
+            for (char *c = sname; *c; c++) if (*c == '.') *c = '_';
+            last = im->lstm.pn;
+        }
+        if (st == 0) {
+            n = sample_dims(im, im->input, ps);
+            dtype_int = im->input->dtype == PS_ONNX_INT64;
+        } else {
+            ps[0] = st == 1 ? im->lstm.hidden : im->lstm.input;
+            n = 1;
+        }
+        o += (size_t)snprintf(y + o, cap - o, "  - name: %s\n    input: {shape: %s, dtype: %s}\n", sname,
+                              n ? dims_text(ps, n, b, sizeof b) : "[]", dtype_int ? "int64" : "float32");
+        if (st < 2) o += (size_t)snprintf(y + o, cap - o, "    output: %s\n", im->pn[last].name);
+        o += (size_t)snprintf(y + o, cap - o, "    nodes:\n");
+        int prev = -1;
+        for (int i = 0; i < im->npn; i++) {
+            pnode *p = &im->pn[i];
+            if (p->stage != st || (!p->readers && i != last)) continue;
+            o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
+            if (p->nin > 1) {
+                o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
+                for (int k = 0; k < p->nin; k++)
+                    o += (size_t)snprintf(y + o, cap - o, "%s%s", k ? ", " : "",
+                                          p->in[k] < 0 ? "input" : im->pn[p->in[k]].name);
+                o += (size_t)snprintf(y + o, cap - o, "]");
+            } else if (p->nin == 1 && p->in[0] != prev) {
+                o += (size_t)snprintf(y + o, cap - o, ", input: %s", p->in[0] < 0 ? "input" : im->pn[p->in[0]].name);
+            }
+            if (st == 2)
+                o += (size_t)snprintf(y + o, cap - o, ", hidden_size: %lld, num_layers: %d", (long long)im->lstm.hidden,
+                                      im->lstm.layers);
+            o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
+            prev = i;
+            if (o + 1500 > cap) {
+                cap *= 2;
+                char *ny = realloc(y, cap);
+                if (!ny) { free(y); return oom(im); }
+                y = ny;
+            }
+        }
+    }
+    res->yaml = y;
+    res->yaml_len = o;
+    return PS_OK;
+}
+
+static ps_status import_once(const ps_onnx_model *m, const char *label, const ps_onnx_import_opts *o, int whole,
+                             int *needs_whole, ps_onnx_import *res, ps_err *err) {
+    imp im;
+    memset(&im, 0, sizeof im);
+    im.m = m;
+    im.label = label;
+    im.err = err;
+    im.o = o;
+    im.whole = whole;
+    im.lead = whole ? 0 : 1;
+    im.stage0_out = -1;
+    im.trailing = -1;
+    for (int i = 0; i < m->nnodes && !whole; i++)
+        if (!strcmp(m->nodes[i].op_type, "LSTM")) im.lead = 2;   /* (seq, batch) leading dims */
+    im.cur = -1;
+    im.opset = m->opset;
+    im.hcap = 1;
+    while (im.hcap < 4 * (m->nnodes * 4 + m->ninits + m->ninputs + 16)) im.hcap <<= 1;
+    im.hash = calloc((size_t)im.hcap, sizeof *im.hash);
+    im.fz = calloc((size_t)m->nnodes + 1, sizeof *im.fz);
+    ps_status rc;
+    if (!im.hash || !im.fz) {
+        rc = oom(&im);
+        goto out;
+    }
+    if ((rc = convert(&im))) goto out;
+    char name[64];
+    if (o && o->name && o->name[0]) {
+        snprintf(name, sizeof name, "%s", o->name);
+    } else {
+        const char *base = strrchr(label, '/');
+        base = base ? base + 1 : label;
+        size_t j = 0;
+        for (; base[j] && j < sizeof name - 1; j++) name[j] = valid_char(base[j]) || base[j] == '-' ? base[j] : '_';
+        name[j] = 0;
+        char *dot = strstr(name, "_onnx");
+        if (dot && !dot[5]) *dot = 0;
+        if (!name[0]) snprintf(name, sizeof name, "onnx_model");
+    }
+    if ((rc = write_yaml(&im, res, name, im.out_node))) goto out;
+    /* the initial values */
+    int nv = 0;
+    for (int i = 0; i < im.npn; i++) nv += im.pn[i].nb;
+    res->values = calloc((size_t)nv + 1, sizeof *res->values);
+    if (!res->values) { rc = oom(&im); goto out; }
+    for (int i = 0; i < im.npn; i++)
+        for (int k = 0; k < im.pn[i].nb; k++) {
+            struct imp_value *v = &res->values[res->nvalues++];
+            snprintf(v->name, sizeof v->name, "%s.%s", im.pn[i].name, im.pn[i].b[k].suffix);
+            v->t = im.pn[i].b[k].t;
+            v->transform = im.pn[i].b[k].transform;
+            v->offset = im.pn[i].b[k].offset;
+            v->numel = im.pn[i].b[k].numel;
+        }
+    res->whole = whole;
+out:
+    *needs_whole = im.needs_whole;
+    pool_free(&im.mem);
+    free(im.hash);
+    free(im.pn);
+    free(im.live);
+    free(im.absorbed);
+    free(im.fz);
+    return rc;
+}
+
+ps_onnx_import *ps_onnx_import_model(const ps_onnx_model *m, const char *label, const ps_onnx_import_opts *opts,
+                                     ps_err *err) {
+    ps_onnx_import *res = calloc(1, sizeof *res);
+    if (!res) {
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", label);
+        return NULL;
+    }
+    if (m->opset && (m->opset < 1 || m->opset > 17)) {
+        ps_err_set(err, PS_ERR_UNIMPLEMENTED, "%s: opset %lld: psd reads opsets up to 17", label, (long long)m->opset);
+        free(res);
+        return NULL;
+    }
+    if (!m->opset) {
+        ps_err_set(err, m->nopsets ? PS_ERR_UNIMPLEMENTED : PS_ERR_INVALID_ARGUMENT, "%s: the model imports no "
+                   "default-domain opset%s%s: psd reads ONNX's default domain", label, m->nopsets ? ", only " : "",
+                   m->nopsets ? m->opsets[0].domain : "");
+        free(res);
+        return NULL;
+    }
+    ps_onnx_batch mode = opts ? opts->batch : PS_ONNX_BATCH_AUTO;
+    int needs_whole = 0;
+    ps_err first = {0};
+    ps_status rc = import_once(m, label, opts, mode == PS_ONNX_BATCH_NONE, &needs_whole, res,
+                               mode == PS_ONNX_BATCH_AUTO ? &first : err);
+    if (rc && mode == PS_ONNX_BATCH_AUTO) {
+        if (needs_whole) {
+            free(res->yaml);
+            free(res->values);
+            memset(res, 0, sizeof *res);
+            rc = import_once(m, label, opts, 1, &needs_whole, res, err);
+        } else if (err) {
+            *err = first;
+        }
+    }
+    if (rc) {
+        ps_onnx_import_free(res);
+        return NULL;
+    }
+    return res;
+}
+
+void ps_onnx_import_free(ps_onnx_import *im) {
+    if (!im) return;
+    free(im->yaml);
+    free(im->values);
+    free(im);
+}
+
+const char *ps_onnx_import_yaml(const ps_onnx_import *im, size_t *len) {
+    if (len) *len = im->yaml_len;
+    return im->yaml;
+}
+
+int ps_onnx_import_whole_sample(const ps_onnx_import *im) { return im->whole; }
+int ps_onnx_import_num_values(const ps_onnx_import *im) { return im->nvalues; }
+const char *ps_onnx_import_value_name(const ps_onnx_import *im, int i) { return im->values[i].name; }
+int64_t ps_onnx_import_value_numel(const ps_onnx_import *im, int i) { return im->values[i].numel; }
+
+ps_status ps_onnx_import_value(const ps_onnx_import *im, int i, float *dst, ps_err *err) {
+    const struct imp_value *v = &im->values[i];
+    const ps_onnx_tensor *t = v->t;
+    if (v->transform == TF_GATES) {   /* ONNX's gate order i, o, f, c as PyTorch's i, f, g, o */
+        float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *tmp);
+        if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for '%s'", v->name);
+        ps_status rc = ps_onnx_tensor_floats(t, tmp, err);
+        static const int from[4] = {0, 2, 3, 1};
+        int64_t g = v->numel / 4;
+        for (int k = 0; rc == PS_OK && k < 4; k++) memcpy(dst + k * g, tmp + v->offset + from[k] * g, (size_t)g * 4);
+        free(tmp);
+        return rc;
+    }
+    if (v->numel != t->numel) {   /* a scalar spread over numel */
+        float x;
+        ps_status rc = ps_onnx_tensor_floats(t, &x, err);
+        if (rc) return rc;
+        for (int64_t k = 0; k < v->numel; k++) dst[k] = x;
+        return PS_OK;
+    }
+    if (v->transform != TF_TRANSPOSE) return ps_onnx_tensor_floats(t, dst, err);
+    float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *tmp);
+    if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for '%s'", v->name);
+    ps_status rc = ps_onnx_tensor_floats(t, tmp, err);
+    int64_t r = t->dims[0], c = t->dims[1];
+    for (int64_t a = 0; rc == PS_OK && a < r; a++)
+        for (int64_t b = 0; b < c; b++) dst[b * r + a] = tmp[a * c + b];
+    free(tmp);
+    return rc;
+}
+
+int ps_onnx_is_onnx_file(const char *path) {
+    size_t n = strlen(path);
+    if (n >= 5 && !strcmp(path + n - 5, ".onnx")) return 1;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    int c = fgetc(f);
+    fclose(f);
+    /* ModelProto's ir_version (field 1, varint) comes first in every
+     * exporter's output; byte 0x08 is not text a model file starts with. */
+    return c == 0x08;
+}

@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""tests/it_resnet.sh's Python half: torchvision's resnet18(num_classes=10)
+through psd, against PyTorch, twice:
+
+  psd-export  the model file and weights psd-export writes, psd started
+              with --init-from the weights;
+  onnx        the module's training-mode ONNX export
+              (torch.onnx.export(..., training=TrainingMode.TRAINING,
+              do_constant_folding=False)), psd started with model.onnx (its
+              initializers are the initial weights).
+
+For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
+0.01, hogwild):
+  - psd's initial parameters and buffers are the module's (exactly);
+  - an eval Forward equals the module in eval mode, and a training Forward
+    the module in train mode (batch statistics), both rtol 1e-4 (atol 1e-5);
+  - one Backward of the cross-entropy's output gradient: every gradient
+    (GetGradients) within 1e-4 of that tensor's largest |gradient| of
+    PyTorch autograd's;
+  - Step: the new weights (GetParameters) within 1e-5 of torch.optim.SGD's,
+    relative to each tensor's largest value, the running statistics
+    (running_mean, running_var) likewise of the module's after its training
+    forward, and num_batches_tracked equal;
+  - an eval Forward after the step equals the module's (rtol 1e-4).
+
+Then the model's eval export (BatchNorm folded into the convolutions,
+onnx::* names): psd's eval Forward equals the module's. word_language_
+model's RNNModel through its training and eval exports: stages pre,
+post and the trainer's LSTM, every parameter equal to the state_dict (the
+LSTM's gate glue undone), the stages' forwards equal. And the RPC
+tutorial's Net, which PyTorch 1.13 cannot export in training mode (its
+Dropout2d): its eval export (model.onnx) and configs/models/mnist_cnn.yaml
+with dropout off (--init-from its weights) each go through the checks
+above against the module with dropout off.
+
+    check_resnet.py BUILD_DIR TMP_DIR
+"""
+import copy
+import importlib.machinery
+import importlib.util
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import grpc
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from psd._proto import ps_pb2, ps_pb2_grpc  # noqa: E402
+
+BUILD, TMP = sys.argv[1], sys.argv[2]
+LR = 0.01
+F32, I64 = ps_pb2.FLOAT32, ps_pb2.INT64
+failures = []
+procs = []
+
+
+def check(ok, what):
+    if ok:
+        print("ok:", what)
+    else:
+        print("FAIL:", what)
+        failures.append(what)
+
+
+def tensor(a):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=F32)
+
+
+def array(t):
+    return np.frombuffer(t.data, dtype=np.float32 if t.dtype == F32 else np.int64).reshape(tuple(t.shape))
+
+
+def free_port():
+    for _ in range(50):
+        p = random.randint(20000, 45000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
+
+
+def start_psd(name, model_line, extra):
+    cfg = os.path.join(TMP, name + ".conf.yaml")
+    with open(cfg, "w") as f:
+        f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
+                "server:\n  consistency: hogwild\n" % (model_line, LR))
+    addr = "127.0.0.1:%d" % free_port()
+    log = open(os.path.join(TMP, name + ".log"), "w")
+    p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
+                         stderr=log, stdout=log)
+    procs.append(p)
+    stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(addr, options=[
+        ("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]))
+    t0 = time.time()
+    while True:
+        try:
+            stub.ListParameters(ps_pb2.ListParametersRequest(), timeout=5)
+            return stub, p
+        except grpc.RpcError:
+            if p.poll() is not None or time.time() - t0 > 120:
+                log.close()
+                raise RuntimeError("psd (%s) did not start: %s" % (name, open(log.name).read()[-2000:]))
+            time.sleep(0.3)
+
+
+def get_parameters(stub):
+    """Every parameter and buffer by name (pages joined)."""
+    out, first, first_row = {}, 0, 0
+    while True:
+        r = stub.GetParameters(ps_pb2.GetParametersRequest(first=first, first_row=first_row), timeout=60)
+        for t, fr in zip(r.parameters, r.first_rows or [0] * len(r.parameters)):
+            a = array(t).copy()
+            out[t.name] = np.concatenate([out[t.name], a]) if fr and t.name in out else a
+        if not r.more:
+            return out
+        first, first_row = r.next, r.next_row
+
+
+def close(got, want, rtol, atol, what):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        check(False, "%s: shape %s, PyTorch's %s" % (what, got.shape, want.shape))
+        return
+    err = np.abs(got - want) - (atol + rtol * np.abs(want))
+    i = int(np.argmax(err))
+    check(err.flat[i] <= 0, "%s (worst element %d: %.8g vs %.8g)" % (what, i, got.flat[i], want.flat[i]))
+
+
+def run(label, stub, model, x, target):
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    got = get_parameters(stub)
+    check(set(got) == set(sd), "%s: psd's parameters and buffers are the state_dict's %d names (%s)"
+          % (label, len(sd), sorted(set(got) ^ set(sd))[:4]))
+    bad = [k for k in sd if k in got and not np.array_equal(got[k].reshape(sd[k].shape), sd[k])]
+    check(not bad, "%s: psd's initial values are the module's exactly (%s)" % (label, bad[:4]))
+
+    model.eval()
+    with torch.no_grad():
+        want = model(x).numpy()
+    r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(x.numpy()), train=False), timeout=120)
+    close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward = PyTorch's eval mode" % label)
+
+    model.train()
+    ctx = random.randint(1, 1 << 60)
+    y = model(x)
+    r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                           input=tensor(x.numpy())), timeout=120)
+    close(array(r.output), y.detach().numpy(), 1e-4, 1e-5, "%s: training forward = PyTorch's train mode" % label)
+    loss = F.cross_entropy(y, target)
+    gy = torch.autograd.grad(loss, y, retain_graph=True)[0]
+    model.zero_grad()
+    y.backward(gy)
+    stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(gy.numpy())), timeout=120)
+    grads = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx),
+                                                         timeout=120).gradients}
+    params = dict(model.named_parameters())
+    worst, wname = 0.0, ""
+    for k, p in params.items():
+        g = p.grad.numpy()
+        e = float(np.max(np.abs(grads[k].reshape(g.shape) - g)) / max(float(np.max(np.abs(g))), 1e-30)) \
+            if k in grads else float("inf")
+        if e > worst:
+            worst, wname = e, k
+    check(set(grads) == set(params) and worst <= 1e-4, "%s: %d gradients within 1e-4 of each tensor's largest "
+          "|gradient| (worst %s: %.3g)" % (label, len(params), wname, worst))
+    with torch.no_grad():
+        for p in params.values():
+            p -= LR * p.grad
+    stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=120)
+    after = get_parameters(stub)
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    # relative to each tensor's largest value (elements near zero have no relative error of their own)
+    for kind, keys in (("weights", [k for k in sd if k in params]),
+                       ("running statistics", [k for k in sd if k not in params and sd[k].dtype != np.int64])):
+        if not keys:
+            continue        # a model without buffers
+        worst, wname = 0.0, ""
+        for k in keys:
+            a, b = after[k].reshape(sd[k].shape).astype(np.float64), sd[k].astype(np.float64)
+            e = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+            if e > worst:
+                worst, wname = e, k
+        check(worst <= 1e-5, "%s: after the step, %d %s within 1e-5 of each tensor's largest value of PyTorch's "
+              "(worst %s: %.3g)" % (label, len(keys), kind, wname, worst))
+    counts = [k for k in sd if sd[k].dtype == np.int64]
+    bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
+    if counts:
+        check(not bad, "%s: after the step, %d num_batches_tracked = PyTorch's (%s)" % (label, len(counts), bad[:3]))
+    model.eval()
+    with torch.no_grad():
+        want = model(x).numpy()
+    r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(x.numpy()), train=False), timeout=120)
+    close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward after the step (running statistics) = PyTorch's"
+          % label)
+
+
+def main():
+    warnings.simplefilter("ignore")
+    loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
+    spec = importlib.util.spec_from_loader("psd_export", loader)
+    pe = importlib.util.module_from_spec(spec)
+    loader.exec_module(pe)
+    import torchvision
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 64, 64)
+    target = torch.randint(0, 10, (4,))
+
+    # 1. psd-export
+    y = os.path.join(TMP, "resnet18.yaml")
+    rc = pe.main(["resnet18", "--kwargs", '{"num_classes": 10}', "--input-shape", "3,64,64", "--seed", "3",
+                  "-o", y])
+    check(rc == 0, "psd-export resnet18")
+    torch.manual_seed(3)
+    model = torchvision.models.resnet18(num_classes=10)
+    with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    pe.write_safetensors(os.path.join(TMP, "resnet18.safetensors"), list(model.state_dict().items()), {})
+    stub, p = start_psd("export", "file: %s" % y, ["--init-from", os.path.join(TMP, "resnet18.safetensors")])
+    run("psd-export", stub, copy.deepcopy(model), x, target)
+    p.kill()
+
+    # 2. the training-mode ONNX export of the same module
+    onnx_path = os.path.join(TMP, "resnet18_train.onnx")
+    m2 = copy.deepcopy(model)
+    m2.train()
+    torch.onnx.export(m2, x, onnx_path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=13)
+    # the export traced a training forward: its running statistics moved, and the file holds them (ONNX has no
+    # num_batches_tracked: psd starts it at 0)
+    for m in m2.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.num_batches_tracked.zero_()
+    stub, p = start_psd("onnx", "onnx: %s" % onnx_path, [])
+    run("onnx training export", stub, m2, x, target)
+    p.kill()
+
+    # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
+    eval_path = os.path.join(TMP, "resnet18_eval.onnx")
+    m3 = copy.deepcopy(model).eval()
+    torch.onnx.export(m3, x, eval_path, opset_version=13)
+    stub, p = start_psd("eval", "onnx: %s" % eval_path, [])
+    with torch.no_grad():
+        want = m3(x).numpy()
+    r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(x.numpy()), train=False), timeout=120)
+    close(array(r.output), want, 1e-4, 1e-5, "onnx eval export: eval forward = PyTorch's eval mode")
+    names = sorted(t.name for t in stub.ListParameters(ps_pb2.ListParametersRequest()).parameters)
+    check(not any("running" in n for n in names) and "conv1.weight" in names and "conv1.bias" in names,
+          "onnx eval export: BatchNorm folded (no running statistics; conv1 has a bias): %d parameters" % len(names))
+    p.kill()
+
+    # 4. the tutorial's Net: PyTorch 1.13 cannot export it in training mode (its Dropout2d), so its eval
+    # export is checked against its model file (configs/models/mnist_cnn.yaml) with dropout off, both against
+    # the module with p = 0
+    sys.path.insert(0, os.path.join(ROOT, "examples", "models"))
+    from rpc_tutorials import Net
+    torch.manual_seed(5)
+    net = Net()
+    net.dropout1.p = net.dropout2.p = 0.0
+    xn, tn = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    net_onnx = os.path.join(TMP, "net_eval.onnx")
+    torch.onnx.export(copy.deepcopy(net).eval(), xn, net_onnx, opset_version=13)
+    with open(os.path.join(ROOT, "configs", "models", "mnist_cnn.yaml")) as f:
+        text = f.read()
+    nodrop = os.path.join(TMP, "mnist_cnn_nodrop.yaml")
+    with open(nodrop, "w") as f:
+        f.write(text.replace("p: 0.25", "p: 0").replace("p: 0.5", "p: 0"))
+    pe.write_safetensors(os.path.join(TMP, "net.safetensors"), list(net.state_dict().items()), {})
+    stub, p = start_psd("net_onnx", "onnx: %s" % net_onnx, [])
+    run("tutorial Net, eval export", stub, copy.deepcopy(net), xn, tn)
+    p.kill()
+    stub, p = start_psd("net_file", "file: %s" % nodrop, ["--init-from", os.path.join(TMP, "net.safetensors")])
+    run("tutorial Net, mnist_cnn.yaml with p 0", stub, copy.deepcopy(net), xn, tn)
+    p.kill()
+
+    # 5. word_language_model's RNNModel through ONNX: the LSTM weight glue (the training export slices and
+    # concatenates PyTorch's weight_ih_l<k>... into ONNX's gate order; the eval export stores them reordered)
+    from rpc_tutorials import RNNModel
+    torch.manual_seed(11)
+    lm = RNNModel("LSTM", 50, 8, 8, 2, 0.0)   # PyTorch 1.13 exports no LSTM dropout in training mode
+    ids, hidden = torch.randint(0, 50, (5, 3)), lm.init_hidden(3)
+    for mode in ("training", "eval"):
+        path = os.path.join(TMP, "lm_%s.onnx" % mode)
+        tm = torch.onnx.TrainingMode.TRAINING if mode == "training" else torch.onnx.TrainingMode.EVAL
+        torch.onnx.export(copy.deepcopy(lm), (ids, hidden), path, opset_version=13, training=tm,
+                          do_constant_folding=mode == "eval")
+        stub, p = start_psd("lm_" + mode, "onnx: %s" % path, [])
+        lp = stub.ListParameters(ps_pb2.ListParametersRequest())
+        check([st.name for st in lp.stages] == ["pre", "post", "rnn"],
+              "lm %s export: stages pre (embedding), post (decoder) and the trainer's LSTM rnn (%s)"
+              % (mode, [st.name for st in lp.stages]))
+        got = get_parameters(stub)
+        sd = {k: v.numpy() for k, v in lm.state_dict().items()}
+        bad = [k for k in sd if k not in got or not np.array_equal(got[k].reshape(sd[k].shape), sd[k])]
+        check(set(got) == set(sd) and not bad, "lm %s export: psd's parameters are the state_dict's, exactly - the "
+              "LSTM's in PyTorch's gate order (%s %s)" % (mode, sorted(set(got) ^ set(sd))[:3], bad[:3]))
+        r = stub.Forward(ps_pb2.ForwardRequest(stage="pre", input=ps_pb2.Tensor(
+            shape=list(ids.shape), data=ids.numpy().astype(np.int64).tobytes(), dtype=I64)), timeout=60)
+        with torch.no_grad():
+            emb = lm.encoder(ids)
+            out, _ = lm.rnn(emb, hidden)        # the trainer's LSTM, on psd's weights (equal, checked above)
+            want = lm.decoder(out)
+        close(array(r.output), emb.numpy(), 1e-6, 1e-7, "lm %s export: stage pre = the embedding" % mode)
+        r = stub.Forward(ps_pb2.ForwardRequest(stage="post", input=tensor(out.numpy())), timeout=60)
+        close(array(r.output), want.numpy(), 1e-4, 1e-5, "lm %s export: stage post = the decoder" % mode)
+        p.kill()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    sys.exit(1 if failures else 0)

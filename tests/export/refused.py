@@ -1,0 +1,58 @@
+"""Modules psd-export must refuse, each for one reason (tests/it_export.sh
+checks the message names the culprit and its source line)."""
+import torch
+import torch.nn as nn
+
+
+class UsesMatmul(nn.Module):           # a function outside the table
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return torch.matmul(y, y.t())   # REFUSED_MATMUL
+
+
+class Shared(nn.Module):               # a module with parameters called twice
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.fc(x)))   # REFUSED_SHARED
+
+
+class DirectParameter(nn.Module):      # a parameter used in forward itself
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.fc(x) + self.scale   # REFUSED_PARAM
+
+
+class UnknownModule(nn.Module):        # a leaf module outside the table
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.Hardswish()
+
+    def forward(self, x):
+        return self.act(self.fc(x))      # REFUSED_MODULE
+
+
+class SharedActivation(nn.Module):     # a module without parameters called twice: two nodes
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc2(self.act(self.fc1(x))))
+
+
+def make_shared_activation():          # a function returning the module
+    return SharedActivation()

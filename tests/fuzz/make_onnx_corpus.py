@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""Write tests/fuzz/corpus/onnx: seeds for fuzz_onnx (make fuzz), each a
+small ONNX model (under the fuzzer's 70 KB input limit):
+
+  tiny_train_13.onnx   a tiny CNN exported by PyTorch in training mode
+                       (opset 13): Conv, BatchNormalization (5 outputs),
+                       Relu, a zero Pad before AveragePool, Dropout with its
+                       ratio and training_mode inputs, Flatten, Gemm, the
+                       GELU, SiLU and LayerNorm decompositions, Reshape with
+                       its shape computed from constants
+  tiny_eval_11.onnx    the same module's eval export at opset 11 (BatchNorm
+                       folded, onnx::* names, constant-folded shapes)
+  lm_train_13.onnx     word_language_model's RNNModel (ntoken 20, 4 wide, 2
+                       layers) in training mode: Gather, the LSTM weight glue
+                       (Slice, Concat, Unsqueeze of weight_ih_l<k>...), two
+                       LSTM layers with their hidden state in and out,
+                       MatMul of a Transpose, the trainer's Reshape tail
+  node_*.onnx          a few of Debian libonnx-testdata's node test models
+                       (Gather, Concat, Softmax, Gemm)
+
+    /usr/bin/python3 tests/fuzz/make_onnx_corpus.py
+"""
+import os
+import shutil
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus/onnx")
+NODE = "/usr/share/libonnx-testdata/data/node"
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.pool = nn.AvgPool2d(3, 1, 1)
+        self.drop = nn.Dropout(0.3)
+        self.fc = nn.Linear(4 * 4 * 4, 8)
+        self.ln = nn.LayerNorm(8)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.bn(self.conv(x))))
+        x = self.drop(torch.flatten(x, 1))
+        x = F.silu(F.gelu(self.ln(self.fc(x))))
+        return x.view(x.size(0), 2, 4)
+
+
+def main():
+    warnings.simplefilter("ignore")
+    os.makedirs(OUT, exist_ok=True)
+    torch.manual_seed(0)
+    m, x = Tiny(), torch.randn(2, 2, 4, 4)
+    torch.onnx.export(m, x, os.path.join(OUT, "tiny_train_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    torch.onnx.export(m.eval(), x, os.path.join(OUT, "tiny_eval_11.onnx"), opset_version=11)
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(OUT), "..", "..", "..", "examples", "models"))
+    from rpc_tutorials import RNNModel
+    lm = RNNModel("LSTM", 20, 4, 4, 2, 0.0)
+    ids = torch.randint(0, 20, (3, 2))
+    torch.onnx.export(lm, (ids, lm.init_hidden(2)), os.path.join(OUT, "lm_train_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    for t in ("test_gather_1", "test_concat_2d_axis_0", "test_softmax_axis_1", "test_gemm_default_matrix_bias",
+              "test_conv_with_autopad_same", "test_reshape_negative_dim", "test_batchnorm_example"):
+        shutil.copy(os.path.join(NODE, t, "model.onnx"), os.path.join(OUT, "node_%s.onnx" % t[5:]))
+    for f in sorted(os.listdir(OUT)):
+        print(f, os.path.getsize(os.path.join(OUT, f)))
+
+
+if __name__ == "__main__":
+    main()

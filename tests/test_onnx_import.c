@@ -1,0 +1,515 @@
+/* test_onnx_import.c - the ONNX reader's and importer's refusals and
+ * opset-dependent meanings, on models built here byte by byte (a tiny
+ * protobuf writer for onnx.proto's field numbers):
+ *
+ *  - refusals with their codes and messages: malformed protobuf (truncated,
+ *    garbage; the byte offset named), a tensor in an external data file,
+ *    absurd dimensions (beyond 2^40 elements, more than 8 dims), raw data of
+ *    the wrong size, an unsupported op (PS_ERR_UNIMPLEMENTED naming the node
+ *    and op type), opset 18, a graph with two inputs; and that a .onnx file
+ *    psd cannot read is refused by the model-file loader naming the file;
+ *  - meanings that follow the opset: Softmax's axis (one axis from 13; the
+ *    flattened trailing dims before, checked numerically against a softmax
+ *    computed here), Dropout's ratio (attribute before 12, input from 12),
+ *    BatchNormalization's momentum (PyTorch's 1 - m) and spatial (before 9),
+ *    Pad's pads (attribute before 11, input from 11: a zero Pad before an
+ *    AveragePool is the pool's padding); the oldest file read (IR 3,
+ *    opset 6);
+ *  - names: a Gemm reading 'fc.weight' is node 'fc' with parameters
+ *    fc.weight, fc.bias; Gemm without transB stores B transposed.
+ */
+#include "model.h"
+#include "onnx.h"
+#include "onnx_import.h"
+#include "onnx_model.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+
+/* ---- a protobuf writer ---- */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *d, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) abort();
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void varint(buf *b, uint64_t v) {
+    uint8_t t[10];
+    int k = 0;
+    do {
+        t[k] = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        if (v) t[k] |= 0x80;
+        k++;
+    } while (v);
+    put(b, t, (size_t)k);
+}
+
+static void f_varint(buf *b, int field, uint64_t v) { varint(b, (uint64_t)field << 3); varint(b, v); }
+static void f_bytes(buf *b, int field, const void *d, size_t n) {
+    varint(b, (uint64_t)field << 3 | 2);
+    varint(b, n);
+    put(b, d, n);
+}
+static void f_str(buf *b, int field, const char *s) { f_bytes(b, field, s, strlen(s)); }
+static void f_msg(buf *b, int field, buf *m) { f_bytes(b, field, m->p, m->n); free(m->p); memset(m, 0, sizeof *m); }
+static void f_float(buf *b, int field, float f) { varint(b, (uint64_t)field << 3 | 5); put(b, &f, 4); }
+
+/* TensorProto: dims, float32 raw values (or none), extra bytes appended verbatim */
+static buf tensor(const char *name, int ndim, const int64_t *dims, const float *vals, int64_t n) {
+    buf t = {0};
+    for (int i = 0; i < ndim; i++) f_varint(&t, 1, (uint64_t)dims[i]);
+    f_varint(&t, 2, 1);   /* FLOAT */
+    f_str(&t, 8, name);
+    if (vals) f_bytes(&t, 9, vals, (size_t)n * sizeof(float));
+    return t;
+}
+
+/* ValueInfoProto of a float tensor */
+static buf value_info(const char *name, int ndim, const int64_t *dims) {
+    buf shape = {0}, tt = {0}, tp = {0}, v = {0};
+    for (int i = 0; i < ndim; i++) {
+        buf d = {0};
+        f_varint(&d, 1, (uint64_t)dims[i]);
+        f_msg(&shape, 1, &d);
+    }
+    f_varint(&tt, 1, 1);
+    f_msg(&tt, 2, &shape);
+    f_msg(&tp, 1, &tt);
+    f_str(&v, 1, name);
+    f_msg(&v, 2, &tp);
+    return v;
+}
+
+typedef struct attr_spec {
+    const char *name;
+    int type;                   /* 1 float, 2 int, 7 ints */
+    double f;
+    int64_t i;
+    int nints;
+    int64_t ints[8];
+} attr_spec;
+
+static buf node(const char *name, const char *op, int nin, const char *const *in, const char *out, int nattr,
+                const attr_spec *attrs) {
+    buf n = {0};
+    for (int i = 0; i < nin; i++) f_str(&n, 1, in[i]);
+    f_str(&n, 2, out);
+    f_str(&n, 3, name);
+    f_str(&n, 4, op);
+    for (int k = 0; k < nattr; k++) {
+        buf a = {0};
+        f_str(&a, 1, attrs[k].name);
+        if (attrs[k].type == 1) f_float(&a, 2, (float)attrs[k].f);
+        if (attrs[k].type == 2) f_varint(&a, 3, (uint64_t)attrs[k].i);
+        for (int j = 0; attrs[k].type == 7 && j < attrs[k].nints; j++) f_varint(&a, 8, (uint64_t)attrs[k].ints[j]);
+        f_varint(&a, 20, (uint64_t)attrs[k].type);
+        f_msg(&n, 5, &a);
+    }
+    return n;
+}
+
+/* ModelProto: IR version ir, the default-domain opset, a graph of nodes, initializers, one input, one output */
+static buf model_ir(int64_t ir, int64_t opset, buf *nodes, int nn, buf *inits, int ni, buf *in, buf *out) {
+    buf g = {0}, m = {0}, o = {0};
+    for (int i = 0; i < nn; i++) f_msg(&g, 1, &nodes[i]);
+    f_str(&g, 2, "g");
+    for (int i = 0; i < ni; i++) f_msg(&g, 5, &inits[i]);
+    f_msg(&g, 11, in);
+    f_msg(&g, 12, out);
+    f_varint(&m, 1, (uint64_t)ir);
+    f_str(&m, 2, "test_onnx_import");
+    f_msg(&m, 7, &g);
+    f_str(&o, 1, "");
+    f_varint(&o, 2, (uint64_t)opset);
+    f_msg(&m, 8, &o);
+    return m;
+}
+
+static buf model(int64_t opset, buf *nodes, int nn, buf *inits, int ni, buf *in, buf *out) {
+    return model_ir(7, opset, nodes, nn, inits, ni, in, out);
+}
+
+/* TensorProto of int64 values (a Pad's pads from opset 11) */
+static buf tensor_i64(const char *name, int64_t dim, const int64_t *vals) {
+    buf t = {0};
+    f_varint(&t, 1, (uint64_t)dim);
+    f_varint(&t, 2, 7);   /* INT64 */
+    f_str(&t, 8, name);
+    f_bytes(&t, 9, vals, (size_t)dim * sizeof(int64_t));
+    return t;
+}
+
+/* ---- helpers ---- */
+
+static ps_onnx_import *import(const buf *m, ps_err *e, ps_onnx_model **om) {
+    *om = ps_onnx_parse(m->p, m->n, "t.onnx", e);
+    if (!*om) return NULL;
+    ps_onnx_import *im = ps_onnx_import_model(*om, "t.onnx", NULL, e);
+    if (!im) {
+        ps_onnx_free(*om);
+        *om = NULL;
+    }
+    return im;
+}
+
+static void expect_refusal(const char *what, const buf *m, ps_status code, const char *needle) {
+    ps_err e = {0};
+    ps_onnx_model *om;
+    ps_onnx_import *im = import(m, &e, &om);
+    CHECK_MSG(!im && e.code == code && strstr(e.msg, needle) && !strncmp(e.msg, "t.onnx", 6),
+              "%s: expected %s with '%s', got %s: %s", what, ps_status_name(code), needle, ps_status_name(e.code),
+              e.msg);
+    if (!im && e.code == code && strstr(e.msg, needle)) printf("ok: refused %s: %s\n", what, e.msg);
+    ps_onnx_import_free(im);
+    ps_onnx_free(om);
+}
+
+static char *yaml_of(const buf *m) {
+    ps_err e = {0};
+    ps_onnx_model *om;
+    ps_onnx_import *im = import(m, &e, &om);
+    CHECK_MSG(im != NULL, "import: %s", e.msg);
+    if (!im) return strdup("");
+    char *y = strdup(ps_onnx_import_yaml(im, NULL));
+    ps_onnx_import_free(im);
+    ps_onnx_free(om);
+    return y;
+}
+
+/* A Relu graph: x (2, 3) -> y */
+static buf relu_model(int64_t opset) {
+    int64_t d[2] = {2, 3};
+    const char *in[1] = {"x"};
+    buf n = node("/act/Relu", "Relu", 1, in, "y", 0, NULL);
+    buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+    return model(opset, &n, 1, NULL, 0, &vi, &vo);
+}
+
+static void test_refusals(void) {
+    buf ok = relu_model(13);
+    char *y = yaml_of(&ok);
+    CHECK_MSG(strstr(y, "kind: ReLU") && strstr(y, "input: {shape: [3], dtype: float32}"), "relu model: %s", y);
+    free(y);
+
+    buf cut = {0};
+    put(&cut, ok.p, ok.n - 3);
+    expect_refusal("a truncated file", &cut, PS_ERR_FORMAT, "malformed protobuf");
+    buf garbage = {0};
+    put(&garbage, "\x08\x07\x3a\xff\xff\xff\xff\x0f", 8);
+    expect_refusal("garbage", &garbage, PS_ERR_FORMAT, "byte");
+    free(ok.p);
+    free(cut.p);
+    free(garbage.p);
+
+    int64_t d[2] = {2, 3};
+    const char *in1[2] = {"x", "w"};
+    float w[3] = {1, 2, 3};
+    /* an initializer in an external file */
+    {
+        int64_t wd[1] = {3};
+        buf t = tensor("w", 1, wd, NULL, 0);
+        buf ext = {0};
+        f_str(&ext, 1, "location");
+        f_str(&ext, 2, "weights.bin");
+        f_msg(&t, 13, &ext);
+        f_varint(&t, 14, 1);   /* EXTERNAL */
+        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
+        expect_refusal("external data", &m, PS_ERR_INVALID_ARGUMENT, "external file");
+        free(m.p);
+    }
+    /* absurd dimensions */
+    {
+        int64_t wd[2] = {(int64_t)1 << 41, 3};
+        buf t = tensor("w", 2, wd, NULL, 0);
+        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
+        expect_refusal("a dimension of 2^41", &m, PS_ERR_INVALID_ARGUMENT, "absurd");
+        free(m.p);
+    }
+    {
+        int64_t wd[9] = {1, 1, 1, 1, 1, 1, 1, 1, 3};
+        buf t = tensor("w", 9, wd, w, 3);
+        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
+        expect_refusal("9 dimensions", &m, PS_ERR_INVALID_ARGUMENT, "more than 8 dimensions");
+        free(m.p);
+    }
+    {
+        int64_t wd[1] = {4};
+        buf t = tensor("w", 1, wd, w, 3);
+        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
+        expect_refusal("raw data of the wrong size", &m, PS_ERR_INVALID_ARGUMENT, "raw_data holds 12 bytes");
+        free(m.p);
+    }
+    /* an unsupported op, opset 18, two graph inputs */
+    {
+        const char *in[1] = {"x"};
+        buf n = node("/block/Foo", "Foo", 1, in, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(13, &n, 1, NULL, 0, &vi, &vo);
+        expect_refusal("an unknown op", &m, PS_ERR_UNIMPLEMENTED, "node '/block/Foo' (Foo): op Foo is not supported");
+        free(m.p);
+    }
+    {
+        buf m = relu_model(18);
+        expect_refusal("opset 18", &m, PS_ERR_UNIMPLEMENTED, "opsets up to 17");
+        free(m.p);
+    }
+    {
+        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
+        buf g = {0}, m = {0}, o = {0};
+        buf vi = value_info("x", 2, d), vw = value_info("w", 2, d), vo = value_info("y", 2, d);
+        f_msg(&g, 1, &n);
+        f_msg(&g, 11, &vi);
+        f_msg(&g, 11, &vw);
+        f_msg(&g, 12, &vo);
+        f_varint(&m, 1, 7);
+        f_msg(&m, 7, &g);
+        f_varint(&o, 2, 13);
+        f_msg(&m, 8, &o);
+        expect_refusal("two graph inputs", &m, PS_ERR_UNIMPLEMENTED, "psd's model takes one input");
+        free(m.p);
+    }
+    /* the model-file loader on a .onnx file it cannot read names the file */
+    {
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.onnx", (int)getpid());
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (f) {
+            fwrite("\x08\x07\x3a\xff", 1, 4, f);
+            fclose(f);
+            ps_err e = {0};
+            ps_model_def *def = ps_model_def_load_file(path, &e);
+            CHECK_MSG(!def && strstr(e.msg, path) && strstr(e.msg, "malformed"), "loader: %s", e.msg);
+            ps_model_def_free(def);
+            unlink(path);
+        }
+    }
+}
+
+/* Softmax over (2, 3, 4) at axis 1: opset 13 normalises over axis 1 alone,
+ * opset 11 over the flattened (3, 4). */
+static void test_softmax_opsets(void) {
+    int64_t d[3] = {2, 3, 4};
+    const char *in[1] = {"x"};
+    attr_spec ax = {"axis", 2, 0, 1, 0, {0}};
+    for (int v = 0; v < 2; v++) {
+        int64_t opset = v ? 13 : 11;
+        buf n = node("sm", "Softmax", 1, in, "y", 1, &ax);
+        buf vi = value_info("x", 3, d), vo = value_info("y", 3, d);
+        buf m = model(opset, &n, 1, NULL, 0, &vi, &vo);
+        ps_err e = {0};
+        ps_onnx_model *om;
+        ps_onnx_import *im = import(&m, &e, &om);
+        CHECK_MSG(im != NULL, "softmax opset %lld: %s", (long long)opset, e.msg);
+        if (!im) { free(m.p); continue; }
+        const char *y = ps_onnx_import_yaml(im, NULL);
+        if (v) CHECK_MSG(strstr(y, "kind: Softmax, dim: 1") && !strstr(y, "Flatten"), "opset 13: %s", y);
+        else CHECK_MSG(strstr(y, "kind: Flatten") && strstr(y, "dim: -1") && strstr(y, "kind: Reshape"), "opset 11: %s", y);
+        /* numerically: psd's eval forward against a softmax computed here */
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
+        FILE *f = fopen(path, "w");
+        fputs(y, f);
+        fclose(f);
+        ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
+        ps_model *pm = ps_model_create(&mo, &e);
+        CHECK_MSG(pm != NULL, "build: %s", e.msg);
+        float x[24], out[24], want[24];
+        for (int i = 0; i < 24; i++) x[i] = sinf((float)i * 1.7f) * 2;
+        for (int b = 0; b < 2; b++) {
+            if (v) {   /* over axis 1 for each (b, k) */
+                for (int k = 0; k < 4; k++) {
+                    double mx = -1e30, s = 0;
+                    for (int c = 0; c < 3; c++) mx = fmax(mx, x[b * 12 + c * 4 + k]);
+                    for (int c = 0; c < 3; c++) s += exp(x[b * 12 + c * 4 + k] - mx);
+                    for (int c = 0; c < 3; c++) want[b * 12 + c * 4 + k] = (float)(exp(x[b * 12 + c * 4 + k] - mx) / s);
+                }
+            } else {   /* over the 12 values of sample b */
+                double mx = -1e30, s = 0;
+                for (int i = 0; i < 12; i++) mx = fmax(mx, x[b * 12 + i]);
+                for (int i = 0; i < 12; i++) s += exp(x[b * 12 + i] - mx);
+                for (int i = 0; i < 12; i++) want[b * 12 + i] = (float)(exp(x[b * 12 + i] - mx) / s);
+            }
+        }
+        uint64_t ver;
+        if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "softmax opset %lld", (long long)opset);
+            check_array(what, out, want, 24, 1e-6, 1e-5);
+        } else if (pm) {
+            CHECK_MSG(0, "forward: %s", e.msg);
+        }
+        ps_model_free(pm);
+        unlink(path);
+        ps_onnx_import_free(im);
+        ps_onnx_free(om);
+        free(m.p);
+    }
+}
+
+static void test_attributes(void) {
+    /* Dropout: ratio attribute at opset 10, input at 12 */
+    int64_t d[2] = {2, 3}, dc[1] = {3};
+    const char *in1[1] = {"x"};
+    attr_spec ratio = {"ratio", 1, 0.25, 0, 0, {0}};
+    {
+        buf n = node("drop", "Dropout", 1, in1, "y", 1, &ratio);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(10, &n, 1, NULL, 0, &vi, &vo);
+        char *y = yaml_of(&m);
+        CHECK_MSG(strstr(y, "kind: Dropout, p: 0.25"), "dropout opset 10: %s", y);
+        free(y);
+        free(m.p);
+    }
+    {
+        float r = 0.4f;
+        buf t = tensor("r", 0, NULL, &r, 1);
+        const char *in2[2] = {"x", "r"};
+        buf n = node("drop", "Dropout", 2, in2, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        buf m = model(12, &n, 1, &t, 1, &vi, &vo);
+        char *y = yaml_of(&m);
+        CHECK_MSG(strstr(y, "kind: Dropout, p: 0.4"), "dropout opset 12: %s", y);
+        free(y);
+        free(m.p);
+    }
+    /* BatchNormalization: momentum 0.7 is PyTorch's 0.3; spatial 0 refused before opset 9 */
+    {
+        int64_t x4[4] = {2, 3, 4, 4};
+        float ones[3] = {1, 1, 1}, zeros[3] = {0, 0, 0};
+        buf ts[4] = {tensor("bn.weight", 1, dc, ones, 3), tensor("bn.bias", 1, dc, zeros, 3),
+                     tensor("bn.running_mean", 1, dc, zeros, 3), tensor("bn.running_var", 1, dc, ones, 3)};
+        const char *in5[5] = {"x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"};
+        attr_spec at[2] = {{"momentum", 1, 0.7, 0, 0, {0}}, {"epsilon", 1, 1e-3, 0, 0, {0}}};
+        buf n = node("/bn/BatchNormalization", "BatchNormalization", 5, in5, "y", 2, at);
+        buf vi = value_info("x", 4, x4), vo = value_info("y", 4, x4);
+        buf m = model(9, &n, 1, ts, 4, &vi, &vo);
+        char *y = yaml_of(&m);
+        CHECK_MSG(strstr(y, "{name: bn, kind: BatchNorm2d, eps: 0.001, momentum: 0.3}"), "batchnorm: %s", y);
+        free(y);
+        free(m.p);
+        buf ts2[4] = {tensor("bn.weight", 1, dc, ones, 3), tensor("bn.bias", 1, dc, zeros, 3),
+                      tensor("bn.running_mean", 1, dc, zeros, 3), tensor("bn.running_var", 1, dc, ones, 3)};
+        attr_spec sp = {"spatial", 2, 0, 0, 0, {0}};
+        buf n2 = node("/bn/BatchNormalization", "BatchNormalization", 5, in5, "y", 1, &sp);
+        buf vi2 = value_info("x", 4, x4), vo2 = value_info("y", 4, x4);
+        buf m2 = model(7, &n2, 1, ts2, 4, &vi2, &vo2);
+        expect_refusal("BatchNormalization spatial 0 at opset 7", &m2, PS_ERR_UNIMPLEMENTED, "spatial: 0");
+        free(m2.p);
+    }
+    /* Gemm: names from the initializers; B transposed without transB */
+    for (int transb = 0; transb < 2; transb++) {
+        int64_t wd[2] = {transb ? 4 : 3, transb ? 3 : 4}, bd[1] = {4}, od[2] = {2, 4};
+        float wv[12], bv[4] = {1, 2, 3, 4};
+        for (int i = 0; i < 12; i++) wv[i] = (float)i;
+        buf ts[2] = {tensor("fc.weight", 2, wd, wv, 12), tensor("fc.bias", 1, bd, bv, 4)};
+        const char *in3[3] = {"x", "fc.weight", "fc.bias"};
+        attr_spec tb = {"transB", 2, 0, 1, 0, {0}};
+        buf n = node("/fc/Gemm", "Gemm", 3, in3, "y", transb, &tb);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, od);
+        buf m = model(13, &n, 1, ts, 2, &vi, &vo);
+        ps_err e = {0};
+        ps_onnx_model *om;
+        ps_onnx_import *im = import(&m, &e, &om);
+        CHECK_MSG(im != NULL, "gemm: %s", e.msg);
+        if (im) {
+            const char *y = ps_onnx_import_yaml(im, NULL);
+            CHECK_MSG(strstr(y, "{name: fc, kind: Linear, out_features: 4}"), "gemm: %s", y);
+            CHECK(ps_onnx_import_num_values(im) == 2 && !strcmp(ps_onnx_import_value_name(im, 0), "fc.weight") &&
+                  !strcmp(ps_onnx_import_value_name(im, 1), "fc.bias"));
+            float got[12];
+            CHECK(ps_onnx_import_value(im, 0, got, &e) == PS_OK);
+            /* PyTorch's (out, in): row o, column i is B[i][o] without transB, B[o][i] with it */
+            int same = 1;
+            for (int o = 0; o < 4; o++)
+                for (int i = 0; i < 3; i++) same &= got[o * 3 + i] == (transb ? wv[o * 3 + i] : wv[i * 4 + o]);
+            CHECK_MSG(same, "gemm transB %d: the weight as Linear's (out, in)", transb);
+        }
+        ps_onnx_import_free(im);
+        ps_onnx_free(om);
+        free(m.p);
+    }
+}
+
+/* The oldest files psd reads (IR 3, opset 6), and Pad's pads: an attribute
+ * before opset 11, an input from 11. A zero Pad of H and W read by an
+ * AveragePool is the pool's padding, the zeros counted in the average
+ * (count_include_pad, AvgPool2d's default); at opset 11 a Pad with pads as
+ * an attribute is not ONNX's Pad of that opset and stays an op psd refuses. */
+static void test_old_opsets(void) {
+    buf r = {0};
+    {
+        int64_t d[2] = {2, 3};
+        const char *in[1] = {"x"};
+        buf n = node("/act/Relu", "Relu", 1, in, "y", 0, NULL);
+        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+        r = model_ir(3, 6, &n, 1, NULL, 0, &vi, &vo);
+    }
+    char *y = yaml_of(&r);
+    CHECK_MSG(strstr(y, "kind: ReLU"), "IR 3, opset 6 relu: %s", y);
+    if (strstr(y, "kind: ReLU")) printf("ok: IR 3, opset 6 read\n");
+    free(y);
+    free(r.p);
+    int64_t x4[4] = {2, 3, 4, 4};
+    int64_t pads[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+    attr_spec pool = {"kernel_shape", 7, 0, 0, 2, {3, 3}};
+    for (int opset = 10; opset <= 11; opset++) {
+        for (int as_attr = 0; as_attr < 2; as_attr++) {
+            if (opset == 10 && !as_attr) continue;   /* no pads input before 11 */
+            const char *pin[2] = {"x", "pads"}, *ain[1] = {"p"};
+            attr_spec pa = {"pads", 7, 0, 0, 8, {0, 0, 1, 1, 0, 0, 1, 1}};
+            buf ns[2] = {node("/pool/Pad", "Pad", as_attr ? 1 : 2, pin, "p", as_attr, &pa),
+                         node("/pool/AveragePool", "AveragePool", 1, ain, "y", 1, &pool)};
+            buf t = tensor_i64("pads", 8, pads);
+            buf vi = value_info("x", 4, x4), vo = value_info("y", 4, x4);
+            buf m = model(opset, ns, 2, as_attr ? NULL : &t, as_attr ? 0 : 1, &vi, &vo);
+            if (as_attr) free(t.p);
+            char what[64];
+            snprintf(what, sizeof what, "Pad with pads as %s at opset %d", as_attr ? "attribute" : "input", opset);
+            if (opset == 11 && as_attr) {
+                expect_refusal(what, &m, PS_ERR_UNIMPLEMENTED, "(Pad)");
+            } else {
+                y = yaml_of(&m);
+                int ok = strstr(y, "kind: AvgPool2d, kernel_size: 3, stride: 1, padding: 1") && !strstr(y, "Pad") &&
+                         !strstr(y, "count_include_pad");
+                CHECK_MSG(ok, "%s: %s", what, y);
+                if (ok) printf("ok: %s: the pool's padding\n", what);
+                free(y);
+            }
+            free(m.p);
+        }
+    }
+}
+
+int main(void) {
+    test_refusals();
+    test_softmax_opsets();
+    test_attributes();
+    test_old_opsets();
+    return check_summary("test_onnx_import");
+}
