@@ -92,6 +92,7 @@ static const cfg_entry g_table[] = {
     STR ("server.address",         server.address,         "127.0.0.1:50051"),
     INT ("server.threads",         server.threads,         1, 64, "4"),
     INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
+    BOOL("server.profile",         server.profile,         "true"),
     DBL ("server.context_ttl_s",   server.context_ttl_s,   1, 0, 86400, 0, "120"),
     INT ("server.max_message_mb",  server.max_message_mb,  4, 2047, "64"),
     ENUM("server.log_level",       server.log_level,       log_level_names, "info"),

@@ -130,6 +130,7 @@ typedef struct ps_config {
         char address[PS_CONFIG_ADDR_MAX]; /* address trainers dial */
         int threads;                      /* gRPC serving threads, 1..64 */
         int compute_threads;              /* 0..256, 0 = auto */
+        bool profile;                     /* time every call's phases (common/prof.h, /metrics) */
         double context_ttl_s;             /* idle forward context lifetime */
         ps_nonfinite_policy nonfinite_policy; /* NaN/Inf in a step's inputs */
         int max_message_mb;               /* 4..2047 */

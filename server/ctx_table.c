@@ -1,4 +1,5 @@
 #include "ctx_table.h"
+#include "prof.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -295,7 +296,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
     if (created) *created = 0;
     if (!owner) owner = "";
     ps_ctx *dead = NULL;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     ps_ctx *c = find_locked(t, id);
     ctx_owner *me = owner_get_locked(t, owner, 0);
     if (!c && t->live >= t->o.max_live && !find_finished_locked(t, id) && !bloom_has_locked(t, id)) {
@@ -356,7 +357,7 @@ ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *
     if (!max) return PS_OK;
     ps_ctx *dead = NULL;
     ps_status st = PS_OK;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     size_t nown = t->nowners ? t->nowners : 1;
     size_t share = max / nown;
     size_t mine = c->own ? c->own->bytes : c->bytes + c->reserved;
@@ -394,7 +395,7 @@ ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished, uint64
 ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner, int *finished,
                                 uint64_t *finished_version, ps_err *err) {
     if (finished) *finished = 0;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     ps_ctx *c = find_locked(t, id);
     if (!c) {
         const fin_entry *f = find_finished_locked(t, id);
@@ -467,7 +468,7 @@ size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq) {
 }
 
 void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     bytes_add_locked(t, c, (long long)bytes - (long long)(c->bytes + c->reserved));
     c->bytes = bytes;
     c->reserved = 0;
@@ -475,7 +476,7 @@ void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes) {
 }
 
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     if (c->reserved) {  /* admitted but never accounted: the call failed */
         bytes_add_locked(t, c, -(long long)c->reserved);
         c->reserved = 0;
@@ -489,7 +490,7 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
 }
 
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     unlink_locked(t, c);
     remember_finished_locked(t, c->id, version, c->nonfinite);
     pthread_mutex_unlock(&t->mu);
@@ -500,7 +501,7 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
     ps_ctx *dead = NULL;
     size_t n = 0;
     double now = now_s();
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     for (size_t b = 0; b < NBUCKETS; b++) {
         ps_ctx **pp = &t->buckets[b];
         while (*pp) {
@@ -530,7 +531,7 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
 }
 
 int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     const fin_entry *f = find_finished_locked(t, id);
     int skipped = f && f->skipped;
     pthread_mutex_unlock(&t->mu);
@@ -539,7 +540,7 @@ int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
 
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
     if (rank >= MAX_RANKS) return;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     if (!(t->ranks[rank / 8] & (1u << (rank % 8)))) {
         t->ranks[rank / 8] |= (unsigned char)(1u << (rank % 8));
         t->trainers_seen++;
@@ -548,7 +549,7 @@ void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
 }
 
 void ps_ctx_table_stats(ps_ctx_table *t, ps_ctx_stats *out) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     out->live = t->live;
     out->expired = t->expired;
     out->opened = t->opened;

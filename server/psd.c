@@ -498,6 +498,7 @@ int main(int argc, char **argv) {
                                           ? (long long)cfg.server.transport_memory_mb << 20 : -1,
             .recv_timeout_ms = (int)(cfg.server.recv_timeout_s * 1000),
             .send_timeout_ms = (int)(cfg.server.send_timeout_s * 1000),
+            .profile = cfg.server.profile,
         };
         srv = ps_rpc_server_create_opts(cfg.server.listen, &ro, methods, nm, metrics, &sec.rpc, &err);
         if (srv) ps_service_set_admission(svc, srv, cfg.server.health_saturated_s);

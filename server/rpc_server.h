@@ -194,6 +194,8 @@ typedef struct ps_rpc_server_opts {
                                     their request message more often than
                                     this in one second (HTTP/2 rapid reset)
                                     is closed; 0 = default */
+    int profile;                 /* 1: time every call's phases (prof.h),
+                                    read with ps_rpc_server_phases */
 } ps_rpc_server_opts;
 
 #define PS_RPC_DEFAULT_MAX_STREAMS 64
@@ -220,6 +222,12 @@ typedef struct ps_rpc_admission {
 } ps_rpc_admission;
 
 void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out);
+
+/* With opts.profile: the phases (prof.h) of the finished calls of the
+ * method whose ps_rpc_method.id is method_id, summed since the start.
+ * Returns 0 (and zeros) when not profiling or no such method. */
+struct ps_prof_acc;
+int ps_rpc_server_phases(ps_rpc_server *s, int method_id, struct ps_prof_acc *out);
 
 /* Create a server listening on listen_addr ("0.0.0.0:50051",
  * "127.0.0.1:0" for any free port, "[::]:50051", "unix:/path") with

@@ -3,6 +3,7 @@
  * the optimizer step (see model.h). The executor is exec.c, accumulated
  * gradients grads.c. */
 #include "model_impl.h"
+#include "prof.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -601,7 +602,8 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     /* One shared acquisition for the whole call: one weights version, even
      * for an eval forward run in slices (bounded memory). */
     ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
     if (version_used) *version_used = ps_model_version(m);
     int slice = train ? n : EVAL_SLICE;
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
@@ -609,6 +611,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
         rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
                              dropout_masks, &rng, out ? out + (size_t)o * out_sample : NULL, tape_out, err);
     }
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
@@ -617,8 +620,10 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
     ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
     ps_status rc = ps_exec_backward(m, t, grad_out, grad_in, acc, err);
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
@@ -721,7 +726,8 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
     }
     if (rc == PS_OK) {
         int wrote = 0;
-        pthread_rwlock_wrlock(&m->lock);
+        ps_prof_wrlock(&m->lock, PS_PHASE_LOCK);
+        int64_t t0 = ps_prof_begin();
         ps_model_call_begin(m, 1);  /* nothing else computes while the weights are written */
         for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
             if (!pg[i].dense && !pg[i].rows) continue;
@@ -733,6 +739,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         if (wrote) m->version++;  /* a device failure half-way still changed weights */
         v = m->version;
         pthread_mutex_unlock(&m->version_mu);
+        ps_prof_end(PS_PHASE_COMPUTE, t0);
         pthread_rwlock_unlock(&m->lock);
         if (version) *version = v;
     }
