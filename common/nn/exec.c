@@ -398,6 +398,7 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
                           s0->def->name, ps_dtype_name(s0->layers[0].in_dtype));
     int n = t->n;
+    acc->sq_valid = 0;   /* its cached norm (grads.c) */
     pending p = {0};
     p.rows = calloc((size_t)m->nparams + 1, sizeof *p.rows);
     if (!p.rows) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");

@@ -86,6 +86,8 @@ struct ps_grads {
     ps_model *m;
     float *dense[PS_MODEL_MAX_STAGES]; /* per stage: (ngrads) on its device, NULL = untouched */
     ps_rows *rows;           /* per parameter: its rows when sparse */
+    double sq;               /* the sum of squares of every value, when sq_valid: */
+    int sq_valid;            /* cleared by whatever writes the gradients */
 };
 
 /* ---- the executor (exec.c): no locks, no optimizer ---- */
