@@ -3,6 +3,7 @@
  * the optimizer step (see model.h). The executor is exec.c, accumulated
  * gradients grads.c. */
 #include "model_impl.h"
+#include "clock.h"
 #include "prof.h"
 
 #include <math.h>
@@ -29,9 +30,25 @@ static int parse_device(const char *dev, int *is_cpu, int *index) {
 /* Start of a compute call: size its threads so that the calls computing
  * at once share the budget (two trainers on two cores: one thread each,
  * rather than four threads fighting over two cores). Returns the thread
- * count; pair with ps_model_call_end (not after an exclusive call). */
+ * count; pair with ps_model_call_end (not after an exclusive call).
+ * The share is of the most calls seen computing at once in the last
+ * second, not only of those computing at this instant: a call that starts
+ * while the other trainers' calls are between two RPCs would otherwise
+ * take every thread, and its fork-join regions then wait, at every
+ * primitive, for a thread that shares its core with the next call. */
+#define PS_CONCURRENCY_WINDOW_MS 1000
 int ps_model_call_begin(ps_model *m, int exclusive) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
+    if (!exclusive) {   /* racy by design: a heuristic, read and written atomically */
+        long long now = ps_mono_ms();
+        int peak = __atomic_load_n(&m->peak_calls, __ATOMIC_RELAXED);
+        if (k >= peak || now - __atomic_load_n(&m->peak_ms, __ATOMIC_RELAXED) > PS_CONCURRENCY_WINDOW_MS) {
+            __atomic_store_n(&m->peak_calls, k, __ATOMIC_RELAXED);
+            __atomic_store_n(&m->peak_ms, now, __ATOMIC_RELAXED);
+        } else {
+            k = peak;
+        }
+    }
     int nt = m->thread_budget / (k > 0 ? k : 1);
     if (nt < 1) nt = 1;
     for (int s = 0; s < m->nstages; s++)

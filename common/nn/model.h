@@ -56,8 +56,9 @@ typedef struct ps_model_opts {
     const char *placement_device[PS_MODEL_MAX_STAGES]; /* "cpu", "cuda:0", ... */
     uint64_t seed;                 /* initial weights and dropout streams */
     int compute_threads;           /* thread budget (0 = online CPUs): each forward or
-                                      backward runs on budget / (calls computing at
-                                      once) threads, at least 1; a step on all */
+                                      backward runs on budget / (the most calls
+                                      computing at once in the last second) threads,
+                                      at least 1; a step on all */
     const ps_optim_spec *optim;    /* the optimizer (optim.h: kind and hyper-parameters),
                                       copied; NULL: SGD from lr, momentum, weight_decay */
     float lr, momentum, weight_decay; /* shorthand for SGD (torch.optim.SGD semantics) when

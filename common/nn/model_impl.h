@@ -64,6 +64,8 @@ struct ps_model {
     uint64_t version;
     int thread_budget;       /* compute threads shared by the calls computing at once */
     int inflight;            /* __atomic: forward/backward calls computing now */
+    int peak_calls;          /* __atomic: the most computing at once lately ... */
+    long long peak_ms;       /* __atomic: ... as of then (ps_model_call_begin) */
 };
 
 typedef struct tape_stage {
