@@ -9,6 +9,7 @@
 #                                ONEDNN_MAX_CPU_ISA names; default: those of
 #                                AVX2 and SSE41 below the CPU's own; "" none)
 #   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
+#   SKIP_TRAINERS=1 bench/run.sh without psd's cost at 1..16 trainers (bench/trainers.sh)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -18,6 +19,7 @@ BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
 OUT=${OUT:-$BUILD/bench-results/$(date +%Y%m%d-%H%M%S)}
 PY=/usr/bin/python3
+. bench/lib.sh
 mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then
   REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20
@@ -62,6 +64,9 @@ ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep "^
   | awk -F, '$4=="convolution" && $6=="forward_training" {print "oneDNN conv kernels: " $5 " " $(NF-1)}' | sort -u \
   | tee -a "$OUT/machine.txt"
 
+# the FP32 FMA peak of a core at the vector width of oneDNN's ISA (bench/fma_peak.c)
+"$BUILD/bench/fma_peak" | tee "$OUT/fma.txt"
+
 # ---- 1. compute only, in-process
 echo "== compute (in-process, batch 32, median of $REPS x ${SECS}s)"
 : >"$OUT/compute.txt"
@@ -73,6 +78,15 @@ for be in dnnl ref; do
       | tee -a "$OUT/compute.txt"
   done
 done
+# two single-thread steps at once, in two processes (what two trainers' calls
+# could do on two cores with nothing between them); the report adds them up
+"$BUILD/bench/bench_compute" --backend dnnl --threads 1 --reps "$REPS" --secs "$SECS" --data "$DATA" \
+  | sed 's/^compute /compute concurrent=2 proc=1 /' >"$OUT/concurrent1.txt" &
+cpid=$!
+"$BUILD/bench/bench_compute" --backend dnnl --threads 1 --reps "$REPS" --secs "$SECS" --data "$DATA" \
+  | sed 's/^compute /compute concurrent=2 proc=2 /' >"$OUT/concurrent2.txt"
+wait "$cpid"
+cat "$OUT/concurrent1.txt" "$OUT/concurrent2.txt" | tee -a "$OUT/compute.txt"
 # the plain-layout oneDNN path, kept for comparison
 for t in 1 2; do
   PS_DNNL_LAYOUT=plain "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$REPS" --secs "$SECS" \
@@ -87,11 +101,23 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   tflags=("$@")
-  local port=$(( 20000 + RANDOM % 20000 ))
-  local addr="127.0.0.1:$port" dir="$OUT/e2e-$label-$n"
+  local port; port=$(bench_port)
+  local addr="127.0.0.1:$port" maddr="127.0.0.1:$((port + 1))" dir="$OUT/e2e-$label-$n"
   mkdir -p "$dir"
-  "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" "${pflags[@]}" 2>"$dir/psd.log" &
+  "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" --metrics-listen "$maddr" "${pflags[@]}" \
+    2>"$dir/psd.log" &
   local psd=$!
+  wait_psd "$maddr" || true
+  # a short round first (kernels, buffer pools, connections), then psd's
+  # counters around the timed runs: its CPU and its calls' phases
+  local wpids=()
+  for r in $(seq 1 "$n"); do
+    "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches 3 --warmup 0 --data "$DATA" \
+      "${tflags[@]}" >/dev/null &
+    wpids+=($!)
+  done
+  for p in "${wpids[@]}"; do wait "$p"; done
+  psd_snap "$psd" "$maddr" "$dir/snap0.txt"
   local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
   for rep in $(seq 1 "$runs"); do
     local pids=()
@@ -102,6 +128,7 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
     done
     for p in "${pids[@]}"; do wait "$p"; done
   done
+  psd_snap "$psd" "$maddr" "$dir/snap1.txt"
   echo "psd_peak_rss_kb $(awk '/VmHWM/ {print $2}' /proc/$psd/status)" >"$dir/psd_rss.txt"
   kill -TERM "$psd"; wait "$psd" || true
   echo "  $label, $n trainer(s): $(cat "$dir/psd_rss.txt")"
@@ -137,6 +164,7 @@ for isa in $ISAS; do
   echo "== ISA $isa (emulated: ONEDNN_MAX_CPU_ISA=$isa, torch ATEN_CPU_CAPABILITY=$aten)"
   (
     export ONEDNN_MAX_CPU_ISA=$isa
+    "$BUILD/bench/fma_peak" | tee -a "$OUT/fma.txt"
     for t in 1 2; do
       "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$I_REPS" --secs 1 --data "$DATA" --profile \
         | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
@@ -150,6 +178,11 @@ for isa in $ISAS; do
     fi
   )
 done
+# ---- many trainers: psd's CPU per sample at 1..16 trainers (bench/trainers.sh)
+if [ -z "${SKIP_TRAINERS:-}" ]; then
+  OUT="$OUT" BUILD="$BUILD" DATA="$DATA" RUNS=$([ -n "${QUICK:-}" ] && echo 2 || echo 3) bash bench/trainers.sh
+fi
+
 # ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
 if [ -z "${SKIP_RL:-}" ]; then
   echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
@@ -157,4 +190,6 @@ if [ -z "${SKIP_RL:-}" ]; then
 fi
 
 state end >>"$OUT/machine.txt"
-{ $PY bench/report.py "$OUT"; if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"
+{ $PY bench/report.py "$OUT"
+  if [ -f "$OUT/trainers.txt" ]; then echo; echo "7. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
+  if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"
