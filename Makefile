@@ -13,7 +13,7 @@
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make bench-trainers psd's CPU per sample and call latency at 1, 2, 4, 8, 16 trainers (bench/trainers.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
-#   make fuzz       libFuzzer over request decoding/validation (FUZZ_SECONDS=60)
+#   make fuzz       libFuzzer over request decoding/validation and the model-file loader (FUZZ_SECONDS=60 each)
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
@@ -119,22 +119,22 @@ data: deps
 	@scripts/fetch-mnist.sh data/mnist
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@scripts/run-local.sh
 
 run-lm: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-fortunes.sh data/fortunes
 	@scripts/run-lm.sh
 
 run-rl: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/run-rl.sh
 
 RL_SEEDS ?= 1 2 3 4 5
 test-rl: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) RL_SEEDS="$(RL_SEEDS)" bash tests/rl/solve.sh
 
 # docs/fit.md: psd + 2 ps-train fit trainers within 1 point of PyTorch's
@@ -146,7 +146,7 @@ test-fit: deps
 	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) tests/run.sh
 
@@ -162,15 +162,17 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang-14 NVCC= \
 	    OPT="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service
+	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service build-fuzz/fuzz/fuzz_modelfile
 	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGET=fuzz_modelfile \
+	    FUZZ_SEEDS=tests/fuzz/corpus_modelfile tests/fuzz/run.sh
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 test-faults: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/faults/netns_link_cut.sh
 	@BUILD=$(BUILD) bash tests/faults/netns_cluster.sh
@@ -184,7 +186,7 @@ test-python: deps
 
 LOAD_SECONDS ?= 180
 test-load: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) LOAD_SECONDS=$(LOAD_SECONDS) bash tests/load/load16.sh
 
@@ -192,7 +194,7 @@ test-load: deps
 # 2 psd + 2 trainers as one heterogeneous job (tests/slurm/run.sh).
 test-slurm: deps
 	@scripts/install-deps.sh --slurm
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bash tests/slurm/run.sh
 
@@ -234,6 +236,10 @@ $(BUILD)/obj/%.o: %.cu
 	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -Icommon -Icommon/nn -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/obj/common/nn/backend.o: $(CUDA_STAMP)
+
+# model.arch NAME is looked up beside the binary first (modeldef.h); the
+# install directory compiled in is the last resort.
+$(BUILD)/obj/common/nn/modeldef.o: CPPFLAGS += -DPS_MODELS_DIR=\"$(PREFIX)/share/psd/models\"
 
 # psd's web dashboard (server/dashboard.c): web/ and the chart library uPlot
 # from the npm registry, pinned by web/package-lock.json and installed by
@@ -288,7 +294,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(TRN_LIB) $(SRV_LI
 # Performance: compute, end to end, and PyTorch's tutorial on the same data
 # (bench/run.sh; installs python3-torch for the PyTorch side). See docs/performance.md.
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/run.sh
 # psd's CPU per sample and call latency at 1, 2, 4, 8, 16 trainers (also part of make bench).
@@ -303,13 +309,13 @@ bench-trainers: deps
 # perplexity vs PyTorch's RNNModel over 3 seeds (LM_STEPS=100 windows each,
 # ~15 min; LM_QUALITY=0 skips it). bench/lm.sh says more.
 bench-lm: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) bench/lm.sh
 
 # One model on 1, 2 and 3 psd servers on loopback: samples or tokens/s,
 # bytes per batch on each link, CPU-seconds per server per batch (~3 min).
 bench-cluster: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) all
 	@BUILD=$(BUILD) bench/cluster.sh
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
@@ -317,9 +323,10 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 install: $(BINS) $(PY_GEN)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/psd/configs $(DESTDIR)$(PREFIX)/share/psd/models
 	install -m 0755 $(BUILD)/bin/psd $(BUILD)/bin/ps-train $(BUILD)/bin/ps-ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/psd/configs/
+	install -m 0644 configs/models/*.yaml $(DESTDIR)$(PREFIX)/share/psd/models/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(DOCDIR)
 	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	    systemd/psd.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/psd.service

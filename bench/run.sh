@@ -10,6 +10,7 @@
 #                                AVX2 and SSE41 below the CPU's own; "" none)
 #   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #   SKIP_TRAINERS=1 bench/run.sh without psd's cost at 1..16 trainers (bench/trainers.sh)
+#   SKIP_PYTHON=1 bench/run.sh   without the Python client's row (bench/python.sh)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -189,7 +190,14 @@ if [ -z "${SKIP_RL:-}" ]; then
   OUT="$OUT" BUILD="$BUILD" ROUNDS=$([ -n "${QUICK:-}" ] && echo 10 || echo 30) bash bench/rl.sh >/dev/null
 fi
 
+# ---- 6. the Python client: python/psd's trainer beside ps-train's batch and the tutorial (bench/python.sh)
+if [ -z "${SKIP_PYTHON:-}" ]; then
+  echo "== Python client: examples/mnist_trainer.py vs ps-train's batch and the PyTorch tutorial, 1 trainer each"
+  OUT="$OUT" BUILD="$BUILD" DATA="$DATA" BATCHES=$([ -n "${QUICK:-}" ] && echo 60 || echo 150) REPS=$([ -n "${QUICK:-}" ] && echo 2 || echo 3) \
+    bash bench/python.sh >/dev/null
+fi
+
 state end >>"$OUT/machine.txt"
 { $PY bench/report.py "$OUT"
   if [ -f "$OUT/trainers.txt" ]; then echo; echo "7. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
-  if [ -f "$OUT/rl-report.txt" ]; then echo; cat "$OUT/rl-report.txt"; fi; } | tee "$OUT/report.txt"
+  for r in rl-report python-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"

@@ -11,7 +11,7 @@
 #include <yaml.h>
 #include <arpa/inet.h>
 
-#include "models.h"
+#include "modeldef.h"
 #include "placement.h"
 
 /* ---- the table ---------------------------------------------------------- */
@@ -24,11 +24,11 @@ typedef enum {
     CT_BOOL,      /* bool */
     CT_ENUM,      /* an enum stored as int; names[i] is value i */
     CT_PLACEMENT, /* model.placement.<stage>: device */
-    CT_SIZE,      /* model.sizes.<key>: a number in the registry's range for key */
+    CT_SIZE,      /* model.sizes.<key>: a number (the model's range for key: ps_config_check_model) */
     CT_SERVERS,   /* servers.<name>.<field>: one psd of a cluster (ps_server_def) */
 } cfg_type;
 
-enum { F_NONEMPTY = 1 };
+enum { F_NONEMPTY = 1, F_ALIAS = 2 /* another name of the entry before it: not printed */ };
 
 typedef struct cfg_entry cfg_entry;
 struct cfg_entry {
@@ -38,7 +38,6 @@ struct cfg_entry {
     double lo, hi;             /* CT_INT, CT_DOUBLE */
     bool lo_open, hi_open;     /* CT_DOUBLE: bound excluded */
     const char *const *names;  /* CT_ENUM, NULL-terminated */
-    const char *const *(*names_fn)(void); /* CT_ENUM: names kept elsewhere (the model registry) */
     const char *def;           /* default, in the text form ps_config_set takes */
     unsigned flags;
     const char *why;           /* CT_INT: appended to an out-of-range error */
@@ -63,6 +62,7 @@ static ps_status check_hostport(const cfg_entry *e, const void *val, const char 
                                 ps_err *err);
 static ps_status check_cluster_name(const cfg_entry *e, const void *val, const char *origin,
                                     ps_err *err);
+static ps_status check_arch(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 static const char *const nonfinite_names[] = {"reject", "skip", NULL};
 static const char *const ema_of_names[] = {"min", "mean", "max", NULL};
 
@@ -128,8 +128,14 @@ static const cfg_entry g_table[] = {
     STR0("server.stop_metric",     server.stop_metric,     ""),
     DBL ("server.stop_threshold",  server.stop_threshold,  0, -1e300, 1e300, 0, "0"),
 
-    { .key = "model.name", .type = CT_ENUM, FIELD(model.name), .names_fn = ps_model_def_names,
-      .def = "mnist_cnn" },
+    /* model.arch: a shipped model file (common/nn/modeldef.h, configs/models/); model.name is its
+     * older name. model.file: a model file of one's own (a relative path from a config file is
+     * relative to that file's directory). */
+    { .key = "model.arch", .type = CT_STRING, FIELD(model.arch), .def = "mnist_cnn", .flags = F_NONEMPTY,
+      .check = check_arch },
+    { .key = "model.name", .type = CT_STRING, FIELD(model.arch), .def = NULL, .flags = F_NONEMPTY | F_ALIAS,
+      .check = check_arch },
+    OPT ("model.file",             model.file),
     U64 ("model.seed",             model.seed,             "1"),
     ENUM("model.backend",          model.backend,          backend_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
@@ -173,7 +179,7 @@ static const cfg_entry g_table[] = {
 };
 #define N_ENTRIES (sizeof g_table / sizeof g_table[0])
 
-static const char *const *entry_names(const cfg_entry *e) { return e->names ? e->names : e->names_fn(); }
+static const char *const *entry_names(const cfg_entry *e) { return e->names; }
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -722,32 +728,27 @@ static ps_status set_server(ps_config *c, const char *key, const char *v, const 
     return PS_OK;
 }
 
-/* model.sizes.<key>: the key must be a size of some model in the registry;
- * the value is checked against that size's range. */
+/* model.sizes.<key>: a number, checked against the range of the size of
+ * the model set so far when it has one (the error then names the line);
+ * ps_config_check_model checks every size against the final model (the
+ * model may be set after its sizes). */
 static ps_status set_size(ps_config *c, const cfg_entry *e, const char *key, const char *v,
                           const char *origin, ps_err *err) {
     const char *name = strncmp(key, SIZES_PREFIX, sizeof SIZES_PREFIX - 1) ? "" : key + sizeof SIZES_PREFIX - 1;
-    const ps_size_key *sk = *name ? ps_model_any_size(name) : NULL;
-    if (!sk) {
-        char list[256] = "";
-        size_t len = 0;
-        for (int m = 0; m < ps_model_def_count(); m++) {
-            const ps_model_def *d = ps_model_def_at(m);
-            for (int i = 0; i < d->nsizes && len < sizeof list; i++)
-                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%s)", len ? ", " : "",
-                                        d->sizes[i].key, d->name);
-        }
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "no model has a size '%s' (sizes: %s)",
-                    name, list);
-    }
-    cfg_entry ek = { .key = key, .type = CT_DOUBLE, .lo = sk->lo, .hi = sk->hi, .hi_open = sk->hi_open };
+    if (!*name || strchr(name, '.'))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "expected model.sizes.NAME");
+    ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, NULL);
+    const ps_size_key *sk = d ? ps_model_def_size(d, name) : NULL;
+    cfg_entry ek = { .key = key, .type = CT_DOUBLE, .lo = sk ? sk->lo : -1e300, .hi = sk ? sk->hi : 1e300,
+                     .hi_open = sk && sk->hi_open };
+    int integer = sk && sk->integer;
+    ps_model_def_free(d);
     double x;
     ps_status st = parse_double(&ek, v, origin, &x, err);
     if (st != PS_OK) return st;
     char sv[128];
-    if (sk->integer && x != floor(x))
-        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is not a whole number",
-                    shown(v, sv, sizeof sv));
+    if (integer && x != floor(x))
+        return fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is not a whole number", shown(v, sv, sizeof sv));
     for (int i = 0; i < c->model.n_sizes; i++)
         if (!strcmp(c->model.sizes[i].key, name)) { c->model.sizes[i].value = x; return PS_OK; }
     if (c->model.n_sizes >= PS_CONFIG_MAX_SIZES || strlen(name) >= PS_CONFIG_SIZE_KEY_MAX)
@@ -760,26 +761,54 @@ static ps_status set_size(ps_config *c, const cfg_entry *e, const char *key, con
     return PS_OK;
 }
 
+static ps_status check_arch(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    const char *v = val;
+    for (const char *p = v; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-'))
+            return fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "'%.64s' is not a model name (letters, "
+                        "digits, '_' and '-'; a model file of your own goes in model.file)", v);
+    return PS_OK;
+}
+
+ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err) {
+    ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, err);
+    if (!d) ps_err_prefix(err, "%s", c->model.file[0] ? "model.file" : "model.arch");
+    return d;
+}
+
 ps_status ps_config_check_model(const ps_config *c, ps_err *err) {
-    const ps_model_def *d = ps_model_def_at(c->model.name);
-    PS_ASSERT(d);
+    ps_model_def *d = ps_config_load_model(c, err);
+    if (!d) return err ? err->code : PS_ERR_INVALID_ARGUMENT;
     char list[256];
-    for (int i = 0; i < c->model.n_placement; i++)
+    ps_status st = PS_OK;
+    for (int i = 0; i < c->model.n_placement && st == PS_OK; i++)
         if (ps_model_def_stage(d, c->model.placement[i].stage) < 0)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no stage '%s' (stages: %s)",
-                              PLACEMENT_PREFIX, c->model.placement[i].stage, d->name, c->model.placement[i].stage,
-                              ps_model_def_stage_list(d, list, sizeof list));
-    for (int i = 0; i < c->model.n_sizes; i++)
-        if (!ps_model_def_size(d, c->model.sizes[i].key)) {
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no stage '%s' (stages: %s)",
+                            PLACEMENT_PREFIX, c->model.placement[i].stage, d->name, c->model.placement[i].stage,
+                            ps_model_def_stage_list(d, list, sizeof list));
+    for (int i = 0; i < c->model.n_sizes && st == PS_OK; i++) {
+        const ps_model_size *ms = &c->model.sizes[i];
+        const ps_size_key *sk = ps_model_def_size(d, ms->key);
+        if (!sk) {
             size_t len = 0;
             list[0] = 0;
             for (int k = 0; k < d->nsizes; k++)
                 len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", d->sizes[k].key);
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no size '%s' (sizes: %s)",
-                              SIZES_PREFIX, c->model.sizes[i].key, d->name, c->model.sizes[i].key,
-                              d->nsizes ? list : "none");
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: model '%s' has no size '%s' (sizes: %s)",
+                            SIZES_PREFIX, ms->key, d->name, ms->key, d->nsizes ? list : "none");
+        } else if (!(ms->value >= sk->lo && (sk->hi_open ? ms->value < sk->hi : ms->value <= sk->hi))) {
+            char v[32];
+            snprintf(v, sizeof v, "%g", ms->value);
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: '%s' is out of range %g..%g%s (model '%s')",
+                            SIZES_PREFIX, ms->key, v, sk->lo, sk->hi, sk->hi_open ? " (excluded)" : "", d->name);
+        } else if (sk->integer && ms->value != floor(ms->value)) {
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s: %g is not a whole number (model '%s')",
+                            SIZES_PREFIX, ms->key, ms->value, d->name);
         }
-    return PS_OK;
+    }
+    ps_model_def_free(d);
+    return st;
 }
 
 /* ---- a cluster of several psd ------------------------------------------- */
@@ -1117,6 +1146,20 @@ static ps_status yaml_error(const yaml_parser_t *p, const char *path, ps_err *er
                       p->context ? p->context : "");
 }
 
+/* A relative model.file this config file set is relative to its directory. */
+static ps_status file_relative_to(ps_config *c, const char *before, const char *path, ps_err *err) {
+    const char *slash = strrchr(path, '/');
+    if (!c->model.file[0] || c->model.file[0] == '/' || !strcmp(before, c->model.file) || !slash) return PS_OK;
+    char joined[PS_CONFIG_PATH_MAX];
+    int n = snprintf(joined, sizeof joined, "%.*s/%s", (int)(slash - path), path, c->model.file);
+    if (n < 0 || (size_t)n >= sizeof joined)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: model.file: '%s' relative to the config's directory "
+                          "is too long", path, c->model.file);
+    memset(c->model.file, 0, sizeof c->model.file);
+    memcpy(c->model.file, joined, (size_t)n + 1);
+    return PS_OK;
+}
+
 ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -1131,6 +1174,8 @@ ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
 
     ps_status st = PS_OK;
     yaml_document_t doc;
+    char file_before[PS_CONFIG_PATH_MAX];
+    memcpy(file_before, c->model.file, sizeof file_before);
     if (!yaml_parser_load(&parser, &doc)) {
         st = yaml_error(&parser, path, err);
         goto out;
@@ -1140,6 +1185,7 @@ ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
         if (root->type == YAML_MAPPING_NODE) {
             loader L = {.doc = &doc, .path = path, .c = c, .err = err};
             st = walk_mapping(&L, root, "");
+            if (st == PS_OK) st = file_relative_to(c, file_before, path, err);
         } else if (!(root->type == YAML_SCALAR_NODE && is_null_scalar(root))) {
             st = ps_err_set(err, PS_ERR_FORMAT,
                             "%s:%zu: expected a mapping of sections (server:, model:, ...) at "
@@ -1246,6 +1292,7 @@ void ps_config_print(const ps_config *c, FILE *f) {
     size_t sect_len = 0;
     for (size_t i = 0; i < N_ENTRIES; i++) {
         const cfg_entry *e = &g_table[i];
+        if (e->flags & F_ALIAS) continue;
         if (e->type == CT_SERVERS) { /* a top-level map: servers.<name>.<field> */
             fputs(sect ? "\n" : "", f);
             print_servers(c, f);

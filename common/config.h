@@ -21,11 +21,11 @@
  * "cuda:N", N in 0..63). Setting a stage that is already present replaces
  * its device; a new stage is appended (up to PS_CONFIG_MAX_STAGES), so a
  * stage not named runs on "cpu". model.sizes.<key> sets one of the model's
- * sizes (e.g. model.sizes.ntoken for rnn_lm); the key must be a size some
- * model of the registry has, in its range. model.name is any name of the
- * model registry (common/nn/models.h). Stage and size names against the
- * chosen model are checked by ps_config_check_model (after every override),
- * and again by the model itself.
+ * sizes (e.g. model.sizes.ntoken for rnn_lm). model.arch names a shipped
+ * model file, model.file a model file of one's own (docs/models.md). Stage
+ * and size names and ranges against the chosen model are checked by
+ * ps_config_check_model (after every override), and again by the model
+ * itself.
  *
  * Setting a string clears the rest of its buffer, so two configs built from
  * the defaults by the same settings compare equal with memcmp.
@@ -169,13 +169,14 @@ typedef struct ps_config {
         double stop_threshold;            /* solved when EMA(stop_metric) > this */
     } server;
     struct {
-        int name;                         /* index in the model registry (models.h) */
+        char arch[PS_CONFIG_NAME_MAX * 2]; /* model.arch (alias model.name): a shipped model file */
+        char file[PS_CONFIG_PATH_MAX];    /* model.file: a model file; "" = model.arch's */
         uint64_t seed;                    /* weight initialisation */
         ps_backend_kind backend;
         int n_placement;                  /* entries used in placement[] */
         ps_stage_placement placement[PS_CONFIG_MAX_STAGES];
         int n_sizes;                      /* entries used in sizes[] */
-        ps_model_size sizes[PS_CONFIG_MAX_SIZES]; /* the rest take the registry's defaults */
+        ps_model_size sizes[PS_CONFIG_MAX_SIZES]; /* the rest take the model file's defaults */
     } model;
     struct {
         ps_optimizer_kind type;
@@ -212,10 +213,15 @@ typedef struct ps_config {
 } ps_config;
 
 /* Check model.placement.<stage> and model.sizes.<key> against the stages
- * and sizes of the model model.name names (the registry). Call once every
- * override is applied; INVALID_ARGUMENT naming the key and what the model
- * has. */
+ * and sizes (names and ranges) of the model file model.file, or model.arch's
+ * shipped one (common/nn/modeldef.h). Call once every override is applied;
+ * INVALID_ARGUMENT naming the key and what the model has; the model file's
+ * own errors name file:line. */
 ps_status ps_config_check_model(const ps_config *c, ps_err *err);
+
+/* The model file the config names, loaded (free with ps_model_def_free);
+ * NULL with the error. */
+struct ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err);
 
 /* A cluster (n_servers > 0): everything --check-config checks beyond
  * single keys - every stage of the model placed exactly once (on a named

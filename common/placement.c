@@ -1,11 +1,12 @@
-/* placement.c - resolve a config's placement against the model registry
- * (see placement.h). */
+/* placement.c - resolve a config's placement against the model file it
+ * names (see placement.h). */
 #include "placement.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "models.h"
+#include "modeldef.h"
 
 void ps_shard_range(int64_t rows, int n, int k, int64_t *lo, int64_t *hi) {
     PS_ASSERT(n >= 1 && k >= 0 && k < n && rows >= 0);
@@ -13,13 +14,29 @@ void ps_shard_range(int64_t rows, int n, int k, int64_t *lo, int64_t *hi) {
     *hi = rows * (k + 1) / n;
 }
 
-/* The model's value of size key: model.sizes.<key>, else the registry's. */
+/* The model's value of size key: model.sizes.<key>, else the file's. */
 static double size_value(const ps_config *c, const ps_model_def *d, const char *key) {
     for (int i = 0; i < c->model.n_sizes; i++)
         if (!strcmp(c->model.sizes[i].key, key)) return c->model.sizes[i].value;
     const ps_size_key *k = ps_model_def_size(d, key);
     PS_ASSERT(k);
     return k->def;
+}
+
+/* Rows of an Embedding node's table (num_embeddings: a number or a size,
+ * *key then naming it). */
+static int64_t embedding_rows(const ps_config *c, const ps_model_def *d, const ps_node_def *nd, const char **key) {
+    *key = NULL;
+    for (int i = 0; i < nd->nattr; i++) {
+        if (strcmp(nd->attrs[i].key, "num_embeddings") || !nd->attrs[i].vals[0]) continue;
+        const char *v = nd->attrs[i].vals[0];
+        if (ps_model_def_size(d, v)) {
+            *key = v;
+            return (int64_t)size_value(c, d, v);
+        }
+        return strtoll(v, NULL, 10);
+    }
+    return 0;
 }
 
 static const ps_stage_placement *find_placement(const ps_config *c, const char *stage) {
@@ -48,19 +65,20 @@ static const char *name_list(const ps_placement *p, char *buf, size_t cap) {
 static ps_status place_shards(const ps_config *c, const ps_model_def *d, const ps_stage_def *sd,
                               const ps_stage_placement *pl, ps_placement *p, ps_place_stage *ps, ps_err *err) {
     char list[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX];
-    const ps_layer_def *first = sd->nlayers ? &sd->layers[0] : NULL;
-    if (!first || strcmp(first->kind, "embedding"))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: only a stage whose first layer is an "
-                          "embedding table can be sharded; stage '%s' of model '%s' starts with %s", sd->name,
-                          sd->name, d->name, first ? first->kind : "no layer");
-    int64_t rows = first->num_key ? (int64_t)size_value(c, d, first->num_key) : first->num;
+    const ps_node_def *first = &d->nodes[sd->first];
+    if (strcmp(first->kind_name, "Embedding") || first->in[0] != -1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: only a stage whose first node is an "
+                          "Embedding of the stage input can be sharded; stage '%s' of model '%s' starts with %s",
+                          sd->name, sd->name, d->name, first->kind_name);
+    const char *num_key;
+    int64_t rows = embedding_rows(c, d, first, &num_key);
     ps->rows = rows;
-    snprintf(ps->table, sizeof ps->table, "%s.weight", first->name);
+    snprintf(ps->table, sizeof ps->table, "%.56s.weight", first->name);
     if (pl->n_shards > rows)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.shards: %d shards but %s has only %lld rows%s%s%s "
                           "(at least one row per shard)", sd->name, pl->n_shards, ps->table, (long long)rows,
-                          first->num_key ? " (model.sizes." : "", first->num_key ? first->num_key : "",
-                          first->num_key ? ")" : "");
+                          num_key ? " (model.sizes." : "", num_key ? num_key : "",
+                          num_key ? ")" : "");
     ps->server = -1;
     ps->n_shards = pl->n_shards;
     ps->equal = 1;
@@ -90,8 +108,8 @@ static ps_status place_shards(const ps_config *c, const ps_model_def *d, const p
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, PL "%s.rows: boundary %d (%lld) is outside 1..%lld "
                               "or not above the one before (%s has %lld rows%s%s%s; boundaries strictly "
                               "increasing)", sd->name, k + 1, (long long)pl->rows[k], (long long)(rows - 1),
-                              ps->table, (long long)rows, first->num_key ? " (model.sizes." : "",
-                              first->num_key ? first->num_key : "", first->num_key ? ")" : "");
+                              ps->table, (long long)rows, num_key ? " (model.sizes." : "",
+                              num_key ? num_key : "", num_key ? ")" : "");
     }
     for (int k = 0; k < pl->n_shards; k++) {
         ps->shards[k].lo = k ? pl->rows[k - 1] : 0;
@@ -101,12 +119,8 @@ static ps_status place_shards(const ps_config *c, const ps_model_def *d, const p
     return PS_OK;
 }
 
-ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
-    memset(p, 0, sizeof *p);
-    ps_status st = ps_config_check_model(c, err);
-    if (st != PS_OK) return st;
-    const ps_model_def *d = ps_model_def_at(c->model.name);
-    PS_ASSERT(d && d->nstages <= PS_CONFIG_MAX_STAGES);
+static ps_status build_with(const ps_config *c, const ps_model_def *d, ps_placement *p, ps_err *err) {
+    PS_ASSERT(d->nstages <= PS_CONFIG_MAX_STAGES);
     char list[PS_CONFIG_MAX_SERVERS * PS_CONFIG_NAME_MAX];
     if (c->n_servers == 0) {
         p->n_servers = 1;
@@ -148,7 +162,8 @@ ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
                               "with servers defined every stage names its server (servers: %s)", sd->name,
                               sd->name, d->name, name_list(p, list, sizeof list));
         if (pl->n_shards) {
-            if ((st = place_shards(c, d, sd, pl, p, ps, err)) != PS_OK) return st;
+            ps_status st = place_shards(c, d, sd, pl, p, ps, err);
+            if (st != PS_OK) return st;
             continue;
         }
         if (!pl->server[0])
@@ -163,6 +178,17 @@ ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
         snprintf(ps->device, sizeof ps->device, "%s", pl->device);
     }
     return PS_OK;
+}
+
+ps_status ps_placement_build(const ps_config *c, ps_placement *p, ps_err *err) {
+    memset(p, 0, sizeof *p);
+    ps_status st = ps_config_check_model(c, err);
+    if (st != PS_OK) return st;
+    ps_model_def *d = ps_config_load_model(c, err);
+    if (!d) return err ? err->code : PS_ERR_INVALID_ARGUMENT;
+    st = build_with(c, d, p, err);
+    ps_model_def_free(d);
+    return st;
 }
 
 ps_status ps_placement_resolve(const ps_config *c, ps_placement *p, ps_err *err) {

@@ -96,8 +96,8 @@ def run_training_loop(args, client, train_loader, test_loader):
     print("Training complete!")
     print(f"Rank {rank}: {samples} samples in {secs:.1f} s ({samples / secs if secs else 0:.0f} samples/s)",
           flush=True)
-    if client.budget.total:
-        print(f"Rank {rank}: {client.budget.total} RPC retries")
+    if client.retries:
+        print(f"Rank {rank}: {client.retries} RPC retries")
     if not args.no_eval:
         get_accuracy(test_loader, net, rank)
 

@@ -14,15 +14,16 @@ PKGS=(
   python3              # nanopb generator, data conversion
   libmicrohttpd-dev    # psd's Prometheus metrics endpoint
   libsystemd-dev       # psd's sd_notify readiness under systemd
-  python3-grpcio       # tests: health check from a Python gRPC client
+  python3-grpcio       # tests: health check from a Python gRPC client; python/psd
+  python3-yaml         # python/psd reads the same YAML configs as ps-train
   python3-prometheus-client # tests: parse psd's /metrics with Prometheus' own parser
-  python3-grpc-tools   # tests: a Python client generated from proto/ps.proto
+  python3-grpc-tools   # make: python/psd's stubs from proto/ps.proto; tests: a generated Python client
   python3-numpy        # tests: independent references for the generic client
   openssl              # TLS tests make throw-away certificates
   iproute2             # make test-faults: network namespaces
   prometheus           # tests: a real Prometheus scrapes psd (it_prometheus)
   fortunes             # the language-model corpus (scripts/fetch-fortunes.sh) and tests/it_lm.sh
-  python3-torch        # golden files and tests/it_lm.sh: PyTorch loads psd's rnn_lm checkpoint
+  python3-torch        # golden files, tests/it_lm.sh, python/psd (PyTorch modules over psd)
   chromium             # tests/it_dashboard_browser.sh: psd's dashboard in a real (headless) browser
   fonts-dejavu-core    # ... and its screenshot's text
 )

@@ -218,6 +218,35 @@ static void print_hosted(const ps_config *cfg, FILE *f) {
     }
 }
 
+/* --check-config: the model's stage table (every stage of its definition),
+ * each with where the config places it. */
+static ps_status print_stage_table(const ps_config *cfg, const ps_model_opts *mo, FILE *f, ps_err *err) {
+    ps_placement p;
+    static char where[PS_CONFIG_MAX_STAGES][512];
+    const char *wp[PS_CONFIG_MAX_STAGES] = {0};
+    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return err->code;
+    for (int s = 0; s < p.n_stages; s++) {
+        const ps_place_stage *ps = &p.stages[s];
+        size_t o = 0;
+        where[s][0] = '\0';
+        if (ps->n_shards) {
+            for (int k = 0; k < ps->n_shards && o < sizeof where[s]; k++)
+                o += (size_t)snprintf(where[s] + o, sizeof where[s] - o, "%s%s/%s rows [%lld, %lld)", k ? ", " : "",
+                                      p.server_name[ps->shards[k].server], ps->shards[k].device,
+                                      (long long)ps->shards[k].lo, (long long)ps->shards[k].hi);
+        } else if (cfg->n_servers) {
+            snprintf(where[s], sizeof where[s], "%s/%s", p.server_name[ps->server], ps->device);
+        } else {
+            snprintf(where[s], sizeof where[s], "%s", ps->device);
+        }
+        wp[s] = where[s];
+    }
+    ps_model_opts all = *mo;
+    all.n_hosted = 0;
+    all.shard_stage = NULL;
+    return ps_model_describe(&all, wp, f, err);
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -319,7 +348,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     ps_model_opts mo = {0};
-    mo.arch = ps_config_enum_name("model.name", (int)cfg.model.name);
+    mo.arch = cfg.model.arch;
+    mo.file = cfg.model.file[0] ? cfg.model.file : NULL;
     mo.cpu_backend = ps_config_enum_name("model.backend", (int)cfg.model.backend);
     mo.n_placement = cfg.model.n_placement;
     for (int i = 0; i < cfg.model.n_placement; i++) {
@@ -359,7 +389,11 @@ int main(int argc, char **argv) {
     if (check_config) {
         /* every check start-up makes, without binding or writing anything */
         int rc = 0;
-        if (init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
+        if (print_stage_table(&cfg, &mo, stdout, &err)) {
+            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+            rc = 2;
+        }
+        if (!rc && init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
             fprintf(stderr, "psd: --init-from: %s\n", err.msg);
             rc = 2;
         }

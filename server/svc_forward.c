@@ -181,6 +181,7 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
         if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
                                          dropout_seed(req->context_id, req->trainer_rank, req->seq), out, &tape, &version, err)))
             goto out;
+        if (!replayed) ps_tape_set_key(tape, req->context_id, req->seq);   /* running statistics fold in seq order */
         if (fused) {  /* read and overwritten with their gradient in place, or a copy (a device stage) */
             if (!(logits = ps_tape_output_writable(tape))) {
                 if (!(out = ps_svc_keep(call, malloc((size_t)(n * outper) * sizeof(float) + 1)))) {

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
 PY=/usr/bin/python3
-BATCHES=${BATCHES:-120}
+BATCHES=${BATCHES:-80}
 [ -x /usr/bin/chromium ] || { echo "it_dashboard_browser: skipped: Chromium cannot start: /usr/bin/chromium is not installed (scripts/install-deps.sh installs it)"; exit 77; }
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard_browser: skipped: no MNIST in $DATA"; exit 77; }
 command -v node >/dev/null || { echo "FAIL: node is not installed (scripts/install-deps.sh installs nodejs)"; exit 1; }
@@ -34,11 +34,12 @@ port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
 pids+=($!)
 for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
 shot=${SCREENSHOT:-$tmp/dashboard.png}
-node tests/browser/dashboard_check.mjs "http://127.0.0.1:$mport/" "$tmp/done" "$tmp/status.json" "$shot" \
-  >"$tmp/browser.log" 2>&1 &
+node tests/browser/dashboard_check.mjs "http://127.0.0.1:$mport/" "$tmp/ready" "$tmp/done" "$tmp/status.json" \
+  "$shot" >"$tmp/browser.log" 2>&1 &
 browser=$!
 pids+=("$browser")
-sleep 2   # the page is open before training starts
+# the page shows psd before training starts
+for _ in $(seq 600); do [ -e "$tmp/ready" ] || ! kill -0 "$browser" 2>/dev/null && break; sleep 0.1; done
 for r in 1 2; do
   "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --rank "$r" --world-size 3 --data "$DATA" \
     --max-batches "$BATCHES" --log-every 40 --no-eval >"$tmp/rank$r.log" 2>&1 &

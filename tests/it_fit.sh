@@ -42,11 +42,11 @@ ge() { awk -v a="$1" -v m="$2" 'BEGIN { exit !(a != "" && a >= m) }'; }
 IDX=(--inputs "$DATA/train-images-idx3-ubyte" --labels "$DATA/train-labels-idx1-ubyte"
      --test-inputs "$DATA/t10k-images-idx3-ubyte" --test-labels "$DATA/t10k-labels-idx1-ubyte")
 COMMON=(--config configs/local.yaml --world-size 2 --loss nll --input-mean 0.1307 --input-std 0.3081
-        --batch-size 32 --epochs 1 --max-batches 50 --log-every 10 --seed 3)
+        --batch-size 32 --epochs 1 --max-batches 50 --log-every 10 --seed 3 --wait-s 120)
 
 run_fit() {  # log, port, args...
   local log=$1 port=$2; shift 2
-  timeout 120 "$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$port" "$@" >"$tmp/$log.log" 2>&1
+  timeout 300 "$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$port" "$@" >"$tmp/$log.log" 2>&1
 }
 
 # ---- 1. IDX ----------------------------------------------------------------
@@ -132,8 +132,8 @@ EOF
 start_psd c0 --config "$tmp/cluster.yaml" --name ps0
 start_psd c1 --config "$tmp/cluster.yaml" --name ps1
 for r in 1 2; do
-  timeout 120 "$BUILD/bin/ps-train" fit --config "$tmp/cluster.yaml" --rank $r "${IDX[@]}" --loss nll \
-      --input-mean 0.1307 --input-std 0.3081 --val-fraction 0.05 --max-batches 25 --log-every 5 \
+  timeout 300 "$BUILD/bin/ps-train" fit --config "$tmp/cluster.yaml" --rank $r "${IDX[@]}" --loss nll \
+      --input-mean 0.1307 --input-std 0.3081 --val-fraction 0.05 --max-batches 25 --log-every 5 --wait-s 120 \
       >"$tmp/cl$r.log" 2>&1 &
   pids+=($!); tp[$r]=$!
 done

@@ -1,20 +1,88 @@
 #!/usr/bin/env bash
-# Integration: one MNIST batch through the Python package's RemoteStages
-# (python/psd) equals PyTorch's local computation of the same batch
-# (tests/python/mnist_exact.py): log-probabilities, loss, the images'
-# gradient, every parameter's gradient and the SGD step, to 1e-5, with
-# psd's dropout masks recomputed from their documented seeding
-# (docs/protocol.md); then the whole model as one RemoteStage with its
-# Backward sent with the step.
+# Integration: the Python package (python/psd) against PyTorch's local
+# computation of the same batches (tests/python/exact.py), to 1e-5:
+#  - mnist_cnn on one psd, then split over two (conv on ps0, fc on ps1):
+#    one batch through RemoteStage conv and fc - log-probabilities, loss,
+#    the images' gradient, every parameter's gradient, the SGD step - with
+#    psd's dropout masks recomputed from their documented seeding
+#    (docs/protocol.md); then the whole model as one RemoteStage (its
+#    Backward sent with the step on one psd, chained over two);
+#  - rnn_lm over three psd (the embedding table sharded by rows over two,
+#    decoder and the LSTM's weights on the third), dropout 0: the LSTM as a
+#    HostedModule, psd's fused loss with the global-norm clip, then logits
+#    here with a scaled step (tests/python/lm_exact.py);
+#    psd.state_dict of the servers' checkpoint parts (their directory, the
+#    list, ps-ckpt merge's file) equals GetParameters' (a missing part is
+#    refused);
+#  - first, the retry and settle rules of docs/protocol.md against scripted
+#    servers (tests/python/rules.py: applied, not applied, settled, partial
+#    steps, closed rounds, the budget's give-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/python/lib.sh
 py_require it_py_exact
 DATA=${DATA:-data/mnist}
 tmp=$(mktemp -d /tmp/it_py_exact.XXXXXX)
-psd=
-cleanup() { [ -n "$psd" ] && kill -9 "$psd" 2>/dev/null; rm -rf "$tmp"; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
-start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.type=sgd --set optimizer.lr=0.03 \
-  --set optimizer.momentum=0 --set optimizer.weight_decay=0
-timeout 300 $PY tests/python/mnist_exact.py "$addr" "$DATA" 0.03 || { tail -n 20 "$tmp/psd.log"; exit 1; }
+sgd=(--set optimizer.type=sgd --set optimizer.momentum=0 --set optimizer.weight_decay=0)
+start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.lr=0.03 "${sgd[@]}"
+pids+=("$psd"); single=$addr
+
+base=$(( 20000 + RANDOM % 20000 ))
+cat >"$tmp/mnist.yaml" <<YAML
+cluster: {name: py-exact-mnist}
+servers:
+  ps0: {address: "127.0.0.1:$base"}
+  ps1: {address: "127.0.0.1:$((base + 1))"}
+model: {name: mnist_cnn, seed: 1, placement: {conv: ps0/cpu, fc: ps1}}
+optimizer: {type: sgd, lr: 0.03}
+YAML
+cat >"$tmp/lm.yaml" <<YAML
+cluster: {name: py-exact-lm}
+servers:
+  ps0: {address: "127.0.0.1:$((base + 2))"}
+  ps1: {address: "127.0.0.1:$((base + 3))"}
+  ps2: {address: "127.0.0.1:$((base + 4))"}
+model:
+  name: rnn_lm
+  seed: 1
+  placement: {emb: {shards: [ps0, ps1]}, decoder: ps2, rnn: ps2}
+  sizes: {ntoken: 50, ninp: 8, nhid: 8, dropout: 0}
+optimizer: {type: sgd, lr: 0.5}
+YAML
+for n in ps0 ps1; do "$BUILD/bin/psd" --config "$tmp/mnist.yaml" --name $n 2>"$tmp/m$n.log" & pids+=($!); done
+lm=()
+for n in ps0 ps1 ps2; do
+  "$BUILD/bin/psd" --config "$tmp/lm.yaml" --name $n --set server.checkpoint_dir="$tmp/ckpt" \
+    --set server.checkpoint_every_steps=0 --set server.checkpoint_every_s=0 2>"$tmp/l$n.log" &
+  pids+=($!); lm+=($!)
+done
+show() { for f in "$tmp"/*.log; do echo "--- $f"; tail -n 5 "$f"; done; exit 1; }
+timeout 600 $PY tests/python/exact.py --data "$DATA" --rules --mnist "$single" 0.03 --mnist "$tmp/mnist.yaml" 0.03 \
+  --lm "$tmp/lm.yaml" 0.5 --save "$tmp/lm.pt" || show
+for p in "${lm[@]}"; do kill -TERM "$p"; done
+for p in "${lm[@]}"; do wait "$p" || { echo "an LM psd did not stop cleanly"; show; }; done
+parts=("$tmp"/ckpt/ps*/ckpt-*[0-9].safetensors)
+[ ${#parts[@]} = 3 ] || { echo "expected 3 checkpoint parts: ${parts[*]}"; show; }
+"$BUILD/bin/ps-ckpt" merge -o "$tmp/merged.safetensors" "${parts[@]}" >/dev/null || show
+$PY - "$tmp/lm.pt" "$tmp/ckpt" "$tmp/merged.safetensors" "${parts[@]}" <<'PYEOF' || show
+import sys, torch, psd
+want = torch.load(sys.argv[1])
+for what, src in (("the checkpoint directory", sys.argv[2]), ("ps-ckpt merge's file", sys.argv[3]),
+                  ("the list of parts", sys.argv[4:])):
+    got = psd.state_dict(src)
+    assert list(got) == list(want) or sorted(got) == sorted(want), (sorted(got), sorted(want))
+    for k in want:
+        assert torch.equal(got[k], want[k]), f"{what}: {k} differs from GetParameters'"
+try:
+    psd.state_dict([p for p in sys.argv[4:] if "/ps1/" not in p])
+    raise SystemExit("a missing part was accepted")
+except ValueError as e:
+    msg = str(e)
+    assert "a part is missing" in msg, msg
+print("ok: psd.state_dict of the checkpoint parts (directory, list, ps-ckpt merge) equals GetParameters'; "
+      f"a missing part: {msg}")
+PYEOF
+echo "it_py_exact: python/psd equals PyTorch on one psd, MNIST over two and the sharded LM over three: OK"

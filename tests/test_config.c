@@ -44,7 +44,7 @@ static void test_defaults(void) {
     CHECK(c.server.max_message_mb == 64);
     CHECK(c.server.log_level == PS_LOG_INFO);
     CHECK(c.server.consistency == PS_CONSISTENCY_HOGWILD);
-    CHECK(!strcmp(ps_config_enum_name("model.name", c.model.name), "mnist_cnn"));
+    CHECK(!strcmp(c.model.arch, "mnist_cnn") && !c.model.file[0]);
     CHECK(c.model.seed == 1);
     CHECK(c.model.backend == PS_BACKEND_KIND_DNNL);
     CHECK(c.model.n_placement == 0);   /* stages not named run on cpu */
@@ -245,7 +245,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK_MSG(keys == 74, "%d keys", keys);
+    CHECK_MSG(keys == 75, "%d keys", keys);
     free(text);
 
     /* servers.<name>.<field>: every field a printed server has */
@@ -341,14 +341,13 @@ static void test_bad_files(void) {
                "model:\n  placement:\n    a: cpu\n    b: cpu\n    c: cpu\n    d: cpu\n"
                "    e: cpu\n    f: cpu\n    g: cpu\n    h: cpu\n    i: cpu\n",
                PS_ERR_INVALID_ARGUMENT, 11, "model.placement.i: too many stages", "at most 8");
-    expect_bad("size_key.yaml", "model:\n  sizes:\n    nlayers: 2\n", PS_ERR_INVALID_ARGUMENT, 3,
-               "model.sizes.nlayers: no model has a size 'nlayers'", "ntoken (rnn_lm)");
-    expect_bad("size_int.yaml", "model:\n  sizes:\n    ntoken: 1.5\n", PS_ERR_INVALID_ARGUMENT, 3,
+    /* sizes of the model set above them in the file: checked on their line */
+    expect_bad("size_int.yaml", "model:\n  arch: rnn_lm\n  sizes:\n    ntoken: 1.5\n", PS_ERR_INVALID_ARGUMENT, 4,
                "model.sizes.ntoken: '1.5' is not a whole number", NULL);
-    expect_bad("size_range.yaml", "model:\n  sizes:\n    dropout: 1\n", PS_ERR_INVALID_ARGUMENT, 3,
-               "model.sizes.dropout: '1' is out of range [0, 1)", NULL);
-    expect_bad("model_name.yaml", "model:\n  name: resnet\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "model.name: 'resnet' is not one of: mnist_cnn, cartpole_policy, rnn_lm", NULL);
+    expect_bad("size_range.yaml", "model:\n  name: rnn_lm\n  sizes:\n    dropout: 1\n", PS_ERR_INVALID_ARGUMENT,
+               4, "model.sizes.dropout: '1' is out of range [0, 1)", NULL);
+    expect_bad("model_name.yaml", "model:\n  arch: res/net\n", PS_ERR_INVALID_ARGUMENT, 2,
+               "model.arch: 'res/net' is not a model name", NULL);
     expect_bad("bool.yaml", "trainer:\n  check_gradients: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
                "trainer.check_gradients: 'maybe' is not a boolean", NULL);
     expect_bad("bool1.yaml", "trainer:\n  check_gradients: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
@@ -623,8 +622,8 @@ static void test_optimizer_keys(void) {
                "unknown key 'optimizer.betas'", NULL);
 }
 
-/* model.name takes any registry model; placement and sizes are checked
- * against the chosen model's stages and sizes. */
+/* model.name (model.arch) takes any shipped model; placement and sizes are
+ * checked against the chosen model's stages and sizes. */
 static void test_model_keys(void) {
     ps_config c;
     ps_err e;
@@ -643,7 +642,26 @@ static void test_model_keys(void) {
     CHECK(ps_config_check_model(&c, &e) == PS_ERR_INVALID_ARGUMENT);
     CONTAINS(e.msg, "model.sizes.nhid: model 'mnist_cnn' has no size 'nhid' (sizes: none)");
     CHECK(ps_config_set(&c, "model.name", "cartpole_policy", "test", &e) == PS_OK);
-    CHECK(!strcmp(ps_config_enum_name("model.name", c.model.name), "cartpole_policy"));
+    CHECK(!strcmp(c.model.arch, "cartpole_policy"));
+    CHECK(ps_config_set(&c, "model.arch", "rnn_lm", "test", &e) == PS_OK && !strcmp(c.model.arch, "rnn_lm"));
+    /* a name that is no shipped model: refused when the model is checked, listing the models there are */
+    CHECK(ps_config_set(&c, "model.arch", "resnet", "test", &e) == PS_OK);
+    CHECK(ps_config_check_model(&c, &e) == PS_ERR_NOT_FOUND);
+    CONTAINS(e.msg, "model.arch: no model 'resnet'");
+    CONTAINS(e.msg, "cartpole_policy, mnist_cnn, rnn_lm");
+    CHECK(ps_config_set(&c, "model.arch", "../etc/x", "test", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "is not a model name");
+    /* sizes the chosen model lacks, or out of its range, are refused by the model check */
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "model.sizes.nlayers", "2", "test", &e) == PS_OK);
+    CHECK(ps_config_set(&c, "model.arch", "rnn_lm", "test", &e) == PS_OK);
+    CHECK(ps_config_check_model(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.sizes.nlayers: model 'rnn_lm' has no size 'nlayers' (sizes: ntoken, ninp, nhid, dropout)");
+    ps_config_defaults(&c);
+    CHECK(ps_config_set(&c, "model.sizes.dropout", "1", "test", &e) == PS_OK);   /* mnist_cnn: not known yet */
+    CHECK(ps_config_set(&c, "model.arch", "rnn_lm", "test", &e) == PS_OK);
+    CHECK(ps_config_check_model(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "model.sizes.dropout: '1' is out of range 0..1 (excluded)");
 }
 
 /* ---- several PS nodes: cluster.name, servers.<name>, placement forms ---- */
@@ -901,8 +919,8 @@ static void test_cluster_checks(void) {
     expect_cluster_bad("a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL,
                        NULL, "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)");
     expect_cluster_bad("shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
-                       "model.placement.decoder.shards: only a stage whose first layer is an embedding table can "
-                       "be sharded; stage 'decoder' of model 'rnn_lm' starts with dropout");
+                       "model.placement.decoder.shards: only a stage whose first node is an Embedding of the stage "
+                       "input can be sharded; stage 'decoder' of model 'rnn_lm' starts with Dropout");
     expect_cluster_bad("more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
                        "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)");
     /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */

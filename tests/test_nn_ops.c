@@ -672,11 +672,12 @@ static case_list load_cases(const ps_st_file *g) {
 /* Run every case on b against the golden outputs; both layouts where the
  * backend has a blocked one, and the square descriptor form where it can
  * describe the case. Returns the number of runs. */
-static int golden_all(ps_backend *b, const case_list *L, const char *label, double tol) {
+static int golden_all(ps_backend *b, const case_list *L, const char *label, double tol, const char *only) {
     int runs = 0;
     for (int i = 0; i < L->n; i++) {
         const gcase *c = &L->c[i];
         const kind_row *k = kind_of(c);
+        if (only && !strstr(k->kind, only)) continue;
         for (int layout = 0; layout < 2; layout++) {
             if (layout == PS_LAYOUT_BLOCKED && !(k->layouts && blocked_ok(b, c))) continue;
             for (int sq = 0; sq < 2; sq++) {
@@ -887,12 +888,22 @@ static int child(const isa_row *row) {
         case_list L = load_cases(g);
         char label[64];
         snprintf(label, sizeof label, "dnnl[%s]", row->effective);
-        int runs = golden_all(b, &L, label, TOL_DUT);
+        int runs = golden_all(b, &L, label, TOL_DUT, NULL);
         char buf[4096];
         int nf = ps_backend_fallbacks(b, buf, sizeof buf);
         CHECK_MSG(nf == 0, "%s: %d disallowed reference kernels:\n%s", label, nf, buf);
         printf("  %-12s %d golden runs on dnnl (block %d), %d disallowed fallbacks\n", row->env, runs,
                b->ops->blocked_layout ? b->ops->blocked_layout(b->impl, 16) : 0, nf);
+        /* plain-layout pooling's last resort, the C kernels, on the same cases */
+        setenv("PS_DNNL_POOL", "c", 1);
+        ps_backend *bc = ps_backend_create("dnnl", 0, 2, &err);
+        unsetenv("PS_DNNL_POOL");
+        CHECK_MSG(bc != NULL, "%s", err.msg);
+        if (bc) {
+            snprintf(label, sizeof label, "dnnl[%s] PS_DNNL_POOL=c", row->effective);
+            printf("  %-12s %d golden pooling runs with PS_DNNL_POOL=c\n", row->env, golden_all(bc, &L, label, TOL_DUT, "pool"));
+        }
+        ps_backend_free(bc);
         free(L.c);
     }
     ps_backend_free(b);
@@ -914,7 +925,7 @@ static void cuda_part(const case_list *L) {
         printf("cuda: skipped: %s\n", err.msg);
         return;
     }
-    int runs = golden_all(cu, L, "cuda", TOL_DUT);
+    int runs = golden_all(cu, L, "cuda", TOL_DUT, NULL);
     printf("cuda: %d golden runs\n", runs);
     ps_backend_free(cu);
 #else
@@ -943,7 +954,7 @@ int main(int argc, char **argv) {
     CHECK_MSG(ref != NULL, "%s", err.msg);
     if (ref) {
         check_table(ref->ops);
-        int runs = golden_all(ref, &L, "ref", TOL_REF);
+        int runs = golden_all(ref, &L, "ref", TOL_REF, NULL);
         rng r = { 0x5eed18 };
         for (int i = 0; i < L.n; i++) fd_case(ref, &L.c[i], &r);
         printf("ref: %d golden runs of %d cases, finite differences on each\n", runs, L.n);

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models.h"
+#include "modeldef.h"
 #include "safetensors.h"
 #include "status.h"
 
@@ -187,8 +187,9 @@ static int cmd_merge(int argc, char **argv) {
                 "state_dict mixes them\n", from);
 
     /* Every stage of the model's definition in some part. */
-    const ps_model_def *def = ps_model_def_find(meta(f[0], "psd.arch"));
-    for (int s = 0; def && s < def->nstages; s++) {
+    ps_model_def *def = ps_model_def_load(meta(f[0], "psd.arch"), NULL, NULL);   /* NULL: a model of one's own */
+    int missing = 0;
+    for (int s = 0; def && s < def->nstages && !missing; s++) {
         int in = 0;
         for (int p = 0; p < nparts && !in; p++) in = list_has(meta(f[p], "psd.hosted"), def->stages[s].name);
         if (!in) {
@@ -196,9 +197,11 @@ static int cmd_merge(int argc, char **argv) {
                     def->stages[s].name, def->name);
             for (int p = 0; p < nparts; p++) fprintf(stderr, "%s%s", p ? "; " : "", meta(f[p], "psd.hosted"));
             fprintf(stderr, "): give every server's part\n");
-            goto done;
+            missing = 1;
         }
     }
+    ps_model_def_free(def);
+    if (missing) goto done;
 
     /* Collect tensors and pieces. */
     for (int p = 0; p < nparts; p++) {

@@ -211,7 +211,8 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     env->ids = &ids;
 
     /* Progress: a live line on a terminal; otherwise (a log file, make run's
-     * scripts) a line every trainer.progress_every_s. */
+     * scripts) a line every trainer.progress_every_s - unless the task
+     * printed lines of its own meanwhile (CartPole's episodes). */
     int tty = isatty(STDERR_FILENO);
     double t0 = now_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every;
     long samples = 0;
@@ -234,11 +235,12 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                 fflush(stdout);
             }
             double now = now_s(), el = now - t0;
+            if (r.printed) next_line = now + every;
             if (tty) {
                 fprintf(stderr, "\r\033[K[rank %ld] epoch %d/%d %s %d/%d loss %.4f  %.0f samples/s  model v%llu",
                         rank, ep + 1, cfg->trainer.epochs, task->unit, b + 1, rounds, r.loss,
                         el > 0 ? samples / el : 0.0, (unsigned long long)version);
-            } else if (every > 0 && now >= next_line && b + 1 < rounds) {
+            } else if (every > 0 && now >= next_line && b + 1 < rounds && !stop) {
                 double ep_el = now - ep_t0, eta = (b + 1) ? ep_el / (b + 1) * (rounds - b - 1) : 0;
                 fprintf(stderr, "[rank %ld] progress: epoch %d/%d %s %d/%d (%.0f%%) loss %.4f, %.0f samples/s, "
                         "model v%llu, epoch ends in ~%.0f s\n", rank, ep + 1, cfg->trainer.epochs, task->unit, b + 1,

@@ -18,6 +18,9 @@
  * Nothing here knows about gRPC or psd's messages: the calls are function
  * pointers (tests/test_retry.c drives it with fakes). Not thread-safe: one
  * ps_retry per trainer thread.
+ *
+ * docs/protocol.md writes these rules down for every client (ps-train and
+ * python/psd, which follows them); change both together.
  */
 #ifndef PS_TRAINER_RETRY_H
 #define PS_TRAINER_RETRY_H

@@ -317,6 +317,20 @@ static ps_status fit_setup(fit_task *t, const ps_task_env *env, ps_err *err) {
     int srv[FIT_MAX_STAGES], ns;
     ps_status s = list_stages(env, st, srv, &ns, err);
     if (s) return s;
+    for (int i = 1; i < ns; i++) { /* the stages must chain: each takes the one before's output */
+        int same = st[i].input_shape_count == st[i - 1].output_shape_count && st[i].input_dtype == ps_DType_FLOAT32;
+        for (pb_size_t d = 0; same && d < st[i].input_shape_count; d++)
+            same = st[i].input_shape[d] == st[i - 1].output_shape[d];
+        if (!same) {
+            char a[96], b[96];
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model %s: stage %s takes %s, but stage %s before it "
+                              "outputs %s: fit runs the stages as a chain (rnn_lm's LSTM runs on the trainer: "
+                              "ps-train lm)", env->model, st[i].name,
+                              ps_array_shape_str(st[i].input_shape, st[i].input_shape_count, a, sizeof a),
+                              st[i - 1].name,
+                              ps_array_shape_str(st[i - 1].output_shape, st[i - 1].output_shape_count, b, sizeof b));
+        }
+    }
     snprintf(t->stage0, sizeof t->stage0, "%s", st[0].name);
     ps_fit_model *m = &t->model;
     m->first_stage = t->stage0;

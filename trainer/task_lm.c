@@ -47,7 +47,7 @@
 #include "lm_corpus.h"
 #include "loss.h"
 #include "lstm.h"
-#include "models.h"
+#include "modeldef.h"
 #include "rng.h"
 #include "task.h"
 
@@ -486,9 +486,11 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
 static double size_of(const ps_config *cfg, const char *key) {
     for (int i = 0; i < cfg->model.n_sizes; i++)
         if (!strcmp(cfg->model.sizes[i].key, key)) return cfg->model.sizes[i].value;
-    const ps_model_def *d = ps_model_def_find("rnn_lm");
+    ps_model_def *d = ps_model_def_load("rnn_lm", NULL, NULL);   /* the model this task trains */
     const ps_size_key *k = d ? ps_model_def_size(d, key) : NULL;
-    return k ? k->def : 0;
+    double v = k ? k->def : 0;
+    ps_model_def_free(d);
+    return v;
 }
 
 static void *lm_create(void) {

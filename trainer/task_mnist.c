@@ -21,7 +21,7 @@
 
 #include "cluster.h"
 #include "mnist.h"
-#include "models.h"
+#include "modeldef.h"
 #include "task.h"
 
 #define MNIST_CLASSES 10
@@ -280,13 +280,14 @@ static ps_status mnist_init(void *arg, const ps_task_env *env, ps_err *err) {
     /* The images must be what the model takes (one buffer serves both
      * splits): an IDX file of other dimensions is refused here, before any
      * RPC, instead of overflowing the buffer. */
-    const ps_model_def *def = ps_model_def_find("mnist_cnn");
+    ps_model_def *def = ps_model_def_load("mnist_cnn", NULL, NULL);
     int64_t mr = 28, mc = 28;
     if (def && def->nstages > 0 && def->stages[0].in_ndim == 3 && !def->stages[0].in_keys[1] &&
         !def->stages[0].in_keys[2]) {
         mr = def->stages[0].in_dims[1];
         mc = def->stages[0].in_dims[2];
     }
+    ps_model_def_free(def);
     const ps_mnist *sp[2] = {&t->train, &t->test};
     for (int i = 0; i < 2; i++)
         if (sp[i]->rows != mr || sp[i]->cols != mc)

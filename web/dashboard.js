@@ -128,7 +128,7 @@
     if (loss) {
       defs.push({ key: "loss", title: "Loss", series: [{ label: lossName, v: loss, axis: 0, gaps: true }] });
       if (m.model.perplexity)
-        defs.push({ key: "perplexity", title: "Perplexity = exp(loss)", series: [
+        defs.push({ key: "perplexity", title: "Perplexity = exp(loss), log scale", log: true, series: [
           { label: "perplexity", v: loss.map((x) => (x == null ? null : Math.exp(x))), axis: 0, gaps: true }] });
     }
     for (const name of Object.keys(hist.series).sort()) {
@@ -166,7 +166,7 @@
     const two = def.series.some((s) => s.axis === 1);
     const bytes = def.series.some((s) => s.bytes);
     const axisFmt = (b) => (u, vals) => vals.map((v) => (b ? fmtBytes(v) : fmtShort(v)));
-    const axes = [{ stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line }, values: timeTicks },
+    const axes = [{ stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line }, values: timeTicks, space: 90 },
       { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line }, size: bytes ? 78 : 64, values: axisFmt(bytes), scale: "y" }];
     if (two) axes.push({ side: 1, stroke: muted, grid: { show: false }, size: 54, values: axisFmt(false), scale: "y2" });
     const series = [{}].concat(def.series.map((s, i) => ({
@@ -177,7 +177,7 @@
     })));
     const opts = {
       width: Math.max(200, c.plot.clientWidth), height: 200, series, axes,
-      scales: { x: { time: true }, y: { range: (u, lo, hi) => [Math.min(0, lo), hi > lo ? hi * 1.05 : lo + 1] },
+      scales: { x: { time: true }, y: def.log ? { distr: 3, log: 10 } : { range: (u, lo, hi) => [Math.min(0, lo), hi > lo ? hi * 1.05 : lo + 1] },
         y2: { range: (u, lo, hi) => [Math.min(0, lo), hi > lo ? hi * 1.05 : lo + 1] } },
       legend: { live: true }, cursor: { points: { size: 6 } },
     };
@@ -190,7 +190,7 @@
     const keep = new Set(defs.map((d) => d.key));
     for (const k in charts) if (!keep.has(k)) { charts[k].u && charts[k].u.destroy(); charts[k].box.remove(); delete charts[k]; }
     for (const def of defs) {
-      const sig = def.series.map((s) => s.label).join("|");
+      const sig = def.series.map((s) => s.label).join("|") + (def.log ? "|log" : "");
       let c = charts[def.key];
       if (!c) {
         c = charts[def.key] = { key: def.key, sig: "", box: el("div", null, "chart") };

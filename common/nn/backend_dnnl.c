@@ -14,7 +14,8 @@
  * outputs reordered back. Linear layers keep plain weights (oi), so the
  * large fc weights are never reordered. PS_DNNL_LAYOUT=plain in the
  * environment turns blocked layouts off (for comparison); =8 or =16
- * forces the block size.
+ * forces the block size. PS_DNNL_POOL=c runs plain-layout pooling in the
+ * C kernels, normally their last resort (for tests and comparison).
  *
  * Fallback check: every primitive's implementation name is checked at
  * creation against kKindInfo; reference kernels of kinds that may not have
@@ -76,7 +77,10 @@ typedef struct prim_key {
     int32_t alg;                     /* eltwise: the dnnl_alg_kind_t */
     uint32_t alpha_bits;             /* eltwise: alpha's float bits */
     int32_t ndims;                   /* dims used */
-    int32_t unused;
+    int32_t plain_try;               /* plain-layout pooling tried on oneDNN (plain_pool_entry):
+                                      * 1 nchw, 2 blocked behind reorders (block in alg); a
+                                      * reference kernel is not run (the C kernel is) nor a
+                                      * fallback */
     int64_t dims[PS_DNNL_KEY_DIMS];
 } prim_key;
 
@@ -106,6 +110,8 @@ typedef struct dn_impl {
     dnnl_engine_t engine;
     int nthreads;
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
+    int native_block;       /* probe_block's, whatever PS_DNNL_LAYOUT says (plain pooling) */
+    int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -387,26 +393,38 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
  * mode, its max pooling never picks padding, and avg_include_padding
  * divides by kh*kw as PyTorch does without ceil_mode. */
 static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
-                             ps_err *err) {
+                             user_arg *ua, int *nua, ps_err *err) {
     const int64_t *d = k->dims; /* n,c,h,w,kh,kw,sh,sw,ph,pw */
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
     const int64_t yd[4] = { d[0], d[1], (d[2] + 2 * d[8] - d[4]) / d[6] + 1, (d[3] + 2 * d[9] - d[5]) / d[7] + 1 };
-    dnnl_memory_desc_t x, y;
+    /* plain_try 2: the primitive in the blocked layout (block k->alg), the
+     * caller's plain activations reordered to and from it (entry_create;
+     * oneDNN pads a channel count that does not fill the last block) */
+    const int behind = k->plain_try == 2;
+    const dnnl_format_tag_t tag = behind ? act_tag((int)k->alg, PS_LAYOUT_BLOCKED) : act_tag(block, k->src_layout);
+    dnnl_memory_desc_t x, y, xuser, yuser;
     ps_status st;
-    if ((st = md_plain(&x, 4, xd, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&y, 4, yd, act_tag(block, k->src_layout), err)))
+    if ((st = md_plain(&x, 4, xd, tag, err)) || (st = md_plain(&y, 4, yd, tag, err)) ||
+        (st = md_plain(&xuser, 4, xd, dnnl_nchw, err)) || (st = md_plain(&yuser, 4, yd, dnnl_nchw, err)))
         return st;
     const int avg = k->kind == PK_AVGPOOL_FWD || k->kind == PK_AVGPOOL_BWD;
+    const int bwd = k->kind == PK_POOL_BWD || k->kind == PK_AVGPOOL_BWD;
+    if (behind) {
+        const user_arg fwd_ua[2] = { { DNNL_ARG_SRC, 0, xuser }, { DNNL_ARG_DST, 1, yuser } };
+        const user_arg bwd_ua[2] = { { DNNL_ARG_DIFF_DST, 0, yuser }, { DNNL_ARG_DIFF_SRC, 1, xuser } };
+        memcpy(ua, bwd ? bwd_ua : fwd_ua, sizeof fwd_ua);
+        *nua = 2;
+    }
     const dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max
                               : k->bias ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
     dnnl_dims_t strides = { d[6], d[7] }, kernel = { d[4], d[5] }, pad = { d[8], d[9] };
-    dnnl_pooling_desc_t fwd, bwd;
+    dnnl_pooling_desc_t fwd, bwdd;
     PS_DNNL_CHECK(dnnl_pooling_forward_desc_init(&fwd,
                   k->kind == PK_POOL_FWD_INFERENCE ? dnnl_forward_inference : dnnl_forward_training,
                   alg, &x, &y, strides, kernel, pad, pad));
-    if (k->kind != PK_POOL_BWD && k->kind != PK_AVGPOOL_BWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwd, alg, &x, &y, strides, kernel, pad, pad));
-    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    if (!bwd) return make_prim(eng, &fwd, NULL, prim, err);
+    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwdd, alg, &x, &y, strides, kernel, pad, pad));
+    return make_bwd_prim(eng, &fwd, &bwdd, prim, err);
 }
 
 static ps_status create_ip(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
@@ -526,7 +544,7 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
         return create_conv(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
     case PK_AVGPOOL_FWD: case PK_AVGPOOL_BWD:
-        return create_pool(eng, block, k, prim, err);
+        return create_pool(eng, block, k, prim, ua, nua, err);
     case PK_ELTWISE_FWD: case PK_ELTWISE_BWD:
         return create_eltwise(eng, k, prim, err);
     case PK_REORDER:
@@ -557,7 +575,7 @@ static void check_fallback(dn_impl *im, const prim_key *k, const_dnnl_primitive_
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
     const prim_kind_info *ki = &kKindInfo[k->kind];
-    if (ki->may_ref || !impl_is_reference(impl)) return;
+    if (ki->may_ref || k->plain_try || !impl_is_reference(impl)) return;
     if (im->nfallback < PS_DNNL_MAX_FALLBACKS) {
         char dims[96] = "";
         size_t len = 0;
@@ -855,11 +873,13 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
                           __FILE__, __LINE__, (int)s);
     }
     im->nthreads = nthreads;
-    im->block = probe_block(im->engine);
+    im->block = im->native_block = probe_block(im->engine);
     const char *lay = getenv("PS_DNNL_LAYOUT");
     if (lay && !strcmp(lay, "plain")) im->block = 0;
     else if (lay && !strcmp(lay, "8")) im->block = 8;
     else if (lay && !strcmp(lay, "16")) im->block = 16;
+    const char *pool = getenv("PS_DNNL_POOL");
+    im->pool_c = pool && !strcmp(pool, "c");
     pthread_mutex_init(&im->lock, NULL);
     pthread_mutex_init(&im->pool_lock, NULL);
     *impl = im;
@@ -900,6 +920,22 @@ static ps_status dn_copy(void *impl, void *dst, const void *src, size_t bytes, p
  * calling thread's thread count) when they are large enough to pay for
  * waking threads. */
 #define PS_OMP_MIN 65536
+
+/* ---- C kernels: vector width ----
+ * The build targets baseline x86-64 (SSE2); the hot C kernels below are
+ * also compiled for AVX2 and AVX-512 and the CPU's best version is picked
+ * at load time (GCC's target_clones; other compilers get the baseline). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define PS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PS_CLONES
+#endif
+#define PS_INLINE static inline __attribute__((always_inline))
+
+/* Sums run in float over chunks of at most PS_SUM_CHUNK elements
+ * (vectorised) and are added up in double. */
+#define PS_SUM_CHUNK 256
+
 
 static ps_status dn_conv2d_forward(void *impl, const ps_conv_desc *desc, const float *x,
                                    const float *w, const float *b, float *y, ps_err *err) {
@@ -1029,11 +1065,12 @@ static ps_status dn_relu_backward(void *impl, int64_t count, const float *y, con
 
 /* ---- pooling ----
  * Blocked layout: oneDNN primitives (JIT on every ISA for the block
- * probe_block picks). Plain layout: the C kernels below, because oneDNN
- * 2.6 runs plain-layout pooling with its reference kernel (simple_nchw)
- * below AVX-512 and for channel counts it does not block. The plain
- * max-pool workspace is the ref backend's: the int32 index iy*w+ix of each
- * output's maximum in its plane. */
+ * probe_block picks). Plain layout: oneDNN 2.6 runs nchw pooling with its
+ * reference kernel (simple_nchw) below AVX-512 and for channel counts it
+ * does not block, so plain_pool_entry picks a JIT way (nchw where there is
+ * a kernel, else blocked behind reorders), and the C kernels below are
+ * the last resort. The C max-pool's workspace is the ref backend's: the
+ * int32 index iy*w+ix of each output's maximum in its plane. */
 
 /* Window of output (oy, ox), clipped to the input; returns PyTorch's
  * count_include_pad divisor. */
@@ -1050,32 +1087,178 @@ static int pool_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, 
     return padded;
 }
 
+/* The C kernels work plane by plane and output row by output row. Output
+ * columns whose window lies inside the input horizontally ([lo, hi)) are
+ * computed together, vectorised across columns, one window position
+ * (ky, kx) after the other in row-major order (so the first maximum still
+ * wins); the border columns, whose windows stick into the padding, take
+ * the scalar path. Columns go PS_POOL_COLS at a time. */
+#define PS_POOL_COLS 256
+
+static void pool_interior(const ps_pool_desc *d, int ow, int *lo, int *hi) {
+    *lo = (d->pad_w + d->stride_w - 1) / d->stride_w;
+    *hi = d->w + d->pad_w - d->kw < 0 ? 0 : (d->w + d->pad_w - d->kw) / d->stride_w + 1;
+    if (*hi > ow) *hi = ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* Scalar max over one window (the border columns). */
+static void pool_max_one(const ps_pool_desc *d, const float *xp, int oy, int ox, float *y, int32_t *idx) {
+    int y0, y1, x0, x1;
+    pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+    int best = y0 * d->w + x0;
+    float m = -INFINITY;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            const float v = xp[iy * d->w + ix];
+            if (v > m || isnan(v)) {
+                m = v;
+                best = iy * d->w + ix;
+            }
+        }
+    *y = m;
+    if (idx) *idx = best;
+}
+
+PS_CLONES static void pool_max_plane(const ps_pool_desc *d, const float *xp, float *yp, int32_t *ip) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        float *yr = yp + (int64_t)oy * ow;
+        int32_t *ir = ip ? ip + (int64_t)oy * ow : NULL;
+        for (int ox = 0; ox < ow; ox++)   /* the border columns */
+            if (ox < lo || ox >= hi) pool_max_one(d, xp, oy, ox, &yr[ox], ir ? &ir[ox] : NULL);
+        int y0, y1, x0, x1;
+        pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float m[PS_POOL_COLS];
+            int32_t id[PS_POOL_COLS];
+            const int32_t first = y0 * d->w + c0 * sw - d->pad_w;
+            for (int k = 0; k < n; k++) {
+                m[k] = -INFINITY;
+                id[k] = first + k * sw;
+            }
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    const int32_t base = iy * d->w + c0 * sw - d->pad_w + kx;
+                    const float *row = xp + base;
+#pragma omp simd
+                    for (int k = 0; k < n; k++) {
+                        const float v = row[k * sw];
+                        const int take = v > m[k] || v != v;
+                        m[k] = take ? v : m[k];
+                        id[k] = take ? base + k * sw : id[k];
+                    }
+                }
+            memcpy(yr + c0, m, (size_t)n * sizeof *m);
+            if (ir) memcpy(ir + c0, id, (size_t)n * sizeof *id);
+        }
+    }
+}
+
+/* One window covering each whole plane, no padding (AdaptiveAvgPool2d(1)). */
+static int pool_is_global(const ps_pool_desc *d) {
+    return d->kh == d->h && d->kw == d->w && !d->pad_h && !d->pad_w;
+}
+
+PS_CLONES static void pool_avg_plane(const ps_pool_desc *d, const float *xp, float *yp) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    if (pool_is_global(d)) {
+        const int64_t n = (int64_t)d->h * d->w;
+        double total = 0.0;
+        for (int64_t j0 = 0; j0 < n; j0 += PS_SUM_CHUNK) {
+            const int64_t je = j0 + PS_SUM_CHUNK < n ? j0 + PS_SUM_CHUNK : n;
+            float t = 0.0f;
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += xp[j];
+            total += t;
+        }
+        yp[0] = (float)(total / (double)n);
+        return;
+    }
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        float *yr = yp + (int64_t)oy * ow;
+        for (int ox = 0; ox < ow; ox++) {
+            if (ox >= lo && ox < hi) continue;
+            int y0, y1, x0, x1;
+            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+            const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+            float acc = 0.0f;
+            for (int iy = y0; iy < y1; iy++)
+                for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+            yr[ox] = acc / (float)div;
+        }
+        if (lo >= hi) continue;
+        int y0, y1, x0, x1;
+        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float acc[PS_POOL_COLS] = { 0 };
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    const float *row = xp + iy * d->w + c0 * sw - d->pad_w + kx;
+#pragma omp simd
+                    for (int k = 0; k < n; k++) acc[k] += row[k * sw];
+                }
+#pragma omp simd
+            for (int k = 0; k < n; k++) yr[c0 + k] = acc[k] / div;
+        }
+    }
+}
+
+PS_CLONES static void pool_avg_bwd_plane(const ps_pool_desc *d, const float *dyp, float *dxp) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d), sw = d->stride_w;
+    const int64_t plane = (int64_t)d->h * d->w;
+    if (pool_is_global(d)) {
+        const float g = dyp[0] / (float)plane;
+#pragma omp simd
+        for (int64_t j = 0; j < plane; j++) dxp[j] = g;
+        return;
+    }
+    memset(dxp, 0, (size_t)plane * sizeof *dxp);
+    int lo, hi;
+    pool_interior(d, ow, &lo, &hi);
+    for (int oy = 0; oy < oh; oy++) {
+        const float *gr = dyp + (int64_t)oy * ow;
+        for (int ox = 0; ox < ow; ox++) {
+            if (ox >= lo && ox < hi) continue;
+            int y0, y1, x0, x1;
+            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
+            const float g = gr[ox] / (float)(d->count_include_pad ? padded : (y1 - y0) * (x1 - x0));
+            for (int iy = y0; iy < y1; iy++)
+                for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
+        }
+        if (lo >= hi) continue;
+        int y0, y1, x0, x1;
+        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
+        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
+            const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
+            float g[PS_POOL_COLS];
+            for (int k = 0; k < n; k++) g[k] = gr[c0 + k] / div;
+            for (int iy = y0; iy < y1; iy++)
+                for (int kx = 0; kx < d->kw; kx++) {
+                    float *row = dxp + iy * d->w + c0 * sw - d->pad_w + kx;
+                    /* one window position: distinct columns k*sw, no two k write the same element */
+#pragma omp simd
+                    for (int k = 0; k < n; k++) row[k * sw] += g[k];
+                }
+        }
+    }
+}
+
 /* Max pooling of the plain planes; idx may be NULL (inference). */
 static void pool_plain_max(const ps_pool_desc *d, const float *x, float *y, int32_t *idx) {
     const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
-    const int64_t planes = (int64_t)d->n * d->c;
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
 #pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
-    for (int64_t p = 0; p < planes; p++) {
-        const float *xp = x + p * d->h * d->w;
-        for (int oy = 0; oy < oh; oy++)
-            for (int ox = 0; ox < ow; ox++) {
-                int y0, y1, x0, x1;
-                pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
-                int best = y0 * d->w + x0;
-                float m = -INFINITY;
-                for (int iy = y0; iy < y1; iy++)
-                    for (int ix = x0; ix < x1; ix++) {
-                        const float v = xp[iy * d->w + ix];
-                        if (v > m || isnan(v)) {
-                            m = v;
-                            best = iy * d->w + ix;
-                        }
-                    }
-                const int64_t o = (p * oh + oy) * ow + ox;
-                y[o] = m;
-                if (idx) idx[o] = best;
-            }
-    }
+    for (int64_t p = 0; p < planes; p++)
+        pool_max_plane(d, x + p * plane, y + p * oh * ow, idx ? idx + p * oh * ow : NULL);
 }
 
 /* Gradient through the recorded maxima, summed in output order per plane. */
@@ -1092,55 +1275,74 @@ static void pool_plain_max_bwd(const ps_pool_desc *d, const int32_t *idx, const 
 
 static void pool_plain_avg(const ps_pool_desc *d, const float *x, float *y) {
     const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
-    const int64_t planes = (int64_t)d->n * d->c;
+    const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
 #pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
-    for (int64_t p = 0; p < planes; p++) {
-        const float *xp = x + p * d->h * d->w;
-        for (int oy = 0; oy < oh; oy++)
-            for (int ox = 0; ox < ow; ox++) {
-                int y0, y1, x0, x1;
-                const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
-                const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
-                float acc = 0.0f;
-                for (int iy = y0; iy < y1; iy++)
-                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
-                y[(p * oh + oy) * ow + ox] = acc / (float)div;
-            }
-    }
+    for (int64_t p = 0; p < planes; p++) pool_avg_plane(d, x + p * plane, y + p * oh * ow);
 }
 
 static void pool_plain_avg_bwd(const ps_pool_desc *d, const float *dy, float *dx) {
     const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
     const int64_t planes = (int64_t)d->n * d->c, plane = (int64_t)d->h * d->w;
 #pragma omp parallel for if (planes * oh * ow * d->kh * d->kw >= PS_OMP_MIN) schedule(static)
-    for (int64_t p = 0; p < planes; p++) {
-        float *dxp = dx + p * plane;
-        memset(dxp, 0, (size_t)plane * sizeof *dxp);
-        for (int oy = 0; oy < oh; oy++)
-            for (int ox = 0; ox < ow; ox++) {
-                int y0, y1, x0, x1;
-                const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
-                const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
-                const float g = dy[(p * oh + oy) * ow + ox] / (float)div;
-                for (int iy = y0; iy < y1; iy++)
-                    for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
-            }
+    for (int64_t p = 0; p < planes; p++) pool_avg_bwd_plane(d, dy + p * oh * ow, dx + p * plane);
+}
+
+/* Plain layout: a oneDNN primitive of kind for d with a JIT kernel, NULL
+ * when the C kernels run instead. First the nchw primitive (AVX-512 has
+ * nchw pooling kernels for channel counts it likes), else the blocked one
+ * behind JIT reorders (every ISA has those; the reorders cost two passes
+ * over the activations, far less than the C loops for small windows). For
+ * max pooling the training forward and the backward must agree (they share
+ * the workspace's format): both from the same choice, both JIT. */
+static const prim_entry *plain_pool_entry(dn_impl *im, prim_kind kind, const ps_pool_desc *d) {
+    /* global average pooling (AdaptiveAvgPool2d(1)): one sum per plane, the
+     * C kernel's fast path beats two reorders */
+    if ((kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) && pool_is_global(d)) return NULL;
+    if (im->pool_c) return NULL;
+    prim_kind need[2] = { kind, kind };
+    int nneed = 1;
+    if (kind == PK_POOL_FWD_TRAINING || kind == PK_POOL_BWD) {
+        need[0] = PK_POOL_FWD_TRAINING; need[1] = PK_POOL_BWD; nneed = 2;
+    } else if (kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) {
+        need[0] = PK_AVGPOOL_FWD; need[1] = PK_AVGPOOL_BWD; nneed = 2;
     }
+    for (int mode = 1; mode <= 2; mode++) {
+        if (mode == 2 && !im->native_block) break;
+        const prim_entry *e = NULL;
+        int ok = 1;
+        for (int i = 0; i < nneed && ok; i++) {
+            prim_key k = pool_key(need[i], d);
+            k.plain_try = mode;
+            if (mode == 2) k.alg = im->native_block;
+            ps_err err = { 0 };
+            const prim_entry *t;
+            if (get_entry(im, &k, &t, &err) != PS_OK || !t->impl || impl_is_reference(t->impl)) ok = 0;
+            else if (need[i] == kind) e = t;
+        }
+        if (ok) return e;
+    }
+    return NULL;
+}
+
+/* Run the plain-layout primitive entry e on the caller's buffers. */
+static ps_status run_entry(dn_impl *im, const prim_entry *e, const exec_arg *a, int n, ps_err *err) {
+    return run(im, &e->key, a, n, err);
 }
 
 /* 0 when the primitive cannot be created (the forward then reports why). */
 static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *desc) {
     dn_impl *im = impl;
-    const ps_pool_desc d = ps_pool_resolve(desc);
-    if (d.layout != PS_LAYOUT_BLOCKED)
-        return (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d) * sizeof(int32_t);
     set_threads(im);
+    const ps_pool_desc d = ps_pool_resolve(desc);
+    const prim_entry *e = NULL;
+    if (d.layout != PS_LAYOUT_BLOCKED && !(e = plain_pool_entry(im, PK_POOL_FWD_TRAINING, &d)))
+        return (size_t)d.n * d.c * ps_pool_out_h(&d) * ps_pool_out_w(&d) * sizeof(int32_t);
     prim_key k = pool_key(PK_POOL_FWD_TRAINING, &d);
     dnnl_primitive_t prim;
     const_dnnl_primitive_desc_t pd;
-    if (get_prim(im, &k, &prim, NULL) != PS_OK ||
-        dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success)
-        return 0;
+    if (e) prim = e->prim;
+    else if (get_prim(im, &k, &prim, NULL) != PS_OK) return 0;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return 0;
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_workspace_md, 0);
     return md ? dnnl_memory_desc_get_size(md) : 0;
 }
@@ -1150,12 +1352,15 @@ static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *desc, const 
     dn_impl *im = impl;
     set_threads(im);
     const ps_pool_desc d = ps_pool_resolve(desc);
+    const prim_kind kind = workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE;
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, kind, &d);
+        if (e) return run_entry(im, e, a, workspace ? 3 : 2, err);
         pool_plain_max(&d, x, y, workspace);
         return PS_OK;
     }
-    prim_key k = pool_key(workspace ? PK_POOL_FWD_TRAINING : PK_POOL_FWD_INFERENCE, &d);
-    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
+    prim_key k = pool_key(kind, &d);
     return run(im, &k, a, workspace ? 3 : 2, err);
 }
 
@@ -1164,13 +1369,15 @@ static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const
     dn_impl *im = impl;
     set_threads(im);
     const ps_pool_desc d = ps_pool_resolve(desc);
+    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WORKSPACE, workspace },
+                     { DNNL_ARG_DIFF_SRC, dx } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_POOL_BWD, &d);
+        if (e) return run_entry(im, e, a, 3, err);
         pool_plain_max_bwd(&d, workspace, dy, dx);
         return PS_OK;
     }
     prim_key k = pool_key(PK_POOL_BWD, &d);
-    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_WORKSPACE, workspace },
-                     { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 3, err);
 }
 
@@ -1179,12 +1386,14 @@ static ps_status dn_avgpool_forward(void *impl, const ps_pool_desc *desc, const 
     dn_impl *im = impl;
     set_threads(im);
     const ps_pool_desc d = ps_pool_resolve(desc);
+    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_FWD, &d);
+        if (e) return run_entry(im, e, a, 2, err);
         pool_plain_avg(&d, x, y);
         return PS_OK;
     }
     prim_key k = pool_key(PK_AVGPOOL_FWD, &d);
-    exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
     return run(im, &k, a, 2, err);
 }
 
@@ -1193,12 +1402,14 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
     dn_impl *im = impl;
     set_threads(im);
     const ps_pool_desc d = ps_pool_resolve(desc);
+    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
+        const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_BWD, &d);
+        if (e) return run_entry(im, e, a, 2, err);
         pool_plain_avg_bwd(&d, dy, dx);
         return PS_OK;
     }
     prim_key k = pool_key(PK_AVGPOOL_BWD, &d);
-    exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 2, err);
 }
 
@@ -1461,10 +1672,11 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
 
 /* ---- batch normalisation: C kernels ----
  * oneDNN 2.6 has no JIT batch normalisation for plain layouts (ncsp_bnorm)
- * nor for nChw16c below AVX-512 (bnorm_ref). Memory bound: three passes
- * (sum, squared deviations, output), accumulated in double per channel,
- * OpenMP over channel groups. A group is L channels j0..j0+L-1 whose
- * element (i, p, lane) is at base + i*istride + p*pstride + lane:
+ * nor for nChw16c below AVX-512 (bnorm_ref). Memory bound: the forward
+ * reads x three times (mean, squared deviations, output), the backward
+ * twice; OpenMP over channel groups; sums as PS_SUM_CHUNK says. A
+ * group is L channels j0..j0+L-1 whose element (i, p, lane) is at
+ * base + i*istride + p*pstride + lane:
  *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
  *   plain, s == 1: up to 16 channels,    base j0,      istride c
  *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B */
@@ -1494,58 +1706,116 @@ static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
     return r;
 }
 
-/* acc[lane] = sum over (i, p) of f(x - shift[lane]) for f = identity
- * (sq = 0) or square (sq = 1). */
-static void bn_sum(const ps_chan_desc *d, const bn_group *g, const float *x, const double *shift, int sq,
-                   double *acc) {
-    for (int l = 0; l < g->lanes; l++) acc[l] = 0.0;
-    for (int i = 0; i < d->n; i++) {
-        const float *xi = x + g->base + i * g->istride;
-        if (g->lanes == 1) {
-            const double sh = shift[0];
-            double a = 0.0;
+/* The per-lane sums of a group, for L lanes (a constant after inlining):
+ *   mode 0: s1 = sum(x)
+ *   mode 1: s1 = sum((x - mu)^2)
+ *   mode 2: s1 = sum(dy), s2 = sum(dy * (x - mu)) */
+PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
+                         int mode, int L, double *s1, double *s2) {
+    for (int l = 0; l < L; l++) s1[l] = s2[l] = 0.0;
+    for (int i = 0; i < n; i++) {
+        const int64_t o = g->base + i * g->istride;
+        for (int64_t p0 = 0; p0 < s; p0 += PS_SUM_CHUNK) {
+            const int64_t pe = p0 + PS_SUM_CHUNK < s ? p0 + PS_SUM_CHUNK : s;
+            if (L == 1) {   /* plain: contiguous positions */
+                const float *xi = x + o, *gi = dy ? dy + o : NULL, m = mu ? mu[0] : 0.0f;
+                float a = 0.0f, b = 0.0f;
+                if (mode == 0) {
 #pragma omp simd reduction(+:a)
-            for (int64_t p = 0; p < d->s; p++) {
-                const double t = xi[p] - sh;
-                a += sq ? t * t : t;
+                    for (int64_t p = p0; p < pe; p++) a += xi[p];
+                } else if (mode == 1) {
+#pragma omp simd reduction(+:a)
+                    for (int64_t p = p0; p < pe; p++) a += (xi[p] - m) * (xi[p] - m);
+                } else {
+#pragma omp simd reduction(+:a, b)
+                    for (int64_t p = p0; p < pe; p++) {
+                        a += gi[p];
+                        b += gi[p] * (xi[p] - m);
+                    }
+                }
+                s1[0] += a;
+                s2[0] += b;
+                continue;
             }
-            acc[0] += a;
-        } else {
-            for (int64_t p = 0; p < d->s; p++) {
-                const float *xp = xi + p * g->pstride;
+            float a[PS_BN_LANES] = { 0 }, b[PS_BN_LANES] = { 0 };
+            for (int64_t p = p0; p < pe; p++) {
+                const float *xp = x + o + p * g->pstride, *gp = dy ? dy + o + p * g->pstride : NULL;
+                if (mode == 0) {
 #pragma omp simd
-                for (int l = 0; l < g->lanes; l++) {
-                    const double t = xp[l] - shift[l];
-                    acc[l] += sq ? t * t : t;
+                    for (int l = 0; l < L; l++) a[l] += xp[l];
+                } else if (mode == 1) {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) a[l] += (xp[l] - mu[l]) * (xp[l] - mu[l]);
+                } else {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) {
+                        a[l] += gp[l];
+                        b[l] += gp[l] * (xp[l] - mu[l]);
+                    }
                 }
             }
-        }
-    }
-}
-
-/* y = x * scale[lane] + shift[lane] over the group. */
-static void bn_affine(const ps_chan_desc *d, const bn_group *g, const float *x, const float *scale,
-                      const float *shift, float *y) {
-    for (int i = 0; i < d->n; i++) {
-        const int64_t o = g->base + i * g->istride;
-        if (g->lanes == 1) {
-            const float a = scale[0], b = shift[0];
-#pragma omp simd
-            for (int64_t p = 0; p < d->s; p++) y[o + p] = x[o + p] * a + b;
-        } else {
-            for (int64_t p = 0; p < d->s; p++) {
-                const int64_t q = o + p * g->pstride;
-#pragma omp simd
-                for (int l = 0; l < g->lanes; l++) y[q + l] = x[q + l] * scale[l] + shift[l];
+            for (int l = 0; l < L; l++) {
+                s1[l] += a[l];
+                s2[l] += b[l];
             }
         }
     }
 }
 
-static int bn_parallel(const ps_chan_desc *d) {
-    return (int64_t)d->n * d->c * d->s >= PS_OMP_MIN;
+/* out = ca*in + cb*(x - mu) + cc per lane (cb, x, mu unused when x is
+ * NULL: then out = ca*in + cc, the forward's affine map). */
+PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
+                        const float *ca, const float *cb, const float *cc, int L, float *out) {
+    for (int i = 0; i < n; i++) {
+        const int64_t o = g->base + i * g->istride;
+        if (L == 1) {
+            const float a = ca[0], c = cc[0], b = x ? cb[0] : 0.0f, m = x ? mu[0] : 0.0f;
+            if (x) {
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + b * (x[o + p] - m) + c;
+            } else {
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + c;
+            }
+            continue;
+        }
+        for (int64_t p = 0; p < s; p++) {
+            const int64_t q = o + p * g->pstride;
+            if (x) {
+#pragma omp simd
+                for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
+            } else {
+#pragma omp simd
+                for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cc[l];
+            }
+        }
+    }
 }
 
+/* The group's lane count as a constant for the inlined bodies. */
+#define BN_BY_LANES(L, call) \
+    switch (L) { \
+    case 1: { const int L_ = 1; call; break; } \
+    case 8: { const int L_ = 8; call; break; } \
+    case 16: { const int L_ = 16; call; break; } \
+    default: { const int L_ = (L); call; break; } \
+    }
+
+PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
+                              int mode, double *s1, double *s2) {
+    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, 0, L_, s1, s2)) }
+    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, 1, L_, s1, s2)) }
+    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, 2, L_, s1, s2)) }
+}
+
+PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
+                             const float *ca, const float *cb, const float *cc, float *out) {
+    if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, L_, out)) }
+    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, L_, out)) }
+}
+
+/* (The OpenMP if-clauses are spelled out: compilers that ignore the
+ * pragmas would otherwise warn about unused helpers.) */
 static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const float *x, const float *gamma,
                                         const float *beta, float *y, float *mean, float *invstd,
                                         float *var_unbiased, ps_err *err) {
@@ -1554,25 +1824,25 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
     set_threads(im);
     const int ng = bn_ngroups(d, im->block);
     const double m = (double)d->n * d->s;
-#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
         const bn_group g = bn_group_at(d, im->block, gi);
-        double zero[PS_BN_LANES] = { 0 }, mu[PS_BN_LANES], sq[PS_BN_LANES];
-        float scale[PS_BN_LANES], shift[PS_BN_LANES];
-        bn_sum(d, &g, x, zero, 0, mu);
-        for (int l = 0; l < g.lanes; l++) mu[l] /= m;
-        bn_sum(d, &g, x, mu, 1, sq);
+        double s1[PS_BN_LANES], s2[PS_BN_LANES];
+        float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
+        bn_sums(&g, d->n, d->s, x, NULL, NULL, 0, s1, s2);
+        for (int l = 0; l < g.lanes; l++) mu[l] = (float)(s1[l] / m);
+        bn_sums(&g, d->n, d->s, x, NULL, mu, 1, s1, s2);   /* squared deviations from mu */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
-            const double is = 1.0 / sqrt(sq[l] / m + d->eps);
+            const double is = 1.0 / sqrt(s1[l] / m + d->eps);
             const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
             scale[l] = (float)(is * gm);
             shift[l] = (float)(bt - mu[l] * is * gm);
-            mean[j] = (float)mu[l];
+            mean[j] = mu[l];
             invstd[j] = (float)is;
-            if (var_unbiased) var_unbiased[j] = (float)(sq[l] / (m - 1.0));
+            if (var_unbiased) var_unbiased[j] = (float)(s1[l] / (m - 1.0));
         }
-        bn_affine(d, &g, x, scale, shift, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
     }
     return PS_OK;
 }
@@ -1584,7 +1854,7 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
     (void)err;
     set_threads(im);
     const int ng = bn_ngroups(d, im->block);
-#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
         const bn_group g = bn_group_at(d, im->block, gi);
         float scale[PS_BN_LANES], shift[PS_BN_LANES];
@@ -1596,7 +1866,7 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
             shift[l] = (float)(bt - running_mean[j] * is * gm);
             if (invstd) invstd[j] = (float)is;
         }
-        bn_affine(d, &g, x, scale, shift, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
     }
     return PS_OK;
 }
@@ -1609,103 +1879,126 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
     set_threads(im);
     const int ng = bn_ngroups(d, im->block);
     const double m = (double)d->n * d->s;
-#pragma omp parallel for if (bn_parallel(d)) schedule(static)
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
         const bn_group g = bn_group_at(d, im->block, gi);
-        double sdy[PS_BN_LANES] = { 0 }, sdyx[PS_BN_LANES] = { 0 };
-        float mu[PS_BN_LANES], is[PS_BN_LANES];
-        for (int l = 0; l < g.lanes; l++) {
-            mu[l] = mean[g.j0 + l];
-            is[l] = invstd[g.j0 + l];
-        }
-        /* sum(dy) and sum(dy * (x - mean)) per lane */
-        for (int i = 0; i < d->n; i++) {
-            const int64_t o = g.base + i * g.istride;
-            if (g.lanes == 1) {
-                double a = 0.0, b = 0.0;
-                const float mu0 = mu[0];
-#pragma omp simd reduction(+:a, b)
-                for (int64_t p = 0; p < d->s; p++) {
-                    a += dy[o + p];
-                    b += (double)dy[o + p] * (x[o + p] - mu0);
-                }
-                sdy[0] += a;
-                sdyx[0] += b;
-            } else {
-                for (int64_t p = 0; p < d->s; p++) {
-                    const int64_t q = o + p * g.pstride;
-#pragma omp simd
-                    for (int l = 0; l < g.lanes; l++) {
-                        sdy[l] += dy[q + l];
-                        sdyx[l] += (double)dy[q + l] * (x[q + l] - mu[l]);
-                    }
-                }
-            }
-        }
-        /* dx = a * dy + b * (x - mean) + c per lane */
-        float ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
+        double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
+        float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
+        for (int l = 0; l < g.lanes; l++) mu[l] = mean[g.j0 + l];
+        bn_sums(&g, d->n, d->s, x, dy, mu, 2, sdy, sdyx);
+        /* dx = ca * dy + cb * (x - mean) + cc per lane */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
-            const double gm = gamma ? gamma[j] : 1.0, s = is[l], dg = sdyx[l] * s;
+            const double gm = gamma ? gamma[j] : 1.0, s = invstd[j], dg = sdyx[l] * s;
             if (dbeta) dbeta[j] = (float)sdy[l];
             if (dgamma) dgamma[j] = (float)dg;
             ca[l] = (float)(gm * s);
             cb[l] = batch_stats ? (float)(-gm * s * s * dg / m) : 0.0f;
             cc[l] = batch_stats ? (float)(-gm * s * sdy[l] / m) : 0.0f;
         }
-        if (!dx) continue;
-        for (int i = 0; i < d->n; i++) {
-            const int64_t o = g.base + i * g.istride;
-            if (g.lanes == 1) {
-#pragma omp simd
-                for (int64_t p = 0; p < d->s; p++) dx[o + p] = ca[0] * dy[o + p] + cb[0] * (x[o + p] - mu[0]) + cc[0];
-            } else {
-                for (int64_t p = 0; p < d->s; p++) {
-                    const int64_t q = o + p * g.pstride;
-#pragma omp simd
-                    for (int l = 0; l < g.lanes; l++) dx[q + l] = ca[l] * dy[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
-                }
-            }
-        }
+        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, dx);
     }
     return PS_OK;
 }
 
 /* ---- layer normalisation: C kernels ----
  * oneDNN 2.6's layer normalisation is simple_layer_normalization (plain C,
- * not JIT) on every ISA. Rows in parallel, two passes in double per row;
- * the parameter gradients in column blocks (each thread owns its columns:
- * deterministic, no atomics). */
+ * not JIT) on every ISA. Rows in parallel, two passes per row (mean, then
+ * squared deviations), float sums over chunks added up in double as for
+ * batch norm; the parameter gradients in blocks of columns (each thread
+ * owns its columns: deterministic, no atomics). */
 #define PS_LN_COLS 64
 
-static int ln_parallel(const ps_ln_desc *d) { return d->rows * d->cols >= PS_OMP_MIN; }
+/* sum(a) (b NULL, mu unused), sum((a - mu)^2) (b == a) or sum(a * (b - mu) * rs)
+ * over n floats, in float chunks added up in double. */
+PS_INLINE double ln_sum(const float *a, const float *b, float mu, float rs, const float *gamma, int mode, int64_t n) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += PS_SUM_CHUNK) {
+        const int64_t je = j0 + PS_SUM_CHUNK < n ? j0 + PS_SUM_CHUNK : n;
+        float t = 0.0f;
+        if (mode == 0) {
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += a[j];
+        } else if (mode == 1) {
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += (a[j] - mu) * (a[j] - mu);
+        } else if (mode == 2) {   /* sum(dy * gamma) */
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += gamma ? a[j] * gamma[j] : a[j];
+        } else {                  /* sum(dy * gamma * xhat) */
+#pragma omp simd reduction(+:t)
+            for (int64_t j = j0; j < je; j++) t += (gamma ? a[j] * gamma[j] : a[j]) * ((b[j] - mu) * rs);
+        }
+        total += t;
+    }
+    return total;
+}
+
+PS_CLONES static void ln_row_forward(const float *xr, int64_t n, float eps, const float *gamma, const float *beta,
+                                     float *yr, float *mean, float *rstd) {
+    const float mu = (float)(ln_sum(xr, NULL, 0.0f, 0.0f, NULL, 0, n) / (double)n);
+    const float rs = (float)(1.0 / sqrt(ln_sum(xr, NULL, mu, 0.0f, NULL, 1, n) / (double)n + eps));
+    if (gamma) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * rs * gamma[j] + beta[j];
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * rs;
+    }
+    *mean = mu;
+    *rstd = rs;
+}
+
+PS_CLONES static void ln_row_dx(const float *xr, const float *dyr, int64_t n, const float *gamma, float mu, float rs,
+                                float *dxr) {
+    const float a = (float)(ln_sum(dyr, NULL, 0.0f, 0.0f, gamma, 2, n) / (double)n);
+    const float b = (float)(ln_sum(dyr, xr, mu, rs, gamma, 3, n) / (double)n);
+    if (gamma) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dxr[j] = rs * (dyr[j] * gamma[j] - a - (xr[j] - mu) * rs * b);
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dxr[j] = rs * (dyr[j] - a - (xr[j] - mu) * rs * b);
+    }
+}
+
+/* dgamma, dbeta of columns j0..j0+len-1 (len <= PS_LN_COLS) over all rows. */
+PS_CLONES static void ln_cols_grad(const float *x, const float *dy, int64_t rows, int64_t cols, int64_t j0,
+                                   int64_t len, const float *mean, const float *rstd, float *dgamma, float *dbeta) {
+    double dg[PS_LN_COLS] = { 0 }, db[PS_LN_COLS] = { 0 };
+    for (int64_t r0 = 0; r0 < rows; r0 += PS_SUM_CHUNK) {
+        const int64_t re = r0 + PS_SUM_CHUNK < rows ? r0 + PS_SUM_CHUNK : rows;
+        float fg[PS_LN_COLS] = { 0 }, fb[PS_LN_COLS] = { 0 };
+        for (int64_t r = r0; r < re; r++) {
+            const float *xr = x + r * cols + j0, *dyr = dy + r * cols + j0;
+            const float mu = mean[r], rs = rstd[r];
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) {
+                fg[j] += dyr[j] * ((xr[j] - mu) * rs);
+                fb[j] += dyr[j];
+            }
+        }
+        for (int64_t j = 0; j < len; j++) {
+            dg[j] += fg[j];
+            db[j] += fb[j];
+        }
+    }
+    for (int64_t j = 0; j < len; j++) {
+        if (dgamma) dgamma[j0 + j] = (float)dg[j];
+        if (dbeta) dbeta[j0 + j] = (float)db[j];
+    }
+}
 
 static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
     (void)err;
     set_threads(impl);
-    const int64_t n = d->cols;
-#pragma omp parallel for if (ln_parallel(d)) schedule(static)
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
     for (int64_t r = 0; r < d->rows; r++) {
-        const float *xr = x + r * n;
-        float *yr = y + r * n;
-        double sum = 0.0, sq = 0.0;
-#pragma omp simd reduction(+:sum)
-        for (int64_t j = 0; j < n; j++) sum += xr[j];
-        const double mu = sum / (double)n;
-#pragma omp simd reduction(+:sq)
-        for (int64_t j = 0; j < n; j++) sq += (xr[j] - mu) * (xr[j] - mu);
-        const double rs = 1.0 / sqrt(sq / (double)n + d->eps);
-        const float fm = (float)mu, fr = (float)rs;
-        if (gamma) {
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - fm) * fr * gamma[j] + beta[j];
-        } else {
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - fm) * fr;
-        }
-        if (mean) mean[r] = fm;
-        if (rstd) rstd[r] = fr;
+        float mu, rs;
+        ln_row_forward(x + r * d->cols, d->cols, d->eps, gamma, beta, y + r * d->cols, &mu, &rs);
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
     }
     return PS_OK;
 }
@@ -1717,45 +2010,16 @@ static ps_status dn_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
     set_threads(impl);
     const int64_t n = d->cols;
     if (dx) {
-#pragma omp parallel for if (ln_parallel(d)) schedule(static)
-        for (int64_t r = 0; r < d->rows; r++) {
-            const float *xr = x + r * n, *dyr = dy + r * n;
-            float *dxr = dx + r * n;
-            const float mu = mean[r], rs = rstd[r];
-            double sg = 0.0, sgx = 0.0;
-#pragma omp simd reduction(+:sg, sgx)
-            for (int64_t j = 0; j < n; j++) {
-                const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
-                sg += g;
-                sgx += (double)g * ((xr[j] - mu) * rs);
-            }
-            const float a = (float)(sg / (double)n), b = (float)(sgx / (double)n);
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) {
-                const float g = gamma ? dyr[j] * gamma[j] : dyr[j];
-                dxr[j] = rs * (g - a - (xr[j] - mu) * rs * b);
-            }
-        }
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < d->rows; r++)
+            ln_row_dx(x + r * n, dy + r * n, n, gamma, mean[r], rstd[r], dx + r * n);
     }
     if (dgamma || dbeta) {
         const int64_t nb = (n + PS_LN_COLS - 1) / PS_LN_COLS;
-#pragma omp parallel for if (ln_parallel(d)) schedule(static)
+#pragma omp parallel for if (d->rows * d->cols >= PS_OMP_MIN) schedule(static)
         for (int64_t cb = 0; cb < nb; cb++) {
-            const int64_t j0 = cb * PS_LN_COLS, len = n - j0 < PS_LN_COLS ? n - j0 : PS_LN_COLS;
-            double dg[PS_LN_COLS] = { 0 }, db[PS_LN_COLS] = { 0 };
-            for (int64_t r = 0; r < d->rows; r++) {
-                const float *xr = x + r * n + j0, *dyr = dy + r * n + j0;
-                const float mu = mean[r], rs = rstd[r];
-#pragma omp simd
-                for (int64_t j = 0; j < len; j++) {
-                    dg[j] += (double)dyr[j] * ((xr[j] - mu) * rs);
-                    db[j] += dyr[j];
-                }
-            }
-            for (int64_t j = 0; j < len; j++) {
-                if (dgamma) dgamma[j0 + j] = (float)dg[j];
-                if (dbeta) dbeta[j0 + j] = (float)db[j];
-            }
+            const int64_t j0 = cb * PS_LN_COLS;
+            ln_cols_grad(x, dy, d->rows, n, j0, n - j0 < PS_LN_COLS ? n - j0 : PS_LN_COLS, mean, rstd, dgamma, dbeta);
         }
     }
     return PS_OK;
@@ -1848,10 +2112,9 @@ static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float 
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int64_t total = (int64_t)d->n * d->c * d->s;
     if (d->layout == PS_LAYOUT_BLOCKED) {
         const int B = im->block, nb = d->c / B;
-#pragma omp parallel for if (total >= PS_OMP_MIN) schedule(static)
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
         for (int64_t q = 0; q < (int64_t)d->n * nb; q++) {
             const float *mq = mask + (q / nb) * d->c + (q % nb) * B;   /* sample q/nb, block q%nb */
             for (int64_t p = 0; p < d->s; p++) {
@@ -1862,7 +2125,7 @@ static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float 
         }
         return PS_OK;
     }
-#pragma omp parallel for if (total >= PS_OMP_MIN) schedule(static)
+#pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int64_t q = 0; q < (int64_t)d->n * d->c; q++) {
         const float m = mask[q];
 #pragma omp simd

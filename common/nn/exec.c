@@ -1,52 +1,243 @@
-/* exec.c - the executor: runs a consecutive run of stages forward on a
- * tape, and backward from a tape into accumulated gradients (see model.h).
- * It walks the layers of the model's stages through the layer-kind table;
- * nothing here knows which model it runs. No locks and no optimizer:
- * model.c takes the weights lock around these calls and owns the step. */
+/* exec.c - the graph executor: plans each stage's memory once, runs a
+ * consecutive run of stages forward on a tape, and backward from a tape
+ * into accumulated gradients (see model.h, model_impl.h).
+ *
+ * Inside a stage the nodes form a DAG, run in a topological order. The
+ * plan (per stage, for training and for eval forwards) decides:
+ *  - layouts: kinds that prefer it (Conv2d) work on the backend's blocked
+ *    layout, kinds that keep layouts (ReLU, pools, Add) keep the one they
+ *    get, the rest and the stage output are plain; an input is reordered
+ *    where its value's layout is not the one its node computes in;
+ *  - storage: a view (Flatten, Reshape, Dropout in eval) shares its input's
+ *    memory; an in-place kind (ReLU, Dropout, Add) writes over its input
+ *    when no later node reads it and no backward needs it; every other
+ *    activation is released right after its last reader unless backward
+ *    reads it (the kind says whether its backward reads its inputs or its
+ *    output) - an eval forward keeps nothing but the stage output.
+ * Backward runs in reverse topological order: gradients are summed where a
+ * value fans out, views and Add route them through, an in-place kind
+ * writes d input over d output, and a node whose inputs need no gradient
+ * and that has no parameters is skipped. Nothing here knows which model it
+ * runs. No locks and no optimizer: model.c takes the weights lock around
+ * these calls and owns the step. */
 #include "model_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#define IV(st, l, i) ((st)->in_val[(l) * PS_NODE_MAX_INPUTS + (i)])
+/* storage id of the reorder of node l's input i */
+#define RBUF(st, l, i) (1 + (st)->nlayers + (l) * PS_NODE_MAX_INPUTS + (i))
+
 /* ---------------------------------------------------------------- layouts */
 
 /* 1 when the stage's backend offers a blocked layout for c channels. */
 static int blocked_ok(const stage *st, int64_t c) {
+    if (!st->be) return 0;   /* a shapes-only build (the stage table) */
     const ps_backend_ops *ops = st->be->ops;
     return ops->blocked_layout && ops->reorder && ops->blocked_layout(st->be->impl, (int)c) > 0;
 }
 
-static int prev_layout(const stage *st, int l) {
-    return l == 0 ? PS_LAYOUT_PLAIN : st->layers[l - 1].out_layout;
+static void plan_layouts(stage *st) {
+    st->val_layout[0] = PS_LAYOUT_PLAIN;
+    for (int k = 0; k < st->nlayers; k++) {
+        int l = st->order[k];
+        ps_layer *ly = &st->layers[l];
+        int is_out = l + 1 == st->out_val;
+        unsigned f = ly->flags;
+        for (int i = 0; i < ly->nin; i++) ly->in_layout[i] = PS_LAYOUT_PLAIN;
+        ly->out_layout = PS_LAYOUT_PLAIN;
+        if ((f & PS_KIND_LAYOUT_BLOCKED) && ly->in[0].ndim == 3 && ly->outs.ndim == 3) {
+            if (blocked_ok(st, ly->in[0].dims[0])) ly->in_layout[0] = PS_LAYOUT_BLOCKED;
+            if (!is_out && blocked_ok(st, ly->outs.dims[0])) ly->out_layout = PS_LAYOUT_BLOCKED;
+        } else if ((f & PS_KIND_LAYOUT_KEEP) && !is_out && ly->outs.ndim == 3) {
+            int lay = st->val_layout[IV(st, l, 0)];
+            for (int i = 0; i < ly->nin; i++)
+                if (st->val_layout[IV(st, l, i)] != lay || ly->in[i].ndim != 3) lay = PS_LAYOUT_PLAIN;
+            for (int i = 0; i < ly->nin; i++) ly->in_layout[i] = lay;
+            ly->out_layout = lay;
+        }
+        st->val_layout[l + 1] = ly->out_layout;
+    }
 }
 
-/* Activation layouts: kinds that prefer it (convolutions) work on the
- * backend's blocked layout where it has one (much faster kernels), kinds
- * that keep layouts (relu, max-pool) keep the one they get, everything else
- * (dropout with its masks in PyTorch order, flatten, linear, softmax) and
- * the stage's output are plain. The executor reorders where consecutive
- * layers disagree. Only 4-D activations (per-sample (c, h, w)) block. */
-void ps_exec_plan_layouts(stage *st) {
-    int cur = PS_LAYOUT_PLAIN;
-    for (int l = 0; l < st->nlayers; l++) {
-        ps_layer *ly = &st->layers[l];
-        int last = l == st->nlayers - 1;
-        unsigned f = ly->kind->flags;
-        ly->in_layout = ly->out_layout = PS_LAYOUT_PLAIN;
-        if ((f & PS_KIND_LAYOUT_BLOCKED) && ly->in.ndim == 3 && ly->outs.ndim == 3) {
-            if (blocked_ok(st, ly->in.dims[0])) ly->in_layout = PS_LAYOUT_BLOCKED;
-            if (!last && blocked_ok(st, ly->outs.dims[0])) ly->out_layout = PS_LAYOUT_BLOCKED;
-        } else if ((f & PS_KIND_LAYOUT_KEEP) && !last) {
-            ly->in_layout = ly->out_layout = cur;
-        }
-        cur = ly->out_layout;
+/* ------------------------------------------------------------ memory plan */
+
+static int is_view(const ps_layer *ly, int train) {
+    return (ly->flags & PS_KIND_VIEW) || (!train && (ly->flags & PS_KIND_EVAL_VIEW));
+}
+
+/* The plan of one mode; see node_plan in model_impl.h. Contents (what a
+ * storage holds at some point) use storage ids too: 0 the stage input,
+ * 1 + l node l's output (when not a view), RBUF(l, i) a reorder. */
+static ps_status plan_mode(stage *st, int train, ps_err *err) {
+    int nl = st->nlayers, nb = 1 + nl + nl * PS_NODE_MAX_INPUTS;
+    stage_plan *p = &st->plan[train];
+    p->nbufs = nb;
+    p->node = calloc((size_t)nl, sizeof *p->node);
+    p->kept = calloc((size_t)nb, 1);
+    int *pos = calloc((size_t)nl, sizeof *pos);
+    int *croot = calloc((size_t)nl + 1, sizeof *croot);      /* per value: its content */
+    int *last_read = malloc((size_t)nb * sizeof *last_read); /* per content */
+    unsigned char *kept_c = calloc((size_t)nb, 1);           /* per content: backward reads it */
+    int *store = malloc((size_t)nb * sizeof *store);         /* per content: its storage */
+    int *chain_last = malloc((size_t)nb * sizeof *chain_last); /* per storage: its last content */
+    int *free_at = malloc((size_t)nb * sizeof *free_at);     /* per storage: position after which it goes */
+    int *nfree = calloc((size_t)nl, sizeof *nfree);
+    unsigned char *exists = calloc((size_t)nb, 1);          /* per storage: allocated by the plan */
+    ps_status rc = PS_OK;
+    if (!p->node || !p->kept || !pos || !croot || !last_read || !kept_c || !store || !chain_last || !free_at ||
+        !nfree || !exists) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
+        goto done;
     }
+    for (int c = 0; c < nb; c++) { last_read[c] = -1; store[c] = c; chain_last[c] = c; free_at[c] = -1; }
+    for (int k = 0; k < nl; k++) pos[st->order[k]] = k;
+
+    /* contents of values, reorders, reads */
+    croot[0] = 0;
+    for (int k = 0; k < nl; k++) {
+        int l = st->order[k];
+        const ps_layer *ly = &st->layers[l];
+        node_plan *np = &p->node[l];
+        for (int i = 0; i < ly->nin; i++) {
+            int v = IV(st, l, i);
+            np->reorder[i] = ly->in_layout[i] != st->val_layout[v];
+            np->in_buf[i] = np->reorder[i] ? RBUF(st, l, i) : croot[v];   /* a content, for now */
+            if (last_read[croot[v]] < k) last_read[croot[v]] = k;
+            if (np->reorder[i]) last_read[RBUF(st, l, i)] = k;
+            if (train && (ly->flags & PS_KIND_BWD_X)) kept_c[np->in_buf[i]] = 1;
+        }
+        croot[l + 1] = is_view(ly, train) ? np->in_buf[0] : 1 + l;
+        if (train && (ly->flags & PS_KIND_BWD_Y) && !is_view(ly, train)) kept_c[1 + l] = 1;
+    }
+    int cout = croot[st->out_val];
+
+    /* storages: in place where the input's content dies here */
+    for (int k = 0; k < nl; k++) {
+        int l = st->order[k];
+        const ps_layer *ly = &st->layers[l];
+        node_plan *np = &p->node[l];
+        int c0 = np->in_buf[0];
+        int dup = 0;
+        for (int i = 1; i < ly->nin; i++) dup |= np->in_buf[i] == c0 || croot[IV(st, l, i)] == c0;
+        int inplace = !is_view(ly, train) && (ly->flags & PS_KIND_INPLACE) && c0 != 0 && c0 != cout &&
+                      last_read[c0] == k && !dup && !kept_c[c0] && ly->in_dtype[0] == PS_DTYPE_F32 &&
+                      ly->out_dtype == PS_DTYPE_F32 && ps_shape_numel(&ly->in[0]) == ps_shape_numel(&ly->outs) &&
+                      ly->in_layout[0] == ly->out_layout;
+        if (!is_view(ly, train)) {
+            if (inplace) {
+                store[1 + l] = store[c0];
+                chain_last[store[c0]] = 1 + l;
+            }
+            np->alloc = !inplace;
+        }
+    }
+    /* storage ids of every read and write, release points: a storage goes
+     * after the last read of the last content it holds, unless that content
+     * is the stage's output or (training) backward reads it */
+    for (int k = 0; k < nl; k++) {
+        int l = st->order[k];
+        const ps_layer *ly = &st->layers[l];
+        node_plan *np = &p->node[l];
+        for (int i = 0; i < ly->nin; i++) {
+            np->in_buf[i] = store[np->in_buf[i]];
+            if (np->reorder[i]) exists[RBUF(st, l, i)] = 1;
+        }
+        np->out_buf = store[croot[l + 1]];
+        if (np->alloc) exists[1 + l] = 1;
+    }
+    p->out_buf = store[cout];
+    for (int c = 1; c < nb; c++) {
+        if (!exists[c]) continue;
+        int last = chain_last[c];
+        if (last == cout || (train && kept_c[last])) {
+            p->kept[c] = (unsigned char)train;
+            continue;
+        }
+        if (last_read[last] >= 0) free_at[c] = last_read[last];
+    }
+    p->kept[0] = (unsigned char)train;   /* the stage input stays in the tape */
+    for (int c = 0; c < nb; c++)
+        if (free_at[c] >= 0) nfree[st->order[free_at[c]]]++;
+    for (int l = 0; l < nl; l++) {
+        if (!nfree[l]) continue;
+        if (!(p->node[l].free_buf = calloc((size_t)nfree[l], sizeof(int)))) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
+            goto done;
+        }
+    }
+    for (int c = 0; c < nb; c++) {
+        if (free_at[c] < 0) continue;
+        node_plan *np = &p->node[st->order[free_at[c]]];
+        np->free_buf[np->nfree++] = c;
+    }
+    {
+        const ps_layer *ol = ps_stage_out_layer(st);
+        p->out_writable = train && cout != 0 && !is_view(ol, train) && !(ol->flags & PS_KIND_BWD_Y) && !kept_c[cout] &&
+                          ol->out_dtype == PS_DTYPE_F32;
+    }
+done:
+    free(pos);
+    free(croot);
+    free(last_read);
+    free(kept_c);
+    free(store);
+    free(chain_last);
+    free(free_at);
+    free(nfree);
+    free(exists);
+    return rc;
+}
+
+void ps_exec_plan_free(stage *st) {
+    for (int m = 0; m < 2; m++) {
+        stage_plan *p = &st->plan[m];
+        if (p->node)
+            for (int l = 0; l < st->nlayers; l++) free(p->node[l].free_buf);
+        free(p->node);
+        free(p->kept);
+        memset(p, 0, sizeof *p);
+    }
+}
+
+ps_status ps_exec_plan(stage *st, ps_err *err) {
+    int nl = st->nlayers;
+    st->val_layout = calloc((size_t)nl + 1, sizeof *st->val_layout);
+    st->rg[0] = calloc((size_t)nl + 1, 1);
+    st->rg[1] = calloc((size_t)nl + 1, 1);
+    if (!st->val_layout || !st->rg[0] || !st->rg[1])
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
+    plan_layouts(st);
+    for (int want = 0; want < 2; want++) {   /* which values need a gradient */
+        unsigned char *rg = st->rg[want];
+        rg[0] = want && st->info.in_dtype == PS_DTYPE_F32;
+        for (int k = 0; k < nl; k++) {
+            int l = st->order[k];
+            const ps_layer *ly = &st->layers[l];
+            int g = ly->nparams > 0 && !(ly->flags & PS_KIND_PARAMS_ONLY);
+            for (int i = 0; i < ly->nin; i++) g |= rg[IV(st, l, i)];
+            rg[l + 1] = (unsigned char)(g && ly->out_dtype == PS_DTYPE_F32);
+        }
+    }
+    ps_status rc = plan_mode(st, 0, err);
+    if (rc == PS_OK) rc = plan_mode(st, 1, err);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ tapes */
 
 static size_t act_bytes(const ps_shape *s, ps_dtype t, int n) {
     return (size_t)n * (size_t)ps_shape_numel(s) * ps_dtype_size(t);
+}
+
+/* Bytes of storage id b of stage st for n samples. */
+static size_t buf_bytes(const stage *st, int b, int n) {
+    ps_shape tmp;
+    if (b == 0) return act_bytes(ps_stage_in_shape(st, &tmp), st->info.in_dtype, n);
+    if (b <= st->nlayers) return act_bytes(&st->layers[b - 1].outs, st->layers[b - 1].out_dtype, n);
+    int l = (b - 1 - st->nlayers) / PS_NODE_MAX_INPUTS, i = (b - 1 - st->nlayers) % PS_NODE_MAX_INPUTS;
+    return act_bytes(&st->layers[l].in[i], st->layers[l].in_dtype[i], n);
 }
 
 static ps_tape *tape_new(ps_model *m, int first, int last, int n) {
@@ -57,13 +248,12 @@ static ps_tape *tape_new(ps_model *m, int first, int last, int n) {
     t->last = last;
     t->n = n;
     for (int s = first; s <= last; s++) {
-        int nl = m->stages[s].nlayers;
+        const stage *st = &m->stages[s];
         tape_stage *ts = &t->st[s];
-        ts->acts = calloc(nl + 1, sizeof *ts->acts);
-        ts->owned = calloc(nl + 1, 1);
-        ts->saved = calloc(nl, sizeof *ts->saved);
-        ts->rin = calloc(nl, sizeof *ts->rin);
-        if (!ts->acts || !ts->owned || !ts->saved || !ts->rin) {
+        ts->buf = calloc((size_t)st->plan[1].nbufs, sizeof *ts->buf);
+        ts->owned = calloc((size_t)st->plan[1].nbufs, 1);
+        ts->saved = calloc((size_t)(st->nlayers ? st->nlayers : 1), sizeof *ts->saved);
+        if (!ts->buf || !ts->owned || !ts->saved) {
             ps_tape_free(t);
             return NULL;
         }
@@ -77,16 +267,14 @@ void ps_tape_free(ps_tape *t) {
     for (int s = t->first; s <= t->last; s++) {
         stage *st = &m->stages[s];
         tape_stage *ts = &t->st[s];
-        if (ts->acts)
-            for (int l = 0; l <= st->nlayers; l++)
-                if (ts->owned[l]) ps_backend_release(st->be, ts->acts[l]);
+        if (ts->buf)
+            for (int b = 0; b < st->plan[1].nbufs; b++)
+                if (ts->owned[b]) ps_backend_release(st->be, ts->buf[b]);
         if (ts->saved)
-            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->saved[l].dev);
-        if (ts->rin)
-            for (int l = 0; l < st->nlayers; l++) ps_backend_release(st->be, ts->rin[l]);
-        free(ts->acts);
+            for (int l = 0; l < st->nlayers; l++)
+                for (int j = 0; j < PS_LAYER_MAX_SAVED; j++) ps_backend_release(st->be, ts->saved[l].dev[j]);
+        free(ts->buf);
         free(ts->saved);
-        free(ts->rin);
         free(ts->owned);
     }
     ps_grads_free(t->own);
@@ -98,18 +286,20 @@ int ps_tape_batch(const ps_tape *t) { return t->n; }
 int ps_tape_first_stage(const ps_tape *t) { return t->first; }
 int ps_tape_last_stage(const ps_tape *t) { return t->last; }
 
-/* Activations and workspaces a forward of stages first..last keeps for n
- * samples, plus (with_grads) the stages' dense gradient blocks. */
+/* What a training forward of stages first..last keeps for n samples (the
+ * storages the plan keeps, the nodes' workspaces and masks), plus
+ * (with_grads) the stages' dense gradient blocks. */
 static size_t range_bytes(const ps_model *m, int first, int last, int n, int with_grads) {
     size_t bytes = 0;
     for (int s = first; s <= last; s++) {
         const stage *st = &m->stages[s];
+        const stage_plan *p = &st->plan[1];
         if (with_grads) bytes += (size_t)st->ngrads * sizeof(float);
-        bytes += act_bytes(&st->layers[0].in, st->layers[0].in_dtype, n);
+        for (int b = 0; b < p->nbufs; b++)
+            if (p->kept[b]) bytes += buf_bytes(st, b, n);
         for (int l = 0; l < st->nlayers; l++) {
             const ps_layer *ly = &st->layers[l];
-            bytes += act_bytes(&ly->outs, ly->out_dtype, n) + ly->kind->tape_bytes(ly, n);
-            if (ly->in_layout != prev_layout(st, l)) bytes += act_bytes(&ly->in, ly->in_dtype, n);
+            if (ly->kind->tape_bytes) bytes += ly->kind->tape_bytes(ly, n);
         }
     }
     return bytes;
@@ -118,6 +308,8 @@ static size_t range_bytes(const ps_model *m, int first, int last, int n, int wit
 size_t ps_model_tape_bytes(const ps_model *m, int n) { return range_bytes(m, 0, m->nstages - 1, n, 1); }
 
 size_t ps_tape_bytes(const ps_tape *t) { return range_bytes(t->m, t->first, t->last, t->n, 0); }
+
+size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n) { return range_bytes(m, first, last, n, 0); }
 
 /* Move a host or device buffer of stage `from` into a buffer usable by stage
  * `to`. Host-memory stages share pointers; host <-> device is one copy by
@@ -143,7 +335,7 @@ static ps_status cross_stage(stage *from, stage *to, const void *src, size_t byt
     } else if (from->be->ops == to->be->ops && to->be->ops->copy_from_peer) {
         rc = to->be->ops->copy_from_peer(to->be->impl, out, from->be->impl, src, bytes, err);
     } else {
-        bounce = malloc(bytes);
+        bounce = malloc(bytes ? bytes : 4);
         if (!bounce) goto oom;
         rc = from->be->ops->copy_to_host(from->be->impl, bounce, src, bytes, err);
         if (rc == PS_OK) rc = to->be->ops->copy_to_device(to->be->impl, out, bounce, bytes, err);
@@ -175,40 +367,57 @@ ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, 
 
 /* ---------------------------------------------------------------- forward */
 
-static void layer_params(stage *st, int l, float **w) {
-    for (int j = 0; j < st->layers[l].nparams; j++) w[j] = st->w + st->slots[l].w_off[j];
+static void layer_params(stage *st, int l, float **w, float **bw) {
+    const ps_layer *ly = &st->layers[l];
+    for (int j = 0; j < ly->nparams; j++) w[j] = st->w + st->slots[l].w_off[j];
+    for (int j = 0; j < ly->nbuffers; j++)
+        bw[j] = ly->buffer[j].dtype == PS_DTYPE_F32 ? st->bufw + st->slots[l].b_off[j] : NULL;
 }
 
-static ps_status layer_forward(stage *st, tape_stage *ts, int l, int n, int train, const float *mask, ps_rng *rng,
-                               ps_err *err) {
+static void release(stage *st, tape_stage *ts, int b) {
+    if (ts->owned[b]) ps_backend_release(st->be, ts->buf[b]);
+    ts->buf[b] = NULL;
+    ts->owned[b] = 0;
+}
+
+/* A reorder of an (n, c, h, w) activation between layouts. */
+static ps_status reorder(stage *st, const ps_shape *s, int n, const void *src, int from, void *dst, int to,
+                         ps_err *err) {
+    return st->be->ops->reorder(st->be->impl, n, (int)s->dims[0], (int)s->dims[1], (int)s->dims[2], src, from, dst,
+                                to, err);
+}
+
+static ps_status node_forward(ps_model *m, stage *st, tape_stage *ts, const stage_plan *p, int l, int n, int train,
+                              const float *mask, ps_rng *rng, ps_err *err) {
     ps_layer *ly = &st->layers[l];
-    const ps_backend_ops *ops = st->be->ops;
-    const void *x = ts->acts[l];
-    int pl = prev_layout(st, l);
-    if (ly->in_layout != pl) {  /* kept in the tape: backward needs the input in this layout */
-        float *r = ps_backend_alloc_floats(st->be, ps_layer_in_count(ly, n));
+    const node_plan *np = &p->node[l];
+    ps_status rc = PS_OK;
+    (void)m;
+    for (int i = 0; i < ly->nin && rc == PS_OK; i++) {
+        if (!np->reorder[i]) continue;
+        int b = np->in_buf[i], v = IV(st, l, i);
+        void *r = ps_backend_alloc_floats(st->be, ps_layer_in_count(ly, i, n));
         if (!r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
-        ts->rin[l] = r;
-        ps_status rc = ops->reorder(st->be->impl, n, (int)ly->in.dims[0], (int)ly->in.dims[1], (int)ly->in.dims[2],
-                                    x, pl, r, ly->in_layout, err);
-        if (rc != PS_OK) return rc;
-        x = r;
+        ts->buf[b] = r;
+        ts->owned[b] = 1;
+        int src = v ? p->node[v - 1].out_buf : 0;
+        rc = reorder(st, &ly->in[i], n, ts->buf[src], st->val_layout[v], r, ly->in_layout[i], err);
     }
-    unsigned f = ly->kind->flags;
-    if ((f & PS_KIND_VIEW) || ((f & PS_KIND_EVAL_VIEW) && !train)) {
-        ts->acts[l + 1] = (void *)x;   /* a view of the input */
-        ts->owned[l + 1] = 0;
-        return PS_OK;
+    if (rc != PS_OK) return rc;
+    if (is_view(ly, train)) return PS_OK;   /* out_buf is in_buf[0] */
+    if (np->alloc) {
+        size_t ob = act_bytes(&ly->outs, ly->out_dtype, n);
+        void *y = st->be->ops->alloc(st->be->impl, ob ? ob : 4);
+        if (!y) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
+        ts->buf[np->out_buf] = y;
+        ts->owned[np->out_buf] = 1;
     }
-    size_t ob = act_bytes(&ly->outs, ly->out_dtype, n);
-    void *y = ops->alloc(st->be->impl, ob ? ob : 4);
-    if (!y) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for activations");
-    ts->acts[l + 1] = y;
-    ts->owned[l + 1] = 1;
-    float *w[PS_LAYER_MAX_PARAMS] = {0};
-    layer_params(st, l, w);
-    ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .x = x, .y = y, .w = w, .saved = &ts->saved[l],
-                       .train = train, .mask = mask, .rng = rng};
+    float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
+    layer_params(st, l, w, bw);
+    const void *xs[PS_NODE_MAX_INPUTS];
+    for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
+    ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
+                       .buf = bw, .saved = &ts->saved[l], .train = train, .mask = mask, .rng = rng};
     return ly->kind->forward(&c, err);
 }
 
@@ -218,45 +427,57 @@ static ps_status forward_stages(ps_model *m, ps_tape *t, const void *x, int keep
                                 ps_rng *rng, ps_err *err) {
     int n = t->n;
     stage *s0 = &m->stages[t->first];
-    const ps_layer *l0 = &s0->layers[0];
-    size_t in_bytes = act_bytes(&l0->in, l0->in_dtype, n);
+    ps_shape tmp;
+    size_t in_bytes = act_bytes(ps_stage_in_shape(s0, &tmp), s0->info.in_dtype, n);
     ps_status rc = PS_OK;
+    tape_stage *t0 = &t->st[t->first];
     if (s0->host_memory && !keep) {
-        t->st[t->first].acts[0] = (void *)x;
-        t->st[t->first].owned[0] = 0;
+        t0->buf[0] = (void *)x;
+        t0->owned[0] = 0;
     } else {
         void *xd = s0->be->ops->alloc(s0->be->impl, in_bytes ? in_bytes : 4);
         if (!xd) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for input");
-        t->st[t->first].acts[0] = xd;
-        t->st[t->first].owned[0] = 1;
+        t0->buf[0] = xd;
+        t0->owned[0] = 1;
         rc = s0->be->ops->copy_to_device(s0->be->impl, xd, x, in_bytes, err);
     }
+    const stage_plan *pp = NULL;
     for (int s = t->first; s <= t->last && rc == PS_OK; s++) {
         stage *st = &m->stages[s];
         tape_stage *ts = &t->st[s];
+        const stage_plan *p = &st->plan[t->train];
         if (s > t->first) {
             stage *prev = &m->stages[s - 1];
-            const ps_layer *pl = &prev->layers[prev->nlayers - 1];
+            const ps_layer *pl = ps_stage_out_layer(prev);
             int owned;
-            rc = cross_stage(prev, st, t->st[s - 1].acts[prev->nlayers], act_bytes(&pl->outs, pl->out_dtype, n),
-                             &ts->acts[0], &owned, err);
+            rc = cross_stage(prev, st, t->st[s - 1].buf[pp->out_buf], act_bytes(&pl->outs, pl->out_dtype, n),
+                             &ts->buf[0], &owned, err);
             ts->owned[0] = (unsigned char)owned;
         }
-        for (int l = 0; l < st->nlayers && rc == PS_OK; l++) {
+        for (int k = 0; k < st->nlayers && rc == PS_OK; k++) {
+            int l = st->order[k];
             const ps_layer *ly = &st->layers[l];
             const float *mask = masks && ly->dropout_idx >= 0
                                     ? masks[ly->dropout_idx - m->stages[t->first].dropout_base] : NULL;
-            rc = layer_forward(st, ts, l, n, t->train, mask, rng, err);
+            rc = node_forward(m, st, ts, p, l, n, t->train, mask, rng, err);
+            const node_plan *np = &p->node[l];
+            for (int j = 0; j < np->nfree && rc == PS_OK; j++) release(st, ts, np->free_buf[j]);
         }
+        pp = p;
     }
     return rc;
 }
 
+static const void *tape_out_ptr(const ps_model *m, const ps_tape *t) {
+    const stage *last = &m->stages[t->last];
+    return t->st[t->last].buf[last->plan[t->train].out_buf];
+}
+
 static ps_status tape_output(ps_model *m, const ps_tape *t, float *out, ps_err *err) {
     stage *last = &m->stages[t->last];
-    const ps_layer *ly = &last->layers[last->nlayers - 1];
-    return last->be->ops->copy_to_host(last->be->impl, out, t->st[t->last].acts[last->nlayers],
-                                       act_bytes(&ly->outs, ly->out_dtype, t->n), err);
+    const ps_layer *ly = ps_stage_out_layer(last);
+    return last->be->ops->copy_to_host(last->be->impl, out, tape_out_ptr(m, t), act_bytes(&ly->outs, ly->out_dtype, t->n),
+                                       err);
 }
 
 ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_err *err) {
@@ -265,12 +486,9 @@ ps_status ps_tape_get_output(ps_model *m, const ps_tape *t, float *host_out, ps_
 
 float *ps_tape_output_writable(ps_tape *t) {
     stage *last = &t->m->stages[t->last];
-    int l = last->nlayers - 1;
-    const ps_layer *ly = &last->layers[l];
-    if (!t->train || !last->host_memory || !(ly->kind->flags & PS_KIND_OUTPUT_FREE) || ly->out_dtype != PS_DTYPE_F32 ||
-        !t->st[t->last].owned[l + 1])
-        return NULL;
-    return t->st[t->last].acts[l + 1];
+    const stage_plan *p = &last->plan[1];
+    if (!t->train || !last->host_memory || !p->out_writable || !t->st[t->last].owned[p->out_buf]) return NULL;
+    return t->st[t->last].buf[p->out_buf];
 }
 
 ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err) {
@@ -282,13 +500,15 @@ ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stages '%s' and '%s' are not consecutive in model '%s' "
                               "(the stage between them is hosted elsewhere): run them separately",
                               m->stages[s].def->name, m->stages[s + 1].def->name, m->def->name);
-        const ps_layer *a = &m->stages[s].layers[m->stages[s].nlayers - 1], *b = &m->stages[s + 1].layers[0];
-        if (!ps_shape_equal(&a->outs, &b->in) || a->out_dtype != b->in_dtype) {
+        const ps_layer *a = ps_stage_out_layer(&m->stages[s]);
+        ps_shape bin;
+        ps_stage_in_shape(&m->stages[s + 1], &bin);
+        if (!ps_shape_equal(&a->outs, &bin) || a->out_dtype != m->stages[s + 1].info.in_dtype) {
             char b1[64], b2[64];
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' (output %s) does not feed stage '%s' "
                               "(input %s %s): run them separately", m->stages[s].def->name,
                               ps_shape_format(&a->outs, b1, sizeof b1), m->stages[s + 1].def->name,
-                              ps_shape_format(&b->in, b2, sizeof b2), ps_dtype_name(b->in_dtype));
+                              ps_shape_format(&bin, b2, sizeof b2), ps_dtype_name(m->stages[s + 1].info.in_dtype));
         }
     }
     return PS_OK;
@@ -323,51 +543,177 @@ static void pending_free(ps_model *m, pending *p) {
     free(p->rows);
 }
 
-static ps_status stage_backward(ps_model *m, ps_tape *t, int s, void **carry, int *carry_owned, int want_dx,
-                                pending *p, ps_err *err) {
-    stage *st = &m->stages[s];
-    tape_stage *ts = &t->st[s];
-    const ps_backend_ops *ops = st->be->ops;
-    int n = t->n;
-    float *dy = *carry;
-    int dy_owned = *carry_owned;
+/* Value gradients of one stage's backward. */
+typedef struct vgrads {
+    float **g;               /* per value: d loss / d value, in the value's layout (NULL: none yet) */
+    unsigned char *owned;    /* allocated here (and writable) */
+} vgrads;
+
+static ps_status copy_floats(stage *st, float *dst, const float *src, int64_t count, ps_err *err) {
+    return ps_stage_copy(st, dst, src, count, err);
+}
+
+/* d value v += g (count floats). g_owned: g may be taken over (and is
+ * released when it is not). */
+static ps_status deliver(stage *st, vgrads *vg, int v, float *g, int g_owned, int64_t count, ps_err *err) {
     ps_status rc = PS_OK;
-    for (int l = st->nlayers - 1; l >= 0 && rc == PS_OK; l--) {
-        ps_layer *ly = &st->layers[l];
-        unsigned f = ly->kind->flags;
-        int need_dx = want_dx || l > 0;
-        if (!((f & PS_KIND_VIEW) || ((f & PS_KIND_EVAL_VIEW) && !t->train))) {
-            float *dx = NULL;
-            if (need_dx) {
-                dx = ps_backend_alloc_floats(st->be, ps_layer_in_count(ly, n));
-                if (!dx) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
+    if (!vg->g[v]) {
+        if (g_owned) {
+            vg->g[v] = g;
+            vg->owned[v] = 1;
+            return PS_OK;
+        }
+        vg->g[v] = g;   /* aliased until someone adds to it */
+        vg->owned[v] = 0;
+        return PS_OK;
+    }
+    if (!vg->owned[v]) {   /* copy on write */
+        float *c = ps_backend_alloc_floats(st->be, count);
+        if (!c) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+        if (rc == PS_OK) rc = copy_floats(st, c, vg->g[v], count, err);
+        if (rc != PS_OK) {
+            ps_backend_release(st->be, c);
+            if (g_owned) ps_backend_release(st->be, g);
+            return rc;
+        }
+        vg->g[v] = c;
+        vg->owned[v] = 1;
+    }
+    rc = st->be->ops->add(st->be->impl, count, vg->g[v], g, err);
+    if (g_owned) ps_backend_release(st->be, g);
+    return rc;
+}
+
+/* d input i of node l arrives as g in the layout node l computed in: back
+ * to the value's layout, then into the value's gradient. */
+static ps_status deliver_input(stage *st, const stage_plan *p, vgrads *vg, int l, int i, float *g, int g_owned, int n,
+                               ps_err *err) {
+    const ps_layer *ly = &st->layers[l];
+    int v = IV(st, l, i);
+    int64_t count = ps_layer_in_count(ly, i, n);
+    if (p->node[l].reorder[i]) {
+        float *r = ps_backend_alloc_floats(st->be, count);
+        ps_status rc = r ? reorder(st, &ly->in[i], n, g, ly->in_layout[i], r, st->val_layout[v], err)
+                         : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        if (g_owned) ps_backend_release(st->be, g);
+        if (rc != PS_OK) { ps_backend_release(st->be, r); return rc; }
+        g = r;
+        g_owned = 1;
+    }
+    return deliver(st, vg, v, g, g_owned, count, err);
+}
+
+static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, const unsigned char *rg, vgrads *vg,
+                               int l, int n, int s, pending *pd, ps_err *err) {
+    ps_layer *ly = &st->layers[l];
+    const node_plan *np = &p->node[l];
+    int ov = l + 1;
+    float *dy = vg->g[ov];
+    int dy_owned = vg->owned[ov];
+    vg->g[ov] = NULL;
+    vg->owned[ov] = 0;
+    PS_ASSERT(dy && "every value of a stage reaches its output");
+    ps_status rc = PS_OK;
+    int wanted[PS_NODE_MAX_INPUTS] = {0}, nwanted = 0;
+    for (int i = 0; i < ly->nin; i++) nwanted += wanted[i] = rg[IV(st, l, i)];
+    if ((ly->flags & (PS_KIND_VIEW | PS_KIND_GRAD_PASS)) && !ly->nparams) {
+        /* d input_i = d output: a copy for all but the last taker */
+        int left = nwanted;
+        for (int i = 0; i < ly->nin && rc == PS_OK; i++) {
+            if (!wanted[i]) continue;
+            int last = --left == 0;
+            if (last) {
+                rc = deliver_input(st, p, vg, l, i, dy, dy_owned, n, err);
+                dy_owned = 0;
+                dy = NULL;
+            } else {
+                int64_t count = ps_layer_in_count(ly, i, n);
+                float *c = ps_backend_alloc_floats(st->be, count);
+                rc = c ? copy_floats(st, c, dy, count, err) : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                if (rc == PS_OK) rc = deliver_input(st, p, vg, l, i, c, 1, n, err);
+                else ps_backend_release(st->be, c);
             }
-            float *w[PS_LAYER_MAX_PARAMS] = {0};
-            layer_params(st, l, w);
-            ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .x = ts->rin[l] ? (void *)ts->rin[l] : ts->acts[l],
-                               .y = ts->acts[l + 1], .w = w, .saved = &ts->saved[l], .train = 1, .dy = dy,
-                               .dx = dx};
-            for (int j = 0; j < ly->nparams; j++) {
-                if (ly->param[j].sparse) c.rows = &p->rows[st->slots[l].param[j]];
-                else c.dw[j] = p->dense[s] + st->slots[l].g_off[j];
-            }
-            rc = ly->kind->backward(&c, err);
-            if (dy_owned) ps_backend_release(st->be, dy);
-            dy = dx;
-            dy_owned = dx != NULL;
-        }   /* else a view: dy passes through unchanged */
-        if (ts->rin[l] && dy && rc == PS_OK) {  /* back to the layout of this layer's input */
-            float *r = ps_backend_alloc_floats(st->be, ps_layer_in_count(ly, n));
-            if (!r) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); break; }
-            rc = ops->reorder(st->be->impl, n, (int)ly->in.dims[0], (int)ly->in.dims[1], (int)ly->in.dims[2], dy,
-                              ly->in_layout, r, prev_layout(st, l), err);
-            if (dy_owned) ps_backend_release(st->be, dy);
-            dy = r;
-            dy_owned = 1;
+        }
+        if (dy_owned) ps_backend_release(st->be, dy);
+        return rc;
+    }
+    float *dxs[PS_NODE_MAX_INPUTS] = {0};
+    int dx_is_dy = 0;
+    for (int i = 0; i < ly->nin && rc == PS_OK; i++) {
+        if (!wanted[i]) continue;
+        int v = IV(st, l, i);
+        if (i == 0 && (ly->flags & PS_KIND_INPLACE) && dy_owned && !np->reorder[0] && !vg->g[v] &&
+            ps_layer_in_count(ly, 0, n) == ps_layer_out_count(ly, n)) {
+            int again = 0;
+            for (int j = 1; j < ly->nin; j++) again |= IV(st, l, j) == v;
+            if (!again) { dxs[0] = dy; dx_is_dy = 1; continue; }
+        }
+        if (!(dxs[i] = ps_backend_alloc_floats(st->be, ps_layer_in_count(ly, i, n))))
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+    }
+    if (rc == PS_OK) {
+        float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
+        layer_params(st, l, w, bw);
+        const void *xs[PS_NODE_MAX_INPUTS];
+        for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
+        ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
+                           .buf = bw, .saved = &ts->saved[l], .train = 1, .dy = dy, .dxs = dxs, .dx = dxs[0]};
+        for (int j = 0; j < ly->nparams; j++) {
+            if (ly->param[j].sparse) c.rows = &pd->rows[st->slots[l].param[j]];
+            else c.dw[j] = pd->dense[s] + st->slots[l].g_off[j];
+        }
+        rc = ly->kind->backward(&c, err);
+    }
+    for (int i = 0; i < ly->nin; i++) {   /* deliver_input takes each dx over, even when it fails */
+        if (!dxs[i]) continue;
+        if (rc == PS_OK) {
+            rc = deliver_input(st, p, vg, l, i, dxs[i], 1, n, err);
+            if (i == 0 && dx_is_dy) dy_owned = 0;
+        } else if (!(i == 0 && dx_is_dy)) {
+            ps_backend_release(st->be, dxs[i]);
         }
     }
-    *carry = dy;
-    *carry_owned = dy_owned;
+    if (dy_owned) ps_backend_release(st->be, dy);
+    return rc;
+}
+
+/* Backward of stage s: *carry is d loss / d stage output on entry (owned
+ * or not) and d loss / d stage input on exit (NULL when not wanted). */
+static ps_status stage_backward(ps_model *m, ps_tape *t, int s, void **carry, int *carry_owned, int want_dx,
+                                pending *pd, ps_err *err) {
+    stage *st = &m->stages[s];
+    tape_stage *ts = &t->st[s];
+    const stage_plan *p = &st->plan[1];
+    const unsigned char *rg = st->rg[want_dx ? 1 : 0];
+    int nv = st->nlayers + 1;
+    vgrads vg = {calloc((size_t)nv, sizeof(float *)), calloc((size_t)nv, 1)};
+    ps_status rc = PS_OK;
+    if (!vg.g || !vg.owned) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc == PS_OK) {
+        vg.g[st->out_val] = *carry;
+        vg.owned[st->out_val] = (unsigned char)*carry_owned;
+        *carry = NULL;
+        *carry_owned = 0;
+    }
+    for (int k = st->nlayers - 1; k >= 0 && rc == PS_OK; k--) {
+        int l = st->order[k];
+        if (!rg[l + 1]) {   /* no parameters here or upstream, and no input gradient wanted */
+            if (vg.owned[l + 1]) ps_backend_release(st->be, vg.g[l + 1]);
+            vg.g[l + 1] = NULL;
+            vg.owned[l + 1] = 0;
+            continue;
+        }
+        rc = node_backward(st, ts, p, rg, &vg, l, t->n, s, pd, err);
+    }
+    if (rc == PS_OK && want_dx) {
+        *carry = vg.g[0];
+        *carry_owned = vg.owned[0];
+        vg.g[0] = NULL;
+    }
+    for (int v = 0; vg.g && vg.owned && v < nv; v++)
+        if (vg.owned[v]) ps_backend_release(st->be, vg.g[v]);
+    free(vg.g);
+    free(vg.owned);
     return rc;
 }
 
@@ -394,9 +740,9 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
     if (!t->train) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "an eval forward keeps no tape");
     stage *s0 = &m->stages[t->first];
-    if (grad_in && s0->layers[0].in_dtype != PS_DTYPE_F32)
+    if (grad_in && s0->info.in_dtype != PS_DTYPE_F32)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
-                          s0->def->name, ps_dtype_name(s0->layers[0].in_dtype));
+                          s0->def->name, ps_dtype_name(s0->info.in_dtype));
     int n = t->n;
     acc->sq_valid = 0;   /* its cached norm (grads.c) */
     pending p = {0};
@@ -416,9 +762,9 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
 
     for (int s = t->last; s >= t->first && rc == PS_OK; s--) {
         stage *st = &m->stages[s];
-        const ps_layer *ll = &st->layers[st->nlayers - 1];
+        const ps_layer *ll = ps_stage_out_layer(st);
         size_t ob = act_bytes(&ll->outs, ll->out_dtype, n);
-        if (s == t->last && st->host_memory) {   /* read in place: no backward writes its dy */
+        if (s == t->last && st->host_memory) {   /* read in place: never written (copy on write) */
             carry = (void *)grad_out;
             carry_owned = 0;
         } else if (s == t->last) {   /* d loss / d output onto this stage's device */
@@ -439,12 +785,14 @@ ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float
         carry_stage = st;
         if (rc == PS_OK) rc = stage_backward(m, t, s, &carry, &carry_owned, s > t->first || grad_in, &p, err);
     }
-    if (rc == PS_OK && grad_in)
+    if (rc == PS_OK && grad_in) {
+        ps_shape tmp;
         rc = s0->be->ops->copy_to_host(s0->be->impl, grad_in, carry,
-                                       act_bytes(&s0->layers[0].in, PS_DTYPE_F32, n), err);
+                                       act_bytes(ps_stage_in_shape(s0, &tmp), PS_DTYPE_F32, n), err);
+    }
     if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
     if (rc == PS_OK) rc = commit(m, acc, &p, t->first, t->last, err);
+    if (rc == PS_OK) rc = ps_grads_record(m, acc, t, err);   /* BatchNorm's batch statistics, for the step */
     pending_free(m, &p);
     return rc;
 }
-

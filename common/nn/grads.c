@@ -26,8 +26,74 @@ void ps_grads_free(ps_grads *g) {
     ps_model *m = g->m;
     for (int s = 0; s < m->nstages; s++) ps_backend_release(m->stages[s].be, g->dense[s]);
     for (int i = 0; i < m->nparams; i++) ps_rows_clear(&g->rows[i]);
+    for (int r = 0; r < g->nrecs; r++)
+        for (int k = 0; k < g->recs[r].nstats; k++) free(g->recs[r].stats[k]);
+    free(g->recs);
     free(g->rows);
     free(g);
+}
+
+/* Room for one more record. */
+static fold_record *rec_push(ps_grads *g) {
+    if (g->nrecs == g->caprecs) {
+        int cap = g->caprecs ? 2 * g->caprecs : 8;
+        fold_record *r = realloc(g->recs, (size_t)cap * sizeof *r);
+        if (!r) return NULL;
+        g->recs = r;
+        g->caprecs = cap;
+    }
+    fold_record *r = &g->recs[g->nrecs];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+ps_status ps_grads_record(ps_model *m, ps_grads *g, ps_tape *t, ps_err *err) {
+    if (!t->train || t->folded) return PS_OK;
+    ps_status rc = PS_OK;
+    for (int s = t->first; s <= t->last && rc == PS_OK; s++) {
+        stage *st = &m->stages[s];
+        for (int l = 0; l < st->nlayers && rc == PS_OK; l++) {
+            const ps_layer *ly = &st->layers[l];
+            const float *dev[4];
+            int64_t len[4];
+            int k = ly->kind->stats ? ly->kind->stats(ly, &t->st[s].saved[l], dev, len) : 0;
+            if (!k) continue;
+            fold_record *r = rec_push(g);
+            if (!r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for running statistics");
+            *r = (fold_record){.key = t->key, .seq = t->seq, .stage = s, .layer = l};
+            for (int j = 0; j < k && rc == PS_OK; j++) {
+                r->len[j] = len[j];
+                if (!(r->stats[j] = malloc((size_t)len[j] * sizeof(float))))
+                    rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for running statistics");
+                else
+                    rc = st->be->ops->copy_to_host(st->be->impl, r->stats[j], dev[j], (size_t)len[j] * sizeof(float),
+                                                   err);
+                r->nstats = j + 1;
+            }
+            g->nrecs++;
+        }
+    }
+    if (rc == PS_OK) t->folded = 1;
+    return rc;
+}
+
+/* dst gets copies of src's records (after its own). */
+static ps_status recs_add(ps_grads *dst, const ps_grads *src, ps_err *err) {
+    for (int r = 0; r < src->nrecs; r++) {
+        const fold_record *sr = &src->recs[r];
+        fold_record *d = rec_push(dst);
+        if (!d) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for running statistics");
+        *d = *sr;
+        d->nstats = 0;
+        dst->nrecs++;
+        for (int k = 0; k < sr->nstats; k++) {
+            if (!(d->stats[k] = malloc((size_t)sr->len[k] * sizeof(float))))
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for running statistics");
+            memcpy(d->stats[k], sr->stats[k], (size_t)sr->len[k] * sizeof(float));
+            d->nstats = k + 1;
+        }
+    }
+    return PS_OK;
 }
 
 int ps_grads_touched(const ps_grads *g) {
@@ -36,7 +102,7 @@ int ps_grads_touched(const ps_grads *g) {
         if (g->dense[s]) return 1;
     for (int i = 0; i < m->nparams; i++)
         if (g->rows[i].nrows) return 1;
-    return 0;
+    return g->nrecs > 0;   /* running statistics alone (a stage of buffers and no parameters) */
 }
 
 size_t ps_grads_bytes(const ps_grads *g) {
@@ -46,6 +112,10 @@ size_t ps_grads_bytes(const ps_grads *g) {
         if (g->dense[s]) b += (size_t)m->stages[s].ngrads * sizeof(float);
     for (int i = 0; i < m->nparams; i++)
         b += (size_t)g->rows[i].nrows * (sizeof(int64_t) + (size_t)g->rows[i].width * sizeof(float));
+    for (int r = 0; r < g->nrecs; r++) {
+        b += sizeof g->recs[r];
+        for (int k = 0; k < g->recs[r].nstats; k++) b += (size_t)g->recs[r].len[k] * sizeof(float);
+    }
     return b;
 }
 
@@ -119,6 +189,7 @@ ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *
         else ps_backend_release(st->be, b);
     }
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) rc = ps_rows_merge(&dst->rows[i], &src->rows[i], err);
+    if (rc == PS_OK) rc = recs_add(dst, src, err);
     return rc;
 }
 

@@ -1,8 +1,11 @@
-/* layers.c - the layer-kind table (see layers.h). One row per kind; the
- * functions above the table are that row's entries, grouped by kind. */
+/* layers.c - the layer-kind table (see layers.h): attribute resolution,
+ * initialisation, and one row per kind; the functions above the table are
+ * that row's entries, grouped by kind. */
 #include "layers.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,81 +15,339 @@ void ps_rows_clear(ps_rows *r) {
     memset(r, 0, sizeof *r);
 }
 
-static ps_status need_shape(const ps_layer *ly, int ndim, ps_dtype dt, ps_err *err) {
-    char b[64];
-    if ((ndim >= 0 && ly->in.ndim != ndim) || ly->in_dtype != dt)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
-                          "%s layer%s%s: per-sample input %s %s; it takes %d dimension%s of %s",
-                          ly->kind->name, ly->def->name ? " " : "", ly->def->name ? ly->def->name : "",
-                          ps_shape_format(&ly->in, b, sizeof b), ps_dtype_name(ly->in_dtype), ndim,
-                          ndim == 1 ? "" : "s", ps_dtype_name(dt));
+/* ------------------------------------------------------------ attributes */
+
+static int is_bool_word(const char *s, int *v) {
+    if (!strcmp(s, "true") || !strcmp(s, "True")) { *v = 1; return 1; }
+    if (!strcmp(s, "false") || !strcmp(s, "False")) { *v = 0; return 1; }
+    return 0;
+}
+
+/* One numeric value: a literal or a size (by name). */
+static ps_status attr_number(const ps_layer *ly, const ps_attr_spec *sp, const char *text, const ps_model_def *def,
+                             int n, const char *const *keys, const double *values, double *out, ps_err *err) {
+    char *end;
+    double v = text ? strtod(text, &end) : 0;
+    if (text && *text && !*end && isfinite(v)) {
+        *out = v;
+        return PS_OK;
+    }
+    if (text && ps_model_def_size(def, text)) {
+        *out = ps_model_def_size_value(def, text, n, keys, values);
+        return PS_OK;
+    }
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is neither a number nor a size of the model", sp->name,
+                      text ? text : "null");
+    (void)ly;
+}
+
+static ps_status attr_range(const ps_attr_spec *sp, double v, int integer, ps_err *err) {
+    int lo_ok = sp->lo_open ? v > sp->lo : v >= sp->lo, hi_ok = sp->hi_open ? v < sp->hi : v <= sp->hi;
+    if (integer && v != floor(v))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %g is not a whole number", sp->name, v);
+    if (!lo_ok || !hi_ok) {
+        char lo[32], hi[32];
+        snprintf(lo, sizeof lo, "%g", sp->lo);
+        snprintf(hi, sizeof hi, "%g", sp->hi);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %g is outside %s%s, %s%s", sp->name, v,
+                          sp->lo_open ? "(" : "[", sp->lo < -1e15 ? "-inf" : lo, sp->hi > 1e15 ? "inf" : hi,
+                          sp->hi_open ? ")" : "]");
+    }
     return PS_OK;
 }
 
-static void set_param(ps_layer *ly, int j, const char *suffix, int ndim, const int64_t *dims,
-                      int64_t fan_in, ps_init_kind def_init, ps_init_kind override) {
+/* Set attribute sp from nvals texts (a list when is_list). */
+static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int nvals, const char *const *vals,
+                          const ps_model_def *def, int n, const char *const *keys, const double *values,
+                          ps_err *err) {
+    char *base = (char *)&ly->a;
+    double x;
+    ps_status st;
+    switch (sp->type) {
+    case PS_ATTR_BOOL: {
+        int b;
+        if (!vals[0] || !is_bool_word(vals[0], &b))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is not true or false", sp->name,
+                              vals[0] ? vals[0] : "null");
+        *(int *)(base + sp->off) = b;
+        return PS_OK;
+    }
+    case PS_ATTR_ENUM:
+        for (int i = 0; sp->enums[i]; i++)
+            if (vals[0] && !strcmp(sp->enums[i], vals[0])) { *(int *)(base + sp->off) = i; return PS_OK; }
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is not a value it takes", sp->name,
+                          vals[0] ? vals[0] : "null");
+    case PS_ATTR_FLOAT_OR_NULL:
+        if (!vals[0]) { *(int *)(base + sp->off2) = 1; return PS_OK; }
+        *(int *)(base + sp->off2) = 0;
+        /* fall through */
+    case PS_ATTR_FLOAT:
+        if ((st = attr_number(ly, sp, vals[0], def, n, keys, values, &x, err))) return st;
+        if ((st = attr_range(sp, x, 0, err))) return st;
+        *(double *)(base + sp->off) = x;
+        return PS_OK;
+    case PS_ATTR_INT:
+        if ((st = attr_number(ly, sp, vals[0], def, n, keys, values, &x, err))) return st;
+        if ((st = attr_range(sp, x, 1, err))) return st;
+        *(int64_t *)(base + sp->off) = (int64_t)x;
+        return PS_OK;
+    case PS_ATTR_PAIR: {
+        int64_t *p = (int64_t *)(base + sp->off);
+        for (int i = 0; i < 2; i++) {
+            const char *t = vals[is_list ? i : 0];
+            if ((st = attr_number(ly, sp, t, def, n, keys, values, &x, err))) return st;
+            if ((st = attr_range(sp, x, 1, err))) return st;
+            p[i] = (int64_t)x;
+        }
+        return PS_OK;
+    }
+    case PS_ATTR_DIMS: {
+        int64_t *p = (int64_t *)(base + sp->off);
+        for (int i = 0; i < nvals; i++) {
+            if ((st = attr_number(ly, sp, vals[i], def, n, keys, values, &x, err))) return st;
+            if ((st = attr_range(sp, x, 1, err))) return st;
+            p[i] = (int64_t)x;
+        }
+        *(int *)(base + sp->off2) = nvals;
+        return PS_OK;
+    }
+    }
+    return ps_err_set(err, PS_ERR_INTERNAL, "attribute type %d", (int)sp->type);
+}
+
+/* A default's text as one value or a bracketed list "[a, b]". */
+static ps_status attr_default(ps_layer *ly, const ps_attr_spec *sp, const ps_model_def *def, ps_err *err) {
+    if (!sp->def[0]) return PS_OK;   /* "" = not given: the field keeps its zero (inferred) */
+    if (!strcmp(sp->def, "null")) {
+        const char *v[1] = {NULL};
+        return attr_set(ly, sp, 0, 1, v, def, 0, NULL, NULL, err);
+    }
+    const char *v[1] = {sp->def};
+    return attr_set(ly, sp, 0, 1, v, def, 0, NULL, NULL, err);
+}
+
+ps_status ps_layer_resolve(ps_layer *ly, const ps_model_def *def, int n, const char *const *keys,
+                           const double *values, ps_err *err) {
+    memset(&ly->a, 0, sizeof ly->a);
+    ps_status st;
+    for (const ps_attr_spec *sp = ly->kind->attrs; sp && sp->name; sp++)
+        if (sp->def && (st = attr_default(ly, sp, def, err)) != PS_OK) return st;
+    for (int i = 0; ly->def && i < ly->def->nattr; i++) {
+        const ps_attr_def *ad = &ly->def->attrs[i];
+        const ps_attr_spec *sp = ps_layer_kind_attr(ly->kind, ad->key);
+        PS_ASSERT(sp && "the loader checked the attribute names");
+        if ((st = attr_set(ly, sp, ad->is_list, ad->nvals, ad->vals, def, n, keys, values, err)) != PS_OK)
+            return st;
+    }
+    return PS_OK;
+}
+
+/* ---------------------------------------------------------------- init */
+
+ps_status ps_init_parse(const char *spec, ps_init *out, ps_err *err) {
+    memset(out, 0, sizeof *out);
+    double a = 0, b = 0;
+    char tail;
+    if (!strcmp(spec, "default")) { out->kind = PS_INIT_DEFAULT; return PS_OK; }
+    if (!strcmp(spec, "zeros")) { out->kind = PS_INIT_CONST; return PS_OK; }
+    if (!strcmp(spec, "ones")) { out->kind = PS_INIT_CONST; out->a = 1; return PS_OK; }
+    if (sscanf(spec, "constant(%lf)%c", &a, &tail) == 1 && isfinite(a)) {
+        out->kind = PS_INIT_CONST;
+        out->a = (float)a;
+        return PS_OK;
+    }
+    if (sscanf(spec, "uniform(%lf ,%lf)%c", &a, &b, &tail) == 2 && isfinite(a) && isfinite(b) && a < b) {
+        out->kind = PS_INIT_UNIFORM;
+        out->a = (float)a;
+        out->b = (float)b;
+        return PS_OK;
+    }
+    if (sscanf(spec, "normal(%lf ,%lf)%c", &a, &b, &tail) == 2 && isfinite(a) && isfinite(b) && b >= 0) {
+        out->kind = PS_INIT_NORMAL;
+        out->a = (float)a;
+        out->b = (float)b;
+        return PS_OK;
+    }
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "'%.64s' is not an initialisation (default, zeros, ones, "
+                      "constant(V), uniform(A, B) with A < B, normal(MEAN, STD))", spec);
+}
+
+static float normal01(ps_rng *r) {  /* Box-Muller */
+    float u1 = ps_rng_uniform(r), u2 = ps_rng_uniform(r);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
+    const ps_layer_param *p = &ly->param[j];
+    const ps_init *in = &p->init;
+    if (in->kind == PS_INIT_CONST) {
+        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a;
+        return;
+    }
+    if (in->kind == PS_INIT_NORMAL) {
+        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + in->b * normal01(r);
+        return;
+    }
+    /* uniform: symmetric bounds as (2u - 1) * bound (the draw the C tables made) */
+    if (in->fan_bound || in->a == -in->b) {
+        float bound = in->fan_bound ? 1.0f / sqrtf((float)(p->fan_in ? p->fan_in : 1)) : in->b;
+        for (int64_t i = 0; i < p->numel; i++) host[i] = (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
+        return;
+    }
+    for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + (in->b - in->a) * ps_rng_uniform(r);
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static ps_status need_ndim(const ps_layer *ly, int i, int lo, int hi, ps_dtype dt, ps_err *err) {
+    char b[64];
+    if (ly->in[i].ndim < lo || ly->in[i].ndim > hi || ly->in_dtype[i] != dt) {
+        if (lo == hi)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "per-sample input %s %s; it takes %d dimension%s of %s",
+                              ps_shape_format(&ly->in[i], b, sizeof b), ps_dtype_name(ly->in_dtype[i]), lo,
+                              lo == 1 ? "" : "s", ps_dtype_name(dt));
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "per-sample input %s %s; it takes %d..%d dimensions of %s",
+                          ps_shape_format(&ly->in[i], b, sizeof b), ps_dtype_name(ly->in_dtype[i]), lo, hi,
+                          ps_dtype_name(dt));
+    }
+    return PS_OK;
+}
+
+/* a * b for sizes, saturating at PS_NUMEL_MAX + 1 (too large; refused by the builder). */
+static int64_t sat_mul(int64_t a, int64_t b) {
+    if (a <= 0 || b <= 0) return a * b == 0 ? 0 : PS_NUMEL_MAX + 1;
+    return a > (PS_NUMEL_MAX + 1) / b ? PS_NUMEL_MAX + 1 : a * b;
+}
+
+static void set_param(ps_layer *ly, int j, const char *suffix, int ndim, const int64_t *dims, int64_t fan_in,
+                      ps_init def_init) {
     ps_layer_param *p = &ly->param[j];
     p->suffix = suffix;
     p->ndim = ndim;
     p->numel = 1;
-    for (int d = 0; d < ndim; d++) { p->dims[d] = dims[d]; p->numel *= dims[d]; }
+    for (int d = 0; d < ndim; d++) { p->dims[d] = dims[d]; p->numel = sat_mul(p->numel, dims[d]); }
     p->fan_in = fan_in;
-    p->init = override != PS_INIT_DEFAULT ? override : def_init;
-    p->init_a = override != PS_INIT_DEFAULT ? ly->def->init_a : 0.0f;
+    p->init = def_init;
     if (ly->nparams < j + 1) ly->nparams = j + 1;
 }
 
-static const char *no_op(const ps_backend_ops *ops) { (void)ops; return NULL; }
+static const ps_init FAN_UNIFORM = {PS_INIT_UNIFORM, 0, 0, 1};
+static const ps_init NORMAL01 = {PS_INIT_NORMAL, 0, 1, 0};
+static const ps_init ZEROS = {PS_INIT_CONST, 0, 0, 0};
+static const ps_init ONES = {PS_INIT_CONST, 1, 0, 0};
 
-/* The same shape and dtype out as in. */
+static void set_buffer(ps_layer *ly, const char *suffix, int ndim, const int64_t *dims, ps_dtype dt, float init) {
+    ps_layer_buffer *b = &ly->buffer[ly->nbuffers++];
+    b->suffix = suffix;
+    b->ndim = ndim;
+    b->numel = 1;
+    for (int d = 0; d < ndim; d++) { b->dims[d] = dims[d]; b->numel = sat_mul(b->numel, dims[d]); }
+    b->dtype = dt;
+    b->init = init;
+}
+
+static ps_status check_given(const char *what, int64_t given, int64_t inferred, ps_err *err) {
+    if (given && given != inferred)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s is %lld but the input has %lld", what, (long long)given,
+                          (long long)inferred);
+    return PS_OK;
+}
+
+/* The same shape and dtype out as in (float). */
 static ps_status infer_same(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, -1, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
     if (rc) return rc;
-    ly->outs = ly->in;
+    ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
 
-static size_t no_bytes(const ps_layer *ly, int n) { (void)ly; (void)n; return 0; }
+/* A PyTorch dim (batch = 0, negatives from the end of the batched shape)
+ * as a per-sample dimension 0..ndim-1; -1 when it is the batch or out of range. */
+static int sample_dim(int64_t dim, int ndim) {
+    int64_t full = ndim + 1;
+    if (dim < 0) dim += full;
+    if (dim < 1 || dim >= full) return -1;
+    return (int)(dim - 1);
+}
 
-/* ---- conv2d: nn.Conv2d(cin, out, k, stride, pad); params weight, bias ---- */
+static const char *no_op(const ps_layer *ly, const ps_backend_ops *ops) { (void)ly; (void)ops; return NULL; }
+
+static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; return PS_OK; }
+
+/* ---- Conv2d: nn.Conv2d(in_channels, out_channels, kernel_size, stride,
+ * padding, dilation, groups, bias); params weight (out, in/groups, kh, kw),
+ * bias (out) ---- */
 
 static ps_conv_desc conv_desc(const ps_layer *ly, int n) {
-    ps_conv_desc d = {n, (int)ly->in.dims[0], (int)ly->in.dims[1], (int)ly->in.dims[2], ly->out, ly->k, ly->k,
-                      ly->stride, ly->pad, ly->in_layout, ly->out_layout};
+    const ps_layer_attrs *a = &ly->a;
+    ps_conv_desc d = {.n = n, .cin = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                      .cout = (int)a->out, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
+                      .src_layout = ly->in_layout[0], .dst_layout = ly->out_layout};
+    if (a->kernel[0] == a->kernel[1] && a->stride[0] == a->stride[1] && a->padding[0] == a->padding[1] &&
+        a->dilation[0] == 1 && a->dilation[1] == 1 && a->groups == 1) {   /* the square form (MNIST's) */
+        d.stride = (int)a->stride[0];
+        d.pad = (int)a->padding[0];
+        return d;
+    }
+    d.stride_h = (int)a->stride[0];
+    d.stride_w = (int)a->stride[1];
+    d.pad_h = (int)a->padding[0];
+    d.pad_w = (int)a->padding[1];
+    d.dil_h = (int)a->dilation[0];
+    d.dil_w = (int)a->dilation[1];
+    d.groups = (int)a->groups;
     return d;
 }
 
 static ps_status conv_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, 3, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
     if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    int64_t cin = ly->in[0].dims[0];
+    if ((rc = check_given("in_channels", a->in_features, cin, err))) return rc;
+    if (cin % a->groups || a->out % a->groups)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "groups %lld divides neither in_channels %lld and "
+                          "out_channels %lld both", (long long)a->groups, (long long)cin, (long long)a->out);
     ps_conv_desc d = conv_desc(ly, 1);
-    if (ly->out < 1 || ly->k < 1 || ly->stride < 1 || ps_conv_out_h(&d) < 1 || ps_conv_out_w(&d) < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "conv2d %s: kernel %d does not fit the input",
-                          ly->def->name, ly->k);
+    if (ps_conv_out_h(&d) < 1 || ps_conv_out_w(&d) < 1 ||
+        ly->in[0].dims[1] + 2 * a->padding[0] < a->dilation[0] * (a->kernel[0] - 1) + 1 ||
+        ly->in[0].dims[2] + 2 * a->padding[1] < a->dilation[1] * (a->kernel[1] - 1) + 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel %lldx%lld (dilation %lldx%lld, padding %lldx%lld) "
+                          "does not fit the input (%lld, %lld, %lld)", (long long)a->kernel[0],
+                          (long long)a->kernel[1], (long long)a->dilation[0], (long long)a->dilation[1],
+                          (long long)a->padding[0], (long long)a->padding[1], (long long)cin,
+                          (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
     ly->outs.ndim = 3;
-    ly->outs.dims[0] = ly->out;
+    ly->outs.dims[0] = a->out;
     ly->outs.dims[1] = ps_conv_out_h(&d);
     ly->outs.dims[2] = ps_conv_out_w(&d);
     ly->out_dtype = PS_DTYPE_F32;
-    int64_t fan_in = ly->in.dims[0] * ly->k * ly->k;
-    int64_t wd[4] = {ly->out, ly->in.dims[0], ly->k, ly->k}, bd[1] = {ly->out};
-    set_param(ly, 0, "weight", 4, wd, fan_in, PS_INIT_UNIFORM, ly->def->w_init);
-    set_param(ly, 1, "bias", 1, bd, fan_in, PS_INIT_UNIFORM, ly->def->b_init);
+    int64_t fan_in = cin / a->groups * a->kernel[0] * a->kernel[1];
+    int64_t wd[4] = {a->out, cin / a->groups, a->kernel[0], a->kernel[1]}, bd[1] = {a->out};
+    set_param(ly, 0, "weight", 4, wd, fan_in, FAN_UNIFORM);
+    if (a->bias) set_param(ly, 1, "bias", 1, bd, fan_in, FAN_UNIFORM);
     return PS_OK;
 }
 
 static ps_status conv_forward(ps_layer_call *c, ps_err *err) {
     ps_conv_desc d = conv_desc(c->ly, c->n);
-    return c->be->ops->conv2d_forward(c->be->impl, &d, c->x, c->w[0], c->w[1], c->y, err);
+    return c->be->ops->conv2d_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
     ps_conv_desc d = conv_desc(c->ly, c->n);
-    return c->be->ops->conv2d_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0], c->dw[1], err);
+    return c->be->ops->conv2d_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
+                                       c->ly->a.bias ? c->dw[1] : NULL, err);
 }
 
-/* ---- relu ---- */
+static double conv_flops(const ps_layer *ly) {
+    return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)(ly->in[0].dims[0] / ly->a.groups) *
+           (double)ly->a.kernel[0] * (double)ly->a.kernel[1];
+}
+
+/* ---- ReLU ---- */
 
 static ps_status relu_forward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->relu_forward(c->be->impl, ps_layer_out_count(c->ly, c->n), c->x, c->y, err);
@@ -97,22 +358,59 @@ static ps_status relu_backward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->relu_backward(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, c->dy, c->dx, err);
 }
 
-/* ---- maxpool2d: F.max_pool2d(k, stride) ---- */
+/* ---- MaxPool2d, AvgPool2d: nn.MaxPool2d / nn.AvgPool2d(kernel_size,
+ * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d(1):
+ * an average pool over the whole plane ---- */
+
+static int is_adaptive(const ps_layer *ly) { return ly->a.output_size[0] > 0; }
 
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
-    ps_pool_desc d = {n, (int)ly->in.dims[0], (int)ly->in.dims[1], (int)ly->in.dims[2], ly->k, ly->stride,
-                      ly->in_layout};
+    const ps_layer_attrs *a = &ly->a;
+    ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                      .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad};
+    if (is_adaptive(ly)) {   /* the whole plane, one window */
+        d.kh = d.h;
+        d.kw = d.w;
+        d.stride_h = d.stride_w = 1;
+        d.count_include_pad = 1;
+        return d;
+    }
+    int64_t sh = a->stride[0] ? a->stride[0] : a->kernel[0], sw = a->stride[1] ? a->stride[1] : a->kernel[1];
+    if (a->kernel[0] == a->kernel[1] && sh == sw && !a->padding[0] && !a->padding[1]) {   /* the square form */
+        d.k = (int)a->kernel[0];
+        d.stride = (int)sh;
+        return d;
+    }
+    d.kh = (int)a->kernel[0];
+    d.kw = (int)a->kernel[1];
+    d.stride_h = (int)sh;
+    d.stride_w = (int)sw;
+    d.pad_h = (int)a->padding[0];
+    d.pad_w = (int)a->padding[1];
     return d;
 }
 
 static ps_status pool_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, 3, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
     if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
+                          (long long)a->output_size[0], (long long)a->output_size[1]);
+    if (!is_adaptive(ly) && (2 * a->padding[0] > a->kernel[0] || 2 * a->padding[1] > a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is more than half the kernel %lldx%lld "
+                          "(PyTorch refuses it too)", (long long)a->padding[0], (long long)a->padding[1],
+                          (long long)a->kernel[0], (long long)a->kernel[1]);
+    if (a->flag)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ceil_mode: true is not supported (floor mode only)");
     ps_pool_desc d = pool_desc(ly, 1);
-    if (ly->k < 1 || ly->stride < 1 || ps_pool_out_h(&d) < 1 || ps_pool_out_w(&d) < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "maxpool2d: window %d does not fit the input", ly->k);
+    if (!is_adaptive(ly) && (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] ||
+                             ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",
+                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)ly->in[0].dims[0],
+                          (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
     ly->outs.ndim = 3;
-    ly->outs.dims[0] = ly->in.dims[0];
+    ly->outs.dims[0] = ly->in[0].dims[0];
     ly->outs.dims[1] = ps_pool_out_h(&d);
     ly->outs.dims[2] = ps_pool_out_w(&d);
     ly->out_dtype = PS_DTYPE_F32;
@@ -120,54 +418,291 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
 }
 
 static ps_status pool_forward(ps_layer_call *c, ps_err *err) {
-    const ps_backend_ops *ops = c->be->ops;
     ps_pool_desc d = pool_desc(c->ly, c->n);
-    size_t wsb = ops->maxpool_workspace_size(c->be->impl, &d);
-    c->saved->dev = wsb ? ops->alloc(c->be->impl, wsb) : NULL;
-    if (wsb && !c->saved->dev) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for pooling");
-    return ops->maxpool_forward(c->be->impl, &d, c->x, c->y, c->saved->dev, err);
+    size_t ws = c->be->ops->maxpool_workspace_size(c->be->impl, &d);
+    void *w = c->be->ops->alloc(c->be->impl, ws ? ws : 8);
+    if (!w) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the pooling workspace");
+    c->saved->dev[0] = w;
+    return c->be->ops->maxpool_forward(c->be->impl, &d, c->x, c->y, w, err);
 }
 
 static ps_status pool_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
     ps_pool_desc d = pool_desc(c->ly, c->n);
-    return c->be->ops->maxpool_backward(c->be->impl, &d, c->saved->dev, c->dy, c->dx, err);
+    return c->be->ops->maxpool_backward(c->be->impl, &d, c->saved->dev[0], c->dy, c->dx, err);
 }
 
-/* ---- dropout (nn.Dropout, elementwise) and dropout2d (nn.Dropout2d) ----
- * Inverted dropout: kept elements are scaled by 1/(1-p). The mask lives in
- * the tape at full size (the same multiply serves both kinds); dropout2d
- * draws one value per (sample, channel) and spreads it over the channel.
- * An injected mask (golden tests) is (n, per-sample shape) for dropout and
- * (n, C) for dropout2d. */
+/* Pooling workspaces are backend-specific; a float per output element is
+ * the bound psd accounts for (the index of the maximum). */
+static size_t pool_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
-static ps_status dropout_infer(ps_layer *ly, ps_err *err) {
-    if (!(ly->p >= 0.0f && ly->p < 1.0f))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: p = %g is outside [0, 1)", ly->kind->name,
-                          (double)ly->p);
-    return infer_same(ly, err);
+static double pool_flops(const ps_layer *ly) {
+    const ps_pool_desc r = pool_desc(ly, 1), g = ps_pool_resolve(&r);
+    return (double)ps_shape_numel(&ly->outs) * (double)g.kh * (double)g.kw;
 }
+
+static const char *avgpool_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->avgpool_forward && ops->avgpool_backward ? NULL : "avgpool_forward/avgpool_backward";
+}
+
+static ps_status avgpool_forward(ps_layer_call *c, ps_err *err) {
+    ps_pool_desc d = pool_desc(c->ly, c->n);
+    return c->be->ops->avgpool_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status avgpool_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_pool_desc d = pool_desc(c->ly, c->n);
+    return c->be->ops->avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* ---- BatchNorm2d / BatchNorm1d: nn.BatchNorm2d(num_features, eps,
+ * momentum, affine, track_running_stats). Training forwards use the
+ * batch's statistics and keep mean, invstd and the unbiased variance in the
+ * tape: the model folds the last two into running_mean / running_var when
+ * the context's step is applied (model.c), never here. ---- */
+
+/* (n, C, s): s = H*W (2d), L or 1 (1d). */
+static ps_chan_desc bn_desc(const ps_layer *ly, int n) {
+    const ps_shape *in = &ly->in[0];
+    int64_t s = 1;
+    for (int d = 1; d < in->ndim; d++) s *= in->dims[d];
+    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps};
+    return d;
+}
+
+static ps_status bn_infer_dims(ps_layer *ly, int lo, int hi, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, lo, hi, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int64_t c = ly->in[0].dims[0];
+    if ((rc = check_given("num_features", ly->a.in_features, c, err))) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t cd[1] = {c};
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", 1, cd, c, ONES);
+        set_param(ly, 1, "bias", 1, cd, c, ZEROS);
+    }
+    if (ly->a.track) {
+        set_buffer(ly, "running_mean", 1, cd, PS_DTYPE_F32, 0.0f);
+        set_buffer(ly, "running_var", 1, cd, PS_DTYPE_F32, 1.0f);
+        set_buffer(ly, "num_batches_tracked", 0, cd, PS_DTYPE_I64, 0.0f);
+    }
+    return PS_OK;
+}
+
+static ps_status bn2d_infer(ps_layer *ly, ps_err *err) { return bn_infer_dims(ly, 3, 3, err); }
+static ps_status bn1d_infer(ps_layer *ly, ps_err *err) { return bn_infer_dims(ly, 1, 2, err); }
+
+static const char *bn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->batchnorm_forward_training && ops->batchnorm_forward_inference && ops->batchnorm_backward
+               ? NULL : "batchnorm_forward_training/batchnorm_forward_inference/batchnorm_backward";
+}
+
+static ps_status bn_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_chan_desc d = bn_desc(ly, c->n);
+    const float *gamma = ly->a.affine ? c->w[0] : NULL, *beta = ly->a.affine ? c->w[1] : NULL;
+    if (!c->train && ly->a.track)   /* eval: the running statistics */
+        return c->be->ops->batchnorm_forward_inference(c->be->impl, &d, c->x, gamma, beta, c->buf[0], c->buf[1],
+                                                       c->y, NULL, err);
+    if ((int64_t)d.n * d.s < 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "BatchNorm %s: expected more than 1 value per channel when "
+                          "training (got a batch of %d with %lld per sample)", ly->name, c->n, (long long)d.s);
+    float *mean = ps_backend_alloc_floats(c->be, d.c), *invstd = ps_backend_alloc_floats(c->be, d.c);
+    float *var = c->train && ly->a.track ? ps_backend_alloc_floats(c->be, d.c) : NULL;
+    if (!mean || !invstd || (c->train && ly->a.track && !var)) {
+        ps_backend_release(c->be, mean);
+        ps_backend_release(c->be, invstd);
+        ps_backend_release(c->be, var);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's statistics", ly->name);
+    }
+    if (c->train) {   /* kept for the backward and the running statistics */
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = invstd;
+        c->saved->dev[2] = var;
+    }
+    ps_status rc = c->be->ops->batchnorm_forward_training(c->be->impl, &d, c->x, gamma, beta, c->y, mean, invstd,
+                                                          var, err);
+    if (!c->train) {
+        ps_backend_release(c->be, mean);
+        ps_backend_release(c->be, invstd);
+    }
+    return rc;
+}
+
+static ps_status bn_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_chan_desc d = bn_desc(ly, c->n);
+    return c->be->ops->batchnorm_backward(c->be->impl, &d, 1, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx,
+                                          ly->a.affine ? c->dw[0] : NULL, ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t bn_bytes(const ps_layer *ly, int n) { (void)n; return 3 * (size_t)ly->in[0].dims[0] * sizeof(float); }
+
+static double bn_flops(const ps_layer *ly) { return 4.0 * (double)ps_shape_numel(&ly->outs); }
+
+/* The batch mean and unbiased variance of a training forward. */
+static int bn_stats(const ps_layer *ly, const ps_layer_saved *sv, const float **dev, int64_t *len) {
+    if (!ly->a.track || !sv->dev[0] || !sv->dev[2]) return 0;
+    dev[0] = sv->dev[0];
+    dev[1] = sv->dev[2];
+    len[0] = len[1] = ly->in[0].dims[0];
+    return 2;
+}
+
+/* PyTorch's update (ATen's batch_norm update_stats, in double): count the
+ * batch, then running = (1 - f) * running + f * batch with f = momentum,
+ * or 1 / num_batches_tracked for momentum=None (a cumulative average). */
+static void bn_fold(const ps_layer *ly, float *const *fbuf, int64_t *const *ibuf, const float *const *stats) {
+    int64_t c = ly->in[0].dims[0];
+    ibuf[2][0] += 1;
+    double f = ly->a.momentum_null ? 1.0 / (double)ibuf[2][0] : ly->a.momentum;
+    for (int64_t j = 0; j < c; j++) {
+        fbuf[0][j] = (float)(f * stats[0][j] + (1.0 - f) * fbuf[0][j]);
+        fbuf[1][j] = (float)(f * stats[1][j] + (1.0 - f) * fbuf[1][j]);
+    }
+}
+
+/* ---- LayerNorm: nn.LayerNorm(normalized_shape, eps, elementwise_affine)
+ * over the trailing dimensions ---- */
+
+static ps_ln_desc ln_desc(const ps_layer *ly, int n) {
+    int64_t cols = 1;
+    for (int d = 0; d < ly->a.ndims; d++) cols *= ly->a.dims[d];
+    ps_ln_desc d = {(int64_t)n * (ps_shape_numel(&ly->in[0]) / cols), cols, (float)ly->a.eps};
+    return d;
+}
+
+static ps_status ln_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_shape *in = &ly->in[0];
+    int k = ly->a.ndims, ok = k <= in->ndim;
+    for (int d = 0; ok && d < k; d++) ok = in->dims[in->ndim - k + d] == ly->a.dims[d];
+    if (!ok) {
+        char b[64];
+        ps_shape ns = {.ndim = k};
+        for (int d = 0; d < k; d++) ns.dims[d] = ly->a.dims[d];
+        char b2[64];
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "normalized_shape %s is not the input's trailing "
+                          "dimensions %s", ps_shape_format(&ns, b2, sizeof b2), ps_shape_format(in, b, sizeof b));
+    }
+    ly->outs = *in;
+    ly->out_dtype = PS_DTYPE_F32;
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", k, ly->a.dims, 1, ONES);
+        set_param(ly, 1, "bias", k, ly->a.dims, 1, ZEROS);
+    }
+    return PS_OK;
+}
+
+static const char *ln_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->layernorm_forward && ops->layernorm_backward ? NULL : "layernorm_forward/layernorm_backward";
+}
+
+static ps_status ln_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_ln_desc d = ln_desc(ly, c->n);
+    float *mean = NULL, *rstd = NULL;
+    if (c->train) {
+        mean = ps_backend_alloc_floats(c->be, d.rows);
+        rstd = ps_backend_alloc_floats(c->be, d.rows);
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = rstd;
+        if (!mean || !rstd) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name);
+    }
+    return c->be->ops->layernorm_forward(c->be->impl, &d, c->x, ly->a.affine ? c->w[0] : NULL,
+                                         ly->a.affine ? c->w[1] : NULL, c->y, mean, rstd, err);
+}
+
+static ps_status ln_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_ln_desc d = ln_desc(ly, c->n);
+    return c->be->ops->layernorm_backward(c->be->impl, &d, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx, ly->a.affine ? c->dw[0] : NULL,
+                                          ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(ly, n).rows * sizeof(float); }
+
+static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
+
+/* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
+ * Tanh, Sigmoid (ReLU has its own ops above); the backward reads the
+ * input or the output, as the activation needs ---- */
+
+static ps_act_desc act_desc(const ps_layer *ly) {
+    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID};
+    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope};
+    if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
+    return d;
+}
+
+/* ly->a.act carries the row's activation (set by its infer). */
+static ps_status act_infer_as(ps_layer *ly, int which, ps_err *err) {
+    ps_status rc = infer_same(ly, err);
+    if (rc) return rc;
+    ly->a.act = which;
+    ly->flags &= ~(unsigned)(PS_KIND_BWD_X | PS_KIND_BWD_Y);
+    ly->flags |= ps_act_backward_reads_x(act_desc(ly).kind) ? PS_KIND_BWD_X : PS_KIND_BWD_Y;
+    return PS_OK;
+}
+static ps_status leaky_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 0, err); }
+static ps_status gelu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 1, err); }
+static ps_status silu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 2, err); }
+static ps_status tanh_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 3, err); }
+static ps_status sigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 4, err); }
+
+static const char *act_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->act_backward ? NULL : "act_forward/act_backward";
+}
+
+static ps_status act_forward(ps_layer_call *c, ps_err *err) {
+    ps_act_desc d = act_desc(c->ly);
+    return c->be->ops->act_forward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), c->x, c->y, err);
+}
+
+static ps_status act_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_act_desc d = act_desc(c->ly);
+    int rx = ps_act_backward_reads_x(d.kind);
+    return c->be->ops->act_backward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), rx ? c->x : NULL,
+                                    rx ? NULL : c->y, c->dy, c->dx, err);
+}
+
+/* ---- Dropout / Dropout2d: inverted dropout with a mask kept in the tape ---- */
+
+static ps_status dropout_infer(ps_layer *ly, ps_err *err) { return infer_same(ly, err); }
 
 static ps_status dropout2d_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, 3, PS_DTYPE_F32, err);
-    return rc ? rc : dropout_infer(ly, err);
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
 }
 
-/* Fill the full-size host mask; group = elements sharing one draw. */
+/* Draw (or take) a mask of the output's size; group = elements sharing a draw. */
 static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     int64_t count = ps_layer_out_count(c->ly, c->n);
     float *mask = ps_backend_alloc_floats(c->be, count);
-    float *host = malloc((size_t)count * sizeof(float));
+    float *host = malloc((size_t)(count ? count : 1) * sizeof(float));
     if (!mask || !host) {
         ps_backend_release(c->be, mask);
         free(host);
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
     }
-    c->saved->dev = mask;
-    float keep = 1.0f / (1.0f - c->ly->p);
+    c->saved->dev[0] = mask;
+    float keep = 1.0f / (1.0f - (float)c->ly->a.p);
     for (int64_t g = 0; g < count / group; g++) {
-        float v = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < c->ly->p ? 0.0f : keep);
+        float v = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < (float)c->ly->a.p ? 0.0f : keep);
         for (int64_t i = 0; i < group; i++) host[g * group + i] = v;
     }
     ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
@@ -178,131 +713,228 @@ static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
 
 static ps_status dropout_forward(ps_layer_call *c, ps_err *err) { return dropout_run(c, 1, err); }
 
+/* Dropout2d: one draw per (sample, channel), applied by mul_channels in
+ * the layout the activation has (the mask is (n, C) whatever the layout). */
 static ps_status dropout2d_forward(ps_layer_call *c, ps_err *err) {
-    return dropout_run(c, c->ly->in.dims[1] * c->ly->in.dims[2], err);
+    const ps_backend_ops *ops = c->be->ops;
+    ps_chan_desc d = bn_desc(c->ly, c->n);
+    int64_t count = (int64_t)d.n * d.c;
+    float *mask = ps_backend_alloc_floats(c->be, count);
+    float *host = malloc((size_t)(count ? count : 1) * sizeof(float));
+    if (!mask || !host) {
+        ps_backend_release(c->be, mask);
+        free(host);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
+    }
+    c->saved->dev[0] = mask;
+    float keep = 1.0f / (1.0f - (float)c->ly->a.p);
+    for (int64_t g = 0; g < count; g++)
+        host[g] = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < (float)c->ly->a.p ? 0.0f : keep);
+    ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+    free(host);
+    if (rc != PS_OK) return rc;
+    return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
 }
 
 static ps_status dropout_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return c->be->ops->mul(c->be->impl, ps_layer_out_count(c->ly, c->n), c->dy, c->saved->dev, c->dx, err);
+    return c->be->ops->mul(c->be->impl, ps_layer_out_count(c->ly, c->n), c->dy, c->saved->dev[0], c->dx, err);
 }
+
+static ps_status dropout2d_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_chan_desc d = bn_desc(c->ly, c->n);
+    return c->be->ops->mul_channels(c->be->impl, &d, c->dy, c->saved->dev[0], c->dx, err);
+}
+
+static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->mul_channels ? NULL : "mul_channels";
+}
+
+static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
-/* ---- flatten: torch.flatten(x, 1); a view ---- */
+/* ---- Flatten: nn.Flatten(start_dim=1, end_dim=-1); a view ---- */
 
 static ps_status flatten_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, -1, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
     if (rc) return rc;
-    ly->outs.ndim = 1;
-    ly->outs.dims[0] = ps_shape_numel(&ly->in);
+    const ps_shape *in = &ly->in[0];
+    int s = sample_dim(ly->a.dim, in->ndim), e = sample_dim(ly->a.end_dim, in->ndim);
+    if (in->ndim == 0) { ly->outs = *in; ly->outs.ndim = 1; ly->outs.dims[0] = 1; ly->out_dtype = PS_DTYPE_F32; return PS_OK; }
+    if (s < 0 || e < 0 || s > e)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start_dim %lld, end_dim %lld do not name dimensions 1..%d "
+                          "of the batched input (0 is the batch)", (long long)ly->a.dim, (long long)ly->a.end_dim,
+                          in->ndim);
+    ps_shape o = {0};
+    for (int d = 0; d < s; d++) o.dims[o.ndim++] = in->dims[d];
+    int64_t k = 1;
+    for (int d = s; d <= e; d++) k *= in->dims[d];
+    o.dims[o.ndim++] = k;
+    for (int d = e + 1; d < in->ndim; d++) o.dims[o.ndim++] = in->dims[d];
+    ly->outs = o;
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
 
-static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; return PS_OK; }
+/* ---- Reshape: x.view(N, *shape); one entry may be -1 ---- */
 
-/* ---- linear: nn.Linear(in, out) over the last dimension ---- */
+static ps_status reshape_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int64_t total = ps_shape_numel(&ly->in[0]), known = 1;
+    int infer_at = -1;
+    ps_shape o = {.ndim = ly->a.ndims};
+    for (int d = 0; d < ly->a.ndims; d++) {
+        o.dims[d] = ly->a.dims[d];
+        if (o.dims[d] == -1) {
+            if (infer_at >= 0) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape: only one entry may be -1");
+            infer_at = d;
+        } else if (o.dims[d] < 1) {
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape: entry %d is %lld", d + 1, (long long)o.dims[d]);
+        } else {
+            known = sat_mul(known, o.dims[d]);
+        }
+    }
+    if (infer_at >= 0 && known && total % known == 0) o.dims[infer_at] = total / known;
+    int64_t got = 1;
+    for (int d = 0; d < o.ndim; d++) got = sat_mul(got, o.dims[d]);
+    if (got != total) {
+        char b1[64];
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape: %lld elements per sample cannot be viewed as the "
+                          "given shape (input %s)", (long long)total, ps_shape_format(&ly->in[0], b1, sizeof b1));
+    }
+    ly->outs = o;
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* ---- Linear: nn.Linear(in_features, out_features, bias) over the last dimension ---- */
 
 static ps_linear_desc linear_desc(const ps_layer *ly, int n) {
-    ps_linear_desc d = {(int)(n * ps_shape_rows(&ly->in)), (int)ps_shape_last(&ly->in), ly->out};
+    ps_linear_desc d = {(int)(n * ps_shape_rows(&ly->in[0])), (int)ps_shape_last(&ly->in[0]), (int)ly->a.out};
     return d;
 }
 
 static ps_status linear_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, -1, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
     if (rc) return rc;
-    if (ly->in.ndim < 1 || ly->out < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "linear %s: needs a per-sample input of at least "
-                          "one dimension and out >= 1", ly->def->name);
-    ly->outs = ly->in;
-    ly->outs.dims[ly->outs.ndim - 1] = ly->out;
+    int64_t in = ps_shape_last(&ly->in[0]);
+    if ((rc = check_given("in_features", ly->a.in_features, in, err))) return rc;
+    ly->outs = ly->in[0];
+    ly->outs.dims[ly->outs.ndim - 1] = ly->a.out;
     ly->out_dtype = PS_DTYPE_F32;
-    int64_t in = ps_shape_last(&ly->in);
-    int64_t wd[2] = {ly->out, in}, bd[1] = {ly->out};
-    set_param(ly, 0, "weight", 2, wd, in, PS_INIT_UNIFORM, ly->def->w_init);
-    set_param(ly, 1, "bias", 1, bd, in, PS_INIT_UNIFORM, ly->def->b_init);
+    int64_t wd[2] = {ly->a.out, in}, bd[1] = {ly->a.out};
+    set_param(ly, 0, "weight", 2, wd, in, FAN_UNIFORM);
+    if (ly->a.bias) set_param(ly, 1, "bias", 1, bd, in, FAN_UNIFORM);
     return PS_OK;
 }
 
 static ps_status linear_forward(ps_layer_call *c, ps_err *err) {
     ps_linear_desc d = linear_desc(c->ly, c->n);
-    return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->w[1], c->y, err);
+    return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
     ps_linear_desc d = linear_desc(c->ly, c->n);
-    return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0], c->dw[1], err);
+    return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
+                                       c->ly->a.bias ? c->dw[1] : NULL, err);
 }
 
-/* ---- log_softmax and softmax over the last dimension ---- */
+static double linear_flops(const ps_layer *ly) { return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)ps_shape_last(&ly->in[0]); }
 
-static ps_status log_softmax_forward(ps_layer_call *c, ps_err *err) {
-    const ps_layer *ly = c->ly;
-    return c->be->ops->log_softmax_forward(c->be->impl, (int)(c->n * ps_shape_rows(&ly->in)),
-                                           (int)ps_shape_last(&ly->in), c->x, c->y, err);
+/* ---- LogSoftmax and Softmax over dim: the row-wise ops when dim is
+ * the last one that is not 1, the strided op otherwise ---- */
+
+static ps_status softmax_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    if (d < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
+                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
 }
 
-static ps_status log_softmax_backward(ps_layer_call *c, ps_err *err) {
-    const ps_layer *ly = c->ly;
-    if (!c->dx) return PS_OK;
-    return c->be->ops->log_softmax_backward(c->be->impl, (int)(c->n * ps_shape_rows(&ly->in)),
-                                            (int)ps_shape_last(&ly->in), c->y, c->dy, c->dx, err);
+/* The input as (outer, dim, inner) around the softmax dimension. */
+static ps_softmax_desc sm_desc(const ps_layer *ly, int n, int log) {
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    ps_softmax_desc s = {n, (int)ly->in[0].dims[d], 1, log};
+    for (int k = 0; k < d; k++) s.outer *= ly->in[0].dims[k];
+    for (int k = d + 1; k < ly->in[0].ndim; k++) s.inner *= ly->in[0].dims[k];
+    return s;
 }
 
-static const char *softmax_missing(const ps_backend_ops *ops) {
+static const char *sm_missing(const ps_layer *ly, const ps_backend_ops *ops, int log) {
+    ps_softmax_desc s = sm_desc(ly, 1, log);
+    if (s.inner > 1) return ops->softmax_dim_forward && ops->softmax_dim_backward ? NULL : "softmax_dim_forward/backward";
+    if (log) return NULL;
     return ops->softmax_forward && ops->softmax_backward ? NULL : "softmax_forward/softmax_backward";
 }
+static const char *softmax_missing(const ps_layer *ly, const ps_backend_ops *ops) { return sm_missing(ly, ops, 0); }
+static const char *log_softmax_missing(const ps_layer *ly, const ps_backend_ops *ops) { return sm_missing(ly, ops, 1); }
 
-static ps_status softmax_forward(ps_layer_call *c, ps_err *err) {
-    const ps_layer *ly = c->ly;
-    return c->be->ops->softmax_forward(c->be->impl, c->n * ps_shape_rows(&ly->in), (int)ps_shape_last(&ly->in),
-                                       c->x, c->y, err);
+static ps_status sm_forward(ps_layer_call *c, int log, ps_err *err) {
+    ps_softmax_desc s = sm_desc(c->ly, c->n, log);
+    const ps_backend_ops *ops = c->be->ops;
+    if (s.inner > 1) return ops->softmax_dim_forward(c->be->impl, &s, c->x, c->y, err);
+    if (log) return ops->log_softmax_forward(c->be->impl, (int)s.outer, s.dim, c->x, c->y, err);
+    return ops->softmax_forward(c->be->impl, s.outer, s.dim, c->x, c->y, err);
 }
 
-static ps_status softmax_backward(ps_layer_call *c, ps_err *err) {
-    const ps_layer *ly = c->ly;
+static ps_status sm_backward(ps_layer_call *c, int log, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return c->be->ops->softmax_backward(c->be->impl, c->n * ps_shape_rows(&ly->in), (int)ps_shape_last(&ly->in),
-                                        c->y, c->dy, c->dx, err);
+    ps_softmax_desc s = sm_desc(c->ly, c->n, log);
+    const ps_backend_ops *ops = c->be->ops;
+    if (s.inner > 1) return ops->softmax_dim_backward(c->be->impl, &s, c->y, c->dy, c->dx, err);
+    if (log) return ops->log_softmax_backward(c->be->impl, (int)s.outer, s.dim, c->y, c->dy, c->dx, err);
+    return ops->softmax_backward(c->be->impl, s.outer, s.dim, c->y, c->dy, c->dx, err);
 }
 
-/* ---- embedding: nn.Embedding(num, out); int64 ids in, rows out ----
- * The weight's gradient is row-sparse: the unique ids of the batch and the
- * sum of the output gradients of each (a scatter-add). */
+static ps_status log_softmax_forward(ps_layer_call *c, ps_err *err) { return sm_forward(c, 1, err); }
+static ps_status log_softmax_backward(ps_layer_call *c, ps_err *err) { return sm_backward(c, 1, err); }
+static ps_status softmax_forward(ps_layer_call *c, ps_err *err) { return sm_forward(c, 0, err); }
+static ps_status softmax_backward(ps_layer_call *c, ps_err *err) { return sm_backward(c, 0, err); }
+
+/* ---- Embedding: nn.Embedding(num_embeddings, embedding_dim); int64 ids
+ * in, rows out. The weight's gradient is row-sparse: the unique ids of the
+ * batch and the sum of the output gradients of each (a scatter-add). ---- */
 
 static ps_status emb_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, -1, PS_DTYPE_I64, err);
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS - 1, PS_DTYPE_I64, err);
     if (rc) return rc;
-    if (ly->in.ndim >= PS_SHAPE_MAX_DIMS || ly->num < 1 || ly->out < 1)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "embedding %s: needs num >= 1, dim >= 1 and at most "
-                          "%d per-sample dimensions", ly->def->name, PS_SHAPE_MAX_DIMS - 1);
-    ly->outs = ly->in;
-    ly->outs.dims[ly->outs.ndim++] = ly->out;
+    if (ly->a.num > INT32_MAX || ly->a.out > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_embeddings and embedding_dim are at most %d", INT32_MAX);
+    ly->outs = ly->in[0];
+    ly->outs.dims[ly->outs.ndim++] = ly->a.out;
     ly->out_dtype = PS_DTYPE_F32;
-    int64_t wd[2] = {ly->num, ly->out};
-    set_param(ly, 0, "weight", 2, wd, ly->out, PS_INIT_NORMAL, ly->def->w_init);
+    int64_t wd[2] = {ly->a.num, ly->a.out};
+    set_param(ly, 0, "weight", 2, wd, ly->a.out, NORMAL01);
     ly->param[0].sparse = 1;
     return PS_OK;
 }
 
-static const char *emb_missing(const ps_backend_ops *ops) {
+static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
     return ops->embedding_forward && ops->embedding_backward ? NULL : "embedding_forward/embedding_backward";
 }
 
 static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err) {
     const int64_t *ids = host_x;
-    int64_t lo = ly->row_lo, hi = ly->row_lo + ly->num;
+    int64_t lo = ly->row_lo, hi = ly->row_lo + ly->a.num;
     for (int64_t i = 0; i < count; i++) {
         if (ids[i] >= lo && ids[i] < hi) continue;
         if (ly->row_total)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                               "input[%lld] = %lld is outside this shard's rows [%lld, %lld) of %s.weight "
                               "(%lld rows over its shards)", (long long)i, (long long)ids[i], (long long)lo,
-                              (long long)hi, ly->def->name, (long long)ly->row_total);
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
-                          "input[%lld] = %lld is not a row of %s.weight (0..%d)", (long long)i,
-                          (long long)ids[i], ly->def->name, ly->num - 1);
+                              (long long)hi, ly->name, (long long)ly->row_total);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld] = %lld is not a row of %s.weight (0..%lld)",
+                          (long long)i, (long long)ids[i], ly->name, (long long)(ly->a.num - 1));
     }
     return PS_OK;
 }
@@ -314,7 +946,7 @@ static int64_t *emb_local_ids(const ps_layer_call *c, int64_t n, ps_err *err) {
     size_t ib = (size_t)n * sizeof(int64_t);
     int64_t *h = malloc(ib ? ib : 8), *d = ops->alloc(c->be->impl, ib ? ib : 8);
     ps_status rc = PS_OK;
-    if (!h || !d) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", c->ly->def->name);
+    if (!h || !d) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", c->ly->name);
     if (rc == PS_OK) rc = ops->copy_to_host(c->be->impl, h, c->x, ib, err);
     for (int64_t i = 0; rc == PS_OK && i < n; i++) h[i] -= c->ly->row_lo;
     if (rc == PS_OK) rc = ops->copy_to_device(c->be->impl, d, h, ib, err);
@@ -324,12 +956,12 @@ static int64_t *emb_local_ids(const ps_layer_call *c, int64_t n, ps_err *err) {
 }
 
 static ps_status emb_forward(ps_layer_call *c, ps_err *err) {
-    int64_t n = c->n * ps_shape_numel(&c->ly->in);
-    if (!c->ly->row_lo)
-        return c->be->ops->embedding_forward(c->be->impl, n, c->ly->out, c->x, c->w[0], c->y, err);
+    int64_t n = c->n * ps_shape_numel(&c->ly->in[0]);
+    int dim = (int)c->ly->a.out;
+    if (!c->ly->row_lo) return c->be->ops->embedding_forward(c->be->impl, n, dim, c->x, c->w[0], c->y, err);
     int64_t *ids = emb_local_ids(c, n, err);
     if (!ids) return PS_ERR_RESOURCE_EXHAUSTED;
-    ps_status rc = c->be->ops->embedding_forward(c->be->impl, n, c->ly->out, ids, c->w[0], c->y, err);
+    ps_status rc = c->be->ops->embedding_forward(c->be->impl, n, dim, ids, c->w[0], c->y, err);
     ps_backend_release(c->be, ids);
     return rc;
 }
@@ -342,10 +974,10 @@ static int cmp_i64(const void *a, const void *b) {
 static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     void *impl = c->be->impl;
-    int64_t n = c->n * ps_shape_numel(&c->ly->in);
-    int dim = c->ly->out;
+    int64_t n = c->n * ps_shape_numel(&c->ly->in[0]);
+    int dim = (int)c->ly->a.out;
     size_t ib = (size_t)n * sizeof(int64_t);
-    int64_t *ids = malloc(ib), *sorted = malloc(ib), *slot = malloc(ib);
+    int64_t *ids = malloc(ib ? ib : 8), *sorted = malloc(ib ? ib : 8), *slot = malloc(ib ? ib : 8);
     int64_t *dslot = ops->alloc(impl, ib ? ib : 8);
     float *dgrows = NULL;
     ps_status rc = PS_OK;
@@ -362,8 +994,8 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
         const int64_t *p = bsearch(&ids[i], sorted, (size_t)nrows, sizeof *sorted, cmp_i64);
         slot[i] = p - sorted;
     }
-    r.rows = malloc((size_t)nrows * sizeof(int64_t));
-    r.grad = malloc((size_t)nrows * dim * sizeof(float));
+    r.rows = malloc((size_t)(nrows ? nrows : 1) * sizeof(int64_t));
+    r.grad = malloc((size_t)(nrows ? nrows : 1) * dim * sizeof(float));
     dgrows = ps_backend_alloc_floats(c->be, nrows * dim);
     if (!r.rows || !r.grad || !dgrows) goto oom;
     memcpy(r.rows, sorted, (size_t)nrows * sizeof(int64_t));
@@ -378,7 +1010,7 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     memset(&r, 0, sizeof r);
     goto done;
 oom:
-    rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s.weight gradient", c->ly->def->name);
+    rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s.weight gradient", c->ly->name);
 done:
     ps_rows_clear(&r);
     free(ids);
@@ -389,89 +1021,384 @@ done:
     return rc;
 }
 
-/* ---- lstm: the parameters of one nn.LSTM layer (weight_ih_l<k>,
- * weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>; gate order i, f, g, o),
- * PyTorch's init U(-1/sqrt(H), 1/sqrt(H)) for all four. psd only holds
- * them: the LSTM runs on the trainer (common/nn/lstm.h), which pulls the
- * weights and pushes their gradients (PushGradients). A stage of lstm
- * layers is parameter-only: Forward and Backward on it are refused. ---- */
+static double zero_flops(const ps_layer *ly) { (void)ly; return 0; }
 
-#define LSTM_MAX_LAYERS 8
+/* ---- LSTM: the parameters of an nn.LSTM(input_size, hidden_size,
+ * num_layers): weight_ih_l<k>, weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>
+ * per layer (gate order i, f, g, o), PyTorch's init U(-1/sqrt(H),
+ * 1/sqrt(H)) for all. psd only holds them: the LSTM runs on the trainer
+ * (common/nn/lstm.h), which pulls the weights and pushes their gradients
+ * (PushGradients). A stage of LSTM nodes is parameter-only: Forward and
+ * Backward on it are refused. ---- */
+
+#define LSTM_MAX_LAYERS (PS_LAYER_MAX_PARAMS / 4)
 static const char *const lstm_suffix[LSTM_MAX_LAYERS][4] = {
 #define LSTM_SUFFIXES(l) {"weight_ih_l" #l, "weight_hh_l" #l, "bias_ih_l" #l, "bias_hh_l" #l}
     LSTM_SUFFIXES(0), LSTM_SUFFIXES(1), LSTM_SUFFIXES(2), LSTM_SUFFIXES(3),
-    LSTM_SUFFIXES(4), LSTM_SUFFIXES(5), LSTM_SUFFIXES(6), LSTM_SUFFIXES(7),
 #undef LSTM_SUFFIXES
 };
 
 static ps_status lstm_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_shape(ly, 1, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 1, 1, PS_DTYPE_F32, err);
     if (rc) return rc;
-    if (ly->out < 1 || ly->k < 0 || ly->k >= LSTM_MAX_LAYERS)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lstm %s: needs hidden size >= 1 and a layer index "
-                          "0..%d (got %d, %d)", ly->def->name, LSTM_MAX_LAYERS - 1, ly->out, ly->k);
-    int64_t in = ly->in.dims[0], H = ly->out;
-    ly->outs = ly->in;
+    int64_t in = ly->in[0].dims[0], H = ly->a.out;
+    if ((rc = check_given("input_size", ly->a.in_features, in, err))) return rc;
+    if (ly->a.num > LSTM_MAX_LAYERS)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_layers %lld: at most %d", (long long)ly->a.num,
+                          LSTM_MAX_LAYERS);
+    ly->outs = ly->in[0];
     ly->outs.dims[0] = H;
     ly->out_dtype = PS_DTYPE_F32;
-    int64_t wi[2] = {4 * H, in}, wh[2] = {4 * H, H}, b[1] = {4 * H};
-    set_param(ly, 0, lstm_suffix[ly->k][0], 2, wi, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
-    set_param(ly, 1, lstm_suffix[ly->k][1], 2, wh, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
-    set_param(ly, 2, lstm_suffix[ly->k][2], 1, b, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
-    set_param(ly, 3, lstm_suffix[ly->k][3], 1, b, H, PS_INIT_UNIFORM, PS_INIT_DEFAULT);
+    ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
+    for (int l = 0; l < ly->a.num; l++) {
+        int64_t wi[2] = {4 * H, l ? H : in}, wh[2] = {4 * H, H}, b[1] = {4 * H};
+        set_param(ly, 4 * l + 0, lstm_suffix[l][0], 2, wi, H, u);
+        set_param(ly, 4 * l + 1, lstm_suffix[l][1], 2, wh, H, u);
+        set_param(ly, 4 * l + 2, lstm_suffix[l][2], 1, b, H, u);
+        set_param(ly, 4 * l + 3, lstm_suffix[l][3], 1, b, H, u);
+    }
     return PS_OK;
 }
 
 static ps_status lstm_refuse(ps_layer_call *c, ps_err *err) {
-    return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "lstm %s: psd holds this LSTM's parameters only; the "
-                      "LSTM runs on the trainer (pull them with GetParameters, push their gradients with "
-                      "PushGradients)", c->ly->def->name);
+    return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "LSTM %s: psd holds this LSTM's parameters only; the LSTM "
+                      "runs on the trainer (pull them with GetParameters, push their gradients with "
+                      "PushGradients)", c->ly->name);
 }
+
+static double lstm_flops(const ps_layer *ly) {
+    double f = 0, H = (double)ly->a.out;
+    for (int l = 0; l < ly->a.num; l++) f += 2.0 * 4 * H * ((l ? H : (double)ly->in[0].dims[0]) + H);
+    return f;
+}
+
+/* ---- Add: the residual sum of its inputs (all of one shape) ---- */
+
+static ps_status add_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    for (int i = 0; i < ly->nin; i++) {
+        ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+        if (rc) return rc;
+        if (!ps_shape_equal(&ly->in[i], &ly->in[0]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: Add takes "
+                              "inputs of one shape", ly->def->in_names[0], ps_shape_format(&ly->in[0], b1, sizeof b1),
+                              ly->def->in_names[i], ps_shape_format(&ly->in[i], b2, sizeof b2));
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* y = x0 + x1 + ...: the executor gives y == x0 when it runs in place. */
+static ps_status add_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    int64_t count = ps_layer_out_count(c->ly, c->n);
+    ps_status rc = ops->add_out(c->be->impl, count, c->xs[0], c->xs[1], c->y, err);
+    for (int i = 2; i < c->ly->nin && rc == PS_OK; i++) rc = ops->add(c->be->impl, count, c->y, c->xs[i], err);
+    return rc;
+}
+
+static const char *add_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->add_out ? NULL : "add_out";
+}
+
+/* ---- Concat: torch.cat(inputs, dim); every other dimension equal ---- */
+
+static ps_status concat_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    if (d < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
+                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
+    ly->outs = ly->in[0];
+    for (int i = 1; i < ly->nin; i++) {
+        if ((rc = need_ndim(ly, i, ly->in[0].ndim, ly->in[0].ndim, PS_DTYPE_F32, err))) return rc;
+        for (int k = 0; k < ly->in[0].ndim; k++)
+            if (k != d && ly->in[i].dims[k] != ly->in[0].dims[k])
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: they may "
+                                  "differ only in dim %lld", ly->def->in_names[0],
+                                  ps_shape_format(&ly->in[0], b1, sizeof b1), ly->def->in_names[i],
+                                  ps_shape_format(&ly->in[i], b2, sizeof b2), (long long)ly->a.dim);
+        ly->outs.dims[d] += ly->in[i].dims[d];
+    }
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* Input i as rows of a 2-D copy into the output: rows, its columns, the
+ * output's row length and i's offset in it. A blocked (C, H, W) activation
+ * is viewed as (C/B, H, W, B). */
+static void concat_geom(const ps_layer *ly, const ps_backend *be, int n, int i, int64_t *rows, int64_t *cols,
+                        int64_t *ld, int64_t *off) {
+    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    int64_t before = 0;
+    for (int j = 0; j < i; j++) before += ly->in[j].dims[d];
+    const ps_shape *o = &ly->outs;
+    if (ly->in_layout[0] == PS_LAYOUT_BLOCKED) {
+        int64_t B = be->ops->blocked_layout(be->impl, (int)o->dims[0]), C = o->dims[0], H = o->dims[1],
+                W = o->dims[2];
+        int64_t ci = ly->in[i].dims[0], hi = ly->in[i].dims[1], wi = ly->in[i].dims[2];
+        if (d == 0) { *rows = n; *cols = ci * H * W; *ld = C * H * W; *off = before * H * W; }
+        else if (d == 1) { *rows = (int64_t)n * (C / B); *cols = hi * W * B; *ld = H * W * B; *off = before * W * B; }
+        else { *rows = (int64_t)n * (C / B) * H; *cols = wi * B; *ld = W * B; *off = before * B; }
+        return;
+    }
+    int64_t outer = n, inner = 1;
+    for (int k = 0; k < d; k++) outer *= o->dims[k];
+    for (int k = d + 1; k < o->ndim; k++) inner *= o->dims[k];
+    *rows = outer;
+    *cols = ly->in[i].dims[d] * inner;
+    *ld = o->dims[d] * inner;
+    *off = before * inner;
+}
+
+static const char *concat_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->copy2d ? NULL : "copy2d";
+}
+
+static ps_status concat_forward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int i = 0; i < c->ly->nin && rc == PS_OK; i++) {
+        int64_t rows, cols, ld, off;
+        concat_geom(c->ly, c->be, c->n, i, &rows, &cols, &ld, &off);
+        rc = c->be->ops->copy2d(c->be->impl, rows, cols, c->xs[i], cols, (float *)c->y + off, ld, 0, err);
+    }
+    return rc;
+}
+
+static ps_status concat_backward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int i = 0; i < c->ly->nin && rc == PS_OK; i++) {
+        if (!c->dxs[i]) continue;
+        int64_t rows, cols, ld, off;
+        concat_geom(c->ly, c->be, c->n, i, &rows, &cols, &ld, &off);
+        rc = c->be->ops->copy2d(c->be->impl, rows, cols, c->dy + off, ld, c->dxs[i], cols, 0, err);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------ attribute tables */
+
+#define A(f) offsetof(ps_layer_attrs, f)
+#define ATTR_INT(nm, f, d, lo) {nm, PS_ATTR_INT, A(f), d, lo, PS_DIM_MAX, 0, 0, NULL, 0}
+#define ATTR_PAIR(nm, f, d, lo) {nm, PS_ATTR_PAIR, A(f), d, lo, 65536, 0, 0, NULL, 0}
+#define ATTR_BOOL(nm, f, d) {nm, PS_ATTR_BOOL, A(f), d, 0, 1, 0, 0, NULL, 0}
+#define ATTR_FLOAT(nm, f, d, lo, hi, lo_open, hi_open) {nm, PS_ATTR_FLOAT, A(f), d, lo, hi, lo_open, hi_open, NULL, 0}
+#define ATTR_END {NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, 0}
+
+static const char *const padding_modes[] = {"zeros", NULL};
+
+static const ps_attr_spec conv_attrs[] = {
+    ATTR_INT("in_channels", in_features, "", 1),
+    ATTR_INT("out_channels", out, NULL, 1),
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "1", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_PAIR("dilation", dilation, "1", 1),
+    ATTR_INT("groups", groups, "1", 1),
+    ATTR_BOOL("bias", bias, "true"),
+    {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTR_END,
+};
+static const ps_attr_spec maxpool_attrs[] = {
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec avgpool_attrs[] = {
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_BOOL("count_include_pad", count_include_pad, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec adaptive_attrs[] = {
+    ATTR_PAIR("output_size", output_size, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec bn_attrs[] = {
+    ATTR_INT("num_features", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    {"momentum", PS_ATTR_FLOAT_OR_NULL, A(momentum), "0.1", 0, 1, 0, 0, NULL, A(momentum_null)},
+    ATTR_BOOL("affine", affine, "true"),
+    ATTR_BOOL("track_running_stats", track, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec ln_attrs[] = {
+    {"normalized_shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_BOOL("elementwise_affine", affine, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec leaky_attrs[] = {
+    ATTR_FLOAT("negative_slope", slope, "0.01", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const char *const gelu_approx[] = {"none", "tanh", NULL};
+static const ps_attr_spec gelu_attrs[] = {
+    {"approximate", PS_ATTR_ENUM, A(approximate), "none", 0, 0, 0, 0, gelu_approx, 0},
+    ATTR_END,
+};
+static const ps_attr_spec concat_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec linear_attrs[] = {
+    ATTR_INT("in_features", in_features, "", 1),
+    ATTR_INT("out_features", out, NULL, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec emb_attrs[] = {
+    ATTR_INT("num_embeddings", num, NULL, 1),
+    ATTR_INT("embedding_dim", out, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec lstm_attrs[] = {
+    ATTR_INT("input_size", in_features, "", 1),
+    ATTR_INT("hidden_size", out, NULL, 1),
+    ATTR_INT("num_layers", num, "1", 1),
+    ATTR_FLOAT("dropout", ignored, "0", 0, 1, 0, 1),
+    ATTR_END,
+};
+static const ps_attr_spec inplace_attrs[] = {
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec dropout_attrs[] = {
+    ATTR_FLOAT("p", p, "0.5", 0, 1, 0, 1),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec softmax_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec flatten_attrs[] = {
+    {"start_dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
+    {"end_dim", PS_ATTR_INT, A(end_dim), "-1", -5, 5, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec reshape_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    ATTR_END,
+};
+static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
 
+#define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
+#define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
-    {"conv2d", PS_KIND_LAYOUT_BLOCKED, conv_infer, no_op, conv_forward, conv_backward, no_bytes, NULL},
-    {"relu", PS_KIND_LAYOUT_KEEP, infer_same, no_op, relu_forward, relu_backward, no_bytes, NULL},
-    {"maxpool2d", PS_KIND_LAYOUT_KEEP, pool_infer, no_op, pool_forward, pool_backward, no_bytes, NULL},
-    {"dropout", PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT, dropout_infer, no_op, dropout_forward, dropout_backward,
-     dropout_bytes, NULL},
-    {"dropout2d", PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT, dropout2d_infer, no_op, dropout2d_forward,
-     dropout_backward, dropout_bytes, NULL},
-    {"flatten", PS_KIND_VIEW, flatten_infer, no_op, view_pass, view_pass, no_bytes, NULL},
-    {"linear", PS_KIND_OUTPUT_FREE, linear_infer, no_op, linear_forward, linear_backward, no_bytes, NULL},
-    {"log_softmax", 0, infer_same, no_op, log_softmax_forward, log_softmax_backward, no_bytes, NULL},
-    {"softmax", 0, infer_same, softmax_missing, softmax_forward, softmax_backward, no_bytes, NULL},
-    {"embedding", 0, emb_infer, emb_missing, emb_forward, emb_backward, no_bytes, emb_check},
-    {"lstm", PS_KIND_PARAMS_ONLY, lstm_infer, no_op, lstm_refuse, lstm_refuse, no_bytes, NULL},
+    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, no_op, conv_forward,
+     conv_backward, NULL, NULL, conv_flops},
+    {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
+     linear_flops},
+    {"BatchNorm2d", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn2d_infer,
+     bn_missing, bn_forward, bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
+    {"BatchNorm1d", PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn1d_infer, bn_missing, bn_forward,
+     bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
+    {"LayerNorm", PS_KIND_BWD_X, 1, 1, ln_attrs, ln_infer, ln_missing, ln_forward, ln_backward, ln_bytes, NULL,
+     ln_flops},
+    {"MaxPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, maxpool_attrs, pool_infer, no_op, pool_forward, pool_backward,
+     pool_bytes, NULL, pool_flops},
+    {"AvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, avgpool_attrs, pool_infer, avgpool_missing, avgpool_forward,
+     avgpool_backward, NULL, NULL, pool_flops},
+    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, pool_infer, avgpool_missing, avgpool_forward,
+     avgpool_backward, NULL, NULL, pool_flops},
+    {"ReLU", F_ACT | PS_KIND_BWD_Y, 1, 1, inplace_attrs, infer_same, no_op, relu_forward, relu_backward, NULL, NULL,
+     NULL},
+    {"LeakyReLU", F_ACT, 1, 1, leaky_attrs, leaky_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"GELU", F_ACT, 1, 1, gelu_attrs, gelu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"SiLU", F_ACT, 1, 1, inplace_attrs, silu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Tanh", F_ACT, 1, 1, no_attrs, tanh_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sigmoid", F_ACT, 1, 1, no_attrs, sigmoid_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Dropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, no_op, dropout_forward, dropout_backward, dropout_bytes,
+     NULL, NULL},
+    {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
+     dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
+    {"Reshape", PS_KIND_VIEW, 1, 1, reshape_attrs, reshape_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
+    {"LogSoftmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, log_softmax_missing, log_softmax_forward,
+     log_softmax_backward, NULL, NULL, NULL},
+    {"Softmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, softmax_missing, softmax_forward, softmax_backward,
+     NULL, NULL, NULL},
+    {"Embedding", PS_KIND_BWD_X, 1, 1, emb_attrs, emb_infer, emb_missing, emb_forward, emb_backward, NULL, emb_check,
+     zero_flops},
+    {"LSTM", PS_KIND_PARAMS_ONLY, 1, 1, lstm_attrs, lstm_infer, no_op, lstm_refuse, lstm_refuse, NULL, NULL,
+     lstm_flops},
+    {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
+     add_missing, add_forward, view_pass, NULL, NULL, NULL},
+    {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
+     concat_backward, NULL, NULL, zero_flops},
 };
 
+#define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
+
 const ps_layer_kind *ps_layer_kind_find(const char *name) {
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
-        if (name && !strcmp(kinds[i].name, name)) return &kinds[i];
+    for (int i = 0; name && i < NKINDS; i++)
+        if (!strcmp(kinds[i].name, name)) return &kinds[i];
     return NULL;
+}
+
+const char *ps_layer_kind_list(char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < NKINDS && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? ", " : "", kinds[i].name);
+    return buf;
+}
+
+const ps_attr_spec *ps_layer_kind_attr(const ps_layer_kind *k, const char *name) {
+    for (const ps_attr_spec *a = k->attrs; a && a->name; a++)
+        if (!strcmp(a->name, name)) return a;
+    return NULL;
+}
+
+const char *ps_layer_kind_attr_list(const ps_layer_kind *k, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (const ps_attr_spec *a = k->attrs; a && a->name && o < cap; a++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", o ? ", " : "", a->name);
+    if (!buf[0]) snprintf(buf, cap, "no attributes");
+    return buf;
 }
 
 ps_status ps_layer_infer(ps_layer *ly, ps_err *err) {
     ly->nparams = 0;
+    ly->nbuffers = 0;
     memset(ly->param, 0, sizeof ly->param);
-    return ly->kind->infer(ly, err);
-}
-
-static float normal01(ps_rng *r) {  /* Box-Muller */
-    float u1 = ps_rng_uniform(r), u2 = ps_rng_uniform(r);
-    if (u1 < 1e-12f) u1 = 1e-12f;
-    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
-}
-
-void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
-    const ps_layer_param *p = &ly->param[j];
-    float bound = p->init == PS_INIT_UNIFORM && p->init_a > 0 ? p->init_a : 1.0f / sqrtf((float)p->fan_in);
-    for (int64_t i = 0; i < p->numel; i++) {
-        switch (p->init) {
-        case PS_INIT_NORMAL: host[i] = normal01(r); break;
-        case PS_INIT_ZERO: host[i] = 0.0f; break;
-        default: host[i] = (2.0f * ps_rng_uniform(r) - 1.0f) * bound; break;
+    memset(ly->buffer, 0, sizeof ly->buffer);
+    ly->flags = ly->kind->flags;
+    ps_status rc = ly->kind->infer(ly, err);
+    if (rc != PS_OK) return rc;
+    for (int i = 0; ly->def && i < ly->def->ninit; i++) {   /* the file's init: entries */
+        const ps_init_def *id = &ly->def->inits[i];
+        int j = 0;
+        while (j < ly->nparams && strcmp(ly->param[j].suffix, id->suffix)) j++;
+        if (j == ly->nparams) {
+            char list[256] = "";
+            for (int k = 0; k < ly->nparams; k++) {
+                strncat(list, k ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, ly->param[k].suffix, sizeof list - strlen(list) - 1);
+            }
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "init.%s: no parameter '%s' (parameters: %s)", id->suffix,
+                              id->suffix, ly->nparams ? list : "none");
         }
+        ps_init in;
+        if ((rc = ps_init_parse(id->spec, &in, err)) != PS_OK) return rc;
+        if (in.kind != PS_INIT_DEFAULT) ly->param[j].init = in;
     }
+    return PS_OK;
+}
+
+double ps_layer_flops(const ps_layer *ly) {
+    return ly->kind->flops ? ly->kind->flops(ly) : (double)ps_shape_numel(&ly->outs);
 }

@@ -1,18 +1,26 @@
-/* layers.h - the layer-kind table: what each kind of layer is.
+/* layers.h - the layer-kind table: what each kind of node is.
  *
- * A model (models.h) names its layers by kind ("conv2d", "linear",
- * "embedding", ...). Each kind is one row of a table in layers.c with
- *  - shape inference: per-sample input shape and dtype -> output shape,
- *    and the layer's parameters (state_dict suffix, shape, PyTorch's
- *    default initialisation, dense or row-sparse);
+ * A model file (modeldef.h) names each node's kind by PyTorch's class name
+ * ("Conv2d", "Linear", "BatchNorm2d", ...). Each kind is one row of a table
+ * in layers.c with
+ *  - its attributes (name, type, default, range: the table the model-file
+ *    loader checks attribute names against and the builder resolves values
+ *    with, sizes included);
+ *  - shape inference: per-sample input shapes and dtypes -> output shape,
+ *    and the node's parameters (state_dict suffix, shape, PyTorch's default
+ *    initialisation, dense or row-sparse) and buffers (BatchNorm's running
+ *    statistics);
  *  - forward and backward, written against the backend table (backend.h),
  *    so one row serves the ref, dnnl and cuda backends;
- *  - the bytes a training tape keeps for the layer beyond its output.
- * Adding a kind is adding a row (and its tests in tests/test_nn_layers.c).
+ *  - what its backward reads (its inputs, its output, neither), whether it
+ *    may run in place, and the bytes a training tape keeps beyond its
+ *    output - the executor's memory plan (exec.c) reads these;
+ *  - its FLOPs per sample (the stage table of --check-config).
+ * Adding a kind is adding a row (and its rows in scripts/gen_golden_kinds.py).
  *
- * The executor (model.c) owns the memory: it allocates each layer's output
- * and the gradients, and frees what a layer saved (ps_layer_saved) with the
- * tape. Layers never lock and never touch the optimizer.
+ * The executor owns the memory: it allocates each node's output and the
+ * gradients, and frees what a node saved (ps_layer_saved) with the tape.
+ * Layers never lock and never touch the optimizer.
  */
 #ifndef PS_NN_LAYERS_H
 #define PS_NN_LAYERS_H
@@ -21,37 +29,85 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "modeldef.h"
 #include "rng.h"
 #include "status.h"
 #include "tensor.h"
 
 /* Initialisation of a parameter. DEFAULT is the kind's PyTorch default
  * (Conv2d/Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias;
- * Embedding: N(0, 1)). */
+ * Embedding: N(0, 1); norms: ones and zeros). */
 typedef enum {
     PS_INIT_DEFAULT = 0,
-    PS_INIT_UNIFORM,      /* U(-a, a) */
-    PS_INIT_NORMAL,       /* N(0, 1) */
-    PS_INIT_ZERO,
+    PS_INIT_UNIFORM,      /* U(a, b); DEFAULT's uniform is U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
+    PS_INIT_NORMAL,       /* N(a, b^2): mean a, std b */
+    PS_INIT_CONST,        /* every element a */
 } ps_init_kind;
 
-/* One layer of a model definition. Sizes are literals or, when the *_key
- * is set, the model's size of that name (model.sizes.<key> in the config). */
-typedef struct ps_layer_def {
-    const char *kind;           /* a row of the kind table: "conv2d", "linear", ... */
-    const char *name;           /* parameter prefix ("conv1"); NULL for kinds without parameters */
-    int out;                    /* conv2d: out channels; linear: out features; embedding: dim */
-    const char *out_key;
-    int num;                    /* embedding: rows of the table */
-    const char *num_key;
-    int k, stride, pad;         /* conv2d, maxpool2d; lstm: k = the layer index l (suffix _l<k>) */
-    float p;                    /* dropout, dropout2d: drop probability */
-    const char *p_key;
-    ps_init_kind w_init, b_init;/* override the kind's default initialisation */
-    float init_a;               /* bound of PS_INIT_UNIFORM */
-} ps_layer_def;
+typedef struct ps_init {
+    ps_init_kind kind;
+    float a, b;
+    int fan_bound;        /* UNIFORM with the bound 1/sqrt(fan_in) (a, b unused) */
+} ps_init;
 
-#define PS_LAYER_MAX_PARAMS 4 /* lstm: weight_ih, weight_hh, bias_ih, bias_hh */
+/* The resolved attributes of a node (the kind's table says which apply). */
+typedef struct ps_layer_attrs {
+    int64_t in_features;        /* Conv2d in_channels, Linear in_features, BatchNorm num_features, LSTM
+                                   input_size: 0 = inferred (when given, it must match) */
+    int64_t out;                /* out_channels, out_features, embedding_dim, hidden_size */
+    int64_t num;                /* Embedding num_embeddings, LSTM num_layers */
+    int64_t kernel[2], stride[2], padding[2], dilation[2]; /* stride 0 = the kernel (pools) */
+    int64_t groups;
+    int bias;                   /* 1: has a bias */
+    int affine;                 /* norms: weight and bias */
+    int track;                  /* BatchNorm track_running_stats */
+    double eps;
+    double momentum;            /* BatchNorm; momentum_null: cumulative average */
+    int momentum_null;
+    double p;                   /* Dropout */
+    double slope;               /* LeakyReLU negative_slope */
+    int approximate;            /* GELU: 0 'none', 1 'tanh' */
+    int64_t dim, end_dim;       /* Softmax, LogSoftmax, Concat dim; Flatten start_dim/end_dim (PyTorch's,
+                                   the batch dimension counted as 0) */
+    int ndims;                  /* Reshape shape / LayerNorm normalized_shape */
+    int64_t dims[PS_SHAPE_MAX_DIMS];
+    int count_include_pad;      /* AvgPool2d */
+    int64_t output_size[2];     /* AdaptiveAvgPool2d (0: not an adaptive pool) */
+    int act;                    /* the activation of an activation kind (set by its infer) */
+    int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
+    double ignored;
+} ps_layer_attrs;
+
+/* An attribute of a kind. */
+typedef enum {
+    PS_ATTR_INT,                /* int64_t in [lo, hi]; a literal or a size */
+    PS_ATTR_PAIR,               /* int64_t[2]: one value for both, or a list of two */
+    PS_ATTR_FLOAT,              /* double in [lo, hi] (lo_open/hi_open exclude) */
+    PS_ATTR_FLOAT_OR_NULL,      /* double, or null (sets the int after the double: momentum_null) */
+    PS_ATTR_BOOL,               /* int 0/1 */
+    PS_ATTR_ENUM,               /* int: index into enums */
+    PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */
+} ps_attr_type;
+
+typedef struct ps_attr_spec {
+    const char *name;
+    ps_attr_type type;
+    size_t off;                 /* into ps_layer_attrs */
+    const char *def;            /* default, as it would be written; NULL = required */
+    double lo, hi;
+    int lo_open, hi_open;
+    const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
+    size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS: ndims */
+} ps_attr_spec;
+
+/* Bounds the builder holds every shape to (anything larger is refused):
+ * a dimension, and the elements of a per-sample activation or a parameter. */
+#define PS_DIM_MAX ((int64_t)1 << 30)
+#define PS_NUMEL_MAX ((int64_t)1 << 40)
+
+#define PS_LAYER_MAX_PARAMS 16  /* LSTM: 4 per layer, num_layers <= 4 */
+#define PS_LAYER_MAX_BUFFERS 3  /* BatchNorm: running_mean, running_var, num_batches_tracked */
+#define PS_LAYER_MAX_SAVED 3
 
 typedef struct ps_layer_param {
     const char *suffix;         /* "weight", "bias" */
@@ -59,34 +115,52 @@ typedef struct ps_layer_param {
     int64_t dims[4];
     int64_t numel;
     int64_t fan_in;             /* for the default initialisation */
-    ps_init_kind init;          /* resolved: never PS_INIT_DEFAULT */
-    float init_a;
+    ps_init init;               /* resolved: never PS_INIT_DEFAULT */
     int sparse;                 /* gradient kept row-sparse (embedding tables) */
 } ps_layer_param;
 
+/* A buffer: state that is not trained (no gradient), checkpointed under
+ * "<node>.<suffix>". float32 buffers live on the stage's device; int64
+ * ones (counters) in host memory. */
+typedef struct ps_layer_buffer {
+    const char *suffix;         /* "running_mean" */
+    int ndim;
+    int64_t dims[4];
+    int64_t numel;
+    ps_dtype dtype;
+    float init;                 /* initial value of every element */
+} ps_layer_buffer;
+
 struct ps_layer_kind;
 
-/* A layer of a built model: the definition with its sizes resolved and
+/* A node of a built model: the definition with its attributes resolved and
  * shapes inferred. */
 typedef struct ps_layer {
     const struct ps_layer_kind *kind;
-    const ps_layer_def *def;
-    int out, num, k, stride, pad;   /* resolved sizes */
-    float p;
-    ps_shape in, outs;              /* per-sample input and output shapes */
-    ps_dtype in_dtype, out_dtype;
+    const ps_node_def *def;
+    const char *name;               /* def->name */
+    unsigned flags;                 /* the kind's PS_KIND_*, as infer may adjust them for these attributes */
+    ps_layer_attrs a;
+    int nin;
+    ps_shape in[PS_NODE_MAX_INPUTS];/* per-sample input shapes */
+    ps_dtype in_dtype[PS_NODE_MAX_INPUTS];
+    ps_shape outs;                  /* per-sample output shape */
+    ps_dtype out_dtype;
     int nparams;
     ps_layer_param param[PS_LAYER_MAX_PARAMS];
-    int in_layout, out_layout;      /* PS_LAYOUT_* (planned by the executor) */
-    int dropout_idx;                /* index among the model's dropout layers, -1 if none */
-    int64_t row_lo;                 /* embedding shard (model.h shard_*): its table holds global rows
+    int nbuffers;
+    ps_layer_buffer buffer[PS_LAYER_MAX_BUFFERS];
+    int in_layout[PS_NODE_MAX_INPUTS], out_layout; /* PS_LAYOUT_* (planned by the executor) */
+    int dropout_idx;                /* index among the model's dropout nodes, -1 if none */
+    int64_t row_lo;                 /* Embedding shard (model.h shard_*): its table holds global rows
                                        [row_lo, row_lo + num) of row_total; ids stay global */
     int64_t row_total;              /* 0 = not a shard */
 } ps_layer;
 
-/* What a layer keeps in a tape for its backward pass; freed by the tape. */
+/* What a node keeps in a tape for its backward pass (backend memory: a
+ * mask, a pooling workspace, statistics); freed by the tape. */
 typedef struct ps_layer_saved {
-    void *dev;                  /* backend memory (mask, pooling workspace) or NULL */
+    void *dev[PS_LAYER_MAX_SAVED];
 } ps_layer_saved;
 
 /* A row-sparse gradient in host memory: rows (nrows, sorted, unique) of a
@@ -100,15 +174,17 @@ typedef struct ps_rows {
 
 void ps_rows_clear(ps_rows *r);   /* frees and zeroes */
 
-/* One call of a layer's forward or backward. Pointers are memory of be's
+/* One call of a node's forward or backward. Pointers are memory of be's
  * device (ps_backend_alloc) unless said otherwise. */
 typedef struct ps_layer_call {
     const ps_layer *ly;
     ps_backend *be;
     int n;                      /* samples */
-    const void *x;              /* input, in ly->in_layout */
-    void *y;                    /* output (forward: written; backward: the forward's) */
+    const void *const *xs;      /* inputs (ly->nin), each in ly->in_layout[i] */
+    const void *x;              /* xs[0] */
+    void *y;                    /* output (forward: written; backward: the forward's, when kept) */
     float *const *w;            /* parameters, ly->nparams of them */
+    float *const *buf;          /* float32 buffers, in the order of ly->buffer (int64 ones: NULL) */
     ps_layer_saved *saved;
     /* forward */
     int train;
@@ -116,51 +192,89 @@ typedef struct ps_layer_call {
     ps_rng *rng;                /* this forward's dropout stream */
     /* backward */
     const float *dy;
-    float *dx;                  /* NULL: d loss / d input not wanted */
+    float *const *dxs;          /* per input: d loss / d input, overwritten; NULL: not wanted */
+    float *dx;                  /* dxs[0] */
     float *dw[PS_LAYER_MAX_PARAMS]; /* dense parameter gradients, overwritten */
     ps_rows *rows;              /* sparse parameter 0: filled with its gradient (host) */
 } ps_layer_call;
 
-/* Flags of a kind. */
+/* Flags of a kind (ps_layer.flags). */
 enum {
-    PS_KIND_VIEW = 1,           /* output is the input, reshaped (flatten) */
-    PS_KIND_EVAL_VIEW = 2,      /* identity in eval mode (dropout) */
-    PS_KIND_LAYOUT_KEEP = 4,    /* computes in whatever layout it gets (relu, max-pool) */
-    PS_KIND_LAYOUT_BLOCKED = 8, /* prefers the backend's blocked layout (conv) */
+    PS_KIND_VIEW = 1,           /* output is the input, reshaped (Flatten, Reshape): plain layout */
+    PS_KIND_EVAL_VIEW = 2,      /* identity in eval mode (Dropout) */
+    PS_KIND_LAYOUT_KEEP = 4,    /* computes in whatever layout it gets (ReLU, pools) */
+    PS_KIND_LAYOUT_BLOCKED = 8, /* prefers the backend's blocked layout (Conv2d) */
     PS_KIND_DROPOUT = 16,       /* takes a dropout mask (counted in dropout_idx) */
-    PS_KIND_PARAMS_ONLY = 32,   /* holds parameters another process computes with (lstm):
+    PS_KIND_PARAMS_ONLY = 32,   /* holds parameters another process computes with (LSTM):
                                    never forwarded; its stage is parameter-only */
-    PS_KIND_OUTPUT_FREE = 64,   /* backward never reads the output (linear): a fused loss may
-                                   overwrite it with its gradient (ps_tape_output_writable) */
+    PS_KIND_BWD_X = 64,         /* backward reads the inputs */
+    PS_KIND_BWD_Y = 128,        /* backward reads the output */
+    PS_KIND_INPLACE = 256,      /* forward may write y over input 0 (same size), backward dx over dy */
+    PS_KIND_GRAD_PASS = 512,    /* backward is d input_i = d output for every input (Add): the
+                                   executor routes the gradient, the kind's backward is not called */
+    PS_KIND_BUFFERS_EVAL = 1024,/* its eval forward differs from training (BatchNorm) */
 };
 
 typedef struct ps_layer_kind {
-    const char *name;
+    const char *name;           /* PyTorch's class name */
     unsigned flags;
-    /* Fill ly->outs, out_dtype and params from ly->in, in_dtype and the
-     * resolved sizes; INVALID_ARGUMENT naming what does not fit. */
+    int min_inputs, max_inputs;
+    const ps_attr_spec *attrs;  /* NULL-name terminated */
+    /* Fill ly->outs, out_dtype, params and buffers from ly->in, in_dtype and
+     * the attributes; INVALID_ARGUMENT naming what does not fit. */
     ps_status (*infer)(ps_layer *ly, ps_err *err);
-    /* NULL when the backend lacks an op this kind needs. */
-    const char *(*missing_op)(const ps_backend_ops *ops);
+    /* NULL when the backend has every op this node needs, else their names. */
+    const char *(*missing_op)(const ps_layer *ly, const ps_backend_ops *ops);
     ps_status (*forward)(ps_layer_call *c, ps_err *err);
     ps_status (*backward)(ps_layer_call *c, ps_err *err);
-    /* Bytes a training tape keeps beyond the output activation. */
+    /* Bytes a training tape keeps beyond the output activation (NULL: 0). */
     size_t (*tape_bytes)(const ps_layer *ly, int n);
     /* Optional: validate a host input (int64 ids) before it is used. */
     ps_status (*check_input)(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err);
+    /* FLOPs per sample of the forward, a multiply-add counted as 2 (NULL: elementwise, the output's size). */
+    double (*flops)(const ps_layer *ly);
+    /* Buffers updated by training (BatchNorm's running statistics), both
+     * NULL for kinds without. stats: the arrays of a training forward's
+     * saved state its fold reads (device memory, float), their lengths;
+     * returns how many (0: nothing to fold). fold: apply one forward's
+     * stats (host copies) to the node's buffers (host copies: float32 ones
+     * in fbuf, int64 ones in ibuf, in ly->buffer order). The model folds a
+     * context's forwards when its step is applied (model.h). */
+    int (*stats)(const ps_layer *ly, const ps_layer_saved *sv, const float **dev, int64_t *len);
+    void (*fold)(const ps_layer *ly, float *const *fbuf, int64_t *const *ibuf, const float *const *stats);
 } ps_layer_kind;
 
 /* The kind of that name, or NULL. */
 const ps_layer_kind *ps_layer_kind_find(const char *name);
+/* The kinds' names, comma-separated, into buf. */
+const char *ps_layer_kind_list(char *buf, size_t cap);
+/* Kind k's attribute of that name, or NULL. */
+const ps_attr_spec *ps_layer_kind_attr(const ps_layer_kind *k, const char *name);
+/* "out_channels, kernel_size, ..." into buf. */
+const char *ps_layer_kind_attr_list(const ps_layer_kind *k, char *buf, size_t cap);
 
-/* Infer ly's shapes and parameters (ly->kind, def, sizes, in, in_dtype set). */
+/* Resolve ly->def's attributes (defaults, sizes of def's model from the
+ * n (key, value) overrides) into ly->a. INVALID_ARGUMENT naming the
+ * attribute and the value. */
+ps_status ps_layer_resolve(ps_layer *ly, const ps_model_def *def, int n, const char *const *keys,
+                           const double *values, ps_err *err);
+
+/* Infer ly's shapes, parameters and buffers (ly->kind, def, a, nin, in,
+ * in_dtype set), then apply the node's init: entries. */
 ps_status ps_layer_infer(ps_layer *ly, ps_err *err);
 
 /* Initialise parameter j of ly in host memory (numel floats), drawing from r. */
 void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r);
 
-/* Number of elements of the layer's output for n samples. */
+/* Parse an init spec ("zeros", "ones", "constant(v)", "uniform(a, b)",
+ * "normal(mean, std)", "default"); INVALID_ARGUMENT naming it. */
+ps_status ps_init_parse(const char *spec, ps_init *out, ps_err *err);
+
+/* Number of elements of the node's output / input i for n samples. */
 static inline int64_t ps_layer_out_count(const ps_layer *ly, int n) { return n * ps_shape_numel(&ly->outs); }
-static inline int64_t ps_layer_in_count(const ps_layer *ly, int n) { return n * ps_shape_numel(&ly->in); }
+static inline int64_t ps_layer_in_count(const ps_layer *ly, int i, int n) { return n * ps_shape_numel(&ly->in[i]); }
+
+/* FLOPs per sample of the forward (the kind's flops, or the output's size). */
+double ps_layer_flops(const ps_layer *ly);
 
 #endif

@@ -1,7 +1,8 @@
-/* model.c - a hosted model: building it from the registry, its weights,
- * the weights lock around the executor's calls, versions, placement and
- * the optimizer step (see model.h). The executor is exec.c, accumulated
- * gradients grads.c. */
+/* model.c - a hosted model: building it from its model file (modeldef.h:
+ * attributes resolved, shapes inferred in topological order, parameters and
+ * buffers laid out), its weights, the weights lock around the executor's
+ * calls, versions, placement and the optimizer step (see model.h). The
+ * executor is exec.c, accumulated gradients grads.c. */
 #include "model_impl.h"
 #include "clock.h"
 #include "prof.h"
@@ -11,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-const char *const *ps_model_arch_names(void) { return ps_model_def_names(); }
 
 /* Parses "cpu" or "cuda:N". Returns 0 on success. */
 static int parse_device(const char *dev, int *is_cpu, int *index) {
@@ -58,17 +57,34 @@ int ps_model_call_begin(ps_model *m, int exclusive) {
 
 void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
 
+static void stage_free(stage *st) {
+    ps_exec_plan_free(st);
+    free(st->layers);
+    free(st->slots);
+    free(st->order);
+    free(st->in_val);
+    free(st->val_layout);
+    free(st->rg[0]);
+    free(st->rg[1]);
+    free(st->bufi);
+    st->layers = NULL;
+    st->slots = NULL;
+    st->order = st->in_val = st->val_layout = NULL;
+    st->rg[0] = st->rg[1] = NULL;
+    st->bufi = NULL;
+}
+
 void ps_model_free(ps_model *m) {
     if (!m) return;
     for (int s = 0; s < m->nstages; s++) {
         stage *st = &m->stages[s];
         if (st->be) {
             ps_backend_release(st->be, st->w);
+            ps_backend_release(st->be, st->bufw);
             for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) ps_backend_release(st->be, st->state[j]);
         }
         ps_backend_free(st->be);
-        free(st->layers);
-        free(st->slots);
+        stage_free(st);
     }
     if (m->params)
         for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
@@ -76,24 +92,32 @@ void ps_model_free(ps_model *m) {
     if (m->def_params)
         for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
     free(m->def_params);
+    if (m->buffers)
+        for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
+    free(m->buffers);
+    free(m->bloc);
+    if (m->def_buffers)
+        for (int i = 0; i < m->ndef_buffers; i++) free((char *)m->def_buffers[i].name);
+    free(m->def_buffers);
     free(m->loc);
     free(m->ost);
+    ps_model_def_free(m->def);
     pthread_rwlock_destroy(&m->lock);
     pthread_mutex_destroy(&m->version_mu);
     free(m);
 }
 
-/* The model's value of size key (registry default unless given). */
+/* The model's value of size key (the file's default unless given). */
 static double size_of(const ps_model *m, const char *key) {
-    for (int i = 0; i < m->def->nsizes; i++)
-        if (!strcmp(m->def->sizes[i].key, key)) return m->sizes[i];
-    PS_ASSERT(!"layer refers to a size its model does not declare");
-    return 0;
+    return ps_model_def_size_value(m->def, key, m->def->nsizes, m->size_keys, m->sizes);
 }
 
 static ps_status resolve_sizes(ps_model *m, const ps_model_opts *o, ps_err *err) {
     const ps_model_def *d = m->def;
-    for (int i = 0; i < d->nsizes; i++) m->sizes[i] = d->sizes[i].def;
+    for (int i = 0; i < d->nsizes; i++) {
+        m->sizes[i] = d->sizes[i].def;
+        m->size_keys[i] = d->sizes[i].key;
+    }
     for (int j = 0; j < o->n_sizes; j++) {
         const ps_size_key *k = ps_model_def_size(d, o->size_key[j]);
         if (!k) {
@@ -115,14 +139,19 @@ static ps_status resolve_sizes(ps_model *m, const ps_model_opts *o, ps_err *err)
     return PS_OK;
 }
 
+static char *join_name(const char *node, const char *suffix) {
+    char *name = malloc(strlen(node) + strlen(suffix) + 2);
+    if (name) sprintf(name, "%s.%s", node, suffix);
+    return name;
+}
+
 static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_t goff, ps_err *err) {
     stage *st = &m->stages[s];
     const ps_layer *ly = &st->layers[l];
     const ps_layer_param *lp = &ly->param[j];
     ps_param_info *pi = &m->params[m->nparams];
-    char *name = malloc(strlen(ly->def->name) + strlen(lp->suffix) + 2);
+    char *name = join_name(ly->name, lp->suffix);
     if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    sprintf(name, "%s.%s", ly->def->name, lp->suffix);
     pi->name = name;
     pi->ndim = lp->ndim;
     pi->numel = lp->numel;
@@ -144,91 +173,185 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     return PS_OK;
 }
 
+static ps_buffer_info buffer_info(const stage *st, const ps_layer *ly, int j, int stage_index, char *name) {
+    const ps_layer_buffer *b = &ly->buffer[j];
+    ps_buffer_info bi = {.name = name, .ndim = b->ndim, .numel = b->numel, .dtype = b->dtype, .stage = st->def->name,
+                         .device = st->device, .stage_index = stage_index};
+    memcpy(bi.dims, b->dims, sizeof bi.dims);
+    return bi;
+}
+
+static ps_status add_buffer(ps_model *m, int s, int l, int j, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_layer *ly = &st->layers[l];
+    char *name = join_name(ly->name, ly->buffer[j].suffix);
+    if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    m->buffers[m->nbuffers] = buffer_info(st, ly, j, s, name);
+    m->bloc[m->nbuffers] = (buffer_loc){s, l, j, st->slots[l].b_off[j]};
+    st->slots[l].buffer[j] = m->nbuffers++;
+    return PS_OK;
+}
+
 /* What one ps_model_create builds beyond the model itself. */
 typedef struct build_ctx {
     const ps_model_opts *o;
     int shard_def;           /* definition index of opts->shard_stage, -1 = none */
 } build_ctx;
 
-/* Build stage st (definition index st->def_index): resolve sizes, infer
- * shapes, lay out parameters. s is its index among the hosted stages, or -1
- * for a stage hosted elsewhere: then only the shapes are inferred (no
- * backend, no parameters here). */
+/* A shape's elements within PS_NUMEL_MAX, every dimension 1..PS_DIM_MAX
+ * (products checked before they are taken). */
+static int numel_ok(int ndim, const int64_t *dims) {
+    int64_t k = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (dims[d] < 1 || dims[d] > PS_DIM_MAX || k > PS_NUMEL_MAX / dims[d]) return 0;
+        k *= dims[d];
+    }
+    return 1;
+}
+
+/* The inferred output, parameters and buffers are not absurdly large. */
+static ps_status check_sizes(const ps_layer *ly, ps_err *err) {
+    char b[64];
+    if (!numel_ok(ly->outs.ndim, ly->outs.dims))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output %s is too large (at most 2^40 elements per sample)",
+                          ps_shape_format(&ly->outs, b, sizeof b));
+    for (int j = 0; j < ly->nparams; j++)
+        if (!numel_ok(ly->param[j].ndim, ly->param[j].dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "parameter %s is too large (at most 2^40 elements)",
+                              ly->param[j].suffix);
+    for (int j = 0; j < ly->nbuffers; j++)
+        if (!numel_ok(ly->buffer[j].ndim, ly->buffer[j].dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "buffer %s is too large", ly->buffer[j].suffix);
+    return PS_OK;
+}
+
+/* "path:line: node 'x' (Kind)" before an error about node nd. */
+static ps_status node_err(const ps_model *m, const ps_node_def *nd, ps_err *err) {
+    return ps_err_prefix(err, "%s:%d: node '%s' (%s)", m->def->path, nd->line, nd->name, nd->kind_name);
+}
+
+/* Build stage st (definition index st->def_index): resolve attributes,
+ * infer shapes in topological order, lay out parameters. s is its index
+ * among the hosted stages, or -1 for a stage hosted elsewhere: then only
+ * the shapes are inferred (no backend, no parameters here). *shape and
+ * *dtype carry the previous stage's output in and this stage's out. */
 static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc, ps_shape *shape,
                              ps_dtype *dtype, ps_err *err) {
     const ps_stage_def *sd = st->def;
-    char b1[64];
+    const ps_model_def *d = m->def;
     if (!sd->inherit || st->def_index == 0) {
         shape->ndim = sd->in_ndim;
-        for (int d = 0; d < sd->in_ndim; d++)
-            shape->dims[d] = sd->in_keys[d] ? (int64_t)size_of(m, sd->in_keys[d]) : sd->in_dims[d];
+        for (int k = 0; k < sd->in_ndim; k++) {
+            double v = sd->in_keys[k] ? size_of(m, sd->in_keys[k]) : (double)sd->in_dims[k];
+            if (!(v >= 1) || v != floor(v) || v > (double)PS_DIM_MAX)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': input dimension %d is %g (%s%s): "
+                                  "not a whole number in 1..2^30", d->path, sd->line, sd->name, k + 1, v,
+                                  sd->in_keys[k] ? "size " : "a literal", sd->in_keys[k] ? sd->in_keys[k] : "");
+            shape->dims[k] = (int64_t)v;
+        }
         *dtype = sd->in_dtype;
+        if (!numel_ok(shape->ndim, shape->dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': the input is too large (at most 2^40 "
+                              "elements per sample)", d->path, sd->line, sd->name);
     }
-    st->nlayers = sd->nlayers;
-    st->layers = calloc(st->nlayers, sizeof *st->layers);
-    st->slots = calloc(st->nlayers, sizeof *st->slots);
-    if (!st->layers || !st->slots) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    int nl = st->nlayers = sd->count;
+    st->layers = calloc((size_t)nl, sizeof *st->layers);
+    st->slots = calloc((size_t)nl, sizeof *st->slots);
+    st->order = calloc((size_t)nl, sizeof *st->order);
+    st->in_val = calloc((size_t)nl * PS_NODE_MAX_INPUTS, sizeof *st->in_val);
+    if (!st->layers || !st->slots || !st->order || !st->in_val)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     st->info.name = sd->name;
     st->info.device = st->device;
     st->info.in_ndim = shape->ndim;
     memcpy(st->info.in_dims, shape->dims, sizeof st->info.in_dims);
     st->info.in_dtype = *dtype;
+    st->out_val = sd->output - sd->first + 1;
     st->dropout_base = m->ndropout;
-    for (int l = 0; l < st->nlayers; l++) {
+    for (int l = 0; l < nl; l++) {   /* file order: dropout indices */
         ps_layer *ly = &st->layers[l];
-        const ps_layer_def *d = &sd->layers[l];
-        ly->def = d;
-        ly->kind = ps_layer_kind_find(d->kind);
-        PS_ASSERT(ly->kind && "the registry names a layer kind the table lacks");
-        ly->out = d->out_key ? (int)size_of(m, d->out_key) : d->out;
-        ly->num = d->num_key ? (int)size_of(m, d->num_key) : d->num;
-        ly->p = d->p_key ? (float)size_of(m, d->p_key) : d->p;
-        ly->k = d->k;
-        ly->stride = d->stride;
-        ly->pad = d->pad;
-        ly->in = *shape;
-        ly->in_dtype = *dtype;
+        const ps_node_def *nd = &d->nodes[sd->first + l];
+        ly->def = nd;
+        ly->kind = nd->kind;
+        ly->name = nd->name;
+        ly->nin = nd->nin;
         ly->dropout_idx = (ly->kind->flags & PS_KIND_DROPOUT) ? m->ndropout++ : -1;
+        for (int i = 0; i < nd->nin; i++) st->in_val[l * PS_NODE_MAX_INPUTS + i] = nd->in[i] < 0 ? 0 : nd->in[i] - sd->first + 1;
+        st->order[l] = sd->order[l] - sd->first;
+    }
+    const ps_shape in_shape = *shape;
+    const ps_dtype in_dtype = *dtype;
+    for (int k = 0; k < nl; k++) {   /* topological order: inputs inferred first */
+        int l = st->order[k];
+        ps_layer *ly = &st->layers[l];
+        const ps_node_def *nd = ly->def;
+        ps_status rc = ps_layer_resolve(ly, d, d->nsizes, m->size_keys, m->sizes, err);
+        if (rc) return node_err(m, nd, err);
+        for (int i = 0; i < ly->nin; i++) {
+            int v = st->in_val[l * PS_NODE_MAX_INPUTS + i];
+            ly->in[i] = v ? st->layers[v - 1].outs : in_shape;
+            ly->in_dtype[i] = v ? st->layers[v - 1].out_dtype : in_dtype;
+        }
         if (l == 0 && st->def_index == bc->shard_def) {
             const ps_model_opts *o = bc->o;
-            if (strcmp(ly->kind->name, "embedding"))
+            if (strcmp(ly->kind->name, "Embedding"))
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': stage '%s' cannot be sharded: its "
-                                  "first layer is %s, not an embedding", m->def->name, sd->name, ly->kind->name);
-            if (o->shard_lo < 0 || o->shard_lo >= o->shard_hi || o->shard_hi > ly->num)
+                                  "first node is %s, not an Embedding", d->name, sd->name, ly->kind->name);
+            if (o->shard_lo < 0 || o->shard_lo >= o->shard_hi || o->shard_hi > ly->a.num)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard rows [%lld, %lld) of stage "
-                                  "'%s' are not a non-empty range within its %d rows", m->def->name,
-                                  (long long)o->shard_lo, (long long)o->shard_hi, sd->name, ly->num);
+                                  "'%s' are not a non-empty range within its %lld rows", d->name,
+                                  (long long)o->shard_lo, (long long)o->shard_hi, sd->name, (long long)ly->a.num);
             ly->row_lo = o->shard_lo;
-            ly->row_total = ly->num;
-            ly->num = (int)(o->shard_hi - o->shard_lo);
+            ly->row_total = ly->a.num;
+            ly->a.num = o->shard_hi - o->shard_lo;
             st->info.row_lo = o->shard_lo;
             st->info.row_hi = o->shard_hi;
         }
-        ps_status rc = ps_layer_infer(ly, err);
-        if (rc) return ps_err_prefix(err, "model '%s', stage '%s' (input %s)", m->def->name, sd->name,
-                                     ps_shape_format(shape, b1, sizeof b1));
-        if (s >= 0) {
-            const char *missing = ly->kind->missing_op(st->be->ops);
+        if ((rc = ps_layer_infer(ly, err)) == PS_OK) rc = check_sizes(ly, err);
+        if (rc != PS_OK) {
+            char b1[64], b2[64] = "";
+            for (int i = 1; i < ly->nin; i++) {
+                size_t o = strlen(b2);
+                ps_shape_format(&ly->in[i], b2 + o, sizeof b2 - o);
+            }
+            ps_err_prefix(err, "input %s%s%s", ps_shape_format(&ly->in[0], b1, sizeof b1), *b2 ? ", " : "", b2);
+            return node_err(m, nd, err);
+        }
+        if (s >= 0 && st->be) {
+            const char *missing = ly->kind->missing_op(ly, st->be->ops);
             if (missing)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.placement.%s: %s: backend '%s' has no %s "
-                                  "(layer kind '%s')", sd->name, st->device, st->be->ops->name, missing,
-                                  ly->kind->name);
+                                  "(node '%s', kind %s)", sd->name, st->device, st->be->ops->name, missing,
+                                  ly->name, ly->kind->name);
         }
+    }
+    for (int l = 0; l < nl; l++) {   /* file order: state_dict order */
+        ps_layer *ly = &st->layers[l];
         for (int j = 0; j < ly->nparams; j++) {
             int64_t goff = -1;
             if (!ly->param[j].sparse) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
+            ps_status rc;
             if (s >= 0 && (rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
             st->nweights += ly->param[j].numel;
         }
-        *shape = ly->outs;
-        *dtype = ly->out_dtype;
+        for (int j = 0; j < ly->nbuffers; j++) {
+            const ps_layer_buffer *b = &ly->buffer[j];
+            st->slots[l].buffer[j] = -1;
+            if (b->dtype == PS_DTYPE_I64) { st->slots[l].b_off[j] = st->nbufi; st->nbufi += b->numel; }
+            else { st->slots[l].b_off[j] = st->nbufw; st->nbufw += b->numel; }
+            ps_status rc;
+            if (s >= 0 && (rc = add_buffer(m, s, l, j, err)) != PS_OK) return rc;
+        }
     }
+    const ps_layer *ol = ps_stage_out_layer(st);
+    *shape = ol->outs;
+    *dtype = ol->out_dtype;
     st->info.out_ndim = shape->ndim;
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
-    for (int l = 0; l < st->nlayers; l++) st->info.params += st->layers[l].nparams;
-    st->info.params_only = st->nlayers > 0;
-    for (int l = 0; l < st->nlayers; l++)
+    for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
+    st->info.params_only = nl > 0;
+    for (int l = 0; l < nl; l++)
         if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
     return PS_OK;
 }
@@ -242,7 +365,7 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
 static ps_status init_param(const ps_layer *ly, int j, float *host, ps_rng *rng, ps_err *err) {
     ps_layer full = *ly;
     if (ly->row_total) {
-        full.num = (int)ly->row_total;
+        full.a.num = ly->row_total;
         full.row_lo = 0;
         full.row_total = 0;
         ps_status rc = ps_layer_infer(&full, err);
@@ -255,8 +378,8 @@ static ps_status init_param(const ps_layer *ly, int j, float *host, ps_rng *rng,
     const ps_layer_param *p = &full.param[j];
     float *scratch = malloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
     if (!scratch)
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory drawing the initial %s.%s",
-                          ly->def->name, p->suffix);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory drawing the initial %s.%s", ly->name,
+                          p->suffix);
     ps_layer_init_param(&full, j, scratch, rng);
     if (host) {
         int64_t width = p->numel / p->dims[0];
@@ -292,9 +415,8 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
             for (int j = 0; j < ly->nparams; j++) {
                 const ps_layer_param *lp = &ly->param[j];
                 ps_param_info *pi = &m->def_params[m->ndef_params];
-                char *name = malloc(strlen(ly->def->name) + strlen(lp->suffix) + 2);
+                char *name = join_name(ly->name, lp->suffix);
                 if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-                sprintf(name, "%s.%s", ly->def->name, lp->suffix);
                 m->ndef_params++;
                 *pi = (ps_param_info){.name = name, .ndim = lp->ndim, .numel = lp->numel, .stage = st->def->name,
                                       .device = st->device, .stage_index = hosted[ds] ? h : -1,
@@ -302,43 +424,48 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
                 memcpy(pi->dims, lp->dims, sizeof pi->dims);
                 if (lp->sparse && ly->row_total) {   /* the whole table */
                     pi->dims[0] = ly->row_total;
-                    pi->numel = lp->numel / ly->num * ly->row_total;
+                    pi->numel = lp->numel / ly->a.num * ly->row_total;
                 }
             }
         }
+        h += hosted[ds];
+    }
+    int nb = 0;   /* and every buffer */
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) nb += seq[ds]->layers[l].nbuffers;
+    if (!(m->def_buffers = calloc((size_t)nb + 1, sizeof *m->def_buffers)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++)
+            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+                char *name = join_name(st->layers[l].name, st->layers[l].buffer[j].suffix);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                m->def_buffers[m->ndef_buffers++] = buffer_info(st, &st->layers[l], j, hosted[ds] ? h : -1, name);
+            }
         h += hosted[ds];
     }
     return PS_OK;
 }
 
 static void ghosts_free(stage *ghost) {
-    for (int s = 0; s < PS_MODEL_MAX_STAGES; s++) {
-        free(ghost[s].layers);
-        free(ghost[s].slots);
-        ghost[s].layers = NULL;
-        ghost[s].slots = NULL;
-    }
+    for (int s = 0; s < PS_MODEL_MAX_STAGES; s++) stage_free(&ghost[s]);
 }
 
-ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
-    const ps_model_def *a = ps_model_def_find(o->arch);
-    if (!a) {
-        char known[256] = "";
-        for (const char *const *n = ps_model_def_names(); *n; n++) {
-            strncat(known, n != ps_model_def_names() ? ", " : "", sizeof known - strlen(known) - 1);
-            strncat(known, *n, sizeof known - strlen(known) - 1);
-        }
-        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "unknown model '%s' (known: %s)", o->arch ? o->arch : "(null)",
-                   known);
-        return NULL;
-    }
-    PS_ASSERT(a->nstages <= PS_MODEL_MAX_STAGES && a->nsizes <= PS_MODEL_MAX_SIZES);
+/* Build the model; shapes_only: every stage of the definition, shapes,
+ * parameters and memory plans only (no backend, no weights: the stage
+ * table of --check-config). */
+static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *err) {
+    ps_model_def *a = ps_model_def_load(o->arch, o->file, err);
+    if (!a) return NULL;
     for (int i = 0; i < o->n_placement; i++) {
         if (ps_model_def_stage(a, o->placement_stage[i]) < 0) {
             char known[256];
             ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                        "model.placement: model '%s' has no stage '%s' (stages: %s)", a->name,
                        o->placement_stage[i], ps_model_def_stage_list(a, known, sizeof known));
+            ps_model_def_free(a);
             return NULL;
         }
     }
@@ -347,24 +474,29 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     if (o->n_hosted < 0 || o->n_hosted > a->nstages) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': %d hosted stages (it has %d)", a->name, o->n_hosted,
                    a->nstages);
+        ps_model_def_free(a);
         return NULL;
     }
-    for (int s = 0; s < a->nstages; s++) hosted[s] = o->n_hosted == 0;
-    for (int i = 0; i < o->n_hosted; i++) {
+    for (int s = 0; s < a->nstages; s++) hosted[s] = o->n_hosted == 0 || shapes_only;
+    for (int i = 0; i < o->n_hosted && !shapes_only; i++) {
         int s = def_stage_index(a, "hosted stages", o->hosted[i], err);
-        if (s < 0) return NULL;
+        if (s < 0) { ps_model_def_free(a); return NULL; }
         hosted[s] = 1;
     }
-    if (o->shard_stage) {
-        if ((bc.shard_def = def_stage_index(a, "shard stage", o->shard_stage, err)) < 0) return NULL;
+    if (o->shard_stage && !shapes_only) {
+        if ((bc.shard_def = def_stage_index(a, "shard stage", o->shard_stage, err)) < 0) {
+            ps_model_def_free(a);
+            return NULL;
+        }
         if (!hosted[bc.shard_def]) {
             ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard stage '%s' is not among the hosted stages",
                        a->name, o->shard_stage);
+            ps_model_def_free(a);
             return NULL;
         }
     }
     ps_model *m = calloc(1, sizeof *m);
-    if (!m) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    if (!m) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); ps_model_def_free(a); return NULL; }
     stage ghost[PS_MODEL_MAX_STAGES];   /* stages hosted elsewhere: shapes only */
     stage *seq[PS_MODEL_MAX_STAGES];    /* every stage in definition order */
     memset(ghost, 0, sizeof ghost);
@@ -397,11 +529,13 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
     if (resolve_sizes(m, o, err) != PS_OK) goto fail;
 
     int maxp = 0;
-    for (int s = 0; s < a->nstages; s++) maxp += PS_LAYER_MAX_PARAMS * a->stages[s].nlayers;
+    for (int i = 0; i < a->nnodes; i++) maxp += PS_LAYER_MAX_PARAMS;
     m->params = calloc(maxp + 1, sizeof *m->params);
     m->loc = calloc(maxp + 1, sizeof *m->loc);
     m->ost = calloc(maxp + 1, sizeof *m->ost);
-    if (!m->params || !m->loc || !m->ost) {
+    m->buffers = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->buffers);
+    m->bloc = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->bloc);
+    if (!m->params || !m->loc || !m->ost || !m->buffers || !m->bloc) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -436,13 +570,18 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
             goto fail;
         }
         st->host_memory = is_cpu;
-        st->be = ps_backend_create(is_cpu ? o->cpu_backend : "cuda", index, o->compute_threads, err);
-        if (!st->be) {
+        if (!shapes_only)
+            st->be = ps_backend_create(is_cpu ? o->cpu_backend : "cuda", index, o->compute_threads, err);
+        if (!st->be && !shapes_only) {
             ps_err_prefix(err, "model.placement.%s: %s", st->def->name, st->device);
             goto fail;
         }
         if (build_stage(m, st, s, &bc, &shape, &dtype, err) != PS_OK) goto fail;
-        ps_exec_plan_layouts(st);
+        if (ps_exec_plan(st, err) != PS_OK) goto fail;
+    }
+    if (shapes_only) {
+        ghosts_free(ghost);
+        return m;
     }
     if (m->nsparse && ps_optim_check(&m->optim, 1, err) != PS_OK) {
         for (int i = 0; i < m->nparams; i++)
@@ -466,12 +605,15 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
                     if (init_param(&st->layers[l], j, NULL, &rng, err) != PS_OK) goto fail;
             continue;
         }
-        float *host = malloc((size_t)(st->nweights ? st->nweights : 1) * sizeof(float));
+        int64_t nh = st->nweights > st->nbufw ? st->nweights : st->nbufw;
+        float *host = malloc((size_t)(nh ? nh : 1) * sizeof(float));
         st->w = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
+        st->bufw = ps_backend_alloc_floats(st->be, st->nbufw ? st->nbufw : 1);
+        st->bufi = calloc((size_t)(st->nbufi ? st->nbufi : 1), sizeof *st->bufi);
         int have = 1;
         for (int j = 0; j < m->nstate; j++)
             have &= (st->state[j] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1)) != NULL;
-        if (!host || !st->w || !have) {
+        if (!host || !st->w || !st->bufw || !st->bufi || !have) {
             free(host);
             ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
             goto fail;
@@ -486,6 +628,16 @@ ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) {
         for (int j = 0; j < m->nstate && rc == PS_OK; j++)
             rc = st->be->ops->copy_to_device(st->be->impl, st->state[j], host,
                                              (size_t)st->nweights * sizeof(float), err);
+        for (int l = 0; l < st->nlayers; l++)   /* buffers: their initial values */
+            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+                const ps_layer_buffer *b = &st->layers[l].buffer[j];
+                for (int64_t k = 0; k < b->numel; k++) {
+                    if (b->dtype == PS_DTYPE_I64) st->bufi[st->slots[l].b_off[j] + k] = (int64_t)b->init;
+                    else host[st->slots[l].b_off[j] + k] = b->init;
+                }
+            }
+        if (rc == PS_OK && st->nbufw)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->bufw, host, (size_t)st->nbufw * sizeof(float), err);
         free(host);
         if (rc != PS_OK) goto fail;
         m->total_weights += st->nweights;
@@ -499,6 +651,60 @@ fail:
     ghosts_free(ghost);
     ps_model_free(m);
     return NULL;
+}
+
+ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) { return model_build(o, 0, err); }
+
+/* "(1, 28, 28) float32" into buf. */
+static const char *shape_dtype(const ps_shape *s, ps_dtype t, char *buf, size_t cap) {
+    char b[80];
+    snprintf(buf, cap, "%s %s", ps_shape_format(s, b, sizeof b), t == PS_DTYPE_I64 ? "int64" : "f32");
+    return buf;
+}
+
+static const char *human(double v, char *buf, size_t cap) {
+    const char *unit[] = {"", "K", "M", "G", "T"};
+    int u = 0;
+    while (v >= 1000 && u < 4) { v /= 1000; u++; }
+    snprintf(buf, cap, u ? "%.3g%s" : "%.0f%s", v, unit[u]);
+    return buf;
+}
+
+ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FILE *f, ps_err *err) {
+    ps_model *m = model_build(o, 1, err);
+    if (!m) return err && err->code ? err->code : PS_ERR_INVALID_ARGUMENT;
+    fprintf(f, "model %s (%s)%s%s\n", m->def->name, m->def->path, m->def->about[0] ? ": " : "", m->def->about);
+    fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s  %s\n", "stage", "input (per sample)", "output", "parameters",
+            "FLOPs/sample", "act. bytes/sample", "placement");
+    int64_t tp = 0, ta = 0;
+    double tf = 0;
+    for (int s = 0; s < m->nstages; s++) {
+        const stage *st = &m->stages[s];
+        ps_shape in;
+        const ps_layer *ol = ps_stage_out_layer(st);
+        int64_t params = 0;
+        double flops = 0;
+        for (int l = 0; l < st->nlayers; l++) {
+            for (int j = 0; j < st->layers[l].nparams; j++) params += st->layers[l].param[j].numel;
+            flops += ps_layer_flops(&st->layers[l]);
+        }
+        int64_t act = st->info.params_only ? 0 : (int64_t)ps_exec_tape_bytes(m, s, s, 1);
+        char b1[96], b2[96], b3[32], b4[32], b5[32];
+        fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s  %s%s\n", st->def->name,
+                shape_dtype(ps_stage_in_shape(st, &in), st->info.in_dtype, b1, sizeof b1),
+                st->info.params_only ? "(parameters only)" : shape_dtype(&ol->outs, ol->out_dtype, b2, sizeof b2),
+                human((double)params, b3, sizeof b3), st->info.params_only ? "-" : human(flops, b4, sizeof b4),
+                st->info.params_only ? "-" : human((double)act, b5, sizeof b5),
+                where && where[s] ? where[s] : st->device,
+                st->info.params_only ? " (the trainer runs it: GetParameters / PushGradients)" : "");
+        tp += params;
+        if (!st->info.params_only) { tf += flops; ta += act; }
+    }
+    char b3[32], b4[32], b5[32];
+    fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s\n", "total", "", "", human((double)tp, b3, sizeof b3),
+            human(tf, b4, sizeof b4), human((double)ta, b5, sizeof b5));
+    ps_model_free(m);
+    return PS_OK;
 }
 
 const char *ps_model_arch(const ps_model *m) { return m->def->name; }
@@ -520,6 +726,59 @@ const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
 }
 
+int ps_model_num_buffers(const ps_model *m) { return m->nbuffers; }
+const ps_buffer_info *ps_model_buffer(const ps_model *m, int i) {
+    return (i >= 0 && i < m->nbuffers) ? &m->buffers[i] : NULL;
+}
+int ps_model_find_buffer(const ps_model *m, const char *name) {
+    for (int i = 0; name && i < m->nbuffers; i++)
+        if (!strcmp(m->buffers[i].name, name)) return i;
+    return -1;
+}
+int ps_model_num_def_buffers(const ps_model *m) { return m->ndef_buffers; }
+const ps_buffer_info *ps_model_def_buffer(const ps_model *m, int i) {
+    return (i >= 0 && i < m->ndef_buffers) ? &m->def_buffers[i] : NULL;
+}
+
+/* Buffer i's memory: float32 on the stage's device, int64 on the host. */
+static void *buffer_mem(ps_model *m, int i) {
+    stage *st = &m->stages[m->bloc[i].stage];
+    return m->buffers[i].dtype == PS_DTYPE_I64 ? (void *)(st->bufi + m->bloc[i].off) : (void *)(st->bufw + m->bloc[i].off);
+}
+
+/* Under the weights lock (either). */
+static ps_status copy_buffer_out(ps_model *m, int i, void *host_dst, ps_err *err) {
+    stage *st = &m->stages[m->bloc[i].stage];
+    size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
+    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, buffer_mem(m, i), bytes); return PS_OK; }
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, buffer_mem(m, i), bytes, err);
+}
+
+ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    pthread_rwlock_rdlock(&m->lock);
+    ps_status rc = copy_buffer_out(m, i, host_dst, err);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+ps_status ps_model_set_buffer(ps_model *m, int i, const void *host_src, ps_err *err) {
+    if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    stage *st = &m->stages[m->bloc[i].stage];
+    size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
+    ps_status rc = PS_OK;
+    pthread_rwlock_wrlock(&m->lock);
+    if (m->buffers[i].dtype == PS_DTYPE_I64) memcpy(buffer_mem(m, i), host_src, bytes);
+    else rc = st->be->ops->copy_to_device(st->be->impl, buffer_mem(m, i), host_src, bytes, err);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
+}
+
+void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq) {
+    t->key = key;
+    t->seq = seq;
+}
+
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
 const ps_stage_info *ps_model_stage(const ps_model *m, int s) {
     return s >= 0 && s < m->nstages ? &m->stages[s].info : NULL;
@@ -537,8 +796,7 @@ void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w) {
     *w = si->in_ndim > 2 ? (int)si->in_dims[2] : 1;
 }
 int ps_model_output_size(const ps_model *m) {
-    const stage *st = &m->stages[m->nstages - 1];
-    return (int)ps_shape_numel(&st->layers[st->nlayers - 1].outs);
+    return (int)ps_shape_numel(&ps_stage_out_layer(&m->stages[m->nstages - 1])->outs);
 }
 int ps_model_max_batch(const ps_model *m) { return m->def->max_batch; }
 
@@ -609,11 +867,18 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     if (n < 1 || (train && n > m->def->max_batch))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
     const stage *s0 = &m->stages[first], *sl = &m->stages[last];
-    const ps_layer *l0 = &s0->layers[0];
-    if (l0->kind->check_input && (rc = l0->kind->check_input(l0, x, n * ps_shape_numel(&l0->in), err)) != PS_OK)
-        return ps_err_prefix(err, "stage '%s'", s0->def->name);
-    size_t in_sample = (size_t)ps_shape_numel(&l0->in) * ps_dtype_size(l0->in_dtype);
-    int64_t out_sample = ps_shape_numel(&sl->layers[sl->nlayers - 1].outs);
+    ps_shape ins;
+    ps_stage_in_shape(s0, &ins);
+    for (int l = 0; l < s0->nlayers; l++) {   /* nodes reading the stage input check it (ids in range) */
+        const ps_layer *ly = &s0->layers[l];
+        int reads = 0;
+        for (int i = 0; i < ly->nin; i++) reads |= s0->in_val[l * PS_NODE_MAX_INPUTS + i] == 0;
+        if (reads && ly->kind->check_input &&
+            (rc = ly->kind->check_input(ly, x, n * ps_shape_numel(&ins), err)) != PS_OK)
+            return ps_err_prefix(err, "stage '%s'", s0->def->name);
+    }
+    size_t in_sample = (size_t)ps_shape_numel(&ins) * ps_dtype_size(s0->info.in_dtype);
+    int64_t out_sample = ps_shape_numel(&ps_stage_out_layer(sl)->outs);
     ps_rng rng;
     ps_rng_seed(&rng, dropout_seed);
     /* One shared acquisition for the whole call: one weights version, even
@@ -721,6 +986,97 @@ static ps_status stage_rows(ps_model *m, int i, const ps_rows *r, param_grad *pg
     return rc;
 }
 
+/* ---- running statistics: the folds a step applies ---- */
+
+/* The nodes g's records touch, each with host copies of its float32
+ * buffers; the records in fold order. Built before the weights lock. */
+typedef struct fold_plan {
+    int *order;              /* (nrecs) record indices in (key, seq) order, stable */
+    int nlayers;
+    int (*at)[2];            /* (nlayers) stage, layer */
+    float *(*fbuf)[PS_LAYER_MAX_BUFFERS]; /* per node: host copies of its float32 buffers */
+} fold_plan;
+
+static const ps_grads *g_sort;   /* qsort has no context; the sort runs under fold_mu */
+static pthread_mutex_t fold_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_rec(const void *a, const void *b) {
+    const fold_record *x = &g_sort->recs[*(const int *)a], *y = &g_sort->recs[*(const int *)b];
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+    return *(const int *)a - *(const int *)b;   /* stable */
+}
+
+static void fold_plan_free(fold_plan *fp) {
+    for (int k = 0; fp->fbuf && k < fp->nlayers; k++)
+        for (int j = 0; j < PS_LAYER_MAX_BUFFERS; j++) free(fp->fbuf[k][j]);
+    free(fp->fbuf);
+    free(fp->at);
+    free(fp->order);
+}
+
+static ps_status fold_prepare(ps_model *m, const ps_grads *g, fold_plan *fp, ps_err *err) {
+    memset(fp, 0, sizeof *fp);
+    if (!g->nrecs) return PS_OK;
+    fp->order = malloc((size_t)g->nrecs * sizeof *fp->order);
+    fp->at = calloc((size_t)g->nrecs, sizeof *fp->at);
+    fp->fbuf = calloc((size_t)g->nrecs, sizeof *fp->fbuf);
+    if (!fp->order || !fp->at || !fp->fbuf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
+    for (int r = 0; r < g->nrecs; r++) fp->order[r] = r;
+    pthread_mutex_lock(&fold_mu);
+    g_sort = g;
+    qsort(fp->order, (size_t)g->nrecs, sizeof *fp->order, cmp_rec);
+    pthread_mutex_unlock(&fold_mu);
+    for (int r = 0; r < g->nrecs; r++) {
+        const fold_record *rec = &g->recs[r];
+        int k = 0;
+        while (k < fp->nlayers && (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer)) k++;
+        if (k < fp->nlayers) continue;
+        fp->at[k][0] = rec->stage;
+        fp->at[k][1] = rec->layer;
+        fp->nlayers++;
+        const ps_layer *ly = &m->stages[rec->stage].layers[rec->layer];
+        for (int j = 0; j < ly->nbuffers; j++)
+            if (ly->buffer[j].dtype == PS_DTYPE_F32 &&
+                !(fp->fbuf[k][j] = malloc((size_t)ly->buffer[j].numel * sizeof(float))))
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
+    }
+    return PS_OK;
+}
+
+/* Under the exclusive weights lock: every record, in order, into the buffers. */
+static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int k = 0; k < fp->nlayers && rc == PS_OK; k++) {   /* the float32 buffers to the host */
+        stage *st = &m->stages[fp->at[k][0]];
+        const ps_layer *ly = &st->layers[fp->at[k][1]];
+        for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
+            if (fp->fbuf[k][j])
+                rc = st->be->ops->copy_to_host(st->be->impl, fp->fbuf[k][j], st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                                               (size_t)ly->buffer[j].numel * sizeof(float), err);
+    }
+    for (int r = 0; r < g->nrecs && rc == PS_OK; r++) {
+        const fold_record *rec = &g->recs[fp->order[r]];
+        int k = 0;
+        while (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer) k++;
+        stage *st = &m->stages[rec->stage];
+        const ps_layer *ly = &st->layers[rec->layer];
+        int64_t *ibuf[PS_LAYER_MAX_BUFFERS] = {0};
+        for (int j = 0; j < ly->nbuffers; j++)
+            if (ly->buffer[j].dtype == PS_DTYPE_I64) ibuf[j] = st->bufi + st->slots[rec->layer].b_off[j];
+        ly->kind->fold(ly, fp->fbuf[k], ibuf, (const float *const *)rec->stats);
+    }
+    for (int k = 0; k < fp->nlayers && rc == PS_OK; k++) {   /* and back */
+        stage *st = &m->stages[fp->at[k][0]];
+        const ps_layer *ly = &st->layers[fp->at[k][1]];
+        for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
+            if (fp->fbuf[k][j])
+                rc = st->be->ops->copy_to_device(st->be->impl, st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                                                 fp->fbuf[k][j], (size_t)ly->buffer[j].numel * sizeof(float), err);
+    }
+    return rc;
+}
+
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err) {
     if (!g || g->m != m)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
@@ -728,9 +1084,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
     /* Everything that can fail before any weight is written. The optimizer
      * state needs nothing here: it was allocated with the weights. */
-    param_grad *pg = calloc((size_t)m->nparams, sizeof *pg);
+    param_grad *pg = calloc((size_t)m->nparams + 1, sizeof *pg);
     if (!pg) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the step");
-    ps_status rc = PS_OK;
+    fold_plan fp;
+    ps_status rc = fold_prepare(m, g, &fp, err);
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         const param_loc *pl = &m->loc[i];
         if (m->params[i].sparse) {
@@ -751,6 +1108,10 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
             rc = update_param(m, i, &pg[i], err);
             wrote = 1;
         }
+        if (rc == PS_OK && fp.nlayers) {
+            rc = fold_apply(m, g, &fp, err);
+            wrote = 1;
+        }
         uint64_t v;
         pthread_mutex_lock(&m->version_mu);
         if (wrote) m->version++;  /* a device failure half-way still changed weights */
@@ -765,6 +1126,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         ps_backend_release(m->stages[m->loc[i].stage].be, pg[i].dev_grad);
     }
     free(pg);
+    fold_plan_free(&fp);
     return rc;
 }
 
@@ -779,8 +1141,14 @@ const ps_optim_spec *ps_model_optim(const ps_model *m) { return &m->optim; }
 
 ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *state, uint64_t *version,
                             ps_err *err) {
+    return ps_model_snapshot_ex(m, w, step, state, NULL, version, err);
+}
+
+ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *const *state, void *const *bufs,
+                               uint64_t *version, ps_err *err) {
     ps_status rc = PS_OK;
     pthread_rwlock_rdlock(&m->lock);
+    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++) rc = copy_buffer_out(m, i, bufs[i], err);
     int64_t o = 0;
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         stage *st = &m->stages[m->loc[i].stage];

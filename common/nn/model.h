@@ -35,21 +35,23 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "backend.h"
 #include "optim.h"
 #include "status.h"
 
+#include "modeldef.h"
 #include "tensor.h"
 
-#define PS_MODEL_MAX_STAGES 8
 #define PS_MODEL_MAX_SIZE_KEYS 8
 
 typedef struct ps_model ps_model;
 typedef struct ps_tape ps_tape;
 
 typedef struct ps_model_opts {
-    const char *arch;              /* "mnist_cnn" */
+    const char *arch;              /* model.arch: a shipped model file (modeldef.h), "mnist_cnn" */
+    const char *file;              /* model.file: a model file's path; when set, arch is not used */
     const char *cpu_backend;       /* backend for stages on "cpu": "dnnl" or "ref" */
     int n_placement;               /* (stage, device) pairs; stages not named go to "cpu" */
     const char *placement_stage[PS_MODEL_MAX_STAGES];
@@ -100,6 +102,20 @@ typedef struct ps_param_info {
     int64_t rows_total;            /* ... of rows_total; 0 = not a shard (the whole parameter) */
 } ps_param_info;
 
+/* A buffer: state of a node that is not trained (BatchNorm's
+ * running_mean, running_var, num_batches_tracked). Never part of
+ * gradients; checkpointed under its state_dict name. */
+typedef struct ps_buffer_info {
+    const char *name;              /* "bn1.running_mean" */
+    int ndim;                      /* 0 for a scalar (num_batches_tracked) */
+    int64_t dims[4];
+    int64_t numel;
+    ps_dtype dtype;                /* float32, or int64 (counters) */
+    const char *stage;
+    const char *device;
+    int stage_index;               /* hosted stage; -1 in the definition's list for one hosted elsewhere */
+} ps_buffer_info;
+
 typedef struct ps_stage_info {
     const char *name;              /* "conv" */
     const char *device;            /* "cpu", "cuda:0" */
@@ -116,10 +132,6 @@ typedef struct ps_stage_info {
 
 typedef struct ps_grads ps_grads;
 
-/* Names of the architectures this build knows, NULL-terminated (the
- * registry's, models.h). */
-const char *const *ps_model_arch_names(void);
-
 /* Build the model: validates arch, sizes, stage names, devices and the
  * optimizer (an unknown stage or size, a device without a backend, a layer
  * kind the stage's backend lacks, an optimizer setting out of range
@@ -134,6 +146,14 @@ const char *const *ps_model_arch_names(void);
  * rows' weights and moments change, one step count per parameter). */
 ps_model *ps_model_create(const ps_model_opts *opts, ps_err *err);
 void ps_model_free(ps_model *m);
+
+/* The stage table of opts' model (psd --check-config), every stage of its
+ * definition, without building weights or backends: per stage its input
+ * and output shapes and dtypes, parameters, FLOPs and the bytes of
+ * activations a training forward keeps per sample (its memory plan on a
+ * plain layout), and where[s] (NULL: opts' placement device). Errors as
+ * ps_model_create (the model file's name file:line and the node). */
+ps_status ps_model_describe(const ps_model_opts *opts, const char *const *where, FILE *f, ps_err *err);
 
 const char *ps_model_arch(const ps_model *m);
 /* The backend running stage s (0-based), NULL past the last stage: for
@@ -151,6 +171,29 @@ int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
  * state_dict against a hosted subset (--init-from). */
 int ps_model_num_def_params(const ps_model *m);
 const ps_param_info *ps_model_def_param(const ps_model *m, int i);
+
+/* ---- buffers ---- */
+
+/* The buffers of the hosted stages, in state_dict order. */
+int ps_model_num_buffers(const ps_model *m);
+const ps_buffer_info *ps_model_buffer(const ps_model *m, int i);   /* NULL if out of range */
+int ps_model_find_buffer(const ps_model *m, const char *name);     /* -1 if absent */
+/* Every buffer of the definition, hosted here or not (stage_index -1 for
+ * the others), as ps_model_def_param. */
+int ps_model_num_def_buffers(const ps_model *m);
+const ps_buffer_info *ps_model_def_buffer(const ps_model *m, int i);
+/* Copy buffer i to / from host memory: numel values of its dtype (float
+ * or int64_t). set_buffer takes the weights lock exclusively. */
+ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err);
+ps_status ps_model_set_buffer(ps_model *m, int i, const void *host_src, ps_err *err);
+
+/* Name tape t's forward for the running statistics: its key (the context)
+ * and seq (the forward's number in it). A step folds the statistics of the
+ * training forwards whose backwards went into its gradients in (key, seq)
+ * order (each tape once, at its first backward), so a context's forwards
+ * fold in sequence order - PyTorch's order - whatever order their
+ * backwards ran in, and a context that never steps changes nothing. */
+void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq);
 
 /* ---- stages ---- */
 int ps_model_num_stages(const ps_model *m);
@@ -233,8 +276,9 @@ int ps_grads_touched(const ps_grads *g);
 
 /* Apply the optimizer to the parameters g has gradients for (parameters of
  * stages it never touched are left alone; sparse parameters update only
- * their touched rows) under the exclusive weights lock; returns the new
- * version in *version. Atomic: everything that can fail on input or memory
+ * their touched rows) and fold the running statistics g carries into the
+ * buffers (ps_tape_set_key), under the exclusive weights lock; returns the
+ * new version in *version. Atomic: everything that can fail on input or memory
  * (validation, allocation) happens before the first weight is written, so
  * an error leaves weights, optimizer state and version untouched. */
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err);
@@ -310,6 +354,10 @@ const ps_optim_spec *ps_model_optim(const ps_model *m);
  * model version. */
 ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *state, uint64_t *version,
                             ps_err *err);
+/* ps_model_snapshot plus, when bufs is not NULL, every buffer i into
+ * bufs[i] (numel values of its dtype), under the same lock. */
+ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *const *state, void *const *bufs,
+                               uint64_t *version, ps_err *err);
 
 /* Set parameter i's optimizer state: its update count and, for j <
  * ps_optim_num_state, buffer j from state[j] (host, numel floats); state

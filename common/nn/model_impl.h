@@ -1,7 +1,7 @@
 /* model_impl.h - the model's internals, shared by model.c (weights, lock,
- * versions, placement, optimizer step), exec.c (the executor: tapes,
- * forward and backward over runs of stages) and grads.c (accumulated
- * gradients). Not for use outside common/nn. */
+ * versions, placement, optimizer step), exec.c (the graph executor: memory
+ * plan, tapes, forward and backward over runs of stages) and grads.c
+ * (accumulated gradients). Not for use outside common/nn. */
 #ifndef PS_NN_MODEL_IMPL_H
 #define PS_NN_MODEL_IMPL_H
 
@@ -9,14 +9,43 @@
 
 #include "layers.h"
 #include "model.h"
-#include "models.h"
+#include "modeldef.h"
 
-/* Where a layer's parameters live. */
+/* Where a node's parameters and buffers live. */
 typedef struct layer_slot {
     int param[PS_LAYER_MAX_PARAMS];     /* index in the model's parameter list */
     int64_t w_off[PS_LAYER_MAX_PARAMS]; /* offset in the stage's weight block */
     int64_t g_off[PS_LAYER_MAX_PARAMS]; /* offset in the stage's dense gradient block, -1 if sparse */
+    int buffer[PS_LAYER_MAX_BUFFERS];   /* index in the model's buffer list */
+    int64_t b_off[PS_LAYER_MAX_BUFFERS];/* float32: offset in the stage's buffer block; int64: in its counters */
 } layer_slot;
+
+/* The memory plan of a stage in one mode (exec.c plans it once per stage
+ * at build, for training and for eval forwards).
+ *
+ * Values: 0 is the stage input, 1 + l the output of node l (file order).
+ * A view (Flatten, Reshape; Dropout in eval) shares its input's storage;
+ * an in-place node (ReLU, Dropout, Add) writes its output over its input's
+ * storage when nothing else reads that input afterwards and no backward
+ * needs it. Storage ids ("buffers"): 0 the stage input, 1 + l node l's
+ * output storage, 1 + nlayers + l * PS_NODE_MAX_INPUTS + i the reorder of
+ * node l's input i into the layout it computes in. */
+typedef struct node_plan {
+    int out_buf;                        /* storage its output lands in */
+    int alloc;                          /* 1: allocate out_buf before the forward (not a view or in place) */
+    int in_buf[PS_NODE_MAX_INPUTS];     /* storage it reads input i from (a reorder's when it has one) */
+    int reorder[PS_NODE_MAX_INPUTS];    /* 1: input i is reordered into in_buf[i] first */
+    int nfree;                          /* storages released after its forward */
+    int *free_buf;
+} node_plan;
+
+typedef struct stage_plan {
+    node_plan *node;                    /* per node (file order) */
+    int nbufs;
+    int out_buf;                        /* the stage output's storage */
+    unsigned char *kept;                /* per storage: the training tape keeps it for backward */
+    int out_writable;                   /* a fused loss may overwrite the output with its gradient */
+} stage_plan;
 
 typedef struct stage {
     const ps_stage_def *def;
@@ -24,17 +53,45 @@ typedef struct stage {
     char device[32];
     int host_memory;         /* device memory is host memory (cpu) */
     ps_backend *be;
-    ps_layer *layers;
-    layer_slot *slots;       /* per layer */
+    ps_layer *layers;        /* file order */
+    layer_slot *slots;       /* per node */
     int nlayers;
+    int *order;              /* (nlayers) topological order: indices into layers */
+    int *in_val;             /* (nlayers * PS_NODE_MAX_INPUTS) value read by node l's input i */
+    int out_val;             /* the stage's output value */
+    int *val_layout;         /* (nlayers + 1) layout of each value */
+    unsigned char *rg[2];    /* (nlayers + 1) per value: its gradient is needed, [0] without and [1]
+                                with d loss / d stage input */
+    stage_plan plan[2];      /* [0] eval, [1] training */
     int64_t nweights;        /* floats in the weight block */
     int64_t ngrads;          /* floats in a dense gradient block (sparse parameters excluded) */
+    int64_t nbufw;           /* floats in the buffer block (float32 buffers) */
+    int64_t nbufi;           /* int64 counters (host) */
     float *w;                /* (nweights) parameters, on the stage's device */
+    float *bufw;             /* (nbufw) float32 buffers, on the stage's device */
+    int64_t *bufi;           /* (nbufi) int64 buffers, host */
     float *state[PS_OPTIM_MAX_STATE]; /* (nweights) each: the optimizer's state buffers laid out
                                          as w, the model's nstate of them (NULL beyond) */
-    int dropout_base;        /* model-wide index of the stage's first dropout layer */
+    int dropout_base;        /* model-wide index of the stage's first dropout node */
     ps_stage_info info;
 } stage;
+
+typedef struct buffer_loc {
+    int stage, layer, j;
+    int64_t off;             /* in the stage's float32 buffer block or its int64 counters */
+} buffer_loc;
+
+/* One training forward's statistics for a node with buffers (BatchNorm),
+ * kept in the accumulated gradients until the step folds them (model.c):
+ * host copies of what the kind's stats() names. */
+typedef struct fold_record {
+    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order */
+    uint32_t seq;
+    int stage, layer;
+    int nstats;
+    float *stats[4];
+    int64_t len[4];
+} fold_record;
 
 typedef struct param_loc {
     int stage, layer, j;
@@ -43,8 +100,9 @@ typedef struct param_loc {
 } param_loc;
 
 struct ps_model {
-    const ps_model_def *def;
-    double sizes[PS_MODEL_MAX_SIZES];
+    ps_model_def *def;       /* owned */
+    double sizes[PS_MODEL_MAX_SIZES]; /* per def->sizes */
+    const char *size_keys[PS_MODEL_MAX_SIZES];
     stage stages[PS_MODEL_MAX_STAGES];
     int nstages;
     ps_param_info *params;
@@ -52,6 +110,11 @@ struct ps_model {
     int ndef_params;
     param_loc *loc;
     int nparams;
+    ps_buffer_info *buffers; /* every buffer of the hosted stages (nbuffers) */
+    buffer_loc *bloc;
+    int nbuffers;
+    ps_buffer_info *def_buffers; /* every buffer of the definition (ndef_buffers) */
+    int ndef_buffers;
     int nsparse;
     int ndropout;
     int64_t total_weights;
@@ -69,10 +132,9 @@ struct ps_model {
 };
 
 typedef struct tape_stage {
-    void **acts;             /* nlayers+1 activations; acts[0] is the stage input */
-    unsigned char *owned;    /* per activation: allocated here (1) or aliased (0) */
-    ps_layer_saved *saved;   /* per layer */
-    float **rin;             /* per layer: its input reordered to in_layout, or NULL */
+    void **buf;              /* per storage id (stage_plan.nbufs): its memory, NULL once released */
+    unsigned char *owned;    /* per storage: allocated here (1) or aliased (0) */
+    ps_layer_saved *saved;   /* per node */
 } tape_stage;
 
 struct ps_tape {
@@ -80,6 +142,9 @@ struct ps_tape {
     int first, last;
     int n;
     int train;
+    uint64_t key;            /* ps_tape_set_key: the order its statistics fold in */
+    uint32_t seq;
+    int folded;              /* its statistics went into an accumulator (once per tape) */
     tape_stage st[PS_MODEL_MAX_STAGES];
     ps_grads *own;           /* the first API's per-tape gradients (ps_model_backward) */
 };
@@ -88,26 +153,36 @@ struct ps_grads {
     ps_model *m;
     float *dense[PS_MODEL_MAX_STAGES]; /* per stage: (ngrads) on its device, NULL = untouched */
     ps_rows *rows;           /* per parameter: its rows when sparse */
+    fold_record *recs;       /* training forwards' statistics, folded into buffers at the step */
+    int nrecs, caprecs;
     double sq;               /* the sum of squares of every value, when sq_valid: */
     int sq_valid;            /* cleared by whatever writes the gradients */
 };
 
+/* Append the statistics of tape t's nodes (a training tape, once) to g. */
+ps_status ps_grads_record(ps_model *m, ps_grads *g, ps_tape *t, ps_err *err);
+
 /* ---- the executor (exec.c): no locks, no optimizer ---- */
 
-/* Plan the activation layouts of a stage's layers (blocked where the
- * backend offers it and the kind prefers it); separate from the rest so a
- * backend's layout rules can change without touching the executor. */
-void ps_exec_plan_layouts(stage *st);
+/* Plan a built stage: activation layouts (blocked where the backend offers
+ * it and the kind prefers it), what backward needs, and the memory plans;
+ * separate from the rest so a backend's layout rules can change without
+ * touching the executor. */
+ps_status ps_exec_plan(stage *st, ps_err *err);
+void ps_exec_plan_free(stage *st);
 /* INVALID_ARGUMENT unless first..last is a run of stages whose shapes chain. */
 ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err);
 /* Forward of stages first..last on n samples of host x into host out (one
  * tape); with keep, the tape (x copied) is returned in *tape. Dropout masks
- * come from masks (per dropout layer of the run) or rng. */
+ * come from masks (per dropout node of the run) or rng. */
 ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n, int train, int keep,
                           const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err);
 /* Backward of t into acc (ps_model_backward_acc's contract). */
 ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                            ps_err *err);
+
+/* Bytes a training tape of stages first..last keeps for n samples (no gradients). */
+size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);
 
 /* Thread budget of a compute call (see model.c). */
 int ps_model_call_begin(ps_model *m, int exclusive);
@@ -118,5 +193,14 @@ ps_status ps_rows_merge(ps_rows *dst, const ps_rows *src, ps_err *err);
 
 /* Copy count floats between two buffers of one stage's device. */
 ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, ps_err *err);
+
+/* The stage's output node. */
+static inline const ps_layer *ps_stage_out_layer(const stage *st) { return &st->layers[st->out_val - 1]; }
+/* The stage's per-sample input shape and dtype. */
+static inline const ps_shape *ps_stage_in_shape(const stage *st, ps_shape *tmp) {
+    tmp->ndim = st->info.in_ndim;
+    for (int d = 0; d < PS_SHAPE_MAX_DIMS; d++) tmp->dims[d] = st->info.in_dims[d];
+    return tmp;
+}
 
 #endif

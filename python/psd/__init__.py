@@ -22,4 +22,4 @@ from .modules import HostedModule, RemoteStage
 from ._proto import version as __version__  # noqa: E402 (VERSION, written by make)
 
 __all__ = ["connect", "Client", "RemoteStage", "HostedModule", "context", "attempts", "current", "Context",
-           "StepResult", "state_dict", "read_safetensors", "Error", "ContextLost", "RoundClosed"]
+           "StepResult", "state_dict", "read_safetensors", "Error", "ContextLost", "RoundClosed", "__version__"]

@@ -10,6 +10,7 @@ Status) are retried under a fresh budget each (docs/protocol.md).
 """
 import collections
 import logging
+import random
 import threading
 import time
 
@@ -149,8 +150,8 @@ class Client:
         self.metadata = (("authorization", f"Bearer {cfg.token}"),) if cfg.token else None
         self.ids = ContextIds()
         self.who = f"psd: rank {rank}"
-        self.budget = Budget(cfg.retry_max_s, cfg.retry_backoff_s, cfg.retry_backoff_max_s, who=self.who,
-                             seed=self.ids.base ^ rank)
+        self.retries = 0            # RPC retries so far, all budgets
+        self._jitter = random.Random(self.ids.base ^ rank)
         self.conns = [Conn(self, i, s) for i, s in enumerate(cfg.servers)]
         self.seen_version = {}      # conn index -> the latest model_version a reply carried
         self.partial_steps = 0      # batches applied on some servers, lost on others
@@ -220,12 +221,16 @@ class Client:
 
     # ---- calls outside a context --------------------------------------------
 
+    def new_budget(self):
+        """A fresh retry budget (trainer.retry_*): one per unit of work."""
+        c = self.cfg
+        return Budget(c.retry_max_s, c.retry_backoff_s, c.retry_backoff_max_s, who=self.who,
+                      seed=self._jitter.getrandbits(64), stats=self)
+
     def retrying(self, conn, method, req, what=None, budget=None, timeout=None):
         """conn.call under a fresh budget (or `budget`): UNAVAILABLE and
         DEADLINE_EXCEEDED are retried with backoff, anything else raised."""
-        b = budget or self.budget
-        if budget is None:
-            b.reset()
+        b = budget or self.new_budget()
         while True:
             try:
                 return conn.call(method, req, timeout=timeout)
@@ -250,14 +255,14 @@ class Client:
         return {"cluster": self.cfg.cluster, "model": self.model,
                 "model_version": max(r["model_version"] for r in out.values()), "servers": out}
 
-    def get_parameters(self, conn, stage=""):
+    def get_parameters(self, conn, stage="", budget=None):
         """(OrderedDict name -> tensor, model_version) of conn's parameters
-        (of one stage), its pages reassembled."""
+        (of one stage), its pages reassembled; budget: a context's, or a
+        fresh one."""
         parts = collections.OrderedDict()
         req = ps_pb2.GetParametersRequest(stage=stage)
         version = None
-        b = self.budget
-        b.reset()
+        b = budget or self.new_budget()
         while True:
             r = self.retrying(conn, "GetParameters", req, budget=b)
             if version is None:

@@ -93,6 +93,16 @@ class Config:
         self.allow_insecure = False
         self.ca = self.client_cert = self.client_key = self.server_name = self.token_file = ""
         self.token = None          # the bearer token (token argument or security.token_file)
+        self.flat = {}             # every key of the file, dotted ("model.sizes" and "servers" as mappings)
+
+    def get(self, key, default=None):
+        """The file's value of a dotted key (e.g. "model.sizes.dropout",
+        "trainer.world_size"), or default; not checked here."""
+        if key in self.flat:
+            return self.flat[key]
+        head, _, leaf = key.rpartition(".")
+        sub = self.flat.get(head)
+        return sub.get(leaf, default) if isinstance(sub, dict) else default
 
     # ---- credentials -------------------------------------------------------
 
@@ -250,6 +260,7 @@ def load(config_or_address, token=None, server=None, overrides=None):
             flat[k] = v
     if server is not None:
         flat["server.address"] = server
+    cfg.flat = flat
     o = cfg.origin
     for key in _NUM:
         if key in flat:

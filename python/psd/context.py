@@ -95,9 +95,7 @@ class Context:
     def __init__(self, client=None, _budget=None, _attempts=None):
         self.client = default_client(client)
         self.id = self.client.ids.next()
-        self.budget = _budget or self.client.budget
-        if _budget is None:
-            self.budget.reset()
+        self.budget = _budget or self.client.new_budget()
         self._attempts = _attempts
         self.seq = 0
         self.records = []
@@ -149,6 +147,8 @@ class Context:
 
     def _lost(self, e, why):
         self.state = "lost"
+        if isinstance(e, ContextLost):
+            return e
         return ContextLost(e.code, f"context {self.id:x}: {why}: {e.details}", e.method, e.server)
 
     # ---- calls under the context ------------------------------------------
@@ -168,6 +168,7 @@ class Context:
                     continue
                 if e.code == grpc.StatusCode.NOT_FOUND:
                     raise self._lost(e, "psd no longer knows it (restarted, or the context expired)") from None
+                e.retried = retried
                 raise
 
     def new_record(self, what):
@@ -191,7 +192,7 @@ class Context:
             raise
         except Error as e:
             # a fused Forward is not answered from the record: psd refuses its retry; nothing applied
-            if fused and e.code == grpc.StatusCode.FAILED_PRECONDITION:
+            if fused and e.code == grpc.StatusCode.FAILED_PRECONDITION and getattr(e, "retried", False):
                 raise self._lost(e, "a retried fused-loss Forward") from None
             raise
         if conn.index not in self.round:
@@ -384,7 +385,11 @@ class Context:
         if lost and not applied:
             e = outcome[lost[0].index][1]
             self.client.reruns += 1
-            raise self._lost(e, "not applied on any server" if len(self.touched) > 1 else "not applied")
+            if len(self.touched) > 1:
+                self.state = "lost"
+                raise ContextLost(e.code, f"context {self.id:x} not applied on any server "
+                                  f"({', '.join(c.name for c in lost)} lost it): {e}", "Step", None)
+            raise self._lost(e, "not applied")
         if lost:
             res.partial = True
             res.applied_on, res.lost_on = [c.name for c in applied], [c.name for c in lost]
@@ -490,8 +495,7 @@ def attempts(client=None, max_lost=MAX_LOST):
     (ContextLost: nothing applied), at most max_lost more times, as
     ps-train runs a lost batch again. All attempts share one retry budget."""
     a = _Attempts(client, max_lost)
-    budget = a.client.budget
-    budget.reset()
+    budget = a.client.new_budget()
     while True:
         a.again = False
         yield Context(a.client, _budget=budget, _attempts=a)

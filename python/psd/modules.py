@@ -291,9 +291,9 @@ class HostedModule(nn.Module):
     def extra_repr(self):
         return f"stage={self.stage!r}"
 
-    def pull(self):
-        """Fetch psd's weights now."""
-        got, v = self.client.get_parameters(self.conn, self.stage)
+    def pull(self, budget=None):
+        """Fetch psd's weights now (budget: the context's, or a fresh one)."""
+        got, v = self.client.get_parameters(self.conn, self.stage, budget)
         params = dict(self.module.named_parameters())
         with torch.no_grad():
             for rn, ln in self.names:
@@ -305,7 +305,7 @@ class HostedModule(nn.Module):
         ctx = current(self.client)
         seen = ctx.versions.get(self.conn.index) if ctx is not None else self.client.seen_version.get(self.conn.index)
         if self.version is None or seen is None or seen != self.version:
-            self.pull()
+            self.pull(ctx.budget if ctx is not None else None)
         if ctx is not None and self.training and torch.is_grad_enabled():
             ctx.use_hosted(self)
         return self.module(*args, **kwargs)

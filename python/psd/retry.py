@@ -25,12 +25,14 @@ MAX_LOST = 3        # PS_RETRY_MAX_LOST: runs again of a lost batch before that 
 
 
 class Budget:
-    def __init__(self, max_s, backoff_s, backoff_max_s, who="psd", seed=None, sleep=time.sleep, now=time.monotonic):
+    def __init__(self, max_s, backoff_s, backoff_max_s, who="psd", seed=None, sleep=time.sleep, now=time.monotonic,
+                 stats=None):
         self.max_s, self.backoff_s, self.backoff_max_s = max_s, backoff_s, backoff_max_s
         self.who = who
         self.rng = random.Random(seed)
         self.sleep, self.now = sleep, now
         self.total = 0        # retries over the budget's life (for summaries)
+        self.stats = stats    # an object whose .retries counts them too (the client)
         self.reset()
 
     def reset(self):
@@ -59,6 +61,8 @@ class Budget:
             d = self.max_s - used
         self.tries += 1
         self.total += 1
+        if self.stats is not None:
+            self.stats.retries += 1
         log.warning("%s: %s: %s; retry %d in %.2f s (%.1f of %g s retry budget used)", self.who, what,
                     err or "failed", self.tries, d, used, self.max_s)
         self.sleep(d)

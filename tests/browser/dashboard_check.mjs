@@ -1,10 +1,11 @@
 // dashboard_check.mjs - drives Debian's Chromium (playwright-core, no browser
 // download) against psd's dashboard for tests/it_dashboard_browser.sh.
 //
-//   node dashboard_check.mjs URL DONE_FILE STATUS_JSON SCREENSHOT
+//   node dashboard_check.mjs URL READY_FILE DONE_FILE STATUS_JSON SCREENSHOT
 //
 // 1. Opens URL headless (fresh profile; every host but 127.0.0.1 unresolvable,
-//    so the page can only work offline) while trainers run, and waits until
+//    so the page can only work offline), writes READY_FILE once it has drawn
+//    psd's first answer (the shell starts the trainers then), and waits until
 //    the charts have been redrawn with new points and the model version
 //    shown has moved: the page updates live.
 // 2. Waits for DONE_FILE (the trainers finished and the shell wrote
@@ -17,11 +18,11 @@
 //    happened; saves a screenshot. Prints one line per check; exits 1 on any
 //    failure.
 import { chromium } from "playwright-core";
-import { existsSync, readFileSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, readFileSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-const [url, doneFile, statusFile, shot] = process.argv.slice(2);
+const [url, readyFile, doneFile, statusFile, shot] = process.argv.slice(2);
 const origin = new URL(url).origin;
 let failed = 0;
 function check(ok, what) {
@@ -73,6 +74,7 @@ try {
   // 1. live: the page draws, then redraws with more points while the version moves
   await until("the first answer drawn", async () => Number(await page.getAttribute("body", "data-updates")) >= 1, 15000);
   const p0 = await points("throughput"), v0 = await num("model-version");
+  writeFileSync(readyFile, "ready\n");
   await until("the charts to update", async () => (await points("throughput")) >= Math.max(3, p0 + 2), 20000);
   await until("the model version to move", async () => (await num("model-version")) > v0, 20000);
   const p1 = await points("throughput");

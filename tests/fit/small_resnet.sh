@@ -56,7 +56,7 @@ server:
   checkpoint_every_s: 0
   checkpoint_every_steps: 0
 model:
-  file: $MODEL
+  file: $PWD/$MODEL
   seed: $s
 optimizer: {type: sgd, lr: $LR, momentum: $MOMENTUM, weight_decay: 0}
 trainer: {world_size: 3, batch_size: $BS, epochs: $EPOCHS, seed: $s, log_every: 200, rpc_timeout_s: 120}
@@ -66,7 +66,7 @@ EOF
   "$BUILD/bin/psd" --config "$tmp/fit$s.yaml" 2>"$tmp/psd$s.log" &
   psd=$!; pids+=($psd)
   for r in 1 2; do
-    "$BUILD/bin/ps-train" fit --config "$tmp/fit$s.yaml" --rank $r "${DATA[@]}" --no-eval >"$tmp/t$s-$r.log" 2>&1 &
+    "$BUILD/bin/ps-train" fit --config "$tmp/fit$s.yaml" --rank $r "${DATA[@]}" --no-eval --wait-s 300 >"$tmp/t$s-$r.log" 2>&1 &
     pids+=($!); tp[$r]=$!
   done
   for r in 1 2; do wait "${tp[$r]}" || fail "seed $s: trainer $r exited with $?"; done

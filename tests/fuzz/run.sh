@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Runs fuzz_service for FUZZ_SECONDS (default 60) over the committed seed
-# corpus tests/fuzz/corpus (read only) plus a work corpus in
-# $BUILD/fuzz/corpus that persists between runs. Prints libFuzzer's final
+# Runs a fuzz target (FUZZ_TARGET, default fuzz_service) for FUZZ_SECONDS
+# (default 60) over its committed seed corpus (FUZZ_SEEDS, default
+# tests/fuzz/corpus; read only) plus a work corpus in
+# $BUILD/fuzz/corpus[-TARGET] that persists between runs. Prints libFuzzer's final
 # stats (executions, coverage) and exits non-zero on a finding; a crash
 # input is saved as $BUILD/fuzz/crash-* (reproduce: $BUILD/fuzz/fuzz_service FILE).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-bin="$BUILD/fuzz/fuzz_service"
+FUZZ_TARGET=${FUZZ_TARGET:-fuzz_service}
+FUZZ_SEEDS=${FUZZ_SEEDS:-tests/fuzz/corpus}
+bin="$BUILD/fuzz/$FUZZ_TARGET"
 work="$BUILD/fuzz/corpus"
+[ "$FUZZ_TARGET" = fuzz_service ] || work="$BUILD/fuzz/corpus-$FUZZ_TARGET"
 mkdir -p "$work"
-log="$BUILD/fuzz/last-run.log"
-echo "fuzz: $bin for ${FUZZ_SECONDS}s (seeds: tests/fuzz/corpus, work corpus: $work, log: $log)"
+log="$BUILD/fuzz/last-run-$FUZZ_TARGET.log"
+echo "fuzz: $bin for ${FUZZ_SECONDS}s (seeds: $FUZZ_SEEDS, work corpus: $work, log: $log)"
 set +e
 # One worker; -rss_limit_mb bounds memory; detect_leaks covers every input.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive \
   "$bin" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 \
-    -max_len=70000 -artifact_prefix="$BUILD/fuzz/" "$work" tests/fuzz/corpus >"$log" 2>&1
+    -max_len=70000 -artifact_prefix="$BUILD/fuzz/" "$work" "$FUZZ_SEEDS" >"$log" 2>&1
 rc=$?
 set -e
 grep -E "^#[0-9]+.*(DONE|pulse|NEW|REDUCE)" "$log" | tail -n 3

@@ -31,7 +31,7 @@ def main():
                 loss.backward()
                 r = ctx.step()
         print(f"batch {b} version {r.version} loss {loss.item():.4f}", flush=True)
-    print(f"fault_trainer: {batches} batches, {client.budget.total} retries, {client.reruns} batches run again",
+    print(f"fault_trainer: {batches} batches, {client.retries} retries, {client.reruns} batches run again",
           flush=True)
 
 

@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+"""Write tests/golden/kinds.safetensors: every layer kind of model files
+(common/nn/layers.c), over its attribute combinations, and a small DAG,
+computed by PyTorch autograd. tests/test_kinds.c runs the same model files
+through psd's executor (ref and dnnl backends) and compares.
+
+    /usr/bin/python3 scripts/gen_golden_kinds.py [output file]
+
+Each case is a model file (YAML, the format of docs/models.md) with one
+stage. This script builds the PyTorch twin of the file node by node (each
+node the torch.nn module of its kind, in file order, the Dropout nodes
+multiplying by stored masks) and runs, in training mode:
+
+    y1 = net(x1); y1.backward(go1)          -> out1, grad_input, grad.<P>
+    y2 = net(x2); y2.backward(go2)          (cases with BatchNorm: a second
+                                             forward whose statistics fold)
+    torch.optim.SGD(lr=0.1).step()          -> final.<P>, buf.<B> (buffers)
+    net.eval(); ye = net(xe)                -> eval_out
+
+Stored per case C (tensor names "C.<what>"): x1, go1, x2, go2, xe, out1,
+grad_input (float inputs), init.<P> and initbuf.<B> (the weights and
+buffers before; BatchNorm's are perturbed from PyTorch's ones/zeros so the
+affine gradients and the fold are tested), grad.<P>, final.<P>, buf.<B>,
+eval_out, and masks "C.mask<k>.<f>" (dropout node k in file order, forward
+f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout) or
+(N, C) (Dropout2d). Metadata: "cases" (comma-separated), "C.yaml" (the
+model file), "C.n" (batch), "C.forwards" (1 or 2).
+
+Randomness: torch.manual_seed(1000 + case index) before each case.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_golden import read_safetensors, write_safetensors  # noqa: E402
+
+LR = 0.1
+N = 3
+
+
+def stage(shape, nodes, dtype="float32"):
+    return ("name: k\nmax_batch: 64\nstages:\n  - name: s\n    input: {shape: %s, dtype: %s}\n    nodes:\n%s"
+            % (json.dumps(shape), dtype, "".join("      - %s\n" % n for n in nodes)))
+
+
+CASES = [
+    ("conv_pad", stage([4, 7, 7], ["{name: c, kind: Conv2d, out_channels: 6, kernel_size: 3, padding: 1}"])),
+    ("conv_stride_nobias", stage([4, 7, 7], ["{name: c, kind: Conv2d, out_channels: 5, kernel_size: 3, stride: 2, "
+                                              "bias: false}"])),
+    ("conv_rect_dil", stage([4, 9, 8], ["{name: c, kind: Conv2d, out_channels: 6, kernel_size: [3, 2], "
+                                         "stride: [2, 1], padding: [1, 0], dilation: [2, 1]}"])),
+    ("conv_groups", stage([4, 6, 6], ["{name: c, kind: Conv2d, out_channels: 6, kernel_size: 3, groups: 2, "
+                                       "padding: 1}"])),
+    ("conv_depthwise", stage([16, 6, 6], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, groups: 16, "
+                                           "padding: 1, bias: false}"])),
+    ("linear", stage([5], ["{name: l, kind: Linear, out_features: 4}"])),
+    ("linear_nobias_2d", stage([3, 5], ["{name: l, kind: Linear, in_features: 5, out_features: 4, bias: false}"])),
+    ("bn2d", stage([4, 5, 5], ["{name: bn, kind: BatchNorm2d}"])),
+    ("bn2d_blocked", stage([16, 4, 4], ["{name: bn, kind: BatchNorm2d, momentum: 0.3, eps: 0.001}"])),
+    ("bn2d_noaffine_cumulative", stage([4, 3, 3], ["{name: bn, kind: BatchNorm2d, affine: false, momentum: null}"])),
+    ("bn2d_untracked", stage([4, 3, 3], ["{name: bn, kind: BatchNorm2d, track_running_stats: false}"])),
+    ("bn1d", stage([6], ["{name: bn, kind: BatchNorm1d, num_features: 6}"])),
+    ("bn1d_len", stage([4, 5], ["{name: bn, kind: BatchNorm1d}"])),
+    ("layernorm", stage([3, 6], ["{name: ln, kind: LayerNorm, normalized_shape: 6}"])),
+    ("layernorm_2d_noaffine", stage([2, 3, 4], ["{name: ln, kind: LayerNorm, normalized_shape: [3, 4], "
+                                                 "elementwise_affine: false, eps: 0.001}"])),
+    ("maxpool", stage([3, 6, 6], ["{name: p, kind: MaxPool2d, kernel_size: 2}"])),
+    ("maxpool_pad", stage([3, 7, 7], ["{name: p, kind: MaxPool2d, kernel_size: 3, stride: 2, padding: 1}"])),
+    ("maxpool_rect", stage([16, 6, 5], ["{name: p, kind: MaxPool2d, kernel_size: [3, 2], stride: [1, 2], "
+                                         "padding: [1, 0]}"])),
+    ("avgpool", stage([3, 6, 6], ["{name: p, kind: AvgPool2d, kernel_size: 2}"])),
+    ("avgpool_pad_incl", stage([16, 7, 7], ["{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, padding: 1}"])),
+    ("avgpool_pad_excl", stage([3, 7, 6], ["{name: p, kind: AvgPool2d, kernel_size: [3, 2], stride: 2, "
+                                            "padding: 1, count_include_pad: false}"])),
+    ("adaptive", stage([5, 4, 3], ["{name: p, kind: AdaptiveAvgPool2d, output_size: 1}"])),
+    ("embedding", stage([4], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3}"], "int64")),
+    ("relu", stage([2, 3, 4], ["{name: a, kind: ReLU}"])),
+    ("leaky_relu", stage([2, 3, 4], ["{name: a, kind: LeakyReLU, negative_slope: 0.2}"])),
+    ("gelu", stage([7], ["{name: a, kind: GELU}"])),
+    ("gelu_tanh", stage([7], ["{name: a, kind: GELU, approximate: tanh}"])),
+    ("silu", stage([7], ["{name: a, kind: SiLU}"])),
+    ("tanh", stage([7], ["{name: a, kind: Tanh}"])),
+    ("sigmoid", stage([7], ["{name: a, kind: Sigmoid}"])),
+    ("softmax_last", stage([2, 5], ["{name: a, kind: Softmax, dim: -1}"])),
+    ("softmax_channels", stage([4, 2, 3], ["{name: a, kind: Softmax, dim: 1}"])),
+    ("log_softmax_last", stage([6], ["{name: a, kind: LogSoftmax, dim: 1}"])),
+    ("log_softmax_mid", stage([3, 4, 2], ["{name: a, kind: LogSoftmax, dim: 2}"])),
+    ("dropout", stage([2, 5], ["{name: l, kind: Linear, out_features: 4}", "{name: d, kind: Dropout, p: 0.3}"])),
+    ("dropout2d", stage([4, 3, 3], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+                                     "{name: d, kind: Dropout2d, p: 0.4}"])),
+    ("flatten_reshape", stage([2, 3, 4], ["{name: f, kind: Flatten, start_dim: 2}",
+                                           "{name: r, kind: Reshape, shape: [-1, 6]}",
+                                           "{name: l, kind: Linear, out_features: 2}"])),
+    ("add", stage([6], ["{name: a, kind: Linear, out_features: 6, input: input}",
+                        "{name: s, kind: Add, inputs: [a, input, a]}"])),
+    ("concat_channels", stage([16, 3, 3], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1, input: input}",
+                                            "{name: j, kind: Concat, inputs: [c, input], dim: 1}"])),
+    ("concat_width", stage([2, 3, 2], ["{name: a, kind: Tanh, input: input}",
+                                        "{name: j, kind: Concat, inputs: [input, a, input], dim: -1}"])),
+    # a DAG: fan-out, a residual Add of three, Concat, pools, BatchNorm, on 16 channels (blocked layouts)
+    ("dag", stage([3, 6, 6], [
+        "{name: stem, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1, bias: false}",
+        "{name: bn, kind: BatchNorm2d}",
+        "{name: relu, kind: ReLU}",
+        "{name: b1, kind: Conv2d, out_channels: 16, kernel_size: 1, input: relu}",
+        "{name: b2, kind: MaxPool2d, kernel_size: 3, stride: 1, padding: 1, input: relu}",
+        "{name: sum, kind: Add, inputs: [b1, b2, relu]}",
+        "{name: act, kind: SiLU}",
+        "{name: cat, kind: Concat, inputs: [act, relu], dim: 1}",
+        "{name: drop, kind: Dropout2d, p: 0.25}",
+        "{name: pool, kind: AvgPool2d, kernel_size: 2}",
+        "{name: gap, kind: AdaptiveAvgPool2d, output_size: 1}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 5}",
+        "{name: out, kind: LogSoftmax, dim: 1}"])),
+]
+
+
+class MaskDropout(nn.Module):
+    """Dropout / Dropout2d with the mask the test stores (train mode only)."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.channels = channels
+        self.mask = None
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        m = self.mask
+        if self.channels:
+            m = m.reshape(m.shape + (1,) * (x.dim() - 2))
+        return x * m
+
+
+def pair(v):
+    return tuple(v) if isinstance(v, list) else (v, v)
+
+
+def make_module(kind, a, shapes):
+    """The torch module of a node, built when its input shapes are known."""
+    s0 = shapes[0]   # per-sample input shape
+    if kind == "Conv2d":
+        return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
+                         padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),
+                         groups=a.get("groups", 1), bias=a.get("bias", True))
+    if kind == "Linear":
+        return nn.Linear(s0[-1], a["out_features"], bias=a.get("bias", True))
+    if kind in ("BatchNorm2d", "BatchNorm1d"):
+        cls = nn.BatchNorm2d if kind == "BatchNorm2d" else nn.BatchNorm1d
+        return cls(s0[0], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1), affine=a.get("affine", True),
+                   track_running_stats=a.get("track_running_stats", True))
+    if kind == "LayerNorm":
+        ns = a["normalized_shape"]
+        return nn.LayerNorm(ns if isinstance(ns, list) else [ns], eps=a.get("eps", 1e-5),
+                            elementwise_affine=a.get("elementwise_affine", True))
+    if kind == "MaxPool2d":
+        return nn.MaxPool2d(pair(a["kernel_size"]), stride=pair(a.get("stride", a["kernel_size"])),
+                            padding=pair(a.get("padding", 0)))
+    if kind == "AvgPool2d":
+        return nn.AvgPool2d(pair(a["kernel_size"]), stride=pair(a.get("stride", a["kernel_size"])),
+                            padding=pair(a.get("padding", 0)), count_include_pad=a.get("count_include_pad", True))
+    if kind == "AdaptiveAvgPool2d":
+        return nn.AdaptiveAvgPool2d(a["output_size"])
+    if kind == "Embedding":
+        return nn.Embedding(a["num_embeddings"], a["embedding_dim"])
+    if kind == "ReLU":
+        return nn.ReLU()
+    if kind == "LeakyReLU":
+        return nn.LeakyReLU(a.get("negative_slope", 0.01))
+    if kind == "GELU":
+        return nn.GELU(approximate=a.get("approximate", "none"))
+    if kind == "SiLU":
+        return nn.SiLU()
+    if kind == "Tanh":
+        return nn.Tanh()
+    if kind == "Sigmoid":
+        return nn.Sigmoid()
+    if kind == "Softmax":
+        return nn.Softmax(dim=a["dim"])
+    if kind == "LogSoftmax":
+        return nn.LogSoftmax(dim=a["dim"])
+    if kind == "Dropout":
+        return MaskDropout(False)
+    if kind == "Dropout2d":
+        return MaskDropout(True)
+    if kind == "Flatten":
+        return nn.Flatten(a.get("start_dim", 1), a.get("end_dim", -1))
+    if kind == "Reshape":
+        shape = a["shape"]
+        return Lambda(lambda x: x.reshape([x.shape[0]] + shape))
+    if kind == "Add":
+        return Lambda(lambda *xs: sum(xs[1:], xs[0]))
+    if kind == "Concat":
+        dim = a.get("dim", 1)
+        return Lambda(lambda *xs: torch.cat(xs, dim))
+    raise ValueError(kind)
+
+
+class Lambda(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, *xs):
+        return self.f(*xs)
+
+
+class Net(nn.Module):
+    """A model file's stage as a torch module (nodes in file order)."""
+
+    def __init__(self, spec, x):
+        super().__init__()
+        st = spec["stages"][0]
+        self.nodes = []
+        self.mods = nn.ModuleList()
+        vals = {"input": x}
+        prev = "input"
+        for nd in st["nodes"]:
+            ins = nd.get("inputs") or [nd.get("input", prev)]
+            a = {k: v for k, v in nd.items() if k not in ("name", "kind", "input", "inputs", "init")}
+            m = make_module(nd["kind"], a, [tuple(vals[i].shape[1:]) for i in ins])
+            self.mods.append(m)
+            self.nodes.append((nd["name"], nd["kind"], ins, m))
+            if isinstance(m, MaskDropout):
+                m.p = a.get("p", 0.5)
+                m.mask_shape = mask_shape(m, vals[ins[0]])
+                m.mask = torch.ones(m.mask_shape)
+            vals[nd["name"]] = m(*[vals[i] for i in ins])
+            prev = nd["name"]
+        self.out = st.get("output", prev)
+
+    def forward(self, x):
+        vals = {"input": x}
+        for name, _, ins, m in self.nodes:
+            vals[name] = m(*[vals[i] for i in ins])
+        return vals[self.out]
+
+
+def mask_shape(m, x):
+    return tuple(x.shape[:2]) if m.channels else tuple(x.shape)
+
+
+def sd_items(net):
+    """(state_dict key, tensor, is_buffer) of every node, named as psd names them."""
+    out = []
+    for name, kind, _, m in net.nodes:
+        params = dict(m.named_parameters(recurse=False))
+        for k, v in m.state_dict().items():
+            out.append(("%s.%s" % (name, k), v, k not in params))
+    return out
+
+
+def case(idx, name, text):
+    torch.manual_seed(1000 + idx)
+    spec = yaml.safe_load(text)
+    st = spec["stages"][0]
+    shape = [N] + st["input"]["shape"]
+    integer = st["input"].get("dtype") == "int64"
+    rows = 7 if integer else 0
+
+    def data():
+        return torch.randint(0, rows, shape) if integer else torch.randn(shape)
+    x1, x2, xe = data(), data(), data()
+    net = Net(spec, x1)
+    with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
+        for _, kind, _, m in net.nodes:
+            if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
+                m.weight.add_(0.2 * torch.randn_like(m.weight))
+                m.bias.add_(0.2 * torch.randn_like(m.bias))
+            if kind.startswith("BatchNorm") and m.track_running_stats:
+                m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
+                m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
+                m.num_batches_tracked.fill_(3)
+    has_bn = any(k.startswith("BatchNorm") for _, k, _, _ in net.nodes)
+    forwards = 2 if has_bn else 1
+    t = {}
+    for k, v, buf in sd_items(net):
+        t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
+    drops = [m for _, _, _, m in net.nodes if isinstance(m, MaskDropout)]
+    opt = torch.optim.SGD(net.parameters(), lr=LR) if list(net.parameters()) else None
+    net.train()
+    xs = [x1, x2]
+    for f in range(forwards):
+        x = xs[f].clone()
+        if not integer:
+            x.requires_grad_(True)
+        for k, m in enumerate(drops):   # this forward's masks (every forward has the batch's shapes)
+            m.mask = (torch.rand(m.mask_shape) >= m.p).float() / (1 - m.p)
+            t["%s.mask%d.%d" % (name, k, f + 1)] = m.mask.clone()
+        y = net(x)
+        go = torch.randn_like(y)
+        t["%s.go%d" % (name, f + 1)] = go
+        t["%s.x%d" % (name, f + 1)] = xs[f]
+        y.backward(go)
+        if f == 0:
+            t["%s.out1" % name] = y.detach().clone()
+            if not integer:
+                t["%s.grad_input" % name] = x.grad.detach().clone()
+            for nname, kind, _, m in net.nodes:
+                for pn, p in m.named_parameters(recurse=False):
+                    g = p.grad if p.grad is not None else torch.zeros_like(p)
+                    t["%s.grad.%s.%s" % (name, nname, pn)] = g.detach().clone()
+    if opt:
+        opt.step()
+    for k, v, buf in sd_items(net):
+        t["%s.%s.%s" % (name, "buf" if buf else "final", k)] = v.detach().clone()
+    net.eval()
+    with torch.no_grad():
+        t["%s.eval_out" % name] = net(xe).detach().clone()
+    t["%s.xe" % name] = xe
+    meta = {"%s.yaml" % name: text, "%s.n" % name: str(N), "%s.forwards" % name: str(forwards)}
+    return t, meta
+
+
+def generate(path):
+    tensors, meta = {}, {}
+    names = []
+    for i, (name, text) in enumerate(CASES):
+        t, m = case(i, name, text)
+        tensors.update(t)
+        meta.update(m)
+        names.append(name)
+    meta["cases"] = ",".join(names)
+    write_safetensors(path, tensors, meta)
+    back, bmeta = read_safetensors(path)
+    assert bmeta["cases"] == meta["cases"]
+    for k, v in tensors.items():
+        assert torch.equal(back[k], v), k
+    print("wrote %s: %d cases, %d tensors, %d bytes" % (path, len(names), len(tensors), os.path.getsize(path)))
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                               "tests", "golden", "kinds.safetensors")
+    generate(out)

@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""python/psd's retry and settle rules (docs/protocol.md) against scripted
+servers: no psd, no network; a fake clock (tests/python/exact.py --rules
+runs it, as tests/test_retry.c drives trainer/retry.c with fakes).
+
+Each case scripts what each server answers to each call (a reply, or a
+status) and checks the outcome: applied (and how many settling Steps), not
+applied (ContextLost, and psd.attempts running the batch again), a final
+error, a partial step on several servers (ReportPartial to every server),
+RoundClosed, and the budget's give-up.
+"""
+import types
+
+import grpc
+import torch
+
+import psd
+from psd._proto import ps_pb2
+from psd.context import Context, attempts
+from psd.retry import Budget, ContextIds
+
+UNAV, NF, FP = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+class Conn:
+    """A server: script[method] is a list of outcomes (a StatusCode raises,
+    anything else is a reply; the last one repeats)."""
+
+    def __init__(self, index, name, script):
+        self.index, self.name, self.script, self.calls = index, name, script, []
+        self.params = []
+
+    def __str__(self):
+        return self.name
+
+    def call(self, method, req, timeout=None):
+        self.calls.append(method)
+        seq = self.script.get(method)
+        assert seq, f"{self.name}: unexpected {method}"
+        out = seq.pop(0) if len(seq) > 1 else seq[0]
+        if isinstance(out, grpc.StatusCode):
+            cls = psd.RoundClosed if out == grpc.StatusCode.ABORTED else psd.Error
+            raise cls(out, f"scripted {out.name}", method, self.name)
+        return out
+
+
+class Client:
+    def __init__(self, max_s=30.0):
+        self.clock = Clock()
+        self.ids, self.rank, self.who = ContextIds(1 << 32), 1, "rules"
+        self.max_s = max_s
+        self.retries = self.reruns = self.partial_steps = 0
+        self.reports = []
+        self.seen_version = {}
+
+    def new_budget(self):
+        return Budget(self.max_s, 0.1, 1.0, who=self.who, seed=1, sleep=self.clock.sleep, now=self.clock.now,
+                      stats=self)
+
+    def note_version(self, conn, v):
+        self.seen_version[conn.index] = v
+
+    def report_partial(self, ctx_id, applied, lost):
+        self.reports.append(([c.name for c in applied], [c.name for c in lost]))
+
+
+def fwd(v=1):
+    return ps_pb2.ForwardResponse(output=ps_pb2.Tensor(shape=[1, 2], data=b"\0" * 8), model_version=v)
+
+
+def bwd(v=0):
+    return ps_pb2.BackwardResponse(model_version=v, grad_sq_norm=1.0)
+
+
+def step(v):
+    return ps_pb2.StepResponse(model_version=v)
+
+
+def batch(ctx, conns):
+    """One Forward per server, its gradient queued (no input gradient)."""
+    for c in conns:
+        rec = ctx.new_record(f"stage on {c.name}")
+        ctx.forward_part(c, ps_pb2.ForwardRequest(), rec)
+        ctx.backward(rec, torch.ones(1, 2), need_input=False)
+
+
+def run(client, conns, **kw):
+    with Context(client) as ctx:
+        batch(ctx, conns)
+        return ctx.step(**kw)
+
+
+def expect(exc, fn, *words):
+    try:
+        fn()
+    except exc as e:
+        for w in words:
+            assert w in str(e), f"'{w}' not in {e}"
+        return e
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+def main():
+    n = 0
+    # one server: the fused Backward(step) unanswered twice, then Step settles it applied
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV, step(7)]})
+    r = run(cl, [c])
+    assert r.version == 7 and c.calls == ["Forward", "Backward", "Step", "Step"] and cl.retries == 2, (r, c.calls)
+    n += 1
+    # settled as not applied (NOT_FOUND, a restart): ContextLost; attempts runs the batch again
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV, bwd(5)], "Step": [NF]})
+    outcomes = []
+    for ctx in attempts(cl):
+        with ctx:
+            batch(ctx, [c])
+            outcomes.append(ctx.step())
+    assert len(outcomes) == 1 and outcomes[0].version == 5 and c.calls.count("Forward") == 2, (outcomes, c.calls)
+    n += 1
+    # settled as not applied (FAILED_PRECONDITION while settling)
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV, FP]})
+    expect(psd.ContextLost, lambda: run(cl, [c]), "not applied")
+    n += 1
+    # a first FAILED_PRECONDITION of a Step on one server is final (ps_retry_once); scaled: Backward then Step
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [FP]})
+    e = expect(psd.Error, lambda: run(cl, [c], grad_scale=0.5))
+    assert not isinstance(e, psd.ContextLost) and e.code == FP and c.calls == ["Forward", "Backward", "Step"], c.calls
+    n += 1
+    # several servers: applied on ps0, lost on ps1 (NOT_FOUND; then a first FAILED_PRECONDITION): partial steps
+    for lost in (NF, FP):
+        cl = Client()
+        a = Conn(0, "ps0", {"Forward": [fwd()], "Backward": [bwd()], "Step": [step(3)]})
+        b = Conn(1, "ps1", {"Forward": [fwd()], "Backward": [bwd()], "Step": [UNAV, lost] if lost == NF else [lost]})
+        r = run(cl, [a, b])
+        assert r.partial and r.applied_on == ["ps0"] and r.lost_on == ["ps1"] and r.version == 3, r
+        assert cl.reports == [(["ps0"], ["ps1"])] and cl.partial_steps == 1, cl.reports
+        n += 1
+    # several servers, lost on both: nothing applied anywhere
+    cl = Client()
+    a = Conn(0, "ps0", {"Forward": [fwd()], "Backward": [bwd()], "Step": [NF]})
+    b = Conn(1, "ps1", {"Forward": [fwd()], "Backward": [bwd()], "Step": [FP]})
+    expect(psd.ContextLost, lambda: run(cl, [a, b]), "not applied on any server")
+    assert cl.reports == []
+    n += 1
+    # sync: a closed round
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [grpc.StatusCode.ABORTED]})
+    expect(psd.RoundClosed, lambda: run(cl, [c], scalars={"reward": 1}))
+    n += 1
+    # the budget: psd never answers again; give up after retry_max_s with the last error
+    cl = Client(max_s=3.0)
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV]})
+    e = expect(psd.Error, lambda: run(cl, [c]), "UNAVAILABLE")
+    assert 2.9 <= cl.clock.t <= 3.0 and cl.retries >= 3, (cl.clock.t, cl.retries)
+    n += 1
+    # a Backward with the input gradient, retried after no answer, refused: its input gradient is gone
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV, FP]})
+    with Context(cl) as ctx:
+        rec = ctx.new_record("stage")
+        ctx.forward_part(c, ps_pb2.ForwardRequest(), rec)
+        expect(psd.ContextLost, lambda: ctx.backward(rec, torch.ones(1, 2), need_input=True), "retried Backward")
+    n += 1
+    # a context lost every time: attempts gives up after 3 runs again
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [NF]})
+    runs = []
+
+    def forever():
+        for ctx in attempts(cl):
+            with ctx:
+                runs.append(1)
+                batch(ctx, [c])
+                ctx.step()
+    expect(psd.ContextLost, forever, "4 times in a row")
+    assert len(runs) == 4, runs
+    n += 1
+    # a Forward retried in place, and the order rules: step before backward; backward twice
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [UNAV, fwd()], "Backward": [bwd(1)]})
+    with Context(cl) as ctx:
+        rec = ctx.new_record("stage")
+        ctx.forward_part(c, ps_pb2.ForwardRequest(), rec)
+        expect(psd.Error, ctx.step, "got no gradient")
+        ctx.backward(rec, torch.ones(1, 2), need_input=False)
+        expect(psd.Error, lambda: ctx.backward(rec, torch.ones(1, 2), need_input=False), "already backwarded")
+        assert ctx.step().version == 1 and c.calls == ["Forward", "Forward", "Backward"], c.calls
+    n += 1
+    print(f"rules: {n} scripted cases of docs/protocol.md's retry and settle rules: OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+/* test_modeldef.c - model files (common/nn/modeldef.h) and their build:
+ *
+ *  - the shipped models resolve by name (model.arch) and list themselves;
+ *  - every error names file:line and the node: YAML syntax, unknown keys,
+ *    kinds and attributes, required attributes, duplicate and missing
+ *    names, inputs that name nothing, cycles (the nodes on it), nodes
+ *    nothing reads, a stage cut with several live tensors (naming them),
+ *    anchors/aliases, bad sizes and init specs; and, when the model is
+ *    built, shape mismatches (Add of two shapes, a Linear whose in_features
+ *    disagree with its input, a kernel larger than its input);
+ *  - a valid DAG builds: shapes, parameter names (module paths), the stage
+ *    input read by two nodes, file order kept where it is topological;
+ *  - a DAG with fan-out and a residual Add: the input gradient equals
+ *    central finite differences of sum(out * r) (an independent check of
+ *    the executor's gradient sums at fan-out; the kinds themselves are
+ *    checked against PyTorch in test_kinds).
+ */
+#include "model.h"
+#include "modeldef.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "support/random.h"
+
+static char g_dir[256];
+
+static const char *write_file(const char *name, const char *text) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+    return path;
+}
+
+#define CONTAINS(hay, needle) CHECK_MSG(strstr((hay), (needle)) != NULL, "'%s' not in: %s", (needle), (hay))
+
+/* text fails to load (or, build = 1, to build) with "path:line: " and the phrases. */
+static void expect_err(const char *name, const char *text, int build, int line, const char *p1, const char *p2) {
+    const char *path = write_file(name, text);
+    char head[600];
+    snprintf(head, sizeof head, "%s:%d:", path, line);   /* ":3:1:" for YAML syntax */
+    ps_err e = {0};
+    ps_model_def *d = ps_model_def_load_file(path, &e);
+    if (build && d) {
+        ps_model_def_free(d);
+        d = NULL;
+        ps_model_opts o = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
+        ps_model *m = ps_model_create(&o, &e);
+        CHECK_MSG(!m, "%s: built", name);
+        ps_model_free(m);
+    } else {
+        CHECK_MSG(!d, "%s: loaded", name);
+        ps_model_def_free(d);
+    }
+    CHECK_MSG(e.code != PS_OK, "%s: no error", name);
+    CHECK_MSG(!strncmp(e.msg, head, strlen(head)), "%s: message does not start with '%s': %s", name, head, e.msg);
+    if (p1) CONTAINS(e.msg, p1);
+    if (p2) CONTAINS(e.msg, p2);
+}
+
+#define HEAD "name: t\nstages:\n  - name: s\n    input: {shape: [8], dtype: float32}\n    nodes:\n"
+
+static void test_errors(void) {
+    expect_err("syntax.yaml", "name: t\nstages: [\n", 0, 3, "YAML syntax error", NULL);
+    expect_err("topkey.yaml", "name: t\nlayers: 3\nstages: []\n", 0, 2, "unknown key 'layers'", "keys: name, about");
+    expect_err("noname.yaml", "stages:\n  - name: s\n", 0, 1, "no name:", NULL);
+    expect_err("kind.yaml", HEAD "      - {name: a, kind: Conv3d, out_channels: 2}\n", 0, 6,
+               "node 'a': unknown kind 'Conv3d'", "Conv2d");
+    expect_err("attr.yaml", HEAD "      - {name: a, kind: Linear, out_features: 2, out_channels: 3}\n", 0, 6,
+               "node 'a' (Linear): unknown attribute 'out_channels'", "Linear takes: in_features, out_features");
+    expect_err("required.yaml", HEAD "      - {name: a, kind: Linear}\n", 0, 6,
+               "node 'a' (Linear): out_features is required", NULL);
+    expect_err("dup.yaml", HEAD "      - {name: a, kind: ReLU}\n      - {name: a, kind: ReLU}\n", 0, 7,
+               "node 'a' is defined twice (first on line 6)", NULL);
+    expect_err("noname_node.yaml", HEAD "      - {name: a, kind: ReLU}\n      - {kind: ReLU}\n", 0, 7,
+               "stage 's': a node without a name", NULL);
+    expect_err("missing.yaml", HEAD "      - {name: a, kind: ReLU}\n      - {name: b, kind: ReLU, input: zz}\n", 0, 7,
+               "node 'b': input 'zz' is not a node of the model", NULL);
+    expect_err("cycle.yaml",
+               HEAD "      - {name: a, kind: ReLU, input: input}\n      - {name: b, kind: Add, inputs: [a, d]}\n"
+                    "      - {name: c, kind: ReLU, input: b}\n      - {name: d, kind: ReLU, input: c}\n"
+                    "      - {name: out, kind: ReLU, input: d}\n",
+               0, 7, "node 'b' is on a cycle (b <- d <- c <- b)", NULL);
+    expect_err("self.yaml", HEAD "      - {name: a, kind: ReLU, input: a}\n", 0, 6, "node 'a' reads itself", NULL);
+    expect_err("dangling.yaml", HEAD "      - {name: a, kind: ReLU}\n      - {name: b, kind: ReLU, input: input}\n",
+               0, 6, "nothing reads node 'a'", "output ('b')");
+    expect_err("cut.yaml",
+               "name: t\nstages:\n  - name: s1\n    input: {shape: [8]}\n    nodes:\n"
+               "      - {name: a, kind: ReLU}\n      - {name: b, kind: ReLU}\n"
+               "  - name: s2\n    nodes:\n      - {name: c, kind: Add, inputs: [input, a]}\n",
+               0, 10, "node 'c' of stage 's2' reads 'a' of stage 's1'",
+               "live across the cut s1|s2: b (the output of stage 's1'), a");
+    expect_err("alias.yaml", "name: t\nx: &k 3\n", 0, 2, "anchors", NULL);
+    expect_err("inputs.yaml", HEAD "      - {name: a, kind: ReLU, inputs: [input, input]}\n", 0, 6,
+               "node 'a' (ReLU): 2 inputs; ReLU takes 1", NULL);
+    expect_err("size_ref.yaml", HEAD "      - {name: a, kind: Linear, out_features: width}\n", 0, 6,
+               "out_features: 'width' is neither a number nor a size", NULL);
+    expect_err("size_range.yaml",
+               "name: t\nsizes:\n  w: {default: 0, min: 1, max: 4}\nstages: []\n", 0, 3,
+               "sizes.w: default 0 is outside its range 1..4", NULL);
+    expect_err("init.yaml", HEAD "      - {name: a, kind: Linear, out_features: 2, init: {weight: gaussian}}\n", 0, 6,
+               "init.weight: 'gaussian' is not an initialisation", NULL);
+    expect_err("enum.yaml", HEAD "      - {name: a, kind: Conv2d, out_channels: 2, kernel_size: 1, padding_mode: reflect}\n",
+               0, 6, "padding_mode: 'reflect' is not one of 'zeros'", NULL);
+    expect_err("noinput.yaml", "name: t\nstages:\n  - name: s\n    nodes:\n      - {name: a, kind: ReLU}\n", 0, 3,
+               "stage 's': input: {shape: [...], dtype: ...} is required for the first stage", NULL);
+    expect_err("mixed.yaml", HEAD "      - {name: a, kind: LSTM, hidden_size: 4}\n      - {name: b, kind: ReLU}\n", 0, 3,
+               "stage 's' mixes parameter-only nodes", NULL);
+    /* built: shapes */
+    expect_err("add_shape.yaml",
+               HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
+                    "      - {name: b, kind: Add, inputs: [a, input]}\n",
+               1, 7, "node 'b' (Add): input (4), (8): input 'a' is (4) but input 'input' is (8)", NULL);
+    expect_err("in_features.yaml", HEAD "      - {name: a, kind: Linear, in_features: 9, out_features: 4}\n", 1, 6,
+               "node 'a' (Linear)", "in_features is 9 but the input has 8");
+    expect_err("kernel.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [1, 4, 4]}\n    nodes:\n"
+               "      - {name: c, kind: Conv2d, out_channels: 2, kernel_size: 5}\n",
+               1, 6, "node 'c' (Conv2d)", "does not fit the input");
+    expect_err("dims.yaml", HEAD "      - {name: a, kind: Conv2d, out_channels: 2, kernel_size: 3}\n", 1, 6,
+               "node 'a' (Conv2d)", "it takes 3 dimensions of float32");
+    expect_err("range.yaml", HEAD "      - {name: a, kind: Dropout, p: 1}\n", 1, 6, "node 'a' (Dropout)",
+               "p: 1 is outside [0, 1)");
+}
+
+static void test_shipped(void) {
+    char list[512], path[1024];
+    ps_err e = {0};
+    ps_model_def_list_shipped(list, sizeof list);
+    CONTAINS(list, "cartpole_policy, mnist_cnn, rnn_lm");
+    CHECK_MSG(ps_model_def_find_arch("mnist_cnn", path, sizeof path, &e) == PS_OK, "%s", e.msg);
+    CONTAINS(path, "mnist_cnn.yaml");
+    CHECK(ps_model_def_find_arch("nope", path, sizeof path, &e) == PS_ERR_NOT_FOUND);
+    CONTAINS(e.msg, "no model 'nope'");
+    CHECK(ps_model_def_find_arch("../x", path, sizeof path, &e) == PS_ERR_INVALID_ARGUMENT);
+    ps_model_def *d = ps_model_def_load("rnn_lm", NULL, &e);
+    CHECK_MSG(d, "%s", e.msg);
+    if (d) {
+        CHECK(d->nstages == 3 && d->nsizes == 4 && !strcmp(d->stages[2].name, "rnn"));
+        CHECK(ps_model_def_size(d, "ntoken") && ps_model_def_size(d, "ntoken")->def == 10000);
+        CHECK(ps_model_def_size(d, "dropout")->hi_open);
+        ps_model_def_free(d);
+    }
+}
+
+/* A DAG: stage input fans out to two branches, summed, then a residual Add
+ * with a Linear of the sum; two stages. */
+static const char *DAG =
+    "name: dag\n"
+    "about: a small DAG\n"
+    "stages:\n"
+    "  - name: s1\n"
+    "    input: {shape: [6], dtype: float32}\n"
+    "    nodes:\n"
+    "      - {name: block.left, kind: Linear, out_features: 5, input: input}\n"
+    "      - {name: block.right, kind: Linear, out_features: 5, input: input}\n"
+    "      - {name: block.act, kind: ReLU, input: block.right}\n"
+    "      - {name: block.sum, kind: Add, inputs: [block.left, block.act]}\n"
+    "      - {name: block.proj, kind: Linear, out_features: 5}\n"
+    "      - {name: block.res, kind: Add, inputs: [block.proj, block.sum, block.left]}\n"
+    "  - name: s2\n"
+    "    nodes:\n"
+    "      - {name: head, kind: Linear, out_features: 3}\n"
+    "      - {name: out, kind: LogSoftmax, dim: -1}\n";
+
+static void test_dag(const char *backend) {
+    const char *path = write_file("dag.yaml", DAG);
+    ps_err e = {0};
+    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 5, .compute_threads = 1, .lr = 0.1f};
+    ps_model *m = ps_model_create(&o, &e);
+    CHECK_MSG(m, "%s", e.msg);
+    if (!m) return;
+    CHECK(ps_model_num_stages(m) == 2 && ps_model_num_params(m) == 8);
+    CHECK(ps_model_find_param(m, "block.left.weight") == 0 && ps_model_find_param(m, "block.proj.bias") == 5);
+    CHECK(ps_model_stage(m, 0)->out_dims[0] == 5 && ps_model_stage(m, 1)->in_dims[0] == 5);
+    const int n = 3, K = 6, OUT = 3;
+    rng r = {11};
+    float x[18], rw[9], out[9], gin[18];
+    for (int i = 0; i < n * K; i++) x[i] = rng_uniform(&r);
+    for (int i = 0; i < n * OUT; i++) rw[i] = rng_uniform(&r);
+    ps_tape *t = NULL;
+    CHECK(ps_model_forward_range(m, 0, 1, x, n, 1, NULL, 0, out, &t, NULL, &e) == PS_OK);
+    ps_grads *g = ps_grads_create(m, &e);
+    CHECK_MSG(t && g && ps_model_backward_acc(m, t, rw, gin, g, &e) == PS_OK, "%s", e.msg);
+    /* central differences of L = sum(out * rw) in double */
+    double h = 1e-2;
+    float fd[18];
+    for (int i = 0; i < n * K; i++) {
+        float xp[18], op[9], om[9];
+        double lp = 0, lm = 0;
+        memcpy(xp, x, sizeof xp);
+        xp[i] = x[i] + (float)h;
+        ps_model_forward_range(m, 0, 1, xp, n, 0, NULL, 0, op, NULL, NULL, &e);
+        xp[i] = x[i] - (float)h;
+        ps_model_forward_range(m, 0, 1, xp, n, 0, NULL, 0, om, NULL, NULL, &e);
+        for (int k = 0; k < n * OUT; k++) { lp += op[k] * rw[k]; lm += om[k] * rw[k]; }
+        fd[i] = (float)((lp - lm) / (2 * h));
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s dag grad_in vs finite differences", backend);
+    check_array(what, gin, fd, (size_t)(n * K), 2e-3, 2e-2);
+    /* eval equals the training forward (no dropout) */
+    float ev[9];
+    CHECK(ps_model_forward_range(m, 0, 1, x, n, 0, NULL, 0, ev, NULL, NULL, &e) == PS_OK);
+    snprintf(what, sizeof what, "%s dag eval == train", backend);
+    check_array(what, ev, out, (size_t)(n * OUT), 0, 0);
+    ps_grads_free(g);
+    ps_tape_free(t);
+    ps_model_free(m);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/ps-test-modeldef.XXXXXX");
+    if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
+    test_errors();
+    test_shipped();
+    test_dag("ref");
+    test_dag("dnnl");
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd)) {}
+    return check_summary("test_modeldef");
+}
