@@ -137,6 +137,7 @@ static const cfg_entry g_table[] = {
       .check = check_arch },
     OPT ("model.file",             model.file),
     U64 ("model.seed",             model.seed,             "1"),
+    BOOL("model.snapshot_steps",   model.snapshot_steps,   "true"),
     ENUM("model.backend",          model.backend,          backend_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
     { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },

@@ -370,6 +370,7 @@ int main(int argc, char **argv) {
         mo.size_value[i] = cfg.model.sizes[i].value;
     }
     mo.seed = cfg.model.seed;
+    mo.snapshot_steps = cfg.model.snapshot_steps;
     mo.compute_threads = cfg.server.compute_threads > 0 ? cfg.server.compute_threads
                                                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* optimizer.type's values are ps_optim_kind's (config.h); the model
