@@ -83,15 +83,15 @@ def snap_delta(dd):
 
 
 def client_means(dd):
-    """Per trainer-batch means over every timed batch of every trainer and
-    run: wall W and, per RPC, total / call / client serialisation (s)."""
+    """Per trainer-batch means over every batch (warm-up ones included, as
+    psd's counters include their calls) of every trainer and run: wall W
+    and, per RPC, total / call / client serialisation (s)."""
     walls, rpcs = [], {}
     for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
         for line in read(f):
-            if line.startswith("trainer "):
-                k = kv(line)
-                walls.append(float(k["wall_s"]) / int(k["batches"]))
-            elif line.startswith("rpc "):
+            if line.startswith("batch "):
+                walls.append(float(line.split()[1]) / 1e6)
+            elif line.startswith("rpc ") or line.startswith("wrpc "):
                 _, name, tot, call, ser = line.split()
                 r = rpcs.setdefault(name, [[], [], []])
                 for i, v in enumerate((tot, call, ser)):
@@ -129,7 +129,7 @@ def phase_table(d, label, n, comp, bs=32):
     rows.append(("transport + scheduler (rest)", rest, sum(rest.values())))
     print()
     print(f"2b. Where the time goes: psd + {n} trainers ({label}), one trainer's batch of {bs} and one sample")
-    print("    (means over the timed batches; psd's phases from its /metrics counters (server.profile); rest = the")
+    print("    (means over every batch, warm-up included; psd's phases from its /metrics counters (server.profile); rest = the")
     print("    client's call time less psd's span from accepting the call to handing gRPC the reply: loopback,")
     print("    gRPC's threads and waiting for a CPU; a sample's share = batch ms / (batch x trainers))")
     hdr = "".join(f"{k:>15}" for k in names)
