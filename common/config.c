@@ -101,6 +101,7 @@ static const cfg_entry g_table[] = {
     DBL ("server.sync_timeout_s",  server.sync_timeout_s,  1, 0, 86400, 0, "30"),
     ENUM("server.sync_reduce",     server.sync_reduce,     sync_reduce_names, "mean"),
     INT ("server.max_staleness",   server.max_staleness,   0, 1000000, "3"),
+    INT ("server.ssp_world_size",  server.ssp_world_size,  0, 1000000, "0"),
     DBL ("server.settle_window_s", server.settle_window_s, 1, 0, 604800, 0, "900"),
     INT ("server.max_finished",    server.max_finished,    1024, 16777216, "1048576"),
     STR0("server.checkpoint_dir",  server.checkpoint_dir,  ""),
@@ -875,8 +876,54 @@ static ps_status check_servers(const ps_config *c, ps_err *err) {
     return PS_OK;
 }
 
+/* Server s's checkpoint directory: its own, or server.checkpoint_dir/<name>
+ * ("" = none). */
+static ps_status server_ckpt_dir(const ps_config *c, const ps_server_def *s, char *ck, size_t n, ps_err *err) {
+    int w = s->checkpoint_dir[0] ? snprintf(ck, n, "%s", s->checkpoint_dir)
+            : c->server.checkpoint_dir[0] ? snprintf(ck, n, "%s/%s", c->server.checkpoint_dir, s->name)
+                                           : snprintf(ck, n, "%s", "");
+    if (w < 0 || (size_t)w >= n)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir: '%.64s...' + '/%s' is longer than "
+                          "%d bytes", c->server.checkpoint_dir, s->name, PS_CONFIG_PATH_MAX - 1);
+    return PS_OK;
+}
+
+/* A path as written, without "./" parts, repeated or trailing slashes:
+ * "ck/./ps0/" and "ck//ps0" are "ck/ps0". */
+static void path_norm(const char *in, char *out, size_t n) {
+    size_t o = 0;
+    for (const char *p = in; *p && o + 1 < n;) {
+        if (p[0] == '/' && (p[1] == '/' || (p[1] == '.' && (p[2] == '/' || !p[2])))) { p += p[1] == '/' ? 1 : 2; continue; }
+        if (p == in && p[0] == '.' && p[1] == '/') { p += 2; continue; }
+        out[o++] = *p++;
+    }
+    while (o > 1 && out[o - 1] == '/') o--;
+    out[o] = 0;
+}
+
+/* Two servers writing checkpoints into one directory overwrite each other's
+ * ckpt-N files: refused (each also holds its directory's lock file at run
+ * time, checkpoint.h). */
+static ps_status check_ckpt_dirs(const ps_config *c, ps_err *err) {
+    char d[PS_CONFIG_MAX_SERVERS][PS_CONFIG_PATH_MAX], raw[PS_CONFIG_PATH_MAX];
+    for (int i = 0; i < c->n_servers; i++) {
+        if (server_ckpt_dir(c, &c->servers[i], raw, sizeof raw, err)) return err->code;
+        path_norm(raw, d[i], sizeof d[i]);
+        for (int j = 0; j < i && d[i][0]; j++)
+            if (!strcmp(d[i], d[j]))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.checkpoint_dir: '%s' is servers.%s's "
+                                  "checkpoint directory too; two servers in one directory overwrite each other's "
+                                  "checkpoints - give each its own (or leave it empty: server.checkpoint_dir/<name>)",
+                                  c->servers[i].name, d[i], c->servers[j].name);
+    }
+    return PS_OK;
+}
+
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err) {
+    /* (once a server is selected, server.checkpoint_dir is its own: the
+     * directories were checked by ps_config_select_server) */
     ps_status st = c->n_servers ? check_servers(c, err) : PS_OK;
+    if (st == PS_OK && c->n_servers && c->self < 0) st = check_ckpt_dirs(c, err);
     ps_placement p;
     if (st == PS_OK) st = ps_placement_build(c, &p, err);  /* also ps_config_check_model */
     if (st != PS_OK || c->n_servers == 0) return st;
@@ -909,16 +956,7 @@ ps_status ps_config_select_server(ps_config *c, const char *name, ps_err *err) {
                           name, server_names(c, list, sizeof list));
     const ps_server_def *s = &c->servers[i];
     char ck[PS_CONFIG_PATH_MAX];
-    if (s->checkpoint_dir[0]) {
-        snprintf(ck, sizeof ck, "%s", s->checkpoint_dir);
-    } else if (c->server.checkpoint_dir[0]) {
-        int n = snprintf(ck, sizeof ck, "%s/%s", c->server.checkpoint_dir, s->name);
-        if (n < 0 || (size_t)n >= sizeof ck)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir: '%.64s...' + '/%s' is "
-                              "longer than %d bytes", c->server.checkpoint_dir, s->name, PS_CONFIG_PATH_MAX - 1);
-    } else {
-        ck[0] = '\0';
-    }
+    if (check_ckpt_dirs(c, err) || server_ckpt_dir(c, s, ck, sizeof ck, err)) return err->code;
     /* Whole buffers copied, so the config stays memcmp-comparable. */
 #define TAKE(dst, src) do { memset((dst), 0, sizeof(dst)); snprintf((dst), sizeof(dst), "%s", (src)); } while (0)
     TAKE(c->server.address, s->address);

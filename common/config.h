@@ -140,6 +140,7 @@ typedef struct ps_config {
         double sync_timeout_s;            /* sync: straggler timeout */
         ps_sync_reduce sync_reduce;       /* sync: sum or mean */
         int max_staleness;                /* ssp: steps ahead of the slowest */
+        int ssp_world_size;               /* ssp: trainer ranks must be below this; 0 = any */
         double settle_window_s;           /* finished contexts answer repeated Steps this long */
         int max_finished;                 /* ... and at most this many */
         /* Lifecycle (docs/config.md "server"): */

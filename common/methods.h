@@ -56,8 +56,9 @@
     /* a trainer's report: counters, trainer role */                                                         \
     X(REPORT_PARTIAL, ReportPartial, "ReportPartial", PS_SVC "ReportPartial", ps_ReportPartialRequest,       \
       ps_ReportPartialResponse, PS_MF_MUTATING)                                                              \
+    /* for anyone who may connect: readers too */                                                            \
     X(HEALTH_CHECK, HealthCheck, "Health/Check", "/grpc.health.v1.Health/Check",                             \
-      grpc_health_v1_HealthCheckRequest, grpc_health_v1_HealthCheckResponse, PS_MF_RESERVED)
+      grpc_health_v1_HealthCheckRequest, grpc_health_v1_HealthCheckResponse, PS_MF_READER | PS_MF_RESERVED)
 
 typedef enum {
 #define PS_METHOD_ENUM(ID, Fn, name, path, Req, Resp, flags) PS_M_##ID,

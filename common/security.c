@@ -48,7 +48,7 @@ static char *read_secret_file(const char *what, const char *path, ps_err *err) {
 
 static int name_ok(const char *s) {
     size_t n = strlen(s);
-    if (n < 1 || n > 63) return 0;
+    if (n < 1 || n > PS_TOKEN_NAME_MAX) return 0;
     return s[strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")] == '\0';
 }
 

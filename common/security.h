@@ -3,9 +3,9 @@
  *
  * Tokens file (psd, security.tokens_file): one token per line,
  *     <name> <role> <token>
- * '#' starts a comment; blank lines are ignored. name: 1..63 letters,
+ * '#' starts a comment; blank lines are ignored. name: 1..PS_TOKEN_NAME_MAX (63) letters,
  * digits, '_', '-', '.'; role: "trainer" (every method) or "reader"
- * (ListParameters, GetParameters, Status only); token: 16..256 printable
+ * (ListParameters, GetParameters, Status, Health/Check only); token: 16..256 printable
  * characters without spaces (e.g. `openssl rand -hex 32`). Names and tokens
  * must be unique. The file must not be readable by other users (like ssh
  * keys): a mode with o+r is refused. A shared secret is one line that every
@@ -21,6 +21,8 @@
 #include "config.h"
 #include "rpc.h"
 #include "status.h"
+
+#define PS_TOKEN_NAME_MAX 63   /* longer names are refused at load: identities are compared whole */
 
 typedef struct ps_security {
     ps_rpc_security rpc;   /* hand &rpc to ps_rpc_*_create_secure */

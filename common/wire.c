@@ -271,7 +271,7 @@ void ps_wire_tensor_encode_bind(ps_Tensor *msg, const char *name, int ndim,
 
 void ps_wire_tensor_encode_bind_typed(ps_Tensor *msg, const char *name, int ndim,
                                       const int64_t *dims, const void *data, int dtype) {
-    PS_ASSERT(ndim >= 1 && ndim <= PS_WIRE_MAX_DIMS);
+    PS_ASSERT(ndim >= 0 && ndim <= PS_WIRE_MAX_DIMS);   /* 0: a scalar buffer */
     PS_ASSERT(ps_wire_dtype_size(dtype) != 0);
     msg->dtype = (ps_DType)dtype;
     copy_name(msg->name, sizeof msg->name, name);
@@ -313,11 +313,13 @@ static bool params_encode(pb_ostream_t *stream, const pb_field_t *field,
     for (size_t i = 0; i < l->n; i++) {
         const ps_wire_named *it = &l->items[i];
         ps_ParameterInfo p = ps_ParameterInfo_init_zero;
-        PS_ASSERT(it->ndim >= 1 && it->ndim <= PS_WIRE_MAX_DIMS);
+        PS_ASSERT(it->ndim >= 0 && it->ndim <= PS_WIRE_MAX_DIMS);
         copy_name(p.name, sizeof p.name, it->name);
         copy_name(p.device, sizeof p.device, it->device);
         copy_name(p.stage, sizeof p.stage, it->stage);
         p.sparse = it->sparse != 0;
+        p.buffer = it->buffer != 0;
+        p.dtype = (ps_DType)it->dtype;
         p.row_offset = it->row_offset;
         p.rows_total = it->rows_total;
         p.shape_count = (pb_size_t)it->ndim;
@@ -387,7 +389,10 @@ static bool tensors_decode(pb_istream_t *stream, const pb_field_t *field, void *
     }
     char what[PS_WIRE_NAME_MAX + 48];
     snprintf(what, sizeof what, "tensor %zu (\"%s\")", l->n, msg.name);
-    if (ps_wire_tensor_check(&msg, &in, what, l->err) != PS_OK) {
+    size_t esz = ps_wire_dtype_size(msg.dtype);
+    if (msg.shape_count == 0 && esz && in.bytes == esz) {
+        /* a scalar: a buffer such as num_batches_tracked (GetParameters) */
+    } else if (ps_wire_tensor_check(&msg, &in, what, l->err) != PS_OK) {
         ps_wire_tensor_in_free(&in);
         PB_RETURN_ERROR(stream, "tensor shape does not match its data");
     }

@@ -128,7 +128,7 @@ void ps_wire_tensor_encode_bind_typed(ps_Tensor *msg, const char *name, int ndim
 
 typedef struct ps_wire_named {
     const char *name;   /* "fc1.weight" */
-    int ndim;           /* 1..4 */
+    int ndim;           /* 1..4; 0: a scalar (a buffer such as num_batches_tracked) */
     int64_t dims[PS_WIRE_MAX_DIMS];
     const void *data;   /* prod(dims) elements of dtype; unused for parameter infos */
     const char *device; /* "cpu", ...; only for parameter infos (NULL = "") */
@@ -137,6 +137,7 @@ typedef struct ps_wire_named {
     int sparse;         /* parameter infos: row-sparse updates */
     int64_t row_offset; /* parameter infos: a shard's first global row ... */
     int64_t rows_total; /* ... of this many (0 = not a shard) */
+    int buffer;         /* parameter infos: a buffer (not trained), of dtype */
 } ps_wire_named;
 
 typedef struct ps_wire_named_list {

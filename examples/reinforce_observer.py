@@ -19,9 +19,9 @@ one Adam step per round). psd aggregates each round's episode rewards
     PYTHONPATH=python examples/reinforce_observer.py --config configs/cartpole.yaml --rank 1 &
     PYTHONPATH=python examples/reinforce_observer.py --config configs/cartpole.yaml --rank 2
 
-Deviations from the tutorial, as ps-train cartpole's (README, "Reinforcement
-learning"): each observer discounts and normalises its own episode's returns;
-each observer has its own seed (--seed plus its rank).
+Deviations from the tutorial, as ps-train cartpole's (docs/rl.md): each
+observer discounts and normalises its own episode's returns; each observer
+has its own seed (--seed plus its rank).
 """
 import argparse
 import sys

@@ -21,9 +21,10 @@ workers_run "$TRAINERS" trainer "$BUILD/bin/ps-train" lm --config "$CONFIG" --da
   status=1
 
 echo
-echo "== the final weights"
+echo "== the final weights (ps-train lm --eval-only: validation and test perplexity)"
+: >"$logdir/eval.log"
 "$BUILD/bin/ps-train" lm --config "$CONFIG" --rank 1 --world-size $((TRAINERS + 1)) --data "$DATA" --eval-only "$@" \
-  >"$logdir/eval.log" 2>&1 || status=1
+  >>"$logdir/eval.log" 2> >(tee -a "$logdir/eval.log" | grep --line-buffered "progress" >&2) || status=1
 grep -h "^| end of epoch\|^| End of training" "$logdir/eval.log" || tail -n 5 "$logdir/eval.log"
 ratio=$(sed -n 's/.*| ratio \([0-9.]*\) .*/\1/p' "$logdir/eval.log")
 if [ -n "$ratio" ]; then

@@ -2,11 +2,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,12 +52,104 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     return PS_OK;
 }
 
+/* ---- one server per directory: the lock file ------------------------------ */
+
+#define LOCK_NAME "psd.lock"
+
+/* The identity a lock file names: "cluster NAME" and "server NAME" lines
+ * (server "" = the single-server form). 0 when the file holds none. */
+static int lock_ident(int fd, char *cluster, char *server, char *who, size_t n) {
+    char buf[1024];
+    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+    if (got <= 0) return 0;
+    buf[got] = 0;
+    int have = 0;
+    cluster[0] = server[0] = who[0] = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "cluster ", 8)) snprintf(cluster, n, "%s", line + 8), have |= 1;
+        else if (!strncmp(line, "server ", 7)) snprintf(server, n, "%s", line + 7), have |= 2;
+        else if (!strncmp(line, "server", 7)) server[0] = 0, have |= 2;   /* "server" alone: single-server */
+        else if (!strncmp(line, "by ", 3)) snprintf(who, n, "%s", line + 3);
+    }
+    return have == 3;
+}
+
+static const char *ident_name(const char *server) { return *server ? server : "(single-server form)"; }
+
+/* Opens dir's lock file and checks whose it is; *fd open on success. With
+ * take, also locks it (flock, exclusive) and writes this identity. */
+static ps_status lock_open(const char *dir, const ps_ckpt_ident *id, int take, int *fd, ps_err *err) {
+    static const ps_ckpt_ident single_id = {"psd", ""};
+    if (!id) id = &single_id;
+    const char *mycl = id->cluster ? id->cluster : "", *mysv = id->server ? id->server : "";
+    char path[PS_CKPT_PATH_MAX];
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    *fd = open(path, take ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0640);
+    if (*fd < 0) {
+        if (!take && errno == ENOENT) return PS_OK;
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot open its lock file %s: %s", dir, path,
+                          strerror(errno));
+    }
+    char cl[256], sv[256], who[256];
+    int named = lock_ident(*fd, cl, sv, who, sizeof cl);
+    if (named && (strcmp(cl, mycl) || strcmp(sv, mysv))) {
+        close(*fd);
+        *fd = -1;
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "checkpoint dir %s belongs to server %s of cluster %s "
+                          "(%s names it%s%s); this psd is server %s of cluster %s: give each server its own "
+                          "directory (servers.<name>.checkpoint_dir), or remove the lock file if that server is "
+                          "gone for good", dir, ident_name(sv), cl, path, who[0] ? ", written by " : "", who,
+                          ident_name(mysv), mycl);
+    }
+    if (flock(*fd, (take ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        if (e == EWOULDBLOCK) {  /* its holder may have written its names meanwhile */
+            int rfd = open(path, O_RDONLY | O_CLOEXEC);
+            if (rfd >= 0 && lock_ident(rfd, cl, sv, who, sizeof cl)) mycl = cl, mysv = sv;
+            if (rfd >= 0) close(rfd);
+            return ps_err_set(err, PS_ERR_UNAVAILABLE, "checkpoint dir %s is in use by a running psd (server %s of "
+                              "cluster %s%s%s): one psd per directory", dir, ident_name(mysv), mycl,
+                              who[0] ? ", " : "", who);
+        }
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot lock %s: %s", dir, path, strerror(e));
+    }
+    if (!take) return PS_OK;
+    char host[256] = "?", text[1024];
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(text, sizeof text, "# psd: this directory holds the checkpoints of one server\ncluster %s\n"
+                       "server %s\nby %s pid %ld\n", mycl, mysv, host, (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, text, (size_t)len, 0) != len || fsync(*fd) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot write %s: %s", dir, path, strerror(e));
+    }
+    return PS_OK;
+}
+
+ps_status ps_ckpt_lock_dir(const char *dir, const ps_ckpt_ident *id, int *fd, ps_err *err) {
+    return lock_open(dir, id, 1, fd, err);
+}
+
+ps_status ps_ckpt_check_lock(const char *dir, const ps_ckpt_ident *id, ps_err *err) {
+    int fd = -1;
+    ps_status st = lock_open(dir, id, 0, &fd, err);
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+void ps_ckpt_unlock_dir(int fd) {
+    if (fd >= 0) close(fd);  /* closing drops the flock */
+}
+
 /* CRC-32 of the parameters' data in parameter order. */
-static uint32_t crc_of(const float *const *data, const int64_t *numel, int n) {
+static uint32_t crc_of(const void *const *data, const size_t *bytes, int n) {
     uLong crc = crc32(0L, Z_NULL, 0);
     for (int i = 0; i < n; i++) {
         const unsigned char *p = (const unsigned char *)data[i];
-        size_t left = (size_t)numel[i] * sizeof(float);
+        size_t left = bytes[i];
         while (left) {  /* crc32 takes a uInt length */
             uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
             crc = crc32(crc, p, chunk);
@@ -174,6 +268,26 @@ static void retain(const char *dir, int keep) {
 
 static const ps_ckpt_ident single = {"psd", ""};
 
+/* psd.params: every parameter of the model's definition (hosted here or
+ * not), "<name>@<stage>:<d0>,<d1>,..." with ":shard" for a table that may be
+ * split by rows, joined by ';' - what ps-ckpt merge checks the parts
+ * against. NULL when out of memory. */
+static char *params_meta(ps_model *m) {
+    size_t cap = 256, o = 0;
+    int n = ps_model_num_def_params(m);
+    for (int i = 0; i < n; i++) cap += strlen(ps_model_def_param(m, i)->name) + 160;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const ps_param_info *pi = ps_model_def_param(m, i);
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s@%s:", i ? ";" : "", pi->name, pi->stage ? pi->stage : "");
+        for (int d = 0; d < pi->ndim; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, d ? "," : "", pi->dims[d]);
+        if (pi->sparse) o += (size_t)snprintf(buf + o, cap - o, ":shard");
+    }
+    return buf;
+}
+
 /* Metadata of a part: psd.cluster, psd.server, psd.hosted and
  * psd.rows.<param> of shards, appended to kv (key, value pairs) from
  * index *n; the strings live in buf (cap bytes). 0 when it does not fit. */
@@ -203,6 +317,62 @@ static int part_meta(ps_model *m, const ps_ckpt_ident *id, const char **kv, int 
     return 1;
 }
 
+/* ---- the finished-context records (psd.settle) ---------------------------- */
+
+void ps_ckpt_settle_free(ps_ckpt_settle *s) {
+    if (!s) return;
+    free(s->rec);
+    *s = (ps_ckpt_settle){0};
+}
+
+/* "<id, 16 hex>:<version>[s|d]" separated by single spaces, oldest first;
+ * NULL when out of memory. */
+static char *settle_encode(const ps_ctx_finished *r, size_t n) {
+    size_t cap = n * 40 + 1, o = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%016" PRIx64 ":%" PRIu64 "%s", i ? " " : "", r[i].id,
+                              r[i].version, r[i].how == PS_CTX_SKIPPED ? "s" : r[i].how == PS_CTX_DROPPED ? "d" : "");
+    return buf;
+}
+
+/* Strictly the format above; every version <= max_version, at most
+ * PS_CKPT_SETTLE_MAX records. */
+static ps_status settle_decode(const char *path, const char *s, uint64_t max_version, ps_ckpt_settle *out,
+                               ps_err *err) {
+    size_t n = *s ? 1 : 0;
+    for (const char *p = s; *p; p++) n += *p == ' ';
+    if (n > PS_CKPT_SETTLE_MAX)
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle holds %zu records (at most %d)", path, n,
+                          PS_CKPT_SETTLE_MAX);
+    ps_ctx_finished *r = n ? malloc(n * sizeof *r) : NULL;
+    if (n && !r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory reading psd.settle", path);
+    const char *p = s;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        size_t hex = strspn(p, "0123456789abcdef");
+        if (hex != 16 || p[16] != ':' || p[17] < '0' || p[17] > '9') goto bad;
+        r[i].id = strtoull(p, NULL, 16);
+        errno = 0;
+        r[i].version = strtoull(p + 17, &end, 10);
+        if (errno || end - (p + 17) > 20 || r[i].version > max_version) goto bad;
+        r[i].how = *end == 's' ? PS_CTX_SKIPPED : *end == 'd' ? PS_CTX_DROPPED : PS_CTX_APPLIED;
+        if (*end == 's' || *end == 'd') end++;
+        if (i + 1 < n ? *end != ' ' : *end != '\0') goto bad;
+        p = end + 1;
+        continue;
+    bad:
+        free(r);
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle: record %zu is not <16 hex digits>:<version "
+                          "<= %" PRIu64 ">[s|d]", path, i, max_version);
+    }
+    out->rec = r;
+    out->n = n;
+    return PS_OK;
+}
+
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep, ps_ckpt_info *out,
                        ps_err *err) {
     return ps_ckpt_save_part(m, dir, NULL, samples, keep, out, err);
@@ -210,29 +380,60 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
 
 ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, uint64_t samples, int keep,
                             ps_ckpt_info *out, ps_err *err) {
+    ps_ckpt_save_opts o = {.id = id, .samples = samples, .keep = keep};
+    return ps_ckpt_save_with(m, dir, &o, out, err);
+}
+
+ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opts *so, ps_ckpt_info *out,
+                            ps_err *err) {
+    const ps_ckpt_ident *id = so->id ? so->id : &single;
+    uint64_t samples = so->samples;
+    int keep = so->keep;
     PS_ASSERT(keep >= 1);
-    if (!id) id = &single;
+    char *settle = NULL, *params = NULL;
     int np = ps_model_num_params(m);
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
     const int ns = ps_optim_num_state(spec);
+    int nb = ps_model_num_buffers(m);
     float *w = malloc((size_t)nw * sizeof(float));
     float *sb[PS_OPTIM_MAX_STATE] = {0};   /* state buffer j of every parameter, laid out as w */
     int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
-    ps_st_tensor *t = calloc((size_t)np, sizeof *t);
-    const float **ptrs = calloc((size_t)np, sizeof *ptrs);
-    int64_t *numel = calloc((size_t)np, sizeof *numel);
-    ps_ckpt_optim_param *op = calloc((size_t)np, sizeof *op);
+    ps_st_tensor *t = calloc((size_t)(np + nb) + 1, sizeof *t);
+    const void **ptrs = calloc((size_t)(np + nb) + 1, sizeof *ptrs);
+    size_t *numel = calloc((size_t)(np + nb) + 1, sizeof *numel);   /* bytes of each tensor, for the CRC */
+    ps_ckpt_optim_param *op = calloc((size_t)np + 1, sizeof *op);
+    void **bufs = calloc((size_t)nb + 1, sizeof *bufs);   /* the buffers (BatchNorm's running statistics) */
     ps_status rc = PS_OK;
-    int have = 1;
+    int have = bufs != NULL;
     for (int j = 0; j < ns; j++) have &= (sb[j] = malloc((size_t)nw * sizeof(float))) != NULL;
+    for (int b = 0; have && b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        have &= (bufs[b] = malloc((size_t)bi->numel * ps_dtype_size(bi->dtype) + 1)) != NULL;
+    }
     if (!w || !have || !steps || !t || !ptrs || !numel || !op) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
         goto done;
     }
-    /* Weights, steps and state under one shared weights lock: consistent. */
-    uint64_t version;
-    if ((rc = ps_model_snapshot(m, w, steps, sb, &version, err))) goto done;
+    /* Weights, steps, state and buffers under one shared weights lock: consistent.
+     * With the contexts' records: no step between its update and its record
+     * meanwhile, so the records are exactly the steps the snapshot holds. */
+    uint64_t version, applied = 0;
+    if (so->contexts) ps_ctx_table_freeze(so->contexts);
+    rc = ps_model_snapshot_ex(m, w, steps, sb, bufs, &version, err);
+    ps_ctx_finished *rec = NULL;
+    size_t nrec = 0;
+    if (!rc && so->contexts) nrec = ps_ctx_table_export(so->contexts, version, PS_CKPT_SETTLE_MAX, &rec, &applied);
+    if (so->contexts) ps_ctx_table_thaw(so->contexts);
+    if (rc) goto done;
+    if (so->contexts) {
+        settle = settle_encode(rec, nrec);
+        free(rec);
+        if (!settle) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory for the settle records");
+            goto done;
+        }
+    }
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
         crcbuf[16];
@@ -273,11 +474,24 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
         x->data = w + off;
         x->bytes = (size_t)pi->numel * sizeof(float);
         ptrs[i] = w + off;
-        numel[i] = pi->numel;
+        numel[i] = x->bytes;
         off += pi->numel;
     }
-    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np));
-    const char *wmeta[64] = {"format", "pt",
+    for (int b = 0; b < nb; b++) {   /* buffers after the parameters, under their state_dict names */
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        ps_st_tensor *x = &t[np + b];
+        memset(x, 0, sizeof *x);
+        snprintf(x->name, sizeof x->name, "%s", bi->name);
+        x->dtype = bi->dtype == PS_DTYPE_I64 ? PS_ST_I64 : PS_ST_F32;
+        x->ndim = bi->ndim;
+        memcpy(x->dims, bi->dims, (size_t)bi->ndim * sizeof x->dims[0]);
+        x->data = bufs[b];
+        x->bytes = (size_t)bi->numel * ps_dtype_size(bi->dtype);
+        ptrs[np + b] = bufs[b];
+        numel[np + b] = x->bytes;
+    }
+    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np + nb));
+    const char *wmeta[72] = {"format", "pt",
                              "psd.arch", ps_model_arch(m),
                              "psd.model_version", vbuf,
                              "psd.global_step", vbuf,
@@ -288,10 +502,24 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
                              "psd.optimizer_file", oname,
                              "psd.crc32", crcbuf};
     int nmeta = 20;
+    char abuf[32];
+    if (settle) {  /* the steps this snapshot holds, for settling after a restart */
+        snprintf(abuf, sizeof abuf, "%" PRIu64, applied);
+        wmeta[nmeta++] = "psd.contexts_applied";
+        wmeta[nmeta++] = abuf;
+        wmeta[nmeta++] = "psd.settle";
+        wmeta[nmeta++] = settle;
+    }
+    if (!(params = params_meta(m))) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
+        goto done;
+    }
+    wmeta[nmeta++] = "psd.params";
+    wmeta[nmeta++] = params;
     char pbuf[2048];
-    PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 62, pbuf, sizeof pbuf) && "part metadata fits");
+    PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 70, pbuf, sizeof pbuf) && "part metadata fits");
     wmeta[nmeta] = NULL;
-    if ((rc = ps_st_write(wpath, t, (size_t)np, wmeta, err))) goto done;
+    if ((rc = ps_st_write(wpath, t, (size_t)(np + nb), wmeta, err))) goto done;
     if (out) {
         out->version = version;
         out->samples = samples;
@@ -300,8 +528,12 @@ ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *i
     }
     retain(dir, keep);
 done:
+    free(settle);
+    free(params);
     free(w);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
+    for (int b = 0; bufs && b < nb; b++) free(bufs[b]);
+    free(bufs);
     free(steps);
     free(t);
     free(ptrs);
@@ -352,6 +584,32 @@ static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_
     return PS_OK;
 }
 
+/* Tensor t must be buffer bi: its dtype (F32, or I64 for counters) and
+ * shape; float values finite. */
+static ps_status check_buffer(const char *path, const ps_st_tensor *t, const ps_buffer_info *bi, ps_model *m,
+                              ps_err *err) {
+    char where[PS_ERR_MSG_MAX / 2];
+    int want = bi->dtype == PS_DTYPE_I64 ? PS_ST_I64 : PS_ST_F32;
+    if (t->dtype != want)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has dtype %s; the buffer is %s (%s)", path,
+                          t->name, ps_st_dtype_name(t->dtype), ps_st_dtype_name(want),
+                          ps_model_where(m, bi->name, where, sizeof where));
+    int same = t->ndim == bi->ndim;
+    for (int d = 0; same && d < bi->ndim; d++) same = t->dims[d] == bi->dims[d];
+    if (!same) {
+        char got[96], shp[96];
+        shape_str(got, sizeof got, t->ndim, t->dims);
+        shape_str(shp, sizeof shp, bi->ndim, bi->dims);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape %s; the model's %s is %s (%s)",
+                          path, t->name, got, bi->name, shp, ps_model_where(m, bi->name, where, sizeof where));
+    }
+    for (int64_t j = 0, n = ps_st_numel(t); want == PS_ST_F32 && j < n; j++)
+        if (!isfinite(((const float *)t->data)[j]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': element %" PRId64 " is not finite",
+                              path, t->name, j);
+    return PS_OK;
+}
+
 /* Every tensor of f is one of the model's parameters (with suffix). */
 static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model *m, const char *suffix,
                                 ps_err *err) {
@@ -365,7 +623,7 @@ static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model 
                               "model %s)", path, name, ps_model_arch(m));
         memcpy(base, name, n - sl);
         base[n - sl] = '\0';
-        if (ps_model_find_param(m, base) < 0)
+        if (ps_model_find_param(m, base) < 0 && (sl || ps_model_find_buffer(m, base) < 0))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of "
                               "model %s)", path, name, ps_model_arch(m));
     }
@@ -377,8 +635,8 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
                            ps_err *err) {
     const char *want = ps_st_metadata(f, "psd.crc32");
     if (!want) return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.crc32 is missing", path);
-    const float **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
-    int64_t *numel = calloc((size_t)n + 1, sizeof *numel);
+    const void **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    size_t *numel = calloc((size_t)n + 1, sizeof *numel);
     if (!ptrs || !numel) {
         free(ptrs);
         free(numel);
@@ -386,7 +644,7 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
     }
     for (int i = 0; i < n; i++) {
         ptrs[i] = ts[i]->data;
-        numel[i] = ps_st_numel(ts[i]);
+        numel[i] = ts[i]->bytes;
     }
     char got[16];
     snprintf(got, sizeof got, "%08" PRIx32, crc_of(ptrs, numel, n));
@@ -659,13 +917,20 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
 
 ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
                             ps_err *err) {
+    return ps_ckpt_load_with(m, path, id, out, NULL, err);
+}
+
+ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
+                            ps_ckpt_settle *settle, ps_err *err) {
     if (!id) id = &single;
-    int np = ps_model_num_params(m);
+    ps_ckpt_settle rs = {0};
+    if (settle) *settle = rs;
+    int np = ps_model_num_params(m), nb = ps_model_num_buffers(m);
     ps_status rc = PS_OK;
     ps_st_file *wf = NULL;
     ps_ckpt_optim_param *op = NULL;
     float *sb[PS_OPTIM_MAX_STATE] = {0};
-    const ps_st_tensor **wt = calloc((size_t)np, sizeof *wt);
+    const ps_st_tensor **wt = calloc((size_t)(np + nb) + 1, sizeof *wt);   /* parameters, then buffers */
     if (!wt) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
     if (!(wf = ps_st_read(path, err))) { rc = err ? err->code : PS_ERR_FORMAT; goto done; }
 
@@ -685,6 +950,15 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
                         "or not numbers", path);
         goto done;
     }
+    /* The finished-context records: checked with the rest, before anything changes. */
+    const char *sv = ps_st_metadata(wf, "psd.settle"), *av = ps_st_metadata(wf, "psd.contexts_applied");
+    if (!sv != !av || (av && parse_u64(av, &rs.applied))) {
+        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle and psd.contexts_applied (a number) come "
+                        "together", path);
+        goto done;
+    }
+    if (sv && (rc = settle_decode(path, sv, version, &rs, err))) goto done;
+    rs.present = sv != NULL;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
         wt[i] = ps_st_find(wf, pi->name);
@@ -694,8 +968,17 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         }
         if ((rc = check_tensor(path, wt[i], pi, 0, err))) goto done;
     }
+    for (int b = 0; b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(m, b);
+        wt[np + b] = ps_st_find(wf, bi->name);
+        if (!wt[np + b]) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' (a buffer) is missing", path, bi->name);
+            goto done;
+        }
+        if ((rc = check_buffer(path, wt[np + b], bi, m, err))) goto done;
+    }
     if ((rc = check_no_extra(path, wf, m, "", err))) goto done;
-    if ((rc = check_crc(path, wf, wt, np, err))) goto done;
+    if ((rc = check_crc(path, wf, wt, np + nb, err))) goto done;
 
     /* The optimizer sibling, named in the metadata, in the same directory. */
     const char *oname = ps_st_metadata(wf, "psd.optimizer_file");
@@ -740,6 +1023,7 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         if (rc == PS_OK)
             rc = ps_model_set_optim_state(m, i, op[i].step, (const float *const *)op[i].state, err);
     }
+    for (int b = 0; b < nb && rc == PS_OK; b++) rc = ps_model_set_buffer(m, b, wt[np + b]->data, err);
     if (rc) goto done;
     ps_model_set_version(m, version);
     if (out) {
@@ -748,7 +1032,9 @@ ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *
         out->time = (double)when;
         snprintf(out->path, sizeof out->path, "%s", path);
     }
+    if (settle) *settle = rs, rs = (ps_ckpt_settle){0};
 done:
+    ps_ckpt_settle_free(&rs);
     free(wt);
     free(op);
     for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(sb[j]);
@@ -762,6 +1048,11 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
 
 ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
                                       ps_ckpt_info *out, ps_err *err) {
+    return ps_ckpt_restore_latest_with(m, dir, id, found, out, NULL, err);
+}
+
+ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err) {
     *found = 0;
     uint64_t *v = NULL;
     clean_tmp(dir);
@@ -775,7 +1066,7 @@ ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckp
         char path[PS_CKPT_PATH_MAX];
         file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
         ps_err e = {0};
-        if (ps_ckpt_load_part(m, path, id, out, &e) == PS_OK) break;
+        if (ps_ckpt_load_with(m, path, id, out, settle, &e) == PS_OK) break;
         ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
         if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
     }
@@ -802,17 +1093,27 @@ ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
     return ps_ckpt_init_from_part(m, path, NULL, err);
 }
 
+/* err's message followed by " (where name is defined in the model file)". */
+static ps_status with_where(ps_model *m, const char *name, ps_err *err) {
+    if (!err) return PS_ERR_INVALID_ARGUMENT;
+    char where[PS_ERR_MSG_MAX / 2], msg[PS_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    return ps_err_set(err, err->code, "%s (%s)", msg, ps_model_where(m, name, where, sizeof where));
+}
+
 ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps_err *err) {
     int np = ps_model_num_params(m), nd = ps_model_num_def_params(m), nskip = 0;
+    int nbd = ps_model_num_def_buffers(m), nb = ps_model_num_buffers(m);
     if (skipped) *skipped = 0;
     ps_st_file *f = ps_st_read(path, err);
     if (!f) return err ? err->code : PS_ERR_FORMAT;
     ps_status rc = PS_OK;
     float *conv = NULL;
     const ps_st_tensor **ts = calloc((size_t)np + 1, sizeof *ts);
-    if (!ts) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
-    /* Every parameter of the definition (whole shapes): the hosted ones must
-     * be there, the others may be (they are checked and skipped). */
+    const ps_st_tensor **tb = calloc((size_t)nb + 1, sizeof *tb);
+    if (!ts || !tb) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
+    /* Every parameter and buffer of the definition (whole shapes): the hosted
+     * ones must be there, the others may be (they are checked and skipped). */
     for (int i = 0; i < nd; i++) {
         const ps_param_info *pi = ps_model_def_param(m, i);
         const ps_st_tensor *t = ps_st_find(f, pi->name);
@@ -820,20 +1121,38 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
         if (!t && here >= 0) {
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing (model %s needs every "
                             "parameter under its state_dict name)", path, pi->name, ps_model_arch(m));
+            rc = with_where(m, pi->name, err);
             goto done;
         }
         if (!t) continue;
-        if ((rc = check_tensor(path, t, pi, 1, err))) goto done;
+        if ((rc = check_tensor(path, t, pi, 1, err))) { rc = with_where(m, pi->name, err); goto done; }
         if (here >= 0) ts[here] = t;
+        else nskip++;
+    }
+    for (int i = 0; i < nbd; i++) {
+        const ps_buffer_info *bi = ps_model_def_buffer(m, i);
+        const ps_st_tensor *t = ps_st_find(f, bi->name);
+        int here = ps_model_find_buffer(m, bi->name);
+        if (!t && here >= 0) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' (a buffer) is missing (model %s needs "
+                            "its state_dict's buffers too)", path, bi->name, ps_model_arch(m));
+            rc = with_where(m, bi->name, err);
+            goto done;
+        }
+        if (!t) continue;
+        if ((rc = check_buffer(path, t, bi, m, err))) goto done;
+        if (here >= 0) tb[here] = t;
         else nskip++;
     }
     for (size_t k = 0; k < ps_st_count(f); k++) {
         const char *name = ps_st_get(f, k)->name;
         int known = 0;
         for (int i = 0; i < nd && !known; i++) known = !strcmp(ps_model_def_param(m, i)->name, name);
+        for (int i = 0; i < nbd && !known; i++) known = !strcmp(ps_model_def_buffer(m, i)->name, name);
         if (!known) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of model %s)",
-                            path, name, ps_model_arch(m));
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter or buffer "
+                            "of model %s)", path, name, ps_model_arch(m));
+            rc = with_where(m, name, err);
             goto done;
         }
     }
@@ -864,12 +1183,14 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
         }
         rc = ps_model_set_param(m, i, src, err);
     }
+    for (int b = 0; b < nb && rc == PS_OK; b++) rc = ps_model_set_buffer(m, b, tb[b]->data, err);
     if (rc == PS_OK && nskip)
         ps_log(PS_LOG_INFO, "%s: skipped %d tensors of stages hosted elsewhere", path, nskip);
     if (rc == PS_OK && skipped) *skipped = nskip;
 done:
     free(conv);
     free(ts);
+    free(tb);
     ps_st_free(f);
     return rc;
 }

@@ -14,18 +14,32 @@
  *       state names), psd.model_version, psd.arch, psd.crc32.
  *   D/ckpt-<N>.safetensors  written last, so its presence means the pair is
  *       complete: every parameter under its state_dict name ("conv1.weight",
- *       F32, PyTorch's shape), so
+ *       F32, PyTorch's shape) and every buffer ("bn1.running_mean" F32,
+ *       "bn1.num_batches_tracked" I64 scalar), so
  *           model.load_state_dict(safetensors.torch.load_file(path))
  *       works as is; metadata format=pt, psd.arch, psd.model_version,
  *       psd.global_step, psd.samples, psd.time (Unix seconds), psd.version,
  *       psd.optimizer_file, psd.crc32 (CRC-32 of the tensor data in
- *       parameter order); and which part of a cluster's model it is
+ *       parameter order, then the buffers'); and which part of a cluster's model it is
  *       (several PS nodes, ps_ckpt_ident): psd.cluster (cluster.name),
  *       psd.server (servers.<name>; "" in the single-server form),
  *       psd.hosted (the hosted stages, comma-separated, model order) and,
  *       for a shard's table, psd.rows.<param> = "lo,hi,R" (global rows
  *       [lo, hi) of R; the tensor holds hi - lo rows). tools/ps_ckpt.c
  *       (ps-ckpt merge) joins the parts of a cluster into one state_dict.
+ *       psd.params lists every parameter of the model's definition (hosted
+ *       here or not): "<name>@<stage>:<d0>,<d1>,..." (":shard" for a table
+ *       that may be split by rows), ';'-separated - ps-ckpt merge checks the
+ *       parts' tensors against it.
+ *       Written by psd (ps_ckpt_save_with with its context table), also the
+ *       records of the finished contexts whose steps this snapshot holds,
+ *       so a restarted psd answers a retried Step of them instead of
+ *       inviting a re-run (ctx_table.h): psd.contexts_applied (decimal: the
+ *       contexts whose steps reached these weights) and psd.settle (space-
+ *       separated "<context id, 16 hex digits>:<version>" + "s" for a
+ *       skipped step, "d" for one dropped from its sync round; oldest
+ *       first, at most PS_CKPT_SETTLE_MAX). Metadata, not tensors: strict
+ *       PyTorch loads and ps-ckpt merge see the same tensors as before.
  *
  * Loading validates everything (file structure, names, dtypes, shapes,
  * metadata, CRC, the sibling's version) before it changes the model, and
@@ -42,6 +56,7 @@
 
 #include <stdint.h>
 
+#include "ctx_table.h"
 #include "model.h"
 #include "optim.h"
 #include "status.h"
@@ -119,6 +134,36 @@ ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arc
  * is a writable directory. */
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
 
+/* One server per checkpoint directory: dir/psd.lock names the cluster and
+ * server whose checkpoints the directory holds (and the host and pid that
+ * last took it), and a running psd holds an exclusive flock on it (on a
+ * network filesystem too, where its flock reaches the server; the names
+ * catch another server even where it does not). ps_ckpt_lock_dir takes it
+ * for id (NULL = {"psd", ""}) and keeps *fd open for the process's life:
+ * FAILED_PRECONDITION when the file names another server, UNAVAILABLE when
+ * a running psd holds it. ps_ckpt_check_lock makes the same checks without
+ * taking it (--check-config; no lock file is fine). */
+ps_status ps_ckpt_lock_dir(const char *dir, const ps_ckpt_ident *id, int *fd, ps_err *err);
+ps_status ps_ckpt_check_lock(const char *dir, const ps_ckpt_ident *id, ps_err *err);
+void ps_ckpt_unlock_dir(int fd);   /* -1 ok */
+
+/* Records of finished contexts kept in a checkpoint (psd.settle, above). */
+#define PS_CKPT_SETTLE_MAX (1 << 20)   /* ~36 MB of metadata at most; the newest are kept */
+typedef struct ps_ckpt_settle {
+    ps_ctx_finished *rec;   /* malloc'ed, oldest first */
+    size_t n;
+    uint64_t applied;       /* psd.contexts_applied */
+    int present;            /* the checkpoint had them (written by a psd that keeps them) */
+} ps_ckpt_settle;
+void ps_ckpt_settle_free(ps_ckpt_settle *s);  /* NULL ok */
+
+typedef struct ps_ckpt_save_opts {
+    const ps_ckpt_ident *id;     /* NULL = {"psd", ""} */
+    uint64_t samples;
+    int keep;                    /* >= 1 */
+    ps_ctx_table *contexts;      /* NULL: no settle records; else the snapshot is taken frozen (ctx_table.h) */
+} ps_ckpt_save_opts;
+
 /* Write a checkpoint of m's current state into dir, then delete all but the
  * keep (>= 1) newest checkpoints: weights, each parameter's optimizer step
  * and state (ps_model_snapshot, one shared weights lock: consistent) in the
@@ -129,6 +174,9 @@ ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep,
 /* ps_ckpt_save with the part's identity id (NULL = {"psd", ""}). */
 ps_status ps_ckpt_save_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, uint64_t samples, int keep,
                             ps_ckpt_info *out, ps_err *err);
+/* ps_ckpt_save with every option, the settle records among them. */
+ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opts *o, ps_ckpt_info *out,
+                            ps_err *err);
 
 /* Load the checkpoint whose weights file is path (the optimizer sibling is
  * found from its metadata) into m: weights, each parameter's optimizer step
@@ -143,6 +191,11 @@ ps_status ps_ckpt_load(ps_model *m, const char *path, ps_ckpt_info *out, ps_err 
  * form (id->server ""). ps_ckpt_load is ps_ckpt_load_part with NULL. */
 ps_status ps_ckpt_load_part(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
                             ps_err *err);
+/* ... and its settle records into *settle (may be NULL; present = 0 when the
+ * file has none; free with ps_ckpt_settle_free). Malformed records, or one
+ * of a version the weights do not hold, refuse the checkpoint (FORMAT). */
+ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *id, ps_ckpt_info *out,
+                            ps_ckpt_settle *settle, ps_err *err);
 
 /* Restore the newest checkpoint in dir that loads; each refused one is
  * logged (warn) with the reason. *found = 0 and PS_OK when dir holds no
@@ -152,6 +205,9 @@ ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ck
 /* ... with ps_ckpt_load_part's identity checks. */
 ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
                                       ps_ckpt_info *out, ps_err *err);
+/* ... and the restored checkpoint's settle records (ps_ckpt_load_with). */
+ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err);
 
 /* Set m's weights from any safetensors file with the model's state_dict
  * names and shapes (e.g. saved from PyTorch with safetensors.torch.save_file,

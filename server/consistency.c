@@ -5,7 +5,16 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_CLOCKS 4096   /* ssp: ranks tracked (ranks beyond share the last slot) */
+#define MAX_CLOCKS 4096   /* ssp: ranks tracked at once; an inactive rank's slot is reused */
+#define CLOSED_RING 64    /* sync: closed rounds remembered, for the Steps that name them */
+
+typedef struct closed_round {   /* sync: a round that has closed */
+    uint64_t round;             /* 0: an empty slot */
+    double closed_at;
+    int by_timeout;             /* closed by server.sync_timeout_s, short of members */
+    int members, expected;      /* who it had, and waited for */
+    int missing;                /* stragglers whose late Step may still raise the membership */
+} closed_round;
 
 typedef struct member {
     void *grads;
@@ -20,10 +29,12 @@ typedef struct held {       /* a Forward held back by ssp */
     struct held *next;
 } held;
 
-typedef struct rank_clock {
+typedef struct rank_clock {   /* ssp: one trainer rank */
+    uint32_t rank;
     uint64_t clock;
     double last_seen;
-    int used;
+    int nheld;                  /* its Forwards held now (its slot is not reused meanwhile) */
+    char *owner;                /* the identity that first used the rank (malloc'ed) */
 } rank_clock;
 
 struct ps_cons {
@@ -38,9 +49,11 @@ struct ps_cons {
     member *members;        /* queued in the open round */
     int nmembers, cap;
     double first_arrival;   /* when the open round's first member came */
-    uint64_t dropped, timeouts;
+    uint64_t dropped, timeouts, queued;
+    closed_round closed_rounds[CLOSED_RING];  /* by round % CLOSED_RING */
     /* ssp */
-    rank_clock clocks[MAX_CLOCKS];
+    rank_clock clocks[MAX_CLOCKS];  /* [0, nclocks) in use */
+    int nclocks;
     held *held_head;
     uint64_t ssp_deferred, ssp_waiting;
 };
@@ -94,6 +107,8 @@ ps_cons *ps_cons_create(const ps_cons_opts *o, ps_cons_apply_fn apply, void *use
 
 ps_cons_mode ps_cons_mode_of(const ps_cons *c) { return c->o.mode; }
 
+static void ssp_tick(ps_cons *c);
+
 /* ---- sync ------------------------------------------------------------------ */
 
 uint64_t ps_cons_round(ps_cons *c) {
@@ -104,11 +119,15 @@ uint64_t ps_cons_round(ps_cons *c) {
 }
 
 /* Takes the open round's members out (lock held) when it may close: full,
- * or (force) timed out. Advances the round. Returns the count taken. */
-static int take_round_locked(ps_cons *c, member **out, uint64_t *round) {
+ * or (by_timeout) timed out. Remembers the round as closed and advances.
+ * Returns the count taken. */
+static int take_round_locked(ps_cons *c, member **out, uint64_t *round, int by_timeout) {
     *out = c->members;
     *round = c->round;
     int n = c->nmembers;
+    closed_round *k = &c->closed_rounds[c->round % CLOSED_RING];
+    *k = (closed_round){.round = c->round, .closed_at = now_s(), .by_timeout = by_timeout, .members = n,
+                        .expected = c->expected, .missing = by_timeout ? c->expected - n : 0};
     c->members = NULL;
     c->nmembers = c->cap = 0;
     c->round++;
@@ -134,6 +153,43 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
     free(m);
 }
 
+/* A Step naming round r, which has closed (lock held): 0 when it may join
+ * the open round instead - r closed complete (more trainers than
+ * sync_workers) no longer than sync_timeout_s before this step came; else
+ * 1 and err says why it is dropped. A straggler of a round that closed by
+ * its timeout raises the membership back by one, at most as many times as
+ * that round was short: the membership follows the trainers that exist, and
+ * a Step naming an old round cannot raise it again and again. */
+static int late_locked(ps_cons *c, uint64_t r, ps_err *err) {
+    const closed_round *k = &c->closed_rounds[r % CLOSED_RING];
+    double now = now_s();
+    if (k->round == r && !k->by_timeout && now - k->closed_at <= c->o.sync_timeout_s) return 0;
+    c->dropped++;
+    unsigned long long open = c->round;
+    if (k->round != r) {
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed long ago (the open round is %llu); this context's "
+                   "gradients were computed for it and are dropped: run the batch again under a new context",
+                   (unsigned long long)r, open);
+    } else if (k->by_timeout) {
+        closed_round *w = &c->closed_rounds[r % CLOSED_RING];
+        if (w->missing > 0 && c->expected < c->o.sync_workers) {
+            w->missing--;
+            c->expected++;
+        }
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed without this step: it waited server.sync_timeout_s = "
+                   "%g s after its first step and closed with %d of %d members, %.1f s before this step came; "
+                   "this context's gradients were computed for that round and are dropped: run the batch again "
+                   "under a new context (it joins round %llu)", (unsigned long long)r, c->o.sync_timeout_s,
+                   k->members, k->expected, now - k->closed_at, open);
+    } else {
+        ps_err_set(err, PS_ERR_ABORTED, "round %llu closed complete %.1f s before this step came, more than "
+                   "server.sync_timeout_s = %g s: too stale to join round %llu; this context's gradients are "
+                   "dropped: run the batch again under a new context", (unsigned long long)r,
+                   now - k->closed_at, c->o.sync_timeout_s, open);
+    }
+    return 1;
+}
+
 ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_done_fn done, void *arg,
                               ps_err *err) {
     pthread_mutex_lock(&c->mu);
@@ -142,17 +198,15 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
         return ps_err_set(err, PS_ERR_UNAVAILABLE, "psd is shutting down: the sync round was not applied");
     }
     if (round == 0) round = c->round;
-    if (round < c->round) {
-        /* A straggler: its round closed without it. It never counts toward
-         * a later round; its return grows the membership back. */
-        c->dropped++;
-        if (c->expected < c->o.sync_workers) c->expected++;
-        uint64_t open = c->round;
+    if (round < c->round && late_locked(c, round, err)) {
         pthread_mutex_unlock(&c->mu);
-        return ps_err_set(err, PS_ERR_ABORTED, "round %llu closed without this step (it came later than "
-                          "server.sync_timeout_s = %g s after the round's first step); its gradients are "
-                          "dropped - continue with round %llu", (unsigned long long)round,
-                          c->o.sync_timeout_s, (unsigned long long)open);
+        return PS_ERR_ABORTED;
+    }
+    if (round < c->round) {  /* its round filled up without it: it joins the open one */
+        c->queued++;
+        round = c->round;
+        /* more trainers than the membership: a shrunk one grows back */
+        if (c->expected < c->o.sync_workers) c->expected++;
     }
     if (round > c->round) {
         uint64_t open = c->round;
@@ -176,7 +230,7 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
     member *m = NULL;
     int n = 0;
     uint64_t r = 0;
-    if (c->nmembers >= c->expected) n = take_round_locked(c, &m, &r);
+    if (c->nmembers >= c->expected) n = take_round_locked(c, &m, &r, 0);
     pthread_mutex_unlock(&c->mu);
     if (n) run_round(c, m, n, r);
     return PS_OK;
@@ -184,7 +238,7 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
 
 int ps_cons_tick(ps_cons *c) {
     if (c->o.mode != PS_CONS_SYNC) {
-        if (c->o.mode == PS_CONS_SSP) ps_cons_stepped(c, UINT32_MAX);  /* re-check activity */
+        if (c->o.mode == PS_CONS_SSP) ssp_tick(c);  /* re-check activity */
         return 0;
     }
     pthread_mutex_lock(&c->mu);
@@ -193,8 +247,8 @@ int ps_cons_tick(ps_cons *c) {
     uint64_t r = 0;
     if (!c->closed && c->nmembers > 0 && now_s() - c->first_arrival >= c->o.sync_timeout_s) {
         c->timeouts++;
-        c->expected = c->nmembers;   /* the missing ones are stragglers */
-        n = take_round_locked(c, &m, &r);
+        n = take_round_locked(c, &m, &r, 1);
+        c->expected = n;   /* the missing ones are stragglers */
     }
     pthread_mutex_unlock(&c->mu);
     if (n) run_round(c, m, n, r);
@@ -208,6 +262,7 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
     out->waiting = (uint32_t)c->nmembers;
     out->dropped = c->dropped;
     out->timeouts = c->timeouts;
+    out->queued = c->queued;
     out->ssp_deferred = c->ssp_deferred;
     out->ssp_waiting = c->ssp_waiting;
     pthread_mutex_unlock(&c->mu);
@@ -215,47 +270,94 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out) {
 
 /* ---- ssp ------------------------------------------------------------------- */
 
-static rank_clock *clock_of_locked(ps_cons *c, uint32_t rank) {
-    return &c->clocks[rank < MAX_CLOCKS ? rank : MAX_CLOCKS - 1];
+static int active(const ps_cons *c, const rank_clock *k, double now) {
+    return k->nheld > 0 || now - k->last_seen <= c->o.active_s;  /* a held rank waits, it is not idle */
 }
 
-/* Slowest clock among the active ranks (UINT64_MAX when none is active). */
-static uint64_t slowest_locked(ps_cons *c, double now) {
+static rank_clock *find_locked(ps_cons *c, uint32_t rank) {
+    for (int i = 0; i < c->nclocks; i++)
+        if (c->clocks[i].rank == rank) return &c->clocks[i];
+    return NULL;
+}
+
+/* Slowest clock among the active ranks but `skip` (UINT64_MAX when none). */
+static uint64_t slowest_locked(ps_cons *c, double now, const rank_clock *skip) {
     uint64_t lo = UINT64_MAX;
-    for (int i = 0; i < MAX_CLOCKS; i++) {
+    for (int i = 0; i < c->nclocks; i++) {
         const rank_clock *k = &c->clocks[i];
-        if (k->used && now - k->last_seen <= c->o.active_s && k->clock < lo) lo = k->clock;
+        if (k != skip && active(c, k, now) && k->clock < lo) lo = k->clock;
     }
     return lo;
 }
 
-static int may_run_locked(ps_cons *c, uint32_t rank, double now) {
-    uint64_t lo = slowest_locked(c, now);
-    return lo == UINT64_MAX || clock_of_locked(c, rank)->clock <= lo + (uint64_t)c->o.max_staleness;
+static int may_run_locked(ps_cons *c, const rank_clock *k, double now) {
+    uint64_t lo = slowest_locked(c, now, NULL);
+    return !k || lo == UINT64_MAX || k->clock <= lo + (uint64_t)c->o.max_staleness;
 }
 
-/* A rank seen for the first time, or back after being inactive, joins at
- * the present: its clock is raised to the slowest active clock, so a new or
- * returning trainer is held to the bound from now on instead of stalling
- * everyone until it has replayed the steps it missed. */
-static rank_clock *touch_locked(ps_cons *c, uint32_t rank, double now) {
-    rank_clock *k = clock_of_locked(c, rank);
-    if (!k->used || now - k->last_seen > c->o.active_s) {
-        k->used = 0;  /* not counted while finding the others' slowest */
-        uint64_t lo = slowest_locked(c, now);
+/* The clock of rank for owner: found, or a new one (in a free slot, or the
+ * slot of the rank idle longest); NULL with err when the rank belongs to
+ * another identity, is outside server.ssp_world_size, or every slot is
+ * active. A rank seen for the first time, or back after being inactive,
+ * joins at the present: its clock is raised to the slowest active clock,
+ * so a new or returning trainer is held to the bound from now on instead of
+ * stalling everyone until it has replayed the steps it missed. */
+static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, double now, ps_err *err) {
+    if (!owner) owner = "";
+    if (c->o.ssp_world_size && rank >= (uint32_t)c->o.ssp_world_size) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "trainer_rank %u: server.ssp_world_size is %d (ranks 0..%d)",
+                   rank, c->o.ssp_world_size, c->o.ssp_world_size - 1);
+        return NULL;
+    }
+    rank_clock *k = find_locked(c, rank);
+    if (k && strcmp(k->owner, owner) && active(c, k, now)) {
+        ps_err_set(err, PS_ERR_PERMISSION_DENIED, "trainer_rank %u belongs to another client (token or host) while "
+                   "it is active: each trainer needs its own rank (trainer.rank)", rank);
+        return NULL;
+    }
+    if (!k) {
+        if (c->nclocks < MAX_CLOCKS) {
+            k = &c->clocks[c->nclocks++];
+        } else {  /* reuse the slot of the rank idle longest */
+            for (int i = 0; i < c->nclocks; i++)
+                if (!active(c, &c->clocks[i], now) && (!k || c->clocks[i].last_seen < k->last_seen)) k = &c->clocks[i];
+            if (!k) {
+                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%d trainer ranks are active (the most psd tracks); set "
+                           "server.ssp_world_size to the trainers' world size", MAX_CLOCKS);
+                return NULL;
+            }
+        }
+        free(k->owner);
+        *k = (rank_clock){.rank = rank, .last_seen = now - 2 * c->o.active_s - 1};
+    }
+    if (!k->owner || strcmp(k->owner, owner)) {  /* new, or an inactive rank taken over */
+        char *o = strdup(owner);
+        if (!o) {
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            return NULL;
+        }
+        free(k->owner);
+        k->owner = o;
+    }
+    if (!active(c, k, now)) {
+        uint64_t lo = slowest_locked(c, now, k);
         if (lo != UINT64_MAX && lo > k->clock) k->clock = lo;
-        k->used = 1;
     }
     k->last_seen = now;
     return k;
 }
 
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg) {
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
+                      ps_err *err) {
     if (c->o.mode != PS_CONS_SSP) return 1;
     double now = now_s();
     pthread_mutex_lock(&c->mu);
-    touch_locked(c, rank, now);
-    int ok = c->closed || may_run_locked(c, rank, now);
+    rank_clock *k = touch_locked(c, rank, owner, now, err);
+    if (!k) {
+        pthread_mutex_unlock(&c->mu);
+        return -1;
+    }
+    int ok = c->closed || may_run_locked(c, k, now);
     if (!ok) {
         held *h = malloc(sizeof *h);
         if (!h) {
@@ -263,6 +365,7 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *a
         } else {
             *h = (held){rank, ready, arg, c->held_head};
             c->held_head = h;
+            k->nheld++;
             c->ssp_deferred++;
             c->ssp_waiting++;
         }
@@ -271,27 +374,28 @@ int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *a
     return ok;
 }
 
-void ps_cons_stepped(ps_cons *c, uint32_t rank) {
-    if (c->o.mode != PS_CONS_SSP) return;
-    double now = now_s();
-    held *go = NULL;
-    pthread_mutex_lock(&c->mu);
-    if (rank != UINT32_MAX) touch_locked(c, rank, now)->clock++;
+/* Release the held Forwards that may run now (lock held); they go to *go. */
+static void release_locked(ps_cons *c, double now, held **go) {
     held **pp = &c->held_head;
     while (*pp) {
         held *h = *pp;
-        if (may_run_locked(c, h->rank, now)) {
+        rank_clock *k = find_locked(c, h->rank);
+        if (may_run_locked(c, k, now)) {
             *pp = h->next;
-            h->next = go;
-            go = h;
+            h->next = *go;
+            *go = h;
             c->ssp_waiting--;
-            /* a held rank is waiting, not idle */
-            clock_of_locked(c, h->rank)->last_seen = now;
+            if (k) {
+                k->nheld--;
+                k->last_seen = now;  /* it waited, it was not idle */
+            }
         } else {
             pp = &h->next;
         }
     }
-    pthread_mutex_unlock(&c->mu);
+}
+
+static void run_released(held *go) {
     while (go) {
         held *n = go->next;
         go->ready(go->arg, PS_OK, NULL);
@@ -300,9 +404,34 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank) {
     }
 }
 
+void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
+    if (c->o.mode != PS_CONS_SSP) return;
+    double now = now_s();
+    held *go = NULL;
+    ps_err ignored;
+    pthread_mutex_lock(&c->mu);
+    /* the step was applied; its clock advances only for the rank's own identity */
+    rank_clock *k = touch_locked(c, rank, owner, now, &ignored);
+    if (k) k->clock++;
+    release_locked(c, now, &go);
+    pthread_mutex_unlock(&c->mu);
+    run_released(go);
+}
+
+/* ssp: ranks that went inactive no longer hold the others back. */
+static void ssp_tick(ps_cons *c) {
+    double now = now_s();
+    held *go = NULL;
+    pthread_mutex_lock(&c->mu);
+    release_locked(c, now, &go);
+    pthread_mutex_unlock(&c->mu);
+    run_released(go);
+}
+
 uint64_t ps_cons_clock(ps_cons *c, uint32_t rank) {
     pthread_mutex_lock(&c->mu);
-    uint64_t v = clock_of_locked(c, rank)->clock;
+    const rank_clock *k = find_locked(c, rank);
+    uint64_t v = k ? k->clock : 0;
     pthread_mutex_unlock(&c->mu);
     return v;
 }
@@ -336,6 +465,7 @@ void ps_cons_close(ps_cons *c) {
 void ps_cons_free(ps_cons *c) {
     if (!c) return;
     ps_cons_close(c);
+    for (int i = 0; i < c->nclocks; i++) free(c->clocks[i].owner);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

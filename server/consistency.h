@@ -8,14 +8,22 @@
  *    holding a server thread: the reply is deferred - until the round is
  *    complete; then the gradients of all its contexts are summed (or
  *    averaged: server.sync_reduce) and applied as ONE optimizer step, and
- *    every member is answered with the same version and round. A Step naming
- *    a round that has closed never counts toward a later round: it is
- *    refused with ABORTED and its context is dropped. When a round has
- *    waited server.sync_timeout_s since its first member arrived, it closes
- *    with the members it has: the missing ones are stragglers, the expected
- *    membership shrinks to what arrived (so a dead worker does not stall
- *    every later round), and grows back by one whenever a dropped
- *    straggler's late Step shows up, up to sync_workers.
+ *    every member is answered with the same version and round. With more
+ *    trainers than sync_workers a round fills up without some of them: a
+ *    Step naming a round that closed complete joins the open round (it is
+ *    queued), when it comes at most sync_timeout_s after that round closed;
+ *    a membership that had shrunk grows back by one with it (a returning
+ *    or new trainer).
+ *    When a round has waited server.sync_timeout_s since its first member
+ *    arrived, it closes with the members it has: the missing ones are
+ *    stragglers, the expected membership shrinks to what arrived (so a dead
+ *    worker does not stall every later round). A straggler's late Step
+ *    never counts toward a later round: it is refused with ABORTED (its
+ *    context dropped; the trainer runs the batch again under a new context,
+ *    which joins the open round), and raises the membership back by one -
+ *    at most as many times as its round was short, up to sync_workers. A
+ *    Step naming a round closed long ago, or a complete round more than
+ *    sync_timeout_s after it closed, is ABORTED too, changing nothing.
  *  - ssp (stale synchronous parallel, Petuum): each trainer rank has a
  *    clock, the number of its steps applied. A training Forward of a rank
  *    whose clock is more than server.max_staleness ahead of the slowest
@@ -25,6 +33,12 @@
  *    apply as under hogwild. A rank seen for the first time, or back after
  *    being inactive, joins at the present (its clock raised to the slowest
  *    active one) rather than stalling everyone while it replays the past.
+ *    A rank belongs to the identity (token, or host) that first used it
+ *    while it is active: another client's Forward under it is refused
+ *    PERMISSION_DENIED, and its Steps do not move that rank's clock. With
+ *    ssp_world_size set, ranks must be below it; without, at most 4096
+ *    ranks are tracked at once (an inactive one's slot is reused). Every
+ *    uint32 is a rank: nothing in the value space means "no rank".
  *
  * This module holds the rules and the waiting lists; it knows neither gRPC
  * nor the model. The service hands it callbacks: `apply` (sum/average a
@@ -51,6 +65,7 @@ typedef struct ps_cons_opts {
     double sync_timeout_s;  /* sync: a round open this long closes with whom it has (> 0) */
     int sync_average;       /* sync: 1 = average the round's gradients, 0 = sum them */
     int max_staleness;      /* ssp: steps a rank may run ahead of the slowest active one (>= 0) */
+    int ssp_world_size;     /* ssp: ranks must be below this; 0 = any (4096 tracked at once) */
     double active_s;        /* ssp: a rank not seen for this long no longer holds others back */
 } ps_cons_opts;
 
@@ -90,9 +105,10 @@ uint64_t ps_cons_round(ps_cons *c);
 /* Submit one context's Step for round (0 = the open round). On PS_OK the
  * member is queued and done(arg, ...) will be called exactly once - maybe
  * before this returns, by this thread, when it completes the round.
- * Errors (nothing kept, done not called): ABORTED for a round that has
- * closed (counted as dropped), INVALID_ARGUMENT for a round not open yet,
- * UNAVAILABLE after close. */
+ * A round that closed complete, recently, is taken as the open one (see
+ * above). Errors (nothing kept, done not called): ABORTED for a round that
+ * closed without it (counted as dropped; err says what happened and when),
+ * INVALID_ARGUMENT for a round not open yet, UNAVAILABLE after close. */
 ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_done_fn done,
                               void *arg, ps_err *err);
 
@@ -106,6 +122,7 @@ typedef struct ps_cons_stats {
     uint32_t waiting;       /* contexts queued in it now */
     uint64_t dropped;       /* late Steps refused (stragglers) */
     uint64_t timeouts;      /* rounds closed by their timeout */
+    uint64_t queued;        /* Steps of a round that filled up without them, moved to the open round */
     uint64_t ssp_deferred;  /* Forwards held back */
     uint64_t ssp_waiting;   /* held back now */
 } ps_cons_stats;
@@ -113,15 +130,20 @@ void ps_cons_stats_get(ps_cons *c, ps_cons_stats *out);
 
 /* ---- ssp ---- */
 
-/* May a training Forward of rank run now? Returns 1: run it (ready is not
- * called). Returns 0: held back; ready(arg, ...) is called exactly once
- * later, from the thread whose step (or tick) released it, or with
- * UNAVAILABLE at close. In modes other than ssp always 1. */
-int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, ps_cons_ready_fn ready, void *arg);
+/* May a training Forward of rank, from the client identity owner (NULL =
+ * ""), run now? Returns 1: run it (ready is not called). Returns 0: held
+ * back; ready(arg, ...) is called exactly once later, from the thread whose
+ * step (or tick) released it, or with UNAVAILABLE at close. Returns -1:
+ * refused, err says why (PERMISSION_DENIED: another identity's active rank;
+ * INVALID_ARGUMENT: not below ssp_world_size; RESOURCE_EXHAUSTED: every
+ * rank slot active); ready is not called. In modes other than ssp always 1. */
+int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
+                      ps_err *err);
 
-/* A step of rank was applied (hogwild application under ssp): advance its
- * clock and release the Forwards that may run now. */
-void ps_cons_stepped(ps_cons *c, uint32_t rank);
+/* A step of rank, from owner, was applied (hogwild application under ssp):
+ * advance the rank's clock (not when the rank is another identity's) and
+ * release the Forwards that may run now. */
+void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner);
 
 /* Clock of a rank (steps applied); 0 for an unknown rank. */
 uint64_t ps_cons_clock(ps_cons *c, uint32_t rank);

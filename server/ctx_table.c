@@ -2,6 +2,7 @@
 #include "prof.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,17 +17,18 @@
 typedef struct fin_entry {
     uint64_t id;
     uint64_t version;
-    int skipped;                   /* its step was skipped (non-finite values) */
+    int how;                       /* ps_ctx_fin_how: applied, skipped (non-finite) or dropped */
     double time;
     struct fin_entry *chain;
     struct fin_entry *fifo_next;
 } fin_entry;
 
-/* Who holds contexts: bytes and count per owner (t->mu). */
+/* Who holds contexts: bytes and count per owner (t->mu). The key is the
+ * whole identity, compared whole. */
 typedef struct ctx_owner {
-    char key[64];
     size_t bytes, count;
     struct ctx_owner *next;
+    char key[];
 } ctx_owner;
 
 struct ps_ctx_table {
@@ -40,6 +42,9 @@ struct ps_ctx_table {
     size_t bloom_n;
     uint64_t live, expired, opened, trainers_seen, bytes;
     uint64_t evicted, refused;
+    uint64_t applied;              /* contexts whose step reached the weights (imported + since) */
+    pthread_rwlock_t apply_lk;     /* held shared from a step's application to its record; a
+                                    * checkpoint's snapshot holds it exclusively */
     ctx_owner *owners;
     size_t nowners;
     unsigned char *ranks;  /* bitmap of ranks seen */
@@ -48,11 +53,12 @@ struct ps_ctx_table {
 static ctx_owner *owner_get_locked(ps_ctx_table *t, const char *key, int create) {
     if (!key) key = "";
     for (ctx_owner *o = t->owners; o; o = o->next)
-        if (!strncmp(o->key, key, sizeof o->key - 1)) return o;
+        if (!strcmp(o->key, key)) return o;
     if (!create) return NULL;
-    ctx_owner *o = calloc(1, sizeof *o);
+    size_t len = strlen(key);
+    ctx_owner *o = calloc(1, sizeof *o + len + 1);
     if (!o) return NULL;
-    snprintf(o->key, sizeof o->key, "%s", key);
+    memcpy(o->key, key, len + 1);
     o->next = t->owners;
     t->owners = o;
     t->nowners++;
@@ -155,7 +161,7 @@ static void trim_finished_locked(ps_ctx_table *t, double now) {
         evict_oldest_locked(t);
 }
 
-static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version, int skipped) {
+static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t version, int how, double time) {
     fin_entry *f = malloc(sizeof *f);
     if (!f) {  /* cannot remember it: at least the filter says "too old" */
         bloom_add_locked(t, id);
@@ -163,8 +169,8 @@ static void remember_finished_locked(ps_ctx_table *t, uint64_t id, uint64_t vers
     }
     f->id = id;
     f->version = version;
-    f->skipped = skipped;
-    f->time = now_s();
+    f->how = how;
+    f->time = time;
     size_t b = fin_bucket_of(id);
     f->chain = t->fin[b];
     t->fin[b] = f;
@@ -197,6 +203,12 @@ ps_ctx_table *ps_ctx_table_create(const ps_ctx_table_opts *o) {
         return NULL;
     }
     pthread_mutex_init(&t->mu, NULL);
+    /* writer-preferring: a checkpoint's snapshot is not starved by steps */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&t->apply_lk, &ra);
+    pthread_rwlockattr_destroy(&ra);
     return t;
 }
 
@@ -239,6 +251,7 @@ void ps_ctx_table_free(ps_ctx_table *t) {
         t->owners = n;
     }
     pthread_mutex_destroy(&t->mu);
+    pthread_rwlock_destroy(&t->apply_lk);
     free(t->fin);
     free(t->bloom[0]);
     free(t->bloom[1]);
@@ -287,6 +300,13 @@ static void evict_locked(ps_ctx_table *t, ps_ctx *c, ps_ctx **dead) {
     t->evicted++;
 }
 
+/* A context another call holds (still running, or its Step waiting in a sync
+ * round): nothing is decided yet, so the answer is "ask again later". */
+static void in_use(ps_err *err, uint64_t id) {
+    ps_err_set(err, PS_ERR_UNAVAILABLE, "context %llu is in use by another request (still running, or its Step "
+               "waits in its sync round); ask again later", (unsigned long long)id);
+}
+
 ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *created, ps_err *err) {
     return ps_ctx_table_open_as(t, id, rank, NULL, created, err);
 }
@@ -308,14 +328,13 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
             if (v) evict_locked(t, v, &dead);
         }
     }
-    if (c && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+    if (c && c->own && strcmp(c->own->key, owner)) {
         ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu belongs to another client; "
                    "choose context ids at random (64 bits)", (unsigned long long)id);
         c = NULL;
     } else if (c) {
         if (c->busy) {
-            ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu is in use by another request",
-                       (unsigned long long)id);
+            in_use(err, id);
             c = NULL;
         } else {
             c->busy = 1;
@@ -406,7 +425,7 @@ ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner,
                        (unsigned long long)id);
         } else if (bloom_has_locked(t, id)) {
             if (finished) *finished = 2;
-            ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu is too old to settle: it was "
+            ps_err_set(err, PS_ERR_ALREADY_EXISTS, "context %llu is too old to settle: it was "
                        "stepped more than %.0f s (server.settle_window_s) or %zu steps "
                        "(server.max_finished) ago; its step was applied once - do not re-run the batch",
                        (unsigned long long)id, t->o.settle_window_s, t->o.max_finished);
@@ -414,13 +433,12 @@ ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner,
             ps_err_set(err, PS_ERR_NOT_FOUND, "unknown context %llu (never opened by a training "
                        "Forward, or expired after %.0f s idle)", (unsigned long long)id, t->o.ttl_s);
         }
-    } else if (owner && c->own && strncmp(c->own->key, owner, sizeof c->own->key - 1)) {
+    } else if (owner && c->own && strcmp(c->own->key, owner)) {
         ps_err_set(err, PS_ERR_PERMISSION_DENIED, "context %llu belongs to another client (token or host); "
                    "only the client that opened a context may use it", (unsigned long long)id);
         c = NULL;
     } else if (c->busy) {
-        ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu is in use by another request",
-                   (unsigned long long)id);
+        in_use(err, id);
         c = NULL;
     } else {
         c->busy = 1;
@@ -490,9 +508,14 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
 }
 
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
+    ps_ctx_table_finish_as(t, c, version, c->nonfinite ? PS_CTX_SKIPPED : PS_CTX_APPLIED);
+}
+
+void ps_ctx_table_finish_as(ps_ctx_table *t, ps_ctx *c, uint64_t version, ps_ctx_fin_how how) {
     ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     unlink_locked(t, c);
-    remember_finished_locked(t, c->id, version, c->nonfinite);
+    remember_finished_locked(t, c->id, version, (int)how, now_s());
+    if (how == PS_CTX_APPLIED) t->applied++;
     pthread_mutex_unlock(&t->mu);
     ctx_free(t, c);
 }
@@ -530,12 +553,52 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
     return n;
 }
 
-int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
+int ps_ctx_table_finished_how(ps_ctx_table *t, uint64_t id) {
     ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     const fin_entry *f = find_finished_locked(t, id);
-    int skipped = f && f->skipped;
+    int how = f ? f->how : -1;
     pthread_mutex_unlock(&t->mu);
-    return skipped;
+    return how;
+}
+
+int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id) {
+    return ps_ctx_table_finished_how(t, id) == PS_CTX_SKIPPED;
+}
+
+/* ---- the order of steps and their records (checkpoints) ------------------ */
+
+void ps_ctx_table_apply_begin(ps_ctx_table *t) { pthread_rwlock_rdlock(&t->apply_lk); }
+void ps_ctx_table_apply_end(ps_ctx_table *t) { pthread_rwlock_unlock(&t->apply_lk); }
+void ps_ctx_table_freeze(ps_ctx_table *t) { pthread_rwlock_wrlock(&t->apply_lk); }
+void ps_ctx_table_thaw(ps_ctx_table *t) { pthread_rwlock_unlock(&t->apply_lk); }
+
+size_t ps_ctx_table_export(ps_ctx_table *t, uint64_t max_version, size_t max_records, ps_ctx_finished **out,
+                           uint64_t *applied) {
+    *out = NULL;
+    pthread_mutex_lock(&t->mu);
+    *applied = t->applied;
+    size_t n = 0, skip = 0;
+    for (const fin_entry *f = t->fifo_head; f; f = f->fifo_next) n += f->version <= max_version;
+    if (n > max_records) skip = n - max_records, n = max_records;  /* the oldest go */
+    ps_ctx_finished *r = n ? malloc(n * sizeof *r) : NULL;
+    size_t k = 0;
+    for (const fin_entry *f = t->fifo_head; r && f && k < n; f = f->fifo_next) {
+        if (f->version > max_version) continue;
+        if (skip) { skip--; continue; }
+        r[k++] = (ps_ctx_finished){f->id, f->version, f->how};
+    }
+    pthread_mutex_unlock(&t->mu);
+    *out = r;
+    return r ? k : 0;
+}
+
+void ps_ctx_table_import(ps_ctx_table *t, const ps_ctx_finished *r, size_t n, uint64_t applied) {
+    double now = now_s();
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < n; i++)
+        if (!find_finished_locked(t, r[i].id)) remember_finished_locked(t, r[i].id, r[i].version, r[i].how, now);
+    t->applied = applied;
+    pthread_mutex_unlock(&t->mu);
 }
 
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
@@ -559,5 +622,6 @@ void ps_ctx_table_stats(ps_ctx_table *t, ps_ctx_stats *out) {
     out->evicted = t->evicted;
     out->refused = t->refused;
     out->owners = t->nowners;
+    out->applied = t->applied;
     pthread_mutex_unlock(&t->mu);
 }

@@ -12,18 +12,28 @@
  * are expired by ps_ctx_table_expire.
  *
  * Concurrency: the table has one mutex. An RPC works on a context between
- * ps_ctx_table_open/_acquire and _release/_finish/_drop; meanwhile the
- * context is busy: a second RPC on it gets FAILED_PRECONDITION and the
+ * ps_ctx_table_open/_acquire and _release/_finish; meanwhile the context is
+ * busy: a second RPC on it gets UNAVAILABLE "in use" (nothing is decided
+ * yet: ask again later - a Step waiting in its sync round is busy) and the
  * expiry skips it, so a tape is never freed under a running computation.
  * The fields of a busy context belong to the RPC holding it.
  *
  * Finished contexts are remembered by time: for settle_window_s after their
  * Step (and at most max_finished of them), a repeated Step is answered with
- * the version its step produced instead of a second update (steps are
- * idempotent). Past that window the id is kept in a compact filter, and a
- * Step for it is answered FAILED_PRECONDITION "too old to settle": the batch
- * was applied once and must not be re-run. (The filter can, rarely, take a
- * never-used id for an old one; it errs on the side of not re-running.)
+ * what its step did - the version it produced, skipped, or dropped from a
+ * sync round - instead of a second update (steps are idempotent). Past that
+ * window the id is kept in a compact filter, and a Step for it is answered
+ * ALREADY_EXISTS "too old to settle": the batch was applied once and must
+ * not be re-run. (The filter can, rarely, take a never-used id for an old
+ * one; it errs on the side of not re-running.)
+ *
+ * Checkpoints keep the records (ps_ctx_table_export / _import) so that a
+ * restarted psd answers for the steps its weights hold. For the records to
+ * match a weights snapshot exactly, every step holds the table's apply lock
+ * shared from before its optimizer update until its record is written
+ * (ps_ctx_table_apply_begin/_end), and a checkpoint takes its snapshot under
+ * the lock held exclusively (ps_ctx_table_freeze/_thaw): no step is then
+ * between its update and its record.
  *
  * Memory: each context carries `bytes` (tapes + gradients) that the caller
  * keeps up to date with ps_ctx_table_account; the table sums them
@@ -88,7 +98,22 @@ typedef struct ps_ctx_stats {
     uint64_t evicted;       /* total since start: freed to make room for another owner */
     uint64_t refused;       /* total since start: reservations/opens refused for memory or count */
     uint64_t owners;        /* owners holding contexts now */
+    uint64_t applied;       /* total: contexts whose step reached the weights (kept by checkpoints) */
 } ps_ctx_stats;
+
+/* What a finished context's step did. */
+typedef enum {
+    PS_CTX_APPLIED = 0,     /* its gradients reached the weights */
+    PS_CTX_SKIPPED = 1,     /* not applied: non-finite values (server.nonfinite_policy skip) */
+    PS_CTX_DROPPED = 2,     /* not applied: its sync round closed without it */
+} ps_ctx_fin_how;
+
+/* One finished context, as a checkpoint keeps it. */
+typedef struct ps_ctx_finished {
+    uint64_t id;
+    uint64_t version;       /* the model version its step produced (or the version when it finished) */
+    int how;                /* ps_ctx_fin_how */
+} ps_ctx_finished;
 
 typedef struct ps_ctx_table_opts {
     double ttl_s;           /* idle time after which a context expires */
@@ -104,7 +129,7 @@ void ps_ctx_table_free(ps_ctx_table *t);   /* frees every tape; NULL ok */
 
 /* For a training Forward: the live context id (marked busy), or a new empty
  * one (busy, no forwards). ALREADY_EXISTS when id belongs to a finished
- * context; RESOURCE_EXHAUSTED past max_live; FAILED_PRECONDITION when busy.
+ * context; RESOURCE_EXHAUSTED past max_live; UNAVAILABLE when busy.
  * *created (may be NULL) says whether it is new; a new context that gets no
  * forward is removed again by ps_ctx_table_release. */
 ps_ctx *ps_ctx_table_open(ps_ctx_table *t, uint64_t id, uint32_t rank, int *created, ps_err *err);
@@ -121,8 +146,8 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
 ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *err);
 
 /* Finds a live context and marks it busy. NOT_FOUND (unknown or expired),
- * FAILED_PRECONDITION (another RPC is using it, or finished too long ago to
- * settle; *finished = 2 then). When the id belongs to a recently finished
+ * UNAVAILABLE (another RPC is using it), ALREADY_EXISTS (finished too long
+ * ago to settle; *finished = 2 then). When the id belongs to a recently finished
  * context, *finished = 1, *finished_version (if not NULL) receives the model
  * version its step produced, and NOT_FOUND is returned. */
 ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished,
@@ -152,8 +177,11 @@ void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes);
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c);
 
 /* Removes the context and frees its tapes and gradients; remembers it as
- * finished with the given version (the result of its step). */
+ * finished with the given version (the result of its step): applied, or
+ * skipped when c->nonfinite. */
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version);
+/* The same, saying what its step did (PS_CTX_DROPPED: a sync straggler). */
+void ps_ctx_table_finish_as(ps_ctx_table *t, ps_ctx *c, uint64_t version, ps_ctx_fin_how how);
 
 /* Expires contexts idle for longer than the TTL and forgets finished ids
  * older than the settle window; returns how many contexts expired. */
@@ -162,6 +190,28 @@ size_t ps_ctx_table_expire(ps_ctx_table *t);
 /* 1 if the recently finished context id had its step skipped (a NaN/Inf
  * reached it), so a repeated Step can say so too. */
 int ps_ctx_table_finished_skipped(ps_ctx_table *t, uint64_t id);
+/* What the recently finished context id's step did (ps_ctx_fin_how); -1
+ * when it is not remembered. */
+int ps_ctx_table_finished_how(ps_ctx_table *t, uint64_t id);
+
+/* A step's optimizer update and its record (ps_ctx_table_finish*) happen
+ * between apply_begin and apply_end (a shared lock; many steps at once). */
+void ps_ctx_table_apply_begin(ps_ctx_table *t);
+void ps_ctx_table_apply_end(ps_ctx_table *t);
+/* A checkpoint's weights snapshot: between freeze and thaw no step is
+ * between its update and its record. Not while holding apply_begin. */
+void ps_ctx_table_freeze(ps_ctx_table *t);
+void ps_ctx_table_thaw(ps_ctx_table *t);
+
+/* The finished records of steps that produced a version <= max_version (at
+ * most max_records, the newest; oldest first) in a malloc'ed *out, and the
+ * applied count; returns how many. Call it frozen, right after the
+ * snapshot of version max_version. */
+size_t ps_ctx_table_export(ps_ctx_table *t, uint64_t max_version, size_t max_records, ps_ctx_finished **out,
+                           uint64_t *applied);
+/* Remember records from a checkpoint (a fresh settle window starts for
+ * them) and set the applied count. At start-up, before serving. */
+void ps_ctx_table_import(ps_ctx_table *t, const ps_ctx_finished *r, size_t n, uint64_t applied);
 
 /* Notes that a trainer of this rank was seen. */
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank);

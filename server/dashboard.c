@@ -48,7 +48,7 @@ struct ps_dashboard {
     pthread_cond_t cv;
     int stop;
     double interval;
-    uint64_t prev_samples, prev_version, prev_in, prev_out;
+    uint64_t prev_samples, prev_version, prev_in, prev_out, prev_round;
     int primed;
 };
 
@@ -102,11 +102,12 @@ void ps_dashboard_sample(ps_dashboard *d) {
     }
     ps_round_report rr;
     ps_service_round_metrics(d->svc, &rr, NULL, NULL);
-    for (int i = 0; i < rr.n; i++) {
+    for (int i = 0; rr.round != d->prev_round && i < rr.n; i++) {   /* a running average moves when rounds close */
         char name[PS_HIST_NAME_MAX];
         snprintf(name, sizeof name, "ema.%s", rr.s[i].name);
         ps_history_add(d->hist, ps_history_series(d->hist, name, PS_HIST_LAST), rr.s[i].ema, 1);
     }
+    d->prev_round = rr.round;
     ps_history_tick(d->hist, mono_now(), wall_now());
 }
 

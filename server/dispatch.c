@@ -9,7 +9,11 @@
 #include <string.h>
 
 #include "prof.h"
+#include "security.h"
 #include "service_impl.h"
+
+_Static_assert(sizeof "token:" + PS_TOKEN_NAME_MAX <= PS_SVC_OWNER_MAX,
+               "a token's identity fits ps_svc_call.owner: identities are compared whole");
 
 /* The handlers by row, each behind a thunk that gives it its types. */
 #define PS_SVC_THUNK(ID, Fn, name, path, Req, Resp, flags) \

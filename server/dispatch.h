@@ -33,7 +33,10 @@ typedef struct ps_service ps_service;
 #define PS_SVC_TENSORS 2   /* Tensor fields a request may have */
 #define PS_SVC_LISTS 1     /* repeated Tensor fields a request may have */
 #define PS_SVC_KEEP 4      /* allocations a handler may hand to ps_svc_keep */
-#define PS_SVC_OWNER_MAX 64
+/* The rpc layer's client key: "token:" + a token name (security.h: longer
+ * names are refused at load) or a peer's host - it always fits, so
+ * identities are compared whole (dispatch.c checks). */
+#define PS_SVC_OWNER_MAX 128
 
 /* One call of a method, from decode to reply. */
 typedef struct ps_svc_call {

@@ -205,6 +205,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_admission_saturated_seconds", "gauge", "How long every new ordinary call has been "
            "refused for the call cap (0: not saturated).");
     put(&b, "psd_admission_saturated_seconds %.3f\n", ad.saturated_s);
+    family(&b, "psd_contexts_applied_total", "counter", "Contexts whose step reached the weights (each member "
+           "of a sync round counts; restored with a checkpoint).");
+    put(&b, "psd_contexts_applied_total %llu\n", (unsigned long long)cs.applied);
     family(&b, "psd_contexts_evicted_total", "counter", "Contexts freed to make room for a client within its "
            "fair share of server.max_context_bytes or of the context count.");
     put(&b, "psd_contexts_evicted_total %llu\n", (unsigned long long)cs.evicted);
@@ -283,6 +286,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_sync_members %u\n", ms.sync_members);
     family(&b, "psd_sync_dropped_total", "counter", "consistency sync: late Steps of closed rounds (stragglers).");
     put(&b, "psd_sync_dropped_total %llu\n", (unsigned long long)ms.sync_dropped);
+    family(&b, "psd_sync_queued_total", "counter", "consistency sync: Steps of a round that filled up without "
+           "them (more trainers than server.sync_workers), moved to the open round.");
+    put(&b, "psd_sync_queued_total %llu\n", (unsigned long long)ms.sync_queued);
     family(&b, "psd_sync_timeouts_total", "counter", "consistency sync: rounds closed by server.sync_timeout_s.");
     put(&b, "psd_sync_timeouts_total %llu\n", (unsigned long long)ms.sync_timeouts);
     family(&b, "psd_ssp_deferred_total", "counter", "consistency ssp: training Forwards that waited for the slowest trainer.");

@@ -77,8 +77,9 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_service_stats(svc, &st, &samples);
     double t0 = mono_s();
     const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
-    if (ps_ckpt_save_part(model, cfg->server.checkpoint_dir, &id, samples, cfg->server.checkpoint_keep, &info,
-                          &err)) {
+    ps_ckpt_save_opts so = {.id = &id, .samples = samples, .keep = cfg->server.checkpoint_keep,
+                            .contexts = ps_service_contexts(svc)};
+    if (ps_ckpt_save_with(model, cfg->server.checkpoint_dir, &so, &info, &err)) {
         ps_log(PS_LOG_ERROR, "checkpoint failed: %s", err.msg);
         ps_metrics_note_checkpoint(metrics, 0);
         return -1;
@@ -113,6 +114,12 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
         if (access(ck, W_OK | X_OK) != 0)
             return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "server.checkpoint_dir %s: not writable by this "
                               "user: %s", ck, strerror(errno));
+        const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
+        ps_err le = {0};
+        if (ps_ckpt_check_lock(ck, &id, &le) == PS_ERR_UNAVAILABLE)  /* itself, running: as a taken port */
+            fprintf(stderr, "psd: warning: server.checkpoint_dir: %s (fine if this psd is the one running)\n", le.msg);
+        else if (le.code)
+            return ps_err_set(err, le.code, "server.checkpoint_dir: %s", le.msg);
     } else if (ck[0] && errno != ENOENT) {
         return ps_err_set(err, PS_ERR_IO, "server.checkpoint_dir %s: %s", ck, strerror(errno));
     }
@@ -421,8 +428,10 @@ int main(int argc, char **argv) {
     int have_ckpt = 0;
     const char *ckdir = cfg.server.checkpoint_dir;
     const ps_ckpt_ident ckid = {cfg.cluster.name, cfg.self >= 0 ? cfg.servers[cfg.self].name : ""};
-    if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) ||
-                     ps_ckpt_restore_latest_part(model, ckdir, &ckid, &have_ckpt, &restored, &err))) {
+    ps_ckpt_settle settle = {0};   /* the restored steps' records: a retried Step of them is answered */
+    int cklock = -1;               /* this server's hold on its checkpoint dir, for the process's life */
+    if (ckdir[0] && (ps_ckpt_prepare_dir(ckdir, &err) || ps_ckpt_lock_dir(ckdir, &ckid, &cklock, &err) ||
+                     ps_ckpt_restore_latest_with(model, ckdir, &ckid, &have_ckpt, &restored, &settle, &err))) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_model_free(model);
         return 1;
@@ -486,6 +495,7 @@ int main(int argc, char **argv) {
         .stop_metric = cfg.server.stop_metric,
         .stop_threshold = cfg.server.stop_threshold,
         .max_staleness = cfg.server.max_staleness,
+        .ssp_world_size = cfg.server.ssp_world_size,
         .settle_window_s = cfg.server.settle_window_s,
         .max_finished = (size_t)cfg.server.max_finished,
         .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
@@ -497,7 +507,12 @@ int main(int argc, char **argv) {
     if (svc && have_ckpt) {
         ps_service_set_samples(svc, restored.samples);
         ps_service_note_checkpoint(svc, &restored);
+        ps_ctx_table_import(ps_service_contexts(svc), settle.rec, settle.n, settle.applied);
+        if (settle.present)
+            ps_log(PS_LOG_INFO, "%zu finished-context records restored (%llu contexts applied): a retried Step of "
+                   "them is answered, not re-run", settle.n, (unsigned long long)settle.applied);
     }
+    ps_ckpt_settle_free(&settle);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
     ps_metrics *metrics = svc ? ps_metrics_create(svc, model, methods, nm, &err) : NULL;
@@ -636,5 +651,6 @@ int main(int argc, char **argv) {
     ps_trainers_free(trainers);
     ps_model_free(model);
     grpc_shutdown();
+    ps_ckpt_unlock_dir(cklock);
     return rc;
 }

@@ -19,6 +19,7 @@ struct ps_rmetrics {
     char stop_metric[PS_RM_NAME_MAX];
     int nnames;
     char names[PS_RM_MAX_NAMES][PS_RM_NAME_MAX];
+    char *owners[PS_RM_MAX_NAMES];   /* who brought names[k]; NULL: reserved (configured) */
     double ema[PS_RM_MAX_NAMES];
     int has_ema[PS_RM_MAX_NAMES];
     acc open[PS_RM_MAX_NAMES];  /* hogwild/ssp: the round being gathered */
@@ -52,11 +53,14 @@ ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     m->o = *o;
     snprintf(m->stop_metric, sizeof m->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
     m->o.stop_metric = m->stop_metric;
+    if (m->stop_metric[0])  /* reserved: never pushed out by other names */
+        snprintf(m->names[m->nnames++], PS_RM_NAME_MAX, "%s", m->stop_metric);
     return m;
 }
 
 void ps_rmetrics_free(ps_rmetrics *m) {
     if (!m) return;
+    for (int k = 0; k < PS_RM_MAX_NAMES; k++) free(m->owners[k]);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
@@ -91,10 +95,52 @@ ps_status ps_scalar_set_check(const ps_scalar_set *set, ps_err *err) {
     return PS_OK;
 }
 
-/* Index of name, adding it while there is room; -1 when full. */
-static int slot_locked(ps_rmetrics *m, const char *name) {
+static int find_locked(ps_rmetrics *m, const char *name) {
     for (int i = 0; i < m->nnames; i++)
         if (!strcmp(m->names[i], name)) return i;
+    return -1;
+}
+
+ps_status ps_rmetrics_admit(ps_rmetrics *m, const ps_scalar_set *set, const char *owner, ps_err *err) {
+    if (!owner) owner = "";
+    ps_status st = PS_OK;
+    pthread_mutex_lock(&m->mu);
+    int mine = 0, fresh = 0;
+    for (int k = 0; k < m->nnames; k++) mine += m->owners[k] && !strcmp(m->owners[k], owner);
+    for (int i = 0; set && i < set->n && !st; i++) {
+        if (find_locked(m, set->s[i].name) >= 0) continue;
+        char names[PS_RM_MAX_NAMES * (PS_RM_NAME_MAX + 2)] = "";
+        for (int k = 0, o = 0; k < m->nnames; k++)
+            o += snprintf(names + o, sizeof names - (size_t)o, "%s%s", k ? ", " : "", m->names[k]);
+        if (m->nnames + fresh >= PS_RM_MAX_NAMES)
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "scalars[%d]: '%s' is a new name and psd tracks %d names "
+                            "at most, all taken (%s); send those names only", i, set->s[i].name, PS_RM_MAX_NAMES,
+                            names);
+        else if (mine + fresh >= PS_RM_NAMES_PER_CLIENT)
+            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "scalars[%d]: '%s' is a new name and this client brought "
+                            "%d names already (at most %d per client; tracked: %s)", i, set->s[i].name, mine + fresh,
+                            PS_RM_NAMES_PER_CLIENT, names);
+        fresh++;
+    }
+    for (int i = 0; set && i < set->n && !st; i++) {
+        if (find_locked(m, set->s[i].name) >= 0) continue;
+        char *o = strdup(owner);
+        if (!o) {
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            break;
+        }
+        m->owners[m->nnames] = o;
+        snprintf(m->names[m->nnames++], PS_RM_NAME_MAX, "%s", set->s[i].name);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+/* Index of name; a name not admitted (a caller that skips
+ * ps_rmetrics_admit) is added while there is room; -1 when full. */
+static int slot_locked(ps_rmetrics *m, const char *name) {
+    int k = find_locked(m, name);
+    if (k >= 0) return k;
     if (m->nnames == PS_RM_MAX_NAMES) {
         if (!m->warned) {
             ps_log(PS_LOG_WARN, "round metrics: scalar '%s' ignored: psd tracks %d names at most", name,

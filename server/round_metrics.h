@@ -11,8 +11,13 @@
  * round whose EMA of that metric exceeds the threshold on (sticky: it
  * stays solved) - the tutorial's "running reward > 475".
  *
- * At most PS_RM_MAX_NAMES names are tracked; scalars of further names are
- * ignored (logged once). Names are 1..31 characters of [A-Za-z0-9_.-].
+ * At most PS_RM_MAX_NAMES names are tracked, for good. The configured stop
+ * metric's name is reserved from the start; every other name is taken by
+ * the first Step that brings it (ps_rmetrics_admit), at most
+ * PS_RM_NAMES_PER_CLIENT per client (token, or host), and a Step bringing a
+ * name no slot is left for, or past its client's share, is refused before
+ * anything applies - so junk names cannot push the stop metric out.
+ * Names are 1..31 characters of [A-Za-z0-9_.-].
  * Thread-safe; knows neither gRPC nor the model.
  */
 #ifndef PS_ROUND_METRICS_H
@@ -25,6 +30,7 @@
 #define PS_RM_NAME_MAX 32     /* buffer size, incl. NUL */
 #define PS_RM_MAX_SCALARS 8   /* scalars one Step carries (proto/ps.options) */
 #define PS_RM_MAX_NAMES 8     /* names tracked; also the report's capacity */
+#define PS_RM_NAMES_PER_CLIENT 4  /* names one client may bring in */
 
 typedef enum { PS_RM_EMA_MIN = 0, PS_RM_EMA_MEAN, PS_RM_EMA_MAX } ps_rm_ema_of;
 
@@ -68,6 +74,12 @@ void ps_rmetrics_free(ps_rmetrics *m);   /* NULL ok */
 /* Validate what a peer sent: names well-formed and distinct, values
  * finite. INVALID_ARGUMENT naming the scalar otherwise. */
 ps_status ps_scalar_set_check(const ps_scalar_set *set, ps_err *err);
+
+/* Admit the names of a Step's scalars (checked) from client owner (NULL =
+ * ""): names already tracked, or new ones while slots are left and owner
+ * has brought fewer than PS_RM_NAMES_PER_CLIENT; the new ones are taken
+ * then. INVALID_ARGUMENT naming the scalar otherwise (nothing taken). */
+ps_status ps_rmetrics_admit(ps_rmetrics *m, const ps_scalar_set *set, const char *owner, ps_err *err);
 
 /* Close one sync round from its members' scalar sets (NULL entries are
  * members without scalars) and report it. */

@@ -14,6 +14,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "security.h"
 
 /* Copy what a peer controls (method path, peer string) into dst for a log
  * line: printable ASCII as is, everything else (newlines, ESC, bytes >=
@@ -46,6 +47,9 @@ void rpc_escape_str(char *dst, size_t n, const char *src) {
 /* The client a call is counted for: its token's name, or the peer host
  * ("ipv4:127.0.0.1:5678" -> "ipv4:127.0.0.1", "ipv6:[::1]:5" ->
  * "ipv6:[::1]"). */
+_Static_assert(sizeof "token:" + PS_TOKEN_NAME_MAX <= PS_RPC_CLIENT_KEY,
+               "a token's client key is whole: clients are told apart by their whole name");
+
 static void client_key(char *dst, size_t n, const char *token_name, const char *peer) {
     if (token_name) {
         snprintf(dst, n, "token:%s", token_name);

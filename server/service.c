@@ -30,7 +30,7 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
                        .sync_average = o->sync_average, .max_staleness = o->max_staleness,
-                       .active_s = o->context_ttl_s};
+                       .active_s = o->context_ttl_s, .ssp_world_size = o->ssp_world_size};
     if (!(s->cons = ps_cons_create(&co, svc_sync_apply, s, err))) {
         ps_ctx_table_free(s->ctx);
         free(s);
@@ -121,6 +121,8 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples) {
     *samples = __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
 }
 
+ps_ctx_table *ps_service_contexts(ps_service *s) { return s->ctx; }
+
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
 
@@ -180,7 +182,7 @@ void ps_service_mode(ps_service *s, ps_service_mode_stats *out) {
     ps_cons_stats_get(s->cons, &cs);
     int sync = ps_cons_mode_of(s->cons) == PS_CONS_SYNC;
     *out = (ps_service_mode_stats){sync ? cs.round : 0, sync ? cs.members : 0, cs.dropped, cs.timeouts,
-                                   cs.ssp_deferred};
+                                   cs.ssp_deferred, cs.queued};
 }
 
 void ps_service_nonfinite_counts(ps_service *s, uint64_t *rejected, uint64_t *skipped) {

@@ -61,6 +61,7 @@ typedef struct ps_service_opts {
     double sync_timeout_s;    /* sync: straggler timeout (> 0 under sync) */
     int sync_average;         /* sync: 1 mean, 0 sum */
     int max_staleness;        /* ssp */
+    int ssp_world_size;       /* ssp: trainer ranks must be below this; 0 = any */
     double settle_window_s;   /* repeated Steps answered this long (0: 600 s) */
     size_t max_finished;      /* ... for at most this many contexts (0: 1 << 20) */
     const char *optimizer;    /* reported by Status ("sgd") */
@@ -88,6 +89,8 @@ const ps_rpc_method *ps_service_methods(int *n);
 size_t ps_service_expire(ps_service *s);
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
+/* The context table: what checkpoints keep of it (checkpoint.h psd.settle). */
+ps_ctx_table *ps_service_contexts(ps_service *s);
 
 /* ---- lifecycle (psd) ----
  * Draining: from ps_service_set_draining on, Forward (any kind) is refused
@@ -131,6 +134,7 @@ typedef struct ps_service_mode_stats {
     uint64_t sync_round;      /* 0 unless sync */
     uint32_t sync_members;
     uint64_t sync_dropped, sync_timeouts, ssp_deferred;
+    uint64_t sync_queued;     /* Steps moved to the open round (their round filled up without them) */
 } ps_service_mode_stats;
 void ps_service_mode(ps_service *s, ps_service_mode_stats *out);
 

@@ -304,7 +304,14 @@ ps_status ps_svc_Forward(ps_svc_call *c, const ps_ForwardRequest *req, ps_Forwar
         if (!node) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         *node = (svc_fwd_node){c, in, tin, NULL};
         if (ps_svc_defer(c)) {
-            if (!ps_cons_ssp_admit(s->cons, req->trainer_rank, fwd_ready, node)) return PS_OK;  /* answered later */
+            int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, fwd_ready, node, &c->err);
+            if (!admit) return PS_OK;  /* answered later */
+            if (admit < 0) {  /* another client's rank, or outside server.ssp_world_size */
+                ps_err_prefix(&c->err, "ForwardRequest");
+                ps_svc_finish(c, c->err.code);
+                free(node);
+                return PS_OK;
+            }
             fwd_node_run(node);
             return PS_OK;
         }

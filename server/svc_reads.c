@@ -45,6 +45,51 @@ static ps_status named_params(ps_svc_call *call, int want_data, const ps_grads *
     return rc;
 }
 
+/* named_params' list with the model's buffers (BatchNorm's running
+ * statistics) after the parameters, as buffers (ListParameters). */
+static ps_status named_params_and_buffers(ps_svc_call *call, ps_err *err) {
+    ps_service *s = call->svc;
+    if (named_params(call, 0, NULL, err)) return err->code;
+    int np = ps_model_num_params(s->model), nb = ps_model_num_buffers(s->model);
+    ps_wire_named *items = ps_svc_keep(call, calloc((size_t)(np + nb) + 1, sizeof *items));
+    if (!items) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    memcpy(items, call->out.items, (size_t)np * sizeof *items);
+    for (int b = 0; b < nb; b++) {
+        const ps_buffer_info *bi = ps_model_buffer(s->model, b);
+        items[np + b] = (ps_wire_named){.name = bi->name, .ndim = bi->ndim, .device = bi->device, .stage = bi->stage,
+                                        .dtype = (int)bi->dtype, .buffer = 1};
+        memcpy(items[np + b].dims, bi->dims, sizeof bi->dims);
+    }
+    call->out = (ps_wire_named_list){items, (size_t)(np + nb)};
+    return PS_OK;
+}
+
+/* Entry e of GetParameters' selection: parameter e, or buffer e - np. */
+typedef struct sel_entry {
+    const char *name;
+    int ndim;
+    int64_t dims[4];
+    int64_t numel, rows;     /* rows: dims[0], 1 for a scalar */
+    int dtype;
+    int64_t esz;
+} sel_entry;
+
+static sel_entry sel_entry_of(ps_service *s, int e) {
+    int np = ps_model_num_params(s->model);
+    sel_entry o = {0};
+    if (e < np) {
+        const ps_param_info *pi = ps_model_param(s->model, e);
+        o = (sel_entry){pi->name, pi->ndim, {0}, pi->numel, pi->dims[0], 0, sizeof(float)};
+        memcpy(o.dims, pi->dims, sizeof o.dims);
+    } else {
+        const ps_buffer_info *bi = ps_model_buffer(s->model, e - np);
+        o = (sel_entry){bi->name, bi->ndim, {0}, bi->numel, bi->ndim ? bi->dims[0] : 1, (int)bi->dtype,
+                        (int64_t)ps_dtype_size(bi->dtype)};
+        memcpy(o.dims, bi->dims, sizeof o.dims);
+    }
+    return o;
+}
+
 ps_status ps_svc_GetGradients(ps_svc_call *call, const ps_GetGradientsRequest *req, ps_GetGradientsResponse *resp,
                               ps_err *err) {
     ps_service *s = call->svc;
@@ -64,7 +109,7 @@ ps_status ps_svc_ListParameters(ps_svc_call *call, const ps_ListParametersReques
                                 ps_ListParametersResponse *resp, ps_err *err) {
     (void)req;
     ps_service *s = call->svc;
-    if (named_params(call, 0, NULL, err)) return err->code;
+    if (named_params_and_buffers(call, err)) return err->code;
     ps_wire_params_encode_bind(&resp->parameters, &call->out);
     int ns = ps_model_num_stages(s->model);
     for (int i = 0; i < ns && i < (int)(sizeof resp->stages / sizeof resp->stages[0]); i++) {
@@ -86,7 +131,7 @@ ps_status ps_svc_ListParameters(ps_svc_call *call, const ps_ListParametersReques
     return PS_OK;
 }
 
-/* GetParameters: the weights of every parameter, or of one stage's, paged
+/* GetParameters: the weights of every parameter (then the buffers), or of one stage's, paged
  * by max_bytes (or the message limit): a parameter that does not fit is cut
  * between rows. Each tensor is copied under the weights lock; a page's
  * model_version is read before its copies, and the pages of one selection
@@ -101,15 +146,19 @@ ps_status ps_svc_GetParameters(ps_svc_call *call, const ps_GetParametersRequest 
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.stage: model '%s' has no stage '%s' "
                           "(stages: %s)", ps_model_arch(s->model), req->stage, names);
     }
-    int *sel = ps_svc_keep(call, malloc(sizeof *sel * (size_t)(np + 1)));
-    ps_wire_named *items = ps_svc_keep(call, calloc((size_t)np + 1, sizeof *items));
+    /* the selection: parameters, then buffers (entry np + b) */
+    int nb = ps_model_num_buffers(s->model);
+    int *sel = ps_svc_keep(call, malloc(sizeof *sel * (size_t)(np + nb + 1)));
+    ps_wire_named *items = ps_svc_keep(call, calloc((size_t)(np + nb) + 1, sizeof *items));
     if (!sel || !items) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     int nsel = 0;
     for (int i = 0; i < np; i++)
         if (!req->stage[0] || !strcmp(ps_model_param(s->model, i)->stage, req->stage)) sel[nsel++] = i;
+    for (int b = 0; b < nb; b++)
+        if (!req->stage[0] || !strcmp(ps_model_buffer(s->model, b)->stage, req->stage)) sel[nsel++] = np + b;
     if (req->first > (uint32_t)nsel || (req->first == (uint32_t)nsel && req->first_row) ||
         (req->first < (uint32_t)nsel && (req->first_row < 0 ||
-                                        req->first_row >= ps_model_param(s->model, sel[req->first])->dims[0]))) {
+                                        req->first_row >= sel_entry_of(s, sel[req->first]).rows))) {
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest: first %u, first_row %lld is outside "
                           "the selection (%d parameters)", (unsigned)req->first, (long long)req->first_row, nsel);
     }
@@ -120,25 +169,26 @@ ps_status ps_svc_GetParameters(ps_svc_call *call, const ps_GetParametersRequest 
     int k = (int)req->first;
     int64_t row = req->first_row;
     size_t n = 0;
-    int64_t floats = 0;
+    int64_t total = 0;   /* bytes */
     while (k < nsel && n < (sizeof resp->first_rows / sizeof resp->first_rows[0])) {
-        const ps_param_info *pi = ps_model_param(s->model, sel[k]);
-        int64_t rows = pi->dims[0], per = pi->numel / rows, row_bytes = per * (int64_t)sizeof(float);
+        sel_entry pi = sel_entry_of(s, sel[k]);
+        int64_t rows = pi.rows, per = pi.numel / rows, row_bytes = per * pi.esz;
         int64_t fit = (int64_t)(budget / (uint64_t)row_bytes);
         if (fit <= 0) {
             if (n == 0)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.max_bytes %llu: less than one "
-                                  "row of %s (%lld bytes)", (unsigned long long)budget, pi->name, (long long)row_bytes);
+                                  "row of %s (%lld bytes)", (unsigned long long)budget, pi.name, (long long)row_bytes);
             break;
         }
         int64_t take = rows - row < fit ? rows - row : fit;
-        items[n].name = pi->name;
-        items[n].ndim = pi->ndim;
-        memcpy(items[n].dims, pi->dims, sizeof pi->dims);
-        items[n].dims[0] = take;
+        items[n].name = pi.name;
+        items[n].ndim = pi.ndim;
+        items[n].dtype = pi.dtype;
+        memcpy(items[n].dims, pi.dims, sizeof pi.dims);
+        if (pi.ndim) items[n].dims[0] = take;
         resp->first_rows[n] = row;
         n++;
-        floats += pi->numel; /* the whole parameter is copied, then cut */
+        total += pi.numel * pi.esz; /* the whole parameter is copied, then cut */
         budget -= (uint64_t)(take * row_bytes);
         row += take;
         if (row < rows) break;
@@ -149,16 +199,17 @@ ps_status ps_svc_GetParameters(ps_svc_call *call, const ps_GetParametersRequest 
     resp->more = k < nsel;
     resp->next = (uint32_t)k;
     resp->next_row = row;
-    float *buf = ps_svc_keep(call, malloc((size_t)floats * sizeof(float) + 1));
+    char *buf = ps_svc_keep(call, malloc((size_t)total + 1));
     if (!buf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     resp->model_version = ps_model_version(s->model);
-    float *p = buf;
+    char *p = buf;
     for (size_t j = 0; j < n; j++) {
         int i = sel[(int)req->first + (int)j];
-        const ps_param_info *pi = ps_model_param(s->model, i);
-        if (ps_model_get_param(s->model, i, p, err)) return err->code;
-        items[j].data = p + resp->first_rows[j] * (pi->numel / pi->dims[0]);
-        p += pi->numel;
+        sel_entry pi = sel_entry_of(s, i);
+        if (i < np ? ps_model_get_param(s->model, i, (float *)p, err) : ps_model_get_buffer(s->model, i - np, p, err))
+            return err->code;
+        items[j].data = p + resp->first_rows[j] * (pi.numel / pi.rows) * pi.esz;
+        p += pi.numel * pi.esz;
     }
     call->out = (ps_wire_named_list){items, n};
     ps_wire_tensors_encode_bind(&resp->parameters, &call->out);
@@ -201,6 +252,8 @@ ps_status ps_svc_Status(ps_svc_call *call, const ps_StatusRequest *req, ps_Statu
     }
     resp->sync_dropped = cs.dropped;
     resp->ssp_deferred = cs.ssp_deferred;
+    resp->contexts_applied = st.applied;
+    resp->sync_queued = cs.queued;
     resp->context_bytes = st.bytes;
     resp->max_context_bytes = s->max_context_bytes;
     resp->contexts_evicted = st.evicted;

@@ -35,14 +35,17 @@ typedef struct step_result {
     const ps_round_report *metrics;  /* NULL: the newest closed metrics round */
 } step_result;
 
-/* A request's scalars as a checked set. */
-static ps_status scalars_in(const ps_ScalarValue *v, pb_size_t n, ps_scalar_set *set, ps_err *err) {
+/* A request's scalars as a checked set whose names the caller's client may
+ * bring (round_metrics.h: reserved names, a share per client). */
+static ps_status scalars_in(ps_svc_call *call, const ps_ScalarValue *v, pb_size_t n, ps_scalar_set *set,
+                            ps_err *err) {
     set->n = 0;
     for (pb_size_t i = 0; i < n && i < PS_RM_MAX_SCALARS; i++) {
         snprintf(set->s[set->n].name, PS_RM_NAME_MAX, "%s", v[i].name);
         set->s[set->n++].value = v[i].value;
     }
-    return ps_scalar_set_check(set, err);
+    if (ps_scalar_set_check(set, err)) return err->code;
+    return ps_rmetrics_admit(call->svc->rm, set, call->owner, err);
 }
 
 /* r into the call's response: a BackwardResponse (with the input
@@ -80,6 +83,9 @@ typedef struct sync_wait {
     ps_ctx *ctx;
     ps_scalar_set scalars;          /* its contribution to the round's metrics */
     ps_round_report report;         /* the round's metrics (set by svc_sync_apply) */
+    int finished, skipped;          /* set by svc_sync_apply: ctx finished (and freed) with the round */
+    uint32_t rank;                  /* ... and what is left of it */
+    uint64_t id;
 } sync_wait;
 
 static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t version, uint64_t round,
@@ -91,10 +97,9 @@ static void sync_done(void *arg, ps_status st, const ps_err *err, uint64_t versi
         ps_ctx_table_release(s->ctx, w->ctx);  /* kept: a retry of the Step may rejoin */
         ps_err_set(&call->err, st, "%s", err ? err->msg : "");
     } else {
-        int skipped = w->ctx->nonfinite;
+        int skipped = w->skipped;  /* svc_sync_apply finished the context with its round */
         if (skipped) svc_count(&s->nonfinite_skipped);
-        ps_trainers_step(s->trainers, w->ctx->rank, w->ctx->id, &w->scalars);
-        ps_ctx_table_finish(s->ctx, w->ctx, version);
+        ps_trainers_step(s->trainers, w->rank, w->id, &w->scalars);
         step_result r = {.version = version, .round = round, .members = members, .skipped = skipped,
                          .metrics = &w->report};
         put_step_result(call, &r);
@@ -122,12 +127,23 @@ ps_status svc_sync_apply(void *user, void *const *grads, void *const *args, int 
         else if (ps_grads_add(s->model, acc, grads[i], err)) return err->code;
         used++;
     }
-    if (!acc) {  /* every member skipped: nothing to apply, the version stays */
-        *version = ps_model_version(s->model);
-        return PS_OK;
-    }
     if (average && used > 1 && ps_grads_scale(s->model, acc, 1.0f / (float)used, err)) return err->code;
-    return ps_model_step_grads(s->model, acc, version, err);
+    /* the update and the members' records under the apply lock (ctx_table.h) */
+    ps_ctx_table_apply_begin(s->ctx);
+    ps_status st = PS_OK;
+    if (!acc) *version = ps_model_version(s->model);  /* every member skipped: the version stays */
+    else st = ps_model_step_grads(s->model, acc, version, err);
+    for (int i = 0; st == PS_OK && i < n; i++) {
+        sync_wait *w = args[i];
+        w->skipped = w->ctx->nonfinite;
+        w->rank = w->ctx->rank;
+        w->id = w->ctx->id;
+        ps_ctx_table_finish(s->ctx, w->ctx, *version);  /* frees its gradients (acc too) */
+        w->ctx = NULL;
+        w->finished = 1;
+    }
+    ps_ctx_table_apply_end(s->ctx);
+    return st;
 }
 
 /* Apply (or, under sync, queue) the step of context c, which the caller
@@ -178,10 +194,14 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
                               w ? "sync step outside a server" : "out of memory");
         }
         *w = (sync_wait){call, c, *scalars, {0}};
-        if (round == 0) round = c->round;
+        /* The round psd recorded at the context's first Forward (0: the open
+         * one); the request's round is a claim and is ignored, so an id of a
+         * closed round cannot make the context a straggler of it. */
+        (void)round;
+        round = c->round;
         ps_status st = ps_cons_sync_submit(s->cons, round, c->nonfinite ? NULL : c->grads, sync_done, w, err);
         if (st != PS_OK) {  /* not submitted: sync_done will not run */
-            if (st == PS_ERR_ABORTED) ps_ctx_table_finish(s->ctx, c, ps_model_version(s->model));
+            if (st == PS_ERR_ABORTED) ps_ctx_table_finish_as(s->ctx, c, ps_model_version(s->model), PS_CTX_DROPPED);
             else ps_ctx_table_release(s->ctx, c);
             ps_svc_finish(call, st);
             free(w);
@@ -197,12 +217,15 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
         r.skipped = 1;
     } else {
         uint32_t rank = c->rank;
+        ps_ctx_table_apply_begin(s->ctx);  /* the update and its record together (ctx_table.h) */
         if (ps_model_step_grads(s->model, c->grads, &r.version, err)) {
+            ps_ctx_table_apply_end(s->ctx);
             ps_ctx_table_release(s->ctx, c);
             return err->code;
         }
         ps_ctx_table_finish(s->ctx, c, r.version);
-        ps_cons_stepped(s->cons, rank);
+        ps_ctx_table_apply_end(s->ctx);
+        ps_cons_stepped(s->cons, rank, call->owner);
     }
     ps_trainers_step(s->trainers, who, cid, scalars);
     ps_rmetrics_add_step(s->rm, scalars, &rep);  /* a skipped step's scalars still describe its work */
@@ -213,15 +236,16 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
 
 /* ---- Backward ---------------------------------------------------------------- */
 
-ps_status svc_backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
-                           size_t gbytes, int finite, const char *what, float *gin, ps_err *err) {
-    ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
-    if (!f)
-        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
-                          what, (unsigned long long)c->id, seq);
-    if (!f->tape)
-        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
-                          "backwarded", what, seq, (unsigned long long)c->id);
+/* Backward of one recorded forward f (checked: recorded, not backwarded)
+ * into the scratch accumulator *acc (created on first use): its parameter
+ * gradients, optionally its input gradient into gin. The context is not
+ * changed: backward_commit does that, for every forward of a call at once,
+ * so a call refused half-way changes nothing. *skip = 1 when a NaN/Inf
+ * reached it under policy skip (the context's step will not apply); under
+ * reject such a call is refused (never anything non-finite added). */
+static ps_status backward_into(ps_service *s, ps_ctx *c, ps_ctx_fwd *f, const ps_Tensor *g, const float *gdata,
+                               size_t gbytes, int finite, const char *what, float *gin, ps_grads **acc, int *skip,
+                               ps_err *err) {
     const ps_stage_info *so = ps_model_stage(s->model, ps_tape_last_stage(f->tape));
     int64_t n;
     int nlead;
@@ -237,50 +261,65 @@ ps_status svc_backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tens
         char got[96];
         ps_dims_format(got, sizeof got, g->shape, (int)g->shape_count);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: shape %s does not match the context's output "
-                          "(%d samples of forward %u)", what, got, ps_tape_batch(f->tape), seq);
+                          "(%d samples of forward %u)", what, got, ps_tape_batch(f->tape), f->seq);
     }
     if (g->dtype != ps_DType_FLOAT32)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: dtype %s; gradients are float32", what,
                           ps_wire_dtype_name(g->dtype));
+    if (*skip || (c->nonfinite && s->nonfinite_skip)) return PS_OK;  /* the step will not apply anyway */
     if (!finite && svc_check_finite(gdata, gbytes / sizeof(float), what, err)) {
-        ps_status st = svc_nonfinite(s, c, err);
-        if (st) return st;
-        ps_ctx_fwd_done(s->ctx, c, f);  /* skip: the context's step will not apply */
-        return PS_OK;
+        ps_status st = svc_nonfinite(s, NULL, err);
+        if (!st) *skip = 1;
+        return st;
     }
-    if (c->nonfinite && s->nonfinite_skip) {
-        ps_ctx_fwd_done(s->ctx, c, f);
-        return PS_OK;
-    }
-    /* Into the context's accumulator directly when it is empty; otherwise
-     * through a scratch one, so a refused backward adds nothing. */
-    int direct = c->grads == NULL;
-    ps_grads *g2 = ps_grads_create(s->model, err);
-    if (!g2) return err->code;
-    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, g2, err);
+    if (!*acc && !(*acc = ps_grads_create(s->model, err))) return err->code;
+    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, *acc, err);
     int bad_param = -1;
     int64_t bad_elem = -1;
-    int fin = st ? 1 : ps_grads_check_finite(s->model, g2, &bad_param, &bad_elem);
+    int fin = st ? 1 : ps_grads_check_finite(s->model, *acc, &bad_param, &bad_elem);
     if (!st && fin < 0) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cannot check the gradients (out of memory)");
     if (!st && fin == 0) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradient of %s (computed from grad_output): element %lld is "
                    "not finite", ps_model_param(s->model, bad_param)->name, (long long)bad_elem);
-        st = svc_nonfinite(s, c, err);
-        if (!st) {  /* skip: svc_nonfinite() marked it; the step will not apply */
-            ps_grads_free(g2);
-            ps_ctx_fwd_done(s->ctx, c, f);
-            return PS_OK;
-        }
+        st = svc_nonfinite(s, NULL, err);
+        if (!st) *skip = 1;
     }
-    if (!st && !direct) st = ps_grads_add(s->model, c->grads, g2, err);
+    return st;
+}
+
+/* The forwards fs[0..n-1] were backwarded into acc (NULL: nothing to add;
+ * taken): add it into the context's gradients, mark the context when skip,
+ * and release the forwards' tapes - all of it, or (an error) nothing. */
+static ps_status backward_commit(ps_service *s, ps_ctx *c, ps_ctx_fwd *const *fs, size_t n, ps_grads *acc, int skip,
+                                 ps_err *err) {
+    if (acc && !skip && c->grads && ps_grads_add(s->model, c->grads, acc, err)) {
+        ps_grads_free(acc);
+        return err->code;
+    }
+    if (acc && !skip && !c->grads) c->grads = acc;
+    else ps_grads_free(acc);
+    if (skip) c->nonfinite = 1;
+    for (size_t k = 0; k < n; k++) ps_ctx_fwd_done(s->ctx, c, fs[k]);
+    return PS_OK;
+}
+
+ps_status svc_backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
+                           size_t gbytes, int finite, const char *what, float *gin, ps_err *err) {
+    ps_ctx_fwd *f = ps_ctx_find_fwd(c, seq);
+    if (!f)
+        return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u",
+                          what, (unsigned long long)c->id, seq);
+    if (!f->tape)
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
+                          "backwarded", what, seq, (unsigned long long)c->id);
+    ps_grads *acc = NULL;
+    int skip = 0;
+    ps_status st = backward_into(s, c, f, g, gdata, gbytes, finite, what, gin, &acc, &skip, err);
     if (st) {
-        ps_grads_free(g2);
+        ps_grads_free(acc);
         return st;
     }
-    if (direct) c->grads = g2;
-    else ps_grads_free(g2);
-    ps_ctx_fwd_done(s->ctx, c, f);
-    return PS_OK;
+    return backward_commit(s, c, &f, 1, acc, skip, err);
 }
 
 /* want_input_grad: one buffer per covered forward, sized from its tape,
@@ -330,6 +369,30 @@ static ps_status backward_covered(ps_svc_call *call, const ps_BackwardRequest *r
     size_t ncov = 1 + more->n;
     if (req->want_input_grad && input_grads_alloc(call, req, c, ncov, err)) return err->code;
     const ps_wire_named *items = call->out.items;
+    /* All or nothing: every covered forward is checked, then backwarded into
+     * a scratch accumulator, and only then added and marked backwarded - a
+     * call refused for any of them changes nothing (its forwards stay
+     * pending, a retry of the whole call works). */
+    ps_ctx_fwd **fs = ps_svc_keep(call, calloc(ncov, sizeof *fs));
+    if (!fs) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t k = 0; k < ncov; k++) {
+        uint32_t seq = k ? req->more_seqs[k - 1] : req->seq;
+        char what[96];
+        if (k == 0) snprintf(what, sizeof what, "BackwardRequest.seq");
+        else snprintf(what, sizeof what, "BackwardRequest.more_seqs[%zu]", k - 1);
+        if (!(fs[k] = ps_ctx_find_fwd(c, seq)))
+            return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: context %llu has no forward with seq %u", what,
+                              (unsigned long long)c->id, seq);
+        if (!fs[k]->tape)
+            return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: forward %u of context %llu was already "
+                              "backwarded", what, seq, (unsigned long long)c->id);
+        for (size_t j = 0; j < k; j++)
+            if (fs[j] == fs[k])
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: forward %u is covered twice in one call", what,
+                                  seq);
+    }
+    ps_grads *acc = NULL;
+    int skip = 0;
     for (size_t k = 0; k < ncov; k++) {
         char what[96];
         if (k == 0) snprintf(what, sizeof what, "BackwardRequest.grad_output");
@@ -348,9 +411,12 @@ static ps_status backward_covered(ps_svc_call *call, const ps_BackwardRequest *r
             gb = w->bytes;
         }
         float *gin = call->out.n && items[k].ndim ? (float *)items[k].data : NULL;
-        if (svc_backward_one(s, c, k ? req->more_seqs[k - 1] : req->seq, gt, gd, gb, 0, what, gin, err))
+        if (backward_into(s, c, fs[k], gt, gd, gb, 0, what, gin, &acc, &skip, err)) {
+            ps_grads_free(acc);
             return err->code;
+        }
     }
+    if (backward_commit(s, c, fs, ncov, acc, skip, err)) return err->code;
     svc_account(s, c);
     return PS_OK;
 }
@@ -367,7 +433,7 @@ ps_status ps_svc_Backward(ps_svc_call *call, const ps_BackwardRequest *req, ps_B
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "BackwardRequest: %u more_seqs but %zu more_grad_outputs; "
                           "they go in pairs", (unsigned)req->more_seqs_count, more->n);
     ps_scalar_set sc;   /* refused before anything is accumulated */
-    if (scalars_in(req->scalars, req->scalars_count, &sc, err)) return ps_err_prefix(err, "BackwardRequest");
+    if (scalars_in(call, req->scalars, req->scalars_count, &sc, err)) return ps_err_prefix(err, "BackwardRequest");
     ps_ctx *c = svc_acquire_own(call, req->context_id, NULL, NULL, err);
     if (!c) return err->code;
     ps_status st = backward_covered(call, req, in, more, c, err);
@@ -385,10 +451,13 @@ ps_status ps_svc_Step(ps_svc_call *call, const ps_StepRequest *req, ps_StepRespo
     (void)resp;  /* put_step_result fills it */
     ps_service *s = call->svc;
     ps_scalar_set sc;
-    if (scalars_in(req->scalars, req->scalars_count, &sc, err)) return ps_err_prefix(err, "StepRequest");
+    if (scalars_in(call, req->scalars, req->scalars_count, &sc, err)) return ps_err_prefix(err, "StepRequest");
     int finished = 0;
     uint64_t v = 0;
     ps_ctx *c = svc_acquire_own(call, req->context_id, &finished, &v, err);
+    if (!c && finished == 1 && ps_ctx_table_finished_how(s->ctx, req->context_id) == PS_CTX_DROPPED)
+        return ps_err_set(err, PS_ERR_ABORTED, "context %llu was dropped: its sync round closed without it, nothing "
+                          "was applied; run the batch again under a new context", (unsigned long long)req->context_id);
     if (!c && finished == 1) {   /* a retried Step: answer what the first one did */
         ps_err_clear(err);
         ps_trainers_step_repeated(s->trainers, req->context_id);
@@ -416,6 +485,11 @@ static ps_status push_into(ps_service *s, const ps_wire_tensor_list *gl, ps_ctx 
                             "parameter '%s'", k, ps_model_arch(s->model), t->name);
             break;
         }
+        for (size_t j = 0; j < k && !st; j++)  /* each parameter once: it would be added twice */
+            if (!strcmp(gl->items[j].name, t->name))
+                st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.gradients[%zu]: '%s' is given "
+                                "twice (also gradients[%zu])", k, t->name, j);
+        if (st) break;
         const ps_param_info *pi = ps_model_param(s->model, i);
         const ps_stage_info *si = ps_model_stage(s->model, pi->stage_index);
         if (!si->params_only) {

@@ -203,6 +203,9 @@ def test_lm(stub, lr):
     expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=[
         ps_pb2.Tensor(name="rnn.nope", shape=[32], data=np.zeros(32, np.float32).tobytes(), dtype=F32)])),
         grpc.StatusCode.NOT_FOUND, "rnn.nope")
+    # One parameter twice in one push: refused whole (it used to be added twice).
+    expect_error(lambda: stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=ctx3, gradients=push + push[:1])),
+                 grpc.StatusCode.INVALID_ARGUMENT, f"gradients[{len(push)}]", push[0].name, "twice")
     # A push opens its context when no Forward did (a psd that hosts only the rnn stage sees none).
     p_open = stub.PushGradients(ps_pb2.PushGradientsRequest(context_id=0x7777, gradients=push, trainer_rank=1))
     rnn_sq = sum(float((v.astype(np.float64) ** 2).sum()) for v in g_rnn.values())
@@ -303,16 +306,41 @@ def test_sync(stub):
     assert a.round == b.round == round0 and a.round_contexts == 2
     st = stub.Status(ps_pb2.StatusRequest())
     assert st.sync_round == round0 + 1 and st.model_version == v0 + 1 and st.live_contexts == 0
-    # A step naming a closed round never counts toward the open one.
-    ctx = 0x2000100
-    f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=3,
+    # More contexts than sync_workers in one round: the two that step first
+    # fill it; the third, on time, joins the next round (never dropped).
+    r1 = st.sync_round
+    ctxs = [0x2000100 + k for k in range(3)]
+    for k, ctx in enumerate(ctxs):
+        f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=3 + k,
+                                               input=tensor(np.zeros((1, 4)))))
+        assert f.round == r1
+        stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(np.ones((1, 2)))))
+    answers = {}
+
+    def step(ctx, round_=r1):
+        answers[ctx] = stub.Step(ps_pb2.StepRequest(context_id=ctx, round=round_), timeout=60)
+    th = [threading.Thread(target=step, args=(c,)) for c in ctxs[:2]]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert {answers[c].round for c in ctxs[:2]} == {r1}, answers
+    third = threading.Thread(target=step, args=(ctxs[2],))
+    third.start()
+    ctx = 0x2000200   # a context of the open round completes the third's round
+    f = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=9,
                                            input=tensor(np.zeros((1, 4)))))
+    assert f.round == r1 + 1
     stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(np.ones((1, 2)))))
-    expect_error(lambda: stub.Step(ps_pb2.StepRequest(context_id=ctx, round=round0)), grpc.StatusCode.ABORTED,
-                 f"round {round0} closed", f"round {round0 + 1}")
+    step(ctx, f.round)
+    third.join()
+    a = answers[ctxs[2]]
+    assert a.round == r1 + 1 and a.round_contexts == 2 and a.model_version == answers[ctx].model_version, a
     st = stub.Status(ps_pb2.StatusRequest())
-    assert st.sync_dropped >= 1 and st.model_version == v0 + 1 and st.sync_round == round0 + 1
-    print("generic_client sync: two observers, one summed step per round, late step refused: OK")
+    assert st.sync_queued == 1 and st.sync_dropped == 0 and st.model_version == v0 + 3, st
+    assert st.contexts_applied == 6 and st.live_contexts == 0, st
+    print("generic_client sync: two observers, one summed step per round, a third context queued into the next "
+          "round: OK")
 
 
 def policy_step(stub, ctx, rank, seq, rng, round_=0, step=True):

@@ -5,6 +5,10 @@
 #  - a world-readable tokens file, a missing certificate, a checkpoint_dir
 #    that is a file, plaintext on 0.0.0.0 are refused, naming the problem;
 #  - a busy port is only a warning (psd itself may be running);
+#  - one server per checkpoint directory: a second psd on the running one's
+#    directory is refused (its lock file), --check-config only warns about
+#    itself; a cluster config with two servers in one directory, and a
+#    server on a directory another server's lock file names, are refused;
 #  - several PS nodes: the shipped cluster configs pass and print what each
 #    server hosts; sync across servers, an unknown --name, a cluster config
 #    without --name are refused with their messages; psd --name binds the
@@ -46,6 +50,15 @@ out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" 
   fail "a busy port failed --check-config: $out"
 [[ "$out" == *"already in use"* ]] || fail "no warning about the busy port: $out"
 echo "ok: a busy port is a warning only"
+[[ "$out" == *"server.checkpoint_dir: checkpoint dir $tmp/ck is in use by a running psd"* ]] ||
+  fail "no warning about the running psd's checkpoint dir: $out"
+grep -q "^cluster psd$" "$tmp/ck/psd.lock" && grep -q "^server $" "$tmp/ck/psd.lock" ||
+  fail "the lock file does not name the server: $(cat "$tmp/ck/psd.lock")"
+if "$BUILD/bin/psd" --config configs/psd.yaml --listen "127.0.0.1:$((port + 5))" --set server.checkpoint_dir="$tmp/ck" \
+     >"$tmp/out" 2>&1; then fail "a second psd started on the running one's checkpoint dir"; fi
+grep -q "checkpoint dir $tmp/ck is in use by a running psd (server (single-server form) of cluster psd, " "$tmp/out" ||
+  { cat "$tmp/out"; fail "no clear refusal of a held checkpoint dir"; }
+echo "ok: a second psd on a held checkpoint dir is refused: $(grep -o 'checkpoint dir .*' "$tmp/out" | head -n 1)"
 # ---- several PS nodes (servers.*) ----
 out=$(psd --check-config configs/cluster-lm.yaml 2>&1) || fail "configs/cluster-lm.yaml: $out"
 for want in "ps0 (127.0.0.1:50071) hosts: emb rows [0, 5000) of 10000" "ps1 (127.0.0.1:50072) hosts: emb rows [5000, 10000)" \
@@ -74,6 +87,17 @@ refused_cluster "a stage on an undefined server" "model.placement.fc: server 'ps
   --check-config configs/cluster-mnist.yaml --set model.placement.fc=ps3
 refused_cluster "two servers on one address" "servers.ps1.address: '127.0.0.1:50061' is also servers.ps0's address" \
   --check-config configs/cluster-mnist.yaml --set servers.ps1.address=127.0.0.1:50061
+refused_cluster "two servers in one checkpoint_dir" \
+  "servers.ps1.checkpoint_dir: '$tmp/cd' is servers.ps0's checkpoint directory too" \
+  --check-config configs/cluster-mnist.yaml --set servers.ps0.checkpoint_dir="$tmp/cd" \
+  --set servers.ps1.checkpoint_dir="$tmp/cd/"
+refused_cluster "a server on another server's checkpoint dir (--check-config)" \
+  "checkpoint dir $tmp/ck belongs to server (single-server form) of cluster psd" \
+  --check-config configs/cluster-mnist.yaml --name ps1 --set servers.ps1.checkpoint_dir="$tmp/ck"
+refused_cluster "a server on another server's checkpoint dir" \
+  "checkpoint dir $tmp/ck belongs to server (single-server form) of cluster psd" \
+  --config configs/cluster-mnist.yaml --name ps1 --set servers.ps1.checkpoint_dir="$tmp/ck" \
+  --set servers.ps1.address="127.0.0.1:$((port + 6))"
 refused_cluster "--listen with --name" "--listen does not apply with --name" \
   --check-config configs/cluster-mnist.yaml --name ps0 --listen 127.0.0.1:1
 # psd --name ps1 binds servers.ps1's address, not server.listen

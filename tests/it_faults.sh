@@ -62,8 +62,13 @@ for _ in $(seq 600); do
   grep -q "training batch 15 " "$tmp/t1.log" && grep -q "training batch 15 " "$tmp/t2.log" && have_ckpt && break
   sleep 0.05
 done
+# The trainers held (SIGSTOP) while psd's version is read and psd killed, so
+# no step lands between the two (a checkpoint newer than the version read
+# made this test fail on a loaded machine).
+kill -STOP "$t1" "$t2"
 v1=$(status | field model_version)
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
+kill -CONT "$t1" "$t2"
 echo "psd SIGKILLed at model version ~$v1; restarting in 2 s"
 f=$(ls "$tmp/ckpt" | grep -E '^ckpt-[0-9]+\.safetensors$' | sort | tail -n 1 || true)
 [ -n "$f" ] || { echo "no checkpoint written before the kill"; ls -la "$tmp/ckpt"; exit 1; }

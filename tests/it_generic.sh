@@ -11,7 +11,8 @@
 #     the embedding rows the batch touched;
 #  3. cartpole_policy under consistency sync (2 workers, sum): two observers
 #     of five Forwards each get one summed step with the same version and
-#     round; a Step naming the closed round is refused ABORTED;
+#     round; of three contexts of one round two fill it, the third joins
+#     the next;
 #  4. hogwild, sync (6 workers) and ssp (staleness 1) with more trainer
 #     threads than psd's 2 server threads: every step applied exactly once,
 #     every sync round one step, no fast trainer beyond the ssp bound.

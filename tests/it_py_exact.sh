@@ -24,7 +24,7 @@ py_require it_py_exact
 DATA=${DATA:-data/mnist}
 tmp=$(mktemp -d /tmp/it_py_exact.XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 sgd=(--set optimizer.type=sgd --set optimizer.momentum=0 --set optimizer.weight_decay=0)
 start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.lr=0.03 "${sgd[@]}"
@@ -85,4 +85,6 @@ except ValueError as e:
 print("ok: psd.state_dict of the checkpoint parts (directory, list, ps-ckpt merge) equals GetParameters'; "
       f"a missing part: {msg}")
 PYEOF
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+pids=()
 echo "it_py_exact: python/psd equals PyTorch on one psd, MNIST over two and the sharded LM over three: OK"

@@ -26,7 +26,7 @@ for r in 1 2; do
 done
 
 # Bad input against the live daemon while it trains.
-sleep 2
+for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 if ! PSD_ADDR="$addr" "$BUILD/tests/test_service" >"$tmp/service.log" 2>&1; then
   echo "test_service against the running psd failed:"; cat "$tmp/service.log"; exit 1
 fi

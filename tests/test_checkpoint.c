@@ -992,6 +992,119 @@ out:
     ps_model_free(b);
 }
 
+/* Rewrite a checkpoint's weights file with one metadata value replaced
+ * (the tensors, hence the CRC, unchanged). */
+static void set_meta(const char *path, const char *key, const char *value) {
+    ps_err e = {0};
+    ps_st_file *f = ps_st_read(path, &e);
+    CHECK_MSG(f != NULL, "%s", e.msg);
+    if (!f) return;
+    size_t nt = ps_st_count(f), nm = ps_st_metadata_count(f);
+    ps_st_tensor *t = calloc(nt, sizeof *t);
+    const char **kv = calloc(2 * nm + 3, sizeof *kv);
+    for (size_t i = 0; i < nt; i++) t[i] = *ps_st_get(f, i);
+    size_t k = 0;
+    for (size_t i = 0; i < nm; i++) {
+        if (!strcmp(ps_st_metadata_key(f, i), key)) continue;
+        kv[k++] = ps_st_metadata_key(f, i);
+        kv[k++] = ps_st_metadata_value(f, i);
+    }
+    if (value) kv[k++] = key, kv[k++] = value;
+    kv[k] = NULL;
+    CHECK_MSG(ps_st_write(path, t, nt, kv, &e) == PS_OK, "%s", e.msg);
+    free(t);
+    free(kv);
+    ps_st_free(f);
+}
+
+/* The finished-context records (psd.settle): written under the snapshot,
+ * only those the weights hold, read back; a malformed or inconsistent set
+ * refuses the checkpoint (the restore falls back to an older one). */
+static void test_settle_records(void) {
+    char dir[256], p[PS_CKPT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/settle", g_dir);
+    ps_err e = {0};
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    ps_model *m = make_model(21, 0);
+    ps_ctx_table_opts to = {.ttl_s = 60, .max_live = 64, .grads_free = free};
+    ps_ctx_table *t = ps_ctx_table_create(&to);
+    for (uint64_t id = 1; id <= 3; id++) {
+        train_step(m, (int)id);
+        ps_ctx *c = ps_ctx_table_open(t, 0xfeed00000000ULL + id, 1, NULL, &e);
+        c->grads = malloc(8);
+        ps_ctx_table_finish(t, c, ps_model_version(m));
+    }
+    ps_ctx *c = ps_ctx_table_open(t, 0xfeed0000000fULL, 1, NULL, &e);
+    c->grads = malloc(8);
+    ps_ctx_table_finish(t, c, ps_model_version(m) + 5);  /* a step these weights do not hold */
+    ps_ckpt_save_opts so = {.samples = 6, .keep = 3, .contexts = t};
+    ps_ckpt_info info;
+    CHECK_MSG(ps_ckpt_save_with(m, dir, &so, &info, &e) == PS_OK, "%s", e.msg);
+    ps_model *r = make_model(22, 0);
+    ps_ckpt_settle st = {0};
+    CHECK_MSG(ps_ckpt_load_with(r, info.path, NULL, NULL, &st, &e) == PS_OK, "%s", e.msg);
+    CHECK(st.present && st.n == 3 && st.applied == 4);  /* 4 applied, 3 of them in these weights' records */
+    for (size_t i = 0; i < st.n && i < 3; i++)
+        CHECK(st.rec[i].id == 0xfeed00000001ULL + i && st.rec[i].version == i + 1 && st.rec[i].how == PS_CTX_APPLIED);
+    ps_ckpt_settle_free(&st);
+    /* plain ps_ckpt_save: no records (present = 0), and loads as before */
+    snprintf(dir, sizeof dir, "%s/settle2", g_dir);
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    CHECK(ps_ckpt_save(m, dir, 6, 3, &info, &e) == PS_OK);
+    CHECK(ps_ckpt_load_with(r, info.path, NULL, NULL, &st, &e) == PS_OK && !st.present && st.n == 0);
+    /* refused: malformed records, a version beyond the weights', a lone count */
+    struct { const char *settle, *applied, *want; } bad[] = {
+        {"00000000000000zz:1", "1", "psd.settle"},
+        {"0000feed00000001:1 0000feed00000002:", "1", "record 1"},
+        {"0000feed00000001:99", "1", "version"},
+        {"0000feed00000001:1x", "1", "record 0"},
+        {"0000feed00000001:1", NULL, "come together"},
+        {"0000feed00000001:1", "-1", "come together"},
+    };
+    path_of(p, sizeof p, dir, 3, ".safetensors");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        set_meta(p, "psd.settle", bad[i].settle);
+        set_meta(p, "psd.contexts_applied", bad[i].applied);
+        CHECK_MSG(ps_ckpt_load_with(r, p, NULL, NULL, &st, &e) == PS_ERR_FORMAT, "case %zu loaded", i);
+        CONTAINS(e.msg, bad[i].want);
+    }
+    set_meta(p, "psd.settle", "0000feed00000001:1 0000feed00000002:2s 0000feed00000003:3d");
+    set_meta(p, "psd.contexts_applied", "1");
+    CHECK(ps_ckpt_load_with(r, p, NULL, NULL, &st, &e) == PS_OK && st.n == 3 && st.rec[1].how == PS_CTX_SKIPPED &&
+          st.rec[2].how == PS_CTX_DROPPED && st.applied == 1);
+    ps_ckpt_settle_free(&st);
+    ps_ctx_table_free(t);
+    ps_model_free(m);
+    ps_model_free(r);
+}
+
+/* One server per directory: the lock file names it; a held directory and
+ * one named for another server are refused; the same server takes it back
+ * after a restart. */
+static void test_dir_lock(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/lock", g_dir);
+    ps_err e = {0};
+    CHECK(ps_ckpt_prepare_dir(dir, &e) == PS_OK);
+    const ps_ckpt_ident a = {"mnist-2", "ps0"}, b = {"mnist-2", "ps1"};
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_OK);  /* no lock file yet */
+    int fd = -1, fd2 = -1;
+    CHECK_MSG(ps_ckpt_lock_dir(dir, &a, &fd, &e) == PS_OK && fd >= 0, "%s", e.msg);
+    CHECK(ps_ckpt_lock_dir(dir, &a, &fd2, &e) == PS_ERR_UNAVAILABLE && fd2 < 0);
+    CONTAINS(e.msg, "in use by a running psd (server ps0 of cluster mnist-2");
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_ERR_UNAVAILABLE);
+    CHECK(ps_ckpt_lock_dir(dir, &b, &fd2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "belongs to server ps0 of cluster mnist-2");
+    ps_ckpt_unlock_dir(fd);
+    /* ps0 is gone: ps1 is still refused (the file names ps0), ps0 takes it back */
+    CHECK(ps_ckpt_check_lock(dir, &b, &e) == PS_ERR_FAILED_PRECONDITION);
+    CHECK(ps_ckpt_lock_dir(dir, NULL, &fd2, &e) == PS_ERR_FAILED_PRECONDITION);
+    CONTAINS(e.msg, "this psd is server (single-server form) of cluster psd");
+    CHECK(ps_ckpt_check_lock(dir, &a, &e) == PS_OK);
+    CHECK_MSG(ps_ckpt_lock_dir(dir, &a, &fd, &e) == PS_OK, "%s", e.msg);
+    ps_ckpt_unlock_dir(fd);
+}
+
 int main(void) {
     ps_log_set_level(PS_LOG_ERROR);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
@@ -1002,6 +1115,8 @@ int main(void) {
     test_dir_oddities();
     test_model_adam();
     test_parts();
+    test_settle_records();
+    test_dir_lock();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);

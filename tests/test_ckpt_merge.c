@@ -10,7 +10,11 @@
  * for bit. Then the refusals: a missing part (rows not covered, a stage in
  * no part), the same part twice, another cluster's part, parts of different
  * versions (and --allow-mixed-versions, which merges with a warning).
- * ps-ckpt info prints the metadata. */
+ * Lying parts (rewritten from real ones) are refused: a hosted stage without
+ * its tensors, an empty part, a wrong shape, a name the model lacks, one
+ * server twice, a tensor of a stage the part does not host, shard rows on a
+ * dense tensor, parts that disagree on the parameter list.
+ * ps-ckpt info prints the metadata, escaping what a terminal would run. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +83,54 @@ static int tool(const char *args, char **out) {
     buf[n] = 0;
     *out = buf;
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* A lying part: src rewritten to dst without the tensors named drop (a
+ * prefix; NULL: none), with `reshape`'s first dim set to dim0, with an extra
+ * copy of tensor `copy` under the name `add`, and metadata key set to val
+ * (NULL val: removed). */
+typedef struct lie {
+    const char *drop, *reshape;
+    int64_t dim0;
+    const char *copy, *add;
+    const char *key, *val;
+} lie;
+
+static void rewrite(const char *src, const char *dst, const lie *l) {
+    ps_err e = {0};
+    ps_st_file *f = ps_st_read(src, &e);
+    CHECK_MSG(f, "%s", e.msg);
+    if (!f) return;
+    size_t nt = ps_st_count(f), nm = ps_st_metadata_count(f), k = 0;
+    ps_st_tensor *t = calloc(nt + 1, sizeof *t);
+    const char **kv = calloc(2 * nm + 3, sizeof *kv);
+    for (size_t i = 0; i < nt; i++) {
+        const ps_st_tensor *x = ps_st_get(f, i);
+        if (l->drop && !strncmp(x->name, l->drop, strlen(l->drop))) continue;
+        t[k] = *x;
+        if (l->reshape && !strcmp(x->name, l->reshape)) {
+            t[k].bytes = t[k].bytes / (size_t)t[k].dims[0] * (size_t)l->dim0;
+            t[k].dims[0] = l->dim0;
+        }
+        k++;
+        if (l->copy && !strcmp(x->name, l->copy)) {
+            t[k] = *x;
+            snprintf(t[k].name, sizeof t[k].name, "%s", l->add);
+            k++;
+        }
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < nm; i++) {
+        if (l->key && !strcmp(ps_st_metadata_key(f, i), l->key)) continue;
+        kv[m++] = ps_st_metadata_key(f, i);
+        kv[m++] = ps_st_metadata_value(f, i);
+    }
+    if (l->key && l->val) kv[m++] = l->key, kv[m++] = l->val;
+    kv[m] = NULL;
+    CHECK_MSG(ps_st_write(dst, t, k, kv, &e) == PS_OK, "%s", e.msg);
+    free(t);
+    free(kv);
+    ps_st_free(f);
 }
 
 #define REFUSED(args, pattern) do { \
@@ -197,6 +249,41 @@ int main(void) {
     }
     snprintf(args, sizeof args, "merge %s %s", a0, a1);
     CHECK(tool(args, &out) == 2);   /* no -o */
+
+    /* Lying parts. */
+    char lp[400], lq[400];
+    snprintf(lp, sizeof lp, "%s/lie.safetensors", g_dir);
+    snprintf(lq, sizeof lq, "%s/lie2.safetensors", g_dir);
+    rewrite(a1, lp, &(lie){.drop = "decoder."});     /* hosts decoder, holds none of it */
+    snprintf(args, sizeof args, "merge -o %s %s %s", merged, a0, lp);
+    REFUSED(args, "hosts stage 'decoder' (psd.hosted) but holds no tensor 'decoder.weight'");
+    rewrite(a1, lp, &(lie){.drop = ""});             /* an empty part */
+    REFUSED(args, "holds no tensors");
+    rewrite(a1, lp, &(lie){.reshape = "decoder.bias", .dim0 = 20});
+    REFUSED(args, "tensor 'decoder.bias' is F32 (20); the model's is F32 (21)");
+    rewrite(a1, lp, &(lie){.copy = "decoder.bias", .add = "evil.bias"});
+    REFUSED(args, "tensor 'evil.bias' is not a parameter of model rnn_lm");
+    snprintf(args, sizeof args, "merge -o %s %s %s %s", merged, a1, a0, a0);  /* one server twice, not first */
+    REFUSED(args, "both parts of server 'ps0'");
+    /* a tensor moved to a part whose server does not host its stage */
+    rewrite(a0, lp, &(lie){.copy = "encoder.weight", .add = "decoder.bias"});
+    rewrite(a1, lq, &(lie){.drop = "decoder.bias"});
+    snprintf(args, sizeof args, "merge -o %s %s %s", merged, lp, lq);
+    REFUSED(args, "tensor 'decoder.bias' belongs to stage 'decoder', which this part does not host");
+    /* fake shard rows on a dense tensor */
+    rewrite(a1, lp, &(lie){.key = "psd.rows.decoder.weight", .val = "0,21,21"});
+    snprintf(args, sizeof args, "merge -o %s %s %s", merged, a0, lp);
+    REFUSED(args, "'decoder.weight' carries shard rows (psd.rows.decoder.weight = 0,21,21) but is not a table");
+    /* parts that disagree on the model's parameters */
+    rewrite(a1, lp, &(lie){.key = "psd.params", .val = "encoder.weight@emb:22,5:shard"});
+    REFUSED(args, "list different parameters for model rnn_lm (psd.params)");
+    rewrite(a1, lp, &(lie){.key = "psd.params", .val = NULL});
+    REFUSED(args, "only 1 of the 2 parts list the model's parameters");
+    /* ps-ckpt info: a metadata value that would drive the terminal is escaped */
+    rewrite(a0, lp, &(lie){.key = "psd.note", .val = "\x1b[31mred\nline2"});
+    snprintf(args, sizeof args, "info %s", lp);
+    CHECK(tool(args, &out) == 0);
+    CHECK_MSG(strstr(out, "psd.note = \\x1b[31mred\\x0aline2") && !strchr(out, 0x1b), "%s", out);
     snprintf(args, sizeof args, "info %s", a0);
     CHECK(tool(args, &out) == 0 && strstr(out, "psd.rows.encoder.weight = 0,10,21") &&
           strstr(out, "psd.server = ps0") && strstr(out, "tensor encoder.weight F32 (10, 5)"));

@@ -245,7 +245,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK_MSG(keys == 76, "%d keys", keys);
+    CHECK_MSG(keys == 77, "%d keys", keys);
     free(text);
 
     /* servers.<name>.<field>: every field a printed server has */
@@ -912,6 +912,24 @@ static void test_cluster_checks(void) {
         CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
         CONTAINS(e.msg, "model.placement.rnn: stage 'rnn' of model 'rnn_lm' is not placed; with servers defined "
                         "every stage names its server (servers: ps0)");
+    }
+    /* two servers in one checkpoint directory (they overwrote each other's ckpt-N) */
+    expect_cluster_bad("one checkpoint_dir", "servers.ps0.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir",
+                       "/srv//ck/", "servers.ps1.checkpoint_dir: '/srv/ck' is servers.ps0's checkpoint directory too");
+    expect_cluster_bad("a server in another's default directory", "server.checkpoint_dir", "/srv/ck",
+                       "servers.ps1.checkpoint_dir", "/srv/ck/./ps0",
+                       "servers.ps1.checkpoint_dir: '/srv/ck/ps0' is servers.ps0's checkpoint directory too");
+    {
+        cluster_base(&c);
+        set_ok(&c, "server.checkpoint_dir", "/srv/ck");
+        CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);  /* /srv/ck/ps0, /srv/ck/ps1 */
+        set_ok(&c, "servers.ps0.checkpoint_dir", "/srv/ck/ps1");
+        CHECK(ps_config_select_server(&c, "ps0", &e) == PS_ERR_INVALID_ARGUMENT);
+        CONTAINS(e.msg, "servers.ps1.checkpoint_dir: '/srv/ck/ps1' is servers.ps0's checkpoint directory too");
+        cluster_base(&c);
+        set_ok(&c, "server.checkpoint_dir", "/srv/ck");
+        CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.checkpoint_dir, "/srv/ck/ps1"));
+        CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
     expect_cluster_bad("single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
                        "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or "

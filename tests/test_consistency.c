@@ -194,6 +194,85 @@ static void test_sync_straggler(void) {
     ps_cons_free(c);
 }
 
+/* ---- sync: more trainers than sync_workers, late and forged round ids ----------- */
+
+static void test_sync_queue(void) {
+    fake f = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 2, .sync_timeout_s = 0.3};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, &f, &err);
+    int one = 1;
+    waiter w[6];
+    for (int i = 0; i < 6; i++) waiter_init(&w[i]);
+    /* Three trainers' contexts belong to round 1; two fill it. */
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w[0], &err) == PS_OK);
+    CHECK(ps_cons_sync_submit(c, 1, &one, on_done, &w[1], &err) == PS_OK);
+    CHECK(w[0].answered && w[0].round == 1 && w[0].members == 2);
+    /* The third came in time, only too many: it joins round 2, never dropped. */
+    CHECK_MSG(ps_cons_sync_submit(c, 1, &one, on_done, &w[2], &err) == PS_OK, "%s", err.msg);
+    CHECK(!w[2].answered);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[3], &err) == PS_OK);
+    CHECK(w[2].answered == 1 && w[2].st == PS_OK && w[2].round == 2 && w[2].members == 2 && w[3].round == 2);
+    ps_cons_stats st;
+    ps_cons_stats_get(c, &st);
+    CHECK(st.queued == 1 && st.dropped == 0 && st.timeouts == 0 && f.rounds == 2 && f.grads_seen == 4);
+    /* A complete round's step coming more than sync_timeout_s after it
+     * closed is too stale for the open round: ABORTED, saying so. */
+    usleep(400 * 1000);
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[4], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 2 closed complete") && strstr(err.msg, "server.sync_timeout_s") &&
+              strstr(err.msg, "run the batch again"), "%s", err.msg);
+    CHECK(!w[4].answered);
+    /* Round 3 times out short of one member: the membership shrinks to 1. */
+    waiter_init(&w[4]);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[4], &err) == PS_OK);
+    usleep(400 * 1000);
+    CHECK(ps_cons_tick(c) == 1);
+    waiter_wait(&w[4]);
+    ps_cons_stats_get(c, &st);
+    CHECK(st.members == 1 && st.timeouts == 1 && st.round == 4);
+    /* Its straggler: ABORTED, saying what happened and when; the membership
+     * grows back by one. Steps naming round 3 again (forged, or more late
+     * contexts than the round was short) change nothing more. */
+    CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[5], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 3 closed without this step") && strstr(err.msg, "1 of 2 members") &&
+              strstr(err.msg, "joins round 4") && !strstr(err.msg, "later than"), "%s", err.msg);
+    for (int i = 0; i < 5; i++) CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[5], &err) == PS_ERR_ABORTED);
+    ps_cons_stats_get(c, &st);
+    CHECK_MSG(st.members == 2, "membership %u after 6 late steps of a round short of 1", st.members);
+    ps_cons_close(c);
+    ps_cons_free(c);
+    /* A dead trainer shrinks the membership; a new (or restarted) one, whose
+     * first round fills up without it, grows it back: its step is queued and
+     * the rounds after have both. */
+    o.sync_timeout_s = 0.2;
+    c = ps_cons_create(&o, fake_apply, &f, &err);
+    for (int i = 0; i < 4; i++) waiter_init(&w[i]);
+    CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[0], &err) == PS_OK);
+    usleep(300 * 1000);
+    CHECK(ps_cons_tick(c) == 1);               /* round 1 closed by its timeout: membership 1 */
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[1], &err) == PS_OK && w[1].answered);  /* round 2: alone */
+    CHECK_MSG(ps_cons_sync_submit(c, 2, &one, on_done, &w[2], &err) == PS_OK, "%s", err.msg);  /* the newcomer */
+    ps_cons_stats_get(c, &st);
+    CHECK(!w[2].answered && st.members == 2 && st.queued == 1 && st.round == 3);
+    CHECK(ps_cons_sync_submit(c, 3, &one, on_done, &w[3], &err) == PS_OK);
+    CHECK(w[2].answered && w[2].round == 3 && w[2].members == 2 && w[3].round == 3);
+    ps_cons_free(c);
+    /* A round closed long ago, beyond what is remembered: ABORTED, the
+     * membership unchanged. */
+    o.sync_workers = 1;
+    c = ps_cons_create(&o, fake_apply, &f, &err);
+    for (int i = 0; i < 100; i++) {
+        waiter_init(&w[0]);
+        CHECK(ps_cons_sync_submit(c, 0, &one, on_done, &w[0], &err) == PS_OK && w[0].answered);
+    }
+    CHECK(ps_cons_sync_submit(c, 2, &one, on_done, &w[1], &err) == PS_ERR_ABORTED);
+    CHECK_MSG(strstr(err.msg, "round 2 closed long ago"), "%s", err.msg);
+    ps_cons_stats_get(c, &st);
+    CHECK(st.members == 1);
+    ps_cons_free(c);
+}
+
 /* ---- ssp ------------------------------------------------------------------------ */
 
 typedef struct ready_rec {
@@ -213,35 +292,35 @@ static void test_ssp(void) {
     ps_err err = {0};
     ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
     ready_rec r = {0}, r2 = {0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
-    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r) == 1);
-    ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);   /* 1 ahead: within the bound */
-    ps_cons_stepped(c, 1);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);   /* 1 ahead: within the bound */
+    ps_cons_stepped(c, 1, "h");
     CHECK(ps_cons_clock(c, 1) == 2 && ps_cons_clock(c, 2) == 0);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);   /* 2 ahead: held back */
-    CHECK(ps_cons_ssp_admit(c, 2, on_ready, &r2) == 1);  /* the slowest always runs */
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 2 ahead: held back */
+    CHECK(ps_cons_ssp_admit(c, 2, "h", on_ready, &r2, &err) == 1);  /* the slowest always runs */
     CHECK(r.called == 0);
-    ps_cons_stepped(c, 2);                               /* slowest catches up to 1 */
+    ps_cons_stepped(c, 2, "h");                               /* slowest catches up to 1 */
     CHECK(r.called == 1 && r.st == PS_OK);
     ps_cons_stats st;
     ps_cons_stats_get(c, &st);
     CHECK(st.ssp_deferred == 1 && st.ssp_waiting == 0);
     /* A rank that goes quiet stops holding the others back. */
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
     usleep(300 * 1000);                                  /* rank 2 inactive now; rank 1 is waiting */
     ps_cons_tick(c);
     CHECK(r.called == 1 && r.st == PS_OK);
     /* Shutdown answers a held Forward. */
-    ps_cons_stepped(c, 2);
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
-    ps_cons_stepped(c, 1);
+    ps_cons_stepped(c, 2, "h");
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
+    ps_cons_stepped(c, 1, "h");
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);
     ps_cons_close(c);
     CHECK(r.called == 1 && r.st == PS_ERR_UNAVAILABLE);
     ps_cons_free(c);
@@ -250,24 +329,75 @@ static void test_ssp(void) {
     o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60};
     c = ps_cons_create(&o, fake_apply, NULL, &err);
     for (int i = 0; i < 5; i++) {
-        ps_cons_stepped(c, 1);
-        ps_cons_stepped(c, 2);
+        ps_cons_stepped(c, 1, "h");
+        ps_cons_stepped(c, 2, "h");
     }
     r = (ready_rec){0};
-    CHECK(ps_cons_ssp_admit(c, 7, on_ready, &r) == 1);
+    CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1);
     CHECK(ps_cons_clock(c, 7) == 5);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);  /* 1 is not ahead of the newcomer */
-    ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 0);  /* now it is, with bound 0 */
-    ps_cons_stepped(c, 7);
-    ps_cons_stepped(c, 2);
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);  /* 1 is not ahead of the newcomer */
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);  /* now it is, with bound 0 */
+    ps_cons_stepped(c, 7, "h");
+    ps_cons_stepped(c, 2, "h");
     CHECK(r.called == 1 && r.st == PS_OK);
     ps_cons_free(c);
     /* hogwild admits everything and holds nothing. */
     o.mode = PS_CONS_HOGWILD;
     c = ps_cons_create(&o, fake_apply, NULL, &err);
-    for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1);
-    CHECK(ps_cons_ssp_admit(c, 1, on_ready, &r) == 1);
+    for (int i = 0; i < 10; i++) ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    ps_cons_free(c);
+}
+
+/* ssp clocks: every uint32 is a rank (no sentinel), ranks never share a
+ * clock, a rank belongs to the identity that first used it, and
+ * ssp_world_size bounds them. */
+static void test_ssp_ranks(void) {
+    ps_cons_opts o = {.mode = PS_CONS_SSP, .max_staleness = 0, .active_s = 60};
+    ps_err err = {0};
+    ps_cons *c = ps_cons_create(&o, fake_apply, NULL, &err);
+    ready_rec r = {0}, r2 = {0};
+    const uint32_t top = UINT32_MAX;
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, top, "x", on_ready, &r, &err) == 1);
+    ps_cons_stepped(c, 1, "h");
+    CHECK(ps_cons_ssp_admit(c, 1, "h", on_ready, &r, &err) == 0);   /* 1 ahead of rank 2^32-1 */
+    ps_cons_stepped(c, top, "x");                                  /* the top rank steps like any */
+    CHECK_MSG(ps_cons_clock(c, top) == 1 && r.called == 1 && r.st == PS_OK, "rank %u clock %llu, released %d",
+              top, (unsigned long long)ps_cons_clock(c, top), r.called);
+    /* ranks past 4095 each have their own clock */
+    CHECK(ps_cons_ssp_admit(c, 5000, "y", on_ready, &r2, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 6000, "y", on_ready, &r2, &err) == 1);
+    uint64_t c6 = ps_cons_clock(c, 6000);
+    ps_cons_stepped(c, 5000, "y");
+    ps_cons_stepped(c, 5000, "y");
+    CHECK(ps_cons_clock(c, 6000) == c6 && ps_cons_clock(c, 5000) == c6 + 2);
+    /* another identity: refused while the rank is active; its steps move nothing */
+    r2 = (ready_rec){0};
+    CHECK(ps_cons_ssp_admit(c, 1, "intruder", on_ready, &r2, &err) == -1 && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK_MSG(strstr(err.msg, "trainer_rank 1") && strstr(err.msg, "another client"), "%s", err.msg);
+    uint64_t c1 = ps_cons_clock(c, 1);
+    ps_cons_stepped(c, 1, "intruder");
+    CHECK(ps_cons_clock(c, 1) == c1 && r2.called == 0);
+    ps_cons_free(c);
+    /* ssp_world_size: ranks below it only */
+    o.ssp_world_size = 4;
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    CHECK(ps_cons_ssp_admit(c, 3, "h", on_ready, &r, &err) == 1);
+    CHECK(ps_cons_ssp_admit(c, 4, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "server.ssp_world_size is 4"), "%s", err.msg);
+    CHECK(ps_cons_ssp_admit(c, top, "h", on_ready, &r, &err) == -1);
+    ps_cons_free(c);
+    /* without it, at most 4096 active ranks; an inactive one's slot is reused */
+    o = (ps_cons_opts){.mode = PS_CONS_SSP, .max_staleness = 1000, .active_s = 0.2};
+    c = ps_cons_create(&o, fake_apply, NULL, &err);
+    int ok = 0;
+    for (uint32_t k = 0; k < 4096; k++) ok += ps_cons_ssp_admit(c, 100000 + k, "many", on_ready, &r, &err) == 1;
+    CHECK(ok == 4096);
+    CHECK(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == -1 && err.code == PS_ERR_RESOURCE_EXHAUSTED);
+    usleep(300 * 1000);
+    CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", on_ready, &r, &err) == 1, "%s", err.msg);
     ps_cons_free(c);
 }
 
@@ -284,6 +414,8 @@ int main(void) {
     test_options();
     test_sync_exactly_once();
     test_sync_straggler();
+    test_sync_queue();
     test_ssp();
+    test_ssp_ranks();
     return check_summary("test_consistency");
 }

@@ -3,6 +3,7 @@
  * Forward/Backward/Step on one model from several threads (run it under
  * `make asan` to check memory safety). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +59,13 @@ static void test_lifecycle(void) {
     CHECK(ps_ctx_pending(c, &first) == 2 && first == 0);
     ps_ctx_fwd_done(t, c, ps_ctx_find_fwd(c, 0));
     CHECK(ps_ctx_pending(c, &first) == 1 && first == 1 && ps_ctx_find_fwd(c, 0)->tape == NULL);
-    /* A busy context can be acquired or opened by nobody else and never expires. */
-    CHECK(ps_ctx_table_acquire(t, 1, NULL, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
-    CHECK(ps_ctx_table_open(t, 1, 1, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
+    /* A busy context can be acquired or opened by nobody else and never expires.
+     * "In use" decides nothing (its Step may still be running or waiting in a
+     * sync round): UNAVAILABLE, ask again - never a code the settle rules read
+     * as "not applied" (FAILED_PRECONDITION, NOT_FOUND). */
+    CHECK(ps_ctx_table_acquire(t, 1, NULL, NULL, &err) == NULL && err.code == PS_ERR_UNAVAILABLE);
+    CHECK_MSG(strstr(err.msg, "in use") && strstr(err.msg, "ask again"), "%s", err.msg);
+    CHECK(ps_ctx_table_open(t, 1, 1, NULL, &err) == NULL && err.code == PS_ERR_UNAVAILABLE);
     CHECK(ps_ctx_table_acquire(t, 99, NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND);
 
     ps_ctx_stats st;
@@ -114,6 +119,25 @@ static void test_owner_only(void) {
     CHECK(err.code == PS_ERR_PERMISSION_DENIED && strstr(err.msg, "belongs to another client"));
     CHECK((c = ps_ctx_table_acquire_as(t, 42, "token:alice", NULL, NULL, &err)) != NULL);
     if (c) ps_ctx_table_release(t, c);
+    /* Whole identities: two token names of 63 characters (the most a tokens
+     * file takes) sharing their first 57 are two clients. */
+    char a[80], b[80];
+    snprintf(a, sizeof a, "token:%057dA12345", 0);
+    snprintf(b, sizeof b, "token:%057dB12345", 0);
+    CHECK(strlen(a) == 6 + 63 && strncmp(a, b, 63) == 0);
+    CHECK((c = ps_ctx_table_open_as(t, 43, 1, a, NULL, &err)) != NULL);
+    if (c) {
+        ps_tape *tp2 = make_tape(43);
+        CHECK(ps_ctx_add_fwd(t, c, 0, tp2, 0, 100, &err) == PS_OK);
+        ps_ctx_table_release(t, c);
+    }
+    CHECK(ps_ctx_table_acquire_as(t, 43, b, NULL, NULL, &err) == NULL && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK(ps_ctx_table_open_as(t, 43, 1, b, NULL, &err) == NULL && err.code == PS_ERR_FAILED_PRECONDITION);
+    CHECK((c = ps_ctx_table_acquire_as(t, 43, a, NULL, NULL, &err)) != NULL);
+    if (c) ps_ctx_table_release(t, c);
+    ps_ctx_stats st;
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.owners == 2);
     ps_ctx_table_free(t);
 }
 
@@ -155,7 +179,8 @@ static void test_settle_window(void) {
     uint64_t v = 0;
     CHECK(ps_ctx_table_acquire(t, 1400, &finished, &v, &err) == NULL && finished == 1 && v == 14000);
     CHECK(ps_ctx_table_acquire(t, 3, &finished, &v, &err) == NULL && finished == 2);
-    CHECK(err.code == PS_ERR_FAILED_PRECONDITION && strstr(err.msg, "too old to settle"));
+    /* applied once: ALREADY_EXISTS, which the settle rules read as applied */
+    CHECK(err.code == PS_ERR_ALREADY_EXISTS && strstr(err.msg, "too old to settle"));
     CHECK(strstr(err.msg, "do not re-run"));
     int old = 0;
     for (uint64_t id = 1; id <= 500; id++) {
@@ -314,6 +339,119 @@ static void test_fair_shares(void) {
     ps_ctx_table_free(t);
 }
 
+/* Finished records for checkpoints: what a context's step did survives an
+ * export and an import into a new table (a restarted psd); only records the
+ * snapshot holds are exported, the newest when capped. */
+static ps_ctx *open_with_grads(ps_ctx_table *t, uint64_t id) {
+    ps_err err = {0};
+    ps_ctx *c = ps_ctx_table_open(t, id, 1, NULL, &err);
+    CHECK_MSG(c != NULL, "%s", err.msg);
+    if (c) c->grads = malloc(8);
+    return c;
+}
+
+static void test_export_import(void) {
+    ps_ctx_table *t = table(60, 64);
+    for (uint64_t id = 1; id <= 10; id++) ps_ctx_table_finish(t, open_with_grads(t, id), id);
+    ps_ctx *c = open_with_grads(t, 11);
+    c->nonfinite = 1;
+    ps_ctx_table_finish(t, c, 10);                                     /* skipped */
+    ps_ctx_table_finish_as(t, open_with_grads(t, 12), 10, PS_CTX_DROPPED); /* a sync straggler */
+    ps_ctx_stats st;
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.applied == 10);
+    ps_ctx_finished *r = NULL;
+    uint64_t applied = 0;
+    size_t n = ps_ctx_table_export(t, 10, 1000, &r, &applied);
+    CHECK(n == 12 && applied == 10);
+    for (size_t i = 0; r && i < 10 && i < n; i++) CHECK(r[i].id == i + 1 && r[i].version == i + 1 && r[i].how == 0);
+    if (n == 12) CHECK(r[10].how == PS_CTX_SKIPPED && r[11].how == PS_CTX_DROPPED && r[11].version == 10);
+    ps_ctx_table *t2 = table(60, 64);
+    ps_ctx_table_import(t2, r, n, applied);
+    free(r);
+    int finished = 0;
+    uint64_t v = 0;
+    ps_err err = {0};
+    CHECK(ps_ctx_table_acquire(t2, 7, &finished, &v, &err) == NULL && finished == 1 && v == 7);
+    CHECK(ps_ctx_table_finished_how(t2, 7) == PS_CTX_APPLIED && ps_ctx_table_finished_skipped(t2, 11));
+    CHECK(ps_ctx_table_finished_how(t2, 12) == PS_CTX_DROPPED && ps_ctx_table_finished_how(t2, 99) == -1);
+    CHECK(ps_ctx_table_open(t2, 3, 1, NULL, &err) == NULL && err.code == PS_ERR_ALREADY_EXISTS);
+    ps_ctx_table_stats(t2, &st);
+    CHECK(st.applied == 10 && st.finished_kept == 12);
+    /* only what a snapshot of version 5 holds; the newest 3 when capped */
+    n = ps_ctx_table_export(t, 5, 1000, &r, &applied);
+    CHECK(n == 5 && r && r[4].version == 5);
+    free(r);
+    n = ps_ctx_table_export(t, 10, 3, &r, &applied);
+    CHECK(n == 3 && r && r[0].id == 10 && r[2].id == 12);
+    free(r);
+    ps_ctx_table_free(t);
+    ps_ctx_table_free(t2);
+}
+
+/* The apply lock: steps on several threads (update a version counter, then
+ * record the context) while a checkpoint thread freezes, reads the version
+ * and exports. Every export must hold exactly the steps of its version:
+ * one applied record per version 1..V, none beyond. Without the lock a
+ * snapshot lands between an update and its record. */
+typedef struct stepper_arg {
+    ps_ctx_table *t;
+    pthread_mutex_t *mu;
+    uint64_t *version;
+    int base, n;
+} stepper_arg;
+
+static void *stepper(void *p) {
+    stepper_arg *a = p;
+    for (int i = 0; i < a->n; i++) {
+        ps_ctx *c = open_with_grads(a->t, (uint64_t)a->base + (uint64_t)i);
+        if (!c) continue;
+        ps_ctx_table_apply_begin(a->t);
+        pthread_mutex_lock(a->mu);
+        uint64_t v = ++*a->version;   /* the optimizer update */
+        pthread_mutex_unlock(a->mu);
+        sched_yield();
+        ps_ctx_table_finish(a->t, c, v);  /* its record */
+        ps_ctx_table_apply_end(a->t);
+    }
+    return NULL;
+}
+
+static void test_snapshot_consistency(void) {
+    ps_ctx_table_opts o = {.ttl_s = 60, .max_live = 4096, .grads_free = free};
+    ps_ctx_table *t = ps_ctx_table_create(&o);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t version = 0;
+    enum { TH = 4, PER = 2000 };
+    pthread_t th[TH];
+    stepper_arg a[TH];
+    for (int i = 0; i < TH; i++) {
+        a[i] = (stepper_arg){t, &mu, &version, 1000000 * (i + 1), PER};
+        pthread_create(&th[i], NULL, stepper, &a[i]);
+    }
+    int snaps = 0, bad = 0;
+    for (int k = 0; k < 200; k++) {
+        ps_ctx_table_freeze(t);
+        pthread_mutex_lock(&mu);
+        uint64_t v = version;       /* the weights snapshot */
+        pthread_mutex_unlock(&mu);
+        ps_ctx_finished *r = NULL;
+        uint64_t applied = 0;
+        size_t n = ps_ctx_table_export(t, v, (size_t)1 << 20, &r, &applied);
+        ps_ctx_table_thaw(t);
+        snaps++;
+        if (n != v || applied != v) bad++;
+        free(r);
+        usleep(100);
+    }
+    for (int i = 0; i < TH; i++) pthread_join(th[i], NULL);
+    CHECK_MSG(bad == 0, "%d of %d snapshots held records that do not match their version", bad, snaps);
+    ps_ctx_stats st;
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.applied == TH * PER && version == TH * PER);
+    ps_ctx_table_free(t);
+}
+
 int main(void) {
     ps_model_opts o = {.arch = "mnist_cnn", .cpu_backend = "dnnl", .seed = 3, .compute_threads = 1, .lr = 0.01f,
                        .momentum = 0.9f};
@@ -327,6 +465,8 @@ int main(void) {
     test_settle_window();
     test_concurrent();
     test_fair_shares();
+    test_export_import();
+    test_snapshot_consistency();
     ps_model_free(model);
     return check_summary("test_ctx_table");
 }

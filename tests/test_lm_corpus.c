@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -126,6 +127,26 @@ static void test_bad(void) {
     snprintf(p, sizeof p, "%s/nonexistent", g_dir);
     c = (ps_lm_corpus *)1;
     CHECK(ps_lm_corpus_load(p, &c, &err) == PS_ERR_NOT_FOUND && c == NULL);
+    /* Regular files only, of bounded size: train.txt -> /dev/zero read until
+     * memory ran out, a FIFO without a writer hung. Each is refused at once. */
+    PUT("valid.txt", "a\n");
+    snprintf(p, sizeof p, "%s/train.txt", g_dir);
+    unlink(p);
+    CHECK(symlink("/dev/zero", p) == 0);
+    expect_error("train.txt -> /dev/zero", PS_ERR_FORMAT, "train.txt: not a regular file", "character device");
+    unlink(p);
+    CHECK(mkfifo(p, 0600) == 0);
+    expect_error("train.txt a FIFO", PS_ERR_FORMAT, "train.txt: not a regular file", "FIFO");
+    unlink(p);
+    CHECK(mkdir(p, 0700) == 0);
+    expect_error("train.txt a directory", PS_ERR_FORMAT, "not a regular file", "directory");
+    rmdir(p);
+    FILE *f = fopen(p, "wb");  /* sparse: no disk used */
+    CHECK(f && ftruncate(fileno(f), (off_t)PS_LM_FILE_MAX + 1) == 0);
+    if (f) fclose(f);
+    expect_error("train.txt past the size cap", PS_ERR_FORMAT, "1073741825 bytes", "at most 1073741824 bytes");
+    unlink(p);
+    PUT("train.txt", "a\n");
 }
 
 int main(void) {

@@ -197,6 +197,9 @@ static void test_settle(void) {
         {{PS_ERR_UNAVAILABLE, PS_OK}, 2, PS_OK, 2},                          /* psd back, applied */
         {{PS_ERR_UNAVAILABLE, PS_ERR_NOT_FOUND}, 2, PS_ERR_NOT_FOUND, 2},    /* psd restarted: lost */
         {{PS_ERR_FAILED_PRECONDITION}, 1, PS_ERR_FAILED_PRECONDITION, 1},    /* no gradients yet */
+        {{PS_ERR_ALREADY_EXISTS}, 1, PS_ERR_ALREADY_EXISTS, 1},              /* too old to settle: applied */
+        /* in use (the first Step waits in its sync round), then applied */
+        {{PS_ERR_UNAVAILABLE, PS_ERR_UNAVAILABLE, PS_OK}, 3, PS_OK, 3},
         {{PS_ERR_INVALID_ARGUMENT}, 1, PS_ERR_INVALID_ARGUMENT, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -234,6 +237,9 @@ typedef struct fault {
     ps_status code;  /* what the trainer sees */
     int applied;     /* STEP only: psd applied it before the answer was lost */
     int restart;     /* psd forgets every context (before answering) */
+    int in_use;      /* STEP only: the step stays pending (a sync round) for this many more Step
+                      * calls, each answered UNAVAILABLE "in use"; then it is applied */
+    int forget;      /* STEP only, with applied: the record is gone ("too old to settle") */
 } fault;
 
 #define MAX_CTX 64
@@ -249,6 +255,9 @@ typedef struct fake_psd {
     const fault *faults;
     int nfaults;
     int steps_asked;
+    int pending;     /* Step calls still answered "in use" before the pending step applies */
+    uint64_t pending_ctx;
+    int too_old;     /* the next Steps find no record: ALREADY_EXISTS */
 } fake_psd;
 
 static int find_ctx(fake_psd *f, uint64_t ctx) {
@@ -278,11 +287,26 @@ static ps_status fake_step_apply(fake_psd *f, uint64_t ctx, ps_err *err) {
 }
 
 static ps_status fake_call(fake_psd *f, int call, uint64_t ctx, ps_err *err) {
+    if (call == STEP && f->pending && ctx == f->pending_ctx) {  /* its round has not closed yet */
+        f->pending--;
+        if (f->pending) return ps_err_set(err, PS_ERR_UNAVAILABLE, "fake: context %llx in use",
+                                          (unsigned long long)ctx);
+        ps_err scratch;
+        fake_step_apply(f, ctx, &scratch);  /* the round closed: applied once */
+    }
+    if (call == STEP && f->too_old)
+        return ps_err_set(err, PS_ERR_ALREADY_EXISTS, "fake: context %llx too old to settle", (unsigned long long)ctx);
     const fault *ft = fault_for(f, call);
+    if (ft && call == STEP && ft->in_use) {  /* deferred past the deadline, still in its round */
+        f->pending = ft->in_use + 1;
+        f->pending_ctx = ctx;
+        return ps_err_set(err, PS_ERR_DEADLINE_EXCEEDED, "fake: Step deadline (waiting in its round)");
+    }
     if (ft && ft->restart) f->nctx = 0;
     if (ft && call == STEP && ft->applied) {
         ps_err scratch;
         fake_step_apply(f, ctx, &scratch);
+        if (ft->forget) f->too_old = 1;
     }
     if (ft && ft->code) return ps_err_set(err, ft->code, "fake %d: %s", call, ps_status_name(ft->code));
     int i = find_ctx(f, ctx);
@@ -391,6 +415,33 @@ static void test_once(void) {
     const fault refused[] = {{0, BWD, 0, PS_ERR_INVALID_ARGUMENT}};
     CHECK(run_units(&f, 1, refused, 1, 10) == PS_ERR_INVALID_ARGUMENT);
     CHECK(f.applied_per_unit[0] == 0 && f.nids == 1 && f.steps_asked == 0);
+
+    /* A sync straggler: its round closed without it (ABORTED, nothing
+     * applied, the context dropped): the unit runs again under a fresh id,
+     * into the open round - whether the Step said so at once or when it was
+     * settled - at most PS_RETRY_MAX_LATE times in a row. */
+    const fault late[] = {{0, STEP, 0, PS_ERR_ABORTED}, {1, STEP, 0, PS_ERR_DEADLINE_EXCEEDED},
+                          {1, STEP, 1, PS_ERR_ABORTED}};
+    CHECK(run_units(&f, 2, late, 3, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.applied_per_unit[1] == 1 && f.nids == 4 && ids_distinct(&f));
+    fault always_late[PS_RETRY_MAX_LATE + 1];
+    for (int i = 0; i <= PS_RETRY_MAX_LATE; i++) always_late[i] = (fault){0, STEP, i, PS_ERR_ABORTED};
+    ps_status lst = run_units(&f, 1, always_late, PS_RETRY_MAX_LATE + 1, 10);
+    CHECK(lst == PS_ERR_ABORTED && f.applied_per_unit[0] == 0 && f.nids == PS_RETRY_MAX_LATE + 1);
+
+    /* The Step outlived its deadline while waiting in a sync round: the
+     * settling Steps find the context in use (UNAVAILABLE) until the round
+     * closes, then its record: applied once, never run again. */
+    const fault in_round[] = {{1, STEP, 0, PS_ERR_DEADLINE_EXCEEDED, .in_use = 4}};
+    CHECK(run_units(&f, 3, in_round, 1, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.applied_per_unit[1] == 1 && f.applied_per_unit[2] == 1);
+    CHECK(f.nids == 3 && f.steps_asked == 5);
+
+    /* Applied, answer lost, and the record gone ("too old to settle",
+     * ALREADY_EXISTS): applied once, not run again. */
+    const fault forgotten[] = {{0, STEP, 0, PS_ERR_DEADLINE_EXCEEDED, .applied = 1, .forget = 1}};
+    CHECK(run_units(&f, 1, forgotten, 1, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.nids == 1 && f.steps_asked == 1);
 
     /* No budget: an unanswered Backward is the unit's error. */
     const fault bwd_down[] = {{0, BWD, 0, PS_ERR_UNAVAILABLE}};

@@ -122,9 +122,48 @@ static void limits_and_refusals(void) {
     ps_rmetrics_free(m);
 }
 
+/* Junk names cannot push out the stop metric: it is reserved; every client
+ * brings at most PS_RM_NAMES_PER_CLIENT names, and a Step with a name no
+ * slot is left for is refused (nothing taken). */
+static void reserved_names(void) {
+    ps_err err = {0};
+    ps_rmetrics_opts o = {.alpha = 1, .ema_of = PS_RM_EMA_MEAN, .round_steps = 1, .stop_metric = "reward",
+                          .stop_threshold = 475};
+    ps_rmetrics *m = ps_rmetrics_create(&o, &err);
+    ps_scalar_set junk = {.n = PS_RM_MAX_SCALARS};
+    for (int i = 0; i < junk.n; i++) snprintf(junk.s[i].name, sizeof junk.s[i].name, "junk%d", i);
+    /* 8 junk names at once: past one client's share, refused whole */
+    CHECK(ps_rmetrics_admit(m, &junk, "ipv4:10.0.0.9", &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "scalars[4]: 'junk4' is a new name") && strstr(err.msg, "at most 4 per client"),
+              "%s", err.msg);
+    /* four of them: taken; a fifth later: refused */
+    junk.n = 4;
+    CHECK_MSG(ps_rmetrics_admit(m, &junk, "ipv4:10.0.0.9", &err) == PS_OK, "%s", err.msg);
+    ps_scalar_set one = {.n = 1};
+    snprintf(one.s[0].name, sizeof one.s[0].name, "junk9");
+    CHECK(ps_rmetrics_admit(m, &one, "ipv4:10.0.0.9", &err) == PS_ERR_INVALID_ARGUMENT);
+    /* another client takes the last three slots; then nobody brings a new name */
+    for (int i = 0; i < 3; i++) {
+        snprintf(one.s[0].name, sizeof one.s[0].name, "more%d", i);
+        CHECK(ps_rmetrics_admit(m, &one, "token:other", &err) == PS_OK);
+    }
+    snprintf(one.s[0].name, sizeof one.s[0].name, "loss");
+    CHECK(ps_rmetrics_admit(m, &one, "token:trainer", &err) == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "all taken (reward, junk0"), "%s", err.msg);
+    /* the stop metric was never pushed out: an honest client's reward counts and solves */
+    snprintf(one.s[0].name, sizeof one.s[0].name, "reward");
+    one.s[0].value = 500;
+    CHECK(ps_rmetrics_admit(m, &one, "token:trainer", &err) == PS_OK);
+    ps_round_report r;
+    ps_rmetrics_add_step(m, &one, &r);
+    CHECK(find(&r, "reward") && find(&r, "reward")->mean == 500 && r.solved);
+    ps_rmetrics_free(m);
+}
+
 int main(void) {
     sync_rounds();
     hogwild_rounds();
     limits_and_refusals();
+    reserved_names();
     return check_summary("test_round_metrics");
 }

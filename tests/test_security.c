@@ -21,6 +21,7 @@
 
 #define M_FORWARD "/ps.ParameterServer/Forward"
 #define M_STATUS "/ps.ParameterServer/Status"
+#define M_HEALTH "/grpc.health.v1.Health/Check"
 
 static int handler_calls;  /* test-only counter; handlers run on server threads */
 
@@ -35,7 +36,7 @@ static void echo(void *user, const ps_rpc_call_info *info, const grpc_byte_buffe
     grpc_slice_unref(s);
 }
 
-static const ps_rpc_method methods[] = {{M_FORWARD, echo}, {M_STATUS, echo}};
+static const ps_rpc_method methods[] = {{M_FORWARD, echo}, {M_STATUS, echo}, {M_HEALTH, echo}};
 
 static char dir[256];
 
@@ -90,7 +91,7 @@ static grpc_status_code call(const char *target, const ps_rpc_security *sec, con
 
 static ps_rpc_server *start(const ps_rpc_security *sec, char *target, size_t tlen) {
     ps_err err = {0};
-    ps_rpc_server *s = ps_rpc_server_create_secure("127.0.0.1:0", 2, 16 << 20, methods, 2, NULL, sec, &err);
+    ps_rpc_server *s = ps_rpc_server_create_secure("127.0.0.1:0", 2, 16 << 20, methods, 3, NULL, sec, &err);
     CHECK_MSG(s, "%s", err.msg);
     if (!s) return NULL;
     CHECK(ps_rpc_server_start(s, &err) == PS_OK);
@@ -245,6 +246,8 @@ static void test_tokens(void) {
     CHECK(handler_calls == before);  /* refused calls never reach a handler */
     CHECK(call(target, &cl, M_STATUS, out, sizeof out, det, sizeof det) == GRPC_STATUS_OK);
     CHECK_MSG(!strcmp(out, "principal=monitor"), "%s", out);
+    /* the health check is for anyone who may connect: readers too */
+    CHECK_MSG(call(target, &cl, M_HEALTH, out, sizeof out, det, sizeof det) == GRPC_STATUS_OK, "%s", det);
     cl.token = TRAINER_TOKEN;
     CHECK(call(target, &cl, M_FORWARD, out, sizeof out, det, sizeof det) == GRPC_STATUS_OK);
     CHECK_MSG(!strcmp(out, "principal=trainer1"), "%s", out);
@@ -293,6 +296,20 @@ static void test_config_checks(void) {
     expect_parse_error("a trainer 0123456789abcdef0123\nb admin 0123456789abcdef9999\n",
                        "tok:2: role 'admin' of 'b' is not 'trainer' or 'reader'");
     expect_parse_error("a trainer short\n", "tok:1: the token of 'a' must be 16..256");
+    /* over-long names are refused at load (identities are compared whole):
+     * 63 characters pass, 64 do not */
+    {
+        char text[256], buf[256];
+        snprintf(text, sizeof text, "%063d trainer 0123456789abcdef0123\n", 7);
+        snprintf(buf, sizeof buf, "%s", text);
+        ps_rpc_token *t = NULL;
+        int n = 0;
+        ps_err err = {0};
+        CHECK(ps_security_parse_tokens(buf, "tok", &t, &n, &err) == PS_OK && n == 1 && strlen(t[0].name) == 63);
+        free(t);
+        snprintf(text, sizeof text, "%064d trainer 0123456789abcdef0123\n", 7);
+        expect_parse_error(text, "must be 1..63");
+    }
     expect_parse_error("a trainer\n", "tok:1: expected '<name> <role> <token>', got 2 fields");
     expect_parse_error("a trainer 0123456789abcdef0123 extra\n", "got 4 fields");
     expect_parse_error("a trainer 0123456789abcdef0123\nb reader 0123456789abcdef0123\n",

@@ -633,6 +633,44 @@ int main(void) {
         ps_wire_tensor_list_free(&gp);
     }
 
+    /* A Backward covering several forwards is all or nothing: refused for
+     * one of them (an unrecorded seq, a seq twice, a bad shape), it changes
+     * nothing - the good forward stays pending, so Step is refused and no
+     * gradient was added; the retried call then applies once. */
+    if (!ext) {
+        uint64_t cm = 0x5eed0000000000e1ULL;
+        ps_client_fwd f = {.ctx = cm, .seq = 3, .train = 1, .rank = 3, .input = {PS_CLIENT_F32, 4, {n, 1, 28, 28}, x}};
+        ps_client_fwd_out o = {.out = out, .out_cap = 40};
+        CHECK(ps_client_forward_ex(cl, &f, &o, &err) == PS_OK);
+        float bad[4 * 9] = {0};
+        ps_client_tensor g2[2] = {{PS_CLIENT_F32, 2, {n, 10}, grad}, {PS_CLIENT_F32, 2, {n, 10}, grad}};
+        uint32_t s_missing[2] = {3, 9}, s_twice[2] = {3, 3};
+        ps_client_bwd b = {.ctx = cm, .n = 2, .seqs = s_missing, .grads = g2};
+        ps_client_step_out so;
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_NOT_FOUND);
+        CHECK_MSG(strstr(err.msg, "more_seqs[0]") && strstr(err.msg, "seq 9"), "%s", err.msg);
+        b.seqs = s_twice;
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "covered twice"), "%s", err.msg);
+        /* a bad grad_output after a good one: nothing added either */
+        f.seq = 4;
+        CHECK(ps_client_forward_ex(cl, &f, &o, &err) == PS_OK);
+        uint32_t s34[2] = {3, 4};
+        ps_client_tensor g3[2] = {{PS_CLIENT_F32, 2, {n, 10}, grad}, {PS_CLIENT_F32, 2, {n, 9}, bad}};
+        b = (ps_client_bwd){.ctx = cm, .n = 2, .seqs = s34, .grads = g3};
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK(ps_client_step(cl, cm, NULL, &err) == PS_ERR_FAILED_PRECONDITION);
+        CHECK_MSG(strstr(err.msg, "2 recorded forwards not backwarded"), "%s", err.msg);
+        ps_wire_tensor_list gx;
+        CHECK(ps_client_get_gradients(cl, cm, &gx, &err) == PS_ERR_FAILED_PRECONDITION);  /* none added */
+        ps_wire_tensor_list_free(&gx);
+        g3[1] = g3[0];
+        CHECK(ps_client_backward_ex(cl, &b, &so, &err) == PS_OK);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        uint64_t vb = st.model_version, va = 0;
+        CHECK(ps_client_step(cl, cm, &va, &err) == PS_OK && va == vb + 1);
+    }
+
     /* The stage-addressed client calls: conv then fc (eval) equals the whole
      * model; a training context with one forward per stage, both covered by
      * one Backward (input gradient of fc asked), then a Step. */

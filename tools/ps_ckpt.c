@@ -6,12 +6,22 @@
  *       load_state_dict(strict=True): unsharded tensors as they are, each
  *       sharded table rebuilt from its parts' rows (psd.rows.<param> =
  *       "lo,hi,R"; every row covered exactly once). Refuses parts of
- *       different clusters or models, a tensor in two parts, rows missing or
- *       covered twice, a stage of the model in no part, and - unless
- *       --allow-mixed-versions - parts of different model versions. The
- *       optimizer state files (ckpt-<N>.optim.safetensors) are not merged.
+ *       different clusters or models, two parts of one server, an empty
+ *       part, a tensor in two parts, rows missing or covered twice, a stage
+ *       of the model in no part, and - unless --allow-mixed-versions - parts
+ *       of different model versions. A part is not taken at its word: its
+ *       tensors are checked against the model's parameter list psd writes
+ *       into every part (psd.params: names, stages, whole shapes, which
+ *       tables may be sharded), which all parts must agree on - a tensor the
+ *       model lacks, of a stage the part does not host, of another shape or
+ *       dtype, a shard of a table that is not shardable, or a hosted stage's
+ *       tensor missing from its part is refused. Parts written before
+ *       psd.params existed get the other checks only (a warning says so).
+ *       The optimizer state files (ckpt-<N>.optim.safetensors) are not
+ *       merged.
  *   ps-ckpt info PART...
- *       Prints each file's metadata and tensors.
+ *       Prints each file's metadata and tensors, control characters and
+ *       non-ASCII bytes escaped (\xNN), long values cut.
  *
  * Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 usage.
  */
@@ -48,19 +58,42 @@ static const char *meta(const ps_st_file *f, const char *key) {
     return v ? v : "";
 }
 
+/* s as a terminal may show it: printable ASCII as is, everything else
+ * (escape sequences, newlines, UTF-8) as \xNN, '\\' doubled; at most max
+ * bytes of s, then "... (N bytes)". A file's metadata is whatever its
+ * writer put there. */
+static void put_safe(FILE *out, const char *s, size_t max) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n && i < max; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\') fputs("\\\\", out);
+        else if (c >= 0x20 && c < 0x7f) fputc(c, out);
+        else fprintf(out, "\\x%02x", c);
+    }
+    if (n > max) fprintf(out, "... (%zu bytes)", n);
+}
+
 static int cmd_info(int argc, char **argv) {
     if (argc < 1) { usage(stderr); return 2; }
     int rc = 0;
     for (int i = 0; i < argc; i++) {
         ps_err err = {0};
         ps_st_file *f = ps_st_read(argv[i], &err);
-        if (!f) { fprintf(stderr, "ps-ckpt: %s\n", err.msg); rc = 1; continue; }
-        printf("%s:\n", argv[i]);
-        for (size_t k = 0; k < ps_st_metadata_count(f); k++)
-            printf("  %s = %s\n", ps_st_metadata_key(f, k), ps_st_metadata_value(f, k));
+        if (!f) { fprintf(stderr, "ps-ckpt: "); put_safe(stderr, err.msg, 4096); fputc('\n', stderr); rc = 1; continue; }
+        put_safe(stdout, argv[i], 4096);
+        printf(":\n");
+        for (size_t k = 0; k < ps_st_metadata_count(f); k++) {
+            printf("  ");
+            put_safe(stdout, ps_st_metadata_key(f, k), 200);
+            printf(" = ");
+            put_safe(stdout, ps_st_metadata_value(f, k), 300);
+            printf("\n");
+        }
         for (size_t k = 0; k < ps_st_count(f); k++) {
             const ps_st_tensor *t = ps_st_get(f, k);
-            printf("  tensor %s %s (", t->name, ps_st_dtype_name(t->dtype));
+            printf("  tensor ");
+            put_safe(stdout, t->name, 200);
+            printf(" %s (", ps_st_dtype_name(t->dtype));
             for (int d = 0; d < t->ndim; d++) printf("%s%" PRId64, d ? ", " : "", t->dims[d]);
             printf(")\n");
         }
@@ -104,6 +137,62 @@ static out_tensor *find_out(out_tensor *o, int n, const char *name) {
     return NULL;
 }
 
+/* ---- psd.params: the model's parameters as psd wrote them ------------------ */
+
+#define MAX_DECL 1024
+
+typedef struct decl {
+    char name[PS_ST_NAME_MAX];
+    char stage[64];
+    int ndim;
+    int64_t dims[PS_ST_MAX_DIMS];
+    int shard;                   /* a table that may be split by rows */
+} decl;
+
+/* "<name>@<stage>:<d0>,<d1>...[:shard];..." into d; the count, or -1. */
+static int parse_params(const char *s, decl *d, int max) {
+    int n = 0;
+    while (*s) {
+        if (n == max) return -1;
+        decl *x = &d[n++];
+        memset(x, 0, sizeof *x);
+        size_t len = strcspn(s, "@;");
+        if (!len || len >= sizeof x->name || s[len] != '@') return -1;
+        memcpy(x->name, s, len);
+        s += len + 1;
+        len = strcspn(s, ":;");
+        if (!len || len >= sizeof x->stage || s[len] != ':') return -1;
+        memcpy(x->stage, s, len);
+        s += len + 1;
+        for (;;) {  /* dims */
+            char *end;
+            errno = 0;
+            long long v = strtoll(s, &end, 10);
+            if (end == s || errno || v < 0 || x->ndim == PS_ST_MAX_DIMS) return -1;
+            x->dims[x->ndim++] = v;
+            s = end;
+            if (*s != ',') break;
+            s++;
+        }
+        if (!strncmp(s, ":shard", 6)) x->shard = 1, s += 6;
+        if (*s == ';') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static const decl *find_decl(const decl *d, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(d[i].name, name)) return &d[i];
+    return NULL;
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *dims) {
+    size_t o = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, i ? ", " : "", dims[i]);
+    if (o < cap) snprintf(buf + o, cap - o, ")");
+}
+
 /* Does the comma-separated list contain item? */
 static int list_has(const char *list, const char *item) {
     size_t n = strlen(item);
@@ -140,6 +229,8 @@ static int cmd_merge(int argc, char **argv) {
 
     ps_st_file *f[MAX_PARTS] = {0};
     static out_tensor outs[MAX_OUT];
+    static decl decls[MAX_DECL];
+    int ndecl = 0;
     int nout = 0, rc = 1, mixed = 0;
     float *bufs[MAX_OUT] = {0};
     ps_st_tensor *ts = NULL;
@@ -170,11 +261,12 @@ static int cmd_merge(int argc, char **argv) {
                     meta(f[0], "psd.arch"));
             goto done;
         }
-        if (strcmp(meta(f[p], "psd.server"), meta(f[0], "psd.server")) == 0) {
-            fprintf(stderr, "ps-ckpt: %s and %s are both parts of server '%s': give one part per server\n",
-                    paths[0], paths[p], meta(f[0], "psd.server"));
-            goto done;
-        }
+        for (int q = 0; q < p; q++)  /* every pair: one part per server */
+            if (strcmp(meta(f[p], "psd.server"), meta(f[q], "psd.server")) == 0) {
+                fprintf(stderr, "ps-ckpt: %s and %s are both parts of server '%s': give one part per server\n",
+                        paths[q], paths[p], meta(f[q], "psd.server"));
+                goto done;
+            }
         if (strcmp(ver, meta(f[0], "psd.model_version"))) mixed = 1;
     }
     if (mixed && !allow_mixed) {
@@ -185,6 +277,38 @@ static int cmd_merge(int argc, char **argv) {
     if (mixed)
         fprintf(stderr, "ps-ckpt: warning: merging parts of different model versions (%s): the merged "
                 "state_dict mixes them\n", from);
+
+    /* The model's parameters, as every part says (psd.params): all parts must
+     * say the same; parts written before psd.params get the other checks. */
+    int with_params = 0;
+    for (int p = 0; p < nparts; p++) {
+        with_params += ps_st_metadata(f[p], "psd.params") != NULL;
+        if (!ps_st_count(f[p])) {
+            fprintf(stderr, "ps-ckpt: %s holds no tensors (it claims to host %s)\n", paths[p], meta(f[p], "psd.hosted"));
+            goto done;
+        }
+    }
+    if (with_params && with_params != nparts) {
+        fprintf(stderr, "ps-ckpt: only %d of the %d parts list the model's parameters (psd.params); checkpoint every "
+                "server with one psd version\n", with_params, nparts);
+        goto done;
+    }
+    if (with_params) {
+        for (int p = 1; p < nparts; p++)
+            if (strcmp(meta(f[p], "psd.params"), meta(f[0], "psd.params"))) {
+                fprintf(stderr, "ps-ckpt: %s and %s list different parameters for model %s (psd.params): servers "
+                        "with other model.sizes, or not parts of one cluster\n", paths[0], paths[p],
+                        meta(f[0], "psd.arch"));
+                goto done;
+            }
+        if ((ndecl = parse_params(meta(f[0], "psd.params"), decls, MAX_DECL)) <= 0) {
+            fprintf(stderr, "ps-ckpt: %s: metadata psd.params is not a parameter list\n", paths[0]);
+            goto done;
+        }
+    } else {
+        fprintf(stderr, "ps-ckpt: warning: the parts do not list the model's parameters (psd.params: written by an "
+                "older psd); names, stages and shapes are not checked against the model\n");
+    }
 
     /* Every stage of the model's definition in some part. */
     ps_model_def *def = ps_model_def_load(meta(f[0], "psd.arch"), NULL, NULL);   /* NULL: a model of one's own */
@@ -210,6 +334,35 @@ static int cmd_merge(int argc, char **argv) {
             char key[PS_ST_NAME_MAX + 16];
             snprintf(key, sizeof key, "psd.rows.%s", t->name);
             const char *rows = ps_st_metadata(f[p], key);
+            if (ndecl) {  /* the part's tensor against the model's parameter */
+                const decl *dc = find_decl(decls, ndecl, t->name);
+                char got[128], want[128];
+                if (!dc) {
+                    fprintf(stderr, "ps-ckpt: %s: tensor '", paths[p]);
+                    put_safe(stderr, t->name, 200);
+                    fprintf(stderr, "' is not a parameter of model %s\n", meta(f[p], "psd.arch"));
+                    goto done;
+                }
+                if (!list_has(meta(f[p], "psd.hosted"), dc->stage)) {
+                    fprintf(stderr, "ps-ckpt: %s: tensor '%s' belongs to stage '%s', which this part does not host "
+                            "(psd.hosted: %s)\n", paths[p], t->name, dc->stage, meta(f[p], "psd.hosted"));
+                    goto done;
+                }
+                if (rows && !dc->shard) {
+                    fprintf(stderr, "ps-ckpt: %s: '%s' carries shard rows (%s = %s) but is not a table that is split "
+                            "by rows\n", paths[p], t->name, key, rows);
+                    goto done;
+                }
+                shape_str(got, sizeof got, t->ndim, t->dims);
+                shape_str(want, sizeof want, dc->ndim, dc->dims);
+                int same = t->ndim == dc->ndim;
+                for (int d = rows ? 1 : 0; same && d < t->ndim; d++) same = t->dims[d] == dc->dims[d];
+                if (!same || t->dtype != PS_ST_F32) {
+                    fprintf(stderr, "ps-ckpt: %s: tensor '%s' is %s %s; the model's is F32 %s%s\n", paths[p], t->name,
+                            ps_st_dtype_name(t->dtype), got, want, rows ? " (any rows, as a shard)" : "");
+                    goto done;
+                }
+            }
             out_tensor *o = find_out(outs, nout, t->name);
             if (!o) {
                 if (nout == MAX_OUT) { fprintf(stderr, "ps-ckpt: more than %d tensors\n", MAX_OUT); goto done; }
@@ -238,11 +391,25 @@ static int cmd_merge(int argc, char **argv) {
                         paths[o->pieces[0].part]);
                 goto done;
             }
+            const decl *dc = ndecl ? find_decl(decls, ndecl, t->name) : NULL;
+            if (dc && r != dc->dims[0]) {
+                fprintf(stderr, "ps-ckpt: %s: %s = '%s': the table has %" PRId64 " rows\n", paths[p], key, rows,
+                        dc->dims[0]);
+                goto done;
+            }
             o->rows = r;
             pc->lo = lo;
             pc->hi = hi;
         }
     }
+    /* Each part holds every parameter of the stages it says it hosts. */
+    for (int p = 0; p < nparts; p++)
+        for (int i = 0; i < ndecl; i++)
+            if (list_has(meta(f[p], "psd.hosted"), decls[i].stage) && !ps_st_find(f[p], decls[i].name)) {
+                fprintf(stderr, "ps-ckpt: %s hosts stage '%s' (psd.hosted) but holds no tensor '%s'\n", paths[p],
+                        decls[i].stage, decls[i].name);
+                goto done;
+            }
 
     /* Sharded tables: rows [0, R) covered exactly once, then rebuilt. */
     ts = calloc((size_t)nout + 1, sizeof *ts);

@@ -109,7 +109,8 @@ int ps_cluster_stage_server(const ps_cluster *c, const char *stage) {
 long ps_cluster_partial_steps(const ps_cluster *c) { return c->partial; }
 long ps_cluster_reruns(const ps_cluster *c) { return c->reruns; }
 
-/* Append src's items to dst. */
+/* Append src's parameters to dst (not its buffers: BatchNorm's running
+ * statistics are psd's state, never a trainer's gradient). */
 static ps_status params_append(ps_wire_param_list *dst, const ps_wire_param_list *src, ps_err *err) {
     if (dst->n + src->n > dst->cap) {
         size_t cap = dst->n + src->n;
@@ -118,8 +119,8 @@ static ps_status params_append(ps_wire_param_list *dst, const ps_wire_param_list
         dst->items = n;
         dst->cap = cap;
     }
-    memcpy(dst->items + dst->n, src->items, src->n * sizeof *src->items);
-    dst->n += src->n;
+    for (size_t i = 0; i < src->n; i++)
+        if (!src->items[i].buffer) dst->items[dst->n++] = src->items[i];
     return PS_OK;
 }
 

@@ -2,9 +2,12 @@
 #include "lm_corpus.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct ps_lm_corpus {
     char **words;          /* (nwords) each malloc'd, NUL-terminated */
@@ -112,17 +115,46 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
     return len;
 }
 
+/* A corpus file: a regular file (not a FIFO that may never end or block,
+ * not /dev/zero) of at most PS_LM_FILE_MAX bytes, read whole. */
 static ps_status read_file(const char *path, char **buf, size_t *len, ps_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s%s", path,
                           strerror(errno), errno == ENOENT ? " (a corpus directory holds train.txt, valid.txt, test.txt)" : "");
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return ps_err_set(err, PS_ERR_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: not a regular file (a %s); a corpus file is a text file", path,
+                          S_ISDIR(sb.st_mode) ? "directory" : S_ISFIFO(sb.st_mode) ? "FIFO"
+                          : S_ISCHR(sb.st_mode) ? "character device" : S_ISSOCK(sb.st_mode) ? "socket"
+                                                                         : "block device or other special file");
+    }
+    if (sb.st_size > PS_LM_FILE_MAX) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: %lld bytes; a corpus file is at most %lld bytes (PS_LM_FILE_MAX): "
+                          "split the corpus", path, (long long)sb.st_size, (long long)PS_LM_FILE_MAX);
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory opening it", path);
+    }
     size_t cap = 1 << 20, n = 0;
     char *b = malloc(cap);
+    int big = 0;
     while (b) {
         size_t r = fread(b + n, 1, cap - n, f);
         n += r;
         if (n < cap) break;
+        if (n > (size_t)PS_LM_FILE_MAX) { big = 1; break; }  /* it grew while read */
         char *nb = realloc(b, cap * 2);
         if (!nb) { free(b); b = NULL; break; }
         b = nb;
@@ -130,6 +162,11 @@ static ps_status read_file(const char *path, char **buf, size_t *len, ps_err *er
     }
     int bad = ferror(f);
     fclose(f);
+    if (big) {
+        free(b);
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: more than %lld bytes (it grew while read); a corpus file is at most "
+                          "%lld bytes", path, (long long)PS_LM_FILE_MAX, (long long)PS_LM_FILE_MAX);
+    }
     if (!b) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory reading it", path);
     if (bad) { free(b); return ps_err_set(err, PS_ERR_IO, "%s: read error", path); }
     *buf = b;

@@ -15,9 +15,11 @@
  * token arrays; ps_lm_corpus_free(NULL) is a no-op.
  *
  * Errors (PS_ERR_NOT_FOUND / PS_ERR_IO / PS_ERR_FORMAT, the message names
- * the file and line): a missing or unreadable file, a NUL byte (a binary
- * file), bytes that are not UTF-8, a word longer than PS_LM_WORD_MAX bytes,
- * a train.txt without a word, a valid.txt or test.txt without a token.
+ * the file and line): a missing or unreadable file, one that is not a
+ * regular file (a FIFO, /dev/zero, a directory: never read), one larger
+ * than PS_LM_FILE_MAX, a NUL byte (a binary file), bytes that are not
+ * UTF-8, a word longer than PS_LM_WORD_MAX bytes, a train.txt without a
+ * word, a valid.txt or test.txt without a token.
  */
 #ifndef PS_LM_CORPUS_H
 #define PS_LM_CORPUS_H
@@ -28,6 +30,7 @@
 #include "status.h"
 
 #define PS_LM_WORD_MAX 256 /* bytes of one word */
+#define PS_LM_FILE_MAX (1LL << 30) /* bytes of one corpus file (WikiText-103's train.txt is ~540 MB) */
 
 typedef struct ps_lm_corpus ps_lm_corpus;
 

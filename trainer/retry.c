@@ -41,6 +41,23 @@ void ps_retry_reset(ps_retry *r) {
 
 bool ps_retry_retryable(ps_status st) { return st == PS_ERR_UNAVAILABLE || st == PS_ERR_DEADLINE_EXCEEDED; }
 
+ps_settled ps_retry_settled(ps_status st) {
+    switch (st) {
+    case PS_OK:
+    case PS_ERR_ALREADY_EXISTS:      /* "too old to settle": applied once, its version forgotten */
+        return PS_SETTLED_APPLIED;
+    case PS_ERR_UNAVAILABLE:         /* psd down, or the context in use (its Step still running or */
+    case PS_ERR_DEADLINE_EXCEEDED:   /* waiting in its sync round): nothing decided yet */
+        return PS_SETTLED_UNKNOWN;
+    case PS_ERR_NOT_FOUND:           /* psd holds no record: never applied (restart, expiry) */
+    case PS_ERR_FAILED_PRECONDITION: /* refused as it stands (a forward not backwarded, no gradients) */
+    case PS_ERR_ABORTED:             /* dropped: its sync round closed without it */
+        return PS_SETTLED_NOT_APPLIED;
+    default:
+        return PS_SETTLED_FINAL;
+    }
+}
+
 bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
     double now = r->p.now(r->p.clock_arg);
     if (!r->failed) {
@@ -85,7 +102,7 @@ ps_status ps_retry_settle(ps_retry *r, ps_retry_fn step, void *arg, ps_err *err)
     for (;;) {
         if (!ps_retry_wait(r, "settling the step", err)) return st;
         st = step(arg, err);
-        if (!ps_retry_retryable(st)) return st;
+        if (ps_retry_settled(st) != PS_SETTLED_UNKNOWN) return st;
     }
 }
 
@@ -116,10 +133,25 @@ static ps_status call_step(void *arg, ps_err *err) {
     return s->ops->step(s->ops->arg, s->ctx, err);
 }
 
+/* A sync round closed without the unit's step (ABORTED, in err): 1 when the
+ * unit should run again under a new context (its step joins the open
+ * round), 0 when it was late too often (err says so). */
+static int late_again(ps_retry *r, const char *unit, int *late, ps_err *err) {
+    if (++*late > PS_RETRY_MAX_LATE) {
+        ps_err_prefix(err, "the %s was late for its sync round %d times in a row (is this trainer much slower than "
+                      "the others, or server.sync_timeout_s too short?)", unit, *late);
+        return 0;
+    }
+    if (r->p.log)
+        fprintf(r->p.log, "%s: %s; running the %s again under a new context (it joins the open round)\n", r->p.who,
+                err ? err->msg : "round closed without this step", unit);
+    return 1;
+}
+
 ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps_err *err) {
     ps_retry_reset(r);
     const char *unit = ops->unit ? ops->unit : "unit";
-    int lost = 0;
+    int lost = 0, late = 0;
     for (;;) {
         uint64_t ctx = ps_ctx_ids_next(ids);
         int kept = 0;
@@ -135,12 +167,26 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
                         r->p.who, err ? err->msg : "context not found", unit);
             continue;
         }
+        if (st == PS_ERR_ABORTED) {  /* sync: its round closed without it; nothing applied */
+            if (late_again(r, unit, &late, err)) continue;
+            return st;
+        }
         if (!ps_retry_retryable(st)) return st;
         /* Unanswered after the Forward: was the step applied? */
         step_call sc = {ops, ctx};
         st = ps_retry_settle(r, call_step, &sc, err);
-        if (st == PS_OK) return PS_OK;
-        if (st != PS_ERR_NOT_FOUND && st != PS_ERR_FAILED_PRECONDITION) return st;
+        ps_settled how = ps_retry_settled(st);
+        if (how == PS_SETTLED_APPLIED) {
+            if (st != PS_OK && r->p.log)
+                fprintf(r->p.log, "%s: context %llx was applied once (%s); not running the %s again\n", r->p.who,
+                        (unsigned long long)ctx, err ? err->msg : ps_status_name(st), unit);
+            return PS_OK;
+        }
+        if (how != PS_SETTLED_NOT_APPLIED) return st;
+        if (st == PS_ERR_ABORTED) {
+            if (late_again(r, unit, &late, err)) continue;
+            return st;
+        }
         if (r->p.log)
             fprintf(r->p.log, "%s: context %llx not applied (%s); running the %s again\n", r->p.who,
                     (unsigned long long)ctx, ps_status_name(st), unit);
@@ -193,8 +239,9 @@ ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *
             server_step_call sc = {ops, i, ctx};
             st = call_server_step(&sc, err);
             if (ps_retry_retryable(st)) st = ps_retry_settle(r, call_server_step, &sc, err);
-            if (st == PS_OK) applied |= 1u << i;
-            else if (st == PS_ERR_NOT_FOUND || st == PS_ERR_FAILED_PRECONDITION) lost |= 1u << i;
+            ps_settled how = ps_retry_settled(st);
+            if (how == PS_SETTLED_APPLIED) applied |= 1u << i;
+            else if (how == PS_SETTLED_NOT_APPLIED) lost |= 1u << i;
             else return ps_err_prefix(err, "Step of context %llx on %s", (unsigned long long)ctx, ops->names[i]);
         }
         *res = (ps_multi_result){.ctx = ctx, .touched = touched, .applied = applied, .lost = lost,

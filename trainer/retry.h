@@ -10,10 +10,15 @@
  *
  * Settling: a unit of work runs Forward ... Step under one context id. When
  * a call of it goes unanswered, psd may or may not have applied its step.
- * Step(ctx) is idempotent on psd, so asking again settles it: OK means the
- * step was (or now is) applied once; NOT_FOUND (psd restarted, the context
- * expired) or FAILED_PRECONDITION (no gradients yet) means nothing was
- * applied, and the unit runs again under a fresh context id.
+ * Step(ctx) is idempotent on psd, so asking again settles it
+ * (ps_retry_settled; docs/protocol.md "Statuses"): OK, or
+ * ALREADY_EXISTS ("too old to settle"), means the step was (or now is)
+ * applied once; UNAVAILABLE or DEADLINE_EXCEEDED - psd down, or the context
+ * in use because its first Step still runs or waits in its sync round -
+ * means nothing is decided yet: ask again after a backoff; NOT_FOUND (psd
+ * restarted without it, the context expired), FAILED_PRECONDITION (no
+ * gradients yet) or ABORTED (its sync round closed without it) means
+ * nothing was applied, and the unit runs again under a fresh context id.
  *
  * Nothing here knows about gRPC or psd's messages: the calls are function
  * pointers (tests/test_retry.c drives it with fakes). Not thread-safe: one
@@ -62,6 +67,15 @@ void ps_retry_init(ps_retry *r, const ps_retry_policy *p);
 void ps_retry_reset(ps_retry *r);
 /* UNAVAILABLE and DEADLINE_EXCEEDED. */
 bool ps_retry_retryable(ps_status st);
+
+/* What a Step's answer says about its context's step. */
+typedef enum {
+    PS_SETTLED_APPLIED,     /* OK, ALREADY_EXISTS: applied once; never run the unit again */
+    PS_SETTLED_UNKNOWN,     /* UNAVAILABLE, DEADLINE_EXCEEDED: ask again later */
+    PS_SETTLED_NOT_APPLIED, /* NOT_FOUND, FAILED_PRECONDITION, ABORTED: nothing applied; run again, fresh id */
+    PS_SETTLED_FINAL,       /* anything else: an error to report */
+} ps_settled;
+ps_settled ps_retry_settled(ps_status st);
 /* After a failure of `what` (err): if the budget allows, report it, sleep
  * the next backoff (cut to what is left of the budget) and return true;
  * else report the give-up and return false. */
@@ -70,9 +84,8 @@ bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err);
  * returns its last status (err holds its message). Does not reset. */
 ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err);
 /* Settle an unanswered step whose failure is in err: wait, then call the
- * idempotent step until it answers. PS_OK: applied once; NOT_FOUND or
- * FAILED_PRECONDITION: not applied; anything else (including the last
- * retryable failure when the budget ran out): give up with it. */
+ * idempotent step until its answer decides (ps_retry_settled is not
+ * UNKNOWN), or the budget runs out (the last retryable failure). */
 ps_status ps_retry_settle(ps_retry *r, ps_retry_fn step, void *arg, ps_err *err);
 
 /* Context ids: a random high half per process, a counter in the low half,
@@ -98,6 +111,10 @@ typedef struct ps_once_ops {
 /* How often a unit whose context psd no longer knows (NOT_FOUND after its
  * Forward) runs again before that is an error. */
 #define PS_RETRY_MAX_LOST 3
+/* How often a unit whose sync round closed without its step (ABORTED: a
+ * straggler, dropped) runs again under a new context, which joins the open
+ * round, before that is an error. */
+#define PS_RETRY_MAX_LATE 4
 
 /* Reset the budget and run the unit until its step is applied exactly once
  * (PS_OK) or a final error / the spent budget stops it. Each run gets a

@@ -124,8 +124,10 @@ int ps_status_cmd_main(int argc, char **argv) {
     if (st.partial_steps || st.partial_steps_lost)
         printf("  partial steps     %llu applied here (lost elsewhere), %llu lost here\n",
                (unsigned long long)st.partial_steps, (unsigned long long)st.partial_steps_lost);
-    if (st.sync_round) printf("  sync round        %llu open, waits for %u\n", (unsigned long long)st.sync_round,
-                              st.sync_members);
+    if (st.sync_round) printf("  sync round        %llu open, waits for %u; %llu late steps dropped, %llu queued "
+                              "into a later round\n", (unsigned long long)st.sync_round, st.sync_members,
+                              (unsigned long long)st.sync_dropped, (unsigned long long)st.sync_queued);
+    printf("  steps applied     %llu contexts\n", (unsigned long long)st.contexts_applied);
     if (st.metrics_round) {
         printf("  metrics round     %llu", (unsigned long long)st.metrics_round);
         if (st.stop_metric[0])

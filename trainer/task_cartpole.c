@@ -241,17 +241,9 @@ static ps_status cartpole_run_round(void *arg, const ps_task_env *env, int epoch
     (void)epoch;
     episode_job job = {.t = t, .env = env};
     ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job};
+    /* A straggler's episode (its sync round closed without it: ABORTED) is
+     * played again under a new context by ps_retry_once, into the open round. */
     ps_status st = ps_retry_once(env->retry, env->ids, &ops, err);
-    if (st == PS_ERR_ABORTED) {
-        /* A straggler: its sync round closed without it (it was late by
-         * server.sync_timeout_s - e.g. it just (re)joined while the other
-         * observers' rounds went on). psd dropped the episode's gradients
-         * and grew the round's membership back; go on with the next. */
-        printf("Rank %ld Episode %d dropped by psd: %s\n", env->rank, r + 1, err->msg);
-        fflush(stdout);
-        *out = (ps_task_round){.samples = job.T, .printed = 1};
-        return PS_OK;
-    }
     if (st) return st;
     /* psd's round metrics: the round's rewards over all observers and the
      * running reward (server.metrics_ema_of / _alpha); the tutorial's

@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "lm_corpus.h"
@@ -442,8 +443,24 @@ static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
 
 /* Mean loss of a batchified split (rows, LM_EVAL_BATCH) with psd's weights
  * (eval: no dropout, nothing kept), the state carried across windows. */
-static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t *data, size_t rows, double *loss,
-                               ps_err *err) {
+/* Progress of an evaluation pass: a live line on a terminal, else a line
+ * every trainer.progress_every_s (it takes minutes on a busy machine). */
+static void eval_progress(const ps_task_env *env, const char *what, size_t done, size_t all, double t0, double *next) {
+    double now = now_s(), every = env->cfg->trainer.progress_every_s;
+    int tty = isatty(STDERR_FILENO);
+    if (tty && done < all)
+        fprintf(stderr, "\r\033[K[rank %ld] evaluating %s: window %zu/%zu", env->rank, what, done, all);
+    else if (tty)
+        fprintf(stderr, "\r\033[K");
+    else if (every > 0 && now >= *next && done < all) {
+        fprintf(stderr, "[rank %ld] progress: evaluating %s: window %zu/%zu (%.0f%%), ends in ~%.0f s\n", env->rank,
+                what, done, all, 100.0 * (double)done / (double)all, (now - t0) / (double)done * (double)(all - done));
+        *next = now + every;
+    }
+}
+
+static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const char *what, const int64_t *data, size_t rows,
+                               double *loss, ps_err *err) {
     const int64_t N = LM_EVAL_BATCH, H = t->nhid, V = t->ntoken, B = t->bptt;
     float *e = malloc((size_t)(B * N * t->ninp) * sizeof(float)), *logits = malloc((size_t)(B * N * V) * sizeof(float));
     float *y[2] = {malloc((size_t)(B * N * H) * sizeof(float)), malloc((size_t)(B * N * H) * sizeof(float))};
@@ -452,9 +469,11 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
     if (!e || !logits || !y[0] || !y[1] || !h || !c) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     if (!st) st = env->cl ? pull_weights(t, env->cl, err) : (t->fwd_seen = 0, pull_weights_multi(t, env, err));
     ps_client *dec = env->cl ? env->cl : ps_cluster_client(env->cluster, t->s_dec);
-    double total = 0;
+    double total = 0, t0 = now_s(), next = t0 + env->cfg->trainer.progress_every_s;
     int64_t count = 0;
+    size_t windows = rows > 1 ? (rows - 2) / (size_t)B + 1 : 0;
     for (size_t i = 0; !st && i + 1 < rows; i += (size_t)B) {
+        if (i) eval_progress(env, what, i / (size_t)B, windows, t0, &next);
         int64_t T = (int64_t)(rows - 1 - i) < B ? (int64_t)(rows - 1 - i) : B;
         ps_client_fwd f = {.rank = (uint32_t)env->rank, .stage = "emb",
                            .input = {PS_CLIENT_I64, 2, {T, N}, data + i * N}};
@@ -478,6 +497,7 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const int64_t
         total += ps_cross_entropy(logits, data + (i + 1) * N, T * N, V, NULL) * (double)(T * N);
         count += T * N;
     }
+    eval_progress(env, what, windows, windows, t0, &next);
     free(e); free(logits); free(y[0]); free(y[1]); free(h); free(c);
     *loss = count ? total / (double)count : 0;
     return st;
@@ -659,7 +679,7 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
 
 static ps_status lm_validate(lm_task *t, const ps_task_env *env, int epoch, ps_err *err) {
     double vl;
-    ps_status st = lm_eval_split(t, env, t->valid, t->valid_rows, &vl, err);
+    ps_status st = lm_eval_split(t, env, "valid.txt", t->valid, t->valid_rows, &vl, err);
     if (st) return st;
     printf("| end of epoch %3d | valid loss %5.2f | valid ppl %8.2f | rank %ld\n", epoch + 1, vl, exp(vl), env->rank);
     if (vl < t->best_val) t->best_val = vl;
@@ -742,7 +762,7 @@ static ps_status lm_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
     if (!t->h && (st = lm_connect(t, env, err))) return st;
     if ((st = lm_validate(t, env, t->epoch_seen, err))) return st;
     double tl;
-    if ((st = lm_eval_split(t, env, t->test, t->test_rows, &tl, err))) return st;
+    if ((st = lm_eval_split(t, env, "test.txt", t->test, t->test_rows, &tl, err))) return st;
     /* the unigram model of the training counts (add-one), on the same test tokens */
     const int64_t *cnt = ps_lm_train_counts(t->corpus);
     int64_t V = ps_lm_vocab_size(t->corpus);

@@ -168,6 +168,7 @@
     const axisFmt = (b) => (u, vals) => vals.map((v) => (b ? fmtBytes(v) : fmtShort(v)));
     const axes = [{ stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line }, values: timeTicks, space: 90 },
       { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line }, size: bytes ? 78 : 64, values: axisFmt(bytes), scale: "y" }];
+    if (def.log) axes[1].filter = (u, splits) => splits.map((v) => (Math.abs(Math.log10(v) % 1) < 1e-6 ? v : null));
     if (two) axes.push({ side: 1, stroke: muted, grid: { show: false }, size: 54, values: axisFmt(false), scale: "y2" });
     const series = [{}].concat(def.series.map((s, i) => ({
       label: s.label, scale: s.axis === 1 ? "y2" : "y", stroke: COLORS[i % COLORS.length], width: 2,

@@ -357,6 +357,8 @@ oom:
 ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, ps_err *err) {
     size_t bytes = (size_t)count * sizeof(float);
     if (st->host_memory) { memcpy(dst, src, bytes); return PS_OK; }
+    if (st->be->ops->copy2d)   /* on the device */
+        return st->be->ops->copy2d(st->be->impl, 1, count, src, count, dst, count, 0, err);
     float *bounce = malloc(bytes ? bytes : 4);
     if (!bounce) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory copying gradients");
     ps_status rc = st->be->ops->copy_to_host(st->be->impl, bounce, src, bytes, err);

@@ -1125,6 +1125,7 @@ static ps_status concat_infer(ps_layer *ly, ps_err *err) {
         ly->outs.dims[d] += ly->in[i].dims[d];
     }
     ly->out_dtype = PS_DTYPE_F32;
+    if (d != 0) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;   /* blocked: along the channels only */
     return PS_OK;
 }
 

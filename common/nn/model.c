@@ -392,6 +392,8 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
     for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
+    for (int l = 0; l < nl; l++)   /* batch statistics in eval too: eval forwards are not sliced */
+        if ((st->layers[l].flags & PS_KIND_BUFFERS_EVAL) && !st->layers[l].nbuffers) m->eval_whole = 1;
     st->info.params_only = nl > 0;
     for (int l = 0; l < nl; l++)
         if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
@@ -777,6 +779,19 @@ const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
 }
 
+const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap) {
+    const char *dot = name ? strrchr(name, '.') : NULL;
+    for (int i = 0; dot && i < m->def->nnodes; i++) {
+        const ps_node_def *nd = &m->def->nodes[i];
+        if (strlen(nd->name) == (size_t)(dot - name) && !strncmp(nd->name, name, (size_t)(dot - name))) {
+            snprintf(buf, cap, "%s:%d: node '%s'", m->def->path, nd->line, nd->name);
+            return buf;
+        }
+    }
+    snprintf(buf, cap, "%s", m->def->path);
+    return buf;
+}
+
 int ps_model_num_buffers(const ps_model *m) { return m->nbuffers; }
 const ps_buffer_info *ps_model_buffer(const ps_model *m, int i) {
     return (i >= 0 && i < m->nbuffers) ? &m->buffers[i] : NULL;
@@ -945,7 +960,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, version_used);
-    int slice = train ? n : EVAL_SLICE;
+    int slice = train || m->eval_whole ? n : EVAL_SLICE;
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
         int k = n - o < slice ? n - o : slice;
         rc = ps_exec_forward(m, ws, first, last, (const char *)x + (size_t)o * in_sample, k, train,

@@ -181,6 +181,11 @@ int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
 int ps_model_num_def_params(const ps_model *m);
 const ps_param_info *ps_model_def_param(const ps_model *m, int i);
 
+/* Where a parameter or buffer (by state_dict name) is defined:
+ * "path:line: node 'fc1'" into buf (the model file's path when no node
+ * has that name). For errors about it. */
+const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap);
+
 /* ---- buffers ---- */
 
 /* The buffers of the hosted stages, in state_dict order. */
@@ -218,7 +223,10 @@ int ps_model_find_stage(const ps_model *m, const char *name);    /* -1 if absent
  * what backward needs; n is at most ps_model_max_batch.
  * train == 0 (eval): any n; it runs in slices of at most 64 samples under
  * ONE acquisition of the weights lock, so the whole call sees one weights
- * version (*version_used) and memory stays bounded; nothing is kept.
+ * version (*version_used) and memory stays bounded; nothing is kept (a
+ * model with a BatchNorm without running statistics, which normalises an
+ * eval batch by its own statistics as PyTorch does, runs it whole).
+ * Dropout masks are per dropout node in the model file's order.
  * dropout_masks, when not NULL, supplies one host mask per dropout layer of
  * the run, in order: (n, per-sample shape) of values 0 or 1/(1-p) for
  * dropout, (n, C) for dropout2d (one value per channel) - used by the

@@ -145,6 +145,8 @@ struct ps_model {
     int nsets, cur;
     pthread_mutex_t version_mu;
     uint64_t version;
+    int eval_whole;          /* an eval forward runs unsliced: a node normalises with the batch's own
+                                statistics in eval too (BatchNorm with track_running_stats: false) */
     int thread_budget;       /* compute threads shared by the calls computing at once */
     int inflight;            /* __atomic: forward/backward calls computing now */
     int peak_calls;          /* __atomic: the most computing at once lately ... */

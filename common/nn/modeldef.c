@@ -181,7 +181,7 @@ static ps_status read_node(parse *P, yaml_parser_t *y, yaml_event_t *ev, int dep
     if (st == PS_OK) {
         n->kids = arena_alloc(P->a, (size_t)(k.n ? k.n : 1) * sizeof *n->kids);
         if (!n->kids) st = ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
-        else memcpy(n->kids, k.v, (size_t)k.n * sizeof *n->kids);
+        else if (k.n) memcpy(n->kids, k.v, (size_t)k.n * sizeof *n->kids);
         n->n = n->type == Y_MAP ? k.n / 2 : k.n;
     }
     free(k.v);

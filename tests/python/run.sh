@@ -4,15 +4,20 @@
 # `make test`: tests/it_py_*.sh).
 #  1. mnist: psd (configs/local.yaml) + 2 Python trainers
 #     (examples/mnist_trainer.py), one epoch each: both >= MIN_ACC (90 %).
-#  2. lm: for seeds LM_SEEDS (1 2), a fresh psd (model.seed = the seed)
-#     and one trainer for LM_WINDOWS (400) BPTT windows of the fortunes
-#     corpus at LM sizes (vocabulary 2,000, ninp = nhid = 64, dropout 0.2,
-#     batch 20, bptt 35, psd's fused loss), once ps-train lm and once
-#     examples/rnn_trainer.py; the Python trainer's test perplexity, mean
-#     over the seeds, must be within LM_TOL (2 %) of ps-train lm's. Both
-#     start from the same weights and draw psd's dropout masks alike (same
-#     context-id counter); the LSTM's dropout masks here come from different
-#     RNGs (oneDNN/ps_rng there, torch here).
+#  2. lm: for seeds LM_SEEDS (1 2 3 4), a fresh psd (model.seed = the
+#     seed) and one trainer for LM_WINDOWS (400) BPTT windows of the
+#     fortunes corpus at small sizes (vocabulary 2,000, ninp = nhid = 64,
+#     dropout 0.2, batch 20, bptt 35, lr 20, psd's fused loss), once
+#     ps-train lm and once examples/rnn_trainer.py; the Python trainer's
+#     test perplexity, mean over the seeds, must be within LM_TOL (2 %) of
+#     ps-train lm's. Both start from the same weights and draw psd's dropout
+#     masks alike (same context-id counter); the LSTM's dropout masks come
+#     from different RNGs (ps_rng there, torch here). The final weights of
+#     SGD at lr 20 are noisy: ps-train lm's own test perplexity moves by
+#     +-5 % from one window to the next and between seeds with the default
+#     clip 0.25 (measured: 77-82 over windows 396-404, 80-90 over seeds at
+#     400), so the comparison clips at LM_CLIP (0.1: +-2 % between seeds)
+#     and averages 4 seeds, not 2.
 #  3. rl: psd (configs/cartpole.yaml, model.seed RL_SEED) + 2 Python
 #     observers (examples/reinforce_observer.py): psd must call CartPole
 #     solved (running reward > 475) within RL_MAX (2,000) rounds.
@@ -24,8 +29,9 @@ py_require test-python
 DATA=${DATA:-data/mnist}
 LM_DATA=${LM_DATA:-data/fortunes}
 MIN_ACC=${MIN_ACC:-90.0}
-LM_SEEDS=${LM_SEEDS:-1 2}
+LM_SEEDS=${LM_SEEDS:-1 2 3 4}
 LM_WINDOWS=${LM_WINDOWS:-400}
+LM_CLIP=${LM_CLIP:-0.1}
 LM_TOL=${LM_TOL:-0.02}
 RL_SEED=${RL_SEED:-1}
 RL_MAX=${RL_MAX:-2000}
@@ -64,7 +70,7 @@ part_lm() {
   $PY scripts/fortunes_corpus.py --vocab 2000 "$tmp/corpus" >"$tmp/corpus.log" 2>&1 || { bad lm "corpus" "$tmp/corpus.log"; return; }
   local sizes=(--set model.sizes.ntoken=2000 --set model.sizes.ninp=64 --set model.sizes.nhid=64 --set model.sizes.dropout=0.2)
   local common=(--config configs/rnn_lm.yaml "${sizes[@]}" --world-size 2 --rank 1 --batch-size 20 --bptt 35
-                --data "$tmp/corpus" --max-batches "$LM_WINDOWS" --log-every 100)
+                --data "$tmp/corpus" --max-batches "$LM_WINDOWS" --clip "$LM_CLIP" --log-every 100)
   local s who t c=() py=()
   for s in $LM_SEEDS; do
     for who in c py; do

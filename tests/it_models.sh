@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Integration: model files through psd itself.
+#  - psd --check-config with model.file (relative to the config file's
+#    directory) prints the stage table of a residual CNN (shapes, parameters,
+#    placement) and passes;
+#  - model-file errors stop --check-config with exit 2 and file:line: a cycle
+#    (naming its nodes), an unknown kind, an Add of two shapes, a stage cut
+#    with two live tensors (naming them), a model.arch with no file (listing
+#    the shipped ones);
+#  - --init-from a state_dict whose running_mean has another shape is
+#    refused naming the model file's line of the node;
+#  - psd serves the model and ListParameters lists the BatchNorm buffers
+#    after the parameters (generic_client.py's listing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+PY=/usr/bin/python3
+tmp=$(mktemp -d /tmp/it_models.XXXXXX)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+mkdir -p "$tmp/cfg/models"
+
+cat >"$tmp/cfg/models/res.yaml" <<'EOF'
+name: res
+about: a residual block
+stages:
+  - name: body
+    input: {shape: [1, 8, 8], dtype: float32}
+    nodes:
+      - {name: stem, kind: Conv2d, out_channels: 8, kernel_size: 3, padding: 1, bias: false}
+      - {name: bn, kind: BatchNorm2d}
+      - {name: relu, kind: ReLU}
+      - {name: layer1.0.conv1, kind: Conv2d, out_channels: 8, kernel_size: 3, padding: 1}
+      - {name: layer1.0.add, kind: Add, inputs: [layer1.0.conv1, relu]}
+      - {name: pool, kind: AdaptiveAvgPool2d, output_size: 1}
+      - {name: flat, kind: Flatten}
+  - name: head
+    nodes:
+      - {name: fc, kind: Linear, out_features: 3}
+EOF
+cat >"$tmp/cfg/psd.yaml" <<'EOF'
+model:
+  file: models/res.yaml
+  placement:
+    head: cpu
+EOF
+printf 'model:\n  seed: 2\n' >"$tmp/cfg/plain.yaml"
+out=$("$BUILD/bin/psd" --check-config "$tmp/cfg/psd.yaml" 2>&1) || fail "valid model refused: $out"
+echo "$out" | grep -q "model res (.*res.yaml): a residual block" || fail "no stage table: $out"
+echo "$out" | grep -Eq "^  body +\(1, 8, 8\) f32 +\(8\) f32 +672 " || fail "body row: $out"
+echo "$out" | grep -Eq "^  head +\(8\) f32 +\(3\) f32 +27 " || fail "head row: $out"
+echo "ok: --check-config prints the stage table of a model file (model.file relative to the config)"
+
+refused() {  # what needle yaml-lines
+  local what=$1 needle=$2
+  printf '%s\n' "$3" >"$tmp/bad.yaml"
+  if "$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.file="$tmp/bad.yaml" >"$tmp/out" 2>&1; then
+    cat "$tmp/out"; fail "--check-config passed $what"
+  fi
+  grep -q -- "$needle" "$tmp/out" || { cat "$tmp/out"; fail "$what: expected '$needle'"; }
+  echo "ok: refuses $what: $(grep -o -- "bad.yaml:[0-9]*.\{0,100\}" "$tmp/out" | head -n 1)"
+}
+HEAD='name: bad
+stages:
+  - name: s
+    input: {shape: [4]}
+    nodes:'
+refused "a cycle" "bad.yaml:7: stage 's': node 'b' is on a cycle (b <- c <- b)" "$HEAD
+      - {name: a, kind: ReLU}
+      - {name: b, kind: Add, inputs: [a, c]}
+      - {name: c, kind: ReLU, input: b}"
+refused "an unknown kind" "bad.yaml:6: node 'a': unknown kind 'Conv3d'" "$HEAD
+      - {name: a, kind: Conv3d}"
+refused "an Add of two shapes" "bad.yaml:7: node 'b' (Add)" "$HEAD
+      - {name: a, kind: Linear, out_features: 3}
+      - {name: b, kind: Add, inputs: [a, input]}"
+refused "two tensors across a cut" "live across the cut s|t: b (the output of stage 's'), a" "$HEAD
+      - {name: a, kind: ReLU}
+      - {name: b, kind: Tanh}
+  - name: t
+    nodes:
+      - {name: c, kind: Add, inputs: [input, a]}"
+if "$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.arch=nope >"$tmp/out" 2>&1; then
+  fail "model.arch nope passed"
+fi
+grep -q "no model 'nope'" "$tmp/out" && grep -q "mnist_cnn" "$tmp/out" || { cat "$tmp/out"; fail "model.arch nope"; }
+echo "ok: refuses model.arch with no file, listing the shipped models"
+
+# --init-from: a running_mean of another shape names the node's line
+$PY - "$tmp/init.safetensors" <<'PYEOF'
+import sys, torch, torch.nn as nn
+sys.path.insert(0, "scripts")
+from gen_golden import write_safetensors
+sd = {"stem.weight": torch.zeros(8, 1, 3, 3), "bn.weight": torch.ones(8), "bn.bias": torch.zeros(8),
+      "bn.running_mean": torch.zeros(9), "bn.running_var": torch.ones(8),
+      "bn.num_batches_tracked": torch.tensor(0, dtype=torch.int64),
+      "layer1.0.conv1.weight": torch.zeros(8, 8, 3, 3), "layer1.0.conv1.bias": torch.zeros(8),
+      "fc.weight": torch.zeros(3, 8), "fc.bias": torch.zeros(3)}
+write_safetensors(sys.argv[1], sd, {"format": "pt"})
+PYEOF
+if "$BUILD/bin/psd" --check-config "$tmp/cfg/psd.yaml" --init-from "$tmp/init.safetensors" >"$tmp/out" 2>&1; then
+  fail "--init-from with a mis-shaped buffer passed"
+fi
+grep -q "bn.running_mean.*res.yaml:8: node 'bn'" "$tmp/out" || { cat "$tmp/out"; fail "--init-from message"; }
+echo "ok: --init-from refuses a mis-shaped buffer: $(grep -o "tensor 'bn.running_mean'.*" "$tmp/out")"
+
+# psd serves it; ListParameters lists the buffers after the parameters
+port=$(( 20000 + RANDOM % 20000 ))
+"$BUILD/bin/psd" --config "$tmp/cfg/psd.yaml" --listen "127.0.0.1:$port" 2>"$tmp/psd.log" &
+pids+=($!)
+for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
+  fail "protoc could not compile proto/ps.proto"
+PYTHONPATH="$tmp" $PY - "127.0.0.1:$port" <<'PYEOF' || { cat "$tmp/psd.log"; fail "ListParameters"; }
+import sys
+import grpc
+import ps_pb2, ps_pb2_grpc
+stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(sys.argv[1]))
+ps = stub.ListParameters(ps_pb2.ListParametersRequest(), timeout=30).parameters
+names = [(p.name, p.buffer, p.dtype, list(p.shape)) for p in ps]
+want = [("stem.weight", False), ("bn.weight", False), ("bn.bias", False), ("layer1.0.conv1.weight", False),
+        ("layer1.0.conv1.bias", False), ("fc.weight", False), ("fc.bias", False), ("bn.running_mean", True),
+        ("bn.running_var", True), ("bn.num_batches_tracked", True)]
+assert [(n, b) for n, b, _, _ in names] == want, names
+assert names[-1][2] == ps_pb2.INT64 and names[-1][3] == [], names[-1]
+got = {t.name: t for t in stub.GetParameters(ps_pb2.GetParametersRequest(), timeout=30).parameters}
+assert list(got["bn.num_batches_tracked"].shape) == [] and got["bn.num_batches_tracked"].dtype == ps_pb2.INT64
+print("ok: ListParameters lists 7 parameters then the buffers %s; GetParameters returns them"
+      % [n for n, b, _, _ in names if b])
+PYEOF
+echo "it_models: model files: stage table, file:line refusals, --init-from, buffers listed: OK"
