@@ -19,6 +19,7 @@
  * all-core rate is printed beside it, and is lower when other jobs run.
  *
  * usage: fma_peak [--threads N] [--reps R]
+ *        fma_peak --isa      only the name of the ISA oneDNN uses (as above)
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -159,8 +160,11 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: fma_peak [--threads N] [--reps R]\n");
+        else if (!strcmp(argv[i], "--isa")) {
+            printf("%s\n", ps_backend_cpu_isa());
+            return 0;
+        } else {
+            fprintf(stderr, "usage: fma_peak [--threads N] [--reps R] | --isa\n");
             return 2;
         }
     }

@@ -12,6 +12,13 @@
 #     accounting, server.profile). Two snapshots give the cost of what ran
 #     between them, whatever else the machine ran.
 #   wait_psd ADDR                    until a TCP connect to ADDR succeeds (10 s)
+#   lm_flop_per_token                the FLOPs one training token of rnn_lm at
+#                                    configs/rnn_lm.yaml's sizes costs (below)
+#   lm_tokens MODE K WINDOWS DATA DIR  psd (configs/rnn_lm.yaml) + K `ps-train lm`
+#                                    trainers, decoder MODE (fused, logits),
+#                                    WINDOWS windows each: prints the tokens/s of
+#                                    all trainers together (their tokens over the
+#                                    longest trainer's time); logs under DIR
 
 bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
 
@@ -35,4 +42,36 @@ wait_psd() {
     sleep 0.1
   done
   return 1
+}
+
+# rnn_lm at configs/rnn_lm.yaml's sizes: ntoken V, ninp E, nhid H, 2 LSTM
+# layers on the trainer, the decoder on psd (the embedding's lookup is no
+# multiply-add). A training token: forward + backward = 3x the forward's
+# multiply-adds, 2 FLOPs each.
+LM_V=10000 LM_E=200 LM_H=200
+lm_flop_per_token() {
+  echo $(( 2 * 3 * (4 * LM_H * (LM_E + LM_H) + 4 * LM_H * (LM_H + LM_H) + LM_V * LM_H) ))
+}
+
+lm_tokens() {
+  local mode=$1 k=$2 windows=$3 data=$4 dir=$5 port
+  port=$(bench_port)
+  mkdir -p "$dir"
+  "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" 2>"$dir/psd-$mode-$k.log" &
+  local psd=$! pids=() r
+  wait_psd "127.0.0.1:$port" || true
+  for r in $(seq 1 "$k"); do
+    "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
+      --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "$windows" --log-every 1000 \
+      --no-eval >"$dir/lm-$mode-$k-t$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local fail=0
+  for p in "${pids[@]}"; do wait "$p" || fail=1; done
+  kill -TERM "$psd"; wait "$psd" || true
+  if [ "$fail" != 0 ]; then
+    echo "lm_tokens: a trainer failed ($mode, $k trainers); see $dir/lm-$mode-$k-t*.log" >&2
+    return 1
+  fi
+  cat "$dir"/lm-"$mode"-"$k"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", s / t }'
 }

@@ -46,6 +46,40 @@ def fma_peaks(d):
     return peaks
 
 
+def fma_cpus(d):
+    """The CPUs fma_peak counted (its "per core x N CPUs"), or None."""
+    for line in read(os.path.join(d, "fma.txt")):
+        m = re.search(r"per core x (\d+) CPUs", line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def lm_table(d):
+    """Section 7: the language model's fused mode, psd + 2 trainers, per ISA
+    (lm.txt), as a share of that ISA's FMA peak (per core x the CPUs)."""
+    rows = [kv(line) for line in read(os.path.join(d, "lm.txt")) if line.startswith("lm ")]
+    if not rows:
+        return
+    peaks, ncpu = fma_peaks(d), fma_cpus(d)
+    print()
+    print("7. Language model (rnn_lm, configs/rnn_lm.yaml), fused decoder, psd + 2 ps-train lm trainers; FLOPs per")
+    print(f"   token {int(rows[0]['flop_per_token']):,} (forward + backward of the trainers' 2-layer LSTM and psd's"
+          f" decoder, as bench/lm.sh counts); peak = one core's FMA rate x {ncpu} CPUs (fma_peak, same ISA)")
+    print(f"   {'ISA':<28} {'tokens/s':>9} {'GFLOP/s':>8} {'peak GFLOP/s':>13} {'% of peak':>10}   target (issue 22)")
+    for k in rows:
+        tps, flop = float(k["tokens_s"]), float(k["flop_per_token"])
+        isa, peak = k["isa"], peaks.get(k["isa"])
+        g = tps * flop / 1e9
+        name = f"{isa} ({'host' if k['label'] == 'host' else 'emul.'})"
+        if peak and ncpu:
+            share = 100 * g / (peak * ncpu)
+            print(f"   {name:<28} {tps:>9.0f} {g:>8.2f} {peak * ncpu:>13.1f} {share:>9.1f}%   >= 50%: "
+                  f"{'MET' if share >= 50 else 'NOT MET'}")
+        else:
+            print(f"   {name:<28} {tps:>9.0f} {g:>8.2f} {'?':>13} {'?':>10}   (no FMA peak measured for {isa})")
+
+
 def snap(path):
     """A psd_snap file: its psd_stat fields and the phase counters."""
     st, ph, calls, samples = {}, {}, {}, 0.0
@@ -363,6 +397,7 @@ def main():
               f"{verdict(measured >= 0.9)}")
 
     per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps)
+    lm_table(d)
 
 
 def fallbacks_logged(d, label):

@@ -11,6 +11,8 @@
 #   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
 #   SKIP_TRAINERS=1 bench/run.sh without psd's cost at 1..16 trainers (bench/trainers.sh)
 #   SKIP_PYTHON=1 bench/run.sh   without the Python client's row (bench/python.sh)
+#   SKIP_LM=1 bench/run.sh       without the language model's fused mode per ISA
+#                                (psd + 2 ps-train lm trainers; make bench-lm has the rest)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -23,10 +25,11 @@ PY=/usr/bin/python3
 . bench/lib.sh
 mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then
-  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20
+  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20; LM_WINDOWS=20
 else
-  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60; I_REPS=3; I_T_BATCHES=40
+  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60; I_REPS=3; I_T_BATCHES=40; LM_WINDOWS=40
 fi
+LM_DATA=${LM_DATA:-data/fortunes}
 # The ISAs this CPU can run below its own, emulated in section 4.
 CPU_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has_flags() { local f; for f; do [[ "$CPU_FLAGS" == *" $f "* ]] || return 1; done; }
@@ -67,6 +70,20 @@ ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep "^
 
 # the FP32 FMA peak of a core at the vector width of oneDNN's ISA (bench/fma_peak.c)
 "$BUILD/bench/fma_peak" | tee "$OUT/fma.txt"
+[ -n "${SKIP_LM:-}" ] || scripts/fetch-fortunes.sh "$LM_DATA" >/dev/null
+
+# The language model's fused mode, psd + 2 trainers, at the ISA oneDNN uses
+# now (the caller's ONEDNN_MAX_CPU_ISA): one line into lm.txt with the ISA's
+# name as fma_peak prints it (the report divides by that ISA's FMA peak).
+lm_fused() {  # label
+  [ -z "${SKIP_LM:-}" ] || return 0
+  local isa tps
+  isa=$("$BUILD/bench/fma_peak" --isa)
+  tps=$(lm_tokens fused 2 "$LM_WINDOWS" "$LM_DATA" "$OUT/lm-$1") \
+    || { echo "bench: the language model's run failed ($1); logs in $OUT/lm-$1" >&2; return 0; }
+  echo "lm label=$1 isa=$isa mode=fused trainers=2 windows=$LM_WINDOWS tokens_s=$tps flop_per_token=$(lm_flop_per_token)" \
+    | tee -a "$OUT/lm.txt"
+}
 
 # ---- 1. compute only, in-process
 echo "== compute (in-process, batch 32, median of $REPS x ${SECS}s)"
@@ -140,6 +157,8 @@ e2e fused 2 -- --fuse-step
 PS_DNNL_LAYOUT=plain e2e plain-layout 2
 # the RPC cost of a batch without compute (bench_trainer --probe), under training load
 for n in 1 2; do e2e probe "$n" -- --probe; done
+# the language model, fused decoder, 2 trainers (bench/lm.sh has the rest)
+[ -n "${SKIP_LM:-}" ] || { echo "== language model: psd + 2 ps-train lm trainers, fused mode, $LM_WINDOWS windows each"; lm_fused host; }
 
 # ---- 3. the anchors: PyTorch's tutorial and a local PyTorch loop
 if [ -z "${SKIP_TORCH:-}" ]; then
@@ -171,6 +190,7 @@ for isa in $ISAS; do
         | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
     done
     e2e "isa@$low" 2
+    lm_fused "$low"
     if [ -z "${SKIP_TORCH:-}" ]; then
       for t in 1 2; do
         ATEN_CPU_CAPABILITY=$aten TORCH_THREADS=$t BATCHES=$I_T_BATCHES REPS=$I_REPS $PY bench/torch_ref.py tutorial \
@@ -199,5 +219,5 @@ fi
 
 state end >>"$OUT/machine.txt"
 { $PY bench/report.py "$OUT"
-  if [ -f "$OUT/trainers.txt" ]; then echo; echo "7. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
+  if [ -f "$OUT/trainers.txt" ]; then echo; echo "8. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
   for r in rl-report python-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"
