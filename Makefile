@@ -13,7 +13,8 @@
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make bench-trainers psd's CPU per sample and call latency at 1, 2, 4, 8, 16 trainers (bench/trainers.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
-#   make fuzz       libFuzzer over request decoding/validation and the model-file loader (FUZZ_SECONDS=60 each)
+#   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
+#                   the model-file loader
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
@@ -158,14 +159,13 @@ asan:
 	    LDFLAGS="-fsanitize=address,undefined" all
 
 FUZZ_SECONDS ?= 60
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,build-fuzz/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 fuzz:
 	@scripts/install-deps.sh --fuzz
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang-14 NVCC= \
 	    OPT="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/fuzz/fuzz_service build-fuzz/fuzz/fuzz_modelfile
+	    LDFLAGS="-fsanitize=address,undefined" $(FUZZ_BIN)
 	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
-	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGET=fuzz_modelfile \
-	    FUZZ_SEEDS=tests/fuzz/corpus_modelfile tests/fuzz/run.sh
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)

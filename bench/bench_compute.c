@@ -23,14 +23,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
+#include "clock.h"
 #include "mnist.h"
 #include "model.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double cpu_s(void) {  /* the whole process's CPU time (every OpenMP thread) */
     struct timespec ts;
@@ -41,18 +37,6 @@ static double cpu_s(void) {  /* the whole process's CPU time (every OpenMP threa
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "bench_compute: %s: '%s' is not an integer in %ld..%ld\n", flag, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
 }
 
 typedef struct bench_ctx {
@@ -74,20 +58,20 @@ static int one_batch(bench_ctx *b, int step, ps_err *err) {
     if (ps_mnist_batch(b->data, b->idx, b->batch, b->x, b->y, err)) return -1;
     b->ctx++;
     ps_tape *t = NULL;
-    double t0 = now_s();
+    double t0 = ps_mono_s();
     if (ps_model_forward(b->m, b->x, b->batch, 1, NULL, b->ctx, b->out, step ? &t : NULL, NULL, err))
         return -1;
-    double t1 = now_s();
+    double t1 = ps_mono_s();
     b->t_fwd += t1 - t0;
     if (!step) return 0;
     const int k = 10;
     memset(b->grad, 0, (size_t)b->batch * k * sizeof(float));
     for (int i = 0; i < b->batch; i++) b->grad[(size_t)i * k + b->y[i]] = -1.0f / b->batch;
     int rc = ps_model_backward(b->m, t, b->grad, err);
-    double t2 = now_s();
+    double t2 = ps_mono_s();
     b->t_bwd += t2 - t1;
     if (rc == 0) rc = ps_model_step(b->m, t, NULL, err);
-    b->t_step += now_s() - t2;
+    b->t_step += ps_mono_s() - t2;
     ps_tape_free(t);
     return rc ? -1 : 0;
 }
@@ -97,12 +81,12 @@ static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
     long samples = 0;
     b->t_fwd = b->t_bwd = b->t_step = 0;
     b->nbatches = 0;
-    double t0 = now_s(), c0 = cpu_s(), el;
+    double t0 = ps_mono_s(), c0 = cpu_s(), el;
     do {
         if (one_batch(b, step, err)) return -1;
         samples += b->batch;
         b->nbatches++;
-        el = now_s() - t0;
+        el = ps_mono_s() - t0;
     } while (el < secs);
     b->cpu = cpu_s() - c0;
     return samples / el;
@@ -120,11 +104,11 @@ int main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--data")) data_dir = v;
-        else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 1, 256, &threads)) return 2; }
-        else if (!strcmp(a, "--batch")) { if (parse_int(a, v, 1, 512, &batch)) return 2; }
-        else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 1000, &reps)) return 2; }
-        else if (!strcmp(a, "--secs")) { if (parse_int(a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
-        else if (!strcmp(a, "--msecs")) { if (parse_int(a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
+        else if (!strcmp(a, "--threads")) { if (ps_cli_long("bench_compute", a, v, 1, 256, &threads)) return 2; }
+        else if (!strcmp(a, "--batch")) { if (ps_cli_long("bench_compute", a, v, 1, 512, &batch)) return 2; }
+        else if (!strcmp(a, "--reps")) { if (ps_cli_long("bench_compute", a, v, 1, 1000, &reps)) return 2; }
+        else if (!strcmp(a, "--secs")) { if (ps_cli_long("bench_compute", a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
+        else if (!strcmp(a, "--msecs")) { if (ps_cli_long("bench_compute", a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
         else { fprintf(stderr, "bench_compute: unknown option '%s'\n", a); return 2; }
     }
     ps_err err = {0};

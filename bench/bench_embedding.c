@@ -17,14 +17,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
+#include "clock.h"
 #include "model.h"
 #include "rng.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int run(long rows, int dim, double secs, double *rate) {
     ps_err err = {0};
@@ -41,8 +37,8 @@ static int run(long rows, int dim, double secs, double *rate) {
     long n = 0;
     double t0 = 0;
     for (long it = 0;; it++) {
-        if (it == 20) t0 = now_s();
-        if (it > 20 && now_s() - t0 >= secs) break;
+        if (it == 20) t0 = ps_mono_s();
+        if (it > 20 && ps_mono_s() - t0 >= secs) break;
         for (int i = 0; i < NS; i++) ids[i] = (int64_t)ps_rng_below(&r, (uint64_t)rows);
         ps_tape *tape = NULL;
         ps_grads *acc = ps_grads_create(m, &err);
@@ -56,7 +52,7 @@ static int run(long rows, int dim, double secs, double *rate) {
         ps_grads_free(acc);
         if (it >= 20) n++;
     }
-    *rate = n / (now_s() - t0);
+    *rate = n / (ps_mono_s() - t0);
     free(out);
     free(g);
     ps_model_free(m);
@@ -65,13 +61,15 @@ static int run(long rows, int dim, double secs, double *rate) {
 
 int main(int argc, char **argv) {
     double secs = 3;
-    int dim = 200;
+    long dim = 200;
     long sizes[16];
     int ns = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--secs") && i + 1 < argc) secs = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = atoi(argv[++i]);
-        else if (ns < 16) sizes[ns++] = atol(argv[i]);
+        int bad = 0;
+        if (!strcmp(argv[i], "--secs") && i + 1 < argc) bad = ps_cli_double("bench_embedding", "--secs", argv[++i], 0.01, 3600, &secs);
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) bad = ps_cli_long("bench_embedding", "--dim", argv[++i], 1, 65536, &dim);
+        else if (ns < 16) bad = ps_cli_long("bench_embedding", "ROWS", argv[i], 1, 1L << 30, &sizes[ns++]);
+        if (bad) return 2;
     }
     if (!ns) sizes[ns++] = 10000, sizes[ns++] = 1000000;
     double first = 0;
@@ -79,7 +77,7 @@ int main(int argc, char **argv) {
         double rate;
         if (run(sizes[k], dim, secs, &rate)) return 1;
         if (!k) first = rate;
-        printf("embedding rows=%ld dim=%d windows/s=%.1f ratio=%.3f\n", sizes[k], dim, rate, rate / first);
+        printf("embedding rows=%ld dim=%ld windows/s=%.1f ratio=%.3f\n", sizes[k], dim, rate, rate / first);
         fflush(stdout);
     }
     return 0;

@@ -21,15 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
 #include "backend.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "cli.h"
+#include "clock.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -51,11 +45,11 @@ static double time_us(op_fn fn, void *ctx) {
     fn(ctx);   /* warm-up: primitives created, caches warm */
     for (int r = 0; r < g_reps; r++) {
         long calls = 0;
-        double t0 = now_s(), t;
+        double t0 = ps_mono_s(), t;
         do {
             fn(ctx);
             calls++;
-        } while ((t = now_s()) - t0 < g_secs);
+        } while ((t = ps_mono_s()) - t0 < g_secs);
         med[r] = (t - t0) / calls * 1e6;
     }
     qsort(med, (size_t)g_reps, sizeof med[0], cmp_double);
@@ -279,18 +273,16 @@ static void release(bctx *c) {
 
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--threads")) g_threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps")) g_reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--secs")) g_secs = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--only")) g_only = argv[i + 1];
+        const char *a = argv[i], *v = argv[i + 1];
+        long x;
+        if (!strcmp(a, "--threads")) { if (ps_cli_long("bench_ops", a, v, 1, 256, &x)) return 2; g_threads = (int)x; }
+        else if (!strcmp(a, "--reps")) { if (ps_cli_long("bench_ops", a, v, 1, 15, &x)) return 2; g_reps = (int)x; }
+        else if (!strcmp(a, "--secs")) { if (ps_cli_double("bench_ops", a, v, 1e-3, 3600, &g_secs)) return 2; }
+        else if (!strcmp(a, "--only")) g_only = v;
         else {
             fprintf(stderr, "usage: bench_ops [--threads N] [--reps R] [--secs T] [--only WHAT]\n");
             return 2;
         }
-    }
-    if (g_threads < 1 || g_reps < 1 || g_reps > 15 || !(g_secs > 0)) {
-        fprintf(stderr, "bench_ops: --threads >= 1, --reps 1..15, --secs > 0\n");
-        return 2;
     }
     ps_err err = { 0 };
     ps_backend *b = ps_backend_create("dnnl", 0, g_threads, &err);

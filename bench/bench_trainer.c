@@ -37,27 +37,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
+#include "clock.h"
 #include "mnist.h"
 #include "rpc.h"
 #include "wire.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "bench_trainer: %s: '%s' is not an integer in %ld..%ld\n", flag, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
 
 typedef struct timing {
     double ser, call;
@@ -75,14 +59,14 @@ static int rpc(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, co
 
 static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t *qf, const void *q,
                       const pb_msgdesc_t *rf, void *r, timing *t, grpc_status_code expect, ps_err *err) {
-    double t0 = now_s();
+    double t0 = ps_mono_s();
     grpc_byte_buffer *rq = NULL, *rs = NULL;
     if (ps_wire_encode(qf, q, &rq, err)) return -1;
-    double t1 = now_s();
+    double t1 = ps_mono_s();
     grpc_status_code code;
     char details[PS_RPC_DETAILS_MAX] = "";
     ps_status st = ps_rpc_client_call(cl, method, rq, &rs, 60000, &code, details, sizeof details, err);
-    double t2 = now_s();
+    double t2 = ps_mono_s();
     grpc_byte_buffer_destroy(rq);
     if (st) return -1;
     if (code != expect) {
@@ -96,7 +80,7 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
     }
     st = ps_wire_decode(rs, rf, r, err);
     if (rs) grpc_byte_buffer_destroy(rs);
-    double t3 = now_s();
+    double t3 = ps_mono_s();
     t->ser = (t1 - t0) + (t3 - t2);
     t->call = t2 - t1;
     return st ? -1 : 0;
@@ -114,10 +98,10 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--server")) server = v;
         else if (!strcmp(a, "--data")) data_dir = v;
         else if (!strcmp(a, "--out")) out_path = v;
-        else if (!strcmp(a, "--rank")) { if (parse_int(a, v, 1, 1023, &rank)) return 2; }
-        else if (!strcmp(a, "--batches")) { if (parse_int(a, v, 1, 1000000, &batches)) return 2; }
-        else if (!strcmp(a, "--warmup")) { if (parse_int(a, v, 0, 1000000, &warmup)) return 2; }
-        else if (!strcmp(a, "--batch-size")) { if (parse_int(a, v, 1, 512, &bs)) return 2; }
+        else if (!strcmp(a, "--rank")) { if (ps_cli_long("bench_trainer", a, v, 1, 1023, &rank)) return 2; }
+        else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_trainer", a, v, 1, 1000000, &batches)) return 2; }
+        else if (!strcmp(a, "--warmup")) { if (ps_cli_long("bench_trainer", a, v, 0, 1000000, &warmup)) return 2; }
+        else if (!strcmp(a, "--batch-size")) { if (ps_cli_long("bench_trainer", a, v, 1, 512, &bs)) return 2; }
         else { fprintf(stderr, "bench_trainer: unknown option '%s'\n", a); return 2; }
     }
     if (!server) { fprintf(stderr, "bench_trainer: --server ADDR is required\n"); return 2; }
@@ -150,12 +134,12 @@ int main(int argc, char **argv) {
     long nb = data.n / (uint32_t)bs, samples = 0;
     double t_start = 0, t_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
-        if (b == warmup) t_start = now_s();
-        double bs0 = now_s();
+        if (b == warmup) t_start = ps_mono_s();
+        double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
         uint64_t ctx = ctx_base | (uint64_t)(b + 1);
         timing tf, tb, ts = {0, 0};
-        double b0 = now_s();
+        double b0 = ps_mono_s();
         ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
         fq.context_id = ctx;
         fq.train = true;
@@ -172,14 +156,14 @@ int main(int argc, char **argv) {
                       &tf, &err) ||
                   ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
                   in.bytes != (size_t)bs * k * sizeof(float);
-        double b1 = now_s();
+        double b1 = ps_mono_s();
         if (!bad) {
             memset(grad, 0, (size_t)bs * k * sizeof(float));
             for (long i = 0; i < bs; i++) grad[i * k + y[i]] = -1.0f / (float)bs;
         }
         ps_wire_tensor_in_free(&in);
         if (bad) goto fail;
-        double b2 = now_s();
+        double b2 = ps_mono_s();
         ps_BackwardRequest bq = ps_BackwardRequest_init_zero;
         bq.context_id = ctx;
         bq.step = fuse != 0;
@@ -190,14 +174,14 @@ int main(int argc, char **argv) {
         if (rpc(cl, "/ps.ParameterServer/Backward", ps_BackwardRequest_fields, &bq, ps_BackwardResponse_fields, &br, &tb,
                 &err))
             goto fail;
-        double b3 = now_s(), b4 = b3;
+        double b3 = ps_mono_s(), b4 = b3;
         if (!fuse) {
             ps_StepRequest sq = ps_StepRequest_init_zero;
             sq.context_id = ctx;
             ps_StepResponse sr = ps_StepResponse_init_zero;
             if (rpc(cl, "/ps.ParameterServer/Step", ps_StepRequest_fields, &sq, ps_StepResponse_fields, &sr, &ts, &err))
                 goto fail;
-            b4 = now_s();
+            b4 = ps_mono_s();
         }
         if (b < warmup) {
             if (out) {
@@ -212,7 +196,7 @@ int main(int argc, char **argv) {
         if (out) fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
         samples += bs;
         if (probe) {
-            double p0 = now_s();
+            double p0 = ps_mono_s();
             timing tp[3];
             ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
             pq.context_id = 0;
@@ -235,7 +219,7 @@ int main(int argc, char **argv) {
             if (out)
                 fprintf(out, "probe Forward %.1f\nprobe Backward %.1f\nprobe Step %.1f\n", (tp[0].ser + tp[0].call) * 1e6,
                         (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
-            t_probe += now_s() - p0;
+            t_probe += ps_mono_s() - p0;
         }
         if (out) {
             fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
@@ -244,7 +228,7 @@ int main(int argc, char **argv) {
             if (!fuse) fprintf(out, "rpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
         }
     }
-    double t_end = now_s();
+    double t_end = ps_mono_s();
     char line[256];
     snprintf(line, sizeof line, "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f\n",
              rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe);

@@ -30,14 +30,10 @@
 #include <unistd.h>
 
 #include "backend.h" /* ps_backend_cpu_isa: the ISA oneDNN uses */
+#include "cli.h"
+#include "clock.h"
 
 #define ITERS 20000000L /* inner iterations per run */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* the calling thread's CPU time: a single core's rate does not count the
  * time other jobs held the core */
@@ -129,9 +125,9 @@ typedef struct {
 
 static void *thread_main(void *arg) {
     job *j = arg;
-    double t0 = now_s(), c0 = thread_cpu_s();
+    double t0 = ps_mono_s(), c0 = thread_cpu_s();
     j->flops = kernel(ITERS);
-    j->secs = now_s() - t0;
+    j->secs = ps_mono_s() - t0;
     j->cpu_secs = thread_cpu_s() - c0;
     return NULL;
 }
@@ -156,21 +152,19 @@ static double together(int n) {
 
 int main(int argc, char **argv) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = ncpu > 0 ? (int)ncpu : 1, reps = 5;
+    long threads = ncpu > 0 ? ncpu : 1, reps = 5;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--isa")) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (ps_cli_long("fma_peak", "--threads", argv[++i], 1, 256, &threads)) return 2;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            if (ps_cli_long("fma_peak", "--reps", argv[++i], 1, 1000000, &reps)) return 2;
+        } else if (!strcmp(argv[i], "--isa")) {
             printf("%s\n", ps_backend_cpu_isa());
             return 0;
         } else {
             fprintf(stderr, "usage: fma_peak [--threads N] [--reps R] | --isa\n");
             return 2;
         }
-    }
-    if (threads < 1 || threads > 256 || reps < 1) {
-        fprintf(stderr, "fma_peak: --threads must be 1..256 and --reps >= 1\n");
-        return 2;
     }
     const char *isa = ps_backend_cpu_isa();
     const char *width;
@@ -189,7 +183,7 @@ int main(int argc, char **argv) {
         double g = together(threads);
         if (g > all) all = g;
     }
-    printf("fma_peak: isa %s (%s) per core %.1f GFLOP/s, %d threads together %.1f GFLOP/s, "
+    printf("fma_peak: isa %s (%s) per core %.1f GFLOP/s, %ld threads together %.1f GFLOP/s, "
            "peak (per core x %ld CPUs) %.1f GFLOP/s\n",
            isa, width, one, threads, all, ncpu, one * (double)ncpu);
     return 0;

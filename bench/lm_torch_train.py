@@ -16,7 +16,7 @@ STEPS "epoch" trains exactly one epoch (as `make run-lm`). LM_TORCH_DEVICE
 trains at ~140-380 tokens/s here, an epoch in about an hour per seed.
 Prints "torch train: seed S steps N test loss L test ppl P (X tokens/s)".
 
-The corpus is read as ps-train lm reads it (common/nn/corpus.c): whitespace
+The corpus is read as ps-train lm reads it (trainer/lm_corpus.c): whitespace
 tokens, <eos> at each line's end, the vocabulary from train.txt, <unk> for
 words of valid/test.txt it lacks.
 """

@@ -1,4 +1,10 @@
+/* cli.c - the command-line parsing psd, ps-train and its subcommands share
+ * (cli.h): a flag's value in any of its spellings, KEY=VALUE pairs. */
 #include "cli.h"
+
+#include <stdio.h>
+
+#include "config.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -22,4 +28,18 @@ const char *ps_cli_split_kv(const char *kv, char *key, size_t key_len) {
     if (!eq || eq == kv || (size_t)(eq - kv) >= key_len) return NULL;
     snprintf(key, key_len, "%.*s", (int)(eq - kv), kv);
     return eq + 1;
+}
+
+int ps_cli_long(const char *prog, const char *flag, const char *v, long lo, long hi, long *out) {
+    ps_err err = {0};
+    if (ps_parse_long(flag, v, lo, hi, out, &err) == PS_OK) return 0;
+    fprintf(stderr, "%s: %s\n", prog, err.msg);
+    return -1;
+}
+
+int ps_cli_double(const char *prog, const char *flag, const char *v, double lo, double hi, double *out) {
+    ps_err err = {0};
+    if (ps_parse_double(flag, v, lo, hi, 0, out, &err) == PS_OK) return 0;
+    fprintf(stderr, "%s: %s\n", prog, err.msg);
+    return -1;
 }

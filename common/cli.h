@@ -18,4 +18,10 @@ const char *ps_cli_value(int argc, char **argv, int *i, const char *lng, const c
  * or NULL when there is no '=', the key is empty or too long. */
 const char *ps_cli_split_kv(const char *kv, char *key, size_t key_len);
 
+/* A flag's number, checked by the config's parsers (config.h
+ * ps_parse_long / ps_parse_double, closed range): 0, or -1 after printing
+ * "PROG: FLAG: 'x' is out of range [lo, hi]" to stderr. */
+int ps_cli_long(const char *prog, const char *flag, const char *v, long lo, long hi, long *out);
+int ps_cli_double(const char *prog, const char *flag, const char *v, double lo, double hi, double *out);
+
 #endif

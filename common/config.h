@@ -2,7 +2,13 @@
  * command-line overrides.
  *
  * Every key lives in ONE declarative table in config.c (key, type, range,
- * default, field); docs/config.md describes the same keys. Both the YAML
+ * default, field); docs/config.md describes the same keys. A key's field is
+ * in the options struct of the module that uses it (server.sync_workers in
+ * consistency.h's ps_cons_opts, server.recv_timeout_s in rpc_server.h's
+ * ps_rpc_server_opts, optimizer.* in optim.h's ps_optim_spec, ...): those
+ * structs are members of ps_config, filled by the table, and handed to
+ * their modules as they are. Enum keys take their names from the owning
+ * module's list. Both the YAML
  * loader and command-line flags go through ps_config_set, so a value is
  * checked the same way wherever it comes from, and every error names where
  * it came from, the key and the value:
@@ -39,7 +45,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "consistency.h"
+#include "daemon.h"
 #include "log.h"
+#include "optim.h"
+#include "round_metrics.h"
+#include "rpc_server.h"
+#include "service.h"
 #include "status.h"
 
 #define PS_CONFIG_ADDR_MAX 256   /* buffer size for addresses, incl. NUL */
@@ -53,28 +65,6 @@
 #define PS_CONFIG_MAX_SERVERS 8   /* servers.<name> entries */
 #define PS_CONFIG_MAX_SHARDS 8    /* model.placement.<stage>.shards entries */
 
-/* server.consistency: how concurrent trainers' steps interleave in psd
- * (server/consistency.h has the full rules).
- *  HOGWILD: optimizer steps are applied asynchronously as they arrive;
- *           a forward/backward reads a consistent snapshot of the weights
- *           (readers/writer lock: steps exclude readers only while writing).
- *  SYNC:    rounds of server.sync_workers contexts, summed or averaged
- *           (server.sync_reduce) into one step; stragglers past
- *           server.sync_timeout_s are dropped from their round.
- *  SSP:     stale synchronous parallel: a trainer more than
- *           server.max_staleness steps ahead of the slowest active one
- *           waits before its next Forward. */
-typedef enum { PS_CONSISTENCY_HOGWILD = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
-typedef enum { PS_SYNC_SUM = 0, PS_SYNC_MEAN } ps_sync_reduce;
-/* server.nonfinite_policy: a NaN/Inf in a training input, a gradient sent
- * by a trainer, or a computed parameter gradient. REJECT: the call fails
- * with INVALID_ARGUMENT. SKIP: the call succeeds, the step is not applied
- * and counted (Status.nonfinite_skipped). */
-typedef enum { PS_NONFINITE_REJECT = 0, PS_NONFINITE_SKIP } ps_nonfinite_policy;
-typedef enum { PS_BACKEND_KIND_REF = 0, PS_BACKEND_KIND_DNNL } ps_backend_kind;
-/* optimizer.type; the same values and names as ps_optim_kind in
- * common/nn/optim.h (tests/test_optim checks). */
-typedef enum { PS_OPTIMIZER_SGD = 0, PS_OPTIMIZER_ADAM } ps_optimizer_kind;
 
 /* model.placement.<stage>: "DEVICE", "SERVER/DEVICE" or "SERVER" (device
  * cpu), or model.placement.<stage>.shards: a list of "SERVER[/DEVICE]"
@@ -126,65 +116,32 @@ typedef struct ps_config {
     ps_server_def servers[PS_CONFIG_MAX_SERVERS];
     int self;                             /* psd --name: index into servers[]; -1 = none */
     struct {
+        /* psd's own */
         char listen[PS_CONFIG_ADDR_MAX];  /* address psd binds, host:port */
         char address[PS_CONFIG_ADDR_MAX]; /* address trainers dial */
-        int threads;                      /* gRPC serving threads, 1..64 */
         int compute_threads;              /* 0..256, 0 = auto */
-        bool profile;                     /* time every call's phases (common/prof.h, /metrics) */
-        double context_ttl_s;             /* idle forward context lifetime */
-        ps_nonfinite_policy nonfinite_policy; /* NaN/Inf in a step's inputs */
-        int max_message_mb;               /* 4..2047 */
         ps_log_level log_level;
-        ps_consistency consistency;
-        int sync_workers;                 /* sync: contexts per round */
-        double sync_timeout_s;            /* sync: straggler timeout */
-        ps_sync_reduce sync_reduce;       /* sync: sum or mean */
-        int max_staleness;                /* ssp: steps ahead of the slowest */
-        int ssp_world_size;               /* ssp: trainer ranks must be below this; 0 = any */
-        double settle_window_s;           /* finished contexts answer repeated Steps this long */
-        int max_finished;                 /* ... and at most this many */
-        /* Lifecycle (docs/config.md "server"): */
-        char checkpoint_dir[PS_CONFIG_PATH_MAX]; /* "" = no checkpoints */
-        int checkpoint_every_steps;       /* 0 = not by steps */
-        double checkpoint_every_s;        /* 0 = not by time */
-        int checkpoint_keep;              /* newest checkpoints kept, >= 1 */
+        char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
         double grace_s;                   /* drain time for in-flight calls on stop */
         char metrics_listen[PS_CONFIG_ADDR_MAX]; /* "" = no metrics endpoint */
         bool metrics_tls;                 /* HTTPS on metrics_listen with security.cert/key */
-        char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
-        /* Limits against hostile or careless clients (docs/security.md): */
-        int max_calls;                    /* ordinary calls accepted at once */
-        int max_calls_per_client;         /* per token / peer host; 0 = max_calls / 4 */
-        int max_streams_per_connection;   /* HTTP/2 concurrent streams */
-        double max_connection_age_s;      /* 0 = unlimited */
-        int transport_memory_mb;          /* gRPC resource quota; 0 = none */
-        double recv_timeout_s;            /* request message must arrive within */
-        double send_timeout_s;            /* reply must be taken within */
-        uint64_t max_context_bytes;       /* live contexts' tapes + gradients; 0 = unlimited */
-        double health_saturated_s;        /* health NOT_SERVING after this long saturated; 0 = never */
-        /* Round metrics (server/round_metrics.h): */
-        int metrics_round_steps;          /* hogwild/ssp: Steps per metrics round */
-        double metrics_ema_alpha;         /* EMA weight of the newest round */
-        int metrics_ema_of;               /* 0 min, 1 mean, 2 max (ps_rm_ema_of) */
-        char stop_metric[PS_CONFIG_STAGE_MAX]; /* "" = never solved */
-        double stop_threshold;            /* solved when EMA(stop_metric) > this */
+        /* the modules' own (their headers say which key is which field) */
+        ps_rpc_server_opts rpc;           /* threads, call limits, timeouts, message size */
+        ps_service_opts service;          /* contexts, non-finite policy, consistency, round metrics */
+        ps_ckpt_opts checkpoint;          /* server.checkpoint_* (daemon.h) */
     } server;
     struct {
         char arch[PS_CONFIG_NAME_MAX * 2]; /* model.arch (alias model.name): a shipped model file */
         char file[PS_CONFIG_PATH_MAX];    /* model.file: a model file; "" = model.arch's */
         uint64_t seed;                    /* weight initialisation */
         bool snapshot_steps;              /* steps publish a copy of the weights (model.h) */
-        ps_backend_kind backend;
+        int backend;                      /* index in ps_backend_cpu_names() */
         int n_placement;                  /* entries used in placement[] */
         ps_stage_placement placement[PS_CONFIG_MAX_STAGES];
         int n_sizes;                      /* entries used in sizes[] */
         ps_model_size sizes[PS_CONFIG_MAX_SIZES]; /* the rest take the model file's defaults */
     } model;
-    struct {
-        ps_optimizer_kind type;
-        double lr, momentum, weight_decay; /* momentum: sgd only */
-        double beta1, beta2, eps;          /* adam only */
-    } optimizer;
+    ps_optim_spec optimizer;              /* optimizer.* (optim.h) */
     struct {
         int world_size;                   /* the PS plus the trainers */
         int batch_size;
@@ -264,6 +221,17 @@ void ps_config_print(const ps_config *c, FILE *f);
  * c.model.backend) == "dnnl"; NULL for a key that is not an enum or a value
  * out of range. */
 const char *ps_config_enum_name(const char *key, int value);
+
+/* Checked numbers, by the config's own rules (what a flag takes goes
+ * through these too): the whole text a decimal number, finite, in [lo, hi]
+ * (ps_parse_double: a bound in open is excluded). what names the value in
+ * the message: INVALID_ARGUMENT "WHAT: '12x' is not an integer", "WHAT:
+ * '0' is out of range [1, 1000]". */
+#define PS_PARSE_OPEN_LO 1u
+#define PS_PARSE_OPEN_HI 2u
+ps_status ps_parse_long(const char *what, const char *text, long lo, long hi, long *out, ps_err *err);
+ps_status ps_parse_double(const char *what, const char *text, double lo, double hi, unsigned open, double *out,
+                          ps_err *err);
 
 /* Split "HOST:PORT" as server.metrics_listen takes it: HOST is an IPv4
  * literal, an IPv6 literal in brackets or "localhost" (-> 127.0.0.1); PORT

@@ -1,4 +1,4 @@
-/* shape.c - see dims.h. */
+/* dims.c - see dims.h. */
 #include "dims.h"
 
 #include <inttypes.h>

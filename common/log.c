@@ -1,3 +1,5 @@
+/* log.c - leveled logging to stderr or a log file, one locked write per
+ * line (log.h). */
 #include "log.h"
 
 #include <pthread.h>
@@ -16,17 +18,12 @@ ps_log_level ps_log_get_level(void) { return g_level; }
 void ps_log_set_prog(const char *prog) { g_prog = prog; }
 void ps_log_set_syslog_prefix(int on) { g_syslog_prefix = on; }
 
-int ps_log_level_parse(const char *s) {
-    if (!s) return -1;
-    if (!strcmp(s, "debug")) return PS_LOG_DEBUG;
-    if (!strcmp(s, "info")) return PS_LOG_INFO;
-    if (!strcmp(s, "warn")) return PS_LOG_WARN;
-    if (!strcmp(s, "error")) return PS_LOG_ERROR;
-    return -1;
-}
+static const char *const names[] = {
+    [PS_LOG_DEBUG] = "debug", [PS_LOG_INFO] = "info", [PS_LOG_WARN] = "warn", [PS_LOG_ERROR] = "error", NULL};
+
+const char *const *ps_log_level_names(void) { return names; }
 
 void ps_log_impl(ps_log_level lvl, const char *fmt, ...) {
-    static const char *names[] = {"debug", "info", "warn", "error"};
     char line[2048];
     va_list ap;
     va_start(ap, fmt);

@@ -10,8 +10,9 @@ typedef enum { PS_LOG_DEBUG = 0, PS_LOG_INFO, PS_LOG_WARN, PS_LOG_ERROR } ps_log
 
 void ps_log_set_level(ps_log_level lvl);
 ps_log_level ps_log_get_level(void);
-/* Parse "debug", "info", "warn", "error"; returns -1 on anything else. */
-int ps_log_level_parse(const char *s);
+/* "debug", "info", "warn", "error" (NULL-terminated, indexed by level):
+ * the one list of the names (server.log_level). */
+const char *const *ps_log_level_names(void);
 /* Prefix every line with this program name (not copied; pass a literal). */
 void ps_log_set_prog(const char *prog);
 

@@ -26,12 +26,6 @@ const ps_method_desc *ps_method(ps_method_id id) {
     return (unsigned)id < PS_M_COUNT ? &table[id] : NULL;
 }
 
-const ps_method_desc *ps_method_by_path(const char *path) {
-    for (int i = 0; i < PS_M_COUNT; i++)
-        if (path && !strcmp(table[i].path, path)) return &table[i];
-    return NULL;
-}
-
 const char *const *ps_method_reader_paths(void) {
     pthread_once(&reader_once, reader_fill);
     return reader_paths;

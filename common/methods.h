@@ -79,8 +79,6 @@ typedef struct ps_method_desc {
 
 /* The row of id; NULL when id is not a method. */
 const ps_method_desc *ps_method(ps_method_id id);
-/* Row of a path, or NULL. */
-const ps_method_desc *ps_method_by_path(const char *path);
 /* NULL-terminated paths of the PS_MF_READER rows (static storage). */
 const char *const *ps_method_reader_paths(void);
 

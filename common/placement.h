@@ -3,7 +3,7 @@
  * embedding table each shard server holds.
  *
  * Resolved once from a checked config (ps_config_check_cluster) and the
- * model registry; psd (what do I host?), ps-train (whom do I call for a
+ * model file it names; psd (what do I host?), ps-train (whom do I call for a
  * stage, which shard owns a row id?) and --check-config read the same
  * answer, so they cannot disagree.
  *
@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "model.h"
 #include "status.h"
 
 typedef struct ps_place_shard {
@@ -83,5 +84,13 @@ int ps_placement_hosts(const ps_placement *p, int s, int server);
 
 /* Number of distinct servers the stages use (sync/ssp need 1). */
 int ps_placement_servers_used(const ps_placement *p);
+
+/* The options of the model this process hosts (psd): model.* and
+ * optimizer.*, server.compute_threads (0: the online CPUs), and - for a
+ * cluster's server (c->self >= 0) - only the stages and shard rows placed
+ * on it, each on its placement's device, resolved into p. mo points into c
+ * and p: keep both alive while mo is used. INVALID_ARGUMENT when the server
+ * hosts no stage, or shards of two stages. */
+ps_status ps_placement_model_opts(const ps_config *c, ps_placement *p, ps_model_opts *mo, ps_err *err);
 
 #endif

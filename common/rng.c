@@ -1,3 +1,5 @@
+/* rng.c - the house PRNG: xoshiro256** seeded through splitmix64, uniform
+ * floats and unbiased integers below a bound (rng.h). */
 #include "rng.h"
 
 uint64_t ps_splitmix64(uint64_t *x) {

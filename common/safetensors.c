@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dims.h"
+
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "safetensors data is little-endian; this host is not");
 
@@ -69,15 +71,6 @@ static int st_nbytes(const int64_t *dims, int ndim, size_t esize, uint64_t *out)
 }
 
 /* "[2, 3, 4]" into buf. */
-static const char *st_shape_str(const int64_t *dims, int ndim, char *buf, size_t cap) {
-    size_t k = 0;
-    k += (size_t)snprintf(buf + k, cap - k, "[");
-    for (int i = 0; i < ndim && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, i ? ", " : "", dims[i]);
-    if (k < cap) snprintf(buf + k, cap - k, "]");
-    return buf;
-}
-
 /* Length of the valid UTF-8 sequence starting at s (at most n bytes), or 0. */
 static size_t st_utf8_len(const unsigned char *s, size_t n) {
     unsigned c = s[0];
@@ -505,13 +498,13 @@ static ps_status st_validate(ps_st_file *f, const uint64_t *offs, uint64_t data_
         if (!st_nbytes(t->dims, t->ndim, ps_st_dtype_size(t->dtype), &need)) {
             free(ord);
             return ps_err_set(err, PS_ERR_FORMAT, "%s: tensor '%s': shape %s overflows", path, t->name,
-                              st_shape_str(t->dims, t->ndim, sh, sizeof sh));
+                              ps_dims_format_as(sh, sizeof sh, t->dims, t->ndim, "[", ", ", "]"));
         }
         if (need != e - b) {
             free(ord);
             return ps_err_set(err, PS_ERR_FORMAT, "%s: tensor '%s': shape %s of %s needs %" PRIu64
                               " bytes but data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64 " bytes",
-                              path, t->name, st_shape_str(t->dims, t->ndim, sh, sizeof sh),
+                              path, t->name, ps_dims_format_as(sh, sizeof sh, t->dims, t->ndim, "[", ", ", "]"),
                               ps_st_dtype_name(t->dtype), need, b, e, e - b);
         }
         t->bytes = (size_t)need;
@@ -631,8 +624,8 @@ ps_st_file *ps_st_read(const char *path, ps_err *err) {
     for (size_t k = 0; k < f->n; k++) {
         ps_st_tensor *t = &sorted[k];
         *t = f->tensors[ord[k].idx];
-        char *src = (char *)f->data + ord[k].begin;
-        t->data = t->bytes ? src : NULL;
+        char *src = t->bytes ? (char *)f->data + ord[k].begin : NULL;  /* no data at all: f->data is NULL */
+        t->data = src;
         if (t->bytes && ord[k].begin % ps_st_dtype_size(t->dtype) != 0) {
             /* Valid but misaligned for its dtype: keep an aligned copy. */
             f->owned[k] = aligned_alloc(ST_ALIGN, (t->bytes + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN);
@@ -796,7 +789,7 @@ static ps_status st_check_input(const char *path, const ps_st_tensor *tensors, s
         if (!st_nbytes(t->dims, t->ndim, ps_st_dtype_size(t->dtype), &need) || need != t->bytes)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': shape %s of %s does not"
                               " match %zu bytes", path, t->name,
-                              st_shape_str(t->dims, t->ndim, sh, sizeof sh), ps_st_dtype_name(t->dtype),
+                              ps_dims_format_as(sh, sizeof sh, t->dims, t->ndim, "[", ", ", "]"), ps_st_dtype_name(t->dtype),
                               t->bytes);
         if (t->bytes && !t->data)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s': data is NULL", path, t->name);

@@ -1,3 +1,5 @@
+/* security.c - the config's security.* keys made into the rpc layer's
+ * ps_rpc_security for either side, and the tokens-file parser (security.h). */
 #include "security.h"
 
 #include "methods.h"

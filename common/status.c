@@ -1,3 +1,5 @@
+/* status.c - ps_status names, ps_err messages and the invariant check
+ * (status.h). */
 #include "status.h"
 
 #include <stdarg.h>

@@ -11,6 +11,8 @@
 #include <pb_decode.h>
 #include <pb_encode.h>
 
+#include "dims.h"
+
 /* Tensor bytes are copied as is: the host must be little endian like the
  * wire format. A big-endian port would byte-swap in the two data callbacks. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -106,14 +108,6 @@ ps_status ps_wire_encode(const pb_msgdesc_t *fields, const void *msg,
 
 /* ---- shapes ------------------------------------------------------------ */
 
-static void shape_str(const int64_t *dims, int ndim, char *buf, size_t len) {
-    size_t o = 0;
-    o += (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, i ? ", " : "", dims[i]);
-    if (o < len) snprintf(buf + o, len - o, ")");
-}
-
 ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
                               size_t *count, ps_err *err) {
     *count = 0;
@@ -125,7 +119,7 @@ ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
     size_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (dims[i] < 1) {
-            shape_str(dims, ndim, sh, sizeof sh);
+            ps_dims_format(sh, sizeof sh, dims, ndim);
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                               "%s: shape %s has dim %d = %" PRId64 ", need >= 1",
                               what, sh, i, dims[i]);
@@ -134,7 +128,7 @@ ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
         if ((uint64_t)dims[i] > SIZE_MAX ||
             __builtin_mul_overflow(n, (size_t)dims[i], &n) ||
             __builtin_mul_overflow(n, sizeof(float), &bytes)) {
-            shape_str(dims, ndim, sh, sizeof sh);
+            ps_dims_format(sh, sizeof sh, dims, ndim);
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                               "%s: shape %s is too large (element count overflows)",
                               what, sh);
@@ -237,7 +231,7 @@ ps_status ps_wire_tensor_check(const ps_Tensor *msg, const ps_wire_tensor_in *t,
     if (st != PS_OK) return st;
     if (count > SIZE_MAX / esz || count * esz != t->bytes) {
         char sh[128];
-        shape_str(msg->shape, (int)msg->shape_count, sh, sizeof sh);
+        ps_dims_format(sh, sizeof sh, msg->shape, (int)msg->shape_count);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                           "%s: shape %s needs %zu bytes (%zu %s) but data has %zu bytes",
                           what, sh, count * esz, count, ps_wire_dtype_name(msg->dtype), t->bytes);

@@ -4,7 +4,7 @@ gets about the same share of the training tokens (model.placement.<stage>.rows).
 
     scripts/shard-rows.py CORPUS_DIR N [NTOKEN]
 
-Reads CORPUS_DIR/train.txt the way `ps-train lm` does (common/lm_corpus.c):
+Reads CORPUS_DIR/train.txt the way `ps-train lm` does (trainer/lm_corpus.c):
 lines split at '\\n'; words are runs of bytes between ' ', '\\t', '\\r', '\\f'
 and '\\v'; each line ends with an <eos> token; ids are given in order of first
 appearance in train.txt (<eos> after the first line's words), and <unk> gets

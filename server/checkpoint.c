@@ -1,3 +1,6 @@
+/* checkpoint.c - psd's checkpoints: write the model and optimizer state
+ * as safetensors (atomically, keeping the newest few), find and load the
+ * newest good one, refuse a broken or mismatched file by name (checkpoint.h). */
 #include "checkpoint.h"
 
 #include <dirent.h>
@@ -14,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "dims.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -552,13 +556,6 @@ static int parse_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
-static void shape_str(char *buf, size_t cap, int ndim, const int64_t *dims) {
-    size_t o = (size_t)snprintf(buf, cap, "(");
-    for (int d = 0; d < ndim && o < cap; d++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, d ? ", " : "", dims[d]);
-    if (o < cap) snprintf(buf + o, cap - o, ")");
-}
-
 /* Tensor t must be parameter pi: dtype (F32, or F64 when allow_f64) and shape. */
 static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_param_info *pi,
                               int allow_f64, ps_err *err) {
@@ -569,8 +566,8 @@ static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_
     for (int d = 0; same && d < pi->ndim; d++) same = t->dims[d] == pi->dims[d];
     if (!same) {
         char got[96], want[96];
-        shape_str(got, sizeof got, t->ndim, t->dims);
-        shape_str(want, sizeof want, pi->ndim, pi->dims);
+        ps_dims_format(got, sizeof got, t->dims, t->ndim);
+        ps_dims_format(want, sizeof want, pi->dims, pi->ndim);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape %s; the model's %s is %s",
                           path, t->name, got, pi->name, want);
     }
@@ -598,8 +595,8 @@ static ps_status check_buffer(const char *path, const ps_st_tensor *t, const ps_
     for (int d = 0; same && d < bi->ndim; d++) same = t->dims[d] == bi->dims[d];
     if (!same) {
         char got[96], shp[96];
-        shape_str(got, sizeof got, t->ndim, t->dims);
-        shape_str(shp, sizeof shp, bi->ndim, bi->dims);
+        ps_dims_format(got, sizeof got, t->dims, t->ndim);
+        ps_dims_format(shp, sizeof shp, bi->dims, bi->ndim);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape %s; the model's %s is %s (%s)",
                           path, t->name, got, bi->name, shp, ps_model_where(m, bi->name, where, sizeof where));
     }

@@ -1,9 +1,15 @@
+/* consistency.c - the rules of server.consistency (consistency.h): sync
+ * rounds and their stragglers, ssp clocks and the Forwards held back, with
+ * the service's callbacks run outside the module's lock. */
 #include "consistency.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "clock.h"
 
 #define MAX_CLOCKS 4096   /* ssp: ranks tracked at once; an inactive rank's slot is reused */
 #define CLOSED_RING 64    /* sync: closed rounds remembered, for the Steps that name them */
@@ -58,13 +64,9 @@ struct ps_cons {
     uint64_t ssp_deferred, ssp_waiting;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static const char *const mode_names[] = {"hogwild", "sync", "ssp"};
+#define MODE_NAME(value, name) [value] = name,
+static const char *const mode_names[] = {PS_CONS_MODES(MODE_NAME)};
+#undef MODE_NAME
 
 const char *ps_cons_mode_name(ps_cons_mode m) {
     return (unsigned)m < sizeof mode_names / sizeof mode_names[0] ? mode_names[m] : NULL;
@@ -74,6 +76,22 @@ int ps_cons_mode_parse(const char *name) {
     for (size_t i = 0; i < sizeof mode_names / sizeof mode_names[0]; i++)
         if (name && !strcmp(name, mode_names[i])) return (int)i;
     return -1;
+}
+
+void ps_cons_describe(const ps_cons_opts *o, char *buf, size_t n) {
+    switch (o->mode) {
+    case PS_CONS_SYNC:
+        snprintf(buf, n, "sync: rounds of %d contexts, gradients %s into one step; stragglers dropped after %g s",
+                 o->sync_workers, o->sync_reduce == PS_SYNC_MEAN ? "averaged" : "summed", o->sync_timeout_s);
+        break;
+    case PS_CONS_SSP:
+        snprintf(buf, n, "ssp: a trainer at most %d steps ahead of the slowest active one; steps applied as they "
+                 "arrive", o->max_staleness);
+        break;
+    default:
+        snprintf(buf, n, "hogwild: asynchronous steps; each Forward/Backward reads one consistent weight snapshot "
+                 "(readers/writer lock), each Step is atomic");
+    }
 }
 
 ps_cons *ps_cons_create(const ps_cons_opts *o, ps_cons_apply_fn apply, void *user, ps_err *err) {
@@ -126,7 +144,7 @@ static int take_round_locked(ps_cons *c, member **out, uint64_t *round, int by_t
     *round = c->round;
     int n = c->nmembers;
     closed_round *k = &c->closed_rounds[c->round % CLOSED_RING];
-    *k = (closed_round){.round = c->round, .closed_at = now_s(), .by_timeout = by_timeout, .members = n,
+    *k = (closed_round){.round = c->round, .closed_at = ps_mono_s(), .by_timeout = by_timeout, .members = n,
                         .expected = c->expected, .missing = by_timeout ? c->expected - n : 0};
     c->members = NULL;
     c->nmembers = c->cap = 0;
@@ -145,7 +163,7 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
                         (unsigned long long)round);
     } else {
         for (int i = 0; i < n; i++) grads[i] = m[i].grads, grads[n + i] = m[i].arg;
-        st = c->apply(c->user, grads, grads + n, n, c->o.sync_average, &version, &err);
+        st = c->apply(c->user, grads, grads + n, n, c->o.sync_reduce == PS_SYNC_MEAN, &version, &err);
         if (st) ps_err_prefix(&err, "round %llu not applied", (unsigned long long)round);
     }
     free(grads);
@@ -162,7 +180,7 @@ static void run_round(ps_cons *c, member *m, int n, uint64_t round) {
  * a Step naming an old round cannot raise it again and again. */
 static int late_locked(ps_cons *c, uint64_t r, ps_err *err) {
     const closed_round *k = &c->closed_rounds[r % CLOSED_RING];
-    double now = now_s();
+    double now = ps_mono_s();
     if (k->round == r && !k->by_timeout && now - k->closed_at <= c->o.sync_timeout_s) return 0;
     c->dropped++;
     unsigned long long open = c->round;
@@ -226,7 +244,7 @@ ps_status ps_cons_sync_submit(ps_cons *c, uint64_t round, void *grads, ps_cons_d
         c->cap = ncap;
     }
     c->members[c->nmembers++] = (member){grads, done, arg};
-    if (c->nmembers == 1) c->first_arrival = now_s();
+    if (c->nmembers == 1) c->first_arrival = ps_mono_s();
     member *m = NULL;
     int n = 0;
     uint64_t r = 0;
@@ -245,7 +263,7 @@ int ps_cons_tick(ps_cons *c) {
     member *m = NULL;
     int n = 0;
     uint64_t r = 0;
-    if (!c->closed && c->nmembers > 0 && now_s() - c->first_arrival >= c->o.sync_timeout_s) {
+    if (!c->closed && c->nmembers > 0 && ps_mono_s() - c->first_arrival >= c->o.sync_timeout_s) {
         c->timeouts++;
         n = take_round_locked(c, &m, &r, 1);
         c->expected = n;   /* the missing ones are stragglers */
@@ -350,7 +368,7 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
 int ps_cons_ssp_admit(ps_cons *c, uint32_t rank, const char *owner, ps_cons_ready_fn ready, void *arg,
                       ps_err *err) {
     if (c->o.mode != PS_CONS_SSP) return 1;
-    double now = now_s();
+    double now = ps_mono_s();
     pthread_mutex_lock(&c->mu);
     rank_clock *k = touch_locked(c, rank, owner, now, err);
     if (!k) {
@@ -406,7 +424,7 @@ static void run_released(held *go) {
 
 void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
     if (c->o.mode != PS_CONS_SSP) return;
-    double now = now_s();
+    double now = ps_mono_s();
     held *go = NULL;
     ps_err ignored;
     pthread_mutex_lock(&c->mu);
@@ -420,7 +438,7 @@ void ps_cons_stepped(ps_cons *c, uint32_t rank, const char *owner) {
 
 /* ssp: ranks that went inactive no longer hold the others back. */
 static void ssp_tick(ps_cons *c) {
-    double now = now_s();
+    double now = ps_mono_s();
     held *go = NULL;
     pthread_mutex_lock(&c->mu);
     release_locked(c, now, &go);

@@ -57,16 +57,27 @@
 
 #include "status.h"
 
-typedef enum { PS_CONS_HOGWILD = 0, PS_CONS_SYNC = 1, PS_CONS_SSP = 2 } ps_cons_mode;
+/* The modes and their names (server.consistency): X(value, name). The
+ * one list; the config's names come from it. */
+#define PS_CONS_MODES(X) X(PS_CONS_HOGWILD, "hogwild") X(PS_CONS_SYNC, "sync") X(PS_CONS_SSP, "ssp")
+/* How a sync round combines its members' gradients (server.sync_reduce). */
+#define PS_SYNC_REDUCES(X) X(PS_SYNC_SUM, "sum") X(PS_SYNC_MEAN, "mean")
 
+#define PS_CONS_ENUM_ROW(value, name) value,
+typedef enum { PS_CONS_MODES(PS_CONS_ENUM_ROW) } ps_cons_mode;
+typedef enum { PS_SYNC_REDUCES(PS_CONS_ENUM_ROW) } ps_sync_reduce;
+#undef PS_CONS_ENUM_ROW
+
+/* The server.* keys of consistency (config.c fills them; docs/config.md). */
 typedef struct ps_cons_opts {
-    ps_cons_mode mode;
-    int sync_workers;       /* sync: contexts per round (>= 1) */
-    double sync_timeout_s;  /* sync: a round open this long closes with whom it has (> 0) */
-    int sync_average;       /* sync: 1 = average the round's gradients, 0 = sum them */
-    int max_staleness;      /* ssp: steps a rank may run ahead of the slowest active one (>= 0) */
-    int ssp_world_size;     /* ssp: ranks must be below this; 0 = any (4096 tracked at once) */
-    double active_s;        /* ssp: a rank not seen for this long no longer holds others back */
+    ps_cons_mode mode;          /* server.consistency */
+    int sync_workers;           /* server.sync_workers: contexts per round (>= 1) */
+    double sync_timeout_s;      /* server.sync_timeout_s: a round open this long closes with whom it has (> 0) */
+    ps_sync_reduce sync_reduce; /* server.sync_reduce: average the round's gradients, or sum them */
+    int max_staleness;          /* server.max_staleness: steps a rank may run ahead of the slowest active one */
+    int ssp_world_size;         /* server.ssp_world_size: ranks must be below this; 0 = any (4096 tracked at once) */
+    double active_s;            /* ssp: a rank not seen for this long no longer holds others back
+                                   (not a key: the service passes server.context_ttl_s) */
 } ps_cons_opts;
 
 /* Applies one round: grads[0..n-1] are the members' gradient accumulators
@@ -96,6 +107,9 @@ ps_cons_mode ps_cons_mode_of(const ps_cons *c);
 const char *ps_cons_mode_name(ps_cons_mode m);
 /* Parses a mode name; -1 when unknown. */
 int ps_cons_mode_parse(const char *name);
+/* What the options mean, in words (Status.consistency): "sync: rounds of 2
+ * contexts, gradients averaged into one step; stragglers dropped after 30 s". */
+void ps_cons_describe(const ps_cons_opts *o, char *buf, size_t n);
 
 /* ---- sync ---- */
 

@@ -1,3 +1,6 @@
+/* ctx_table.c - the table of psd's request contexts (ctx_table.h): open,
+ * acquire and release by id and owner, the finished contexts that answer a
+ * repeated Step, expiry, and the fair shares of context memory per client. */
 #include "ctx_table.h"
 #include "prof.h"
 
@@ -6,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "clock.h"
 
 #define NBUCKETS 1024
 #define FIN_BUCKETS 65536
@@ -84,12 +89,6 @@ static void owner_drop_locked(ps_ctx_table *t, ps_ctx *c) {
     if (*pp) *pp = o->next;
     t->nowners--;
     free(o);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static uint64_t mix(uint64_t id) {
@@ -358,7 +357,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
         c->id = id;
         c->rank = rank;
         c->busy = 1;
-        c->last_used = now_s();
+        c->last_used = ps_mono_s();
         size_t b = bucket_of(id);
         c->next = t->buckets[b];
         t->buckets[b] = c;
@@ -502,7 +501,7 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
     int empty = c->nfwd == 0 && !c->grads;
     if (empty) unlink_locked(t, c);  /* opened by a Forward that failed: nothing to keep */
     c->busy = 0;
-    c->last_used = now_s();
+    c->last_used = ps_mono_s();
     pthread_mutex_unlock(&t->mu);
     if (empty) ctx_free(t, c);
 }
@@ -514,7 +513,7 @@ void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
 void ps_ctx_table_finish_as(ps_ctx_table *t, ps_ctx *c, uint64_t version, ps_ctx_fin_how how) {
     ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     unlink_locked(t, c);
-    remember_finished_locked(t, c->id, version, (int)how, now_s());
+    remember_finished_locked(t, c->id, version, (int)how, ps_mono_s());
     if (how == PS_CTX_APPLIED) t->applied++;
     pthread_mutex_unlock(&t->mu);
     ctx_free(t, c);
@@ -523,7 +522,7 @@ void ps_ctx_table_finish_as(ps_ctx_table *t, ps_ctx *c, uint64_t version, ps_ctx
 size_t ps_ctx_table_expire(ps_ctx_table *t) {
     ps_ctx *dead = NULL;
     size_t n = 0;
-    double now = now_s();
+    double now = ps_mono_s();
     ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     for (size_t b = 0; b < NBUCKETS; b++) {
         ps_ctx **pp = &t->buckets[b];
@@ -593,7 +592,7 @@ size_t ps_ctx_table_export(ps_ctx_table *t, uint64_t max_version, size_t max_rec
 }
 
 void ps_ctx_table_import(ps_ctx_table *t, const ps_ctx_finished *r, size_t n, uint64_t applied) {
-    double now = now_s();
+    double now = ps_mono_s();
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < n; i++)
         if (!find_finished_locked(t, r[i].id)) remember_finished_locked(t, r[i].id, r[i].version, r[i].how, now);

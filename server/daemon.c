@@ -1,3 +1,5 @@
+/* daemon.c - psd's service-manager side (daemon.h): log destination,
+ * sd_notify, readable bind errors and the checkpoint schedule. */
 #include "daemon.h"
 
 #include <errno.h>
@@ -94,8 +96,9 @@ void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
 
 int ps_ckpt_sched_due(const ps_ckpt_sched *s, uint64_t version, double now) {
     if (version == s->last_version) return 0;
-    if (s->every_steps > 0 && version - s->last_version >= (uint64_t)s->every_steps) return 1;
-    return s->every_s > 0 && now - s->last_time >= s->every_s;
+    const ps_ckpt_opts *o = s->opts;
+    if (o->every_steps > 0 && version - s->last_version >= (uint64_t)o->every_steps) return 1;
+    return o->every_s > 0 && now - s->last_time >= o->every_s;
 }
 
 void ps_ckpt_sched_done(ps_ckpt_sched *s, uint64_t version, double now) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "history.h"
 #include "placement.h"
 #include "round_metrics.h"
@@ -51,18 +52,6 @@ struct ps_dashboard {
     uint64_t prev_samples, prev_version, prev_in, prev_out, prev_round;
     int primed;
 };
-
-static double mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- sampling ------------------------------------------------------------ */
 
@@ -108,7 +97,7 @@ void ps_dashboard_sample(ps_dashboard *d) {
         ps_history_add(d->hist, ps_history_series(d->hist, name, PS_HIST_LAST), rr.s[i].ema, 1);
     }
     d->prev_round = rr.round;
-    ps_history_tick(d->hist, mono_now(), wall_now());
+    ps_history_tick(d->hist, ps_mono_s(), ps_wall_s());
 }
 
 static void *sampler_main(void *p) {
@@ -283,7 +272,7 @@ static void render_trainers(ps_dashboard *d, ps_textbuf *b, double now) {
 char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     ps_textbuf tb = {0}, *b = &tb;
     const ps_config *c = &d->cfg;
-    double now = wall_now();
+    double now = ps_wall_s();
     ps_ctx_stats cs;
     uint64_t samples;
     ps_service_stats(d->svc, &cs, &samples);
@@ -319,10 +308,10 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     kstr(b, &g, "unit", tokens ? "tokens" : "samples");
     kbool(b, &g, "perplexity", tokens);
     kstr(b, &g, "loss_source", fused ? "psd's fused cross-entropy" : "the trainers' Step scalar 'loss'");
-    kstr(b, &g, "optimizer", ps_config_enum_name("optimizer.type", (int)c->optimizer.type));
+    kstr(b, &g, "optimizer", ps_config_enum_name("optimizer.type", (int)c->optimizer.kind));
     knum(b, &g, "lr", c->optimizer.lr);
-    kstr(b, &g, "consistency", ps_config_enum_name("server.consistency", (int)c->server.consistency));
-    kstr(b, &g, "nonfinite_policy", ps_config_enum_name("server.nonfinite_policy", (int)c->server.nonfinite_policy));
+    kstr(b, &g, "consistency", ps_config_enum_name("server.consistency", (int)c->server.service.cons.mode));
+    kstr(b, &g, "nonfinite_policy", ps_config_enum_name("server.nonfinite_policy", (int)c->server.service.nonfinite_policy));
     uint64_t rej, skip;
     ps_service_nonfinite_counts(d->svc, &rej, &skip);
     knum(b, &g, "nonfinite_rejected", (double)rej);
@@ -374,21 +363,21 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     knum(b, &g, "opened", (double)cs.opened);
     knum(b, &g, "expired", (double)cs.expired);
     knum(b, &g, "bytes", (double)cs.bytes);
-    knum(b, &g, "budget", (double)c->server.max_context_bytes);
+    knum(b, &g, "budget", (double)c->server.service.max_context_bytes);
     knum(b, &g, "evicted", (double)cs.evicted);
     knum(b, &g, "refused", (double)cs.refused);
     knum(b, &g, "clients", (double)cs.owners);
     knum(b, &g, "trainers_seen", (double)cs.trainers_seen);
-    knum(b, &g, "ttl_s", c->server.context_ttl_s);
+    knum(b, &g, "ttl_s", c->server.service.context_ttl_s);
     ps_textbuf_printf(b, "}");
 
     key(b, &f, "checkpoint");
     g = 1;
     ps_textbuf_printf(b, "{");
-    kstr(b, &g, "dir", c->server.checkpoint_dir);
-    knum(b, &g, "every_steps", c->server.checkpoint_every_steps);
-    knum(b, &g, "every_s", c->server.checkpoint_every_s);
-    knum(b, &g, "keep", c->server.checkpoint_keep);
+    kstr(b, &g, "dir", c->server.checkpoint.dir);
+    knum(b, &g, "every_steps", c->server.checkpoint.every_steps);
+    knum(b, &g, "every_s", c->server.checkpoint.every_s);
+    knum(b, &g, "keep", c->server.checkpoint.keep);
     ps_ckpt_info ck;
     if (ps_service_checkpoint(d->svc, &ck)) {
         knum(b, &g, "last_step", (double)ck.version);
@@ -436,7 +425,7 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     g = 1;
     ps_textbuf_printf(b, "{");
     knum(b, &g, "calls", ad.calls);
-    knum(b, &g, "max_calls", c->server.max_calls);
+    knum(b, &g, "max_calls", c->server.rpc.max_calls);
     knum(b, &g, "refused", (double)(ad.refused_busy + ad.refused_client + ad.refused_auth));
     knum(b, &g, "stalled", (double)(ad.recv_timeouts + ad.send_timeouts));
     knum(b, &g, "connections_closed", (double)ad.conns_cut);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "log.h"
 #include "prof.h"
@@ -52,12 +53,6 @@ struct ps_metrics {
     char *tls_cert, *tls_key;     /* PEM text while HTTPS serves */
 };
 
-static double mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                          grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t dlen) {
     ps_metrics *m = user;
@@ -65,9 +60,9 @@ static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_by
     while (i < m->n && m->inner[i].id != info->method_id) i++;
     PS_ASSERT(i < m->n); /* the server only dispatches paths of the table */
     __atomic_add_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
-    double t0 = mono_now();
+    double t0 = ps_mono_s();
     m->inner[i].fn(m->inner_user, info, request, response, code, details, dlen);
-    double dt = mono_now() - t0;
+    double dt = ps_mono_s() - t0;
     __atomic_sub_fetch(&m->in_flight, 1, __ATOMIC_SEQ_CST);
     method_stats *s = &m->stats[i];
     int c = (int)*code >= 0 && (int)*code < N_CODES ? (int)*code : GRPC_STATUS_UNKNOWN;
@@ -323,12 +318,10 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
 
     ps_ckpt_info ck;
     if (ps_service_checkpoint(m->svc, &ck)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         family(&b, "psd_checkpoint_last_step", "gauge", "Model version of the newest checkpoint.");
         put(&b, "psd_checkpoint_last_step %llu\n", (unsigned long long)ck.version);
         family(&b, "psd_checkpoint_age_seconds", "gauge", "Seconds since the newest checkpoint was written.");
-        put(&b, "psd_checkpoint_age_seconds %.3f\n", (double)ts.tv_sec + ts.tv_nsec * 1e-9 - ck.time);
+        put(&b, "psd_checkpoint_age_seconds %.3f\n", ps_wall_s() - ck.time);
     }
     family(&b, "psd_checkpoint_writes_total", "counter", "Checkpoint writes, by result.");
     put(&b, "psd_checkpoint_writes_total{result=\"ok\"} %llu\n",
@@ -427,11 +420,6 @@ static char *read_pem(const char *what, const char *path, ps_err *err) {
         return NULL;
     }
     return p;
-}
-
-ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err) {
-    ps_metrics_http_opts o = {0};
-    return ps_metrics_listen_opts(m, hostport, &o, err);
 }
 
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err) {

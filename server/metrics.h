@@ -45,19 +45,16 @@ void ps_metrics_free(ps_metrics *m);
  * ps_rpc_server_create. Valid until ps_metrics_free. */
 const ps_rpc_method *ps_metrics_methods(ps_metrics *m, int *n);
 
-/* Serve /metrics on hostport (as server.metrics_listen: "IP:PORT",
- * "[IPv6]:PORT", "localhost:PORT"). A port in use or a bad address is an
- * error naming it. Once. Plain HTTP with default limits. */
-ps_status ps_metrics_listen(ps_metrics *m, const char *hostport, ps_err *err);
-
 typedef struct ps_metrics_http_opts {
     const char *cert_file, *key_file;  /* PEM files: HTTPS; NULL = plain HTTP */
     unsigned max_connections;          /* 0: 256 */
     unsigned max_per_client;           /* connections from one address; 0: max_connections / 4 */
     unsigned idle_timeout_s;           /* 0: 10 */
 } ps_metrics_http_opts;
-/* The same with TLS and limits; a certificate that cannot be read or used
- * is an error naming the file. */
+/* Serve /metrics (and the dashboard) on hostport (as server.metrics_listen:
+ * "IP:PORT", "[IPv6]:PORT", "localhost:PORT"), with TLS and limits o. A
+ * port in use, a bad address, or a certificate that cannot be read or used
+ * is an error naming it. Once. */
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err);
 
 /* Serve the dashboard at / (and its JSON and files) from now on; d

@@ -25,6 +25,7 @@
 
 #include "checkpoint.h"
 #include "cli.h"
+#include "clock.h"
 #include "config.h"
 #include "daemon.h"
 #include "dashboard.h"
@@ -61,12 +62,6 @@ static void usage(FILE *f) {
             "Keys, types and defaults: docs/config.md.\n");
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Write a checkpoint now; logs the outcome. */
 static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *svc, ps_metrics *metrics,
                             ps_ckpt_sched *sched) {
@@ -75,20 +70,20 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
     ps_ctx_stats st;
     uint64_t samples;
     ps_service_stats(svc, &st, &samples);
-    double t0 = mono_s();
+    double t0 = ps_mono_s();
     const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
-    ps_ckpt_save_opts so = {.id = &id, .samples = samples, .keep = cfg->server.checkpoint_keep,
+    ps_ckpt_save_opts so = {.id = &id, .samples = samples, .keep = cfg->server.checkpoint.keep,
                             .contexts = ps_service_contexts(svc)};
-    if (ps_ckpt_save_with(model, cfg->server.checkpoint_dir, &so, &info, &err)) {
+    if (ps_ckpt_save_with(model, cfg->server.checkpoint.dir, &so, &info, &err)) {
         ps_log(PS_LOG_ERROR, "checkpoint failed: %s", err.msg);
         ps_metrics_note_checkpoint(metrics, 0);
         return -1;
     }
     ps_service_note_checkpoint(svc, &info);
     ps_metrics_note_checkpoint(metrics, 1);
-    ps_ckpt_sched_done(sched, info.version, mono_s());
+    ps_ckpt_sched_done(sched, info.version, ps_mono_s());
     ps_log(PS_LOG_INFO, "checkpoint written: %s (model version %llu, %.0f ms)", info.path,
-           (unsigned long long)info.version, (mono_s() - t0) * 1000);
+           (unsigned long long)info.version, (ps_mono_s() - t0) * 1000);
     return 0;
 }
 
@@ -106,7 +101,7 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     }
     grpc_shutdown();
     if (st) return st;
-    const char *ck = cfg->server.checkpoint_dir;
+    const char *ck = cfg->server.checkpoint.dir;
     struct stat sb;
     if (ck[0] && stat(ck, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
@@ -165,40 +160,6 @@ static void log_cpu_kernels(const ps_model_opts *mo) {
     }
 }
 
-/* The model options of servers[cfg->self]: hosted stages, the shard's rows
- * and devices from the resolved placement p (which the options point into:
- * keep it alive while mo is used). INVALID_ARGUMENT when the server hosts
- * no stage, or shards of two stages. */
-static ps_status hosted_opts(const ps_config *cfg, ps_placement *p, ps_model_opts *mo, ps_err *err) {
-    if (ps_placement_resolve(cfg, p, err) != PS_OK) return err->code;
-    int self = cfg->self;
-    mo->n_hosted = 0;
-    mo->n_placement = 0;
-    mo->shard_stage = NULL;
-    for (int s = 0; s < p->n_stages; s++) {
-        const ps_place_stage *ps = &p->stages[s];
-        if (!ps_placement_hosts(p, s, self)) continue;
-        const char *device = ps->device;
-        for (int k = 0; k < ps->n_shards; k++) {
-            if (ps->shards[k].server != self) continue;
-            if (mo->shard_stage)
-                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s holds shards of two stages (%s and %s); "
-                                  "one sharded stage per server", cfg->servers[self].name, mo->shard_stage, ps->name);
-            mo->shard_stage = ps->name;
-            mo->shard_lo = ps->shards[k].lo;
-            mo->shard_hi = ps->shards[k].hi;
-            device = ps->shards[k].device;
-        }
-        mo->hosted[mo->n_hosted++] = ps->name;
-        mo->placement_stage[mo->n_placement] = ps->name;
-        mo->placement_device[mo->n_placement++] = device;
-    }
-    if (!mo->n_hosted)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s hosts no stage of model %s: place a stage on it "
-                          "in model.placement, or remove it from servers", cfg->servers[self].name, mo->arch);
-    return PS_OK;
-}
-
 /* --check-config on a cluster: what each server (or only servers[self])
  * hosts, one line per server. */
 static void print_hosted(const ps_config *cfg, FILE *f) {
@@ -223,6 +184,21 @@ static void print_hosted(const ps_config *cfg, FILE *f) {
         }
         fprintf(f, "  %s (%s) hosts: %s\n", p.server_name[sv], p.server_addr[sv], line);
     }
+}
+
+/* Free what main made, in the order the server needs (no call in flight
+ * once the rpc server is gone), and shut gRPC down; returns rc. */
+static int teardown(ps_rpc_server *srv, ps_metrics *metrics, ps_dashboard *dash, ps_service *svc,
+                    ps_trainers *trainers, ps_model *model, int cklock, int rc) {
+    ps_rpc_server_free(srv);
+    ps_metrics_free(metrics);
+    ps_dashboard_free(dash);
+    ps_service_free(svc);
+    ps_trainers_free(trainers);
+    ps_model_free(model);
+    grpc_shutdown();
+    ps_ckpt_unlock_dir(cklock);
+    return rc;
 }
 
 /* --check-config: the model's stage table (every stage of its definition),
@@ -354,44 +330,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
         return 2;
     }
-    ps_model_opts mo = {0};
-    mo.arch = cfg.model.arch;
-    mo.file = cfg.model.file[0] ? cfg.model.file : NULL;
-    mo.cpu_backend = ps_config_enum_name("model.backend", (int)cfg.model.backend);
-    mo.n_placement = cfg.model.n_placement;
-    for (int i = 0; i < cfg.model.n_placement; i++) {
-        mo.placement_stage[i] = cfg.model.placement[i].stage;
-        mo.placement_device[i] = cfg.model.placement[i].n_shards ? cfg.model.placement[i].shard_device[0]
-                                                                  : cfg.model.placement[i].device;
-    }
     /* A cluster's server (psd --name): only the stages, and the shard rows,
      * placed on it, each on its placement's device. */
+    ps_model_opts mo;
     ps_placement place;
-    if (cfg.self >= 0 && hosted_opts(&cfg, &place, &mo, &err)) {
+    if (ps_placement_model_opts(&cfg, &place, &mo, &err)) {
         fprintf(stderr, "psd: %s: %s\n", where, err.msg);
         return 2;
     }
-    mo.n_sizes = cfg.model.n_sizes;
-    for (int i = 0; i < cfg.model.n_sizes; i++) {
-        mo.size_key[i] = cfg.model.sizes[i].key;
-        mo.size_value[i] = cfg.model.sizes[i].value;
-    }
-    mo.seed = cfg.model.seed;
-    mo.snapshot_steps = cfg.model.snapshot_steps;
-    mo.compute_threads = cfg.server.compute_threads > 0 ? cfg.server.compute_threads
-                                                         : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    /* optimizer.type's values are ps_optim_kind's (config.h); the model
-     * checks the settings (e.g. momentum with adam, weight decay with an
-     * embedding table) and names the one it refuses. */
-    ps_optim_spec os;
-    ps_optim_spec_default((ps_optim_kind)cfg.optimizer.type, &os);
-    os.lr = cfg.optimizer.lr;
-    os.momentum = cfg.optimizer.momentum;
-    os.weight_decay = cfg.optimizer.weight_decay;
-    os.beta1 = cfg.optimizer.beta1;
-    os.beta2 = cfg.optimizer.beta2;
-    os.eps = cfg.optimizer.eps;
-    mo.optim = &os;
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
@@ -426,7 +372,7 @@ int main(int argc, char **argv) {
      * restarted service continues where it stopped. */
     ps_ckpt_info restored = {0};
     int have_ckpt = 0;
-    const char *ckdir = cfg.server.checkpoint_dir;
+    const char *ckdir = cfg.server.checkpoint.dir;
     const ps_ckpt_ident ckid = {cfg.cluster.name, cfg.self >= 0 ? cfg.servers[cfg.self].name : ""};
     ps_ckpt_settle settle = {0};   /* the restored steps' records: a retried Step of them is answered */
     int cklock = -1;               /* this server's hold on its checkpoint dir, for the process's life */
@@ -463,47 +409,10 @@ int main(int argc, char **argv) {
     log_cpu_kernels(&mo);
     grpc_init();
 
-    char consistency[256];
-    switch (cfg.server.consistency) {
-    case PS_CONSISTENCY_SYNC:
-        snprintf(consistency, sizeof consistency, "sync: rounds of %d contexts, gradients %s into one step; "
-                 "stragglers dropped after %g s", cfg.server.sync_workers,
-                 cfg.server.sync_reduce == PS_SYNC_MEAN ? "averaged" : "summed", cfg.server.sync_timeout_s);
-        break;
-    case PS_CONSISTENCY_SSP:
-        snprintf(consistency, sizeof consistency, "ssp: a trainer at most %d steps ahead of the slowest active "
-                 "one; steps applied as they arrive", cfg.server.max_staleness);
-        break;
-    default:
-        snprintf(consistency, sizeof consistency, "hogwild: asynchronous steps; each Forward/Backward reads one "
-                 "consistent weight snapshot (readers/writer lock), each Step is atomic");
-    }
-    ps_service_opts so = {
-        .context_ttl_s = cfg.server.context_ttl_s,
-        .max_contexts = 4096,
-        .max_message_bytes = (size_t)cfg.server.max_message_mb << 20,
-        .consistency = consistency,
-        .nonfinite_skip = cfg.server.nonfinite_policy == PS_NONFINITE_SKIP,
-        .cpu_isa = ps_backend_cpu_isa,
-        .mode = (int)cfg.server.consistency,  /* same order as ps_cons_mode */
-        .sync_workers = cfg.server.sync_workers,
-        .sync_timeout_s = cfg.server.sync_timeout_s,
-        .sync_average = cfg.server.sync_reduce == PS_SYNC_MEAN,
-        .metrics_round_steps = cfg.server.metrics_round_steps,
-        .metrics_ema_alpha = cfg.server.metrics_ema_alpha,
-        .metrics_ema_of = cfg.server.metrics_ema_of,
-        .stop_metric = cfg.server.stop_metric,
-        .stop_threshold = cfg.server.stop_threshold,
-        .max_staleness = cfg.server.max_staleness,
-        .ssp_world_size = cfg.server.ssp_world_size,
-        .settle_window_s = cfg.server.settle_window_s,
-        .max_finished = (size_t)cfg.server.max_finished,
-        .optimizer = ps_config_enum_name("optimizer.type", (int)cfg.optimizer.type),
-        .max_context_bytes = (size_t)cfg.server.max_context_bytes,
-        .cluster = cfg.cluster.name,
-        .server_name = cfg.self >= 0 ? cfg.servers[cfg.self].name : "",
-    };
-    ps_service *svc = ps_service_create(model, &so, &err);
+    ps_service_opts *so = &cfg.server.service;  /* the server.* keys are in it; what is not a key: */
+    so->optimizer = ps_optim_kind_name(cfg.optimizer.kind);
+    so->cpu_isa = ps_backend_cpu_isa;
+    ps_service *svc = ps_service_create(model, so, &err);
     if (svc && have_ckpt) {
         ps_service_set_samples(svc, restored.samples);
         ps_service_note_checkpoint(svc, &restored);
@@ -523,11 +432,10 @@ int main(int argc, char **argv) {
     ps_dashboard *dash = trainers ? ps_dashboard_create(&dopts, &err) : NULL;
     if (dash) ps_service_set_trainers(svc, trainers), ps_metrics_set_dashboard(metrics, dash);
     else if (trainers) ps_log(PS_LOG_WARN, "no dashboard (metrics only): %s", err.msg);
-    int per_client = cfg.server.max_calls_per_client > 0 ? cfg.server.max_calls_per_client
-                     : (cfg.server.max_calls / 4 > 0 ? cfg.server.max_calls / 4 : 1);
+    const ps_rpc_server_opts *ro = &cfg.server.rpc;
     ps_metrics_http_opts ho = {cfg.server.metrics_tls ? cfg.security.cert : NULL, cfg.security.key,
-                               (unsigned)cfg.server.max_calls, (unsigned)per_client,
-                               (unsigned)(cfg.server.recv_timeout_s < 10 ? cfg.server.recv_timeout_s + 0.999 : 10)};
+                               (unsigned)ro->max_calls, (unsigned)ps_rpc_calls_per_client(ro),
+                               (unsigned)(ro->recv_timeout_s < 10 ? ro->recv_timeout_s + 0.999 : 10)};
     /* A taken port is the common failure (a second psd): say so plainly. */
     char why[300];
     ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);
@@ -536,22 +444,8 @@ int main(int argc, char **argv) {
     if (why[0]) {
         ps_err_set(&err, PS_ERR_UNAVAILABLE, "cannot listen on %s (server.listen): %s", cfg.server.listen, why);
     } else if (metrics && ps_security_server(&cfg, &sec, &err) == PS_OK) {
-        ps_rpc_server_opts ro = {
-            .threads = cfg.server.threads,
-            .max_calls = cfg.server.max_calls,
-            .max_calls_per_client = per_client,
-            .max_message_bytes = (int)so.max_message_bytes,
-            .max_streams_per_connection = cfg.server.max_streams_per_connection,
-            .max_connection_age_ms = (int)(cfg.server.max_connection_age_s * 1000 > 2e9
-                                               ? 2e9 : cfg.server.max_connection_age_s * 1000),
-            .transport_memory_bytes = cfg.server.transport_memory_mb > 0
-                                          ? (long long)cfg.server.transport_memory_mb << 20 : -1,
-            .recv_timeout_ms = (int)(cfg.server.recv_timeout_s * 1000),
-            .send_timeout_ms = (int)(cfg.server.send_timeout_s * 1000),
-            .profile = cfg.server.profile,
-        };
-        srv = ps_rpc_server_create_opts(cfg.server.listen, &ro, methods, nm, metrics, &sec.rpc, &err);
-        if (srv) ps_service_set_admission(svc, srv, cfg.server.health_saturated_s);
+        srv = ps_rpc_server_create_opts(cfg.server.listen, &cfg.server.rpc, methods, nm, metrics, &sec.rpc, &err);
+        if (srv) ps_service_set_admission(svc, srv);
         ps_log(PS_LOG_INFO, "transport: %s%s; %d token%s", cfg.security.tls ? "TLS" : "plaintext",
                cfg.security.mutual_tls ? " with client certificates" : "", sec.ntokens,
                sec.ntokens == 1 ? "" : "s");
@@ -560,14 +454,7 @@ int main(int argc, char **argv) {
     if (!srv || (cfg.server.metrics_listen[0] && ps_metrics_listen_opts(metrics, cfg.server.metrics_listen, &ho, &err)) ||
         ps_rpc_server_start(srv, &err)) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
-        ps_rpc_server_free(srv);
-        ps_metrics_free(metrics);
-        ps_dashboard_free(dash);
-        ps_service_free(svc);
-        ps_trainers_free(trainers);
-        ps_model_free(model);
-        grpc_shutdown();
-        return 1;
+        return teardown(srv, metrics, dash, svc, trainers, model, cklock, 1);
     }
     char placement[512];
     ps_service_hosted(svc, placement, sizeof placement);
@@ -576,20 +463,19 @@ int main(int argc, char **argv) {
                placement);
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
-           placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.threads);
+           placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.rpc.threads);
     if (cfg.server.metrics_listen[0])
         ps_log(PS_LOG_INFO, "dashboard on %s://%s/ (metrics at /metrics)", cfg.server.metrics_tls ? "https" : "http",
                cfg.server.metrics_listen);
     if (ckdir[0])
         ps_log(PS_LOG_INFO, "checkpoints in %s every %d steps / %g s, keeping %d", ckdir,
-               cfg.server.checkpoint_every_steps, cfg.server.checkpoint_every_s, cfg.server.checkpoint_keep);
+               cfg.server.checkpoint.every_steps, cfg.server.checkpoint.every_s, cfg.server.checkpoint.keep);
     char note[512];
     snprintf(note, sizeof note, "READY=1\nSTATUS=serving %s on %s, model version %llu", ps_model_arch(model),
              cfg.server.listen, (unsigned long long)ps_model_version(model));
     ps_daemon_notify(note);
 
-    ps_ckpt_sched sched = {cfg.server.checkpoint_every_steps, cfg.server.checkpoint_every_s,
-                           ps_model_version(model), mono_s()};
+    ps_ckpt_sched sched = {&cfg.server.checkpoint, ps_model_version(model), ps_mono_s()};
     int sig = 0, rc = 0;
     double retry_at = 0;  /* after a failed checkpoint, wait before trying again */
     while (!sig) {
@@ -609,13 +495,13 @@ int main(int argc, char **argv) {
         }
         size_t expired = ps_service_expire(svc);
         if (expired) ps_log(PS_LOG_WARN, "expired %zu idle contexts (trainers gone?)", expired);
-        if (!sig && ckdir[0] && mono_s() >= retry_at && ps_ckpt_sched_due(&sched, ps_model_version(model), mono_s()) &&
+        if (!sig && ckdir[0] && ps_mono_s() >= retry_at && ps_ckpt_sched_due(&sched, ps_model_version(model), ps_mono_s()) &&
             write_checkpoint(&cfg, model, svc, metrics, &sched))
-            retry_at = mono_s() + 30;
+            retry_at = ps_mono_s() + 30;
     }
     ps_daemon_notify("STOPPING=1\nSTATUS=draining");
     ps_service_set_draining(svc);
-    double t_stop = mono_s();
+    double t_stop = ps_mono_s();
     ps_ctx_stats st;
     uint64_t samples;
     ps_service_stats(svc, &st, &samples);
@@ -627,11 +513,11 @@ int main(int argc, char **argv) {
     for (int quiet = 0; quiet < 2;) {
         ps_service_stats(svc, &st, &samples);
         quiet = st.live == 0 && ps_metrics_in_flight(metrics) == 0 ? quiet + 1 : 0;
-        if (quiet == 2 || mono_s() - t_stop >= cfg.server.grace_s) break;
+        if (quiet == 2 || ps_mono_s() - t_stop >= cfg.server.grace_s) break;
         struct timespec nap = {0, 50 * 1000 * 1000};
         nanosleep(&nap, NULL);
     }
-    double left = cfg.server.grace_s - (mono_s() - t_stop);
+    double left = cfg.server.grace_s - (ps_mono_s() - t_stop);
     ps_service_close(svc);  /* sync rounds and held Forwards that cannot complete now: UNAVAILABLE */
     ps_rpc_server_shutdown(srv, left > 0.1 ? (int)(left * 1000) : 100);
     ps_service_stats(svc, &st, &samples);
@@ -644,13 +530,5 @@ int main(int argc, char **argv) {
     ps_log(PS_LOG_INFO, "stopped: model version %llu, %llu training samples, %llu contexts opened, %llu expired",
            (unsigned long long)ps_model_version(model), (unsigned long long)samples,
            (unsigned long long)st.opened, (unsigned long long)st.expired);
-    ps_rpc_server_free(srv);
-    ps_metrics_free(metrics);
-    ps_dashboard_free(dash);
-    ps_service_free(svc);
-    ps_trainers_free(trainers);
-    ps_model_free(model);
-    grpc_shutdown();
-    ps_ckpt_unlock_dir(cklock);
-    return rc;
+    return teardown(srv, metrics, dash, svc, trainers, model, cklock, rc);
 }

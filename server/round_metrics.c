@@ -1,3 +1,5 @@
+/* round_metrics.c - the trainers' named scalars aggregated per round:
+ * min/mean/max, the EMA and the stop rule (round_metrics.h). */
 #include "round_metrics.h"
 
 #include <math.h>
@@ -16,7 +18,6 @@ typedef struct acc {        /* one name within the open round */
 struct ps_rmetrics {
     pthread_mutex_t mu;
     ps_rmetrics_opts o;
-    char stop_metric[PS_RM_NAME_MAX];
     int nnames;
     char names[PS_RM_MAX_NAMES][PS_RM_NAME_MAX];
     char *owners[PS_RM_MAX_NAMES];   /* who brought names[k]; NULL: reserved (configured) */
@@ -29,19 +30,10 @@ struct ps_rmetrics {
     ps_round_report latest;
 };
 
-const char *ps_rm_ema_of_name(ps_rm_ema_of e) {
-    return e == PS_RM_EMA_MIN ? "min" : e == PS_RM_EMA_MAX ? "max" : "mean";
-}
-
 ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     if (!(o->alpha > 0 && o->alpha <= 1) || o->round_steps < 1) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "round metrics need 0 < alpha <= 1 (got %g) and round_steps >= 1 "
                    "(got %d)", o->alpha, o->round_steps);
-        return NULL;
-    }
-    if (o->stop_metric && strlen(o->stop_metric) >= PS_RM_NAME_MAX) {
-        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stop metric '%s' is longer than %d characters", o->stop_metric,
-                   PS_RM_NAME_MAX - 1);
         return NULL;
     }
     ps_rmetrics *m = calloc(1, sizeof *m);
@@ -51,10 +43,9 @@ ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     }
     pthread_mutex_init(&m->mu, NULL);
     m->o = *o;
-    snprintf(m->stop_metric, sizeof m->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
-    m->o.stop_metric = m->stop_metric;
-    if (m->stop_metric[0])  /* reserved: never pushed out by other names */
-        snprintf(m->names[m->nnames++], PS_RM_NAME_MAX, "%s", m->stop_metric);
+    m->o.stop_metric[PS_RM_NAME_MAX - 1] = '\0';
+    if (m->o.stop_metric[0])  /* reserved: never pushed out by other names */
+        snprintf(m->names[m->nnames++], PS_RM_NAME_MAX, "%s", m->o.stop_metric);
     return m;
 }
 
@@ -185,10 +176,10 @@ static void close_locked(ps_rmetrics *m, const acc *a) {
         s->mean = mean;
         s->max = a[k].max;
         s->ema = m->ema[k];
-        if (!m->solved && m->stop_metric[0] && !strcmp(m->names[k], m->stop_metric) &&
+        if (!m->solved && m->o.stop_metric[0] && !strcmp(m->names[k], m->o.stop_metric) &&
             m->ema[k] > m->o.stop_threshold) {
             m->solved = 1;
-            ps_log(PS_LOG_INFO, "Solved! Running %s is now %g (> %g) after %llu rounds", m->stop_metric, m->ema[k],
+            ps_log(PS_LOG_INFO, "Solved! Running %s is now %g (> %g) after %llu rounds", m->o.stop_metric, m->ema[k],
                    m->o.stop_threshold, (unsigned long long)r->round);
         }
     }

@@ -149,7 +149,7 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
     for (ps_rpc_call *c = s->watch; c && n < MAXCUT; c = c->wnext) {
         long long r = __atomic_load_n(&c->recv_since, __ATOMIC_RELAXED);
         long long w = __atomic_load_n(&c->send_since, __ATOMIC_RELAXED);
-        int k = r && now - r > s->opts.recv_timeout_ms ? 1 : w && now - w > s->opts.send_timeout_ms ? 2 : 0;
+        int k = r && now - r > s->recv_timeout_ms ? 1 : w && now - w > s->send_timeout_ms ? 2 : 0;
         if (!k) continue;
         atomic_fetch_add(&c->refs, 1);
         why[n] = k;
@@ -168,7 +168,7 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
             snprintf(msg, sizeof msg, why[i] == 1
                      ? "request message not received within %d ms (server.recv_timeout_s)"
                      : "reply not taken by the client within %d ms (server.send_timeout_s)",
-                     why[i] == 1 ? s->opts.recv_timeout_ms : s->opts.send_timeout_ms);
+                     why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
         }
         pthread_mutex_unlock(&c->mu);

@@ -48,6 +48,8 @@
 #ifndef PS_RPC_SERVER_H
 #define PS_RPC_SERVER_H
 
+#include <stdbool.h>
+
 #include "rpc.h"
 
 #define PS_RPC_REQUESTS_ARMED 64   /* grpc_server_request_call()s kept outstanding */
@@ -157,51 +159,60 @@ int ps_rpc_call_cancelled(ps_rpc_call *call);
 
 /* ---- server options ---------------------------------------------------- */
 
+/* The server.* keys of the rpc server are fields here, in the config's
+ * units (config.c fills them; docs/config.md, docs/security.md); the rest
+ * are set by the caller. Zero means the default where one is given. */
 typedef struct ps_rpc_server_opts {
-    int threads;            /* workers for ordinary methods, >= 1 */
+    int threads;            /* server.threads: workers for ordinary methods, >= 1 */
     int reserved_threads;   /* workers for reserved methods; 0 = default (1) */
-    int max_calls;          /* ordinary calls accepted and not finished
-                               (queued, in a handler, deferred or sending);
-                               0 = PS_RPC_DEFAULT_MAX_CALLS */
+    int max_calls;          /* server.max_calls: ordinary calls accepted and
+                               not finished (queued, in a handler, deferred or
+                               sending); 0 = PS_RPC_DEFAULT_MAX_CALLS */
     int max_reserved_calls; /* same for reserved methods; 0 = default */
-    int max_message_bytes;  /* > 0 sets the receive and send limits (gRPC's
-                               default is 4 MiB) */
+    int max_message_bytes;  /* server.max_message_mb: > 0 sets the receive and
+                               send limits (gRPC's default is 4 MiB) */
     /* Limits against hostile or careless clients (docs/security.md). A
      * "client" is the caller's token with tokens configured, else its peer
      * host (the address without the port: every connection from a host is
      * one client). */
-    int max_calls_per_client;    /* ordinary calls one client may hold at
-                                    once; 0 = max_calls (no per-client
-                                    limit). Reserved calls: the same
-                                    fraction of max_reserved_calls (at least
-                                    2). Past it: RESOURCE_EXHAUSTED naming
-                                    the limit. */
-    int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS;
+    int max_calls_per_client;    /* server.max_calls_per_client: ordinary
+                                    calls one client may hold at once; 0 =
+                                    max_calls / 4 (at least 1). Reserved
+                                    calls: the same fraction of
+                                    max_reserved_calls (at least 2). Past it:
+                                    RESOURCE_EXHAUSTED naming the limit. */
+    int max_streams_per_connection; /* server.max_streams_per_connection: HTTP/2
+                                       SETTINGS_MAX_CONCURRENT_STREAMS;
                                        0 = PS_RPC_DEFAULT_MAX_STREAMS */
-    int max_connection_age_ms;   /* > 0: GOAWAY after this long (clients
-                                    reconnect); calls in flight get
-                                    max_connection_age_grace_ms */
+    double max_connection_age_s; /* server.max_connection_age_s: > 0: GOAWAY
+                                    after this long (clients reconnect); calls
+                                    in flight get max_connection_age_grace_ms;
+                                    0 = unlimited */
     int max_connection_age_grace_ms;
-    long long transport_memory_bytes; /* gRPC resource quota for the
-                                    transport's buffers; 0 = default
-                                    (PS_RPC_DEFAULT_TRANSPORT_MEMORY), < 0 = none */
-    int recv_timeout_ms;         /* an accepted call must deliver its request
-                                    message within this; then it is cancelled
-                                    (DEADLINE_EXCEEDED); 0 = default */
-    int send_timeout_ms;         /* a reply the client does not take (flow
-                                    control) within this is cancelled; 0 = default */
+    int transport_memory_mb;     /* server.transport_memory_mb: gRPC resource
+                                    quota for the transport's buffers; 0 = none */
+    double recv_timeout_s;       /* server.recv_timeout_s: an accepted call must
+                                    deliver its request message within this;
+                                    then it is cancelled (DEADLINE_EXCEEDED);
+                                    0 = default */
+    double send_timeout_s;       /* server.send_timeout_s: a reply the client
+                                    does not take (flow control) within this is
+                                    cancelled; 0 = default */
     int max_resets_per_s;        /* a connection whose streams end before
                                     their request message more often than
                                     this in one second (HTTP/2 rapid reset)
                                     is closed; 0 = default */
-    int profile;                 /* 1: time every call's phases (prof.h),
+    bool profile;                /* time every call's phases (prof.h),
                                     read with ps_rpc_server_phases */
 } ps_rpc_server_opts;
 
+/* The per-client cap opts give: max_calls_per_client, or max_calls / 4
+ * (at least 1). */
+int ps_rpc_calls_per_client(const ps_rpc_server_opts *opts);
+
 #define PS_RPC_DEFAULT_MAX_STREAMS 64
-#define PS_RPC_DEFAULT_TRANSPORT_MEMORY (512LL << 20)
-#define PS_RPC_DEFAULT_RECV_TIMEOUT_MS 30000
-#define PS_RPC_DEFAULT_SEND_TIMEOUT_MS 60000
+#define PS_RPC_DEFAULT_RECV_TIMEOUT_S 30.0
+#define PS_RPC_DEFAULT_SEND_TIMEOUT_S 60.0
 #define PS_RPC_DEFAULT_MAX_RESETS 200
 
 /* What admission control did, since the server started (a snapshot). */

@@ -151,6 +151,7 @@ struct ps_rpc_server {
     rpc_worker *workers;                /* opts.threads ordinary, then reserved */
     int nworkers;
     ps_rpc_server_opts opts;            /* defaults filled in */
+    int recv_timeout_ms, send_timeout_ms; /* opts' timeouts in ms */
     ps_rpc_method *methods;             /* paths owned */
     int nmethods;
     void *user;

@@ -66,8 +66,9 @@ static grpc_channel_args server_args(grpc_arg *args, const ps_rpc_server_opts *o
      * them), the transport's memory under a quota. */
     ps_rpc_arg_int(args, &n, MAX_ARGS, GRPC_ARG_MAX_CONCURRENT_STREAMS, o->max_streams_per_connection);
     ps_rpc_arg_int(args, &n, MAX_ARGS, GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    if (o->max_connection_age_ms > 0) {
-        ps_rpc_arg_int(args, &n, MAX_ARGS, GRPC_ARG_MAX_CONNECTION_AGE_MS, o->max_connection_age_ms);
+    if (o->max_connection_age_s > 0) {
+        ps_rpc_arg_int(args, &n, MAX_ARGS, GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                       o->max_connection_age_s * 1000 > 2e9 ? 2000000000 : (int)(o->max_connection_age_s * 1000));
         ps_rpc_arg_int(args, &n, MAX_ARGS, GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, o->max_connection_age_grace_ms);
     }
     if (quota) {
@@ -80,6 +81,12 @@ static grpc_channel_args server_args(grpc_arg *args, const ps_rpc_server_opts *o
     }
     grpc_channel_args ca = {(size_t)n, args};
     return ca;
+}
+
+int ps_rpc_calls_per_client(const ps_rpc_server_opts *o) {
+    if (o->max_calls_per_client > 0) return o->max_calls_per_client;
+    int max_calls = o->max_calls > 0 ? o->max_calls : PS_RPC_DEFAULT_MAX_CALLS;
+    return max_calls / 4 > 0 ? max_calls / 4 : 1;
 }
 
 ps_rpc_server *ps_rpc_server_create(const char *listen_addr, int nthreads,
@@ -144,16 +151,15 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.reserved_threads == 0) o.reserved_threads = PS_RPC_DEFAULT_RESERVED_THREADS;
     if (o.max_calls == 0) o.max_calls = PS_RPC_DEFAULT_MAX_CALLS;
     if (o.max_reserved_calls == 0) o.max_reserved_calls = PS_RPC_DEFAULT_MAX_RESERVED_CALLS;
-    if (o.max_calls_per_client == 0) o.max_calls_per_client = o.max_calls;
+    if (o.max_calls_per_client == 0) o.max_calls_per_client = ps_rpc_calls_per_client(&o);
     if (o.max_streams_per_connection == 0) o.max_streams_per_connection = PS_RPC_DEFAULT_MAX_STREAMS;
-    if (o.transport_memory_bytes == 0) o.transport_memory_bytes = PS_RPC_DEFAULT_TRANSPORT_MEMORY;
-    if (o.recv_timeout_ms == 0) o.recv_timeout_ms = PS_RPC_DEFAULT_RECV_TIMEOUT_MS;
-    if (o.send_timeout_ms == 0) o.send_timeout_ms = PS_RPC_DEFAULT_SEND_TIMEOUT_MS;
+    if (o.recv_timeout_s == 0) o.recv_timeout_s = PS_RPC_DEFAULT_RECV_TIMEOUT_S;
+    if (o.send_timeout_s == 0) o.send_timeout_s = PS_RPC_DEFAULT_SEND_TIMEOUT_S;
     if (o.max_connection_age_grace_ms <= 0) o.max_connection_age_grace_ms = 60000;
     if (o.max_resets_per_s == 0) o.max_resets_per_s = PS_RPC_DEFAULT_MAX_RESETS;
     if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
-        o.max_calls_per_client < 1 || o.max_streams_per_connection < 1 || o.recv_timeout_ms < 1 ||
-        o.send_timeout_ms < 1 ||
+        o.max_calls_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
+        !(o.send_timeout_s >= 0.001) || o.transport_memory_mb < 0 ||
         nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                    "rpc server %s: need >= 1 threads (got %d), >= 1 reserved threads (got %d), "
@@ -179,6 +185,8 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     atomic_init(&s->stopping, 0);
     s->user = user;
     s->opts = o;
+    s->recv_timeout_ms = o.recv_timeout_s * 1000 > 2e9 ? 2000000000 : (int)(o.recv_timeout_s * 1000);
+    s->send_timeout_ms = o.send_timeout_s * 1000 > 2e9 ? 2000000000 : (int)(o.send_timeout_s * 1000);
 
     s->nworkers = o.threads + o.reserved_threads;
     s->addr = strdup(listen_addr);
@@ -208,9 +216,9 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
         grpc_auth_metadata_processor proc = {rpc_transport_auth, NULL, s};
         grpc_server_credentials_set_auth_metadata_processor(creds, proc);
     }
-    if (o.transport_memory_bytes > 0) {
+    if (o.transport_memory_mb > 0) {
         s->quota = grpc_resource_quota_create("psd");
-        grpc_resource_quota_resize(s->quota, (size_t)o.transport_memory_bytes);
+        grpc_resource_quota_resize(s->quota, (size_t)o.transport_memory_mb << 20);
     }
     grpc_arg args[MAX_ARGS];
     grpc_channel_args ca = server_args(args, &o, s->quota);

@@ -23,34 +23,32 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     ps_service *s = calloc(1, sizeof *s);
     if (!s) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
     s->model = model;
-    ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts,
+    ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts ? o->max_contexts : 4096,
                             .settle_window_s = o->settle_window_s, .max_finished = o->max_finished,
                             .grads_free = grads_free_cb, .max_bytes = o->max_context_bytes};
     s->ctx = ps_ctx_table_create(&to);
     if (!s->ctx) { free(s); ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
-    ps_cons_opts co = {.mode = o->mode, .sync_workers = o->sync_workers, .sync_timeout_s = o->sync_timeout_s,
-                       .sync_average = o->sync_average, .max_staleness = o->max_staleness,
-                       .active_s = o->context_ttl_s, .ssp_world_size = o->ssp_world_size};
+    ps_cons_opts co = o->cons;
+    co.active_s = o->context_ttl_s;
     if (!(s->cons = ps_cons_create(&co, svc_sync_apply, s, err))) {
         ps_ctx_table_free(s->ctx);
         free(s);
         return NULL;
     }
-    ps_rmetrics_opts ro = {.alpha = o->metrics_ema_alpha > 0 ? o->metrics_ema_alpha : 0.05,
-                           .ema_of = (ps_rm_ema_of)o->metrics_ema_of,
-                           .round_steps = o->metrics_round_steps > 0 ? o->metrics_round_steps : 1,
-                           .stop_metric = o->stop_metric, .stop_threshold = o->stop_threshold};
+    ps_rmetrics_opts ro = o->round_metrics;
+    if (!(ro.alpha > 0)) ro.alpha = 0.05;
+    if (ro.round_steps < 1) ro.round_steps = 1;
     if (!(s->rm = ps_rmetrics_create(&ro, err))) {
         ps_cons_free(s->cons);
         ps_ctx_table_free(s->ctx);
         free(s);
         return NULL;
     }
-    snprintf(s->stop_metric, sizeof s->stop_metric, "%s", o->stop_metric ? o->stop_metric : "");
-    s->stop_threshold = o->stop_threshold;
+    snprintf(s->stop_metric, sizeof s->stop_metric, "%s", ro.stop_metric);
+    s->stop_threshold = ro.stop_threshold;
     pthread_mutex_init(&s->exec_mu, NULL);
     pthread_cond_init(&s->exec_cv, NULL);
-    if (o->mode == PS_CONS_SSP) {
+    if (o->cons.mode == PS_CONS_SSP) {
         if (pthread_create(&s->exec, NULL, svc_exec_main, s)) {
             ps_rmetrics_free(s->rm);
             ps_cons_free(s->cons);
@@ -65,12 +63,13 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->cpu_isa = o->cpu_isa;
     s->max_tensor_bytes = o->max_message_bytes;
     s->start = ps_mono_s();
-    snprintf(s->consistency, sizeof s->consistency, "%s", o->consistency ? o->consistency : "");
-    snprintf(s->cluster, sizeof s->cluster, "%s", o->cluster ? o->cluster : "");
-    snprintf(s->server_name, sizeof s->server_name, "%s", o->server_name ? o->server_name : "");
+    ps_cons_describe(&o->cons, s->consistency, sizeof s->consistency);
+    snprintf(s->cluster, sizeof s->cluster, "%.*s", (int)sizeof o->cluster, o->cluster);
+    snprintf(s->server_name, sizeof s->server_name, "%.*s", (int)sizeof o->server_name, o->server_name);
     pthread_mutex_init(&s->ckpt_mu, NULL);
-    s->nonfinite_skip = o->nonfinite_skip;
+    s->nonfinite_skip = o->nonfinite_policy == PS_NONFINITE_SKIP;
     s->max_context_bytes = o->max_context_bytes;
+    s->saturated_limit_s = o->health_saturated_s;
     return s;
 }
 
@@ -126,10 +125,7 @@ ps_ctx_table *ps_service_contexts(ps_service *s) { return s->ctx; }
 void ps_service_set_draining(ps_service *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_SEQ_CST); }
 int ps_service_draining(ps_service *s) { return __atomic_load_n(&s->draining, __ATOMIC_SEQ_CST); }
 
-void ps_service_set_admission(ps_service *s, ps_rpc_server *srv, double saturated_limit_s) {
-    s->rpc = srv;
-    s->saturated_limit_s = saturated_limit_s;
-}
+void ps_service_set_admission(ps_service *s, ps_rpc_server *srv) { s->rpc = srv; }
 
 int ps_service_admission(ps_service *s, ps_rpc_admission *a) {
     ps_rpc_server_admission(s->rpc, a);  /* zeros for NULL */

@@ -21,8 +21,8 @@
  *
  * Non-finite values (NaN/Inf in a training input, in grad_output, or in the
  * parameter gradients Backward computes) never reach the weights. With
- * nonfinite_skip = 0 the call is refused with INVALID_ARGUMENT naming the
- * tensor and element (counted in Status.nonfinite_rejected); with 1 the
+ * nonfinite_policy reject the call is refused with INVALID_ARGUMENT naming the
+ * tensor and element (counted in Status.nonfinite_rejected); with skip the
  * calls succeed, the context is marked, and its step is not applied: Step
  * (or Backward with step=true) answers OK with skipped=true and the
  * current version (counted in Status.nonfinite_skipped). An eval Forward
@@ -44,38 +44,45 @@
 #include <stdint.h>
 
 #include "checkpoint.h"
+#include "consistency.h"
 #include "ctx_table.h"
 #include "model.h"
+#include "round_metrics.h"
 #include "rpc_server.h"
 
 typedef struct ps_service ps_service;
 
+/* server.nonfinite_policy: X(value, name), the one list of the names. */
+#define PS_NONFINITE_POLICIES(X) X(PS_NONFINITE_REJECT, "reject") X(PS_NONFINITE_SKIP, "skip")
+#define PS_NONFINITE_ENUM_ROW(value, name) value,
+typedef enum { PS_NONFINITE_POLICIES(PS_NONFINITE_ENUM_ROW) } ps_nonfinite_policy;
+#undef PS_NONFINITE_ENUM_ROW
+
+#define PS_SERVICE_NAME_MAX 32
+
+/* The service's server.* keys are fields here (config.c fills them;
+ * docs/config.md); the last few are set by the caller. */
 typedef struct ps_service_opts {
-    double context_ttl_s;
-    size_t max_contexts;
-    size_t max_message_bytes;
-    const char *consistency;  /* description given in Status */
-    int nonfinite_skip;       /* 0: reject NaN/Inf (INVALID_ARGUMENT); 1: skip the step */
-    int mode;                 /* ps_cons_mode: 0 hogwild, 1 sync, 2 ssp */
-    int sync_workers;         /* sync: contexts per round */
-    double sync_timeout_s;    /* sync: straggler timeout (> 0 under sync) */
-    int sync_average;         /* sync: 1 mean, 0 sum */
-    int max_staleness;        /* ssp */
-    int ssp_world_size;       /* ssp: trainer ranks must be below this; 0 = any */
-    double settle_window_s;   /* repeated Steps answered this long (0: 600 s) */
-    size_t max_finished;      /* ... for at most this many contexts (0: 1 << 20) */
-    const char *optimizer;    /* reported by Status ("sgd") */
+    double context_ttl_s;     /* server.context_ttl_s: an idle context expires */
+    int max_message_bytes;    /* server.max_message_mb: the largest tensor a request carries */
+    ps_nonfinite_policy nonfinite_policy; /* server.nonfinite_policy: reject NaN/Inf
+                                 (INVALID_ARGUMENT) or skip the step */
+    double settle_window_s;   /* server.settle_window_s: repeated Steps answered this long (0: 600 s) */
+    int max_finished;         /* server.max_finished: ... for at most this many contexts (0: 1 << 20) */
+    uint64_t max_context_bytes; /* server.max_context_bytes: live contexts' bytes, shared
+                                 fairly per client; 0 = unlimited */
+    double health_saturated_s; /* server.health_saturated_s: health says NOT_SERVING after
+                                 every ordinary call was refused this long; 0 = never */
+    ps_cons_opts cons;        /* server.consistency and its keys (consistency.h) */
+    ps_rmetrics_opts round_metrics; /* server.metrics_* and stop_* (round_metrics.h; alpha 0:
+                                 0.05, round_steps 0: 1) */
+    char cluster[PS_SERVICE_NAME_MAX];     /* cluster.name (ListParameters, Status) */
+    char server_name[PS_SERVICE_NAME_MAX]; /* servers.<name> this psd is; "" = the single-server
+                                 form (ps_config_select_server sets it) */
+    /* Not keys: set by the caller. */
+    size_t max_contexts;      /* live contexts; 0: 4096 */
+    const char *optimizer;    /* reported by Status ("sgd"); NULL: "sgd" */
     const char *(*cpu_isa)(void); /* reported by Status; NULL: "" */
-    size_t max_context_bytes; /* live contexts' bytes, shared fairly per client; 0 = unlimited */
-    /* Round metrics (round_metrics.h; zeros: alpha 0.05, 1 step per round, no stop) */
-    int metrics_round_steps;  /* hogwild/ssp: Steps per metrics round */
-    double metrics_ema_alpha;
-    int metrics_ema_of;       /* ps_rm_ema_of */
-    const char *stop_metric;  /* NULL or "": none */
-    double stop_threshold;
-    /* Several PS nodes: reported by ListParameters and Status; NULL = "" */
-    const char *cluster;      /* cluster.name */
-    const char *server_name;  /* servers.<name> this psd is; "" = the single-server form */
 } ps_service_opts;
 
 /* The service uses (does not own) the model. */
@@ -102,10 +109,10 @@ void ps_service_set_draining(ps_service *s);
 int ps_service_draining(ps_service *s);
 
 /* Admission state for health and Status: the rpc server whose admission
- * counters Status reports, and after how long saturated (every ordinary call
- * refused for the call cap, server.health_saturated_s; 0 = never) health
- * says NOT_SERVING. Set once before the server starts; srv NULL = none. */
-void ps_service_set_admission(ps_service *s, ps_rpc_server *srv, double saturated_limit_s);
+ * counters Status reports (and whose saturation, past
+ * opts.health_saturated_s, health reports as NOT_SERVING). Set once before
+ * the server starts; srv NULL = none. */
+void ps_service_set_admission(ps_service *s, ps_rpc_server *srv);
 /* 1 while serving; 0 while draining or saturated for longer than the
  * limit, with the reason in why (may be NULL). */
 int ps_service_serving(ps_service *s, char *why, size_t n);

@@ -19,6 +19,7 @@
 #include "dispatch.h"
 #include "round_metrics.h"
 #include "service.h"
+#include "trainers.h"
 
 typedef struct svc_fwd_node svc_fwd_node;
 
@@ -58,7 +59,7 @@ struct ps_service {
     pthread_mutex_t ckpt_mu;     /* guards ckpt, has_ckpt */
     int has_ckpt;
     ps_ckpt_info ckpt;
-    struct ps_trainers *trainers; /* the dashboard's view of each trainer (trainers.h); NULL = none */
+    ps_trainers *trainers;       /* the dashboard's view of each trainer; NULL = none */
 };
 
 /* ---- service.c: helpers the handlers share ---- */

@@ -78,8 +78,3 @@ char *ps_textbuf_take(ps_textbuf *b, size_t *len) {
     *b = (ps_textbuf){0};
     return p;
 }
-
-void ps_textbuf_free(ps_textbuf *b) {
-    free(b->p);
-    *b = (ps_textbuf){0};
-}

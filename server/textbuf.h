@@ -2,9 +2,9 @@
  * (the dashboard's JSON): printf-style appends, JSON strings and numbers.
  *
  * A ps_textbuf is a plain struct the caller owns; start it zeroed
- * ({0}) and free its text with ps_textbuf_free, or take it with
- * ps_textbuf_take. Out of memory is sticky: every later append is a no-op
- * and ps_textbuf_take returns NULL, so renderers check once at the end.
+ * ({0}) and take its text with ps_textbuf_take. Out of memory is sticky:
+ * every later append is a no-op and ps_textbuf_take returns NULL, so
+ * renderers check once at the end.
  */
 #ifndef PS_TEXTBUF_H
 #define PS_TEXTBUF_H
@@ -26,6 +26,5 @@ void ps_textbuf_json_num(ps_textbuf *b, double v);
 /* The text (caller frees) and its length; NULL after out of memory. The
  * buffer is empty afterwards. */
 char *ps_textbuf_take(ps_textbuf *b, size_t *len);
-void ps_textbuf_free(ps_textbuf *b);
 
 #endif

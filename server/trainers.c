@@ -5,7 +5,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "clock.h"
 
 #define REPEAT_CACHE 8192   /* recently stepped context ids -> rank (direct-mapped) */
 #define OTHER PS_TRAINERS_MAX_RANK
@@ -18,12 +19,6 @@ struct ps_trainers {
     struct { uint64_t id; uint32_t rank; } cache[REPEAT_CACHE];
     ps_trainers_delta delta;
 };
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 ps_trainers *ps_trainers_create(void) {
     ps_trainers *t = calloc(1, sizeof *t);
@@ -46,7 +41,7 @@ void ps_trainers_free(ps_trainers *t) {
 static ps_trainer_row *row(ps_trainers *t, uint32_t rank) {
     int i = rank < PS_TRAINERS_MAX_RANK ? (int)rank : OTHER;
     ps_trainer_row *r = &t->rows[i];
-    double now = wall_now();
+    double now = ps_wall_s();
     if (!t->seen[i]) {
         t->seen[i] = 1;
         r->first_seen = now;

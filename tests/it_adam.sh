@@ -6,22 +6,12 @@
 #     (with encoder.weight.exp_avg etc. in the optimizer file);
 #  2. psd restarts from it; two more steps must continue the same numpy
 #     run, which they only do when the Adam state and step counts came back.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_adam: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
-tmp=$(mktemp -d /tmp/it_adam.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done; exit 1; }
+. "$(dirname "$0")/lib.sh" it_adam
+fail_tail=20
+require_py grpc grpc_tools numpy
 
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
-addr="127.0.0.1:$(( 20000 + RANDOM % 20000 ))"
+proto_stubs
+addr="127.0.0.1:$(free_port)"
 args=(--config configs/rnn_lm.yaml --listen "$addr" --checkpoint-dir "$tmp/ckpt"
       --set model.sizes.ntoken=50 --set model.sizes.ninp=8 --set model.sizes.nhid=8 --set model.sizes.dropout=0
       --set optimizer.type=adam --set optimizer.lr=0.01 --set optimizer.momentum=0 --set optimizer.weight_decay=0

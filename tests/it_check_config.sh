@@ -13,15 +13,9 @@
 #    server hosts; sync across servers, an unknown --name, a cluster config
 #    without --name are refused with their messages; psd --name binds the
 #    chosen server's address.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-tmp=$(mktemp -d /tmp/it_check_config.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh" it_check_config
 psd() { "$BUILD/bin/psd" "$@"; }
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 
 out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" 2>&1) || fail "configs/psd.yaml: $out"
 echo "ok: configs/psd.yaml passes --check-config"

@@ -12,18 +12,14 @@
 #     cluster's test perplexity is within 1 % of the one-psd run's and 4x
 #     below the untrained model's. The same with emb split at the row
 #     scripts/shard-rows.py chooses (model.placement.emb.rows).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_cluster
+set +e
+fail_tail=12
+cleanup_signal=TERM
 DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d /tmp/it_cluster.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "it_cluster: FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 12 "$f"; done; exit 1; }
 [ -f "$DATA/train-images-idx3-ubyte" ] || { echo "it_cluster: skipped: no MNIST in $DATA (make data)"; exit 77; }
 
-base=$(( 20000 + RANDOM % 20000 ))
+base=$(free_port)
 start_psd() {  # log name, args...
   local log=$1; shift
   "$BUILD/bin/psd" "$@" 2>"$tmp/$log.log" &

@@ -15,23 +15,14 @@
 #     test CA), plain HTTP refused there; --check-config refuses it without
 #     a certificate;
 #  5. rnn_lm: the dashboard reports tokens and perplexity.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_dashboard
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard: skipped: no MNIST in $DATA"; exit 77; }
 command -v openssl >/dev/null || { echo "it_dashboard: skipped: openssl not installed"; exit 77; }
-tmp=$(mktemp -d /tmp/it_dashboard.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
-wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 BATCHES=40
 
 # ---- 1. values against Status and the trainers -----------------------------
-port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
+port=$(free_port); mport=$((port + 1))
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" \
   --set server.max_calls=16 2>"$tmp/psd.log" &
 psd=$!; pids+=("$psd")
@@ -137,7 +128,7 @@ scripts/gen-test-certs.sh "$tmp/c" >/dev/null
 out=$("$BUILD/bin/psd" --check-config /dev/null --set server.metrics_tls=true 2>&1) && fail "--check-config accepted metrics_tls without a certificate"
 echo "$out" | grep -q "server.metrics_tls is true but security.cert" || fail "--check-config's message: $out"
 echo "ok    --check-config refuses server.metrics_tls without security.cert"
-port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
+port=$(free_port); mport=$((port + 1))
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --set server.metrics_tls=true \
   --set security.cert="$tmp/c/server.pem" --set security.key="$tmp/c/server.key" 2>"$tmp/psd-tls.log" &
 psd=$!; pids+=("$psd")
@@ -158,7 +149,7 @@ grep -q "dashboard on https://127.0.0.1:$mport/" "$tmp/psd-tls.log" || fail "psd
 kill -TERM "$psd"; wait "$psd" || fail "psd's stop (TLS)"
 
 # ---- 5. a token model: tokens and perplexity ----------------------------------------
-port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
+port=$(free_port); mport=$((port + 1))
 "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" \
   2>"$tmp/psd-lm.log" &
 psd=$!; pids+=("$psd")

@@ -9,11 +9,8 @@
 # other host is unresolvable), none may fail, no script error. Saves a
 # screenshot: SCREENSHOT=docs/img/dashboard.png refreshes the README's.
 # Skipped (exit 77) only when Chromium is missing or cannot start.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_dashboard_browser
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 BATCHES=${BATCHES:-80}
 [ -x /usr/bin/chromium ] || { echo "it_dashboard_browser: skipped: Chromium cannot start: /usr/bin/chromium is not installed (scripts/install-deps.sh installs it)"; exit 77; }
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_dashboard_browser: skipped: no MNIST in $DATA"; exit 77; }
@@ -22,13 +19,8 @@ if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
   echo "tests/browser: npm ci (playwright-core, pinned by tests/browser/package-lock.json; no browser download)"
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL: npm ci in tests/browser"; exit 1; }
 fi
-tmp=$(mktemp -d /tmp/it_dashboard_browser.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
 
-port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1))
+port=$(free_port); mport=$((port + 1))
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --checkpoint-dir "$tmp/ck" \
   --set server.checkpoint_every_steps=50 2>"$tmp/psd.log" &
 pids+=($!)

@@ -12,19 +12,13 @@
 # that only the steps since that checkpoint were lost: the batches the
 # first psd acknowledged after it are the only ones missing at the end.
 # PSD_BIN may point at another build's psd.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_faults
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-80}
 PSD_BIN=${PSD_BIN:-$BUILD/bin/psd}
 CKPT_STEPS=${CKPT_STEPS:-10}
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 addr="127.0.0.1:$port"
-tmp=$(mktemp -d /tmp/it_faults.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
 
 # The task CLI, before any psd: an unknown task is refused naming the
 # tasks; `ps-train mnist --help` lists the task's own flags.
@@ -121,6 +115,6 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "trainer after psd died for good: exit $grc after ${ms} ms: $(grep -m1 'giving up' "$tmp/gone.log")"
 [ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after.*psd did not come back (last error: " "$tmp/gone.log" ||
   { echo "expected the trainer to give up within 8 s (retry_max_s 3)"; tail "$tmp/gone.log"; exit 1; }
-trap - EXIT
+pids=()  # stopped above: nothing left to kill
 rm -rf "$tmp"
 echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"

@@ -14,21 +14,15 @@
 #     layout), two fit trainers with a held-out split, 25 batches each: both
 #     report validation and test accuracy >= 55 %, both servers applied every
 #     batch's Step, no partial steps.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_fit
+set +e
+cleanup_signal=TERM
 DATA=${DATA:-data/mnist}
 MIN_ACC=${MIN_ACC:-70.0}
 CLUSTER_MIN=${CLUSTER_MIN:-55.0}
 [ -f "$DATA/train-images-idx3-ubyte" ] || { echo "it_fit: skipped: no MNIST in $DATA (make data)"; exit 77; }
-PY=/usr/bin/python3
 "$PY" -c 'import numpy' 2>/dev/null || { echo "it_fit: skipped: /usr/bin/python3 with numpy is needed"; exit 77; }
-tmp=$(mktemp -d /tmp/it_fit.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "it_fit: FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
-base=$(( 20000 + RANDOM % 20000 ))
+base=$(free_port)
 
 start_psd() {  # log, args...
   local log=$1; shift

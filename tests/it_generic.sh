@@ -16,21 +16,11 @@
 #  4. hogwild, sync (6 workers) and ssp (staleness 1) with more trainer
 #     threads than psd's 2 server threads: every step applied exactly once,
 #     every sync round one step, no fast trainer beyond the ssp bound.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_generic: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
-tmp=$(mktemp -d /tmp/it_generic.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done; exit 1; }
+. "$(dirname "$0")/lib.sh" it_generic
+fail_tail=20
+require_py grpc grpc_tools numpy
 
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+proto_stubs
 
 for c in configs/cartpole.yaml configs/rnn_lm.yaml; do
   out=$("$BUILD/bin/psd" --check-config "$c") || fail "--check-config $c: $out"
@@ -38,7 +28,7 @@ done
 
 start() {  # name, config, extra args... ; sets addr
   local name=$1 cfg=$2; shift 2
-  local port=$(( 20000 + RANDOM % 20000 ))
+  local port=$(free_port)
   addr="127.0.0.1:$port"
   "$BUILD/bin/psd" --config "$cfg" --listen "$addr" "$@" 2>"$tmp/$name.log" &
   pids+=($!)

@@ -20,23 +20,14 @@
 #  4. the metrics/health port answers with 1,100 idle gRPC connections open
 #     (libmicrohttpd on epoll, not select: tests/many_conns.py);
 #  5. ps-train refuses test images of other dimensions than the model's.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_hostile: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+. "$(dirname "$0")/lib.sh" it_hostile
+require_py grpc grpc_tools numpy
 command -v openssl >/dev/null || { echo "it_hostile: skipped: openssl not installed"; exit 77; }
-tmp=$(mktemp -d /tmp/it_hostile.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; grep -v 'refused: RESOURCE_EXHAUSTED' "$f" | tail -n 15; }; done; exit 1; }
 
 start_psd() {  # log args... ; sets psd, port
   local log=$1; shift
-  port=$(( 20000 + RANDOM % 20000 ))
+  port=$(free_port)
   "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.log_level=warn "$@" 2>"$tmp/$log" &
   psd=$!; pids+=("$psd")
   for _ in $(seq 100); do
@@ -88,8 +79,7 @@ attack "stalled requests with a reader token (mTLS)" stall 127.0.0.1 "$port" "$p
 stop_psd
 
 # 3. context memory budget, shared per token
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+proto_stubs
 th=$(openssl rand -hex 32); tg=$(openssl rand -hex 32)
 printf 'hog trainer %s\ngood trainer %s\n' "$th" "$tg" >"$tmp/tokens2"; chmod 600 "$tmp/tokens2"
 budget=$((256 << 20))
@@ -101,7 +91,7 @@ stop_psd
 
 # 4. the metrics/health port with more than 1,024 descriptors open in psd
 if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 2048 ]; then
-  mport=$(( 20000 + RANDOM % 20000 ))
+  mport=$(free_port)
   (ulimit -n 2048; exec "$BUILD/bin/psd" --listen "127.0.0.1:$((mport + 1))" --set server.log_level=warn \
      --set server.metrics_listen="127.0.0.1:$mport" 2>"$tmp/psd4.log") &
   psd=$!; pids+=("$psd"); port=$((mport + 1))
@@ -135,6 +125,6 @@ if [ -e data/mnist/train-images-idx3-ubyte ]; then
   stop_psd
 fi
 
-trap - EXIT
+pids=()  # stopped above: nothing left to kill
 cleanup
 echo "it_hostile: stalled calls, silent readers, rapid reset (plaintext and mTLS+tokens), context budget: OK"

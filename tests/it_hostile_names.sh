@@ -4,27 +4,16 @@
 # 57 characters, junk round-metric names against the stop metric, a reader
 # token's health check; a tokens file with a 64-character name is refused
 # when psd starts, naming the line.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_hostile_names: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
-tmp=$(mktemp -d /tmp/it_hostile_names.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; [ -f "$tmp/psd.log" ] && tail -n 15 "$tmp/psd.log"; exit 1; }
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+. "$(dirname "$0")/lib.sh" it_hostile_names
+require_py grpc grpc_tools numpy
+proto_stubs
 rnd() { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 ta=$(rnd); tb=$(rnd); tr=$(rnd)
 common=$(printf '%057d' 0)
 printf '%sA12345 trainer %s\n%sB12345 trainer %s\nmonitor reader %s\n' "$common" "$ta" "$common" "$tb" "$tr" \
   >"$tmp/tokens"
 chmod 600 "$tmp/tokens"
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set security.tokens_file="$tmp/tokens" \
   --set server.stop_metric=reward --set server.stop_threshold=1000 2>"$tmp/psd.log" &
 psd=$!; pids+=("$psd")
@@ -40,6 +29,4 @@ if "$BUILD/bin/psd" --listen "127.0.0.1:$((port + 1))" --set security.tokens_fil
   fail "psd started with a 64-character token name"; fi
 grep -q "$tmp/tokens2:1: name '.*' must be 1..63" "$tmp/out" || { cat "$tmp/out"; fail "no clear refusal of a long name"; }
 echo "ok: a 64-character token name is refused: $(grep -o 'tokens2:1: name .\{0,12\}' "$tmp/out")..."
-trap - EXIT
-cleanup
 echo "it_hostile_names: token identities compared whole, round-metric names capped per client, reader health: OK"

@@ -12,15 +12,9 @@
 #     perplexity, computed by PyTorch alone, equals the C one (oneDNN LSTM +
 #     psd's stages) to 1e-3.
 # Bad corpora are refused before anything is sent.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-tmp=$(mktemp -d /tmp/it_lm.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "it_lm: FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+. "$(dirname "$0")/lib.sh" it_lm
+set +e
+cleanup_signal=TERM
 
 [ -f /usr/share/games/fortunes/fortunes ] || { echo "it_lm: skipped: Debian's fortunes package is not installed (scripts/install-deps.sh)"; exit 77; }
 $PY -c 'import torch' 2>/dev/null || { echo "it_lm: skipped: python3-torch is not installed"; exit 77; }
@@ -42,7 +36,7 @@ out=$("$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --set model.sizes.nt
   --server 127.0.0.1:1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "vocabulary of 2000 words does not fit the model's ntoken 100" <<<"$out" || fail "vocab > ntoken: $out"
 
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 addr="127.0.0.1:$port"
 "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "$addr" "${sizes[@]}" --set server.checkpoint_dir="$tmp/ckpt" \
   --set server.checkpoint_every_steps=0 --set server.checkpoint_every_s=0 2>"$tmp/psd.log" &

@@ -11,14 +11,7 @@
 #    refused naming the model file's line of the node;
 #  - psd serves the model and ListParameters lists the BatchNorm buffers
 #    after the parameters (generic_client.py's listing).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-tmp=$(mktemp -d /tmp/it_models.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh" it_models
 mkdir -p "$tmp/cfg/models"
 
 cat >"$tmp/cfg/models/res.yaml" <<'EOF'
@@ -106,12 +99,11 @@ grep -q "bn.running_mean.*res.yaml:8: node 'bn'" "$tmp/out" || { cat "$tmp/out";
 echo "ok: --init-from refuses a mis-shaped buffer: $(grep -o "tensor 'bn.running_mean'.*" "$tmp/out")"
 
 # psd serves it; ListParameters lists the buffers after the parameters
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 "$BUILD/bin/psd" --config "$tmp/cfg/psd.yaml" --listen "127.0.0.1:$port" 2>"$tmp/psd.log" &
 pids+=($!)
-for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+wait_port "$port" 30
+proto_stubs
 PYTHONPATH="$tmp" $PY - "127.0.0.1:$port" <<'PYEOF' || { cat "$tmp/psd.log"; fail "ListParameters"; }
 import sys
 import grpc
@@ -129,4 +121,5 @@ assert list(got["bn.num_batches_tracked"].shape) == [] and got["bn.num_batches_t
 print("ok: ListParameters lists 7 parameters then the buffers %s; GetParameters returns them"
       % [n for n, b, _, _ in names if b])
 PYEOF
+kill -TERM "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true; pids=()
 echo "it_models: model files: stage table, file:line refusals, --init-from, buffers listed: OK"

@@ -6,11 +6,9 @@
 #    refused before psd listens, with a message naming the stage, the
 #    device and the CUDA devices found (or that CUDA is not built in);
 #  - a bad device name is refused naming the stage.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_placement
 psd="$BUILD/bin/psd"
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 
 ver=$("$psd" --version)
 echo "$ver"

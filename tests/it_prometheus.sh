@@ -8,21 +8,13 @@
 #    calls made without a token;
 #  - the phase accounting (server.profile, on by default) counted the 5
 #    Forwards, timed their compute, and its phases fit in each method's span.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_prometheus
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 command -v prometheus >/dev/null || { echo "it_prometheus: skipped: prometheus not installed (scripts/install-deps.sh)"; exit 77; }
 command -v openssl >/dev/null || { echo "it_prometheus: skipped: openssl not installed"; exit 77; }
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_prometheus: skipped: no MNIST in $DATA"; exit 77; }
-tmp=$(mktemp -d /tmp/it_prometheus.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
 
-port=$(( 20000 + RANDOM % 20000 )); mport=$((port + 1)); pport=$((port + 2))
+port=$(free_port); mport=$((port + 1)); pport=$((port + 2))
 tok=$(openssl rand -hex 32)
 printf 'trainer1 trainer %s\n' "$tok" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
 printf '%s\n' "$tok" >"$tmp/tok"; chmod 600 "$tmp/tok"
@@ -97,6 +89,6 @@ rb=$(query 'psd_message_bytes_total{dir="received"}'); sb=$(query 'psd_message_b
 n=$(query 'count({__name__=~"psd_.+"})')
 echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, message bytes in/out $rb/$sb, $n psd_* series"
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
-trap - EXIT
+pids=()  # stopped above: nothing left to kill
 cleanup
 echo "it_prometheus: a real Prometheus scrapes psd and serves its psd_* series: OK"

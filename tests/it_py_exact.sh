@@ -17,20 +17,15 @@
 #  - first, the retry and settle rules of docs/protocol.md against scripted
 #    servers (tests/python/rules.py: applied, not applied, settled, partial
 #    steps, closed rounds, the budget's give-up).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_exact
 . tests/python/lib.sh
 py_require it_py_exact
 DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d /tmp/it_py_exact.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
 sgd=(--set optimizer.type=sgd --set optimizer.momentum=0 --set optimizer.weight_decay=0)
 start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.lr=0.03 "${sgd[@]}"
 pids+=("$psd"); single=$addr
 
-base=$(( 20000 + RANDOM % 20000 ))
+base=$(free_port)
 cat >"$tmp/mnist.yaml" <<YAML
 cluster: {name: py-exact-mnist}
 servers:

@@ -14,18 +14,14 @@
 # applied that was not acknowledged, none twice).
 # Then psd gone for good: the trainer gives up after trainer.retry_max_s
 # with ps-train's message instead of hanging.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_faults
 . tests/python/lib.sh
 py_require it_py_faults
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-120}
 CKPT_STEPS=${CKPT_STEPS:-10}
-tmp=$(mktemp -d /tmp/it_py_faults.XXXXXX)
 psd= tr=
-cleanup() { for p in $psd $tr; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+on_exit() { for p in $psd $tr; do kill -9 "$p" 2>/dev/null || true; done; }
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
 ckpt=(--config configs/local.yaml --checkpoint-dir "$tmp/ckpt" --set server.checkpoint_every_steps="$CKPT_STEPS"
@@ -97,6 +93,4 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "trainer after psd died for good: exit $grc after $ms ms: $(grep -m1 'giving up' "$tmp/gone.err")"
 [ $grc -ne 0 ] && [ $ms -le 8000 ] && grep -q "giving up after.*psd did not come back (last error: " "$tmp/gone.err" ||
   fail "expected the trainer to give up within 8 s (retry_max_s 3)"
-trap - EXIT
-rm -rf "$tmp"
 echo "it_py_faults: a Python trainer survived psd's SIGKILL + restart, every batch applied once; bounded give-up: OK"

@@ -4,17 +4,13 @@
 # psd (configs/local.yaml) for one epoch each, concurrently; both must
 # reach >= MIN_ACC (90 %) on the 2,000 test digits, and psd must have
 # applied one step per batch of the two.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_mixed
 . tests/python/lib.sh
 py_require it_py_mixed
 DATA=${DATA:-data/mnist}
 MIN_ACC=${MIN_ACC:-90.0}
-tmp=$(mktemp -d /tmp/it_py_mixed.XXXXXX)
 psd= t1= t2=
-cleanup() { for p in $psd $t1 $t2; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+on_exit() { for p in $psd $t1 $t2; do kill -9 "$p" 2>/dev/null || true; done; }
 
 start_psd "$tmp/psd.log" --config configs/local.yaml || fail "psd"
 "$BUILD/bin/ps-train" --config configs/local.yaml --server "$addr" --rank 1 --world-size 3 --data "$DATA" \
@@ -37,6 +33,4 @@ v=$("$BUILD/bin/ps-train" --server "$addr" --status 2>/dev/null | sed -n 's/^mod
 [ "$v" = 500 ] || fail "psd applied $v steps for 2 x 250 batches"
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
 psd=
-trap - EXIT
-rm -rf "$tmp"
 echo "it_py_mixed: ps-train and a Python trainer on one psd, both >= $MIN_ACC%, 500 steps for 500 batches: OK"

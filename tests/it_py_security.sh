@@ -5,22 +5,19 @@
 # token reads Status and is refused training; an unknown token, a
 # world-readable token file, plaintext off loopback and a rogue CA are
 # refused with psd's (or ps-train's) messages (tests/python/security_check.py).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh" it_py_security
 . tests/python/lib.sh
 py_require it_py_security
 command -v openssl >/dev/null || { echo "it_py_security: skipped: openssl not installed"; exit 77; }
-tmp=$(mktemp -d /tmp/it_py_security.XXXXXX)
 psd=
-cleanup() { [ -n "$psd" ] && kill -9 "$psd" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
+on_exit() { [ -z "$psd" ] || kill -9 "$psd" 2>/dev/null; }
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null
 c="$tmp/c"
 tt=$(openssl rand -hex 32); tr=$(openssl rand -hex 32)
 printf 'trainer1 trainer %s\nmonitor reader %s\n' "$tt" "$tr" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
 printf '%s\n' "$tt" >"$tmp/tt"; chmod 600 "$tmp/tt"
 printf '%s\n' "$tt" >"$tmp/bad"; chmod 600 "$tmp/bad"
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 "$BUILD/bin/psd" --config configs/local.yaml --listen "127.0.0.1:$port" --set security.tls=true \
   --set security.cert="$c/server.pem" --set security.key="$c/server.key" --set security.mutual_tls=true \
   --set security.ca="$c/ca.pem" --set security.tokens_file="$tmp/tokens" 2>"$tmp/psd.log" &

@@ -13,18 +13,11 @@
 #     observer 2 is killed (SIGKILL); observer 1's rounds close after the
 #     timeout with 1 member and go on; a restarted observer 2 rejoins and
 #     rounds have 2 members again.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-tmp=$(mktemp -d /tmp/it_rl.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done; exit 1; }
+. "$(dirname "$0")/lib.sh" it_rl
 
 start_psd() {  # name, extra args... ; sets addr, maddr, psd_pid
   local name=$1; shift
-  local port=$(( 20000 + RANDOM % 20000 )) mport=$(( 40000 + RANDOM % 20000 ))
+  local port=$(free_port) mport=$(free_port)
   addr="127.0.0.1:$port"; maddr="127.0.0.1:$mport"
   "$BUILD/bin/psd" --config configs/cartpole.yaml --listen "$addr" --metrics-listen "$maddr" \
       --set optimizer.type=sgd --set optimizer.lr=0.01 "$@" 2>"$tmp/psd-$name.log" &

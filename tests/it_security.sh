@@ -7,20 +7,15 @@
 #    connection (UNAVAILABLE);
 #  - psd refuses plaintext on a non-loopback address unless
 #    security.allow_insecure is set, and refuses a world-readable tokens file.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_security
 DATA=${DATA:-data/mnist}
 command -v openssl >/dev/null || { echo "it_security: skipped: openssl not installed"; exit 77; }
-tmp=$(mktemp -d /tmp/it_security.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null || true; done' EXIT
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null
 c="$tmp/c"
 tt=$(openssl rand -hex 32); tr=$(openssl rand -hex 32)
 printf 'trainer1 trainer %s\nmonitor reader %s\n' "$tt" "$tr" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
 printf '%s\n' "$tt" >"$tmp/tt"; printf '%s\n' "$tr" >"$tmp/tr"; chmod 600 "$tmp/tt" "$tmp/tr"
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 addr="localhost:$port"
 srv=(--set security.tls=true --set security.cert="$c/server.pem" --set security.key="$c/server.key"
      --set security.mutual_tls=true --set security.ca="$c/ca.pem")
@@ -63,6 +58,6 @@ grep -q "chmod 600" "$tmp/p2" || { cat "$tmp/p2"; exit 1; }
 echo "ok: psd refuses a world-readable tokens file"
 if "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set security.tls=true 2>"$tmp/p3"; then echo "FAIL: tls without cert"; exit 1; fi
 grep -q "security.cert" "$tmp/p3" && echo "ok: psd: $(cat "$tmp/p3")"
-trap - EXIT
+pids=()  # stopped above: nothing left to kill
 rm -rf "$tmp"
 echo "it_security: TLS, mutual TLS, tokens and refusals: OK"

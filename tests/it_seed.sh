@@ -3,16 +3,11 @@
 # single-trainer run exactly (same ISA and thread count): the dropout masks
 # no longer depend on the random part of the context ids. Two runs of 12
 # batches must print the same losses; a run with another seed must not.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_seed
 DATA=${DATA:-data/mnist}
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_seed: skipped: no MNIST in $DATA"; exit 77; }
-tmp=$(mktemp -d /tmp/it_seed.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 run() {  # seed out
-  local port=$(( 20000 + RANDOM % 20000 ))
+  local port=$(free_port)
   "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.compute_threads=2 2>"$tmp/psd.log" &
   local p=$!; pids+=("$p")
   "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --data "$DATA" --seed "$1" --max-batches 12 --log-every 4 \
@@ -25,6 +20,5 @@ run 7 "$tmp/a"; run 7 "$tmp/b"; run 8 "$tmp/c"
 cmp -s "$tmp/a.loss" "$tmp/b.loss" || { paste "$tmp/a.loss" "$tmp/b.loss"; echo "FAIL: two runs with --seed 7 differ"; exit 1; }
 ! cmp -s "$tmp/a.loss" "$tmp/c.loss" || { echo "FAIL: --seed 8 gave the same losses as --seed 7"; exit 1; }
 echo "ok: --seed 7 twice: $(tr '\n' ' ' <"$tmp/a.loss")(identical); --seed 8 differs"
-trap - EXIT
-rm -rf "$tmp"
+pids=()
 echo "it_seed: ps-train --seed reproduces a single-trainer run: OK"

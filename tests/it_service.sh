@@ -14,24 +14,14 @@
 #     on from there; `ps-train status` shows it.
 #  6. a truncated newest checkpoint is refused, the previous one is used.
 #  7. the systemd unit passes systemd-analyze verify (when available).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_service
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
 PROBE="$PY tests/psd_probe.py"
-for m in grpc prometheus_client; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_service: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
-tmp=$(mktemp -d /tmp/it_service.XXXXXX)
-port=$(( 20000 + RANDOM % 20000 ))
+require_py grpc prometheus_client
+port=$(free_port)
 addr="127.0.0.1:$port"
 murl="http://127.0.0.1:$((port + 1))/metrics"
 ck="$tmp/ck"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
 psd_args=(--config configs/local.yaml --listen "$addr" --checkpoint-dir "$ck" --metrics-listen "127.0.0.1:$((port + 1))"
           --set server.checkpoint_every_steps=10 --set server.grace_s=5)
 
@@ -173,7 +163,7 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   [ -z "$out" ] || fail "systemd-analyze verify psd@.service: $out"
   echo "systemd-analyze verify psd@.service (template, --name %i): clean"
 fi
-trap - EXIT
+pids=()  # stopped above: nothing left to kill
 cleanup
 rm -rf "$tmp"
 echo "it_service: config, readiness, health, metrics, SIGHUP, SIGTERM + checkpoint, resume, fallback: OK"

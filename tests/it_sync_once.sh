@@ -21,27 +21,18 @@
 #     rounds of 2): a Step whose round filled up without it joins the next
 #     round (Status.sync_queued), a late one runs again into a new round; all
 #     three finish, contexts_applied = 3 x batches.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_sync_once
 DATA=${DATA:-data/mnist}
-PY=/usr/bin/python3
-for m in grpc grpc_tools numpy; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_sync_once: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
+require_py grpc grpc_tools numpy
 [ -e "$DATA/train-images-idx3-ubyte" ] || { echo "it_sync_once: skipped: no MNIST data in $DATA (scripts/fetch-mnist.sh)"; exit 77; }
 CASES=${CASES:-12345}   # a subset while working on one
-tmp=$(mktemp -d /tmp/it_sync_once.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 8 "$f"; }; done; exit 1; }
-$PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
-  fail "protoc could not compile proto/ps.proto"
+fail_tail=8
+on_exit() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done; }  # a trainer left stopped
+proto_stubs
 
 start_psd() {  # log args...; sets psd, addr (keeps addr when set)
   local log=$1; shift
-  [ -n "${addr:-}" ] || addr="127.0.0.1:$(( 20000 + RANDOM % 20000 ))"
+  [ -n "${addr:-}" ] || addr="127.0.0.1:$(free_port)"
   "$BUILD/bin/psd" --listen "$addr" --log-level info --set server.grace_s=2 "$@" 2>>"$tmp/$log" &
   psd=$!; pids+=("$psd")
   for _ in $(seq 150); do status >/dev/null 2>&1 && return 0; kill -0 "$psd" 2>/dev/null || break; sleep 0.1; done
@@ -163,6 +154,4 @@ echo "[${SECONDS}s] 3 trainers, rounds of 2: contexts applied $applied for 3 x $
 stop_psd
 fi
 
-trap - EXIT
-rm -rf "$tmp"
 echo "it_sync_once: sync and ssp exactly once under short deadlines, settle after restart, sync across a SIGKILL, more trainers than sync_workers: OK"

@@ -4,29 +4,25 @@
 # While they train, test_service runs against the same daemon (malformed
 # requests, wrong shapes, unknown contexts must get precise statuses and
 # not disturb training). psd must stop cleanly (exit 0) on SIGTERM.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_train
 DATA=${DATA:-data/mnist}
 MIN_ACC=${MIN_ACC:-90.0}
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 addr="127.0.0.1:$port"
-tmp=$(mktemp -d /tmp/it_train.XXXXXX)
 
 "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" 2>"$tmp/psd.log" &
-psd=$!
-trap 'kill -9 $psd 2>/dev/null || true' EXIT
+psd=$!; pids+=("$psd")
 
 for r in 1 2; do
   extra=()
   [ "$r" = 2 ] && extra=(--check-gradients --log-every 50)
   "$BUILD/bin/ps-train" --config configs/local.yaml --server "$addr" --rank "$r" --world-size 3 \
       --data "$DATA" --epochs 1 "${extra[@]}" >"$tmp/t$r.log" 2>&1 &
-  eval "t$r=\$!"
+  eval "t$r=\$!"; pids+=("$!")
 done
 
-# Bad input against the live daemon while it trains.
-for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+# Bad input against the live daemon while it trains (once it listens).
+wait_port "$port" 120
 if ! PSD_ADDR="$addr" "$BUILD/tests/test_service" >"$tmp/service.log" 2>&1; then
   echo "test_service against the running psd failed:"; cat "$tmp/service.log"; exit 1
 fi
@@ -52,7 +48,7 @@ kill -TERM "$psd"
 set +e
 wait "$psd"; prc=$?
 set -e
-trap - EXIT
+pids=()
 [ $prc -eq 0 ] || { echo "psd exited with $prc after SIGTERM"; tail "$tmp/psd.log"; exit 1; }
 grep -q "stopped: model version" "$tmp/psd.log" || { echo "psd did not log a clean stop"; tail "$tmp/psd.log"; exit 1; }
 echo "psd: $(grep -o 'stopped: .*' "$tmp/psd.log")"

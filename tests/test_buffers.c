@@ -126,8 +126,7 @@ int main(void) {
     ps_model *model = ps_model_create(&mo, &err);
     CHECK_MSG(model, "%s", err.msg);
     if (!model) return check_summary("test_buffers");
-    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
-                          .consistency = "hogwild"};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG};
     ps_service *svc = ps_service_create(model, &so, &err);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);

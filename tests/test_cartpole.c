@@ -1,4 +1,4 @@
-/* test_cartpole.c - the C CartPole-v1 (common/cartpole.c) against the
+/* test_cartpole.c - the C CartPole-v1 (trainer/cartpole.c) against the
  * trajectories of an independent Python port of gym's cartpole.py
  * (tests/golden/cartpole_trajectory.txt, scripts/gen_golden_cartpole.py),
  * and physical checks that need no reference: the mirrored state with the

@@ -38,18 +38,18 @@ static void test_defaults(void) {
     ps_config_defaults(&c);
     CHECK(!strcmp(c.server.listen, "127.0.0.1:50051"));
     CHECK(!strcmp(c.server.address, "127.0.0.1:50051"));
-    CHECK(c.server.threads == 4);
+    CHECK(c.server.rpc.threads == 4);
     CHECK(c.server.compute_threads == 0);
-    CHECK(c.server.context_ttl_s == 120.0);
-    CHECK(c.server.max_message_mb == 64);
+    CHECK(c.server.service.context_ttl_s == 120.0);
+    CHECK(c.server.rpc.max_message_bytes == 64 << 20 && c.server.service.max_message_bytes == 64 << 20);
     CHECK(c.server.log_level == PS_LOG_INFO);
-    CHECK(c.server.consistency == PS_CONSISTENCY_HOGWILD);
+    CHECK(c.server.service.cons.mode == PS_CONS_HOGWILD);
     CHECK(!strcmp(c.model.arch, "mnist_cnn") && !c.model.file[0]);
     CHECK(c.model.seed == 1);
-    CHECK(c.model.backend == PS_BACKEND_KIND_DNNL);
+    CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
     CHECK(c.model.n_placement == 0);   /* stages not named run on cpu */
     CHECK(c.model.n_sizes == 0);       /* the registry's defaults */
-    CHECK(c.optimizer.type == PS_OPTIMIZER_SGD);
+    CHECK(c.optimizer.kind == PS_OPTIM_SGD);
     CHECK(c.optimizer.lr == 0.03);
     CHECK(c.optimizer.momentum == 0.0);
     CHECK(c.optimizer.weight_decay == 0.0);
@@ -67,13 +67,13 @@ static void test_defaults(void) {
     CHECK(c.security.tls == false);
     CHECK(c.security.allow_insecure == false && c.security.mutual_tls == false);
     CHECK(c.security.cert[0] == 0 && c.security.tokens_file[0] == 0 && c.security.token_file[0] == 0);
-    CHECK(c.server.nonfinite_policy == PS_NONFINITE_REJECT);
+    CHECK(c.server.service.nonfinite_policy == PS_NONFINITE_REJECT);
     CHECK(c.trainer.retry_max_s == 300.0 && c.trainer.retry_backoff_s == 0.2 &&
           c.trainer.retry_backoff_max_s == 10.0);
     CHECK(!strcmp(ps_config_enum_name("model.backend", c.model.backend), "dnnl"));
     CHECK(!strcmp(ps_config_enum_name("server.log_level", PS_LOG_WARN), "warn"));
-    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_HOGWILD), "hogwild"));
-    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONSISTENCY_SSP), "ssp"));
+    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONS_HOGWILD), "hogwild"));
+    CHECK(!strcmp(ps_config_enum_name("server.consistency", PS_CONS_SSP), "ssp"));
     CHECK(ps_config_enum_name("server.consistency", 3) == NULL);
     CHECK(ps_config_enum_name("model.backend", 2) == NULL);
     CHECK(ps_config_enum_name("server.threads", 0) == NULL);
@@ -122,14 +122,14 @@ static const char *GOOD =
 static void check_good_values(const ps_config *c) {
     CHECK(!strcmp(c->server.listen, "0.0.0.0:6000"));
     CHECK(!strcmp(c->server.address, "ps.example:6000"));
-    CHECK(c->server.threads == 8);
+    CHECK(c->server.rpc.threads == 8);
     CHECK(c->server.compute_threads == 12);
-    CHECK(c->server.context_ttl_s == 30.5);
-    CHECK(c->server.max_message_mb == 128);
+    CHECK(c->server.service.context_ttl_s == 30.5);
+    CHECK(c->server.rpc.max_message_bytes == 128 << 20 && c->server.service.max_message_bytes == 128 << 20);
     CHECK(c->server.log_level == PS_LOG_DEBUG);
-    CHECK(c->server.consistency == PS_CONSISTENCY_HOGWILD);
+    CHECK(c->server.service.cons.mode == PS_CONS_HOGWILD);
     CHECK(c->model.seed == UINT64_MAX);
-    CHECK(c->model.backend == PS_BACKEND_KIND_REF);
+    CHECK(!strcmp(ps_config_enum_name("model.backend", c->model.backend), "ref"));
     /* Placement keeps the file's stages in order; stage names are checked
      * against the model by ps_config_check_model, not while loading. */
     CHECK(c->model.n_placement == 2);
@@ -388,10 +388,10 @@ static void test_service_keys(void) {
     ps_err e;
     ps_err_clear(&e);
     ps_config_defaults(&c);
-    CHECK(!strcmp(c.server.checkpoint_dir, ""));
-    CHECK(c.server.checkpoint_every_steps == 1000);
-    CHECK(c.server.checkpoint_every_s == 300.0);
-    CHECK(c.server.checkpoint_keep == 3);
+    CHECK(!strcmp(c.server.checkpoint.dir, ""));
+    CHECK(c.server.checkpoint.every_steps == 1000);
+    CHECK(c.server.checkpoint.every_s == 300.0);
+    CHECK(c.server.checkpoint.keep == 3);
     CHECK(c.server.grace_s == 10.0);
     CHECK(!strcmp(c.server.metrics_listen, ""));
     CHECK(!strcmp(c.server.log_file, ""));
@@ -400,15 +400,15 @@ static void test_service_keys(void) {
                        "  checkpoint_every_s: 2.5\n  checkpoint_keep: 1\n  grace_s: 0\n"
                        "  metrics_listen: \"[::1]:9464\"\n  log_file: /var/log/psd.log\n";
     CHECK(ps_config_load(&c, tmpfile_with("svc_good.yaml", good), &e) == PS_OK);
-    CHECK(!strcmp(c.server.checkpoint_dir, "/var/lib/psd"));
-    CHECK(c.server.checkpoint_every_steps == 0 && c.server.checkpoint_every_s == 2.5);
-    CHECK(c.server.checkpoint_keep == 1 && c.server.grace_s == 0.0);
+    CHECK(!strcmp(c.server.checkpoint.dir, "/var/lib/psd"));
+    CHECK(c.server.checkpoint.every_steps == 0 && c.server.checkpoint.every_s == 2.5);
+    CHECK(c.server.checkpoint.keep == 1 && c.server.grace_s == 0.0);
     CHECK(!strcmp(c.server.metrics_listen, "[::1]:9464"));
     CHECK(!strcmp(c.server.log_file, "/var/log/psd.log"));
     /* "" switches a feature off again. */
     CHECK(ps_config_load(&c, tmpfile_with("svc_off.yaml", "server:\n  checkpoint_dir: \"\"\n"
                                           "  metrics_listen: ''\n"), &e) == PS_OK);
-    CHECK(!strcmp(c.server.checkpoint_dir, "") && !strcmp(c.server.metrics_listen, ""));
+    CHECK(!strcmp(c.server.checkpoint.dir, "") && !strcmp(c.server.metrics_listen, ""));
 
     expect_bad("svc_steps.yaml", "server:\n  checkpoint_every_steps: -1\n", PS_ERR_INVALID_ARGUMENT,
                2, "server.checkpoint_every_steps: '-1' is out of range [0, 1000000000]", NULL);
@@ -465,7 +465,7 @@ static void test_cli(void) {
     CHECK(ps_config_set(&c, "optimizer.lr", "10", "command line", &e) == PS_OK);
     CHECK(c.optimizer.lr == 10.0);
     CHECK(ps_config_set(&c, "server.threads", "+64", "command line", &e) == PS_OK);
-    CHECK(c.server.threads == 64);
+    CHECK(c.server.rpc.threads == 64);
     CHECK(ps_config_set(&c, "trainer.seed", "18446744073709551615", "command line", &e) == PS_OK);
     CHECK(c.trainer.seed == UINT64_MAX);
     CHECK(ps_config_set(&c, "server.log_level", "error", "command line", &e) == PS_OK);
@@ -506,7 +506,7 @@ static void test_cli(void) {
         CHECK(ps_config_set(&c2, "security.tls", "on", "command line", &e) == PS_OK && c2.security.tls);
         CHECK(ps_config_set(&c2, "security.ca", "", "command line", &e) == PS_OK);  /* optional path */
         CHECK(ps_config_set(&c2, "server.nonfinite_policy", "skip", "cli", &e) == PS_OK &&
-              c2.server.nonfinite_policy == PS_NONFINITE_SKIP);
+              c2.server.service.nonfinite_policy == PS_NONFINITE_SKIP);
     }
     CHECK(ps_config_set(&c, "server.lisen", "x", "command line", &e) == PS_ERR_NOT_FOUND);
     CHECK(!strcmp(e.msg,
@@ -595,15 +595,15 @@ static void test_optimizer_keys(void) {
     const char *text = "optimizer:\n  type: adam\n  lr: 0.001\n  beta1: 0.85\n  beta2: 0\n"
                        "  eps: 1\n  weight_decay: 0.01\n";
     CHECK_MSG(ps_config_load(&c, tmpfile_with("adam.yaml", text), &e) == PS_OK, "%s", e.msg);
-    CHECK(c.optimizer.type == PS_OPTIMIZER_ADAM);
-    CHECK(!strcmp(ps_config_enum_name("optimizer.type", c.optimizer.type), "adam"));
+    CHECK(c.optimizer.kind == PS_OPTIM_ADAM);
+    CHECK(!strcmp(ps_config_enum_name("optimizer.type", c.optimizer.kind), "adam"));
     CHECK(c.optimizer.lr == 0.001 && c.optimizer.beta1 == 0.85 && c.optimizer.beta2 == 0.0);
     CHECK(c.optimizer.eps == 1.0 && c.optimizer.weight_decay == 0.01);
     /* Command-line flags go through the same checks. */
     CHECK(ps_config_set(&c, "optimizer.eps", "1e-6", "command line", &e) == PS_OK && c.optimizer.eps == 1e-6);
     CHECK(ps_config_set(&c, "optimizer.beta2", "0.9999", "command line", &e) == PS_OK);
     CHECK(ps_config_set(&c, "optimizer.type", "sgd", "command line", &e) == PS_OK &&
-          c.optimizer.type == PS_OPTIMIZER_SGD);
+          c.optimizer.kind == PS_OPTIM_SGD);
     CHECK(ps_config_set(&c, "optimizer.eps", "0", "command line", &e) == PS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(!strcmp(e.msg, "command line: optimizer.eps: '0' is out of range (0, 1]"), "%s", e.msg);
     CHECK(c.optimizer.eps == 1e-6); /* unchanged on error */
@@ -928,7 +928,7 @@ static void test_cluster_checks(void) {
         CONTAINS(e.msg, "servers.ps1.checkpoint_dir: '/srv/ck/ps1' is servers.ps0's checkpoint directory too");
         cluster_base(&c);
         set_ok(&c, "server.checkpoint_dir", "/srv/ck");
-        CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.checkpoint_dir, "/srv/ck/ps1"));
+        CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.checkpoint.dir, "/srv/ck/ps1"));
         CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
     expect_cluster_bad("single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
@@ -1045,7 +1045,7 @@ static void test_select_server(void) {
     CHECK(!strcmp(c0.server.address, "127.0.0.1:50061") && !strcmp(c0.server.listen, "0.0.0.0:50061"));
     CHECK(!strcmp(c0.security.cert, "certs/ps0.pem") && !strcmp(c0.security.key, "certs/ps0.key"));
     CHECK(!strcmp(c0.server.metrics_listen, "127.0.0.1:9101"));
-    CHECK(!strcmp(c0.server.checkpoint_dir, "/var/lib/psd/ps0"));
+    CHECK(!strcmp(c0.server.checkpoint.dir, "/var/lib/psd/ps0"));
 
     ps_config c1 = c;
     CHECK_MSG(ps_config_select_server(&c1, "ps1", &e) == PS_OK, "%s", e.msg);
@@ -1053,18 +1053,20 @@ static void test_select_server(void) {
     CHECK(!strcmp(c1.server.address, "node-2.cluster:50062") && !strcmp(c1.server.listen, "node-2.cluster:50062"));
     CHECK(!strcmp(c1.security.cert, "certs/all.pem") && !c1.security.key[0]);     /* the cluster's */
     CHECK(!strcmp(c1.server.metrics_listen, "127.0.0.1:9200"));
-    CHECK(!strcmp(c1.server.checkpoint_dir, "/ck/ps1"));
+    CHECK(!strcmp(c1.server.checkpoint.dir, "/ck/ps1"));
+    CHECK(!strcmp(c1.server.service.server_name, "ps1") && !c.server.service.server_name[0]);
     /* buffers cleared: selecting by hand equals the same settings */
     ps_config by_hand = c;
     set_ok(&by_hand, "server.address", "node-2.cluster:50062");
     set_ok(&by_hand, "server.listen", "node-2.cluster:50062");
     set_ok(&by_hand, "server.checkpoint_dir", "/ck/ps1");
     by_hand.self = 1;
+    snprintf(by_hand.server.service.server_name, sizeof by_hand.server.service.server_name, "ps1");
     CHECK(memcmp(&c1, &by_hand, sizeof c1) == 0);
 
     ps_config c2 = c;
     set_ok(&c2, "server.checkpoint_dir", "");
-    CHECK(ps_config_select_server(&c2, "ps_2", &e) == PS_OK && c2.self == 2 && !c2.server.checkpoint_dir[0]);
+    CHECK(ps_config_select_server(&c2, "ps_2", &e) == PS_OK && c2.self == 2 && !c2.server.checkpoint.dir[0]);
 }
 
 int main(void) {

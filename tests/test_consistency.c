@@ -149,7 +149,7 @@ static void test_sync_exactly_once(void) {
 
 static void test_sync_straggler(void) {
     fake f = {.mu = PTHREAD_MUTEX_INITIALIZER};
-    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 3, .sync_timeout_s = 0.05, .sync_average = 1};
+    ps_cons_opts o = {.mode = PS_CONS_SYNC, .sync_workers = 3, .sync_timeout_s = 0.05, .sync_reduce = PS_SYNC_MEAN};
     ps_err err = {0};
     ps_cons *c = ps_cons_create(&o, fake_apply, &f, &err);
     int one = 1;

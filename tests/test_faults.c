@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "clock.h"
 #include "ps_client.h"
 
 extern char **environ;
@@ -39,12 +40,6 @@ extern char **environ;
 /* Deadline of every wait: far beyond what an idle machine needs; it only
  * turns a hang into a failure. */
 #define POLL_S 60
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void fill(float *x, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(((i + seed) * 7919) % 255) / 255.0f - 0.4f;
@@ -152,9 +147,9 @@ int main(int argc, char **argv) {
     ps_err err = {0};
     ps_client *c = ps_client_create(addr, 5000, MAXMSG, &err);
     ps_StatusResponse st;
-    double t0 = now_s();
+    double t0 = ps_mono_s();
     int up = 0;
-    while (!up && now_s() - t0 < 30) {
+    while (!up && ps_mono_s() - t0 < 30) {
         up = ps_client_status(c, &st, &err) == PS_OK;
         if (!up) usleep(100000);
     }
@@ -165,10 +160,10 @@ int main(int argc, char **argv) {
     pthread_create(&th, NULL, healthy_main, &h);
     /* Baseline: psd with the healthy trainer running (its buffers and
      * allocator arenas are part of it). */
-    t0 = now_s();
-    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < 10 && __atomic_load_n(&h.failures, __ATOMIC_RELAXED) == 0 && now_s() - t0 < POLL_S)
+    t0 = ps_mono_s();
+    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < 10 && __atomic_load_n(&h.failures, __ATOMIC_RELAXED) == 0 && ps_mono_s() - t0 < POLL_S)
         usleep(50000);
-    CHECK_MSG(h.steps >= 10, "healthy trainer: %d steps after %.0f s (%d failures: %s)", h.steps, now_s() - t0,
+    CHECK_MSG(h.steps >= 10, "healthy trainer: %d steps after %.0f s (%d failures: %s)", h.steps, ps_mono_s() - t0,
               h.failures, h.last_err);
     long rss0 = rss_kb(psd);
     CHECK(status(c, &st) == 0);
@@ -194,10 +189,10 @@ int main(int argc, char **argv) {
     CHECK_MSG(grew > 50 * 1024, "the dead trainer's contexts should hold > 50 MiB (RSS %ld -> %ld kB)", rss0, rss1);
 
     /* They expire after the TTL (2 s; psd checks once a second). */
-    t0 = now_s();
-    while (now_s() - t0 < POLL_S && status(c, &st) == 0 && st.expired_contexts < expired0 + DEAD_CTXS)
+    t0 = ps_mono_s();
+    while (ps_mono_s() - t0 < POLL_S && status(c, &st) == 0 && st.expired_contexts < expired0 + DEAD_CTXS)
         usleep(200000);
-    double took = now_s() - t0;
+    double took = ps_mono_s() - t0;
     CHECK_MSG(st.expired_contexts >= expired0 + DEAD_CTXS, "expired %llu of %llu + %d after %.0f s",
               (unsigned long long)st.expired_contexts, (unsigned long long)expired0, DEAD_CTXS, took);
     /* Only the healthy trainer's context (one at a time) may be left. */
@@ -205,8 +200,8 @@ int main(int argc, char **argv) {
 
     /* Memory returns: RSS back to within half the growth of the baseline. */
     long limit = rss0 + grew / 2, rss2 = rss_kb(psd);
-    double t1 = now_s();
-    while (rss2 > limit && now_s() - t1 < POLL_S) {
+    double t1 = ps_mono_s();
+    while (rss2 > limit && ps_mono_s() - t1 < POLL_S) {
         usleep(200000);
         rss2 = rss_kb(psd);
     }
@@ -216,8 +211,8 @@ int main(int argc, char **argv) {
 
     /* The healthy trainer was never disturbed and keeps stepping. */
     int steps_then = __atomic_load_n(&h.steps, __ATOMIC_RELAXED);
-    t0 = now_s();
-    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < steps_then + 3 && now_s() - t0 < POLL_S) usleep(50000);
+    t0 = ps_mono_s();
+    while (__atomic_load_n(&h.steps, __ATOMIC_RELAXED) < steps_then + 3 && ps_mono_s() - t0 < POLL_S) usleep(50000);
     __atomic_store_n(&h.stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
     CHECK_MSG(h.failures == 0, "healthy trainer: %d failures, last: %s", h.failures, h.last_err);
@@ -233,9 +228,9 @@ int main(int argc, char **argv) {
     kill(psd, SIGSTOP);
     for (int i = 0; i < 100 && proc_state(psd) != 'T'; i++) usleep(10000);  /* stopped for sure */
     CHECK(proc_state(psd) == 'T');
-    t0 = now_s();
+    t0 = ps_mono_s();
     ps_status rc = ps_client_status(quick, &st, &err);
-    double waited = now_s() - t0;
+    double waited = ps_mono_s() - t0;
     kill(psd, SIGCONT);
     CHECK_MSG(rc == PS_ERR_DEADLINE_EXCEEDED, "rc %s after %.2f s: %s", ps_status_name(rc), waited, err.msg);
     /* Only a hang guard: how late a 1 s deadline fires depends on the load. */

@@ -150,7 +150,7 @@ static void fill_input(float *x, int n) {
 static void test_skip_policy(ps_model *model, const float *x, const float *grad, int n) {
     ps_err err = {0};
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
-                          .consistency = "hogwild", .nonfinite_skip = 1};
+                          .nonfinite_policy = PS_NONFINITE_SKIP};
     ps_service *svc = ps_service_create(model, &so, &err);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
@@ -210,7 +210,7 @@ static void test_skip_policy(ps_model *model, const float *x, const float *grad,
 static void test_paged_parameters(ps_model *model) {
     const int lim = 1 << 20;
     ps_err err = {0};
-    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = lim, .consistency = "hogwild"};
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = lim};
     ps_service *svc = ps_service_create(model, &so, &err);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
@@ -292,7 +292,7 @@ static void test_cluster_service(void) {
     CHECK_MSG(model, "%s", err.msg);
     if (!model) return;
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
-                          .consistency = "hogwild", .cluster = "lm-demo", .server_name = "ps1"};
+                          .cluster = "lm-demo", .server_name = "ps1"};
     ps_service *svc = ps_service_create(model, &so, &err);
     int nm;
     const ps_rpc_method *methods = ps_service_methods(&nm);
@@ -393,8 +393,7 @@ int main(void) {
         mo.cpu_backend = "ref";
         ref = ps_model_create(&mo, &err);  /* same seed: same initial weights */
         CHECK_MSG(ref, "%s", err.msg);
-        ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
-                              .consistency = "hogwild"};
+        ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG};
         svc = ps_service_create(model, &so, &err);
         int nm;
         const ps_rpc_method *methods = ps_service_methods(&nm);

@@ -67,13 +67,13 @@ static ps_model *new_model(void) {
 
 static double g_sync_timeout_s = 60;
 
-static int start(server *s, ps_model *m, const char *consistency, int mode, int workers, int staleness) {
+static int start(server *s, ps_model *m, ps_cons_mode mode, int workers, int staleness) {
     ps_err err = {0};
     memset(s, 0, sizeof *s);
     s->model = m;
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 256, .max_message_bytes = MAXMSG,
-                          .consistency = consistency, .mode = mode, .sync_workers = workers, .sync_timeout_s = g_sync_timeout_s,
-                          .max_staleness = staleness};
+                          .cons = {.mode = mode, .sync_workers = workers, .sync_timeout_s = g_sync_timeout_s,
+                                   .max_staleness = staleness}};
     s->svc = ps_service_create(m, &so, &err);
     CHECK_MSG(s->svc != NULL, "%s", err.msg);
     if (!s->svc) return -1;
@@ -187,7 +187,7 @@ static void run_pair(const char *addr, int batches, trainer *fast, trainer *slow
 
 static void test_sync(void) {
     server s;
-    if (start(&s, new_model(), "sync", 1, 2, 0)) return;
+    if (start(&s, new_model(), PS_CONS_SYNC, 2, 0)) return;
     enum { B = 3 };
     trainer fast, slow;
     run_pair(s.addr, B, &fast, &slow);
@@ -206,7 +206,7 @@ static void test_sync(void) {
 static void test_sync_late(void) {
     server s;
     g_sync_timeout_s = 1.0;
-    int rc = start(&s, new_model(), "sync", 1, 2, 0);
+    int rc = start(&s, new_model(), PS_CONS_SYNC, 2, 0);
     g_sync_timeout_s = 60;
     if (rc) return;
     enum { B = 3 };
@@ -237,7 +237,7 @@ static void test_sync_late(void) {
 static void test_forged_round(void) {
     server s;
     g_sync_timeout_s = 0.5;
-    int rc = start(&s, new_model(), "sync", 1, 2, 0);
+    int rc = start(&s, new_model(), PS_CONS_SYNC, 2, 0);
     g_sync_timeout_s = 60;
     if (rc) return;
     ps_err err = {0};
@@ -264,7 +264,7 @@ static void test_forged_round(void) {
 
 static void test_ssp(void) {
     server s;
-    if (start(&s, new_model(), "ssp", 2, 0, 0)) return;
+    if (start(&s, new_model(), PS_CONS_SSP, 0, 0)) return;
     enum { B = 3 };
     trainer fast, slow;
     run_pair(s.addr, B, &fast, &slow);
@@ -285,7 +285,7 @@ static void test_restart(void) {
     CHECK(mkdtemp(dir) != NULL);
     ps_err err = {0};
     server s;
-    if (start(&s, new_model(), "hogwild", 0, 0, 0)) return;
+    if (start(&s, new_model(), PS_CONS_HOGWILD, 0, 0)) return;
     ps_client *cl = ps_client_create(s.addr, 10000, MAXMSG, &err);
     float x[NB * 784] = {0}, out[NB * 10], grad[NB * 10] = {0};
     for (int i = 0; i < NB; i++) grad[i * 10 + i] = -1.0f / NB;
@@ -310,7 +310,7 @@ static void test_restart(void) {
     ps_ckpt_settle settle = {0};
     CHECK_MSG(ps_ckpt_load_with(m, info.path, &id, NULL, &settle, &err) == PS_OK, "%s", err.msg);
     CHECK(settle.present && settle.n == 2 && settle.applied == 2 && ps_model_version(m) == v[1]);
-    if (start(&s, m, "hogwild", 0, 0, 0)) return;
+    if (start(&s, m, PS_CONS_HOGWILD, 0, 0)) return;
     ps_ctx_table_import(ps_service_contexts(s.svc), settle.rec, settle.n, settle.applied);
     ps_ckpt_settle_free(&settle);
     cl = ps_client_create(s.addr, 10000, MAXMSG, &err);

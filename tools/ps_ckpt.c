@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dims.h"
 #include "modeldef.h"
 #include "safetensors.h"
 #include "status.h"
@@ -93,9 +94,8 @@ static int cmd_info(int argc, char **argv) {
             const ps_st_tensor *t = ps_st_get(f, k);
             printf("  tensor ");
             put_safe(stdout, t->name, 200);
-            printf(" %s (", ps_st_dtype_name(t->dtype));
-            for (int d = 0; d < t->ndim; d++) printf("%s%" PRId64, d ? ", " : "", t->dims[d]);
-            printf(")\n");
+            char shape[160];
+            printf(" %s %s\n", ps_st_dtype_name(t->dtype), ps_dims_format(shape, sizeof shape, t->dims, t->ndim));
         }
         ps_st_free(f);
     }
@@ -185,12 +185,6 @@ static const decl *find_decl(const decl *d, int n, const char *name) {
     for (int i = 0; i < n; i++)
         if (!strcmp(d[i].name, name)) return &d[i];
     return NULL;
-}
-
-static void shape_str(char *buf, size_t cap, int ndim, const int64_t *dims) {
-    size_t o = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < ndim && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, i ? ", " : "", dims[i]);
-    if (o < cap) snprintf(buf + o, cap - o, ")");
 }
 
 /* Does the comma-separated list contain item? */
@@ -353,8 +347,8 @@ static int cmd_merge(int argc, char **argv) {
                             "by rows\n", paths[p], t->name, key, rows);
                     goto done;
                 }
-                shape_str(got, sizeof got, t->ndim, t->dims);
-                shape_str(want, sizeof want, dc->ndim, dc->dims);
+                ps_dims_format(got, sizeof got, t->dims, t->ndim);
+                ps_dims_format(want, sizeof want, dc->dims, dc->ndim);
                 int same = t->ndim == dc->ndim;
                 for (int d = rows ? 1 : 0; same && d < t->ndim; d++) same = t->dims[d] == dc->dims[d];
                 if (!same || t->dtype != PS_ST_F32) {

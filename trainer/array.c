@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dims.h"
+
 /* Converters of one element type, generated per C type. */
 #define PS_ARRAY_CONV(suffix, ctype)                                                     \
     static void f32_##suffix(const void *src, int64_t n, float *out) {                  \
@@ -87,11 +89,7 @@ int64_t ps_array_row_numel(const ps_array *a) {
 }
 
 const char *ps_array_shape_str(const int64_t *dims, int ndim, char *buf, size_t len) {
-    size_t o = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)dims[i]);
-    if (o < len) snprintf(buf + o, len - o, ndim == 1 ? ",)" : ")");
-    return buf;
+    return ps_dims_format_as(buf, len, dims, ndim, "(", ", ", ndim == 1 ? ",)" : ")");  /* numpy's (3,) */
 }
 
 ps_status ps_array_check_size(const int64_t *dims, int ndim, size_t esize, size_t max_bytes, const char *what,

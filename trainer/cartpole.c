@@ -1,3 +1,5 @@
+/* cartpole.c - the CartPole-v1 environment of the REINFORCE observers,
+ * step for step as gym's classic-control version (cartpole.h). */
 #include "cartpole.h"
 
 #include <math.h>

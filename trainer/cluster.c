@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "security.h"
 
 struct ps_cluster {
@@ -23,12 +24,6 @@ struct ps_cluster {
     int report_unimplemented_logged;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* servers.<name>.server_name, or security.server_name. */
 static const char *server_name_of(const ps_config *cfg, const char *name) {
     for (int i = 0; i < cfg->n_servers; i++)
@@ -41,7 +36,7 @@ static ps_client *dial(const ps_config *cfg, const char *name, const char *addre
                        ps_security *sec, ps_err *err) {
     if (ps_security_client(cfg, sec, err)) return NULL;
     sec->rpc.server_name = server_name_of(cfg, name);
-    ps_client *cl = ps_client_create_secure(address, timeout_ms, cfg->server.max_message_mb << 20, &sec->rpc, err);
+    ps_client *cl = ps_client_create_secure(address, timeout_ms, cfg->server.rpc.max_message_bytes, &sec->rpc, err);
     if (!cl) ps_err_prefix(err, "server %s at %s", name[0] ? name : "psd", address);
     return cl;
 }
@@ -128,7 +123,7 @@ ps_status ps_cluster_connect(ps_cluster *c, double wait_s, ps_wire_param_list *p
                              size_t model_len, ps_err *err) {
     ps_wire_param_list_init(params, 4096);
     model[0] = 0;
-    double t0 = now_s();
+    double t0 = ps_mono_s();
     for (int i = 0; i < c->p.n_servers; i++) {
         if (!c->cl[i]) continue;
         ps_wire_param_list one = {0};
@@ -137,7 +132,7 @@ ps_status ps_cluster_connect(ps_cluster *c, double wait_s, ps_wire_param_list *p
         for (;;) {
             ps_wire_param_list_free(&one);
             if ((st = ps_client_list_parameters(c->cl[i], &one, m, sizeof m, err)) == PS_OK) break;
-            if (st != PS_ERR_UNAVAILABLE || now_s() - t0 > wait_s) {
+            if (st != PS_ERR_UNAVAILABLE || ps_mono_s() - t0 > wait_s) {
                 ps_wire_param_list_free(&one);
                 return ps_err_prefix(err, "cannot reach psd %s", c->name[i]);
             }

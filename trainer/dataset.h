@@ -9,7 +9,7 @@
  *
  * The format is recognised by content, not by extension (after gunzip for
  * IDX and .npy, which may be gzip'ed):
- *   IDX          00 00 <type> <ndim>      (common/idx.h: every IDX type)
+ *   IDX          00 00 <type> <ndim>      (idx.h: every IDX type)
  *   .npy         \x93NUMPY                (npy.h)
  *   .npz         PK\x03\x04               (npy.h, zip.h)
  *   safetensors  8-byte header length, then '{'  (common/safetensors.h:

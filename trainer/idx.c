@@ -7,6 +7,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "dims.h"
+
 /* The IDX element types: type byte, name, bytes per element. */
 static const struct { int code; const char *name; size_t size; } g_idx_types[] = {
     {PS_IDX_DTYPE_UBYTE, "unsigned byte", 1}, {0x09, "signed byte", 1}, {0x0B, "int16", 2},
@@ -63,10 +65,9 @@ static const char *strip_path(const char *path, const char *zmsg) {
 }
 
 static void dims_str(const ps_idx *x, char *buf, size_t cap) {
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < x->ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%u", i ? "x" : "", x->dims[i]);
+    int64_t d[PS_IDX_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) d[i] = x->dims[i];
+    ps_dims_format_as(buf, cap, d, x->ndim, "", "x", "");  /* "60000x28x28" */
 }
 
 /* any: every IDX type (else unsigned bytes only); max_bytes: the data's limit. */

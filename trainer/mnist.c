@@ -1,3 +1,5 @@
+/* mnist.c - an MNIST split in memory: load, batches and a seeded shuffle
+ * (mnist.h). */
 #include "mnist.h"
 
 #include <limits.h>

@@ -1,3 +1,6 @@
+/* ps_client.c - the trainer's typed client of psd (ps_client.h): each call
+ * encodes its request, calls the method's path from the method table
+ * (methods.h) and decodes the reply or names what psd refused. */
 #include "ps_client.h"
 
 #include <stdio.h>

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "cluster.h"
 #include "config.h"
 #include "log.h"
@@ -63,25 +64,6 @@ static void usage(FILE *f, const ps_task *task) {
             task->unit);
     fprintf(f, "options of the %s task:\n", task->name);
     for (const ps_task_flag *fl = task->flags; fl && fl->lng; fl++) print_flag(f, fl->shrt, fl->lng, fl->arg, fl->help);
-}
-
-/* Strict integer parse of a flag value. */
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "ps-train: %s: '%s' is not an integer in %ld..%ld\n", flag, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int print_status(ps_client *cl, ps_err *err) {
@@ -164,13 +146,13 @@ static int parse_args(const ps_task *task, void *t, int argc, char **argv, int f
         else if (!strcmp(a, "--no-eval")) { o->no_eval = 1; continue; }
         else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         else if ((v = ps_cli_value(argc, argv, &i, "--rank", "-r", &missing))) {
-            if (parse_long("--rank", v, 1, 1023, &o->rank)) return 2;
+            if (ps_cli_long("ps-train", "--rank", v, 1, 1023, &o->rank)) return 2;
             continue;
         } else if ((v = ps_cli_value(argc, argv, &i, "--max-batches", NULL, &missing))) {
-            if (parse_long("--max-batches", v, 1, 1L << 30, &o->max_rounds)) return 2;
+            if (ps_cli_long("ps-train", "--max-batches", v, 1, 1L << 30, &o->max_rounds)) return 2;
             continue;
         } else if ((v = ps_cli_value(argc, argv, &i, "--wait-s", NULL, &missing))) {
-            if (parse_long("--wait-s", v, 0, 3600, &o->wait_s)) return 2;
+            if (ps_cli_long("ps-train", "--wait-s", v, 0, 3600, &o->wait_s)) return 2;
             continue;
         }
         else if ((v = ps_cli_value(argc, argv, &i, "--server", "-s", &missing))) key = "server.address";
@@ -216,7 +198,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
      * scripts) a line every trainer.progress_every_s - unless the task
      * printed lines of its own meanwhile (CartPole's episodes). */
     int tty = isatty(STDERR_FILENO);
-    double t0 = now_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every;
+    double t0 = ps_mono_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every;
     long samples = 0;
     uint64_t version = 0;
     int stop = 0;
@@ -224,7 +206,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
         int rounds = 0;
         if (task->begin_epoch(t, env, ep, &rounds, &err)) goto fail;
         if (o->max_rounds && o->max_rounds < rounds) rounds = (int)o->max_rounds;
-        double ep_t0 = now_s();
+        double ep_t0 = ps_mono_s();
         for (int b = 0; b < rounds && !stop; b++) {
             ps_task_round r = {0};
             if (task->run_round(t, env, ep, b, &r, &err)) goto fail;
@@ -236,7 +218,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                 printf("Rank %ld training %s %d loss %.6f\n", rank, task->unit, b, r.loss);
                 fflush(stdout);
             }
-            double now = now_s(), el = now - t0;
+            double now = ps_mono_s(), el = now - t0;
             if (r.printed) next_line = now + every;
             if (tty) {
                 fprintf(stderr, "\r\033[K[rank %ld] epoch %d/%d %s %d/%d loss %.4f  %.0f samples/s  model v%llu",
@@ -254,7 +236,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
         if (tty) fprintf(stderr, "\r\033[K");
         if (task->end_epoch && !o->no_eval && task->end_epoch(t, env, ep, &err)) goto fail;
     }
-    double secs = now_s() - t0;
+    double secs = ps_mono_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");
     printf("Training complete!\n");
     printf("Rank %ld: %ld samples in %.1f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
@@ -311,7 +293,7 @@ int main(int argc, char **argv) {
             src = ps_cluster_print_status(&cfg, cfg.trainer.rpc_timeout_s, stdout);
         } else {
             ps_client *sc = ps_client_create_secure(cfg.server.address, (int)(cfg.trainer.rpc_timeout_s * 1000),
-                                                    cfg.server.max_message_mb << 20, &sec.rpc, &err);
+                                                    cfg.server.rpc.max_message_bytes, &sec.rpc, &err);
             src = sc && print_status(sc, &err) == 0 ? 0 : 1;
             if (src) fprintf(stderr, "ps-train: %s\n", err.msg);
             ps_client_free(sc);

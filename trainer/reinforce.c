@@ -1,3 +1,5 @@
+/* reinforce.c - REINFORCE for one observer's episode: discounted returns
+ * and the policy-gradient loss with its gradients (reinforce.h). */
 #include "reinforce.h"
 
 #include <math.h>

@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "clock.h"
 #include "rng.h"
 
 /* A remainder of the budget below this is spent: waiting it out would only
@@ -13,9 +14,7 @@
 
 static double clock_now(void *arg) {
     (void)arg;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return ps_mono_s();
 }
 
 static void clock_sleep(void *arg, double s) {

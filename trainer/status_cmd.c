@@ -1,3 +1,5 @@
+/* status_cmd.c - `ps-train status`: a running psd's Status, printed for
+ * people (status_cmd.h). */
 #include "status_cmd.h"
 
 #include <grpc/grpc.h>

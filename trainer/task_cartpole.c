@@ -2,7 +2,7 @@
  * distributed RPC tutorial's REINFORCE agent, with psd hosting the policy
  * (model cartpole_policy, stage "policy") and its optimizer (task.h).
  *
- * One round is one episode of CartPole-v1 (common/cartpole.h) under one
+ * One round is one episode of CartPole-v1 (cartpole.h) under one
  * context id: at every step t a training Forward of the observation
  * (stage "policy", seq = t) answers the action probabilities, the observer
  * samples the action with its own RNG and steps its environment. At the
@@ -28,16 +28,11 @@
 #include <time.h>
 
 #include "cartpole.h"
+#include "clock.h"
 #include "reinforce.h"
 #include "task.h"
 
 #define LAT_CAP (1 << 16) /* select-action round trips kept for the median */
-
-static double mono_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -94,31 +89,24 @@ static void cartpole_destroy(void *arg) {
 }
 
 static ps_status parse_double(const char *flag, const char *v, double lo, double hi, double *out, ps_err *err) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !(x >= lo && x <= hi))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "cartpole: %s: '%s' is not a number in [%g, %g]", flag, v,
-                          lo, hi);
-    *out = x;
-    return PS_OK;
+    ps_status st = ps_parse_double(flag, v, lo, hi, 0, out, err);
+    return st ? ps_err_prefix(err, "cartpole") : PS_OK;
 }
 
 static ps_status cartpole_set_flag(void *arg, const char *flag, const char *v, ps_err *err) {
     cartpole_task *t = arg;
-    double x;
-    ps_status st;
     if (!strcmp(flag, "--gamma")) return parse_double(flag, v, 0, 1, &t->gamma, err);
     if (!strcmp(flag, "--entropy")) return parse_double(flag, v, 0, 100, &t->entropy, err);
     if (!strcmp(flag, "--max-rounds")) {
-        if ((st = parse_double(flag, v, 1, 1e9, &x, err))) return st;
-        if (x != floor(x)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "cartpole: --max-rounds: '%s' is not an integer", v);
-        t->max_rounds = (long)x;
+        long n;
+        if (ps_parse_long(flag, v, 1, 1000000000, &n, err)) return ps_err_prefix(err, "cartpole");
+        t->max_rounds = n;
         return PS_OK;
     }
     if (!strcmp(flag, "--episode-steps")) {
-        if ((st = parse_double(flag, v, 1, 100000, &x, err))) return st;
-        if (x != floor(x)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "cartpole: --episode-steps: '%s' is not an integer", v);
-        t->episode_steps = (int)x;
+        long n;
+        if (ps_parse_long(flag, v, 1, 100000, &n, err)) return ps_err_prefix(err, "cartpole");
+        t->episode_steps = (int)n;
         return PS_OK;
     }
     if (!strcmp(flag, "--normalize")) {
@@ -202,9 +190,9 @@ static ps_status episode_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
                            .input = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {1, PS_CARTPOLE_OBS},
                                      .data = t->obs + (size_t)T * 4}};
         ps_client_fwd_out o = {.out = t->probs + (size_t)T * 2, .out_cap = 2};
-        double t0 = mono_us();
+        double t0 = (ps_mono_s() * 1e6);
         if ((st = ps_client_forward_ex(j->env->cl, &f, &o, err))) return st;
-        if (t->nlat < LAT_CAP) t->lat_us[t->nlat++] = (float)(mono_us() - t0);
+        if (t->nlat < LAT_CAP) t->lat_us[t->nlat++] = (float)((ps_mono_s() * 1e6) - t0);
         *kept = 1;
         if (o.ndim != 2 || o.dims[0] != 1 || o.dims[1] != 2)
             return ps_err_set(err, PS_ERR_INTERNAL, "policy returned a (%lld, %lld) output, expected (1, 2)",

@@ -99,14 +99,6 @@ typedef struct fit_task {
 
 /* ---- flags ------------------------------------------------------------- */
 
-static ps_status parse_double(const char *flag, const char *v, double *out, ps_err *err) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is not a number", flag, v);
-    *out = x;
-    return PS_OK;
-}
-
 static ps_status parse_list(const char *flag, const char *v, double *out, int *n, ps_err *err) {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", v);
@@ -114,7 +106,7 @@ static ps_status parse_list(const char *flag, const char *v, double *out, int *n
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (*n == PS_FIT_MAX_CHANNELS)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: more than %d values", flag, PS_FIT_MAX_CHANNELS);
-        ps_status st = parse_double(flag, tok, &out[*n], err);
+        ps_status st = ps_parse_double(flag, tok, -1e300, 1e300, 0, &out[*n], err);
         if (st) return st;
         (*n)++;
     }
@@ -141,20 +133,13 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
                           ps_loss_names(names, sizeof names));
     }
     if (!strcmp(flag, "--val-fraction")) {
-        ps_status st = parse_double(flag, v, &t->val_fraction, err);
-        if (!st && !(t->val_fraction >= 0 && t->val_fraction < 1))
-            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--val-fraction: %s is not in [0, 1)", v);
-        return st;
+        return ps_parse_double(flag, v, 0, 1, PS_PARSE_OPEN_HI, &t->val_fraction, err);
     }
     if (!strcmp(flag, "--lr")) {
-        ps_status st = parse_double(flag, v, &t->lr, err);
-        if (!st && !(t->lr > 0)) st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--lr: %s is not > 0", v);
-        return st;
+        return ps_parse_double(flag, v, 0, 1e300, PS_PARSE_OPEN_LO, &t->lr, err);
     }
     if (!strcmp(flag, "--input-scale")) {
-        ps_status st = parse_double(flag, v, &t->norm.scale, err);
-        if (!st && !(t->norm.scale > 0)) st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--input-scale: %s is not > 0", v);
-        return st;
+        return ps_parse_double(flag, v, 0, 1e300, PS_PARSE_OPEN_LO, &t->norm.scale, err);
     }
     if (!strcmp(flag, "--input-mean")) return parse_list(flag, v, t->norm.mean, &t->norm.nmean, err);
     if (!strcmp(flag, "--input-std")) return parse_list(flag, v, t->norm.std, &t->norm.nstd, err);
@@ -167,10 +152,8 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
         return PS_OK;
     }
     if (!strcmp(flag, "--max-data-mb")) {
-        double mb;
-        ps_status st = parse_double(flag, v, &mb, err);
-        if (!st && !(mb >= 1 && mb <= 1 << 20 && mb == floor(mb)))
-            st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--max-data-mb: %s is not a whole number in 1..1048576", v);
+        long mb;
+        ps_status st = ps_parse_long(flag, v, 1, 1 << 20, &mb, err);
         if (!st) t->max_bytes = (size_t)mb << 20;
         return st;
     }
@@ -227,7 +210,7 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
                           ps_loss_names(names, sizeof names));
     if (!t->test_inputs[0] != !t->test_labels[0])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --test-inputs and --test-labels go together");
-    if (t->lr > 0 && (cfg->optimizer.type != PS_OPTIMIZER_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
+    if (t->lr > 0 && (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --lr scales psd's steps by lr / optimizer.lr, which is "
                           "the same as that lr only for plain SGD (optimizer.type sgd, weight_decay 0; momentum is "
                           "fine) with optimizer.lr of the config psd runs; set optimizer.lr in the config instead");

@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "lm_corpus.h"
 #include "loss.h"
@@ -98,12 +99,6 @@ typedef struct lm_task {
     uint64_t fwd_version[PS_CONFIG_MAX_SERVERS]; /* versions the window's emb Forwards saw */
     unsigned fwd_seen;
 } lm_task;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *pnames[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
 
@@ -446,7 +441,7 @@ static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
 /* Progress of an evaluation pass: a live line on a terminal, else a line
  * every trainer.progress_every_s (it takes minutes on a busy machine). */
 static void eval_progress(const ps_task_env *env, const char *what, size_t done, size_t all, double t0, double *next) {
-    double now = now_s(), every = env->cfg->trainer.progress_every_s;
+    double now = ps_mono_s(), every = env->cfg->trainer.progress_every_s;
     int tty = isatty(STDERR_FILENO);
     if (tty && done < all)
         fprintf(stderr, "\r\033[K[rank %ld] evaluating %s: window %zu/%zu", env->rank, what, done, all);
@@ -469,7 +464,7 @@ static ps_status lm_eval_split(lm_task *t, const ps_task_env *env, const char *w
     if (!e || !logits || !y[0] || !y[1] || !h || !c) st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     if (!st) st = env->cl ? pull_weights(t, env->cl, err) : (t->fwd_seen = 0, pull_weights_multi(t, env, err));
     ps_client *dec = env->cl ? env->cl : ps_cluster_client(env->cluster, t->s_dec);
-    double total = 0, t0 = now_s(), next = t0 + env->cfg->trainer.progress_every_s;
+    double total = 0, t0 = ps_mono_s(), next = t0 + env->cfg->trainer.progress_every_s;
     int64_t count = 0;
     size_t windows = rows > 1 ? (rows - 2) / (size_t)B + 1 : 0;
     for (size_t i = 0; !st && i + 1 < rows; i += (size_t)B) {
@@ -534,21 +529,14 @@ static void lm_destroy(void *arg) {
 
 static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_err *err) {
     lm_task *t = arg;
-    char *end;
+    long n;
     if (!strcmp(flag, "--bptt")) {
-        long v = strtol(value, &end, 10);
-        if (*end || end == value || v < 1 || v > 1000)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--bptt '%s': a whole number 1..1000", value);
-        t->bptt = (int)v;
+        if (ps_parse_long(flag, value, 1, 1000, &n, err)) return err->code;
+        t->bptt = (int)n;
         return PS_OK;
     }
-    if (!strcmp(flag, "--clip")) {
-        double v = strtod(value, &end);
-        if (*end || end == value || !(v > 0) || !isfinite(v))
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--clip '%s': a positive number", value);
-        t->clip = v;
-        return PS_OK;
-    }
+    if (!strcmp(flag, "--clip"))
+        return ps_parse_double(flag, value, 0, 1e300, PS_PARSE_OPEN_LO, &t->clip, err);
     if (!strcmp(flag, "--decoder")) {
         if (strcmp(value, "fused") && strcmp(value, "logits"))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--decoder '%s': fused or logits", value);
@@ -556,10 +544,8 @@ static ps_status lm_set_flag(void *arg, const char *flag, const char *value, ps_
         return PS_OK;
     }
     if (!strcmp(flag, "--threads")) {
-        long v = strtol(value, &end, 10);
-        if (*end || end == value || v < 0 || v > 1024)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--threads '%s': a whole number 0..1024", value);
-        t->threads = (int)v;
+        if (ps_parse_long(flag, value, 0, 1024, &n, err)) return err->code;
+        t->threads = (int)n;
         return PS_OK;
     }
     if (!strcmp(flag, "--eval-only")) {
@@ -588,7 +574,7 @@ static ps_status lm_init(void *arg, const ps_task_env *env, ps_err *err) {
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a vocabulary of %lld words does not fit the model's "
                           "ntoken %.0f (set model.sizes.ntoken, in psd's config too)", cfg->trainer.data,
                           (long long)ps_lm_vocab_size(t->corpus), ntok);
-    if (cfg->optimizer.type != PS_OPTIMIZER_SGD || cfg->optimizer.momentum != 0 || cfg->optimizer.weight_decay != 0)
+    if (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.momentum != 0 || cfg->optimizer.weight_decay != 0)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: the lr schedule needs plain SGD (optimizer.type sgd, "
                           "momentum 0, weight_decay 0)");
     t->lr0 = t->lr = cfg->optimizer.lr;
@@ -668,12 +654,12 @@ static ps_status lm_connect(lm_task *t, const ps_task_env *env, ps_err *err) {
     /* logits that travel: a training window's (logits mode) and an evaluation window's */
     int64_t cols = !t->fused && t->bs > LM_EVAL_BATCH ? t->bs : LM_EVAL_BATCH;
     int64_t logit_bytes = (int64_t)t->bptt * cols * t->ntoken * 4;
-    int64_t limit = (int64_t)env->cfg->server.max_message_mb << 20;
+    int64_t limit = (int64_t)env->cfg->server.rpc.max_message_bytes;
     if (logit_bytes + 4096 > limit)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lm: a window's logits are %lld MiB (bptt %d x batch %lld x "
                           "ntoken %lld floats), over server.max_message_mb %d: lower --bptt%s or raise the limit (on "
                           "psd too)", (long long)(logit_bytes >> 20), t->bptt, (long long)cols, (long long)t->ntoken,
-                          env->cfg->server.max_message_mb, t->fused ? "" : " or --batch-size, use --decoder fused,");
+                          env->cfg->server.rpc.max_message_bytes >> 20, t->fused ? "" : " or --batch-size, use --decoder fused,");
     return PS_OK;
 }
 
@@ -698,7 +684,7 @@ static ps_status lm_begin_epoch(void *arg, const ps_task_env *env, int epoch, in
     *rounds = t->eval_only ? 0 : (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
     t->log_loss = 0;
     t->log_n = 0;
-    t->log_t0 = now_s();
+    t->log_t0 = ps_mono_s();
     t->epoch_seen = epoch;
     return PS_OK;
 }
@@ -741,14 +727,14 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
         t->log_n++;
         int every = env->cfg->trainer.log_every;
         if (t->log_n == every) {
-            double ms = (now_s() - t->log_t0) * 1000.0 / every, l = t->log_loss / every;
+            double ms = (ps_mono_s() - t->log_t0) * 1000.0 / every, l = t->log_loss / every;
             int rounds = (int)((t->train_rows - 1 + (size_t)t->bptt - 1) / (size_t)t->bptt);
             printf("| epoch %3d | %5d/%5d batches | lr %02.2f | ms/batch %5.2f | loss %5.2f | ppl %8.2f | rank %ld\n",
                    epoch + 1, r + 1, rounds, t->lr, ms, l, exp(l), env->rank);
             fflush(stdout);
             t->log_loss = 0;
             t->log_n = 0;
-            t->log_t0 = now_s();
+            t->log_t0 = ps_mono_s();
         }
     }
     free(j.e); free(j.logits); free(j.dlogits); free(j.dy); free(j.dx); free(j.h1); free(j.c1);

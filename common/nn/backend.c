@@ -11,6 +11,7 @@
 #include "backend_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,20 @@ void ps_backend_build_info(char *buf, size_t size) {
 
 const char *const *ps_backend_names(void) {
     return kBackendNames;
+}
+
+static const char *cpu_names[PS_NBACKENDS + 1];
+static pthread_once_t cpu_names_once = PTHREAD_ONCE_INIT;
+
+static void cpu_names_fill(void) {
+    size_t n = 0;
+    for (size_t i = 0; i < PS_NBACKENDS; i++)
+        if (!kBackends[i]->device_kind) cpu_names[n++] = kBackends[i]->name;
+}
+
+const char *const *ps_backend_cpu_names(void) {
+    pthread_once(&cpu_names_once, cpu_names_fill);
+    return cpu_names;
 }
 
 ps_backend *ps_backend_create(const char *name, int device, int nthreads, ps_err *err) {

@@ -511,6 +511,9 @@ typedef struct ps_backend {
 
 /* Names of the backends compiled in, NULL-terminated (e.g. {"ref","dnnl",NULL}). */
 const char *const *ps_backend_names(void);
+/* The backends that compute in host memory (device_kind NULL): "ref",
+ * "dnnl"; NULL-terminated, in registry order (model.backend). */
+const char *const *ps_backend_cpu_names(void);
 
 /* Create a backend by name; unknown names give PS_ERR_NOT_FOUND listing the
  * known ones. ps_backend_free(NULL) is a no-op. */

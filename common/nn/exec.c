@@ -281,7 +281,6 @@ void ps_tape_free(ps_tape *t) {
     free(t);
 }
 
-int ps_tape_has_grads(const ps_tape *t) { return t->own != NULL; }
 int ps_tape_batch(const ps_tape *t) { return t->n; }
 int ps_tape_first_stage(const ps_tape *t) { return t->first; }
 int ps_tape_last_stage(const ps_tape *t) { return t->last; }

@@ -18,9 +18,9 @@
  *  - its FLOPs per sample (the stage table of --check-config).
  * Adding a kind is adding a row (and its rows in scripts/gen_golden_kinds.py).
  *
- * The executor owns the memory: it allocates each node's output and the
- * gradients, and frees what a node saved (ps_layer_saved) with the tape.
- * Layers never lock and never touch the optimizer.
+ * The executor (exec.c) owns the memory: it allocates each node's output
+ * and the gradients, and frees what a node saved (ps_layer_saved) with the
+ * tape. Layers never lock and never touch the optimizer.
  */
 #ifndef PS_NN_LAYERS_H
 #define PS_NN_LAYERS_H
@@ -175,7 +175,7 @@ typedef struct ps_rows {
 void ps_rows_clear(ps_rows *r);   /* frees and zeroes */
 
 /* One call of a node's forward or backward. Pointers are memory of be's
- * device (ps_backend_alloc) unless said otherwise. */
+ * device (ps_backend_alloc_floats) unless said otherwise. */
 typedef struct ps_layer_call {
     const ps_layer *ly;
     ps_backend *be;

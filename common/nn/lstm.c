@@ -444,7 +444,6 @@ void ps_lstm_free(ps_lstm *l) {
     free(l);
 }
 
-ps_lstm_shape ps_lstm_get_shape(const ps_lstm *l) { return l->s; }
 
 ps_status ps_lstm_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, const float *h0, const float *c0,
                           float *y, float *hT, float *cT, ps_err *err) {

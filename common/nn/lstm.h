@@ -49,7 +49,6 @@ typedef struct ps_lstm ps_lstm;
 
 ps_status ps_lstm_create(ps_lstm_impl impl, ps_lstm_shape shape, ps_lstm **out, ps_err *err);
 void ps_lstm_free(ps_lstm *l);
-ps_lstm_shape ps_lstm_get_shape(const ps_lstm *l);
 /* OpenMP threads oneDNN's LSTM primitives run on, for every handle, set in
  * the thread that computes before each primitive; 0 (the default) leaves
  * the OpenMP default (OMP_NUM_THREADS, else every CPU). */

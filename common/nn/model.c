@@ -860,15 +860,6 @@ int ps_model_find_stage(const ps_model *m, const char *name) {
     return -1;
 }
 
-void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w) {
-    const ps_stage_info *si = &m->stages[0].info;
-    *c = si->in_ndim > 0 ? (int)si->in_dims[0] : 1;
-    *h = si->in_ndim > 1 ? (int)si->in_dims[1] : 1;
-    *w = si->in_ndim > 2 ? (int)si->in_dims[2] : 1;
-}
-int ps_model_output_size(const ps_model *m) {
-    return (int)ps_shape_numel(&ps_stage_out_layer(&m->stages[m->nstages - 1])->outs);
-}
 int ps_model_max_batch(const ps_model *m) { return m->def->max_batch; }
 
 uint64_t ps_model_version(const ps_model *m) {

@@ -1,9 +1,9 @@
 /* model.h - a model hosted by psd: named stages of layers, each stage placed
  * on a device with its own backend.
  *
- * A model is built from a row of the model registry (models.h: stages of
- * layers; "mnist_cnn" is PyTorch's RPC parameter-server tutorial network,
- * stages "conv" and "fc"). Parameters use PyTorch's state_dict names and
+ * A model is built from a model file (modeldef.h: stages of layers;
+ * configs/models/mnist_cnn.yaml is PyTorch's RPC parameter-server tutorial
+ * network, stages "conv" and "fc"). Parameters use PyTorch's state_dict names and
  * initialisation, one block per stage.
  *
  * Shapes: every stage has a per-sample input shape (0..3 dims) and dtype
@@ -74,8 +74,8 @@ typedef struct ps_model_opts {
                                       copied; NULL: SGD from lr, momentum, weight_decay */
     float lr, momentum, weight_decay; /* shorthand for SGD (torch.optim.SGD semantics) when
                                          optim is NULL */
-    int n_sizes;                   /* (key, value) pairs of the model's sizes (models.h);
-                                      sizes not named take the registry's defaults */
+    int n_sizes;                   /* (key, value) pairs of the model's sizes (its model
+                                      file's sizes:); sizes not named take the file's defaults */
     const char *size_key[PS_MODEL_MAX_SIZE_KEYS];
     double size_value[PS_MODEL_MAX_SIZE_KEYS];
     /* Several PS nodes (common/placement.h). n_hosted == 0: every stage of
@@ -300,13 +300,8 @@ int ps_grads_touched(const ps_grads *g);
  * an error leaves weights, optimizer state and version untouched. */
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err);
 
-/* ---- whole-model functions of the first API (wrappers over the above) ---- */
+/* ---- whole-model functions (wrappers over the above, for tests and benches) ---- */
 
-/* Per-sample input shape (c, h, w) of the first stage (a 1-D input (F)
- * reads (F, 1, 1), a scalar (1, 1, 1)) and number of outputs per sample
- * of the last stage. */
-void ps_model_input_shape(const ps_model *m, int *c, int *h, int *w);
-int ps_model_output_size(const ps_model *m);
 /* Largest batch a single forward accepts. */
 int ps_model_max_batch(const ps_model *m);
 
@@ -336,8 +331,6 @@ ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
  * ones). */
 ps_status ps_model_backward(ps_model *m, ps_tape *tape, const float *grad_out, ps_err *err);
 
-/* 1 once backward has filled the tape's gradients. */
-int ps_tape_has_grads(const ps_tape *t);
 int ps_tape_batch(const ps_tape *t);
 /* Copy parameter i's gradient from the tape to host memory. */
 ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err);

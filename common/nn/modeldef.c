@@ -1012,12 +1012,6 @@ int ps_model_def_stage(const ps_model_def *def, const char *name) {
     return -1;
 }
 
-int ps_model_def_node(const ps_model_def *def, const char *name) {
-    for (int i = 0; name && i < def->nnodes; i++)
-        if (!strcmp(def->nodes[i].name, name)) return i;
-    return -1;
-}
-
 const char *ps_model_def_stage_list(const ps_model_def *def, char *buf, size_t size) {
     size_t o = 0;
     buf[0] = 0;

@@ -138,8 +138,6 @@ const char *ps_model_def_list_shipped(char *buf, size_t cap);
 const ps_size_key *ps_model_def_size(const ps_model_def *def, const char *key);
 /* Stage index of that name in def, or -1. */
 int ps_model_def_stage(const ps_model_def *def, const char *name);
-/* Node index of that name in def, or -1. */
-int ps_model_def_node(const ps_model_def *def, const char *name);
 /* "conv, fc" into buf. */
 const char *ps_model_def_stage_list(const ps_model_def *def, char *buf, size_t size);
 /* The value of size key: values[] (parallel to keys[], n of them) when it

@@ -3,6 +3,7 @@
 #include "optim.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,18 @@ const ps_optim_kind_info *ps_optim_kind_get(ps_optim_kind kind) {
 const char *ps_optim_kind_name(ps_optim_kind kind) {
     const ps_optim_kind_info *k = ps_optim_kind_get(kind);
     return k ? k->name : NULL;
+}
+
+static const char *kind_names[PS_OPTIM_KIND_COUNT + 1];
+static pthread_once_t kind_names_once = PTHREAD_ONCE_INIT;
+
+static void kind_names_fill(void) {
+    for (int i = 0; i < PS_OPTIM_KIND_COUNT; i++) kind_names[i] = kKinds[i].name;
+}
+
+const char *const *ps_optim_kind_names(void) {
+    pthread_once(&kind_names_once, kind_names_fill);
+    return kind_names;
 }
 
 ps_status ps_optim_kind_parse(const char *name, ps_optim_kind *out, ps_err *err) {

@@ -83,7 +83,9 @@ typedef struct ps_optim_state {
 
 /* The kind's row; NULL for a value out of range. */
 const ps_optim_kind_info *ps_optim_kind_get(ps_optim_kind kind);
-const char *ps_optim_kind_name(ps_optim_kind kind); /* NULL if out of range */
+const char *ps_optim_kind_name(ps_optim_kind kind);
+/* The kinds' names, NULL-terminated, indexed by kind (optimizer.type). */
+const char *const *ps_optim_kind_names(void); /* NULL if out of range */
 
 /* "sgd" -> PS_OPTIM_SGD. An unknown name is PS_ERR_NOT_FOUND naming it and
  * the known ones: "unknown optimizer 'adamw' (known: sgd, adam)". */

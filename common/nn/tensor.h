@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "dims.h"
+
 /* Element types. The values equal the wire's DType enum (proto/ps.proto). */
 typedef enum { PS_DTYPE_F32 = 0, PS_DTYPE_I64 = 1 } ps_dtype;
 
@@ -51,15 +53,9 @@ static inline int ps_shape_equal(const ps_shape *a, const ps_shape *b) {
     return 1;
 }
 
-/* "(1, 28, 28)", "()" into buf. */
+/* "(1, 28, 28)", "()" into buf (dims.h). */
 static inline const char *ps_shape_format(const ps_shape *s, char *buf, size_t size) {
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, o < size ? size - o : 0, "(");
-    for (int d = 0; d < s->ndim; d++)
-        o += (size_t)snprintf(buf + o, o < size ? size - o : 0, "%s%lld", d ? ", " : "",
-                              (long long)s->dims[d]);
-    snprintf(buf + o, o < size ? size - o : 0, ")");
-    return buf;
+    return ps_dims_format(buf, size, s->dims, s->ndim);
 }
 
 #endif

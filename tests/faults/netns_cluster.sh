@@ -22,9 +22,7 @@
 # trainers' reports; ps1 resumed from a checkpoint part of its own; A
 # retried during the cut and B did not need to; ps-ckpt merges the two
 # final parts into one file with every parameter.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/../lib.sh" netns_cluster
 DATA=${DATA:-data/mnist}
 CUT_S=${CUT_S:-6}
 KILLS=${KILLS:-2}
@@ -36,14 +34,11 @@ command -v ip >/dev/null || { echo "netns_cluster: skipped: iproute2 not install
 
 id=$$
 SW=pssw-$id S0=pss0-$id S1=pss1-$id S2=pss2-$id A=pstA-$id B=pstB-$id
-tmp=$(mktemp -d /tmp/netns_cluster.XXXXXX)
-pids=()
-cleanup() {
+on_exit() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for n in "$SW" "$S0" "$S1" "$S2" "$A" "$B"; do ip netns del "$n" 2>/dev/null || true; done
 }
-trap cleanup EXIT INT TERM
-fail() { echo "netns_cluster: FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -n 12 "$f"; done; exit 1; }
+fail_tail=12
 
 ip netns add "$SW"
 ip -n "$SW" link add br0 type bridge
@@ -254,5 +249,4 @@ EOF
 else
   echo "note: fortunes not installed: the LM part skipped (scripts/install-deps.sh)"
 fi
-rm -rf "$tmp"
 echo "netns_cluster: ps1 SIGKILLed ${KILLS}x and restarted, A's route to ps0 cut ${CUT_S}s: trainers finished, every batch applied once on ps0, partial steps counted: OK"

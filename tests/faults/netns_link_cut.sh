@@ -14,9 +14,7 @@
 # contexts return to 0 (A's abandoned contexts expire after the TTL).
 # Namespaces and veths are removed on any exit (trap). Only addresses in
 # 10.200.0.0/16 inside namespaces this script creates are used.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/../lib.sh" netns_link_cut
 DATA=${DATA:-data/mnist}
 CUT_S=${CUT_S:-8}
 BATCHES=${BATCHES:-100}
@@ -25,13 +23,10 @@ command -v ip >/dev/null || { echo "netns_link_cut: skipped: iproute2 not instal
 
 id=$$
 P=psd-P-$id A=psd-A-$id B=psd-B-$id
-tmp=$(mktemp -d /tmp/netns_link_cut.XXXXXX)
-pids=()
-cleanup() {
+on_exit() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for n in "$P" "$A" "$B"; do ip netns del "$n" 2>/dev/null || true; done
 }
-trap cleanup EXIT INT TERM
 
 for n in "$P" "$A" "$B"; do ip netns add "$n"; ip -n "$n" link set lo up; done
 ip link add pa$id type veth peer name ap$id
@@ -111,5 +106,4 @@ if ip netns exec "$A" "$BUILD/bin/ps-train" --server 10.200.1.1:50051 --status >
   echo "plaintext status from A succeeded?"; exit 1; fi
 echo "plaintext from A refused: $(head -c 160 "$tmp/plain.log")"
 kill -TERM "$psd"; wait "$psd" 2>/dev/null || { echo "psd did not stop cleanly"; tail "$tmp/psd.log"; exit 1; }
-rm -rf "$tmp"
 echo "netns_link_cut: link cut ${CUT_S}s survived (A retried, B unaffected, every batch applied once, contexts 0): OK"

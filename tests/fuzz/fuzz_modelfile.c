@@ -1,6 +1,6 @@
 /* fuzz_modelfile - libFuzzer target over the model-file loader
  * (common/nn/modeldef.h) and the shape inference of a model built from it.
- * Build and run: `make fuzz` (seeds: tests/fuzz/corpus_modelfile, the
+ * Build and run: `make fuzz` (seeds: tests/fuzz/corpus/modelfile, the
  * shipped models and a few broken ones).
  *
  * Each input is a model file's text. Properties checked (a violation

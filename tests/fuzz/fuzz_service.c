@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "methods.h"
 #include "model.h"
 #include "security.h"
@@ -55,12 +56,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static void require(int ok, const char *what, const char *details) {
-    if (ok) return;
-    fprintf(stderr, "fuzz_service: property violated: %s (details: '%s')\n", what, details);
-    abort();
-}
-
 static void call_handler(ps_service *svc, const ps_rpc_method *m, const uint8_t *p, size_t n, int nslices) {
     grpc_slice sl[4];
     size_t off = 0;
@@ -77,27 +72,27 @@ static void call_handler(ps_service *svc, const ps_rpc_method *m, const uint8_t 
     details[0] = '\0';
     ps_rpc_call_info info = {m->path, "fuzz", gpr_inf_future(GPR_CLOCK_MONOTONIC), "fuzzer", NULL, m->id, "fuzz"};
     m->fn(svc, &info, bb, &resp, &code, details, sizeof details);
-    require(memchr(details, 0, sizeof details) != NULL, "details NUL-terminated", "");
+    fuzz_require(memchr(details, 0, sizeof details) != NULL, "details NUL-terminated", "");
     if (code == GRPC_STATUS_OK) {
         /* Decode the reply back with the row's descriptor (callback fields
          * left unbound are skipped); Forward's tensor goes through the real
          * decoder. */
         const ps_method_desc *d = ps_method((ps_method_id)m->id);
         void *r = calloc(1, d->response_size);
-        require(r != NULL, "reply buffer", "out of memory");
+        fuzz_require(r != NULL, "reply buffer", "out of memory");
         ps_err err = {0};
         ps_wire_tensor_in in;
         ps_wire_tensor_in_init(&in, 1 << 20);
         ps_ForwardResponse *fw = d->id == PS_M_FORWARD ? r : NULL;
         if (fw) ps_wire_tensor_decode_bind(&fw->output, &in);
-        require(ps_wire_decode(resp, d->response, r, &err) == PS_OK, "reply decodes", err.msg);
+        fuzz_require(ps_wire_decode(resp, d->response, r, &err) == PS_OK, "reply decodes", err.msg);
         if (fw && fw->has_output)
-            require(ps_wire_tensor_check(&fw->output, &in, "out", &err) == PS_OK, "reply tensor", err.msg);
+            fuzz_require(ps_wire_tensor_check(&fw->output, &in, "out", &err) == PS_OK, "reply tensor", err.msg);
         ps_wire_tensor_in_free(&in);
         free(r);
     } else {
-        require(details[0] != '\0', "an error has a message", details);
-        require(resp == NULL, "no response with an error", details);
+        fuzz_require(details[0] != '\0', "an error has a message", details);
+        fuzz_require(resp == NULL, "no response with an error", details);
     }
     if (resp) grpc_byte_buffer_destroy(resp);
     grpc_byte_buffer_destroy(bb);
@@ -112,9 +107,9 @@ static void parse_tokens(const uint8_t *p, size_t n) {
     int cnt = 0;
     ps_err err = {0};
     ps_status st = ps_security_parse_tokens(text, "fuzz", &t, &cnt, &err);
-    require(st == PS_OK ? (t && cnt > 0) : (!t && cnt == 0 && err.msg[0]), "tokens parser contract", err.msg);
+    fuzz_require(st == PS_OK ? (t && cnt > 0) : (!t && cnt == 0 && err.msg[0]), "tokens parser contract", err.msg);
     for (int i = 0; i < cnt; i++)
-        require(strlen(t[i].token) >= 16 && strlen(t[i].name) >= 1, "tokens parser checks", t[i].name);
+        fuzz_require(strlen(t[i].token) >= 16 && strlen(t[i].name) >= 1, "tokens parser checks", t[i].name);
     free(t);
     free(text);
 }
@@ -123,7 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     ps_err err = {0};
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 8, .max_message_bytes = 64 << 10,
-                          .consistency = "fuzz", .nonfinite_skip = (data[0] >> 6) & 1};
+                          .nonfinite_policy = (ps_nonfinite_policy)((data[0] >> 6) & 1)};
     ps_service *svc = ps_service_create(g_model, &so, &err);
     if (!svc) abort();
     int nm;

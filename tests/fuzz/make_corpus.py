@@ -1,5 +1,10 @@
 #!/usr/bin/python3
-"""Writes the seed corpus of fuzz_service into tests/fuzz/corpus/ (committed).
+"""Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/
+(committed): service (fuzz_service.c), config (fuzz_config.c: the shipped
+configs plus broken ones), safetensors (fuzz_safetensors.c: small files
+written here by hand, as the format's reference describes them).
+
+fuzz_service's seeds:
 
 Each seed is a sequence of records (see fuzz_service.c): selector byte,
 2-byte little-endian length, protobuf payload. The selector's low 4 bits are
@@ -7,6 +12,7 @@ a method id - the row's place in PS_METHODS, common/methods.h, read from
 there - or the number of rows for the tokens-file parser; bits 4-5 the
 slices, bit 6 the nonfinite policy "skip".
 """
+import json
 import os
 import re
 import struct
@@ -104,9 +110,53 @@ seeds = {
     "tokens_bad": rec(TOKENS, b"a trainer short\nb admin 0123456789abcdef0123\n"),
 }
 
-out = os.path.join(HERE, "corpus")
-os.makedirs(out, exist_ok=True)
-for name, data in seeds.items():
-    with open(os.path.join(out, name), "wb") as f:
-        f.write(data)
-print("make_corpus: wrote %d seeds to %s" % (len(seeds), out))
+# ---- fuzz_config: the shipped configs and a few broken ones
+ROOT = os.path.join(HERE, "..", "..")
+config_seeds = {}
+for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+    if name.endswith(".yaml"):
+        with open(os.path.join(ROOT, "configs", name), "rb") as f:
+            config_seeds[name] = f.read()
+config_seeds.update({
+    "bad_range.yaml": b"server:\n  threads: 0\n",
+    "bad_key.yaml": b"server:\n  thread: 4\n",
+    "dup.yaml": b"optimizer: {lr: 0.1, lr: 0.2}\n",
+    "placement.yaml": b"model:\n  name: rnn_lm\n  placement:\n    emb: {shards: [ps0, ps1/cpu], rows: [10]}\n"
+                      b"servers:\n  ps0: {address: '127.0.0.1:1'}\n  ps1: {address: '127.0.0.1:2'}\n",
+    "strings.yaml": b"server: {stop_metric: \"a\\\"b\", log_file: \"x\\ty\"}\ncluster: {name: c.1}\n",
+    "two_docs.yaml": b"server: {threads: 2}\n---\nserver: {threads: 3}\n",
+})
+
+
+# ---- fuzz_safetensors: small files by the format's rules
+def safetensors(tensors, metadata=None):
+    """tensors: (name, dtype, shape, raw bytes) in data order."""
+    header, off, data = {}, 0, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+st_seeds = {
+    "one.safetensors": safetensors([("w", "F32", [2, 3], struct.pack("<6f", *range(6)))]),
+    "mixed.safetensors": safetensors([("a", "F64", [2], struct.pack("<2d", 1.5, -2)),
+                                      ("b", "I64", [3], struct.pack("<3q", 1, 2, 3)),
+                                      ("c", "F32", [], struct.pack("<f", 7))],
+                                     {"psd.version": "3", "psd.optimizer": "sgd"}),
+    "empty.safetensors": safetensors([("z", "F32", [0, 4], b"")]),
+    "bad_offsets.safetensors": safetensors([("w", "F32", [2], struct.pack("<2f", 1, 2))])[:-4],
+}
+
+for target, corpus in (("service", seeds), ("config", config_seeds), ("safetensors", st_seeds)):
+    out = os.path.join(HERE, "corpus", target)
+    os.makedirs(out, exist_ok=True)
+    for name, data in corpus.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print("make_corpus: wrote %d seeds to %s" % (len(corpus), out))

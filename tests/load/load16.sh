@@ -14,21 +14,15 @@
 # LR (default 0.005): 16 asynchronous trainers all stepping with the
 # tutorial's lr 0.03 make SGD diverge within ~5 batches (loss 2.3 -> 1e6,
 # then Inf gradients, which psd's nonfinite policy refuses); 0.005 trains.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/../lib.sh" load16
 DATA=${DATA:-data/mnist}
 LOAD_SECONDS=${LOAD_SECONDS:-180}
 TRAINERS=${TRAINERS:-16}
 BATCHES=${BATCHES:-15}
 RSS_LIMIT_MB=${RSS_LIMIT_MB:-1536}
 LR=${LR:-0.005}
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 addr="127.0.0.1:$port"
-tmp=$(mktemp -d /tmp/load16.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
 
 "$BUILD/bin/psd" --listen "$addr" --set optimizer.lr="$LR" 2>"$tmp/psd.log" &
 psd=$!; pids+=("$psd")
@@ -85,6 +79,5 @@ echo "load16: psd RSS start $((rss0 / 1024)) MiB, peak $((peak / 1024)) MiB (VmH
 [ "$final" -le "$hwm" ] || { echo "load16: final RSS above the peak"; exit 1; }
 kill -TERM "$psd"; wait "$psd" || { echo "load16: psd did not stop cleanly"; tail "$tmp/psd.log"; exit 1; }
 grep -q "stopped: model version" "$tmp/psd.log" || { echo "load16: psd did not log its clean stop"; tail "$tmp/psd.log"; exit 1; }
-trap - EXIT
-rm -rf "$tmp"
+pids=()
 echo "load16: OK"

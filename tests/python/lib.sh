@@ -1,6 +1,6 @@
 # tests/python/lib.sh - sourced by the Python package's tests (tests/it_py_*.sh,
-# tests/python/run.sh) from the repository root: Debian's python3, the
-# package and examples on PYTHONPATH, psd on a random loopback port.
+# after tests/lib.sh; tests/python/run.sh) from the repository root: Debian's
+# python3, the package and examples on PYTHONPATH, psd on a random loopback port.
 PY=/usr/bin/python3
 BUILD=${BUILD:-build}
 export PYTHONPATH="$PWD/python:$PWD/examples:$PWD/tests/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -18,7 +18,8 @@ py_require() {
 # start_psd LOG ARGS...: psd on a random port; sets psd (pid) and addr, waits until it answers.
 start_psd() {
   local log=$1; shift
-  local port=$(( 20000 + RANDOM % 20000 ))
+  local port
+  if declare -F free_port >/dev/null; then port=$(free_port); else port=$(( 20000 + RANDOM % 20000 )); fi
   addr="127.0.0.1:$port"
   "$BUILD/bin/psd" --listen "$addr" "$@" 2>>"$log" &
   psd=$!

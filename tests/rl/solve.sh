@@ -8,18 +8,16 @@
 # environments and action sampling (trainer.seed). Prints rounds-to-solve,
 # or the final running reward, per seed. Extra psd flags: PSD_FLAGS; extra
 # observer flags: OBS_FLAGS (e.g. "--entropy 0.01").
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/../lib.sh" test_rl
+set +e
 RL_SEEDS=${RL_SEEDS:-1 2 3 4 5}
 MAX_ROUNDS=${MAX_ROUNDS:-2000}
 NEED=${NEED:-3}
-tmp=$(mktemp -d /tmp/test_rl.XXXXXX)
 solved=0 total=0
 printf "%-6s %-10s %-16s %s\n" seed result rounds "running reward / wall time"
 for seed in $RL_SEEDS; do
   total=$((total + 1))
-  port=$(( 20000 + RANDOM % 20000 )); addr="127.0.0.1:$port"
+  port=$(free_port); addr="127.0.0.1:$port"
   t0=$(date +%s)
   # shellcheck disable=SC2086
   "$BUILD/bin/psd" --config configs/cartpole.yaml --listen "$addr" --set model.seed="$seed" ${PSD_FLAGS:-} \

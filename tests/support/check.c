@@ -1,3 +1,5 @@
+/* check.c - the counters and summary line of the tests' CHECK macros
+ * (tests/check.h). */
 #include "../check.h"
 
 int check_count_ = 0, check_failed_ = 0;

@@ -1,3 +1,5 @@
+/* golden_replay.c - replays PyTorch's golden MNIST training steps on a
+ * model and checks every output and gradient (golden_replay.h). */
 #include "golden_replay.h"
 
 #include <math.h>

@@ -1,3 +1,4 @@
+/* random.c - reproducible test arrays for the layer tests (random.h). */
 #include "random.h"
 
 #include <stdlib.h>

@@ -1,0 +1,91 @@
+# tests/lib.sh - the preamble every integration script shares. Source it
+# first, with the script's name:
+#
+#     . "$(dirname "$0")/lib.sh" it_name
+#
+# It sets -euo pipefail, changes to the repository root and gives:
+#   BUILD            the build directory (default build)
+#   tmp              a fresh directory /tmp/it_name.XXXXXX; removed at exit
+#                    when the script succeeds or skips (exit 77), kept (and
+#                    named) when it fails or KEEP_TMP is set
+#   pids             an array: processes appended to it are killed at exit
+#                    (SIGKILL; cleanup_signal=TERM sends SIGTERM and waits)
+#   fail MSG...      prints "it_name: FAIL: MSG" and the last lines of every
+#                    $tmp/*.log, exits 1
+#   free_port        a random TCP port in 20000..39999 that nothing listens on
+#   listening PORT   true when something accepts on 127.0.0.1:PORT
+#   wait_for SECS WHAT CMD...  runs CMD every 0.1 s until it succeeds; after
+#                    SECS seconds fails with "WHAT did not happen within SECS s"
+#   wait_port PORT [SECS]      wait_for a listener on 127.0.0.1:PORT (60 s)
+#   on_exit          a function the script may define: called first at exit
+#                    (processes it tracks its own way)
+#   PY, require_py MOD...  Debian's python3; skip (exit 77) unless it imports
+#                    every MOD
+#   proto_stubs      ps_pb2.py and ps_pb2_grpc.py from proto/ps.proto into $tmp
+set -euo pipefail
+lib_name=${1:-$(basename "$0" .sh)}
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD=${BUILD:-build}
+tmp=$(mktemp -d "/tmp/$lib_name.XXXXXX")
+pids=()
+cleanup_signal=${cleanup_signal:-KILL}
+fail_tail=${fail_tail:-15}
+
+lib_exit() {
+  local rc=$?
+  local p
+  if declare -F on_exit >/dev/null; then on_exit || true; fi
+  for p in "${pids[@]}"; do kill "-$cleanup_signal" "$p" 2>/dev/null || true; done
+  [ "$cleanup_signal" = KILL ] || wait 2>/dev/null || true
+  if { [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; } && [ -z "${KEEP_TMP:-}" ]; then rm -rf "$tmp"
+  else echo "$lib_name: logs kept in $tmp" >&2; fi
+}
+trap lib_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+fail() {
+  echo "$lib_name: FAIL: $*"
+  local f
+  for f in "$tmp"/*.log; do
+    [ -f "$f" ] && { echo "--- $f"; tail -n "$fail_tail" "$f"; }
+  done
+  exit 1
+}
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$(( 20000 + RANDOM % 20000 ))
+    listening "$p" || { echo "$p"; return 0; }
+  done
+  echo "$lib_name: no free port found" >&2
+  return 1
+}
+
+wait_for() {  # SECS WHAT CMD...
+  local secs=$1 what=$2
+  shift 2
+  local end=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$end" ] || fail "$what did not happen within $secs s"
+    sleep 0.1
+  done
+}
+
+wait_port() { wait_for "${2:-60}" "a listener on port $1" listening "$1"; }
+
+PY=/usr/bin/python3
+require_py() {
+  local m
+  for m; do
+    $PY -c "import $m" 2>/dev/null || { echo "$lib_name: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
+  done
+}
+
+proto_stubs() {
+  $PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
+    fail "protoc could not compile proto/ps.proto"
+}
