@@ -115,12 +115,15 @@ int main(void) {
     ps_err err = {0};
     ps_model *in = make("mnist_cnn", 0), *sn = make("mnist_cnn", 1);
     if (!in || !sn) return check_summary("test_snapshot_steps");
-    int c, h, w;
-    ps_model_input_shape(in, &c, &h, &w);
-    int k = ps_model_output_size(in);
+    /* per-sample sizes: the first stage's input, the last stage's output */
+    const ps_stage_info *st0 = ps_model_stage(in, 0), *stl = ps_model_stage(in, ps_model_num_stages(in) - 1);
+    int64_t in_numel = 1, k64 = 1;
+    for (int d = 0; d < st0->in_ndim; d++) in_numel *= st0->in_dims[d];
+    for (int d = 0; d < stl->out_ndim; d++) k64 *= stl->out_dims[d];
+    int k = (int)k64;
     int64_t nw = ps_model_num_weights(in);
     rng r = {42};
-    float *x = host_random((size_t)BATCH * c * h * w, &r);
+    float *x = host_random((size_t)BATCH * (size_t)in_numel, &r);
 
     /* the reference: in place, one call at a time; weights and the eval
      * output of x at every version */
