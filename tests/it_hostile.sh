@@ -126,5 +126,4 @@ if [ -e data/mnist/train-images-idx3-ubyte ]; then
 fi
 
 pids=()  # stopped above: nothing left to kill
-cleanup
 echo "it_hostile: stalled calls, silent readers, rapid reset (plaintext and mTLS+tokens), context budget: OK"
