@@ -6,9 +6,11 @@
  * what psd computes. Warm-up first, then R repetitions of T seconds each;
  * prints one machine-readable line per measurement:
  *
- *   compute backend=dnnl isa=avx2 threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s
+ *   compute backend=dnnl isa=avx2 threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s cpu_us=480.2
  *
- * (isa: oneDNN's effective ISA, which ONEDNN_MAX_CPU_ISA can lower).
+ * (isa: oneDNN's effective ISA, which ONEDNN_MAX_CPU_ISA can lower; cpu_us:
+ * the process's CPU time per sample, median of the reps - what the work
+ * costs whatever else the machine runs, where samples/s is what it got).
  * The model is mnist_cnn, or with --model FILE a model file of one's own
  * that takes a 1x28x28 float32 image and gives 10 outputs (e.g.
  * examples/models/small_resnet.yaml); the line then starts
@@ -30,6 +32,12 @@
 #include "mnist.h"
 #include "model.h"
 
+static double cpu_s(void) {  /* the whole process's CPU time (every OpenMP thread) */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -44,6 +52,7 @@ typedef struct bench_ctx {
     int batch;
     uint64_t ctx;
     double t_fwd, t_bwd, t_step; /* accumulated phase times */
+    double cpu;                  /* process CPU seconds of the last run_for */
     long nbatches;
 } bench_ctx;
 
@@ -76,13 +85,14 @@ static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
     long samples = 0;
     b->t_fwd = b->t_bwd = b->t_step = 0;
     b->nbatches = 0;
-    double t0 = ps_mono_s(), el;
+    double t0 = ps_mono_s(), c0 = cpu_s(), el;
     do {
         if (one_batch(b, step, err)) return -1;
         samples += b->batch;
         b->nbatches++;
         el = ps_mono_s() - t0;
     } while (el < secs);
+    b->cpu = cpu_s() - c0;
     return samples / el;
 }
 
@@ -146,25 +156,31 @@ int main(int argc, char **argv) {
     for (int step = 0; step <= 1; step++) {
         /* Warm-up: primitive creation, page faults, caches. */
         if (run_for(&b, step, secs < 0.5 ? secs : 0.5, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
-        double *r = calloc((size_t)reps, sizeof *r), *pf = calloc((size_t)reps * 4, sizeof *pf);
+        double *r = calloc((size_t)reps, sizeof *r), *pf = calloc((size_t)reps * 5, sizeof *pf);
         if (!r || !pf) { free(r); free(pf); goto out; }
         for (long i = 0; i < reps; i++) {
             r[i] = run_for(&b, step, secs, &err);
             if (r[i] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(r); free(pf); goto out; }
             double nb = (double)b.nbatches;
-            pf[i * 4] = r[i];
-            pf[i * 4 + 1] = b.t_fwd / nb * 1e3;
-            pf[i * 4 + 2] = b.t_bwd / nb * 1e3;
-            pf[i * 4 + 3] = b.t_step / nb * 1e3;
+            pf[i * 5] = r[i];
+            pf[i * 5 + 1] = b.t_fwd / nb * 1e3;
+            pf[i * 5 + 2] = b.t_bwd / nb * 1e3;
+            pf[i * 5 + 3] = b.t_step / nb * 1e3;
+            pf[i * 5 + 4] = b.cpu / (nb * (double)batch) * 1e6;
         }
-        qsort(pf, (size_t)reps, 4 * sizeof(double), cmp_double);  /* rows by samples/s */
+        qsort(pf, (size_t)reps, 5 * sizeof(double), cmp_double);  /* rows by samples/s */
+        double *cpu = calloc((size_t)reps, sizeof *cpu);
+        for (long i = 0; cpu && i < reps; i++) cpu[i] = pf[i * 5 + 4];
+        if (cpu) qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
+        double cpu_med = !cpu ? 0 : reps % 2 ? cpu[reps / 2] : 0.5 * (cpu[reps / 2 - 1] + cpu[reps / 2]);
+        free(cpu);
         qsort(r, (size_t)reps, sizeof *r, cmp_double);
         double med = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
         printf("compute %sbackend=%s isa=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
-               "unit=samples/s\n", model_tag, backend, ps_backend_cpu_isa(), threads, batch, what[step], reps, med, r[0],
-               r[reps - 1]);
+               "unit=samples/s cpu_us=%.1f\n", model_tag, backend, ps_backend_cpu_isa(), threads, batch, what[step], reps,
+               med, r[0], r[reps - 1], cpu_med);
         if (profile) {
-            const double *p = &pf[(reps / 2) * 4];
+            const double *p = &pf[(reps / 2) * 5];
             printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f\n", p[1], p[2], p[3]);
         }
         fflush(stdout);

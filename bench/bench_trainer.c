@@ -9,6 +9,11 @@
  *
  * Writes to --out FILE one line per timed RPC:
  *   rpc <Forward|Backward|Step> <total_us> <call_us> <ser_us>
+ * the same as "wrpc" for the warm-up batches' RPCs, and per batch (warm-up
+ * included) its whole time, batch preparation and loss gradient included:
+ *   batch <wall_us>
+ * (psd's phase counters count every call, so a table set beside them
+ * uses every batch).
  * With --probe, after every timed batch (outside its timing) three RPCs
  * that psd refuses after decoding them and before any compute: a training
  * Forward of the same input with context id 0, a Backward and a Step of an
@@ -130,6 +135,7 @@ int main(int argc, char **argv) {
     double t_start = 0, t_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
         if (b == warmup) t_start = ps_mono_s();
+        double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
         uint64_t ctx = ctx_base | (uint64_t)(b + 1);
         timing tf, tb, ts = {0, 0};
@@ -177,7 +183,17 @@ int main(int argc, char **argv) {
                 goto fail;
             b4 = ps_mono_s();
         }
-        if (b < warmup) continue;
+        if (b < warmup) {
+            if (out) {
+                fprintf(out, "wrpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
+                fprintf(out, "wrpc %s %.1f %.1f %.1f\n", fuse ? "Backward+Step" : "Backward", (b3 - b2) * 1e6,
+                        tb.call * 1e6, tb.ser * 1e6);
+                if (!fuse) fprintf(out, "wrpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
+                fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
+            }
+            continue;
+        }
+        if (out) fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
         samples += bs;
         if (probe) {
             double p0 = ps_mono_s();

@@ -19,6 +19,7 @@
  * all-core rate is printed beside it, and is lower when other jobs run.
  *
  * usage: fma_peak [--threads N] [--reps R]
+ *        fma_peak --isa      only the name of the ISA oneDNN uses (as above)
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -157,8 +158,11 @@ int main(int argc, char **argv) {
             if (ps_cli_long("fma_peak", "--threads", argv[++i], 1, 256, &threads)) return 2;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             if (ps_cli_long("fma_peak", "--reps", argv[++i], 1, 1000000, &reps)) return 2;
+        } else if (!strcmp(argv[i], "--isa")) {
+            printf("%s\n", ps_backend_cpu_isa());
+            return 0;
         } else {
-            fprintf(stderr, "usage: fma_peak [--threads N] [--reps R]\n");
+            fprintf(stderr, "usage: fma_peak [--threads N] [--reps R] | --isa\n");
             return 2;
         }
     }

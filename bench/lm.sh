@@ -7,7 +7,7 @@
 # the same sizes, with the bytes each window moves (computed from the
 # message sizes), the FLOPs per token, the CPU's measured FMA peak
 # (bench/fma_peak.c) and the targets' ratios (fused >= 10x the tutorial's
-# tokens/s; >= 30 % of the FMA peak); then the embedding bench and the
+# tokens/s; >= 50 % of the FMA peak); then the embedding bench and the
 # quality comparison with PyTorch's RNNModel over 3 seeds
 # (bench/lm_quality.sh, ~15 min at LM_STEPS=100; LM_QUALITY=0 skips it).
 #   WINDOWS=40 RPC_WINDOWS=8 LM_STEPS=100 bench/lm.sh
@@ -20,26 +20,15 @@ WINDOWS=${WINDOWS:-40}
 RPC_WINDOWS=${RPC_WINDOWS:-8}   # the tutorial's design runs ~2.5 s a window here
 V=10000 E=200 H=200 T=35 N=20
 PY=/usr/bin/python3
+. bench/lib.sh
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 scripts/fetch-fortunes.sh "$DATA" >/dev/null
 out=$(mktemp -d /tmp/bench-lm.XXXXXX)
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-run() {  # mode trainers -> tokens/s of all trainers together
-  local mode=$1 k=$2 port=$(( 20000 + RANDOM % 20000 ))
-  "$BUILD/bin/psd" --config "$CONFIG" --listen "127.0.0.1:$port" 2>"$out/psd.log" &
-  local psd=$! pids=()
-  for r in $(seq 1 "$k"); do
-    "$BUILD/bin/ps-train" lm --config "$CONFIG" --server "127.0.0.1:$port" --rank "$r" --world-size $((k + 1)) \
-      --data "$DATA" --decoder "$mode" --max-batches "$WINDOWS" --log-every 1000 --no-eval >"$out/t$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  kill -TERM "$psd"; wait "$psd" || true
-  # samples and seconds of each trainer: together, samples over the longest time
-  cat "$out"/t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", s / t }'
-  rm -f "$out"/t*.log
+run() {  # mode trainers -> tokens/s of all trainers together (bench/lib.sh)
+  lm_tokens "$1" "$2" "$WINDOWS" "$DATA" "$out"
 }
-flop=$(( 2 * 3 * (4 * H * (E + H) + 4 * H * (H + H) + V * H) ))
+flop=$(lm_flop_per_token)
 echo "FLOPs per token (forward + backward = 3x forward; LSTM 2 layers + decoder): $flop"
 # bytes per window (float32 / int64 payloads only)
 lstm_w=$(( 4 * (4 * H * (E + H) + 4 * H * (H + H) + 16 * H) ))
@@ -80,7 +69,7 @@ for k in 1 2; do
 done
 best=$(printf "%s\n" "${tps[fused1]}" "${tps[fused2]}" | sort -n | tail -1)
 awk -v a="$best" -v f="$flop" -v p="$peak" -v pa="$peak_all" 'BEGIN { g = a * f / 1e9
-  printf "best fused rate %.1f GFLOP/s = %.1f %% of the FMA peak %.1f GFLOP/s (per core x CPUs; target >= 30 %%): %s;", g, 100 * g / p, p, (g >= 0.3 * p ? "met" : "NOT met")
+  printf "best fused rate %.1f GFLOP/s = %.1f %% of the FMA peak %.1f GFLOP/s (per core x CPUs; target >= 50 %%, issue 22): %s;", g, 100 * g / p, p, (g >= 0.5 * p ? "met" : "NOT met")
   printf " %.1f %% of the CPUs'"'"' rate measured together now (%.1f GFLOP/s)\n", 100 * g / pa, pa }'
 echo "== the embedding's row-sparse update as the table grows (target: 1M rows >= 90 % of 10k rows' rate)"
 "$BUILD/bench/bench_embedding" --secs 3 10000 1000000

@@ -9,7 +9,10 @@
 #                                ONEDNN_MAX_CPU_ISA names; default: those of
 #                                AVX2 and SSE41 below the CPU's own; "" none)
 #   SKIP_RL=1 bench/run.sh       without the RL part (bench/rl.sh)
+#   SKIP_TRAINERS=1 bench/run.sh without psd's cost at 1..16 trainers (bench/trainers.sh)
 #   SKIP_PYTHON=1 bench/run.sh   without the Python client's row (bench/python.sh)
+#   SKIP_LM=1 bench/run.sh       without the language model's fused mode per ISA
+#                                (psd + 2 ps-train lm trainers; make bench-lm has the rest)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -19,12 +22,14 @@ BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
 OUT=${OUT:-$BUILD/bench-results/$(date +%Y%m%d-%H%M%S)}
 PY=/usr/bin/python3
+. bench/lib.sh
 mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then
-  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20
+  REPS=2; SECS=1; E2E_BATCHES=60; E2E_WARMUP=10; T_BATCHES=30; I_REPS=2; I_T_BATCHES=20; LM_WINDOWS=20
 else
-  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60; I_REPS=3; I_T_BATCHES=40
+  REPS=5; SECS=2; E2E_BATCHES=150; E2E_WARMUP=20; T_BATCHES=60; I_REPS=3; I_T_BATCHES=40; LM_WINDOWS=40
 fi
+LM_DATA=${LM_DATA:-data/fortunes}
 # The ISAs this CPU can run below its own, emulated in section 4.
 CPU_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has_flags() { local f; for f; do [[ "$CPU_FLAGS" == *" $f "* ]] || return 1; done; }
@@ -63,6 +68,23 @@ ONEDNN_VERBOSE=1 "$BUILD/bench/bench_compute" --reps 1 --msecs 10 2>&1 | grep "^
   | awk -F, '$4=="convolution" && $6=="forward_training" {print "oneDNN conv kernels: " $5 " " $(NF-1)}' | sort -u \
   | tee -a "$OUT/machine.txt"
 
+# the FP32 FMA peak of a core at the vector width of oneDNN's ISA (bench/fma_peak.c)
+"$BUILD/bench/fma_peak" | tee "$OUT/fma.txt"
+[ -n "${SKIP_LM:-}" ] || scripts/fetch-fortunes.sh "$LM_DATA" >/dev/null
+
+# The language model's fused mode, psd + 2 trainers, at the ISA oneDNN uses
+# now (the caller's ONEDNN_MAX_CPU_ISA): one line into lm.txt with the ISA's
+# name as fma_peak prints it (the report divides by that ISA's FMA peak).
+lm_fused() {  # label
+  [ -z "${SKIP_LM:-}" ] || return 0
+  local isa tps
+  isa=$("$BUILD/bench/fma_peak" --isa)
+  tps=$(lm_tokens fused 2 "$LM_WINDOWS" "$LM_DATA" "$OUT/lm-$1") \
+    || { echo "bench: the language model's run failed ($1); logs in $OUT/lm-$1" >&2; return 0; }
+  echo "lm label=$1 isa=$isa mode=fused trainers=2 windows=$LM_WINDOWS tokens_s=$tps flop_per_token=$(lm_flop_per_token)" \
+    | tee -a "$OUT/lm.txt"
+}
+
 # ---- 1. compute only, in-process
 echo "== compute (in-process, batch 32, median of $REPS x ${SECS}s)"
 : >"$OUT/compute.txt"
@@ -74,6 +96,15 @@ for be in dnnl ref; do
       | tee -a "$OUT/compute.txt"
   done
 done
+# two single-thread steps at once, in two processes (what two trainers' calls
+# could do on two cores with nothing between them); the report adds them up
+"$BUILD/bench/bench_compute" --backend dnnl --threads 1 --reps "$REPS" --secs "$SECS" --data "$DATA" \
+  | sed 's/^compute /compute concurrent=2 proc=1 /' >"$OUT/concurrent1.txt" &
+cpid=$!
+"$BUILD/bench/bench_compute" --backend dnnl --threads 1 --reps "$REPS" --secs "$SECS" --data "$DATA" \
+  | sed 's/^compute /compute concurrent=2 proc=2 /' >"$OUT/concurrent2.txt"
+wait "$cpid"
+cat "$OUT/concurrent1.txt" "$OUT/concurrent2.txt" | tee -a "$OUT/compute.txt"
 # the plain-layout oneDNN path, kept for comparison
 for t in 1 2; do
   PS_DNNL_LAYOUT=plain "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$REPS" --secs "$SECS" \
@@ -88,11 +119,23 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   tflags=("$@")
-  local port=$(( 20000 + RANDOM % 20000 ))
-  local addr="127.0.0.1:$port" dir="$OUT/e2e-$label-$n"
+  local port; port=$(bench_port)
+  local addr="127.0.0.1:$port" maddr="127.0.0.1:$((port + 1))" dir="$OUT/e2e-$label-$n"
   mkdir -p "$dir"
-  "$BUILD/bin/psd" --config "${E2E_CONFIG:-configs/local.yaml}" --listen "$addr" "${pflags[@]}" 2>"$dir/psd.log" &
+  "$BUILD/bin/psd" --config "${E2E_CONFIG:-configs/local.yaml}" --listen "$addr" --metrics-listen "$maddr" "${pflags[@]}" \
+    2>"$dir/psd.log" &
   local psd=$!
+  wait_psd "$maddr" || true
+  # a short round first (kernels, buffer pools, connections), then psd's
+  # counters around the timed runs: its CPU and its calls' phases
+  local wpids=()
+  for r in $(seq 1 "$n"); do
+    "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches 3 --warmup 0 --data "$DATA" \
+      "${tflags[@]}" >/dev/null &
+    wpids+=($!)
+  done
+  for p in "${wpids[@]}"; do wait "$p"; done
+  psd_snap "$psd" "$maddr" "$dir/snap0.txt"
   local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
   for rep in $(seq 1 "$runs"); do
     local pids=()
@@ -103,6 +146,7 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
     done
     for p in "${pids[@]}"; do wait "$p"; done
   done
+  psd_snap "$psd" "$maddr" "$dir/snap1.txt"
   echo "psd_peak_rss_kb $(awk '/VmHWM/ {print $2}' /proc/$psd/status)" >"$dir/psd_rss.txt"
   kill -TERM "$psd"; wait "$psd" || true
   echo "  $label, $n trainer(s): $(cat "$dir/psd_rss.txt")"
@@ -113,6 +157,8 @@ e2e fused 2 -- --fuse-step
 PS_DNNL_LAYOUT=plain e2e plain-layout 2
 # the RPC cost of a batch without compute (bench_trainer --probe), under training load
 for n in 1 2; do e2e probe "$n" -- --probe; done
+# the language model, fused decoder, 2 trainers (bench/lm.sh has the rest)
+[ -n "${SKIP_LM:-}" ] || { echo "== language model: psd + 2 ps-train lm trainers, fused mode, $LM_WINDOWS windows each"; lm_fused host; }
 
 # ---- 3. the anchors: PyTorch's tutorial and a local PyTorch loop
 if [ -z "${SKIP_TORCH:-}" ]; then
@@ -138,11 +184,13 @@ for isa in $ISAS; do
   echo "== ISA $isa (emulated: ONEDNN_MAX_CPU_ISA=$isa, torch ATEN_CPU_CAPABILITY=$aten)"
   (
     export ONEDNN_MAX_CPU_ISA=$isa
+    "$BUILD/bench/fma_peak" | tee -a "$OUT/fma.txt"
     for t in 1 2; do
       "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$I_REPS" --secs 1 --data "$DATA" --profile \
         | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
     done
     e2e "isa@$low" 2
+    lm_fused "$low"
     if [ -z "${SKIP_TORCH:-}" ]; then
       for t in 1 2; do
         ATEN_CPU_CAPABILITY=$aten TORCH_THREADS=$t BATCHES=$I_T_BATCHES REPS=$I_REPS $PY bench/torch_ref.py tutorial \
@@ -177,6 +225,11 @@ for isa in host $ISAS; do
   )
 done
 
+# ---- many trainers: psd's CPU per sample at 1..16 trainers (bench/trainers.sh)
+if [ -z "${SKIP_TRAINERS:-}" ]; then
+  OUT="$OUT" BUILD="$BUILD" DATA="$DATA" RUNS=$([ -n "${QUICK:-}" ] && echo 2 || echo 3) bash bench/trainers.sh
+fi
+
 # ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
 if [ -z "${SKIP_RL:-}" ]; then
   echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
@@ -192,4 +245,5 @@ fi
 
 state end >>"$OUT/machine.txt"
 { $PY bench/report.py "$OUT"
+  if [ -f "$OUT/trainers.txt" ]; then echo; echo "8. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
   for r in rl-report python-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"

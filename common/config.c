@@ -66,6 +66,7 @@ static const cfg_entry g_table[] = {
     STR ("server.address",         server.address,         "127.0.0.1:50051"),
     INT ("server.threads",         RPC(threads),           1, 64, "4"),
     INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
+    BOOL("server.profile",         RPC(profile),           "true"),
     DBL ("server.context_ttl_s",   SVC(context_ttl_s),     1, 0, 86400, 0, "120"),
     { .key = "server.max_message_mb", .type = CT_INT, FIELD(RPC(max_message_bytes)), .lo = 4, .hi = 2047,
       .def = "64", .scale = 1 << 20, .flags = F_ALSO, .also = offsetof(ps_config, SVC(max_message_bytes)) },
@@ -116,6 +117,7 @@ static const cfg_entry g_table[] = {
      * .onnx files too (its initializers are the initial weights) */
     { .key = "model.onnx", .type = CT_STRING, FIELD(model.file), .def = NULL, .flags = F_ALIAS },
     U64 ("model.seed",             model.seed,             "1"),
+    BOOL("model.snapshot_steps",   model.snapshot_steps,   "true"),
     ENUMF("model.backend",         model.backend,          ps_backend_cpu_names, "dnnl"),
     { .key = "model.placement", .type = CT_PLACEMENT, FIELD(model.placement) },
     { .key = "model.sizes", .type = CT_SIZE, FIELD(model.sizes) },

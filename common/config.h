@@ -134,6 +134,7 @@ typedef struct ps_config {
         char arch[PS_CONFIG_NAME_MAX * 2]; /* model.arch (alias model.name): a shipped model file */
         char file[PS_CONFIG_PATH_MAX];    /* model.file: a model file; "" = model.arch's */
         uint64_t seed;                    /* weight initialisation */
+        bool snapshot_steps;              /* steps publish a copy of the weights (model.h) */
         int backend;                      /* index in ps_backend_cpu_names() */
         int n_placement;                  /* entries used in placement[] */
         ps_stage_placement placement[PS_CONFIG_MAX_STAGES];

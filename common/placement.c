@@ -299,6 +299,7 @@ ps_status ps_placement_model_opts(const ps_config *c, ps_placement *p, ps_model_
         mo->size_value[i] = c->model.sizes[i].value;
     }
     mo->seed = c->model.seed;
+    mo->snapshot_steps = c->model.snapshot_steps;
     mo->compute_threads = c->server.compute_threads > 0 ? c->server.compute_threads
                                                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* the model checks the settings (e.g. momentum with adam, weight decay

@@ -2,6 +2,7 @@
  * acquire and release by id and owner, the finished contexts that answer a
  * repeated Step, expiry, and the fair shares of context memory per client. */
 #include "ctx_table.h"
+#include "prof.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -314,7 +315,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
     if (created) *created = 0;
     if (!owner) owner = "";
     ps_ctx *dead = NULL;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     ps_ctx *c = find_locked(t, id);
     ctx_owner *me = owner_get_locked(t, owner, 0);
     if (!c && t->live >= t->o.max_live && !find_finished_locked(t, id) && !bloom_has_locked(t, id)) {
@@ -374,7 +375,7 @@ ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *
     if (!max) return PS_OK;
     ps_ctx *dead = NULL;
     ps_status st = PS_OK;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     size_t nown = t->nowners ? t->nowners : 1;
     size_t share = max / nown;
     size_t mine = c->own ? c->own->bytes : c->bytes + c->reserved;
@@ -412,7 +413,7 @@ ps_ctx *ps_ctx_table_acquire(ps_ctx_table *t, uint64_t id, int *finished, uint64
 ps_ctx *ps_ctx_table_acquire_as(ps_ctx_table *t, uint64_t id, const char *owner, int *finished,
                                 uint64_t *finished_version, ps_err *err) {
     if (finished) *finished = 0;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     ps_ctx *c = find_locked(t, id);
     if (!c) {
         const fin_entry *f = find_finished_locked(t, id);
@@ -484,7 +485,7 @@ size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq) {
 }
 
 void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     bytes_add_locked(t, c, (long long)bytes - (long long)(c->bytes + c->reserved));
     c->bytes = bytes;
     c->reserved = 0;
@@ -492,7 +493,7 @@ void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes) {
 }
 
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     if (c->reserved) {  /* admitted but never accounted: the call failed */
         bytes_add_locked(t, c, -(long long)c->reserved);
         c->reserved = 0;
@@ -510,7 +511,7 @@ void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
 }
 
 void ps_ctx_table_finish_as(ps_ctx_table *t, ps_ctx *c, uint64_t version, ps_ctx_fin_how how) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     unlink_locked(t, c);
     remember_finished_locked(t, c->id, version, (int)how, ps_mono_s());
     if (how == PS_CTX_APPLIED) t->applied++;
@@ -522,7 +523,7 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
     ps_ctx *dead = NULL;
     size_t n = 0;
     double now = ps_mono_s();
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     for (size_t b = 0; b < NBUCKETS; b++) {
         ps_ctx **pp = &t->buckets[b];
         while (*pp) {
@@ -552,7 +553,7 @@ size_t ps_ctx_table_expire(ps_ctx_table *t) {
 }
 
 int ps_ctx_table_finished_how(ps_ctx_table *t, uint64_t id) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     const fin_entry *f = find_finished_locked(t, id);
     int how = f ? f->how : -1;
     pthread_mutex_unlock(&t->mu);
@@ -609,7 +610,7 @@ void ps_ctx_table_import(ps_ctx_table *t, const ps_ctx_finished *r, size_t n, ui
 
 void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
     if (rank >= MAX_RANKS) return;
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     if (!(t->ranks[rank / 8] & (1u << (rank % 8)))) {
         t->ranks[rank / 8] |= (unsigned char)(1u << (rank % 8));
         t->trainers_seen++;
@@ -618,7 +619,7 @@ void ps_ctx_table_note_rank(ps_ctx_table *t, uint32_t rank) {
 }
 
 void ps_ctx_table_stats(ps_ctx_table *t, ps_ctx_stats *out) {
-    pthread_mutex_lock(&t->mu);
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
     out->live = t->live;
     out->expired = t->expired;
     out->opened = t->opened;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prof.h"
 #include "security.h"
 #include "service_impl.h"
 
@@ -72,7 +73,9 @@ static void call_free(ps_svc_call *c) {
 
 /* The reply of a handler that returned st: the encoded response or the error. */
 static void reply(ps_svc_call *c, ps_status st, grpc_byte_buffer **response, grpc_status_code *code) {
+    int64_t t0 = ps_prof_begin();
     if (st == PS_OK) st = ps_wire_encode(c->m->response, c->resp, response, &c->err);
+    ps_prof_end(PS_PHASE_ENCODE, t0);
     if (st != PS_OK) {
         *code = ps_grpc_from_status(c->err.code ? c->err.code : st);
         if (*response) grpc_byte_buffer_destroy(*response);
@@ -99,8 +102,12 @@ void ps_svc_dispatch(void *user, const ps_rpc_call_info *info, const grpc_byte_b
     if ((m->flags & PS_MF_NEW_WORK) && ps_service_draining(s))
         st = ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "psd is shutting down: no new work is accepted (open "
                         "contexts may still finish their Backward and Step); retry when it is back");
-    else if (!(st = ps_wire_decode(request, m->request, c->req, &c->err)))
-        st = thunks[m->id](c);
+    else {
+        int64_t t0 = ps_prof_begin();
+        st = ps_wire_decode(request, m->request, c->req, &c->err);
+        ps_prof_end(PS_PHASE_DECODE, t0);
+        if (!st) st = thunks[m->id](c);
+    }
     if (deferred) return;  /* c belongs to whoever answers it */
     reply(c, st, response, code);
     if (*code != GRPC_STATUS_OK) snprintf(details, dlen, "%s", c->err.msg);
@@ -148,7 +155,11 @@ int ps_svc_defer(ps_svc_call *c, ps_rpc_cancel_fn on_cancel, void *cancel_arg) {
 void ps_svc_finish(ps_svc_call *c, ps_status st) {
     grpc_byte_buffer *resp = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
+    /* this thread's bound record (prof.h) may be another call's */
+    ps_prof_call *bound = ps_prof_bound();
+    ps_prof_bind(NULL);
     reply(c, st, &resp, &code);
     ps_rpc_call_complete(c->rpc, resp, code, code == GRPC_STATUS_OK ? NULL : c->err.msg);
+    ps_prof_bind(bound);
     call_free(c);
 }

@@ -21,6 +21,7 @@
 #include "clock.h"
 #include "config.h"
 #include "log.h"
+#include "prof.h"
 
 #define N_CODES 17 /* gRPC status codes 0..16 */
 #define N_BUCKETS 14
@@ -240,6 +241,26 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
         put(&b, "psd_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", s->name,
             (double)__atomic_load_n(&s->sum_ns, __ATOMIC_RELAXED) * 1e-9);
         put(&b, "psd_rpc_duration_seconds_count{method=\"%s\"} %llu\n", s->name, (unsigned long long)cum);
+    }
+
+    family(&b, "psd_call_phase_seconds_total", "counter", "Where finished calls' time went in psd, by method and "
+           "phase (server.profile; docs/performance.md): recv, queue, decode, ctx (context table lock wait), "
+           "lock (weights lock wait), compute, handler, encode, send, held; span = accepted to reply written.");
+    for (int i = 0; i < m->n; i++) {
+        ps_prof_acc pa;
+        if (!ps_service_phases(m->svc, m->inner[i].id, &pa) || !pa.calls) continue;
+        for (int p = 0; p < PS_PHASE_COUNT; p++)
+            put(&b, "psd_call_phase_seconds_total{method=\"%s\",phase=\"%s\"} %.9f\n", m->stats[i].name,
+                ps_phase_name((ps_phase)p), (double)pa.ns[p] * 1e-9);
+        put(&b, "psd_call_phase_seconds_total{method=\"%s\",phase=\"span\"} %.9f\n", m->stats[i].name,
+            (double)pa.span_ns * 1e-9);
+    }
+    family(&b, "psd_call_phase_calls_total", "counter", "Finished calls counted in psd_call_phase_seconds_total.");
+    for (int i = 0; i < m->n; i++) {
+        ps_prof_acc pa;
+        if (ps_service_phases(m->svc, m->inner[i].id, &pa) && pa.calls)
+            put(&b, "psd_call_phase_calls_total{method=\"%s\"} %llu\n", m->stats[i].name,
+                (unsigned long long)pa.calls);
     }
 
     family(&b, "psd_contexts_live", "gauge", "Training contexts held (forward done, step not yet).");

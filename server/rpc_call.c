@@ -134,6 +134,7 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     if (c->cancelled || c->finished) return 0;
     if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
     if (resp) atomic_fetch_add(&c->s->bytes_sent, grpc_byte_buffer_length(resp));
+    int64_t t_send = c->s->prof ? ps_prof_now() : 0;
     c->send = resp;
     c->status_details = grpc_slice_from_copied_string(details);
     c->replied = 1;
@@ -157,6 +158,10 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     n++;
     if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
     start_batch_locked(c, ops, n, TAG_SEND, "reply");
+    if (t_send) {   /* gRPC writes what it can from this thread */
+        c->t_reply = ps_prof_now();
+        c->prof.ns[PS_PHASE_SEND] = c->t_reply - t_send;
+    }
     return 1;
 }
 
@@ -187,6 +192,7 @@ static void on_request(ps_rpc_call *c, int success) {
         rpc_call_unlock_maybe_finish(c);
         return;
     }
+    if (s->prof) c->t_accept = ps_prof_now();
     rpc_arm_request(s);  /* the next call needs no worker to be free */
 
     char details[PS_RPC_DETAILS_MAX];
@@ -244,6 +250,10 @@ static void on_recv(ps_rpc_call *c, int success) {
         c->got_message = 1;
         c->queued = 1;
         ps_rpc_server *s = c->s;
+        if (s->prof && c->t_accept) {
+            c->t_recv = ps_prof_now();
+            c->prof.ns[PS_PHASE_RECV] = c->t_recv - c->t_accept;
+        }
         if (c->recv) atomic_fetch_add(&s->bytes_received, grpc_byte_buffer_length(c->recv));
         pthread_mutex_unlock(&c->mu);
         enqueue(s, c);
@@ -282,6 +292,9 @@ static void on_send(ps_rpc_call *c, int success) {
     (void)success;  /* a failed send shows up as cancelled on the close batch */
     pthread_mutex_lock(&c->mu);
     c->batches--;
+    ps_rpc_server *s = c->s;
+    if (s && s->prof && c->t_recv && c->t_reply)  /* a call that ran: its phases */
+        ps_prof_acc_add(&s->prof[c->m - s->methods], &c->prof, c->t_reply - c->t_accept);
     __atomic_store_n(&c->send_since, 0, __ATOMIC_RELAXED);
     rpc_call_unlock_maybe_finish(c);
 }
@@ -307,6 +320,12 @@ static void run_call(ps_rpc_call *c) {
     c->handler_running = 1;
     ps_rpc_server *s = c->s;
     pthread_mutex_unlock(&c->mu);
+    int64_t t_handler = 0;
+    if (s->prof && c->t_recv) {   /* the deeper layers add to c->prof while it runs */
+        t_handler = ps_prof_now();
+        c->prof.ns[PS_PHASE_QUEUE] = t_handler - c->t_recv;
+        ps_prof_bind(&c->prof);
+    }
 
     grpc_status_code code = GRPC_STATUS_OK;
     char details[PS_RPC_DETAILS_MAX];
@@ -327,7 +346,13 @@ static void run_call(ps_rpc_call *c) {
         gpr_free(peer);
     }
 
+    if (t_handler) ps_prof_bind(NULL);
     pthread_mutex_lock(&c->mu);
+    if (t_handler) {   /* the handler's own time: its whole time less what the layers timed */
+        const int64_t *ns = c->prof.ns;
+        c->prof.ns[PS_PHASE_HANDLER] = ps_prof_now() - t_handler - ns[PS_PHASE_DECODE] - ns[PS_PHASE_CTX] -
+                                       ns[PS_PHASE_LOCK] - ns[PS_PHASE_COMPUTE] - ns[PS_PHASE_ENCODE];
+    }
     c->handler_running = 0;
     int fire = 0;
     if (c->deferred) {
@@ -398,6 +423,7 @@ ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on
     pthread_mutex_lock(&c->mu);
     PS_ASSERT(c->handler_running && !c->deferred); /* from the handler, once */
     c->deferred = 1;
+    if (c->s && c->s->prof) c->t_defer = ps_prof_now();
     c->on_cancel = on_cancel;
     c->cancel_arg = cancel_arg;
     atomic_fetch_add(&c->refs, 1);  /* the owner's, released by ps_rpc_call_complete */
@@ -414,6 +440,7 @@ int ps_rpc_call_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status
     pthread_mutex_lock(&c->mu);
     PS_ASSERT(c->deferred && !c->completed); /* exactly once per deferred call */
     c->completed = 1;
+    if (c->t_defer && c->s && c->s->prof) c->prof.ns[PS_PHASE_HELD] = ps_prof_now() - c->t_defer;
     int sent = reply_locked(c, response, code, details ? details : "");
     if (!sent && !c->finished && code != GRPC_STATUS_OK)
         ps_log(PS_LOG_DEBUG, "rpc: deferred reply dropped: call already cancelled");

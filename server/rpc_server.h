@@ -48,6 +48,8 @@
 #ifndef PS_RPC_SERVER_H
 #define PS_RPC_SERVER_H
 
+#include <stdbool.h>
+
 #include "rpc.h"
 
 #define PS_RPC_REQUESTS_ARMED 64   /* grpc_server_request_call()s kept outstanding */
@@ -200,6 +202,8 @@ typedef struct ps_rpc_server_opts {
                                     their request message more often than
                                     this in one second (HTTP/2 rapid reset)
                                     is closed; 0 = default */
+    bool profile;                /* time every call's phases (prof.h),
+                                    read with ps_rpc_server_phases */
 } ps_rpc_server_opts;
 
 /* The per-client cap opts give: max_calls_per_client, or max_calls / 4
@@ -229,6 +233,12 @@ typedef struct ps_rpc_admission {
 } ps_rpc_admission;
 
 void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out);
+
+/* With opts.profile: the phases (prof.h) of the finished calls of the
+ * method whose ps_rpc_method.id is method_id, summed since the start.
+ * Returns 0 (and zeros) when not profiling or no such method. */
+struct ps_prof_acc;
+int ps_rpc_server_phases(ps_rpc_server *s, int method_id, struct ps_prof_acc *out);
 
 /* Create a server listening on listen_addr ("0.0.0.0:50051",
  * "127.0.0.1:0" for any free port, "[::]:50051", "unix:/path") with

@@ -54,6 +54,7 @@
 
 #include <grpc/grpc_security.h>
 
+#include "prof.h"
 #include "rpc_server.h"
 
 enum { TAG_REQUEST, TAG_RECV, TAG_CLOSE, TAG_SEND, NTAGS };
@@ -122,6 +123,11 @@ struct ps_rpc_call {
     struct ps_rpc_call *wprev, *wnext;
     int watched;
     long long recv_since, send_since;
+    /* opts.profile (prof.h): the phases, and when it was accepted, received,
+     * deferred and replied (ns); the phases are written by the thread
+     * running the handler, and under mu by the rest */
+    ps_prof_call prof;
+    int64_t t_accept, t_recv, t_defer, t_reply;
 };
 
 typedef struct work_queue {
@@ -179,6 +185,7 @@ struct ps_rpc_server {
     atomic_int auth_fails;
     grpc_resource_quota *quota;
     atomic_llong next_scan;
+    ps_prof_acc *prof;                  /* opts.profile: per method (nmethods), else NULL */
 };
 
 /* ---- rpc_call.c: the call life cycle ---- */

@@ -192,6 +192,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     s->addr = strdup(listen_addr);
     s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
     s->methods = calloc((size_t)(nmethods ? nmethods : 1), sizeof *s->methods);
+    if (o.profile && !(s->prof = calloc((size_t)(nmethods ? nmethods : 1), sizeof *s->prof))) goto oom;
     if (!s->addr || !s->workers || !s->methods) goto oom;
     for (int i = 0; i < nmethods; i++) {
         PS_ASSERT(methods[i].path && methods[i].fn);
@@ -351,6 +352,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     if (s->methods)
         for (int i = 0; i < s->nmethods; i++) free((char *)s->methods[i].path);
     free(s->methods);
+    free(s->prof);
     free_tokens(s->tokens, s->ntokens);
     if (s->quota) grpc_resource_quota_unref(s->quota);
     free(s->clients);
@@ -360,6 +362,16 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     for (int i = 0; i < NCLASSES; i++) pthread_cond_destroy(&s->q[i].cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
+}
+
+int ps_rpc_server_phases(ps_rpc_server *s, int method_id, ps_prof_acc *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; s && s->prof && i < s->nmethods; i++)
+        if (s->methods[i].id == method_id) {
+            ps_prof_acc_read(&s->prof[i], out);
+            return 1;
+        }
+    return 0;
 }
 
 int ps_rpc_server_port(const ps_rpc_server *s) {

@@ -140,6 +140,10 @@ int ps_service_admission(ps_service *s, ps_rpc_admission *a) {
     return s->rpc != NULL;
 }
 
+int ps_service_phases(ps_service *s, int method_id, struct ps_prof_acc *out) {
+    return ps_rpc_server_phases(s->rpc, method_id, out);
+}
+
 int ps_service_serving(ps_service *s, char *why, size_t n) {
     if (ps_service_draining(s)) {
         if (why) snprintf(why, n, "draining");

@@ -118,6 +118,10 @@ void ps_service_set_admission(ps_service *s, ps_rpc_server *srv);
 int ps_service_serving(ps_service *s, char *why, size_t n);
 /* The rpc server's admission counters; 0 (and zeros) when none is set. */
 int ps_service_admission(ps_service *s, ps_rpc_admission *a);
+/* The rpc server's phase accounting of method id (ps_rpc_server_phases);
+ * 0 (and zeros) when none is set or it does not profile. */
+struct ps_prof_acc;
+int ps_service_phases(ps_service *s, int method_id, struct ps_prof_acc *out);
 
 /* Answers every waiting sync Step and held-back ssp Forward with
  * UNAVAILABLE and stops the ssp executor; call before shutting the server

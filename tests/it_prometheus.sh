@@ -5,7 +5,9 @@
 #  - up{job="psd"} == 1 (Prometheus parsed the page);
 #  - psd_model_version == the batches ps-train trained (5);
 #  - psd_serving == 1, psd_calls_refused_total{reason="auth"} counted the
-#    calls made without a token.
+#    calls made without a token;
+#  - the phase accounting (server.profile, on by default) counted the 5
+#    Forwards, timed their compute, and its phases fit in each method's span.
 . "$(dirname "$0")/lib.sh" it_prometheus
 DATA=${DATA:-data/mnist}
 command -v prometheus >/dev/null || { echo "it_prometheus: skipped: prometheus not installed (scripts/install-deps.sh)"; exit 77; }
@@ -23,6 +25,23 @@ for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break
 "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --set security.token_file="$tmp/tok" --data "$DATA" \
   --max-batches 5 --log-every 5 >"$tmp/train.log" 2>&1 || fail "ps-train"
 for _ in 1 2 3; do "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --status >/dev/null 2>&1 || true; done
+curl -sf "http://127.0.0.1:$mport/metrics" >"$tmp/metrics.txt" || fail "/metrics"
+$PY - "$tmp/metrics.txt" <<'PYEOF' || fail "phase accounting (psd_call_phase_*)"
+import re, sys
+ph, calls = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r'psd_call_phase_seconds_total\{method="(\w+)",phase="(\w+)"\} (\S+)', line)
+    if m: ph.setdefault(m.group(1), {})[m.group(2)] = float(m.group(3))
+    m = re.match(r'psd_call_phase_calls_total\{method="(\w+)"\} (\S+)', line)
+    if m: calls[m.group(1)] = float(m.group(2))
+assert calls.get("Forward", 0) >= 5 and calls.get("Step", 0) >= 5, calls
+assert ph["Forward"]["compute"] > 0 and ph["Step"]["compute"] > 0, ph
+for meth, p in ph.items():
+    inside = sum(v for k, v in p.items() if k not in ("span", "held"))
+    assert inside <= p["span"] * 1.001 + 1e-6, (meth, inside, p["span"])
+print("ok: phases of %d Forwards: compute %.1f ms of %.1f ms in psd" % (calls["Forward"], 1e3 * ph["Forward"]["compute"],
+                                                                      1e3 * ph["Forward"]["span"]))
+PYEOF
 
 cat >"$tmp/prometheus.yml" <<YML
 global:

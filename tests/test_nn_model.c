@@ -406,6 +406,36 @@ static void test_atomic_step(rng *r) {
     int64_t el = -1;
     CHECK(ps_grads_check_finite(b, gn, &p, &el) == 0 && p >= 0 && el >= 0);
     ps_grads_free(gn);
+    /* the check is one pass of squares summed in double (grads.c): the
+     * largest finite floats are finite, and a norm computed (and kept)
+     * before a later add does not hide a NaN the add brought */
+    float big_out[4] = {3e38f, -3e38f, 3e38f, 1};
+    ps_grads *gbig = ps_grads_create(b, &err);
+    OKE(ps_model_backward_acc(b, t, big_out, NULL, gbig, &err));
+    int pb = -1;
+    int64_t eb = -1;
+    int fb = ps_grads_check_finite(b, gbig, &pb, &eb);
+    double sq = 0;
+    OKE(ps_grads_sq_norm(b, gbig, &sq, &err));
+    float *pg = calloc((size_t)ps_model_param(b, 0)->numel, sizeof *pg);
+    int all_finite = 1;   /* the gradient itself, independently */
+    for (int i = 0; pg && i < ps_model_num_params(b); i++) {
+        float *gi = calloc((size_t)ps_model_param(b, i)->numel, sizeof *gi);
+        OKE(ps_grads_get(b, gbig, i, gi, &err));
+        for (int64_t k = 0; gi && k < ps_model_param(b, i)->numel; k++) all_finite &= isfinite(gi[k]) != 0;
+        free(gi);
+    }
+    CHECK(fb == all_finite);
+    CHECK(isfinite(sq) == all_finite);
+    CHECK(ps_grads_check_finite(b, gb, &pb, &eb) == 1);
+    OKE(ps_grads_sq_norm(b, gb, &sq, &err));   /* cached now */
+    if (pg) pg[0] = NAN;
+    OKE(ps_grads_add_dense(b, gb, 0, pg, &err));
+    CHECK(ps_grads_check_finite(b, gb, &pb, &eb) == 0 && pb == 0 && eb == 0);
+    OKE(ps_grads_sq_norm(b, gb, &sq, &err));
+    CHECK(isnan(sq));
+    free(pg);
+    ps_grads_free(gbig);
     ps_tape_free(t);
     ps_grads_free(gb); ps_grads_free(empty);
     ps_model_free(a); ps_model_free(b);

@@ -183,7 +183,12 @@ typedef struct user_arg {
  * are freed. The cap holds a batch-32 step's working set (~20 MB) a few
  * times over and stays small beside psd's memory: test_faults expects
  * psd's RSS to come back after a dead trainer's contexts expire, which a
- * 256 MB cap broke. Each buffer carries a 64-byte header with its size. */
+ * 256 MB cap broke. Each buffer carries a 64-byte header with its size.
+ * When a freed buffer would pass the cap, the buffers freed longest ago
+ * make room for it (they are of sizes no longer asked for, such as a
+ * thread count's scratchpad, more often than the newest): with two
+ * trainers a full pool that refused new buffers instead missed ~3 times a
+ * batch, each miss a fresh mmap zero-filled page by page. */
 #define PS_POOL_MIN ((size_t)64 << 10)
 #define PS_POOL_CAP ((size_t)64 << 20)
 #define PS_POOL_HDR 64
@@ -218,18 +223,30 @@ static void *pool_get(dn_impl *im, size_t bytes) {
 static void pool_put(dn_impl *im, void *p) {
     if (!p) return;
     pool_buf *b = (pool_buf *)((char *)p - PS_POOL_HDR);
-    if (b->size >= PS_POOL_MIN) {
-        pthread_mutex_lock(&im->pool_lock);
-        if (im->pool_bytes + b->size <= PS_POOL_CAP) {
-            b->next = im->pool;
-            im->pool = b;
-            im->pool_bytes += b->size;
-            pthread_mutex_unlock(&im->pool_lock);
-            return;
-        }
-        pthread_mutex_unlock(&im->pool_lock);
+    if (b->size < PS_POOL_MIN || b->size > PS_POOL_CAP) {
+        free(b);
+        return;
     }
-    free(b);
+    pool_buf *old = NULL;   /* evicted: freed outside the lock */
+    pthread_mutex_lock(&im->pool_lock);
+    while (im->pool_bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
+        pool_buf **pp = &im->pool;
+        while ((*pp)->next) pp = &(*pp)->next;
+        pool_buf *t = *pp;
+        *pp = NULL;
+        im->pool_bytes -= t->size;
+        t->next = old;
+        old = t;
+    }
+    b->next = im->pool;
+    im->pool = b;
+    im->pool_bytes += b->size;
+    pthread_mutex_unlock(&im->pool_lock);
+    while (old) {
+        pool_buf *n = old->next;
+        free(old);
+        old = n;
+    }
 }
 
 /* ---- primitive creation ---- */

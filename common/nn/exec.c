@@ -368,11 +368,21 @@ ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, 
 
 /* ---------------------------------------------------------------- forward */
 
-static void layer_params(stage *st, int l, float **w, float **bw) {
+/* Node l's parameters and float32 buffers in the copy of the weights the
+ * call computes with (ts->w, ts->bufw). */
+static void layer_params(const stage *st, const tape_stage *ts, int l, float **w, float **bw) {
     const ps_layer *ly = &st->layers[l];
-    for (int j = 0; j < ly->nparams; j++) w[j] = st->w + st->slots[l].w_off[j];
+    for (int j = 0; j < ly->nparams; j++) w[j] = ts->w + st->slots[l].w_off[j];
     for (int j = 0; j < ly->nbuffers; j++)
-        bw[j] = ly->buffer[j].dtype == PS_DTYPE_F32 ? st->bufw + st->slots[l].b_off[j] : NULL;
+        bw[j] = ly->buffer[j].dtype == PS_DTYPE_F32 ? ts->bufw + st->slots[l].b_off[j] : NULL;
+}
+
+/* The call's weights into t's stages. */
+static void tape_weights(ps_tape *t, const wset *ws) {
+    for (int s = t->first; s <= t->last; s++) {
+        t->st[s].w = ws->w[s];
+        t->st[s].bufw = ws->bufw[s];
+    }
 }
 
 static void release(stage *st, tape_stage *ts, int b) {
@@ -414,7 +424,7 @@ static ps_status node_forward(ps_model *m, stage *st, tape_stage *ts, const stag
         ts->owned[np->out_buf] = 1;
     }
     float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
-    layer_params(st, l, w, bw);
+    layer_params(st, ts, l, w, bw);
     const void *xs[PS_NODE_MAX_INPUTS];
     for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
     ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
@@ -515,12 +525,13 @@ ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err)
     return PS_OK;
 }
 
-ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n, int train, int keep,
-                          const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err) {
+ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, const void *x, int n, int train,
+                          int keep, const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err) {
     if (tape) *tape = NULL;
     ps_tape *t = tape_new(m, first, last, n);
     if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     t->train = train;
+    tape_weights(t, ws);
     ps_status rc = forward_stages(m, t, x, keep, masks, rng, err);
     if (rc == PS_OK && out) rc = tape_output(m, t, out, err);
     if (rc == PS_OK && keep && tape) *tape = t;
@@ -654,7 +665,7 @@ static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, c
     }
     if (rc == PS_OK) {
         float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
-        layer_params(st, l, w, bw);
+        layer_params(st, ts, l, w, bw);
         const void *xs[PS_NODE_MAX_INPUTS];
         for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
         ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
@@ -735,16 +746,18 @@ static ps_status commit(ps_model *m, ps_grads *acc, pending *p, int first, int l
     return rc;
 }
 
-ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
-                           ps_err *err) {
+ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
+                           ps_grads *acc, ps_err *err) {
     if (!t || t->m != m || !acc || acc->m != m)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
+    tape_weights(t, ws);   /* the weights now, not the forward's (model.h) */
     if (!t->train) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "an eval forward keeps no tape");
     stage *s0 = &m->stages[t->first];
     if (grad_in && s0->info.in_dtype != PS_DTYPE_F32)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
                           s0->def->name, ps_dtype_name(s0->info.in_dtype));
     int n = t->n;
+    acc->sq_valid = 0;   /* its cached norm (grads.c) */
     pending p = {0};
     p.rows = calloc((size_t)m->nparams + 1, sizeof *p.rows);
     if (!p.rows) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");

@@ -173,6 +173,7 @@ ps_status ps_grads_get(ps_model *m, const ps_grads *g, int i, float *host_dst, p
 
 ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *err) {
     if (dst->m != m || src->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    dst->sq_valid = 0;
     ps_status rc = PS_OK;
     for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
         stage *st = &m->stages[s];
@@ -194,6 +195,7 @@ ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *
 
 ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err) {
     if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    g->sq_valid = 0;
     ps_status rc = PS_OK;
     for (int k = 0; k < m->nstages && rc == PS_OK; k++) {
         stage *st = &m->stages[k];
@@ -215,8 +217,16 @@ ps_status ps_grads_scale(ps_model *m, ps_grads *g, float s, ps_err *err) {
     return rc;
 }
 
+static ps_status grads_sq(ps_model *m, const ps_grads *g, double *out, ps_err *err);
+
 int ps_grads_check_finite(ps_model *m, const ps_grads *g, int *param, int64_t *elem) {
     if (g->m != m) return -1;
+    /* One vectorised pass: squares summed in double are finite exactly
+     * when every value is (a float's square is below 1.2e77, so no sum of
+     * finite values overflows). The element is looked for only when not. */
+    double sq;
+    ps_err e;
+    if (grads_sq(m, g, &sq, &e) == PS_OK && isfinite(sq)) return 1;
     float *h[PS_MODEL_MAX_STAGES] = {0};
     int result = 1;
     for (int s = 0; s < m->nstages && result == 1; s++) {
@@ -269,6 +279,7 @@ ps_status ps_grads_add_dense(ps_model *m, ps_grads *g, int i, const float *host_
                           m->params[i].name);
     const param_loc *pl = &m->loc[i];
     stage *st = &m->stages[pl->stage];
+    g->sq_valid = 0;
     size_t n = (size_t)m->params[i].numel;
     float *h = malloc(n * sizeof(float) + 1);
     if (!h) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
@@ -298,6 +309,17 @@ ps_status ps_grads_add_dense(ps_model *m, ps_grads *g, int i, const float *host_
 
 ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *err) {
     if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    return grads_sq(m, g, out, err);
+}
+
+/* The sum of squares, computed once per content (g->sq caches it: a
+ * Backward checks its gradients are finite and answers their norm). The
+ * cache is not shared state: a ps_grads belongs to one context. */
+static ps_status grads_sq(ps_model *m, const ps_grads *g, double *out, ps_err *err) {
+    if (g->sq_valid) {
+        *out = g->sq;
+        return PS_OK;
+    }
     double s = 0;
     for (int k = 0; k < m->nstages; k++) {
         stage *st = &m->stages[k];
@@ -316,5 +338,7 @@ ps_status ps_grads_sq_norm(ps_model *m, const ps_grads *g, double *out, ps_err *
     }
     for (int i = 0; i < m->nparams; i++) s += ps_sum_squares(g->rows[i].grad, g->rows[i].nrows * g->rows[i].width);
     *out = s;
+    ((ps_grads *)g)->sq = s;   /* a cache of g's own content */
+    ((ps_grads *)g)->sq_valid = 1;
     return PS_OK;
 }

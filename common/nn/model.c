@@ -4,6 +4,8 @@
  * calls, versions, placement and the optimizer step (see model.h). The
  * executor is exec.c, accumulated gradients grads.c. */
 #include "model_impl.h"
+#include "clock.h"
+#include "prof.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,9 +29,25 @@ static int parse_device(const char *dev, int *is_cpu, int *index) {
 /* Start of a compute call: size its threads so that the calls computing
  * at once share the budget (two trainers on two cores: one thread each,
  * rather than four threads fighting over two cores). Returns the thread
- * count; pair with ps_model_call_end (not after an exclusive call). */
+ * count; pair with ps_model_call_end (not after an exclusive call).
+ * The share is of the most calls seen computing at once in the last
+ * second, not only of those computing at this instant: a call that starts
+ * while the other trainers' calls are between two RPCs would otherwise
+ * take every thread, and its fork-join regions then wait, at every
+ * primitive, for a thread that shares its core with the next call. */
+#define PS_CONCURRENCY_WINDOW_MS 1000
 int ps_model_call_begin(ps_model *m, int exclusive) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
+    if (!exclusive) {   /* racy by design: a heuristic, read and written atomically */
+        long long now = ps_mono_ms();
+        int peak = __atomic_load_n(&m->peak_calls, __ATOMIC_RELAXED);
+        if (k >= peak || now - __atomic_load_n(&m->peak_ms, __ATOMIC_RELAXED) > PS_CONCURRENCY_WINDOW_MS) {
+            __atomic_store_n(&m->peak_calls, k, __ATOMIC_RELAXED);
+            __atomic_store_n(&m->peak_ms, now, __ATOMIC_RELAXED);
+        } else {
+            k = peak;
+        }
+    }
     int nt = m->thread_budget / (k > 0 ? k : 1);
     if (nt < 1) nt = 1;
     for (int s = 0; s < m->nstages; s++)
@@ -38,6 +56,39 @@ int ps_model_call_begin(ps_model *m, int exclusive) {
 }
 
 void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
+
+/* ---- Snapshot steps ----
+ * The weights (parameters and float32 buffers of every stage) live in
+ * copies, m->sets; sets[cur] is the current one, and each stage's w and
+ * bufw point into it. A forward or backward pins the current copy (under
+ * wmu, a counter) and computes with it, holding the weights lock shared.
+ * An in-place step (snapshots off) takes the lock exclusively and writes
+ * sets[0]. A snapshot step takes the lock shared too - only set_param and
+ * the other administrative writers, which take it exclusively, exclude
+ * it - picks a copy no call reads (allocating one, up to PS_WSETS; waiting
+ * for one only when all are read), copies the current weights into it,
+ * applies the optimizer there, and publishes it with the new version under
+ * wmu: the running calls finish with the copy they pinned, the next ones
+ * see the new version. Steps run one at a time (step_mu); the optimizer
+ * state has one copy, which only steps touch. Row-sparse parameters
+ * (embedding tables, up to millions of rows updated a few rows at a time)
+ * are not worth a copy per step: a model with any steps in place. */
+
+/* The current copy, pinned; *version: the version it holds. */
+static wset *pin(ps_model *m, uint64_t *version) {
+    pthread_mutex_lock(&m->wmu);
+    wset *ws = &m->sets[m->cur];
+    ws->refs++;
+    if (version) *version = ps_model_version(m);
+    pthread_mutex_unlock(&m->wmu);
+    return ws;
+}
+
+static void unpin(ps_model *m, wset *ws) {
+    pthread_mutex_lock(&m->wmu);
+    if (--ws->refs == 0) pthread_cond_broadcast(&m->wcv);
+    pthread_mutex_unlock(&m->wmu);
+}
 
 static void stage_free(stage *st) {
     ps_exec_plan_free(st);
@@ -61,8 +112,14 @@ void ps_model_free(ps_model *m) {
     for (int s = 0; s < m->nstages; s++) {
         stage *st = &m->stages[s];
         if (st->be) {
-            ps_backend_release(st->be, st->w);
-            ps_backend_release(st->be, st->bufw);
+            if (!m->nsets) {   /* creation failed before the first copy was complete */
+                ps_backend_release(st->be, st->w);
+                ps_backend_release(st->be, st->bufw);
+            }
+            for (int k = 0; k < m->nsets; k++) {
+                ps_backend_release(st->be, m->sets[k].w[s]);
+                ps_backend_release(st->be, m->sets[k].bufw[s]);
+            }
             for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) ps_backend_release(st->be, st->state[j]);
         }
         ps_backend_free(st->be);
@@ -86,6 +143,9 @@ void ps_model_free(ps_model *m) {
     ps_model_def_free(m->def);
     pthread_rwlock_destroy(&m->lock);
     pthread_mutex_destroy(&m->version_mu);
+    pthread_mutex_destroy(&m->wmu);
+    pthread_cond_destroy(&m->wcv);
+    pthread_mutex_destroy(&m->step_mu);
     free(m);
 }
 
@@ -491,6 +551,9 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
     pthread_rwlock_init(&m->lock, &attr);
     pthread_rwlockattr_destroy(&attr);
     pthread_mutex_init(&m->version_mu, NULL);
+    pthread_mutex_init(&m->wmu, NULL);
+    pthread_cond_init(&m->wcv, NULL);
+    pthread_mutex_init(&m->step_mu, NULL);
     m->def = a;
     if (o->optim) {
         m->optim = *o->optim;
@@ -626,6 +689,12 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
         if (rc != PS_OK) goto fail;
         m->total_weights += st->nweights;
     }
+    for (int s = 0; s < m->nstages; s++) {   /* the first copy of the weights */
+        m->sets[0].w[s] = m->stages[s].w;
+        m->sets[0].bufw[s] = m->stages[s].bufw;
+    }
+    m->nsets = 1;
+    m->snapshots = o->snapshot_steps && !m->nsparse && !shapes_only;
     if (list_def_params(m, seq, hosted, err) != PS_OK) goto fail;
     ghosts_free(ghost);
     for (int i = 0; i < m->nparams; i++)
@@ -737,24 +806,28 @@ const ps_buffer_info *ps_model_def_buffer(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_buffers) ? &m->def_buffers[i] : NULL;
 }
 
-/* Buffer i's memory: float32 on the stage's device, int64 on the host. */
-static void *buffer_mem(ps_model *m, int i) {
+/* Buffer i's memory in copy ws: float32 on the stage's device, int64 on
+ * the host (one copy: only steps write them). */
+static void *buffer_mem(ps_model *m, const wset *ws, int i) {
     stage *st = &m->stages[m->bloc[i].stage];
-    return m->buffers[i].dtype == PS_DTYPE_I64 ? (void *)(st->bufi + m->bloc[i].off) : (void *)(st->bufw + m->bloc[i].off);
+    return m->buffers[i].dtype == PS_DTYPE_I64 ? (void *)(st->bufi + m->bloc[i].off)
+                                               : (void *)(ws->bufw[m->bloc[i].stage] + m->bloc[i].off);
 }
 
-/* Under the weights lock (either). */
-static ps_status copy_buffer_out(ps_model *m, int i, void *host_dst, ps_err *err) {
+/* Under the weights lock (either), ws pinned. */
+static ps_status copy_buffer_out(ps_model *m, const wset *ws, int i, void *host_dst, ps_err *err) {
     stage *st = &m->stages[m->bloc[i].stage];
     size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
-    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, buffer_mem(m, i), bytes); return PS_OK; }
-    return st->be->ops->copy_to_host(st->be->impl, host_dst, buffer_mem(m, i), bytes, err);
+    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, buffer_mem(m, ws, i), bytes); return PS_OK; }
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, buffer_mem(m, ws, i), bytes, err);
 }
 
 ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
     pthread_rwlock_rdlock(&m->lock);
-    ps_status rc = copy_buffer_out(m, i, host_dst, err);
+    wset *ws = pin(m, NULL);
+    ps_status rc = copy_buffer_out(m, ws, i, host_dst, err);
+    unpin(m, ws);
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
@@ -764,9 +837,10 @@ ps_status ps_model_set_buffer(ps_model *m, int i, const void *host_src, ps_err *
     stage *st = &m->stages[m->bloc[i].stage];
     size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
     ps_status rc = PS_OK;
-    pthread_rwlock_wrlock(&m->lock);
-    if (m->buffers[i].dtype == PS_DTYPE_I64) memcpy(buffer_mem(m, i), host_src, bytes);
-    else rc = st->be->ops->copy_to_device(st->be->impl, buffer_mem(m, i), host_src, bytes, err);
+    pthread_rwlock_wrlock(&m->lock);   /* exclusive: nobody holds a copy; the current one is written */
+    const wset *ws = &m->sets[m->cur];
+    if (m->buffers[i].dtype == PS_DTYPE_I64) memcpy(buffer_mem(m, ws, i), host_src, bytes);
+    else rc = st->be->ops->copy_to_device(st->be->impl, buffer_mem(m, ws, i), host_src, bytes, err);
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
@@ -800,8 +874,10 @@ ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
     stage *st = &m->stages[m->loc[i].stage];
     pthread_rwlock_rdlock(&m->lock);
-    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, st->w + m->loc[i].off,
+    wset *ws = pin(m, NULL);
+    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, ws->w[m->loc[i].stage] + m->loc[i].off,
                                              (size_t)m->params[i].numel * sizeof(float), err);
+    unpin(m, ws);
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
@@ -872,14 +948,18 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     /* One shared acquisition for the whole call: one weights version, even
      * for an eval forward run in slices (bounded memory). */
     ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
-    if (version_used) *version_used = ps_model_version(m);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
+    wset *ws = pin(m, version_used);
     int slice = train || m->eval_whole ? n : EVAL_SLICE;
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
         int k = n - o < slice ? n - o : slice;
-        rc = ps_exec_forward(m, first, last, (const char *)x + (size_t)o * in_sample, k, train, train && tape_out,
-                             dropout_masks, &rng, out ? out + (size_t)o * out_sample : NULL, tape_out, err);
+        rc = ps_exec_forward(m, ws, first, last, (const char *)x + (size_t)o * in_sample, k, train,
+                             train && tape_out, dropout_masks, &rng, out ? out + (size_t)o * out_sample : NULL,
+                             tape_out, err);
     }
+    unpin(m, ws);
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
@@ -888,8 +968,12 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
     ps_model_call_begin(m, 0);
-    pthread_rwlock_rdlock(&m->lock);
-    ps_status rc = ps_exec_backward(m, t, grad_out, grad_in, acc, err);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
+    wset *ws = pin(m, NULL);
+    ps_status rc = ps_exec_backward(m, ws, t, grad_out, grad_in, acc, err);
+    unpin(m, ws);
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
@@ -940,10 +1024,10 @@ typedef struct param_grad {
  * (merged, sorted, ids checked at the forward) and the spec passed
  * ps_optim_check for both rules at creation, hence the unchecked
  * row-sparse entry. */
-static ps_status update_param(ps_model *m, int i, const param_grad *g, ps_err *err) {
+static ps_status update_param(ps_model *m, int i, const param_grad *g, float *const *wbase, ps_err *err) {
     const param_loc *pl = &m->loc[i];
     stage *st = &m->stages[pl->stage];
-    float *w = st->w + pl->off;
+    float *w = wbase[pl->stage] + pl->off;
     if (g->dense) return ps_optim_step(st->be, &m->optim, m->params[i].numel, w, g->dense, &m->ost[i], err);
     return ps_optim_step_rows_checked(st->be, &m->optim, g->rows->width, g->idx, g->rows->nrows, w, g->grad,
                                       &m->ost[i], err);
@@ -1028,15 +1112,16 @@ static ps_status fold_prepare(ps_model *m, const ps_grads *g, fold_plan *fp, ps_
     return PS_OK;
 }
 
-/* Under the exclusive weights lock: every record, in order, into the buffers. */
-static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, ps_err *err) {
+/* With the step's hold on the weights: every record, in order, into the
+ * buffers of the copy being written (bufw, per stage). */
+static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, float *const *bufw, ps_err *err) {
     ps_status rc = PS_OK;
     for (int k = 0; k < fp->nlayers && rc == PS_OK; k++) {   /* the float32 buffers to the host */
         stage *st = &m->stages[fp->at[k][0]];
         const ps_layer *ly = &st->layers[fp->at[k][1]];
         for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
             if (fp->fbuf[k][j])
-                rc = st->be->ops->copy_to_host(st->be->impl, fp->fbuf[k][j], st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                rc = st->be->ops->copy_to_host(st->be->impl, fp->fbuf[k][j], bufw[fp->at[k][0]] + st->slots[fp->at[k][1]].b_off[j],
                                                (size_t)ly->buffer[j].numel * sizeof(float), err);
     }
     for (int r = 0; r < g->nrecs && rc == PS_OK; r++) {
@@ -1055,9 +1140,98 @@ static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, ps_er
         const ps_layer *ly = &st->layers[fp->at[k][1]];
         for (int j = 0; j < ly->nbuffers && rc == PS_OK; j++)
             if (fp->fbuf[k][j])
-                rc = st->be->ops->copy_to_device(st->be->impl, st->bufw + st->slots[fp->at[k][1]].b_off[j],
+                rc = st->be->ops->copy_to_device(st->be->impl, bufw[fp->at[k][0]] + st->slots[fp->at[k][1]].b_off[j],
                                                  fp->fbuf[k][j], (size_t)ly->buffer[j].numel * sizeof(float), err);
     }
+    return rc;
+}
+
+/* A copy no call reads, for the next version (step_mu held; with the
+ * weights lock shared): a free one, a new one while fewer than PS_WSETS
+ * exist, or the first one its readers release. NULL: out of memory. */
+static wset *spare_copy(ps_model *m) {
+    pthread_mutex_lock(&m->wmu);
+    for (;;) {
+        for (int k = 0; k < m->nsets; k++)
+            if (k != m->cur && m->sets[k].refs == 0) {
+                pthread_mutex_unlock(&m->wmu);
+                return &m->sets[k];
+            }
+        if (m->nsets < PS_WSETS) break;
+        pthread_cond_wait(&m->wcv, &m->wmu);
+    }
+    pthread_mutex_unlock(&m->wmu);
+    wset *ws = &m->sets[m->nsets];   /* only the step (step_mu) adds copies */
+    memset(ws, 0, sizeof *ws);
+    for (int s = 0; s < m->nstages; s++) {
+        stage *st = &m->stages[s];
+        ws->w[s] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
+        ws->bufw[s] = ps_backend_alloc_floats(st->be, st->nbufw ? st->nbufw : 1);
+        if (!ws->w[s] || !ws->bufw[s]) {
+            for (int k = 0; k <= s; k++) {
+                ps_backend_release(m->stages[k].be, ws->w[k]);
+                ps_backend_release(m->stages[k].be, ws->bufw[k]);
+            }
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&m->wmu);
+    m->nsets++;
+    pthread_mutex_unlock(&m->wmu);
+    return ws;
+}
+
+/* A snapshot step (see "Snapshot steps"): the next version in a spare
+ * copy, published at once. */
+static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad *pg, fold_plan *fp,
+                               uint64_t *version, ps_err *err) {
+    ps_prof_mutex_lock(&m->step_mu, PS_PHASE_LOCK);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);   /* only set_param & co, which write in place, exclude it */
+    int64_t tw = ps_prof_begin();
+    wset *next = spare_copy(m);
+    ps_prof_end(PS_PHASE_LOCK, tw);
+    ps_status rc = PS_OK;
+    if (!next) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a copy of the weights (the step is not "
+                        "applied)");
+        goto out;
+    }
+    int64_t t0 = ps_prof_begin();
+    ps_model_call_begin(m, 0);   /* others compute meanwhile: a share of the threads */
+    const wset *cur = &m->sets[m->cur];   /* steady: only steps change cur */
+    for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
+        stage *st = &m->stages[s];
+        if (st->nweights) rc = ps_stage_copy(st, next->w[s], cur->w[s], st->nweights, err);
+        if (rc == PS_OK && st->nbufw) rc = ps_stage_copy(st, next->bufw[s], cur->bufw[s], st->nbufw, err);
+    }
+    int wrote = 0;
+    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
+        if (!pg[i].dense && !pg[i].rows) continue;
+        rc = update_param(m, i, &pg[i], next->w, err);
+        wrote = 1;
+    }
+    if (rc == PS_OK && fp->nlayers) {
+        rc = fold_apply(m, g, fp, next->bufw, err);
+        wrote = 1;
+    }
+    ps_model_call_end(m);
+    if (wrote) {   /* published: a device failure half-way still changed weights, as in place */
+        pthread_mutex_lock(&m->wmu);
+        m->cur = (int)(next - m->sets);
+        for (int s = 0; s < m->nstages; s++) {
+            m->stages[s].w = next->w[s];
+            m->stages[s].bufw = next->bufw[s];
+        }
+        pthread_mutex_lock(&m->version_mu);
+        m->version++;
+        pthread_mutex_unlock(&m->version_mu);
+        pthread_mutex_unlock(&m->wmu);
+    }
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
+out:
+    if (version) *version = ps_model_version(m);
+    pthread_rwlock_unlock(&m->lock);
+    pthread_mutex_unlock(&m->step_mu);
     return rc;
 }
 
@@ -1082,17 +1256,20 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
             pg[i].dense = g->dense[pl->stage] + pl->goff;
         }
     }
-    if (rc == PS_OK) {
+    if (rc == PS_OK && m->snapshots) {
+        rc = step_snapshot(m, g, pg, &fp, version, err);
+    } else if (rc == PS_OK) {
         int wrote = 0;
-        pthread_rwlock_wrlock(&m->lock);
+        ps_prof_wrlock(&m->lock, PS_PHASE_LOCK);
+        int64_t t0 = ps_prof_begin();
         ps_model_call_begin(m, 1);  /* nothing else computes while the weights are written */
         for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
             if (!pg[i].dense && !pg[i].rows) continue;
-            rc = update_param(m, i, &pg[i], err);
+            rc = update_param(m, i, &pg[i], m->sets[0].w, err);
             wrote = 1;
         }
         if (rc == PS_OK && fp.nlayers) {
-            rc = fold_apply(m, g, &fp, err);
+            rc = fold_apply(m, g, &fp, m->sets[0].bufw, err);
             wrote = 1;
         }
         uint64_t v;
@@ -1100,6 +1277,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         if (wrote) m->version++;  /* a device failure half-way still changed weights */
         v = m->version;
         pthread_mutex_unlock(&m->version_mu);
+        ps_prof_end(PS_PHASE_COMPUTE, t0);
         pthread_rwlock_unlock(&m->lock);
         if (version) *version = v;
     }
@@ -1129,13 +1307,19 @@ ps_status ps_model_snapshot(ps_model *m, float *w, int64_t *step, float *const *
 ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *const *state, void *const *bufs,
                                uint64_t *version, ps_err *err) {
     ps_status rc = PS_OK;
+    /* one version: snapshot steps run beside readers, so they are held off
+     * (step_mu, taken before the lock as they take it) while the optimizer
+     * state is read */
+    if (m->snapshots) pthread_mutex_lock(&m->step_mu);
     pthread_rwlock_rdlock(&m->lock);
-    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++) rc = copy_buffer_out(m, i, bufs[i], err);
+    uint64_t v = 0;
+    wset *ws = pin(m, &v);
+    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++) rc = copy_buffer_out(m, ws, i, bufs[i], err);
     int64_t o = 0;
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         stage *st = &m->stages[m->loc[i].stage];
         size_t bytes = (size_t)m->params[i].numel * sizeof(float);
-        rc = st->be->ops->copy_to_host(st->be->impl, w + o, st->w + m->loc[i].off, bytes, err);
+        rc = st->be->ops->copy_to_host(st->be->impl, w + o, ws->w[m->loc[i].stage] + m->loc[i].off, bytes, err);
         if (step) step[i] = m->ost[i].step;
         for (int j = 0; state && j < m->nstate && rc == PS_OK; j++) {
             if (m->ost[i].step > 0)
@@ -1145,8 +1329,10 @@ ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *cons
         }
         o += m->params[i].numel;
     }
-    if (version) *version = ps_model_version(m);
+    if (version) *version = v;
+    unpin(m, ws);
     pthread_rwlock_unlock(&m->lock);
+    if (m->snapshots) pthread_mutex_unlock(&m->step_mu);
     return rc;
 }
 

@@ -25,6 +25,9 @@
  *  - Consistency (hogwild with a readers/writer lock): forward and backward
  *    hold the weights lock shared, step holds it exclusively, so every
  *    operation sees one consistent set of weights and no step tears another.
+ *    With snapshot_steps the guarantee is the same without the waiting: a
+ *    step computes the next version in a copy of the weights and publishes
+ *    it at once; calls already running finish on the version they began.
  *    Steps of different trainers interleave asynchronously: a context's
  *    gradient is computed against the weights current at its Backward, which
  *    may be a few steps newer than those its Forward used.
@@ -57,9 +60,16 @@ typedef struct ps_model_opts {
     const char *placement_stage[PS_MODEL_MAX_STAGES];
     const char *placement_device[PS_MODEL_MAX_STAGES]; /* "cpu", "cuda:0", ... */
     uint64_t seed;                 /* initial weights and dropout streams */
+    int snapshot_steps;            /* 1: a step writes the next weights into a copy and
+                                      publishes it, so forwards and backwards never wait
+                                      for a step nor a step for them (models without
+                                      row-sparse parameters; up to 4 copies of the
+                                      weights); 0: steps update in place under the
+                                      exclusive lock (see "Consistency" above) */
     int compute_threads;           /* thread budget (0 = online CPUs): each forward or
-                                      backward runs on budget / (calls computing at
-                                      once) threads, at least 1; a step on all */
+                                      backward runs on budget / (the most calls
+                                      computing at once in the last second) threads,
+                                      at least 1; a step on all */
     const ps_optim_spec *optim;    /* the optimizer (optim.h: kind and hyper-parameters),
                                       copied; NULL: SGD from lr, momentum, weight_decay */
     float lr, momentum, weight_decay; /* shorthand for SGD (torch.optim.SGD semantics) when

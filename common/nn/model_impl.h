@@ -93,6 +93,19 @@ typedef struct fold_record {
     int64_t len[4];
 } fold_record;
 
+/* A copy of the weights: every hosted stage's parameters and float32
+ * buffers (what a forward or backward reads). The model computes with the
+ * current copy; with snapshot steps (model.c, "Snapshot steps") a step
+ * writes the next version into a free copy and publishes it, while calls
+ * already computing keep the copy they started with. */
+#define PS_WSETS 4
+typedef struct wset {
+    float *w[PS_MODEL_MAX_STAGES];     /* per stage: (nweights) on its device */
+    float *bufw[PS_MODEL_MAX_STAGES];  /* per stage: (nbufw) */
+    uint64_t version;                  /* the model version it holds */
+    int refs;                          /* calls reading it (m->wmu) */
+} wset;
+
 typedef struct param_loc {
     int stage, layer, j;
     int64_t off;             /* in the stage's weight block */
@@ -122,16 +135,26 @@ struct ps_model {
     int nstate;              /* ps_optim_num_state(&optim) */
     ps_optim_state *ost;     /* per param: buffers into its stage's state blocks, and its step
                                 (step 0 <=> buffers zero / not started) */
-    pthread_rwlock_t lock;   /* weights: shared for forward/backward, exclusive for step */
+    pthread_rwlock_t lock;   /* weights: shared for forward/backward (and snapshot steps),
+                                exclusive for in-place steps and for set_param & co */
+    int snapshots;           /* steps write a copy (see "Snapshot steps" in model.c) */
+    pthread_mutex_t wmu;     /* cur, nsets, the copies' refs */
+    pthread_cond_t wcv;      /* a copy was released */
+    pthread_mutex_t step_mu; /* snapshot steps one at a time */
+    wset sets[PS_WSETS];     /* sets[cur] is the current copy (= each stage's w, bufw) */
+    int nsets, cur;
     pthread_mutex_t version_mu;
     uint64_t version;
     int eval_whole;          /* an eval forward runs unsliced: a node normalises with the batch's own
                                 statistics in eval too (BatchNorm with track_running_stats: false) */
     int thread_budget;       /* compute threads shared by the calls computing at once */
     int inflight;            /* __atomic: forward/backward calls computing now */
+    int peak_calls;          /* __atomic: the most computing at once lately ... */
+    long long peak_ms;       /* __atomic: ... as of then (ps_model_call_begin) */
 };
 
 typedef struct tape_stage {
+    float *w, *bufw;         /* the weights the running call computes with (its copy's) */
     void **buf;              /* per storage id (stage_plan.nbufs): its memory, NULL once released */
     unsigned char *owned;    /* per storage: allocated here (1) or aliased (0) */
     ps_layer_saved *saved;   /* per node */
@@ -155,6 +178,8 @@ struct ps_grads {
     ps_rows *rows;           /* per parameter: its rows when sparse */
     fold_record *recs;       /* training forwards' statistics, folded into buffers at the step */
     int nrecs, caprecs;
+    double sq;               /* the sum of squares of every value, when sq_valid: */
+    int sq_valid;            /* cleared by whatever writes the gradients */
 };
 
 /* Append the statistics of tape t's nodes (a training tape, once) to g. */
@@ -171,13 +196,15 @@ void ps_exec_plan_free(stage *st);
 /* INVALID_ARGUMENT unless first..last is a run of stages whose shapes chain. */
 ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err);
 /* Forward of stages first..last on n samples of host x into host out (one
- * tape); with keep, the tape (x copied) is returned in *tape. Dropout masks
- * come from masks (per dropout node of the run) or rng. */
-ps_status ps_exec_forward(ps_model *m, int first, int last, const void *x, int n, int train, int keep,
-                          const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err);
-/* Backward of t into acc (ps_model_backward_acc's contract). */
-ps_status ps_exec_backward(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
-                           ps_err *err);
+ * tape) with the weights of ws; with keep, the tape (x copied) is returned
+ * in *tape. Dropout masks come from masks (per dropout node of the run) or
+ * rng. */
+ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, const void *x, int n, int train,
+                          int keep, const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err);
+/* Backward of t into acc with the weights of ws (ps_model_backward_acc's
+ * contract). */
+ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
+                           ps_grads *acc, ps_err *err);
 
 /* Bytes a training tape of stages first..last keeps for n samples (no gradients). */
 size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);

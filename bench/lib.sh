@@ -1,0 +1,77 @@
+# bench/lib.sh - what the bench scripts share (sourced by bench/run.sh and
+# bench/trainers.sh): a free-looking port, psd's counters, and waiting for
+# psd to answer.
+#
+#   bench_port                       a random high port (tests/ do the same)
+#   psd_snap PID METRICS_ADDR FILE   psd's cost counters now, into FILE:
+#     psd_stat t=<s> cpu_s=<utime+stime> minflt=<n> runq_s=<s> ctxsw=<n>
+#     (t: CLOCK_MONOTONIC-like seconds (/proc/uptime); runq_s: time psd's
+#     threads spent runnable but waiting for a CPU (schedstat); ctxsw:
+#     voluntary + involuntary switches of its threads) followed by its
+#     /metrics lines psd_call_phase_* and psd_samples_total (the phase
+#     accounting, server.profile). Two snapshots give the cost of what ran
+#     between them, whatever else the machine ran.
+#   wait_psd ADDR                    until a TCP connect to ADDR succeeds (10 s)
+#   lm_flop_per_token                the FLOPs one training token of rnn_lm at
+#                                    configs/rnn_lm.yaml's sizes costs (below)
+#   lm_tokens MODE K WINDOWS DATA DIR  psd (configs/rnn_lm.yaml) + K `ps-train lm`
+#                                    trainers, decoder MODE (fused, logits),
+#                                    WINDOWS windows each: prints the tokens/s of
+#                                    all trainers together (their tokens over the
+#                                    longest trainer's time); logs under DIR
+
+bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
+
+psd_snap() {
+  local pid=$1 maddr=$2 out=$3
+  {
+    awk -v tck="$(getconf CLK_TCK)" -v t="$(cut -d' ' -f1 /proc/uptime)" \
+      '{printf "psd_stat t=%s cpu_s=%.3f minflt=%d", t, ($14 + $15) / tck, $10}' "/proc/$pid/stat"
+    cat /proc/"$pid"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf " runq_s=%.6f", w / 1e9}'
+    cat /proc/"$pid"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {printf " ctxsw=%d\n", s}'
+    if [ -n "$maddr" ]; then
+      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total' || true
+    fi
+  } >"$out"
+}
+
+wait_psd() {
+  local host=${1%:*} port=${1##*:}
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# rnn_lm at configs/rnn_lm.yaml's sizes: ntoken V, ninp E, nhid H, 2 LSTM
+# layers on the trainer, the decoder on psd (the embedding's lookup is no
+# multiply-add). A training token: forward + backward = 3x the forward's
+# multiply-adds, 2 FLOPs each.
+LM_V=10000 LM_E=200 LM_H=200
+lm_flop_per_token() {
+  echo $(( 2 * 3 * (4 * LM_H * (LM_E + LM_H) + 4 * LM_H * (LM_H + LM_H) + LM_V * LM_H) ))
+}
+
+lm_tokens() {
+  local mode=$1 k=$2 windows=$3 data=$4 dir=$5 port
+  port=$(bench_port)
+  mkdir -p "$dir"
+  "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" 2>"$dir/psd-$mode-$k.log" &
+  local psd=$! pids=() r
+  wait_psd "127.0.0.1:$port" || true
+  for r in $(seq 1 "$k"); do
+    "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
+      --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "$windows" --log-every 1000 \
+      --no-eval >"$dir/lm-$mode-$k-t$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local fail=0
+  for p in "${pids[@]}"; do wait "$p" || fail=1; done
+  kill -TERM "$psd"; wait "$psd" || true
+  if [ "$fail" != 0 ]; then
+    echo "lm_tokens: a trainer failed ($mode, $k trainers); see $dir/lm-$mode-$k-t*.log" >&2
+    return 1
+  fi
+  cat "$dir"/lm-"$mode"-"$k"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", s / t }'
+}
