@@ -234,7 +234,7 @@ $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 # The dnnl backend's elementwise loops are OpenMP (libgomp, as oneDNN's runtime).
 # GNU OpenMP, the runtime Debian's oneDNN uses (clang defaults to LLVM's libomp).
 OPENMP_CFLAGS := $(if $(findstring clang,$(CC)),-fopenmp=libgomp,-fopenmp)
-$(BUILD)/obj/common/nn/backend_dnnl.o $(BUILD)/obj/common/nn/lstm.o: CFLAGS += $(OPENMP_CFLAGS)
+$(BUILD)/obj/common/nn/backend_dnnl.o $(BUILD)/obj/trainer/lstm.o: CFLAGS += $(OPENMP_CFLAGS)
 
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
