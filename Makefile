@@ -271,21 +271,29 @@ $(BUILD)/obj/web/web_assets.o: $(BUILD)/web/web_assets.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) -Iserver $(CFLAGS) $(WARN) -c $< -o $@
 
-$(LIB): $(LIB_OBJ)
-	@rm -f $@
-	$(call say,AR,$@)ar rcs $@ $^
+# An archive is made again when its list of members changes (a source moved
+# to another directory or removed), not only when a member is newer: a stale
+# member left in an archive could still be linked.
+members = $(shell [ "$$(cat $(1) 2>/dev/null)" = "$(2)" ] || echo "$(2)" > $(1))$(1)
+LIB_MEMBERS := $(call members,$(BUILD)/libps.members,$(LIB_OBJ))
+SRV_MEMBERS := $(call members,$(BUILD)/libpsd.members,$(SRV_OBJ))
+TRN_MEMBERS := $(call members,$(BUILD)/libtrainer.members,$(TRN_OBJ))
 
-$(SRV_LIB): $(SRV_OBJ)
+$(LIB): $(LIB_OBJ) $(LIB_MEMBERS)
 	@rm -f $@
-	$(call say,AR,$@)ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $(filter %.o,$^)
+
+$(SRV_LIB): $(SRV_OBJ) $(SRV_MEMBERS)
+	@rm -f $@
+	$(call say,AR,$@)ar rcs $@ $(filter %.o,$^)
 
 $(BUILD)/bin/psd: $(PSD_OBJ) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TRN_LIB): $(TRN_OBJ)
+$(TRN_LIB): $(TRN_OBJ) $(TRN_MEMBERS)
 	@rm -f $@
-	$(call say,AR,$@)ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $(filter %.o,$^)
 
 $(BUILD)/bin/ps-train: $(TRN_MAIN) $(TRN_LIB) $(LIB)
 	@mkdir -p $(dir $@)
