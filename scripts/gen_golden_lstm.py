@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Write tests/golden/lstm.safetensors: PyTorch's nn.LSTM (2 layers, no
-dropout) forward and backward, the reference for common/nn/lstm.c (the
+dropout) forward and backward, the reference for trainer/lstm.c (the
 trainer's LSTM of the language model, both the plain C reference and
 oneDNN).
 

@@ -1,7 +1,7 @@
 /* test_lm_step - one training step of the model-parallel language model,
  * assembled from the pieces ps-train lm and psd use (rnn_lm's emb and
  * decoder stages with their row-sparse and dense gradients, the LSTM of
- * common/nn/lstm.h on each CPU implementation, the LSTM's gradients added
+ * trainer/lstm.h on each CPU implementation, the LSTM's gradients added
  * as PushGradients adds them, the global squared norm, the clip scale and
  * the SGD step), against PyTorch's RNNModel with the same weights and
  * injected dropout masks (tests/golden/lm_step.safetensors from

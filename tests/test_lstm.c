@@ -1,4 +1,4 @@
-/* test_lstm - the trainer's LSTM layer (common/nn/lstm.h), both the plain
+/* test_lstm - the trainer's LSTM layer (trainer/lstm.h), both the plain
  * C reference and oneDNN, against PyTorch's nn.LSTM (2 layers, nonzero
  * initial state, gradients of y, hn and cn: tests/golden/lstm.safetensors
  * from scripts/gen_golden_lstm.py): outputs, input gradients and both

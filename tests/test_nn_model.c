@@ -1,5 +1,5 @@
 /* test_nn_model.c - the model API over the layer table and the registry
- * (common/nn/model.h), with properties that do not depend on the code:
+ * (server/nn/model.h), with properties that do not depend on the code:
  *
  *  - stage shapes of every registry model;
  *  - input gradients (ps_model_backward_acc's grad_in) vs central finite

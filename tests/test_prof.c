@@ -1,4 +1,4 @@
-/* test_prof - the phase accounting (common/prof.h): nothing is added
+/* test_prof - the phase accounting (server/prof.h): nothing is added
  * without a bound record, timed sections land in the bound record, a lock
  * wait is timed only when the lock was held by another thread (and then
  * at least as long as the holder kept it), and the accumulators sum calls. */

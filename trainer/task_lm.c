@@ -4,7 +4,7 @@
  *
  * psd hosts rnn_lm: stage "emb" (encoder Embedding + dropout), stage
  * "decoder" (dropout + Linear) and the parameter-only stage "rnn" holding
- * the LSTM's weights. The LSTM runs here (common/nn/lstm.h, oneDNN or the
+ * the LSTM's weights. The LSTM runs here (trainer/lstm.h, oneDNN or the
  * reference), one layer at a time with dropout between layers. A round is
  * one BPTT window of the batchified training stream, under one context:
  *   Forward ids on emb -> (pull the LSTM weights if the version changed)

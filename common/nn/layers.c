@@ -1029,7 +1029,7 @@ static double zero_flops(const ps_layer *ly) { (void)ly; return 0; }
  * num_layers): weight_ih_l<k>, weight_hh_l<k>, bias_ih_l<k>, bias_hh_l<k>
  * per layer (gate order i, f, g, o), PyTorch's init U(-1/sqrt(H),
  * 1/sqrt(H)) for all. psd only holds them: the LSTM runs on the trainer
- * (common/nn/lstm.h), which pulls the weights and pushes their gradients
+ * (trainer/lstm.h), which pulls the weights and pushes their gradients
  * (PushGradients). A stage of LSTM nodes is parameter-only: Forward and
  * Backward on it are refused. ---- */
 
