@@ -1,273 +1,38 @@
-/* checkpoint.c - psd's checkpoints: write the model and optimizer state
- * as safetensors (atomically, keeping the newest few), find and load the
- * newest good one, refuse a broken or mismatched file by name (checkpoint.h). */
-#include "checkpoint.h"
-
-#include <dirent.h>
+/* checkpoint.c - psd's checkpoints (checkpoint.h): save the model's
+ * weights, buffers and optimizer state as one consistent snapshot, load
+ * one with everything checked before the model changes, and initialise the
+ * weights from a state_dict file (--init-from). The directory (lock, names,
+ * retention, restore) is checkpoint_dir.c, the optimizer file
+ * checkpoint_optim.c, psd.settle checkpoint_settle.c. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
-#include <zlib.h>
 
+#include "checkpoint_impl.h"
 #include "dims.h"
 #include "log.h"
-#include "safetensors.h"
 
-#define CKPT_PREFIX "ckpt-"
-#define CKPT_SUFFIX ".safetensors"
-#define OPTIM_SUFFIX ".optim.safetensors"
-
-ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        if (errno != ENOENT)
-            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: %s", dir, strerror(errno));
-        /* mkdir -p: a cluster's parts live in server.checkpoint_dir/<name>,
-         * and neither level need exist yet */
-        char path[4096];
-        if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: path too long", dir);
-        for (char *p = path + 1; ; p++) {
-            if (*p != '/' && *p != '\0') continue;
-            char c = *p;
-            *p = '\0';
-            if (mkdir(path, 0750) != 0 && errno != EEXIST)
-                return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create %s: %s", dir, path,
-                                  strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-        ps_log(PS_LOG_INFO, "created checkpoint dir %s", dir);
-        return PS_OK;
+/* crc32 over any length (zlib takes a uInt length). */
+uLong ckpt_crc_bytes(uLong crc, const void *data, size_t left) {
+    const unsigned char *p = data;
+    while (left) {
+        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        crc = crc32(crc, p, chunk);
+        p += chunk;
+        left -= chunk;
     }
-    if (!S_ISDIR(sb.st_mode))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: not a directory", dir);
-    if (access(dir, W_OK | X_OK) != 0)
-        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: not writable: %s", dir,
-                          strerror(errno));
-    return PS_OK;
-}
-
-/* ---- one server per directory: the lock file ------------------------------ */
-
-#define LOCK_NAME "psd.lock"
-
-/* The identity a lock file names: "cluster NAME" and "server NAME" lines
- * (server "" = the single-server form). 0 when the file holds none. */
-static int lock_ident(int fd, char *cluster, char *server, char *who, size_t n) {
-    char buf[1024];
-    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
-    if (got <= 0) return 0;
-    buf[got] = 0;
-    int have = 0;
-    cluster[0] = server[0] = who[0] = 0;
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        if (!strncmp(line, "cluster ", 8)) snprintf(cluster, n, "%s", line + 8), have |= 1;
-        else if (!strncmp(line, "server ", 7)) snprintf(server, n, "%s", line + 7), have |= 2;
-        else if (!strncmp(line, "server", 7)) server[0] = 0, have |= 2;   /* "server" alone: single-server */
-        else if (!strncmp(line, "by ", 3)) snprintf(who, n, "%s", line + 3);
-    }
-    return have == 3;
-}
-
-static const char *ident_name(const char *server) { return *server ? server : "(single-server form)"; }
-
-/* Opens dir's lock file and checks whose it is; *fd open on success. With
- * take, also locks it (flock, exclusive) and writes this identity. */
-static ps_status lock_open(const char *dir, const ps_ckpt_ident *id, int take, int *fd, ps_err *err) {
-    static const ps_ckpt_ident single_id = {"psd", ""};
-    if (!id) id = &single_id;
-    const char *mycl = id->cluster ? id->cluster : "", *mysv = id->server ? id->server : "";
-    char path[PS_CKPT_PATH_MAX];
-    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
-    *fd = open(path, take ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0640);
-    if (*fd < 0) {
-        if (!take && errno == ENOENT) return PS_OK;
-        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot open its lock file %s: %s", dir, path,
-                          strerror(errno));
-    }
-    char cl[256], sv[256], who[256];
-    int named = lock_ident(*fd, cl, sv, who, sizeof cl);
-    if (named && (strcmp(cl, mycl) || strcmp(sv, mysv))) {
-        close(*fd);
-        *fd = -1;
-        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "checkpoint dir %s belongs to server %s of cluster %s "
-                          "(%s names it%s%s); this psd is server %s of cluster %s: give each server its own "
-                          "directory (servers.<name>.checkpoint_dir), or remove the lock file if that server is "
-                          "gone for good", dir, ident_name(sv), cl, path, who[0] ? ", written by " : "", who,
-                          ident_name(mysv), mycl);
-    }
-    if (flock(*fd, (take ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
-        int e = errno;
-        close(*fd);
-        *fd = -1;
-        if (e == EWOULDBLOCK) {  /* its holder may have written its names meanwhile */
-            int rfd = open(path, O_RDONLY | O_CLOEXEC);
-            if (rfd >= 0 && lock_ident(rfd, cl, sv, who, sizeof cl)) mycl = cl, mysv = sv;
-            if (rfd >= 0) close(rfd);
-            return ps_err_set(err, PS_ERR_UNAVAILABLE, "checkpoint dir %s is in use by a running psd (server %s of "
-                              "cluster %s%s%s): one psd per directory", dir, ident_name(mysv), mycl,
-                              who[0] ? ", " : "", who);
-        }
-        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot lock %s: %s", dir, path, strerror(e));
-    }
-    if (!take) return PS_OK;
-    char host[256] = "?", text[1024];
-    gethostname(host, sizeof host - 1);
-    int len = snprintf(text, sizeof text, "# psd: this directory holds the checkpoints of one server\ncluster %s\n"
-                       "server %s\nby %s pid %ld\n", mycl, mysv, host, (long)getpid());
-    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, text, (size_t)len, 0) != len || fsync(*fd) != 0) {
-        int e = errno;
-        close(*fd);
-        *fd = -1;
-        return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot write %s: %s", dir, path, strerror(e));
-    }
-    return PS_OK;
-}
-
-ps_status ps_ckpt_lock_dir(const char *dir, const ps_ckpt_ident *id, int *fd, ps_err *err) {
-    return lock_open(dir, id, 1, fd, err);
-}
-
-ps_status ps_ckpt_check_lock(const char *dir, const ps_ckpt_ident *id, ps_err *err) {
-    int fd = -1;
-    ps_status st = lock_open(dir, id, 0, &fd, err);
-    if (fd >= 0) close(fd);
-    return st;
-}
-
-void ps_ckpt_unlock_dir(int fd) {
-    if (fd >= 0) close(fd);  /* closing drops the flock */
+    return crc;
 }
 
 /* CRC-32 of the parameters' data in parameter order. */
 static uint32_t crc_of(const void *const *data, const size_t *bytes, int n) {
     uLong crc = crc32(0L, Z_NULL, 0);
-    for (int i = 0; i < n; i++) {
-        const unsigned char *p = (const unsigned char *)data[i];
-        size_t left = bytes[i];
-        while (left) {  /* crc32 takes a uInt length */
-            uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
-            crc = crc32(crc, p, chunk);
-            p += chunk;
-            left -= chunk;
-        }
-    }
+    for (int i = 0; i < n; i++) crc = ckpt_crc_bytes(crc, data[i], bytes[i]);
     return (uint32_t)crc;
-}
-
-/* "ckpt-000000001234.safetensors" -> 1234; -1 for any other name. At
- * least 12 digits (the "%012" padding), more for versions from 10^12 on. */
-static int parse_name(const char *name, const char *suffix, uint64_t *version) {
-    size_t pl = strlen(CKPT_PREFIX), sl = strlen(suffix), n = strlen(name);
-    if (n < pl + 12 + sl || n > pl + 20 + sl || strncmp(name, CKPT_PREFIX, pl) || strcmp(name + n - sl, suffix))
-        return -1;
-    uint64_t v = 0;
-    for (size_t i = pl; i < n - sl; i++) {
-        if (name[i] < '0' || name[i] > '9') return -1;
-        uint64_t d = (uint64_t)(name[i] - '0');
-        if (v > (UINT64_MAX - d) / 10) return -1;
-        v = v * 10 + d;
-    }
-    if (n - sl - pl > 12 && name[pl] == '0') return -1;  /* padded beyond 12: not a name psd writes */
-    *version = v;
-    return 0;
-}
-
-/* Delete ckpt-*.tmp files: writes that a crash cut between write and
- * rename (psd renames a finished file over its final name, so a .tmp is
- * never a checkpoint). Called at start-up, before anything is written. */
-static void clean_tmp(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    size_t pl = strlen(CKPT_PREFIX);
-    while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n <= pl + 4 || strncmp(e->d_name, CKPT_PREFIX, pl) || strcmp(e->d_name + n - 4, ".tmp")) continue;
-        char path[PS_CKPT_PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) == 0) ps_log(PS_LOG_WARN, "deleted %s, an unfinished checkpoint write", path);
-    }
-    closedir(d);
-}
-
-static int cmp_desc(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* Versions of the files in dir named ckpt-<N><suffix>, newest first.
- * *out is malloc'ed (free it); returns the count, or -1 with err set. */
-static long list_versions(const char *dir, const char *suffix, uint64_t **out, ps_err *err) {
-    *out = NULL;
-    DIR *d = opendir(dir);
-    if (!d) {
-        ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: %s", dir, strerror(errno));
-        return -1;
-    }
-    size_t n = 0, cap = 0;
-    uint64_t *v = NULL;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        uint64_t ver;
-        if (parse_name(e->d_name, suffix, &ver)) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint64_t *nv = realloc(v, cap * sizeof *v);
-            if (!nv) {
-                free(v);
-                closedir(d);
-                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-                return -1;
-            }
-            v = nv;
-        }
-        v[n++] = ver;
-    }
-    closedir(d);
-    if (n) qsort(v, n, sizeof *v, cmp_desc);
-    *out = v;
-    return (long)n;
-}
-
-static void file_path(char *buf, size_t cap, const char *dir, uint64_t version, const char *suffix) {
-    snprintf(buf, cap, "%s/" CKPT_PREFIX "%012" PRIu64 "%s", dir, version, suffix);
-}
-
-/* Delete all but the keep newest checkpoints, and optimizer files older
- * than the oldest one kept that lost their weights file. */
-static void retain(const char *dir, int keep) {
-    uint64_t *v = NULL, *o = NULL;
-    long n = list_versions(dir, CKPT_SUFFIX, &v, NULL);
-    long no = list_versions(dir, OPTIM_SUFFIX, &o, NULL);
-    char path[PS_CKPT_PATH_MAX];
-    for (long i = keep; i < n; i++) {
-        file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
-        if (unlink(path) != 0 && errno != ENOENT)
-            ps_log(PS_LOG_WARN, "cannot delete old checkpoint %s: %s", path, strerror(errno));
-        file_path(path, sizeof path, dir, v[i], OPTIM_SUFFIX);
-        if (unlink(path) != 0 && errno != ENOENT)
-            ps_log(PS_LOG_WARN, "cannot delete old checkpoint %s: %s", path, strerror(errno));
-    }
-    if (n > 0) {
-        uint64_t oldest_kept = v[n < keep ? n - 1 : keep - 1];
-        for (long i = 0; i < no; i++) {
-            if (o[i] >= oldest_kept) continue;
-            file_path(path, sizeof path, dir, o[i], OPTIM_SUFFIX);
-            unlink(path);
-        }
-    }
-    free(v);
-    free(o);
 }
 
 static const ps_ckpt_ident single = {"psd", ""};
@@ -319,62 +84,6 @@ static int part_meta(ps_model *m, const ps_ckpt_ident *id, const char **kv, int 
         if (o > cap) return 0;
     }
     return 1;
-}
-
-/* ---- the finished-context records (psd.settle) ---------------------------- */
-
-void ps_ckpt_settle_free(ps_ckpt_settle *s) {
-    if (!s) return;
-    free(s->rec);
-    *s = (ps_ckpt_settle){0};
-}
-
-/* "<id, 16 hex>:<version>[s|d]" separated by single spaces, oldest first;
- * NULL when out of memory. */
-static char *settle_encode(const ps_ctx_finished *r, size_t n) {
-    size_t cap = n * 40 + 1, o = 0;
-    char *buf = malloc(cap);
-    if (!buf) return NULL;
-    buf[0] = 0;
-    for (size_t i = 0; i < n; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%016" PRIx64 ":%" PRIu64 "%s", i ? " " : "", r[i].id,
-                              r[i].version, r[i].how == PS_CTX_SKIPPED ? "s" : r[i].how == PS_CTX_DROPPED ? "d" : "");
-    return buf;
-}
-
-/* Strictly the format above; every version <= max_version, at most
- * PS_CKPT_SETTLE_MAX records. */
-static ps_status settle_decode(const char *path, const char *s, uint64_t max_version, ps_ckpt_settle *out,
-                               ps_err *err) {
-    size_t n = *s ? 1 : 0;
-    for (const char *p = s; *p; p++) n += *p == ' ';
-    if (n > PS_CKPT_SETTLE_MAX)
-        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle holds %zu records (at most %d)", path, n,
-                          PS_CKPT_SETTLE_MAX);
-    ps_ctx_finished *r = n ? malloc(n * sizeof *r) : NULL;
-    if (n && !r) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory reading psd.settle", path);
-    const char *p = s;
-    for (size_t i = 0; i < n; i++) {
-        char *end;
-        size_t hex = strspn(p, "0123456789abcdef");
-        if (hex != 16 || p[16] != ':' || p[17] < '0' || p[17] > '9') goto bad;
-        r[i].id = strtoull(p, NULL, 16);
-        errno = 0;
-        r[i].version = strtoull(p + 17, &end, 10);
-        if (errno || end - (p + 17) > 20 || r[i].version > max_version) goto bad;
-        r[i].how = *end == 's' ? PS_CTX_SKIPPED : *end == 'd' ? PS_CTX_DROPPED : PS_CTX_APPLIED;
-        if (*end == 's' || *end == 'd') end++;
-        if (i + 1 < n ? *end != ' ' : *end != '\0') goto bad;
-        p = end + 1;
-        continue;
-    bad:
-        free(r);
-        return ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle: record %zu is not <16 hex digits>:<version "
-                          "<= %" PRIu64 ">[s|d]", path, i, max_version);
-    }
-    out->rec = r;
-    out->n = n;
-    return PS_OK;
 }
 
 ps_status ps_ckpt_save(ps_model *m, const char *dir, uint64_t samples, int keep, ps_ckpt_info *out,
@@ -431,7 +140,7 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
     if (so->contexts) ps_ctx_table_thaw(so->contexts);
     if (rc) goto done;
     if (so->contexts) {
-        settle = settle_encode(rec, nrec);
+        settle = ckpt_settle_encode(rec, nrec);
         free(rec);
         if (!settle) {
             rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory for the settle records");
@@ -441,8 +150,8 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
 
     char wpath[PS_CKPT_PATH_MAX], opath[PS_CKPT_PATH_MAX], oname[64], vbuf[32], sbuf[32], tbuf[32],
         crcbuf[16];
-    file_path(wpath, sizeof wpath, dir, version, CKPT_SUFFIX);
-    file_path(opath, sizeof opath, dir, version, OPTIM_SUFFIX);
+    ckpt_file_path(wpath, sizeof wpath, dir, version, CKPT_SUFFIX);
+    ckpt_file_path(opath, sizeof opath, dir, version, OPTIM_SUFFIX);
     snprintf(oname, sizeof oname, CKPT_PREFIX "%012" PRIu64 OPTIM_SUFFIX, version);
     snprintf(vbuf, sizeof vbuf, "%" PRIu64, version);
     snprintf(sbuf, sizeof sbuf, "%" PRIu64, samples);
@@ -530,7 +239,7 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
         out->time = now;
         snprintf(out->path, sizeof out->path, "%s", wpath);
     }
-    retain(dir, keep);
+    ckpt_retain(dir, keep);
 done:
     free(settle);
     free(params);
@@ -547,7 +256,7 @@ done:
 }
 
 /* Strict decimal uint64 from a metadata value. */
-static int parse_u64(const char *s, uint64_t *out) {
+int ckpt_parse_u64(const char *s, uint64_t *out) {
     if (!s || !*s || s[strspn(s, "0123456789")] != '\0' || strlen(s) > 20) return -1;
     errno = 0;
     unsigned long long x = strtoull(s, NULL, 10);
@@ -557,7 +266,7 @@ static int parse_u64(const char *s, uint64_t *out) {
 }
 
 /* Tensor t must be parameter pi: dtype (F32, or F64 when allow_f64) and shape. */
-static ps_status check_tensor(const char *path, const ps_st_tensor *t, const ps_param_info *pi,
+ps_status ckpt_check_tensor(const char *path, const ps_st_tensor *t, const ps_param_info *pi,
                               int allow_f64, ps_err *err) {
     if (t->dtype != PS_ST_F32 && !(allow_f64 && t->dtype == PS_ST_F64))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has dtype %s; expected F32%s", path,
@@ -653,229 +362,6 @@ static ps_status check_crc(const char *path, const ps_st_file *f, const ps_st_te
     return PS_OK;
 }
 
-/* ---- optimizer state (generic over the kinds of optim.h) ---------------- */
-
-static uLong crc_bytes(uLong crc, const void *data, size_t left) {
-    const unsigned char *p = data;
-    while (left) {  /* crc32 takes a uInt length */
-        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
-        crc = crc32(crc, p, chunk);
-        p += chunk;
-        left -= chunk;
-    }
-    return crc;
-}
-
-/* "exp_avg,exp_avg_sq" */
-static void state_list(ps_optim_kind kind, char *buf, size_t cap) {
-    int n;
-    const char *const *names = ps_optim_state_names(kind, &n);
-    size_t o = 0;
-    buf[0] = '\0';
-    for (int j = 0; j < n && o < cap; j++) o += (size_t)snprintf(buf + o, cap - o, "%s%s", j ? "," : "", names[j]);
-}
-
-ps_status ps_ckpt_optim_write(const char *path, const ps_ckpt_optim *o, const char *arch, uint64_t version,
-                              ps_err *err) {
-    int ns;
-    const char *const *snames = ps_optim_state_names(o->kind, &ns);
-    if (!snames) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer kind %d unknown", path, (int)o->kind);
-    ps_st_tensor *t = calloc((size_t)o->nparams * (PS_OPTIM_MAX_STATE + 1) + 1, sizeof *t);
-    if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "checkpoint: out of memory");
-    size_t n = 0;
-    uLong crc = crc32(0L, Z_NULL, 0);
-    ps_status rc = PS_OK;
-    for (int i = 0; i < o->nparams && rc == PS_OK; i++) {
-        const ps_ckpt_optim_param *q = &o->params[i];
-        if (q->step <= 0) continue; /* no state yet, as in PyTorch */
-        for (int j = 0; j <= ns; j++) {
-            if (j < ns && !q->state[j]) continue;
-            ps_st_tensor *x = &t[n];
-            int len = snprintf(x->name, sizeof x->name, "%s.%s", q->name, j < ns ? snames[j] : "step");
-            if (len < 0 || (size_t)len >= sizeof x->name) {
-                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor name '%s.%s' too long", path, q->name,
-                                j < ns ? snames[j] : "step");
-                break;
-            }
-            if (j < ns) {
-                x->dtype = PS_ST_F32;
-                x->ndim = q->ndim;
-                memcpy(x->dims, q->dims, (size_t)q->ndim * sizeof x->dims[0]);
-                x->data = q->state[j];
-                x->bytes = (size_t)q->numel * sizeof(float);
-            } else {
-                x->dtype = PS_ST_I64; /* a scalar; PyTorch's Adam keeps state['step'] as a tensor too */
-                x->ndim = 0;
-                x->data = (void *)&q->step;
-                x->bytes = sizeof q->step;
-            }
-            crc = crc_bytes(crc, x->data, x->bytes);
-            n++;
-        }
-    }
-    if (rc == PS_OK) {
-        char vbuf[32], crcbuf[16], list[128];
-        snprintf(vbuf, sizeof vbuf, "%" PRIu64, version);
-        snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, (uint32_t)crc);
-        state_list(o->kind, list, sizeof list);
-        const char *meta[] = {"psd.arch", arch, "psd.model_version", vbuf,
-                              "psd.optimizer", ps_optim_kind_name(o->kind), "psd.optim_state", list,
-                              "psd.crc32", crcbuf, NULL};
-        rc = ps_st_write(path, t, n, meta, err);
-    }
-    free(t);
-    return rc;
-}
-
-/* The parameter and state index (ns = "step") a tensor name denotes, or -1. */
-static int match_state(const ps_ckpt_optim *o, const char *const *snames, int ns, const char *name, int *j) {
-    for (int i = 0; i < o->nparams; i++) {
-        size_t pl = strlen(o->params[i].name);
-        if (strncmp(name, o->params[i].name, pl) || name[pl] != '.') continue;
-        const char *suffix = name + pl + 1;
-        for (int k = 0; k <= ns; k++) {
-            if (!strcmp(suffix, k < ns ? snames[k] : "step")) {
-                *j = k;
-                return i;
-            }
-        }
-    }
-    return -1;
-}
-
-static ps_status check_state_tensor(const char *path, const ps_st_tensor *t, const ps_ckpt_optim_param *q,
-                                    ps_err *err) {
-    ps_param_info pi = { .name = q->name, .ndim = q->ndim, .numel = q->numel };
-    memcpy(pi.dims, q->dims, sizeof pi.dims);
-    return check_tensor(path, t, &pi, 0, err);
-}
-
-ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arch, uint64_t version,
-                             ps_err *err) {
-    int ns;
-    const char *const *snames = ps_optim_state_names(o->kind, &ns);
-    if (!snames) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer kind %d unknown", path, (int)o->kind);
-    ps_st_file *f = ps_st_read(path, err);
-    if (!f) return err ? err->code : PS_ERR_FORMAT;
-    ps_status rc = PS_OK;
-    const int np = o->nparams;
-    const ps_st_tensor **ts = calloc((size_t)np * (PS_OPTIM_MAX_STATE + 1) + 1, sizeof *ts);
-    int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
-    if (!ts || !steps) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); goto done; }
-#define TS(i, j) ts[(size_t)(i) * (PS_OPTIM_MAX_STATE + 1) + (size_t)(j)]
-
-    const char *farch = ps_st_metadata(f, "psd.arch");
-    if (!farch || strcmp(farch, arch)) {
-        rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: optimizer state of model '%s'; psd runs '%s'", path,
-                        farch ? farch : "(no psd.arch metadata)", arch);
-        goto done;
-    }
-    uint64_t fversion;
-    if (parse_u64(ps_st_metadata(f, "psd.model_version"), &fversion) || fversion != version) {
-        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.model_version is not %" PRIu64, path, version);
-        goto done;
-    }
-    /* The kind: files written before psd.optimizer existed hold SGD momentum. */
-    const char *kname = ps_st_metadata(f, "psd.optimizer");
-    const int legacy = kname == NULL;
-    ps_optim_kind fkind = PS_OPTIM_SGD;
-    if (kname && ps_optim_kind_parse(kname, &fkind, NULL) != PS_OK) {
-        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: psd.optimizer '%s' is not an optimizer this build knows", path,
-                        kname);
-        goto done;
-    }
-    if (fkind != o->kind) {
-        char have[128];
-        state_list(fkind, have, sizeof have);
-        rc = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s: optimizer state of %s (%s); psd runs %s, whose "
-                        "state it is not. Resume with optimizer.type: %s, or move the checkpoints away and "
-                        "start from the weights alone (psd --init-from <the weights file>)", path,
-                        ps_optim_kind_name(fkind), have, ps_optim_kind_name(o->kind), ps_optim_kind_name(fkind));
-        goto done;
-    }
-    /* Every tensor is a known parameter's state or step, with its shape. */
-    for (size_t k = 0; k < ps_st_count(f); k++) {
-        const ps_st_tensor *t = ps_st_get(f, k);
-        int j, i = match_state(o, snames, ns, t->name, &j);
-        if (i < 0) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not the %s state of a "
-                            "parameter of model %s)", path, t->name, ps_optim_kind_name(o->kind), arch);
-            goto done;
-        }
-        if (j < ns) {
-            if ((rc = check_state_tensor(path, t, &o->params[i], err))) goto done;
-        } else {
-            if (t->dtype != PS_ST_I64 || ps_st_numel(t) != 1 || t->ndim > 1) {
-                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' must be an I64 scalar", path,
-                                t->name);
-                goto done;
-            }
-            memcpy(&steps[i], t->data, sizeof steps[i]);
-            if (steps[i] < 0) {
-                rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is %" PRId64 " (negative)", path,
-                                t->name, steps[i]);
-                goto done;
-            }
-        }
-        TS(i, j) = t;
-    }
-    /* Completeness, then the CRC in writing order. */
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (int i = 0; i < np; i++) {
-        int have = 0;
-        for (int j = 0; j < ns; j++) have += TS(i, j) != NULL;
-        if (legacy) steps[i] = version; /* psd stepped every parameter at every version */
-        if (have && steps[i] == 0) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: parameter %s has optimizer state but no step "
-                            "(tensor '%s.step' missing or 0)", path, o->params[i].name, o->params[i].name);
-            goto done;
-        }
-        if (o->kind == PS_OPTIM_ADAM && steps[i] > 0 && have != ns) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: parameter %s took %" PRId64 " steps but its "
-                            "tensor '%s.%s' is missing (Adam cannot resume exactly without it)", path,
-                            o->params[i].name, steps[i], o->params[i].name, snames[TS(i, 0) ? 1 : 0]);
-            goto done;
-        }
-        for (int j = 0; j <= ns; j++)
-            if (TS(i, j)) crc = crc_bytes(crc, TS(i, j)->data, TS(i, j)->bytes);
-    }
-    const char *want = ps_st_metadata(f, "psd.crc32");
-    char got[16];
-    snprintf(got, sizeof got, "%08" PRIx32, (uint32_t)crc);
-    if (!want) { rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.crc32 is missing", path); goto done; }
-    if (strcmp(got, want)) {
-        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: data is corrupt (CRC-32 %s, the file says %s)", path, got, want);
-        goto done;
-    }
-    /* Everything checked: fill the caller's buffers. */
-    int unused = 0;
-    for (int i = 0; i < np; i++) {
-        ps_ckpt_optim_param *q = &o->params[i];
-        int wanted = 0, loaded = 0;
-        q->step = steps[i];
-        for (int j = 0; j < ns; j++) {
-            if (!q->state[j]) { unused += TS(i, j) != NULL; continue; }
-            wanted++;
-            if (TS(i, j)) {
-                memcpy(q->state[j], TS(i, j)->data, TS(i, j)->bytes);
-                loaded++;
-            } else {
-                memset(q->state[j], 0, (size_t)q->numel * sizeof(float));
-            }
-        }
-        q->has_state = wanted > 0 && loaded == wanted;
-    }
-    if (unused)
-        ps_log(PS_LOG_WARN, "%s: %d optimizer state tensors not used (the running %s keeps no such state, e.g. "
-               "optimizer.momentum is 0)", path, unused, ps_optim_kind_name(o->kind));
-#undef TS
-done:
-    free(ts);
-    free(steps);
-    ps_st_free(f);
-    return rc;
-}
-
 /* The part identity of file f (path) against this psd's (id, the model's
  * shard rows): FAILED_PRECONDITION naming both when it is another's. */
 static ps_status check_part(const char *path, const ps_st_file *f, ps_model *m, const ps_ckpt_ident *id,
@@ -939,22 +425,22 @@ ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *
         goto done;
     }
     if ((rc = check_part(path, wf, m, id, err))) goto done;
-    if (parse_u64(ps_st_metadata(wf, "psd.model_version"), &version) ||
-        parse_u64(ps_st_metadata(wf, "psd.global_step"), &step) ||
-        parse_u64(ps_st_metadata(wf, "psd.samples"), &samples) ||
-        parse_u64(ps_st_metadata(wf, "psd.time"), &when) || step != version) {
+    if (ckpt_parse_u64(ps_st_metadata(wf, "psd.model_version"), &version) ||
+        ckpt_parse_u64(ps_st_metadata(wf, "psd.global_step"), &step) ||
+        ckpt_parse_u64(ps_st_metadata(wf, "psd.samples"), &samples) ||
+        ckpt_parse_u64(ps_st_metadata(wf, "psd.time"), &when) || step != version) {
         rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.model_version/global_step/samples/time missing "
                         "or not numbers", path);
         goto done;
     }
     /* The finished-context records: checked with the rest, before anything changes. */
     const char *sv = ps_st_metadata(wf, "psd.settle"), *av = ps_st_metadata(wf, "psd.contexts_applied");
-    if (!sv != !av || (av && parse_u64(av, &rs.applied))) {
+    if (!sv != !av || (av && ckpt_parse_u64(av, &rs.applied))) {
         rc = ps_err_set(err, PS_ERR_FORMAT, "%s: metadata psd.settle and psd.contexts_applied (a number) come "
                         "together", path);
         goto done;
     }
-    if (sv && (rc = settle_decode(path, sv, version, &rs, err))) goto done;
+    if (sv && (rc = ckpt_settle_decode(path, sv, version, &rs, err))) goto done;
     rs.present = sv != NULL;
     for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(m, i);
@@ -963,7 +449,7 @@ ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' is missing", path, pi->name);
             goto done;
         }
-        if ((rc = check_tensor(path, wt[i], pi, 0, err))) goto done;
+        if ((rc = ckpt_check_tensor(path, wt[i], pi, 0, err))) goto done;
     }
     for (int b = 0; b < nb; b++) {
         const ps_buffer_info *bi = ps_model_buffer(m, b);
@@ -1039,53 +525,6 @@ done:
     return rc;
 }
 
-ps_status ps_ckpt_restore_latest(ps_model *m, const char *dir, int *found, ps_ckpt_info *out, ps_err *err) {
-    return ps_ckpt_restore_latest_part(m, dir, NULL, found, out, err);
-}
-
-ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
-                                      ps_ckpt_info *out, ps_err *err) {
-    return ps_ckpt_restore_latest_with(m, dir, id, found, out, NULL, err);
-}
-
-ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
-                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err) {
-    *found = 0;
-    uint64_t *v = NULL;
-    clean_tmp(dir);
-    long n = list_versions(dir, CKPT_SUFFIX, &v, err);
-    if (n < 0) return err ? err->code : PS_ERR_IO;
-    if (n == 0) { free(v); return PS_OK; }
-    ps_status rc = PS_OK;
-    char first_reason[PS_ERR_MSG_MAX] = "";
-    long i;
-    for (i = 0; i < n; i++) {
-        char path[PS_CKPT_PATH_MAX];
-        file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
-        ps_err e = {0};
-        if (ps_ckpt_load_with(m, path, id, out, settle, &e) == PS_OK) break;
-        ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
-        if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
-    }
-    if (i == n) {
-        rc = ps_err_set(err, PS_ERR_FORMAT, "%s: none of the %ld checkpoints can be used (newest: %s); move "
-                        "them away to start from scratch", dir, n, first_reason);
-    } else {
-        *found = 1;
-        /* Newer ones were refused: rename them so they stop shadowing this one. */
-        for (long j = 0; j < i; j++) {
-            for (int k = 0; k < 2; k++) {
-                char path[PS_CKPT_PATH_MAX], to[PS_CKPT_PATH_MAX + 8];
-                file_path(path, sizeof path, dir, v[j], k ? OPTIM_SUFFIX : CKPT_SUFFIX);
-                snprintf(to, sizeof to, "%s.refused", path);
-                if (rename(path, to) == 0 && !k) ps_log(PS_LOG_WARN, "renamed %s to %s", path, to);
-            }
-        }
-    }
-    free(v);
-    return rc;
-}
-
 ps_status ps_ckpt_init_from(ps_model *m, const char *path, ps_err *err) {
     return ps_ckpt_init_from_part(m, path, NULL, err);
 }
@@ -1122,7 +561,7 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
             goto done;
         }
         if (!t) continue;
-        if ((rc = check_tensor(path, t, pi, 1, err))) { rc = with_where(m, pi->name, err); goto done; }
+        if ((rc = ckpt_check_tensor(path, t, pi, 1, err))) { rc = with_where(m, pi->name, err); goto done; }
         if (here >= 0) ts[here] = t;
         else nskip++;
     }
