@@ -1,7 +1,8 @@
 /* model_impl.h - the model's internals, shared by model.c (weights, lock,
- * versions, placement, optimizer step), exec.c (the graph executor: memory
+ * versions, placement), model_build.c (building it from its model file),
+ * model_step.c (the optimizer step), exec.c (the graph executor: memory
  * plan, tapes, forward and backward over runs of stages) and grads.c
- * (accumulated gradients). Not for use outside common/nn. */
+ * (accumulated gradients). Not for use outside server/nn. */
 #ifndef PS_NN_MODEL_IMPL_H
 #define PS_NN_MODEL_IMPL_H
 

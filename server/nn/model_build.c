@@ -1,0 +1,695 @@
+/* model_build.c - a hosted model built from its model file (modeldef.h,
+ * see model.h): devices and sizes resolved, each stage's nodes made in
+ * topological order with their shapes inferred, parameters and buffers laid
+ * out and initialised, the definition's whole parameter list; its teardown;
+ * and `psd --describe` (ps_model_describe), which builds the shapes only. */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Parses "cpu" or "cuda:N". Returns 0 on success. */
+static int parse_device(const char *dev, int *is_cpu, int *index) {
+    if (!strcmp(dev, "cpu")) { *is_cpu = 1; *index = 0; return 0; }
+    if (!strncmp(dev, "cuda:", 5) && dev[5]) {
+        char *end;
+        long v = strtol(dev + 5, &end, 10);
+        if (*end || v < 0 || v > 63) return -1;
+        *is_cpu = 0; *index = (int)v;
+        return 0;
+    }
+    return -1;
+}
+
+static void stage_free(stage *st) {
+    ps_exec_plan_free(st);
+    free(st->layers);
+    free(st->slots);
+    free(st->order);
+    free(st->in_val);
+    free(st->val_layout);
+    free(st->rg[0]);
+    free(st->rg[1]);
+    free(st->bufi);
+    st->layers = NULL;
+    st->slots = NULL;
+    st->order = st->in_val = st->val_layout = NULL;
+    st->rg[0] = st->rg[1] = NULL;
+    st->bufi = NULL;
+}
+
+void ps_model_free(ps_model *m) {
+    if (!m) return;
+    for (int s = 0; s < m->nstages; s++) {
+        stage *st = &m->stages[s];
+        if (st->be) {
+            if (!m->nsets) {   /* creation failed before the first copy was complete */
+                ps_backend_release(st->be, st->w);
+                ps_backend_release(st->be, st->bufw);
+            }
+            for (int k = 0; k < m->nsets; k++) {
+                ps_backend_release(st->be, m->sets[k].w[s]);
+                ps_backend_release(st->be, m->sets[k].bufw[s]);
+            }
+            for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) ps_backend_release(st->be, st->state[j]);
+        }
+        ps_backend_free(st->be);
+        stage_free(st);
+    }
+    if (m->params)
+        for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
+    free(m->params);
+    if (m->def_params)
+        for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
+    free(m->def_params);
+    if (m->buffers)
+        for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
+    free(m->buffers);
+    free(m->bloc);
+    if (m->def_buffers)
+        for (int i = 0; i < m->ndef_buffers; i++) free((char *)m->def_buffers[i].name);
+    free(m->def_buffers);
+    free(m->loc);
+    free(m->ost);
+    ps_model_def_free(m->def);
+    pthread_rwlock_destroy(&m->lock);
+    pthread_mutex_destroy(&m->version_mu);
+    pthread_mutex_destroy(&m->wmu);
+    pthread_cond_destroy(&m->wcv);
+    pthread_mutex_destroy(&m->step_mu);
+    free(m);
+}
+
+/* The model's value of size key (the file's default unless given). */
+static double size_of(const ps_model *m, const char *key) {
+    return ps_model_def_size_value(m->def, key, m->def->nsizes, m->size_keys, m->sizes);
+}
+
+static ps_status resolve_sizes(ps_model *m, const ps_model_opts *o, ps_err *err) {
+    const ps_model_def *d = m->def;
+    for (int i = 0; i < d->nsizes; i++) {
+        m->sizes[i] = d->sizes[i].def;
+        m->size_keys[i] = d->sizes[i].key;
+    }
+    for (int j = 0; j < o->n_sizes; j++) {
+        const ps_size_key *k = ps_model_def_size(d, o->size_key[j]);
+        if (!k) {
+            char known[256] = "";
+            for (int i = 0; i < d->nsizes; i++) {
+                strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+                strncat(known, d->sizes[i].key, sizeof known - strlen(known) - 1);
+            }
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.sizes.%s: model '%s' has no size '%s' "
+                              "(sizes: %s)", o->size_key[j], d->name, o->size_key[j], *known ? known : "none");
+        }
+        double v = o->size_value[j];
+        if (!(v >= k->lo && (k->hi_open ? v < k->hi : v <= k->hi)) || (k->integer && v != floor(v)))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.sizes.%s: %g is outside %g..%g%s%s",
+                              k->key, v, k->lo, k->hi, k->hi_open ? " (excluded)" : "",
+                              k->integer ? " or not a whole number" : "");
+        m->sizes[k - d->sizes] = v;
+    }
+    return PS_OK;
+}
+
+static char *join_name(const char *node, const char *suffix) {
+    char *name = malloc(strlen(node) + strlen(suffix) + 2);
+    if (name) sprintf(name, "%s.%s", node, suffix);
+    return name;
+}
+
+static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_t goff, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_layer *ly = &st->layers[l];
+    const ps_layer_param *lp = &ly->param[j];
+    ps_param_info *pi = &m->params[m->nparams];
+    char *name = join_name(ly->name, lp->suffix);
+    if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    pi->name = name;
+    pi->ndim = lp->ndim;
+    pi->numel = lp->numel;
+    for (int d = 0; d < lp->ndim; d++) pi->dims[d] = lp->dims[d];
+    pi->stage = st->def->name;
+    pi->device = st->device;
+    pi->stage_index = s;
+    pi->sparse = lp->sparse;
+    if (lp->sparse && ly->row_total) {
+        pi->row_offset = ly->row_lo;
+        pi->rows_total = ly->row_total;
+    }
+    m->loc[m->nparams] = (param_loc){s, l, j, off, goff};
+    st->slots[l].param[j] = m->nparams;
+    st->slots[l].w_off[j] = off;
+    st->slots[l].g_off[j] = goff;
+    m->nsparse += lp->sparse;
+    m->nparams++;
+    return PS_OK;
+}
+
+static ps_buffer_info buffer_info(const stage *st, const ps_layer *ly, int j, int stage_index, char *name) {
+    const ps_layer_buffer *b = &ly->buffer[j];
+    ps_buffer_info bi = {.name = name, .ndim = b->ndim, .numel = b->numel, .dtype = b->dtype, .stage = st->def->name,
+                         .device = st->device, .stage_index = stage_index};
+    memcpy(bi.dims, b->dims, sizeof bi.dims);
+    return bi;
+}
+
+static ps_status add_buffer(ps_model *m, int s, int l, int j, ps_err *err) {
+    stage *st = &m->stages[s];
+    const ps_layer *ly = &st->layers[l];
+    char *name = join_name(ly->name, ly->buffer[j].suffix);
+    if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    m->buffers[m->nbuffers] = buffer_info(st, ly, j, s, name);
+    m->bloc[m->nbuffers] = (buffer_loc){s, l, j, st->slots[l].b_off[j]};
+    st->slots[l].buffer[j] = m->nbuffers++;
+    return PS_OK;
+}
+
+/* What one ps_model_create builds beyond the model itself. */
+typedef struct build_ctx {
+    const ps_model_opts *o;
+    int shard_def;           /* definition index of opts->shard_stage, -1 = none */
+} build_ctx;
+
+/* A shape's elements within PS_NUMEL_MAX, every dimension 1..PS_DIM_MAX
+ * (products checked before they are taken). */
+static int numel_ok(int ndim, const int64_t *dims) {
+    int64_t k = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (dims[d] < 1 || dims[d] > PS_DIM_MAX || k > PS_NUMEL_MAX / dims[d]) return 0;
+        k *= dims[d];
+    }
+    return 1;
+}
+
+/* The inferred output, parameters and buffers are not absurdly large. */
+static ps_status check_sizes(const ps_layer *ly, ps_err *err) {
+    char b[64];
+    if (!numel_ok(ly->outs.ndim, ly->outs.dims))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output %s is too large (at most 2^40 elements per sample)",
+                          ps_shape_format(&ly->outs, b, sizeof b));
+    for (int j = 0; j < ly->nparams; j++)
+        if (!numel_ok(ly->param[j].ndim, ly->param[j].dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "parameter %s is too large (at most 2^40 elements)",
+                              ly->param[j].suffix);
+    for (int j = 0; j < ly->nbuffers; j++)
+        if (!numel_ok(ly->buffer[j].ndim, ly->buffer[j].dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "buffer %s is too large", ly->buffer[j].suffix);
+    return PS_OK;
+}
+
+/* "path:line: node 'x' (Kind)" before an error about node nd. */
+static ps_status node_err(const ps_model *m, const ps_node_def *nd, ps_err *err) {
+    return ps_err_prefix(err, "%s:%d: node '%s' (%s)", m->def->path, nd->line, nd->name, nd->kind_name);
+}
+
+/* Build stage st (definition index st->def_index): resolve attributes,
+ * infer shapes in topological order, lay out parameters. s is its index
+ * among the hosted stages, or -1 for a stage hosted elsewhere: then only
+ * the shapes are inferred (no backend, no parameters here). *shape and
+ * *dtype carry the previous stage's output in and this stage's out. */
+static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc, ps_shape *shape,
+                             ps_dtype *dtype, ps_err *err) {
+    const ps_stage_def *sd = st->def;
+    const ps_model_def *d = m->def;
+    if (!sd->inherit || st->def_index == 0) {
+        shape->ndim = sd->in_ndim;
+        for (int k = 0; k < sd->in_ndim; k++) {
+            double v = sd->in_keys[k] ? size_of(m, sd->in_keys[k]) : (double)sd->in_dims[k];
+            if (!(v >= 1) || v != floor(v) || v > (double)PS_DIM_MAX)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': input dimension %d is %g (%s%s): "
+                                  "not a whole number in 1..2^30", d->path, sd->line, sd->name, k + 1, v,
+                                  sd->in_keys[k] ? "size " : "a literal", sd->in_keys[k] ? sd->in_keys[k] : "");
+            shape->dims[k] = (int64_t)v;
+        }
+        *dtype = sd->in_dtype;
+        if (!numel_ok(shape->ndim, shape->dims))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': the input is too large (at most 2^40 "
+                              "elements per sample)", d->path, sd->line, sd->name);
+    }
+    int nl = st->nlayers = sd->count;
+    st->layers = calloc((size_t)nl, sizeof *st->layers);
+    st->slots = calloc((size_t)nl, sizeof *st->slots);
+    st->order = calloc((size_t)nl, sizeof *st->order);
+    st->in_val = calloc((size_t)nl * PS_NODE_MAX_INPUTS, sizeof *st->in_val);
+    if (!st->layers || !st->slots || !st->order || !st->in_val)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    st->info.name = sd->name;
+    st->info.device = st->device;
+    st->info.in_ndim = shape->ndim;
+    memcpy(st->info.in_dims, shape->dims, sizeof st->info.in_dims);
+    st->info.in_dtype = *dtype;
+    st->out_val = sd->output - sd->first + 1;
+    st->dropout_base = m->ndropout;
+    for (int l = 0; l < nl; l++) {   /* file order: dropout indices */
+        ps_layer *ly = &st->layers[l];
+        const ps_node_def *nd = &d->nodes[sd->first + l];
+        ly->def = nd;
+        ly->kind = nd->kind;
+        ly->name = nd->name;
+        ly->nin = nd->nin;
+        ly->dropout_idx = (ly->kind->flags & PS_KIND_DROPOUT) ? m->ndropout++ : -1;
+        for (int i = 0; i < nd->nin; i++) st->in_val[l * PS_NODE_MAX_INPUTS + i] = nd->in[i] < 0 ? 0 : nd->in[i] - sd->first + 1;
+        st->order[l] = sd->order[l] - sd->first;
+    }
+    const ps_shape in_shape = *shape;
+    const ps_dtype in_dtype = *dtype;
+    for (int k = 0; k < nl; k++) {   /* topological order: inputs inferred first */
+        int l = st->order[k];
+        ps_layer *ly = &st->layers[l];
+        const ps_node_def *nd = ly->def;
+        ps_status rc = ps_layer_resolve(ly, d, d->nsizes, m->size_keys, m->sizes, err);
+        if (rc) return node_err(m, nd, err);
+        for (int i = 0; i < ly->nin; i++) {
+            int v = st->in_val[l * PS_NODE_MAX_INPUTS + i];
+            ly->in[i] = v ? st->layers[v - 1].outs : in_shape;
+            ly->in_dtype[i] = v ? st->layers[v - 1].out_dtype : in_dtype;
+        }
+        if (l == 0 && st->def_index == bc->shard_def) {
+            const ps_model_opts *o = bc->o;
+            if (strcmp(ly->kind->name, "Embedding"))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': stage '%s' cannot be sharded: its "
+                                  "first node is %s, not an Embedding", d->name, sd->name, ly->kind->name);
+            if (o->shard_lo < 0 || o->shard_lo >= o->shard_hi || o->shard_hi > ly->a.num)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard rows [%lld, %lld) of stage "
+                                  "'%s' are not a non-empty range within its %lld rows", d->name,
+                                  (long long)o->shard_lo, (long long)o->shard_hi, sd->name, (long long)ly->a.num);
+            ly->row_lo = o->shard_lo;
+            ly->row_total = ly->a.num;
+            ly->a.num = o->shard_hi - o->shard_lo;
+            st->info.row_lo = o->shard_lo;
+            st->info.row_hi = o->shard_hi;
+        }
+        if ((rc = ps_layer_infer(ly, err)) == PS_OK) rc = check_sizes(ly, err);
+        if (rc != PS_OK) {
+            char b1[64], b2[64] = "";
+            for (int i = 1; i < ly->nin; i++) {
+                size_t o = strlen(b2);
+                ps_shape_format(&ly->in[i], b2 + o, sizeof b2 - o);
+            }
+            ps_err_prefix(err, "input %s%s%s", ps_shape_format(&ly->in[0], b1, sizeof b1), *b2 ? ", " : "", b2);
+            return node_err(m, nd, err);
+        }
+        if (s >= 0 && st->be) {
+            const char *missing = ly->kind->missing_op(ly, st->be->ops);
+            if (missing)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model.placement.%s: %s: backend '%s' has no %s "
+                                  "(node '%s', kind %s)", sd->name, st->device, st->be->ops->name, missing,
+                                  ly->name, ly->kind->name);
+        }
+    }
+    for (int l = 0; l < nl; l++) {   /* file order: state_dict order */
+        ps_layer *ly = &st->layers[l];
+        for (int j = 0; j < ly->nparams; j++) {
+            int64_t goff = -1;
+            if (!ly->param[j].sparse) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
+            ps_status rc;
+            if (s >= 0 && (rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
+            st->nweights += ly->param[j].numel;
+        }
+        for (int j = 0; j < ly->nbuffers; j++) {
+            const ps_layer_buffer *b = &ly->buffer[j];
+            st->slots[l].buffer[j] = -1;
+            if (b->dtype == PS_DTYPE_I64) { st->slots[l].b_off[j] = st->nbufi; st->nbufi += b->numel; }
+            else { st->slots[l].b_off[j] = st->nbufw; st->nbufw += b->numel; }
+            ps_status rc;
+            if (s >= 0 && (rc = add_buffer(m, s, l, j, err)) != PS_OK) return rc;
+        }
+    }
+    const ps_layer *ol = ps_stage_out_layer(st);
+    *shape = ol->outs;
+    *dtype = ol->out_dtype;
+    st->info.out_ndim = shape->ndim;
+    memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
+    st->info.params = 0;
+    for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
+    for (int l = 0; l < nl; l++)   /* batch statistics in eval too: eval forwards are not sliced */
+        if ((st->layers[l].flags & PS_KIND_BUFFERS_EVAL) && !st->layers[l].nbuffers) m->eval_whole = 1;
+    st->info.params_only = nl > 0;
+    for (int l = 0; l < nl; l++)
+        if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
+    return PS_OK;
+}
+
+/* Initial values of parameter j of layer ly into host (ly's numel floats),
+ * drawing from rng exactly what the whole model draws for it: a shard's
+ * table draws the whole table and keeps its rows, so that shard's rows
+ * equal the same rows of the whole model built with the same seed. host
+ * NULL: draw and discard (a stage hosted elsewhere keeps the stream in
+ * step). */
+static ps_status init_param(const ps_layer *ly, int j, float *host, ps_rng *rng, ps_err *err) {
+    ps_layer full = *ly;
+    if (ly->row_total) {
+        full.a.num = ly->row_total;
+        full.row_lo = 0;
+        full.row_total = 0;
+        ps_status rc = ps_layer_infer(&full, err);
+        PS_ASSERT(rc == PS_OK && "a shard's table inferred once already");
+    }
+    if (host && !ly->row_total) {
+        ps_layer_init_param(ly, j, host, rng);
+        return PS_OK;
+    }
+    const ps_layer_param *p = &full.param[j];
+    float *scratch = malloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
+    if (!scratch)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory drawing the initial %s.%s", ly->name,
+                          p->suffix);
+    ps_layer_init_param(&full, j, scratch, rng);
+    if (host) {
+        int64_t width = p->numel / p->dims[0];
+        memcpy(host, scratch + ly->row_lo * width, (size_t)ly->param[j].numel * sizeof(float));
+    }
+    free(scratch);
+    return PS_OK;
+}
+
+/* The definition index of a stage named in opts (hosted, shard_stage),
+ * or -1 with INVALID_ARGUMENT naming the key. */
+static int def_stage_index(const ps_model_def *a, const char *key, const char *name, ps_err *err) {
+    int i = name ? ps_model_def_stage(a, name) : -1;
+    if (i < 0) {
+        char known[256];
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: model '%s' has no stage '%s' (stages: %s)", key, a->name,
+                   name ? name : "(null)", ps_model_def_stage_list(a, known, sizeof known));
+    }
+    return i;
+}
+
+/* m->def_params: every parameter of the definition, whole shapes. */
+static ps_status list_def_params(ps_model *m, stage *const *seq, const int *hosted, ps_err *err) {
+    int n = 0, h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) n += seq[ds]->layers[l].nparams;
+    if (!(m->def_params = calloc((size_t)n + 1, sizeof *m->def_params)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++) {
+            const ps_layer *ly = &st->layers[l];
+            for (int j = 0; j < ly->nparams; j++) {
+                const ps_layer_param *lp = &ly->param[j];
+                ps_param_info *pi = &m->def_params[m->ndef_params];
+                char *name = join_name(ly->name, lp->suffix);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                m->ndef_params++;
+                *pi = (ps_param_info){.name = name, .ndim = lp->ndim, .numel = lp->numel, .stage = st->def->name,
+                                      .device = st->device, .stage_index = hosted[ds] ? h : -1,
+                                      .sparse = lp->sparse};
+                memcpy(pi->dims, lp->dims, sizeof pi->dims);
+                if (lp->sparse && ly->row_total) {   /* the whole table */
+                    pi->dims[0] = ly->row_total;
+                    pi->numel = lp->numel / ly->a.num * ly->row_total;
+                }
+            }
+        }
+        h += hosted[ds];
+    }
+    int nb = 0;   /* and every buffer */
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) nb += seq[ds]->layers[l].nbuffers;
+    if (!(m->def_buffers = calloc((size_t)nb + 1, sizeof *m->def_buffers)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    h = 0;
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++)
+            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+                char *name = join_name(st->layers[l].name, st->layers[l].buffer[j].suffix);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                m->def_buffers[m->ndef_buffers++] = buffer_info(st, &st->layers[l], j, hosted[ds] ? h : -1, name);
+            }
+        h += hosted[ds];
+    }
+    return PS_OK;
+}
+
+static void ghosts_free(stage *ghost) {
+    for (int s = 0; s < PS_MODEL_MAX_STAGES; s++) stage_free(&ghost[s]);
+}
+
+/* Build the model; shapes_only: every stage of the definition, shapes,
+ * parameters and memory plans only (no backend, no weights: the stage
+ * table of --check-config). */
+static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *err) {
+    ps_model_def *a = ps_model_def_load(o->arch, o->file, err);
+    if (!a) return NULL;
+    for (int i = 0; i < o->n_placement; i++) {
+        if (ps_model_def_stage(a, o->placement_stage[i]) < 0) {
+            char known[256];
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                       "model.placement: model '%s' has no stage '%s' (stages: %s)", a->name,
+                       o->placement_stage[i], ps_model_def_stage_list(a, known, sizeof known));
+            ps_model_def_free(a);
+            return NULL;
+        }
+    }
+    int hosted[PS_MODEL_MAX_STAGES] = {0};
+    build_ctx bc = {o, -1};
+    if (o->n_hosted < 0 || o->n_hosted > a->nstages) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': %d hosted stages (it has %d)", a->name, o->n_hosted,
+                   a->nstages);
+        ps_model_def_free(a);
+        return NULL;
+    }
+    for (int s = 0; s < a->nstages; s++) hosted[s] = o->n_hosted == 0 || shapes_only;
+    for (int i = 0; i < o->n_hosted && !shapes_only; i++) {
+        int s = def_stage_index(a, "hosted stages", o->hosted[i], err);
+        if (s < 0) { ps_model_def_free(a); return NULL; }
+        hosted[s] = 1;
+    }
+    if (o->shard_stage && !shapes_only) {
+        if ((bc.shard_def = def_stage_index(a, "shard stage", o->shard_stage, err)) < 0) {
+            ps_model_def_free(a);
+            return NULL;
+        }
+        if (!hosted[bc.shard_def]) {
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard stage '%s' is not among the hosted stages",
+                       a->name, o->shard_stage);
+            ps_model_def_free(a);
+            return NULL;
+        }
+    }
+    ps_model *m = calloc(1, sizeof *m);
+    if (!m) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); ps_model_def_free(a); return NULL; }
+    stage ghost[PS_MODEL_MAX_STAGES];   /* stages hosted elsewhere: shapes only */
+    stage *seq[PS_MODEL_MAX_STAGES];    /* every stage in definition order */
+    memset(ghost, 0, sizeof ghost);
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* Steps must not starve behind a stream of forwards. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&m->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&m->version_mu, NULL);
+    pthread_mutex_init(&m->wmu, NULL);
+    pthread_cond_init(&m->wcv, NULL);
+    pthread_mutex_init(&m->step_mu, NULL);
+    m->def = a;
+    if (o->optim) {
+        m->optim = *o->optim;
+    } else {
+        ps_optim_spec_default(PS_OPTIM_SGD, &m->optim);
+        m->optim.lr = o->lr;
+        m->optim.momentum = o->momentum;
+        m->optim.weight_decay = o->weight_decay;
+    }
+    if (ps_optim_check(&m->optim, 0, err) != PS_OK) {
+        ps_err_prefix(err, "model '%s'", a->name);
+        goto fail;
+    }
+    m->nstate = ps_optim_num_state(&m->optim);
+    m->thread_budget = o->compute_threads;
+    if (m->thread_budget <= 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        m->thread_budget = ncpu > 0 ? (int)ncpu : 1;
+    }
+    if (resolve_sizes(m, o, err) != PS_OK) goto fail;
+
+    int maxp = 0;
+    for (int i = 0; i < a->nnodes; i++) maxp += PS_LAYER_MAX_PARAMS;
+    m->params = calloc(maxp + 1, sizeof *m->params);
+    m->loc = calloc(maxp + 1, sizeof *m->loc);
+    m->ost = calloc(maxp + 1, sizeof *m->ost);
+    m->buffers = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->buffers);
+    m->bloc = calloc((size_t)a->nnodes * PS_LAYER_MAX_BUFFERS + 1, sizeof *m->bloc);
+    if (!m->params || !m->loc || !m->ost || !m->buffers || !m->bloc) {
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+
+    ps_rng rng;
+    ps_rng_seed(&rng, o->seed);
+    ps_shape shape = {0};
+    ps_dtype dtype = PS_DTYPE_F32;
+    for (int ds = 0; ds < a->nstages; ds++) {
+        if (!hosted[ds]) {
+            stage *g = seq[ds] = &ghost[ds];
+            g->def = &a->stages[ds];
+            g->def_index = ds;
+            snprintf(g->device, sizeof g->device, "elsewhere");
+            if (build_stage(m, g, -1, &bc, &shape, &dtype, err) != PS_OK) goto fail;
+            continue;
+        }
+        int s = m->nstages;
+        stage *st = seq[ds] = &m->stages[s];
+        st->def = &a->stages[ds];
+        st->def_index = ds;
+        m->nstages = s + 1;
+        snprintf(st->device, sizeof st->device, "cpu");
+        for (int i = 0; i < o->n_placement; i++)
+            if (!strcmp(o->placement_stage[i], st->def->name))
+                snprintf(st->device, sizeof st->device, "%s", o->placement_device[i]);
+        int is_cpu, index;
+        if (parse_device(st->device, &is_cpu, &index)) {
+            ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                       "model.placement.%s: '%s' is not a device (use cpu or cuda:N)",
+                       st->def->name, st->device);
+            goto fail;
+        }
+        st->host_memory = is_cpu;
+        if (!shapes_only)
+            st->be = ps_backend_create(is_cpu ? o->cpu_backend : "cuda", index, o->compute_threads, err);
+        if (!st->be && !shapes_only) {
+            ps_err_prefix(err, "model.placement.%s: %s", st->def->name, st->device);
+            goto fail;
+        }
+        if (build_stage(m, st, s, &bc, &shape, &dtype, err) != PS_OK) goto fail;
+        if (ps_exec_plan(st, err) != PS_OK) goto fail;
+    }
+    if (shapes_only) {
+        ghosts_free(ghost);
+        return m;
+    }
+    if (m->nsparse && ps_optim_check(&m->optim, 1, err) != PS_OK) {
+        for (int i = 0; i < m->nparams; i++)
+            if (m->params[i].sparse) {
+                ps_err_prefix(err, "model '%s': %s is a row-sparse parameter (embedding table), updated "
+                              "with %s", a->name, m->params[i].name,
+                              m->optim.kind == PS_OPTIM_ADAM ? "torch.optim.SparseAdam's rule"
+                                                             : "plain SGD only");
+                break;
+            }
+        goto fail;
+    }
+    /* Initialise on the host in state_dict order, then move to the device.
+     * Every stage of the definition draws from the one stream, hosted or
+     * not, so a hosted subset starts from the whole model's values. */
+    for (int ds = 0; ds < a->nstages; ds++) {
+        stage *st = seq[ds];
+        if (!hosted[ds]) {
+            for (int l = 0; l < st->nlayers; l++)
+                for (int j = 0; j < st->layers[l].nparams; j++)
+                    if (init_param(&st->layers[l], j, NULL, &rng, err) != PS_OK) goto fail;
+            continue;
+        }
+        int64_t nh = st->nweights > st->nbufw ? st->nweights : st->nbufw;
+        float *host = malloc((size_t)(nh ? nh : 1) * sizeof(float));
+        st->w = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
+        st->bufw = ps_backend_alloc_floats(st->be, st->nbufw ? st->nbufw : 1);
+        st->bufi = calloc((size_t)(st->nbufi ? st->nbufi : 1), sizeof *st->bufi);
+        int have = 1;
+        for (int j = 0; j < m->nstate; j++)
+            have &= (st->state[j] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1)) != NULL;
+        if (!host || !st->w || !st->bufw || !st->bufi || !have) {
+            free(host);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
+            goto fail;
+        }
+        ps_status rc = PS_OK;
+        for (int l = 0; l < st->nlayers && rc == PS_OK; l++)
+            for (int j = 0; j < st->layers[l].nparams && rc == PS_OK; j++)
+                rc = init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng, err);
+        if (rc == PS_OK)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->w, host, (size_t)st->nweights * sizeof(float), err);
+        if (m->nstate) memset(host, 0, (size_t)st->nweights * sizeof(float));
+        for (int j = 0; j < m->nstate && rc == PS_OK; j++)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->state[j], host,
+                                             (size_t)st->nweights * sizeof(float), err);
+        for (int l = 0; l < st->nlayers; l++)   /* buffers: their initial values */
+            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+                const ps_layer_buffer *b = &st->layers[l].buffer[j];
+                for (int64_t k = 0; k < b->numel; k++) {
+                    if (b->dtype == PS_DTYPE_I64) st->bufi[st->slots[l].b_off[j] + k] = (int64_t)b->init;
+                    else host[st->slots[l].b_off[j] + k] = b->init;
+                }
+            }
+        if (rc == PS_OK && st->nbufw)
+            rc = st->be->ops->copy_to_device(st->be->impl, st->bufw, host, (size_t)st->nbufw * sizeof(float), err);
+        free(host);
+        if (rc != PS_OK) goto fail;
+        m->total_weights += st->nweights;
+    }
+    for (int s = 0; s < m->nstages; s++) {   /* the first copy of the weights */
+        m->sets[0].w[s] = m->stages[s].w;
+        m->sets[0].bufw[s] = m->stages[s].bufw;
+    }
+    m->nsets = 1;
+    m->snapshots = o->snapshot_steps && !m->nsparse && !shapes_only;
+    if (list_def_params(m, seq, hosted, err) != PS_OK) goto fail;
+    ghosts_free(ghost);
+    for (int i = 0; i < m->nparams; i++)
+        for (int j = 0; j < m->nstate; j++) m->ost[i].buf[j] = m->stages[m->loc[i].stage].state[j] + m->loc[i].off;
+    return m;
+fail:
+    ghosts_free(ghost);
+    ps_model_free(m);
+    return NULL;
+}
+
+ps_model *ps_model_create(const ps_model_opts *o, ps_err *err) { return model_build(o, 0, err); }
+
+/* "(1, 28, 28) float32" into buf. */
+static const char *shape_dtype(const ps_shape *s, ps_dtype t, char *buf, size_t cap) {
+    char b[80];
+    snprintf(buf, cap, "%s %s", ps_shape_format(s, b, sizeof b), t == PS_DTYPE_I64 ? "int64" : "f32");
+    return buf;
+}
+
+static const char *human(double v, char *buf, size_t cap) {
+    const char *unit[] = {"", "K", "M", "G", "T"};
+    int u = 0;
+    while (v >= 1000 && u < 4) { v /= 1000; u++; }
+    snprintf(buf, cap, u ? "%.3g%s" : "%.0f%s", v, unit[u]);
+    return buf;
+}
+
+ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FILE *f, ps_err *err) {
+    ps_model *m = model_build(o, 1, err);
+    if (!m) return err && err->code ? err->code : PS_ERR_INVALID_ARGUMENT;
+    fprintf(f, "model %s (%s)%s%s\n", m->def->name, m->def->path, m->def->about[0] ? ": " : "", m->def->about);
+    fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s  %s\n", "stage", "input (per sample)", "output", "parameters",
+            "FLOPs/sample", "act. bytes/sample", "placement");
+    int64_t tp = 0, ta = 0;
+    double tf = 0;
+    for (int s = 0; s < m->nstages; s++) {
+        const stage *st = &m->stages[s];
+        ps_shape in;
+        const ps_layer *ol = ps_stage_out_layer(st);
+        int64_t params = 0;
+        double flops = 0;
+        for (int l = 0; l < st->nlayers; l++) {
+            for (int j = 0; j < st->layers[l].nparams; j++) params += st->layers[l].param[j].numel;
+            flops += ps_layer_flops(&st->layers[l]);
+        }
+        int64_t act = st->info.params_only ? 0 : (int64_t)ps_exec_tape_bytes(m, s, s, 1);
+        char b1[96], b2[96], b3[32], b4[32], b5[32];
+        fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s  %s%s\n", st->def->name,
+                shape_dtype(ps_stage_in_shape(st, &in), st->info.in_dtype, b1, sizeof b1),
+                st->info.params_only ? "(parameters only)" : shape_dtype(&ol->outs, ol->out_dtype, b2, sizeof b2),
+                human((double)params, b3, sizeof b3), st->info.params_only ? "-" : human(flops, b4, sizeof b4),
+                st->info.params_only ? "-" : human((double)act, b5, sizeof b5),
+                where && where[s] ? where[s] : st->device,
+                st->info.params_only ? " (the trainer runs it: GetParameters / PushGradients)" : "");
+        tp += params;
+        if (!st->info.params_only) { tf += flops; ta += act; }
+    }
+    char b3[32], b4[32], b5[32];
+    fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s\n", "total", "", "", human((double)tp, b3, sizeof b3),
+            human(tf, b4, sizeof b4), human((double)ta, b5, sizeof b5));
+    ps_model_free(m);
+    return PS_OK;
+}
