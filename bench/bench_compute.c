@@ -63,7 +63,8 @@ static int one_batch(bench_ctx *b, int step, ps_err *err) {
     b->ctx++;
     ps_tape *t = NULL;
     double t0 = ps_mono_s();
-    if (ps_model_forward(b->m, b->x, b->batch, 1, NULL, b->ctx, b->out, step ? &t : NULL, NULL, err))
+    if (ps_model_forward_range(b->m, 0, ps_model_num_stages(b->m) - 1, b->x, b->batch, 1, NULL, b->ctx, b->out,
+                               step ? &t : NULL, NULL, err))
         return -1;
     double t1 = ps_mono_s();
     b->t_fwd += t1 - t0;
@@ -71,11 +72,13 @@ static int one_batch(bench_ctx *b, int step, ps_err *err) {
     const int k = 10;
     memset(b->grad, 0, (size_t)b->batch * k * sizeof(float));
     for (int i = 0; i < b->batch; i++) b->grad[(size_t)i * k + b->y[i]] = -1.0f / b->batch;
-    int rc = ps_model_backward(b->m, t, b->grad, err);
+    ps_grads *g = ps_grads_create(b->m, err);
+    int rc = g ? (int)ps_model_backward_acc(b->m, t, b->grad, NULL, g, err) : -1;
     double t2 = ps_mono_s();
     b->t_bwd += t2 - t1;
-    if (rc == 0) rc = ps_model_step(b->m, t, NULL, err);
+    if (rc == 0) rc = ps_model_step_grads(b->m, g, NULL, err);
     b->t_step += ps_mono_s() - t2;
+    ps_grads_free(g);
     ps_tape_free(t);
     return rc ? -1 : 0;
 }

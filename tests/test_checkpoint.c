@@ -30,6 +30,7 @@
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"
+#include "support/model_run.h"
 
 static char g_dir[] = "/tmp/ps_test_ckpt_XXXXXX";
 
@@ -57,10 +58,12 @@ static void train_step(ps_model *m, int k) {
     for (int i = 0; i < N * 28 * 28; i++) x[i] = (float)((i * 7 + k * 13) % 29) / 29.0f;
     ps_tape *t = NULL;
     ps_err e = {0};
-    CHECK(ps_model_forward(m, x, N, 1, NULL, 1000 + (uint64_t)k, out, &t, NULL, &e) == PS_OK);
+    CHECK(run_forward(m, x, N, 1, NULL, 1000 + (uint64_t)k, out, &t, NULL, &e) == PS_OK);
     for (int i = 0; i < N * 10; i++) g[i] = (i % 10 == (k + i / 10) % 10) ? -0.5f : 0.05f;
-    CHECK(ps_model_backward(m, t, g, &e) == PS_OK);
-    CHECK(ps_model_step(m, t, NULL, &e) == PS_OK);
+    ps_grads *gr = run_backward(m, t, g, &e);
+    CHECK(gr != NULL);
+    CHECK(gr && ps_model_step_grads(m, gr, NULL, &e) == PS_OK);
+    ps_grads_free(gr);
     ps_tape_free(t);
 }
 

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "ctx_table.h"
 #include "model.h"
+#include "support/model_run.h"
 
 static ps_model *model;
 
@@ -20,7 +21,7 @@ static ps_tape *make_tape(uint64_t seed) {
     for (int i = 0; i < 784; i++) x[i] = (float)((i * 31 + (int)seed) % 17) / 17.0f;
     ps_tape *t = NULL;
     ps_err err = {0};
-    CHECK(ps_model_forward(model, x, 1, 1, NULL, seed, out, &t, NULL, &err) == PS_OK);
+    CHECK(run_forward(model, x, 1, 1, NULL, seed, out, &t, NULL, &err) == PS_OK);
     return t;
 }
 

@@ -29,6 +29,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "support/golden_replay.h"
+#include "support/model_run.h"
 #include "support/random.h"
 
 typedef struct isa_row {
@@ -101,25 +102,26 @@ static void step_vs_ref(const char *isa) {
     float out[2][N * K], g[N * K] = { 0 };
     for (int i = 0; i < N; i++) g[i * K + (i * 7) % K] = -1.0f / N;
     ps_tape *t[2] = { NULL, NULL };
+    ps_grads *gr[2] = { NULL, NULL };
     for (int i = 0; i < 2; i++) {
-        CHECK_MSG(ps_model_forward(m[i], x, N, 1, NULL, 99, out[i], &t[i], NULL, &err) == PS_OK, "%s", err.msg);
-        if (t[i]) CHECK_MSG(ps_model_backward(m[i], t[i], g, &err) == PS_OK, "%s", err.msg);
+        CHECK_MSG(run_forward(m[i], x, N, 1, NULL, 99, out[i], &t[i], NULL, &err) == PS_OK, "%s", err.msg);
+        if (t[i]) CHECK_MSG((gr[i] = run_backward(m[i], t[i], g, &err)) != NULL, "%s", err.msg);
     }
     char what[96];
     snprintf(what, sizeof what, "%s batch-32 output", isa);
     check_scaled(what, out[0], out[1], N * K, 1e-4);
-    int np = t[0] && t[1] ? ps_model_num_params(m[0]) : 0;
+    int np = gr[0] && gr[1] ? ps_model_num_params(m[0]) : 0;
     for (int p = 0; p < np; p++) {
         const ps_param_info *pi = ps_model_param(m[0], p);
         float *a = malloc((size_t)pi->numel * sizeof *a), *b = malloc((size_t)pi->numel * sizeof *b);
-        CHECK(ps_tape_get_grad(m[0], t[0], p, a, &err) == PS_OK);
-        CHECK(ps_tape_get_grad(m[1], t[1], p, b, &err) == PS_OK);
+        CHECK(ps_grads_get(m[0], gr[0], p, a, &err) == PS_OK);
+        CHECK(ps_grads_get(m[1], gr[1], p, b, &err) == PS_OK);
         snprintf(what, sizeof what, "%s batch-32 grad %s", isa, pi->name);
         check_scaled(what, a, b, (size_t)pi->numel, 1e-4);
         free(a);
         free(b);
     }
-    for (int i = 0; i < 2 && np; i++) CHECK(ps_model_step(m[i], t[i], NULL, &err) == PS_OK);
+    for (int i = 0; i < 2 && np; i++) CHECK(ps_model_step_grads(m[i], gr[i], NULL, &err) == PS_OK);
     for (int p = 0; p < np; p++) {
         const ps_param_info *pi = ps_model_param(m[0], p);
         float *a = malloc((size_t)pi->numel * sizeof *a), *b = malloc((size_t)pi->numel * sizeof *b);
@@ -130,7 +132,7 @@ static void step_vs_ref(const char *isa) {
         free(a);
         free(b);
     }
-    for (int i = 0; i < 2; i++) ps_tape_free(t[i]);
+    for (int i = 0; i < 2; i++) ps_grads_free(gr[i]), ps_tape_free(t[i]);
     free(x);
     CHECK_MSG(fallbacks_of(m[0], isa) == 0, "%s: batch-32 step used reference kernels (listed above)", isa);
 out:

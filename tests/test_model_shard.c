@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "model.h"
+#include "support/model_run.h"
 
 enum { V = 21, E = 6, H = 5, NID = 9 };
 
@@ -174,7 +175,7 @@ static void mnist_split(const char *backend) {
     float *x = malloc(N * 784 * sizeof *x), *mid = malloc(N * 9216 * sizeof *mid);
     float ow[N * 10], os[N * 10];
     for (int i = 0; i < N * 784; i++) x[i] = (float)((i * 7919) % 255) / 255.0f;
-    CHECK(ps_model_forward(whole, x, N, 0, NULL, 1, ow, NULL, NULL, &err) == PS_OK);
+    CHECK(run_forward(whole, x, N, 0, NULL, 1, ow, NULL, NULL, &err) == PS_OK);
     CHECK(ps_model_forward_range(a, 0, 0, x, N, 0, NULL, 1, mid, NULL, NULL, &err) == PS_OK);
     CHECK(ps_model_forward_range(b, 0, 0, mid, N, 0, NULL, 1, os, NULL, NULL, &err) == PS_OK);
     for (int i = 0; i < N * 10; i++) CHECK_CLOSE(os[i], ow[i], 1e-6, 1e-5);
@@ -185,7 +186,7 @@ static void mnist_split(const char *backend) {
     for (int i = 0; i < N * 128; i++) m1[i] = (i % 3) ? 2.0f : 0.0f;
     const float *masks_all[2] = {m2d, m1}, *masks_a[1] = {m2d}, *masks_b[1] = {m1};
     ps_tape *tw = NULL, *ta = NULL, *tb = NULL;
-    CHECK(ps_model_forward(whole, x, N, 1, masks_all, 1, ow, &tw, NULL, &err) == PS_OK);
+    CHECK(run_forward(whole, x, N, 1, masks_all, 1, ow, &tw, NULL, &err) == PS_OK);
     CHECK(ps_model_forward_range(a, 0, 0, x, N, 1, masks_a, 1, mid, &ta, NULL, &err) == PS_OK);
     CHECK(ps_model_forward_range(b, 0, 0, mid, N, 1, masks_b, 1, os, &tb, NULL, &err) == PS_OK);
     for (int i = 0; i < N * 10; i++) CHECK_CLOSE(os[i], ow[i], 1e-6, 1e-5);

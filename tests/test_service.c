@@ -24,6 +24,7 @@
 #include "ps_client.h"
 #include "rpc_server.h"
 #include "service.h"
+#include "support/model_run.h"
 #include "wire.h"
 
 #define MAXMSG (64 << 20)
@@ -468,7 +469,7 @@ int main(void) {
     if (ref) {
         CHECK(ps_client_forward(cl, 0, 1, 0, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
         CHECK(cols == 10);
-        CHECK(ps_model_forward(ref, x, n, 0, NULL, 0, ref_out, NULL, NULL, &err) == PS_OK);
+        CHECK(run_forward(ref, x, n, 0, NULL, 0, ref_out, NULL, NULL, &err) == PS_OK);
         double md = 0;
         for (int i = 0; i < 40; i++) md = fmax(md, fabs(out[i] - ref_out[i]));
         CHECK_MSG(md < 1e-4, "wire forward vs reference: %g", md);
@@ -480,7 +481,7 @@ int main(void) {
               *br = malloc(sizeof(float) * NB * 10);
         for (int i = 0; i < NB * 784; i++) bx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
         CHECK(ps_client_forward(cl, 0, 1, 0, bx, NB, 1, 28, 28, bo, NB * 10, &cols, NULL, &err) == PS_OK);
-        CHECK(ps_model_forward(ref, bx, NB, 0, NULL, 0, br, NULL, NULL, &err) == PS_OK);
+        CHECK(run_forward(ref, bx, NB, 0, NULL, 0, br, NULL, NULL, &err) == PS_OK);
         md = 0;
         for (int i = 0; i < NB * 10; i++) md = fmax(md, fabs(bo[i] - br[i]));
         CHECK_MSG(md < 1e-4, "sliced eval forward vs reference: %g", md);

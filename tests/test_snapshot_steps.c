@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "model.h"
+#include "support/model_run.h"
 #include "support/random.h"
 
 #define OKE(call) CHECK_MSG((call) == PS_OK, "%s", err.msg)
@@ -77,7 +78,7 @@ static void *forwards(void *p) {
     ps_err err = {0};
     while (!f->stop && f->n < 4096) {
         uint64_t v = 0;
-        if (ps_model_forward(f->m, f->x, BATCH, 0, NULL, 0, f->out + (size_t)f->n * BATCH * f->out_size, NULL, &v,
+        if (run_forward(f->m, f->x, BATCH, 0, NULL, 0, f->out + (size_t)f->n * BATCH * f->out_size, NULL, &v,
                              &err) != PS_OK) {
             f->failed = 1;
             break;
@@ -138,7 +139,7 @@ int main(void) {
         }
         ref_w[s] = all_weights(in);
         ref_out[s] = malloc((size_t)BATCH * k * sizeof(float));
-        OKE(ps_model_forward(in, x, BATCH, 0, NULL, 0, ref_out[s], NULL, NULL, &err));
+        OKE(run_forward(in, x, BATCH, 0, NULL, 0, ref_out[s], NULL, NULL, &err));
     }
 
     /* 2 and 3: steps on one thread, forwards on two and snapshots on one */

@@ -277,7 +277,6 @@ void ps_tape_free(ps_tape *t) {
         free(ts->saved);
         free(ts->owned);
     }
-    ps_grads_free(t->own);
     free(t);
 }
 

@@ -296,31 +296,6 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
     return rc;
 }
 
-ps_status ps_model_forward(ps_model *m, const float *x, int n, int train, const float *const *dropout_masks,
-                           uint64_t dropout_seed, float *out, ps_tape **tape_out, uint64_t *version_used,
-                           ps_err *err) {
-    if (n > m->def->max_batch)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n, m->def->max_batch);
-    return ps_model_forward_range(m, 0, m->nstages - 1, x, n, train, dropout_masks, dropout_seed, out, tape_out,
-                                  version_used, err);
-}
-
-
-ps_status ps_model_backward(ps_model *m, ps_tape *t, const float *grad_out, ps_err *err) {
-    ps_grads_free(t->own);
-    t->own = ps_grads_create(m, err);
-    if (!t->own) return PS_ERR_RESOURCE_EXHAUSTED;
-    ps_status rc = ps_model_backward_acc(m, t, grad_out, NULL, t->own, err);
-    if (rc != PS_OK) { ps_grads_free(t->own); t->own = NULL; }
-    return rc;
-}
-
-ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err) {
-    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
-    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients yet (Backward first)");
-    return ps_grads_get(m, t->own, i, host_dst, err);
-}
-
 /* ------------------------------------------------- checkpoint support */
 
 const ps_optim_spec *ps_model_optim(const ps_model *m) { return &m->optim; }

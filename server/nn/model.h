@@ -300,7 +300,7 @@ int ps_grads_touched(const ps_grads *g);
  * an error leaves weights, optimizer state and version untouched. */
 ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version, ps_err *err);
 
-/* ---- whole-model functions (wrappers over the above, for tests and benches) ---- */
+/* ---- the whole model ---- */
 
 /* Largest batch a single forward accepts. */
 int ps_model_max_batch(const ps_model *m);
@@ -314,31 +314,7 @@ uint64_t ps_model_version(const ps_model *m);
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err);
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err);
 
-/* ps_model_forward_range over all stages (float input). Forward pass of a batch x (n, c, h, w) in host memory; writes n *
- * output_size floats to host out. With train != 0, dropout is active and
- * *tape receives what backward needs (free with ps_tape_free); with
- * train == 0 (eval), tape may be NULL and nothing is kept.
- * dropout_masks, when not NULL, supplies one host mask per dropout layer in
- * order (values 0 or 1/(1-p), shaped like the layer's input) instead of the
- * model's RNG - used by the golden-file tests. dropout_seed seeds this
- * forward's dropout stream (e.g. derived from the context id). */
-ps_status ps_model_forward(ps_model *m, const float *x, int n, int train,
-                           const float *const *dropout_masks, uint64_t dropout_seed,
-                           float *out, ps_tape **tape, uint64_t *version_used, ps_err *err);
-
-/* Backward pass from d loss / d output (n, output_size, host memory); the
- * parameter gradients land in the tape's own ps_grads (overwriting earlier
- * ones). */
-ps_status ps_model_backward(ps_model *m, ps_tape *tape, const float *grad_out, ps_err *err);
-
 int ps_tape_batch(const ps_tape *t);
-/* Copy parameter i's gradient from the tape to host memory. */
-ps_status ps_tape_get_grad(ps_model *m, const ps_tape *t, int i, float *host_dst, ps_err *err);
-
-/* ps_model_step_grads with the tape's own gradients (ps_model_backward).
- * The tape stays valid; the caller frees it. */
-ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err *err);
-
 /* Bytes a tape of batch n holds (activations + gradients), for limits. */
 size_t ps_model_tape_bytes(const ps_model *m, int n);
 /* Bytes a recorded forward's tape holds (activations and workspaces of its

@@ -170,7 +170,6 @@ struct ps_tape {
     uint32_t seq;
     int folded;              /* its statistics went into an accumulator (once per tape) */
     tape_stage st[PS_MODEL_MAX_STAGES];
-    ps_grads *own;           /* the first API's per-tape gradients (ps_model_backward) */
 };
 
 struct ps_grads {

@@ -293,8 +293,3 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
     fold_plan_free(&fp);
     return rc;
 }
-
-ps_status ps_model_step(ps_model *m, const ps_tape *t, uint64_t *version, ps_err *err) {
-    if (!t->own) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "no gradients to apply (Backward first)");
-    return ps_model_step_grads(m, t->own, version, err);
-}

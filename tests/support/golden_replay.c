@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../check.h"
+#include "model_run.h"
 
 const float *golden_tensor(const ps_st_file *g, const char *name, int64_t expect_numel) {
     const ps_st_tensor *t = ps_st_find(g, name);
@@ -82,7 +83,7 @@ void golden_replay(const ps_st_file *g, ps_model *m, const char *label) {
         const float *masks[2] = {m1, m2};
         float out[80];
         ps_tape *tape = NULL;
-        CHECK_MSG(ps_model_forward(m, x, n, 1, masks, 0, out, &tape, NULL, &err) == PS_OK, "%s: %s", label,
+        CHECK_MSG(run_forward(m, x, n, 1, masks, 0, out, &tape, NULL, &err) == PS_OK, "%s: %s", label,
                   err.msg);
         if (!tape) break;
         snprintf(key, sizeof key, "step%d output", step);
@@ -96,19 +97,21 @@ void golden_replay(const ps_st_file *g, ps_model *m, const char *label) {
         }
         CHECK_CLOSE(loss / n, want_loss[0], 1e-5, 1e-5);
         compare(label, "grad_output", grad, gout, (int64_t)n * k, 1e-7);
-        CHECK_MSG(ps_model_backward(m, tape, gout, &err) == PS_OK, "%s: %s", label, err.msg);
+        ps_grads *grads = run_backward(m, tape, gout, &err);
+        CHECK_MSG(grads != NULL, "%s: %s", label, err.msg);
         for (int i = 0; i < np; i++) {
             const ps_param_info *p = ps_model_param(m, i);
             snprintf(name, sizeof name, "step%d.grad.%s", step, p->name);
             const float *want = golden_tensor(g, name, p->numel);
             float *got = malloc((size_t)p->numel * sizeof(float));
-            CHECK(ps_tape_get_grad(m, tape, i, got, &err) == PS_OK);
+            CHECK(grads && ps_grads_get(m, grads, i, got, &err) == PS_OK);
             if (want) compare(label, name, got, want, p->numel, 2e-5);
             free(got);
         }
         uint64_t v = 0;
-        CHECK(ps_model_step(m, tape, &v, &err) == PS_OK);
+        CHECK(grads && ps_model_step_grads(m, grads, &v, &err) == PS_OK);
         CHECK(v == (uint64_t)step);
+        ps_grads_free(grads);
         ps_tape_free(tape);
     }
     for (int i = 0; i < np; i++) {
@@ -128,8 +131,8 @@ void golden_replay(const ps_st_file *g, ps_model *m, const char *label) {
         for (int i = 0; i < n * 64; i++) ones1[i] = 1;
         for (int i = 0; i < n * 128; i++) ones2[i] = 1;
         const float *ones[2] = {ones1, ones2};
-        CHECK(ps_model_forward(m, x, n, 0, NULL, 0, ev, NULL, NULL, &err) == PS_OK);
-        CHECK(ps_model_forward(m, x, n, 1, ones, 0, tr, NULL, NULL, &err) == PS_OK);
+        CHECK(run_forward(m, x, n, 0, NULL, 0, ev, NULL, NULL, &err) == PS_OK);
+        CHECK(run_forward(m, x, n, 1, ones, 0, tr, NULL, NULL, &err) == PS_OK);
         compare(label, "eval == train without dropout", ev, tr, (int64_t)n * k, 1e-6);
         free(ones1);
         free(ones2);
