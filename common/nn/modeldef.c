@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "arena.h"
 #include "layers.h"
 #include "onnx_model.h"
 
@@ -31,47 +32,6 @@
 #define STAGE_NAME_MAX 31
 #define MODEL_NAME_MAX 63
 
-/* ------------------------------------------------------------------ arena */
-
-typedef struct chunk {
-    struct chunk *next;
-    size_t used, cap;
-    _Alignas(16) unsigned char data[];
-} chunk;
-
-struct ps_def_arena {
-    chunk *head;
-};
-
-static void *arena_alloc(struct ps_def_arena *a, size_t n) {
-    n = (n + 15) & ~(size_t)15;
-    if (!a->head || a->head->cap - a->head->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
-        chunk *c = malloc(sizeof *c + cap);
-        if (!c) return NULL;
-        c->next = a->head;
-        c->used = 0;
-        c->cap = cap;
-        a->head = c;
-    }
-    void *p = a->head->data + a->head->used;
-    a->head->used += n;
-    memset(p, 0, n);
-    return p;
-}
-
-static char *arena_strndup(struct ps_def_arena *a, const char *s, size_t n) {
-    char *p = arena_alloc(a, n + 1);
-    if (p) { memcpy(p, s, n); p[n] = 0; }
-    return p;
-}
-
-static void arena_free(struct ps_def_arena *a) {
-    if (!a) return;
-    for (chunk *c = a->head, *n; c; c = n) { n = c->next; free(c); }
-    free(a);
-}
-
 /* ------------------------------------------------------------- YAML tree */
 
 enum { Y_SCALAR, Y_SEQ, Y_MAP };
@@ -86,7 +46,7 @@ typedef struct ynode {
 } ynode;
 
 typedef struct parse {
-    struct ps_def_arena *a;
+    ps_arena *a;
     const char *path;
     ps_err *err;
     int tree_nodes;
@@ -136,7 +96,7 @@ static int kid_push(kidvec *k, ynode *c) {
 static ps_status read_node(parse *P, yaml_parser_t *y, yaml_event_t *ev, int depth, ynode **out) {
     if (++P->tree_nodes > MAX_TREE_NODES) return perr(P, (int)ev->start_mark.line + 1, "too many YAML nodes");
     if (depth > MAX_DEPTH) return perr(P, (int)ev->start_mark.line + 1, "nested deeper than %d levels", MAX_DEPTH);
-    ynode *n = arena_alloc(P->a, sizeof *n);
+    ynode *n = ps_arena_alloc(P->a, sizeof *n);
     if (!n) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
     n->line = (int)ev->start_mark.line + 1;
     const yaml_char_t *anchor = NULL;
@@ -149,7 +109,7 @@ static ps_status read_node(parse *P, yaml_parser_t *y, yaml_event_t *ev, int dep
         if (anchor) break;
         n->type = Y_SCALAR;
         n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        n->s = arena_strndup(P->a, (const char *)ev->data.scalar.value, ev->data.scalar.length);
+        n->s = ps_arena_strndup(P->a, (const char *)ev->data.scalar.value, ev->data.scalar.length);
         if (!n->s) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
         if (strlen(n->s) != ev->data.scalar.length) return perr(P, n->line, "a value holds a NUL byte");
         *out = n;
@@ -180,7 +140,7 @@ static ps_status read_node(parse *P, yaml_parser_t *y, yaml_event_t *ev, int dep
         if (kid_push(&k, c)) { st = ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path); break; }
     }
     if (st == PS_OK) {
-        n->kids = arena_alloc(P->a, (size_t)(k.n ? k.n : 1) * sizeof *n->kids);
+        n->kids = ps_arena_alloc(P->a, (size_t)(k.n ? k.n : 1) * sizeof *n->kids);
         if (!n->kids) st = ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
         else if (k.n) memcpy(n->kids, k.v, (size_t)k.n * sizeof *n->kids);
         n->n = n->type == Y_MAP ? k.n / 2 : k.n;
@@ -450,7 +410,7 @@ static ps_status read_inits(parse *P, ps_node_def *nd, const ynode *v) {
                     kind_word(v));
     ps_status st = check_keys(P, v, "init", NULL);
     if (st) return st;
-    ps_init_def *in = arena_alloc(P->a, (size_t)(v->n ? v->n : 1) * sizeof *in);
+    ps_init_def *in = ps_arena_alloc(P->a, (size_t)(v->n ? v->n : 1) * sizeof *in);
     if (!in) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
     for (int i = 0; i < v->n; i++) {
         const ynode *k = v->kids[2 * i], *s = v->kids[2 * i + 1];
@@ -511,7 +471,7 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
             nd->in_names[nd->nin++] = inn->kids[i]->s;
         }
     }
-    ps_attr_def *attrs = arena_alloc(P->a, (size_t)(m->n ? m->n : 1) * sizeof *attrs);
+    ps_attr_def *attrs = ps_arena_alloc(P->a, (size_t)(m->n ? m->n : 1) * sizeof *attrs);
     if (!attrs) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
     for (int i = 0; i < m->n; i++) {
         const ynode *k = m->kids[2 * i], *val = m->kids[2 * i + 1];
@@ -643,7 +603,7 @@ static ps_status order_stages(parse *P, ps_model_def *d, ps_node_def *nodes) {
     for (int s = 0; s < d->nstages; s++) {
         ps_stage_def *sd = &d->stages[s];
         int n = sd->count, f = sd->first;
-        int *order = arena_alloc(P->a, (size_t)(n ? n : 1) * sizeof *order);
+        int *order = ps_arena_alloc(P->a, (size_t)(n ? n : 1) * sizeof *order);
         int *indeg = calloc((size_t)(n ? n : 1), sizeof *indeg);
         char *done = calloc((size_t)(n ? n : 1), 1);
         if (!order || !indeg || !done) {
@@ -769,7 +729,7 @@ static ps_status read_model(parse *P, const ynode *root, ps_model_def *d) {
         if (nl && nl->type == Y_SEQ) total += nl->n;
     }
     if (total > MAX_NODES) return perr(P, stages->line, "%d nodes, at most %d", total, MAX_NODES);
-    ps_node_def *nodes = arena_alloc(P->a, (size_t)(total ? total : 1) * sizeof *nodes);
+    ps_node_def *nodes = ps_arena_alloc(P->a, (size_t)(total ? total : 1) * sizeof *nodes);
     if (!nodes) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
     d->nodes = nodes;
     for (int s = 0; s < stages->n; s++) {
@@ -837,7 +797,7 @@ static ps_status read_model(parse *P, const ynode *root, ps_model_def *d) {
 
 ps_model_def *ps_model_def_parse(const char *text, size_t len, const char *path, ps_err *err) {
     ps_model_def *d = calloc(1, sizeof *d);
-    struct ps_def_arena *a = calloc(1, sizeof *a);
+    ps_arena *a = ps_arena_create(0);
     if (!d || !a) {
         free(d);
         free(a);
@@ -846,7 +806,7 @@ ps_model_def *ps_model_def_parse(const char *text, size_t len, const char *path,
     }
     d->arena = a;
     parse P = {.a = a, .path = path ? path : "(model)", .err = err};
-    d->path = arena_strndup(a, P.path, strlen(P.path));
+    d->path = ps_arena_strndup(a, P.path, strlen(P.path));
     ps_status st = d->path ? PS_OK : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     if (st == PS_OK && len > MAX_FILE_BYTES)
         st = perr(&P, 0, "%zu bytes; a model file is at most %d", len, MAX_FILE_BYTES);
@@ -891,7 +851,7 @@ ps_model_def *ps_model_def_load_file(const char *path, ps_err *err) {
 
 void ps_model_def_free(ps_model_def *d) {
     if (!d) return;
-    arena_free(d->arena);
+    ps_arena_free(d->arena);
     free(d);
 }
 

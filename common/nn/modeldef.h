@@ -113,7 +113,7 @@ typedef struct ps_model_def {
     ps_stage_def stages[PS_MODEL_MAX_STAGES];
     int nnodes;
     const ps_node_def *nodes;   /* stage by stage, file order */
-    struct ps_def_arena *arena;
+    struct ps_arena *arena;
 } ps_model_def;
 
 /* Parse a model file's text (len bytes; need not be NUL-terminated). path

@@ -16,51 +16,11 @@
 
 #include <pb_decode.h>
 
+#include "arena.h"
 #include "onnx.pb.h"
 
-/* ------------------------------------------------------------------ arena */
-
-typedef struct chunk {
-    struct chunk *next;
-    size_t used, cap;
-    max_align_t data[];
-} chunk;
-
-typedef struct ps_onnx_arena {
-    chunk *head;
-    size_t total;
-} ps_onnx_arena;
-
-#define ARENA_MAX ((size_t)1 << 31)   /* parsed metadata beyond this: an absurd file */
-
-static void *ar_alloc(ps_onnx_arena *a, size_t n) {
-    n = (n + 15) & ~(size_t)15;
-    if (!n) n = 16;
-    if (!a->head || a->head->cap - a->head->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
-        if (a->total + cap > ARENA_MAX) return NULL;
-        chunk *c = malloc(sizeof *c + cap);
-        if (!c) return NULL;
-        c->next = a->head;
-        c->used = 0;
-        c->cap = cap;
-        a->head = c;
-        a->total += cap;
-    }
-    void *p = (char *)a->head->data + a->head->used;
-    a->head->used += n;
-    memset(p, 0, n);
-    return p;
-}
-
-static void ar_free(ps_onnx_arena *a) {
-    if (!a) return;
-    for (chunk *c = a->head, *next; c; c = next) {
-        next = c->next;
-        free(c);
-    }
-    free(a);
-}
+/* Parsed metadata beyond this (arena.h's cap): an absurd file. */
+#define ARENA_MAX ((size_t)1 << 31)
 
 /* A growable array in the arena (old copies are left behind: at most
  * twice the final size). */
@@ -70,10 +30,10 @@ typedef struct vec {
     size_t elem;
 } vec;
 
-static void *vec_push(ps_onnx_arena *a, vec *v) {
+static void *vec_push(ps_arena *a, vec *v) {
     if (v->n == v->cap) {
         int cap = v->cap ? v->cap * 2 : 8;
-        void *nv = ar_alloc(a, (size_t)cap * v->elem);
+        void *nv = ps_arena_alloc(a, (size_t)cap * v->elem);
         if (!nv) return NULL;
         if (v->n) memcpy(nv, v->v, (size_t)v->n * v->elem);
         v->v = nv;
@@ -85,7 +45,7 @@ static void *vec_push(ps_onnx_arena *a, vec *v) {
 /* ---------------------------------------------------------------- reader */
 
 typedef struct rd {
-    ps_onnx_arena *ar;
+    ps_arena *ar;
     ps_err *err;
     const char *label;
     const uint8_t *base;        /* the buffer (for byte offsets in errors) */
@@ -128,7 +88,7 @@ static bool read_string(rd *r, pb_istream_t *s, const char **dst, const char *wh
     size_t n = s->bytes_left;
     if (n > PS_ONNX_MAX_NAME) return fail(r, s, PS_ERR_INVALID_ARGUMENT, "%s of %zu bytes (at most %d)", what, n,
                                           PS_ONNX_MAX_NAME);
-    char *p = ar_alloc(r->ar, n + 1);
+    char *p = ps_arena_alloc(r->ar, n + 1);
     if (!p) return oom(r, s);
     if (!pb_read(s, (pb_byte_t *)p, n)) return false;
     p[n] = 0;
@@ -440,7 +400,7 @@ typedef struct tensor_arg {
 static bool cb_tensor(pb_istream_t *s, const pb_field_iter_t *f, void **arg) {
     tensor_arg *a = *arg;
     (void)f;
-    ps_onnx_tensor *t = ar_alloc(a->r->ar, sizeof *t);
+    ps_onnx_tensor *t = ps_arena_alloc(a->r->ar, sizeof *t);
     if (!t) return oom(a->r, s);
     if (!read_tensor(a->r, s, t)) return false;
     a->t = t;
@@ -729,8 +689,8 @@ static bool malformed(rd *r, pb_istream_t *s) {
 }
 
 ps_onnx_model *ps_onnx_parse(const void *buf, size_t len, const char *label, ps_err *err) {
-    ps_onnx_arena *ar = calloc(1, sizeof *ar);
-    ps_onnx_model *m = ar ? ar_alloc(ar, sizeof *m) : NULL;
+    ps_arena *ar = ps_arena_create(ARENA_MAX);
+    ps_onnx_model *m = ar ? ps_arena_alloc(ar, sizeof *m) : NULL;
     if (!m) {
         free(ar);
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", label);
@@ -774,7 +734,7 @@ ps_onnx_model *ps_onnx_parse(const void *buf, size_t len, const char *label, ps_
     m->opsets = ops.v.v;
     for (int i = 0; i < ops.v.n; i++)
         if (!m->opsets[i].domain[0] || !strcmp(m->opsets[i].domain, "ai.onnx")) m->opset = m->opsets[i].version;
-    char *prod = ar_alloc(ar, 2 * PS_ONNX_MAX_NAME + 2);
+    char *prod = ps_arena_alloc(ar, 2 * PS_ONNX_MAX_NAME + 2);
     if (!prod) { oom(&r, NULL); goto fail; }
     snprintf(prod, 2 * PS_ONNX_MAX_NAME + 2, "%s%s%s", pname ? pname : "", pver ? " " : "", pver ? pver : "");
     m->producer = prod;
@@ -790,22 +750,22 @@ ps_onnx_model *ps_onnx_parse(const void *buf, size_t len, const char *label, ps_
     (void)nfunctions;   /* a node calling a local function is an unknown op to the importer */
     return m;
 fail:
-    ar_free(ar);
+    ps_arena_free(ar);
     return NULL;
 }
 
 void ps_onnx_free(ps_onnx_model *m) {
-    if (m) ar_free(m->arena);
+    if (m) ps_arena_free(m->arena);
 }
 
 typedef struct tensor_box {
     ps_onnx_tensor t;           /* first: ps_onnx_free_tensor casts back */
-    ps_onnx_arena *ar;
+    ps_arena *ar;
 } tensor_box;
 
 ps_onnx_tensor *ps_onnx_parse_tensor(const void *buf, size_t len, const char *label, ps_err *err) {
-    ps_onnx_arena *ar = calloc(1, sizeof *ar);
-    tensor_box *b = ar ? ar_alloc(ar, sizeof *b) : NULL;
+    ps_arena *ar = ps_arena_create(ARENA_MAX);
+    tensor_box *b = ar ? ps_arena_alloc(ar, sizeof *b) : NULL;
     if (!b) {
         free(ar);
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", label);
@@ -816,14 +776,14 @@ ps_onnx_tensor *ps_onnx_parse_tensor(const void *buf, size_t len, const char *la
     pb_istream_t s = pb_istream_from_buffer(buf, len);
     if (!read_tensor(&r, &s, &b->t)) {
         malformed(&r, &s);
-        ar_free(ar);
+        ps_arena_free(ar);
         return NULL;
     }
     return &b->t;
 }
 
 void ps_onnx_free_tensor(ps_onnx_tensor *t) {
-    if (t) ar_free(((tensor_box *)t)->ar);
+    if (t) ps_arena_free(((tensor_box *)t)->ar);
 }
 
 /* ------------------------------------------------------------------ files */

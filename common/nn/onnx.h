@@ -114,7 +114,7 @@ typedef struct ps_onnx_model {
     const ps_onnx_value *inputs;
     int noutputs;
     const ps_onnx_value *outputs;
-    struct ps_onnx_arena *arena;
+    struct ps_arena *arena;
 } ps_onnx_model;
 
 /* Limits: larger is refused as an absurd file. */
