@@ -1087,6 +1087,14 @@ static int pool_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, 
     return padded;
 }
 
+/* The window of output (oy, ox) and average pooling's divisor for it: the
+ * padded window's size with count_include_pad, else the input elements in
+ * it. */
+static int pool_avg_window(const ps_pool_desc *d, int oy, int ox, int *y0, int *y1, int *x0, int *x1) {
+    const int padded = pool_window(d, oy, ox, y0, y1, x0, x1);
+    return d->count_include_pad ? padded : (*y1 - *y0) * (*x1 - *x0);
+}
+
 /* The C kernels work plane by plane and output row by output row. Output
  * columns whose window lies inside the input horizontally ([lo, hi)) are
  * computed together, vectorised across columns, one window position
@@ -1185,8 +1193,7 @@ PS_CLONES static void pool_avg_plane(const ps_pool_desc *d, const float *xp, flo
         for (int ox = 0; ox < ow; ox++) {
             if (ox >= lo && ox < hi) continue;
             int y0, y1, x0, x1;
-            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
-            const int div = d->count_include_pad ? padded : (y1 - y0) * (x1 - x0);
+            const int div = pool_avg_window(d, oy, ox, &y0, &y1, &x0, &x1);
             float acc = 0.0f;
             for (int iy = y0; iy < y1; iy++)
                 for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
@@ -1194,8 +1201,7 @@ PS_CLONES static void pool_avg_plane(const ps_pool_desc *d, const float *xp, flo
         }
         if (lo >= hi) continue;
         int y0, y1, x0, x1;
-        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
-        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        const float div = (float)pool_avg_window(d, oy, lo, &y0, &y1, &x0, &x1);
         for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
             const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
             float acc[PS_POOL_COLS] = { 0 };
@@ -1228,15 +1234,13 @@ PS_CLONES static void pool_avg_bwd_plane(const ps_pool_desc *d, const float *dyp
         for (int ox = 0; ox < ow; ox++) {
             if (ox >= lo && ox < hi) continue;
             int y0, y1, x0, x1;
-            const int padded = pool_window(d, oy, ox, &y0, &y1, &x0, &x1);
-            const float g = gr[ox] / (float)(d->count_include_pad ? padded : (y1 - y0) * (x1 - x0));
+            const float g = gr[ox] / (float)pool_avg_window(d, oy, ox, &y0, &y1, &x0, &x1);
             for (int iy = y0; iy < y1; iy++)
                 for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
         }
         if (lo >= hi) continue;
         int y0, y1, x0, x1;
-        const int padded = pool_window(d, oy, lo, &y0, &y1, &x0, &x1);
-        const float div = (float)(d->count_include_pad ? padded : (y1 - y0) * d->kw);
+        const float div = (float)pool_avg_window(d, oy, lo, &y0, &y1, &x0, &x1);
         for (int c0 = lo; c0 < hi; c0 += PS_POOL_COLS) {
             const int n = hi - c0 < PS_POOL_COLS ? hi - c0 : PS_POOL_COLS;
             float g[PS_POOL_COLS];

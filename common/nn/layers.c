@@ -272,6 +272,17 @@ static int sample_dim(int64_t dim, int ndim) {
     return (int)(dim - 1);
 }
 
+/* Input 0 is a float tensor of any rank and the attribute dim one of its
+ * sample dimensions: *d is its index in the per-sample shape. */
+static ps_status need_dim_attr(const ps_layer *ly, int *d, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if ((*d = sample_dim(ly->a.dim, ly->in[0].ndim)) < 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
+                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
+    return PS_OK;
+}
+
 static const char *no_op(const ps_layer *ly, const ps_backend_ops *ops) { (void)ly; (void)ops; return NULL; }
 
 static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; return PS_OK; }
@@ -851,12 +862,9 @@ static double linear_flops(const ps_layer *ly) { return 2.0 * (double)ps_shape_n
  * the last one that is not 1, the strided op otherwise ---- */
 
 static ps_status softmax_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
     if (rc) return rc;
-    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
-    if (d < 0)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
-                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
     ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
@@ -1109,12 +1117,9 @@ static const char *add_missing(const ps_layer *ly, const ps_backend_ops *ops) {
 
 static ps_status concat_infer(ps_layer *ly, ps_err *err) {
     char b1[64], b2[64];
-    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
     if (rc) return rc;
-    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
-    if (d < 0)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
-                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
     ly->outs = ly->in[0];
     for (int i = 1; i < ly->nin; i++) {
         if ((rc = need_ndim(ly, i, ly->in[0].ndim, ly->in[0].ndim, PS_DTYPE_F32, err))) return rc;
@@ -1286,12 +1291,9 @@ static ps_status param_backward(ps_layer_call *c, ps_err *err) {
  * dy into the selected positions (repeated indices add). ---- */
 
 static ps_status index_select_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
     if (rc) return rc;
-    int d = sample_dim(ly->a.dim, ly->in[0].ndim);
-    if (d < 0)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld is not a dimension 1..%d of the batched input "
-                          "(0 is the batch)", (long long)ly->a.dim, ly->in[0].ndim);
     for (int i = 0; i < ly->a.ndims; i++)
         if (ly->a.dims[i] >= ly->in[0].dims[d])
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "index %lld is outside dim %lld of size %lld",
