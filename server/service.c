@@ -23,6 +23,7 @@ static void grads_free_cb(void *g) { ps_grads_free(g); }
 ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err *err) {
     ps_service *s = calloc(1, sizeof *s);
     if (!s) { ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory"); return NULL; }
+    s->opts = *o;
     s->model = model;
     ps_ctx_table_opts to = {.ttl_s = o->context_ttl_s, .max_live = o->max_contexts ? o->max_contexts : 4096,
                             .settle_window_s = o->settle_window_s, .max_finished = o->max_finished,

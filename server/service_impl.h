@@ -24,6 +24,8 @@
 typedef struct svc_fwd_node svc_fwd_node;
 
 struct ps_service {
+    ps_service_opts opts;        /* as given (server.* keys): a handler reads its key here, nothing
+                                    copies it (docs/hacking.md); strings are the config's */
     ps_model *model;
     ps_ctx_table *ctx;
     ps_cons *cons;               /* server.consistency */

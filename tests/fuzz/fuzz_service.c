@@ -130,6 +130,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (i < size) len = data[i++];
         if (i < size) len |= (size_t)data[i++] << 8;
         if (len > size - i) len = size - i;
+        _Static_assert(PS_M_COUNT + 1 <= 16, "the selector's low 4 bits must reach every method and the "
+                       "tokens parser: widen it (and the comment above) when the table grows");
         int which = (sel & 15) % (nm + 1);
         int nslices = 1 + ((sel >> 4) & 3);
         if (which < nm) call_handler(svc, &methods[which], data + i, len, nslices);
