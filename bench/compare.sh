@@ -85,7 +85,7 @@ echo "compare: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 bad=0
 for what in e2e step; do
   n=$(median <"$tmp/new.$what"); o=$(median <"$tmp/old.$what")
-  ratio=$(awk -v n="$n" -v o="$o" 'BEGIN { printf "%.3f", o > 0 ? n / o : 0 }')
+  ratio=$(awk -v n="$n" -v o="$o" 'BEGIN { printf "%.3f", (o > 0 ? n / o : 0) }')
   printf "%-4s new %8.1f old %8.1f samples/s  new/old %s\n" "$what" "$n" "$o" "$ratio"
   awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN { exit !(r >= m) }' || bad=1
 done
