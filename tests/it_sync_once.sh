@@ -144,7 +144,9 @@ for _ in $(seq 100); do ls "$tmp/ck4" 2>/dev/null | grep -qE '^ckpt-[0-9]+\.safe
 before=$(status | field contexts_applied)
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
 kill -CONT "$t1" "$t2"
-sleep 1
+# restart once a trainer has found psd down (a busy machine may not run the
+# trainers for a while after SIGCONT: a fixed sleep let psd come back first)
+for _ in $(seq 400); do cat "$tmp"/t*.log | grep -q "retry [0-9]* in" && break; sleep 0.05; done
 start_psd psd4.log "${ck[@]}"
 restored=$(sed -n 's/.*records restored (\([0-9]*\) contexts applied).*/\1/p' "$tmp/psd4.log" | tail -n 1)
 [ -n "$restored" ] || fail "the restarted psd did not restore its context records"
