@@ -57,7 +57,6 @@ void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
     grpc_metadata_array_destroy(&c->md);
     if (c->call) grpc_call_unref(c->call);
     c->call = NULL;
-    int counted = c->counted, cls = c->cls;
     /* a stream that ended, unanswered, before its request message arrived */
     int reset = c->peer[0] && !c->got_message && !c->timed_out && (c->cancelled || c->close_cancelled);
     pthread_mutex_unlock(&c->mu);
@@ -65,10 +64,7 @@ void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
      * only at live == 0); s must not be touched after this unlock. */
     pthread_mutex_lock(&s->mu);
     s->live--;
-    if (counted) {
-        s->ncalls[cls]--;
-        rpc_client_release_locked(s, c->client, cls);
-    }
+    rpc_client_release_locked(s, c);
     if (c->watched) {
         if (c->wprev) c->wprev->wnext = c->wnext;
         else s->watch = c->wnext;
@@ -232,6 +228,7 @@ static void on_request(ps_rpc_call *c, int success) {
 
 static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     pthread_mutex_lock(&s->mu);
+    rpc_client_unstall_locked(s, c);  /* its message is in */
     work_queue *q = &s->q[c->cls];
     c->next = NULL;
     if (q->tail) q->tail->next = c;

@@ -150,26 +150,37 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
         long long r = __atomic_load_n(&c->recv_since, __ATOMIC_RELAXED);
         long long w = __atomic_load_n(&c->send_since, __ATOMIC_RELAXED);
         int k = r && now - r > s->recv_timeout_ms ? 1 : w && now - w > s->send_timeout_ms ? 2 : 0;
+        /* past the grace, a stalled call counts against the stalled caps,
+         * or is cancelled when they are full */
+        if (!k && r && now - r > PS_RPC_STALL_GRACE_MS && !rpc_client_stall_old_locked(s, c)) k = 3;
         if (!k) continue;
         atomic_fetch_add(&c->refs, 1);
         why[n] = k;
         cut[n++] = c;
-        if (k == 1) s->recv_timeouts++;
-        else s->send_timeouts++;
+        if (k == 2) s->send_timeouts++;
+        else if (k == 1) s->recv_timeouts++;
+        else s->refused_client++;
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++) {
         ps_rpc_call *c = cut[i];
         pthread_mutex_lock(&c->mu);
-        __atomic_store_n(why[i] == 1 ? &c->recv_since : &c->send_since, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(why[i] == 2 ? &c->send_since : &c->recv_since, 0, __ATOMIC_RELAXED);
         c->timed_out = 1;
         if (!c->finished && c->call) {
-            char msg[200];
-            snprintf(msg, sizeof msg, why[i] == 1
-                     ? "request message not received within %d ms (server.recv_timeout_s)"
-                     : "reply not taken by the client within %d ms (server.send_timeout_s)",
-                     why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
-            grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+            char msg[360];
+            if (why[i] == 3)
+                snprintf(msg, sizeof msg, "request message not received within %d ms while %s already holds %d "
+                         "such calls (server.max_stalled_per_client) or all clients hold %d (server.max_calls / 4 "
+                         "in all); retry later", PS_RPC_STALL_GRACE_MS, c->client, s->opts.max_stalled_per_client,
+                         s->opts.max_calls / 4 > 0 ? s->opts.max_calls / 4 : 1);
+            else
+                snprintf(msg, sizeof msg, why[i] == 1
+                         ? "request message not received within %d ms (server.recv_timeout_s)"
+                         : "reply not taken by the client within %d ms (server.send_timeout_s)",
+                         why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
+            grpc_call_cancel_with_status(c->call, why[i] == 3 ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                              : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
         }
         pthread_mutex_unlock(&c->mu);
         rpc_call_unref(c);
