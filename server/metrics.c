@@ -192,7 +192,8 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
            "messages sent (payloads, without HTTP/2 and TLS framing).");
     put(&b, "psd_message_bytes_total{dir=\"received\"} %llu\n", ad.bytes_received);
     put(&b, "psd_message_bytes_total{dir=\"sent\"} %llu\n", ad.bytes_sent);
-    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset.");
+    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
+           "connection, or its whole host) or past server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
     put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);

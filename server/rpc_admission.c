@@ -57,11 +57,7 @@ static void client_key(char *dst, size_t n, const char *token_name, const char *
         snprintf(dst, n, "token:%s", token_name);
         return;
     }
-    snprintf(dst, n, "%s", peer ? peer : "?");
-    if (strncmp(dst, "unix", 4) == 0) return;
-    char *colon = strrchr(dst, ':');
-    char *bracket = strrchr(dst, ']');
-    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+    rpc_peer_host(dst, n, peer);
 }
 
 static client_slot *client_find(ps_rpc_server *s, const char *key, int create) {

@@ -216,10 +216,18 @@ typedef struct ps_rpc_server_opts {
     double send_timeout_s;       /* server.send_timeout_s: a reply the client
                                     does not take (flow control) within this is
                                     cancelled; 0 = default */
+    int max_connections_per_client; /* server.max_connections_per_client:
+                                    connections one host may hold to the
+                                    server's port (counted every second; the
+                                    newest past it are closed); 0 =
+                                    PS_RPC_DEFAULT_MAX_CONNECTIONS */
     int max_resets_per_s;        /* a connection whose streams end before
                                     their request message more often than
                                     this in one second (HTTP/2 rapid reset)
-                                    is closed; 0 = default */
+                                    is closed, and a host whose connections
+                                    together do is cut off (all its
+                                    connections closed while it goes on);
+                                    0 = default */
     bool profile;                /* time every call's phases (prof.h),
                                     read with ps_rpc_server_phases */
 } ps_rpc_server_opts;
@@ -233,6 +241,7 @@ int ps_rpc_calls_per_client(const ps_rpc_server_opts *opts);
 #define PS_RPC_DEFAULT_SEND_TIMEOUT_S 60.0
 #define PS_RPC_DEFAULT_MAX_RESETS 200
 #define PS_RPC_DEFAULT_MAX_STALLED 16
+#define PS_RPC_DEFAULT_MAX_CONNECTIONS 64
 
 /* What admission control did, since the server started (a snapshot). */
 typedef struct ps_rpc_admission {

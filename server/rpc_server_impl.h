@@ -70,6 +70,23 @@ typedef struct conn_resets {
     int cut;            /* already cut in this window */
 } conn_resets;
 
+/* Hosts (peer addresses without the port) recently seen resetting
+ * streams, with a decaying count (half-life 1 s: about 1.44 x resets per
+ * second at a steady rate); a host past max_resets_per_s over all its
+ * connections is cut off (every connection from it closed, and any it
+ * opens while its count stays high). Bounded: the slot with the lowest
+ * count is reused. */
+#define PS_RPC_HOST_SLOTS 256
+/* At most this many hosts (IPv4) have their new connections refused at
+ * once (a socket filter on the listener; rpc_scan_connections). */
+#define PS_RPC_REFUSED_HOSTS 32
+typedef struct host_resets {
+    char host[PS_RPC_CLIENT_KEY];
+    double score;
+    long long t_ms;      /* when score was last decayed */
+    long long cut_until; /* monotonic ms: its connections are closed until then */
+} host_resets;
+
 /* Call classes: each has its own call cap, FIFO and workers. Readers'
  * ordinary calls (tokens restricted to reader methods) do not share the
  * trainers' cap. */
@@ -183,6 +200,10 @@ struct ps_rpc_server {
     pthread_mutex_t mu;                 /* the fields below */
     int live;                           /* armed requests + unfinished calls */
     conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
+    host_resets hosts[PS_RPC_HOST_SLOTS];   /* recent resets by host */
+    atomic_llong next_conn_scan;            /* connections per host counted (rpc_scan_connections) */
+    uint32_t refused_hosts[PS_RPC_REFUSED_HOSTS]; /* IPv4 hosts whose new connections the listener drops */
+    int nrefused_hosts;                     /* (event thread running the connection scan only) */
     unsigned long long conns_cut;
     atomic_ullong bytes_received, bytes_sent; /* message payloads, both ways */
     int ncalls[NCLASSES];               /* accepted, unfinished calls */
@@ -251,8 +272,22 @@ void rpc_conn_release_locked(ps_rpc_server *s, const char *peer);
 /* With s->mu held: peer reset one more stream before its message; 1 when
  * it passed opts.max_resets_per_s in this second (once per window). */
 int rpc_note_reset_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: peer's host reset one more stream; 1 when the host
+ * just passed opts.max_resets_per_s over all its connections (cut it off:
+ * rpc_cut_host). */
+int rpc_note_host_reset_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: is peer's host cut off now (its new connections are
+ * closed)? */
+int rpc_host_cut_locked(ps_rpc_server *s, const char *peer);
 /* Close the connection to peer, logging why. */
 void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why);
+/* Close every connection from peer's host, logging why. */
+void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why);
+/* Count the connections to the server's port per host (its sockets) and
+ * close those past opts.max_connections_per_client, newest first. */
+void rpc_scan_connections(ps_rpc_server *s);
+/* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */
+void rpc_peer_host(char *dst, size_t n, const char *peer);
 /* Cancel calls that waited too long for their message or for the client
  * to take their reply. */
 void rpc_scan_timeouts(ps_rpc_server *s);

@@ -158,8 +158,9 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.max_connection_age_grace_ms <= 0) o.max_connection_age_grace_ms = 60000;
     if (o.max_resets_per_s == 0) o.max_resets_per_s = PS_RPC_DEFAULT_MAX_RESETS;
     if (o.max_stalled_per_client == 0) o.max_stalled_per_client = PS_RPC_DEFAULT_MAX_STALLED;
+    if (o.max_connections_per_client == 0) o.max_connections_per_client = PS_RPC_DEFAULT_MAX_CONNECTIONS;
     if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
-        o.max_calls_per_client < 1 || o.max_stalled_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
+        o.max_calls_per_client < 1 || o.max_stalled_per_client < 1 || o.max_connections_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
         !(o.send_timeout_s >= 0.001) || o.transport_memory_mb < 0 ||
         nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,

