@@ -129,8 +129,11 @@ echo "ok: $(cat "$tmp/out")"
 stop_psd
 
 # 3b. ssp: Forwards held back for the slowest rank, given up by their client
-start_psd psd3b.log --set server.consistency=ssp --set server.max_staleness=0
-PYTHONPATH="$tmp" timeout 120 $PY tests/hostile_ssp.py "127.0.0.1:$port" "$psd" 30 >"$tmp/out" 2>&1 ||
+#     and past their client's byte share (a quarter of server.max_context_bytes)
+#     refused, not held
+start_psd psd3b.log --set server.consistency=ssp --set server.max_staleness=0 \
+  --set server.max_context_bytes=$((64 << 20))
+PYTHONPATH="$tmp" timeout 120 $PY tests/hostile_ssp.py "127.0.0.1:$port" "$psd" 30 $((64 << 20)) >"$tmp/out" 2>&1 ||
   { cat "$tmp/out"; fail "ssp held Forwards"; }
 echo "ok: ssp: $(cat "$tmp/out")"
 stop_psd
