@@ -15,6 +15,7 @@
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
 #                   the model-file loader, the ONNX import
+#   make test-hostile it_hostile with the issue-23 attacks (stalls from 4 clients, reset over 300 connections) 60 s each
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
 #   make test-slurm scripts/slurm/ps-cluster.sbatch on a real 2-node Slurm this test starts (slurm-wlm)
@@ -110,7 +111,7 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-hostile test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
@@ -170,6 +171,11 @@ fuzz:
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# it_hostile with the issue-23 attacks (stalls from 4 addresses or 4 reader
+# tokens, rapid reset over 300 connections) run 60 s instead of 10 s
+test-hostile: all
+	@HOSTILE_SECONDS=60 BUILD=$(BUILD) bash tests/it_hostile.sh
 
 test-faults: deps
 	@$(MAKE) --no-print-directory $(if $(Q),-s) all

@@ -92,6 +92,8 @@ static const cfg_entry g_table[] = {
     ENUM("server.nonfinite_policy", SVC(nonfinite_policy), nonfinite_names, "reject"),
     INT ("server.max_calls",       RPC(max_calls),         1, 65536, "256"),
     INT ("server.max_calls_per_client", RPC(max_calls_per_client), 0, 65536, "0"),
+    INT ("server.max_stalled_per_client", RPC(max_stalled_per_client), 1, 65536, "16"),
+    INT ("server.max_connections_per_client", RPC(max_connections_per_client), 1, 65536, "64"),
     INT ("server.max_streams_per_connection", RPC(max_streams_per_connection), 1, 4096, "64"),
     DBL ("server.max_connection_age_s", RPC(max_connection_age_s), 0, 0, 31536000, 0, "1800"),
     INT ("server.transport_memory_mb", RPC(transport_memory_mb), 0, 1048576, "512"),

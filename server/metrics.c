@@ -192,11 +192,16 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
            "messages sent (payloads, without HTTP/2 and TLS framing).");
     put(&b, "psd_message_bytes_total{dir=\"received\"} %llu\n", ad.bytes_received);
     put(&b, "psd_message_bytes_total{dir=\"sent\"} %llu\n", ad.bytes_sent);
-    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset.");
+    family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
+           "connection, or its whole host) or past server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
     put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);
     put(&b, "psd_calls_in_progress{class=\"reserved\"} %d\n", ad.reserved_calls);
+    put(&b, "psd_calls_in_progress{class=\"reader\"} %d\n", ad.reader_calls);
+    family(&b, "psd_calls_waiting_for_request", "gauge", "Accepted ordinary and reader calls whose request "
+           "message has not arrived (server.max_stalled_per_client).");
+    put(&b, "psd_calls_waiting_for_request %d\n", ad.stalled_calls);
     family(&b, "psd_admission_saturated_seconds", "gauge", "How long every new ordinary call has been "
            "refused for the call cap (0: not saturated).");
     put(&b, "psd_admission_saturated_seconds %.3f\n", ad.saturated_s);

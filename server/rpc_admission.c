@@ -1,6 +1,8 @@
 /* rpc_admission.c - who may call and how many calls the server holds:
  * bearer tokens (in the transport and per call), the method table, the
- * per-class and per-client call caps, the counters of what was refused,
+ * per-class and per-client call caps (stalled calls, capacity kept for
+ * clients holding none, a reserved call per connection), the counters of
+ * what was refused,
  * and refusal log lines that a flood cannot turn into a flood of writes. */
 #include "rpc_server_impl.h"
 
@@ -55,23 +57,63 @@ static void client_key(char *dst, size_t n, const char *token_name, const char *
         snprintf(dst, n, "token:%s", token_name);
         return;
     }
-    snprintf(dst, n, "%s", peer ? peer : "?");
-    if (strncmp(dst, "unix", 4) == 0) return;
-    char *colon = strrchr(dst, ':');
-    char *bracket = strrchr(dst, ']');
-    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+    rpc_peer_host(dst, n, peer);
 }
 
 static client_slot *client_find(ps_rpc_server *s, const char *key, int create) {
     return rpc_slot_find(&s->clients, &s->nclients, &s->cap_clients, key, create);
 }
 
-/* With s->mu held: one call of class cls of client key ended. */
-void rpc_client_release_locked(ps_rpc_server *s, const char *key, int cls) {
-    client_slot *c = client_find(s, key, 0);
-    if (!c) return;
-    c->n[cls]--;
-    if (c->n[0] <= 0 && c->n[1] <= 0) *c = s->clients[--s->nclients];
+static void client_drop_if_idle(ps_rpc_server *s, client_slot *k) {
+    for (int i = 0; i < NCLASSES; i++)
+        if (k->n[i] > 0) return;
+    if (k->stalled > 0) return;
+    *k = s->clients[--s->nclients];
+}
+
+void rpc_client_unstall_locked(ps_rpc_server *s, ps_rpc_call *c) {
+    if (!c->stalled) return;
+    client_slot *k = client_find(s, c->client, 0);
+    c->stalled = 0;
+    s->nstalled--;
+    if (k) k->stalled--;
+    if (c->stalled_old) {
+        c->stalled_old = 0;
+        s->nold--;
+        if (k) k->old--;
+    }
+}
+
+/* All clients together may hold max_calls / 4 stalled calls, though one
+ * holding none may always hold one. */
+static int stalled_all(const ps_rpc_server *s) {
+    return s->opts.max_calls / 4 > 0 ? s->opts.max_calls / 4 : 1;
+}
+
+int rpc_client_stall_old_locked(ps_rpc_server *s, ps_rpc_call *c) {
+    if (!c->stalled || c->stalled_old) return 1;
+    client_slot *k = client_find(s, c->client, 0);
+    if (!k) return 1;
+    if (k->old >= s->opts.max_stalled_per_client || (k->old > 0 && s->nold >= stalled_all(s))) return 0;
+    c->stalled_old = 1;
+    k->old++;
+    s->nold++;
+    return 1;
+}
+
+void rpc_client_release_locked(ps_rpc_server *s, ps_rpc_call *c) {
+    if (c->conn_reserved) {
+        client_slot *conn = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, c->peer, 0);
+        if (conn) conn->reserved--;
+        c->conn_reserved = 0;
+    }
+    rpc_client_unstall_locked(s, c);
+    if (!c->counted) return;
+    s->ncalls[c->cls]--;
+    client_slot *k = client_find(s, c->client, 0);
+    if (!k) return;
+    k->n[c->cls]--;
+    client_drop_if_idle(s, k);
 }
 
 static const ps_rpc_method *find_method(const ps_rpc_server *s, grpc_slice path) {
@@ -196,6 +238,14 @@ void rpc_log_refusal(ps_rpc_server *s, const char *fmt, ...) {
     ps_log(PS_LOG_WARN, "%s", line);
 }
 
+/* The call cap of a class: max_calls, max_reserved_calls, and readers
+ * max_calls / 2 of their own. */
+static int rpc_class_cap(const ps_rpc_server *s, int cls) {
+    if (cls == CLASS_RESERVED) return s->opts.max_reserved_calls;
+    if (cls == CLASS_READER) return s->opts.max_calls / 2 > 0 ? s->opts.max_calls / 2 : 1;
+    return s->opts.max_calls;
+}
+
 grpc_status_code rpc_admit(ps_rpc_call *c, const char *rawpeer, const char *method, const char *peer,
                            char *details, size_t dlen) {
     ps_rpc_server *s = c->s;
@@ -211,61 +261,103 @@ grpc_status_code rpc_admit(ps_rpc_call *c, const char *rawpeer, const char *meth
         ps_log(PS_LOG_DEBUG, "rpc: %s from %s -> UNIMPLEMENTED", method, peer);
         return GRPC_STATUS_UNIMPLEMENTED;
     }
-    c->cls = c->m->reserved ? CLASS_RESERVED : CLASS_ORDINARY;
+    /* a token restricted to some methods is a reader: its ordinary calls
+     * have their own cap and workers */
+    c->cls = c->m->reserved ? CLASS_RESERVED
+           : c->who >= 0 && s->tokens[c->who].methods ? CLASS_READER : CLASS_ORDINARY;
     client_key(c->client, sizeof c->client, c->who >= 0 ? s->tokens[c->who].name : NULL, rawpeer);
-    int cap = c->cls == CLASS_RESERVED ? s->opts.max_reserved_calls : s->opts.max_calls;
+    int cap = rpc_class_cap(s, c->cls);
     /* reserved calls: the same fraction of their cap, at least 2 */
     int ccap = s->opts.max_calls_per_client;
     if (c->cls == CLASS_RESERVED) {
         ccap = (int)((long long)s->opts.max_reserved_calls * s->opts.max_calls_per_client / s->opts.max_calls);
         if (ccap < 2) ccap = 2;
     }
+    if (ccap > cap) ccap = cap;
+    int keep = cap / 8;                     /* kept for clients holding none */
+    int all = stalled_all(s);
+    enum { OK, BUSY, KEPT, CLIENT, STALLED, STALLED_ALL } why = OK;
     double now = ps_mono_ms() / 1000.0;
     pthread_mutex_lock(&s->mu);
-    int n = s->ncalls[c->cls], mine = -1;
-    client_slot *cs = NULL;
-    if (n < cap) {
-        cs = client_find(s, c->client, 1);
-        mine = cs ? cs->n[c->cls] : ccap;
-        if (mine < ccap) {
-            s->ncalls[c->cls]++;
-            cs->n[c->cls]++;
-            c->counted = 1;
-            c->watched = 1;
-            c->wprev = NULL;
-            c->wnext = s->watch;
-            if (s->watch) s->watch->wprev = c;
-            s->watch = c;
-        } else {
-            s->refused_client++;
-            if (cs && cs->n[0] <= 0 && cs->n[1] <= 0) *cs = s->clients[--s->nclients];
+    int n = s->ncalls[c->cls], mine = 0, stalled = 0;  /* stalled: past the grace */
+    client_slot *cs = client_find(s, c->client, 1);
+    client_slot *conn = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, c->peer, 0);
+    if (cs) {
+        mine = cs->n[c->cls];
+        stalled = cs->old;
+    }
+    if (!cs) why = BUSY;  /* out of memory for the table */
+    else if (n >= cap) why = BUSY;
+    else if (mine >= ccap) why = CLIENT;
+    else if (c->cls == CLASS_RESERVED) why = OK;
+    else if (stalled >= s->opts.max_stalled_per_client) why = STALLED;
+    else if (mine > 0 && n >= cap - keep) why = KEPT;
+    else if (stalled > 0 && s->nold >= all) why = STALLED_ALL;
+    /* each connection may hold one reserved call whatever the caps: a
+     * monitor on the host of a client that fills its share is answered */
+    int conn_pass = why != OK && cs && c->cls == CLASS_RESERVED && conn && conn->reserved == 0;
+    if (why == OK || conn_pass) {
+        why = OK;
+        s->ncalls[c->cls]++;
+        cs->n[c->cls]++;
+        c->counted = 1;
+        if (c->cls != CLASS_RESERVED) {
+            c->stalled = 1;
+            cs->stalled++;
+            s->nstalled++;
+        } else if (conn) {
+            c->conn_reserved = 1;
+            conn->reserved++;
         }
+        c->watched = 1;
+        c->wprev = NULL;
+        c->wnext = s->watch;
+        if (s->watch) s->watch->wprev = c;
+        s->watch = c;
     } else {
-        s->refused_busy++;
-        if (c->cls == CLASS_ORDINARY) {
+        if (why == CLIENT || why == STALLED) s->refused_client++;
+        else s->refused_busy++;
+        if (why == BUSY && c->cls == CLASS_ORDINARY) {
             if (now - s->sat_last > 1.0) s->sat_start = now;
             s->sat_last = now;
         }
+        if (cs) client_drop_if_idle(s, cs);
     }
+    int nstalled = s->nold;
     pthread_mutex_unlock(&s->mu);
-    if (!c->counted) {
-        if (mine < 0)
-            snprintf(details, dlen, "server busy: %d %scalls in progress (limit %d); retry later",
-                     n, c->cls == CLASS_RESERVED ? "reserved " : "", cap);
-        else
-            snprintf(details, dlen, "too many calls from one client: %s holds %d %scalls "
-                     "(limit %d per client, server.max_calls_per_client); retry later", c->client, mine,
-                     c->cls == CLASS_RESERVED ? "reserved " : "", ccap);
-        rpc_log_refusal(s, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", method, peer, details);
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (why == OK) return GRPC_STATUS_OK;
+    const char *kind = c->cls == CLASS_RESERVED ? "reserved " : c->cls == CLASS_READER ? "reader " : "";
+    switch (why) {
+    case CLIENT:
+        snprintf(details, dlen, "too many calls from one client: %s holds %d %scalls "
+                 "(limit %d per client, server.max_calls_per_client); retry later", c->client, mine, kind, ccap);
+        break;
+    case STALLED:
+        snprintf(details, dlen, "too many calls without their request message from one client: %s holds %d "
+                 "(limit %d per client, server.max_stalled_per_client); retry later", c->client, stalled,
+                 s->opts.max_stalled_per_client);
+        break;
+    case KEPT:
+        snprintf(details, dlen, "server busy: %d %scalls in progress (limit %d, the last %d kept for clients "
+                 "holding none; %s holds %d); retry later", n, kind, cap, keep, c->client, mine);
+        break;
+    case STALLED_ALL:
+        snprintf(details, dlen, "server busy: %d calls wait for their request message (limit %d in all, "
+                 "server.max_calls / 4; %s holds %d of them); retry later", nstalled, all, c->client,
+                 stalled);
+        break;
+    default:
+        snprintf(details, dlen, "server busy: %d %scalls in progress (limit %d); retry later", n, kind, cap);
     }
-    return GRPC_STATUS_OK;
+    rpc_log_refusal(s, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", method, peer, details);
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
 }
 
 int ps_rpc_server_calls(ps_rpc_server *s) {
     if (!s) return 0;
     pthread_mutex_lock(&s->mu);
-    int n = s->ncalls[CLASS_ORDINARY] + s->ncalls[CLASS_RESERVED];
+    int n = 0;
+    for (int i = 0; i < NCLASSES; i++) n += s->ncalls[i];
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -277,6 +369,8 @@ void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out) {
     pthread_mutex_lock(&s->mu);
     out->calls = s->ncalls[CLASS_ORDINARY];
     out->reserved_calls = s->ncalls[CLASS_RESERVED];
+    out->reader_calls = s->ncalls[CLASS_READER];
+    out->stalled_calls = s->nstalled;
     out->clients = s->nclients;
     out->refused_busy = s->refused_busy;
     out->refused_client = s->refused_client;

@@ -57,7 +57,6 @@ void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
     grpc_metadata_array_destroy(&c->md);
     if (c->call) grpc_call_unref(c->call);
     c->call = NULL;
-    int counted = c->counted, cls = c->cls;
     /* a stream that ended, unanswered, before its request message arrived */
     int reset = c->peer[0] && !c->got_message && !c->timed_out && (c->cancelled || c->close_cancelled);
     pthread_mutex_unlock(&c->mu);
@@ -65,10 +64,7 @@ void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
      * only at live == 0); s must not be touched after this unlock. */
     pthread_mutex_lock(&s->mu);
     s->live--;
-    if (counted) {
-        s->ncalls[cls]--;
-        rpc_client_release_locked(s, c->client, cls);
-    }
+    rpc_client_release_locked(s, c);
     if (c->watched) {
         if (c->wprev) c->wprev->wnext = c->wnext;
         else s->watch = c->wnext;
@@ -76,8 +72,15 @@ void rpc_call_unlock_maybe_finish(ps_rpc_call *c) {
         c->watched = 0;
     }
     int cut = reset && rpc_note_reset_locked(s, c->peer);
+    int hcut = reset && rpc_note_host_reset_locked(s, c->peer);
     if (c->conn_counted) rpc_conn_release_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);
+    if (hcut) {
+        char why[160];
+        snprintf(why, sizeof why, "reset more than %d streams a second over all its connections before sending "
+                 "their messages", s->opts.max_resets_per_s);
+        rpc_cut_host(s, c->peer, why);
+    }
     if (cut) {
         char why[120];
         snprintf(why, sizeof why, "reset more than %d streams in one second before sending their messages",
@@ -210,7 +213,15 @@ static void on_request(ps_rpc_call *c, int success) {
     if (cut) rpc_cut_connection(s, c->peer, "holds far more calls than its concurrent stream limit allows "
                             "(server.max_streams_per_connection)");
     rpc_escape_str(peer, sizeof peer, rawpeer);
-    grpc_status_code code = rpc_admit(c, rawpeer, method, peer, details, sizeof details);
+    pthread_mutex_lock(&s->mu);
+    int off = rpc_host_cut_locked(s, c->peer);
+    pthread_mutex_unlock(&s->mu);
+    grpc_status_code code = GRPC_STATUS_UNAVAILABLE;
+    if (off)  /* its connections are closed within a second (rpc_scan_connections) */
+        snprintf(details, sizeof details, "this host is cut off for a while: it reset more than %d streams a "
+                 "second over its connections", s->opts.max_resets_per_s);
+    else
+        code = rpc_admit(c, rawpeer, method, peer, details, sizeof details);
     gpr_free(rawpeer);
     if (code != GRPC_STATUS_OK) {
         call_refuse(c, code, details);
@@ -232,6 +243,7 @@ static void on_request(ps_rpc_call *c, int success) {
 
 static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     pthread_mutex_lock(&s->mu);
+    rpc_client_unstall_locked(s, c);  /* its message is in */
     work_queue *q = &s->q[c->cls];
     c->next = NULL;
     if (q->tail) q->tail->next = c;
@@ -398,6 +410,9 @@ void rpc_event_loop(ps_rpc_server *s) {
         long long due = atomic_load(&s->next_scan);
         if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
             rpc_scan_timeouts(s);  /* one event thread at a time */
+        due = atomic_load(&s->next_conn_scan);
+        if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
+            rpc_scan_connections(s);
         pthread_mutex_lock(&s->mu);
         int done = atomic_load(&s->stopping) && s->live == 0;
         pthread_mutex_unlock(&s->mu);

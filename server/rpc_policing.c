@@ -2,11 +2,16 @@
  * on connections and calls already accepted: calls stalled before their
  * message or after their reply (cancelled), connections that reset streams
  * faster than allowed or hold far more calls than their stream limit
- * (HTTP/2 rapid reset: closed). docs/security.md. */
+ * (HTTP/2 rapid reset: closed), hosts whose connections together reset
+ * faster than one may (cut off), hosts holding more connections than
+ * server.max_connections_per_client (the newest closed). docs/security.md. */
 #include "rpc_server_impl.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <linux/filter.h>
 #include <dirent.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,10 +48,69 @@ int rpc_conn_add_locked(ps_rpc_server *s, const char *peer) {
     client_slot *c = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 1);
     if (!c) return 0;
     c->n[0]++;
-    if (c->n[0] <= 8 * s->opts.max_streams_per_connection + 64 || c->n[1]) return 0;
+    if (c->n[1]) return 0;  /* cut already */
+    if (c->n[0] <= 8 * s->opts.max_streams_per_connection + 64) return 0;
     c->n[1] = 1;
     s->conns_cut++;
     return 1;
+}
+
+void rpc_peer_host(char *dst, size_t n, const char *peer) {
+    snprintf(dst, n, "%s", peer ? peer : "?");
+    if (strncmp(dst, "unix", 4) == 0) return;
+    char *colon = strrchr(dst, ':');
+    char *bracket = strrchr(dst, ']');
+    if (colon && (!bracket || colon > bracket) && colon != strchr(dst, ':')) *colon = '\0';
+}
+
+static void host_decay(host_resets *h, long long now) {
+    if (now <= h->t_ms) return;
+    h->score *= exp2(-(double)(now - h->t_ms) / 1000.0);
+    h->t_ms = now;
+}
+
+/* With s->mu held: the slot of peer's host (create: reuse the least
+ * worth keeping: empty, else the lowest count of a host not cut off). */
+static host_resets *host_slot(ps_rpc_server *s, const char *peer, long long now, int create) {
+    char host[PS_RPC_CLIENT_KEY];
+    rpc_peer_host(host, sizeof host, peer);
+    host_resets *low = NULL;
+    double lowv = 0;
+    for (int i = 0; i < PS_RPC_HOST_SLOTS; i++) {
+        host_resets *h = &s->hosts[i];
+        if (h->host[0] && !strcmp(h->host, host)) {
+            host_decay(h, now);
+            return h;
+        }
+        double v = !h->host[0] ? -1 : h->score * exp2(-(double)(now - h->t_ms) / 1000.0) +
+                                          (h->cut_until > now ? 1e12 : 0);
+        if (!low || v < lowv) low = h, lowv = v;
+    }
+    if (!create) return NULL;
+    memset(low, 0, sizeof *low);
+    snprintf(low->host, sizeof low->host, "%s", host);
+    low->t_ms = now;
+    return low;
+}
+
+/* The count a host's resets may reach: max_resets_per_s a second over
+ * all its connections (a steady rate r gives about r / ln 2). */
+static double host_limit(const ps_rpc_server *s) { return s->opts.max_resets_per_s / log(2.0); }
+
+int rpc_note_host_reset_locked(ps_rpc_server *s, const char *peer) {
+    long long now = ps_mono_ms();
+    host_resets *h = host_slot(s, peer, now, 1);
+    h->score += 1;
+    if (h->score <= host_limit(s)) return 0;
+    int was = h->cut_until > now;
+    h->cut_until = now + 2000;  /* while it goes on, and 2 s after */
+    return !was;
+}
+
+int rpc_host_cut_locked(ps_rpc_server *s, const char *peer) {
+    long long now = ps_mono_ms();
+    host_resets *h = host_slot(s, peer, now, 0);
+    return h && h->cut_until > now;
 }
 
 void rpc_conn_release_locked(ps_rpc_server *s, const char *peer) {
@@ -111,10 +175,10 @@ static int format_peer(const struct sockaddr_storage *ss, char *dst, size_t n) {
  * connection's socket among its descriptors and shuts it down: gRPC sees the
  * end of the stream and closes the transport with all its calls; the fd
  * itself stays gRPC's to close. */
-void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why) {
-    (void)s;
+/* Calls fn(fd, peer, arg) for each socket of psd's own descriptors that
+ * is a connection to the server's port (a peer of the listener). */
+static void each_conn(ps_rpc_server *s, void (*fn)(int fd, const char *peer, void *arg), void *arg) {
     DIR *d = opendir("/proc/self/fd");
-    int cut = 0;
     for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
@@ -123,17 +187,181 @@ void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why) {
         if (fstat((int)fd, &st) || !S_ISSOCK(st.st_mode)) continue;
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
+        if (getsockname((int)fd, (struct sockaddr *)&ss, &len)) continue;
+        unsigned port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                      : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : 0;
+        if (s->port && port != (unsigned)s->port) continue;
+        len = sizeof ss;
         char name[PS_RPC_CLIENT_KEY];
-        if (getpeername((int)fd, (struct sockaddr *)&ss, &len) || !format_peer(&ss, name, sizeof name) ||
-            strcmp(name, peer))
-            continue;
-        if (shutdown((int)fd, SHUT_RDWR) == 0) cut++;
+        if (getpeername((int)fd, (struct sockaddr *)&ss, &len) || !format_peer(&ss, name, sizeof name)) continue;
+        fn((int)fd, name, arg);
     }
     if (d) closedir(d);
+}
+
+typedef struct cut_arg { const char *match; int by_host, cut; } cut_arg;
+
+static void cut_one(int fd, const char *peer, void *arg) {
+    cut_arg *a = arg;
+    char host[PS_RPC_CLIENT_KEY];
+    if (a->by_host) rpc_peer_host(host, sizeof host, peer);
+    if (strcmp(a->by_host ? host : peer, a->match)) return;
+    if (shutdown(fd, SHUT_RDWR) == 0) a->cut++;
+}
+
+void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why) {
+    cut_arg a = {peer, 0, 0};
+    each_conn(s, cut_one, &a);
     char esc[160];
     rpc_escape_str(esc, sizeof esc, peer);
-    ps_log(PS_LOG_WARN, "rpc: connection %s %s (HTTP/2 rapid reset?): %s", esc, why,
-           cut ? "connection closed" : "its socket was not found");
+    rpc_log_refusal(s, "rpc: connection %s %s (HTTP/2 rapid reset?): %s", esc, why,
+                    a.cut ? "connection closed" : "its socket was not found");
+}
+
+void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why) {
+    char host[PS_RPC_CLIENT_KEY];
+    rpc_peer_host(host, sizeof host, peer);
+    cut_arg a = {host, 1, 0};
+    each_conn(s, cut_one, &a);
+    pthread_mutex_lock(&s->mu);
+    s->conns_cut += a.cut;
+    pthread_mutex_unlock(&s->mu);
+    atomic_store(&s->next_conn_scan, 0);  /* refuse its new connections now */
+    char esc[160];
+    rpc_escape_str(esc, sizeof esc, host);
+    ps_log(PS_LOG_WARN, "rpc: host %s %s (HTTP/2 rapid reset over many connections?): %d connection%s closed, "
+           "and those it opens for the next 2 s", esc, why, a.cut, a.cut == 1 ? "" : "s");
+}
+
+/* ---- connections per host ---- */
+
+typedef struct conn_ent { int fd; char host[PS_RPC_CLIENT_KEY]; } conn_ent;
+typedef struct conn_list { conn_ent *e; int n, cap; } conn_list;
+
+static void collect(int fd, const char *peer, void *arg) {
+    conn_list *l = arg;
+    if (l->n == l->cap) {
+        int ncap = l->cap ? 2 * l->cap : 256;
+        conn_ent *e = realloc(l->e, (size_t)ncap * sizeof *e);
+        if (!e) return;
+        l->e = e;
+        l->cap = ncap;
+    }
+    l->e[l->n].fd = fd;
+    rpc_peer_host(l->e[l->n].host, sizeof l->e[l->n].host, peer);
+    l->n++;
+}
+
+static int by_host_fd(const void *a, const void *b) {
+    const conn_ent *x = a, *y = b;
+    int c = strcmp(x->host, y->host);
+    return c ? c : (x->fd > y->fd) - (x->fd < y->fd);
+}
+
+/* Put the IPv4 hosts of ban (network order) on the listening socket's
+ * socket filter: the kernel drops their connection attempts (SYN) before
+ * gRPC ever accepts them - gRPC 1.51's C API has no accept hook, and
+ * closing connections only makes a client come back at once. Other
+ * packets and every IPv6 packet pass. */
+static void listener_filter(ps_rpc_server *s, const uint32_t *ban, int n) {
+    struct sock_filter prog[4 + PS_RPC_REFUSED_HOSTS + 2];
+    int k = 0;
+    prog[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_B | BPF_ABS, (uint32_t)SKF_NET_OFF);
+    prog[k++] = (struct sock_filter)BPF_STMT(BPF_ALU | BPF_RSH | BPF_K, 4);
+    prog[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 4, 0, (uint8_t)(n + 1));
+    prog[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)(SKF_NET_OFF + 12));
+    for (int i = 0; i < n; i++)
+        prog[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ntohl(ban[i]), (uint8_t)(n - i), 0);
+    prog[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, 0xffffffffu);
+    prog[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, 0);
+    struct sock_fprog fp = {(unsigned short)k, prog};
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 0 || fd == dirfd(d)) continue;
+        struct stat st;
+        int listening = 0;
+        socklen_t ol = sizeof listening;
+        if (fstat((int)fd, &st) || !S_ISSOCK(st.st_mode) ||
+            getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) || !listening)
+            continue;
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        if (getsockname((int)fd, (struct sockaddr *)&ss, &len)) continue;
+        unsigned port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                      : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : 0;
+        if (port != (unsigned)s->port) continue;
+        if (setsockopt((int)fd, SOL_SOCKET, SO_ATTACH_FILTER, &fp, sizeof fp))
+            rpc_log_refusal(s, "rpc: cannot filter new connections on the listener: %s", strerror(errno));
+    }
+    if (d) closedir(d);
+}
+
+void rpc_scan_connections(ps_rpc_server *s) {
+    if (!s->port) return;  /* unix socket: one host */
+    conn_list l = {0};
+    each_conn(s, collect, &l);
+    qsort(l.e, (size_t)l.n, sizeof *l.e, by_host_fd);
+    int cap = s->opts.max_connections_per_client;
+    uint32_t ban[PS_RPC_REFUSED_HOSTS];
+    int nban = 0;
+    for (int i = 0; i < l.n;) {
+        int j = i;
+        while (j < l.n && !strcmp(l.e[j].host, l.e[i].host)) j++;
+        /* a host cut off for resetting streams: every connection it opened
+         * since; else the highest descriptors past the cap (the newest,
+         * mostly) */
+        pthread_mutex_lock(&s->mu);
+        int off = rpc_host_cut_locked(s, l.e[i].host);
+        pthread_mutex_unlock(&s->mu);
+        /* at its cap, or cut off: its new connections are refused until
+         * the next scan finds it below */
+        struct in_addr a4;
+        if ((off || j - i >= cap) && nban < PS_RPC_REFUSED_HOSTS && !strncmp(l.e[i].host, "ipv4:", 5) &&
+            inet_pton(AF_INET, l.e[i].host + 5, &a4) == 1)
+            ban[nban++] = a4.s_addr;
+        int cut = 0;
+        for (int k = off ? i : i + cap; k < j; k++)
+            cut += shutdown(l.e[k].fd, SHUT_RDWR) == 0;
+        if (cut && off) {
+            pthread_mutex_lock(&s->mu);
+            s->conns_cut += cut;
+            pthread_mutex_unlock(&s->mu);
+            i = j;
+            continue;
+        }
+        if (cut) {
+            pthread_mutex_lock(&s->mu);
+            s->conns_cut += cut;
+            pthread_mutex_unlock(&s->mu);
+            char esc[160];
+            rpc_escape_str(esc, sizeof esc, l.e[i].host);
+            rpc_log_refusal(s, "rpc: host %s holds %d connections (limit %d, server.max_connections_per_client): "
+                            "closed %d", esc, j - i, cap, cut);
+        }
+        i = j;
+    }
+    free(l.e);
+    /* hosts cut off with no connection open now stay refused too */
+    pthread_mutex_lock(&s->mu);
+    long long now = ps_mono_ms();
+    for (int h = 0; h < PS_RPC_HOST_SLOTS && nban < PS_RPC_REFUSED_HOSTS; h++) {
+        struct in_addr a4;
+        const host_resets *hr = &s->hosts[h];
+        if (hr->cut_until <= now || strncmp(hr->host, "ipv4:", 5) || inet_pton(AF_INET, hr->host + 5, &a4) != 1)
+            continue;
+        int dup = 0;
+        for (int b = 0; b < nban; b++) dup |= ban[b] == a4.s_addr;
+        if (!dup) ban[nban++] = a4.s_addr;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int same = nban == s->nrefused_hosts;
+    for (int b = 0; same && b < nban; b++) same = ban[b] == s->refused_hosts[b];
+    if (same) return;
+    listener_filter(s, ban, nban);
+    memcpy(s->refused_hosts, ban, sizeof ban[0] * (size_t)nban);
+    s->nrefused_hosts = nban;
 }
 
 /* Cancel calls that waited too long for their request message or for the
@@ -150,26 +378,37 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
         long long r = __atomic_load_n(&c->recv_since, __ATOMIC_RELAXED);
         long long w = __atomic_load_n(&c->send_since, __ATOMIC_RELAXED);
         int k = r && now - r > s->recv_timeout_ms ? 1 : w && now - w > s->send_timeout_ms ? 2 : 0;
+        /* past the grace, a stalled call counts against the stalled caps,
+         * or is cancelled when they are full */
+        if (!k && r && now - r > PS_RPC_STALL_GRACE_MS && !rpc_client_stall_old_locked(s, c)) k = 3;
         if (!k) continue;
         atomic_fetch_add(&c->refs, 1);
         why[n] = k;
         cut[n++] = c;
-        if (k == 1) s->recv_timeouts++;
-        else s->send_timeouts++;
+        if (k == 2) s->send_timeouts++;
+        else if (k == 1) s->recv_timeouts++;
+        else s->refused_client++;
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++) {
         ps_rpc_call *c = cut[i];
         pthread_mutex_lock(&c->mu);
-        __atomic_store_n(why[i] == 1 ? &c->recv_since : &c->send_since, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(why[i] == 2 ? &c->send_since : &c->recv_since, 0, __ATOMIC_RELAXED);
         c->timed_out = 1;
         if (!c->finished && c->call) {
-            char msg[200];
-            snprintf(msg, sizeof msg, why[i] == 1
-                     ? "request message not received within %d ms (server.recv_timeout_s)"
-                     : "reply not taken by the client within %d ms (server.send_timeout_s)",
-                     why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
-            grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+            char msg[360];
+            if (why[i] == 3)
+                snprintf(msg, sizeof msg, "request message not received within %d ms while %s already holds %d "
+                         "such calls (server.max_stalled_per_client) or all clients hold %d (server.max_calls / 4 "
+                         "in all); retry later", PS_RPC_STALL_GRACE_MS, c->client, s->opts.max_stalled_per_client,
+                         s->opts.max_calls / 4 > 0 ? s->opts.max_calls / 4 : 1);
+            else
+                snprintf(msg, sizeof msg, why[i] == 1
+                         ? "request message not received within %d ms (server.recv_timeout_s)"
+                         : "reply not taken by the client within %d ms (server.send_timeout_s)",
+                         why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
+            grpc_call_cancel_with_status(c->call, why[i] == 3 ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                              : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
         }
         pthread_mutex_unlock(&c->mu);
         rpc_call_unref(c);

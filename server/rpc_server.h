@@ -167,7 +167,12 @@ typedef struct ps_rpc_server_opts {
     int reserved_threads;   /* workers for reserved methods; 0 = default (1) */
     int max_calls;          /* server.max_calls: ordinary calls accepted and
                                not finished (queued, in a handler, deferred or
-                               sending); 0 = PS_RPC_DEFAULT_MAX_CALLS */
+                               sending); 0 = PS_RPC_DEFAULT_MAX_CALLS. The
+                               ordinary calls of reader tokens (a token
+                               restricted to some methods) count in a cap of
+                               their own, max_calls / 2, run by their own
+                               reserved_threads workers: readers never take
+                               the trainers' calls or workers. */
     int max_reserved_calls; /* same for reserved methods; 0 = default */
     int max_message_bytes;  /* server.max_message_mb: > 0 sets the receive and
                                send limits (gRPC's default is 4 MiB) */
@@ -181,6 +186,19 @@ typedef struct ps_rpc_server_opts {
                                     calls: the same fraction of
                                     max_reserved_calls (at least 2). Past it:
                                     RESOURCE_EXHAUSTED naming the limit. */
+    int max_stalled_per_client;  /* server.max_stalled_per_client: ordinary
+                                    calls one client may hold whose request
+                                    message has not arrived (all clients
+                                    together: max_calls / 4, though a client
+                                    holding none may always start one);
+                                    0 = PS_RPC_DEFAULT_MAX_STALLED. Past it:
+                                    RESOURCE_EXHAUSTED naming the limit.
+                                    Whatever the caps, a client that holds
+                                    no ordinary call may use the last
+                                    max_calls / 8 of the cap (kept for
+                                    it), and each connection may hold one
+                                    reserved call (a monitor on a busy
+                                    client's host is answered). */
     int max_streams_per_connection; /* server.max_streams_per_connection: HTTP/2
                                        SETTINGS_MAX_CONCURRENT_STREAMS;
                                        0 = PS_RPC_DEFAULT_MAX_STREAMS */
@@ -198,10 +216,18 @@ typedef struct ps_rpc_server_opts {
     double send_timeout_s;       /* server.send_timeout_s: a reply the client
                                     does not take (flow control) within this is
                                     cancelled; 0 = default */
+    int max_connections_per_client; /* server.max_connections_per_client:
+                                    connections one host may hold to the
+                                    server's port (counted every second; the
+                                    newest past it are closed); 0 =
+                                    PS_RPC_DEFAULT_MAX_CONNECTIONS */
     int max_resets_per_s;        /* a connection whose streams end before
                                     their request message more often than
                                     this in one second (HTTP/2 rapid reset)
-                                    is closed; 0 = default */
+                                    is closed, and a host whose connections
+                                    together do is cut off (all its
+                                    connections closed while it goes on);
+                                    0 = default */
     bool profile;                /* time every call's phases (prof.h),
                                     read with ps_rpc_server_phases */
 } ps_rpc_server_opts;
@@ -214,10 +240,14 @@ int ps_rpc_calls_per_client(const ps_rpc_server_opts *opts);
 #define PS_RPC_DEFAULT_RECV_TIMEOUT_S 30.0
 #define PS_RPC_DEFAULT_SEND_TIMEOUT_S 60.0
 #define PS_RPC_DEFAULT_MAX_RESETS 200
+#define PS_RPC_DEFAULT_MAX_STALLED 16
+#define PS_RPC_DEFAULT_MAX_CONNECTIONS 64
 
 /* What admission control did, since the server started (a snapshot). */
 typedef struct ps_rpc_admission {
     int calls, reserved_calls;      /* accepted and unfinished, per class */
+    int reader_calls;               /* readers' ordinary calls (their own cap) */
+    int stalled_calls;              /* ordinary and reader calls whose message is not in */
     int clients;                    /* clients holding calls now */
     unsigned long long refused_busy;    /* call cap reached */
     unsigned long long refused_client;  /* per-client cap reached */

@@ -70,12 +70,44 @@ typedef struct conn_resets {
     int cut;            /* already cut in this window */
 } conn_resets;
 
-/* Calls a client (or a connection) holds, per class (s->mu). */
+/* Hosts (peer addresses without the port) recently seen resetting
+ * streams, with a decaying count (half-life 1 s: about 1.44 x resets per
+ * second at a steady rate); a host past max_resets_per_s over all its
+ * connections is cut off (every connection from it closed, and any it
+ * opens while its count stays high). Bounded: the slot with the lowest
+ * count is reused. */
+#define PS_RPC_HOST_SLOTS 256
+/* At most this many hosts (IPv4) have their new connections refused at
+ * once (a socket filter on the listener; rpc_scan_connections). */
+#define PS_RPC_REFUSED_HOSTS 32
+typedef struct host_resets {
+    char host[PS_RPC_CLIENT_KEY];
+    double score;
+    long long t_ms;      /* when score was last decayed */
+    long long cut_until; /* monotonic ms: its connections are closed until then */
+} host_resets;
+
+/* Call classes: each has its own call cap, FIFO and workers. Readers'
+ * ordinary calls (tokens restricted to reader methods) do not share the
+ * trainers' cap. */
+enum { CLASS_ORDINARY = 0, CLASS_RESERVED = 1, CLASS_READER = 2, NCLASSES };
+
+/* Calls a client holds (s->clients: n per class, stalled = of those, the
+ * ones whose request message has not arrived), or a connection holds
+ * (s->conns: n[0] call objects, n[1] cut, reserved = its reserved calls);
+ * under s->mu. */
 typedef struct client_slot {
     char key[PS_RPC_CLIENT_KEY];
-    int n[2];
+    int n[NCLASSES];
+    int stalled;        /* of its calls, those whose message is not in */
+    int old;            /* of those, the ones waiting longer than PS_RPC_STALL_GRACE_MS */
+    int reserved;
 } client_slot;
-enum { CLASS_ORDINARY = 0, CLASS_RESERVED = 1, NCLASSES };
+
+/* A call whose request message has not arrived this long after its
+ * headers counts against server.max_stalled_per_client: a client's burst
+ * of calls whose messages are on their way is never refused for it. */
+#define PS_RPC_STALL_GRACE_MS 1000
 
 /* A completion-queue tag: which call, which batch. */
 typedef struct call_tag {
@@ -120,6 +152,9 @@ struct ps_rpc_call {
     int got_message;                /* RECV_MESSAGE succeeded */
     int timed_out;                  /* cancelled by scan_timeouts */
     int conn_counted;               /* in s->conns */
+    int stalled;                    /* counted as stalled (s->mu): accepted, message not yet in */
+    int stalled_old;                /* ... and as waiting longer than PS_RPC_STALL_GRACE_MS */
+    int conn_reserved;              /* counted in its connection's reserved calls (s->mu) */
     struct ps_rpc_call *wprev, *wnext;
     int watched;
     long long recv_since, send_since;
@@ -148,7 +183,7 @@ struct ps_rpc_server {
     grpc_completion_queue *shutdown_cq;
     pthread_t event_threads[PS_RPC_EVENT_THREADS];
     int event_running;                  /* event threads started */
-    rpc_worker *workers;                /* opts.threads ordinary, then reserved */
+    rpc_worker *workers;                /* opts.threads ordinary, then reserved, then reader */
     int nworkers;
     ps_rpc_server_opts opts;            /* defaults filled in */
     int recv_timeout_ms, send_timeout_ms; /* opts' timeouts in ms */
@@ -165,9 +200,16 @@ struct ps_rpc_server {
     pthread_mutex_t mu;                 /* the fields below */
     int live;                           /* armed requests + unfinished calls */
     conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
+    host_resets hosts[PS_RPC_HOST_SLOTS];   /* recent resets by host */
+    atomic_llong next_conn_scan;            /* connections per host counted (rpc_scan_connections) */
+    uint32_t refused_hosts[PS_RPC_REFUSED_HOSTS]; /* IPv4 hosts whose new connections the listener drops */
+    int nrefused_hosts;                     /* (event thread running the connection scan only) */
     unsigned long long conns_cut;
     atomic_ullong bytes_received, bytes_sent; /* message payloads, both ways */
     int ncalls[NCLASSES];               /* accepted, unfinished calls */
+    int nstalled;                       /* of those, ordinary and reader calls whose message is not in */
+    int nold;                           /* of those, the ones waiting longer than PS_RPC_STALL_GRACE_MS */
+    int has_readers;                    /* some token is restricted: a reader queue and worker */
     work_queue q[NCLASSES];
     int workers_stop;
     client_slot *clients;               /* clients holding calls */
@@ -211,8 +253,13 @@ void rpc_log_refusal(ps_rpc_server *s, const char *fmt, ...) __attribute__((form
  * counted and logged). peer: escaped for logs. */
 grpc_status_code rpc_admit(ps_rpc_call *c, const char *rawpeer, const char *method, const char *peer,
                            char *details, size_t dlen);
-/* With s->mu held: one call of class cls of client key ended. */
-void rpc_client_release_locked(ps_rpc_server *s, const char *key, int cls);
+/* With s->mu held: call c ended (counted, it gives back its share). */
+void rpc_client_release_locked(ps_rpc_server *s, ps_rpc_call *c);
+/* With s->mu held: call c's request message arrived (no longer stalled). */
+void rpc_client_unstall_locked(ps_rpc_server *s, ps_rpc_call *c);
+/* With s->mu held: stalled call c has waited PS_RPC_STALL_GRACE_MS; 1 if
+ * it now counts as stalled, 0 if it is past the stalled caps (to cancel). */
+int rpc_client_stall_old_locked(ps_rpc_server *s, ps_rpc_call *c);
 /* gRPC's auth metadata processor (grpc_auth_metadata_processor.process). */
 void rpc_transport_auth(void *state, grpc_auth_context *ctx, const grpc_metadata *md, size_t nmd,
                         grpc_process_auth_metadata_done_cb cb, void *user_data);
@@ -225,8 +272,22 @@ void rpc_conn_release_locked(ps_rpc_server *s, const char *peer);
 /* With s->mu held: peer reset one more stream before its message; 1 when
  * it passed opts.max_resets_per_s in this second (once per window). */
 int rpc_note_reset_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: peer's host reset one more stream; 1 when the host
+ * just passed opts.max_resets_per_s over all its connections (cut it off:
+ * rpc_cut_host). */
+int rpc_note_host_reset_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: is peer's host cut off now (its new connections are
+ * closed)? */
+int rpc_host_cut_locked(ps_rpc_server *s, const char *peer);
 /* Close the connection to peer, logging why. */
 void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why);
+/* Close every connection from peer's host, logging why. */
+void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why);
+/* Count the connections to the server's port per host (its sockets) and
+ * close those past opts.max_connections_per_client, newest first. */
+void rpc_scan_connections(ps_rpc_server *s);
+/* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */
+void rpc_peer_host(char *dst, size_t n, const char *peer);
 /* Cancel calls that waited too long for their message or for the client
  * to take their reply. */
 void rpc_scan_timeouts(ps_rpc_server *s);

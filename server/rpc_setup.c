@@ -157,8 +157,10 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.send_timeout_s == 0) o.send_timeout_s = PS_RPC_DEFAULT_SEND_TIMEOUT_S;
     if (o.max_connection_age_grace_ms <= 0) o.max_connection_age_grace_ms = 60000;
     if (o.max_resets_per_s == 0) o.max_resets_per_s = PS_RPC_DEFAULT_MAX_RESETS;
+    if (o.max_stalled_per_client == 0) o.max_stalled_per_client = PS_RPC_DEFAULT_MAX_STALLED;
+    if (o.max_connections_per_client == 0) o.max_connections_per_client = PS_RPC_DEFAULT_MAX_CONNECTIONS;
     if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
-        o.max_calls_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
+        o.max_calls_per_client < 1 || o.max_stalled_per_client < 1 || o.max_connections_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
         !(o.send_timeout_s >= 0.001) || o.transport_memory_mb < 0 ||
         nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
@@ -188,7 +190,10 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     s->recv_timeout_ms = o.recv_timeout_s * 1000 > 2e9 ? 2000000000 : (int)(o.recv_timeout_s * 1000);
     s->send_timeout_ms = o.send_timeout_s * 1000 > 2e9 ? 2000000000 : (int)(o.send_timeout_s * 1000);
 
-    s->nworkers = o.threads + o.reserved_threads;
+    /* readers (tokens restricted to some methods) get workers of their own */
+    for (int i = 0; sec && i < sec->ntokens; i++)
+        if (sec->tokens[i].methods) s->has_readers = 1;
+    s->nworkers = o.threads + o.reserved_threads + (s->has_readers ? o.reserved_threads : 0);
     s->addr = strdup(listen_addr);
     s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
     s->methods = calloc((size_t)(nmethods ? nmethods : 1), sizeof *s->methods);
@@ -202,7 +207,8 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
         s->nmethods = i + 1;
     }
     for (int i = 0; i < s->nworkers; i++)
-        s->workers[i] = (rpc_worker){s, i < o.threads ? CLASS_ORDINARY : CLASS_RESERVED, 0, 0};
+        s->workers[i] = (rpc_worker){s, i < o.threads ? CLASS_ORDINARY
+                                        : i < o.threads + o.reserved_threads ? CLASS_RESERVED : CLASS_READER, 0, 0};
 
     grpc_server_credentials *creds = server_credentials(sec, err);
     if (!creds) {

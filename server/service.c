@@ -99,6 +99,7 @@ void ps_service_free(ps_service *s) {
     ps_cons_free(s->cons);
     ps_rmetrics_free(s->rm);
     pthread_mutex_destroy(&s->exec_mu);
+    free(s->held);
     pthread_cond_destroy(&s->exec_cv);
     pthread_mutex_destroy(&s->ckpt_mu);
     ps_report_limit_free(s->reports);

@@ -40,6 +40,10 @@ struct ps_service {
     pthread_cond_t exec_cv;
     svc_fwd_node *exec_head, *exec_tail;
     int exec_stop;
+    /* ssp: request bytes of the Forwards held back, per client (under
+     * exec_mu; svc_forward.c): a byte share of server.max_context_bytes / 4 */
+    struct svc_held *held;
+    int nheld, cap_held;
     char optimizer[16];
     const char *(*cpu_isa)(void);
     size_t max_tensor_bytes;

@@ -14,12 +14,80 @@
 
 #include "loss.h"
 
-/* A Forward held back by ssp: the call and its checked tensors. */
+/* A Forward held back by ssp: the call and its checked tensors, and the
+ * bytes it is charged for in its client's held share. */
 struct svc_fwd_node {
     ps_svc_call *c;
     const ps_wire_tensor_in *in, *tin;
     struct svc_fwd_node *next;
+    size_t bytes;   /* charged (held_charge), 0 = not */
+    char owner[PS_SVC_OWNER_MAX];  /* whom (the call may be gone when it is freed) */
 };
+
+/* Request bytes a client's held-back Forwards hold (s->exec_mu). */
+struct svc_held {
+    char owner[PS_SVC_OWNER_MAX];
+    size_t bytes;
+};
+
+/* ssp: may this client hold `bytes` more in Forwards held back? All held
+ * Forwards together get server.max_context_bytes / 4, shared fairly by
+ * the clients holding some; a client holding none may always hold one
+ * (an honest trainer holds one at a time). OK and charged (node->bytes),
+ * or RESOURCE_EXHAUSTED naming the share. */
+static ps_status held_charge(ps_service *s, svc_fwd_node *node, const char *owner, size_t bytes, ps_err *err) {
+    if (!s->max_context_bytes) return PS_OK;
+    size_t budget = s->max_context_bytes / 4;
+    pthread_mutex_lock(&s->exec_mu);
+    struct svc_held *mine = NULL;
+    for (int i = 0; i < s->nheld; i++)
+        if (!strcmp(s->held[i].owner, owner)) mine = &s->held[i];
+    int holders = s->nheld + (mine ? 0 : 1);
+    size_t share = budget / (size_t)holders;
+    if (mine && mine->bytes + bytes > share) {
+        size_t have = mine->bytes;
+        pthread_mutex_unlock(&s->exec_mu);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ssp: this client's Forwards held back for the slowest "
+                          "rank hold %zu bytes and this one brings %zu more; its share of server.max_context_bytes "
+                          "/ 4 (%zu) among %d clients holding some is %zu bytes; wait for their replies", have,
+                          bytes, budget, holders, share);
+    }
+    if (!mine) {
+        if (s->nheld == s->cap_held) {
+            int ncap = s->cap_held ? 2 * s->cap_held : 8;
+            struct svc_held *h = realloc(s->held, (size_t)ncap * sizeof *h);
+            if (!h) {
+                pthread_mutex_unlock(&s->exec_mu);
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            s->held = h;
+            s->cap_held = ncap;
+        }
+        mine = &s->held[s->nheld++];
+        snprintf(mine->owner, sizeof mine->owner, "%s", owner);
+        mine->bytes = 0;
+    }
+    mine->bytes += bytes;
+    node->bytes = bytes;
+    snprintf(node->owner, sizeof node->owner, "%s", owner);
+    pthread_mutex_unlock(&s->exec_mu);
+    return PS_OK;
+}
+
+/* Give back what node was charged and free it. */
+static void node_free(ps_service *s, svc_fwd_node *node) {
+    if (node->bytes) {
+        pthread_mutex_lock(&s->exec_mu);
+        for (int i = 0; i < s->nheld; i++)
+            if (!strcmp(s->held[i].owner, node->owner)) {
+                s->held[i].bytes -= node->bytes;
+                if (!s->held[i].bytes) s->held[i] = s->held[--s->nheld];
+                break;
+            }
+        pthread_mutex_unlock(&s->exec_mu);
+    }
+    free(node);
+}
 
 /* Dropout masks of a training forward. From the low 32 bits of the context
  * id (ps-train's ids are a random base | a batch counter), the trainer's
@@ -277,13 +345,14 @@ out:
  * not run: nobody waits for it, and a retry of it may be running already. */
 static void fwd_node_run(svc_fwd_node *node) {
     ps_svc_call *c = node->c;
+    ps_service *s = c->svc;  /* c may be gone once finished */
     if (c->rpc && ps_rpc_call_cancelled(c->rpc)) {
         ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
         ps_svc_finish(c, c->err.code);
     } else {
         ps_svc_finish(c, forward_run(c, c->req, node->in, node->tin, c->resp, &c->err));
     }
-    free(node);
+    node_free(s, node);
 }
 
 /* ssp: the client of a held-back Forward went away (its deadline, or a
@@ -297,7 +366,7 @@ static void fwd_cancelled(void *arg, ps_rpc_call *rpc) {
     ps_svc_call *c = node->c;
     ps_err_set(&c->err, PS_ERR_UNAVAILABLE, "the client cancelled the held-back Forward");
     ps_svc_finish(c, c->err.code);
-    free(node);
+    node_free(s, node);
 }
 
 /* ssp: a held-back Forward may run (or psd shuts down). Runs on the
@@ -308,7 +377,7 @@ static void fwd_ready(void *arg, ps_status st, const ps_err *err) {
     if (st != PS_OK) {
         ps_err_set(&node->c->err, st, "%s", err ? err->msg : "");
         ps_svc_finish(node->c, st);
-        free(node);
+        node_free(s, node);
         return;
     }
     pthread_mutex_lock(&s->exec_mu);
@@ -352,20 +421,26 @@ ps_status ps_svc_Forward(ps_svc_call *c, const ps_ForwardRequest *req, ps_Forwar
     if (req->train && ps_cons_mode_of(s->cons) == PS_CONS_SSP) {
         svc_fwd_node *node = malloc(sizeof *node);
         if (!node) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-        *node = (svc_fwd_node){c, in, tin, NULL};
+        *node = (svc_fwd_node){c, in, tin, NULL, 0, ""};
+        /* charged before it may be held: a client past its held share is
+         * refused before anything waits (an honest trainer holds one) */
+        if (held_charge(s, node, c->owner, in->bytes + (tin ? tin->bytes : 0) + sizeof *node, err)) {
+            free(node);
+            return err->code;
+        }
         if (ps_svc_defer(c, fwd_cancelled, s)) {
             int admit = ps_cons_ssp_admit(s->cons, req->trainer_rank, c->owner, c->rpc, fwd_ready, node, &c->err);
             if (!admit) return PS_OK;  /* answered later */
             if (admit < 0) {  /* another client's rank, or outside server.ssp_world_size */
                 ps_err_prefix(&c->err, "ForwardRequest");
                 ps_svc_finish(c, c->err.code);
-                free(node);
+                node_free(s, node);
                 return PS_OK;
             }
             fwd_node_run(node);
             return PS_OK;
         }
-        free(node);
+        node_free(s, node);
     }
     return forward_run(c, req, in, tin, resp, err);
 }

@@ -101,6 +101,8 @@ class H2Conn:
         self.headers = 0
         self.goaway = 0
         self.next_id = 1
+        self.ended = set()  # streams psd ended (trailers or RST_STREAM)
+        self.data = set()   # streams that got a reply message
         self.buf = b""
         settings = b""
         if window is not None:  # SETTINGS_INITIAL_WINDOW_SIZE
@@ -134,6 +136,7 @@ class H2Conn:
             if len(self.buf) < 9 + ln:
                 break
             ftype, flags = self.buf[3], self.buf[4]
+            sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7FFFFFFF
             payload = self.buf[9:9 + ln]
             self.buf = self.buf[9 + ln:]
             if ftype == 4 and not flags & 1:
@@ -142,8 +145,12 @@ class H2Conn:
                 out += frame(6, 1, 0, payload)
             elif ftype == 3:
                 self.rst += 1
+                self.ended.add(sid)
             elif ftype == 1 and flags & 1:  # trailers: the call ended
                 self.headers += 1
+                self.ended.add(sid)
+            elif ftype == 0 and ln > 5:  # a reply message
+                self.data.add(sid)
             elif ftype == 7:
                 self.goaway += 1
         if out and not self.closed:
@@ -169,6 +176,36 @@ class H2Conn:
             self.sock.close()
         except Exception:
             pass
+
+
+class Monitor:
+    """A monitor on an attacker's host: its own raw HTTP/2 connection from
+    the attacker's source address (and token), one Health/Check at a time,
+    timing each until its reply message arrives."""
+
+    def __init__(self, host, port, tls, source, token, authority):
+        self.args = (host, port, tls, source, token, authority)
+        self.conn = H2Conn(host, port, tls, source=source)
+        self.lat = []
+        self.failed = []
+
+    def one(self, limit=10.0):
+        c = self.conn
+        host, port, tls, source, token, authority = self.args
+        t0 = time.monotonic()
+        sid = c.open_stream("/grpc.health.v1.Health/Check", authority, token, b"")
+        while time.monotonic() - t0 < limit and not c.closed:
+            c.pump()
+            if sid in c.ended:
+                break
+            time.sleep(0.002)
+        dt = time.monotonic() - t0
+        if sid in c.data:
+            self.lat.append(dt)
+        else:
+            self.failed.append(f"monitor's Health/Check {'refused' if sid in c.ended else 'unanswered'} "
+                               f"after {dt:.2f} s")
+        return dt
 
 
 def rss_mb(pid):
@@ -203,6 +240,7 @@ class Good:
                       for p in ("/grpc.health.v1.Health/Check", "/ps.ParameterServer/Status",
                                 "/ps.ParameterServer/GetParameters")]
         self.worst = 0.0
+        self.worst_reserved = 0.0
         self.ok = 0
         self.failed = []
         self.stop = False
@@ -221,6 +259,8 @@ class Good:
             dt = time.monotonic() - t0
             self.failed.append(f"{e.code().name}: {e.details()}")
         self.worst = max(self.worst, dt)
+        if i < 2:  # Health/Check, Status: the reserved methods
+            self.worst_reserved = max(self.worst_reserved, dt)
         self.lat.append(dt)
 
     def loop(self, deadline):
@@ -233,7 +273,9 @@ class Good:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset", "forge"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge"])
+    ap.add_argument("--conns", type=int, default=300, help="reset-many: connections kept open")
+    ap.add_argument("--rate", type=float, default=150, help="reset-many: resets a second per connection")
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("pid", type=int)
@@ -244,9 +286,21 @@ def main():
     ap.add_argument("--n", type=int, default=600)
     ap.add_argument("--source", default="127.0.0.2",
                     help="attacker's source address (another loopback address: another client)")
+    ap.add_argument("--sources", type=int, default=1,
+                    help="stall: attackers on this many addresses (127.0.0.2, .3, ...), each a client")
+    ap.add_argument("--tokens", default="",
+                    help="stall: comma-separated attacker tokens, each a client (from --source)")
+    ap.add_argument("--status-streams", type=int, default=0,
+                    help="stall: per attacker, also this many Status calls that never send their request")
+    ap.add_argument("--keep-up", action="store_true",
+                    help="stall: open new stalled streams as psd ends them, for the whole attack")
+    ap.add_argument("--monitor", action="store_true",
+                    help="stall: a monitor on the first attacker's host (its address and token) calls "
+                         "Health/Check on a connection of its own; every call must be answered")
     ap.add_argument("--max-streams", type=int, default=2_000_000)
     ap.add_argument("--max-rss-mb", type=float)
     ap.add_argument("--max-latency-s", type=float)
+    ap.add_argument("--min-ok", type=int, default=3, help="assert: at least this many well-behaved calls answered")
     ap.add_argument("--expect-ended", action="store_true")
     ap.add_argument("--expect-cut", action="store_true", help="reset: psd must close the connection")
     a = ap.parse_args()
@@ -263,6 +317,20 @@ def main():
             break
         time.sleep(0.1)
     good.ok, good.failed, good.worst, good.lat = 0, [], 0.0, []
+    for _ in range(5):  # the well-behaved client's unloaded Health latency
+        good.one(0, timeout=5)
+    good_base = good.worst
+    good.ok, good.failed, good.worst, good.worst_reserved, good.lat = 0, [], 0.0, 0.0, []
+    monitor_base = 0.0
+    if a.monitor:  # the monitor's unloaded latency, measured in this run
+        m = Monitor(a.host, a.port, a.tls, a.source if a.tokens else "127.0.0.2",
+                    a.tokens.split(",")[0] if a.tokens else a.token, authority)
+        for _ in range(10):
+            m.one()
+        m.conn.close()
+        if m.failed or not m.lat:
+            sys.exit(f"{a.attack}: FAIL: the monitor is not answered before the attack: {m.failed[:2]}")
+        monitor_base = max(m.lat)
     rss0 = rss_mb(a.pid)
     peak = rss0
     t_end = time.monotonic() + a.seconds
@@ -288,28 +356,134 @@ def main():
                 time.sleep(0.1)
             extra = f", {sent} forged method paths sent, {c.rst + c.headers} answered"
         elif a.attack in ("stall", "silent"):
-            per = 100  # streams per connection (at most what psd allows)
+            per = 60  # streams per connection (at most what psd allows)
             path = "/ps.ParameterServer/GetParameters"
             msg = None if a.attack == "stall" else b""
             window = None if a.attack == "stall" else 0
-            opened_at = time.monotonic()
-            while sent < a.n and time.monotonic() < t_end:
-                c = H2Conn(a.host, a.port, a.tls, window=window, source=a.source)
-                conns.append(c)
-                for _ in range(min(per, a.n - sent)):
-                    c.open_stream(path, authority, a.token, msg)
+            if a.tokens:
+                who = [(a.source, t) for t in a.tokens.split(",")]
+            else:
+                who = [(f"127.0.0.{2 + i}", a.token) for i in range(a.sources)]
+            held = {w: [] for w in who}  # per attacker: its connections
+
+            def stall_more(w, n, p):  # n more stalled streams of path p for attacker w
+                nonlocal sent
+                src, tok = w
+                while n > 0 and sent < 40 * a.n * len(who):
+                    cs = held[w]
+                    if not cs or cs[-1].closed or cs[-1].next_id // 2 - len(cs[-1].ended) >= per:
+                        c = H2Conn(a.host, a.port, a.tls, window=window, source=src)
+                        conns.append(c)
+                        cs.append(c)
+                    c = cs[-1]
+                    c.open_stream(p, authority, tok, msg)
                     sent += 1
-                c.pump()
+                    n -= 1
+                    c.pump()
+
+            opened_at = time.monotonic()
+            for w in who:
+                stall_more(w, a.n, path)
+                if a.status_streams:
+                    stall_more(w, a.status_streams, "/ps.ParameterServer/Status")
+            mon = Monitor(a.host, a.port, a.tls, who[0][0], who[0][1], authority) if a.monitor else None
+            last_up = time.monotonic()
             while time.monotonic() < t_end:
                 peak = max(peak, rss_mb(a.pid) or 0)
                 for c in conns:
                     c.pump()
+                if a.keep_up and time.monotonic() - last_up >= 1.0:  # replace what psd ended
+                    last_up = time.monotonic()
+                    for w in who:
+                        live = sum(c.next_id // 2 - len(c.ended) for c in held[w] if not c.closed)
+                        if live < a.n:
+                            stall_more(w, a.n - live, path)
+                if mon:
+                    mon.one()
                 time.sleep(0.2)
             ended = sum(c.rst + c.headers for c in conns)
-            extra = (f", {sent} streams opened on {len(conns)} connections, {ended} ended by psd "
-                     f"within {time.monotonic() - opened_at:.0f} s")
-            if a.expect_ended and ended < sent // 2:
+            extra = (f", {len(who)} attacker(s), {sent} streams opened on {len(conns)} connections, "
+                     f"{ended} ended by psd within {time.monotonic() - opened_at:.0f} s")
+            if mon:
+                ml = sorted(mon.lat) or [0]
+                extra += (f"; monitor on {who[0][0]}: {len(mon.lat)} answered, {len(mon.failed)} not, median "
+                          f"{ml[len(ml) // 2] * 1000:.0f} ms, worst {ml[-1]:.2f} s (baseline worst "
+                          f"{monitor_base:.3f} s)")
+                good.failed += mon.failed
+                bound = max(1.0, 10 * monitor_base)
+                if ml[-1] > bound:
+                    good.failed.append(f"monitor worst {ml[-1]:.2f} s > {bound:.2f} s "
+                                       f"(1 s, or 10x its unloaded worst {monitor_base:.3f} s)")
+                if len(mon.lat) < 3:
+                    good.failed.append(f"only {len(mon.lat)} monitor calls answered")
+            if a.expect_ended and ended < sent // 2 and not a.keep_up:
                 good.failed.append(f"psd ended only {ended} of {sent} stalled streams")
+        elif a.attack == "reset-many":
+            # rapid reset spread over many connections from one address,
+            # each under the per-connection threshold (issue 23 item 2)
+            live = []
+            opened = 0
+            cut = 0
+            most = 0
+            block = None
+
+            def connect():
+                nonlocal opened
+                if opened >= 20 * a.conns:
+                    return None
+                try:
+                    c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                except OSError:
+                    return None
+                opened += 1
+                conns.append(c)
+                return c
+
+            for _ in range(a.conns):
+                c = connect()
+                if c:
+                    live.append(c)
+            last_sample = 0
+            per_round = 10
+            while time.monotonic() < t_end and sent < a.max_streams:
+                t_round = time.monotonic()
+                for i, c in enumerate(live):
+                    if c is None or c.closed:
+                        if c is not None:
+                            cut += 1
+                            c.close()
+                        live[i] = c = connect()
+                        if c is None:
+                            continue
+                    if block is None:
+                        block = headers_block("/ps.ParameterServer/GetParameters", authority, c.scheme, a.token)
+                    burst = bytearray()
+                    for _ in range(per_round):
+                        sid = c.next_id
+                        c.next_id += 2
+                        burst += frame(1, 0x4, sid, block) + frame(3, 0, sid, struct.pack(">I", 8))
+                    try:
+                        c.send(bytes(burst))
+                        sent += per_round
+                    except OSError:
+                        c.closed = True
+                        continue
+                    c.pump()
+                most = max(most, sum(1 for c in live if c is not None and not c.closed))
+                now = time.monotonic()
+                if now - last_sample > 0.2:
+                    peak = max(peak, rss_mb(a.pid) or 0)
+                    last_sample = now
+                # each connection stays under a.rate resets a second
+                time.sleep(max(0.0, per_round / a.rate - (time.monotonic() - t_round)))
+            for c in live:
+                if c is not None and c.closed:
+                    cut += 1
+            extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on {opened} "
+                     f"connections ({a.conns} kept open, at most {a.rate:.0f} resets/s each), "
+                     f"{cut} closed by psd")
+            if a.expect_cut and cut < 1:
+                good.failed.append("psd never closed a resetting connection")
         else:
             c = H2Conn(a.host, a.port, a.tls, source=a.source)
             conns.append(c)
@@ -365,14 +539,19 @@ def main():
     lat = sorted(good.lat) or [0]
     print(f"{a.attack}: psd rss {rss0:.0f} MiB -> peak {peak:.0f} MiB (growth {growth:.0f} MiB), "
           f"well-behaved client: {good.ok} calls ok, {len(good.failed)} failed, median latency "
-          f"{lat[len(lat) // 2] * 1000:.0f} ms, worst {good.worst:.2f} s{extra}")
+          f"{lat[len(lat) // 2] * 1000:.0f} ms, worst {good.worst:.2f} s (Health/Status "
+          f"{good.worst_reserved:.2f} s){extra}")
     bad = []
     if good.failed:
         bad.append(f"well-behaved calls failed: {good.failed[:3]}")
-    if good.ok < 3:
-        bad.append(f"only {good.ok} well-behaved calls completed")
+    if good.ok < a.min_ok:
+        bad.append(f"only {good.ok} well-behaved calls completed (want {a.min_ok})")
     if a.max_rss_mb is not None and growth > a.max_rss_mb:
         bad.append(f"RSS grew {growth:.0f} MiB > {a.max_rss_mb} MiB")
+    gbound = max(1.0, 10 * good_base)
+    if a.monitor and good.worst_reserved > gbound:  # the reserved methods answer within 1 s (issue 23)
+        bad.append(f"well-behaved Health/Status worst {good.worst_reserved:.2f} s > {gbound:.2f} s "
+                   f"(1 s, or 10x its unloaded worst {good_base:.3f} s)")
     if a.max_latency_s is not None and good.worst > a.max_latency_s:
         bad.append(f"worst latency {good.worst:.1f} s > {a.max_latency_s} s")
     if bad:

@@ -15,8 +15,15 @@ server.consistency=ssp and server.max_staleness=0.
    psd's RSS grows by far less than what the attacker sent (asserted: under
    a third of it, and under 160 MiB);
 3. none of them runs when rank 2 steps (Status.live_contexts does not grow
-   by the attacker's contexts), and rank 1's next Forward runs at once.
+   by the attacker's contexts), and rank 1's next Forward runs at once;
+4. with MAX_CONTEXT_BYTES given (psd's server.max_context_bytes), rank 1 is
+   ahead again and sends 24 concurrent batch-512 Forwards it does not give
+   up: held Forwards get a byte share of a quarter of it, so those past the
+   share are refused RESOURCE_EXHAUSTED naming the key while the rest wait
+   (psd used to hold them all: bounded only by the call share).
 Prints one line: Forwards held and given up, bytes sent, RSS growth.
+
+  hostile_ssp.py ADDR PSD_PID ROUNDS [MAX_CONTEXT_BYTES]
 """
 import sys
 import time
@@ -39,6 +46,7 @@ def rss_mb(pid):
 
 def main():
     addr, pid, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    budget = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     ch = grpc.insecure_channel(addr, [("grpc.max_send_message_length", 64 << 20)])
     stub = ps_pb2_grpc.ParameterServerStub(ch)
     rng = np.random.default_rng(3)
@@ -94,10 +102,38 @@ def main():
     fwd(3, 1, 4, 30)
     lat = time.monotonic() - t
     grown = peak - rss0
+
+    # 4. rank 1 ahead again; 24 held Forwards it waits for: a byte share
+    share_note, share_fail = "", []
+    if budget:
+        stub.Step(ps_pb2.StepRequest(context_id=3), timeout=30)
+        codes = {}
+        detail = ""
+        with futures.ThreadPoolExecutor(24) as pool:
+            calls = [pool.submit(stub.Forward, big(5000 + i), timeout=3) for i in range(24)]
+            for c in calls:
+                try:
+                    c.result()
+                    codes["OK"] = codes.get("OK", 0) + 1
+                except grpc.RpcError as e:
+                    codes[e.code().name] = codes.get(e.code().name, 0) + 1
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        detail = e.details()
+        refused = codes.get("RESOURCE_EXHAUSTED", 0)
+        waited = codes.get("DEADLINE_EXCEEDED", 0)
+        fits = budget // 4 // (x.nbytes + y.nbytes)
+        share_note = (f"; 24 held Forwards of {(x.nbytes + y.nbytes) / 1e6:.1f} MB with a held share of "
+                      f"{budget / 4 / 2**20:.0f} MiB: {codes}")
+        if refused == 0 or "server.max_context_bytes" not in detail:
+            share_fail.append(f"no held Forward was refused for its byte share ({codes}; {detail!r})")
+        if waited > fits + 1:
+            share_fail.append(f"{waited} Forwards held, more than the {fits} the share fits")
+        if waited == 0:
+            share_fail.append("none was held: the case did not test the hold")
     print(f"{held} Forwards held and given up by their client ({sent / 1e6:.0f} MB sent): RSS +{grown:.0f} MiB "
           f"(peak); open contexts {st1.live_contexts} -> {st2.live_contexts} after the slow rank stepped; "
-          f"rank 1's next Forward in {lat:.2f} s")
-    fails = other[:3]
+          f"rank 1's next Forward in {lat:.2f} s{share_note}")
+    fails = other[:3] + share_fail
     if held < 8 * rounds // 2:
         fails.append(f"only {held} of {8 * rounds} Forwards were held: the attack did not test the hold")
     if grown > min(160, sent / 3 / 2**20):

@@ -18,6 +18,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <grpc/slice.h>
 
 #include "check.h"
@@ -575,19 +576,27 @@ typedef struct raw_call {
     grpc_slice status_details;
 } raw_call;
 
-static grpc_channel *raw_channel(const ps_rpc_server *s) {
+/* own: a connection of its own (not shared with other channels). */
+static grpc_channel *raw_channel_own(const ps_rpc_server *s, int own) {
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", ps_rpc_server_port(s));
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
+    grpc_arg arg = {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                    .value.integer = 1};
+    grpc_channel_args args = {1, &arg};
+    grpc_channel *ch = grpc_channel_create(target, creds, own ? &args : NULL);
     grpc_channel_credentials_release(creds);
     return ch;
 }
+
+static grpc_channel *raw_channel(const ps_rpc_server *s) { return raw_channel_own(s, 0); }
 
 /* Start a call of method on cq. With message == 0 only the initial
  * metadata is sent (the request message never comes); otherwise
  * StepRequest{context_id = arg} and the half-close. Either way a second
  * batch waits for the status. Two events (tags &r->call, r) follow. */
+static const char *raw_token;  /* "Bearer <token>" metadata on raw calls when set */
+
 static void raw_start(raw_call *r, grpc_channel *ch, grpc_completion_queue *cq, const char *method,
                       int message, uint64_t arg) {
     memset(r, 0, sizeof *r);
@@ -602,6 +611,15 @@ static void raw_start(raw_call *r, grpc_channel *ch, grpc_completion_queue *cq, 
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
+    grpc_metadata auth;
+    char bearer[128];
+    if (raw_token) {
+        snprintf(bearer, sizeof bearer, "Bearer %s", raw_token);
+        auth.key = grpc_slice_from_static_string("authorization");
+        auth.value = grpc_slice_from_copied_string(bearer);
+        ops[n].data.send_initial_metadata.count = 1;
+        ops[n].data.send_initial_metadata.metadata = &auth;
+    }
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     if (message) {
         ps_StepRequest req = {.context_id = arg};
@@ -612,6 +630,7 @@ static void raw_start(raw_call *r, grpc_channel *ch, grpc_completion_queue *cq, 
         ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     }
     CHECK(grpc_call_start_batch(r->call, ops, n, &r->call, NULL) == GRPC_CALL_OK);
+    if (raw_token) grpc_slice_unref(auth.value);
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[0].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
@@ -777,10 +796,12 @@ static void test_many_deferred(void) {
 }
 
 /* 40 calls that never send their message (more than the 2 workers and the
- * old 8 slots) are accepted, and other calls are still served. */
+ * old 8 slots) are accepted (with server.max_stalled_per_client 64), and
+ * other calls are still served. */
 #define NSILENT 40
 static void test_silent_clients(void) {
-    ps_rpc_server *s = start_server(2);
+    ps_rpc_server_opts o = {.threads = 2, .max_message_bytes = MAX_MSG, .max_stalled_per_client = 64};
+    ps_rpc_server *s = start_server_opts(&o);
     if (!s) return;
     grpc_channel *ch = raw_channel(s);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
@@ -812,6 +833,156 @@ static void test_silent_clients(void) {
     raw_cq_destroy(cq);
     grpc_channel_destroy(ch);
     ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
+/* Start n silent calls of method (no request message) on ch with token
+ * tok; wait until the server holds want calls in all; returns how many of
+ * the n were refused RESOURCE_EXHAUSTED with details naming what. The
+ * accepted ones stay open in r[0..n) (the caller cancels them). */
+static int silent_calls(ps_rpc_server *s, grpc_channel *ch, grpc_completion_queue *cq, raw_call *r, int n,
+                        const char *method, const char *tok, int want, const char *what) {
+    int before = ps_rpc_server_calls(s);
+    raw_token = tok;
+    for (int i = 0; i < n; i++) raw_start(&r[i], ch, cq, method, 0, 0);
+    raw_token = NULL;
+    CHECK_MSG(WAIT_UNTIL(ps_rpc_server_calls(s) == want, WAIT_MS), "%s: server holds %d calls, want %d",
+              tok, ps_rpc_server_calls(s), want);
+    /* every call's send batch completes; the refused ones also end */
+    int refused = 0, events = n + (n - (want - before));
+    /* (both batches of a raw call have the same tag; the status stays 0 =
+     * OK until the call ends) */
+    CHECK(raw_events(cq, events) == events);
+    for (int i = 0; i < n; i++) {
+        char *d = grpc_slice_to_c_string(r[i].status_details);
+        if (r[i].status == GRPC_STATUS_RESOURCE_EXHAUSTED) {
+            CHECK_MSG(strstr(d, what) != NULL, "refusal '%s' does not name %s", d, what);
+            refused++;
+        } else {
+            CHECK_MSG(r[i].status == GRPC_STATUS_OK, "%s: call ended %s: %s", tok, ps_grpc_code_name(r[i].status), d);
+        }
+        gpr_free(d);
+    }
+    return refused;
+}
+
+static void cancel_all(grpc_completion_queue *cq, raw_call *r, int n, int ended) {
+    for (int i = 0; i < n; i++) grpc_call_cancel(r[i].call, NULL);
+    CHECK(raw_events(cq, n - ended) == n - ended);
+    for (int i = 0; i < n; i++) raw_free(&r[i]);
+}
+
+/* Issue 23 item 8: four clients (tokens here; hosts without tokens) that
+ * open calls and never send their request cannot fill the call cap:
+ * server.max_stalled_per_client each and max_calls / 4 in all, though a
+ * client holding none still starts one; the last max_calls / 8 are kept
+ * for clients holding none; readers have their own cap; a connection may
+ * hold one reserved call whatever its client holds. */
+static void test_stalled_caps(void) {
+    static const char *const reader_methods[] = {M_DEFER_SELF, M_PING, NULL};
+    static const ps_rpc_token tok[] = {
+        {"aaaaaaaaaaaaaaaa-token-a", "a", NULL}, {"bbbbbbbbbbbbbbbb-token-b", "b", NULL},
+        {"cccccccccccccccc-token-c", "c", NULL}, {"dddddddddddddddd-token-d", "d", NULL},
+        {"rrrrrrrrrrrrrrrr-token-r", "r", reader_methods}};
+    ps_rpc_security sec = {.tokens = tok, .ntokens = 5};
+    /* cap 32: 8 per client, 4 stalled per client, 8 stalled in all, the
+     * last 4 kept; reserved 8: 2 per client */
+    ps_rpc_server_opts o = {.threads = 2, .max_calls = 32, .max_reserved_calls = 8, .max_stalled_per_client = 4,
+                            .max_message_bytes = MAX_MSG};
+    ps_err err;
+    ps_rpc_server *s = ps_rpc_server_create_opts("127.0.0.1:0", &o, methods, NMETHODS, NULL, &sec, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    if (!s) return;
+    CHECK(ps_rpc_server_start(s, &err) == PS_OK);
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    static raw_call ra[8], rb[8], rc[2], rr[1], rp[3];
+    /* a and b: 8 calls each (their share) without a message: a second
+     * later 4 each count as stalled, the rest are cancelled naming the cap */
+    CHECK(silent_calls(s, ch, cq, ra, 8, M_FORWARD, tok[0].token, 4, "server.max_stalled_per_client") == 4);
+    CHECK(silent_calls(s, ch, cq, rb, 8, M_FORWARD, tok[1].token, 8, "server.max_stalled_per_client") == 4);
+    /* a holds 4 stalled calls: its next one is refused at once */
+    raw_call r;
+    CHECK(silent_calls(s, ch, cq, &r, 1, M_FORWARD, tok[0].token, 8, "server.max_stalled_per_client") == 1);
+    raw_free(&r);
+    /* 8 stalled in all: c, holding none, still starts one, not two */
+    CHECK(silent_calls(s, ch, cq, rc, 2, M_FORWARD, tok[2].token, 9, "in all") == 1);
+    /* d, holding none, is served */
+    raw_token = tok[3].token;
+    raw_start(&r, ch, cq, M_DEFER_SELF, 1, 1);
+    raw_token = NULL;
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_OK, "d: %s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    /* the reader's calls have their own cap */
+    CHECK(silent_calls(s, ch, cq, rr, 1, M_DEFER_SELF, tok[4].token, 10, "-") == 0);
+    ps_rpc_admission ad;
+    ps_rpc_server_admission(s, &ad);
+    CHECK_MSG(ad.calls == 9 && ad.reader_calls == 1 && ad.stalled_calls == 10, "calls %d, reader %d, stalled %d",
+              ad.calls, ad.reader_calls, ad.stalled_calls);
+    /* a fills its reserved share (2) with pings that never send their
+     * message on this connection (the first on it is the connection's own) */
+    CHECK(silent_calls(s, ch, cq, rp, 3, M_PING, tok[0].token, 12, "server.max_calls_per_client") == 1);
+    /* a monitor with a's token on a connection of its own is answered */
+    grpc_channel *ch2 = raw_channel_own(s, 1);
+    raw_token = tok[0].token;
+    raw_start(&r, ch2, cq, M_PING, 1, 0);
+    raw_token = NULL;
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_OK, "monitor: %s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    cancel_all(cq, ra, 8, 4);
+    cancel_all(cq, rb, 8, 4);
+    cancel_all(cq, rc, 2, 1);
+    cancel_all(cq, rr, 1, 0);
+    cancel_all(cq, rp, 3, 1);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    ps_rpc_server_admission(s, &ad);
+    CHECK(ad.stalled_calls == 0 && ad.clients == 0);
+
+    grpc_channel_destroy(ch2);
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_server_free(s);
+
+    /* capacity kept: a holds 28 deferred calls (received, not stalled) of
+     * 32 with a per-client share of 32; its 29th is refused, while b,
+     * holding none, gets one of the last 4 */
+    o = (ps_rpc_server_opts){.threads = 2, .max_calls = 32, .max_calls_per_client = 32,
+                             .max_message_bytes = MAX_MSG};
+    s = ps_rpc_server_create_opts("127.0.0.1:0", &o, methods, NMETHODS, NULL, &sec, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    if (!s) return;
+    CHECK(ps_rpc_server_start(s, &err) == PS_OK);
+    ch = raw_channel(s);
+    cq = grpc_completion_queue_create_for_next(NULL);
+    int total0 = atomic_load(&def_total);
+    static raw_call rd[29];
+    raw_token = tok[0].token;
+    for (int i = 0; i < 28; i++) raw_start(&rd[i], ch, cq, M_DEFER, 1, 5000 + (uint64_t)i);
+    CHECK_MSG(WAIT_UNTIL(atomic_load(&def_total) == total0 + 28, WAIT_MS), "%d of 28 deferred",
+              atomic_load(&def_total) - total0);
+    raw_start(&rd[28], ch, cq, M_DEFER, 1, 5028);
+    raw_token = tok[1].token;
+    raw_start(&r, ch, cq, M_DEFER_SELF, 1, 1);
+    raw_token = NULL;
+    CHECK(raw_events(cq, 28 + 2 + 2) == 32);  /* send batches, and the two answered calls */
+    CHECK_MSG(rd[28].status == GRPC_STATUS_RESOURCE_EXHAUSTED, "a's 29th: %s", ps_grpc_code_name(rd[28].status));
+    char *d = grpc_slice_to_c_string(rd[28].status_details);
+    CHECK_MSG(strstr(d, "kept for clients holding none") != NULL, "%s", d);
+    gpr_free(d);
+    CHECK_MSG(r.status == GRPC_STATUS_OK, "b: %s", ps_grpc_code_name(r.status));
+    raw_free(&r);
+    for (int i = 0; i < 28; i++) {
+        ps_rpc_call *h = def_take(5000 + (uint64_t)i);
+        CHECK(h != NULL);
+        if (h) ps_rpc_call_complete(h, step_response(1), GRPC_STATUS_OK, NULL);
+    }
+    CHECK(raw_events(cq, 28) == 28);
+    for (int i = 0; i < 29; i++) raw_free(&rd[i]);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
     ps_rpc_server_free(s);
 }
 
@@ -993,6 +1164,7 @@ int main(void) {
     test_defer_frees_worker();
     test_many_deferred();
     test_silent_clients();
+    test_stalled_caps();
     test_deferred_cancel();
     test_shutdown_deferred();
     test_reserved_and_cap();
