@@ -2,7 +2,7 @@
 # `make bench`: compute, end-to-end and PyTorch numbers in one run, on the
 # same data and machine, then the table and ratios (bench/report.py).
 #
-#   bench/run.sh                 everything (about 11 minutes on 2 cores)
+#   bench/run.sh                 everything (about 16 minutes on 2 cores, 5 of them building df35b72)
 #   QUICK=1 bench/run.sh         fewer/shorter repetitions (a smoke run)
 #   SKIP_TORCH=1 bench/run.sh    without the PyTorch anchors
 #   ISAS="AVX2 SSE41" bench/run.sh   the ISAs emulated in section 4 (oneDNN's
