@@ -7,7 +7,8 @@
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test-fit   the small ResNet on Fashion-MNIST through psd + 2 `ps-train fit` vs PyTorch's loop (~30 min)
 #   make test       install deps, build, run every test (tests/run.sh)
-#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min; QUICK=1 ~5)
+#   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min + ~5 building df35b72 for the
+#                   pre-executor comparison, SKIP_BASE=1 without; QUICK=1 ~5)
 #   make bench-lm   the language model's tokens/s, both decoder modes, vs the PyTorch RPC tutorial's
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server

@@ -17,7 +17,11 @@
  * "compute model=NAME backend=...".
  *
  * usage: bench_compute [--backend NAME] [--threads N] [--batch B]
- *                      [--reps R] [--secs T] [--data DIR] [--model FILE] [--profile]
+ *                      [--reps R] [--secs T] [--batches N] [--data DIR] [--model FILE] [--profile]
+ * --batches N: each repetition (and the warm-up) runs exactly N batches
+ * instead of T seconds - the same work in every run, so that the CPU time
+ * of two builds can be compared (e.g. under `perf stat -e task-clock`) on
+ * a machine whose load makes wall time noisy.
  * --profile prints per-phase times (forward / backward / step) of the
  * median repetition as well.
  */
@@ -83,8 +87,9 @@ static int one_batch(bench_ctx *b, int step, ps_err *err) {
     return rc ? -1 : 0;
 }
 
-/* Run batches for `secs` seconds; returns samples/s. */
-static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
+/* Run batches for `secs` seconds, or exactly `fixed` batches when fixed >
+ * 0; returns samples/s. */
+static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *err) {
     long samples = 0;
     b->t_fwd = b->t_bwd = b->t_step = 0;
     b->nbatches = 0;
@@ -94,14 +99,14 @@ static double run_for(bench_ctx *b, int step, double secs, ps_err *err) {
         samples += b->batch;
         b->nbatches++;
         el = ps_mono_s() - t0;
-    } while (el < secs);
+    } while (fixed > 0 ? b->nbatches < fixed : el < secs);
     b->cpu = cpu_s() - c0;
     return samples / el;
 }
 
 int main(int argc, char **argv) {
     const char *backend = "dnnl", *data_dir = "data/mnist", *model_file = NULL;
-    long threads = 1, batch = 32, reps = 5, profile = 0;
+    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0;
     double secs = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -114,6 +119,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--model")) model_file = v;
         else if (!strcmp(a, "--threads")) { if (ps_cli_long("bench_compute", a, v, 1, 256, &threads)) return 2; }
         else if (!strcmp(a, "--batch")) { if (ps_cli_long("bench_compute", a, v, 1, 512, &batch)) return 2; }
+        else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_compute", a, v, 1, 1000000, &fixed)) return 2; }
         else if (!strcmp(a, "--reps")) { if (ps_cli_long("bench_compute", a, v, 1, 1000, &reps)) return 2; }
         else if (!strcmp(a, "--secs")) { if (ps_cli_long("bench_compute", a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
         else if (!strcmp(a, "--msecs")) { if (ps_cli_long("bench_compute", a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
@@ -158,11 +164,11 @@ int main(int argc, char **argv) {
     const char *what[2] = {"forward", "step"};
     for (int step = 0; step <= 1; step++) {
         /* Warm-up: primitive creation, page faults, caches. */
-        if (run_for(&b, step, secs < 0.5 ? secs : 0.5, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
+        if (run_for(&b, step, secs < 0.5 ? secs : 0.5, fixed, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
         double *r = calloc((size_t)reps, sizeof *r), *pf = calloc((size_t)reps * 5, sizeof *pf);
         if (!r || !pf) { free(r); free(pf); goto out; }
         for (long i = 0; i < reps; i++) {
-            r[i] = run_for(&b, step, secs, &err);
+            r[i] = run_for(&b, step, secs, fixed, &err);
             if (r[i] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(r); free(pf); goto out; }
             double nb = (double)b.nbatches;
             pf[i * 5] = r[i];

@@ -2,13 +2,15 @@
 # bench/compare.sh REF - this tree against commit REF, on the same machine
 # and data, measured alternately so that load drifting over time hits both
 # builds alike:
-#   e2e   MNIST end to end: psd (configs/local.yaml) and one bench_trainer
-#         process (E2E_BATCHES timed batches of 32 after E2E_WARMUP), samples/s
+#   e2e   MNIST end to end: psd (configs/local.yaml) and E2E_TRAINERS
+#         bench_trainer processes at once (default 1; E2E_BATCHES timed
+#         batches of 32 each after E2E_WARMUP), samples/s of all together
 #   step  the in-process training step (bench_compute what=step: forward
-#         with tape, backward, SGD step; batch 32, 2 threads), samples/s
+#         with tape, backward, SGD step; batch 32, STEP_THREADS threads,
+#         default 2), samples/s
 # REF is built in a temporary git worktree (removed at the end); this tree
 # is built in $BUILD. Each build runs ROUNDS times per measurement, the
-# order new, old, new, old, ...; the medians are compared:
+# order new, old, old, new, new, old, ...; the medians are compared:
 #   e2e  new 1012.3 old 1004.1 samples/s  new/old 1.008
 #   step new  931.0 old  925.5 samples/s  new/old 1.006
 # and the script fails when a ratio is below MIN_RATIO (default 0.97).
@@ -16,6 +18,10 @@
 # the load average it prints, and run it on a quiet machine to decide.
 #
 #   bench/compare.sh main            ROUNDS=5 bench/compare.sh HEAD~3
+#   STEP_THREADS=1 E2E_TRAINERS=2 bench/compare.sh df35b72
+#         (issue 18's check: the last commit before the graph executor; make
+#         bench runs this one, see bench/run.sh)
+# REPORT=FILE also writes the result lines there.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bench/compare.sh REF   (a commit, branch or tag)" >&2; exit 2; }
 REF=$1
@@ -27,6 +33,8 @@ E2E_BATCHES=${E2E_BATCHES:-100}
 E2E_WARMUP=${E2E_WARMUP:-20}
 STEP_SECS=${STEP_SECS:-2}
 MIN_RATIO=${MIN_RATIO:-0.97}
+STEP_THREADS=${STEP_THREADS:-2}
+E2E_TRAINERS=${E2E_TRAINERS:-1}
 JOBS=${JOBS:-$(nproc)}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
@@ -51,22 +59,30 @@ make --no-print-directory -C "$old" -j"$JOBS" BUILD=build build/bin/psd build/be
   >"$tmp/build-old.log" 2>&1 || { tail -n 30 "$tmp/build-old.log"; echo "compare: $REF does not build" >&2; exit 1; }
 data=$(cd "$DATA" && pwd)
 
-e2e() {  # build dir -> samples/s of one bench_trainer against its own psd
-  local b=$1 port addr out
+e2e() {  # build dir -> samples/s of E2E_TRAINERS bench_trainers together against their own psd
+  local b=$1 port addr r pids=()
   port=$(( 20000 + RANDOM % 20000 ))
   addr="127.0.0.1:$port"
-  out="$tmp/e2e.txt"
   (cd "$b/.." && exec "$b/bin/psd" --config configs/local.yaml --listen "$addr" 2>"$tmp/psd.log") &
   psd_pid=$!
-  local line
-  line=$("$b/bench/bench_trainer" --server "$addr" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" --data "$data" \
-         --out "$out" | grep '^trainer ') || { tail "$tmp/psd.log" >&2; echo "compare: bench_trainer failed" >&2; exit 1; }
+  for r in $(seq 1 "$E2E_TRAINERS"); do
+    "$b/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" --data "$data" \
+      --out "$tmp/e2e-t$r.txt" >"$tmp/e2e-o$r.txt" &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do
+    wait "$r" || { tail "$tmp/psd.log" >&2; echo "compare: bench_trainer failed" >&2; exit 1; }
+  done
   kill -TERM "$psd_pid"; wait "$psd_pid" || true; psd_pid=
-  awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } } END { printf "%.1f\n", v["samples"] / v["wall_s"] }' <<<"$line"
+  # all trainers' samples over the span from the first start to the last end (one clock)
+  cat "$tmp"/e2e-o*.txt | grep '^trainer ' | awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    s += v["samples"]; if (NR == 1 || v["t_start"] < t0) t0 = v["t_start"]; if (v["t_end"] > t1) t1 = v["t_end"] }
+    END { printf "%.1f\n", s / (t1 - t0) }'
+  rm -f "$tmp"/e2e-o*.txt
 }
 
 step() {  # build dir -> samples/s of the in-process training step
-  "$1/bench/bench_compute" --backend dnnl --threads 2 --batch 32 --reps 3 --secs "$STEP_SECS" --data "$data" |
+  "$1/bench/bench_compute" --backend dnnl --threads "$STEP_THREADS" --batch 32 --reps 3 --secs "$STEP_SECS" --data "$data" |
     sed -n 's/.*what=step .*median=\([0-9.]*\).*/\1/p'
 }
 
@@ -75,18 +91,32 @@ median() { sort -g | awk '{a[NR] = $1} END { print (NR % 2) ? a[(NR + 1) / 2] : 
 new_b=$(cd "$BUILD" && pwd)
 old_b="$old/build"
 : >"$tmp/new.e2e"; : >"$tmp/old.e2e"; : >"$tmp/new.step"; : >"$tmp/old.step"
-echo "compare: $ROUNDS rounds, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
+echo "compare: step with $STEP_THREADS thread(s), e2e with $E2E_TRAINERS trainer(s); $ROUNDS rounds, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
 for r in $(seq 1 "$ROUNDS"); do
-  e2e "$new_b" >>"$tmp/new.e2e"; e2e "$old_b" >>"$tmp/old.e2e"
-  step "$new_b" >>"$tmp/new.step"; step "$old_b" >>"$tmp/old.step"
+  if [ $((r % 2)) = 1 ]; then   # new first in odd rounds, old first in even ones
+    e2e "$new_b" >>"$tmp/new.e2e"; e2e "$old_b" >>"$tmp/old.e2e"
+    step "$new_b" >>"$tmp/new.step"; step "$old_b" >>"$tmp/old.step"
+  else
+    e2e "$old_b" >>"$tmp/old.e2e"; e2e "$new_b" >>"$tmp/new.e2e"
+    step "$old_b" >>"$tmp/old.step"; step "$new_b" >>"$tmp/new.step"
+  fi
   echo "  round $r: e2e new $(tail -n 1 "$tmp/new.e2e") old $(tail -n 1 "$tmp/old.e2e"), step new $(tail -n 1 "$tmp/new.step") old $(tail -n 1 "$tmp/old.step") samples/s"
 done
 echo "compare: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 bad=0
+: >"$tmp/report.txt"
 for what in e2e step; do
   n=$(median <"$tmp/new.$what"); o=$(median <"$tmp/old.$what")
   ratio=$(awk -v n="$n" -v o="$o" 'BEGIN { printf "%.3f", (o > 0 ? n / o : 0) }')
   printf "%-4s new %8.1f old %8.1f samples/s  new/old %s\n" "$what" "$n" "$o" "$ratio"
-  awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN { exit !(r >= m) }' || bad=1
+  ok=MET
+  awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN { exit !(r >= m) }' || { bad=1; ok="NOT MET"; }
+  if [ "$what" = e2e ]; then label="psd + $E2E_TRAINERS trainer(s)"; else label="in-process step, $STEP_THREADS thread(s)"; fi
+  printf "   %-34s this tree %8.1f  %s %8.1f samples/s  ratio %s (>= %s) %s\n" "$label" "$n" \
+    "$(git rev-parse --short "$ref")" "$o" "$ratio" "$MIN_RATIO" "$ok" >>"$tmp/report.txt"
 done
+if [ -n "${REPORT:-}" ]; then
+  { echo "   ($ROUNDS rounds alternately, medians; load average $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
+    cat "$tmp/report.txt"; } >"$REPORT"
+fi
 [ $bad -eq 0 ] || { echo "compare: new/old below $MIN_RATIO"; exit 1; }

@@ -265,7 +265,8 @@ def main():
     print()
     print("2. End to end: psd + N trainers (bench_trainer processes) on loopback")
     print("   mode: split = Forward, Backward, Step; fused = Forward, Backward(step=true);"
-          " plain-layout = split with PS_DNNL_LAYOUT=plain")
+          " plain-layout = split with PS_DNNL_LAYOUT=plain;")
+    print("   ct1 = split with server.compute_threads=1 (every call on one thread)")
     print(f"   {'mode':<13} {'trainers':>8} {'total samples/s':>16} {'runs':>14} {'psd peak RSS':>13}")
     e2e = {}
     lat = {}
@@ -398,6 +399,10 @@ def main():
         if ("fused", 2) in e2e:
             f = e2e[("fused", 2)]
             print(f"     fused step (Backward with step=true): {f:.0f} = {f / ideal:.2f} x (2 x the 1-thread step)")
+        if ("ct1", 2) in e2e:
+            f = e2e[("ct1", 2)]
+            print(f"     one compute thread per call (server.compute_threads=1): {f:.0f} = {f / ideal:.2f} x"
+                  f" (2 x the 1-thread step), {f / v:.2f} x psd's default")
         if peak:
             print(f"     % of the FMA peak ({isa}, {peak:.1f} GFLOP/s per core; {MNIST_TRAIN_FLOP / 1e6:.1f} MFLOP per"
                   f" training sample): in-process 1 thread {100 * one[0] * MNIST_TRAIN_FLOP / 1e9 / peak:.1f}% of one"

@@ -2,7 +2,7 @@
 # `make bench`: compute, end-to-end and PyTorch numbers in one run, on the
 # same data and machine, then the table and ratios (bench/report.py).
 #
-#   bench/run.sh                 everything (about 11 minutes on 2 cores)
+#   bench/run.sh                 everything (about 16 minutes on 2 cores, 5 of them building df35b72)
 #   QUICK=1 bench/run.sh         fewer/shorter repetitions (a smoke run)
 #   SKIP_TORCH=1 bench/run.sh    without the PyTorch anchors
 #   ISAS="AVX2 SSE41" bench/run.sh   the ISAs emulated in section 4 (oneDNN's
@@ -13,6 +13,9 @@
 #   SKIP_PYTHON=1 bench/run.sh   without the Python client's row (bench/python.sh)
 #   SKIP_LM=1 bench/run.sh       without the language model's fused mode per ISA
 #                                (psd + 2 ps-train lm trainers; make bench-lm has the rest)
+#   SKIP_BASE=1 bench/run.sh     without MNIST against the last commit before the graph
+#                                executor (bench/compare.sh $BASE_REF, default df35b72:
+#                                built in a git worktree, run alternately; issue 18's >= 0.95)
 #
 # Raw results go to $OUT (default build/bench-results/<date>); the table is
 # printed and saved as $OUT/report.txt.
@@ -153,6 +156,10 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
 }
 for n in 1 2 4; do e2e split "$n"; done
 e2e fused 2 -- --fuse-step
+# every call on one compute thread (server.compute_threads=1) instead of psd's
+# share of the cores per call: tells on a quiet machine whether calls given
+# two threads (when the other trainer is between calls) cost more than they give
+e2e ct1 2 --set server.compute_threads=1
 # oneDNN on plain layouts (the path before blocked layouts), 2 trainers
 PS_DNNL_LAYOUT=plain e2e plain-layout 2
 # the RPC cost of a batch without compute (bench_trainer --probe), under training load
@@ -230,6 +237,16 @@ if [ -z "${SKIP_TRAINERS:-}" ]; then
   OUT="$OUT" BUILD="$BUILD" DATA="$DATA" RUNS=$([ -n "${QUICK:-}" ] && echo 2 || echo 3) bash bench/trainers.sh
 fi
 
+# ---- MNIST against the last commit before the graph executor (issue 18: the
+# in-process 1-thread step and psd + 2 trainers >= 0.95 x that commit's), built
+# in a git worktree and run alternately with this tree (bench/compare.sh)
+if [ -z "${SKIP_BASE:-}" ]; then
+  echo "== MNIST vs ${BASE_REF:-df35b72} (the last commit before the graph executor), alternately"
+  STEP_THREADS=1 E2E_TRAINERS=2 MIN_RATIO=0.95 ROUNDS=$([ -n "${QUICK:-}" ] && echo 2 || echo 3) \
+    E2E_BATCHES=$E2E_BATCHES E2E_WARMUP=$E2E_WARMUP STEP_SECS=$SECS BUILD="$BUILD" DATA="$DATA" \
+    REPORT="$OUT/base.txt" bash bench/compare.sh "${BASE_REF:-df35b72}" || true
+fi
+
 # ---- 5. RL: the tutorial's REINFORCE agent and observers (bench/rl.sh)
 if [ -z "${SKIP_RL:-}" ]; then
   echo "== RL: psd + ps-train cartpole vs the PyTorch RPC tutorial, 2 and 4 observers"
@@ -245,5 +262,7 @@ fi
 
 state end >>"$OUT/machine.txt"
 { $PY bench/report.py "$OUT"
-  if [ -f "$OUT/trainers.txt" ]; then echo; echo "8. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
+  if [ -f "$OUT/trainers.txt" ]; then echo; echo "9. Many trainers (bench/trainers.sh)"; sed 's/^/   /' "$OUT/trainers.txt"; fi
+  if [ -f "$OUT/base.txt" ]; then echo; echo "10. MNIST against ${BASE_REF:-df35b72}, the last commit before the graph executor (bench/compare.sh)"
+    cat "$OUT/base.txt"; fi
   for r in rl-report python-report; do if [ -f "$OUT/$r.txt" ]; then echo; cat "$OUT/$r.txt"; fi; done; } | tee "$OUT/report.txt"
