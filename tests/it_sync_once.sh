@@ -88,15 +88,19 @@ addr=; start_psd psd2.log --set server.consistency=ssp --set server.max_stalenes
 # server.ssp_idle_s for it - by design, and not what this case tests. So
 # does trainer 1 for its last batches when trainer 2 ran more than one batch
 # before it stopped: hence the quick poll.)
-start_trainer() {  # rank; sets t<rank>
-  "$BUILD/bin/ps-train" --server "$addr" --rank "$1" --world-size 3 --max-batches "$N" "${retry[@]}" \
-      >"$tmp/t$1.log" 2>&1 &
-  eval "t$1=\$!"; pids+=("$!")
+start_trainer() {  # rank [flags...]; sets t<rank>
+  local r=$1; shift
+  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --max-batches "$N" "${retry[@]}" "$@" \
+      >"$tmp/t$r.log" 2>&1 &
+  eval "t$r=\$!"; pids+=("$!")
 }
-start_trainer 2
+# Trainer 2 trains batches of 512 so that its N batches take long enough for
+# the poll below to stop it after its first on a loaded machine (with 32 it
+# could finish all of them before the STOP: "kill: No such process").
+start_trainer 2 --batch-size 512
 for _ in $(seq 3000); do grep -q "training batch 0 " "$tmp/t2.log" && break; sleep 0.01; done
 grep -q "training batch 0 " "$tmp/t2.log" || fail "trainer 2 did not train its first batch in 30 s"
-kill -STOP "$t2"
+kill -STOP "$t2" 2>/dev/null || fail "trainer 2 finished its $N batches before it could be stopped (machine too busy?)"
 start_trainer 1
 for _ in $(seq 600); do grep -q "retry 1 in" "$tmp/t1.log" && break; sleep 0.05; done
 sleep 1; kill -CONT "$t2"
