@@ -96,6 +96,10 @@ try {
   check(seen && Number(seen[1].replace(/,/g, "")) === st.trainers_seen, `trainers seen "${await text("#trainers-foot")}" == Status ${st.trainers_seen}`);
   check((await num("contexts-live")) === st.live, `live contexts ${await num("contexts-live")} == Status ${st.live}`);
   if (st.checkpoint_step != null) {
+    // psd writes the last checkpoint after the Step that reached its version: the page can
+    // show that version one refresh before the checkpoint's step
+    const want = "step " + st.checkpoint_step.toLocaleString("en-US");
+    await until(`the page to show checkpoint step ${st.checkpoint_step}`, async () => (await text("#ckpt-kv")).includes(want), 30000).catch(() => {});
     const ck = await text("#ckpt-kv");
     check(ck.includes("step " + st.checkpoint_step.toLocaleString("en-US")), `last checkpoint step ${st.checkpoint_step} shown ("${ck.slice(0, 80)}...")`);
   }
