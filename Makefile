@@ -23,7 +23,7 @@
 #   make install PREFIX=/usr/local DESTDIR=   (binaries, psd-export, configs, systemd unit, docs, the psd Python package)
 #
 # Sources are picked up by directory (docs/layout.md): common/ and common/nn/
-# (what both sides use) form libps.a, server/ makes psd, trainer/ makes
+# (what both sides use) form libps.a, server/ and server/nn/ make psd, trainer/ makes
 # ps-train, tests/test_*.c one program each.
 # python/psd is the Python package (docs/python.md); `make` generates its
 # gRPC stubs from proto/ps.proto into python/psd/_proto (git-ignored).
@@ -38,7 +38,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wno-missing-field-initializers
-CPPFLAGS += -Icommon -Icommon/nn -Iserver -Itrainer -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
+CPPFLAGS += -Icommon -Icommon/nn -Iserver -Iserver/nn -Itrainer -I$(BUILD)/proto -D_GNU_SOURCE -MMD -MP
 LDLIBS  := -lgrpc -lgpr -ldnnl -lgomp -lyaml -lz -l:libprotobuf-nanopb.a -lpthread -lm
 # psd: metrics endpoint (libmicrohttpd) and systemd readiness (sd_notify).
 LDLIBS  += -lmicrohttpd -lsystemd
@@ -77,7 +77,7 @@ CUDA_SRC := common/nn/backend_cuda.c common/nn/backend_cuda_kernels.cu
 LIB_SRC  := $(filter-out $(CUDA_SRC),$(wildcard common/*.c common/nn/*.c))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %,$(BUILD)/obj/proto/%.pb.o,$(PROTOS)) $(LIB_CUDA)
 LIB      := $(BUILD)/libps.a
-SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c)))
+SRV_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out server/psd.c,$(wildcard server/*.c server/nn/*.c)))
 # The dashboard's page (web/) and chart library, compiled into psd (below).
 SRV_OBJ  += $(BUILD)/obj/web/web_assets.o
 SRV_LIB  := $(BUILD)/libpsd.a

@@ -33,7 +33,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
-#include "onnx_model.h"
+#include "onnx_weights.h"
 #include "placement.h"
 #include "rpc_server.h"
 #include "security.h"

@@ -23,6 +23,7 @@
 #include "onnx.h"
 #include "onnx_import.h"
 #include "onnx_model.h"
+#include "onnx_weights.h"
 
 #include <dirent.h>
 #include <math.h>
