@@ -32,7 +32,7 @@
 # Why sync: under hogwild each trainer's gradient is one step stale (the
 # other trainer's step lands between its Forward and its Step), which at
 # this lr and momentum costs ~1.4 points after 3 epochs - in PyTorch too:
-# its loop fed gradients one step stale gives psd's hogwild accuracy
+# its loop fed gradients one step stale (--stale) gives psd's hogwild accuracy
 # (86.5 % against 87.9 %, the mean of seeds 1 and 2), and psd with one
 # trainer matches the loop. Sync makes psd's training the loop's, so a gap
 # here is a bug. FIT_CONSISTENCY=hogwild runs hogwild (expect that gap).
