@@ -5,7 +5,7 @@
 #   make run-rl     psd + 2 CartPole observers: the tutorial's REINFORCE agent until solved
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
-#   make test-fit   the small ResNet on Fashion-MNIST through psd + 2 `ps-train fit` vs PyTorch's loop (~30 min)
+#   make test-fit   the small ResNet on Fashion-MNIST through psd (sync) + 2 `ps-train fit` vs PyTorch's loop (golden file; ~3 min)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min + ~5 building df35b72 for the
 #                   pre-executor comparison, SKIP_BASE=1 without; QUICK=1 ~5)

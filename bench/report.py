@@ -418,7 +418,7 @@ def main():
 
 def resnet(d):
     """Section 7: the small ResNet model file (bench/run.sh section 4b), per ISA."""
-    comp, phases, isa_of, order, last = {}, {}, {}, [], None
+    comp, phases, isa_of, order, last, batch = {}, {}, {}, [], None, "?"
     for line in read(os.path.join(d, "compute.txt")):
         if line.startswith("compute "):
             k = kv(line)
@@ -428,6 +428,7 @@ def resnet(d):
             isa_of[col] = k.get("isa", "?")
             last = (col, int(k["threads"]), k["what"])
             comp[last] = float(k["median"])
+            batch = k.get("batch", batch)
         elif "phases" in line and last:
             phases[last] = {a: float(b) for a, b in re.findall(r"(forward|backward|step) ([0-9.]+)", line)}
     if not order:
@@ -439,7 +440,7 @@ def resnet(d):
             e2e[col] = statistics.median(rates)
     print()
     print("7. The small ResNet (examples/models/small_resnet.yaml: conv, BatchNorm, residual Adds, pooling, linear)")
-    print("   on the MNIST images, batch 32, samples/s; psd serving it to 2 bench_trainer processes (bench/run.sh 4b)")
+    print(f"   on the MNIST images, batch {batch}, samples/s; psd serving it to 2 bench_trainer processes (bench/run.sh 4b)")
     w = 24
     print(f"   {'':<50}" + "".join(f"{isa_of[c] + (' (host)' if c == 'host' else ' (emul.)'):>{w}}" for c in order))
 

@@ -14,6 +14,10 @@
 #     layout), two fit trainers with a held-out split, 25 batches each: both
 #     report validation and test accuracy >= 55 %, both servers applied every
 #     batch's Step, no partial steps.
+#  5. --lr per epoch (LR,LR: each Step's grad_scale): 2 epochs of 20 batches
+#     with --lr 0.03,1e-20 leave the weights as epoch 1 left them (its test
+#     accuracy and the final one are the same), while --lr 0.03 (one value:
+#     every epoch) moves them (they differ); --lr 0.03,0 is refused.
 . "$(dirname "$0")/lib.sh" it_fit
 set +e
 cleanup_signal=TERM
@@ -150,4 +154,22 @@ for s in ps0 ps1; do
   [ "$v" = "$batches" ] || fail "$s applied ${v:-?} steps, the trainers ran $batches batches"
   grep " $s " <<<"$status" | grep -q "partial steps 0 applied here, 0 lost here" || fail "$s: partial steps counted"
 done
-echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains: OK"
+
+# ---- 5. --lr per epoch --------------------------------------------------------
+p5=$((base + 5))
+start_psd psd5 --config configs/local.yaml --listen "127.0.0.1:$p5"
+run_fit lr_sched "$p5" "${IDX[@]}" --epochs 2 --max-batches 20 --lr 0.03,1e-20 || fail "fit --lr 0.03,1e-20 exited with $?"
+kill "$psd_pid"
+start_psd psd6 --config configs/local.yaml --listen "127.0.0.1:$((p5 + 1))"
+run_fit lr_const "$((p5 + 1))" "${IDX[@]}" --epochs 2 --max-batches 20 --lr 0.03 || fail "fit --lr 0.03 exited with $?"
+e1=$(acc_of "$tmp/lr_sched.log" "epoch 1/2 test") e2=$(acc_of "$tmp/lr_sched.log" test)
+k1=$(acc_of "$tmp/lr_const.log" "epoch 1/2 test") k2=$(acc_of "$tmp/lr_const.log" test)
+echo "--lr 0.03,1e-20: test accuracy $e1 % after epoch 1, $e2 % after epoch 2; --lr 0.03: $k1 %, $k2 %"
+[ -n "$e1" ] && [ "$e1" = "$e2" ] || fail "--lr 0.03,1e-20: epoch 2 moved the weights ($e1 % -> $e2 %)"
+[ -n "$k1" ] && [ -n "$k2" ] && [ "$k1" != "$k2" ] || fail "--lr 0.03: epoch 2 did not move the weights ($k1 % -> $k2 %)"
+out=$("$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$((p5 + 1))" "${IDX[@]}" --lr 0.03,0 2>&1) \
+  && fail "--lr 0.03,0 was accepted"
+grep -q -- "--lr 0.03,0: every value must be > 0" <<<"$out" || fail "--lr 0.03,0: no clear refusal: $out"
+kill "$psd_pid"
+
+echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch: OK"

@@ -24,7 +24,11 @@
  * server touched: ps_retry_once on one server (with --fuse-step the last
  * Backward carries the step), ps_cluster_run over several (partial steps as
  * retry.h says). --lr rides on the Steps' grad_scale (lr / optimizer.lr:
- * exact for SGD without weight decay, momentum included).
+ * exact for SGD without weight decay, momentum included); a list gives
+ * each epoch its own (the last repeats): the gradients of that epoch are
+ * scaled, so momentum carries earlier steps in gradient units - PyTorch's
+ * SGD with the loss scaled the same way, which
+ * examples/models/train_small_resnet.py does).
  *
  * After each epoch: the mean training loss of its batches, and loss and
  * accuracy (class losses, bce_with_logits) on the held-out split (or the
@@ -68,7 +72,9 @@ typedef struct fit_task {
     /* flags */
     char inputs[1024], labels[1024], test_inputs[1024], test_labels[1024];
     const ps_loss *loss;
-    double val_fraction, lr;
+    double val_fraction;
+    double lr[PS_FIT_MAX_CHANNELS];   /* --lr: per epoch, the last repeats; nlr 0: optimizer.lr */
+    int nlr;
     int all_data, eval_only;
     size_t max_bytes;
     ps_fit_norm norm;
@@ -84,7 +90,7 @@ typedef struct fit_task {
     char stage0[32];
     int nhops;
     fit_hop hops[FIT_MAX_STAGES];
-    double grad_scale;                /* --lr / optimizer.lr; 1 without --lr */
+    double grad_scale;                /* this epoch's --lr / optimizer.lr; 1 without --lr */
     /* buffers */
     int bs, ebs, cap;                 /* training and evaluation batch sizes; rows of the buffers */
     float *xf;                        /* (cap, x_numel) float inputs */
@@ -136,7 +142,11 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
         return ps_parse_double(flag, v, 0, 1, PS_PARSE_OPEN_HI, &t->val_fraction, err);
     }
     if (!strcmp(flag, "--lr")) {
-        return ps_parse_double(flag, v, 0, 1e300, PS_PARSE_OPEN_LO, &t->lr, err);
+        ps_status st;
+        if ((st = parse_list(flag, v, t->lr, &t->nlr, err))) return st;
+        for (int i = 0; i < t->nlr; i++)
+            if (!(t->lr[i] > 0)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--lr %s: every value must be > 0", v);
+        return PS_OK;
     }
     if (!strcmp(flag, "--input-scale")) {
         return ps_parse_double(flag, v, 0, 1e300, PS_PARSE_OPEN_LO, &t->norm.scale, err);
@@ -210,11 +220,11 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
                           ps_loss_names(names, sizeof names));
     if (!t->test_inputs[0] != !t->test_labels[0])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --test-inputs and --test-labels go together");
-    if (t->lr > 0 && (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
+    if (t->nlr && (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --lr scales psd's steps by lr / optimizer.lr, which is "
                           "the same as that lr only for plain SGD (optimizer.type sgd, weight_decay 0; momentum is "
                           "fine) with optimizer.lr of the config psd runs; set optimizer.lr in the config instead");
-    t->grad_scale = t->lr > 0 ? t->lr / cfg->optimizer.lr : 1.0;
+    t->grad_scale = t->nlr ? t->lr[0] / cfg->optimizer.lr : 1.0;
     ps_status st;
     if ((st = load("--inputs", t->inputs, t->max_bytes, &t->x, err)) ||
         (st = load("--labels", t->labels, t->max_bytes, &t->y, err)))
@@ -598,6 +608,7 @@ static ps_status fit_begin_epoch(void *arg, const ps_task_env *env, int epoch, i
     memcpy(t->order, t->train, (size_t)t->ntrain * sizeof *t->order);
     ps_shuffle_u32(t->order, t->ntrain, env->cfg->trainer.seed + (uint64_t)env->rank + 1000003ULL * (uint64_t)epoch);
     *rounds = t->eval_only ? 0 : (int)((t->ntrain + (uint32_t)t->bs - 1) / (uint32_t)t->bs);
+    if (t->nlr) t->grad_scale = t->lr[epoch < t->nlr ? epoch : t->nlr - 1] / env->cfg->optimizer.lr;
     t->epoch_loss = 0;
     t->epoch_batches = 0;
     return PS_OK;
@@ -712,7 +723,8 @@ static const ps_task_flag fit_flags[] = {
     {"--val-fraction", NULL, "F", NULL, "hold out this fraction of the training samples (seeded, the same on every "
      "rank); loss and accuracy on it after each epoch"},
     {"--batch-size", "-b", "N", "trainer.batch_size", "samples per batch, 1..512 (trainer.batch_size)"},
-    {"--lr", NULL, "LR", NULL, "learning rate via each Step's grad_scale (LR / optimizer.lr; plain SGD only)"},
+    {"--lr", NULL, "LR[,LR...]", NULL, "learning rate via each Step's grad_scale (LR / optimizer.lr; plain SGD "
+     "only); a list: one per epoch, the last repeats"},
     {"--input-scale", NULL, "S", NULL, "multiply inputs by S (default 1/255 for uint8 data, else 1)"},
     {"--input-mean", NULL, "M[,M..]", NULL, "then subtract M (one value, or one per channel)"},
     {"--input-std", NULL, "S[,S..]", NULL, "then divide by S (one value, or one per channel)"},
