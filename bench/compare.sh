@@ -38,6 +38,7 @@ E2E_TRAINERS=${E2E_TRAINERS:-1}
 JOBS=${JOBS:-$(nproc)}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
+. bench/lib.sh
 ref=$(git rev-parse --verify "$REF^{commit}") || { echo "compare: '$REF' is not a commit" >&2; exit 2; }
 tmp=$(mktemp -d /tmp/ps-compare.XXXXXX)
 old="$tmp/ref"
@@ -65,6 +66,9 @@ e2e() {  # build dir -> samples/s of E2E_TRAINERS bench_trainers together agains
   addr="127.0.0.1:$port"
   (cd "$b/.." && exec "$b/bin/psd" --config configs/local.yaml --listen "$addr" 2>"$tmp/psd.log") &
   psd_pid=$!
+  # every trainer starts against a listening psd: one that came before it
+  # backed off and ran after the others, halving the combined rate
+  wait_psd "$addr" || { tail "$tmp/psd.log" >&2; echo "compare: psd did not listen on $addr" >&2; exit 1; }
   for r in $(seq 1 "$E2E_TRAINERS"); do
     "$b/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" --data "$data" \
       --out "$tmp/e2e-t$r.txt" >"$tmp/e2e-o$r.txt" &
