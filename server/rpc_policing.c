@@ -170,14 +170,11 @@ static int format_peer(const struct sockaddr_storage *ss, char *dst, size_t n) {
     return 0;
 }
 
-/* Close the connection to peer (HTTP/2 rapid reset: gRPC 1.51 has no limit
- * of its own, and its core API cannot close one connection). psd finds the
- * connection's socket among its descriptors and shuts it down: gRPC sees the
- * end of the stream and closes the transport with all its calls; the fd
- * itself stays gRPC's to close. */
-/* Calls fn(fd, peer, arg) for each socket of psd's own descriptors that
- * is a connection to the server's port (a peer of the listener). */
-static void each_conn(ps_rpc_server *s, void (*fn)(int fd, const char *peer, void *arg), void *arg) {
+/* Calls fn(fd, arg) for each socket among psd's own descriptors that is on
+ * the server's port (any, for a unix socket: s->port 0) and, when listening,
+ * is the listener itself (SO_ACCEPTCONN); else connections and listener alike
+ * (a listener has no peer: each_conn skips it). */
+static void each_socket(ps_rpc_server *s, int listening, void (*fn)(int fd, void *arg), void *arg) {
     DIR *d = opendir("/proc/self/fd");
     for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
         char *end;
@@ -185,18 +182,37 @@ static void each_conn(ps_rpc_server *s, void (*fn)(int fd, const char *peer, voi
         if (*end || fd < 0 || fd == dirfd(d)) continue;
         struct stat st;
         if (fstat((int)fd, &st) || !S_ISSOCK(st.st_mode)) continue;
+        if (listening) {
+            int acc = 0;
+            socklen_t ol = sizeof acc;
+            if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &ol) || !acc) continue;
+        }
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
         if (getsockname((int)fd, (struct sockaddr *)&ss, &len)) continue;
         unsigned port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                       : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : 0;
         if (s->port && port != (unsigned)s->port) continue;
-        len = sizeof ss;
-        char name[PS_RPC_CLIENT_KEY];
-        if (getpeername((int)fd, (struct sockaddr *)&ss, &len) || !format_peer(&ss, name, sizeof name)) continue;
-        fn((int)fd, name, arg);
+        fn((int)fd, arg);
     }
     if (d) closedir(d);
+}
+
+typedef struct conn_visit { void (*fn)(int fd, const char *peer, void *arg); void *arg; } conn_visit;
+
+static void visit_conn(int fd, void *arg) {
+    conn_visit *v = arg;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char name[PS_RPC_CLIENT_KEY];
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) || !format_peer(&ss, name, sizeof name)) return;
+    v->fn(fd, name, v->arg);
+}
+
+/* Calls fn(fd, peer, arg) for each connection to the server's port. */
+static void each_conn(ps_rpc_server *s, void (*fn)(int fd, const char *peer, void *arg), void *arg) {
+    conn_visit v = {fn, arg};
+    each_socket(s, 0, visit_conn, &v);
 }
 
 typedef struct cut_arg { const char *match; int by_host, cut; } cut_arg;
@@ -209,6 +225,11 @@ static void cut_one(int fd, const char *peer, void *arg) {
     if (shutdown(fd, SHUT_RDWR) == 0) a->cut++;
 }
 
+/* Close the connection to peer (HTTP/2 rapid reset: gRPC 1.51 has no limit
+ * of its own, and its core API cannot close one connection). psd finds the
+ * connection's socket among its descriptors and shuts it down: gRPC sees the
+ * end of the stream and closes the transport with all its calls; the fd
+ * itself stays gRPC's to close. */
 void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why) {
     cut_arg a = {peer, 0, 0};
     each_conn(s, cut_one, &a);
@@ -258,6 +279,14 @@ static int by_host_fd(const void *a, const void *b) {
     return c ? c : (x->fd > y->fd) - (x->fd < y->fd);
 }
 
+typedef struct filter_arg { ps_rpc_server *s; const struct sock_fprog *fp; } filter_arg;
+
+static void attach_filter(int fd, void *arg) {
+    filter_arg *a = arg;
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, a->fp, sizeof *a->fp))
+        rpc_log_refusal(a->s, "rpc: cannot filter new connections on the listener: %s", strerror(errno));
+}
+
 /* Put the IPv4 hosts of ban (network order) on the listening socket's
  * socket filter: the kernel drops their connection attempts (SYN) before
  * gRPC ever accepts them - gRPC 1.51's C API has no accept hook, and
@@ -275,27 +304,8 @@ static void listener_filter(ps_rpc_server *s, const uint32_t *ban, int n) {
     prog[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, 0xffffffffu);
     prog[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, 0);
     struct sock_fprog fp = {(unsigned short)k, prog};
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
-        char *end;
-        long fd = strtol(e->d_name, &end, 10);
-        if (*end || fd < 0 || fd == dirfd(d)) continue;
-        struct stat st;
-        int listening = 0;
-        socklen_t ol = sizeof listening;
-        if (fstat((int)fd, &st) || !S_ISSOCK(st.st_mode) ||
-            getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) || !listening)
-            continue;
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        if (getsockname((int)fd, (struct sockaddr *)&ss, &len)) continue;
-        unsigned port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
-                      : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : 0;
-        if (port != (unsigned)s->port) continue;
-        if (setsockopt((int)fd, SOL_SOCKET, SO_ATTACH_FILTER, &fp, sizeof fp))
-            rpc_log_refusal(s, "rpc: cannot filter new connections on the listener: %s", strerror(errno));
-    }
-    if (d) closedir(d);
+    filter_arg a = {s, &fp};
+    each_socket(s, 1, attach_filter, &a);
 }
 
 void rpc_scan_connections(ps_rpc_server *s) {
