@@ -837,22 +837,32 @@ static void test_silent_clients(void) {
 }
 
 /* Start n silent calls of method (no request message) on ch with token
- * tok; wait until the server holds want calls in all; returns how many of
- * the n were refused RESOURCE_EXHAUSTED with details naming what. The
- * accepted ones stay open in r[0..n) (the caller cancels them). */
+ * tok, of which refuse are expected to be refused RESOURCE_EXHAUSTED with
+ * details naming what; wait for every call's send batch and the refused
+ * calls' ends, then until the server holds want calls in all. Returns how
+ * many were refused. The accepted ones stay open in r[0..n) (the caller
+ * cancels them). The server's count before is want - (n - refuse), waited
+ * for, not read: a call refused or answered in the step before may still be
+ * counted for a moment after its client saw it end. */
 static int silent_calls(ps_rpc_server *s, grpc_channel *ch, grpc_completion_queue *cq, raw_call *r, int n,
-                        const char *method, const char *tok, int want, const char *what) {
-    int before = ps_rpc_server_calls(s);
+                        const char *method, const char *tok, int want, int refuse, const char *what) {
+    /* settle first: the calls of the step before (answered, refused) are
+     * released, so the server holds what this step starts from */
+    int before = want - (n - refuse);
+    CHECK_MSG(WAIT_UNTIL(ps_rpc_server_calls(s) == before, WAIT_MS), "%s: server holds %d calls before, want %d",
+              tok, ps_rpc_server_calls(s), before);
     raw_token = tok;
     for (int i = 0; i < n; i++) raw_start(&r[i], ch, cq, method, 0, 0);
     raw_token = NULL;
+    /* every call's send batch completes; the refused ones also end (both
+     * batches of a raw call have the same tag; the status stays 0 = OK
+     * until the call ends) */
+    int events = n + refuse;
+    int got = raw_events(cq, events);
+    CHECK_MSG(got == events, "%s: %d of %d events", tok, got, events);
     CHECK_MSG(WAIT_UNTIL(ps_rpc_server_calls(s) == want, WAIT_MS), "%s: server holds %d calls, want %d",
               tok, ps_rpc_server_calls(s), want);
-    /* every call's send batch completes; the refused ones also end */
-    int refused = 0, events = n + (n - (want - before));
-    /* (both batches of a raw call have the same tag; the status stays 0 =
-     * OK until the call ends) */
-    CHECK(raw_events(cq, events) == events);
+    int refused = 0;
     for (int i = 0; i < n; i++) {
         char *d = grpc_slice_to_c_string(r[i].status_details);
         if (r[i].status == GRPC_STATUS_RESOURCE_EXHAUSTED) {
@@ -899,14 +909,14 @@ static void test_stalled_caps(void) {
     static raw_call ra[8], rb[8], rc[2], rr[1], rp[3];
     /* a and b: 8 calls each (their share) without a message: a second
      * later 4 each count as stalled, the rest are cancelled naming the cap */
-    CHECK(silent_calls(s, ch, cq, ra, 8, M_FORWARD, tok[0].token, 4, "server.max_stalled_per_client") == 4);
-    CHECK(silent_calls(s, ch, cq, rb, 8, M_FORWARD, tok[1].token, 8, "server.max_stalled_per_client") == 4);
+    CHECK(silent_calls(s, ch, cq, ra, 8, M_FORWARD, tok[0].token, 4, 4, "server.max_stalled_per_client") == 4);
+    CHECK(silent_calls(s, ch, cq, rb, 8, M_FORWARD, tok[1].token, 8, 4, "server.max_stalled_per_client") == 4);
     /* a holds 4 stalled calls: its next one is refused at once */
     raw_call r;
-    CHECK(silent_calls(s, ch, cq, &r, 1, M_FORWARD, tok[0].token, 8, "server.max_stalled_per_client") == 1);
+    CHECK(silent_calls(s, ch, cq, &r, 1, M_FORWARD, tok[0].token, 8, 1, "server.max_stalled_per_client") == 1);
     raw_free(&r);
     /* 8 stalled in all: c, holding none, still starts one, not two */
-    CHECK(silent_calls(s, ch, cq, rc, 2, M_FORWARD, tok[2].token, 9, "in all") == 1);
+    CHECK(silent_calls(s, ch, cq, rc, 2, M_FORWARD, tok[2].token, 9, 1, "in all") == 1);
     /* d, holding none, is served */
     raw_token = tok[3].token;
     raw_start(&r, ch, cq, M_DEFER_SELF, 1, 1);
@@ -915,14 +925,14 @@ static void test_stalled_caps(void) {
     CHECK_MSG(r.status == GRPC_STATUS_OK, "d: %s", ps_grpc_code_name(r.status));
     raw_free(&r);
     /* the reader's calls have their own cap */
-    CHECK(silent_calls(s, ch, cq, rr, 1, M_DEFER_SELF, tok[4].token, 10, "-") == 0);
+    CHECK(silent_calls(s, ch, cq, rr, 1, M_DEFER_SELF, tok[4].token, 10, 0, "-") == 0);
     ps_rpc_admission ad;
     ps_rpc_server_admission(s, &ad);
     CHECK_MSG(ad.calls == 9 && ad.reader_calls == 1 && ad.stalled_calls == 10, "calls %d, reader %d, stalled %d",
               ad.calls, ad.reader_calls, ad.stalled_calls);
     /* a fills its reserved share (2) with pings that never send their
      * message on this connection (the first on it is the connection's own) */
-    CHECK(silent_calls(s, ch, cq, rp, 3, M_PING, tok[0].token, 12, "server.max_calls_per_client") == 1);
+    CHECK(silent_calls(s, ch, cq, rp, 3, M_PING, tok[0].token, 12, 1, "server.max_calls_per_client") == 1);
     /* a monitor with a's token on a connection of its own is answered */
     grpc_channel *ch2 = raw_channel_own(s, 1);
     raw_token = tok[0].token;
