@@ -81,6 +81,11 @@ typedef struct prim_key {
                                       * 1 nchw, 2 blocked behind reorders (block in alg); a
                                       * reference kernel is not run (the C kernel is) nor a
                                       * fallback */
+    int32_t nthr;                    /* the calling thread's OpenMP thread count at creation
+                                      * (get_entry fills it in): a oneDNN kernel fixes its
+                                      * thread count when created and always opens a team of
+                                      * that many, whatever omp_set_num_threads says later */
+    int32_t pad0;                    /* zero: no padding bytes in what memcmp compares */
     int64_t dims[PS_DNNL_KEY_DIMS];
 } prim_key;
 
@@ -623,9 +628,19 @@ static ps_status entry_create(dn_impl *im, const prim_key *k, prim_entry **out, 
     return PS_OK;
 }
 
-/* The cached entry for k, created on first use. */
-static ps_status get_entry(dn_impl *im, const prim_key *k, const prim_entry **out, ps_err *err) {
+/* The cached entry for k and the calling thread's OpenMP thread count,
+ * created on first use. One entry per thread count: a primitive created
+ * under 2 threads runs every call as a team of 2 (oneDNN's parallel()
+ * passes the count it was created with to num_threads), so a call given
+ * one thread (ps_model_call_begin, two calls computing at once) would
+ * still fork two, and a convolution's backward-weights reduction then
+ * spins in oneDNN's barrier while its partner waits for a core. */
+static ps_status get_entry(dn_impl *im, const prim_key *kin, const prim_entry **out, ps_err *err) {
     ps_status st = PS_OK;
+    prim_key kk = *kin;
+    const prim_key *k = &kk;
+    kk.nthr = omp_get_max_threads();
+    kk.pad0 = 0;
     pthread_mutex_lock(&im->lock);
     for (size_t i = 0; i < im->len; i++)
         if (memcmp(&im->cache[i]->key, k, sizeof *k) == 0) {
