@@ -575,12 +575,18 @@ static void entry_free(prim_entry *e) {
 }
 
 /* Record a disallowed reference kernel for k (called under im->lock, once
- * per primitive since primitives are cached). */
+ * per primitive since primitives are cached; once per shape, whatever
+ * the thread counts it is created under). */
 static void check_fallback(dn_impl *im, const prim_key *k, const_dnnl_primitive_desc_t pd) {
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
     const prim_kind_info *ki = &kKindInfo[k->kind];
     if (ki->may_ref || k->plain_try || !impl_is_reference(impl)) return;
+    for (size_t i = 0; i < im->len; i++) {  /* counted under another thread count already? */
+        prim_key other = im->cache[i]->key;
+        other.nthr = k->nthr;
+        if (memcmp(&other, k, sizeof *k) == 0) return;
+    }
     if (im->nfallback < PS_DNNL_MAX_FALLBACKS) {
         char dims[96] = "";
         size_t len = 0;
