@@ -242,6 +242,8 @@ $(BUILD)/obj/proto/%.pb.o: $(BUILD)/proto/%.pb.c
 # GNU OpenMP, the runtime Debian's oneDNN uses (clang defaults to LLVM's libomp).
 OPENMP_CFLAGS := $(if $(findstring clang,$(CC)),-fopenmp=libgomp,-fopenmp)
 $(BUILD)/obj/common/nn/backend_dnnl.o $(BUILD)/obj/trainer/lstm.o: CFLAGS += $(OPENMP_CFLAGS)
+# The LSTM cell's clamps vectorise only when comparisons may not trap (NaN still propagates).
+$(BUILD)/obj/trainer/lstm.o: CFLAGS += -fno-trapping-math
 
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)

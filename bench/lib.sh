@@ -18,7 +18,11 @@
 #                                    trainers, decoder MODE (fused, logits),
 #                                    WINDOWS windows each: prints the tokens/s of
 #                                    all trainers together (their tokens over the
-#                                    longest trainer's time); logs under DIR
+#                                    longest trainer's time); logs under DIR; DIR/cpu-MODE-K.txt gets
+#                                    the CPU per token: psd's (utime + stime while
+#                                    the trainers ran) and the trainers' (their
+#                                    training loops), which load disturbs less
+#                                    than tokens/s
 
 bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
 
@@ -58,8 +62,9 @@ lm_tokens() {
   port=$(bench_port)
   mkdir -p "$dir"
   "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" 2>"$dir/psd-$mode-$k.log" &
-  local psd=$! pids=() r
+  local psd=$! pids=() r psd_cpu0
   wait_psd "127.0.0.1:$port" || true
+  psd_cpu0=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
   for r in $(seq 1 "$k"); do
     "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
       --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "$windows" --log-every 1000 \
@@ -68,10 +73,16 @@ lm_tokens() {
   done
   local fail=0
   for p in "${pids[@]}"; do wait "$p" || fail=1; done
+  local psd_cpu1
+  psd_cpu1=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
   kill -TERM "$psd"; wait "$psd" || true
   if [ "$fail" != 0 ]; then
     echo "lm_tokens: a trainer failed ($mode, $k trainers); see $dir/lm-$mode-$k-t*.log" >&2
     return 1
   fi
+  cat "$dir"/lm-"$mode"-"$k"-t*.log | awk -v p0="$psd_cpu0" -v p1="$psd_cpu1" '
+    /samples in/ { s += $3 } /CPU .* in the training loop/ { c += $4 }
+    END { printf "psd_us_tok=%.1f trainer_us_tok=%.1f\n", s ? (p1 - p0) * 1e6 / s : 0, s ? c * 1e6 / s : 0 }' \
+    >"$dir/cpu-$mode-$k.txt"
   cat "$dir"/lm-"$mode"-"$k"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", s / t }'
 }

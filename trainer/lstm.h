@@ -9,9 +9,10 @@
  * The two biases are summed forward and both get the same gradient.
  *
  * Two implementations behind one handle: PS_LSTM_REF (plain C loops, the
- * reference) and PS_LSTM_DNNL (oneDNN's LSTM forward-training and backward
- * primitives, one per layer; the weights are reordered from PyTorch's
- * layout, which is oneDNN's ldgoi, on every forward).
+ * reference) and PS_LSTM_DNNL (oneDNN's sgemm: the input projection, the
+ * weight gradients and the input gradient of the whole window as one GEMM
+ * each, the recurrent product per step, and a vectorised cell; the weights
+ * are read in PyTorch's layout as they are).
  *
  * A handle is made for one shape (T, N, I, H) and remembers its last
  * forward (a copy of x, h0, c0 and the activations), which backward
@@ -49,7 +50,7 @@ typedef struct ps_lstm ps_lstm;
 
 ps_status ps_lstm_create(ps_lstm_impl impl, ps_lstm_shape shape, ps_lstm **out, ps_err *err);
 void ps_lstm_free(ps_lstm *l);
-/* OpenMP threads oneDNN's LSTM primitives run on, for every handle, set in
+/* OpenMP threads oneDNN's sgemm runs on in the LSTM, for every handle, set in
  * the thread that computes before each primitive; 0 (the default) leaves
  * the OpenMP default (OMP_NUM_THREADS, else every CPU). */
 void ps_lstm_set_threads(int n);

@@ -27,6 +27,13 @@
 #include "status_cmd.h"
 #include "task.h"
 
+/* This process's CPU time (every thread), in seconds. */
+static double process_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void print_flag(FILE *f, const char *shrt, const char *lng, const char *arg, const char *help) {
     char left[64];
     snprintf(left, sizeof left, "%s%s%s%s%s", shrt ? shrt : "", shrt ? ", " : "    ", lng, arg ? " " : "",
@@ -198,7 +205,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
      * scripts) a line every trainer.progress_every_s - unless the task
      * printed lines of its own meanwhile (CartPole's episodes). */
     int tty = isatty(STDERR_FILENO);
-    double t0 = ps_mono_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every;
+    double t0 = ps_mono_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every, cpu0 = process_cpu_s();
     long samples = 0;
     uint64_t version = 0;
     int stop = 0;
@@ -240,6 +247,9 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     if (tty) fprintf(stderr, "\r\033[K");
     printf("Training complete!\n");
     printf("Rank %ld: %ld samples in %.1f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
+    double cpu = process_cpu_s() - cpu0;   /* what load changes less than the wall time (bench/lm.sh) */
+    printf("Rank %ld: CPU %.3f s in the training loop (%.2f us per sample)\n", rank, cpu,
+           samples > 0 ? cpu * 1e6 / (double)samples : 0.0);
     if (rt.total) printf("Rank %ld: %ld RPC retries\n", rank, rt.total);
     fflush(stdout);
     if (!o->no_eval && task->evaluate(t, env, &err)) goto fail;

@@ -97,6 +97,11 @@ typedef struct lm_task {
     int64_t *sh_pos;
     float *sh_rows;             /* (bptt * max(bs, LM_EVAL_BATCH), ninp) */
     uint64_t fwd_version[PS_CONFIG_MAX_SERVERS]; /* versions the window's emb Forwards saw */
+    /* a training window's buffers, made once for the longest window (bptt)
+     * and reused: fresh ones every window cost page faults (~7 % of the
+     * trainer's CPU); logits only in logits mode */
+    float *wb_e, *wb_y[LM_MAX_LAYERS], *wb_mask[LM_MAX_LAYERS], *wb_logits, *wb_dlogits, *wb_dy, *wb_dx, *wb_h1,
+        *wb_c1;
     unsigned fwd_seen;
 } lm_task;
 
@@ -297,6 +302,26 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     ps_client_scalar loss = {"loss", j->loss};   /* the dashboard's loss where psd computes none (logits mode) */
     if ((st = ps_client_step_full(cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err))) return st;
     j->version = so.version;
+    return PS_OK;
+}
+
+/* Point j's buffers at the task's window buffers, made on first use for a
+ * window of bptt x batch_size (no window is longer). */
+static ps_status lm_buffers(lm_task *t, lm_job *j, ps_err *err) {
+    if (!t->wb_e) {
+        size_t tn = (size_t)t->bptt * (size_t)t->bs, th = tn * (size_t)t->nhid * sizeof(float);
+        size_t lh = (size_t)(t->nlayers * t->bs * t->nhid) * sizeof(float);
+        int ok = (t->wb_e = malloc(tn * (size_t)t->ninp * sizeof(float))) && (t->wb_dy = malloc(th)) &&
+                 (t->wb_dx = malloc(th)) && (t->wb_h1 = malloc(lh)) && (t->wb_c1 = malloc(lh));
+        if (ok && !t->fused)
+            ok = (t->wb_logits = malloc(tn * (size_t)t->ntoken * sizeof(float))) &&
+                 (t->wb_dlogits = malloc(tn * (size_t)t->ntoken * sizeof(float)));
+        for (int k = 0; ok && k < t->nlayers; k++) ok = (t->wb_y[k] = malloc(th)) && (t->wb_mask[k] = malloc(th));
+        if (!ok) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for a window's buffers");
+    }
+    j->e = t->wb_e, j->logits = t->wb_logits, j->dlogits = t->wb_dlogits, j->dy = t->wb_dy, j->dx = t->wb_dx;
+    j->h1 = t->wb_h1, j->c1 = t->wb_c1;
+    for (int k = 0; k < t->nlayers; k++) j->y[k] = t->wb_y[k], j->mask[k] = t->wb_mask[k];
     return PS_OK;
 }
 
@@ -520,9 +545,12 @@ static void lm_destroy(void *arg) {
     ps_lm_corpus_free(t->corpus);
     free(t->train); free(t->valid); free(t->test); free(t->h); free(t->c);
     free(t->sh_ids); free(t->sh_pos); free(t->sh_rows);
+    free(t->wb_e); free(t->wb_logits); free(t->wb_dlogits); free(t->wb_dy); free(t->wb_dx); free(t->wb_h1);
+    free(t->wb_c1);
     for (int k = 0; k < LM_MAX_LAYERS; k++) {
         for (int q = 0; q < 4; q++) { free(t->w[k][q]); free(t->g[k][q]); }
         for (int i = 0; i < LM_LSTM_CACHE; i++) ps_lstm_free(t->cache[k][i].l);
+        free(t->wb_y[k]); free(t->wb_mask[k]);
     }
     free(t);
 }
@@ -693,24 +721,10 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
     lm_task *t = arg;
     size_t i = (size_t)r * (size_t)t->bptt;
     int64_t T = (int64_t)(t->train_rows - 1 - i) < t->bptt ? (int64_t)(t->train_rows - 1 - i) : t->bptt;
-    int64_t N = t->bs, H = t->nhid, V = t->ntoken;
+    int64_t N = t->bs, H = t->nhid;
     lm_job j = {.t = t, .env = env, .ids = t->train + i * (size_t)N, .tgt = t->train + (i + 1) * (size_t)N, .T = T,
                 .N = N, .seed = ((uint64_t)env->rank << 48) ^ ((uint64_t)epoch << 32) ^ (uint64_t)r ^ env->cfg->trainer.seed};
-    size_t th = (size_t)(T * N * H) * sizeof(float);
-    j.e = malloc((size_t)(T * N * t->ninp) * sizeof(float));
-    j.logits = malloc((size_t)(T * N * V) * sizeof(float));
-    j.dlogits = malloc((size_t)(T * N * V) * sizeof(float));
-    j.dy = malloc(th);
-    j.dx = malloc(th);
-    j.h1 = malloc((size_t)(t->nlayers * N * H) * sizeof(float));
-    j.c1 = malloc((size_t)(t->nlayers * N * H) * sizeof(float));
-    int ok = j.e && j.logits && j.dlogits && j.dy && j.dx && j.h1 && j.c1;
-    for (int k = 0; k < t->nlayers; k++) {
-        j.y[k] = malloc(th);
-        j.mask[k] = malloc(th);
-        ok = ok && j.y[k] && j.mask[k];
-    }
-    ps_status st = ok ? PS_OK : ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    ps_status st = lm_buffers(t, &j, err);
     if (!st && !env->cl) {
         ps_cluster_batch cb;
         st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", lm_once_multi, &j, &cb, err);
@@ -737,8 +751,6 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
             t->log_t0 = ps_mono_s();
         }
     }
-    free(j.e); free(j.logits); free(j.dlogits); free(j.dy); free(j.dx); free(j.h1); free(j.c1);
-    for (int k = 0; k < t->nlayers; k++) { free(j.y[k]); free(j.mask[k]); }
     return st;
 }
 
