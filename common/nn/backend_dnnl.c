@@ -259,9 +259,24 @@ static ps_status md_plain(dnnl_memory_desc_t *md, int ndims, const int64_t *dims
     return PS_OK;
 }
 
-static dnnl_format_tag_t act_tag(int block, int layout) {
+/* The channel block of a blocked activation with c channels when the
+ * backend's block is `block`: that block where c fills whole blocks, else
+ * 8 where c is a multiple of 8 (an 8-channel tensor on AVX-512: nChw16c
+ * would pad it to twice its size, and oneDNN's 16-lane kernels then
+ * compute on zeros and reorder on every call; its 8-lane kernels run on
+ * nChw8c at once), else 0 (no blocked layout for c). */
+static int block_of(int block, int64_t c) {
+    if (block <= 0) return 0;
+    if (c % block == 0) return block;
+    return c % 8 == 0 ? 8 : 0;
+}
+
+static dnnl_format_tag_t blocked_tag(int block) { return block == 16 ? dnnl_nChw16c : dnnl_nChw8c; }
+
+/* The layout of an activation with c channels (block: the backend's). */
+static dnnl_format_tag_t act_tag(int block, int64_t c, int layout) {
     if (layout != PS_LAYOUT_BLOCKED) return dnnl_nchw;
-    return block == 16 ? dnnl_nChw16c : dnnl_nChw8c;
+    return blocked_tag(block_of(block, c));
 }
 
 static ps_status prim_from_pd(dnnl_primitive_desc_t pd, dnnl_primitive_t *prim, ps_err *err) {
@@ -302,6 +317,29 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     ps_status st = make_prim(eng, op_desc, hint, prim, err);
     dnnl_primitive_desc_destroy(hint);
     return st;
+}
+
+/* oneDNN's implementation string of prim (NULL when the query fails). */
+static const char *prim_impl(dnnl_primitive_t prim) {
+    const_dnnl_primitive_desc_t pd;
+    const char *impl = NULL;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success ||
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+        return NULL;
+    return impl;
+}
+
+/* 1 when the convolution prim of kind `kind` has its src (is_x 1) or dst
+ * (is_x 0) activation - or their gradients - in a layout with padded
+ * channels; 0 when not or is_x is -1. */
+static int conv_act_padded(dnnl_primitive_t prim, int kind, int is_x) {
+    const_dnnl_primitive_desc_t pd;
+    if (is_x < 0) return 0;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return 1;
+    dnnl_query_t q = is_x ? (kind == PK_CONV_BWD_DATA ? dnnl_query_diff_src_md : dnnl_query_src_md)
+                          : (kind == PK_CONV_FWD ? dnnl_query_dst_md : dnnl_query_diff_dst_md);
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, q, 0);
+    return !md || md->padded_dims[1] != md->dims[1];
 }
 
 /* The convolution primitive of kind k->kind for the given activation
@@ -353,9 +391,9 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
     const int64_t *wd = g > 1 ? wd5 : wd4;
     dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser, xplain, yplain;
     ps_status st;
-    if ((st = md_plain(&xuser, 4, xd, act_tag(block, k->src_layout), err)) ||
+    if ((st = md_plain(&xuser, 4, xd, act_tag(block, d[1], k->src_layout), err)) ||
         (st = md_plain(&wuser, wn, wd, g > 1 ? dnnl_goihw : dnnl_oihw, err)) ||
-        (st = md_plain(&yuser, 4, yd, act_tag(block, k->dst_layout), err)) ||
+        (st = md_plain(&yuser, 4, yd, act_tag(block, d[4], k->dst_layout), err)) ||
         (st = md_plain(&x, 4, xd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&w, wn, wd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&b, 1, bd, dnnl_a, err)) ||
@@ -374,13 +412,33 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
                            : k->kind == PK_CONV_BWD_DATA ? bwd_data_ua : bwd_w_ua;
     memcpy(ua, src_ua, sizeof fwd_ua);
     *nua = 3;
+    if (k->src_layout == PS_LAYOUT_BLOCKED || k->dst_layout == PS_LAYOUT_BLOCKED) {
+        /* First the caller's activation layouts: where a direct JIT kernel
+         * takes them, no activation is reordered on any call. "any" alone
+         * can pick another block (nChw16c, padded, for an 8-channel tensor
+         * on AVX-512) and then reorders the activations in and out of it
+         * on every call, which cost more than the 16-lane kernel saved.
+         * Then the caller's layout for the larger activation only (one
+         * reorder, of the smaller one), then the other - unless the kernel
+         * pads the other (conv1's weight gradient on AVX-512 would compute
+         * on 1 input channel padded to 8). */
+        const int x_first = d[1] * d[2] * d[3] >= d[4] * oh * ow;
+        const dnnl_memory_desc_t *cand[3][2] = { { &xuser, &yuser },
+                                                 { x_first ? &xuser : &x, x_first ? &y : &yuser },
+                                                 { x_first ? &x : &xuser, x_first ? &yuser : &y } };
+        for (int c = 0; c < 3; c++) {
+            ps_err tmp = { 0 };
+            if (conv_prim_with(eng, k, cand[c][0], &w, &b, cand[c][1], prim, &tmp) != PS_OK) continue;
+            const char *impl = prim_impl(*prim);
+            if (impl && !strncmp(impl, "jit", 3) && !impl_is_reference(impl) &&
+                !conv_act_padded(*prim, k->kind, cand[c][0] == &x ? 1 : cand[c][1] == &y ? 0 : -1))
+                return PS_OK;
+            dnnl_primitive_destroy(*prim);
+            *prim = NULL;
+        }
+    }
     if ((st = conv_prim_with(eng, k, &x, &w, &b, &y, prim, err))) return st;
-    const_dnnl_primitive_desc_t pd;
-    const char *impl = NULL;
-    if (dnnl_primitive_get_primitive_desc(*prim, &pd) != dnnl_success ||
-        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
-        impl = NULL;
-    if (!impl_is_reference(impl)) return PS_OK;
+    if (!impl_is_reference(prim_impl(*prim))) return PS_OK;
     dnnl_primitive_destroy(*prim);
     *prim = NULL;
     return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
@@ -401,7 +459,7 @@ static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dn
      * caller's plain activations reordered to and from it (entry_create;
      * oneDNN pads a channel count that does not fill the last block) */
     const int behind = k->plain_try == 2;
-    const dnnl_format_tag_t tag = behind ? act_tag((int)k->alg, PS_LAYOUT_BLOCKED) : act_tag(block, k->src_layout);
+    const dnnl_format_tag_t tag = behind ? blocked_tag((int)k->alg) : act_tag(block, d[1], k->src_layout);
     dnnl_memory_desc_t x, y, xuser, yuser;
     ps_status st;
     if ((st = md_plain(&x, 4, xd, tag, err)) || (st = md_plain(&y, 4, yd, tag, err)) ||
@@ -530,8 +588,8 @@ static ps_status create_act_reorder(dnnl_engine_t eng, int block, const prim_key
                                     ps_err *err) {
     dnnl_memory_desc_t src, dst;
     ps_status st;
-    if ((st = md_plain(&src, 4, k->dims, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&dst, 4, k->dims, act_tag(block, k->dst_layout), err)))
+    if ((st = md_plain(&src, 4, k->dims, act_tag(block, k->dims[1], k->src_layout), err)) ||
+        (st = md_plain(&dst, 4, k->dims, act_tag(block, k->dims[1], k->dst_layout), err)))
         return st;
     return make_reorder(eng, &src, &dst, prim, err);
 }
@@ -1042,7 +1100,7 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     }
     if (db)
         bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
-                  d.dst_layout == PS_LAYOUT_BLOCKED ? im->block : 0, db);
+                  d.dst_layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d.cout) : 0, db);
     return PS_OK;
 }
 
@@ -1826,11 +1884,11 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double s1[PS_BN_LANES], s2[PS_BN_LANES];
         float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
         bn_sums(&g, d->n, d->s, x, NULL, NULL, 0, s1, s2);
@@ -1857,10 +1915,10 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         float scale[PS_BN_LANES], shift[PS_BN_LANES];
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
@@ -1881,11 +1939,11 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
         float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
         for (int l = 0; l < g.lanes; l++) mu[l] = mean[g.j0 + l];
@@ -2117,7 +2175,7 @@ static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float 
     (void)err;
     set_threads(im);
     if (d->layout == PS_LAYOUT_BLOCKED) {
-        const int B = im->block, nb = d->c / B;
+        const int B = block_of(im->block, d->c), nb = d->c / B;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
         for (int64_t q = 0; q < (int64_t)d->n * nb; q++) {
             const float *mq = mask + (q / nb) * d->c + (q % nb) * B;   /* sample q/nb, block q%nb */
@@ -2174,7 +2232,7 @@ static ps_status dn_fill(void *impl, int64_t count, float *x, float value, ps_er
 
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
-    return im->block > 0 && c % im->block == 0 ? im->block : 0;
+    return block_of(im->block, c);
 }
 
 static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float *src, int src_layout,
