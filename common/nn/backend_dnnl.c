@@ -63,6 +63,7 @@ typedef enum {
     PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
     PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
     PK_ELTWISE_FWD, PK_ELTWISE_BWD,
+    PK_CONV_BWD_W_AS_FWD,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
@@ -112,6 +113,7 @@ typedef struct dn_impl {
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
     int native_block;       /* probe_block's, whatever PS_DNNL_LAYOUT says (plain pooling) */
     int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
+    int no_wfwd;            /* PS_DNNL_WFWD=0: weight gradients never as forward convolutions */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -155,6 +157,7 @@ static const prim_kind_info kKindInfo[] = {
     [PK_AVGPOOL_BWD] = { "avg-pool backward", 0 },
     [PK_ELTWISE_FWD] = { "activation forward", 0 },
     [PK_ELTWISE_BWD] = { "activation backward", 0 },
+    [PK_CONV_BWD_W_AS_FWD] = { "convolution backward weights (as a forward convolution)", 0 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -444,6 +447,48 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
     return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
 }
 
+/* The weight gradient of a stride-1 convolution (one group, no dilation)
+ * as a forward convolution, batch and channels swapped:
+ *   dw[o][i][a][b] = sum_n,p,q x[n][i][a+p-ph][b+q-pw] * dy[n][o][p][q]
+ * is the forward convolution of x' = x with n and c swapped (batch cin,
+ * cin -> n channels) by the kernel dy' = dy with n and c swapped (cout
+ * outputs, n inputs, oh x ow), padding ph, pw: output (cin, cout, kh, kw),
+ * dw with its first two axes swapped. The caller's x, dy and dw are
+ * described as they lie (their axes permuted, no copy) and reordered into
+ * the layouts the forward kernel picks. oneDNN 2.6 has no SSE4.1 JIT
+ * kernel for backward weights (im2col + GEMM per image, plus reorders of
+ * blocked activations to plain ones), but has a forward one. */
+static ps_status create_conv_bwd_w_as_fwd(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
+                                          user_arg *ua, int *nua, ps_err *err) {
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    const int64_t oh = d[2] + 2 * d[9] - d[5] + 1, ow = d[3] + 2 * d[10] - d[6] + 1;
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, yd[4] = { d[0], d[4], oh, ow };
+    const int64_t wd[4] = { d[4], d[1], d[5], d[6] };
+    const int64_t sx[4] = { d[1], d[0], d[2], d[3] }, sw[4] = { d[4], d[0], oh, ow }, sy[4] = { d[1], d[4], d[5], d[6] };
+    const int swap[4] = { 1, 0, 2, 3 };
+    dnnl_memory_desc_t x0, y0, w0, x, w, y;
+    ps_status st;
+    if ((st = md_plain(&x0, 4, xd, act_tag(block, d[1], k->src_layout), err)) ||
+        (st = md_plain(&y0, 4, yd, act_tag(block, d[4], k->dst_layout), err)) ||
+        (st = md_plain(&w0, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&x, 4, sx, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&w, 4, sw, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&y, 4, sy, dnnl_format_tag_any, err)))
+        return st;
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[0].md, &x0, swap));
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[1].md, &y0, swap));
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[2].md, &w0, swap));
+    ua[0].arg = DNNL_ARG_SRC; ua[0].output = 0;
+    ua[1].arg = DNNL_ARG_WEIGHTS; ua[1].output = 0;
+    ua[2].arg = DNNL_ARG_DST; ua[2].output = 1;
+    *nua = 3;
+    dnnl_dims_t strides = { 1, 1 }, pad = { d[9], d[10] };
+    dnnl_convolution_desc_t fwd;
+    PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
+                                                     NULL, &y, strides, pad, pad));
+    return make_prim(eng, &fwd, NULL, prim, err);
+}
+
 /* Pooling in the blocked layout (the plain layout runs the C kernels of
  * pool_plain_*: oneDNN 2.6 has only simple_nchw below AVX-512 there).
  * Max (PK_POOL_*) or average (PK_AVGPOOL_*, k->bias = count_include_pad);
@@ -600,6 +645,8 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
     switch ((prim_kind)k->kind) {
     case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
         return create_conv(eng, block, k, prim, ua, nua, err);
+    case PK_CONV_BWD_W_AS_FWD:
+        return create_conv_bwd_w_as_fwd(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
     case PK_AVGPOOL_FWD: case PK_AVGPOOL_BWD:
         return create_pool(eng, block, k, prim, ua, nua, err);
@@ -938,6 +985,8 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     else if (lay && !strcmp(lay, "16")) im->block = 16;
     const char *pool = getenv("PS_DNNL_POOL");
     im->pool_c = pool && !strcmp(pool, "c");
+    const char *wfwd = getenv("PS_DNNL_WFWD");
+    im->no_wfwd = wfwd && !strcmp(wfwd, "0");
     pthread_mutex_init(&im->lock, NULL);
     pthread_mutex_init(&im->pool_lock, NULL);
     *impl = im;
@@ -1042,6 +1091,26 @@ static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const 
     return PS_OK;
 }
 
+/* 1 in *via when the backward-weights primitive for k is GEMM-based and
+ * the equivalent forward convolution (create_conv_bwd_w_as_fwd) gets a
+ * direct JIT kernel (stride 1, one group, no dilation; SSE4.1 in
+ * practice). d resolved. */
+static ps_status bwd_weights_via_forward(dn_impl *im, const ps_conv_desc *d, const prim_key *k, int *via,
+                                         ps_err *err) {
+    const prim_entry *e;
+    ps_status st;
+    *via = 0;
+    if (d->stride_h != 1 || d->stride_w != 1 || d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 || im->no_wfwd)
+        return PS_OK;
+    if ((st = get_entry(im, k, &e, err))) return st;
+    if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
+    prim_key fk = conv_key(PK_CONV_BWD_W_AS_FWD, d, 0);
+    const prim_entry *f;
+    if ((st = get_entry(im, &fk, &f, err))) return st;
+    *via = f->impl && !strstr(f->impl, "gemm") && !impl_is_reference(f->impl);
+    return PS_OK;
+}
+
 static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, const float *w,
                                           const float *dy, float *dx, ps_err *err) {
     const int co = d->cout, ci = d->cin, kh = d->kh, kw = d->kw;
@@ -1094,6 +1163,17 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     }
     if (dw) {
         prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
+        int via_fwd = 0;
+        if ((st = bwd_weights_via_forward(im, &d, &k, &via_fwd, err))) return st;
+        if (via_fwd) {
+            prim_key fk = conv_key(PK_CONV_BWD_W_AS_FWD, &d, 0);
+            exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, dy }, { DNNL_ARG_DST, dw } };
+            if ((st = run(im, &fk, a, 3, err))) return st;
+            if (db)
+                bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
+                          d.dst_layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d.cout) : 0, db);
+            return PS_OK;
+        }
         exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
