@@ -447,8 +447,9 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
     return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
 }
 
-/* The weight gradient of a stride-1 convolution (one group, no dilation)
- * as a forward convolution, batch and channels swapped:
+/* The weight gradient of a convolution (one group, no dilation) as a
+ * forward convolution, batch and channels swapped (stride 1 here; stride
+ * s dilates the kernel dy' by s - 1):
  *   dw[o][i][a][b] = sum_n,p,q x[n][i][a+p-ph][b+q-pw] * dy[n][o][p][q]
  * is the forward convolution of x' = x with n and c swapped (batch cin,
  * cin -> n channels) by the kernel dy' = dy with n and c swapped (cout
@@ -458,10 +459,18 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
  * the layouts the forward kernel picks. oneDNN 2.6 has no SSE4.1 JIT
  * kernel for backward weights (im2col + GEMM per image, plus reorders of
  * blocked activations to plain ones), but has a forward one. */
+/* The right padding of create_conv_bwd_w_as_fwd's forward along axis a (0
+ * rows, 1 columns) of conv dims d: in + pad_l + pad_r - (out - 1) * s = k. */
+static int64_t wfwd_pad_r(const int64_t *d, int a) {
+    const int64_t in = d[2 + a], k = d[5 + a], s = d[7 + a], p = d[9 + a];
+    const int64_t out = (in + 2 * p - k) / s + 1;
+    return k + (out - 1) * s - in - p;
+}
+
 static ps_status create_conv_bwd_w_as_fwd(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                                           user_arg *ua, int *nua, ps_err *err) {
     const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
-    const int64_t oh = d[2] + 2 * d[9] - d[5] + 1, ow = d[3] + 2 * d[10] - d[6] + 1;
+    const int64_t oh = (d[2] + 2 * d[9] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[10] - d[6]) / d[8] + 1;
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, yd[4] = { d[0], d[4], oh, ow };
     const int64_t wd[4] = { d[4], d[1], d[5], d[6] };
     const int64_t sx[4] = { d[1], d[0], d[2], d[3] }, sw[4] = { d[4], d[0], oh, ow }, sy[4] = { d[1], d[4], d[5], d[6] };
@@ -482,10 +491,13 @@ static ps_status create_conv_bwd_w_as_fwd(dnnl_engine_t eng, int block, const pr
     ua[1].arg = DNNL_ARG_WEIGHTS; ua[1].output = 0;
     ua[2].arg = DNNL_ARG_DST; ua[2].output = 1;
     *nua = 3;
-    dnnl_dims_t strides = { 1, 1 }, pad = { d[9], d[10] };
+    /* stride s: the kernel dy' dilated by s - 1; the right padding is what
+     * makes the output kh x kw (the rows the forward never reached) */
+    dnnl_dims_t strides = { 1, 1 }, pad = { d[9], d[10] }, pad_r = { wfwd_pad_r(d, 0), wfwd_pad_r(d, 1) };
+    dnnl_dims_t dil = { d[7] - 1, d[8] - 1 };
     dnnl_convolution_desc_t fwd;
-    PS_DNNL_CHECK(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
-                                                     NULL, &y, strides, pad, pad));
+    PS_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct,
+                                                             &x, &w, NULL, &y, strides, dil, pad, pad_r));
     return make_prim(eng, &fwd, NULL, prim, err);
 }
 
@@ -1100,7 +1112,8 @@ static ps_status bwd_weights_via_forward(dn_impl *im, const ps_conv_desc *d, con
     const prim_entry *e;
     ps_status st;
     *via = 0;
-    if (d->stride_h != 1 || d->stride_w != 1 || d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 || im->no_wfwd)
+    if (d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 || im->no_wfwd || wfwd_pad_r(k->dims, 0) < 0 ||
+        wfwd_pad_r(k->dims, 1) < 0)
         return PS_OK;
     if ((st = get_entry(im, k, &e, err))) return st;
     if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
