@@ -63,6 +63,7 @@ typedef enum {
     PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
     PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
     PK_ELTWISE_FWD, PK_ELTWISE_BWD,
+    PK_CONV_BWD_W_AS_FWD,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
@@ -117,6 +118,7 @@ typedef struct dn_impl {
     int block;              /* blocked layout's channel block: 16, 8 or 0 (none) */
     int native_block;       /* probe_block's, whatever PS_DNNL_LAYOUT says (plain pooling) */
     int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
+    int no_wfwd;            /* PS_DNNL_WFWD=0: weight gradients never as forward convolutions */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -160,6 +162,7 @@ static const prim_kind_info kKindInfo[] = {
     [PK_AVGPOOL_BWD] = { "avg-pool backward", 0 },
     [PK_ELTWISE_FWD] = { "activation forward", 0 },
     [PK_ELTWISE_BWD] = { "activation backward", 0 },
+    [PK_CONV_BWD_W_AS_FWD] = { "convolution backward weights (as a forward convolution)", 0 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -264,9 +267,24 @@ static ps_status md_plain(dnnl_memory_desc_t *md, int ndims, const int64_t *dims
     return PS_OK;
 }
 
-static dnnl_format_tag_t act_tag(int block, int layout) {
+/* The channel block of a blocked activation with c channels when the
+ * backend's block is `block`: that block where c fills whole blocks, else
+ * 8 where c is a multiple of 8 (an 8-channel tensor on AVX-512: nChw16c
+ * would pad it to twice its size, and oneDNN's 16-lane kernels then
+ * compute on zeros and reorder on every call; its 8-lane kernels run on
+ * nChw8c at once), else 0 (no blocked layout for c). */
+static int block_of(int block, int64_t c) {
+    if (block <= 0) return 0;
+    if (c % block == 0) return block;
+    return c % 8 == 0 ? 8 : 0;
+}
+
+static dnnl_format_tag_t blocked_tag(int block) { return block == 16 ? dnnl_nChw16c : dnnl_nChw8c; }
+
+/* The layout of an activation with c channels (block: the backend's). */
+static dnnl_format_tag_t act_tag(int block, int64_t c, int layout) {
     if (layout != PS_LAYOUT_BLOCKED) return dnnl_nchw;
-    return block == 16 ? dnnl_nChw16c : dnnl_nChw8c;
+    return blocked_tag(block_of(block, c));
 }
 
 static ps_status prim_from_pd(dnnl_primitive_desc_t pd, dnnl_primitive_t *prim, ps_err *err) {
@@ -307,6 +325,29 @@ static ps_status make_bwd_prim(dnnl_engine_t eng, const_dnnl_op_desc_t fwd_desc,
     ps_status st = make_prim(eng, op_desc, hint, prim, err);
     dnnl_primitive_desc_destroy(hint);
     return st;
+}
+
+/* oneDNN's implementation string of prim (NULL when the query fails). */
+static const char *prim_impl(dnnl_primitive_t prim) {
+    const_dnnl_primitive_desc_t pd;
+    const char *impl = NULL;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success ||
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+        return NULL;
+    return impl;
+}
+
+/* 1 when the convolution prim of kind `kind` has its src (is_x 1) or dst
+ * (is_x 0) activation - or their gradients - in a layout with padded
+ * channels; 0 when not or is_x is -1. */
+static int conv_act_padded(dnnl_primitive_t prim, int kind, int is_x) {
+    const_dnnl_primitive_desc_t pd;
+    if (is_x < 0) return 0;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return 1;
+    dnnl_query_t q = is_x ? (kind == PK_CONV_BWD_DATA ? dnnl_query_diff_src_md : dnnl_query_src_md)
+                          : (kind == PK_CONV_FWD ? dnnl_query_dst_md : dnnl_query_diff_dst_md);
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, q, 0);
+    return !md || md->padded_dims[1] != md->dims[1];
 }
 
 /* The convolution primitive of kind k->kind for the given activation
@@ -358,9 +399,9 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
     const int64_t *wd = g > 1 ? wd5 : wd4;
     dnnl_memory_desc_t x, w, b, y, xuser, wuser, yuser, xplain, yplain;
     ps_status st;
-    if ((st = md_plain(&xuser, 4, xd, act_tag(block, k->src_layout), err)) ||
+    if ((st = md_plain(&xuser, 4, xd, act_tag(block, d[1], k->src_layout), err)) ||
         (st = md_plain(&wuser, wn, wd, g > 1 ? dnnl_goihw : dnnl_oihw, err)) ||
-        (st = md_plain(&yuser, 4, yd, act_tag(block, k->dst_layout), err)) ||
+        (st = md_plain(&yuser, 4, yd, act_tag(block, d[4], k->dst_layout), err)) ||
         (st = md_plain(&x, 4, xd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&w, wn, wd, dnnl_format_tag_any, err)) ||
         (st = md_plain(&b, 1, bd, dnnl_a, err)) ||
@@ -379,16 +420,90 @@ static ps_status create_conv(dnnl_engine_t eng, int block, const prim_key *k, dn
                            : k->kind == PK_CONV_BWD_DATA ? bwd_data_ua : bwd_w_ua;
     memcpy(ua, src_ua, sizeof fwd_ua);
     *nua = 3;
+    if (k->src_layout == PS_LAYOUT_BLOCKED || k->dst_layout == PS_LAYOUT_BLOCKED) {
+        /* First the caller's activation layouts: where a direct JIT kernel
+         * takes them, no activation is reordered on any call. "any" alone
+         * can pick another block (nChw16c, padded, for an 8-channel tensor
+         * on AVX-512) and then reorders the activations in and out of it
+         * on every call, which cost more than the 16-lane kernel saved.
+         * Then the caller's layout for the larger activation only (one
+         * reorder, of the smaller one), then the other - unless the kernel
+         * pads the other (conv1's weight gradient on AVX-512 would compute
+         * on 1 input channel padded to 8). */
+        const int x_first = d[1] * d[2] * d[3] >= d[4] * oh * ow;
+        const dnnl_memory_desc_t *cand[3][2] = { { &xuser, &yuser },
+                                                 { x_first ? &xuser : &x, x_first ? &y : &yuser },
+                                                 { x_first ? &x : &xuser, x_first ? &yuser : &y } };
+        for (int c = 0; c < 3; c++) {
+            ps_err tmp = { 0 };
+            if (conv_prim_with(eng, k, cand[c][0], &w, &b, cand[c][1], prim, &tmp) != PS_OK) continue;
+            const char *impl = prim_impl(*prim);
+            if (impl && !strncmp(impl, "jit", 3) && !impl_is_reference(impl) &&
+                !conv_act_padded(*prim, k->kind, cand[c][0] == &x ? 1 : cand[c][1] == &y ? 0 : -1))
+                return PS_OK;
+            dnnl_primitive_destroy(*prim);
+            *prim = NULL;
+        }
+    }
     if ((st = conv_prim_with(eng, k, &x, &w, &b, &y, prim, err))) return st;
-    const_dnnl_primitive_desc_t pd;
-    const char *impl = NULL;
-    if (dnnl_primitive_get_primitive_desc(*prim, &pd) != dnnl_success ||
-        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
-        impl = NULL;
-    if (!impl_is_reference(impl)) return PS_OK;
+    if (!impl_is_reference(prim_impl(*prim))) return PS_OK;
     dnnl_primitive_destroy(*prim);
     *prim = NULL;
     return conv_prim_with(eng, k, &xplain, &w, &b, &yplain, prim, err);
+}
+
+/* The weight gradient of a convolution (one group, no dilation) as a
+ * forward convolution, batch and channels swapped (stride 1 here; stride
+ * s dilates the kernel dy' by s - 1):
+ *   dw[o][i][a][b] = sum_n,p,q x[n][i][a+p-ph][b+q-pw] * dy[n][o][p][q]
+ * is the forward convolution of x' = x with n and c swapped (batch cin,
+ * cin -> n channels) by the kernel dy' = dy with n and c swapped (cout
+ * outputs, n inputs, oh x ow), padding ph, pw: output (cin, cout, kh, kw),
+ * dw with its first two axes swapped. The caller's x, dy and dw are
+ * described as they lie (their axes permuted, no copy) and reordered into
+ * the layouts the forward kernel picks. oneDNN 2.6 has no SSE4.1 JIT
+ * kernel for backward weights (im2col + GEMM per image, plus reorders of
+ * blocked activations to plain ones), but has a forward one. */
+/* The right padding of create_conv_bwd_w_as_fwd's forward along axis a (0
+ * rows, 1 columns) of conv dims d: in + pad_l + pad_r - (out - 1) * s = k. */
+static int64_t wfwd_pad_r(const int64_t *d, int a) {
+    const int64_t in = d[2 + a], k = d[5 + a], s = d[7 + a], p = d[9 + a];
+    const int64_t out = (in + 2 * p - k) / s + 1;
+    return k + (out - 1) * s - in - p;
+}
+
+static ps_status create_conv_bwd_w_as_fwd(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
+                                          user_arg *ua, int *nua, ps_err *err) {
+    const int64_t *d = k->dims; /* n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups */
+    const int64_t oh = (d[2] + 2 * d[9] - d[5]) / d[7] + 1, ow = (d[3] + 2 * d[10] - d[6]) / d[8] + 1;
+    const int64_t xd[4] = { d[0], d[1], d[2], d[3] }, yd[4] = { d[0], d[4], oh, ow };
+    const int64_t wd[4] = { d[4], d[1], d[5], d[6] };
+    const int64_t sx[4] = { d[1], d[0], d[2], d[3] }, sw[4] = { d[4], d[0], oh, ow }, sy[4] = { d[1], d[4], d[5], d[6] };
+    const int swap[4] = { 1, 0, 2, 3 };
+    dnnl_memory_desc_t x0, y0, w0, x, w, y;
+    ps_status st;
+    if ((st = md_plain(&x0, 4, xd, act_tag(block, d[1], k->src_layout), err)) ||
+        (st = md_plain(&y0, 4, yd, act_tag(block, d[4], k->dst_layout), err)) ||
+        (st = md_plain(&w0, 4, wd, dnnl_oihw, err)) ||
+        (st = md_plain(&x, 4, sx, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&w, 4, sw, dnnl_format_tag_any, err)) ||
+        (st = md_plain(&y, 4, sy, dnnl_format_tag_any, err)))
+        return st;
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[0].md, &x0, swap));
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[1].md, &y0, swap));
+    PS_DNNL_CHECK(dnnl_memory_desc_permute_axes(&ua[2].md, &w0, swap));
+    ua[0].arg = DNNL_ARG_SRC; ua[0].output = 0;
+    ua[1].arg = DNNL_ARG_WEIGHTS; ua[1].output = 0;
+    ua[2].arg = DNNL_ARG_DST; ua[2].output = 1;
+    *nua = 3;
+    /* stride s: the kernel dy' dilated by s - 1; the right padding is what
+     * makes the output kh x kw (the rows the forward never reached) */
+    dnnl_dims_t strides = { 1, 1 }, pad = { d[9], d[10] }, pad_r = { wfwd_pad_r(d, 0), wfwd_pad_r(d, 1) };
+    dnnl_dims_t dil = { d[7] - 1, d[8] - 1 };
+    dnnl_convolution_desc_t fwd;
+    PS_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct,
+                                                             &x, &w, NULL, &y, strides, dil, pad, pad_r));
+    return make_prim(eng, &fwd, NULL, prim, err);
 }
 
 /* Pooling in the blocked layout (the plain layout runs the C kernels of
@@ -406,7 +521,7 @@ static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dn
      * caller's plain activations reordered to and from it (entry_create;
      * oneDNN pads a channel count that does not fill the last block) */
     const int behind = k->plain_try == 2;
-    const dnnl_format_tag_t tag = behind ? act_tag((int)k->alg, PS_LAYOUT_BLOCKED) : act_tag(block, k->src_layout);
+    const dnnl_format_tag_t tag = behind ? blocked_tag((int)k->alg) : act_tag(block, d[1], k->src_layout);
     dnnl_memory_desc_t x, y, xuser, yuser;
     ps_status st;
     if ((st = md_plain(&x, 4, xd, tag, err)) || (st = md_plain(&y, 4, yd, tag, err)) ||
@@ -535,8 +650,8 @@ static ps_status create_act_reorder(dnnl_engine_t eng, int block, const prim_key
                                     ps_err *err) {
     dnnl_memory_desc_t src, dst;
     ps_status st;
-    if ((st = md_plain(&src, 4, k->dims, act_tag(block, k->src_layout), err)) ||
-        (st = md_plain(&dst, 4, k->dims, act_tag(block, k->dst_layout), err)))
+    if ((st = md_plain(&src, 4, k->dims, act_tag(block, k->dims[1], k->src_layout), err)) ||
+        (st = md_plain(&dst, 4, k->dims, act_tag(block, k->dims[1], k->dst_layout), err)))
         return st;
     return make_reorder(eng, &src, &dst, prim, err);
 }
@@ -547,6 +662,8 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
     switch ((prim_kind)k->kind) {
     case PK_CONV_FWD: case PK_CONV_BWD_DATA: case PK_CONV_BWD_WEIGHTS:
         return create_conv(eng, block, k, prim, ua, nua, err);
+    case PK_CONV_BWD_W_AS_FWD:
+        return create_conv_bwd_w_as_fwd(eng, block, k, prim, ua, nua, err);
     case PK_POOL_FWD_TRAINING: case PK_POOL_FWD_INFERENCE: case PK_POOL_BWD:
     case PK_AVGPOOL_FWD: case PK_AVGPOOL_BWD:
         return create_pool(eng, block, k, prim, ua, nua, err);
@@ -901,6 +1018,8 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     else if (lay && !strcmp(lay, "16")) im->block = 16;
     const char *pool = getenv("PS_DNNL_POOL");
     im->pool_c = pool && !strcmp(pool, "c");
+    const char *wfwd = getenv("PS_DNNL_WFWD");
+    im->no_wfwd = wfwd && !strcmp(wfwd, "0");
     pthread_mutex_init(&im->lock, NULL);
     pthread_mutex_init(&im->pool_lock, NULL);
     *impl = im;
@@ -1005,6 +1124,27 @@ static ps_status bwd_data_via_forward(dn_impl *im, const ps_conv_desc *d, const 
     return PS_OK;
 }
 
+/* 1 in *via when the backward-weights primitive for k is GEMM-based and
+ * the equivalent forward convolution (create_conv_bwd_w_as_fwd) gets a
+ * direct JIT kernel (stride 1, one group, no dilation; SSE4.1 in
+ * practice). d resolved. */
+static ps_status bwd_weights_via_forward(dn_impl *im, const ps_conv_desc *d, const prim_key *k, int *via,
+                                         ps_err *err) {
+    const prim_entry *e;
+    ps_status st;
+    *via = 0;
+    if (d->groups != 1 || d->dil_h != 1 || d->dil_w != 1 || im->no_wfwd || wfwd_pad_r(k->dims, 0) < 0 ||
+        wfwd_pad_r(k->dims, 1) < 0)
+        return PS_OK;
+    if ((st = get_entry(im, k, &e, err))) return st;
+    if (!e->impl || !strstr(e->impl, "gemm")) return PS_OK;
+    prim_key fk = conv_key(PK_CONV_BWD_W_AS_FWD, d, 0);
+    const prim_entry *f;
+    if ((st = get_entry(im, &fk, &f, err))) return st;
+    *via = f->impl && !strstr(f->impl, "gemm") && !impl_is_reference(f->impl);
+    return PS_OK;
+}
+
 static ps_status conv_bwd_data_as_forward(dn_impl *im, const ps_conv_desc *d, const float *w,
                                           const float *dy, float *dx, ps_err *err) {
     const int co = d->cout, ci = d->cin, kh = d->kh, kw = d->kw;
@@ -1057,13 +1197,24 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     }
     if (dw) {
         prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
+        int via_fwd = 0;
+        if ((st = bwd_weights_via_forward(im, &d, &k, &via_fwd, err))) return st;
+        if (via_fwd) {
+            prim_key fk = conv_key(PK_CONV_BWD_W_AS_FWD, &d, 0);
+            exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, dy }, { DNNL_ARG_DST, dw } };
+            if ((st = run(im, &fk, a, 3, err))) return st;
+            if (db)
+                bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
+                          d.dst_layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d.cout) : 0, db);
+            return PS_OK;
+        }
         exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DIFF_DST, dy },
                          { DNNL_ARG_DIFF_WEIGHTS, dw }, { DNNL_ARG_DIFF_BIAS, db } };
         return run(im, &k, a, db ? 4 : 3, err);
     }
     if (db)
         bias_grad(dy, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d),
-                  d.dst_layout == PS_LAYOUT_BLOCKED ? im->block : 0, db);
+                  d.dst_layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d.cout) : 0, db);
     return PS_OK;
 }
 
@@ -1847,11 +1998,11 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double s1[PS_BN_LANES], s2[PS_BN_LANES];
         float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
         bn_sums(&g, d->n, d->s, x, NULL, NULL, 0, s1, s2);
@@ -1878,10 +2029,10 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         float scale[PS_BN_LANES], shift[PS_BN_LANES];
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
@@ -1902,11 +2053,11 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    const int ng = bn_ngroups(d, im->block);
+    const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
-        const bn_group g = bn_group_at(d, im->block, gi);
+        const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
         float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
         for (int l = 0; l < g.lanes; l++) mu[l] = mean[g.j0 + l];
@@ -2138,7 +2289,7 @@ static ps_status dn_mul_channels(void *impl, const ps_chan_desc *d, const float 
     (void)err;
     set_threads(im);
     if (d->layout == PS_LAYOUT_BLOCKED) {
-        const int B = im->block, nb = d->c / B;
+        const int B = block_of(im->block, d->c), nb = d->c / B;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
         for (int64_t q = 0; q < (int64_t)d->n * nb; q++) {
             const float *mq = mask + (q / nb) * d->c + (q % nb) * B;   /* sample q/nb, block q%nb */
@@ -2195,7 +2346,7 @@ static ps_status dn_fill(void *impl, int64_t count, float *x, float value, ps_er
 
 static int dn_blocked_layout(void *impl, int c) {
     const dn_impl *im = impl;
-    return im->block > 0 && c % im->block == 0 ? im->block : 0;
+    return block_of(im->block, c);
 }
 
 static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float *src, int src_layout,

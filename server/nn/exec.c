@@ -38,6 +38,11 @@ static int blocked_ok(const stage *st, int64_t c) {
     return ops->blocked_layout && ops->reorder && ops->blocked_layout(st->be->impl, (int)c) > 0;
 }
 
+/* The backend's channel block for c channels (0: none). */
+static int block_of(const stage *st, int64_t c) {
+    return blocked_ok(st, c) ? st->be->ops->blocked_layout(st->be->impl, (int)c) : 0;
+}
+
 static void plan_layouts(stage *st) {
     st->val_layout[0] = PS_LAYOUT_PLAIN;
     for (int k = 0; k < st->nlayers; k++) {
@@ -51,9 +56,14 @@ static void plan_layouts(stage *st) {
             if (blocked_ok(st, ly->in[0].dims[0])) ly->in_layout[0] = PS_LAYOUT_BLOCKED;
             if (!is_out && blocked_ok(st, ly->outs.dims[0])) ly->out_layout = PS_LAYOUT_BLOCKED;
         } else if ((f & PS_KIND_LAYOUT_KEEP) && !is_out && ly->outs.ndim == 3) {
+            /* blocked only where every input and the output have the same
+             * block (a backend may block channel counts differently: a
+             * Concat of two 8-channel tensors into 16 channels) */
             int lay = st->val_layout[IV(st, l, 0)];
             for (int i = 0; i < ly->nin; i++)
-                if (st->val_layout[IV(st, l, i)] != lay || ly->in[i].ndim != 3) lay = PS_LAYOUT_PLAIN;
+                if (st->val_layout[IV(st, l, i)] != lay || ly->in[i].ndim != 3 ||
+                    (lay == PS_LAYOUT_BLOCKED && block_of(st, ly->in[i].dims[0]) != block_of(st, ly->outs.dims[0])))
+                    lay = PS_LAYOUT_PLAIN;
             for (int i = 0; i < ly->nin; i++) ly->in_layout[i] = lay;
             ly->out_layout = lay;
         }
