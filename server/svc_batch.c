@@ -91,6 +91,15 @@ ps_status svc_batch_start(ps_service *s, ps_err *err) {
         return err->code;
     ps_log(PS_LOG_INFO, "batching training Forwards: up to %g ms for company, up to %d samples together",
            s->opts.batch_wait_ms, max);
+    for (int i = 0; i < ps_model_num_stages(s->model); i++) {
+        const ps_stage_info *si = ps_model_stage(s->model, i);
+        if (!si->params_only && !ps_model_can_group(s->model, i, i))
+            ps_log(PS_LOG_WARN, "server.batch_wait_ms: stage '%s' has a node that is not per-sample (BatchNorm in "
+                   "training couples a batch's samples; docs/performance.md): Forwards through it run unbatched",
+                   si->name);
+    }
+    if (ps_cons_mode_of(s->cons) == PS_CONS_SSP)
+        ps_log(PS_LOG_WARN, "server.batch_wait_ms: under ssp Forwards run one at a time; none is batched");
     return PS_OK;
 }
 
