@@ -96,8 +96,11 @@ start_trainer() {  # rank [flags...]; sets t<rank>
 }
 # Trainer 2 trains batches of 512 so that its N batches take long enough for
 # the poll below to stop it after its first on a loaded machine (with 32 it
-# could finish all of them before the STOP: "kill: No such process").
-start_trainer 2 --batch-size 512
+# could finish all of them before the STOP: "kill: No such process"), with a
+# deadline of its own: a Forward of 512 can take over trainer.rpc_timeout_s=1
+# on a loaded machine, and its retries would compute it again, never in time.
+# (Only trainer 1's Forwards are to outlive their deadline here.)
+start_trainer 2 --batch-size 512 --set trainer.rpc_timeout_s=30
 for _ in $(seq 3000); do grep -q "training batch 0 " "$tmp/t2.log" && break; sleep 0.01; done
 grep -q "training batch 0 " "$tmp/t2.log" || fail "trainer 2 did not train its first batch in 30 s"
 kill -STOP "$t2" 2>/dev/null || fail "trainer 2 finished its $N batches before it could be stopped (machine too busy?)"
