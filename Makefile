@@ -13,6 +13,7 @@
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make bench-trainers psd's CPU per sample and call latency at 1, 2, 4, 8, 16 trainers (bench/trainers.sh)
+#   make bench-batching the same at 4 and 8 trainers with batched Forwards off and on (bench/batching.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
 #                   the model-file loader, the ONNX import
@@ -112,7 +113,7 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-hostile test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-hostile test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers bench-batching
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
@@ -328,6 +329,11 @@ bench-trainers: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/trainers.sh
+# The same with batched training Forwards off and on (server.batch_wait_ms; for information on CPU).
+bench-batching: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/fetch-mnist.sh data/mnist
+	@BUILD=$(BUILD) bench/batching.sh
 
 # The language model's throughput, both decoder modes, 1 and 2 trainers,
 # beside the PyTorch RPC tutorial's design and PyTorch's local loop at the

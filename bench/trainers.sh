@@ -13,6 +13,7 @@
 #   bench/trainers.sh                 1 2 4 8 16 trainers, 3 rounds each
 #   TRAINERS="2 16" RUNS=3 bench/trainers.sh
 #   QUICK=1 bench/trainers.sh         fewer batches (a smoke run)
+#   PSD_ARGS="--set server.batch_wait_ms=2" bench/trainers.sh   more psd flags (bench/batching.sh)
 # Raw results: $OUT/trainers/ (OUT default build/bench-results/trainers-<date>);
 # the table is also saved as $OUT/trainers.txt. make bench runs it with OUT
 # set to its own results directory; make bench-trainers runs it alone.
@@ -44,7 +45,7 @@ for n in $TRAINERS; do
   # rather than failing the trainer and the bench.
   "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" --metrics-listen "$maddr" \
     --set server.max_calls_per_client=$(( 4 * n + 16 )) --set optimizer.lr=0.003 \
-    --set server.nonfinite_policy=skip 2>"$dir/psd-$n.log" &
+    --set server.nonfinite_policy=skip ${PSD_ARGS:-} 2>"$dir/psd-$n.log" &
   psd=$!
   wait_psd "$maddr" || true
   round() {  # tag batches

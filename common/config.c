@@ -100,6 +100,8 @@ static const cfg_entry g_table[] = {
     DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    1, 0, 3600, 0, "30"),
     DBL ("server.send_timeout_s",  RPC(send_timeout_s),    1, 0, 3600, 0, "60"),
     U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
+    DBL ("server.batch_wait_ms",   SVC(batch_wait_ms),     0, 0, 1000, 0, "0"),
+    INT ("server.batch_max_samples", SVC(batch_max_samples), 1, 65536, "256"),
     DBL ("server.health_saturated_s", SVC(health_saturated_s), 0, 0, 86400, 0, "30"),
     INT ("server.metrics_round_steps", SVC(round_metrics.round_steps), 1, 1000000000, "1"),
     DBL ("server.metrics_ema_alpha", SVC(round_metrics.alpha), 1, 0, 1, 0, "0.05"),

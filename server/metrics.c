@@ -221,6 +221,12 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_model_version %llu\n", (unsigned long long)version);
     family(&b, "psd_samples_total", "counter", "Training samples received by Forward(train).");
     put(&b, "psd_samples_total %llu\n", (unsigned long long)samples);
+    uint64_t held, combined;
+    ps_service_batch_stats(m->svc, &held, &combined);
+    family(&b, "psd_batched_forwards_total", "counter", "Training Forwards held for company "
+           "(server.batch_wait_ms), and those of them computed combined with others.");
+    put(&b, "psd_batched_forwards_total{ran=\"held\"} %llu\n", (unsigned long long)held);
+    put(&b, "psd_batched_forwards_total{ran=\"combined\"} %llu\n", (unsigned long long)combined);
 
     family(&b, "psd_rpcs_total", "counter", "RPCs handled, by method and gRPC status code.");
     for (int i = 0; i < m->n; i++)

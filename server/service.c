@@ -78,6 +78,10 @@ ps_service *ps_service_create(ps_model *model, const ps_service_opts *o, ps_err 
     s->nonfinite_skip = o->nonfinite_policy == PS_NONFINITE_SKIP;
     s->max_context_bytes = o->max_context_bytes;
     s->saturated_limit_s = o->health_saturated_s;
+    if (svc_batch_start(s, err)) {
+        ps_service_free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -96,6 +100,7 @@ void ps_service_close(ps_service *s) {
 void ps_service_free(ps_service *s) {
     if (!s) return;
     ps_service_close(s);
+    svc_batch_stop(s);
     ps_cons_free(s->cons);
     ps_rmetrics_free(s->rm);
     pthread_mutex_destroy(&s->exec_mu);

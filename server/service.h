@@ -73,6 +73,10 @@ typedef struct ps_service_opts {
                                  fairly per client; 0 = unlimited */
     double health_saturated_s; /* server.health_saturated_s: health says NOT_SERVING after
                                  every ordinary call was refused this long; 0 = never */
+    double batch_wait_ms;     /* server.batch_wait_ms: a training Forward waits up to this long
+                                 for concurrent ones of the same stages to be computed with
+                                 (0 = off; svc_batch.c) */
+    int batch_max_samples;    /* server.batch_max_samples: samples computed together at most */
     ps_cons_opts cons;        /* server.consistency and its keys (consistency.h) */
     ps_rmetrics_opts round_metrics; /* server.metrics_* and stop_* (round_metrics.h; alpha 0:
                                  0.05, round_steps 0: 1) */
@@ -96,6 +100,9 @@ const ps_rpc_method *ps_service_methods(int *n);
 size_t ps_service_expire(ps_service *s);
 
 void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
+/* Batched Forwards (server.batch_wait_ms): training forwards held for
+ * company, and those that ran combined with others. */
+void ps_service_batch_stats(ps_service *s, uint64_t *held, uint64_t *combined);
 /* The context table: what checkpoints keep of it (checkpoint.h psd.settle). */
 ps_ctx_table *ps_service_contexts(ps_service *s);
 

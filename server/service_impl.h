@@ -67,6 +67,13 @@ struct ps_service {
     ps_ckpt_info ckpt;
     ps_trainers *trainers;       /* the dashboard's view of each trainer; NULL = none */
     struct ps_report_limit *reports; /* ReportPartial per client: repeats, rate, log lines */
+    /* batched training Forwards (svc_batch.c); batcher NULL = off */
+    struct ps_batcher *batcher;
+    pthread_mutex_t batch_mu;    /* a held forward's done flag */
+    pthread_cond_t batch_cv;
+    int batch_inited;
+    uint64_t batch_held;         /* __atomic: forwards handed to the batcher */
+    uint64_t batch_combined;     /* __atomic: ... that ran in a combined forward */
 };
 
 /* ---- service.c: helpers the handlers share ---- */
@@ -102,6 +109,17 @@ void svc_account(ps_service *s, ps_ctx *c);
 
 /* A round report's scalars into a reply's repeated RoundScalar. */
 void svc_put_round_scalars(const ps_round_report *r, ps_RoundScalar *out, pb_size_t *count, pb_size_t cap);
+
+/* ---- svc_batch.c ---- */
+
+/* Start / stop the batching of training Forwards (server.batch_wait_ms > 0). */
+ps_status svc_batch_start(ps_service *s, ps_err *err);
+void svc_batch_stop(ps_service *s);
+/* A training forward (ps_model_forward_range's, train = 1, with a tape):
+ * combined with concurrent ones of the same stages when batching is on and
+ * the stages allow it, else alone. */
+ps_status svc_forward_train(ps_service *s, int first, int last, const void *x, int n, uint64_t seed, float *out,
+                            ps_tape **tape, uint64_t *version, ps_err *err);
 
 /* ---- svc_forward.c ---- */
 void *svc_exec_main(void *p);   /* the ssp executor thread */

@@ -270,7 +270,7 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
         /* the tape's memory, admitted before it is computed */
         if (!replayed && (st = ps_ctx_table_reserve(s->ctx, c, ps_model_tape_bytes(s->model, (int)n), err)))
             goto out;
-        if (!replayed && (st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 1, NULL,
+        if (!replayed && (st = svc_forward_train(s, first, last, in->data, (int)n,
                                          dropout_seed(req->context_id, req->trainer_rank, req->seq), out, &tape, &version, err)))
             goto out;
         if (!replayed) ps_tape_set_key(tape, req->context_id, req->seq);   /* running statistics fold in seq order */

@@ -701,6 +701,12 @@ static ps_status dropout2d_infer(ps_layer *ly, ps_err *err) {
     return PS_OK;
 }
 
+/* One draw of a dropout mask: 0, or 1/(1-p) to keep. */
+static float drop_draw(const ps_layer *ly, ps_rng *rng) {
+    float keep = 1.0f / (1.0f - (float)ly->a.p);
+    return ps_rng_uniform(rng) < (float)ly->a.p ? 0.0f : keep;
+}
+
 /* Draw (or take) a mask of the output's size; group = elements sharing a draw. */
 static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
@@ -713,9 +719,8 @@ static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
     }
     c->saved->dev[0] = mask;
-    float keep = 1.0f / (1.0f - (float)c->ly->a.p);
     for (int64_t g = 0; g < count / group; g++) {
-        float v = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < (float)c->ly->a.p ? 0.0f : keep);
+        float v = c->mask ? c->mask[g] : drop_draw(c->ly, c->rng);
         for (int64_t i = 0; i < group; i++) host[g * group + i] = v;
     }
     ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
@@ -740,9 +745,7 @@ static ps_status dropout2d_forward(ps_layer_call *c, ps_err *err) {
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
     }
     c->saved->dev[0] = mask;
-    float keep = 1.0f / (1.0f - (float)c->ly->a.p);
-    for (int64_t g = 0; g < count; g++)
-        host[g] = c->mask ? c->mask[g] : (ps_rng_uniform(c->rng) < (float)c->ly->a.p ? 0.0f : keep);
+    for (int64_t g = 0; g < count; g++) host[g] = c->mask ? c->mask[g] : drop_draw(c->ly, c->rng);
     ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
     free(host);
     if (rc != PS_OK) return rc;
@@ -1569,4 +1572,61 @@ ps_status ps_layer_infer(ps_layer *ly, ps_err *err) {
 
 double ps_layer_flops(const ps_layer *ly) {
     return ly->kind->flops ? ly->kind->flops(ly) : (double)ps_shape_numel(&ly->outs);
+}
+
+/* ---- per-sample kinds: what a combined forward of several callers' samples may cut back ---- */
+
+static size_t dropout_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j == 0 ? dropout_bytes(ly, n) : 0;
+}
+
+static size_t dropout2d_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j == 0 ? dropout2d_bytes(ly, n) : 0;
+}
+
+static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    if (j) return 0;
+    ps_pool_desc d = pool_desc(ly, n);
+    size_t b = be->ops->maxpool_workspace_size(be->impl, &d);
+    return b ? b : (size_t)-1;
+}
+
+/* Kinds whose sample i's output, saved state and gradients depend on
+ * sample i alone, and the bytes of what they save (NULL: nothing). Not
+ * here: BatchNorm (batch statistics in training), LayerNorm (its saved
+ * statistics are not cut yet), Parameter, IndexSelect, LSTM. */
+static const struct {
+    const char *kind;
+    size_t (*saved)(const ps_layer *ly, const ps_backend *be, int n, int j);
+} per_sample_kinds[] = {
+    {"Conv2d", NULL}, {"Linear", NULL}, {"MaxPool2d", maxpool_saved}, {"AvgPool2d", NULL},
+    {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
+    {"Tanh", NULL}, {"Sigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
+    {"Add", NULL}, {"Concat", NULL},
+};
+
+int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {
+    for (size_t i = 0; i < sizeof per_sample_kinds / sizeof per_sample_kinds[0]; i++) {
+        if (strcmp(per_sample_kinds[i].kind, ly->kind->name)) continue;
+        for (int j = 0; j < PS_LAYER_MAX_SAVED; j++) {
+            saved[j] = per_sample_kinds[i].saved ? per_sample_kinds[i].saved(ly, be, n, j) : 0;
+            if (saved[j] == (size_t)-1) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
+    int64_t count = ps_layer_dropout_draws(ly, n);
+    for (int64_t g = 0; g < count; g++) mask[g] = drop_draw(ly, rng);
+}
+
+int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
+    if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
+    if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
+    return ps_layer_out_count(ly, n);
 }

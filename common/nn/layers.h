@@ -279,4 +279,19 @@ static inline int64_t ps_layer_in_count(const ps_layer *ly, int i, int n) { retu
 /* FLOPs per sample of the forward (the kind's flops, or the output's size). */
 double ps_layer_flops(const ps_layer *ly);
 
+/* 1 when node ly computes each sample from that sample alone (outputs,
+ * saved state and parameter gradients of sample i depend on sample i only)
+ * and keeps its saved state sample-major, so that one forward over several
+ * callers' samples can be cut into each caller's part (psd's batched
+ * Forwards, server/nn/exec_group.c); saved[j]: bytes of saved dev[j] for n
+ * samples on backend be (0: none). 0 for batch-coupled or unknown kinds
+ * (BatchNorm, ...). */
+int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]);
+/* A dropout node's mask for n samples, drawn from rng exactly as its
+ * training forward draws it (ps_layer_dropout_draws values: one per element
+ * for Dropout, per (sample, channel) for Dropout2d); the form the forward
+ * takes as an injected mask (ps_layer_call.mask). */
+void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask);
+int64_t ps_layer_dropout_draws(const ps_layer *ly, int n);
+
 #endif

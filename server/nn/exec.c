@@ -242,7 +242,7 @@ static size_t act_bytes(const ps_shape *s, ps_dtype t, int n) {
 }
 
 /* Bytes of storage id b of stage st for n samples. */
-static size_t buf_bytes(const stage *st, int b, int n) {
+size_t ps_exec_buf_bytes(const stage *st, int b, int n) {
     ps_shape tmp;
     if (b == 0) return act_bytes(ps_stage_in_shape(st, &tmp), st->info.in_dtype, n);
     if (b <= st->nlayers) return act_bytes(&st->layers[b - 1].outs, st->layers[b - 1].out_dtype, n);
@@ -250,7 +250,7 @@ static size_t buf_bytes(const stage *st, int b, int n) {
     return act_bytes(&st->layers[l].in[i], st->layers[l].in_dtype[i], n);
 }
 
-static ps_tape *tape_new(ps_model *m, int first, int last, int n) {
+ps_tape *ps_exec_tape_new(ps_model *m, int first, int last, int n) {
     ps_tape *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->m = m;
@@ -304,7 +304,7 @@ static size_t range_bytes(const ps_model *m, int first, int last, int n, int wit
         const stage_plan *p = &st->plan[1];
         if (with_grads) bytes += (size_t)st->ngrads * sizeof(float);
         for (int b = 0; b < p->nbufs; b++)
-            if (p->kept[b]) bytes += buf_bytes(st, b, n);
+            if (p->kept[b]) bytes += ps_exec_buf_bytes(st, b, n);
         for (int l = 0; l < st->nlayers; l++) {
             const ps_layer *ly = &st->layers[l];
             if (ly->kind->tape_bytes) bytes += ly->kind->tape_bytes(ly, n);
@@ -537,7 +537,7 @@ ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err)
 ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, const void *x, int n, int train,
                           int keep, const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err) {
     if (tape) *tape = NULL;
-    ps_tape *t = tape_new(m, first, last, n);
+    ps_tape *t = ps_exec_tape_new(m, first, last, n);
     if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     t->train = train;
     tape_weights(t, ws);

@@ -239,6 +239,21 @@ ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *
 
 #define EVAL_SLICE 64   /* samples per slice of an eval forward */
 
+/* Nodes reading stage first's input check it (ids in range). */
+static ps_status check_input(const ps_model *m, int first, const void *x, int n, ps_err *err) {
+    const stage *s0 = &m->stages[first];
+    ps_shape ins;
+    ps_stage_in_shape(s0, &ins);
+    for (int l = 0; l < s0->nlayers; l++) {
+        const ps_layer *ly = &s0->layers[l];
+        int reads = 0;
+        for (int i = 0; i < ly->nin; i++) reads |= s0->in_val[l * PS_NODE_MAX_INPUTS + i] == 0;
+        if (reads && ly->kind->check_input && ly->kind->check_input(ly, x, n * ps_shape_numel(&ins), err) != PS_OK)
+            return ps_err_prefix(err, "stage '%s'", s0->def->name);
+    }
+    return PS_OK;
+}
+
 ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
                                  const float *const *dropout_masks, uint64_t dropout_seed, float *out,
                                  ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
@@ -250,14 +265,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     const stage *s0 = &m->stages[first], *sl = &m->stages[last];
     ps_shape ins;
     ps_stage_in_shape(s0, &ins);
-    for (int l = 0; l < s0->nlayers; l++) {   /* nodes reading the stage input check it (ids in range) */
-        const ps_layer *ly = &s0->layers[l];
-        int reads = 0;
-        for (int i = 0; i < ly->nin; i++) reads |= s0->in_val[l * PS_NODE_MAX_INPUTS + i] == 0;
-        if (reads && ly->kind->check_input &&
-            (rc = ly->kind->check_input(ly, x, n * ps_shape_numel(&ins), err)) != PS_OK)
-            return ps_err_prefix(err, "stage '%s'", s0->def->name);
-    }
+    if ((rc = check_input(m, first, x, n, err)) != PS_OK) return rc;
     size_t in_sample = (size_t)ps_shape_numel(&ins) * ps_dtype_size(s0->info.in_dtype);
     int64_t out_sample = ps_shape_numel(&ps_stage_out_layer(sl)->outs);
     ps_rng rng;
@@ -279,6 +287,76 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
+    return rc;
+}
+
+int ps_model_can_group(const ps_model *m, int first, int last) {
+    return ps_exec_check_run(m, first, last, &(ps_err){0}) == PS_OK && ps_exec_group_ok(m, first, last);
+}
+
+ps_status ps_model_forward_group(ps_model *m, int first, int last, int k, const void *const *x, const int *n,
+                                 const uint64_t *seeds, float *const *out, ps_tape **tapes, uint64_t *version_used,
+                                 ps_err *err) {
+    for (int i = 0; i < k; i++) tapes[i] = NULL;
+    ps_status rc = ps_exec_check_run(m, first, last, err);
+    if (rc != PS_OK) return rc;
+    if (!ps_exec_group_ok(m, first, last))
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "stages %s..%s have a node that is not per-sample "
+                          "(BatchNorm, ...): their forwards are not combined", m->stages[first].def->name,
+                          m->stages[last].def->name);
+    int total = 0;
+    for (int i = 0; i < k; i++) {
+        if (n[i] < 1 || n[i] > m->def->max_batch)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch size %d is outside 1..%d", n[i], m->def->max_batch);
+        if (total > (1 << 24)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "too many samples to combine");
+        total += n[i];
+        if ((rc = check_input(m, first, x[i], n[i], err)) != PS_OK) return rc;
+    }
+    const stage *s0 = &m->stages[first];
+    ps_shape ins;
+    size_t in_sample = (size_t)ps_shape_numel(ps_stage_in_shape(s0, &ins)) * ps_dtype_size(s0->info.in_dtype);
+    int nd = ps_exec_group_ndropout(m, first, last);
+    char *xs = malloc(in_sample * (size_t)total + 1);
+    float **masks = calloc((size_t)nd + 1, sizeof *masks);
+    ps_tape *big = NULL;
+    if (!xs || !masks) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining %d forwards", k);
+        goto out;
+    }
+    for (int d = 0; d < nd; d++)
+        if (!(masks[d] = malloc((size_t)ps_exec_group_mask_len(m, first, last, d, total) * sizeof(float) + 1))) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout masks");
+            goto out;
+        }
+    for (int i = 0, o = 0; i < k; o += n[i++]) {   /* each part: its input, its own masks */
+        memcpy(xs + (size_t)o * in_sample, x[i], (size_t)n[i] * in_sample);
+        ps_exec_group_masks(m, first, last, seeds[i], o, n[i], total, masks);
+    }
+    ps_rng unused;
+    ps_rng_seed(&unused, 0);
+    ps_model_call_begin(m, 0);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
+    wset *ws = pin(m, version_used);
+    rc = ps_exec_forward(m, ws, first, last, xs, total, 1, 1, (const float *const *)masks, &unused, NULL, &big, err);
+    unpin(m, ws);
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
+    pthread_rwlock_unlock(&m->lock);
+    ps_model_call_end(m);
+    for (int i = 0, o = 0; i < k && rc == PS_OK; o += n[i++]) {   /* each part's own tape */
+        rc = ps_exec_tape_slice(m, big, o, n[i], &tapes[i], err);
+        if (rc == PS_OK && out && out[i]) rc = ps_tape_get_output(m, tapes[i], out[i], err);
+    }
+    if (rc != PS_OK)
+        for (int i = 0; i < k; i++) {
+            ps_tape_free(tapes[i]);
+            tapes[i] = NULL;
+        }
+out:
+    ps_tape_free(big);
+    for (int d = 0; masks && d < nd; d++) free(masks[d]);
+    free(masks);
+    free(xs);
     return rc;
 }
 

@@ -239,6 +239,23 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
                                  const float *const *dropout_masks, uint64_t dropout_seed, float *out,
                                  ps_tape **tape, uint64_t *version_used, ps_err *err);
 
+/* Combined training forwards (psd's batched Forwards, server.batch_wait_ms):
+ * k forwards of stages first..last, part i of n[i] samples at x[i] with
+ * dropout seed seeds[i], computed as one forward of their sum under one
+ * weights version (*version_used); tapes[i] (and out[i] when out and out[i]
+ * are not NULL) receive what ps_model_forward_range(..., x[i], n[i], 1,
+ * NULL, seeds[i], out[i], &tapes[i], ...) would give - the same dropout
+ * masks, each part's own copy of the activations its backward reads, so
+ * its backward gives its own input and parameter gradients - up to
+ * floating-point rounding of the bigger computation. Only runs whose every
+ * node is per-sample (ps_model_can_group); FAILED_PRECONDITION otherwise.
+ * Any error fails the whole group (no tape returned): run the parts alone
+ * to tell whose it was. */
+int ps_model_can_group(const ps_model *m, int first, int last);
+ps_status ps_model_forward_group(ps_model *m, int first, int last, int k, const void *const *x, const int *n,
+                                 const uint64_t *seeds, float *const *out, ps_tape **tapes, uint64_t *version_used,
+                                 ps_err *err);
+
 int ps_tape_first_stage(const ps_tape *t);
 int ps_tape_last_stage(const ps_tape *t);
 /* The forward's output again (host, n x per-sample output of the last

@@ -206,6 +206,32 @@ ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, cons
 ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
                            ps_grads *acc, ps_err *err);
 
+/* An empty tape of stages first..last for n samples (NULL: out of memory). */
+ps_tape *ps_exec_tape_new(ps_model *m, int first, int last, int n);
+/* Bytes of storage id b of stage st for n samples (plain count: a blocked
+ * layout holds as many, sample-major). */
+size_t ps_exec_buf_bytes(const stage *st, int b, int n);
+
+/* ---- combined forwards (exec_group.c) ---- */
+
+/* 1 when every node of stages first..last is per-sample
+ * (ps_layer_per_sample): one training forward over several callers'
+ * samples can be cut into each caller's tape. */
+int ps_exec_group_ok(const ps_model *m, int first, int last);
+/* The dropout masks a training forward of stages first..last on n samples
+ * draws from a stream seeded with seed, in the executor's order, written
+ * at sample offset off of masks[d] (the run's d-th dropout node, as
+ * ps_exec_forward takes them; each of total samples). */
+void ps_exec_group_masks(const ps_model *m, int first, int last, uint64_t seed, int off, int n, int total,
+                         float *const *masks);
+/* Dropout nodes of stages first..last, and the floats of node d's mask for n samples. */
+int ps_exec_group_ndropout(const ps_model *m, int first, int last);
+int64_t ps_exec_group_mask_len(const ps_model *m, int first, int last, int d, int n);
+/* A training tape of samples [off, off + n) of big: its own copies of every
+ * storage and saved state the forward kept, as if the forward had run on
+ * those samples alone. */
+ps_status ps_exec_tape_slice(ps_model *m, const ps_tape *big, int off, int n, ps_tape **out, ps_err *err);
+
 /* Bytes a training tape of stages first..last keeps for n samples (no gradients). */
 size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);
 

@@ -1,0 +1,344 @@
+/* test_batch_forward - batched training Forwards (server.batch_wait_ms):
+ * per-context results equal unbatched ones, through the real service.
+ *
+ * Two in-process services over real gRPC on loopback, each with its own
+ * model built from the same file and seed: A batches training Forwards, B
+ * does not. K trainers (threads, each its own client and context) send A
+ * concurrently a training Forward (seq 1) and then a fused one (seq 2,
+ * targets: the loss and its backward at once); A's batcher is sized to
+ * the K forwards' samples, so each round of K runs as one combined
+ * forward. Then each context's Backward of seq 1 (a gradient that depends
+ * on its output) and its accumulated gradients. The same calls go to B one
+ * context at a time: the unbatched reference. Per context, outputs, losses,
+ * input gradients and every parameter gradient of A must equal B's within
+ * max|diff| <= tol * max|B| (1e-6 on the reference backend, 1e-5 on dnnl),
+ * which also needs each context's own dropout masks (both models have
+ * dropout) and its own parameter gradients (nothing summed across
+ * contexts). Also a run of stages short of the model (mnist_cnn's conv),
+ * int64 ids with a row-sparse gradient (rnn_lm's emb), a group whose one
+ * member is refused (only it gets the error; the others are answered as
+ * unbatched), and that a model with BatchNorm is never combined. */
+#include <grpc/grpc.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model.h"
+#include "ps_client.h"
+#include "rpc_server.h"
+#include "service.h"
+
+#define MAXMSG (64 << 20)
+#define K 3
+
+typedef struct server {
+    ps_model *model;
+    ps_service *svc;
+    ps_rpc_server *srv;
+    char addr[64];
+} server;
+
+static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples) {
+    ps_err err = {0};
+    ps_model_opts mo = {.file = file, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.05f};
+    if (strstr(file, "rnn_lm")) {   /* small: the test is about the slicing, not the size */
+        static const char *keys[] = {"ntoken", "ninp", "nhid"};
+        static const double vals[] = {1000, 32, 32};
+        mo.n_sizes = 3;
+        for (int i = 0; i < 3; i++) {
+            mo.size_key[i] = keys[i];
+            mo.size_value[i] = vals[i];
+        }
+    }
+    memset(sv, 0, sizeof *sv);
+    sv->model = ps_model_create(&mo, &err);
+    CHECK_MSG(sv->model, "%s", err.msg);
+    if (!sv->model) return -1;
+    ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
+                          .batch_wait_ms = wait_ms, .batch_max_samples = max_samples};
+    sv->svc = ps_service_create(sv->model, &so, &err);
+    CHECK_MSG(sv->svc, "%s", err.msg);
+    if (!sv->svc) return -1;
+    int nm;
+    const ps_rpc_method *methods = ps_service_methods(&nm);
+    /* a held forward keeps its handler thread: one per trainer, and one more */
+    sv->srv = ps_rpc_server_create("127.0.0.1:0", K + 1, MAXMSG, methods, nm, sv->svc, &err);
+    CHECK_MSG(sv->srv, "%s", err.msg);
+    if (!sv->srv || ps_rpc_server_start(sv->srv, &err)) return -1;
+    snprintf(sv->addr, sizeof sv->addr, "127.0.0.1:%d", ps_rpc_server_port(sv->srv));
+    return 0;
+}
+
+static void stop(server *sv) {
+    if (sv->srv) ps_rpc_server_free(sv->srv);
+    ps_service_free(sv->svc);
+    ps_model_free(sv->model);
+}
+
+/* What one trainer sends and gets. */
+typedef struct trainer {
+    const char *addr;
+    uint64_t ctx;
+    int n, in_per, out_per;
+    int i64;                /* the input is int64 ids (no input gradient) */
+    const char *stage, *last_stage;
+    void *x;                /* (n, in_per) */
+    int64_t tgt[8];
+    float *out;             /* seq 1's output (n, out_per) */
+    double loss;            /* seq 2's fused loss */
+    float *gin2;            /* seq 2's input gradient */
+    float *gin1;            /* seq 1's input gradient (the Backward) */
+    ps_wire_tensor_list grads;
+    int64_t in_dims[4];
+    int in_ndim;
+    ps_status st;
+    char msg[600];
+} trainer;
+
+static void fail(trainer *t, ps_status st, const ps_err *err, const char *what) {
+    if (t->st) return;
+    t->st = st;
+    snprintf(t->msg, sizeof t->msg, "%s: %s", what, err->msg);
+}
+
+/* The two forwards (seq 1 plain, seq 2 fused) of one trainer. */
+static void *forwards(void *arg) {
+    trainer *t = arg;
+    ps_err err = {0};
+    ps_client *cl = ps_client_create(t->addr, 60000, MAXMSG, &err);
+    if (!cl) { fail(t, PS_ERR_UNAVAILABLE, &err, "client"); return NULL; }
+    ps_client_fwd f = {.ctx = t->ctx, .seq = 1, .rank = (uint32_t)(t->ctx & 0xff), .train = 1,
+                       .stage = t->stage, .last_stage = t->last_stage,
+                       .input = {.dtype = t->i64 ? PS_CLIENT_I64 : PS_CLIENT_F32, .ndim = 1 + t->in_ndim,
+                                 .data = t->x}};
+    f.input.dims[0] = t->n;
+    memcpy(f.input.dims + 1, t->in_dims, sizeof(int64_t) * (size_t)t->in_ndim);
+    ps_client_fwd_out o = {.out = t->out, .out_cap = (int64_t)t->n * t->out_per};
+    ps_status st = ps_client_forward_ex(cl, &f, &o, &err);
+    if (st) fail(t, st, &err, "forward seq 1");
+    f.seq = 2;
+    f.targets = (ps_client_tensor){.dtype = PS_CLIENT_I64, .ndim = 1, .dims = {t->n}, .data = t->tgt};
+    ps_client_fwd_out o2 = {.input_grad = t->i64 ? NULL : t->gin2, .input_grad_cap = (int64_t)t->n * t->in_per};
+    if (!st && (st = ps_client_forward_ex(cl, &f, &o2, &err))) fail(t, st, &err, "fused forward seq 2");
+    t->loss = o2.loss;
+    ps_client_free(cl);
+    return NULL;
+}
+
+/* Seq 1's Backward (d loss / d output = a function of the output) and the
+ * context's gradients. */
+static void backward(trainer *t) {
+    ps_err err = {0};
+    ps_client *cl = ps_client_create(t->addr, 60000, MAXMSG, &err);
+    if (!cl) { fail(t, PS_ERR_UNAVAILABLE, &err, "client"); return; }
+    size_t no = (size_t)t->n * (size_t)t->out_per;
+    float *g = malloc(no * sizeof *g);
+    for (size_t i = 0; i < no; i++) g[i] = 0.25f * t->out[i] - 0.01f * (float)(i % 7);
+    uint32_t seq = 1;
+    ps_client_tensor gt = {.dtype = PS_CLIENT_F32, .ndim = 2, .dims = {t->n, t->out_per}, .data = g};
+    float *gins[1] = {t->gin1};
+    int64_t caps[1] = {(int64_t)t->n * t->in_per};
+    ps_client_bwd b = {.ctx = t->ctx, .n = 1, .seqs = &seq, .grads = &gt, .input_grads = t->i64 ? NULL : gins,
+                       .input_caps = caps};
+    ps_client_step_out so;
+    ps_status st = ps_client_backward_ex(cl, &b, &so, &err);
+    if (st) fail(t, st, &err, "backward seq 1");
+    if (!st && (st = ps_client_get_gradients(cl, t->ctx, &t->grads, &err))) fail(t, st, &err, "get gradients");
+    free(g);
+    ps_client_free(cl);
+}
+
+static void trainer_init(trainer *t, const char *addr, int i, int n, const ps_stage_info *s0, const ps_stage_info *sl,
+                         const char *stage, const char *last_stage) {
+    memset(t, 0, sizeof *t);
+    t->addr = addr;
+    t->stage = stage;
+    t->last_stage = last_stage;
+    t->i64 = s0->in_dtype == PS_DTYPE_I64;
+    t->ctx = 0xba7c000000000100ULL + (uint64_t)i;
+    t->n = n;
+    t->in_ndim = s0->in_ndim;
+    t->in_per = 1;
+    for (int d = 0; d < s0->in_ndim; d++) t->in_per *= (int)(t->in_dims[d] = s0->in_dims[d]);
+    t->out_per = 1;
+    for (int d = 0; d < sl->out_ndim; d++) t->out_per *= (int)sl->out_dims[d];
+    t->x = malloc(sizeof(int64_t) * (size_t)(n * t->in_per));
+    for (int j = 0; j < n * t->in_per; j++) {   /* each trainer its own data */
+        unsigned h = (unsigned)(j + 1) * 2654435761u + (unsigned)i * 40503u;
+        if (t->i64) ((int64_t *)t->x)[j] = h % 1000;
+        else ((float *)t->x)[j] = (float)(h % 2000) / 1000.0f - 1.0f;
+    }
+    for (int j = 0; j < n; j++) t->tgt[j] = (j * 3 + i) % t->out_per;
+    t->out = calloc((size_t)(n * t->out_per), sizeof(float));
+    t->gin1 = calloc((size_t)(n * t->in_per), sizeof(float));
+    t->gin2 = calloc((size_t)(n * t->in_per), sizeof(float));
+    ps_wire_tensor_list_init(&t->grads, (size_t)1 << 30);
+}
+
+static void trainer_free(trainer *t) {
+    free(t->x);
+    free(t->out);
+    free(t->gin1);
+    free(t->gin2);
+    ps_wire_tensor_list_free(&t->grads);
+}
+
+/* max|got - want| <= tol * max|want| */
+static void same(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double mx = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(want[i]));
+    check_array(what, got, want, n, tol * mx, 0);
+}
+
+/* K trainers' forwards (stages stage..last_stage of file's model) on a
+ * batching psd and one at a time on a non-batching one: the same per
+ * context. */
+static void run_model(const char *file, const char *stage, const char *last_stage, const char *backend, double tol) {
+    static const int ns[K] = {2, 3, 5};
+    int total = 0;
+    for (int i = 0; i < K; i++) total += ns[i];
+    server a, b;
+    if (start(&a, file, backend, 10000, total) || start(&b, file, backend, 0, 256)) {
+        stop(&a);
+        return;
+    }
+    int first = stage ? ps_model_find_stage(a.model, stage) : 0;
+    int last = last_stage ? ps_model_find_stage(a.model, last_stage) : stage ? first : ps_model_num_stages(a.model) - 1;
+    const ps_stage_info *s0 = ps_model_stage(a.model, first), *sl = ps_model_stage(a.model, last);
+    CHECK(ps_model_can_group(a.model, first, last));
+    trainer ta[K], tb[K];
+    pthread_t th[K];
+    for (int i = 0; i < K; i++) {
+        trainer_init(&ta[i], a.addr, i, ns[i], s0, sl, stage, last_stage);
+        trainer_init(&tb[i], b.addr, i, ns[i], s0, sl, stage, last_stage);
+    }
+    for (int i = 0; i < K; i++) pthread_create(&th[i], NULL, forwards, &ta[i]);
+    for (int i = 0; i < K; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < K; i++) {   /* the reference: one context at a time */
+        forwards(&tb[i]);
+        backward(&tb[i]);
+        backward(&ta[i]);
+    }
+    uint64_t held, combined;
+    ps_service_batch_stats(a.svc, &held, &combined);
+    CHECK_MSG(held == 2 * K && combined == 2 * K, "%s/%s: %llu forwards held, %llu combined (want %d, %d)", file,
+              backend, (unsigned long long)held, (unsigned long long)combined, 2 * K, 2 * K);
+    ps_service_batch_stats(b.svc, &held, &combined);
+    CHECK(held == 0 && combined == 0);
+    char what[160];
+    for (int i = 0; i < K; i++) {
+        trainer *p = &ta[i], *q = &tb[i];
+        CHECK_MSG(!p->st && !q->st, "trainer %d: %s / %s", i, p->msg, q->msg);
+        if (p->st || q->st) continue;
+        size_t no = (size_t)p->n * (size_t)p->out_per, ni = (size_t)p->n * (size_t)p->in_per;
+        snprintf(what, sizeof what, "%s/%s ctx %d: output", file, backend, i);
+        same(what, p->out, q->out, no, tol);
+        snprintf(what, sizeof what, "%s/%s ctx %d: fused loss", file, backend, i);
+        float pl = (float)p->loss, ql = (float)q->loss;
+        same(what, &pl, &ql, 1, tol);
+        if (!p->i64) {
+            snprintf(what, sizeof what, "%s/%s ctx %d: fused input gradient", file, backend, i);
+            same(what, p->gin2, q->gin2, ni, tol);
+            snprintf(what, sizeof what, "%s/%s ctx %d: input gradient", file, backend, i);
+            same(what, p->gin1, q->gin1, ni, tol);
+        }
+        CHECK(p->grads.n == q->grads.n && p->grads.n > 0);
+        for (size_t j = 0; j < p->grads.n && j < q->grads.n; j++) {
+            snprintf(what, sizeof what, "%s/%s ctx %d: gradient of %s", file, backend, i, q->grads.items[j].name);
+            CHECK(!strcmp(p->grads.items[j].name, q->grads.items[j].name) &&
+                  p->grads.items[j].bytes == q->grads.items[j].bytes);
+            if (p->grads.items[j].bytes == q->grads.items[j].bytes)
+                same(what, p->grads.items[j].data, q->grads.items[j].data, q->grads.items[j].bytes / sizeof(float),
+                     tol);
+        }
+    }
+    /* the contexts' gradients differ from each other (each its own, not a sum) */
+    if (!ta[0].st && !ta[1].st && ta[0].grads.n && ta[1].grads.n)
+        CHECK(memcmp(ta[0].grads.items[0].data, ta[1].grads.items[0].data, ta[0].grads.items[0].bytes) != 0);
+    for (int i = 0; i < K; i++) {
+        trainer_free(&ta[i]);
+        trainer_free(&tb[i]);
+    }
+    stop(&a);
+    stop(&b);
+}
+
+/* Seq 1 alone. */
+static void *forward1(void *arg) {
+    trainer *t = arg;
+    ps_err err = {0};
+    ps_client *cl = ps_client_create(t->addr, 60000, MAXMSG, &err);
+    if (!cl) { fail(t, PS_ERR_UNAVAILABLE, &err, "client"); return NULL; }
+    ps_client_fwd f = {.ctx = t->ctx, .seq = 1, .rank = (uint32_t)(t->ctx & 0xff), .train = 1, .stage = t->stage,
+                       .input = {.dtype = PS_CLIENT_I64, .ndim = 1, .dims = {t->n}, .data = t->x}};
+    ps_client_fwd_out o = {.out = t->out, .out_cap = (int64_t)t->n * t->out_per};
+    ps_status st = ps_client_forward_ex(cl, &f, &o, &err);
+    if (st) fail(t, st, &err, "forward");
+    ps_client_free(cl);
+    return NULL;
+}
+
+/* One member of a group is refused (an id outside the table): the group
+ * fails as a whole, every member runs alone, and only that one gets the
+ * error; the others are answered as without batching. */
+static void bad_member(void) {
+    static const int ns[K] = {2, 3, 5};
+    server a, b;
+    if (start(&a, "configs/models/rnn_lm.yaml", "ref", 10000, 10) ||
+        start(&b, "configs/models/rnn_lm.yaml", "ref", 0, 256)) {
+        stop(&a);
+        return;
+    }
+    int e = ps_model_find_stage(a.model, "emb");
+    const ps_stage_info *s0 = ps_model_stage(a.model, e);
+    trainer ta[K], tb[K];
+    pthread_t th[K];
+    for (int i = 0; i < K; i++) {
+        trainer_init(&ta[i], a.addr, i, ns[i], s0, s0, "emb", NULL);
+        trainer_init(&tb[i], b.addr, i, ns[i], s0, s0, "emb", NULL);
+    }
+    ((int64_t *)ta[1].x)[1] = 5000;   /* ntoken is 1000 */
+    for (int i = 0; i < K; i++) pthread_create(&th[i], NULL, forward1, &ta[i]);
+    for (int i = 0; i < K; i++) pthread_join(th[i], NULL);
+    CHECK_MSG(ta[1].st == PS_ERR_INVALID_ARGUMENT && strstr(ta[1].msg, "5000"), "%d %s", ta[1].st, ta[1].msg);
+    uint64_t held, combined;
+    ps_service_batch_stats(a.svc, &held, &combined);
+    CHECK_MSG(held == K && combined == 0, "%llu held, %llu combined", (unsigned long long)held,
+              (unsigned long long)combined);
+    for (int i = 0; i < K; i += 2) {
+        forward1(&tb[i]);
+        CHECK_MSG(!ta[i].st && !tb[i].st, "%s / %s", ta[i].msg, tb[i].msg);
+        same("a good member of a failed group", ta[i].out, tb[i].out, (size_t)ta[i].n * (size_t)ta[i].out_per, 1e-6);
+    }
+    for (int i = 0; i < K; i++) {
+        trainer_free(&ta[i]);
+        trainer_free(&tb[i]);
+    }
+    stop(&a);
+    stop(&b);
+}
+
+int main(void) {
+    grpc_init();
+    run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
+    run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
+    run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */
+    run_model("configs/models/mnist_cnn.yaml", "conv", NULL, "dnnl", 1e-5); /* a run short of the model */
+    run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "dnnl", 1e-5);
+    bad_member();
+    /* BatchNorm in training couples the samples of a batch: never combined */
+    ps_err err = {0};
+    ps_model_opts mo = {.file = "examples/models/small_resnet.yaml", .cpu_backend = "ref", .seed = 1,
+                        .compute_threads = 1, .lr = 0.1f};
+    ps_model *bn = ps_model_create(&mo, &err);
+    CHECK_MSG(bn, "%s", err.msg);
+    if (bn) {
+        CHECK(!ps_model_can_group(bn, 0, ps_model_num_stages(bn) - 1));
+        ps_model_free(bn);
+    }
+    grpc_shutdown();
+    return check_summary("test_batch_forward");
+}
