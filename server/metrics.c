@@ -227,6 +227,12 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
            "(server.batch_wait_ms), and those of them computed combined with others.");
     put(&b, "psd_batched_forwards_total{ran=\"held\"} %llu\n", (unsigned long long)held);
     put(&b, "psd_batched_forwards_total{ran=\"combined\"} %llu\n", (unsigned long long)combined);
+    ps_service_batch_bwd_stats(m->svc, &held, &combined);
+    family(&b, "psd_batched_backwards_total", "counter", "Training Backwards (and the backward halves of fused "
+           "Forwards) held for company (server.batch_wait_ms, server.batch_backward), and those of them computed "
+           "combined with others.");
+    put(&b, "psd_batched_backwards_total{ran=\"held\"} %llu\n", (unsigned long long)held);
+    put(&b, "psd_batched_backwards_total{ran=\"combined\"} %llu\n", (unsigned long long)combined);
 
     family(&b, "psd_rpcs_total", "counter", "RPCs handled, by method and gRPC status code.");
     for (int i = 0; i < m->n; i++)

@@ -77,6 +77,8 @@ typedef struct ps_service_opts {
                                  for concurrent ones of the same stages to be computed with
                                  (0 = off; svc_batch.c) */
     int batch_max_samples;    /* server.batch_max_samples: samples computed together at most */
+    int batch_backward;       /* server.batch_backward: training Backwards are batched too
+                                 (with batch_wait_ms > 0) */
     ps_cons_opts cons;        /* server.consistency and its keys (consistency.h) */
     ps_rmetrics_opts round_metrics; /* server.metrics_* and stop_* (round_metrics.h; alpha 0:
                                  0.05, round_steps 0: 1) */
@@ -103,6 +105,8 @@ void ps_service_stats(ps_service *s, ps_ctx_stats *ctx, uint64_t *samples);
 /* Batched Forwards (server.batch_wait_ms): training forwards held for
  * company, and those that ran combined with others. */
 void ps_service_batch_stats(ps_service *s, uint64_t *held, uint64_t *combined);
+/* The same for batched Backwards (server.batch_backward). */
+void ps_service_batch_bwd_stats(ps_service *s, uint64_t *held, uint64_t *combined);
 /* The context table: what checkpoints keep of it (checkpoint.h psd.settle). */
 ps_ctx_table *ps_service_contexts(ps_service *s);
 

@@ -74,6 +74,9 @@ struct ps_service {
     int batch_inited;
     uint64_t batch_held;         /* __atomic: forwards handed to the batcher */
     uint64_t batch_combined;     /* __atomic: ... that ran in a combined forward */
+    struct ps_batcher *batcher_bwd; /* batched training Backwards (server.batch_backward); NULL = off */
+    uint64_t bbatch_held;        /* __atomic: backwards handed to it */
+    uint64_t bbatch_combined;    /* __atomic: ... that ran in a combined backward */
 };
 
 /* ---- service.c: helpers the handlers share ---- */
@@ -120,6 +123,12 @@ void svc_batch_stop(ps_service *s);
  * the stages allow it, else alone. */
 ps_status svc_forward_train(ps_service *s, int first, int last, const void *x, int n, uint64_t seed, float *out,
                             ps_tape **tape, uint64_t *version, ps_err *err);
+/* A training backward of tape (ps_model_backward_acc's) into *acc (created
+ * when NULL): combined with concurrent ones of the same stages when
+ * backward batching is on and the stages allow it, else alone. On error
+ * *acc may hold part of it: the caller discards it. */
+ps_status svc_backward_train(ps_service *s, ps_tape *tape, const float *grad_out, float *grad_in, ps_grads **acc,
+                             ps_err *err);
 
 /* ---- svc_forward.c ---- */
 void *svc_exec_main(void *p);   /* the ssp executor thread */

@@ -272,8 +272,7 @@ static ps_status backward_into(ps_service *s, ps_ctx *c, ps_ctx_fwd *f, const ps
         if (!st) *skip = 1;
         return st;
     }
-    if (!*acc && !(*acc = ps_grads_create(s->model, err))) return err->code;
-    ps_status st = ps_model_backward_acc(s->model, f->tape, gdata, gin, *acc, err);
+    ps_status st = svc_backward_train(s, f->tape, gdata, gin, acc, err);   /* batched when on (svc_batch.c) */
     int bad_param = -1;
     int64_t bad_elem = -1;
     int fin = st ? 1 : ps_grads_check_finite(s->model, *acc, &bad_param, &bad_elem);

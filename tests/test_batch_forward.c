@@ -1,5 +1,6 @@
-/* test_batch_forward - batched training Forwards (server.batch_wait_ms):
- * per-context results equal unbatched ones, through the real service.
+/* test_batch_forward - batched training Forwards and Backwards
+ * (server.batch_wait_ms, server.batch_backward): per-context results equal
+ * unbatched ones, through the real service.
  *
  * Two in-process services over real gRPC on loopback, each with its own
  * model built from the same file and seed: A batches training Forwards, B
@@ -7,14 +8,18 @@
  * concurrently a training Forward (seq 1) and then a fused one (seq 2,
  * targets: the loss and its backward at once); A's batcher is sized to
  * the K forwards' samples, so each round of K runs as one combined
- * forward. Then each context's Backward of seq 1 (a gradient that depends
- * on its output) and its accumulated gradients. The same calls go to B one
+ * forward, and the fused forwards' backward halves as one combined
+ * backward. Then every context's Backward of seq 1 (a gradient that depends
+ * on its output), concurrently, again combined into one backward, and its
+ * accumulated gradients (seq 2's and seq 1's). The same calls go to B one
  * context at a time: the unbatched reference. Per context, outputs, losses,
  * input gradients and every parameter gradient of A must equal B's within
  * max|diff| <= tol * max|B| (1e-6 on the reference backend, 1e-5 on dnnl),
  * which also needs each context's own dropout masks (both models have
  * dropout) and its own parameter gradients (nothing summed across
- * contexts). Also a run of stages short of the model (mnist_cnn's conv),
+ * contexts: one context's parameter gradient leaking into another's fails
+ * the comparison). A retried Backward is answered as without batching.
+ * Also a run of stages short of the model (mnist_cnn's conv),
  * int64 ids with a row-sparse gradient (rnn_lm's emb), a group whose one
  * member is refused (only it gets the error; the others are answered as
  * unbatched), and that a model with BatchNorm is never combined. */
@@ -41,7 +46,7 @@ typedef struct server {
     char addr[64];
 } server;
 
-static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples) {
+static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples, int bwd) {
     ps_err err = {0};
     ps_model_opts mo = {.file = file, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.05f};
     if (strstr(file, "rnn_lm")) {   /* small: the test is about the slicing, not the size */
@@ -58,7 +63,7 @@ static int start(server *sv, const char *file, const char *backend, double wait_
     CHECK_MSG(sv->model, "%s", err.msg);
     if (!sv->model) return -1;
     ps_service_opts so = {.context_ttl_s = 60, .max_contexts = 64, .max_message_bytes = MAXMSG,
-                          .batch_wait_ms = wait_ms, .batch_max_samples = max_samples};
+                          .batch_wait_ms = wait_ms, .batch_max_samples = max_samples, .batch_backward = bwd};
     sv->svc = ps_service_create(sv->model, &so, &err);
     CHECK_MSG(sv->svc, "%s", err.msg);
     if (!sv->svc) return -1;
@@ -92,6 +97,7 @@ typedef struct trainer {
     float *gin2;            /* seq 2's input gradient */
     float *gin1;            /* seq 1's input gradient (the Backward) */
     ps_wire_tensor_list grads;
+    ps_status retry_st;     /* the same Backward again */
     int64_t in_dims[4];
     int in_ndim;
     ps_status st;
@@ -147,8 +153,14 @@ static void backward(trainer *t) {
     ps_status st = ps_client_backward_ex(cl, &b, &so, &err);
     if (st) fail(t, st, &err, "backward seq 1");
     if (!st && (st = ps_client_get_gradients(cl, t->ctx, &t->grads, &err))) fail(t, st, &err, "get gradients");
+    if (!st) t->retry_st = ps_client_backward_ex(cl, &b, &so, &err);   /* a retry: answered from the record */
     free(g);
     ps_client_free(cl);
+}
+
+static void *backward_th(void *arg) {
+    backward(arg);
+    return NULL;
 }
 
 static void trainer_init(trainer *t, const char *addr, int i, int n, const ps_stage_info *s0, const ps_stage_info *sl,
@@ -201,7 +213,7 @@ static void run_model(const char *file, const char *stage, const char *last_stag
     int total = 0;
     for (int i = 0; i < K; i++) total += ns[i];
     server a, b;
-    if (start(&a, file, backend, 10000, total) || start(&b, file, backend, 0, 256)) {
+    if (start(&a, file, backend, 10000, total, 1) || start(&b, file, backend, 0, 256, 0)) {
         stop(&a);
         return;
     }
@@ -217,22 +229,30 @@ static void run_model(const char *file, const char *stage, const char *last_stag
     }
     for (int i = 0; i < K; i++) pthread_create(&th[i], NULL, forwards, &ta[i]);
     for (int i = 0; i < K; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < K; i++) pthread_create(&th[i], NULL, backward_th, &ta[i]);
+    for (int i = 0; i < K; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < K; i++) {   /* the reference: one context at a time */
         forwards(&tb[i]);
         backward(&tb[i]);
-        backward(&ta[i]);
     }
     uint64_t held, combined;
     ps_service_batch_stats(a.svc, &held, &combined);
     CHECK_MSG(held == 2 * K && combined == 2 * K, "%s/%s: %llu forwards held, %llu combined (want %d, %d)", file,
               backend, (unsigned long long)held, (unsigned long long)combined, 2 * K, 2 * K);
+    ps_service_batch_bwd_stats(a.svc, &held, &combined);   /* the fused ones' and seq 1's */
+    CHECK_MSG(held == 2 * K && combined == 2 * K, "%s/%s: %llu backwards held, %llu combined (want %d, %d)", file,
+              backend, (unsigned long long)held, (unsigned long long)combined, 2 * K, 2 * K);
     ps_service_batch_stats(b.svc, &held, &combined);
+    CHECK(held == 0 && combined == 0);
+    ps_service_batch_bwd_stats(b.svc, &held, &combined);
     CHECK(held == 0 && combined == 0);
     char what[160];
     for (int i = 0; i < K; i++) {
         trainer *p = &ta[i], *q = &tb[i];
         CHECK_MSG(!p->st && !q->st, "trainer %d: %s / %s", i, p->msg, q->msg);
         if (p->st || q->st) continue;
+        CHECK_MSG(p->retry_st == q->retry_st && q->retry_st != PS_OK, "ctx %d: a retried Backward: %d (want %d)", i,
+                  p->retry_st, q->retry_st);
         size_t no = (size_t)p->n * (size_t)p->out_per, ni = (size_t)p->n * (size_t)p->in_per;
         snprintf(what, sizeof what, "%s/%s ctx %d: output", file, backend, i);
         same(what, p->out, q->out, no, tol);
@@ -287,8 +307,8 @@ static void *forward1(void *arg) {
 static void bad_member(void) {
     static const int ns[K] = {2, 3, 5};
     server a, b;
-    if (start(&a, "configs/models/rnn_lm.yaml", "ref", 10000, 10) ||
-        start(&b, "configs/models/rnn_lm.yaml", "ref", 0, 256)) {
+    if (start(&a, "configs/models/rnn_lm.yaml", "ref", 10000, 10, 1) ||
+        start(&b, "configs/models/rnn_lm.yaml", "ref", 0, 256, 0)) {
         stop(&a);
         return;
     }

@@ -290,8 +290,9 @@ typedef struct ps_backend_ops {
      * -> y (n,cout,oh,ow); either form of ps_conv_desc. */
     ps_status (*conv2d_forward)(void *impl, const ps_conv_desc *d, const float *x,
                                 const float *w, const float *b, float *y, ps_err *err);
-    /* From dy (n,cout,oh,ow): dx (may be NULL), dw, db (may be NULL: no
-     * bias). */
+    /* From dy (n,cout,oh,ow): dx, dw, db, each may be NULL: not computed
+     * (db NULL: no bias; dw NULL: a combined backward's input gradients
+     * only, exec_group.c). */
     ps_status (*conv2d_backward)(void *impl, const ps_conv_desc *d, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw,
                                  float *db, ps_err *err);
@@ -338,7 +339,8 @@ typedef struct ps_backend_ops {
                                     const float *dy, int64_t nrows, float *grows, ps_err *err);
     /* x *= s elementwise (averaging accumulated gradients). */
     ps_status (*scale)(void *impl, int64_t count, float *x, float s, ps_err *err);
-    /* dx (n,in; may be NULL), dw (out,in), db (out) from dy (n,out). */
+    /* dx (n,in), dw (out,in), db (out) from dy (n,out); each may be NULL:
+     * not computed. */
     ps_status (*linear_backward)(void *impl, const ps_linear_desc *d, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw,
                                  float *db, ps_err *err);

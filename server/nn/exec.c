@@ -555,6 +555,7 @@ typedef struct pending {
     float *dense[PS_MODEL_MAX_STAGES];  /* this tape's stage gradients */
     int fresh[PS_MODEL_MAX_STAGES];     /* dense[s] becomes acc's block (acc had none) */
     ps_rows *rows;                      /* per parameter */
+    const ps_bwd_parts *parts;          /* a combined backward: parameter gradients go to each part's own */
 } pending;
 
 static void pending_free(ps_model *m, pending *p) {
@@ -679,11 +680,15 @@ static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, c
         for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
         ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
                            .buf = bw, .saved = &ts->saved[l], .train = 1, .dy = dy, .dxs = dxs, .dx = dxs[0]};
-        for (int j = 0; j < ly->nparams; j++) {
-            if (ly->param[j].sparse) c.rows = &pd->rows[st->slots[l].param[j]];
-            else c.dw[j] = pd->dense[s] + st->slots[l].g_off[j];
+        if (pd->parts && ly->nparams) {   /* input gradients at once, parameter gradients part by part */
+            rc = ps_exec_group_node_backward(st, &c, l, s, pd->parts, err);
+        } else {
+            for (int j = 0; j < ly->nparams; j++) {
+                if (ly->param[j].sparse) c.rows = &pd->rows[st->slots[l].param[j]];
+                else c.dw[j] = pd->dense[s] + st->slots[l].g_off[j];
+            }
+            rc = ly->kind->backward(&c, err);
         }
-        rc = ly->kind->backward(&c, err);
     }
     for (int i = 0; i < ly->nin; i++) {   /* deliver_input takes each dx over, even when it fails */
         if (!dxs[i]) continue;
@@ -755,29 +760,13 @@ static ps_status commit(ps_model *m, ps_grads *acc, pending *p, int first, int l
     return rc;
 }
 
-ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
-                           ps_grads *acc, ps_err *err) {
-    if (!t || t->m != m || !acc || acc->m != m)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
-    tape_weights(t, ws);   /* the weights now, not the forward's (model.h) */
-    if (!t->train) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "an eval forward keeps no tape");
+/* The backward pass of t's stages from grad_out (host) into p, and d loss /
+ * d input into grad_in (host) when not NULL. */
+static ps_status backward_pass(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, pending *p,
+                               ps_err *err) {
     stage *s0 = &m->stages[t->first];
-    if (grad_in && s0->info.in_dtype != PS_DTYPE_F32)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
-                          s0->def->name, ps_dtype_name(s0->info.in_dtype));
     int n = t->n;
-    acc->sq_valid = 0;   /* its cached norm (grads.c) */
-    pending p = {0};
-    p.rows = calloc((size_t)m->nparams + 1, sizeof *p.rows);
-    if (!p.rows) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     ps_status rc = PS_OK;
-    for (int s = t->first; s <= t->last && rc == PS_OK; s++) {
-        stage *st = &m->stages[s];
-        if (!st->ngrads) continue;
-        p.fresh[s] = acc->dense[s] == NULL;
-        p.dense[s] = ps_backend_alloc_floats(st->be, st->ngrads);
-        if (!p.dense[s]) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
-    }
     void *carry = NULL;
     int carry_owned = 0;
     stage *carry_stage = NULL;
@@ -805,7 +794,7 @@ ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float 
             }   /* else same memory space: hand over */
         }
         carry_stage = st;
-        if (rc == PS_OK) rc = stage_backward(m, t, s, &carry, &carry_owned, s > t->first || grad_in, &p, err);
+        if (rc == PS_OK) rc = stage_backward(m, t, s, &carry, &carry_owned, s > t->first || grad_in, p, err);
     }
     if (rc == PS_OK && grad_in) {
         ps_shape tmp;
@@ -813,8 +802,118 @@ ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float 
                                        act_bytes(ps_stage_in_shape(s0, &tmp), PS_DTYPE_F32, n), err);
     }
     if (carry_owned && carry) ps_backend_release(carry_stage->be, carry);
+    return rc;
+}
+
+/* p's dense blocks for t's stages (what a backward writes its parameter
+ * gradients into), fresh where acc has none yet. */
+static ps_status pending_alloc(ps_model *m, const ps_tape *t, const ps_grads *acc, pending *p, ps_err *err) {
+    p->rows = calloc((size_t)m->nparams + 1, sizeof *p->rows);
+    if (!p->rows) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int s = t->first; s <= t->last; s++) {
+        stage *st = &m->stages[s];
+        if (!st->ngrads) continue;
+        p->fresh[s] = acc->dense[s] == NULL;
+        p->dense[s] = ps_backend_alloc_floats(st->be, st->ngrads);
+        if (!p->dense[s]) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+    }
+    return PS_OK;
+}
+
+ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
+                           ps_grads *acc, ps_err *err) {
+    if (!t || t->m != m || !acc || acc->m != m)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
+    tape_weights(t, ws);   /* the weights now, not the forward's (model.h) */
+    if (!t->train) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "an eval forward keeps no tape");
+    stage *s0 = &m->stages[t->first];
+    if (grad_in && s0->info.in_dtype != PS_DTYPE_F32)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
+                          s0->def->name, ps_dtype_name(s0->info.in_dtype));
+    acc->sq_valid = 0;   /* its cached norm (grads.c) */
+    pending p = {0};
+    ps_status rc = pending_alloc(m, t, acc, &p, err);
+    if (rc == PS_OK) rc = backward_pass(m, t, grad_out, grad_in, &p, err);
     if (rc == PS_OK) rc = commit(m, acc, &p, t->first, t->last, err);
     if (rc == PS_OK) rc = ps_grads_record(m, acc, t, err);   /* BatchNorm's batch statistics, for the step */
     pending_free(m, &p);
+    return rc;
+}
+
+/* ------------------------------------------------------ combined backward */
+
+ps_status ps_exec_backward_group(ps_model *m, const wset *ws, int k, ps_tape *const *tapes,
+                                 const float *const *grad_out, float *const *grad_in, ps_grads *const *accs,
+                                 ps_err *err) {
+    for (int i = 0; i < k; i++) {
+        if (!tapes[i] || tapes[i]->m != m || !accs[i] || accs[i]->m != m)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "tape or gradients of another model");
+        for (int j = 0; j < i; j++)
+            if (accs[j] == accs[i]) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "two parts share gradients");
+    }
+    ps_tape *big = NULL;
+    ps_status rc = ps_exec_tape_concat(m, tapes, k, &big, err);   /* same run, training, per-sample: checked */
+    if (rc != PS_OK) return rc;
+    tape_weights(big, ws);
+    stage *s0 = &m->stages[big->first], *sl = &m->stages[big->last];
+    ps_shape tmp;
+    int64_t in_per = ps_shape_numel(ps_stage_in_shape(s0, &tmp)), out_per = ps_shape_numel(&ps_stage_out_layer(sl)->outs);
+    int want_in = 0;
+    for (int i = 0; i < k; i++) want_in |= grad_in[i] != NULL;
+    if (want_in && s0->info.in_dtype != PS_DTYPE_F32) {
+        ps_tape_free(big);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
+                          s0->def->name, ps_dtype_name(s0->info.in_dtype));
+    }
+    int *off = calloc((size_t)k, sizeof *off), *cnt = calloc((size_t)k, sizeof *cnt);
+    float **dense = calloc((size_t)k * PS_MODEL_MAX_STAGES, sizeof *dense);
+    ps_rows **rows = calloc((size_t)k, sizeof *rows);
+    float *gout = malloc((size_t)(big->n * out_per) * sizeof(float) + 1);
+    float *gin = want_in ? malloc((size_t)(big->n * in_per) * sizeof(float) + 1) : NULL;
+    pending p = {0};
+    ps_bwd_parts parts = {k, off, cnt, dense, rows};
+    p.parts = &parts;
+    if (!off || !cnt || !dense || !rows || !gout || (want_in && !gin))
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining %d backwards", k);
+    for (int i = 0, o = 0; i < k && rc == PS_OK; o += tapes[i++]->n) {   /* each part: d output, its gradients */
+        off[i] = o;
+        cnt[i] = tapes[i]->n;
+        memcpy(gout + (size_t)o * (size_t)out_per, grad_out[i], (size_t)(cnt[i] * out_per) * sizeof(float));
+        if (!(rows[i] = calloc((size_t)m->nparams + 1, sizeof *rows[i])))
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        for (int s = big->first; s <= big->last && rc == PS_OK; s++) {
+            stage *st = &m->stages[s];
+            if (st->ngrads && !(dense[i * PS_MODEL_MAX_STAGES + s] = ps_backend_alloc_floats(st->be, st->ngrads)))
+                rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for gradients");
+        }
+    }
+    if (rc == PS_OK) rc = backward_pass(m, big, gout, gin, &p, err);
+    for (int i = 0; i < k && rc == PS_OK; i++) {   /* each part's input gradient and its own parameter gradients */
+        if (grad_in[i]) memcpy(grad_in[i], gin + (size_t)off[i] * (size_t)in_per, (size_t)(cnt[i] * in_per) * sizeof(float));
+        pending pi = {0};
+        for (int s = big->first; s <= big->last; s++) {
+            pi.dense[s] = dense[i * PS_MODEL_MAX_STAGES + s];
+            pi.fresh[s] = accs[i]->dense[s] == NULL;
+        }
+        pi.rows = rows[i];
+        accs[i]->sq_valid = 0;
+        rc = commit(m, accs[i], &pi, big->first, big->last, err);
+        for (int s = big->first; s <= big->last; s++) dense[i * PS_MODEL_MAX_STAGES + s] = pi.dense[s];   /* not taken */
+        if (rc == PS_OK) rc = ps_grads_record(m, accs[i], tapes[i], err);
+    }
+    for (int i = 0; dense && rows && i < k; i++) {
+        pending pi = {0};
+        for (int s = 0; s < m->nstages; s++) pi.dense[s] = dense[i * PS_MODEL_MAX_STAGES + s];
+        pi.rows = rows[i];
+        pending_free(m, &pi);
+    }
+    pending_free(m, &p);
+    free(off);
+    free(cnt);
+    free(dense);
+    free(rows);
+    free(gout);
+    free(gin);
+    ps_tape_free(big);
     return rc;
 }

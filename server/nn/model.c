@@ -374,6 +374,21 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
     return rc;
 }
 
+ps_status ps_model_backward_group(ps_model *m, int k, ps_tape *const *tapes, const float *const *grad_out,
+                                  float *const *grad_in, ps_grads *const *accs, ps_err *err) {
+    if (k < 1) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "no backward to combine");
+    ps_model_call_begin(m, 0);
+    ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    int64_t t0 = ps_prof_begin();
+    wset *ws = pin(m, NULL);
+    ps_status rc = ps_exec_backward_group(m, ws, k, tapes, grad_out, grad_in, accs, err);
+    unpin(m, ws);
+    ps_prof_end(PS_PHASE_COMPUTE, t0);
+    pthread_rwlock_unlock(&m->lock);
+    ps_model_call_end(m);
+    return rc;
+}
+
 /* ------------------------------------------------- checkpoint support */
 
 const ps_optim_spec *ps_model_optim(const ps_model *m) { return &m->optim; }

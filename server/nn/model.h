@@ -285,6 +285,22 @@ void ps_grads_free(ps_grads *g);
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err);
 
+/* Combined training backwards (psd's batched Backwards, server.batch_wait_ms
+ * with server.batch_backward): k tapes of one run of stages, each with its
+ * d loss / d output grad_out[i], as one backward - one pass over the
+ * concatenated output gradients computes every part's input gradient
+ * (grad_in[i], NULL: not wanted), while each part's parameter gradients
+ * are computed from its own samples alone and ADDED into its own accs[i]
+ * (distinct accumulators): what ps_model_backward_acc of each tape would
+ * give, up to floating-point rounding. The tapes need not come from one
+ * combined forward. Only runs whose every node is per-sample
+ * (ps_model_can_group); FAILED_PRECONDITION otherwise. Any error fails the
+ * whole group, and some accs may already hold their part's gradients:
+ * pass fresh accumulators, discard them on error and run the parts alone
+ * to tell whose it was. The tapes stay valid. */
+ps_status ps_model_backward_group(ps_model *m, int k, ps_tape *const *tapes, const float *const *grad_out,
+                                  float *const *grad_in, ps_grads *const *accs, ps_err *err);
+
 /* Parameter param's accumulated gradient, dense (numel floats; zero where
  * nothing was accumulated). */
 ps_status ps_grads_get(ps_model *m, const ps_grads *g, int param, float *host_dst, ps_err *err);

@@ -232,6 +232,47 @@ int64_t ps_exec_group_mask_len(const ps_model *m, int first, int last, int d, in
  * those samples alone. */
 ps_status ps_exec_tape_slice(ps_model *m, const ps_tape *big, int off, int n, ps_tape **out, ps_err *err);
 
+/* Training tapes of one run of stages, laid side by side: a tape of
+ * their samples together (part i's at the offset of the parts before it)
+ * with copies of every storage and saved state they kept, as if one
+ * forward had run on all of them (the inverse of ps_exec_tape_slice).
+ * FAILED_PRECONDITION unless they cover the same stages, are training
+ * tapes and every node is per-sample. */
+ps_status ps_exec_tape_concat(ps_model *m, ps_tape *const *parts, int k, ps_tape **out, ps_err *err);
+
+/* A combined backward's parts: part i is samples [off[i], off[i] + n[i])
+ * of the combined tape; its parameter gradients go to its own blocks,
+ * dense[i * PS_MODEL_MAX_STAGES + s] (stage s's, ngrads floats) and
+ * rows[i][p] (row-sparse parameter p). */
+typedef struct ps_bwd_parts {
+    int k;
+    const int *off, *n;
+    float **dense;
+    ps_rows **rows;
+} ps_bwd_parts;
+
+/* Node l (stage s, index s of the model) of a combined backward, a node
+ * with parameters: c is its call over every part's samples (dy, inputs,
+ * output and saved state of the combined tape; dxs the input gradients
+ * wanted, or NULL). Computes the input gradients in one call of the
+ * kind's backward with no parameter gradient, then each part's parameter
+ * gradients from its slice alone (a call with no input gradient), so no
+ * part's parameter gradient holds another part's samples. */
+ps_status ps_exec_group_node_backward(stage *st, const ps_layer_call *c, int l, int s, const ps_bwd_parts *parts,
+                                      ps_err *err);
+
+/* Backward of k training tapes of one run of stages as one (psd's batched
+ * Backwards, model.h ps_model_backward_group): the tapes laid side by
+ * side (ps_exec_tape_concat), one backward pass over the concatenated
+ * d outputs computing every input gradient at once, and each part's
+ * parameter gradients from its own samples (ps_exec_group_node_backward),
+ * added into accs[i] (distinct). grad_in[i] NULL: part i's input gradient
+ * is not wanted. On error some accs may hold their part's gradients
+ * already: pass fresh accumulators and discard them on error. */
+ps_status ps_exec_backward_group(ps_model *m, const wset *ws, int k, ps_tape *const *tapes,
+                                 const float *const *grad_out, float *const *grad_in, ps_grads *const *accs,
+                                 ps_err *err);
+
 /* Bytes a training tape of stages first..last keeps for n samples (no gradients). */
 size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);
 
