@@ -13,7 +13,7 @@
 #                   design and local loop, the FMA peak, and test perplexity vs PyTorch over 3 seeds (~18 min)
 #   make bench-cluster  MNIST and the LM on 1, 2 and 3 psd servers: rate, bytes per link, CPU-s per server
 #   make bench-trainers psd's CPU per sample and call latency at 1, 2, 4, 8, 16 trainers (bench/trainers.sh)
-#   make bench-batching the same at 4 and 8 trainers with batched Forwards off and on (bench/batching.sh)
+#   make bench-batching 8 trainers with batching off / Forwards / Forwards+Backwards (bench/batching.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
 #                   the model-file loader, the ONNX import
@@ -329,7 +329,8 @@ bench-trainers: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) bench/trainers.sh
-# The same with batched training Forwards off and on (server.batch_wait_ms; for information on CPU).
+# The same with batched training calls off, Forwards only, Forwards and Backwards, alternately
+# (server.batch_wait_ms, server.batch_backward; 8 trainers; for information on CPU).
 bench-batching: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/fetch-mnist.sh data/mnist

@@ -1,27 +1,96 @@
 #!/usr/bin/env bash
-# bench/batching.sh - batched training Forwards (server.batch_wait_ms, issue 22
-# item 4) on and off: bench/trainers.sh twice, the same trainer counts, psd
-# started with server.threads raised so that every trainer's Forward can be
-# held at once (a held Forward keeps its handler thread), first without
-# batching, then with it. For information on CPU (one bigger forward is not
-# cheaper per sample there; the target is a GPU's launches); the same
-# script on a lent GPU with model.placement on cuda:0 is the GPU figure.
+# bench/batching.sh - batched training Forwards and Backwards
+# (server.batch_wait_ms, server.batch_backward; issue 22 item 4): the same
+# trainers against psd three ways - batching off, Forwards only, Forwards
+# and Backwards - each bench/trainers.sh with psd started with
+# server.threads raised so that every trainer's call can be held at once (a
+# held call keeps its handler thread). The modes alternate REPEAT times (off,
+# fwd, fwd+bwd, off, ...) so that load drifting during the run hits all of
+# them; the summary prints per mode the median samples/s and psd's CPU per
+# sample (utime + stime over the samples, which other load disturbs less)
+# and each against batching off; first bench_group, the same combined
+# against alone in psd's compute only. For information on CPU (one bigger
+# computation is not cheaper per sample there; the target is a GPU's
+# launches); the same script on a lent GPU with model.placement on cuda:0 is
+# the GPU figure.
 #
-#   bench/batching.sh                          4 and 8 trainers, 3 rounds each
-#   TRAINERS="8 16" WAIT_MS=2 bench/batching.sh
+#   bench/batching.sh                          8 trainers, 3 rounds a mode, twice
+#   TRAINERS="4 8" WAIT_MS=2 REPEAT=1 bench/batching.sh
 #   PLACE="--set model.placement.conv=cuda:0 --set model.placement.fc=cuda:0" bench/batching.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${OUT:-$BUILD/bench-results/batching-$(date +%Y%m%d-%H%M%S)}
-export TRAINERS=${TRAINERS:-4 8} RUNS=${RUNS:-3} BUILD
+export TRAINERS=${TRAINERS:-8} RUNS=${RUNS:-3} BUILD
 WAIT_MS=${WAIT_MS:-2}
+REPEAT=${REPEAT:-2}
 max=0
 for n in $TRAINERS; do [ "$n" -gt "$max" ] && max=$n; done
 threads=$(( max + 2 )); [ "$threads" -gt 64 ] && threads=64
-for mode in off on; do
-  wait=0; [ "$mode" = on ] && wait=$WAIT_MS
-  echo "== batched Forwards $mode (server.batch_wait_ms=$wait, server.threads=$threads)"
-  OUT="$OUT/$mode" PSD_ARGS="--set server.threads=$threads --set server.batch_wait_ms=$wait ${PLACE:-}" \
-    bench/trainers.sh
+mkdir -p "$OUT"
+echo "== batched training calls off / Forwards / Forwards+Backwards ($TRAINERS trainers, server.batch_wait_ms=$WAIT_MS," \
+     "server.threads=$threads, $REPEAT x alternately; load $(cut -d' ' -f1-3 /proc/loadavg))"
+# psd's compute alone (no RPC, no waiting): 8 parts of 32 alone vs combined, in one process; then the
+# same with glibc's mmap threshold raised (some of a combined call's buffers of 256 samples are above glibc's
+# largest dynamic threshold, 32 MB, so each is a fresh mmap whose pages fault in on every call)
+"$BUILD/bench/bench_group" --parts 8 --batch 32 --reps "${GROUP_REPS:-5}" 2>/dev/null | tee "$OUT/group.txt"
+echo "  the same with MALLOC_MMAP_THRESHOLD_=1073741824 (buffers reused by malloc):"
+MALLOC_MMAP_THRESHOLD_=1073741824 "$BUILD/bench/bench_group" --parts 8 --batch 32 --reps "${GROUP_REPS:-5}" \
+  2>/dev/null | tail -n 3 | tee -a "$OUT/group.txt"
+for rep in $(seq 1 "$REPEAT"); do
+  for mode in off fwd both; do
+    case $mode in
+      off)  args="--set server.batch_wait_ms=0" ;;
+      fwd)  args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=false" ;;
+      both) args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=true" ;;
+    esac
+    echo "-- $mode (round $rep): $args"
+    OUT="$OUT/$mode-$rep" PSD_ARGS="--set server.threads=$threads $args ${PLACE:-}" bench/trainers.sh
+  done
 done
+/usr/bin/python3 - "$OUT" "$TRAINERS" "$REPEAT" <<'PYEOF' | tee "$OUT/batching.txt"
+import glob, os, re, statistics, sys
+out, counts, rep = sys.argv[1], [int(x) for x in sys.argv[2].split()], int(sys.argv[3])
+names = {"off": "batching off", "fwd": "Forwards batched", "both": "Forwards+Backwards batched"}
+res, comb = {}, {}
+for mode in names:
+    for r in range(1, rep + 1):
+        p = os.path.join(out, f"{mode}-{r}", "trainers.txt")
+        if not os.path.exists(p):
+            continue
+        for line in open(p):
+            f = line.split()
+            if len(f) > 3 and f[0].isdigit():
+                res.setdefault((mode, int(f[0])), []).append((float(f[1]), float(f[2])))
+        for n in counts:   # psd's batching counters at the end of its last round
+            snaps = sorted(glob.glob(os.path.join(out, f"{mode}-{r}", "trainers", f"n{n}-r*-snap1.txt")))
+            if not snaps:
+                continue
+            c = {}
+            for line in open(snaps[-1]):
+                m = re.match(r'psd_batched_(\w+)_total\{ran="(\w+)"\} (\S+)', line)
+                if m:
+                    c[(m.group(1), m.group(2))] = float(m.group(3))
+            comb.setdefault((mode, n), []).append(c)
+print("batched training calls, psd + N bench_trainer (MNIST batch 32, Forward + Backward + Step); medians over")
+print("the alternated repeats of each mode's median round; x off: the same figure over batching off's")
+print(f"{'trainers':>8} {'mode':<28} {'samples/s':>10} {'x off':>6} {'psd CPU us/sample':>18} {'x off':>6}"
+      f"  {'combined: Forwards':>18} {'Backwards':>10}")
+for n in counts:
+    base = res.get(("off", n))
+    for mode, name in names.items():
+        v = res.get((mode, n))
+        if not v:
+            continue
+        sps, cpu = statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
+        rs = rc = ""
+        if base:
+            rs = f"{sps / statistics.median(x[0] for x in base):.2f}"
+            rc = f"{cpu / statistics.median(x[1] for x in base):.2f}"
+        share = []
+        for kind in ("forwards", "backwards"):   # of the held calls, over every repeat
+            h = sum(c.get((kind, "held"), 0) for c in comb.get((mode, n), []))
+            k = sum(c.get((kind, "combined"), 0) for c in comb.get((mode, n), []))
+            share.append(f"{100 * k / h:.0f} %" if h else "-")
+        print(f"{n:>8} {name:<28} {sps:>10.0f} {rs:>6} {cpu:>18.1f} {rc:>6}  {share[0]:>18} {share[1]:>10}")
+PYEOF

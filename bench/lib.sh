@@ -8,8 +8,8 @@
 #     (t: CLOCK_MONOTONIC-like seconds (/proc/uptime); runq_s: time psd's
 #     threads spent runnable but waiting for a CPU (schedstat); ctxsw:
 #     voluntary + involuntary switches of its threads) followed by its
-#     /metrics lines psd_call_phase_* and psd_samples_total (the phase
-#     accounting, server.profile). Two snapshots give the cost of what ran
+#     /metrics lines psd_call_phase_*, psd_samples_total (the phase
+#     accounting, server.profile) and psd_batched_* (batched calls). Two snapshots give the cost of what ran
 #     between them, whatever else the machine ran.
 #   wait_psd ADDR                    until a TCP connect to ADDR succeeds (10 s)
 #   lm_flop_per_token                the FLOPs one training token of rnn_lm at
@@ -34,7 +34,7 @@ psd_snap() {
     cat /proc/"$pid"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf " runq_s=%.6f", w / 1e9}'
     cat /proc/"$pid"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {printf " ctxsw=%d\n", s}'
     if [ -n "$maddr" ]; then
-      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total' || true
+      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total|^psd_batched_' || true
     fi
   } >"$out"
 }

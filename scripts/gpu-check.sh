@@ -3,8 +3,9 @@
 # one GPU and 16 cores; see docs/gpu.md):
 #   1. build with CUDA (nvcc on PATH or in /usr/local/cuda/bin) and check
 #      that psd says "CUDA: built";
-#   2. run the GPU tests (test_cuda_layers, test_cuda_step): here a skip is
-#      a failure, since a GPU is expected;
+#   2. run the GPU tests (test_cuda_layers, test_cuda_step, and
+#      test_batch_forward's cuda:0 part): here a skip is a failure, since a
+#      GPU is expected;
 #   3. train one epoch with two trainers three times and print samples/s:
 #        cpu    : conv cpu,    fc cpu    (the CPU figure)
 #        cuda   : conv cuda:0, fc cuda:0 (device-to-device stage boundary)
@@ -67,6 +68,19 @@ for t in test_cuda_layers test_cuda_step; do
   fi
 done
 grep -h "rel err" /tmp/gpu-check-test_cuda_step.log | sort -k4 -g | tail -n 3 | sed 's/^/gpu-check:   worst: /' || true
+# batched training Forwards and Backwards (issue 22 item 4): per-context
+# results on cuda:0 equal unbatched ones within 1e-5; its "cuda: skipped"
+# is a failure here
+set +e
+"$BUILD/tests/test_batch_forward" >/tmp/gpu-check-test_batch_forward.log 2>&1
+rc=$?
+set -e
+if [ $rc -ne 0 ] || ! grep -q "^cuda:0: batched" /tmp/gpu-check-test_batch_forward.log; then
+  grep -v "ps\[info\]" /tmp/gpu-check-test_batch_forward.log | tail -n 30
+  fail "test_batch_forward on cuda:0 (exit $rc, log /tmp/gpu-check-test_batch_forward.log)"
+else
+  say "PASS test_batch_forward (cuda:0 included): $(tail -n 1 /tmp/gpu-check-test_batch_forward.log)"
+fi
 
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
