@@ -31,12 +31,14 @@ mkdir -p "$OUT"
 echo "== batched training calls off / Forwards / Forwards+Backwards ($TRAINERS trainers, server.batch_wait_ms=$WAIT_MS," \
      "server.threads=$threads, $REPEAT x alternately; load $(cut -d' ' -f1-3 /proc/loadavg))"
 # psd's compute alone (no RPC, no waiting): 8 parts of 32 alone vs combined, in one process; then the
-# same with glibc's mmap threshold raised (some of a combined call's buffers of 256 samples are above glibc's
-# largest dynamic threshold, 32 MB, so each is a fresh mmap whose pages fault in on every call)
+# same with glibc told to keep freed memory (a combined call's working set, ~8 x a batch-32 step's, is
+# more than the dnnl backend's buffer pool keeps, 64 MB, so its big buffers are fresh mmaps whose pages
+# fault in on every call)
+keep="MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000"
 "$BUILD/bench/bench_group" --parts 8 --batch 32 --reps "${GROUP_REPS:-5}" 2>/dev/null | tee "$OUT/group.txt"
-echo "  the same with MALLOC_MMAP_THRESHOLD_=1073741824 (buffers reused by malloc):"
-MALLOC_MMAP_THRESHOLD_=1073741824 "$BUILD/bench/bench_group" --parts 8 --batch 32 --reps "${GROUP_REPS:-5}" \
-  2>/dev/null | tail -n 3 | tee -a "$OUT/group.txt"
+echo "  the same with $keep:"
+env $keep "$BUILD/bench/bench_group" --parts 8 --batch 32 --reps "${GROUP_REPS:-5}" 2>/dev/null | tail -n 3 |
+  tee -a "$OUT/group.txt"
 for rep in $(seq 1 "$REPEAT"); do
   for mode in off fwd both; do
     case $mode in
