@@ -22,7 +22,9 @@
 #                                    the CPU per token: psd's (utime + stime while
 #                                    the trainers ran) and the trainers' (their
 #                                    training loops), which load disturbs less
-#                                    than tokens/s
+#                                    than tokens/s, and psd's wait for the
+#                                    weights locks (its phase counters) per
+#                                    Step and in all calls per token
 
 bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
 
@@ -61,7 +63,8 @@ lm_tokens() {
   local mode=$1 k=$2 windows=$3 data=$4 dir=$5 port
   port=$(bench_port)
   mkdir -p "$dir"
-  "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" 2>"$dir/psd-$mode-$k.log" &
+  "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
+    2>"$dir/psd-$mode-$k.log" &
   local psd=$! pids=() r psd_cpu0
   wait_psd "127.0.0.1:$port" || true
   psd_cpu0=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
@@ -75,6 +78,7 @@ lm_tokens() {
   for p in "${pids[@]}"; do wait "$p" || fail=1; done
   local psd_cpu1
   psd_cpu1=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
+  curl -sf "http://127.0.0.1:$((port + 1))/metrics" >"$dir/metrics-$mode-$k.txt" 2>/dev/null || true
   kill -TERM "$psd"; wait "$psd" || true
   if [ "$fail" != 0 ]; then
     echo "lm_tokens: a trainer failed ($mode, $k trainers); see $dir/lm-$mode-$k-t*.log" >&2
@@ -84,5 +88,14 @@ lm_tokens() {
     /samples in/ { s += $3 } /CPU .* in the training loop/ { c += $4 }
     END { printf "psd_us_tok=%.1f trainer_us_tok=%.1f\n", s ? (p1 - p0) * 1e6 / s : 0, s ? c * 1e6 / s : 0 }' \
     >"$dir/cpu-$mode-$k.txt"
+  # psd's lock waits (phase "lock"): per Step, and over every call per token
+  local toks
+  toks=$(cat "$dir"/lm-"$mode"-"$k"-t*.log | awk '/samples in/ { s += $3 } END { print s + 0 }')
+  awk -v n="$toks" '
+    /^psd_call_phase_seconds_total\{method="Step",phase="lock"\}/ { sl = $2 }
+    /^psd_call_phase_seconds_total\{.*phase="lock"\}/ { al += $2 }
+    /^psd_call_phase_calls_total\{method="Step"\}/ { sc = $2 }
+    END { printf "step_lock_ms=%.2f lock_us_tok=%.1f\n", sc ? sl * 1e3 / sc : 0, n ? al * 1e6 / n : 0 }' \
+    "$dir/metrics-$mode-$k.txt" >"$dir/lock-$mode-$k.txt"
   cat "$dir"/lm-"$mode"-"$k"-t*.log | awk '/samples in/ { s += $3; if ($6 > t) t = $6 } END { printf "%.0f", s / t }'
 }

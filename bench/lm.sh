@@ -12,7 +12,8 @@
 # (bench/lm_quality.sh, ~15 min at LM_STEPS=100; LM_QUALITY=0 skips it).
 # Beside each psd configuration, the CPU per token of psd (while the trainers
 # ran) and of the trainers (their training loops): figures load disturbs
-# less than tokens/s. The fused mode also runs with oneDNN capped to AVX2
+# less than tokens/s; and the time psd's calls waited for the weights locks
+# (its phase counters): per Step, and over all calls per token. The fused mode also runs with oneDNN capped to AVX2
 # and SSE4.1 (LM_ISAS, "" skips), each against its own ISA's FMA peak.
 #   WINDOWS=40 RPC_WINDOWS=8 LM_STEPS=100 bench/lm.sh
 set -euo pipefail
@@ -46,14 +47,17 @@ echo "$fma"
 # CPUs measured together are printed beside (lower when other jobs run)
 peak=$(echo "$fma" | sed 's/.*CPUs) \([0-9.]*\) GFLOP.*/\1/')
 peak_all=$(echo "$fma" | sed 's/.*together \([0-9.]*\) GFLOP.*/\1/')
-cpu_of() {  # mode trainers -> psd's and the trainers' CPU us per token (bench/lib.sh lm_tokens)
-  sed 's/psd_us_tok=\([0-9.]*\) trainer_us_tok=\([0-9.]*\)/\1, \2/' "$out/cpu-$1-$2.txt" 2>/dev/null || echo "?"
+cpu_of() {  # mode trainers [dir] -> psd's and the trainers' CPU us per token, psd's lock waits (bench/lib.sh lm_tokens)
+  local d=${3:-$out}
+  printf "%s   %s" "$(sed 's/psd_us_tok=\([0-9.]*\) trainer_us_tok=\([0-9.]*\)/\1, \2/' "$d/cpu-$1-$2.txt" 2>/dev/null || echo "?")" \
+    "$(sed 's/step_lock_ms=\([0-9.]*\) lock_us_tok=\([0-9.]*\)/\1 ms, \2 us/' "$d/lock-$1-$2.txt" 2>/dev/null || echo "?")"
 }
 row() {  # name tokens/s
   printf "%-32s %10s %10.2f %10.1f %%\n" "$1" "$2" "$(awk -v a="$2" -v f="$flop" 'BEGIN{print a*f/1e9}')" \
     "$(awk -v a="$2" -v f="$flop" -v p="$peak" 'BEGIN{print 100*a*f/1e9/p}')"
 }
-printf "%-32s %10s %10s %12s   %s\n" "configuration" "tokens/s" "GFLOP/s" "% of peak" "CPU us/token: psd, trainers"
+printf "%-32s %10s %10s %12s   %s   %s\n" "configuration" "tokens/s" "GFLOP/s" "% of peak" "CPU us/token: psd, trainers" \
+  "psd's lock wait: per Step, per token"
 declare -A tps
 for mode in fused logits; do
   for k in 1 2; do
@@ -75,7 +79,7 @@ for isa in ${LM_ISAS-AVX2 SSE41}; do
   f=$(ONEDNN_MAX_CPU_ISA=$isa "$BUILD/bench/fma_peak")
   p=$(echo "$f" | sed 's/.*CPUs) \([0-9.]*\) GFLOP.*/\1/')
   t=$(ONEDNN_MAX_CPU_ISA=$isa lm_tokens fused 2 "$WINDOWS" "$DATA" "$out/$isa")
-  awk -v a="$t" -v f="$flop" -v p="$p" -v isa="$isa" -v c="$(sed 's/psd_us_tok=\([0-9.]*\) trainer_us_tok=\([0-9.]*\)/\1, \2/' "$out/$isa/cpu-fused-2.txt")" \
+  awk -v a="$t" -v f="$flop" -v p="$p" -v isa="$isa" -v c="$(cpu_of fused 2 "$out/$isa")" \
     'BEGIN { g = a * f / 1e9; printf "%-32s %10s %10.2f %10.1f %%   %s   (peak %.1f GFLOP/s)\n", "psd + 2, fused, ONEDNN_MAX_CPU_ISA=" isa, a, g, 100 * g / p, c, p }'
 done
 rm -rf "$out"

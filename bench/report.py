@@ -92,9 +92,10 @@ def lm_table(d):
     print("8. Language model (rnn_lm, configs/rnn_lm.yaml), fused decoder, psd + 2 ps-train lm trainers; FLOPs per")
     print(f"   token {int(rows[0]['flop_per_token']):,} (forward + backward of the trainers' 2-layer LSTM and psd's"
           f" decoder, as bench/lm.sh counts); peak = one core's FMA rate x {ncpu} CPUs (fma_peak, same ISA)")
-    print("   CPU us/token: psd's (while the trainers ran) + the trainers' (their loops), which load disturbs less")
+    print("   CPU us/token: psd's (while the trainers ran) + the trainers' (their loops), which load disturbs less;")
+    print("   Step lock: psd's wait for the weights locks per Step (phase counters)")
     print(f"   {'ISA':<28} {'tokens/s':>9} {'GFLOP/s':>8} {'peak GFLOP/s':>13} {'% of peak':>10}   target (issue 22)"
-          f"   CPU us/token psd + trainers")
+          f"   CPU us/token psd + trainers   Step lock")
     for k in rows:
         tps, flop = float(k["tokens_s"]), float(k["flop_per_token"])
         isa, peak = k["isa"], peaks.get(k["isa"])
@@ -104,7 +105,8 @@ def lm_table(d):
             share = 100 * g / (peak * ncpu)
             met = 'MET' if share >= 50 else 'NOT MET'
             print(f"   {name:<28} {tps:>9.0f} {g:>8.2f} {peak * ncpu:>13.1f} {share:>9.1f}%   >= 50%: {met:<7}"
-                  f"   {k.get('psd_us_tok', '?')} + {k.get('trainer_us_tok', '?')}")
+                  f"   {k.get('psd_us_tok', '?')} + {k.get('trainer_us_tok', '?')}"
+                  f"{'':>17}{k.get('step_lock_ms', '?')} ms")
         else:
             print(f"   {name:<28} {tps:>9.0f} {g:>8.2f} {'?':>13} {'?':>10}   (no FMA peak measured for {isa})")
 

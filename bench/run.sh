@@ -85,7 +85,7 @@ lm_fused() {  # label
   tps=$(lm_tokens fused 2 "$LM_WINDOWS" "$LM_DATA" "$OUT/lm-$1") \
     || { echo "bench: the language model's run failed ($1); logs in $OUT/lm-$1" >&2; return 0; }
   echo "lm label=$1 isa=$isa mode=fused trainers=2 windows=$LM_WINDOWS tokens_s=$tps flop_per_token=$(lm_flop_per_token)" \
-    "$(cat "$OUT/lm-$1/cpu-fused-2.txt" 2>/dev/null)" \
+    "$(cat "$OUT/lm-$1/cpu-fused-2.txt" "$OUT/lm-$1/lock-fused-2.txt" 2>/dev/null | tr '\n' ' ')" \
     | tee -a "$OUT/lm.txt"
 }
 

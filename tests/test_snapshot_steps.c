@@ -8,11 +8,18 @@
  *     at the version the forward reports (a forward that read weights of
  *     two versions, or a half-written copy, would match neither);
  *  3. model snapshots taken during steps hold one version's weights;
- *  4. set_param (an administrative write, exclusive) and a row-sparse
- *     model (always in place) still work.
+ *  4. set_param (an administrative write, exclusive) still works;
+ *  5. a model with a row-sparse parameter (rnn_lm: the embedding stage
+ *     steps in place under rows_lock, the decoder and the LSTM's block in
+ *     copies): the same gradients give bit-identical weights and versions
+ *     as in place, and forwards over the embedding and the decoder
+ *     together, over the decoder alone, over the whole table, and model
+ *     snapshots, taken while
+ *     steps run, each match the in-place model at one version.
  * The in-place model is the reference: it runs the same kernels on the
  * same weights one call at a time. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +117,179 @@ static void *snapshots(void *p) {
         s->version[s->n++] = v;
     }
     return NULL;
+}
+
+/* ---- 5: rnn_lm (ninp = nhid so emb..decoder chain as one run) ---- */
+#define LM_V 1000
+#define LM_W 32      /* ninp = nhid */
+#define LM_IDS 64
+
+static ps_model *make_lm(int snapshots) {
+    /* Adam (SparseAdam for the rows): per-row and dense optimizer state */
+    static const ps_optim_spec adam = {.kind = PS_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 3, .optim = &adam,
+                       .snapshot_steps = snapshots, .compute_threads = 1, .n_sizes = 4,
+                       .size_key = {"ntoken", "ninp", "nhid", "dropout"}, .size_value = {LM_V, LM_W, LM_W, 0}};
+    ps_err err = {0};
+    ps_model *m = ps_model_create(&o, &err);
+    CHECK_MSG(m != NULL, "rnn_lm: %s", err.msg);
+    return m;
+}
+
+/* Ids of window k: spread over the table, some repeated. */
+static void lm_ids(int k, int64_t *ids) {
+    for (int i = 0; i < LM_IDS; i++) ids[i] = ((int64_t)k * 131 + (int64_t)i * 37 * (i % 3 + 1)) % LM_V;
+}
+
+/* Every row once, in an order of k's. */
+static void lm_all_ids(int k, int64_t *ids) {
+    for (int i = 0; i < LM_V; i++) ids[i] = ((int64_t)k * 131 + (int64_t)i * 7) % LM_V;
+}
+
+/* Gradient k: the embedding's rows (every row, so a step writes the whole
+ * table and a reader racing it would see it half-written) from a training
+ * forward and backward of stage emb, plus random dense gradients for every other parameter (the
+ * decoder's and the LSTM's, as PushGradients adds them). */
+static ps_grads *lm_grads_k(ps_model *m, int k) {
+    ps_err err = {0};
+    int emb = ps_model_find_stage(m, "emb");
+    int64_t ids[LM_V];
+    lm_all_ids(k, ids);
+    rng r = {0x51ed27ULL * (uint64_t)(k + 3)};
+    float *gout = host_random((size_t)LM_V * LM_W, &r);
+    ps_tape *t = NULL;
+    ps_grads *g = ps_grads_create(m, &err);
+    OKE(ps_model_forward_range(m, emb, emb, ids, LM_V, 1, NULL, 1, NULL, &t, NULL, &err));
+    OKE(ps_model_backward_acc(m, t, gout, NULL, g, &err));
+    ps_tape_free(t);
+    free(gout);
+    for (int i = 0; g && i < ps_model_num_params(m); i++) {
+        if (ps_model_param(m, i)->sparse) continue;
+        int64_t n = ps_model_param(m, i)->numel;
+        float *h = host_random((size_t)n, &r);
+        for (int64_t j = 0; j < n; j++) h[j] *= 0.1f;
+        OKE(ps_grads_add_dense(m, g, i, h, &err));
+        free(h);
+    }
+    return g;
+}
+
+/* Eval forwards of stages first..last while steps run, each compared at
+ * once with the in-place model's output at the version it reports. */
+typedef struct lm_fwd {
+    ps_model *m;
+    int first, last;
+    const void *x;             /* nx ids or nx x LM_W floats */
+    int nx;
+    size_t ob;                 /* output bytes */
+    float *const *ref;         /* per version: the in-place model's output */
+    int stop, n, bad, failed;  /* __atomic */
+} lm_fwd;
+
+static void *lm_forwards(void *p) {
+    lm_fwd *f = p;
+    ps_err err = {0};
+    float *out = malloc(f->ob);
+    while (out && !__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+        uint64_t v = 0;
+        if (ps_model_forward_range(f->m, f->first, f->last, f->x, f->nx, 0, NULL, 0, out, NULL, &v, &err) != PS_OK) {
+            f->failed = 1;
+            break;
+        }
+        if (v > STEPS || memcmp(out, f->ref[v], f->ob)) f->bad++;
+        __atomic_add_fetch(&f->n, 1, __ATOMIC_RELEASE);
+    }
+    free(out);
+    __atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);   /* done: nobody waits for more */
+    return NULL;
+}
+
+/* Until the forward thread has finished 2 more calls (so one began after
+ * the last step) or stopped: every version is read by some forward, however
+ * the threads are scheduled. */
+static void lm_wait_more(lm_fwd *f) {
+    int n0 = __atomic_load_n(&f->n, __ATOMIC_ACQUIRE);
+    while (__atomic_load_n(&f->n, __ATOMIC_ACQUIRE) < n0 + 2 && !__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE))
+        sched_yield();
+}
+
+static void lm_part(void) {
+    ps_err err = {0};
+    ps_model *in = make_lm(0), *sn = make_lm(1);
+    int emb = in ? ps_model_find_stage(in, "emb") : -1, dec = in ? ps_model_find_stage(in, "decoder") : -1;
+    CHECK(emb >= 0 && dec == emb + 1);
+    if (!in || !sn || emb < 0 || dec != emb + 1) { ps_model_free(in); ps_model_free(sn); return; }
+    int64_t nw = ps_model_num_weights(in);
+    int64_t ids[LM_IDS], all[LM_V];
+    lm_ids(1000, ids);
+    lm_all_ids(1000, all);
+    rng r = {77};
+    float *h = host_random((size_t)LM_IDS * LM_W, &r);
+    const size_t ob = (size_t)LM_IDS * LM_V * sizeof(float);
+    const size_t eb = (size_t)LM_V * LM_W * sizeof(float);
+    float *ref_w[STEPS + 1], *ref_both[STEPS + 1], *ref_dec[STEPS + 1], *ref_emb[STEPS + 1];
+    for (int s = 0; s <= STEPS; s++) {
+        if (s > 0) {
+            ps_grads *g = lm_grads_k(in, s);
+            uint64_t v = 0;
+            OKE(ps_model_step_grads(in, g, &v, &err));
+            CHECK(v == (uint64_t)s);
+            ps_grads_free(g);
+        }
+        ref_w[s] = all_weights(in);
+        ref_both[s] = malloc(ob);
+        ref_dec[s] = malloc(ob);
+        OKE(ps_model_forward_range(in, emb, dec, ids, LM_IDS, 0, NULL, 0, ref_both[s], NULL, NULL, &err));
+        OKE(ps_model_forward_range(in, dec, dec, h, LM_IDS, 0, NULL, 0, ref_dec[s], NULL, NULL, &err));
+        ref_emb[s] = malloc(eb);
+        OKE(ps_model_forward_range(in, emb, emb, all, LM_V, 0, NULL, 0, ref_emb[s], NULL, NULL, &err));
+    }
+    lm_fwd f[3] = {{.m = sn, .first = emb, .last = dec, .x = ids, .nx = LM_IDS, .ob = ob, .ref = ref_both},
+                   {.m = sn, .first = dec, .last = dec, .x = h, .nx = LM_IDS, .ob = ob, .ref = ref_dec},
+                   {.m = sn, .first = emb, .last = emb, .x = all, .nx = LM_V, .ob = eb, .ref = ref_emb}};
+    snap_log sl;
+    memset(&sl, 0, sizeof sl);
+    sl.m = sn;
+    pthread_t th[4];
+    for (int t = 0; t < 3; t++) CHECK(pthread_create(&th[t], NULL, lm_forwards, &f[t]) == 0);
+    CHECK(pthread_create(&th[3], NULL, snapshots, &sl) == 0);
+    int same_w = 1;
+    for (int s = 1; s <= STEPS; s++) {
+        for (int t = 0; t < 3; t++) lm_wait_more(&f[t]);
+        ps_grads *g = lm_grads_k(sn, s);
+        uint64_t v = 0;
+        OKE(ps_model_step_grads(sn, g, &v, &err));
+        CHECK(v == (uint64_t)s);
+        ps_grads_free(g);
+        float *now = all_weights(sn);
+        same_w &= memcmp(now, ref_w[s], (size_t)nw * sizeof(float)) == 0;
+        free(now);
+    }
+    for (int t = 0; t < 3; t++) lm_wait_more(&f[t]);
+    CHECK_MSG(same_w, "rnn_lm: snapshot steps (embedding in place) changed the weights differently from in-place "
+              "steps");
+    for (int t = 0; t < 3; t++) __atomic_store_n(&f[t].stop, 1, __ATOMIC_RELEASE);
+    sl.stop = 1;
+    for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+    const char *what[3] = {"emb..decoder", "decoder", "emb (every row)"};
+    for (int t = 0; t < 3; t++) {
+        CHECK(!f[t].failed);
+        CHECK(f[t].n >= 2 * (STEPS + 1));
+        CHECK_MSG(f[t].bad == 0, "rnn_lm: %d of %d %s forwards during steps match no single version", f[t].bad,
+                  f[t].n, what[t]);
+        printf("test_snapshot_steps: rnn_lm, %d %s forwards during %d steps, %d not one version\n", f[t].n,
+               what[t], STEPS, f[t].bad);
+    }
+    int sbad = 0;
+    for (int i = 0; i < sl.n; i++) {
+        if (sl.version[i] > STEPS || memcmp(sl.w[i], ref_w[sl.version[i]], (size_t)nw * sizeof(float))) sbad++;
+        free(sl.w[i]);
+    }
+    CHECK_MSG(sbad == 0, "rnn_lm: %d of %d snapshots hold no single version", sbad, sl.n);
+    for (int s = 0; s <= STEPS; s++) { free(ref_w[s]); free(ref_both[s]); free(ref_dec[s]); free(ref_emb[s]); }
+    free(h);
+    ps_model_free(in);
+    ps_model_free(sn);
 }
 
 int main(void) {
@@ -213,41 +393,7 @@ int main(void) {
     CHECK(moved > 0);
     free(zero);
     free(got);
-    /* a model with an embedding table steps in place (and still steps) */
-    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 3, .lr = 0.1f, .snapshot_steps = 1,
-                       .n_sizes = 3, .size_key = {"ntoken", "ninp", "nhid"}, .size_value = {50, 8, 8}};
-    ps_model *lm = ps_model_create(&o, &err);
-    CHECK_MSG(lm != NULL, "%s", err.msg);
-    if (lm) {
-        size_t pb = (size_t)ps_model_param(lm, 0)->numel * sizeof(float);
-        float *before = malloc(pb), *after = malloc(pb);
-        OKE(ps_model_get_param(lm, 0, before, &err));
-        int64_t ids[2] = {0, 1};
-        float out[2 * 4096];
-        ps_tape *t = NULL;
-        int emb = ps_model_find_stage(lm, "emb");
-        if (emb >= 0) {
-            const ps_stage_info *si = ps_model_stage(lm, emb);
-            int64_t per = 1;
-            for (int d = 0; d < si->out_ndim; d++) per *= si->out_dims[d];
-            float *gout = calloc((size_t)(2 * per), sizeof *gout);
-            for (int64_t j = 0; j < 2 * per; j++) gout[j] = 1.0f;
-            OKE(ps_model_forward_range(lm, emb, emb, ids, 2, 1, NULL, 1, per <= 4096 ? out : NULL, &t, NULL, &err));
-            ps_grads *ge = ps_grads_create(lm, &err);
-            OKE(ps_model_backward_acc(lm, t, gout, NULL, ge, &err));
-            uint64_t v = 0;
-            OKE(ps_model_step_grads(lm, ge, &v, &err));
-            CHECK(v == 1);
-            OKE(ps_model_get_param(lm, 0, after, &err));
-            CHECK(memcmp(before, after, pb) != 0);
-            ps_grads_free(ge);
-            ps_tape_free(t);
-            free(gout);
-        }
-        free(before);
-        free(after);
-        ps_model_free(lm);
-    }
+    lm_part();
 
     for (int s = 0; s <= STEPS; s++) { free(ref_w[s]); free(ref_out[s]); }
     free(x);

@@ -57,9 +57,28 @@ void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOM
  * applies the optimizer there, and publishes it with the new version under
  * wmu: the running calls finish with the copy they pinned, the next ones
  * see the new version. Steps run one at a time (step_mu); the optimizer
- * state has one copy, which only steps touch. Row-sparse parameters
- * (embedding tables, up to millions of rows updated a few rows at a time)
- * are not worth a copy per step: a model with any steps in place. */
+ * state has one copy, which only steps touch.
+ *
+ * Row-sparse parameters (embedding tables, up to millions of rows updated
+ * a few rows at a time) are not worth a copy per step: a stage holding
+ * one is "in place" (stage.inplace) - it has a single copy, which every
+ * set points to - and rows_lock guards it. A call whose stages include an
+ * in-place one holds rows_lock shared from before it pins a copy until it
+ * unpins it; a snapshot step writes the dense stages into its spare copy
+ * first, then takes rows_lock exclusively, updates the in-place stages'
+ * rows and publishes the copy and the version, and releases it. So a call
+ * reading an in-place stage sees that stage at the version of the copy it
+ * pinned, and calls on the other stages (the LM's decoder) never wait for
+ * a step. A model without snapshots steps every stage in place under the
+ * exclusive weights lock. */
+
+/* 1 when a snapshot step writes one of stages first..last in place: the
+ * call holds rows_lock shared around its pin (see above). */
+static int reads_inplace(const ps_model *m, int first, int last) {
+    for (int s = first; m->ninplace && s <= last; s++)
+        if (m->stages[s].inplace) return 1;
+    return 0;
+}
 
 /* The current copy, pinned; *version: the version it holds. */
 static wset *pin(ps_model *m, uint64_t *version) {
@@ -141,10 +160,13 @@ static ps_status copy_buffer_out(ps_model *m, const wset *ws, int i, void *host_
 
 ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    int rows = reads_inplace(m, m->bloc[i].stage, m->bloc[i].stage);
     pthread_rwlock_rdlock(&m->lock);
+    if (rows) pthread_rwlock_rdlock(&m->rows_lock);
     wset *ws = pin(m, NULL);
     ps_status rc = copy_buffer_out(m, ws, i, host_dst, err);
     unpin(m, ws);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
@@ -190,11 +212,14 @@ uint64_t ps_model_version(const ps_model *m) {
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
     stage *st = &m->stages[m->loc[i].stage];
+    int rows = reads_inplace(m, m->loc[i].stage, m->loc[i].stage);
     pthread_rwlock_rdlock(&m->lock);
+    if (rows) pthread_rwlock_rdlock(&m->rows_lock);
     wset *ws = pin(m, NULL);
     ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, ws->w[m->loc[i].stage] + m->loc[i].off,
                                              (size_t)m->params[i].numel * sizeof(float), err);
     unpin(m, ws);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     return rc;
 }
@@ -272,8 +297,10 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_rng_seed(&rng, dropout_seed);
     /* One shared acquisition for the whole call: one weights version, even
      * for an eval forward run in slices (bounded memory). */
+    int rows = reads_inplace(m, first, last);
     ps_model_call_begin(m, 0);
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, version_used);
     int slice = train || m->eval_whole ? n : EVAL_SLICE;
@@ -285,6 +312,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     }
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
@@ -334,13 +362,16 @@ ps_status ps_model_forward_group(ps_model *m, int first, int last, int k, const 
     }
     ps_rng unused;
     ps_rng_seed(&unused, 0);
+    int rows = reads_inplace(m, first, last);
     ps_model_call_begin(m, 0);
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, version_used);
     rc = ps_exec_forward(m, ws, first, last, xs, total, 1, 1, (const float *const *)masks, &unused, NULL, &big, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     for (int i = 0, o = 0; i < k && rc == PS_OK; o += n[i++]) {   /* each part's own tape */
@@ -362,13 +393,16 @@ out:
 
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
+    int rows = t && t->m == m && reads_inplace(m, t->first, t->last);
     ps_model_call_begin(m, 0);
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, NULL);
     ps_status rc = ps_exec_backward(m, ws, t, grad_out, grad_in, acc, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;

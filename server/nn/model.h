@@ -28,6 +28,9 @@
  *    With snapshot_steps the guarantee is the same without the waiting: a
  *    step computes the next version in a copy of the weights and publishes
  *    it at once; calls already running finish on the version they began.
+ *    A stage with a row-sparse parameter (an embedding table) is not
+ *    copied: a step writes its rows in place while calls reading that
+ *    stage are held off, so only they wait (model.c, "Snapshot steps").
  *    Steps of different trainers interleave asynchronously: a context's
  *    gradient is computed against the weights current at its Backward, which
  *    may be a few steps newer than those its Forward used.
@@ -62,10 +65,12 @@ typedef struct ps_model_opts {
     uint64_t seed;                 /* initial weights and dropout streams */
     int snapshot_steps;            /* 1: a step writes the next weights into a copy and
                                       publishes it, so forwards and backwards never wait
-                                      for a step nor a step for them (models without
-                                      row-sparse parameters; up to 4 copies of the
-                                      weights); 0: steps update in place under the
-                                      exclusive lock (see "Consistency" above) */
+                                      for a step nor a step for them (up to 4 copies of
+                                      the weights; a stage with a row-sparse parameter
+                                      has one copy, stepped in place, and only calls
+                                      reading that stage wait for a step writing it);
+                                      0: steps update in place under the exclusive lock
+                                      (see "Consistency" above) */
     int compute_threads;           /* thread budget (0 = online CPUs): each forward or
                                       backward runs on budget / (the most calls
                                       computing at once in the last second) threads,

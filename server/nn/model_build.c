@@ -51,6 +51,7 @@ void ps_model_free(ps_model *m) {
                 ps_backend_release(st->be, st->bufw);
             }
             for (int k = 0; k < m->nsets; k++) {
+                if (k > 0 && st->inplace) break;   /* one copy, shared by every set */
                 ps_backend_release(st->be, m->sets[k].w[s]);
                 ps_backend_release(st->be, m->sets[k].bufw[s]);
             }
@@ -78,6 +79,7 @@ void ps_model_free(ps_model *m) {
     pthread_rwlock_destroy(&m->lock);
     pthread_mutex_destroy(&m->version_mu);
     pthread_mutex_destroy(&m->wmu);
+    pthread_rwlock_destroy(&m->rows_lock);
     pthread_cond_destroy(&m->wcv);
     pthread_mutex_destroy(&m->step_mu);
     free(m);
@@ -483,6 +485,7 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
     /* Steps must not starve behind a stream of forwards. */
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&m->lock, &attr);
+    pthread_rwlock_init(&m->rows_lock, &attr);
     pthread_rwlockattr_destroy(&attr);
     pthread_mutex_init(&m->version_mu, NULL);
     pthread_mutex_init(&m->wmu, NULL);
@@ -628,7 +631,12 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
         m->sets[0].bufw[s] = m->stages[s].bufw;
     }
     m->nsets = 1;
-    m->snapshots = o->snapshot_steps && !m->nsparse && !shapes_only;
+    m->snapshots = o->snapshot_steps && !shapes_only;
+    for (int i = 0; m->snapshots && i < m->nparams; i++)   /* row-sparse stages step in place */
+        if (m->params[i].sparse && !m->stages[m->loc[i].stage].inplace) {
+            m->stages[m->loc[i].stage].inplace = 1;
+            m->ninplace++;
+        }
     if (list_def_params(m, seq, hosted, err) != PS_OK) goto fail;
     ghosts_free(ghost);
     for (int i = 0; i < m->nparams; i++)

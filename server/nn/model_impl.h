@@ -74,6 +74,8 @@ typedef struct stage {
     float *state[PS_OPTIM_MAX_STATE]; /* (nweights) each: the optimizer's state buffers laid out
                                          as w, the model's nstate of them (NULL beyond) */
     int dropout_base;        /* model-wide index of the stage's first dropout node */
+    int inplace;             /* snapshot steps: the stage has a row-sparse parameter, so it has one
+                                copy, shared by every wset, stepped in place under rows_lock */
     ps_stage_info info;
 } stage;
 
@@ -142,6 +144,9 @@ struct ps_model {
     pthread_mutex_t wmu;     /* cur, nsets, the copies' refs */
     pthread_cond_t wcv;      /* a copy was released */
     pthread_mutex_t step_mu; /* snapshot steps one at a time */
+    pthread_rwlock_t rows_lock; /* snapshot steps: the in-place stages' weights - shared by calls that
+                                   read one, exclusive while a step writes them and publishes */
+    int ninplace;            /* stages with inplace set */
     wset sets[PS_WSETS];     /* sets[cur] is the current copy (= each stage's w, bufw) */
     int nsets, cur;
     pthread_mutex_t version_mu;

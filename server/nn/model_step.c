@@ -169,10 +169,16 @@ static wset *spare_copy(ps_model *m) {
     memset(ws, 0, sizeof *ws);
     for (int s = 0; s < m->nstages; s++) {
         stage *st = &m->stages[s];
+        if (st->inplace) {   /* one copy, which every set shares (model.c, "Snapshot steps") */
+            ws->w[s] = m->sets[0].w[s];
+            ws->bufw[s] = m->sets[0].bufw[s];
+            continue;
+        }
         ws->w[s] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1);
         ws->bufw[s] = ps_backend_alloc_floats(st->be, st->nbufw ? st->nbufw : 1);
         if (!ws->w[s] || !ws->bufw[s]) {
             for (int k = 0; k <= s; k++) {
+                if (m->stages[k].inplace) continue;
                 ps_backend_release(m->stages[k].be, ws->w[k]);
                 ps_backend_release(m->stages[k].be, ws->bufw[k]);
             }
@@ -205,12 +211,27 @@ static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad 
     const wset *cur = &m->sets[m->cur];   /* steady: only steps change cur */
     for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
         stage *st = &m->stages[s];
+        if (st->inplace) continue;   /* written in place below */
         if (st->nweights) rc = ps_stage_copy(st, next->w[s], cur->w[s], st->nweights, err);
         if (rc == PS_OK && st->nbufw) rc = ps_stage_copy(st, next->bufw[s], cur->bufw[s], st->nbufw, err);
     }
-    int wrote = 0;
-    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
+    int wrote = 0, rows = 0;
+    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {   /* the copy's stages: nobody reads them yet */
         if (!pg[i].dense && !pg[i].rows) continue;
+        if (m->stages[m->loc[i].stage].inplace) { rows = 1; continue; }
+        rc = update_param(m, i, &pg[i], next->w, err);
+        wrote = 1;
+    }
+    if (rc == PS_OK && (rows || (fp->nlayers && m->ninplace))) {   /* the in-place stages: their readers held off */
+        ps_prof_end(PS_PHASE_COMPUTE, t0);   /* the wait counts as lock, not compute */
+        ps_prof_wrlock(&m->rows_lock, PS_PHASE_LOCK);
+        t0 = ps_prof_begin();
+        rows = 1;
+    } else {
+        rows = 0;
+    }
+    for (int i = 0; rows && i < m->nparams && rc == PS_OK; i++) {
+        if ((!pg[i].dense && !pg[i].rows) || !m->stages[m->loc[i].stage].inplace) continue;
         rc = update_param(m, i, &pg[i], next->w, err);
         wrote = 1;
     }
@@ -231,6 +252,7 @@ static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad 
         pthread_mutex_unlock(&m->version_mu);
         pthread_mutex_unlock(&m->wmu);
     }
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
 out:
     if (version) *version = ps_model_version(m);
