@@ -411,13 +411,21 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
 ps_status ps_model_backward_group(ps_model *m, int k, ps_tape *const *tapes, const float *const *grad_out,
                                   float *const *grad_in, ps_grads *const *accs, ps_err *err) {
     if (k < 1) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "no backward to combine");
+    /* like ps_model_backward_acc: an in-place (row-sparse) stage is read
+     * under rows_lock; every tape of a group covers the same stages, and
+     * ps_exec_backward_group refuses one that does not */
+    int rows = 0;
+    for (int i = 0; i < k; i++)
+        if (tapes[i] && tapes[i]->m == m && reads_inplace(m, tapes[i]->first, tapes[i]->last)) rows = 1;
     ps_model_call_begin(m, 0);
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
+    if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, NULL);
     ps_status rc = ps_exec_backward_group(m, ws, k, tapes, grad_out, grad_in, accs, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
+    if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
     ps_model_call_end(m);
     return rc;
