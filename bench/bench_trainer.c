@@ -21,10 +21,12 @@
  * compute (client encode/decode + transport + psd's decode and reply):
  *   probe <Forward|Backward|Step> <total_us>
  * and at the end (also to stdout):
- *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s>
+ *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s> probe_s=<s> cpu_s=<s>
  * t_start/t_end are CLOCK_MONOTONIC seconds (one clock for all processes
  * of the machine), so a driver can compute the combined throughput of
- * concurrent trainers.
+ * concurrent trainers. cpu_s: this process's CPU-seconds (user + system, all
+ * threads, gRPC's included) over the timed batches, probes left out: what a
+ * trainer costs per sample, which load changes far less than wall time.
  *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
  *                      [--batch-size B] [--fuse-step] [--probe] [--data DIR] [--out FILE]
@@ -34,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,6 +45,14 @@
 #include "mnist.h"
 #include "rpc.h"
 #include "wire.h"
+
+/* This process's CPU (all threads: user + system), seconds. */
+static double cpu_now(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
 
 typedef struct timing {
     double ser, call;
@@ -132,9 +143,9 @@ int main(int argc, char **argv) {
         usleep(100 * 1000);
     }
     long nb = data.n / (uint32_t)bs, samples = 0;
-    double t_start = 0, t_probe = 0;
+    double t_start = 0, t_probe = 0, cpu_start = 0, cpu_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
-        if (b == warmup) t_start = ps_mono_s();
+        if (b == warmup) { t_start = ps_mono_s(); cpu_start = cpu_now(); }
         double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
         uint64_t ctx = ctx_base | (uint64_t)(b + 1);
@@ -196,7 +207,7 @@ int main(int argc, char **argv) {
         if (out) fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
         samples += bs;
         if (probe) {
-            double p0 = ps_mono_s();
+            double p0 = ps_mono_s(), c0 = cpu_now();
             timing tp[3];
             ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
             pq.context_id = 0;
@@ -220,6 +231,7 @@ int main(int argc, char **argv) {
                 fprintf(out, "probe Forward %.1f\nprobe Backward %.1f\nprobe Step %.1f\n", (tp[0].ser + tp[0].call) * 1e6,
                         (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
             t_probe += ps_mono_s() - p0;
+            cpu_probe += cpu_now() - c0;
         }
         if (out) {
             fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
@@ -228,10 +240,12 @@ int main(int argc, char **argv) {
             if (!fuse) fprintf(out, "rpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
         }
     }
-    double t_end = ps_mono_s();
-    char line[256];
-    snprintf(line, sizeof line, "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f\n",
-             rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe);
+    double t_end = ps_mono_s(), cpu_end = cpu_now();
+    char line[320];
+    snprintf(line, sizeof line,
+             "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f cpu_s=%.4f\n",
+             rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe,
+             cpu_end - cpu_start - cpu_probe);
     fputs(line, stdout);
     if (out) fputs(line, out);
     rc = 0;

@@ -166,6 +166,33 @@ def client_means(dd):
     return statistics.mean(walls), {k: tuple(statistics.mean(x) for x in v) for k, v in rpcs.items()}
 
 
+def trainer_cpu_budget(dd, n, psd_us, step_us):
+    """The trainers' CPU per sample (bench_trainer's cpu_s: user + system of
+    the whole process, gRPC's threads included, over the timed batches) and
+    the end-to-end ratio split into CPU work and CPUs kept busy:
+    e2e / (2 x step) = (step's CPU / psd's + trainers' CPU per sample) x
+    (CPUs busy with them / 2)."""
+    cpu, smp = 0.0, 0
+    for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
+        for line in read(f):
+            if line.startswith("trainer "):
+                k = kv(line)
+                if "cpu_s" in k:
+                    cpu += float(k["cpu_s"])
+                    smp += int(k["samples"])
+    rates = read_e2e(dd, n)[0]
+    if smp <= 0 or not rates:
+        return
+    tr_us = cpu / smp * 1e6
+    tot = psd_us + tr_us
+    busy = tot * 1e-6 * statistics.median(rates)
+    print(f"   the trainers' CPU per sample {tr_us:.1f} us (processes, gRPC's threads included); psd + trainers"
+          f" {tot:.1f} us; CPUs busy with them {busy:.2f}")
+    if step_us:
+        print(f"   e2e / (2 x 1-thread step) ~= step's CPU / (psd + trainers) x CPUs busy / 2 = {step_us / tot:.2f} x"
+              f" {busy / 2:.2f} = {step_us / tot * busy / 2:.2f}")
+
+
 def phase_table(d, label, n, comp, bs=32):
     """Section 2b: one trainer's batch and one sample of psd + n trainers,
     phase by phase, from the client's timings and psd's phase counters."""
@@ -226,6 +253,7 @@ def phase_table(d, label, n, comp, bs=32):
         print(f"   per batch in psd: compute {comp_ms:.2f} ms, {st.get('minflt', 0) * bs / samples:.0f} page faults,"
               f" {st.get('ctxsw', 0) * bs / samples:.0f} context switches, its threads waited"
               f" {st.get('runq_s', 0) * bs / samples * 1e3:.2f} ms for a CPU (load from anything else shows here)")
+        trainer_cpu_budget(dd, n, cpu_us, ref[3] if ref and len(ref) > 3 else None)
     return measured
 
 

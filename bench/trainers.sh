@@ -7,7 +7,8 @@
 # received, median of the rounds: what psd's own work costs, which other
 # jobs on the machine change far less than they change samples/s), page
 # faults, context switches and run-queue wait per batch, and the p50/p99
-# latency of Forward, Backward and Step as the trainers saw them.
+# latency of Forward, Backward and Step as the trainers saw them, and the
+# trainers' own CPU per sample (bench_trainer's cpu_s).
 # Target: psd's CPU per sample at 16 trainers <= 1.10 x at 2.
 #
 #   bench/trainers.sh                 1 2 4 8 16 trainers, 3 rounds each
@@ -82,9 +83,10 @@ def pct(v, p):
     s = sorted(v)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] if s else float("nan")
 print("psd + N bench_trainer processes on loopback, MNIST batch 32 (psd's CPU: utime + stime between snapshots;")
-print("median of the rounds, all rounds in brackets; latency: the trainers' call times over every round)")
+print("median of the rounds, all rounds in brackets; latency: the trainers' call times over every round;")
+print("trainers: their processes' CPU per sample over every round, us, gRPC's threads included)")
 print(f"{'trainers':>8} {'samples/s':>10} {'psd CPU us/sample':>18} {'[rounds]':>22} {'faults':>7} {'ctxsw':>6}"
-      f" {'runq ms':>8}   {'Forward p50/p99 ms':>19} {'Backward':>14} {'Step':>14}")
+      f" {'runq ms':>8}   {'Forward p50/p99 ms':>19} {'Backward':>14} {'Step':>14} {'trainers':>10}")
 cost = {}
 for n in counts:
     cpu, rate, extra = [], [], []
@@ -98,19 +100,27 @@ for n in counts:
         rate.append(ns / (b["t"] - a["t"]))
         nb = ns / 32
         extra.append(((b["minflt"] - a["minflt"]) / nb, (b["ctxsw"] - a["ctxsw"]) / nb, (b["runq_s"] - a["runq_s"]) / nb * 1e3))
+    tcpu, tsmp = 0.0, 0
     for f in glob.glob(os.path.join(d, f"n{n}-r*-t*.txt")):
         for line in open(f):
             if line.startswith("rpc "):
                 _, name, tot, call, ser = line.split()
                 if name in lat:
                     lat[name].append(float(tot) / 1e3)
+            elif line.startswith("trainer "):
+                kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+                if "cpu_s" in kv:
+                    tcpu += float(kv["cpu_s"])
+                    tsmp += int(kv["samples"])
     if not cpu:
         continue
     cost[n] = statistics.median(cpu)
     ex = [statistics.median(x[i] for x in extra) for i in range(3)]
     rr = "/".join(f"{c:.0f}" for c in cpu)
     cells = "".join(f" {pct(lat[k], 50):>7.2f}/{pct(lat[k], 99):<7.2f}" if lat[k] else f" {'-':>15}" for k in lat)
-    print(f"{n:>8} {statistics.median(rate):>10.0f} {cost[n]:>18.1f} {rr:>22} {ex[0]:>7.0f} {ex[1]:>6.0f} {ex[2]:>8.2f}  {cells}")
+    tr = f"{tcpu / tsmp * 1e6:.1f}" if tsmp else "-"
+    print(f"{n:>8} {statistics.median(rate):>10.0f} {cost[n]:>18.1f} {rr:>22} {ex[0]:>7.0f} {ex[1]:>6.0f} {ex[2]:>8.2f}  {cells}"
+          f" {tr:>10}")
 if 2 in cost and 16 in cost:
     g = cost[16] / cost[2]
     print(f"target: psd's CPU per sample at 16 trainers <= 1.10 x at 2: {g:.3f}  {'MET' if g <= 1.10 else 'NOT MET'}")

@@ -30,6 +30,7 @@
 #include "daemon.h"
 #include "dashboard.h"
 #include "isa_check.h"
+#include "malloc_tune.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
@@ -240,6 +241,7 @@ int main(int argc, char **argv) {
         setenv("OMP_WAIT_POLICY", "passive", 1);
         execv("/proc/self/exe", argv);  /* falls through only on failure */
     }
+    int malloc_tuned = ps_malloc_tune();  /* before any thread; logged once the level is set */
 
     ps_config cfg;
     ps_config_defaults(&cfg);
@@ -320,6 +322,8 @@ int main(int argc, char **argv) {
         }
     }
     ps_log_set_level(cfg.server.log_level);
+    ps_log(PS_LOG_DEBUG, "malloc: %s", malloc_tuned ? "mmap threshold 32 MiB, trim threshold 64 MiB (malloc_tune.h)"
+                                                    : "left as is (GLIBC_TUNABLES or not glibc)");
     if (!check_config && cfg.server.log_file[0] && ps_daemon_open_log(cfg.server.log_file, &err)) {
         fprintf(stderr, "psd: %s (server.log_file)\n", err.msg);
         return 2;
