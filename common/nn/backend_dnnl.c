@@ -124,9 +124,6 @@ typedef struct dn_impl {
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
     size_t len, cap;
-    pthread_mutex_t pool_lock; /* guards pool, pool_bytes */
-    struct pool_buf *pool;  /* freed buffers kept for reuse (pool_get/pool_put) */
-    size_t pool_bytes;
     int nfallback;          /* primitives created with a disallowed reference kernel */
     char fallback[PS_DNNL_MAX_FALLBACKS][200]; /* the first ones, described */
 } dn_impl;
@@ -197,7 +194,14 @@ typedef struct user_arg {
  * make room for it (they are of sizes no longer asked for, such as a
  * thread count's scratchpad, more often than the newest): with two
  * trainers a full pool that refused new buffers instead missed ~3 times a
- * batch, each miss a fresh mmap zero-filled page by page. */
+ * batch, each miss a fresh mmap zero-filled page by page.
+ * One pool serves every instance of the backend in the process: the
+ * executor hands buffers across stages of one memory space (a stage's
+ * input gradient, its output), so a buffer one stage's instance allocated
+ * is often released through the next one's. With a pool per instance the
+ * small ResNet's head allocated its 200 KB input gradient afresh every
+ * batch (page faults: ~6 % of psd's CPU) while the features stage's pool
+ * filled with copies of it. */
 #define PS_POOL_MIN ((size_t)64 << 10)
 #define PS_POOL_CAP ((size_t)64 << 20)
 #define PS_POOL_HDR 64
@@ -207,21 +211,29 @@ typedef struct pool_buf {
     size_t size;        /* usable bytes after the header, a multiple of 64 */
 } pool_buf;
 
+static struct {
+    pthread_mutex_t lock;   /* guards the rest */
+    pool_buf *list;         /* newest first */
+    size_t bytes;
+    int users;              /* live instances; the last one empties the pool */
+} g_pool = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+
 static void *pool_get(dn_impl *im, size_t bytes) {
+    (void)im;
     size_t size = (bytes + 63) & ~(size_t)63;
     if (size < bytes || size > SIZE_MAX - PS_POOL_HDR) return NULL;
     if (size == 0) size = 64;
     if (size >= PS_POOL_MIN) {
-        pthread_mutex_lock(&im->pool_lock);
-        for (pool_buf **pp = &im->pool; *pp; pp = &(*pp)->next)
+        pthread_mutex_lock(&g_pool.lock);
+        for (pool_buf **pp = &g_pool.list; *pp; pp = &(*pp)->next)
             if ((*pp)->size == size) {
                 pool_buf *b = *pp;
                 *pp = b->next;
-                im->pool_bytes -= size;
-                pthread_mutex_unlock(&im->pool_lock);
+                g_pool.bytes -= size;
+                pthread_mutex_unlock(&g_pool.lock);
                 return (char *)b + PS_POOL_HDR;
             }
-        pthread_mutex_unlock(&im->pool_lock);
+        pthread_mutex_unlock(&g_pool.lock);
     }
     pool_buf *b = aligned_alloc(64, size + PS_POOL_HDR);
     if (!b) return NULL;
@@ -230,6 +242,7 @@ static void *pool_get(dn_impl *im, size_t bytes) {
 }
 
 static void pool_put(dn_impl *im, void *p) {
+    (void)im;
     if (!p) return;
     pool_buf *b = (pool_buf *)((char *)p - PS_POOL_HDR);
     if (b->size < PS_POOL_MIN || b->size > PS_POOL_CAP) {
@@ -237,20 +250,20 @@ static void pool_put(dn_impl *im, void *p) {
         return;
     }
     pool_buf *old = NULL;   /* evicted: freed outside the lock */
-    pthread_mutex_lock(&im->pool_lock);
-    while (im->pool_bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
-        pool_buf **pp = &im->pool;
+    pthread_mutex_lock(&g_pool.lock);
+    while (g_pool.bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
+        pool_buf **pp = &g_pool.list;
         while ((*pp)->next) pp = &(*pp)->next;
         pool_buf *t = *pp;
         *pp = NULL;
-        im->pool_bytes -= t->size;
+        g_pool.bytes -= t->size;
         t->next = old;
         old = t;
     }
-    b->next = im->pool;
-    im->pool = b;
-    im->pool_bytes += b->size;
-    pthread_mutex_unlock(&im->pool_lock);
+    b->next = g_pool.list;
+    g_pool.list = b;
+    g_pool.bytes += b->size;
+    pthread_mutex_unlock(&g_pool.lock);
     while (old) {
         pool_buf *n = old->next;
         free(old);
@@ -1024,7 +1037,9 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     const char *c1 = getenv("PS_DNNL_C1");
     im->no_c1 = c1 && !strcmp(c1, "0");
     pthread_mutex_init(&im->lock, NULL);
-    pthread_mutex_init(&im->pool_lock, NULL);
+    pthread_mutex_lock(&g_pool.lock);
+    g_pool.users++;
+    pthread_mutex_unlock(&g_pool.lock);
     *impl = im;
     return PS_OK;
 }
@@ -1034,12 +1049,19 @@ static void dn_destroy(void *impl) {
     if (!im) return;
     for (size_t i = 0; i < im->len; i++) entry_free(im->cache[i]);
     free(im->cache);
-    while (im->pool) {
-        pool_buf *b = im->pool;
-        im->pool = b->next;
+    pool_buf *drop = NULL;
+    pthread_mutex_lock(&g_pool.lock);
+    if (--g_pool.users == 0) {
+        drop = g_pool.list;
+        g_pool.list = NULL;
+        g_pool.bytes = 0;
+    }
+    pthread_mutex_unlock(&g_pool.lock);
+    while (drop) {
+        pool_buf *b = drop;
+        drop = b->next;
         free(b);
     }
-    pthread_mutex_destroy(&im->pool_lock);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
     free(im);
@@ -1209,18 +1231,27 @@ typedef float ps_v16f __attribute__((vector_size(64)));
         for (int oy = 0; oy < oh; oy++) {                                                                   \
             const int iy0 = oy * d->stride_h - d->pad_h;                                                    \
             const int ya = iy0 < 0 ? -iy0 : 0, yb = iy0 + kh > d->h ? d->h - iy0 : kh;                      \
+            /* the columns whose window lies inside the input: [lo, hi) */                                   \
+            int lo = (d->pad_w + d->stride_w - 1) / d->stride_w;                                            \
+            int hi = w + d->pad_w - kw < 0 ? 0 : (w + d->pad_w - kw) / d->stride_w + 1;                     \
+            if (hi > ow) hi = ow;                                                                           \
+            if (lo > hi) lo = hi;                                                                           \
+            if (!(k33 && ya == 0 && yb == 3)) lo = hi = ow;                                                 \
+            for (int ox = lo; ox < hi; ox++) {                                                              \
+                VT g;                                                                                       \
+                memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
+                const float *r = x + (int64_t)iy0 * w + ox * d->stride_w - d->pad_w;                        \
+                a0 += g * r[0]; a1 += g * r[1]; a2 += g * r[2];                                             \
+                a3 += g * r[w]; a4 += g * r[w + 1]; a5 += g * r[w + 2];                                     \
+                a6 += g * r[2 * w]; a7 += g * r[2 * w + 1]; a8 += g * r[2 * w + 2];                         \
+            }                                                                                               \
             for (int ox = 0; ox < ow; ox++) {                                                               \
+                if (ox == lo && hi > lo) ox = hi;                                                           \
+                if (ox >= ow) break;                                                                        \
                 const int ix0 = ox * d->stride_w - d->pad_w;                                                \
                 const int xa = ix0 < 0 ? -ix0 : 0, xb = ix0 + kw > w ? w - ix0 : kw;                        \
                 VT g;                                                                                       \
                 memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
-                if (k33 && ya == 0 && yb == 3 && xa == 0 && xb == 3) {                                      \
-                    const float *r = x + (int64_t)iy0 * w + ix0;                                            \
-                    a0 += g * r[0]; a1 += g * r[1]; a2 += g * r[2];                                         \
-                    a3 += g * r[w]; a4 += g * r[w + 1]; a5 += g * r[w + 2];                                 \
-                    a6 += g * r[2 * w]; a7 += g * r[2 * w + 1]; a8 += g * r[2 * w + 2];                     \
-                    continue;                                                                               \
-                }                                                                                           \
                 for (int a = ya; a < yb; a++)                                                               \
                     for (int b = xa; b < xb; b++) {                                                         \
                         const int t = a * kw + b;                                                           \
