@@ -1223,11 +1223,11 @@ static void bias_grad(const float *dy, int n, int c, int64_t plane, int block, f
 typedef float ps_v8f __attribute__((vector_size(32)));
 typedef float ps_v16f __attribute__((vector_size(64)));
 #define C1_IMAGE(NAME, VT)                                                                                   \
-    PS_INLINE void NAME(const ps_conv_desc *d, const float *x, const float *dy, VT *acc) {                  \
+    PS_INLINE void NAME(const ps_conv_desc *d, const float *x, const float *dy, VT *acc, VT *accb) {        \
         const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d), kh = d->kh, kw = d->kw, w = d->w;          \
         const int k33 = kh == 3 && kw == 3;                                                                 \
         VT a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], a4 = acc[4], a5 = acc[5], a6 = acc[6],       \
-           a7 = acc[7], a8 = acc[8];                                                                        \
+           a7 = acc[7], a8 = acc[8], ab = *accb;                                                            \
         for (int oy = 0; oy < oh; oy++) {                                                                   \
             const int iy0 = oy * d->stride_h - d->pad_h;                                                    \
             const int ya = iy0 < 0 ? -iy0 : 0, yb = iy0 + kh > d->h ? d->h - iy0 : kh;                      \
@@ -1241,6 +1241,7 @@ typedef float ps_v16f __attribute__((vector_size(64)));
                 VT g;                                                                                       \
                 memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
                 const float *r = x + (int64_t)iy0 * w + ox * d->stride_w - d->pad_w;                        \
+                ab += g;                                                                                    \
                 a0 += g * r[0]; a1 += g * r[1]; a2 += g * r[2];                                             \
                 a3 += g * r[w]; a4 += g * r[w + 1]; a5 += g * r[w + 2];                                     \
                 a6 += g * r[2 * w]; a7 += g * r[2 * w + 1]; a8 += g * r[2 * w + 2];                         \
@@ -1252,6 +1253,7 @@ typedef float ps_v16f __attribute__((vector_size(64)));
                 const int xa = ix0 < 0 ? -ix0 : 0, xb = ix0 + kw > w ? w - ix0 : kw;                        \
                 VT g;                                                                                       \
                 memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
+                ab += g;                                                                                    \
                 for (int a = ya; a < yb; a++)                                                               \
                     for (int b = xa; b < xb; b++) {                                                         \
                         const int t = a * kw + b;                                                           \
@@ -1268,6 +1270,7 @@ typedef float ps_v16f __attribute__((vector_size(64)));
                     }                                                                                       \
             }                                                                                               \
         }                                                                                                   \
+        *accb = ab;                                                                                         \
         if (k33) {                                                                                          \
             acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4;                                \
             acc[5] = a5; acc[6] = a6; acc[7] = a7; acc[8] = a8;                                             \
@@ -1280,17 +1283,20 @@ PS_CLONES static void c1_images(const ps_conv_desc *d, const float *x, const flo
                                 double *tot) {
     const int taps = d->kh * d->kw, nb = d->cout / block;
     const int64_t xplane = (int64_t)d->h * d->w, dplane = (int64_t)ps_conv_out_h(d) * ps_conv_out_w(d) * block;
-    ps_v16f acc16[PS_C1_TAPS_MAX];
-    ps_v8f acc8[PS_C1_TAPS_MAX];
+    ps_v16f acc16[PS_C1_TAPS_MAX], b16;
+    ps_v8f acc8[PS_C1_TAPS_MAX], b8;
     for (int i = i0; i < i1; i++)
         for (int cb = 0; cb < nb; cb++) {
             const float *g = dy + ((int64_t)i * nb + cb) * dplane;
             float *acc = block == 8 ? (float *)acc8 : (float *)acc16;
+            float *accb = block == 8 ? (float *)&b8 : (float *)&b16;
             memset(acc, 0, (size_t)(taps < 9 ? 9 : taps) * block * sizeof(float));
-            if (block == 8) c1_image8(d, x + i * xplane, g, acc8);
-            else c1_image16(d, x + i * xplane, g, acc16);
+            memset(accb, 0, (size_t)block * sizeof(float));
+            if (block == 8) c1_image8(d, x + i * xplane, g, acc8, &b8);
+            else c1_image16(d, x + i * xplane, g, acc16, &b16);
             for (int t = 0; t < taps; t++)
                 for (int l = 0; l < block; l++) tot[((int64_t)(cb * block + l)) * taps + t] += acc[t * block + l];
+            for (int l = 0; l < block; l++) tot[(int64_t)d->cout * taps + cb * block + l] += accb[l];
         }
 }
 
@@ -1302,11 +1308,11 @@ static int conv_c1_ok(const dn_impl *im, const ps_conv_desc *d) {
            (blk == 8 || blk == 16) && d->kh * d->kw <= PS_C1_TAPS_MAX && !im->no_c1;
 }
 
-/* dw (cout, 1, kh, kw) of d (conv_c1_ok). */
+/* dw (cout, 1, kh, kw) and db (cout; NULL: no bias) of d (conv_c1_ok). */
 static ps_status conv_bwd_w_c1(dn_impl *im, const ps_conv_desc *d, const float *x, const float *dy, float *dw,
-                               ps_err *err) {
+                               float *db, ps_err *err) {
     const int block = block_of(im->block, d->cout), taps = d->kh * d->kw, nt = omp_get_max_threads();
-    const int64_t per = (int64_t)d->cout * taps;
+    const int64_t per = (int64_t)d->cout * (taps + 1);   /* dw, then db */
     double *tot = calloc((size_t)nt * per, sizeof *tot);
     if (!tot) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory for a weight gradient");
     const int64_t work = (int64_t)d->n * ps_conv_out_h(d) * ps_conv_out_w(d) * d->cout * taps;
@@ -1319,7 +1325,8 @@ static ps_status conv_bwd_w_c1(dn_impl *im, const ps_conv_desc *d, const float *
     for (int64_t j = 0; j < per; j++) {
         double s = 0.0;
         for (int t = 0; t < nt; t++) s += tot[t * per + j];
-        dw[j] = (float)s;
+        if (j < (int64_t)d->cout * taps) dw[j] = (float)s;
+        else if (db) db[j - (int64_t)d->cout * taps] = (float)s;
     }
     free(tot);
     return PS_OK;
@@ -1343,9 +1350,8 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
             if ((st = run(im, &k, a, 3, err))) return st;
         }
     }
-    if (dw && conv_c1_ok(im, &d)) {
-        if ((st = conv_bwd_w_c1(im, &d, x, dy, dw, err))) return st;
-    } else if (dw) {
+    if (dw && conv_c1_ok(im, &d)) return conv_bwd_w_c1(im, &d, x, dy, dw, db, err);   /* db too */
+    if (dw) {
         prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
         int via_fwd = 0;
         if ((st = bwd_weights_via_forward(im, &d, &k, &via_fwd, err))) return st;
