@@ -5,7 +5,9 @@
  * stride 2 with a dilated kernel) and the data gradient of a stride-1
  * convolution as a forward convolution with a rotated kernel; at batch 16
  * and 8 or 16 channels, where those forwards get oneDNN's JIT kernels, in
- * the plain and the blocked layout. Reference: the plain C backend (ref)
+ * the plain and the blocked layout; and the weight gradient of a
+ * one-channel-input convolution with dy blocked (the C kernel
+ * conv_bwd_w_c1), at every ISA. Reference: the plain C backend (ref)
  * on the same random data, whose convolution gradients test_nn_ops checks
  * against PyTorch autograd and finite differences. One child process per
  * ISA this CPU has (ONEDNN_MAX_CPU_ISA = SSE41, AVX2 and the host's own;
@@ -36,6 +38,9 @@ static const conv_case kCases[] = {
     { "1x1 s2 p0, 8->16", 16, 8, 14, 14, 16, 1, 2, 0 },
     { "3x3 s1 p0, 1->8", 16, 1, 12, 12, 8, 3, 1, 0 },
     { "5x5 s1 p2, 16->8", 16, 16, 9, 9, 8, 5, 1, 2 },
+    { "3x3 s1 p1, 1->8 (the small ResNet's conv1)", 16, 1, 28, 28, 8, 3, 1, 1 },
+    { "5x5 s2 p2, 1->16, odd input", 16, 1, 13, 11, 16, 5, 2, 2 },
+    { "3x3 s2 p0, 1->32", 5, 1, 9, 10, 32, 3, 2, 0 },
 };
 
 #define RUN(b, op, ...) do { ps_err err_ = { 0 }; \
@@ -50,23 +55,25 @@ static float *dev_copy(ps_backend *b, const float *host, size_t n) {
     return p;
 }
 
-/* dx, dw, db of case c on backend b, activations in `layout`; host arrays out. */
-static void grads(ps_backend *b, const conv_case *c, int layout, const float *x, const float *wt, const float *dy,
+/* dx, dw, db of case c on backend b, x and dx in layout xl, dy in yl; host arrays out. */
+static void grads(ps_backend *b, const conv_case *c, int xl, int yl, const float *x, const float *wt, const float *dy,
                   float *dx, float *dw, float *db) {
     ps_conv_desc d = { .n = c->n, .cin = c->cin, .h = c->h, .w = c->w, .cout = c->cout, .kh = c->k, .kw = c->k,
                        .stride_h = c->stride, .stride_w = c->stride, .pad_h = c->pad, .pad_w = c->pad,
-                       .src_layout = layout, .dst_layout = layout };
+                       .src_layout = xl, .dst_layout = yl };
     const int oh = ps_conv_out_h(&d), ow = ps_conv_out_w(&d);
     const size_t nx = (size_t)c->n * c->cin * c->h * c->w, ny = (size_t)c->n * c->cout * oh * ow;
     const size_t nw = (size_t)c->cout * c->cin * c->k * c->k;
     float *X = dev_copy(b, x, nx), *Y = dev_copy(b, dy, ny), *W = dev_copy(b, wt, nw);
     float *DX = dev_copy(b, NULL, nx), *DW = dev_copy(b, NULL, nw), *DB = dev_copy(b, NULL, (size_t)c->cout);
     float *XB = NULL, *YB = NULL, *DXB = NULL;
-    if (layout == PS_LAYOUT_BLOCKED) {
+    if (xl == PS_LAYOUT_BLOCKED) {
         XB = dev_copy(b, NULL, nx);
-        YB = dev_copy(b, NULL, ny);
         DXB = dev_copy(b, NULL, nx);
         RUN(b, reorder, c->n, c->cin, c->h, c->w, X, PS_LAYOUT_PLAIN, XB, PS_LAYOUT_BLOCKED);
+    }
+    if (yl == PS_LAYOUT_BLOCKED) {
+        YB = dev_copy(b, NULL, ny);
         RUN(b, reorder, c->n, c->cout, oh, ow, Y, PS_LAYOUT_PLAIN, YB, PS_LAYOUT_BLOCKED);
     }
     RUN(b, conv2d_backward, &d, XB ? XB : X, W, YB ? YB : Y, DXB ? DXB : DX, DW, DB);
@@ -105,15 +112,18 @@ static int child(const char *isa) {
         float *dx0 = calloc(nx, sizeof *dx0), *dw0 = calloc(nw, sizeof *dw0), *db0 = calloc((size_t)c->cout, 4);
         float *dx1 = calloc(nx, sizeof *dx1), *dw1 = calloc(nw, sizeof *dw1), *db1 = calloc((size_t)c->cout, 4);
         PS_ASSERT(dx0 && dw0 && db0 && dx1 && dw1 && db1);
-        grads(ref, c, PS_LAYOUT_PLAIN, x, wt, dy, dx0, dw0, db0);
-        for (int layout = PS_LAYOUT_PLAIN; layout <= PS_LAYOUT_BLOCKED; layout++) {
-            if (layout == PS_LAYOUT_BLOCKED &&
-                (!dn->ops->blocked_layout || dn->ops->blocked_layout(dn->impl, c->cin) <= 0 ||
-                 dn->ops->blocked_layout(dn->impl, c->cout) <= 0))
-                continue;
-            grads(dn, c, layout, x, wt, dy, dx1, dw1, db1);
+        grads(ref, c, PS_LAYOUT_PLAIN, PS_LAYOUT_PLAIN, x, wt, dy, dx0, dw0, db0);
+        const int bin = dn->ops->blocked_layout ? dn->ops->blocked_layout(dn->impl, c->cin) : 0;
+        const int bout = dn->ops->blocked_layout ? dn->ops->blocked_layout(dn->impl, c->cout) : 0;
+        /* plain; blocked; x plain and dy blocked (an image model's first
+         * convolution: 1 channel has no block; the C weight gradient) */
+        for (int mode = 0; mode < 3; mode++) {
+            if ((mode == 1 && (bin <= 0 || bout <= 0)) || (mode == 2 && (bin > 0 || bout <= 0))) continue;
+            const int xl = mode == 1 ? PS_LAYOUT_BLOCKED : PS_LAYOUT_PLAIN;
+            const int yl = mode ? PS_LAYOUT_BLOCKED : PS_LAYOUT_PLAIN;
+            grads(dn, c, xl, yl, x, wt, dy, dx1, dw1, db1);
             double ex = rel_err(dx1, dx0, nx), ew = rel_err(dw1, dw0, nw), eb = rel_err(db1, db0, (size_t)c->cout);
-            const char *lay = layout == PS_LAYOUT_BLOCKED ? "blocked" : "plain";
+            const char *lay = mode == 2 ? "x plain, dy blocked" : mode == 1 ? "blocked" : "plain";
             CHECK_MSG(ex < 1e-5, "%s %s %s: dx off by %.3g (relative to its largest element)", isa, c->name, lay, ex);
             CHECK_MSG(ew < 1e-5, "%s %s %s: dw off by %.3g (relative to its largest element)", isa, c->name, lay, ew);
             CHECK_MSG(eb < 1e-5, "%s %s %s: db off by %.3g (relative to its largest element)", isa, c->name, lay, eb);

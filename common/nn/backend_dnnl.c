@@ -119,13 +119,11 @@ typedef struct dn_impl {
     int native_block;       /* probe_block's, whatever PS_DNNL_LAYOUT says (plain pooling) */
     int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
     int no_wfwd;            /* PS_DNNL_WFWD=0: weight gradients never as forward convolutions */
+    int no_c1;              /* PS_DNNL_C1=0: one-input-channel weight gradients by oneDNN, not conv_bwd_w_c1 */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
     size_t len, cap;
-    pthread_mutex_t pool_lock; /* guards pool, pool_bytes */
-    struct pool_buf *pool;  /* freed buffers kept for reuse (pool_get/pool_put) */
-    size_t pool_bytes;
     int nfallback;          /* primitives created with a disallowed reference kernel */
     char fallback[PS_DNNL_MAX_FALLBACKS][200]; /* the first ones, described */
 } dn_impl;
@@ -196,7 +194,14 @@ typedef struct user_arg {
  * make room for it (they are of sizes no longer asked for, such as a
  * thread count's scratchpad, more often than the newest): with two
  * trainers a full pool that refused new buffers instead missed ~3 times a
- * batch, each miss a fresh mmap zero-filled page by page. */
+ * batch, each miss a fresh mmap zero-filled page by page.
+ * One pool serves every instance of the backend in the process: the
+ * executor hands buffers across stages of one memory space (a stage's
+ * input gradient, its output), so a buffer one stage's instance allocated
+ * is often released through the next one's. With a pool per instance the
+ * small ResNet's head allocated its 200 KB input gradient afresh every
+ * batch (page faults: ~6 % of psd's CPU) while the features stage's pool
+ * filled with copies of it. */
 #define PS_POOL_MIN ((size_t)64 << 10)
 #define PS_POOL_CAP ((size_t)64 << 20)
 #define PS_POOL_HDR 64
@@ -206,21 +211,29 @@ typedef struct pool_buf {
     size_t size;        /* usable bytes after the header, a multiple of 64 */
 } pool_buf;
 
+static struct {
+    pthread_mutex_t lock;   /* guards the rest */
+    pool_buf *list;         /* newest first */
+    size_t bytes;
+    int users;              /* live instances; the last one empties the pool */
+} g_pool = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+
 static void *pool_get(dn_impl *im, size_t bytes) {
+    (void)im;
     size_t size = (bytes + 63) & ~(size_t)63;
     if (size < bytes || size > SIZE_MAX - PS_POOL_HDR) return NULL;
     if (size == 0) size = 64;
     if (size >= PS_POOL_MIN) {
-        pthread_mutex_lock(&im->pool_lock);
-        for (pool_buf **pp = &im->pool; *pp; pp = &(*pp)->next)
+        pthread_mutex_lock(&g_pool.lock);
+        for (pool_buf **pp = &g_pool.list; *pp; pp = &(*pp)->next)
             if ((*pp)->size == size) {
                 pool_buf *b = *pp;
                 *pp = b->next;
-                im->pool_bytes -= size;
-                pthread_mutex_unlock(&im->pool_lock);
+                g_pool.bytes -= size;
+                pthread_mutex_unlock(&g_pool.lock);
                 return (char *)b + PS_POOL_HDR;
             }
-        pthread_mutex_unlock(&im->pool_lock);
+        pthread_mutex_unlock(&g_pool.lock);
     }
     pool_buf *b = aligned_alloc(64, size + PS_POOL_HDR);
     if (!b) return NULL;
@@ -229,6 +242,7 @@ static void *pool_get(dn_impl *im, size_t bytes) {
 }
 
 static void pool_put(dn_impl *im, void *p) {
+    (void)im;
     if (!p) return;
     pool_buf *b = (pool_buf *)((char *)p - PS_POOL_HDR);
     if (b->size < PS_POOL_MIN || b->size > PS_POOL_CAP) {
@@ -236,20 +250,20 @@ static void pool_put(dn_impl *im, void *p) {
         return;
     }
     pool_buf *old = NULL;   /* evicted: freed outside the lock */
-    pthread_mutex_lock(&im->pool_lock);
-    while (im->pool_bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
-        pool_buf **pp = &im->pool;
+    pthread_mutex_lock(&g_pool.lock);
+    while (g_pool.bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
+        pool_buf **pp = &g_pool.list;
         while ((*pp)->next) pp = &(*pp)->next;
         pool_buf *t = *pp;
         *pp = NULL;
-        im->pool_bytes -= t->size;
+        g_pool.bytes -= t->size;
         t->next = old;
         old = t;
     }
-    b->next = im->pool;
-    im->pool = b;
-    im->pool_bytes += b->size;
-    pthread_mutex_unlock(&im->pool_lock);
+    b->next = g_pool.list;
+    g_pool.list = b;
+    g_pool.bytes += b->size;
+    pthread_mutex_unlock(&g_pool.lock);
     while (old) {
         pool_buf *n = old->next;
         free(old);
@@ -1020,8 +1034,12 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     im->pool_c = pool && !strcmp(pool, "c");
     const char *wfwd = getenv("PS_DNNL_WFWD");
     im->no_wfwd = wfwd && !strcmp(wfwd, "0");
+    const char *c1 = getenv("PS_DNNL_C1");
+    im->no_c1 = c1 && !strcmp(c1, "0");
     pthread_mutex_init(&im->lock, NULL);
-    pthread_mutex_init(&im->pool_lock, NULL);
+    pthread_mutex_lock(&g_pool.lock);
+    g_pool.users++;
+    pthread_mutex_unlock(&g_pool.lock);
     *impl = im;
     return PS_OK;
 }
@@ -1031,12 +1049,19 @@ static void dn_destroy(void *impl) {
     if (!im) return;
     for (size_t i = 0; i < im->len; i++) entry_free(im->cache[i]);
     free(im->cache);
-    while (im->pool) {
-        pool_buf *b = im->pool;
-        im->pool = b->next;
+    pool_buf *drop = NULL;
+    pthread_mutex_lock(&g_pool.lock);
+    if (--g_pool.users == 0) {
+        drop = g_pool.list;
+        g_pool.list = NULL;
+        g_pool.bytes = 0;
+    }
+    pthread_mutex_unlock(&g_pool.lock);
+    while (drop) {
+        pool_buf *b = drop;
+        drop = b->next;
         free(b);
     }
-    pthread_mutex_destroy(&im->pool_lock);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
     free(im);
@@ -1177,6 +1202,136 @@ static void bias_grad(const float *dy, int n, int c, int64_t plane, int block, f
     }
 }
 
+/* ---- weight gradient of a one-input-channel convolution: a C kernel ----
+ * The stem convolution of an image model (conv1: 1 channel in, cout out,
+ * a small kernel) has a weight gradient of kh*kw*cout sums over the batch
+ * and the output positions. oneDNN 2.6 pads the 1 input channel to the
+ * block for its blocked kernels (AVX2: 8x the work, 0.7 ms of a 5.7 ms
+ * small-ResNet step at batch 64) or reorders dy to 16 lanes first
+ * (AVX-512), and SSE4.1 runs it as a forward convolution behind two
+ * reorders. Here, dy blocked (B lanes of channels per position, contiguous)
+ * and x plain: per output position, B-lane multiply-adds of dy with each
+ * tap's input value. Images in parallel, each thread's sums (float per
+ * image, added up in double) kept apart and added in thread order after
+ * the loop, so the result does not depend on scheduling. */
+#define PS_C1_TAPS_MAX 49
+
+/* The sums of image x (h x w, plain) against its dy block (oh*ow
+ * positions of L lanes) into acc[tap] (kh*kw taps, L lanes each, GCC
+ * vector types: one register per tap in the 3x3 interior, where the nine
+ * taps are spelled out). */
+typedef float ps_v8f __attribute__((vector_size(32)));
+typedef float ps_v16f __attribute__((vector_size(64)));
+#define C1_IMAGE(NAME, VT)                                                                                   \
+    PS_INLINE void NAME(const ps_conv_desc *d, const float *x, const float *dy, VT *acc, VT *accb) {        \
+        const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d), kh = d->kh, kw = d->kw, w = d->w;          \
+        const int k33 = kh == 3 && kw == 3;                                                                 \
+        VT a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], a4 = acc[4], a5 = acc[5], a6 = acc[6],       \
+           a7 = acc[7], a8 = acc[8], ab = *accb;                                                            \
+        for (int oy = 0; oy < oh; oy++) {                                                                   \
+            const int iy0 = oy * d->stride_h - d->pad_h;                                                    \
+            const int ya = iy0 < 0 ? -iy0 : 0, yb = iy0 + kh > d->h ? d->h - iy0 : kh;                      \
+            /* the columns whose window lies inside the input: [lo, hi) */                                   \
+            int lo = (d->pad_w + d->stride_w - 1) / d->stride_w;                                            \
+            int hi = w + d->pad_w - kw < 0 ? 0 : (w + d->pad_w - kw) / d->stride_w + 1;                     \
+            if (hi > ow) hi = ow;                                                                           \
+            if (lo > hi) lo = hi;                                                                           \
+            if (!(k33 && ya == 0 && yb == 3)) lo = hi = ow;                                                 \
+            for (int ox = lo; ox < hi; ox++) {                                                              \
+                VT g;                                                                                       \
+                memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
+                const float *r = x + (int64_t)iy0 * w + ox * d->stride_w - d->pad_w;                        \
+                ab += g;                                                                                    \
+                a0 += g * r[0]; a1 += g * r[1]; a2 += g * r[2];                                             \
+                a3 += g * r[w]; a4 += g * r[w + 1]; a5 += g * r[w + 2];                                     \
+                a6 += g * r[2 * w]; a7 += g * r[2 * w + 1]; a8 += g * r[2 * w + 2];                         \
+            }                                                                                               \
+            for (int ox = 0; ox < ow; ox++) {                                                               \
+                if (ox == lo && hi > lo) ox = hi;                                                           \
+                if (ox >= ow) break;                                                                        \
+                const int ix0 = ox * d->stride_w - d->pad_w;                                                \
+                const int xa = ix0 < 0 ? -ix0 : 0, xb = ix0 + kw > w ? w - ix0 : kw;                        \
+                VT g;                                                                                       \
+                memcpy(&g, dy + ((int64_t)oy * ow + ox) * sizeof(VT) / sizeof(float), sizeof g);            \
+                ab += g;                                                                                    \
+                for (int a = ya; a < yb; a++)                                                               \
+                    for (int b = xa; b < xb; b++) {                                                         \
+                        const int t = a * kw + b;                                                           \
+                        const VT v = g * x[(int64_t)(iy0 + a) * w + ix0 + b];                               \
+                        if (k33) {                                                                          \
+                            switch (t) {                                                                    \
+                            case 0: a0 += v; break; case 1: a1 += v; break; case 2: a2 += v; break;         \
+                            case 3: a3 += v; break; case 4: a4 += v; break; case 5: a5 += v; break;         \
+                            case 6: a6 += v; break; case 7: a7 += v; break; default: a8 += v; break;        \
+                            }                                                                               \
+                        } else {                                                                            \
+                            acc[t] += v;                                                                    \
+                        }                                                                                   \
+                    }                                                                                       \
+            }                                                                                               \
+        }                                                                                                   \
+        *accb = ab;                                                                                         \
+        if (k33) {                                                                                          \
+            acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4;                                \
+            acc[5] = a5; acc[6] = a6; acc[7] = a7; acc[8] = a8;                                             \
+        }                                                                                                   \
+    }
+C1_IMAGE(c1_image8, ps_v8f)
+C1_IMAGE(c1_image16, ps_v16f)
+
+PS_CLONES static void c1_images(const ps_conv_desc *d, const float *x, const float *dy, int block, int i0, int i1,
+                                double *tot) {
+    const int taps = d->kh * d->kw, nb = d->cout / block;
+    const int64_t xplane = (int64_t)d->h * d->w, dplane = (int64_t)ps_conv_out_h(d) * ps_conv_out_w(d) * block;
+    ps_v16f acc16[PS_C1_TAPS_MAX], b16;
+    ps_v8f acc8[PS_C1_TAPS_MAX], b8;
+    for (int i = i0; i < i1; i++)
+        for (int cb = 0; cb < nb; cb++) {
+            const float *g = dy + ((int64_t)i * nb + cb) * dplane;
+            float *acc = block == 8 ? (float *)acc8 : (float *)acc16;
+            float *accb = block == 8 ? (float *)&b8 : (float *)&b16;
+            memset(acc, 0, (size_t)(taps < 9 ? 9 : taps) * block * sizeof(float));
+            memset(accb, 0, (size_t)block * sizeof(float));
+            if (block == 8) c1_image8(d, x + i * xplane, g, acc8, &b8);
+            else c1_image16(d, x + i * xplane, g, acc16, &b16);
+            for (int t = 0; t < taps; t++)
+                for (int l = 0; l < block; l++) tot[((int64_t)(cb * block + l)) * taps + t] += acc[t * block + l];
+            for (int l = 0; l < block; l++) tot[(int64_t)d->cout * taps + cb * block + l] += accb[l];
+        }
+}
+
+/* 1 when the C kernel computes d's weight gradient: one input channel,
+ * one group, no dilation, x plain, dy blocked in 8 or 16 lanes. */
+static int conv_c1_ok(const dn_impl *im, const ps_conv_desc *d) {
+    const int blk = d->dst_layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d->cout) : 0;
+    return d->cin == 1 && d->groups == 1 && d->dil_h == 1 && d->dil_w == 1 && d->src_layout != PS_LAYOUT_BLOCKED &&
+           (blk == 8 || blk == 16) && d->kh * d->kw <= PS_C1_TAPS_MAX && !im->no_c1;
+}
+
+/* dw (cout, 1, kh, kw) and db (cout; NULL: no bias) of d (conv_c1_ok). */
+static ps_status conv_bwd_w_c1(dn_impl *im, const ps_conv_desc *d, const float *x, const float *dy, float *dw,
+                               float *db, ps_err *err) {
+    const int block = block_of(im->block, d->cout), taps = d->kh * d->kw, nt = omp_get_max_threads();
+    const int64_t per = (int64_t)d->cout * (taps + 1);   /* dw, then db */
+    double *tot = calloc((size_t)nt * per, sizeof *tot);
+    if (!tot) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl: out of memory for a weight gradient");
+    const int64_t work = (int64_t)d->n * ps_conv_out_h(d) * ps_conv_out_w(d) * d->cout * taps;
+#pragma omp parallel num_threads(nt) if (work >= PS_OMP_MIN)
+    {
+        const int t = omp_get_thread_num(), k = omp_get_num_threads();
+        const int i0 = (int)((int64_t)d->n * t / k), i1 = (int)((int64_t)d->n * (t + 1) / k);
+        c1_images(d, x, dy, block, i0, i1, tot + t * per);
+    }
+    for (int64_t j = 0; j < per; j++) {
+        double s = 0.0;
+        for (int t = 0; t < nt; t++) s += tot[t * per + j];
+        if (j < (int64_t)d->cout * taps) dw[j] = (float)s;
+        else if (db) db[j - (int64_t)d->cout * taps] = (float)s;
+    }
+    free(tot);
+    return PS_OK;
+}
+
 static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x,
                                     const float *w, const float *dy, float *dx, float *dw,
                                     float *db, ps_err *err) {
@@ -1195,6 +1350,7 @@ static ps_status dn_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
             if ((st = run(im, &k, a, 3, err))) return st;
         }
     }
+    if (dw && conv_c1_ok(im, &d)) return conv_bwd_w_c1(im, &d, x, dy, dw, db, err);   /* db too */
     if (dw) {
         prim_key k = conv_key(PK_CONV_BWD_WEIGHTS, &d, db != NULL);
         int via_fwd = 0;
