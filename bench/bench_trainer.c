@@ -28,10 +28,20 @@
  * threads, gRPC's included) over the timed batches, probes left out: what a
  * trainer costs per sample, which load changes far less than wall time.
  *
+ * --start-together DIR N: after its warm-up each trainer creates
+ * DIR/ready.<rank> and waits (up to 60 s) until N such files exist, so N
+ * concurrent trainers start their timed batches together. Without it a
+ * driver's "all samples / (last end - first start)" also counts the time
+ * one trainer ran alone while the others were still starting (process
+ * start-up and warm-up differ by ~0.1 s, 10-15 % of a short timed run).
+ *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
  *                      [--batch-size B] [--fuse-step] [--probe] [--data DIR] [--out FILE]
+ *                      [--start-together DIR N]
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grpc/grpc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +62,34 @@ static double cpu_now(void) {
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
            ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* --start-together: announce this trainer ready in dir, then wait until n
+ * trainers are (polling every 0.2 ms; 60 s at most, then go on with a
+ * warning rather than hang the bench). */
+static void start_together(const char *dir, long n, long rank) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ready.%ld", dir, rank);
+    int fd = open(path, O_CREAT | O_WRONLY, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "bench_trainer: cannot create %s: %s (starting alone)\n", path, strerror(errno));
+        return;
+    }
+    close(fd);
+    double t0 = ps_mono_s();
+    for (;;) {
+        long ready = 0;
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (!strncmp(e->d_name, "ready.", 6)) ready++;
+        if (d) closedir(d);
+        if (ready >= n) return;
+        if (ps_mono_s() - t0 > 60) {
+            fprintf(stderr, "bench_trainer: rank %ld: %ld of %ld trainers ready after 60 s; starting\n", rank, ready, n);
+            return;
+        }
+        usleep(200);
+    }
 }
 
 typedef struct timing {
@@ -98,14 +136,20 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
 }
 
 int main(int argc, char **argv) {
-    const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL;
-    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0;
+    const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL, *together = NULL;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
         if (!strcmp(a, "--probe")) { probe = 1; continue; }
         if (!v) { fprintf(stderr, "bench_trainer: %s needs a value\n", a); return 2; }
         i++;
+        if (!strcmp(a, "--start-together")) {
+            together = v;
+            if (i + 1 >= argc) { fprintf(stderr, "bench_trainer: --start-together needs DIR and N\n"); return 2; }
+            if (ps_cli_long("bench_trainer", a, argv[++i], 1, 1023, &ntogether)) return 2;
+            continue;
+        }
         if (!strcmp(a, "--server")) server = v;
         else if (!strcmp(a, "--data")) data_dir = v;
         else if (!strcmp(a, "--out")) out_path = v;
@@ -145,7 +189,11 @@ int main(int argc, char **argv) {
     long nb = data.n / (uint32_t)bs, samples = 0;
     double t_start = 0, t_probe = 0, cpu_start = 0, cpu_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
-        if (b == warmup) { t_start = ps_mono_s(); cpu_start = cpu_now(); }
+        if (b == warmup) {
+            if (together) start_together(together, ntogether, rank);
+            t_start = ps_mono_s();
+            cpu_start = cpu_now();
+        }
         double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
         uint64_t ctx = ctx_base | (uint64_t)(b + 1);

@@ -69,9 +69,15 @@ e2e() {  # build dir -> samples/s of E2E_TRAINERS bench_trainers together agains
   # every trainer starts against a listening psd: one that came before it
   # backed off and ran after the others, halving the combined rate
   wait_psd "$addr" || { tail "$tmp/psd.log" >&2; echo "compare: psd did not listen on $addr" >&2; exit 1; }
+  # the trainers start their timed batches together (bench_trainer.c says
+  # why) where the build's bench_trainer can (an older one cannot)
+  local together=()
+  if grep -q -- --start-together "$b/bench/bench_trainer"; then
+    rm -rf "$tmp/ready"; mkdir -p "$tmp/ready"; together=(--start-together "$tmp/ready" "$E2E_TRAINERS")
+  fi
   for r in $(seq 1 "$E2E_TRAINERS"); do
     "$b/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" --data "$data" \
-      --out "$tmp/e2e-t$r.txt" >"$tmp/e2e-o$r.txt" &
+      "${together[@]}" --out "$tmp/e2e-t$r.txt" >"$tmp/e2e-o$r.txt" &
     pids+=($!)
   done
   for r in "${pids[@]}"; do

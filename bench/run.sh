@@ -143,8 +143,11 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
   for rep in $(seq 1 "$runs"); do
     local pids=()
+    # the trainers start their timed batches together (bench_trainer.c says why)
+    rm -rf "$dir/ready-$rep"; mkdir -p "$dir/ready-$rep"
     for r in $(seq 1 "$n"); do
       "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$E2E_BATCHES" --warmup "$E2E_WARMUP" \
+        --start-together "$dir/ready-$rep" "$n" \
         --data "$DATA" --out "$dir/rep$rep-t$r.txt" "${tflags[@]}" >/dev/null &
       pids+=($!)
     done
