@@ -66,7 +66,9 @@ endif
 NVCCFLAGS ?= -O2 -g -std=c++17 -ccbin $(NVCC_CCBIN) $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 CPPFLAGS  += -DPS_HAVE_CUDA -I$(CUDA_HOME)/include
 LIB_CUDA  := $(BUILD)/obj/common/nn/backend_cuda.o $(BUILD)/obj/common/nn/backend_cuda_kernels.o
-LDLIBS    += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudnn -lcublas -lcudart -lstdc++
+# cuBLAS is not linked: backend_cuda.c opens it on first use (its libcublasLt
+# costs ~0.5 s of CPU at every start of a program linking it).
+LDLIBS    += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudnn -lcudart -lstdc++
 endif
 # backend.c registers the CUDA backend or not: rebuild it when that changes.
 CUDA_STAMP := $(BUILD)/cuda-config
