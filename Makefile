@@ -66,7 +66,9 @@ endif
 NVCCFLAGS ?= -O2 -g -std=c++17 -ccbin $(NVCC_CCBIN) $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 CPPFLAGS  += -DPS_HAVE_CUDA -I$(CUDA_HOME)/include
 LIB_CUDA  := $(BUILD)/obj/common/nn/backend_cuda.o $(BUILD)/obj/common/nn/backend_cuda_kernels.o
-LDLIBS    += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudnn -lcublas -lcudart -lstdc++
+# cuBLAS is not linked: backend_cuda.c opens it on first use (its libcublasLt
+# costs ~0.5 s of CPU at every start of a program linking it).
+LDLIBS    += -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudnn -lcudart -lstdc++
 endif
 # backend.c registers the CUDA backend or not: rebuild it when that changes.
 CUDA_STAMP := $(BUILD)/cuda-config
@@ -149,8 +151,11 @@ test-fit: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
+# make test builds on every core unless the command line says how (-j N):
+# CI runs a plain `make test` on a fresh clone.
+JOBS_DEFAULT = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 2))
 test: deps
-	@$(MAKE) --no-print-directory $(if $(Q),-s) all
+	@$(MAKE) --no-print-directory $(if $(Q),-s) $(JOBS_DEFAULT) all
 	@scripts/fetch-mnist.sh data/mnist
 	@BUILD=$(BUILD) tests/run.sh
 
@@ -209,7 +214,7 @@ test-slurm: deps
 
 # Generated sources and test objects are kept (not deleted as intermediates,
 # which made every `make` rebuild the tests).
-.SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC))
+.SECONDARY: $(PROTO_C) $(PROTO_H) $(patsubst tests/%.c,$(BUILD)/obj/tests/%.o,$(TEST_SRC)) $(TEST_SUPPORT_OBJ)
 $(BUILD)/proto/%.pb.c $(BUILD)/proto/%.pb.h: proto/%.proto proto/%.options
 	@mkdir -p $(BUILD)/proto
 	$(call say,GEN,$@)cd proto && nanopb_generator.py -q -D ../$(BUILD)/proto -f $*.options $*.proto

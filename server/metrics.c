@@ -159,6 +159,15 @@ static void family(buf *b, const char *name, const char *type, const char *help)
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A counter family with one label and two values of it:
+ * name{label="v1"} n1 and name{label="v2"} n2. */
+static void counter2(buf *b, const char *name, const char *help, const char *label, const char *v1, uint64_t n1,
+                     const char *v2, uint64_t n2) {
+    family(b, name, "counter", help);
+    put(b, "%s{%s=\"%s\"} %llu\n", name, label, v1, (unsigned long long)n1);
+    put(b, "%s{%s=\"%s\"} %llu\n", name, label, v2, (unsigned long long)n2);
+}
+
 char *ps_metrics_render(ps_metrics *m, size_t *len) {
     buf b = {malloc(8192), 0, 8192, 0};
     if (!b.p) return NULL;
@@ -223,16 +232,12 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_samples_total %llu\n", (unsigned long long)samples);
     uint64_t held, combined;
     ps_service_batch_stats(m->svc, &held, &combined);
-    family(&b, "psd_batched_forwards_total", "counter", "Training Forwards held for company "
-           "(server.batch_wait_ms), and those of them computed combined with others.");
-    put(&b, "psd_batched_forwards_total{ran=\"held\"} %llu\n", (unsigned long long)held);
-    put(&b, "psd_batched_forwards_total{ran=\"combined\"} %llu\n", (unsigned long long)combined);
+    counter2(&b, "psd_batched_forwards_total", "Training Forwards held for company (server.batch_wait_ms), and "
+             "those of them computed combined with others.", "ran", "held", held, "combined", combined);
     ps_service_batch_bwd_stats(m->svc, &held, &combined);
-    family(&b, "psd_batched_backwards_total", "counter", "Training Backwards (and the backward halves of fused "
-           "Forwards) held for company (server.batch_wait_ms, server.batch_backward), and those of them computed "
-           "combined with others.");
-    put(&b, "psd_batched_backwards_total{ran=\"held\"} %llu\n", (unsigned long long)held);
-    put(&b, "psd_batched_backwards_total{ran=\"combined\"} %llu\n", (unsigned long long)combined);
+    counter2(&b, "psd_batched_backwards_total", "Training Backwards (and the backward halves of fused Forwards) "
+             "held for company (server.batch_wait_ms, server.batch_backward), and those of them computed combined "
+             "with others.", "ran", "held", held, "combined", combined);
 
     family(&b, "psd_rpcs_total", "counter", "RPCs handled, by method and gRPC status code.");
     for (int i = 0; i < m->n; i++)
@@ -328,10 +333,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
 
     uint64_t pa, pl;
     ps_service_partial_counts(m->svc, &pa, &pl);
-    family(&b, "psd_partial_steps_total", "counter", "Batches a trainer reported as partial steps (ReportPartial): "
-           "applied here but lost on another server, or lost here but applied on another.");
-    put(&b, "psd_partial_steps_total{side=\"applied\"} %llu\n", (unsigned long long)pa);
-    put(&b, "psd_partial_steps_total{side=\"lost\"} %llu\n", (unsigned long long)pl);
+    counter2(&b, "psd_partial_steps_total", "Batches a trainer reported as partial steps (ReportPartial): applied "
+             "here but lost on another server, or lost here but applied on another.", "side", "applied", pa, "lost",
+             pl);
 
     ps_ckpt_info ck;
     if (ps_service_checkpoint(m->svc, &ck)) {

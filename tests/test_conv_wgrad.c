@@ -16,14 +16,13 @@
  */
 #include "backend.h"
 #include "check.h"
+#include "support/isa_child.h"
 #include "support/random.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 typedef struct conv_case {
     const char *name;
@@ -150,19 +149,8 @@ int main(int argc, char **argv) {
     const char *isas[] = { "SSE41", "AVX2", "DEFAULT" };   /* DEFAULT: the host's own */
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!strcmp(isas[i], "AVX2") && !strstr(host, "avx2") && !strstr(host, "avx512")) continue;
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) {
-            if (strcmp(isas[i], "DEFAULT")) setenv("ONEDNN_MAX_CPU_ISA", isas[i], 1);
-            else unsetenv("ONEDNN_MAX_CPU_ISA");
-            execl("/proc/self/exe", argv[0], "--child", isas[i], (char *)NULL);
-            perror("test_conv_wgrad: exec");
-            _exit(127);
-        }
-        int status = 0;
-        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "ISA %s: child failed (status 0x%x)", isas[i],
-                  status);
+        char *const args[] = {argv[0], "--child", (char *)isas[i], NULL};
+        check_isa_child("test_conv_wgrad", strcmp(isas[i], "DEFAULT") ? isas[i] : NULL, args);
     }
     return check_summary("test_conv_wgrad");
 }

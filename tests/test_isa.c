@@ -21,14 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "isa_check.h"
 #include "model.h"
 #include "safetensors.h"
 #include "support/golden_replay.h"
+#include "support/isa_child.h"
 #include "support/model_run.h"
 #include "support/random.h"
 
@@ -207,18 +206,8 @@ int main(int argc, char **argv) {
             printf("%s: skipped: this CPU lacks it (%s...)\n", row->env, row->flags[0]);
             continue;
         }
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("ONEDNN_MAX_CPU_ISA", row->env, 1);
-            execl("/proc/self/exe", argv[0], "--child", row->env, (char *)NULL);
-            perror("test_isa: exec");
-            _exit(127);
-        }
-        int status = 0;
-        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "ISA %s: child failed (status 0x%x)", row->env,
-                  status);
+        char *const args[] = {argv[0], "--child", (char *)row->env, NULL};
+        check_isa_child("test_isa", row->env, args);
         ran++;
     }
     if (!ran) return check_skip("test_isa", "this CPU has none of AVX-512, AVX2, SSE4.1");

@@ -29,10 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "check.h"
+#include "support/isa_child.h"
 
 #define ATOL 2e-5
 #define RTOL 2e-4
@@ -246,18 +245,8 @@ static void sse41_child(const char *self) {
         printf("dnnl SSE41: skipped: not an x86-64 oneDNN (%s)\n", ps_backend_cpu_isa());
         return;
     }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("ONEDNN_MAX_CPU_ISA", "SSE41", 1);
-        execl("/proc/self/exe", self, "--sse41", (char *)NULL);
-        perror("test_kinds: exec");
-        _exit(127);
-    }
-    int status = 0;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "dnnl under ONEDNN_MAX_CPU_ISA=SSE41: child failed "
-              "(status 0x%x)", status);
+    char *const args[] = {(char *)self, "--sse41", NULL};
+    check_isa_child("test_kinds' dnnl cases", "SSE41", args);
 }
 
 int main(int argc, char **argv) {

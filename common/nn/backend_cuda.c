@@ -40,6 +40,7 @@
 #include "backend_cuda.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +50,75 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#include <dlfcn.h>
+
+/* ------------------------------------------------------------- cuBLAS */
+
+/* cuBLAS is opened with dlopen when the first CUDA context is made, not
+ * linked: the constructors of libcublasLt (which libcublas loads) take
+ * ~0.5 s of CPU in every process that links it - psd (twice: it re-executes
+ * itself), ps-train and each test program, GPU or not. The six functions
+ * used here are called through this table; the macros keep their names at
+ * the call sites (and in PS_CUBLAS_CHECK's messages). */
+#define PS_STR_(x) #x
+#define PS_STR(x) PS_STR_(x)
+#define PS_CUBLAS_LIB "libcublas.so." PS_STR(CUBLAS_VER_MAJOR)
+static struct {
+    __typeof__(&cublasCreate_v2) create;
+    __typeof__(&cublasDestroy_v2) destroy;
+    __typeof__(&cublasSetStream_v2) set_stream;
+    __typeof__(&cublasSetMathMode) set_math_mode;
+    __typeof__(&cublasSgemm_v2) sgemm;
+    __typeof__(&cublasGetStatusString) status_string;
+} blas_fn;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static char blas_error[512];  /* why it could not be opened; "" once it is */
+
+static void blas_open(void) {
+    void *h = dlopen(PS_CUBLAS_LIB, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(blas_error, sizeof blas_error, "cannot load cuBLAS: %s", dlerror());
+        return;
+    }
+    static const struct { const char *name; size_t off; } syms[] = {
+        {"cublasCreate_v2", offsetof(__typeof__(blas_fn), create)},
+        {"cublasDestroy_v2", offsetof(__typeof__(blas_fn), destroy)},
+        {"cublasSetStream_v2", offsetof(__typeof__(blas_fn), set_stream)},
+        {"cublasSetMathMode", offsetof(__typeof__(blas_fn), set_math_mode)},
+        {"cublasSgemm_v2", offsetof(__typeof__(blas_fn), sgemm)},
+        {"cublasGetStatusString", offsetof(__typeof__(blas_fn), status_string)},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *f = dlsym(h, syms[i].name);
+        if (!f) {
+            snprintf(blas_error, sizeof blas_error, "%s has no %s", PS_CUBLAS_LIB, syms[i].name);
+            memset(&blas_fn, 0, sizeof blas_fn);
+            return;
+        }
+        memcpy((char *)&blas_fn + syms[i].off, &f, sizeof f);
+    }
+}
+
+int ps_cuda_blas_load(const char **why) {
+    pthread_once(&blas_once, blas_open);
+    if (why) *why = blas_error;
+    return blas_fn.create != NULL;
+}
+
+const char *ps_cuda_blas_status_string(int status) {
+    return ps_cuda_blas_load(NULL) ? blas_fn.status_string((cublasStatus_t)status) : NULL;
+}
+
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSetStream
+#undef cublasSgemm
+#define cublasCreate(...) blas_fn.create(__VA_ARGS__)
+#define cublasDestroy(...) blas_fn.destroy(__VA_ARGS__)
+#define cublasSetStream(...) blas_fn.set_stream(__VA_ARGS__)
+#define cublasSetMathMode(...) blas_fn.set_math_mode(__VA_ARGS__)
+#define cublasSgemm(...) blas_fn.sgemm(__VA_ARGS__)
+#define cublasGetStatusString(...) blas_fn.status_string(__VA_ARGS__)
 
 /* ------------------------------------------------------------ checking */
 
@@ -130,11 +200,16 @@ static void ctx_destroy(cuda_ctx *c) {
 
 static ps_status ctx_create(cuda_impl *im, cuda_ctx **out, ps_err *err) {
     ps_status rc = PS_OK;
+    const char *why = NULL;
     cuda_ctx *c = calloc(1, sizeof *c);
     if (!c) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of memory", im->device);
     PS_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     PS_CUDNN_CHECK(cudnnCreate(&c->dnn));
     PS_CUDNN_CHECK(cudnnSetStream(c->dnn, c->stream));
+    if (!ps_cuda_blas_load(&why)) {
+        rc = ps_err_set(err, PS_ERR_UNAVAILABLE, "cuda:%d: %s", im->device, why);
+        goto done;
+    }
     PS_CUBLAS_CHECK(cublasCreate(&c->blas));
     PS_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
     PS_CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));

@@ -19,6 +19,13 @@
 extern "C" {
 #endif
 
+/* cuBLAS, opened (dlopen) on first use rather than linked (backend_cuda.c
+ * says why): 1 once its functions are there; 0 with *why (when not NULL)
+ * saying what failed. */
+int ps_cuda_blas_load(const char **why);
+/* cublasGetStatusString of the opened library; NULL when it cannot be opened. */
+const char *ps_cuda_blas_status_string(int status);
+
 /* y[r * cols + c] = b[c] for r < rows (the bias of a linear layer, before
  * the GEMM accumulates onto it). */
 cudaError_t ps_cuda_fill_rows(float *y, const float *b, int rows, int cols, cudaStream_t stream);

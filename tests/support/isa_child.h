@@ -1,0 +1,15 @@
+/* isa_child.h - run this test program again in a child process with oneDNN
+ * capped to one instruction set. oneDNN fixes its ISA at first use, from
+ * ONEDNN_MAX_CPU_ISA, so a test that checks the kernels of several ISAs
+ * runs one child per ISA (test_isa, test_kinds, test_conv_wgrad). */
+#ifndef PS_TEST_ISA_CHILD_H
+#define PS_TEST_ISA_CHILD_H
+
+/* Runs /proc/self/exe with argv (argv[0] the program's name, NULL-ended)
+ * and ONEDNN_MAX_CPU_ISA=isa (NULL: unset, the host's own ISA), waits for
+ * it and records two checks: the child was started and waited for, and it
+ * exited 0 (the message names `what` and the wait status). stdout is
+ * flushed first, so the child's lines follow the parent's. */
+void check_isa_child(const char *what, const char *isa, char *const argv[]);
+
+#endif
