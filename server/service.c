@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "clock.h"
 #include "log.h"
 #include "dims.h"
@@ -116,16 +117,23 @@ size_t ps_service_expire(ps_service *s) {
     ps_cons_tick(s->cons);  /* sync round timeouts, ssp activity */
     size_t n = ps_ctx_table_expire(s->ctx);
 #ifdef __GLIBC__
-    /* Hand freed tapes' pages back to the OS: after contexts of vanished
-     * trainers expire, and once whenever psd goes idle (no live context)
-     * after work, so a burst of load does not stay in psd's RSS. */
+    /* Hand freed tapes' pages and the backends' pooled buffers back to the
+     * OS: after contexts of vanished trainers expire, and once whenever psd
+     * has been idle (no live context, no new work) for a whole tick after
+     * work, so a burst of load does not stay in psd's RSS. Not at the
+     * first idle tick: with a few trainers no context is live for a moment
+     * between their batches, and emptying the pool there made the next
+     * batches fault their working set in again (2 trainers: 8 -> 52 page
+     * faults a batch). */
     ps_ctx_stats st;
     ps_ctx_table_stats(s->ctx, &st);
     uint64_t work = st.opened + __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
-    if (n || (st.live == 0 && work != s->trimmed_at)) {
+    if (n || (st.live == 0 && work == s->seen_work && work != s->trimmed_at)) {
+        ps_backend_trim();
         malloc_trim(0);
         s->trimmed_at = work;
     }
+    s->seen_work = work;
 #endif
     return n;
 }

@@ -133,6 +133,8 @@ ps_adam_scalars ps_adam_scalars_of(const ps_adam_desc *d) {
     return s;
 }
 
+void ps_backend_trim(void) { ps_backend_dnnl_trim(); }
+
 const char *ps_backend_cpu_isa(void) {
     return ps_backend_dnnl_isa();
 }

@@ -540,6 +540,13 @@ const char *ps_backend_cpu_isa(void);
  * for backends without such a check (ref, cuda). */
 int ps_backend_fallbacks(const ps_backend *b, char *buf, size_t size);
 
+/* Frees the buffers the CPU backends keep for reuse (the dnnl backend's
+ * buffer pool, up to 256 MB), so that malloc_trim can hand their pages back
+ * to the OS; the next calls allocate afresh. Any thread, any time: buffers
+ * in use are not touched. psd calls it when contexts expire and when it
+ * goes idle. */
+void ps_backend_trim(void);
+
 /* Convenience wrappers over ops->alloc/free. */
 float *ps_backend_alloc_floats(ps_backend *b, int64_t count);
 void ps_backend_release(ps_backend *b, void *p);

@@ -13,6 +13,7 @@ extern const ps_backend_ops ps_backend_dnnl_ops;  /* backend_dnnl.c */
  * ps_backend_cpu_isa / ps_backend_fallbacks (impl is a dnnl backend's). */
 const char *ps_backend_dnnl_isa(void);
 int ps_backend_dnnl_fallbacks(void *impl, char *buf, size_t size);
+void ps_backend_dnnl_trim(void);
 /* backend_cuda.c, compiled and registered only when the build defines
  * PS_HAVE_CUDA (the Makefile does when it finds nvcc). */
 extern const ps_backend_ops ps_backend_cuda_ops;
