@@ -113,27 +113,34 @@ void ps_service_free(ps_service *s) {
     free(s);
 }
 
+/* Expire ticks (one a second, psd's main loop) psd must be idle before it
+ * hands pooled memory back (see ps_service_expire). */
+#define PS_IDLE_TRIM_TICKS 5
+
 size_t ps_service_expire(ps_service *s) {
     ps_cons_tick(s->cons);  /* sync round timeouts, ssp activity */
     size_t n = ps_ctx_table_expire(s->ctx);
 #ifdef __GLIBC__
     /* Hand freed tapes' pages and the backends' pooled buffers back to the
-     * OS: after contexts of vanished trainers expire, and once whenever psd
-     * has been idle (no live context, no new work) for a whole tick after
-     * work, so a burst of load does not stay in psd's RSS. Not at the
+     * OS: after contexts of vanished trainers expire, and once psd has been
+     * idle (no live context, no new work) for PS_IDLE_TRIM_TICKS ticks
+     * after work, so a burst of load does not stay in psd's RSS. Not at the
      * first idle tick: with a few trainers no context is live for a moment
      * between their batches, and emptying the pool there made the next
      * batches fault their working set in again (2 trainers: 8 -> 52 page
-     * faults a batch). */
+     * faults a batch); nor after one idle second, which trainers that
+     * restart (a job's next epoch, a bench's next round: 16 processes
+     * starting on 2 cores) also leave (16 trainers: 524 faults a batch). */
     ps_ctx_stats st;
     ps_ctx_table_stats(s->ctx, &st);
     uint64_t work = st.opened + __atomic_load_n(&s->samples, __ATOMIC_RELAXED);
-    if (n || (st.live == 0 && work == s->seen_work && work != s->trimmed_at)) {
+    s->idle_ticks = st.live == 0 && work == s->seen_work ? s->idle_ticks + 1 : 0;
+    s->seen_work = work;
+    if (n || (s->idle_ticks >= PS_IDLE_TRIM_TICKS && work != s->trimmed_at)) {
         ps_backend_trim();
         malloc_trim(0);
         s->trimmed_at = work;
     }
-    s->seen_work = work;
 #endif
     return n;
 }

@@ -54,6 +54,7 @@ struct ps_service {
     int nonfinite_skip;
     uint64_t trimmed_at;         /* work counter at the last malloc_trim (expire's caller only) */
     uint64_t seen_work;          /* work counter at the previous expire tick (expire's caller only) */
+    int idle_ticks;              /* expire ticks in a row with no live context and no new work */
     char consistency[256];
     int draining;                /* __atomic */
     ps_rpc_server *rpc;          /* admission counters (set before start) */
