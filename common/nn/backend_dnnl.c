@@ -222,6 +222,23 @@ static struct {
     int users;              /* live instances; the last one empties the pool */
 } g_pool = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
 
+/* Empties the pool (caller holds g_pool.lock); returns its buffers, which
+ * the caller frees with pool_free_list outside the lock. */
+static pool_buf *pool_take_all(void) {
+    pool_buf *all = g_pool.list;
+    g_pool.list = NULL;
+    g_pool.bytes = 0;
+    return all;
+}
+
+static void pool_free_list(pool_buf *b) {
+    while (b) {
+        pool_buf *n = b->next;
+        free(b);
+        b = n;
+    }
+}
+
 static void *pool_get(dn_impl *im, size_t bytes) {
     (void)im;
     size_t size = (bytes + 63) & ~(size_t)63;
@@ -268,11 +285,7 @@ static void pool_put(dn_impl *im, void *p) {
     g_pool.list = b;
     g_pool.bytes += b->size;
     pthread_mutex_unlock(&g_pool.lock);
-    while (old) {
-        pool_buf *n = old->next;
-        free(old);
-        old = n;
-    }
+    pool_free_list(old);
 }
 
 /* ---- primitive creation ---- */
@@ -1050,15 +1063,9 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
 
 void ps_backend_dnnl_trim(void) {
     pthread_mutex_lock(&g_pool.lock);
-    pool_buf *drop = g_pool.list;
-    g_pool.list = NULL;
-    g_pool.bytes = 0;
+    pool_buf *drop = pool_take_all();
     pthread_mutex_unlock(&g_pool.lock);
-    while (drop) {
-        pool_buf *b = drop;
-        drop = b->next;
-        free(b);
-    }
+    pool_free_list(drop);
 }
 
 static void dn_destroy(void *impl) {
@@ -1068,17 +1075,9 @@ static void dn_destroy(void *impl) {
     free(im->cache);
     pool_buf *drop = NULL;
     pthread_mutex_lock(&g_pool.lock);
-    if (--g_pool.users == 0) {
-        drop = g_pool.list;
-        g_pool.list = NULL;
-        g_pool.bytes = 0;
-    }
+    if (--g_pool.users == 0) drop = pool_take_all();
     pthread_mutex_unlock(&g_pool.lock);
-    while (drop) {
-        pool_buf *b = drop;
-        drop = b->next;
-        free(b);
-    }
+    pool_free_list(drop);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
     free(im);
