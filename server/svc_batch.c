@@ -158,6 +158,19 @@ static void bwd_group(void *user, ps_batch_item **items, int k) {
     pthread_cond_broadcast(&s->batch_cv);
     pthread_mutex_unlock(&s->batch_mu);
 }
+/* Hands a call's item to batcher bt, keyed by its stage run first..last,
+ * counts it in *held and waits until the batcher's worker marks *done
+ * (under s->batch_mu). */
+static void hold(ps_service *s, ps_batcher *bt, ps_batch_item *it, int first, int last, int samples, uint64_t *held,
+                 const int *done) {
+    it->key = ((uint64_t)first << 16 | (uint64_t)last) + 1;
+    it->samples = samples;
+    __atomic_add_fetch(held, 1, __ATOMIC_RELAXED);
+    ps_batcher_submit(bt, it);
+    pthread_mutex_lock(&s->batch_mu);
+    while (!*done) pthread_cond_wait(&s->batch_cv, &s->batch_mu);
+    pthread_mutex_unlock(&s->batch_mu);
+}
 
 ps_status svc_backward_train(ps_service *s, ps_tape *tape, const float *grad_out, float *grad_in, ps_grads **acc,
                              ps_err *err) {
@@ -166,14 +179,8 @@ ps_status svc_backward_train(ps_service *s, ps_tape *tape, const float *grad_out
     if (!s->batcher_bwd || ps_cons_mode_of(s->cons) == PS_CONS_SSP || !ps_model_can_group(s->model, first, last)) {
         bwd_alone(s, &b);
     } else {
-        b.it.key = ((uint64_t)first << 16 | (uint64_t)last) + 1;
-        b.it.samples = ps_tape_batch(tape);
         b.it.arg = &b;
-        __atomic_add_fetch(&s->bbatch_held, 1, __ATOMIC_RELAXED);
-        ps_batcher_submit(s->batcher_bwd, &b.it);
-        pthread_mutex_lock(&s->batch_mu);
-        while (!b.done) pthread_cond_wait(&s->batch_cv, &s->batch_mu);
-        pthread_mutex_unlock(&s->batch_mu);
+        hold(s, s->batcher_bwd, &b.it, first, last, ps_tape_batch(tape), &s->bbatch_held, &b.done);
     }
     if (b.st != PS_OK) *err = b.err;
     return b.st;
@@ -228,14 +235,8 @@ ps_status svc_forward_train(ps_service *s, int first, int last, const void *x, i
     if (!s->batcher || ps_cons_mode_of(s->cons) == PS_CONS_SSP || !ps_model_can_group(s->model, first, last))
         return ps_model_forward_range(s->model, first, last, x, n, 1, NULL, seed, out, tape, version, err);
     fwd_item f = {.first = first, .last = last, .n = n, .x = x, .seed = seed, .out = out};
-    f.it.key = ((uint64_t)first << 16 | (uint64_t)last) + 1;
-    f.it.samples = n;
     f.it.arg = &f;
-    __atomic_add_fetch(&s->batch_held, 1, __ATOMIC_RELAXED);
-    ps_batcher_submit(s->batcher, &f.it);
-    pthread_mutex_lock(&s->batch_mu);
-    while (!f.done) pthread_cond_wait(&s->batch_cv, &s->batch_mu);
-    pthread_mutex_unlock(&s->batch_mu);
+    hold(s, s->batcher, &f.it, first, last, n, &s->batch_held, &f.done);
     *tape = f.tape;
     *version = f.version;
     if (f.st != PS_OK) *err = f.err;
