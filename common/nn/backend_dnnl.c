@@ -120,6 +120,7 @@ typedef struct dn_impl {
     int pool_c;             /* PS_DNNL_POOL=c: plain-layout pooling always in the C kernels */
     int no_wfwd;            /* PS_DNNL_WFWD=0: weight gradients never as forward convolutions */
     int no_c1;              /* PS_DNNL_C1=0: one-input-channel weight gradients by oneDNN, not conv_bwd_w_c1 */
+    int no_pool_bwd_c;      /* PS_DNNL_POOL_BWD=onednn: blocked max-pool backward by oneDNN, not pool_bwd_ws */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -1053,6 +1054,8 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     im->no_wfwd = wfwd && !strcmp(wfwd, "0");
     const char *c1 = getenv("PS_DNNL_C1");
     im->no_c1 = c1 && !strcmp(c1, "0");
+    const char *pbwd = getenv("PS_DNNL_POOL_BWD");
+    im->no_pool_bwd_c = pbwd && !strcmp(pbwd, "onednn");
     pthread_mutex_init(&im->lock, NULL);
     pthread_mutex_lock(&g_pool.lock);
     g_pool.users++;
@@ -1712,6 +1715,122 @@ static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *desc, const 
     return run(im, &k, a, workspace ? 3 : 2, err);
 }
 
+/* ---- max-pool backward in the blocked layout, from oneDNN's workspace ----
+ * oneDNN 2.6's blocked max-pool backward is slow on SSE4.1 (jit:sse41:
+ * 0.56 ms for the small ResNet's 2x2 pool at batch 64, 7x its forward;
+ * ~0.06 ms on AVX2 and AVX-512; this loop ~0.3 ms, bound by its stores),
+ * so it replaces oneDNN's only where that is the jit:sse41 kernel. Its JIT
+ * training forward records, per output element, which position of the
+ * window held the maximum: one byte, kh index * kw + kw index, laid out
+ * as the output (nChw8c / nChw16c). Where the workspace is exactly that
+ * (ws_is_window_index: u8, the output's blocked layout, no padding, the
+ * window inside the input) the gradient is one pass here: per output
+ * block and window position, a lane-wise select of dy where the recorded
+ * index is that position, added into dx. PS_DNNL_POOL_BWD=onednn runs
+ * oneDNN's backward instead; tests/test_pool_bwd checks both against the
+ * ref backend per ISA. */
+typedef float pool_v8f __attribute__((vector_size(32)));
+typedef int32_t pool_v8i __attribute__((vector_size(32)));
+typedef uint8_t pool_v8u8 __attribute__((vector_size(8)));
+
+/* One image's channel block: B lanes (8 or 16) as groups of 8, the window
+ * index of a group widened to 32 bits once per output position; per window
+ * position a compare and a mask of dy. */
+PS_INLINE void pool_bwd_ws_block(const ps_pool_desc *d, int oh, int ow, const uint8_t *ws, const float *dy,
+                                 float *dx, const int B) {
+    /* windows that tile the input exactly (the usual 2x2 stride 2): every
+     * dx element is written once, no zeroing pass first */
+    const int tile = d->stride_h == d->kh && d->stride_w == d->kw && oh * d->kh == d->h && ow * d->kw == d->w;
+    if (!tile) memset(dx, 0, (size_t)d->h * d->w * B * sizeof *dx);
+    for (int oy = 0; oy < oh; oy++)
+        for (int ox = 0; ox < ow; ox++)
+            for (int l0 = 0; l0 < B; l0 += 8) {
+                const int64_t o = ((int64_t)oy * ow + ox) * B + l0;
+                const uint8_t *wp = ws + o;
+                pool_v8u8 w8;
+                memcpy(&w8, wp, sizeof w8);
+                const pool_v8i idx = __builtin_convertvector(w8, pool_v8i);
+                pool_v8f g;
+                memcpy(&g, dy + o, sizeof g);
+                for (int ky = 0; ky < d->kh; ky++)
+                    for (int kx = 0; kx < d->kw; kx++) {
+                        const pool_v8i m = idx == (ky * d->kw + kx);    /* all ones where the max was */
+                        const pool_v8f v = (pool_v8f)((pool_v8i)g & m);
+                        float *t = dx + ((int64_t)(oy * d->stride_h + ky) * d->w + ox * d->stride_w + kx) * B + l0;
+                        if (tile) {
+                            memcpy(t, &v, sizeof v);
+                        } else {
+                            pool_v8f acc;
+                            memcpy(&acc, t, sizeof acc);
+                            acc += v;
+                            memcpy(t, &acc, sizeof acc);
+                        }
+                    }
+            }
+}
+
+PS_CLONES static void pool_bwd_ws8(const ps_pool_desc *d, int oh, int ow, const uint8_t *ws, const float *dy,
+                                   float *dx) {
+    pool_bwd_ws_block(d, oh, ow, ws, dy, dx, 8);
+}
+
+PS_CLONES static void pool_bwd_ws16(const ps_pool_desc *d, int oh, int ow, const uint8_t *ws, const float *dy,
+                                    float *dx) {
+    pool_bwd_ws_block(d, oh, ow, ws, dy, dx, 16);
+}
+
+/* The block B (8 or 16) when the training forward's workspace for d (its
+ * primitive desc pd) is the window index described above, else 0. */
+static int ws_is_window_index(const ps_pool_desc *d, const_dnnl_primitive_desc_t pd) {
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    if (d->pad_h || d->pad_w || d->kh * d->kw > 255 || (oh - 1) * d->stride_h + d->kh > d->h ||
+        (ow - 1) * d->stride_w + d->kw > d->w)
+        return 0;
+    const dnnl_memory_desc_t *ws = dnnl_primitive_desc_query_md(pd, dnnl_query_workspace_md, 0);
+    const dnnl_memory_desc_t *dst = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    if (!ws || !dst || ws->data_type != dnnl_u8 || ws->format_kind != dnnl_blocked || ws->ndims != 4) return 0;
+    const dnnl_blocking_desc_t *bw = &ws->format_desc.blocking, *bd = &dst->format_desc.blocking;
+    if (bw->inner_nblks != 1 || bw->inner_idxs[0] != 1 || (bw->inner_blks[0] != 8 && bw->inner_blks[0] != 16))
+        return 0;
+    const int64_t B = bw->inner_blks[0];
+    const int64_t want[4] = { (d->c / B) * oh * ow * B, (int64_t)oh * ow * B, (int64_t)ow * B, B };
+    const int64_t dims[4] = { d->n, d->c, oh, ow };
+    if (d->c % B || dst->format_kind != dnnl_blocked || bd->inner_nblks != 1 || bd->inner_blks[0] != B) return 0;
+    for (int i = 0; i < 4; i++)
+        if (ws->dims[i] != dims[i] || ws->padded_dims[i] != dims[i] || bw->strides[i] != want[i] ||
+            bd->strides[i] != want[i] || ws->padded_offsets[i])
+            return 0;
+    return ws->offset0 == 0 ? (int)B : 0;
+}
+
+/* pool_bwd_ws over the (image, channel block) planes; 0 when it does not
+ * apply (then oneDNN's backward runs). */
+static int pool_bwd_ws(dn_impl *im, const ps_pool_desc *d, const void *workspace, const float *dy, float *dx) {
+    if (im->no_pool_bwd_c) return 0;
+    /* only where oneDNN's own backward is its slow SSE4.1 kernel: its
+     * AVX2 and AVX-512 ones are faster than this loop (~1 against ~4.5 us
+     * a sample for the small ResNet's pool) */
+    const prim_entry *be;
+    prim_key kb = pool_key(PK_POOL_BWD, d);
+    if (get_entry(im, &kb, &be, NULL) != PS_OK || !be->impl || !strstr(be->impl, "sse41")) return 0;
+    prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
+    dnnl_primitive_t prim;
+    const_dnnl_primitive_desc_t pd;
+    if (get_prim(im, &k, &prim, NULL) != PS_OK || dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success)
+        return 0;
+    const int B = ws_is_window_index(d, pd);
+    if (!B) return 0;
+    const int oh = ps_pool_out_h(d), ow = ps_pool_out_w(d);
+    const int64_t planes = (int64_t)d->n * (d->c / B), in = (int64_t)d->h * d->w * B, out = (int64_t)oh * ow * B;
+    const uint8_t *ws = workspace;
+#pragma omp parallel for if (planes * in >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        if (B == 8) pool_bwd_ws8(d, oh, ow, ws + p * out, dy + p * out, dx + p * in);
+        else pool_bwd_ws16(d, oh, ow, ws + p * out, dy + p * out, dx + p * in);
+    }
+    return 1;
+}
+
 static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const void *workspace,
                                      const float *dy, float *dx, ps_err *err) {
     dn_impl *im = impl;
@@ -1725,6 +1844,7 @@ static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const
         pool_plain_max_bwd(&d, workspace, dy, dx);
         return PS_OK;
     }
+    if (pool_bwd_ws(im, &d, workspace, dy, dx)) return PS_OK;
     prim_key k = pool_key(PK_POOL_BWD, &d);
     return run(im, &k, a, 3, err);
 }
