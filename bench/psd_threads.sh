@@ -67,7 +67,7 @@ trainers() {  # batches, extra flags...
 }
 snap() {  # tid comm utime stime voluntary nonvoluntary minflt, per thread
   local t
-  for t in /proc/$psd/task/*; do
+  for t in /proc/"$psd"/task/*; do
     echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(cut -d' ' -f14,15 "$t/stat")" \
       "$(awk '/^(voluntary|nonvoluntary)_ctxt/ {printf "%s ", $2}' "$t/status")$(cut -d' ' -f10 "$t/stat")"
   done | sort
