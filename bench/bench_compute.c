@@ -3,8 +3,10 @@
  * For one backend and one thread count: samples/s of a training-mode
  * forward alone and of a full training step (forward with tape, backward,
  * SGD step), batch B on real MNIST images (IDX files) so the numbers match
- * what psd computes. Warm-up first, then R repetitions of T seconds each;
- * prints one machine-readable line per measurement:
+ * what psd computes. Warm-up first, then R repetitions of T seconds each,
+ * the forward's and the step's alternating (a load that changes during the
+ * run then moves both alike, not their ratio); prints one machine-readable
+ * line per measurement:
  *
  *   compute backend=dnnl isa=avx2 threads=2 batch=32 what=step reps=5 median=912.3 min=... max=... unit=samples/s cpu_us=480.2
  *
@@ -162,21 +164,29 @@ int main(int argc, char **argv) {
     if (!b.x || !b.out || !b.grad || !b.y || !b.idx) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
 
     const char *what[2] = {"forward", "step"};
-    for (int step = 0; step <= 1; step++) {
-        /* Warm-up: primitive creation, page faults, caches. */
+    /* Warm-up of both: primitive creation, page faults, caches. Then the
+     * repetitions of the forward and the step alternate, so that a change
+     * in the machine's load during the run moves both alike and their
+     * ratio (issue 18's step/forward) is not the load's. */
+    for (int step = 0; step <= 1; step++)
         if (run_for(&b, step, secs < 0.5 ? secs : 0.5, fixed, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
-        double *r = calloc((size_t)reps, sizeof *r), *pf = calloc((size_t)reps * 5, sizeof *pf);
-        if (!r || !pf) { free(r); free(pf); goto out; }
-        for (long i = 0; i < reps; i++) {
-            r[i] = run_for(&b, step, secs, fixed, &err);
-            if (r[i] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(r); free(pf); goto out; }
+    double *pfs[2] = { calloc((size_t)reps * 5, sizeof(double)), calloc((size_t)reps * 5, sizeof(double)) };
+    if (!pfs[0] || !pfs[1]) { free(pfs[0]); free(pfs[1]); goto out; }
+    for (long i = 0; i < reps; i++)
+        for (int step = 0; step <= 1; step++) {
+            double *p = &pfs[step][i * 5];
+            p[0] = run_for(&b, step, secs, fixed, &err);
+            if (p[0] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(pfs[0]); free(pfs[1]); goto out; }
             double nb = (double)b.nbatches;
-            pf[i * 5] = r[i];
-            pf[i * 5 + 1] = b.t_fwd / nb * 1e3;
-            pf[i * 5 + 2] = b.t_bwd / nb * 1e3;
-            pf[i * 5 + 3] = b.t_step / nb * 1e3;
-            pf[i * 5 + 4] = b.cpu / (nb * (double)batch) * 1e6;
+            p[1] = b.t_fwd / nb * 1e3;
+            p[2] = b.t_bwd / nb * 1e3;
+            p[3] = b.t_step / nb * 1e3;
+            p[4] = b.cpu / (nb * (double)batch) * 1e6;
         }
+    for (int step = 0; step <= 1; step++) {
+        double *pf = pfs[step], *r = calloc((size_t)reps, sizeof *r);
+        if (!r) { free(pfs[0]); free(pfs[1]); goto out; }
+        for (long i = 0; i < reps; i++) r[i] = pf[i * 5];
         qsort(pf, (size_t)reps, 5 * sizeof(double), cmp_double);  /* rows by samples/s */
         double *cpu = calloc((size_t)reps, sizeof *cpu);
         for (long i = 0; cpu && i < reps; i++) cpu[i] = pf[i * 5 + 4];
@@ -194,8 +204,9 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
         free(r);
-        free(pf);
     }
+    free(pfs[0]);
+    free(pfs[1]);
     rc = 0;
 out:
     free(b.x); free(b.out); free(b.grad); free(b.y); free(b.idx);
