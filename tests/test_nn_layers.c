@@ -338,7 +338,7 @@ static void check_sgd(ps_backend *b, rng *r) {
             for (int64_t i = 0; i < n; i++) hg[i] = rng_uniform(r);
             CHECK(b->ops->copy_to_device(b->impl, g, hg, n * sizeof *g, NULL) == PS_OK);
             s.first_step = step == 0;
-            CHECK(b->ops->sgd_update(b->impl, n, w, g, buf, &s, NULL) == PS_OK);
+            CHECK(b->ops->sgd_update(b->impl, n, w, w, g, buf, &s, NULL) == PS_OK);
             for (int64_t i = 0; i < n; i++) {
                 double gi = (double)hg[i] + (double)s.weight_decay * ew[i];
                 if (s.momentum != 0) {
