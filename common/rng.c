@@ -41,6 +41,12 @@ float ps_rng_uniform(ps_rng *r) {
     return (float)(ps_rng_next(r) >> 40) * (1.0f / 16777216.0f);
 }
 
+void ps_rng_uniforms(ps_rng *r, float *out, int64_t n) {
+    ps_rng st = *r;   /* the state in registers for the loop */
+    for (int64_t i = 0; i < n; i++) out[i] = ps_rng_uniform(&st);
+    *r = st;
+}
+
 uint64_t ps_rng_below(ps_rng *r, uint64_t n) {
     uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t x;

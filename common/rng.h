@@ -24,6 +24,9 @@ void ps_rng_seed(ps_rng *r, uint64_t seed);
 uint64_t ps_rng_next(ps_rng *r);
 /* Uniform in [0, 1) with 24 bits of precision. */
 float ps_rng_uniform(ps_rng *r);
+/* n values of ps_rng_uniform into out, in order: the same values and the
+ * same state after as n calls, in one loop (dropout masks). */
+void ps_rng_uniforms(ps_rng *r, float *out, int64_t n);
 /* Uniform integer in [0, n), n > 0, without modulo bias. */
 uint64_t ps_rng_below(ps_rng *r, uint64_t n);
 

@@ -226,15 +226,18 @@ static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
                 ps_backend *b = bs[k];
                 float *zeros = calloc(n, sizeof *zeros);
                 float *W = up(b, w0, n), *B = cfgs[c].momentum != 0 ? up(b, zeros, n) : NULL;
-                for (int s = 0; s < 3; s++) {
-                    float *G = up(b, g[s], n);
+                float *W2 = up(b, zeros, n);
+                for (int s = 0; s < 3; s++) {   /* step 1 out of place (snapshot steps), the others in place */
+                    float *G = up(b, g[s], n), *out = s == 1 ? W2 : W;
                     ps_sgd_desc sd = cfgs[c];
                     sd.first_step = s == 0;
-                    OK(b->ops->sgd_update(b->impl, n, W, G, B, &sd, &e_));
+                    OK(b->ops->sgd_update(b->impl, n, out, W, G, B, &sd, &e_));
+                    if (out != W) { W2 = W; W = out; }
                     ps_backend_release(b, G);
                 }
                 res[k] = down(b, W, n);
                 ps_backend_release(b, B);
+                ps_backend_release(b, W2);
                 free(zeros);
             }
             snprintf(what, sizeof what, "sgd lr %g mom %g wd %g", cfgs[c].lr, cfgs[c].momentum, cfgs[c].weight_decay);
@@ -253,14 +256,16 @@ static void cmp_small_ops(ps_backend *ref, ps_backend *cu, rng *r) {
             for (int k = 0; k < 2; k++) {
                 ps_backend *b = bs[k];
                 float *zeros = calloc(n, sizeof *zeros);
-                float *W = up(b, w0, n), *M = up(b, zeros, n), *V = up(b, zeros, n);
-                for (int s = 0; s < 3; s++) {
-                    float *G = up(b, g[s], n);
+                float *W = up(b, w0, n), *M = up(b, zeros, n), *V = up(b, zeros, n), *W2 = up(b, zeros, n);
+                for (int s = 0; s < 3; s++) {   /* step 1 out of place (snapshot steps), the others in place */
+                    float *G = up(b, g[s], n), *out = s == 1 ? W2 : W;
                     ps_adam_desc ad = cfgs[c];
                     ad.step = s + 1;
-                    OK(b->ops->adam_update(b->impl, n, W, G, M, V, &ad, &e_));
+                    OK(b->ops->adam_update(b->impl, n, out, W, G, M, V, &ad, &e_));
+                    if (out != W) { W2 = W; W = out; }
                     ps_backend_release(b, G);
                 }
+                ps_backend_release(b, W2);
                 res[k][0] = down(b, W, n); res[k][1] = down(b, M, n); res[k][2] = down(b, V, n);
                 free(zeros);
             }

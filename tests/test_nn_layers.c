@@ -338,7 +338,7 @@ static void check_sgd(ps_backend *b, rng *r) {
             for (int64_t i = 0; i < n; i++) hg[i] = rng_uniform(r);
             CHECK(b->ops->copy_to_device(b->impl, g, hg, n * sizeof *g, NULL) == PS_OK);
             s.first_step = step == 0;
-            CHECK(b->ops->sgd_update(b->impl, n, w, g, buf, &s, NULL) == PS_OK);
+            CHECK(b->ops->sgd_update(b->impl, n, w, w, g, buf, &s, NULL) == PS_OK);
             for (int64_t i = 0; i < n; i++) {
                 double gi = (double)hg[i] + (double)s.weight_decay * ew[i];
                 if (s.momentum != 0) {
@@ -909,7 +909,7 @@ static void check_registry(void) {
  * bit-identical to out of place, -inf logits (exp 0) and a NaN (NaN loss). */
 static void check_cross_entropy(rng *r) {
     const int64_t ks[] = { 1, 7, 16, 33, 250, 10000 };
-    const int widths[] = { 0, 256, 512 };
+    const int widths[] = { 0, 128, 256, 512 };
     for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
         int64_t k = ks[ki], n = 5;
         float *z = host_zeros((size_t)(n * k)), *g = host_zeros((size_t)(n * k)), *zz = host_zeros((size_t)(n * k));

@@ -15,11 +15,20 @@
  *     as in place, and forwards over the embedding and the decoder
  *     together, over the decoder alone, over the whole table, and model
  *     snapshots, taken while
- *     steps run, each match the in-place model at one version.
+ *     steps run, each match the in-place model at one version;
+ *  6. every optimizer (SGD plain, with momentum, weight decay or both;
+ *     Adam with and without weight decay) on mnist_cnn (dnnl and ref),
+ *     small_resnet (BatchNorm buffers folded at the step) and rnn_lm
+ *     (row-sparse embedding in place beside dense stages): snapshot steps,
+ *     which write the dense stages from the current copy into the spare
+ *     one, leave weights, update counts, optimizer state, buffers and
+ *     version bit-identical to in-place steps, with gradients that skip
+ *     whole stages and single parameters on some steps.
  * The in-place model is the reference: it runs the same kernels on the
  * same weights one call at a time. */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,10 +133,11 @@ static void *snapshots(void *p) {
 #define LM_W 32      /* ninp = nhid */
 #define LM_IDS 64
 
-static ps_model *make_lm(int snapshots) {
-    /* Adam (SparseAdam for the rows): per-row and dense optimizer state */
-    static const ps_optim_spec adam = {.kind = PS_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
-    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 3, .optim = &adam,
+/* Adam (SparseAdam for the rows): per-row and dense optimizer state */
+static const ps_optim_spec lm_adam = {.kind = PS_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+
+static ps_model *make_lm(int snapshots, const ps_optim_spec *spec) {
+    ps_model_opts o = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 3, .optim = spec,
                        .snapshot_steps = snapshots, .compute_threads = 1, .n_sizes = 4,
                        .size_key = {"ntoken", "ninp", "nhid", "dropout"}, .size_value = {LM_V, LM_W, LM_W, 0}};
     ps_err err = {0};
@@ -150,7 +160,9 @@ static void lm_all_ids(int k, int64_t *ids) {
  * table and a reader racing it would see it half-written) from a training
  * forward and backward of stage emb, plus random dense gradients for every other parameter (the
  * decoder's and the LSTM's, as PushGradients adds them). */
-static ps_grads *lm_grads_k(ps_model *m, int k) {
+static void add_dense_k(ps_model *m, ps_grads *g, int k, int partial, rng *r);
+
+static ps_grads *lm_grads_k_ex(ps_model *m, int k, int partial) {
     ps_err err = {0};
     int emb = ps_model_find_stage(m, "emb");
     int64_t ids[LM_V];
@@ -163,16 +175,11 @@ static ps_grads *lm_grads_k(ps_model *m, int k) {
     OKE(ps_model_backward_acc(m, t, gout, NULL, g, &err));
     ps_tape_free(t);
     free(gout);
-    for (int i = 0; g && i < ps_model_num_params(m); i++) {
-        if (ps_model_param(m, i)->sparse) continue;
-        int64_t n = ps_model_param(m, i)->numel;
-        float *h = host_random((size_t)n, &r);
-        for (int64_t j = 0; j < n; j++) h[j] *= 0.1f;
-        OKE(ps_grads_add_dense(m, g, i, h, &err));
-        free(h);
-    }
+    add_dense_k(m, g, k, partial, &r);
     return g;
 }
+
+static ps_grads *lm_grads_k(ps_model *m, int k) { return lm_grads_k_ex(m, k, 0); }
 
 /* Eval forwards of stages first..last while steps run, each compared at
  * once with the in-place model's output at the version it reports. */
@@ -215,7 +222,7 @@ static void lm_wait_more(lm_fwd *f) {
 
 static void lm_part(void) {
     ps_err err = {0};
-    ps_model *in = make_lm(0), *sn = make_lm(1);
+    ps_model *in = make_lm(0, &lm_adam), *sn = make_lm(1, &lm_adam);
     int emb = in ? ps_model_find_stage(in, "emb") : -1, dec = in ? ps_model_find_stage(in, "decoder") : -1;
     CHECK(emb >= 0 && dec == emb + 1);
     if (!in || !sn || emb < 0 || dec != emb + 1) { ps_model_free(in); ps_model_free(sn); return; }
@@ -290,6 +297,207 @@ static void lm_part(void) {
     free(h);
     ps_model_free(in);
     ps_model_free(sn);
+}
+
+/* ---- 6: every optimizer, the dense stages written out of place ----
+ * A snapshot step writes the next weights of the dense stages from the
+ * current copy into a spare one (the optimizer reads one and writes the
+ * other; a parameter without a gradient is copied). Against the in-place
+ * model, step by step: weights, update counts, optimizer state (momentum,
+ * exp_avg, exp_avg_sq), buffers (BatchNorm's running statistics) and the
+ * version, bit for bit, for every optimizer the step table supports. The
+ * gradients leave whole stages and single parameters out on some steps
+ * (a parameter left un-updated, or left stale in the spare copy, which
+ * holds a version two or more steps old, differs), and weight decay reads
+ * the weights (reading the spare copy instead of the current one
+ * differs). */
+typedef struct optim_case {
+    const char *what;
+    ps_optim_spec spec;
+} optim_case;
+
+static const optim_case kOptims[] = {
+    {"sgd", {.kind = PS_OPTIM_SGD, .lr = 0.05}},
+    {"sgd momentum", {.kind = PS_OPTIM_SGD, .lr = 0.05, .momentum = 0.9}},
+    {"sgd weight_decay", {.kind = PS_OPTIM_SGD, .lr = 0.05, .weight_decay = 0.1}},
+    {"sgd momentum weight_decay", {.kind = PS_OPTIM_SGD, .lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}},
+    {"adam", {.kind = PS_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8}},
+    {"adam weight_decay", {.kind = PS_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6,
+                           .weight_decay = 0.05}},
+};
+#define NOPTIMS (int)(sizeof kOptims / sizeof kOptims[0])
+#define MATRIX_STEPS 7
+
+/* Random dense gradients of step k for every dense parameter; partial:
+ * stage s gets none on steps with (k + s) % 3 == 0, and parameter i of a
+ * stage that gets some is left out (zero in its stage's block) when
+ * (k + i) % 4 == 0. */
+static void add_dense_k(ps_model *m, ps_grads *g, int k, int partial, rng *r) {
+    ps_err err = {0};
+    for (int i = 0; g && i < ps_model_num_params(m); i++) {
+        const ps_param_info *p = ps_model_param(m, i);
+        if (p->sparse) continue;
+        if (partial && ((k + p->stage_index) % 3 == 0 || (k + i) % 4 == 0)) continue;
+        float *h = host_random((size_t)p->numel, r);
+        for (int64_t j = 0; j < p->numel; j++) h[j] *= 0.1f;
+        OKE(ps_grads_add_dense(m, g, i, h, &err));
+        free(h);
+    }
+}
+
+/* The whole training state of m (ps_model_snapshot_ex), as one block of
+ * bytes to compare. */
+typedef struct train_state {
+    float *w;
+    int64_t *step;
+    float *st[PS_OPTIM_MAX_STATE];
+    void *buf[64];
+    uint64_t version;
+} train_state;
+
+static void state_take(ps_model *m, train_state *t) {
+    ps_err err = {0};
+    memset(t, 0, sizeof *t);
+    const int64_t nw = ps_model_num_weights(m);
+    t->w = malloc((size_t)nw * sizeof(float));
+    t->step = calloc((size_t)ps_model_num_params(m), sizeof *t->step);
+    int ns = ps_optim_num_state(ps_model_optim(m));
+    for (int j = 0; j < ns; j++) t->st[j] = malloc((size_t)nw * sizeof(float));
+    CHECK(ps_model_num_buffers(m) <= 64);
+    for (int i = 0; i < ps_model_num_buffers(m) && i < 64; i++) {
+        const ps_buffer_info *b = ps_model_buffer(m, i);
+        t->buf[i] = calloc((size_t)(b->numel ? b->numel : 1), 8);
+    }
+    OKE(ps_model_snapshot_ex(m, t->w, t->step, t->st, t->buf, &t->version, &err));
+}
+
+static void state_free(ps_model *m, train_state *t) {
+    free(t->w);
+    free(t->step);
+    for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) free(t->st[j]);
+    for (int i = 0; i < ps_model_num_buffers(m) && i < 64; i++) free(t->buf[i]);
+}
+
+/* NULL when a and b are the same state; else what differs (static text). */
+static const char *state_diff(ps_model *m, const train_state *a, const train_state *b, char *msg, size_t cap) {
+    int64_t off = 0;
+    int ns = ps_optim_num_state(ps_model_optim(m));
+    if (a->version != b->version) return "the version";
+    for (int i = 0; i < ps_model_num_params(m); i++) {
+        const ps_param_info *p = ps_model_param(m, i);
+        const size_t nb = (size_t)p->numel * sizeof(float);
+        const char *what = NULL;
+        if (memcmp(a->w + off, b->w + off, nb)) what = "weights";
+        else if (a->step[i] != b->step[i]) what = "update count";
+        for (int j = 0; !what && j < ns; j++)
+            if (memcmp(a->st[j] + off, b->st[j] + off, nb)) what = ps_optim_state_name(ps_model_optim(m)->kind, j);
+        if (what) {
+            snprintf(msg, cap, "%s's %s", p->name, what);
+            return msg;
+        }
+        off += p->numel;
+    }
+    for (int i = 0; i < ps_model_num_buffers(m) && i < 64; i++) {
+        const ps_buffer_info *bi = ps_model_buffer(m, i);
+        if (memcmp(a->buf[i], b->buf[i], (size_t)bi->numel * (bi->dtype == PS_DTYPE_I64 ? 8 : 4))) {
+            snprintf(msg, cap, "buffer %s", bi->name);
+            return msg;
+        }
+    }
+    return NULL;
+}
+
+typedef enum { GRADS_RANDOM, GRADS_BACKWARD, GRADS_LM } grads_kind;
+
+/* Gradients of step k for m: random dense ones (partial), a training
+ * forward and backward of x (with BatchNorm's statistics to fold), or
+ * rnn_lm's rows of the embedding plus partial dense ones. */
+static ps_grads *grads_of(ps_model *m, grads_kind gk, int k, const float *x, int64_t out_numel) {
+    ps_err err = {0};
+    if (gk == GRADS_LM) return lm_grads_k_ex(m, k, 1);
+    if (gk == GRADS_RANDOM) {
+        ps_grads *g = ps_grads_create(m, &err);
+        rng r = {0x2545f4914f6cdd1dULL * (uint64_t)(k + 5)};
+        add_dense_k(m, g, k, 1, &r);
+        return g;
+    }
+    rng r = {0x9e3779b9ULL * (uint64_t)(k + 7)};
+    float *out = malloc((size_t)BATCH * out_numel * sizeof *out);
+    float *gout = host_random((size_t)BATCH * out_numel, &r);
+    ps_tape *t = NULL;
+    OKE(run_forward(m, x, BATCH, 1, NULL, (uint64_t)k, out, &t, NULL, &err));
+    ps_grads *g = t ? run_backward(m, t, gout, &err) : NULL;
+    CHECK_MSG(g != NULL, "%s", err.msg);
+    ps_tape_free(t);
+    free(out);
+    free(gout);
+    return g;
+}
+
+static void matrix_case(const char *model, const ps_model_opts *base, grads_kind gk, const optim_case *oc) {
+    ps_err err = {0};
+    ps_model *m[2];
+    for (int k = 0; k < 2; k++) {
+        ps_model_opts o = *base;
+        o.optim = &oc->spec;
+        o.snapshot_steps = k;
+        m[k] = ps_model_create(&o, &err);
+        CHECK_MSG(m[k] != NULL, "%s, %s: %s", model, oc->what, err.msg);
+    }
+    if (!m[0] || !m[1]) { ps_model_free(m[0]); ps_model_free(m[1]); return; }
+    const ps_stage_info *st0 = ps_model_stage(m[0], 0), *stl = ps_model_stage(m[0], ps_model_num_stages(m[0]) - 1);
+    int64_t in_numel = 1, out_numel = 1;
+    for (int d = 0; d < st0->in_ndim; d++) in_numel *= st0->in_dims[d];
+    for (int d = 0; d < stl->out_ndim; d++) out_numel *= stl->out_dims[d];
+    rng r = {1234};
+    float *x = gk == GRADS_BACKWARD ? host_random((size_t)BATCH * in_numel, &r) : NULL;
+    const char *bad = NULL;
+    char msg[256];
+    int bad_step = 0;
+    for (int s = 1; s <= MATRIX_STEPS && !bad; s++) {
+        train_state t[2];
+        for (int k = 0; k < 2; k++) {
+            ps_grads *g = grads_of(m[k], gk, s, x, out_numel);
+            uint64_t v = 0;
+            OKE(ps_model_step_grads(m[k], g, &v, &err));
+            CHECK(v == (uint64_t)s);
+            ps_grads_free(g);
+            state_take(m[k], &t[k]);
+        }
+        bad = state_diff(m[0], &t[0], &t[1], msg, sizeof msg);
+        bad_step = s;
+        for (int k = 0; k < 2; k++) state_free(m[k], &t[k]);
+    }
+    CHECK_MSG(!bad, "%s, %s: after step %d a snapshot step left %s different from an in-place step", model,
+              oc->what, bad_step, bad);
+    free(x);
+    ps_model_free(m[0]);
+    ps_model_free(m[1]);
+}
+
+static void optim_matrix(void) {
+    const ps_model_opts mnist_dnnl = {.arch = "mnist_cnn", .cpu_backend = "dnnl", .seed = 5, .compute_threads = 2};
+    const ps_model_opts mnist_ref = {.arch = "mnist_cnn", .cpu_backend = "ref", .seed = 6, .compute_threads = 1};
+    const ps_model_opts resnet = {.file = "examples/models/small_resnet.yaml", .cpu_backend = "dnnl", .seed = 7,
+                                  .compute_threads = 2};
+    const ps_model_opts lm = {.arch = "rnn_lm", .cpu_backend = "ref", .seed = 3, .compute_threads = 1, .n_sizes = 4,
+                              .size_key = {"ntoken", "ninp", "nhid", "dropout"}, .size_value = {LM_V, LM_W, LM_W, 0}};
+    int cases = 0;
+    for (int c = 0; c < NOPTIMS; c++) {
+        const ps_optim_spec *sp = &kOptims[c].spec;
+        matrix_case("mnist_cnn (dnnl)", &mnist_dnnl, GRADS_RANDOM, &kOptims[c]);
+        matrix_case("mnist_cnn (ref)", &mnist_ref, GRADS_RANDOM, &kOptims[c]);
+        matrix_case("small_resnet (dnnl, BatchNorm)", &resnet, GRADS_BACKWARD, &kOptims[c]);
+        cases += 3;
+        /* row-sparse rules: SparseAdam, or plain SGD (no momentum, no weight decay) */
+        ps_err err = {0};
+        if (ps_optim_check(sp, 1, &err) == PS_OK) {
+            matrix_case("rnn_lm (embedding rows in place, dense stages out of place)", &lm, GRADS_LM, &kOptims[c]);
+            cases++;
+        }
+    }
+    printf("test_snapshot_steps: %d model x optimizer cases, %d steps each, snapshot = in-place bit for bit\n",
+           cases, MATRIX_STEPS);
 }
 
 int main(void) {
@@ -394,6 +602,7 @@ int main(void) {
     free(zero);
     free(got);
     lm_part();
+    optim_matrix();
 
     for (int s = 0; s <= STEPS; s++) { free(ref_w[s]); free(ref_out[s]); }
     free(x);

@@ -22,8 +22,8 @@ typedef struct lstm_impl_ops {
 } lstm_impl_ops;
 
 /* the cell's element-wise forward and backward steps, per ISA (below) */
-typedef void (*cell_fwd_fn)(float *, const float *, float *, float *, float *, int64_t, int64_t);
-typedef void (*cell_bwd_fn)(const float *, const float *, const float *, const float *, const float *, float *,
+typedef void (*cell_fwd_fn)(float *, const float *, const float *, float *, float *, float *, int64_t, int64_t);
+typedef void (*cell_bwd_fn)(const float *, const float *, const float *, const float *, const float *, float *, float *,
                             float *, int64_t, int64_t);
 typedef struct cell_ops { cell_fwd_fn fwd; cell_bwd_fn bwd; } cell_ops;
 
@@ -32,7 +32,8 @@ typedef struct lstm_dnnl {
     float *tc;          /* (T,N,H) tanh(c_t) of the last forward */
     float *da;          /* (T,N,4H) the gates' gradients of a backward */
     float *dh, *dc;     /* (N,H) the recurrent gradients */
-    float *db;          /* (4H) the bias gradient */
+    float *db;          /* (4H) the bias gradient, summed by the cell's backward */
+    float *b;           /* (4H) b_ih + b_hh, which the cell's forward adds */
     cell_ops cell;      /* for oneDNN's ISA */
 } lstm_dnnl;
 
@@ -199,17 +200,18 @@ static inline __attribute__((always_inline)) float c_tanh(float x) {
     return copysignf(r, x);
 }
 
-/* One forward step for n rows: a (n, 4H) gate pre-activations -> activated
- * in place; c = f cp + i g, tc = tanh(c), h = o tc. */
-static inline __attribute__((always_inline)) void cell_fwd_body(float *a, const float *cp, float *c, float *tc,
-                                                                float *h, int64_t n, int64_t H) {
+/* One forward step for n rows: a (n, 4H) gate pre-activations without the
+ * bias b (4H) -> activated in place; c = f cp + i g, tc = tanh(c), h = o tc. */
+static inline __attribute__((always_inline)) void cell_fwd_body(float *a, const float *b, const float *cp, float *c,
+                                                                float *tc, float *h, int64_t n, int64_t H) {
     for (int64_t r = 0; r < n; r++) {
         float *ar = a + r * 4 * H;
         const float *cpr = cp + r * H;
         float *cr = c + r * H, *tcr = tc + r * H, *hr = h + r * H;
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) {
-            float ig = c_sigm(ar[j]), fg = c_sigm(ar[H + j]), gg = c_tanh(ar[2 * H + j]), og = c_sigm(ar[3 * H + j]);
+            float ig = c_sigm(ar[j] + b[j]), fg = c_sigm(ar[H + j] + b[H + j]), gg = c_tanh(ar[2 * H + j] + b[2 * H + j]),
+                  og = c_sigm(ar[3 * H + j] + b[3 * H + j]);
             float cv = fg * cpr[j] + ig * gg, tv = c_tanh(cv);
             ar[j] = ig, ar[H + j] = fg, ar[2 * H + j] = gg, ar[3 * H + j] = og;
             cr[j] = cv, tcr[j] = tv, hr[j] = og * tv;
@@ -219,10 +221,11 @@ static inline __attribute__((always_inline)) void cell_fwd_body(float *a, const 
 
 /* One backward step: dh (n, H) the gradient from the next step (in) plus
  * dy; dc (n, H) likewise, replaced by the one for the step before; da
- * (n, 4H) the gates' pre-activation gradients. */
+ * (n, 4H) the gates' pre-activation gradients, also added into db (4H, the
+ * bias gradient: no pass of its own over the window's da). */
 static inline __attribute__((always_inline)) void cell_bwd_body(const float *a, const float *cp, const float *tc,
                                                                 const float *dh, const float *dy, float *dc,
-                                                                float *da, int64_t n, int64_t H) {
+                                                                float *da, float *db, int64_t n, int64_t H) {
     for (int64_t r = 0; r < n; r++) {
         const float *ar = a + r * 4 * H, *cpr = cp + r * H, *tcr = tc + r * H, *dhr = dh + r * H, *dyr = dy + r * H;
         float *dcr = dc + r * H, *dar = da + r * 4 * H;
@@ -231,41 +234,41 @@ static inline __attribute__((always_inline)) void cell_bwd_body(const float *a, 
             float ig = ar[j], fg = ar[H + j], gg = ar[2 * H + j], og = ar[3 * H + j], tv = tcr[j];
             float dhv = dhr[j] + dyr[j];
             float dcv = dcr[j] + dhv * og * (1.0f - tv * tv);
-            dar[j] = dcv * gg * ig * (1.0f - ig);
-            dar[H + j] = dcv * cpr[j] * fg * (1.0f - fg);
-            dar[2 * H + j] = dcv * ig * (1.0f - gg * gg);
-            dar[3 * H + j] = dhv * tv * og * (1.0f - og);
+            const float d0 = dcv * gg * ig * (1.0f - ig), d1 = dcv * cpr[j] * fg * (1.0f - fg);
+            const float d2 = dcv * ig * (1.0f - gg * gg), d3 = dhv * tv * og * (1.0f - og);
+            dar[j] = d0, dar[H + j] = d1, dar[2 * H + j] = d2, dar[3 * H + j] = d3;
+            db[j] += d0, db[H + j] += d1, db[2 * H + j] += d2, db[3 * H + j] += d3;
             dcr[j] = dcv * fg;
         }
     }
 }
 
-static void cell_fwd_base(float *a, const float *cp, float *c, float *tc, float *h, int64_t n, int64_t H) {
-    cell_fwd_body(a, cp, c, tc, h, n, H);
+static void cell_fwd_base(float *a, const float *b, const float *cp, float *c, float *tc, float *h, int64_t n, int64_t H) {
+    cell_fwd_body(a, b, cp, c, tc, h, n, H);
 }
 static void cell_bwd_base(const float *a, const float *cp, const float *tc, const float *dh, const float *dy,
-                          float *dc, float *da, int64_t n, int64_t H) {
-    cell_bwd_body(a, cp, tc, dh, dy, dc, da, n, H);
+                          float *dc, float *da, float *db, int64_t n, int64_t H) {
+    cell_bwd_body(a, cp, tc, dh, dy, dc, da, db, n, H);
 }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LSTM_X86 1
-__attribute__((target("avx2,fma"))) static void cell_fwd_256(float *a, const float *cp, float *c, float *tc, float *h,
-                                                             int64_t n, int64_t H) {
-    cell_fwd_body(a, cp, c, tc, h, n, H);
+__attribute__((target("avx2,fma"))) static void cell_fwd_256(float *a, const float *b, const float *cp, float *c,
+                                                             float *tc, float *h, int64_t n, int64_t H) {
+    cell_fwd_body(a, b, cp, c, tc, h, n, H);
 }
 __attribute__((target("avx2,fma"))) static void cell_bwd_256(const float *a, const float *cp, const float *tc,
                                                              const float *dh, const float *dy, float *dc, float *da,
-                                                             int64_t n, int64_t H) {
-    cell_bwd_body(a, cp, tc, dh, dy, dc, da, n, H);
+                                                             float *db, int64_t n, int64_t H) {
+    cell_bwd_body(a, cp, tc, dh, dy, dc, da, db, n, H);
 }
 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,prefer-vector-width=512"))) static void
-cell_fwd_512(float *a, const float *cp, float *c, float *tc, float *h, int64_t n, int64_t H) {
-    cell_fwd_body(a, cp, c, tc, h, n, H);
+cell_fwd_512(float *a, const float *b, const float *cp, float *c, float *tc, float *h, int64_t n, int64_t H) {
+    cell_fwd_body(a, b, cp, c, tc, h, n, H);
 }
 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,prefer-vector-width=512"))) static void
 cell_bwd_512(const float *a, const float *cp, const float *tc, const float *dh, const float *dy, float *dc, float *da,
-             int64_t n, int64_t H) {
-    cell_bwd_body(a, cp, tc, dh, dy, dc, da, n, H);
+             float *db, int64_t n, int64_t H) {
+    cell_bwd_body(a, cp, tc, dh, dy, dc, da, db, n, H);
 }
 #endif
 
@@ -299,8 +302,9 @@ static ps_status lstm_dnnl_init(ps_lstm *l, ps_err *err) {
     l->d.dh = malloc(N * H * sizeof(float));
     l->d.dc = malloc(N * H * sizeof(float));
     l->d.db = malloc(4 * H * sizeof(float));
+    l->d.b = malloc(4 * H * sizeof(float));
     l->d.cell = cell_pick();
-    if (!l->act || !l->d.tc || !l->d.da || !l->d.dh || !l->d.dc || !l->d.db)
+    if (!l->act || !l->d.tc || !l->d.da || !l->d.dh || !l->d.dc || !l->d.db || !l->d.b)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "lstm: out of memory");
     return PS_OK;
 }
@@ -312,6 +316,7 @@ static void lstm_dnnl_fini(ps_lstm *l) {
     free(l->d.dh);
     free(l->d.dc);
     free(l->d.db);
+    free(l->d.b);
 }
 
 static ps_status lstm_dnnl_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, const float *h0,
@@ -320,15 +325,14 @@ static ps_status lstm_dnnl_forward(ps_lstm *l, const ps_lstm_weights *w, const f
     const int64_t T = l->s.T, N = l->s.N, I = l->s.I, H = l->s.H, G = 4 * H;
     ps_status st;
     use_threads();
-    /* every step's input projection plus both biases, in one GEMM */
-    for (int64_t r = 0; r < T * N; r++)
-        for (int64_t q = 0; q < G; q++) l->act[r * G + q] = w->b_ih[q] + w->b_hh[q];
-    if ((st = sgemm('N', 'T', T * N, G, I, x, I, w->w_ih, I, 1.0f, l->act, G, err))) return st;
+    /* every step's input projection in one GEMM; the cell adds both biases */
+    for (int64_t q = 0; q < G; q++) l->d.b[q] = w->b_ih[q] + w->b_hh[q];
+    if ((st = sgemm('N', 'T', T * N, G, I, x, I, w->w_ih, I, 0.0f, l->act, G, err))) return st;
     for (int64_t t = 0; t < T; t++) {
         float *a = l->act + t * N * G;
         const float *hp = l->h + t * N * H, *cp = l->c + t * N * H;
         if ((st = sgemm('N', 'T', N, G, H, hp, H, w->w_hh, H, 1.0f, a, G, err))) return st;
-        l->d.cell.fwd(a, cp, l->c + (t + 1) * N * H, l->d.tc + t * N * H, l->h + (t + 1) * N * H, N, H);
+        l->d.cell.fwd(a, l->d.b, cp, l->c + (t + 1) * N * H, l->d.tc + t * N * H, l->h + (t + 1) * N * H, N, H);
     }
     size_t nh = (size_t)(N * H) * sizeof(float);
     memcpy(y, l->h + N * H, (size_t)T * nh);
@@ -347,9 +351,11 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
     use_threads();
     if (dhT) memcpy(d->dh, dhT, nh); else memset(d->dh, 0, nh);
     if (dcT) memcpy(d->dc, dcT, nh); else memset(d->dc, 0, nh);
+    memset(d->db, 0, (size_t)G * sizeof(float));
     for (int64_t t = T - 1; t >= 0; t--) {
         float *da = d->da + t * N * G;
-        d->cell.bwd(l->act + t * N * G, l->c + t * N * H, d->tc + t * N * H, d->dh, dy + t * N * H, d->dc, da, N, H);
+        d->cell.bwd(l->act + t * N * G, l->c + t * N * H, d->tc + t * N * H, d->dh, dy + t * N * H, d->dc, da, d->db,
+                    N, H);
         if ((t > 0 || dh0) && (st = sgemm('N', 'N', N, H, G, da, G, w->w_hh, H, 0.0f, d->dh, H, err))) return st;
     }
     if (dh0) memcpy(dh0, d->dh, nh);
@@ -359,9 +365,6 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
         (st = sgemm('T', 'N', G, H, T * N, d->da, G, l->h, H, 1.0f, g->w_hh, H, err)))
         return st;
     if (dx && (st = sgemm('N', 'N', T * N, I, G, d->da, G, w->w_ih, I, 0.0f, dx, I, err))) return st;
-    memset(d->db, 0, (size_t)G * sizeof(float));
-    for (int64_t r = 0; r < T * N; r++)
-        for (int64_t q = 0; q < G; q++) d->db[q] += d->da[r * G + q];
     for (int64_t q = 0; q < G; q++) {
         g->b_ih[q] += d->db[q];
         g->b_hh[q] += d->db[q];

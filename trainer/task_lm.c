@@ -186,8 +186,9 @@ static ps_status lstm_window_forward(lm_job *j, ps_err *err) {
             return st;
         if (k < t->nlayers - 1 && t->dropout > 0) {
             float keep = (float)(1.0 - t->dropout), sc = 1.0f / keep;
+            ps_rng_uniforms(&rng, j->mask[k], T * N * H);   /* the stream in order, then compared */
             for (int64_t i = 0; i < T * N * H; i++) {
-                j->mask[k][i] = ps_rng_uniform(&rng) < keep ? sc : 0.0f;
+                j->mask[k][i] = j->mask[k][i] < keep ? sc : 0.0f;
                 j->y[k][i] *= j->mask[k][i];
             }
         }

@@ -357,9 +357,12 @@ typedef struct ps_backend_ops {
     ps_status (*mul)(void *impl, int64_t count, const float *x, const float *mask, float *y,
                      ps_err *err);
 
-    /* One SGD update of count parameters in place (see ps_sgd_desc). buf may
-     * be NULL when momentum is 0. */
-    ps_status (*sgd_update)(void *impl, int64_t count, float *w, const float *g, float *buf,
+    /* One SGD update of count parameters (see ps_sgd_desc): the updated
+     * weights of w go to w_out, which is w itself (in place) or a buffer
+     * not overlapping it (snapshot steps write the next version of the
+     * weights into a spare copy this way, with no copy first); w is then
+     * only read. buf may be NULL when momentum is 0. */
+    ps_status (*sgd_update)(void *impl, int64_t count, float *w_out, const float *w, const float *g, float *buf,
                             const ps_sgd_desc *s, ps_err *err);
 
     /* dst += src elementwise (accumulating gradients of batched requests). */
@@ -382,10 +385,11 @@ typedef struct ps_backend_ops {
 
     /* ---- optimizers (see common/nn/optim.h for the module that calls them) ---- */
 
-    /* One Adam update of count parameters in place (see ps_adam_desc); m and
-     * v are the exp_avg and exp_avg_sq buffers (count floats each). */
-    ps_status (*adam_update)(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
-                             const ps_adam_desc *d, ps_err *err);
+    /* One Adam update of count parameters (see ps_adam_desc) from w into
+     * w_out, as sgd_update (w_out == w: in place); m and v are the
+     * exp_avg and exp_avg_sq buffers (count floats each), updated in place. */
+    ps_status (*adam_update)(void *impl, int64_t count, float *w_out, const float *w, const float *g, float *m,
+                             float *v, const ps_adam_desc *d, ps_err *err);
     /* Row-sparse updates of a (total_rows, width) parameter w: rows holds
      * nrows distinct row indices in [0, total_rows) (int64, device memory;
      * the caller validates them) and g_rows the (nrows, width) gradient rows

@@ -908,14 +908,14 @@ done:
     return rc;
 }
 
-static ps_status cu_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
-                               const ps_sgd_desc *s, ps_err *err) {
+static ps_status cu_sgd_update(void *impl, int64_t count, float *w_out, const float *w, const float *g,
+                               float *buf, const ps_sgd_desc *s, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
     if (count <= 0) return PS_OK;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUDA_CHECK(ps_cuda_sgd(count, w, g, buf, s->lr, s->momentum, s->weight_decay, s->first_step, c->stream));
+    PS_CUDA_CHECK(ps_cuda_sgd(count, w_out, w, g, buf, s->lr, s->momentum, s->weight_decay, s->first_step, c->stream));
     PS_CUDA_SYNC(c);
 done:
     ctx_release(im, c);
@@ -932,15 +932,15 @@ static ps_cuda_adam_args cu_adam_args(const ps_adam_desc *d) {
     return a;
 }
 
-static ps_status cu_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
-                                const ps_adam_desc *d, ps_err *err) {
+static ps_status cu_adam_update(void *impl, int64_t count, float *w_out, const float *w, const float *g,
+                                float *m, float *v, const ps_adam_desc *d, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
     if (count <= 0) return PS_OK;
     const ps_cuda_adam_args a = cu_adam_args(d);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUDA_CHECK(ps_cuda_adam(count, w, g, m, v, &a, c->stream));
+    PS_CUDA_CHECK(ps_cuda_adam(count, w_out, w, g, m, v, &a, c->stream));
     PS_CUDA_SYNC(c);
 done:
     ctx_release(im, c);

@@ -113,9 +113,9 @@ cudaError_t ps_cuda_mul(int64_t count, const float *x, const float *mask, float 
 /* dst += src. */
 cudaError_t ps_cuda_add(int64_t count, float *dst, const float *src, cudaStream_t stream);
 
-/* One SGD step with torch.optim.SGD semantics (see ps_sgd_desc); buf may be
- * NULL when momentum is 0. */
-cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, float lr,
+/* One SGD step with torch.optim.SGD semantics (see ps_sgd_desc) from w into
+ * w_out (w itself, or not overlapping it); buf may be NULL when momentum is 0. */
+cudaError_t ps_cuda_sgd(int64_t count, float *w_out, const float *w, const float *g, float *buf, float lr,
                         float momentum, float weight_decay, int first_step, cudaStream_t stream);
 
 /* Adam's float scalars (ps_adam_scalars of backend.h, which this header
@@ -125,8 +125,9 @@ typedef struct ps_cuda_adam_args {
     float step_size, bc2_sqrt, step_size_sp;
 } ps_cuda_adam_args;
 
-/* One Adam step (torch.optim.Adam, see ps_adam_desc in backend.h). */
-cudaError_t ps_cuda_adam(int64_t count, float *w, const float *g, float *m, float *v,
+/* One Adam step (torch.optim.Adam, see ps_adam_desc in backend.h) from w
+ * into w_out, as ps_cuda_sgd. */
+cudaError_t ps_cuda_adam(int64_t count, float *w_out, const float *w, const float *g, float *m, float *v,
                          const ps_cuda_adam_args *a, cudaStream_t stream);
 
 /* Plain SGD on nrows listed rows (device int64 indices) of a row-major

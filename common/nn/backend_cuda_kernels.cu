@@ -385,8 +385,8 @@ __global__ void add_kernel(int64_t n, float *dst, const float *src) {
         dst[i] = __fadd_rn(dst[i], src[i]);
 }
 
-__global__ void sgd_kernel(int64_t n, float *w, const float *g, float *buf, float lr, float momentum,
-                           float weight_decay, int first_step) {
+__global__ void sgd_kernel(int64_t n, float *w_out, const float *w, const float *g, float *buf, float lr,
+                           float momentum, float weight_decay, int first_step) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float gi = g[i];
@@ -396,12 +396,13 @@ __global__ void sgd_kernel(int64_t n, float *w, const float *g, float *buf, floa
             buf[i] = b;
             gi = b;
         }
-        w[i] = __fsub_rn(w[i], __fmul_rn(lr, gi));
+        w_out[i] = __fsub_rn(w[i], __fmul_rn(lr, gi));
     }
 }
 
 /* Adam, as the reference backend's ref_adam_one (no contraction). */
-__global__ void adam_kernel(int64_t n, float *w, const float *g, float *m, float *v, ps_cuda_adam_args a) {
+__global__ void adam_kernel(int64_t n, float *w_out, const float *w, const float *g, float *m, float *v,
+                            ps_cuda_adam_args a) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float gi = g[i];
@@ -411,7 +412,7 @@ __global__ void adam_kernel(int64_t n, float *w, const float *g, float *m, float
         m[i] = mi;
         v[i] = vi;
         const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
-        w[i] = __fadd_rn(w[i], __fmul_rn(-a.step_size, __fdiv_rn(mi, denom)));
+        w_out[i] = __fadd_rn(w[i], __fmul_rn(-a.step_size, __fdiv_rn(mi, denom)));
     }
 }
 
@@ -610,16 +611,16 @@ cudaError_t ps_cuda_add(int64_t count, float *dst, const float *src, cudaStream_
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_sgd(int64_t count, float *w, const float *g, float *buf, float lr,
+cudaError_t ps_cuda_sgd(int64_t count, float *w_out, const float *w, const float *g, float *buf, float lr,
                         float momentum, float weight_decay, int first_step, cudaStream_t stream) {
-    sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w, g, buf, lr, momentum,
+    sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w_out, w, g, buf, lr, momentum,
                                                            weight_decay, first_step);
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_adam(int64_t count, float *w, const float *g, float *m, float *v,
+cudaError_t ps_cuda_adam(int64_t count, float *w_out, const float *w, const float *g, float *m, float *v,
                          const ps_cuda_adam_args *a, cudaStream_t stream) {
-    adam_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w, g, m, v, *a);
+    adam_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, w_out, w, g, m, v, *a);
     return cudaGetLastError();
 }
 

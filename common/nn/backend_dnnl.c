@@ -1941,25 +1941,25 @@ static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *
     return PS_OK;
 }
 
-static ps_status dn_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
-                                 const ps_sgd_desc *s, ps_err *err) {
+static ps_status dn_sgd_update(void *impl, int64_t count, float *w_out, const float *w, const float *g,
+                               float *buf, const ps_sgd_desc *s, ps_err *err) {
     (void)err;
     set_threads(impl);
     const float lr = s->lr, mom = s->momentum, wd = s->weight_decay;
     if (mom == 0.0f) {
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
-        for (int64_t i = 0; i < count; i++) w[i] -= lr * (g[i] + wd * w[i]);
+        for (int64_t i = 0; i < count; i++) w_out[i] = w[i] - lr * (g[i] + wd * w[i]);
     } else if (s->first_step) {
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = g[i] + wd * w[i];
-            w[i] -= lr * buf[i];
+            w_out[i] = w[i] - lr * buf[i];
         }
     } else {
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
             buf[i] = mom * buf[i] + (g[i] + wd * w[i]);
-            w[i] -= lr * buf[i];
+            w_out[i] = w[i] - lr * buf[i];
         }
     }
     return PS_OK;
@@ -1975,8 +1975,8 @@ static ps_status dn_add(void *impl, int64_t count, float *dst, const float *src,
 
 /* Adam and SparseAdam: the reference backend's float expressions, in
  * OpenMP loops (see ps_adam_desc). */
-static ps_status dn_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
-                                const ps_adam_desc *d, ps_err *err) {
+static ps_status dn_adam_update(void *impl, int64_t count, float *w_out, const float *w, const float *g, float *m,
+                                float *v, const ps_adam_desc *d, ps_err *err) {
     (void)err;
     set_threads(impl);
     const ps_adam_scalars s = ps_adam_scalars_of(d);
@@ -1989,7 +1989,7 @@ static ps_status dn_adam_update(void *impl, int64_t count, float *w, const float
         const float vi = b2 * v[i] + omb2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
-        w[i] = w[i] + nss * (mi / (sqrtf(vi) / bc2s + eps));
+        w_out[i] = w[i] + nss * (mi / (sqrtf(vi) / bc2s + eps));
     }
     return PS_OK;
 }

@@ -341,8 +341,8 @@ static ps_status ref_mul(void *impl, int64_t count, const float *x, const float 
     return PS_OK;
 }
 
-static ps_status ref_sgd_update(void *impl, int64_t count, float *w, const float *g, float *buf,
-                                const ps_sgd_desc *s, ps_err *err) {
+static ps_status ref_sgd_update(void *impl, int64_t count, float *w_out, const float *w, const float *g,
+                                float *buf, const ps_sgd_desc *s, ps_err *err) {
     (void)impl; (void)err;
     for (int64_t i = 0; i < count; i++) {
         float gi = g[i];
@@ -351,7 +351,7 @@ static ps_status ref_sgd_update(void *impl, int64_t count, float *w, const float
             buf[i] = s->first_step ? gi : s->momentum * buf[i] + gi;
             gi = buf[i];
         }
-        w[i] -= s->lr * gi;
+        w_out[i] = w[i] - s->lr * gi;
     }
     return PS_OK;
 }
@@ -364,13 +364,14 @@ static ps_status ref_add(void *impl, int64_t count, float *dst, const float *src
 
 /* ---- optimizers ---- */
 
-/* Adam on one element, as ps_adam_desc documents (torch.optim.Adam). */
-static inline void ref_adam_one(float *w, float g, float *m, float *v, const ps_adam_scalars *s) {
-    if (s->weight_decay != 0.0f) g = g + s->weight_decay * *w;
+/* Adam on one element, as ps_adam_desc documents (torch.optim.Adam): w
+ * updated into *w_out. */
+static inline void ref_adam_one(float *w_out, float w, float g, float *m, float *v, const ps_adam_scalars *s) {
+    if (s->weight_decay != 0.0f) g = g + s->weight_decay * w;
     *m = s->beta1 * *m + s->one_minus_beta1 * g;
     *v = s->beta2 * *v + s->one_minus_beta2 * (g * g);
     const float denom = sqrtf(*v) / s->bc2_sqrt + s->eps;
-    *w = *w + (-s->step_size) * (*m / denom);
+    *w_out = w + (-s->step_size) * (*m / denom);
 }
 
 /* SparseAdam on one element of a touched row (torch.optim.SparseAdam). */
@@ -384,11 +385,11 @@ static inline void ref_sparse_adam_one(float *w, float g, float *m, float *v, co
     *w = *w + (-s->step_size_sp) * (numer / denom);
 }
 
-static ps_status ref_adam_update(void *impl, int64_t count, float *w, const float *g, float *m, float *v,
-                                 const ps_adam_desc *d, ps_err *err) {
+static ps_status ref_adam_update(void *impl, int64_t count, float *w_out, const float *w, const float *g, float *m,
+                                 float *v, const ps_adam_desc *d, ps_err *err) {
     (void)impl; (void)err;
     const ps_adam_scalars s = ps_adam_scalars_of(d);
-    for (int64_t i = 0; i < count; i++) ref_adam_one(&w[i], g[i], &m[i], &v[i], &s);
+    for (int64_t i = 0; i < count; i++) ref_adam_one(&w_out[i], w[i], g[i], &m[i], &v[i], &s);
     return PS_OK;
 }
 

@@ -701,10 +701,13 @@ static ps_status dropout2d_infer(ps_layer *ly, ps_err *err) {
     return PS_OK;
 }
 
-/* One draw of a dropout mask: 0, or 1/(1-p) to keep. */
-static float drop_draw(const ps_layer *ly, ps_rng *rng) {
-    float keep = 1.0f / (1.0f - (float)ly->a.p);
-    return ps_rng_uniform(rng) < (float)ly->a.p ? 0.0f : keep;
+/* n draws of a dropout mask into mask, each 0 or 1/(1-p) to keep: a
+ * uniform of the stream below p drops. The stream's values in order, drawn
+ * in one loop and then compared in another (vectorised). */
+static void drop_draws(const ps_layer *ly, ps_rng *rng, float *mask, int64_t n) {
+    const float p = (float)ly->a.p, keep = 1.0f / (1.0f - (float)ly->a.p);
+    ps_rng_uniforms(rng, mask, n);
+    for (int64_t i = 0; i < n; i++) mask[i] = mask[i] < p ? 0.0f : keep;
 }
 
 /* Draw (or take) a mask of the output's size; group = elements sharing a draw. */
@@ -712,19 +715,29 @@ static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     int64_t count = ps_layer_out_count(c->ly, c->n);
     float *mask = ps_backend_alloc_floats(c->be, count);
-    float *host = malloc((size_t)(count ? count : 1) * sizeof(float));
+    /* a backend in host memory gets the mask written in place */
+    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
     if (!mask || !host) {
         ps_backend_release(c->be, mask);
-        free(host);
+        if (host != mask) free(host);
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
     }
     c->saved->dev[0] = mask;
-    for (int64_t g = 0; g < count / group; g++) {
-        float v = c->mask ? c->mask[g] : drop_draw(c->ly, c->rng);
-        for (int64_t i = 0; i < group; i++) host[g * group + i] = v;
+    if (group == 1 && !c->mask) {
+        drop_draws(c->ly, c->rng, host, count);
+    } else {
+        for (int64_t g = 0; g < count / group; g++) {
+            float v;
+            if (c->mask) v = c->mask[g];
+            else drop_draws(c->ly, c->rng, &v, 1);
+            for (int64_t i = 0; i < group; i++) host[g * group + i] = v;
+        }
     }
-    ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
-    free(host);
+    ps_status rc = PS_OK;
+    if (host != mask) {
+        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+        free(host);
+    }
     if (rc != PS_OK) return rc;
     return ops->mul(c->be->impl, count, c->x, mask, c->y, err);
 }
@@ -738,16 +751,20 @@ static ps_status dropout2d_forward(ps_layer_call *c, ps_err *err) {
     ps_chan_desc d = bn_desc(c->ly, c->n);
     int64_t count = (int64_t)d.n * d.c;
     float *mask = ps_backend_alloc_floats(c->be, count);
-    float *host = malloc((size_t)(count ? count : 1) * sizeof(float));
+    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
     if (!mask || !host) {
         ps_backend_release(c->be, mask);
-        free(host);
+        if (host != mask) free(host);
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
     }
     c->saved->dev[0] = mask;
-    for (int64_t g = 0; g < count; g++) host[g] = c->mask ? c->mask[g] : drop_draw(c->ly, c->rng);
-    ps_status rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
-    free(host);
+    if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
+    else drop_draws(c->ly, c->rng, host, count);
+    ps_status rc = PS_OK;
+    if (host != mask) {
+        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+        free(host);
+    }
     if (rc != PS_OK) return rc;
     return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
 }
@@ -1621,8 +1638,7 @@ int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t 
 }
 
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
-    int64_t count = ps_layer_dropout_draws(ly, n);
-    for (int64_t g = 0; g < count; g++) mask[g] = drop_draw(ly, rng);
+    drop_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
 }
 
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {

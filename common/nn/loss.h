@@ -17,8 +17,9 @@ double ps_cross_entropy(const float *logits, const int64_t *tgt, int64_t n, int6
  * gradient norms of clip_grad_norm_ */
 double ps_sum_squares(const float *x, int64_t n);
 
-/* The same with the vector width forced (tests): 512 (AVX-512), 256 (AVX2)
- * or 0 (scalar). Returns 0, computing nothing, when this CPU lacks it. */
+/* The same with the vector width forced (tests): 512 (AVX-512), 256 (AVX2),
+ * 128 (SSE4.1) or 0 (scalar). Returns 0, computing nothing, when this CPU
+ * lacks it. */
 int ps_cross_entropy_width(int width, const float *logits, const int64_t *tgt, int64_t n, int64_t k, float *grad,
                            double *loss);
 

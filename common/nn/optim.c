@@ -118,21 +118,26 @@ static ps_adam_desc adam_desc(const ps_optim_spec *s, int64_t step) {
     return d;
 }
 
-ps_status ps_optim_step(ps_backend *b, const ps_optim_spec *s, int64_t count, float *w, const float *g,
-                        ps_optim_state *st, ps_err *err) {
+ps_status ps_optim_step_to(ps_backend *b, const ps_optim_spec *s, int64_t count, float *w_out, const float *w,
+                           const float *g, ps_optim_state *st, ps_err *err) {
     ps_status rc = ps_optim_check(s, 0, err);
     if (rc) return rc;
     const int64_t step = st->step + 1;
     if (s->kind == PS_OPTIM_SGD) {
         ps_sgd_desc d = { .lr = (float)s->lr, .momentum = (float)s->momentum,
                           .weight_decay = (float)s->weight_decay, .first_step = step == 1 };
-        rc = b->ops->sgd_update(b->impl, count, w, g, s->momentum != 0 ? st->buf[0] : NULL, &d, err);
+        rc = b->ops->sgd_update(b->impl, count, w_out, w, g, s->momentum != 0 ? st->buf[0] : NULL, &d, err);
     } else {
         const ps_adam_desc d = adam_desc(s, step);
-        rc = b->ops->adam_update(b->impl, count, w, g, st->buf[0], st->buf[1], &d, err);
+        rc = b->ops->adam_update(b->impl, count, w_out, w, g, st->buf[0], st->buf[1], &d, err);
     }
     if (rc == PS_OK) st->step = step;
     return rc;
+}
+
+ps_status ps_optim_step(ps_backend *b, const ps_optim_spec *s, int64_t count, float *w, const float *g,
+                        ps_optim_state *st, ps_err *err) {
+    return ps_optim_step_to(b, s, count, w, w, g, st, err);
 }
 
 /* rows must be distinct and in [0, total_rows). */

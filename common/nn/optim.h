@@ -1,6 +1,7 @@
 /* optim.h - optimizers on parameter buffers: one update of one parameter,
  * dense or row-sparse, with PyTorch 1.13's semantics, through the backend's
- * ops (sgd_update, adam_update, sgd_update_rows, adam_update_rows).
+ * ops (sgd_update, adam_update, sgd_update_rows, adam_update_rows); dense
+ * updates in place or from one copy of the weights into another.
  *
  * The module owns nothing: the caller (the model executor) owns each
  * parameter's weights w, its gradient g and its state (ps_optim_state: the
@@ -117,6 +118,14 @@ const char *const *ps_optim_state_names(ps_optim_kind kind, int *n);
  * passed ps_optim_check(s, 0). */
 ps_status ps_optim_step(ps_backend *b, const ps_optim_spec *s, int64_t count, float *w, const float *g,
                         ps_optim_state *st, ps_err *err);
+
+/* ps_optim_step out of place: the updated weights of w go to w_out (device
+ * memory of b not overlapping w, or w itself), w is only read; the state
+ * is updated in place as by ps_optim_step. Bit-identical to copying w into
+ * w_out and stepping w_out in place, in one pass instead of two (the
+ * model's snapshot steps write the next version this way). */
+ps_status ps_optim_step_to(ps_backend *b, const ps_optim_spec *s, int64_t count, float *w_out, const float *w,
+                           const float *g, ps_optim_state *st, ps_err *err);
 
 /* One row-sparse update of a (total_rows, width) parameter: rows (HOST
  * memory, nrows distinct int64 indices in [0, total_rows)) and g_rows

@@ -53,11 +53,12 @@ void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOM
  * sets[0]. A snapshot step takes the lock shared too - only set_param and
  * the other administrative writers, which take it exclusively, exclude
  * it - picks a copy no call reads (allocating one, up to PS_WSETS; waiting
- * for one only when all are read), copies the current weights into it,
- * applies the optimizer there, and publishes it with the new version under
- * wmu: the running calls finish with the copy they pinned, the next ones
- * see the new version. Steps run one at a time (step_mu); the optimizer
- * state has one copy, which only steps touch.
+ * for one only when all are read), writes the next version into it in one
+ * pass (the optimizer reads the current copy and writes the spare one;
+ * parameters without a gradient are copied), and publishes it with the
+ * new version under wmu: the running calls finish with the copy they
+ * pinned, the next ones see the new version. Steps run one at a time
+ * (step_mu); the optimizer state has one copy, which only steps touch.
  *
  * Row-sparse parameters (embedding tables, up to millions of rows updated
  * a few rows at a time) are not worth a copy per step: a stage holding

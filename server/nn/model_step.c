@@ -1,8 +1,8 @@
 /* model_step.c - the optimizer step of a hosted model (see model.h): the
  * gradients as the optimizer sees them (dense, or row-sparse copied to the
- * device), the updates in place or on a spare copy of the weights
- * published with the new version (snapshot steps, model.c), and the
- * running statistics (BatchNorm) folded in at the step. */
+ * device), the updates in place or from the current copy of the weights
+ * into a spare one published with the new version (snapshot steps,
+ * model.c), and the running statistics (BatchNorm) folded in at the step. */
 #include "model_impl.h"
 #include "prof.h"
 
@@ -35,6 +35,44 @@ static ps_status update_param(ps_model *m, int i, const param_grad *g, float *co
     if (g->dense) return ps_optim_step(st->be, &m->optim, m->params[i].numel, w, g->dense, &m->ost[i], err);
     return ps_optim_step_rows_checked(st->be, &m->optim, g->rows->width, g->idx, g->rows->nrows, w, g->grad,
                                       &m->ost[i], err);
+}
+
+/* A snapshot step's dense stages (see "Snapshot steps", model.c): their
+ * next version written into copy next from the current copy cur in one
+ * pass - each parameter with a gradient stepped out of place (the
+ * optimizer reads cur and writes next; its state is updated in place, as
+ * in place), each without one copied, and the float32 buffers copied
+ * (the folds then update them in next). A stage's parameters tile its
+ * weight block (model_build.c), so every float of next is written. After
+ * a failed update the remaining parameters are still copied, so next
+ * holds what an in-place step leaves behind when it stops there.
+ * *wrote: some parameter was stepped. */
+static ps_status write_dense_next(ps_model *m, const param_grad *pg, const wset *cur, wset *next, int *wrote,
+                                  ps_err *err) {
+    ps_status rc = PS_OK;
+    for (int s = 0; s < m->nstages; s++) {
+        stage *st = &m->stages[s];
+        if (st->inplace || !st->nbufw) continue;
+        ps_status c = ps_stage_copy(st, next->bufw[s], cur->bufw[s], st->nbufw, rc == PS_OK ? err : NULL);
+        if (rc == PS_OK) rc = c;
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        const param_loc *pl = &m->loc[i];
+        stage *st = &m->stages[pl->stage];
+        if (st->inplace) continue;   /* written in place, under rows_lock */
+        float *dst = next->w[pl->stage] + pl->off;
+        const float *src = cur->w[pl->stage] + pl->off;
+        const int64_t n = m->params[i].numel;
+        if (rc == PS_OK && pg[i].dense) {
+            rc = ps_optim_step_to(st->be, &m->optim, n, dst, src, pg[i].dense, &m->ost[i], err);
+            *wrote = 1;
+            continue;
+        }
+        PS_ASSERT(!pg[i].rows);   /* a row-sparse parameter makes its stage in place (model_build.c) */
+        ps_status c = ps_stage_copy(st, dst, src, n, rc == PS_OK ? err : NULL);
+        if (rc == PS_OK) rc = c;
+    }
+    return rc;
 }
 
 /* Put parameter i's gradient rows where its stage's optimizer ops read
@@ -209,19 +247,10 @@ static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad 
     int64_t t0 = ps_prof_begin();
     ps_model_call_begin(m, 0);   /* others compute meanwhile: a share of the threads */
     const wset *cur = &m->sets[m->cur];   /* steady: only steps change cur */
-    for (int s = 0; s < m->nstages && rc == PS_OK; s++) {
-        stage *st = &m->stages[s];
-        if (st->inplace) continue;   /* written in place below */
-        if (st->nweights) rc = ps_stage_copy(st, next->w[s], cur->w[s], st->nweights, err);
-        if (rc == PS_OK && st->nbufw) rc = ps_stage_copy(st, next->bufw[s], cur->bufw[s], st->nbufw, err);
-    }
     int wrote = 0, rows = 0;
-    for (int i = 0; i < m->nparams && rc == PS_OK; i++) {   /* the copy's stages: nobody reads them yet */
-        if (!pg[i].dense && !pg[i].rows) continue;
-        if (m->stages[m->loc[i].stage].inplace) { rows = 1; continue; }
-        rc = update_param(m, i, &pg[i], next->w, err);
-        wrote = 1;
-    }
+    rc = write_dense_next(m, pg, cur, next, &wrote, err);   /* the copy's stages: nobody reads them yet */
+    for (int i = 0; i < m->nparams; i++)
+        if ((pg[i].dense || pg[i].rows) && m->stages[m->loc[i].stage].inplace) rows = 1;
     if (rc == PS_OK && (rows || (fp->nlayers && m->ninplace))) {   /* the in-place stages: their readers held off */
         ps_prof_end(PS_PHASE_COMPUTE, t0);   /* the wait counts as lock, not compute */
         ps_prof_wrlock(&m->rows_lock, PS_PHASE_LOCK);
