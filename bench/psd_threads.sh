@@ -19,11 +19,12 @@
 # CPU per sample and switches are what load disturbs least; samples/s on a
 # loaded machine only as the alternate runs' ratio.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
 CONFIG=${CONFIG:-configs/local.yaml}
 N=${N:-2}; BATCHES=${BATCHES:-150}; ROUNDS=${ROUNDS:-3}
+# shellcheck source=bench/lib.sh
 . bench/lib.sh
 [ $# -ge 1 ] || { sed -n '2,20p' "$0"; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -43,6 +44,7 @@ run1() {  # label binary flags...
   "$bin" --config "$CONFIG" --listen "$addr" --metrics-listen "$maddr" "$@" 2>"$tmp/psd.log" &
   local psd=$! r pids=()
   wait_psd "$maddr" || { echo "$label: psd did not start"; cat "$tmp/psd.log"; return 1; }
+  # shellcheck disable=SC2086  # TRAINER_FLAGS are words
   for r in $(seq 1 "$N"); do   # kernels, pools, connections
     "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches 3 --warmup 0 --data "$DATA" \
       ${TRAINER_FLAGS:-} >/dev/null & pids+=($!)
@@ -50,6 +52,7 @@ run1() {  # label binary flags...
   wait "${pids[@]}"; pids=()
   snap "$psd" >"$tmp/s0"; curl -sf "http://$maddr/metrics" | grep '^psd_call_phase_' >"$tmp/m0"
   rm -f "$tmp"/t*.txt; mkdir -p "$tmp/ready"; rm -f "$tmp"/ready/*
+  # shellcheck disable=SC2086
   for r in $(seq 1 "$N"); do
     "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$BATCHES" --warmup 2 \
       --start-together "$tmp/ready" "$N" --data "$DATA" ${TRAINER_FLAGS:-} >"$tmp/t$r.txt" & pids+=($!)
@@ -72,7 +75,7 @@ run1() {  # label binary flags...
     END { if (c) { printf "           per call (ms):"; for (p in v) if (v[p] / c >= 5e-6) printf " %s %.3f", p, v[p] / c * 1e3; printf "\n" } }'
 }
 
-for round in $(seq 1 "$ROUNDS"); do
+for _ in $(seq 1 "$ROUNDS"); do
   for spec in "$@"; do
     IFS='|' read -r label bin flags <<<"$spec"
     # shellcheck disable=SC2086  # flags are words
