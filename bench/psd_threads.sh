@@ -1,98 +1,92 @@
-#!/usr/bin/env bash
-# psd's CPU per sample, thread by thread, serving N bench_trainer processes:
-# what psd costs beyond the in-process step (bench_compute) for one model.
+#!/bin/bash
+# bench/psd_threads.sh - where psd's CPU and context switches go, per thread
+# kind, for psd + N bench_trainer processes on MNIST; and an A/B of psd
+# builds or settings run alternately, so that load from other jobs lands on
+# both sides alike (issue 22: the time a call spends outside compute).
 #
-#   bench/psd_threads.sh MODEL BATCHES [psd flags...] [-- bench_trainer flags...]
-#
-# MODEL: mnist (configs/local.yaml, batch 32) or resnet (section 7 of
-# bench/run.sh: examples/models/small_resnet.yaml, batch 64, the same psd
-# settings). BATCHES timed batches per trainer after a 5-batch round (start-
-# up, kernels, pools). Environment: N trainers (2), BUILD (build), DATA
-# (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41),
-# VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
-# times (psd_call_phase_seconds_total, us per batch). One line:
-#
-#   psd_us=<psd CPU us/sample> workers_us=<the 4 busiest threads'>
-#   other_us=<the rest: gRPC's threads, OpenMP teams> trainers_us=<their CPU>
-#   e2e=<samples/s of all trainers> faults_per_batch=<minor faults> cs_per_batch=<switches>
-#
-# Compare with `bench_compute --model ... --threads 1 --batch B` cpu_us (the
-# in-process step), run alternately with this (load moves both).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# usage: bench/psd_threads.sh "LABEL|PSD_BINARY|PSD_FLAGS" ["LABEL|..." ...]
+#   e.g. bench/psd_threads.sh "main|/tmp/psd-main|" "ct1|build/bin/psd|--set server.compute_threads=1"
+# env: N trainers (2), BATCHES timed per trainer (150), ROUNDS (3),
+#      TRAINER_FLAGS (e.g. --fuse-step), BUILD, DATA, CONFIG.
+# Per run, one line: all trainers' samples / (last end - first start), psd's
+# CPU per sample (utime + stime of all its threads between two snapshots
+# around the timed batches), its voluntary / involuntary context switches
+# per batch, and the same split by thread kind from the threads' names
+# (psd-worker = the handlers' workers, where the compute runs; psd-event =
+# gRPC's completion-queue threads; other = gRPC's own, OpenMP's, the
+# metrics server); then psd's phases per call (server.profile: what a call
+# spends in psd besides its compute). Then each label's medians.
+# CPU per sample and switches are what load disturbs least; samples/s on a
+# loaded machine only as the alternate runs' ratio.
+set -u
+cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 DATA=${DATA:-data/mnist}
-N=${N:-2}
-[ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
-model=$1 batches=$2
-shift 2
-pflags=() tflags=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-tflags=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-case $model in
-  mnist) config=configs/local.yaml; bs=32 ;;
-  resnet)
-    bs=64
-    config=$dir/psd.yaml
-    cat >"$config" <<EOF
-server: {threads: 4, compute_threads: 0, context_ttl_s: 120, max_message_mb: 64, consistency: hogwild}
-model: {file: $PWD/examples/models/small_resnet.yaml, seed: 1, backend: dnnl}
-optimizer: {type: sgd, lr: 0.03, momentum: 0, weight_decay: 0}
-EOF
-    ;;
-  *) echo "psd_threads.sh: MODEL is mnist or resnet, not '$model'" >&2; exit 2 ;;
-esac
+CONFIG=${CONFIG:-configs/local.yaml}
+N=${N:-2}; BATCHES=${BATCHES:-150}; ROUNDS=${ROUNDS:-3}
+# shellcheck source=bench/lib.sh
 . bench/lib.sh
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-port=$(bench_port)
-(
-  [ -n "${ISA:-}" ] && export ONEDNN_MAX_CPU_ISA=$ISA
-  exec "$BUILD/bin/psd" --config "$config" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
-    ${pflags[@]+"${pflags[@]}"} 2>"$dir/psd.log"
-) &
-psd=$!
-wait_psd "127.0.0.1:$((port + 1))"
-trainers() {  # batches, extra flags...
-  local b=$1 pids=() r
-  shift
-  for r in $(seq 1 "$N"); do
-    "$BUILD/bench/bench_trainer" --server "127.0.0.1:$port" --rank "$r" --batches "$b" --warmup 0 --batch-size "$bs" \
-      --data "$DATA" "$@" ${tflags[@]+"${tflags[@]}"} >/dev/null &
-    pids+=($!)
-  done
-  for r in "${pids[@]}"; do wait "$r"; done
-}
-snap() {  # tid comm utime stime voluntary nonvoluntary minflt, per thread
+[ $# -ge 1 ] || { sed -n '2,20p' "$0"; exit 2; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+snap() {  # pid -> per thread: name utime+stime(ticks) vcs nvcs
   local t
-  for t in /proc/"$psd"/task/*; do
-    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(cut -d' ' -f14,15 "$t/stat")" \
-      "$(awk '/^(voluntary|nonvoluntary)_ctxt/ {printf "%s ", $2}' "$t/status")$(cut -d' ' -f10 "$t/stat")"
-  done | sort
+  for t in /proc/"$1"/task/*; do
+    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(cut -d' ' -f14,15 "$t/stat" | awk '{print $1 + $2}')" \
+         "$(awk '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2} END {print v, n}' "$t/status")"
+  done 2>/dev/null | LC_ALL=C sort
 }
-metrics() { curl -sf "http://127.0.0.1:$((port + 1))/metrics" | grep '^psd_call_phase_seconds_total' | sort || true; }
-trainers 5
-snap >"$dir/s0"; metrics >"$dir/m0"
-mkdir "$dir/ready"
-trainers "$batches" --start-together "$dir/ready" "$N" --out "$dir/t"
-snap >"$dir/s1"; metrics >"$dir/m1"
-kill -TERM "$psd"; wait "$psd" || true
-# bench_trainer --out appends one "trainer ..." line per process
-span_cpu=$(awk '/^trainer/ {for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-  if (s == "" || v["t_start"] < s) s = v["t_start"]; if (v["t_end"] > e) e = v["t_end"]; c += v["cpu_s"] }
-  END {printf "%.6f %.6f", e - s, c}' "$dir/t")
-if [ -n "${PHASES:-}" ]; then
-  join "$dir/m0" "$dir/m1" | awk -v nb=$((N * batches)) '{d = $3 - $2; if (d > 0) printf "  %s %.1f us/batch\n", $1, d * 1e6 / nb}' \
-    | sed 's/psd_call_phase_seconds_total//'
-fi
-join "$dir/s0" "$dir/s1" | awk -v V="${VERBOSE:-}" -v n=$((N * batches * bs)) -v nb=$((N * batches)) \
-  -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" '
-  { u = $9 - $3; s = $10 - $4; c[NR] = u + s; tot += u + s; f += $13 - $7; cs += $11 - $5 + $12 - $6
-    if (V && u + s) printf "  %-8s %-16s utime %5d stime %5d ticks, switches %6d + %6d, minflt %d\n", $1, $2, u, s, $11 - $5, $12 - $6, $13 - $7 }
-  END {
-    for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (c[j] > c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
-    w = c[1] + c[2] + c[3] + c[4]; split(sc, a, " ")
-    printf "psd_us=%.1f workers_us=%.1f other_us=%.1f trainers_us=%.1f e2e=%.0f faults_per_batch=%.1f cs_per_batch=%.1f\n",
-      tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb }'
+
+run1() {  # label binary flags...
+  local label=$1 bin=$2; shift 2
+  local port; port=$(bench_port)
+  local addr="127.0.0.1:$port" maddr="127.0.0.1:$((port + 1))"
+  "$bin" --config "$CONFIG" --listen "$addr" --metrics-listen "$maddr" "$@" 2>"$tmp/psd.log" &
+  local psd=$! r pids=()
+  wait_psd "$maddr" || { echo "$label: psd did not start"; cat "$tmp/psd.log"; return 1; }
+  # shellcheck disable=SC2086  # TRAINER_FLAGS are words
+  for r in $(seq 1 "$N"); do   # kernels, pools, connections
+    "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches 3 --warmup 0 --data "$DATA" \
+      ${TRAINER_FLAGS:-} >/dev/null & pids+=($!)
+  done
+  wait "${pids[@]}"; pids=()
+  snap "$psd" >"$tmp/s0"; curl -sf "http://$maddr/metrics" | grep '^psd_call_phase_' >"$tmp/m0"
+  rm -f "$tmp"/t*.txt; mkdir -p "$tmp/ready"; rm -f "$tmp"/ready/*
+  # shellcheck disable=SC2086
+  for r in $(seq 1 "$N"); do
+    "$BUILD/bench/bench_trainer" --server "$addr" --rank "$r" --batches "$BATCHES" --warmup 2 \
+      --start-together "$tmp/ready" "$N" --data "$DATA" ${TRAINER_FLAGS:-} >"$tmp/t$r.txt" & pids+=($!)
+  done
+  wait "${pids[@]}"
+  snap "$psd" >"$tmp/s1"; curl -sf "http://$maddr/metrics" | grep '^psd_call_phase_' >"$tmp/m1"
+  kill -TERM "$psd"; wait "$psd" 2>/dev/null
+  local e2e; e2e=$(grep -h '^trainer' "$tmp"/t*.txt | sed 's/[a-z_]*=//g' |
+    awk '{s += $4; if (min == "" || $5 < min) min = $5; if ($6 > max) max = $6} END {printf "%.1f", s / (max - min)}')
+  LC_ALL=C join "$tmp/s0" "$tmp/s1" | awk -v l="$label" -v e="$e2e" -v b=$((N * BATCHES)) -v tck="$(getconf CLK_TCK)" '
+    { k = ($2 ~ /^psd-worker/) ? "worker" : ($2 ~ /^psd-event/) ? "event" : "other"
+      c[k] += $7 - $3; v[k] += $8 - $4; n[k] += $9 - $5; C += $7 - $3; V += $8 - $4; NV += $9 - $5 }
+    END { printf "%-10s e2e %7.1f samples/s  psd %6.1f us/sample  switches/batch %5.1f vol %5.1f invol", l, e,
+                 C / tck / (b * 32) * 1e6, V / b, NV / b
+          for (k in c) printf "  | %s %.1f us/sample %.1f/%.1f", k, c[k] / tck / (b * 32) * 1e6, v[k] / b, n[k] / b
+          printf "\n" }'
+  paste -d' ' "$tmp/m0" "$tmp/m1" | awk '
+    /calls_total/ { c += $4 - $2; next }
+    { match($1, /phase="[a-z]*"/); p = substr($1, RSTART + 7, RLENGTH - 8); v[p] += $4 - $2 }
+    END { if (c) { printf "           per call (ms):"; for (p in v) if (v[p] / c >= 5e-6) printf " %s %.3f", p, v[p] / c * 1e3; printf "\n" } }'
+}
+
+for _ in $(seq 1 "$ROUNDS"); do
+  for spec in "$@"; do
+    IFS='|' read -r label bin flags <<<"$spec"
+    # shellcheck disable=SC2086  # flags are words
+    run1 "$label" "${bin:-$BUILD/bin/psd}" $flags
+  done
+done | tee "$tmp/all"
+echo "medians over $ROUNDS rounds:"
+for spec in "$@"; do
+  label=${spec%%|*}
+  awk -v l="$label" '$1 == l {print $3, $6, $9, $11}' "$tmp/all" | sort -n -k1,1 | awk -v l="$label" '
+    { e[NR] = $1 } END { m = int((NR + 1) / 2); printf "  %-10s e2e %.1f samples/s", l, e[m] }'
+  awk -v l="$label" '$1 == l {print $6}' "$tmp/all" | sort -n | awk '{a[NR] = $1} END {printf "  psd %.1f us/sample", a[int((NR + 1) / 2)]}'
+  awk -v l="$label" '$1 == l {print $9 + $11}' "$tmp/all" | sort -n | awk '{a[NR] = $1} END {printf "  %.1f context switches/batch\n", a[int((NR + 1) / 2)]}'
+done

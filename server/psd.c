@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <grpc/grpc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +242,8 @@ int main(int argc, char **argv) {
         setenv("OMP_WAIT_POLICY", "passive", 1);
         execv("/proc/self/exe", argv);  /* falls through only on failure */
     }
+    /* the re-exec named the process "exe" (top, ps -C); its threads inherit this */
+    pthread_setname_np(pthread_self(), "psd");
     int malloc_tuned = ps_malloc_tune();  /* before any thread; logged once the level is set */
 
     ps_config cfg;

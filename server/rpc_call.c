@@ -386,6 +386,9 @@ static void run_call(ps_rpc_call *c) {
 void *rpc_worker_main(void *arg) {
     rpc_worker *w = arg;
     ps_rpc_server *s = w->s;
+    /* named for top -H, perf and /proc/PID/task/TID/comm (bench/psd_threads.sh) */
+    static const char *const names[NCLASSES] = {"psd-worker", "psd-reserved", "psd-reader"};
+    pthread_setname_np(pthread_self(), names[w->cls]);
     work_queue *q = &s->q[w->cls];
     for (;;) {
         pthread_mutex_lock(&s->mu);
@@ -427,6 +430,7 @@ void rpc_event_loop(ps_rpc_server *s) {
 }
 
 void *rpc_event_main(void *arg) {
+    pthread_setname_np(pthread_self(), "psd-event");
     rpc_event_loop(arg);
     return NULL;
 }
