@@ -13,6 +13,7 @@
 #include "config.h"
 #include "model.h"
 #include "placement.h"
+#include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_config_XXXXXX";
 
@@ -1085,8 +1086,6 @@ int main(void) {
     test_cluster_bad_values();
     test_cluster_checks();
     test_select_server();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_config");
 }
