@@ -209,6 +209,7 @@ class Monitor:
 
 
 def rss_mb(pid):
+    """psd's resident set in MiB (also for hostile_ctx.py, hostile_ssp.py); None when psd is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
