@@ -906,16 +906,69 @@ static void expect_cluster_bad(const char *what, const char *k1, const char *v1,
               "%s: resolve said: %s", what, e2.msg);
 }
 
+/* Clusters ps_config_check_cluster (and ps_placement_resolve, with the
+ * same message) must refuse: what is wrong, one or two keys set on
+ * cluster_base's config, and how the error must begin. */
+typedef struct cluster_bad {
+    const char *what, *k1, *v1, *k2, *v2, *want;
+} cluster_bad;
+
+static const cluster_bad k_cluster_bad[] = {
+    {"unknown server", "model.placement.decoder", "ps3", NULL, NULL,
+     "model.placement.decoder: server 'ps3' is not in servers (ps0, ps1)"},
+    {"unknown shard server", "model.placement.emb.shards", "ps0,ps3/cuda:0", NULL, NULL,
+     "model.placement.emb.shards: server 'ps3' is not in servers (ps0, ps1)"},
+    /* two servers in one checkpoint directory (they overwrote each other's ckpt-N) */
+    {"one checkpoint_dir", "servers.ps0.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir", "/srv//ck/",
+     "servers.ps1.checkpoint_dir: '/srv/ck' is servers.ps0's checkpoint directory too"},
+    {"a server in another's default directory", "server.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir",
+     "/srv/ck/./ps0",
+     "servers.ps1.checkpoint_dir: '/srv/ck/ps0' is servers.ps0's checkpoint directory too"},
+    {"single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
+     "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or SERVER/DEVICE (servers: "
+     "ps0, ps1)"},
+    {"a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL, NULL,
+     "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)"},
+    {"shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
+     "model.placement.decoder.shards: only a stage whose first node is an Embedding of the stage input can be "
+     "sharded; stage 'decoder' of model 'rnn_lm' starts with Dropout"},
+    {"more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
+     "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)"},
+    /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */
+    {"rows: too many", "model.placement.emb.rows", "1,2", NULL, NULL,
+     "model.placement.emb.rows: 2 boundaries for 2 shards; give n-1 = 1"},
+    {"rows: past the table", "model.placement.emb.rows", "3", NULL, NULL,
+     "model.placement.emb.rows: boundary 1 (3) is outside 1..2 or not above the one before (encoder.weight has 3 rows "
+     "(model.sizes.ntoken)"},
+    {"rows without shards", "model.placement.decoder.rows", "1", NULL, NULL,
+     "model.placement.decoder.rows: boundaries between shards, but stage 'decoder' is not sharded (add "
+     "model.placement.decoder.shards: [SERVER, ...], or drop rows)"},
+    {"duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
+     "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'"},
+    {"duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen", "127.0.0.1:7000",
+     "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too"},
+    {"one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
+     "servers.ps1.metrics_listen: '127.0.0.1:9100' is servers.ps0's metrics address too"},
+    {"an address missing", "servers.ps2.listen", "0.0.0.0:50063", NULL, NULL, "servers.ps2.address: required"},
+    {"a server hosting nothing", "servers.ps2.address", "127.0.0.1:50063", NULL, NULL,
+     "servers.ps2: no stage is placed on it"},
+    {"sync across servers", "server.consistency", "sync", NULL, NULL,
+     "server.consistency: sync needs one server: stages span ps0, ps1; use hogwild until a cross-server round exists"},
+    {"ssp across servers", "server.consistency", "ssp", NULL, NULL, "server.consistency: ssp needs one server"},
+    {"a stage the model lacks", "model.placement.conv", "ps0", NULL, NULL,
+     "model.placement.conv: model 'rnn_lm' has no stage 'conv'"},
+};
+
 static void test_cluster_checks(void) {
     ps_config c;
     ps_err e;
     ps_err_clear(&e);
     cluster_base(&c);
     CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
-    expect_cluster_bad("unknown server", "model.placement.decoder", "ps3", NULL, NULL,
-                       "model.placement.decoder: server 'ps3' is not in servers (ps0, ps1)");
-    expect_cluster_bad("unknown shard server", "model.placement.emb.shards", "ps0,ps3/cuda:0", NULL, NULL,
-                       "model.placement.emb.shards: server 'ps3' is not in servers (ps0, ps1)");
+    for (size_t i = 0; i < sizeof k_cluster_bad / sizeof k_cluster_bad[0]; i++) {
+        const cluster_bad *b = &k_cluster_bad[i];
+        expect_cluster_bad(b->what, b->k1, b->v1, b->k2, b->v2, b->want);
+    }
     {
         ps_config_defaults(&c);
         set_ok(&c, "model.name", "rnn_lm");
@@ -926,12 +979,6 @@ static void test_cluster_checks(void) {
         CONTAINS(e.msg, "model.placement.rnn: stage 'rnn' of model 'rnn_lm' is not placed; with servers defined "
                         "every stage names its server (servers: ps0)");
     }
-    /* two servers in one checkpoint directory (they overwrote each other's ckpt-N) */
-    expect_cluster_bad("one checkpoint_dir", "servers.ps0.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir",
-                       "/srv//ck/", "servers.ps1.checkpoint_dir: '/srv/ck' is servers.ps0's checkpoint directory too");
-    expect_cluster_bad("a server in another's default directory", "server.checkpoint_dir", "/srv/ck",
-                       "servers.ps1.checkpoint_dir", "/srv/ck/./ps0",
-                       "servers.ps1.checkpoint_dir: '/srv/ck/ps0' is servers.ps0's checkpoint directory too");
     {
         cluster_base(&c);
         set_ok(&c, "server.checkpoint_dir", "/srv/ck");
@@ -944,19 +991,6 @@ static void test_cluster_checks(void) {
         CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.checkpoint.dir, "/srv/ck/ps1"));
         CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
-    expect_cluster_bad("single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
-                       "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or "
-                       "SERVER/DEVICE (servers: ps0, ps1)");
-    expect_cluster_bad("a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL,
-                       NULL, "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)");
-    expect_cluster_bad("shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
-                       "model.placement.decoder.shards: only a stage whose first node is an Embedding of the stage "
-                       "input can be sharded; stage 'decoder' of model 'rnn_lm' starts with Dropout");
-    expect_cluster_bad("more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
-                       "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)");
-    /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */
-    expect_cluster_bad("rows: too many", "model.placement.emb.rows", "1,2", NULL, NULL,
-                       "model.placement.emb.rows: 2 boundaries for 2 shards; give n-1 = 1");
     {
         cluster_base(&c);
         set_ok(&c, "model.sizes.ntoken", "30");
@@ -969,12 +1003,6 @@ static void test_cluster_checks(void) {
         set_ok(&c, "model.placement.emb.rows", "10,29");
         CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
-    expect_cluster_bad("rows: past the table", "model.placement.emb.rows", "3", NULL, NULL,
-                       "model.placement.emb.rows: boundary 1 (3) is outside 1..2 or not above the one before "
-                       "(encoder.weight has 3 rows (model.sizes.ntoken)");
-    expect_cluster_bad("rows without shards", "model.placement.decoder.rows", "1", NULL, NULL,
-                       "model.placement.decoder.rows: boundaries between shards, but stage 'decoder' is not sharded "
-                       "(add model.placement.decoder.shards: [SERVER, ...], or drop rows)");
     {
         cluster_base(&c);
         set_ok(&c, "model.placement.emb.rows", "2");
@@ -986,23 +1014,6 @@ static void test_cluster_checks(void) {
         CHECK_MSG(ps_placement_resolve(&c, &p, &e) == PS_OK, "%s", e.msg);
         CHECK(p.stages[0].shards[0].hi == 1 && c.model.placement[0].n_rows == 0);
     }
-    expect_cluster_bad("duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
-                       "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'");
-    expect_cluster_bad("duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen",
-                       "127.0.0.1:7000", "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too");
-    expect_cluster_bad("one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
-                       "servers.ps1.metrics_listen: '127.0.0.1:9100' is servers.ps0's metrics address too");
-    expect_cluster_bad("an address missing", "servers.ps2.listen", "0.0.0.0:50063", NULL, NULL,
-                       "servers.ps2.address: required");
-    expect_cluster_bad("a server hosting nothing", "servers.ps2.address", "127.0.0.1:50063", NULL, NULL,
-                       "servers.ps2: no stage is placed on it");
-    expect_cluster_bad("sync across servers", "server.consistency", "sync", NULL, NULL,
-                       "server.consistency: sync needs one server: stages span ps0, ps1; use hogwild until a "
-                       "cross-server round exists");
-    expect_cluster_bad("ssp across servers", "server.consistency", "ssp", NULL, NULL,
-                       "server.consistency: ssp needs one server");
-    expect_cluster_bad("a stage the model lacks", "model.placement.conv", "ps0", NULL, NULL,
-                       "model.placement.conv: model 'rnn_lm' has no stage 'conv'");
 
     /* the same ports on different hosts are fine: they are different machines */
     cluster_base(&c);
