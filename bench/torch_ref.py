@@ -39,6 +39,10 @@ import torch.nn.functional as F
 import torch.optim as optim
 from torch.distributed.optim import DistributedOptimizer
 
+# the tutorial's network (same layers as psd's mnist_cnn), as the tutorial writes it
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "models"))
+from rpc_tutorials import Net  # noqa: E402
+
 BATCH = 32
 BATCHES = int(os.environ.get("BATCHES", "100"))
 WARMUP = int(os.environ.get("WARMUP", "10"))
@@ -106,33 +110,6 @@ def timed(step, it):
             step(*next(it))
         rates.append(BATCHES * BATCH / (time.perf_counter() - t0))
     return rates
-
-
-# ---- the tutorial's network (same layers as psd's mnist_cnn) ----
-class Net(nn.Module):
-    def __init__(self, num_gpus=0):
-        super().__init__()
-        self.num_gpus = num_gpus
-        device = torch.device("cpu")
-        self.conv1 = nn.Conv2d(1, 32, 3, 1).to(device)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1).to(device)
-        self.dropout1 = nn.Dropout2d(0.25)
-        self.dropout2 = nn.Dropout2d(0.5)
-        self.fc1 = nn.Linear(9216, 128).to(device)
-        self.fc2 = nn.Linear(128, 10).to(device)
-
-    def forward(self, x):
-        x = self.conv1(x)
-        x = F.relu(x)
-        x = self.conv2(x)
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = self.fc1(x)
-        x = F.relu(x)
-        x = self.dropout2(x)
-        x = self.fc2(x)
-        return F.log_softmax(x, dim=1)
 
 
 def run_local(data_dir):

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
-import torch.nn as nn
-import torch.nn.functional as F
 import torch.optim as optim
 from torch.distributions import Categorical
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from gen_golden_cartpole import CartPolePort  # noqa: E402
+# the tutorial's policy network, as reinforce.py writes it
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "models"))
+from rpc_tutorials import Policy  # noqa: E402
 
 AGENT_NAME = "agent"
 OBSERVER_NAME = "observer{}"
@@ -48,20 +49,6 @@ def _call_method(method, rref, *args, **kwargs):
 def _remote_method(method, rref, *args, **kwargs):
     args = [method, rref] + list(args)
     return rpc.rpc_sync(rref.owner(), _call_method, args=args, kwargs=kwargs)
-
-
-class Policy(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.affine1 = nn.Linear(4, 128)
-        self.dropout = nn.Dropout(p=0.6)
-        self.affine2 = nn.Linear(128, 2)
-
-    def forward(self, x):
-        x = self.affine1(x)
-        x = self.dropout(x)
-        x = F.relu(x)
-        return F.softmax(self.affine2(x), dim=1)
 
 
 class Observer:

@@ -4,10 +4,12 @@
  * Every key lives in ONE declarative table in config.c (key, type, range,
  * default, field); docs/config.md describes the same keys. A key's field is
  * in the options struct of the module that uses it (server.sync_workers in
- * consistency.h's ps_cons_opts, server.recv_timeout_s in rpc_server.h's
+ * consistency's ps_cons_opts, server.recv_timeout_s in the rpc server's
  * ps_rpc_server_opts, optimizer.* in optim.h's ps_optim_spec, ...): those
  * structs are members of ps_config, filled by the table, and handed to
- * their modules as they are. Enum keys take their names from the owning
+ * their modules as they are. psd's modules' structs are defined in
+ * common/server_opts.h, so this header (and ps-train, which uses it)
+ * depends on nothing in server/. Enum keys take their names from the owning
  * module's list. Both the YAML
  * loader and command-line flags go through ps_config_set, so a value is
  * checked the same way wherever it comes from, and every error names where
@@ -45,13 +47,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "consistency.h"
-#include "daemon.h"
 #include "log.h"
 #include "optim.h"
-#include "round_metrics.h"
-#include "rpc_server.h"
-#include "service.h"
+#include "server_opts.h"
 #include "status.h"
 
 #define PS_CONFIG_ADDR_MAX 256   /* buffer size for addresses, incl. NUL */
@@ -128,7 +126,7 @@ typedef struct ps_config {
         /* the modules' own (their headers say which key is which field) */
         ps_rpc_server_opts rpc;           /* threads, call limits, timeouts, message size */
         ps_service_opts service;          /* contexts, non-finite policy, consistency, round metrics */
-        ps_ckpt_opts checkpoint;          /* server.checkpoint_* (daemon.h) */
+        ps_ckpt_opts checkpoint;          /* server.checkpoint_* (server_opts.h) */
     } server;
     struct {
         char arch[PS_CONFIG_NAME_MAX * 2]; /* model.arch (alias model.name): a shipped model file */

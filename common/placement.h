@@ -29,7 +29,6 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "model.h"
 #include "status.h"
 
 typedef struct ps_place_shard {
@@ -84,13 +83,5 @@ int ps_placement_hosts(const ps_placement *p, int s, int server);
 
 /* Number of distinct servers the stages use (sync/ssp need 1). */
 int ps_placement_servers_used(const ps_placement *p);
-
-/* The options of the model this process hosts (psd): model.* and
- * optimizer.*, server.compute_threads (0: the online CPUs), and - for a
- * cluster's server (c->self >= 0) - only the stages and shard rows placed
- * on it, each on its placement's device, resolved into p. mo points into c
- * and p: keep both alive while mo is used. INVALID_ARGUMENT when the server
- * hosts no stage, or shards of two stages. */
-ps_status ps_placement_model_opts(const ps_config *c, ps_placement *p, ps_model_opts *mo, ps_err *err);
 
 #endif

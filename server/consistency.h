@@ -65,32 +65,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server_opts.h"
 #include "status.h"
 
-/* The modes and their names (server.consistency): X(value, name). The
- * one list; the config's names come from it. */
-#define PS_CONS_MODES(X) X(PS_CONS_HOGWILD, "hogwild") X(PS_CONS_SYNC, "sync") X(PS_CONS_SSP, "ssp")
-/* How a sync round combines its members' gradients (server.sync_reduce). */
-#define PS_SYNC_REDUCES(X) X(PS_SYNC_SUM, "sum") X(PS_SYNC_MEAN, "mean")
-
-#define PS_CONS_ENUM_ROW(value, name) value,
-typedef enum { PS_CONS_MODES(PS_CONS_ENUM_ROW) } ps_cons_mode;
-typedef enum { PS_SYNC_REDUCES(PS_CONS_ENUM_ROW) } ps_sync_reduce;
-#undef PS_CONS_ENUM_ROW
-
-/* The server.* keys of consistency (config.c fills them; docs/config.md). */
-typedef struct ps_cons_opts {
-    ps_cons_mode mode;          /* server.consistency */
-    int sync_workers;           /* server.sync_workers: contexts per round (>= 1) */
-    double sync_timeout_s;      /* server.sync_timeout_s: a round open this long closes with whom it has (> 0) */
-    ps_sync_reduce sync_reduce; /* server.sync_reduce: average the round's gradients, or sum them */
-    int max_staleness;          /* server.max_staleness: steps a rank may run ahead of the slowest active one */
-    int ssp_world_size;         /* server.ssp_world_size: ranks must be below this; 0 = any (4096 tracked at once) */
-    double active_s;            /* ssp: a rank not seen for this long no longer holds others back
-                                   (not a key: the service passes server.context_ttl_s) */
-    double idle_s;              /* server.ssp_idle_s: ssp: a rank without a Step this long stops holding the
-                                   others back (until it steps); 0 = no limit */
-} ps_cons_opts;
+/* ps_cons_mode, ps_sync_reduce and ps_cons_opts (the server.* keys of
+ * consistency) are in server_opts.h. */
 
 /* Applies one round: grads[0..n-1] are the members' gradient accumulators
  * (NULL for a member whose step is skipped, e.g. non-finite values) and

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server_opts.h"
 #include "status.h"
 
 /* Point stderr (fd 2, so gRPC's own messages too) at path, opened for
@@ -29,15 +30,7 @@ void ps_daemon_notify(const char *state);
  * can bind it or the address is not host:port (unix:, dns:, ...). */
 void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);
 
-#define PS_CKPT_DIR_MAX 1024
-
-/* The server.checkpoint_* keys (config.c fills them; docs/config.md). */
-typedef struct ps_ckpt_opts {
-    char dir[PS_CKPT_DIR_MAX]; /* server.checkpoint_dir: "" = no checkpoints */
-    int every_steps;           /* server.checkpoint_every_steps: 0 = not by steps */
-    double every_s;            /* server.checkpoint_every_s: 0 = not by time */
-    int keep;                  /* server.checkpoint_keep: newest checkpoints kept, >= 1 */
-} ps_ckpt_opts;
+/* ps_ckpt_opts (the server.checkpoint_* keys) is in server_opts.h. */
 
 /* When to write a checkpoint: opts->every_steps > 0 and that many steps
  * since the last one, or opts->every_s > 0, that many seconds since the

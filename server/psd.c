@@ -37,6 +37,7 @@
 #include "model.h"
 #include "onnx_weights.h"
 #include "placement.h"
+#include "placement_model.h"
 #include "rpc_server.h"
 #include "security.h"
 #include "service.h"

@@ -25,19 +25,15 @@
 
 #include <stdint.h>
 
+#include "server_opts.h"
 #include "status.h"
 
-#define PS_RM_NAME_MAX 32     /* buffer size, incl. NUL */
 #define PS_RM_MAX_SCALARS 8   /* scalars one Step carries (proto/ps.options) */
 #define PS_RM_MAX_NAMES 8     /* names tracked; also the report's capacity */
 #define PS_RM_NAMES_PER_CLIENT 4  /* names one client may bring in */
 
-/* Which statistic of a round the EMA follows (server.metrics_ema_of):
- * X(value, name), the one list of the names. */
-#define PS_RM_EMA_OFS(X) X(PS_RM_EMA_MIN, "min") X(PS_RM_EMA_MEAN, "mean") X(PS_RM_EMA_MAX, "max")
-#define PS_RM_ENUM_ROW(value, name) value,
-typedef enum { PS_RM_EMA_OFS(PS_RM_ENUM_ROW) } ps_rm_ema_of;
-#undef PS_RM_ENUM_ROW
+/* PS_RM_NAME_MAX, ps_rm_ema_of and ps_rmetrics_opts (the server.metrics_*
+ * and stop_* keys) are in server_opts.h. */
 
 typedef struct ps_scalar {
     char name[PS_RM_NAME_MAX];
@@ -63,14 +59,6 @@ typedef struct ps_round_report {
     int solved;
 } ps_round_report;
 
-/* The server.metrics_* and stop_* keys (config.c fills them). */
-typedef struct ps_rmetrics_opts {
-    double alpha;              /* server.metrics_ema_alpha: EMA weight of the newest round, (0, 1] */
-    ps_rm_ema_of ema_of;       /* server.metrics_ema_of */
-    int round_steps;           /* server.metrics_round_steps: hogwild/ssp Steps per round (>= 1) */
-    char stop_metric[PS_RM_NAME_MAX]; /* server.stop_metric; "": no stop */
-    double stop_threshold;     /* server.stop_threshold: solved when EMA(stop_metric) > this */
-} ps_rmetrics_opts;
 
 typedef struct ps_rmetrics ps_rmetrics;
 

@@ -51,6 +51,7 @@
 #include <stdbool.h>
 
 #include "rpc.h"
+#include "server_opts.h"
 
 #define PS_RPC_REQUESTS_ARMED 64   /* grpc_server_request_call()s kept outstanding */
 #define PS_RPC_EVENT_THREADS 2     /* threads polling the server's completion queue */
@@ -159,78 +160,8 @@ int ps_rpc_call_cancelled(ps_rpc_call *call);
 
 /* ---- server options ---------------------------------------------------- */
 
-/* The server.* keys of the rpc server are fields here, in the config's
- * units (config.c fills them; docs/config.md, docs/security.md); the rest
- * are set by the caller. Zero means the default where one is given. */
-typedef struct ps_rpc_server_opts {
-    int threads;            /* server.threads: workers for ordinary methods, >= 1 */
-    int reserved_threads;   /* workers for reserved methods; 0 = default (1) */
-    int max_calls;          /* server.max_calls: ordinary calls accepted and
-                               not finished (queued, in a handler, deferred or
-                               sending); 0 = PS_RPC_DEFAULT_MAX_CALLS. The
-                               ordinary calls of reader tokens (a token
-                               restricted to some methods) count in a cap of
-                               their own, max_calls / 2, run by their own
-                               reserved_threads workers: readers never take
-                               the trainers' calls or workers. */
-    int max_reserved_calls; /* same for reserved methods; 0 = default */
-    int max_message_bytes;  /* server.max_message_mb: > 0 sets the receive and
-                               send limits (gRPC's default is 4 MiB) */
-    /* Limits against hostile or careless clients (docs/security.md). A
-     * "client" is the caller's token with tokens configured, else its peer
-     * host (the address without the port: every connection from a host is
-     * one client). */
-    int max_calls_per_client;    /* server.max_calls_per_client: ordinary
-                                    calls one client may hold at once; 0 =
-                                    max_calls / 4 (at least 1). Reserved
-                                    calls: the same fraction of
-                                    max_reserved_calls (at least 2). Past it:
-                                    RESOURCE_EXHAUSTED naming the limit. */
-    int max_stalled_per_client;  /* server.max_stalled_per_client: ordinary
-                                    calls one client may hold whose request
-                                    message has not arrived (all clients
-                                    together: max_calls / 4, though a client
-                                    holding none may always start one);
-                                    0 = PS_RPC_DEFAULT_MAX_STALLED. Past it:
-                                    RESOURCE_EXHAUSTED naming the limit.
-                                    Whatever the caps, a client that holds
-                                    no ordinary call may use the last
-                                    max_calls / 8 of the cap (kept for
-                                    it), and each connection may hold one
-                                    reserved call (a monitor on a busy
-                                    client's host is answered). */
-    int max_streams_per_connection; /* server.max_streams_per_connection: HTTP/2
-                                       SETTINGS_MAX_CONCURRENT_STREAMS;
-                                       0 = PS_RPC_DEFAULT_MAX_STREAMS */
-    double max_connection_age_s; /* server.max_connection_age_s: > 0: GOAWAY
-                                    after this long (clients reconnect); calls
-                                    in flight get max_connection_age_grace_ms;
-                                    0 = unlimited */
-    int max_connection_age_grace_ms;
-    int transport_memory_mb;     /* server.transport_memory_mb: gRPC resource
-                                    quota for the transport's buffers; 0 = none */
-    double recv_timeout_s;       /* server.recv_timeout_s: an accepted call must
-                                    deliver its request message within this;
-                                    then it is cancelled (DEADLINE_EXCEEDED);
-                                    0 = default */
-    double send_timeout_s;       /* server.send_timeout_s: a reply the client
-                                    does not take (flow control) within this is
-                                    cancelled; 0 = default */
-    int max_connections_per_client; /* server.max_connections_per_client:
-                                    connections one host may hold to the
-                                    server's port (counted every second; the
-                                    newest past it are closed); 0 =
-                                    PS_RPC_DEFAULT_MAX_CONNECTIONS */
-    int max_resets_per_s;        /* a connection whose streams end before
-                                    their request message more often than
-                                    this in one second (HTTP/2 rapid reset)
-                                    is closed, and a host whose connections
-                                    together do is cut off (all its
-                                    connections closed while it goes on);
-                                    0 = default */
-    bool profile;                /* time every call's phases (prof.h),
-                                    read with ps_rpc_server_phases */
-} ps_rpc_server_opts;
+/* ps_rpc_server_opts (the server.* keys of the rpc server) is in
+ * server_opts.h. */
 
 /* The per-client cap opts give: max_calls_per_client, or max_calls / 4
  * (at least 1). */

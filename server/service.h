@@ -49,47 +49,12 @@
 #include "model.h"
 #include "round_metrics.h"
 #include "rpc_server.h"
+#include "server_opts.h"
 
 typedef struct ps_service ps_service;
 
-/* server.nonfinite_policy: X(value, name), the one list of the names. */
-#define PS_NONFINITE_POLICIES(X) X(PS_NONFINITE_REJECT, "reject") X(PS_NONFINITE_SKIP, "skip")
-#define PS_NONFINITE_ENUM_ROW(value, name) value,
-typedef enum { PS_NONFINITE_POLICIES(PS_NONFINITE_ENUM_ROW) } ps_nonfinite_policy;
-#undef PS_NONFINITE_ENUM_ROW
-
-#define PS_SERVICE_NAME_MAX 32
-
-/* The service's server.* keys are fields here (config.c fills them;
- * docs/config.md); the last few are set by the caller. */
-typedef struct ps_service_opts {
-    double context_ttl_s;     /* server.context_ttl_s: an idle context expires */
-    int max_message_bytes;    /* server.max_message_mb: the largest tensor a request carries */
-    ps_nonfinite_policy nonfinite_policy; /* server.nonfinite_policy: reject NaN/Inf
-                                 (INVALID_ARGUMENT) or skip the step */
-    double settle_window_s;   /* server.settle_window_s: repeated Steps answered this long (0: 600 s) */
-    int max_finished;         /* server.max_finished: ... for at most this many contexts (0: 1 << 20) */
-    uint64_t max_context_bytes; /* server.max_context_bytes: live contexts' bytes, shared
-                                 fairly per client; 0 = unlimited */
-    double health_saturated_s; /* server.health_saturated_s: health says NOT_SERVING after
-                                 every ordinary call was refused this long; 0 = never */
-    double batch_wait_ms;     /* server.batch_wait_ms: a training Forward waits up to this long
-                                 for concurrent ones of the same stages to be computed with
-                                 (0 = off; svc_batch.c) */
-    int batch_max_samples;    /* server.batch_max_samples: samples computed together at most */
-    int batch_backward;       /* server.batch_backward: training Backwards are batched too
-                                 (with batch_wait_ms > 0) */
-    ps_cons_opts cons;        /* server.consistency and its keys (consistency.h) */
-    ps_rmetrics_opts round_metrics; /* server.metrics_* and stop_* (round_metrics.h; alpha 0:
-                                 0.05, round_steps 0: 1) */
-    char cluster[PS_SERVICE_NAME_MAX];     /* cluster.name (ListParameters, Status) */
-    char server_name[PS_SERVICE_NAME_MAX]; /* servers.<name> this psd is; "" = the single-server
-                                 form (ps_config_select_server sets it) */
-    /* Not keys: set by the caller. */
-    size_t max_contexts;      /* live contexts; 0: 4096 */
-    const char *optimizer;    /* reported by Status ("sgd"); NULL: "sgd" */
-    const char *(*cpu_isa)(void); /* reported by Status; NULL: "" */
-} ps_service_opts;
+/* ps_nonfinite_policy and ps_service_opts (the service's server.* keys)
+ * are in server_opts.h. */
 
 /* The service uses (does not own) the model. */
 ps_service *ps_service_create(ps_model *model, const ps_service_opts *opts, ps_err *err);

@@ -23,14 +23,17 @@ Only loopback targets are accepted; every loop is bounded in count and time.
            --n N              streams for stall/silent (default 600)
            --max-rss-mb M     assert: RSS growth below M MiB
            --max-latency-s S  assert: every good call answered within S s
-           --expect-refused   stall: assert the attacker saw its calls ended
+           --expect-ended     stall: assert psd ended every stalled stream (the
+                              admitted ones after server.recv_timeout_s)
+  The attack runs SECONDS, and on while a well-behaved call is in flight
+  (until it is answered or has waited S + 1 s): a call the attack starves
+  fails the run however short SECONDS is.
 
 Prints one line of figures:
   ATTACK: rss growth X MiB (peak Y MiB), good calls N ok / F failed, worst latency L s, ...
 and exits 1 when an asserted bound is broken.
 """
 import argparse
-import os
 import select
 import socket
 import ssl
@@ -97,6 +100,7 @@ class H2Conn:
         s.settimeout(2.0)  # every send is bounded in time
         self.sock = s
         self.closed = False
+        self.stalled = False  # closed by us: psd did not read a send for 2 s (not a close by psd)
         self.rst = 0
         self.headers = 0
         self.goaway = 0
@@ -209,6 +213,7 @@ class Monitor:
 
 
 def rss_mb(pid):
+    """psd's resident set in MiB (also for hostile_ctx.py, hostile_ssp.py); None when psd is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -245,9 +250,10 @@ class Good:
         self.failed = []
         self.stop = False
         self.lat = []
+        self.since = None  # when the call in flight began (None: none in flight)
 
     def one(self, i, timeout=30):
-        t0 = time.monotonic()
+        t0 = self.since = time.monotonic()
         try:
             r = self.calls[i](b"", timeout=timeout, metadata=self.md)
             dt = time.monotonic() - t0
@@ -258,6 +264,7 @@ class Good:
         except self.grpc.RpcError as e:
             dt = time.monotonic() - t0
             self.failed.append(f"{e.code().name}: {e.details()}")
+        self.since = None
         self.worst = max(self.worst, dt)
         if i < 2:  # Health/Check, Status: the reserved methods
             self.worst_reserved = max(self.worst_reserved, dt)
@@ -334,7 +341,25 @@ def main():
     rss0 = rss_mb(a.pid)
     peak = rss0
     t_end = time.monotonic() + a.seconds
-    gt = threading.Thread(target=good.loop, args=(t_end + 2,), daemon=True)
+    # The attack lasts SECONDS, and longer while a well-behaved call is in
+    # flight: a call it starves then waits past its bound (max-latency-s,
+    # else 10 s) and fails the run, however short SECONDS is. SECONDS need
+    # only outlast the defence's own timeouts, not the latency bounds.
+    hold = (a.max_latency_s if a.max_latency_s is not None else 10.0) + 1.0
+
+    held_for = []  # when the attack went on past t_end for a call in flight
+
+    def attacking():
+        now = time.monotonic()
+        if now < t_end:
+            return True
+        since = good.since
+        if since is not None and now - since <= hold:
+            held_for.append(now)
+            return True
+        return False
+
+    gt = threading.Thread(target=good.loop, args=(t_end + hold + 5,), daemon=True)
     gt.start()
 
     conns = []
@@ -388,7 +413,7 @@ def main():
                     stall_more(w, a.status_streams, "/ps.ParameterServer/Status")
             mon = Monitor(a.host, a.port, a.tls, who[0][0], who[0][1], authority) if a.monitor else None
             last_up = time.monotonic()
-            while time.monotonic() < t_end:
+            while attacking():
                 peak = max(peak, rss_mb(a.pid) or 0)
                 for c in conns:
                     c.pump()
@@ -418,12 +443,22 @@ def main():
                     good.failed.append(f"only {len(mon.lat)} monitor calls answered")
             if a.expect_ended and ended < sent // 2 and not a.keep_up:
                 good.failed.append(f"psd ended only {ended} of {sent} stalled streams")
+            if a.expect_ended and a.attack == "stall" and not a.keep_up:
+                # refused or admitted, every stalled stream is ended by now:
+                # the admitted ones by server.recv_timeout_s (SECONDS outlasts it)
+                for c in conns:
+                    c.pump()
+                left = sum(c.next_id // 2 - len(c.ended) for c in conns if not c.closed)
+                if left:
+                    good.failed.append(f"{left} of {sent} stalled streams still open after "
+                                       f"{time.monotonic() - opened_at:.0f} s (server.recv_timeout_s not enforced?)")
         elif a.attack == "reset-many":
             # rapid reset spread over many connections from one address,
             # each under the per-connection threshold (issue 23 item 2)
             live = []
             opened = 0
             cut = 0
+            slow = 0
             most = 0
             block = None
 
@@ -445,12 +480,13 @@ def main():
                     live.append(c)
             last_sample = 0
             per_round = 10
-            while time.monotonic() < t_end and sent < a.max_streams:
+            while attacking() and sent < a.max_streams:
                 t_round = time.monotonic()
                 for i, c in enumerate(live):
                     if c is None or c.closed:
                         if c is not None:
-                            cut += 1
+                            cut += not c.stalled
+                            slow += c.stalled
                             c.close()
                         live[i] = c = connect()
                         if c is None:
@@ -465,6 +501,9 @@ def main():
                     try:
                         c.send(bytes(burst))
                         sent += per_round
+                    except socket.timeout:
+                        c.closed = c.stalled = True
+                        continue
                     except OSError:
                         c.closed = True
                         continue
@@ -478,10 +517,11 @@ def main():
                 time.sleep(max(0.0, per_round / a.rate - (time.monotonic() - t_round)))
             for c in live:
                 if c is not None and c.closed:
-                    cut += 1
+                    cut += not c.stalled
+                    slow += c.stalled
             extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on {opened} "
                      f"connections ({a.conns} kept open, at most {a.rate:.0f} resets/s each), "
-                     f"{cut} closed by psd")
+                     f"{cut} closed by psd, {slow} given up (a send not read for 2 s)")
             if a.expect_cut and cut < 1:
                 good.failed.append("psd never closed a resetting connection")
         else:
@@ -490,9 +530,11 @@ def main():
             block = headers_block("/ps.ParameterServer/GetParameters", authority, c.scheme, a.token)
             last_sample = 0
             cut = 0
-            while time.monotonic() < t_end and sent < a.max_streams and len(conns) < 2000:
-                if c.closed:  # psd closed it: come back on a new connection
-                    cut += 1
+            slow = 0
+            while attacking() and sent < a.max_streams and len(conns) < 2000:
+                if c.closed:  # psd closed it (or did not read it): come back on a new connection
+                    cut += not c.stalled
+                    slow += c.stalled
                     try:
                         c = H2Conn(a.host, a.port, a.tls, source=a.source)
                     except OSError:
@@ -509,7 +551,10 @@ def main():
                     sent += 1
                 try:
                     c.send(bytes(burst))
-                except OSError:  # psd closed it, or stopped reading it for 2 s
+                except socket.timeout:  # psd stopped reading it for 2 s: not a close by psd
+                    c.closed = c.stalled = True
+                    continue
+                except OSError:  # psd closed it
                     c.closed = True
                     continue
                 c.pump()
@@ -521,12 +566,15 @@ def main():
                     c = H2Conn(a.host, a.port, a.tls, source=a.source)
                     conns.append(c)
             extra = (f", {sent} HEADERS+RST_STREAM pairs sent ({sent / a.seconds:.0f}/s) on "
-                     f"{len(conns)} connection(s), {cut} closed by psd")
+                     f"{len(conns)} connection(s), {cut} closed by psd, {slow} given up (a send not read for 2 s)")
             if a.expect_cut and cut < 1:
                 good.failed.append("psd never closed the resetting connection")
     finally:
         for c in conns:
             c.close()
+    if held_for:
+        extra += (f"; went on {held_for[-1] - t_end:.1f} s past its {a.seconds:g} s for a well-behaved call "
+                  "in flight")
     time.sleep(1.0)
     peak = max(peak, rss_mb(a.pid) or 0)
     good.stop = True

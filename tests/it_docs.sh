@@ -10,15 +10,11 @@
 #    branches bring are listed in PENDING until they land).
 # Prints one line per block; fails on the first broken rule it finds in each
 # file and on any block that fails.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/lib.sh" it_docs
+set +e  # a failing block is counted (below), not the end of the run
 DOCS_BLOCK_S=${DOCS_BLOCK_S:-120}
-PY=/usr/bin/python3
 # Pages README.md links that other work in flight writes; remove a name once its page is here.
 PENDING=""
-tmp=$(mktemp -d /tmp/it_docs.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 [ -x "$BUILD/bin/psd" ] || { echo "FAIL: $BUILD/bin/psd not built"; exit 1; }
 
 $PY - "$tmp" "$PENDING" README.md docs/*.md <<'PYEOF' || exit 1

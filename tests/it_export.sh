@@ -10,14 +10,9 @@
 #  - psd takes what it wrote: --check-config with the exported mnist_cnn
 #    and --init-from its weights, and rnn_lm with its weights (the
 #    trainer-side LSTM's parameters included).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-tmp=$(mktemp -d /tmp/it_export.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh" it_export
 
-/usr/bin/python3 tests/export/check_export.py "$tmp" || fail "tests/export/check_export.py"
+$PY tests/export/check_export.py "$tmp" || fail "tests/export/check_export.py"
 for m in mnist_cnn rnn_lm; do
   printf 'model:\n  file: %s.yaml\n' "$m" >"$tmp/$m.conf.yaml"
   out=$("$BUILD/bin/psd" --check-config "$tmp/$m.conf.yaml" --init-from "$tmp/$m.safetensors" 2>&1) ||

@@ -134,5 +134,4 @@ echo "$msg" | awk -v b=$GONE_MAX_S '{ if (match($0, /giving up after [0-9]+ retr
   else exit 1
   exit !(n >= 1 && used >= b - 0.1) }' || gone_fail "the give-up did not retry and spend its retry budget first"
 pids=()  # stopped above: nothing left to kill
-rm -rf "$tmp"
 echo "it_faults: psd SIGKILL+restart survived by 2 trainers, resumed from its last checkpoint (lost only the steps since), bounded give-up: OK"

@@ -2,7 +2,8 @@
 # docs/layout.md matches the tree: every source file (.c .h .cu .proto
 # .options) of the directories it describes file by file is listed there,
 # every file it lists exists, every top-level directory is described, and
-# every .c opens with a comment saying what it is for.
+# every .c opens with a comment saying what it is for, and common/ includes
+# nothing from server/ or trainer/.
 . "$(dirname "$0")/lib.sh" it_layout
 doc=docs/layout.md
 [ -f "$doc" ] || fail "$doc is missing"
@@ -42,6 +43,13 @@ done
 # every .c says what it is for
 for f in $(find common server trainer tools tests bench -name '*.c' | sort); do
   head -n 1 "$f" | grep -q '^/\*' || { echo "$f does not open with a comment saying what it is for"; bad=1; }
+done
+# common/ is what both sides link: it includes no header of server/ or trainer/
+side_headers=$(find server trainer -name '*.h' -printf '%f\n' | sort -u)
+for f in $(find common -name '*.[ch]' -o -name '*.cu' | sort); do
+  for h in $(sed -nE 's/^#include "([^"]+)".*/\1/p' "$f"); do
+    ! grep -qxF "$h" <<<"$side_headers" || { echo "$f includes $h (server/ or trainer/): common/ must not"; bad=1; }
+  done
 done
 [ $bad -eq 0 ] || fail "docs/layout.md and the tree disagree (above)"
 echo "it_layout: $(wc -l <"$listed") files in $(echo $sections | wc -w) directories listed, all present, none missing: OK"

@@ -5,18 +5,8 @@
 # and training forwards, every gradient of one step, the new weights and
 # running statistics, and the eval export's forward
 # (tests/export/check_resnet.py says what and to which tolerance).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-PY=/usr/bin/python3
-for m in torch torchvision grpc; do
-  $PY -c "import $m" 2>/dev/null || { echo "it_resnet: skipped: python3 module $m missing (scripts/install-deps.sh)"; exit 77; }
-done
-tmp=$(mktemp -d /tmp/it_resnet.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if ! timeout 900 $PY tests/export/check_resnet.py "$BUILD" "$tmp"; then
-  for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
-  echo "FAIL: tests/export/check_resnet.py"
-  exit 1
-fi
+. "$(dirname "$0")/lib.sh" it_resnet
+require_py torch torchvision grpc
+fail_tail=20
+timeout 900 $PY tests/export/check_resnet.py "$BUILD" "$tmp" || fail "tests/export/check_resnet.py"
 echo "it_resnet: all checks passed"

@@ -59,5 +59,4 @@ echo "ok: psd refuses a world-readable tokens file"
 if "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set security.tls=true 2>"$tmp/p3"; then echo "FAIL: tls without cert"; exit 1; fi
 grep -q "security.cert" "$tmp/p3" && echo "ok: psd: $(cat "$tmp/p3")"
 pids=()  # stopped above: nothing left to kill
-rm -rf "$tmp"
 echo "it_security: TLS, mutual TLS, tokens and refusals: OK"

@@ -35,6 +35,7 @@
 #include "service.h"
 
 #include "check.h"
+#include "support/tmpdir.h"
 
 #define MAXMSG (4 << 20)
 #define C 3
@@ -274,8 +275,6 @@ int main(void) {
     ps_rpc_server_free(srv);
     ps_service_free(svc);
     ps_model_free(model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) {}
+    test_rmtree(dir);
     return check_summary("test_buffers");
 }

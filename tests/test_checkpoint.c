@@ -31,6 +31,7 @@
 #include "optim.h"
 #include "safetensors.h"
 #include "support/model_run.h"
+#include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_ckpt_XXXXXX";
 
@@ -1120,8 +1121,6 @@ int main(void) {
     test_parts();
     test_settle_records();
     test_dir_lock();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_checkpoint: could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_checkpoint");
 }

@@ -26,6 +26,7 @@
 #include "log.h"
 #include "model.h"
 #include "safetensors.h"
+#include "support/tmpdir.h"
 
 enum { V = 21, E = 5, H = 4, NID = 8, CUT = 10 };
 
@@ -291,8 +292,6 @@ int main(void) {
     ps_model_free(whole);
     ps_model_free(p0);
     ps_model_free(p1);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_ckpt_merge");
 }

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "model.h"
 #include "placement.h"
+#include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_config_XXXXXX";
 
@@ -294,6 +295,90 @@ static void expect_bad(const char *name, const char *text, ps_status code, int l
     if (n2) CONTAINS(e.msg, n2);
 }
 
+/* Config files ps_config_load must refuse: the file, its text (NULL: never
+ * written), the code, the line the error names and what it must say. */
+typedef struct bad_file {
+    const char *name, *text;
+    ps_status code;
+    int line;
+    const char *n1, *n2;
+} bad_file;
+
+static const bad_file k_bad_files[] = {
+    {"unknown.yaml", "server:\n  threads: 2\n  lisen: 1.2.3.4:5\n", PS_ERR_NOT_FOUND, 3,
+     "unknown key 'server.lisen'", "did you mean 'server.listen'"},
+    {"unknown_section.yaml", "# x\nservr:\n  listen: a\n", PS_ERR_NOT_FOUND, 2,
+     "unknown key 'servr'", "did you mean 'server'"},
+    {"range.yaml", "optimizer:\n  momentum: 0.5\n\n  lr: -1\n", PS_ERR_INVALID_ARGUMENT, 4,
+     "optimizer.lr: '-1' is out of range (0, 100]", NULL},
+    {"range_int.yaml", "trainer:\n  world_size: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "trainer.world_size: '1' is out of range [2, 1024]", NULL},
+    {"range_open.yaml", "optimizer:\n  momentum: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "optimizer.momentum: '1' is out of range [0, 1)", NULL},
+    {"nonnum.yaml", "server:\n  threads: four\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "server.threads: 'four' is not an integer", NULL},
+    {"float_int.yaml", "server:\n  threads: 4.0\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "server.threads: '4.0' is not an integer", NULL},
+    {"trailing.yaml", "optimizer:\n  lr: 0.1x\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "optimizer.lr: '0.1x' is not a number", NULL},
+    {"nan.yaml", "optimizer:\n  lr: .nan\n", PS_ERR_INVALID_ARGUMENT, 2, "optimizer.lr: '.nan' is not a number", NULL},
+    {"neg_seed.yaml", "model:\n  seed: -1\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "model.seed: '-1' is not an unsigned integer", NULL},
+    {"big_seed.yaml", "model:\n  seed: 18446744073709551616\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "model.seed: '18446744073709551616' is out of range", NULL},
+    {"type_map.yaml", "server:\n  threads:\n    min: 1\n", PS_ERR_FORMAT, 2,
+     "server.threads: expected a single value, got a mapping", NULL},
+    {"type_list.yaml", "server:\n  listen: [a, b]\n", PS_ERR_FORMAT, 2,
+     "server.listen: expected a single value, got a list", NULL},
+    {"type_section.yaml", "\n\nserver: 5\n", PS_ERR_FORMAT, 3,
+     "server: expected a mapping of keys, got a single value", NULL},
+    {"type_placement.yaml", "model:\n  placement: cuda:0\n", PS_ERR_FORMAT, 2,
+     "model.placement: expected a mapping", NULL},
+    {"device.yaml", "model:\n  placement:\n    conv: gpu:0\n", PS_ERR_INVALID_ARGUMENT, 3,
+     "model.placement.conv: 'gpu:0' is not a device", NULL},
+    {"device64.yaml", "model:\n  placement:\n    fc: cuda:64\n", PS_ERR_INVALID_ARGUMENT, 3,
+     "model.placement.fc: 'cuda:64' is not a device", NULL},
+    {"stage.yaml", "model:\n  placement:\n    \"a b\": cpu\n", PS_ERR_INVALID_ARGUMENT, 3,
+     "model.placement.a b: stage name", NULL},
+    {"stages9.yaml",
+     "model:\n  placement:\n    a: cpu\n    b: cpu\n    c: cpu\n    d: cpu\n"
+     "    e: cpu\n    f: cpu\n    g: cpu\n    h: cpu\n    i: cpu\n",
+     PS_ERR_INVALID_ARGUMENT, 11, "model.placement.i: too many stages", "at most 8"},
+    /* sizes of the model set above them in the file: checked on their line */
+    {"size_int.yaml", "model:\n  arch: rnn_lm\n  sizes:\n    ntoken: 1.5\n", PS_ERR_INVALID_ARGUMENT, 4,
+     "model.sizes.ntoken: '1.5' is not a whole number", NULL},
+    {"size_range.yaml", "model:\n  name: rnn_lm\n  sizes:\n    dropout: 1\n", PS_ERR_INVALID_ARGUMENT, 4,
+     "model.sizes.dropout: '1' is out of range [0, 1)", NULL},
+    {"model_name.yaml", "model:\n  arch: res/net\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "model.arch: 'res/net' is not a model name", NULL},
+    {"bool.yaml", "trainer:\n  check_gradients: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "trainer.check_gradients: 'maybe' is not a boolean", NULL},
+    {"bool1.yaml", "trainer:\n  check_gradients: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "trainer.check_gradients: '1' is not a boolean", NULL},
+    {"dup.yaml", "server:\n  threads: 2\n  listen: a:1\n  threads: 3\n", PS_ERR_FORMAT, 4,
+     "duplicate key 'server.threads' (first given on line 2)", NULL},
+    {"dup_section.yaml", "server:\n  threads: 2\nserver:\n  listen: a:1\n", PS_ERR_FORMAT, 3,
+     "duplicate key 'server'", NULL},
+    {"enum.yaml", "server:\n  consistency: strict\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "server.consistency: 'strict' is not one of: hogwild", NULL},
+    {"enum_backend.yaml", "model:\n  backend: cuda\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "model.backend: 'cuda' is not one of: ref, dnnl", NULL},
+    {"empty_value.yaml", "trainer:\n  data:\n", PS_ERR_INVALID_ARGUMENT, 2, "trainer.data: no value given", NULL},
+    {"empty_string.yaml", "trainer:\n  data: ''\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "trainer.data: must not be empty", NULL},
+    {"policy.yaml", "server:\n  nonfinite_policy: ignore\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "server.nonfinite_policy: 'ignore' is not one of: reject, skip", NULL},
+    {"retry.yaml", "trainer:\n  retry_backoff_s: 0\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "trainer.retry_backoff_s: '0' is out of range (0, 60]", NULL},
+    {"insecure.yaml", "security:\n  allow_insecure: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
+     "security.allow_insecure: 'maybe' is not a boolean", NULL},
+    {"toplist.yaml", "- server\n", PS_ERR_FORMAT, 1, "expected a mapping of sections", "got a list"},
+    {"twodocs.yaml", "server:\n  threads: 2\n---\nserver:\n  threads: 3\n", PS_ERR_FORMAT, 4,
+     "a second YAML document", NULL},
+    {"syntax.yaml", "server:\n  threads: 2\n listen: x\n", PS_ERR_FORMAT, 3, "YAML syntax error", NULL},
+    {"missing.yaml", NULL, PS_ERR_NOT_FOUND, 0, "cannot open config", NULL},
+};
+
 static void test_bad_files(void) {
     char long_value[400];
     memset(long_value, 'a', 300);
@@ -301,84 +386,12 @@ static void test_bad_files(void) {
     char long_file[600];
     snprintf(long_file, sizeof long_file, "server:\n  listen: %s\n", long_value);
 
-    expect_bad("unknown.yaml", "server:\n  threads: 2\n  lisen: 1.2.3.4:5\n", PS_ERR_NOT_FOUND, 3,
-               "unknown key 'server.lisen'", "did you mean 'server.listen'");
-    expect_bad("unknown_section.yaml", "# x\nservr:\n  listen: a\n", PS_ERR_NOT_FOUND, 2,
-               "unknown key 'servr'", "did you mean 'server'");
-    expect_bad("range.yaml", "optimizer:\n  momentum: 0.5\n\n  lr: -1\n", PS_ERR_INVALID_ARGUMENT, 4,
-               "optimizer.lr: '-1' is out of range (0, 100]", NULL);
-    expect_bad("range_int.yaml", "trainer:\n  world_size: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.world_size: '1' is out of range [2, 1024]", NULL);
-    expect_bad("range_open.yaml", "optimizer:\n  momentum: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "optimizer.momentum: '1' is out of range [0, 1)", NULL);
-    expect_bad("nonnum.yaml", "server:\n  threads: four\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "server.threads: 'four' is not an integer", NULL);
-    expect_bad("float_int.yaml", "server:\n  threads: 4.0\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "server.threads: '4.0' is not an integer", NULL);
-    expect_bad("trailing.yaml", "optimizer:\n  lr: 0.1x\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "optimizer.lr: '0.1x' is not a number", NULL);
-    expect_bad("nan.yaml", "optimizer:\n  lr: .nan\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "optimizer.lr: '.nan' is not a number", NULL);
-    expect_bad("neg_seed.yaml", "model:\n  seed: -1\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "model.seed: '-1' is not an unsigned integer", NULL);
-    expect_bad("big_seed.yaml", "model:\n  seed: 18446744073709551616\n", PS_ERR_INVALID_ARGUMENT,
-               2, "model.seed: '18446744073709551616' is out of range", NULL);
-    expect_bad("type_map.yaml", "server:\n  threads:\n    min: 1\n", PS_ERR_FORMAT, 2,
-               "server.threads: expected a single value, got a mapping", NULL);
-    expect_bad("type_list.yaml", "server:\n  listen: [a, b]\n", PS_ERR_FORMAT, 2,
-               "server.listen: expected a single value, got a list", NULL);
-    expect_bad("type_section.yaml", "\n\nserver: 5\n", PS_ERR_FORMAT, 3,
-               "server: expected a mapping of keys, got a single value", NULL);
-    expect_bad("type_placement.yaml", "model:\n  placement: cuda:0\n", PS_ERR_FORMAT, 2,
-               "model.placement: expected a mapping", NULL);
-    expect_bad("device.yaml", "model:\n  placement:\n    conv: gpu:0\n", PS_ERR_INVALID_ARGUMENT,
-               3, "model.placement.conv: 'gpu:0' is not a device", NULL);
-    expect_bad("device64.yaml", "model:\n  placement:\n    fc: cuda:64\n",
-               PS_ERR_INVALID_ARGUMENT, 3, "model.placement.fc: 'cuda:64' is not a device", NULL);
-    expect_bad("stage.yaml", "model:\n  placement:\n    \"a b\": cpu\n", PS_ERR_INVALID_ARGUMENT,
-               3, "model.placement.a b: stage name", NULL);
-    expect_bad("stages9.yaml",
-               "model:\n  placement:\n    a: cpu\n    b: cpu\n    c: cpu\n    d: cpu\n"
-               "    e: cpu\n    f: cpu\n    g: cpu\n    h: cpu\n    i: cpu\n",
-               PS_ERR_INVALID_ARGUMENT, 11, "model.placement.i: too many stages", "at most 8");
-    /* sizes of the model set above them in the file: checked on their line */
-    expect_bad("size_int.yaml", "model:\n  arch: rnn_lm\n  sizes:\n    ntoken: 1.5\n", PS_ERR_INVALID_ARGUMENT, 4,
-               "model.sizes.ntoken: '1.5' is not a whole number", NULL);
-    expect_bad("size_range.yaml", "model:\n  name: rnn_lm\n  sizes:\n    dropout: 1\n", PS_ERR_INVALID_ARGUMENT,
-               4, "model.sizes.dropout: '1' is out of range [0, 1)", NULL);
-    expect_bad("model_name.yaml", "model:\n  arch: res/net\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "model.arch: 'res/net' is not a model name", NULL);
-    expect_bad("bool.yaml", "trainer:\n  check_gradients: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.check_gradients: 'maybe' is not a boolean", NULL);
-    expect_bad("bool1.yaml", "trainer:\n  check_gradients: 1\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.check_gradients: '1' is not a boolean", NULL);
-    expect_bad("dup.yaml", "server:\n  threads: 2\n  listen: a:1\n  threads: 3\n", PS_ERR_FORMAT,
-               4, "duplicate key 'server.threads' (first given on line 2)", NULL);
-    expect_bad("dup_section.yaml", "server:\n  threads: 2\nserver:\n  listen: a:1\n",
-               PS_ERR_FORMAT, 3, "duplicate key 'server'", NULL);
-    expect_bad("enum.yaml", "server:\n  consistency: strict\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "server.consistency: 'strict' is not one of: hogwild", NULL);
-    expect_bad("enum_backend.yaml", "model:\n  backend: cuda\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "model.backend: 'cuda' is not one of: ref, dnnl", NULL);
+    for (size_t i = 0; i < sizeof k_bad_files / sizeof k_bad_files[0]; i++) {
+        const bad_file *b = &k_bad_files[i];
+        expect_bad(b->name, b->text, b->code, b->line, b->n1, b->n2);
+    }
     expect_bad("long.yaml", long_file, PS_ERR_INVALID_ARGUMENT, 2,
                "server.listen: 'aaaa", "is 300 bytes long; at most 255 allowed");
-    expect_bad("empty_value.yaml", "trainer:\n  data:\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.data: no value given", NULL);
-    expect_bad("empty_string.yaml", "trainer:\n  data: ''\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.data: must not be empty", NULL);
-    expect_bad("policy.yaml", "server:\n  nonfinite_policy: ignore\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "server.nonfinite_policy: 'ignore' is not one of: reject, skip", NULL);
-    expect_bad("retry.yaml", "trainer:\n  retry_backoff_s: 0\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "trainer.retry_backoff_s: '0' is out of range (0, 60]", NULL);
-    expect_bad("insecure.yaml", "security:\n  allow_insecure: maybe\n", PS_ERR_INVALID_ARGUMENT, 2,
-               "security.allow_insecure: 'maybe' is not a boolean", NULL);
-    expect_bad("toplist.yaml", "- server\n", PS_ERR_FORMAT, 1,
-               "expected a mapping of sections", "got a list");
-    expect_bad("twodocs.yaml", "server:\n  threads: 2\n---\nserver:\n  threads: 3\n",
-               PS_ERR_FORMAT, 4, "a second YAML document", NULL);
-    expect_bad("syntax.yaml", "server:\n  threads: 2\n listen: x\n", PS_ERR_FORMAT, 3,
-               "YAML syntax error", NULL);
-    expect_bad("missing.yaml", NULL, PS_ERR_NOT_FOUND, 0, "cannot open config", NULL);
 }
 
 /* The lifecycle keys (checkpoints, drain, metrics, log file): defaults,
@@ -893,16 +906,69 @@ static void expect_cluster_bad(const char *what, const char *k1, const char *v1,
               "%s: resolve said: %s", what, e2.msg);
 }
 
+/* Clusters ps_config_check_cluster (and ps_placement_resolve, with the
+ * same message) must refuse: what is wrong, one or two keys set on
+ * cluster_base's config, and how the error must begin. */
+typedef struct cluster_bad {
+    const char *what, *k1, *v1, *k2, *v2, *want;
+} cluster_bad;
+
+static const cluster_bad k_cluster_bad[] = {
+    {"unknown server", "model.placement.decoder", "ps3", NULL, NULL,
+     "model.placement.decoder: server 'ps3' is not in servers (ps0, ps1)"},
+    {"unknown shard server", "model.placement.emb.shards", "ps0,ps3/cuda:0", NULL, NULL,
+     "model.placement.emb.shards: server 'ps3' is not in servers (ps0, ps1)"},
+    /* two servers in one checkpoint directory (they overwrote each other's ckpt-N) */
+    {"one checkpoint_dir", "servers.ps0.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir", "/srv//ck/",
+     "servers.ps1.checkpoint_dir: '/srv/ck' is servers.ps0's checkpoint directory too"},
+    {"a server in another's default directory", "server.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir",
+     "/srv/ck/./ps0",
+     "servers.ps1.checkpoint_dir: '/srv/ck/ps0' is servers.ps0's checkpoint directory too"},
+    {"single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
+     "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or SERVER/DEVICE (servers: "
+     "ps0, ps1)"},
+    {"a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL, NULL,
+     "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)"},
+    {"shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
+     "model.placement.decoder.shards: only a stage whose first node is an Embedding of the stage input can be "
+     "sharded; stage 'decoder' of model 'rnn_lm' starts with Dropout"},
+    {"more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
+     "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)"},
+    /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */
+    {"rows: too many", "model.placement.emb.rows", "1,2", NULL, NULL,
+     "model.placement.emb.rows: 2 boundaries for 2 shards; give n-1 = 1"},
+    {"rows: past the table", "model.placement.emb.rows", "3", NULL, NULL,
+     "model.placement.emb.rows: boundary 1 (3) is outside 1..2 or not above the one before (encoder.weight has 3 rows "
+     "(model.sizes.ntoken)"},
+    {"rows without shards", "model.placement.decoder.rows", "1", NULL, NULL,
+     "model.placement.decoder.rows: boundaries between shards, but stage 'decoder' is not sharded (add "
+     "model.placement.decoder.shards: [SERVER, ...], or drop rows)"},
+    {"duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
+     "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'"},
+    {"duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen", "127.0.0.1:7000",
+     "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too"},
+    {"one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
+     "servers.ps1.metrics_listen: '127.0.0.1:9100' is servers.ps0's metrics address too"},
+    {"an address missing", "servers.ps2.listen", "0.0.0.0:50063", NULL, NULL, "servers.ps2.address: required"},
+    {"a server hosting nothing", "servers.ps2.address", "127.0.0.1:50063", NULL, NULL,
+     "servers.ps2: no stage is placed on it"},
+    {"sync across servers", "server.consistency", "sync", NULL, NULL,
+     "server.consistency: sync needs one server: stages span ps0, ps1; use hogwild until a cross-server round exists"},
+    {"ssp across servers", "server.consistency", "ssp", NULL, NULL, "server.consistency: ssp needs one server"},
+    {"a stage the model lacks", "model.placement.conv", "ps0", NULL, NULL,
+     "model.placement.conv: model 'rnn_lm' has no stage 'conv'"},
+};
+
 static void test_cluster_checks(void) {
     ps_config c;
     ps_err e;
     ps_err_clear(&e);
     cluster_base(&c);
     CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
-    expect_cluster_bad("unknown server", "model.placement.decoder", "ps3", NULL, NULL,
-                       "model.placement.decoder: server 'ps3' is not in servers (ps0, ps1)");
-    expect_cluster_bad("unknown shard server", "model.placement.emb.shards", "ps0,ps3/cuda:0", NULL, NULL,
-                       "model.placement.emb.shards: server 'ps3' is not in servers (ps0, ps1)");
+    for (size_t i = 0; i < sizeof k_cluster_bad / sizeof k_cluster_bad[0]; i++) {
+        const cluster_bad *b = &k_cluster_bad[i];
+        expect_cluster_bad(b->what, b->k1, b->v1, b->k2, b->v2, b->want);
+    }
     {
         ps_config_defaults(&c);
         set_ok(&c, "model.name", "rnn_lm");
@@ -913,12 +979,6 @@ static void test_cluster_checks(void) {
         CONTAINS(e.msg, "model.placement.rnn: stage 'rnn' of model 'rnn_lm' is not placed; with servers defined "
                         "every stage names its server (servers: ps0)");
     }
-    /* two servers in one checkpoint directory (they overwrote each other's ckpt-N) */
-    expect_cluster_bad("one checkpoint_dir", "servers.ps0.checkpoint_dir", "/srv/ck", "servers.ps1.checkpoint_dir",
-                       "/srv//ck/", "servers.ps1.checkpoint_dir: '/srv/ck' is servers.ps0's checkpoint directory too");
-    expect_cluster_bad("a server in another's default directory", "server.checkpoint_dir", "/srv/ck",
-                       "servers.ps1.checkpoint_dir", "/srv/ck/./ps0",
-                       "servers.ps1.checkpoint_dir: '/srv/ck/ps0' is servers.ps0's checkpoint directory too");
     {
         cluster_base(&c);
         set_ok(&c, "server.checkpoint_dir", "/srv/ck");
@@ -931,19 +991,6 @@ static void test_cluster_checks(void) {
         CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.checkpoint.dir, "/srv/ck/ps1"));
         CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
-    expect_cluster_bad("single-server form with servers", "model.placement.decoder", "cuda:0", NULL, NULL,
-                       "model.placement.decoder: 'cuda:0' names no server; with servers defined write SERVER or "
-                       "SERVER/DEVICE (servers: ps0, ps1)");
-    expect_cluster_bad("a server twice in one shard list", "model.placement.emb.shards", "ps0,ps1,ps0/cuda:1", NULL,
-                       NULL, "model.placement.emb.shards: server 'ps0' is named twice (shards 1 and 3)");
-    expect_cluster_bad("shards on a non-embedding stage", "model.placement.decoder.shards", "ps0,ps1", NULL, NULL,
-                       "model.placement.decoder.shards: only a stage whose first node is an Embedding of the stage "
-                       "input can be sharded; stage 'decoder' of model 'rnn_lm' starts with Dropout");
-    expect_cluster_bad("more shards than rows", "model.sizes.ntoken", "1", NULL, NULL,
-                       "model.placement.emb.shards: 2 shards but encoder.weight has only 1 rows (model.sizes.ntoken)");
-    /* model.placement.<stage>.rows: n-1 boundaries in 1..R-1, only with shards */
-    expect_cluster_bad("rows: too many", "model.placement.emb.rows", "1,2", NULL, NULL,
-                       "model.placement.emb.rows: 2 boundaries for 2 shards; give n-1 = 1");
     {
         cluster_base(&c);
         set_ok(&c, "model.sizes.ntoken", "30");
@@ -956,12 +1003,6 @@ static void test_cluster_checks(void) {
         set_ok(&c, "model.placement.emb.rows", "10,29");
         CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
     }
-    expect_cluster_bad("rows: past the table", "model.placement.emb.rows", "3", NULL, NULL,
-                       "model.placement.emb.rows: boundary 1 (3) is outside 1..2 or not above the one before "
-                       "(encoder.weight has 3 rows (model.sizes.ntoken)");
-    expect_cluster_bad("rows without shards", "model.placement.decoder.rows", "1", NULL, NULL,
-                       "model.placement.decoder.rows: boundaries between shards, but stage 'decoder' is not sharded "
-                       "(add model.placement.decoder.shards: [SERVER, ...], or drop rows)");
     {
         cluster_base(&c);
         set_ok(&c, "model.placement.emb.rows", "2");
@@ -973,23 +1014,6 @@ static void test_cluster_checks(void) {
         CHECK_MSG(ps_placement_resolve(&c, &p, &e) == PS_OK, "%s", e.msg);
         CHECK(p.stages[0].shards[0].hi == 1 && c.model.placement[0].n_rows == 0);
     }
-    expect_cluster_bad("duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
-                       "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'");
-    expect_cluster_bad("duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen",
-                       "127.0.0.1:7000", "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too");
-    expect_cluster_bad("one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
-                       "servers.ps1.metrics_listen: '127.0.0.1:9100' is servers.ps0's metrics address too");
-    expect_cluster_bad("an address missing", "servers.ps2.listen", "0.0.0.0:50063", NULL, NULL,
-                       "servers.ps2.address: required");
-    expect_cluster_bad("a server hosting nothing", "servers.ps2.address", "127.0.0.1:50063", NULL, NULL,
-                       "servers.ps2: no stage is placed on it");
-    expect_cluster_bad("sync across servers", "server.consistency", "sync", NULL, NULL,
-                       "server.consistency: sync needs one server: stages span ps0, ps1; use hogwild until a "
-                       "cross-server round exists");
-    expect_cluster_bad("ssp across servers", "server.consistency", "ssp", NULL, NULL,
-                       "server.consistency: ssp needs one server");
-    expect_cluster_bad("a stage the model lacks", "model.placement.conv", "ps0", NULL, NULL,
-                       "model.placement.conv: model 'rnn_lm' has no stage 'conv'");
 
     /* the same ports on different hosts are fine: they are different machines */
     cluster_base(&c);
@@ -1085,8 +1109,6 @@ int main(void) {
     test_cluster_bad_values();
     test_cluster_checks();
     test_select_server();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_config: could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_config");
 }

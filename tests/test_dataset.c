@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "dataset.h"
+#include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_dataset_XXXXXX";
 
@@ -163,7 +164,6 @@ int main(void) {
     CHECK(ps_data_format(p, &e) && !strcmp(ps_data_format(p, &e), "safetensors"));
     ps_array_free(NULL);
 
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_dataset");
 }

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "idx.h"
 #include "mnist.h"
+#include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_idx_XXXXXX";
 
@@ -341,8 +342,6 @@ int main(void) {
     test_mnist();
     test_shuffle();
     test_real_data();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_idx: could not remove %s\n", g_dir);
+    test_rmtree(g_dir);
     return check_summary("test_idx");
 }

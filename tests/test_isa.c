@@ -31,45 +31,6 @@
 #include "support/model_run.h"
 #include "support/random.h"
 
-typedef struct isa_row {
-    const char *env;          /* ONEDNN_MAX_CPU_ISA value */
-    const char *effective;    /* ps_backend_cpu_isa() expected under it */
-    const char *flags[4];     /* /proc/cpuinfo flags the ISA needs */
-} isa_row;
-
-static const isa_row kIsas[] = {
-    { "AVX512_CORE", "avx512_core", { "avx512f", "avx512bw", "avx512vl", "avx512dq" } },
-    { "AVX2", "avx2", { "avx2", "fma", NULL, NULL } },
-    { "SSE41", "sse41", { "sse4_1", NULL, NULL, NULL } },
-};
-
-/* 1 when every flag of row is in /proc/cpuinfo's first "flags" line. */
-static int host_has(const isa_row *row) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return 0;
-    char line[8192];
-    int ok = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "flags", 5)) {
-            ok = 1;
-            for (int i = 0; i < 4 && row->flags[i]; i++) {
-                char want[64];
-                snprintf(want, sizeof want, " %s", row->flags[i]);
-                size_t n = strlen(want);
-                const char *p = line;
-                int found = 0;
-                while ((p = strstr(p, want)) != NULL) {
-                    if (p[n] == ' ' || p[n] == '\n' || p[n] == 0) { found = 1; break; }
-                    p += n;
-                }
-                ok &= found;
-            }
-            break;
-        }
-    fclose(f);
-    return ok;
-}
-
 static int fallbacks_of(const ps_model *m, const char *label) {
     int total = 0;
     char buf[2048];
@@ -194,15 +155,15 @@ static int child(const isa_row *row) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--child")) {
-        for (size_t i = 0; i < sizeof kIsas / sizeof kIsas[0]; i++)
-            if (!strcmp(argv[2], kIsas[i].env)) return child(&kIsas[i]);
+        for (size_t i = 0; i < ISA_ROWS; i++)
+            if (!strcmp(argv[2], isa_rows[i].env)) return child(&isa_rows[i]);
         fprintf(stderr, "test_isa: unknown ISA %s\n", argv[2]);
         return 2;
     }
     int ran = 0;
-    for (size_t i = 0; i < sizeof kIsas / sizeof kIsas[0]; i++) {
-        const isa_row *row = &kIsas[i];
-        if (!host_has(row)) {
+    for (size_t i = 0; i < ISA_ROWS; i++) {
+        const isa_row *row = &isa_rows[i];
+        if (!isa_host_has(row)) {
             printf("%s: skipped: this CPU lacks it (%s...)\n", row->env, row->flags[0]);
             continue;
         }

@@ -32,6 +32,7 @@
 
 #include "check.h"
 #include "support/isa_child.h"
+#include "support/tmpdir.h"
 
 #define ATOL 2e-5
 #define RTOL 2e-4
@@ -271,9 +272,7 @@ int main(int argc, char **argv) {
         printf("%d cases on dnnl, ONEDNN_MAX_CPU_ISA=SSE41\n", ncases);
         free(list);
         ps_st_free(g);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-        if (system(cmd)) {}
+        test_rmtree(g_dir);
         return check_summary("test_kinds[SSE41]");
     }
     printf("%d cases, ref and dnnl\n", ncases);
@@ -295,9 +294,7 @@ int main(int argc, char **argv) {
 #endif
     free(list);
     ps_st_free(g);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd)) {}
+    test_rmtree(g_dir);
     sse41_child(argv[0]);
     return check_summary("test_kinds");
 }

@@ -32,6 +32,7 @@
 
 #include "check.h"
 #include "support/random.h"
+#include "support/tmpdir.h"
 
 static char g_dir[256];
 
@@ -275,8 +276,6 @@ int main(void) {
     test_dag("dnnl");
     test_plan("ref");
     test_plan("dnnl");
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd)) {}
+    test_rmtree(g_dir);
     return check_summary("test_modeldef");
 }

@@ -24,6 +24,7 @@
 #include "backend.h"
 #include "check.h"
 #include "safetensors.h"
+#include "support/isa_child.h"
 #include "support/random.h"
 #ifdef PS_HAVE_CUDA
 #include "backend_impl.h"   /* only to see that the CUDA table has every op without a device */
@@ -34,8 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #define GOLDEN_OPS "tests/golden/nn_ops.safetensors"
 
@@ -816,41 +815,6 @@ static void check_table(const ps_backend_ops *o) {
 
 /* ---- 3. dnnl, one child per ISA ---- */
 
-typedef struct isa_row {
-    const char *env;          /* ONEDNN_MAX_CPU_ISA value */
-    const char *effective;    /* ps_backend_cpu_isa() under it */
-    const char *flags[4];     /* /proc/cpuinfo flags it needs */
-} isa_row;
-
-static const isa_row kIsas[] = {
-    { "AVX512_CORE", "avx512_core", { "avx512f", "avx512bw", "avx512vl", "avx512dq" } },
-    { "AVX2", "avx2", { "avx2", "fma", NULL, NULL } },
-    { "SSE41", "sse41", { "sse4_1", NULL, NULL, NULL } },
-};
-
-static int host_has(const isa_row *row) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return 0;
-    char line[8192];
-    int ok = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "flags", 5)) {
-            ok = 1;
-            for (int i = 0; i < 4 && row->flags[i]; i++) {
-                char want[64];
-                snprintf(want, sizeof want, " %s", row->flags[i]);
-                size_t n = strlen(want);
-                int found = 0;
-                for (const char *p = line; (p = strstr(p, want)) != NULL; p += n)
-                    if (p[n] == ' ' || p[n] == '\n' || p[n] == 0) { found = 1; break; }
-                ok &= found;
-            }
-            break;
-        }
-    fclose(f);
-    return ok;
-}
-
 /* Below AVX-512 oneDNN has no nChw16c pooling kernel: forcing that layout
  * must show up as a fallback of the new average-pool primitive. */
 static void negative_control(const char *isa) {
@@ -936,8 +900,8 @@ static void cuda_part(const case_list *L) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--child")) {
-        for (size_t i = 0; i < sizeof kIsas / sizeof kIsas[0]; i++)
-            if (!strcmp(argv[2], kIsas[i].env)) return child(&kIsas[i]);
+        for (size_t i = 0; i < ISA_ROWS; i++)
+            if (!strcmp(argv[2], isa_rows[i].env)) return child(&isa_rows[i]);
         fprintf(stderr, "test_nn_ops: unknown ISA %s\n", argv[2]);
         return 2;
     }
@@ -966,24 +930,14 @@ int main(int argc, char **argv) {
 
     /* 3: dnnl on each ISA */
     int ran = 0;
-    for (size_t i = 0; i < sizeof kIsas / sizeof kIsas[0]; i++) {
-        const isa_row *row = &kIsas[i];
-        if (!host_has(row)) {
+    for (size_t i = 0; i < ISA_ROWS; i++) {
+        const isa_row *row = &isa_rows[i];
+        if (!isa_host_has(row)) {
             printf("dnnl %s: skipped: this CPU lacks it (%s...)\n", row->env, row->flags[0]);
             continue;
         }
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("ONEDNN_MAX_CPU_ISA", row->env, 1);
-            execl("/proc/self/exe", argv[0], "--child", row->env, (char *)NULL);
-            perror("test_nn_ops: exec");
-            _exit(127);
-        }
-        int status = 0;
-        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "dnnl on ISA %s: child failed (status 0x%x)",
-                  row->env, status);
+        char *const args[] = {argv[0], "--child", (char *)row->env, NULL};
+        check_isa_child("test_nn_ops: dnnl", row->env, args);
         ran++;
     }
     CHECK_MSG(ran > 0, "no ISA of oneDNN's could run here");

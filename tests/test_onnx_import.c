@@ -193,6 +193,18 @@ static char *yaml_of(const buf *m) {
     return y;
 }
 
+/* The graph y = x + w (x and y (2, 3)) with initializer w = t (taken):
+ * refused with code and an error naming needle. */
+static void expect_add_refusal(const char *what, buf *t, ps_status code, const char *needle) {
+    int64_t d[2] = {2, 3};
+    const char *in[2] = {"x", "w"};
+    buf n = node("add", "Add", 2, in, "y", 0, NULL);
+    buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
+    buf m = model(13, &n, 1, t, 1, &vi, &vo);
+    expect_refusal(what, &m, code, needle);
+    free(m.p);
+}
+
 /* A Relu graph: x (2, 3) -> y */
 static buf relu_model(int64_t opset) {
     int64_t d[2] = {2, 3};
@@ -230,39 +242,23 @@ static void test_refusals(void) {
         f_str(&ext, 2, "weights.bin");
         f_msg(&t, 13, &ext);
         f_varint(&t, 14, 1);   /* EXTERNAL */
-        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
-        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
-        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
-        expect_refusal("external data", &m, PS_ERR_INVALID_ARGUMENT, "external file");
-        free(m.p);
+        expect_add_refusal("external data", &t, PS_ERR_INVALID_ARGUMENT, "external file");
     }
     /* absurd dimensions */
     {
         int64_t wd[2] = {(int64_t)1 << 41, 3};
         buf t = tensor("w", 2, wd, NULL, 0);
-        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
-        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
-        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
-        expect_refusal("a dimension of 2^41", &m, PS_ERR_INVALID_ARGUMENT, "absurd");
-        free(m.p);
+        expect_add_refusal("a dimension of 2^41", &t, PS_ERR_INVALID_ARGUMENT, "absurd");
     }
     {
         int64_t wd[9] = {1, 1, 1, 1, 1, 1, 1, 1, 3};
         buf t = tensor("w", 9, wd, w, 3);
-        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
-        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
-        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
-        expect_refusal("9 dimensions", &m, PS_ERR_INVALID_ARGUMENT, "more than 8 dimensions");
-        free(m.p);
+        expect_add_refusal("9 dimensions", &t, PS_ERR_INVALID_ARGUMENT, "more than 8 dimensions");
     }
     {
         int64_t wd[1] = {4};
         buf t = tensor("w", 1, wd, w, 3);
-        buf n = node("add", "Add", 2, in1, "y", 0, NULL);
-        buf vi = value_info("x", 2, d), vo = value_info("y", 2, d);
-        buf m = model(13, &n, 1, &t, 1, &vi, &vo);
-        expect_refusal("raw data of the wrong size", &m, PS_ERR_INVALID_ARGUMENT, "raw_data holds 12 bytes");
-        free(m.p);
+        expect_add_refusal("raw data of the wrong size", &t, PS_ERR_INVALID_ARGUMENT, "raw_data holds 12 bytes");
     }
     /* an unsupported op, opset 18, two graph inputs */
     {

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "rpc_server.h"
 #include "security.h"
+#include "support/tmpdir.h"
 
 #define M_FORWARD "/ps.ParameterServer/Forward"
 #define M_STATUS "/ps.ParameterServer/Status"
@@ -366,7 +367,6 @@ int main(void) {
     test_tokens();
     test_config_checks();
     grpc_shutdown();
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_security: could not remove %s\n", dir);
+    test_rmtree(dir);
     return check_summary("test_security");
 }

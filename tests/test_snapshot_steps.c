@@ -56,18 +56,17 @@ static ps_model *make(const char *arch, int snapshots) {
     return m;
 }
 
+static void add_dense_k(ps_model *m, ps_grads *g, int k, int partial, rng *r);
+
+/* Adds random values from r (times 0.1) to g's every dense parameter. */
+static void add_dense_random(ps_model *m, ps_grads *g, rng *r) { add_dense_k(m, g, 0, 0, r); }
+
 /* Gradient k of the sequence: reproducible random values per parameter. */
 static ps_grads *grads_k(ps_model *m, int k) {
     ps_err err = {0};
     ps_grads *g = ps_grads_create(m, &err);
     rng r = {0x9e3779b97f4a7c15ULL * (uint64_t)(k + 1)};
-    for (int i = 0; g && i < ps_model_num_params(m); i++) {
-        int64_t n = ps_model_param(m, i)->numel;
-        float *h = host_random((size_t)n, &r);
-        for (int64_t j = 0; j < n; j++) h[j] *= 0.1f;
-        OKE(ps_grads_add_dense(m, g, i, h, &err));
-        free(h);
-    }
+    add_dense_random(m, g, &r);
     return g;
 }
 
@@ -128,6 +127,36 @@ static void *snapshots(void *p) {
     return NULL;
 }
 
+typedef ps_grads *(*grads_fn)(ps_model *m, int k);
+
+/* Step m with gradient s of the sequence; the step must make version s. */
+static void step_k(ps_model *m, grads_fn grads, int s) {
+    ps_err err = {0};
+    ps_grads *g = grads(m, s);
+    uint64_t v = 0;
+    OKE(ps_model_step_grads(m, g, &v, &err));
+    CHECK(v == (uint64_t)s);
+    ps_grads_free(g);
+}
+
+/* 1 when m's weights are bit-identical to want (nw floats). */
+static int weights_are(ps_model *m, const float *want, int64_t nw) {
+    float *now = all_weights(m);
+    int same = memcmp(now, want, (size_t)nw * sizeof(float)) == 0;
+    free(now);
+    return same;
+}
+
+/* Snapshots in sl that hold no single version of ref_w[0..STEPS]; frees them. */
+static int snapshots_bad(snap_log *sl, float *const *ref_w, int64_t nw) {
+    int bad = 0;
+    for (int i = 0; i < sl->n; i++) {
+        if (sl->version[i] > STEPS || memcmp(sl->w[i], ref_w[sl->version[i]], (size_t)nw * sizeof(float))) bad++;
+        free(sl->w[i]);
+    }
+    return bad;
+}
+
 /* ---- 5: rnn_lm (ninp = nhid so emb..decoder chain as one run) ---- */
 #define LM_V 1000
 #define LM_W 32      /* ninp = nhid */
@@ -160,7 +189,6 @@ static void lm_all_ids(int k, int64_t *ids) {
  * table and a reader racing it would see it half-written) from a training
  * forward and backward of stage emb, plus random dense gradients for every other parameter (the
  * decoder's and the LSTM's, as PushGradients adds them). */
-static void add_dense_k(ps_model *m, ps_grads *g, int k, int partial, rng *r);
 
 static ps_grads *lm_grads_k_ex(ps_model *m, int k, int partial) {
     ps_err err = {0};
@@ -236,13 +264,7 @@ static void lm_part(void) {
     const size_t eb = (size_t)LM_V * LM_W * sizeof(float);
     float *ref_w[STEPS + 1], *ref_both[STEPS + 1], *ref_dec[STEPS + 1], *ref_emb[STEPS + 1];
     for (int s = 0; s <= STEPS; s++) {
-        if (s > 0) {
-            ps_grads *g = lm_grads_k(in, s);
-            uint64_t v = 0;
-            OKE(ps_model_step_grads(in, g, &v, &err));
-            CHECK(v == (uint64_t)s);
-            ps_grads_free(g);
-        }
+        if (s > 0) step_k(in, lm_grads_k, s);
         ref_w[s] = all_weights(in);
         ref_both[s] = malloc(ob);
         ref_dec[s] = malloc(ob);
@@ -263,14 +285,8 @@ static void lm_part(void) {
     int same_w = 1;
     for (int s = 1; s <= STEPS; s++) {
         for (int t = 0; t < 3; t++) lm_wait_more(&f[t]);
-        ps_grads *g = lm_grads_k(sn, s);
-        uint64_t v = 0;
-        OKE(ps_model_step_grads(sn, g, &v, &err));
-        CHECK(v == (uint64_t)s);
-        ps_grads_free(g);
-        float *now = all_weights(sn);
-        same_w &= memcmp(now, ref_w[s], (size_t)nw * sizeof(float)) == 0;
-        free(now);
+        step_k(sn, lm_grads_k, s);
+        same_w &= weights_are(sn, ref_w[s], nw);
     }
     for (int t = 0; t < 3; t++) lm_wait_more(&f[t]);
     CHECK_MSG(same_w, "rnn_lm: snapshot steps (embedding in place) changed the weights differently from in-place "
@@ -287,11 +303,7 @@ static void lm_part(void) {
         printf("test_snapshot_steps: rnn_lm, %d %s forwards during %d steps, %d not one version\n", f[t].n,
                what[t], STEPS, f[t].bad);
     }
-    int sbad = 0;
-    for (int i = 0; i < sl.n; i++) {
-        if (sl.version[i] > STEPS || memcmp(sl.w[i], ref_w[sl.version[i]], (size_t)nw * sizeof(float))) sbad++;
-        free(sl.w[i]);
-    }
+    int sbad = snapshots_bad(&sl, ref_w, nw);
     CHECK_MSG(sbad == 0, "rnn_lm: %d of %d snapshots hold no single version", sbad, sl.n);
     for (int s = 0; s <= STEPS; s++) { free(ref_w[s]); free(ref_both[s]); free(ref_dec[s]); free(ref_emb[s]); }
     free(h);
@@ -518,13 +530,7 @@ int main(void) {
      * output of x at every version */
     float *ref_w[STEPS + 1], *ref_out[STEPS + 1];
     for (int s = 0; s <= STEPS; s++) {
-        if (s > 0) {
-            ps_grads *g = grads_k(in, s);
-            uint64_t v = 0;
-            OKE(ps_model_step_grads(in, g, &v, &err));
-            CHECK(v == (uint64_t)s);
-            ps_grads_free(g);
-        }
+        if (s > 0) step_k(in, grads_k, s);
         ref_w[s] = all_weights(in);
         ref_out[s] = malloc((size_t)BATCH * k * sizeof(float));
         OKE(run_forward(in, x, BATCH, 0, NULL, 0, ref_out[s], NULL, NULL, &err));
@@ -548,14 +554,8 @@ int main(void) {
     /* 1: step by step, the same weights as in place */
     int same_w = 1;
     for (int s = 1; s <= STEPS; s++) {
-        ps_grads *g = grads_k(sn, s);
-        uint64_t v = 0;
-        OKE(ps_model_step_grads(sn, g, &v, &err));
-        CHECK(v == (uint64_t)s);
-        ps_grads_free(g);
-        float *now = all_weights(sn);
-        same_w &= memcmp(now, ref_w[s], (size_t)nw * sizeof(float)) == 0;
-        free(now);
+        step_k(sn, grads_k, s);
+        same_w &= weights_are(sn, ref_w[s], nw);
     }
     CHECK_MSG(same_w, "snapshot steps changed the weights differently from in-place steps");
     for (int t = 0; t < 2; t++) f[t].stop = 1;
@@ -579,11 +579,7 @@ int main(void) {
     CHECK(logged > 0);
     printf("test_snapshot_steps: %d forwards during %d steps saw %d versions, each one whole\n", logged, STEPS,
            versions_seen);
-    int sbad = 0;
-    for (int i = 0; i < sl.n; i++) {
-        if (sl.version[i] > STEPS || memcmp(sl.w[i], ref_w[sl.version[i]], (size_t)nw * sizeof(float))) sbad++;
-        free(sl.w[i]);
-    }
+    int sbad = snapshots_bad(&sl, ref_w, nw);
     CHECK_MSG(sbad == 0, "%d of %d snapshots hold no single version", sbad, sl.n);
 
     /* 4: an administrative write lands in the weights every later call sees */

@@ -35,6 +35,7 @@
 #include "retry.h"
 #include "rpc.h"
 #include "service.h"
+#include "support/tmpdir.h"
 
 #define MAXMSG (16 << 20)
 #define NB 4 /* images per batch */
@@ -354,9 +355,7 @@ static void test_restart(void) {
     CHECK(status_of(s.addr).contexts_applied == 2);
     ps_client_free(cl);
     stop(&s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rmtree(dir) == 0);
 }
 
 int main(void) {

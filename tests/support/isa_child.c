@@ -1,9 +1,11 @@
 /* isa_child.c - a test program run again under ONEDNN_MAX_CPU_ISA, in a
- * child process, its exit status checked (isa_child.h). */
+ * child process, its exit status checked; the ISAs and whether this CPU has
+ * each (isa_child.h). */
 #include "isa_child.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,4 +25,36 @@ void check_isa_child(const char *what, const char *isa, char *const argv[]) {
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s under ONEDNN_MAX_CPU_ISA=%s: child failed (status 0x%x)",
               what, isa ? isa : "(unset)", status);
+}
+
+const isa_row isa_rows[ISA_ROWS] = {
+    { "AVX512_CORE", "avx512_core", { "avx512f", "avx512bw", "avx512vl", "avx512dq" } },
+    { "AVX2", "avx2", { "avx2", "fma", NULL, NULL } },
+    { "SSE41", "sse41", { "sse4_1", NULL, NULL, NULL } },
+};
+
+int isa_host_has(const isa_row *row) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return 0;
+    char line[8192];
+    int ok = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            ok = 1;
+            for (int i = 0; i < 4 && row->flags[i]; i++) {
+                char want[64];
+                snprintf(want, sizeof want, " %s", row->flags[i]);
+                size_t n = strlen(want);
+                const char *p = line;
+                int found = 0;
+                while ((p = strstr(p, want)) != NULL) {
+                    if (p[n] == ' ' || p[n] == '\n' || p[n] == 0) { found = 1; break; }
+                    p += n;
+                }
+                ok &= found;
+            }
+            break;
+        }
+    fclose(f);
+    return ok;
 }

@@ -1,7 +1,8 @@
 /* isa_child.h - run this test program again in a child process with oneDNN
  * capped to one instruction set. oneDNN fixes its ISA at first use, from
  * ONEDNN_MAX_CPU_ISA, so a test that checks the kernels of several ISAs
- * runs one child per ISA (test_isa, test_kinds, test_conv_wgrad). */
+ * runs one child per ISA (test_isa, test_kinds, test_conv_wgrad,
+ * test_nn_ops), on the ISAs of isa_rows this CPU has. */
 #ifndef PS_TEST_ISA_CHILD_H
 #define PS_TEST_ISA_CHILD_H
 
@@ -11,5 +12,18 @@
  * exited 0 (the message names `what` and the wait status). stdout is
  * flushed first, so the child's lines follow the parent's. */
 void check_isa_child(const char *what, const char *isa, char *const argv[]);
+
+/* The instruction sets the tests cap oneDNN to, highest first. */
+typedef struct isa_row {
+    const char *env;          /* ONEDNN_MAX_CPU_ISA value */
+    const char *effective;    /* ps_backend_cpu_isa() expected under it */
+    const char *flags[4];     /* /proc/cpuinfo flags the ISA needs */
+} isa_row;
+
+#define ISA_ROWS 3
+extern const isa_row isa_rows[ISA_ROWS];
+
+/* 1 when every flag of row is in /proc/cpuinfo's first "flags" line. */
+int isa_host_has(const isa_row *row);
 
 #endif
