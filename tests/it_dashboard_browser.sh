@@ -39,7 +39,16 @@ for r in 1 2; do
 done
 wait "${tp[1]}" || fail "trainer 1"
 wait "${tp[2]}" || fail "trainer 2"
-"$BUILD/bin/ps-train" status --server "127.0.0.1:$port" >"$tmp/status.txt" 2>&1 || fail "ps-train status"
+# Status once psd's checkpoints have settled: one may still be written
+# after the last Step (a fresh-clone make test read step 98 from Status
+# while the page, a moment later, showed the next one, 160)
+prev=
+for _ in $(seq 50); do
+  "$BUILD/bin/ps-train" status --server "127.0.0.1:$port" >"$tmp/status.txt" 2>&1 || fail "ps-train status"
+  ck=$(sed -n 's/.*last checkpoint *step \([0-9]*\).*/\1/p' "$tmp/status.txt")
+  [ -n "$ck" ] && [ "$ck" = "$prev" ] && break
+  prev=$ck; sleep 0.4
+done
 $PY - "$tmp" "$BATCHES" <<'PYEOF' || fail "reading Status and the trainers' summaries"
 import json, re, sys
 tmp, batches = sys.argv[1], int(sys.argv[2])
