@@ -124,18 +124,4 @@ static int child(const char *isa) {
     return check_summary(name);
 }
 
-int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
-    const char *host = ps_backend_cpu_isa();
-    if (!strstr(host, "avx") && strcmp(host, "sse41")) {
-        printf("test_pool_bwd: skipped: oneDNN's ISA here is %s, not x86-64 with SSE4.1\n", host);
-        return 77;
-    }
-    const char *isas[] = { "SSE41", "AVX2", "DEFAULT" };   /* DEFAULT: the host's own */
-    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (!strcmp(isas[i], "AVX2") && !strstr(host, "avx2") && !strstr(host, "avx512")) continue;
-        char *const args[] = {argv[0], "--child", (char *)isas[i], NULL};
-        check_isa_child("test_pool_bwd", strcmp(isas[i], "DEFAULT") ? isas[i] : NULL, args);
-    }
-    return check_summary("test_pool_bwd");
-}
+int main(int argc, char **argv) { return isa_children_main("test_pool_bwd", argc, argv, child); }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../check.h"
+#include "backend.h"
 
 void check_isa_child(const char *what, const char *isa, char *const argv[]) {
     fflush(stdout);
@@ -57,4 +58,20 @@ int isa_host_has(const isa_row *row) {
         }
     fclose(f);
     return ok;
+}
+
+int isa_children_main(const char *name, int argc, char **argv, int (*child)(const char *isa)) {
+    if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
+    const char *host = ps_backend_cpu_isa();
+    if (!strstr(host, "avx") && strcmp(host, "sse41")) {
+        printf("%s: skipped: oneDNN's ISA here is %s, not x86-64 with SSE4.1\n", name, host);
+        return 77;
+    }
+    const char *isas[] = { "SSE41", "AVX2", "DEFAULT" };   /* DEFAULT: the host's own */
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!strcmp(isas[i], "AVX2") && !strstr(host, "avx2") && !strstr(host, "avx512")) continue;
+        char *const args[] = {argv[0], "--child", (char *)isas[i], NULL};
+        check_isa_child(name, strcmp(isas[i], "DEFAULT") ? isas[i] : NULL, args);
+    }
+    return check_summary(name);
 }
