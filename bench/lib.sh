@@ -27,6 +27,9 @@
 #                                    Step and in all calls per token.
 #                                    LM_WARMUP windows per trainer (default 3)
 #                                    run first against the same psd, untimed.
+#   lm_trainers PORT K MODE DATA WINDOWS LOGPREFIX  K `ps-train lm` trainers
+#                                    against that psd, logs LOGPREFIX-tR.log;
+#                                    fails when one did
 
 bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
 
@@ -61,36 +64,38 @@ lm_flop_per_token() {
   echo $(( 2 * 3 * (4 * LM_H * (LM_E + LM_H) + 4 * LM_H * (LM_H + LM_H) + LM_V * LM_H) ))
 }
 
+# K `ps-train lm` trainers against psd on PORT, WINDOWS windows each, rank r
+# logging to LOGPREFIX-tr.log; waits for all, fails when one did
+lm_trainers() {  # port k mode data windows logprefix
+  local port=$1 k=$2 mode=$3 data=$4 windows=$5 log=$6 r p pids=() fail=0
+  for r in $(seq 1 "$k"); do
+    "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
+      --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "$windows" --log-every 1000 \
+      --no-eval >"$log-t$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || fail=1; done
+  return "$fail"
+}
+
 lm_tokens() {
   local mode=$1 k=$2 windows=$3 data=$4 dir=$5 port
   port=$(bench_port)
   mkdir -p "$dir"
   "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
     2>"$dir/psd-$mode-$k.log" &
-  local psd=$! pids=() r psd_cpu0
+  local psd=$! psd_cpu0
   wait_psd "127.0.0.1:$port" || true
   # a short round first, as section 2 does for MNIST: psd's first windows
   # touch some 300 MB of new memory (oneDNN's GEMM packing buffers, the
   # pool), which a 20-window run would otherwise count as training
   if [ "${LM_WARMUP:-3}" -gt 0 ]; then
-    for r in $(seq 1 "$k"); do
-      "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
-        --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "${LM_WARMUP:-3}" --log-every 1000 \
-        --no-eval >"$dir/lm-$mode-$k-warmup-t$r.log" 2>&1 &
-      pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || echo "lm_tokens: a warm-up trainer failed; see $dir/lm-$mode-$k-warmup-t*.log" >&2; done
-    pids=()
+    lm_trainers "$port" "$k" "$mode" "$data" "${LM_WARMUP:-3}" "$dir/lm-$mode-$k-warmup" \
+      || echo "lm_tokens: a warm-up trainer failed; see $dir/lm-$mode-$k-warmup-t*.log" >&2
   fi
   psd_cpu0=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
-  for r in $(seq 1 "$k"); do
-    "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml --server "127.0.0.1:$port" --rank "$r" \
-      --world-size $((k + 1)) --data "$data" --decoder "$mode" --max-batches "$windows" --log-every 1000 \
-      --no-eval >"$dir/lm-$mode-$k-t$r.log" 2>&1 &
-    pids+=($!)
-  done
   local fail=0
-  for p in "${pids[@]}"; do wait "$p" || fail=1; done
+  lm_trainers "$port" "$k" "$mode" "$data" "$windows" "$dir/lm-$mode-$k" || fail=1
   local psd_cpu1
   psd_cpu1=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
   curl -sf "http://127.0.0.1:$((port + 1))/metrics" >"$dir/metrics-$mode-$k.txt" 2>/dev/null || true
