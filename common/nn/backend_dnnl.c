@@ -923,12 +923,10 @@ static ps_status exec_prim(dn_impl *im, dnnl_primitive_t prim, const exec_arg *a
     return st;
 }
 
-/* Run the cached primitive for k on the caller's buffers, reordering the
+/* Run the cached primitive entry e on the caller's buffers, reordering the
  * arguments whose layout the primitive chose itself (conv weights). */
-static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, ps_err *err) {
-    const prim_entry *e;
-    ps_status st = get_entry(im, k, &e, err);
-    if (st) return st;
+static ps_status exec_entry(dn_impl *im, const prim_entry *e, const exec_arg *a, int n, ps_err *err) {
+    ps_status st = PS_OK;
     if (e->nconv == 0) return exec_prim(im, e->prim, a, n, err);
     exec_arg aa[PS_DNNL_MAX_ARGS];
     void *tmp[PS_DNNL_MAX_CONV] = {0};
@@ -957,6 +955,13 @@ static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, p
     }
     for (int c = 0; c < e->nconv; c++) pool_put(im, tmp[c]);
     return st;
+}
+
+/* Run the cached primitive for k (exec_entry). */
+static ps_status run(dn_impl *im, const prim_key *k, const exec_arg *a, int n, ps_err *err) {
+    const prim_entry *e;
+    ps_status st = get_entry(im, k, &e, err);
+    return st ? st : exec_entry(im, e, a, n, err);
 }
 
 static void set_threads(dn_impl *im) {
@@ -1675,10 +1680,6 @@ static const prim_entry *plain_pool_entry(dn_impl *im, prim_kind kind, const ps_
     return NULL;
 }
 
-/* Run the plain-layout primitive entry e on the caller's buffers. */
-static ps_status run_entry(dn_impl *im, const prim_entry *e, const exec_arg *a, int n, ps_err *err) {
-    return run(im, &e->key, a, n, err);
-}
 
 /* 0 when the primitive cannot be created (the forward then reports why). */
 static size_t dn_maxpool_workspace_size(void *impl, const ps_pool_desc *desc) {
@@ -1707,7 +1708,7 @@ static ps_status dn_maxpool_forward(void *impl, const ps_pool_desc *desc, const 
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y }, { DNNL_ARG_WORKSPACE, workspace } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
         const prim_entry *e = plain_pool_entry(im, kind, &d);
-        if (e) return run_entry(im, e, a, workspace ? 3 : 2, err);
+        if (e) return exec_entry(im, e, a, workspace ? 3 : 2, err);
         pool_plain_max(&d, x, y, workspace);
         return PS_OK;
     }
@@ -1805,14 +1806,13 @@ static int ws_is_window_index(const ps_pool_desc *d, const_dnnl_primitive_desc_t
 
 /* pool_bwd_ws over the (image, channel block) planes; 0 when it does not
  * apply (then oneDNN's backward runs). */
-static int pool_bwd_ws(dn_impl *im, const ps_pool_desc *d, const void *workspace, const float *dy, float *dx) {
+static int pool_bwd_ws(dn_impl *im, const prim_entry *be, const ps_pool_desc *d, const void *workspace,
+                       const float *dy, float *dx) {
     if (im->no_pool_bwd_c) return 0;
-    /* only where oneDNN's own backward is its slow SSE4.1 kernel: its
+    /* only where oneDNN's own backward (be) is its slow SSE4.1 kernel: its
      * AVX2 and AVX-512 ones are faster than this loop (~1 against ~4.5 us
      * a sample for the small ResNet's pool) */
-    const prim_entry *be;
-    prim_key kb = pool_key(PK_POOL_BWD, d);
-    if (get_entry(im, &kb, &be, NULL) != PS_OK || !be->impl || !strstr(be->impl, "sse41")) return 0;
+    if (!be->impl || !strstr(be->impl, "sse41")) return 0;
     prim_key k = pool_key(PK_POOL_FWD_TRAINING, d);
     dnnl_primitive_t prim;
     const_dnnl_primitive_desc_t pd;
@@ -1840,13 +1840,16 @@ static ps_status dn_maxpool_backward(void *impl, const ps_pool_desc *desc, const
                      { DNNL_ARG_DIFF_SRC, dx } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
         const prim_entry *e = plain_pool_entry(im, PK_POOL_BWD, &d);
-        if (e) return run_entry(im, e, a, 3, err);
+        if (e) return exec_entry(im, e, a, 3, err);
         pool_plain_max_bwd(&d, workspace, dy, dx);
         return PS_OK;
     }
-    if (pool_bwd_ws(im, &d, workspace, dy, dx)) return PS_OK;
     prim_key k = pool_key(PK_POOL_BWD, &d);
-    return run(im, &k, a, 3, err);
+    const prim_entry *be;
+    ps_status st = get_entry(im, &k, &be, err);
+    if (st != PS_OK) return st;
+    if (pool_bwd_ws(im, be, &d, workspace, dy, dx)) return PS_OK;
+    return exec_entry(im, be, a, 3, err);
 }
 
 static ps_status dn_avgpool_forward(void *impl, const ps_pool_desc *desc, const float *x, float *y,
@@ -1857,7 +1860,7 @@ static ps_status dn_avgpool_forward(void *impl, const ps_pool_desc *desc, const 
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
         const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_FWD, &d);
-        if (e) return run_entry(im, e, a, 2, err);
+        if (e) return exec_entry(im, e, a, 2, err);
         pool_plain_avg(&d, x, y);
         return PS_OK;
     }
@@ -1873,7 +1876,7 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
     exec_arg a[] = { { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
     if (d.layout != PS_LAYOUT_BLOCKED) {
         const prim_entry *e = plain_pool_entry(im, PK_AVGPOOL_BWD, &d);
-        if (e) return run_entry(im, e, a, 2, err);
+        if (e) return exec_entry(im, e, a, 2, err);
         pool_plain_avg_bwd(&d, dy, dx);
         return PS_OK;
     }
