@@ -35,7 +35,7 @@ void rpc_call_unref(ps_rpc_call *c) {
 /* Does the application side still hold the call (so its grpc_call and
  * request must stay)? */
 static int call_busy(const ps_rpc_call *c) {
-    return c->queued || c->handler_running || (c->deferred && !c->completed && !c->cancelled);
+    return c->queued || c->handler_running || c->sending || (c->deferred && !c->completed && !c->cancelled);
 }
 
 /* Called with c->mu held; unlocks it. Releases the gRPC side of the call
@@ -125,8 +125,21 @@ static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int
     }
 }
 
+/* With c->mu held: a sent call's phases go to its method's accumulator. */
+static void prof_fold_locked(ps_rpc_call *c) {
+    ps_rpc_server *s = c->s;
+    if (s && s->prof && c->t_recv && c->t_reply)  /* a call that ran: its phases */
+        ps_prof_acc_add(&s->prof[c->m - s->methods], &c->prof, c->t_reply - c->t_accept);
+}
+
 /* With c->mu held: hand the reply to gRPC. Takes resp. Returns 1 if sent,
- * 0 if the call was cancelled (resp destroyed). */
+ * 0 if the call was cancelled (resp destroyed). c->mu is released while
+ * gRPC takes the batch (it writes what it can from this thread, and the
+ * completions it posts wake an event thread that would otherwise wait
+ * for c->mu right away: two context switches a call); c->sending keeps
+ * the call from finishing meanwhile, and no other batch of the call can
+ * start then (the receive and close batches started at accept, the reply
+ * is the call's only send batch). Held again on return. */
 static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code code,
                         const char *details) {
     PS_ASSERT(!c->replied);
@@ -137,7 +150,7 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     if (c->cancelled || c->finished) return 0;
     if (code == GRPC_STATUS_OK && !resp) resp = grpc_raw_byte_buffer_create(NULL, 0);
     if (resp) atomic_fetch_add(&c->s->bytes_sent, grpc_byte_buffer_length(resp));
-    int64_t t_send = c->s->prof ? ps_prof_now() : 0;
+    int prof = c->s->prof != NULL;
     c->send = resp;
     c->status_details = grpc_slice_from_copied_string(details);
     c->replied = 1;
@@ -160,10 +173,23 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
     if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
-    start_batch_locked(c, ops, n, TAG_SEND, "reply");
-    if (t_send) {   /* gRPC writes what it can from this thread */
-        c->t_reply = ps_prof_now();
-        c->prof.ns[PS_PHASE_SEND] = c->t_reply - t_send;
+    c->batches++;
+    c->sending = 1;
+    grpc_call *call = c->call;
+    pthread_mutex_unlock(&c->mu);
+    int64_t t_send = prof ? ps_prof_now() : 0;
+    grpc_call_error e = grpc_call_start_batch(call, ops, n, &c->tags[TAG_SEND], NULL);
+    int64_t t_sent = prof ? ps_prof_now() : 0;
+    pthread_mutex_lock(&c->mu);
+    c->sending = 0;
+    if (e != GRPC_CALL_OK) {
+        c->batches--;
+        c->cancelled = 1;
+        ps_log(PS_LOG_ERROR, "rpc: start_batch (reply): %s", grpc_call_error_to_string(e));
+    } else if (prof) {
+        c->t_reply = t_sent;
+        c->prof.ns[PS_PHASE_SEND] = t_sent - t_send;
+        if (c->send_done) prof_fold_locked(c);  /* on_send came first */
     }
     return 1;
 }
@@ -249,8 +275,9 @@ static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     if (q->tail) q->tail->next = c;
     else q->head = c;
     q->tail = c;
-    pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&s->mu);
+    /* after the unlock: a worker woken under s->mu would wait for it at once */
+    pthread_cond_signal(&q->cv);
 }
 
 /* Event thread: the request message arrived (or the call died first). */
@@ -304,9 +331,8 @@ static void on_send(ps_rpc_call *c, int success) {
     (void)success;  /* a failed send shows up as cancelled on the close batch */
     pthread_mutex_lock(&c->mu);
     c->batches--;
-    ps_rpc_server *s = c->s;
-    if (s && s->prof && c->t_recv && c->t_reply)  /* a call that ran: its phases */
-        ps_prof_acc_add(&s->prof[c->m - s->methods], &c->prof, c->t_reply - c->t_accept);
+    if (c->sending) c->send_done = 1;  /* reply_locked folds the phases in */
+    else prof_fold_locked(c);
     __atomic_store_n(&c->send_since, 0, __ATOMIC_RELAXED);
     rpc_call_unlock_maybe_finish(c);
 }

@@ -37,8 +37,9 @@
  *    cancelled) and batch {RECV_MESSAGE}; after the handler or
  *    ps_rpc_call_complete, batch {SEND_INITIAL_METADATA, SEND_MESSAGE (only
  *    on OK), SEND_STATUS_FROM_SERVER} (initial metadata with the reply: a
- *    call reset before its message costs no write). Batches of one call are started under the
- *    call's lock.
+ *    call reset before its message costs no write). Batches of one call
+ *    never race: the two at accept are started before a worker can see the
+ *    call, the reply once (rpc_server_impl.h).
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
  *    waited for a worker is answered DEADLINE_EXCEEDED without running the

@@ -30,8 +30,10 @@
  * deferred-and-uncompleted-and-uncancelled): the grpc_call, metadata and
  * buffers are released and s->live drops. The struct itself is reference
  * counted and outlives that while a deferred call's owner holds it; once
- * finished it no longer points to the server. Every batch of a call is
- * started under c->mu, so batches never race.
+ * finished it no longer points to the server. The batches at accept are
+ * started under c->mu before anyone else can see the call; the reply, the
+ * call's one send batch, is started with c->mu released (c->sending keeps
+ * the call unfinished meanwhile), so batches never race.
  *
  * Shutdown ordering (see shared/notes/grpc-core-and-nanopb.md):
  *   1. stopping = 1; grpc_server_shutdown_and_notify on shutdown_cq
@@ -137,6 +139,8 @@ struct ps_rpc_call {
     int handler_running;
     int deferred, completed;     /* ps_rpc_call_defer / ps_rpc_call_complete called */
     int replied;                 /* status handed to gRPC */
+    int sending;                 /* reply_locked: the reply batch is being started, c->mu released */
+    int send_done;               /* the reply batch completed while sending */
     int cancelled;               /* ended (or will end) without our reply */
     int cancel_fired;
     int finished;                /* gRPC side released; s no longer used */
