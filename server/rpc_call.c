@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/support/alloc.h>
 
@@ -431,33 +432,115 @@ void *rpc_worker_main(void *arg) {
     return NULL;
 }
 
-/* Serve events until stopping and no call or request is left, i.e. no live
- * call can start a batch on s->cq any more. */
-void rpc_event_loop(ps_rpc_server *s) {
-    for (;;) {
-        long long now = ps_mono_ms();
-        long long due = atomic_load(&s->next_scan);
-        if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
-            rpc_scan_timeouts(s);  /* one event thread at a time */
-        due = atomic_load(&s->next_conn_scan);
-        if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
-            rpc_scan_connections(s);
-        pthread_mutex_lock(&s->mu);
-        int done = atomic_load(&s->stopping) && s->live == 0;
-        pthread_mutex_unlock(&s->mu);
-        if (done) break;
-        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                       gpr_time_from_millis(100, GPR_TIMESPAN));
-        grpc_event ev = grpc_completion_queue_next(s->cq, dl, NULL);
-        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
-        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after this loop */
-        call_event(ev.tag, ev.success);
+/* One event thread polls the completion queue; the others stand by. Two
+ * threads polling at once hand gRPC's poller role to each other at every
+ * wakeup and contend for its pollset lock: about 11 more context switches
+ * per batch of 3 calls with 2 trainers (docs/performance.md). But one
+ * thread alone cannot keep up with a flood: a rapid reset's reads create
+ * streams inside gRPC faster than one thread also handling their events
+ * arms requests and counts the resets (tests/it_hostile.sh). So a standby
+ * thread looks every PS_RPC_STANDBY_CHECK_MS (or when the polling thread,
+ * busy without a pause for PS_RPC_STANDBY_AFTER_MS, wakes it) whether
+ * events are waiting, without blocking; it handles events as long as it
+ * finds some, and polls (blocking) while the polling thread is busy
+ * outside gRPC, e.g. in a slow callback. Waiting events are what it cannot
+ * see otherwise: the polling thread deep in gRPC's reading of a flood. */
+#define PS_RPC_STANDBY_AFTER_MS 5
+#define PS_RPC_STANDBY_CHECK_MS 20
+
+static int event_loop_done(ps_rpc_server *s) {
+    if (!atomic_load(&s->stopping)) return 0;
+    pthread_mutex_lock(&s->mu);
+    int done = s->live == 0;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+/* Has the polling thread been busy long enough for a standby to join? */
+static int event_backlog(ps_rpc_server *s, long long now) {
+    long long since = atomic_load(&s->event_busy_since);
+    return since && now - since >= PS_RPC_STANDBY_AFTER_MS;
+}
+
+static void event_scans(ps_rpc_server *s, long long now) {
+    long long due = atomic_load(&s->next_scan);
+    if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
+        rpc_scan_timeouts(s);  /* one event thread at a time */
+    due = atomic_load(&s->next_conn_scan);
+    if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
+        rpc_scan_connections(s);
+}
+
+/* A standby thread (see above). */
+static void standby_loop(ps_rpc_server *s) {
+    while (!event_loop_done(s)) {
+        pthread_mutex_lock(&s->standby_mu);
+        if (!event_backlog(s, ps_mono_ms()) && !atomic_load(&s->stopping)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += PS_RPC_STANDBY_CHECK_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&s->standby_cv, &s->standby_mu, &ts);
+        }
+        pthread_mutex_unlock(&s->standby_mu);
+        for (;;) {
+            long long now = ps_mono_ms();
+            event_scans(s, now);
+            if (event_loop_done(s)) return;
+            grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+            if (ev.type == GRPC_QUEUE_TIMEOUT) {
+                /* nothing waiting: back to standby, unless the polling thread
+                 * is busy outside gRPC (or shutdown wants every call drained) */
+                if (!event_backlog(s, now) && !atomic_load(&s->stopping)) break;
+                gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                               gpr_time_from_millis(10, GPR_TIMESPAN));
+                ev = grpc_completion_queue_next(s->cq, dl, NULL);
+                if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+            }
+            PS_ASSERT(ev.type == GRPC_OP_COMPLETE);
+            call_event(ev.tag, ev.success);
+        }
     }
 }
 
+/* Serve events until stopping and no call or request is left, i.e. no live
+ * call can start a batch on s->cq any more. */
+void rpc_event_loop(ps_rpc_server *s, int standby) {
+    if (standby) {
+        standby_loop(s);
+        return;
+    }
+    int woke = 0;   /* standby woken in this busy spell */
+    for (;;) {
+        long long now = ps_mono_ms();
+        event_scans(s, now);
+        if (event_loop_done(s)) break;
+        /* an event already queued (or ready on a socket) means no pause */
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            atomic_store(&s->event_busy_since, 0);
+            woke = 0;
+            gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                           gpr_time_from_millis(100, GPR_TIMESPAN));
+            ev = grpc_completion_queue_next(s->cq, dl, NULL);
+            if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+            atomic_store(&s->event_busy_since, ps_mono_ms());
+        } else if (!woke && event_backlog(s, now)) {
+            woke = 1;
+            pthread_mutex_lock(&s->standby_mu);
+            pthread_cond_broadcast(&s->standby_cv);
+            pthread_mutex_unlock(&s->standby_mu);
+        }
+        PS_ASSERT(ev.type == GRPC_OP_COMPLETE); /* queue shut down only after this loop */
+        call_event(ev.tag, ev.success);
+    }
+    atomic_store(&s->event_busy_since, 0);
+}
+
 void *rpc_event_main(void *arg) {
+    ps_rpc_server *s = arg;
     pthread_setname_np(pthread_self(), "psd-event");
-    rpc_event_loop(arg);
+    rpc_event_loop(s, atomic_fetch_add(&s->event_roles, 1) > 0);
     return NULL;
 }
 

@@ -7,7 +7,9 @@
  * connections), rpc_setup.c (create, start, shut down).
  *
  * Threading model (calls are objects, not threads):
- *  - PS_RPC_EVENT_THREADS event threads drive a single completion queue:
+ *  - PS_RPC_EVENT_THREADS event threads drive a single completion queue
+ *    (one polls; the others stand by and join it while it is busy without
+ *    a pause, e.g. in a flood: rpc_call.c, rpc_event_loop):
  *    they accept calls, check tokens, refuse what they must, and start the
  *    asynchronous receive of each request message. They never run a
  *    handler and never wait on the network, so a client that never sends

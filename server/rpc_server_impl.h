@@ -187,6 +187,14 @@ struct ps_rpc_server {
     grpc_completion_queue *shutdown_cq;
     pthread_t event_threads[PS_RPC_EVENT_THREADS];
     int event_running;                  /* event threads started */
+    /* The first event thread polls; the others stand by (rpc_call.c,
+     * rpc_event_loop) and poll too only while it is busy: a backlog of
+     * events (a flood of calls or resets) or a slow callback. */
+    atomic_int event_roles;             /* event threads that took a role */
+    atomic_llong event_busy_since;      /* ps_mono_ms() since the polling thread
+                                           handles events without a pause; 0 = idle */
+    pthread_mutex_t standby_mu;
+    pthread_cond_t standby_cv;          /* CLOCK_MONOTONIC; wakes the standby threads */
     rpc_worker *workers;                /* opts.threads ordinary, then reserved, then reader */
     int nworkers;
     ps_rpc_server_opts opts;            /* defaults filled in */
@@ -240,7 +248,9 @@ void rpc_arm_request(ps_rpc_server *s);
 void rpc_call_unlock_maybe_finish(ps_rpc_call *c);
 void rpc_call_unref(ps_rpc_call *c);
 void *rpc_event_main(void *arg);   /* an event thread */
-void rpc_event_loop(ps_rpc_server *s);
+/* standby: 0 for the polling thread (and a caller serving without event
+ * threads), 1 for a thread that polls only while that one is busy. */
+void rpc_event_loop(ps_rpc_server *s, int standby);
 void *rpc_worker_main(void *arg);  /* a worker (rpc_worker) */
 
 /* ---- rpc_admission.c: who may call, how many calls ---- */

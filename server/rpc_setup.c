@@ -180,6 +180,12 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (!s) goto oom;
     pthread_mutex_init(&s->mu, NULL);
     for (int i = 0; i < NCLASSES; i++) pthread_cond_init(&s->q[i].cv, NULL);
+    pthread_mutex_init(&s->standby_mu, NULL);
+    pthread_condattr_t cattr;
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->standby_cv, &cattr);
+    pthread_condattr_destroy(&cattr);
     if (sec && sec->ntokens > 0) {
         if (!(s->tokens = copy_tokens(sec->tokens, sec->ntokens))) goto oom;
         s->ntokens = sec->ntokens;
@@ -334,7 +340,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, dl, NULL);
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
         grpc_server_cancel_all_calls(s->server);
-        if (s->started && !s->event_running) rpc_event_loop(s);  /* no event thread: serve here */
+        if (s->started && !s->event_running) rpc_event_loop(s, 0);  /* no event thread: serve here */
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     }
     PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
@@ -342,7 +348,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
         for (int i = 0; i < s->event_running; i++) pthread_join(s->event_threads[i], NULL);
         s->event_running = 0;
     } else if (s->started) {
-        rpc_event_loop(s);
+        rpc_event_loop(s, 0);
     }
     stop_workers(s);
 }
@@ -366,6 +372,8 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     free(s->workers);
     free(s->addr);
     for (int i = 0; i < NCLASSES; i++) pthread_cond_destroy(&s->q[i].cv);
+    pthread_cond_destroy(&s->standby_cv);
+    pthread_mutex_destroy(&s->standby_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
