@@ -269,7 +269,7 @@ void svc_count(uint64_t *c) { __atomic_add_fetch(c, 1, __ATOMIC_RELAXED); }
  * exponent bit set): no branch per element, so the compiler vectorises it
  * (a fixed count, a multiple of any vector width); the element is looked
  * for only in a block that has one. Every Forward input, Backward gradient
- * and pushed gradient passes here - ~1.3 M floats a window of the LM. */
+ * and pushed gradient passes here - ~0.92 M floats a window of the LM. */
 #define FINITE_BLOCK 256
 static int block_nonfinite(const float *x) {
     uint32_t bad = 0;
