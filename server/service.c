@@ -265,8 +265,26 @@ size_t ps_service_max_tensor_bytes(ps_service *s) { return s->max_tensor_bytes; 
 
 void svc_count(uint64_t *c) { __atomic_add_fetch(c, 1, __ATOMIC_RELAXED); }
 
+/* 1 when one of the FINITE_BLOCK floats at x is NaN or infinite (every
+ * exponent bit set): no branch per element, so the compiler vectorises it
+ * (a fixed count, a multiple of any vector width); the element is looked
+ * for only in a block that has one. Every Forward input, Backward gradient
+ * and pushed gradient passes here - ~0.92 M floats a window of the LM. */
+#define FINITE_BLOCK 256
+static int block_nonfinite(const float *x) {
+    uint32_t bad = 0;
+    for (int i = 0; i < FINITE_BLOCK; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad != 0;
+}
+
 ps_status svc_check_finite(const float *x, size_t n, const char *what, ps_err *err) {
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+    while (i + FINITE_BLOCK <= n && !block_nonfinite(x + i)) i += FINITE_BLOCK;
+    for (; i < n; i++)
         if (!isfinite(x[i]))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: element %zu is %s; inputs must be "
                               "finite", what, i, isnan(x[i]) ? "NaN" : "infinite");

@@ -627,6 +627,22 @@ int main(void) {
     xn[100] = NAN;
     CHECK(send_forward(0, 0, good, 4, xn, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(det, "NaN") != NULL);
+    /* The first non-finite element is named wherever it lies: psd scans
+     * blocks of 256 floats branch-free and looks for the element only in a
+     * block that has one (block edges, a later block, the tail past the last
+     * whole block: 4 x 784 = 12 blocks and 64 floats), a later one too. */
+    static const int at[] = {0, 255, 256, 2000, 3071, 3072, 3135};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        memcpy(xn, x, sizeof xn);
+        xn[at[k]] = k % 2 ? -INFINITY : NAN;
+        if (at[k] < 3000) xn[3000] = INFINITY;
+        char want[48];
+        snprintf(want, sizeof want, "element %d is %s;", at[k], k % 2 ? "infinite" : "NaN");
+        CHECK(send_forward(0, 0, good, 4, xn, (int64_t)n * 784, det, sizeof det) == GRPC_STATUS_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(det, want) != NULL, "%s: %s", want, det);
+    }
+    memcpy(xn, x, sizeof xn);
+    xn[100] = NAN;
 
     /* NaN/Inf under the "reject" policy: nothing reaches the weights. */
     if (!ext) {
