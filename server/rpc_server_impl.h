@@ -158,6 +158,7 @@ struct ps_rpc_call {
     struct ps_rpc_call *wprev, *wnext;
     int watched;
     long long recv_since, send_since;
+    long long accepted_ms;          /* monotonic ms when its headers came (for shutdown's log) */
     /* opts.profile (prof.h): the phases, and when it was accepted, received,
      * deferred and replied (ns); the phases are written by the thread
      * running the handler, and under mu by the rest */
