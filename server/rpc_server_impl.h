@@ -38,8 +38,10 @@
  *      (registered before start). Pending request_calls fail; no new ones
  *      are armed.
  *   2. wait for the tag up to grace_ms (deferred calls may still be
- *      completed meanwhile), then grpc_server_cancel_all_calls (every CLOSE
- *      completes; deferred owners get on_cancel) and wait for the tag.
+ *      completed meanwhile; calls waiting on their client are cancelled
+ *      after PS_RPC_SHUTDOWN_CLIENT_MS by rpc_scan_timeouts), then log what
+ *      is still open, grpc_server_cancel_all_calls (every CLOSE completes;
+ *      deferred owners get on_cancel) and wait for the tag.
  *   3. join the event thread: it leaves only when s->live == 0, i.e. no
  *      live call or request can start a batch on s->cq; then stop and join
  *      the workers (their queues are empty by then).
@@ -108,6 +110,13 @@ typedef struct client_slot {
  * headers counts against server.max_stalled_per_client: a client's burst
  * of calls whose messages are on their way is never refused for it. */
 #define PS_RPC_STALL_GRACE_MS 1000
+
+/* While the server stops, a call waits at most this long for its client
+ * (its request message to arrive, its reply to be taken) before it is
+ * cancelled (UNAVAILABLE), however long server.recv_timeout_s and
+ * server.send_timeout_s are: the shutdown grace is for calls psd is working
+ * on (queued, in a handler, deferred), not for clients that stall. */
+#define PS_RPC_SHUTDOWN_CLIENT_MS 2000
 
 /* A completion-queue tag: which call, which batch. */
 typedef struct call_tag {
