@@ -294,7 +294,8 @@ def main():
     ap.add_argument("--source", default="127.0.0.2",
                     help="attacker's source address (another loopback address: another client)")
     ap.add_argument("--sources", type=int, default=1,
-                    help="stall: attackers on this many addresses (127.0.0.2, .3, ...), each a client")
+                    help="stall: attackers on this many addresses (127.0.0.2, .3, ...; one: --source), "
+                         "each a client")
     ap.add_argument("--tokens", default="",
                     help="stall: comma-separated attacker tokens, each a client (from --source)")
     ap.add_argument("--status-streams", type=int, default=0,
@@ -330,7 +331,7 @@ def main():
     good.ok, good.failed, good.worst, good.worst_reserved, good.lat = 0, [], 0.0, 0.0, []
     monitor_base = 0.0
     if a.monitor:  # the monitor's unloaded latency, measured in this run
-        m = Monitor(a.host, a.port, a.tls, a.source if a.tokens else "127.0.0.2",
+        m = Monitor(a.host, a.port, a.tls, a.source if a.tokens or a.sources == 1 else "127.0.0.2",
                     a.tokens.split(",")[0] if a.tokens else a.token, authority)
         for _ in range(10):
             m.one()
@@ -387,6 +388,8 @@ def main():
             window = None if a.attack == "stall" else 0
             if a.tokens:
                 who = [(a.source, t) for t in a.tokens.split(",")]
+            elif a.sources == 1:
+                who = [(a.source, a.token)]
             else:
                 who = [(f"127.0.0.{2 + i}", a.token) for i in range(a.sources)]
             held = {w: [] for w in who}  # per attacker: its connections

@@ -34,7 +34,8 @@ fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $
 start_psd() {  # log args... ; sets psd, port
   local log=$1; shift
   port=$(free_port)
-  "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.log_level=warn "$@" 2>"$tmp/$log" &
+  psdlog=$tmp/$log
+  "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.log_level=warn "$@" 2>"$psdlog" &
   psd=$!; pids+=("$psd")
   for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && return 0
@@ -43,8 +44,13 @@ start_psd() {  # log args... ; sets psd, port
   done
   fail "psd did not listen on $port"
 }
-stop_psd() {
+stop_psd() {  # [grace-ok]: psd may wait out server.grace_s (open contexts that never step)
+  local t0=$EPOCHREALTIME
   kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly after the attacks"
+  stop_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  # psd logs what it waited for when a grace period runs out (psd.c, rpc_setup.c)
+  [ "${1:-}" = grace-ok ] || ! grep -a "grace.*over" "$psdlog" ||
+    fail "psd waited out its shutdown grace ($stop_s s after SIGTERM): it waited for the calls above"
 }
 attack() {  # name args...
   local name=$1; shift
@@ -98,6 +104,30 @@ attack "rapid reset over 300 connections from one address" reset-many 127.0.0.1 
 grep -q "over all its connections" "$tmp/psd1.log" || fail "psd did not log the host's rapid reset"
 stop_psd
 
+# 1b. SIGTERM while a stalled client (127.0.0.2) and a silent reader
+#     (127.0.0.3) hold their shares of calls (the default 30 s / 60 s
+#     timeouts, the default 10 s grace): psd cancels them rather than wait
+#     out the grace for them (server.grace_s is for calls psd works on;
+#     tests/test_rpc.c checks that those are still answered)
+start_psd psd1b.log
+timeout 60 $PY tests/hostile.py stall 127.0.0.1 "$port" "$psd" 30 --n 64 >"$tmp/hold-stall.out" 2>&1 &
+holders=($!)
+timeout 60 $PY tests/hostile.py silent 127.0.0.1 "$port" "$psd" 30 --n 80 --source 127.0.0.3 \
+  >"$tmp/hold-silent.out" 2>&1 &
+holders+=($!); pids+=("${holders[@]}")
+# held: the stalled client's calls past the stall grace (those beyond
+# server.max_stalled_per_client cancelled), the silent reader's call share
+# (those beyond refused)
+wait_for 60 "the stalled client held its share" grep -aq "cancelled [0-9]* calls that stalled" "$psdlog"
+wait_for 60 "the silent reader held its share" grep -aq "ipv4:127.0.0.3 holds 64 calls" "$psdlog"
+stop_psd
+for p in "${holders[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done  # they see psd gone
+cancelled=$(grep -a -o "cancelled [0-9]* calls\? that stalled (request never sent or reply never read) while stopping" \
+  "$psdlog" | awk '{ n += $2 } END { print n + 0 }')
+[ "$cancelled" -gt 0 ] || fail "psd did not cancel the stalled calls when it stopped"
+echo "ok: SIGTERM with a stalled client and a silent reader holding their calls: psd stopped in $stop_s s" \
+  "(grace 10 s), cancelling $cancelled of their calls"
+
 # 2. mutual TLS + tokens
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null
 c="$tmp/c"
@@ -139,7 +169,7 @@ start_psd psd3.log --set server.max_context_bytes=$budget --set security.tokens_
 PYTHONPATH="$tmp" timeout 150 $PY tests/hostile_ctx.py "127.0.0.1:$port" "$psd" "$th" "$tg" $budget \
   >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "context budget"; }
 echo "ok: $(cat "$tmp/out")"
-stop_psd
+stop_psd grace-ok
 
 # 3b. ssp: Forwards held back for the slowest rank, given up by their client
 #     and past their client's byte share (a quarter of server.max_context_bytes)
@@ -157,7 +187,7 @@ if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 2048 ]; then
   (ulimit -n 2048; exec "$BUILD/bin/psd" --listen "127.0.0.1:$((mport + 1))" --set server.log_level=warn \
      --set server.metrics_listen="127.0.0.1:$mport" --set server.max_connections_per_client=2000 \
      2>"$tmp/psd4.log") &
-  psd=$!; pids+=("$psd"); port=$((mport + 1))
+  psd=$!; pids+=("$psd"); port=$((mport + 1)); psdlog=$tmp/psd4.log
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
   timeout 120 $PY tests/many_conns.py "$port" "$mport" 1100 >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "metrics port"; }
   echo "ok: $(cat "$tmp/out")"
