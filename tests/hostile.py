@@ -174,6 +174,25 @@ class H2Conn:
         self.send(data)
         return sid
 
+    def send_stalled(self):
+        """A send was not taken for 2 s: did psd close the connection (its
+        FIN or reset is there to read: a socket psd shut down takes no more
+        data, so a loaded psd that has not yet released it makes the send
+        wait too) or does psd just not read it? Marks the connection closed,
+        and stalled in the second case."""
+        self.closed = True
+        t0 = time.monotonic()
+        try:
+            self.sock.settimeout(0.5)
+            while time.monotonic() - t0 < 1.0:
+                if not self.sock.recv(65536):
+                    return  # EOF: psd closed it
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return
+        except OSError:  # socket.timeout, other SSL errors: nothing came
+            pass
+        self.stalled = True
+
     def close(self):
         self.closed = True
         try:
@@ -505,7 +524,7 @@ def main():
                         c.send(bytes(burst))
                         sent += per_round
                     except socket.timeout:
-                        c.closed = c.stalled = True
+                        c.send_stalled()
                         continue
                     except OSError:
                         c.closed = True
@@ -554,8 +573,8 @@ def main():
                     sent += 1
                 try:
                     c.send(bytes(burst))
-                except socket.timeout:  # psd stopped reading it for 2 s: not a close by psd
-                    c.closed = c.stalled = True
+                except socket.timeout:  # not taken for 2 s: closed by psd, or not read
+                    c.send_stalled()
                     continue
                 except OSError:  # psd closed it
                     c.closed = True
