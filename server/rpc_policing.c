@@ -254,6 +254,17 @@ void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why) {
            "and those it opens for the next 2 s", esc, why, a.cut, a.cut == 1 ? "" : "s");
 }
 
+static void count_one(int fd, const char *peer, void *arg) {
+    (void)fd, (void)peer;
+    ++*(int *)arg;
+}
+
+int rpc_count_connections(ps_rpc_server *s) {
+    int n = 0;
+    each_conn(s, count_one, &n);
+    return n;
+}
+
 /* ---- connections per host ---- */
 
 typedef struct conn_ent { int fd; char host[PS_RPC_CLIENT_KEY]; } conn_ent;

@@ -39,9 +39,12 @@
  *      are armed.
  *   2. wait for the tag up to grace_ms (deferred calls may still be
  *      completed meanwhile; calls waiting on their client are cancelled
- *      after PS_RPC_SHUTDOWN_CLIENT_MS by rpc_scan_timeouts), then log what
- *      is still open, grpc_server_cancel_all_calls (every CLOSE completes;
- *      deferred owners get on_cancel) and wait for the tag.
+ *      after PS_RPC_SHUTDOWN_CLIENT_MS by rpc_scan_timeouts; once no
+ *      accepted call is left, PS_RPC_SHUTDOWN_CLIENT_MS into the shutdown,
+ *      the wait ends early: what is left are connections gRPC waits to
+ *      close), then log what is still open, grpc_server_cancel_all_calls
+ *      (every CLOSE completes, every connection closes; deferred owners get
+ *      on_cancel) and wait for the tag.
  *   3. join the event thread: it leaves only when s->live == 0, i.e. no
  *      live call or request can start a batch on s->cq; then stop and join
  *      the workers (their queues are empty by then).
@@ -296,6 +299,8 @@ void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why);
 /* Count the connections to the server's port per host (its sockets) and
  * close those past opts.max_connections_per_client, newest first. */
 void rpc_scan_connections(ps_rpc_server *s);
+/* The connections to the server's port open now (psd's sockets). */
+int rpc_count_connections(ps_rpc_server *s);
 /* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */
 void rpc_peer_host(char *dst, size_t n, const char *peer);
 /* Cancel calls that waited too long for their message or for the client

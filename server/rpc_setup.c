@@ -382,6 +382,9 @@ static void log_outstanding(ps_rpc_server *s, int grace_ms) {
             o += snprintf(line + o, sizeof line - (size_t)o, "; %d %s (oldest: %s)", count[w], wait_names[w], oldest[w]);
     if (live > open && o < (int)sizeof line)  /* refused calls still sending their status */
         o += snprintf(line + o, sizeof line - (size_t)o, "; %d other calls", live - open);
+    int nconn = rpc_count_connections(s);
+    if (o < (int)sizeof line)
+        o += snprintf(line + o, sizeof line - (size_t)o, "; %d connection%s open", nconn, nconn == 1 ? "" : "s");
     if (o < (int)sizeof line) snprintf(line + o, sizeof line - (size_t)o, ": cancelling them");
     ps_log(PS_LOG_WARN, "%s", line);
 }
@@ -391,12 +394,38 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     s->shut_down = 1;
     atomic_store(&s->stopping, 1);
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, s);
+    long long t0 = ps_mono_ms();
     gpr_timespec dl = grace_ms > 0
         ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(grace_ms, GPR_TIMESPAN))
         : gpr_inf_past(GPR_CLOCK_MONOTONIC);
-    grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, dl, NULL);
+    /* In slices: once no accepted call is open (calls waiting on their
+     * client are cancelled after PS_RPC_SHUTDOWN_CLIENT_MS), what gRPC still
+     * waits for is its connections: one whose client does not read cannot
+     * take the GOAWAY, and holds the shutdown for the whole grace. */
+    grpc_event ev;
+    int idle = 0;
+    for (;;) {
+        gpr_timespec slice = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN));
+        int last = gpr_time_cmp(slice, dl) >= 0;
+        ev = grpc_completion_queue_next(s->shutdown_cq, last ? dl : slice, NULL);
+        if (ev.type != GRPC_QUEUE_TIMEOUT || last) break;
+        if (ps_mono_ms() - t0 < PS_RPC_SHUTDOWN_CLIENT_MS) continue;
+        pthread_mutex_lock(&s->mu);
+        int none = s->watch == NULL;  /* every accepted call finished */
+        pthread_mutex_unlock(&s->mu);
+        if (none) {
+            idle = 1;
+            break;
+        }
+    }
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
-        if (grace_ms > 0) log_outstanding(s, grace_ms);
+        if (idle) {
+            int n = rpc_count_connections(s);
+            ps_log(PS_LOG_WARN, "rpc: every call ended %lld ms into the shutdown, but gRPC still waits for %d "
+                   "connection%s (clients not reading what psd sends?): closing them", ps_mono_ms() - t0, n,
+                   n == 1 ? "" : "s");
+        } else if (grace_ms > 0)
+            log_outstanding(s, grace_ms);
         grpc_server_cancel_all_calls(s->server);
         if (s->started && !s->event_running) rpc_event_loop(s);  /* no event thread: serve here */
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
