@@ -17,6 +17,8 @@ Only loopback targets are accepted; every loop is bounded in count and time.
                     control window (a silent reader)
             reset   HEADERS + RST_STREAM pairs, as fast as one connection
                     takes them (at most --max-streams)
+            deaf    N GetParameters calls on one connection that is never
+                    read again (no flow control window, no PING answered)
   options: --tls CA CERT KEY  (mutual TLS, server name "localhost")
            --token T          attacker's token ('' = none)
            --good-token T     well-behaved client's token
@@ -372,7 +374,7 @@ def expect_ended(a, conns, good):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge", "deaf"])
     ap.add_argument("--conns", type=int, default=300, help="reset-many: connections kept open")
     ap.add_argument("--rate", type=float, default=150, help="reset-many: resets a second per connection")
     ap.add_argument("host")
@@ -461,7 +463,22 @@ def main():
     sent = 0
     extra = ""
     try:
-        if a.attack == "forge":
+        if a.attack == "deaf":
+            # a client that stops reading: psd's replies, the PING of its
+            # graceful GOAWAY and everything else stay unread
+            c = H2Conn(a.host, a.port, a.tls, source=a.source)
+            conns.append(c)
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.send(frame(4, 1, 0))  # acknowledges psd's SETTINGS unread
+            for _ in range(a.n):
+                c.open_stream("/ps.ParameterServer/GetParameters", authority, a.token, b"")
+                sent += 1
+            print("deaf: calls sent", flush=True)
+            while attacking():
+                peak = max(peak, rss_mb(a.pid) or 0)
+                time.sleep(0.2)
+            extra = f", {sent} GetParameters sent on a connection never read"
+        elif a.attack == "forge":
             # method paths that would forge log lines (newline, ESC, journald priority)
             c = H2Conn(a.host, a.port, a.tls, source=a.source)
             conns.append(c)

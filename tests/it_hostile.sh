@@ -50,7 +50,7 @@ stop_psd() {  # [grace-ok]: psd may wait out server.grace_s (open contexts that 
   stop_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   # psd logs what it waited for when a grace period runs out (psd.c, rpc_setup.c)
   [ "${1:-}" = grace-ok ] || ! grep -a "grace.*over" "$psdlog" ||
-    fail "psd waited out its shutdown grace ($stop_s s after SIGTERM): it waited for the calls above"
+    fail "psd waited out its shutdown grace ($stop_s s after SIGTERM), for what it logged above"
 }
 attack() {  # name args...
   local name=$1; shift
@@ -111,27 +111,35 @@ stop_psd
 
 # 1b. SIGTERM while a stalled client (127.0.0.2) and a silent reader
 #     (127.0.0.3) hold their shares of calls (the default 30 s / 60 s
-#     timeouts, the default 10 s grace): psd cancels them rather than wait
-#     out the grace for them (server.grace_s is for calls psd works on;
-#     tests/test_rpc.c checks that those are still answered)
+#     timeouts, the default 10 s grace), and a client that stopped reading
+#     (127.0.0.4: its connection cannot take the GOAWAY): psd cancels their
+#     calls and closes that connection rather than wait out the grace for
+#     them (server.grace_s is for calls psd works on; tests/test_rpc.c
+#     checks that those are still answered)
 start_psd psd1b.log
+# one after another, each held before the next starts (psd logs at most 10
+# refusal lines a second: the stalled client's line must not be dropped
+# among the silent reader's refusals): the stalled client's calls past the
+# stall grace (those beyond server.max_stalled_per_client cancelled), the
+# silent reader's call share (those beyond refused), the deaf client's calls
 timeout 60 $PY tests/hostile.py stall 127.0.0.1 "$port" "$psd" 30 --n 64 >"$tmp/hold-stall.out" 2>&1 &
-holders=($!)
+holders=($!); pids+=($!)
+wait_for 60 "the stalled client held its share" grep -aq "cancelled [0-9]* calls that stalled" "$psdlog"
 timeout 60 $PY tests/hostile.py silent 127.0.0.1 "$port" "$psd" 30 --n 80 --source 127.0.0.3 \
   >"$tmp/hold-silent.out" 2>&1 &
-holders+=($!); pids+=("${holders[@]}")
-# held: the stalled client's calls past the stall grace (those beyond
-# server.max_stalled_per_client cancelled), the silent reader's call share
-# (those beyond refused)
-wait_for 60 "the stalled client held its share" grep -aq "cancelled [0-9]* calls that stalled" "$psdlog"
+holders+=($!); pids+=($!)
 wait_for 60 "the silent reader held its share" grep -aq "ipv4:127.0.0.3 holds 64 calls" "$psdlog"
+timeout 60 $PY tests/hostile.py deaf 127.0.0.1 "$port" "$psd" 30 --n 32 --source 127.0.0.4 >"$tmp/hold-deaf.out" 2>&1 &
+holders+=($!); pids+=($!)
+wait_for 60 "the deaf client sent its calls" grep -q "deaf: calls sent" "$tmp/hold-deaf.out"
 stop_psd
 for p in "${holders[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done  # they see psd gone
 cancelled=$(grep -a -o "cancelled [0-9]* calls\? that stalled (request never sent or reply never read) while stopping" \
   "$psdlog" | awk '{ n += $2 } END { print n + 0 }')
 [ "$cancelled" -gt 0 ] || fail "psd did not cancel the stalled calls when it stopped"
-echo "ok: SIGTERM with a stalled client and a silent reader holding their calls: psd stopped in $stop_s s" \
-  "(grace 10 s), cancelling $cancelled of their calls"
+grep -aq "every call ended .* closing them" "$psdlog" || fail "psd did not close the deaf client's connection"
+echo "ok: SIGTERM with a stalled client, a silent reader and a deaf one holding their calls: psd stopped in" \
+  "$stop_s s (grace 10 s), cancelling $cancelled of their calls and closing the deaf connection"
 
 # 2. mutual TLS + tokens
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null
