@@ -532,8 +532,14 @@ int main(int argc, char **argv) {
      * handled may still open a context). */
     for (int quiet = 0; quiet < 2;) {
         ps_service_stats(svc, &st, &samples);
-        quiet = st.live == 0 && ps_metrics_in_flight(metrics) == 0 ? quiet + 1 : 0;
-        if (quiet == 2 || ps_mono_s() - t_stop >= cfg.server.grace_s) break;
+        int running = ps_metrics_in_flight(metrics);
+        quiet = st.live == 0 && running == 0 ? quiet + 1 : 0;
+        if (quiet == 2) break;
+        if (ps_mono_s() - t_stop >= cfg.server.grace_s) {
+            ps_log(PS_LOG_WARN, "grace period (%g s) over with %llu contexts open and %d calls in handlers",
+                   cfg.server.grace_s, (unsigned long long)st.live, running);
+            break;
+        }
         struct timespec nap = {0, 50 * 1000 * 1000};
         nanosleep(&nap, NULL);
     }

@@ -223,6 +223,7 @@ static void on_request(ps_rpc_call *c, int success) {
         return;
     }
     if (s->prof) c->t_accept = ps_prof_now();
+    c->accepted_ms = ps_mono_ms();
     rpc_arm_request(s);  /* the next call needs no worker to be free */
 
     char details[PS_RPC_DETAILS_MAX];

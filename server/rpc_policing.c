@@ -254,6 +254,17 @@ void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why) {
            "and those it opens for the next 2 s", esc, why, a.cut, a.cut == 1 ? "" : "s");
 }
 
+static void count_one(int fd, const char *peer, void *arg) {
+    (void)fd, (void)peer;
+    ++*(int *)arg;
+}
+
+int rpc_count_connections(ps_rpc_server *s) {
+    int n = 0;
+    each_conn(s, count_one, &n);
+    return n;
+}
+
 /* ---- connections per host ---- */
 
 typedef struct conn_ent { int fd; char host[PS_RPC_CLIENT_KEY]; } conn_ent;
@@ -376,18 +387,25 @@ void rpc_scan_connections(ps_rpc_server *s) {
 
 /* Cancel calls that waited too long for their request message or for the
  * client to take their reply (a stalled or silent client): they hold a
- * call of their client's share and, for replies, the reply's bytes. */
+ * call of their client's share and, for replies, the reply's bytes. Once
+ * the server is stopping, "too long" is at most PS_RPC_SHUTDOWN_CLIENT_MS:
+ * shutdown waits its grace period for calls psd is working on, not for
+ * clients that hold theirs (rpc_server_impl.h). */
 void rpc_scan_timeouts(ps_rpc_server *s) {
     enum { MAXCUT = 256 };
     ps_rpc_call *cut[MAXCUT];
     int why[MAXCUT];
     int n = 0;
     long long now = ps_mono_ms();
+    int stopping = atomic_load(&s->stopping);
+    int recv_ms = s->recv_timeout_ms, send_ms = s->send_timeout_ms;
+    if (stopping && recv_ms > PS_RPC_SHUTDOWN_CLIENT_MS) recv_ms = PS_RPC_SHUTDOWN_CLIENT_MS;
+    if (stopping && send_ms > PS_RPC_SHUTDOWN_CLIENT_MS) send_ms = PS_RPC_SHUTDOWN_CLIENT_MS;
     pthread_mutex_lock(&s->mu);
     for (ps_rpc_call *c = s->watch; c && n < MAXCUT; c = c->wnext) {
         long long r = __atomic_load_n(&c->recv_since, __ATOMIC_RELAXED);
         long long w = __atomic_load_n(&c->send_since, __ATOMIC_RELAXED);
-        int k = r && now - r > s->recv_timeout_ms ? 1 : w && now - w > s->send_timeout_ms ? 2 : 0;
+        int k = r && now - r > recv_ms ? 1 : w && now - w > send_ms ? 2 : 0;
         /* past the grace, a stalled call counts against the stalled caps,
          * or is cancelled when they are full */
         if (!k && r && now - r > PS_RPC_STALL_GRACE_MS && !rpc_client_stall_old_locked(s, c)) k = 3;
@@ -414,16 +432,18 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
                          s->opts.max_calls / 4 > 0 ? s->opts.max_calls / 4 : 1);
             else
                 snprintf(msg, sizeof msg, why[i] == 1
-                         ? "request message not received within %d ms (server.recv_timeout_s)"
-                         : "reply not taken by the client within %d ms (server.send_timeout_s)",
-                         why[i] == 1 ? s->recv_timeout_ms : s->send_timeout_ms);
+                         ? "%srequest message not received within %d ms (server.recv_timeout_s%s)"
+                         : "%sreply not taken by the client within %d ms (server.send_timeout_s%s)",
+                         stopping ? "server shutting down: " : "", why[i] == 1 ? recv_ms : send_ms,
+                         stopping ? ", or less while stopping" : "");
             grpc_call_cancel_with_status(c->call, why[i] == 3 ? GRPC_STATUS_RESOURCE_EXHAUSTED
-                                                              : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+                                                  : stopping ? GRPC_STATUS_UNAVAILABLE
+                                                             : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
         }
         pthread_mutex_unlock(&c->mu);
         rpc_call_unref(c);
     }
-    if (n) rpc_log_refusal(s, "rpc: cancelled %d call%s that stalled (request never sent or reply never read)",
-                       n, n == 1 ? "" : "s");
+    if (n) rpc_log_refusal(s, "rpc: cancelled %d call%s that stalled (request never sent or reply never read)%s",
+                       n, n == 1 ? "" : "s", stopping ? " while stopping" : "");
 }
 

@@ -240,7 +240,11 @@ ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *se
 ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err);
 
 /* Stop accepting new calls; let calls in flight (deferred ones included)
- * finish for up to grace_ms (<= 0: cancel at once), then cancel the rest
+ * finish for up to grace_ms (<= 0: cancel at once) - except calls waiting
+ * for their client (request message not in, reply not taken), cancelled
+ * (UNAVAILABLE) once they have waited 2 s, and connections that are all
+ * that is left 2 s into the shutdown (a client that does not read cannot
+ * take the GOAWAY), closed - then log what is still open and cancel the rest
  * (their clients see CANCELLED/UNAVAILABLE; deferred calls get their
  * on_cancel); wait for running handlers to return and join the threads.
  * Does not wait for owners of deferred calls to call ps_rpc_call_complete.

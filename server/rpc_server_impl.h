@@ -40,8 +40,13 @@
  *      (registered before start). Pending request_calls fail; no new ones
  *      are armed.
  *   2. wait for the tag up to grace_ms (deferred calls may still be
- *      completed meanwhile), then grpc_server_cancel_all_calls (every CLOSE
- *      completes; deferred owners get on_cancel) and wait for the tag.
+ *      completed meanwhile; calls waiting on their client are cancelled
+ *      after PS_RPC_SHUTDOWN_CLIENT_MS by rpc_scan_timeouts; once no
+ *      accepted call is left, PS_RPC_SHUTDOWN_CLIENT_MS into the shutdown,
+ *      the wait ends early: what is left are connections gRPC waits to
+ *      close), then log what is still open, grpc_server_cancel_all_calls
+ *      (every CLOSE completes, every connection closes; deferred owners get
+ *      on_cancel) and wait for the tag.
  *   3. join the event thread: it leaves only when s->live == 0, i.e. no
  *      live call or request can start a batch on s->cq; then stop and join
  *      the workers (their queues are empty by then).
@@ -111,6 +116,13 @@ typedef struct client_slot {
  * of calls whose messages are on their way is never refused for it. */
 #define PS_RPC_STALL_GRACE_MS 1000
 
+/* While the server stops, a call waits at most this long for its client
+ * (its request message to arrive, its reply to be taken) before it is
+ * cancelled (UNAVAILABLE), however long server.recv_timeout_s and
+ * server.send_timeout_s are: the shutdown grace is for calls psd is working
+ * on (queued, in a handler, deferred), not for clients that stall. */
+#define PS_RPC_SHUTDOWN_CLIENT_MS 2000
+
 /* A completion-queue tag: which call, which batch. */
 typedef struct call_tag {
     struct ps_rpc_call *c;
@@ -162,6 +174,7 @@ struct ps_rpc_call {
     struct ps_rpc_call *wprev, *wnext;
     int watched;
     long long recv_since, send_since;
+    long long accepted_ms;          /* monotonic ms when its headers came (for shutdown's log) */
     /* opts.profile (prof.h): the phases, and when it was accepted, received,
      * deferred and replied (ns); the phases are written by the thread
      * running the handler, and under mu by the rest */
@@ -300,6 +313,8 @@ void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why);
 /* Count the connections to the server's port per host (its sockets) and
  * close those past opts.max_connections_per_client, newest first. */
 void rpc_scan_connections(ps_rpc_server *s);
+/* The connections to the server's port open now (psd's sockets). */
+int rpc_count_connections(ps_rpc_server *s);
 /* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */
 void rpc_peer_host(char *dst, size_t n, const char *peer);
 /* Cancel calls that waited too long for their message or for the client

@@ -10,6 +10,7 @@
 
 #include <grpc/grpc_security.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define MAX_ARGS 16
@@ -329,16 +330,108 @@ static void drain_and_destroy(grpc_completion_queue *cq) {
     grpc_completion_queue_destroy(cq);
 }
 
+/* What an accepted call waits for now (log_outstanding); under c->mu. */
+enum { WAIT_MESSAGE, WAIT_QUEUE, WAIT_HANDLER, WAIT_DEFERRED, WAIT_TAKEN, WAIT_CLOSE, NWAITS };
+static const char *const wait_names[NWAITS] = {
+    "waiting for their request message", "queued for a worker", "in their handler",
+    "deferred by the service", "replies not taken by their client", "ending"};
+
+static int call_wait_locked(const ps_rpc_call *c) {
+    if (c->queued) return WAIT_QUEUE;
+    if (c->handler_running) return WAIT_HANDLER;
+    if (c->deferred && !c->completed && !c->cancelled) return WAIT_DEFERRED;
+    if (__atomic_load_n(&c->send_since, __ATOMIC_RELAXED)) return WAIT_TAKEN;
+    if (!c->got_message && !c->replied && !c->cancelled) return WAIT_MESSAGE;
+    return WAIT_CLOSE;
+}
+
+/* The grace period is over and calls are still open: say which, by what
+ * they wait for, with the oldest of each kind, so an operator can tell a
+ * slow handler from a client that holds psd up. */
+static void log_outstanding(ps_rpc_server *s, int grace_ms) {
+    enum { MAXC = 1024 };
+    ps_rpc_call **cs = malloc(MAXC * sizeof *cs);
+    if (!cs) return;
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    int live = s->live;
+    for (ps_rpc_call *c = s->watch; c && n < MAXC; c = c->wnext) {
+        atomic_fetch_add(&c->refs, 1);
+        cs[n++] = c;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int count[NWAITS] = {0}, open = 0;
+    char oldest[NWAITS][200];
+    long long now = ps_mono_ms();
+    for (int i = 0; i < n; i++) {  /* the list is newest first: the oldest are last */
+        ps_rpc_call *c = cs[n - 1 - i];
+        pthread_mutex_lock(&c->mu);
+        if (!c->finished) {
+            int w = call_wait_locked(c);
+            if (!count[w]++) {
+                char method[80], peer[80];
+                rpc_escape_slice(method, sizeof method, c->details.method);
+                rpc_escape_str(peer, sizeof peer, c->peer);
+                snprintf(oldest[w], sizeof oldest[w], "%s from %s, %.1f s old", method, peer,
+                         (now - c->accepted_ms) / 1000.0);
+            }
+            open++;
+        }
+        pthread_mutex_unlock(&c->mu);
+        rpc_call_unref(c);
+    }
+    free(cs);
+    char line[1500];
+    int o = snprintf(line, sizeof line, "rpc: shutdown grace (%d ms) over with %d accepted calls open", grace_ms, open);
+    for (int w = 0; w < NWAITS; w++)
+        if (count[w] && o < (int)sizeof line)
+            o += snprintf(line + o, sizeof line - (size_t)o, "; %d %s (oldest: %s)", count[w], wait_names[w], oldest[w]);
+    if (live > open && o < (int)sizeof line)  /* refused calls still sending their status */
+        o += snprintf(line + o, sizeof line - (size_t)o, "; %d other calls", live - open);
+    int nconn = rpc_count_connections(s);
+    if (o < (int)sizeof line)
+        o += snprintf(line + o, sizeof line - (size_t)o, "; %d connection%s open", nconn, nconn == 1 ? "" : "s");
+    if (o < (int)sizeof line) snprintf(line + o, sizeof line - (size_t)o, ": cancelling them");
+    ps_log(PS_LOG_WARN, "%s", line);
+}
+
 void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     if (!s || !s->server || s->shut_down) return;
     s->shut_down = 1;
     atomic_store(&s->stopping, 1);
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, s);
+    long long t0 = ps_mono_ms();
     gpr_timespec dl = grace_ms > 0
         ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(grace_ms, GPR_TIMESPAN))
         : gpr_inf_past(GPR_CLOCK_MONOTONIC);
-    grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, dl, NULL);
+    /* In slices: once no accepted call is open (calls waiting on their
+     * client are cancelled after PS_RPC_SHUTDOWN_CLIENT_MS), what gRPC still
+     * waits for is its connections: one whose client does not read cannot
+     * take the GOAWAY, and holds the shutdown for the whole grace. */
+    grpc_event ev;
+    int idle = 0;
+    for (;;) {
+        gpr_timespec slice = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN));
+        int last = gpr_time_cmp(slice, dl) >= 0;
+        ev = grpc_completion_queue_next(s->shutdown_cq, last ? dl : slice, NULL);
+        if (ev.type != GRPC_QUEUE_TIMEOUT || last) break;
+        if (ps_mono_ms() - t0 < PS_RPC_SHUTDOWN_CLIENT_MS) continue;
+        pthread_mutex_lock(&s->mu);
+        int none = s->watch == NULL;  /* every accepted call finished */
+        pthread_mutex_unlock(&s->mu);
+        if (none) {
+            idle = 1;
+            break;
+        }
+    }
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        if (idle) {
+            int n = rpc_count_connections(s);
+            ps_log(PS_LOG_WARN, "rpc: every call ended %lld ms into the shutdown, but gRPC still waits for %d "
+                   "connection%s (clients not reading what psd sends?): closing them", ps_mono_ms() - t0, n,
+                   n == 1 ? "" : "s");
+        } else if (grace_ms > 0)
+            log_outstanding(s, grace_ms);
         grpc_server_cancel_all_calls(s->server);
         if (s->started && !s->event_running) rpc_event_loop(s, 0);  /* no event thread: serve here */
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);

@@ -17,14 +17,20 @@ Only loopback targets are accepted; every loop is bounded in count and time.
                     control window (a silent reader)
             reset   HEADERS + RST_STREAM pairs, as fast as one connection
                     takes them (at most --max-streams)
+            deaf    N GetParameters calls on one connection that is never
+                    read again (no flow control window, no PING answered)
   options: --tls CA CERT KEY  (mutual TLS, server name "localhost")
            --token T          attacker's token ('' = none)
            --good-token T     well-behaved client's token
            --n N              streams for stall/silent (default 600)
            --max-rss-mb M     assert: RSS growth below M MiB
            --max-latency-s S  assert: every good call answered within S s
-           --expect-ended     stall: assert psd ended every stalled stream (the
-                              admitted ones after server.recv_timeout_s)
+           --expect-ended S   stall: assert psd ended every stream, each within
+                              S s (server.recv_timeout_s) of its opening;
+                              silent: psd accepted some streams (began their
+                              replies) and ended each within S s
+                              (server.send_timeout_s) of its reply's start
+                              (refused streams do not count); + ENDED_SLACK
   The attack runs SECONDS, and on while a well-behaved call is in flight
   (until it is answered or has waited S + 1 s): a call the attack starves
   fails the run however short SECONDS is.
@@ -107,6 +113,11 @@ class H2Conn:
         self.next_id = 1
         self.ended = set()  # streams psd ended (trailers or RST_STREAM)
         self.data = set()   # streams that got a reply message
+        # when (monotonic s, as pump() saw it): each stream was opened, psd
+        # began its reply (HEADERS without END_STREAM: it accepted the call
+        # and ran it), psd ended it; and when the connection closed
+        self.t_open, self.t_reply, self.t_end = {}, {}, {}
+        self.t_closed = None
         self.buf = b""
         settings = b""
         if window is not None:  # SETTINGS_INITIAL_WINDOW_SIZE
@@ -127,6 +138,7 @@ class H2Conn:
                 chunk = self.sock.recv(65536)
                 if not chunk:
                     self.closed = True
+                    self.t_closed = self.t_closed or time.monotonic()
                     break
                 got += len(chunk)
                 self.buf += chunk
@@ -134,6 +146,8 @@ class H2Conn:
             pass
         except OSError:
             self.closed = True
+            self.t_closed = self.t_closed or time.monotonic()
+        now = time.monotonic()
         out = b""
         while len(self.buf) >= 9:
             ln = struct.unpack(">I", b"\0" + self.buf[:3])[0]
@@ -150,9 +164,13 @@ class H2Conn:
             elif ftype == 3:
                 self.rst += 1
                 self.ended.add(sid)
+                self.t_end.setdefault(sid, now)
             elif ftype == 1 and flags & 1:  # trailers: the call ended
                 self.headers += 1
                 self.ended.add(sid)
+                self.t_end.setdefault(sid, now)
+            elif ftype == 1:  # response headers: the reply began
+                self.t_reply.setdefault(sid, now)
             elif ftype == 0 and ln > 5:  # a reply message
                 self.data.add(sid)
             elif ftype == 7:
@@ -171,8 +189,28 @@ class H2Conn:
         if message is not None:
             body = b"\0" + struct.pack(">I", len(message)) + message
             data += frame(0, 0x1, sid, body)  # END_STREAM
+        self.t_open[sid] = time.monotonic()
         self.send(data)
         return sid
+
+    def send_stalled(self):
+        """A send was not taken for 2 s: did psd close the connection (its
+        FIN or reset is there to read: a socket psd shut down takes no more
+        data, so a loaded psd that has not yet released it makes the send
+        wait too) or does psd just not read it? Marks the connection closed,
+        and stalled in the second case."""
+        self.closed = True
+        t0 = time.monotonic()
+        try:
+            self.sock.settimeout(0.5)
+            while time.monotonic() - t0 < 1.0:
+                if not self.sock.recv(65536):
+                    return  # EOF: psd closed it
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return
+        except OSError:  # socket.timeout, other SSL errors: nothing came
+            pass
+        self.stalled = True
 
     def close(self):
         self.closed = True
@@ -278,9 +316,65 @@ class Good:
             time.sleep(0.05)
 
 
+ENDED_SLACK = 5.0  # s: psd's scan period (0.2 s), this loop's, a loaded machine
+
+
+def expect_ended(a, conns, good):
+    """--expect-ended S: every stream psd accepted is ended by psd within S
+    (+ ENDED_SLACK) of the start of psd's clock for it: its opening (stall:
+    waiting for its request message, refused or accepted alike), or the
+    start of its reply (silent: psd accepted the call, ran it and began the
+    reply the client never takes). Waits, pumping, for the streams still
+    open until each is past its bound. Refused silent streams (ended with
+    trailers, no reply) do not count, so that refusals alone never pass."""
+    done = time.monotonic()  # the attack's end
+    limit = a.expect_ended + ENDED_SLACK
+
+    def start(c, sid):
+        if a.attack == "stall":
+            return c.t_open[sid]
+        return c.t_reply.get(sid)
+
+    def end(c, sid):
+        return c.t_end.get(sid, c.t_closed)
+
+    def bound(c, sid):  # a silent stream not yet replied: its reply is still to come
+        t = start(c, sid)
+        return (done if t is None else t) + limit
+
+    streams = [(c, sid) for c in conns for sid in c.t_open]
+    while True:
+        for c in conns:
+            c.pump()
+        now = time.monotonic()
+        left = [(c, sid) for c, sid in streams if end(c, sid) is None]
+        if not left or all(now > bound(c, sid) for c, sid in left):
+            break
+        time.sleep(0.1)
+    accepted = [(c, sid) for c, sid in streams if start(c, sid) is not None]
+    late = [end(c, sid) - start(c, sid) for c, sid in accepted if end(c, sid) is not None and
+            end(c, sid) - start(c, sid) > limit]
+    what = "its opening" if a.attack == "stall" else "the start of its reply"
+    key = "server.recv_timeout_s" if a.attack == "stall" else "server.send_timeout_s"
+    if not accepted:
+        good.failed.append(f"psd accepted none of the {len(streams)} streams (refused them all): nothing to end")
+    if left:
+        good.failed.append(f"{len(left)} of {len(streams)} streams ({sum(start(c, s) is not None for c, s in left)} "
+                           f"accepted) never ended by psd, {time.monotonic() - done:.1f} s after the attack "
+                           f"({key} = {a.expect_ended:g} s not enforced?)")
+    if late:
+        good.failed.append(f"{len(late)} accepted streams ended later than {limit:g} s after {what} "
+                           f"(worst {max(late):.1f} s; {key} = {a.expect_ended:g} s)")
+    spans = sorted(end(c, sid) - start(c, sid) for c, sid in accepted if end(c, sid) is not None)
+    figures = (f" within {spans[-1]:.1f} s of {what} (median {spans[len(spans) // 2]:.1f} s; bound "
+               f"{a.expect_ended:g} + {ENDED_SLACK:g} s)" if spans else "")
+    return (f"; {len(spans)} of {len(accepted)} {'streams' if a.attack == 'stall' else 'accepted (reply begun)'} "
+            f"ended by psd{figures}, waited {time.monotonic() - done:.1f} s after the attack")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge", "deaf"])
     ap.add_argument("--conns", type=int, default=300, help="reset-many: connections kept open")
     ap.add_argument("--rate", type=float, default=150, help="reset-many: resets a second per connection")
     ap.add_argument("host")
@@ -294,7 +388,8 @@ def main():
     ap.add_argument("--source", default="127.0.0.2",
                     help="attacker's source address (another loopback address: another client)")
     ap.add_argument("--sources", type=int, default=1,
-                    help="stall: attackers on this many addresses (127.0.0.2, .3, ...), each a client")
+                    help="stall: attackers on this many addresses (127.0.0.2, .3, ...; one: --source), "
+                         "each a client")
     ap.add_argument("--tokens", default="",
                     help="stall: comma-separated attacker tokens, each a client (from --source)")
     ap.add_argument("--status-streams", type=int, default=0,
@@ -308,7 +403,9 @@ def main():
     ap.add_argument("--max-rss-mb", type=float)
     ap.add_argument("--max-latency-s", type=float)
     ap.add_argument("--min-ok", type=int, default=3, help="assert: at least this many well-behaved calls answered")
-    ap.add_argument("--expect-ended", action="store_true")
+    ap.add_argument("--expect-ended", type=float, metavar="S",
+                    help="stall/silent: assert psd ended every stream it accepted, each within S s (its "
+                         "server.recv_timeout_s / send_timeout_s) and a slack")
     ap.add_argument("--expect-cut", action="store_true", help="reset: psd must close the connection")
     a = ap.parse_args()
     if not a.host.startswith(LOOPBACK) or not a.source.startswith(LOOPBACK):
@@ -330,7 +427,7 @@ def main():
     good.ok, good.failed, good.worst, good.worst_reserved, good.lat = 0, [], 0.0, 0.0, []
     monitor_base = 0.0
     if a.monitor:  # the monitor's unloaded latency, measured in this run
-        m = Monitor(a.host, a.port, a.tls, a.source if a.tokens else "127.0.0.2",
+        m = Monitor(a.host, a.port, a.tls, a.source if a.tokens or a.sources == 1 else "127.0.0.2",
                     a.tokens.split(",")[0] if a.tokens else a.token, authority)
         for _ in range(10):
             m.one()
@@ -366,7 +463,22 @@ def main():
     sent = 0
     extra = ""
     try:
-        if a.attack == "forge":
+        if a.attack == "deaf":
+            # a client that stops reading: psd's replies, the PING of its
+            # graceful GOAWAY and everything else stay unread
+            c = H2Conn(a.host, a.port, a.tls, source=a.source)
+            conns.append(c)
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.send(frame(4, 1, 0))  # acknowledges psd's SETTINGS unread
+            for _ in range(a.n):
+                c.open_stream("/ps.ParameterServer/GetParameters", authority, a.token, b"")
+                sent += 1
+            print("deaf: calls sent", flush=True)
+            while attacking():
+                peak = max(peak, rss_mb(a.pid) or 0)
+                time.sleep(0.2)
+            extra = f", {sent} GetParameters sent on a connection never read"
+        elif a.attack == "forge":
             # method paths that would forge log lines (newline, ESC, journald priority)
             c = H2Conn(a.host, a.port, a.tls, source=a.source)
             conns.append(c)
@@ -387,6 +499,8 @@ def main():
             window = None if a.attack == "stall" else 0
             if a.tokens:
                 who = [(a.source, t) for t in a.tokens.split(",")]
+            elif a.sources == 1:
+                who = [(a.source, a.token)]
             else:
                 who = [(f"127.0.0.{2 + i}", a.token) for i in range(a.sources)]
             held = {w: [] for w in who}  # per attacker: its connections
@@ -441,17 +555,8 @@ def main():
                                        f"(1 s, or 10x its unloaded worst {monitor_base:.3f} s)")
                 if len(mon.lat) < 3:
                     good.failed.append(f"only {len(mon.lat)} monitor calls answered")
-            if a.expect_ended and ended < sent // 2 and not a.keep_up:
-                good.failed.append(f"psd ended only {ended} of {sent} stalled streams")
-            if a.expect_ended and a.attack == "stall" and not a.keep_up:
-                # refused or admitted, every stalled stream is ended by now:
-                # the admitted ones by server.recv_timeout_s (SECONDS outlasts it)
-                for c in conns:
-                    c.pump()
-                left = sum(c.next_id // 2 - len(c.ended) for c in conns if not c.closed)
-                if left:
-                    good.failed.append(f"{left} of {sent} stalled streams still open after "
-                                       f"{time.monotonic() - opened_at:.0f} s (server.recv_timeout_s not enforced?)")
+            if a.expect_ended is not None and not a.keep_up:
+                extra += expect_ended(a, conns, good)
         elif a.attack == "reset-many":
             # rapid reset spread over many connections from one address,
             # each under the per-connection threshold (issue 23 item 2)
@@ -502,7 +607,7 @@ def main():
                         c.send(bytes(burst))
                         sent += per_round
                     except socket.timeout:
-                        c.closed = c.stalled = True
+                        c.send_stalled()
                         continue
                     except OSError:
                         c.closed = True
@@ -551,8 +656,8 @@ def main():
                     sent += 1
                 try:
                     c.send(bytes(burst))
-                except socket.timeout:  # psd stopped reading it for 2 s: not a close by psd
-                    c.closed = c.stalled = True
+                except socket.timeout:  # not taken for 2 s: closed by psd, or not read
+                    c.send_stalled()
                     continue
                 except OSError:  # psd closed it
                     c.closed = True

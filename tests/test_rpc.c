@@ -3,7 +3,8 @@
  * concurrent clients, bind failures and shutdown with calls in flight;
  * deferred replies (completed from other threads, many more than workers,
  * cancelled by the client, by the deadline, by shutdown), clients that
- * never send their message, the call cap, and reserved methods served
+ * never send their message (also at shutdown: cancelled, not waited
+ * for), the call cap, and reserved methods served
  * while every ordinary worker is blocked.
  *
  * No assertion bounds wall-clock time from above: waits are for events
@@ -1083,6 +1084,61 @@ static void test_shutdown_deferred(void) {
     ps_rpc_client_free(c);
 }
 
+/* Shutdown waits its grace for calls the server works on, not for clients
+ * that stall: with one call blocked in its handler (the gate) and one whose
+ * request message never comes, the stalled call is cancelled (UNAVAILABLE)
+ * while the handler is still blocked and shutdown still
+ * waiting, long before its grace (2 x WAIT_MS) is over; the blocked call is
+ * answered once its handler returns, and only then does shutdown return. */
+typedef struct shut_arg { ps_rpc_server *s; int grace_ms; atomic_int done; } shut_arg;
+
+static void *shutdown_thread(void *p) {
+    shut_arg *a = p;
+    ps_rpc_server_shutdown(a->s, a->grace_ms);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+static void test_shutdown_stalled_client(void) {
+    ps_rpc_server *s = start_server(2);
+    if (!s) return;
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    gate_set(0);
+    step_arg g = {c, M_GATE, 0, 2 * WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+    pthread_t gth, sth;
+    pthread_create(&gth, NULL, step_thread, &g);
+    CHECK(WAIT_UNTIL(atomic_load(&gate_blocked) == 1, WAIT_MS));
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    raw_call r;
+    raw_start(&r, ch, cq, M_FORWARD, 0, 0);  /* metadata only: its message never comes */
+    CHECK(raw_events(cq, 1) == 1);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 2, WAIT_MS));
+    shut_arg sa = {s, 2 * WAIT_MS, 0};
+    pthread_create(&sth, NULL, shutdown_thread, &sa);
+    /* the stalled call ends (its own deadline, WAIT_MS, is the give-up) */
+    CHECK(raw_events(cq, 1) == 1);
+    char *d = grpc_slice_to_c_string(r.status_details);
+    /* (UNAVAILABLE: "server shutting down: ...", or the transport's "Socket
+     * closed" when the connection goes with its last call first; the
+     * stalled call's own deadline would give DEADLINE_EXCEEDED) */
+    CHECK_MSG(r.status == GRPC_STATUS_UNAVAILABLE, "stalled call at shutdown: %s: %s",
+              ps_grpc_code_name(r.status), d);
+    gpr_free(d);
+    CHECK_MSG(atomic_load(&gate_blocked) == 1 && !atomic_load(&sa.done),
+              "the stalled call ended only after the handler returned or shutdown gave up");
+    gate_set(1);
+    pthread_join(gth, NULL);
+    CHECK_MSG(g.code == GRPC_STATUS_OK && g.v == 5, "the call in its handler at shutdown: %s",
+              ps_grpc_code_name(g.code));
+    pthread_join(sth, NULL);
+    raw_free(&r);
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
 /* Both ordinary workers blocked in the gate, more calls queued behind them
  * and the ordinary call cap (3) reached: the reserved Ping is answered
  * while the gate is still closed, and a 4th ordinary call is refused with
@@ -1184,6 +1240,7 @@ int main(void) {
     test_stalled_caps();
     test_deferred_cancel();
     test_shutdown_deferred();
+    test_shutdown_stalled_client();
     test_reserved_and_cap();
     test_refused_before_message();
     grpc_shutdown();
