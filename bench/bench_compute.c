@@ -36,17 +36,24 @@
  * --hop N           each phase (forward, backward, step) runs on the next
  *                   of N worker threads, the main thread waiting for it as
  *                   psd's RPC thread waits for a worker;
+ * --hop-cpus A,B,.. worker i runs on CPU list[i % len] only (with --hop:
+ *                   0,1 puts consecutive phases on different cores, 0,0
+ *                   keeps them on one);
  * --fresh-input     the batch is copied into a freshly malloc'd buffer
  *                   before each forward (psd decodes every request into
  *                   new memory);
  * --gap-us U        the calling thread sleeps U us between phases (the
  *                   trainer's round trip: the CPU idles or runs others);
+ * --evict-kb K      the calling thread writes K KiB of other memory between
+ *                   phases (caches as cold as another process's work
+ *                   between two calls leaves them);
  * --psd-checks      what psd's handlers add: the input's and the output
  *                   gradient's NaN/Inf scans, the parameter gradients'
  *                   finiteness check, a separate scratch accumulator added
  *                   into the context's (ps_grads_add).
  */
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -119,6 +126,8 @@ typedef struct bench_ctx {
     /* psd's ingredients (see the header) */
     int fresh_input, psd_checks;
     long gap_us;
+    char *evict;                 /* --evict-kb */
+    size_t nevict;
     hop_worker *hop;
     int nhop;
     long njobs;
@@ -200,6 +209,7 @@ static int run_phase(bench_ctx *b, int (*fn)(void *)) {
     } else {
         rc = fn(b);
     }
+    for (size_t i = 0; i < b->nevict; i += 64) b->evict[i]++;
     if (b->gap_us > 0) {
         struct timespec ts = { b->gap_us / 1000000, (b->gap_us % 1000000) * 1000 };
         nanosleep(&ts, NULL);
@@ -264,8 +274,8 @@ static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *e
 
 int main(int argc, char **argv) {
     const char *backend = "dnnl", *data_dir = "data/mnist", *model_file = NULL;
-    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0, nhop = 0, gap_us = 0;
-    int snapshots = 0, tune = 0, fresh_input = 0, psd_checks = 0;
+    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0, nhop = 0, gap_us = 0, evict_kb = 0;
+    int snapshots = 0, tune = 0, fresh_input = 0, psd_checks = 0, ncpus = 0, cpus[64];
     double secs = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -284,6 +294,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) { if (ps_cli_long("bench_compute", a, v, 1, 512, &batch)) return 2; }
         else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_compute", a, v, 1, 1000000, &fixed)) return 2; }
         else if (!strcmp(a, "--hop")) { if (ps_cli_long("bench_compute", a, v, 1, 64, &nhop)) return 2; }
+        else if (!strcmp(a, "--hop-cpus")) {
+            for (const char *q = v; *q && ncpus < 64;) {
+                char *e;
+                long c = strtol(q, &e, 10);
+                if (e == q || c < 0 || c >= CPU_SETSIZE) { fprintf(stderr, "bench_compute: --hop-cpus: '%s' is not a list of CPU numbers\n", v); return 2; }
+                cpus[ncpus++] = (int)c;
+                q = *e == ',' ? e + 1 : e;
+                if (*e && *e != ',') { fprintf(stderr, "bench_compute: --hop-cpus: '%s' is not a list of CPU numbers\n", v); return 2; }
+            }
+        }
+        else if (!strcmp(a, "--evict-kb")) { if (ps_cli_long("bench_compute", a, v, 0, 1 << 22, &evict_kb)) return 2; }
         else if (!strcmp(a, "--gap-us")) { if (ps_cli_long("bench_compute", a, v, 0, 1000000, &gap_us)) return 2; }
         else if (!strcmp(a, "--reps")) { if (ps_cli_long("bench_compute", a, v, 1, 1000, &reps)) return 2; }
         else if (!strcmp(a, "--secs")) { if (ps_cli_long("bench_compute", a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
@@ -328,6 +349,8 @@ int main(int argc, char **argv) {
     b.fresh_input = fresh_input;
     b.psd_checks = psd_checks;
     b.gap_us = gap_us;
+    b.nevict = (size_t)evict_kb << 10;
+    if (b.nevict && !(b.evict = calloc(b.nevict, 1))) { fprintf(stderr, "bench_compute: out of memory\n"); return 1; }
     hop_worker hop[64];
     for (long i = 0; i < nhop; i++) {
         hop[i] = (hop_worker){0};
@@ -335,6 +358,12 @@ int main(int argc, char **argv) {
         pthread_cond_init(&hop[i].cv, NULL);
         if (pthread_create(&hop[i].th, NULL, hop_main, &hop[i])) { fprintf(stderr, "bench_compute: no thread\n"); return 1; }
         b.nhop = (int)i + 1;
+        if (ncpus) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(cpus[i % ncpus], &set);
+            if (pthread_setaffinity_np(hop[i].th, sizeof set, &set)) fprintf(stderr, "bench_compute: --hop-cpus: CPU %d refused\n", cpus[i % ncpus]);
+        }
     }
     b.hop = hop;
     int rc = 1;
@@ -397,6 +426,7 @@ out:
         pthread_mutex_unlock(&hop[i].mu);
         pthread_join(hop[i].th, NULL);
     }
+    free(b.evict);
     free(b.x); free(b.out); free(b.grad); free(b.y); free(b.idx);
     ps_model_free(m);
     ps_mnist_free(&data);
