@@ -15,6 +15,7 @@
 #   psd_us=<psd CPU us/sample> workers_us=<the 4 busiest threads'>
 #   other_us=<the rest: gRPC's threads, OpenMP teams> trainers_us=<their CPU>
 #   e2e=<samples/s of all trainers> faults_per_batch=<minor faults> cs_per_batch=<switches>
+#   wait_ms_per_batch=<psd's threads' time runnable but waiting for a CPU (schedstat)>
 #
 # Compare with `bench_compute --model ... --threads 1 --batch B` cpu_us (the
 # in-process step), run alternately with this (load moves both).
@@ -69,7 +70,7 @@ snap() {  # tid comm utime stime voluntary nonvoluntary minflt, per thread
   local t
   for t in /proc/"$psd"/task/*; do
     echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(cut -d' ' -f14,15 "$t/stat")" \
-      "$(awk '/^(voluntary|nonvoluntary)_ctxt/ {printf "%s ", $2}' "$t/status")$(cut -d' ' -f10 "$t/stat")"
+      "$(awk '/^(voluntary|nonvoluntary)_ctxt/ {printf "%s ", $2}' "$t/status")$(cut -d' ' -f10 "$t/stat") $(cut -d' ' -f2 "$t/schedstat")"
   done | sort
 }
 metrics() { curl -sf "http://127.0.0.1:$((port + 1))/metrics" | grep '^psd_call_phase_seconds_total' | sort || true; }
@@ -89,10 +90,10 @@ if [ -n "${PHASES:-}" ]; then
 fi
 join "$dir/s0" "$dir/s1" | awk -v V="${VERBOSE:-}" -v n=$((N * batches * bs)) -v nb=$((N * batches)) \
   -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" '
-  { u = $9 - $3; s = $10 - $4; c[NR] = u + s; tot += u + s; f += $13 - $7; cs += $11 - $5 + $12 - $6
+  { u = $10 - $3; s = $11 - $4; c[NR] = u + s; tot += u + s; f += $14 - $7; wt += $15 - $8; cs += $12 - $5 + $13 - $6
     if (V && u + s) printf "  %-8s %-16s utime %5d stime %5d ticks, switches %6d + %6d, minflt %d\n", $1, $2, u, s, $11 - $5, $12 - $6, $13 - $7 }
   END {
     for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (c[j] > c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
     w = c[1] + c[2] + c[3] + c[4]; split(sc, a, " ")
-    printf "psd_us=%.1f workers_us=%.1f other_us=%.1f trainers_us=%.1f e2e=%.0f faults_per_batch=%.1f cs_per_batch=%.1f\n",
-      tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb }'
+    printf "psd_us=%.1f workers_us=%.1f other_us=%.1f trainers_us=%.1f e2e=%.0f faults_per_batch=%.1f cs_per_batch=%.1f wait_ms_per_batch=%.2f\n",
+      tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb, wt / nb / 1e6 }'

@@ -66,6 +66,7 @@ static const cfg_entry g_table[] = {
     STR ("server.address",         server.address,         "127.0.0.1:50051"),
     INT ("server.threads",         RPC(threads),           1, 64, "4"),
     INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
+    BOOL("server.pin_compute",     server.pin_compute,     "true"),
     BOOL("server.profile",         RPC(profile),           "true"),
     DBL ("server.context_ttl_s",   SVC(context_ttl_s),     1, 0, 86400, 0, "120"),
     { .key = "server.max_message_mb", .type = CT_INT, FIELD(RPC(max_message_bytes)), .lo = 4, .hi = 2047,

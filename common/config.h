@@ -118,6 +118,7 @@ typedef struct ps_config {
         char listen[PS_CONFIG_ADDR_MAX];  /* address psd binds, host:port */
         char address[PS_CONFIG_ADDR_MAX]; /* address trainers dial */
         int compute_threads;              /* 0..256, 0 = auto */
+        bool pin_compute;                 /* a one-thread call holds a CPU while it computes */
         ps_log_level log_level;
         char log_file[PS_CONFIG_PATH_MAX];       /* "" = stderr */
         double grace_s;                   /* drain time for in-flight calls on stop */

@@ -58,6 +58,7 @@ ps_status ps_placement_model_opts(const ps_config *c, ps_placement *p, ps_model_
     mo->snapshot_steps = c->model.snapshot_steps;
     mo->compute_threads = c->server.compute_threads > 0 ? c->server.compute_threads
                                                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    mo->pin_compute = c->server.pin_compute;
     /* the model checks the settings (e.g. momentum with adam, weight decay
      * with an embedding table) and names the one it refuses */
     mo->optim = &c->optimizer;

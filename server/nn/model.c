@@ -9,6 +9,7 @@
 #include "prof.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,87 @@
  * take every thread, and its fork-join regions then wait, at every
  * primitive, for a thread that shares its core with the next call. */
 #define PS_CONCURRENCY_WINDOW_MS 1000
+
+/* CPU placement of one-thread calls. Two trainers' calls computing at
+ * once on two cores, one thread each, are left to the kernel's scheduler,
+ * which places a woken thread near its waker: the worker that sends a
+ * reply wakes its trainer onto its own CPU, and two compute calls end up
+ * queued on one CPU while the other idles until the load balancer moves
+ * one (bench section 2b: psd's threads waited ~8 ms a batch for a CPU with
+ * the CPUs busy 1.58 of 2). A call computing on one thread while others
+ * compute therefore holds one of psd's CPUs (m->cpus_held) for its
+ * compute, and its thread is bound to that CPU. The binding outlives the
+ * call: the thread's next call takes the same CPU again when it is free,
+ * with no system call and no migration (one syscall per call pair costs a
+ * small model's calls more than it gives); only when another call holds
+ * it does the thread move, to the free CPU it runs on or the first free
+ * one. With no CPU free, or before a call on several threads (whose
+ * OpenMP team would inherit a one-CPU mask), the thread gets all of psd's
+ * CPUs back. A call computes on its caller's thread, so what a thread is
+ * bound to and holds is thread-local. */
+static __thread int bound_slot = -1;   /* index into m->cpus this thread is bound to */
+static __thread int held_slot = -1;    /* ... and holds for the call computing now */
+static __thread ps_model *held_model;
+
+static void unbind_cpu(ps_model *m) {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int i = 0; i < m->ncpus; i++) CPU_SET(m->cpus[i], &all);
+    if (sched_setaffinity(0, sizeof all, &all) == 0) bound_slot = -1;
+}
+
+static void hold_cpu(ps_model *m, int one_thread) {
+    if (!m->pin_calls || m->ncpus < 2 || held_slot >= 0) return;
+    if (!one_thread) {
+        if (bound_slot >= 0) unbind_cpu(m);
+        return;
+    }
+    unsigned long long held = __atomic_load_n(&m->cpus_held, __ATOMIC_RELAXED);
+    int here = -1, slot;
+    for (;;) {
+        slot = bound_slot >= 0 && bound_slot < m->ncpus && !(held >> bound_slot & 1) ? bound_slot : -1;
+        if (slot < 0) {
+            if (here < 0) here = sched_getcpu();
+            for (int i = 0; i < m->ncpus; i++)
+                if (!(held >> i & 1) && (slot < 0 || m->cpus[i] == here)) slot = i;
+        }
+        if (slot < 0) {   /* every CPU held: run where the scheduler puts us */
+            if (bound_slot >= 0) unbind_cpu(m);
+            return;
+        }
+        if (__atomic_compare_exchange_n(&m->cpus_held, &held, held | 1ULL << slot, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            break;
+    }
+    if (slot != bound_slot) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(m->cpus[slot], &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) {
+            __atomic_fetch_and(&m->cpus_held, ~(1ULL << slot), __ATOMIC_RELEASE);
+            return;
+        }
+        bound_slot = slot;
+    }
+    held_slot = slot;
+    held_model = m;
+}
+
+static void release_cpu(ps_model *m) {
+    if (held_slot < 0 || held_model != m) return;
+    __atomic_fetch_and(&m->cpus_held, ~(1ULL << held_slot), __ATOMIC_RELEASE);
+    held_slot = -1;
+    held_model = NULL;
+}
+
+void ps_model_cpus_init(ps_model *m, int pin) {
+    cpu_set_t set;
+    m->ncpus = 0;
+    m->pin_calls = pin;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+    for (int c = 0; c < CPU_SETSIZE && m->ncpus < 64; c++)
+        if (CPU_ISSET(c, &set)) m->cpus[m->ncpus++] = c;
+}
 int ps_model_call_begin(ps_model *m, int exclusive) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
     if (!exclusive) {   /* racy by design: a heuristic, read and written atomically */
@@ -39,10 +121,14 @@ int ps_model_call_begin(ps_model *m, int exclusive) {
     if (nt < 1) nt = 1;
     for (int s = 0; s < m->nstages; s++)
         if (m->stages[s].be->ops->set_threads) m->stages[s].be->ops->set_threads(m->stages[s].be->impl, nt);
+    hold_cpu(m, !exclusive && nt == 1 && k > 1);   /* an exclusive call: unbound, not held */
     return nt;
 }
 
-void ps_model_call_end(ps_model *m) { __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED); }
+void ps_model_call_end(ps_model *m) {
+    release_cpu(m);
+    __atomic_sub_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
+}
 
 /* ---- Snapshot steps ----
  * The weights (parameters and float32 buffers of every stage) live in

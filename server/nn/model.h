@@ -75,6 +75,9 @@ typedef struct ps_model_opts {
                                       backward runs on budget / (the most calls
                                       computing at once in the last second) threads,
                                       at least 1; a step on all */
+    int pin_compute;               /* 1: a call computing on one thread while others
+                                      compute holds one of psd's CPUs (its thread is
+                                      bound to it) until it ends; see model.c */
     const ps_optim_spec *optim;    /* the optimizer (optim.h: kind and hyper-parameters),
                                       copied; NULL: SGD from lr, momentum, weight_decay */
     float lr, momentum, weight_decay; /* shorthand for SGD (torch.optim.SGD semantics) when

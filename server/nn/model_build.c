@@ -510,6 +510,7 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         m->thread_budget = ncpu > 0 ? (int)ncpu : 1;
     }
+    ps_model_cpus_init(m, o->pin_compute);
     if (resolve_sizes(m, o, err) != PS_OK) goto fail;
 
     int maxp = 0;

@@ -159,6 +159,10 @@ struct ps_model {
     int inflight;            /* __atomic: forward/backward calls computing now */
     int peak_calls;          /* __atomic: the most computing at once lately ... */
     long long peak_ms;       /* __atomic: ... as of then (ps_model_call_begin) */
+    int ncpus;               /* CPUs psd may run on (its affinity at build), up to 64 ... */
+    int cpus[64];            /* ... their numbers: a one-thread call holds one (ps_model_call_begin) */
+    unsigned long long cpus_held; /* __atomic: bit i: cpus[i] is held by a computing call */
+    int pin_calls;           /* one-thread calls hold a CPU each (server.pin_compute) */
 };
 
 typedef struct tape_stage {
@@ -286,6 +290,7 @@ size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);
 /* Thread budget of a compute call (see model.c). */
 int ps_model_call_begin(ps_model *m, int exclusive);
 void ps_model_call_end(ps_model *m);
+void ps_model_cpus_init(ps_model *m, int pin);
 
 /* Merge src's rows into dst (sums rows present in both); host memory. */
 ps_status ps_rows_merge(ps_rows *dst, const ps_rows *src, ps_err *err);
