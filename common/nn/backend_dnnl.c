@@ -363,11 +363,12 @@ static void pool_put(dn_impl *im, void *p) {
         old = t;
     }
     pool_shard *sh = &g_pool.shard[home];
+    /* counted before it can be taken (and subtracted): bytes never wraps */
+    __atomic_add_fetch(&g_pool.bytes, b->size, __ATOMIC_RELAXED);
     pthread_mutex_lock(&sh->lock);
     b->next = sh->list;
     sh->list = b;
     pthread_mutex_unlock(&sh->lock);
-    __atomic_add_fetch(&g_pool.bytes, b->size, __ATOMIC_RELAXED);
     pool_free_list(old);
 }
 
