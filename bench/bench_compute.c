@@ -25,9 +25,37 @@
  * of two builds can be compared (e.g. under `perf stat -e task-clock`) on
  * a machine whose load makes wall time noisy.
  * --profile prints per-phase times (forward / backward / step) of the
- * median repetition as well.
+ * median repetition as well, and each phase's CPU time on the thread that
+ * ran it (cpu ... ms/batch).
+ *
+ * What psd does around the same compute, one ingredient at a time (to
+ * find why a call costs more inside psd than here; docs/performance.md):
+ * --snapshots       model.snapshot_steps as psd has it (a Step writes the
+ *                   next weights into another of up to 4 copies);
+ * --malloc-tune     psd's glibc malloc thresholds (server/malloc_tune.h);
+ * --hop N           each phase (forward, backward, step) runs on the next
+ *                   of N worker threads, the main thread waiting for it as
+ *                   psd's RPC thread waits for a worker;
+ * --hop-cpus A,B,.. worker i runs on CPU list[i % len] only (with --hop:
+ *                   0,1 puts consecutive phases on different cores, 0,0
+ *                   keeps them on one);
+ * --fresh-input     the batch is copied into a freshly malloc'd buffer
+ *                   before each forward (psd decodes every request into
+ *                   new memory);
+ * --gap-us U        the calling thread sleeps U us between phases (the
+ *                   trainer's round trip: the CPU idles or runs others);
+ * --evict-kb K      the calling thread writes K KiB of other memory between
+ *                   phases (caches as cold as another process's work
+ *                   between two calls leaves them);
+ * --psd-checks      what psd's handlers add: the input's and the output
+ *                   gradient's NaN/Inf scans, the parameter gradients'
+ *                   finiteness check, a separate scratch accumulator added
+ *                   into the context's (ps_grads_add).
  */
 #include <errno.h>
+#include <sched.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +64,7 @@
 #include "cli.h"
 #include "clock.h"
 #include "mnist.h"
+#include "malloc_tune.h"
 #include "model.h"
 
 static double cpu_s(void) {  /* the whole process's CPU time (every OpenMP thread) */
@@ -49,6 +78,39 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static double thread_cpu_s(void) {  /* the calling thread's CPU time */
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Worker threads for --hop: job i goes to worker i % n, the caller waits. */
+typedef struct hop_worker {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int (*fn)(void *);
+    void *arg;
+    int busy, rc, stop;
+} hop_worker;
+
+static void *hop_main(void *p) {
+    hop_worker *w = p;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->busy && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
+        pthread_mutex_unlock(&w->mu);
+        int rc = w->fn(w->arg);
+        pthread_mutex_lock(&w->mu);
+        w->rc = rc;
+        w->busy = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
 typedef struct bench_ctx {
     ps_model *m;
     ps_mnist *data;
@@ -58,34 +120,137 @@ typedef struct bench_ctx {
     int batch;
     uint64_t ctx;
     double t_fwd, t_bwd, t_step; /* accumulated phase times */
+    double c_fwd, c_bwd, c_step; /* accumulated phase CPU times (the thread that ran it) */
     double cpu;                  /* process CPU seconds of the last run_for */
     long nbatches;
+    /* psd's ingredients (see the header) */
+    int fresh_input, psd_checks;
+    long gap_us;
+    char *evict;                 /* --evict-kb */
+    size_t nevict;
+    hop_worker *hop;
+    int nhop;
+    long njobs;
+    /* the batch in flight between phases */
+    const float *xin;
+    int keep;                    /* the forward keeps a tape (a step follows) */
+    ps_tape *t;
+    ps_grads *g;
+    ps_err *err;
 } bench_ctx;
+
+static int phase_fwd(void *p) {
+    bench_ctx *b = p;
+    double c0 = thread_cpu_s();
+    int rc = 0;
+    if (b->psd_checks) {
+        size_t n = (size_t)b->batch * 784;
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(b->xin[i])) { rc = -1; break; }
+    }
+    if (!rc && ps_model_forward_range(b->m, 0, ps_model_num_stages(b->m) - 1, b->xin, b->batch, 1, NULL, b->ctx,
+                                      b->out, b->keep ? &b->t : NULL, NULL, b->err))
+        rc = -1;
+    b->c_fwd += thread_cpu_s() - c0;
+    return rc;
+}
+
+static int phase_bwd(void *p) {
+    bench_ctx *b = p;
+    double c0 = thread_cpu_s();
+    int rc = 0;
+    if (b->psd_checks) {
+        size_t n = (size_t)b->batch * 10;
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(b->grad[i])) { rc = -1; break; }
+    }
+    ps_grads *g = rc ? NULL : ps_grads_create(b->m, b->err);
+    if (!g) rc = -1;
+    if (!rc && ps_model_backward_acc(b->m, b->t, b->grad, NULL, g, b->err)) rc = -1;
+    if (!rc && b->psd_checks) {   /* a scratch accumulator, checked, added into the context's */
+        int bp;
+        int64_t be;
+        if (ps_grads_check_finite(b->m, g, &bp, &be) != 1) rc = -1;
+        ps_grads *cg = rc ? NULL : ps_grads_create(b->m, b->err);
+        if (!rc && (!cg || ps_grads_add(b->m, cg, g, b->err))) rc = -1;
+        ps_grads_free(g);
+        g = cg;
+    }
+    ps_tape_free(b->t);
+    b->t = NULL;
+    b->g = g;
+    b->c_bwd += thread_cpu_s() - c0;
+    return rc;
+}
+
+static int phase_step(void *p) {
+    bench_ctx *b = p;
+    double c0 = thread_cpu_s();
+    int rc = ps_model_step_grads(b->m, b->g, NULL, b->err) ? -1 : 0;
+    ps_grads_free(b->g);
+    b->g = NULL;
+    b->c_step += thread_cpu_s() - c0;
+    return rc;
+}
+
+/* Runs one phase inline or on the next --hop worker; then the --gap-us pause. */
+static int run_phase(bench_ctx *b, int (*fn)(void *)) {
+    int rc;
+    if (b->nhop) {
+        hop_worker *w = &b->hop[b->njobs++ % b->nhop];
+        pthread_mutex_lock(&w->mu);
+        w->fn = fn;
+        w->arg = b;
+        w->busy = 1;
+        pthread_cond_broadcast(&w->cv);
+        while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
+        rc = w->rc;
+        pthread_mutex_unlock(&w->mu);
+    } else {
+        rc = fn(b);
+    }
+    for (size_t i = 0; i < b->nevict; i += 64) b->evict[i]++;
+    if (b->gap_us > 0) {
+        struct timespec ts = { b->gap_us / 1000000, (b->gap_us % 1000000) * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    return rc;
+}
 
 static int one_batch(bench_ctx *b, int step, ps_err *err) {
     uint32_t base = (uint32_t)((b->ctx * (uint64_t)b->batch) % (b->data->n - (uint32_t)b->batch));
     for (int i = 0; i < b->batch; i++) b->idx[i] = base + (uint32_t)i;
     if (ps_mnist_batch(b->data, b->idx, b->batch, b->x, b->y, err)) return -1;
     b->ctx++;
-    ps_tape *t = NULL;
+    b->err = err;
+    float *fresh = NULL;
+    b->xin = b->x;
+    if (b->fresh_input) {   /* as psd's decode: new memory every request */
+        size_t bytes = (size_t)b->batch * 784 * sizeof(float);
+        if (!(fresh = malloc(bytes + 1))) return -1;
+        memcpy(fresh, b->x, bytes);
+        b->xin = fresh;
+    }
+    b->keep = step;
     double t0 = ps_mono_s();
-    if (ps_model_forward_range(b->m, 0, ps_model_num_stages(b->m) - 1, b->x, b->batch, 1, NULL, b->ctx, b->out,
-                               step ? &t : NULL, NULL, err))
-        return -1;
+    int rc = run_phase(b, phase_fwd);
+    free(fresh);
     double t1 = ps_mono_s();
     b->t_fwd += t1 - t0;
-    if (!step) return 0;
+    if (!step) return rc;
+    if (rc) { ps_tape_free(b->t); b->t = NULL; return -1; }
     const int k = 10;
     memset(b->grad, 0, (size_t)b->batch * k * sizeof(float));
     for (int i = 0; i < b->batch; i++) b->grad[(size_t)i * k + b->y[i]] = -1.0f / b->batch;
-    ps_grads *g = ps_grads_create(b->m, err);
-    int rc = g ? (int)ps_model_backward_acc(b->m, t, b->grad, NULL, g, err) : -1;
+    rc = run_phase(b, phase_bwd);
     double t2 = ps_mono_s();
     b->t_bwd += t2 - t1;
-    if (rc == 0) rc = ps_model_step_grads(b->m, g, NULL, err);
+    if (rc == 0) rc = run_phase(b, phase_step);
     b->t_step += ps_mono_s() - t2;
-    ps_grads_free(g);
-    ps_tape_free(t);
+    ps_grads_free(b->g);
+    b->g = NULL;
+    ps_tape_free(b->t);
+    b->t = NULL;
     return rc ? -1 : 0;
 }
 
@@ -94,6 +259,7 @@ static int one_batch(bench_ctx *b, int step, ps_err *err) {
 static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *err) {
     long samples = 0;
     b->t_fwd = b->t_bwd = b->t_step = 0;
+    b->c_fwd = b->c_bwd = b->c_step = 0;
     b->nbatches = 0;
     double t0 = ps_mono_s(), c0 = cpu_s(), el;
     do {
@@ -108,12 +274,17 @@ static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *e
 
 int main(int argc, char **argv) {
     const char *backend = "dnnl", *data_dir = "data/mnist", *model_file = NULL;
-    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0;
+    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0, nhop = 0, gap_us = 0, evict_kb = 0;
+    int snapshots = 0, tune = 0, fresh_input = 0, psd_checks = 0, ncpus = 0, cpus[64];
     double secs = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long tmp;
         if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        if (!strcmp(a, "--snapshots")) { snapshots = 1; continue; }
+        if (!strcmp(a, "--malloc-tune")) { tune = 1; continue; }
+        if (!strcmp(a, "--fresh-input")) { fresh_input = 1; continue; }
+        if (!strcmp(a, "--psd-checks")) { psd_checks = 1; continue; }
         if (!v) { fprintf(stderr, "bench_compute: %s needs a value (see the header of bench/bench_compute.c)\n", a); return 2; }
         i++;
         if (!strcmp(a, "--backend")) backend = v;
@@ -122,11 +293,25 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) { if (ps_cli_long("bench_compute", a, v, 1, 256, &threads)) return 2; }
         else if (!strcmp(a, "--batch")) { if (ps_cli_long("bench_compute", a, v, 1, 512, &batch)) return 2; }
         else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_compute", a, v, 1, 1000000, &fixed)) return 2; }
+        else if (!strcmp(a, "--hop")) { if (ps_cli_long("bench_compute", a, v, 1, 64, &nhop)) return 2; }
+        else if (!strcmp(a, "--hop-cpus")) {
+            for (const char *q = v; *q && ncpus < 64;) {
+                char *e;
+                long c = strtol(q, &e, 10);
+                if (e == q || c < 0 || c >= CPU_SETSIZE) { fprintf(stderr, "bench_compute: --hop-cpus: '%s' is not a list of CPU numbers\n", v); return 2; }
+                cpus[ncpus++] = (int)c;
+                q = *e == ',' ? e + 1 : e;
+                if (*e && *e != ',') { fprintf(stderr, "bench_compute: --hop-cpus: '%s' is not a list of CPU numbers\n", v); return 2; }
+            }
+        }
+        else if (!strcmp(a, "--evict-kb")) { if (ps_cli_long("bench_compute", a, v, 0, 1 << 22, &evict_kb)) return 2; }
+        else if (!strcmp(a, "--gap-us")) { if (ps_cli_long("bench_compute", a, v, 0, 1000000, &gap_us)) return 2; }
         else if (!strcmp(a, "--reps")) { if (ps_cli_long("bench_compute", a, v, 1, 1000, &reps)) return 2; }
         else if (!strcmp(a, "--secs")) { if (ps_cli_long("bench_compute", a, v, 1, 600, &tmp)) return 2; secs = (double)tmp; }
         else if (!strcmp(a, "--msecs")) { if (ps_cli_long("bench_compute", a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
         else { fprintf(stderr, "bench_compute: unknown option '%s'\n", a); return 2; }
     }
+    if (tune && !ps_malloc_tune()) fprintf(stderr, "bench_compute: --malloc-tune: left alone (GLIBC_TUNABLES)\n");
     ps_err err = {0};
     ps_mnist data = {0};
     if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_compute: %s\n", err.msg); return 1; }
@@ -137,6 +322,7 @@ int main(int argc, char **argv) {
     o.seed = 1;
     o.compute_threads = (int)threads;
     o.lr = 0.03f;
+    o.snapshot_steps = snapshots;
     ps_model *m = ps_model_create(&o, &err);
     if (!m) { fprintf(stderr, "bench_compute: %s\n", err.msg); ps_mnist_free(&data); return 1; }
     const ps_stage_info *in = ps_model_stage(m, 0), *last = ps_model_stage(m, ps_model_num_stages(m) - 1);
@@ -160,6 +346,26 @@ int main(int argc, char **argv) {
     b.grad = malloc((size_t)batch * 10 * sizeof(float));
     b.y = malloc((size_t)batch * sizeof(int64_t));
     b.idx = malloc((size_t)batch * sizeof(uint32_t));
+    b.fresh_input = fresh_input;
+    b.psd_checks = psd_checks;
+    b.gap_us = gap_us;
+    b.nevict = (size_t)evict_kb << 10;
+    if (b.nevict && !(b.evict = calloc(b.nevict, 1))) { fprintf(stderr, "bench_compute: out of memory\n"); return 1; }
+    hop_worker hop[64];
+    for (long i = 0; i < nhop; i++) {
+        hop[i] = (hop_worker){0};
+        pthread_mutex_init(&hop[i].mu, NULL);
+        pthread_cond_init(&hop[i].cv, NULL);
+        if (pthread_create(&hop[i].th, NULL, hop_main, &hop[i])) { fprintf(stderr, "bench_compute: no thread\n"); return 1; }
+        b.nhop = (int)i + 1;
+        if (ncpus) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(cpus[i % ncpus], &set);
+            if (pthread_setaffinity_np(hop[i].th, sizeof set, &set)) fprintf(stderr, "bench_compute: --hop-cpus: CPU %d refused\n", cpus[i % ncpus]);
+        }
+    }
+    b.hop = hop;
     int rc = 1;
     if (!b.x || !b.out || !b.grad || !b.y || !b.idx) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
 
@@ -170,11 +376,11 @@ int main(int argc, char **argv) {
      * ratio (issue 18's step/forward) is not the load's. */
     for (int step = 0; step <= 1; step++)
         if (run_for(&b, step, secs < 0.5 ? secs : 0.5, fixed, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
-    double *pfs[2] = { calloc((size_t)reps * 5, sizeof(double)), calloc((size_t)reps * 5, sizeof(double)) };
+    double *pfs[2] = { calloc((size_t)reps * 8, sizeof(double)), calloc((size_t)reps * 8, sizeof(double)) };
     if (!pfs[0] || !pfs[1]) { free(pfs[0]); free(pfs[1]); goto out; }
     for (long i = 0; i < reps; i++)
         for (int step = 0; step <= 1; step++) {
-            double *p = &pfs[step][i * 5];
+            double *p = &pfs[step][i * 8];
             p[0] = run_for(&b, step, secs, fixed, &err);
             if (p[0] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(pfs[0]); free(pfs[1]); goto out; }
             double nb = (double)b.nbatches;
@@ -182,14 +388,17 @@ int main(int argc, char **argv) {
             p[2] = b.t_bwd / nb * 1e3;
             p[3] = b.t_step / nb * 1e3;
             p[4] = b.cpu / (nb * (double)batch) * 1e6;
+            p[5] = b.c_fwd / nb * 1e3;
+            p[6] = b.c_bwd / nb * 1e3;
+            p[7] = b.c_step / nb * 1e3;
         }
     for (int step = 0; step <= 1; step++) {
         double *pf = pfs[step], *r = calloc((size_t)reps, sizeof *r);
         if (!r) { free(pfs[0]); free(pfs[1]); goto out; }
-        for (long i = 0; i < reps; i++) r[i] = pf[i * 5];
-        qsort(pf, (size_t)reps, 5 * sizeof(double), cmp_double);  /* rows by samples/s */
+        for (long i = 0; i < reps; i++) r[i] = pf[i * 8];
+        qsort(pf, (size_t)reps, 8 * sizeof(double), cmp_double);  /* rows by samples/s */
         double *cpu = calloc((size_t)reps, sizeof *cpu);
-        for (long i = 0; cpu && i < reps; i++) cpu[i] = pf[i * 5 + 4];
+        for (long i = 0; cpu && i < reps; i++) cpu[i] = pf[i * 8 + 4];
         if (cpu) qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
         double cpu_med = !cpu ? 0 : reps % 2 ? cpu[reps / 2] : 0.5 * (cpu[reps / 2 - 1] + cpu[reps / 2]);
         free(cpu);
@@ -199,8 +408,9 @@ int main(int argc, char **argv) {
                "unit=samples/s cpu_us=%.1f\n", model_tag, backend, ps_backend_cpu_isa(), threads, batch, what[step], reps,
                med, r[0], r[reps - 1], cpu_med);
         if (profile) {
-            const double *p = &pf[(reps / 2) * 5];
-            printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f\n", p[1], p[2], p[3]);
+            const double *p = &pf[(reps / 2) * 8];
+            printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f"
+                   " cpu forward %.3f backward %.3f step %.3f\n", p[1], p[2], p[3], p[5], p[6], p[7]);
         }
         fflush(stdout);
         free(r);
@@ -209,6 +419,14 @@ int main(int argc, char **argv) {
     free(pfs[1]);
     rc = 0;
 out:
+    for (int i = 0; i < b.nhop; i++) {
+        pthread_mutex_lock(&hop[i].mu);
+        hop[i].stop = 1;
+        pthread_cond_broadcast(&hop[i].cv);
+        pthread_mutex_unlock(&hop[i].mu);
+        pthread_join(hop[i].th, NULL);
+    }
+    free(b.evict);
     free(b.x); free(b.out); free(b.grad); free(b.y); free(b.idx);
     ps_model_free(m);
     ps_mnist_free(&data);

@@ -46,10 +46,12 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dnnl_check.h"
 
@@ -210,25 +212,77 @@ typedef struct user_arg {
 #define PS_POOL_MIN ((size_t)64 << 10)
 #define PS_POOL_CAP ((size_t)256 << 20)
 #define PS_POOL_HDR 64
+#define PS_POOL_SHARDS 64
 
 typedef struct pool_buf {
     struct pool_buf *next;
     size_t size;        /* usable bytes after the header, a multiple of 64 */
 } pool_buf;
 
-static struct {
-    pthread_mutex_t lock;   /* guards the rest */
-    pool_buf *list;         /* newest first */
-    size_t bytes;
-    int users;              /* live instances; the last one empties the pool */
-} g_pool = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+/* One list per CPU (the CPU a buffer was freed on): a buffer written on
+ * one core is, while it sits in the pool, in that core's caches, and
+ * handing it to a call running on another core makes that call fetch or
+ * invalidate every line of it from the first one. On this project's
+ * 2-vCPU VM a training step whose phases alternate between the two CPUs
+ * computes 1.14x slower (thread CPU time, medians of 6 alternate rounds
+ * of bench_compute --hop 2 --hop-cpus 0,1 against 0,0, loaded machine),
+ * and psd's calls move between CPUs all the time. pool_get takes the
+ * newest buffer of the right size freed on the calling CPU, else one from
+ * another CPU's list; the cap holds for all lists together, the oldest
+ * buffers of the freeing CPU's list going first. PS_DNNL_POOL_CPU=0: one
+ * list for all (as before). */
+typedef struct pool_shard {
+    _Alignas(64) pthread_mutex_t lock;   /* guards list (a cache line of its own) */
+    pool_buf *list;                      /* newest first */
+} pool_shard;
 
-/* Empties the pool (caller holds g_pool.lock); returns its buffers, which
- * the caller frees with pool_free_list outside the lock. */
+static struct {
+    pool_shard shard[PS_POOL_SHARDS];
+    size_t bytes;           /* __atomic: in every list */
+    int nshards;            /* __atomic: 0 until the first instance; 1 with PS_DNNL_POOL_CPU=0 */
+    pthread_mutex_t users_lock;
+    int users;              /* live instances; the last one empties the pool */
+} g_pool = { .users_lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void pool_init_once(void) {
+    if (__atomic_load_n(&g_pool.nshards, __ATOMIC_ACQUIRE)) return;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    if (!g_pool.nshards) {
+        for (int i = 0; i < PS_POOL_SHARDS; i++) pthread_mutex_init(&g_pool.shard[i].lock, NULL);
+        const char *e = getenv("PS_DNNL_POOL_CPU");
+        long n = sysconf(_SC_NPROCESSORS_CONF);
+        int ns = e && !strcmp(e, "0") ? 1 : n < 1 ? 1 : n > PS_POOL_SHARDS ? PS_POOL_SHARDS : (int)n;
+        __atomic_store_n(&g_pool.nshards, ns, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* The calling CPU's list. */
+static int pool_home(void) {
+    int ns = __atomic_load_n(&g_pool.nshards, __ATOMIC_ACQUIRE);
+    if (ns <= 1) return 0;
+    int cpu = sched_getcpu();
+    return cpu < 0 ? 0 : cpu % ns;
+}
+
+/* Empties every list; returns their buffers, which the caller frees with
+ * pool_free_list. */
 static pool_buf *pool_take_all(void) {
-    pool_buf *all = g_pool.list;
-    g_pool.list = NULL;
-    g_pool.bytes = 0;
+    pool_buf *all = NULL;
+    for (int i = 0; i < PS_POOL_SHARDS; i++) {
+        pool_shard *sh = &g_pool.shard[i];
+        if (!__atomic_load_n(&sh->list, __ATOMIC_RELAXED)) continue;
+        pthread_mutex_lock(&sh->lock);
+        while (sh->list) {
+            pool_buf *b = sh->list;
+            sh->list = b->next;
+            __atomic_sub_fetch(&g_pool.bytes, b->size, __ATOMIC_RELAXED);
+            b->next = all;
+            all = b;
+        }
+        pthread_mutex_unlock(&sh->lock);
+    }
     return all;
 }
 
@@ -240,22 +294,50 @@ static void pool_free_list(pool_buf *b) {
     }
 }
 
+/* The newest buffer of exactly size bytes in list i, taken out; NULL if none. */
+static pool_buf *shard_take(int i, size_t size) {
+    pool_shard *sh = &g_pool.shard[i];
+    if (!__atomic_load_n(&sh->list, __ATOMIC_RELAXED)) return NULL;
+    pool_buf *b = NULL;
+    pthread_mutex_lock(&sh->lock);
+    for (pool_buf **pp = &sh->list; *pp; pp = &(*pp)->next)
+        if ((*pp)->size == size) {
+            b = *pp;
+            *pp = b->next;
+            break;
+        }
+    pthread_mutex_unlock(&sh->lock);
+    if (b) __atomic_sub_fetch(&g_pool.bytes, size, __ATOMIC_RELAXED);
+    return b;
+}
+
+/* The oldest buffer of list i, taken out; NULL if it is empty. */
+static pool_buf *shard_take_oldest(int i) {
+    pool_shard *sh = &g_pool.shard[i];
+    if (!__atomic_load_n(&sh->list, __ATOMIC_RELAXED)) return NULL;
+    pthread_mutex_lock(&sh->lock);
+    pool_buf **pp = &sh->list, *t = NULL;
+    if (*pp) {
+        while ((*pp)->next) pp = &(*pp)->next;
+        t = *pp;
+        *pp = NULL;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (t) __atomic_sub_fetch(&g_pool.bytes, t->size, __ATOMIC_RELAXED);
+    return t;
+}
+
 static void *pool_get(dn_impl *im, size_t bytes) {
     (void)im;
     size_t size = (bytes + 63) & ~(size_t)63;
     if (size < bytes || size > SIZE_MAX - PS_POOL_HDR) return NULL;
     if (size == 0) size = 64;
     if (size >= PS_POOL_MIN) {
-        pthread_mutex_lock(&g_pool.lock);
-        for (pool_buf **pp = &g_pool.list; *pp; pp = &(*pp)->next)
-            if ((*pp)->size == size) {
-                pool_buf *b = *pp;
-                *pp = b->next;
-                g_pool.bytes -= size;
-                pthread_mutex_unlock(&g_pool.lock);
-                return (char *)b + PS_POOL_HDR;
-            }
-        pthread_mutex_unlock(&g_pool.lock);
+        int ns = __atomic_load_n(&g_pool.nshards, __ATOMIC_ACQUIRE), home = pool_home();
+        for (int k = 0; k < ns; k++) {
+            pool_buf *b = shard_take((home + k) % ns, size);
+            if (b) return (char *)b + PS_POOL_HDR;
+        }
     }
     pool_buf *b = aligned_alloc(64, size + PS_POOL_HDR);
     if (!b) return NULL;
@@ -271,21 +353,22 @@ static void pool_put(dn_impl *im, void *p) {
         free(b);
         return;
     }
-    pool_buf *old = NULL;   /* evicted: freed outside the lock */
-    pthread_mutex_lock(&g_pool.lock);
-    while (g_pool.bytes + b->size > PS_POOL_CAP) {   /* the list is newest first: drop its tail */
-        pool_buf **pp = &g_pool.list;
-        while ((*pp)->next) pp = &(*pp)->next;
-        pool_buf *t = *pp;
-        *pp = NULL;
-        g_pool.bytes -= t->size;
+    int ns = __atomic_load_n(&g_pool.nshards, __ATOMIC_ACQUIRE), home = pool_home();
+    pool_buf *old = NULL;   /* evicted: freed outside the locks */
+    /* room first: the oldest of this CPU's list, then of the others' */
+    for (int k = 0; k < ns && __atomic_load_n(&g_pool.bytes, __ATOMIC_RELAXED) + b->size > PS_POOL_CAP;) {
+        pool_buf *t = shard_take_oldest((home + k) % ns);
+        if (!t) { k++; continue; }
         t->next = old;
         old = t;
     }
-    b->next = g_pool.list;
-    g_pool.list = b;
-    g_pool.bytes += b->size;
-    pthread_mutex_unlock(&g_pool.lock);
+    pool_shard *sh = &g_pool.shard[home];
+    /* counted before it can be taken (and subtracted): bytes never wraps */
+    __atomic_add_fetch(&g_pool.bytes, b->size, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&sh->lock);
+    b->next = sh->list;
+    sh->list = b;
+    pthread_mutex_unlock(&sh->lock);
     pool_free_list(old);
 }
 
@@ -1062,18 +1145,16 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     const char *pbwd = getenv("PS_DNNL_POOL_BWD");
     im->no_pool_bwd_c = pbwd && !strcmp(pbwd, "onednn");
     pthread_mutex_init(&im->lock, NULL);
-    pthread_mutex_lock(&g_pool.lock);
+    pool_init_once();
+    pthread_mutex_lock(&g_pool.users_lock);
     g_pool.users++;
-    pthread_mutex_unlock(&g_pool.lock);
+    pthread_mutex_unlock(&g_pool.users_lock);
     *impl = im;
     return PS_OK;
 }
 
 void ps_backend_dnnl_trim(void) {
-    pthread_mutex_lock(&g_pool.lock);
-    pool_buf *drop = pool_take_all();
-    pthread_mutex_unlock(&g_pool.lock);
-    pool_free_list(drop);
+    pool_free_list(pool_take_all());
 }
 
 static void dn_destroy(void *impl) {
@@ -1081,11 +1162,9 @@ static void dn_destroy(void *impl) {
     if (!im) return;
     for (size_t i = 0; i < im->len; i++) entry_free(im->cache[i]);
     free(im->cache);
-    pool_buf *drop = NULL;
-    pthread_mutex_lock(&g_pool.lock);
-    if (--g_pool.users == 0) drop = pool_take_all();
-    pthread_mutex_unlock(&g_pool.lock);
-    pool_free_list(drop);
+    pthread_mutex_lock(&g_pool.users_lock);
+    if (--g_pool.users == 0) pool_free_list(pool_take_all());
+    pthread_mutex_unlock(&g_pool.users_lock);
     pthread_mutex_destroy(&im->lock);
     dnnl_engine_destroy(im->engine);
     free(im);

@@ -22,8 +22,10 @@
  * these calls and owns the step. */
 #include "model_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define IV(st, l, i) ((st)->in_val[(l) * PS_NODE_MAX_INPUTS + (i)])
 /* storage id of the reorder of node l's input i */
@@ -200,7 +202,62 @@ done:
     return rc;
 }
 
+/* ------------------------------------------------------ node profile
+ * PS_EXEC_PROFILE=FILE: every node's forward and backward time, CPU (the
+ * calling thread's) and wall, summed over the stage's life and appended to
+ * FILE when the stage is freed, one line per node and direction. For
+ * comparing where a call's time goes in psd and in-process
+ * (bench_compute); off (one branch per node) when unset. A node's first
+ * NP_SKIP calls each way are left out. */
+enum { NP_FCPU, NP_FWALL, NP_FN, NP_BCPU, NP_BWALL, NP_BN, NP_FSEEN, NP_BSEEN, NP_COUNT };
+#define NP_SKIP 10   /* the first calls of a node (primitive creation, first touch) are not counted */
+
+static int64_t clock_ns(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+typedef struct nprof_t { int64_t cpu, wall; } nprof_t;
+
+static nprof_t nprof_begin(const stage *st) {
+    nprof_t t = {0, 0};
+    if (st->nprof) { t.cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID); t.wall = clock_ns(CLOCK_MONOTONIC); }
+    return t;
+}
+
+static void nprof_end(const stage *st, int l, int bwd, nprof_t t) {
+    if (!st->nprof) return;
+    if (__atomic_add_fetch(&st->nprof[l * NP_COUNT + (bwd ? NP_BSEEN : NP_FSEEN)], 1, __ATOMIC_RELAXED) <= NP_SKIP)
+        return;
+    int64_t *c = &st->nprof[l * NP_COUNT + (bwd ? NP_BCPU : NP_FCPU)];
+    __atomic_add_fetch(&c[0], clock_ns(CLOCK_THREAD_CPUTIME_ID) - t.cpu, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c[1], clock_ns(CLOCK_MONOTONIC) - t.wall, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c[2], 1, __ATOMIC_RELAXED);
+}
+
+static void nprof_dump(const stage *st) {
+    const char *path = getenv("PS_EXEC_PROFILE");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    if (!f) return;
+    for (int l = 0; l <= st->nlayers; l++) {   /* nlayers: whole calls of runs starting here */
+        const int64_t *c = &st->nprof[l * NP_COUNT];
+        for (int d = 0; d < 2; d++) {
+            const int64_t *e = c + d * 3;
+            if (!e[2]) continue;
+            fprintf(f, "exec_profile stage=%s node=%s kind=%s dir=%s calls=%lld cpu_us=%.1f wall_us=%.1f\n",
+                    st->def->name, l < st->nlayers ? st->layers[l].name : "(call)",
+                    l < st->nlayers ? st->layers[l].kind->name : "-", d ? "bwd" : "fwd",
+                    (long long)e[2], e[0] / 1e3 / (double)e[2], e[1] / 1e3 / (double)e[2]);
+        }
+    }
+    fclose(f);
+}
+
 void ps_exec_plan_free(stage *st) {
+    if (st->nprof) nprof_dump(st);
+    free(st->nprof);
+    st->nprof = NULL;
     for (int m = 0; m < 2; m++) {
         stage_plan *p = &st->plan[m];
         if (p->node)
@@ -219,6 +276,9 @@ ps_status ps_exec_plan(stage *st, ps_err *err) {
     if (!st->val_layout || !st->rg[0] || !st->rg[1])
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
     plan_layouts(st);
+    const char *prof = getenv("PS_EXEC_PROFILE");
+    if (prof && *prof && !(st->nprof = calloc(((size_t)nl + 1) * NP_COUNT, sizeof *st->nprof)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
     for (int want = 0; want < 2; want++) {   /* which values need a gradient */
         unsigned char *rg = st->rg[want];
         rg[0] = want && st->info.in_dtype == PS_DTYPE_F32;
@@ -479,9 +539,11 @@ static ps_status forward_stages(ps_model *m, ps_tape *t, const void *x, int keep
             const ps_layer *ly = &st->layers[l];
             const float *mask = masks && ly->dropout_idx >= 0
                                     ? masks[ly->dropout_idx - m->stages[t->first].dropout_base] : NULL;
+            nprof_t t0 = nprof_begin(st);
             rc = node_forward(m, st, ts, p, l, n, t->train, mask, rng, err);
             const node_plan *np = &p->node[l];
             for (int j = 0; j < np->nfree && rc == PS_OK; j++) release(st, ts, np->free_buf[j]);
+            nprof_end(st, l, 0, t0);
         }
         pp = p;
     }
@@ -537,6 +599,7 @@ ps_status ps_exec_check_run(const ps_model *m, int first, int last, ps_err *err)
 ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, const void *x, int n, int train,
                           int keep, const float *const *masks, ps_rng *rng, float *out, ps_tape **tape, ps_err *err) {
     if (tape) *tape = NULL;
+    nprof_t t0 = nprof_begin(&m->stages[first]);
     ps_tape *t = ps_exec_tape_new(m, first, last, n);
     if (!t) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     t->train = train;
@@ -545,6 +608,7 @@ ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, cons
     if (rc == PS_OK && out) rc = tape_output(m, t, out, err);
     if (rc == PS_OK && keep && tape) *tape = t;
     else ps_tape_free(t);
+    nprof_end(&m->stages[first], m->stages[first].nlayers, 0, t0);
     return rc;
 }
 
@@ -729,7 +793,9 @@ static ps_status stage_backward(ps_model *m, ps_tape *t, int s, void **carry, in
             vg.owned[l + 1] = 0;
             continue;
         }
+        nprof_t t0 = nprof_begin(st);
         rc = node_backward(st, ts, p, rg, &vg, l, t->n, s, pd, err);
+        nprof_end(st, l, 1, t0);
     }
     if (rc == PS_OK && want_dx) {
         *carry = vg.g[0];
@@ -831,12 +897,14 @@ ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float 
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s' takes %s input: it has no input gradient",
                           s0->def->name, ps_dtype_name(s0->info.in_dtype));
     acc->sq_valid = 0;   /* its cached norm (grads.c) */
+    nprof_t t0 = nprof_begin(s0);
     pending p = {0};
     ps_status rc = pending_alloc(m, t, acc, &p, err);
     if (rc == PS_OK) rc = backward_pass(m, t, grad_out, grad_in, &p, err);
     if (rc == PS_OK) rc = commit(m, acc, &p, t->first, t->last, err);
     if (rc == PS_OK) rc = ps_grads_record(m, acc, t, err);   /* BatchNorm's batch statistics, for the step */
     pending_free(m, &p);
+    nprof_end(s0, s0->nlayers, 1, t0);
     return rc;
 }
 

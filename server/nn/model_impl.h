@@ -77,6 +77,8 @@ typedef struct stage {
     int inplace;             /* snapshot steps: the stage has a row-sparse parameter, so it has one
                                 copy, shared by every wset, stepped in place under rows_lock */
     ps_stage_info info;
+    int64_t *nprof;          /* PS_EXEC_PROFILE: per node, __atomic: forward CPU ns, wall ns, calls,
+                                backward CPU ns, wall ns, calls (exec.c); NULL when off */
 } stage;
 
 typedef struct buffer_loc {
