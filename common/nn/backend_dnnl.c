@@ -16,6 +16,11 @@
  * environment turns blocked layouts off (for comparison); =8 or =16
  * forces the block size. PS_DNNL_POOL=c runs plain-layout pooling in the
  * C kernels, normally their last resort (for tests and comparison).
+ * Also for comparison: PS_DNNL_WFWD=0, PS_DNNL_C1=0 and
+ * PS_DNNL_POOL_BWD=onednn leave weight gradients, one-input-channel weight
+ * gradients and the blocked max-pool backward to oneDNN (dn_impl says
+ * which), and PS_DNNL_POOL_CPU=0 keeps one buffer-pool list for all CPUs
+ * instead of one per CPU (pool_shard).
  *
  * Fallback check: every primitive's implementation name is checked at
  * creation against kKindInfo; reference kernels of kinds that may not have
