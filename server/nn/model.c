@@ -38,7 +38,12 @@
  * with no system call and no migration (one syscall per call pair costs a
  * small model's calls more than it gives); only when another call holds
  * it does the thread move, to the free CPU it runs on or the first free
- * one. With no CPU free, or before a call on several threads (whose
+ * one. A backward asks first for the CPU its forward held (recorded in
+ * the tape): the forward's activations are in that CPU's caches, and a
+ * batch whose phases alternate CPUs computes up to ~40 % slower
+ * (docs/performance.md, the small ResNet's session 7); PS_PIN_NEAR=0 in
+ * the environment turns that preference off, for comparison. With no CPU
+ * free, or before a call on several threads (whose
  * OpenMP team would inherit a one-CPU mask), the thread gets all of psd's
  * CPUs back. A call computes on its caller's thread, so what a thread is
  * bound to and holds is thread-local. */
@@ -53,7 +58,7 @@ static void unbind_cpu(ps_model *m) {
     if (sched_setaffinity(0, sizeof all, &all) == 0) bound_slot = -1;
 }
 
-static void hold_cpu(ps_model *m, int one_thread) {
+static void hold_cpu(ps_model *m, int one_thread, int pref) {
     if (!m->pin_calls || m->ncpus < 2 || held_slot >= 0) return;
     if (!one_thread) {
         if (bound_slot >= 0) unbind_cpu(m);
@@ -62,7 +67,8 @@ static void hold_cpu(ps_model *m, int one_thread) {
     unsigned long long held = __atomic_load_n(&m->cpus_held, __ATOMIC_RELAXED);
     int here = -1, slot;
     for (;;) {
-        slot = bound_slot >= 0 && bound_slot < m->ncpus && !(held >> bound_slot & 1) ? bound_slot : -1;
+        slot = pref >= 0 && pref < m->ncpus && !(held >> pref & 1) ? pref
+             : bound_slot >= 0 && bound_slot < m->ncpus && !(held >> bound_slot & 1) ? bound_slot : -1;
         if (slot < 0) {
             if (here < 0) here = sched_getcpu();
             for (int i = 0; i < m->ncpus; i++)
@@ -105,7 +111,17 @@ void ps_model_cpus_init(ps_model *m, int pin) {
     for (int c = 0; c < CPU_SETSIZE && m->ncpus < 64; c++)
         if (CPU_ISSET(c, &set)) m->cpus[m->ncpus++] = c;
 }
-int ps_model_call_begin(ps_model *m, int exclusive) {
+int ps_model_held_slot1(void) { return held_slot + 1; }
+
+static int call_begin(ps_model *m, int exclusive, int pref);
+int ps_model_call_begin(ps_model *m, int exclusive) { return call_begin(m, exclusive, -1); }
+int ps_model_call_begin_near(ps_model *m, int cpu_slot1) {
+    static int off = -1;
+    if (off < 0) { const char *e = getenv("PS_PIN_NEAR"); off = e && *e == '0'; }
+    return call_begin(m, 0, off ? -1 : cpu_slot1 - 1);
+}
+
+static int call_begin(ps_model *m, int exclusive, int pref) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
     if (!exclusive) {   /* racy by design: a heuristic, read and written atomically */
         long long now = ps_mono_ms();
@@ -121,7 +137,7 @@ int ps_model_call_begin(ps_model *m, int exclusive) {
     if (nt < 1) nt = 1;
     for (int s = 0; s < m->nstages; s++)
         if (m->stages[s].be->ops->set_threads) m->stages[s].be->ops->set_threads(m->stages[s].be->impl, nt);
-    hold_cpu(m, !exclusive && nt == 1 && k > 1);   /* an exclusive call: unbound, not held */
+    hold_cpu(m, !exclusive && nt == 1 && k > 1, pref);   /* an exclusive call: unbound, not held */
     return nt;
 }
 
@@ -401,6 +417,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
+    if (rc == PS_OK && tape_out && *tape_out) (*tape_out)->cpu_slot1 = ps_model_held_slot1();
     ps_model_call_end(m);
     return rc;
 }
@@ -481,7 +498,7 @@ out:
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
     int rows = t && t->m == m && reads_inplace(m, t->first, t->last);
-    ps_model_call_begin(m, 0);
+    ps_model_call_begin_near(m, t && t->m == m ? t->cpu_slot1 : 0);
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
     if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
