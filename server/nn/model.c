@@ -51,11 +51,17 @@ static __thread int bound_slot = -1;   /* index into m->cpus this thread is boun
 static __thread int held_slot = -1;    /* ... and holds for the call computing now */
 static __thread ps_model *held_model;
 
+/* Binds the calling thread to cpus[slot], or to all of them (slot < 0). */
+static int bind_cpus(const ps_model *m, int slot) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < m->ncpus; i++)
+        if (slot < 0 || i == slot) CPU_SET(m->cpus[i], &set);
+    return sched_setaffinity(0, sizeof set, &set);
+}
+
 static void unbind_cpu(ps_model *m) {
-    cpu_set_t all;
-    CPU_ZERO(&all);
-    for (int i = 0; i < m->ncpus; i++) CPU_SET(m->cpus[i], &all);
-    if (sched_setaffinity(0, sizeof all, &all) == 0) bound_slot = -1;
+    if (bind_cpus(m, -1) == 0) bound_slot = -1;
 }
 
 static void hold_cpu(ps_model *m, int one_thread, int pref) {
@@ -83,10 +89,7 @@ static void hold_cpu(ps_model *m, int one_thread, int pref) {
             break;
     }
     if (slot != bound_slot) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(m->cpus[slot], &one);
-        if (sched_setaffinity(0, sizeof one, &one) != 0) {
+        if (bind_cpus(m, slot) != 0) {
             __atomic_fetch_and(&m->cpus_held, ~(1ULL << slot), __ATOMIC_RELEASE);
             return;
         }
@@ -111,16 +114,15 @@ void ps_model_cpus_init(ps_model *m, int pin) {
     for (int c = 0; c < CPU_SETSIZE && m->ncpus < 64; c++)
         if (CPU_ISSET(c, &set)) m->cpus[m->ncpus++] = c;
 }
-int ps_model_held_slot1(void) { return held_slot + 1; }
 
-static int call_begin(ps_model *m, int exclusive, int pref);
-int ps_model_call_begin(ps_model *m, int exclusive) { return call_begin(m, exclusive, -1); }
-int ps_model_call_begin_near(ps_model *m, int cpu_slot1) {
+/* The CPU slot a backward of tape t asks for first: its forward's (-1: none). */
+static int near_slot(const ps_model *m, const ps_tape *t) {
     static int off = -1;
     if (off < 0) { const char *e = getenv("PS_PIN_NEAR"); off = e && *e == '0'; }
-    return call_begin(m, 0, off ? -1 : cpu_slot1 - 1);
+    return off || !t || t->m != m ? -1 : t->cpu_slot1 - 1;
 }
 
+/* ps_model_call_begin, asking for CPU slot pref first (-1: none). */
 static int call_begin(ps_model *m, int exclusive, int pref) {
     int k = exclusive ? 1 : __atomic_add_fetch(&m->inflight, 1, __ATOMIC_RELAXED);
     if (!exclusive) {   /* racy by design: a heuristic, read and written atomically */
@@ -140,6 +142,8 @@ static int call_begin(ps_model *m, int exclusive, int pref) {
     hold_cpu(m, !exclusive && nt == 1 && k > 1, pref);   /* an exclusive call: unbound, not held */
     return nt;
 }
+
+int ps_model_call_begin(ps_model *m, int exclusive) { return call_begin(m, exclusive, -1); }
 
 void ps_model_call_end(ps_model *m) {
     release_cpu(m);
@@ -417,7 +421,7 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
-    if (rc == PS_OK && tape_out && *tape_out) (*tape_out)->cpu_slot1 = ps_model_held_slot1();
+    if (rc == PS_OK && tape_out && *tape_out) (*tape_out)->cpu_slot1 = held_slot + 1;
     ps_model_call_end(m);
     return rc;
 }
@@ -498,7 +502,7 @@ out:
 ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, float *grad_in, ps_grads *acc,
                                 ps_err *err) {
     int rows = t && t->m == m && reads_inplace(m, t->first, t->last);
-    ps_model_call_begin_near(m, t && t->m == m ? t->cpu_slot1 : 0);
+    call_begin(m, 0, near_slot(m, t));
     ps_prof_rdlock(&m->lock, PS_PHASE_LOCK);
     if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();

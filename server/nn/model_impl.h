@@ -291,8 +291,6 @@ size_t ps_exec_tape_bytes(const ps_model *m, int first, int last, int n);
 
 /* Thread budget of a compute call (see model.c). */
 int ps_model_call_begin(ps_model *m, int exclusive);
-int ps_model_call_begin_near(ps_model *m, int cpu_slot1);   /* a backward: its forward's CPU */
-int ps_model_held_slot1(void);   /* 1 + the CPU slot this thread's call holds, 0 = none */
 void ps_model_call_end(ps_model *m);
 void ps_model_cpus_init(ps_model *m, int pin);
 
