@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "prof.h"
 
 #define PS_BATCH_MAX_GROUP 1024   /* items in one group at most */
@@ -145,11 +146,7 @@ ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, ps_batch_run
     b->run = run;
     b->user = user;
     pthread_mutex_init(&b->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    ps_cond_init_mono(&b->cv);
     int rc = pthread_create(&b->thread, NULL, executor_main, b);
     if (rc != 0) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "batcher: cannot start its thread: %s", strerror(rc));

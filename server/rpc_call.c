@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <grpc/support/alloc.h>
 
@@ -472,15 +471,21 @@ static void event_scans(ps_rpc_server *s, long long now) {
         rpc_scan_connections(s);
 }
 
+/* The next event of s->cq, waiting up to wait_ms (0: only one already
+ * waiting or ready on a socket); GRPC_QUEUE_TIMEOUT if none came. */
+static grpc_event cq_next(ps_rpc_server *s, int wait_ms) {
+    gpr_timespec dl = wait_ms > 0 ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                 gpr_time_from_millis(wait_ms, GPR_TIMESPAN))
+                                  : gpr_inf_past(GPR_CLOCK_MONOTONIC);
+    return grpc_completion_queue_next(s->cq, dl, NULL);
+}
+
 /* A standby thread (see above). */
 static void standby_loop(ps_rpc_server *s) {
     while (!event_loop_done(s)) {
         pthread_mutex_lock(&s->standby_mu);
         if (!event_backlog(s, ps_mono_ms()) && !atomic_load(&s->stopping)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += PS_RPC_STANDBY_CHECK_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            struct timespec ts = ps_mono_deadline_ms(PS_RPC_STANDBY_CHECK_MS);
             pthread_cond_timedwait(&s->standby_cv, &s->standby_mu, &ts);
         }
         pthread_mutex_unlock(&s->standby_mu);
@@ -488,14 +493,12 @@ static void standby_loop(ps_rpc_server *s) {
             long long now = ps_mono_ms();
             event_scans(s, now);
             if (event_loop_done(s)) return;
-            grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+            grpc_event ev = cq_next(s, 0);
             if (ev.type == GRPC_QUEUE_TIMEOUT) {
                 /* nothing waiting: back to standby, unless the polling thread
                  * is busy outside gRPC (or shutdown wants every call drained) */
                 if (!event_backlog(s, now) && !atomic_load(&s->stopping)) break;
-                gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                               gpr_time_from_millis(10, GPR_TIMESPAN));
-                ev = grpc_completion_queue_next(s->cq, dl, NULL);
+                ev = cq_next(s, 10);
                 if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
             }
             PS_ASSERT(ev.type == GRPC_OP_COMPLETE);
@@ -517,13 +520,11 @@ void rpc_event_loop(ps_rpc_server *s, int standby) {
         event_scans(s, now);
         if (event_loop_done(s)) break;
         /* an event already queued (or ready on a socket) means no pause */
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev = cq_next(s, 0);
         if (ev.type == GRPC_QUEUE_TIMEOUT) {
             atomic_store(&s->event_busy_since, 0);
             woke = 0;
-            gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                           gpr_time_from_millis(100, GPR_TIMESPAN));
-            ev = grpc_completion_queue_next(s->cq, dl, NULL);
+            ev = cq_next(s, 100);
             if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
             atomic_store(&s->event_busy_since, ps_mono_ms());
         } else if (!woke && event_backlog(s, now)) {

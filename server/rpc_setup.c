@@ -182,11 +182,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     pthread_mutex_init(&s->mu, NULL);
     for (int i = 0; i < NCLASSES; i++) pthread_cond_init(&s->q[i].cv, NULL);
     pthread_mutex_init(&s->standby_mu, NULL);
-    pthread_condattr_t cattr;
-    pthread_condattr_init(&cattr);
-    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->standby_cv, &cattr);
-    pthread_condattr_destroy(&cattr);
+    ps_cond_init_mono(&s->standby_cv);
     if (sec && sec->ntokens > 0) {
         if (!(s->tokens = copy_tokens(sec->tokens, sec->ntokens))) goto oom;
         s->ntokens = sec->ntokens;
