@@ -54,7 +54,6 @@
  */
 #include <errno.h>
 #include <sched.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +65,7 @@
 #include "mnist.h"
 #include "malloc_tune.h"
 #include "model.h"
+#include "service_impl.h"   /* svc_check_finite: the check psd makes of every tensor */
 
 static double cpu_s(void) {  /* the whole process's CPU time (every OpenMP thread) */
     struct timespec ts;
@@ -142,12 +142,7 @@ typedef struct bench_ctx {
 static int phase_fwd(void *p) {
     bench_ctx *b = p;
     double c0 = thread_cpu_s();
-    int rc = 0;
-    if (b->psd_checks) {
-        size_t n = (size_t)b->batch * 784;
-        for (size_t i = 0; i < n; i++)
-            if (!isfinite(b->xin[i])) { rc = -1; break; }
-    }
+    int rc = b->psd_checks && svc_check_finite(b->xin, (size_t)b->batch * 784, "input", b->err) ? -1 : 0;
     if (!rc && ps_model_forward_range(b->m, 0, ps_model_num_stages(b->m) - 1, b->xin, b->batch, 1, NULL, b->ctx,
                                       b->out, b->keep ? &b->t : NULL, NULL, b->err))
         rc = -1;
@@ -158,12 +153,7 @@ static int phase_fwd(void *p) {
 static int phase_bwd(void *p) {
     bench_ctx *b = p;
     double c0 = thread_cpu_s();
-    int rc = 0;
-    if (b->psd_checks) {
-        size_t n = (size_t)b->batch * 10;
-        for (size_t i = 0; i < n; i++)
-            if (!isfinite(b->grad[i])) { rc = -1; break; }
-    }
+    int rc = b->psd_checks && svc_check_finite(b->grad, (size_t)b->batch * 10, "grad_output", b->err) ? -1 : 0;
     ps_grads *g = rc ? NULL : ps_grads_create(b->m, b->err);
     if (!g) rc = -1;
     if (!rc && ps_model_backward_acc(b->m, b->t, b->grad, NULL, g, b->err)) rc = -1;

@@ -21,6 +21,7 @@
  * runs. No locks and no optimizer: model.c takes the weights lock around
  * these calls and owns the step. */
 #include "model_impl.h"
+#include "prof.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,9 +213,9 @@ done:
 enum { NP_FCPU, NP_FWALL, NP_FN, NP_BCPU, NP_BWALL, NP_BN, NP_FSEEN, NP_BSEEN, NP_COUNT };
 #define NP_SKIP 10   /* the first calls of a node (primitive creation, first touch) are not counted */
 
-static int64_t clock_ns(clockid_t c) {
+static int64_t thread_cpu_ns(void) {
     struct timespec ts;
-    clock_gettime(c, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -222,7 +223,7 @@ typedef struct nprof_t { int64_t cpu, wall; } nprof_t;
 
 static nprof_t nprof_begin(const stage *st) {
     nprof_t t = {0, 0};
-    if (st->nprof) { t.cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID); t.wall = clock_ns(CLOCK_MONOTONIC); }
+    if (st->nprof) { t.cpu = thread_cpu_ns(); t.wall = ps_prof_now(); }
     return t;
 }
 
@@ -231,8 +232,8 @@ static void nprof_end(const stage *st, int l, int bwd, nprof_t t) {
     if (__atomic_add_fetch(&st->nprof[l * NP_COUNT + (bwd ? NP_BSEEN : NP_FSEEN)], 1, __ATOMIC_RELAXED) <= NP_SKIP)
         return;
     int64_t *c = &st->nprof[l * NP_COUNT + (bwd ? NP_BCPU : NP_FCPU)];
-    __atomic_add_fetch(&c[0], clock_ns(CLOCK_THREAD_CPUTIME_ID) - t.cpu, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&c[1], clock_ns(CLOCK_MONOTONIC) - t.wall, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c[0], thread_cpu_ns() - t.cpu, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c[1], ps_prof_now() - t.wall, __ATOMIC_RELAXED);
     __atomic_add_fetch(&c[2], 1, __ATOMIC_RELAXED);
 }
 
