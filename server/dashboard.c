@@ -107,11 +107,7 @@ static void *sampler_main(void *p) {
         pthread_mutex_unlock(&d->mu);
         ps_dashboard_sample(d);
         pthread_mutex_lock(&d->mu);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        long long ns = until.tv_nsec + (long long)(d->interval * 1e9);
-        until.tv_sec += (time_t)(ns / 1000000000LL);
-        until.tv_nsec = (long)(ns % 1000000000LL);
+        struct timespec until = ps_mono_deadline_ms((long long)(d->interval * 1e3));
         while (!d->stop && pthread_cond_timedwait(&d->cv, &d->mu, &until) == 0) {}
     }
     pthread_mutex_unlock(&d->mu);
@@ -131,7 +127,7 @@ ps_dashboard *ps_dashboard_create(const ps_dashboard_opts *o, ps_err *err) {
     if (!(d->hist = ps_history_create(HISTORY_POINTS, d->interval))) goto oom;
     for (int i = 0; i < S_FIXED; i++) d->series[i] = ps_history_series(d->hist, g_fixed[i].name, g_fixed[i].kind);
     pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->cv, NULL);
+    ps_cond_init_mono(&d->cv);
     if (pthread_create(&d->thread, NULL, sampler_main, d) != 0) {
         ps_dashboard_free(d);
         ps_err_set(err, PS_ERR_INTERNAL, "dashboard: cannot start its sampler thread");
