@@ -853,6 +853,9 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 7, .w = 9, .k = 2, .stride = 2 }, 1, r);
     cmp_pool(ref, dut, (ps_pool_desc){ .n = 2, .c = 3, .h = 11, .w = 11, .k = 3, .stride = 2 }, 1, r);
     cmp_linear(ref, dut, (ps_linear_desc){ .n = 3, .in = 17, .out = 5 }, r);
+    /* a vocabulary-wide output: the dnnl backend's forward in chunks of
+     * outputs (linear_fwd_chunks: 2 MB of weights each, the last one short) */
+    cmp_linear(ref, dut, (ps_linear_desc){ .n = 5, .in = 200, .out = 6007 }, r);
     cmp_small_ops(ref, dut, r);
     cmp_new_ops(ref, dut, r);
     cmp_blocked(ref, dut, r);

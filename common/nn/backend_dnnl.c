@@ -19,8 +19,9 @@
  * Also for comparison: PS_DNNL_WFWD=0, PS_DNNL_C1=0 and
  * PS_DNNL_POOL_BWD=onednn leave weight gradients, one-input-channel weight
  * gradients and the blocked max-pool backward to oneDNN (dn_impl says
- * which), and PS_DNNL_POOL_CPU=0 keeps one buffer-pool list for all CPUs
- * instead of one per CPU (pool_shard).
+ * which), PS_DNNL_POOL_CPU=0 keeps one buffer-pool list for all CPUs
+ * instead of one per CPU (pool_shard), and PS_DNNL_LINEAR_CHUNK=0 runs a
+ * wide linear forward as one inner product (linear_fwd_chunks).
  *
  * Fallback check: every primitive's implementation name is checked at
  * creation against kKindInfo; reference kernels of kinds that may not have
@@ -128,6 +129,7 @@ typedef struct dn_impl {
     int no_wfwd;            /* PS_DNNL_WFWD=0: weight gradients never as forward convolutions */
     int no_c1;              /* PS_DNNL_C1=0: one-input-channel weight gradients by oneDNN, not conv_bwd_w_c1 */
     int no_pool_bwd_c;      /* PS_DNNL_POOL_BWD=onednn: blocked max-pool backward by oneDNN, not pool_bwd_ws */
+    int no_lin_chunk;       /* PS_DNNL_LINEAR_CHUNK=0: wide linear forwards as one inner product (linear_fwd_chunks) */
     int caller_threads;     /* __atomic: set_threads was used; ops keep the caller's count */
     pthread_mutex_t lock;   /* guards cache, len, cap, nfallback, fallback */
     prim_entry **cache;     /* entries never move: callers keep pointers */
@@ -1147,6 +1149,8 @@ static ps_status dn_init(void **impl, int device, int nthreads, ps_err *err) {
     im->no_wfwd = wfwd && !strcmp(wfwd, "0");
     const char *c1 = getenv("PS_DNNL_C1");
     im->no_c1 = c1 && !strcmp(c1, "0");
+    const char *lchunk = getenv("PS_DNNL_LINEAR_CHUNK");
+    im->no_lin_chunk = lchunk && !strcmp(lchunk, "0");
     const char *pbwd = getenv("PS_DNNL_POOL_BWD");
     im->no_pool_bwd_c = pbwd && !strcmp(pbwd, "onednn");
     pthread_mutex_init(&im->lock, NULL);
@@ -1968,10 +1972,57 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
     return run(im, &k, a, 2, err);
 }
 
+/* ---- a wide linear forward in chunks of outputs ----
+ * The language model's decoder (700 x 200 -> 10000 outputs, 8 MB of
+ * weights) as one gemm inner product makes oneDNN's sgemm malloc a packing
+ * buffer as large as the weights on every call, from whichever malloc
+ * arena the calling thread (a gRPC worker, an OpenMP worker) uses; psd's
+ * first ~20 windows first-touch a fresh one in arena after arena (300-400
+ * MB, 1-1.5 page faults a token at ~14 us each on the CI guest). Here the
+ * outputs go in chunks of ~2 MB of weights, each one dnnl_sgemm writing its
+ * columns of y (ldc = out), then the chunk's bias: the packing buffer is a
+ * chunk's, reused call after call. Same products and sums as the inner
+ * product, rounded the same way up to the GEMM's blocking. Used when the
+ * layer has at least two chunks of LIN_CHUNK_MIN outputs;
+ * PS_DNNL_LINEAR_CHUNK=0 turns it off (for comparison). */
+#define LIN_CHUNK_BYTES ((size_t)2 << 20)
+#define LIN_CHUNK_MIN 1024
+
+/* outputs per chunk for d, or 0: one inner product */
+static int lin_chunk_of(const dn_impl *im, const ps_linear_desc *d) {
+    if (im->no_lin_chunk || d->in <= 0) return 0;
+    size_t per = LIN_CHUNK_BYTES / ((size_t)d->in * sizeof(float));
+    int cw = per > (size_t)LIN_CHUNK_MIN ? (per > (size_t)INT32_MAX ? INT32_MAX : (int)per) : LIN_CHUNK_MIN;
+    if (d->out / 2 < cw) return 0;
+    int nchunk = (d->out + cw - 1) / cw;
+    cw = (d->out + nchunk - 1) / nchunk;
+    return (cw + 15) / 16 * 16;   /* whole 64-byte lines of y per row */
+}
+
+static void bias_add_rows(float *restrict y, const float *restrict b, int n, int cols, int64_t ld) {
+    for (int i = 0; i < n; i++) {
+        float *restrict yr = y + (int64_t)i * ld;
+        for (int j = 0; j < cols; j++) yr[j] += b[j];
+    }
+}
+
+static ps_status linear_fwd_chunks(const ps_linear_desc *d, int cw, const float *x, const float *w,
+                                   const float *b, float *y, ps_err *err) {
+    for (int c0 = 0; c0 < d->out; c0 += cw) {
+        const int cols = d->out - c0 < cw ? d->out - c0 : cw;
+        PS_DNNL_CHECK(dnnl_sgemm('N', 'T', d->n, cols, d->in, 1.0f, x, d->in, w + (int64_t)c0 * d->in, d->in,
+                                 0.0f, y + c0, d->out));
+        if (b) bias_add_rows(y + c0, b + c0, d->n, cols, d->out);
+    }
+    return PS_OK;
+}
+
 static ps_status dn_linear_forward(void *impl, const ps_linear_desc *d, const float *x,
                                      const float *w, const float *b, float *y, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
+    const int cw = lin_chunk_of(im, d);
+    if (cw) return linear_fwd_chunks(d, cw, x, w, b, y, err);
     prim_key k = ip_key(PK_IP_FWD, d, b != NULL);
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_WEIGHTS, w }, { DNNL_ARG_DST, y },
                      { DNNL_ARG_BIAS, b } };
