@@ -1,8 +1,9 @@
 /* backend_dnnl.c - the oneDNN (2.6, CPU, C API) backend.
  *
  * Conv, max-pool, linear (inner product), relu (eltwise, dst-based
- * backward) and log-softmax run as oneDNN primitives; mul/add/sgd are
- * OpenMP loops (memory bound).
+ * backward) and log-softmax run as oneDNN primitives, but for the forward
+ * of a wide linear layer (dnnl_sgemm per chunk of outputs,
+ * linear_fwd_chunks); mul/add/sgd are OpenMP loops (memory bound).
  *
  * Layouts: activations are plain (nchw, nc) or, where the model executor
  * asks for it, blocked with the channel block oneDNN itself picks on this
