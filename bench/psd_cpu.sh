@@ -10,7 +10,8 @@
 # up, kernels, pools). Environment: N trainers (2), BUILD (build), DATA
 # (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41),
 # VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
-# times (psd_call_phase_seconds_total, us per batch). One line:
+# times (psd_call_phase_seconds_total, us per batch), PSD_LOG=FILE to keep
+# psd's log (stderr; e.g. what PS_EXEC_PROFILE or a debug build prints). One line:
 #
 #   psd_us=<psd CPU us/sample> workers_us=<the 4 busiest threads'>
 #   other_us=<the rest: gRPC's threads, OpenMP teams> trainers_us=<their CPU>
@@ -52,7 +53,7 @@ port=$(bench_port)
 (
   [ -n "${ISA:-}" ] && export ONEDNN_MAX_CPU_ISA=$ISA
   exec "$BUILD/bin/psd" --config "$config" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
-    ${pflags[@]+"${pflags[@]}"} 2>"$dir/psd.log"
+    ${pflags[@]+"${pflags[@]}"} 2>"${PSD_LOG:-$dir/psd.log}"
 ) &
 psd=$!
 wait_psd "127.0.0.1:$((port + 1))"
