@@ -10,12 +10,19 @@
 # up, kernels, pools). Environment: N trainers (2), BUILD (build), DATA
 # (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41),
 # VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
-# times (psd_call_phase_seconds_total, us per batch). One line:
+# times (psd_call_phase_seconds_total, us per batch), PSD_LOG=FILE to keep
+# psd's log (stderr; e.g. what PS_EXEC_PROFILE or a debug build prints),
+# CALLS=1 for the split of psd's CPU below (calls_us, busy). One line:
 #
 #   psd_us=<psd CPU us/sample> workers_us=<the 4 busiest threads'>
 #   other_us=<the rest: gRPC's threads, OpenMP teams> trainers_us=<their CPU>
 #   e2e=<samples/s of all trainers> faults_per_batch=<minor faults> cs_per_batch=<switches>
 #   wait_ms_per_batch=<psd's threads' time runnable but waiting for a CPU (schedstat)>
+#   [CALLS=1: calls_us=<CPU of psd's forward and backward compute calls per
+#   sample, on the calling thread (PS_EXEC_PROFILE; warm-up calls in, a
+#   stage's first 10 left out): what bench_compute's cpu forward +
+#   backward is in-process> busy=<CPUs busy over the timed batches: e2e x
+#   (psd_us + trainers_us); 2 is both cores, the rest idle or another's>]
 #
 # Compare with `bench_compute --model ... --threads 1 --batch B` cpu_us (the
 # in-process step), run alternately with this (load moves both).
@@ -51,8 +58,9 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 port=$(bench_port)
 (
   [ -n "${ISA:-}" ] && export ONEDNN_MAX_CPU_ISA=$ISA
+  [ -n "${CALLS:-}" ] && export PS_EXEC_PROFILE=$dir/exec
   exec "$BUILD/bin/psd" --config "$config" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
-    ${pflags[@]+"${pflags[@]}"} 2>"$dir/psd.log"
+    ${pflags[@]+"${pflags[@]}"} 2>"${PSD_LOG:-$dir/psd.log}"
 ) &
 psd=$!
 wait_psd "127.0.0.1:$((port + 1))"
@@ -88,12 +96,19 @@ if [ -n "${PHASES:-}" ]; then
   join "$dir/m0" "$dir/m1" | awk -v nb=$((N * batches)) '{d = $3 - $2; if (d > 0) printf "  %s %.1f us/batch\n", $1, d * 1e6 / nb}' \
     | sed 's/psd_call_phase_seconds_total//'
 fi
+# CALLS: the (call) lines' mean CPU per call, forward and backward of every stage, per sample
+calls=
+if [ -n "${CALLS:-}" ]; then
+  calls=$(awk -v bs=$bs '/node=\(call\)/ {for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    c += v["cpu_us"]} END {printf "%.1f", c / bs}' "$dir/exec")
+fi
 join "$dir/s0" "$dir/s1" | awk -v V="${VERBOSE:-}" -v n=$((N * batches * bs)) -v nb=$((N * batches)) \
-  -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" '
+  -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" -v calls="$calls" '
   { u = $10 - $3; s = $11 - $4; c[NR] = u + s; tot += u + s; f += $14 - $7; wt += $15 - $8; cs += $12 - $5 + $13 - $6
     if (V && u + s) printf "  %-8s %-16s utime %5d stime %5d ticks, switches %6d + %6d, minflt %d\n", $1, $2, u, s, $11 - $5, $12 - $6, $13 - $7 }
   END {
     for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (c[j] > c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
     w = c[1] + c[2] + c[3] + c[4]; split(sc, a, " ")
     printf "psd_us=%.1f workers_us=%.1f other_us=%.1f trainers_us=%.1f e2e=%.0f faults_per_batch=%.1f cs_per_batch=%.1f wait_ms_per_batch=%.2f\n",
-      tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb, wt / nb / 1e6 }'
+      tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb, wt / nb / 1e6
+    if (calls != "") printf "calls_us=%s busy=%.2f\n", calls, (tot / tck + a[2]) / a[1] }'

@@ -2,6 +2,7 @@
 #include "wire.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,96 @@ ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
     return PS_OK;
 }
 
+/* ---- recycled decode buffers -------------------------------------------
+ * A large tensor decoded per call (psd: a Forward's input, 200 KB for the
+ * small ResNet at batch 64) would otherwise be allocated and freed every
+ * call: glibc hands back memory past the top of the heap and takes it
+ * again, so every call faulted pages in anew (3/4 of psd's page faults in
+ * steady state, ~14 us each on this project's VM), and freeing a chunk
+ * over 64 KiB consolidates malloc's fast bins. ps_wire_tensor_in_free puts
+ * such a buffer here instead; the next decode of the same padded size
+ * takes the newest one (likely still in this core's cache). At most
+ * WIRE_RECYCLE_N buffers, each WIRE_RECYCLE_MIN .. WIRE_RECYCLE_MAX bytes.
+ * Buffers here are plain posix_memalign blocks: whoever took one over
+ * (a tensor list, a handler) may free() it. PS_WIRE_RECYCLE=0 in the
+ * environment turns it off (for comparison). */
+#define WIRE_RECYCLE_N 8
+#define WIRE_RECYCLE_MIN ((size_t)64 << 10)
+#define WIRE_RECYCLE_MAX ((size_t)16 << 20)
+
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    int off;                   /* 1: PS_WIRE_RECYCLE=0; read once (pthread_once) */
+    void *p[WIRE_RECYCLE_N];   /* newest last */
+    size_t size[WIRE_RECYCLE_N];
+} g_recycle = { .mu = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t g_recycle_once = PTHREAD_ONCE_INIT;
+
+static void recycle_init(void) {
+    const char *e = getenv("PS_WIRE_RECYCLE");
+    g_recycle.off = e && !strcmp(e, "0");
+}
+
+static size_t padded_size(size_t bytes) {
+    size_t padded;
+    if (__builtin_add_overflow(bytes, (size_t)WIRE_ALIGN - 1, &padded)) return 0;
+    padded &= ~(size_t)(WIRE_ALIGN - 1);
+    return padded ? padded : WIRE_ALIGN;
+}
+
+static int recyclable(size_t padded) {
+    pthread_once(&g_recycle_once, recycle_init);
+    return !g_recycle.off && padded >= WIRE_RECYCLE_MIN && padded <= WIRE_RECYCLE_MAX;
+}
+
+/* The newest recycled buffer of exactly padded bytes, taken out; NULL if none. */
+static void *recycle_take(size_t padded) {
+    void *p = NULL;
+    pthread_mutex_lock(&g_recycle.mu);
+    for (int i = g_recycle.n - 1; i >= 0; i--)
+        if (g_recycle.size[i] == padded) {
+            p = g_recycle.p[i];
+            for (int j = i; j + 1 < g_recycle.n; j++) {
+                g_recycle.p[j] = g_recycle.p[j + 1];
+                g_recycle.size[j] = g_recycle.size[j + 1];
+            }
+            g_recycle.n--;
+            break;
+        }
+    pthread_mutex_unlock(&g_recycle.mu);
+    return p;
+}
+
+/* Keep p (padded bytes, from alloc_floats) for the next decode, or free it.
+ * A full list drops its oldest. */
+static void recycle_put(void *p, size_t bytes) {
+    if (!p) return;
+    size_t padded = padded_size(bytes);
+    if (!recyclable(padded)) { free(p); return; }
+    void *old = NULL;
+    pthread_mutex_lock(&g_recycle.mu);
+    if (g_recycle.n == WIRE_RECYCLE_N) {
+        old = g_recycle.p[0];
+        memmove(g_recycle.p, g_recycle.p + 1, (WIRE_RECYCLE_N - 1) * sizeof g_recycle.p[0]);
+        memmove(g_recycle.size, g_recycle.size + 1, (WIRE_RECYCLE_N - 1) * sizeof g_recycle.size[0]);
+        g_recycle.n--;
+    }
+    g_recycle.p[g_recycle.n] = p;
+    g_recycle.size[g_recycle.n++] = padded;
+    pthread_mutex_unlock(&g_recycle.mu);
+    free(old);
+}
+
+/* 64-byte aligned, rounded up so vector loops may read whole lines. */
+static float *alloc_floats(size_t bytes) {
+    size_t padded = padded_size(bytes);
+    if (!padded) return NULL;
+    void *p = recyclable(padded) ? recycle_take(padded) : NULL;
+    if (!p && posix_memalign(&p, WIRE_ALIGN, padded) != 0) return NULL;
+    return p;
+}
+
 /* ---- one tensor, decode side ------------------------------------------- */
 
 void ps_wire_tensor_in_init(ps_wire_tensor_in *t, size_t max_bytes) {
@@ -147,19 +238,9 @@ void ps_wire_tensor_in_init(ps_wire_tensor_in *t, size_t max_bytes) {
 
 void ps_wire_tensor_in_free(ps_wire_tensor_in *t) {
     if (!t) return;
-    free(t->data);
+    recycle_put(t->data, t->bytes);
     t->data = NULL;
     t->bytes = 0;
-}
-
-/* 64-byte aligned, rounded up so vector loops may read whole lines. */
-static float *alloc_floats(size_t bytes) {
-    size_t padded;
-    if (__builtin_add_overflow(bytes, (size_t)WIRE_ALIGN - 1, &padded)) return NULL;
-    padded &= ~(size_t)(WIRE_ALIGN - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, WIRE_ALIGN, padded ? padded : WIRE_ALIGN) != 0) return NULL;
-    return p;
 }
 
 static bool tensor_data_decode(pb_istream_t *stream, const pb_field_t *field, void **arg) {
@@ -176,7 +257,7 @@ static bool tensor_data_decode(pb_istream_t *stream, const pb_field_t *field, vo
                    "Tensor.data: %zu bytes is not a whole number of float32 values", n);
         PB_RETURN_ERROR(stream, "tensor data not a multiple of 4 bytes");
     }
-    free(t->data); /* a repeated occurrence replaces the earlier one */
+    recycle_put(t->data, t->bytes); /* a repeated occurrence replaces the earlier one */
     t->data = NULL;
     t->bytes = 0;
     float *buf = NULL;

@@ -105,6 +105,70 @@ static void test_forward_roundtrip(int64_t d0, int64_t d1, int64_t d2, int64_t d
     free(data);
 }
 
+/* Decode one ForwardRequest of n floats (seed) into in (caller frees). */
+static void decode_input(ps_wire_tensor_in *in, int64_t d0, int64_t d1, uint32_t seed) {
+    int64_t dims[4] = {d0, d1, 1, 1};
+    size_t n = (size_t)(d0 * d1);
+    float *data = make_data(n, seed);
+    ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+    req.has_input = true;
+    ps_wire_tensor_encode_bind(&req.input, "x", 4, dims, data);
+    grpc_byte_buffer *one = encode(ps_ForwardRequest_fields, &req), *bb = resplit(one);
+    grpc_byte_buffer_destroy(one);
+    ps_err err;
+    ps_ForwardRequest got = ps_ForwardRequest_init_zero;
+    ps_wire_tensor_in_init(in, 64u << 20);
+    in->err = &err;
+    ps_wire_tensor_decode_bind(&got.input, in);
+    CHECK(ps_wire_decode(bb, ps_ForwardRequest_fields, &got, &err) == PS_OK);
+    CHECK(in->bytes == n * 4 && in->data && ((uintptr_t)in->data % 64) == 0);
+    CHECK(in->data && memcmp(in->data, data, n * 4) == 0);   /* nothing of a recycled buffer's old content */
+    in->err = NULL;
+    grpc_byte_buffer_destroy(bb);
+    free(data);
+}
+
+/* Large decoded tensors are recycled: a freed one is the next decode's
+ * buffer of the same padded size (and only of that size), holding the new
+ * data; small ones are not kept. PS_WIRE_RECYCLE is unset (main). */
+static void test_recycled_buffers(void) {
+    ps_wire_tensor_in a, b, c;
+    decode_input(&a, 64, 784, 1);          /* 200,704 bytes: the small ResNet's batch of 64 */
+    float *pa = a.data;
+    ps_wire_tensor_in_free(&a);
+    CHECK(a.data == NULL && a.bytes == 0);
+    void *other = malloc(64 * 784 * 4);    /* without the recycling, malloc would hand out pa here */
+    CHECK(other != (void *)pa);
+    decode_input(&b, 64, 784, 2);
+    CHECK(b.data == pa);                   /* the same buffer again */
+    free(other);
+    decode_input(&c, 64, 784, 3);          /* another of the same size while b is held: a new one */
+    CHECK(c.data != pa);
+    ps_wire_tensor_in_free(&c);
+    ps_wire_tensor_in_free(&b);
+    decode_input(&a, 65, 784, 4);          /* another padded size: not b's (nor c's) */
+    CHECK(a.data != pa);
+    ps_wire_tensor_in_free(&a);
+    decode_input(&a, 64, 784, 5);          /* the newest of that size: b's buffer, freed last */
+    CHECK(a.data == pa);
+    float *taken = a.data;                 /* taken over by a holder that free()s it: allowed */
+    a.data = NULL;
+    free(taken);
+    ps_wire_tensor_in_free(&a);
+    decode_input(&a, 4, 64, 6);            /* 1 KiB: below the recycled sizes */
+    float *small = a.data;
+    ps_wire_tensor_in_free(&a);
+    decode_input(&b, 64, 784, 7);          /* c's buffer or a new one; never the small one */
+    CHECK(b.data != small || b.data == NULL);
+    ps_wire_tensor_in_free(&b);
+    /* more than the list holds: the oldest go, every decode still right */
+    ps_wire_tensor_in many[12];
+    for (int i = 0; i < 12; i++) decode_input(&many[i], 64, 784, 100 + (uint32_t)i);
+    for (int i = 0; i < 12; i++) ps_wire_tensor_in_free(&many[i]);
+    for (int i = 0; i < 12; i++) decode_input(&many[i], 64, 784, 200 + (uint32_t)i);
+    for (int i = 0; i < 12; i++) ps_wire_tensor_in_free(&many[i]);
+}
+
 static void test_forward_response_and_backward(void) {
     int64_t dims[2] = {64, 10};
     float *data = make_data(640, 7);
@@ -566,6 +630,7 @@ static void test_dtypes_and_stage_fields(void) {
 }
 
 int main(void) {
+    unsetenv("PS_WIRE_RECYCLE");   /* test_recycled_buffers: the default */
     grpc_init();
     test_dtypes_and_stage_fields();
     test_forward_roundtrip(64, 1, 28, 28, 0);
@@ -574,6 +639,7 @@ int main(void) {
     test_forward_roundtrip(5, 1024, 16, 16, 0);
     test_forward_roundtrip(5, 1024, 16, 16, 1);
     test_forward_response_and_backward();
+    test_recycled_buffers();
     test_small_messages();
     test_mnist_gradients();
     test_bad_input();
