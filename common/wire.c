@@ -145,21 +145,42 @@ void ps_wire_tensor_in_init(ps_wire_tensor_in *t, size_t max_bytes) {
     t->max_bytes = max_bytes;
 }
 
+static void free_floats(float *p, int plain);
+
 void ps_wire_tensor_in_free(ps_wire_tensor_in *t) {
     if (!t) return;
-    free(t->data);
+    free_floats(t->data, t->plain);
     t->data = NULL;
     t->bytes = 0;
 }
 
-/* 64-byte aligned, rounded up so vector loops may read whole lines. */
-static float *alloc_floats(size_t bytes) {
+/* 64-byte aligned, rounded up so vector loops may read whole lines; free
+ * with free_floats. Not posix_memalign: glibc's asks malloc for the size
+ * plus the alignment and gives the excess back, so the hole a freed buffer
+ * leaves is too small for the next request of the same size, which then
+ * takes fresh memory at the top of the arena every time - psd's Forward
+ * decoded each input batch into never-touched pages (a page fault per 4
+ * KiB, ~50 a small-ResNet batch, the heap creeping 200 KB a call) once a
+ * trainer's calls kept to one worker thread. The same request size every
+ * time reuses the same hole. The byte before the data holds its offset. */
+static float *alloc_floats(size_t bytes, int plain) {
     size_t padded;
     if (__builtin_add_overflow(bytes, (size_t)WIRE_ALIGN - 1, &padded)) return NULL;
     padded &= ~(size_t)(WIRE_ALIGN - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, WIRE_ALIGN, padded ? padded : WIRE_ALIGN) != 0) return NULL;
-    return p;
+    if (plain) {   /* the caller frees it with free() */
+        void *p = NULL;
+        return posix_memalign(&p, WIRE_ALIGN, padded ? padded : WIRE_ALIGN) == 0 ? p : NULL;
+    }
+    if (padded > SIZE_MAX - WIRE_ALIGN) return NULL;
+    unsigned char *raw = malloc(padded + WIRE_ALIGN);
+    if (!raw) return NULL;
+    size_t off = WIRE_ALIGN - ((uintptr_t)raw & (WIRE_ALIGN - 1));   /* 1..WIRE_ALIGN */
+    raw[off - 1] = (unsigned char)off;
+    return (float *)(raw + off);
+}
+
+static void free_floats(float *p, int plain) {
+    if (p) free(plain ? (void *)p : (unsigned char *)p - ((unsigned char *)p)[-1]);
 }
 
 static bool tensor_data_decode(pb_istream_t *stream, const pb_field_t *field, void **arg) {
@@ -176,19 +197,19 @@ static bool tensor_data_decode(pb_istream_t *stream, const pb_field_t *field, vo
                    "Tensor.data: %zu bytes is not a whole number of float32 values", n);
         PB_RETURN_ERROR(stream, "tensor data not a multiple of 4 bytes");
     }
-    free(t->data); /* a repeated occurrence replaces the earlier one */
+    free_floats(t->data, t->plain); /* a repeated occurrence replaces the earlier one */
     t->data = NULL;
     t->bytes = 0;
     float *buf = NULL;
     if (n > 0) {
-        buf = alloc_floats(n);
+        buf = alloc_floats(n, t->plain);
         if (!buf) {
             ps_err_set(t->err, PS_ERR_RESOURCE_EXHAUSTED,
                        "Tensor.data: cannot allocate %zu bytes", n);
             PB_RETURN_ERROR(stream, "out of memory for tensor data");
         }
         if (!pb_read(stream, (pb_byte_t *)buf, n)) {
-            free(buf);
+            free_floats(buf, t->plain);
             return false;
         }
     }
@@ -375,6 +396,7 @@ static bool tensors_decode(pb_istream_t *stream, const pb_field_t *field, void *
     ps_Tensor msg = ps_Tensor_init_zero;
     ps_wire_tensor_in in;
     ps_wire_tensor_in_init(&in, l->max_total_bytes - l->total_bytes - overhead);
+    in.plain = 1;   /* the list's owners free its data with free() */
     in.err = l->err;
     ps_wire_tensor_decode_bind(&msg, &in);
     if (!pb_decode(stream, ps_Tensor_fields, &msg)) {

@@ -77,6 +77,9 @@ typedef struct ps_wire_tensor_in {
     int got;          /* how many times the data field was seen */
     ps_err *err;      /* optional: where the callback explains a refusal;
                          point it at the err given to ps_wire_decode */
+    int plain;        /* data from posix_memalign, for an owner that takes it
+                         and calls free() (a tensor list); else only
+                         ps_wire_tensor_in_free may release it */
 } ps_wire_tensor_in;
 
 /* Zero t and set its limit. err starts NULL. */
