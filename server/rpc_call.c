@@ -231,6 +231,9 @@ static void on_request(ps_rpc_call *c, int success) {
     rpc_escape_slice(method, sizeof method, c->details.method);
     char *rawpeer = grpc_call_get_peer(c->call);
     snprintf(c->peer, sizeof c->peer, "%s", rawpeer ? rawpeer : "");
+    uint64_t key = 1469598103934665603ULL;   /* FNV-1a of the connection */
+    for (const char *p = c->peer; *p; p++) key = (key ^ (unsigned char)*p) * 1099511628211ULL;
+    c->key = key | 1;
     pthread_mutex_lock(&s->mu);
     int cut = rpc_conn_add_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);
@@ -268,17 +271,45 @@ static void on_request(ps_rpc_call *c, int success) {
     rpc_call_unlock_maybe_finish(c);
 }
 
+/* With s->mu held: the idle worker of class cls to hand a call of
+ * connection key to (rpc_worker): the one whose last call was key's, else
+ * the one idle longest (the others are likelier some other connection's,
+ * about to be asked again); NULL if none is idle. */
+static rpc_worker *idle_worker_locked(ps_rpc_server *s, int cls, uint64_t key) {
+    rpc_worker *best = NULL;
+    for (int i = 0; i < s->nworkers; i++) {
+        rpc_worker *w = &s->workers[i];
+        if (w->cls != cls) continue;
+        if (w->last_key == key && !w->handoff && (w->idle || __atomic_load_n(&w->finishing, __ATOMIC_RELAXED)))
+            return w;
+        if (!w->idle) continue;
+        if (!best || w->idle_seq < best->idle_seq) best = w;
+    }
+    return best;
+}
+
 static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     pthread_mutex_lock(&s->mu);
     rpc_client_unstall_locked(s, c);  /* its message is in */
+    rpc_worker *w = s->affinity ? idle_worker_locked(s, c->cls, c->key) : NULL;
+    if (w) {
+        w->idle = 0;
+        w->handoff = c;
+        int wake = w->sleeping;
+        pthread_mutex_unlock(&s->mu);
+        if (wake) pthread_cond_signal(&w->cv);
+        return;
+    }
     work_queue *q = &s->q[c->cls];
     c->next = NULL;
     if (q->tail) q->tail->next = c;
     else q->head = c;
     q->tail = c;
     pthread_mutex_unlock(&s->mu);
-    /* after the unlock: a worker woken under s->mu would wait for it at once */
-    pthread_cond_signal(&q->cv);
+    /* after the unlock: a worker woken under s->mu would wait for it at
+     * once. With affinity no worker of the class is idle (it would have
+     * been handed the call): the first to finish takes it. */
+    if (!s->affinity) pthread_cond_signal(&q->cv);
 }
 
 /* Event thread: the request message arrived (or the call died first). */
@@ -349,7 +380,7 @@ static void call_event(call_tag *t, int success) {
 }
 
 /* Worker: run the handler of a received call (or answer for it). */
-static void run_call(ps_rpc_call *c) {
+static void run_call(rpc_worker *w, ps_rpc_call *c) {
     pthread_mutex_lock(&c->mu);
     c->queued = 0;
     if (c->cancelled) {  /* the client went away while the call waited */
@@ -384,6 +415,9 @@ static void run_call(ps_rpc_call *c) {
         details[sizeof details - 1] = '\0';
         gpr_free(peer);
     }
+    /* what is left is the reply: the connection's next call may be handed
+     * to this worker now (rpc_worker) */
+    __atomic_store_n(&w->finishing, 1, __ATOMIC_RELAXED);
 
     if (t_handler) ps_prof_bind(NULL);
     pthread_mutex_lock(&c->mu);
@@ -410,6 +444,44 @@ static void run_call(ps_rpc_call *c) {
     if (fire) fire_cancel(c);
 }
 
+static ps_rpc_call *queue_pop_locked(work_queue *q) {
+    ps_rpc_call *c = q->head;
+    if (c) {
+        q->head = c->next;
+        if (!q->head) q->tail = NULL;
+    }
+    return c;
+}
+
+/* With s->mu held: a call handed to w, else the FIFO's first. */
+static ps_rpc_call *worker_take_locked(rpc_worker *w) {
+    ps_rpc_call *c = w->handoff;
+    if (c) w->handoff = NULL;
+    else c = queue_pop_locked(&w->s->q[w->cls]);
+    if (c) w->last_key = c->key;
+    return c;
+}
+
+/* With s->mu held (released while waiting): w's next call with affinity
+ * (rpc_worker), NULL when stopping and nothing is left. */
+static ps_rpc_call *worker_next_locked(rpc_worker *w) {
+    ps_rpc_server *s = w->s;
+    w->finishing = 0;
+    ps_rpc_call *c = worker_take_locked(w);
+    if (c) return c;
+    /* idle: nothing handed over and the FIFO empty (an enqueue hands a call
+     * to an idle worker rather than queuing it) */
+    w->idle = 1;
+    w->idle_seq = ++s->idle_seq;
+    while (!(c = worker_take_locked(w)) && !s->workers_stop) {
+        w->sleeping = 1;
+        pthread_cond_wait(&w->cv, &s->mu);
+        w->sleeping = 0;
+    }
+    w->idle = 0;
+    return c;
+}
+
 void *rpc_worker_main(void *arg) {
     rpc_worker *w = arg;
     ps_rpc_server *s = w->s;
@@ -419,15 +491,14 @@ void *rpc_worker_main(void *arg) {
     work_queue *q = &s->q[w->cls];
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!q->head && !s->workers_stop) pthread_cond_wait(&q->cv, &s->mu);
-        ps_rpc_call *c = q->head;
-        if (c) {
-            q->head = c->next;
-            if (!q->head) q->tail = NULL;
+        ps_rpc_call *c = s->affinity ? worker_next_locked(w) : NULL;
+        if (!s->affinity) {
+            while (!q->head && !s->workers_stop) pthread_cond_wait(&q->cv, &s->mu);
+            c = queue_pop_locked(q);
         }
         pthread_mutex_unlock(&s->mu);
         if (!c) break;  /* stopping and nothing left */
-        run_call(c);
+        run_call(w, c);
     }
     return NULL;
 }

@@ -159,6 +159,7 @@ struct ps_rpc_call {
     ps_rpc_cancel_fn on_cancel;
     void *cancel_arg;
     struct ps_rpc_call *next;    /* work queue link */
+    uint64_t key;                /* affinity: a hash of its connection (peer), never 0 */
     /* admission (s->mu): the client it is counted for, the watch list of
      * accepted calls (until finished), and since when (monotonic ms, 0 =
      * not) it waits for its request message / for its reply to be taken
@@ -187,11 +188,29 @@ typedef struct work_queue {
     pthread_cond_t cv;
 } work_queue;
 
+/* A worker. With affinity (s->affinity, the default) a call goes to an
+ * idle worker of its class, preferably the one that ran its connection's
+ * last call (same thread: same CPU binding, warm caches, oneDNN's
+ * thread-local scratchpad, malloc arena), else the one idle longest; it is
+ * handed over directly (w->handoff) and the worker woken on its own
+ * condition variable. Only when no worker of the class is idle does it go
+ * on the class's FIFO, which every worker of the class drains in order:
+ * so a call never waits while a worker of its class is idle, and a client
+ * cannot hold a worker for itself. Without affinity every worker waits on
+ * the FIFO's condition variable, as before. */
 typedef struct rpc_worker {
     ps_rpc_server *s;
     int cls;
     pthread_t thread;
     int running;
+    /* affinity: under s->mu, but for finishing */
+    pthread_cond_t cv;
+    ps_rpc_call *handoff;        /* a call handed to this idle worker */
+    int idle;                    /* waiting for a call, nothing handed over yet */
+    int sleeping;                /* in pthread_cond_wait on cv: a handoff signals it */
+    int finishing;               /* its handler returned (set by it unlocked, cleared under s->mu) */
+    uint64_t last_key;           /* the connection of the last call it ran */
+    unsigned long long idle_seq; /* when it went idle (s->idle_seq): the oldest is taken for a stranger */
 } rpc_worker;
 
 struct ps_rpc_server {
@@ -210,6 +229,7 @@ struct ps_rpc_server {
     pthread_cond_t standby_cv;          /* CLOCK_MONOTONIC; wakes the standby threads */
     rpc_worker *workers;                /* opts.threads ordinary, then reserved, then reader */
     int nworkers;
+    int ncv;                            /* workers whose cv is initialised */
     ps_rpc_server_opts opts;            /* defaults filled in */
     int recv_timeout_ms, send_timeout_ms; /* opts' timeouts in ms */
     ps_rpc_method *methods;             /* paths owned */
@@ -237,6 +257,8 @@ struct ps_rpc_server {
     int has_readers;                    /* some token is restricted: a reader queue and worker */
     work_queue q[NCLASSES];
     int workers_stop;
+    int affinity;                       /* PS_RPC_AFFINITY (default 1): see rpc_worker */
+    unsigned long long idle_seq;
     client_slot *clients;               /* clients holding calls */
     int nclients, cap_clients;
     client_slot *conns;                 /* connections (peers) holding call objects: n[0] calls, n[1] cut */

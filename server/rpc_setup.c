@@ -212,6 +212,12 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     for (int i = 0; i < s->nworkers; i++)
         s->workers[i] = (rpc_worker){s, i < o.threads ? CLASS_ORDINARY
                                         : i < o.threads + o.reserved_threads ? CLASS_RESERVED : CLASS_READER, 0, 0};
+    for (int i = 0; i < s->nworkers; i++) pthread_cond_init(&s->workers[i].cv, NULL);
+    s->ncv = s->nworkers;
+    /* a call goes to its connection's last worker (rpc_worker); =0 for
+     * one FIFO per class taken by whichever worker wakes, to compare */
+    const char *e = getenv("PS_RPC_AFFINITY");
+    s->affinity = !(e && *e == '0');
 
     grpc_server_credentials *creds = server_credentials(sec, err);
     if (!creds) {
@@ -275,6 +281,7 @@ static void stop_workers(ps_rpc_server *s) {
     pthread_mutex_lock(&s->mu);
     s->workers_stop = 1;
     for (int i = 0; i < NCLASSES; i++) pthread_cond_broadcast(&s->q[i].cv);
+    for (int i = 0; i < s->nworkers; i++) pthread_cond_signal(&s->workers[i].cv);
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->nworkers; i++) {
         if (!s->workers[i].running) continue;
@@ -458,6 +465,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     if (s->quota) grpc_resource_quota_unref(s->quota);
     free(s->clients);
     free(s->conns);
+    for (int i = 0; i < s->ncv; i++) pthread_cond_destroy(&s->workers[i].cv);
     free(s->workers);
     free(s->addr);
     for (int i = 0; i < NCLASSES; i++) pthread_cond_destroy(&s->q[i].cv);

@@ -15,7 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -36,6 +38,7 @@
 #define M_DEFER_QUIET "/test.Test/DeferQuiet"
 #define M_DEFER_SELF "/test.Test/DeferSelf"
 #define M_PING "/test.Test/Ping"
+#define M_TID "/test.Test/Tid"
 
 /* Give-up time of every wait for an event: only reached when something is
  * broken, never a performance bound. */
@@ -166,6 +169,13 @@ static void h_ping(void *user, const ps_rpc_call_info *info, const grpc_byte_buf
     *response = step_response(7);
 }
 
+/* Replies model_version = the id of the thread that ran it. */
+static void h_tid(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
+                  grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t details_len) {
+    (void)user, (void)info, (void)request, (void)code, (void)details, (void)details_len;
+    *response = step_response((uint64_t)syscall(SYS_gettid));
+}
+
 /* ---- deferred calls: a table of pending handles, as psd's rounds keep --- */
 
 #define MAX_DEFERRED 256
@@ -276,6 +286,7 @@ static const ps_rpc_method methods[] = {
     {M_DEFER_QUIET, h_defer_quiet, 0},
     {M_DEFER_SELF, h_defer_self, 0},
     {M_PING, h_ping, 1},
+    {M_TID, h_tid, 0},
 };
 #define NMETHODS ((int)(sizeof methods / sizeof methods[0]))
 
@@ -1222,6 +1233,64 @@ static void test_refused_before_message(void) {
     ps_rpc_server_free(s);
 }
 
+/* With PS_RPC_AFFINITY=1 (rpc_worker): a connection's calls run on one
+ * worker thread while it is free, two connections' on two; a call whose
+ * worker is busy (its earlier call blocked in the gate) runs on another at
+ * once, and so does another connection's while every other worker is held:
+ * no call waits behind another while a worker of its class is idle. */
+static void test_affinity(void) {
+    const char *was = getenv("PS_RPC_AFFINITY");
+    char saved[16];
+    snprintf(saved, sizeof saved, "%s", was ? was : "");
+    setenv("PS_RPC_AFFINITY", "1", 1);   /* read when the server is created */
+    ps_rpc_server *s = start_server(4);
+    if (was) setenv("PS_RPC_AFFINITY", saved, 1);
+    else unsetenv("PS_RPC_AFFINITY");
+    if (!s) return;
+    /* channels with other arguments: connections of their own */
+    ps_rpc_client *a = connect_to(s, MAX_MSG), *b = connect_to(s, MAX_MSG - 1);
+    char details[256];
+    uint64_t ta = 0, tb = 0, v = 0;
+    int same_a = 0, same_b = 0, ok = 0;
+    for (int i = 0; i < 40; i++) {  /* the two connections' calls interleaved, one at a time */
+        ok += step_call(a, M_TID, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
+        if (i == 0) ta = v;
+        same_a += v == ta;
+        ok += step_call(b, M_TID, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
+        if (i == 0) tb = v;
+        same_b += v == tb;
+    }
+    CHECK_MSG(ok == 80, "%d of 80 calls answered", ok);
+    CHECK_MSG(same_a == 40 && same_b == 40, "calls on their connection's first thread: %d and %d of 40",
+              same_a, same_b);
+    CHECK_MSG(ta != tb, "two connections' calls on one thread %llu", (unsigned long long)ta);
+
+    /* a's worker held in the gate: a's next call, and b's, run elsewhere */
+    gate_set(0);
+    step_arg g[3];
+    pthread_t th[3];
+    g[0] = (step_arg){a, M_GATE, 0, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+    pthread_create(&th[0], NULL, step_thread, &g[0]);
+    CHECK(WAIT_UNTIL(atomic_load(&gate_blocked) == 1, WAIT_MS));
+    CHECK(step_call(a, M_TID, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK && v != ta);
+    /* two more of a's held: b's call takes the one worker left */
+    for (int i = 1; i < 3; i++) {
+        g[i] = (step_arg){a, M_GATE, 0, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+        pthread_create(&th[i], NULL, step_thread, &g[i]);
+    }
+    CHECK(WAIT_UNTIL(atomic_load(&gate_blocked) == 3, WAIT_MS));
+    CHECK(step_call(b, M_TID, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK);
+    CHECK(atomic_load(&gate_blocked) == 3);   /* answered while a's three were held */
+    gate_set(1);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(g[i].code == GRPC_STATUS_OK && g[i].v == 5, "gate call %d: %s", i, ps_grpc_code_name(g[i].code));
+    }
+    ps_rpc_client_free(a);
+    ps_rpc_client_free(b);
+    ps_rpc_server_free(s);
+}
+
 int main(void) {
     grpc_init();
     ps_rpc_server *s = start_server(2);
@@ -1243,6 +1312,7 @@ int main(void) {
     test_shutdown_stalled_client();
     test_reserved_and_cap();
     test_refused_before_message();
+    test_affinity();
     grpc_shutdown();
     return check_summary("test_rpc");
 }
