@@ -246,7 +246,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     double secs = ps_mono_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");
     printf("Training complete!\n");
-    printf("Rank %ld: %ld samples in %.1f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
+    printf("Rank %ld: %ld samples in %.3f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
     double cpu = process_cpu_s() - cpu0;   /* what load changes less than the wall time (bench/lm.sh) */
     printf("Rank %ld: CPU %.3f s in the training loop (%.2f us per sample)\n", rank, cpu,
            samples > 0 ? cpu * 1e6 / (double)samples : 0.0);
