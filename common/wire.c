@@ -155,6 +155,9 @@ ps_status ps_wire_shape_count(const int64_t *dims, int ndim, const char *what,
 #define WIRE_RECYCLE_N 8
 #define WIRE_RECYCLE_MIN ((size_t)64 << 10)
 #define WIRE_RECYCLE_MAX ((size_t)16 << 20)
+/* and at most this many bytes in all: a client sending large tensors of
+ * many sizes pins no more than this in a process for good */
+#define WIRE_RECYCLE_TOTAL ((size_t)32 << 20)
 
 static struct {
     pthread_mutex_t mu;
@@ -162,6 +165,7 @@ static struct {
     int off;                   /* 1: PS_WIRE_RECYCLE=0; read once (pthread_once) */
     void *p[WIRE_RECYCLE_N];   /* newest last */
     size_t size[WIRE_RECYCLE_N];
+    size_t total;              /* sum of size[] */
 } g_recycle = { .mu = PTHREAD_MUTEX_INITIALIZER };
 static pthread_once_t g_recycle_once = PTHREAD_ONCE_INIT;
 
@@ -189,6 +193,7 @@ static void *recycle_take(size_t padded) {
     for (int i = g_recycle.n - 1; i >= 0; i--)
         if (g_recycle.size[i] == padded) {
             p = g_recycle.p[i];
+            g_recycle.total -= g_recycle.size[i];
             for (int j = i; j + 1 < g_recycle.n; j++) {
                 g_recycle.p[j] = g_recycle.p[j + 1];
                 g_recycle.size[j] = g_recycle.size[j + 1];
@@ -201,23 +206,34 @@ static void *recycle_take(size_t padded) {
 }
 
 /* Keep p (padded bytes, from alloc_floats) for the next decode, or free it.
- * A full list drops its oldest. */
+ * A full list (WIRE_RECYCLE_N buffers or WIRE_RECYCLE_TOTAL bytes) drops
+ * its oldest. */
 static void recycle_put(void *p, size_t bytes) {
     if (!p) return;
     size_t padded = padded_size(bytes);
     if (!recyclable(padded)) { free(p); return; }
-    void *old = NULL;
+    void *old[WIRE_RECYCLE_N];
+    int nold = 0;
     pthread_mutex_lock(&g_recycle.mu);
-    if (g_recycle.n == WIRE_RECYCLE_N) {
-        old = g_recycle.p[0];
-        memmove(g_recycle.p, g_recycle.p + 1, (WIRE_RECYCLE_N - 1) * sizeof g_recycle.p[0]);
-        memmove(g_recycle.size, g_recycle.size + 1, (WIRE_RECYCLE_N - 1) * sizeof g_recycle.size[0]);
+    while (g_recycle.n > 0 && (g_recycle.n == WIRE_RECYCLE_N || g_recycle.total + padded > WIRE_RECYCLE_TOTAL)) {
+        old[nold++] = g_recycle.p[0];
+        g_recycle.total -= g_recycle.size[0];
+        memmove(g_recycle.p, g_recycle.p + 1, (size_t)(g_recycle.n - 1) * sizeof g_recycle.p[0]);
+        memmove(g_recycle.size, g_recycle.size + 1, (size_t)(g_recycle.n - 1) * sizeof g_recycle.size[0]);
         g_recycle.n--;
     }
     g_recycle.p[g_recycle.n] = p;
     g_recycle.size[g_recycle.n++] = padded;
+    g_recycle.total += padded;
     pthread_mutex_unlock(&g_recycle.mu);
-    free(old);
+    for (int i = 0; i < nold; i++) free(old[i]);
+}
+
+size_t ps_wire_recycled_bytes(void) {
+    pthread_mutex_lock(&g_recycle.mu);
+    size_t t = g_recycle.total;
+    pthread_mutex_unlock(&g_recycle.mu);
+    return t;
 }
 
 /* 64-byte aligned, rounded up so vector loops may read whole lines. */

@@ -101,10 +101,13 @@ ps_status ps_wire_tensor_check(const ps_Tensor *msg, const ps_wire_tensor_in *t,
                                const char *what, ps_err *err);
 
 /* Release t->data; t can be reused after ps_wire_tensor_in_init. A buffer
- * of 64 KiB - 16 MiB is kept (up to 8, process-wide) for the next decode of
- * the same padded size (PS_WIRE_RECYCLE=0: freed at once). data taken over
- * by the caller (set to NULL here) may be free()d by it as usual. */
+ * of 64 KiB - 16 MiB is kept (up to 8 and 32 MiB in all, process-wide, the
+ * oldest dropped first) for the next decode of the same padded size
+ * (PS_WIRE_RECYCLE=0: freed at once). data taken over by the caller (set
+ * to NULL here) may be free()d by it as usual. */
 void ps_wire_tensor_in_free(ps_wire_tensor_in *t);
+/* Bytes the recycled buffers above hold now. */
+size_t ps_wire_recycled_bytes(void);
 
 /* Element count of a shape: 1..4 dims, each >= 1, no overflow, and
  * count*4 fits in size_t. Returns PS_OK and *count, or INVALID_ARGUMENT

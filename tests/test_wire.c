@@ -167,6 +167,16 @@ static void test_recycled_buffers(void) {
     for (int i = 0; i < 12; i++) ps_wire_tensor_in_free(&many[i]);
     for (int i = 0; i < 12; i++) decode_input(&many[i], 64, 784, 200 + (uint32_t)i);
     for (int i = 0; i < 12; i++) ps_wire_tensor_in_free(&many[i]);
+    CHECK(ps_wire_recycled_bytes() <= (size_t)8 * 200704);
+    /* large ones: no more than 32 MiB kept in all, however many sizes */
+    ps_wire_tensor_in big[4];
+    for (int i = 0; i < 4; i++) decode_input(&big[i], 1024 + i, 3072, 300 + (uint32_t)i);   /* ~12 MiB each */
+    for (int i = 0; i < 4; i++) ps_wire_tensor_in_free(&big[i]);
+    size_t kept = ps_wire_recycled_bytes();
+    CHECK(kept >= (size_t)12 << 20 && kept <= (size_t)32 << 20);
+    decode_input(&big[0], 1027, 3072, 400);   /* the newest size is still there */
+    CHECK(ps_wire_recycled_bytes() < kept);
+    ps_wire_tensor_in_free(&big[0]);
 }
 
 static void test_forward_response_and_backward(void) {
