@@ -466,7 +466,7 @@ static ps_rpc_call *worker_take_locked(rpc_worker *w) {
  * (rpc_worker), NULL when stopping and nothing is left. */
 static ps_rpc_call *worker_next_locked(rpc_worker *w) {
     ps_rpc_server *s = w->s;
-    w->finishing = 0;
+    __atomic_store_n(&w->finishing, 0, __ATOMIC_RELAXED);   /* read by enqueue without the worker */
     ps_rpc_call *c = worker_take_locked(w);
     if (c) return c;
     /* idle: nothing handed over and the FIFO empty (an enqueue hands a call
