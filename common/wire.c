@@ -186,21 +186,22 @@ static int recyclable(size_t padded) {
     return !g_recycle.off && padded >= WIRE_RECYCLE_MIN && padded <= WIRE_RECYCLE_MAX;
 }
 
+/* With g_recycle.mu held: buffer i taken out of the list. */
+static void *recycle_remove_locked(int i) {
+    void *p = g_recycle.p[i];
+    g_recycle.total -= g_recycle.size[i];
+    memmove(g_recycle.p + i, g_recycle.p + i + 1, (size_t)(g_recycle.n - i - 1) * sizeof g_recycle.p[0]);
+    memmove(g_recycle.size + i, g_recycle.size + i + 1, (size_t)(g_recycle.n - i - 1) * sizeof g_recycle.size[0]);
+    g_recycle.n--;
+    return p;
+}
+
 /* The newest recycled buffer of exactly padded bytes, taken out; NULL if none. */
 static void *recycle_take(size_t padded) {
     void *p = NULL;
     pthread_mutex_lock(&g_recycle.mu);
-    for (int i = g_recycle.n - 1; i >= 0; i--)
-        if (g_recycle.size[i] == padded) {
-            p = g_recycle.p[i];
-            g_recycle.total -= g_recycle.size[i];
-            for (int j = i; j + 1 < g_recycle.n; j++) {
-                g_recycle.p[j] = g_recycle.p[j + 1];
-                g_recycle.size[j] = g_recycle.size[j + 1];
-            }
-            g_recycle.n--;
-            break;
-        }
+    for (int i = g_recycle.n - 1; i >= 0 && !p; i--)
+        if (g_recycle.size[i] == padded) p = recycle_remove_locked(i);
     pthread_mutex_unlock(&g_recycle.mu);
     return p;
 }
@@ -215,13 +216,8 @@ static void recycle_put(void *p, size_t bytes) {
     void *old[WIRE_RECYCLE_N];
     int nold = 0;
     pthread_mutex_lock(&g_recycle.mu);
-    while (g_recycle.n > 0 && (g_recycle.n == WIRE_RECYCLE_N || g_recycle.total + padded > WIRE_RECYCLE_TOTAL)) {
-        old[nold++] = g_recycle.p[0];
-        g_recycle.total -= g_recycle.size[0];
-        memmove(g_recycle.p, g_recycle.p + 1, (size_t)(g_recycle.n - 1) * sizeof g_recycle.p[0]);
-        memmove(g_recycle.size, g_recycle.size + 1, (size_t)(g_recycle.n - 1) * sizeof g_recycle.size[0]);
-        g_recycle.n--;
-    }
+    while (g_recycle.n > 0 && (g_recycle.n == WIRE_RECYCLE_N || g_recycle.total + padded > WIRE_RECYCLE_TOTAL))
+        old[nold++] = recycle_remove_locked(0);
     g_recycle.p[g_recycle.n] = p;
     g_recycle.size[g_recycle.n++] = padded;
     g_recycle.total += padded;
