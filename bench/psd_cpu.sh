@@ -12,7 +12,8 @@
 # VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
 # times (psd_call_phase_seconds_total, us per batch), PSD_LOG=FILE to keep
 # psd's log (stderr; e.g. what PS_EXEC_PROFILE or a debug build prints),
-# CALLS=1 for the split of psd's CPU below (calls_us, busy). One line:
+# CALLS=1 for the split of psd's CPU below (calls_us, busy; EXEC_KEEP=FILE
+# keeps PS_EXEC_PROFILE's node-by-node lines). One line:
 #
 #   psd_us=<psd CPU us/sample> workers_us=<the 4 busiest threads'>
 #   other_us=<the rest: gRPC's threads, OpenMP teams> trainers_us=<their CPU>
@@ -21,7 +22,9 @@
 #   [CALLS=1: calls_us=<CPU of psd's forward and backward compute calls per
 #   sample, on the calling thread (PS_EXEC_PROFILE; warm-up calls in, a
 #   stage's first 10 left out): what bench_compute's cpu forward +
-#   backward is in-process> busy=<CPUs busy over the timed batches: e2e x
+#   backward is in-process> calls_wall_us=<the same calls' wall time per
+#   sample: CPU + waits for a core> fwd_ms=<a batch's forward CPU/wall ms,
+#   stages summed> bwd_ms=<the backward's> busy=<CPUs busy over the timed batches: e2e x
 #   (psd_us + trainers_us); 2 is both cores, the rest idle or another's>]
 #
 # Compare with `bench_compute --model ... --threads 1 --batch B` cpu_us (the
@@ -100,7 +103,10 @@ fi
 calls=
 if [ -n "${CALLS:-}" ]; then
   calls=$(awk -v bs=$bs '/node=\(call\)/ {for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-    c += v["cpu_us"]} END {printf "%.1f", c / bs}' "$dir/exec")
+    c += v["cpu_us"]; w += v["wall_us"]; d[v["dir"]] += v["cpu_us"]; dw[v["dir"]] += v["wall_us"]}
+    END {printf "%.1f calls_wall_us=%.1f fwd_ms=%.2f/%.2f bwd_ms=%.2f/%.2f", c / bs, w / bs,
+      d["fwd"] / 1e3, dw["fwd"] / 1e3, d["bwd"] / 1e3, dw["bwd"] / 1e3}' "$dir/exec")
+  [ -n "${EXEC_KEEP:-}" ] && cp "$dir/exec" "$EXEC_KEEP"
 fi
 join "$dir/s0" "$dir/s1" | awk -v V="${VERBOSE:-}" -v n=$((N * batches * bs)) -v nb=$((N * batches)) \
   -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" -v calls="$calls" '
