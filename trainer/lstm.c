@@ -31,7 +31,8 @@ typedef struct cell_ops { cell_fwd_fn fwd; cell_bwd_fn bwd; } cell_ops;
 /* The oneDNN (sgemm) state of a handle. */
 typedef struct lstm_dnnl {
     float *tc;          /* (T,N,H) tanh(c_t) of the last forward */
-    float *da;          /* (T,N,4H) the gates' gradients of a backward */
+    float *da;          /* (T,N,4H) the gates' gradients of a backward: act's block (da_own 0) or its own */
+    int da_own;         /* PS_LSTM_DA_OWN=1: da in a block of its own (for comparison) */
     float *dh, *dc;     /* (N,H) the recurrent gradients */
     float *db;          /* (4H) the bias gradient, summed by the cell's backward */
     float *b;           /* (4H) b_ih + b_hh, which the cell's forward adds */
@@ -382,7 +383,9 @@ static ps_status lstm_dnnl_init(ps_lstm *l, ps_err *err) {
     size_t T = (size_t)l->s.T, N = (size_t)l->s.N, H = (size_t)l->s.H;
     l->act = malloc(T * N * 4 * H * sizeof(float));
     l->d.tc = malloc(T * N * H * sizeof(float));
-    l->d.da = malloc(T * N * 4 * H * sizeof(float));
+    const char *dao = getenv("PS_LSTM_DA_OWN");
+    l->d.da_own = dao && !strcmp(dao, "1");
+    l->d.da = l->d.da_own ? malloc(T * N * 4 * H * sizeof(float)) : l->act;
     l->d.dh = malloc(N * H * sizeof(float));
     l->d.dc = malloc(N * H * sizeof(float));
     l->d.db = malloc(4 * H * sizeof(float));
@@ -402,7 +405,7 @@ static ps_status lstm_dnnl_init(ps_lstm *l, ps_err *err) {
 static void lstm_dnnl_fini(ps_lstm *l) {
     free(l->act);
     free(l->d.tc);
-    free(l->d.da);
+    if (l->d.da_own) free(l->d.da);
     free(l->d.dh);
     free(l->d.dc);
     free(l->d.db);
@@ -448,6 +451,10 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
     if (dhT) memcpy(d->dh, dhT, nh); else memset(d->dh, 0, nh);
     if (dcT) memcpy(d->dc, dcT, nh); else memset(d->dc, 0, nh);
     memset(d->db, 0, (size_t)G * sizeof(float));
+    /* da is the forward's act (unless PS_LSTM_DA_OWN=1): each step's cell
+     * reads its activated gates and writes their gradients in their place,
+     * so the backward streams one (T,N,4H) block instead of two (-4 % of a
+     * window's backward) */
     for (int64_t t = T - 1; t >= 0; t--) {
         float *da = d->da + t * N * G;
         d->cell.bwd(l->act + t * N * G, l->c + t * N * H, d->tc + t * N * H, d->dh, dy + t * N * H, d->dc, da, d->db,
@@ -532,5 +539,8 @@ ps_status ps_lstm_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, 
 ps_status ps_lstm_backward(ps_lstm *l, const ps_lstm_weights *w, const float *dy, const float *dhT, const float *dcT,
                            float *dx, float *dh0, float *dc0, ps_lstm_grads *g, ps_err *err) {
     if (!l->have_forward) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lstm: backward without a forward");
+    /* one backward per forward: oneDNN's writes the gates' gradients over
+     * the forward's activated gates (lstm_dnnl_backward) */
+    l->have_forward = 0;
     return l->ops->backward(l, w, dy, dhT, dcT, dx, dh0, dc0, g, err);
 }
