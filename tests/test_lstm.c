@@ -78,6 +78,18 @@ static void golden(const ps_st_file *g, ps_lstm_impl impl) {
     const float *gb = gt(g, "grad.rnn.bias_hh_l1", 4 * H);
     for (int r = 0; r < 4 * H; r++) twice[r] = 2 * gb[r];
     check_array("bias_hh_l1 accumulated twice", gw[1][3], twice, 4 * H, tol, tol);
+    /* set: written, not added (the old values, NaN here, neither read nor kept) */
+    for (int j = 0; j < 4; j++)
+        for (int64_t i = 0; i < (j < 2 ? 4 * H * H : 4 * H); i++) gw[1][j][i] = NAN;
+    ps_lstm_grads gs = gr[1];
+    gs.set = 1;
+    CHECK(ps_lstm_forward(lay[1], &w[1], y0, h0 + N * H, c0 + N * H, y, hn + N * H, cn + N * H, &err) == PS_OK);
+    CHECK(ps_lstm_backward(lay[1], &w[1], gy, ghn + N * H, gcn + N * H, NULL, NULL, NULL, &gs, &err) == PS_OK);
+    for (int j = 0; j < 4; j++) {
+        snprintf(name, sizeof name, "grad.rnn.%s_l1", pn[j]);
+        int64_t sz = j < 2 ? 4 * H * H : 4 * H;
+        check_array(name, gw[1][j], gt(g, name, sz), (size_t)sz, tol, tol);
+    }
     for (int k = 0; k < L; k++) {
         ps_lstm_free(lay[k]);
         for (int j = 0; j < 4; j++) free(gw[k][j]);

@@ -104,6 +104,12 @@ static ps_status ref_backward(ps_lstm *l, const ps_lstm_weights *w, const float 
     }
     if (dhT) memcpy(dh, dhT, (size_t)(N * H) * sizeof(float));
     if (dcT) memcpy(dc, dcT, (size_t)(N * H) * sizeof(float));
+    if (g->set) {
+        memset(g->w_ih, 0, (size_t)(G * I) * sizeof(float));
+        memset(g->w_hh, 0, (size_t)(G * H) * sizeof(float));
+        memset(g->b_ih, 0, (size_t)G * sizeof(float));
+        memset(g->b_hh, 0, (size_t)G * sizeof(float));
+    }
     for (int64_t t = T - 1; t >= 0; t--) {
         const float *xt = l->x + t * N * I, *hp = l->h + t * N * H, *cp = l->c + t * N * H;
         const float *cn = l->c + (t + 1) * N * H, *a = l->act + t * N * G;
@@ -464,13 +470,14 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
     if (dh0) memcpy(dh0, d->dh, nh);
     if (dc0) memcpy(dc0, d->dc, nh);
     /* the weights' gradients over the whole window: dA^T x and dA^T h_{t-1} */
-    if ((st = sgemm('T', 'N', G, I, T * N, d->da, G, l->x, I, 1.0f, g->w_ih, I, err)) ||
-        (st = sgemm('T', 'N', G, H, T * N, d->da, G, l->h, H, 1.0f, g->w_hh, H, err)))
+    const float beta = g->set ? 0.0f : 1.0f;
+    if ((st = sgemm('T', 'N', G, I, T * N, d->da, G, l->x, I, beta, g->w_ih, I, err)) ||
+        (st = sgemm('T', 'N', G, H, T * N, d->da, G, l->h, H, beta, g->w_hh, H, err)))
         return st;
     if (dx && (st = sgemm('N', 'N', T * N, I, G, d->da, G, w->w_ih, I, 0.0f, dx, I, err))) return st;
     for (int64_t q = 0; q < G; q++) {
-        g->b_ih[q] += d->db[q];
-        g->b_hh[q] += d->db[q];
+        g->b_ih[q] = g->set ? d->db[q] : g->b_ih[q] + d->db[q];
+        g->b_hh[q] = g->set ? d->db[q] : g->b_hh[q] + d->db[q];
     }
     return PS_OK;
 }

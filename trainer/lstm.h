@@ -42,9 +42,11 @@ typedef struct ps_lstm_weights {
     const float *b_hh; /* (4H) */
 } ps_lstm_weights;
 
-/* Gradients, accumulated (+=) by backward. */
+/* Gradients, accumulated (+=) by backward; with set, written (=) instead
+ * (no zeroing pass before, no read of the old values). */
 typedef struct ps_lstm_grads {
     float *w_ih, *w_hh, *b_ih, *b_hh;
+    int set;
 } ps_lstm_grads;
 
 typedef struct ps_lstm ps_lstm;
