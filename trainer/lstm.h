@@ -17,10 +17,11 @@
  * A handle is made for one shape (T, N, I, H) and remembers its last
  * forward (a copy of x, h0, c0 and the activations), which one backward
  * differentiates and consumes (the oneDNN implementation writes the gates'
- * gradients over the activations). Callers keep one handle per layer and make a new one when
- * T or N change (a short last BPTT window). Not thread-safe; ps_lstm_free(NULL)
- * is a no-op. Errors: PS_ERR_INVALID_ARGUMENT for a bad shape, a backward
- * without a forward of its own; PS_ERR_INTERNAL naming the oneDNN call that failed.
+ * gradients over the activations). Callers keep one handle per layer and
+ * make a new one when T or N change (a short last BPTT window). Not
+ * thread-safe; ps_lstm_free(NULL) is a no-op. Errors:
+ * PS_ERR_INVALID_ARGUMENT for a bad shape, a backward without a forward of
+ * its own; PS_ERR_INTERNAL naming the oneDNN call that failed.
  */
 #ifndef PS_NN_LSTM_H
 #define PS_NN_LSTM_H
