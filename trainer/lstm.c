@@ -3,6 +3,7 @@
 #include "lstm.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,10 +31,12 @@ typedef struct cell_ops { cell_fwd_fn fwd; cell_bwd_fn bwd; } cell_ops;
 /* The oneDNN (sgemm) state of a handle. */
 typedef struct lstm_dnnl {
     float *tc;          /* (T,N,H) tanh(c_t) of the last forward */
-    float *da;          /* (T,N,4H) the gates' gradients of a backward */
+    float *da;          /* (T,N,4H) the gates' gradients of a backward: act's block (da_own 0) or its own */
+    int da_own;         /* PS_LSTM_DA_OWN=1: da in a block of its own (for comparison) */
     float *dh, *dc;     /* (N,H) the recurrent gradients */
     float *db;          /* (4H) the bias gradient, summed by the cell's backward */
     float *b;           /* (4H) b_ih + b_hh, which the cell's forward adds */
+    float *wp;          /* w_hh packed for rec_fwd_512 (its panels), or NULL: dnnl_sgemm per step */
     cell_ops cell;      /* for oneDNN's ISA */
 } lstm_dnnl;
 
@@ -101,6 +104,12 @@ static ps_status ref_backward(ps_lstm *l, const ps_lstm_weights *w, const float 
     }
     if (dhT) memcpy(dh, dhT, (size_t)(N * H) * sizeof(float));
     if (dcT) memcpy(dc, dcT, (size_t)(N * H) * sizeof(float));
+    if (g->set) {
+        memset(g->w_ih, 0, (size_t)(G * I) * sizeof(float));
+        memset(g->w_hh, 0, (size_t)(G * H) * sizeof(float));
+        memset(g->b_ih, 0, (size_t)G * sizeof(float));
+        memset(g->b_hh, 0, (size_t)G * sizeof(float));
+    }
     for (int64_t t = T - 1; t >= 0; t--) {
         const float *xt = l->x + t * N * I, *hp = l->h + t * N * H, *cp = l->c + t * N * H;
         const float *cn = l->c + (t + 1) * N * H, *a = l->act + t * N * G;
@@ -288,6 +297,88 @@ static cell_ops cell_pick(void) {
     return o;
 }
 
+/* ---- the forward's recurrent product at AVX-512 ----
+ * a (N, 4H) += h (N, H) . w_hh^T, once per step: oneDNN 2.6's sgemm runs
+ * this small product (20 x 200 . 200 x 800 at the LM's sizes) at ~57 % of
+ * one core's AVX-512 peak, repacking w_hh on every call. Here w_hh is
+ * packed once per window into panels of REC_PW columns of the gates, k-major
+ * (wp[panel][k][j] = w_hh[panel * REC_PW + j][k], zeros past 4H), and a
+ * register-blocked kernel keeps REC_RB rows x REC_PW columns of a in 21
+ * zmm accumulators over all of k. One thread, as the trainer runs the
+ * LSTM. PS_LSTM_RECURRENT=dnnl keeps dnnl_sgemm (for comparison). */
+#define REC_NV 3                 /* zmm per row of a panel */
+#define REC_PW (16 * REC_NV)     /* a panel's columns */
+#define REC_RB 7                 /* rows of a per kernel call */
+
+static int64_t rec_panels(int64_t G) { return (G + REC_PW - 1) / REC_PW; }
+
+#ifdef LSTM_X86
+#include <immintrin.h>
+#define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+
+/* R rows of a (lda) += the rows of h (ldh) . panel p (H x REC_PW), the
+ * panel's columns past 4H masked off */
+static inline __attribute__((always_inline)) AVX512_TARGET void rec_kern(int R, const float *h, int64_t ldh,
+                                                                          const float *p, int64_t H, float *a,
+                                                                          int64_t lda, const __mmask16 *m) {
+    __m512 c[REC_RB][REC_NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < REC_NV; v++) c[i][v] = _mm512_maskz_loadu_ps(m[v], a + i * lda + 16 * v);
+    for (int64_t k = 0; k < H; k++) {
+        __m512 w[REC_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < REC_NV; v++) w[v] = _mm512_load_ps(p + k * REC_PW + 16 * v);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(h[i * ldh + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < REC_NV; v++) c[i][v] = _mm512_fmadd_ps(b, w[v], c[i][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < REC_NV; v++) _mm512_mask_storeu_ps(a + i * lda + 16 * v, m[v], c[i][v]);
+}
+
+#define REC_KERN(R)                                                                                             \
+    static AVX512_TARGET void rec_kern##R(const float *h, int64_t ldh, const float *p, int64_t H, float *a,    \
+                                          int64_t lda, const __mmask16 *m) {                                   \
+        rec_kern(R, h, ldh, p, H, a, lda, m);                                                                  \
+    }
+REC_KERN(1) REC_KERN(2) REC_KERN(3) REC_KERN(4) REC_KERN(5) REC_KERN(6) REC_KERN(7)
+typedef void (*rec_kern_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, const __mmask16 *);
+static const rec_kern_fn rec_kerns[REC_RB + 1] = {NULL,        rec_kern1, rec_kern2, rec_kern3,
+                                                  rec_kern4,   rec_kern5, rec_kern6, rec_kern7};
+
+/* a (N, G) += h (N, H) . w_hh^T with w_hh packed in wp (rec_pack) */
+static AVX512_TARGET void rec_fwd_512(int64_t N, int64_t G, int64_t H, const float *h, const float *wp, float *a) {
+    for (int64_t p = 0; p < rec_panels(G); p++) {
+        __mmask16 m[REC_NV];
+        for (int v = 0; v < REC_NV; v++) {
+            int64_t left = G - p * REC_PW - 16 * v;
+            m[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+        }
+        for (int64_t r = 0; r < N; r += REC_RB) {
+            int R = N - r < REC_RB ? (int)(N - r) : REC_RB;
+            rec_kerns[R](h + r * H, H, wp + p * REC_PW * H, H, a + r * G + p * REC_PW, G, m);
+        }
+    }
+}
+#endif
+
+/* w_hh (G, H) into rec_fwd_512's panels */
+static void rec_pack(const float *w_hh, int64_t G, int64_t H, float *wp) {
+    for (int64_t p = 0; p < rec_panels(G); p++)
+        for (int64_t k = 0; k < H; k++)
+            for (int64_t j = 0; j < REC_PW; j++) {
+                int64_t g = p * REC_PW + j;
+                wp[(p * H + k) * REC_PW + j] = g < G ? w_hh[g * H + k] : 0.0f;
+            }
+}
+
 static ps_status sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc, ps_err *err) {
     PS_DNNL_CHECK(dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc));
@@ -298,12 +389,20 @@ static ps_status lstm_dnnl_init(ps_lstm *l, ps_err *err) {
     size_t T = (size_t)l->s.T, N = (size_t)l->s.N, H = (size_t)l->s.H;
     l->act = malloc(T * N * 4 * H * sizeof(float));
     l->d.tc = malloc(T * N * H * sizeof(float));
-    l->d.da = malloc(T * N * 4 * H * sizeof(float));
+    const char *dao = getenv("PS_LSTM_DA_OWN");
+    l->d.da_own = dao && !strcmp(dao, "1");
+    l->d.da = l->d.da_own ? malloc(T * N * 4 * H * sizeof(float)) : l->act;
     l->d.dh = malloc(N * H * sizeof(float));
     l->d.dc = malloc(N * H * sizeof(float));
     l->d.db = malloc(4 * H * sizeof(float));
     l->d.b = malloc(4 * H * sizeof(float));
     l->d.cell = cell_pick();
+#ifdef LSTM_X86
+    const char *rec = getenv("PS_LSTM_RECURRENT");
+    if (l->d.cell.fwd == cell_fwd_512 && !(rec && !strcmp(rec, "dnnl")) &&
+        !(l->d.wp = aligned_alloc(64, (size_t)(rec_panels(4 * l->s.H) * REC_PW * l->s.H) * sizeof(float))))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "lstm: out of memory");
+#endif
     if (!l->act || !l->d.tc || !l->d.da || !l->d.dh || !l->d.dc || !l->d.db || !l->d.b)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "lstm: out of memory");
     return PS_OK;
@@ -312,11 +411,12 @@ static ps_status lstm_dnnl_init(ps_lstm *l, ps_err *err) {
 static void lstm_dnnl_fini(ps_lstm *l) {
     free(l->act);
     free(l->d.tc);
-    free(l->d.da);
+    if (l->d.da_own) free(l->d.da);
     free(l->d.dh);
     free(l->d.dc);
     free(l->d.db);
     free(l->d.b);
+    free(l->d.wp);
 }
 
 static ps_status lstm_dnnl_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, const float *h0,
@@ -328,9 +428,14 @@ static ps_status lstm_dnnl_forward(ps_lstm *l, const ps_lstm_weights *w, const f
     /* every step's input projection in one GEMM; the cell adds both biases */
     for (int64_t q = 0; q < G; q++) l->d.b[q] = w->b_ih[q] + w->b_hh[q];
     if ((st = sgemm('N', 'T', T * N, G, I, x, I, w->w_ih, I, 0.0f, l->act, G, err))) return st;
+    if (l->d.wp) rec_pack(w->w_hh, G, H, l->d.wp);
     for (int64_t t = 0; t < T; t++) {
         float *a = l->act + t * N * G;
         const float *hp = l->h + t * N * H, *cp = l->c + t * N * H;
+#ifdef LSTM_X86
+        if (l->d.wp) rec_fwd_512(N, G, H, hp, l->d.wp, a);
+        else
+#endif
         if ((st = sgemm('N', 'T', N, G, H, hp, H, w->w_hh, H, 1.0f, a, G, err))) return st;
         l->d.cell.fwd(a, l->d.b, cp, l->c + (t + 1) * N * H, l->d.tc + t * N * H, l->h + (t + 1) * N * H, N, H);
     }
@@ -352,6 +457,10 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
     if (dhT) memcpy(d->dh, dhT, nh); else memset(d->dh, 0, nh);
     if (dcT) memcpy(d->dc, dcT, nh); else memset(d->dc, 0, nh);
     memset(d->db, 0, (size_t)G * sizeof(float));
+    /* da is the forward's act (unless PS_LSTM_DA_OWN=1): each step's cell
+     * reads its activated gates and writes their gradients in their place,
+     * so the backward streams one (T,N,4H) block instead of two (-4 % of a
+     * window's backward) */
     for (int64_t t = T - 1; t >= 0; t--) {
         float *da = d->da + t * N * G;
         d->cell.bwd(l->act + t * N * G, l->c + t * N * H, d->tc + t * N * H, d->dh, dy + t * N * H, d->dc, da, d->db,
@@ -361,13 +470,14 @@ static ps_status lstm_dnnl_backward(ps_lstm *l, const ps_lstm_weights *w, const 
     if (dh0) memcpy(dh0, d->dh, nh);
     if (dc0) memcpy(dc0, d->dc, nh);
     /* the weights' gradients over the whole window: dA^T x and dA^T h_{t-1} */
-    if ((st = sgemm('T', 'N', G, I, T * N, d->da, G, l->x, I, 1.0f, g->w_ih, I, err)) ||
-        (st = sgemm('T', 'N', G, H, T * N, d->da, G, l->h, H, 1.0f, g->w_hh, H, err)))
+    const float beta = g->set ? 0.0f : 1.0f;
+    if ((st = sgemm('T', 'N', G, I, T * N, d->da, G, l->x, I, beta, g->w_ih, I, err)) ||
+        (st = sgemm('T', 'N', G, H, T * N, d->da, G, l->h, H, beta, g->w_hh, H, err)))
         return st;
     if (dx && (st = sgemm('N', 'N', T * N, I, G, d->da, G, w->w_ih, I, 0.0f, dx, I, err))) return st;
     for (int64_t q = 0; q < G; q++) {
-        g->b_ih[q] += d->db[q];
-        g->b_hh[q] += d->db[q];
+        g->b_ih[q] = g->set ? d->db[q] : g->b_ih[q] + d->db[q];
+        g->b_hh[q] = g->set ? d->db[q] : g->b_hh[q] + d->db[q];
     }
     return PS_OK;
 }
@@ -436,5 +546,8 @@ ps_status ps_lstm_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, 
 ps_status ps_lstm_backward(ps_lstm *l, const ps_lstm_weights *w, const float *dy, const float *dhT, const float *dcT,
                            float *dx, float *dh0, float *dc0, ps_lstm_grads *g, ps_err *err) {
     if (!l->have_forward) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lstm: backward without a forward");
+    /* one backward per forward: oneDNN's writes the gates' gradients over
+     * the forward's activated gates (lstm_dnnl_backward) */
+    l->have_forward = 0;
     return l->ops->backward(l, w, dy, dhT, dcT, dx, dh0, dc0, g, err);
 }

@@ -15,11 +15,13 @@
  * are read in PyTorch's layout as they are).
  *
  * A handle is made for one shape (T, N, I, H) and remembers its last
- * forward (a copy of x, h0, c0 and the activations), which backward
- * differentiates. Callers keep one handle per layer and make a new one when
- * T or N change (a short last BPTT window). Not thread-safe; ps_lstm_free(NULL)
- * is a no-op. Errors: PS_ERR_INVALID_ARGUMENT for a bad shape, backward
- * before forward; PS_ERR_INTERNAL naming the oneDNN call that failed.
+ * forward (a copy of x, h0, c0 and the activations), which one backward
+ * differentiates and consumes (the oneDNN implementation writes the gates'
+ * gradients over the activations). Callers keep one handle per layer and
+ * make a new one when T or N change (a short last BPTT window). Not
+ * thread-safe; ps_lstm_free(NULL) is a no-op. Errors:
+ * PS_ERR_INVALID_ARGUMENT for a bad shape, a backward without a forward of
+ * its own; PS_ERR_INTERNAL naming the oneDNN call that failed.
  */
 #ifndef PS_NN_LSTM_H
 #define PS_NN_LSTM_H
@@ -41,9 +43,11 @@ typedef struct ps_lstm_weights {
     const float *b_hh; /* (4H) */
 } ps_lstm_weights;
 
-/* Gradients, accumulated (+=) by backward. */
+/* Gradients, accumulated (+=) by backward; with set, written (=) instead
+ * (no zeroing pass before, no read of the old values). */
 typedef struct ps_lstm_grads {
     float *w_ih, *w_hh, *b_ih, *b_hh;
+    int set;
 } ps_lstm_grads;
 
 typedef struct ps_lstm ps_lstm;
@@ -61,7 +65,7 @@ int ps_lstm_impl_parse(const char *name);
 /* y, hT, cT from x, h0, c0 (h0/c0 NULL: zeros); hT/cT may be NULL. */
 ps_status ps_lstm_forward(ps_lstm *l, const ps_lstm_weights *w, const float *x, const float *h0, const float *c0,
                           float *y, float *hT, float *cT, ps_err *err);
-/* Backward of the last forward with weights w: dy (T,N,H); dhT, dcT (N,H)
+/* Backward of the last forward (once) with weights w: dy (T,N,H); dhT, dcT (N,H)
  * or NULL for zeros. Writes dx (T,N,I), dh0, dc0 (each may be NULL) and
  * adds the weight gradients to g. */
 ps_status ps_lstm_backward(ps_lstm *l, const ps_lstm_weights *w, const float *dy, const float *dhT, const float *dcT,

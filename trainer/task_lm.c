@@ -198,27 +198,26 @@ static ps_status lstm_window_forward(lm_job *j, ps_err *err) {
 }
 
 /* The LSTM backward from d loss / d output in j->dy: the weights' gradients
- * into t->g (zeroed first), d loss / d embeddings into j->e (the
+ * written into t->g, d loss / d embeddings into j->e (the
  * embedding's output is not needed any more: reused). */
 static ps_status lstm_window_backward(lm_job *j, ps_err *err) {
     lm_task *t = j->t;
     const int64_t T = j->T, N = j->N, H = t->nhid;
     ps_status st;
-    for (int k = 0; k < t->nlayers; k++)
-        for (int q = 0; q < 4; q++) memset(t->g[k][q], 0, (size_t)t->wn[k][q] * sizeof(float));
     float *dy = j->dy;
     for (int k = t->nlayers - 1; k >= 0; k--) {
         ps_lstm *l;
         ps_lstm_weights w = weights_of(t, k);
-        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3]};
+        ps_lstm_grads g = {t->g[k][0], t->g[k][1], t->g[k][2], t->g[k][3], .set = 1}; /* one backward per layer */
         float *dx = k ? j->dx : j->e;
         if ((st = lstm_get(t, k, T, N, &l, err)) ||
             (st = ps_lstm_backward(l, &w, dy, NULL, NULL, dx, NULL, NULL, &g, err)))
             return st;
-        if (k) {
+        if (k) { /* the layer below's output gradient: through its dropout, in one pass */
             if (t->dropout > 0)
-                for (int64_t i = 0; i < T * N * H; i++) dx[i] *= j->mask[k - 1][i];
-            memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
+                for (int64_t i = 0; i < T * N * H; i++) j->dy[i] = dx[i] * j->mask[k - 1][i];
+            else
+                memcpy(j->dy, dx, (size_t)(T * N * H) * sizeof(float));
             dy = j->dy;
         }
     }
