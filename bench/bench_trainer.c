@@ -21,12 +21,15 @@
  * compute (client encode/decode + transport + psd's decode and reply):
  *   probe <Forward|Backward|Step> <total_us>
  * and at the end (also to stdout):
- *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s> probe_s=<s> cpu_s=<s>
+ *   trainer rank=R batches=N samples=S t_start=<s> t_end=<s> wall_s=<s> probe_s=<s> cpu_s=<s> vcs=<n> ics=<n>
  * t_start/t_end are CLOCK_MONOTONIC seconds (one clock for all processes
  * of the machine), so a driver can compute the combined throughput of
  * concurrent trainers. cpu_s: this process's CPU-seconds (user + system, all
  * threads, gRPC's included) over the timed batches, probes left out: what a
  * trainer costs per sample, which load changes far less than wall time.
+ * vcs, ics: its voluntary and involuntary context switches over the same
+ * batches (all threads, probes left out): what a call costs the client in
+ * wake-ups.
  *
  * --start-together DIR N: after its warm-up each trainer creates
  * DIR/ready.<rank> and waits (up to 60 s) until N such files exist, so N
@@ -62,6 +65,15 @@ static double cpu_now(void) {
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
            ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* This process's context switches so far (all threads), voluntary and
+ * involuntary. */
+static void switches_now(long *vol, long *invol) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *vol = ru.ru_nvcsw;
+    *invol = ru.ru_nivcsw;
 }
 
 /* --start-together: announce this trainer ready in dir, then wait until n
@@ -188,11 +200,13 @@ int main(int argc, char **argv) {
     }
     long nb = data.n / (uint32_t)bs, samples = 0;
     double t_start = 0, t_probe = 0, cpu_start = 0, cpu_probe = 0;
+    long vcs_start = 0, ics_start = 0, vcs_probe = 0, ics_probe = 0;
     for (long b = 0; b < warmup + batches; b++) {
         if (b == warmup) {
             if (together) start_together(together, ntogether, rank);
             t_start = ps_mono_s();
             cpu_start = cpu_now();
+            switches_now(&vcs_start, &ics_start);
         }
         double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
@@ -256,6 +270,8 @@ int main(int argc, char **argv) {
         samples += bs;
         if (probe) {
             double p0 = ps_mono_s(), c0 = cpu_now();
+            long v0, i0;
+            switches_now(&v0, &i0);
             timing tp[3];
             ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
             pq.context_id = 0;
@@ -280,6 +296,10 @@ int main(int argc, char **argv) {
                         (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
             t_probe += ps_mono_s() - p0;
             cpu_probe += cpu_now() - c0;
+            long v1, i1;
+            switches_now(&v1, &i1);
+            vcs_probe += v1 - v0;
+            ics_probe += i1 - i0;
         }
         if (out) {
             fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
@@ -289,11 +309,14 @@ int main(int argc, char **argv) {
         }
     }
     double t_end = ps_mono_s(), cpu_end = cpu_now();
-    char line[320];
+    long vcs_end, ics_end;
+    switches_now(&vcs_end, &ics_end);
+    char line[400];
     snprintf(line, sizeof line,
-             "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f cpu_s=%.4f\n",
+             "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f cpu_s=%.4f "
+             "vcs=%ld ics=%ld\n",
              rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe,
-             cpu_end - cpu_start - cpu_probe);
+             cpu_end - cpu_start - cpu_probe, vcs_end - vcs_start - vcs_probe, ics_end - ics_start - ics_probe);
     fputs(line, stdout);
     if (out) fputs(line, out);
     rc = 0;

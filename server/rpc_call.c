@@ -125,6 +125,18 @@ static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int
     }
 }
 
+/* With c->mu held, no other batch of c being started: start its
+ * RECV_CLOSE_ON_SERVER batch (tag CLOSE) unless already started. */
+static void start_close_locked(ps_rpc_call *c) {
+    if (c->close_started || c->cancelled || c->finished) return;
+    c->close_started = 1;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch_locked(c, &op, 1, TAG_CLOSE, "close");
+}
+
 /* With c->mu held: a sent call's phases go to its method's accumulator. */
 static void prof_fold_locked(ps_rpc_call *c) {
     ps_rpc_server *s = c->s;
@@ -154,7 +166,7 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     c->send = resp;
     c->status_details = grpc_slice_from_copied_string(details);
     c->replied = 1;
-    grpc_op ops[3];
+    grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     /* initial metadata goes with the reply, not with the receive: a call
@@ -172,6 +184,12 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     ops[n].data.send_status_from_server.status = code;
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
+    if (!c->close_started) {  /* late close: the call ends in this batch's one completion */
+        c->close_started = c->close_in_reply = 1;
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->close_cancelled;
+        n++;
+    }
     if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
     c->batches++;
     c->sending = 1;
@@ -259,15 +277,12 @@ static void on_request(ps_rpc_call *c, int success) {
     }
     pthread_mutex_lock(&c->mu);
     __atomic_store_n(&c->recv_since, ps_mono_ms(), __ATOMIC_RELAXED);
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[0].data.recv_close_on_server.cancelled = &c->close_cancelled;
-    start_batch_locked(c, ops, 1, TAG_CLOSE, "close");
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_MESSAGE;
-    ops[0].data.recv_message.recv_message = &c->recv;
-    if (!c->cancelled) start_batch_locked(c, ops, 1, TAG_RECV, "recv");
+    if (!s->late_close) start_close_locked(c);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv;
+    if (!c->cancelled) start_batch_locked(c, &op, 1, TAG_RECV, "recv");
     rpc_call_unlock_maybe_finish(c);
 }
 
@@ -292,6 +307,17 @@ static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     pthread_mutex_lock(&s->mu);
     rpc_client_unstall_locked(s, c);  /* its message is in */
     rpc_worker *w = s->affinity ? idle_worker_locked(s, c->cls, c->key) : NULL;
+    if (!w && !c->close_started) {
+        /* it will wait for a worker: first learn when its client goes
+         * away (its close batch; no worker can see the call yet), then
+         * look again for an idle worker */
+        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&c->mu);
+        start_close_locked(c);
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_lock(&s->mu);
+        w = s->affinity ? idle_worker_locked(s, c->cls, c->key) : NULL;
+    }
     if (w) {
         w->idle = 0;
         w->handoff = c;
@@ -360,9 +386,11 @@ static void on_close(ps_rpc_call *c, int success) {
 }
 
 static void on_send(ps_rpc_call *c, int success) {
-    (void)success;  /* a failed send shows up as cancelled on the close batch */
+    /* a failed send shows up as cancelled on the close batch, which may be
+     * this one (late close) */
     pthread_mutex_lock(&c->mu);
     c->batches--;
+    if (c->close_in_reply && (!success || c->close_cancelled)) c->cancelled = 1;
     if (c->sending) c->send_done = 1;  /* reply_locked folds the phases in */
     else prof_fold_locked(c);
     __atomic_store_n(&c->send_since, 0, __ATOMIC_RELAXED);
@@ -624,6 +652,7 @@ ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on
     pthread_mutex_lock(&c->mu);
     PS_ASSERT(c->handler_running && !c->deferred); /* from the handler, once */
     c->deferred = 1;
+    start_close_locked(c);  /* on_cancel needs to know when the call ends */
     if (c->s && c->s->prof) c->t_defer = ps_prof_now();
     c->on_cancel = on_cancel;
     c->cancel_arg = cancel_arg;

@@ -34,19 +34,23 @@
  *    ps_rpc_call_defer() hands it a ps_rpc_call handle and its worker is
  *    free as soon as it returns; any thread later answers with
  *    ps_rpc_call_complete(). Deferred calls cost no thread.
- *  - Per call: at accept, batch {RECV_CLOSE_ON_SERVER} (completes when the
- *    call ends: reply sent, client cancelled, deadline passed, server
- *    cancelled) and batch {RECV_MESSAGE}; after the handler or
+ *  - Per call: at accept, batch {RECV_MESSAGE}; after the handler or
  *    ps_rpc_call_complete, batch {SEND_INITIAL_METADATA, SEND_MESSAGE (only
  *    on OK), SEND_STATUS_FROM_SERVER} (initial metadata with the reply: a
- *    call reset before its message costs no write). Batches of one call
- *    never race: the two at accept are started before a worker can see the
- *    call, the reply once (rpc_server_impl.h).
+ *    call reset before its message costs no write). RECV_CLOSE_ON_SERVER
+ *    (completes when the call ends: reply sent, client cancelled, deadline
+ *    passed, server cancelled) is started where it is first needed: before
+ *    a received call waits for a worker, when a handler defers, else in
+ *    the reply batch (one completion per call; PS_RPC_LATE_CLOSE=0: at
+ *    accept, as its own batch). Batches of one call never race: each is
+ *    started by the one thread that holds the call at that step, under its
+ *    lock (rpc_server_impl.h).
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
  *    waited for a worker is answered DEADLINE_EXCEEDED without running the
  *    handler; one known to be cancelled (client gone) by the time a worker
- *    takes it is dropped without running the handler.
+ *    takes it is dropped without running the handler (a call that waited
+ *    in the FIFO always has its close batch, so its cancellation is known).
  */
 #ifndef PS_RPC_SERVER_H
 #define PS_RPC_SERVER_H

@@ -8,13 +8,21 @@
  *   requested --E: request_call ok--> accepted: arm the next request;
  *     tokens, method and call cap checked; a refused call gets one batch
  *     {SEND_INITIAL_METADATA, SEND_STATUS, RECV_CLOSE_ON_SERVER} and its
- *     message is never read. Otherwise two batches: {RECV_CLOSE_ON_SERVER}
- *     (tag CLOSE) and {RECV_MESSAGE} (tag RECV); initial metadata goes
- *     with the reply.
- *   --E: RECV ok--> queued on the class's FIFO
+ *     message is never read. Otherwise {RECV_MESSAGE} (tag RECV); initial
+ *     metadata goes with the reply.
+ *   --E: RECV ok--> handed to an idle worker, or queued on the class's FIFO
  *   --W: handler--> replied: {SEND_MESSAGE, SEND_STATUS} (tag SEND)
  *                or deferred --A: ps_rpc_call_complete--> replied
  *   --E: CLOSE and SEND done--> finished.
+ * RECV_CLOSE_ON_SERVER (which reports a cancelled call) is started once
+ * per call, where it is needed first: before a call waits in the FIFO
+ * (its cancellation then drops it unhandled), at ps_rpc_call_defer (for
+ * on_cancel), else in the reply batch itself (tag SEND), so that a call
+ * run at once ends in one completion, one wake-up of the event thread,
+ * not two (the close completes a moment after the send, nearly always in
+ * a wake-up of its own: docs/performance.md item 17). With
+ * PS_RPC_LATE_CLOSE=0 every accepted call starts it at accept, in a batch
+ * of its own (tag CLOSE), as before.
  * Limits (rpc_server.h, docs/security.md): per-class and per-client call
  * caps at accept (rpc_admission.c); rpc_scan_timeouts (every 200 ms on an
  * event thread) cancels calls waiting too long for their message or for the
@@ -142,6 +150,8 @@ struct ps_rpc_call {
     grpc_byte_buffer *send;      /* response message once replied */
     grpc_slice status_details;   /* once replied */
     int close_cancelled;         /* RECV_CLOSE_ON_SERVER's output */
+    int close_started;           /* RECV_CLOSE_ON_SERVER started (its own batch or the reply's) */
+    int close_in_reply;          /* ... as part of the reply batch (s->late_close) */
     const ps_rpc_method *m;
     int cls;                     /* CLASS_*, counted in s->ncalls[cls] if counted */
     int counted;
@@ -258,6 +268,7 @@ struct ps_rpc_server {
     work_queue q[NCLASSES];
     int workers_stop;
     int affinity;                       /* PS_RPC_AFFINITY (default 1): see rpc_worker */
+    int late_close;                     /* PS_RPC_LATE_CLOSE (default 1): see "Server call life cycle" */
     unsigned long long idle_seq;
     client_slot *clients;               /* clients holding calls */
     int nclients, cap_clients;

@@ -218,6 +218,8 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
      * one FIFO per class taken by whichever worker wakes, to compare */
     const char *e = getenv("PS_RPC_AFFINITY");
     s->affinity = !(e && *e == '0');
+    e = getenv("PS_RPC_LATE_CLOSE");
+    s->late_close = !(e && *e == '0');
 
     grpc_server_credentials *creds = server_credentials(sec, err);
     if (!creds) {

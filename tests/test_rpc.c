@@ -1291,6 +1291,57 @@ static void test_affinity(void) {
     ps_rpc_server_free(s);
 }
 
+/* A call waiting in the FIFO whose client cancels is dropped without
+ * running its handler, with PS_RPC_LATE_CLOSE on (the default: the close
+ * batch is started only when a call has to wait, rpc_server_impl.h) and
+ * off; and calls run at once (their close in the reply batch) are all
+ * answered and finished. */
+static void test_queued_cancel(int late_close) {
+    const char *was = getenv("PS_RPC_LATE_CLOSE");
+    char saved[16];
+    snprintf(saved, sizeof saved, "%s", was ? was : "");
+    setenv("PS_RPC_LATE_CLOSE", late_close ? "1" : "0", 1);   /* read when the server is created */
+    ps_rpc_server *s = start_server(1);
+    if (was) setenv("PS_RPC_LATE_CLOSE", saved, 1);
+    else unsetenv("PS_RPC_LATE_CLOSE");
+    if (!s) return;
+    ps_rpc_client *c = connect_to(s, MAX_MSG);
+    char details[256];
+    uint64_t v = 0;
+    int ok = 0;
+    for (int i = 0; i < 20; i++) ok += step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
+    CHECK_MSG(ok == 20, "late_close %d: %d of 20 calls answered", late_close, ok);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    /* the one worker held in the gate; a second gate call waits in the FIFO */
+    gate_set(0);
+    int passed0 = atomic_load(&gate_passed);
+    step_arg g = {c, M_GATE, 0, WAIT_MS, GRPC_STATUS_UNKNOWN, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, step_thread, &g);
+    CHECK(WAIT_UNTIL(atomic_load(&gate_blocked) == 1, WAIT_MS));
+    grpc_channel *ch = raw_channel(s);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    raw_call r;
+    raw_start(&r, ch, cq, M_GATE, 1, 0);
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 2, WAIT_MS));
+    usleep(100 * 1000);   /* its message in, the call queued */
+    grpc_call_cancel(r.call, NULL);
+    CHECK(raw_events(cq, 2) == 2);
+    CHECK_MSG(r.status == GRPC_STATUS_CANCELLED, "%s", ps_grpc_code_name(r.status));
+    usleep(200 * 1000);   /* the server sees the cancellation */
+    gate_set(1);
+    pthread_join(th, NULL);
+    CHECK_MSG(g.code == GRPC_STATUS_OK && g.v == 5, "gate call: %s", ps_grpc_code_name(g.code));
+    CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
+    CHECK_MSG(atomic_load(&gate_passed) == passed0 + 1, "late_close %d: %d handlers ran, 1 expected (the cancelled "
+              "queued call ran)", late_close, atomic_load(&gate_passed) - passed0);
+    raw_free(&r);
+    raw_cq_destroy(cq);
+    grpc_channel_destroy(ch);
+    ps_rpc_client_free(c);
+    ps_rpc_server_free(s);
+}
+
 int main(void) {
     grpc_init();
     ps_rpc_server *s = start_server(2);
@@ -1313,6 +1364,8 @@ int main(void) {
     test_reserved_and_cap();
     test_refused_before_message();
     test_affinity();
+    test_queued_cancel(1);
+    test_queued_cancel(0);
     grpc_shutdown();
     return check_summary("test_rpc");
 }
