@@ -11,6 +11,7 @@
 #include <grpc/support/alloc.h>
 
 #include "clock.h"
+#include "hash.h"
 #include "log.h"
 
 static ps_rpc_call *call_new(ps_rpc_server *s) {
@@ -249,9 +250,7 @@ static void on_request(ps_rpc_call *c, int success) {
     rpc_escape_slice(method, sizeof method, c->details.method);
     char *rawpeer = grpc_call_get_peer(c->call);
     snprintf(c->peer, sizeof c->peer, "%s", rawpeer ? rawpeer : "");
-    uint64_t key = 1469598103934665603ULL;   /* FNV-1a of the connection */
-    for (const char *p = c->peer; *p; p++) key = (key ^ (unsigned char)*p) * 1099511628211ULL;
-    c->key = key | 1;
+    c->key = ps_hash_str(c->peer) | 1;   /* the connection, never 0 */
     pthread_mutex_lock(&s->mu);
     int cut = rpc_conn_add_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "hash.h"
 #include "lm_corpus.h"
 
 static char g_dir[64];
@@ -149,9 +150,19 @@ static void test_bad(void) {
     PUT("train.txt", "a\n");
 }
 
+/* the corpus's word table hashes with common/hash.h: FNV-1a 64's published
+ * test vectors (Fowler, Noll, Vo) */
+static void test_hash(void) {
+    CHECK(ps_hash_bytes("", 0) == 0xcbf29ce484222325ULL);
+    CHECK(ps_hash_str("a") == 0xaf63dc4c8601ec8cULL);
+    CHECK(ps_hash_str("foobar") == 0x85944171f73967e8ULL);
+    CHECK(ps_hash_bytes("foobar!", 6) == ps_hash_str("foobar"));
+}
+
 int main(void) {
     strcpy(g_dir, "/tmp/test_lm_corpus.XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
+    test_hash();
     test_good();
     test_batchify();
     test_bad();

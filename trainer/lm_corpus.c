@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hash.h"
+
 struct ps_lm_corpus {
     char **words;          /* (nwords) each malloc'd, NUL-terminated */
     int64_t nwords, cap;
@@ -20,15 +22,9 @@ struct ps_lm_corpus {
     int64_t eos, unk;
 };
 
-static uint64_t hash_word(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 1099511628211ULL; }
-    return h;
-}
-
 /* Slot of word s[0..n) : either holding it or the empty slot where it goes. */
 static size_t find_slot(const ps_lm_corpus *c, const char *s, size_t n) {
-    size_t mask = c->nslots - 1, i = (size_t)hash_word(s, n) & mask;
+    size_t mask = c->nslots - 1, i = (size_t)ps_hash_bytes(s, n) & mask;
     while (c->slots[i]) {
         const char *w = c->words[c->slots[i] - 1];
         if (!strncmp(w, s, n) && w[n] == '\0') return i;

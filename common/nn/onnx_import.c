@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
+
 #define MAXD PS_ONNX_MAX_DIMS
 #define PS_MAXD 4                 /* psd's per-sample dims (tensor.h PS_SHAPE_MAX_DIMS) */
 #define NAME_MAX_ 100             /* modeldef.c's node names */
@@ -210,14 +212,8 @@ static ps_status along_batch(imp *im, const char *what) {
 
 /* ------------------------------------------------------------- values */
 
-static uint64_t hash_str(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 static val *vget(imp *im, const char *name) {
-    for (val *v = im->hash[hash_str(name) & (uint64_t)(im->hcap - 1)]; v; v = v->next)
+    for (val *v = im->hash[ps_hash_str(name) & (uint64_t)(im->hcap - 1)]; v; v = v->next)
         if (!strcmp(v->name, name)) return v;
     return NULL;
 }
@@ -230,7 +226,7 @@ static val *vmake(imp *im, const char *name) {
     v->name = name;
     v->prod = -1;
     v->node = -1;
-    uint64_t h = hash_str(name) & (uint64_t)(im->hcap - 1);
+    uint64_t h = ps_hash_str(name) & (uint64_t)(im->hcap - 1);
     v->next = im->hash[h];
     im->hash[h] = v;
     return v;
