@@ -59,21 +59,26 @@
 #include "rpc.h"
 #include "wire.h"
 
-/* This process's CPU (all threads: user + system), seconds. */
-static double cpu_now(void) {
+/* This process's CPU (all threads: user + system, seconds) and context
+ * switches (voluntary, involuntary), from one getrusage. */
+typedef struct usage {
+    double cpu_s;
+    long vcs, ics;
+} usage;
+
+static usage usage_now(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
-           ru.ru_stime.tv_usec * 1e-6;
+    return (usage){(double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+                       ru.ru_stime.tv_usec * 1e-6,
+                   ru.ru_nvcsw, ru.ru_nivcsw};
 }
 
-/* This process's context switches so far (all threads), voluntary and
- * involuntary. */
-static void switches_now(long *vol, long *invol) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    *vol = ru.ru_nvcsw;
-    *invol = ru.ru_nivcsw;
+/* *acc += to - from */
+static void usage_add(usage *acc, usage from, usage to) {
+    acc->cpu_s += to.cpu_s - from.cpu_s;
+    acc->vcs += to.vcs - from.vcs;
+    acc->ics += to.ics - from.ics;
 }
 
 /* --start-together: announce this trainer ready in dir, then wait until n
@@ -199,14 +204,13 @@ int main(int argc, char **argv) {
         usleep(100 * 1000);
     }
     long nb = data.n / (uint32_t)bs, samples = 0;
-    double t_start = 0, t_probe = 0, cpu_start = 0, cpu_probe = 0;
-    long vcs_start = 0, ics_start = 0, vcs_probe = 0, ics_probe = 0;
+    double t_start = 0, t_probe = 0;
+    usage u_start = {0}, u_probe = {0};  /* at the first timed batch; the probes' */
     for (long b = 0; b < warmup + batches; b++) {
         if (b == warmup) {
             if (together) start_together(together, ntogether, rank);
             t_start = ps_mono_s();
-            cpu_start = cpu_now();
-            switches_now(&vcs_start, &ics_start);
+            u_start = usage_now();
         }
         double bs0 = ps_mono_s();
         if (ps_mnist_batch(&data, order + (size_t)(b % nb) * bs, (int)bs, x, y, &err)) goto fail;
@@ -269,9 +273,8 @@ int main(int argc, char **argv) {
         if (out) fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
         samples += bs;
         if (probe) {
-            double p0 = ps_mono_s(), c0 = cpu_now();
-            long v0, i0;
-            switches_now(&v0, &i0);
+            double p0 = ps_mono_s();
+            usage u0 = usage_now();
             timing tp[3];
             ps_ForwardRequest pq = fq;  /* same input, context 0: refused after decoding */
             pq.context_id = 0;
@@ -295,11 +298,7 @@ int main(int argc, char **argv) {
                 fprintf(out, "probe Forward %.1f\nprobe Backward %.1f\nprobe Step %.1f\n", (tp[0].ser + tp[0].call) * 1e6,
                         (tp[1].ser + tp[1].call) * 1e6, (tp[2].ser + tp[2].call) * 1e6);
             t_probe += ps_mono_s() - p0;
-            cpu_probe += cpu_now() - c0;
-            long v1, i1;
-            switches_now(&v1, &i1);
-            vcs_probe += v1 - v0;
-            ics_probe += i1 - i0;
+            usage_add(&u_probe, u0, usage_now());
         }
         if (out) {
             fprintf(out, "rpc Forward %.1f %.1f %.1f\n", (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6);
@@ -308,15 +307,16 @@ int main(int argc, char **argv) {
             if (!fuse) fprintf(out, "rpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
         }
     }
-    double t_end = ps_mono_s(), cpu_end = cpu_now();
-    long vcs_end, ics_end;
-    switches_now(&vcs_end, &ics_end);
+    double t_end = ps_mono_s();
+    usage u = {0};  /* the timed batches'... */
+    usage_add(&u, u_start, usage_now());
+    usage_add(&u, u_probe, (usage){0});  /* ... less the probes' */
     char line[400];
     snprintf(line, sizeof line,
              "trainer rank=%ld batches=%ld samples=%ld t_start=%.6f t_end=%.6f wall_s=%.4f probe_s=%.4f cpu_s=%.4f "
              "vcs=%ld ics=%ld\n",
              rank, batches, samples, t_start, t_end, t_end - t_start - t_probe, t_probe,
-             cpu_end - cpu_start - cpu_probe, vcs_end - vcs_start - vcs_probe, ics_end - ics_start - ics_probe);
+             u.cpu_s, u.vcs, u.ics);
     fputs(line, stdout);
     if (out) fputs(line, out);
     rc = 0;
