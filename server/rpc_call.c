@@ -126,15 +126,21 @@ static void start_batch_locked(ps_rpc_call *c, const grpc_op *ops, size_t n, int
     }
 }
 
+/* With c->mu held: c's one RECV_CLOSE_ON_SERVER op (its own batch, the
+ * reply's or the refusal's) into *op, zeroed first; marks it started. */
+static void close_op_locked(ps_rpc_call *c, grpc_op *op) {
+    memset(op, 0, sizeof *op);
+    op->op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op->data.recv_close_on_server.cancelled = &c->close_cancelled;
+    c->close_started = 1;
+}
+
 /* With c->mu held, no other batch of c being started: start its
  * RECV_CLOSE_ON_SERVER batch (tag CLOSE) unless already started. */
 static void start_close_locked(ps_rpc_call *c) {
     if (c->close_started || c->cancelled || c->finished) return;
-    c->close_started = 1;
     grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    close_op_locked(c, &op);
     start_batch_locked(c, &op, 1, TAG_CLOSE, "close");
 }
 
@@ -186,10 +192,8 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
     if (!c->close_started) {  /* late close: the call ends in this batch's one completion */
-        c->close_started = c->close_in_reply = 1;
-        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-        ops[n].data.recv_close_on_server.cancelled = &c->close_cancelled;
-        n++;
+        close_op_locked(c, &ops[n++]);
+        c->close_in_reply = 1;
     }
     if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
     c->batches++;
@@ -226,8 +230,7 @@ static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *detai
     ops[1].data.send_status_from_server.trailing_metadata_count = 0;
     ops[1].data.send_status_from_server.status = code;
     ops[1].data.send_status_from_server.status_details = &c->status_details;
-    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[2].data.recv_close_on_server.cancelled = &c->close_cancelled;
+    close_op_locked(c, &ops[2]);
     start_batch_locked(c, ops, 3, TAG_SEND, "refuse");
     rpc_call_unlock_maybe_finish(c);
 }
@@ -518,8 +521,10 @@ void *rpc_worker_main(void *arg) {
     work_queue *q = &s->q[w->cls];
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        ps_rpc_call *c = s->affinity ? worker_next_locked(w) : NULL;
-        if (!s->affinity) {
+        ps_rpc_call *c;
+        if (s->affinity) {
+            c = worker_next_locked(w);
+        } else {
             while (!q->head && !s->workers_stop) pthread_cond_wait(&q->cv, &s->mu);
             c = queue_pop_locked(q);
         }
