@@ -1992,8 +1992,8 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
 /* outputs per chunk for d, or 0: one inner product */
 static int lin_chunk_of(const dn_impl *im, const ps_linear_desc *d) {
     if (im->no_lin_chunk || d->in <= 0) return 0;
-    size_t per = LIN_CHUNK_BYTES / ((size_t)d->in * sizeof(float));
-    int cw = per > (size_t)LIN_CHUNK_MIN ? (per > (size_t)INT32_MAX ? INT32_MAX : (int)per) : LIN_CHUNK_MIN;
+    size_t per = LIN_CHUNK_BYTES / ((size_t)d->in * sizeof(float));  /* <= 512 Ki outputs */
+    int cw = per > (size_t)LIN_CHUNK_MIN ? (int)per : LIN_CHUNK_MIN;
     if (d->out / 2 < cw) return 0;
     int nchunk = (d->out + cw - 1) / cw;
     cw = (d->out + nchunk - 1) / nchunk;
