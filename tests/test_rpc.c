@@ -1233,19 +1233,27 @@ static void test_refused_before_message(void) {
     ps_rpc_server_free(s);
 }
 
+/* start_server(threads) with the environment variable name set to value
+ * while the server is created (which reads PS_RPC_AFFINITY and
+ * PS_RPC_LATE_CLOSE), then as it was */
+static ps_rpc_server *start_server_env(const char *name, const char *value, int threads) {
+    const char *was = getenv(name);
+    char saved[16];
+    snprintf(saved, sizeof saved, "%s", was ? was : "");
+    setenv(name, value, 1);
+    ps_rpc_server *s = start_server(threads);
+    if (was) setenv(name, saved, 1);
+    else unsetenv(name);
+    return s;
+}
+
 /* With PS_RPC_AFFINITY=1 (rpc_worker): a connection's calls run on one
  * worker thread while it is free, two connections' on two; a call whose
  * worker is busy (its earlier call blocked in the gate) runs on another at
  * once, and so does another connection's while every other worker is held:
  * no call waits behind another while a worker of its class is idle. */
 static void test_affinity(void) {
-    const char *was = getenv("PS_RPC_AFFINITY");
-    char saved[16];
-    snprintf(saved, sizeof saved, "%s", was ? was : "");
-    setenv("PS_RPC_AFFINITY", "1", 1);   /* read when the server is created */
-    ps_rpc_server *s = start_server(4);
-    if (was) setenv("PS_RPC_AFFINITY", saved, 1);
-    else unsetenv("PS_RPC_AFFINITY");
+    ps_rpc_server *s = start_server_env("PS_RPC_AFFINITY", "1", 4);
     if (!s) return;
     /* channels with other arguments: connections of their own */
     ps_rpc_client *a = connect_to(s, MAX_MSG), *b = connect_to(s, MAX_MSG - 1);
@@ -1297,13 +1305,7 @@ static void test_affinity(void) {
  * off; and calls run at once (their close in the reply batch) are all
  * answered and finished. */
 static void test_queued_cancel(int late_close) {
-    const char *was = getenv("PS_RPC_LATE_CLOSE");
-    char saved[16];
-    snprintf(saved, sizeof saved, "%s", was ? was : "");
-    setenv("PS_RPC_LATE_CLOSE", late_close ? "1" : "0", 1);   /* read when the server is created */
-    ps_rpc_server *s = start_server(1);
-    if (was) setenv("PS_RPC_LATE_CLOSE", saved, 1);
-    else unsetenv("PS_RPC_LATE_CLOSE");
+    ps_rpc_server *s = start_server_env("PS_RPC_LATE_CLOSE", late_close ? "1" : "0", 1);
     if (!s) return;
     ps_rpc_client *c = connect_to(s, MAX_MSG);
     char details[256];
