@@ -100,6 +100,7 @@ static const cfg_entry g_table[] = {
     INT ("server.transport_memory_mb", RPC(transport_memory_mb), 0, 1048576, "512"),
     DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    1, 0, 3600, 0, "30"),
     DBL ("server.send_timeout_s",  RPC(send_timeout_s),    1, 0, 3600, 0, "60"),
+    INT ("server.idle_poll_us",    RPC(idle_poll_us),      0, 100000, "2000"),
     U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
     DBL ("server.batch_wait_ms",   SVC(batch_wait_ms),     0, 0, 1000, 0, "0"),
     INT ("server.batch_max_samples", SVC(batch_max_samples), 1, 65536, "256"),

@@ -148,6 +148,10 @@ typedef struct ps_rpc_server_opts {
                                     together do is cut off (all its
                                     connections closed while it goes on);
                                     0 = default */
+    int idle_poll_us;            /* server.idle_poll_us: an idle worker polls
+                                    for its next call up to this long before
+                                    it sleeps (adaptive per worker, see
+                                    rpc_server_impl.h); 0 = never polls */
     bool profile;                /* time every call's phases (prof.h),
                                     read with ps_rpc_server_phases */
 } ps_rpc_server_opts;

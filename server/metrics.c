@@ -204,6 +204,13 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
            "connection, or its whole host) or past server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
+    family(&b, "psd_worker_polls_total", "counter", "Idle workers' polls for their next call "
+           "(server.idle_poll_us), by how they ended: a call came, or the worker went to sleep.");
+    put(&b, "psd_worker_polls_total{outcome=\"call\"} %llu\n", ad.polls_hit);
+    put(&b, "psd_worker_polls_total{outcome=\"slept\"} %llu\n", ad.polls_missed);
+    family(&b, "psd_worker_poll_seconds_total", "counter", "Time idle workers spent polling (on a CPU, yielding "
+           "it to anything runnable).");
+    put(&b, "psd_worker_poll_seconds_total %.6f\n", ad.poll_s);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
     put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);
     put(&b, "psd_calls_in_progress{class=\"reserved\"} %d\n", ad.reserved_calls);

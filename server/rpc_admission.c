@@ -381,6 +381,9 @@ void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out) {
     out->refused_auth = atomic_load(&s->refused_auth);
     pthread_mutex_lock(&s->mu);
     out->conns_cut = s->conns_cut;
+    out->polls_hit = s->polls_hit;
+    out->polls_missed = s->polls_missed;
+    out->poll_s = s->poll_s;
     pthread_mutex_unlock(&s->mu);
     out->bytes_received = atomic_load(&s->bytes_received);
     out->bytes_sent = atomic_load(&s->bytes_sent);

@@ -4,6 +4,7 @@
  * drive the completion queue and the workers that run handlers. */
 #include "rpc_server_impl.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -503,10 +504,33 @@ static ps_rpc_call *worker_next_locked(rpc_worker *w) {
      * to an idle worker rather than queuing it) */
     w->idle = 1;
     w->idle_seq = ++s->idle_seq;
+    const int max = s->opts.idle_poll_us;
+    double t0 = max > 0 ? ps_mono_s() : 0;
+    if (w->poll_us > 0) {  /* an enqueue sees w idle, not sleeping: hands over, signals nothing */
+        pthread_mutex_unlock(&s->mu);
+        double until = t0 + w->poll_us * 1e-6;
+        while (!__atomic_load_n(&w->handoff, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->workers_stop, __ATOMIC_RELAXED) &&
+               ps_mono_s() < until)
+            sched_yield();
+        pthread_mutex_lock(&s->mu);
+        s->poll_s += ps_mono_s() - t0;
+        if ((c = worker_take_locked(w))) {
+            s->polls_hit++;
+            w->idle = 0;
+            return c;
+        }
+        s->polls_missed++;
+    }
     while (!(c = worker_take_locked(w)) && !s->workers_stop) {
         w->sleeping = 1;
         pthread_cond_wait(&w->cv, &s->mu);
         w->sleeping = 0;
+    }
+    if (max > 0 && c) {  /* it slept: was the spell short enough for a longer poll to catch? */
+        double us = (ps_mono_s() - t0) * 1e6;
+        if (us <= max) w->poll_us = w->poll_us * 2 > max ? max : w->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US
+                                                                                                   : w->poll_us * 2;
+        else if ((w->poll_us /= 2) < PS_RPC_POLL_MIN_US) w->poll_us = 0;
     }
     w->idle = 0;
     return c;

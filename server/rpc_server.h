@@ -195,6 +195,9 @@ typedef struct ps_rpc_admission {
     unsigned long long conns_cut;       /* connections closed for rapid reset */
     unsigned long long bytes_received;  /* request message bytes (serialized protobuf) */
     unsigned long long bytes_sent;      /* response message bytes handed to gRPC */
+    unsigned long long polls_hit;       /* idle workers' polls (server.idle_poll_us) that caught a call */
+    unsigned long long polls_missed;    /* ... that ended in sleep */
+    double poll_s;                      /* the time workers spent polling */
     double saturated_s;             /* how long ordinary calls have been
                                        refused for the call cap without a
                                        break of more than 1 s; 0 = not now */

@@ -207,7 +207,20 @@ typedef struct work_queue {
  * on the class's FIFO, which every worker of the class drains in order:
  * so a call never waits while a worker of its class is idle, and a client
  * cannot hold a worker for itself. Without affinity every worker waits on
- * the FIFO's condition variable, as before. */
+ * the FIFO's condition variable, as before.
+ *
+ * An idle worker first polls for a handoff (yielding its CPU to anything
+ * runnable there) for up to poll_us, then sleeps. A sleeping thread's CPU
+ * goes idle, and on a virtual machine without guest halt-polling an idle
+ * vCPU takes ~0.1 ms, at times several, to wake (docs/performance.md item
+ * 18), which a call boundary pays two or three times. The window adapts as
+ * the kernel's haltpoll governor's does: an idle spell that ended within
+ * opts.idle_poll_us after the poll gave up doubles it (up to that), a
+ * longer one halves it (below PS_RPC_POLL_MIN_US: off until a short spell
+ * again), so a worker whose calls come far apart (a trainer computing
+ * between them) stops burning its CPU. */
+#define PS_RPC_POLL_MIN_US 50  /* a polling window below this is none */
+
 typedef struct rpc_worker {
     ps_rpc_server *s;
     int cls;
@@ -221,6 +234,7 @@ typedef struct rpc_worker {
     int finishing;               /* its handler returned (set by it unlocked, cleared under s->mu) */
     uint64_t last_key;           /* the connection of the last call it ran */
     unsigned long long idle_seq; /* when it went idle (s->idle_seq): the oldest is taken for a stranger */
+    int poll_us;                 /* its polling window now (rpc_call.c worker_next_locked) */
 } rpc_worker;
 
 struct ps_rpc_server {
@@ -260,6 +274,8 @@ struct ps_rpc_server {
     uint32_t refused_hosts[PS_RPC_REFUSED_HOSTS]; /* IPv4 hosts whose new connections the listener drops */
     int nrefused_hosts;                     /* (event thread running the connection scan only) */
     unsigned long long conns_cut;
+    unsigned long long polls_hit, polls_missed; /* idle workers' polls (rpc_worker), under mu */
+    double poll_s;                      /* ... the time they took, under mu */
     atomic_ullong bytes_received, bytes_sent; /* message payloads, both ways */
     int ncalls[NCLASSES];               /* accepted, unfinished calls */
     int nstalled;                       /* of those, ordinary and reader calls whose message is not in */

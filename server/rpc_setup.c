@@ -162,7 +162,7 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     if (o.max_connections_per_client == 0) o.max_connections_per_client = PS_RPC_DEFAULT_MAX_CONNECTIONS;
     if (o.threads < 1 || o.reserved_threads < 1 || o.max_calls < 1 || o.max_reserved_calls < 1 ||
         o.max_calls_per_client < 1 || o.max_stalled_per_client < 1 || o.max_connections_per_client < 1 || o.max_streams_per_connection < 1 || !(o.recv_timeout_s >= 0.001) ||
-        !(o.send_timeout_s >= 0.001) || o.transport_memory_mb < 0 ||
+        !(o.send_timeout_s >= 0.001) || o.transport_memory_mb < 0 || o.idle_poll_us < 0 ||
         nmethods < 0 || (nmethods > 0 && !methods)) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                    "rpc server %s: need >= 1 threads (got %d), >= 1 reserved threads (got %d), "
@@ -212,7 +212,10 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     for (int i = 0; i < s->nworkers; i++)
         s->workers[i] = (rpc_worker){s, i < o.threads ? CLASS_ORDINARY
                                         : i < o.threads + o.reserved_threads ? CLASS_RESERVED : CLASS_READER, 0, 0};
-    for (int i = 0; i < s->nworkers; i++) pthread_cond_init(&s->workers[i].cv, NULL);
+    for (int i = 0; i < s->nworkers; i++) {
+        pthread_cond_init(&s->workers[i].cv, NULL);
+        s->workers[i].poll_us = o.idle_poll_us;
+    }
     s->ncv = s->nworkers;
     /* a call goes to its connection's last worker (rpc_worker); =0 for
      * one FIFO per class taken by whichever worker wakes, to compare */
