@@ -9,7 +9,8 @@
 #     threads spent runnable but waiting for a CPU (schedstat); ctxsw:
 #     voluntary + involuntary switches of its threads) followed by its
 #     /metrics lines psd_call_phase_*, psd_samples_total (the phase
-#     accounting, server.profile) and psd_batched_* (batched calls). Two snapshots give the cost of what ran
+#     accounting, server.profile), psd_batched_* (batched calls) and
+#     psd_worker_poll_seconds_total (server.idle_poll_us). Two snapshots give the cost of what ran
 #     between them, whatever else the machine ran.
 #   wait_psd ADDR                    until a TCP connect to ADDR succeeds (10 s)
 #   lm_flop_per_token                the FLOPs one training token of rnn_lm at
@@ -27,6 +28,7 @@
 #                                    Step and in all calls per token.
 #                                    LM_WARMUP windows per trainer (default 3)
 #                                    run first against the same psd, untimed.
+#                                    LM_PSD_ARGS: more psd flags (e.g. --set KEY=VALUE).
 #   lm_trainers PORT K MODE DATA WINDOWS LOGPREFIX  K `ps-train lm` trainers
 #                                    against that psd, logs LOGPREFIX-tR.log;
 #                                    fails when one did
@@ -41,7 +43,7 @@ psd_snap() {
     cat /proc/"$pid"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf " runq_s=%.6f", w / 1e9}'
     cat /proc/"$pid"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {printf " ctxsw=%d\n", s}'
     if [ -n "$maddr" ]; then
-      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total|^psd_batched_' || true
+      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total|^psd_batched_|^psd_worker_poll_seconds_total' || true
     fi
   } >"$out"
 }
@@ -82,8 +84,9 @@ lm_tokens() {
   local mode=$1 k=$2 windows=$3 data=$4 dir=$5 port
   port=$(bench_port)
   mkdir -p "$dir"
+  # shellcheck disable=SC2086
   "$BUILD/bin/psd" --config configs/rnn_lm.yaml --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
-    2>"$dir/psd-$mode-$k.log" &
+    ${LM_PSD_ARGS:-} 2>"$dir/psd-$mode-$k.log" &
   local psd=$! psd_cpu0
   wait_psd "127.0.0.1:$port" || true
   # a short round first, as section 2 does for MNIST: psd's first windows

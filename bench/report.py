@@ -129,6 +129,10 @@ def snap(path):
         m = re.match(r"psd_samples_total (\S+)", line)
         if m:
             samples = float(m.group(1))
+            continue
+        m = re.match(r"psd_worker_poll_seconds_total (\S+)", line)
+        if m:
+            st["poll_s"] = float(m.group(1))
     return st, ph, calls, samples
 
 
@@ -247,6 +251,8 @@ def phase_table(d, label, n, comp, bs=32):
         cpu_us = st.get("cpu_s", 0) / samples * 1e6
         ref = comp.get(("dnnl", 1, "step"))
         line = f"   psd's CPU per sample {cpu_us:.1f} us"
+        if st.get("poll_s"):
+            line += f" (of which idle workers polling for their next call: {st['poll_s'] * 1e6 / samples:.1f} us)"
         if ref and len(ref) > 3 and ref[3]:
             line += f"; the in-process 1-thread step's {ref[3]:.1f} us (ratio {ref[3] / cpu_us:.2f})"
         print(line)

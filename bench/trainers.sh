@@ -43,10 +43,13 @@ for n in $TRAINERS; do
   # trainers' stale gradients from blowing the weights up (at lr 0.03, 8
   # of them reached non-finite gradients within ~100 steps, and psd
   # refuses those by default), and a step that still got one is skipped
-  # rather than failing the trainer and the bench.
+  # rather than failing the trainer and the bench. Idle workers do not poll
+  # for their next call (server.idle_poll_us=0): that CPU is spent while a
+  # worker has nothing to do, more with few trainers than with many, and
+  # would make the cost of serving a sample look flatter than it is.
   "$BUILD/bin/psd" --config configs/local.yaml --listen "$addr" --metrics-listen "$maddr" \
     --set server.max_calls_per_client=$(( 4 * n + 16 )) --set optimizer.lr=0.003 \
-    --set server.nonfinite_policy=skip ${PSD_ARGS:-} 2>"$dir/psd-$n.log" &
+    --set server.nonfinite_policy=skip --set server.idle_poll_us=0 ${PSD_ARGS:-} 2>"$dir/psd-$n.log" &
   psd=$!
   wait_psd "$maddr" || true
   round() {  # tag batches
