@@ -431,6 +431,8 @@ def main():
         v, ideal = e2e[("split", 2)], 2 * one[0]
         print(f"   psd + 2 trainers >= 0.85 x (2 x the in-process 1-thread step): {v:.0f} / {ideal:.0f} = "
               f"{v / ideal:.2f}  {verdict(v / ideal >= 0.85)}")
+        paired_line("  the same, each repetition against 2 x the step measured beside it",
+                    os.path.join(d, "e2e-split-2"))
         if "step" in conc and len(conc["step"]) == 2:
             c2 = sum(conc["step"])
             print(f"     for information: two 1-thread steps run at once in two processes: {c2:.0f} samples/s"
@@ -453,6 +455,47 @@ def main():
     per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps)
     resnet(os.path.join(d, "resnet"))
     lm_table(d)
+
+
+def paired(dd, n=2):
+    """The e2e run in dd against the 1-thread in-process step measured right
+    before and after each repetition (bench/run.sh PAIR_STEP): each
+    repetition's samples/s over 2 x the mean of its two adjacent steps.
+    Returns (median ratio, [ratios]) or (None, [])."""
+    steps = []
+    for k in range(0, 10):
+        lines = [l for l in read(os.path.join(dd, f"pair{k}.txt"))
+                 if l.startswith("compute ") and kv(l).get("what") == "step"]
+        if not lines:
+            break
+        steps.append(float(kv(lines[0])["median"]))
+    runs = {}
+    for f in glob.glob(os.path.join(dd, "rep*-t*.txt")):
+        rep = int(os.path.basename(f).split("-")[0][3:])
+        for line in read(f):
+            if line.startswith("trainer "):
+                k = kv(line)
+                runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
+    out = []
+    for rep in sorted(runs):
+        tr = runs[rep]
+        if len(tr) != n or rep >= len(steps):
+            continue
+        rate = sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
+        out.append(rate / (2 * (steps[rep - 1] + steps[rep]) / 2))
+    return (statistics.median(out), out) if out else (None, [])
+
+
+def paired_line(what, dd, goal=0.85, width=54, isa=None):
+    """A target line for paired(dd), when the run measured adjacent steps."""
+    v, each = paired(dd)
+    if v is None:
+        return
+    lab = f"{what} (adjacent steps; {len(each)} reps: {' / '.join(f'{x:.2f}' for x in each)})"
+    if isa is None:
+        print(f"   {lab}: {v:.2f}  {'MET' if v >= goal else 'NOT MET'}")
+    else:
+        print(f"   {isa:<18} {lab:<{width}} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
 
 
 def resnet(d):
@@ -518,6 +561,7 @@ def resnet(d):
                               ("psd + 2 trainers >= 0.85 x (2 x 1-thread step)", vs, 0.85)):
             if v is not None:
                 print(f"   {isa_of[c]:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+        paired_line("  the same", os.path.join(d, f"e2e-{c}-2"), isa=isa_of[c])
 
 
 def fallbacks_logged(d, label):
@@ -596,6 +640,7 @@ def per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps):
                               ("issue 22: psd + 2 trainers >= 0.85 x (2 x 1-thread step)", v22, 0.85)):
             if v is not None:
                 print(f"   {isa:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+        paired_line("  issue 22, the same", os.path.join(d, "e2e-" + "-".join(map(str, key))), isa=isa)
         if isa.startswith("avx2") and ratio(e[i], best[i]) is not None:
             v = ratio(e[i], best[i])
             print(f"   {isa:<18} {'psd + 2 trainers >= 3.5 x PyTorch tutorial':<54} {v:6.1f}x {'MET' if v >= 3.5 else 'NOT MET'}")

@@ -116,6 +116,11 @@ for t in 1 2; do
 done
 
 # ---- 2. end to end: psd + N trainers on loopback
+pair_step() {  # FILE: one short 1-thread in-process step (PAIR_STEP: bench_compute's model/batch flags)
+  # shellcheck disable=SC2086
+  "$BUILD/bench/bench_compute" --backend dnnl --threads 1 --reps 1 --secs "$SECS" --data "$DATA" $PAIR_STEP \
+    | grep '^compute ' >"$1" || true
+}
 echo "== end to end (psd + N bench_trainer processes, $E2E_BATCHES timed batches each after $E2E_WARMUP, $REPS runs)"
 e2e() {  # label, trainers, psd flags..., -- trainer flags...
   local label=$1 n=$2; shift 2
@@ -141,6 +146,11 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   for p in "${wpids[@]}"; do wait "$p"; done
   psd_snap "$psd" "$maddr" "$dir/snap0.txt"
   local runs=$REPS; [ "$runs" -gt 3 ] && runs=3
+  # PAIR_STEP set (bench_compute's flags for the same model and batch; ""
+  # for MNIST's): the 1-thread in-process step measured before the first
+  # repetition and after each, so each repetition's ratio has a step of the
+  # same minutes beside it (this machine's speed drifts between sections)
+  [ -n "${PAIR_STEP+set}" ] && pair_step "$dir/pair0.txt"
   for rep in $(seq 1 "$runs"); do
     local pids=()
     # the trainers start their timed batches together (bench_trainer.c says why)
@@ -152,13 +162,16 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p"; done
+    [ -n "${PAIR_STEP+set}" ] && pair_step "$dir/pair$rep.txt"
   done
   psd_snap "$psd" "$maddr" "$dir/snap1.txt"
   echo "psd_peak_rss_kb $(awk '/VmHWM/ {print $2}' /proc/$psd/status)" >"$dir/psd_rss.txt"
   kill -TERM "$psd"; wait "$psd" || true
   echo "  $label, $n trainer(s): $(cat "$dir/psd_rss.txt")"
 }
-for n in 1 2 4; do e2e split "$n"; done
+e2e split 1
+PAIR_STEP="" e2e split 2
+e2e split 4
 e2e fused 2 -- --fuse-step
 # every call on one compute thread (server.compute_threads=1) instead of psd's
 # share of the cores per call: tells on a quiet machine whether calls given
@@ -200,7 +213,7 @@ for isa in $ISAS; do
       "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$I_REPS" --secs 1 --data "$DATA" --profile \
         | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
     done
-    e2e "isa@$low" 2
+    PAIR_STEP="" e2e "isa@$low" 2
     lm_fused "$low"
     if [ -z "${SKIP_TORCH:-}" ]; then
       for t in 1 2; do
@@ -236,7 +249,8 @@ for isa in host $ISAS; do
         --batch "$RESNET_BATCH" --reps "$I_REPS" --secs "$SECS" --data "$DATA" --profile | sed "s/backend=dnnl/backend=dnnl@$low/" \
         | tee -a "$OUT/resnet/compute.txt"
     done
-    E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" e2e "$low" 2 -- --batch-size "$RESNET_BATCH"
+    E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
+      PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH"
   )
 done
 
