@@ -323,7 +323,7 @@ static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     }
     if (w) {
         w->idle = 0;
-        w->handoff = c;
+        __atomic_store_n(&w->handoff, c, __ATOMIC_RELEASE);  /* a polling worker reads it unlocked */
         int wake = w->sleeping;
         pthread_mutex_unlock(&s->mu);
         if (wake) pthread_cond_signal(&w->cv);
@@ -526,11 +526,14 @@ static ps_rpc_call *worker_next_locked(rpc_worker *w) {
         pthread_cond_wait(&w->cv, &s->mu);
         w->sleeping = 0;
     }
-    if (max > 0 && c) {  /* it slept: was the spell short enough for a longer poll to catch? */
+    if (max > 0 && c) {  /* it slept: would a longer poll (up to max) have caught this call? */
         double us = (ps_mono_s() - t0) * 1e6;
-        if (us <= max) w->poll_us = w->poll_us * 2 > max ? max : w->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US
-                                                                                                   : w->poll_us * 2;
-        else if ((w->poll_us /= 2) < PS_RPC_POLL_MIN_US) w->poll_us = 0;
+        if (us <= max) {
+            int grown = w->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US : 2 * w->poll_us;
+            w->poll_us = grown < max ? grown : max;
+        } else if ((w->poll_us /= 2) < PS_RPC_POLL_MIN_US) {
+            w->poll_us = 0;
+        }
     }
     w->idle = 0;
     return c;

@@ -214,11 +214,12 @@ typedef struct work_queue {
  * goes idle, and on a virtual machine without guest halt-polling an idle
  * vCPU takes ~0.1 ms, at times several, to wake (docs/performance.md item
  * 18), which a call boundary pays two or three times. The window adapts as
- * the kernel's haltpoll governor's does: an idle spell that ended within
- * opts.idle_poll_us after the poll gave up doubles it (up to that), a
- * longer one halves it (below PS_RPC_POLL_MIN_US: off until a short spell
- * again), so a worker whose calls come far apart (a trainer computing
- * between them) stops burning its CPU. */
+ * the kernel's haltpoll governor's does: after a spell in which the poll
+ * gave up and the worker slept, a spell no longer than opts.idle_poll_us
+ * (a longer poll would have caught its call) doubles the window (up to
+ * that; from PS_RPC_POLL_MIN_US when it was off), a longer one halves it
+ * (below PS_RPC_POLL_MIN_US: off), so a worker whose calls come far apart
+ * (a trainer computing between them) stops burning its CPU. */
 #define PS_RPC_POLL_MIN_US 50  /* a polling window below this is none */
 
 typedef struct rpc_worker {
