@@ -10,10 +10,11 @@
 #         default 2), samples/s
 # REF is built in a temporary git worktree (removed at the end); this tree
 # is built in $BUILD. Each build runs ROUNDS times per measurement, the
-# order new, old, old, new, new, old, ...; the medians are compared:
-#   e2e  new 1012.3 old 1004.1 samples/s  new/old 1.008
-#   step new  931.0 old  925.5 samples/s  new/old 1.006
-# and the script fails when a ratio is below MIN_RATIO (default 0.97).
+# order new, old, old, new, new, old, ...; each round's new/old is taken,
+# and the median of those decides (beside it, the ratio of the medians):
+#   e2e  new 1012.3 old 1004.1 samples/s  medians' ratio 1.008, rounds' ratios' median new/old 1.011
+#   step new  931.0 old  925.5 samples/s  medians' ratio 1.006, rounds' ratios' median new/old 1.004
+# and the script fails when a rounds' ratio is below MIN_RATIO (default 0.97).
 # A shared or busy machine makes single figures noisy: read the ratio with
 # the load average it prints, and run it on a quiet machine to decide.
 #
@@ -117,16 +118,22 @@ bad=0
 : >"$tmp/report.txt"
 for what in e2e step; do
   n=$(median <"$tmp/new.$what"); o=$(median <"$tmp/old.$what")
-  ratio=$(awk -v n="$n" -v o="$o" 'BEGIN { printf "%.3f", (o > 0 ? n / o : 0) }')
-  printf "%-4s new %8.1f old %8.1f samples/s  new/old %s\n" "$what" "$n" "$o" "$ratio"
+  medians=$(awk -v n="$n" -v o="$o" 'BEGIN { printf "%.3f", (o > 0 ? n / o : 0) }')
+  # the verdict: the median of the rounds' own ratios (each round runs the
+  # two trees a few seconds apart, so a drift of the machine's speed over
+  # the minutes of all rounds cancels in it; the medians' ratio does not)
+  ratio=$(paste "$tmp/new.$what" "$tmp/old.$what" | awk '$2 > 0 { printf "%.6f\n", $1 / $2 }' | median)
+  ratio=$(awk -v r="$ratio" 'BEGIN { printf "%.3f", r }')
+  printf "%-4s new %8.1f old %8.1f samples/s  medians' ratio %s, rounds' ratios' median new/old %s\n" "$what" "$n" "$o" \
+    "$medians" "$ratio"
   ok=MET
   awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN { exit !(r >= m) }' || { bad=1; ok="NOT MET"; }
   if [ "$what" = e2e ]; then label="psd + $E2E_TRAINERS trainer(s)"; else label="in-process step, $STEP_THREADS thread(s)"; fi
-  printf "   %-34s this tree %8.1f  %s %8.1f samples/s  ratio %s (>= %s) %s\n" "$label" "$n" \
-    "$(git rev-parse --short "$ref")" "$o" "$ratio" "$MIN_RATIO" "$ok" >>"$tmp/report.txt"
+  printf "   %-34s this tree %8.1f  %s %8.1f samples/s  rounds' ratio %s (>= %s) %s; medians' %s\n" "$label" "$n" \
+    "$(git rev-parse --short "$ref")" "$o" "$ratio" "$MIN_RATIO" "$ok" "$medians" >>"$tmp/report.txt"
 done
 if [ -n "${REPORT:-}" ]; then
-  { echo "   ($ROUNDS rounds alternately, medians; load average $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
+  { echo "   ($ROUNDS rounds alternately; the median of the rounds' new/old, beside the medians'; load average $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
     cat "$tmp/report.txt"; } >"$REPORT"
 fi
 [ $bad -eq 0 ] || { echo "compare: new/old below $MIN_RATIO"; exit 1; }
