@@ -193,21 +193,16 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     put(&b, "psd_calls_refused_total{reason=\"busy\"} %llu\n", ad.refused_busy);
     put(&b, "psd_calls_refused_total{reason=\"client_limit\"} %llu\n", ad.refused_client);
     put(&b, "psd_calls_refused_total{reason=\"auth\"} %llu\n", ad.refused_auth);
-    family(&b, "psd_calls_stalled_total", "counter", "Calls cancelled because the client never sent its "
-           "request (recv) or never took its reply (send).");
-    put(&b, "psd_calls_stalled_total{phase=\"recv\"} %llu\n", ad.recv_timeouts);
-    put(&b, "psd_calls_stalled_total{phase=\"send\"} %llu\n", ad.send_timeouts);
-    family(&b, "psd_message_bytes_total", "counter", "Serialized request messages received and response "
-           "messages sent (payloads, without HTTP/2 and TLS framing).");
-    put(&b, "psd_message_bytes_total{dir=\"received\"} %llu\n", ad.bytes_received);
-    put(&b, "psd_message_bytes_total{dir=\"sent\"} %llu\n", ad.bytes_sent);
+    counter2(&b, "psd_calls_stalled_total", "Calls cancelled because the client never sent its request (recv) or "
+             "never took its reply (send).", "phase", "recv", ad.recv_timeouts, "send", ad.send_timeouts);
+    counter2(&b, "psd_message_bytes_total", "Serialized request messages received and response messages sent "
+             "(payloads, without HTTP/2 and TLS framing).", "dir", "received", ad.bytes_received, "sent", ad.bytes_sent);
     family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
            "connection, or its whole host) or past server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
-    family(&b, "psd_worker_polls_total", "counter", "Idle workers' polls for their next call "
-           "(server.idle_poll_us), by how they ended: a call came, or the worker went to sleep.");
-    put(&b, "psd_worker_polls_total{outcome=\"call\"} %llu\n", ad.polls_hit);
-    put(&b, "psd_worker_polls_total{outcome=\"slept\"} %llu\n", ad.polls_missed);
+    counter2(&b, "psd_worker_polls_total", "Idle workers' polls for their next call (server.idle_poll_us), by how "
+             "they ended: a call came, or the worker went to sleep.", "outcome", "call", ad.polls_hit, "slept",
+             ad.polls_missed);
     family(&b, "psd_worker_poll_seconds_total", "counter", "Time idle workers spent polling (on a CPU, yielding "
            "it to anything runnable).");
     put(&b, "psd_worker_poll_seconds_total %.6f\n", ad.poll_s);
