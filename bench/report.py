@@ -36,17 +36,30 @@ def read(path):
         return []
 
 
-def read_e2e(dd, n):
-    """One e2e run directory of n trainers: the combined samples/s of each
-    repetition where all n trainers reported, the RPC and probe latencies (ms)
-    and the wall seconds per batch."""
-    runs, rpcs, probes, walls = {}, {}, {}, []
-    for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
-        rep = os.path.basename(f).split("-")[0]
+def rep_rates(dd, n):
+    """One e2e run directory of n trainers: {repetition number: the combined
+    samples/s of its trainers (their samples over the span from the first
+    start to the last end)}, for the repetitions where all n reported."""
+    runs = {}
+    for f in glob.glob(os.path.join(dd, "rep*-t*.txt")):
+        rep = int(os.path.basename(f).split("-")[0][3:])
         for line in read(f):
             if line.startswith("trainer "):
                 k = kv(line)
                 runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
+    return {rep: sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
+            for rep, tr in runs.items() if len(tr) == n}
+
+
+def read_e2e(dd, n):
+    """One e2e run directory of n trainers: the combined samples/s of each
+    repetition where all n trainers reported (rep_rates, in order), the RPC
+    and probe latencies (ms) and the wall seconds per batch."""
+    rpcs, probes, walls = {}, {}, []
+    for f in sorted(glob.glob(os.path.join(dd, "rep*-t*.txt"))):
+        for line in read(f):
+            if line.startswith("trainer "):
+                k = kv(line)
                 walls.append(float(k["wall_s"]) / int(k["batches"]))
             elif line.startswith("probe "):
                 _, name, tot = line.split()
@@ -57,8 +70,7 @@ def read_e2e(dd, n):
                 r["tot"].append(float(tot) / 1e3)
                 r["call"].append(float(call) / 1e3)
                 r["ser"].append(float(ser) / 1e3)
-    rates = [sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
-             for tr in runs.values() if len(tr) == n]
+    rates = [r for _, r in sorted(rep_rates(dd, n).items())]
     return rates, rpcs, probes, walls
 
 
@@ -469,20 +481,8 @@ def paired(dd, n=2):
         if not lines:
             break
         steps.append(float(kv(lines[0])["median"]))
-    runs = {}
-    for f in glob.glob(os.path.join(dd, "rep*-t*.txt")):
-        rep = int(os.path.basename(f).split("-")[0][3:])
-        for line in read(f):
-            if line.startswith("trainer "):
-                k = kv(line)
-                runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
-    out = []
-    for rep in sorted(runs):
-        tr = runs[rep]
-        if len(tr) != n or rep >= len(steps):
-            continue
-        rate = sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
-        out.append(rate / (2 * (steps[rep - 1] + steps[rep]) / 2))
+    out = [rate / (steps[rep - 1] + steps[rep]) for rep, rate in sorted(rep_rates(dd, n).items())
+           if rep < len(steps)]   # over 2 x the mean of its two adjacent steps
     return (statistics.median(out), out) if out else (None, [])
 
 
