@@ -1303,6 +1303,18 @@ static void test_affinity(void) {
     ps_rpc_server_free(s);
 }
 
+/* n Ping calls on c, one at a time, gap_ms apart; how many were answered OK. */
+static int pings(ps_rpc_client *c, int n, int gap_ms) {
+    char details[256];
+    uint64_t v = 0;
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        if (gap_ms) usleep((useconds_t)gap_ms * 1000);
+        ok += step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
+    }
+    return ok;
+}
+
 /* A call waiting in the FIFO whose client cancels is dropped without
  * running its handler, with PS_RPC_LATE_CLOSE on (the default: the close
  * batch is started only when a call has to wait, rpc_server_impl.h) and
@@ -1312,10 +1324,7 @@ static void test_queued_cancel(int late_close) {
     ps_rpc_server *s = start_server_env("PS_RPC_LATE_CLOSE", late_close ? "1" : "0", 1);
     if (!s) return;
     ps_rpc_client *c = connect_to(s, MAX_MSG);
-    char details[256];
-    uint64_t v = 0;
-    int ok = 0;
-    for (int i = 0; i < 20; i++) ok += step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
+    int ok = pings(c, 20, 0);
     CHECK_MSG(ok == 20, "late_close %d: %d of 20 calls answered", late_close, ok);
     CHECK(WAIT_UNTIL(ps_rpc_server_calls(s) == 0, WAIT_MS));
     /* the one worker held in the gate; a second gate call waits in the FIFO */
@@ -1356,17 +1365,6 @@ static void test_queued_cancel(int late_close) {
  * call that comes while its worker is still finishing the last one is
  * taken without polling at all (a loaded machine makes that common), so
  * the counts below are lower bounds a loaded run still reaches. */
-static int pings(ps_rpc_client *c, int n, int gap_ms) {
-    char details[256];
-    uint64_t v = 0;
-    int ok = 0;
-    for (int i = 0; i < n; i++) {
-        usleep((useconds_t)gap_ms * 1000);
-        ok += step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v) == GRPC_STATUS_OK;
-    }
-    return ok;
-}
-
 static void test_idle_poll(void) {
     ps_rpc_server_opts o = {.threads = 2, .max_message_bytes = MAX_MSG, .idle_poll_us = 50000};
     ps_rpc_server *s = start_server_opts(&o);
