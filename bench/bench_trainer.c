@@ -2,7 +2,10 @@
  *
  * Does what ps-train does per batch (Forward(train) under a fresh context,
  * local NLL loss gradient, Backward, Step; or Backward with step=true under
- * --fuse-step) on real MNIST batches, but calls the rpc and wire layers
+ * --fuse-step; --loss ce: the cross-entropy's gradient, softmax(output) -
+ * onehot, for a model whose output is logits rather than log-probabilities,
+ * such as the small ResNet: NLL's constant gradient on logits pushes them
+ * up without bound until, a thousand batches on, a gradient overflows) on real MNIST batches, but calls the rpc and wire layers
  * directly so that it can time, per RPC, the client's serialisation
  * (encode the request + decode the reply) apart from the call itself
  * (transport + server). W warm-up batches, then N timed ones.
@@ -39,13 +42,14 @@
  * start-up and warm-up differ by ~0.1 s, 10-15 % of a short timed run).
  *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
- *                      [--batch-size B] [--fuse-step] [--probe] [--data DIR] [--out FILE]
+ *                      [--batch-size B] [--fuse-step] [--loss nll|ce] [--probe] [--data DIR] [--out FILE]
  *                      [--start-together DIR N]
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grpc/grpc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,7 +158,7 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
 
 int main(int argc, char **argv) {
     const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL, *together = NULL;
-    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0, ce = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
@@ -167,7 +171,10 @@ int main(int argc, char **argv) {
             if (ps_cli_long("bench_trainer", a, argv[++i], 1, 1023, &ntogether)) return 2;
             continue;
         }
-        if (!strcmp(a, "--server")) server = v;
+        if (!strcmp(a, "--loss")) {
+            if (strcmp(v, "nll") && strcmp(v, "ce")) { fprintf(stderr, "bench_trainer: --loss is nll or ce, not '%s'\n", v); return 2; }
+            ce = !strcmp(v, "ce");
+        } else if (!strcmp(a, "--server")) server = v;
         else if (!strcmp(a, "--data")) data_dir = v;
         else if (!strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--rank")) { if (ps_cli_long("bench_trainer", a, v, 1, 1023, &rank)) return 2; }
@@ -236,7 +243,17 @@ int main(int argc, char **argv) {
         double b1 = ps_mono_s();
         if (!bad) {
             memset(grad, 0, (size_t)bs * k * sizeof(float));
-            for (long i = 0; i < bs; i++) grad[i * k + y[i]] = -1.0f / (float)bs;
+            for (long i = 0; i < bs; i++) {
+                float *g = grad + i * k;
+                if (ce) {  /* (softmax(logits) - onehot) / batch */
+                    const float *z = in.data + i * k;
+                    float m = z[0], sum = 0;
+                    for (int c = 1; c < k; c++) m = z[c] > m ? z[c] : m;
+                    for (int c = 0; c < k; c++) sum += g[c] = expf(z[c] - m);
+                    for (int c = 0; c < k; c++) g[c] = g[c] / sum / (float)bs;
+                }
+                g[y[i]] -= 1.0f / (float)bs;
+            }
         }
         ps_wire_tensor_in_free(&in);
         if (bad) goto fail;

@@ -42,11 +42,12 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 tflags=("$@")
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+psd=
+trap '[ -n "$psd" ] && kill "$psd" 2>/dev/null; rm -rf "$dir"' EXIT  # a trainer that fails must not leave psd running
 case $model in
-  mnist) config=configs/local.yaml; bs=32 ;;
+  mnist) config=configs/local.yaml; bs=32 loss=nll ;;
   resnet)
-    bs=64
+    bs=64 loss=ce  # logits out: the cross-entropy's gradient (bench_trainer --loss)
     config=$dir/psd.yaml
     cat >"$config" <<EOF
 server: {threads: 4, compute_threads: 0, context_ttl_s: 120, max_message_mb: 64, consistency: hogwild}
@@ -71,7 +72,7 @@ trainers() {  # batches, extra flags...
   local b=$1 pids=() r
   shift
   for r in $(seq 1 "$N"); do
-    "$BUILD/bench/bench_trainer" --server "127.0.0.1:$port" --rank "$r" --batches "$b" --warmup 0 --batch-size "$bs" \
+    "$BUILD/bench/bench_trainer" --server "127.0.0.1:$port" --rank "$r" --batches "$b" --warmup 0 --batch-size "$bs" --loss "$loss" \
       --data "$DATA" "$@" ${tflags[@]+"${tflags[@]}"} >/dev/null &
     pids+=($!)
   done

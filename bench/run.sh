@@ -250,7 +250,7 @@ for isa in host $ISAS; do
         | tee -a "$OUT/resnet/compute.txt"
     done
     E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
-      PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH"
+      PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH" --loss ce
   )
 done
 
