@@ -5,7 +5,9 @@
  * --fuse-step; --loss ce: the cross-entropy's gradient, softmax(output) -
  * onehot, for a model whose output is logits rather than log-probabilities,
  * such as the small ResNet: NLL's constant gradient on logits pushes them
- * up without bound until, a thousand batches on, a gradient overflows) on real MNIST batches, but calls the rpc and wire layers
+ * up without bound until, a thousand batches on, a gradient overflows; or,
+ * under --one-call, one Forward with the batch's targets, step=true and
+ * skip_input_grad: psd's fused cross-entropy, backward and step in one call) on real MNIST batches, but calls the rpc and wire layers
  * directly so that it can time, per RPC, the client's serialisation
  * (encode the request + decode the reply) apart from the call itself
  * (transport + server). W warm-up batches, then N timed ones.
@@ -42,7 +44,7 @@
  * start-up and warm-up differ by ~0.1 s, 10-15 % of a short timed run).
  *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
- *                      [--batch-size B] [--fuse-step] [--loss nll|ce] [--probe] [--data DIR] [--out FILE]
+ *                      [--batch-size B] [--fuse-step | --one-call] [--loss nll|ce] [--probe] [--data DIR] [--out FILE]
  *                      [--start-together DIR N]
  */
 #include <dirent.h>
@@ -158,10 +160,11 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
 
 int main(int argc, char **argv) {
     const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL, *together = NULL;
-    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0, ce = 0;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0, ce = 0, one = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
+        if (!strcmp(a, "--one-call")) { one = 1; continue; }
         if (!strcmp(a, "--probe")) { probe = 1; continue; }
         if (!v) { fprintf(stderr, "bench_trainer: %s needs a value\n", a); return 2; }
         i++;
@@ -184,6 +187,7 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "bench_trainer: unknown option '%s'\n", a); return 2; }
     }
     if (!server) { fprintf(stderr, "bench_trainer: --server ADDR is required\n"); return 2; }
+    if (one && (fuse || probe)) { fprintf(stderr, "bench_trainer: --one-call goes with neither --fuse-step nor --probe\n"); return 2; }
     ps_err err = {0};
     ps_mnist data = {0};
     if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_trainer: %s\n", err.msg); return 1; }
@@ -231,6 +235,13 @@ int main(int argc, char **argv) {
         fq.has_input = true;
         int64_t dims[4] = {bs, 1, data.rows, data.cols};
         ps_wire_tensor_encode_bind(&fq.input, NULL, 4, dims, x);
+        int64_t tdims[1] = {bs};
+        if (one) {  /* the fused loss, its backward and the step in this call */
+            fq.has_targets = true;
+            ps_wire_tensor_encode_bind_typed(&fq.targets, NULL, 1, tdims, y, ps_DType_INT64);
+            fq.step = true;
+            fq.skip_input_grad = true;
+        }
         ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
         ps_wire_tensor_in in;
         ps_wire_tensor_in_init(&in, 64 << 20);
@@ -238,10 +249,18 @@ int main(int argc, char **argv) {
         ps_wire_tensor_decode_bind(&fr.output, &in);
         int bad = rpc(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields, &fr,
                       &tf, &err) ||
-                  ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
-                  in.bytes != (size_t)bs * k * sizeof(float);
+                  (!one && (ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
+                            in.bytes != (size_t)bs * k * sizeof(float)));
         double b1 = ps_mono_s();
-        if (!bad) {
+        if (one) {
+            ps_wire_tensor_in_free(&in);
+            if (bad) goto fail;
+            if (out) fprintf(out, "%s Forward+Step %.1f %.1f %.1f\nbatch %.1f\n", b < warmup ? "wrpc" : "rpc",
+                             (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6, (b1 - bs0) * 1e6);
+            if (b >= warmup) samples += bs;
+            continue;
+        }
+        if (!bad) {  /* the loss's gradient */
             memset(grad, 0, (size_t)bs * k * sizeof(float));
             for (long i = 0; i < bs; i++) {
                 float *g = grad + i * k;

@@ -144,6 +144,13 @@ void *svc_exec_main(void *p);   /* the ssp executor thread */
 ps_status svc_backward_one(ps_service *s, ps_ctx *c, uint32_t seq, const ps_Tensor *g, const float *gdata,
                            size_t gbytes, int finite, const char *what, float *gin, ps_err *err);
 
+/* The step of context c after a fused Forward with step (ForwardRequest.
+ * step), as Backward's step=true, with the fused loss as the step's "loss"
+ * scalar (a Step's round metrics): takes c (finished or released on return);
+ * the call's ForwardResponse step fields are filled, or err says why not,
+ * or under sync the call is deferred to its round (PS_OK). */
+ps_status svc_step_context(ps_svc_call *call, ps_ctx *c, double loss, ps_err *err);
+
 /* sync: sum (or average) a round's gradients into the first and step
  * (ps_cons_apply_fn). */
 ps_status svc_sync_apply(void *user, void *const *grads, void *const *args, int n, int average,

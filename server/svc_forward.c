@@ -202,6 +202,9 @@ static ps_status forward_check(ps_service *s, const ps_ForwardRequest *req, cons
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.targets: %s of %zu bytes; the fused "
                               "loss takes %lld int64 class ids (one per sample)", ps_wire_dtype_name(req->targets.dtype),
                               tin->bytes, (long long)n);
+    } else if (req->step || req->skip_input_grad) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ForwardRequest.%s: only with targets (a fused loss, whose "
+                          "backward runs in the same call)", req->step ? "step" : "skip_input_grad");
     }
     int bad_input = 0;
     if (si->in_dtype == PS_DTYPE_F32 &&
@@ -302,8 +305,9 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
     if (fused) {   /* the loss here, the backward of this forward at once */
         int64_t inper = 1;
         for (int i = 0; i < si->in_ndim; i++) inper *= si->in_dims[i];
-        gin = si->in_dtype == PS_DTYPE_F32 ? ps_svc_keep(call, malloc((size_t)(n * inper) * sizeof(float) + 1)) : NULL;
-        if (si->in_dtype == PS_DTYPE_F32 && !gin) {
+        int want_gin = si->in_dtype == PS_DTYPE_F32 && !req->skip_input_grad;
+        gin = want_gin ? ps_svc_keep(call, malloc((size_t)(n * inper) * sizeof(float) + 1)) : NULL;
+        if (want_gin && !gin) {
             st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the fused loss");
             goto out;
         }
@@ -334,6 +338,11 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
     if (req->train) ps_trainers_forward(s->trainers, req->trainer_rank, n, replayed, fused ? resp->loss : NAN);
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp->round = c && c->round ? c->round : ps_cons_round(s->cons);
     if (c && !c->round && ps_cons_mode_of(s->cons) == PS_CONS_SYNC) c->round = resp->round;
+    if (fused && req->step) {  /* the whole training step: svc_step_context takes c (and may defer the call) */
+        ps_ctx *held = c;
+        c = NULL;
+        st = svc_step_context(call, held, resp->loss, err);
+    }
 out:
     if (c) ps_ctx_table_release(s->ctx, c);
     ps_tape_free(tape);

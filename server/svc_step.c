@@ -51,6 +51,13 @@ static ps_status scalars_in(ps_svc_call *call, const ps_ScalarValue *v, pb_size_
 /* r into the call's response: a BackwardResponse (with the input
  * gradients in call->out) or a StepResponse. */
 static void put_step_result(ps_svc_call *call, const step_result *r) {
+    if (call->m->id == PS_M_FORWARD) {  /* a fused forward with step */
+        ps_ForwardResponse *resp = call->resp;
+        resp->step_version = r->version;
+        resp->skipped = r->skipped;
+        if (r->round) resp->round = r->round;
+        return;
+    }
     if (call->m->id == PS_M_BACKWARD) {
         ps_BackwardResponse *resp = call->resp;
         resp->model_version = r->version;
@@ -232,6 +239,16 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
     r.metrics = &rep;
     put_step_result(call, &r);
     return PS_OK;
+}
+
+ps_status svc_step_context(ps_svc_call *call, ps_ctx *c, double loss, ps_err *err) {
+    ps_scalar_set sc = {0};
+    if (isfinite(loss)) {  /* what a trainer's Step brings as "loss" (the round metrics, the stop rule) */
+        snprintf(sc.s[0].name, sizeof sc.s[0].name, "loss");
+        sc.s[0].value = loss;
+        sc.n = 1;
+    }
+    return step_context(call, c, 0, 1.0f, &sc, err);
 }
 
 /* ---- Backward ---------------------------------------------------------------- */

@@ -16,12 +16,23 @@
  *  - ssp, max_staleness 0: the fast trainer's Forwards are held past their
  *    deadline; batches still apply once each (contexts_applied = version =
  *    batches).
+ *  - sync with one call a batch (ForwardRequest.step: psd's loss, backward
+ *    and step in the Forward): the fast trainer's Forward outlives its
+ *    deadline while its step waits in the round; settled by a Step of the
+ *    same context, never run twice.
+ *  - one call a batch computes what three do: the parameters' change and the
+ *    loss of a Forward with targets and step against the same batch's
+ *    Forward, the NLL's gradient here, Backward and Step on a twin psd
+ *    (mnist_cnn ends in log_softmax, so psd's cross-entropy is the NLL);
+ *    a Step of its context afterwards answers what it did; step or
+ *    skip_input_grad without targets is refused, naming the field.
  *  - restart: a step acknowledged, a checkpoint written with the context
  *    records (checkpoint.h psd.settle), a new model and service restored from
  *    it: the retried Step is answered with the version it produced, not
  *    NOT_FOUND (which the settle rules read as "run the batch again").
  */
 #include <grpc/grpc.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,11 +136,23 @@ typedef struct trainer {
     /* per batch */
     ps_client *cl;
     float x[NB * 784], out[NB * 10], grad[NB * 10];
+    int64_t y[NB];
+    int one_call;                /* Forward with targets and step=true */
 } trainer;
 
 static ps_status batch_run(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     trainer *t = arg;
     int64_t cols;
+    if (t->one_call) {
+        if (t->pause_before_step_s > 0 && (!t->pause_batches || t->runs < t->pause_batches))
+            usleep((useconds_t)(t->pause_before_step_s * 1e6));
+        t->runs++;
+        *kept = 1;
+        ps_client_fwd f = {.ctx = ctx, .rank = t->rank, .train = 1, .input = {PS_CLIENT_F32, 4, {NB, 1, 28, 28}, t->x},
+                           .targets = {PS_CLIENT_I64, 1, {NB}, t->y}, .step = 1, .skip_input_grad = 1};
+        ps_client_fwd_out o = {0};
+        return ps_client_forward_ex(t->cl, &f, &o, err);
+    }
     ps_status st = ps_client_forward(t->cl, ctx, t->rank, 1, t->x, NB, 1, 28, 28, t->out, NB * 10, &cols, NULL, err);
     if (st) return st;
     *kept = 1;
@@ -153,6 +176,7 @@ static void *trainer_main(void *p) {
     if (!t->cl) return NULL;
     for (int i = 0; i < NB * 784; i++) t->x[i] = (float)((i * 7 + (int)t->rank) % 13) / 13.0f;
     for (int i = 0; i < NB; i++) t->grad[i * 10 + (i + (int)t->rank) % 10] = -1.0f / NB;
+    for (int i = 0; i < NB; i++) t->y[i] = (i + (int)t->rank) % 10;
     ps_retry_policy rp = {.max_s = 60, .backoff_s = 0.05, .backoff_max_s = 0.2, .seed = t->rank, .who = "trainer"};
     ps_retry r;
     ps_retry_init(&r, &rp);
@@ -172,9 +196,12 @@ static void *trainer_main(void *p) {
 
 /* A fast trainer with a 250 ms deadline and a slow one pausing ~1 s before
  * each Step; both run `batches` batches. */
+static int g_one_call;  /* run_pair's trainers send one call a batch */
+
 static void run_pair(const char *addr, int batches, trainer *fast, trainer *slow) {
-    *fast = (trainer){.addr = addr, .deadline_ms = 250, .batches = batches, .rank = 1};
-    *slow = (trainer){.addr = addr, .deadline_ms = 20000, .batches = batches, .rank = 2, .pause_before_step_s = 1.0};
+    *fast = (trainer){.addr = addr, .deadline_ms = 250, .batches = batches, .rank = 1, .one_call = g_one_call};
+    *slow = (trainer){.addr = addr, .deadline_ms = 20000, .batches = batches, .rank = 2, .pause_before_step_s = 1.0,
+                      .one_call = g_one_call};
     pthread_t a, b;
     pthread_create(&a, NULL, trainer_main, fast);
     pthread_create(&b, NULL, trainer_main, slow);
@@ -193,9 +220,11 @@ static void test_sync(void) {
     trainer fast, slow;
     run_pair(s.addr, B, &fast, &slow);
     ps_StatusResponse st = status_of(s.addr);
-    printf("sync: fast trainer %ld retries; contexts applied %llu, model version %llu, rounds of 2\n", fast.retries,
-           (unsigned long long)st.contexts_applied, (unsigned long long)st.model_version);
-    CHECK_MSG(fast.retries > 0, "the fast trainer's Steps never outlived their deadline: the case was not tested");
+    printf("sync%s: fast trainer %ld retries; contexts applied %llu, model version %llu, rounds of 2\n",
+           g_one_call ? ", one call a batch" : "", fast.retries, (unsigned long long)st.contexts_applied,
+           (unsigned long long)st.model_version);
+    CHECK_MSG(fast.retries > 0, "the fast trainer's %s never outlived their deadline: the case was not tested",
+              g_one_call ? "Forwards with step" : "Steps");
     CHECK_MSG(st.contexts_applied == 2 * B, "%llu contexts applied for %d batches: a batch applied twice",
               (unsigned long long)st.contexts_applied, 2 * B);
     /* (a Forward that outlived its deadline leaves a context nobody steps:
@@ -358,9 +387,108 @@ static void test_restart(void) {
     CHECK(test_rmtree(dir) == 0);
 }
 
+static void params_of(const char *addr, ps_wire_tensor_list *l) {
+    ps_err err = {0};
+    ps_client *c = ps_client_create(addr, 10000, MAXMSG, &err);
+    ps_wire_tensor_list_init(l, MAXMSG);
+    CHECK_MSG(c && ps_client_get_parameters(c, l, NULL, &err) == PS_OK, "GetParameters: %s", err.msg);
+    ps_client_free(c);
+}
+
+static void test_one_call_matches(void) {
+    server a, b;
+    if (start(&a, new_model(), PS_CONS_HOGWILD, 0, 0) || start(&b, new_model(), PS_CONS_HOGWILD, 0, 0)) return;
+    ps_err err = {0};
+    ps_client *ca = ps_client_create(a.addr, 20000, MAXMSG, &err), *cb = ps_client_create(b.addr, 20000, MAXMSG, &err);
+    CHECK_MSG(ca && cb, "%s", err.msg);
+    static float x[NB * 784], lp[NB * 10], grad[NB * 10], gin[NB * 784];
+    int64_t y[NB];
+    for (int i = 0; i < NB * 784; i++) x[i] = (float)((i * 7 + 3) % 13) / 13.0f;
+    for (int i = 0; i < NB; i++) y[i] = (3 * i + 1) % 10;
+    ps_wire_tensor_list w0, wa, wb;
+    params_of(a.addr, &w0);
+    const uint64_t ctx = 0x5eed0001;
+    /* psd A: one call */
+    for (int i = 0; i < NB * 784; i++) gin[i] = 1234.0f;
+    ps_client_fwd f = {.ctx = ctx, .rank = 1, .train = 1, .input = {PS_CLIENT_F32, 4, {NB, 1, 28, 28}, x},
+                       .targets = {PS_CLIENT_I64, 1, {NB}, y}, .step = 1, .skip_input_grad = 1};
+    ps_client_fwd_out o = {.input_grad = gin, .input_grad_cap = NB * 784};
+    CHECK_MSG(ps_client_forward_ex(ca, &f, &o, &err) == PS_OK, "one call: %s", err.msg);
+    CHECK_MSG(o.step_version == 1 && !o.skipped, "one call: step version %llu, skipped %d",
+              (unsigned long long)o.step_version, o.skipped);
+    CHECK_MSG(gin[0] == 1234.0f && gin[NB * 784 - 1] == 1234.0f, "skip_input_grad: an input gradient came back");
+    /* psd B: Forward, the NLL's gradient here, Backward, Step */
+    int64_t cols = 0;
+    uint64_t vb = 0;
+    CHECK(ps_client_forward(cb, ctx, 1, 1, x, NB, 1, 28, 28, lp, NB * 10, &cols, NULL, &err) == PS_OK && cols == 10);
+    double loss = 0;
+    memset(grad, 0, sizeof grad);
+    for (int i = 0; i < NB; i++) {
+        loss -= lp[i * 10 + y[i]] / NB;
+        grad[i * 10 + y[i]] = -1.0f / NB;
+    }
+    CHECK(ps_client_backward(cb, ctx, grad, NB, 10, 0, NULL, &err) == PS_OK);
+    CHECK(ps_client_step(cb, ctx, &vb, &err) == PS_OK && vb == 1);
+    CHECK_MSG(fabs(o.loss - loss) <= 1e-5 * fabs(loss), "loss: one call %.8f, three calls %.8f", o.loss, loss);
+    params_of(a.addr, &wa);
+    params_of(b.addr, &wb);
+    CHECK(wa.n == w0.n && wb.n == w0.n && w0.n >= 4);
+    double worst = 0;
+    const char *where = "";
+    for (size_t k = 0; k < w0.n && k < wa.n && k < wb.n; k++) {
+        if (w0.items[k].dtype != ps_DType_FLOAT32) continue;
+        size_t n = w0.items[k].bytes / sizeof(float);
+        double dmax = 0, diff = 0;
+        for (size_t i = 0; i < n; i++) {
+            double da = (double)wa.items[k].data[i] - w0.items[k].data[i];
+            double db = (double)wb.items[k].data[i] - w0.items[k].data[i];
+            dmax = fmax(dmax, fabs(db));
+            diff = fmax(diff, fabs(da - db));
+        }
+        CHECK_MSG(dmax > 0, "%s: the three calls' step did not change it", w0.items[k].name);
+        if (dmax > 0 && diff / dmax > worst) worst = diff / dmax, where = w0.items[k].name;
+    }
+    printf("one call a batch: loss %.6f (three calls %.6f); parameters' change max|diff| / max|change| %.2e (%s)\n",
+           o.loss, loss, worst, where);
+    CHECK_MSG(worst <= 1e-4, "the one call's step differs from the three calls' by %.2e of the change (%s)", worst,
+              where);
+    /* a Step of the context settles it: answered from the record, not applied again */
+    uint64_t again = 0;
+    CHECK_MSG(ps_client_step(ca, ctx, &again, &err) == PS_OK && again == 1, "settling Step: %s (version %llu)",
+              err.msg, (unsigned long long)again);
+    ps_StatusResponse st = status_of(a.addr);
+    CHECK_MSG(st.contexts_applied == 1 && st.model_version == 1, "after the settling Step: %llu applied, version %llu",
+              (unsigned long long)st.contexts_applied, (unsigned long long)st.model_version);
+    /* without skip_input_grad the input gradient comes back */
+    f.ctx = ctx + 1;
+    f.skip_input_grad = 0;
+    CHECK_MSG(ps_client_forward_ex(ca, &f, &o, &err) == PS_OK && o.step_version == 2, "%s", err.msg);
+    CHECK_MSG(gin[0] != 1234.0f, "no input gradient without skip_input_grad");
+    /* refused without targets, naming the field; nothing applied */
+    ps_client_fwd bad = {.ctx = ctx + 2, .rank = 1, .train = 1, .input = f.input, .step = 1};
+    ps_client_fwd_out bo = {.out = lp, .out_cap = NB * 10};
+    CHECK_MSG(ps_client_forward_ex(ca, &bad, &bo, &err) == PS_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "ForwardRequest.step"), "step without targets: %s", err.msg);
+    bad = (ps_client_fwd){.ctx = ctx + 3, .rank = 1, .train = 1, .input = f.input, .skip_input_grad = 1};
+    CHECK_MSG(ps_client_forward_ex(ca, &bad, &bo, &err) == PS_ERR_INVALID_ARGUMENT &&
+              strstr(err.msg, "ForwardRequest.skip_input_grad"), "skip_input_grad without targets: %s", err.msg);
+    CHECK(status_of(a.addr).model_version == 2);
+    ps_wire_tensor_list_free(&w0);
+    ps_wire_tensor_list_free(&wa);
+    ps_wire_tensor_list_free(&wb);
+    ps_client_free(ca);
+    ps_client_free(cb);
+    stop(&a);
+    stop(&b);
+}
+
 int main(void) {
     grpc_init();
+    test_one_call_matches();
     test_sync();
+    g_one_call = 1;
+    test_sync();
+    g_one_call = 0;
     test_sync_late();
     test_forged_round();
     test_ssp();

@@ -185,6 +185,8 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
         bind_tensor(&req.targets, &f->targets);
         req.want_grad_sq_norm = f->want_sq_norm != 0;
     }
+    req.step = f->step != 0;  /* without targets psd refuses them, naming the field */
+    req.skip_input_grad = f->skip_input_grad != 0;
     ps_ForwardResponse resp = ps_ForwardResponse_init_zero;
     ps_wire_tensor_in in;
     ps_wire_tensor_in_init(&in, c->max_bytes);
@@ -205,6 +207,8 @@ ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_f
             o->version = resp.model_version;
             o->round = resp.round;
             o->replayed = resp.replayed;
+            o->step_version = resp.step_version;
+            o->skipped = resp.skipped;
             o->ndim = 0;
         }
         ps_wire_tensor_in_free(&in);

@@ -66,6 +66,8 @@ typedef struct ps_client_fwd {
     ps_client_tensor input;
     ps_client_tensor targets;  /* data != NULL: the fused loss (ForwardRequest.targets, int64) */
     int want_sq_norm;          /* with targets: ask for the context's gradient norm (fwd_out.sq_norm) */
+    int step;                  /* with targets: also step the context (ForwardRequest.step; fwd_out.step_version) */
+    int skip_input_grad;       /* with targets: no input gradient (fwd_out.input_grad untouched) */
 } ps_client_fwd;
 
 typedef struct ps_client_fwd_out {
@@ -80,6 +82,8 @@ typedef struct ps_client_fwd_out {
     float *input_grad;
     int64_t input_grad_cap;
     double sq_norm;            /* with targets and want_sq_norm: the context's gradient norm squared after it */
+    uint64_t step_version;     /* with step: the version after the step */
+    int skipped;               /* with step: not applied (non-finite, policy "skip") */
 } ps_client_fwd_out;
 
 /* Forward of a run of stages. INVALID_ARGUMENT when the output does not fit

@@ -60,6 +60,9 @@ static void usage(FILE *f, const ps_task *task) {
             "      --log-every N        rounds between 'training %s' lines (trainer.log_every)\n"
             "      --seed N             shuffling seed; each rank adds its rank (trainer.seed)\n"
             "      --fuse-step          send Backward and Step as one RPC\n"
+            "      --one-call           a whole training step in one RPC: Forward with the batch's class\n"
+            "                           targets, psd's cross-entropy, backward and step (mnist; fit with\n"
+            "                           --loss cross_entropy); one round trip a batch instead of three\n"
             "      --max-batches N      stop each epoch after N rounds (quick runs)\n"
             "      --no-eval            skip the task's final evaluation (test set, perplexities, greedy\n"
             "                           policy): benchmarks\n"
@@ -93,7 +96,7 @@ static int print_status(ps_client *cl, ps_err *err) {
 typedef struct train_opts {
     long rank, max_rounds, wait_s;
     int no_eval;            /* --no-eval: skip task->evaluate */
-    int fuse, status_only;
+    int fuse, one_call, status_only;
 } train_opts;
 
 /* One of the task's flags at argv[*i]: 1 = applied, 0 = not one of its
@@ -150,6 +153,7 @@ static int parse_args(const ps_task *task, void *t, int argc, char **argv, int f
         if (tf > 0) continue;
         if (!strcmp(a, "--status")) { o->status_only = 1; continue; }
         else if (!strcmp(a, "--fuse-step")) { o->fuse = 1; continue; }
+        else if (!strcmp(a, "--one-call")) { o->one_call = 1; continue; }
         else if (!strcmp(a, "--no-eval")) { o->no_eval = 1; continue; }
         else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         else if ((v = ps_cli_value(argc, argv, &i, "--rank", "-r", &missing))) {
@@ -313,7 +317,7 @@ int main(int argc, char **argv) {
         return src;
     }
 
-    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse};
+    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse, .one_call = o.one_call};
     if (task->init(t, &env, &err)) {
         fprintf(stderr, "ps-train: %s\n", err.msg);
         task->destroy(t);

@@ -54,6 +54,7 @@ typedef struct ps_task_env {
     long rank;              /* 1..world_size-1 */
     int world_size;         /* the PS plus the trainers */
     int fuse_step;          /* --fuse-step: Backward and Step as one RPC */
+    int one_call;           /* --one-call: Forward with targets and step=true, one RPC a batch */
     /* Set once connected; NULL in init. */
     struct ps_cluster *cluster;       /* every server of the config (cluster.h) */
     ps_client *cl;                    /* the server hosting every stage; NULL when the stages span

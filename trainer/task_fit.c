@@ -85,6 +85,7 @@ typedef struct fit_task {
     uint32_t *test_idx;
     /* the model */
     int ready;
+    int one_noted;                    /* --one-call that cannot apply: said once */
     ps_fit_model model;
     ps_fit_layout lay, tlay;
     char stage0[32];
@@ -554,11 +555,25 @@ static ps_status fit_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
     return PS_OK;
 }
 
+/* --one-call applies: psd's fused loss is the mean cross-entropy of one
+ * logits vector per sample against an int64 class id, as --loss
+ * cross_entropy without extra dims. */
+static int fit_one_call_fits(fit_task *t) {
+    int ok = !strcmp(t->loss->name, "cross_entropy") && t->lay.extra_ndim == 0 && t->lay.inner == 1 &&
+             t->model.out_ndim == 1;
+    if (!ok && !t->one_noted) {
+        t->one_noted = 1;
+        fprintf(stderr, "ps-train fit: --one-call needs --loss cross_entropy and one logits vector per sample "
+                "(psd's fused loss); this run sends Forward, Backward and Step\n");
+    }
+    return ok;
+}
+
 /* One server: Forward, loss, Backward (+ Step), under ps_retry_once. */
 typedef struct single_job {
     fit_job *j;
     ps_client *cl;
-    int fuse;
+    int fuse, one;
 } single_job;
 
 static ps_status single_step(void *arg, uint64_t ctx, ps_err *err) {
@@ -580,6 +595,18 @@ static ps_status single_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
                                  t->model.in_int64 ? (const void *)t->xi : (const void *)t->xf}};
     memcpy(f.input.dims, h->in_dims, sizeof f.input.dims);
     f.input.dims[0] = n;
+    if (s->one) {  /* --one-call: psd's cross-entropy, backward and step in this call */
+        f.targets = (ps_client_tensor){PS_CLIENT_I64, 1, {n}, t->tgt};
+        f.step = 1;
+        f.skip_input_grad = 1;
+        *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
+        ps_client_fwd_out fo = {0};
+        ps_status st = ps_client_forward_ex(s->cl, &f, &fo, err);
+        if (st) return st;
+        j->loss = fo.loss;
+        j->version = fo.step_version;
+        return PS_OK;
+    }
     ps_client_fwd_out o = {.out = h->out, .out_cap = (int64_t)n * h->out_numel};
     ps_status st = ps_client_forward_ex(s->cl, &f, &o, err);
     if (st) return st;
@@ -630,7 +657,8 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
     if (st) return st;
     fit_job j = {.t = t, .env = env, .lay = &t->lay, .n = n, .train = 1};
     if (env->cl) {
-        single_job s = {.j = &j, .cl = env->cl, .fuse = env->fuse_step && t->grad_scale == 1.0};
+        single_job s = {.j = &j, .cl = env->cl, .fuse = env->fuse_step && t->grad_scale == 1.0,
+                        .one = env->one_call && t->grad_scale == 1.0 && fit_one_call_fits(t)};
         ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s};
         if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     } else {

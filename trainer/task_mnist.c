@@ -113,7 +113,7 @@ typedef struct batch_job {
     const float *x;
     const int64_t *y;
     int n, rows, cols, k, cap;
-    int fuse, check;
+    int fuse, one, check;
     const ps_wire_param_list *params;
     float *lp, *grad;
     double loss, grad_err;
@@ -126,6 +126,19 @@ static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err);
 static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     batch_job *j = arg;
     int64_t cols;
+    if (j->one && !j->check) {  /* --one-call: psd's cross-entropy on the model's log-probabilities is
+                                 * the NLL (log_softmax is idempotent), its backward and the step */
+        *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
+        ps_client_fwd f = {.ctx = ctx, .rank = (uint32_t)j->rank, .train = 1,
+                           .input = {PS_CLIENT_F32, 4, {j->n, 1, j->rows, j->cols}, j->x},
+                           .targets = {PS_CLIENT_I64, 1, {j->n}, j->y}, .step = 1, .skip_input_grad = 1};
+        ps_client_fwd_out o = {0};
+        ps_status st = ps_client_forward_ex(j->cl, &f, &o, err);
+        if (st) return st;
+        j->loss = o.loss;
+        j->version = o.step_version;
+        return PS_OK;
+    }
     ps_status st = ps_client_forward(j->cl, ctx, (uint32_t)j->rank, 1, j->x, j->n, 1, j->rows, j->cols, j->lp,
                                      (int64_t)j->cap * j->k, &cols, &j->version, err);
     if (st) return st;
@@ -357,7 +370,7 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
     if (st) return st;
     batch_job job = {.cl = env->cl, .rank = env->rank, .x = t->x, .y = t->y, .n = n, .rows = (int)t->train.rows,
                      .cols = (int)t->train.cols, .k = MNIST_CLASSES, .cap = t->cap, .fuse = env->fuse_step,
-                     .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
+                     .one = env->one_call, .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
                      .grad = t->grad};
     if (!env->cl) {  /* conv and fc on different servers */
         if ((st = mnist_chain_setup(t, env, err))) return st;
