@@ -173,6 +173,9 @@ e2e split 1
 PAIR_STEP="" e2e split 2
 e2e split 4
 e2e fused 2 -- --fuse-step
+# one call a batch (ps-train --one-call): Forward with the batch's class ids
+# and step=true, psd's cross-entropy, backward and step; adjacent steps too
+PAIR_STEP="" e2e one 2 -- --one-call
 # every call on one compute thread (server.compute_threads=1) instead of psd's
 # share of the cores per call: tells on a quiet machine whether calls given
 # two threads (when the other trainer is between calls) cost more than they give
@@ -214,6 +217,7 @@ for isa in $ISAS; do
         | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/compute.txt"
     done
     PAIR_STEP="" e2e "isa@$low" 2
+    PAIR_STEP="" e2e "one@$low" 2 -- --one-call
     lm_fused "$low"
     if [ -z "${SKIP_TORCH:-}" ]; then
       for t in 1 2; do
@@ -251,6 +255,8 @@ for isa in host $ISAS; do
     done
     E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
       PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH" --loss ce
+    E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
+      PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "one@$low" 2 -- --batch-size "$RESNET_BATCH" --one-call
   )
 done
 

@@ -11,7 +11,9 @@
 # test asserts that the restarted psd resumed from the newest checkpoint and
 # that only the steps since that checkpoint were lost: the batches the
 # first psd acknowledged after it are the only ones missing at the end.
-# PSD_BIN may point at another build's psd.
+# PSD_BIN may point at another build's psd; TRAINER_ARGS adds flags to the
+# two trainers (make test runs it again with --one-call: a whole training
+# step in one Forward, whose lost replies settle by Step the same way).
 . "$(dirname "$0")/lib.sh" it_faults
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-80}
@@ -44,7 +46,7 @@ retry=(--set trainer.rpc_timeout_s=10 --set trainer.retry_max_s=60 --set trainer
 task=("" mnist)
 for r in 1 2; do
   "$BUILD/bin/ps-train" ${task[$((r - 1))]} --server "$addr" --rank "$r" --world-size 3 --data "$DATA" \
-      --max-batches "$BATCHES" --log-every 1 "${retry[@]}" >"$tmp/t$r.log" 2>&1 &
+      --max-batches "$BATCHES" --log-every 1 "${retry[@]}" ${TRAINER_ARGS:-} >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
 done
 # Kill psd once both trainers are well into training.

@@ -19,7 +19,9 @@
  *  - sync with one call a batch (ForwardRequest.step: psd's loss, backward
  *    and step in the Forward): the fast trainer's Forward outlives its
  *    deadline while its step waits in the round; settled by a Step of the
- *    same context, never run twice.
+ *    same context, never run twice. Under ssp too: a held one-call Forward
+ *    whose deadline passed never runs; its settling Step finds nothing and
+ *    the batch runs again, once.
  *  - one call a batch computes what three do: the parameters' change and the
  *    loss of a Forward with targets and step against the same batch's
  *    Forward, the NLL's gradient here, Backward and Step on a twin psd
@@ -143,15 +145,16 @@ typedef struct trainer {
 static ps_status batch_run(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     trainer *t = arg;
     int64_t cols;
-    if (t->one_call) {
-        if (t->pause_before_step_s > 0 && (!t->pause_batches || t->runs < t->pause_batches))
-            usleep((useconds_t)(t->pause_before_step_s * 1e6));
-        t->runs++;
+    if (t->one_call) {  /* the slow one pauses after its call, so that it is never behind unseen */
         *kept = 1;
         ps_client_fwd f = {.ctx = ctx, .rank = t->rank, .train = 1, .input = {PS_CLIENT_F32, 4, {NB, 1, 28, 28}, t->x},
                            .targets = {PS_CLIENT_I64, 1, {NB}, t->y}, .step = 1, .skip_input_grad = 1};
         ps_client_fwd_out o = {0};
-        return ps_client_forward_ex(t->cl, &f, &o, err);
+        ps_status st = ps_client_forward_ex(t->cl, &f, &o, err);
+        if (t->pause_before_step_s > 0 && (!t->pause_batches || t->runs < t->pause_batches))
+            usleep((useconds_t)(t->pause_before_step_s * 1e6));
+        t->runs++;
+        return st;
     }
     ps_status st = ps_client_forward(t->cl, ctx, t->rank, 1, t->x, NB, 1, 28, 28, t->out, NB * 10, &cols, NULL, err);
     if (st) return st;
@@ -299,10 +302,11 @@ static void test_ssp(void) {
     trainer fast, slow;
     run_pair(s.addr, B, &fast, &slow);
     ps_StatusResponse st = status_of(s.addr);
-    printf("ssp: fast trainer %ld retries, %llu Forwards held; contexts applied %llu, model version %llu\n",
-           fast.retries, (unsigned long long)st.ssp_deferred, (unsigned long long)st.contexts_applied,
-           (unsigned long long)st.model_version);
+    printf("ssp%s: fast trainer %ld retries, %llu Forwards held; contexts applied %llu, model version %llu\n",
+           g_one_call ? ", one call a batch" : "", fast.retries, (unsigned long long)st.ssp_deferred,
+           (unsigned long long)st.contexts_applied, (unsigned long long)st.model_version);
     CHECK_MSG(st.ssp_deferred > 0, "no Forward was held: the case was not tested");
+    CHECK_MSG(fast.retries > 0, "no held Forward outlived its deadline: the case was not tested");
     CHECK_MSG(st.contexts_applied == 2 * B && st.model_version == 2 * B, "%llu contexts applied, version %llu, for %d "
               "batches", (unsigned long long)st.contexts_applied, (unsigned long long)st.model_version, 2 * B);
     stop(&s);
@@ -492,6 +496,9 @@ int main(void) {
     test_sync_late();
     test_forged_round();
     test_ssp();
+    g_one_call = 1;
+    test_ssp();
+    g_one_call = 0;
     test_ssp_invalid_forward();
     test_restart();
     grpc_shutdown();
