@@ -18,6 +18,12 @@
 #     with --lr 0.03,1e-20 leave the weights as epoch 1 left them (its test
 #     accuracy and the final one are the same), while --lr 0.03 (one value:
 #     every epoch) moves them (they differ); --lr 0.03,0 is refused.
+#  6. --one-call (a whole step in one Forward) with --loss cross_entropy,
+#     against a fresh psd of the same seed: mnist_cnn ends in log_softmax,
+#     so psd's cross-entropy is the NLL of run 1 - the first batch's loss
+#     within 1e-5 of run 1's (same batch, same dropout masks), the test
+#     accuracy within 2 points, psd's version 50 (every batch applied
+#     once); with --loss nll it says it sends the three calls.
 . "$(dirname "$0")/lib.sh" it_fit
 set +e
 cleanup_signal=TERM
@@ -172,4 +178,24 @@ out=$("$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$((p5 + 1))" 
 grep -q -- "--lr 0.03,0: every value must be > 0" <<<"$out" || fail "--lr 0.03,0: no clear refusal: $out"
 kill "$psd_pid"
 
-echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch: OK"
+# ---- 6. --one-call -------------------------------------------------------------
+p7=$((base + 7))
+start_psd psd7 --config configs/local.yaml --listen "127.0.0.1:$p7"
+run_fit one "$p7" "${IDX[@]}" --one-call --loss cross_entropy || fail "fit --one-call exited with $?"
+a_one=$(acc_of "$tmp/one.log" test)
+l_idx=$(sed -n 's/.*training batch 0 loss \([0-9.]*\).*/\1/p' "$tmp/idx.log" | head -n 1)
+l_one=$(sed -n 's/.*training batch 0 loss \([0-9.]*\).*/\1/p' "$tmp/one.log" | head -n 1)
+v_one=$("$BUILD/bin/ps-train" --server "127.0.0.1:$p7" --status 2>/dev/null | sed -n 's/^model_version: //p')
+echo "--one-call: first batch loss $l_one (three calls: $l_idx), test accuracy $a_one % (three calls: $a_idx %), psd version $v_one"
+awk -v a="$l_one" -v b="$l_idx" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-5 * b) }' \
+  || fail "--one-call: first batch loss '$l_one' is not the three calls' '$l_idx'"
+awk -v a="$a_one" -v b="$a_idx" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 2) }' \
+  || fail "--one-call: test accuracy '$a_one' % is more than 2 points from the three calls' '$a_idx' %"
+[ "$v_one" = 50 ] || fail "--one-call: psd's model version '$v_one' after 50 batches"
+grep -q "one-call" "$tmp/one.log" && fail "--one-call with cross_entropy: it said it would not apply"
+out=$("$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$p7" "${IDX[@]}" --max-batches 2 --no-eval \
+  --one-call 2>&1) || fail "fit --one-call --loss nll exited with $?"
+grep -q -- "--one-call needs --loss cross_entropy" <<<"$out" || fail "--one-call with nll: no note: $out"
+kill "$psd_pid"
+
+echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch, --one-call: OK"

@@ -40,6 +40,7 @@ typedef struct mnist_task {
     float *grad;               /* (bs, 10) d loss / d lp */
     int s_conv, s_fc;          /* servers of the stages when they differ (cluster.h); else -1 */
     float *act, *dact;         /* (cap, CONV_OUT) conv's output, its gradient (stages on two servers) */
+    int one_noted;             /* --one-call that cannot apply here: said once */
 } mnist_task;
 
 /* NLL loss (mean) of log-probabilities lp (n, k) and its gradient. */
@@ -368,6 +369,11 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
     int n = (int)((uint32_t)(b + 1) * bs <= t->ntrain ? bs : t->ntrain - (uint32_t)b * bs);
     ps_status st = ps_mnist_batch(&t->train, t->order + (size_t)b * bs, n, t->x, t->y, err);
     if (st) return st;
+    if (env->one_call && (!env->cl || env->cfg->trainer.check_gradients) && !t->one_noted) {
+        t->one_noted = 1;
+        fprintf(stderr, "ps-train mnist: --one-call needs both stages on one server and no trainer.check_gradients; "
+                "this run sends Forward, Backward and Step\n");
+    }
     batch_job job = {.cl = env->cl, .rank = env->rank, .x = t->x, .y = t->y, .n = n, .rows = (int)t->train.rows,
                      .cols = (int)t->train.cols, .k = MNIST_CLASSES, .cap = t->cap, .fuse = env->fuse_step,
                      .one = env->one_call, .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
