@@ -148,9 +148,10 @@ static ps_status batch_run(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     if (t->one_call) {  /* the slow one pauses after its call, so that it is never behind unseen */
         *kept = 1;
         ps_client_fwd f = {.ctx = ctx, .rank = t->rank, .train = 1, .input = {PS_CLIENT_F32, 4, {NB, 1, 28, 28}, t->x},
-                           .targets = {PS_CLIENT_I64, 1, {NB}, t->y}, .step = 1, .skip_input_grad = 1};
-        ps_client_fwd_out o = {0};
-        ps_status st = ps_client_forward_ex(t->cl, &f, &o, err);
+                           .targets = {PS_CLIENT_I64, 1, {NB}, t->y}};
+        double loss;
+        uint64_t v;
+        ps_status st = ps_client_train_step(t->cl, &f, &loss, &v, err);
         if (t->pause_before_step_s > 0 && (!t->pause_batches || t->runs < t->pause_batches))
             usleep((useconds_t)(t->pause_before_step_s * 1e6));
         t->runs++;

@@ -165,6 +165,17 @@ ps_status ps_client_status(ps_client *c, ps_StatusResponse *out, ps_err *err) {
 
 /* ---- stage-addressed, typed, multi-forward calls ---------------------------- */
 
+ps_status ps_client_train_step(ps_client *c, ps_client_fwd *f, double *loss, uint64_t *version, ps_err *err) {
+    f->step = 1;
+    f->skip_input_grad = 1;
+    ps_client_fwd_out o = {0};
+    ps_status st = ps_client_forward_ex(c, f, &o, err);
+    if (st) return st;
+    *loss = o.loss;
+    *version = o.step_version;
+    return PS_OK;
+}
+
 static void bind_tensor(ps_Tensor *t, const ps_client_tensor *x) {
     ps_wire_tensor_encode_bind_typed(t, NULL, x->ndim, x->dims, x->data, x->dtype);
 }

@@ -90,6 +90,13 @@ typedef struct ps_client_fwd_out {
  * out_cap. */
 ps_status ps_client_forward_ex(ps_client *c, const ps_client_fwd *f, ps_client_fwd_out *o, ps_err *err);
 
+/* A whole training step in one call: f (with targets) sent with step and
+ * skip_input_grad set; on success *loss is psd's mean cross-entropy and
+ * *version the model version after the step. Under ps_retry_once the unit
+ * counts as kept before this is called: psd may have applied it though
+ * the reply is lost, and a Step of the context settles it. */
+ps_status ps_client_train_step(ps_client *c, ps_client_fwd *f, double *loss, uint64_t *version, ps_err *err);
+
 /* Backward covering n recorded forwards seqs[i] with gradients grads[i]
  * (float32, shaped like the forward's output). With input_grads != NULL
  * (n buffers of input_caps[i] floats) the server returns each forward's

@@ -597,15 +597,8 @@ static ps_status single_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     f.input.dims[0] = n;
     if (s->one) {  /* --one-call: psd's cross-entropy, backward and step in this call */
         f.targets = (ps_client_tensor){PS_CLIENT_I64, 1, {n}, t->tgt};
-        f.step = 1;
-        f.skip_input_grad = 1;
         *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
-        ps_client_fwd_out fo = {0};
-        ps_status st = ps_client_forward_ex(s->cl, &f, &fo, err);
-        if (st) return st;
-        j->loss = fo.loss;
-        j->version = fo.step_version;
-        return PS_OK;
+        return ps_client_train_step(s->cl, &f, &j->loss, &j->version, err);
     }
     ps_client_fwd_out o = {.out = h->out, .out_cap = (int64_t)n * h->out_numel};
     ps_status st = ps_client_forward_ex(s->cl, &f, &o, err);

@@ -132,13 +132,8 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
         ps_client_fwd f = {.ctx = ctx, .rank = (uint32_t)j->rank, .train = 1,
                            .input = {PS_CLIENT_F32, 4, {j->n, 1, j->rows, j->cols}, j->x},
-                           .targets = {PS_CLIENT_I64, 1, {j->n}, j->y}, .step = 1, .skip_input_grad = 1};
-        ps_client_fwd_out o = {0};
-        ps_status st = ps_client_forward_ex(j->cl, &f, &o, err);
-        if (st) return st;
-        j->loss = o.loss;
-        j->version = o.step_version;
-        return PS_OK;
+                           .targets = {PS_CLIENT_I64, 1, {j->n}, j->y}};
+        return ps_client_train_step(j->cl, &f, &j->loss, &j->version, err);
     }
     ps_status st = ps_client_forward(j->cl, ctx, (uint32_t)j->rank, 1, j->x, j->n, 1, j->rows, j->cols, j->lp,
                                      (int64_t)j->cap * j->k, &cols, &j->version, err);
