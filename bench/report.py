@@ -493,6 +493,11 @@ def paired(dd, n=2):
     return (statistics.median(out), out) if out else (None, [])
 
 
+def isa_target(isa, what, v, goal=0.85, width=54):
+    """One target line of a per-ISA table: the ISA, what, the figure, its verdict."""
+    print(f"   {isa:<18} {what:<{width}} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+
+
 def paired_line(what, dd, goal=0.85, width=54, isa=None):
     """A target line for paired(dd), when the run measured adjacent steps."""
     v, each = paired(dd)
@@ -502,7 +507,7 @@ def paired_line(what, dd, goal=0.85, width=54, isa=None):
     if isa is None:
         print(f"   {lab}: {v:.2f}  {'MET' if v >= goal else 'NOT MET'}")
     else:
-        print(f"   {isa:<18} {lab:<{width}} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+        isa_target(isa, lab, v, goal, width)
 
 
 def resnet(d):
@@ -571,12 +576,11 @@ def resnet(d):
                               ("step/forward 2 threads >= 0.30", res[c].get("sf2"), 0.30),
                               ("psd + 2 trainers >= 0.85 x (2 x 1-thread step)", vs, 0.85)):
             if v is not None:
-                print(f"   {isa_of[c]:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+                isa_target(isa_of[c], what, v, goal)
         paired_line("  the same", os.path.join(d, f"e2e-{c}-2"), isa=isa_of[c])
         vo = ratio(eo[i], 2 * st1[i]) if st1[i] else None
         if vo is not None:
-            what = "one call a batch: the same ratio"
-            print(f"   {isa_of[c]:<18} {what:<54} {vo:6.2f}  {'MET' if vo >= 0.85 else 'NOT MET'}")
+            isa_target(isa_of[c], "one call a batch: the same ratio", vo)
             paired_line("  the same", os.path.join(d, f"e2e-one@{c}-2"), isa=isa_of[c])
 
 
@@ -655,13 +659,11 @@ def per_isa(d, comp, phases, isa_of, e2e, torch, torch_isa, torch_caps):
                               ("psd + 2 trainers >= 0.85 x in-process 2-thread step", vs, 0.85),
                               ("issue 22: psd + 2 trainers >= 0.85 x (2 x 1-thread step)", v22, 0.85)):
             if v is not None:
-                print(f"   {isa:<18} {what:<54} {v:6.2f}  {'MET' if v >= goal else 'NOT MET'}")
+                isa_target(isa, what, v, goal)
         paired_line("  issue 22, the same", os.path.join(d, "e2e-" + "-".join(map(str, key))), isa=isa)
         okey = ("one", 2) if name == "host" else (f"one@{name}", 2)
         if okey in e2e and st1[i]:
-            vo = e2e[okey] / (2 * st1[i])
-            what = "issue 22, one call a batch (--one-call)"
-            print(f"   {isa:<18} {what:<54} {vo:6.2f}  {'MET' if vo >= 0.85 else 'NOT MET'}")
+            isa_target(isa, "issue 22, one call a batch (--one-call)", e2e[okey] / (2 * st1[i]))
             paired_line("  the same", os.path.join(d, "e2e-" + "-".join(map(str, okey))), isa=isa)
         if isa.startswith("avx2") and ratio(e[i], best[i]) is not None:
             v = ratio(e[i], best[i])

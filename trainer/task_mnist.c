@@ -127,8 +127,8 @@ static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err);
 static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     batch_job *j = arg;
     int64_t cols;
-    if (j->one && !j->check) {  /* --one-call: psd's cross-entropy on the model's log-probabilities is
-                                 * the NLL (log_softmax is idempotent), its backward and the step */
+    if (j->one) {  /* --one-call: psd's cross-entropy on the model's log-probabilities is the NLL
+                    * (log_softmax is idempotent), its backward and the step */
         *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
         ps_client_fwd f = {.ctx = ctx, .rank = (uint32_t)j->rank, .train = 1,
                            .input = {PS_CLIENT_F32, 4, {j->n, 1, j->rows, j->cols}, j->x},
@@ -364,14 +364,15 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
     int n = (int)((uint32_t)(b + 1) * bs <= t->ntrain ? bs : t->ntrain - (uint32_t)b * bs);
     ps_status st = ps_mnist_batch(&t->train, t->order + (size_t)b * bs, n, t->x, t->y, err);
     if (st) return st;
-    if (env->one_call && (!env->cl || env->cfg->trainer.check_gradients) && !t->one_noted) {
+    int one = env->one_call && env->cl && !env->cfg->trainer.check_gradients;
+    if (env->one_call && !one && !t->one_noted) {
         t->one_noted = 1;
         fprintf(stderr, "ps-train mnist: --one-call needs both stages on one server and no trainer.check_gradients; "
                 "this run sends Forward, Backward and Step\n");
     }
     batch_job job = {.cl = env->cl, .rank = env->rank, .x = t->x, .y = t->y, .n = n, .rows = (int)t->train.rows,
                      .cols = (int)t->train.cols, .k = MNIST_CLASSES, .cap = t->cap, .fuse = env->fuse_step,
-                     .one = env->one_call, .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
+                     .one = one, .check = env->cfg->trainer.check_gradients, .params = env->params, .lp = t->lp,
                      .grad = t->grad};
     if (!env->cl) {  /* conv and fc on different servers */
         if ((st = mnist_chain_setup(t, env, err))) return st;
