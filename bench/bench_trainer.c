@@ -15,8 +15,9 @@
  * Writes to --out FILE one line per timed RPC:
  *   rpc <Forward|Backward|Step> <total_us> <call_us> <ser_us>
  * the same as "wrpc" for the warm-up batches' RPCs, and per batch (warm-up
- * included) its whole time, batch preparation and loss gradient included:
- *   batch <wall_us>
+ * included) its whole time, batch preparation and loss gradient included,
+ * and when it ended (CLOCK_MONOTONIC seconds, as t_start below):
+ *   batch <wall_us> <end_s>
  * (psd's phase counters count every call, so a table set beside them
  * uses every batch).
  * With --probe, after every timed batch (outside its timing) three RPCs
@@ -43,11 +44,16 @@
  * one trainer ran alone while the others were still starting (process
  * start-up and warm-up differ by ~0.1 s, 10-15 % of a short timed run).
  *
+ * --inflight K (with --one-call): K batches in flight at once, each on its
+ * own thread over the one channel (a trainer that sends its next batch
+ * before its last reply has come); the lines of the K lanes interleave.
+ *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
- *                      [--batch-size B] [--fuse-step | --one-call] [--loss nll|ce] [--probe] [--data DIR] [--out FILE]
- *                      [--start-together DIR N]
+ *                      [--batch-size B] [--fuse-step | --one-call [--inflight K]] [--loss nll|ce] [--probe]
+ *                      [--data DIR] [--out FILE] [--start-together DIR N]
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grpc/grpc.h>
@@ -158,9 +164,103 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
     return st ? -1 : 0;
 }
 
+/* --inflight K (with --one-call): K lanes, threads on the one channel, each
+ * sending its own batches one call at a time, so the trainer keeps K calls
+ * in flight - a trainer that sends its next batch before its last reply,
+ * as `ps-train --inflight` does. Batches are numbered from one counter:
+ * the warm-up ones first (all lanes, then joined), the timed ones after. */
+typedef struct lanes {
+    ps_rpc_client *cl;
+    const ps_mnist *data;
+    const uint32_t *order;
+    long bs, rank, nb, end, warmup;
+    uint64_t ctx_base;
+    long next;                 /* __atomic: the next batch number */
+    long samples;              /* __atomic: timed samples done */
+    FILE *out;
+    pthread_mutex_t out_mu;
+    int failed;                /* __atomic */
+    ps_err err;                /* the first failure's (under out_mu) */
+} lanes;
+
+static void *lane_main(void *arg) {
+    lanes *L = arg;
+    const int img = (int)(L->data->rows * L->data->cols);
+    float *x = malloc((size_t)L->bs * img * sizeof(float));
+    int64_t *y = malloc((size_t)L->bs * sizeof(int64_t));
+    ps_err err = {0};
+    if (!x || !y) {
+        ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    for (;;) {
+        long b = __atomic_fetch_add(&L->next, 1, __ATOMIC_RELAXED);
+        if (b >= L->end || __atomic_load_n(&L->failed, __ATOMIC_RELAXED)) break;
+        double bs0 = ps_mono_s();
+        if (ps_mnist_batch(L->data, L->order + (size_t)(b % L->nb) * L->bs, (int)L->bs, x, y, &err)) goto fail;
+        ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
+        fq.context_id = L->ctx_base | (uint64_t)(b + 1);
+        fq.train = true;
+        fq.trainer_rank = (uint32_t)L->rank;
+        fq.has_input = true;
+        int64_t dims[4] = {L->bs, 1, L->data->rows, L->data->cols}, tdims[1] = {L->bs};
+        ps_wire_tensor_encode_bind(&fq.input, NULL, 4, dims, x);
+        fq.has_targets = true;
+        ps_wire_tensor_encode_bind_typed(&fq.targets, NULL, 1, tdims, y, ps_DType_INT64);
+        fq.step = true;
+        fq.skip_input_grad = true;
+        ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
+        ps_wire_tensor_in in;
+        ps_wire_tensor_in_init(&in, 64 << 20);
+        in.err = &err;
+        ps_wire_tensor_decode_bind(&fr.output, &in);
+        timing tf;
+        double b0 = ps_mono_s();
+        int bad = rpc(L->cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields,
+                      &fr, &tf, &err);
+        double b1 = ps_mono_s();
+        ps_wire_tensor_in_free(&in);
+        if (bad) goto fail;
+        if (b >= L->warmup) __atomic_add_fetch(&L->samples, L->bs, __ATOMIC_RELAXED);
+        if (L->out) {
+            pthread_mutex_lock(&L->out_mu);
+            fprintf(L->out, "%s Forward+Step %.1f %.1f %.1f\nbatch %.1f %.6f\n", b < L->warmup ? "wrpc" : "rpc",
+                    (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6, (b1 - bs0) * 1e6, b1);
+            pthread_mutex_unlock(&L->out_mu);
+        }
+    }
+    free(x);
+    free(y);
+    return NULL;
+fail:
+    if (!__atomic_exchange_n(&L->failed, 1, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&L->out_mu);
+        L->err = err;
+        pthread_mutex_unlock(&L->out_mu);
+    }
+    free(x);
+    free(y);
+    return NULL;
+}
+
+/* Batches [L->next, end) on k lanes; 0, or -1 with L->err set. */
+static int lanes_run(lanes *L, long end, int k) {
+    pthread_t t[16];
+    L->end = end;
+    int n = 0;
+    for (; n < k; n++)
+        if (pthread_create(&t[n], NULL, lane_main, L)) {
+            ps_err_set(&L->err, PS_ERR_RESOURCE_EXHAUSTED, "cannot start lane %d", n);
+            __atomic_store_n(&L->failed, 1, __ATOMIC_RELAXED);
+            break;
+        }
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+    return L->failed ? -1 : 0;
+}
+
 int main(int argc, char **argv) {
     const char *server = NULL, *data_dir = "data/mnist", *out_path = NULL, *together = NULL;
-    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0, ce = 0, one = 0;
+    long rank = 1, batches = 200, warmup = 20, bs = 32, fuse = 0, probe = 0, ntogether = 0, ce = 0, one = 0, inflight = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fuse-step")) { fuse = 1; continue; }
@@ -184,10 +284,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_trainer", a, v, 1, 1000000, &batches)) return 2; }
         else if (!strcmp(a, "--warmup")) { if (ps_cli_long("bench_trainer", a, v, 0, 1000000, &warmup)) return 2; }
         else if (!strcmp(a, "--batch-size")) { if (ps_cli_long("bench_trainer", a, v, 1, 512, &bs)) return 2; }
+        else if (!strcmp(a, "--inflight")) { if (ps_cli_long("bench_trainer", a, v, 1, 16, &inflight)) return 2; }
         else { fprintf(stderr, "bench_trainer: unknown option '%s'\n", a); return 2; }
     }
     if (!server) { fprintf(stderr, "bench_trainer: --server ADDR is required\n"); return 2; }
     if (one && (fuse || probe)) { fprintf(stderr, "bench_trainer: --one-call goes with neither --fuse-step nor --probe\n"); return 2; }
+    if (inflight > 1 && !one) { fprintf(stderr, "bench_trainer: --inflight goes with --one-call\n"); return 2; }
     ps_err err = {0};
     ps_mnist data = {0};
     if (ps_mnist_load(data_dir, "train", &data, &err)) { fprintf(stderr, "bench_trainer: %s\n", err.msg); return 1; }
@@ -217,6 +319,23 @@ int main(int argc, char **argv) {
     long nb = data.n / (uint32_t)bs, samples = 0;
     double t_start = 0, t_probe = 0;
     usage u_start = {0}, u_probe = {0};  /* at the first timed batch; the probes' */
+    if (inflight > 1) {
+        lanes L = {.cl = cl, .data = &data, .order = order, .bs = bs, .rank = rank, .nb = nb, .warmup = warmup,
+                   .ctx_base = ctx_base, .out = out};
+        pthread_mutex_init(&L.out_mu, NULL);
+        int bad = lanes_run(&L, warmup, (int)inflight);
+        if (!bad && together) start_together(together, ntogether, rank);
+        t_start = ps_mono_s();
+        u_start = usage_now();
+        bad = bad || lanes_run(&L, warmup + batches, (int)inflight);
+        pthread_mutex_destroy(&L.out_mu);
+        if (bad) {
+            err = L.err;
+            goto fail;
+        }
+        samples = L.samples;
+        goto timed_done;
+    }
     for (long b = 0; b < warmup + batches; b++) {
         if (b == warmup) {
             if (together) start_together(together, ntogether, rank);
@@ -255,8 +374,8 @@ int main(int argc, char **argv) {
         if (one) {
             ps_wire_tensor_in_free(&in);
             if (bad) goto fail;
-            if (out) fprintf(out, "%s Forward+Step %.1f %.1f %.1f\nbatch %.1f\n", b < warmup ? "wrpc" : "rpc",
-                             (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6, (b1 - bs0) * 1e6);
+            if (out) fprintf(out, "%s Forward+Step %.1f %.1f %.1f\nbatch %.1f %.6f\n", b < warmup ? "wrpc" : "rpc",
+                             (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6, (b1 - bs0) * 1e6, b1);
             if (b >= warmup) samples += bs;
             continue;
         }
@@ -302,11 +421,11 @@ int main(int argc, char **argv) {
                 fprintf(out, "wrpc %s %.1f %.1f %.1f\n", fuse ? "Backward+Step" : "Backward", (b3 - b2) * 1e6,
                         tb.call * 1e6, tb.ser * 1e6);
                 if (!fuse) fprintf(out, "wrpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
-                fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
+                fprintf(out, "batch %.1f %.6f\n", (b4 - bs0) * 1e6, b4);
             }
             continue;
         }
-        if (out) fprintf(out, "batch %.1f\n", (b4 - bs0) * 1e6);
+        if (out) fprintf(out, "batch %.1f %.6f\n", (b4 - bs0) * 1e6, b4);
         samples += bs;
         if (probe) {
             double p0 = ps_mono_s();
@@ -343,6 +462,7 @@ int main(int argc, char **argv) {
             if (!fuse) fprintf(out, "rpc Step %.1f %.1f %.1f\n", (b4 - b3) * 1e6, ts.call * 1e6, ts.ser * 1e6);
         }
     }
+timed_done:;
     double t_end = ps_mono_s();
     usage u = {0};  /* the timed batches'... */
     usage_add(&u, u_start, usage_now());

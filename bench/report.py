@@ -38,17 +38,40 @@ def read(path):
 
 def rep_rates(dd, n):
     """One e2e run directory of n trainers: {repetition number: the combined
-    samples/s of its trainers (their samples over the span from the first
-    start to the last end)}, for the repetitions where all n reported."""
+    samples/s of its trainers while all n ran}, for the repetitions where all
+    n reported. The window is from the last trainer's start to the first
+    one's end; each trainer counts its timed batches that ended in it
+    (bench_trainer stamps every batch's end). The trainers start together,
+    but they do not end together: one that got more of psd's time finishes
+    its batches first, and the other then runs alone, one psd worker busy
+    and the other CPU idle (up to 15 % of a 60-batch run) - what one trainer
+    does, not n. Result files without stamps (older runs): samples over the
+    span from the first start to the last end."""
     runs = {}
     for f in glob.glob(os.path.join(dd, "rep*-t*.txt")):
         rep = int(os.path.basename(f).split("-")[0][3:])
+        ends, k = [], None
         for line in read(f):
-            if line.startswith("trainer "):
+            if line.startswith("batch "):
+                parts = line.split()
+                if len(parts) > 2:
+                    ends.append(float(parts[2]))
+            elif line.startswith("trainer "):
                 k = kv(line)
-                runs.setdefault(rep, []).append((int(k["samples"]), float(k["t_start"]), float(k["t_end"])))
-    return {rep: sum(t[0] for t in tr) / (max(t[2] for t in tr) - min(t[1] for t in tr))
-            for rep, tr in runs.items() if len(tr) == n}
+        if k:
+            runs.setdefault(rep, []).append((int(k["samples"]), int(k["batches"]), float(k["t_start"]),
+                                             float(k["t_end"]), ends))
+    out = {}
+    for rep, tr in runs.items():
+        if len(tr) != n:
+            continue
+        t0, t1 = max(t[2] for t in tr), min(t[3] for t in tr)
+        if all(t[4] for t in tr) and t1 > t0:
+            done = sum(t[0] // t[1] * sum(1 for e in t[4] if t0 < e <= t1) for t in tr)
+            out[rep] = done / (t1 - t0)
+        else:
+            out[rep] = sum(t[0] for t in tr) / (max(t[3] for t in tr) - min(t[2] for t in tr))
+    return out
 
 
 def read_e2e(dd, n):
