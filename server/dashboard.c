@@ -41,7 +41,8 @@ struct ps_dashboard {
     int have_place;
     ps_history *hist;
     int series[S_FIXED];
-    int fused_seen;            /* __atomic: psd computed a loss (fused decoder) */
+    int fused_seen;            /* __atomic: psd computed a loss (the fused decoder, one call a batch) */
+    int tokens_seen;           /* __atomic: ... over token sequences (the fused decoder) */
     /* sampler */
     pthread_t thread;
     int started;
@@ -78,6 +79,7 @@ void ps_dashboard_sample(ps_dashboard *d) {
     if (d->trainers) {
         ps_trainers_delta td;
         ps_trainers_take(d->trainers, &td);
+        if (td.fused_tokens_n) __atomic_store_n(&d->tokens_seen, 1, __ATOMIC_RELAXED);
         if (td.fused_loss_n) {
             __atomic_store_n(&d->fused_seen, 1, __ATOMIC_RELAXED);
             ps_history_add(d->hist, d->series[S_LOSS_FUSED], td.fused_loss_sum, (double)td.fused_loss_n);
@@ -290,10 +292,10 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     ps_textbuf_printf(b, "}");
 
     /* the model: a token model (first stage takes ids, or psd computes a
-     * cross-entropy) reports tokens and perplexity */
+     * cross-entropy over token sequences) reports tokens and perplexity */
     const ps_stage_info *s0 = ps_model_stage(d->model, 0);
     int fused = __atomic_load_n(&d->fused_seen, __ATOMIC_RELAXED);
-    int tokens = (s0 && s0->in_dtype == PS_DTYPE_I64) || fused;
+    int tokens = (s0 && s0->in_dtype == PS_DTYPE_I64) || __atomic_load_n(&d->tokens_seen, __ATOMIC_RELAXED);
     key(b, &f, "model");
     g = 1;
     ps_textbuf_printf(b, "{");

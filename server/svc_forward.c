@@ -335,7 +335,9 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
     }
     resp->model_version = version;
     resp->replayed = replayed;
-    if (req->train) ps_trainers_forward(s->trainers, req->trainer_rank, n, replayed, fused ? resp->loss : NAN);
+    if (req->train)
+        ps_trainers_forward(s->trainers, req->trainer_rank, n, replayed, fused ? resp->loss : NAN,
+                            fused && req->targets.shape_count >= 2);
     if (ps_cons_mode_of(s->cons) == PS_CONS_SYNC) resp->round = c && c->round ? c->round : ps_cons_round(s->cons);
     if (c && !c->round && ps_cons_mode_of(s->cons) == PS_CONS_SYNC) c->round = resp->round;
     if (fused && req->step) {  /* the whole training step: svc_step_context takes c (and may defer the call) */

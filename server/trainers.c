@@ -52,7 +52,7 @@ static ps_trainer_row *row(ps_trainers *t, uint32_t rank) {
 
 static size_t slot(uint64_t id) { return (size_t)((id * 0x9e3779b97f4a7c15ULL) >> 51) % REPEAT_CACHE; }
 
-void ps_trainers_forward(ps_trainers *t, uint32_t rank, int64_t n, int replayed, double loss) {
+void ps_trainers_forward(ps_trainers *t, uint32_t rank, int64_t n, int replayed, double loss, int tokens) {
     if (!t) return;
     pthread_mutex_lock(&t->mu);
     ps_trainer_row *r = row(t, rank);
@@ -65,6 +65,7 @@ void ps_trainers_forward(ps_trainers *t, uint32_t rank, int64_t n, int replayed,
         if (!replayed) {
             t->delta.fused_loss_sum += loss;
             t->delta.fused_loss_n++;
+            if (tokens) t->delta.fused_tokens_n++;
         }
     }
     pthread_mutex_unlock(&t->mu);

@@ -41,6 +41,7 @@ typedef struct ps_trainer_row {
 typedef struct ps_trainers_delta {
     double fused_loss_sum;
     uint64_t fused_loss_n;
+    uint64_t fused_tokens_n;  /* of those, losses over token sequences (targets of 2+ dims: a language model) */
     int n;                    /* scalar names */
     struct {
         char name[PS_RM_NAME_MAX];
@@ -53,8 +54,10 @@ ps_trainers *ps_trainers_create(void);   /* NULL when out of memory */
 void ps_trainers_free(ps_trainers *t);   /* NULL ok */
 
 /* A training Forward of n samples by rank; replayed: answered from the
- * record; loss: psd's fused loss, NaN when it computed none. */
-void ps_trainers_forward(ps_trainers *t, uint32_t rank, int64_t n, int replayed, double loss);
+ * record; loss: psd's fused loss, NaN when it computed none; tokens: its
+ * targets were token sequences (2+ dims, the LM's decoder), not one class
+ * per sample (a classifier's one call a batch). */
+void ps_trainers_forward(ps_trainers *t, uint32_t rank, int64_t n, int replayed, double loss, int tokens);
 /* Context ctx_id of rank stepped (applied or skipped) with these scalars
  * (may be NULL). */
 void ps_trainers_step(ps_trainers *t, uint32_t rank, uint64_t ctx_id, const ps_scalar_set *scalars);

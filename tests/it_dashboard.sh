@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Integration: the dashboard's server side (server/dashboard.c) from outside,
 # without a browser (tests/it_dashboard_browser.sh drives the page):
-#  1. psd + two MNIST trainers (one with --fuse-step): /api/dashboard agrees
+#  1. psd + two MNIST trainers (one call a batch, ps-train's default, and
+#     --fuse-step's Forward + Backward(step)): /api/dashboard agrees
 #     with `ps-train status` (model, version, samples, trainers seen) and
 #     with what each trainer printed (samples, batches); integrating the
 #     history's samples/s and steps/s over its points gives exactly the
-#     samples and steps trained; the trainers' Step scalar `loss` is charted;
+#     samples and steps trained; the trainers' Step scalar `loss` is charted,
+#     and psd's fused loss of the one-call trainer, with the unit still
+#     samples (a classifier's cross-entropy is not a perplexity);
 #     ?since= returns only new points;
 #  2. the page and its files are compiled in (HTML with its CSP, the chart
 #     library and its MIT licence), other paths are 404, POST is refused;
@@ -75,7 +78,8 @@ got = sum((v or 0) * sp for v, sp in zip(ser["steps"]["v"], h["span"]))
 check(abs(got - version) < 1e-6 * version + 1e-3, f"integral of steps/s {got:.3f} == model version {version}")
 loss = [v for v in ser["scalar.loss"]["v"] if v is not None]
 check(len(loss) >= 1 and all(0 < v < 5 for v in loss), f"the trainers' loss charted: {len(loss)} points")
-check(all(v is None for v in ser["loss.fused"]["v"]), "no fused loss for MNIST")
+fused = [v for v in ser["loss.fused"]["v"] if v is not None]
+check(len(fused) >= 1 and all(0 < v < 5 for v in fused), f"psd's loss of the one-call trainer charted: {len(fused)} points")
 check(any(x["name"] == "loss" for x in d["rounds"]["scalars"]), "round metrics hold the loss")
 st, hd, body = get(f"/api/dashboard?since={h['gen']}.{h['next']}")
 h2 = json.loads(body)["history"]

@@ -12,8 +12,9 @@
 # that only the steps since that checkpoint were lost: the batches the
 # first psd acknowledged after it are the only ones missing at the end.
 # PSD_BIN may point at another build's psd; TRAINER_ARGS adds flags to the
-# two trainers (make test runs it again with --one-call: a whole training
-# step in one Forward, whose lost replies settle by Step the same way).
+# two trainers. ps-train's default is one call a batch (a whole training
+# step in one Forward, whose lost replies settle by Step); make test runs it
+# again with --split-calls (it_faults_split: Forward, Backward, Step).
 . "$(dirname "$0")/lib.sh" it_faults
 DATA=${DATA:-data/mnist}
 BATCHES=${BATCHES:-80}

@@ -183,11 +183,11 @@ static const ps_trainer_row *find_rank(const ps_trainer_row *r, int n, int rank)
 static void trainers(void) {
     ps_trainers *t = ps_trainers_create();
     CHECK(t != NULL);
-    ps_trainers_forward(NULL, 1, 32, 0, NAN);   /* NULL: no-op */
-    ps_trainers_forward(t, 1, 32, 0, NAN);
-    ps_trainers_forward(t, 1, 32, 1, NAN);      /* replayed: no new samples */
-    ps_trainers_forward(t, 2, 700, 0, 5.5);     /* a fused loss */
-    ps_trainers_forward(t, 5000, 8, 0, NAN);    /* beyond the table: "other" */
+    ps_trainers_forward(NULL, 1, 32, 0, NAN, 0);   /* NULL: no-op */
+    ps_trainers_forward(t, 1, 32, 0, NAN, 0);
+    ps_trainers_forward(t, 1, 32, 1, NAN, 0);      /* replayed: no new samples */
+    ps_trainers_forward(t, 2, 700, 0, 5.5, 1);  /* a fused loss over tokens */
+    ps_trainers_forward(t, 5000, 8, 0, NAN, 0);    /* beyond the table: "other" */
     ps_scalar_set s1 = scalars("loss", 2.0, "acc", 0.5), s2 = scalars("loss", 4.0, "reward", 10);
     ps_trainers_step(t, 1, 0x1001, &s1);
     ps_trainers_step(t, 2, 0x2001, &s2);
@@ -210,6 +210,7 @@ static void trainers(void) {
     ps_trainers_delta d;
     ps_trainers_take(t, &d);
     CHECK(d.fused_loss_n == 1 && d.fused_loss_sum == 5.5);
+    CHECK(d.fused_tokens_n == 1);
     CHECK(d.n == 3);
     double loss_sum = 0, loss_n = 0;
     for (int i = 0; i < d.n; i++)
@@ -217,6 +218,9 @@ static void trainers(void) {
     CHECK(loss_sum == 6.0 && loss_n == 2);
     ps_trainers_take(t, &d);
     CHECK(d.fused_loss_n == 0 && d.n == 0);     /* taken: starts again */
+    ps_trainers_forward(t, 2, 32, 0, 1.5, 0);   /* a classifier's one call a batch: no tokens */
+    ps_trainers_take(t, &d);
+    CHECK(d.fused_loss_n == 1 && d.fused_tokens_n == 0);
     CHECK(ps_trainers_rows(t, rows, 1) == 3);   /* counts all, fills cap */
     ps_trainers_free(t);
     ps_trainers_free(NULL);

@@ -59,10 +59,13 @@ static void usage(FILE *f, const ps_task *task) {
             "  -e, --epochs N           passes over the training set (trainer.epochs)\n"
             "      --log-every N        rounds between 'training %s' lines (trainer.log_every)\n"
             "      --seed N             shuffling seed; each rank adds its rank (trainer.seed)\n"
-            "      --fuse-step          send Backward and Step as one RPC\n"
             "      --one-call           a whole training step in one RPC: Forward with the batch's class\n"
-            "                           targets, psd's cross-entropy, backward and step (mnist; fit with\n"
-            "                           --loss cross_entropy); one round trip a batch instead of three\n"
+            "                           targets, psd's cross-entropy, backward and step; the default for\n"
+            "                           mnist and for fit with --loss cross_entropy where it applies (one\n"
+            "                           server, no gradient check); given, it says when it cannot apply\n"
+            "      --split-calls        send Forward, Backward and Step as three RPCs (the tutorial's\n"
+            "                           protocol) instead of one call a batch\n"
+            "      --fuse-step          with the split calls, send Backward and Step as one RPC\n"
             "      --max-batches N      stop each epoch after N rounds (quick runs)\n"
             "      --no-eval            skip the task's final evaluation (test set, perplexities, greedy\n"
             "                           policy): benchmarks\n"
@@ -154,6 +157,7 @@ static int parse_args(const ps_task *task, void *t, int argc, char **argv, int f
         if (!strcmp(a, "--status")) { o->status_only = 1; continue; }
         else if (!strcmp(a, "--fuse-step")) { o->fuse = 1; continue; }
         else if (!strcmp(a, "--one-call")) { o->one_call = 1; continue; }
+        else if (!strcmp(a, "--split-calls")) { o->one_call = 0; continue; }
         else if (!strcmp(a, "--no-eval")) { o->no_eval = 1; continue; }
         else if ((v = ps_cli_value(argc, argv, &i, "--config", "-c", &missing))) continue;
         else if ((v = ps_cli_value(argc, argv, &i, "--rank", "-r", &missing))) {
@@ -283,7 +287,7 @@ int main(int argc, char **argv) {
     ps_config cfg;
     ps_config_defaults(&cfg);
     ps_err err = {0};
-    train_opts o = {.rank = 1, .wait_s = 30};
+    train_opts o = {.rank = 1, .wait_s = 30, .one_call = -1};
     int rc = parse_args(task, t, argc, argv, first, &cfg, &o);
     if (rc >= 0) { task->destroy(t); return rc; }
     int world = cfg.trainer.world_size;
@@ -317,7 +321,9 @@ int main(int argc, char **argv) {
         return src;
     }
 
-    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse, .one_call = o.one_call};
+    /* one call a batch unless told otherwise (--split-calls, or --fuse-step: a protocol of its own) */
+    int one = o.one_call >= 0 ? o.one_call : o.fuse ? 0 : PS_ONE_CALL_DEFAULT;
+    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse, .one_call = one};
     if (task->init(t, &env, &err)) {
         fprintf(stderr, "ps-train: %s\n", err.msg);
         task->destroy(t);

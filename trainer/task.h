@@ -48,13 +48,19 @@ typedef struct ps_task_flag {
     const char *help;
 } ps_task_flag;
 
+#define PS_ONE_CALL_ASKED 1
+#define PS_ONE_CALL_DEFAULT 2
+
 /* What the driver gives a task. */
 typedef struct ps_task_env {
     const ps_config *cfg;   /* final: defaults, file, then flags */
     long rank;              /* 1..world_size-1 */
     int world_size;         /* the PS plus the trainers */
     int fuse_step;          /* --fuse-step: Backward and Step as one RPC */
-    int one_call;           /* --one-call: Forward with targets and step=true, one RPC a batch */
+    int one_call;           /* one RPC a batch (Forward with targets and step=true) where the task
+                               can: PS_ONE_CALL_ASKED (--one-call: say once when it cannot apply),
+                               PS_ONE_CALL_DEFAULT (neither --split-calls nor --fuse-step given:
+                               silently the split calls where it cannot), 0 (the split calls) */
     /* Set once connected; NULL in init. */
     struct ps_cluster *cluster;       /* every server of the config (cluster.h) */
     ps_client *cl;                    /* the server hosting every stage; NULL when the stages span

@@ -558,10 +558,10 @@ static ps_status fit_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
 /* --one-call applies: psd's fused loss is the mean cross-entropy of one
  * logits vector per sample against an int64 class id, as --loss
  * cross_entropy without extra dims. */
-static int fit_one_call_fits(fit_task *t) {
+static int fit_one_call_fits(fit_task *t, const ps_task_env *env) {
     int ok = !strcmp(t->loss->name, "cross_entropy") && t->lay.extra_ndim == 0 && t->lay.inner == 1 &&
              t->model.out_ndim == 1 && t->grad_scale == 1.0;
-    if (!ok && !t->one_noted) {
+    if (!ok && env->one_call == PS_ONE_CALL_ASKED && !t->one_noted) {
         t->one_noted = 1;
         fprintf(stderr, "ps-train fit: --one-call needs --loss cross_entropy, one logits vector per sample "
                 "(psd's fused loss) and no --lr other than psd's; this run sends Forward, Backward and Step\n");
@@ -651,11 +651,11 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
     fit_job j = {.t = t, .env = env, .lay = &t->lay, .n = n, .train = 1};
     if (env->cl) {
         single_job s = {.j = &j, .cl = env->cl, .fuse = env->fuse_step && t->grad_scale == 1.0,
-                        .one = env->one_call && fit_one_call_fits(t)};
+                        .one = env->one_call && fit_one_call_fits(t, env)};
         ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s};
         if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     } else {
-        if (env->one_call && !t->one_noted) {
+        if (env->one_call == PS_ONE_CALL_ASKED && !t->one_noted) {
             t->one_noted = 1;
             fprintf(stderr, "ps-train fit: --one-call needs the model on one server; this run sends Forward, "
                     "Backward and Step\n");

@@ -365,7 +365,7 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
     ps_status st = ps_mnist_batch(&t->train, t->order + (size_t)b * bs, n, t->x, t->y, err);
     if (st) return st;
     int one = env->one_call && env->cl && !env->cfg->trainer.check_gradients;
-    if (env->one_call && !one && !t->one_noted) {
+    if (env->one_call == PS_ONE_CALL_ASKED && !one && !t->one_noted) {
         t->one_noted = 1;
         fprintf(stderr, "ps-train mnist: --one-call needs both stages on one server and no trainer.check_gradients; "
                 "this run sends Forward, Backward and Step\n");
