@@ -173,7 +173,7 @@ e2e split 1
 PAIR_STEP="" e2e split 2
 e2e split 4
 e2e fused 2 -- --fuse-step
-# one call a batch (ps-train --one-call): Forward with the batch's class ids
+# one call a batch (ps-train's default; bench_trainer --one-call): Forward with the batch's class ids
 # and step=true, psd's cross-entropy, backward and step; adjacent steps too
 PAIR_STEP="" e2e one 2 -- --one-call
 # every call on one compute thread (server.compute_threads=1) instead of psd's
