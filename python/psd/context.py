@@ -403,6 +403,40 @@ class Context:
         self.result = res
         return res
 
+    def train_step(self, seg, x, target):
+        """RemoteStage.train_step's call: one Forward with targets,
+        step=true and skip_input_grad on seg's server, settled as a step.
+        Returns (loss tensor, StepResult)."""
+        self._need_open("train_step")
+        if self.touched or self.hosted:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION, "train_step: the context already ran other calls; one "
+                        "call a batch is the whole batch (a fresh psd.context() for it)")
+        conn = seg.conn
+        req = seg.request(x)
+        req.targets.CopyFrom(to_wire(target.to(torch.int64)))
+        req.step, req.skip_input_grad = True, True
+        rec = self.new_record(seg.label + " (one call a batch)")
+        req.context_id, req.train, req.trainer_rank, req.seq = self.id, True, self.client.rank, rec.seq
+        self._touch(conn)
+        rec.backwarded = True    # psd backwards it with the loss
+        # kept from the moment it is sent: unanswered, a Step says whether
+        # psd applied it (docs/protocol.md, "A whole unit in one call")
+        kind, r = self._settle(conn, lambda: conn.call("Forward", req), 1.0, None)
+        if kind == "lost":
+            self.client.reruns += 1
+            raise self._lost(r, "not applied")
+        res = StepResult()
+        if isinstance(r, ps_pb2.ForwardResponse):
+            res.version, res.skipped, res.round = r.step_version, r.skipped, r.round
+            self.client.note_version(conn, r.step_version)
+            loss = r.loss
+        else:
+            self._fill(res, conn, r)
+            loss = float("nan")
+        self.state = "stepped"
+        self.result = res
+        return torch.tensor(loss, dtype=torch.float32), res
+
     def _settle(self, conn, first, scale, scalars):
         """Step on conn (or `first`, the fused Backward), settled when
         unanswered: ("applied", reply) or ("lost", error); anything else

@@ -242,6 +242,29 @@ class RemoteStage(nn.Module):
             x = _StageFn.apply(seg, ctx, x, ctx.anchor)
         return _LossFn.apply(last, ctx, x, target, ctx.anchor)
 
+    def train_step(self, x, target):
+        """A whole training step in one call (ps-train's default): the
+        Forward carries the batch's class ids, and psd computes the mean
+        cross-entropy of the stages' output, its backward and the step -
+        F.cross_entropy(self(x), target), loss.backward() and ctx.step()
+        in one round trip, without the input's gradient. It is the
+        context's only call: the stages on one server, an input that needs
+        no gradient. Returns (loss, StepResult); a lost reply is settled as
+        ctx.step() settles (the loss is then NaN: the reply that carried it
+        was lost, the step is known applied)."""
+        ctx = self._context()
+        if ctx is None:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION, f"RemoteStage({self.stage!r}).train_step: inside "
+                        "`with psd.context():`, in training mode")
+        if len(self.segments) != 1 or not isinstance(self.segments[0], _Whole):
+            raise Error(grpc.StatusCode.INVALID_ARGUMENT, f"train_step: the stages of {self.stage!r} are not all on "
+                        "one server (or include a sharded table); use cross_entropy(x, target), loss.backward() and "
+                        "ctx.step()")
+        if x.requires_grad:
+            raise Error(grpc.StatusCode.INVALID_ARGUMENT, "train_step: the input requires a gradient, which one call "
+                        "a batch does not return; use cross_entropy(x, target), loss.backward() and ctx.step()")
+        return ctx.train_step(self.segments[0], x, target)
+
 
 class HostedModule(nn.Module):
     """A local module whose parameters psd holds (a parameter-only stage,

@@ -166,15 +166,54 @@ def check_mnist(client, data, lr):
     sd2 = psd.state_dict(client)
     for k in sd1:
         worst[f"whole-model sgd {k}"] = close(sd2[k], sd1[k].double() - lr * rgrads[k], f"{k} after the second step")
+    steps = 2
+    if single:
+        # C. one call a batch (RemoteStage.train_step): psd's cross-entropy
+        # of the log-probabilities is the NLL, and its backward and step
+        # those of B's three calls; the input needs no gradient
+        x, y = xs[64:96].clone(), ys[64:96]
+        with psd.context(client) as ctx:
+            loss, res = net.train_step(x, y)
+            assert ctx.state == "stepped" and not ctx.pending, ctx.state
+        rng = Xoshiro(dropout_seed(ctx.id, client.rank, 0))
+        m2d, m1d = masks(rng, 32, 64, 0.25), masks(rng, 32, 128, 0.5)
+        _, rloss, _, rgrads = reference(sd2, x, y, m2d, m1d)
+        worst["one-call loss"] = close(loss, rloss, "one call a batch: psd's loss")
+        assert res.version == 3 and not res.skipped and not res.partial, res
+        sd3 = psd.state_dict(client)
+        for k in sd2:
+            worst[f"one-call sgd {k}"] = close(sd3[k], sd2[k].double() - lr * rgrads[k], f"{k} after the one-call step")
+            # the change itself, not only the weights: float32 rounding of w - lr g is ~1e-4 of the change
+            want = -lr * rgrads[k]
+            diff = float((sd3[k].double() - sd2[k].double() - want).abs().max() / want.abs().max())
+            assert diff <= 2e-3, f"{k}: the one-call step changed it by {diff:.2e} of the change apart from PyTorch's"
+        for bad, why in ((lambda: net.train_step(x.clone().requires_grad_(True), y), "requires a gradient"),):
+            with psd.context(client) as c2:
+                try:
+                    bad()
+                    raise SystemExit("train_step accepted an input that requires a gradient")
+                except psd.Error as e:
+                    assert why in str(e), e
+        with psd.context(client) as c3:   # not after other calls of the context
+            lp = net(x)
+            try:
+                net.train_step(x, y)
+                raise SystemExit("train_step ran after another call of its context")
+            except psd.Error as e:
+                assert "already ran other calls" in str(e), e
+            F.nll_loss(lp, y).backward()
+            c3.step()
+        steps = 4
     st = client.status()
     versions = [st["model_version"]] if single else [s["model_version"] for s in st["servers"].values()]
     lives = [st["live_contexts"]] if single else [s["live_contexts"] for s in st["servers"].values()]
-    assert versions == [2] * len(versions) and lives == [0] * len(lives), st
+    assert versions == [steps] * len(versions) and lives == [0] * len(lives), st
     for k, v in worst.items():
         print(f"  {k:<36} max rel err {v:.2e}")
     where = "one psd" if single else f"conv on {client.stages['conv'].conn.name}, fc on {client.stages['fc'].conn.name}"
-    print(f"mnist_exact ({where}): loss {float(rloss):.6f}, input and parameter gradients, dropout masks and both SGD "
-          f"steps equal PyTorch's (max rel err {max(worst.values()):.1e} <= {TOL}): OK")
+    print(f"mnist_exact ({where}): loss {float(rloss):.6f}, input and parameter gradients, dropout masks and "
+          f"{'the three' if single else 'both'} SGD steps{' (the third one call a batch)' if single else ''} equal "
+          f"PyTorch's (max rel err {max(worst.values()):.1e} <= {TOL}): OK")
     return worst
 
 

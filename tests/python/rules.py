@@ -17,6 +17,7 @@ import torch
 import psd
 from psd._proto import ps_pb2
 from psd.context import Context, attempts
+from psd.modules import _Whole
 from psd.retry import Budget, ContextIds
 
 UNAV, NF, FP = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
@@ -199,6 +200,35 @@ def main():
         ctx.backward(rec, torch.ones(1, 2), need_input=False)
         expect(psd.Error, lambda: ctx.backward(rec, torch.ones(1, 2), need_input=False), "already backwarded")
         assert ctx.step().version == 1 and c.calls == ["Forward", "Forward", "Backward"], c.calls
+    n += 1
+    # one call a batch (RemoteStage.train_step): answered; unanswered and settled applied by Step (the
+    # loss was in the lost reply: NaN); settled never opened (NOT_FOUND: attempts runs it again) or
+    # opened and failed before its backward (FAILED_PRECONDITION while settling): not applied
+    def one(client, conn):
+        with Context(client) as ctx:
+            return ctx.train_step(_Whole(conn, "", "", "the model"), torch.zeros(1, 2), torch.zeros(1))
+    answered = ps_pb2.ForwardResponse(model_version=3, step_version=4, loss=0.5)
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [answered]})
+    loss, r = one(cl, c)
+    assert r.version == 4 and abs(float(loss) - 0.5) < 1e-7 and c.calls == ["Forward"], (r, c.calls)
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [UNAV], "Step": [UNAV, step(9)]})
+    loss, r = one(cl, c)
+    assert r.version == 9 and torch.isnan(loss) and c.calls == ["Forward", "Step", "Step"], (r, c.calls)
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [UNAV, answered], "Step": [NF]})
+    outcomes = []
+    for ctx in attempts(cl):
+        with ctx:
+            outcomes.append(ctx.train_step(_Whole(c, "", "", "the model"), torch.zeros(1, 2), torch.zeros(1)))
+    assert len(outcomes) == 1 and outcomes[0][1].version == 4 and c.calls == ["Forward", "Step", "Forward"], c.calls
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [UNAV], "Step": [UNAV, FP]})
+    expect(psd.ContextLost, lambda: one(cl, c), "not applied")
     n += 1
     print(f"rules: {n} scripted cases of docs/protocol.md's retry and settle rules: OK")
 
