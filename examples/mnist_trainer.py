@@ -74,6 +74,10 @@ def get_accuracy(test_loader, model, rank):
 def run_training_loop(args, client, train_loader, test_loader):
     net = TrainerNet(client, split=args.split)
     rank, samples, t0, b = args.rank, 0, None, 0
+    one = args.one_call and not args.split and not args.check_gradients
+    if args.one_call and not one:
+        print(f"Rank {rank}: --one-call needs the whole Net (no --split) and no --check-gradients; "
+              "this run sends Forward, Backward and Step", flush=True)
     for epoch in range(args.epochs):
         for i, (data, target) in enumerate(train_loader):
             if b == args.max_batches:
@@ -82,12 +86,15 @@ def run_training_loop(args, client, train_loader, test_loader):
                 t0, samples = time.perf_counter(), 0
             for ctx in psd.attempts(client):     # a batch psd lost (a restart) runs again
                 with ctx:
-                    model_output = net(data)
-                    loss = F.nll_loss(model_output, target)
-                    loss.backward()
-                    if args.check_gradients:     # the tutorial's get_dist_gradients check
-                        assert ctx.gradients() != {}
-                    ctx.step()
+                    if one:                      # the loss (the NLL of log-probabilities), backward and step on psd
+                        loss, _ = net.param_server.train_step(data, target)
+                    else:
+                        model_output = net(data)
+                        loss = F.nll_loss(model_output, target)
+                        loss.backward()
+                        if args.check_gradients:     # the tutorial's get_dist_gradients check
+                            assert ctx.gradients() != {}
+                        ctx.step()
             if i % args.log_every == 0:
                 print(f"Rank {rank} training batch {i} loss {loss.item():.6f}", flush=True)
             samples += len(data)
@@ -116,6 +123,8 @@ def main():
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--split", action="store_true", help="conv and fc as two RemoteStages (the tutorial's split)")
     p.add_argument("--check-gradients", action="store_true", help="fetch each batch's gradients (get_dist_gradients)")
+    p.add_argument("--one-call", action="store_true", help="a batch in one call: psd computes the loss, its backward "
+                   "and the step (RemoteStage.train_step; as ps-train's default)")
     p.add_argument("--no-eval", action="store_true", help="no test-set accuracy at the end")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     args = p.parse_args()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration: a mixed run - one ps-train trainer (rank 1) and one Python
-# trainer (examples/mnist_trainer.py on python/psd, rank 2) train the same
-# psd (configs/local.yaml) for one epoch each, concurrently; both must
+# trainer (examples/mnist_trainer.py on python/psd, rank 2, --one-call:
+# RemoteStage.train_step, one call a batch as ps-train's default) train the
+# same psd (configs/local.yaml) for one epoch each, concurrently; both must
 # reach >= MIN_ACC (90 %) on the 2,000 test digits, and psd must have
 # applied one step per batch of the two.
 . "$(dirname "$0")/lib.sh" it_py_mixed
@@ -17,7 +18,7 @@ start_psd "$tmp/psd.log" --config configs/local.yaml || fail "psd"
   --epochs 1 --log-every 50 >"$tmp/c.log" 2>&1 &
 t1=$!
 timeout 900 $PY examples/mnist_trainer.py --config configs/local.yaml --server "$addr" --rank 2 --data "$DATA" \
-  --epochs 1 --log-every 50 >"$tmp/py.log" 2>&1 &
+  --epochs 1 --log-every 50 --one-call >"$tmp/py.log" 2>&1 &
 t2=$!
 wait "$t1" || fail "ps-train failed"
 t1=
