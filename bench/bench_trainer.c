@@ -164,6 +164,30 @@ static int rpc_expect(ps_rpc_client *cl, const char *method, const pb_msgdesc_t 
     return st ? -1 : 0;
 }
 
+/* A training Forward of batch x (dims: its 4 dims) for context ctx; one:
+ * with the class ids y (tdims: {batch}), step and skip_input_grad - the
+ * whole step in this call. The reply's output is decoded into in. dims,
+ * tdims, x and y must outlive the call (the request points at them). */
+static void forward_request(ps_ForwardRequest *fq, ps_ForwardResponse *fr, ps_wire_tensor_in *in, uint64_t ctx,
+                            uint32_t rank, int64_t *dims, float *x, int64_t *tdims, int64_t *y, int one, ps_err *err) {
+    *fq = (ps_ForwardRequest)ps_ForwardRequest_init_zero;
+    fq->context_id = ctx;
+    fq->train = true;
+    fq->trainer_rank = rank;
+    fq->has_input = true;
+    ps_wire_tensor_encode_bind(&fq->input, NULL, 4, dims, x);
+    if (one) {  /* the fused loss, its backward and the step in this call */
+        fq->has_targets = true;
+        ps_wire_tensor_encode_bind_typed(&fq->targets, NULL, 1, tdims, y, ps_DType_INT64);
+        fq->step = true;
+        fq->skip_input_grad = true;
+    }
+    *fr = (ps_ForwardResponse)ps_ForwardResponse_init_zero;
+    ps_wire_tensor_in_init(in, 64 << 20);
+    in->err = err;
+    ps_wire_tensor_decode_bind(&fr->output, in);
+}
+
 /* --inflight K (with --one-call): K lanes, threads on the one channel, each
  * sending its own batches one call at a time, so the trainer keeps K calls
  * in flight - a trainer that sends its next batch before its last reply,
@@ -198,22 +222,11 @@ static void *lane_main(void *arg) {
         if (b >= L->end || __atomic_load_n(&L->failed, __ATOMIC_RELAXED)) break;
         double bs0 = ps_mono_s();
         if (ps_mnist_batch(L->data, L->order + (size_t)(b % L->nb) * L->bs, (int)L->bs, x, y, &err)) goto fail;
-        ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
-        fq.context_id = L->ctx_base | (uint64_t)(b + 1);
-        fq.train = true;
-        fq.trainer_rank = (uint32_t)L->rank;
-        fq.has_input = true;
         int64_t dims[4] = {L->bs, 1, L->data->rows, L->data->cols}, tdims[1] = {L->bs};
-        ps_wire_tensor_encode_bind(&fq.input, NULL, 4, dims, x);
-        fq.has_targets = true;
-        ps_wire_tensor_encode_bind_typed(&fq.targets, NULL, 1, tdims, y, ps_DType_INT64);
-        fq.step = true;
-        fq.skip_input_grad = true;
-        ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
+        ps_ForwardRequest fq;
+        ps_ForwardResponse fr;
         ps_wire_tensor_in in;
-        ps_wire_tensor_in_init(&in, 64 << 20);
-        in.err = &err;
-        ps_wire_tensor_decode_bind(&fr.output, &in);
+        forward_request(&fq, &fr, &in, L->ctx_base | (uint64_t)(b + 1), (uint32_t)L->rank, dims, x, tdims, y, 1, &err);
         timing tf;
         double b0 = ps_mono_s();
         int bad = rpc(L->cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields,
@@ -347,25 +360,11 @@ int main(int argc, char **argv) {
         uint64_t ctx = ctx_base | (uint64_t)(b + 1);
         timing tf, tb, ts = {0, 0};
         double b0 = ps_mono_s();
-        ps_ForwardRequest fq = ps_ForwardRequest_init_zero;
-        fq.context_id = ctx;
-        fq.train = true;
-        fq.trainer_rank = (uint32_t)rank;
-        fq.has_input = true;
-        int64_t dims[4] = {bs, 1, data.rows, data.cols};
-        ps_wire_tensor_encode_bind(&fq.input, NULL, 4, dims, x);
-        int64_t tdims[1] = {bs};
-        if (one) {  /* the fused loss, its backward and the step in this call */
-            fq.has_targets = true;
-            ps_wire_tensor_encode_bind_typed(&fq.targets, NULL, 1, tdims, y, ps_DType_INT64);
-            fq.step = true;
-            fq.skip_input_grad = true;
-        }
-        ps_ForwardResponse fr = ps_ForwardResponse_init_zero;
+        int64_t dims[4] = {bs, 1, data.rows, data.cols}, tdims[1] = {bs};
+        ps_ForwardRequest fq;
+        ps_ForwardResponse fr;
         ps_wire_tensor_in in;
-        ps_wire_tensor_in_init(&in, 64 << 20);
-        in.err = &err;
-        ps_wire_tensor_decode_bind(&fr.output, &in);
+        forward_request(&fq, &fr, &in, ctx, (uint32_t)rank, dims, x, tdims, y, (int)one, &err);
         int bad = rpc(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields, &fr,
                       &tf, &err) ||
                   (!one && (ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
