@@ -171,6 +171,9 @@ ps_status ps_client_train_step(ps_client *c, ps_client_fwd *f, double *loss, uin
     ps_client_fwd_out o = {0};
     ps_status st = ps_client_forward_ex(c, f, &o, err);
     if (st) return st;
+    if (o.step_version == 0 && !o.skipped)   /* a step leaves version >= 1: psd ignored step (an older psd) */
+        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "psd answered a one-call Forward without stepping it "
+                          "(a psd older than one call a batch?); run ps-train with --split-calls");
     *loss = o.loss;
     *version = o.step_version;
     return PS_OK;

@@ -427,6 +427,11 @@ class Context:
             raise self._lost(r, "not applied")
         res = StepResult()
         if isinstance(r, ps_pb2.ForwardResponse):
+            if r.step_version == 0 and not r.skipped:   # a step leaves version >= 1: psd ignored `step`
+                self.state = "closed"
+                raise Error(grpc.StatusCode.FAILED_PRECONDITION, "train_step: psd answered the Forward without "
+                            "stepping it (a psd older than one call a batch?); use cross_entropy(x, target), "
+                            "loss.backward() and ctx.step()", "Forward", conn.name)
             res.version, res.skipped, res.round = r.step_version, r.skipped, r.round
             self.client.note_version(conn, r.step_version)
             loss = r.loss

@@ -230,6 +230,13 @@ def main():
     c = Conn(0, "ps", {"Forward": [UNAV], "Step": [UNAV, FP]})
     expect(psd.ContextLost, lambda: one(cl, c), "not applied")
     n += 1
+    # a psd that ignores `step` (older than one call a batch) answers with no step version: refused, not
+    # taken for applied
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [ps_pb2.ForwardResponse(model_version=3, loss=0.5)]})
+    e = expect(psd.Error, lambda: one(cl, c), "without stepping it")
+    assert not isinstance(e, psd.ContextLost) and e.code == FP, e
+    n += 1
     print(f"rules: {n} scripted cases of docs/protocol.md's retry and settle rules: OK")
 
 
