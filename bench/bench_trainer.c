@@ -44,9 +44,10 @@
  * one trainer ran alone while the others were still starting (process
  * start-up and warm-up differ by ~0.1 s, 10-15 % of a short timed run).
  *
- * --inflight K (with --one-call): K batches in flight at once, each on its
- * own thread over the one channel (a trainer that sends its next batch
- * before its last reply has come); the lines of the K lanes interleave.
+ * --inflight K (with --one-call; default 1): K batches in flight at once,
+ * each on its own thread over the one channel (a trainer that sends its
+ * next batch before its last reply has come); the lines of the K lanes
+ * interleave.
  *
  * usage: bench_trainer --server ADDR [--rank R] [--batches N] [--warmup W]
  *                      [--batch-size B] [--fuse-step | --one-call [--inflight K]] [--loss nll|ce] [--probe]
@@ -188,18 +189,19 @@ static void forward_request(ps_ForwardRequest *fq, ps_ForwardResponse *fr, ps_wi
     ps_wire_tensor_decode_bind(&fr->output, in);
 }
 
-/* --inflight K (with --one-call): K lanes, threads on the one channel, each
- * sending its own batches one call at a time, so the trainer keeps K calls
- * in flight - a trainer that sends its next batch before its last reply,
- * as `ps-train --inflight` does. Batches are numbered from one counter:
- * the warm-up ones first (all lanes, then joined), the timed ones after. */
+/* --one-call's batches on K lanes (--inflight K, default 1): threads on the
+ * one channel, each sending its own batches one call at a time, so the
+ * trainer keeps K calls in flight (K > 1: a trainer that sends its next
+ * batch before its last reply has come; ps-train sends one at a time).
+ * Batches are numbered from one counter: the warm-up ones first (all
+ * lanes, then joined), the timed ones after. */
 typedef struct lanes {
     ps_rpc_client *cl;
     const ps_mnist *data;
     const uint32_t *order;
     long bs, rank, nb, end, warmup;
     uint64_t ctx_base;
-    long next;                 /* __atomic: the next batch number */
+    long next;                 /* __atomic: the next batch number (lanes_run sets it) */
     long samples;              /* __atomic: timed samples done */
     FILE *out;
     pthread_mutex_t out_mu;
@@ -256,9 +258,11 @@ fail:
     return NULL;
 }
 
-/* Batches [L->next, end) on k lanes; 0, or -1 with L->err set. */
-static int lanes_run(lanes *L, long end, int k) {
+/* Batches [start, end) on k lanes; 0, or -1 with L->err set. (Each lane
+ * takes one number past end before it stops, so the counter restarts.) */
+static int lanes_run(lanes *L, long start, long end, int k) {
     pthread_t t[16];
+    L->next = start;
     L->end = end;
     int n = 0;
     for (; n < k; n++)
@@ -332,15 +336,15 @@ int main(int argc, char **argv) {
     long nb = data.n / (uint32_t)bs, samples = 0;
     double t_start = 0, t_probe = 0;
     usage u_start = {0}, u_probe = {0};  /* at the first timed batch; the probes' */
-    if (inflight > 1) {
+    if (one) {
         lanes L = {.cl = cl, .data = &data, .order = order, .bs = bs, .rank = rank, .nb = nb, .warmup = warmup,
                    .ctx_base = ctx_base, .out = out};
         pthread_mutex_init(&L.out_mu, NULL);
-        int bad = lanes_run(&L, warmup, (int)inflight);
+        int bad = lanes_run(&L, 0, warmup, (int)inflight);
         if (!bad && together) start_together(together, ntogether, rank);
         t_start = ps_mono_s();
         u_start = usage_now();
-        bad = bad || lanes_run(&L, warmup + batches, (int)inflight);
+        bad = bad || lanes_run(&L, warmup, warmup + batches, (int)inflight);
         pthread_mutex_destroy(&L.out_mu);
         if (bad) {
             err = L.err;
@@ -364,20 +368,12 @@ int main(int argc, char **argv) {
         ps_ForwardRequest fq;
         ps_ForwardResponse fr;
         ps_wire_tensor_in in;
-        forward_request(&fq, &fr, &in, ctx, (uint32_t)rank, dims, x, tdims, y, (int)one, &err);
+        forward_request(&fq, &fr, &in, ctx, (uint32_t)rank, dims, x, tdims, y, 0, &err);
         int bad = rpc(cl, "/ps.ParameterServer/Forward", ps_ForwardRequest_fields, &fq, ps_ForwardResponse_fields, &fr,
                       &tf, &err) ||
-                  (!one && (ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
-                            in.bytes != (size_t)bs * k * sizeof(float)));
+                  ps_wire_tensor_check(&fr.output, &in, "ForwardResponse.output", &err) ||
+                  in.bytes != (size_t)bs * k * sizeof(float);
         double b1 = ps_mono_s();
-        if (one) {
-            ps_wire_tensor_in_free(&in);
-            if (bad) goto fail;
-            if (out) fprintf(out, "%s Forward+Step %.1f %.1f %.1f\nbatch %.1f %.6f\n", b < warmup ? "wrpc" : "rpc",
-                             (b1 - b0) * 1e6, tf.call * 1e6, tf.ser * 1e6, (b1 - bs0) * 1e6, b1);
-            if (b >= warmup) samples += bs;
-            continue;
-        }
         if (!bad) {  /* the loss's gradient */
             memset(grad, 0, (size_t)bs * k * sizeof(float));
             for (long i = 0; i < bs; i++) {
