@@ -99,7 +99,7 @@ rc=0
 wait "$t1" || rc=1
 wait "$t2" || rc=1
 for r in 1 2; do
-  echo "--- trainer $r: $(grep -c 'retry [0-9]* in' "$tmp/t$r.log") retries logged; $(grep -c 'running the batch again' "$tmp/t$r.log") batches re-run"
+  echo "--- trainer $r: $(grep -c 'retry [0-9]* in' "$tmp/t$r.log") retries logged; $(grep -c '; running the batch again' "$tmp/t$r.log") batches re-run"
   grep -E "retry 1 in|running the batch again|RPC retries|Training complete|accuracy" "$tmp/t$r.log" | head -n 6
 done
 [ $rc -eq 0 ] || { echo "a trainer failed:"; tail -n 20 "$tmp"/t*.log; exit 1; }
@@ -132,8 +132,8 @@ acked() {  # rank
 # unless the batch ran again first (then psd 2 applied it).
 settled_old() {  # rank
   awk 'f == 0 && /retry [0-9]* in/ { f = 1; next }
-       f == 1 && (/running the batch again/ || /training batch [0-9]* /) { f = 2 }
        f == 1 && /was applied once \(its Step answers OK\)/ { s = 1 }
+       f == 1 && (/; running the batch again/ || /training batch [0-9]* /) { f = 2 }
        END { print s + 0 }' "$tmp/t$1.after"
 }
 k1=$(( $(acked 1) + $(acked 2) + $(settled_old 1) + $(settled_old 2) ))
