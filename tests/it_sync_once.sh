@@ -70,7 +70,7 @@ trainers $N
 stop_trainer_2
 wait_trainers "sync"
 s=$(status); applied=$(echo "$s" | field contexts_applied); v=$(echo "$s" | field model_version)
-settles=$(grep -c "settling the step" "$tmp/t1.log" || true); reruns=$(cat "$tmp"/t*.log | grep -c "running the batch again" || true)
+settles=$(grep -c "settling the step" "$tmp/t1.log" || true); reruns=$(cat "$tmp"/t*.log | grep -c "; running the batch again" || true)
 echo "[${SECONDS}s] sync: contexts applied $applied, model version $v for 2 x $N batches; trainer 1 settled $settles times, $reruns batches re-run"
 [ "$settles" -gt 0 ] || fail "trainer 1 never settled a Step: the deadline case was not tested"
 [ "$applied" = $((2 * N)) ] || fail "sync: $applied contexts applied for $((2 * N)) batches"

@@ -176,9 +176,10 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
         st = ps_retry_settle(r, call_step, &sc, err);
         ps_settled how = ps_retry_settled(st);
         if (how == PS_SETTLED_APPLIED) {
-            if (st != PS_OK && r->p.log)
+            if (r->p.log)  /* OK: psd answered its version (its record; after a restart, its checkpoint's) */
                 fprintf(r->p.log, "%s: context %llx was applied once (%s); not running the %s again\n", r->p.who,
-                        (unsigned long long)ctx, err ? err->msg : ps_status_name(st), unit);
+                        (unsigned long long)ctx, st == PS_OK ? "its Step answers OK" : err ? err->msg :
+                        ps_status_name(st), unit);
             return PS_OK;
         }
         if (how != PS_SETTLED_NOT_APPLIED) return st;
