@@ -130,9 +130,14 @@ ps_status ps_ckpt_optim_write(const char *path, const ps_ckpt_optim *o, const ch
 ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arch, uint64_t version,
                              ps_err *err);
 
-/* Create dir if it does not exist (one level, mode 0750) and check that it
- * is a writable directory. */
+/* Create dir if it does not exist (with its missing parents, mode 0750)
+ * and check that it is a writable directory. */
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
+
+/* For a dir that does not exist yet: what ps_ckpt_prepare_dir would refuse,
+ * creating nothing - its nearest existing ancestor must be a directory this
+ * user may create entries in (a read-only file system counts as not). */
+ps_status ps_ckpt_check_create(const char *dir, ps_err *err);
 
 /* One server per checkpoint directory: dir/psd.lock names the cluster and
  * server whose checkpoints the directory holds (and the host and pid that

@@ -46,6 +46,34 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     return PS_OK;
 }
 
+ps_status ps_ckpt_check_create(const char *dir, ps_err *err) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: path too long", dir);
+    struct stat sb;
+    for (;;) {
+        char *slash = strrchr(path, '/');
+        while (slash && slash > path && slash[1] == '\0') {  /* "a/b/" */
+            *slash = '\0';
+            slash = strrchr(path, '/');
+        }
+        if (!slash) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = '\0';
+        else *slash = '\0';
+        if (stat(path, &sb) == 0) break;
+        if (errno != ENOENT || !slash || slash == path)
+            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create it: %s: %s", dir, path,
+                              strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: cannot create it: %s is not a directory",
+                          dir, path);
+    if (access(path, W_OK | X_OK) != 0)
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: cannot create it in %s: %s", dir, path,
+                          strerror(errno));
+    return PS_OK;
+}
+
 /* ---- one server per directory: the lock file */
 
 #define LOCK_NAME "psd.lock"
