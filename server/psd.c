@@ -144,6 +144,25 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     return PS_OK;
 }
 
+/* The checkpoint start-up would resume from: one that loads into this
+ * config's model (its architecture, sizes, optimizer and identity), or
+ * none. A directory whose checkpoints all fail to load stops start-up. */
+static ps_status check_resume(const ps_config *cfg, ps_model *model, ps_err *err) {
+    const char *ck = cfg->server.checkpoint.dir;
+    struct stat sb;
+    if (!ck[0] || stat(ck, &sb) != 0) return PS_OK;
+    const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
+    ps_ckpt_info info;
+    int found = 0, refused = 0;
+    if (ps_ckpt_check_restore(model, ck, &id, &found, &refused, &info, err))
+        return ps_err_prefix(err, "server.checkpoint_dir");
+    if (found && refused)
+        fprintf(stderr, "psd: warning: server.checkpoint_dir: the %d newest checkpoint%s of %s cannot be used: "
+                "psd would resume from %s and rename %s *.refused\n", refused, refused == 1 ? "" : "s", ck, info.path,
+                refused == 1 ? "it" : "them");
+    return PS_OK;
+}
+
 /* Start-up: the CPU's effective ISA, and every training primitive that
  * oneDNN could only give a reference (plain C) kernel - the difference
  * between ~1000 and ~80 samples/s. A probe step on a throwaway copy of the
@@ -378,13 +397,13 @@ int main(int argc, char **argv) {
             fprintf(stderr, "psd: %s\n", err.msg);
             rc = 2;
         }
-        ps_model_free(model);
         /* A server's start-up checks (its files, its port) need --name: they
          * are about one host. */
-        if (!rc && (!cfg.n_servers || name) && check_startup(&cfg, &err)) {
+        if (!rc && (!cfg.n_servers || name) && (check_startup(&cfg, &err) || check_resume(&cfg, model, &err))) {
             fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
             rc = 2;
         }
+        ps_model_free(model);
         if (!rc && !cfg.n_servers) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
         if (!rc && cfg.n_servers && name)
             printf("psd: %s: configuration OK for %s of cluster %s\n", where, name, cfg.cluster.name);

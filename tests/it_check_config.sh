@@ -6,8 +6,9 @@
 #    that is a file, plaintext on 0.0.0.0 are refused, naming the problem;
 #    so are a log file in a missing directory, a metrics port on the gRPC
 #    port, addresses not of this machine or without a port, and a key that
-#    is not its certificate's (gRPC TLS and the metrics port's HTTPS) - and
-#    start-up names the certificate and key instead of "address in use";
+#    is not its certificate's (gRPC TLS and the metrics port's HTTPS), a
+#    checkpoint_dir it may not create or whose checkpoints all fail to load
+#    - and start-up names the certificate and key instead of "address in use";
 #  - a busy port is only a warning (psd itself may be running);
 #  - one server per checkpoint directory: a second psd on the running one's
 #    directory is refused (its lock file), --check-config only warns about
@@ -69,6 +70,11 @@ refused "metrics HTTPS with a key that is not the certificate's" \
   --set server.metrics_tls=true --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key"
 refused "metrics HTTPS with a missing certificate" "server.metrics_tls: security.cert $tmp/nope.pem" \
   --set server.metrics_tls=true --set security.cert="$tmp/nope.pem" --set security.key="$tmp/a.key"
+# a checkpoint_dir whose only checkpoint does not load (as one of another model or optimizer would not)
+mkdir "$tmp/ckbad"; echo "not safetensors" >"$tmp/ckbad/ckpt-000000000007.safetensors"
+refused "a checkpoint_dir whose checkpoints cannot be used" \
+  "server.checkpoint_dir: $tmp/ckbad: none of the 1 checkpoints can be used" --set server.checkpoint_dir="$tmp/ckbad"
+[ -f "$tmp/ckbad/ckpt-000000000007.safetensors" ] || fail "--check-config renamed a refused checkpoint"
 # a checkpoint_dir to be created where this user may not create it (root may anywhere: as nobody)
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
   chmod 755 "$tmp"; mkdir -m 755 "$tmp/ro"
