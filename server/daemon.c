@@ -48,9 +48,44 @@ void ps_daemon_notify(const char *state) {
     if (r < 0) ps_log(PS_LOG_WARN, "sd_notify(%s): %s", state, strerror(-r));
 }
 
+/* gRPC's "unix:PATH" (or "unix://PATH"): gRPC removes a socket left at PATH
+ * and binds a new one there, in a directory that must exist. */
+static int explain_unix(const char *addr, char *buf, size_t cap) {
+    const char *path = addr + 5;
+    if (!strncmp(path, "//", 2)) path += 2;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!*path || (slash && slash[1] == '\0')) {
+        snprintf(buf, cap, "'%.200s' names no socket file (unix:PATH)", addr);
+        return EINVAL;
+    }
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else {
+        snprintf(buf, cap, "'%.64s...': path too long", addr);
+        return EINVAL;
+    }
+    struct stat sb;
+    int e = 0;
+    if (stat(dir, &sb) != 0) e = errno;
+    else if (!S_ISDIR(sb.st_mode)) e = ENOTDIR;
+    else if (access(dir, W_OK | X_OK) != 0) e = errno;
+    if (e) {
+        snprintf(buf, cap, "cannot create the socket %s: directory %s: %s", path, dir, strerror(e));
+        return e;
+    }
+    if (lstat(path, &sb) == 0 && !S_ISSOCK(sb.st_mode)) {
+        snprintf(buf, cap, "%s exists and is not a socket", path);
+        return EEXIST;
+    }
+    return 0;
+}
+
 int ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
     buf[0] = '\0';
-    if (strchr(addr, '/') || !strncmp(addr, "unix:", 5) || !strncmp(addr, "unix-abstract:", 14) ||
+    if (!strncmp(addr, "unix:", 5)) return explain_unix(addr, buf, cap);
+    if (strchr(addr, '/') || !strncmp(addr, "unix-abstract:", 14) ||
         !strncmp(addr, "dns:", 4) || !strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5))
         return 0;
     const char *colon = strrchr(addr, ':');

@@ -26,9 +26,11 @@ int ps_daemon_use_journal_if_attached(void);
 void ps_daemon_notify(const char *state);
 
 /* Why "host:port" cannot be listened on, found by binding it once
- * ("127.0.0.1:50051 is already in use (another psd?)"). Writes "" and
- * returns 0 when it can bind it or the address is one of gRPC's other forms
- * (unix:, dns:, ...); else returns EADDRINUSE when something listens there
+ * ("127.0.0.1:50051 is already in use (another psd?)"); "unix:PATH" by
+ * PATH's directory (it must take a new file) and PATH (none, or a socket).
+ * Writes "" and returns 0 when it can bind it or the address is one of
+ * gRPC's other forms (dns:, ipv4:, ...); else returns EADDRINUSE when
+ * something listens there
  * (psd itself, maybe: --check-config only warns), another errno when it
  * never could (not an address of this machine, no such host, no ":PORT"). */
 int ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);

@@ -5,7 +5,8 @@
 #  - a world-readable tokens file, a missing certificate, a checkpoint_dir
 #    that is a file, plaintext on 0.0.0.0 are refused, naming the problem;
 #    so are a log file in a missing directory, a metrics port on the gRPC
-#    port, addresses not of this machine or without a port, and a key that
+#    port, addresses not of this machine or without a port, a unix socket in
+#    a missing directory, and a key that
 #    is not its certificate's (gRPC TLS and the metrics port's HTTPS), a
 #    checkpoint_dir it may not create or whose checkpoints all fail to load
 #    - and start-up names the certificate and key instead of "address in use";
@@ -58,6 +59,9 @@ refused "a listen address not of this machine" "server.listen 192.0.2.1:$port: c
   --listen "192.0.2.1:$port" --set security.allow_insecure=true
 refused "a listen address without a port" "server.listen localhost: cannot listen there: 'localhost' is not HOST:PORT" \
   --listen localhost
+refused "a unix socket in a missing directory" \
+  "server.listen unix:$tmp/nodir/psd.sock: cannot listen there: cannot create the socket $tmp/nodir/psd.sock" \
+  --listen "unix:$tmp/nodir/psd.sock"
 # a certificate and a key that is not its: PEM files both, refused only once gRPC's (or the metrics
 # port's) TLS pairs them
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=localhost)
