@@ -30,9 +30,9 @@ void ps_daemon_notify(const char *state);
  * PATH's directory (it must take a new file) and PATH (none, or a socket).
  * Writes "" and returns 0 when it can bind it or the address is one of
  * gRPC's other forms (dns:, ipv4:, ...); else returns EADDRINUSE when
- * something listens there
- * (psd itself, maybe: --check-config only warns), another errno when it
- * never could (not an address of this machine, no such host, no ":PORT"). */
+ * something listens there (psd itself, maybe: --check-config only warns),
+ * another errno when it never could (not an address of this machine, no
+ * such host, no ":PORT", no such directory). */
 int ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);
 
 /* What ps_daemon_open_log(path) would refuse, without creating or writing

@@ -147,16 +147,17 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
 /* The checkpoint start-up would resume from: one that loads into this
  * config's model (its architecture, sizes, optimizer and identity), or
  * none. A directory whose checkpoints all fail to load stops start-up. */
-static ps_status check_resume(const ps_config *cfg, ps_model *model, ps_err *err) {
+static ps_status check_resume(const ps_config *cfg, ps_model *model, int *found, ps_err *err) {
     const char *ck = cfg->server.checkpoint.dir;
     struct stat sb;
+    *found = 0;
     if (!ck[0] || stat(ck, &sb) != 0) return PS_OK;
     const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
     ps_ckpt_info info;
-    int found = 0, refused = 0;
-    if (ps_ckpt_check_restore(model, ck, &id, &found, &refused, &info, err))
+    int refused = 0;
+    if (ps_ckpt_check_restore(model, ck, &id, found, &refused, &info, err))
         return ps_err_prefix(err, "server.checkpoint_dir");
-    if (found && refused)
+    if (*found && refused)
         fprintf(stderr, "psd: warning: server.checkpoint_dir: the %d newest checkpoint%s of %s cannot be used: "
                 "psd would resume from %s and rename %s *.refused\n", refused, refused == 1 ? "" : "s", ck, info.path,
                 refused == 1 ? "it" : "them");
@@ -389,19 +390,21 @@ int main(int argc, char **argv) {
             fprintf(stderr, "psd: %s: %s\n", where, err.msg);
             rc = 2;
         }
-        if (!rc && init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
-            fprintf(stderr, "psd: --init-from: %s\n", err.msg);
-            rc = 2;
-        }
-        if (!rc && !init_from && mo.file && ps_onnx_is_onnx_file(mo.file) && ps_onnx_init_weights(model, mo.file, &err)) {
-            fprintf(stderr, "psd: %s\n", err.msg);
-            rc = 2;
-        }
-        /* A server's start-up checks (its files, its port) need --name: they
-         * are about one host. */
-        if (!rc && (!cfg.n_servers || name) && (check_startup(&cfg, &err) || check_resume(&cfg, model, &err))) {
+        /* A server's start-up checks (its files, its port, the checkpoint it
+         * would resume from) need --name: they are about one host. */
+        int resumes = 0;
+        if (!rc && (!cfg.n_servers || name) && (check_startup(&cfg, &err) || check_resume(&cfg, model, &resumes, &err))) {
             fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
             rc = 2;
+        }
+        /* The initial weights, which start-up does not read when it resumes
+         * from a checkpoint: then only a warning. */
+        int onnx = !init_from && mo.file && ps_onnx_is_onnx_file(mo.file);
+        if (!rc && (init_from || onnx) &&
+            (init_from ? ps_ckpt_init_from_part(model, init_from, NULL, &err) : ps_onnx_init_weights(model, mo.file, &err))) {
+            fprintf(stderr, "psd: %s%s%s%s\n", resumes ? "warning: " : "", init_from ? "--init-from: " : "", err.msg,
+                    resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
+            if (!resumes) rc = 2;
         }
         ps_model_free(model);
         if (!rc && !cfg.n_servers) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
