@@ -186,9 +186,9 @@ struct ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err);
  * server, or sharded), every server named in a placement defined, shards
  * only for embedding stages and no more shards than rows, addresses (and
  * listen addresses) distinct, consistency sync/ssp refused when the stages
- * span more than one server. Calls ps_config_check_model. The single-server
- * form passes when ps_config_check_model does. INVALID_ARGUMENT naming the
- * key. */
+ * span more than one server. Calls ps_config_check_model. Also for the
+ * single-server form: a server's metrics port is not its gRPC port.
+ * INVALID_ARGUMENT naming the key. */
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err);
 
 /* psd --name NAME: make servers.<NAME> this process's server (c->self) and

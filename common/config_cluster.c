@@ -498,11 +498,30 @@ static ps_status check_ckpt_dirs(const ps_config *c, ps_err *err) {
     return PS_OK;
 }
 
+/* One server's gRPC and metrics ports: the second bind would fail. */
+static ps_status check_own_ports(const char *listen_key, const char *listen, const char *metrics_key,
+                                 const char *metrics, ps_err *err) {
+    if (!metrics[0] || !same_bind(listen, listen, listen, metrics)) return PS_OK;
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is where %s binds too ('%s'); the metrics port "
+                      "needs a port of its own", metrics_key, metrics, listen_key, listen);
+}
+
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err) {
     /* (once a server is selected, server.checkpoint_dir is its own: the
      * directories were checked by ps_config_select_server) */
     ps_status st = c->n_servers ? check_servers(c, err) : PS_OK;
     if (st == PS_OK && c->n_servers && c->self < 0) st = check_ckpt_dirs(c, err);
+    if (st == PS_OK && !c->n_servers)
+        st = check_own_ports("server.listen", c->server.listen, "server.metrics_listen", c->server.metrics_listen, err);
+    for (int i = 0; st == PS_OK && i < c->n_servers; i++) {
+        const ps_server_def *s = &c->servers[i];
+        if (c->self >= 0 && i != c->self) continue;
+        char lk[64], mk[64];
+        snprintf(lk, sizeof lk, "servers.%s.listen", s->name);
+        snprintf(mk, sizeof mk, "servers.%s.metrics_listen", s->name);
+        st = check_own_ports(lk, effective_listen(s), s->metrics_listen[0] ? mk : "server.metrics_listen",
+                             effective_metrics(c, s), err);
+    }
     ps_placement p;
     if (st == PS_OK) st = ps_placement_build(c, &p, err);  /* also ps_config_check_model */
     if (st != PS_OK || c->n_servers == 0) return st;

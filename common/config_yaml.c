@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+#include <sys/stat.h>
 
 /* ---- YAML --------------------------------------------------------------- */
 
@@ -175,6 +176,11 @@ ps_status ps_config_load(ps_config *c, const char *path, ps_err *err) {
     if (!f)
         return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO,
                           "%s: cannot open config: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {  /* fopen takes a directory; reading it fails */
+        fclose(f);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: cannot read config: it is a directory", path);
+    }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         fclose(f);

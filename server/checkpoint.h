@@ -130,9 +130,14 @@ ps_status ps_ckpt_optim_write(const char *path, const ps_ckpt_optim *o, const ch
 ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arch, uint64_t version,
                              ps_err *err);
 
-/* Create dir if it does not exist (one level, mode 0750) and check that it
- * is a writable directory. */
+/* Create dir if it does not exist (with its missing parents, mode 0750)
+ * and check that it is a writable directory. */
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
+
+/* For a dir that does not exist yet: what ps_ckpt_prepare_dir would refuse,
+ * creating nothing - its nearest existing ancestor must be a directory this
+ * user may create entries in (a read-only file system counts as not). */
+ps_status ps_ckpt_check_create(const char *dir, ps_err *err);
 
 /* One server per checkpoint directory: dir/psd.lock names the cluster and
  * server whose checkpoints the directory holds (and the host and pid that
@@ -208,6 +213,13 @@ ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckp
 /* ... and the restored checkpoint's settle records (ps_ckpt_load_with). */
 ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
                                       ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err);
+/* What ps_ckpt_restore_latest_with would do, changing nothing on disk (no
+ * temporary files cleaned, no refused checkpoint renamed): loads into m the
+ * newest checkpoint that loads (*found = 1, *refused = how many newer ones
+ * were refused), or the same error when some exist and none loads. For
+ * psd --check-config. */
+ps_status ps_ckpt_check_restore(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found, int *refused,
+                                ps_ckpt_info *out, ps_err *err);
 
 /* Set m's weights from any safetensors file with the model's state_dict
  * names and shapes (e.g. saved from PyTorch with safetensors.torch.save_file,

@@ -46,6 +46,34 @@ ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     return PS_OK;
 }
 
+ps_status ps_ckpt_check_create(const char *dir, ps_err *err) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: path too long", dir);
+    struct stat sb;
+    for (;;) {
+        char *slash = strrchr(path, '/');
+        while (slash && slash > path && slash[1] == '\0') {  /* "a/b/" */
+            *slash = '\0';
+            slash = strrchr(path, '/');
+        }
+        if (!slash) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = '\0';
+        else *slash = '\0';
+        if (stat(path, &sb) == 0) break;
+        if (errno != ENOENT || !slash || slash == path)
+            return ps_err_set(err, PS_ERR_IO, "checkpoint dir %s: cannot create it: %s: %s", dir, path,
+                              strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: cannot create it: %s is not a directory",
+                          dir, path);
+    if (access(path, W_OK | X_OK) != 0)
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: cannot create it in %s: %s", dir, path,
+                          strerror(errno));
+    return PS_OK;
+}
+
 /* ---- one server per directory: the lock file */
 
 #define LOCK_NAME "psd.lock"
@@ -257,11 +285,13 @@ ps_status ps_ckpt_restore_latest_part(ps_model *m, const char *dir, const ps_ckp
     return ps_ckpt_restore_latest_with(m, dir, id, found, out, NULL, err);
 }
 
-ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
-                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err) {
+/* The newest checkpoint of dir that loads; dry: change nothing on disk. */
+static ps_status restore_latest(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found, int *refused,
+                                ps_ckpt_info *out, ps_ckpt_settle *settle, int dry, ps_err *err) {
     *found = 0;
+    *refused = 0;
     uint64_t *v = NULL;
-    ckpt_clean_tmp(dir);
+    if (!dry) ckpt_clean_tmp(dir);
     long n = ckpt_list_versions(dir, CKPT_SUFFIX, &v, err);
     if (n < 0) return err ? err->code : PS_ERR_IO;
     if (n == 0) { free(v); return PS_OK; }
@@ -273,7 +303,7 @@ ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckp
         ckpt_file_path(path, sizeof path, dir, v[i], CKPT_SUFFIX);
         ps_err e = {0};
         if (ps_ckpt_load_with(m, path, id, out, settle, &e) == PS_OK) break;
-        ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
+        if (!dry) ps_log(PS_LOG_WARN, "checkpoint refused: %s", e.msg);
         if (!first_reason[0]) snprintf(first_reason, sizeof first_reason, "%s", e.msg);
     }
     if (i == n) {
@@ -281,8 +311,9 @@ ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckp
                         "them away to start from scratch", dir, n, first_reason);
     } else {
         *found = 1;
+        *refused = (int)i;
         /* Newer ones were refused: rename them so they stop shadowing this one. */
-        for (long j = 0; j < i; j++) {
+        for (long j = 0; j < i && !dry; j++) {
             for (int k = 0; k < 2; k++) {
                 char path[PS_CKPT_PATH_MAX], to[PS_CKPT_PATH_MAX + 8];
                 ckpt_file_path(path, sizeof path, dir, v[j], k ? OPTIM_SUFFIX : CKPT_SUFFIX);
@@ -293,4 +324,15 @@ ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckp
     }
     free(v);
     return rc;
+}
+
+ps_status ps_ckpt_restore_latest_with(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found,
+                                      ps_ckpt_info *out, ps_ckpt_settle *settle, ps_err *err) {
+    int refused;
+    return restore_latest(m, dir, id, found, &refused, out, settle, 0, err);
+}
+
+ps_status ps_ckpt_check_restore(ps_model *m, const char *dir, const ps_ckpt_ident *id, int *found, int *refused,
+                                ps_ckpt_info *out, ps_err *err) {
+    return restore_latest(m, dir, id, found, refused, out, NULL, 1, err);
 }

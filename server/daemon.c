@@ -48,15 +48,58 @@ void ps_daemon_notify(const char *state) {
     if (r < 0) ps_log(PS_LOG_WARN, "sd_notify(%s): %s", state, strerror(-r));
 }
 
-void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
+/* gRPC's "unix:PATH" (or "unix://PATH"): gRPC removes a socket left at PATH
+ * and binds a new one there, in a directory that must exist. */
+static int explain_unix(const char *addr, char *buf, size_t cap) {
+    const char *path = addr + 5;
+    if (!strncmp(path, "//", 2)) path += 2;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!*path || (slash && slash[1] == '\0')) {
+        snprintf(buf, cap, "'%.200s' names no socket file (unix:PATH)", addr);
+        return EINVAL;
+    }
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else {
+        snprintf(buf, cap, "'%.64s...': path too long", addr);
+        return EINVAL;
+    }
+    struct stat sb;
+    int e = 0;
+    if (stat(dir, &sb) != 0) e = errno;
+    else if (!S_ISDIR(sb.st_mode)) e = ENOTDIR;
+    else if (access(dir, W_OK | X_OK) != 0) e = errno;
+    if (e) {
+        snprintf(buf, cap, "cannot create the socket %s: directory %s: %s", path, dir, strerror(e));
+        return e;
+    }
+    if (lstat(path, &sb) == 0 && !S_ISSOCK(sb.st_mode)) {
+        snprintf(buf, cap, "%s exists and is not a socket", path);
+        return EEXIST;
+    }
+    return 0;
+}
+
+int ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
     buf[0] = '\0';
+    if (!strncmp(addr, "unix:", 5)) return explain_unix(addr, buf, cap);
+    if (strchr(addr, '/') || !strncmp(addr, "unix-abstract:", 14) ||
+        !strncmp(addr, "dns:", 4) || !strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5))
+        return 0;
     const char *colon = strrchr(addr, ':');
-    if (!colon || strchr(addr, '/') || !strncmp(addr, "unix:", 5) || !strncmp(addr, "dns:", 4) ||
-        !strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5))
-        return;
+    if (!colon || !colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+        (addr[0] == '[' && colon[-1] != ']')) {  /* "host", "host:", "[::1]" */
+        snprintf(buf, cap, "'%.200s' is not HOST:PORT (PORT a number)", addr);
+        return EINVAL;
+    }
     char host[256];
     size_t hl = (size_t)(colon - addr);
-    if (hl >= sizeof host) return;
+    if (hl >= sizeof host) {
+        snprintf(buf, cap, "'%.64s...': the host is longer than %zu characters", addr, sizeof host - 1);
+        return EINVAL;
+    }
     memcpy(host, addr, hl);
     host[hl] = '\0';
     if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
@@ -69,8 +112,9 @@ void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
     int gr = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &res);
     if (gr != 0) {
         snprintf(buf, cap, "cannot resolve '%s': %s", host, gai_strerror(gr));
-        return;
+        return EINVAL;
     }
+    int why = 0;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
@@ -81,6 +125,7 @@ void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
         int rc = bind(fd, a->ai_addr, a->ai_addrlen), e = errno;
         close(fd);
         if (rc == 0) continue;
+        why = e;
         if (e == EADDRINUSE)
             snprintf(buf, cap, "%s is already in use: another process listens there (another psd?)", addr);
         else if (e == EADDRNOTAVAIL)
@@ -92,6 +137,35 @@ void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap) {
         break;
     }
     freeaddrinfo(res);
+    return why;
+}
+
+ps_status ps_daemon_check_log(const char *path, ps_err *err) {
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "log file %s: is a directory", path);
+        if (access(path, W_OK) != 0)
+            return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "log file %s: not writable by this user: %s", path,
+                              strerror(errno));
+        return PS_OK;
+    }
+    if (errno != ENOENT) return ps_err_set(err, PS_ERR_IO, "log file %s: %s", path, strerror(errno));
+    /* to be created: its directory must exist and take a new file */
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "log file %.64s...: path too long", path);
+    if (stat(dir, &sb) != 0)
+        return ps_err_set(err, PS_ERR_IO, "log file %s: directory %s: %s", path, dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "log file %s: %s is not a directory", path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "log file %s: cannot create it in %s: %s", path, dir,
+                          strerror(errno));
+    return PS_OK;
 }
 
 int ps_ckpt_sched_due(const ps_ckpt_sched *s, uint64_t version, double now) {

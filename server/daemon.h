@@ -26,9 +26,19 @@ int ps_daemon_use_journal_if_attached(void);
 void ps_daemon_notify(const char *state);
 
 /* Why "host:port" cannot be listened on, found by binding it once
- * ("127.0.0.1:50051 is already in use (another psd?)"). Writes "" when it
- * can bind it or the address is not host:port (unix:, dns:, ...). */
-void ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);
+ * ("127.0.0.1:50051 is already in use (another psd?)"); "unix:PATH" by
+ * PATH's directory (it must take a new file) and PATH (none, or a socket).
+ * Writes "" and returns 0 when it can bind it or the address is one of
+ * gRPC's other forms (dns:, ipv4:, ...); else returns EADDRINUSE when
+ * something listens there (psd itself, maybe: --check-config only warns),
+ * another errno when it never could (not an address of this machine, no
+ * such host, no ":PORT", no such directory). */
+int ps_daemon_explain_bind(const char *addr, char *buf, size_t cap);
+
+/* What ps_daemon_open_log(path) would refuse, without creating or writing
+ * anything: path a directory or not writable, its directory missing or not
+ * writable. The error names path. */
+ps_status ps_daemon_check_log(const char *path, ps_err *err);
 
 /* ps_ckpt_opts (the server.checkpoint_* keys) is in server_opts.h. */
 

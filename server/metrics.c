@@ -445,20 +445,45 @@ static char *read_pem(const char *what, const char *path, ps_err *err) {
     return p;
 }
 
+/* o's certificate and key, read (the caller frees both). */
+static ps_status read_tls(const ps_metrics_http_opts *o, char **cert, char **key, ps_err *err) {
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "metrics: server.metrics_tls: this libmicrohttpd was built "
+                          "without TLS");
+    if (!(*cert = read_pem("security.cert", o->cert_file, err)) ||
+        !(*key = read_pem("security.key", o->key_file ? o->key_file : "", err)))
+        return err ? err->code : PS_ERR_INVALID_ARGUMENT;
+    return PS_OK;
+}
+
+#define TLS_REFUSED " with TLS (does security.key match security.cert?)"
+
+ps_status ps_metrics_check_tls(const ps_metrics_http_opts *o, ps_err *err) {
+    if (!o->cert_file || !o->cert_file[0]) return PS_OK;
+    char *cert = NULL, *key = NULL;
+    ps_status st = read_tls(o, &cert, &key, err);
+    if (st == PS_OK) {
+        /* a daemon without a listening socket sets up TLS as the real one
+         * does, and binds nothing */
+        struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_NO_LISTEN_SOCKET | MHD_USE_TLS, 0, NULL, NULL, on_request,
+                                                NULL, MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_HTTPS_MEM_CERT, cert,
+                                                MHD_OPTION_END);
+        if (d) MHD_stop_daemon(d);
+        else st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "metrics: server.metrics_tls: libmicrohttpd could not "
+                             "start" TLS_REFUSED);
+    }
+    free(cert);
+    free(key);
+    return st;
+}
+
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err) {
     PS_ASSERT(!m->http);
     unsigned maxc = o->max_connections ? o->max_connections : 256;
     unsigned per = o->max_per_client ? o->max_per_client : (maxc / 4 ? maxc / 4 : 1);
     unsigned idle = o->idle_timeout_s ? o->idle_timeout_s : 10;
     int tls = o->cert_file && o->cert_file[0];
-    if (tls) {
-        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
-            return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "metrics: server.metrics_tls: this libmicrohttpd was built "
-                              "without TLS");
-        if (!(m->tls_cert = read_pem("security.cert", o->cert_file, err)) ||
-            !(m->tls_key = read_pem("security.key", o->key_file ? o->key_file : "", err)))
-            return err ? err->code : PS_ERR_INVALID_ARGUMENT;
-    }
+    if (tls && read_tls(o, &m->tls_cert, &m->tls_key, err)) return err ? err->code : PS_ERR_INVALID_ARGUMENT;
     char host[64];
     int port;
     if (!ps_config_parse_hostport(hostport, host, sizeof host, &port))
@@ -505,7 +530,7 @@ ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_m
     if (!m->http) {
         close(fd);
         return ps_err_set(err, PS_ERR_INTERNAL, "metrics: libmicrohttpd could not start on %s%s", hostport,
-                          tls ? " with TLS (does security.key match security.cert?)" : "");
+                          tls ? TLS_REFUSED : "");
     }
     return PS_OK;
 }

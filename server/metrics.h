@@ -57,6 +57,12 @@ typedef struct ps_metrics_http_opts {
  * is an error naming it. Once. */
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err);
 
+/* What ps_metrics_listen_opts would refuse in o's certificate and key (a
+ * file missing, not PEM, or a key libmicrohttpd's TLS will not pair with
+ * the certificate), without listening: for psd --check-config. PS_OK when
+ * o has no certificate (plain HTTP). */
+ps_status ps_metrics_check_tls(const ps_metrics_http_opts *o, ps_err *err);
+
 /* Serve the dashboard at / (and its JSON and files) from now on; d
  * outlives m's HTTP endpoint. */
 struct ps_dashboard;

@@ -92,9 +92,11 @@ static int write_checkpoint(const ps_config *cfg, ps_model *model, ps_service *s
 }
 
 /* What start-up would refuse beyond the config's own checks: transport
- * security (certificate, key and CA files, tokens file, plaintext beyond
- * loopback), the checkpoint directory, the log file's directory. A port in
- * use is only a warning: psd itself may be running. */
+ * security (certificate, key and CA files as gRPC and the metrics port's
+ * HTTPS take them, tokens file, plaintext beyond loopback), the addresses it
+ * binds, the checkpoint directory, the log file. A port in use, or a
+ * checkpoint directory a running psd holds, is only a warning: psd itself
+ * may be running. */
 static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     grpc_init();
     ps_security sec;
@@ -105,6 +107,8 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     }
     grpc_shutdown();
     if (st) return st;
+    ps_metrics_http_opts ho = {cfg->server.metrics_tls ? cfg->security.cert : NULL, cfg->security.key, 0, 0, 0};
+    if (cfg->server.metrics_listen[0] && ps_metrics_check_tls(&ho, err)) return err->code;
     const char *ck = cfg->server.checkpoint.dir;
     struct stat sb;
     if (ck[0] && stat(ck, &sb) == 0) {
@@ -121,12 +125,42 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
             return ps_err_set(err, le.code, "server.checkpoint_dir: %s", le.msg);
     } else if (ck[0] && errno != ENOENT) {
         return ps_err_set(err, PS_ERR_IO, "server.checkpoint_dir %s: %s", ck, strerror(errno));
+    } else if (ck[0] && ps_ckpt_check_create(ck, err)) {
+        return ps_err_prefix(err, "server.checkpoint_dir");
     }
-    char why[300];
-    ps_daemon_explain_bind(cfg->server.listen, why, sizeof why);
-    if (why[0])
-        fprintf(stderr, "psd: warning: server.listen %s: %s (fine if this psd is the one running)\n",
-                cfg->server.listen, why);
+    if (cfg->server.log_file[0] && ps_daemon_check_log(cfg->server.log_file, err))
+        return ps_err_prefix(err, "server.log_file");
+    const char *key[2] = {"server.listen", "server.metrics_listen"};
+    const char *addr[2] = {cfg->server.listen, cfg->server.metrics_listen};
+    for (int i = 0; i < 2; i++) {
+        char why[300];
+        if (!addr[i][0]) continue;
+        int e = ps_daemon_explain_bind(addr[i], why, sizeof why);
+        if (e == EADDRINUSE)
+            fprintf(stderr, "psd: warning: %s %s: %s (fine if this psd is the one running)\n", key[i], addr[i], why);
+        else if (e)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s %s: cannot listen there: %s", key[i], addr[i], why);
+    }
+    return PS_OK;
+}
+
+/* The checkpoint start-up would resume from: one that loads into this
+ * config's model (its architecture, sizes, optimizer and identity), or
+ * none. A directory whose checkpoints all fail to load stops start-up. */
+static ps_status check_resume(const ps_config *cfg, ps_model *model, int *found, ps_err *err) {
+    const char *ck = cfg->server.checkpoint.dir;
+    struct stat sb;
+    *found = 0;
+    if (!ck[0] || stat(ck, &sb) != 0) return PS_OK;
+    const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
+    ps_ckpt_info info;
+    int refused = 0;
+    if (ps_ckpt_check_restore(model, ck, &id, found, &refused, &info, err))
+        return ps_err_prefix(err, "server.checkpoint_dir");
+    if (*found && refused)
+        fprintf(stderr, "psd: warning: server.checkpoint_dir: the %d newest checkpoint%s of %s cannot be used: "
+                "psd would resume from %s and rename %s *.refused\n", refused, refused == 1 ? "" : "s", ck, info.path,
+                refused == 1 ? "it" : "them");
     return PS_OK;
 }
 
@@ -356,21 +390,23 @@ int main(int argc, char **argv) {
             fprintf(stderr, "psd: %s: %s\n", where, err.msg);
             rc = 2;
         }
-        if (!rc && init_from && ps_ckpt_init_from_part(model, init_from, NULL, &err)) {
-            fprintf(stderr, "psd: --init-from: %s\n", err.msg);
-            rc = 2;
-        }
-        if (!rc && !init_from && mo.file && ps_onnx_is_onnx_file(mo.file) && ps_onnx_init_weights(model, mo.file, &err)) {
-            fprintf(stderr, "psd: %s\n", err.msg);
-            rc = 2;
-        }
-        ps_model_free(model);
-        /* A server's start-up checks (its files, its port) need --name: they
-         * are about one host. */
-        if (!rc && (!cfg.n_servers || name) && check_startup(&cfg, &err)) {
+        /* A server's start-up checks (its files, its port, the checkpoint it
+         * would resume from) need --name: they are about one host. */
+        int resumes = 0;
+        if (!rc && (!cfg.n_servers || name) && (check_startup(&cfg, &err) || check_resume(&cfg, model, &resumes, &err))) {
             fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
             rc = 2;
         }
+        /* The initial weights, which start-up does not read when it resumes
+         * from a checkpoint: then only a warning. */
+        int onnx = !init_from && mo.file && ps_onnx_is_onnx_file(mo.file);
+        if (!rc && (init_from || onnx) &&
+            (init_from ? ps_ckpt_init_from_part(model, init_from, NULL, &err) : ps_onnx_init_weights(model, mo.file, &err))) {
+            fprintf(stderr, "psd: %s%s%s%s\n", resumes ? "warning: " : "", init_from ? "--init-from: " : "", err.msg,
+                    resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
+            if (!resumes) rc = 2;
+        }
+        ps_model_free(model);
         if (!rc && !cfg.n_servers) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
         if (!rc && cfg.n_servers && name)
             printf("psd: %s: configuration OK for %s of cluster %s\n", where, name, cfg.cluster.name);

@@ -239,8 +239,11 @@ ps_rpc_server *ps_rpc_server_create_secure(const char *listen_addr, int nthreads
 
 /* What ps_rpc_server_create_opts would refuse about the address and the
  * security settings (plaintext beyond loopback, short tokens, missing or
- * non-PEM certificate/key/CA files), without binding anything; for
- * `psd --check-config`. Needs grpc_init(). */
+ * non-PEM certificate/key/CA files, a key gRPC's TLS will not pair with the
+ * certificate), without binding listen_addr: gRPC parses the TLS files only
+ * when a port is added, so with TLS a never-started server adds an
+ * ephemeral loopback port once. For `psd --check-config`. Needs
+ * grpc_init(). */
 ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *sec, ps_err *err);
 
 /* Start accepting calls and the worker threads. Once only. */

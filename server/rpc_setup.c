@@ -17,6 +17,8 @@
 
 static int has(const char *s) { return s && *s; }
 
+static void drain_and_destroy(grpc_completion_queue *cq);
+
 static grpc_server_credentials *server_credentials(const ps_rpc_security *sec, ps_err *err) {
     if (!sec || !sec->tls) return grpc_insecure_server_credentials_create();
     grpc_server_credentials *creds = NULL;
@@ -43,6 +45,30 @@ static grpc_server_credentials *server_credentials(const ps_rpc_security *sec, p
     free(key);
     free(ca);
     return creds;
+}
+
+/* Whether gRPC takes creds for a listening port: the PEM files are read by
+ * server_credentials, but gRPC's TLS layer parses them (and pairs the key
+ * with the certificate, loads the CA) only when a port is added. A
+ * throwaway server on an ephemeral loopback port, never started, tells. */
+static ps_status tls_usable(grpc_server_credentials *creds, const ps_rpc_security *sec, ps_err *err) {
+    if (!sec || !sec->tls) return PS_OK;
+    grpc_server *srv = grpc_server_create(NULL, NULL);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv, cq, NULL);
+    int port = grpc_server_add_http2_port(srv, "127.0.0.1:0", creds);
+    grpc_server_shutdown_and_notify(srv, cq, srv);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if ((ev.type == GRPC_OP_COMPLETE && ev.tag == srv) || ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    }
+    grpc_server_destroy(srv);
+    drain_and_destroy(cq);
+    if (port) return PS_OK;
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "TLS: gRPC refused the server certificate %s with key %s%s%s "
+                      "(does the key match the certificate? is each a valid PEM certificate/key?)",
+                      sec->cert_file, sec->key_file, sec->mutual_tls ? " and client CA " : "",
+                      sec->mutual_tls && sec->ca_file ? sec->ca_file : "");
 }
 
 /* The server's channel args; args must hold MAX_ARGS entries. */
@@ -251,9 +277,16 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
     s->port = grpc_server_add_http2_port(s->server, listen_addr, creds);
     grpc_server_credentials_release(creds);
     if (s->port == 0) {
-        ps_err_set(err, PS_ERR_UNAVAILABLE,
-                   "rpc server: cannot listen on \"%s\" (address in use, "
-                   "not local, or not a valid host:port)", listen_addr);
+        /* a certificate gRPC's TLS layer refuses fails here too: say so */
+        grpc_server_credentials *again = sec && sec->tls ? server_credentials(sec, NULL) : NULL;
+        ps_status tls = again ? tls_usable(again, sec, err) : PS_OK;
+        if (again) grpc_server_credentials_release(again);
+        if (tls)
+            ps_err_prefix(err, "rpc server %s", listen_addr);
+        else
+            ps_err_set(err, PS_ERR_UNAVAILABLE,
+                       "rpc server: cannot listen on \"%s\" (address in use, "
+                       "not local, or not a valid host:port)", listen_addr);
         ps_rpc_server_free(s);
         return NULL;
     }
@@ -274,12 +307,10 @@ ps_status ps_rpc_server_check(const char *listen_addr, const ps_rpc_security *se
                               "characters; use a long random secret",
                               sec->tokens[i].name ? sec->tokens[i].name : "?");
     grpc_server_credentials *creds = server_credentials(sec, err);
-    if (!creds) {
-        ps_err_prefix(err, "rpc server %s", listen_addr);
-        return err ? err->code : PS_ERR_INVALID_ARGUMENT;
-    }
-    grpc_server_credentials_release(creds);
-    return PS_OK;
+    ps_status st = creds ? tls_usable(creds, sec, err) : (err ? err->code : PS_ERR_INVALID_ARGUMENT);
+    if (creds) grpc_server_credentials_release(creds);
+    if (st) ps_err_prefix(err, "rpc server %s", listen_addr);
+    return st;
 }
 
 static void stop_workers(ps_rpc_server *s) {

@@ -4,6 +4,12 @@
 #  - the shipped configs/psd.yaml (the systemd unit's) passes and starts;
 #  - a world-readable tokens file, a missing certificate, a checkpoint_dir
 #    that is a file, plaintext on 0.0.0.0 are refused, naming the problem;
+#    so are a log file in a missing directory, a metrics port on the gRPC
+#    port, addresses not of this machine or without a port, a unix socket in
+#    a missing directory, and a key that
+#    is not its certificate's (gRPC TLS and the metrics port's HTTPS), a
+#    checkpoint_dir it may not create or whose checkpoints all fail to load
+#    - and start-up names the certificate and key instead of "address in use";
 #  - a busy port is only a warning (psd itself may be running);
 #  - one server per checkpoint directory: a second psd on the running one's
 #    directory is refused (its lock file), --check-config only warns about
@@ -40,6 +46,61 @@ refused "a missing certificate" "$tmp/nope.pem" --set security.tls=true --set se
 touch "$tmp/file"
 refused "a checkpoint_dir that is a file" "not a directory" --set server.checkpoint_dir="$tmp/file"
 refused "plaintext on 0.0.0.0" "only allowed on loopback" --listen "0.0.0.0:$port"
+# what start-up refuses beyond the files above: each of these once passed --check-config
+refused "a log file in a missing directory" "server.log_file: log file $tmp/nodir/psd.log: directory $tmp/nodir" \
+  --set server.log_file="$tmp/nodir/psd.log"
+refused "the metrics port on the gRPC port" \
+  "server.metrics_listen: '0.0.0.0:$((port + 9))' is where server.listen binds too ('127.0.0.1:$((port + 9))')" \
+  --listen "127.0.0.1:$((port + 9))" --set server.metrics_listen="0.0.0.0:$((port + 9))"
+# 192.0.2.1: TEST-NET-1, never an address of this machine
+refused "a metrics address not of this machine" "server.metrics_listen 192.0.2.1:$port: cannot listen there" \
+  --set server.metrics_listen="192.0.2.1:$port"
+refused "a listen address not of this machine" "server.listen 192.0.2.1:$port: cannot listen there" \
+  --listen "192.0.2.1:$port" --set security.allow_insecure=true
+refused "a listen address without a port" "server.listen localhost: cannot listen there: 'localhost' is not HOST:PORT" \
+  --listen localhost
+refused "a unix socket in a missing directory" \
+  "server.listen unix:$tmp/nodir/psd.sock: cannot listen there: cannot create the socket $tmp/nodir/psd.sock" \
+  --listen "unix:$tmp/nodir/psd.sock"
+# a certificate and a key that is not its: PEM files both, refused only once gRPC's (or the metrics
+# port's) TLS pairs them
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=localhost)
+openssl req -x509 "${ec[@]}" -keyout "$tmp/a.key" -out "$tmp/a.pem" 2>/dev/null
+openssl req -x509 "${ec[@]}" -keyout "$tmp/b.key" -out "$tmp/b.pem" 2>/dev/null
+refused "a key that is not the certificate's" "TLS: gRPC refused the server certificate $tmp/a.pem with key $tmp/b.key" \
+  --set security.tls=true --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key"
+refused "metrics HTTPS with a key that is not the certificate's" \
+  "server.metrics_tls: libmicrohttpd could not start with TLS (does security.key match security.cert?)" \
+  --set server.metrics_tls=true --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key"
+refused "metrics HTTPS with a missing certificate" "server.metrics_tls: security.cert $tmp/nope.pem" \
+  --set server.metrics_tls=true --set security.cert="$tmp/nope.pem" --set security.key="$tmp/a.key"
+# a checkpoint_dir whose only checkpoint does not load (as one of another model or optimizer would not)
+mkdir "$tmp/ckbad"; echo "not safetensors" >"$tmp/ckbad/ckpt-000000000007.safetensors"
+refused "a checkpoint_dir whose checkpoints cannot be used" \
+  "server.checkpoint_dir: $tmp/ckbad: none of the 1 checkpoints can be used" --set server.checkpoint_dir="$tmp/ckbad"
+[ -f "$tmp/ckbad/ckpt-000000000007.safetensors" ] || fail "--check-config renamed a refused checkpoint"
+# a checkpoint_dir to be created where this user may not create it (root may anywhere: as nobody)
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+  chmod 755 "$tmp"; mkdir -m 755 "$tmp/ro"
+  if setpriv --reuid=65534 --regid=65534 --clear-groups "$BUILD/bin/psd" --check-config configs/psd.yaml \
+       --set server.metrics_listen= --set server.checkpoint_dir="$tmp/ro/ck" >"$tmp/out" 2>&1; then
+    cat "$tmp/out"; fail "--check-config passed a checkpoint_dir it may not create"; fi
+  grep -q "server.checkpoint_dir: checkpoint dir $tmp/ro/ck: cannot create it in $tmp/ro: Permission denied" "$tmp/out" ||
+    { cat "$tmp/out"; fail "a checkpoint_dir it may not create: no message naming it"; }
+  chmod 700 "$tmp"
+  echo "ok: --check-config refuses a checkpoint_dir it may not create (as nobody)"
+else
+  echo "skip: a checkpoint_dir it may not create (needs root and setpriv)"
+fi
+psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck2" --set security.tls=true \
+  --set security.cert="$tmp/a.pem" --set security.key="$tmp/a.key" --set server.metrics_tls=true >"$tmp/out" 2>&1 ||
+  { cat "$tmp/out"; fail "a matching certificate and key (gRPC and metrics TLS) failed --check-config"; }
+if psd --config configs/psd.yaml --listen "127.0.0.1:$((port + 7))" --set server.metrics_listen= --set security.tls=true \
+     --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key" >"$tmp/out" 2>&1; then
+  fail "psd started with a key that is not its certificate's"; fi
+grep -q "TLS: gRPC refused the server certificate $tmp/a.pem with key $tmp/b.key" "$tmp/out" ||
+  { cat "$tmp/out"; fail "start-up with a key that is not the certificate's: no message naming them"; }
+echo "ok: start-up with a key that is not the certificate's names both files (not 'address in use')"
 out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck" --listen "127.0.0.1:$port" 2>&1) ||
   fail "a busy port failed --check-config: $out"
 [[ "$out" == *"already in use"* ]] || fail "no warning about the busy port: $out"
@@ -92,6 +153,9 @@ refused_cluster "a server on another server's checkpoint dir" \
   "checkpoint dir $tmp/ck belongs to server (single-server form) of cluster psd" \
   --config configs/cluster-mnist.yaml --name ps1 --set servers.ps1.checkpoint_dir="$tmp/ck" \
   --set servers.ps1.address="127.0.0.1:$((port + 6))"
+refused_cluster "a server's metrics port on its gRPC port" \
+  "servers.ps0.metrics_listen: '127.0.0.1:50061' is where servers.ps0.listen binds too ('127.0.0.1:50061')" \
+  --check-config configs/cluster-mnist.yaml --set servers.ps0.metrics_listen=127.0.0.1:50061
 refused_cluster "--listen with --name" "--listen does not apply with --name" \
   --check-config configs/cluster-mnist.yaml --name ps0 --listen 127.0.0.1:1
 # psd --name ps1 binds servers.ps1's address, not server.listen

@@ -231,6 +231,12 @@ static void test_fallback(void) {
     e.msg[0] = '\0';
     CHECK(ps_ckpt_load(b, p, NULL, &e) != PS_OK);
     CONTAINS(e.msg, p);
+    /* psd --check-config's dry run: the same choice, nothing renamed */
+    int refused = -1;
+    found = 0;
+    CHECK(ps_ckpt_check_restore(b, dir, NULL, &found, &refused, &info, &e) == PS_OK);
+    CHECK(found && refused == 1 && info.version == 4 && same_weights(b, snap[4]));
+    CHECK(exists(p));
     CHECK(ps_ckpt_restore_latest(b, dir, &found, &info, &e) == PS_OK);
     CHECK(found && info.version == 4 && ps_model_version(b) == 4 && same_weights(b, snap[4]));
     snprintf(q, sizeof q, "%s.refused", p);
@@ -262,6 +268,9 @@ static void test_fallback(void) {
     CHECK(!found);
     CONTAINS(e.msg, "none of the 1 checkpoints can be used");
     CHECK(exists(p));
+    e.msg[0] = '\0';
+    CHECK(ps_ckpt_check_restore(b, dir, NULL, &found, &refused, &info, &e) == PS_ERR_FORMAT && !found);
+    CONTAINS(e.msg, "none of the 1 checkpoints can be used");
 
     /* An empty directory: nothing to restore, not an error. */
     char empty[256];

@@ -392,6 +392,12 @@ static void test_bad_files(void) {
     }
     expect_bad("long.yaml", long_file, PS_ERR_INVALID_ARGUMENT, 2,
                "server.listen: 'aaaa", "is 300 bytes long; at most 255 allowed");
+    /* a directory opens, and reading it failed with "byte 0: input error" */
+    ps_config c;
+    ps_err e;
+    ps_config_defaults(&c);
+    CHECK(ps_config_load(&c, g_dir, &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "cannot read config: it is a directory");
 }
 
 /* The lifecycle keys (checkpoints, drain, metrics, log file): defaults,

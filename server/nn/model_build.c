@@ -600,7 +600,11 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
             have &= (st->state[j] = ps_backend_alloc_floats(st->be, st->nweights ? st->nweights : 1)) != NULL;
         if (!host || !st->w || !st->bufw || !st->bufi || !have) {
             free(host);
-            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights", st->def->name);
+            double gib = ((double)nh + (double)st->nweights * (1 + m->nstate) + (double)st->nbufw) * sizeof(float) /
+                         (1024.0 * 1024 * 1024);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stage '%s' weights (%lld parameters, "
+                       "%.1f GiB with the optimizer state: model.sizes too large for this machine?)", st->def->name,
+                       (long long)st->nweights, gib);
             goto fail;
         }
         ps_status rc = PS_OK;
