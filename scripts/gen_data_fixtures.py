@@ -130,6 +130,20 @@ open(path("huge.npy"), "wb").write(raw[:10] + huge + raw[10 + len(hdr):])
 bad("huge", path("huge.npy"), "truncated")
 bad("named", path("imgs.npy") + ":x", "names nothing in it")
 
+
+def npy_raw(dict_text, data=b""):
+    """A version 1.0 .npy with this header text, as numpy pads it."""
+    h = dict_text.encode("latin1")
+    h += b" " * (-(10 + len(h) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + data
+
+
+# an empty array whose other dims multiply past int64: numpy says "array is
+# too big"; loaded, its numel and row_numel overflowed
+open(path("ovf.npy"), "wb").write(npy_raw("{'descr': '<f4', 'fortran_order': False, "
+                                          "'shape': (10, 0, 4611686018427387904, 4611686018427387904), }"))
+bad("ovf", path("ovf.npy"), "the product of the dimensions overflows int64")
+
 # ---- .npz: stored and deflated, zip64 members (numpy forces zip64) ---------
 x = sample(np.float32, (10, 1, 4, 4))
 y = rng.integers(0, 10, 10).astype(np.int64)
@@ -165,6 +179,21 @@ with zipfile.ZipFile(path("bz.npz"), "w", compression=zipfile.ZIP_BZIP2) as z:
     np.save(buf, x)
     z.writestr("x.npy", buf.getvalue())
 bad("npz_bzip2", path("bz.npz") + ":x", "method 12 (bzip2)")
+# a deflated member that declares 4 GiB from a few bytes: refused before
+# allocating it (it used to malloc the 4 GiB, then inflate what is there)
+cdir = cz.index(b"PK\x01\x02")
+while cz[cdir + 46:cdir + 46 + struct.unpack("<H", cz[cdir + 28:cdir + 30])[0]] != b"y.npy":
+    cdir = cz.index(b"PK\x01\x02", cdir + 4)
+bomb = bytearray(cz)
+struct.pack_into("<I", bomb, cdir + 24, 0xFFFFFFFE)
+open(path("bomb.npz"), "wb").write(bytes(bomb))
+bad("npz_bomb", path("bomb.npz") + ":y", "more than deflate can produce")
+# a saturated end record whose zip64 locator points past a 46-byte file (it
+# used to read there: a crash)
+open(path("zip64short.npz"), "wb").write(
+    b"PK\x03\x04" + struct.pack("<IIQI", 0x07064B50, 0, 1 << 30, 1) +
+    struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+bad("npz_zip64short", path("zip64short.npz"), "no zip64 end record where its locator points")
 with zipfile.ZipFile(path("notnpy.npz"), "w") as z:
     z.writestr("x.npy", b"hello, not an array")
 bad("npz_notnpy", path("notnpy.npz") + ":x", "not a .npy file")
@@ -224,6 +253,10 @@ bad("st_missing", path("d.safetensors") + ":nope", "no tensor 'nope'")
 bad("st_unnamed", path("d.safetensors"), "holds 7 tensors")
 safetensors("bf16.safetensors", {"x": ("BF16", np.zeros(4, np.uint16))})
 bad("st_bf16", path("bf16.safetensors") + ":x", "unsupported dtype \"BF16\"")
+# an empty array whose other dims overflow int64, as in ovf.npy
+h = json.dumps({"x": {"dtype": "F32", "shape": [10, 0, 2 ** 62, 2 ** 62], "data_offsets": [0, 0]}}).encode()
+open(path("ovf.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h)
+bad("st_ovf", path("ovf.safetensors"), "the product of the dimensions overflows int64")
 open(path("text.txt"), "w").write("label,pixel0\n1,0\n")
 bad("text", path("text.txt"), "not a data file")
 open(path("empty.bin"), "w").close()

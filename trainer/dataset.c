@@ -91,9 +91,12 @@ static ps_status load_st(const char *path, const char *name, size_t max_bytes, p
     if (!st && t->ndim > PS_ARRAY_MAX_DIMS)
         st = ps_err_set(err, PS_ERR_UNIMPLEMENTED, "%s: tensor '%s' has %d dims (at most %d)", path, t->name, t->ndim,
                         PS_ARRAY_MAX_DIMS);
-    if (!st && t->bytes > max_bytes)
-        st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: tensor '%s' is %zu bytes, over the %zu MiB data limit "
-                        "(--max-data-mb)", path, t->name, t->bytes, max_bytes >> 20);
+    if (!st) { /* the limit, and the rules every loader's shapes follow (array.h) */
+        char what[1200];
+        size_t bytes;
+        snprintf(what, sizeof what, "%s: tensor '%s'", path, t->name);
+        st = ps_array_check_size(t->dims, t->ndim, ps_st_dtype_size(t->dtype), max_bytes, what, &bytes, err);
+    }
     if (!st) {
         out->dtype = -1;
         for (size_t i = 0; i < sizeof g_st_map / sizeof g_st_map[0]; i++)
