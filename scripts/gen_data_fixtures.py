@@ -138,6 +138,12 @@ def npy_raw(dict_text, data=b""):
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + data
 
 
+# the magic, then the file ends: a truncated preamble, not "no magic"
+open(path("pre8.npy"), "wb").write(raw[:8])
+bad("pre8", path("pre8.npy"), "truncated .npy preamble: 8 of its 10 bytes")
+# '<f4\0' is not '<f4' (it used to be read as float32)
+open(path("nul.npy"), "wb").write(npy_raw("{'descr': '<f4\0', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4))
+bad("nul", path("nul.npy"), "a NUL byte in a string")
 # an empty array whose other dims multiply past int64: numpy says "array is
 # too big"; loaded, its numel and row_numel overflowed
 open(path("ovf.npy"), "wb").write(npy_raw("{'descr': '<f4', 'fortran_order': False, "
@@ -194,6 +200,8 @@ open(path("zip64short.npz"), "wb").write(
     b"PK\x03\x04" + struct.pack("<IIQI", 0x07064B50, 0, 1 << 30, 1) +
     struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
 bad("npz_zip64short", path("zip64short.npz"), "no zip64 end record where its locator points")
+np.savez(path("noarrays.npz"))
+bad("npz_empty", path("noarrays.npz"), "an archive without arrays")
 with zipfile.ZipFile(path("notnpy.npz"), "w") as z:
     z.writestr("x.npy", b"hello, not an array")
 bad("npz_notnpy", path("notnpy.npz") + ":x", "not a .npy file")
@@ -217,6 +225,15 @@ idx("labels-idx1-ubyte", 0x08, lab)
 good("idx_labels", path("labels-idx1-ubyte"), lab)
 open(path("idx_badtype"), "wb").write(b"\0\0\x0a\x01\0\0\0\x02ab")
 bad("idx_badtype", path("idx_badtype"), "not a data file")
+# small gzip files cut or corrupted: zlib gives no bytes at all, which used
+# to read as "not a data file"
+gzd = gzip.compress(struct.pack(">BBBBI", 0, 0, 0x08, 1, 300) + bytes(range(256)) + bytes(44), mtime=0)
+open(path("gzcut"), "wb").write(gzd[:12])
+bad("gz_cut", path("gzcut"), "a gzip file that does not decompress (zlib: unexpected end of file)")
+open(path("gzcrc"), "wb").write(gzd[:-8] + bytes([gzd[-8] ^ 0xFF]) + gzd[-7:])
+bad("gz_crc", path("gzcrc"), "does not decompress (zlib: incorrect data check)")
+os.makedirs(path("adir"), exist_ok=True)
+bad("dir", path("adir"), "a directory, not a data file")
 open(path("idx_trunc"), "wb").write(struct.pack(">BBBBI", 0, 0, 0x0D, 1, 5) + b"\0" * 12)
 bad("idx_trunc", path("idx_trunc"), "need 20 bytes, got 12")
 
@@ -257,6 +274,9 @@ bad("st_bf16", path("bf16.safetensors") + ":x", "unsupported dtype \"BF16\"")
 h = json.dumps({"x": {"dtype": "F32", "shape": [10, 0, 2 ** 62, 2 ** 62], "data_offsets": [0, 0]}}).encode()
 open(path("ovf.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h)
 bad("st_ovf", path("ovf.safetensors"), "the product of the dimensions overflows int64")
+# a header length over what is read: say it may be one
+open(path("hlen.safetensors"), "wb").write(struct.pack("<Q", 1 << 40) + b'{"x": 1}')
+bad("st_hlen", path("hlen.safetensors"), "a safetensors header of 1099511627776 bytes?")
 open(path("text.txt"), "w").write("label,pixel0\n1,0\n")
 bad("text", path("text.txt"), "not a data file")
 open(path("empty.bin"), "w").close()
