@@ -215,6 +215,7 @@ npy_seeds = {
     "huge": RAW + npy("<f8", [9999999999, 9999999999], b""),
     "empty_ovf": RAW + npy("<f4", [1, 0, 1 << 62, 4], b""),   # no elements, yet numel's partial products overflow
     "nul": RAW + npy("<f4\0", [1], b"\0" * 4),
+    "gz_file": RAW + gzip.compress(npy("<i2", [2], struct.pack("<2h", 1, -1)), mtime=0),  # a .npy.gz as written
 }
 
 
