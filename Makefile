@@ -16,7 +16,7 @@
 #   make bench-batching 8 trainers with batching off / Forwards / Forwards+Backwards (bench/batching.sh)
 #   make asan       same build with AddressSanitizer+UBSan under build-asan/
 #   make fuzz       every libFuzzer target, FUZZ_SECONDS each (60): the RPC table, the config, safetensors,
-#                   the model-file loader, the ONNX import
+#                   fit's data loaders (IDX, .npy, .npz), the model-file loader, the ONNX import
 #   make test-hostile it_hostile with the issue-23 attacks (stalls from 4 clients, reset over 300 connections) 60 s each
 #   make test-faults  fault tests incl. network namespaces (root): one psd, and a 2-server cluster
 #   make test-load  16 concurrent trainers for LOAD_SECONDS (default 180)
@@ -175,7 +175,7 @@ fuzz:
 	    LDFLAGS="-fsanitize=address,undefined" $(FUZZ_BIN)
 	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
 
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(SRV_LIB) $(LIB)
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(LDFLAGS) -fsanitize=fuzzer $(CFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -130,6 +130,26 @@ open(path("huge.npy"), "wb").write(raw[:10] + huge + raw[10 + len(hdr):])
 bad("huge", path("huge.npy"), "truncated")
 bad("named", path("imgs.npy") + ":x", "names nothing in it")
 
+
+def npy_raw(dict_text, data=b""):
+    """A version 1.0 .npy with this header text, as numpy pads it."""
+    h = dict_text.encode("latin1")
+    h += b" " * (-(10 + len(h) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + data
+
+
+# the magic, then the file ends: a truncated preamble, not "no magic"
+open(path("pre8.npy"), "wb").write(raw[:8])
+bad("pre8", path("pre8.npy"), "truncated .npy preamble: 8 of its 10 bytes")
+# '<f4\0' is not '<f4' (it used to be read as float32)
+open(path("nul.npy"), "wb").write(npy_raw("{'descr': '<f4\0', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4))
+bad("nul", path("nul.npy"), "a NUL byte in a string")
+# an empty array whose other dims multiply past int64: numpy says "array is
+# too big"; loaded, its numel and row_numel overflowed
+open(path("ovf.npy"), "wb").write(npy_raw("{'descr': '<f4', 'fortran_order': False, "
+                                          "'shape': (10, 0, 4611686018427387904, 4611686018427387904), }"))
+bad("ovf", path("ovf.npy"), "the product of the dimensions overflows int64")
+
 # ---- .npz: stored and deflated, zip64 members (numpy forces zip64) ---------
 x = sample(np.float32, (10, 1, 4, 4))
 y = rng.integers(0, 10, 10).astype(np.int64)
@@ -165,6 +185,23 @@ with zipfile.ZipFile(path("bz.npz"), "w", compression=zipfile.ZIP_BZIP2) as z:
     np.save(buf, x)
     z.writestr("x.npy", buf.getvalue())
 bad("npz_bzip2", path("bz.npz") + ":x", "method 12 (bzip2)")
+# a deflated member that declares 4 GiB from a few bytes: refused before
+# allocating it (it used to malloc the 4 GiB, then inflate what is there)
+cdir = cz.index(b"PK\x01\x02")
+while cz[cdir + 46:cdir + 46 + struct.unpack("<H", cz[cdir + 28:cdir + 30])[0]] != b"y.npy":
+    cdir = cz.index(b"PK\x01\x02", cdir + 4)
+bomb = bytearray(cz)
+struct.pack_into("<I", bomb, cdir + 24, 0xFFFFFFFE)
+open(path("bomb.npz"), "wb").write(bytes(bomb))
+bad("npz_bomb", path("bomb.npz") + ":y", "more than deflate can produce")
+# a saturated end record whose zip64 locator points past a 46-byte file (it
+# used to read there: a crash)
+open(path("zip64short.npz"), "wb").write(
+    b"PK\x03\x04" + struct.pack("<IIQI", 0x07064B50, 0, 1 << 30, 1) +
+    struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+bad("npz_zip64short", path("zip64short.npz"), "no zip64 end record where its locator points")
+np.savez(path("noarrays.npz"))
+bad("npz_empty", path("noarrays.npz"), "an archive without arrays")
 with zipfile.ZipFile(path("notnpy.npz"), "w") as z:
     z.writestr("x.npy", b"hello, not an array")
 bad("npz_notnpy", path("notnpy.npz") + ":x", "not a .npy file")
@@ -188,6 +225,15 @@ idx("labels-idx1-ubyte", 0x08, lab)
 good("idx_labels", path("labels-idx1-ubyte"), lab)
 open(path("idx_badtype"), "wb").write(b"\0\0\x0a\x01\0\0\0\x02ab")
 bad("idx_badtype", path("idx_badtype"), "not a data file")
+# small gzip files cut or corrupted: zlib gives no bytes at all, which used
+# to read as "not a data file"
+gzd = gzip.compress(struct.pack(">BBBBI", 0, 0, 0x08, 1, 300) + bytes(range(256)) + bytes(44), mtime=0)
+open(path("gzcut"), "wb").write(gzd[:12])
+bad("gz_cut", path("gzcut"), "a gzip file that does not decompress (zlib: unexpected end of file)")
+open(path("gzcrc"), "wb").write(gzd[:-8] + bytes([gzd[-8] ^ 0xFF]) + gzd[-7:])
+bad("gz_crc", path("gzcrc"), "does not decompress (zlib: incorrect data check)")
+os.makedirs(path("adir"), exist_ok=True)
+bad("dir", path("adir"), "a directory, not a data file")
 open(path("idx_trunc"), "wb").write(struct.pack(">BBBBI", 0, 0, 0x0D, 1, 5) + b"\0" * 12)
 bad("idx_trunc", path("idx_trunc"), "need 20 bytes, got 12")
 
@@ -224,6 +270,13 @@ bad("st_missing", path("d.safetensors") + ":nope", "no tensor 'nope'")
 bad("st_unnamed", path("d.safetensors"), "holds 7 tensors")
 safetensors("bf16.safetensors", {"x": ("BF16", np.zeros(4, np.uint16))})
 bad("st_bf16", path("bf16.safetensors") + ":x", "unsupported dtype \"BF16\"")
+# an empty array whose other dims overflow int64, as in ovf.npy
+h = json.dumps({"x": {"dtype": "F32", "shape": [10, 0, 2 ** 62, 2 ** 62], "data_offsets": [0, 0]}}).encode()
+open(path("ovf.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h)
+bad("st_ovf", path("ovf.safetensors"), "the product of the dimensions overflows int64")
+# a header length over what is read: say it may be one
+open(path("hlen.safetensors"), "wb").write(struct.pack("<Q", 1 << 40) + b'{"x": 1}')
+bad("st_hlen", path("hlen.safetensors"), "a safetensors header of 1099511627776 bytes?")
 open(path("text.txt"), "w").write("label,pixel0\n1,0\n")
 bad("text", path("text.txt"), "not a data file")
 open(path("empty.bin"), "w").close()

@@ -9,7 +9,8 @@
 #     bit-identical to the IDX run's and the test accuracy within 2 points.
 #  3. Refusals before any training call, naming the file: labels of another
 #     count, images of another size than the model takes, a class id out of
-#     range; psd keeps serving.
+#     range, 2^32-1 samples without values (two tiny files; refused before
+#     their sample indices are allocated); psd keeps serving.
 #  4. A 2-server cluster (conv on ps0, fc on ps1; configs/cluster-mnist.yaml's
 #     layout), two fit trainers with a held-out split, 25 batches each: both
 #     report validation and test accuracy >= 55 %, both servers applied every
@@ -116,6 +117,15 @@ expect_refusal "image size" "inputs $tmp/xte27.npy: each sample is (27, 28), but
 expect_refusal "class range" "labels $tmp/yte_bad.npy: sample" \
     --inputs "$tmp/xte.npy" --labels "$tmp/yte_bad.npy"
 expect_refusal "loss" "--loss: unknown loss 'hinge'" "${IDX[@]}" --loss hinge
+# two 128-byte files of 2^32-1 samples without values: refused before the
+# split allocates 37 GB of sample indices (under a 4 GB address-space limit,
+# so that a regression fails here instead of swapping the machine)
+"$PY" -c 'import sys, numpy as np
+np.save(sys.argv[1] + "/xe.npy", np.zeros((2**32 - 1, 0), np.uint8))
+np.save(sys.argv[1] + "/ye.npy", np.zeros((2**32 - 1, 0), np.int64))' "$tmp" || fail "numpy: empty samples"
+(ulimit -v 4000000
+ expect_refusal "empty samples" "inputs $tmp/xe.npy: each of the 4294967295 samples is (0,), no values" \
+     --inputs "$tmp/xe.npy" --labels "$tmp/ye.npy") || exit 1
 "$BUILD/bin/ps-train" status --server "127.0.0.1:$p3" >"$tmp/status.log" 2>&1 || fail "psd stopped serving"
 kill "$psd_pid"
 

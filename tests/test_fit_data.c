@@ -52,6 +52,21 @@ static void test_checks(void) {
     ps_fit_layout lay;
     refuse("count", &x, &y4, &g_cnn, "nll", NULL, "X.npy hold 5 samples", "Y.npy hold 4");
     refuse("empty", &x0, &y0, &g_cnn, "nll", NULL, "no samples", NULL);
+    /* samples without values, checked before the model is known: two tiny
+     * files of shape (2^32-1, 0) made ps-train fit allocate 37 GB of
+     * sample indices */
+    ps_array xe = arr(PS_ARRAY_U8, 2, (int64_t[]){4294967295, 0}), ye = arr(PS_ARRAY_I64, 2, (int64_t[]){4294967295, 0});
+    ps_array ye3 = arr(PS_ARRAY_I64, 3, (int64_t[]){5, 2, 0});
+    ps_err e = {0};
+    CHECK(ps_fit_check_samples(&xe, "X.npy", &ye, "Y.npy", &e) == PS_ERR_INVALID_ARGUMENT &&
+          strstr(e.msg, "inputs X.npy: each of the 4294967295 samples is (0,), no values"));
+    CHECK_MSG(ps_fit_check_samples(&x, "X.npy", &ye3, "Y.npy", &e) == PS_ERR_INVALID_ARGUMENT &&
+              strstr(e.msg, "labels Y.npy: each of the 5 samples is (2, 0), no values"), "%s", e.msg);
+    CHECK_MSG(ps_fit_check_samples(&x, "X.npy", &y, "Y.npy", &e) == PS_OK, "%s", e.msg);
+    CHECK(ps_fit_check_samples(&x, "X.npy", &y4, "Y.npy", &e) == PS_ERR_INVALID_ARGUMENT && strstr(e.msg, "hold 4"));
+    ps_array_free(&xe);
+    ps_array_free(&ye);
+    ps_array_free(&ye3);
     refuse("image size", &x27, &y, &g_cnn, "nll", NULL, "each sample is (27, 28)", "'conv' takes (1, 28, 28)");
     refuse("flat", &xflat, &y, &g_cnn, "nll", NULL, "(784,)", NULL);
     refuse("float labels", &x, &yf, &g_cnn, "cross_entropy", NULL, "float32", "integer class ids");

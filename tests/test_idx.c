@@ -149,6 +149,10 @@ static void test_idx_bad(void) {
     expect_fail("trailing", PS_ERR_FORMAT, "3 trailing bytes", "24 data bytes");
     write_file("trailing.gz", 1, 0, 0x08, 3, dims, g_pix, sizeof g_pix, 1);
     expect_fail("trailing.gz", PS_ERR_FORMAT, "1 trailing bytes", NULL);
+    /* Trailing bytes are counted up to 1 MiB, not inflated to the end: a
+     * small gzip file can hold gigabytes of zeros. */
+    write_file("trailing_big.gz", 1, 0, 0x08, 3, dims, g_pix, sizeof g_pix, (3 << 20) / 2);
+    expect_fail("trailing_big.gz", PS_ERR_FORMAT, "more than 1 MiB of trailing bytes", "24 data bytes");
 
     /* Header cut inside the dimensions, and a file shorter than the magic. */
     char path[512];

@@ -94,20 +94,27 @@ const char *ps_array_shape_str(const int64_t *dims, int ndim, char *buf, size_t 
 
 ps_status ps_array_check_size(const int64_t *dims, int ndim, size_t esize, size_t max_bytes, const char *what,
                               size_t *bytes, ps_err *err) {
-    uint64_t b = esize;
-    int over = 0;
+    char sh[128];
+    uint64_t b = esize, nz = 1; /* nz: the product of the non-zero dims */
+    int over = 0, zero = 0;
     for (int i = 0; i < ndim; i++) {
         if (dims[i] < 0) return ps_err_set(err, PS_ERR_FORMAT, "%s: dimension %d is negative (%lld)", what, i,
                                            (long long)dims[i]);
-        if (dims[i] == 0) { b = 0; over = 0; break; }
+        if (dims[i] == 0) { zero = 1; continue; }
+        /* numpy's rule ("array is too big"): even an empty array's other
+         * dims must multiply within int64, so that numel and every partial
+         * product callers form stay defined */
+        if (nz > (uint64_t)INT64_MAX / (uint64_t)dims[i])
+            return ps_err_set(err, PS_ERR_FORMAT, "%s: shape %s: the product of the dimensions overflows int64 "
+                              "(corrupt header?)", what, ps_array_shape_str(dims, ndim, sh, sizeof sh));
+        nz *= (uint64_t)dims[i];
         if (over || b > UINT64_MAX / (uint64_t)dims[i]) over = 1;
         else b *= (uint64_t)dims[i];
     }
-    if (over || b > max_bytes) {
-        char sh[128];
+    if (zero) b = 0, over = 0;
+    if (over || b > max_bytes)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: shape %s needs more than the %zu MiB data limit "
                           "(--max-data-mb)", what, ps_array_shape_str(dims, ndim, sh, sizeof sh), max_bytes >> 20);
-    }
     *bytes = (size_t)b;
     return PS_OK;
 }

@@ -66,7 +66,10 @@ const char *ps_array_shape_str(const int64_t *dims, int ndim, char *buf, size_t 
 
 /* Total bytes of dims x esize into *bytes; PS_ERR_RESOURCE_EXHAUSTED naming
  * `what` when it exceeds max_bytes (or overflows), PS_ERR_FORMAT when a dim
- * is negative. */
+ * is negative or the non-zero dims multiply past INT64_MAX (numpy's "array
+ * is too big", even for an empty array: then ps_array_numel and
+ * ps_array_row_numel of a loaded array never overflow). Every loader checks
+ * its shapes here before allocating. */
 ps_status ps_array_check_size(const int64_t *dims, int ndim, size_t esize, size_t max_bytes, const char *what,
                               size_t *bytes, ps_err *err);
 

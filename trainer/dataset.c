@@ -91,9 +91,12 @@ static ps_status load_st(const char *path, const char *name, size_t max_bytes, p
     if (!st && t->ndim > PS_ARRAY_MAX_DIMS)
         st = ps_err_set(err, PS_ERR_UNIMPLEMENTED, "%s: tensor '%s' has %d dims (at most %d)", path, t->name, t->ndim,
                         PS_ARRAY_MAX_DIMS);
-    if (!st && t->bytes > max_bytes)
-        st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: tensor '%s' is %zu bytes, over the %zu MiB data limit "
-                        "(--max-data-mb)", path, t->name, t->bytes, max_bytes >> 20);
+    if (!st) { /* the limit, and the rules every loader's shapes follow (array.h) */
+        char what[1200];
+        size_t bytes;
+        snprintf(what, sizeof what, "%s: tensor '%s'", path, t->name);
+        st = ps_array_check_size(t->dims, t->ndim, ps_st_dtype_size(t->dtype), max_bytes, what, &bytes, err);
+    }
     if (!st) {
         out->dtype = -1;
         for (size_t i = 0; i < sizeof g_st_map / sizeof g_st_map[0]; i++)
@@ -130,6 +133,10 @@ static const format_row g_formats[] = {
     {"safetensors", 1, load_st},
 };
 enum { F_IDX, F_NPY, F_NPZ, F_ST };
+/* A safetensors file starts with its header's length, then '{': a length
+ * under this tells it from an IDX file whose first data byte is '{' (an
+ * IDX length reads as at least 2^32). */
+#define ST_SNIFF_MAX_HEADER ((uint64_t)100 << 20)
 
 /* The format of path from its first bytes; -1 with err set. */
 static int sniff(const char *path, ps_err *err) {
@@ -138,14 +145,21 @@ static int sniff(const char *path, ps_err *err) {
         ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
+    struct stat sb;
+    if (!fstat(fileno(f), &sb) && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a directory, not a data file", path);
+        return -1;
+    }
     unsigned char raw[16] = {0};
     size_t nraw = fread(raw, 1, sizeof raw, f);
     fclose(f);
-    if (nraw >= 4 && !memcmp(raw, "PK\x03\x04", 4)) return F_NPZ;
+    /* a zip's first member, or the end record of one without members */
+    if (nraw >= 4 && (!memcmp(raw, "PK\x03\x04", 4) || !memcmp(raw, "PK\x05\x06", 4))) return F_NPZ;
     if (nraw >= 9 && raw[8] == '{') {
         uint64_t hl = 0;
         for (int i = 7; i >= 0; i--) hl = hl << 8 | raw[i];
-        if (hl >= 2 && hl < ((uint64_t)100 << 20)) return F_ST;
+        if (hl >= 2 && hl < ST_SNIFF_MAX_HEADER) return F_ST;
     }
     /* IDX and .npy, raw or gzip'ed: look at the decompressed start. */
     unsigned char b[8] = {0};
@@ -153,15 +167,37 @@ static int sniff(const char *path, ps_err *err) {
     gzFile gz = gzopen(path, "rb");
     if (gz) {
         nb = gzread(gz, b, sizeof b);
+        if (nb < (int)sizeof b && nraw >= 2 && raw[0] == 0x1f && raw[1] == 0x8b) {
+            /* zlib inflates a small file whole before answering: a corrupt
+             * or cut stream gives no bytes at all, so say that, not "not a
+             * data file" */
+            int zerr;
+            const char *zmsg = gzerror(gz, &zerr);
+            if (zerr != Z_OK && zerr != Z_STREAM_END) {
+                size_t n = strlen(path);
+                if (!strncmp(zmsg, path, n) && !strncmp(zmsg + n, ": ", 2)) zmsg += n + 2;
+                ps_err_set(err, PS_ERR_FORMAT, "%s: a gzip file that does not decompress (zlib: %s): corrupt or "
+                           "truncated", path, zmsg);
+                gzclose(gz);
+                return -1;
+            }
+        }
         gzclose(gz);
     }
     if (nb >= 6 && !memcmp(b, "\x93NUMPY", 6)) return F_NPY;
     if (nb >= 4 && b[0] == 0 && b[1] == 0 && ps_idx_dtype_size(b[2]) && b[3] >= 1) return F_IDX;
-    char hex[64] = "";
+    char hex[64] = "", hint[128] = "";
     for (size_t i = 0, o = 0; i < nraw && i < 8; i++) o += (size_t)snprintf(hex + o, sizeof hex - o, " %02x", raw[i]);
+    if (nraw >= 9 && raw[8] == '{') {
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = hl << 8 | raw[i];
+        snprintf(hint, sizeof hint, " (a safetensors header of %llu bytes? at most %llu MiB are read)",
+                 (unsigned long long)hl, (unsigned long long)(ST_SNIFF_MAX_HEADER >> 20));
+    } else if (nb >= 4 && b[0] == 0 && b[1] == 0) {
+        snprintf(hint, sizeof hint, " (an IDX magic with an unknown type or 0 dims?)");
+    }
     ps_err_set(err, PS_ERR_FORMAT, "%s: not a data file ps-train reads (IDX, .npy, .npz or safetensors; raw IDX and "
-               ".npy may be gzip'ed): it starts with%s%s", path, nraw ? hex : " nothing (empty file)",
-               nb >= 4 && b[0] == 0 && b[1] == 0 ? " (an IDX magic with an unknown type or 0 dims?)" : "");
+               ".npy may be gzip'ed): it starts with%s%s", path, nraw ? hex : " nothing (empty file)", hint);
     return -1;
 }
 

@@ -11,10 +11,11 @@
  * IDX and .npy, which may be gzip'ed):
  *   IDX          00 00 <type> <ndim>      (idx.h: every IDX type)
  *   .npy         \x93NUMPY                (npy.h)
- *   .npz         PK\x03\x04               (npy.h, zip.h)
+ *   .npz         PK\x03\x04, or PK\x05\x06 for one without members  (npy.h, zip.h)
  *   safetensors  8-byte header length, then '{'  (common/safetensors.h:
  *                F32 F64 I64 I32 I16 I8 U8 U16 U32 U64 BOOL)
- * Anything else is refused with the first bytes it starts with.
+ * Anything else is refused with the first bytes it starts with; a
+ * directory, and a gzip file that does not decompress, are refused as such.
  *
  * max_bytes limits the array's data (and what is read to get it): a header
  * that declares more is refused before anything is allocated.

@@ -28,11 +28,9 @@ static int64_t prod(const int64_t *d, int n) {
 
 int64_t ps_fit_channels(const ps_fit_model *m) { return m->in_ndim == 3 && !m->in_int64 ? m->in_dims[0] : 0; }
 
-ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
-                       const ps_fit_model *m, const ps_loss *loss, const ps_fit_norm *norm, ps_fit_layout *lay,
-                       ps_err *err) {
+ps_status ps_fit_check_samples(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
+                               ps_err *err) {
     char s1[160], s2[160];
-    memset(lay, 0, sizeof *lay);
     if (x->ndim < 1) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s: a scalar; samples go along dim 0", xname);
     if (y->ndim < 1) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "labels %s: a scalar; samples go along dim 0", yname);
     if (x->dims[0] != y->dims[0])
@@ -42,6 +40,23 @@ ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, 
     if (x->dims[0] == 0) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s hold no samples", xname);
     if (x->dims[0] > UINT32_MAX)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s: more than 2^32-1 samples", xname);
+    const ps_array *a[2] = {x, y};
+    const char *kind[2] = {"inputs", "labels"}, *name[2] = {xname, yname};
+    for (int i = 0; i < 2; i++)
+        if (ps_array_row_numel(a[i]) == 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s %s: each of the %lld samples is %s, no values",
+                              kind[i], name[i], (long long)a[i]->dims[0],
+                              ps_array_shape_str(a[i]->dims + 1, a[i]->ndim - 1, s1, sizeof s1));
+    return PS_OK;
+}
+
+ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
+                       const ps_fit_model *m, const ps_loss *loss, const ps_fit_norm *norm, ps_fit_layout *lay,
+                       ps_err *err) {
+    char s1[160], s2[160];
+    memset(lay, 0, sizeof *lay);
+    ps_status st0 = ps_fit_check_samples(x, xname, y, yname, err);
+    if (st0) return st0;
 
     /* inputs against the model's first stage */
     const int64_t *xs = x->dims + 1;

@@ -70,6 +70,15 @@ typedef struct ps_fit_layout {
     double scale;                        /* resolved input scale */
 } ps_fit_layout;
 
+/* What holds whatever the model: x and y have samples along dim 0, as many
+ * in each, 1..2^32-1 of them, and each sample of either holds at least one
+ * value (a (N, 0) array feeds no model, and its N sample indices would be
+ * allocated for nothing: two 128-byte files of shape (2^32-1, 0) asked for
+ * 37 GB). ps-train fit checks this right after loading, before the split;
+ * ps_fit_check checks it first. */
+ps_status ps_fit_check_samples(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
+                               ps_err *err);
+
 /* Check x (named xname) and y (yname) against the model and the loss; fill
  * *lay. nclass_check: check every class id's range (class losses). */
 ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,

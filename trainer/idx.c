@@ -9,6 +9,9 @@
 
 #include "dims.h"
 
+/* Trailing bytes counted before the error says "more than" (idx_load). */
+#define IDX_TRAILING_COUNTED (1 << 20)
+
 /* The IDX element types: type byte, name, bytes per element. */
 static const struct { int code; const char *name; size_t size; } g_idx_types[] = {
     {PS_IDX_DTYPE_UBYTE, "unsigned byte", 1}, {0x09, "signed byte", 1}, {0x0B, "int16", 2},
@@ -199,9 +202,12 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
         goto done;
     }
 
-    /* Anything after the declared data means the header is wrong. */
+    /* Anything after the declared data means the header is wrong. Count
+     * it only so far: a gzip'ed file may inflate to 1032 times its size,
+     * and reading gigabytes of zeros only to count them would stall the
+     * refusal. */
     size_t trailing = 0;
-    for (;;) {
+    while (trailing <= IDX_TRAILING_COUNTED) {
         unsigned char scratch[65536];
         if (read_full(gz, scratch, sizeof scratch, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s after the data: %s",
@@ -212,11 +218,13 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
         if (got < sizeof scratch) break;
     }
     if (trailing) {
-        char ds[64];
+        char ds[64], n[48];
         dims_str(&x, ds, sizeof ds);
+        if (trailing > IDX_TRAILING_COUNTED) snprintf(n, sizeof n, "more than %d MiB of", IDX_TRAILING_COUNTED >> 20);
+        else snprintf(n, sizeof n, "%zu", trailing);
         st = ps_err_set(err, PS_ERR_FORMAT,
-                        "%s: %zu trailing bytes after the %zu data bytes that dimensions %s declare",
-                        path, trailing, x.bytes, ds);
+                        "%s: %s trailing bytes after the %zu data bytes that dimensions %s declare",
+                        path, n, x.bytes, ds);
         goto done;
     }
 

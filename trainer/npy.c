@@ -61,6 +61,7 @@ static ps_status str_lit(hp *p, char *buf, size_t len) {
     size_t n = 0;
     while (p->s < p->end && *p->s != q) {
         if (*p->s == '\\') return hfail(p, "escapes in strings are not supported");
+        if (*p->s == '\0') return hfail(p, "a NUL byte in a string"); /* '<f4\0' is not '<f4' */
         if (n + 1 < len) buf[n++] = *p->s;
         p->s++;
     }
@@ -152,11 +153,13 @@ static ps_status parse_header(const char *s, size_t len, const char *what, npy_h
 }
 
 /* The magic and version in the first bytes: header length and where it
- * starts. p holds at least 8 bytes. */
+ * starts; avail: how many bytes p holds. */
 static ps_status prelude(const unsigned char *p, size_t avail, const char *what, size_t *hstart, size_t *hlen,
                          ps_err *err) {
-    if (avail < 10 || memcmp(p, "\x93NUMPY", 6))
+    if (avail < 6 || memcmp(p, "\x93NUMPY", 6))
         return ps_err_set(err, PS_ERR_FORMAT, "%s: not a .npy file (no \\x93NUMPY magic)", what);
+    if (avail < 10)
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: truncated .npy preamble: %zu of its 10 bytes", what, avail);
     int major = p[6];
     if (major == 1) {
         *hstart = 10;
@@ -303,6 +306,11 @@ ps_status ps_npz_load(const char *path, const char *name, size_t max_bytes, ps_a
     ps_status st = ps_zip_open(path, max_bytes + NPY_MAX_HEADER + 1024, &z, err);
     if (st) return st;
     char member[512], what[700], names[256];
+    if (ps_zip_count(z) == 0) {
+        st = ps_err_set(err, PS_ERR_NOT_FOUND, "%s: an archive without arrays (np.savez of nothing?)", path);
+        ps_zip_free(z);
+        return st;
+    }
     if (!name) {
         if (ps_zip_count(z) != 1) {
             st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s holds %d arrays (%s): name one as %s:NAME", path,

@@ -236,13 +236,11 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
             return st;
         t->have_test = 1;
     }
-    /* counts now (shapes against the model once connected) */
-    if (t->x.ndim < 1 || t->y.ndim < 1 || t->x.dims[0] != t->y.dims[0] || t->x.dims[0] == 0 ||
-        t->x.dims[0] > UINT32_MAX) {
-        ps_fit_model any = {.first_stage = "?"};
-        ps_fit_layout lay;
-        return ps_fit_check(&t->x, t->inputs, &t->y, t->labels, &any, t->loss, &t->norm, &lay, err);
-    }
+    /* counts now, before the split and the test indices are allocated by
+     * them (shapes against the model once connected) */
+    if ((st = ps_fit_check_samples(&t->x, t->inputs, &t->y, t->labels, err)) ||
+        (t->have_test && (st = ps_fit_check_samples(&t->tx, t->test_inputs, &t->ty, t->test_labels, err))))
+        return st;
     int share = t->all_data ? 1 : env->world_size - 1;
     if ((st = ps_fit_split((uint32_t)t->x.dims[0], t->val_fraction, cfg->trainer.seed, (int)env->rank, share,
                            &t->train, &t->ntrain, &t->val, &t->nval, err)))
@@ -251,7 +249,7 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     if (!(t->order = malloc((size_t)t->ntrain * sizeof *t->order)))
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     if (t->have_test) {
-        uint32_t n = (uint32_t)(t->tx.ndim ? t->tx.dims[0] : 0);
+        uint32_t n = (uint32_t)t->tx.dims[0];
         if (!(t->test_idx = malloc((size_t)(n ? n : 1) * sizeof *t->test_idx)))
             return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
         ps_iota_u32(t->test_idx, n);

@@ -21,6 +21,7 @@
 #define CENTRAL_LEN 46
 #define LOCAL_LEN 30
 #define MAX_MEMBERS 65536
+#define DEFLATE_MAX_RATIO 1032
 
 typedef struct zip_entry {
     char *name;
@@ -115,7 +116,10 @@ static ps_status read_directory(ps_zip *z, ps_err *err) {
         if (end < LOC64_LEN || rd32(z->buf + end - LOC64_LEN) != SIG_LOC64)
             return bad(z, err, "saturated end record without a zip64 locator");
         uint64_t off64 = rd64(z->buf + end - LOC64_LEN + 8);
-        if (off64 > z->len - END64_LEN || rd32(z->buf + off64) != SIG_END64) return bad(z, err, "bad zip64 end record");
+        /* the zip64 end record lies whole before the locator (a file shorter
+         * than it leaves no room: z->len - END64_LEN would wrap) */
+        if (end - LOC64_LEN < END64_LEN || off64 > end - LOC64_LEN - END64_LEN || rd32(z->buf + off64) != SIG_END64)
+            return bad(z, err, "no zip64 end record where its locator points");
         const unsigned char *q = z->buf + off64;
         entries = rd64(q + 32);
         cd_size = rd64(q + 40);
@@ -248,6 +252,13 @@ ps_status ps_zip_extract(const ps_zip *z, const char *name, size_t max_bytes, vo
     if (e->usize > max_bytes)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: member '%s' is %llu bytes, over the %zu MiB data "
                           "limit (--max-data-mb)", z->path, name, (unsigned long long)e->usize, max_bytes >> 20);
+    /* deflate makes at most 1032 bytes of each input byte (zlib's FAQ): a
+     * larger declared size is a corrupt or hostile header, refused before
+     * allocating it */
+    if (e->method == 8 && e->usize / DEFLATE_MAX_RATIO > e->csize)
+        return ps_err_set(err, PS_ERR_FORMAT, "%s: member '%s' declares %llu bytes from %llu compressed bytes, more "
+                          "than deflate can produce (corrupt?)", z->path, name, (unsigned long long)e->usize,
+                          (unsigned long long)e->csize);
     if (e->method == 0 && e->csize != e->usize)
         return ps_err_set(err, PS_ERR_FORMAT, "%s: stored member '%s' has compressed size %llu != size %llu", z->path,
                           name, (unsigned long long)e->csize, (unsigned long long)e->usize);

@@ -9,11 +9,16 @@
  *    NUL-terminated, ps_st_find finds each tensor by its name;
  *  - what it accepts round-trips: written back with ps_st_write and read
  *    again, the same tensors (names, dtypes, shapes, bytes) and metadata;
+ *  - ps_data_load (trainer/dataset.h: `ps-train fit --inputs FILE[:NAME]`)
+ *    on the file, and on its first tensor by name, answers what
+ *    fuzz_check_array (fuzz_data.h) accepts;
  *  - ASan/UBSan: no memory error, leak or undefined behaviour. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataset.h"
 #include "fuzz.h"
+#include "fuzz_data.h"
 #include "safetensors.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -39,15 +44,27 @@ static void check_file(const ps_st_file *f) {
     }
 }
 
+/* The data loader on the file, and on tensor `name` of it. */
+static void check_data(const char *name) {
+    char spec[256];
+    snprintf(spec, sizeof spec, "%s%s%s", g_in, name ? ":" : "", name ? name : "");
+    ps_array a;
+    ps_err e = {0};
+    fuzz_check_array(ps_data_load(spec, FUZZ_DATA_MAX, &a, &e), &a, &e, g_in, FUZZ_DATA_MAX);
+    ps_array_free(&a);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_write(g_in, data, size);
     ps_err err = {0};
+    check_data(NULL);
     ps_st_file *f = ps_st_read(g_in, &err);
     if (!f) {
         fuzz_require(memchr(err.msg, 0, sizeof err.msg) != NULL && err.msg[0], "an error has a message", err.msg);
         return 0;
     }
     check_file(f);
+    if (ps_st_count(f) && !strchr(ps_st_get(f, 0)->name, ':')) check_data(ps_st_get(f, 0)->name);
     /* write it back and read it again */
     size_t n = ps_st_count(f), nm = ps_st_metadata_count(f);
     ps_st_tensor *ts = calloc(n ? n : 1, sizeof *ts);

@@ -2,7 +2,12 @@
 """Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/
 (committed): service (fuzz_service.c), config (fuzz_config.c: the shipped
 configs plus broken ones), safetensors (fuzz_safetensors.c: small files
-written here by hand, as the format's reference describes them).
+written here by hand, as the format's reference describes them), and the data
+loaders of ps-train fit: idx (fuzz_idx.c), npy (fuzz_npy.c), npz
+(fuzz_npz.c), small files written here with struct, gzip and zipfile as the
+formats' descriptions (trainer/idx.h, trainer/npy.h) say. The first byte of an
+idx or npy seed is the target's mode: 0 the rest as is, 1 the rest gzip'ed by
+the target.
 
 fuzz_service's seeds:
 
@@ -12,10 +17,14 @@ a method id - the row's place in PS_METHODS, common/methods.h, read from
 there - or the number of rows for the tokens-file parser; bits 4-5 the
 slices, bit 6 the nonfinite policy "skip".
 """
+import gzip
+import io
 import json
 import os
 import re
 import struct
+import zipfile
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "..", "..", "common", "methods.h")) as f:
@@ -153,7 +162,110 @@ st_seeds = {
     "bad_offsets.safetensors": safetensors([("w", "F32", [2], struct.pack("<2f", 1, 2))])[:-4],
 }
 
-for target, corpus in (("service", seeds), ("config", config_seeds), ("safetensors", st_seeds)):
+# ---- fuzz_idx: magic 00 00 <type> <ndim>, big-endian dims and elements
+def idx(code, shape, raw):
+    return struct.pack(">BBBB", 0, 0, code, len(shape)) + b"".join(struct.pack(">I", d) for d in shape) + raw
+
+
+RAW, GZ = b"\0", b"\1"
+imgs = idx(0x08, [2, 3, 3], bytes(range(18)))
+idx_seeds = {
+    "ubyte3": RAW + imgs,
+    "ubyte3_gz": GZ + imgs,
+    "labels": RAW + idx(0x08, [5], bytes([0, 1, 2, 9, 7])),
+    "int8": RAW + idx(0x09, [4], b"\x80\xff\x00\x7f"),
+    "int16": RAW + idx(0x0B, [2, 2], struct.pack(">4h", -1, 2, -300, 32767)),
+    "int32": RAW + idx(0x0C, [3], struct.pack(">3i", -1, 2, 1 << 30)),
+    "float32": RAW + idx(0x0D, [1, 2], struct.pack(">2f", 1.5, -2)),
+    "float64_4d": GZ + idx(0x0E, [1, 1, 1, 2], struct.pack(">2d", 0.25, 1e300)),
+    "truncated": RAW + idx(0x08, [100, 100], b"\0" * 10),
+    "trailing": RAW + idx(0x08, [2], b"\0" * 5),
+    "huge_dims": RAW + idx(0x0E, [0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF], b""),
+    "gz_raw": RAW + gzip.compress(imgs, mtime=0),          # a real gzip file, as written (the target leaves it as is)
+    "gz_cut": RAW + gzip.compress(imgs, mtime=0)[:-9],     # gzip without its trailer
+}
+
+
+# ---- fuzz_npy: "\x93NUMPY", version, header length, the dict, the data
+def npy(descr, shape, raw, fortran=False, version=1):
+    """descr: a dtype string, or a list (a structured dtype, written as Python writes it)."""
+    d = "{'descr': %r, 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, repr(tuple(shape)))
+    lead = 10 if version == 1 else 12
+    h = d.encode() + b" " * (-(lead + len(d) + 1) % 64) + b"\n"
+    pre = b"\x93NUMPY" + bytes([version, 0]) + (struct.pack("<H", len(h)) if version == 1 else struct.pack("<I", len(h)))
+    return pre + h + raw
+
+
+npy_seeds = {
+    "f4": RAW + npy("<f4", [2, 3], struct.pack("<6f", *range(6))),
+    "f4_gz": GZ + npy("<f4", [2, 3], struct.pack("<6f", *range(6))),
+    "u1": RAW + npy("|u1", [2, 2, 2], bytes(range(8))),
+    "b1": RAW + npy("|b1", [3], b"\0\1\1"),
+    "be_i8": RAW + npy(">i8", [2], struct.pack(">2q", -5, 1 << 40)),
+    "be_u2": RAW + npy(">u2", [3], struct.pack(">3H", 1, 2, 65535)),
+    "i4_v2": RAW + npy("<i4", [2, 1], struct.pack("<2i", 7, -7), version=2),
+    "f8_v3": RAW + npy("<f8", [1], struct.pack("<d", 3.5), version=3),
+    "scalar": RAW + npy("<f4", [], struct.pack("<f", 2.5)),
+    "empty": RAW + npy("<f4", [0, 3], b""),
+    "fortran1d": RAW + npy("<i2", [2], struct.pack("<2h", 1, 2), fortran=True),
+    "fortran2d": RAW + npy("<f4", [2, 2], b"\0" * 16, fortran=True),
+    "f2": RAW + npy("<f2", [2], b"\0" * 4),
+    "struct": RAW + npy([("a", "<i4")], [1], b"\0" * 4),
+    "trunc": RAW + npy("<f8", [4], b"\0" * 8),
+    "huge": RAW + npy("<f8", [9999999999, 9999999999], b""),
+    "empty_ovf": RAW + npy("<f4", [1, 0, 1 << 62, 4], b""),   # no elements, yet numel's partial products overflow
+    "nul": RAW + npy("<f4\0", [1], b"\0" * 4),
+    "gz_file": RAW + gzip.compress(npy("<i2", [2], struct.pack("<2h", 1, -1)), mtime=0),  # a .npy.gz as written
+}
+
+
+# ---- fuzz_npz: zip archives of .npy members, stored and deflated (numpy forces zip64)
+def npz(members, method=zipfile.ZIP_STORED, force64=True):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=method) as z:
+        for name, data in members.items():
+            info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))  # a fixed date: the same bytes every run
+            info.compress_type = method
+            with z.open(info, "w", force_zip64=force64) as f:
+                f.write(data)
+    return buf.getvalue()
+
+
+x_npy = npy("<f4", [2, 1, 2, 2], struct.pack("<8f", *range(8)))
+y_npy = npy("<i8", [2], struct.pack("<2q", 3, 1))
+good_npz = npz({"x_train.npy": x_npy, "y_train.npy": y_npy})
+
+
+def bomb(name, data, size):
+    """A one-member zip: data deflated, its size declared as size in a zip64
+    extra field (a zip bomb's header), by hand as the zip spec lays it out."""
+    co = zlib.compressobj(9, zlib.DEFLATED, -15)
+    comp = co.compress(data) + co.flush()
+    n, crc = name.encode(), zlib.crc32(data)
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 8, 0, 0x21, crc, len(comp), len(data), len(n), 0) + n
+    extra = struct.pack("<HHQQ", 1, 16, size, len(comp))
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 0, 8, 0, 0x21, crc, len(comp), 0xFFFFFFFF,
+                          len(n), len(extra), 0, 0, 0, 0, 0) + n + extra
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), len(local) + len(comp), 0)
+    return local + comp + central + end
+
+
+npz_seeds = {
+    "stored.npz": good_npz,
+    "deflated.npz": npz({"x.npy": x_npy, "y.npy": y_npy}, zipfile.ZIP_DEFLATED),
+    "one.npz": npz({"only.npy": y_npy}, zipfile.ZIP_DEFLATED, force64=False),
+    "plain.npz": npz({"a.npy": y_npy}, force64=False),
+    "not_npy.npz": npz({"x.npy": b"hello"}),
+    "cut.npz": good_npz[:-30],
+    # a saturated end record whose zip64 locator points past a 46-byte file
+    "zip64_short.npz": b"PK\x03\x04" + struct.pack("<IIQI", 0x07064B50, 0, 1 << 30, 1) +
+                       struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0),
+    "bomb.npz": bomb("x.npy", x_npy, 1 << 36),  # 64 GiB from ~100 bytes
+    "empty.npz": struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0, 0, 0, 0, 0),
+}
+
+for target, corpus in (("service", seeds), ("config", config_seeds), ("safetensors", st_seeds),
+                       ("idx", idx_seeds), ("npy", npy_seeds), ("npz", npz_seeds)):
     out = os.path.join(HERE, "corpus", target)
     os.makedirs(out, exist_ok=True)
     for name, data in corpus.items():
