@@ -3,9 +3,10 @@
 in a fixed order, the whole model as one RemoteStage, each batch in
 psd.attempts() (a batch psd lost runs again). Prints after every batch
 `batch B version V` (the model version its step produced) and at the end
-the client's retries and re-runs.
+the client's retries and re-runs. --rank N: its trainer rank (default 1;
+give each trainer its own: sync rounds, ssp clocks).
 
-    fault_trainer.py ADDR DATA_DIR BATCHES [KEY=VALUE ...]   (config overrides)
+    fault_trainer.py ADDR DATA_DIR BATCHES [--rank N] [KEY=VALUE ...]   (config overrides)
 """
 import sys
 
@@ -18,9 +19,12 @@ from mnist_trainer import load_mnist
 
 def main():
     addr, data, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    overrides = dict(kv.split("=", 1) for kv in sys.argv[4:])
+    rest, rank = sys.argv[4:], 1
+    if rest[:1] == ["--rank"]:
+        rank, rest = int(rest[1]), rest[2:]
+    overrides = dict(kv.split("=", 1) for kv in rest)
     torch.set_num_threads(1)
-    client = psd.connect(addr, rank=1, overrides=overrides)
+    client = psd.connect(addr, rank=rank, overrides=overrides)
     x, y = load_mnist(data, "train")
     net = psd.RemoteStage(None, client)
     for b in range(batches):
