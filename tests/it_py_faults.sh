@@ -17,7 +17,8 @@
 # batches the first psd acknowledged are versions 1..a in order, those the
 # restarted psd acknowledged R+1..R+b in order (R: the checkpoint it
 # resumed), a + b = BATCHES, and the restarted psd ends at version R + b.
-# TRAINERS (1 or 2) trainers, ranks 1..; PSD_ARGS adds flags to psd (a
+# TRAINERS (1 or 2) trainers, ranks 1.. (two under hogwild run unpaced: a
+# BATCHES of 120 keeps both training at the kill); PSD_ARGS adds flags to psd (a
 # consistency mode: it_py_faults_sync, it_py_faults_ssp); PY_ARGS adds
 # KEY=VALUE overrides to the trainers (a short trainer.rpc_timeout_s);
 # LAG_S holds trainer 2 that long before the kill, so that trainer 1 meets
@@ -63,6 +64,9 @@ fi
 kill -STOP "${trs[@]}"
 at_stop=("")  # what each had logged
 for r in $ranks; do at_stop+=("$(stat -c %s "$tmp/t$r.log")"); done
+for r in $ranks; do  # hogwild does not pace two trainers together: one can finish while the other starts
+  grep -q "^fault_trainer: $BATCHES batches" "$tmp/t$r.log" && fail "trainer $r finished before the kill: more BATCHES"
+done
 s=$(status)
 v1=$(echo "$s" | field model_version); c1=$(echo "$s" | field contexts_applied)
 kill -9 "$psd"; wait "$psd" 2>/dev/null || true
