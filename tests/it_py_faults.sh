@@ -91,7 +91,7 @@ final=$(echo "$s" | field model_version); live=$(echo "$s" | field live_contexts
 c2=$(echo "$s" | field contexts_applied)
 for r in $ranks; do
   echo "trainer $r: $(grep -m1 '^fault_trainer:' "$tmp/t$r.log"); $(grep -c "retry [0-9]* in" "$tmp/t$r.log") retries" \
-       "logged, $(grep -c "running the batch again" "$tmp/t$r.log") re-run messages," \
+       "logged, $(grep -c "; running the batch again" "$tmp/t$r.log") re-run messages," \
        "$(grep -c "was applied once (its Step answers OK)" "$tmp/t$r.log") settled as applied"
   grep -q "retry [0-9]* in" "$tmp/t$r.log" || fail "trainer $r never retried: psd was not down while it trained?"
   head -c "${at_stop[r]}" "$tmp/t$r.log" >"$tmp/t$r.before"; tail -c +"$(( at_stop[r] + 1 ))" "$tmp/t$r.log" >"$tmp/t$r.after"
@@ -113,7 +113,7 @@ acked() {  # rank
 settled_old() {  # rank
   awk 'f == 0 && /retry [0-9]* in/ { f = 1; next }
        f == 1 && /was applied once \(its Step answers OK\)/ { s = 1 }
-       f == 1 && (/running the batch again/ || /^batch [0-9]* /) { f = 2 }
+       f == 1 && (/; running the batch again/ || /^batch [0-9]* /) { f = 2 }
        END { print s + 0 }' "$tmp/t$1.after"
 }
 k1=0

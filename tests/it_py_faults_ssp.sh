@@ -11,4 +11,4 @@
 # not acknowledge (Status.contexts_applied).
 TRAINERS=2 PSD_ARGS="--set server.consistency=ssp --set server.max_staleness=0 --set server.ssp_idle_s=5" \
 PY_ARGS="trainer.rpc_timeout_s=1" LAG_S=2.5 \
-BATCHES=${BATCHES:-40} RESTART_ONLY=1 exec bash "$(dirname "$0")/it_py_faults.sh" "$@"
+BATCHES=${BATCHES:-80} RESTART_ONLY=1 exec bash "$(dirname "$0")/it_py_faults.sh" "$@"

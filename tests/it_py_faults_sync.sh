@@ -13,4 +13,4 @@
 # more than the other, whose last round then closes alone by that timeout.
 TRAINERS=2 PSD_ARGS="--set server.consistency=sync --set server.sync_workers=2 --set server.sync_timeout_s=5" \
 PY_ARGS="trainer.rpc_timeout_s=1" LAG_S=2.5 \
-BATCHES=${BATCHES:-40} RESTART_ONLY=1 exec bash "$(dirname "$0")/it_py_faults.sh" "$@"
+BATCHES=${BATCHES:-80} RESTART_ONLY=1 exec bash "$(dirname "$0")/it_py_faults.sh" "$@"
