@@ -464,9 +464,15 @@ class Context:
                 raise err
             settled = True
             try:
-                return "applied", conn.call("Step", req)
+                r = conn.call("Step", req)
             except Error as e:
                 err = e
+                continue
+            # OK: psd answered its version (its record; after a restart, its
+            # checkpoint's) - as ps-train logs it
+            log.warning("%s: context %x was applied once (its Step answers OK); not running the batch again",
+                        self.client.who, self.id)
+            return "applied", r
         if isinstance(err, RoundClosed):
             self.state = "closed"
             raise err
