@@ -473,6 +473,13 @@ class Context:
             log.warning("%s: context %x was applied once (its Step answers OK); not running the batch again",
                         self.client.who, self.id)
             return "applied", r
+        if settled and err.code == grpc.StatusCode.ALREADY_EXISTS:
+            # "too old to settle": applied once, longer ago than psd remembers
+            # its version - applied, never run again (ps_retry_settled); the
+            # version is unknown (0 in the result)
+            log.warning("%s: context %x was applied once (%s); not running the batch again", self.client.who,
+                        self.id, err.details)
+            return "applied", ps_pb2.StepResponse()
         if isinstance(err, RoundClosed):
             self.state = "closed"
             raise err

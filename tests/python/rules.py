@@ -21,6 +21,7 @@ from psd.modules import _Whole
 from psd.retry import Budget, ContextIds
 
 UNAV, NF, FP = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
+AE = grpc.StatusCode.ALREADY_EXISTS
 
 
 class Clock:
@@ -135,6 +136,23 @@ def main():
     c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV, FP]})
     expect(psd.ContextLost, lambda: run(cl, [c]), "not applied")
     n += 1
+    # settled "too old to settle" (ALREADY_EXISTS while settling): applied once, its version forgotten -
+    # applied, never run again (ps_retry_settled); outside settling ALREADY_EXISTS is a final error
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV, AE]})
+    outcomes = []
+    for ctx in attempts(cl):
+        with ctx:
+            batch(ctx, [c])
+            outcomes.append(ctx.step())
+    assert len(outcomes) == 1 and outcomes[0].version == 0 and c.calls == ["Forward", "Backward", "Step", "Step"], \
+        (outcomes, c.calls)
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [AE]})
+    e = expect(psd.Error, lambda: run(cl, [c], grad_scale=0.5))
+    assert not isinstance(e, psd.ContextLost) and e.code == AE and c.calls == ["Forward", "Backward", "Step"], c.calls
+    n += 1
     # a first FAILED_PRECONDITION of a Step on one server is final (ps_retry_once); scaled: Backward then Step
     cl = Client()
     c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [FP]})
@@ -229,6 +247,11 @@ def main():
     cl = Client()
     c = Conn(0, "ps", {"Forward": [UNAV], "Step": [UNAV, FP]})
     expect(psd.ContextLost, lambda: one(cl, c), "not applied")
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [UNAV], "Step": [UNAV, AE]})
+    loss, r = one(cl, c)
+    assert r.version == 0 and torch.isnan(loss) and c.calls == ["Forward", "Step", "Step"], (r, c.calls)
     n += 1
     # a psd that ignores `step` (older than one call a batch) answers with no step version: refused, not
     # taken for applied
