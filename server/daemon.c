@@ -48,6 +48,17 @@ void ps_daemon_notify(const char *state) {
     if (r < 0) ps_log(PS_LOG_WARN, "sd_notify(%s): %s", state, strerror(-r));
 }
 
+/* The directory a new file at path goes into ("." for a bare name, "/" at
+ * the root) into dir; -1 when it does not fit in cap. */
+static int parent_dir(const char *path, char *dir, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, cap, ".");
+    else if (slash == path) snprintf(dir, cap, "/");
+    else if ((size_t)(slash - path) < cap) snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+    else return -1;
+    return 0;
+}
+
 /* gRPC's "unix:PATH" (or "unix://PATH"): gRPC removes a socket left at PATH
  * and binds a new one there, in a directory that must exist. */
 static int explain_unix(const char *addr, char *buf, size_t cap) {
@@ -59,10 +70,7 @@ static int explain_unix(const char *addr, char *buf, size_t cap) {
         snprintf(buf, cap, "'%.200s' names no socket file (unix:PATH)", addr);
         return EINVAL;
     }
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else {
+    if (parent_dir(path, dir, sizeof dir) != 0) {
         snprintf(buf, cap, "'%.64s...': path too long", addr);
         return EINVAL;
     }
@@ -153,11 +161,8 @@ ps_status ps_daemon_check_log(const char *path, ps_err *err) {
     if (errno != ENOENT) return ps_err_set(err, PS_ERR_IO, "log file %s: %s", path, strerror(errno));
     /* to be created: its directory must exist and take a new file */
     char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "log file %.64s...: path too long", path);
+    if (parent_dir(path, dir, sizeof dir) != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "log file %.64s...: path too long", path);
     if (stat(dir, &sb) != 0)
         return ps_err_set(err, PS_ERR_IO, "log file %s: directory %s: %s", path, dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
