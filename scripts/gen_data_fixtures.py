@@ -85,6 +85,20 @@ with open(path("v2.npy"), "wb") as f:
     a = sample(np.int16, (6, 2))
     np.lib.format.write_array(f, a, version=(2, 0))
 good("v2", path("v2.npy"), a)
+with open(path("v3.npy"), "wb") as f:  # 3.0: 2.0's layout with a UTF-8 header
+    a = sample(np.uint32, (3, 4))
+    np.lib.format.write_array(f, a, version=(3, 0))
+good("v3", path("v3.npy"), a)
+# versions numpy never writes (nor reads): a minor other than 0 used to be
+# read as its major's layout
+v1 = open(path("t_float32.npy"), "rb").read()
+open(path("v1_5.npy"), "wb").write(v1[:6] + b"\x01\x05" + v1[8:])
+bad("v1_5", path("v1_5.npy"), ".npy format version 1.5 is not supported (1.0, 2.0 and 3.0 are)")
+v2 = open(path("v2.npy"), "rb").read()
+open(path("v4.npy"), "wb").write(v2[:6] + b"\x04\x00" + v2[8:])
+bad("v4", path("v4.npy"), ".npy format version 4.0 is not supported")
+open(path("v3_1.npy"), "wb").write(v2[:6] + b"\x03\x01" + v2[8:])
+bad("v3_1", path("v3_1.npy"), ".npy format version 3.1 is not supported")
 a = sample(np.float64, (5, 4))
 with gzip.open(path("gz.npy.gz"), "wb") as f:
     np.save(f, a)

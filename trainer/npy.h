@@ -1,7 +1,9 @@
 /* npy.h - numpy's .npy arrays and .npz archives of them.
  *
  * .npy (numpy/lib/format.py): the magic "\x93NUMPY", format version 1.0
- * (2-byte header length), 2.0 or 3.0 (4-byte), then a Python dict literal
+ * (2-byte header length), 2.0 or 3.0 (4-byte; 3.0's header is UTF-8) -
+ * any other, a minor byte other than 0 included, is refused naming it -
+ * then a Python dict literal
  * {'descr': '<f4', 'fortran_order': False, 'shape': (60000, 28, 28), }
  * padded with spaces and a newline, then the elements. Accepted:
  *  - descr: a byte order ('<', '>', '|', '=') and one of b1 u1 i1 u2 i2 u4
