@@ -296,4 +296,14 @@ bad("text", path("text.txt"), "not a data file")
 open(path("empty.bin"), "w").close()
 bad("emptyfile", path("empty.bin"), "empty file")
 bad("nofile", path("does-not-exist.npy"), "cannot open")
+# ':' in file names: the whole argument when a file has that name, else
+# FILE:NAME split at the last ':'; neither names both readings (it used to
+# say only "DIR/run-13: cannot open")
+a = sample(np.int16, (2, 3))
+np.save(path("run-12:00.npy"), a)
+good("colon_file", path("run-12:00.npy"), a)
+np.savez(path("data:v2.npz"), x_train=a, y_train=a[:, 0])
+good("colon_npz", path("data:v2.npz") + ":x_train", a)
+bad("colon_neither", path("run-13:00.npy"), "run-13:00.npy: no such file, and read as FILE:NAME (split at the last "
+    "':') neither is %s, the file to take '00.npy' from" % path("run-13"))
 man.close()

@@ -213,11 +213,17 @@ ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err
     struct stat sb;
     if (strlen(spec) >= sizeof path) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "data path too long: %.64s...", spec);
     snprintf(path, sizeof path, "%s", spec);
-    if (stat(spec, &sb)) {
+    /* The whole spec when a file has that name (run-12:00.npy), else
+     * FILE:NAME split at the last ':' (data:v2.npz:x_train); when neither
+     * names a file, say both readings. */
+    if (stat(spec, &sb) && (errno == ENOENT || errno == ENOTDIR)) {
         char *colon = strrchr(path, ':');
         if (colon && colon != path && colon[1]) {
             *colon = 0;
             name = colon + 1;
+            if (stat(path, &sb) && (errno == ENOENT || errno == ENOTDIR))
+                return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: no such file, and read as FILE:NAME (split at the last "
+                                  "':') neither is %s, the file to take '%s' from", spec, path, name);
         }
     }
     int f = sniff(path, err);

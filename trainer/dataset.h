@@ -3,9 +3,10 @@
  *
  * A spec is PATH or PATH:NAME. NAME picks an array inside a file that holds
  * several: a member of an .npz (x_train or x_train.npy) or a tensor of a
- * safetensors file; a file holding exactly one array needs none. When PATH
- * itself names an existing file the whole spec is the path (so paths with
- * ':' work).
+ * safetensors file; a file holding exactly one array needs none. When the
+ * whole spec names an existing file it is the path (so paths with ':'
+ * work); otherwise it splits at the last ':', and when that PATH does not
+ * exist either the PS_ERR_NOT_FOUND message names both readings.
  *
  * The format is recognised by content, not by extension (after gunzip for
  * IDX and .npy, which may be gzip'ed):
