@@ -8,6 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "gztail.h"
 #include "zip.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -291,6 +292,7 @@ ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err 
                         bytes, ps_array_shape_str(h.dims, h.ndim, sh, sizeof sh), ps_array_dtype_name(h.dtype));
         goto done;
     }
+    if (!gzdirect(gz) && (st = ps_gz_check_tail(path, err))) goto done; /* junk after the gzip data (gztail.h) */
     fill(out, &h, data, bytes);
     data = NULL;
 done:

@@ -15,7 +15,8 @@
  *  - shape: 0..PS_ARRAY_MAX_DIMS non-negative dims.
  * The data must be exactly the size the header declares: a short file and
  * trailing bytes are errors. A .npy file may be gzip'ed (read through
- * zlib); its data must fit max_bytes, checked before allocating.
+ * zlib; bytes after the last gzip member other than zeros are refused,
+ * gztail.h); its data must fit max_bytes, checked before allocating.
  *
  * .npz: a zip archive (zip.h) of NAME.npy members, stored (np.savez) or
  * deflated (np.savez_compressed). ps_npz_load reads member NAME (".npy" is
