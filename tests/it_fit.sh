@@ -121,12 +121,12 @@ expect_refusal "class range" "labels $tmp/yte_bad.npy: sample" \
 expect_refusal "loss" "--loss: unknown loss 'hinge'" "${IDX[@]}" --loss hinge
 # streams read once (docs/fit.md, "Data files"): bash's process substitution
 # of a gzip'ed .npy and of an .npz's members, and a FIFO with a writer, load
-# whole - each then reports its 2,000 samples against 60,000 labels (the
+# whole - each then reports its 2,000 samples against the training labels (the
 # pipe used to be refused as "not a data file": sniffing its format consumed
 # its first bytes; a FIFO blocked the same way for a second writer)
 gzip -c "$tmp/xte.npy" >"$tmp/xte.npy.gz"
 expect_refusal "pipe of a gzip'ed .npy" \
-    "hold 2000 samples (2000, 1, 28, 28), but labels $DATA/train-labels-idx1-ubyte hold 60000" \
+    "hold 2000 samples (2000, 1, 28, 28), but labels $DATA/train-labels-idx1-ubyte hold" \
     --inputs <(cat "$tmp/xte.npy.gz") --labels "$DATA/train-labels-idx1-ubyte"
 expect_refusal "pipes of .npz members" "hold 2000 samples (2000, 28, 28), but labels /dev/fd/" \
     --inputs <(cat "$tmp/mnist.npz"):x_test --labels <(cat "$tmp/mnist.npz"):y_train
