@@ -161,7 +161,7 @@ int main(void) {
 
     /* a FIFO nobody writes: refused within the wait, not waited on forever */
     st = ps_data_load_wait(fifo, PS_DATA_MAX_BYTES, 300, &a, &e);
-    CHECK_MSG(st == PS_ERR_UNAVAILABLE && strstr(e.msg, fifo) && strstr(e.msg, "no writer?"), "no writer: %d %s", st,
+    CHECK_MSG(st == PS_ERR_UNAVAILABLE && strstr(e.msg, fifo) && strstr(e.msg, "nothing written to it in 0.3 s (no writer?)"), "no writer: %d %s", st,
               e.msg);
 
     /* over the limit: refused, never read whole */

@@ -258,9 +258,9 @@ static ps_status read_stream(int fd, const char *path, size_t limit, int wait_ms
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) { st = ps_err_set(err, PS_ERR_IO, "%s: poll: %s", path, strerror(errno)); break; }
         if (r == 0) {
-            st = ps_err_set(err, PS_ERR_UNAVAILABLE, "%s: a FIFO with nothing written to it in %d s (no writer?): "
+            st = ps_err_set(err, PS_ERR_UNAVAILABLE, "%s: a FIFO with nothing written to it in %g s (no writer?): "
                             "start the program that writes it first, or write the data to a file", path,
-                            wait_ms / 1000);
+                            wait_ms / 1000.0);
             break;
         }
         first = 0;
