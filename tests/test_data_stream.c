@@ -1,8 +1,9 @@
 /* test_data_stream.c - data that can be read only once (trainer/dataset.h):
  * a named pipe (mkfifo) and an anonymous pipe named /dev/fd/N, as bash's
  * <(zcat x.npy.gz) gives ps-train fit. Each is fed by a child process.
- *  - a .npy, a gzip'ed .npy and a gzip'ed IDX through a FIFO, a .npy through
- *    /dev/fd/N and FILE:NAME of an .npz-less FIFO refused: the values arrive
+ *  - a .npy, a gzip'ed .npy, a gzip'ed IDX and a safetensors tensor
+ *    (FIFO:NAME) through a FIFO, a .npy through /dev/fd/N, and FIFO:NAME of
+ *    a .npy refused naming the FIFO: the values arrive
  *    whole (the format sniffing used to consume the first bytes, and the
  *    loader then reopened the FIFO and blocked for a second writer);
  *  - a FIFO nobody writes is refused within the wait given (it used to
@@ -14,6 +15,7 @@
  *  - ps_data_format on a FIFO answers at once (refused) instead of waiting.
  * A SIGALRM after 60 s turns a hang into a failure. */
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -150,9 +152,25 @@ int main(void) {
     close(p[0]);
     reap(w);
 
-    /* FILE:NAME of a stream that holds one array: refused, naming the FIFO */
+    /* safetensors through a FIFO, a tensor picked by FIFO:NAME (its reader
+     * wants a regular file: it gets the in-memory copy) */
+    static unsigned char st_file[8 + 128 + 4000];
+    char js[129];
+    int jl = snprintf(js, sizeof js, "{\"x\":{\"dtype\":\"I32\",\"shape\":[%d],\"data_offsets\":[0,%d]},"
+                      "\"y\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[%d,%d]}}", n, 4 * n, 4 * n, 4 * n);
+    while (jl % 8) js[jl++] = ' ';
+    for (int i = 0; i < 8; i++) st_file[i] = (unsigned char)((uint64_t)jl >> (8 * i));
+    memcpy(st_file + 8, js, (size_t)jl);
+    memcpy(st_file + 8 + jl, npy + len - 4 * (size_t)n, 4 * (size_t)n); /* the .npy's elements */
     char spec[160];
     snprintf(spec, sizeof spec, "%s:x", fifo);
+    w = writer(fifo, -1, st_file, 8 + (size_t)jl + 4 * (size_t)n, 0);
+    st = ps_data_load(spec, PS_DATA_MAX_BYTES, &a, &e);
+    check_values("safetensors through a FIFO", st, &a, &e, n);
+    ps_array_free(&a);
+    reap(w);
+
+    /* FILE:NAME of a stream that holds one array: refused, naming the FIFO */
     w = writer(fifo, -1, npy, len, 0);
     st = ps_data_load(spec, PS_DATA_MAX_BYTES, &a, &e);
     CHECK_MSG(st == PS_ERR_INVALID_ARGUMENT && strstr(e.msg, fifo) && strstr(e.msg, "names nothing in it") &&
