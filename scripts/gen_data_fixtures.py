@@ -85,6 +85,20 @@ with open(path("v2.npy"), "wb") as f:
     a = sample(np.int16, (6, 2))
     np.lib.format.write_array(f, a, version=(2, 0))
 good("v2", path("v2.npy"), a)
+with open(path("v3.npy"), "wb") as f:  # 3.0: 2.0's layout with a UTF-8 header
+    a = sample(np.uint32, (3, 4))
+    np.lib.format.write_array(f, a, version=(3, 0))
+good("v3", path("v3.npy"), a)
+# versions numpy never writes (nor reads): a minor other than 0 used to be
+# read as its major's layout
+v1 = open(path("t_float32.npy"), "rb").read()
+open(path("v1_5.npy"), "wb").write(v1[:6] + b"\x01\x05" + v1[8:])
+bad("v1_5", path("v1_5.npy"), ".npy format version 1.5 is not supported (1.0, 2.0 and 3.0 are)")
+v2 = open(path("v2.npy"), "rb").read()
+open(path("v4.npy"), "wb").write(v2[:6] + b"\x04\x00" + v2[8:])
+bad("v4", path("v4.npy"), ".npy format version 4.0 is not supported")
+open(path("v3_1.npy"), "wb").write(v2[:6] + b"\x03\x01" + v2[8:])
+bad("v3_1", path("v3_1.npy"), ".npy format version 3.1 is not supported")
 a = sample(np.float64, (5, 4))
 with gzip.open(path("gz.npy.gz"), "wb") as f:
     np.save(f, a)
@@ -232,6 +246,30 @@ open(path("gzcut"), "wb").write(gzd[:12])
 bad("gz_cut", path("gzcut"), "a gzip file that does not decompress (zlib: unexpected end of file)")
 open(path("gzcrc"), "wb").write(gzd[:-8] + bytes([gzd[-8] ^ 0xFF]) + gzd[-7:])
 bad("gz_crc", path("gzcrc"), "does not decompress (zlib: incorrect data check)")
+# gzip members concatenated (cat a.gz b.gz, which gzip -d reads as one) are
+# one stream; zero bytes after the last member are ignored as gzip -d does;
+# other bytes after it are refused (zlib used to stop there silently; gzip -d
+# warns "trailing garbage ignored")
+a = sample(np.uint8, (6, 5))
+ida = struct.pack(">BBBBII", 0, 0, 0x08, 2, 6, 5) + a.tobytes()
+open(path("idx_multi.gz"), "wb").write(gzip.compress(ida[:11], mtime=0) + gzip.compress(ida[11:], mtime=0))
+good("idx_multi", path("idx_multi.gz"), a)
+open(path("idx_zpad.gz"), "wb").write(gzip.compress(ida, mtime=0) + bytes(512))
+good("idx_zpad", path("idx_zpad.gz"), a)
+gza = gzip.compress(ida, mtime=0)
+open(path("idx_junk.gz"), "wb").write(gza + b"JUNK\n")
+bad("idx_junk", path("idx_junk.gz"), "5 bytes after the end of the gzip data (byte %d, after 1 member) are not gzip"
+    % len(gza))
+open(path("idx_zjunk.gz"), "wb").write(gza + bytes(3) + b"x")
+bad("idx_zjunk", path("idx_zjunk.gz"), "4 bytes after the end of the gzip data")
+b = io.BytesIO()
+np.save(b, a)
+gzb = gzip.compress(b.getvalue()[:40], mtime=0) + gzip.compress(b.getvalue()[40:], mtime=0)
+open(path("npy_multi.npy.gz"), "wb").write(gzb)
+good("npy_multi", path("npy_multi.npy.gz"), a)
+open(path("npy_junk.npy.gz"), "wb").write(gzb + b"\x1f")
+bad("npy_junk", path("npy_junk.npy.gz"), "1 byte after the end of the gzip data (byte %d, after 2 members)"
+    % len(gzb))
 os.makedirs(path("adir"), exist_ok=True)
 bad("dir", path("adir"), "a directory, not a data file")
 open(path("idx_trunc"), "wb").write(struct.pack(">BBBBI", 0, 0, 0x0D, 1, 5) + b"\0" * 12)
@@ -282,4 +320,14 @@ bad("text", path("text.txt"), "not a data file")
 open(path("empty.bin"), "w").close()
 bad("emptyfile", path("empty.bin"), "empty file")
 bad("nofile", path("does-not-exist.npy"), "cannot open")
+# ':' in file names: the whole argument when a file has that name, else
+# FILE:NAME split at the last ':'; neither names both readings (it used to
+# say only "DIR/run-13: cannot open")
+a = sample(np.int16, (2, 3))
+np.save(path("run-12:00.npy"), a)
+good("colon_file", path("run-12:00.npy"), a)
+np.savez(path("data:v2.npz"), x_train=a, y_train=a[:, 0])
+good("colon_npz", path("data:v2.npz") + ":x_train", a)
+bad("colon_neither", path("run-13:00.npy"), "run-13:00.npy: no such file, and read as FILE:NAME (split at the last "
+    "':') neither is %s, the file to take '00.npy' from" % path("run-13"))
 man.close()

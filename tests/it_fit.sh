@@ -10,7 +10,9 @@
 #  3. Refusals before any training call, naming the file: labels of another
 #     count, images of another size than the model takes, a class id out of
 #     range, 2^32-1 samples without values (two tiny files; refused before
-#     their sample indices are allocated); psd keeps serving.
+#     their sample indices are allocated); psd keeps serving. Streams:
+#     process substitution of a gzip'ed .npy and of .npz members, and a
+#     FIFO, load whole (their sample counts named in the refusal).
 #  4. A 2-server cluster (conv on ps0, fc on ps1; configs/cluster-mnist.yaml's
 #     layout), two fit trainers with a held-out split, 25 batches each: both
 #     report validation and test accuracy >= 55 %, both servers applied every
@@ -117,6 +119,22 @@ expect_refusal "image size" "inputs $tmp/xte27.npy: each sample is (27, 28), but
 expect_refusal "class range" "labels $tmp/yte_bad.npy: sample" \
     --inputs "$tmp/xte.npy" --labels "$tmp/yte_bad.npy"
 expect_refusal "loss" "--loss: unknown loss 'hinge'" "${IDX[@]}" --loss hinge
+# streams read once (docs/fit.md, "Data files"): bash's process substitution
+# of a gzip'ed .npy and of an .npz's members, and a FIFO with a writer, load
+# whole - each then reports its 2,000 samples against the training labels (the
+# pipe used to be refused as "not a data file": sniffing its format consumed
+# its first bytes; a FIFO blocked the same way for a second writer)
+gzip -c "$tmp/xte.npy" >"$tmp/xte.npy.gz"
+expect_refusal "pipe of a gzip'ed .npy" \
+    "hold 2000 samples (2000, 1, 28, 28), but labels $DATA/train-labels-idx1-ubyte hold" \
+    --inputs <(cat "$tmp/xte.npy.gz") --labels "$DATA/train-labels-idx1-ubyte"
+expect_refusal "pipes of .npz members" "hold 2000 samples (2000, 28, 28), but labels /dev/fd/" \
+    --inputs <(cat "$tmp/mnist.npz"):x_test --labels <(cat "$tmp/mnist.npz"):y_train
+mkfifo "$tmp/xte.fifo" || fail "mkfifo"
+gzip -dc "$tmp/xte.npy.gz" >"$tmp/xte.fifo" &
+pids+=($!)
+expect_refusal "FIFO" "inputs $tmp/xte.fifo hold 2000 samples (2000, 1, 28, 28)" \
+    --inputs "$tmp/xte.fifo" --labels "$DATA/train-labels-idx1-ubyte"
 # two 128-byte files of 2^32-1 samples without values: refused before the
 # split allocates 37 GB of sample indices (under a 4 GB address-space limit,
 # so that a regression fails here instead of swapping the machine)

@@ -1,5 +1,5 @@
 /* test_dataset.c - the data loaders of ps-train fit (trainer/dataset.h):
- * IDX, .npy (every dtype, both byte orders, versions 1 and 2, gzip'ed),
+ * IDX, .npy (every dtype, both byte orders, versions 1, 2 and 3, gzip'ed),
  * .npz (stored and deflated, zip64 members) and safetensors, against files
  * written by numpy, zipfile, gzip and PyTorch (scripts/gen_data_fixtures.py,
  * run here with /usr/bin/python3 into a fresh directory) with their values

@@ -3,10 +3,15 @@
 #include "dataset.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "idx.h"
@@ -138,17 +143,27 @@ enum { F_IDX, F_NPY, F_NPZ, F_ST };
  * IDX length reads as at least 2^32). */
 #define ST_SNIFF_MAX_HEADER ((uint64_t)100 << 20)
 
-/* The format of path from its first bytes; -1 with err set. */
+/* The format of path from its first bytes; -1 with err set. A FIFO or
+ * other stream is refused (reading its start would consume it; ps_data_load
+ * reads streams into memory first) and never waited on. */
 static int sniff(const char *path, ps_err *err) {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f) {
         ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
         return -1;
     }
     struct stat sb;
     if (!fstat(fileno(f), &sb) && S_ISDIR(sb.st_mode)) {
         fclose(f);
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a directory, not a data file", path);
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        fclose(f);
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: not a regular file (a pipe, FIFO or device): its format can "
+                   "only be told by reading it", path);
         return -1;
     }
     unsigned char raw[16] = {0};
@@ -206,20 +221,140 @@ const char *ps_data_format(const char *path, ps_err *err) {
     return f < 0 ? NULL : g_formats[f].name;
 }
 
+/* ---- streams: pipes, FIFOs, /dev/stdin ------------------------------------ */
+
+/* Replace every `from` in err's message by `to` (the stream's name for the
+ * in-memory copy's). */
+static void rename_in_msg(ps_err *err, const char *from, const char *to) {
+    char buf[sizeof err->msg];
+    size_t o = 0, nf = strlen(from), nt = strlen(to);
+    for (const char *p = err->msg; *p && o + 1 < sizeof buf;) {
+        if (!strncmp(p, from, nf)) {
+            size_t k = nt < sizeof buf - 1 - o ? nt : sizeof buf - 1 - o;
+            memcpy(buf + o, to, k);
+            o += k;
+            p += nf;
+        } else {
+            buf[o++] = *p++;
+        }
+    }
+    buf[o] = 0;
+    memcpy(err->msg, buf, o + 1);
+}
+
+/* The stream on fd (opened O_NONBLOCK) read whole into an anonymous
+ * in-memory file: *memfd on success. At most limit bytes; the first byte
+ * (or the writer's close) must come within wait_ms. */
+static ps_status read_stream(int fd, const char *path, size_t limit, int wait_ms, int *memfd, ps_err *err) {
+    *memfd = memfd_create("ps-train-data", MFD_CLOEXEC);
+    if (*memfd < 0) return ps_err_set(err, PS_ERR_IO, "%s: a stream, and no in-memory file to read it into: %s", path,
+                                      strerror(errno));
+    char buf[1 << 16];
+    size_t total = 0;
+    ps_status st = PS_OK;
+    for (int first = 1;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int r = poll(&pf, 1, first ? wait_ms : -1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { st = ps_err_set(err, PS_ERR_IO, "%s: poll: %s", path, strerror(errno)); break; }
+        if (r == 0) {
+            st = ps_err_set(err, PS_ERR_UNAVAILABLE, "%s: a FIFO with nothing written to it in %g s (no writer?): "
+                            "start the program that writes it first, or write the data to a file", path,
+                            wait_ms / 1000.0);
+            break;
+        }
+        first = 0;
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (n < 0) { st = ps_err_set(err, PS_ERR_IO, "%s: read error: %s", path, strerror(errno)); break; }
+        if (n == 0) break; /* the writer closed it */
+        if ((size_t)n > limit - total) {
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: a stream of more than %zu MiB, over the %zu MiB data "
+                            "limit (--max-data-mb) and what a header may add; refused without reading the rest", path,
+                            limit >> 20, (limit - PS_DATA_STREAM_SLACK) >> 20);
+            break;
+        }
+        for (ssize_t w = 0; w < n;) {
+            ssize_t k = write(*memfd, buf + w, (size_t)(n - w));
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0) {
+                st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: a stream of %zu bytes does not fit in memory: %s",
+                                path, total + (size_t)n, strerror(errno));
+                break;
+            }
+            w += k;
+        }
+        if (st) break;
+        total += (size_t)n;
+    }
+    if (st) {
+        close(*memfd);
+        *memfd = -1;
+    }
+    return st;
+}
+
 ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err *err) {
+    return ps_data_load_wait(spec, max_bytes, PS_DATA_STREAM_WAIT_MS, out, err);
+}
+
+static ps_status load_path(const char *path, const char *name, size_t max_bytes, ps_array *out, ps_err *err);
+
+ps_status ps_data_load_wait(const char *spec, size_t max_bytes, int wait_ms, ps_array *out, ps_err *err) {
     memset(out, 0, sizeof *out);
     char path[1024];
     const char *name = NULL;
     struct stat sb;
     if (strlen(spec) >= sizeof path) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "data path too long: %.64s...", spec);
     snprintf(path, sizeof path, "%s", spec);
-    if (stat(spec, &sb)) {
+    /* The whole spec when a file has that name (run-12:00.npy), else
+     * FILE:NAME split at the last ':' (data:v2.npz:x_train); when neither
+     * names a file, say both readings. */
+    if (stat(spec, &sb) && (errno == ENOENT || errno == ENOTDIR)) {
         char *colon = strrchr(path, ':');
         if (colon && colon != path && colon[1]) {
             *colon = 0;
             name = colon + 1;
+            if (stat(path, &sb) && (errno == ENOENT || errno == ENOTDIR))
+                return ps_err_set(err, PS_ERR_NOT_FOUND, "%s: no such file, and read as FILE:NAME (split at the last "
+                                  "':') neither is %s, the file to take '%s' from", spec, path, name);
         }
     }
+    /* O_NONBLOCK: a FIFO without a writer opens at once (and is waited on
+     * below, within wait_ms), never blocking here. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 || fstat(fd, &sb)) {
+        ps_status st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
+                                  strerror(errno));
+        if (fd >= 0) close(fd);
+        return st;
+    }
+    if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
+        close(fd);
+        return load_path(path, name, max_bytes, out, err);
+    }
+    /* A pipe (<(zcat x.npy.gz)), FIFO, socket or device: read once, whole,
+     * into memory within the limit, then loaded as a file would be. */
+    if (isatty(fd)) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a terminal, not a data file (redirect a file or a pipe "
+                          "into it)", path);
+    }
+    int memfd;
+    size_t limit = max_bytes > SIZE_MAX - PS_DATA_STREAM_SLACK ? SIZE_MAX : max_bytes + PS_DATA_STREAM_SLACK;
+    ps_status st = read_stream(fd, path, limit, wait_ms, &memfd, err);
+    close(fd);
+    if (st) return st;
+    char mpath[64];
+    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
+    st = load_path(mpath, name, max_bytes, out, err);
+    if (st) rename_in_msg(err, mpath, path);
+    close(memfd);
+    return st;
+}
+
+/* A regular file (or directory, refused by sniff). */
+static ps_status load_path(const char *path, const char *name, size_t max_bytes, ps_array *out, ps_err *err) {
     int f = sniff(path, err);
     if (f < 0) return err->code;
     if (name && !g_formats[f].takes_name)

@@ -3,9 +3,10 @@
  *
  * A spec is PATH or PATH:NAME. NAME picks an array inside a file that holds
  * several: a member of an .npz (x_train or x_train.npy) or a tensor of a
- * safetensors file; a file holding exactly one array needs none. When PATH
- * itself names an existing file the whole spec is the path (so paths with
- * ':' work).
+ * safetensors file; a file holding exactly one array needs none. When the
+ * whole spec names an existing file it is the path (so paths with ':'
+ * work); otherwise it splits at the last ':', and when that PATH does not
+ * exist either the PS_ERR_NOT_FOUND message names both readings.
  *
  * The format is recognised by content, not by extension (after gunzip for
  * IDX and .npy, which may be gzip'ed):
@@ -32,10 +33,27 @@
 /* The default data limit (--max-data-mb): 4 GiB per array. */
 #define PS_DATA_MAX_BYTES ((size_t)4 << 30)
 
+/* Streams (a pipe such as bash's <(zcat x.npy.gz), a FIFO, /dev/stdin)
+ * can be read once: they are read whole into an anonymous in-memory file
+ * (memfd) and loaded from it as a regular file is, every format included.
+ * What is read is bounded: more than max_bytes + PS_DATA_STREAM_SLACK
+ * bytes (the array and what its header or container adds; a gzip'ed
+ * stream is counted compressed) are refused without reading the rest. The
+ * first byte, or the writer's close, must arrive within
+ * PS_DATA_STREAM_WAIT_MS: a FIFO nobody writes is refused then
+ * (PS_ERR_UNAVAILABLE, "no writer?"), not waited on forever; after it the
+ * stream is read until its writer closes it. A terminal is refused. */
+#define PS_DATA_STREAM_SLACK ((size_t)1 << 20)
+#define PS_DATA_STREAM_WAIT_MS 60000
+
 ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err *err);
+/* The same, waiting wait_ms (not PS_DATA_STREAM_WAIT_MS) for a stream's
+ * first byte. */
+ps_status ps_data_load_wait(const char *spec, size_t max_bytes, int wait_ms, ps_array *out, ps_err *err);
 
 /* The format of the file at path in words ("IDX", "npy", "npz",
- * "safetensors"), or NULL when it is none of them (err says why). */
+ * "safetensors"), or NULL when it is none of them (err says why). A stream
+ * (not a regular file) is refused, not read. */
 const char *ps_data_format(const char *path, ps_err *err);
 
 #endif

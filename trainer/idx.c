@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "dims.h"
+#include "gztail.h"
 
 /* Trailing bytes counted before the error says "more than" (idx_load). */
 #define IDX_TRAILING_COUNTED (1 << 20)
@@ -227,6 +228,10 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
                         path, n, x.bytes, ds);
         goto done;
     }
+
+    /* zlib stopped at the first bytes after a member that are not another
+     * member: refuse them as gzip -d warns of them (gztail.h). */
+    if (gzipped && (st = ps_gz_check_tail(path, err))) goto done;
 
     /* IDX data is big-endian: to host order (a no-op for bytes). */
     if (x.esize > 1) {

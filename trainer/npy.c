@@ -8,6 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "gztail.h"
 #include "zip.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -160,17 +161,17 @@ static ps_status prelude(const unsigned char *p, size_t avail, const char *what,
         return ps_err_set(err, PS_ERR_FORMAT, "%s: not a .npy file (no \\x93NUMPY magic)", what);
     if (avail < 10)
         return ps_err_set(err, PS_ERR_FORMAT, "%s: truncated .npy preamble: %zu of its 10 bytes", what, avail);
-    int major = p[6];
+    int major = p[6], minor = p[7];
+    if (minor != 0 || major < 1 || major > 3) /* numpy writes x.0 only, and reads only 1.0, 2.0 and 3.0 */
+        return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "%s: .npy format version %d.%d is not supported (1.0, 2.0 and "
+                          "3.0 are)", what, major, minor);
     if (major == 1) {
         *hstart = 10;
         *hlen = (size_t)p[8] | (size_t)p[9] << 8;
-    } else if (major == 2 || major == 3) {
+    } else { /* 2.0, and 3.0 (the same with a UTF-8 header, which only structured dtypes' field names need) */
         if (avail < 12) return ps_err_set(err, PS_ERR_FORMAT, "%s: truncated .npy preamble", what);
         *hstart = 12;
         *hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
-    } else {
-        return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "%s: .npy format version %d.%d is not supported (1.0-3.0 are)",
-                          what, major, p[7]);
     }
     if (*hlen > NPY_MAX_HEADER)
         return ps_err_set(err, PS_ERR_FORMAT, "%s: .npy header of %zu bytes (over %d: corrupt?)", what, *hlen,
@@ -291,6 +292,7 @@ ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err 
                         bytes, ps_array_shape_str(h.dims, h.ndim, sh, sizeof sh), ps_array_dtype_name(h.dtype));
         goto done;
     }
+    if (!gzdirect(gz) && (st = ps_gz_check_tail(path, err))) goto done; /* junk after the gzip data (gztail.h) */
     fill(out, &h, data, bytes);
     data = NULL;
 done:

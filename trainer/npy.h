@@ -1,7 +1,9 @@
 /* npy.h - numpy's .npy arrays and .npz archives of them.
  *
  * .npy (numpy/lib/format.py): the magic "\x93NUMPY", format version 1.0
- * (2-byte header length), 2.0 or 3.0 (4-byte), then a Python dict literal
+ * (2-byte header length), 2.0 or 3.0 (4-byte; 3.0's header is UTF-8) -
+ * any other, a minor byte other than 0 included, is refused naming it -
+ * then a Python dict literal
  * {'descr': '<f4', 'fortran_order': False, 'shape': (60000, 28, 28), }
  * padded with spaces and a newline, then the elements. Accepted:
  *  - descr: a byte order ('<', '>', '|', '=') and one of b1 u1 i1 u2 i2 u4
@@ -13,7 +15,8 @@
  *  - shape: 0..PS_ARRAY_MAX_DIMS non-negative dims.
  * The data must be exactly the size the header declares: a short file and
  * trailing bytes are errors. A .npy file may be gzip'ed (read through
- * zlib); its data must fit max_bytes, checked before allocating.
+ * zlib; bytes after the last gzip member other than zeros are refused,
+ * gztail.h); its data must fit max_bytes, checked before allocating.
  *
  * .npz: a zip archive (zip.h) of NAME.npy members, stored (np.savez) or
  * deflated (np.savez_compressed). ps_npz_load reads member NAME (".npy" is

@@ -183,6 +183,9 @@ idx_seeds = {
     "huge_dims": RAW + idx(0x0E, [0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF], b""),
     "gz_raw": RAW + gzip.compress(imgs, mtime=0),          # a real gzip file, as written (the target leaves it as is)
     "gz_cut": RAW + gzip.compress(imgs, mtime=0)[:-9],     # gzip without its trailer
+    "gz_members": RAW + gzip.compress(imgs[:7], mtime=0) + gzip.compress(imgs[7:], mtime=0),  # cat a.gz b.gz
+    "gz_junk": RAW + gzip.compress(imgs, mtime=0) + b"JUNK",  # refused (trainer/gztail.h)
+    "gz_zeros": RAW + gzip.compress(imgs, mtime=0) + bytes(8),  # zero padding: ignored, as gzip -d does
 }
 
 
@@ -205,6 +208,8 @@ npy_seeds = {
     "be_u2": RAW + npy(">u2", [3], struct.pack(">3H", 1, 2, 65535)),
     "i4_v2": RAW + npy("<i4", [2, 1], struct.pack("<2i", 7, -7), version=2),
     "f8_v3": RAW + npy("<f8", [1], struct.pack("<d", 3.5), version=3),
+    "v1_5": RAW + npy("<f4", [1], b"\0" * 4)[:7] + b"\x05" + npy("<f4", [1], b"\0" * 4)[8:],  # minor 5: refused
+    "f4_gz_junk": RAW + gzip.compress(npy("<f4", [1], b"\0" * 4), mtime=0) + b"\x1f",
     "scalar": RAW + npy("<f4", [], struct.pack("<f", 2.5)),
     "empty": RAW + npy("<f4", [0, 3], b""),
     "fortran1d": RAW + npy("<i2", [2], struct.pack("<2h", 1, 2), fortran=True),
