@@ -67,6 +67,10 @@ refused "a listen address without a port" "server.listen localhost: cannot liste
 refused "a unix socket in a missing directory" \
   "server.listen unix:$tmp/nodir/psd.sock: cannot listen there: cannot create the socket $tmp/nodir/psd.sock" \
   --listen "unix:$tmp/nodir/psd.sock"
+long="$tmp/$(printf 's%.0s' $(seq 110)).sock"
+refused "a unix socket path longer than sun_path" \
+  "server.listen unix:$long: cannot listen there: the socket path $tmp/s*\.\.\. is 1[0-9][0-9] bytes; a unix socket path holds at most 107" \
+  --listen "unix:$long"
 # a certificate and a key that is not its: PEM files both, refused only once gRPC's (or the metrics
 # port's) TLS pairs them
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=localhost)
@@ -137,6 +141,7 @@ psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck2" --set
   --set security.cert="$tmp/a.pem" --set security.key="$tmp/a.key" --set server.metrics_tls=true >"$tmp/out" 2>&1 ||
   { cat "$tmp/out"; fail "a matching certificate and key (gRPC and metrics TLS) failed --check-config"; }
 if psd --config configs/psd.yaml --listen "127.0.0.1:$((port + 7))" --set server.metrics_listen= --set security.tls=true \
+     --set server.checkpoint_dir="$tmp/ck3" \
      --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key" >"$tmp/out" 2>&1; then
   fail "psd started with a key that is not its certificate's"; fi
 grep -q "TLS: gRPC refused the server certificate $tmp/a.pem with key $tmp/b.key" "$tmp/out" ||
