@@ -63,7 +63,8 @@ static const cfg_entry g_table[] = {
     { .key = "servers", .type = CT_SERVERS, FIELD(servers) },
 
     STR ("server.listen",          server.listen,          "127.0.0.1:50051"),
-    STR ("server.address",         server.address,         "127.0.0.1:50051"),
+    { .key = "server.address", .type = CT_STRING, FIELD(server.address), .def = "127.0.0.1:50051",
+      .flags = F_NONEMPTY, .check = cfg_check_dial_address },
     INT ("server.threads",         RPC(threads),           1, 64, "4"),
     INT ("server.compute_threads", server.compute_threads, 0, 256, "0"),
     BOOL("server.pin_compute",     server.pin_compute,     "true"),
@@ -98,8 +99,9 @@ static const cfg_entry g_table[] = {
     INT ("server.max_streams_per_connection", RPC(max_streams_per_connection), 1, 4096, "64"),
     DBL ("server.max_connection_age_s", RPC(max_connection_age_s), 0, 0, 31536000, 0, "1800"),
     INT ("server.transport_memory_mb", RPC(transport_memory_mb), 0, 1048576, "512"),
-    DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    1, 0, 3600, 0, "30"),
-    DBL ("server.send_timeout_s",  RPC(send_timeout_s),    1, 0, 3600, 0, "60"),
+    /* the rpc server times calls in whole milliseconds: at least 1 ms */
+    DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    0, 0.001, 3600, 0, "30"),
+    DBL ("server.send_timeout_s",  RPC(send_timeout_s),    0, 0.001, 3600, 0, "60"),
     INT ("server.idle_poll_us",    RPC(idle_poll_us),      0, 100000, "2000"),
     U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
     DBL ("server.batch_wait_ms",   SVC(batch_wait_ms),     0, 0, 1000, 0, "0"),
@@ -109,7 +111,8 @@ static const cfg_entry g_table[] = {
     INT ("server.metrics_round_steps", SVC(round_metrics.round_steps), 1, 1000000000, "1"),
     DBL ("server.metrics_ema_alpha", SVC(round_metrics.alpha), 1, 0, 1, 0, "0.05"),
     ENUM("server.metrics_ema_of",  SVC(round_metrics.ema_of), ema_of_names, "mean"),
-    STR0("server.stop_metric",     SVC(round_metrics.stop_metric), ""),
+    { .key = "server.stop_metric", .type = CT_STRING, FIELD(SVC(round_metrics.stop_metric)), .def = "",
+      .check = cfg_check_scalar_name },
     DBL ("server.stop_threshold",  SVC(round_metrics.stop_threshold), 0, -1e300, 1e300, 0, "0"),
 
     /* model.arch: a shipped model file (common/nn/modeldef.h, configs/models/); model.name is its

@@ -67,6 +67,44 @@ static bool valid_dial_address(const char *v) {
     return x >= 1 && x <= 65535;
 }
 
+/* A unix socket path gRPC can dial: "unix:PATH" (relative or absolute) or
+ * "unix:///ABSOLUTE" (gRPC takes no authority after "unix://"); the path
+ * must fit in sockaddr_un.sun_path, NUL included. */
+#define UNIX_PATH_MAX 107
+static bool valid_unix_address(const char *v) {
+    if (strncmp(v, "unix:", 5)) return false;
+    const char *path = v + 5;
+    if (!strncmp(path, "//", 2)) {
+        path += 2;
+        if (path[0] != '/') return false;
+    }
+    return *path && strlen(path) <= UNIX_PATH_MAX;
+}
+
+ps_status cfg_check_dial_address(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    const char *v = val;
+    char sv[128];
+    if (!valid_dial_address(v) && !valid_unix_address(v))
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535) "
+                    "nor unix:PATH (a socket path of 1..%d bytes)", cfg_shown(v, sv, sizeof sv), UNIX_PATH_MAX);
+    return PS_OK;
+}
+
+/* A scalar name as trainers send it in StepRequest.scalars and psd's round
+ * metrics take it (server/round_metrics.c): 1..31 characters of
+ * [A-Za-z0-9_.-]; "" = no stop metric. (Whether a trainer reports it is for
+ * psd to warn about: user trainers may report their own.) */
+ps_status cfg_check_scalar_name(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    const char *v = val;
+    char sv[128];
+    if (!cfg_only_chars(v, NAME_CHARS "."))
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                    "%s is not a scalar name (1..%d letters, digits, '_', '.' or '-', as trainers report them; "
+                    "\"\" = no stop metric)", cfg_shown(v, sv, sizeof sv), PS_RM_NAME_MAX - 1);
+    return PS_OK;
+}
+
 /* "DEVICE", "SERVER/DEVICE" or "SERVER" (device cpu) into server (maybe
  * "") and device. need_server: a bare device is refused (shard entries).
  * NULL when valid, else what is wrong. */

@@ -135,9 +135,15 @@ ps_status ps_ckpt_optim_read(const char *path, ps_ckpt_optim *o, const char *arc
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err);
 
 /* For a dir that does not exist yet: what ps_ckpt_prepare_dir would refuse,
- * creating nothing - its nearest existing ancestor must be a directory this
- * user may create entries in (a read-only file system counts as not). */
+ * leaving nothing behind - its nearest existing ancestor must be a directory
+ * this user may create entries in (a read-only file system counts as not),
+ * and one is created there and removed again to be sure: access() says yes
+ * where mkdir still fails (root under /proc or /sys). */
 ps_status ps_ckpt_check_create(const char *dir, ps_err *err);
+
+/* For an existing dir: a file can be created in it (as the lock file and
+ * checkpoints are), tried by creating one and removing it again. */
+ps_status ps_ckpt_check_writable(const char *dir, ps_err *err);
 
 /* One server per checkpoint directory: dir/psd.lock names the cluster and
  * server whose checkpoints the directory holds (and the host and pid that

@@ -15,6 +15,10 @@
 #include "checkpoint_impl.h"
 #include "log.h"
 
+/* What --check-config creates, and removes at once, to learn whether
+ * start-up could create there (mkdtemp/mkstemp fill in the X's). */
+#define PROBE_NAME ".psd-check-XXXXXX"
+
 ps_status ps_ckpt_prepare_dir(const char *dir, ps_err *err) {
     struct stat sb;
     if (stat(dir, &sb) != 0) {
@@ -71,6 +75,29 @@ ps_status ps_ckpt_check_create(const char *dir, ps_err *err) {
     if (access(path, W_OK | X_OK) != 0)
         return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: cannot create it in %s: %s", dir, path,
                           strerror(errno));
+    /* access() is not the last word (root, procfs, sysfs, some network file
+     * systems): create a directory where start-up would, and remove it */
+    char probe[4096 + 32];
+    snprintf(probe, sizeof probe, "%s%s" PROBE_NAME, path, path[strlen(path) - 1] == '/' ? "" : "/");
+    if (!mkdtemp(probe))
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: cannot create it in %s: %s", dir, path,
+                          strerror(errno));
+    if (rmdir(probe) != 0)
+        ps_log(PS_LOG_WARN, "checkpoint dir %s: cannot remove the probe directory %s: %s", dir, probe, strerror(errno));
+    return PS_OK;
+}
+
+ps_status ps_ckpt_check_writable(const char *dir, ps_err *err) {
+    char probe[PS_CKPT_PATH_MAX];
+    if (snprintf(probe, sizeof probe, "%s/" PROBE_NAME, dir) >= (int)sizeof probe)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "checkpoint dir %s: path too long", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0)
+        return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "checkpoint dir %s: cannot create files in it: %s", dir,
+                          strerror(errno));
+    close(fd);
+    if (unlink(probe) != 0)
+        ps_log(PS_LOG_WARN, "checkpoint dir %s: cannot remove the probe file %s: %s", dir, probe, strerror(errno));
     return PS_OK;
 }
 

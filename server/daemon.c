@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -69,6 +70,12 @@ static int explain_unix(const char *addr, char *buf, size_t cap) {
     if (!*path || (slash && slash[1] == '\0')) {
         snprintf(buf, cap, "'%.200s' names no socket file (unix:PATH)", addr);
         return EINVAL;
+    }
+    size_t max = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+    if (strlen(path) > max) {  /* gRPC would only say it cannot listen */
+        snprintf(buf, cap, "the socket path %.64s... is %zu bytes; a unix socket path holds at most %zu", path,
+                 strlen(path), max);
+        return ENAMETOOLONG;
     }
     if (parent_dir(path, dir, sizeof dir) != 0) {
         snprintf(buf, cap, "'%.64s...': path too long", addr);

@@ -38,6 +38,7 @@
 #include "onnx_weights.h"
 #include "placement.h"
 #include "placement_model.h"
+#include "round_metrics.h"
 #include "rpc_server.h"
 #include "security.h"
 #include "service.h"
@@ -117,6 +118,7 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
         if (access(ck, W_OK | X_OK) != 0)
             return ps_err_set(err, PS_ERR_PERMISSION_DENIED, "server.checkpoint_dir %s: not writable by this "
                               "user: %s", ck, strerror(errno));
+        if (ps_ckpt_check_writable(ck, err)) return ps_err_prefix(err, "server.checkpoint_dir");
         const ps_ckpt_ident id = {cfg->cluster.name, cfg->self >= 0 ? cfg->servers[cfg->self].name : ""};
         ps_err le = {0};
         if (ps_ckpt_check_lock(ck, &id, &le) == PS_ERR_UNAVAILABLE)  /* itself, running: as a taken port */
@@ -142,6 +144,20 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s %s: cannot listen there: %s", key[i], addr[i], why);
     }
     return PS_OK;
+}
+
+/* A server.stop_metric no shipped trainer reports (round_metrics.h): a
+ * warning into buf, 0 when there is none to give. Not refused: a user's
+ * own trainer may report it. */
+static int stop_metric_warning(const ps_config *cfg, char *buf, size_t cap) {
+    const char *m = cfg->server.service.round_metrics.stop_metric;
+    if (!m[0] || ps_rmetrics_is_shipped_name(m)) return 0;
+    size_t o = (size_t)snprintf(buf, cap, "server.stop_metric: no shipped trainer reports a scalar '%s' (they "
+                                "report:", m);
+    for (const char *const *n = ps_rmetrics_shipped_names(); *n && o < cap; n++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s %s", n == ps_rmetrics_shipped_names() ? "" : ",", *n);
+    if (o < cap) snprintf(buf + o, cap - o, "); psd is never solved unless your trainer sends it in its Steps");
+    return 1;
 }
 
 /* The checkpoint start-up would resume from: one that loads into this
@@ -406,6 +422,8 @@ int main(int argc, char **argv) {
                     resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
             if (!resumes) rc = 2;
         }
+        char warn[256];
+        if (!rc && stop_metric_warning(&cfg, warn, sizeof warn)) fprintf(stderr, "psd: warning: %s\n", warn);
         ps_model_free(model);
         if (!rc && !cfg.n_servers) printf("psd: %s: configuration OK\n", config_path ? config_path : "(defaults)");
         if (!rc && cfg.n_servers && name)
@@ -463,6 +481,8 @@ int main(int argc, char **argv) {
     /* After the mask: the probe step starts the OpenMP workers, which must
      * inherit it too, or a SIGTERM lands on one of them and kills psd. */
     log_cpu_kernels(&mo);
+    char warn[256];
+    if (stop_metric_warning(&cfg, warn, sizeof warn)) ps_log(PS_LOG_WARN, "%s", warn);
     grpc_init();
 
     ps_service_opts *so = &cfg.server.service;  /* the server.* keys are in it; what is not a key: */

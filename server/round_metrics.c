@@ -49,6 +49,17 @@ ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err) {
     return m;
 }
 
+const char *const *ps_rmetrics_shipped_names(void) {
+    static const char *const names[] = {"reward", "loss", NULL};
+    return names;
+}
+
+int ps_rmetrics_is_shipped_name(const char *name) {
+    for (const char *const *n = ps_rmetrics_shipped_names(); *n; n++)
+        if (!strcmp(*n, name)) return 1;
+    return 0;
+}
+
 void ps_rmetrics_free(ps_rmetrics *m) {
     if (!m) return;
     for (int k = 0; k < PS_RM_MAX_NAMES; k++) free(m->owners[k]);

@@ -65,6 +65,14 @@ typedef struct ps_rmetrics ps_rmetrics;
 ps_rmetrics *ps_rmetrics_create(const ps_rmetrics_opts *o, ps_err *err);
 void ps_rmetrics_free(ps_rmetrics *m);   /* NULL ok */
 
+/* The scalar names the shipped trainers report in their Steps: "reward" and
+ * "loss" (ps-train cartpole, trainer/task_cartpole.c, and
+ * examples/reinforce_observer.py), "loss" (ps-train mnist, lm and cluster
+ * runs). The one list: psd warns about a server.stop_metric not in it (a
+ * user's trainer may report its own names, so only a warning). NULL-ended. */
+const char *const *ps_rmetrics_shipped_names(void);
+int ps_rmetrics_is_shipped_name(const char *name);
+
 /* Validate what a peer sent: names well-formed and distinct, values
  * finite. INVALID_ARGUMENT naming the scalar otherwise. */
 ps_status ps_scalar_set_check(const ps_scalar_set *set, ps_err *err);

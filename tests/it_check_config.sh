@@ -10,6 +10,11 @@
 #    is not its certificate's (gRPC TLS and the metrics port's HTTPS), a
 #    checkpoint_dir it may not create or whose checkpoints all fail to load
 #    - and start-up names the certificate and key instead of "address in use";
+#  - a checkpoint_dir where access() says yes but mkdir or creat fails (root
+#    under /proc) is refused (a probe, removed again); a server.address
+#    trainers cannot dial (psd --check-config and ps-train), a stop_metric
+#    that is no scalar name and a timeout below a millisecond are refused
+#    naming the key; a stop_metric no shipped trainer reports only warns;
 #  - a busy port is only a warning (psd itself may be running);
 #  - one server per checkpoint directory: a second psd on the running one's
 #    directory is refused (its lock file), --check-config only warns about
@@ -62,6 +67,10 @@ refused "a listen address without a port" "server.listen localhost: cannot liste
 refused "a unix socket in a missing directory" \
   "server.listen unix:$tmp/nodir/psd.sock: cannot listen there: cannot create the socket $tmp/nodir/psd.sock" \
   --listen "unix:$tmp/nodir/psd.sock"
+long="$tmp/$(printf 's%.0s' $(seq 110)).sock"
+refused "a unix socket path longer than sun_path" \
+  "server.listen unix:$long: cannot listen there: the socket path $tmp/s*\.\.\. is 1[0-9][0-9] bytes; a unix socket path holds at most 107" \
+  --listen "unix:$long"
 # a certificate and a key that is not its: PEM files both, refused only once gRPC's (or the metrics
 # port's) TLS pairs them
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=localhost)
@@ -92,10 +101,47 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
 else
   echo "skip: a checkpoint_dir it may not create (needs root and setpriv)"
 fi
+# where access() says writable but mkdir or creat fails (root under /proc): --check-config tries it
+if [ "$(id -u)" = 0 ] && [ -d /proc/self ]; then
+  refused "a checkpoint_dir to be created under /proc" \
+    "server.checkpoint_dir: checkpoint dir /proc/psd-ck/a: cannot create it in /proc:" --set server.checkpoint_dir=/proc/psd-ck/a
+  refused "/proc as the checkpoint_dir" "server.checkpoint_dir: checkpoint dir /proc: cannot create files in it:" \
+    --set server.checkpoint_dir=/proc
+else
+  echo "skip: a checkpoint_dir under /proc (access() refuses it already unless root)"
+fi
+mkdir -p "$tmp/ckprobe"
+psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ckprobe" --set server.metrics_listen= \
+  >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "an empty writable checkpoint_dir failed --check-config"; }
+psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ckprobe/new/dir" --set server.metrics_listen= \
+  >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "a checkpoint_dir to be created failed --check-config"; }
+[ -z "$(ls -A "$tmp/ckprobe")" ] || fail "--check-config left its probe behind: $(ls -A "$tmp/ckprobe")"
+echo "ok: --check-config's checkpoint_dir probes leave nothing behind"
+# values start-up (or the trainers) would refuse, named by key at --check-config
+refused "a server.address trainers cannot dial" \
+  "server.address: '127.0.0.1:99999' is not HOST:PORT (HOST an IPv4 address, .IPv6 address. or a host name; PORT 1..65535) nor unix:PATH" \
+  --set server.address=127.0.0.1:99999
+if "$BUILD/bin/ps-train" --server bogus --max-batches 1 >"$tmp/out" 2>&1; then fail "ps-train took --server bogus"; fi
+grep -q "ps-train: command line: server.address: 'bogus' is not HOST:PORT" "$tmp/out" ||
+  { cat "$tmp/out"; fail "ps-train --server bogus: no message naming server.address"; }
+echo "ok: ps-train refuses a server.address it cannot dial: $(head -c 90 "$tmp/out")"
+refused "a stop_metric that is no scalar name" "server.stop_metric: 'running reward' is not a scalar name" \
+  --set server.stop_metric="running reward"
+refused "a recv_timeout_s below the rpc server's millisecond" "server.recv_timeout_s: '0.0005' is out of range .0.001, 3600." \
+  --set server.recv_timeout_s=0.0005
+out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck2" --set server.metrics_listen= \
+  --set server.stop_metric=accuracy 2>&1) || fail "a stop_metric of one's own failed --check-config: $out"
+[[ "$out" == *"psd: warning: server.stop_metric: no shipped trainer reports a scalar 'accuracy' (they report: reward, loss)"* ]] ||
+  fail "no warning about a stop_metric no shipped trainer reports: $out"
+out=$(psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck2" --set server.metrics_listen= \
+  --set server.stop_metric=reward 2>&1) || fail "stop_metric reward failed --check-config: $out"
+[[ "$out" != *"server.stop_metric"* ]] || fail "a warning about stop_metric reward: $out"
+echo "ok: a stop_metric no shipped trainer reports is a warning only (reward is none)"
 psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ck2" --set security.tls=true \
   --set security.cert="$tmp/a.pem" --set security.key="$tmp/a.key" --set server.metrics_tls=true >"$tmp/out" 2>&1 ||
   { cat "$tmp/out"; fail "a matching certificate and key (gRPC and metrics TLS) failed --check-config"; }
 if psd --config configs/psd.yaml --listen "127.0.0.1:$((port + 7))" --set server.metrics_listen= --set security.tls=true \
+     --set server.checkpoint_dir="$tmp/ck3" \
      --set security.cert="$tmp/a.pem" --set security.key="$tmp/b.key" >"$tmp/out" 2>&1; then
   fail "psd started with a key that is not its certificate's"; fi
 grep -q "TLS: gRPC refused the server certificate $tmp/a.pem with key $tmp/b.key" "$tmp/out" ||

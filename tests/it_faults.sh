@@ -111,32 +111,17 @@ s=$(status)
 c2=$(echo "$s" | field contexts_applied); live=$(echo "$s" | field live_contexts)
 a2=$(( c2 - restored_c ))  # the batches the restarted psd applied itself
 total=$(( 2 * BATCHES ))
-# The batches each trainer saw acknowledged by the first psd: its "training
-# batch" lines (printed once a batch's step is acknowledged) up to the kill,
-# and after it up to its first retry (a reply read after SIGCONT that the
-# first psd sent before it died).
+# The batches each trainer saw acknowledged by the first psd, and the batch
+# in flight at the kill if the restarted psd settled it as applied
+# (first_psd_applied, tests/lib.sh).
 for r in 1 2; do  # each log before and after the kill (whole files: no early exit in a pipe)
   head -c "${at_stop[$r]}" "$tmp/t$r.log" >"$tmp/t$r.before"; tail -c +"$(( at_stop[r] + 1 ))" "$tmp/t$r.log" >"$tmp/t$r.after"
 done
 if [ -n "${LAG_S:-}" ] && ! grep -q "DEADLINE_EXCEEDED" "$tmp/t1.before"; then
   echo "trainer 1 met no deadline while trainer 2 was held for $LAG_S s: the short-deadline case was not tested"; exit 1
 fi
-acked() {  # rank
-  echo $(( $(grep -c "training batch [0-9]* " "$tmp/t$1.before" || true) +
-           $(awk '/retry [0-9]* in/ { exit } /training batch [0-9]* / { n++ } END { print n + 0 }' "$tmp/t$1.after") ))
-}
-# 1 when the batch in flight at the kill was settled as applied on the
-# restarted psd: answered from the checkpoint's records, it was the first
-# psd that applied it (its reply was lost, not read after the kill). What
-# the trainer logged after its first retry and before that batch's line,
-# unless the batch ran again first (then psd 2 applied it).
-settled_old() {  # rank
-  awk 'f == 0 && /retry [0-9]* in/ { f = 1; next }
-       f == 1 && /was applied once \(its Step answers OK\)/ { s = 1 }
-       f == 1 && (/; running the batch again/ || /training batch [0-9]* /) { f = 2 }
-       END { print s + 0 }' "$tmp/t$1.after"
-}
-k1=$(( $(acked 1) + $(acked 2) + $(settled_old 1) + $(settled_old 2) ))
+k1=$(( $(first_psd_applied "training batch [0-9]* " "$tmp/t1.before" "$tmp/t1.after") +
+        $(first_psd_applied "training batch [0-9]* " "$tmp/t2.before" "$tmp/t2.after") ))
 echo "restarted psd applied $a2 batches itself (of $total; the trainers saw $k1 applied by the first psd, which applied ~$c1 before it died, $restored_c restored from its checkpoint), model version $(echo "$s" | field model_version), live contexts $live"
 # Exactly once: each batch's step is applied once, on the psd that applied
 # it first, so the restarted psd applied exactly the batches the trainers did

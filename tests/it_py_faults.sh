@@ -101,23 +101,9 @@ if [ -n "${LAG_S:-}" ] && ! grep -q "DEADLINE_EXCEEDED" "$tmp/t1.before"; then
 fi
 echo "restarted psd resumed at version $R ($restored_c contexts applied), ended at $final; live contexts $live"
 # Exactly once, in contexts (as it_faults.sh): the batches each trainer saw
-# applied by the first psd are its "batch" lines up to the kill, and after it
-# up to its first retry (a reply the first psd sent before it died), plus the
-# batch in flight when it was settled as applied on the restarted psd
-# (answered from the checkpoint's records: the first psd applied it) before
-# it ran again or the next batch.
-acked() {  # rank
-  echo $(( $(grep -c "^batch [0-9]* " "$tmp/t$1.before" || true) +
-           $(awk '/retry [0-9]* in/ { exit } /^batch [0-9]* / { n++ } END { print n + 0 }' "$tmp/t$1.after") ))
-}
-settled_old() {  # rank
-  awk 'f == 0 && /retry [0-9]* in/ { f = 1; next }
-       f == 1 && /was applied once \(its Step answers OK\)/ { s = 1 }
-       f == 1 && (/; running the batch again/ || /^batch [0-9]* /) { f = 2 }
-       END { print s + 0 }' "$tmp/t$1.after"
-}
+# applied by the first psd ("batch N" lines; first_psd_applied, tests/lib.sh).
 k1=0
-for r in $ranks; do k1=$(( k1 + $(acked "$r") + $(settled_old "$r") )); done
+for r in $ranks; do k1=$(( k1 + $(first_psd_applied "^batch [0-9]* " "$tmp/t$r.before" "$tmp/t$r.after") )); done
 a2=$(( c2 - restored_c )) total=$(( TRAINERS * BATCHES ))
 echo "restarted psd applied $a2 batches itself (of $total; the trainers saw $k1 applied by the first psd, which" \
      "applied $c1 before it died, $restored_c restored from its checkpoint)"

@@ -22,6 +22,9 @@
 #   PY, require_py MOD...  Debian's python3; skip (exit 77) unless it imports
 #                    every MOD
 #   proto_stubs      ps_pb2.py and ps_pb2_grpc.py from proto/ps.proto into $tmp
+#   first_psd_applied BATCH_RE BEFORE AFTER  the fault tests' count (it_faults,
+#                    it_py_faults and their _sync/_ssp variants) of the batches
+#                    one trainer saw applied by the psd that was killed
 set -euo pipefail
 lib_name=${1:-$(basename "$0" .sh)}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -88,4 +91,24 @@ require_py() {
 proto_stubs() {
   $PY -m grpc_tools.protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" proto/ps.proto ||
     fail "protoc could not compile proto/ps.proto"
+}
+
+# The batches a trainer saw applied by the psd that was killed, from its log
+# cut at the kill into BEFORE and AFTER. BATCH_RE (an awk/grep ERE) matches
+# its line for a batch, printed once the batch's step is acknowledged
+# ("training batch N " for ps-train, "^batch N " for the Python trainer).
+# Counted: those lines in BEFORE, and in AFTER up to the first retry (a
+# reply the first psd sent before it died, read after SIGCONT); plus 1 when
+# the batch in flight at the kill was settled as applied on the restarted
+# psd ("was applied once (its Step answers OK)": answered from the
+# checkpoint's records, so the first psd applied it) after that retry and
+# before the batch ran again or the next batch's line.
+first_psd_applied() {  # BATCH_RE BEFORE AFTER
+  local re=$1 before=$2 after=$3
+  echo $(( $(grep -cE -- "$re" "$before" || true) +
+           $(awk -v re="$re" '/retry [0-9]* in/ { exit } $0 ~ re { n++ } END { print n + 0 }' "$after") +
+           $(awk -v re="$re" 'f == 0 && /retry [0-9]* in/ { f = 1; next }
+                              f == 1 && /was applied once \(its Step answers OK\)/ { s = 1 }
+                              f == 1 && (/; running the batch again/ || $0 ~ re) { f = 2 }
+                              END { print s + 0 }' "$after") ))
 }

@@ -735,6 +735,65 @@ static void set_ok(ps_config *c, const char *k, const char *v) {
     CHECK_MSG(ps_config_set(c, k, v, "command line", &e) == PS_OK, "%s=%s: %s", k, v, e.msg);
 }
 
+/* Keys whose accepted values once differed from what starts: server.address
+ * (what trainers dial: HOST:PORT or unix:PATH, as ps-train and psd.connect
+ * can dial), server.stop_metric (a scalar name as psd's round metrics take
+ * it) and the rpc server's timeouts (whole milliseconds, at least 1). */
+static void test_start_ranges(void) {
+    static const struct { const char *key, *value, *want; } bad[] = {
+        {"server.address", "bogus", "cli: server.address: 'bogus' is not HOST:PORT (HOST an IPv4 address, "
+                                    "[IPv6 address] or a host name; PORT 1..65535) nor unix:PATH"},
+        {"server.address", "127.0.0.1:0", "'127.0.0.1:0' is not HOST:PORT"},
+        {"server.address", "127.0.0.1:65536", "'127.0.0.1:65536' is not HOST:PORT"},
+        {"server.address", "bad_host:50051", "'bad_host:50051' is not HOST:PORT"},
+        {"server.address", "[::1:50051", "'[::1:50051' is not HOST:PORT"},
+        {"server.address", "host:50051 ", "'host:50051 ' is not HOST:PORT"},
+        {"server.address", "unix:", "'unix:' is not HOST:PORT"},
+        {"server.address", "unix://relative.sock", "'unix://relative.sock' is not HOST:PORT"},
+        {"server.address", "", "server.address: must not be empty"},
+        {"server.stop_metric", "running reward", "server.stop_metric: 'running reward' is not a scalar name "
+                                                 "(1..31 letters, digits, '_', '.' or '-'"},
+        {"server.stop_metric", "reward\"", "is not a scalar name"},
+        {"server.stop_metric", "abcdefghijklmnopqrstuvwxyz0123456", "at most 31 allowed"},
+        {"server.recv_timeout_s", "0.0005", "server.recv_timeout_s: '0.0005' is out of range [0.001, 3600]"},
+        {"server.send_timeout_s", "0", "server.send_timeout_s: '0' is out of range [0.001, 3600]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ps_config c, before;
+        ps_err e;
+        ps_err_clear(&e);
+        ps_config_defaults(&c);
+        before = c;
+        CHECK_MSG(ps_config_set(&c, bad[i].key, bad[i].value, "cli", &e) != PS_OK, "%s=%s accepted", bad[i].key,
+                  bad[i].value);
+        CONTAINS(e.msg, bad[i].want);
+        CHECK_MSG(memcmp(&c, &before, sizeof c) == 0, "%s=%s changed the config", bad[i].key, bad[i].value);
+    }
+    char long_unix[160] = "unix:/";
+    memset(long_unix + 6, 'a', 102);   /* a 103-byte path: fits sun_path; one more than 107 does not */
+    static const struct { const char *key, *value; } good[] = {
+        {"server.address", "127.0.0.1:50051"}, {"server.address", "[::1]:1"}, {"server.address", "localhost:65535"},
+        {"server.address", "ps-1.example.org:50051"}, {"server.address", "unix:/run/psd/psd.sock"},
+        {"server.address", "unix:psd.sock"}, {"server.address", "unix:///run/psd.sock"},
+        {"server.stop_metric", "reward"}, {"server.stop_metric", "episode.len-2_x"}, {"server.stop_metric", ""},
+        {"server.recv_timeout_s", "0.001"}, {"server.send_timeout_s", "3600"},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        ps_config c;
+        ps_config_defaults(&c);
+        set_ok(&c, good[i].key, good[i].value);
+    }
+    ps_config c;
+    ps_config_defaults(&c);
+    set_ok(&c, "server.address", long_unix);
+    char too_long[160];
+    snprintf(too_long, sizeof too_long, "%s%s", long_unix, "bbbbb");  /* 108 bytes */
+    ps_err e;
+    ps_err_clear(&e);
+    CHECK(ps_config_set(&c, "server.address", too_long, "cli", &e) == PS_ERR_INVALID_ARGUMENT);
+    CONTAINS(e.msg, "nor unix:PATH (a socket path of 1..107 bytes)");
+}
+
 static void test_cluster_parse(void) {
     ps_config c, back;
     ps_err e;
@@ -1113,6 +1172,7 @@ int main(void) {
     test_optimizer_keys();
     test_cluster_parse();
     test_cluster_bad_values();
+    test_start_ranges();
     test_cluster_checks();
     test_select_server();
     test_rmtree(g_dir);

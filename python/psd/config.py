@@ -186,21 +186,40 @@ def _num(origin, key, v):
     return x
 
 
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.")
+_UNIX_PATH_MAX = 107  # sockaddr_un.sun_path, NUL excluded
+
+
 def _check_address(origin, key, v):
+    """As common/config_cluster.c checks server.address: HOST:PORT (HOST an
+    IPv4 address, [IPv6 address] or a host name; PORT 1..65535) or a unix
+    socket, unix:PATH or unix:///ABSOLUTE, PATH 1..107 bytes."""
+    bad = Error(grpc.StatusCode.INVALID_ARGUMENT,
+                f"{origin}: {key}: '{v}' is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; "
+                f"PORT 1..65535) nor unix:PATH (a socket path of 1..{_UNIX_PATH_MAX} bytes)")
     if not isinstance(v, str) or not v:
-        raise Error(grpc.StatusCode.INVALID_ARGUMENT, f"{origin}: {key}: '{v}' is not HOST:PORT")
+        raise bad
     if v.startswith("unix:"):
+        path = v[5:]
+        if path.startswith("//"):
+            path = path[2:]
+            if not path.startswith("/"):
+                raise bad
+        if not path or len(path.encode()) > _UNIX_PATH_MAX:
+            raise bad
         return v
     host, sep, port = v.rpartition(":")
-    ok = sep and host and port.isdigit() and 1 <= int(port) <= 65535
+    ok = bool(sep and host and port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535)
     if ok and host.startswith("["):
         try:
-            ipaddress.IPv6Address(host.strip("[]"))
+            ipaddress.IPv6Address(host[1:-1] if host.endswith("]") else "x")
         except ValueError:
             ok = False
+    elif ok:
+        ok = (len(host) <= 253 and all(c in _HOST_CHARS for c in host) and host[0] not in "-." and
+              ".." not in host)
     if not ok:
-        raise Error(grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{origin}: {key}: '{v}' is not HOST:PORT (IPv4, [IPv6] or a host name; port 1..65535)")
+        raise bad
     return v
 
 

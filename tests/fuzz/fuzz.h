@@ -1,6 +1,6 @@
 /* fuzz.h - what the fuzz targets share: the property check that turns a
- * violation into a finding, a scratch directory for targets that read
- * files, writing an input there, and a model file's stage table built from
+ * violation into a finding, a scratch directory and input/output paths for
+ * targets that read files (fuzz_files), writing an input there, and a model file's stage table built from
  * memory. Each target is one program that includes this once. */
 #ifndef PS_FUZZ_H
 #define PS_FUZZ_H
@@ -29,6 +29,24 @@ static inline void fuzz_scratch(const char *name, char *dir, size_t n) {
     if (mkdtemp(dir)) return;
     snprintf(dir, n, "/tmp/%s.XXXXXX", name);
     fuzz_require(mkdtemp(dir) != NULL, "a scratch directory", dir);
+}
+
+/* A target that hands its input to a loader as a file: a fresh scratch
+ * directory (fuzz_scratch) and the paths of its input file and, for a
+ * target that writes one back, its output file in it. */
+typedef struct fuzz_files {
+    char dir[64];
+    char in[96];   /* <dir>/<in name> */
+    char out[96];  /* <dir>/<out name>; "" without one */
+} fuzz_files;
+
+/* Called from LLVMFuzzerInitialize: target names the scratch directory,
+ * in_name and out_name (NULL: none) the files in it. */
+static inline void fuzz_files_init(fuzz_files *f, const char *target, const char *in_name, const char *out_name) {
+    fuzz_scratch(target, f->dir, sizeof f->dir);
+    snprintf(f->in, sizeof f->in, "%s/%s", f->dir, in_name);
+    if (out_name) snprintf(f->out, sizeof f->out, "%s/%s", f->dir, out_name);
+    else f->out[0] = '\0';
 }
 
 static inline void fuzz_write(const char *path, const uint8_t *data, size_t size) {

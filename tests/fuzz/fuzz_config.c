@@ -19,34 +19,32 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_dir[64], g_in[96], g_out[96];
+static fuzz_files g_files;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_scratch("fuzz_config", g_dir, sizeof g_dir);
-    snprintf(g_in, sizeof g_in, "%s/in.yaml", g_dir);
-    snprintf(g_out, sizeof g_out, "%s/out.yaml", g_dir);
+    fuzz_files_init(&g_files, "fuzz_config", "in.yaml", "out.yaml");
     ps_log_set_level(PS_LOG_ERROR);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_write(g_in, data, size);
+    fuzz_write(g_files.in, data, size);
     static ps_config c, back;  /* large: not on the fuzzer's stack */
     ps_config_defaults(&c);
     ps_err err = {0};
-    if (ps_config_load(&c, g_in, &err) != PS_OK) {
+    if (ps_config_load(&c, g_files.in, &err) != PS_OK) {
         fuzz_require(memchr(err.msg, 0, sizeof err.msg) != NULL && err.msg[0], "an error has a message", err.msg);
         return 0;
     }
-    FILE *f = fopen(g_out, "w");
-    fuzz_require(f != NULL, "temporary file", g_out);
+    FILE *f = fopen(g_files.out, "w");
+    fuzz_require(f != NULL, "temporary file", g_files.out);
     ps_config_print(&c, f);
     fclose(f);
     ps_config_defaults(&back);
     ps_err e2 = {0};
-    fuzz_require(ps_config_load(&back, g_out, &e2) == PS_OK, "the printed config loads", e2.msg);
-    fuzz_require(memcmp(&c, &back, sizeof c) == 0, "the printed config loads into the same values", g_out);
+    fuzz_require(ps_config_load(&back, g_files.out, &e2) == PS_OK, "the printed config loads", e2.msg);
+    fuzz_require(memcmp(&c, &back, sizeof c) == 0, "the printed config loads into the same values", g_files.out);
     ps_err e3 = {0};
     if (ps_config_check_cluster(&c, &e3) != PS_OK)
         fuzz_require(e3.msg[0] != '\0', "a refused cluster has a message", e3.msg);

@@ -24,18 +24,17 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_dir[64], g_in[96];
+static fuzz_files g_files;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_scratch("fuzz_idx", g_dir, sizeof g_dir);
-    snprintf(g_in, sizeof g_in, "%s/in-idx3-ubyte", g_dir);
+    fuzz_files_init(&g_files, "fuzz_idx", "in-idx3-ubyte", NULL);
     return 0;
 }
 
 static void check_idx(ps_status st, const ps_idx *x, const ps_err *err, int ubyte_only) {
     if (st != PS_OK) {
-        fuzz_require(err->msg[0] && strstr(err->msg, g_in), "an IDX error names the file", err->msg);
+        fuzz_require(err->msg[0] && strstr(err->msg, g_files.in), "an IDX error names the file", err->msg);
         fuzz_require(x->data == NULL && x->ndim == 0, "a refused IDX is left zeroed", err->msg);
         return;
     }
@@ -56,23 +55,23 @@ static void check_idx(ps_status st, const ps_idx *x, const ps_err *err, int ubyt
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    if (data[0] & 1) fuzz_write_gz(g_in, data + 1, size - 1);
-    else fuzz_write(g_in, data + 1, size - 1);
+    if (data[0] & 1) fuzz_write_gz(g_files.in, data + 1, size - 1);
+    else fuzz_write(g_files.in, data + 1, size - 1);
 
     ps_idx x, u;
     ps_err e1 = {0}, e2 = {0}, e3 = {0};
-    ps_status s1 = ps_idx_load_any(g_in, FUZZ_DATA_MAX, &x, &e1);
+    ps_status s1 = ps_idx_load_any(g_files.in, FUZZ_DATA_MAX, &x, &e1);
     check_idx(s1, &x, &e1, 0);
-    ps_status s2 = ps_idx_load(g_in, &u, &e2);
+    ps_status s2 = ps_idx_load(g_files.in, &u, &e2);
     check_idx(s2, &u, &e2, 1);
     if (s1 == PS_OK && s2 == PS_OK)
         fuzz_require(x.bytes == u.bytes && !memcmp(x.data, u.data, x.bytes), "both IDX loads read the same", "");
 
     ps_array a;
-    ps_status s3 = ps_data_load(g_in, FUZZ_DATA_MAX, &a, &e3);
-    fuzz_check_array(s3, &a, &e3, g_in, FUZZ_DATA_MAX);
+    ps_status s3 = ps_data_load(g_files.in, FUZZ_DATA_MAX, &a, &e3);
+    fuzz_check_array(s3, &a, &e3, g_files.in, FUZZ_DATA_MAX);
     ps_err ef = {0};
-    const char *fmt = ps_data_format(g_in, &ef);
+    const char *fmt = ps_data_format(g_files.in, &ef);
     if (fmt && !strcmp(fmt, "IDX")) {
         fuzz_require((s1 == PS_OK) == (s3 == PS_OK), "ps_data_load agrees with ps_idx_load_any", e3.msg);
         if (s1 == PS_OK)

@@ -26,12 +26,11 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_dir[64], g_in[96];
+static fuzz_files g_files;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_scratch("fuzz_npz", g_dir, sizeof g_dir);
-    snprintf(g_in, sizeof g_in, "%s/in.npz", g_dir);
+    fuzz_files_init(&g_files, "fuzz_npz", "in.npz", NULL);
     return 0;
 }
 
@@ -39,13 +38,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 #define ZIP_MAX (FUZZ_DATA_MAX + 65536 + 1024)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_write(g_in, data, size);
+    fuzz_write(g_files.in, data, size);
     ps_err e = {0};
     ps_zip *z = NULL;
-    ps_status st = ps_zip_open(g_in, ZIP_MAX, &z, &e);
+    ps_status st = ps_zip_open(g_files.in, ZIP_MAX, &z, &e);
     if (st != PS_OK) {
         fuzz_require(z == NULL, "no handle on error", e.msg);
-        fuzz_require(e.msg[0] && strstr(e.msg, g_in), "a zip error names the file", e.msg);
+        fuzz_require(e.msg[0] && strstr(e.msg, g_files.in), "a zip error names the file", e.msg);
     } else {
         char names[256];
         fuzz_require(strlen(ps_zip_names(z, names, sizeof names)) < sizeof names, "the names fit", "");
@@ -57,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ps_err em = {0};
             ps_status sm = ps_zip_extract(z, name, SIZE_MAX, &buf, &len, &em);
             if (sm != PS_OK) {
-                fuzz_require(em.msg[0] && strstr(em.msg, g_in), "a member's error names the file", em.msg);
+                fuzz_require(em.msg[0] && strstr(em.msg, g_files.in), "a member's error names the file", em.msg);
                 fuzz_require(buf == NULL, "no bytes on error", em.msg);
             } else {
                 fuzz_require(len / 1032 <= size && (buf || !len), "a member no larger than deflate makes", name);
@@ -70,11 +69,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (nl > 4 && !strcmp(name + nl - 4, ".npy")) {
                 ps_array a, b;
                 ps_err ea = {0}, eb = {0};
-                ps_status sa = ps_npz_load(g_in, name, FUZZ_DATA_MAX, &a, &ea);
-                fuzz_check_array(sa, &a, &ea, g_in, FUZZ_DATA_MAX);
+                ps_status sa = ps_npz_load(g_files.in, name, FUZZ_DATA_MAX, &a, &ea);
+                fuzz_check_array(sa, &a, &ea, g_files.in, FUZZ_DATA_MAX);
                 if (sm == PS_OK && len <= ZIP_MAX) { /* by name, both read the first member of that name */
-                    ps_status sb = ps_npy_parse(buf, len, g_in, FUZZ_DATA_MAX, &b, &eb);
-                    fuzz_check_array(sb, &b, &eb, g_in, FUZZ_DATA_MAX);
+                    ps_status sb = ps_npy_parse(buf, len, g_files.in, FUZZ_DATA_MAX, &b, &eb);
+                    fuzz_check_array(sb, &b, &eb, g_files.in, FUZZ_DATA_MAX);
                     fuzz_same_array(sa, &a, sb, &b, "ps_npz_load and the member parsed");
                     ps_array_free(&b);
                 }
@@ -86,8 +85,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ps_array a, c;
     ps_err ea = {0}, ec = {0};
-    fuzz_check_array(ps_npz_load(g_in, NULL, FUZZ_DATA_MAX, &a, &ea), &a, &ea, g_in, FUZZ_DATA_MAX);
-    fuzz_check_array(ps_data_load(g_in, FUZZ_DATA_MAX, &c, &ec), &c, &ec, g_in, FUZZ_DATA_MAX);
+    fuzz_check_array(ps_npz_load(g_files.in, NULL, FUZZ_DATA_MAX, &a, &ea), &a, &ea, g_files.in, FUZZ_DATA_MAX);
+    fuzz_check_array(ps_data_load(g_files.in, FUZZ_DATA_MAX, &c, &ec), &c, &ec, g_files.in, FUZZ_DATA_MAX);
     ps_array_free(&a);
     ps_array_free(&c);
     return 0;

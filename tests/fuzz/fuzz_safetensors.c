@@ -24,13 +24,11 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_dir[64], g_in[96], g_out[96];
+static fuzz_files g_files;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    fuzz_scratch("fuzz_safetensors", g_dir, sizeof g_dir);
-    snprintf(g_in, sizeof g_in, "%s/in.safetensors", g_dir);
-    snprintf(g_out, sizeof g_out, "%s/out.safetensors", g_dir);
+    fuzz_files_init(&g_files, "fuzz_safetensors", "in.safetensors", "out.safetensors");
     return 0;
 }
 
@@ -47,18 +45,18 @@ static void check_file(const ps_st_file *f) {
 /* The data loader on the file, and on tensor `name` of it. */
 static void check_data(const char *name) {
     char spec[256];
-    snprintf(spec, sizeof spec, "%s%s%s", g_in, name ? ":" : "", name ? name : "");
+    snprintf(spec, sizeof spec, "%s%s%s", g_files.in, name ? ":" : "", name ? name : "");
     ps_array a;
     ps_err e = {0};
-    fuzz_check_array(ps_data_load(spec, FUZZ_DATA_MAX, &a, &e), &a, &e, g_in, FUZZ_DATA_MAX);
+    fuzz_check_array(ps_data_load(spec, FUZZ_DATA_MAX, &a, &e), &a, &e, g_files.in, FUZZ_DATA_MAX);
     ps_array_free(&a);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_write(g_in, data, size);
+    fuzz_write(g_files.in, data, size);
     ps_err err = {0};
     check_data(NULL);
-    ps_st_file *f = ps_st_read(g_in, &err);
+    ps_st_file *f = ps_st_read(g_files.in, &err);
     if (!f) {
         fuzz_require(memchr(err.msg, 0, sizeof err.msg) != NULL && err.msg[0], "an error has a message", err.msg);
         return 0;
@@ -76,10 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kv[2 * i + 1] = ps_st_metadata_value(f, i);
     }
     ps_err e2 = {0};
-    if (ps_st_write(g_out, ts, n, nm ? kv : NULL, &e2) == PS_OK) {
-        ps_st_file *g = ps_st_read(g_out, &e2);
+    if (ps_st_write(g_files.out, ts, n, nm ? kv : NULL, &e2) == PS_OK) {
+        ps_st_file *g = ps_st_read(g_files.out, &e2);
         fuzz_require(g != NULL, "what was written reads back", e2.msg);
-        fuzz_require(ps_st_count(g) == n && ps_st_metadata_count(g) == nm, "as many tensors and metadata", g_out);
+        fuzz_require(ps_st_count(g) == n && ps_st_metadata_count(g) == nm, "as many tensors and metadata", g_files.out);
         for (size_t i = 0; i < n; i++) {
             const ps_st_tensor *a = ps_st_find(f, ps_st_get(g, i)->name), *b = ps_st_get(g, i);
             fuzz_require(a && a->dtype == b->dtype && a->ndim == b->ndim &&

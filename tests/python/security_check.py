@@ -10,8 +10,9 @@ server_name (psd.test, a name in psd's certificate other than the address
 dialled) and token_file. Checks: a batch trains and steps; the reader token
 reads Status but its training Forward is refused PERMISSION_DENIED; an
 unknown token UNAUTHENTICATED; a world-readable token file, plaintext to a
-non-loopback address and client TLS options without TLS are refused before
-anything is sent; a rogue CA does not connect.
+non-loopback address, a server.address no trainer can dial and client TLS
+options without TLS are refused before anything is sent; a rogue CA does not
+connect.
 """
 import os
 import sys
@@ -61,6 +62,10 @@ def main():
     print(f"ok: {m}")
     m = refused(lambda: psd.connect("10.0.0.1:50051", wait_s=1), grpc.StatusCode.PERMISSION_DENIED,
                 "plaintext gRPC is only allowed on loopback")
+    print(f"ok: {m}")
+    for addr in ("bad_host:50051", "127.0.0.1:99999", "unix:"):  # as ps-train and psd --check-config refuse them
+        m = refused(lambda: psd.connect(yaml_path, server=addr), grpc.StatusCode.INVALID_ARGUMENT,
+                    f"server.address: '{addr}' is not HOST:PORT", "nor unix:PATH")
     print(f"ok: {m}")
     m = refused(lambda: psd.connect(yaml_path, overrides={"security.tls": "false"}),
                 grpc.StatusCode.INVALID_ARGUMENT, "security.client_cert is set but security.tls is false")
