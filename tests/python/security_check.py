@@ -59,6 +59,9 @@ def main():
     m = refused(lambda: psd.connect(yaml_path, overrides={"security.token_file": bad}),
                 grpc.StatusCode.PERMISSION_DENIED, "readable by every user", "chmod 600")
     print(f"ok: {m}")
+    m = refused(lambda: psd.connect(yaml_path, overrides={"security.token_file": "~/.psd-token-of-security_check"}),
+                grpc.StatusCode.NOT_FOUND, "a leading ~ is not expanded")
+    print(f"ok: {m}")
     m = refused(lambda: psd.connect("10.0.0.1:50051", wait_s=1), grpc.StatusCode.PERMISSION_DENIED,
                 "plaintext gRPC is only allowed on loopback")
     print(f"ok: {m}")
