@@ -102,6 +102,10 @@ timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm.yaml" "${targs[@]}" --max
   || fail "lm on the cluster"
 grep -q "stage emb: encoder.weight sharded over ps0 rows \[0,1000) at .*, ps1 rows \[1000,2000) at " "$tmp/lm3.log" \
   || fail "no placement line for the emb shards"
+# the sharded table is one of rnn_lm's 11 tensors, as on one psd
+n1=$(sed -n 's/.*, \([0-9]*\) parameter tensors .*/\1/p' "$tmp/lm1.log")
+n3=$(sed -n 's/.*, \([0-9]*\) parameter tensors .*/\1/p' "$tmp/lm3.log")
+[ -n "$n1" ] && [ "$n1" = "$n3" ] || fail "parameter tensors: '$n1' on one psd but '$n3' on the cluster"
 ppl() { grep 'End of training' "$1" | sed 's/.*| test ppl *\([0-9.]*\) .*/\1/'; }
 # stop_merge_check LABEL CKDIR PPL PID...: SIGTERM the three servers (each
 # writes its checkpoint part), ps-ckpt merge the parts, and PyTorch's RNNModel

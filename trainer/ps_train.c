@@ -342,7 +342,9 @@ int main(int argc, char **argv) {
         goto out;
     }
     int64_t nweights = 0;
+    size_t ntensors = 0;    /* a table sharded over servers is one tensor (its first shard counts) */
     for (size_t i = 0; i < params.n; i++) {
+        if (params.items[i].rows_total == 0 || params.items[i].row_offset == 0) ntensors++;
         int64_t c = 1;
         for (pb_size_t d = 0; d < params.items[i].shape_count; d++) c *= params.items[i].shape[d];
         nweights += c;
@@ -351,10 +353,10 @@ int main(int argc, char **argv) {
     ps_client *cl = single >= 0 ? ps_cluster_client(cluster, single) : NULL;
     if (cfg.n_servers == 0) {
         printf("Rank %ld: connected to psd at %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
-               cfg.server.address, model, params.n, (long long)nweights);
+               cfg.server.address, model, ntensors, (long long)nweights);
     } else {
         printf("Rank %ld: connected to cluster %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
-               cfg.cluster.name, model, params.n, (long long)nweights);
+               cfg.cluster.name, model, ntensors, (long long)nweights);
         ps_cluster_print(cluster, stdout);
     }
     fflush(stdout);
