@@ -96,6 +96,8 @@ start_psd lpsd_one --config configs/rnn_lm.yaml --listen "$one" "${sizes[@]}"
 targs=(--world-size 2 --data "$tmp/corpus" --batch-size 10 --bptt 20 --log-every 20 --decoder fused)
 timeout 300 "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml "${sizes[@]}" --server "$one" "${targs[@]}" \
   --eval-only >"$tmp/lm0.log" 2>&1 || fail "--eval-only on one psd"
+grep -q "no training rounds (evaluation only)" "$tmp/lm0.log" && ! grep -q "Training complete" "$tmp/lm0.log" \
+  || fail "--eval-only reports a training run"
 timeout 300 "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml "${sizes[@]}" --server "$one" "${targs[@]}" \
   --max-batches 60 >"$tmp/lm1.log" 2>&1 || fail "lm on one psd"
 timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm3.log" 2>&1 \
