@@ -16,6 +16,7 @@ struct ps_client {
     ps_rpc_client *rpc;
     int timeout_ms;
     size_t max_bytes;
+    int tls;
     char target[256];
 };
 
@@ -31,6 +32,7 @@ ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_m
     if (!c->rpc) { free(c); return NULL; }
     c->timeout_ms = timeout_ms;
     c->max_bytes = (size_t)max_message_bytes;
+    c->tls = sec && sec->tls;
     snprintf(c->target, sizeof c->target, "%s", target);
     return c;
 }
@@ -60,8 +62,14 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
     if (rc) return ps_err_prefix(err, "%s", short_name);
     if (code != GRPC_STATUS_OK) {
         if (rs) grpc_byte_buffer_destroy(rs);
-        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s", short_name, c->target,
-                          ps_grpc_code_name(code), details[0] ? details : "(no details)");
+        /* A plaintext client of a TLS psd hears only "Socket closed" (psd drops the connection in its
+         * handshake): on the calls that connect and monitor, say what may be wrong. */
+        int hint = code == GRPC_STATUS_UNAVAILABLE && !c->tls && (id == PS_M_LIST_PARAMETERS || id == PS_M_STATUS) &&
+                   strstr(details, "Socket closed");
+        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s%s", short_name, c->target,
+                          ps_grpc_code_name(code), details[0] ? details : "(no details)",
+                          hint ? " (this client dials plaintext: if psd serves TLS, set security.tls: true and "
+                                 "security.ca)" : "");
     }
     rc = ps_wire_decode(rs, resp_fields, resp, err);
     if (rs) grpc_byte_buffer_destroy(rs);
