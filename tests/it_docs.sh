@@ -8,6 +8,8 @@
 #    A plain ``` block right after a block that runs is the output it
 #    prints: each of its lines but blank and `...` ones must be printed, in
 #    that order (`/home/me/psd` stands for the checkout).
+#  - Every ```python block parses (they need a psd, data or a model of the
+#    reader's, so they are not run).
 #  - Every docs/*.md page is linked from README.md, and every relative link
 #    of README.md and docs/*.md points at a file that exists (pages other
 #    branches bring are listed in PENDING until they land).
@@ -49,6 +51,11 @@ for f in files:
             if j == len(lines):
                 fail(f"{f}:{i+1}: unterminated ``` block")
                 break
+            if lang == "python":   # shown, not run (it needs a psd and data): it must at least parse
+                try:
+                    compile("\n".join(lines[i + 1:j]) + "\n", f"{f}:{i+1}", "exec")
+                except SyntaxError as e:
+                    fail(f"{f}:{i+1}: the ```python block does not parse: {e}")
             if lang in ("sh", "bash", "shell", "console"):
                 if lang != "sh":
                     fail(f"{f}:{i+1}: shell blocks are ```sh (got ```{lang})")
