@@ -17,8 +17,9 @@
 static char *read_secret_file(const char *what, const char *path, ps_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s %s: %s", what, path,
-                   strerror(errno));
+        /* A config file is not a shell: "~/.psd-token" names a directory "~". */
+        ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s %s: %s%s", what, path,
+                   strerror(errno), path[0] == '~' ? " (a leading ~ is not expanded: give the full path)" : "");
         return NULL;
     }
     struct stat st;

@@ -96,12 +96,18 @@ start_psd lpsd_one --config configs/rnn_lm.yaml --listen "$one" "${sizes[@]}"
 targs=(--world-size 2 --data "$tmp/corpus" --batch-size 10 --bptt 20 --log-every 20 --decoder fused)
 timeout 300 "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml "${sizes[@]}" --server "$one" "${targs[@]}" \
   --eval-only >"$tmp/lm0.log" 2>&1 || fail "--eval-only on one psd"
+grep -q "no training rounds (evaluation only)" "$tmp/lm0.log" && ! grep -q "Training complete" "$tmp/lm0.log" \
+  || fail "--eval-only reports a training run"
 timeout 300 "$BUILD/bin/ps-train" lm --config configs/rnn_lm.yaml "${sizes[@]}" --server "$one" "${targs[@]}" \
   --max-batches 60 >"$tmp/lm1.log" 2>&1 || fail "lm on one psd"
 timeout 300 "$BUILD/bin/ps-train" lm --config "$tmp/lm.yaml" "${targs[@]}" --max-batches 60 >"$tmp/lm3.log" 2>&1 \
   || fail "lm on the cluster"
 grep -q "stage emb: encoder.weight sharded over ps0 rows \[0,1000) at .*, ps1 rows \[1000,2000) at " "$tmp/lm3.log" \
   || fail "no placement line for the emb shards"
+# the sharded table is one of rnn_lm's 11 tensors, as on one psd
+n1=$(sed -n 's/.*, \([0-9]*\) parameter tensors .*/\1/p' "$tmp/lm1.log")
+n3=$(sed -n 's/.*, \([0-9]*\) parameter tensors .*/\1/p' "$tmp/lm3.log")
+[ -n "$n1" ] && [ "$n1" = "$n3" ] || fail "parameter tensors: '$n1' on one psd but '$n3' on the cluster"
 ppl() { grep 'End of training' "$1" | sed 's/.*| test ppl *\([0-9.]*\) .*/\1/'; }
 # stop_merge_check LABEL CKDIR PPL PID...: SIGTERM the three servers (each
 # writes its checkpoint part), ps-ckpt merge the parts, and PyTorch's RNNModel

@@ -5,6 +5,11 @@
 #    process group, killed with whatever it left running when it ends, at most
 #    DOCS_BLOCK_S seconds) and must succeed - or the line before it says
 #    `<!-- not run: REASON -->` with a reason.
+#    A plain ``` block right after a block that runs is the output it
+#    prints: each of its lines but blank and `...` ones must be printed, in
+#    that order (`/home/me/psd` stands for the checkout).
+#  - Every ```python block parses (they need a psd, data or a model of the
+#    reader's, so they are not run).
 #  - Every docs/*.md page is linked from README.md, and every relative link
 #    of README.md and docs/*.md points at a file that exists (pages other
 #    branches bring are listed in PENDING until they land).
@@ -46,6 +51,11 @@ for f in files:
             if j == len(lines):
                 fail(f"{f}:{i+1}: unterminated ``` block")
                 break
+            if lang == "python":   # shown, not run (it needs a psd and data): it must at least parse
+                try:
+                    compile("\n".join(lines[i + 1:j]) + "\n", f"{f}:{i+1}", "exec")
+                except SyntaxError as e:
+                    fail(f"{f}:{i+1}: the ```python block does not parse: {e}")
             if lang in ("sh", "bash", "shell", "console"):
                 if lang != "sh":
                     fail(f"{f}:{i+1}: shell blocks are ```sh (got ```{lang})")
@@ -56,6 +66,16 @@ for f in files:
                     with open(path, "w") as b:
                         b.write("\n".join(lines[i + 1:j]) + "\n")
                     runs.write(f"{path}\t{f}:{i+1}\n")
+                    # a plain ``` block right after it is the output it prints
+                    k = j + 1
+                    while k < len(lines) and not lines[k].strip():
+                        k += 1
+                    if k < len(lines) and lines[k].strip() == "```":
+                        e = k + 1
+                        while e < len(lines) and lines[e].strip() != "```":
+                            e += 1
+                        with open(path + ".expect", "w") as x:
+                            x.write("\n".join(lines[k + 1:e]) + "\n")
             i = j + 1
             continue
         i += 1
@@ -96,6 +116,24 @@ while IFS=$'\t' read -r block where; do
   wait "$pid"; rc=$?
   kill -9 -- "-$pid" 2>/dev/null || true   # whatever the block left running
   ran=$((ran + 1))
+  if [ $rc -eq 0 ] && [ -f "$block.expect" ] && ! $PY - "$block.expect" "$block.out" "$PWD" >"$block.diff" <<'PYEOF'
+import sys
+want = [l.rstrip().replace("/home/me/psd", sys.argv[3]) for l in open(sys.argv[1]).read().split("\n")]
+got = [l.rstrip() for l in open(sys.argv[2], errors="replace").read().split("\n")]
+i = 0
+for w in want:
+    if not w or w == "...":
+        continue
+    while i < len(got) and got[i] != w:
+        i += 1
+    if i == len(got):
+        print(f"the output block's line is not printed (in this order): {w!r}")
+        sys.exit(1)
+    i += 1
+PYEOF
+  then
+    rc=1; cat "$block.diff" >>"$block.out"
+  fi
   if [ $rc -eq 0 ]; then
     echo "ok    $where ($(( $(date +%s) - t0 ))s)"
   else

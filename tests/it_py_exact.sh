@@ -12,7 +12,7 @@
 #    HostedModule, psd's fused loss with the global-norm clip, then logits
 #    here with a scaled step (tests/python/lm_exact.py);
 #    psd.state_dict of the servers' checkpoint parts (their directory, the
-#    list, ps-ckpt merge's file) equals GetParameters' (a missing part is
+#    list of files or of server directories, ps-ckpt merge's file) equals GetParameters' (a missing part is
 #    refused);
 #  - first, the retry and settle rules of docs/protocol.md against scripted
 #    servers (tests/python/rules.py: applied, not applied, settled, partial
@@ -66,7 +66,8 @@ $PY - "$tmp/lm.pt" "$tmp/ckpt" "$tmp/merged.safetensors" "${parts[@]}" <<'PYEOF'
 import sys, torch, psd
 want = torch.load(sys.argv[1])
 for what, src in (("the checkpoint directory", sys.argv[2]), ("ps-ckpt merge's file", sys.argv[3]),
-                  ("the list of parts", sys.argv[4:])):
+                  ("the list of parts", sys.argv[4:]),
+                  ("the list of the servers' directories", [p.rsplit("/", 1)[0] for p in sys.argv[4:]])):
     got = psd.state_dict(src)
     assert list(got) == list(want) or sorted(got) == sorted(want), (sorted(got), sorted(want))
     for k in want:

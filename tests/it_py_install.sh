@@ -44,6 +44,12 @@ print(f"installed psd {psd.__version__} from {psd.__file__}: status model {s['mo
 PYEOF
 ) || fail "the installed package: $out"
 echo "ok    $out"
+# a python3 without Debian's torch (another one first on PATH) is told what to use
+msg=$(cd / && PYTHONPATH="$tmp/root$dir" $PY -c 'import sys; sys.modules["torch"] = None; import psd' 2>&1) \
+  && fail "import psd without torch succeeded"
+grep -q "psd needs torch (Debian's python3-torch).*run it with Debian's /usr/bin/python3" <<<"$msg" \
+  || fail "import psd without torch: $msg"
+echo "ok    without torch: $(tail -n 1 <<<"$msg")"
 kill -TERM "$psd"; wait "$psd" || fail "the installed psd did not stop cleanly"
 pids=()
 echo "it_py_install: make install's Python package imports with Debian's python3 and drives the installed psd: OK"

@@ -42,9 +42,9 @@ expect_fail "no token" "UNAUTHENTICATED" "${cl[@]}" --status
 printf '%s\n' "$(openssl rand -hex 32)" >"$tmp/bad"; chmod 600 "$tmp/bad"
 expect_fail "unknown token" "UNAUTHENTICATED: invalid token" "${cl[@]}" --set security.token_file="$tmp/bad" --status
 expect_fail "wrong CA" "UNAVAILABLE" "${cl[@]}" --set security.ca="$c/rogue-ca.pem" --set security.token_file="$tmp/tt" --status
-expect_fail "no client certificate" "UNAVAILABLE" --server "$addr" --set security.tls=true --set security.ca="$c/ca.pem" \
+expect_fail "no client certificate" "if psd requires one (security.mutual_tls), set security.client_cert and security.client_key" --server "$addr" --set security.tls=true --set security.ca="$c/ca.pem" \
   --set security.token_file="$tmp/tt" --set trainer.rpc_timeout_s=5 --status
-expect_fail "plaintext client" "UNAVAILABLE" --server "127.0.0.1:$port" --set security.token_file="$tmp/tt" --set trainer.rpc_timeout_s=5 --status
+expect_fail "plaintext client" "if psd serves TLS, set security.tls: true and security.ca" --server "127.0.0.1:$port" --set security.token_file="$tmp/tt" --set trainer.rpc_timeout_s=5 --status
 kill -TERM "$psd"; wait "$psd" || { echo "FAIL: psd did not stop cleanly"; tail -n 30 "$tmp/psd.log"; exit 1; }
 
 # psd's own refusals.

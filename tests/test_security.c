@@ -347,6 +347,11 @@ static void test_config_checks(void) {
     ps_config_defaults(&tc);
     snprintf(tc.security.token_file, sizeof tc.security.token_file, "%s", path("bad-token"));
     CHECK(ps_security_client(&tc, &ss, &err) == PS_ERR_FORMAT);
+    /* "~/..." is taken literally (no shell here): the error says so */
+    ps_config_defaults(&tc);
+    snprintf(tc.security.token_file, sizeof tc.security.token_file, "~/.psd-token-of-test_security");
+    CHECK(ps_security_client(&tc, &ss, &err) == PS_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(err.msg, "a leading ~ is not expanded"), "%s", err.msg);
 }
 
 int main(void) {

@@ -16,6 +16,7 @@ struct ps_client {
     ps_rpc_client *rpc;
     int timeout_ms;
     size_t max_bytes;
+    int tls, client_cert;   /* how it dials: for the hints on a connection psd closed */
     char target[256];
 };
 
@@ -31,6 +32,8 @@ ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_m
     if (!c->rpc) { free(c); return NULL; }
     c->timeout_ms = timeout_ms;
     c->max_bytes = (size_t)max_message_bytes;
+    c->tls = sec && sec->tls;
+    c->client_cert = sec && sec->cert_file && sec->cert_file[0];
     snprintf(c->target, sizeof c->target, "%s", target);
     return c;
 }
@@ -60,8 +63,20 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
     if (rc) return ps_err_prefix(err, "%s", short_name);
     if (code != GRPC_STATUS_OK) {
         if (rs) grpc_byte_buffer_destroy(rs);
-        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s", short_name, c->target,
-                          ps_grpc_code_name(code), details[0] ? details : "(no details)");
+        /* A plaintext client of a TLS psd, or a TLS client without a certificate of a psd that wants
+         * one, hears only "Socket closed" (psd drops the connection in its handshake): on the calls
+         * that connect and monitor, say what may be wrong. */
+        const char *hint = "";
+        if (code == GRPC_STATUS_UNAVAILABLE && (id == PS_M_LIST_PARAMETERS || id == PS_M_STATUS) &&
+            strstr(details, "Socket closed")) {
+            if (!c->tls)
+                hint = " (this client dials plaintext: if psd serves TLS, set security.tls: true and security.ca)";
+            else if (!c->client_cert)
+                hint = " (this client sends no certificate: if psd requires one (security.mutual_tls), set "
+                       "security.client_cert and security.client_key)";
+        }
+        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s%s", short_name, c->target,
+                          ps_grpc_code_name(code), details[0] ? details : "(no details)", hint);
     }
     rc = ps_wire_decode(rs, resp_fields, resp, err);
     if (rs) grpc_byte_buffer_destroy(rs);

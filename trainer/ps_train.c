@@ -214,13 +214,14 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
      * printed lines of its own meanwhile (CartPole's episodes). */
     int tty = isatty(STDERR_FILENO);
     double t0 = ps_mono_s(), every = cfg->trainer.progress_every_s, next_line = t0 + every, cpu0 = process_cpu_s();
-    long samples = 0;
+    long samples = 0, all_rounds = 0;
     uint64_t version = 0;
     int stop = 0;
     for (int ep = 0; ep < cfg->trainer.epochs && !stop; ep++) {
         int rounds = 0;
         if (task->begin_epoch(t, env, ep, &rounds, &err)) goto fail;
         if (o->max_rounds && o->max_rounds < rounds) rounds = (int)o->max_rounds;
+        all_rounds += rounds;
         double ep_t0 = ps_mono_s();
         for (int b = 0; b < rounds && !stop; b++) {
             ps_task_round r = {0};
@@ -253,11 +254,16 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
     }
     double secs = ps_mono_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");
-    printf("Training complete!\n");
-    printf("Rank %ld: %ld samples in %.3f s (%.0f samples/s)\n", rank, samples, secs, secs > 0 ? samples / secs : 0.0);
-    double cpu = process_cpu_s() - cpu0;   /* what load changes less than the wall time (bench/lm.sh) */
-    printf("Rank %ld: CPU %.3f s in the training loop (%.2f us per sample)\n", rank, cpu,
-           samples > 0 ? cpu * 1e6 / (double)samples : 0.0);
+    if (all_rounds == 0) {   /* --eval-only: nothing was trained, so no rate to report */
+        printf("Rank %ld: no training rounds (evaluation only)\n", rank);
+    } else {
+        printf("Training complete!\n");
+        printf("Rank %ld: %ld samples in %.3f s (%.0f samples/s)\n", rank, samples, secs,
+               secs > 0 ? samples / secs : 0.0);
+        double cpu = process_cpu_s() - cpu0;   /* what load changes less than the wall time (bench/lm.sh) */
+        printf("Rank %ld: CPU %.3f s in the training loop (%.2f us per sample)\n", rank, cpu,
+               samples > 0 ? cpu * 1e6 / (double)samples : 0.0);
+    }
     if (rt.total) printf("Rank %ld: %ld RPC retries\n", rank, rt.total);
     fflush(stdout);
     if (!o->no_eval && task->evaluate(t, env, &err)) goto fail;
@@ -342,7 +348,9 @@ int main(int argc, char **argv) {
         goto out;
     }
     int64_t nweights = 0;
+    size_t ntensors = 0;    /* a table sharded over servers is one tensor (its first shard counts) */
     for (size_t i = 0; i < params.n; i++) {
+        if (params.items[i].rows_total == 0 || params.items[i].row_offset == 0) ntensors++;
         int64_t c = 1;
         for (pb_size_t d = 0; d < params.items[i].shape_count; d++) c *= params.items[i].shape[d];
         nweights += c;
@@ -351,10 +359,10 @@ int main(int argc, char **argv) {
     ps_client *cl = single >= 0 ? ps_cluster_client(cluster, single) : NULL;
     if (cfg.n_servers == 0) {
         printf("Rank %ld: connected to psd at %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
-               cfg.server.address, model, params.n, (long long)nweights);
+               cfg.server.address, model, ntensors, (long long)nweights);
     } else {
         printf("Rank %ld: connected to cluster %s: model %s, %zu parameter tensors (%lld weights)\n", o.rank,
-               cfg.cluster.name, model, params.n, (long long)nweights);
+               cfg.cluster.name, model, ntensors, (long long)nweights);
         ps_cluster_print(cluster, stdout);
     }
     fflush(stdout);

@@ -13,11 +13,24 @@
 docs/python.md is the guide; docs/protocol.md the retry and settle rules
 this package follows, as ps-train does.
 """
-from .checkpoint import read_safetensors, state_dict
-from .client import Client, connect
-from .context import Context, StepResult, attempts, context, current
-from .errors import ContextLost, Error, RoundClosed
-from .modules import HostedModule, RemoteStage
+import sys as _sys
+
+# Debian's packages, not PyPI's (docs/python.md, "Install"): another python3
+# first on PATH may lack them; say which interpreter and what to use.
+for _mod, _deb in (("torch", "python3-torch"), ("grpc", "python3-grpcio"), ("numpy", "python3-numpy"),
+                   ("google.protobuf", "python3-protobuf")):
+    try:
+        __import__(_mod)
+    except ImportError as _e:
+        raise ImportError(f"psd needs {_mod} (Debian's {_deb}), which {_sys.executable} cannot import ({_e}); "
+                          "run it with Debian's /usr/bin/python3 (docs/python.md, Install)") from None
+del _mod, _deb
+
+from .checkpoint import read_safetensors, state_dict  # noqa: E402
+from .client import Client, connect  # noqa: E402
+from .context import Context, StepResult, attempts, context, current  # noqa: E402
+from .errors import ContextLost, Error, RoundClosed  # noqa: E402
+from .modules import HostedModule, RemoteStage  # noqa: E402
 
 from ._proto import version as __version__  # noqa: E402 (VERSION, written by make)
 

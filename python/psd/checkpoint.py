@@ -135,12 +135,13 @@ def state_dict(path_or_client, allow_mixed_versions=False):
     - a checkpoint file ckpt-<N>.safetensors, or a checkpoint directory
       (its newest file; a cluster's server.checkpoint_dir: the newest part
       of each server);
-    - a list of a cluster's checkpoint parts.
+    - a list of a cluster's checkpoint parts (files, or each server's
+      directory: its newest file).
     Loads into the model with load_state_dict(strict=True)."""
     if hasattr(path_or_client, "state_dict") and hasattr(path_or_client, "conns"):
         return path_or_client.state_dict()
     if isinstance(path_or_client, (list, tuple)):
-        paths = [os.fspath(p) for p in path_or_client]
+        paths = [f for p in path_or_client for f in _files(os.fspath(p))]
     else:
         paths = _files(os.fspath(path_or_client))
     if not paths:

@@ -173,7 +173,17 @@ class Client:
                     break
                 except Error as e:
                     if e.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() - t0 > wait_s:
-                        raise Error(e.code, f"cannot reach psd {c}: {e.details}", "ListParameters", str(c)) from None
+                        hint = ""
+                        if e.code == grpc.StatusCode.UNAVAILABLE and "Socket closed" in e.details:
+                            # what a plaintext client of a TLS psd, or one without the certificate a
+                            # mutual-TLS psd wants, hears (psd drops it in its handshake)
+                            if not self.cfg.tls:
+                                hint = (" (this client dials plaintext: if psd serves TLS, set security.tls: true "
+                                        "and security.ca)")
+                            elif not self.cfg.client_cert:
+                                hint = (" (this client sends no certificate: if psd requires one "
+                                        "(security.mutual_tls), set security.client_cert and security.client_key)")
+                        raise Error(e.code, f"cannot reach psd {c}: {e.details}{hint}", "ListParameters", str(c)) from None
                     time.sleep(0.2)
             if self.model and r.model != self.model:
                 raise Error(grpc.StatusCode.INVALID_ARGUMENT, f"psd {c} serves model '{r.model}', but another server "

@@ -151,7 +151,8 @@ class Config:
                 text = f.read((1 << 20) + 1)
         except OSError as e:
             code = grpc.StatusCode.NOT_FOUND if isinstance(e, FileNotFoundError) else grpc.StatusCode.UNKNOWN
-            raise Error(code, f"token file {path}: {e.strerror}") from None
+            hint = " (a leading ~ is not expanded: give the full path)" if path.startswith("~") else ""
+            raise Error(code, f"token file {path}: {e.strerror}{hint}") from None
         if mode & stat.S_IROTH:
             raise Error(grpc.StatusCode.PERMISSION_DENIED,
                         f"token file {path}: readable by every user (mode {mode & 0o777:03o}); it holds secrets: "

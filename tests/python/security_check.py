@@ -60,6 +60,16 @@ def main():
     m = refused(lambda: psd.connect(yaml_path, overrides={"security.token_file": bad}),
                 grpc.StatusCode.PERMISSION_DENIED, "readable by every user", "chmod 600")
     print(f"ok: {m}")
+    m = refused(lambda: psd.connect(yaml_path, overrides={"security.token_file": "~/.psd-token-of-security_check"}),
+                grpc.StatusCode.NOT_FOUND, "a leading ~ is not expanded")
+    print(f"ok: {m}")
+    m = refused(lambda: psd.connect(c.conns[0].server.address, wait_s=1), grpc.StatusCode.UNAVAILABLE,
+                "if psd serves TLS, set security.tls: true and security.ca")
+    print(f"ok: plaintext to psd's TLS port: {m}")
+    m = refused(lambda: psd.connect(yaml_path, overrides={"security.client_cert": "", "security.client_key": ""},
+                                    wait_s=1), grpc.StatusCode.UNAVAILABLE,
+                "if psd requires one (security.mutual_tls), set security.client_cert and security.client_key")
+    print(f"ok: no client certificate for a mutual-TLS psd: {m}")
     m = refused(lambda: psd.connect("10.0.0.1:50051", wait_s=1), grpc.StatusCode.PERMISSION_DENIED,
                 "plaintext gRPC is only allowed on loopback")
     print(f"ok: {m}")
