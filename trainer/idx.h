@@ -10,7 +10,7 @@
  * ps_idx_load reads the whole file through zlib's gzopen/gzread, which
  * reads gzip files (detected by their magic 1f 8b; concatenated members
  * read as one) and raw files alike; bytes other than zeros after the last
- * member are refused (gztail.h). It
+ * member are refused (gzread.h). It
  * checks the magic, 1 <= ndim <= PS_IDX_MAX_DIMS, every dimension non-zero,
  * the total size against PS_IDX_MAX_BYTES (or the caller's smaller limit),
  * and that the data is exactly the
