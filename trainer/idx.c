@@ -2,12 +2,16 @@
 #include "idx.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "dims.h"
 #include "gzread.h"
+#include "stream.h"
 
 /* Trailing bytes counted before the error says "more than" (idx_load). */
 #define IDX_TRAILING_COUNTED (1 << 20)
@@ -206,12 +210,46 @@ done:
     return st;
 }
 
+/* A regular file as it is; a pipe, FIFO or device (a FIFO without a writer
+ * would block in fopen forever) read whole into memory first, as
+ * ps_data_load reads them (stream.h). */
+static ps_status idx_load_path(const char *path, int any, size_t max_bytes, int wait_ms, ps_idx *out, ps_err *err) {
+    memset(out, 0, sizeof *out);
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never waits for a FIFO's writer */
+    if (fd < 0 || fstat(fd, &sb)) {
+        ps_status st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
+                                  strerror(errno));
+        if (fd >= 0) close(fd);
+        return st;
+    }
+    if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
+        close(fd);
+        return idx_load(path, any, max_bytes, out, err);
+    }
+    int memfd;
+    ps_status st = ps_stream_read(fd, path, max_bytes + PS_DATA_STREAM_SLACK, wait_ms, &memfd, err);
+    close(fd);
+    if (st) return st;
+    char mpath[64];
+    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
+    st = idx_load(mpath, any, max_bytes, out, err);
+    if (st) ps_err_rename(err, mpath, path);
+    close(memfd);
+    return st;
+}
+
 ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {
-    return idx_load(path, 0, PS_IDX_MAX_BYTES, out, err);
+    return idx_load_path(path, 0, PS_IDX_MAX_BYTES, PS_DATA_STREAM_WAIT_MS, out, err);
+}
+
+ps_status ps_idx_load_wait(const char *path, int wait_ms, ps_idx *out, ps_err *err) {
+    return idx_load_path(path, 0, PS_IDX_MAX_BYTES, wait_ms, out, err);
 }
 
 ps_status ps_idx_load_any(const char *path, size_t max_bytes, ps_idx *out, ps_err *err) {
-    return idx_load(path, 1, max_bytes < PS_IDX_MAX_BYTES ? max_bytes : PS_IDX_MAX_BYTES, out, err);
+    return idx_load_path(path, 1, max_bytes < PS_IDX_MAX_BYTES ? max_bytes : PS_IDX_MAX_BYTES, PS_DATA_STREAM_WAIT_MS,
+                         out, err);
 }
 
 void ps_idx_free(ps_idx *idx) {
