@@ -17,8 +17,9 @@
  *    refuse trailing bytes after an array's data too);
  *  - PS_ERR_IO when the rest of the file cannot be read.
  * A member that does not decompress, or a file cut inside one, is an
- * error of ps_gzr_read with zlib's message (as gzread gives it). Memory is
- * constant: two 64 KiB buffers and zlib's state. */
+ * error of ps_gzr_read with zlib's message, at the read where gzread gave
+ * it (gzread.c follows gzread's steps). Memory is constant: 24 KiB of
+ * buffers and zlib's state. */
 #ifndef PS_TRAINER_GZREAD_H
 #define PS_TRAINER_GZREAD_H
 
@@ -29,17 +30,17 @@
 typedef struct ps_gzr ps_gzr;
 
 /* Open path: PS_ERR_NOT_FOUND or PS_ERR_IO ("PATH: cannot open: ...").
- * Opens only what fopen opens (a FIFO without a writer blocks: callers
- * with streams read them into memory first, stream.h). */
+ * path is kept (not copied) until ps_gzr_close. A FIFO without a writer
+ * blocks here: callers read streams into memory first (stream.h). */
 ps_status ps_gzr_open(const char *path, ps_gzr **out, ps_err *err);
 
 /* Whether the file starts with the gzip magic. */
 int ps_gzr_gzipped(const ps_gzr *r);
 
 /* Up to n bytes into buf; *got says how many arrived. 0 after n bytes or
- * at the end of the data; -1 when the data does not decompress or the file
- * cannot be read (*msg: zlib's or the system's message; *got: the bytes
- * before it). */
+ * at the end of the data; -1 when the data does not decompress, is cut, or
+ * the file cannot be read (*msg: zlib's or the system's words, without the
+ * path; *got: the bytes before it). */
 int ps_gzr_read(ps_gzr *r, void *buf, size_t n, size_t *got, const char **msg);
 
 /* After ps_gzr_read reached the end of the data: the bytes after the last
