@@ -12,7 +12,10 @@
  *    (/dev/zero, and a FIFO writer of 4 MiB against a 64 KiB limit);
  *  - a stream that is no data file is refused naming the FIFO (not the
  *    in-memory copy's /proc/self/fd path);
- *  - ps_data_format on a FIFO answers at once (refused) instead of waiting.
+ *  - ps_data_format on a FIFO answers at once (refused) instead of waiting;
+ *  - ps_idx_load (what `ps-train mnist` reads with) handles a FIFO the same
+ *    way: read whole, or refused naming it and "no writer?" (it used to
+ *    block in fopen forever).
  * A SIGALRM after 60 s turns a hang into a failure. */
 #include <errno.h>
 #include <stdint.h>
@@ -28,6 +31,7 @@
 
 #include "check.h"
 #include "dataset.h"
+#include "idx.h"
 #include "support/tmpdir.h"
 
 static char g_dir[] = "/tmp/ps_test_data_stream_XXXXXX";
@@ -181,6 +185,24 @@ int main(void) {
     st = ps_data_load_wait(fifo, PS_DATA_MAX_BYTES, 300, &a, &e);
     CHECK_MSG(st == PS_ERR_UNAVAILABLE && strstr(e.msg, fifo) && strstr(e.msg, "nothing written to it in 0.3 s (no writer?)"), "no writer: %d %s", st,
               e.msg);
+
+    /* ps_idx_load (ps-train mnist) on a FIFO: the same stream handling; it
+     * used to block in fopen forever when nobody wrote the FIFO */
+    ps_idx x;
+    w = writer(fifo, -1, idx, sizeof idx, 1);
+    st = ps_idx_load(fifo, &x, &e);
+    CHECK_MSG(st == PS_OK && x.ndim == 1 && x.dims[0] == 300 && !memcmp(x.data, idx + 8, 300),
+              "ps_idx_load of a gzip'ed IDX through a FIFO: %s", st ? e.msg : "wrong array");
+    ps_idx_free(&x);
+    reap(w);
+    st = ps_idx_load_wait(fifo, 300, &x, &e);
+    CHECK_MSG(st == PS_ERR_UNAVAILABLE && strstr(e.msg, fifo) && strstr(e.msg, "nothing written to it in 0.3 s (no "
+              "writer?)") && x.data == NULL, "ps_idx_load, no writer: %d %s", st, e.msg);
+    w = writer(fifo, -1, idx, 20, 0); /* cut: the message names the FIFO, not the in-memory copy */
+    st = ps_idx_load(fifo, &x, &e);
+    CHECK_MSG(st == PS_ERR_FORMAT && strstr(e.msg, fifo) && strstr(e.msg, "need 300 bytes, got 12") &&
+              !strstr(e.msg, "/proc/self/fd"), "ps_idx_load of a cut IDX through a FIFO: %d %s", st, e.msg);
+    reap(w);
 
     /* over the limit: refused, never read whole */
     st = ps_data_load_wait("/dev/zero", 65536, 300, &a, &e);

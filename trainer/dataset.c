@@ -4,12 +4,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -17,6 +15,7 @@
 #include "idx.h"
 #include "npy.h"
 #include "safetensors.h"
+#include "stream.h"
 
 typedef ps_status (*load_fn)(const char *path, const char *name, size_t max_bytes, ps_array *out, ps_err *err);
 
@@ -223,77 +222,6 @@ const char *ps_data_format(const char *path, ps_err *err) {
 
 /* ---- streams: pipes, FIFOs, /dev/stdin ------------------------------------ */
 
-/* Replace every `from` in err's message by `to` (the stream's name for the
- * in-memory copy's). */
-static void rename_in_msg(ps_err *err, const char *from, const char *to) {
-    char buf[sizeof err->msg];
-    size_t o = 0, nf = strlen(from), nt = strlen(to);
-    for (const char *p = err->msg; *p && o + 1 < sizeof buf;) {
-        if (!strncmp(p, from, nf)) {
-            size_t k = nt < sizeof buf - 1 - o ? nt : sizeof buf - 1 - o;
-            memcpy(buf + o, to, k);
-            o += k;
-            p += nf;
-        } else {
-            buf[o++] = *p++;
-        }
-    }
-    buf[o] = 0;
-    memcpy(err->msg, buf, o + 1);
-}
-
-/* The stream on fd (opened O_NONBLOCK) read whole into an anonymous
- * in-memory file: *memfd on success. At most limit bytes; the first byte
- * (or the writer's close) must come within wait_ms. */
-static ps_status read_stream(int fd, const char *path, size_t limit, int wait_ms, int *memfd, ps_err *err) {
-    *memfd = memfd_create("ps-train-data", MFD_CLOEXEC);
-    if (*memfd < 0) return ps_err_set(err, PS_ERR_IO, "%s: a stream, and no in-memory file to read it into: %s", path,
-                                      strerror(errno));
-    char buf[1 << 16];
-    size_t total = 0;
-    ps_status st = PS_OK;
-    for (int first = 1;;) {
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int r = poll(&pf, 1, first ? wait_ms : -1);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { st = ps_err_set(err, PS_ERR_IO, "%s: poll: %s", path, strerror(errno)); break; }
-        if (r == 0) {
-            st = ps_err_set(err, PS_ERR_UNAVAILABLE, "%s: a FIFO with nothing written to it in %g s (no writer?): "
-                            "start the program that writes it first, or write the data to a file", path,
-                            wait_ms / 1000.0);
-            break;
-        }
-        first = 0;
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (n < 0) { st = ps_err_set(err, PS_ERR_IO, "%s: read error: %s", path, strerror(errno)); break; }
-        if (n == 0) break; /* the writer closed it */
-        if ((size_t)n > limit - total) {
-            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: a stream of more than %zu MiB, over the %zu MiB data "
-                            "limit (--max-data-mb) and what a header may add; refused without reading the rest", path,
-                            limit >> 20, (limit - PS_DATA_STREAM_SLACK) >> 20);
-            break;
-        }
-        for (ssize_t w = 0; w < n;) {
-            ssize_t k = write(*memfd, buf + w, (size_t)(n - w));
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0) {
-                st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: a stream of %zu bytes does not fit in memory: %s",
-                                path, total + (size_t)n, strerror(errno));
-                break;
-            }
-            w += k;
-        }
-        if (st) break;
-        total += (size_t)n;
-    }
-    if (st) {
-        close(*memfd);
-        *memfd = -1;
-    }
-    return st;
-}
-
 ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err *err) {
     return ps_data_load_wait(spec, max_bytes, PS_DATA_STREAM_WAIT_MS, out, err);
 }
@@ -342,13 +270,13 @@ ps_status ps_data_load_wait(const char *spec, size_t max_bytes, int wait_ms, ps_
     }
     int memfd;
     size_t limit = max_bytes > SIZE_MAX - PS_DATA_STREAM_SLACK ? SIZE_MAX : max_bytes + PS_DATA_STREAM_SLACK;
-    ps_status st = read_stream(fd, path, limit, wait_ms, &memfd, err);
+    ps_status st = ps_stream_read(fd, path, limit, wait_ms, &memfd, err);
     close(fd);
     if (st) return st;
     char mpath[64];
     snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
     st = load_path(mpath, name, max_bytes, out, err);
-    if (st) rename_in_msg(err, mpath, path);
+    if (st) ps_err_rename(err, mpath, path);
     close(memfd);
     return st;
 }

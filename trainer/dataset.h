@@ -43,8 +43,7 @@
  * PS_DATA_STREAM_WAIT_MS: a FIFO nobody writes is refused then
  * (PS_ERR_UNAVAILABLE, "no writer?"), not waited on forever; after it the
  * stream is read until its writer closes it. A terminal is refused. */
-#define PS_DATA_STREAM_SLACK ((size_t)1 << 20)
-#define PS_DATA_STREAM_WAIT_MS 60000
+#include "stream.h" /* PS_DATA_STREAM_SLACK, PS_DATA_STREAM_WAIT_MS */
 
 ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err *err);
 /* The same, waiting wait_ms (not PS_DATA_STREAM_WAIT_MS) for a stream's

@@ -7,10 +7,12 @@
  * labels) and refuses other dtypes by name; ps_idx_load_any takes every
  * one of them and converts the elements to host byte order.
  *
- * ps_idx_load reads the whole file through zlib's gzopen/gzread, which
- * reads gzip files (detected by their magic 1f 8b; concatenated members
- * read as one) and raw files alike; bytes other than zeros after the last
- * member are refused (gztail.h). It
+ * ps_idx_load reads the whole file in one pass (gzread.h), gzip files
+ * (detected by their magic 1f 8b; concatenated members read as one) and
+ * raw files alike; bytes other than zeros after the last member are
+ * refused. A pipe, FIFO or device is read whole into memory first, as
+ * ps_data_load reads it (stream.h): a FIFO nobody writes is refused after
+ * PS_DATA_STREAM_WAIT_MS ("no writer?"), not waited on forever. It
  * checks the magic, 1 <= ndim <= PS_IDX_MAX_DIMS, every dimension non-zero,
  * the total size against PS_IDX_MAX_BYTES (or the caller's smaller limit),
  * and that the data is exactly the
@@ -45,6 +47,9 @@ typedef struct ps_idx {
 } ps_idx;
 
 ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err);
+/* The same, waiting wait_ms (not PS_DATA_STREAM_WAIT_MS) for a stream's
+ * first byte. */
+ps_status ps_idx_load_wait(const char *path, int wait_ms, ps_idx *out, ps_err *err);
 /* Any IDX dtype; the data's limit is min(max_bytes, PS_IDX_MAX_BYTES). */
 ps_status ps_idx_load_any(const char *path, size_t max_bytes, ps_idx *out, ps_err *err);
 /* "unsigned byte", "float32", ...; "unknown". Bytes per element: 0 when unknown. */
