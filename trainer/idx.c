@@ -8,9 +8,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "dims.h"
-#include "gzread.h"
+#include "gztail.h"
 #include "stream.h"
 
 /* Trailing bytes counted before the error says "more than" (idx_load). */
@@ -38,6 +39,39 @@ size_t ps_idx_dtype_size(int code) {
     return i < 0 ? 0 : g_idx_types[i].size;
 }
 
+/* Read up to n bytes; *got is how many arrived. Returns 0 at a clean end or
+ * after n bytes, -1 on a zlib error (message in *zmsg). */
+static int read_full(gzFile gz, void *buf, size_t n, size_t *got, const char **zmsg) {
+    *got = 0;
+    while (*got < n) {
+        size_t want = n - *got;
+        if (want > (1u << 30)) want = 1u << 30;
+        int r = gzread(gz, (char *)buf + *got, (unsigned)want);
+        if (r < 0) {
+            int zerr;
+            *zmsg = gzerror(gz, &zerr);
+            return -1;
+        }
+        if (r == 0) {
+            /* gzread returns 0 both at a clean end and, for a truncated gzip
+             * stream, with the error set: tell them apart. */
+            int zerr;
+            const char *m = gzerror(gz, &zerr);
+            if (zerr != Z_OK && zerr != Z_STREAM_END) { *zmsg = m; return -1; }
+            return 0;
+        }
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+/* gzerror's message starts with the path; drop it since ours does too. */
+static const char *strip_path(const char *path, const char *zmsg) {
+    size_t n = strlen(path);
+    if (!strncmp(zmsg, path, n) && zmsg[n] == ':' && zmsg[n + 1] == ' ') return zmsg + n + 2;
+    return zmsg;
+}
+
 static void dims_str(const ps_idx *x, char *buf, size_t cap) {
     int64_t d[PS_IDX_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) d[i] = x->dims[i];
@@ -48,11 +82,24 @@ static void dims_str(const ps_idx *x, char *buf, size_t cap) {
 static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *out, ps_err *err) {
     memset(out, 0, sizeof *out);
 
-    ps_gzr *gz;
-    ps_status st = ps_gzr_open(path, &gz, err);
-    if (st) return st;
-    const char *kind = ps_gzr_gzipped(gz) ? " (gzip)" : "";
+    /* Peek at the first two bytes only to say "gzip" in messages; zlib
+     * itself detects the format. */
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO,
+                          "%s: cannot open: %s", path, strerror(errno));
+    unsigned char peek[2] = {0, 0};
+    size_t npeek = fread(peek, 1, 2, f);
+    fclose(f);
+    int gzipped = npeek == 2 && peek[0] == 0x1f && peek[1] == 0x8b;
+    const char *kind = gzipped ? " (gzip)" : "";
 
+    gzFile gz = gzopen(path, "rb");
+    if (!gz)
+        return ps_err_set(err, PS_ERR_IO, "%s: cannot open%s: %s", path, kind,
+                          errno ? strerror(errno) : "out of memory");
+
+    ps_status st = PS_OK;
     const char *zmsg = "";
     uint8_t *data = NULL;
     ps_idx x;
@@ -60,9 +107,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     unsigned char hdr[4 + 4 * PS_IDX_MAX_DIMS];
     size_t got;
 
-    if (ps_gzr_read(gz, hdr, 4, &got, &zmsg) < 0) {
+    if (read_full(gz, hdr, 4, &got, &zmsg) < 0) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s: %s", path, kind,
-                        zmsg);
+                        strip_path(path, zmsg));
         goto done;
     }
     if (got < 4) {
@@ -95,9 +142,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
         goto done;
     }
     x.ndim = hdr[3];
-    if (ps_gzr_read(gz, hdr + 4, 4 * (size_t)x.ndim, &got, &zmsg) < 0) {
+    if (read_full(gz, hdr + 4, 4 * (size_t)x.ndim, &got, &zmsg) < 0) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s: %s", path, kind,
-                        zmsg);
+                        strip_path(path, zmsg));
         goto done;
     }
     if (got < 4 * (size_t)x.ndim) {
@@ -142,10 +189,10 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
             data = nd;
             cap = ncap;
         }
-        if (ps_gzr_read(gz, data + have, cap - have, &got, &zmsg) < 0) {
+        if (read_full(gz, data + have, cap - have, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT,
                             "%s: read error%s after %zu of %zu data bytes (corrupt or truncated?): %s",
-                            path, kind, have + got, x.bytes, zmsg);
+                            path, kind, have + got, x.bytes, strip_path(path, zmsg));
             goto done;
         }
         have += got;
@@ -167,9 +214,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     size_t trailing = 0;
     while (trailing <= IDX_TRAILING_COUNTED) {
         unsigned char scratch[65536];
-        if (ps_gzr_read(gz, scratch, sizeof scratch, &got, &zmsg) < 0) {
+        if (read_full(gz, scratch, sizeof scratch, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s after the data: %s",
-                            path, kind, zmsg);
+                            path, kind, strip_path(path, zmsg));
             goto done;
         }
         trailing += got;
@@ -186,9 +233,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
         goto done;
     }
 
-    /* The data ended at the first bytes after a member that are not another
-     * member: refuse them as gzip -d warns of them (gzread.h). */
-    if ((st = ps_gzr_check_tail(gz, err))) goto done;
+    /* zlib stopped at the first bytes after a member that are not another
+     * member: refuse them as gzip -d warns of them (gztail.h). */
+    if (gzipped && (st = ps_gz_check_tail(path, err))) goto done;
 
     /* IDX data is big-endian: to host order (a no-op for bytes). */
     if (x.esize > 1) {
@@ -206,7 +253,7 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     *out = x;
 done:
     free(data);
-    ps_gzr_close(gz);
+    gzclose(gz);
     return st;
 }
 

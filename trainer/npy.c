@@ -6,8 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
-#include "gzread.h"
+#include "gztail.h"
 #include "zip.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -211,22 +212,35 @@ ps_status ps_npy_parse(const void *buf, size_t len, const char *what, size_t max
     return PS_OK;
 }
 
-/* Exactly n bytes (or fewer at the end: *got says) from gz; -1 on an error. */
-static int gz_read(ps_gzr *gz, void *buf, size_t n, size_t *got) {
-    const char *msg;
-    return ps_gzr_read(gz, buf, n, got, &msg);
+/* Exactly n bytes (or fewer at the end: *got says) from gz. */
+static int gz_read(gzFile gz, void *buf, size_t n, size_t *got) {
+    *got = 0;
+    while (*got < n) {
+        size_t want = n - *got > (1u << 30) ? 1u << 30 : n - *got;
+        int r = gzread(gz, (char *)buf + *got, (unsigned)want);
+        if (r < 0) return -1;
+        if (r == 0) {
+            int ze;
+            gzerror(gz, &ze);
+            return ze != Z_OK && ze != Z_STREAM_END ? -1 : 0;
+        }
+        *got += (size_t)r;
+    }
+    return 0;
 }
 
 ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err *err) {
     memset(out, 0, sizeof *out);
-    ps_gzr *gz;
-    ps_status st = ps_gzr_open(path, &gz, err);
-    if (st) return st;
+    gzFile gz = gzopen(path, "rb");
+    if (!gz)
+        return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
+                          errno ? strerror(errno) : "out of memory");
     unsigned char pre[12];
     char *hdr = NULL;
     void *data = NULL;
     size_t got, hstart, hlen, bytes;
     npy_header h;
+    ps_status st;
     if (gz_read(gz, pre, 10, &got)) { st = ps_err_set(err, PS_ERR_IO, "%s: read error (corrupt gzip?)", path); goto done; }
     if (got == 10 && (pre[6] == 2 || pre[6] == 3)) { /* versions 2 and 3: a 4-byte header length */
         size_t more;
@@ -278,13 +292,13 @@ ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err 
                         bytes, ps_array_shape_str(h.dims, h.ndim, sh, sizeof sh), ps_array_dtype_name(h.dtype));
         goto done;
     }
-    if ((st = ps_gzr_check_tail(gz, err))) goto done; /* junk after the gzip data (gzread.h) */
+    if (!gzdirect(gz) && (st = ps_gz_check_tail(path, err))) goto done; /* junk after the gzip data (gztail.h) */
     fill(out, &h, data, bytes);
     data = NULL;
 done:
     free(hdr);
     free(data);
-    ps_gzr_close(gz);
+    gzclose(gz);
     return st;
 }
 
