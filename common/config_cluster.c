@@ -390,9 +390,15 @@ ps_status cfg_check_arch(const cfg_entry *e, const void *val, const char *origin
     return PS_OK;
 }
 
+const char *ps_config_model_origin(const ps_config *c, const char *where, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s%s", where ? where : "", where ? ": " : "", c->model.file[0] ? "model.file" : "model.arch");
+    return buf;
+}
+
 ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err) {
     ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, err);
-    if (!d) ps_err_prefix(err, "%s", c->model.file[0] ? "model.file" : "model.arch");
+    char origin[64];
+    if (!d) ps_err_prefix(err, "%s", ps_config_model_origin(c, NULL, origin, sizeof origin));
     return d;
 }
 
