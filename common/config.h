@@ -195,7 +195,8 @@ const char *ps_config_model_origin(const ps_config *c, const char *where, char *
  * only for embedding stages and no more shards than rows, addresses (and
  * listen addresses) distinct, consistency sync/ssp refused when the stages
  * span more than one server. Calls ps_config_check_model. Also for the
- * single-server form: a server's metrics port is not its gRPC port.
+ * single-server form: a server's metrics port is not its gRPC port, and
+ * trainer.retry_backoff_s is at most trainer.retry_backoff_max_s.
  * INVALID_ARGUMENT naming the key. */
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err);
 
