@@ -256,12 +256,14 @@ static int teardown(ps_rpc_server *srv, ps_metrics *metrics, ps_dashboard *dash,
 }
 
 /* --check-config: the model's stage table (every stage of its definition),
- * each with where the config places it. */
-static ps_status print_stage_table(const ps_config *cfg, const ps_model_opts *mo, FILE *f, ps_err *err) {
+ * each with where the config places it. Errors begin with the config
+ * (cfg_where; a model-file error with mo->origin, which holds it). */
+static ps_status print_stage_table(const ps_config *cfg, const char *cfg_where, const ps_model_opts *mo, FILE *f,
+                                   ps_err *err) {
     ps_placement p;
     static char where[PS_CONFIG_MAX_STAGES][512];
     const char *wp[PS_CONFIG_MAX_STAGES] = {0};
-    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return err->code;
+    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return ps_err_prefix(err, "%s", cfg_where);
     for (int s = 0; s < p.n_stages; s++) {
         const ps_place_stage *ps = &p.stages[s];
         size_t o = 0;
@@ -404,8 +406,8 @@ int main(int argc, char **argv) {
     if (check_config) {
         /* every check start-up makes, without binding or writing anything */
         int rc = 0;
-        if (print_stage_table(&cfg, &mo, stdout, &err)) {
-            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+        if (print_stage_table(&cfg, where, &mo, stdout, &err)) {
+            fprintf(stderr, "psd: %s\n", err.msg);
             rc = 2;
         }
         /* A server's start-up checks (its files, its port, the checkpoint it
