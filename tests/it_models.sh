@@ -93,7 +93,14 @@ printf '%s\n' "$HEAD
   2>"$tmp/train.err" >/dev/null || fail "ps-train took a bad model file"
 [ "$(sed 's/^psd: //' "$tmp/check.err")" = "$(sed 's/^ps-train: //' "$tmp/train.err")" ] ||
   fail "ps-train: $(cat "$tmp/train.err") != psd: $(cat "$tmp/check.err")"
-echo "ok: psd start-up and ps-train print model-file errors as --check-config does"
+# ps-train status with a cluster config reads the model file for the placement too
+printf 'servers:\n  ps0: {address: "127.0.0.1:1"}\nmodel:\n  placement:\n    s: ps0\n' >"$tmp/cfg/cl.yaml"
+"$BUILD/bin/psd" --check-config "$tmp/cfg/cl.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/check.err" && fail "Conv3d"
+! "$BUILD/bin/ps-train" status --config "$tmp/cfg/cl.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/st.err" >/dev/null ||
+  fail "ps-train status took a bad model file"
+[ "$(sed 's/^psd: //' "$tmp/check.err")" = "$(sed 's/^ps-train status: //' "$tmp/st.err")" ] ||
+  fail "ps-train status: $(cat "$tmp/st.err") != psd: $(cat "$tmp/check.err")"
+echo "ok: psd start-up, ps-train and ps-train status print model-file errors as --check-config does"
 if "$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.arch=nope >"$tmp/out" 2>&1; then
   fail "model.arch nope passed"
 fi
