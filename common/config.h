@@ -178,8 +178,16 @@ typedef struct ps_config {
 ps_status ps_config_check_model(const ps_config *c, ps_err *err);
 
 /* The model file the config names, loaded (free with ps_model_def_free);
- * NULL with the error. */
+ * NULL with the error, prefixed by ps_config_model_origin(c, NULL). */
 struct ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err);
+
+/* What led to the model file, the prefix of every model-file error (its
+ * parse, the shapes and dtypes psd infers, an init file checked against
+ * it), so that psd, --check-config and ps-train print them alike:
+ * "WHERE: model.file" (or model.arch when no model.file is set); where is
+ * the config file (or "command line"), NULL for the key alone. The error
+ * then goes on "MODEL-FILE:LINE: node 'NAME' (KIND): ...". Returns buf. */
+const char *ps_config_model_origin(const ps_config *c, const char *where, char *buf, size_t cap);
 
 /* A cluster (n_servers > 0): everything --check-config checks beyond
  * single keys - every stage of the model placed exactly once (on a named
@@ -187,7 +195,8 @@ struct ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err);
  * only for embedding stages and no more shards than rows, addresses (and
  * listen addresses) distinct, consistency sync/ssp refused when the stages
  * span more than one server. Calls ps_config_check_model. Also for the
- * single-server form: a server's metrics port is not its gRPC port.
+ * single-server form: a server's metrics port is not its gRPC port, and
+ * trainer.retry_backoff_s is at most trainer.retry_backoff_max_s.
  * INVALID_ARGUMENT naming the key. */
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err);
 

@@ -324,10 +324,10 @@ ps_status cfg_set_server(ps_config *c, const char *key, const char *v, const cha
     if (len >= sf->size)
         return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key, "%s is %zu bytes long; at most %zu allowed",
                     cfg_shown(v, sv, sizeof sv), len, sf->size - 1);
-    if (*v && sf->kind == SF_DIAL && !valid_dial_address(v))
+    if (*v && sf->kind == SF_DIAL && !valid_dial_address(v) && !valid_unix_address(v))
         return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
-                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535)",
-                    cfg_shown(v, sv, sizeof sv));
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535) "
+                    "nor unix:PATH (a socket path of 1..%d bytes)", cfg_shown(v, sv, sizeof sv), UNIX_PATH_MAX);
     if (*v && sf->kind == SF_LISTEN && !ps_config_parse_hostport(v, NULL, 0, NULL))
         return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, key,
                     "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or localhost; "
@@ -390,9 +390,15 @@ ps_status cfg_check_arch(const cfg_entry *e, const void *val, const char *origin
     return PS_OK;
 }
 
+const char *ps_config_model_origin(const ps_config *c, const char *where, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s%s", where ? where : "", where ? ": " : "", c->model.file[0] ? "model.file" : "model.arch");
+    return buf;
+}
+
 ps_model_def *ps_config_load_model(const ps_config *c, ps_err *err) {
     ps_model_def *d = ps_model_def_load(c->model.arch, c->model.file, err);
-    if (!d) ps_err_prefix(err, "%s", c->model.file[0] ? "model.file" : "model.arch");
+    char origin[64];
+    if (!d) ps_err_prefix(err, "%s", ps_config_model_origin(c, NULL, origin, sizeof origin));
     return d;
 }
 
@@ -432,8 +438,14 @@ ps_status ps_config_check_model(const ps_config *c, ps_err *err) {
 
 /* ---- a cluster of several psd ------------------------------------------- */
 
-/* Split "HOST:PORT" (HOST maybe [v6]; "localhost" -> 127.0.0.1). */
+/* Split "HOST:PORT" (HOST maybe [v6]; "localhost" -> 127.0.0.1; a unix
+ * socket is on the dialling host: 127.0.0.1, port 0). */
 static void split_hostport(const char *v, char *host, size_t cap, int *port) {
+    if (!strncmp(v, "unix:", 5)) {
+        snprintf(host, cap, "127.0.0.1");
+        *port = 0;
+        return;
+    }
     const char *colon = strrchr(v, ':');
     size_t hl = colon ? (size_t)(colon - v) : strlen(v);
     if (hl >= cap) hl = cap - 1;
@@ -441,6 +453,30 @@ static void split_hostport(const char *v, char *host, size_t cap, int *port) {
     host[hl] = '\0';
     if (!strcmp(host, "localhost")) snprintf(host, cap, "127.0.0.1");
     *port = colon ? (int)strtol(colon + 1, NULL, 10) : 0;
+}
+
+static void path_norm(const char *in, char *out, size_t n);
+
+/* The socket path of a "unix:" address, normalised ("unix:///s/a.sock",
+ * "unix:/s//a.sock" and "unix:/s/./a.sock" are one socket) into out; false
+ * for HOST:PORT. */
+static bool unix_path(const char *v, char *out, size_t n) {
+    if (strncmp(v, "unix:", 5)) return false;
+    v += 5;
+    path_norm(!strncmp(v, "//", 2) ? v + 2 : v, out, n);
+    return true;
+}
+
+/* One address twice: the same unix socket, or the same host and port
+ * ("localhost" is 127.0.0.1). A unix socket is never a HOST:PORT. */
+static bool same_address(const char *a, const char *b) {
+    char ha[256], hb[256];
+    int pa, pb;
+    bool ua = unix_path(a, ha, sizeof ha), ub = unix_path(b, hb, sizeof hb);
+    if (ua || ub) return ua && ub && !strcmp(ha, hb);
+    split_hostport(a, ha, sizeof ha, &pa);
+    split_hostport(b, hb, sizeof hb, &pb);
+    return !strcmp(ha, hb) && pa == pb;
 }
 
 static bool wildcard_host(const char *h) { return !strcmp(h, "0.0.0.0") || !strcmp(h, "[::]"); }
@@ -452,6 +488,7 @@ static bool same_bind(const char *addr_a, const char *a, const char *addr_b, con
     split_hostport(addr_a, ha, sizeof ha, &pa);
     split_hostport(addr_b, hb, sizeof hb, &pb);
     if (strcmp(ha, hb)) return false;   /* different machines may bind the same port */
+    if (unix_path(a, la, sizeof la) || unix_path(b, lb, sizeof lb)) return same_address(a, b);
     split_hostport(a, la, sizeof la, &qa);
     split_hostport(b, lb, sizeof lb, &qb);
     return qa == qb && (!strcmp(la, lb) || wildcard_host(la) || wildcard_host(lb));
@@ -471,11 +508,7 @@ static ps_status check_servers(const ps_config *c, ps_err *err) {
                               "trainers dial %s)", s->name, s->name);
         for (int j = 0; j < i; j++) {
             const ps_server_def *o = &c->servers[j];
-            char h1[256], h2[256];
-            int p1, p2;
-            split_hostport(s->address, h1, sizeof h1, &p1);
-            split_hostport(o->address, h2, sizeof h2, &p2);
-            if (!strcmp(h1, h2) && p1 == p2)
+            if (same_address(s->address, o->address))
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "servers.%s.address: '%s' is also servers.%s's "
                                   "address '%s'; each server needs its own", s->name, s->address, o->name,
                                   o->address);
@@ -544,10 +577,21 @@ static ps_status check_own_ports(const char *listen_key, const char *listen, con
                       "needs a port of its own", metrics_key, metrics, listen_key, listen);
 }
 
+/* Keys of trainer.* that bound each other. */
+static ps_status check_trainer(const ps_config *c, ps_err *err) {
+    if (c->trainer.retry_backoff_s > c->trainer.retry_backoff_max_s)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "trainer.retry_backoff_s: %g is larger than "
+                          "trainer.retry_backoff_max_s (%g): the first wait before a retry cannot be longer than "
+                          "the longest; raise trainer.retry_backoff_max_s or lower trainer.retry_backoff_s",
+                          c->trainer.retry_backoff_s, c->trainer.retry_backoff_max_s);
+    return PS_OK;
+}
+
 ps_status ps_config_check_cluster(const ps_config *c, ps_err *err) {
     /* (once a server is selected, server.checkpoint_dir is its own: the
      * directories were checked by ps_config_select_server) */
-    ps_status st = c->n_servers ? check_servers(c, err) : PS_OK;
+    ps_status st = check_trainer(c, err);
+    if (st == PS_OK && c->n_servers) st = check_servers(c, err);
     if (st == PS_OK && c->n_servers && c->self < 0) st = check_ckpt_dirs(c, err);
     if (st == PS_OK && !c->n_servers)
         st = check_own_ports("server.listen", c->server.listen, "server.metrics_listen", c->server.metrics_listen, err);

@@ -256,12 +256,14 @@ static int teardown(ps_rpc_server *srv, ps_metrics *metrics, ps_dashboard *dash,
 }
 
 /* --check-config: the model's stage table (every stage of its definition),
- * each with where the config places it. */
-static ps_status print_stage_table(const ps_config *cfg, const ps_model_opts *mo, FILE *f, ps_err *err) {
+ * each with where the config places it. Errors begin with the config
+ * (cfg_where; a model-file error with mo->origin, which holds it). */
+static ps_status print_stage_table(const ps_config *cfg, const char *cfg_where, const ps_model_opts *mo, FILE *f,
+                                   ps_err *err) {
     ps_placement p;
     static char where[PS_CONFIG_MAX_STAGES][512];
     const char *wp[PS_CONFIG_MAX_STAGES] = {0};
-    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return err->code;
+    if (ps_placement_resolve(cfg, &p, err) != PS_OK) return ps_err_prefix(err, "%s", cfg_where);
     for (int s = 0; s < p.n_stages; s++) {
         const ps_place_stage *ps = &p.stages[s];
         size_t o = 0;
@@ -386,7 +388,7 @@ int main(int argc, char **argv) {
 
     /* Build the model before anything listens: placement errors stop start-up. */
     if (ps_config_check_model(&cfg, &err)) {
-        fprintf(stderr, "psd: %s%s%s\n", config_path ? config_path : "", config_path ? ": " : "", err.msg);
+        fprintf(stderr, "psd: %s: %s\n", where, err.msg);
         return 2;
     }
     /* A cluster's server (psd --name): only the stages, and the shard rows,
@@ -397,13 +399,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "psd: %s: %s\n", where, err.msg);
         return 2;
     }
+    char origin[PS_CONFIG_PATH_MAX + 16];   /* model-file errors: "psd.yaml: model.file: FILE:LINE: ..." */
+    mo.origin = ps_config_model_origin(&cfg, where, origin, sizeof origin);
     ps_model *model = ps_model_create(&mo, &err);
     if (!model) { fprintf(stderr, "psd: %s\n", err.msg); return check_config ? 2 : 1; }
     if (check_config) {
         /* every check start-up makes, without binding or writing anything */
         int rc = 0;
-        if (print_stage_table(&cfg, &mo, stdout, &err)) {
-            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+        if (print_stage_table(&cfg, where, &mo, stdout, &err)) {
+            fprintf(stderr, "psd: %s\n", err.msg);
             rc = 2;
         }
         /* A server's start-up checks (its files, its port, the checkpoint it
@@ -417,7 +421,8 @@ int main(int argc, char **argv) {
          * from a checkpoint: then only a warning. */
         int onnx = !init_from && mo.file && ps_onnx_is_onnx_file(mo.file);
         if (!rc && (init_from || onnx) &&
-            (init_from ? ps_ckpt_init_from_part(model, init_from, NULL, &err) : ps_onnx_init_weights(model, mo.file, &err))) {
+            (init_from ? ps_ckpt_init_from_part(model, init_from, NULL, &err)
+                       : ps_onnx_init_weights(model, mo.file, &err) && ps_err_prefix(&err, "%s", origin))) {
             fprintf(stderr, "psd: %s%s%s%s\n", resumes ? "warning: " : "", init_from ? "--init-from: " : "", err.msg,
                     resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
             if (!resumes) rc = 2;
@@ -462,7 +467,7 @@ int main(int argc, char **argv) {
         }
         ps_log(PS_LOG_INFO, "initial weights from %s", init_from);
     } else if (mo.file && ps_onnx_is_onnx_file(mo.file)) {   /* model.onnx: the file's initializers */
-        if (ps_onnx_init_weights(model, mo.file, &err)) {
+        if (ps_onnx_init_weights(model, mo.file, &err) && ps_err_prefix(&err, "%s", origin)) {
             ps_log(PS_LOG_ERROR, "%s", err.msg);
             ps_model_free(model);
             return 1;

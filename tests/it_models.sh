@@ -3,7 +3,9 @@
 #  - psd --check-config with model.file (relative to the config file's
 #    directory) prints the stage table of a residual CNN (shapes, parameters,
 #    placement) and passes;
-#  - model-file errors stop --check-config with exit 2 and file:line: a cycle
+#  - model-file errors stop --check-config with exit 2 as
+#    "psd: CONFIG: model.file: FILE:LINE: ...", psd start-up and ps-train
+#    printing them alike: a cycle
 #    (naming its nodes), an unknown kind, an Add of two shapes, a stage cut
 #    with two live tensors (naming them), a model.arch with no file (listing
 #    the shipped ones);
@@ -52,6 +54,9 @@ refused() {  # what needle yaml-lines
     cat "$tmp/out"; fail "--check-config passed $what"
   fi
   grep -q -- "$needle" "$tmp/out" || { cat "$tmp/out"; fail "$what: expected '$needle'"; }
+  # one form for every model-file error: the config, the key, then file:line
+  grep -q -- "^psd: $tmp/cfg/plain.yaml: model.file: $tmp/bad.yaml:[0-9]*: " "$tmp/out" ||
+    { cat "$tmp/out"; fail "$what: not 'psd: CONFIG: model.file: FILE:LINE: ...'"; }
   echo "ok: refuses $what: $(grep -o -- "bad.yaml:[0-9]*.\{0,100\}" "$tmp/out" | head -n 1)"
 }
 HEAD='name: bad
@@ -74,10 +79,33 @@ refused "two tensors across a cut" "live across the cut s|t: b (the output of st
   - name: t
     nodes:
       - {name: c, kind: Add, inputs: [input, a]}"
+refused "a dtype mismatch" "bad.yaml:6: node 'a' (Linear): .*int64; it takes .* float32" "${HEAD/\{shape: \[4\]\}/\{shape: [4], dtype: int64\}}
+      - {name: a, kind: Linear, out_features: 3}"
+# psd start-up and ps-train print a model-file error as --check-config does
+"$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/check.err" && fail "dtype"
+! "$BUILD/bin/psd" --config "$tmp/cfg/plain.yaml" --set model.file="$tmp/bad.yaml" --listen "127.0.0.1:$(free_port)" \
+  2>"$tmp/start.err" || fail "psd started with a bad model file"
+cmp "$tmp/check.err" "$tmp/start.err" || fail "psd start-up: $(cat "$tmp/start.err") != $(cat "$tmp/check.err")"
+printf '%s\n' "$HEAD
+      - {name: a, kind: Conv3d}" >"$tmp/bad.yaml"
+"$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/check.err" && fail "Conv3d"
+! timeout 60 "$BUILD/bin/ps-train" --config "$tmp/cfg/plain.yaml" --set model.file="$tmp/bad.yaml" --max-batches 1 \
+  2>"$tmp/train.err" >/dev/null || fail "ps-train took a bad model file"
+[ "$(sed 's/^psd: //' "$tmp/check.err")" = "$(sed 's/^ps-train: //' "$tmp/train.err")" ] ||
+  fail "ps-train: $(cat "$tmp/train.err") != psd: $(cat "$tmp/check.err")"
+# ps-train status with a cluster config reads the model file for the placement too
+printf 'servers:\n  ps0: {address: "127.0.0.1:1"}\nmodel:\n  placement:\n    s: ps0\n' >"$tmp/cfg/cl.yaml"
+"$BUILD/bin/psd" --check-config "$tmp/cfg/cl.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/check.err" && fail "Conv3d"
+! "$BUILD/bin/ps-train" status --config "$tmp/cfg/cl.yaml" --set model.file="$tmp/bad.yaml" 2>"$tmp/st.err" >/dev/null ||
+  fail "ps-train status took a bad model file"
+[ "$(sed 's/^psd: //' "$tmp/check.err")" = "$(sed 's/^ps-train status: //' "$tmp/st.err")" ] ||
+  fail "ps-train status: $(cat "$tmp/st.err") != psd: $(cat "$tmp/check.err")"
+echo "ok: psd start-up, ps-train and ps-train status print model-file errors as --check-config does"
 if "$BUILD/bin/psd" --check-config "$tmp/cfg/plain.yaml" --set model.arch=nope >"$tmp/out" 2>&1; then
   fail "model.arch nope passed"
 fi
 grep -q "no model 'nope'" "$tmp/out" && grep -q "mnist_cnn" "$tmp/out" || { cat "$tmp/out"; fail "model.arch nope"; }
+grep -q "^psd: $tmp/cfg/plain.yaml: model.arch: " "$tmp/out" || { cat "$tmp/out"; fail "model.arch nope: prefix"; }
 echo "ok: refuses model.arch with no file, listing the shipped models"
 
 # --init-from: a running_mean of another shape names the node's line
@@ -95,7 +123,8 @@ PYEOF
 if "$BUILD/bin/psd" --check-config "$tmp/cfg/psd.yaml" --init-from "$tmp/init.safetensors" >"$tmp/out" 2>&1; then
   fail "--init-from with a mis-shaped buffer passed"
 fi
-grep -q "bn.running_mean.*res.yaml:8: node 'bn'" "$tmp/out" || { cat "$tmp/out"; fail "--init-from message"; }
+grep -q "bn.running_mean.*psd.yaml: model.file: .*res.yaml:8: node 'bn'" "$tmp/out" ||
+  { cat "$tmp/out"; fail "--init-from message"; }
 echo "ok: --init-from refuses a mis-shaped buffer: $(grep -o "tensor 'bn.running_mean'.*" "$tmp/out")"
 
 # psd serves it; ListParameters lists the buffers after the parameters

@@ -750,6 +750,10 @@ static void test_start_ranges(void) {
         {"server.address", "host:50051 ", "'host:50051 ' is not HOST:PORT"},
         {"server.address", "unix:", "'unix:' is not HOST:PORT"},
         {"server.address", "unix://relative.sock", "'unix://relative.sock' is not HOST:PORT"},
+        {"servers.ps0.address", "unix:", "servers.ps0.address: 'unix:' is not HOST:PORT (HOST an IPv4 address, "
+                                         "[IPv6 address] or a host name; PORT 1..65535) nor unix:PATH"},
+        {"servers.ps0.address", "unix://relative.sock", "'unix://relative.sock' is not HOST:PORT"},
+        {"servers.ps0.listen", "bogus", "servers.ps0.listen: 'bogus' is not HOST:PORT"},
         {"server.address", "", "server.address: must not be empty"},
         {"server.stop_metric", "running reward", "server.stop_metric: 'running reward' is not a scalar name "
                                                  "(1..31 letters, digits, '_', '.' or '-'"},
@@ -1010,6 +1014,15 @@ static const cluster_bad k_cluster_bad[] = {
      "model.placement.decoder.shards: [SERVER, ...], or drop rows)"},
     {"duplicate addresses", "servers.ps1.address", "localhost:50061", NULL, NULL,
      "servers.ps1.address: 'localhost:50061' is also servers.ps0's address '127.0.0.1:50061'"},
+    /* unix sockets: one path twice (as gRPC dials it) is one address */
+    {"one unix socket twice", "servers.ps0.address", "unix:/run/psd//ps.sock", "servers.ps1.address",
+     "unix:///run/psd/./ps.sock",
+     "servers.ps1.address: 'unix:///run/psd/./ps.sock' is also servers.ps0's address 'unix:/run/psd//ps.sock'"},
+    {"one unix listen twice", "servers.ps0.listen", "unix:/run/psd/ps.sock", "servers.ps1.listen",
+     "unix:/run/psd/ps.sock", "servers.ps1.listen: 'unix:/run/psd/ps.sock' is where servers.ps0 binds too"},
+    /* trainer.*: the first backoff is at most the longest */
+    {"retry_backoff_s above retry_backoff_max_s", "trainer.retry_backoff_s", "20", NULL, NULL,
+     "trainer.retry_backoff_s: 20 is larger than trainer.retry_backoff_max_s (10)"},
     {"duplicate listen addresses", "servers.ps0.listen", "0.0.0.0:7000", "servers.ps1.listen", "127.0.0.1:7000",
      "servers.ps1.listen: '127.0.0.1:7000' is where servers.ps0 binds too"},
     {"one metrics port on one host", "server.metrics_listen", "127.0.0.1:9100", NULL, NULL,
@@ -1033,6 +1046,21 @@ static void test_cluster_checks(void) {
     for (size_t i = 0; i < sizeof k_cluster_bad / sizeof k_cluster_bad[0]; i++) {
         const cluster_bad *b = &k_cluster_bad[i];
         expect_cluster_bad(b->what, b->k1, b->v1, b->k2, b->v2, b->want);
+    }
+    {   /* servers on one host dialled over unix sockets (as server.address may be) */
+        cluster_base(&c);
+        set_ok(&c, "servers.ps0.address", "unix:/run/psd/ps0.sock");
+        set_ok(&c, "servers.ps1.address", "unix:///run/psd/ps1.sock");
+        set_ok(&c, "server.metrics_listen", "");
+        CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+        CHECK(ps_config_select_server(&c, "ps1", &e) == PS_OK && !strcmp(c.server.listen, "unix:///run/psd/ps1.sock"));
+        /* the backoff check in the single-server form too; equal is fine */
+        ps_config_defaults(&c);
+        set_ok(&c, "trainer.retry_backoff_s", "10");
+        CHECK_MSG(ps_config_check_cluster(&c, &e) == PS_OK, "%s", e.msg);
+        set_ok(&c, "trainer.retry_backoff_max_s", "5");
+        CHECK(ps_config_check_cluster(&c, &e) == PS_ERR_INVALID_ARGUMENT);
+        CONTAINS(e.msg, "trainer.retry_backoff_s: 10 is larger than trainer.retry_backoff_max_s (5)");
     }
     {
         ps_config_defaults(&c);

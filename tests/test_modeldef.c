@@ -21,6 +21,7 @@
  *    Linear's) - and not the first Linear's output, the second's or the
  *    Add's; the stage table prints the same bytes per sample.
  */
+#include "config.h"
 #include "model.h"
 #include "modeldef.h"
 
@@ -68,6 +69,22 @@ static void expect_err(const char *name, const char *text, int build, int line, 
     CHECK_MSG(!strncmp(e.msg, head, strlen(head)), "%s: message does not start with '%s': %s", name, head, e.msg);
     if (p1) CONTAINS(e.msg, p1);
     if (p2) CONTAINS(e.msg, p2);
+    /* psd's form, parse and build errors alike: what led to the file
+     * (ps_config_model_origin), then file:line */
+    ps_config c;
+    ps_config_defaults(&c);
+    snprintf(c.model.file, sizeof c.model.file, "%s", path);
+    char origin[128], want[800];
+    ps_model_opts o = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f,
+                       .origin = ps_config_model_origin(&c, "e.yaml", origin, sizeof origin)};
+    CHECK(!strcmp(origin, "e.yaml: model.file"));
+    snprintf(want, sizeof want, "e.yaml: model.file: %s", head);
+    ps_err e2 = {0};
+    ps_model *m = ps_model_create(&o, &e2);
+    CHECK_MSG(!m, "%s: built", name);
+    ps_model_free(m);
+    CHECK_MSG(!strncmp(e2.msg, want, strlen(want)), "%s: message does not start with '%s': %s", name, want, e2.msg);
+    if (p1) CONTAINS(e2.msg, p1);
 }
 
 #define HEAD "name: t\nstages:\n  - name: s\n    input: {shape: [8], dtype: float32}\n    nodes:\n"

@@ -189,6 +189,13 @@ static int parse_args(const ps_task *task, void *t, int argc, char **argv, int f
         }
         if (ps_config_set(cfg, key, v, "command line", &err)) { fprintf(stderr, "ps-train: %s\n", err.msg); return 2; }
     }
+    /* The cluster and its model file, as psd checks them (a model-file
+     * error reads as psd prints it: "CONFIG: model.file: FILE:LINE: ...");
+     * a single server's --status needs neither. */
+    if (!(o->status_only && !cfg->n_servers) && ps_config_check_cluster(cfg, &err)) {
+        fprintf(stderr, "ps-train: %s: %s\n", config_path ? config_path : "command line", err.msg);
+        return 2;
+    }
     return -1;
 }
 

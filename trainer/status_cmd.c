@@ -85,6 +85,11 @@ int ps_status_cmd_main(int argc, char **argv) {
     }
 
     if (cfg.n_servers > 0 && !server) {
+        /* the cluster (and its model file) as psd and ps-train name its errors */
+        if (ps_config_check_cluster(&cfg, &err)) {
+            fprintf(stderr, "ps-train status: %s: %s\n", config ? config : "command line", err.msg);
+            return 2;
+        }
         grpc_init();
         int crc = ps_cluster_print_status(&cfg, timeout_s, stdout);
         grpc_shutdown();

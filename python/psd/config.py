@@ -224,6 +224,36 @@ def _check_address(origin, key, v):
     return v
 
 
+def _path_norm(p):
+    """As common/config_cluster.c path_norm: a path as written, without
+    "./" parts, repeated or trailing slashes."""
+    out, i = [], 0
+    while i < len(p):
+        if p[i] == "/" and (p[i + 1:i + 2] == "/" or (p[i + 1:i + 2] == "." and p[i + 2:i + 3] in ("/", ""))):
+            i += 1 if p[i + 1:i + 2] == "/" else 2
+            continue
+        if i == 0 and p.startswith("./"):
+            i += 2
+            continue
+        out.append(p[i])
+        i += 1
+    while len(out) > 1 and out[-1] == "/":
+        out.pop()
+    return "".join(out)
+
+
+def _address_key(v):
+    """What makes two addresses one, as common/config_cluster.c compares
+    servers.<name>.address: the same unix socket ("unix:///s/a.sock" is
+    "unix:/s//a.sock"), or the same host ("localhost" is 127.0.0.1) and
+    port."""
+    if v.startswith("unix:"):
+        p = v[5:]
+        return ("unix", _path_norm(p[2:] if p.startswith("//") else p))
+    host, _, port = v.rpartition(":")
+    return ("tcp", "127.0.0.1" if host == "localhost" else host, int(port))
+
+
 def _placement_order(placement):
     return [str(k) for k in placement] if isinstance(placement, dict) else []
 
@@ -288,6 +318,12 @@ def load(config_or_address, token=None, server=None, overrides=None):
                     _num(o, key, flat[key]))
     if "server.max_message_mb" in flat:
         cfg.max_message_bytes = int(cfg.max_message_bytes) << 20
+    if cfg.retry_backoff_s > cfg.retry_backoff_max_s:  # as ps_config_check_cluster
+        raise Error(grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{o}: trainer.retry_backoff_s: {cfg.retry_backoff_s:g} is larger than "
+                    f"trainer.retry_backoff_max_s ({cfg.retry_backoff_max_s:g}): the first wait before a retry "
+                    "cannot be longer than the longest; raise trainer.retry_backoff_max_s or lower "
+                    "trainer.retry_backoff_s")
     for key in _STR:
         if key in flat and flat[key] is not None and not isinstance(flat[key], str):
             raise Error(grpc.StatusCode.INVALID_ARGUMENT, f"{o}: {key}: '{flat[key]}' is not a string")
@@ -310,6 +346,11 @@ def load(config_or_address, token=None, server=None, overrides=None):
             if not isinstance(d, dict) or "address" not in d:
                 raise Error(grpc.StatusCode.INVALID_ARGUMENT, f"{o}: servers.{name}.address: missing (HOST:PORT)")
             addr = _check_address(o, f"servers.{name}.address", d["address"])
+            for other in cfg.servers:
+                if _address_key(other.address) == _address_key(addr):
+                    raise Error(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{o}: servers.{name}.address: '{addr}' is also servers.{other.name}'s address "
+                                f"'{other.address}'; each server needs its own")
             cfg.servers.append(Server(str(name), addr, d.get("server_name") or cfg.server_name))
     else:
         addr = _check_address(o, "server.address", flat.get("server.address", "127.0.0.1:50051"))

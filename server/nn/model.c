@@ -227,11 +227,12 @@ const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_
     for (int i = 0; dot && i < m->def->nnodes; i++) {
         const ps_node_def *nd = &m->def->nodes[i];
         if (strlen(nd->name) == (size_t)(dot - name) && !strncmp(nd->name, name, (size_t)(dot - name))) {
-            snprintf(buf, cap, "%s:%d: node '%s'", m->def->path, nd->line, nd->name);
+            snprintf(buf, cap, "%s%s%s:%d: node '%s'", m->origin, m->origin[0] ? ": " : "", m->def->path, nd->line,
+                     nd->name);
             return buf;
         }
     }
-    snprintf(buf, cap, "%s", m->def->path);
+    snprintf(buf, cap, "%s%s%s", m->origin, m->origin[0] ? ": " : "", m->def->path);
     return buf;
 }
 

@@ -58,6 +58,9 @@ typedef struct ps_tape ps_tape;
 typedef struct ps_model_opts {
     const char *arch;              /* model.arch: a shipped model file (modeldef.h), "mnist_cnn" */
     const char *file;              /* model.file: a model file's path; when set, arch is not used */
+    const char *origin;            /* what led to the model file, prefixed to its errors
+                                      (ps_config_model_origin: "psd.yaml: model.file");
+                                      NULL: none */
     const char *cpu_backend;       /* backend for stages on "cpu": "dnnl" or "ref" */
     int n_placement;               /* (stage, device) pairs; stages not named go to "cpu" */
     const char *placement_stage[PS_MODEL_MAX_STAGES];
@@ -190,8 +193,8 @@ int ps_model_num_def_params(const ps_model *m);
 const ps_param_info *ps_model_def_param(const ps_model *m, int i);
 
 /* Where a parameter or buffer (by state_dict name) is defined:
- * "path:line: node 'fc1'" into buf (the model file's path when no node
- * has that name). For errors about it. */
+ * "[origin: ]path:line: node 'fc1'" into buf (the model file's path when
+ * no node has that name; origin: ps_model_opts.origin). For errors about it. */
 const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap);
 
 /* ---- buffers ---- */

@@ -203,9 +203,15 @@ static ps_status check_sizes(const ps_layer *ly, ps_err *err) {
     return PS_OK;
 }
 
-/* "path:line: node 'x' (Kind)" before an error about node nd. */
+/* "[origin: ]path:line: node 'x' (Kind)" before an error about node nd. */
 static ps_status node_err(const ps_model *m, const ps_node_def *nd, ps_err *err) {
-    return ps_err_prefix(err, "%s:%d: node '%s' (%s)", m->def->path, nd->line, nd->name, nd->kind_name);
+    return ps_err_prefix(err, "%s%s%s:%d: node '%s' (%s)", m->origin, m->origin[0] ? ": " : "", m->def->path, nd->line,
+                         nd->name, nd->kind_name);
+}
+
+/* "origin: " before an error naming the model file (origin given). */
+static ps_status origin_err(const char *origin, ps_err *err) {
+    return origin && *origin ? ps_err_prefix(err, "%s", origin) : (err ? err->code : PS_ERR_INVALID_ARGUMENT);
 }
 
 /* Build stage st (definition index st->def_index): resolve attributes,
@@ -222,15 +228,17 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
         for (int k = 0; k < sd->in_ndim; k++) {
             double v = sd->in_keys[k] ? size_of(m, sd->in_keys[k]) : (double)sd->in_dims[k];
             if (!(v >= 1) || v != floor(v) || v > (double)PS_DIM_MAX)
-                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': input dimension %d is %g (%s%s): "
-                                  "not a whole number in 1..2^30", d->path, sd->line, sd->name, k + 1, v,
-                                  sd->in_keys[k] ? "size " : "a literal", sd->in_keys[k] ? sd->in_keys[k] : "");
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s%s:%d: stage '%s': input dimension %d is %g "
+                                  "(%s%s): not a whole number in 1..2^30", m->origin, m->origin[0] ? ": " : "",
+                                  d->path, sd->line, sd->name, k + 1, v, sd->in_keys[k] ? "size " : "a literal",
+                                  sd->in_keys[k] ? sd->in_keys[k] : "");
             shape->dims[k] = (int64_t)v;
         }
         *dtype = sd->in_dtype;
         if (!numel_ok(shape->ndim, shape->dims))
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s:%d: stage '%s': the input is too large (at most 2^40 "
-                              "elements per sample)", d->path, sd->line, sd->name);
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s%s%s:%d: stage '%s': the input is too large (at most "
+                              "2^40 elements per sample)", m->origin, m->origin[0] ? ": " : "", d->path, sd->line,
+                              sd->name);
     }
     int nl = st->nlayers = sd->count;
     st->layers = calloc((size_t)nl, sizeof *st->layers);
@@ -438,7 +446,7 @@ static void ghosts_free(stage *ghost) {
  * table of --check-config). */
 static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *err) {
     ps_model_def *a = ps_model_def_load(o->arch, o->file, err);
-    if (!a) return NULL;
+    if (!a) { origin_err(o->origin, err); return NULL; }
     for (int i = 0; i < o->n_placement; i++) {
         if (ps_model_def_stage(a, o->placement_stage[i]) < 0) {
             char known[256];
@@ -492,6 +500,7 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
     pthread_cond_init(&m->wcv, NULL);
     pthread_mutex_init(&m->step_mu, NULL);
     m->def = a;
+    snprintf(m->origin, sizeof m->origin, "%s", o->origin ? o->origin : "");
     if (o->optim) {
         m->optim = *o->optim;
     } else {

@@ -119,6 +119,7 @@ typedef struct param_loc {
 
 struct ps_model {
     ps_model_def *def;       /* owned */
+    char origin[PS_ERR_MSG_MAX]; /* ps_model_opts.origin ("" if none): before file:line in messages */
     double sizes[PS_MODEL_MAX_SIZES]; /* per def->sizes */
     const char *size_keys[PS_MODEL_MAX_SIZES];
     stage stages[PS_MODEL_MAX_STAGES];
