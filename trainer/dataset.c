@@ -228,6 +228,17 @@ ps_status ps_data_load(const char *spec, size_t max_bytes, ps_array *out, ps_err
 
 static ps_status load_path(const char *path, const char *name, size_t max_bytes, ps_array *out, ps_err *err);
 
+typedef struct load_args {
+    const char *name;
+    size_t max_bytes;
+    ps_array *out;
+} load_args;
+
+static ps_status load_path_cb(const char *path, void *arg, ps_err *err) {
+    load_args *a = arg;
+    return load_path(path, a->name, a->max_bytes, a->out, err);
+}
+
 ps_status ps_data_load_wait(const char *spec, size_t max_bytes, int wait_ms, ps_array *out, ps_err *err) {
     memset(out, 0, sizeof *out);
     char path[1024];
@@ -248,37 +259,11 @@ ps_status ps_data_load_wait(const char *spec, size_t max_bytes, int wait_ms, ps_
                                   "':') neither is %s, the file to take '%s' from", spec, path, name);
         }
     }
-    /* O_NONBLOCK: a FIFO without a writer opens at once (and is waited on
-     * below, within wait_ms), never blocking here. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0 || fstat(fd, &sb)) {
-        ps_status st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
-                                  strerror(errno));
-        if (fd >= 0) close(fd);
-        return st;
-    }
-    if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
-        close(fd);
-        return load_path(path, name, max_bytes, out, err);
-    }
     /* A pipe (<(zcat x.npy.gz)), FIFO, socket or device: read once, whole,
      * into memory within the limit, then loaded as a file would be. */
-    if (isatty(fd)) {
-        close(fd);
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a terminal, not a data file (redirect a file or a pipe "
-                          "into it)", path);
-    }
-    int memfd;
     size_t limit = max_bytes > SIZE_MAX - PS_DATA_STREAM_SLACK ? SIZE_MAX : max_bytes + PS_DATA_STREAM_SLACK;
-    ps_status st = ps_stream_read(fd, path, limit, wait_ms, &memfd, err);
-    close(fd);
-    if (st) return st;
-    char mpath[64];
-    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
-    st = load_path(mpath, name, max_bytes, out, err);
-    if (st) ps_err_rename(err, mpath, path);
-    close(memfd);
-    return st;
+    load_args a = {name, max_bytes, out};
+    return ps_stream_load(path, limit, wait_ms, load_path_cb, &a, err);
 }
 
 /* A regular file (or directory, refused by sniff). */

@@ -2,12 +2,9 @@
 #include "idx.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include "dims.h"
@@ -260,30 +257,21 @@ done:
 /* A regular file as it is; a pipe, FIFO or device (a FIFO without a writer
  * would block in fopen forever) read whole into memory first, as
  * ps_data_load reads them (stream.h). */
+typedef struct idx_args {
+    int any;
+    size_t max_bytes;
+    ps_idx *out;
+} idx_args;
+
+static ps_status idx_load_cb(const char *path, void *arg, ps_err *err) {
+    idx_args *a = arg;
+    return idx_load(path, a->any, a->max_bytes, a->out, err);
+}
+
 static ps_status idx_load_path(const char *path, int any, size_t max_bytes, int wait_ms, ps_idx *out, ps_err *err) {
     memset(out, 0, sizeof *out);
-    struct stat sb;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never waits for a FIFO's writer */
-    if (fd < 0 || fstat(fd, &sb)) {
-        ps_status st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
-                                  strerror(errno));
-        if (fd >= 0) close(fd);
-        return st;
-    }
-    if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
-        close(fd);
-        return idx_load(path, any, max_bytes, out, err);
-    }
-    int memfd;
-    ps_status st = ps_stream_read(fd, path, max_bytes + PS_DATA_STREAM_SLACK, wait_ms, &memfd, err);
-    close(fd);
-    if (st) return st;
-    char mpath[64];
-    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
-    st = idx_load(mpath, any, max_bytes, out, err);
-    if (st) ps_err_rename(err, mpath, path);
-    close(memfd);
-    return st;
+    idx_args a = {any, max_bytes, out};
+    return ps_stream_load(path, max_bytes + PS_DATA_STREAM_SLACK, wait_ms, idx_load_cb, &a, err);
 }
 
 ps_status ps_idx_load(const char *path, ps_idx *out, ps_err *err) {

@@ -2,10 +2,12 @@
 #include "stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void ps_err_rename(ps_err *err, const char *from, const char *to) {
@@ -71,5 +73,36 @@ ps_status ps_stream_read(int fd, const char *path, size_t limit, int wait_ms, in
         close(*memfd);
         *memfd = -1;
     }
+    return st;
+}
+
+ps_status ps_stream_load(const char *path, size_t limit, int wait_ms, ps_stream_load_fn load, void *arg,
+                         ps_err *err) {
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never waits for a FIFO's writer */
+    if (fd < 0 || fstat(fd, &sb)) {
+        ps_status st = ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
+                                  strerror(errno));
+        if (fd >= 0) close(fd);
+        return st;
+    }
+    if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) {
+        close(fd);
+        return load(path, arg, err);
+    }
+    if (isatty(fd)) {
+        close(fd);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a terminal, not a data file (redirect a file or a pipe "
+                          "into it)", path);
+    }
+    int memfd;
+    ps_status st = ps_stream_read(fd, path, limit, wait_ms, &memfd, err);
+    close(fd);
+    if (st) return st;
+    char mpath[64];
+    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", memfd);
+    st = load(mpath, arg, err);
+    if (st) ps_err_rename(err, mpath, path);
+    close(memfd);
     return st;
 }

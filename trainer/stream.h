@@ -30,4 +30,13 @@ ps_status ps_stream_read(int fd, const char *path, size_t limit, int wait_ms, in
  * in-memory copy's). */
 void ps_err_rename(ps_err *err, const char *from, const char *to);
 
+/* Load path with load(path, arg): a regular file (or a directory, for the
+ * loader to refuse) as it is; a terminal refused; any other stream (a pipe
+ * such as <(zcat x.gz), a FIFO, /dev/stdin) opened without waiting, read
+ * with ps_stream_read (limit, wait_ms) and loaded from its in-memory copy,
+ * errors naming path, not the copy. */
+typedef ps_status (*ps_stream_load_fn)(const char *path, void *arg, ps_err *err);
+ps_status ps_stream_load(const char *path, size_t limit, int wait_ms, ps_stream_load_fn load, void *arg,
+                         ps_err *err);
+
 #endif
