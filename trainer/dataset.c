@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "gzfile.h"
 #include "idx.h"
 #include "npy.h"
 #include "safetensors.h"
@@ -154,7 +155,12 @@ static int sniff(const char *path, ps_err *err) {
         return -1;
     }
     struct stat sb;
-    if (!fstat(fileno(f), &sb) && S_ISDIR(sb.st_mode)) {
+    if (fstat(fileno(f), &sb)) {
+        ps_err_set(err, PS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        fclose(f);
+        return -1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
         fclose(f);
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a directory, not a data file", path);
         return -1;
@@ -188,10 +194,8 @@ static int sniff(const char *path, ps_err *err) {
             int zerr;
             const char *zmsg = gzerror(gz, &zerr);
             if (zerr != Z_OK && zerr != Z_STREAM_END) {
-                size_t n = strlen(path);
-                if (!strncmp(zmsg, path, n) && !strncmp(zmsg + n, ": ", 2)) zmsg += n + 2;
                 ps_err_set(err, PS_ERR_FORMAT, "%s: a gzip file that does not decompress (zlib: %s): corrupt or "
-                           "truncated", path, zmsg);
+                           "truncated", path, ps_gz_strip_path(path, zmsg));
                 gzclose(gz);
                 return -1;
             }

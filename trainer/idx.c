@@ -8,7 +8,7 @@
 #include <zlib.h>
 
 #include "dims.h"
-#include "gztail.h"
+#include "gzfile.h"
 #include "stream.h"
 
 /* Trailing bytes counted before the error says "more than" (idx_load). */
@@ -34,39 +34,6 @@ const char *ps_idx_dtype_name(int code) {
 size_t ps_idx_dtype_size(int code) {
     int i = type_index(code);
     return i < 0 ? 0 : g_idx_types[i].size;
-}
-
-/* Read up to n bytes; *got is how many arrived. Returns 0 at a clean end or
- * after n bytes, -1 on a zlib error (message in *zmsg). */
-static int read_full(gzFile gz, void *buf, size_t n, size_t *got, const char **zmsg) {
-    *got = 0;
-    while (*got < n) {
-        size_t want = n - *got;
-        if (want > (1u << 30)) want = 1u << 30;
-        int r = gzread(gz, (char *)buf + *got, (unsigned)want);
-        if (r < 0) {
-            int zerr;
-            *zmsg = gzerror(gz, &zerr);
-            return -1;
-        }
-        if (r == 0) {
-            /* gzread returns 0 both at a clean end and, for a truncated gzip
-             * stream, with the error set: tell them apart. */
-            int zerr;
-            const char *m = gzerror(gz, &zerr);
-            if (zerr != Z_OK && zerr != Z_STREAM_END) { *zmsg = m; return -1; }
-            return 0;
-        }
-        *got += (size_t)r;
-    }
-    return 0;
-}
-
-/* gzerror's message starts with the path; drop it since ours does too. */
-static const char *strip_path(const char *path, const char *zmsg) {
-    size_t n = strlen(path);
-    if (!strncmp(zmsg, path, n) && zmsg[n] == ':' && zmsg[n + 1] == ' ') return zmsg + n + 2;
-    return zmsg;
 }
 
 static void dims_str(const ps_idx *x, char *buf, size_t cap) {
@@ -104,9 +71,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     unsigned char hdr[4 + 4 * PS_IDX_MAX_DIMS];
     size_t got;
 
-    if (read_full(gz, hdr, 4, &got, &zmsg) < 0) {
+    if (ps_gz_read_full(gz, hdr, 4, &got, &zmsg) < 0) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s: %s", path, kind,
-                        strip_path(path, zmsg));
+                        ps_gz_strip_path(path, zmsg));
         goto done;
     }
     if (got < 4) {
@@ -139,9 +106,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
         goto done;
     }
     x.ndim = hdr[3];
-    if (read_full(gz, hdr + 4, 4 * (size_t)x.ndim, &got, &zmsg) < 0) {
+    if (ps_gz_read_full(gz, hdr + 4, 4 * (size_t)x.ndim, &got, &zmsg) < 0) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s: %s", path, kind,
-                        strip_path(path, zmsg));
+                        ps_gz_strip_path(path, zmsg));
         goto done;
     }
     if (got < 4 * (size_t)x.ndim) {
@@ -186,10 +153,10 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
             data = nd;
             cap = ncap;
         }
-        if (read_full(gz, data + have, cap - have, &got, &zmsg) < 0) {
+        if (ps_gz_read_full(gz, data + have, cap - have, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT,
                             "%s: read error%s after %zu of %zu data bytes (corrupt or truncated?): %s",
-                            path, kind, have + got, x.bytes, strip_path(path, zmsg));
+                            path, kind, have + got, x.bytes, ps_gz_strip_path(path, zmsg));
             goto done;
         }
         have += got;
@@ -211,9 +178,9 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     size_t trailing = 0;
     while (trailing <= IDX_TRAILING_COUNTED) {
         unsigned char scratch[65536];
-        if (read_full(gz, scratch, sizeof scratch, &got, &zmsg) < 0) {
+        if (ps_gz_read_full(gz, scratch, sizeof scratch, &got, &zmsg) < 0) {
             st = ps_err_set(err, PS_ERR_FORMAT, "%s: read error%s after the data: %s",
-                            path, kind, strip_path(path, zmsg));
+                            path, kind, ps_gz_strip_path(path, zmsg));
             goto done;
         }
         trailing += got;
@@ -231,7 +198,7 @@ static ps_status idx_load(const char *path, int any, size_t max_bytes, ps_idx *o
     }
 
     /* zlib stopped at the first bytes after a member that are not another
-     * member: refuse them as gzip -d warns of them (gztail.h). */
+     * member: refuse them as gzip -d warns of them (gzfile.h). */
     if (gzipped && (st = ps_gz_check_tail(path, err))) goto done;
 
     /* IDX data is big-endian: to host order (a no-op for bytes). */

@@ -10,7 +10,7 @@
  * ps_idx_load reads the whole file through zlib's gzopen/gzread, which
  * reads gzip files (detected by their magic 1f 8b; concatenated members
  * read as one) and raw files alike; bytes other than zeros after the last
- * member are refused (gztail.h). A pipe, FIFO or device is read whole into memory first, as
+ * member are refused (gzfile.h). A pipe, FIFO or device is read whole into memory first, as
  * ps_data_load reads it (stream.h): a FIFO nobody writes is refused after
  * PS_DATA_STREAM_WAIT_MS ("no writer?"), not waited on forever. It
  * checks the magic, 1 <= ndim <= PS_IDX_MAX_DIMS, every dimension non-zero,

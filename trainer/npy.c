@@ -8,7 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "gztail.h"
+#include "gzfile.h"
 #include "zip.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -212,44 +212,34 @@ ps_status ps_npy_parse(const void *buf, size_t len, const char *what, size_t max
     return PS_OK;
 }
 
-/* Exactly n bytes (or fewer at the end: *got says) from gz. */
-static int gz_read(gzFile gz, void *buf, size_t n, size_t *got) {
-    *got = 0;
-    while (*got < n) {
-        size_t want = n - *got > (1u << 30) ? 1u << 30 : n - *got;
-        int r = gzread(gz, (char *)buf + *got, (unsigned)want);
-        if (r < 0) return -1;
-        if (r == 0) {
-            int ze;
-            gzerror(gz, &ze);
-            return ze != Z_OK && ze != Z_STREAM_END ? -1 : 0;
-        }
-        *got += (size_t)r;
-    }
-    return 0;
-}
-
 ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err *err) {
     memset(out, 0, sizeof *out);
     gzFile gz = gzopen(path, "rb");
     if (!gz)
         return ps_err_set(err, errno == ENOENT ? PS_ERR_NOT_FOUND : PS_ERR_IO, "%s: cannot open: %s", path,
                           errno ? strerror(errno) : "out of memory");
+    const char *zmsg; /* zlib's words: unused, the messages say "corrupt gzip?" */
     unsigned char pre[12];
     char *hdr = NULL;
     void *data = NULL;
     size_t got, hstart, hlen, bytes;
     npy_header h;
     ps_status st;
-    if (gz_read(gz, pre, 10, &got)) { st = ps_err_set(err, PS_ERR_IO, "%s: read error (corrupt gzip?)", path); goto done; }
+    if (ps_gz_read_full(gz, pre, 10, &got, &zmsg)) {
+        st = ps_err_set(err, PS_ERR_IO, "%s: read error (corrupt gzip?)", path);
+        goto done;
+    }
     if (got == 10 && (pre[6] == 2 || pre[6] == 3)) { /* versions 2 and 3: a 4-byte header length */
         size_t more;
-        if (gz_read(gz, pre + 10, 2, &more)) { st = ps_err_set(err, PS_ERR_IO, "%s: read error", path); goto done; }
+        if (ps_gz_read_full(gz, pre + 10, 2, &more, &zmsg)) {
+            st = ps_err_set(err, PS_ERR_IO, "%s: read error", path);
+            goto done;
+        }
         got += more;
     }
     if ((st = prelude(pre, got, path, &hstart, &hlen, err))) goto done;
     if (!(hdr = malloc(hlen + 1))) { st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", path); goto done; }
-    if (gz_read(gz, hdr, hlen, &got) || got < hlen) {
+    if (ps_gz_read_full(gz, hdr, hlen, &got, &zmsg) || got < hlen) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: truncated .npy header (%zu of %zu bytes)", path, got, hlen);
         goto done;
     }
@@ -271,7 +261,7 @@ ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err 
         }
         data = nd;
         cap = ncap;
-        if (gz_read(gz, (char *)data + got, cap - got, &n)) {
+        if (ps_gz_read_full(gz, (char *)data + got, cap - got, &n, &zmsg)) {
             st = ps_err_set(err, PS_ERR_IO, "%s: read error (corrupt gzip?)", path);
             goto done;
         }
@@ -287,12 +277,12 @@ ps_status ps_npy_load(const char *path, size_t max_bytes, ps_array *out, ps_err 
                         ps_array_shape_str(h.dims, h.ndim, sh, sizeof sh), ps_array_dtype_name(h.dtype), bytes, got);
         goto done;
     }
-    if (gz_read(gz, &one, 1, &got) || got) {
+    if (ps_gz_read_full(gz, &one, 1, &got, &zmsg) || got) {
         st = ps_err_set(err, PS_ERR_FORMAT, "%s: trailing bytes after the %zu data bytes shape %s of %s needs", path,
                         bytes, ps_array_shape_str(h.dims, h.ndim, sh, sizeof sh), ps_array_dtype_name(h.dtype));
         goto done;
     }
-    if (!gzdirect(gz) && (st = ps_gz_check_tail(path, err))) goto done; /* junk after the gzip data (gztail.h) */
+    if (!gzdirect(gz) && (st = ps_gz_check_tail(path, err))) goto done; /* junk after the gzip data (gzfile.h) */
     fill(out, &h, data, bytes);
     data = NULL;
 done:

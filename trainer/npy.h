@@ -16,7 +16,7 @@
  * The data must be exactly the size the header declares: a short file and
  * trailing bytes are errors. A .npy file may be gzip'ed (read through
  * zlib; bytes after the last gzip member other than zeros are refused,
- * gztail.h); its data must fit max_bytes, checked before allocating.
+ * gzfile.h); its data must fit max_bytes, checked before allocating.
  *
  * .npz: a zip archive (zip.h) of NAME.npy members, stored (np.savez) or
  * deflated (np.savez_compressed). ps_npz_load reads member NAME (".npy" is

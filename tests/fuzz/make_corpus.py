@@ -184,7 +184,7 @@ idx_seeds = {
     "gz_raw": RAW + gzip.compress(imgs, mtime=0),          # a real gzip file, as written (the target leaves it as is)
     "gz_cut": RAW + gzip.compress(imgs, mtime=0)[:-9],     # gzip without its trailer
     "gz_members": RAW + gzip.compress(imgs[:7], mtime=0) + gzip.compress(imgs[7:], mtime=0),  # cat a.gz b.gz
-    "gz_junk": RAW + gzip.compress(imgs, mtime=0) + b"JUNK",  # refused (trainer/gztail.h)
+    "gz_junk": RAW + gzip.compress(imgs, mtime=0) + b"JUNK",  # refused (trainer/gzfile.h)
     "gz_zeros": RAW + gzip.compress(imgs, mtime=0) + bytes(8),  # zero padding: ignored, as gzip -d does
 }
 

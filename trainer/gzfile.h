@@ -1,4 +1,6 @@
-/* gztail.h - what follows the last member of a gzip file.
+/* gzfile.h - gzip'ed files as the loaders read them (IDX, .npy, and the
+ * format sniffing of dataset.c): whole reads through zlib's gzread, zlib's
+ * messages without the path, and what follows the last member.
  *
  * zlib's gzread reads concatenated gzip members as one stream (as gzip -d
  * does) but stops silently at the first bytes after a member that are not
@@ -18,10 +20,24 @@
  * Call it on a file known to start with the gzip magic (1f 8b), after the
  * data was read: it reads the file once more (inflating into a scratch
  * buffer), in constant memory. */
-#ifndef PS_TRAINER_GZTAIL_H
-#define PS_TRAINER_GZTAIL_H
+#ifndef PS_TRAINER_GZFILE_H
+#define PS_TRAINER_GZFILE_H
+
+#include <stddef.h>
+#include <zlib.h>
 
 #include "status.h"
+
+/* Up to n bytes from gz into buf (*got: how many arrived, in reads of at
+ * most 1 GiB). 0 at a clean end or after n bytes; -1 on a zlib error, its
+ * message in *zmsg (gzerror's, starting with the path). gzread answers 0
+ * both at a clean end and for a cut stream, with the error set: told
+ * apart here. */
+int ps_gz_read_full(gzFile gz, void *buf, size_t n, size_t *got, const char **zmsg);
+
+/* zmsg without the "PATH: " gzerror puts first (the callers' messages
+ * name the path themselves). */
+const char *ps_gz_strip_path(const char *path, const char *zmsg);
 
 ps_status ps_gz_check_tail(const char *path, ps_err *err);
 

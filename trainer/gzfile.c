@@ -1,5 +1,5 @@
-/* gztail.c - the bytes after a gzip file's last member (gztail.h). */
-#include "gztail.h"
+/* gzfile.c - gzip'ed files as the loaders read them (gzfile.h). */
+#include "gzfile.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -79,4 +79,31 @@ ps_status ps_gz_check_tail(const char *path, ps_err *err) {
     inflateEnd(&zs);
     fclose(f);
     return st;
+}
+
+int ps_gz_read_full(gzFile gz, void *buf, size_t n, size_t *got, const char **zmsg) {
+    *got = 0;
+    while (*got < n) {
+        size_t want = n - *got;
+        if (want > (1u << 30)) want = 1u << 30;
+        int r = gzread(gz, (char *)buf + *got, (unsigned)want);
+        int zerr;
+        if (r < 0) {
+            *zmsg = gzerror(gz, &zerr);
+            return -1;
+        }
+        if (r == 0) {
+            const char *m = gzerror(gz, &zerr);
+            if (zerr != Z_OK && zerr != Z_STREAM_END) { *zmsg = m; return -1; }
+            return 0;
+        }
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+const char *ps_gz_strip_path(const char *path, const char *zmsg) {
+    size_t n = strlen(path);
+    if (!strncmp(zmsg, path, n) && zmsg[n] == ':' && zmsg[n + 1] == ' ') return zmsg + n + 2;
+    return zmsg;
 }
