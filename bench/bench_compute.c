@@ -50,7 +50,14 @@
  * --psd-checks      what psd's handlers add: the input's and the output
  *                   gradient's NaN/Inf scans, the parameter gradients'
  *                   finiteness check, a separate scratch accumulator added
- *                   into the context's (ps_grads_add).
+ *                   into the context's (ps_grads_add);
+ * --parallel P      P threads in this process, each bound to its own CPU
+ *                   (i mod the CPUs), run their own batches at once on the
+ *                   one model, as psd's workers serve P trainers (hogwild
+ *                   steps, the model's own locks) but without the RPC;
+ *                   samples/s is all threads' together, cpu_us the
+ *                   process's CPU per sample. Set --threads 1 beside it to
+ *                   read it against P processes of one thread each.
  */
 #include <errno.h>
 #include <sched.h>
@@ -59,6 +66,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "clock.h"
@@ -262,9 +270,61 @@ static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *e
     return samples / el;
 }
 
+/* --parallel: one thread's share of a repetition. */
+typedef struct par_job {
+    bench_ctx *b;
+    pthread_t th;
+    int step, cpu;
+    double secs;
+    long fixed;
+    double rate;
+    ps_err err;
+} par_job;
+
+static void *par_main(void *p) {
+    par_job *j = p;
+    if (j->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(j->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    j->rate = run_for(j->b, j->step, j->secs, j->fixed, &j->err);
+    return NULL;
+}
+
+/* run_for on np contexts at once, one thread each; b[0] gets the summed
+ * phase times (per batch of all threads), the process's CPU and every
+ * thread's batches; returns all threads' samples/s together. */
+static double run_par(bench_ctx *b, int np, int step, double secs, long fixed, ps_err *err) {
+    par_job job[64];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double c0 = cpu_s(), total = 0;
+    int started = 0;
+    for (int i = 0; i < np; i++) {
+        job[i] = (par_job){.b = &b[i], .step = step, .cpu = ncpu > 0 ? (int)(i % ncpu) : -1, .secs = secs, .fixed = fixed};
+        if (pthread_create(&job[i].th, NULL, par_main, &job[i])) break;
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(job[i].th, NULL);
+    double cpu = cpu_s() - c0;
+    if (started < np) { ps_err_set(err, PS_ERR_INTERNAL, "--parallel: no thread"); return -1; }
+    for (int i = 0; i < np; i++) {
+        if (job[i].rate < 0) { *err = job[i].err; return -1; }
+        total += job[i].rate;
+    }
+    for (int i = 1; i < np; i++) {
+        b[0].t_fwd += b[i].t_fwd; b[0].t_bwd += b[i].t_bwd; b[0].t_step += b[i].t_step;
+        b[0].c_fwd += b[i].c_fwd; b[0].c_bwd += b[i].c_bwd; b[0].c_step += b[i].c_step;
+        b[0].nbatches += b[i].nbatches;
+    }
+    b[0].cpu = cpu;
+    return total;
+}
+
 int main(int argc, char **argv) {
     const char *backend = "dnnl", *data_dir = "data/mnist", *model_file = NULL;
-    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0, nhop = 0, gap_us = 0, evict_kb = 0;
+    long threads = 1, batch = 32, reps = 5, profile = 0, fixed = 0, nhop = 0, gap_us = 0, evict_kb = 0, npar = 1;
     int snapshots = 0, tune = 0, fresh_input = 0, psd_checks = 0, ncpus = 0, cpus[64];
     double secs = 1.0;
     for (int i = 1; i < argc; i++) {
@@ -284,6 +344,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) { if (ps_cli_long("bench_compute", a, v, 1, 512, &batch)) return 2; }
         else if (!strcmp(a, "--batches")) { if (ps_cli_long("bench_compute", a, v, 1, 1000000, &fixed)) return 2; }
         else if (!strcmp(a, "--hop")) { if (ps_cli_long("bench_compute", a, v, 1, 64, &nhop)) return 2; }
+        else if (!strcmp(a, "--parallel")) { if (ps_cli_long("bench_compute", a, v, 1, 64, &npar)) return 2; }
         else if (!strcmp(a, "--hop-cpus")) {
             for (const char *q = v; *q && ncpus < 64;) {
                 char *e;
@@ -358,6 +419,24 @@ int main(int argc, char **argv) {
     b.hop = hop;
     int rc = 1;
     if (!b.x || !b.out || !b.grad || !b.y || !b.idx) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
+    /* --parallel: bs[0] is b; the others their own buffers and contexts
+     * (context ids apart, batches from other places of the data) */
+    bench_ctx bs[64];
+    bs[0] = b;
+    int npar_ok = 1;
+    for (long i = 1; i < npar; i++) {
+        bs[i] = (bench_ctx){.m = m, .data = &data, .batch = (int)batch, .ctx = (uint64_t)i << 40, .psd_checks = psd_checks,
+                            .fresh_input = fresh_input};
+        bs[i].x = malloc((size_t)batch * 784 * sizeof(float));
+        bs[i].out = malloc((size_t)batch * 10 * sizeof(float));
+        bs[i].grad = malloc((size_t)batch * 10 * sizeof(float));
+        bs[i].y = malloc((size_t)batch * sizeof(int64_t));
+        bs[i].idx = malloc((size_t)batch * sizeof(uint32_t));
+        if (!bs[i].x || !bs[i].out || !bs[i].grad || !bs[i].y || !bs[i].idx) npar_ok = 0;
+    }
+    if (npar > 1 && (nhop || gap_us || evict_kb)) { fprintf(stderr, "bench_compute: --parallel goes with none of --hop, --gap-us, --evict-kb\n"); rc = 2; goto out_par; }
+    if (!npar_ok) { fprintf(stderr, "bench_compute: out of memory\n"); goto out_par; }
+#define RUN(step, secs) (npar > 1 ? run_par(bs, (int)npar, (step), (secs), fixed, &err) : run_for(&bs[0], (step), (secs), fixed, &err))
 
     const char *what[2] = {"forward", "step"};
     /* Warm-up of both: primitive creation, page faults, caches. Then the
@@ -365,26 +444,27 @@ int main(int argc, char **argv) {
      * in the machine's load during the run moves both alike and their
      * ratio (issue 18's step/forward) is not the load's. */
     for (int step = 0; step <= 1; step++)
-        if (run_for(&b, step, secs < 0.5 ? secs : 0.5, fixed, &err) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out; }
+        if (RUN(step, secs < 0.5 ? secs : 0.5) < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); goto out_par; }
     double *pfs[2] = { calloc((size_t)reps * 8, sizeof(double)), calloc((size_t)reps * 8, sizeof(double)) };
-    if (!pfs[0] || !pfs[1]) { free(pfs[0]); free(pfs[1]); goto out; }
+    if (!pfs[0] || !pfs[1]) { free(pfs[0]); free(pfs[1]); goto out_par; }
     for (long i = 0; i < reps; i++)
         for (int step = 0; step <= 1; step++) {
             double *p = &pfs[step][i * 8];
-            p[0] = run_for(&b, step, secs, fixed, &err);
-            if (p[0] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(pfs[0]); free(pfs[1]); goto out; }
-            double nb = (double)b.nbatches;
-            p[1] = b.t_fwd / nb * 1e3;
-            p[2] = b.t_bwd / nb * 1e3;
-            p[3] = b.t_step / nb * 1e3;
-            p[4] = b.cpu / (nb * (double)batch) * 1e6;
-            p[5] = b.c_fwd / nb * 1e3;
-            p[6] = b.c_bwd / nb * 1e3;
-            p[7] = b.c_step / nb * 1e3;
+            p[0] = RUN(step, secs);
+            if (p[0] < 0) { fprintf(stderr, "bench_compute: %s\n", err.msg); free(pfs[0]); free(pfs[1]); goto out_par; }
+            const bench_ctx *b0 = &bs[0];
+            double nb = (double)b0->nbatches;
+            p[1] = b0->t_fwd / nb * 1e3;
+            p[2] = b0->t_bwd / nb * 1e3;
+            p[3] = b0->t_step / nb * 1e3;
+            p[4] = b0->cpu / (nb * (double)batch) * 1e6;
+            p[5] = b0->c_fwd / nb * 1e3;
+            p[6] = b0->c_bwd / nb * 1e3;
+            p[7] = b0->c_step / nb * 1e3;
         }
     for (int step = 0; step <= 1; step++) {
         double *pf = pfs[step], *r = calloc((size_t)reps, sizeof *r);
-        if (!r) { free(pfs[0]); free(pfs[1]); goto out; }
+        if (!r) { free(pfs[0]); free(pfs[1]); goto out_par; }
         for (long i = 0; i < reps; i++) r[i] = pf[i * 8];
         qsort(pf, (size_t)reps, 8 * sizeof(double), cmp_double);  /* rows by samples/s */
         double *cpu = calloc((size_t)reps, sizeof *cpu);
@@ -394,9 +474,11 @@ int main(int argc, char **argv) {
         free(cpu);
         qsort(r, (size_t)reps, sizeof *r, cmp_double);
         double med = reps % 2 ? r[reps / 2] : 0.5 * (r[reps / 2 - 1] + r[reps / 2]);
-        printf("compute %sbackend=%s isa=%s threads=%ld batch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
-               "unit=samples/s cpu_us=%.1f\n", model_tag, backend, ps_backend_cpu_isa(), threads, batch, what[step], reps,
-               med, r[0], r[reps - 1], cpu_med);
+        char par_tag[32] = "";
+        if (npar > 1) snprintf(par_tag, sizeof par_tag, "parallel=%ld ", npar);
+        printf("compute %sbackend=%s isa=%s threads=%ld %sbatch=%ld what=%s reps=%ld median=%.1f min=%.1f max=%.1f "
+               "unit=samples/s cpu_us=%.1f\n", model_tag, backend, ps_backend_cpu_isa(), threads, par_tag, batch, what[step],
+               reps, med, r[0], r[reps - 1], cpu_med);
         if (profile) {
             const double *p = &pf[(reps / 2) * 8];
             printf("  phases (ms/batch, median rep): forward %.2f backward %.2f step %.2f"
@@ -408,6 +490,11 @@ int main(int argc, char **argv) {
     free(pfs[0]);
     free(pfs[1]);
     rc = 0;
+#undef RUN
+out_par:
+    for (long i = 1; i < npar; i++) {
+        free(bs[i].x); free(bs[i].out); free(bs[i].grad); free(bs[i].y); free(bs[i].idx);
+    }
 out:
     for (int i = 0; i < b.nhop; i++) {
         pthread_mutex_lock(&hop[i].mu);

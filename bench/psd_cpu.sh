@@ -9,7 +9,7 @@
 # settings). BATCHES timed batches per trainer after a 5-batch round (start-
 # up, kernels, pools). Environment: N trainers (2), BUILD (build), DATA
 # (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41),
-# VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
+# BS (the batch size; MNIST 32, ResNet 64), VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
 # times (psd_call_phase_seconds_total, us per batch), PSD_LOG=FILE to keep
 # psd's log (stderr; e.g. what PS_EXEC_PROFILE or a debug build prints),
 # CALLS=1 for the split of psd's CPU below (calls_us, busy; EXEC_KEEP=FILE
@@ -57,6 +57,7 @@ EOF
     ;;
   *) echo "psd_cpu.sh: MODEL is mnist or resnet, not '$model'" >&2; exit 2 ;;
 esac
+bs=${BS:-$bs}   # BS=N: another batch size (per-call against per-sample costs)
 . bench/lib.sh
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 port=$(bench_port)

@@ -309,12 +309,16 @@ def main():
         print(line)
 
     # ---- compute
-    comp, phases, last, isa_of, conc = {}, {}, None, {}, {}
+    comp, phases, last, isa_of, conc, par = {}, {}, None, {}, {}, {}
     for line in read(os.path.join(d, "compute.txt")):
         if line.startswith("compute "):
             k = kv(line)
             if "concurrent" in k:   # two 1-thread processes at once: their sum
                 conc.setdefault(k["what"], []).append(float(k["median"]))
+                last = None
+                continue
+            if "parallel" in k:     # two 1-thread steps at once in one process, one model
+                par[k["what"]] = float(k["median"])
                 last = None
                 continue
             last = (k["backend"], int(k["threads"]), k["what"])
@@ -473,6 +477,12 @@ def main():
             c2 = sum(conc["step"])
             print(f"     for information: two 1-thread steps run at once in two processes: {c2:.0f} samples/s"
                   f" ({c2 / ideal:.2f} of 2 x one alone); psd + 2 trainers = {v / c2:.2f} x that")
+        if "step" in par:
+            p2 = par["step"]
+            one_e = e2e.get(("one", 2))
+            print(f"     for information: two 1-thread steps at once in one process on one model (psd's hogwild and"
+                  f" weight snapshots, no RPC): {p2:.0f} samples/s ({p2 / ideal:.2f} of 2 x one alone); psd + 2"
+                  f" trainers = {v / p2:.2f} x that" + (f", one call a batch {one_e / p2:.2f} x" if one_e else ""))
         if ("fused", 2) in e2e:
             f = e2e[("fused", 2)]
             print(f"     fused step (Backward with step=true): {f:.0f} = {f / ideal:.2f} x (2 x the 1-thread step)")
@@ -535,11 +545,16 @@ def paired_line(what, dd, goal=0.85, width=54, isa=None):
 
 def resnet(d):
     """Section 7: the small ResNet model file (bench/run.sh section 4b), per ISA."""
-    comp, phases, isa_of, order, last, batch = {}, {}, {}, [], None, "?"
+    comp, phases, isa_of, order, last, batch, par = {}, {}, {}, [], None, "?", {}
     for line in read(os.path.join(d, "compute.txt")):
         if line.startswith("compute "):
             k = kv(line)
             col = k["backend"].split("@", 1)[1] if "@" in k["backend"] else "host"
+            if "parallel" in k:
+                if k["what"] == "step":
+                    par[col] = float(k["median"])
+                last = None
+                continue
             if col not in order:
                 order.append(col)
             isa_of[col] = k.get("isa", "?")
@@ -589,6 +604,11 @@ def resnet(d):
     eo = [e2e_one.get(c) for c in order]
     row("psd + 2 trainers, one call a batch (fit's default)", eo)
     row("  / (2 x in-process step, 1 thread)", [ratio(a, 2 * b) if b else None for a, b in zip(eo, st1)], "{:.2f}")
+    pa = [par.get(c) for c in order]
+    if any(pa):   # the ceiling without the RPC (bench_compute --parallel 2 --snapshots)
+        row("2 x 1-thread step in one process, one model", pa)
+        row("  / (2 x in-process step, 1 thread)", [ratio(a, 2 * b) if b else None for a, b in zip(pa, st1)], "{:.2f}")
+        row("  psd one call a batch / that", [ratio(a, b) for a, b in zip(eo, pa)], "{:.2f}")
     row("psd start-up: reference kernels logged",
         [fallbacks_logged(d, c) for c in order], "{:d}")
     print()

@@ -109,6 +109,11 @@ cpid=$!
   | sed 's/^compute /compute concurrent=2 proc=2 /' >"$OUT/concurrent2.txt"
 wait "$cpid"
 cat "$OUT/concurrent1.txt" "$OUT/concurrent2.txt" | tee -a "$OUT/compute.txt"
+# two single-thread steps at once in one process on one model (psd's hogwild
+# with its weight snapshots, without the RPC): what psd + 2 trainers could
+# reach if the RPC cost nothing; the report sets psd beside it
+"$BUILD/bench/bench_compute" --backend dnnl --threads 1 --parallel 2 --snapshots --reps "$REPS" --secs "$SECS" \
+  --data "$DATA" | tee -a "$OUT/compute.txt"
 # the plain-layout oneDNN path, kept for comparison
 for t in 1 2; do
   PS_DNNL_LAYOUT=plain "$BUILD/bench/bench_compute" --backend dnnl --threads "$t" --reps "$REPS" --secs "$SECS" \
@@ -253,6 +258,9 @@ for isa in host $ISAS; do
         --batch "$RESNET_BATCH" --reps "$I_REPS" --secs "$SECS" --data "$DATA" --profile | sed "s/backend=dnnl/backend=dnnl@$low/" \
         | tee -a "$OUT/resnet/compute.txt"
     done
+    "$BUILD/bench/bench_compute" --model examples/models/small_resnet.yaml --backend dnnl --threads 1 --parallel 2 \
+      --snapshots --batch "$RESNET_BATCH" --reps "$I_REPS" --secs "$SECS" --data "$DATA" \
+      | sed "s/backend=dnnl/backend=dnnl@$low/" | tee -a "$OUT/resnet/compute.txt"
     E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
       PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH" --loss ce
     E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
