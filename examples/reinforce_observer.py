@@ -84,8 +84,8 @@ def main():
                 with ctx:
                     ep_reward, loss = run_episode(policy, env, args.gamma)
                     res = ctx.step(scalars={"reward": ep_reward, "loss": loss})
-        except psd.RoundClosed as e:    # a straggler: psd's round closed without this episode
-            print(f"Rank {args.rank} Episode {i_episode} dropped by psd: {e.details}", flush=True)
+        except psd.RoundClosed as e:    # late for its sync round 5 times in a row (attempts played it again 4)
+            print(f"Rank {args.rank} Episode {i_episode} dropped by psd: {e}", flush=True)
             continue
         reward = res.round_scalars.get("reward", {})
         last, running = reward.get("min", ep_reward), reward.get("ema", ep_reward)   # over the round's observers

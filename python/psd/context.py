@@ -18,7 +18,9 @@ retried within the context's budget (trainer.retry_max_s, from the first
 failure); an unanswered Step is settled by asking Step again (applied /
 not applied); a context psd no longer knows raises ContextLost - nothing of
 it was applied anywhere - and `psd.attempts()` runs the batch again under
-a new context, at most three times; a cluster step applied on some servers
+a new context, at most three times, and one a sync round closed without
+(RoundClosed: a straggler, nothing applied) into the open round, at most
+four times in a row, as ps-train does; a cluster step applied on some servers
 and lost on others is a partial step: logged, reported (ReportPartial),
 not run again.
 """
@@ -33,7 +35,7 @@ import torch
 from ._proto import ps_pb2
 from .client import default_client
 from .errors import ContextLost, Error, RoundClosed
-from .retry import MAX_LOST
+from .retry import MAX_LATE, MAX_LOST
 from .tensors import from_wire, to_wire
 
 log = logging.getLogger("psd")
@@ -133,6 +135,8 @@ class Context:
                           "(psd drops the context after server.context_ttl_s)", stacklevel=2)
         if isinstance(exc, ContextLost) and self._attempts is not None:
             return self._attempts._lost(self, exc)
+        if isinstance(exc, RoundClosed) and self._attempts is not None:
+            return self._attempts._late(self, exc)
         return False
 
     def _need_open(self, what):
@@ -519,10 +523,10 @@ def context(client=None):
 
 
 class _Attempts:
-    def __init__(self, client, max_lost):
+    def __init__(self, client, max_lost, max_late):
         self.client = default_client(client)
-        self.max_lost = max_lost
-        self.lost = 0
+        self.max_lost, self.max_late = max_lost, max_late
+        self.lost = self.late = 0
         self.again = False
 
     def _lost(self, ctx, exc):
@@ -534,8 +538,23 @@ class _Attempts:
         self.again = True
         return True
 
+    def _late(self, ctx, exc):
+        # sync: the round closed without this context's step (a straggler);
+        # nothing applied - run the batch again under a new context, which
+        # joins the open round (ps_retry_once's late_again)
+        self.late += 1
+        if self.late > self.max_late:
+            exc.args = (f"{exc.args[0]} (the batch was late for its sync round {self.late} times in a row: is "
+                        "this trainer much slower than the others, or server.sync_timeout_s too short?)",)
+            return False
+        log.warning("%s: %s; running the batch again under a new context (it joins the open round)",
+                    self.client.who, exc)
+        self.client.reruns += 1
+        self.again = True
+        return True
 
-def attempts(client=None, max_lost=MAX_LOST):
+
+def attempts(client=None, max_lost=MAX_LOST, max_late=MAX_LATE):
     """Contexts for one batch, until one is applied:
 
         for ctx in psd.attempts(client):
@@ -544,9 +563,12 @@ def attempts(client=None, max_lost=MAX_LOST):
                 ctx.step()
 
     yields one context, and another only when psd lost the previous one
-    (ContextLost: nothing applied), at most max_lost more times, as
-    ps-train runs a lost batch again. All attempts share one retry budget."""
-    a = _Attempts(client, max_lost)
+    (ContextLost: nothing applied), at most max_lost more times, or when a
+    sync round closed without it (RoundClosed: a straggler, nothing
+    applied; the next context joins the open round), at most max_late
+    times in a row - as ps-train runs such a batch again. Past either
+    count the error is raised. All attempts share one retry budget."""
+    a = _Attempts(client, max_lost, max_late)
     budget = a.client.new_budget()
     while True:
         a.again = False

@@ -10,7 +10,7 @@ Two subclasses name the outcomes of the retry and settle rules:
 `ContextLost` (nothing of the context was applied anywhere: run the batch
 again under a new context, as `psd.attempts` does) and `RoundClosed` (a
 sync round closed without this context's step: it was dropped, not
-applied; go on with the next one).
+applied; `psd.attempts` runs the batch again under a new context).
 """
 import grpc
 
@@ -60,8 +60,11 @@ class ContextLost(Error):
 
 class RoundClosed(Error):
     """consistency sync: the round this context belonged to closed without
-    it (a straggler). psd dropped its gradients; nothing was applied. Do not
-    run it again as is: go on with the next episode or batch."""
+    it (a straggler). psd dropped its gradients; nothing was applied. Not
+    under the same context: `psd.attempts()` runs the batch again under a
+    new one, which joins the open round (at most four times in a row, as
+    ps-train); a bare `psd.context()` leaves it to you (go on, or run the
+    batch again)."""
 
 
 def from_rpc(e, method, server):

@@ -22,6 +22,7 @@ log = logging.getLogger("psd")
 
 MIN_WAIT_S = 1e-3   # a remainder of the budget below this is spent
 MAX_LOST = 3        # PS_RETRY_MAX_LOST: runs again of a lost batch before that is an error
+MAX_LATE = 4        # PS_RETRY_MAX_LATE: runs again of a batch dropped from its sync round in a row
 
 
 class Budget:

@@ -180,6 +180,34 @@ def main():
     c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [grpc.StatusCode.ABORTED]})
     expect(psd.RoundClosed, lambda: run(cl, [c], scalars={"reward": 1}))
     n += 1
+
+    # ... under attempts: the batch runs again under a new context (it joins the open round), as
+    # ps-train's late_again: at most max_late times in a row, then RoundClosed
+    def late_batch(cl, c, **kw):
+        runs, ids, res = [], [], []
+        for ctx in attempts(cl, **kw):
+            with ctx:
+                runs.append(1)
+                ids.append(ctx.id)
+                batch(ctx, [c])
+                res.append(ctx.step(scalars={"reward": 1}))
+        return runs, ids, res
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [grpc.StatusCode.ABORTED, step(7)]})
+    runs, ids, res = late_batch(cl, c)
+    assert len(runs) == 2 and len(set(ids)) == 2 and [r.version for r in res] == [7] and cl.reruns == 1, \
+        (runs, ids, res, cl.reruns)
+    n += 1
+    cl = Client()
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [grpc.StatusCode.ABORTED]})
+    e = expect(psd.RoundClosed, lambda: late_batch(cl, c), "late for its sync round 5 times in a row")
+    assert c.calls.count("Step") == 5 and cl.reruns == 4, (c.calls, cl.reruns)
+    n += 1
+    cl = Client()   # max_late=0: raised at once (a trainer that goes on with the next batch)
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [bwd()], "Step": [grpc.StatusCode.ABORTED]})
+    expect(psd.RoundClosed, lambda: late_batch(cl, c, max_late=0))
+    assert c.calls.count("Step") == 1 and cl.reruns == 0, (c.calls, cl.reruns)
+    n += 1
     # the budget: psd never answers again; give up after retry_max_s with the last error
     cl = Client(max_s=3.0)
     c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV], "Step": [UNAV]})
