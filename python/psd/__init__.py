@@ -4,7 +4,7 @@
     client = psd.connect("configs/local.yaml")          # the YAML ps-train reads
     conv, fc = psd.RemoteStage("conv"), psd.RemoteStage("fc")
     for x, y in loader:
-        for ctx in psd.attempts():                       # again only if psd lost the batch
+        for ctx in psd.attempts():                       # again only if nothing was applied
             with ctx:
                 loss = F.nll_loss(fc(conv(x)), y)
                 loss.backward()                          # Backwards to psd
