@@ -646,13 +646,19 @@ static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(l
 static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
 
 /* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
- * Tanh, Sigmoid (ReLU has its own ops above); the backward reads the
- * input or the output, as the activation needs ---- */
+ * Tanh, Sigmoid, Hardtanh(min_val, max_val), ReLU6 (Hardtanh(0, 6), as
+ * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
+ * backward reads the input or the output, as the activation needs ---- */
 
 static ps_act_desc act_desc(const ps_layer *ly) {
-    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID};
-    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope};
+    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
+                                   PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID};
+    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
+    if (d.kind == PS_ACT_HARDTANH) {
+        d.alpha = (float)ly->a.min_val;
+        d.beta = (float)ly->a.max_val;
+    }
     return d;
 }
 
@@ -670,6 +676,22 @@ static ps_status gelu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly,
 static ps_status silu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 2, err); }
 static ps_status tanh_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 3, err); }
 static ps_status sigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 4, err); }
+static ps_status hardswish_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 6, err); }
+static ps_status hardsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 7, err); }
+
+static ps_status hardtanh_infer(ps_layer *ly, ps_err *err) {
+    /* as float32, the type the kernels compare in */
+    if (!((float)ly->a.min_val < (float)ly->a.max_val))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "min_val %g is not below max_val %g", ly->a.min_val,
+                          ly->a.max_val);
+    return act_infer_as(ly, 5, err);
+}
+
+static ps_status relu6_infer(ps_layer *ly, ps_err *err) {
+    ly->a.min_val = 0.0;
+    ly->a.max_val = 6.0;
+    return act_infer_as(ly, 5, err);
+}
 
 static const char *act_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     (void)ly;
@@ -1416,6 +1438,12 @@ static const ps_attr_spec leaky_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
+static const ps_attr_spec hardtanh_attrs[] = {
+    ATTR_FLOAT("min_val", min_val, "-1.0", -1e6, 1e6, 0, 0),
+    ATTR_FLOAT("max_val", max_val, "1.0", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
 static const char *const gelu_approx[] = {"none", "tanh", NULL};
 static const ps_attr_spec gelu_attrs[] = {
     {"approximate", PS_ATTR_ENUM, A(approximate), "none", 0, 0, 0, 0, gelu_approx, 0},
@@ -1505,6 +1533,13 @@ static const ps_layer_kind kinds[] = {
     {"SiLU", F_ACT, 1, 1, inplace_attrs, silu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Tanh", F_ACT, 1, 1, no_attrs, tanh_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sigmoid", F_ACT, 1, 1, no_attrs, sigmoid_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Hardtanh", F_ACT, 1, 1, hardtanh_attrs, hardtanh_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"ReLU6", F_ACT, 1, 1, inplace_attrs, relu6_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Hardswish", F_ACT, 1, 1, inplace_attrs, hardswish_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Hardsigmoid", F_ACT, 1, 1, inplace_attrs, hardsigmoid_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
     {"Dropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, no_op, dropout_forward, dropout_backward, dropout_bytes,
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
@@ -1620,7 +1655,8 @@ static const struct {
 } per_sample_kinds[] = {
     {"Conv2d", NULL}, {"Linear", NULL}, {"MaxPool2d", maxpool_saved}, {"AvgPool2d", NULL},
     {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
-    {"Tanh", NULL}, {"Sigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
+    {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Add", NULL}, {"Concat", NULL},
 };

@@ -66,6 +66,7 @@ typedef struct ps_layer_attrs {
     int momentum_null;
     double p;                   /* Dropout */
     double slope;               /* LeakyReLU negative_slope */
+    double min_val, max_val;    /* Hardtanh (ReLU6: 0, 6) */
     int approximate;            /* GELU: 0 'none', 1 'tanh' */
     int64_t dim, end_dim;       /* Softmax, LogSoftmax, Concat dim; Flatten start_dim/end_dim (PyTorch's,
                                    the batch dimension counted as 0) */
