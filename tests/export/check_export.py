@@ -10,6 +10,8 @@ as a module so PyTorch is imported once) on
     twice (two nodes, act and act_1);
   - modules it must refuse (tests/export/refused.py), checking the message
     names the culprit and the source line;
+  - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
+    modules and functions, to their kinds and attributes;
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -137,11 +139,24 @@ if names != ["fc1", "act", "fc2", "act_1"]:
 else:
     print("ok: a function returning the module; a parameterless module called twice is two nodes (act, act_1)")
 
+rc, msg = run([REF + ":HardActivations", "--input-shape", "4", "-o", os.path.join(out, "hard.yaml")])
+got = [(n["name"], n["kind"], n["attrs"].get("min_val"), n["attrs"].get("max_val"))
+       for n in compare.load(os.path.join(out, "hard.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+want = [("fc", "Linear", None, None), ("r6", "ReLU6", None, None), ("ht", "Hardtanh", -2.0, 3.0),
+        ("hs", "Hardswish", None, None), ("hg", "Hardsigmoid", None, None), ("relu6", "ReLU6", None, None),
+        ("hardtanh", "Hardtanh", 0.5, 2.5), ("hardswish", "Hardswish", None, None),
+        ("hardsigmoid", "Hardsigmoid", None, None), ("hardtanh_1", "Hardtanh", None, None)]
+if got != want:
+    failures.append(f"HardActivations: nodes {got}, expected {want}")
+else:
+    print("ok: nn.ReLU6/Hardtanh/Hardswish/Hardsigmoid and F.relu6/hardtanh/hardswish/hardsigmoid export as "
+          "ReLU6, Hardtanh (min_val, max_val), Hardswish, Hardsigmoid")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
-    ("UnknownModule", "refused.py:43", "module 'act' (Hardswish)"),
+    ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

@@ -37,7 +37,7 @@ class UnknownModule(nn.Module):        # a leaf module outside the table
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
-        self.act = nn.Hardswish()
+        self.act = nn.Mish()
 
     def forward(self, x):
         return self.act(self.fc(x))      # REFUSED_MODULE
@@ -56,3 +56,18 @@ class SharedActivation(nn.Module):     # a module without parameters called twic
 
 def make_shared_activation():          # a function returning the module
     return SharedActivation()
+
+
+class HardActivations(nn.Module):      # mobilenet_v2/v3's activations, as modules and as functions
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.r6 = nn.ReLU6(inplace=True)
+        self.ht = nn.Hardtanh(-2, 3)
+        self.hs = nn.Hardswish()
+        self.hg = nn.Hardsigmoid()
+
+    def forward(self, x):
+        x = self.hg(self.hs(self.ht(self.r6(self.fc(x)))))
+        f = nn.functional
+        return f.hardtanh(f.hardsigmoid(f.hardswish(f.hardtanh(f.relu6(x), 0.5, 2.5))))
