@@ -154,11 +154,14 @@ test-fit: deps
 	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
 
 # docs/testing.md: torchvision's classification models through psd-export and
-# the ONNX training export to psd --check-config, one line per model and path.
+# the ONNX training export to psd --check-config, one line per model and path;
+# then mobilenet_v3_small (Hardswish, Hardsigmoid, squeeze-and-excitation's
+# Mul) trained one step through psd both ways against PyTorch (~30 s).
 ZOO_MODELS ?=
 test-zoo: deps
 	@$(MAKE) --no-print-directory all
-	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS); rc=$$?; rm -rf $$d; exit $$rc
+	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS) && \
+	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small; rc=$$?; rm -rf $$d; exit $$rc
 
 # make test builds on every core unless the command line says how (-j N):
 # CI runs a plain `make test` on a fresh clone.

@@ -143,6 +143,18 @@ CASES = [
         "{name: sg, kind: Hardsigmoid}",
         "{name: ht, kind: Hardtanh, min_val: 0.2, max_val: 0.7}",
         "{name: sum, kind: Add, inputs: [ht, r6, hs]}"])),
+    # Mul: one shape; squeeze-and-excitation's (C, 1, 1) by (C, H, W), either order, after blocked convolutions;
+    # a (3, 1) by (3, 4)
+    ("mul_same", stage([2, 3], ["{name: t, kind: Tanh}", "{name: m, kind: Mul, inputs: [input, t]}"])),
+    ("mul_se", stage([16, 4, 4], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AdaptiveAvgPool2d, output_size: 1}",
+        "{name: f, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: g, kind: Hardsigmoid}",
+        "{name: m, kind: Mul, inputs: [g, c]}",
+        "{name: m2, kind: Mul, inputs: [m, g]}"])),
+    ("mul_rows", stage([3, 4], ["{name: l, kind: Linear, out_features: 1}",
+                                "{name: m, kind: Mul, inputs: [input, l]}"])),
 ]
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
@@ -232,6 +244,8 @@ def make_module(kind, a, shapes):
         return Lambda(lambda x: x.reshape([x.shape[0]] + shape))
     if kind == "Add":
         return Lambda(lambda *xs: sum(xs[1:], xs[0]))
+    if kind == "Mul":
+        return Lambda(lambda a, b: a * b)
     if kind == "Concat":
         dim = a.get("dim", 1)
         return Lambda(lambda *xs: torch.cat(xs, dim))

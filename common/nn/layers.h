@@ -77,6 +77,8 @@ typedef struct ps_layer_attrs {
     int ndims2;                 /* Parameter expand (0: its shape) */
     int64_t dims2[PS_SHAPE_MAX_DIMS];
     int act;                    /* the activation of an activation kind (set by its infer) */
+    int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
+                                   its infer) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

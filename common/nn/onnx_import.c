@@ -1175,7 +1175,32 @@ static ps_status h_add(imp *im) {
 static ps_status h_arith(imp *im) {
     if (all_const(im)) return fold(im);
     return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
-                 "SiLU, LayerNorm)", cur_node(im)->op_type);
+                 "SiLU, Hardswish, LayerNorm)", cur_node(im)->op_type);
+}
+
+/* Mul of two computed values: psd's Mul (one shape, or one whose trailing
+ * dims are 1 where its leading ones are the other's: squeeze-and-
+ * excitation's (N, C, 1, 1) by (N, C, H, W)). By a constant: refused. */
+static ps_status h_mul(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind != VK_DATA || b->kind != VK_DATA)
+        return unsup(im, "Mul by a constant ('%s'): psd's Mul takes two computed values",
+                     a->kind != VK_DATA ? a->name : b->name);
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    const val *big = prod(a->dims, a->ndim) >= prod(b->dims, b->ndim) ? a : b, *small = big == a ? b : a;
+    int ok = a->ndim == b->ndim, k = 0;
+    while (ok && k < small->ndim && small->dims[k] == big->dims[k]) k++;
+    for (int d = k; ok && d < small->ndim; d++) ok = small->dims[d] == 1;
+    if (!ok)
+        return unsup(im, "multiplying '%s' and '%s': psd's Mul takes one shape, or one whose trailing dimensions "
+                     "are 1 ((N, C, 1, 1) by (N, C, H, W))", a->name, b->name);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, "Mul", NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, big->ndim, big->dims) ? PS_OK : im->err->code;
 }
 
 /* ------------------------------------------------------------ Linear */
@@ -1911,7 +1936,7 @@ static const op_row ops[] = {
     {"Identity", h_identity, 1},
     {"Add", h_add, 1},
     {"Sub", h_arith, 1},
-    {"Mul", h_arith, 1},
+    {"Mul", h_mul, 1},
     {"Div", h_arith, 1},
     {"MaxPool", h_maxpool, 1},
     {"AveragePool", h_avgpool, 1},

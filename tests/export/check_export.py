@@ -11,7 +11,8 @@ as a module so PyTorch is imported once) on
   - modules it must refuse (tests/export/refused.py), checking the message
     names the culprit and the source line;
   - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
-    modules and functions, to their kinds and attributes;
+    modules and functions, to their kinds and attributes; a squeeze-and-
+    excitation block's `scale * x` to Mul (and `x * 0.5` refused);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -152,11 +153,22 @@ else:
     print("ok: nn.ReLU6/Hardtanh/Hardswish/Hardsigmoid and F.relu6/hardtanh/hardswish/hardsigmoid export as "
           "ReLU6, Hardtanh (min_val, max_val), Hardswish, Hardsigmoid")
 
+rc, msg = run([REF + ":SqueezeExcite", "--input-shape", "4,5,5", "-o", os.path.join(out, "se.yaml")])
+got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "se.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+want = [("adaptive_avg_pool2d", "AdaptiveAvgPool2d", ["input"]), ("fc", "Conv2d", ["adaptive_avg_pool2d"]),
+        ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])]
+if got != want:
+    failures.append(f"SqueezeExcite: nodes {got}, expected {want}")
+else:
+    print("ok: squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
+    ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

@@ -38,7 +38,11 @@ Dropout2d): its eval export (model.onnx) and configs/models/mnist_cnn.yaml
 with dropout off (--init-from its weights) each go through the checks
 above against the module with dropout off.
 
-    check_resnet.py BUILD_DIR TMP_DIR
+    check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
+
+With MODEL names (make test-zoo: mobilenet_v3_small), only those
+torchvision models, each both ways as mobilenet_v2 above (dropout 0,
+gradients against float64).
 """
 import copy
 import importlib.machinery
@@ -286,6 +290,10 @@ def main():
     torch.manual_seed(0)
     x = torch.randn(4, 3, 64, 64)
     target = torch.randint(0, 10, (4,))
+    if sys.argv[3:]:
+        for name in sys.argv[3:]:
+            both_paths(pe, name, x, target, ref64=True, dropout=0.0)
+        return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module
     model = both_paths(pe, "resnet18", x, target)

@@ -71,3 +71,17 @@ class HardActivations(nn.Module):      # mobilenet_v2/v3's activations, as modul
         x = self.hg(self.hs(self.ht(self.r6(self.fc(x)))))
         f = nn.functional
         return f.hardtanh(f.hardsigmoid(f.hardswish(f.hardtanh(f.relu6(x), 0.5, 2.5))))
+
+
+class SqueezeExcite(nn.Module):        # squeeze-and-excitation: a Mul of (N, C, 1, 1) by (N, C, H, W)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(nn.functional.adaptive_avg_pool2d(x, 1))) * x
+
+
+class ScaleByConstant(nn.Module):      # a Mul by a number
+    def forward(self, x):
+        return x * 0.5                   # REFUSED_CONSTANT
