@@ -13,6 +13,7 @@ as a module so PyTorch is imported once) on
   - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
     modules and functions, to their kinds and attributes; a squeeze-and-
     excitation block's `scale * x` to Mul (and `x * 0.5` refused);
+    torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -163,12 +164,21 @@ if got != want:
 else:
     print("ok: squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
 
+rc, msg = run([REF + ":residual_drop_off", "--input-shape", "4", "-o", os.path.join(out, "rd.yaml")])
+got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "rd.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+if got != [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])]:
+    failures.append(f"residual_drop_off: nodes {got}, expected fc and add (stochastic depth at p 0: the identity)")
+else:
+    print("ok: torchvision's StochasticDepth at p 0 exports as the identity")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
     ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
+    ("ResidualDrop", "stochastic_depth.py:", "stochastic depth with p 0.2"),   # torchvision's line
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

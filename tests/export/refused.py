@@ -85,3 +85,18 @@ class SqueezeExcite(nn.Module):        # squeeze-and-excitation: a Mul of (N, C,
 class ScaleByConstant(nn.Module):      # a Mul by a number
     def forward(self, x):
         return x * 0.5                   # REFUSED_CONSTANT
+
+
+class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the identity at p 0, else refused
+    def __init__(self, p=0.2):
+        super().__init__()
+        import torchvision.ops
+        self.fc = nn.Linear(4, 4)
+        self.drop = torchvision.ops.StochasticDepth(p, "row")
+
+    def forward(self, x):
+        return self.drop(self.fc(x)) + x   # REFUSED_DEPTH
+
+
+def residual_drop_off():
+    return ResidualDrop(0.0)

@@ -92,6 +92,15 @@ def shorten(msg, limit=300):
     return msg if len(msg) <= limit else msg[:limit - 3] + "..."
 
 
+def cell(msg):
+    """A refusal as a table cell: without psd's config/file prefix and PyTorch's issue boilerplate."""
+    msg = re.sub(r"^psd: \S+\.conf\.yaml: model\.file: \S+?: ", "psd: ", msg)
+    msg = re.sub(r"\. Please feel free to request support.*$", "", msg)
+    msg = re.sub(r"^torch\.onnx\.export: SymbolicValueError: ", "torch.onnx.export: ", msg)
+    msg = msg.replace("|", "\\|").replace("`", "'")
+    return "`%s`" % (msg if len(msg) <= 160 else msg[:157] + "...")
+
+
 class Crash(Exception):
     pass
 
@@ -176,8 +185,7 @@ def main(argv):
         print("| model (num_classes 10, input) | psd-export | ONNX (training export, opset 13) |")
         print("|---|---|---|")
         for name, shape, res in rows:
-            cells = [("OK" if res[p] == "OK" else "`%s`" % res[p].replace("|", "\\|").replace("`", "'"))
-                     for p in ("psd-export", "onnx")]
+            cells = [("OK" if res[p] == "OK" else cell(res[p])) for p in ("psd-export", "onnx")]
             print("| %s (%s) | %s | %s |" % (name, "x".join(map(str, shape)), cells[0], cells[1]))
         print()
         print("torchvision %s, torch %s, %s: psd-export %d of %d, ONNX %d of %d."
