@@ -457,7 +457,8 @@ static int name_taken(const imp *im, const char *name) {
     return 0;
 }
 
-/* s sanitised into a node name (segments of [A-Za-z0-9_] joined by '.'). */
+/* s sanitised into a node name (segments of [A-Za-z0-9_-] joined by '.'; modeldef's rule: '-' as in
+ * torchvision's regnet 'block1-0', so its initializers keep their state_dict names). */
 static void sanitize(const char *s, char *out, size_t cap) {
     size_t o = 0;
     int seg = 0;
@@ -467,7 +468,7 @@ static void sanitize(const char *s, char *out, size_t cap) {
             if (seg) { out[o++] = '.'; seg = 0; }
             continue;
         }
-        out[o++] = valid_char(c) ? c : '_';
+        out[o++] = valid_char(c) || c == '-' ? c : '_';
         seg = 1;
     }
     while (o && out[o - 1] == '.') o--;

@@ -40,9 +40,12 @@ above against the module with dropout off.
 
     check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
 
-With MODEL names (make test-zoo: mobilenet_v3_small), only those
-torchvision models, each both ways as mobilenet_v2 above (dropout 0,
-gradients against float64).
+With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
+regnet_y_400mf), only those torchvision models, each both ways as
+mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
+a training forward or running statistics past the fixed tolerances pass
+when psd's error against float64 autograd is within 8x PyTorch
+float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
 """
 import copy
 import importlib.machinery
@@ -168,7 +171,15 @@ def run(label, stub, model, x, target, ref64=False):
     y = model(x)
     r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
                                            input=tensor(x.numpy())), timeout=120)
-    close(array(r.output), y.detach().numpy(), 1e-4, 1e-5, "%s: training forward = PyTorch's train mode" % label)
+    y64 = m64(x.double()) if ref64 else None
+    if ref64 and not np.allclose(array(r.output), y.detach().numpy(), 1e-4, 1e-5):
+        # a deep BatchNorm net's training forward carries float32 error past that: psd's against float64
+        # within 8x PyTorch float32's own
+        e, e32 = (float(np.max(np.abs(v - y64.detach().numpy()))) for v in (array(r.output), y.detach().numpy()))
+        check(e <= 8 * e32, "%s: training forward: psd's error against float64 %.3g, within 8x PyTorch float32's "
+              "(%.3g)" % (label, e, e32))
+    else:
+        close(array(r.output), y.detach().numpy(), 1e-4, 1e-5, "%s: training forward = PyTorch's train mode" % label)
     loss = F.cross_entropy(y, target)
     gy = torch.autograd.grad(loss, y, retain_graph=True)[0]
     model.zero_grad()
@@ -184,7 +195,6 @@ def run(label, stub, model, x, target, ref64=False):
         # and the early layers' gradients carry the float32 error of every BatchNorm backward after them.
         # So: psd's error against float64 autograd (the same gy) within 8x PyTorch float32's own, or 1e-4 of
         # the tensor's largest |gradient| (a wrong gradient is off by orders of magnitude more).
-        y64 = m64(x.double())
         y64.backward(gy.double())
         p64 = dict(m64.named_parameters())
         for k, p in params.items():
@@ -214,6 +224,7 @@ def run(label, stub, model, x, target, ref64=False):
     stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=120)
     after = get_parameters(stub)
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    sb64 = {k: v.detach().numpy() for k, v in m64.state_dict().items()} if ref64 else {}
     # relative to each tensor's largest value (elements near zero have no relative error of their own), at
     # least 0.01 (a zero-initialised bias moved by LR times a gradient of rounding noise)
     for kind, keys in (("weights", [k for k in sd if k in params]),
@@ -224,11 +235,16 @@ def run(label, stub, model, x, target, ref64=False):
         for k in keys:
             a, b = after[k].reshape(sd[k].shape).astype(np.float64), own.get(k, sd[k]).astype(np.float64)
             e = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 0.01 if kind == "weights" else 1e-30))
+            if e > 1e-5 and ref64 and kind != "weights":   # the batch statistics' float32 error, as the forward's
+                b64 = sb64[k].astype(np.float64)
+                if np.max(np.abs(a - b64)) <= 8 * np.max(np.abs(b - b64)):
+                    e = 0.0
             if e > worst:
                 worst, wname = e, k
         check(worst <= 1e-5, "%s: after the step, %d %s within 1e-5 of each tensor's largest value of %s "
               "(worst %s: %.3g)" % (label, len(keys), kind, "w - lr * psd's gradient" if ref64 and kind == "weights"
-                                    else "PyTorch's", wname, worst))
+                                    else "PyTorch's" + (" (or psd's error against float64 within 8x PyTorch "
+                                                        "float32's)" if ref64 else ""), wname, worst))
     counts = [k for k in sd if sd[k].dtype == np.int64]
     bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
     if counts:
@@ -291,8 +307,8 @@ def main():
     x = torch.randn(4, 3, 64, 64)
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
-        for name in sys.argv[3:]:
-            both_paths(pe, name, x, target, ref64=True, dropout=0.0)
+        for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
+            both_paths(pe, name, x, target, ref64=True, **({"dropout": 0.0} if name.startswith("mobilenet") else {}))
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module
