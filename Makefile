@@ -6,6 +6,8 @@
 #   make run-lm     the language model: fortunes corpus, psd (rnn_lm) + 2 ps-train lm, one epoch
 #   make test-rl    the REINFORCE agent solves CartPole on >= 3 of 5 seeds (~10-20 min)
 #   make test-fit   the small ResNet on Fashion-MNIST through psd (sync) + 2 `ps-train fit` vs PyTorch's loop (golden file; ~3 min)
+#   make test-zoo   which torchvision models psd-export and ONNX import take (tests/export/zoo.py, ~3 min;
+#                   ZOO_MODELS="resnet18 mobilenet_v2" for some)
 #   make test       install deps, build, run every test (tests/run.sh)
 #   make bench      performance table vs PyTorch, per ISA (bench/run.sh, ~11 min + ~5 building df35b72 for the
 #                   pre-executor comparison, SKIP_BASE=1 without; QUICK=1 ~5)
@@ -115,7 +117,7 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2);
 endif
 
-.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit unit asan install clean fuzz test-hostile test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers bench-batching
+.PHONY: all deps data run run-rl run-lm test test-rl test-python test-fit test-zoo unit asan install clean fuzz test-hostile test-faults test-load test-slurm bench bench-lm bench-cluster bench-trainers bench-batching
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN) $(PY_GEN)
 
 deps:
@@ -150,6 +152,18 @@ test-fit: deps
 	@scripts/install-deps.sh --fit
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) FIT_SEEDS="$(FIT_SEEDS)" bash tests/fit/small_resnet.sh
+
+# docs/testing.md: torchvision's classification models through psd-export and
+# the ONNX training export to psd --check-config, one line per model and path;
+# then mobilenet_v3_small (Hardswish, Hardsigmoid, squeeze-and-excitation's
+# Mul), regnet_x_400mf ('-' in its names) and regnet_y_400mf (Sigmoid-gated
+# Mul) trained one step through psd both ways against PyTorch (~1 min).
+ZOO_MODELS ?=
+test-zoo: deps
+	@$(MAKE) --no-print-directory all
+	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS) && \
+	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small regnet_x_400mf regnet_y_400mf; \
+	  rc=$$?; rm -rf $$d; exit $$rc
 
 # make test builds on every core unless the command line says how (-j N):
 # CI runs a plain `make test` on a fresh clone.

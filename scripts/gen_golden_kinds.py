@@ -128,7 +128,37 @@ CASES = [
                                         "{name: j, kind: Concat, inputs: [t, p], dim: 2}"])),
     ("index_select", stage([5, 3], ["{name: s, kind: IndexSelect, dim: 1, index: [4, 0, 4]}"])),
     ("index_select_last", stage([2, 3, 4], ["{name: s, kind: IndexSelect, dim: -1, index: [2, 1]}"])),
+    # the hard activations (mobilenet_v2/v3); their inputs scaled (SCALE) to cross every kink
+    ("hardtanh", stage([2, 3, 4], ["{name: a, kind: Hardtanh, min_val: -0.5, max_val: 2.0}"])),
+    ("hardtanh_default", stage([7], ["{name: a, kind: Hardtanh}"])),
+    ("relu6", stage([2, 3, 4], ["{name: a, kind: ReLU6}"])),
+    ("hardswish", stage([2, 3, 4], ["{name: a, kind: Hardswish}"])),
+    ("hardsigmoid", stage([2, 3, 4], ["{name: a, kind: Hardsigmoid}"])),
+    # on 16 channels (dnnl's blocked layout), in place where psd may, fanned out into an Add
+    ("hard_blocked", stage([3, 5, 5], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: r6, kind: ReLU6}",
+        "{name: hs, kind: Hardswish, input: c}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: sg, kind: Hardsigmoid}",
+        "{name: ht, kind: Hardtanh, min_val: 0.2, max_val: 0.7}",
+        "{name: sum, kind: Add, inputs: [ht, r6, hs]}"])),
+    # Mul: one shape; squeeze-and-excitation's (C, 1, 1) by (C, H, W), either order, after blocked convolutions;
+    # a (3, 1) by (3, 4)
+    ("mul_same", stage([2, 3], ["{name: t, kind: Tanh}", "{name: m, kind: Mul, inputs: [input, t]}"])),
+    ("mul_se", stage([16, 4, 4], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AdaptiveAvgPool2d, output_size: 1}",
+        "{name: f, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: g, kind: Hardsigmoid}",
+        "{name: m, kind: Mul, inputs: [g, c]}",
+        "{name: m2, kind: Mul, inputs: [m, g]}"])),
+    ("mul_rows", stage([3, 4], ["{name: l, kind: Linear, out_features: 1}",
+                                "{name: m, kind: Mul, inputs: [input, l]}"])),
 ]
+# input scale per case (default 1): values past the hard activations' kinks
+SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
+         "hard_blocked": 4.0}
 
 
 class MaskDropout(nn.Module):
@@ -191,6 +221,14 @@ def make_module(kind, a, shapes):
         return nn.Tanh()
     if kind == "Sigmoid":
         return nn.Sigmoid()
+    if kind == "Hardtanh":
+        return nn.Hardtanh(a.get("min_val", -1.0), a.get("max_val", 1.0))
+    if kind == "ReLU6":
+        return nn.ReLU6()
+    if kind == "Hardswish":
+        return nn.Hardswish()
+    if kind == "Hardsigmoid":
+        return nn.Hardsigmoid()
     if kind == "Softmax":
         return nn.Softmax(dim=a["dim"])
     if kind == "LogSoftmax":
@@ -206,6 +244,8 @@ def make_module(kind, a, shapes):
         return Lambda(lambda x: x.reshape([x.shape[0]] + shape))
     if kind == "Add":
         return Lambda(lambda *xs: sum(xs[1:], xs[0]))
+    if kind == "Mul":
+        return Lambda(lambda a, b: a * b)
     if kind == "Concat":
         dim = a.get("dim", 1)
         return Lambda(lambda *xs: torch.cat(xs, dim))
@@ -292,7 +332,7 @@ def case(idx, name, text):
     rows = 7 if integer else 0
 
     def data():
-        return torch.randint(0, rows, shape) if integer else torch.randn(shape)
+        return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1)
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count

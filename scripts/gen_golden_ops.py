@@ -248,6 +248,28 @@ def act_cases(c):
         c.add(name, desc("act", act=act, alpha=repr(alpha), count=x.numel()), x=x, y=y, gy=gy, gx=x.grad)
 
 
+# The hard activations (mobilenet_v2/v3), added later: their own seed (main) so the cases above keep their
+# values. Inputs at scale 4 cross every kink (+-3, min_val, max_val, 0 and 6).
+HARD_ACT = [
+    # name, act, module, alpha (Hardtanh's min_val), beta (max_val)
+    ("act_hardtanh", "hardtanh", nn.Hardtanh(-1.0, 1.0), -1.0, 1.0),
+    ("act_hardtanh_asym", "hardtanh", nn.Hardtanh(-0.5, 2.5), -0.5, 2.5),
+    ("act_relu6", "hardtanh", nn.ReLU6(), 0.0, 6.0),
+    ("act_hardswish", "hardswish", nn.Hardswish(), 0.0, 0.0),
+    ("act_hardsigmoid", "hardsigmoid", nn.Hardsigmoid(), 0.0, 0.0),
+]
+
+
+def hard_act_cases(c):
+    for name, act, mod, alpha, beta in HARD_ACT:
+        x = rand(2, 3, 4, 5, scale=4.0)
+        y = mod(x)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        c.add(name, desc("act", act=act, alpha=repr(alpha), beta=repr(beta), count=x.numel()), x=x, y=y, gy=gy,
+              gx=x.grad)
+
+
 # ---- softmax over a dimension ---------------------------------------------
 
 SOFTMAX = [
@@ -321,6 +343,8 @@ def main():
     act_cases(c)
     softmax_cases(c)
     misc_cases(c)
+    torch.manual_seed(SEED + 1)
+    hard_act_cases(c)
     meta = dict(c.meta)
     meta.update({"generator": "scripts/gen_golden_ops.py", "torch": torch.__version__, "cases": ",".join(c.names)})
     path = os.path.join(out, 'nn_ops.safetensors')

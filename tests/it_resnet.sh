@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Integration: torchvision's resnet18(num_classes=10) through psd against
+# Integration: torchvision's resnet18(num_classes=10) and mobilenet_v2
+# (ReLU6; its classifier's dropout off) through psd against
 # PyTorch, from psd-export's model file and weights (--init-from) and from
 # the module's training-mode ONNX export (model.onnx): initial values, eval
 # and training forwards, every gradient of one step, the new weights and

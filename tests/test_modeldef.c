@@ -8,7 +8,8 @@
  *    anchors/aliases, bad sizes and init specs; and, when the model is
  *    built, shape mismatches (Add of two shapes, a Linear whose in_features
  *    disagree with its input, a kernel larger than its input);
- *  - a valid DAG builds: shapes, parameter names (module paths), the stage
+ *  - a valid DAG builds: shapes, parameter names (module paths, '-' in a
+ *    segment as torchvision's regnet 'block1-0'), the stage
  *    input read by two nodes, file order kept where it is topological;
  *  - a DAG with fan-out and a residual Add: the input gradient equals
  *    central finite differences of sum(out * r) (an independent check of
@@ -91,6 +92,8 @@ static void expect_err(const char *name, const char *text, int build, int line, 
 
 static void test_errors(void) {
     expect_err("syntax.yaml", "name: t\nstages: [\n", 0, 3, "YAML syntax error", NULL);
+    expect_err("nodename.yaml", HEAD "      - {name: a/b, kind: Linear, out_features: 2}\n", 0, 6,
+               "node name 'a/b': a module path of letters, digits, '_' and '-'", NULL);
     expect_err("topkey.yaml", "name: t\nlayers: 3\nstages: []\n", 0, 2, "unknown key 'layers'", "keys: name, about");
     expect_err("noname.yaml", "stages:\n  - name: s\n", 0, 1, "no name:", NULL);
     expect_err("kind.yaml", HEAD "      - {name: a, kind: Conv3d, out_channels: 2}\n", 0, 6,
@@ -185,8 +188,8 @@ static const char *DAG =
     "      - {name: block.right, kind: Linear, out_features: 5, input: input}\n"
     "      - {name: block.act, kind: ReLU, input: block.right}\n"
     "      - {name: block.sum, kind: Add, inputs: [block.left, block.act]}\n"
-    "      - {name: block.proj, kind: Linear, out_features: 5}\n"
-    "      - {name: block.res, kind: Add, inputs: [block.proj, block.sum, block.left]}\n"
+    "      - {name: block-1.proj, kind: Linear, out_features: 5}\n"
+    "      - {name: block.res, kind: Add, inputs: [block-1.proj, block.sum, block.left]}\n"
     "  - name: s2\n"
     "    nodes:\n"
     "      - {name: head, kind: Linear, out_features: 3}\n"
@@ -200,7 +203,7 @@ static void test_dag(const char *backend) {
     CHECK_MSG(m, "%s", e.msg);
     if (!m) return;
     CHECK(ps_model_num_stages(m) == 2 && ps_model_num_params(m) == 8);
-    CHECK(ps_model_find_param(m, "block.left.weight") == 0 && ps_model_find_param(m, "block.proj.bias") == 5);
+    CHECK(ps_model_find_param(m, "block.left.weight") == 0 && ps_model_find_param(m, "block-1.proj.bias") == 5);
     CHECK(ps_model_stage(m, 0)->out_dims[0] == 5 && ps_model_stage(m, 1)->in_dims[0] == 5);
     const int n = 3, K = 6, OUT = 3;
     rng r = {11};

@@ -417,6 +417,7 @@ static void run_ln(ps_backend *b, const gcase *c, io *v, const run_opts *o) {
 static const char *const kActNames[PS_ACT_COUNT] = {
     [PS_ACT_RELU] = "relu", [PS_ACT_LEAKY_RELU] = "leaky_relu", [PS_ACT_GELU] = "gelu",
     [PS_ACT_GELU_TANH] = "gelu_tanh", [PS_ACT_SILU] = "silu", [PS_ACT_TANH] = "tanh", [PS_ACT_SIGMOID] = "sigmoid",
+    [PS_ACT_HARDTANH] = "hardtanh", [PS_ACT_HARDSWISH] = "hardswish", [PS_ACT_HARDSIGMOID] = "hardsigmoid",
 };
 
 static ps_act_desc act_desc_of(const gcase *c) {
@@ -426,6 +427,7 @@ static ps_act_desc act_desc_of(const gcase *c) {
     for (int k = 0; k < PS_ACT_COUNT; k++)
         if (name && !strcmp(name, kActNames[k])) d.kind = k;
     PS_ASSERT(d.kind >= 0);
+    if (d.kind == PS_ACT_HARDTANH) d.beta = (float)attr_f(c, "beta");
     return d;
 }
 
@@ -758,6 +760,10 @@ static void fd_case(ps_backend *ref, const gcase *c, rng *r) {
     const char *act = attr_s(c, "act", buf, sizeof buf);
     if (!strcmp(k->kind, "maxpool") || (act && (!strcmp(act, "relu") || !strcmp(act, "leaky_relu"))))
         fill_distinct(in_get(&v, "x"), in_len(&v, "x"), 5 * FD_EPS, r);
+    /* the hard activations' kinks (0, 6, +-3 and their cases' min/max, all multiples of 0.5) stay 5 FD_EPS
+     * from every value, which reach past +-3 */
+    if (act && (!strcmp(act, "hardtanh") || !strcmp(act, "hardswish") || !strcmp(act, "hardsigmoid")))
+        fill_distinct(in_get(&v, "x"), in_len(&v, "x"), 10 * FD_EPS, r);
     run_opts o = { 0 };
     k->run(ref, c, &v, &o);
     /* keep the analytic gradients; fd_loss reuses the outputs */

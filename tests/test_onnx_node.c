@@ -17,7 +17,10 @@
  * AveragePool (2-D default, pads, strides), GlobalAveragePool,
  * BatchNormalization (inference), Gemm (default, transB), Relu, LeakyRelu,
  * Sigmoid, Tanh, Softmax, LogSoftmax, Add, Concat, Flatten, Reshape,
- * Gather - their non-_expanded tests.
+ * Gather - their non-_expanded tests; and Clip (both bounds, a lower one
+ * of 0) and HardSwish (its _expanded test is PyTorch's export below
+ * opset 14, HardSigmoid then Mul). ONNX's HardSigmoid tests use other
+ * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
 #include "onnx.h"
@@ -42,13 +45,17 @@ static const char *const required_prefixes[] = {
     "test_averagepool_2d_default", "test_averagepool_2d_pads", "test_averagepool_2d_strides",
     "test_globalaveragepool", "test_batchnorm_epsilon", "test_batchnorm_example", "test_gemm_default_",
     "test_gemm_transposeB", "test_relu", "test_leakyrelu", "test_sigmoid", "test_tanh", "test_softmax_",
-    "test_logsoftmax_", "test_add", "test_concat_", "test_flatten_", "test_reshape_", "test_gather_", NULL};
+    "test_logsoftmax_", "test_add", "test_concat_", "test_flatten_", "test_reshape_", "test_gather_",
+    /* mobilenet_v2/v3's (ReLU6 and Hardtanh export as Clip) */
+    "test_clip", "test_hardswish", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {
     "test_convinteger", "test_convtranspose", "test_batchnorm_epsilon_training_mode",
     "test_batchnorm_example_training_mode", "test_add_uint8", "test_gather_elements", "test_gathernd",
-    "test_averagepool_2d_pads_count_include_pad", "test_reshape_allowzero", NULL};
+    "test_averagepool_2d_pads_count_include_pad", "test_reshape_allowzero",
+    /* int8; an upper bound alone; no bounds (the graph output is its input) */
+    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds", NULL};
 
 static int required(const char *name) {
     if (strstr(name, "_expanded")) return 0;

@@ -172,7 +172,8 @@ typedef struct ps_softmax_desc {
 } ps_softmax_desc;
 
 /* Elementwise activations (act_forward / act_backward). alpha is
- * LeakyReLU's negative_slope and ignored by the others. Formulas
+ * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
+ * max_val (min_val < max_val); the others ignore them. Formulas
  * (PyTorch's):
  *   RELU       max(x, 0)
  *   LEAKY_RELU x > 0 ? x : alpha * x
@@ -181,7 +182,14 @@ typedef struct ps_softmax_desc {
  *   SILU       x * sigmoid(x)
  *   TANH       tanh(x)
  *   SIGMOID    1 / (1 + exp(-x))
- * The backward of RELU, TANH and SIGMOID reads y (the forward's output),
+ *   HARDTANH   min(max(x, alpha), beta); gradient 1 strictly inside
+ *              (alpha, beta), else 0 (ReLU6 is alpha 0, beta 6)
+ *   HARDSWISH  x * min(max(x + 3, 0), 6) / 6; gradient 0 below -3,
+ *              x / 3 + 1/2 on [-3, 3], 1 above
+ *   HARDSIGMOID min(max(x + 3, 0), 6) / 6; gradient 1/6 strictly inside
+ *              (-3, 3), else 0
+ * The backward of RELU, TANH, SIGMOID and HARDTANH reads y (the forward's
+ * output; HARDTANH's y is strictly inside (alpha, beta) exactly when x is),
  * the others read x (the input): ps_act_backward_reads_x says which, so
  * the executor keeps the right one (and may run those forwards in place,
  * x == y, only when the backward reads y). */
@@ -193,16 +201,20 @@ typedef enum {
     PS_ACT_SILU,
     PS_ACT_TANH,
     PS_ACT_SIGMOID,
+    PS_ACT_HARDTANH,
+    PS_ACT_HARDSWISH,
+    PS_ACT_HARDSIGMOID,
     PS_ACT_COUNT
 } ps_act_kind;
 
 typedef struct ps_act_desc {
     int kind;                   /* a ps_act_kind */
-    float alpha;                /* LEAKY_RELU's negative_slope */
+    float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val */
+    float beta;                 /* HARDTANH's max_val */
 } ps_act_desc;
 
 static inline int ps_act_backward_reads_x(int kind) {
-    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID;
+    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID && kind != PS_ACT_HARDTANH;
 }
 
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */

@@ -983,7 +983,9 @@ done:
 _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEAKY_RELU == (int)PS_ACT_LEAKY_RELU &&
                (int)PS_CUDA_ACT_GELU == (int)PS_ACT_GELU && (int)PS_CUDA_ACT_GELU_TANH == (int)PS_ACT_GELU_TANH &&
                (int)PS_CUDA_ACT_SILU == (int)PS_ACT_SILU && (int)PS_CUDA_ACT_TANH == (int)PS_ACT_TANH &&
-               (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
+               (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_HARDTANH == (int)PS_ACT_HARDTANH &&
+               (int)PS_CUDA_ACT_HARDSWISH == (int)PS_ACT_HARDSWISH &&
+               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
 /* Run one launcher (an expression using c->stream) on a context and wait. */
@@ -1037,7 +1039,7 @@ static ps_status cu_act_forward(void *impl, const ps_act_desc *d, int64_t count,
     if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
         return ps_err_set(err, PS_ERR_INTERNAL, "cuda: unknown activation %d", d->kind);
     if (count <= 0) return PS_OK;
-    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_forward(d->kind, d->alpha, count, x, y, c->stream));
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_forward(d->kind, d->alpha, d->beta, count, x, y, c->stream));
 }
 
 static ps_status cu_act_backward(void *impl, const ps_act_desc *d, int64_t count, const float *x, const float *y,
@@ -1046,8 +1048,8 @@ static ps_status cu_act_backward(void *impl, const ps_act_desc *d, int64_t count
         return ps_err_set(err, PS_ERR_INTERNAL, "cuda: unknown activation %d", d->kind);
     if (count <= 0) return PS_OK;
     const int rx = ps_act_backward_reads_x(d->kind);
-    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_backward(d->kind, d->alpha, count, rx ? x : NULL, rx ? NULL : y, dy, dx,
-                                                     c->stream));
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_act_backward(d->kind, d->alpha, d->beta, count, rx ? x : NULL,
+                                                     rx ? NULL : y, dy, dx, c->stream));
 }
 
 /* cuDNN's channel-mode softmax over C of an (outer, dim, inner, 1) NCHW

@@ -83,13 +83,15 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
  * they agree). */
 enum {
     PS_CUDA_ACT_RELU = 0, PS_CUDA_ACT_LEAKY_RELU, PS_CUDA_ACT_GELU, PS_CUDA_ACT_GELU_TANH, PS_CUDA_ACT_SILU,
-    PS_CUDA_ACT_TANH, PS_CUDA_ACT_SIGMOID, PS_CUDA_ACT_COUNT
+    PS_CUDA_ACT_TANH, PS_CUDA_ACT_SIGMOID, PS_CUDA_ACT_HARDTANH, PS_CUDA_ACT_HARDSWISH, PS_CUDA_ACT_HARDSIGMOID,
+    PS_CUDA_ACT_COUNT
 };
 
-/* y = f(x) (x == y allowed). */
-cudaError_t ps_cuda_act_forward(int kind, float alpha, int64_t count, const float *x, float *y, cudaStream_t stream);
+/* y = f(x) (x == y allowed); alpha, beta as ps_act_desc's. */
+cudaError_t ps_cuda_act_forward(int kind, float alpha, float beta, int64_t count, const float *x, float *y,
+                                cudaStream_t stream);
 /* dx = dy * f'(.) from x or y (ps_act_backward_reads_x). */
-cudaError_t ps_cuda_act_backward(int kind, float alpha, int64_t count, const float *x, const float *y,
+cudaError_t ps_cuda_act_backward(int kind, float alpha, float beta, int64_t count, const float *x, const float *y,
                                  const float *dy, float *dx, cudaStream_t stream);
 
 /* y[q * s + p] = x[q * s + p] * mask[q] for q < planes (Dropout2d). */

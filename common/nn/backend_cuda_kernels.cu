@@ -297,7 +297,7 @@ __global__ void ln_backward_params_kernel(const float *x, const float *dy, int64
     }
 }
 
-__device__ float act_f(int kind, float alpha, float x) {
+__device__ float act_f(int kind, float alpha, float beta, float x) {
     switch (kind) {
     case PS_CUDA_ACT_RELU: return x > 0.0f || isnan(x) ? x : 0.0f;
     case PS_CUDA_ACT_LEAKY_RELU: return x > 0.0f ? x : alpha * x;
@@ -309,11 +309,14 @@ __device__ float act_f(int kind, float alpha, float x) {
     case PS_CUDA_ACT_SILU: return x / (1.0f + expf(-x));
     case PS_CUDA_ACT_TANH: return tanhf(x);
     case PS_CUDA_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case PS_CUDA_ACT_HARDTANH: return x < alpha ? alpha : x > beta ? beta : x;
+    case PS_CUDA_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case PS_CUDA_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
     }
     return NAN;
 }
 
-__device__ float act_df(int kind, float alpha, float x, float y, float dy) {
+__device__ float act_df(int kind, float alpha, float beta, float x, float y, float dy) {
     switch (kind) {
     case PS_CUDA_ACT_RELU: return y > 0.0f ? dy : 0.0f;
     case PS_CUDA_ACT_LEAKY_RELU: return x > 0.0f ? dy : alpha * dy;
@@ -333,19 +336,22 @@ __device__ float act_df(int kind, float alpha, float x, float y, float dy) {
     }
     case PS_CUDA_ACT_TANH: return dy * (1.0f - y * y);
     case PS_CUDA_ACT_SIGMOID: return dy * y * (1.0f - y);
+    case PS_CUDA_ACT_HARDTANH: return y <= alpha || y >= beta ? 0.0f : dy;
+    case PS_CUDA_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
+    case PS_CUDA_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? dy / 6.0f : 0.0f;
     }
     return NAN;
 }
 
-__global__ void act_forward_kernel(int kind, float alpha, int64_t n, const float *x, float *y) {
+__global__ void act_forward_kernel(int kind, float alpha, float beta, int64_t n, const float *x, float *y) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = act_f(kind, alpha, x[i]);
+        y[i] = act_f(kind, alpha, beta, x[i]);
 }
 
-__global__ void act_backward_kernel(int kind, float alpha, int64_t n, const float *x, const float *y,
+__global__ void act_backward_kernel(int kind, float alpha, float beta, int64_t n, const float *x, const float *y,
                                     const float *dy, float *dx) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dx[i] = act_df(kind, alpha, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
+        dx[i] = act_df(kind, alpha, beta, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
 }
 
 __global__ void mul_planes_kernel(int64_t planes, int64_t s, const float *x, const float *mask, float *y) {
@@ -567,14 +573,15 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_act_forward(int kind, float alpha, int64_t count, const float *x, float *y, cudaStream_t stream) {
-    act_forward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, count, x, y);
+cudaError_t ps_cuda_act_forward(int kind, float alpha, float beta, int64_t count, const float *x, float *y,
+                                cudaStream_t stream) {
+    act_forward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, beta, count, x, y);
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_act_backward(int kind, float alpha, int64_t count, const float *x, const float *y,
+cudaError_t ps_cuda_act_backward(int kind, float alpha, float beta, int64_t count, const float *x, const float *y,
                                  const float *dy, float *dx, cudaStream_t stream) {
-    act_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, count, x, y, dy, dx);
+    act_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, beta, count, x, y, dy, dx);
     return cudaGetLastError();
 }
 

@@ -86,6 +86,7 @@ typedef struct prim_key {
     int32_t src_layout, dst_layout;  /* PS_LAYOUT_* of the activations */
     int32_t alg;                     /* eltwise: the dnnl_alg_kind_t */
     uint32_t alpha_bits;             /* eltwise: alpha's float bits */
+    uint32_t beta_bits;              /* eltwise: beta's float bits */
     int32_t ndims;                   /* dims used */
     int32_t plain_try;               /* plain-layout pooling tried on oneDNN (plain_pool_entry):
                                       * 1 nchw, 2 blocked behind reorders (block in alg); a
@@ -95,7 +96,6 @@ typedef struct prim_key {
                                       * (get_entry fills it in): a oneDNN kernel fixes its
                                       * thread count when created and always opens a team of
                                       * that many, whatever omp_set_num_threads says later */
-    int32_t pad0;                    /* zero: no padding bytes in what memcmp compares */
     int64_t dims[PS_DNNL_KEY_DIMS];
 } prim_key;
 
@@ -711,19 +711,20 @@ static ps_status create_relu(dnnl_engine_t eng, const prim_key *k, dnnl_primitiv
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
-/* An activation over dims[0] elements: k->alg, alpha from k->alpha_bits;
+/* An activation over dims[0] elements: k->alg, alpha and beta from k->alpha_bits, k->beta_bits;
  * the backward of a *_use_dst_for_bwd algorithm reads dst, the others src. */
 static ps_status create_eltwise(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
     dnnl_memory_desc_t md;
     ps_status st = md_plain(&md, 1, k->dims, dnnl_a, err);
     if (st) return st;
-    float alpha;
+    float alpha, beta;
     memcpy(&alpha, &k->alpha_bits, sizeof alpha);
+    memcpy(&beta, &k->beta_bits, sizeof beta);
     dnnl_eltwise_desc_t fwd, bwd;
     PS_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, (dnnl_alg_kind_t)k->alg, &md,
-                                                 alpha, 0.f));
+                                                 alpha, beta));
     if (k->kind == PK_ELTWISE_FWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, (dnnl_alg_kind_t)k->alg, &md, &md, alpha, 0.f));
+    PS_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, (dnnl_alg_kind_t)k->alg, &md, &md, alpha, beta));
     return make_bwd_prim(eng, &fwd, &bwd, prim, err);
 }
 
@@ -886,7 +887,6 @@ static ps_status get_entry(dn_impl *im, const prim_key *kin, const prim_entry **
     prim_key kk = *kin;
     const prim_key *k = &kk;
     kk.nthr = omp_get_max_threads();
-    kk.pad0 = 0;
     pthread_mutex_lock(&im->lock);
     for (size_t i = 0; i < im->len; i++)
         if (memcmp(&im->cache[i]->key, k, sizeof *k) == 0) {
@@ -2224,10 +2224,13 @@ static ps_status dn_scale(void *impl, int64_t count, float *x, float s, ps_err *
 
 /* ---- activations: oneDNN eltwise (JIT on every ISA for these algorithms) ----
  * The *_use_dst_for_bwd algorithms compute the same forward and take dst
- * in the backward: the kinds whose backward reads y (backend.h). */
+ * in the backward: the kinds whose backward reads y (backend.h). clip_v2's
+ * backward is 1 strictly inside (alpha, beta), as PyTorch's hardtanh.
+ * oneDNN 2.6 has no hard sigmoid: dnnl_alg_kind_undef runs the C kernel
+ * below (act_c_forward / act_c_backward). */
 typedef struct act_alg {
     dnnl_alg_kind_t alg;
-    int use_alpha;      /* alpha from the descriptor; else the fixed one */
+    int use_alpha;      /* alpha (and beta) from the descriptor; else the fixed ones */
     float alpha;
 } act_alg;
 
@@ -2239,16 +2242,36 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_SILU] = { dnnl_eltwise_swish, 0, 1.0f },           /* x * sigmoid(1 * x) */
     [PS_ACT_TANH] = { dnnl_eltwise_tanh_use_dst_for_bwd, 0, 0.0f },
     [PS_ACT_SIGMOID] = { dnnl_eltwise_logistic_use_dst_for_bwd, 0, 0.0f },
+    [PS_ACT_HARDTANH] = { dnnl_eltwise_clip_v2_use_dst_for_bwd, 1, 0.0f },  /* clip to [alpha, beta] */
+    [PS_ACT_HARDSWISH] = { dnnl_eltwise_hardswish, 0, 0.0f },
+    [PS_ACT_HARDSIGMOID] = { dnnl_alg_kind_undef, 0, 0.0f },
 };
+
+/* The activations oneDNN 2.6 lacks, as the reference computes them (in float). */
+static void act_c_forward(int kind, int64_t count, const float *x, float *y) {
+    (void)kind;         /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) {
+        const float v = x[i];
+        y[i] = v <= -3.0f ? 0.0f : v >= 3.0f ? 1.0f : v / 6.0f + 0.5f;
+    }
+}
+
+static void act_c_backward(int kind, int64_t count, const float *x, const float *dy, float *dx) {
+    (void)kind;         /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
+}
 
 static ps_status act_key(prim_kind kind, const ps_act_desc *d, int64_t count, prim_key *k, ps_err *err) {
     if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
         return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown activation %d", d->kind);
     const act_alg *a = &kActAlg[d->kind];
-    const float alpha = a->use_alpha ? d->alpha : a->alpha;
+    const float alpha = a->use_alpha ? d->alpha : a->alpha, beta = a->use_alpha ? d->beta : 0.0f;
     *k = key_make(kind, 0, 1, &count);
     k->alg = (int32_t)a->alg;
     memcpy(&k->alpha_bits, &alpha, sizeof alpha);
+    memcpy(&k->beta_bits, &beta, sizeof beta);
     return PS_OK;
 }
 
@@ -2260,6 +2283,10 @@ static ps_status dn_act_forward(void *impl, const ps_act_desc *d, int64_t count,
     prim_key k;
     ps_status st = act_key(PK_ELTWISE_FWD, d, count, &k, err);
     if (st) return st;
+    if (k.alg == (int32_t)dnnl_alg_kind_undef) {
+        act_c_forward(d->kind, count, x, y);
+        return PS_OK;
+    }
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
     return run(im, &k, a, 2, err);
 }
@@ -2273,6 +2300,10 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
     ps_status st = act_key(PK_ELTWISE_BWD, d, count, &k, err);
     if (st) return st;
     const int rx = ps_act_backward_reads_x(d->kind);
+    if (k.alg == (int32_t)dnnl_alg_kind_undef) {
+        act_c_backward(d->kind, count, x, dy, dx);
+        return PS_OK;
+    }
     exec_arg a[] = { { rx ? DNNL_ARG_SRC : DNNL_ARG_DST, rx ? x : y }, { DNNL_ARG_DIFF_DST, dy },
                      { DNNL_ARG_DIFF_SRC, dx } };
     return run(im, &k, a, 3, err);

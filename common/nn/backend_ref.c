@@ -618,6 +618,9 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_SILU: return x / (1.0 + exp(-x));
     case PS_ACT_TANH: return tanh(x);
     case PS_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case PS_ACT_HARDTANH: return x < (double)d->alpha ? (double)d->alpha : x > (double)d->beta ? (double)d->beta : x;
+    case PS_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
+    case PS_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -643,6 +646,9 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     }
     case PS_ACT_TANH: return dy * (1.0 - y * y);
     case PS_ACT_SIGMOID: return dy * y * (1.0 - y);
+    case PS_ACT_HARDTANH: return y <= (double)d->alpha || y >= (double)d->beta ? 0.0 : dy;
+    case PS_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? dy * (x / 3.0 + 0.5) : dy;
+    case PS_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? dy / 6.0 : 0.0;
     case PS_ACT_COUNT: break;
     }
     return NAN;

@@ -646,13 +646,19 @@ static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(l
 static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
 
 /* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
- * Tanh, Sigmoid (ReLU has its own ops above); the backward reads the
- * input or the output, as the activation needs ---- */
+ * Tanh, Sigmoid, Hardtanh(min_val, max_val), ReLU6 (Hardtanh(0, 6), as
+ * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
+ * backward reads the input or the output, as the activation needs ---- */
 
 static ps_act_desc act_desc(const ps_layer *ly) {
-    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID};
-    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope};
+    static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
+                                   PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID};
+    ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
+    if (d.kind == PS_ACT_HARDTANH) {
+        d.alpha = (float)ly->a.min_val;
+        d.beta = (float)ly->a.max_val;
+    }
     return d;
 }
 
@@ -670,6 +676,22 @@ static ps_status gelu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly,
 static ps_status silu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 2, err); }
 static ps_status tanh_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 3, err); }
 static ps_status sigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 4, err); }
+static ps_status hardswish_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 6, err); }
+static ps_status hardsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 7, err); }
+
+static ps_status hardtanh_infer(ps_layer *ly, ps_err *err) {
+    /* as float32, the type the kernels compare in */
+    if (!((float)ly->a.min_val < (float)ly->a.max_val))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "min_val %g is not below max_val %g", ly->a.min_val,
+                          ly->a.max_val);
+    return act_infer_as(ly, 5, err);
+}
+
+static ps_status relu6_infer(ps_layer *ly, ps_err *err) {
+    ly->a.min_val = 0.0;
+    ly->a.max_val = 6.0;
+    return act_infer_as(ly, 5, err);
+}
 
 static const char *act_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     (void)ly;
@@ -1209,6 +1231,97 @@ static ps_status concat_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Mul: x0 * x1, of one shape, or one of them (C, 1, 1)-like - its
+ * leading dims the other's, the rest 1 - broadcast over the other's
+ * trailing dims: squeeze-and-excitation's `scale * x` of (N, C, 1, 1) by
+ * (N, C, H, W). Plain layout. Backward: d big = dy * small (broadcast), d
+ * small = the sum over the broadcast dims of dy * big (a product with a
+ * vector of ones). ---- */
+
+static ps_status mul_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    for (int i = 0; i < 2; i++) {
+        ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+        if (rc) return rc;
+    }
+    ly->out_dtype = PS_DTYPE_F32;
+    ly->a.bcast = -1;
+    if (ps_shape_equal(&ly->in[0], &ly->in[1])) {
+        ly->outs = ly->in[0];
+        return PS_OK;
+    }
+    const int s = ps_shape_numel(&ly->in[0]) < ps_shape_numel(&ly->in[1]) ? 0 : 1;
+    const ps_shape *small = &ly->in[s], *big = &ly->in[1 - s];
+    int ok = small->ndim == big->ndim, k = 0;
+    while (ok && k < small->ndim && small->dims[k] == big->dims[k]) k++;
+    for (int d = k; ok && d < small->ndim; d++) ok = small->dims[d] == 1;
+    if (!ok)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s and input '%s' is %s: Mul takes inputs of "
+                          "one shape, or one whose trailing dimensions are 1 where the other's leading ones are "
+                          "its own ((C, 1, 1) by (C, H, W))", ly->def->in_names[0],
+                          ps_shape_format(&ly->in[0], b1, sizeof b1), ly->def->in_names[1],
+                          ps_shape_format(&ly->in[1], b2, sizeof b2));
+    ly->outs = *big;
+    ly->a.bcast = s;
+    return PS_OK;
+}
+
+static const char *mul_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->mul && ops->mul_channels && ops->linear_forward && ops->fill ? NULL
+                                                                            : "mul/mul_channels/linear_forward/fill";
+}
+
+/* The broadcast input's per-sample count q and the span s it covers: the big input is (q, s) per sample. */
+static ps_chan_desc mul_desc(const ps_layer *ly, int n) {
+    ps_chan_desc d = {0};
+    int64_t q = ps_shape_numel(&ly->in[ly->a.bcast]);
+    d.n = n;
+    d.c = (int)q;
+    d.s = ps_shape_numel(&ly->outs) / q;
+    d.layout = PS_LAYOUT_PLAIN;
+    return d;
+}
+
+static ps_status mul_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    if (ly->a.bcast < 0)
+        return c->be->ops->mul(c->be->impl, ps_layer_out_count(ly, c->n), c->xs[0], c->xs[1], c->y, err);
+    ps_chan_desc d = mul_desc(ly, c->n);
+    return c->be->ops->mul_channels(c->be->impl, &d, c->xs[1 - ly->a.bcast], c->xs[ly->a.bcast], c->y, err);
+}
+
+static ps_status mul_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_backend_ops *ops = c->be->ops;
+    const int64_t count = ps_layer_out_count(ly, c->n);
+    ps_status rc = PS_OK;
+    if (ly->a.bcast < 0) {
+        for (int i = 0; i < 2 && rc == PS_OK; i++)
+            if (c->dxs[i]) rc = ops->mul(c->be->impl, count, c->dy, c->xs[1 - i], c->dxs[i], err);
+        return rc;
+    }
+    const int s = ly->a.bcast, b = 1 - s;
+    ps_chan_desc d = mul_desc(ly, c->n);
+    if (c->dxs[b] && (rc = ops->mul_channels(c->be->impl, &d, c->dy, c->xs[s], c->dxs[b], err))) return rc;
+    if (!c->dxs[s]) return PS_OK;
+    const int64_t rows = (int64_t)d.n * d.c;
+    if (rows > INT32_MAX || d.s > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: Mul's broadcast of %lld rows of %lld is too large",
+                          ly->name, (long long)rows, (long long)d.s);
+    float *prod = ps_backend_alloc_floats(c->be, count), *ones = ps_backend_alloc_floats(c->be, d.s);
+    if (!prod || !ones) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name);
+    } else if (!(rc = ops->mul(c->be->impl, count, c->dy, c->xs[b], prod, err)) &&
+               !(rc = ops->fill(c->be->impl, d.s, ones, 1.0f, err))) {
+        ps_linear_desc ld = {(int)rows, (int)d.s, 1};
+        rc = ops->linear_forward(c->be->impl, &ld, prod, ones, NULL, c->dxs[s], err);
+    }
+    ps_backend_release(c->be, prod);
+    ps_backend_release(c->be, ones);
+    return rc;
+}
+
 /* ---- Parameter: a learned tensor of its own (`shape`), broadcast to each
  * sample (`expand`, numpy's rule: trailing dims equal or 1 in shape) - a
  * constant operand of an imported graph (ONNX Add/Concat with an
@@ -1416,6 +1529,12 @@ static const ps_attr_spec leaky_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
+static const ps_attr_spec hardtanh_attrs[] = {
+    ATTR_FLOAT("min_val", min_val, "-1.0", -1e6, 1e6, 0, 0),
+    ATTR_FLOAT("max_val", max_val, "1.0", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
 static const char *const gelu_approx[] = {"none", "tanh", NULL};
 static const ps_attr_spec gelu_attrs[] = {
     {"approximate", PS_ATTR_ENUM, A(approximate), "none", 0, 0, 0, 0, gelu_approx, 0},
@@ -1505,6 +1624,13 @@ static const ps_layer_kind kinds[] = {
     {"SiLU", F_ACT, 1, 1, inplace_attrs, silu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Tanh", F_ACT, 1, 1, no_attrs, tanh_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sigmoid", F_ACT, 1, 1, no_attrs, sigmoid_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Hardtanh", F_ACT, 1, 1, hardtanh_attrs, hardtanh_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"ReLU6", F_ACT, 1, 1, inplace_attrs, relu6_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Hardswish", F_ACT, 1, 1, inplace_attrs, hardswish_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Hardsigmoid", F_ACT, 1, 1, inplace_attrs, hardsigmoid_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
     {"Dropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, no_op, dropout_forward, dropout_backward, dropout_bytes,
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
@@ -1521,6 +1647,7 @@ static const ps_layer_kind kinds[] = {
      lstm_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
      add_missing, add_forward, view_pass, NULL, NULL, NULL},
+    {"Mul", PS_KIND_BWD_X, 2, 2, no_attrs, mul_infer, mul_missing, mul_forward, mul_backward, NULL, NULL, NULL},
     {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
      concat_backward, NULL, NULL, zero_flops},
     {"Parameter", 0, 1, 1, param_attrs, param_infer, copy_fill_missing, param_forward, param_backward, NULL, NULL,
@@ -1620,9 +1747,10 @@ static const struct {
 } per_sample_kinds[] = {
     {"Conv2d", NULL}, {"Linear", NULL}, {"MaxPool2d", maxpool_saved}, {"AvgPool2d", NULL},
     {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
-    {"Tanh", NULL}, {"Sigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
+    {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
-    {"Add", NULL}, {"Concat", NULL},
+    {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -66,6 +66,7 @@ typedef struct ps_layer_attrs {
     int momentum_null;
     double p;                   /* Dropout */
     double slope;               /* LeakyReLU negative_slope */
+    double min_val, max_val;    /* Hardtanh (ReLU6: 0, 6) */
     int approximate;            /* GELU: 0 'none', 1 'tanh' */
     int64_t dim, end_dim;       /* Softmax, LogSoftmax, Concat dim; Flatten start_dim/end_dim (PyTorch's,
                                    the batch dimension counted as 0) */
@@ -76,6 +77,8 @@ typedef struct ps_layer_attrs {
     int ndims2;                 /* Parameter expand (0: its shape) */
     int64_t dims2[PS_SHAPE_MAX_DIMS];
     int act;                    /* the activation of an activation kind (set by its infer) */
+    int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
+                                   its infer) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

@@ -438,9 +438,10 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
     const ynode *v = map_get(m, "name");
     if (!v) return perr(P, m->line, "stage '%s': a node without a name", d->stages[stage].name);
     if ((st = need_scalar(P, v, "node name"))) return st;
-    if (!name_ok(v->s, NODE_NAME_MAX, 1, 0) || !strcmp(v->s, "input"))
-        return perr(P, v->line, "node name '%.120s': a module path of letters, digits and '_' joined by '.' (at "
-                    "most %d characters), not 'input'", v->s, NODE_NAME_MAX);
+    /* nn.Module names are any string without '.': '-' included (torchvision's regnet: 'block1-0') */
+    if (!name_ok(v->s, NODE_NAME_MAX, 1, 1) || !strcmp(v->s, "input"))
+        return perr(P, v->line, "node name '%.120s': a module path of letters, digits, '_' and '-' joined by '.' "
+                    "(at most %d characters), not 'input'", v->s, NODE_NAME_MAX);
     nd->name = v->s;
     if (!(v = map_get(m, "kind"))) return perr(P, m->line, "node '%s': no kind", nd->name);
     char what[160];

@@ -6,6 +6,7 @@
 #include "onnx_import.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -109,7 +110,7 @@ typedef struct pnode {
 /* Fused ops the pre-pass found: at the node that ends a pattern, its kind
  * and what it reads. */
 typedef struct fused {
-    const char *kind;           /* "GELU", "SiLU", "LayerNorm" */
+    const char *kind;           /* "GELU", "SiLU", "Hardswish", "LayerNorm" */
     const char *x;              /* the input value's name */
     const char *scale, *bias;   /* LayerNorm's initializers (names) */
     const char *src[4];         /* LSTM: the initializers behind W, R, B (weight_ih, weight_hh, bias_ih,
@@ -456,7 +457,8 @@ static int name_taken(const imp *im, const char *name) {
     return 0;
 }
 
-/* s sanitised into a node name (segments of [A-Za-z0-9_] joined by '.'). */
+/* s sanitised into a node name (segments of [A-Za-z0-9_-] joined by '.'; modeldef's rule: '-' as in
+ * torchvision's regnet 'block1-0', so its initializers keep their state_dict names). */
 static void sanitize(const char *s, char *out, size_t cap) {
     size_t o = 0;
     int seg = 0;
@@ -466,7 +468,7 @@ static void sanitize(const char *s, char *out, size_t cap) {
             if (seg) { out[o++] = '.'; seg = 0; }
             continue;
         }
-        out[o++] = valid_char(c) ? c : '_';
+        out[o++] = valid_char(c) || c == '-' ? c : '_';
         seg = 1;
     }
     while (o && out[o - 1] == '.') o--;
@@ -746,6 +748,61 @@ static ps_status softmax_like(imp *im, const char *kind) {
 
 static ps_status h_softmax(imp *im) { return softmax_like(im, "Softmax"); }
 static ps_status h_log_softmax(imp *im) { return softmax_like(im, "LogSoftmax"); }
+
+/* Clip: the bounds attributes before opset 11 (absent: -FLT_MAX,
+ * FLT_MAX), optional constant scalar inputs from 11. Both bounds are a
+ * Hardtanh (0 and 6: ReLU6, PyTorch's F.relu6 and F.hardtanh export so);
+ * a lower bound 0 alone a ReLU; none the identity. */
+static ps_status h_clip(imp *im) {
+    static const char *const known[] = {"min", "max", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    double b[2] = {-FLT_MAX, FLT_MAX};
+    static const char *const names[2] = {"min", "max"};
+    for (int k = 0; k < 2; k++) {
+        if (im->opset < 11) {
+            b[k] = attr_f(im, names[k], (float)b[k]);
+        } else if (has_in(im, k + 1)) {
+            val *v = in_val(im, k + 1, 1);
+            if (!v) return im->err->code;
+            if (v->kind != VK_CONST || v->numel != 1) return unsup(im, "a %s that is not a constant scalar", names[k]);
+            const double *f = cvals(im, v);
+            if (!f) return im->err->code;
+            b[k] = f[0];
+        }
+    }
+    const int lo = b[0] > -FLT_MAX, hi = b[1] < FLT_MAX;
+    if (!lo && !hi) return alias_out(im, 0, x);
+    if (lo && !hi && b[0] == 0) return simple_act(im, "ReLU", NULL);
+    if (!lo || !hi)
+        return unsup(im, "only %s bound (%g): psd's Hardtanh takes both, a ReLU a lower bound of 0",
+                     lo ? "a lower" : "an upper", lo ? b[0] : b[1]);
+    if (!((float)b[0] < (float)b[1])) return unsup(im, "min %g is not below max %g", b[0], b[1]);
+    if (b[0] == 0 && b[1] == 6) return simple_act(im, "ReLU6", NULL);
+    char t[96], f1[40], f2[40];
+    snprintf(t, sizeof t, "min_val: %s, max_val: %s", float_text(b[0], f1, sizeof f1), float_text(b[1], f2, sizeof f2));
+    return simple_act(im, "Hardtanh", t);
+}
+
+/* PyTorch's hardsigmoid: ONNX's HardSigmoid with alpha 1/6 (as float) and beta 0.5. */
+static int torch_hardsigmoid(const ps_onnx_node *n) {
+    const ps_onnx_attr *a = ps_onnx_attr_find(n, "alpha"), *b = ps_onnx_attr_find(n, "beta");
+    return a && a->f == (float)(1.0 / 6.0) && (!b || b->f == 0.5f);
+}
+
+static ps_status h_hardsigmoid(imp *im) {
+    static const char *const known[] = {"alpha", "beta", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (!torch_hardsigmoid(cur_node(im)))
+        return unsup(im, "alpha %g, beta %g: psd's Hardsigmoid is PyTorch's (alpha 1/6, beta 0.5)",
+                     attr_f(im, "alpha", 0.2f), attr_f(im, "beta", 0.5f));
+    return simple_act(im, "Hardsigmoid", NULL);
+}
+
+static ps_status h_hardswish(imp *im) { return simple_act(im, "Hardswish", NULL); }
 
 /* Dropout: ratio an attribute before opset 12, an input from 12 (with
  * training_mode); is_test before 7. psd's Dropout is the identity in eval
@@ -1119,7 +1176,32 @@ static ps_status h_add(imp *im) {
 static ps_status h_arith(imp *im) {
     if (all_const(im)) return fold(im);
     return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
-                 "SiLU, LayerNorm)", cur_node(im)->op_type);
+                 "SiLU, Hardswish, LayerNorm)", cur_node(im)->op_type);
+}
+
+/* Mul of two computed values: psd's Mul (one shape, or one whose trailing
+ * dims are 1 where its leading ones are the other's: squeeze-and-
+ * excitation's (N, C, 1, 1) by (N, C, H, W)). By a constant: refused. */
+static ps_status h_mul(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind != VK_DATA || b->kind != VK_DATA)
+        return unsup(im, "Mul by a constant ('%s'): psd's Mul takes two computed values",
+                     a->kind != VK_DATA ? a->name : b->name);
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    const val *big = prod(a->dims, a->ndim) >= prod(b->dims, b->ndim) ? a : b, *small = big == a ? b : a;
+    int ok = a->ndim == b->ndim, k = 0;
+    while (ok && k < small->ndim && small->dims[k] == big->dims[k]) k++;
+    for (int d = k; ok && d < small->ndim; d++) ok = small->dims[d] == 1;
+    if (!ok)
+        return unsup(im, "multiplying '%s' and '%s': psd's Mul takes one shape, or one whose trailing dimensions "
+                     "are 1 ((N, C, 1, 1) by (N, C, H, W))", a->name, b->name);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, "Mul", NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, big->ndim, big->dims) ? PS_OK : im->err->code;
 }
 
 /* ------------------------------------------------------------ Linear */
@@ -1846,13 +1928,16 @@ static const op_row ops[] = {
     {"LeakyRelu", h_leaky, 1},
     {"Sigmoid", h_sigmoid, 1},
     {"Tanh", h_tanh, 1},
+    {"Clip", h_clip, 6},
+    {"HardSigmoid", h_hardsigmoid, 6},
+    {"HardSwish", h_hardswish, 14},
     {"Softmax", h_softmax, 1},
     {"LogSoftmax", h_log_softmax, 1},
     {"Dropout", h_dropout, 1},
     {"Identity", h_identity, 1},
     {"Add", h_add, 1},
     {"Sub", h_arith, 1},
-    {"Mul", h_arith, 1},
+    {"Mul", h_mul, 1},
     {"Div", h_arith, 1},
     {"MaxPool", h_maxpool, 1},
     {"AveragePool", h_avgpool, 1},
@@ -1944,7 +2029,8 @@ static const char *out0(imp *im, int i) { return im->m->nodes[i].nout ? im->m->n
 static const char *in0(imp *im, int i) { return im->m->nodes[i].nin ? im->m->nodes[i].in[0] : ""; }
 
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
- * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). */
+ * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
+ * export below opset 14): HardSigmoid(x, alpha 1/6, beta 0.5) -> Mul(x, .). */
 
 static void find_patterns(imp *im) {
     const ps_onnx_model *m = im->m;
@@ -1982,13 +2068,14 @@ static void find_patterns(imp *im) {
             im->fz[end].kind = "GELU";
             im->fz[end].x = x;
             set_scope(im, dv, im->fz[end].scope);
-        } else if (!strcmp(n->op_type, "Sigmoid") && n->nin == 1 && n->nout == 1) {
+        } else if ((!strcmp(n->op_type, "Sigmoid") ||
+                    (!strcmp(n->op_type, "HardSigmoid") && torch_hardsigmoid(n))) && n->nin == 1 && n->nout == 1) {
             int mu = sole_consumer(im, out0(im, i));
             if (!is_op(im, mu, "Mul")) continue;
             int xi = other_input(im, mu, out0(im, i));
             if (xi < 0 || strcmp(m->nodes[mu].in[xi], n->in[0])) continue;
             im->absorbed[i] = 1;
-            im->fz[mu].kind = "SiLU";
+            im->fz[mu].kind = n->op_type[0] == 'S' ? "SiLU" : "Hardswish";
             im->fz[mu].x = n->in[0];
             set_scope(im, i, im->fz[mu].scope);
         } else if (!strcmp(n->op_type, "ReduceMean") && n->nin >= 1 && n->nout == 1) {

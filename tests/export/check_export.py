@@ -10,6 +10,10 @@ as a module so PyTorch is imported once) on
     twice (two nodes, act and act_1);
   - modules it must refuse (tests/export/refused.py), checking the message
     names the culprit and the source line;
+  - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
+    modules and functions, to their kinds and attributes; a squeeze-and-
+    excitation block's `scale * x` to Mul (and `x * 0.5` refused);
+    torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -137,11 +141,44 @@ if names != ["fc1", "act", "fc2", "act_1"]:
 else:
     print("ok: a function returning the module; a parameterless module called twice is two nodes (act, act_1)")
 
+rc, msg = run([REF + ":HardActivations", "--input-shape", "4", "-o", os.path.join(out, "hard.yaml")])
+got = [(n["name"], n["kind"], n["attrs"].get("min_val"), n["attrs"].get("max_val"))
+       for n in compare.load(os.path.join(out, "hard.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+want = [("fc", "Linear", None, None), ("r6", "ReLU6", None, None), ("ht", "Hardtanh", -2.0, 3.0),
+        ("hs", "Hardswish", None, None), ("hg", "Hardsigmoid", None, None), ("relu6", "ReLU6", None, None),
+        ("hardtanh", "Hardtanh", 0.5, 2.5), ("hardswish", "Hardswish", None, None),
+        ("hardsigmoid", "Hardsigmoid", None, None), ("hardtanh_1", "Hardtanh", None, None)]
+if got != want:
+    failures.append(f"HardActivations: nodes {got}, expected {want}")
+else:
+    print("ok: nn.ReLU6/Hardtanh/Hardswish/Hardsigmoid and F.relu6/hardtanh/hardswish/hardsigmoid export as "
+          "ReLU6, Hardtanh (min_val, max_val), Hardswish, Hardsigmoid")
+
+rc, msg = run([REF + ":SqueezeExcite", "--input-shape", "4,5,5", "-o", os.path.join(out, "se.yaml")])
+got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "se.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+want = [("adaptive_avg_pool2d", "AdaptiveAvgPool2d", ["input"]), ("fc", "Conv2d", ["adaptive_avg_pool2d"]),
+        ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])]
+if got != want:
+    failures.append(f"SqueezeExcite: nodes {got}, expected {want}")
+else:
+    print("ok: squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
+
+rc, msg = run([REF + ":residual_drop_off", "--input-shape", "4", "-o", os.path.join(out, "rd.yaml")])
+got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "rd.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+if got != [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])]:
+    failures.append(f"residual_drop_off: nodes {got}, expected fc and add (stochastic depth at p 0: the identity)")
+else:
+    print("ok: torchvision's StochasticDepth at p 0 exports as the identity")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
-    ("UnknownModule", "refused.py:43", "module 'act' (Hardswish)"),
+    ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
+    ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
+    ("ResidualDrop", "stochastic_depth.py:", "stochastic depth with p 0.2"),   # torchvision's line
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

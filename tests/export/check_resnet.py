@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""tests/it_resnet.sh's Python half: torchvision's resnet18(num_classes=10)
-through psd, against PyTorch, twice:
+"""tests/it_resnet.sh's Python half: torchvision's resnet18(num_classes=10),
+and mobilenet_v2(num_classes=10, dropout=0) (ReLU6: ONNX's Clip(0, 6)),
+through psd, against PyTorch, twice each:
 
   psd-export  the model file and weights psd-export writes, psd started
               with --init-from the weights;
@@ -16,7 +17,11 @@ For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
     the module in train mode (batch statistics), both rtol 1e-4 (atol 1e-5);
   - one Backward of the cross-entropy's output gradient: every gradient
     (GetGradients) within 1e-4 of that tensor's largest |gradient| of
-    PyTorch autograd's;
+    PyTorch autograd's (mobilenet_v2: against float64 autograd, within 8x
+    PyTorch float32's own error or that 1e-4 - its BatchNorm biases before
+    a linear path to the next BatchNorm have gradients of rounding noise,
+    and its early gradients carry 17 blocks of float32 BatchNorm backward;
+    the new weights against w - lr * psd's gradient);
   - Step: the new weights (GetParameters) within 1e-5 of torch.optim.SGD's,
     relative to each tensor's largest value, the running statistics
     (running_mean, running_var) likewise of the module's after its training
@@ -33,7 +38,14 @@ Dropout2d): its eval export (model.onnx) and configs/models/mnist_cnn.yaml
 with dropout off (--init-from its weights) each go through the checks
 above against the module with dropout off.
 
-    check_resnet.py BUILD_DIR TMP_DIR
+    check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
+
+With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
+regnet_y_400mf), only those torchvision models, each both ways as
+mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
+a training forward or running statistics past the fixed tolerances pass
+when psd's error against float64 autograd is within 8x PyTorch
+float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
 """
 import copy
 import importlib.machinery
@@ -138,7 +150,8 @@ def close(got, want, rtol, atol, what):
     check(err.flat[i] <= 0, "%s (worst element %d: %.8g vs %.8g)" % (what, i, got.flat[i], want.flat[i]))
 
 
-def run(label, stub, model, x, target):
+def run(label, stub, model, x, target, ref64=False):
+    """The checks of the docstring; ref64: gradients against float64 autograd (below)."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     got = get_parameters(stub)
     check(set(got) == set(sd), "%s: psd's parameters and buffers are the state_dict's %d names (%s)"
@@ -153,11 +166,20 @@ def run(label, stub, model, x, target):
     close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward = PyTorch's eval mode" % label)
 
     model.train()
+    m64 = copy.deepcopy(model).double() if ref64 else None
     ctx = random.randint(1, 1 << 60)
     y = model(x)
     r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
                                            input=tensor(x.numpy())), timeout=120)
-    close(array(r.output), y.detach().numpy(), 1e-4, 1e-5, "%s: training forward = PyTorch's train mode" % label)
+    y64 = m64(x.double()) if ref64 else None
+    if ref64 and not np.allclose(array(r.output), y.detach().numpy(), 1e-4, 1e-5):
+        # a deep BatchNorm net's training forward carries float32 error past that: psd's against float64
+        # within 8x PyTorch float32's own
+        e, e32 = (float(np.max(np.abs(v - y64.detach().numpy()))) for v in (array(r.output), y.detach().numpy()))
+        check(e <= 8 * e32, "%s: training forward: psd's error against float64 %.3g, within 8x PyTorch float32's "
+              "(%.3g)" % (label, e, e32))
+    else:
+        close(array(r.output), y.detach().numpy(), 1e-4, 1e-5, "%s: training forward = PyTorch's train mode" % label)
     loss = F.cross_entropy(y, target)
     gy = torch.autograd.grad(loss, y, retain_graph=True)[0]
     model.zero_grad()
@@ -167,33 +189,62 @@ def run(label, stub, model, x, target):
                                                          timeout=120).gradients}
     params = dict(model.named_parameters())
     worst, wname = 0.0, ""
-    for k, p in params.items():
-        g = p.grad.numpy()
-        e = float(np.max(np.abs(grads[k].reshape(g.shape) - g)) / max(float(np.max(np.abs(g))), 1e-30)) \
-            if k in grads else float("inf")
-        if e > worst:
-            worst, wname = e, k
-    check(set(grads) == set(params) and worst <= 1e-4, "%s: %d gradients within 1e-4 of each tensor's largest "
-          "|gradient| (worst %s: %.3g)" % (label, len(params), wname, worst))
+    if ref64:
+        # A deep BatchNorm net (mobilenet_v2): a BatchNorm bias that only linear maps lead to the next
+        # training-mode BatchNorm has a gradient of exactly 0, so both float32 results are rounding noise,
+        # and the early layers' gradients carry the float32 error of every BatchNorm backward after them.
+        # So: psd's error against float64 autograd (the same gy) within 8x PyTorch float32's own, or 1e-4 of
+        # the tensor's largest |gradient| (a wrong gradient is off by orders of magnitude more).
+        y64.backward(gy.double())
+        p64 = dict(m64.named_parameters())
+        for k, p in params.items():
+            g, g64 = p.grad.numpy().astype(np.float64), p64[k].grad.numpy()
+            allowed = max(1e-4 * float(np.max(np.abs(g64))), 8 * float(np.max(np.abs(g - g64))), 1e-30)
+            e = float(np.max(np.abs(grads[k].reshape(g.shape) - g64))) / allowed if k in grads else float("inf")
+            if e > worst:
+                worst, wname = e, k
+        check(set(grads) == set(params) and worst <= 1, "%s: %d gradients: psd's error against float64 autograd "
+              "within 8x PyTorch float32's or 1e-4 of the tensor's largest (worst %s: %.3g of that)"
+              % (label, len(params), wname, worst))
+    else:
+        for k, p in params.items():
+            g = p.grad.numpy()
+            e = float(np.max(np.abs(grads[k].reshape(g.shape) - g)) / max(float(np.max(np.abs(g))), 1e-30)) \
+                if k in grads else float("inf")
+            if e > worst:
+                worst, wname = e, k
+        check(set(grads) == set(params) and worst <= 1e-4, "%s: %d gradients within 1e-4 of each tensor's "
+              "largest |gradient| (worst %s: %.3g)" % (label, len(params), wname, worst))
+    # ref64: the step is checked against psd's own gradients (checked above): w - LR * g
+    own = {k: p.detach().numpy() - np.float32(LR) * grads[k].reshape(p.shape) for k, p in params.items()} \
+        if ref64 else {}
     with torch.no_grad():
         for p in params.values():
             p -= LR * p.grad
     stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=120)
     after = get_parameters(stub)
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    # relative to each tensor's largest value (elements near zero have no relative error of their own)
+    sb64 = {k: v.detach().numpy() for k, v in m64.state_dict().items()} if ref64 else {}
+    # relative to each tensor's largest value (elements near zero have no relative error of their own), at
+    # least 0.01 (a zero-initialised bias moved by LR times a gradient of rounding noise)
     for kind, keys in (("weights", [k for k in sd if k in params]),
                        ("running statistics", [k for k in sd if k not in params and sd[k].dtype != np.int64])):
         if not keys:
             continue        # a model without buffers
         worst, wname = 0.0, ""
         for k in keys:
-            a, b = after[k].reshape(sd[k].shape).astype(np.float64), sd[k].astype(np.float64)
-            e = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+            a, b = after[k].reshape(sd[k].shape).astype(np.float64), own.get(k, sd[k]).astype(np.float64)
+            e = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 0.01 if kind == "weights" else 1e-30))
+            if e > 1e-5 and ref64 and kind != "weights":   # the batch statistics' float32 error, as the forward's
+                b64 = sb64[k].astype(np.float64)
+                if np.max(np.abs(a - b64)) <= 8 * np.max(np.abs(b - b64)):
+                    e = 0.0
             if e > worst:
                 worst, wname = e, k
-        check(worst <= 1e-5, "%s: after the step, %d %s within 1e-5 of each tensor's largest value of PyTorch's "
-              "(worst %s: %.3g)" % (label, len(keys), kind, wname, worst))
+        check(worst <= 1e-5, "%s: after the step, %d %s within 1e-5 of each tensor's largest value of %s "
+              "(worst %s: %.3g)" % (label, len(keys), kind, "w - lr * psd's gradient" if ref64 and kind == "weights"
+                                    else "PyTorch's" + (" (or psd's error against float64 within 8x PyTorch "
+                                                        "float32's)" if ref64 else ""), wname, worst))
     counts = [k for k in sd if sd[k].dtype == np.int64]
     bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
     if counts:
@@ -204,6 +255,44 @@ def run(label, stub, model, x, target):
     r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(x.numpy()), train=False), timeout=120)
     close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward after the step (running statistics) = PyTorch's"
           % label)
+
+
+def both_paths(pe, name, x, target, ref64=False, **extra):
+    """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
+    its training-mode ONNX export (opset 13), each checked by run(); returns the module."""
+    import json
+    import torchvision
+    kwargs = dict(num_classes=10, **extra)
+    y = os.path.join(TMP, name + ".yaml")
+    rc = pe.main([name, "--kwargs", json.dumps(kwargs), "--input-shape", "3,64,64", "--seed", "3", "-o", y])
+    check(rc == 0, "psd-export " + name)
+    torch.manual_seed(3)
+    model = getattr(torchvision.models, name)(**kwargs)
+    with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    w = os.path.join(TMP, name + ".safetensors")
+    pe.write_safetensors(w, list(model.state_dict().items()), {})
+    stub, p = start_psd(name + "_export", "file: %s" % y, ["--init-from", w])
+    run("%s psd-export" % name, stub, copy.deepcopy(model), x, target, ref64=ref64)
+    p.kill()
+
+    onnx_path = os.path.join(TMP, name + "_train.onnx")
+    m2 = copy.deepcopy(model)
+    m2.train()
+    torch.onnx.export(m2, x, onnx_path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=13)
+    # the export traced a training forward: its running statistics moved, and the file holds them (ONNX has no
+    # num_batches_tracked: psd starts it at 0)
+    for m in m2.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.num_batches_tracked.zero_()
+    stub, p = start_psd(name + "_onnx", "onnx: %s" % onnx_path, [])
+    run("%s onnx training export" % name, stub, m2, x, target, ref64=ref64)
+    p.kill()
+    return model
 
 
 def main():
@@ -217,38 +306,16 @@ def main():
     torch.manual_seed(0)
     x = torch.randn(4, 3, 64, 64)
     target = torch.randint(0, 10, (4,))
+    if sys.argv[3:]:
+        for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
+            both_paths(pe, name, x, target, ref64=True, **({"dropout": 0.0} if name.startswith("mobilenet") else {}))
+        return
 
-    # 1. psd-export
-    y = os.path.join(TMP, "resnet18.yaml")
-    rc = pe.main(["resnet18", "--kwargs", '{"num_classes": 10}', "--input-shape", "3,64,64", "--seed", "3",
-                  "-o", y])
-    check(rc == 0, "psd-export resnet18")
-    torch.manual_seed(3)
-    model = torchvision.models.resnet18(num_classes=10)
-    with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-    pe.write_safetensors(os.path.join(TMP, "resnet18.safetensors"), list(model.state_dict().items()), {})
-    stub, p = start_psd("export", "file: %s" % y, ["--init-from", os.path.join(TMP, "resnet18.safetensors")])
-    run("psd-export", stub, copy.deepcopy(model), x, target)
-    p.kill()
-
-    # 2. the training-mode ONNX export of the same module
-    onnx_path = os.path.join(TMP, "resnet18_train.onnx")
-    m2 = copy.deepcopy(model)
-    m2.train()
-    torch.onnx.export(m2, x, onnx_path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                      opset_version=13)
-    # the export traced a training forward: its running statistics moved, and the file holds them (ONNX has no
-    # num_batches_tracked: psd starts it at 0)
-    for m in m2.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.num_batches_tracked.zero_()
-    stub, p = start_psd("onnx", "onnx: %s" % onnx_path, [])
-    run("onnx training export", stub, m2, x, target)
-    p.kill()
+    # 1. psd-export, 2. the training-mode ONNX export of the same module
+    model = both_paths(pe, "resnet18", x, target)
+    # the same for mobilenet_v2 (ReLU6; ONNX's Clip(0, 6)): the first model the hard activations unblocked.
+    # Its classifier's Dropout off: psd draws its own masks
+    both_paths(pe, "mobilenet_v2", x, target, ref64=True, dropout=0.0)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

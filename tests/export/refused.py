@@ -37,7 +37,7 @@ class UnknownModule(nn.Module):        # a leaf module outside the table
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
-        self.act = nn.Hardswish()
+        self.act = nn.Mish()
 
     def forward(self, x):
         return self.act(self.fc(x))      # REFUSED_MODULE
@@ -56,3 +56,47 @@ class SharedActivation(nn.Module):     # a module without parameters called twic
 
 def make_shared_activation():          # a function returning the module
     return SharedActivation()
+
+
+class HardActivations(nn.Module):      # mobilenet_v2/v3's activations, as modules and as functions
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.r6 = nn.ReLU6(inplace=True)
+        self.ht = nn.Hardtanh(-2, 3)
+        self.hs = nn.Hardswish()
+        self.hg = nn.Hardsigmoid()
+
+    def forward(self, x):
+        x = self.hg(self.hs(self.ht(self.r6(self.fc(x)))))
+        f = nn.functional
+        return f.hardtanh(f.hardsigmoid(f.hardswish(f.hardtanh(f.relu6(x), 0.5, 2.5))))
+
+
+class SqueezeExcite(nn.Module):        # squeeze-and-excitation: a Mul of (N, C, 1, 1) by (N, C, H, W)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(nn.functional.adaptive_avg_pool2d(x, 1))) * x
+
+
+class ScaleByConstant(nn.Module):      # a Mul by a number
+    def forward(self, x):
+        return x * 0.5                   # REFUSED_CONSTANT
+
+
+class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the identity at p 0, else refused
+    def __init__(self, p=0.2):
+        super().__init__()
+        import torchvision.ops
+        self.fc = nn.Linear(4, 4)
+        self.drop = torchvision.ops.StochasticDepth(p, "row")
+
+    def forward(self, x):
+        return self.drop(self.fc(x)) + x   # REFUSED_DEPTH
+
+
+def residual_drop_off():
+    return ResidualDrop(0.0)
