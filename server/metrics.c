@@ -230,7 +230,8 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     counter2(&b, "psd_message_bytes_total", "Serialized request messages received and response messages sent "
              "(payloads, without HTTP/2 and TLS framing).", "dir", "received", ad.bytes_received, "sent", ad.bytes_sent);
     family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
-           "connection, or its whole host) or past server.max_connections_per_client.");
+           "connection, or its whole host), for bytes without progress (a header block that never ends), or past "
+           "server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
     family(&b, "psd_http_connections_expired_total", "counter", "Connections to this HTTP port closed because "
            "a request's headers did not all arrive, or its reply was not taken, within its bound.");
