@@ -142,6 +142,7 @@ int rpc_host_cut_locked(ps_rpc_server *s, const char *peer) {
 }
 
 void rpc_conn_release_locked(ps_rpc_server *s, const char *peer) {
+    rpc_conn_progress_locked(s, peer);  /* its call ended: what it was receiving is spent */
     client_slot *c = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 0);
     if (c && --c->n[0] <= 0) *c = s->conns[--s->nconns];
 }
@@ -362,8 +363,15 @@ static void listener_filter(ps_rpc_server *s, const uint32_t *ban, int n) {
 /* Close the connections that received more than they may without
  * progress (conn_progress), and forget the records of those gone. */
 static void scan_progress(ps_rpc_server *s, conn_list *l) {
+    /* what gRPC may buffer for one call: its message; and for the first
+     * PS_RPC_OVERSIZE_GRACE_MS, what it reads of one larger than
+     * server.max_message_mb before it refuses it (it reads it whole, up to
+     * the transport's quota), so that such a client hears why */
     unsigned long long per_call = s->opts.max_message_bytes > 0 ? (unsigned long long)s->opts.max_message_bytes
                                                                 : 4ull << 20;
+    unsigned long long oversize = (s->opts.transport_memory_mb > 0 ? (unsigned long long)s->opts.transport_memory_mb
+                                                                   : 1024ull) << 20;
+    long long now_ms = ps_mono_ms();
     for (int i = 0; i < l->n; i++) {
         conn_ent *e = &l->e[i];
         if (!e->tcp) continue;
@@ -373,19 +381,20 @@ static void scan_progress(ps_rpc_server *s, conn_list *l) {
         unsigned long long calls = c && c->n[0] > 0 ? (unsigned long long)c->n[0] : 0;
         unsigned long long over = 0;
         if (p) {
-            if (!p->present) p->base = 0;  /* new to the scans: count from the connection's start */
-            if (p->seq != p->seen || e->received < p->base) p->base = e->received, p->seen = p->seq;
+            if (!p->present) p->base = 0, p->t_ms = now_ms;  /* new to the scans: from the connection's start */
+            if (p->seq != p->seen || e->received < p->base) p->base = e->received, p->seen = p->seq, p->t_ms = now_ms;
             p->present = 2;  /* found by this scan */
-            if (e->received - p->base > PS_RPC_NO_PROGRESS_BYTES + calls * per_call) {
+            unsigned long long may = PS_RPC_NO_PROGRESS_BYTES + calls * per_call;
+            if (now_ms - p->t_ms < PS_RPC_OVERSIZE_GRACE_MS) may += calls * oversize;
+            if (e->received - p->base > may) {
                 over = e->received - p->base;
                 p->base = e->received;
                 s->conns_cut++;
                 /* as for rapid reset: its host is cut off for 2 s (its other
                  * connections closed and new ones refused by the listener,
                  * below in rpc_scan_connections), so it cannot come back at once */
-                long long now = ps_mono_ms();
-                host_resets *h = host_slot(s, e->peer, now, 1);
-                h->cut_until = now + 2000;
+                host_resets *h = host_slot(s, e->peer, now_ms, 1);
+                h->cut_until = now_ms + 2000;
             }
         }
         pthread_mutex_unlock(&s->mu);
@@ -393,8 +402,9 @@ static void scan_progress(ps_rpc_server *s, conn_list *l) {
         char esc[160];
         rpc_escape_str(esc, sizeof esc, e->peer);
         rpc_log_refusal(s, "rpc: connection %s sent %llu bytes without completing a call's headers or message "
-                        "(%llu call%s open; an HTTP/2 header block that never ends?): connection closed, its host "
-                        "cut off for 2 s", esc, over, calls, calls == 1 ? "" : "s");
+                        "(%llu call%s open; an HTTP/2 header block that never ends, or a request message larger than "
+                        "server.max_message_mb?): connection closed, its host cut off for 2 s", esc, over, calls,
+                        calls == 1 ? "" : "s");
     }
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->nprog;) {

@@ -123,18 +123,24 @@ typedef struct client_slot {
  * buffers a header block that never ends (HEADERS, then CONTINUATION
  * frames without END_HEADERS) without any limit, and psd never sees its
  * call. A connection makes progress when psd sees one of its calls (its
- * headers ended) or one of its request messages (all its bytes came);
+ * headers ended), one of its request messages (all its bytes came) or the
+ * end of one of its calls (what it was receiving is spent);
  * between those, the bytes its socket receives (TCP_INFO) may be no more
  * than PS_RPC_NO_PROGRESS_BYTES plus server.max_message_mb per call it
- * holds (each may be receiving its message), else it is closed. */
+ * holds (each may be receiving its message), and for the first
+ * PS_RPC_OVERSIZE_GRACE_MS also server.transport_memory_mb per call (gRPC
+ * reads a message larger than max_message_mb whole, up to its quota,
+ * before it refuses it: its client hears why); else it is closed. */
 typedef struct conn_progress {
     char key[PS_RPC_CLIENT_KEY];        /* the peer ("ipv4:1.2.3.4:5") */
     unsigned long long seq;             /* its last progress event (s->prog_seq) */
     unsigned long long seen;            /* seq as the last scan saw it */
     unsigned long long base;            /* its socket's bytes received then */
+    long long t_ms;                     /* monotonic ms: when base was taken */
     int present;                        /* found by the scan under way */
 } conn_progress;
 #define PS_RPC_NO_PROGRESS_BYTES (1ull << 20)
+#define PS_RPC_OVERSIZE_GRACE_MS 2000
 
 /* A call whose request message has not arrived this long after its
  * headers counts against server.max_stalled_per_client: a client's burst
