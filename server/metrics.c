@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +30,15 @@
 /* Upper bounds of the latency buckets, seconds (+Inf is implicit). */
 static const double g_bounds[N_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                            0.1,    0.25,  0.5,    1,     2.5,   5,     10};
+
+/* One HTTP connection, for the request deadlines (libmicrohttpd's own
+ * timeout is an idle one: a client that trickles a byte a second, or reads
+ * its reply a byte a second, would hold its connection forever). */
+typedef struct http_conn {
+    int fd;                       /* -1: a free slot; -2: shut down, closing */
+    int replying;                 /* 0: waiting for a request's headers; 1: its reply queued */
+    double since;                 /* monotonic s: opened or last reply done / reply queued */
+} http_conn;
 
 typedef struct method_stats {
     const char *name;             /* "Forward" (points into path) */
@@ -51,6 +61,16 @@ struct ps_metrics {
     struct MHD_Daemon *http;
     struct ps_dashboard *dash;    /* set before listening */
     char *tls_cert, *tls_key;     /* PEM text while HTTPS serves */
+    /* request deadlines: the sweeper shuts down the socket of a connection
+     * past its bound; libmicrohttpd then closes it as any broken one */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;
+    http_conn *conns;             /* ncap slots: at most max_connections are open */
+    unsigned ncap;
+    double recv_s, send_s;        /* the bounds */
+    int sweeping, stop_sweep;     /* a sweeper thread runs; asked to stop */
+    pthread_t sweeper;
+    uint64_t http_expired;        /* __atomic: connections closed past a bound */
 };
 
 static void instrumented(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
@@ -81,6 +101,8 @@ ps_metrics *ps_metrics_create(ps_service *svc, ps_model *model, const ps_rpc_met
     m->model = model;
     m->inner_user = svc;
     m->n = n;
+    pthread_mutex_init(&m->conn_mu, NULL);
+    pthread_cond_init(&m->conn_cv, NULL);
     m->inner = calloc((size_t)n, sizeof *m->inner);
     m->outer = calloc((size_t)n, sizeof *m->outer);
     m->paths = calloc((size_t)n, sizeof *m->paths);
@@ -105,7 +127,17 @@ oom:
 
 void ps_metrics_free(ps_metrics *m) {
     if (!m) return;
-    if (m->http) MHD_stop_daemon(m->http);
+    if (m->sweeping) {
+        pthread_mutex_lock(&m->conn_mu);
+        m->stop_sweep = 1;
+        pthread_cond_signal(&m->conn_cv);
+        pthread_mutex_unlock(&m->conn_mu);
+        pthread_join(m->sweeper, NULL);
+    }
+    if (m->http) MHD_stop_daemon(m->http);  /* notifies every connection closed */
+    free(m->conns);
+    pthread_mutex_destroy(&m->conn_mu);
+    pthread_cond_destroy(&m->conn_cv);
     free(m->tls_cert);
     free(m->tls_key);
     for (int i = 0; m->paths && i < m->n; i++) free(m->paths[i]);
@@ -198,8 +230,13 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     counter2(&b, "psd_message_bytes_total", "Serialized request messages received and response messages sent "
              "(payloads, without HTTP/2 and TLS framing).", "dir", "received", ad.bytes_received, "sent", ad.bytes_sent);
     family(&b, "psd_connections_closed_total", "counter", "Connections closed for HTTP/2 rapid reset (the "
-           "connection, or its whole host) or past server.max_connections_per_client.");
+           "connection, or its whole host), for bytes without progress (a header block that never ends), or past "
+           "server.max_connections_per_client.");
     put(&b, "psd_connections_closed_total %llu\n", ad.conns_cut);
+    family(&b, "psd_http_connections_expired_total", "counter", "Connections to this HTTP port closed because "
+           "a request's headers did not all arrive, or its reply was not taken, within its bound.");
+    put(&b, "psd_http_connections_expired_total %llu\n",
+        (unsigned long long)__atomic_load_n(&m->http_expired, __ATOMIC_RELAXED));
     counter2(&b, "psd_worker_polls_total", "Idle workers' polls for their next call (server.idle_poll_us), by how "
              "they ended: a call came, or the worker went to sleep.", "outcome", "call", ad.polls_hit, "slept",
              ad.polls_missed);
@@ -389,6 +426,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)con_cls;
     ps_metrics *m = cls;
     static const char text[] = "text/plain; charset=utf-8";
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn *hc = ci ? ci->socket_context : NULL;
+    if (hc) {  /* its headers are in: from now on the reply's bound */
+        pthread_mutex_lock(&m->conn_mu);
+        if (!hc->replying) hc->replying = 1, hc->since = ps_mono_s();
+        pthread_mutex_unlock(&m->conn_mu);
+    }
     if (*upload_data_size) { *upload_data_size = 0; return MHD_YES; } /* ignore bodies */
     if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
         static char msg[] = "only GET and HEAD\n";
@@ -477,11 +521,81 @@ ps_status ps_metrics_check_tls(const ps_metrics_http_opts *o, ps_err *err) {
     return st;
 }
 
+/* A connection opened (a slot, its clock started) or closed (its slot
+ * freed: libmicrohttpd notifies before it closes the socket, so the sweeper
+ * never shuts down a descriptor reused by another file). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    ps_metrics *m = cls;
+    pthread_mutex_lock(&m->conn_mu);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = NULL;
+        for (unsigned i = 0; ci && i < m->ncap; i++)
+            if (m->conns[i].fd == -1) {
+                m->conns[i] = (http_conn){ci->connect_fd, 0, ps_mono_s()};
+                *socket_context = &m->conns[i];
+                break;
+            }
+        if (!*socket_context && ci) shutdown(ci->connect_fd, SHUT_RDWR);  /* no slot: not kept unbounded */
+    } else if (*socket_context) {
+        ((http_conn *)*socket_context)->fd = -1;
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&m->conn_mu);
+}
+
+/* A request's reply was sent (or it ended otherwise): the connection waits
+ * for its next request's headers, on a fresh clock. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)con_cls;
+    (void)toe;
+    ps_metrics *m = cls;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn *hc = ci ? ci->socket_context : NULL;
+    if (!hc) return;
+    pthread_mutex_lock(&m->conn_mu);
+    hc->replying = 0;
+    hc->since = ps_mono_s();
+    pthread_mutex_unlock(&m->conn_mu);
+}
+
+/* Every quarter second: shut down the connections past their bound. */
+static void *sweeper_main(void *p) {
+    ps_metrics *m = p;
+    pthread_mutex_lock(&m->conn_mu);
+    while (!m->stop_sweep) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&m->conn_cv, &m->conn_mu, &ts);
+        double now = ps_mono_s();
+        unsigned closed = 0;
+        for (unsigned i = 0; i < m->ncap && !m->stop_sweep; i++) {
+            http_conn *hc = &m->conns[i];
+            if (hc->fd < 0 || now - hc->since <= (hc->replying ? m->send_s : m->recv_s)) continue;
+            shutdown(hc->fd, SHUT_RDWR);
+            hc->fd = -2;
+            closed++;
+        }
+        if (closed) __atomic_add_fetch(&m->http_expired, closed, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&m->conn_mu);
+    return NULL;
+}
+
 ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_metrics_http_opts *o, ps_err *err) {
     PS_ASSERT(!m->http);
     unsigned maxc = o->max_connections ? o->max_connections : 256;
     unsigned per = o->max_per_client ? o->max_per_client : (maxc / 4 ? maxc / 4 : 1);
     unsigned idle = o->idle_timeout_s ? o->idle_timeout_s : 10;
+    m->recv_s = idle;
+    m->send_s = o->send_timeout_s ? o->send_timeout_s : 10;
+    m->ncap = maxc + 16;  /* closed ones may linger a moment past the cap */
+    if (!(m->conns = malloc(m->ncap * sizeof *m->conns)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "metrics: out of memory");
+    for (unsigned i = 0; i < m->ncap; i++) m->conns[i].fd = -1;
     int tls = o->cert_file && o->cert_file[0];
     if (tls && read_tls(o, &m->tls_cert, &m->tls_key, err)) return err ? err->code : PS_ERR_INVALID_ARGUMENT;
     char host[64];
@@ -521,16 +635,25 @@ ps_status ps_metrics_listen_opts(ps_metrics *m, const char *hostport, const ps_m
     if (tls)
         m->http = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
                                    MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT, maxc,
-                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_HTTPS_MEM_KEY, m->tls_key,
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_NOTIFY_CONNECTION,
+                                   on_connection, m, MHD_OPTION_NOTIFY_COMPLETED, on_completed, m,
+                                   MHD_OPTION_HTTPS_MEM_KEY, m->tls_key,
                                    MHD_OPTION_HTTPS_MEM_CERT, m->tls_cert, MHD_OPTION_END);
     else
         m->http = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
                                    MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT, maxc,
-                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_END);
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, per, MHD_OPTION_NOTIFY_CONNECTION,
+                                   on_connection, m, MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_END);
     if (!m->http) {
         close(fd);
         return ps_err_set(err, PS_ERR_INTERNAL, "metrics: libmicrohttpd could not start on %s%s", hostport,
                           tls ? TLS_REFUSED : "");
     }
+    if (pthread_create(&m->sweeper, NULL, sweeper_main, m) != 0) {
+        MHD_stop_daemon(m->http);
+        m->http = NULL;
+        return ps_err_set(err, PS_ERR_INTERNAL, "metrics: cannot start a thread");
+    }
+    m->sweeping = 1;
     return PS_OK;
 }

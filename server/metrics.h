@@ -49,7 +49,12 @@ typedef struct ps_metrics_http_opts {
     const char *cert_file, *key_file;  /* PEM files: HTTPS; NULL = plain HTTP */
     unsigned max_connections;          /* 0: 256 */
     unsigned max_per_client;           /* connections from one address; 0: max_connections / 4 */
-    unsigned idle_timeout_s;           /* 0: 10 */
+    unsigned idle_timeout_s;           /* 0: 10; also the bound on a request's headers: a
+                                        * connection that has not sent a whole request this
+                                        * long after it opened (or after its previous reply)
+                                        * is closed, however slowly it trickles bytes */
+    unsigned send_timeout_s;           /* a reply not taken this long after it was queued
+                                        * closes its connection; 0: 10 */
 } ps_metrics_http_opts;
 /* Serve /metrics (and the dashboard) on hostport (as server.metrics_listen:
  * "IP:PORT", "[IPv6]:PORT", "localhost:PORT"), with TLS and limits o. A

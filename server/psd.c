@@ -108,7 +108,7 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     }
     grpc_shutdown();
     if (st) return st;
-    ps_metrics_http_opts ho = {cfg->server.metrics_tls ? cfg->security.cert : NULL, cfg->security.key, 0, 0, 0};
+    ps_metrics_http_opts ho = {cfg->server.metrics_tls ? cfg->security.cert : NULL, cfg->security.key, 0, 0, 0, 0};
     if (cfg->server.metrics_listen[0] && ps_metrics_check_tls(&ho, err)) return err->code;
     const char *ck = cfg->server.checkpoint.dir;
     struct stat sb;
@@ -516,7 +516,8 @@ int main(int argc, char **argv) {
     const ps_rpc_server_opts *ro = &cfg.server.rpc;
     ps_metrics_http_opts ho = {cfg.server.metrics_tls ? cfg.security.cert : NULL, cfg.security.key,
                                (unsigned)ro->max_calls, (unsigned)ps_rpc_calls_per_client(ro),
-                               (unsigned)(ro->recv_timeout_s < 10 ? ro->recv_timeout_s + 0.999 : 10)};
+                               (unsigned)(ro->recv_timeout_s < 10 ? ro->recv_timeout_s + 0.999 : 10),
+                               (unsigned)(ro->send_timeout_s < 10 ? ro->send_timeout_s + 0.999 : 10)};
     /* A taken port is the common failure (a second psd): say so plainly. */
     char why[300];
     ps_daemon_explain_bind(cfg.server.listen, why, sizeof why);

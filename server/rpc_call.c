@@ -270,7 +270,7 @@ static void on_request(ps_rpc_call *c, int success) {
     grpc_status_code code = GRPC_STATUS_UNAVAILABLE;
     if (off)  /* its connections are closed within a second (rpc_scan_connections) */
         snprintf(details, sizeof details, "this host is cut off for a while: it reset more than %d streams a "
-                 "second over its connections", s->opts.max_resets_per_s);
+                 "second over its connections, or sent a header block that never ends", s->opts.max_resets_per_s);
     else
         code = rpc_admit(c, rawpeer, method, peer, details, sizeof details);
     gpr_free(rawpeer);
@@ -309,6 +309,7 @@ static rpc_worker *idle_worker_locked(ps_rpc_server *s, int cls, uint64_t key) {
 static void enqueue(ps_rpc_server *s, ps_rpc_call *c) {
     pthread_mutex_lock(&s->mu);
     rpc_client_unstall_locked(s, c);  /* its message is in */
+    rpc_conn_progress_locked(s, c->peer);
     rpc_worker *w = s->affinity ? idle_worker_locked(s, c->cls, c->key) : NULL;
     if (!w && !c->close_started) {
         /* it will wait for a worker: first learn when its client goes
@@ -667,6 +668,19 @@ void rpc_event_loop(ps_rpc_server *s, int standby) {
         call_event(ev.tag, ev.success);
     }
     atomic_store(&s->event_busy_since, 0);
+}
+
+void *rpc_watch_main(void *arg) {
+    ps_rpc_server *s = arg;
+    pthread_setname_np(pthread_self(), "psd-watch");
+    while (!atomic_load(&s->watch_stop)) {
+        struct timespec ts = {0, 250 * 1000000L};
+        nanosleep(&ts, NULL);
+        long long now = ps_mono_ms(), due = atomic_load(&s->next_conn_scan);
+        if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
+            rpc_scan_connections(s);
+    }
+    return NULL;
 }
 
 void *rpc_event_main(void *arg) {

@@ -12,7 +12,9 @@
 #include <linux/filter.h>
 #include <dirent.h>
 #include <math.h>
+#include <linux/tcp.h>  /* struct tcp_info with tcpi_bytes_received (glibc's lacks it) */
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,7 @@ client_slot *rpc_slot_find(client_slot **tab, int *n, int *cap, const char *key,
  * that keeps to SETTINGS_MAX_CONCURRENT_STREAMS could (its streams end
  * faster than psd can even finish them: HTTP/2 rapid reset). */
 int rpc_conn_add_locked(ps_rpc_server *s, const char *peer) {
+    rpc_conn_progress_locked(s, peer);  /* its headers ended */
     client_slot *c = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 1);
     if (!c) return 0;
     c->n[0]++;
@@ -53,6 +56,31 @@ int rpc_conn_add_locked(ps_rpc_server *s, const char *peer) {
     c->n[1] = 1;
     s->conns_cut++;
     return 1;
+}
+
+/* With s->mu held: the progress record of peer (create: a new one); NULL
+ * when absent or out of memory. */
+static conn_progress *progress_find(ps_rpc_server *s, const char *peer, int create) {
+    for (int i = 0; i < s->nprog; i++)
+        if (!strcmp(s->prog[i].key, peer)) return &s->prog[i];
+    if (!create) return NULL;
+    if (s->nprog == s->cap_prog) {
+        int ncap = s->cap_prog ? 2 * s->cap_prog : 64;
+        conn_progress *p = realloc(s->prog, (size_t)ncap * sizeof *p);
+        if (!p) return NULL;
+        s->prog = p;
+        s->cap_prog = ncap;
+    }
+    conn_progress *p = &s->prog[s->nprog++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->key, sizeof p->key, "%s", peer);
+    return p;
+}
+
+void rpc_conn_progress_locked(ps_rpc_server *s, const char *peer) {
+    if (!s->port) return;  /* a unix socket: not scanned */
+    conn_progress *p = progress_find(s, peer, 1);
+    if (p) p->seq = ++s->prog_seq;
 }
 
 void rpc_peer_host(char *dst, size_t n, const char *peer) {
@@ -114,6 +142,7 @@ int rpc_host_cut_locked(ps_rpc_server *s, const char *peer) {
 }
 
 void rpc_conn_release_locked(ps_rpc_server *s, const char *peer) {
+    rpc_conn_progress_locked(s, peer);  /* its call ended: what it was receiving is spent */
     client_slot *c = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, peer, 0);
     if (c && --c->n[0] <= 0) *c = s->conns[--s->nconns];
 }
@@ -267,7 +296,12 @@ int rpc_count_connections(ps_rpc_server *s) {
 
 /* ---- connections per host ---- */
 
-typedef struct conn_ent { int fd; char host[PS_RPC_CLIENT_KEY]; } conn_ent;
+typedef struct conn_ent {
+    int fd;
+    char host[PS_RPC_CLIENT_KEY], peer[PS_RPC_CLIENT_KEY];
+    unsigned long long received;  /* bytes its socket received (TCP_INFO) */
+    int tcp;                      /* received is known */
+} conn_ent;
 typedef struct conn_list { conn_ent *e; int n, cap; } conn_list;
 
 static void collect(int fd, const char *peer, void *arg) {
@@ -279,9 +313,16 @@ static void collect(int fd, const char *peer, void *arg) {
         l->e = e;
         l->cap = ncap;
     }
-    l->e[l->n].fd = fd;
-    rpc_peer_host(l->e[l->n].host, sizeof l->e[l->n].host, peer);
-    l->n++;
+    conn_ent *e = &l->e[l->n++];
+    e->fd = fd;
+    rpc_peer_host(e->host, sizeof e->host, peer);
+    snprintf(e->peer, sizeof e->peer, "%s", peer);
+    struct tcp_info ti;
+    socklen_t tl = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    e->tcp = getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+             tl >= offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received;
+    e->received = e->tcp ? ti.tcpi_bytes_received : 0;
 }
 
 static int by_host_fd(const void *a, const void *b) {
@@ -319,10 +360,70 @@ static void listener_filter(ps_rpc_server *s, const uint32_t *ban, int n) {
     each_socket(s, 1, attach_filter, &a);
 }
 
+/* Close the connections that received more than they may without
+ * progress (conn_progress), and forget the records of those gone. */
+static void scan_progress(ps_rpc_server *s, conn_list *l) {
+    /* what gRPC may buffer for one call: its message; and for the first
+     * PS_RPC_OVERSIZE_GRACE_MS, what it reads of one larger than
+     * server.max_message_mb before it refuses it (it reads it whole, up to
+     * the transport's quota), so that such a client hears why */
+    unsigned long long per_call = s->opts.max_message_bytes > 0 ? (unsigned long long)s->opts.max_message_bytes
+                                                                : 4ull << 20;
+    unsigned long long oversize = (s->opts.transport_memory_mb > 0 ? (unsigned long long)s->opts.transport_memory_mb
+                                                                   : 1024ull) << 20;
+    long long now_ms = ps_mono_ms();
+    for (int i = 0; i < l->n; i++) {
+        conn_ent *e = &l->e[i];
+        if (!e->tcp) continue;
+        pthread_mutex_lock(&s->mu);
+        conn_progress *p = progress_find(s, e->peer, 1);
+        client_slot *c = rpc_slot_find(&s->conns, &s->nconns, &s->cap_conns, e->peer, 0);
+        unsigned long long calls = c && c->n[0] > 0 ? (unsigned long long)c->n[0] : 0;
+        unsigned long long over = 0;
+        if (p) {
+            if (!p->present) p->base = 0, p->t_ms = now_ms;  /* new to the scans: from the connection's start */
+            if (p->seq != p->seen || e->received < p->base) p->base = e->received, p->seen = p->seq, p->t_ms = now_ms;
+            p->present = 2;  /* found by this scan */
+            unsigned long long may = PS_RPC_NO_PROGRESS_BYTES + calls * per_call;
+            if (now_ms - p->t_ms < PS_RPC_OVERSIZE_GRACE_MS) may += calls * oversize;
+            if (e->received - p->base > may) {
+                over = e->received - p->base;
+                p->base = e->received;
+                s->conns_cut++;
+                /* as for rapid reset: its host is cut off for 2 s (its other
+                 * connections closed and new ones refused by the listener,
+                 * below in rpc_scan_connections), so it cannot come back at once */
+                host_resets *h = host_slot(s, e->peer, now_ms, 1);
+                h->cut_until = now_ms + 2000;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!over || shutdown(e->fd, SHUT_RDWR)) continue;
+        char esc[160];
+        rpc_escape_str(esc, sizeof esc, e->peer);
+        rpc_log_refusal(s, "rpc: connection %s sent %llu bytes without completing a call's headers or message "
+                        "(%llu call%s open; an HTTP/2 header block that never ends, or a request message larger than "
+                        "server.max_message_mb?): connection closed, its host cut off for 2 s", esc, over, calls,
+                        calls == 1 ? "" : "s");
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nprog;) {
+        conn_progress *p = &s->prog[i];
+        if (p->present == 1) {
+            *p = s->prog[--s->nprog];  /* its connection is gone */
+        } else {
+            p->present = 1;  /* found, or made by a call since: gone unless the next scan finds it */
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 void rpc_scan_connections(ps_rpc_server *s) {
     if (!s->port) return;  /* unix socket: one host */
     conn_list l = {0};
     each_conn(s, collect, &l);
+    scan_progress(s, &l);
     qsort(l.e, (size_t)l.n, sizeof *l.e, by_host_fd);
     int cap = s->opts.max_connections_per_client;
     uint32_t ban[PS_RPC_REFUSED_HOSTS];

@@ -119,6 +119,29 @@ typedef struct client_slot {
     int reserved;
 } client_slot;
 
+/* What a connection has delivered, for rpc_scan_connections: gRPC 1.51
+ * buffers a header block that never ends (HEADERS, then CONTINUATION
+ * frames without END_HEADERS) without any limit, and psd never sees its
+ * call. A connection makes progress when psd sees one of its calls (its
+ * headers ended), one of its request messages (all its bytes came) or the
+ * end of one of its calls (what it was receiving is spent);
+ * between those, the bytes its socket receives (TCP_INFO) may be no more
+ * than PS_RPC_NO_PROGRESS_BYTES plus server.max_message_mb per call it
+ * holds (each may be receiving its message), and for the first
+ * PS_RPC_OVERSIZE_GRACE_MS also server.transport_memory_mb per call (gRPC
+ * reads a message larger than max_message_mb whole, up to its quota,
+ * before it refuses it: its client hears why); else it is closed. */
+typedef struct conn_progress {
+    char key[PS_RPC_CLIENT_KEY];        /* the peer ("ipv4:1.2.3.4:5") */
+    unsigned long long seq;             /* its last progress event (s->prog_seq) */
+    unsigned long long seen;            /* seq as the last scan saw it */
+    unsigned long long base;            /* its socket's bytes received then */
+    long long t_ms;                     /* monotonic ms: when base was taken */
+    int present;                        /* found by the scan under way */
+} conn_progress;
+#define PS_RPC_NO_PROGRESS_BYTES (1ull << 20)
+#define PS_RPC_OVERSIZE_GRACE_MS 2000
+
 /* A call whose request message has not arrived this long after its
  * headers counts against server.max_stalled_per_client: a client's burst
  * of calls whose messages are on their way is never refused for it. */
@@ -244,6 +267,9 @@ struct ps_rpc_server {
     grpc_completion_queue *shutdown_cq;
     pthread_t event_threads[PS_RPC_EVENT_THREADS];
     int event_running;                  /* event threads started */
+    pthread_t watch_thread;             /* runs rpc_scan_connections while the event threads are busy */
+    int watch_running;
+    atomic_int watch_stop;
     /* The first event thread polls; the others stand by (rpc_call.c,
      * rpc_event_loop) and poll too only while it is busy: a backlog of
      * events (a flood of calls or resets) or a slow callback. */
@@ -291,6 +317,9 @@ struct ps_rpc_server {
     int nclients, cap_clients;
     client_slot *conns;                 /* connections (peers) holding call objects: n[0] calls, n[1] cut */
     int nconns, cap_conns;
+    conn_progress *prog;                /* every connection the last scan found, and new callers */
+    int nprog, cap_prog;
+    unsigned long long prog_seq;        /* numbers the progress events */
     ps_rpc_call *watch;                 /* accepted, unfinished calls */
     unsigned long long refused_busy, refused_client, recv_timeouts, send_timeouts;
     double sat_start, sat_last;         /* current streak of cap refusals */
@@ -346,6 +375,9 @@ void rpc_transport_auth(void *state, grpc_auth_context *ctx, const grpc_metadata
  * connection should be cut (rapid reset). */
 int rpc_conn_add_locked(ps_rpc_server *s, const char *peer);
 void rpc_conn_release_locked(ps_rpc_server *s, const char *peer);
+/* With s->mu held: connection peer made progress (a call seen, a request
+ * message received): see conn_progress. */
+void rpc_conn_progress_locked(ps_rpc_server *s, const char *peer);
 /* With s->mu held: peer reset one more stream before its message; 1 when
  * it passed opts.max_resets_per_s in this second (once per window). */
 int rpc_note_reset_locked(ps_rpc_server *s, const char *peer);
@@ -361,8 +393,13 @@ void rpc_cut_connection(ps_rpc_server *s, const char *peer, const char *why);
 /* Close every connection from peer's host, logging why. */
 void rpc_cut_host(ps_rpc_server *s, const char *peer, const char *why);
 /* Count the connections to the server's port per host (its sockets) and
- * close those past opts.max_connections_per_client, newest first. */
+ * close those past opts.max_connections_per_client, newest first, and
+ * those that received too much without progress (conn_progress). */
 void rpc_scan_connections(ps_rpc_server *s);
+/* The watch thread: every second rpc_scan_connections (as the event
+ * threads do between events), also while gRPC keeps the event threads
+ * parsing what a flooding client sends. */
+void *rpc_watch_main(void *arg);
 /* The connections to the server's port open now (psd's sockets). */
 int rpc_count_connections(ps_rpc_server *s);
 /* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */

@@ -356,6 +356,8 @@ ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err) {
         }
         s->event_running++;
     }
+    /* without it the event threads still scan, only later under a flood */
+    s->watch_running = pthread_create(&s->watch_thread, NULL, rpc_watch_main, s) == 0;
     return PS_OK;
 }
 
@@ -476,6 +478,11 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     }
     PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
+    if (s->watch_running) {
+        atomic_store(&s->watch_stop, 1);
+        pthread_join(s->watch_thread, NULL);
+        s->watch_running = 0;
+    }
     if (s->event_running) {
         for (int i = 0; i < s->event_running; i++) pthread_join(s->event_threads[i], NULL);
         s->event_running = 0;
@@ -501,6 +508,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
     if (s->quota) grpc_resource_quota_unref(s->quota);
     free(s->clients);
     free(s->conns);
+    free(s->prog);
     for (int i = 0; i < s->ncv; i++) pthread_cond_destroy(&s->workers[i].cv);
     free(s->workers);
     free(s->addr);

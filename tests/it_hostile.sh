@@ -18,6 +18,9 @@
 #       closed -> psd closes each such connection; RSS bounded; the same over
 #       300 connections, each under the per-connection threshold -> the
 #       host is cut off, its new connections refused;
+#     - continuation: one stream's header block never ends (CONTINUATION
+#       frames without END_HEADERS), reconnecting when closed -> psd closes
+#       each such connection (no progress for its bytes); RSS bounded;
 #  2. mutual TLS + tokens: the same rapid reset without a token (refused in
 #     the transport), and with a valid token (connections closed);
 #  3. the context memory budget shared per token (tests/hostile_ctx.py);
@@ -107,6 +110,14 @@ grep -q "HTTP/2 rapid reset" "$tmp/psd1.log" || fail "psd did not log the rapid 
 attack "rapid reset over 300 connections from one address" reset-many 127.0.0.1 "$port" "$psd" "$secs" \
   --conns 300 --expect-cut --max-rss-mb 1000 --max-latency-s 8 --min-ok 10
 grep -q "over all its connections" "$tmp/psd1.log" || fail "psd did not log the host's rapid reset"
+# a header block that never ends (HEADERS, then CONTINUATION frames without
+# END_HEADERS): gRPC 1.51 keeps every header and psd never sees the call
+# (main's psd: RSS +1.25 GiB in 8 s, +3.4 GiB in 25 s, well-behaved calls
+# waiting 11-30 s); psd closes a connection whose socket received more than
+# it may without a call's headers or message completing, within a second
+attack "CONTINUATION flood" continuation 127.0.0.1 "$port" "$psd" "$secs" --expect-cut --max-rss-mb 700 \
+  --max-latency-s 8 --min-ok 10
+grep -q "without completing a call's headers" "$tmp/psd1.log" || fail "psd did not log the header flood"
 stop_psd
 
 # 1b. SIGTERM while a stalled client (127.0.0.2) and a silent reader
