@@ -1442,6 +1442,55 @@ static ps_status h_gap(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
+/* ReduceMean over the two spatial axes of an (N, C, H, W) value (mnasnet's
+ * x.mean([2, 3])): AdaptiveAvgPool2d to 1x1, then Flatten when keepdims is
+ * 0. The axes are an attribute before opset 18, an input from it. */
+static ps_status h_reducemean(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    if (has_in(im, 1)) {
+        val *a = in_val(im, 1, 1);
+        if (!a) return im->err->code;
+        if (a->kind != VK_CONST) return unsup(im, "axes '%s' computed (psd reads constant axes)", a->name);
+        const int64_t *q = cints(im, a);
+        if (!q) return im->err->code;
+        n = a->numel > PS_MAXD ? PS_MAXD + 1 : (int)a->numel;
+        for (int i = 0; i < n && i < PS_MAXD; i++) ax[i] = q[i];
+    } else {
+        n = attr_ints(im, "axes", ax, PS_MAXD);
+    }
+    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over the 2 spatial axes [2, 3])");
+    int r = x->ndim, seen[2] = {0, 0};
+    for (int i = 0; i < n && n == 2; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (a >= r - 2) seen[a - (r - 2)] = 1;
+    }
+    if (n != 2 || !seen[0] || !seen[1]) {
+        char buf[128];
+        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over the 2 spatial axes [2, 3]: "
+                     "AdaptiveAvgPool2d)", dims_text(ax, n > PS_MAXD ? PS_MAXD : n, buf, sizeof buf), r);
+    }
+    int keep = (int)attr_i(im, "keepdims", 1);
+    int xin = x->node;
+    int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "output_size: 1");
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[r - 1] = od[r - 2] = 1;
+    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
+    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+    if (f < 0) return oom(im);
+    return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, od) ? PS_OK : im->err->code;
+}
+
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
  * consumed_inputs; < 7: is_test; < 9: spatial (1 only); >= 14:
  * training_mode. momentum m is PyTorch's 1 - m. A training-mode node's
@@ -1942,6 +1991,7 @@ static const op_row ops[] = {
     {"MaxPool", h_maxpool, 1},
     {"AveragePool", h_avgpool, 1},
     {"GlobalAveragePool", h_gap, 1},
+    {"ReduceMean", h_reducemean, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},

@@ -100,3 +100,13 @@ class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the ide
 
 def residual_drop_off():
     return ResidualDrop(0.0)
+
+
+class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPool2d (+ Flatten)
+    def forward(self, x):
+        return torch.mean(x, (-1, -2), keepdim=True) + x.mean([2, 3]).view(x.size(0), -1, 1, 1)
+
+
+class MeanOverFeatures(nn.Module):     # a mean over other dims
+    def forward(self, x):
+        return x.mean(1)                 # REFUSED_MEAN
