@@ -1393,7 +1393,7 @@ static ps_status pool(imp *im, int is_max) {
     if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
     if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && (dil[0] != 1 || dil[1] != 1))
         return unsup(im, "dilations (psd's pools have none)");
-    if (attr_i(im, "ceil_mode", 0)) return unsup(im, "ceil_mode: 1 (psd's pools floor)");
+    const int ceil = attr_i(im, "ceil_mode", 0) != 0;
     if (attr_i(im, "storage_order", 0)) return unsup(im, "storage_order: 1");
     if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
     int cip = is_max ? 0 : (int)attr_i(im, "count_include_pad", 0);
@@ -1413,12 +1413,19 @@ static ps_status pool(imp *im, int is_max) {
     if (s[0] != k[0] || s[1] != k[1]) pair_attr(im, pn, "stride", s);
     if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
     if (!is_max && !cip) add_attr(im, pn, "count_include_pad: false");
+    if (ceil) add_attr(im, pn, "ceil_mode: true");
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
     for (int i = 0; i < 2; i++) {
         int64_t in = x->dims[x->ndim - 2 + i];
-        od[x->ndim - 2 + i] = (in + 2 * pad[i] - k[i]) / s[i] + 1;
-        if (od[x->ndim - 2 + i] < 1) return bad(im, "the window does not fit the input");
+        if (in + 2 * pad[i] < k[i]) return bad(im, "the window does not fit the input");
+        /* ceil_mode: ONNX rounds up; PyTorch (psd) also drops a last window
+         * that would start in the right padding. Where they differ, refuse. */
+        int64_t o = (in + 2 * pad[i] - k[i] + (ceil ? s[i] - 1 : 0)) / s[i] + 1;
+        if (ceil && (o - 1) * s[i] >= in + pad[i])
+            return unsup(im, "ceil_mode: 1 with a last window starting in the padding (ONNX keeps it, PyTorch and "
+                         "psd drop it)");
+        od[x->ndim - 2 + i] = o;
     }
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }

@@ -183,6 +183,16 @@ if got != want:
 else:
     print("ok: x.mean([2, 3]) exports as AdaptiveAvgPool2d and Flatten, with keepdim=True as AdaptiveAvgPool2d")
 
+rc, msg = run([REF + ":CeilPools", "--input-shape", "2,9,9", "-o", os.path.join(out, "ceil.yaml")])
+got = [(n["name"], n["kind"], n["attrs"].get("ceil_mode"), n["attrs"].get("count_include_pad"))
+       for n in compare.load(os.path.join(out, "ceil.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+want = [("mp", "MaxPool2d", True, None), ("ap", "AvgPool2d", True, False), ("max_pool2d", "MaxPool2d", True, None),
+        ("avg_pool2d", "AvgPool2d", True, None)]
+if got != want:
+    failures.append(f"CeilPools: nodes {got}, expected {want}")
+else:
+    print("ok: nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),

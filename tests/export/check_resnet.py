@@ -324,8 +324,10 @@ def main():
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
         for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
-            both_paths(pe, name, x, target, ref64=True,
-                       **({"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet")) else {}))
+            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet")) else {}
+            if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
+                extra.update(aux_logits=False, init_weights=False)
+            both_paths(pe, name, x, target, ref64=True, **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module

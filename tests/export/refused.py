@@ -110,3 +110,14 @@ class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPo
 class MeanOverFeatures(nn.Module):     # a mean over other dims
     def forward(self, x):
         return x.mean(1)                 # REFUSED_MEAN
+
+
+class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode pools
+    def __init__(self):
+        super().__init__()
+        self.mp = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.ap = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False, ceil_mode=True)
+
+    def forward(self, x):
+        F = nn.functional
+        return F.avg_pool2d(F.max_pool2d(self.ap(self.mp(x)), 2, ceil_mode=True), 2, ceil_mode=True)
