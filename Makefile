@@ -156,13 +156,15 @@ test-fit: deps
 # docs/testing.md: torchvision's classification models through psd-export and
 # the ONNX training export to psd --check-config, one line per model and path;
 # then mobilenet_v3_small (Hardswish, Hardsigmoid, squeeze-and-excitation's
-# Mul), regnet_x_400mf ('-' in its names) and regnet_y_400mf (Sigmoid-gated
-# Mul) trained one step through psd both ways against PyTorch (~1 min).
+# Mul), regnet_x_400mf ('-' in its names), regnet_y_400mf (Sigmoid-gated
+# Mul), mnasnet0_5 (x.mean([2, 3])), squeezenet1_1 and googlenet (ceil_mode
+# pools) trained one step through psd both ways against PyTorch (~2.5 min).
 ZOO_MODELS ?=
 test-zoo: deps
 	@$(MAKE) --no-print-directory all
 	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS) && \
-	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small regnet_x_400mf regnet_y_400mf; \
+	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small regnet_x_400mf regnet_y_400mf \
+	    mnasnet0_5 squeezenet1_1 googlenet; \
 	  rc=$$?; rm -rf $$d; exit $$rc
 
 # make test builds on every core unless the command line says how (-j N):

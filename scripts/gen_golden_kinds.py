@@ -155,6 +155,29 @@ CASES = [
         "{name: m2, kind: Mul, inputs: [m, g]}"])),
     ("mul_rows", stage([3, 4], ["{name: l, kind: Linear, out_features: 1}",
                                 "{name: m, kind: Mul, inputs: [input, l]}"])),
+    # ceil_mode (squeezenet, googlenet): the last window reaching past the input (and past its padding: the
+    # average's divisor counts only the padded input), the last window dropped where it would start in the
+    # right padding (5 + 1 with stride 2: 3 outputs, not 4), after blocked convolutions (oneDNN's right padding;
+    # the include-padding average computes in the plain layout)
+    ("maxpool_ceil", stage([3, 6, 5], ["{name: p, kind: MaxPool2d, kernel_size: 3, stride: 2, ceil_mode: true}"])),
+    ("maxpool_ceil_drop", stage([3, 5, 5], ["{name: p, kind: MaxPool2d, kernel_size: 2, stride: 2, padding: 1, "
+                                             "ceil_mode: true}"])),
+    ("maxpool_ceil_blocked", stage([16, 8, 8], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: MaxPool2d, kernel_size: 3, stride: 2, padding: 1, ceil_mode: true}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("avgpool_ceil", stage([3, 6, 6], ["{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, ceil_mode: true}"])),
+    ("avgpool_ceil_excl", stage([3, 6, 5], ["{name: p, kind: AvgPool2d, kernel_size: [3, 2], stride: 2, "
+                                             "padding: [1, 0], count_include_pad: false, ceil_mode: true}"])),
+    ("avgpool_ceil_blocked", stage([16, 8, 8], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, padding: 1, ceil_mode: true}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("avgpool_ceil_excl_blocked", stage([16, 8, 8], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, padding: 1, count_include_pad: false, "
+        "ceil_mode: true}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
 ]
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
@@ -201,10 +224,11 @@ def make_module(kind, a, shapes):
                             elementwise_affine=a.get("elementwise_affine", True))
     if kind == "MaxPool2d":
         return nn.MaxPool2d(pair(a["kernel_size"]), stride=pair(a.get("stride", a["kernel_size"])),
-                            padding=pair(a.get("padding", 0)))
+                            padding=pair(a.get("padding", 0)), ceil_mode=a.get("ceil_mode", False))
     if kind == "AvgPool2d":
         return nn.AvgPool2d(pair(a["kernel_size"]), stride=pair(a.get("stride", a["kernel_size"])),
-                            padding=pair(a.get("padding", 0)), count_include_pad=a.get("count_include_pad", True))
+                            padding=pair(a.get("padding", 0)), count_include_pad=a.get("count_include_pad", True),
+                            ceil_mode=a.get("ceil_mode", False))
     if kind == "AdaptiveAvgPool2d":
         return nn.AdaptiveAvgPool2d(a["output_size"])
     if kind == "Embedding":

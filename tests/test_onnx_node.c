@@ -19,7 +19,8 @@
  * Sigmoid, Tanh, Softmax, LogSoftmax, Add, Concat, Flatten, Reshape,
  * Gather - their non-_expanded tests; and Clip (both bounds, a lower one
  * of 0) and HardSwish (its _expanded test is PyTorch's export below
- * opset 14, HardSigmoid then Mul). ONNX's HardSigmoid tests use other
+ * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
+ * tests. ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
@@ -47,7 +48,9 @@ static const char *const required_prefixes[] = {
     "test_gemm_transposeB", "test_relu", "test_leakyrelu", "test_sigmoid", "test_tanh", "test_softmax_",
     "test_logsoftmax_", "test_add", "test_concat_", "test_flatten_", "test_reshape_", "test_gather_",
     /* mobilenet_v2/v3's (ReLU6 and Hardtanh export as Clip) */
-    "test_clip", "test_hardswish", NULL};
+    "test_clip", "test_hardswish",
+    /* squeezenet's and googlenet's */
+    "test_maxpool_2d_ceil", "test_averagepool_2d_ceil", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {

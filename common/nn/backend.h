@@ -95,18 +95,22 @@ static inline int64_t ps_conv_weight_count(const ps_conv_desc *d) {
     return (int64_t)r.cout * (r.cin / r.groups) * r.kh * r.kw;
 }
 
-/* 2-D pooling (nn.MaxPool2d, nn.AvgPool2d; ceil_mode=False only). Two
+/* 2-D pooling (nn.MaxPool2d, nn.AvgPool2d). Two
  * forms, as for convolution:
  *  - square form: k x k window, stride, no padding (positional
  *    initialisers { n, c, h, w, k, stride, layout } keep working);
  *  - general form, selected by kh > 0: kh x kw window, stride_h/stride_w,
  *    pad_h/pad_w (implicit padding on both sides; PyTorch requires
  *    pad <= kernel/2, the caller checks); k and stride are then ignored.
- * y is (n, c, oh, ow), oh = (h + 2*pad_h - kh) / stride_h + 1 (floor).
+ * y is (n, c, oh, ow), oh = (h + 2*pad_h - kh) / stride_h + 1 (floor);
+ * with ceil_mode, PyTorch's rule: the division rounds up, but the last
+ * window must start inside the input or its left/top padding
+ * (ps_pool_out_dim), so the last window may reach past the padded input.
  * Max pooling never picks a padded position (padding is -inf). Average
- * pooling divides by kh*kw when count_include_pad (PyTorch's default;
- * with ceil_mode off every window lies inside the padded input) and by
- * the number of window positions inside the input otherwise.
+ * pooling divides by the window clipped to the padded input when
+ * count_include_pad (PyTorch's default; kh*kw unless ceil_mode's last
+ * window reaches past it) and by the number of window positions inside
+ * the input otherwise.
  * AdaptiveAvgPool2d((1, 1)) is average pooling with kh = h, kw = w,
  * stride 1, no padding. */
 typedef struct ps_pool_desc {
@@ -115,6 +119,7 @@ typedef struct ps_pool_desc {
     int layout;                 /* of x, y, dx, dy; PS_LAYOUT_PLAIN when 0 */
     int kh, kw, stride_h, stride_w, pad_h, pad_w; /* general form (kh > 0) */
     int count_include_pad;      /* average pooling only */
+    int ceil_mode;              /* PyTorch's ceil_mode: the output size rounds up */
 } ps_pool_desc;
 
 /* d in the general form with every field explicit (k = stride = 0). */
@@ -129,13 +134,30 @@ static inline ps_pool_desc ps_pool_resolve(const ps_pool_desc *d) {
     return r;
 }
 
+/* PyTorch's pooling_output_shape (dilation 1): in + 2*pad >= k. */
+static inline int ps_pool_out_dim(int in, int k, int s, int pad, int ceil_mode) {
+    int o = (in + 2 * pad - k + (ceil_mode ? s - 1 : 0)) / s + 1;
+    if (ceil_mode && (o - 1) * s >= in + pad) o--;   /* the last window starts in the padding on the right */
+    return o;
+}
 static inline int ps_pool_out_h(const ps_pool_desc *d) {
     const ps_pool_desc r = ps_pool_resolve(d);
-    return (r.h + 2 * r.pad_h - r.kh) / r.stride_h + 1;
+    return ps_pool_out_dim(r.h, r.kh, r.stride_h, r.pad_h, r.ceil_mode);
 }
 static inline int ps_pool_out_w(const ps_pool_desc *d) {
     const ps_pool_desc r = ps_pool_resolve(d);
-    return (r.w + 2 * r.pad_w - r.kw) / r.stride_w + 1;
+    return ps_pool_out_dim(r.w, r.kw, r.stride_w, r.pad_w, r.ceil_mode);
+}
+/* Rows (or columns) ceil_mode adds past the padding on the bottom (right):
+ * the last window's end beyond in + pad, at least 0. */
+static inline int ps_pool_extra_dim(int in, int k, int s, int pad, int ceil_mode) {
+    const int e = (ps_pool_out_dim(in, k, s, pad, ceil_mode) - 1) * s + k - in - 2 * pad;
+    return e > 0 ? e : 0;
+}
+static inline int ps_pool_ceil_extra(const ps_pool_desc *d) {
+    const ps_pool_desc r = ps_pool_resolve(d);
+    return ps_pool_extra_dim(r.h, r.kh, r.stride_h, r.pad_h, r.ceil_mode) ||
+           ps_pool_extra_dim(r.w, r.kw, r.stride_w, r.pad_w, r.ceil_mode);
 }
 
 /* A per-channel view of an activation for batch normalisation and channel

@@ -632,14 +632,18 @@ static ps_status create_conv_bwd_w_as_fwd(dnnl_engine_t eng, int block, const pr
 /* Pooling in the blocked layout (the plain layout runs the C kernels of
  * pool_plain_*: oneDNN 2.6 has only simple_nchw below AVX-512 there).
  * Max (PK_POOL_*) or average (PK_AVGPOOL_*, k->bias = count_include_pad);
- * padding on both sides; oneDNN's shape check floors like PyTorch's floor
- * mode, its max pooling never picks padding, and avg_include_padding
- * divides by kh*kw as PyTorch does without ceil_mode. */
+ * padding on both sides, ceil_mode's extra rows and columns as more on the
+ * bottom and right; its max pooling never picks padding, avg_exclude_padding
+ * counts the input positions, and avg_include_padding divides by kh*kw as
+ * PyTorch does unless ceil_mode's last window reaches past the padded input
+ * (such a pool computes in the plain layout, layers.c pool_infer, on the C
+ * kernels: plain_pool_entry). */
 static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
-    const int64_t *d = k->dims; /* n,c,h,w,kh,kw,sh,sw,ph,pw */
+    const int64_t *d = k->dims; /* n,c,h,w,kh,kw,sh,sw,ph,pw,ceil_mode */
     const int64_t xd[4] = { d[0], d[1], d[2], d[3] };
-    const int64_t yd[4] = { d[0], d[1], (d[2] + 2 * d[8] - d[4]) / d[6] + 1, (d[3] + 2 * d[9] - d[5]) / d[7] + 1 };
+    const int64_t yd[4] = { d[0], d[1], ps_pool_out_dim((int)d[2], (int)d[4], (int)d[6], (int)d[8], (int)d[10]),
+                            ps_pool_out_dim((int)d[3], (int)d[5], (int)d[7], (int)d[9], (int)d[10]) };
     /* plain_try 2: the primitive in the blocked layout (block k->alg), the
      * caller's plain activations reordered to and from it (entry_create;
      * oneDNN pads a channel count that does not fill the last block) */
@@ -660,13 +664,20 @@ static ps_status create_pool(dnnl_engine_t eng, int block, const prim_key *k, dn
     }
     const dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max
                               : k->bias ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
-    dnnl_dims_t strides = { d[6], d[7] }, kernel = { d[4], d[5] }, pad = { d[8], d[9] };
+    /* ceil_mode: the rows and columns its last window reaches past the
+     * padded input are more padding on the bottom and right */
+    dnnl_dims_t strides = { d[6], d[7] }, kernel = { d[4], d[5] }, pad = { d[8], d[9] },
+                pad_r = { d[8] + ps_pool_extra_dim((int)d[2], (int)d[4], (int)d[6], (int)d[8], (int)d[10]),
+                          d[9] + ps_pool_extra_dim((int)d[3], (int)d[5], (int)d[7], (int)d[9], (int)d[10]) };
+    if (avg && k->bias && (pad_r[0] != pad[0] || pad_r[1] != pad[1]))
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: an average pool with count_include_pad whose ceil_mode window "
+                          "reaches past the padded input (PyTorch divides by less than kh*kw; the C kernels run it)");
     dnnl_pooling_desc_t fwd, bwdd;
     PS_DNNL_CHECK(dnnl_pooling_forward_desc_init(&fwd,
                   k->kind == PK_POOL_FWD_INFERENCE ? dnnl_forward_inference : dnnl_forward_training,
-                  alg, &x, &y, strides, kernel, pad, pad));
+                  alg, &x, &y, strides, kernel, pad, pad_r));
     if (!bwd) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwdd, alg, &x, &y, strides, kernel, pad, pad));
+    PS_DNNL_CHECK(dnnl_pooling_backward_desc_init(&bwdd, alg, &x, &y, strides, kernel, pad, pad_r));
     return make_bwd_prim(eng, &fwd, &bwdd, prim, err);
 }
 
@@ -943,9 +954,10 @@ static prim_key conv_key(prim_kind kind, const ps_conv_desc *d, int bias) {
 
 /* d: resolved (ps_pool_resolve). */
 static prim_key pool_key(prim_kind kind, const ps_pool_desc *d) {
-    const int64_t dims[10] = { d->n, d->c, d->h, d->w, d->kh, d->kw, d->stride_h, d->stride_w, d->pad_h, d->pad_w };
+    const int64_t dims[11] = { d->n, d->c, d->h, d->w, d->kh, d->kw, d->stride_h, d->stride_w, d->pad_h, d->pad_w,
+                               d->ceil_mode != 0 };
     prim_key k = key_make(kind, kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD ? d->count_include_pad != 0 : 0,
-                          10, dims);
+                          11, dims);
     k.src_layout = k.dst_layout = d->layout == PS_LAYOUT_BLOCKED;
     return k;
 }
@@ -1743,6 +1755,9 @@ static const prim_entry *plain_pool_entry(dn_impl *im, prim_kind kind, const ps_
     /* global average pooling (AdaptiveAvgPool2d(1)): one sum per plane, the
      * C kernel's fast path beats two reorders */
     if ((kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) && pool_is_global(d)) return NULL;
+    /* ceil_mode past the padded input: oneDNN's divisor is kh*kw, PyTorch's the window within it */
+    if ((kind == PK_AVGPOOL_FWD || kind == PK_AVGPOOL_BWD) && d->count_include_pad && ps_pool_ceil_extra(d))
+        return NULL;
     if (im->pool_c) return NULL;
     prim_kind need[2] = { kind, kind };
     int nneed = 1;

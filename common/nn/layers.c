@@ -378,7 +378,8 @@ static int is_adaptive(const ps_layer *ly) { return ly->a.output_size[0] > 0; }
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
     ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
-                      .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad};
+                      .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad,
+                      .ceil_mode = is_adaptive(ly) ? 0 : a->flag};
     if (is_adaptive(ly)) {   /* the whole plane, one window */
         d.kh = d.h;
         d.kw = d.w;
@@ -414,9 +415,13 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
                           (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
                           (long long)a->kernel[1]);
-    if (a->flag)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ceil_mode: true is not supported (floor mode only)");
     ps_pool_desc d = pool_desc(ly, 1);
+    /* An average pool whose ceil_mode window reaches past the padded input
+     * divides by less than kh*kw (PyTorch's rule), which oneDNN's
+     * avg_include_padding does not: it computes in the plain layout, where
+     * every backend runs its own kernel (backend_dnnl.c plain_pool_entry). */
+    if (!strcmp(ly->kind->name, "AvgPool2d") && a->count_include_pad && ps_pool_ceil_extra(&d))
+        ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
     if (!is_adaptive(ly) && (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] ||
                              ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1]))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",

@@ -1393,7 +1393,7 @@ static ps_status pool(imp *im, int is_max) {
     if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
     if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && (dil[0] != 1 || dil[1] != 1))
         return unsup(im, "dilations (psd's pools have none)");
-    if (attr_i(im, "ceil_mode", 0)) return unsup(im, "ceil_mode: 1 (psd's pools floor)");
+    const int ceil = attr_i(im, "ceil_mode", 0) != 0;
     if (attr_i(im, "storage_order", 0)) return unsup(im, "storage_order: 1");
     if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
     int cip = is_max ? 0 : (int)attr_i(im, "count_include_pad", 0);
@@ -1413,12 +1413,19 @@ static ps_status pool(imp *im, int is_max) {
     if (s[0] != k[0] || s[1] != k[1]) pair_attr(im, pn, "stride", s);
     if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
     if (!is_max && !cip) add_attr(im, pn, "count_include_pad: false");
+    if (ceil) add_attr(im, pn, "ceil_mode: true");
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
     for (int i = 0; i < 2; i++) {
         int64_t in = x->dims[x->ndim - 2 + i];
-        od[x->ndim - 2 + i] = (in + 2 * pad[i] - k[i]) / s[i] + 1;
-        if (od[x->ndim - 2 + i] < 1) return bad(im, "the window does not fit the input");
+        if (in + 2 * pad[i] < k[i]) return bad(im, "the window does not fit the input");
+        /* ceil_mode: ONNX rounds up; PyTorch (psd) also drops a last window
+         * that would start in the right padding. Where they differ, refuse. */
+        int64_t o = (in + 2 * pad[i] - k[i] + (ceil ? s[i] - 1 : 0)) / s[i] + 1;
+        if (ceil && (o - 1) * s[i] >= in + pad[i])
+            return unsup(im, "ceil_mode: 1 with a last window starting in the padding (ONNX keeps it, PyTorch and "
+                         "psd drop it)");
+        od[x->ndim - 2 + i] = o;
     }
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
@@ -1440,6 +1447,55 @@ static ps_status h_gap(imp *im) {
     memcpy(od, x->dims, sizeof od);
     od[x->ndim - 1] = od[x->ndim - 2] = 1;
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+/* ReduceMean over the two spatial axes of an (N, C, H, W) value (mnasnet's
+ * x.mean([2, 3])): AdaptiveAvgPool2d to 1x1, then Flatten when keepdims is
+ * 0. The axes are an attribute before opset 18, an input from it. */
+static ps_status h_reducemean(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    if (has_in(im, 1)) {
+        val *a = in_val(im, 1, 1);
+        if (!a) return im->err->code;
+        if (a->kind != VK_CONST) return unsup(im, "axes '%s' computed (psd reads constant axes)", a->name);
+        const int64_t *q = cints(im, a);
+        if (!q) return im->err->code;
+        n = a->numel > PS_MAXD ? PS_MAXD + 1 : (int)a->numel;
+        for (int i = 0; i < n && i < PS_MAXD; i++) ax[i] = q[i];
+    } else {
+        n = attr_ints(im, "axes", ax, PS_MAXD);
+    }
+    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over the 2 spatial axes [2, 3])");
+    int r = x->ndim, seen[2] = {0, 0};
+    for (int i = 0; i < n && n == 2; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (a >= r - 2) seen[a - (r - 2)] = 1;
+    }
+    if (n != 2 || !seen[0] || !seen[1]) {
+        char buf[128];
+        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over the 2 spatial axes [2, 3]: "
+                     "AdaptiveAvgPool2d)", dims_text(ax, n > PS_MAXD ? PS_MAXD : n, buf, sizeof buf), r);
+    }
+    int keep = (int)attr_i(im, "keepdims", 1);
+    int xin = x->node;
+    int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "output_size: 1");
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[r - 1] = od[r - 2] = 1;
+    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
+    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+    if (f < 0) return oom(im);
+    return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, od) ? PS_OK : im->err->code;
 }
 
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
@@ -1942,6 +1998,7 @@ static const op_row ops[] = {
     {"MaxPool", h_maxpool, 1},
     {"AveragePool", h_avgpool, 1},
     {"GlobalAveragePool", h_gap, 1},
+    {"ReduceMean", h_reducemean, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},

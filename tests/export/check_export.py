@@ -172,6 +172,27 @@ if got != [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])]:
 else:
     print("ok: torchvision's StochasticDepth at p 0 exports as the identity")
 
+rc, msg = run([REF + ":SpatialMean", "--input-shape", "4,5,5", "-o", os.path.join(out, "mean.yaml")])
+got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "mean.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+want = [("mean", "AdaptiveAvgPool2d", ["input"]), ("mean_1", "AdaptiveAvgPool2d", ["input"]),
+        ("mean_1_flatten", "Flatten", ["mean_1"]), ("view", "Reshape", ["mean_1_flatten"]),
+        ("add", "Add", ["mean", "view"])]
+if got != want:
+    failures.append(f"SpatialMean: nodes {got}, expected {want}")
+else:
+    print("ok: x.mean([2, 3]) exports as AdaptiveAvgPool2d and Flatten, with keepdim=True as AdaptiveAvgPool2d")
+
+rc, msg = run([REF + ":CeilPools", "--input-shape", "2,9,9", "-o", os.path.join(out, "ceil.yaml")])
+got = [(n["name"], n["kind"], n["attrs"].get("ceil_mode"), n["attrs"].get("count_include_pad"))
+       for n in compare.load(os.path.join(out, "ceil.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+want = [("mp", "MaxPool2d", True, None), ("ap", "AvgPool2d", True, False), ("max_pool2d", "MaxPool2d", True, None),
+        ("avg_pool2d", "AvgPool2d", True, None)]
+if got != want:
+    failures.append(f"CeilPools: nodes {got}, expected {want}")
+else:
+    print("ok: nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
@@ -179,6 +200,7 @@ REFUSALS = [
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
     ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
     ("ResidualDrop", "stochastic_depth.py:", "stochastic depth with p 0.2"),   # torchvision's line
+    ("MeanOverFeatures", "refused.py:112", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

@@ -253,8 +253,24 @@ def run(label, stub, model, x, target, ref64=False):
     with torch.no_grad():
         want = model(x).numpy()
     r = stub.Forward(ps_pb2.ForwardRequest(input=tensor(x.numpy()), train=False), timeout=120)
-    close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward after the step (running statistics) = PyTorch's"
-          % label)
+    if ref64 and not np.allclose(array(r.output), want, 1e-4, 1e-5):
+        # psd's weights are w - lr * psd's gradient (checked above), PyTorch's its own: a net whose eval mode
+        # barely normalises (mnasnet's BatchNorm momentum 0.0003 keeps the running statistics at 0 and 1)
+        # carries their float32 difference past 1e-4. So: PyTorch's eval forward of psd's own state, as the
+        # training forward's
+        mine = copy.deepcopy(model)
+        with torch.no_grad():
+            for k, t in mine.state_dict().items():
+                t.copy_(torch.from_numpy(after[k].reshape(sd[k].shape).astype(sd[k].dtype)))
+            want = mine(x).numpy()
+            y64 = mine.double()(x.double()).numpy()
+        e, e32 = (float(np.max(np.abs(v - y64))) for v in (array(r.output), want))
+        check(e <= max(8 * e32, 1e-5 * float(np.max(np.abs(y64)))), "%s: eval forward after the step, of psd's "
+              "weights and statistics: psd's error against float64 %.3g, within 8x PyTorch float32's (%.3g) or "
+              "1e-5 of the largest" % (label, e, e32))
+    else:
+        close(array(r.output), want, 1e-4, 1e-5, "%s: eval forward after the step (running statistics) = "
+              "PyTorch's" % label)
 
 
 def both_paths(pe, name, x, target, ref64=False, **extra):
@@ -308,7 +324,10 @@ def main():
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
         for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
-            both_paths(pe, name, x, target, ref64=True, **({"dropout": 0.0} if name.startswith("mobilenet") else {}))
+            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet")) else {}
+            if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
+                extra.update(aux_logits=False, init_weights=False)
+            both_paths(pe, name, x, target, ref64=True, **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module

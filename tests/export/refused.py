@@ -100,3 +100,24 @@ class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the ide
 
 def residual_drop_off():
     return ResidualDrop(0.0)
+
+
+class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPool2d (+ Flatten)
+    def forward(self, x):
+        return torch.mean(x, (-1, -2), keepdim=True) + x.mean([2, 3]).view(x.size(0), -1, 1, 1)
+
+
+class MeanOverFeatures(nn.Module):     # a mean over other dims
+    def forward(self, x):
+        return x.mean(1)                 # REFUSED_MEAN
+
+
+class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode pools
+    def __init__(self):
+        super().__init__()
+        self.mp = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.ap = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False, ceil_mode=True)
+
+    def forward(self, x):
+        F = nn.functional
+        return F.avg_pool2d(F.max_pool2d(self.ap(self.mp(x)), 2, ceil_mode=True), 2, ceil_mode=True)
