@@ -134,64 +134,49 @@ elif unfixed is None:
 else:
     print(f"ok: `output, hidden = self.rnn(...)` traces with psd-export's Proxy.__iter__ (torch's own: {unfixed})")
 
-rc, msg = run([REF + ":make_shared_activation", "--input-shape", "4", "-o", os.path.join(out, "sa.yaml")])
-names = [n["name"] for n in compare.load(os.path.join(out, "sa.yaml"))["stages"][0]["nodes"]] if rc == 0 else []
-if names != ["fc1", "act", "fc2", "act_1"]:
-    failures.append(f"make_shared_activation: nodes {names} ({msg})")
-else:
-    print("ok: a function returning the module; a parameterless module called twice is two nodes (act, act_1)")
+def exported_nodes(target, shape, file, row, want, ok):
+    """psd-export REF:target (--input-shape shape) into out/file; its nodes, each
+    as row(node), must equal want (else a failure naming them), then ok is printed."""
+    path = os.path.join(out, file)
+    rc, msg = run([REF + ":" + target, "--input-shape", shape, "-o", path])
+    got = [row(n) for n in compare.load(path)["stages"][0]["nodes"]] if rc == 0 else msg
+    if got != want:
+        failures.append(f"{target}: nodes {got}, expected {want}")
+    else:
+        print("ok: " + ok)
 
-rc, msg = run([REF + ":HardActivations", "--input-shape", "4", "-o", os.path.join(out, "hard.yaml")])
-got = [(n["name"], n["kind"], n["attrs"].get("min_val"), n["attrs"].get("max_val"))
-       for n in compare.load(os.path.join(out, "hard.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
-want = [("fc", "Linear", None, None), ("r6", "ReLU6", None, None), ("ht", "Hardtanh", -2.0, 3.0),
-        ("hs", "Hardswish", None, None), ("hg", "Hardsigmoid", None, None), ("relu6", "ReLU6", None, None),
-        ("hardtanh", "Hardtanh", 0.5, 2.5), ("hardswish", "Hardswish", None, None),
-        ("hardsigmoid", "Hardsigmoid", None, None), ("hardtanh_1", "Hardtanh", None, None)]
-if got != want:
-    failures.append(f"HardActivations: nodes {got}, expected {want}")
-else:
-    print("ok: nn.ReLU6/Hardtanh/Hardswish/Hardsigmoid and F.relu6/hardtanh/hardswish/hardsigmoid export as "
-          "ReLU6, Hardtanh (min_val, max_val), Hardswish, Hardsigmoid")
 
-rc, msg = run([REF + ":SqueezeExcite", "--input-shape", "4,5,5", "-o", os.path.join(out, "se.yaml")])
-got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "se.yaml"))["stages"][0]["nodes"]] \
-    if rc == 0 else msg
-want = [("adaptive_avg_pool2d", "AdaptiveAvgPool2d", ["input"]), ("fc", "Conv2d", ["adaptive_avg_pool2d"]),
-        ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])]
-if got != want:
-    failures.append(f"SqueezeExcite: nodes {got}, expected {want}")
-else:
-    print("ok: squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
+def name_kind_inputs(n):
+    return n["name"], n["kind"], n["inputs"]
 
-rc, msg = run([REF + ":residual_drop_off", "--input-shape", "4", "-o", os.path.join(out, "rd.yaml")])
-got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "rd.yaml"))["stages"][0]["nodes"]] \
-    if rc == 0 else msg
-if got != [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])]:
-    failures.append(f"residual_drop_off: nodes {got}, expected fc and add (stochastic depth at p 0: the identity)")
-else:
-    print("ok: torchvision's StochasticDepth at p 0 exports as the identity")
 
-rc, msg = run([REF + ":SpatialMean", "--input-shape", "4,5,5", "-o", os.path.join(out, "mean.yaml")])
-got = [(n["name"], n["kind"], n["inputs"]) for n in compare.load(os.path.join(out, "mean.yaml"))["stages"][0]["nodes"]] \
-    if rc == 0 else msg
-want = [("mean", "AdaptiveAvgPool2d", ["input"]), ("mean_1", "AdaptiveAvgPool2d", ["input"]),
-        ("mean_1_flatten", "Flatten", ["mean_1"]), ("view", "Reshape", ["mean_1_flatten"]),
-        ("add", "Add", ["mean", "view"])]
-if got != want:
-    failures.append(f"SpatialMean: nodes {got}, expected {want}")
-else:
-    print("ok: x.mean([2, 3]) exports as AdaptiveAvgPool2d and Flatten, with keepdim=True as AdaptiveAvgPool2d")
-
-rc, msg = run([REF + ":CeilPools", "--input-shape", "2,9,9", "-o", os.path.join(out, "ceil.yaml")])
-got = [(n["name"], n["kind"], n["attrs"].get("ceil_mode"), n["attrs"].get("count_include_pad"))
-       for n in compare.load(os.path.join(out, "ceil.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
-want = [("mp", "MaxPool2d", True, None), ("ap", "AvgPool2d", True, False), ("max_pool2d", "MaxPool2d", True, None),
-        ("avg_pool2d", "AvgPool2d", True, None)]
-if got != want:
-    failures.append(f"CeilPools: nodes {got}, expected {want}")
-else:
-    print("ok: nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
+exported_nodes("make_shared_activation", "4", "sa.yaml", lambda n: n["name"], ["fc1", "act", "fc2", "act_1"],
+               "a function returning the module; a parameterless module called twice is two nodes (act, act_1)")
+exported_nodes("HardActivations", "4", "hard.yaml",
+               lambda n: (n["name"], n["kind"], n["attrs"].get("min_val"), n["attrs"].get("max_val")),
+               [("fc", "Linear", None, None), ("r6", "ReLU6", None, None), ("ht", "Hardtanh", -2.0, 3.0),
+                ("hs", "Hardswish", None, None), ("hg", "Hardsigmoid", None, None), ("relu6", "ReLU6", None, None),
+                ("hardtanh", "Hardtanh", 0.5, 2.5), ("hardswish", "Hardswish", None, None),
+                ("hardsigmoid", "Hardsigmoid", None, None), ("hardtanh_1", "Hardtanh", None, None)],
+               "nn.ReLU6/Hardtanh/Hardswish/Hardsigmoid and F.relu6/hardtanh/hardswish/hardsigmoid export as "
+               "ReLU6, Hardtanh (min_val, max_val), Hardswish, Hardsigmoid")
+exported_nodes("SqueezeExcite", "4,5,5", "se.yaml", name_kind_inputs,
+               [("adaptive_avg_pool2d", "AdaptiveAvgPool2d", ["input"]), ("fc", "Conv2d", ["adaptive_avg_pool2d"]),
+                ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])],
+               "squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
+exported_nodes("residual_drop_off", "4", "rd.yaml", name_kind_inputs,  # stochastic depth at p 0: the identity
+               [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])],
+               "torchvision's StochasticDepth at p 0 exports as the identity")
+exported_nodes("SpatialMean", "4,5,5", "mean.yaml", name_kind_inputs,
+               [("mean", "AdaptiveAvgPool2d", ["input"]), ("mean_1", "AdaptiveAvgPool2d", ["input"]),
+                ("mean_1_flatten", "Flatten", ["mean_1"]), ("view", "Reshape", ["mean_1_flatten"]),
+                ("add", "Add", ["mean", "view"])],
+               "x.mean([2, 3]) exports as AdaptiveAvgPool2d and Flatten, with keepdim=True as AdaptiveAvgPool2d")
+exported_nodes("CeilPools", "2,9,9", "ceil.yaml",
+               lambda n: (n["name"], n["kind"], n["attrs"].get("ceil_mode"), n["attrs"].get("count_include_pad")),
+               [("mp", "MaxPool2d", True, None), ("ap", "AvgPool2d", True, False),
+                ("max_pool2d", "MaxPool2d", True, None), ("avg_pool2d", "AvgPool2d", True, None)],
+               "nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
