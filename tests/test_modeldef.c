@@ -143,6 +143,18 @@ static void test_errors(void) {
                HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
                     "      - {name: b, kind: Add, inputs: [a, input]}\n",
                1, 7, "node 'b' (Add): input (4), (8): input 'a' is (4) but input 'input' is (8)", NULL);
+    /* Mul: one shape, or one whose trailing dims are 1 where its leading ones are the other's
+     * (ps_dims_bcast_trailing): (4) by (8), and (3, 4) by (4, 3), are refused (test_kinds' mul_se takes
+     * (C, 1, 1) by (C, H, W)) */
+    expect_err("mul_shape.yaml",
+               HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
+                    "      - {name: b, kind: Mul, inputs: [a, input]}\n",
+               1, 7, "node 'b' (Mul)", "Mul takes inputs of one shape");
+    expect_err("mul_lead.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [4, 3]}\n    nodes:\n"
+               "      - {name: r, kind: Reshape, shape: [3, 4]}\n"
+               "      - {name: b, kind: Mul, inputs: [r, input]}\n",
+               1, 7, "node 'b' (Mul): input (3, 4), (4, 3)", "Mul takes inputs of one shape");
     expect_err("in_features.yaml", HEAD "      - {name: a, kind: Linear, in_features: 9, out_features: 4}\n", 1, 6,
                "node 'a' (Linear)", "in_features is 9 but the input has 8");
     expect_err("kernel.yaml",

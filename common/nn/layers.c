@@ -1257,10 +1257,7 @@ static ps_status mul_infer(ps_layer *ly, ps_err *err) {
     }
     const int s = ps_shape_numel(&ly->in[0]) < ps_shape_numel(&ly->in[1]) ? 0 : 1;
     const ps_shape *small = &ly->in[s], *big = &ly->in[1 - s];
-    int ok = small->ndim == big->ndim, k = 0;
-    while (ok && k < small->ndim && small->dims[k] == big->dims[k]) k++;
-    for (int d = k; ok && d < small->ndim; d++) ok = small->dims[d] == 1;
-    if (!ok)
+    if (small->ndim != big->ndim || !ps_dims_bcast_trailing(small->dims, big->dims, small->ndim))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s and input '%s' is %s: Mul takes inputs of "
                           "one shape, or one whose trailing dimensions are 1 where the other's leading ones are "
                           "its own ((C, 1, 1) by (C, H, W))", ly->def->in_names[0],

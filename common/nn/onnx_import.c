@@ -14,9 +14,10 @@
 #include <string.h>
 
 #include "hash.h"
+#include "tensor.h"
 
 #define MAXD PS_ONNX_MAX_DIMS
-#define PS_MAXD 4                 /* psd's per-sample dims (tensor.h PS_SHAPE_MAX_DIMS) */
+#define PS_MAXD PS_SHAPE_MAX_DIMS /* psd's per-sample dims */
 #define NAME_MAX_ 100             /* modeldef.c's node names */
 #define FOLD_MAX ((int64_t)1 << 20)   /* elements a folded constant may have */
 #define BATCH_SYM INT64_MIN       /* a folded integer that is "the batch size" (Shape of the input, dim 0) */
@@ -1192,10 +1193,7 @@ static ps_status h_mul(imp *im) {
     ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
     if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
     const val *big = prod(a->dims, a->ndim) >= prod(b->dims, b->ndim) ? a : b, *small = big == a ? b : a;
-    int ok = a->ndim == b->ndim, k = 0;
-    while (ok && k < small->ndim && small->dims[k] == big->dims[k]) k++;
-    for (int d = k; ok && d < small->ndim; d++) ok = small->dims[d] == 1;
-    if (!ok)
+    if (a->ndim != b->ndim || !ps_dims_bcast_trailing(small->dims, big->dims, small->ndim))
         return unsup(im, "multiplying '%s' and '%s': psd's Mul takes one shape, or one whose trailing dimensions "
                      "are 1 ((N, C, 1, 1) by (N, C, H, W))", a->name, b->name);
     int ins[2] = {a->node, b->node};

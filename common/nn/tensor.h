@@ -53,6 +53,17 @@ static inline int ps_shape_equal(const ps_shape *a, const ps_shape *b) {
     return 1;
 }
 
+/* Whether small (ndim dims, as big's) broadcasts over big as psd's Mul
+ * takes it: its leading dims big's, the rest 1 - squeeze-and-excitation's
+ * (C, 1, 1) by (C, H, W). Shared by the Mul kind and the ONNX import. */
+static inline int ps_dims_bcast_trailing(const int64_t *small, const int64_t *big, int ndim) {
+    int k = 0;
+    while (k < ndim && small[k] == big[k]) k++;
+    for (; k < ndim; k++)
+        if (small[k] != 1) return 0;
+    return 1;
+}
+
 /* "(1, 28, 28)", "()" into buf (dims.h). */
 static inline const char *ps_shape_format(const ps_shape *s, char *buf, size_t size) {
     return ps_dims_format(buf, size, s->dims, s->ndim);
