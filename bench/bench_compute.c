@@ -270,6 +270,22 @@ static double run_for(bench_ctx *b, int step, double secs, long fixed, ps_err *e
     return samples / el;
 }
 
+/* b's batch buffers for batch B (b->batch); 0, or -1 when out of memory
+ * (what was allocated is freed by ctx_free_buffers either way). */
+static int ctx_buffers(bench_ctx *b) {
+    size_t n = (size_t)b->batch;
+    b->x = malloc(n * 784 * sizeof(float));
+    b->out = malloc(n * 10 * sizeof(float));
+    b->grad = malloc(n * 10 * sizeof(float));
+    b->y = malloc(n * sizeof(int64_t));
+    b->idx = malloc(n * sizeof(uint32_t));
+    return b->x && b->out && b->grad && b->y && b->idx ? 0 : -1;
+}
+
+static void ctx_free_buffers(bench_ctx *b) {
+    free(b->x); free(b->out); free(b->grad); free(b->y); free(b->idx);
+}
+
 /* --parallel: one thread's share of a repetition. */
 typedef struct par_job {
     bench_ctx *b;
@@ -362,6 +378,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--msecs")) { if (ps_cli_long("bench_compute", a, v, 10, 600000, &tmp)) return 2; secs = tmp / 1000.0; }
         else { fprintf(stderr, "bench_compute: unknown option '%s'\n", a); return 2; }
     }
+    if (npar > 1 && (nhop || gap_us || evict_kb)) {
+        fprintf(stderr, "bench_compute: --parallel goes with none of --hop, --gap-us, --evict-kb\n");
+        return 2;
+    }
     if (tune && !ps_malloc_tune()) fprintf(stderr, "bench_compute: --malloc-tune: left alone (GLIBC_TUNABLES)\n");
     ps_err err = {0};
     ps_mnist data = {0};
@@ -392,11 +412,7 @@ int main(int argc, char **argv) {
     b.m = m;
     b.data = &data;
     b.batch = (int)batch;
-    b.x = malloc((size_t)batch * 784 * sizeof(float));
-    b.out = malloc((size_t)batch * 10 * sizeof(float));
-    b.grad = malloc((size_t)batch * 10 * sizeof(float));
-    b.y = malloc((size_t)batch * sizeof(int64_t));
-    b.idx = malloc((size_t)batch * sizeof(uint32_t));
+    int buffers_ok = ctx_buffers(&b) == 0;
     b.fresh_input = fresh_input;
     b.psd_checks = psd_checks;
     b.gap_us = gap_us;
@@ -418,7 +434,7 @@ int main(int argc, char **argv) {
     }
     b.hop = hop;
     int rc = 1;
-    if (!b.x || !b.out || !b.grad || !b.y || !b.idx) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
+    if (!buffers_ok) { fprintf(stderr, "bench_compute: out of memory\n"); goto out; }
     /* --parallel: bs[0] is b; the others their own buffers and contexts
      * (context ids apart, batches from other places of the data) */
     bench_ctx bs[64];
@@ -427,14 +443,8 @@ int main(int argc, char **argv) {
     for (long i = 1; i < npar; i++) {
         bs[i] = (bench_ctx){.m = m, .data = &data, .batch = (int)batch, .ctx = (uint64_t)i << 40, .psd_checks = psd_checks,
                             .fresh_input = fresh_input};
-        bs[i].x = malloc((size_t)batch * 784 * sizeof(float));
-        bs[i].out = malloc((size_t)batch * 10 * sizeof(float));
-        bs[i].grad = malloc((size_t)batch * 10 * sizeof(float));
-        bs[i].y = malloc((size_t)batch * sizeof(int64_t));
-        bs[i].idx = malloc((size_t)batch * sizeof(uint32_t));
-        if (!bs[i].x || !bs[i].out || !bs[i].grad || !bs[i].y || !bs[i].idx) npar_ok = 0;
+        if (ctx_buffers(&bs[i])) npar_ok = 0;
     }
-    if (npar > 1 && (nhop || gap_us || evict_kb)) { fprintf(stderr, "bench_compute: --parallel goes with none of --hop, --gap-us, --evict-kb\n"); rc = 2; goto out_par; }
     if (!npar_ok) { fprintf(stderr, "bench_compute: out of memory\n"); goto out_par; }
 #define RUN(step, secs) (npar > 1 ? run_par(bs, (int)npar, (step), (secs), fixed, &err) : run_for(&bs[0], (step), (secs), fixed, &err))
 
@@ -492,9 +502,7 @@ int main(int argc, char **argv) {
     rc = 0;
 #undef RUN
 out_par:
-    for (long i = 1; i < npar; i++) {
-        free(bs[i].x); free(bs[i].out); free(bs[i].grad); free(bs[i].y); free(bs[i].idx);
-    }
+    for (long i = 1; i < npar; i++) ctx_free_buffers(&bs[i]);
 out:
     for (int i = 0; i < b.nhop; i++) {
         pthread_mutex_lock(&hop[i].mu);
@@ -504,7 +512,7 @@ out:
         pthread_join(hop[i].th, NULL);
     }
     free(b.evict);
-    free(b.x); free(b.out); free(b.grad); free(b.y); free(b.idx);
+    ctx_free_buffers(&b);
     ps_model_free(m);
     ps_mnist_free(&data);
     return rc;
