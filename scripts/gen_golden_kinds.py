@@ -178,6 +178,27 @@ CASES = [
         "{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, padding: 1, count_include_pad: false, "
         "ceil_mode: true}",
         "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    # many inputs (densenet joins up to 49): 30 of three values, plain (the stage input among them: the
+    # blocked ones reordered, one reorder per input); 30 of blocked values into 480 blocked channels, the way a
+    # dense block feeds BatchNorm and a convolution; 64 (the most a node takes) along the width; an Add of 20
+    ("concat_30", stage([16, 3, 3], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1, input: input}",
+        "{name: t, kind: ReLU}",
+        "{name: j, kind: Concat, inputs: [%s]}" % ", ".join(["input", "c", "t"] * 10),
+        "{name: o, kind: Conv2d, out_channels: 8, kernel_size: 1}"])),
+    ("concat_30_blocked", stage([3, 4, 4], [
+        "{name: a, kind: Conv2d, out_channels: 16, kernel_size: 1, input: input}",
+        "{name: b, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1, input: input}",
+        "{name: t, kind: Tanh, input: a}",
+        "{name: j, kind: Concat, inputs: [%s], dim: 1}" % ", ".join(["a", "b", "t"] * 10),
+        "{name: bn, kind: BatchNorm2d}",
+        "{name: o, kind: Conv2d, out_channels: 4, kernel_size: 1}"])),
+    ("concat_64_width", stage([2, 3, 1], [
+        "{name: t, kind: Tanh, input: input}",
+        "{name: j, kind: Concat, inputs: [%s], dim: -1}" % ", ".join(["input", "t"] * 32),
+        "{name: l, kind: Linear, out_features: 3}"])),
+    ("add_20", stage([5], ["{name: a, kind: Linear, out_features: 5, input: input}",
+                           "{name: s, kind: Add, inputs: [%s]}" % ", ".join(["a", "input"] * 10)])),
 ]
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,

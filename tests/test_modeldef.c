@@ -125,6 +125,17 @@ static void test_errors(void) {
     expect_err("alias.yaml", "name: t\nx: &k 3\n", 0, 2, "anchors", NULL);
     expect_err("inputs.yaml", HEAD "      - {name: a, kind: ReLU, inputs: [input, input]}\n", 0, 6,
                "node 'a' (ReLU): 2 inputs; ReLU takes 1", NULL);
+    {   /* a node reads at most PS_NODE_MAX_INPUTS values (test_kinds runs a Concat of that many) */
+        char text[2048] = HEAD "      - {name: a, kind: ReLU, input: input}\n      - {name: j, kind: Concat, inputs: [";
+        for (int i = 0; i <= PS_NODE_MAX_INPUTS; i++) strcat(text, i ? ", a" : "a");
+        strcat(text, "]}\n");
+        char want[96];
+        snprintf(want, sizeof want, "node 'j': inputs: 1..%d names, got %d", PS_NODE_MAX_INPUTS,
+                 PS_NODE_MAX_INPUTS + 1);
+        expect_err("inputs_max.yaml", text, 0, 7, want, NULL);
+    }
+    expect_err("concat_one.yaml", HEAD "      - {name: j, kind: Concat, inputs: [input]}\n", 0, 6,
+               "node 'j' (Concat): 1 input; Concat takes 2..64", NULL);
     expect_err("size_ref.yaml", HEAD "      - {name: a, kind: Linear, out_features: width}\n", 0, 6,
                "out_features: 'width' is neither a number nor a size", NULL);
     expect_err("size_range.yaml",

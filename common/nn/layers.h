@@ -146,16 +146,18 @@ typedef struct ps_layer {
     const char *name;               /* def->name */
     unsigned flags;                 /* the kind's PS_KIND_*, as infer may adjust them for these attributes */
     ps_layer_attrs a;
-    int nin;
-    ps_shape in[PS_NODE_MAX_INPUTS];/* per-sample input shapes */
-    ps_dtype in_dtype[PS_NODE_MAX_INPUTS];
+    int nin;                        /* in, in_dtype, in_layout: nin entries each, in the stage's
+                                       per-input arrays (server/nn/model_impl.h) */
+    ps_shape *in;                   /* per-sample input shapes */
+    ps_dtype *in_dtype;
     ps_shape outs;                  /* per-sample output shape */
     ps_dtype out_dtype;
     int nparams;
     ps_layer_param param[PS_LAYER_MAX_PARAMS];
     int nbuffers;
     ps_layer_buffer buffer[PS_LAYER_MAX_BUFFERS];
-    int in_layout[PS_NODE_MAX_INPUTS], out_layout; /* PS_LAYOUT_* (planned by the executor) */
+    int *in_layout;                 /* PS_LAYOUT_* of each input (planned by the executor) */
+    int out_layout;                 /* PS_LAYOUT_* of the output */
     int dropout_idx;                /* index among the model's dropout nodes, -1 if none */
     int64_t row_lo;                 /* Embedding shard (model.h shard_*): its table holds global rows
                                        [row_lo, row_lo + num) of row_total; ids stay global */

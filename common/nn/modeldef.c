@@ -455,6 +455,12 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
     }
     const ynode *in1 = map_get(m, "input"), *inn = map_get(m, "inputs");
     if (in1 && inn) return perr(P, inn->line, "node '%s': give input or inputs, not both", nd->name);
+    if (inn && inn->type == Y_SEQ && (inn->n < 1 || inn->n > PS_NODE_MAX_INPUTS))
+        return perr(P, inn->line, "node '%s': inputs: 1..%d names, got %d", nd->name, PS_NODE_MAX_INPUTS, inn->n);
+    int cap = inn && inn->type == Y_SEQ ? inn->n : 1;   /* without input(s): the node before it (resolve_inputs) */
+    nd->in_names = ps_arena_alloc(P->a, (size_t)cap * sizeof *nd->in_names);
+    nd->in = ps_arena_alloc(P->a, (size_t)cap * sizeof *nd->in);
+    if (!nd->in_names || !nd->in) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
     if (in1) {
         snprintf(what, sizeof what, "node '%s': input", nd->name);
         if ((st = need_scalar(P, in1, what))) return st;
@@ -464,8 +470,6 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
         if (inn->type != Y_SEQ)
             return perr(P, inn->line, "node '%s': inputs: expected a list of node names, got %s", nd->name,
                         kind_word(inn));
-        if (inn->n < 1 || inn->n > PS_NODE_MAX_INPUTS)
-            return perr(P, inn->line, "node '%s': inputs: 1..%d names, got %d", nd->name, PS_NODE_MAX_INPUTS, inn->n);
         for (int i = 0; i < inn->n; i++) {
             snprintf(what, sizeof what, "node '%s': inputs entry %d", nd->name, i + 1);
             if ((st = need_scalar(P, inn->kids[i], what))) return st;

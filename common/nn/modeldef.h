@@ -38,7 +38,10 @@
 
 #define PS_MODEL_MAX_STAGES 8
 #define PS_MODEL_MAX_SIZES 8
-#define PS_NODE_MAX_INPUTS 8
+/* Inputs of one node (Add, Concat): torchvision's densenet201 joins 49
+ * tensors. Per-node storage is sized by the node's own count (nin); only
+ * scratch arrays on the stack use the bound. */
+#define PS_NODE_MAX_INPUTS 64
 #define PS_ATTR_MAX_VALUES 8
 
 struct ps_layer_kind;
@@ -79,8 +82,8 @@ typedef struct ps_node_def {
     const struct ps_layer_kind *kind;
     int stage;                  /* index of its stage */
     int nin;
-    const char *in_names[PS_NODE_MAX_INPUTS]; /* as written ("input": the stage input) */
-    int in[PS_NODE_MAX_INPUTS]; /* resolved: node index in the model, -1 = the stage input */
+    const char **in_names;      /* (max(nin, 1)) as written ("input": the stage input) */
+    int *in;                    /* (max(nin, 1)) resolved: node index in the model, -1 = the stage input */
     int nattr;
     const ps_attr_def *attrs;
     int ninit;

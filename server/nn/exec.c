@@ -28,9 +28,9 @@
 #include <string.h>
 #include <time.h>
 
-#define IV(st, l, i) ((st)->in_val[(l) * PS_NODE_MAX_INPUTS + (i)])
+#define IV(st, l, i) ((st)->in_val[(st)->in_off[l] + (i)])
 /* storage id of the reorder of node l's input i */
-#define RBUF(st, l, i) (1 + (st)->nlayers + (l) * PS_NODE_MAX_INPUTS + (i))
+#define RBUF(st, l, i) (1 + (st)->nlayers + (st)->in_off[l] + (i))
 
 /* ---------------------------------------------------------------- layouts */
 
@@ -84,11 +84,13 @@ static int is_view(const ps_layer *ly, int train) {
  * storage holds at some point) use storage ids too: 0 the stage input,
  * 1 + l node l's output (when not a view), RBUF(l, i) a reorder. */
 static ps_status plan_mode(stage *st, int train, ps_err *err) {
-    int nl = st->nlayers, nb = 1 + nl + nl * PS_NODE_MAX_INPUTS;
+    int nl = st->nlayers, nb = 1 + nl + st->nins;
     stage_plan *p = &st->plan[train];
     p->nbufs = nb;
     p->node = calloc((size_t)nl, sizeof *p->node);
     p->kept = calloc((size_t)nb, 1);
+    p->in_bufs = calloc((size_t)(st->nins ? st->nins : 1), sizeof *p->in_bufs);
+    p->reorders = calloc((size_t)(st->nins ? st->nins : 1), sizeof *p->reorders);
     int *pos = calloc((size_t)nl, sizeof *pos);
     int *croot = calloc((size_t)nl + 1, sizeof *croot);      /* per value: its content */
     int *last_read = malloc((size_t)nb * sizeof *last_read); /* per content */
@@ -99,10 +101,14 @@ static ps_status plan_mode(stage *st, int train, ps_err *err) {
     int *nfree = calloc((size_t)nl, sizeof *nfree);
     unsigned char *exists = calloc((size_t)nb, 1);          /* per storage: allocated by the plan */
     ps_status rc = PS_OK;
-    if (!p->node || !p->kept || !pos || !croot || !last_read || !kept_c || !store || !chain_last || !free_at ||
-        !nfree || !exists) {
+    if (!p->node || !p->kept || !p->in_bufs || !p->reorders || !pos || !croot || !last_read || !kept_c || !store ||
+        !chain_last || !free_at || !nfree || !exists) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
         goto done;
+    }
+    for (int l = 0; l < nl; l++) {
+        p->node[l].in_buf = p->in_bufs + st->in_off[l];
+        p->node[l].reorder = p->reorders + st->in_off[l];
     }
     for (int c = 0; c < nb; c++) { last_read[c] = -1; store[c] = c; chain_last[c] = c; free_at[c] = -1; }
     for (int k = 0; k < nl; k++) pos[st->order[k]] = k;
@@ -265,6 +271,8 @@ void ps_exec_plan_free(stage *st) {
             for (int l = 0; l < st->nlayers; l++) free(p->node[l].free_buf);
         free(p->node);
         free(p->kept);
+        free(p->in_bufs);
+        free(p->reorders);
         memset(p, 0, sizeof *p);
     }
 }
@@ -307,8 +315,8 @@ size_t ps_exec_buf_bytes(const stage *st, int b, int n) {
     ps_shape tmp;
     if (b == 0) return act_bytes(ps_stage_in_shape(st, &tmp), st->info.in_dtype, n);
     if (b <= st->nlayers) return act_bytes(&st->layers[b - 1].outs, st->layers[b - 1].out_dtype, n);
-    int l = (b - 1 - st->nlayers) / PS_NODE_MAX_INPUTS, i = (b - 1 - st->nlayers) % PS_NODE_MAX_INPUTS;
-    return act_bytes(&st->layers[l].in[i], st->layers[l].in_dtype[i], n);
+    int j = b - 1 - st->nlayers;   /* a reorder of an input: entry j of the per-input arrays */
+    return act_bytes(&st->in_shape[j], st->in_dtype[j], n);
 }
 
 ps_tape *ps_exec_tape_new(ps_model *m, int first, int last, int n) {

@@ -380,7 +380,7 @@ static ps_status check_input(const ps_model *m, int first, const void *x, int n,
     for (int l = 0; l < s0->nlayers; l++) {
         const ps_layer *ly = &s0->layers[l];
         int reads = 0;
-        for (int i = 0; i < ly->nin; i++) reads |= s0->in_val[l * PS_NODE_MAX_INPUTS + i] == 0;
+        for (int i = 0; i < ly->nin; i++) reads |= s0->in_val[s0->in_off[l] + i] == 0;
         if (reads && ly->kind->check_input && ly->kind->check_input(ly, x, n * ps_shape_numel(&ins), err) != PS_OK)
             return ps_err_prefix(err, "stage '%s'", s0->def->name);
     }

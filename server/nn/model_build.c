@@ -29,14 +29,20 @@ static void stage_free(stage *st) {
     free(st->layers);
     free(st->slots);
     free(st->order);
+    free(st->in_off);
     free(st->in_val);
+    free(st->in_shape);
+    free(st->in_dtype);
+    free(st->in_layout);
     free(st->val_layout);
     free(st->rg[0]);
     free(st->rg[1]);
     free(st->bufi);
     st->layers = NULL;
     st->slots = NULL;
-    st->order = st->in_val = st->val_layout = NULL;
+    st->order = st->in_off = st->in_val = st->in_layout = st->val_layout = NULL;
+    st->in_shape = NULL;
+    st->in_dtype = NULL;
     st->rg[0] = st->rg[1] = NULL;
     st->bufi = NULL;
 }
@@ -244,8 +250,16 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
     st->layers = calloc((size_t)nl, sizeof *st->layers);
     st->slots = calloc((size_t)nl, sizeof *st->slots);
     st->order = calloc((size_t)nl, sizeof *st->order);
-    st->in_val = calloc((size_t)nl * PS_NODE_MAX_INPUTS, sizeof *st->in_val);
-    if (!st->layers || !st->slots || !st->order || !st->in_val)
+    st->in_off = calloc((size_t)nl + 1, sizeof *st->in_off);
+    if (!st->layers || !st->slots || !st->order || !st->in_off)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int l = 0; l < nl; l++) st->in_off[l + 1] = st->in_off[l] + d->nodes[sd->first + l].nin;
+    int ni = st->nins = st->in_off[nl], nia = ni ? ni : 1;
+    st->in_val = calloc((size_t)nia, sizeof *st->in_val);
+    st->in_shape = calloc((size_t)nia, sizeof *st->in_shape);
+    st->in_dtype = calloc((size_t)nia, sizeof *st->in_dtype);
+    st->in_layout = calloc((size_t)nia, sizeof *st->in_layout);
+    if (!st->in_val || !st->in_shape || !st->in_dtype || !st->in_layout)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     st->info.name = sd->name;
     st->info.device = st->device;
@@ -261,8 +275,11 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
         ly->kind = nd->kind;
         ly->name = nd->name;
         ly->nin = nd->nin;
+        ly->in = st->in_shape + st->in_off[l];
+        ly->in_dtype = st->in_dtype + st->in_off[l];
+        ly->in_layout = st->in_layout + st->in_off[l];
         ly->dropout_idx = (ly->kind->flags & PS_KIND_DROPOUT) ? m->ndropout++ : -1;
-        for (int i = 0; i < nd->nin; i++) st->in_val[l * PS_NODE_MAX_INPUTS + i] = nd->in[i] < 0 ? 0 : nd->in[i] - sd->first + 1;
+        for (int i = 0; i < nd->nin; i++) st->in_val[st->in_off[l] + i] = nd->in[i] < 0 ? 0 : nd->in[i] - sd->first + 1;
         st->order[l] = sd->order[l] - sd->first;
     }
     const ps_shape in_shape = *shape;
@@ -274,7 +291,7 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
         ps_status rc = ps_layer_resolve(ly, d, d->nsizes, m->size_keys, m->sizes, err);
         if (rc) return node_err(m, nd, err);
         for (int i = 0; i < ly->nin; i++) {
-            int v = st->in_val[l * PS_NODE_MAX_INPUTS + i];
+            int v = st->in_val[st->in_off[l] + i];
             ly->in[i] = v ? st->layers[v - 1].outs : in_shape;
             ly->in_dtype[i] = v ? st->layers[v - 1].out_dtype : in_dtype;
         }

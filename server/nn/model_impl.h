@@ -29,19 +29,20 @@ typedef struct layer_slot {
  * an in-place node (ReLU, Dropout, Add) writes its output over its input's
  * storage when nothing else reads that input afterwards and no backward
  * needs it. Storage ids ("buffers"): 0 the stage input, 1 + l node l's
- * output storage, 1 + nlayers + l * PS_NODE_MAX_INPUTS + i the reorder of
- * node l's input i into the layout it computes in. */
+ * output storage, 1 + nlayers + in_off[l] + i the reorder of node l's
+ * input i into the layout it computes in (stage.in_off). */
 typedef struct node_plan {
     int out_buf;                        /* storage its output lands in */
     int alloc;                          /* 1: allocate out_buf before the forward (not a view or in place) */
-    int in_buf[PS_NODE_MAX_INPUTS];     /* storage it reads input i from (a reorder's when it has one) */
-    int reorder[PS_NODE_MAX_INPUTS];    /* 1: input i is reordered into in_buf[i] first */
+    int *in_buf;                        /* (nin) storage it reads input i from (a reorder's when it has one) */
+    int *reorder;                       /* (nin) 1: input i is reordered into in_buf[i] first */
     int nfree;                          /* storages released after its forward */
     int *free_buf;
 } node_plan;
 
 typedef struct stage_plan {
     node_plan *node;                    /* per node (file order) */
+    int *in_bufs, *reorders;            /* (stage nins) what node_plan's in_buf and reorder point into */
     int nbufs;
     int out_buf;                        /* the stage output's storage */
     unsigned char *kept;                /* per storage: the training tape keeps it for backward */
@@ -58,7 +59,14 @@ typedef struct stage {
     layer_slot *slots;       /* per node */
     int nlayers;
     int *order;              /* (nlayers) topological order: indices into layers */
-    int *in_val;             /* (nlayers * PS_NODE_MAX_INPUTS) value read by node l's input i */
+    /* Every node's inputs, node after node (file order): node l's input i is
+     * entry in_off[l] + i of the per-input arrays. */
+    int nins;                /* inputs of all the nodes together */
+    int *in_off;             /* (nlayers + 1) node l's first entry; in_off[nlayers] = nins */
+    int *in_val;             /* (nins) the value an input reads */
+    ps_shape *in_shape;      /* (nins) the layers' in ... */
+    ps_dtype *in_dtype;      /* (nins) ... in_dtype ... */
+    int *in_layout;          /* (nins) ... and in_layout point here */
     int out_val;             /* the stage's output value */
     int *val_layout;         /* (nlayers + 1) layout of each value */
     unsigned char *rg[2];    /* (nlayers + 1) per value: its gradient is needed, [0] without and [1]
