@@ -16,7 +16,9 @@
  *    AveragePool is the pool's padding); the oldest file read (IR 3,
  *    opset 6);
  *  - names: a Gemm reading 'fc.weight' is node 'fc' with parameters
- *    fc.weight, fc.bias; Gemm without transB stores B transposed.
+ *    fc.weight, fc.bias; Gemm without transB stores B transposed;
+ *  - Concat's arity: one input is the identity, 64 (of 100-character names)
+ *    a Concat computing what it should, 65 refused.
  */
 #include "model.h"
 #include "onnx.h"
@@ -502,8 +504,70 @@ static void test_old_opsets(void) {
     }
 }
 
+/* Concat's arity: one input is the identity (torch.cat of a one-tensor
+ * list: densenet's first layer); 64 are a Concat, even of 100-character
+ * names (two such lines outgrow the model file's first buffer); 65 are
+ * refused. x (2, 3) -> Concat[x] -> Relu -> Concat[r x 64] -> Concat[c1 x
+ * 64] (2, 12288), checked numerically: y[b, k] = relu(x[b, k % 3]). */
+static void test_concat_arity(void) {
+    char rname[128], cname[128];
+    snprintf(rname, sizeof rname, "/%.90s/Relu", "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr");
+    snprintf(cname, sizeof cname, "/%.90s/Concat", "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc");
+    const char *x1[1] = {"x"}, *c0[1] = {"c0"}, *r64[65], *c64[64];
+    for (int i = 0; i < 65; i++) r64[i] = "r";
+    for (int i = 0; i < 64; i++) c64[i] = "c1";
+    attr_spec ax = {"axis", 2, 0, 1, 0, {0}};
+    int64_t dx[2] = {2, 3}, dy[2] = {2, 3 * 64 * 64}, d65[2] = {2, 3 * 65};
+    {
+        buf ns[4] = {node("/first/Concat", "Concat", 1, x1, "c0", 1, &ax), node(rname, "Relu", 1, c0, "r", 0, NULL),
+                     node(cname, "Concat", 64, r64, "c1", 1, &ax), node("/last/Concat", "Concat", 64, c64, "y", 1, &ax)};
+        buf vi = value_info("x", 2, dx), vo = value_info("y", 2, dy);
+        buf m = model(13, ns, 4, NULL, 0, &vi, &vo);
+        char *y = yaml_of(&m);
+        const char *relu = strstr(y, "kind: ReLU");
+        CHECK_MSG(relu && !strstr(relu, "input: c0") && strstr(y, "kind: Concat") == strstr(relu, "kind: Concat"),
+                  "a one-input Concat is the identity (no node; the Relu reads the input): %s", y);
+        int cats = 0;
+        for (const char *q = y; (q = strstr(q, "kind: Concat")); q++) cats++;
+        CHECK_MSG(cats == 2, "two Concats of 64: %d in %s", cats, y);
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
+        FILE *f = fopen(path, "w");
+        if (f) { fputs(y, f); fclose(f); }
+        ps_err e = {0};
+        ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
+        ps_model *pm = ps_model_create(&mo, &e);
+        CHECK_MSG(pm != NULL, "build: %s", e.msg);
+        enum { OUT = 3 * 64 * 64 };
+        float x[6] = {-1.5f, 0.25f, 2.0f, 0.5f, -0.75f, 3.5f};
+        float *out = calloc(2 * OUT, sizeof *out), *want = calloc(2 * OUT, sizeof *want);
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < OUT; k++) want[b * OUT + k] = fmaxf(x[b * 3 + k % 3], 0.0f);
+        uint64_t ver;
+        if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+            check_array("Concat of 64 of a Concat of 64 of relu(Concat[x])", out, want, 2 * OUT, 0, 0);
+        else if (pm)
+            CHECK_MSG(0, "forward: %s", e.msg);
+        ps_model_free(pm);
+        unlink(path);
+        free(out);
+        free(want);
+        free(y);
+        free(m.p);
+    }
+    {
+        buf ns[2] = {node("/act/Relu", "Relu", 1, x1, "r", 0, NULL), node("/wide/Concat", "Concat", 65, r64, "y", 1, &ax)};
+        buf vi = value_info("x", 2, dx), vo = value_info("y", 2, d65);
+        buf m = model(13, ns, 2, NULL, 0, &vi, &vo);
+        expect_refusal("a Concat of 65", &m, PS_ERR_UNIMPLEMENTED,
+                       "node '/wide/Concat' (Concat): 65 inputs (psd's Concat takes 2 to 64)");
+        free(m.p);
+    }
+}
+
 int main(void) {
     test_refusals();
+    test_concat_arity();
     test_softmax_opsets();
     test_attributes();
     test_old_opsets();

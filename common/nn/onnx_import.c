@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "modeldef.h"
 #include "tensor.h"
 
 #define MAXD PS_ONNX_MAX_DIMS
@@ -21,7 +22,7 @@
 #define NAME_MAX_ 100             /* modeldef.c's node names */
 #define FOLD_MAX ((int64_t)1 << 20)   /* elements a folded constant may have */
 #define BATCH_SYM INT64_MIN       /* a folded integer that is "the batch size" (Shape of the input, dim 0) */
-#define MAX_INPUTS 8              /* modeldef.h PS_NODE_MAX_INPUTS */
+#define MAX_INPUTS PS_NODE_MAX_INPUTS   /* a psd node's inputs (Concat's) */
 #define INDEX_MAX 4               /* IndexSelect's index list (a DIMS attribute) */
 
 /* ------------------------------------------------------------- memory */
@@ -99,7 +100,7 @@ typedef struct pnode {
     const char *kind;
     char attrs[1024];           /* ", key: value" */
     int nin;
-    int in[MAX_INPUTS];         /* psd node index; -1: the stage input */
+    int *in;                    /* (nin) psd node index; -1: the stage input (im->mem) */
     int nb;
     pbind b[16];                /* an LSTM: 4 per layer */
     int onnx;                   /* the ONNX node it came from */
@@ -585,6 +586,7 @@ static int emit(imp *im, const char *kind, const char *prefer_init, const char *
     pick_name(im, prefer_init, suffix, extra, p->name);
     p->kind = kind;
     p->nin = nin;
+    if (!(p->in = palloc(&im->mem, (size_t)(nin ? nin : 1) * sizeof *p->in))) { oom(im); return -1; }
     for (int i = 0; i < nin; i++) {
         p->in[i] = in[i];
         if (in[i] >= 0) im->pn[in[i]].readers++;
@@ -1653,7 +1655,13 @@ static ps_status h_concat(imp *im) {
     if (rc) return rc;
     if (all_const(im)) return fold(im);
     const ps_onnx_node *nd = cur_node(im);
-    if (nd->nin < 2 || nd->nin > MAX_INPUTS) return unsup(im, "%d inputs (psd's Concat takes 2 to %d)", nd->nin,
+    if (nd->nin == 1) {   /* torch.cat of a one-tensor list (densenet's first layer): the identity */
+        val *x = in_val(im, 0, 1);
+        if (!x) return im->err->code;
+        if (norm_axis(im, attr_i(im, "axis", im->opset >= 4 ? 0 : 1), x->ndim, "axis") < 0) return im->err->code;
+        return alias_out(im, 0, x);
+    }
+    if (nd->nin < 1 || nd->nin > MAX_INPUTS) return unsup(im, "%d inputs (psd's Concat takes 2 to %d)", nd->nin,
                                                           MAX_INPUTS);
     val *first = NULL;
     for (int k = 0; k < nd->nin && !first; k++) {
@@ -2660,6 +2668,21 @@ static ps_status convert(imp *im) {
     return PS_OK;
 }
 
+/* At least need bytes free after o in *y (capacity *cap): 0, or -1 out of memory (*y freed). */
+static int yaml_room(char **y, size_t *cap, size_t o, size_t need) {
+    while (o + need > *cap) {
+        char *ny = realloc(*y, *cap * 2);
+        if (!ny) {
+            free(*y);
+            *y = NULL;
+            return -1;
+        }
+        *y = ny;
+        *cap *= 2;
+    }
+    return 0;
+}
+
 /* The model file's text. */
 static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
     size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
@@ -2667,10 +2690,15 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
     if (!y) return oom(im);
     const ps_onnx_model *m = im->m;
     char b[256];
+    /* the file's strings (a label, a producer, a node name) may be kilobytes: room for each before it */
+    if (yaml_room(&y, &cap, o, 1024 + strlen(im->label) + strlen(m->producer) + 2 * strlen(name))) return oom(im);
     o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s\n",
                           im->label, m->producer, (long long)m->ir_version, (long long)im->opset,
                           im->whole ? "; the whole input is one sample" : "");
     o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\n", name, name);
+    if (im->trailing >= 0 && yaml_room(&y, &cap, o, 256 + strlen(m->nodes[im->trailing].name) +
+                                                   strlen(m->nodes[im->trailing].op_type)))
+        return oom(im);
     if (im->trailing >= 0)
         o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it\n",
                               m->nodes[im->trailing].name, m->nodes[im->trailing].op_type);
@@ -2681,6 +2709,7 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
     for (int st = 0; st < nst; st++) {
         char sname[32];
         int64_t ps[MAXD];
+        if (yaml_room(&y, &cap, o, 1500)) return oom(im);
         int n = 0, dtype_int = 0, last = st == 0 && nst > 1 ? im->stage0_out : out_node;
         if (nst == 1) {
             snprintf(sname, sizeof sname, "main");
@@ -2706,6 +2735,8 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
         for (int i = 0; i < im->npn; i++) {
             pnode *p = &im->pn[i];
             if (p->stage != st || (!p->readers && i != last)) continue;
+            /* the line: names of at most NAME_MAX_ bytes, attributes, an LSTM's sizes */
+            if (yaml_room(&y, &cap, o, 512 + strlen(p->attrs) + (size_t)p->nin * (NAME_MAX_ + 3))) return oom(im);
             o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
             if (p->nin > 1) {
                 o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
@@ -2721,12 +2752,6 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
                                       im->lstm.layers);
             o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
             prev = i;
-            if (o + 1500 > cap) {
-                cap *= 2;
-                char *ny = realloc(y, cap);
-                if (!ny) { free(y); return oom(im); }
-                y = ny;
-            }
         }
     }
     res->yaml = y;
