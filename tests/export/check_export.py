@@ -14,6 +14,7 @@ as a module so PyTorch is imported once) on
     modules and functions, to their kinds and attributes; a squeeze-and-
     excitation block's `scale * x` to Mul (and `x * 0.5` refused);
     torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
+    densenet's torch.cat of a growing list (of one tensor: nothing);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -177,6 +178,11 @@ exported_nodes("CeilPools", "2,9,9", "ceil.yaml",
                [("mp", "MaxPool2d", True, None), ("ap", "AvgPool2d", True, False),
                 ("max_pool2d", "MaxPool2d", True, None), ("avg_pool2d", "AvgPool2d", True, None)],
                "nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
+exported_nodes("DenseJoin", "2,3,3", "dense.yaml", name_kind_inputs,
+               [("convs.0", "Conv2d", ["input"]), ("cat", "Concat", ["input", "convs.0"]),
+                ("convs.1", "Conv2d", ["cat"]), ("cat_1", "Concat", ["input", "convs.0", "convs.1"]),
+                ("convs.2", "Conv2d", ["cat_1"]), ("cat_2", "Concat", ["input", "convs.0", "convs.1", "convs.2"])],
+               "densenet's torch.cat of a growing list: of one tensor the identity (no node), then Concats")
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),

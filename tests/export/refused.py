@@ -121,3 +121,15 @@ class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode 
     def forward(self, x):
         F = nn.functional
         return F.avg_pool2d(F.max_pool2d(self.ap(self.mp(x)), 2, ceil_mode=True), 2, ceil_mode=True)
+
+
+class DenseJoin(nn.Module):            # densenet's torch.cat of a growing list: of one tensor, the identity
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(2 + 2 * i, 2, 1) for i in range(3))
+
+    def forward(self, x):
+        feats = [x]
+        for conv in self.convs:
+            feats.append(conv(torch.cat(feats, 1)))
+        return torch.cat(feats, 1)
