@@ -199,6 +199,22 @@ CASES = [
         "{name: l, kind: Linear, out_features: 3}"])),
     ("add_20", stage([5], ["{name: a, kind: Linear, out_features: 5, input: input}",
                            "{name: s, kind: Add, inputs: [%s]}" % ", ".join(["a", "input"] * 10)])),
+    # shufflenet_v2's pieces: nn.ChannelShuffle (one copy per channel: 6 channels, 3 samples x 3 groups; one per
+    # sample and group: 16 channels after a blocked convolution), x.narrow / x.chunk, and its unit: chunk, a
+    # convolution of the second half, cat, shuffle
+    ("channel_shuffle", stage([6, 2, 3], ["{name: s, kind: ChannelShuffle, groups: 3}"])),
+    ("channel_shuffle_blocked", stage([3, 4, 4], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: s, kind: ChannelShuffle, groups: 2}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("narrow_last", stage([2, 5], ["{name: n, kind: Narrow, dim: -1, start: 1, length: 3}"])),
+    ("shuffle_unit", stage([16, 3, 3], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: a, kind: Narrow, start: 0, length: 8, input: c}",
+        "{name: b, kind: Narrow, dim: 1, start: 8, length: 8, input: c}",
+        "{name: bc, kind: Conv2d, out_channels: 8, kernel_size: 3, padding: 1}",
+        "{name: j, kind: Concat, inputs: [a, bc]}",
+        "{name: s, kind: ChannelShuffle, groups: 2}"])),
 ]
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
@@ -296,6 +312,13 @@ def make_module(kind, a, shapes):
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
         return Broadcast(a["shape"], a.get("expand", a["shape"]))
+    if kind == "ChannelShuffle":   # torchvision's channel_shuffle (nn.ChannelShuffle's forward; 1.13 has no
+        g = a["groups"]              # backward for that one)
+        return Lambda(lambda x: x.view(x.shape[0], g, x.shape[1] // g, *x.shape[2:]).transpose(1, 2)
+                      .reshape(x.shape))
+    if kind == "Narrow":
+        dim, start, length = a.get("dim", 1), a["start"], a["length"]
+        return Lambda(lambda x: x.narrow(dim, start, length))
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))

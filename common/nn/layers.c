@@ -1470,6 +1470,95 @@ static ps_status index_select_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- ChannelShuffle: nn.ChannelShuffle(groups), shufflenet's
+ * channel_shuffle: (C, ...) viewed as (groups, C/groups, ...), the two
+ * swapped: output channel i * groups + j is input channel j * (C/groups)
+ * + i. Its backward is the shuffle with C/groups groups (the inverse
+ * permutation). Plain layout; strided copies of whole channels. ---- */
+
+static ps_status shuffle_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if (ly->in[0].dims[0] % ly->a.groups)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%lld channels do not divide into %lld groups",
+                          (long long)ly->in[0].dims[0], (long long)ly->a.groups);
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* dst = src shuffled with g groups: one copy per input channel (n rows of a
+ * channel's elements) or one per (sample, group) (C/g rows), whichever
+ * is fewer calls. */
+static ps_status shuffle_copy(const ps_layer_call *c, const float *src, float *dst, int64_t g, ps_err *err) {
+    int64_t C = c->ly->in[0].dims[0], inner = ps_shape_numel(&c->ly->in[0]) / C, cpg = C / g;
+    const ps_backend_ops *ops = c->be->ops;
+    ps_status rc = PS_OK;
+    if (C <= (int64_t)c->n * g) {
+        for (int64_t j = 0; j < g && rc == PS_OK; j++)
+            for (int64_t i = 0; i < cpg && rc == PS_OK; i++)
+                rc = ops->copy2d(c->be->impl, c->n, inner, src + (j * cpg + i) * inner, C * inner,
+                                 dst + (i * g + j) * inner, C * inner, 0, err);
+        return rc;
+    }
+    for (int64_t s = 0; s < c->n && rc == PS_OK; s++)
+        for (int64_t j = 0; j < g && rc == PS_OK; j++)
+            rc = ops->copy2d(c->be->impl, cpg, inner, src + (s * C + j * cpg) * inner, inner,
+                             dst + (s * C + j) * inner, g * inner, 0, err);
+    return rc;
+}
+
+static ps_status shuffle_forward(ps_layer_call *c, ps_err *err) {
+    return shuffle_copy(c, c->x, c->y, c->ly->a.groups, err);
+}
+
+static ps_status shuffle_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return shuffle_copy(c, c->dy, c->dx, c->ly->in[0].dims[0] / c->ly->a.groups, err);
+}
+
+static const char *copy_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->copy2d ? NULL : "copy2d";
+}
+
+/* ---- Narrow: x.narrow(dim, start, length), one piece of x.chunk(k, dim)
+ * or of ONNX's Split; backward puts dy back in place, zeros elsewhere.
+ * Plain layout. ---- */
+
+static ps_status narrow_infer(ps_layer *ly, ps_err *err) {
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
+    if (rc) return rc;
+    if (ly->a.start + ly->a.length > ly->in[0].dims[d])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start %lld + length %lld is past dim %lld of size %lld",
+                          (long long)ly->a.start, (long long)ly->a.length, (long long)ly->a.dim,
+                          (long long)ly->in[0].dims[d]);
+    ly->outs = ly->in[0];
+    ly->outs.dims[d] = ly->a.length;
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static ps_status narrow_forward(ps_layer_call *c, ps_err *err) {
+    int64_t outer, D, inner, L = c->ly->a.length;
+    index_select_geom(c->ly, c->n, &outer, &D, &inner);
+    return c->be->ops->copy2d(c->be->impl, outer, L * inner, (const float *)c->x + c->ly->a.start * inner, D * inner,
+                              c->y, L * inner, 0, err);
+}
+
+static ps_status narrow_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    int64_t outer, D, inner, L = c->ly->a.length;
+    index_select_geom(c->ly, c->n, &outer, &D, &inner);
+    ps_status rc = PS_OK;
+    if (L < D) rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
+    if (rc == PS_OK)
+        rc = c->be->ops->copy2d(c->be->impl, outer, L * inner, c->dy, L * inner, c->dx + c->ly->a.start * inner,
+                                D * inner, 0, err);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -1596,6 +1685,16 @@ static const ps_attr_spec index_select_attrs[] = {
     {"index", PS_ATTR_DIMS, A(dims), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     ATTR_END,
 };
+static const ps_attr_spec shuffle_attrs[] = {
+    ATTR_INT("groups", groups, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec narrow_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
+    ATTR_INT("start", start, NULL, 0),
+    ATTR_INT("length", length, NULL, 1),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -1656,6 +1755,10 @@ static const ps_layer_kind kinds[] = {
      zero_flops},
     {"IndexSelect", 0, 1, 1, index_select_attrs, index_select_infer, copy_fill_missing, index_select_forward,
      index_select_backward, NULL, NULL, zero_flops},
+    {"ChannelShuffle", 0, 1, 1, shuffle_attrs, shuffle_infer, copy_missing, shuffle_forward, shuffle_backward, NULL,
+     NULL, zero_flops},
+    {"Narrow", 0, 1, 1, narrow_attrs, narrow_infer, copy_fill_missing, narrow_forward, narrow_backward, NULL, NULL,
+     zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -1752,7 +1855,7 @@ static const struct {
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
-    {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL},
+    {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -57,7 +57,7 @@ typedef struct ps_layer_attrs {
     int64_t out;                /* out_channels, out_features, embedding_dim, hidden_size */
     int64_t num;                /* Embedding num_embeddings, LSTM num_layers */
     int64_t kernel[2], stride[2], padding[2], dilation[2]; /* stride 0 = the kernel (pools) */
-    int64_t groups;
+    int64_t groups;             /* Conv2d, ChannelShuffle */
     int bias;                   /* 1: has a bias */
     int affine;                 /* norms: weight and bias */
     int track;                  /* BatchNorm track_running_stats */
@@ -79,6 +79,7 @@ typedef struct ps_layer_attrs {
     int act;                    /* the activation of an activation kind (set by its infer) */
     int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
                                    its infer) */
+    int64_t start, length;      /* Narrow */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
