@@ -15,6 +15,7 @@ as a module so PyTorch is imported once) on
     excitation block's `scale * x` to Mul (and `x * 0.5` refused);
     torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
     densenet's torch.cat of a growing list (of one tensor: nothing);
+    shufflenet's x.chunk, torch.split and channel shuffles;
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -183,6 +184,18 @@ exported_nodes("DenseJoin", "2,3,3", "dense.yaml", name_kind_inputs,
                 ("convs.1", "Conv2d", ["cat"]), ("cat_1", "Concat", ["input", "convs.0", "convs.1"]),
                 ("convs.2", "Conv2d", ["cat_1"]), ("cat_2", "Concat", ["input", "convs.0", "convs.1", "convs.2"])],
                "densenet's torch.cat of a growing list: of one tensor the identity (no node), then Concats")
+exported_nodes("ShuffleUnit", "4,3,3", "shuffle.yaml",
+               lambda n: (n["name"], n["kind"], n["inputs"], n["attrs"].get("start"), n["attrs"].get("length"),
+                          n["attrs"].get("groups")),
+               [("chunk", "Narrow", ["input"], 0, 2, None), ("chunk_1", "Narrow", ["input"], 2, 2, None),
+                ("conv", "Conv2d", ["chunk_1"], None, None, None), ("cat", "Concat", ["chunk", "conv"], None, None, None),
+                ("channel_shuffle", "ChannelShuffle", ["cat"], None, None, 2),
+                ("mix", "ChannelShuffle", ["channel_shuffle"], None, None, 2),
+                ("chunk_2", "Narrow", ["mix"], 0, 1, None), ("chunk_3", "Narrow", ["mix"], 1, 2, None),
+                ("chunk_4", "Narrow", ["mix"], 3, 1, None),
+                ("cat_1", "Concat", ["chunk_4", "chunk_3", "chunk_2"], None, None, None)],
+               "shufflenet's x.chunk and torch.split export as Narrow pieces, torchvision's channel_shuffle and "
+               "nn.ChannelShuffle as ChannelShuffle")
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),

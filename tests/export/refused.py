@@ -133,3 +133,19 @@ class DenseJoin(nn.Module):            # densenet's torch.cat of a growing list:
         for conv in self.convs:
             feats.append(conv(torch.cat(feats, 1)))
         return torch.cat(feats, 1)
+
+
+from torchvision.models.shufflenetv2 import channel_shuffle  # noqa: E402
+
+
+class ShuffleUnit(nn.Module):          # shufflenet_v2's unit: chunk, a branch, cat, channel_shuffle
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 1)
+        self.mix = nn.ChannelShuffle(2)
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        y = channel_shuffle(torch.cat((a, self.conv(b)), dim=1), 2)
+        c, d, e = torch.split(self.mix(y), [1, 2, 1], 1)
+        return torch.cat((e, d, c), 1)
