@@ -18,7 +18,9 @@
  *  - names: a Gemm reading 'fc.weight' is node 'fc' with parameters
  *    fc.weight, fc.bias; Gemm without transB stores B transposed;
  *  - Concat's arity: one input is the identity, 64 (of 100-character names)
- *    a Concat computing what it should, 65 refused.
+ *    a Concat computing what it should, 65 refused;
+ *  - shufflenet's unit: Slices as Narrows, channel_shuffle's Reshape,
+ *    Transpose, Reshape as one ChannelShuffle, computing what it should.
  */
 #include "model.h"
 #include "onnx.h"
@@ -565,9 +567,77 @@ static void test_concat_arity(void) {
     }
 }
 
+/* shufflenet_v2's unit as PyTorch exports it: x.chunk as two Slices, a
+ * branch, Concat, and channel_shuffle's Reshape (N, g, C/g, H, W),
+ * Transpose [0, 2, 1, 3, 4], Reshape back: two Narrows and a
+ * ChannelShuffle (no Reshape, no Transpose left), checked numerically;
+ * a Slice with step 2 refused. */
+static void test_shuffle_unit(void) {
+    int64_t dx[4] = {2, 4, 2, 2}, d5[5] = {2, 2, 2, 2, 2};
+    int64_t zero[1] = {0}, two[1] = {2}, end[1] = {INT64_MAX}, ax1[1] = {1};
+    buf inits[6] = {tensor_i64("s0", 1, zero), tensor_i64("s2", 1, two), tensor_i64("e2", 1, two),
+                    tensor_i64("end", 1, end), tensor_i64("ax1", 1, ax1), tensor_i64("shape5", 5, d5)};
+    buf shape4 = tensor_i64("shape4", 4, dx);
+    const char *sa[4] = {"x", "s0", "e2", "ax1"}, *sb[4] = {"x", "s2", "end", "ax1"}, *rb[1] = {"b"},
+               *cat[2] = {"a", "r"}, *r5[2] = {"c", "shape5"}, *tp[1] = {"v"}, *r4[2] = {"t", "shape4"};
+    attr_spec ax = {"axis", 2, 0, 1, 0, {0}}, perm = {"perm", 7, 0, 0, 5, {0, 2, 1, 3, 4}};
+    buf ns[7] = {node("/u/Slice", "Slice", 4, sa, "a", 0, NULL), node("/u/Slice_1", "Slice", 4, sb, "b", 0, NULL),
+                 node("/u/branch/Relu", "Relu", 1, rb, "r", 0, NULL), node("/u/Concat", "Concat", 2, cat, "c", 1, &ax),
+                 node("/u/Reshape", "Reshape", 2, r5, "v", 0, NULL), node("/u/Transpose", "Transpose", 1, tp, "t", 1, &perm),
+                 node("/u/Reshape_1", "Reshape", 2, r4, "y", 0, NULL)};
+    buf all[7] = {inits[0], inits[1], inits[2], inits[3], inits[4], inits[5], shape4};
+    buf vi = value_info("x", 4, dx), vo = value_info("y", 4, dx);
+    buf m = model(13, ns, 7, all, 7, &vi, &vo);
+    char *y = yaml_of(&m);
+    int narrows = 0;
+    for (const char *q = y; (q = strstr(q, "kind: Narrow")); q++) narrows++;
+    CHECK_MSG(narrows == 2 && strstr(y, "kind: ChannelShuffle, groups: 2") && !strstr(y, "Reshape") &&
+              strstr(y, "dim: 1, start: 2, length: 2"), "shuffle unit: %s", y);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(y, f); fclose(f); }
+    ps_err e = {0};
+    ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
+    ps_model *pm = ps_model_create(&mo, &e);
+    CHECK_MSG(pm != NULL, "build: %s", e.msg);
+    float x[32], out[32], want[32];
+    for (int i = 0; i < 32; i++) x[i] = sinf((float)i * 1.3f) * 2;
+    /* cat [x0, x1, relu x2, relu x3]; shuffled with 2 groups: output channel i * 2 + j is input j * 2 + i */
+    for (int n = 0; n < 2; n++)
+        for (int oc = 0; oc < 4; oc++) {
+            int ic = (oc % 2) * 2 + oc / 2;
+            for (int k = 0; k < 4; k++) {
+                float v = x[n * 16 + ic * 4 + k];
+                want[n * 16 + oc * 4 + k] = ic >= 2 ? fmaxf(v, 0.0f) : v;
+            }
+        }
+    uint64_t ver;
+    if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+        check_array("shuffle unit: Narrow, Narrow, ReLU, Concat, ChannelShuffle", out, want, 32, 0, 0);
+    else if (pm)
+        CHECK_MSG(0, "forward: %s", e.msg);
+    ps_model_free(pm);
+    unlink(path);
+    free(y);
+    free(m.p);
+    {   /* a Slice with step 2 */
+        buf st = tensor_i64("st", 1, two), t[4] = {tensor_i64("s0", 1, zero), tensor_i64("end", 1, end),
+                                                 tensor_i64("ax1", 1, ax1), st};
+        const char *si[5] = {"x", "s0", "end", "ax1", "st"};
+        buf n = node("/u/Slice", "Slice", 5, si, "y", 0, NULL);
+        int64_t dy[4] = {2, 2, 2, 2};
+        buf vi2 = value_info("x", 4, dx), vo2 = value_info("y", 4, dy);
+        buf m2 = model(13, &n, 1, t, 4, &vi2, &vo2);
+        expect_refusal("a Slice with step 2", &m2, PS_ERR_UNIMPLEMENTED, "a Slice other than along one axis with step 1");
+        free(m2.p);
+    }
+}
+
 int main(void) {
     test_refusals();
     test_concat_arity();
+    test_shuffle_unit();
     test_softmax_opsets();
     test_attributes();
     test_old_opsets();

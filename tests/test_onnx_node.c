@@ -50,7 +50,9 @@ static const char *const required_prefixes[] = {
     /* mobilenet_v2/v3's (ReLU6 and Hardtanh export as Clip) */
     "test_clip", "test_hardswish",
     /* squeezenet's and googlenet's */
-    "test_maxpool_2d_ceil", "test_averagepool_2d_ceil", NULL};
+    "test_maxpool_2d_ceil", "test_averagepool_2d_ceil",
+    /* shufflenet's x.chunk: a Slice along one axis (clamped ends, a negative start) */
+    "test_slice_end_out_of_bounds", "test_slice_neg", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {
@@ -58,7 +60,9 @@ static const char *const not_required[] = {
     "test_batchnorm_example_training_mode", "test_add_uint8", "test_gather_elements", "test_gathernd",
     "test_averagepool_2d_pads_count_include_pad", "test_reshape_allowzero",
     /* int8; an upper bound alone; no bounds (the graph output is its input) */
-    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds", NULL};
+    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds",
+    /* a Slice with step -1 */
+    "test_slice_neg_steps", NULL};
 
 static int required(const char *name) {
     if (strstr(name, "_expanded")) return 0;

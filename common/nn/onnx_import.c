@@ -81,6 +81,8 @@ typedef struct val {
     int stage;                  /* DATA: the psd stage computing it */
     int lstm_out;               /* DATA: an LSTM's output (1: ONNX's (seq, 1, batch, H); 2: squeezed) */
     int trainer;                /* an LSTM's hidden-state input or output: the trainer's, not psd's */
+    int shuffled;               /* DATA: a ChannelShuffle's output seen as the Transpose's (N, C/g, g, H, W)
+                                   that the exporter wrote; its psd node computes (C, H, W) (h_transpose) */
 } val;
 
 enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES };
@@ -1641,6 +1643,9 @@ static ps_status h_reshape(imp *im) {
     int xin = x->node;
     int pn;
     char b[128];
+    if (x->shuffled && ns == 4 && full[1] == x->dims[1] * x->dims[2] && full[2] == x->dims[3] &&
+        full[3] == x->dims[4])   /* channel_shuffle's view back: what the ChannelShuffle node computes */
+        return data_out(im, 0, xin, PS_ONNX_FLOAT, ns, full) ? PS_OK : im->err->code;
     if (ns - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
     if (ns - off < 1) return unsup(im, "a Reshape to one value per sample");
     pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
@@ -1871,17 +1876,55 @@ typedef struct op_row {
     int min_opset;              /* the first opset whose meaning the handler reads */
 } op_row;
 
+static int producer_of(imp *im, const char *name);
+static int sole_consumer(imp *im, const char *name);
+
+/* A channel shuffle as exporters write torchvision's channel_shuffle (and
+ * nn.ChannelShuffle): x (N, C, H, W) Reshape to (N, g, C/g, H, W),
+ * Transpose perm [0, 2, 1, 3, 4], Reshape to (N, C, H, W). At the
+ * Transpose: a ChannelShuffle of groups g reading x; its output stands for
+ * the transposed value, which only that last Reshape may read (it becomes
+ * the ChannelShuffle's output; the first Reshape is left unread). 0: not
+ * that pattern. */
+static int channel_shuffle_pattern(imp *im, val *x, const int64_t *perm, int np, ps_status *rc) {
+    static const int64_t want[5] = {0, 2, 1, 3, 4};
+    const ps_onnx_node *n = cur_node(im);
+    if (x->kind != VK_DATA || im->lead != 1 || x->ndim != 5 || np != 5 || memcmp(perm, want, sizeof want) ||
+        n->nout < 1)
+        return 0;
+    int r = producer_of(im, n->in[0]), c = sole_consumer(im, n->out[0]);
+    if (r < 0 || c < 0 || strcmp(im->m->nodes[r].op_type, "Reshape") || strcmp(im->m->nodes[c].op_type, "Reshape"))
+        return 0;
+    val *src = vget(im, im->m->nodes[r].in[0]);
+    if (!src || src->kind != VK_DATA || src->ndim != 4 || src->dims[1] != x->dims[1] * x->dims[2] ||
+        src->dims[2] != x->dims[3] || src->dims[3] != x->dims[4])
+        return 0;
+    int in = src->node;
+    int pn = emit(im, "ChannelShuffle", NULL, NULL, "channel_shuffle", 1, &in);
+    if (pn < 0) { *rc = oom(im); return 1; }
+    add_attr(im, pn, "groups: %lld", (long long)x->dims[1]);
+    int64_t od[5] = {x->dims[0], x->dims[2], x->dims[1], x->dims[3], x->dims[4]};
+    val *v = data_out(im, 0, pn, PS_ONNX_FLOAT, 5, od);
+    if (!v) { *rc = im->err->code; return 1; }
+    v->shuffled = 1;
+    *rc = PS_OK;
+    return 1;
+}
+
 /* Transpose of a 2-D initializer (PyTorch's training-mode export of
  * nn.Linear on 3-D input: MatMul(x, Transpose(weight))): the same tensor,
- * read transposed where it is bound. */
+ * read transposed where it is bound. And a channel shuffle (above). */
 static ps_status h_transpose(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
     int64_t perm[MAXD];
     int np = attr_ints(im, "perm", perm, MAXD);
+    ps_status rc;
+    if (channel_shuffle_pattern(im, x, perm, np, &rc)) return rc;
     if (x->kind != VK_CONST || !x->t || !x->init || x->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 ||
                                                                                   perm[1] != 0)))
-        return unsup(im, "Transpose other than of a 2-D initializer (psd reads it as a transposed weight)");
+        return unsup(im, "Transpose other than of a 2-D initializer (psd reads it as a transposed weight) or "
+                     "a channel shuffle's");
     const ps_onnx_node *n = cur_node(im);
     if (n->nout < 1) return bad(im, "no output");
     val *v = vmake(im, n->out[0]);
@@ -1892,6 +1935,57 @@ static ps_status h_transpose(imp *im) {
     v->dims[1] = x->dims[0];
     x->bound = 1;   /* read through the transpose only */
     return PS_OK;
+}
+
+/* Slice of a computed value along one axis, step 1, by constants (x.chunk
+ * and x.split's pieces, x[:, a:b]): a Narrow. */
+static ps_status h_slice(imp *im) {
+    static const char *const known[] = {"starts", "ends", "axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
+    int cnt[4] = {-1, -1, -1, -1};
+    if (im->opset < 10) {
+        static const char *const names[3] = {"starts", "ends", "axes"};
+        for (int k = 0; k < 3; k++) cnt[k] = attr_ints(im, names[k], sv[k], MAXD);
+    } else {
+        for (int k = 0; k < 4; k++) {
+            if (!has_in(im, k + 1)) continue;
+            val *c = in_val(im, k + 1, 1);
+            if (!c) return im->err->code;
+            if (c->kind != VK_CONST) return unsup(im, "%s computed from the input's values",
+                                                   k == 0 ? "starts" : k == 1 ? "ends" : k == 2 ? "axes" : "steps");
+            const int64_t *q = cints(im, c);
+            if (!q) return im->err->code;
+            if (c->numel > MAXD) return bad(im, "%lld slice entries", (long long)c->numel);
+            cnt[k] = (int)c->numel;
+            for (int i = 0; i < cnt[k]; i++) sv[k][i] = q[i];
+        }
+    }
+    if (cnt[0] != 1 || cnt[1] != 1 || (cnt[2] >= 0 && cnt[2] != 1) || (cnt[3] >= 0 && (cnt[3] != 1 || sv[3][0] != 1)))
+        return unsup(im, "a Slice other than along one axis with step 1");
+    int a = norm_axis(im, cnt[2] == 1 ? sv[2][0] : 0, x->ndim, "axis");
+    if (a < 0) return im->err->code;
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, "Slice");
+    int64_t D = x->dims[a], st = sv[0][0], en = sv[1][0];
+    if (st < 0) st += D;
+    if (en < 0) en += D;
+    st = st < 0 ? 0 : st > D ? D : st;
+    en = en < 0 ? 0 : en > D ? D : en;
+    if (en <= st) return unsup(im, "an empty Slice (%lld to %lld of %lld)", (long long)st, (long long)en, (long long)D);
+    int in = x->node;
+    int pn = emit(im, "Narrow", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "dim: %d, start: %lld, length: %lld", d, (long long)st, (long long)(en - st));
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[a] = en - st;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
 /* Squeeze / Unsqueeze of a computed value: a Reshape (axes an input from
@@ -2015,6 +2109,7 @@ static const op_row ops[] = {
     {"Shape", h_shape, 1},
     {"Cast", h_cast, 1},
     {"Transpose", h_transpose, 1},
+    {"Slice", h_slice, 1},
     {"LSTM", h_lstm, 7},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},
