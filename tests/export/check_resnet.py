@@ -41,7 +41,8 @@ above against the module with dropout off.
     check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
 
 With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
-regnet_y_400mf, mnasnet0_5, squeezenet1_1, googlenet, densenet121),
+regnet_y_400mf, mnasnet0_5, squeezenet1_1, googlenet, densenet121,
+shufflenet_v2_x0_5),
 only those torchvision models, each both ways as
 mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
 a training forward or running statistics past the fixed tolerances pass
