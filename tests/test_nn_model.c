@@ -235,9 +235,15 @@ static void test_input_grads(rng *r) {
 }
 
 /* Gradients accumulate over forwards: (n1 + n2) samples in two tapes into
- * one ps_grads == one tape of the concatenation. */
+ * one ps_grads == one tape of the concatenation. The input gradient is per
+ * sample: bit for bit on ref (the same arithmetic per sample), within
+ * in_tol of its largest element on dnnl, whose kernels may pick their blocking and summation
+ * order by the minibatch (oneDNN 2.6's AVX2 backward-data kernels on an
+ * AVX2 host differ in the last bits between a batch of 5 and batches of 2
+ * and 3; AVX-512 hosts matched bit for bit). */
 static void check_accumulation(const char *label, ps_model *m, int n1, int n2, int64_t in_k, int64_t out_k,
-                               int nmask, const int64_t *mask_k, const float *const *masks12, rng *r) {
+                               int nmask, const int64_t *mask_k, const float *const *masks12, double in_tol,
+                               rng *r) {
     ps_err err = {0};
     int n = n1 + n2;
     float *x = host_random((size_t)(n * in_k), r), *gout = host_random((size_t)(n * out_k), r);
@@ -265,7 +271,10 @@ static void check_accumulation(const char *label, ps_model *m, int n1, int n2, i
         free(a); free(b);
     }
     snprintf(what, sizeof what, "%s input gradient of the parts", label);
-    check_array(what, gin2, gin, (size_t)(n * in_k), 0, 0);   /* per-sample: same arithmetic */
+    if (in_tol == 0)
+        check_array(what, gin2, gin, (size_t)(n * in_k), 0, 0);
+    else
+        check_scaled(what, gin2, gin, (size_t)(n * in_k), in_tol);
     /* average of two contexts = (parts + whole) / 2 = whole (both hold the same sums) */
     OKE(ps_grads_add(m, parts, whole, &err));
     OKE(ps_grads_scale(m, parts, 0.5f, &err));
@@ -293,7 +302,7 @@ static void test_accumulation(rng *r) {
         float *mask = mask_random(8 * 128, 0.6f, r);
         const float *masks[1] = {mask};
         const int64_t mk[1] = {128};
-        check_accumulation("ref cartpole_policy", m, 3, 5, 4, 2, 1, mk, masks, r);
+        check_accumulation("ref cartpole_policy", m, 3, 5, 4, 2, 1, mk, masks, 0, r);
         free(mask);
         ps_model_free(m);
     }
@@ -302,7 +311,7 @@ static void test_accumulation(rng *r) {
         float *m1 = mask_random(5 * 64, 0.25f, r), *m2 = mask_random(5 * 128, 0.5f, r);
         const float *masks[2] = {m1, m2};
         const int64_t mk[2] = {64, 128};   /* dropout2d: one value per channel */
-        check_accumulation("dnnl mnist_cnn", m, 2, 3, 784, 10, 2, mk, masks, r);
+        check_accumulation("dnnl mnist_cnn", m, 2, 3, 784, 10, 2, mk, masks, 1e-5, r);
         free(m1); free(m2);
         ps_model_free(m);
     }
