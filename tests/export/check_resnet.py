@@ -46,8 +46,9 @@ mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
 a training forward or running statistics past the fixed tolerances pass
 when psd's error against float64 autograd is within 8x PyTorch
 float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
-efficientnet_b0 with stochastic_depth_prob=0 and its classifier's dropout
-at 0 (tests/export/zoo_builders.py; psd draws its own masks);
+efficientnet_b0 and efficientnet_v2_s with stochastic_depth_prob=0 and
+their classifier's dropout at 0 (tests/export/zoo_builders.py; psd draws
+its own masks);
 alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.

@@ -10,3 +10,10 @@ def efficientnet_b0(**kwargs):
     m = torchvision.models.efficientnet_b0(**kwargs)
     m.classifier[0].p = 0.0
     return m
+
+
+def efficientnet_v2_s(**kwargs):
+    """efficientnet_v2_s with its classifier's Dropout at p 0."""
+    m = torchvision.models.efficientnet_v2_s(**kwargs)
+    m.classifier[0].p = 0.0
+    return m
