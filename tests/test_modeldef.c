@@ -165,6 +165,18 @@ static void test_errors(void) {
                "node 'a' (Conv2d)", "it takes 3 dimensions of float32");
     expect_err("range.yaml", HEAD "      - {name: a, kind: Dropout, p: 1}\n", 1, 6, "node 'a' (Dropout)",
                "p: 1 is outside [0, 1)");
+    expect_err("sd_p.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 1.5, mode: row}\n", 1, 6,
+               "node 'a' (StochasticDepth)", "p: 1.5 is outside [0, 1]");
+    expect_err("sd_mode.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 0.2, mode: rows}\n", 0, 6,
+               "node 'a' (StochasticDepth): mode: 'rows' is not one of 'row', 'batch'", NULL);
+    expect_err("adaptive_list.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [2, 4, 4]}\n    nodes:\n"
+               "      - {name: p, kind: AdaptiveAvgPool2d, output_size: [null]}\n",
+               0, 6, "node 'p' (AdaptiveAvgPool2d): output_size: a list of 2 values, got 1", NULL);
+    expect_err("adaptive_zero.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [2, 4, 4]}\n    nodes:\n"
+               "      - {name: p, kind: AdaptiveAvgPool2d, output_size: [0, 3]}\n",
+               1, 6, "node 'p' (AdaptiveAvgPool2d)", "output_size: 0 is outside [1, 65536]");
 }
 
 static void test_shipped(void) {

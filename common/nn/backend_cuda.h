@@ -56,6 +56,18 @@ cudaError_t ps_cuda_maxpool_backward(const ps_cuda_pool *p, const int32_t *idx, 
 cudaError_t ps_cuda_avgpool_forward(const ps_cuda_pool *p, const float *x, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_avgpool_backward(const ps_cuda_pool *p, const float *dy, float *dx, cudaStream_t stream);
 
+/* Adaptive average pooling with PyTorch's bins (backend.h ps_adaptive_desc;
+ * planes = n * c). The backward gathers, per input element, dy / area of
+ * every bin holding it in ascending output order. */
+typedef struct ps_cuda_adaptive {
+    int planes, h, w, oh, ow;
+} ps_cuda_adaptive;
+
+cudaError_t ps_cuda_adaptive_avgpool_forward(const ps_cuda_adaptive *p, const float *x, float *y,
+                                             cudaStream_t stream);
+cudaError_t ps_cuda_adaptive_avgpool_backward(const ps_cuda_adaptive *p, const float *dy, float *dx,
+                                              cudaStream_t stream);
+
 /* Batch normalisation over (n, c, s), plain layout (ps_chan_desc; the
  * formulas of backend.h). One block per channel, sums in double. gamma
  * and beta NULL without affine; var_unbiased may be NULL. */

@@ -354,6 +354,58 @@ __global__ void act_backward_kernel(int kind, float alpha, float beta, int64_t n
         dx[i] = act_df(kind, alpha, beta, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
 }
 
+/* Adaptive average pooling's bins (backend.h ps_adaptive_desc: PyTorch's
+ * start_index / end_index). */
+__device__ int adaptive_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
+__device__ int adaptive_end(int i, int in, int out) { return (int)((((int64_t)i + 1) * in + out - 1) / out); }
+
+__global__ void adaptive_avgpool_forward_kernel(ps_cuda_adaptive p, const float *x, float *y) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)((i / p.ow) % p.oh);
+        const float *xp = x + (i / ((int64_t)p.oh * p.ow)) * p.h * p.w;
+        const int y0 = adaptive_start(oy, p.h, p.oh), y1 = adaptive_end(oy, p.h, p.oh);
+        const int x0 = adaptive_start(ox, p.w, p.ow), x1 = adaptive_end(ox, p.w, p.ow);
+        float acc = 0.0f;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) acc = __fadd_rn(acc, xp[iy * p.w + ix]);
+        y[i] = __fdiv_rn(acc, (float)((y1 - y0) * (x1 - x0)));
+    }
+}
+
+/* The outputs whose bins hold input index i of an axis in -> out: a
+ * superset by arithmetic, then each checked against its own bin. */
+__device__ void adaptive_covering(int i, int in, int out, int *o0, int *o1) {
+    *o0 = max(adaptive_start(i, out, in) - 1, 0);
+    *o1 = min(adaptive_end(i, out, in), out - 1);
+}
+
+/* One thread per input element, gathering dy / area over the bins that
+ * hold it, in ascending output order. */
+__global__ void adaptive_avgpool_backward_kernel(ps_cuda_adaptive p, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.h * p.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ix = (int)(i % p.w), iy = (int)((i / p.w) % p.h);
+        const int64_t pl = i / ((int64_t)p.h * p.w);
+        int oy0, oy1, ox0, ox1;
+        adaptive_covering(iy, p.h, p.oh, &oy0, &oy1);
+        adaptive_covering(ix, p.w, p.ow, &ox0, &ox1);
+        float acc = 0.0f;
+        for (int oy = oy0; oy <= oy1; oy++) {
+            const int y0 = adaptive_start(oy, p.h, p.oh), y1 = adaptive_end(oy, p.h, p.oh);
+            if (iy < y0 || iy >= y1) continue;
+            for (int ox = ox0; ox <= ox1; ox++) {
+                const int x0 = adaptive_start(ox, p.w, p.ow), x1 = adaptive_end(ox, p.w, p.ow);
+                if (ix < x0 || ix >= x1) continue;
+                acc = __fadd_rn(acc, __fdiv_rn(dy[(pl * p.oh + oy) * p.ow + ox], (float)((y1 - y0) * (x1 - x0))));
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
 __global__ void mul_planes_kernel(int64_t planes, int64_t s, const float *x, const float *mask, float *y) {
     const int64_t n = planes * s;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -582,6 +634,20 @@ cudaError_t ps_cuda_act_forward(int kind, float alpha, float beta, int64_t count
 cudaError_t ps_cuda_act_backward(int kind, float alpha, float beta, int64_t count, const float *x, const float *y,
                                  const float *dy, float *dx, cudaStream_t stream) {
     act_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, beta, count, x, y, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_adaptive_avgpool_forward(const ps_cuda_adaptive *p, const float *x, float *y,
+                                             cudaStream_t stream) {
+    adaptive_avgpool_forward_kernel<<<blocks_for((int64_t)p->planes * p->oh * p->ow), kThreads, 0, stream>>>(*p, x,
+                                                                                                            y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_adaptive_avgpool_backward(const ps_cuda_adaptive *p, const float *dy, float *dx,
+                                              cudaStream_t stream) {
+    adaptive_avgpool_backward_kernel<<<blocks_for((int64_t)p->planes * p->h * p->w), kThreads, 0, stream>>>(*p, dy,
+                                                                                                           dx);
     return cudaGetLastError();
 }
 

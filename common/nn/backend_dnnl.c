@@ -1988,6 +1988,59 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
     return run(im, &k, a, 2, err);
 }
 
+/* ---- adaptive average pooling with uneven bins: C loops over planes ----
+ * oneDNN's pooling has one window size and stride per axis; PyTorch's
+ * adaptive bins (backend.h ps_adaptive_desc) differ in size from one
+ * output to the next where the output size does not divide the input's
+ * (vgg's 2x2 to 7x7, alexnet's 1x1 to 6x6), so these run here, in the
+ * plain layout the kind asks for. Uniform bins never come here: the kind
+ * runs them as average pooling (oneDNN's, in blocked layouts). */
+static ps_status dn_adaptive_avgpool_forward(void *impl, const ps_adaptive_desc *d, const float *x, float *y,
+                                             ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *xp = x + p * in;
+        float *yp = y + p * out;
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                float acc = 0.0f;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+                yp[oy * d->ow + ox] = acc / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
+                                              ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *gp = dy + p * out;
+        float *dxp = dx + p * in;
+        memset(dxp, 0, (size_t)in * sizeof *dxp);
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                const float g = gp[oy * d->ow + ox] / (float)((y1 - y0) * (x1 - x0));
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
+            }
+        }
+    }
+    return PS_OK;
+}
+
 /* ---- a wide linear forward in chunks of outputs ----
  * The language model's decoder (700 x 200 -> 10000 outputs, 8 MB of
  * weights) as one gemm inner product makes oneDNN's sgemm malloc a packing
@@ -2888,4 +2941,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .copy2d = dn_copy2d,
     .add_out = dn_add_out,
     .fill = dn_fill,
+    .adaptive_avgpool_forward = dn_adaptive_avgpool_forward,
+    .adaptive_avgpool_backward = dn_adaptive_avgpool_backward,
 };

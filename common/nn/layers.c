@@ -91,10 +91,12 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         if ((st = attr_range(sp, x, 1, err))) return st;
         *(int64_t *)(base + sp->off) = (int64_t)x;
         return PS_OK;
-    case PS_ATTR_PAIR: {
+    case PS_ATTR_PAIR:
+    case PS_ATTR_PAIR_OR_NULL: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < 2; i++) {
             const char *t = vals[is_list ? i : 0];
+            if (!t && sp->type == PS_ATTR_PAIR_OR_NULL) { p[i] = 0; continue; }
             if ((st = attr_number(ly, sp, t, def, n, keys, values, &x, err))) return st;
             if ((st = attr_range(sp, x, 1, err))) return st;
             p[i] = (int64_t)x;
@@ -370,20 +372,29 @@ static ps_status relu_backward(ps_layer_call *c, ps_err *err) {
 }
 
 /* ---- MaxPool2d, AvgPool2d: nn.MaxPool2d / nn.AvgPool2d(kernel_size,
- * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d(1):
- * an average pool over the whole plane ---- */
+ * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d
+ * (output_size): PyTorch's bins (backend.h ps_adaptive_desc), run as an
+ * average pool where they are one (the output size divides the input's:
+ * kernel = stride = in / out; 1x1 is the plane, stride 1) and by the
+ * adaptive ops, in the plain layout, where they are not ---- */
 
-static int is_adaptive(const ps_layer *ly) { return ly->a.output_size[0] > 0; }
+static int is_adaptive(const ps_layer *ly) { return !strcmp(ly->kind->name, "AdaptiveAvgPool2d"); }
+
+/* AdaptiveAvgPool2d whose bins are average pooling's windows. */
+static int adaptive_uniform(const ps_layer *ly) {
+    return ly->in[0].dims[1] % ly->a.out_hw[0] == 0 && ly->in[0].dims[2] % ly->a.out_hw[1] == 0;
+}
 
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
     ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
                       .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad,
                       .ceil_mode = is_adaptive(ly) ? 0 : a->flag};
-    if (is_adaptive(ly)) {   /* the whole plane, one window */
-        d.kh = d.h;
-        d.kw = d.w;
-        d.stride_h = d.stride_w = 1;
+    if (is_adaptive(ly)) {   /* uniform bins (adaptive_uniform): windows in / out, stride the same */
+        d.kh = d.h / (int)a->out_hw[0];
+        d.kw = d.w / (int)a->out_hw[1];
+        d.stride_h = a->out_hw[0] == 1 ? 1 : d.kh;   /* 1x1: the whole plane, stride 1 (as it always was) */
+        d.stride_w = a->out_hw[1] == 1 ? 1 : d.kw;
         d.count_include_pad = 1;
         return d;
     }
@@ -402,16 +413,19 @@ static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     return d;
 }
 
+static ps_adaptive_desc adaptive_desc(const ps_layer *ly, int n) {
+    ps_adaptive_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2],
+                          (int)ly->a.out_hw[0], (int)ly->a.out_hw[1]};
+    return d;
+}
+
 static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
-    if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
-                          (long long)a->output_size[0], (long long)a->output_size[1]);
     /* PyTorch takes padding up to half the kernel; ONNX (and psd) up to the
      * kernel less one, so every window holds an input position. */
-    if (!is_adaptive(ly) && (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1]))
+    if (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
                           (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
                           (long long)a->kernel[1]);
@@ -422,8 +436,7 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
      * every backend runs its own kernel (backend_dnnl.c plain_pool_entry). */
     if (!strcmp(ly->kind->name, "AvgPool2d") && a->count_include_pad && ps_pool_ceil_extra(&d))
         ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
-    if (!is_adaptive(ly) && (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] ||
-                             ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1]))
+    if (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] || ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",
                           (long long)a->kernel[0], (long long)a->kernel[1], (long long)ly->in[0].dims[0],
                           (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
@@ -431,6 +444,22 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     ly->outs.dims[0] = ly->in[0].dims[0];
     ly->outs.dims[1] = ps_pool_out_h(&d);
     ly->outs.dims[2] = ps_pool_out_w(&d);
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* AdaptiveAvgPool2d: output_size entries null keep the input's size. */
+static ps_status adaptive_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ps_layer_attrs *a = &ly->a;
+    for (int i = 0; i < 2; i++) a->out_hw[i] = a->output_size[i] ? a->output_size[i] : ly->in[0].dims[1 + i];
+    /* uneven bins: the adaptive ops, plain layout */
+    if (!adaptive_uniform(ly)) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->in[0].dims[0];
+    ly->outs.dims[1] = a->out_hw[0];
+    ly->outs.dims[2] = a->out_hw[1];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
@@ -473,6 +502,34 @@ static ps_status avgpool_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
     ps_pool_desc d = pool_desc(c->ly, c->n);
     return c->be->ops->avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+static const char *adaptive_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (adaptive_uniform(ly)) return avgpool_missing(ly, ops);
+    return ops->adaptive_avgpool_forward && ops->adaptive_avgpool_backward
+               ? NULL : "adaptive_avgpool_forward/adaptive_avgpool_backward";
+}
+
+static ps_status adaptive_forward(ps_layer_call *c, ps_err *err) {
+    if (adaptive_uniform(c->ly)) return avgpool_forward(c, err);
+    ps_adaptive_desc d = adaptive_desc(c->ly, c->n);
+    return c->be->ops->adaptive_avgpool_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status adaptive_backward(ps_layer_call *c, ps_err *err) {
+    if (adaptive_uniform(c->ly)) return avgpool_backward(c, err);
+    if (!c->dx) return PS_OK;
+    ps_adaptive_desc d = adaptive_desc(c->ly, c->n);
+    return c->be->ops->adaptive_avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* Per output element, its bin's area (the adds of its sum). */
+static double adaptive_flops(const ps_layer *ly) {
+    const ps_adaptive_desc d = adaptive_desc(ly, 1);
+    double rows = 0, cols = 0;
+    for (int i = 0; i < d.oh; i++) rows += ps_adaptive_end(i, d.h, d.oh) - ps_adaptive_start(i, d.h, d.oh);
+    for (int j = 0; j < d.ow; j++) cols += ps_adaptive_end(j, d.w, d.ow) - ps_adaptive_start(j, d.w, d.ow);
+    return (double)d.c * rows * cols;
 }
 
 /* ---- BatchNorm2d / BatchNorm1d: nn.BatchNorm2d(num_features, eps,
@@ -729,10 +786,11 @@ static ps_status dropout2d_infer(ps_layer *ly, ps_err *err) {
 }
 
 /* n draws of a dropout mask into mask, each 0 or 1/(1-p) to keep: a
- * uniform of the stream below p drops. The stream's values in order, drawn
- * in one loop and then compared in another (vectorised). */
+ * uniform of the stream below p drops (every one at p 1, StochasticDepth's
+ * limit). The stream's values in order, drawn in one loop and then
+ * compared in another (vectorised). */
 static void drop_draws(const ps_layer *ly, ps_rng *rng, float *mask, int64_t n) {
-    const float p = (float)ly->a.p, keep = 1.0f / (1.0f - (float)ly->a.p);
+    const float p = (float)ly->a.p, keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     ps_rng_uniforms(rng, mask, n);
     for (int64_t i = 0; i < n; i++) mask[i] = mask[i] < p ? 0.0f : keep;
 }
@@ -815,6 +873,62 @@ static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *o
 static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
+
+/* ---- StochasticDepth: torchvision.ops.StochasticDepth(p, mode), a
+ * residual branch dropped whole: per sample ('row') or for the whole
+ * batch ('batch'), kept values scaled by 1/(1-p) (at p 1 every value is
+ * dropped, as torchvision's), the identity in eval. Its draws are
+ * Dropout's (drop_draws from the forward's stream: one per sample, or one
+ * per forward), so a replayed forward draws the same; they are expanded
+ * to an (n, C) mask that mul_channels applies in the activation's layout
+ * (C the first per-sample dimension, 1 for a sample of one value) and the
+ * tape keeps for the backward. ---- */
+
+static ps_chan_desc sdepth_desc(const ps_layer *ly, int n) {
+    if (ly->in[0].ndim == 0) {
+        ps_chan_desc d = {n, 1, 1, PS_LAYOUT_PLAIN, 0.0f};
+        return d;
+    }
+    return bn_desc(ly, n);
+}
+
+static ps_status sdepth_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const ps_chan_desc d = sdepth_desc(c->ly, c->n);
+    const int64_t count = (int64_t)d.n * d.c, draws = ps_layer_dropout_draws(c->ly, c->n);
+    float *mask = ps_backend_alloc_floats(c->be, count);
+    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
+    float *v = malloc((size_t)draws * sizeof(float));
+    if (!mask || !host || !v) {
+        ps_backend_release(c->be, mask);
+        if (host != mask) free(host);
+        free(v);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stochastic depth");
+    }
+    c->saved->dev[0] = mask;
+    if (c->mask) memcpy(v, c->mask, (size_t)draws * sizeof(float));
+    else drop_draws(c->ly, c->rng, v, draws);
+    for (int64_t q = 0; q < count; q++) host[q] = v[c->ly->a.mode ? 0 : q / d.c];   /* batch: draw 0 for all */
+    free(v);
+    ps_status rc = PS_OK;
+    if (host != mask) {
+        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+        free(host);
+    }
+    if (rc != PS_OK) return rc;
+    return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
+}
+
+static ps_status sdepth_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_chan_desc d = sdepth_desc(c->ly, c->n);
+    return c->be->ops->mul_channels(c->be->impl, &d, c->dy, c->saved->dev[0], c->dx, err);
+}
+
+static size_t sdepth_bytes(const ps_layer *ly, int n) {
+    const ps_chan_desc d = sdepth_desc(ly, n);
+    return (size_t)d.n * (size_t)d.c * sizeof(float);
+}
 
 /* ---- Flatten: nn.Flatten(start_dim=1, end_dim=-1); a view ---- */
 
@@ -1509,7 +1623,7 @@ static const ps_attr_spec avgpool_attrs[] = {
     ATTR_END,
 };
 static const ps_attr_spec adaptive_attrs[] = {
-    ATTR_PAIR("output_size", output_size, NULL, 1),
+    {"output_size", PS_ATTR_PAIR_OR_NULL, A(output_size), NULL, 1, 65536, 0, 0, NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec bn_attrs[] = {
@@ -1573,6 +1687,12 @@ static const ps_attr_spec dropout_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
+static const char *const sdepth_modes[] = {"row", "batch", NULL};
+static const ps_attr_spec sdepth_attrs[] = {
+    ATTR_FLOAT("p", p, NULL, 0, 1, 0, 0),
+    {"mode", PS_ATTR_ENUM, A(mode), NULL, 0, 0, 0, 0, sdepth_modes, 0},
+    ATTR_END,
+};
 static const ps_attr_spec softmax_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
     ATTR_END,
@@ -1617,8 +1737,8 @@ static const ps_layer_kind kinds[] = {
      pool_bytes, NULL, pool_flops},
     {"AvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, avgpool_attrs, pool_infer, avgpool_missing, avgpool_forward,
      avgpool_backward, NULL, NULL, pool_flops},
-    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, pool_infer, avgpool_missing, avgpool_forward,
-     avgpool_backward, NULL, NULL, pool_flops},
+    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
+     adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     {"ReLU", F_ACT | PS_KIND_BWD_Y, 1, 1, inplace_attrs, infer_same, no_op, relu_forward, relu_backward, NULL, NULL,
      NULL},
     {"LeakyReLU", F_ACT, 1, 1, leaky_attrs, leaky_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -1637,6 +1757,8 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
      dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
+     sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
     {"Reshape", PS_KIND_VIEW, 1, 1, reshape_attrs, reshape_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
     {"LogSoftmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, log_softmax_missing, log_softmax_forward,
@@ -1732,6 +1854,13 @@ static size_t dropout2d_saved(const ps_layer *ly, const ps_backend *be, int n, i
     return j == 0 ? dropout2d_bytes(ly, n) : 0;
 }
 
+/* Per sample in 'row' mode; 'batch' mode's one draw couples the samples. */
+static size_t sdepth_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    if (ly->a.mode) return (size_t)-1;
+    return j == 0 ? sdepth_bytes(ly, n) : 0;
+}
+
 static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     if (j) return 0;
     ps_pool_desc d = pool_desc(ly, n);
@@ -1751,6 +1880,7 @@ static const struct {
     {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL},
 };
@@ -1774,5 +1904,6 @@ void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) 
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
     if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
+    if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
     return ps_layer_out_count(ly, n);
 }

@@ -334,7 +334,7 @@ static const char *const INPUT_KEYS[] = {"shape", "dtype", NULL};
 static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node_def *nd, const ps_attr_spec *sp,
                                   const ynode *v) {
     if (is_null(v)) {
-        if (sp->type == PS_ATTR_FLOAT_OR_NULL) return PS_OK;
+        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL) return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: no value given", nd->name, nd->kind_name, sp->name);
     }
     double x;
@@ -378,10 +378,11 @@ static ps_status read_attr(parse *P, const ps_model_def *d, ps_node_def *nd, con
         return perr(P, v->line, "node '%s' (%s): %s: expected a value or a list, got a mapping", nd->name,
                     nd->kind_name, k->s);
     if (v->type == Y_SEQ) {
-        if (sp->type != PS_ATTR_PAIR && sp->type != PS_ATTR_DIMS)
+        const int pair = sp->type == PS_ATTR_PAIR || sp->type == PS_ATTR_PAIR_OR_NULL;
+        if (!pair && sp->type != PS_ATTR_DIMS)
             return perr(P, v->line, "node '%s' (%s): %s takes one value, not a list", nd->name, nd->kind_name, k->s);
-        int max = sp->type == PS_ATTR_PAIR ? 2 : PS_SHAPE_MAX_DIMS;
-        if (v->n < 1 || v->n > max || (sp->type == PS_ATTR_PAIR && v->n != 2))
+        int max = pair ? 2 : PS_SHAPE_MAX_DIMS;
+        if (v->n < 1 || v->n > max || (pair && v->n != 2))
             return perr(P, v->line, "node '%s' (%s): %s: a list of %d value%s%s, got %d", nd->name, nd->kind_name,
                         k->s, max, max == 1 ? "" : "s", sp->type == PS_ATTR_DIMS ? " at most" : "", v->n);
         ad->is_list = 1;

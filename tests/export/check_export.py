@@ -13,7 +13,9 @@ as a module so PyTorch is imported once) on
   - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
     modules and functions, to their kinds and attributes; a squeeze-and-
     excitation block's `scale * x` to Mul (and `x * 0.5` refused);
-    torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
+    torchvision's StochasticDepth and stochastic_depth to StochasticDepth
+    (p, mode), at p 0 or outside training to nothing; AdaptiveAvgPool2d
+    and adaptive_avg_pool2d to any output size (None entries: null);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -165,8 +167,23 @@ exported_nodes("SqueezeExcite", "4,5,5", "se.yaml", name_kind_inputs,
                 ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])],
                "squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
 exported_nodes("residual_drop_off", "4", "rd.yaml", name_kind_inputs,  # stochastic depth at p 0: the identity
-               [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])],
-               "torchvision's StochasticDepth at p 0 exports as the identity")
+               [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"]), ("add_1", "Add", ["add", "add"]),
+                ("add_2", "Add", ["add_1", "add_1"])],
+               "torchvision's StochasticDepth and stochastic_depth at p 0 export as the identity")
+exported_nodes("ResidualDrop", "4", "rdp.yaml",
+               lambda n: (n["name"], n["kind"], n["inputs"], n["attrs"].get("p"), n["attrs"].get("mode")),
+               [("fc", "Linear", ["input"], None, None), ("drop", "StochasticDepth", ["fc"], 0.2, "row"),
+                ("add", "Add", ["drop", "input"], None, None),
+                ("stochastic_depth", "StochasticDepth", ["add"], 0.3, "batch"),
+                ("add_1", "Add", ["stochastic_depth", "add"], None, None),
+                ("add_2", "Add", ["add_1", "add_1"], None, None)],
+               "torchvision's StochasticDepth (module) and stochastic_depth (function) export as StochasticDepth "
+               "with p and mode; outside training as the identity")
+exported_nodes("AdaptivePools", "4,2,2", "ap.yaml",
+               lambda n: (n["name"], n["kind"], n["attrs"].get("output_size")),
+               [("grow", "AdaptiveAvgPool2d", 7), ("keep_h", "AdaptiveAvgPool2d", [None, 3]),
+                ("adaptive_avg_pool2d", "AdaptiveAvgPool2d", [2, 5])],
+               "nn.AdaptiveAvgPool2d and F.adaptive_avg_pool2d to any size export with output_size (None: null)")
 exported_nodes("SpatialMean", "4,5,5", "mean.yaml", name_kind_inputs,
                [("mean", "AdaptiveAvgPool2d", ["input"]), ("mean_1", "AdaptiveAvgPool2d", ["input"]),
                 ("mean_1_flatten", "Flatten", ["mean_1"]), ("view", "Reshape", ["mean_1_flatten"]),
@@ -184,8 +201,7 @@ REFUSALS = [
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
     ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
-    ("ResidualDrop", "stochastic_depth.py:", "stochastic depth with p 0.2"),   # torchvision's line
-    ("MeanOverFeatures", "refused.py:112", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
+    ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

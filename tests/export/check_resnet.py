@@ -41,11 +41,17 @@ above against the module with dropout off.
     check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
 
 With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
-regnet_y_400mf), only those torchvision models, each both ways as
+regnet_y_400mf, ...), only those torchvision models, each both ways as
 mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
 a training forward or running statistics past the fixed tolerances pass
 when psd's error against float64 autograd is within 8x PyTorch
 float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
+efficientnet_b0 and efficientnet_v2_s with stochastic_depth_prob=0 and
+their classifier's dropout at 0 (tests/export/zoo_builders.py; psd draws
+its own masks);
+alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
+only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
+exporter refuses.
 """
 import copy
 import importlib.machinery
@@ -106,8 +112,9 @@ def free_port():
 def start_psd(name, model_line, extra):
     cfg = os.path.join(TMP, name + ".conf.yaml")
     with open(cfg, "w") as f:
+        # messages up to the client's 256 MiB: alexnet's gradients (GetGradients is one message) are 228 MB
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
-                "server:\n  consistency: hogwild\n" % (model_line, LR))
+                "server:\n  consistency: hogwild\n  max_message_mb: 256\n" % (model_line, LR))
     addr = "127.0.0.1:%d" % free_port()
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
@@ -273,17 +280,24 @@ def run(label, stub, model, x, target, ref64=False):
               "PyTorch's" % label)
 
 
-def both_paths(pe, name, x, target, ref64=False, **extra):
+def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
     """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
-    its training-mode ONNX export (opset 13), each checked by run(); returns the module."""
+    its training-mode ONNX export (opset 13; onnx False: a string, why not), each checked by run(); returns
+    the module."""
     import json
     import torchvision
     kwargs = dict(num_classes=10, **extra)
     y = os.path.join(TMP, name + ".yaml")
-    rc = pe.main([name, "--kwargs", json.dumps(kwargs), "--input-shape", "3,64,64", "--seed", "3", "-o", y])
+    sys.path.insert(0, os.path.join(ROOT, "tests", "export"))
+    import zoo_builders       # builders with dropout off where torchvision's take no argument for it
+    source, build = name, getattr(torchvision.models, name)
+    if hasattr(zoo_builders, name):
+        source, build = os.path.join(ROOT, "tests", "export", "zoo_builders.py") + ":" + name, \
+            getattr(zoo_builders, name)
+    rc = pe.main([source, "--kwargs", json.dumps(kwargs), "--input-shape", "3,64,64", "--seed", "3", "-o", y])
     check(rc == 0, "psd-export " + name)
     torch.manual_seed(3)
-    model = getattr(torchvision.models, name)(**kwargs)
+    model = build(**kwargs)
     with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -295,6 +309,9 @@ def both_paths(pe, name, x, target, ref64=False, **extra):
     run("%s psd-export" % name, stub, copy.deepcopy(model), x, target, ref64=ref64)
     p.kill()
 
+    if onnx is not True:
+        print("skipped: %s onnx training export: %s" % (name, onnx))
+        return model
     onnx_path = os.path.join(TMP, name + "_train.onnx")
     m2 = copy.deepcopy(model)
     m2.train()
@@ -324,10 +341,16 @@ def main():
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
         for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
-            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet")) else {}
+            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet",
+                                                         "alexnet")) else {}
             if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
                 extra.update(aux_logits=False, init_weights=False)
-            both_paths(pe, name, x, target, ref64=True, **extra)
+            if name.startswith("efficientnet"):   # stochastic depth off (its dropout: zoo_builders.py)
+                extra.update(stochastic_depth_prob=0.0)
+            onnx = True
+            if name == "alexnet":     # its 256x1x1 features pooled to 6x6: PyTorch exports factor sizes only
+                onnx = "PyTorch's exporter refuses adaptive_avg_pool2d to 6x6 from 1x1 (not a factor)"
+            both_paths(pe, name, x, target, ref64=name != "alexnet", onnx=onnx, **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module

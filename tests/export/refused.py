@@ -1,5 +1,5 @@
 """Modules psd-export must refuse, each for one reason (tests/it_export.sh
-checks the message names the culprit and its source line)."""
+checks the message names the culprit and its source line), and some it takes."""
 import torch
 import torch.nn as nn
 
@@ -87,19 +87,35 @@ class ScaleByConstant(nn.Module):      # a Mul by a number
         return x * 0.5                   # REFUSED_CONSTANT
 
 
-class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the identity at p 0, else refused
-    def __init__(self, p=0.2):
+from torchvision.ops import stochastic_depth  # noqa: E402 (here: the refusals' lines above stay put)
+
+
+class ResidualDrop(nn.Module):         # torchvision's stochastic depth, module and function: StochasticDepth,
+    def __init__(self, p=0.2):         # the identity at p 0 and outside training
         super().__init__()
         import torchvision.ops
         self.fc = nn.Linear(4, 4)
         self.drop = torchvision.ops.StochasticDepth(p, "row")
+        self.p = p
 
     def forward(self, x):
-        return self.drop(self.fc(x)) + x   # REFUSED_DEPTH
+        y = self.drop(self.fc(x)) + x
+        y = stochastic_depth(y, 0.3 if self.p else 0.0, "batch", self.training) + y
+        return stochastic_depth(y, 0.5, "row", False) + y
 
 
 def residual_drop_off():
     return ResidualDrop(0.0)
+
+
+class AdaptivePools(nn.Module):        # vgg's and alexnet's adaptive pools to more than 1x1, module and function
+    def __init__(self):
+        super().__init__()
+        self.grow = nn.AdaptiveAvgPool2d(7)
+        self.keep_h = nn.AdaptiveAvgPool2d((None, 3))
+
+    def forward(self, x):
+        return nn.functional.adaptive_avg_pool2d(self.keep_h(self.grow(x)), (2, 5))
 
 
 class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPool2d (+ Flatten)
