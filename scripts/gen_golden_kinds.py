@@ -208,6 +208,33 @@ CASES = [
                                            "{name: sd, kind: StochasticDepth, p: 0.3, mode: batch}"])),
     ("stochastic_depth_all", stage([2, 3], ["{name: t, kind: Tanh}",
                                             "{name: sd, kind: StochasticDepth, p: 1.0, mode: row}"])),
+    # Permute (convnext, swin): each sample's dims reordered (PyTorch's dims, the batch kept; negative ones),
+    # over 1 to 4 dims per sample
+    ("permute_2d", stage([3, 5], ["{name: p, kind: Permute, dims: [0, -1, 1]}"])),
+    ("permute_1d", stage([5], ["{name: p, kind: Permute, dims: [0, 1]}"])),
+    ("permute_4d", stage([2, 3, 4, 5], ["{name: p, kind: Permute, dims: [0, 3, 1, 4, 2]}"])),
+    # Scale: a learned tensor multiplied in, numpy's broadcast: (C,) over (H, W, C); (1, 1, 3, 1) over
+    # (N, 2, 3, 4) (a leading 1 facing the batch; outer and inner runs both)
+    ("scale_last", stage([2, 3, 4], ["{name: s, kind: Scale, shape: [4]}"])),
+    ("scale_mid", stage([2, 3, 4], ["{name: s, kind: Scale, shape: [1, 1, 3, 1], parameter: gamma}"])),
+    # convnext's CNBlock on 16 channels (blocked layouts around the plain Permute): depthwise 7x7,
+    # Permute([0, 2, 3, 1]), LayerNorm over C, Linear to 4C and back on the last dim, GELU, Permute([0, 3, 1, 2]),
+    # the layer scale (C, 1, 1) under its state_dict name 'features.1.0.layer_scale', the residual Add; then
+    # LayerNorm2d's permute, LayerNorm and permute back before a strided convolution (its downsampling)
+    ("cnblock", stage([16, 5, 5], [
+        "{name: features.1.0.block.0, kind: Conv2d, out_channels: 16, kernel_size: 7, padding: 3, groups: 16}",
+        "{name: features.1.0.block.1, kind: Permute, dims: [0, 2, 3, 1]}",
+        "{name: features.1.0.block.2, kind: LayerNorm, normalized_shape: 16, eps: 1.0e-6}",
+        "{name: features.1.0.block.3, kind: Linear, out_features: 64}",
+        "{name: features.1.0.block.4, kind: GELU}",
+        "{name: features.1.0.block.5, kind: Linear, out_features: 16}",
+        "{name: features.1.0.block.6, kind: Permute, dims: [0, 3, 1, 2]}",
+        "{name: features.1.0, kind: Scale, shape: [16, 1, 1], parameter: layer_scale}",
+        "{name: features.1.0.add, kind: Add, inputs: [features.1.0, input]}",
+        "{name: features.2.0.permute, kind: Permute, dims: [0, 2, 3, 1]}",
+        "{name: features.2.0, kind: LayerNorm, normalized_shape: 16, eps: 1.0e-6}",
+        "{name: features.2.0.permute_1, kind: Permute, dims: [0, 3, 1, 2]}",
+        "{name: features.2.1, kind: Conv2d, out_channels: 16, kernel_size: 2, stride: 2}"])),
 ]
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
@@ -337,6 +364,11 @@ def make_module(kind, a, shapes):
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
         return Broadcast(a["shape"], a.get("expand", a["shape"]))
+    if kind == "Permute":
+        dims = a["dims"]
+        return Lambda(lambda x: x.permute(dims))
+    if kind == "Scale":
+        return Scale(a["shape"], a.get("parameter", "weight"))
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))
@@ -353,6 +385,18 @@ class Broadcast(nn.Module):
 
     def forward(self, x):
         return self.weight.expand([x.shape[0]] + list(self.expand))
+
+
+class Scale(nn.Module):
+    """psd's Scale kind: x times a learned tensor of its own (named as the file says), broadcast."""
+
+    def __init__(self, shape, pname):
+        super().__init__()
+        self.pname = pname
+        self.register_parameter(pname, nn.Parameter(torch.randn(shape)))
+
+    def forward(self, x):
+        return getattr(self, self.pname) * x
 
 
 class Lambda(nn.Module):

@@ -20,7 +20,8 @@
  * Gather - their non-_expanded tests; and Clip (both bounds, a lower one
  * of 0) and HardSwish (its _expanded test is PyTorch's export below
  * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
- * tests. ONNX's HardSigmoid tests use other
+ * tests, Transpose (a Permute) and Mul (by its second input, an initializer
+ * here: a Scale). ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
@@ -50,7 +51,10 @@ static const char *const required_prefixes[] = {
     /* mobilenet_v2/v3's (ReLU6 and Hardtanh export as Clip) */
     "test_clip", "test_hardswish",
     /* squeezenet's and googlenet's */
-    "test_maxpool_2d_ceil", "test_averagepool_2d_ceil", NULL};
+    "test_maxpool_2d_ceil", "test_averagepool_2d_ceil",
+    /* convnext's permutes (Permute; those moving dim 0 read the whole input as one sample) and its layer
+     * scale (a Mul by an initializer: Scale; the tests' second input is one) */
+    "test_transpose_", "test_mul", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {
@@ -58,7 +62,7 @@ static const char *const not_required[] = {
     "test_batchnorm_example_training_mode", "test_add_uint8", "test_gather_elements", "test_gathernd",
     "test_averagepool_2d_pads_count_include_pad", "test_reshape_allowzero",
     /* int8; an upper bound alone; no bounds (the graph output is its input) */
-    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds", NULL};
+    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds", "test_mul_uint8", NULL};
 
 static int required(const char *name) {
     if (strstr(name, "_expanded")) return 0;

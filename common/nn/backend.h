@@ -211,6 +211,31 @@ typedef struct ps_softmax_desc {
     int log;
 } ps_softmax_desc;
 
+/* A permutation of each sample's dimensions (torch.permute with the batch
+ * fixed at dim 0): x holds n samples of ndim (1..PS_PERMUTE_MAX_DIMS)
+ * dims[] each, plain row-major; y's per-sample dimension k is x's
+ * dimension perm[k], so y (n, dims[perm[0]], ..., dims[perm[ndim-1]]) with
+ *   y[i][j_0]...[j_{ndim-1}] = x[i][k_0]...[k_{ndim-1}], k_{perm[m]} = j_m.
+ * The backward is the same op with the inverse permutation on y's dims
+ * (ps_permute_inverse). Plain layout only. */
+#define PS_PERMUTE_MAX_DIMS 4
+typedef struct ps_permute_desc {
+    int64_t n;
+    int ndim;
+    int64_t dims[PS_PERMUTE_MAX_DIMS];  /* x's per-sample dims */
+    int perm[PS_PERMUTE_MAX_DIMS];      /* a permutation of 0..ndim-1 */
+} ps_permute_desc;
+
+/* The permutation back: y's dims, perm's inverse (dx from dy). */
+static inline ps_permute_desc ps_permute_inverse(const ps_permute_desc *d) {
+    ps_permute_desc r = *d;
+    for (int k = 0; k < d->ndim; k++) {
+        r.dims[k] = d->dims[d->perm[k]];
+        r.perm[d->perm[k]] = k;
+    }
+    return r;
+}
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -567,6 +592,10 @@ typedef struct ps_backend_ops {
                                           ps_err *err);
     ps_status (*adaptive_avgpool_backward)(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
                                            ps_err *err);
+
+    /* ---- appended for convnext: y = x with each sample's dims permuted
+     * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
+    ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1139,6 +1139,20 @@ static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_er
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_fill(count, x, value, c->stream));
 }
 
+static ps_status cu_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
+    int64_t istr[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int k = d->ndim - 1; k >= 0; k--) {
+        istr[k] = per;
+        per *= d->dims[k];
+    }
+    for (int k = 0; k < d->ndim; k++) {
+        odim[k] = d->dims[d->perm[k]];
+        ostr[k] = istr[d->perm[k]];
+    }
+    if (d->n * per <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_permute(d->n, d->ndim, odim, ostr, x, y, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1188,4 +1202,5 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .fill = cu_fill,
     .adaptive_avgpool_forward = cu_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = cu_adaptive_avgpool_backward,
+    .permute = cu_permute,
 };

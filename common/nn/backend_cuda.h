@@ -162,6 +162,12 @@ cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, co
 cudaError_t ps_cuda_embedding_backward(int64_t n, int dim, const int64_t *slot, const float *dy,
                                        int64_t nrows, float *grows, cudaStream_t stream);
 
+/* y = x with each of n samples' ndim (1..4) dims permuted (ps_permute_desc
+ * of backend.h, which this header does not include): one thread per output
+ * element, its input offset from the strides in odims' order (istr). */
+cudaError_t ps_cuda_permute(int64_t n, int ndim, const int64_t *odims, const int64_t *istr, const float *x,
+                            float *y, cudaStream_t stream);
+
 /* x *= s. */
 cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream);
 

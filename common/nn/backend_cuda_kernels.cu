@@ -412,6 +412,24 @@ __global__ void mul_planes_kernel(int64_t planes, int64_t s, const float *x, con
         y[i] = __fmul_rn(x[i], mask[i / s]);
 }
 
+/* Dims and strides of a permute, by value (at most 4 per sample). */
+struct permute_geom {
+    int ndim;
+    int64_t per;                /* elements per sample */
+    int64_t odim[4], istr[4];
+};
+
+__global__ void permute_kernel(int64_t total, permute_geom g, const float *x, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t s = i / g.per, rest = i % g.per, off = 0;
+        for (int k = g.ndim - 1; k >= 0; k--) {
+            off += (rest % g.odim[k]) * g.istr[k];
+            rest /= g.odim[k];
+        }
+        y[i] = x[s * g.per + off];
+    }
+}
+
 __global__ void add2d_kernel(int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
                              int64_t dst_ld) {
     const int64_t n = rows * cols;
@@ -654,6 +672,22 @@ cudaError_t ps_cuda_adaptive_avgpool_backward(const ps_cuda_adaptive *p, const f
 cudaError_t ps_cuda_mul_planes(int64_t planes, int64_t s, const float *x, const float *mask, float *y,
                                cudaStream_t stream) {
     mul_planes_kernel<<<blocks_for(planes * s), kThreads, 0, stream>>>(planes, s, x, mask, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_permute(int64_t n, int ndim, const int64_t *odims, const int64_t *istr, const float *x,
+                            float *y, cudaStream_t stream) {
+    permute_geom g;
+    g.ndim = ndim;
+    g.per = 1;
+    for (int k = 0; k < 4; k++) {
+        g.odim[k] = k < ndim ? odims[k] : 1;
+        g.istr[k] = k < ndim ? istr[k] : 0;
+        if (k < ndim) g.per *= odims[k];
+    }
+    const int64_t total = n * g.per;
+    if (total <= 0) return cudaSuccess;
+    permute_kernel<<<blocks_for(total), kThreads, 0, stream>>>(total, g, x, y);
     return cudaGetLastError();
 }
 

@@ -787,6 +787,32 @@ static ps_status ref_fill(void *impl, int64_t count, float *x, float value, ps_e
     return PS_OK;
 }
 
+/* ---- permute: every output element in order, its input position by
+ * the input's strides taken in the output's dimension order ---- */
+
+static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    int64_t istride[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int k = d->ndim - 1; k >= 0; k--) {
+        istride[k] = per;
+        per *= d->dims[k];
+    }
+    for (int k = 0; k < d->ndim; k++) {
+        odim[k] = d->dims[d->perm[k]];
+        ostr[k] = istride[d->perm[k]];
+    }
+    for (int64_t i = 0; i < d->n; i++)
+        for (int64_t o = 0; o < per; o++) {
+            int64_t rest = o, off = 0;
+            for (int k = d->ndim - 1; k >= 0; k--) {
+                off += (rest % odim[k]) * ostr[k];
+                rest /= odim[k];
+            }
+            y[i * per + o] = x[i * per + off];
+        }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -834,4 +860,5 @@ const ps_backend_ops ps_backend_ref_ops = {
     .fill = ref_fill,
     .adaptive_avgpool_forward = ref_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = ref_adaptive_avgpool_backward,
+    .permute = ref_permute,
 };

@@ -103,7 +103,12 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         }
         return PS_OK;
     }
-    case PS_ATTR_DIMS: {
+    case PS_ATTR_NAME:
+        if (!vals[0]) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: no name given", sp->name);
+        *(const char **)(base + sp->off) = vals[0];   /* the definition's (or the table's) string */
+        return PS_OK;
+    case PS_ATTR_DIMS:
+    case PS_ATTR_BATCH_DIMS: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < nvals; i++) {
             if ((st = attr_number(ly, sp, vals[i], def, n, keys, values, &x, err))) return st;
@@ -1584,6 +1589,200 @@ static ps_status index_select_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Permute: torch.permute(x, dims) / torchvision's Permute(dims) -
+ * each sample's dimensions reordered, PyTorch's dims (the batch counted as
+ * 0, negatives from the end) with the batch kept at 0. Plain layout (flags
+ * 0: the executor reorders a blocked input first); the backward permutes
+ * the gradient back. ---- */
+
+/* "[0, 2, 3, 1]" of the dims as written. */
+static const char *perm_text(const ps_layer *ly, char *buf, size_t cap) {
+    return ps_dims_format_as(buf, cap, ly->a.perm, ly->a.nperm, "[", ", ", "]");
+}
+
+static ps_status permute_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_shape *in = &ly->in[0];
+    const int full = in->ndim + 1;
+    char b1[64], b2[64];
+    if (ly->a.nperm != full)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s has %d entries but the batched input %s has %d "
+                          "dimensions", perm_text(ly, b1, sizeof b1), ly->a.nperm,
+                          ps_dims_format_batch(b2, sizeof b2, in->dims, in->ndim), full);
+    int seen[PS_SHAPE_MAX_DIMS + 1] = {0}, perm[PS_SHAPE_MAX_DIMS + 1] = {0};
+    for (int k = 0; k < full; k++) {
+        int64_t d = ly->a.perm[k];
+        if (d < -full || d >= full)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s: %lld is not a dimension of the batched input "
+                              "(%d..%d)", perm_text(ly, b1, sizeof b1), (long long)d, -full, full - 1);
+        perm[k] = (int)(d < 0 ? d + full : d);
+        if (seen[perm[k]]++)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s is not a permutation: dimension %d appears "
+                              "twice", perm_text(ly, b1, sizeof b1), perm[k]);
+    }
+    if (perm[0] != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s moves the batch: dims[0] must be 0 (psd permutes "
+                          "each sample's dimensions)", perm_text(ly, b1, sizeof b1));
+    ly->outs.ndim = in->ndim;
+    for (int k = 0; k < in->ndim; k++) ly->outs.dims[k] = in->dims[perm[k + 1] - 1];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* The forward's permutation of n samples (a one-value sample: the identity on one dim). */
+static ps_permute_desc permute_desc(const ps_layer *ly, int n) {
+    ps_permute_desc d = {.n = n, .ndim = ly->in[0].ndim ? ly->in[0].ndim : 1};
+    const int full = ly->in[0].ndim + 1;
+    d.dims[0] = 1;
+    for (int k = 0; k < ly->in[0].ndim; k++) {
+        int64_t p = ly->a.perm[k + 1];
+        d.dims[k] = ly->in[0].dims[k];
+        d.perm[k] = (int)(p < 0 ? p + full : p) - 1;
+    }
+    return d;
+}
+
+static const char *permute_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->permute ? NULL : "permute";
+}
+
+static ps_status permute_forward(ps_layer_call *c, ps_err *err) {
+    ps_permute_desc d = permute_desc(c->ly, c->n);
+    return c->be->ops->permute(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status permute_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_permute_desc f = permute_desc(c->ly, c->n), d = ps_permute_inverse(&f);
+    return c->be->ops->permute(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* ---- Scale: x * p, a learned tensor p (`shape`; its state_dict suffix
+ * `parameter`, default weight) broadcast over each sample by numpy's rule:
+ * ConvNeXt's layer scale, `self.layer_scale * x` with layer_scale (C, 1, 1)
+ * on (C, H, W). Right-aligned with the sample (a leading 1 may face the
+ * batch), p's dims are 1s, then the sample's own, then 1s: the sample is
+ * (outer, q, inner) and p has q values. Plain layout. Forward: each row of
+ * a (n * outer, q) matrix of p's values (ones (n*outer, 1) times p^T, exact)
+ * multiplies an inner run (mul_channels); backward: dx the same way, dp
+ * the sum over samples, outer and inner of dy * x (products with vectors
+ * of ones). Param: ones. ---- */
+
+typedef struct scale_geom {
+    int64_t outer, q, inner;
+} scale_geom;
+
+/* The geometry; *ok 0 when p does not broadcast so. */
+static scale_geom scale_shape(const ps_layer *ly, int *ok) {
+    const ps_shape *in = &ly->in[0];
+    scale_geom g = {1, 1, 1};
+    int64_t p[PS_SHAPE_MAX_DIMS + 1];
+    int np = ly->a.ndims, nd = in->ndim;
+    *ok = np <= nd + 1 && (np <= nd || ly->a.dims[0] == 1);
+    if (!*ok) return g;
+    for (int k = 0; k < nd; k++) {   /* right-aligned, 1 where p has no dim */
+        int j = k - (nd - np);
+        p[k] = j >= 0 ? ly->a.dims[j] : 1;
+    }
+    int f = 0, l = nd - 1;
+    while (f < nd && p[f] == 1) f++;
+    while (l >= f && p[l] == 1) l--;
+    for (int k = 0; k < nd; k++) {
+        if (k >= f && k <= l && p[k] != in->dims[k]) *ok = 0;
+        if (k < f) g.outer *= in->dims[k];
+        else if (k <= l) g.q *= in->dims[k];
+        else g.inner *= in->dims[k];
+    }
+    if (f == nd) { g.inner = g.outer; g.outer = 1; }   /* one value: over the whole sample */
+    return g;
+}
+
+static ps_status scale_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int ok;
+    scale_shape(ly, &ok);
+    if (!ok) {
+        char b1[64], b2[64];
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape %s does not broadcast over the input %s as Scale "
+                          "takes it (right-aligned: 1s, then the input's own dimensions, then 1s, as (C, 1, 1) "
+                          "over (C, H, W))", ps_dims_format_as(b1, sizeof b1, ly->a.dims, ly->a.ndims, "[", ", ", "]"),
+                          ps_shape_format(&ly->in[0], b2, sizeof b2));
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    set_param(ly, 0, ly->a.pname, ly->a.ndims, ly->a.dims, 1, ONES);
+    return PS_OK;
+}
+
+static const char *scale_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->mul && ops->mul_channels && ops->linear_forward && ops->linear_backward && ops->fill
+               ? NULL : "mul/mul_channels/linear_forward/linear_backward/fill";
+}
+
+/* The (rows, q) matrix of p's values, one row per (sample, outer index), into *mask (and the ones into *ones). */
+static ps_status scale_rows(ps_layer_call *c, const scale_geom *g, float **mask, float **ones, ps_err *err) {
+    const int64_t rows = (int64_t)c->n * g->outer;
+    if (rows > INT32_MAX || g->q > INT32_MAX || g->inner > INT32_MAX || rows * g->q > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: Scale of %lld rows of %lld by %lld is too large",
+                          c->ly->name, (long long)rows, (long long)g->q, (long long)g->inner);
+    *mask = ps_backend_alloc_floats(c->be, rows * g->q);
+    *ones = ps_backend_alloc_floats(c->be, rows > g->inner ? rows : g->inner);
+    if (!*mask || !*ones) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+    ps_linear_desc ld = {(int)rows, 1, (int)g->q};
+    ps_status rc = c->be->ops->fill(c->be->impl, rows > g->inner ? rows : g->inner, *ones, 1.0f, err);
+    return rc ? rc : c->be->ops->linear_forward(c->be->impl, &ld, *ones, c->w[0], NULL, *mask, err);
+}
+
+static ps_status scale_forward(ps_layer_call *c, ps_err *err) {
+    int ok;
+    scale_geom g = scale_shape(c->ly, &ok);
+    float *mask = NULL, *ones = NULL;
+    ps_status rc = scale_rows(c, &g, &mask, &ones, err);
+    if (rc == PS_OK) {
+        ps_chan_desc d = {.n = (int)(c->n * g.outer), .c = (int)g.q, .s = g.inner, .layout = PS_LAYOUT_PLAIN};
+        rc = c->be->ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
+    }
+    ps_backend_release(c->be, mask);
+    ps_backend_release(c->be, ones);
+    return rc;
+}
+
+static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    int ok;
+    scale_geom g = scale_shape(c->ly, &ok);
+    const int64_t rows = (int64_t)c->n * g.outer, count = ps_layer_out_count(c->ly, c->n);
+    float *mask = NULL, *ones = NULL, *prod = NULL, *sums = NULL;
+    ps_status rc = scale_rows(c, &g, &mask, &ones, err);
+    if (rc == PS_OK && c->dx) {
+        ps_chan_desc d = {.n = (int)rows, .c = (int)g.q, .s = g.inner, .layout = PS_LAYOUT_PLAIN};
+        rc = ops->mul_channels(c->be->impl, &d, c->dy, mask, c->dx, err);
+    }
+    if (rc == PS_OK && c->dw[0]) {
+        prod = ps_backend_alloc_floats(c->be, count);
+        sums = g.inner > 1 ? ps_backend_alloc_floats(c->be, rows * g.q) : prod;
+        if (!prod || !sums) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        if (rc == PS_OK) rc = ops->mul(c->be->impl, count, c->dy, c->x, prod, err);
+        if (rc == PS_OK && g.inner > 1) {   /* (rows * q, inner) . ones (inner) */
+            ps_linear_desc ld = {(int)(rows * g.q), (int)g.inner, 1};
+            rc = ops->linear_forward(c->be->impl, &ld, prod, ones, NULL, sums, err);
+        }
+        if (rc == PS_OK) {   /* dp (q, 1) = sums (rows, q)^T . ones (rows, 1) */
+            ps_linear_desc ld = {(int)rows, 1, (int)g.q};
+            rc = ops->linear_backward(c->be->impl, &ld, ones, c->w[0], sums, NULL, c->dw[0], NULL, err);
+        }
+    }
+    if (sums != prod) ps_backend_release(c->be, sums);
+    ps_backend_release(c->be, prod);
+    ps_backend_release(c->be, mask);
+    ps_backend_release(c->be, ones);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -1716,6 +1915,15 @@ static const ps_attr_spec index_select_attrs[] = {
     {"index", PS_ATTR_DIMS, A(dims), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     ATTR_END,
 };
+static const ps_attr_spec permute_attrs[] = {
+    {"dims", PS_ATTR_BATCH_DIMS, A(perm), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nperm)},
+    ATTR_END,
+};
+static const ps_attr_spec scale_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -1778,6 +1986,10 @@ static const ps_layer_kind kinds[] = {
      zero_flops},
     {"IndexSelect", 0, 1, 1, index_select_attrs, index_select_infer, copy_fill_missing, index_select_forward,
      index_select_backward, NULL, NULL, zero_flops},
+    {"Permute", 0, 1, 1, permute_attrs, permute_infer, permute_missing, permute_forward, permute_backward, NULL,
+     NULL, zero_flops},
+    {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
+     NULL, NULL},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -1882,7 +2094,7 @@ static const struct {
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
-    {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL},
+    {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"Permute", NULL}, {"Scale", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -82,6 +82,10 @@ typedef struct ps_layer_attrs {
     int act;                    /* the activation of an activation kind (set by its infer) */
     int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
                                    its infer) */
+    int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
+    int64_t perm[PS_SHAPE_MAX_DIMS + 1];
+    const char *pname;          /* Scale parameter: the state_dict suffix of its tensor (the model
+                                   definition's string) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -97,6 +101,8 @@ typedef enum {
     PS_ATTR_BOOL,               /* int 0/1 */
     PS_ATTR_ENUM,               /* int: index into enums */
     PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */
+    PS_ATTR_BATCH_DIMS,         /* as DIMS over a batched tensor's dims: a list of 1..5 (int64_t[5]) */
+    PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {
@@ -107,7 +113,7 @@ typedef struct ps_attr_spec {
     double lo, hi;
     int lo_open, hi_open;
     const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
-    size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS: ndims */
+    size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS, BATCH_DIMS: ndims */
 } ps_attr_spec;
 
 /* Bounds the builder holds every shape to (anything larger is refused):

@@ -16,6 +16,11 @@ as a module so PyTorch is imported once) on
     torchvision's StochasticDepth and stochastic_depth to StochasticDepth
     (p, mode), at p 0 or outside training to nothing; AdaptiveAvgPool2d
     and adaptive_avg_pool2d to any output size (None entries: null);
+    convnext's pieces: x.permute / torch.permute to Permute (one moving the
+    batch refused), F.layer_norm of a module's weight and bias to that
+    module's LayerNorm, `self.layer_scale * x` to a Scale named by its
+    module with its weights under the state_dict names (the same parameter
+    multiplied in twice refused);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -195,6 +200,27 @@ exported_nodes("CeilPools", "2,9,9", "ceil.yaml",
                 ("max_pool2d", "MaxPool2d", True, None), ("avg_pool2d", "AvgPool2d", True, None)],
                "nn.MaxPool2d/AvgPool2d and F.max_pool2d/avg_pool2d with ceil_mode=True export with ceil_mode: true")
 
+exported_nodes("LayerScaled", "4,3,3", "ls.yaml",   # eps as a number (YAML 1.1 reads "1e-06" as a string)
+               lambda n: (n["name"], n["kind"], {k: float(v) if k == "eps" else v for k, v in n["attrs"].items()}),
+               [("conv", "Conv2d", {"out_channels": 4, "kernel_size": 3, "padding": 1, "groups": 4}),
+                ("permute", "Permute", {"dims": [0, 2, 3, 1]}), ("norm", "LayerNorm", {"normalized_shape": 4}),
+                ("fc", "Linear", {"out_features": 4}), ("permute_1", "Permute", {"dims": [0, -1, 1, 2]}),
+                ("block.permute", "Permute", {"dims": [0, 2, 3, 1]}),
+                ("block.ln", "LayerNorm", {"normalized_shape": 4, "eps": 1e-06}),
+                ("block.permute_1", "Permute", {"dims": [0, 3, 1, 2]}),
+                ("block", "Scale", {"shape": [4, 1, 1], "parameter": "layer_scale"}),
+                ("add", "Add", {})],
+               "x.permute / torch.permute export as Permute, F.layer_norm of a module's weight and bias as that "
+               "module's LayerNorm, `self.layer_scale * x` as Scale named by its module (block.layer_scale)")
+rc, msg = run([REF + ":LayerScaled", "--input-shape", "4,3,3", "-o", os.path.join(out, "ls.yaml")])
+w = read_safetensors(os.path.join(out, "ls.safetensors")) if rc == 0 else {}
+torch.manual_seed(0)
+want = set(__import__("refused").LayerScaled().state_dict())
+if set(w) != want:
+    failures.append(f"LayerScaled: weights hold {sorted(w)}, the state_dict {sorted(want)}")
+else:
+    print(f"ok: LayerScaled: weights file = the state_dict's names, block.layer_scale and block.ln.* among them")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
@@ -202,6 +228,8 @@ REFUSALS = [
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
     ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
     ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
+    ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
+    ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

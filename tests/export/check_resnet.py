@@ -26,6 +26,8 @@ For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
     relative to each tensor's largest value, the running statistics
     (running_mean, running_var) likewise of the module's after its training
     forward, and num_batches_tracked equal;
+  - psd's parameters and buffers after the step, in psd's shapes, load
+    into the module with load_state_dict(strict=True);
   - an eval Forward after the step equals the module's (rtol 1e-4).
 
 Then the model's eval export (BatchNorm folded into the convolutions,
@@ -41,8 +43,9 @@ above against the module with dropout off.
     check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
 
 With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
-regnet_y_400mf, ...), only those torchvision models, each both ways as
-mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
+regnet_y_400mf, ..., convnext_tiny with stochastic_depth_prob 0), only
+those torchvision models, each both ways as mobilenet_v2 above
+(mobilenets' dropout 0, gradients against float64;
 a training forward or running statistics past the fixed tolerances pass
 when psd's error against float64 autograd is within 8x PyTorch
 float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
@@ -53,6 +56,7 @@ alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
 """
+import collections
 import copy
 import importlib.machinery
 import importlib.util
@@ -112,7 +116,8 @@ def free_port():
 def start_psd(name, model_line, extra):
     cfg = os.path.join(TMP, name + ".conf.yaml")
     with open(cfg, "w") as f:
-        # messages up to the client's 256 MiB: alexnet's gradients (GetGradients is one message) are 228 MB
+        # messages up to the client's 256 MiB: alexnet's gradients (GetGradients is one message) are 228 MB,
+        # convnext_tiny's 111 MB
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
                 "server:\n  consistency: hogwild\n  max_message_mb: 256\n" % (model_line, LR))
     addr = "127.0.0.1:%d" % free_port()
@@ -252,6 +257,17 @@ def run(label, stub, model, x, target, ref64=False):
               "(worst %s: %.3g)" % (label, len(keys), kind, "w - lr * psd's gradient" if ref64 and kind == "weights"
                                     else "PyTorch's" + (" (or psd's error against float64 within 8x PyTorch "
                                                         "float32's)" if ref64 else ""), wname, worst))
+    # psd's tensors as they are (its shapes, not reshaped) load into the module strictly: a checkpoint's
+    # names and shapes are PyTorch's (convnext's layer_scale (C, 1, 1))
+    psd_sd = collections.OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in after.items())
+    psd_sd._metadata = model.state_dict()._metadata     # the modules' versions (mnasnet reads its own)
+    try:
+        copy.deepcopy(model).load_state_dict(psd_sd, strict=True)
+        loaded = ""
+    except Exception as e:                               # noqa: BLE001 - any refusal is the finding
+        loaded = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    check(not loaded, "%s: after the step, psd's parameters and buffers load into the module with "
+          "load_state_dict(strict=True) %s" % (label, loaded))
     counts = [k for k in sd if sd[k].dtype == np.int64]
     bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
     if counts:
@@ -345,7 +361,7 @@ def main():
                                                          "alexnet")) else {}
             if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
                 extra.update(aux_logits=False, init_weights=False)
-            if name.startswith("efficientnet"):   # stochastic depth off (its dropout: zoo_builders.py)
+            if name.startswith(("efficientnet", "convnext")):   # stochastic depth off (efficientnet's dropout: zoo_builders.py)
                 extra.update(stochastic_depth_prob=0.0)
             onnx = True
             if name == "alexnet":     # its 256x1x1 features pooled to 6x6: PyTorch exports factor sizes only

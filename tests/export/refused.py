@@ -137,3 +137,44 @@ class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode 
     def forward(self, x):
         F = nn.functional
         return F.avg_pool2d(F.max_pool2d(self.ap(self.mp(x)), 2, ceil_mode=True), 2, ceil_mode=True)
+
+
+class LayerScaled(nn.Module):          # convnext's block: permutes, F.layer_norm of a module's own weight
+    def __init__(self):                # and bias (torchvision's LayerNorm2d), a layer scale
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.norm = nn.LayerNorm(4)
+        self.fc = nn.Linear(4, 4)
+        self.block = Scaled()
+
+    def forward(self, x):
+        y = self.norm(self.conv(x).permute(0, 2, 3, 1))
+        y = torch.permute(self.fc(y), (0, -1, 1, 2))
+        return self.block(y) + x
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.layer_scale = nn.Parameter(torch.full((4, 1, 1), 0.5))
+
+    def forward(self, x):
+        x = nn.functional.layer_norm(x.permute(0, 2, 3, 1), self.ln.normalized_shape, self.ln.weight,
+                                     self.ln.bias, 1e-6).permute(0, 3, 1, 2)
+        return self.layer_scale * x
+
+
+class PermuteBatch(nn.Module):         # a permute moving the batch
+    def forward(self, x):
+        return x.permute(1, 0)           # REFUSED_PERMUTE
+
+
+class ScaleTwice(nn.Module):           # a parameter multiplied in at two sites
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Module()
+        self.inner.gamma = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.inner.gamma * (self.inner.gamma * x)   # REFUSED_SCALE_TWICE
