@@ -158,15 +158,17 @@ test-fit: deps
 # then mobilenet_v3_small (Hardswish, Hardsigmoid, squeeze-and-excitation's
 # Mul), regnet_x_400mf ('-' in its names), regnet_y_400mf (Sigmoid-gated
 # Mul), mnasnet0_5 (x.mean([2, 3])), squeezenet1_1 and googlenet (ceil_mode
-# pools), densenet121 (Concats of up to 25) and shufflenet_v2_x0_5 (chunk,
-# channel shuffle) trained one step through psd both ways against PyTorch
-# (~3.5 min).
+# pools), convnext_tiny (Permute, LayerNorm and Linear on the last dim, the
+# layer scale; stochastic depth off), densenet121 (Concats of up to 25) and
+# shufflenet_v2_x0_5 (chunk, channel shuffle) trained one step through psd
+# both ways against PyTorch (~4 min).
 ZOO_MODELS ?=
 test-zoo: deps
 	@$(MAKE) --no-print-directory all
 	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS) && \
 	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small regnet_x_400mf regnet_y_400mf \
-	    mnasnet0_5 squeezenet1_1 googlenet densenet121 shufflenet_v2_x0_5; \
+	    mnasnet0_5 squeezenet1_1 googlenet alexnet efficientnet_b0 efficientnet_v2_s convnext_tiny \
+	    densenet121 shufflenet_v2_x0_5; \
 	  rc=$$?; rm -rf $$d; exit $$rc
 
 # make test builds on every core unless the command line says how (-j N):

@@ -4,7 +4,12 @@
  * (batch norm: ncsp_bnorm on plain layouts, bnorm_jit / bnorm_ref on
  * blocked ones; layer norm: simple_layer_normalization). The point: show
  * the C kernels (chosen because oneDNN 2.6 has no JIT kernel for those
- * layouts on every ISA) are not a step's bottleneck.
+ * layouts on every ISA) are not a step's bottleneck. adaptive_half:
+ * AdaptiveAvgPool2d to half the size (uniform 2x2 bins) as the kind runs
+ * it (impl=avgpool: oneDNN's average pooling, in the layout it gets)
+ * against the adaptive C loops it runs for uneven bins (impl=adaptive_c;
+ * in a blocked network with the reorders the executor would add:
+ * adaptive_c+reorders).
  *
  * One machine-readable line per measurement, the median over R
  * repetitions of at least T seconds each, in microseconds per call
@@ -88,6 +93,7 @@ typedef struct bctx {
     ps_ln_desc ln;
     ps_softmax_desc sm;
     ps_act_desc act;
+    ps_adaptive_desc ad;
     void *ws;
 } bctx;
 
@@ -121,6 +127,25 @@ static void op_avgpool(void *p) {
     bctx *c = p;
     RUN(c, avgpool_forward, &c->pool, c->x, c->y);
     RUN(c, avgpool_backward, &c->pool, c->dy, c->dx);
+}
+
+static void op_adaptive(void *p) {
+    bctx *c = p;
+    RUN(c, adaptive_avgpool_forward, &c->ad, c->x, c->y);
+    RUN(c, adaptive_avgpool_backward, &c->ad, c->dy, c->dx);
+}
+
+/* The adaptive C loops in a blocked network: x and dy reordered to plain
+ * (into gamma, beta), y and dx back. */
+static void op_adaptive_reordered(void *p) {
+    bctx *c = p;
+    const ps_adaptive_desc *d = &c->ad;
+    RUN(c, reorder, d->n, d->c, d->h, d->w, c->x, PS_LAYOUT_BLOCKED, c->gamma, PS_LAYOUT_PLAIN);
+    RUN(c, adaptive_avgpool_forward, d, c->gamma, c->beta);
+    RUN(c, reorder, d->n, d->c, d->oh, d->ow, c->beta, PS_LAYOUT_PLAIN, c->y, PS_LAYOUT_BLOCKED);
+    RUN(c, reorder, d->n, d->c, d->oh, d->ow, c->dy, PS_LAYOUT_BLOCKED, c->beta, PS_LAYOUT_PLAIN);
+    RUN(c, adaptive_avgpool_backward, d, c->beta, c->gamma);
+    RUN(c, reorder, d->n, d->c, d->h, d->w, c->gamma, PS_LAYOUT_PLAIN, c->dx, PS_LAYOUT_BLOCKED);
 }
 
 static void op_ln(void *p) {
@@ -314,6 +339,14 @@ int main(int argc, char **argv) {
             c.pool = (ps_pool_desc){ .n = 32, .c = ch, .h = hw, .w = hw, .kh = hw, .kw = hw, .stride_h = 1,
                                      .stride_w = 1, .layout = layout, .count_include_pad = 1 };
             if (wanted("global_avgpool")) line("global_avgpool", lay, shape, "backend", time_us(op_avgpool, &c));
+            if (hw % 2 == 0 && wanted("adaptive_half")) {   /* AdaptiveAvgPool2d to hw / 2: uniform 2x2 bins */
+                c.pool = (ps_pool_desc){ .n = 32, .c = ch, .h = hw, .w = hw, .kh = 2, .kw = 2, .stride_h = 2,
+                                         .stride_w = 2, .layout = layout, .count_include_pad = 1 };
+                c.ad = (ps_adaptive_desc){ 32, ch, hw, hw, hw / 2, hw / 2 };
+                line("adaptive_half", lay, shape, "avgpool", time_us(op_avgpool, &c));
+                line("adaptive_half", lay, shape, layout ? "adaptive_c+reorders" : "adaptive_c",
+                     time_us(layout ? op_adaptive_reordered : op_adaptive, &c));
+            }
             if (wanted("dropout2d_mask")) line("dropout2d_mask", lay, shape, "backend", time_us(op_mask, &c));
             if (!layout) {
                 c.act = (ps_act_desc){ .kind = PS_ACT_GELU };

@@ -22,9 +22,11 @@ grad_input (float inputs), init.<P> and initbuf.<B> (the weights and
 buffers before; BatchNorm's are perturbed from PyTorch's ones/zeros so the
 affine gradients and the fold are tested), grad.<P>, final.<P>, buf.<B>,
 eval_out, and masks "C.mask<k>.<f>" (dropout node k in file order, forward
-f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout) or
-(N, C) (Dropout2d). Metadata: "cases" (comma-separated), "C.yaml" (the
-model file), "C.n" (batch), "C.forwards" (1 or 2).
+f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout),
+(N, C) (Dropout2d), (N) or (1) (StochasticDepth 'row' or 'batch': the
+noise torchvision.ops.stochastic_depth drew, recorded as it ran).
+Metadata: "cases" (comma-separated), "C.yaml" (the model file), "C.n"
+(batch), "C.forwards" (1 or 2).
 
 Randomness: torch.manual_seed(1000 + case index) before each case.
 """
@@ -35,6 +37,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision.ops
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -178,6 +181,60 @@ CASES = [
         "{name: p, kind: AvgPool2d, kernel_size: 3, stride: 2, padding: 1, count_include_pad: false, "
         "ceil_mode: true}",
         "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    # AdaptiveAvgPool2d to any size, PyTorch's bins: shrinking with uneven overlapping bins (7 -> 3, 5 -> 2),
+    # growing (vgg's 2x2 -> 7x7, alexnet's 1x1 -> 6x6), identity, a null entry (that side kept), uniform bins
+    # (an average pool, blocked on dnnl) and uneven ones between blocked convolutions (plain, reordered)
+    ("adaptive_uneven", stage([3, 7, 5], ["{name: p, kind: AdaptiveAvgPool2d, output_size: [3, 2]}"])),
+    ("adaptive_grow", stage([4, 2, 3], ["{name: p, kind: AdaptiveAvgPool2d, output_size: [7, 5]}"])),
+    ("adaptive_one_to_six", stage([5, 1, 1], ["{name: p, kind: AdaptiveAvgPool2d, output_size: 6}"])),
+    ("adaptive_identity", stage([3, 4, 5], ["{name: p, kind: AdaptiveAvgPool2d, output_size: [4, 5]}"])),
+    ("adaptive_null", stage([3, 4, 5], ["{name: p, kind: AdaptiveAvgPool2d, output_size: [null, 3]}"])),
+    ("adaptive_uniform_blocked", stage([3, 6, 4], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AdaptiveAvgPool2d, output_size: [3, 2]}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("adaptive_uneven_blocked", stage([3, 5, 5], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: p, kind: AdaptiveAvgPool2d, output_size: 7}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3}",
+        "{name: q, kind: AdaptiveAvgPool2d, output_size: [2, 3]}"])),
+    # StochasticDepth (torchvision.ops.stochastic_depth, its own draws recorded as the masks): per sample on
+    # a residual branch of blocked convolutions, once per batch, and p 1 (every sample dropped)
+    ("stochastic_depth_row", stage([16, 3, 3], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: sd, kind: StochasticDepth, p: 0.5, mode: row}",
+        "{name: sum, kind: Add, inputs: [sd, input]}"])),
+    ("stochastic_depth_batch", stage([5], ["{name: l, kind: Linear, out_features: 4}",
+                                           "{name: sd, kind: StochasticDepth, p: 0.3, mode: batch}"])),
+    ("stochastic_depth_all", stage([2, 3], ["{name: t, kind: Tanh}",
+                                            "{name: sd, kind: StochasticDepth, p: 1.0, mode: row}"])),
+    # Permute (convnext, swin): each sample's dims reordered (PyTorch's dims, the batch kept; negative ones),
+    # over 1 to 4 dims per sample
+    ("permute_2d", stage([3, 5], ["{name: p, kind: Permute, dims: [0, -1, 1]}"])),
+    ("permute_1d", stage([5], ["{name: p, kind: Permute, dims: [0, 1]}"])),
+    ("permute_4d", stage([2, 3, 4, 5], ["{name: p, kind: Permute, dims: [0, 3, 1, 4, 2]}"])),
+    # Scale: a learned tensor multiplied in, numpy's broadcast: (C,) over (H, W, C); (1, 1, 3, 1) over
+    # (N, 2, 3, 4) (a leading 1 facing the batch; outer and inner runs both)
+    ("scale_last", stage([2, 3, 4], ["{name: s, kind: Scale, shape: [4]}"])),
+    ("scale_mid", stage([2, 3, 4], ["{name: s, kind: Scale, shape: [1, 1, 3, 1], parameter: gamma}"])),
+    # convnext's CNBlock on 16 channels (blocked layouts around the plain Permute): depthwise 7x7,
+    # Permute([0, 2, 3, 1]), LayerNorm over C, Linear to 4C and back on the last dim, GELU, Permute([0, 3, 1, 2]),
+    # the layer scale (C, 1, 1) under its state_dict name 'features.1.0.layer_scale', the residual Add; then
+    # LayerNorm2d's permute, LayerNorm and permute back before a strided convolution (its downsampling)
+    ("cnblock", stage([16, 5, 5], [
+        "{name: features.1.0.block.0, kind: Conv2d, out_channels: 16, kernel_size: 7, padding: 3, groups: 16}",
+        "{name: features.1.0.block.1, kind: Permute, dims: [0, 2, 3, 1]}",
+        "{name: features.1.0.block.2, kind: LayerNorm, normalized_shape: 16, eps: 1.0e-6}",
+        "{name: features.1.0.block.3, kind: Linear, out_features: 64}",
+        "{name: features.1.0.block.4, kind: GELU}",
+        "{name: features.1.0.block.5, kind: Linear, out_features: 16}",
+        "{name: features.1.0.block.6, kind: Permute, dims: [0, 3, 1, 2]}",
+        "{name: features.1.0, kind: Scale, shape: [16, 1, 1], parameter: layer_scale}",
+        "{name: features.1.0.add, kind: Add, inputs: [features.1.0, input]}",
+        "{name: features.2.0.permute, kind: Permute, dims: [0, 2, 3, 1]}",
+        "{name: features.2.0, kind: LayerNorm, normalized_shape: 16, eps: 1.0e-6}",
+        "{name: features.2.0.permute_1, kind: Permute, dims: [0, 3, 1, 2]}",
+        "{name: features.2.1, kind: Conv2d, out_channels: 16, kernel_size: 2, stride: 2}"])),
     # many inputs (densenet joins up to 49): 30 of three values, plain (the stage input among them: the
     # blocked ones reordered, one reorder per input); 30 of blocked values into 480 blocked channels, the way a
     # dense block feeds BatchNorm and a convolution; 64 (the most a node takes) along the width; an Add of 20
@@ -238,6 +295,35 @@ class MaskDropout(nn.Module):
         return x * m
 
 
+class TorchvisionStochasticDepth(nn.Module):
+    """torchvision.ops.stochastic_depth itself (training mode), its noise
+    recorded as this forward's mask: the draws are redone from the same RNG
+    state as torchvision's own (its formula: bernoulli(1 - p) of shape
+    [N, 1, ...] for 'row', [1, ...] for 'batch', divided by 1 - p when it is
+    not 0) and checked to give torchvision's output."""
+
+    def __init__(self, p, mode):
+        super().__init__()
+        self.p, self.mode = p, mode
+        self.mask = None
+
+    def forward(self, x):
+        if not self.training:
+            return torchvision.ops.stochastic_depth(x, self.p, self.mode, False)
+        state = torch.get_rng_state()
+        y = torchvision.ops.stochastic_depth(x, self.p, self.mode, True)
+        after = torch.get_rng_state()
+        torch.set_rng_state(state)
+        size = [x.shape[0] if self.mode == "row" else 1] + [1] * (x.dim() - 1)
+        noise = torch.empty(size, dtype=x.dtype).bernoulli_(1 - self.p)
+        if self.p < 1:
+            noise.div_(1 - self.p)
+        assert torch.equal(torch.get_rng_state(), after), "torchvision drew otherwise"
+        assert torch.equal(y, x * noise), "torchvision's stochastic depth is not x * noise"
+        self.mask = noise.detach().flatten().clone()
+        return y
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -267,7 +353,8 @@ def make_module(kind, a, shapes):
                             padding=pair(a.get("padding", 0)), count_include_pad=a.get("count_include_pad", True),
                             ceil_mode=a.get("ceil_mode", False))
     if kind == "AdaptiveAvgPool2d":
-        return nn.AdaptiveAvgPool2d(a["output_size"])
+        o = a["output_size"]
+        return nn.AdaptiveAvgPool2d(tuple(o) if isinstance(o, list) else o)
     if kind == "Embedding":
         return nn.Embedding(a["num_embeddings"], a["embedding_dim"])
     if kind == "ReLU":
@@ -298,6 +385,8 @@ def make_module(kind, a, shapes):
         return MaskDropout(False)
     if kind == "Dropout2d":
         return MaskDropout(True)
+    if kind == "StochasticDepth":
+        return TorchvisionStochasticDepth(a["p"], a["mode"])
     if kind == "Flatten":
         return nn.Flatten(a.get("start_dim", 1), a.get("end_dim", -1))
     if kind == "Reshape":
@@ -312,6 +401,11 @@ def make_module(kind, a, shapes):
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
         return Broadcast(a["shape"], a.get("expand", a["shape"]))
+    if kind == "Permute":
+        dims = a["dims"]
+        return Lambda(lambda x: x.permute(dims))
+    if kind == "Scale":
+        return Scale(a["shape"], a.get("parameter", "weight"))
     if kind == "ChannelShuffle":   # torchvision's channel_shuffle (nn.ChannelShuffle's forward; 1.13 has no
         g = a["groups"]              # backward for that one)
         return Lambda(lambda x: x.view(x.shape[0], g, x.shape[1] // g, *x.shape[2:]).transpose(1, 2)
@@ -335,6 +429,18 @@ class Broadcast(nn.Module):
 
     def forward(self, x):
         return self.weight.expand([x.shape[0]] + list(self.expand))
+
+
+class Scale(nn.Module):
+    """psd's Scale kind: x times a learned tensor of its own (named as the file says), broadcast."""
+
+    def __init__(self, shape, pname):
+        super().__init__()
+        self.pname = pname
+        self.register_parameter(pname, nn.Parameter(torch.randn(shape)))
+
+    def forward(self, x):
+        return getattr(self, self.pname) * x
 
 
 class Lambda(nn.Module):
@@ -417,7 +523,7 @@ def case(idx, name, text):
     t = {}
     for k, v, buf in sd_items(net):
         t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
-    drops = [m for _, _, _, m in net.nodes if isinstance(m, MaskDropout)]
+    drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth))]
     opt = torch.optim.SGD(net.parameters(), lr=LR) if list(net.parameters()) else None
     net.train()
     xs = [x1, x2]
@@ -425,10 +531,12 @@ def case(idx, name, text):
         x = xs[f].clone()
         if not integer:
             x.requires_grad_(True)
-        for k, m in enumerate(drops):   # this forward's masks (every forward has the batch's shapes)
-            m.mask = (torch.rand(m.mask_shape) >= m.p).float() / (1 - m.p)
-            t["%s.mask%d.%d" % (name, k, f + 1)] = m.mask.clone()
+        for m in drops:   # this forward's masks (every forward has the batch's shapes)
+            if isinstance(m, MaskDropout):
+                m.mask = (torch.rand(m.mask_shape) >= m.p).float() / (1 - m.p)
         y = net(x)
+        for k, m in enumerate(drops):   # stochastic depth drew its own in the forward
+            t["%s.mask%d.%d" % (name, k, f + 1)] = m.mask.clone()
         go = torch.randn_like(y)
         t["%s.go%d" % (name, f + 1)] = go
         t["%s.x%d" % (name, f + 1)] = xs[f]

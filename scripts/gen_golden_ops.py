@@ -8,7 +8,8 @@ tests/test_nn_ops.c on the ref, dnnl and cuda backends.
 
 Each case is a name; the metadata entry "cases" lists them in order and the
 entry "<case>" describes one as "kind=K key=value ..." (kinds: conv,
-maxpool, avgpool, bn, ln, act, softmax, dropout2d, concat, add). Its tensors
+maxpool, avgpool, bn, ln, act, softmax, dropout2d, concat, add, adaptive:
+adaptive average pooling to oh x ow, PyTorch's uneven bins). Its tensors
 are "<case>.<name>", float32, row-major:
   inputs       x (and a, b for add/concat parts), w, b, gamma, beta,
                running_mean, running_var (BatchNorm's before the step),
@@ -331,6 +332,28 @@ def misc_cases(c):
     c.add("add_residual", desc("add", count=a.numel()), a=a, b=b, y=y, gy=gy, ga=a.grad, gb=b.grad)
 
 
+# ---- adaptive average pooling (AdaptiveAvgPool2d to any size) ---------------
+
+ADAPTIVE = [
+    # name, n, c, h, w, (oh, ow)
+    ("adapt_7x5_to_3x2", 2, 3, 7, 5, (3, 2)),        # shrinking, uneven overlapping bins
+    ("adapt_2x2_to_7x7", 2, 3, 2, 2, (7, 7)),        # vgg at 64x64: growing
+    ("adapt_1x1_to_6x6", 2, 4, 1, 1, (6, 6)),        # alexnet at 64x64: every bin the one element
+    ("adapt_13x13_to_6x6", 1, 3, 13, 13, (6, 6)),    # alexnet at 224x224
+    ("adapt_5x9_to_5x4", 2, 2, 5, 9, (5, 4)),        # one side the identity
+    ("adapt_6x4_to_3x2", 2, 3, 6, 4, (3, 2)),        # uniform bins (the kind runs these as avgpool)
+]
+
+
+def adaptive_cases(c):
+    for name, n, ch, h, w, o in ADAPTIVE:
+        x = rand(n, ch, h, w)
+        y = F.adaptive_avg_pool2d(x, o)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        c.add(name, desc("adaptive", n=n, c=ch, h=h, w=w, oh=o[0], ow=o[1]), x=x, y=y, gy=gy, gx=x.grad)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..', 'tests', 'golden')
     torch.manual_seed(SEED)
@@ -345,6 +368,8 @@ def main():
     misc_cases(c)
     torch.manual_seed(SEED + 1)
     hard_act_cases(c)
+    torch.manual_seed(SEED + 2)
+    adaptive_cases(c)
     meta = dict(c.meta)
     meta.update({"generator": "scripts/gen_golden_ops.py", "torch": torch.__version__, "cases": ",".join(c.names)})
     path = os.path.join(out, 'nn_ops.safetensors')

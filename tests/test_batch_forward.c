@@ -21,7 +21,8 @@
  * contexts: one context's parameter gradient leaking into another's fails
  * the comparison). A retried Backward is answered as without batching.
  * Also a run of stages short of the model (mnist_cnn's conv),
- * int64 ids with a row-sparse gradient (rnn_lm's emb), a group whose one
+ * int64 ids with a row-sparse gradient (rnn_lm's emb), convnext's Permute
+ * and Scale (layer scale) kinds in a residual block, a group whose one
  * member is refused (only it gets the error; the others are answered as
  * unbatched), that a model with BatchNorm is never combined, and on a
  * CUDA device (when there is one; else "cuda: skipped") mnist_cnn on
@@ -38,6 +39,7 @@
 #include "ps_client.h"
 #include "rpc_server.h"
 #include "service.h"
+#include "support/tmpdir.h"
 
 #define MAXMSG (64 << 20)
 #define K 3
@@ -405,8 +407,33 @@ static void group_refused(void) {
     ps_model_free(m);
 }
 
+/* convnext's per-sample kinds: Permute (to and from the channels-last layout, Linear on the last dim
+ * between) and Scale (its layer scale) in a residual block, written to a temporary file. */
+static void run_convnext_kinds(void) {
+    char dir[] = "/tmp/ps-test-batch-forward.XXXXXX", path[64];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    snprintf(path, sizeof path, "%s/cn.yaml", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("name: cn\nstages:\n  - name: main\n    input: {shape: [4, 3, 3]}\n    nodes:\n"
+          "      - {name: stem, kind: Conv2d, out_channels: 8, kernel_size: 1}\n"
+          "      - {name: blk.p, kind: Permute, dims: [0, 2, 3, 1]}\n"
+          "      - {name: blk.fc, kind: Linear, out_features: 8}\n"
+          "      - {name: blk.q, kind: Permute, dims: [0, 3, 1, 2]}\n"
+          "      - {name: blk, kind: Scale, shape: [8, 1, 1], parameter: layer_scale, init: {layer_scale: \"normal(0, 1)\"}}\n"
+          "      - {name: add, kind: Add, inputs: [blk, stem]}\n"
+          "      - {name: flat, kind: Flatten}\n"
+          "      - {name: fc, kind: Linear, out_features: 10}\n", f);
+    fclose(f);
+    run_model(path, NULL, NULL, "ref", 1e-6);
+    run_model(path, NULL, NULL, "dnnl", 1e-5);
+    test_rmtree(dir);
+}
+
 int main(void) {
     grpc_init();
+    run_convnext_kinds();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

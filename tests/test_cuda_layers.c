@@ -3,7 +3,8 @@
  *  - conv (stride, padding, non-square kernels; dx NULL), linear, ReLU
  *    (in place too), max-pool with and without ties, log-softmax, dropout's
  *    mul, add, SGD (momentum, weight decay), Adam and the row-sparse
- *    updates (sgd_update_rows, adam_update_rows), bit for bit;
+ *    updates (sgd_update_rows, adam_update_rows), permute and its inverse,
+ *    bit for bit;
  *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
  *  - two threads running conv on one backend match a sequential run;
  *  - copy_from_peer between two backends, peer path and the pinned-host
@@ -374,6 +375,28 @@ static void cmp_new_ops(ps_backend *ref, ps_backend *cu, rng *r) {
         }
         check_array("scale", res[1], res[0], (size_t)n, 0, 0);
         free(res[0]); free(res[1]); free(x);
+    }
+    {   /* permute (convnext's NCHW <-> NHWC, and a 4-D sample) and its inverse: copies, bit for bit */
+        const ps_permute_desc ds[2] = { { 3, 3, { 16, 5, 7 }, { 1, 2, 0 } }, { 2, 4, { 2, 3, 4, 5 }, { 2, 0, 3, 1 } } };
+        for (int t = 0; t < 2; t++) {
+            const ps_permute_desc d = ds[t], inv = ps_permute_inverse(&d);
+            int64_t n = d.n;
+            for (int k = 0; k < d.ndim; k++) n *= d.dims[k];
+            float *x = host_random((size_t)n, r), *res[2][2];
+            for (int k = 0; k < 2; k++) {
+                float *X = up(bs[k], x, (size_t)n), *Y = up(bs[k], NULL, (size_t)n), *B = up(bs[k], NULL, (size_t)n);
+                OK(bs[k]->ops->permute(bs[k]->impl, &d, X, Y, &e_));
+                OK(bs[k]->ops->permute(bs[k]->impl, &inv, Y, B, &e_));
+                res[k][0] = down(bs[k], Y, (size_t)n); res[k][1] = down(bs[k], B, (size_t)n);
+                ps_backend_release(bs[k], X);
+            }
+            snprintf(what, sizeof what, "permute %d y", t);
+            check_array(what, res[1][0], res[0][0], (size_t)n, 0, 0);
+            snprintf(what, sizeof what, "permute %d back", t);
+            check_array(what, res[1][1], x, (size_t)n, 0, 0);
+            for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+            free(x);
+        }
     }
 }
 

@@ -7,7 +7,10 @@
  *    nothing reads, a stage cut with several live tensors (naming them),
  *    anchors/aliases, bad sizes and init specs; and, when the model is
  *    built, shape mismatches (Add of two shapes, a Linear whose in_features
- *    disagree with its input, a kernel larger than its input);
+ *    disagree with its input, a kernel larger than its input), Permute dims
+ *    that are not a permutation of the batched input's keeping the batch
+ *    at 0, Scale shapes that do not broadcast and parameter names that are
+ *    not words;
  *  - a valid DAG builds: shapes, parameter names (module paths, '-' in a
  *    segment as torchvision's regnet 'block1-0'), the stage
  *    input read by two nodes, file order kept where it is topological;
@@ -176,6 +179,43 @@ static void test_errors(void) {
                "node 'a' (Conv2d)", "it takes 3 dimensions of float32");
     expect_err("range.yaml", HEAD "      - {name: a, kind: Dropout, p: 1}\n", 1, 6, "node 'a' (Dropout)",
                "p: 1 is outside [0, 1)");
+    expect_err("sd_p.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 1.5, mode: row}\n", 1, 6,
+               "node 'a' (StochasticDepth)", "p: 1.5 is outside [0, 1]");
+    expect_err("sd_mode.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 0.2, mode: rows}\n", 0, 6,
+               "node 'a' (StochasticDepth): mode: 'rows' is not one of 'row', 'batch'", NULL);
+    expect_err("adaptive_list.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [2, 4, 4]}\n    nodes:\n"
+               "      - {name: p, kind: AdaptiveAvgPool2d, output_size: [null]}\n",
+               0, 6, "node 'p' (AdaptiveAvgPool2d): output_size: a list of 2 values, got 1", NULL);
+    expect_err("adaptive_zero.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [2, 4, 4]}\n    nodes:\n"
+               "      - {name: p, kind: AdaptiveAvgPool2d, output_size: [0, 3]}\n",
+               1, 6, "node 'p' (AdaptiveAvgPool2d)", "output_size: 0 is outside [1, 65536]");
+    /* Permute: PyTorch's dims of the batched input, a permutation keeping the batch at 0 (test_kinds runs
+     * the valid ones against PyTorch) */
+#define HEAD3 "name: t\nstages:\n  - name: s\n    input: {shape: [2, 3, 4]}\n    nodes:\n"
+    expect_err("perm_count.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 2, 1]}\n", 1, 6,
+               "node 'p' (Permute)", "dims [0, 2, 1] has 3 entries but the batched input (N, 2, 3, 4) has 4 dimensions");
+    expect_err("perm_twice.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 2, -2, 1]}\n", 1, 6,
+               "node 'p' (Permute)", "dims [0, 2, -2, 1] is not a permutation: dimension 2 appears twice");
+    expect_err("perm_range.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 1, 4, 2]}\n", 1, 6,
+               "node 'p' (Permute)", "4 is not a dimension of the batched input (-4..3)");
+    expect_err("perm_batch.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [1, 0, 2, 3]}\n", 1, 6,
+               "node 'p' (Permute)", "dims [1, 0, 2, 3] moves the batch: dims[0] must be 0");
+    expect_err("perm_long.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 1, 2, 3, 4, 5]}\n", 0, 6,
+               "node 'p' (Permute): dims: a list of 5 values at most, got 6", NULL);
+    expect_err("perm_attr.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 1, 5, 2]}\n", 1, 6,
+               "node 'p' (Permute)", "dims: 5 is outside [-5, 4]");
+    /* Scale: a learned tensor broadcast as (C, 1, 1) over (C, H, W); its state_dict suffix a word */
+    expect_err("scale_shape.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 1, 4]}\n", 1, 6,
+               "node 's' (Scale)", "shape [2, 1, 4] does not broadcast over the input (2, 3, 4) as Scale takes it");
+    expect_err("scale_size.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [4, 1]}\n", 1, 6,
+               "node 's' (Scale)", "shape [4, 1] does not broadcast");
+    expect_err("scale_batch.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 2, 1, 1]}\n", 1, 6,
+               "node 's' (Scale)", "does not broadcast");
+    expect_err("scale_name.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 1, 1], parameter: a.b}\n", 0, 6,
+               "node 's' (Scale): parameter: 'a.b' is not a name of 1 to 64 letters, digits and _", NULL);
+#undef HEAD3
 }
 
 static void test_shipped(void) {

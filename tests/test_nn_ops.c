@@ -1,7 +1,8 @@
 /* test_nn_ops.c - the backend ops issue 18 added (common/nn/backend.h:
  * general conv2d, max/avg pooling with padding, batch and layer
  * normalisation, activations, softmax over a dimension, channel masks,
- * strided copies, add_out, fill), on every backend, against PyTorch.
+ * strided copies, add_out, fill) and adaptive average pooling's uneven
+ * bins, on every backend, against PyTorch.
  *
  *  1. Golden: tests/golden/nn_ops.safetensors (scripts/gen_golden_ops.py,
  *     PyTorch 1.13 autograd) holds, per case, the inputs, parameters,
@@ -487,6 +488,23 @@ static void run_dropout2d(ps_backend *b, const gcase *c, io *v, const run_opts *
     ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, MK);
 }
 
+/* Adaptive average pooling (plain layout only). */
+static void run_adaptive(ps_backend *b, const gcase *c, io *v, const run_opts *o) {
+    const ps_adaptive_desc d = { (int)attr_i(c, "n"), (int)attr_i(c, "c"), (int)attr_i(c, "h"), (int)attr_i(c, "w"),
+                                 (int)attr_i(c, "oh"), (int)attr_i(c, "ow") };
+    const size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow;
+    float *X = dev_from(b, in_get(v, "x"), nx), *Y = dev_from(b, NULL, ny);
+    RUN(b, adaptive_avgpool_forward, &d, X, Y);
+    vec_out(b, v, "y", Y, ny);
+    if (!o->fwd_only) {
+        float *DY = dev_from(b, in_get(v, "gy"), ny), *DX = dev_from(b, NULL, nx);
+        RUN(b, adaptive_avgpool_backward, &d, DY, DX);
+        vec_out(b, v, "gx", DX, nx);
+        ps_backend_release(b, DY); ps_backend_release(b, DX);
+    }
+    ps_backend_release(b, X); ps_backend_release(b, Y);
+}
+
 /* torch.cat([a, b], dim) with copy2d; backward splits gy the same way:
  * ga by accumulating onto a filled 0 (fill + accumulate), gb by copying. */
 static void run_concat(ps_backend *b, const gcase *c, io *v, const run_opts *o) {
@@ -559,6 +577,7 @@ static const kind_row kKinds[] = {
     { "dropout2d", run_dropout2d, 1, 0 },
     { "concat", run_concat, 1, 0 },
     { "add", run_add, 0, 0 },
+    { "adaptive", run_adaptive, 0, 0 },
 };
 
 static const kind_row *kind_of(const gcase *c) {
@@ -814,9 +833,10 @@ static void check_table(const ps_backend_ops *o) {
                           (const void *)o->layernorm_backward, (const void *)o->act_forward,
                           (const void *)o->act_backward, (const void *)o->softmax_dim_forward,
                           (const void *)o->softmax_dim_backward, (const void *)o->mul_channels,
-                          (const void *)o->copy2d, (const void *)o->add_out, (const void *)o->fill };
+                          (const void *)o->copy2d, (const void *)o->add_out, (const void *)o->fill,
+                          (const void *)o->adaptive_avgpool_forward, (const void *)o->adaptive_avgpool_backward };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        CHECK_MSG(ops[i] != NULL, "backend %s lacks op %zu of issue 18", o->name, i);
+        CHECK_MSG(ops[i] != NULL, "backend %s lacks op %zu of issue 18 (or adaptive pooling's)", o->name, i);
 }
 
 /* ---- 3. dnnl, one child per ISA ---- */

@@ -20,7 +20,8 @@
  * Gather - their non-_expanded tests; and Clip (both bounds, a lower one
  * of 0) and HardSwish (its _expanded test is PyTorch's export below
  * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
- * tests. ONNX's HardSigmoid tests use other
+ * tests, Transpose (a Permute) and Mul (by its second input, an initializer
+ * here: a Scale). ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
@@ -51,7 +52,10 @@ static const char *const required_prefixes[] = {
     "test_clip", "test_hardswish",
     /* squeezenet's and googlenet's */
     "test_maxpool_2d_ceil", "test_averagepool_2d_ceil",
-    /* shufflenet's x.chunk: a Slice along one axis (clamped ends, a negative start) */
+    /* convnext's permutes (Permute; those moving dim 0 read the whole input as one sample) and its layer
+     * scale (a Mul by an initializer: Scale; the tests' second input is one) */
+    "test_transpose_", "test_mul",
+    /* shufflenet's x.chunk: a Slice along one axis (clamped ends, a negative end) */
     "test_slice_end_out_of_bounds", "test_slice_neg", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
@@ -60,7 +64,7 @@ static const char *const not_required[] = {
     "test_batchnorm_example_training_mode", "test_add_uint8", "test_gather_elements", "test_gathernd",
     "test_averagepool_2d_pads_count_include_pad", "test_reshape_allowzero",
     /* int8; an upper bound alone; no bounds (the graph output is its input) */
-    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds",
+    "test_clip_default_int8", "test_clip_default_max", "test_clip_default_inbounds", "test_mul_uint8",
     /* a Slice with step -1 */
     "test_slice_neg_steps", NULL};
 

@@ -160,6 +160,24 @@ static inline int ps_pool_ceil_extra(const ps_pool_desc *d) {
            ps_pool_extra_dim(r.w, r.kw, r.stride_w, r.pad_w, r.ceil_mode);
 }
 
+/* Adaptive average pooling (nn.AdaptiveAvgPool2d to (oh, ow)) where the
+ * bins are not one average pool's windows: output (i, j) of each plane
+ * averages input rows [ps_adaptive_start(i, h, oh), ps_adaptive_end(i, h,
+ * oh)) and the columns likewise - PyTorch's bins, uneven and overlapping
+ * where oh does not divide h, each input row repeated where oh > h. Plain
+ * layout: x (n, c, h, w), y (n, c, oh, ow). (Where oh divides h and ow
+ * divides w the bins are average pooling's windows, kernel = stride =
+ * h / oh, and the layer kind uses avgpool_forward.) */
+typedef struct ps_adaptive_desc {
+    int n, c, h, w, oh, ow;
+} ps_adaptive_desc;
+
+/* PyTorch's start_index / end_index: floor(i * in / out), ceil((i + 1) * in / out). */
+static inline int ps_adaptive_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
+static inline int ps_adaptive_end(int i, int in, int out) {
+    return (int)((((int64_t)i + 1) * in + out - 1) / out);
+}
+
 /* A per-channel view of an activation for batch normalisation and channel
  * masks: n samples, c channels, s elements per (sample, channel) - H*W for
  * (N, C, H, W), L for (N, C, L), 1 for (N, C). Element (i, j, p) of a plain
@@ -192,6 +210,31 @@ typedef struct ps_softmax_desc {
     int64_t inner;
     int log;
 } ps_softmax_desc;
+
+/* A permutation of each sample's dimensions (torch.permute with the batch
+ * fixed at dim 0): x holds n samples of ndim (1..PS_PERMUTE_MAX_DIMS)
+ * dims[] each, plain row-major; y's per-sample dimension k is x's
+ * dimension perm[k], so y (n, dims[perm[0]], ..., dims[perm[ndim-1]]) with
+ *   y[i][j_0]...[j_{ndim-1}] = x[i][k_0]...[k_{ndim-1}], k_{perm[m]} = j_m.
+ * The backward is the same op with the inverse permutation on y's dims
+ * (ps_permute_inverse). Plain layout only. */
+#define PS_PERMUTE_MAX_DIMS 4
+typedef struct ps_permute_desc {
+    int64_t n;
+    int ndim;
+    int64_t dims[PS_PERMUTE_MAX_DIMS];  /* x's per-sample dims */
+    int perm[PS_PERMUTE_MAX_DIMS];      /* a permutation of 0..ndim-1 */
+} ps_permute_desc;
+
+/* The permutation back: y's dims, perm's inverse (dx from dy). */
+static inline ps_permute_desc ps_permute_inverse(const ps_permute_desc *d) {
+    ps_permute_desc r = *d;
+    for (int k = 0; k < d->ndim; k++) {
+        r.dims[k] = d->dims[d->perm[k]];
+        r.perm[d->perm[k]] = k;
+    }
+    return r;
+}
 
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
@@ -539,6 +582,20 @@ typedef struct ps_backend_ops {
     ps_status (*add_out)(void *impl, int64_t count, const float *a, const float *b, float *y, ps_err *err);
     /* x[i] = value for i < count (zeroing gradient buffers on the device). */
     ps_status (*fill)(void *impl, int64_t count, float *x, float value, ps_err *err);
+
+    /* ---- appended for AdaptiveAvgPool2d to any size (vgg, alexnet) ---- */
+
+    /* Adaptive average pooling with PyTorch's bins (ps_adaptive_desc; plain
+     * layout): y (n,c,oh,ow) from x; dx (n,c,h,w) from dy, each input
+     * element the sum of dy / bin area over the bins that hold it. */
+    ps_status (*adaptive_avgpool_forward)(void *impl, const ps_adaptive_desc *d, const float *x, float *y,
+                                          ps_err *err);
+    ps_status (*adaptive_avgpool_backward)(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
+                                           ps_err *err);
+
+    /* ---- appended for convnext: y = x with each sample's dims permuted
+     * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
+    ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1095,6 +1095,21 @@ static ps_status cu_mul_channels(void *impl, const ps_chan_desc *d, const float 
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_mul_planes((int64_t)d->n * d->c, d->s, x, mask, y, c->stream));
 }
 
+/* Adaptive average pooling's uneven bins (ps_adaptive_desc). */
+static ps_status cu_adaptive_avgpool_forward(void *impl, const ps_adaptive_desc *d, const float *x, float *y,
+                                             ps_err *err) {
+    const ps_cuda_adaptive p = { d->n * d->c, d->h, d->w, d->oh, d->ow };
+    if ((int64_t)p.planes * p.oh * p.ow <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_adaptive_avgpool_forward(&p, x, y, c->stream));
+}
+
+static ps_status cu_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
+                                              ps_err *err) {
+    const ps_cuda_adaptive p = { d->n * d->c, d->h, d->w, d->oh, d->ow };
+    if ((int64_t)p.planes * p.h * p.w <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_adaptive_avgpool_backward(&p, dy, dx, c->stream));
+}
+
 static ps_status cu_copy2d(void *impl, int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
                            int64_t dst_ld, int accumulate, ps_err *err) {
     cuda_impl *im = impl;
@@ -1122,6 +1137,20 @@ static ps_status cu_add_out(void *impl, int64_t count, const float *a, const flo
 static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
     if (count <= 0) return PS_OK;
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_fill(count, x, value, c->stream));
+}
+
+static ps_status cu_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
+    int64_t istr[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int k = d->ndim - 1; k >= 0; k--) {
+        istr[k] = per;
+        per *= d->dims[k];
+    }
+    for (int k = 0; k < d->ndim; k++) {
+        odim[k] = d->dims[d->perm[k]];
+        ostr[k] = istr[d->perm[k]];
+    }
+    if (d->n * per <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_permute(d->n, d->ndim, odim, ostr, x, y, c->stream));
 }
 
 const ps_backend_ops ps_backend_cuda_ops = {
@@ -1171,4 +1200,7 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .copy2d = cu_copy2d,
     .add_out = cu_add_out,
     .fill = cu_fill,
+    .adaptive_avgpool_forward = cu_adaptive_avgpool_forward,
+    .adaptive_avgpool_backward = cu_adaptive_avgpool_backward,
+    .permute = cu_permute,
 };

@@ -56,6 +56,18 @@ cudaError_t ps_cuda_maxpool_backward(const ps_cuda_pool *p, const int32_t *idx, 
 cudaError_t ps_cuda_avgpool_forward(const ps_cuda_pool *p, const float *x, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_avgpool_backward(const ps_cuda_pool *p, const float *dy, float *dx, cudaStream_t stream);
 
+/* Adaptive average pooling with PyTorch's bins (backend.h ps_adaptive_desc;
+ * planes = n * c). The backward gathers, per input element, dy / area of
+ * every bin holding it in ascending output order. */
+typedef struct ps_cuda_adaptive {
+    int planes, h, w, oh, ow;
+} ps_cuda_adaptive;
+
+cudaError_t ps_cuda_adaptive_avgpool_forward(const ps_cuda_adaptive *p, const float *x, float *y,
+                                             cudaStream_t stream);
+cudaError_t ps_cuda_adaptive_avgpool_backward(const ps_cuda_adaptive *p, const float *dy, float *dx,
+                                              cudaStream_t stream);
+
 /* Batch normalisation over (n, c, s), plain layout (ps_chan_desc; the
  * formulas of backend.h). One block per channel, sums in double. gamma
  * and beta NULL without affine; var_unbiased may be NULL. */
@@ -149,6 +161,12 @@ cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, co
 /* grows (nrows, dim) = 0, then grows[slot[i]] += dy[i], summed in sample order. */
 cudaError_t ps_cuda_embedding_backward(int64_t n, int dim, const int64_t *slot, const float *dy,
                                        int64_t nrows, float *grows, cudaStream_t stream);
+
+/* y = x with each of n samples' ndim (1..4) dims permuted (ps_permute_desc
+ * of backend.h, which this header does not include): one thread per output
+ * element, its input offset from the strides in odims' order (istr). */
+cudaError_t ps_cuda_permute(int64_t n, int ndim, const int64_t *odims, const int64_t *istr, const float *x,
+                            float *y, cudaStream_t stream);
 
 /* x *= s. */
 cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream);

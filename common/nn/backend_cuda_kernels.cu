@@ -354,10 +354,80 @@ __global__ void act_backward_kernel(int kind, float alpha, float beta, int64_t n
         dx[i] = act_df(kind, alpha, beta, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
 }
 
+/* Adaptive average pooling's bins (backend.h ps_adaptive_desc: PyTorch's
+ * start_index / end_index). */
+__device__ int adaptive_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
+__device__ int adaptive_end(int i, int in, int out) { return (int)((((int64_t)i + 1) * in + out - 1) / out); }
+
+__global__ void adaptive_avgpool_forward_kernel(ps_cuda_adaptive p, const float *x, float *y) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)((i / p.ow) % p.oh);
+        const float *xp = x + (i / ((int64_t)p.oh * p.ow)) * p.h * p.w;
+        const int y0 = adaptive_start(oy, p.h, p.oh), y1 = adaptive_end(oy, p.h, p.oh);
+        const int x0 = adaptive_start(ox, p.w, p.ow), x1 = adaptive_end(ox, p.w, p.ow);
+        float acc = 0.0f;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) acc = __fadd_rn(acc, xp[iy * p.w + ix]);
+        y[i] = __fdiv_rn(acc, (float)((y1 - y0) * (x1 - x0)));
+    }
+}
+
+/* The outputs whose bins hold input index i of an axis in -> out: a
+ * superset by arithmetic, then each checked against its own bin. */
+__device__ void adaptive_covering(int i, int in, int out, int *o0, int *o1) {
+    *o0 = max(adaptive_start(i, out, in) - 1, 0);
+    *o1 = min(adaptive_end(i, out, in), out - 1);
+}
+
+/* One thread per input element, gathering dy / area over the bins that
+ * hold it, in ascending output order. */
+__global__ void adaptive_avgpool_backward_kernel(ps_cuda_adaptive p, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.h * p.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ix = (int)(i % p.w), iy = (int)((i / p.w) % p.h);
+        const int64_t pl = i / ((int64_t)p.h * p.w);
+        int oy0, oy1, ox0, ox1;
+        adaptive_covering(iy, p.h, p.oh, &oy0, &oy1);
+        adaptive_covering(ix, p.w, p.ow, &ox0, &ox1);
+        float acc = 0.0f;
+        for (int oy = oy0; oy <= oy1; oy++) {
+            const int y0 = adaptive_start(oy, p.h, p.oh), y1 = adaptive_end(oy, p.h, p.oh);
+            if (iy < y0 || iy >= y1) continue;
+            for (int ox = ox0; ox <= ox1; ox++) {
+                const int x0 = adaptive_start(ox, p.w, p.ow), x1 = adaptive_end(ox, p.w, p.ow);
+                if (ix < x0 || ix >= x1) continue;
+                acc = __fadd_rn(acc, __fdiv_rn(dy[(pl * p.oh + oy) * p.ow + ox], (float)((y1 - y0) * (x1 - x0))));
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
 __global__ void mul_planes_kernel(int64_t planes, int64_t s, const float *x, const float *mask, float *y) {
     const int64_t n = planes * s;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __fmul_rn(x[i], mask[i / s]);
+}
+
+/* Dims and strides of a permute, by value (at most 4 per sample). */
+struct permute_geom {
+    int ndim;
+    int64_t per;                /* elements per sample */
+    int64_t odim[4], istr[4];
+};
+
+__global__ void permute_kernel(int64_t total, permute_geom g, const float *x, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t s = i / g.per, rest = i % g.per, off = 0;
+        for (int k = g.ndim - 1; k >= 0; k--) {
+            off += (rest % g.odim[k]) * g.istr[k];
+            rest /= g.odim[k];
+        }
+        y[i] = x[s * g.per + off];
+    }
 }
 
 __global__ void add2d_kernel(int64_t rows, int64_t cols, const float *src, int64_t src_ld, float *dst,
@@ -585,9 +655,39 @@ cudaError_t ps_cuda_act_backward(int kind, float alpha, float beta, int64_t coun
     return cudaGetLastError();
 }
 
+cudaError_t ps_cuda_adaptive_avgpool_forward(const ps_cuda_adaptive *p, const float *x, float *y,
+                                             cudaStream_t stream) {
+    adaptive_avgpool_forward_kernel<<<blocks_for((int64_t)p->planes * p->oh * p->ow), kThreads, 0, stream>>>(*p, x,
+                                                                                                            y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_adaptive_avgpool_backward(const ps_cuda_adaptive *p, const float *dy, float *dx,
+                                              cudaStream_t stream) {
+    adaptive_avgpool_backward_kernel<<<blocks_for((int64_t)p->planes * p->h * p->w), kThreads, 0, stream>>>(*p, dy,
+                                                                                                           dx);
+    return cudaGetLastError();
+}
+
 cudaError_t ps_cuda_mul_planes(int64_t planes, int64_t s, const float *x, const float *mask, float *y,
                                cudaStream_t stream) {
     mul_planes_kernel<<<blocks_for(planes * s), kThreads, 0, stream>>>(planes, s, x, mask, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_permute(int64_t n, int ndim, const int64_t *odims, const int64_t *istr, const float *x,
+                            float *y, cudaStream_t stream) {
+    permute_geom g;
+    g.ndim = ndim;
+    g.per = 1;
+    for (int k = 0; k < 4; k++) {
+        g.odim[k] = k < ndim ? odims[k] : 1;
+        g.istr[k] = k < ndim ? istr[k] : 0;
+        if (k < ndim) g.per *= odims[k];
+    }
+    const int64_t total = n * g.per;
+    if (total <= 0) return cudaSuccess;
+    permute_kernel<<<blocks_for(total), kThreads, 0, stream>>>(total, g, x, y);
     return cudaGetLastError();
 }
 

@@ -73,12 +73,14 @@ typedef enum {
     PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
     PK_ELTWISE_FWD, PK_ELTWISE_BWD,
     PK_CONV_BWD_W_AS_FWD,
+    PK_PERMUTE,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
  * from a zeroed value (key_make; no padding bytes). dims: conv
  * n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups; pool n,c,h,w,kh,kw,sh,sw,
- * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols. */
+ * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols; permute
+ * n,ndim,dims[4],perm[4]. */
 #define PS_DNNL_KEY_DIMS 14
 typedef struct prim_key {
     int32_t kind;
@@ -172,6 +174,7 @@ static const prim_kind_info kKindInfo[] = {
     [PK_ELTWISE_FWD] = { "activation forward", 0 },
     [PK_ELTWISE_BWD] = { "activation backward", 0 },
     [PK_CONV_BWD_W_AS_FWD] = { "convolution backward weights (as a forward convolution)", 0 },
+    [PK_PERMUTE] = { "permute (a strided reorder)", 1 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -791,6 +794,36 @@ static ps_status create_act_reorder(dnnl_engine_t eng, int block, const prim_key
     return make_reorder(eng, &src, &dst, prim, err);
 }
 
+/* A permutation of each sample's dims as a reorder: the source described
+ * in the output's dimension order with the input's strides, the
+ * destination dense. dims: n, ndim, the input's per-sample dims
+ * (PS_PERMUTE_MAX_DIMS), perm (PS_PERMUTE_MAX_DIMS). */
+static ps_status create_permute(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    const int nd = (int)k->dims[1];
+    const int64_t *in = k->dims + 2, *perm = k->dims + 2 + PS_PERMUTE_MAX_DIMS;
+    dnnl_dims_t dims, sstr, dstr;
+    int64_t istr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int j = nd - 1; j >= 0; j--) {
+        istr[j] = per;
+        per *= in[j];
+    }
+    dims[0] = k->dims[0];
+    sstr[0] = per;
+    for (int j = 0; j < nd; j++) {
+        dims[1 + j] = in[perm[j]];
+        sstr[1 + j] = istr[perm[j]];
+    }
+    int64_t o = 1;
+    for (int j = nd; j >= 0; j--) {
+        dstr[j] = o;
+        o *= dims[j];
+    }
+    dnnl_memory_desc_t src, dst;
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&src, nd + 1, dims, dnnl_f32, sstr));
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&dst, nd + 1, dims, dnnl_f32, dstr));
+    return make_reorder(eng, &src, &dst, prim, err);
+}
+
 static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
     *nua = 0;
@@ -814,6 +847,8 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
         return create_logsoftmax(eng, k, prim, err);
     case PK_SOFTMAX_FWD: case PK_SOFTMAX_BWD:
         return create_softmax(eng, k, prim, err);
+    case PK_PERMUTE:
+        return create_permute(eng, k, prim, err);
     }
     return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown primitive kind %d", (int)k->kind);
 }
@@ -1988,6 +2023,59 @@ static ps_status dn_avgpool_backward(void *impl, const ps_pool_desc *desc, const
     return run(im, &k, a, 2, err);
 }
 
+/* ---- adaptive average pooling with uneven bins: C loops over planes ----
+ * oneDNN's pooling has one window size and stride per axis; PyTorch's
+ * adaptive bins (backend.h ps_adaptive_desc) differ in size from one
+ * output to the next where the output size does not divide the input's
+ * (vgg's 2x2 to 7x7, alexnet's 1x1 to 6x6), so these run here, in the
+ * plain layout the kind asks for. Uniform bins never come here: the kind
+ * runs them as average pooling (oneDNN's, in blocked layouts). */
+static ps_status dn_adaptive_avgpool_forward(void *impl, const ps_adaptive_desc *d, const float *x, float *y,
+                                             ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *xp = x + p * in;
+        float *yp = y + p * out;
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                float acc = 0.0f;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+                yp[oy * d->ow + ox] = acc / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
+                                              ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *gp = dy + p * out;
+        float *dxp = dx + p * in;
+        memset(dxp, 0, (size_t)in * sizeof *dxp);
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                const float g = gp[oy * d->ow + ox] / (float)((y1 - y0) * (x1 - x0));
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) dxp[iy * d->w + ix] += g;
+            }
+        }
+    }
+    return PS_OK;
+}
+
 /* ---- a wide linear forward in chunks of outputs ----
  * The language model's decoder (700 x 200 -> 10000 outputs, 8 MB of
  * weights) as one gemm inner product makes oneDNN's sgemm malloc a packing
@@ -2839,6 +2927,19 @@ static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float 
     return run(im, &k, a, 2, err);
 }
 
+/* Permute: oneDNN's reorder between a strided view and the dense output (create_permute). */
+static ps_status dn_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    int64_t dims[2 + 2 * PS_PERMUTE_MAX_DIMS] = { d->n, d->ndim };
+    for (int j = 0; j < d->ndim; j++) {
+        dims[2 + j] = d->dims[j];
+        dims[2 + PS_PERMUTE_MAX_DIMS + j] = d->perm[j];
+    }
+    prim_key k = key_make(PK_PERMUTE, 0, 2 + 2 * PS_PERMUTE_MAX_DIMS, dims);
+    exec_arg a[] = { { DNNL_ARG_FROM, x }, { DNNL_ARG_TO, y } };
+    return run(im, &k, a, 2, err);
+}
 
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
@@ -2888,4 +2989,7 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .copy2d = dn_copy2d,
     .add_out = dn_add_out,
     .fill = dn_fill,
+    .adaptive_avgpool_forward = dn_adaptive_avgpool_forward,
+    .adaptive_avgpool_backward = dn_adaptive_avgpool_backward,
+    .permute = dn_permute,
 };

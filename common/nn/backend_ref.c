@@ -257,6 +257,49 @@ static ps_status ref_avgpool_backward(void *impl, const ps_pool_desc *desc, cons
     return PS_OK;
 }
 
+/* Adaptive average pooling: PyTorch's bins (ps_adaptive_desc), sums in double. */
+static ps_status ref_adaptive_avgpool_forward(void *impl, const ps_adaptive_desc *d, const float *x, float *y,
+                                              ps_err *err) {
+    (void)impl; (void)err;
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) {
+        const float *xp = x + p * d->h * d->w;
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                double acc = 0.0;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc += xp[iy * d->w + ix];
+                y[(p * d->oh + oy) * d->ow + ox] = (float)(acc / ((y1 - y0) * (x1 - x0)));
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status ref_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc *d, const float *dy, float *dx,
+                                               ps_err *err) {
+    (void)impl;
+    const size_t plane = (size_t)d->h * d->w;
+    double *acc = calloc(plane ? plane : 1, sizeof *acc);
+    if (!acc) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref adaptive_avgpool_backward: out of memory");
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) {
+        memset(acc, 0, plane * sizeof *acc);
+        for (int oy = 0; oy < d->oh; oy++) {
+            const int y0 = ps_adaptive_start(oy, d->h, d->oh), y1 = ps_adaptive_end(oy, d->h, d->oh);
+            for (int ox = 0; ox < d->ow; ox++) {
+                const int x0 = ps_adaptive_start(ox, d->w, d->ow), x1 = ps_adaptive_end(ox, d->w, d->ow);
+                const double g = (double)dy[(p * d->oh + oy) * d->ow + ox] / ((y1 - y0) * (x1 - x0));
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) acc[iy * d->w + ix] += g;
+            }
+        }
+        for (size_t i = 0; i < plane; i++) dx[p * plane + i] = (float)acc[i];
+    }
+    free(acc);
+    return PS_OK;
+}
+
 /* ---- linear ---- */
 
 static ps_status ref_linear_forward(void *impl, const ps_linear_desc *d, const float *x,
@@ -744,6 +787,32 @@ static ps_status ref_fill(void *impl, int64_t count, float *x, float value, ps_e
     return PS_OK;
 }
 
+/* ---- permute: every output element in order, its input position by
+ * the input's strides taken in the output's dimension order ---- */
+
+static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    int64_t istride[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int k = d->ndim - 1; k >= 0; k--) {
+        istride[k] = per;
+        per *= d->dims[k];
+    }
+    for (int k = 0; k < d->ndim; k++) {
+        odim[k] = d->dims[d->perm[k]];
+        ostr[k] = istride[d->perm[k]];
+    }
+    for (int64_t i = 0; i < d->n; i++)
+        for (int64_t o = 0; o < per; o++) {
+            int64_t rest = o, off = 0;
+            for (int k = d->ndim - 1; k >= 0; k--) {
+                off += (rest % odim[k]) * ostr[k];
+                rest /= odim[k];
+            }
+            y[i * per + o] = x[i * per + off];
+        }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -789,4 +858,7 @@ const ps_backend_ops ps_backend_ref_ops = {
     .copy2d = ref_copy2d,
     .add_out = ref_add_out,
     .fill = ref_fill,
+    .adaptive_avgpool_forward = ref_adaptive_avgpool_forward,
+    .adaptive_avgpool_backward = ref_adaptive_avgpool_backward,
+    .permute = ref_permute,
 };

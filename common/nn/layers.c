@@ -91,17 +91,24 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         if ((st = attr_range(sp, x, 1, err))) return st;
         *(int64_t *)(base + sp->off) = (int64_t)x;
         return PS_OK;
-    case PS_ATTR_PAIR: {
+    case PS_ATTR_PAIR:
+    case PS_ATTR_PAIR_OR_NULL: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < 2; i++) {
             const char *t = vals[is_list ? i : 0];
+            if (!t && sp->type == PS_ATTR_PAIR_OR_NULL) { p[i] = 0; continue; }
             if ((st = attr_number(ly, sp, t, def, n, keys, values, &x, err))) return st;
             if ((st = attr_range(sp, x, 1, err))) return st;
             p[i] = (int64_t)x;
         }
         return PS_OK;
     }
-    case PS_ATTR_DIMS: {
+    case PS_ATTR_NAME:
+        if (!vals[0]) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: no name given", sp->name);
+        *(const char **)(base + sp->off) = vals[0];   /* the definition's (or the table's) string */
+        return PS_OK;
+    case PS_ATTR_DIMS:
+    case PS_ATTR_BATCH_DIMS: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < nvals; i++) {
             if ((st = attr_number(ly, sp, vals[i], def, n, keys, values, &x, err))) return st;
@@ -370,20 +377,29 @@ static ps_status relu_backward(ps_layer_call *c, ps_err *err) {
 }
 
 /* ---- MaxPool2d, AvgPool2d: nn.MaxPool2d / nn.AvgPool2d(kernel_size,
- * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d(1):
- * an average pool over the whole plane ---- */
+ * stride=kernel_size, padding, count_include_pad); AdaptiveAvgPool2d
+ * (output_size): PyTorch's bins (backend.h ps_adaptive_desc), run as an
+ * average pool where they are one (the output size divides the input's:
+ * kernel = stride = in / out; 1x1 is the plane, stride 1) and by the
+ * adaptive ops, in the plain layout, where they are not ---- */
 
-static int is_adaptive(const ps_layer *ly) { return ly->a.output_size[0] > 0; }
+static int is_adaptive(const ps_layer *ly) { return !strcmp(ly->kind->name, "AdaptiveAvgPool2d"); }
+
+/* AdaptiveAvgPool2d whose bins are average pooling's windows. */
+static int adaptive_uniform(const ps_layer *ly) {
+    return ly->in[0].dims[1] % ly->a.out_hw[0] == 0 && ly->in[0].dims[2] % ly->a.out_hw[1] == 0;
+}
 
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
     ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
                       .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad,
                       .ceil_mode = is_adaptive(ly) ? 0 : a->flag};
-    if (is_adaptive(ly)) {   /* the whole plane, one window */
-        d.kh = d.h;
-        d.kw = d.w;
-        d.stride_h = d.stride_w = 1;
+    if (is_adaptive(ly)) {   /* uniform bins (adaptive_uniform): windows in / out, stride the same */
+        d.kh = d.h / (int)a->out_hw[0];
+        d.kw = d.w / (int)a->out_hw[1];
+        d.stride_h = a->out_hw[0] == 1 ? 1 : d.kh;   /* 1x1: the whole plane, stride 1 (as it always was) */
+        d.stride_w = a->out_hw[1] == 1 ? 1 : d.kw;
         d.count_include_pad = 1;
         return d;
     }
@@ -402,16 +418,19 @@ static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     return d;
 }
 
+static ps_adaptive_desc adaptive_desc(const ps_layer *ly, int n) {
+    ps_adaptive_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2],
+                          (int)ly->a.out_hw[0], (int)ly->a.out_hw[1]};
+    return d;
+}
+
 static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
-    if (is_adaptive(ly) && (a->output_size[0] != 1 || a->output_size[1] != 1))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_size (%lld, %lld): this build pools to 1x1 only",
-                          (long long)a->output_size[0], (long long)a->output_size[1]);
     /* PyTorch takes padding up to half the kernel; ONNX (and psd) up to the
      * kernel less one, so every window holds an input position. */
-    if (!is_adaptive(ly) && (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1]))
+    if (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
                           (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
                           (long long)a->kernel[1]);
@@ -422,8 +441,7 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
      * every backend runs its own kernel (backend_dnnl.c plain_pool_entry). */
     if (!strcmp(ly->kind->name, "AvgPool2d") && a->count_include_pad && ps_pool_ceil_extra(&d))
         ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
-    if (!is_adaptive(ly) && (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] ||
-                             ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1]))
+    if (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] || ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",
                           (long long)a->kernel[0], (long long)a->kernel[1], (long long)ly->in[0].dims[0],
                           (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
@@ -431,6 +449,22 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
     ly->outs.dims[0] = ly->in[0].dims[0];
     ly->outs.dims[1] = ps_pool_out_h(&d);
     ly->outs.dims[2] = ps_pool_out_w(&d);
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* AdaptiveAvgPool2d: output_size entries null keep the input's size. */
+static ps_status adaptive_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ps_layer_attrs *a = &ly->a;
+    for (int i = 0; i < 2; i++) a->out_hw[i] = a->output_size[i] ? a->output_size[i] : ly->in[0].dims[1 + i];
+    /* uneven bins: the adaptive ops, plain layout */
+    if (!adaptive_uniform(ly)) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->in[0].dims[0];
+    ly->outs.dims[1] = a->out_hw[0];
+    ly->outs.dims[2] = a->out_hw[1];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
@@ -473,6 +507,34 @@ static ps_status avgpool_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
     ps_pool_desc d = pool_desc(c->ly, c->n);
     return c->be->ops->avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+static const char *adaptive_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (adaptive_uniform(ly)) return avgpool_missing(ly, ops);
+    return ops->adaptive_avgpool_forward && ops->adaptive_avgpool_backward
+               ? NULL : "adaptive_avgpool_forward/adaptive_avgpool_backward";
+}
+
+static ps_status adaptive_forward(ps_layer_call *c, ps_err *err) {
+    if (adaptive_uniform(c->ly)) return avgpool_forward(c, err);
+    ps_adaptive_desc d = adaptive_desc(c->ly, c->n);
+    return c->be->ops->adaptive_avgpool_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status adaptive_backward(ps_layer_call *c, ps_err *err) {
+    if (adaptive_uniform(c->ly)) return avgpool_backward(c, err);
+    if (!c->dx) return PS_OK;
+    ps_adaptive_desc d = adaptive_desc(c->ly, c->n);
+    return c->be->ops->adaptive_avgpool_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* Per output element, its bin's area (the adds of its sum). */
+static double adaptive_flops(const ps_layer *ly) {
+    const ps_adaptive_desc d = adaptive_desc(ly, 1);
+    double rows = 0, cols = 0;
+    for (int i = 0; i < d.oh; i++) rows += ps_adaptive_end(i, d.h, d.oh) - ps_adaptive_start(i, d.h, d.oh);
+    for (int j = 0; j < d.ow; j++) cols += ps_adaptive_end(j, d.w, d.ow) - ps_adaptive_start(j, d.w, d.ow);
+    return (double)d.c * rows * cols;
 }
 
 /* ---- BatchNorm2d / BatchNorm1d: nn.BatchNorm2d(num_features, eps,
@@ -729,10 +791,11 @@ static ps_status dropout2d_infer(ps_layer *ly, ps_err *err) {
 }
 
 /* n draws of a dropout mask into mask, each 0 or 1/(1-p) to keep: a
- * uniform of the stream below p drops. The stream's values in order, drawn
- * in one loop and then compared in another (vectorised). */
+ * uniform of the stream below p drops (every one at p 1, StochasticDepth's
+ * limit). The stream's values in order, drawn in one loop and then
+ * compared in another (vectorised). */
 static void drop_draws(const ps_layer *ly, ps_rng *rng, float *mask, int64_t n) {
-    const float p = (float)ly->a.p, keep = 1.0f / (1.0f - (float)ly->a.p);
+    const float p = (float)ly->a.p, keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     ps_rng_uniforms(rng, mask, n);
     for (int64_t i = 0; i < n; i++) mask[i] = mask[i] < p ? 0.0f : keep;
 }
@@ -815,6 +878,62 @@ static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *o
 static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
+
+/* ---- StochasticDepth: torchvision.ops.StochasticDepth(p, mode), a
+ * residual branch dropped whole: per sample ('row') or for the whole
+ * batch ('batch'), kept values scaled by 1/(1-p) (at p 1 every value is
+ * dropped, as torchvision's), the identity in eval. Its draws are
+ * Dropout's (drop_draws from the forward's stream: one per sample, or one
+ * per forward), so a replayed forward draws the same; they are expanded
+ * to an (n, C) mask that mul_channels applies in the activation's layout
+ * (C the first per-sample dimension, 1 for a sample of one value) and the
+ * tape keeps for the backward. ---- */
+
+static ps_chan_desc sdepth_desc(const ps_layer *ly, int n) {
+    if (ly->in[0].ndim == 0) {
+        ps_chan_desc d = {n, 1, 1, PS_LAYOUT_PLAIN, 0.0f};
+        return d;
+    }
+    return bn_desc(ly, n);
+}
+
+static ps_status sdepth_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const ps_chan_desc d = sdepth_desc(c->ly, c->n);
+    const int64_t count = (int64_t)d.n * d.c, draws = ps_layer_dropout_draws(c->ly, c->n);
+    float *mask = ps_backend_alloc_floats(c->be, count);
+    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
+    float *v = malloc((size_t)draws * sizeof(float));
+    if (!mask || !host || !v) {
+        ps_backend_release(c->be, mask);
+        if (host != mask) free(host);
+        free(v);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stochastic depth");
+    }
+    c->saved->dev[0] = mask;
+    if (c->mask) memcpy(v, c->mask, (size_t)draws * sizeof(float));
+    else drop_draws(c->ly, c->rng, v, draws);
+    for (int64_t q = 0; q < count; q++) host[q] = v[c->ly->a.mode ? 0 : q / d.c];   /* batch: draw 0 for all */
+    free(v);
+    ps_status rc = PS_OK;
+    if (host != mask) {
+        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+        free(host);
+    }
+    if (rc != PS_OK) return rc;
+    return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
+}
+
+static ps_status sdepth_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_chan_desc d = sdepth_desc(c->ly, c->n);
+    return c->be->ops->mul_channels(c->be->impl, &d, c->dy, c->saved->dev[0], c->dx, err);
+}
+
+static size_t sdepth_bytes(const ps_layer *ly, int n) {
+    const ps_chan_desc d = sdepth_desc(ly, n);
+    return (size_t)d.n * (size_t)d.c * sizeof(float);
+}
 
 /* ---- Flatten: nn.Flatten(start_dim=1, end_dim=-1); a view ---- */
 
@@ -1559,6 +1678,200 @@ static ps_status narrow_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Permute: torch.permute(x, dims) / torchvision's Permute(dims) -
+ * each sample's dimensions reordered, PyTorch's dims (the batch counted as
+ * 0, negatives from the end) with the batch kept at 0. Plain layout (flags
+ * 0: the executor reorders a blocked input first); the backward permutes
+ * the gradient back. ---- */
+
+/* "[0, 2, 3, 1]" of the dims as written. */
+static const char *perm_text(const ps_layer *ly, char *buf, size_t cap) {
+    return ps_dims_format_as(buf, cap, ly->a.perm, ly->a.nperm, "[", ", ", "]");
+}
+
+static ps_status permute_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_shape *in = &ly->in[0];
+    const int full = in->ndim + 1;
+    char b1[64], b2[64];
+    if (ly->a.nperm != full)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s has %d entries but the batched input %s has %d "
+                          "dimensions", perm_text(ly, b1, sizeof b1), ly->a.nperm,
+                          ps_dims_format_batch(b2, sizeof b2, in->dims, in->ndim), full);
+    int seen[PS_SHAPE_MAX_DIMS + 1] = {0}, perm[PS_SHAPE_MAX_DIMS + 1] = {0};
+    for (int k = 0; k < full; k++) {
+        int64_t d = ly->a.perm[k];
+        if (d < -full || d >= full)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s: %lld is not a dimension of the batched input "
+                              "(%d..%d)", perm_text(ly, b1, sizeof b1), (long long)d, -full, full - 1);
+        perm[k] = (int)(d < 0 ? d + full : d);
+        if (seen[perm[k]]++)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s is not a permutation: dimension %d appears "
+                              "twice", perm_text(ly, b1, sizeof b1), perm[k]);
+    }
+    if (perm[0] != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %s moves the batch: dims[0] must be 0 (psd permutes "
+                          "each sample's dimensions)", perm_text(ly, b1, sizeof b1));
+    ly->outs.ndim = in->ndim;
+    for (int k = 0; k < in->ndim; k++) ly->outs.dims[k] = in->dims[perm[k + 1] - 1];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* The forward's permutation of n samples (a one-value sample: the identity on one dim). */
+static ps_permute_desc permute_desc(const ps_layer *ly, int n) {
+    ps_permute_desc d = {.n = n, .ndim = ly->in[0].ndim ? ly->in[0].ndim : 1};
+    const int full = ly->in[0].ndim + 1;
+    d.dims[0] = 1;
+    for (int k = 0; k < ly->in[0].ndim; k++) {
+        int64_t p = ly->a.perm[k + 1];
+        d.dims[k] = ly->in[0].dims[k];
+        d.perm[k] = (int)(p < 0 ? p + full : p) - 1;
+    }
+    return d;
+}
+
+static const char *permute_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->permute ? NULL : "permute";
+}
+
+static ps_status permute_forward(ps_layer_call *c, ps_err *err) {
+    ps_permute_desc d = permute_desc(c->ly, c->n);
+    return c->be->ops->permute(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status permute_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    ps_permute_desc f = permute_desc(c->ly, c->n), d = ps_permute_inverse(&f);
+    return c->be->ops->permute(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* ---- Scale: x * p, a learned tensor p (`shape`; its state_dict suffix
+ * `parameter`, default weight) broadcast over each sample by numpy's rule:
+ * ConvNeXt's layer scale, `self.layer_scale * x` with layer_scale (C, 1, 1)
+ * on (C, H, W). Right-aligned with the sample (a leading 1 may face the
+ * batch), p's dims are 1s, then the sample's own, then 1s: the sample is
+ * (outer, q, inner) and p has q values. Plain layout. Forward: each row of
+ * a (n * outer, q) matrix of p's values (ones (n*outer, 1) times p^T, exact)
+ * multiplies an inner run (mul_channels); backward: dx the same way, dp
+ * the sum over samples, outer and inner of dy * x (products with vectors
+ * of ones). Param: ones. ---- */
+
+typedef struct scale_geom {
+    int64_t outer, q, inner;
+} scale_geom;
+
+/* The geometry; *ok 0 when p does not broadcast so. */
+static scale_geom scale_shape(const ps_layer *ly, int *ok) {
+    const ps_shape *in = &ly->in[0];
+    scale_geom g = {1, 1, 1};
+    int64_t p[PS_SHAPE_MAX_DIMS + 1];
+    int np = ly->a.ndims, nd = in->ndim;
+    *ok = np <= nd + 1 && (np <= nd || ly->a.dims[0] == 1);
+    if (!*ok) return g;
+    for (int k = 0; k < nd; k++) {   /* right-aligned, 1 where p has no dim */
+        int j = k - (nd - np);
+        p[k] = j >= 0 ? ly->a.dims[j] : 1;
+    }
+    int f = 0, l = nd - 1;
+    while (f < nd && p[f] == 1) f++;
+    while (l >= f && p[l] == 1) l--;
+    for (int k = 0; k < nd; k++) {
+        if (k >= f && k <= l && p[k] != in->dims[k]) *ok = 0;
+        if (k < f) g.outer *= in->dims[k];
+        else if (k <= l) g.q *= in->dims[k];
+        else g.inner *= in->dims[k];
+    }
+    if (f == nd) { g.inner = g.outer; g.outer = 1; }   /* one value: over the whole sample */
+    return g;
+}
+
+static ps_status scale_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int ok;
+    scale_shape(ly, &ok);
+    if (!ok) {
+        char b1[64], b2[64];
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape %s does not broadcast over the input %s as Scale "
+                          "takes it (right-aligned: 1s, then the input's own dimensions, then 1s, as (C, 1, 1) "
+                          "over (C, H, W))", ps_dims_format_as(b1, sizeof b1, ly->a.dims, ly->a.ndims, "[", ", ", "]"),
+                          ps_shape_format(&ly->in[0], b2, sizeof b2));
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    set_param(ly, 0, ly->a.pname, ly->a.ndims, ly->a.dims, 1, ONES);
+    return PS_OK;
+}
+
+static const char *scale_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->mul && ops->mul_channels && ops->linear_forward && ops->linear_backward && ops->fill
+               ? NULL : "mul/mul_channels/linear_forward/linear_backward/fill";
+}
+
+/* The (rows, q) matrix of p's values, one row per (sample, outer index), into *mask (and the ones into *ones). */
+static ps_status scale_rows(ps_layer_call *c, const scale_geom *g, float **mask, float **ones, ps_err *err) {
+    const int64_t rows = (int64_t)c->n * g->outer;
+    if (rows > INT32_MAX || g->q > INT32_MAX || g->inner > INT32_MAX || rows * g->q > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: Scale of %lld rows of %lld by %lld is too large",
+                          c->ly->name, (long long)rows, (long long)g->q, (long long)g->inner);
+    *mask = ps_backend_alloc_floats(c->be, rows * g->q);
+    *ones = ps_backend_alloc_floats(c->be, rows > g->inner ? rows : g->inner);
+    if (!*mask || !*ones) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+    ps_linear_desc ld = {(int)rows, 1, (int)g->q};
+    ps_status rc = c->be->ops->fill(c->be->impl, rows > g->inner ? rows : g->inner, *ones, 1.0f, err);
+    return rc ? rc : c->be->ops->linear_forward(c->be->impl, &ld, *ones, c->w[0], NULL, *mask, err);
+}
+
+static ps_status scale_forward(ps_layer_call *c, ps_err *err) {
+    int ok;
+    scale_geom g = scale_shape(c->ly, &ok);
+    float *mask = NULL, *ones = NULL;
+    ps_status rc = scale_rows(c, &g, &mask, &ones, err);
+    if (rc == PS_OK) {
+        ps_chan_desc d = {.n = (int)(c->n * g.outer), .c = (int)g.q, .s = g.inner, .layout = PS_LAYOUT_PLAIN};
+        rc = c->be->ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
+    }
+    ps_backend_release(c->be, mask);
+    ps_backend_release(c->be, ones);
+    return rc;
+}
+
+static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    int ok;
+    scale_geom g = scale_shape(c->ly, &ok);
+    const int64_t rows = (int64_t)c->n * g.outer, count = ps_layer_out_count(c->ly, c->n);
+    float *mask = NULL, *ones = NULL, *prod = NULL, *sums = NULL;
+    ps_status rc = scale_rows(c, &g, &mask, &ones, err);
+    if (rc == PS_OK && c->dx) {
+        ps_chan_desc d = {.n = (int)rows, .c = (int)g.q, .s = g.inner, .layout = PS_LAYOUT_PLAIN};
+        rc = ops->mul_channels(c->be->impl, &d, c->dy, mask, c->dx, err);
+    }
+    if (rc == PS_OK && c->dw[0]) {
+        prod = ps_backend_alloc_floats(c->be, count);
+        sums = g.inner > 1 ? ps_backend_alloc_floats(c->be, rows * g.q) : prod;
+        if (!prod || !sums) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        if (rc == PS_OK) rc = ops->mul(c->be->impl, count, c->dy, c->x, prod, err);
+        if (rc == PS_OK && g.inner > 1) {   /* (rows * q, inner) . ones (inner) */
+            ps_linear_desc ld = {(int)(rows * g.q), (int)g.inner, 1};
+            rc = ops->linear_forward(c->be->impl, &ld, prod, ones, NULL, sums, err);
+        }
+        if (rc == PS_OK) {   /* dp (q, 1) = sums (rows, q)^T . ones (rows, 1) */
+            ps_linear_desc ld = {(int)rows, 1, (int)g.q};
+            rc = ops->linear_backward(c->be->impl, &ld, ones, c->w[0], sums, NULL, c->dw[0], NULL, err);
+        }
+    }
+    if (sums != prod) ps_backend_release(c->be, sums);
+    ps_backend_release(c->be, prod);
+    ps_backend_release(c->be, mask);
+    ps_backend_release(c->be, ones);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -1598,7 +1911,7 @@ static const ps_attr_spec avgpool_attrs[] = {
     ATTR_END,
 };
 static const ps_attr_spec adaptive_attrs[] = {
-    ATTR_PAIR("output_size", output_size, NULL, 1),
+    {"output_size", PS_ATTR_PAIR_OR_NULL, A(output_size), NULL, 1, 65536, 0, 0, NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec bn_attrs[] = {
@@ -1662,6 +1975,12 @@ static const ps_attr_spec dropout_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
+static const char *const sdepth_modes[] = {"row", "batch", NULL};
+static const ps_attr_spec sdepth_attrs[] = {
+    ATTR_FLOAT("p", p, NULL, 0, 1, 0, 0),
+    {"mode", PS_ATTR_ENUM, A(mode), NULL, 0, 0, 0, 0, sdepth_modes, 0},
+    ATTR_END,
+};
 static const ps_attr_spec softmax_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
     ATTR_END,
@@ -1695,6 +2014,15 @@ static const ps_attr_spec narrow_attrs[] = {
     ATTR_INT("length", length, NULL, 1),
     ATTR_END,
 };
+static const ps_attr_spec permute_attrs[] = {
+    {"dims", PS_ATTR_BATCH_DIMS, A(perm), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nperm)},
+    ATTR_END,
+};
+static const ps_attr_spec scale_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -1716,8 +2044,8 @@ static const ps_layer_kind kinds[] = {
      pool_bytes, NULL, pool_flops},
     {"AvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, avgpool_attrs, pool_infer, avgpool_missing, avgpool_forward,
      avgpool_backward, NULL, NULL, pool_flops},
-    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, pool_infer, avgpool_missing, avgpool_forward,
-     avgpool_backward, NULL, NULL, pool_flops},
+    {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
+     adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     {"ReLU", F_ACT | PS_KIND_BWD_Y, 1, 1, inplace_attrs, infer_same, no_op, relu_forward, relu_backward, NULL, NULL,
      NULL},
     {"LeakyReLU", F_ACT, 1, 1, leaky_attrs, leaky_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -1736,6 +2064,8 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
      dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
+     sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
     {"Reshape", PS_KIND_VIEW, 1, 1, reshape_attrs, reshape_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
     {"LogSoftmax", PS_KIND_BWD_Y, 1, 1, softmax_attrs, softmax_infer, log_softmax_missing, log_softmax_forward,
@@ -1759,6 +2089,10 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Narrow", 0, 1, 1, narrow_attrs, narrow_infer, copy_fill_missing, narrow_forward, narrow_backward, NULL, NULL,
      zero_flops},
+    {"Permute", 0, 1, 1, permute_attrs, permute_infer, permute_missing, permute_forward, permute_backward, NULL,
+     NULL, zero_flops},
+    {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
+     NULL, NULL},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -1835,6 +2169,13 @@ static size_t dropout2d_saved(const ps_layer *ly, const ps_backend *be, int n, i
     return j == 0 ? dropout2d_bytes(ly, n) : 0;
 }
 
+/* Per sample in 'row' mode; 'batch' mode's one draw couples the samples. */
+static size_t sdepth_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    if (ly->a.mode) return (size_t)-1;
+    return j == 0 ? sdepth_bytes(ly, n) : 0;
+}
+
 static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     if (j) return 0;
     ps_pool_desc d = pool_desc(ly, n);
@@ -1854,8 +2195,10 @@ static const struct {
     {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
+    {"Permute", NULL}, {"Scale", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {
@@ -1877,5 +2220,6 @@ void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) 
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
     if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
+    if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
     return ps_layer_out_count(ly, n);
 }

@@ -64,22 +64,29 @@ typedef struct ps_layer_attrs {
     double eps;
     double momentum;            /* BatchNorm; momentum_null: cumulative average */
     int momentum_null;
-    double p;                   /* Dropout */
+    double p;                   /* Dropout, StochasticDepth */
     double slope;               /* LeakyReLU negative_slope */
     double min_val, max_val;    /* Hardtanh (ReLU6: 0, 6) */
     int approximate;            /* GELU: 0 'none', 1 'tanh' */
+    int mode;                   /* StochasticDepth: 0 'row' (a draw per sample), 1 'batch' (one per batch) */
     int64_t dim, end_dim;       /* Softmax, LogSoftmax, Concat dim; Flatten start_dim/end_dim (PyTorch's,
                                    the batch dimension counted as 0) */
     int ndims;                  /* Reshape shape / LayerNorm normalized_shape */
     int64_t dims[PS_SHAPE_MAX_DIMS];
     int count_include_pad;      /* AvgPool2d */
-    int64_t output_size[2];     /* AdaptiveAvgPool2d (0: not an adaptive pool) */
+    int64_t output_size[2];     /* AdaptiveAvgPool2d as given (0: null, the input's size); its infer sets
+                                   out_hw to the output's */
+    int64_t out_hw[2];
     int ndims2;                 /* Parameter expand (0: its shape) */
     int64_t dims2[PS_SHAPE_MAX_DIMS];
     int act;                    /* the activation of an activation kind (set by its infer) */
     int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
                                    its infer) */
     int64_t start, length;      /* Narrow */
+    int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
+    int64_t perm[PS_SHAPE_MAX_DIMS + 1];
+    const char *pname;          /* Scale parameter: the state_dict suffix of its tensor (the model
+                                   definition's string) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -88,11 +95,15 @@ typedef struct ps_layer_attrs {
 typedef enum {
     PS_ATTR_INT,                /* int64_t in [lo, hi]; a literal or a size */
     PS_ATTR_PAIR,               /* int64_t[2]: one value for both, or a list of two */
+    PS_ATTR_PAIR_OR_NULL,       /* PS_ATTR_PAIR whose values may be null, stored as 0 (AdaptiveAvgPool2d's
+                                   output_size: null keeps the input's size) */
     PS_ATTR_FLOAT,              /* double in [lo, hi] (lo_open/hi_open exclude) */
     PS_ATTR_FLOAT_OR_NULL,      /* double, or null (sets the int after the double: momentum_null) */
     PS_ATTR_BOOL,               /* int 0/1 */
     PS_ATTR_ENUM,               /* int: index into enums */
     PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */
+    PS_ATTR_BATCH_DIMS,         /* as DIMS over a batched tensor's dims: a list of 1..5 (int64_t[5]) */
+    PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {
@@ -103,7 +114,7 @@ typedef struct ps_attr_spec {
     double lo, hi;
     int lo_open, hi_open;
     const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
-    size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS: ndims */
+    size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS, BATCH_DIMS: ndims */
 } ps_attr_spec;
 
 /* Bounds the builder holds every shape to (anything larger is refused):
@@ -295,8 +306,9 @@ double ps_layer_flops(const ps_layer *ly);
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]);
 /* A dropout node's mask for n samples, drawn from rng exactly as its
  * training forward draws it (ps_layer_dropout_draws values: one per element
- * for Dropout, per (sample, channel) for Dropout2d); the form the forward
- * takes as an injected mask (ps_layer_call.mask). */
+ * for Dropout, per (sample, channel) for Dropout2d, per sample for
+ * StochasticDepth's mode 'row' and one for its 'batch'); the form the
+ * forward takes as an injected mask (ps_layer_call.mask). */
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask);
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n);
 

@@ -4,6 +4,7 @@
  * path behind model.arch. */
 #include "modeldef.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -334,7 +335,7 @@ static const char *const INPUT_KEYS[] = {"shape", "dtype", NULL};
 static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node_def *nd, const ps_attr_spec *sp,
                                   const ynode *v) {
     if (is_null(v)) {
-        if (sp->type == PS_ATTR_FLOAT_OR_NULL) return PS_OK;
+        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL) return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: no value given", nd->name, nd->kind_name, sp->name);
     }
     double x;
@@ -357,6 +358,14 @@ static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node
             return perr(P, v->line, "node '%s' (%s): %s: '%s' is not one of %s", nd->name, nd->kind_name, sp->name,
                         v->s, list);
         }
+    case PS_ATTR_NAME: {
+        size_t n = strlen(v->s);
+        int ok = n > 0 && n <= 64;
+        for (size_t i = 0; ok && i < n; i++) ok = isalnum((unsigned char)v->s[i]) || v->s[i] == '_';
+        if (ok) return PS_OK;
+        return perr(P, v->line, "node '%s' (%s): %s: '%s' is not a name of 1 to 64 letters, digits and _ (a "
+                    "state_dict suffix)", nd->name, nd->kind_name, sp->name, v->s);
+    }
     default:
         if (parse_number(v->s, &x) || ps_model_def_size(d, v->s)) return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: '%s' is neither a number nor a size of the model%s", nd->name,
@@ -378,12 +387,13 @@ static ps_status read_attr(parse *P, const ps_model_def *d, ps_node_def *nd, con
         return perr(P, v->line, "node '%s' (%s): %s: expected a value or a list, got a mapping", nd->name,
                     nd->kind_name, k->s);
     if (v->type == Y_SEQ) {
-        if (sp->type != PS_ATTR_PAIR && sp->type != PS_ATTR_DIMS)
+        const int pair = sp->type == PS_ATTR_PAIR || sp->type == PS_ATTR_PAIR_OR_NULL;
+        if (!pair && sp->type != PS_ATTR_DIMS && sp->type != PS_ATTR_BATCH_DIMS)
             return perr(P, v->line, "node '%s' (%s): %s takes one value, not a list", nd->name, nd->kind_name, k->s);
-        int max = sp->type == PS_ATTR_PAIR ? 2 : PS_SHAPE_MAX_DIMS;
-        if (v->n < 1 || v->n > max || (sp->type == PS_ATTR_PAIR && v->n != 2))
+        int max = pair ? 2 : sp->type == PS_ATTR_BATCH_DIMS ? PS_SHAPE_MAX_DIMS + 1 : PS_SHAPE_MAX_DIMS;
+        if (v->n < 1 || v->n > max || (pair && v->n != 2))
             return perr(P, v->line, "node '%s' (%s): %s: a list of %d value%s%s, got %d", nd->name, nd->kind_name,
-                        k->s, max, max == 1 ? "" : "s", sp->type == PS_ATTR_DIMS ? " at most" : "", v->n);
+                        k->s, max, max == 1 ? "" : "s", !pair ? " at most" : "", v->n);
         ad->is_list = 1;
         ad->nvals = v->n;
         for (int i = 0; i < v->n; i++) {

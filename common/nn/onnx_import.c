@@ -1184,13 +1184,61 @@ static ps_status h_arith(imp *im) {
                  "SiLU, Hardswish, LayerNorm)", cur_node(im)->op_type);
 }
 
+/* Mul of a computed value by an initializer (convnext's layer_scale * x):
+ * a Scale whose parameter keeps the initializer's state_dict name
+ * ("features.1.0.layer_scale": node features.1.0, parameter layer_scale). */
+static ps_status mul_init(imp *im, val *x, val *c) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    if (!c->init || !c->t || c->bound)
+        return unsup(im, "Mul by a constant ('%s') that is not an initializer of its own: psd multiplies by "
+                     "learned tensors (Scale) or computed values (Mul)", c->name);
+    /* the Scale kind's broadcast (layers.c scale_shape): right-aligned with the sample's dims (one leading 1
+     * may face the batch), 1s, then the value's own dims, then 1s; the shape stays the initializer's */
+    int64_t sd[MAXD], p[MAXD];
+    const int sn = sample_dims(im, x, sd), cn = c->ndim;
+    int ok = cn <= sn || (cn == sn + 1 && c->dims[0] == 1), f = -1, l = -1;
+    for (int k = 0; ok && k < sn; k++) {
+        int j = k - (sn - cn);
+        p[k] = j >= 0 ? c->dims[j] : 1;
+        if (p[k] != 1 && f < 0) f = k;
+        if (p[k] != 1) l = k;
+    }
+    for (int k = f; ok && f >= 0 && k <= l; k++) ok = p[k] == sd[k];
+    for (int k = 0; !ok && im->lead && k < cn - sn; k++)   /* it spans the batch: the whole input as one sample */
+        if (c->dims[k] != 1) return along_batch(im, "a constant factor");
+    if (!ok)
+        return unsup(im, "multiplying '%s' by initializer '%s': psd's Scale broadcasts 1s, then the value's own "
+                     "dimensions, then 1s ((C, 1, 1) over (N, C, H, W))", x->name, c->name);
+    /* the state_dict name: prefix.suffix, the suffix a word; else the kind's 'weight' */
+    const char *dot = strrchr(c->name, '.');
+    char suffix[24] = "weight";
+    if (dot && dot != c->name && strlen(dot + 1) > 0 && strlen(dot + 1) < sizeof suffix) {
+        int word = 1;
+        for (const char *q = dot + 1; *q && word; q++) word = valid_char(*q);
+        if (word) snprintf(suffix, sizeof suffix, "%s", dot + 1);
+    }
+    int xin = x->node;
+    int pn = emit(im, "Scale", c->name, suffix, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[128];
+    int64_t one = 1;
+    add_attr(im, pn, "shape: %s", cn ? dims_text(c->dims, cn, b, sizeof b) : dims_text(&one, 1, b, sizeof b));
+    if (strcmp(suffix, "weight")) add_attr(im, pn, "parameter: %s", suffix);
+    if ((rc = bind(im, pn, suffix, c, 0, 0))) return rc;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 /* Mul of two computed values: psd's Mul (one shape, or one whose trailing
  * dims are 1 where its leading ones are the other's: squeeze-and-
- * excitation's (N, C, 1, 1) by (N, C, H, W)). By a constant: refused. */
+ * excitation's (N, C, 1, 1) by (N, C, H, W)). By an initializer: a Scale
+ * (mul_init); by another constant: refused. */
 static ps_status h_mul(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
+    if (a->kind == VK_DATA && b->kind == VK_CONST) return mul_init(im, a, b);
+    if (b->kind == VK_DATA && a->kind == VK_CONST) return mul_init(im, b, a);
     if (a->kind != VK_DATA || b->kind != VK_DATA)
         return unsup(im, "Mul by a constant ('%s'): psd's Mul takes two computed values",
                      a->kind != VK_DATA ? a->name : b->name);
@@ -1911,9 +1959,38 @@ static int channel_shuffle_pattern(imp *im, val *x, const int64_t *perm, int np,
     return 1;
 }
 
+/* Transpose of a computed value (convnext's permutes, x.permute(0, 2, 3,
+ * 1)): a Permute, the leading (batch) dims kept where they are. */
+static ps_status transpose_data(imp *im, val *x, const int64_t *perm, int np) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int64_t p[MAXD], od[MAXD], dims[PS_MAXD + 1];
+    int seen[MAXD] = {0};
+    if (np > x->ndim || (np >= 0 && np != x->ndim)) return bad(im, "perm has %d entries for a tensor of rank %d", np,
+                                                              x->ndim);
+    for (int k = 0; k < x->ndim; k++) {   /* absent: the dims reversed */
+        p[k] = np < 0 ? x->ndim - 1 - k : perm[k];
+        if (p[k] < 0) p[k] += x->ndim;
+        if (p[k] < 0 || p[k] >= x->ndim || seen[p[k]]++) return bad(im, "perm is not a permutation of 0..%d",
+                                                                  x->ndim - 1);
+        od[k] = x->dims[p[k]];
+    }
+    for (int k = 0; k < im->lead; k++)
+        if (p[k] != k) return along_batch(im, "Transpose");
+    dims[0] = 0;   /* PyTorch's dims: the batch, then the per-sample ones */
+    for (int k = im->lead; k < x->ndim; k++) dims[k - im->lead + 1] = p[k] - im->lead + 1;
+    int xin = x->node;
+    int pn = emit(im, "Permute", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[128];
+    add_attr(im, pn, "dims: %s", dims_text(dims, x->ndim - im->lead + 1, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
 /* Transpose of a 2-D initializer (PyTorch's training-mode export of
  * nn.Linear on 3-D input: MatMul(x, Transpose(weight))): the same tensor,
- * read transposed where it is bound. And a channel shuffle (above). */
+ * read transposed where it is bound. Of a computed value: a channel
+ * shuffle's (above) is a ChannelShuffle, any other a Permute. */
 static ps_status h_transpose(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -1921,10 +1998,11 @@ static ps_status h_transpose(imp *im) {
     int np = attr_ints(im, "perm", perm, MAXD);
     ps_status rc;
     if (channel_shuffle_pattern(im, x, perm, np, &rc)) return rc;
+    if (x->kind == VK_DATA) return transpose_data(im, x, perm, np);
     if (x->kind != VK_CONST || !x->t || !x->init || x->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 ||
                                                                                   perm[1] != 0)))
-        return unsup(im, "Transpose other than of a 2-D initializer (psd reads it as a transposed weight) or "
-                     "a channel shuffle's");
+        return unsup(im, "Transpose of a constant other than a 2-D initializer (psd reads it as a transposed "
+                     "weight)");
     const ps_onnx_node *n = cur_node(im);
     if (n->nout < 1) return bad(im, "no output");
     val *v = vmake(im, n->out[0]);

@@ -12,7 +12,9 @@
  *    first dimension is the batch when every op works per sample, else the
  *    whole input is one sample (a Forward then takes (N, *input shape)).
  *  - Supported ops map to kinds (Conv -> Conv2d, Gemm/MatMul(+Add) ->
- *    Linear, BatchNormalization -> BatchNorm2d/1d with momentum 1 - m, ...);
+ *    Linear, BatchNormalization -> BatchNorm2d/1d with momentum 1 - m,
+ *    Transpose of a computed value -> Permute, Mul by an initializer ->
+ *    Scale, ...);
  *    initializers become the parameters of the node that reads them, named
  *    "<node>.<suffix>" with the node named after the initializer's
  *    state_dict prefix when it has one ("layer1.0.conv1.weight" -> node

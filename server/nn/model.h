@@ -240,7 +240,8 @@ int ps_model_find_stage(const ps_model *m, const char *name);    /* -1 if absent
  * Dropout masks are per dropout node in the model file's order.
  * dropout_masks, when not NULL, supplies one host mask per dropout layer of
  * the run, in order: (n, per-sample shape) of values 0 or 1/(1-p) for
- * dropout, (n, C) for dropout2d (one value per channel) - used by the
+ * dropout, (n, C) for dropout2d (one value per channel), (n) for
+ * StochasticDepth's mode 'row' and one value for its 'batch' - used by the
  * golden tests. Otherwise masks are drawn from dropout_seed: give every
  * forward its own seed (psd derives it from the context id and the
  * forward's sequence number in the context). out may be NULL for a training

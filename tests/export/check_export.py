@@ -13,7 +13,14 @@ as a module so PyTorch is imported once) on
   - the hard activations (ReLU6, Hardtanh, Hardswish, Hardsigmoid) as
     modules and functions, to their kinds and attributes; a squeeze-and-
     excitation block's `scale * x` to Mul (and `x * 0.5` refused);
-    torchvision's StochasticDepth at p 0 to nothing (at 0.2 refused);
+    torchvision's StochasticDepth and stochastic_depth to StochasticDepth
+    (p, mode), at p 0 or outside training to nothing; AdaptiveAvgPool2d
+    and adaptive_avg_pool2d to any output size (None entries: null);
+    convnext's pieces: x.permute / torch.permute to Permute (one moving the
+    batch refused), F.layer_norm of a module's weight and bias to that
+    module's LayerNorm, `self.layer_scale * x` to a Scale named by its
+    module with its weights under the state_dict names (the same parameter
+    multiplied in twice refused);
     densenet's torch.cat of a growing list (of one tensor: nothing);
     shufflenet's x.chunk, torch.split and channel shuffles;
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
@@ -167,8 +174,23 @@ exported_nodes("SqueezeExcite", "4,5,5", "se.yaml", name_kind_inputs,
                 ("sigmoid", "Sigmoid", ["fc"]), ("mul", "Mul", ["sigmoid", "input"])],
                "squeeze-and-excitation's `scale * x` exports as Mul [sigmoid, input]")
 exported_nodes("residual_drop_off", "4", "rd.yaml", name_kind_inputs,  # stochastic depth at p 0: the identity
-               [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"])],
-               "torchvision's StochasticDepth at p 0 exports as the identity")
+               [("fc", "Linear", ["input"]), ("add", "Add", ["fc", "input"]), ("add_1", "Add", ["add", "add"]),
+                ("add_2", "Add", ["add_1", "add_1"])],
+               "torchvision's StochasticDepth and stochastic_depth at p 0 export as the identity")
+exported_nodes("ResidualDrop", "4", "rdp.yaml",
+               lambda n: (n["name"], n["kind"], n["inputs"], n["attrs"].get("p"), n["attrs"].get("mode")),
+               [("fc", "Linear", ["input"], None, None), ("drop", "StochasticDepth", ["fc"], 0.2, "row"),
+                ("add", "Add", ["drop", "input"], None, None),
+                ("stochastic_depth", "StochasticDepth", ["add"], 0.3, "batch"),
+                ("add_1", "Add", ["stochastic_depth", "add"], None, None),
+                ("add_2", "Add", ["add_1", "add_1"], None, None)],
+               "torchvision's StochasticDepth (module) and stochastic_depth (function) export as StochasticDepth "
+               "with p and mode; outside training as the identity")
+exported_nodes("AdaptivePools", "4,2,2", "ap.yaml",
+               lambda n: (n["name"], n["kind"], n["attrs"].get("output_size")),
+               [("grow", "AdaptiveAvgPool2d", 7), ("keep_h", "AdaptiveAvgPool2d", [None, 3]),
+                ("adaptive_avg_pool2d", "AdaptiveAvgPool2d", [2, 5])],
+               "nn.AdaptiveAvgPool2d and F.adaptive_avg_pool2d to any size export with output_size (None: null)")
 exported_nodes("SpatialMean", "4,5,5", "mean.yaml", name_kind_inputs,
                [("mean", "AdaptiveAvgPool2d", ["input"]), ("mean_1", "AdaptiveAvgPool2d", ["input"]),
                 ("mean_1_flatten", "Flatten", ["mean_1"]), ("view", "Reshape", ["mean_1_flatten"]),
@@ -197,14 +219,36 @@ exported_nodes("ShuffleUnit", "4,3,3", "shuffle.yaml",
                "shufflenet's x.chunk and torch.split export as Narrow pieces, torchvision's channel_shuffle and "
                "nn.ChannelShuffle as ChannelShuffle")
 
+exported_nodes("LayerScaled", "4,3,3", "ls.yaml",   # eps as a number (YAML 1.1 reads "1e-06" as a string)
+               lambda n: (n["name"], n["kind"], {k: float(v) if k == "eps" else v for k, v in n["attrs"].items()}),
+               [("conv", "Conv2d", {"out_channels": 4, "kernel_size": 3, "padding": 1, "groups": 4}),
+                ("permute", "Permute", {"dims": [0, 2, 3, 1]}), ("norm", "LayerNorm", {"normalized_shape": 4}),
+                ("fc", "Linear", {"out_features": 4}), ("permute_1", "Permute", {"dims": [0, -1, 1, 2]}),
+                ("block.permute", "Permute", {"dims": [0, 2, 3, 1]}),
+                ("block.ln", "LayerNorm", {"normalized_shape": 4, "eps": 1e-06}),
+                ("block.permute_1", "Permute", {"dims": [0, 3, 1, 2]}),
+                ("block", "Scale", {"shape": [4, 1, 1], "parameter": "layer_scale"}),
+                ("add", "Add", {})],
+               "x.permute / torch.permute export as Permute, F.layer_norm of a module's weight and bias as that "
+               "module's LayerNorm, `self.layer_scale * x` as Scale named by its module (block.layer_scale)")
+rc, msg = run([REF + ":LayerScaled", "--input-shape", "4,3,3", "-o", os.path.join(out, "ls.yaml")])
+w = read_safetensors(os.path.join(out, "ls.safetensors")) if rc == 0 else {}
+torch.manual_seed(0)
+want = set(__import__("refused").LayerScaled().state_dict())
+if set(w) != want:
+    failures.append(f"LayerScaled: weights hold {sorted(w)}, the state_dict {sorted(want)}")
+else:
+    print(f"ok: LayerScaled: weights file = the state_dict's names, block.layer_scale and block.ln.* among them")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
     ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
     ("ScaleByConstant", "refused.py:87", "with the constant 0.5"),
-    ("ResidualDrop", "stochastic_depth.py:", "stochastic depth with p 0.2"),   # torchvision's line
-    ("MeanOverFeatures", "refused.py:112", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
+    ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
+    ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
+    ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

@@ -26,6 +26,8 @@ For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
     relative to each tensor's largest value, the running statistics
     (running_mean, running_var) likewise of the module's after its training
     forward, and num_batches_tracked equal;
+  - psd's parameters and buffers after the step, in psd's shapes, load
+    into the module with load_state_dict(strict=True);
   - an eval Forward after the step equals the module's (rtol 1e-4).
 
 Then the model's eval export (BatchNorm folded into the convolutions,
@@ -41,14 +43,21 @@ above against the module with dropout off.
     check_resnet.py BUILD_DIR TMP_DIR [MODEL ...]
 
 With MODEL names (make test-zoo: mobilenet_v3_small, regnet_x_400mf,
-regnet_y_400mf, mnasnet0_5, squeezenet1_1, googlenet, densenet121,
-shufflenet_v2_x0_5),
-only those torchvision models, each both ways as
-mobilenet_v2 above (mobilenets' dropout 0, gradients against float64;
+regnet_y_400mf, ..., convnext_tiny with stochastic_depth_prob 0,
+densenet121, shufflenet_v2_x0_5), only those torchvision models, each
+both ways as mobilenet_v2 above (mobilenets' dropout 0, gradients
+against float64;
 a training forward or running statistics past the fixed tolerances pass
 when psd's error against float64 autograd is within 8x PyTorch
 float32's own - regnet's 22 BatchNorm blocks at 2x2 in the last stage).
+efficientnet_b0 and efficientnet_v2_s with stochastic_depth_prob=0 and
+their classifier's dropout at 0 (tests/export/zoo_builders.py; psd draws
+its own masks);
+alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
+only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
+exporter refuses.
 """
+import collections
 import copy
 import importlib.machinery
 import importlib.util
@@ -108,8 +117,10 @@ def free_port():
 def start_psd(name, model_line, extra):
     cfg = os.path.join(TMP, name + ".conf.yaml")
     with open(cfg, "w") as f:
+        # messages up to the client's 256 MiB: alexnet's gradients (GetGradients is one message) are 228 MB,
+        # convnext_tiny's 111 MB
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
-                "server:\n  consistency: hogwild\n" % (model_line, LR))
+                "server:\n  consistency: hogwild\n  max_message_mb: 256\n" % (model_line, LR))
     addr = "127.0.0.1:%d" % free_port()
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
@@ -247,6 +258,17 @@ def run(label, stub, model, x, target, ref64=False):
               "(worst %s: %.3g)" % (label, len(keys), kind, "w - lr * psd's gradient" if ref64 and kind == "weights"
                                     else "PyTorch's" + (" (or psd's error against float64 within 8x PyTorch "
                                                         "float32's)" if ref64 else ""), wname, worst))
+    # psd's tensors as they are (its shapes, not reshaped) load into the module strictly: a checkpoint's
+    # names and shapes are PyTorch's (convnext's layer_scale (C, 1, 1))
+    psd_sd = collections.OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in after.items())
+    psd_sd._metadata = model.state_dict()._metadata     # the modules' versions (mnasnet reads its own)
+    try:
+        copy.deepcopy(model).load_state_dict(psd_sd, strict=True)
+        loaded = ""
+    except Exception as e:                               # noqa: BLE001 - any refusal is the finding
+        loaded = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    check(not loaded, "%s: after the step, psd's parameters and buffers load into the module with "
+          "load_state_dict(strict=True) %s" % (label, loaded))
     counts = [k for k in sd if sd[k].dtype == np.int64]
     bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
     if counts:
@@ -275,17 +297,24 @@ def run(label, stub, model, x, target, ref64=False):
               "PyTorch's" % label)
 
 
-def both_paths(pe, name, x, target, ref64=False, **extra):
+def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
     """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
-    its training-mode ONNX export (opset 13), each checked by run(); returns the module."""
+    its training-mode ONNX export (opset 13; onnx False: a string, why not), each checked by run(); returns
+    the module."""
     import json
     import torchvision
     kwargs = dict(num_classes=10, **extra)
     y = os.path.join(TMP, name + ".yaml")
-    rc = pe.main([name, "--kwargs", json.dumps(kwargs), "--input-shape", "3,64,64", "--seed", "3", "-o", y])
+    sys.path.insert(0, os.path.join(ROOT, "tests", "export"))
+    import zoo_builders       # builders with dropout off where torchvision's take no argument for it
+    source, build = name, getattr(torchvision.models, name)
+    if hasattr(zoo_builders, name):
+        source, build = os.path.join(ROOT, "tests", "export", "zoo_builders.py") + ":" + name, \
+            getattr(zoo_builders, name)
+    rc = pe.main([source, "--kwargs", json.dumps(kwargs), "--input-shape", "3,64,64", "--seed", "3", "-o", y])
     check(rc == 0, "psd-export " + name)
     torch.manual_seed(3)
-    model = getattr(torchvision.models, name)(**kwargs)
+    model = build(**kwargs)
     with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -297,6 +326,9 @@ def both_paths(pe, name, x, target, ref64=False, **extra):
     run("%s psd-export" % name, stub, copy.deepcopy(model), x, target, ref64=ref64)
     p.kill()
 
+    if onnx is not True:
+        print("skipped: %s onnx training export: %s" % (name, onnx))
+        return model
     onnx_path = os.path.join(TMP, name + "_train.onnx")
     m2 = copy.deepcopy(model)
     m2.train()
@@ -326,10 +358,16 @@ def main():
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
         for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
-            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet")) else {}
+            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet",
+                                                         "alexnet")) else {}
             if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
                 extra.update(aux_logits=False, init_weights=False)
-            both_paths(pe, name, x, target, ref64=True, **extra)
+            if name.startswith(("efficientnet", "convnext")):   # stochastic depth off (efficientnet's dropout: zoo_builders.py)
+                extra.update(stochastic_depth_prob=0.0)
+            onnx = True
+            if name == "alexnet":     # its 256x1x1 features pooled to 6x6: PyTorch exports factor sizes only
+                onnx = "PyTorch's exporter refuses adaptive_avg_pool2d to 6x6 from 1x1 (not a factor)"
+            both_paths(pe, name, x, target, ref64=name != "alexnet", onnx=onnx, **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module

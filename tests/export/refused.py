@@ -1,5 +1,5 @@
 """Modules psd-export must refuse, each for one reason (tests/it_export.sh
-checks the message names the culprit and its source line)."""
+checks the message names the culprit and its source line), and some it takes."""
 import torch
 import torch.nn as nn
 
@@ -87,19 +87,35 @@ class ScaleByConstant(nn.Module):      # a Mul by a number
         return x * 0.5                   # REFUSED_CONSTANT
 
 
-class ResidualDrop(nn.Module):         # torchvision's stochastic depth: the identity at p 0, else refused
-    def __init__(self, p=0.2):
+from torchvision.ops import stochastic_depth  # noqa: E402 (here: the refusals' lines above stay put)
+
+
+class ResidualDrop(nn.Module):         # torchvision's stochastic depth, module and function: StochasticDepth,
+    def __init__(self, p=0.2):         # the identity at p 0 and outside training
         super().__init__()
         import torchvision.ops
         self.fc = nn.Linear(4, 4)
         self.drop = torchvision.ops.StochasticDepth(p, "row")
+        self.p = p
 
     def forward(self, x):
-        return self.drop(self.fc(x)) + x   # REFUSED_DEPTH
+        y = self.drop(self.fc(x)) + x
+        y = stochastic_depth(y, 0.3 if self.p else 0.0, "batch", self.training) + y
+        return stochastic_depth(y, 0.5, "row", False) + y
 
 
 def residual_drop_off():
     return ResidualDrop(0.0)
+
+
+class AdaptivePools(nn.Module):        # vgg's and alexnet's adaptive pools to more than 1x1, module and function
+    def __init__(self):
+        super().__init__()
+        self.grow = nn.AdaptiveAvgPool2d(7)
+        self.keep_h = nn.AdaptiveAvgPool2d((None, 3))
+
+    def forward(self, x):
+        return nn.functional.adaptive_avg_pool2d(self.keep_h(self.grow(x)), (2, 5))
 
 
 class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPool2d (+ Flatten)
@@ -121,6 +137,47 @@ class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode 
     def forward(self, x):
         F = nn.functional
         return F.avg_pool2d(F.max_pool2d(self.ap(self.mp(x)), 2, ceil_mode=True), 2, ceil_mode=True)
+
+
+class LayerScaled(nn.Module):          # convnext's block: permutes, F.layer_norm of a module's own weight
+    def __init__(self):                # and bias (torchvision's LayerNorm2d), a layer scale
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.norm = nn.LayerNorm(4)
+        self.fc = nn.Linear(4, 4)
+        self.block = Scaled()
+
+    def forward(self, x):
+        y = self.norm(self.conv(x).permute(0, 2, 3, 1))
+        y = torch.permute(self.fc(y), (0, -1, 1, 2))
+        return self.block(y) + x
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.layer_scale = nn.Parameter(torch.full((4, 1, 1), 0.5))
+
+    def forward(self, x):
+        x = nn.functional.layer_norm(x.permute(0, 2, 3, 1), self.ln.normalized_shape, self.ln.weight,
+                                     self.ln.bias, 1e-6).permute(0, 3, 1, 2)
+        return self.layer_scale * x
+
+
+class PermuteBatch(nn.Module):         # a permute moving the batch
+    def forward(self, x):
+        return x.permute(1, 0)           # REFUSED_PERMUTE
+
+
+class ScaleTwice(nn.Module):           # a parameter multiplied in at two sites
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Module()
+        self.inner.gamma = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.inner.gamma * (self.inner.gamma * x)   # REFUSED_SCALE_TWICE
 
 
 class DenseJoin(nn.Module):            # densenet's torch.cat of a growing list: of one tensor, the identity
