@@ -21,7 +21,11 @@ For each, with a batch of 4 at 3x64x64 (psd: model.backend dnnl, SGD lr
     PyTorch float32's own error or that 1e-4 - its BatchNorm biases before
     a linear path to the next BatchNorm have gradients of rounding noise,
     and its early gradients carry 17 blocks of float32 BatchNorm backward;
-    the new weights against w - lr * psd's gradient);
+    where that fails, a ReLU input within float32 error of 0 may have gone
+    the other way in psd's float32 forward: the float64 gradients with up
+    to 4 such decisions turned over (relu_flips) may stand in for float64's
+    own, and the check says which ReLU element it took; the new weights
+    against w - lr * psd's gradient);
   - Step: the new weights (GetParameters) within 1e-5 of torch.optim.SGD's,
     relative to each tensor's largest value, the running statistics
     (running_mean, running_var) likewise of the module's after its training
@@ -163,6 +167,78 @@ def close(got, want, rtol, atol, what):
     check(err.flat[i] <= 0, "%s (worst element %d: %.8g vs %.8g)" % (what, i, got.flat[i], want.flat[i]))
 
 
+def relu_flips(model, x, gy, k=4):
+    """float64 autograd's parameter gradients with ReLU decisions turned over.
+
+    A ReLU input within float32 rounding of 0 can land on either side in a
+    float32 forward, psd's or PyTorch's: on one AVX2 host psd's regnet_x
+    took block4-9's last ReLU at an element whose float64 input is 6.4e-5
+    the other way (so did PyTorch's own float32 run under
+    ONEDNN_MAX_CPU_ISA=SSE41), and the gradients of the blocks before it
+    moved by up to ~5 % of a tensor's largest value. So: over every nn.ReLU
+    call, the k inputs nearest 0 measured in the float32 error at that
+    point (|float64 input| / the largest |float32 - float64| of PyTorch's
+    float32 forward over that call's tensor), and for each non-empty set of
+    them the float64 gradients with those decisions turned over (an element
+    that was cut passes, one that passed is cut). Yields (what, {name:
+    gradient}); nothing when the model has no nn.ReLU module."""
+    m, m32 = copy.deepcopy(model).double(), copy.deepcopy(model)
+    relus = [(n, mod) for n, mod in m.named_modules() if isinstance(mod, torch.nn.ReLU)]
+    if not relus:
+        return
+    for mm in (m, m32):
+        for mod in mm.modules():
+            if isinstance(mod, torch.nn.ReLU):
+                mod.inplace = False
+    inputs, calls = {}, collections.Counter()
+
+    def record(name, dtype):
+        def hook(mod, inp, out):
+            c = calls[name, dtype]
+            calls[name, dtype] += 1
+            inputs[name, c, dtype] = inp[0].detach().double().flatten()
+        return hook
+    for mm, dtype in ((m, 64), (m32, 32)):
+        hooks = [mod.register_forward_hook(record(n, dtype)) for n, mod in mm.named_modules()
+                 if isinstance(mod, torch.nn.ReLU)]
+        with torch.no_grad():
+            mm(x.double() if dtype == 64 else x)
+        for h in hooks:
+            h.remove()
+    seen = []
+    for (name, c, dtype), a in inputs.items():
+        if dtype != 64 or (name, c, 32) not in inputs:
+            continue
+        noise = float((inputs[name, c, 32] - a).abs().max()) or 1e-30
+        r, i = torch.topk(a.abs() / noise, min(k, a.numel()), largest=False)
+        seen.extend((float(rr), name, c, int(ii), float(a[ii])) for rr, ii in zip(r, i))
+    cand = sorted(seen)[:k]
+
+    def flipped(chosen):
+        calls.clear()
+
+        def flip(name):
+            def hook(mod, inp, out):
+                c = calls[name]
+                calls[name] += 1
+                idx = [i for (_, n, cc, i, _) in chosen if n == name and cc == c]
+                if not idx:
+                    return out
+                mask = torch.zeros(out.numel(), dtype=torch.bool)
+                mask[idx] = True
+                return torch.where(mask.view(out.shape), inp[0] - out, out)   # cut <-> passed, gradient too
+            return hook
+        hs = [mod.register_forward_hook(flip(n)) for n, mod in relus]
+        m.zero_grad()
+        m(x.double()).backward(gy.double())
+        for h in hs:
+            h.remove()
+        return {n: p.grad.numpy() for n, p in m.named_parameters()}
+    for bits in range(1, 1 << len(cand)):
+        chosen = [c for j, c in enumerate(cand) if bits >> j & 1]
+        yield (", ".join("%s[%d] (float64 input %.3g)" % (n, i, v) for (_, n, _, i, v) in chosen), flipped(chosen))
+
+
 def run(label, stub, model, x, target, ref64=False):
     """The checks of the docstring; ref64: gradients against float64 autograd (below)."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
@@ -210,15 +286,31 @@ def run(label, stub, model, x, target, ref64=False):
         # the tensor's largest |gradient| (a wrong gradient is off by orders of magnitude more).
         y64.backward(gy.double())
         p64 = dict(m64.named_parameters())
-        for k, p in params.items():
-            g, g64 = p.grad.numpy().astype(np.float64), p64[k].grad.numpy()
-            allowed = max(1e-4 * float(np.max(np.abs(g64))), 8 * float(np.max(np.abs(g - g64))), 1e-30)
-            e = float(np.max(np.abs(grads[k].reshape(g.shape) - g64))) / allowed if k in grads else float("inf")
-            if e > worst:
-                worst, wname = e, k
+
+        def against(ref):   # (worst share of the allowance, its tensor) of psd's gradients against ref
+            w, wn = 0.0, ""
+            for k, p in params.items():
+                g, g64, r = p.grad.numpy().astype(np.float64), p64[k].grad.numpy(), ref[k]
+                allowed = max(1e-4 * float(np.max(np.abs(r))), 8 * float(np.max(np.abs(g - g64))), 1e-30)
+                e = float(np.max(np.abs(grads[k].reshape(g.shape) - r))) / allowed if k in grads else float("inf")
+                if e > w:
+                    w, wn = e, k
+            return w, wn
+        worst, wname = against({k: p.grad.numpy() for k, p in p64.items()})
+        how = ""
+        if worst > 1 and set(grads) == set(params):
+            # a ReLU decision psd's float32 forward took the other way (relu_flips): the float64 gradients of
+            # that forward are the reference then
+            for what, ref in relu_flips(model, x, gy):
+                w, wn = against(ref)
+                if w <= 1:
+                    how = "; against float64 with the ReLU at %s turned over, as psd's float32 forward took it " \
+                          "(%.3g of the allowance against float64 as it is, at %s)" % (what, worst, wname)
+                    worst, wname = w, wn
+                    break
         check(set(grads) == set(params) and worst <= 1, "%s: %d gradients: psd's error against float64 autograd "
-              "within 8x PyTorch float32's or 1e-4 of the tensor's largest (worst %s: %.3g of that)"
-              % (label, len(params), wname, worst))
+              "within 8x PyTorch float32's or 1e-4 of the tensor's largest (worst %s: %.3g of that%s)"
+              % (label, len(params), wname, worst, how))
     else:
         for k, p in params.items():
             g = p.grad.numpy()
