@@ -800,19 +800,38 @@ static void drop_draws(const ps_layer *ly, ps_rng *rng, float *mask, int64_t n) 
     for (int64_t i = 0; i < n; i++) mask[i] = mask[i] < p ? 0.0f : keep;
 }
 
+/* A mask of count floats in the backend's memory, kept in the tape
+ * (saved->dev[0]) for the backward: mask_begin allocates it and gives
+ * *host, where the caller writes it (the mask itself on a host backend, a
+ * staging buffer on a device); mask_end copies the staging buffer over and
+ * frees it. */
+static ps_status mask_begin(ps_layer_call *c, int64_t count, float **mask, float **host, const char *what,
+                            ps_err *err) {
+    *mask = ps_backend_alloc_floats(c->be, count);
+    *host = !c->be->ops->device_kind ? *mask : malloc((size_t)(count ? count : 1) * sizeof(float));
+    if (!*mask || !*host) {
+        ps_backend_release(c->be, *mask);
+        if (*host != *mask) free(*host);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", what);
+    }
+    c->saved->dev[0] = *mask;
+    return PS_OK;
+}
+
+static ps_status mask_end(ps_layer_call *c, float *mask, float *host, int64_t count, ps_err *err) {
+    if (host == mask) return PS_OK;
+    ps_status rc = c->be->ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
+    free(host);
+    return rc;
+}
+
 /* Draw (or take) a mask of the output's size; group = elements sharing a draw. */
 static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     int64_t count = ps_layer_out_count(c->ly, c->n);
-    float *mask = ps_backend_alloc_floats(c->be, count);
-    /* a backend in host memory gets the mask written in place */
-    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
-    if (!mask || !host) {
-        ps_backend_release(c->be, mask);
-        if (host != mask) free(host);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
-    }
-    c->saved->dev[0] = mask;
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "dropout", err);
+    if (rc) return rc;
     if (group == 1 && !c->mask) {
         drop_draws(c->ly, c->rng, host, count);
     } else {
@@ -823,12 +842,7 @@ static ps_status dropout_run(ps_layer_call *c, int64_t group, ps_err *err) {
             for (int64_t i = 0; i < group; i++) host[g * group + i] = v;
         }
     }
-    ps_status rc = PS_OK;
-    if (host != mask) {
-        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
-        free(host);
-    }
-    if (rc != PS_OK) return rc;
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
     return ops->mul(c->be->impl, count, c->x, mask, c->y, err);
 }
 
@@ -840,22 +854,12 @@ static ps_status dropout2d_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     ps_chan_desc d = bn_desc(c->ly, c->n);
     int64_t count = (int64_t)d.n * d.c;
-    float *mask = ps_backend_alloc_floats(c->be, count);
-    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
-    if (!mask || !host) {
-        ps_backend_release(c->be, mask);
-        if (host != mask) free(host);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for dropout");
-    }
-    c->saved->dev[0] = mask;
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "dropout", err);
+    if (rc) return rc;
     if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
     else drop_draws(c->ly, c->rng, host, count);
-    ps_status rc = PS_OK;
-    if (host != mask) {
-        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
-        free(host);
-    }
-    if (rc != PS_OK) return rc;
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
     return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
 }
 
@@ -901,26 +905,18 @@ static ps_status sdepth_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     const ps_chan_desc d = sdepth_desc(c->ly, c->n);
     const int64_t count = (int64_t)d.n * d.c, draws = ps_layer_dropout_draws(c->ly, c->n);
-    float *mask = ps_backend_alloc_floats(c->be, count);
-    float *host = !ops->device_kind ? mask : malloc((size_t)(count ? count : 1) * sizeof(float));
-    float *v = malloc((size_t)draws * sizeof(float));
-    if (!mask || !host || !v) {
-        ps_backend_release(c->be, mask);
-        if (host != mask) free(host);
+    float *v = malloc((size_t)(draws ? draws : 1) * sizeof(float)), *mask, *host;
+    if (!v) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stochastic depth");
+    ps_status rc = mask_begin(c, count, &mask, &host, "stochastic depth", err);
+    if (rc) {
         free(v);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for stochastic depth");
+        return rc;
     }
-    c->saved->dev[0] = mask;
     if (c->mask) memcpy(v, c->mask, (size_t)draws * sizeof(float));
     else drop_draws(c->ly, c->rng, v, draws);
     for (int64_t q = 0; q < count; q++) host[q] = v[c->ly->a.mode ? 0 : q / d.c];   /* batch: draw 0 for all */
     free(v);
-    ps_status rc = PS_OK;
-    if (host != mask) {
-        rc = ops->copy_to_device(c->be->impl, mask, host, (size_t)count * sizeof(float), err);
-        free(host);
-    }
-    if (rc != PS_OK) return rc;
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
     return ops->mul_channels(c->be->impl, &d, c->x, mask, c->y, err);
 }
 
