@@ -197,6 +197,28 @@ static char *yaml_of(const buf *m) {
     return y;
 }
 
+/* psd's model of an imported model file's text, on the ref backend (the
+ * text goes through a temporary file, as psd reads a model.file); NULL,
+ * with the check failed, when it does not build. */
+static ps_model *ref_model_of(const char *yaml, ps_err *e) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(yaml, f); fclose(f); }
+    ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
+    ps_model *pm = ps_model_create(&mo, e);
+    CHECK_MSG(pm != NULL, "build: %s", e->msg);
+    unlink(path);
+    return pm;
+}
+
+/* How many times needle stands in text. */
+static int count_of(const char *text, const char *needle) {
+    int k = 0;
+    for (const char *q = text; (q = strstr(q, needle)); q++) k++;
+    return k;
+}
+
 /* The graph y = x + w (x and y (2, 3)) with initializer w = t (taken):
  * refused with code and an error naming needle. */
 static void expect_add_refusal(const char *what, buf *t, ps_status code, const char *needle) {
@@ -331,14 +353,7 @@ static void test_softmax_opsets(void) {
         if (v) CHECK_MSG(strstr(y, "kind: Softmax, dim: 1") && !strstr(y, "Flatten"), "opset 13: %s", y);
         else CHECK_MSG(strstr(y, "kind: Flatten") && strstr(y, "dim: -1") && strstr(y, "kind: Reshape"), "opset 11: %s", y);
         /* numerically: psd's eval forward against a softmax computed here */
-        char path[64];
-        snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
-        FILE *f = fopen(path, "w");
-        fputs(y, f);
-        fclose(f);
-        ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
-        ps_model *pm = ps_model_create(&mo, &e);
-        CHECK_MSG(pm != NULL, "build: %s", e.msg);
+        ps_model *pm = ref_model_of(y, &e);
         float x[24], out[24], want[24];
         for (int i = 0; i < 24; i++) x[i] = sinf((float)i * 1.7f) * 2;
         for (int b = 0; b < 2; b++) {
@@ -365,7 +380,6 @@ static void test_softmax_opsets(void) {
             CHECK_MSG(0, "forward: %s", e.msg);
         }
         ps_model_free(pm);
-        unlink(path);
         ps_onnx_import_free(im);
         ps_onnx_free(om);
         free(m.p);
@@ -529,17 +543,10 @@ static void test_concat_arity(void) {
         const char *relu = strstr(y, "kind: ReLU");
         CHECK_MSG(relu && !strstr(relu, "input: c0") && strstr(y, "kind: Concat") == strstr(relu, "kind: Concat"),
                   "a one-input Concat is the identity (no node; the Relu reads the input): %s", y);
-        int cats = 0;
-        for (const char *q = y; (q = strstr(q, "kind: Concat")); q++) cats++;
+        int cats = count_of(y, "kind: Concat");
         CHECK_MSG(cats == 2, "two Concats of 64: %d in %s", cats, y);
-        char path[64];
-        snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
-        FILE *f = fopen(path, "w");
-        if (f) { fputs(y, f); fclose(f); }
         ps_err e = {0};
-        ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
-        ps_model *pm = ps_model_create(&mo, &e);
-        CHECK_MSG(pm != NULL, "build: %s", e.msg);
+        ps_model *pm = ref_model_of(y, &e);
         enum { OUT = 3 * 64 * 64 };
         float x[6] = {-1.5f, 0.25f, 2.0f, 0.5f, -0.75f, 3.5f};
         float *out = calloc(2 * OUT, sizeof *out), *want = calloc(2 * OUT, sizeof *want);
@@ -551,7 +558,6 @@ static void test_concat_arity(void) {
         else if (pm)
             CHECK_MSG(0, "forward: %s", e.msg);
         ps_model_free(pm);
-        unlink(path);
         free(out);
         free(want);
         free(y);
@@ -589,18 +595,11 @@ static void test_shuffle_unit(void) {
     buf vi = value_info("x", 4, dx), vo = value_info("y", 4, dx);
     buf m = model(13, ns, 7, all, 7, &vi, &vo);
     char *y = yaml_of(&m);
-    int narrows = 0;
-    for (const char *q = y; (q = strstr(q, "kind: Narrow")); q++) narrows++;
+    int narrows = count_of(y, "kind: Narrow");
     CHECK_MSG(narrows == 2 && strstr(y, "kind: ChannelShuffle, groups: 2") && !strstr(y, "Reshape") &&
               strstr(y, "dim: 1, start: 2, length: 2"), "shuffle unit: %s", y);
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/test_onnx_import.%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    if (f) { fputs(y, f); fclose(f); }
     ps_err e = {0};
-    ps_model_opts mo = {.file = path, .cpu_backend = "ref", .seed = 1, .compute_threads = 1, .lr = 0.1f};
-    ps_model *pm = ps_model_create(&mo, &e);
-    CHECK_MSG(pm != NULL, "build: %s", e.msg);
+    ps_model *pm = ref_model_of(y, &e);
     float x[32], out[32], want[32];
     for (int i = 0; i < 32; i++) x[i] = sinf((float)i * 1.3f) * 2;
     /* cat [x0, x1, relu x2, relu x3]; shuffled with 2 groups: output channel i * 2 + j is input j * 2 + i */
@@ -618,7 +617,6 @@ static void test_shuffle_unit(void) {
     else if (pm)
         CHECK_MSG(0, "forward: %s", e.msg);
     ps_model_free(pm);
-    unlink(path);
     free(y);
     free(m.p);
     {   /* a Slice with step 2 */
