@@ -236,6 +236,23 @@ static inline ps_permute_desc ps_permute_inverse(const ps_permute_desc *d) {
     return r;
 }
 
+/* The permutation as strides: y's per-sample dims (odim) and, along each,
+ * the step in x (ostr), so that y[o_0, ..., o_k] = x[sum o_j * ostr[j]]
+ * within a sample. Returns the elements of a sample. */
+static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[PS_PERMUTE_MAX_DIMS],
+                                         int64_t ostr[PS_PERMUTE_MAX_DIMS]) {
+    int64_t istr[PS_PERMUTE_MAX_DIMS], per = 1;
+    for (int k = d->ndim - 1; k >= 0; k--) {
+        istr[k] = per;
+        per *= d->dims[k];
+    }
+    for (int k = 0; k < d->ndim; k++) {
+        odim[k] = d->dims[d->perm[k]];
+        ostr[k] = istr[d->perm[k]];
+    }
+    return per;
+}
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas

@@ -1140,15 +1140,8 @@ static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_er
 }
 
 static ps_status cu_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
-    int64_t istr[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
-    for (int k = d->ndim - 1; k >= 0; k--) {
-        istr[k] = per;
-        per *= d->dims[k];
-    }
-    for (int k = 0; k < d->ndim; k++) {
-        odim[k] = d->dims[d->perm[k]];
-        ostr[k] = istr[d->perm[k]];
-    }
+    int64_t odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS];
+    const int64_t per = ps_permute_strides(d, odim, ostr);
     if (d->n * per <= 0) return PS_OK;
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_permute(d->n, d->ndim, odim, ostr, x, y, c->stream));
 }

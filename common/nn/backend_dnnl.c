@@ -799,19 +799,19 @@ static ps_status create_act_reorder(dnnl_engine_t eng, int block, const prim_key
  * destination dense. dims: n, ndim, the input's per-sample dims
  * (PS_PERMUTE_MAX_DIMS), perm (PS_PERMUTE_MAX_DIMS). */
 static ps_status create_permute(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
-    const int nd = (int)k->dims[1];
-    const int64_t *in = k->dims + 2, *perm = k->dims + 2 + PS_PERMUTE_MAX_DIMS;
-    dnnl_dims_t dims, sstr, dstr;
-    int64_t istr[PS_PERMUTE_MAX_DIMS], per = 1;
-    for (int j = nd - 1; j >= 0; j--) {
-        istr[j] = per;
-        per *= in[j];
-    }
-    dims[0] = k->dims[0];
-    sstr[0] = per;
+    ps_permute_desc pd = {.n = k->dims[0], .ndim = (int)k->dims[1]};
+    const int nd = pd.ndim;
     for (int j = 0; j < nd; j++) {
-        dims[1 + j] = in[perm[j]];
-        sstr[1 + j] = istr[perm[j]];
+        pd.dims[j] = k->dims[2 + j];
+        pd.perm[j] = (int)k->dims[2 + PS_PERMUTE_MAX_DIMS + j];
+    }
+    int64_t odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS];
+    dnnl_dims_t dims, sstr, dstr;
+    dims[0] = pd.n;
+    sstr[0] = ps_permute_strides(&pd, odim, ostr);
+    for (int j = 0; j < nd; j++) {
+        dims[1 + j] = odim[j];
+        sstr[1 + j] = ostr[j];
     }
     int64_t o = 1;
     for (int j = nd; j >= 0; j--) {

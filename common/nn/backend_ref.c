@@ -792,15 +792,8 @@ static ps_status ref_fill(void *impl, int64_t count, float *x, float value, ps_e
 
 static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
     (void)impl; (void)err;
-    int64_t istride[PS_PERMUTE_MAX_DIMS], odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS], per = 1;
-    for (int k = d->ndim - 1; k >= 0; k--) {
-        istride[k] = per;
-        per *= d->dims[k];
-    }
-    for (int k = 0; k < d->ndim; k++) {
-        odim[k] = d->dims[d->perm[k]];
-        ostr[k] = istride[d->perm[k]];
-    }
+    int64_t odim[PS_PERMUTE_MAX_DIMS], ostr[PS_PERMUTE_MAX_DIMS];
+    const int64_t per = ps_permute_strides(d, odim, ostr);
     for (int64_t i = 0; i < d->n; i++)
         for (int64_t o = 0; o < per; o++) {
             int64_t rest = o, off = 0;
