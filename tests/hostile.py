@@ -97,8 +97,8 @@ class H2Conn:
     answers SETTINGS and PING (never WINDOW_UPDATE: the attacker decides flow
     control), and counts RST_STREAM, GOAWAY and trailers (ended calls)."""
 
-    def __init__(self, host, port, tls, window=None, source=None):
-        s = socket.create_connection((host, port), timeout=10,
+    def __init__(self, host, port, tls, window=None, source=None, connect_timeout=10):
+        s = socket.create_connection((host, port), timeout=connect_timeout,
                                      source_address=(source, 0) if source else None)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.scheme = "http"
@@ -511,14 +511,26 @@ def main():
             else:
                 who = [(f"127.0.0.{2 + i}", a.token) for i in range(a.sources)]
             held = {w: [] for w in who}  # per attacker: its connections
+            refused = 0  # connection attempts psd's listener refused while --keep-up replaced streams
 
-            def stall_more(w, n, p):  # n more stalled streams of path p for attacker w
-                nonlocal sent
+            def stall_more(w, n, p, replacing=False):  # n more stalled streams of path p for attacker w
+                nonlocal sent, refused
                 src, tok = w
                 while n > 0 and sent < 40 * a.n * len(who):
                     cs = held[w]
                     if not cs or cs[-1].closed or cs[-1].next_id // 2 - len(cs[-1].ended) >= per:
-                        c = H2Conn(a.host, a.port, a.tls, window=window, source=src)
+                        try:
+                            c = H2Conn(a.host, a.port, a.tls, window=window, source=src,
+                                       connect_timeout=3 if replacing else 10)
+                        except OSError:
+                            # a host at server.max_connections_per_client has
+                            # its new connections dropped by the listener (the
+                            # SYN never answered): the defence, not a failure of
+                            # this script - try again at the next replacement
+                            if not replacing:
+                                raise
+                            refused += 1
+                            return
                         conns.append(c)
                         cs.append(c)
                     c = cs[-1]
@@ -543,13 +555,15 @@ def main():
                     for w in who:
                         live = sum(c.next_id // 2 - len(c.ended) for c in held[w] if not c.closed)
                         if live < a.n:
-                            stall_more(w, a.n - live, path)
+                            stall_more(w, a.n - live, path, replacing=True)
                 if mon:
                     mon.one()
                 time.sleep(0.2)
             ended = sum(c.rst + c.headers for c in conns)
             extra = (f", {len(who)} attacker(s), {sent} streams opened on {len(conns)} connections, "
                      f"{ended} ended by psd within {time.monotonic() - opened_at:.0f} s")
+            if refused:
+                extra += f", {refused} new connection(s) refused by psd's listener (host at its cap)"
             if mon:
                 ml = sorted(mon.lat) or [0]
                 extra += (f"; monitor on {who[0][0]}: {len(mon.lat)} answered, {len(mon.failed)} not, median "
@@ -624,7 +638,10 @@ def main():
                 if opened >= 20 * a.conns:
                     return None
                 try:
-                    c = H2Conn(a.host, a.port, a.tls, source=a.source)
+                    # short: once the host is at server.max_connections_per_client
+                    # psd's listener drops its SYNs, and a blocked connect would
+                    # stop the resets on the connections it has
+                    c = H2Conn(a.host, a.port, a.tls, source=a.source, connect_timeout=1)
                 except OSError:
                     return None
                 opened += 1
@@ -633,20 +650,24 @@ def main():
 
             for _ in range(a.conns):
                 c = connect()
-                if c:
-                    live.append(c)
+                if not c:
+                    break  # refused: reset on what it has, and try again each round
+                live.append(c)
+            live += [None] * (a.conns - len(live))
             last_sample = 0
             per_round = 10
             while attacking() and sent < a.max_streams:
                 t_round = time.monotonic()
+                may_connect = True  # until a connect is refused this round
                 for i, c in enumerate(live):
                     if c is None or c.closed:
                         if c is not None:
                             cut += not c.stalled
                             slow += c.stalled
                             c.close()
-                        live[i] = c = connect()
+                        live[i] = c = connect() if may_connect else None
                         if c is None:
+                            may_connect = False
                             continue
                     if block is None:
                         block = headers_block("/ps.ParameterServer/GetParameters", authority, c.scheme, a.token)
