@@ -268,7 +268,7 @@ static void on_request(ps_rpc_call *c, int success) {
     int off = rpc_host_cut_locked(s, c->peer);
     pthread_mutex_unlock(&s->mu);
     grpc_status_code code = GRPC_STATUS_UNAVAILABLE;
-    if (off)  /* its connections are closed within a second (rpc_scan_connections) */
+    if (off)  /* its connections are closed at the next rpc_scan_connections */
         snprintf(details, sizeof details, "this host is cut off for a while: it reset more than %d streams a "
                  "second over its connections, or sent a header block that never ends", s->opts.max_resets_per_s);
     else
@@ -598,7 +598,7 @@ static void event_scans(ps_rpc_server *s, long long now) {
     if (now >= due && atomic_compare_exchange_strong(&s->next_scan, &due, now + 200))
         rpc_scan_timeouts(s);  /* one event thread at a time */
     due = atomic_load(&s->next_conn_scan);
-    if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
+    if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + PS_RPC_CONN_SCAN_MS))
         rpc_scan_connections(s);
 }
 
@@ -674,10 +674,10 @@ void *rpc_watch_main(void *arg) {
     ps_rpc_server *s = arg;
     pthread_setname_np(pthread_self(), "psd-watch");
     while (!atomic_load(&s->watch_stop)) {
-        struct timespec ts = {0, 250 * 1000000L};
+        struct timespec ts = {0, PS_RPC_CONN_SCAN_MS / 5 * 1000000L};
         nanosleep(&ts, NULL);
         long long now = ps_mono_ms(), due = atomic_load(&s->next_conn_scan);
-        if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + 1000))
+        if (now >= due && atomic_compare_exchange_strong(&s->next_conn_scan, &due, now + PS_RPC_CONN_SCAN_MS))
             rpc_scan_connections(s);
     }
     return NULL;
