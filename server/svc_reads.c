@@ -129,12 +129,12 @@ static ps_status svc_page(ps_svc_call *call, const page_src *src, const page_req
     if (req->first > (uint32_t)nsel)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.first %u: past the %d tensors of the selection",
                           src->req, (unsigned)req->first, nsel);
-    int64_t rows0 = req->first < (uint32_t)nsel ? sel_entry_of(s, src->sel[req->first]).rows : 0;
-    if (req->first_row < 0 || (req->first_row && req->first_row >= rows0))
+    int in = req->first < (uint32_t)nsel;
+    sel_entry e0 = in ? sel_entry_of(s, src->sel[req->first]) : (sel_entry){.name = "", .rows = 0};
+    if (req->first_row < 0 || (req->first_row && req->first_row >= e0.rows))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.first_row %lld: outside %s%s (%lld rows)", src->req,
-                          (long long)req->first_row, req->first < (uint32_t)nsel ? "tensor " : "the end of the selection",
-                          req->first < (uint32_t)nsel ? sel_entry_of(s, src->sel[req->first]).name : "",
-                          (long long)rows0);
+                          (long long)req->first_row, in ? "tensor " : "the end of the selection", e0.name,
+                          (long long)e0.rows);
     /* room for tensor data in one reply: the message limit less headers */
     uint64_t limit = s->max_tensor_bytes > (1u << 17) ? s->max_tensor_bytes - (1u << 16) : s->max_tensor_bytes / 2;
     uint64_t budget = req->max_bytes && req->max_bytes < limit ? req->max_bytes : limit;
@@ -149,12 +149,15 @@ static ps_status svc_page(ps_svc_call *call, const page_src *src, const page_req
     while (k < nsel && n < o->cap) {
         sel_entry pi = sel_entry_of(s, src->sel[k]);
         int64_t rows = pi.rows, row_bytes = rows ? pi.numel / rows * pi.esz : 0;
-        int64_t fit = row_bytes ? (int64_t)(budget / (uint64_t)row_bytes) : rows;
+        int64_t fit = row_bytes ? (int64_t)(budget / (uint64_t)row_bytes) : INT64_MAX;  /* empty rows: all */
         if (fit <= 0) {
-            if (n == 0)
+            if (n == 0 && req->max_bytes && req->max_bytes < limit)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.max_bytes %llu: less than one row of %s (%lld "
-                                  "bytes)%s", src->req, (unsigned long long)budget, pi.name, (long long)row_bytes,
-                                  budget < req->max_bytes || !req->max_bytes ? " - the server's message limit" : "");
+                                  "bytes)", src->req, (unsigned long long)budget, pi.name, (long long)row_bytes);
+            if (n == 0)
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: one row of %s (%lld bytes) is more than a "
+                                  "message holds (%llu bytes of tensor data; server.max_message_mb)", src->req,
+                                  pi.name, (long long)row_bytes, (unsigned long long)limit);
             break;
         }
         int64_t take = rows - row < fit ? rows - row : fit;

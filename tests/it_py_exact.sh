@@ -65,10 +65,12 @@ timeout 600 $PY tests/python/exact.py --data "$DATA" --rules --mnist "$single" 0
 # the C client (ps-train --check-gradients) against the same 4 MiB psd: every gradient assembled from its pages
 # with ListParameters' name and shape, finite, fc2.bias equal to the trainer's own softmax - onehot
 "$BUILD/bin/ps-train" --config configs/local.yaml --server "$single" --set server.max_message_mb=4 --split-calls \
-  --check-gradients --max-batches 3 --epochs 1 --no-eval --data "$DATA" >"$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; show; }
+  --check-gradients --max-batches 3 --epochs 1 --no-eval --data "$DATA" >"$tmp/train.out" 2>&1 ||
+  { cat "$tmp/train.out"; show; }
 n=$(grep -c "gradient check batch .*: 8 gradients OK" "$tmp/train.out")
 [ "$n" -ge 1 ] || { cat "$tmp/train.out"; echo "ps-train checked no gradients"; show; }
-grep -q "Sent message larger\|RESOURCE_EXHAUSTED" "$tmp"/*.log "$tmp/train.out" && { echo "a message over the limit"; show; }
+grep -q "Sent message larger\|RESOURCE_EXHAUSTED" "$tmp"/*.log "$tmp/train.out" &&
+  { echo "a message over the limit"; show; }
 echo "ok: ps-train's C client assembled 8 paged gradients in $n batches at server.max_message_mb 4"
 for p in "${lm[@]}"; do kill -TERM "$p"; done
 for p in "${lm[@]}"; do wait "$p" || { echo "an LM psd did not stop cleanly"; show; }; done

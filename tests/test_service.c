@@ -6,7 +6,8 @@
  * listing, a full Forward/Backward/GetGradients/Step cycle with a gradient
  * larger than gRPC's 4 MiB default, idempotent Step, and that malformed
  * requests, wrong shapes, unknown contexts and unknown methods get precise
- * statuses while the server keeps serving. */
+ * statuses while the server keeps serving. With PSD_DUMP_GRADIENTS it only
+ * writes a context's gradients, fetched by the C client (dump_gradients). */
 #include <grpc/grpc.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "model.h"
 #include "ps_client.h"
 #include "rpc_server.h"
+#include "safetensors.h"
 #include "service.h"
 #include "support/model_run.h"
 #include "wire.h"
@@ -284,8 +286,8 @@ static void check_gradient_pages(ps_model *ref, uint64_t ctx, const float *x, in
             int shape = !strcmp(gl.items[t].name, pi->name) && gl.items[t].ndim == pi->ndim &&
                         gl.items[t].bytes == (size_t)pi->numel * sizeof(float);
             for (int d = 0; shape && d < pi->ndim; d++) shape = gl.items[t].dims[d] == pi->dims[d];
-            CHECK_MSG(shape, "max_bytes %llu: tensor %zu is %s of %zu bytes, expected %s", (unsigned long long)sizes[si],
-                      t, gl.items[t].name, gl.items[t].bytes, pi->name);
+            CHECK_MSG(shape, "max_bytes %llu: tensor %zu is %s of %zu bytes, expected %s",
+                      (unsigned long long)sizes[si], t, gl.items[t].name, gl.items[t].bytes, pi->name);
             if (!shape) continue;
             float *want = malloc(sizeof(float) * (size_t)pi->numel);
             CHECK(want && ps_grads_get(ref, rg, (int)t, want, &err) == PS_OK);
@@ -513,9 +515,43 @@ static void test_cluster_service(void) {
     ps_model_free(model);
 }
 
+/* PSD_DUMP_GRADIENTS=CONTEXT:PATH with PSD_ADDR: only fetch that context's
+ * gradients with the C client (every page, assembled) and write them to
+ * PATH as safetensors, for tests/python/mnist_exact.py to hold against
+ * PyTorch; exit 0 when written. */
+static int dump_gradients(const char *addr, const char *spec) {
+    ps_err err = {0};
+    char *end = NULL;
+    unsigned long long ctx = strtoull(spec, &end, 0);
+    if (!end || *end != ':' || !end[1]) {
+        fprintf(stderr, "test_service: PSD_DUMP_GRADIENTS is CONTEXT:PATH, not '%s'\n", spec);
+        return 2;
+    }
+    ps_client *c = ps_client_create(addr, 30000, MAXMSG, &err);
+    ps_wire_tensor_list gl = {0};
+    ps_st_tensor *st = NULL;
+    int rc = !c || ps_client_get_gradients(c, ctx, &gl, &err);
+    if (!rc && !(st = calloc(gl.n + 1, sizeof *st))) rc = ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; !rc && i < gl.n; i++) {
+        snprintf(st[i].name, sizeof st[i].name, "%s", gl.items[i].name);
+        st[i].dtype = PS_ST_F32;
+        st[i].ndim = gl.items[i].ndim;
+        memcpy(st[i].dims, gl.items[i].dims, sizeof(int64_t) * (size_t)gl.items[i].ndim);
+        st[i].data = gl.items[i].data;
+        st[i].bytes = gl.items[i].bytes;
+    }
+    if (!rc) rc = ps_st_write(end + 1, st, gl.n, NULL, &err);
+    if (rc) fprintf(stderr, "test_service: gradients of context %llx: %s\n", ctx, err.msg);
+    free(st);
+    ps_wire_tensor_list_free(&gl);
+    ps_client_free(c);
+    return rc ? 1 : 0;
+}
+
 int main(void) {
     const char *ext = getenv("PSD_ADDR");
     grpc_init();
+    if (ext && getenv("PSD_DUMP_GRADIENTS")) return dump_gradients(ext, getenv("PSD_DUMP_GRADIENTS"));
     ps_err err = {0};
     ps_model *model = NULL, *ref = NULL;
     ps_service *svc = NULL;
@@ -634,8 +670,8 @@ int main(void) {
     ps_GetGradientsResponse gr = ps_GetGradientsResponse_init_zero;
     CHECK(ps_client_step(cl, ctx, &v1, &err) == PS_OK);
     CHECK(v1 > v0);
-    CHECK(call_msg(raw, "/ps.ParameterServer/GetGradients", ps_GetGradientsRequest_fields, &gq, ps_GetGradientsResponse_fields,
-                   &gr, det, sizeof det) == GRPC_STATUS_NOT_FOUND);
+    CHECK(call_msg(raw, "/ps.ParameterServer/GetGradients", ps_GetGradientsRequest_fields, &gq,
+                   ps_GetGradientsResponse_fields, &gr, det, sizeof det) == GRPC_STATUS_NOT_FOUND);
     CHECK_MSG(strstr(det, "GetGradients page from parameter 4 row 3") && strstr(det, "already stepped"), "%s", det);
     /* A retried Step is answered, not applied twice. */
     CHECK(ps_client_step(cl, ctx, &v2, &err) == PS_OK);

@@ -288,7 +288,8 @@ ps_status ps_model_get_buffer_rows(ps_model *m, int i, int64_t row0, int64_t nro
     if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
     const ps_buffer_info *bi = &m->buffers[i];
     size_t off, bytes;
-    if (ps_model_row_range(bi->name, bi->ndim, bi->dims, bi->numel, ps_dtype_size(bi->dtype), row0, nrows, &off, &bytes, err))
+    if (ps_model_row_range(bi->name, bi->ndim, bi->dims, bi->numel, ps_dtype_size(bi->dtype), row0, nrows, &off,
+                           &bytes, err))
         return err->code;
     int rows = reads_inplace(m, m->bloc[i].stage, m->bloc[i].stage);
     pthread_rwlock_rdlock(&m->lock);
