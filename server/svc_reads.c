@@ -1,8 +1,9 @@
 /* svc_reads.c - the handlers that read: GetGradients (a context's
- * accumulated gradients), ListParameters (names, shapes, stages),
- * GetParameters (the weights), both paged by one pager (svc_page), Status, the health check, and
- * ReportPartial (a trainer's report of a step applied on some servers only:
- * counted and logged, nothing else changes). */
+ * accumulated gradients) and GetParameters (the weights), both paged by
+ * one pager (svc_page), ListParameters (names, shapes, stages), Status,
+ * the health check, and ReportPartial (a trainer's report of a step
+ * applied on some servers only: counted and logged, nothing else
+ * changes). */
 #include "service_impl.h"
 #include "trainers.h"
 
@@ -122,7 +123,8 @@ static ps_status page_copy(ps_service *s, const page_src *src, int e, int64_t ro
  * Only the rows sent are copied, so a page allocates at most the limit
  * whatever the request. A first / first_row outside the selection, or a
  * max_bytes that holds no row of the first entry, is INVALID_ARGUMENT naming
- * the field. Shared by GetParameters and GetGradients. */
+ * the field; a row larger than the limit itself RESOURCE_EXHAUSTED. Shared
+ * by GetParameters and GetGradients. */
 static ps_status svc_page(ps_svc_call *call, const page_src *src, const page_req *req, page_out *o, ps_err *err) {
     ps_service *s = call->svc;
     int nsel = src->n;
