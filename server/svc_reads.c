@@ -1,8 +1,9 @@
 /* svc_reads.c - the handlers that read: GetGradients (a context's
- * accumulated gradients), ListParameters (names, shapes, stages),
- * GetParameters (the weights, paged), Status, the health check, and
- * ReportPartial (a trainer's report of a step applied on some servers only:
- * counted and logged, nothing else changes). */
+ * accumulated gradients) and GetParameters (the weights), both paged by
+ * one pager (svc_page), ListParameters (names, shapes, stages), Status,
+ * the health check, and ReportPartial (a trainer's report of a step
+ * applied on some servers only: counted and logged, nothing else
+ * changes). */
 #include "service_impl.h"
 #include "trainers.h"
 
@@ -15,18 +16,13 @@
 #include "report_limit.h"
 
 /* The model's parameters as a list for the wire, in call->out: names,
- * shapes, stages and devices, and - with want_data - a host copy of each
- * parameter's weights, or of its accumulated gradient in grads when grads
- * is not NULL. */
-static ps_status named_params(ps_svc_call *call, int want_data, const ps_grads *grads, ps_err *err) {
+ * shapes, stages and devices (ListParameters; no data). */
+static ps_status named_params(ps_svc_call *call, ps_err *err) {
     ps_service *s = call->svc;
     int np = ps_model_num_params(s->model);
-    ps_wire_named *items = ps_svc_keep(call, calloc(np, sizeof *items));
-    float *buf = want_data ? ps_svc_keep(call, malloc((size_t)ps_model_num_weights(s->model) * sizeof(float))) : NULL;
-    ps_status rc = PS_OK;
-    if (!items || (want_data && !buf)) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
-    float *p = buf;
-    for (int i = 0; i < np && rc == PS_OK; i++) {
+    ps_wire_named *items = ps_svc_keep(call, calloc((size_t)np + 1, sizeof *items));
+    if (!items) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < np; i++) {
         const ps_param_info *pi = ps_model_param(s->model, i);
         ps_wire_named *it = &items[i];
         it->name = pi->name;
@@ -37,20 +33,16 @@ static ps_status named_params(ps_svc_call *call, int want_data, const ps_grads *
         it->sparse = pi->sparse;
         it->row_offset = pi->row_offset;
         it->rows_total = pi->rows_total;
-        if (!want_data) continue;
-        rc = grads ? ps_grads_get(s->model, grads, i, p, err) : ps_model_get_param(s->model, i, p, err);
-        it->data = p;
-        p += pi->numel;
     }
-    if (rc == PS_OK) call->out = (ps_wire_named_list){items, (size_t)np};
-    return rc;
+    call->out = (ps_wire_named_list){items, (size_t)np};
+    return PS_OK;
 }
 
 /* named_params' list with the model's buffers (BatchNorm's running
  * statistics) after the parameters, as buffers (ListParameters). */
 static ps_status named_params_and_buffers(ps_svc_call *call, ps_err *err) {
     ps_service *s = call->svc;
-    if (named_params(call, 0, NULL, err)) return err->code;
+    if (named_params(call, err)) return err->code;
     int np = ps_model_num_params(s->model), nb = ps_model_num_buffers(s->model);
     ps_wire_named *items = ps_svc_keep(call, calloc((size_t)(np + nb) + 1, sizeof *items));
     if (!items) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
@@ -80,7 +72,7 @@ static sel_entry sel_entry_of(ps_service *s, int e) {
     sel_entry o = {0};
     if (e < np) {
         const ps_param_info *pi = ps_model_param(s->model, e);
-        o = (sel_entry){pi->name, pi->ndim, {0}, pi->numel, pi->dims[0], 0, sizeof(float)};
+        o = (sel_entry){pi->name, pi->ndim, {0}, pi->numel, pi->ndim ? pi->dims[0] : 1, 0, sizeof(float)};
         memcpy(o.dims, pi->dims, sizeof o.dims);
     } else {
         const ps_buffer_info *bi = ps_model_buffer(s->model, e - np);
@@ -91,17 +83,155 @@ static sel_entry sel_entry_of(ps_service *s, int e) {
     return o;
 }
 
+/* A paged read: the selection sel[0..n) of model entries (parameters, then
+ * buffers as np + b) and where their data comes from - the weights, or the
+ * accumulated gradients grads (parameters only). */
+typedef struct page_src {
+    const char *req;          /* "GetParametersRequest", for errors */
+    const int *sel;
+    int n;
+    const ps_grads *grads;
+} page_src;
+
+/* The request's paging fields, and the reply's. */
+typedef struct page_req {
+    uint32_t first;
+    int64_t first_row;
+    uint64_t max_bytes;
+} page_req;
+typedef struct page_out {
+    int64_t *first_rows;      /* the reply's array, room for cap */
+    size_t cap, n;
+    bool more;
+    uint32_t next;
+    int64_t next_row;
+} page_out;
+
+/* Rows [row0, row0 + nrows) of selection entry e into dst. */
+static ps_status page_copy(ps_service *s, const page_src *src, int e, int64_t row0, int64_t nrows, void *dst,
+                           ps_err *err) {
+    int np = ps_model_num_params(s->model);
+    if (src->grads) return ps_grads_get_rows(s->model, src->grads, e, row0, nrows, dst, err);
+    return e < np ? ps_model_get_param_rows(s->model, e, row0, nrows, dst, err)
+                  : ps_model_get_buffer_rows(s->model, e - np, row0, nrows, dst, err);
+}
+
+/* One page of src from req->first / first_row, in call->out (bind it to the
+ * reply's tensors) and *o: the whole entries that fit req->max_bytes (0 or
+ * more than the message limit: the limit less room for headers), the next
+ * one cut between rows of its first dimension, at most o->cap tensors.
+ * Only the rows sent are copied, so a page allocates at most the limit
+ * whatever the request. A first / first_row outside the selection, or a
+ * max_bytes that holds no row of the first entry, is INVALID_ARGUMENT naming
+ * the field; a row larger than the limit itself RESOURCE_EXHAUSTED. Shared
+ * by GetParameters and GetGradients. */
+static ps_status svc_page(ps_svc_call *call, const page_src *src, const page_req *req, page_out *o, ps_err *err) {
+    ps_service *s = call->svc;
+    int nsel = src->n;
+    if (req->first > (uint32_t)nsel)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.first %u: past the %d tensors of the selection",
+                          src->req, (unsigned)req->first, nsel);
+    int in = req->first < (uint32_t)nsel;
+    sel_entry e0 = in ? sel_entry_of(s, src->sel[req->first]) : (sel_entry){.name = "", .rows = 0};
+    if (req->first_row < 0 || (req->first_row && req->first_row >= e0.rows))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.first_row %lld: outside %s%s (%lld rows)", src->req,
+                          (long long)req->first_row, in ? "tensor " : "the end of the selection", e0.name,
+                          (long long)e0.rows);
+    /* room for tensor data in one reply: the message limit less headers */
+    uint64_t limit = s->max_tensor_bytes > (1u << 17) ? s->max_tensor_bytes - (1u << 16) : s->max_tensor_bytes / 2;
+    uint64_t budget = req->max_bytes && req->max_bytes < limit ? req->max_bytes : limit;
+    ps_wire_named *items = ps_svc_keep(call, calloc(o->cap + 1, sizeof *items));
+    int64_t *takes = ps_svc_keep(call, calloc(o->cap + 1, sizeof *takes));
+    if (!items || !takes) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    /* plan the page: [first, k) whole or cut, then copy just those rows */
+    int k = (int)req->first;
+    int64_t row = req->first_row;
+    size_t n = 0;
+    uint64_t total = 0;   /* bytes */
+    while (k < nsel && n < o->cap) {
+        sel_entry pi = sel_entry_of(s, src->sel[k]);
+        int64_t rows = pi.rows, row_bytes = rows ? pi.numel / rows * pi.esz : 0;
+        int64_t fit = row_bytes ? (int64_t)(budget / (uint64_t)row_bytes) : INT64_MAX;  /* empty rows: all */
+        if (fit <= 0) {
+            if (n == 0 && req->max_bytes && req->max_bytes < limit)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s.max_bytes %llu: less than one row of %s (%lld "
+                                  "bytes)", src->req, (unsigned long long)budget, pi.name, (long long)row_bytes);
+            if (n == 0)
+                return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%s: one row of %s (%lld bytes) is more than a "
+                                  "message holds (%llu bytes of tensor data; server.max_message_mb)", src->req,
+                                  pi.name, (long long)row_bytes, (unsigned long long)limit);
+            break;
+        }
+        int64_t take = rows - row < fit ? rows - row : fit;
+        items[n].name = pi.name;
+        items[n].ndim = pi.ndim;
+        items[n].dtype = pi.dtype;
+        memcpy(items[n].dims, pi.dims, sizeof pi.dims);
+        if (pi.ndim) items[n].dims[0] = take;
+        o->first_rows[n] = row;
+        takes[n] = take;
+        n++;
+        total += (uint64_t)(take * row_bytes);
+        budget -= (uint64_t)(take * row_bytes);
+        row += take;
+        if (row < rows) break;
+        k++;
+        row = 0;
+    }
+    o->n = n;
+    o->more = k < nsel;
+    o->next = (uint32_t)k;
+    o->next_row = row;
+    char *buf = ps_svc_keep(call, malloc((size_t)total + 1));
+    if (!buf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    char *p = buf;
+    for (size_t j = 0; j < n; j++) {
+        int e = src->sel[(int)req->first + (int)j];
+        sel_entry pi = sel_entry_of(s, e);
+        if (page_copy(s, src, e, o->first_rows[j], takes[j], p, err)) return err->code;
+        items[j].data = p;
+        p += pi.rows ? takes[j] * (pi.numel / pi.rows) * pi.esz : 0;
+    }
+    call->out = (ps_wire_named_list){items, n};
+    return PS_OK;
+}
+
+/* GetGradients: the context's accumulated gradients, one tensor per
+ * parameter (a row-sparse one dense, zero where no row was touched), paged
+ * as GetParameters. The pages of one context are consistent as long as no
+ * Backward adds to it between them; a context that expired or was stepped
+ * between pages is NOT_FOUND naming the page. */
 ps_status ps_svc_GetGradients(ps_svc_call *call, const ps_GetGradientsRequest *req, ps_GetGradientsResponse *resp,
                               ps_err *err) {
     ps_service *s = call->svc;
     ps_ctx *c = svc_acquire_own(call, req->context_id, NULL, NULL, err);
-    if (!c) return err->code;
+    if (!c) {
+        if (req->first || req->first_row)
+            ps_err_prefix(err, "GetGradients page from parameter %u row %lld (the earlier pages are stale)",
+                          (unsigned)req->first, (long long)req->first_row);
+        return err->code;
+    }
     ps_status st = PS_OK;
+    int np = ps_model_num_params(s->model);
+    int *sel = ps_svc_keep(call, malloc(sizeof *sel * (size_t)(np + 1)));
     if (!c->grads)
         st = ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu has no gradients yet (call Backward first)",
                         (unsigned long long)req->context_id);
-    if (!st && !(st = named_params(call, 1, c->grads, err)))
-        ps_wire_tensors_encode_bind(&resp->gradients, &call->out);
+    else if (!sel)
+        st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (!st) {
+        for (int i = 0; i < np; i++) sel[i] = i;
+        page_src src = {"GetGradientsRequest", sel, np, c->grads};
+        page_req pr = {req->first, req->first_row, req->max_bytes};
+        page_out o = {.first_rows = resp->first_rows, .cap = sizeof resp->first_rows / sizeof resp->first_rows[0]};
+        if (!(st = svc_page(call, &src, &pr, &o, err))) {
+            ps_wire_tensors_encode_bind(&resp->gradients, &call->out);
+            resp->first_rows_count = (pb_size_t)o.n;
+            resp->more = o.more;
+            resp->next = o.next;
+            resp->next_row = o.next_row;
+        }
+    }
     ps_ctx_table_release(s->ctx, c);
     return st;
 }
@@ -150,70 +280,22 @@ ps_status ps_svc_GetParameters(ps_svc_call *call, const ps_GetParametersRequest 
     /* the selection: parameters, then buffers (entry np + b) */
     int nb = ps_model_num_buffers(s->model);
     int *sel = ps_svc_keep(call, malloc(sizeof *sel * (size_t)(np + nb + 1)));
-    ps_wire_named *items = ps_svc_keep(call, calloc((size_t)(np + nb) + 1, sizeof *items));
-    if (!sel || !items) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    if (!sel) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     int nsel = 0;
     for (int i = 0; i < np; i++)
         if (!req->stage[0] || !strcmp(ps_model_param(s->model, i)->stage, req->stage)) sel[nsel++] = i;
     for (int b = 0; b < nb; b++)
         if (!req->stage[0] || !strcmp(ps_model_buffer(s->model, b)->stage, req->stage)) sel[nsel++] = np + b;
-    if (req->first > (uint32_t)nsel || (req->first == (uint32_t)nsel && req->first_row) ||
-        (req->first < (uint32_t)nsel && (req->first_row < 0 ||
-                                        req->first_row >= sel_entry_of(s, sel[req->first]).rows))) {
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest: first %u, first_row %lld is outside "
-                          "the selection (%d parameters)", (unsigned)req->first, (long long)req->first_row, nsel);
-    }
-    /* room for tensor data in one reply: the message limit less headers */
-    uint64_t limit = s->max_tensor_bytes > (1u << 17) ? s->max_tensor_bytes - (1u << 16) : s->max_tensor_bytes / 2;
-    uint64_t budget = req->max_bytes && req->max_bytes < limit ? req->max_bytes : limit;
-    /* plan the page: [first, k) whole or cut, then copy just those */
-    int k = (int)req->first;
-    int64_t row = req->first_row;
-    size_t n = 0;
-    int64_t total = 0;   /* bytes */
-    while (k < nsel && n < (sizeof resp->first_rows / sizeof resp->first_rows[0])) {
-        sel_entry pi = sel_entry_of(s, sel[k]);
-        int64_t rows = pi.rows, per = pi.numel / rows, row_bytes = per * pi.esz;
-        int64_t fit = (int64_t)(budget / (uint64_t)row_bytes);
-        if (fit <= 0) {
-            if (n == 0)
-                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParametersRequest.max_bytes %llu: less than one "
-                                  "row of %s (%lld bytes)", (unsigned long long)budget, pi.name, (long long)row_bytes);
-            break;
-        }
-        int64_t take = rows - row < fit ? rows - row : fit;
-        items[n].name = pi.name;
-        items[n].ndim = pi.ndim;
-        items[n].dtype = pi.dtype;
-        memcpy(items[n].dims, pi.dims, sizeof pi.dims);
-        if (pi.ndim) items[n].dims[0] = take;
-        resp->first_rows[n] = row;
-        n++;
-        total += pi.numel * pi.esz; /* the whole parameter is copied, then cut */
-        budget -= (uint64_t)(take * row_bytes);
-        row += take;
-        if (row < rows) break;
-        k++;
-        row = 0;
-    }
-    resp->first_rows_count = (pb_size_t)n;
-    resp->more = k < nsel;
-    resp->next = (uint32_t)k;
-    resp->next_row = row;
-    char *buf = ps_svc_keep(call, malloc((size_t)total + 1));
-    if (!buf) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    page_src src = {"GetParametersRequest", sel, nsel, NULL};
+    page_req pr = {req->first, req->first_row, req->max_bytes};
+    page_out o = {.first_rows = resp->first_rows, .cap = sizeof resp->first_rows / sizeof resp->first_rows[0]};
     resp->model_version = ps_model_version(s->model);
-    char *p = buf;
-    for (size_t j = 0; j < n; j++) {
-        int i = sel[(int)req->first + (int)j];
-        sel_entry pi = sel_entry_of(s, i);
-        if (i < np ? ps_model_get_param(s->model, i, (float *)p, err) : ps_model_get_buffer(s->model, i - np, p, err))
-            return err->code;
-        items[j].data = p + resp->first_rows[j] * (pi.numel / pi.rows) * pi.esz;
-        p += pi.numel * pi.esz;
-    }
-    call->out = (ps_wire_named_list){items, n};
+    if (svc_page(call, &src, &pr, &o, err)) return err->code;
     ps_wire_tensors_encode_bind(&resp->parameters, &call->out);
+    resp->first_rows_count = (pb_size_t)o.n;
+    resp->more = o.more;
+    resp->next = o.next;
+    resp->next_row = o.next_row;
     return PS_OK;
 }
 

@@ -50,6 +50,24 @@ def expect_error(fn, code, *words):
     raise AssertionError(f"expected {code}, the call succeeded")
 
 
+def pages(call, req, field, max_bytes):
+    """Every page of a paged read (GetParameters, GetGradients) of at most
+    max_bytes of tensor data, joined: (name -> array, number of pages)."""
+    got, n = {}, 0
+    while True:
+        r = call(req)
+        n += 1
+        tensors = getattr(r, field)
+        assert len(r.first_rows) == len(tensors) and sum(len(t.data) for t in tensors) <= max_bytes
+        for t, r0 in zip(tensors, r.first_rows):
+            a = array(t)
+            assert r0 == (got[t.name].shape[0] if t.name in got else 0), (t.name, r0)
+            got[t.name] = np.concatenate([got[t.name], a]) if t.name in got else a
+        if not r.more:
+            return got, n
+        req.first, req.first_row = r.next, r.next_row
+
+
 def close(a, b, what, tol=1e-5):
     err = float(np.max(np.abs(a - b) / (np.abs(b) + 1.0))) if a.size else 0.0
     assert a.shape == b.shape and err < tol, f"{what}: shape {a.shape} vs {b.shape}, rel err {err:g}"
@@ -74,25 +92,14 @@ def test_lm(stub, lr):
     w, v0 = params(stub)
     enc, dec, bias = w["encoder.weight"], w["decoder.weight"], w["decoder.bias"]
     # Paged GetParameters: 200-byte pages cut parameters between rows; reassembled, they are the weights.
-    got, req, pages = {}, ps_pb2.GetParametersRequest(max_bytes=200), 0
-    while True:
-        r = stub.GetParameters(req)
-        pages += 1
-        assert len(r.first_rows) == len(r.parameters) and sum(len(t.data) for t in r.parameters) <= 200
-        for t, r0 in zip(r.parameters, r.first_rows):
-            a = array(t)
-            assert r0 == (got[t.name].shape[0] if t.name in got else 0), (t.name, r0)
-            got[t.name] = np.concatenate([got[t.name], a]) if t.name in got else a
-        if not r.more:
-            break
-        req = ps_pb2.GetParametersRequest(max_bytes=200, first=r.next, first_row=r.next_row)
-    assert pages > 10 and sorted(got) == sorted(w) and all(np.array_equal(got[k], w[k]) for k in w), pages
+    got, n = pages(stub.GetParameters, ps_pb2.GetParametersRequest(max_bytes=200), "parameters", 200)
+    assert n > 10 and sorted(got) == sorted(w) and all(np.array_equal(got[k], w[k]) for k in w), n
     expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(max_bytes=16)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "less than one row", "encoder.weight")
+                 grpc.StatusCode.INVALID_ARGUMENT, "max_bytes 16", "less than one row", "encoder.weight")
     expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=99)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
+                 grpc.StatusCode.INVALID_ARGUMENT, "GetParametersRequest.first 99", "selection")
     expect_error(lambda: stub.GetParameters(ps_pb2.GetParametersRequest(first=0, first_row=50)),
-                 grpc.StatusCode.INVALID_ARGUMENT, "outside the selection")
+                 grpc.StatusCode.INVALID_ARGUMENT, "GetParametersRequest.first_row 50", "encoder.weight")
     rng = np.random.default_rng(5)
     ids = np.array([[3, 7], [7, 49], [0, 3]], dtype=np.int64)      # (seq 3, batch 2); rows 3, 7 repeat
 
@@ -139,6 +146,13 @@ def test_lm(stub, lr):
     close(gr["decoder.weight"], g_dec, "decoder.weight gradient")
     close(gr["decoder.bias"], g1.sum(axis=(0, 1)), "decoder.bias gradient")
     close(gr["encoder.weight"], g_enc, "encoder.weight gradient (scatter-add of repeated rows)")
+    # Paged GetGradients: 100-byte pages (3 rows of 8 floats) cut the row-sparse table and decoder.weight between
+    # rows; joined, they are the same scatter-add and products
+    pg, n = pages(stub.GetGradients, ps_pb2.GetGradientsRequest(context_id=ctx, max_bytes=100), "gradients", 100)
+    assert n > 30 and sorted(pg) == sorted(gr), (n, sorted(pg))
+    close(pg["encoder.weight"], g_enc, "encoder.weight gradient in 100-byte pages")
+    close(pg["decoder.weight"], g_dec, "decoder.weight gradient in 100-byte pages")
+    close(pg["decoder.bias"], g1.sum(axis=(0, 1)), "decoder.bias gradient in 100-byte pages")
     s = stub.Step(ps_pb2.StepRequest(context_id=ctx))
     assert s.model_version == v0 + 1 and not s.skipped
     assert stub.Step(ps_pb2.StepRequest(context_id=ctx)).model_version == s.model_version, "idempotent Step"

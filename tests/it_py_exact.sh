@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration: the Python package (python/psd) against PyTorch's local
 # computation of the same batches (tests/python/exact.py), to 1e-5:
-#  - mnist_cnn on one psd, then split over two (conv on ps0, fc on ps1):
+#  - mnist_cnn on one psd, then split over two (conv on ps0, fc on ps1), both
+#    at server.max_message_mb 4, so GetGradients answers in pages:
 #    one batch through RemoteStage conv and fc - log-probabilities, loss,
 #    the images' gradient, every parameter's gradient, the SGD step - with
 #    psd's dropout masks recomputed from their documented seeding
@@ -14,6 +15,8 @@
 #    psd.state_dict of the servers' checkpoint parts (their directory, the
 #    list of files or of server directories, ps-ckpt merge's file) equals GetParameters' (a missing part is
 #    refused);
+#  - ps-train's C client with --check-gradients against the 4 MiB psd: the
+#    paged gradients assembled, named and shaped as ListParameters says;
 #  - first, the retry and settle rules of docs/protocol.md against scripted
 #    servers (tests/python/rules.py: applied, not applied, settled, partial
 #    steps, closed rounds, the budget's give-up).
@@ -22,7 +25,8 @@
 py_require it_py_exact
 DATA=${DATA:-data/mnist}
 sgd=(--set optimizer.type=sgd --set optimizer.momentum=0 --set optimizer.weight_decay=0)
-start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.lr=0.03 "${sgd[@]}"
+# server.max_message_mb 4 (the smallest): MNIST's gradients (4.8 MB, fc1.weight 4.7 MB) come in pages
+start_psd "$tmp/psd.log" --config configs/local.yaml --set optimizer.lr=0.03 "${sgd[@]}" --set server.max_message_mb=4
 pids+=("$psd"); single=$addr
 
 base=$(free_port)
@@ -33,6 +37,7 @@ servers:
   ps1: {address: "127.0.0.1:$((base + 1))"}
 model: {name: mnist_cnn, seed: 1, placement: {conv: ps0/cpu, fc: ps1}}
 optimizer: {type: sgd, lr: 0.03}
+server: {max_message_mb: 4}
 YAML
 cat >"$tmp/lm.yaml" <<YAML
 cluster: {name: py-exact-lm}
@@ -57,6 +62,16 @@ done
 show() { for f in "$tmp"/*.log; do echo "--- $f"; tail -n 5 "$f"; done; exit 1; }
 timeout 600 $PY tests/python/exact.py --data "$DATA" --rules --mnist "$single" 0.03 --mnist "$tmp/mnist.yaml" 0.03 \
   --lm "$tmp/lm.yaml" 0.5 --save "$tmp/lm.pt" || show
+# the C client (ps-train --check-gradients) against the same 4 MiB psd: every gradient assembled from its pages
+# with ListParameters' name and shape, finite, fc2.bias equal to the trainer's own softmax - onehot
+"$BUILD/bin/ps-train" --config configs/local.yaml --server "$single" --set server.max_message_mb=4 --split-calls \
+  --check-gradients --max-batches 3 --epochs 1 --no-eval --data "$DATA" >"$tmp/train.out" 2>&1 ||
+  { cat "$tmp/train.out"; show; }
+n=$(grep -c "gradient check batch .*: 8 gradients OK" "$tmp/train.out")
+[ "$n" -ge 1 ] || { cat "$tmp/train.out"; echo "ps-train checked no gradients"; show; }
+grep -q "Sent message larger\|RESOURCE_EXHAUSTED" "$tmp"/*.log "$tmp/train.out" &&
+  { echo "a message over the limit"; show; }
+echo "ok: ps-train's C client assembled 8 paged gradients in $n batches at server.max_message_mb 4"
 for p in "${lm[@]}"; do kill -TERM "$p"; done
 for p in "${lm[@]}"; do wait "$p" || { echo "an LM psd did not stop cleanly"; show; }; done
 parts=("$tmp"/ckpt/ps*/ckpt-*[0-9].safetensors)

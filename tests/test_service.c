@@ -6,7 +6,8 @@
  * listing, a full Forward/Backward/GetGradients/Step cycle with a gradient
  * larger than gRPC's 4 MiB default, idempotent Step, and that malformed
  * requests, wrong shapes, unknown contexts and unknown methods get precise
- * statuses while the server keeps serving. */
+ * statuses while the server keeps serving. With PSD_DUMP_GRADIENTS it only
+ * writes a context's gradients, fetched by the C client (dump_gradients). */
 #include <grpc/grpc.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "model.h"
 #include "ps_client.h"
 #include "rpc_server.h"
+#include "safetensors.h"
 #include "service.h"
 #include "support/model_run.h"
 #include "wire.h"
@@ -241,6 +243,109 @@ static void test_paged_parameters(ps_model *model) {
     ps_service_free(svc);
 }
 
+/* psd's dropout seed of a training forward (docs/protocol.md, "Dropout
+ * masks"), written out from the documented rule for the reference run. */
+static uint64_t doc_dropout_seed(uint64_t ctx, uint32_t rank, uint32_t seq) {
+    uint64_t z = (ctx & 0xffffffffULL) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL +
+                 (uint64_t)seq * 0xbf58476d1ce4e5b9ULL + ((uint64_t)rank << 32) * 0xd6e8feb86659fd93ULL;
+    z ^= z >> 31;
+    return z * 0x94d049bb133111ebULL;
+}
+
+static grpc_status_code call_msg(ps_rpc_client *rc, const char *method, const pb_msgdesc_t *qf, const void *req,
+                                 const pb_msgdesc_t *rf, void *resp, char *det, size_t dlen);
+
+/* GetGradients' pages (context ctx of model m's mnist_cnn, one training
+ * forward of x by rank 7, seq 0, then a Backward of grad, not stepped):
+ * assembled by the client at several page sizes, each equals the plain
+ * reference backend's gradients of the same forward (same initial weights,
+ * the dropout masks psd documents) computed in-process; one raw page's
+ * cut is the arithmetic of max_bytes; a bad first / first_row / max_bytes
+ * is refused naming the field. */
+static void check_gradient_pages(ps_model *ref, uint64_t ctx, const float *x, int n, const float *grad) {
+    ps_err err = {0};
+    char det[PS_RPC_DETAILS_MAX];
+    ps_tape *tape = NULL;
+    float out[40];
+    ps_grads *rg = NULL;
+    CHECK_MSG(run_forward(ref, x, n, 1, NULL, doc_dropout_seed(ctx, 7, 0), out, &tape, NULL, &err) == PS_OK, "%s",
+              err.msg);
+    if (tape) rg = run_backward(ref, tape, grad, &err);
+    CHECK_MSG(rg, "reference backward: %s", err.msg);
+    /* 0: psd's limit (one page here); 40000: one row of fc1.weight (36864 bytes) a page, ~140 pages; 3 rows +
+     * 100 bytes: fc1.weight cut after 3 rows, several small tensors a page */
+    static const uint64_t sizes[] = {0, 40000, 3 * 36864 + 100};
+    for (size_t si = 0; rg && si < sizeof sizes / sizeof sizes[0]; si++) {
+        ps_wire_tensor_list gl;
+        CHECK_MSG(ps_client_get_gradients_paged(cl, ctx, sizes[si], &gl, &err) == PS_OK, "max_bytes %llu: %s",
+                  (unsigned long long)sizes[si], err.msg);
+        CHECK_MSG(gl.n == (size_t)ps_model_num_params(ref), "max_bytes %llu: %zu tensors",
+                  (unsigned long long)sizes[si], gl.n);
+        for (size_t t = 0; t < gl.n && t < (size_t)ps_model_num_params(ref); t++) {
+            const ps_param_info *pi = ps_model_param(ref, (int)t);
+            int shape = !strcmp(gl.items[t].name, pi->name) && gl.items[t].ndim == pi->ndim &&
+                        gl.items[t].bytes == (size_t)pi->numel * sizeof(float);
+            for (int d = 0; shape && d < pi->ndim; d++) shape = gl.items[t].dims[d] == pi->dims[d];
+            CHECK_MSG(shape, "max_bytes %llu: tensor %zu is %s of %zu bytes, expected %s",
+                      (unsigned long long)sizes[si], t, gl.items[t].name, gl.items[t].bytes, pi->name);
+            if (!shape) continue;
+            float *want = malloc(sizeof(float) * (size_t)pi->numel);
+            CHECK(want && ps_grads_get(ref, rg, (int)t, want, &err) == PS_OK);
+            double md = 0, mx = 0;
+            for (int64_t j = 0; want && j < pi->numel; j++) {
+                md = fmax(md, fabs(gl.items[t].data[j] - want[j]));
+                mx = fmax(mx, fabs(want[j]));
+            }
+            CHECK_MSG(mx > 0 && md <= 1e-4 * mx + 1e-7, "max_bytes %llu: gradient of %s off the reference by %g "
+                      "(largest %g)", (unsigned long long)sizes[si], pi->name, md, mx);
+            free(want);
+        }
+        ps_wire_tensor_list_free(&gl);
+    }
+    ps_grads_free(rg);
+    ps_tape_free(tape);
+
+    /* one raw page: conv1.weight (1152 bytes) and conv1.bias (128) whole, then 16 rows of conv2.weight (1152
+     * bytes a row): (20000 - 1280) / 1152 = 16.25 */
+    ps_GetGradientsRequest q = ps_GetGradientsRequest_init_zero;
+    ps_GetGradientsResponse r = ps_GetGradientsResponse_init_zero;
+    q.context_id = ctx;
+    q.max_bytes = 20000;
+    const char *m = "/ps.ParameterServer/GetGradients";
+    CHECK_MSG(call_msg(raw, m, ps_GetGradientsRequest_fields, &q, ps_GetGradientsResponse_fields, &r, det,
+                       sizeof det) == GRPC_STATUS_OK, "%s", det);
+    CHECK_MSG(r.more && r.next == 2 && r.next_row == 16 && r.first_rows_count == 3 && r.first_rows[2] == 0,
+              "page of 20000 bytes: more %d next %u row %lld, %u tensors", r.more, (unsigned)r.next,
+              (long long)r.next_row, (unsigned)r.first_rows_count);
+    /* the next one goes on from there: 17 rows of conv2.weight (17 * 1152 = 19584), 16..33 */
+    q.first = 2, q.first_row = 16;
+    r = (ps_GetGradientsResponse)ps_GetGradientsResponse_init_zero;
+    CHECK(call_msg(raw, m, ps_GetGradientsRequest_fields, &q, ps_GetGradientsResponse_fields, &r, det,
+                   sizeof det) == GRPC_STATUS_OK);
+    CHECK(r.more && r.next == 2 && r.next_row == 33 && r.first_rows_count == 1 && r.first_rows[0] == 16);
+    /* refused, naming the field: past the 8 parameters, a row outside fc1.weight's 128, a negative row, less
+     * than one row of fc1.weight */
+    struct { uint32_t first; int64_t row; uint64_t max; const char *field, *also; } bad[] = {
+        {9, 0, 0, "GetGradientsRequest.first 9", "8 tensors"},
+        {4, 128, 0, "GetGradientsRequest.first_row 128", "fc1.weight"},
+        {4, -1, 0, "GetGradientsRequest.first_row -1", "fc1.weight"},
+        {8, 1, 0, "GetGradientsRequest.first_row 1", "end of the selection"},
+        {4, 0, 36863, "GetGradientsRequest.max_bytes 36863", "one row of fc1.weight (36864 bytes)"},
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        q.first = bad[b].first, q.first_row = bad[b].row, q.max_bytes = bad[b].max;
+        grpc_status_code code = call_msg(raw, m, ps_GetGradientsRequest_fields, &q, ps_GetGradientsResponse_fields,
+                                         &r, det, sizeof det);
+        CHECK_MSG(code == GRPC_STATUS_INVALID_ARGUMENT && strstr(det, bad[b].field) && strstr(det, bad[b].also),
+                  "%s: %d %s", bad[b].field, (int)code, det);
+    }
+    /* exactly one row is enough */
+    q.first = 4, q.first_row = 127, q.max_bytes = 36864;
+    r = (ps_GetGradientsResponse)ps_GetGradientsResponse_init_zero;
+    CHECK(call_msg(raw, m, ps_GetGradientsRequest_fields, &q, ps_GetGradientsResponse_fields, &r, det,
+                   sizeof det) == GRPC_STATUS_OK && r.more && r.next == 5 && r.next_row == 0);
+}
+
 /* Call method with req, decode into resp; the gRPC code, details in det. */
 static grpc_status_code call_msg(ps_rpc_client *rc, const char *method, const pb_msgdesc_t *qf, const void *req,
                                  const pb_msgdesc_t *rf, void *resp, char *det, size_t dlen) {
@@ -410,9 +515,43 @@ static void test_cluster_service(void) {
     ps_model_free(model);
 }
 
+/* PSD_DUMP_GRADIENTS=CONTEXT:PATH with PSD_ADDR: only fetch that context's
+ * gradients with the C client (every page, assembled) and write them to
+ * PATH as safetensors, for tests/python/mnist_exact.py to hold against
+ * PyTorch; exit 0 when written. */
+static int dump_gradients(const char *addr, const char *spec) {
+    ps_err err = {0};
+    char *end = NULL;
+    unsigned long long ctx = strtoull(spec, &end, 0);
+    if (!end || *end != ':' || !end[1]) {
+        fprintf(stderr, "test_service: PSD_DUMP_GRADIENTS is CONTEXT:PATH, not '%s'\n", spec);
+        return 2;
+    }
+    ps_client *c = ps_client_create(addr, 30000, MAXMSG, &err);
+    ps_wire_tensor_list gl = {0};
+    ps_st_tensor *st = NULL;
+    int rc = !c || ps_client_get_gradients(c, ctx, &gl, &err);
+    if (!rc && !(st = calloc(gl.n + 1, sizeof *st))) rc = ps_err_set(&err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; !rc && i < gl.n; i++) {
+        snprintf(st[i].name, sizeof st[i].name, "%s", gl.items[i].name);
+        st[i].dtype = PS_ST_F32;
+        st[i].ndim = gl.items[i].ndim;
+        memcpy(st[i].dims, gl.items[i].dims, sizeof(int64_t) * (size_t)gl.items[i].ndim);
+        st[i].data = gl.items[i].data;
+        st[i].bytes = gl.items[i].bytes;
+    }
+    if (!rc) rc = ps_st_write(end + 1, st, gl.n, NULL, &err);
+    if (rc) fprintf(stderr, "test_service: gradients of context %llx: %s\n", ctx, err.msg);
+    free(st);
+    ps_wire_tensor_list_free(&gl);
+    ps_client_free(c);
+    return rc ? 1 : 0;
+}
+
 int main(void) {
     const char *ext = getenv("PSD_ADDR");
     grpc_init();
+    if (ext && getenv("PSD_DUMP_GRADIENTS")) return dump_gradients(ext, getenv("PSD_DUMP_GRADIENTS"));
     ps_err err = {0};
     ps_model *model = NULL, *ref = NULL;
     ps_service *svc = NULL;
@@ -525,8 +664,15 @@ int main(void) {
         CHECK(finite);
     }
     ps_wire_tensor_list_free(&gl);
+    if (ref && v0 == 0) check_gradient_pages(ref, ctx, x, n, grad);
+    /* a page asked for after the context was stepped: NOT_FOUND naming the page */
+    ps_GetGradientsRequest gq = {.context_id = ctx, .first = 4, .first_row = 3};
+    ps_GetGradientsResponse gr = ps_GetGradientsResponse_init_zero;
     CHECK(ps_client_step(cl, ctx, &v1, &err) == PS_OK);
     CHECK(v1 > v0);
+    CHECK(call_msg(raw, "/ps.ParameterServer/GetGradients", ps_GetGradientsRequest_fields, &gq,
+                   ps_GetGradientsResponse_fields, &gr, det, sizeof det) == GRPC_STATUS_NOT_FOUND);
+    CHECK_MSG(strstr(det, "GetGradients page from parameter 4 row 3") && strstr(det, "already stepped"), "%s", det);
     /* A retried Step is answered, not applied twice. */
     CHECK(ps_client_step(cl, ctx, &v2, &err) == PS_OK);
     CHECK(v2 == v1);

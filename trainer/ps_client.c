@@ -137,13 +137,7 @@ ps_status ps_client_step(ps_client *c, uint64_t ctx, uint64_t *version, ps_err *
 }
 
 ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_list *list, ps_err *err) {
-    ps_GetGradientsRequest req = ps_GetGradientsRequest_init_zero;
-    req.context_id = ctx;
-    ps_GetGradientsResponse resp = ps_GetGradientsResponse_init_zero;
-    ps_wire_tensor_list_init(list, c->max_bytes);
-    list->err = err;
-    ps_wire_tensors_decode_bind(&resp.gradients, list);
-    return call(c, PS_M_GET_GRADIENTS, &req, &resp, err);
+    return ps_client_get_gradients_paged(c, ctx, 0, list, err);
 }
 
 ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
@@ -375,12 +369,12 @@ ps_status ps_client_step_scaled(ps_client *c, uint64_t ctx, uint64_t round, floa
 
 /* Append page item it (first row r0 of its parameter) to out: a new tensor,
  * or the rows that continue out's last one. Takes it->data. */
-static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64_t r0, ps_err *err) {
+static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64_t r0, const char *what, ps_err *err) {
     if (r0 == 0) {
         if (out->n == out->cap) {
             size_t cap = out->cap ? out->cap * 2 : 16;
             ps_wire_tensor *n = realloc(out->items, cap * sizeof *n);
-            if (!n) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for parameters");
+            if (!n) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's tensors", what);
             out->items = n;
             out->cap = cap;
         }
@@ -391,8 +385,8 @@ static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64
     }
     ps_wire_tensor *last = out->n ? &out->items[out->n - 1] : NULL;
     if (!last || strcmp(last->name, it->name) || last->dims[0] != r0 || last->ndim != it->ndim)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: rows from %lld of %s do not continue "
-                          "the previous page", (long long)r0, it->name);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s reply: rows from %lld of %s do not continue the "
+                          "previous page", what, (long long)r0, it->name);
     void *d = NULL;
     if (posix_memalign(&d, 64, last->bytes + it->bytes + 1) != 0)
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", it->name);
@@ -406,40 +400,87 @@ static ps_status page_append(ps_wire_tensor_list *out, ps_wire_tensor *it, int64
     return PS_OK;
 }
 
+/* A paged read (GetParameters, GetGradients): the request and its paging
+ * fields, and the reply's, which fetch_pages resets before each page. */
+typedef struct paged {
+    int method;
+    const char *what;           /* "GetParameters", for errors */
+    void *req;
+    uint32_t *first;
+    int64_t *first_row;
+    void *resp;
+    const void *resp_init;
+    size_t resp_size;
+    pb_callback_t *tensors;
+    bool *more;
+    uint32_t *next;
+    int64_t *next_row;
+    pb_size_t *first_rows_count;
+    const int64_t *first_rows;
+} paged;
+
+/* Every page of p into list, tensors cut between pages put back together.
+ * on_page (may be NULL) sees each reply after it was decoded. A psd
+ * without paging sends no first_rows and no `more`: whole tensors. */
+static ps_status fetch_pages(ps_client *c, const paged *p, ps_wire_tensor_list *list,
+                             void (*on_page)(const void *resp, int first_page, void *arg), void *arg, ps_err *err) {
+    ps_wire_tensor_list_init(list, c->max_bytes);
+    ps_status rc = PS_OK;
+    for (int page_no = 0;; page_no++) {
+        memcpy(p->resp, p->resp_init, p->resp_size);
+        ps_wire_tensor_list page;
+        ps_wire_tensor_list_init(&page, c->max_bytes);
+        page.err = err;
+        ps_wire_tensors_decode_bind(p->tensors, &page);
+        rc = call(c, p->method, p->req, p->resp, err);
+        if (rc != PS_OK && page_no)
+            ps_err_prefix(err, "%s page %d (from tensor %u row %lld)", p->what, page_no + 1, (unsigned)*p->first,
+                          (long long)*p->first_row);
+        if (rc == PS_OK && *p->first_rows_count != page.n && (*p->first_rows_count || *p->more))
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s reply: %zu tensors, %u first_rows", p->what, page.n,
+                            (unsigned)*p->first_rows_count);
+        for (size_t i = 0; rc == PS_OK && i < page.n; i++)
+            rc = page_append(list, &page.items[i], *p->first_rows_count ? p->first_rows[i] : 0, p->what, err);
+        ps_wire_tensor_list_free(&page);
+        if (rc != PS_OK) break;
+        if (on_page) on_page(p->resp, page_no == 0, arg);
+        if (!*p->more) break;
+        if (*p->next < *p->first || (*p->next == *p->first && *p->next_row <= *p->first_row)) {
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s reply: paging does not advance", p->what);
+            break;
+        }
+        *p->first = *p->next;
+        *p->first_row = *p->next_row;
+    }
+    if (rc != PS_OK) ps_wire_tensor_list_free(list);
+    return rc;
+}
+
+static void params_version(const void *resp, int first_page, void *arg) {
+    if (first_page && arg) *(uint64_t *)arg = ((const ps_GetParametersResponse *)resp)->model_version;
+}
+
 ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wire_tensor_list *list,
                                          uint64_t *version, ps_err *err) {
     ps_GetParametersRequest req = ps_GetParametersRequest_init_zero;
     snprintf(req.stage, sizeof req.stage, "%s", stage ? stage : "");
-    ps_wire_tensor_list_init(list, c->max_bytes);
-    ps_status rc = PS_OK;
-    int first_page = 1;
-    for (;;) {   /* pages until the selection is complete */
-        ps_GetParametersResponse resp = ps_GetParametersResponse_init_zero;
-        ps_wire_tensor_list page;
-        ps_wire_tensor_list_init(&page, c->max_bytes);
-        page.err = err;
-        ps_wire_tensors_decode_bind(&resp.parameters, &page);
-        rc = call(c, PS_M_GET_PARAMETERS, &req, &resp, err);
-        /* a psd without paging sends no first_rows: whole tensors */
-        if (rc == PS_OK && resp.first_rows_count != page.n && (resp.first_rows_count || resp.more))
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: %zu tensors, %u first_rows",
-                            page.n, (unsigned)resp.first_rows_count);
-        for (size_t i = 0; rc == PS_OK && i < page.n; i++)
-            rc = page_append(list, &page.items[i], resp.first_rows_count ? resp.first_rows[i] : 0, err);
-        ps_wire_tensor_list_free(&page);
-        if (rc != PS_OK) break;
-        if (first_page && version) *version = resp.model_version;
-        first_page = 0;
-        if (!resp.more) break;
-        if (resp.next < req.first || (resp.next == req.first && resp.next_row <= req.first_row)) {
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "GetParameters reply: paging does not advance");
-            break;
-        }
-        req.first = resp.next;
-        req.first_row = resp.next_row;
-    }
-    if (rc != PS_OK) ps_wire_tensor_list_free(list);
-    return rc;
+    static const ps_GetParametersResponse init = ps_GetParametersResponse_init_zero;
+    ps_GetParametersResponse resp;
+    paged p = {PS_M_GET_PARAMETERS, "GetParameters", &req, &req.first, &req.first_row, &resp, &init, sizeof resp,
+               &resp.parameters, &resp.more, &resp.next, &resp.next_row, &resp.first_rows_count, resp.first_rows};
+    return fetch_pages(c, &p, list, params_version, version, err);
+}
+
+ps_status ps_client_get_gradients_paged(ps_client *c, uint64_t ctx, uint64_t max_bytes, ps_wire_tensor_list *list,
+                                        ps_err *err) {
+    ps_GetGradientsRequest req = ps_GetGradientsRequest_init_zero;
+    req.context_id = ctx;
+    req.max_bytes = max_bytes;
+    static const ps_GetGradientsResponse init = ps_GetGradientsResponse_init_zero;
+    ps_GetGradientsResponse resp;
+    paged p = {PS_M_GET_GRADIENTS, "GetGradients", &req, &req.first, &req.first_row, &resp, &init, sizeof resp,
+               &resp.gradients, &resp.more, &resp.next, &resp.next_row, &resp.first_rows_count, resp.first_rows};
+    return fetch_pages(c, &p, list, NULL, NULL, err);
 }
 
 ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,

@@ -33,8 +33,13 @@ ps_status ps_client_backward(ps_client *c, uint64_t ctx, const float *grad, int 
                              uint64_t *version, ps_err *err);
 ps_status ps_client_step(ps_client *c, uint64_t ctx, uint64_t *version, ps_err *err);
 /* Gradients of the context, decoded into list (caller frees with
- * ps_wire_tensor_list_free). */
+ * ps_wire_tensor_list_free): every page of GetGradients, a parameter cut
+ * between pages put back together, so each tensor is whole. */
 ps_status ps_client_get_gradients(ps_client *c, uint64_t ctx, ps_wire_tensor_list *list, ps_err *err);
+/* The same with pages of at most max_bytes of tensor data each
+ * (GetGradientsRequest.max_bytes; 0 = psd's message limit). */
+ps_status ps_client_get_gradients_paged(ps_client *c, uint64_t ctx, uint64_t max_bytes, ps_wire_tensor_list *list,
+                                        ps_err *err);
 ps_status ps_client_list_parameters(ps_client *c, ps_wire_param_list *list, char *model, size_t model_len,
                                     ps_err *err);
 ps_status ps_client_get_parameters(ps_client *c, ps_wire_tensor_list *list, uint64_t *version, ps_err *err);

@@ -29,6 +29,43 @@ _default = None                 # the latest connect()
 _default_lock = threading.Lock()
 
 
+def read_pages(call, req, field, where):
+    """Every page of a paged read (GetParameters, GetGradients): call(req)
+    answers one page; while its `more` is set the next request starts at its
+    next / next_row. A tensor cut between pages (first_rows) is put back
+    together. Returns (OrderedDict name -> whole tensor, the first reply).
+    A psd that does not page sends whole tensors and no `more`."""
+    method = type(req).__name__[:-len("Request")]
+    parts = collections.OrderedDict()
+    first_reply = None
+    while True:
+        r = call(req)
+        if first_reply is None:
+            first_reply = r
+        tensors = getattr(r, field)
+        if (r.first_rows or r.more) and len(r.first_rows) != len(tensors):
+            raise Error(grpc.StatusCode.INTERNAL, f"{method} reply: {len(tensors)} tensors, {len(r.first_rows)} "
+                        "first_rows", method, where)
+        for i, t in enumerate(tensors):
+            first = r.first_rows[i] if r.first_rows else 0
+            lst = parts.setdefault(t.name, [])
+            have = sum(x.shape[0] for x in lst) if lst and lst[0].dim() else 0
+            if first != have:
+                raise Error(grpc.StatusCode.INTERNAL, f"{method}: page of {t.name} starts at row {first}, "
+                            f"expected {have}", method, where)
+            lst.append(from_wire(t))
+        if not r.more:
+            break
+        if (r.next, r.next_row) <= (req.first, req.first_row):
+            raise Error(grpc.StatusCode.INTERNAL, f"{method} reply: paging does not advance", method, where)
+        nxt = type(req)()
+        nxt.CopyFrom(req)
+        nxt.first, nxt.first_row = r.next, r.next_row
+        req = nxt
+    out = collections.OrderedDict((k, v[0] if len(v) == 1 else torch.cat(v)) for k, v in parts.items())
+    return out, first_reply
+
+
 def default_client(client=None):
     """client, or the latest psd.connect()."""
     if client is not None:
@@ -269,28 +306,11 @@ class Client:
         """(OrderedDict name -> tensor, model_version) of conn's parameters
         (of one stage), its pages reassembled; budget: a context's, or a
         fresh one."""
-        parts = collections.OrderedDict()
-        req = ps_pb2.GetParametersRequest(stage=stage)
-        version = None
         b = budget or self.new_budget()
-        while True:
-            r = self.retrying(conn, "GetParameters", req, budget=b)
-            if version is None:
-                version = r.model_version
-            for i, t in enumerate(r.parameters):
-                first = r.first_rows[i] if i < len(r.first_rows) else 0
-                lst = parts.setdefault(t.name, [])
-                have = sum(x.shape[0] for x in lst) if lst and lst[0].dim() else 0
-                if first != have:
-                    raise Error(grpc.StatusCode.INTERNAL, f"GetParameters: page of {t.name} starts at row {first}, "
-                                f"expected {have}", "GetParameters", str(conn))
-                lst.append(from_wire(t))
-            if not r.more:
-                break
-            req = ps_pb2.GetParametersRequest(stage=stage, first=r.next, first_row=r.next_row)
-        self.note_version(conn, version)
-        out = collections.OrderedDict((k, v[0] if len(v) == 1 else torch.cat(v)) for k, v in parts.items())
-        return out, version
+        out, first = read_pages(lambda req: self.retrying(conn, "GetParameters", req, budget=b),
+                                ps_pb2.GetParametersRequest(stage=stage), "parameters", str(conn))
+        self.note_version(conn, first.model_version)
+        return out, first.model_version
 
     def state_dict(self, stage=""):
         """Every parameter (of one stage) from every server, a sharded table

@@ -33,7 +33,7 @@ import grpc
 import torch
 
 from ._proto import ps_pb2
-from .client import default_client
+from .client import default_client, read_pages
 from .errors import ContextLost, Error, RoundClosed
 from .retry import MAX_LATE, MAX_LOST
 from .tensors import from_wire, to_wire
@@ -318,17 +318,18 @@ class Context:
         info = {}
         for c in self.touched:
             info = {p.name: p for p in c.params}
-            r, _ = self._call(c, "GetGradients", ps_pb2.GetGradientsRequest(context_id=self.id), idempotent=True)
-            for t in r.gradients:
-                g = from_wire(t)
-                p = info.get(t.name)
+            got, _ = read_pages(lambda req, c=c: self._call(c, "GetGradients", req, idempotent=True)[0],
+                                ps_pb2.GetGradientsRequest(context_id=self.id),
+                                "gradients", str(c))
+            for name, g in got.items():
+                p = info.get(name)
                 if p is not None and p.rows_total:
-                    full = out.setdefault(t.name, torch.zeros((p.rows_total,) + tuple(g.shape[1:])))
+                    full = out.setdefault(name, torch.zeros((p.rows_total,) + tuple(g.shape[1:])))
                     full[p.row_offset:p.row_offset + g.shape[0]] = g
-                elif t.name in out:
-                    out[t.name] = out[t.name] + g
+                elif name in out:
+                    out[name] = out[name] + g
                 else:
-                    out[t.name] = g
+                    out[name] = g
         return out
 
     def clip_grad_norm_(self, max_norm, parameters=None):

@@ -156,19 +156,31 @@ ps_status ps_rows_merge(ps_rows *dst, const ps_rows *src, ps_err *err) {
 
 ps_status ps_grads_get(ps_model *m, const ps_grads *g, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    return ps_grads_get_rows(m, g, i, 0, m->params[i].ndim ? m->params[i].dims[0] : 1, host_dst, err);
+}
+
+ps_status ps_grads_get_rows(ps_model *m, const ps_grads *g, int i, int64_t row0, int64_t nrows, float *host_dst,
+                            ps_err *err) {
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
     if (g->m != m) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "gradients of another model");
+    const ps_param_info *pi = &m->params[i];
+    size_t off, bytes;
+    if (ps_model_row_range(pi->name, pi->ndim, pi->dims, pi->numel, sizeof(float), row0, nrows, &off, &bytes, err))
+        return err->code;
     const param_loc *pl = &m->loc[i];
-    size_t bytes = (size_t)m->params[i].numel * sizeof(float);
-    if (m->params[i].sparse) {
+    if (pi->sparse) {   /* the touched rows (sorted) that fall in the range; zeros elsewhere */
         const ps_rows *r = &g->rows[i];
         memset(host_dst, 0, bytes);
         for (int64_t k = 0; k < r->nrows; k++)
-            memcpy(host_dst + r->rows[k] * r->width, r->grad + k * r->width, (size_t)r->width * sizeof(float));
+            if (r->rows[k] >= row0 && r->rows[k] < row0 + nrows)
+                memcpy(host_dst + (r->rows[k] - row0) * r->width, r->grad + k * r->width,
+                       (size_t)r->width * sizeof(float));
         return PS_OK;
     }
     stage *st = &m->stages[pl->stage];
     if (!g->dense[pl->stage]) { memset(host_dst, 0, bytes); return PS_OK; }
-    return st->be->ops->copy_to_host(st->be->impl, host_dst, g->dense[pl->stage] + pl->goff, bytes, err);
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, g->dense[pl->stage] + pl->goff + off / sizeof(float),
+                                     bytes, err);
 }
 
 ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *err) {

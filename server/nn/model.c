@@ -258,21 +258,44 @@ static void *buffer_mem(ps_model *m, const wset *ws, int i) {
                                                : (void *)(ws->bufw[m->bloc[i].stage] + m->bloc[i].off);
 }
 
-/* Under the weights lock (either), ws pinned. */
-static ps_status copy_buffer_out(ps_model *m, const wset *ws, int i, void *host_dst, ps_err *err) {
+/* Under the weights lock (either), ws pinned: bytes [off, off + bytes) of buffer i. */
+static ps_status copy_buffer_out(ps_model *m, const wset *ws, int i, size_t off, size_t bytes, void *host_dst,
+                                 ps_err *err) {
     stage *st = &m->stages[m->bloc[i].stage];
-    size_t bytes = (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype);
-    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, buffer_mem(m, ws, i), bytes); return PS_OK; }
-    return st->be->ops->copy_to_host(st->be->impl, host_dst, buffer_mem(m, ws, i), bytes, err);
+    char *src = (char *)buffer_mem(m, ws, i) + off;
+    if (m->buffers[i].dtype == PS_DTYPE_I64) { memcpy(host_dst, src, bytes); return PS_OK; }
+    return st->be->ops->copy_to_host(st->be->impl, host_dst, src, bytes, err);
+}
+
+ps_status ps_model_row_range(const char *name, int ndim, const int64_t *dims, int64_t numel, size_t esz, int64_t row0,
+                           int64_t nrows, size_t *off, size_t *bytes, ps_err *err) {
+    int64_t rows = ndim ? dims[0] : 1;
+    if (row0 < 0 || nrows < 0 || row0 > rows || nrows > rows - row0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: rows [%lld, %lld) outside its %lld rows", name,
+                          (long long)row0, (long long)(row0 + nrows), (long long)rows);
+    size_t row_bytes = rows ? (size_t)(numel / rows) * esz : 0;
+    *off = (size_t)row0 * row_bytes;
+    *bytes = (size_t)nrows * row_bytes;
+    return PS_OK;
 }
 
 ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    return ps_model_get_buffer_rows(m, i, 0, m->buffers[i].ndim ? m->buffers[i].dims[0] : 1, host_dst, err);
+}
+
+ps_status ps_model_get_buffer_rows(ps_model *m, int i, int64_t row0, int64_t nrows, void *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nbuffers) return ps_err_set(err, PS_ERR_NOT_FOUND, "no buffer %d", i);
+    const ps_buffer_info *bi = &m->buffers[i];
+    size_t off, bytes;
+    if (ps_model_row_range(bi->name, bi->ndim, bi->dims, bi->numel, ps_dtype_size(bi->dtype), row0, nrows, &off,
+                           &bytes, err))
+        return err->code;
     int rows = reads_inplace(m, m->bloc[i].stage, m->bloc[i].stage);
     pthread_rwlock_rdlock(&m->lock);
     if (rows) pthread_rwlock_rdlock(&m->rows_lock);
     wset *ws = pin(m, NULL);
-    ps_status rc = copy_buffer_out(m, ws, i, host_dst, err);
+    ps_status rc = copy_buffer_out(m, ws, i, off, bytes, host_dst, err);
     unpin(m, ws);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
@@ -319,13 +342,22 @@ uint64_t ps_model_version(const ps_model *m) {
 
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err) {
     if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    return ps_model_get_param_rows(m, i, 0, m->params[i].ndim ? m->params[i].dims[0] : 1, host_dst, err);
+}
+
+ps_status ps_model_get_param_rows(ps_model *m, int i, int64_t row0, int64_t nrows, float *host_dst, ps_err *err) {
+    if (i < 0 || i >= m->nparams) return ps_err_set(err, PS_ERR_NOT_FOUND, "no parameter %d", i);
+    const ps_param_info *pi = &m->params[i];
+    size_t off, bytes;
+    if (ps_model_row_range(pi->name, pi->ndim, pi->dims, pi->numel, sizeof(float), row0, nrows, &off, &bytes, err))
+        return err->code;
     stage *st = &m->stages[m->loc[i].stage];
     int rows = reads_inplace(m, m->loc[i].stage, m->loc[i].stage);
     pthread_rwlock_rdlock(&m->lock);
     if (rows) pthread_rwlock_rdlock(&m->rows_lock);
     wset *ws = pin(m, NULL);
-    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst, ws->w[m->loc[i].stage] + m->loc[i].off,
-                                             (size_t)m->params[i].numel * sizeof(float), err);
+    ps_status rc = st->be->ops->copy_to_host(st->be->impl, host_dst,
+                                             ws->w[m->loc[i].stage] + m->loc[i].off + off / sizeof(float), bytes, err);
     unpin(m, ws);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
     pthread_rwlock_unlock(&m->lock);
@@ -559,7 +591,9 @@ ps_status ps_model_snapshot_ex(ps_model *m, float *w, int64_t *step, float *cons
     pthread_rwlock_rdlock(&m->lock);
     uint64_t v = 0;
     wset *ws = pin(m, &v);
-    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++) rc = copy_buffer_out(m, ws, i, bufs[i], err);
+    for (int i = 0; bufs && i < m->nbuffers && rc == PS_OK; i++)
+        rc = copy_buffer_out(m, ws, i, 0, (size_t)m->buffers[i].numel * ps_dtype_size(m->buffers[i].dtype), bufs[i],
+                             err);
     int64_t o = 0;
     for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
         stage *st = &m->stages[m->loc[i].stage];

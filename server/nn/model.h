@@ -210,6 +210,7 @@ const ps_buffer_info *ps_model_def_buffer(const ps_model *m, int i);
 /* Copy buffer i to / from host memory: numel values of its dtype (float
  * or int64_t). set_buffer takes the weights lock exclusively. */
 ps_status ps_model_get_buffer(ps_model *m, int i, void *host_dst, ps_err *err);
+ps_status ps_model_get_buffer_rows(ps_model *m, int i, int64_t row0, int64_t nrows, void *host_dst, ps_err *err);
 ps_status ps_model_set_buffer(ps_model *m, int i, const void *host_src, ps_err *err);
 
 /* Name tape t's forward for the running statistics: its key (the context)
@@ -316,6 +317,10 @@ ps_status ps_model_backward_group(ps_model *m, int k, ps_tape *const *tapes, con
 /* Parameter param's accumulated gradient, dense (numel floats; zero where
  * nothing was accumulated). */
 ps_status ps_grads_get(ps_model *m, const ps_grads *g, int param, float *host_dst, ps_err *err);
+/* Rows [row0, row0 + nrows) of its first dimension only (a scalar has one
+ * row): nrows * numel / dims[0] floats (paged GetGradients). */
+ps_status ps_grads_get_rows(ps_model *m, const ps_grads *g, int param, int64_t row0, int64_t nrows, float *host_dst,
+                            ps_err *err);
 /* dst += src (sync rounds sum contexts); both of model m. */
 ps_status ps_grads_add(ps_model *m, ps_grads *dst, const ps_grads *src, ps_err *err);
 /* g *= s (averaging). */
@@ -357,6 +362,9 @@ uint64_t ps_model_version(const ps_model *m);
  * weights lock exclusively and restarts that parameter's optimizer state
  * (step 0, buffers zero), as a fresh PyTorch optimizer would. */
 ps_status ps_model_get_param(ps_model *m, int i, float *host_dst, ps_err *err);
+/* Rows [row0, row0 + nrows) of its first dimension only (a scalar has one
+ * row), as get_param copies the whole (paged GetParameters). */
+ps_status ps_model_get_param_rows(ps_model *m, int i, int64_t row0, int64_t nrows, float *host_dst, ps_err *err);
 ps_status ps_model_set_param(ps_model *m, int i, const float *host_src, ps_err *err);
 
 int ps_tape_batch(const ps_tape *t);

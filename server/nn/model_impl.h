@@ -305,6 +305,11 @@ void ps_model_cpus_init(ps_model *m, int pin);
 
 /* Merge src's rows into dst (sums rows present in both); host memory. */
 ps_status ps_rows_merge(ps_rows *dst, const ps_rows *src, ps_err *err);
+/* Rows [row0, row0 + nrows) of tensor `name` (ndim dims, numel elements of
+ * esz bytes; a scalar has one row) as the byte range [*off, *off + *bytes);
+ * INVALID_ARGUMENT naming the tensor when they are outside it. */
+ps_status ps_model_row_range(const char *name, int ndim, const int64_t *dims, int64_t numel, size_t esz, int64_t row0,
+                             int64_t nrows, size_t *off, size_t *bytes, ps_err *err);
 
 /* Copy count floats between two buffers of one stage's device. */
 ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, ps_err *err);

@@ -81,6 +81,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from psd._proto import ps_pb2, ps_pb2_grpc  # noqa: E402
+from psd.client import read_pages  # noqa: E402
 
 BUILD, TMP = sys.argv[1], sys.argv[2]
 LR = 0.01
@@ -121,10 +122,10 @@ def free_port():
 def start_psd(name, model_line, extra):
     cfg = os.path.join(TMP, name + ".conf.yaml")
     with open(cfg, "w") as f:
-        # messages up to the client's 256 MiB: alexnet's gradients (GetGradients is one message) are 228 MB,
-        # convnext_tiny's 111 MB
+        # psd's default message limit (64 MiB): alexnet's gradients (228 MB) and convnext_tiny's (111 MB)
+        # come in pages (GetGradients pages as GetParameters does)
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
-                "server:\n  consistency: hogwild\n  max_message_mb: 256\n" % (model_line, LR))
+                "server:\n  consistency: hogwild\n" % (model_line, LR))
     addr = "127.0.0.1:%d" % free_port()
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
@@ -145,16 +146,17 @@ def start_psd(name, model_line, extra):
 
 
 def get_parameters(stub):
-    """Every parameter and buffer by name (pages joined)."""
-    out, first, first_row = {}, 0, 0
-    while True:
-        r = stub.GetParameters(ps_pb2.GetParametersRequest(first=first, first_row=first_row), timeout=60)
-        for t, fr in zip(r.parameters, r.first_rows or [0] * len(r.parameters)):
-            a = array(t).copy()
-            out[t.name] = np.concatenate([out[t.name], a]) if fr and t.name in out else a
-        if not r.more:
-            return out
-        first, first_row = r.next, r.next_row
+    """Every parameter and buffer by name (pages joined by psd's client)."""
+    got, _ = read_pages(lambda req: stub.GetParameters(req, timeout=60), ps_pb2.GetParametersRequest(), "parameters",
+                        "psd")
+    return {k: v.numpy() for k, v in got.items()}
+
+
+def get_gradients(stub, ctx):
+    """Every gradient of context ctx by name (GetGradients' pages joined)."""
+    got, _ = read_pages(lambda req: stub.GetGradients(req, timeout=120), ps_pb2.GetGradientsRequest(context_id=ctx),
+                        "gradients", "psd")
+    return {k: v.numpy() for k, v in got.items()}
 
 
 def close(got, want, rtol, atol, what):
@@ -274,8 +276,7 @@ def run(label, stub, model, x, target, ref64=False):
     model.zero_grad()
     y.backward(gy)
     stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(gy.numpy())), timeout=120)
-    grads = {t.name: array(t) for t in stub.GetGradients(ps_pb2.GetGradientsRequest(context_id=ctx),
-                                                         timeout=120).gradients}
+    grads = get_gradients(stub, ctx)
     params = dict(model.named_parameters())
     worst, wname = 0.0, ""
     if ref64:

@@ -102,6 +102,9 @@ seeds = {
     "params": rec(M["GET_PARAMETERS"], b""),
     "params_paged": rec(M["GET_PARAMETERS"], field(13, 0, 4096)) +
                     rec(M["GET_PARAMETERS"], named(10, "fc") + field(11, 0, 1) + field(12, 0, 3)),
+    "grads_paged": rec(FW, forward(10, 1)) + rec(BW, backward(10, 1)) + rec(GG, field(1, 0, 10) + field(13, 0, 4096)) +
+                   rec(GG, field(1, 0, 10) + field(11, 0, 2) + field(12, 0, 16) + field(13, 0, 20000)) +
+                   rec(GG, field(1, 0, 10) + field(11, 0, 9)) + rec(GG, field(1, 0, 10) + field(12, 0, 2**63 - 1)),
     "bomb": rec(FW, field(2, 2, field(2, 2, varint(10**12) + varint(1) + varint(28) + varint(28)) +
                         field(3, 2, b"\0" * 16))),
     "mismatch": rec(FW, field(1, 0, 9) + field(2, 2, tensor([2, 1, 28, 28], [0.0] * 784)) + field(3, 0, 1)),

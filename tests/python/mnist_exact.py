@@ -9,7 +9,8 @@ batch of 32 training images twice:
   A. conv and fc as two RemoteStages with the images requiring a gradient:
      the log-probabilities, the loss, the images' gradient (conv's Backward
      with want_input_grad), every parameter's gradient (ctx.gradients(),
-     GetGradients) and the weights after ctx.step() (GetParameters);
+     GetGradients; on one psd also as the C client assembles its pages) and
+     the weights after ctx.step() (GetParameters);
   B. the whole model as one RemoteStage(None), no input gradient: the
      Backward travels with the step (step=true); the loss and the weights
      after the step.
@@ -25,7 +26,12 @@ dropped when below p, kept ones scaled by 1/(1-p) - and applies them in
 the reference. Dropout stays active, so the comparison covers psd's
 dropout layers too. Tolerance: max |a - b| / (|b| + 1) <= 1e-5.
 """
+import json
+import os
+import struct
+import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.nn as nn
@@ -111,6 +117,35 @@ def reference(sd, x, y, m2d, m1d):
     return lp, loss, x.grad, {k: p.grad for k, p in net.named_parameters()}
 
 
+def c_client_gradients(client, ctx_id):
+    """Context ctx_id's gradients as the C client fetches them (every page
+    of GetGradients, assembled: ps_client_get_gradients through
+    test_service's PSD_DUMP_GRADIENTS; $BUILD, default build)."""
+    prog = os.path.join(os.environ.get("BUILD", "build"), "tests", "test_service")
+    assert os.path.exists(prog), f"{prog} (make all) fetches the gradients with the C client"
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "grads.safetensors")
+        env = dict(os.environ, PSD_ADDR=client.single.server.address, PSD_DUMP_GRADIENTS=f"{ctx_id}:{out}")
+        subprocess.run([prog], env=env, check=True, timeout=120)
+        return read_safetensors(out)
+
+
+def read_safetensors(path):
+    """name -> float32 tensor of a safetensors file (its F32 tensors)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        a, b = v["data_offsets"]
+        out[k] = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(v["shape"])
+    return out
+
+
 def check_mnist(client, data, lr):
     """Both paths on mnist_cnn (one psd or conv and fc on two); returns the worst errors."""
     assert client.model == "mnist_cnn", client.model
@@ -128,6 +163,7 @@ def check_mnist(client, data, lr):
         loss = F.nll_loss(lp, y)
         loss.backward()
         grads = ctx.gradients()
+        c_grads = c_client_gradients(client, ctx.id) if single else None   # before the step frees it
         res = ctx.step()
     m2d = masks(Xoshiro(dropout_seed(ctx.id, client.rank, 0)), 32, 64, 0.25)   # conv's Forward: seq 0
     m1d = masks(Xoshiro(dropout_seed(ctx.id, client.rank, 1)), 32, 128, 0.5)   # fc's: seq 1
@@ -139,6 +175,10 @@ def check_mnist(client, data, lr):
     assert sorted(grads) == sorted(rgrads), (sorted(grads), sorted(rgrads))
     for k in rgrads:
         worst[f"grad {k}"] = close(grads[k], rgrads[k], f"gradient of {k} (GetGradients)")
+    if c_grads is not None:
+        assert sorted(c_grads) == sorted(rgrads), (sorted(c_grads), sorted(rgrads))
+        for k in rgrads:
+            worst[f"C client grad {k}"] = close(c_grads[k], rgrads[k], f"gradient of {k} (C client's GetGradients)")
     assert res.version == 1 and not res.skipped and not res.partial, res
     sd1 = psd.state_dict(client)
     for k in sd0:
