@@ -253,6 +253,22 @@ static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[
     return per;
 }
 
+/* A batch of matrix products (torch.bmm, with transposes and a scale):
+ * for b < batch, C_b (m, n) = alpha * op(A_b) . op(B_b) + beta * C_b, where
+ * op(A_b) is A_b (m, k) or, with trans_a, the transpose of A_b stored (k,
+ * m); op(B_b) is B_b (k, n) or, with trans_b, of B_b stored (n, k). Every
+ * matrix is dense row-major and the batch's matrices follow each other (A_b
+ * at A + b*m*k, B_b at B + b*k*n, C_b at C + b*m*n). beta is 0 (C is only
+ * written, never read) or 1 (the products are added to C). Multi-head
+ * attention's scores and weighted values, and their gradients. Plain
+ * layout. */
+typedef struct ps_bmm_desc {
+    int64_t batch;
+    int m, n, k;
+    int trans_a, trans_b;
+    float alpha, beta;
+} ps_bmm_desc;
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -613,6 +629,10 @@ typedef struct ps_backend_ops {
     /* ---- appended for convnext: y = x with each sample's dims permuted
      * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
     ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
+
+    /* ---- appended for vit (MultiheadAttention): batched matrix products
+     * (ps_bmm_desc; a, b, c do not overlap). ---- */
+    ps_status (*bmm)(void *impl, const ps_bmm_desc *d, const float *a, const float *b, float *c, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */
