@@ -253,21 +253,19 @@ static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[
     return per;
 }
 
-/* A batch of matrix products (torch.bmm, with transposes and a scale):
- * for b < batch, C_b (m, n) = alpha * op(A_b) . op(B_b) + beta * C_b, where
- * op(A_b) is A_b (m, k) or, with trans_a, the transpose of A_b stored (k,
- * m); op(B_b) is B_b (k, n) or, with trans_b, of B_b stored (n, k). Every
- * matrix is dense row-major and the batch's matrices follow each other (A_b
- * at A + b*m*k, B_b at B + b*k*n, C_b at C + b*m*n). beta is 0 (C is only
- * written, never read) or 1 (the products are added to C). Multi-head
- * attention's scores and weighted values, and their gradients. Plain
- * layout. */
-typedef struct ps_bmm_desc {
+/* A batched matrix product (torch.bmm / torch.matmul of two stacks of
+ * matrices): for b < batch, c_b (m, n) = op(a_b) . op(b_b), written, where
+ * op(a_b) is a_b (m, k) or, with trans_a, the transpose of a_b stored (k,
+ * m); op(b_b) is b_b (k, n) or, with trans_b, of b_b stored (n, k). Every
+ * matrix is dense row-major and the batch's matrices follow each other (a_b
+ * at a + b*m*k, b_b at b + b*k*n, c_b at c + b*m*n); c overlaps neither.
+ * Multi-head attention's scores and weighted values, and their gradients.
+ * Plain layout. (The same interface as branch matmul's MatMul kind.) */
+typedef struct ps_matmul_desc {
     int64_t batch;
     int m, n, k;
     int trans_a, trans_b;
-    float alpha, beta;
-} ps_bmm_desc;
+} ps_matmul_desc;
 
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
@@ -630,9 +628,9 @@ typedef struct ps_backend_ops {
      * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
     ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
 
-    /* ---- appended for vit (MultiheadAttention): batched matrix products
-     * (ps_bmm_desc; a, b, c do not overlap). ---- */
-    ps_status (*bmm)(void *impl, const ps_bmm_desc *d, const float *a, const float *b, float *c, ps_err *err);
+    /* ---- appended for vit (MultiheadAttention): the batched product of
+     * ps_matmul_desc, c written. ---- */
+    ps_status (*matmul)(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1143,19 +1143,24 @@ static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_er
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_fill(count, x, value, c->stream));
 }
 
-/* bmm: row-major C_b (m, n) = op(A_b) op(B_b) is column-major C_b^T (n, m)
- * = op(B_b)^T op(A_b)^T: one strided-batched GEMM with the operands swapped
- * (B's leading dimension n, or k when transposed; A's k, or m). */
-static ps_status cu_bmm(void *impl, const ps_bmm_desc *d, const float *a, const float *b, float *cm, ps_err *err) {
+/* matmul: row-major C_b (m, n) = op(A_b) op(B_b) is column-major C_b^T (n,
+ * m) = op(B_b)^T op(A_b)^T: one strided-batched GEMM with the operands
+ * swapped (B's leading dimension n, or k when transposed; A's k, or m). */
+static ps_status cu_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *cm,
+                           ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
+    const float one = 1.0f, zero = 0.0f;
     if (d->batch == 0 || d->m == 0 || d->n == 0) return PS_OK;
+    if (d->batch > INT_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "matmul: a batch of %lld matrices is more than cuBLAS takes",
+                          (long long)d->batch);
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     PS_CUBLAS_CHECK(cublasSgemmStridedBatched(c->blas, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                              d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d->n, d->m, d->k, &d->alpha, b,
+                                              d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d->n, d->m, d->k, &one, b,
                                               d->trans_b ? d->k : d->n, (long long)d->k * d->n, a,
-                                              d->trans_a ? d->m : d->k, (long long)d->m * d->k, &d->beta, cm, d->n,
+                                              d->trans_a ? d->m : d->k, (long long)d->m * d->k, &zero, cm, d->n,
                                               (long long)d->m * d->n, (int)d->batch));
     PS_CUDA_SYNC(c);
 done:
@@ -1220,5 +1225,5 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .adaptive_avgpool_forward = cu_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = cu_adaptive_avgpool_backward,
     .permute = cu_permute,
-    .bmm = cu_bmm,
+    .matmul = cu_matmul,
 };

@@ -2953,11 +2953,12 @@ static ps_status dn_permute(void *impl, const ps_permute_desc *d, const float *x
     return run(im, &k, a, 2, err);
 }
 
-/* bmm: one dnnl_sgemm (oneDNN's JIT GEMM on every ISA it supports) per
+/* matmul: one dnnl_sgemm (oneDNN's JIT GEMM on every ISA it supports) per
  * product of the batch; the products run in parallel over OpenMP threads,
  * each GEMM then single-threaded (attention's products are small: L x L
  * scores of one head). */
-static ps_status dn_bmm(void *impl, const ps_bmm_desc *d, const float *a, const float *b, float *c, ps_err *err) {
+static ps_status dn_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
+                           ps_err *err) {
     set_threads(impl);
     const int64_t sa = (int64_t)d->m * d->k, sb = (int64_t)d->k * d->n, sc = (int64_t)d->m * d->n;
     const char ta = d->trans_a ? 'T' : 'N', tb = d->trans_b ? 'T' : 'N';
@@ -2965,8 +2966,8 @@ static ps_status dn_bmm(void *impl, const ps_bmm_desc *d, const float *a, const 
     int failed = 0;
 #pragma omp parallel for if (d->batch > 1) schedule(static) reduction(| : failed)
     for (int64_t q = 0; q < d->batch; q++)
-        failed |= dnnl_sgemm(ta, tb, d->m, d->n, d->k, d->alpha, a + q * sa, lda, b + q * sb, ldb, d->beta,
-                             c + q * sc, d->n) != dnnl_success;
+        failed |= dnnl_sgemm(ta, tb, d->m, d->n, d->k, 1.0f, a + q * sa, lda, b + q * sb, ldb, 0.0f, c + q * sc,
+                             d->n) != dnnl_success;
     if (failed)
         return ps_err_set(err, PS_ERR_INTERNAL, "dnnl_sgemm of a batched product (%d x %d x %d) failed", d->m, d->n,
                           d->k);
@@ -3024,5 +3025,5 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .adaptive_avgpool_forward = dn_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = dn_adaptive_avgpool_backward,
     .permute = dn_permute,
-    .bmm = dn_bmm,
+    .matmul = dn_matmul,
 };

@@ -1882,7 +1882,8 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
  * Backward: d o from y's linear; dA = d o v^T, dv = A^T d o; dP = dA * mask;
  * dS = softmax's backward of dP; dq = dS k / sqrt(D), dk = dS^T q / sqrt(D);
  * each of dq, dk, dv permuted back and through its linear (dx their sum).
- * The tape keeps the mask (dev[0]), q, k, v and P (dev[1]) and o (dev[2]).
+ * The products are the backend's matmul (the scale 1/sqrt(D) applied after
+ * the product). The tape keeps the mask (dev[0]), q, k, v and P (dev[1]) and o (dev[2]).
  * Params (state_dict order, PyTorch's): in_proj_weight (3E, E) xavier
  * uniform, in_proj_bias (3E) zeros, out_proj.weight (E, E) U(+-1/sqrt(E)),
  * out_proj.bias (E) zeros; without bias only the two weights. ---- */
@@ -1938,8 +1939,8 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
 
 static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     (void)ly;
-    return !ops->bmm ? "bmm" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
-         : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : NULL;
+    return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
+         : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale" : NULL;
 }
 
 /* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
@@ -1952,10 +1953,13 @@ static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int back, 
     return c->be->ops->permute(c->be->impl, &d, x, y, err);
 }
 
-static ps_status mha_bmm(const ps_layer_call *c, const mha_geom *g, int m, int nn, int k, int ta, int tb, float alpha,
+/* out = alpha * op(a) op(b) for each of the n*H heads */
+static ps_status mha_matmul(const ps_layer_call *c, const mha_geom *g, int m, int nn, int k, int ta, int tb, float alpha,
                          const float *a, const float *b, float *out, ps_err *err) {
-    ps_bmm_desc d = {(int64_t)g->n * g->H, m, nn, k, ta, tb, alpha, 0.0f};
-    return c->be->ops->bmm(c->be->impl, &d, a, b, out, err);
+    ps_matmul_desc d = {(int64_t)g->n * g->H, m, nn, k, ta, tb};
+    ps_status rc = c->be->ops->matmul(c->be->impl, &d, a, b, out, err);
+    if (rc == PS_OK && alpha != 1.0f) rc = c->be->ops->scale(c->be->impl, d.batch * m * nn, out, alpha, err);
+    return rc;
 }
 
 static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
@@ -1978,7 +1982,7 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
                                  g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, tmp + j * g.nle, err);
         if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, qkvp + j * g.nle, err);
     }
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
     if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
     const float *A = P;
     if (rc == PS_OK && drop) {
@@ -1989,7 +1993,7 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
         if ((rc = mask_end(c, mask, host, g.p, err)) == PS_OK) rc = ops->mul(c->be->impl, g.p, P, mask, S, err);
         A = S;
     }
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.D, g.L, 0, 0, 1.0f, A, v, oh, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, 1.0f, A, v, oh, err);
     if (rc == PS_OK) rc = mha_heads(c, &g, 1, oh, o, err);
     if (rc == PS_OK)
         rc = ops->linear_forward(c->be->impl, &ld, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
@@ -2028,12 +2032,12 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
         rc = ops->mul(c->be->impl, g.p, P, mask, dA, err);
         A = dA;
     }
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.L, g.D, 0, 1, 1.0f, doh, v, dA, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, 1.0f, doh, v, dA, err);
     if (rc == PS_OK && mask) rc = ops->mul(c->be->impl, g.p, dA, mask, dA, err);
     if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.L, g.L, P, dA, dS, err);
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.D, g.L, 0, 0, s, dS, k, dq, err);
-    if (rc == PS_OK) rc = mha_bmm(c, &g, g.L, g.D, g.L, 1, 0, s, dS, q, dk, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, s, dS, k, dq, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, s, dS, q, dk, err);
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
         if ((rc = mha_heads(c, &g, 1, dqkv + j * g.nle, dback, err)) != PS_OK) break;
         float *dx = !c->dx ? NULL : j == 0 ? c->dx : dxp;
