@@ -24,13 +24,16 @@ affine gradients and the fold are tested), grad.<P>, final.<P>, buf.<B>,
 eval_out, and masks "C.mask<k>.<f>" (dropout node k in file order, forward
 f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout),
 (N, C) (Dropout2d), (N) or (1) (StochasticDepth 'row' or 'batch': the
-noise torchvision.ops.stochastic_depth drew, recorded as it ran).
+noise torchvision.ops.stochastic_depth drew, recorded as it ran), (N, H,
+L, L) (MultiheadAttention's attention weights; every one is a dropout
+node, its mask all ones at dropout 0).
 Metadata: "cases" (comma-separated), "C.yaml" (the model file), "C.n"
 (batch), "C.forwards" (1 or 2).
 
 Randomness: torch.manual_seed(1000 + case index) before each case.
 """
 import json
+import math
 import os
 import sys
 
@@ -272,7 +275,33 @@ CASES = [
         "{name: bc, kind: Conv2d, out_channels: 8, kernel_size: 3, padding: 1}",
         "{name: j, kind: Concat, inputs: [a, bc]}",
         "{name: s, kind: ChannelShuffle, groups: 2}"])),
+    # vit's pieces: nn.MultiheadAttention as self-attention (1, 2 and 4 heads, with and without bias, attention
+    # dropout with stored masks, a sequence of one, batches of 1, 3 and 5); the class token (1, 1, E) under its
+    # top-level name, prepended along the sequence; the positional embedding added; token 0 taken
+    ("mha_h1", stage([5, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 1, batch_first: true}"])),
+    ("mha_h2_nobias", stage([4, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, bias: false, "
+                                     "batch_first: true}"])),
+    ("mha_h4_n1", stage([6, 16], ["{name: a, kind: MultiheadAttention, embed_dim: 16, num_heads: 4, "
+                                  "batch_first: true}"])),
+    ("mha_h2_dropout_n5", stage([5, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                         "dropout: 0.25, batch_first: true}"])),
+    ("mha_len1", stage([1, 6], ["{name: a, kind: MultiheadAttention, embed_dim: 6, num_heads: 2, batch_first: true}"])),
+    ("vit_block", stage([4, 8], [
+        "{name: class_token, kind: Parameter, shape: [1, 1, 8], expand: [1, 8], parameter: null}",
+        "{name: cat, kind: Concat, inputs: [class_token, input], dim: 1}",
+        "{name: encoder, kind: Parameter, shape: [1, 5, 8], expand: [5, 8], parameter: pos_embedding}",
+        "{name: encoder.add, kind: Add, inputs: [cat, encoder]}",
+        "{name: encoder.layers.encoder_layer_0.ln_1, kind: LayerNorm, normalized_shape: 8, eps: 1.0e-6}",
+        "{name: encoder.layers.encoder_layer_0.self_attention, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+        "dropout: 0.1, batch_first: true}",
+        "{name: encoder.layers.encoder_layer_0.add, kind: Add, inputs: [encoder.layers.encoder_layer_0."
+        "self_attention, encoder.add]}",
+        "{name: select, kind: Narrow, dim: 1, start: 0, length: 1}",
+        "{name: flatten, kind: Flatten}",
+        "{name: heads.head, kind: Linear, out_features: 3}"])),
 ]
+# batch per case (default N)
+NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
          "hard_blocked": 4.0}
@@ -400,7 +429,10 @@ def make_module(kind, a, shapes):
         dim = a.get("dim", 1)
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
-        return Broadcast(a["shape"], a.get("expand", a["shape"]))
+        return Broadcast(a["shape"], a.get("expand", a["shape"]), a.get("parameter", "weight"))
+    if kind == "MultiheadAttention":
+        assert a["batch_first"]
+        return MHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True))
     if kind == "Permute":
         dims = a["dims"]
         return Lambda(lambda x: x.permute(dims))
@@ -420,15 +452,59 @@ def make_module(kind, a, shapes):
 
 
 class Broadcast(nn.Module):
-    """psd's Parameter kind: a tensor of its own, broadcast to (N, *expand)."""
+    """psd's Parameter kind: a tensor of its own (named as the file says; null: the node's name itself),
+    broadcast to (N, *expand); leading 1s of its shape face the batch (vit's class_token.expand(n, -1, -1))."""
 
-    def __init__(self, shape, expand):
+    def __init__(self, shape, expand, pname):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(shape))
+        self.pname = pname or "weight"
+        self.top = pname is None
+        self.register_parameter(self.pname, nn.Parameter(torch.randn(shape)))
         self.expand = expand
 
     def forward(self, x):
-        return self.weight.expand([x.shape[0]] + list(self.expand))
+        w = getattr(self, self.pname)
+        while w.dim() > len(self.expand) + 1:
+            w = w.squeeze(0)
+        return w.expand([x.shape[0]] + list(self.expand))
+
+
+class MHA(nn.MultiheadAttention):
+    """psd's MultiheadAttention kind: nn.MultiheadAttention (batch_first) as self-attention, attn(x, x, x,
+    need_weights=False), its own parameters and state_dict names. In training with dropout, the dropout of the
+    attention weights multiplies by the mask the test stores (self.mask, (N, H, L, L)): the same computation
+    spelled out (F.multi_head_attention_forward's steps), checked against the module itself with a mask of ones
+    (dropout off) when built."""
+
+    def __init__(self, e, h, p, bias):
+        super().__init__(e, h, dropout=p, bias=bias, batch_first=True)
+        self.p = p
+        self.mask = None
+
+    def spelled(self, x, mask):
+        n, L, e = x.shape
+        h = self.num_heads
+        d = e // h
+        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, -1)
+        q, k, v = (t.reshape(n, L, h, d).transpose(1, 2) for t in (q, k, v))
+        a = torch.softmax((q / math.sqrt(d)) @ k.transpose(-2, -1), -1) * mask
+        return self.out_proj((a @ v).transpose(1, 2).reshape(n, L, e))
+
+    def forward(self, x):
+        if self.training and self.p > 0:
+            return self.spelled(x, self.mask)
+        # with grad on: torch 1.13's no-grad fast path (_native_multi_head_attention) fails without a bias
+        with torch.enable_grad():
+            return super().forward(x, x, x, need_weights=False)[0]
+
+    def check(self, x):
+        p, self.dropout = self.dropout, 0.0
+        with torch.enable_grad():
+            want = super().forward(x, x, x, need_weights=False)[0].detach()
+        self.dropout = p
+        with torch.no_grad():
+            got = self.spelled(x, torch.ones(self.mask_shape))
+        assert torch.allclose(got, want, atol=1e-5), "the spelled-out attention is not nn.MultiheadAttention's"
 
 
 class Scale(nn.Module):
@@ -472,6 +548,11 @@ class Net(nn.Module):
                 m.p = a.get("p", 0.5)
                 m.mask_shape = mask_shape(m, vals[ins[0]])
                 m.mask = torch.ones(m.mask_shape)
+            if isinstance(m, MHA):
+                xi = vals[ins[0]]
+                m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1], xi.shape[1])
+                m.mask = torch.ones(m.mask_shape)
+                m.check(xi)
             vals[nd["name"]] = m(*[vals[i] for i in ins])
             prev = nd["name"]
         self.out = st.get("output", prev)
@@ -487,13 +568,18 @@ def mask_shape(m, x):
     return tuple(x.shape[:2]) if m.channels else tuple(x.shape)
 
 
+def key_of(name, m, k):
+    """psd's state_dict name of a node's tensor k: <node>.<k>, or the node's name for a top-level Parameter."""
+    return name if getattr(m, "top", False) else "%s.%s" % (name, k)
+
+
 def sd_items(net):
     """(state_dict key, tensor, is_buffer) of every node, named as psd names them."""
     out = []
     for name, kind, _, m in net.nodes:
-        params = dict(m.named_parameters(recurse=False))
+        params = dict(m.named_parameters())
         for k, v in m.state_dict().items():
-            out.append(("%s.%s" % (name, k), v, k not in params))
+            out.append((key_of(name, m, k), v, k not in params))
     return out
 
 
@@ -501,7 +587,7 @@ def case(idx, name, text):
     torch.manual_seed(1000 + idx)
     spec = yaml.safe_load(text)
     st = spec["stages"][0]
-    shape = [N] + st["input"]["shape"]
+    shape = [NBATCH.get(name, N)] + st["input"]["shape"]
     integer = st["input"].get("dtype") == "int64"
     rows = 7 if integer else 0
 
@@ -514,6 +600,9 @@ def case(idx, name, text):
             if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
                 m.weight.add_(0.2 * torch.randn_like(m.weight))
                 m.bias.add_(0.2 * torch.randn_like(m.bias))
+            if kind == "MultiheadAttention" and m.in_proj_bias is not None:   # PyTorch's are zeros
+                m.in_proj_bias.add_(0.2 * torch.randn_like(m.in_proj_bias))
+                m.out_proj.bias.add_(0.2 * torch.randn_like(m.out_proj.bias))
             if kind.startswith("BatchNorm") and m.track_running_stats:
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
@@ -523,7 +612,7 @@ def case(idx, name, text):
     t = {}
     for k, v, buf in sd_items(net):
         t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
-    drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth))]
+    drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth, MHA))]
     opt = torch.optim.SGD(net.parameters(), lr=LR) if list(net.parameters()) else None
     net.train()
     xs = [x1, x2]
@@ -532,7 +621,7 @@ def case(idx, name, text):
         if not integer:
             x.requires_grad_(True)
         for m in drops:   # this forward's masks (every forward has the batch's shapes)
-            if isinstance(m, MaskDropout):
+            if isinstance(m, (MaskDropout, MHA)):   # MHA: every one a dropout node (ones at dropout 0)
                 m.mask = (torch.rand(m.mask_shape) >= m.p).float() / (1 - m.p)
         y = net(x)
         for k, m in enumerate(drops):   # stochastic depth drew its own in the forward
@@ -546,9 +635,9 @@ def case(idx, name, text):
             if not integer:
                 t["%s.grad_input" % name] = x.grad.detach().clone()
             for nname, kind, _, m in net.nodes:
-                for pn, p in m.named_parameters(recurse=False):
+                for pn, p in m.named_parameters():
                     g = p.grad if p.grad is not None else torch.zeros_like(p)
-                    t["%s.grad.%s.%s" % (name, nname, pn)] = g.detach().clone()
+                    t["%s.grad.%s" % (name, key_of(nname, m, pn))] = g.detach().clone()
     if opt:
         opt.step()
     for k, v, buf in sd_items(net):

@@ -21,6 +21,9 @@
  *    forwards; the backward zeroes and scales exactly the samples the
  *    forward did; a seed replays its masks, combined forwards ('row' only)
  *    draw each part's own; p 1 drops everything; eval is the identity;
+ *  - MultiheadAttention with attention dropout: the input gradient vs
+ *    finite differences with a mask held fixed, a seed replays its mask,
+ *    eval is the training forward at a mask of ones;
  *  - bad input: int64 ids out of range (index and value named), stage runs
  *    that do not chain, an input gradient of int64 ids, non-finite grads;
  *  - the optimizer state (Adam): a step on the decoder alone counts only
@@ -355,6 +358,55 @@ static void test_stochastic_depth(rng *r) {
             ps_model_free(m);
         }
         free(x); free(d); free(d2);
+    }
+    test_rmtree(dir);
+}
+
+/* MultiheadAttention with attention dropout (ref and dnnl): the input
+ * gradient against finite differences with a mask held fixed; a seed
+ * replays its forward's mask (the same output), another seed draws
+ * another; the model counts one dropout node of N*H*L*L draws; eval is
+ * deterministic and the training forward at a mask of ones. */
+static void test_attention_dropout(rng *r) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX";
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    const char *backends[2] = {"ref", "dnnl"};
+    const int n = 3, L = 5, E = 8, H = 2;
+    for (int b = 0; b < 2; b++) {
+        char path[512], label[96];
+        snprintf(path, sizeof path, "%s/mha_%s.yaml", dir, backends[b]);
+        FILE *f = fopen(path, "w");
+        CHECK_MSG(f, "cannot write %s", path);
+        if (!f) continue;
+        fprintf(f, "name: mha\nstages:\n  - name: s\n    input: {shape: [%d, %d]}\n    nodes:\n"
+                   "      - {name: a, kind: MultiheadAttention, embed_dim: %d, num_heads: %d, dropout: 0.4, "
+                   "batch_first: true}\n", L, E, E, H);
+        fclose(f);
+        ps_model_opts o = {.file = path, .cpu_backend = backends[b], .seed = 7, .compute_threads = 2, .lr = 0.1f};
+        ps_err err = {0};
+        ps_model *m = ps_model_create(&o, &err);
+        CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
+        if (!m) continue;
+        snprintf(label, sizeof label, "%s MultiheadAttention dropout", backends[b]);
+        float *mask = mask_random((int64_t)n * H * L * L, 0.4f, r), *ones = malloc((size_t)n * H * L * L * sizeof(float));
+        for (int i = 0; i < n * H * L * L; i++) ones[i] = 1.0f;
+        const float *masks[1] = {mask};
+        fd_input_grad(label, m, 0, 0, n, L * E, L * E, masks, r);
+        float *x = host_random((size_t)n * L * E, r);
+        float *y1 = malloc((size_t)n * L * E * sizeof(float)), *y2 = malloc((size_t)n * L * E * sizeof(float));
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, y1, NULL, NULL, &err));
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, y2, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(y1, y2, (size_t)n * L * E * sizeof(float)), "%s: a seed's forward did not replay its mask",
+                  label);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, y2, NULL, NULL, &err));
+        CHECK_MSG(memcmp(y1, y2, (size_t)n * L * E * sizeof(float)), "%s: two seeds drew the same mask", label);
+        masks[0] = ones;
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, masks, 0, y1, NULL, NULL, &err));
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 5, y2, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(y1, y2, (size_t)n * L * E * sizeof(float)),
+                  "%s: the eval forward is not the training forward with a mask of ones", label);
+        free(mask); free(ones); free(x); free(y1); free(y2);
+        ps_model_free(m);
     }
     test_rmtree(dir);
 }
@@ -742,5 +794,6 @@ int main(void) {
     test_bad_input();
     test_optim_state(&r);
     test_stochastic_depth(&r);   /* last: the others' random data as before it */
+    test_attention_dropout(&r);
     return check_summary("test_nn_model");
 }

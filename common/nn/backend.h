@@ -253,6 +253,20 @@ static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[
     return per;
 }
 
+/* A batched matrix product (torch.bmm / torch.matmul of two stacks of
+ * matrices): for b < batch, c_b (m, n) = op(a_b) . op(b_b), written, where
+ * op(a_b) is a_b (m, k) or, with trans_a, the transpose of a_b stored (k,
+ * m); op(b_b) is b_b (k, n) or, with trans_b, of b_b stored (n, k). Every
+ * matrix is dense row-major and the batch's matrices follow each other (a_b
+ * at a + b*m*k, b_b at b + b*k*n, c_b at c + b*m*n); c overlaps neither.
+ * Multi-head attention's scores and weighted values, and their gradients.
+ * Plain layout. (The same interface as branch matmul's MatMul kind.) */
+typedef struct ps_matmul_desc {
+    int64_t batch;
+    int m, n, k;
+    int trans_a, trans_b;
+} ps_matmul_desc;
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -613,6 +627,10 @@ typedef struct ps_backend_ops {
     /* ---- appended for convnext: y = x with each sample's dims permuted
      * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
     ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
+
+    /* ---- appended for vit (MultiheadAttention): the batched product of
+     * ps_matmul_desc, c written. ---- */
+    ps_status (*matmul)(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

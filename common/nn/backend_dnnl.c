@@ -2284,14 +2284,26 @@ static ps_status dn_softmax_forward(void *impl, int64_t rows, int cols, const fl
     return run(im, &k, a, 2, err);
 }
 
+/* Row-wise softmax backward: an OpenMP loop, not oneDNN's primitive -
+ * oneDNN 2.6 has only its reference kernel (ref:any) for it below
+ * AVX-512, and multi-head attention runs it over every head's L x L
+ * weights. dx = y * (dy - sum(dy * y)), the sum in double. */
 static ps_status dn_softmax_backward(void *impl, int64_t rows, int cols, const float *y,
                                      const float *dy, float *dx, ps_err *err) {
-    dn_impl *im = impl;
-    set_threads(im);
-    const int64_t dims[2] = { rows, cols };
-    prim_key k = key_make(PK_SOFTMAX_BWD, 0, 2, dims);
-    exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
-    return run(im, &k, a, 3, err);
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (rows * cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * cols, *dyr = dy + r * cols;
+        float *dxr = dx + r * cols;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < cols; j++) s += (double)dyr[j] * yr[j];
+        const float sf = (float)s;
+#pragma omp simd
+        for (int j = 0; j < cols; j++) dxr[j] = yr[j] * (dyr[j] - sf);
+    }
+    return PS_OK;
 }
 
 /* Embedding rows: oneDNN has no gather primitive; OpenMP loops. */
@@ -2941,6 +2953,27 @@ static ps_status dn_permute(void *impl, const ps_permute_desc *d, const float *x
     return run(im, &k, a, 2, err);
 }
 
+/* matmul: one dnnl_sgemm (oneDNN's JIT GEMM on every ISA it supports) per
+ * product of the batch; the products run in parallel over OpenMP threads,
+ * each GEMM then single-threaded (attention's products are small: L x L
+ * scores of one head). */
+static ps_status dn_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
+                           ps_err *err) {
+    set_threads(impl);
+    const int64_t sa = (int64_t)d->m * d->k, sb = (int64_t)d->k * d->n, sc = (int64_t)d->m * d->n;
+    const char ta = d->trans_a ? 'T' : 'N', tb = d->trans_b ? 'T' : 'N';
+    const dnnl_dim_t lda = d->trans_a ? d->m : d->k, ldb = d->trans_b ? d->k : d->n;
+    int failed = 0;
+#pragma omp parallel for if (d->batch > 1) schedule(static) reduction(| : failed)
+    for (int64_t q = 0; q < d->batch; q++)
+        failed |= dnnl_sgemm(ta, tb, d->m, d->n, d->k, 1.0f, a + q * sa, lda, b + q * sb, ldb, 0.0f, c + q * sc,
+                             d->n) != dnnl_success;
+    if (failed)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl_sgemm of a batched product (%d x %d x %d) failed", d->m, d->n,
+                          d->k);
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -2992,4 +3025,5 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .adaptive_avgpool_forward = dn_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = dn_adaptive_avgpool_backward,
     .permute = dn_permute,
+    .matmul = dn_matmul,
 };

@@ -806,6 +806,28 @@ static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *
     return PS_OK;
 }
 
+/* ---- matmul: each product's every element a dot product in double,
+ * read through the transposes ---- */
+
+static ps_status ref_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
+                            ps_err *err) {
+    (void)impl; (void)err;
+    const int64_t sa = (int64_t)d->m * d->k, sb = (int64_t)d->k * d->n, sc = (int64_t)d->m * d->n;
+    for (int64_t q = 0; q < d->batch; q++) {
+        const float *A = a + q * sa, *B = b + q * sb;
+        float *C = c + q * sc;
+        for (int i = 0; i < d->m; i++)
+            for (int j = 0; j < d->n; j++) {
+                double s = 0;
+                for (int p = 0; p < d->k; p++)
+                    s += (double)(d->trans_a ? A[(int64_t)p * d->m + i] : A[(int64_t)i * d->k + p]) *
+                         (double)(d->trans_b ? B[(int64_t)j * d->k + p] : B[(int64_t)p * d->n + j]);
+                C[(int64_t)i * d->n + j] = (float)s;
+            }
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -854,4 +876,5 @@ const ps_backend_ops ps_backend_ref_ops = {
     .adaptive_avgpool_forward = ref_adaptive_avgpool_forward,
     .adaptive_avgpool_backward = ref_adaptive_avgpool_backward,
     .permute = ref_permute,
+    .matmul = ref_matmul,
 };

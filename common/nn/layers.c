@@ -103,9 +103,8 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         }
         return PS_OK;
     }
-    case PS_ATTR_NAME:
-        if (!vals[0]) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: no name given", sp->name);
-        *(const char **)(base + sp->off) = vals[0];   /* the definition's (or the table's) string */
+    case PS_ATTR_NAME:   /* null: "" (the node's name is the tensor's whole name) */
+        *(const char **)(base + sp->off) = vals[0] ? vals[0] : "";   /* the definition's (or the table's) string */
         return PS_OK;
     case PS_ATTR_DIMS:
     case PS_ATTR_BATCH_DIMS: {
@@ -1491,9 +1490,11 @@ static ps_status param_infer(ps_layer *ly, ps_err *err) {
     const ps_layer_attrs *a = &ly->a;
     int ne = a->ndims2 ? a->ndims2 : a->ndims;
     const int64_t *e = a->ndims2 ? a->dims2 : a->dims;
-    if (a->ndims > ne)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape has %d dimensions, expand %d", a->ndims, ne);
-    for (int i = 0; i < a->ndims; i++) {
+    for (int i = 0; i < a->ndims - ne; i++)   /* leading 1s face the batch: vit's class_token (1, 1, E) */
+        if (a->dims[i] != 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape has %d dimensions, expand %d, and the extra "
+                              "leading ones are not all 1", a->ndims, ne);
+    for (int i = 0; i < a->ndims && i < ne; i++) {
         int64_t p = a->dims[a->ndims - 1 - i], q = e[ne - 1 - i];
         if (p != q && p != 1)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shape dimension %d (%lld) does not broadcast to "
@@ -1502,7 +1503,7 @@ static ps_status param_infer(ps_layer *ly, ps_err *err) {
     ly->outs.ndim = ne;
     for (int i = 0; i < ne; i++) ly->outs.dims[i] = e[i];
     ly->out_dtype = PS_DTYPE_F32;
-    set_param(ly, 0, "weight", a->ndims, a->dims, 1, ZEROS);
+    set_param(ly, 0, a->pname, a->ndims, a->dims, 1, ZEROS);
     return PS_OK;
 }
 
@@ -1868,6 +1869,197 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- MultiheadAttention: nn.MultiheadAttention(embed_dim, num_heads,
+ * dropout, bias, batch_first=True) as self-attention, attn(x, x, x,
+ * need_weights=False) with no mask: x (L, E) per sample, H heads of D =
+ * E/H. Forward, for the n samples at once:
+ *   q, k, v = x W_j^T + b_j, W_j rows jE..jE+E-1 of in_proj_weight (j = 0,
+ *             1, 2), each (n, L, E) permuted to (n, H, L, D)
+ *   P = softmax(q k^T / sqrt(D)) over the last dim, (n, H, L, L)
+ *   A = P * mask (dropout on the attention weights in training: the mask
+ *       of Dropout's draws, one per element of P), else P
+ *   o = A v, (n, H, L, D) permuted back to (n, L, E); y = o W_o^T + b_o
+ * Backward: d o from y's linear; dA = d o v^T, dv = A^T d o; dP = dA * mask;
+ * dS = softmax's backward of dP; dq = dS k / sqrt(D), dk = dS^T q / sqrt(D);
+ * each of dq, dk, dv permuted back and through its linear (dx their sum).
+ * The products are the backend's matmul (the scale 1/sqrt(D) applied after
+ * the product). The tape keeps the mask (dev[0]), q, k, v and P (dev[1]) and o (dev[2]).
+ * Params (state_dict order, PyTorch's): in_proj_weight (3E, E) xavier
+ * uniform, in_proj_bias (3E) zeros, out_proj.weight (E, E) U(+-1/sqrt(E)),
+ * out_proj.bias (E) zeros; without bias only the two weights. ---- */
+
+typedef struct mha_geom {
+    int n, L, E, H, D;
+    int64_t nle, p;             /* n*L*E (q, k, v, o), n*H*L*L (P) */
+    int wo, bi, bo;             /* parameter indices: out_proj.weight, in_proj_bias, out_proj.bias (-1: none) */
+} mha_geom;
+
+static mha_geom mha_of(const ps_layer *ly, int n) {
+    mha_geom g;
+    g.n = n;
+    g.L = (int)ly->in[0].dims[0];
+    g.E = (int)ly->a.out;
+    g.H = (int)ly->a.num;
+    g.D = g.E / g.H;
+    g.nle = (int64_t)n * g.L * g.E;
+    g.p = (int64_t)n * g.H * g.L * g.L;
+    g.bi = ly->a.bias ? 1 : -1;
+    g.wo = ly->a.bias ? 2 : 1;
+    g.bo = ly->a.bias ? 3 : -1;
+    return g;
+}
+
+static ps_status mha_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int64_t E = ly->a.out, H = ly->a.num;
+    if (!ly->a.mode)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch_first is false: psd's batch is the first dimension, "
+                          "so the input must be (N, L, E) (batch_first: true)");
+    if (ly->in[0].dims[1] != E)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "embed_dim is %lld but the input's last dimension is %lld",
+                          (long long)E, (long long)ly->in[0].dims[1]);
+    if (E % H)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "embed_dim %lld is not divisible by num_heads %lld",
+                          (long long)E, (long long)H);
+    if (ly->in[0].dims[0] > 65536 || E > 65536)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence or embedding longer than 65536");
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    const float bound = sqrtf(6.0f / (float)(4 * E));   /* xavier_uniform_ of (3E, E) */
+    const ps_init xavier = {PS_INIT_UNIFORM, -bound, bound, 0};
+    int64_t wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E}, bo[1] = {E};
+    const mha_geom g = mha_of(ly, 1);
+    set_param(ly, 0, "in_proj_weight", 2, wi, E, xavier);
+    if (g.bi >= 0) set_param(ly, g.bi, "in_proj_bias", 1, bi, E, ZEROS);
+    set_param(ly, g.wo, "out_proj.weight", 2, wo, E, FAN_UNIFORM);
+    if (g.bo >= 0) set_param(ly, g.bo, "out_proj.bias", 1, bo, E, ZEROS);
+    return PS_OK;
+}
+
+static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
+         : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale" : NULL;
+}
+
+/* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
+static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int back, const float *x, float *y,
+                           ps_err *err) {
+    ps_permute_desc d = {.n = g->n, .ndim = 3, .perm = {1, 0, 2}};
+    d.dims[0] = back ? g->H : g->L;
+    d.dims[1] = back ? g->L : g->H;
+    d.dims[2] = g->D;
+    return c->be->ops->permute(c->be->impl, &d, x, y, err);
+}
+
+/* out = alpha * op(a) op(b) for each of the n*H heads */
+static ps_status mha_matmul(const ps_layer_call *c, const mha_geom *g, int m, int nn, int k, int ta, int tb, float alpha,
+                         const float *a, const float *b, float *out, ps_err *err) {
+    ps_matmul_desc d = {(int64_t)g->n * g->H, m, nn, k, ta, tb};
+    ps_status rc = c->be->ops->matmul(c->be->impl, &d, a, b, out, err);
+    if (rc == PS_OK && alpha != 1.0f) rc = c->be->ops->scale(c->be->impl, d.batch * m * nn, out, alpha, err);
+    return rc;
+}
+
+static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const mha_geom g = mha_of(c->ly, c->n);
+    const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
+    const float s = 1.0f / sqrtf((float)g.D);
+    const int drop = c->train && c->ly->a.p > 0;
+    /* tmp: the three projections (3 nle), the scores (p), the heads' output (nle) */
+    float *tmp = ps_backend_alloc_floats(c->be, 4 * g.nle + g.p);
+    float *qkvp = ps_backend_alloc_floats(c->be, 3 * g.nle + g.p), *o = ps_backend_alloc_floats(c->be, g.nle);
+    ps_status rc = PS_OK;
+    if (!tmp || !qkvp || !o) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        goto out;
+    }
+    float *q = qkvp, *k = q + g.nle, *v = k + g.nle, *P = v + g.nle, *S = tmp + 3 * g.nle, *oh = S + g.p;
+    for (int j = 0; j < 3 && rc == PS_OK; j++) {
+        rc = ops->linear_forward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E,
+                                 g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, tmp + j * g.nle, err);
+        if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, qkvp + j * g.nle, err);
+    }
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
+    if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
+    const float *A = P;
+    if (rc == PS_OK && drop) {
+        float *mask, *host;
+        if ((rc = mask_begin(c, g.p, &mask, &host, "attention dropout", err)) != PS_OK) goto out;
+        if (c->mask) memcpy(host, c->mask, (size_t)g.p * sizeof(float));
+        else drop_draws(c->ly, c->rng, host, g.p);
+        if ((rc = mask_end(c, mask, host, g.p, err)) == PS_OK) rc = ops->mul(c->be->impl, g.p, P, mask, S, err);
+        A = S;
+    }
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, 1.0f, A, v, oh, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, 1, oh, o, err);
+    if (rc == PS_OK)
+        rc = ops->linear_forward(c->be->impl, &ld, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
+    if (rc == PS_OK && c->train) {   /* the tape frees them */
+        c->saved->dev[1] = qkvp;
+        c->saved->dev[2] = o;
+        qkvp = o = NULL;
+    }
+out:
+    ps_backend_release(c->be, tmp);
+    ps_backend_release(c->be, qkvp);
+    ps_backend_release(c->be, o);
+    return rc;
+}
+
+static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const mha_geom g = mha_of(c->ly, c->n);
+    const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
+    const float s = 1.0f / sqrtf((float)g.D);
+    const float *mask = c->saved->dev[0], *q = c->saved->dev[1], *k = q + g.nle, *v = k + g.nle, *P = v + g.nle;
+    const float *o = c->saved->dev[2];
+    if (!q || !o) return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
+    /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (3 nle) and back (nle), A or
+     * dA (p), dS (p), dx's parts (nle) */
+    float *tmp = ps_backend_alloc_floats(c->be, 7 * g.nle + 2 * g.p);
+    if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+    float *d_o = tmp, *doh = d_o + g.nle, *dqkv = doh + g.nle, *dback = dqkv + 3 * g.nle, *dA = dback + g.nle,
+          *dS = dA + g.p, *dxp = dS + g.p;
+    float *dq = dqkv, *dk = dq + g.nle, *dv = dk + g.nle;
+    ps_status rc = ops->linear_backward(c->be->impl, &ld, o, c->w[g.wo], c->dy, d_o, c->dw[g.wo],
+                                        g.bo >= 0 ? c->dw[g.bo] : NULL, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, 0, d_o, doh, err);
+    const float *A = P;
+    if (rc == PS_OK && mask) {
+        rc = ops->mul(c->be->impl, g.p, P, mask, dA, err);
+        A = dA;
+    }
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, 1.0f, doh, v, dA, err);
+    if (rc == PS_OK && mask) rc = ops->mul(c->be->impl, g.p, dA, mask, dA, err);
+    if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.L, g.L, P, dA, dS, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, s, dS, k, dq, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, s, dS, q, dk, err);
+    for (int j = 0; j < 3 && rc == PS_OK; j++) {
+        if ((rc = mha_heads(c, &g, 1, dqkv + j * g.nle, dback, err)) != PS_OK) break;
+        float *dx = !c->dx ? NULL : j == 0 ? c->dx : dxp;
+        float *dw = c->dw[0] ? c->dw[0] + (int64_t)j * g.E * g.E : NULL;
+        float *db = g.bi >= 0 && c->dw[g.bi] ? c->dw[g.bi] + (int64_t)j * g.E : NULL;
+        rc = ops->linear_backward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E, dback, dx, dw, db, err);
+        if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, g.nle, c->dx, dxp, err);
+    }
+    ps_backend_release(c->be, tmp);
+    return rc;
+}
+
+static size_t mha_bytes(const ps_layer *ly, int n) {
+    const mha_geom g = mha_of(ly, n);
+    return (size_t)((ly->a.p > 0 ? g.p : 0) + 4 * g.nle + g.p) * sizeof(float);
+}
+
+static double mha_flops(const ps_layer *ly) {
+    const double L = (double)ly->in[0].dims[0], E = (double)ly->a.out;
+    return 8.0 * L * E * E + 4.0 * L * L * E;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -1993,6 +2185,7 @@ static const ps_attr_spec reshape_attrs[] = {
 static const ps_attr_spec param_attrs[] = {
     {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     {"expand", PS_ATTR_DIMS, A(dims2), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims2)},
+    {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec index_select_attrs[] = {
@@ -2017,6 +2210,14 @@ static const ps_attr_spec permute_attrs[] = {
 static const ps_attr_spec scale_attrs[] = {
     {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec mha_attrs[] = {
+    {"embed_dim", PS_ATTR_INT, A(out), NULL, 1, 65536, 0, 0, NULL, 0},
+    {"num_heads", PS_ATTR_INT, A(num), NULL, 1, 65536, 0, 0, NULL, 0},
+    ATTR_FLOAT("dropout", p, "0.0", 0, 1, 0, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_BOOL("batch_first", mode, "false"),
     ATTR_END,
 };
 static const ps_attr_spec no_attrs[] = {ATTR_END};
@@ -2089,6 +2290,8 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT, 1, 1, mha_attrs, mha_infer, mha_missing, mha_forward,
+     mha_backward, mha_bytes, NULL, mha_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -2217,5 +2420,6 @@ int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
     if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
     if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
+    if (!strcmp(ly->kind->name, "MultiheadAttention")) return ly->a.p > 0 ? mha_of(ly, n).p : 0;   /* one per weight */
     return ps_layer_out_count(ly, n);
 }

@@ -54,8 +54,8 @@ typedef struct ps_init {
 typedef struct ps_layer_attrs {
     int64_t in_features;        /* Conv2d in_channels, Linear in_features, BatchNorm num_features, LSTM
                                    input_size: 0 = inferred (when given, it must match) */
-    int64_t out;                /* out_channels, out_features, embedding_dim, hidden_size */
-    int64_t num;                /* Embedding num_embeddings, LSTM num_layers */
+    int64_t out;                /* out_channels, out_features, embedding_dim, hidden_size, embed_dim */
+    int64_t num;                /* Embedding num_embeddings, LSTM num_layers, MultiheadAttention num_heads */
     int64_t kernel[2], stride[2], padding[2], dilation[2]; /* stride 0 = the kernel (pools) */
     int64_t groups;             /* Conv2d, ChannelShuffle */
     int bias;                   /* 1: has a bias */
@@ -68,7 +68,8 @@ typedef struct ps_layer_attrs {
     double slope;               /* LeakyReLU negative_slope */
     double min_val, max_val;    /* Hardtanh (ReLU6: 0, 6) */
     int approximate;            /* GELU: 0 'none', 1 'tanh' */
-    int mode;                   /* StochasticDepth: 0 'row' (a draw per sample), 1 'batch' (one per batch) */
+    int mode;                   /* StochasticDepth: 0 'row' (a draw per sample), 1 'batch' (one per batch);
+                                   MultiheadAttention: batch_first */
     int64_t dim, end_dim;       /* Softmax, LogSoftmax, Concat dim; Flatten start_dim/end_dim (PyTorch's,
                                    the batch dimension counted as 0) */
     int ndims;                  /* Reshape shape / LayerNorm normalized_shape */
@@ -85,8 +86,8 @@ typedef struct ps_layer_attrs {
     int64_t start, length;      /* Narrow */
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
-    const char *pname;          /* Scale parameter: the state_dict suffix of its tensor (the model
-                                   definition's string) */
+    const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
+                                   model definition's string); "" (null): the node's name is the tensor's */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

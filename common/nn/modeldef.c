@@ -335,7 +335,8 @@ static const char *const INPUT_KEYS[] = {"shape", "dtype", NULL};
 static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node_def *nd, const ps_attr_spec *sp,
                                   const ynode *v) {
     if (is_null(v)) {
-        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL) return PS_OK;
+        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL || sp->type == PS_ATTR_NAME)
+            return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: no value given", nd->name, nd->kind_name, sp->name);
     }
     double x;

@@ -223,16 +223,18 @@ const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
 }
 
 const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_t cap) {
-    const char *dot = name ? strrchr(name, '.') : NULL;
-    for (int i = 0; dot && i < m->def->nnodes; i++) {
+    const ps_node_def *best = NULL;   /* the longest node name that is the parameter's, or a prefix before a '.' */
+    for (int i = 0; name && i < m->def->nnodes; i++) {
         const ps_node_def *nd = &m->def->nodes[i];
-        if (strlen(nd->name) == (size_t)(dot - name) && !strncmp(nd->name, name, (size_t)(dot - name))) {
-            snprintf(buf, cap, "%s%s%s:%d: node '%s'", m->origin, m->origin[0] ? ": " : "", m->def->path, nd->line,
-                     nd->name);
-            return buf;
-        }
+        const size_t k = strlen(nd->name);
+        if (!strncmp(nd->name, name, k) && (name[k] == '.' || !name[k]) && (!best || k > strlen(best->name)))
+            best = nd;
     }
-    snprintf(buf, cap, "%s%s%s", m->origin, m->origin[0] ? ": " : "", m->def->path);
+    if (best)
+        snprintf(buf, cap, "%s%s%s:%d: node '%s'", m->origin, m->origin[0] ? ": " : "", m->def->path, best->line,
+                 best->name);
+    else
+        snprintf(buf, cap, "%s%s%s", m->origin, m->origin[0] ? ": " : "", m->def->path);
     return buf;
 }
 

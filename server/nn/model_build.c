@@ -123,9 +123,11 @@ static ps_status resolve_sizes(ps_model *m, const ps_model_opts *o, ps_err *err)
     return PS_OK;
 }
 
+/* "<node>.<suffix>", or the node's name alone for an empty suffix (a
+ * tensor at the top of the module: vit's class_token). */
 static char *join_name(const char *node, const char *suffix) {
     char *name = malloc(strlen(node) + strlen(suffix) + 2);
-    if (name) sprintf(name, "%s.%s", node, suffix);
+    if (name) sprintf(name, "%s%s%s", node, suffix[0] ? "." : "", suffix);
     return name;
 }
 

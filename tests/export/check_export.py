@@ -240,6 +240,29 @@ if set(w) != want:
 else:
     print(f"ok: LayerScaled: weights file = the state_dict's names, block.layer_scale and block.ln.* among them")
 
+exported_nodes("TinyViT", "2,4,4", "vit.yaml", lambda n: (n["name"], n["kind"], n["inputs"], n["attrs"]),
+               [("proj", "Conv2d", ["input"], {"out_channels": 4, "kernel_size": 2, "stride": 2}),
+                ("reshape", "Reshape", ["proj"], {"shape": [4, 4]}),
+                ("permute", "Permute", ["reshape"], {"dims": [0, 2, 1]}),
+                ("class_token", "Parameter", ["input"], {"shape": [1, 1, 4], "expand": [1, 4], "parameter": None}),
+                ("cat", "Concat", ["class_token", "permute"], {}),
+                ("enc", "Parameter", ["cat"], {"shape": [1, 5, 4], "expand": [5, 4], "parameter": "pos"}),
+                ("add", "Add", ["cat", "enc"], {}),
+                ("attn", "MultiheadAttention", ["add"], {"embed_dim": 4, "num_heads": 2, "batch_first": True}),
+                ("getitem", "Narrow", ["attn"], {"start": 0, "length": 1}),
+                ("getitem_view", "Reshape", ["getitem"], {"shape": [4]}),
+                ("head", "Linear", ["getitem_view"], {"out_features": 3})],
+               "vit's pieces: `n, c, h, w = x.shape` and torch._assert evaluated, a reshape of computed sizes, "
+               "the class token expanded (a Parameter of the top module, parameter: null) and joined, a "
+               "parameter added (a Parameter named by its module, then Add), self-attention, x[:, 0]")
+rc, msg = run([REF + ":TinyViT", "--input-shape", "2,4,4", "-o", os.path.join(out, "vit.yaml")])
+w = read_safetensors(os.path.join(out, "vit.safetensors")) if rc == 0 else {}
+want = set(__import__("refused").TinyViT().state_dict())
+if set(w) != want:
+    failures.append(f"TinyViT: weights hold {sorted(w)}, the state_dict {sorted(want)}")
+else:
+    print("ok: TinyViT: weights file = the state_dict's names (class_token, enc.pos, attn.out_proj.weight, ...)")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
@@ -249,6 +272,9 @@ REFUSALS = [
     ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
     ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
     ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),
+    ("AssertFails", "refused.py:234", "AssertionError: five features"),
+    ("AttentionWeights", "refused.py:244", "the attention weights of 'attn' are read"),
+    ("CrossAttention", "refused.py:255", "psd's MultiheadAttention is self-attention"),
 ]
 for cls, line, needle in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])

@@ -30,7 +30,7 @@ class DirectParameter(nn.Module):      # a parameter used in forward itself
         self.scale = nn.Parameter(torch.ones(4))
 
     def forward(self, x):
-        return self.fc(x) + self.scale   # REFUSED_PARAM
+        return self.fc(x) * torch.sigmoid(self.scale)   # REFUSED_PARAM
 
 
 class UnknownModule(nn.Module):        # a leaf module outside the table
@@ -206,3 +206,50 @@ class ShuffleUnit(nn.Module):          # shufflenet_v2's unit: chunk, a branch, 
         y = channel_shuffle(torch.cat((a, self.conv(b)), dim=1), 2)
         c, d, e = torch.split(self.mix(y), [1, 2, 1], 1)
         return torch.cat((e, d, c), 1)
+
+
+class TinyViT(nn.Module):              # vit's pieces: shape unpacking, _assert, a reshape of computed sizes, the
+    def __init__(self):                # class token expanded and joined, the positional embedding added,
+        super().__init__()             # self-attention, token 0
+        self.proj = nn.Conv2d(2, 4, 2, stride=2)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, 4))
+        self.enc = nn.Module()
+        self.enc.pos = nn.Parameter(torch.zeros(1, 5, 4))
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        torch._assert(h == 4, "4x4 images")
+        torch._assert(x.dim() == 4, "images")
+        x = self.proj(x).reshape(n, 4, (h // 2) * (w // 2)).permute(0, 2, 1)
+        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1)
+        x = x + self.enc.pos
+        x, _ = self.attn(x, x, x, need_weights=False)
+        return self.head(x[:, 0])
+
+
+class AssertFails(nn.Module):          # a torch._assert false at the exported shape
+    def forward(self, x):
+        torch._assert(x.shape[1] == 5, "five features")   # REFUSED_ASSERT
+        return torch.relu(x)
+
+
+class AttentionWeights(nn.Module):     # the attention weights read
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(4, 1, batch_first=True)
+
+    def forward(self, x):
+        y, w = self.attn(x, x, x)   # REFUSED_WEIGHTS
+        return y + w.sum()
+
+
+class CrossAttention(nn.Module):       # query and key/value different tensors
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(4, 1, batch_first=True)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.attn(x, self.fc(x), x)[0]   # REFUSED_CROSS

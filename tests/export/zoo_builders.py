@@ -2,6 +2,7 @@
 tests/export/check_resnet.py (psd-export takes them as FILE.py:NAME): psd
 draws its own dropout masks, so a training forward equals PyTorch's only
 with dropout off, and these builders have no argument for it."""
+import torch
 import torchvision
 
 
@@ -16,4 +17,17 @@ def efficientnet_v2_s(**kwargs):
     """efficientnet_v2_s with its classifier's Dropout at p 0."""
     m = torchvision.models.efficientnet_v2_s(**kwargs)
     m.classifier[0].p = 0.0
+    return m
+
+
+def vit_small(**kwargs):
+    """torchvision's VisionTransformer at a size make test-zoo trains in seconds (vit_b_16 has 86M
+    parameters): 32x32 images in 8x8 patches, 2 encoder layers of 4 heads over 64 dims, an MLP of 128."""
+    kw = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128)
+    kw.update(kwargs)
+    m = torchvision.models.VisionTransformer(**kw)
+    with torch.no_grad():   # torchvision starts the head and the class token at zeros: every gradient before
+        m.heads.head.weight.normal_(0, 0.05)     # the head would be 0, and the class token's too
+        m.heads.head.bias.normal_(0, 0.05)
+        m.class_token.normal_(0, 0.5)
     return m
