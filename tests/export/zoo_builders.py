@@ -20,14 +20,25 @@ def efficientnet_v2_s(**kwargs):
     return m
 
 
+def _drawn_head(m):
+    """torchvision starts a VisionTransformer's head and class token at zeros: every gradient before the
+    head would be 0, and the class token's too. Small draws make each one non-zero."""
+    with torch.no_grad():
+        m.heads.head.weight.normal_(0, 0.05)
+        m.heads.head.bias.normal_(0, 0.05)
+        m.class_token.normal_(0, 0.5)
+    return m
+
+
 def vit_small(**kwargs):
     """torchvision's VisionTransformer at a size make test-zoo trains in seconds (vit_b_16 has 86M
     parameters): 32x32 images in 8x8 patches, 2 encoder layers of 4 heads over 64 dims, an MLP of 128."""
     kw = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128)
     kw.update(kwargs)
-    m = torchvision.models.VisionTransformer(**kw)
-    with torch.no_grad():   # torchvision starts the head and the class token at zeros: every gradient before
-        m.heads.head.weight.normal_(0, 0.05)     # the head would be 0, and the class token's too
-        m.heads.head.bias.normal_(0, 0.05)
-        m.class_token.normal_(0, 0.5)
-    return m
+    return _drawn_head(torchvision.models.VisionTransformer(**kw))
+
+
+def vit_b_16(**kwargs):
+    """torchvision's vit_b_16 (86M parameters; check_resnet.py vit_b_16 by hand, ~1.5 min: not in make
+    test-zoo) with its head and class token drawn."""
+    return _drawn_head(torchvision.models.vit_b_16(**kwargs))
