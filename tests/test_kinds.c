@@ -228,6 +228,11 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     CHECK_MSG(ps_model_forward_range(m, 0, 0, xe->data, n, 0, NULL, 0, out, NULL, NULL, &err) == PS_OK, "%s: %s",
               label, err.msg);
     compare(label, "eval output", out, get(g, c, "eval_out"), n * out_k);
+    if (!strcmp(backend, "dnnl")) {   /* no oneDNN reference kernel where backend_dnnl.c allows none */
+        char fb[1024] = "";
+        int nf = ps_backend_fallbacks(ps_model_stage_backend(m, 0), fb, sizeof fb);
+        CHECK_MSG(nf == 0, "%s: %d primitives on a reference kernel:\n%s", label, nf, fb);
+    }
     ps_grads_free(acc);
     ps_grads_free(acc2);
     ps_tape_free(t1);
