@@ -9,7 +9,11 @@ in a small classifier) through psd, against PyTorch, both ways:
               Permute for the transposes, Narrow for the split), psd started
               with --init-from the weights;
   onnx        the module's training-mode ONNX export (opset 13, as
-              tests/export/zoo.py does), psd started with model.onnx.
+              tests/export/zoo.py does: Split, MatMul of two computed
+              values, Div by a Constant, Reshapes of constant shapes),
+              psd started with model.onnx; and again at opset 17 with a
+              dynamic batch (the Reshapes' shapes computed by Shape,
+              Gather, Unsqueeze and Concat of the input's shape).
 
 Each is checked by tests/export/check_resnet.py's run(): psd's initial
 parameters are the module's exactly, the eval and training forwards, one
@@ -94,6 +98,17 @@ def main():
     stub, p = cr.start_psd("attention_onnx", "onnx: %s" % path, [])
     input_gradient("attention onnx training export", stub, m2, x, target)
     cr.run("attention onnx training export", stub, m2, x, target)
+    p.kill()
+
+    # 3. the same with a dynamic batch at opset 17: the view's sizes are Shape, Gather, Unsqueeze and Concat of
+    # the input's shape (the batch symbolic), folded to the Reshapes' shapes; LayerNormalization is one op
+    path = os.path.join(cr.TMP, "attention_dyn.onnx")
+    m3 = copy.deepcopy(model).train()
+    torch.onnx.export(m3, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=17, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    stub, p = cr.start_psd("attention_dyn", "onnx: %s" % path, [])
+    input_gradient("attention onnx export, dynamic batch", stub, m3, x, target)
+    cr.run("attention onnx export, dynamic batch", stub, m3, x, target)
     p.kill()
 
 
