@@ -1009,6 +1009,90 @@ static ps_status fold(imp *im) {
         dims[0] = total;
         return const_out(im, 0, 1, dims, f, is_int) ? PS_OK : im->err->code;
     }
+    /* the exporters' x.expand(n, -1, -1) / view(-1) shape arithmetic: Reshape of a constant, ConstantOfShape,
+     * Equal, Where */
+    if (!strcmp(op, "Reshape")) {
+        int64_t shape[MAXD];
+        int ns;
+        if (im->opset < 5) {
+            ns = attr_ints(im, "shape", shape, MAXD);
+        } else {
+            val *sv = in_val(im, 1, 1);
+            if (!sv) return im->err->code;
+            const int64_t *q = cints(im, sv);
+            if (!q) return im->err->code;
+            if (sv->numel > MAXD) return unsup(im, "folding a Reshape to %lld dimensions", (long long)sv->numel);
+            ns = (int)sv->numel;
+            for (int i = 0; i < ns; i++) shape[i] = q[i];
+        }
+        if (ns < 0) return bad(im, "no shape");
+        int64_t known = 1;
+        int neg = -1;
+        for (int i = 0; i < ns; i++) {
+            if (shape[i] == 0 && !attr_i(im, "allowzero", 0)) {
+                if (i >= a->ndim) return bad(im, "shape entry %d is 0 but the input has rank %d", i, a->ndim);
+                shape[i] = a->dims[i];
+            }
+            if (shape[i] == -1 && neg < 0) neg = i;
+            else if (shape[i] < 0) return bad(im, "shape entry %lld", (long long)shape[i]);
+            else known = smul(known, shape[i]);
+        }
+        if (neg >= 0) {
+            if (!known || a->numel % known) return bad(im, "cannot reshape %lld values", (long long)a->numel);
+            shape[neg] = a->numel / known;
+        } else if (known != a->numel) {
+            return bad(im, "cannot reshape %lld values to %lld", (long long)a->numel, (long long)known);
+        }
+        return const_out(im, 0, ns, shape, af, a->is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "ConstantOfShape")) {
+        const int64_t *q = cints(im, a);
+        if (!q) return im->err->code;
+        if (a->ndim != 1 || a->numel > MAXD) return unsup(im, "folding a ConstantOfShape of a rank-%d shape", a->ndim);
+        int64_t cnt = 1;
+        for (int i = 0; i < a->numel; i++) {
+            if (q[i] < 0) return bad(im, "ConstantOfShape to a dimension of %lld", (long long)q[i]);
+            dims[i] = q[i];
+            cnt = smul(cnt, q[i]);
+        }
+        if (cnt > FOLD_MAX) return unsup(im, "folding a ConstantOfShape of %lld values", (long long)cnt);
+        const ps_onnx_attr *va = attr(im, "value");
+        double x = 0;
+        int is_int = 0;
+        if (va && va->t) {   /* a one-element tensor; float 0 without it */
+            ps_err e = {0};
+            is_int = dtype_is_int(va->t->dtype);
+            if (is_int) {
+                int64_t iv;
+                if (va->t->numel != 1 || ps_onnx_tensor_int64s(va->t, &iv, &e)) return bad(im, "its value");
+                x = (double)iv;
+            } else {
+                float fv;
+                if (va->t->numel != 1 || ps_onnx_tensor_floats(va->t, &fv, &e)) return bad(im, "its value");
+                x = fv;
+            }
+        }
+        double *f = palloc(&im->mem, (size_t)(cnt ? cnt : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t i = 0; i < cnt; i++) f[i] = x;
+        return const_out(im, 0, (int)a->numel, dims, f, is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Where")) {   /* cond ? b : c, each a scalar or of one shape */
+        val *b = in_val(im, 1, 1), *c = in_val(im, 2, 1);
+        if (!b || !c) return im->err->code;
+        const double *bf = cvals(im, b), *cf = cvals(im, c);
+        if (!bf || !cf) return im->err->code;
+        const val *big = a->numel >= b->numel ? a : b;
+        big = big->numel >= c->numel ? big : c;
+        for (const val *v = a; v; v = v == a ? b : v == b ? c : NULL)
+            if (v->numel != 1 && (v->ndim != big->ndim || memcmp(v->dims, big->dims, (size_t)big->ndim * 8)))
+                return unsup(im, "folding a Where of shapes that broadcast other than by a scalar");
+        double *f = palloc(&im->mem, (size_t)(big->numel ? big->numel : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t i = 0; i < big->numel; i++)
+            f[i] = af[a->numel == 1 ? 0 : i] != 0 ? bf[b->numel == 1 ? 0 : i] : cf[c->numel == 1 ? 0 : i];
+        return const_out(im, 0, big->ndim, big->dims, f, b->is_int && c->is_int) ? PS_OK : im->err->code;
+    }
     if (!strcmp(op, "Sqrt") || !strcmp(op, "Neg")) {
         double *f = palloc(&im->mem, (size_t)(a->numel ? a->numel : 1) * sizeof *f);
         if (!f) return oom(im);
@@ -1027,6 +1111,10 @@ static ps_status fold(imp *im) {
     if (!f) return oom(im);
     for (int64_t i = 0; i < big->numel; i++) {
         double x = af[a->numel == 1 ? 0 : i], y = bf[b->numel == 1 ? 0 : i];
+        if (!strcmp(op, "Equal")) {   /* the batch symbol equals itself only (a batch is at least 1) */
+            f[i] = x == y;
+            continue;
+        }
         if (x == (double)BATCH_SYM || y == (double)BATCH_SYM) return unsup(im, "arithmetic on the batch size");
         switch (op[0]) {
         case 'A': f[i] = x + y; break;
@@ -1041,7 +1129,8 @@ static ps_status fold(imp *im) {
             }
         }
     }
-    return const_out(im, 0, big->ndim, big->dims, f, a->is_int && b->is_int) ? PS_OK : im->err->code;
+    return const_out(im, 0, big->ndim, big->dims, f, (a->is_int && b->is_int) || !strcmp(op, "Equal")) ? PS_OK
+                                                                                                    : im->err->code;
 }
 
 static int all_const(imp *im) {
@@ -1808,7 +1897,10 @@ static ps_status h_reshape(imp *im) {
         ns = (int)sv->numel;
         for (int i = 0; i < ns; i++) shape[i] = q[i];
     }
-    if (x->kind == VK_CONST) return unsup(im, "Reshape of a constant");
+    if (x->kind == VK_CONST) {
+        if (all_const(im)) return fold(im);   /* shape arithmetic (x.expand(n, -1, -1)'s) */
+        return unsup(im, "Reshape of a constant by a computed shape");
+    }
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
     int allowzero = (int)attr_i(im, "allowzero", 0);
     /* leading mode: the first entry must keep the batch (0, the batch symbol, the batch size, or -1 over
@@ -2355,6 +2447,9 @@ static const op_row ops[] = {
     {"Squeeze", h_squeeze, 1},
     {"Sqrt", h_fold_only, 1},
     {"Neg", h_fold_only, 1},
+    {"ConstantOfShape", h_fold_only, 9},
+    {"Equal", h_fold_only, 1},
+    {"Where", h_fold_only, 9},
 };
 
 static const op_row *find_op(const char *op) {
