@@ -16,7 +16,9 @@
  *  - one SGD step on the summed gradients: every parameter, and every
  *    buffer (running_mean, running_var, num_batches_tracked) folded as
  *    PyTorch does, in order;
- *  - an eval forward after the step (running statistics, no dropout).
+ *  - an eval forward after the step (running statistics, no dropout);
+ *  - on dnnl, no primitive created on a oneDNN reference kernel where the
+ *    backend allows none (ps_backend_fallbacks: MatMul's matmul among them).
  * And the same on the cuda backend (the case's stage placed on cuda:0, a
  * looser tolerance for the device's summation order) where this binary
  * has CUDA and the machine a device; otherwise that part prints skipped.
