@@ -299,6 +299,57 @@ CASES = [
         "{name: select, kind: Narrow, dim: 1, start: 0, length: 1}",
         "{name: flatten, kind: Flatten}",
         "{name: heads.head, kind: Linear, out_features: 3}"])),
+] + [
+    # ---- MatMul and MulConstant: attention written by hand (q @ k.transpose(-2, -1) / sqrt(d), softmax, @ v).
+    # Both operands computed (Linear, Tanh, Permute of the input) so both gradients reach parameters; each
+    # transpose combination; per-sample rank 2 and 3; a product of a value with itself (its gradients add)
+    ("matmul_2d", stage([3, 4], ["{name: a, kind: Tanh, input: input}",
+                                 "{name: t, kind: Permute, dims: [0, 2, 1], input: input}",
+                                 "{name: b, kind: Linear, out_features: 5}",
+                                 "{name: m, kind: MatMul, inputs: [a, b]}"])),
+    ("matmul_3d", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 6, input: input}",
+                                    "{name: a2, kind: Linear, out_features: 4}",
+                                    "{name: t, kind: Permute, dims: [0, 1, 3, 2], input: input}",
+                                    "{name: b, kind: Linear, out_features: 5}",
+                                    "{name: m, kind: MatMul, inputs: [a2, b], transpose_a: false}"])),
+    ("matmul_ta", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 5, input: input}",
+                                    "{name: b, kind: Linear, out_features: 6, input: input}",
+                                    "{name: m, kind: MatMul, inputs: [a, b], transpose_a: true}"])),
+    ("matmul_tb", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 5, input: input}",
+                                    "{name: b, kind: Sigmoid, input: input}",
+                                    "{name: c, kind: Linear, out_features: 5}",
+                                    "{name: m, kind: MatMul, inputs: [a, c], transpose_b: true}"])),
+    ("matmul_tab", stage([3, 4], ["{name: a, kind: Permute, dims: [0, 2, 1], input: input}",
+                                  "{name: b, kind: Linear, out_features: 5, input: input}",
+                                  "{name: m, kind: MatMul, inputs: [b, a], transpose_a: true, transpose_b: true}"])),
+    ("matmul_self", stage([4, 3], ["{name: a, kind: Linear, out_features: 5}",
+                                   "{name: m, kind: MatMul, inputs: [a, a], transpose_b: true}"])),
+    ("mul_constant", stage([2, 5], ["{name: a, kind: Linear, out_features: 3}",
+                                    "{name: s, kind: MulConstant, value: -0.35355339059327373}",
+                                    "{name: t, kind: Tanh}"])),
+    ("mul_constant_blocked", stage([3, 4, 4], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+                                               "{name: s, kind: MulConstant, value: 2.5}",
+                                               "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    # minGPT's CausalSelfAttention without the mask, on (S, E) = (4, 8) per sample, 2 heads of 4: q, k, v
+    # viewed (S, heads, d) and permuted to (heads, S, d), q @ k^T * 1/sqrt(d), softmax over the last dim, @ v,
+    # the heads permuted back and merged (transpose(1, 2).reshape), the output projection
+    ("attention", stage([4, 8], [
+        "{name: q, kind: Linear, out_features: 8, input: input}",
+        "{name: k, kind: Linear, out_features: 8, input: input}",
+        "{name: v, kind: Linear, out_features: 8, input: input}",
+        "{name: qv, kind: Reshape, shape: [4, 2, 4], input: q}",
+        "{name: kv, kind: Reshape, shape: [4, 2, 4], input: k}",
+        "{name: vv, kind: Reshape, shape: [4, 2, 4], input: v}",
+        "{name: qh, kind: Permute, dims: [0, 2, 1, 3], input: qv}",
+        "{name: kh, kind: Permute, dims: [0, 2, 1, 3], input: kv}",
+        "{name: vh, kind: Permute, dims: [0, 2, 1, 3], input: vv}",
+        "{name: att, kind: MatMul, inputs: [qh, kh], transpose_b: true}",
+        "{name: scaled, kind: MulConstant, value: 0.5}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: y, kind: MatMul, inputs: [sm, vh]}",
+        "{name: yt, kind: Permute, dims: [0, 2, 1, 3]}",
+        "{name: ym, kind: Reshape, shape: [4, 8]}",
+        "{name: proj, kind: Linear, out_features: 8}"])),
 ]
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
@@ -445,6 +496,12 @@ def make_module(kind, a, shapes):
     if kind == "Narrow":
         dim, start, length = a.get("dim", 1), a["start"], a["length"]
         return Lambda(lambda x: x.narrow(dim, start, length))
+    if kind == "MatMul":
+        ta, tb = a.get("transpose_a", False), a.get("transpose_b", False)
+        return Lambda(lambda x, y: torch.matmul(x.transpose(-2, -1) if ta else x, y.transpose(-2, -1) if tb else y))
+    if kind == "MulConstant":
+        v = a["value"]
+        return Lambda(lambda x: x * v)
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))

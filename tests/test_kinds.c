@@ -16,7 +16,9 @@
  *  - one SGD step on the summed gradients: every parameter, and every
  *    buffer (running_mean, running_var, num_batches_tracked) folded as
  *    PyTorch does, in order;
- *  - an eval forward after the step (running statistics, no dropout).
+ *  - an eval forward after the step (running statistics, no dropout);
+ *  - on dnnl, no primitive created on a oneDNN reference kernel where the
+ *    backend allows none (ps_backend_fallbacks: MatMul's matmul among them).
  * And the same on the cuda backend (the case's stage placed on cuda:0, a
  * looser tolerance for the device's summation order) where this binary
  * has CUDA and the machine a device; otherwise that part prints skipped.
@@ -228,6 +230,11 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     CHECK_MSG(ps_model_forward_range(m, 0, 0, xe->data, n, 0, NULL, 0, out, NULL, NULL, &err) == PS_OK, "%s: %s",
               label, err.msg);
     compare(label, "eval output", out, get(g, c, "eval_out"), n * out_k);
+    if (!strcmp(backend, "dnnl")) {   /* no oneDNN reference kernel where backend_dnnl.c allows none */
+        char fb[1024] = "";
+        int nf = ps_backend_fallbacks(ps_model_stage_backend(m, 0), fb, sizeof fb);
+        CHECK_MSG(nf == 0, "%s: %d primitives on a reference kernel:\n%s", label, nf, fb);
+    }
     ps_grads_free(acc);
     ps_grads_free(acc2);
     ps_tape_free(t1);

@@ -10,7 +10,8 @@
  *    disagree with its input, a kernel larger than its input), Permute dims
  *    that are not a permutation of the batched input's keeping the batch
  *    at 0, Scale shapes that do not broadcast and parameter names that are
- *    not words;
+ *    not words, MatMul operands whose batch or inner dimensions differ or
+ *    that are not matrices;
  *  - a valid DAG builds: shapes, parameter names (module paths, '-' in a
  *    segment as torchvision's regnet 'block1-0'), the stage
  *    input read by two nodes, file order kept where it is topological;
@@ -215,6 +216,20 @@ static void test_errors(void) {
                "node 's' (Scale)", "does not broadcast");
     expect_err("scale_name.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 1, 1], parameter: a.b}\n", 0, 6,
                "node 's' (Scale): parameter: 'a.b' is not a name of 1 to 64 letters, digits and _", NULL);
+    /* MatMul: batch dims equal (no broadcast), inner dims matching, stacks of matrices only */
+    expect_err("matmul_lead.yaml", HEAD3 "      - {name: a, kind: Narrow, start: 0, length: 1, input: input}\n"
+               "      - {name: m, kind: MatMul, inputs: [input, a], transpose_b: true}\n", 1, 7, "node 'm' (MatMul)",
+               "input 'input' is (2, 3, 4) and input 'a' is (1, 3, 4) (transpose_b): MatMul takes inputs of one "
+               "rank whose leading (batch) dimensions are equal; broadcasting them is not supported");
+    expect_err("matmul_inner.yaml", HEAD3 "      - {name: m, kind: MatMul, inputs: [input, input]}\n", 1, 6,
+               "node 'm' (MatMul)", "input 'input' is (2, 3, 4) and input 'input' is (2, 3, 4): the inner "
+               "dimensions differ (4 and 3): (..., m, k) @ (..., k, n)");
+    expect_err("matmul_vec.yaml", HEAD3 "      - {name: f, kind: Flatten, input: input}\n"
+               "      - {name: m, kind: MatMul, inputs: [f, f]}\n", 1, 7, "node 'm' (MatMul)",
+               "input 'f' is (24) and input 'f' is (24): MatMul takes two float32 stacks of matrices (2 to 4 "
+               "dimensions per sample; the batch is never a matrix dimension)");
+    expect_err("mulconst.yaml", HEAD3 "      - {name: s, kind: MulConstant}\n", 0, 6, "node 's' (MulConstant)",
+               "value");
 #undef HEAD3
 }
 

@@ -20,7 +20,11 @@
  *  - Concat's arity: one input is the identity, 64 (of 100-character names)
  *    a Concat computing what it should, 65 refused;
  *  - shufflenet's unit: Slices as Narrows, channel_shuffle's Reshape,
- *    Transpose, Reshape as one ChannelShuffle, computing what it should.
+ *    Transpose, Reshape as one ChannelShuffle, computing what it should;
+ *  - attention's pieces: a view's shape folded from the exporters'
+ *    expand(-1) arithmetic (Reshape of a constant, Shape, ConstantOfShape,
+ *    Sub, Add, Equal, Where), a MatMul of a value and its Transpose, a
+ *    Split whose first part nothing reads, computing what they should.
  */
 #include "model.h"
 #include "onnx.h"
@@ -632,7 +636,58 @@ static void test_shuffle_unit(void) {
     }
 }
 
+/* attention's pieces as exporters write them: a view's shape from the exporters' expand(-1) arithmetic on
+ * constants (Reshape of a constant, Shape, ConstantOfShape, Sub, Add, Equal, Where: [2, 4, 3] -> [2, -1, 3]),
+ * a MatMul of two computed values (x and its Transpose), a Split along the last dim whose first part nothing
+ * reads: Reshape, Permute, MatMul and one Narrow, checked numerically. */
+static void test_attention_pieces(void) {
+    int64_t dx[3] = {2, 3, 4}, dy[3] = {2, 4, 3}, c243[3] = {2, 4, 3}, m1[1] = {-1}, one[1] = {1}, four[1] = {4},
+            sp[2] = {1, 3};
+    buf inits[5] = {tensor_i64("c", 3, c243), tensor_i64("m1", 1, m1), tensor_i64("one", 1, one),
+                    tensor_i64("four", 1, four), tensor_i64("sp", 2, sp)};
+    const char *rc_in[2] = {"c", "m1"}, *sh_in[1] = {"r"}, *cs_in[1] = {"sh"}, *sub_in[2] = {"z", "one"},
+               *add_in[2] = {"z", "four"}, *eq_in[2] = {"r", "f"}, *wh_in[3] = {"eq", "neg", "r"},
+               *xr_in[2] = {"x", "w"}, *tp_in[1] = {"xr"}, *mm_in[2] = {"xr", "t"}, *sp_in[2] = {"p", "sp"};
+    attr_spec perm = {"perm", 7, 0, 0, 3, {0, 2, 1}}, ax = {"axis", 2, 0, 2, 0, {0}};
+    buf split = node("/a/Split", "Split", 2, sp_in, "s0", 1, &ax);
+    f_str(&split, 2, "y");   /* its second output */
+    buf ns[11] = {node("/a/Reshape_1", "Reshape", 2, rc_in, "r", 0, NULL), node("/a/Shape", "Shape", 1, sh_in, "sh", 0, NULL),
+                  node("/a/ConstantOfShape", "ConstantOfShape", 1, cs_in, "z", 0, NULL),
+                  node("/a/Sub", "Sub", 2, sub_in, "neg", 0, NULL), node("/a/Add", "Add", 2, add_in, "f", 0, NULL),
+                  node("/a/Equal", "Equal", 2, eq_in, "eq", 0, NULL), node("/a/Where", "Where", 3, wh_in, "w", 0, NULL),
+                  node("/a/Reshape", "Reshape", 2, xr_in, "xr", 0, NULL),
+                  node("/a/Transpose", "Transpose", 1, tp_in, "t", 1, &perm),
+                  node("/a/MatMul", "MatMul", 2, mm_in, "p", 0, NULL), split};
+    buf vi = value_info("x", 3, dx), vo = value_info("y", 3, dy);
+    buf m = model(13, ns, 11, inits, 5, &vi, &vo);
+    char *y = yaml_of(&m);
+    CHECK_MSG(strstr(y, "kind: Reshape, shape: [4, 3]") && strstr(y, "kind: Permute, dims: [0, 2, 1]") &&
+              strstr(y, "kind: MatMul, inputs: [") && count_of(y, "kind: Narrow") == 1 &&
+              strstr(y, "dim: 2, start: 1, length: 3"), "attention pieces: %s", y);
+    ps_err e = {0};
+    ps_model *pm = ref_model_of(y, &e);
+    float x[24], out[24], want[24];
+    for (int i = 0; i < 24; i++) x[i] = cosf((float)i * 0.7f);
+    for (int n = 0; n < 2; n++)   /* A = x[n] as (4, 3); p = A A^T (4, 4); y = p[:, 1:4] */
+        for (int i = 0; i < 4; i++)
+            for (int j = 1; j < 4; j++) {
+                double acc = 0;
+                for (int k = 0; k < 3; k++) acc += (double)x[n * 12 + i * 3 + k] * x[n * 12 + j * 3 + k];
+                want[n * 12 + i * 3 + j - 1] = (float)acc;
+            }
+    uint64_t ver;
+    if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+        check_array("attention pieces: Reshape of the folded shape, Permute, MatMul, Narrow of the Split", out, want,
+                    24, 1e-6, 1e-5);
+    else if (pm)
+        CHECK_MSG(0, "forward: %s", e.msg);
+    ps_model_free(pm);
+    free(y);
+    free(m.p);
+}
+
 int main(void) {
+    test_attention_pieces();
     test_refusals();
     test_concat_arity();
     test_shuffle_unit();

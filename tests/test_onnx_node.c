@@ -20,8 +20,9 @@
  * Gather - their non-_expanded tests; and Clip (both bounds, a lower one
  * of 0) and HardSwish (its _expanded test is PyTorch's export below
  * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
- * tests, Transpose (a Permute) and Mul (by its second input, an initializer
- * here: a Scale). ONNX's HardSigmoid tests use other
+ * tests, Transpose (a Permute), Mul (by its second input, an initializer
+ * here: a Scale) and MatMul (2-D: a Linear; 3-D and 4-D: psd's MatMul
+ * kind). ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
@@ -56,7 +57,10 @@ static const char *const required_prefixes[] = {
      * scale (a Mul by an initializer: Scale; the tests' second input is one) */
     "test_transpose_", "test_mul",
     /* shufflenet's x.chunk: a Slice along one axis (clamped ends, a negative end) */
-    "test_slice_end_out_of_bounds", "test_slice_neg", NULL};
+    "test_slice_end_out_of_bounds", "test_slice_neg",
+    /* attention written by hand: MatMul (2-D: a Linear by the initializer; 3-D and 4-D: psd's MatMul of the
+     * input and a Parameter; ONNX's Split tests have several graph outputs, which psd's model cannot) */
+    "test_matmul_", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {

@@ -253,19 +253,51 @@ static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[
     return per;
 }
 
-/* A batched matrix product (torch.bmm / torch.matmul of two stacks of
- * matrices): for b < batch, c_b (m, n) = op(a_b) . op(b_b), written, where
- * op(a_b) is a_b (m, k) or, with trans_a, the transpose of a_b stored (k,
- * m); op(b_b) is b_b (k, n) or, with trans_b, of b_b stored (n, k). Every
- * matrix is dense row-major and the batch's matrices follow each other (a_b
- * at a + b*m*k, b_b at b + b*k*n, c_b at c + b*m*n); c overlaps neither.
- * Multi-head attention's scores and weighted values, and their gradients.
- * Plain layout. (The same interface as branch matmul's MatMul kind.) */
+/* A batched matrix product (torch.matmul of two stacks of matrices with
+ * the same batch dims): for each of batch pairs,
+ *   c (m, n) = op(a) (m, k) . op(b) (k, n)
+ * where op(a) is a as stored, (m, k), or with trans_a a stored (k, m)
+ * transposed; op(b) likewise, b (k, n) or with trans_b (n, k). Matrix i
+ * of a starts at a + i*m*k, of b at b + i*k*n, of c at c + i*m*n (dense,
+ * plain row-major); c overlaps neither. The backward is two more of the
+ * same op (ps_matmul_grad_a / ps_matmul_grad_b). */
 typedef struct ps_matmul_desc {
     int64_t batch;
     int m, n, k;
     int trans_a, trans_b;
 } ps_matmul_desc;
+
+/* d loss / d a = dc (m, n) . op(b)^T, or transposed (k, m) when trans_a:
+ * op(b) . dc^T; computed as matmul(dc, b) or matmul(b, dc) with these
+ * descriptors (the first operand is dc when *dc_first). */
+static inline ps_matmul_desc ps_matmul_grad_a(const ps_matmul_desc *d, int *dc_first) {
+    ps_matmul_desc r = {.batch = d->batch};
+    if (!d->trans_a) {          /* da (m, k) = dc (m, n) . op(b)^T (n, k) */
+        *dc_first = 1;
+        r.m = d->m, r.n = d->k, r.k = d->n;
+        r.trans_a = 0, r.trans_b = !d->trans_b;
+    } else {                    /* da (k, m) = op(b) (k, n) . dc^T (n, m) */
+        *dc_first = 0;
+        r.m = d->k, r.n = d->m, r.k = d->n;
+        r.trans_a = d->trans_b, r.trans_b = 1;
+    }
+    return r;
+}
+/* d loss / d b = op(a)^T . dc (k, n), or transposed (n, k) when trans_b:
+ * dc^T . op(a); the first operand is dc when *dc_first. */
+static inline ps_matmul_desc ps_matmul_grad_b(const ps_matmul_desc *d, int *dc_first) {
+    ps_matmul_desc r = {.batch = d->batch};
+    if (!d->trans_b) {          /* db (k, n) = op(a)^T (k, m) . dc (m, n) */
+        *dc_first = 0;
+        r.m = d->k, r.n = d->n, r.k = d->m;
+        r.trans_a = !d->trans_a, r.trans_b = 0;
+    } else {                    /* db (n, k) = dc^T (n, m) . op(a) (m, k) */
+        *dc_first = 1;
+        r.m = d->n, r.n = d->k, r.k = d->m;
+        r.trans_a = 1, r.trans_b = d->trans_a;
+    }
+    return r;
+}
 
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
@@ -628,8 +660,8 @@ typedef struct ps_backend_ops {
      * (ps_permute_desc; plain layout, x and y do not overlap). ---- */
     ps_status (*permute)(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err);
 
-    /* ---- appended for vit (MultiheadAttention): the batched product of
-     * ps_matmul_desc, c written. ---- */
+    /* ---- appended for attention (MatMul: q @ k.transpose(-2, -1), att @ v;
+     * MultiheadAttention): the batched product of ps_matmul_desc, c written. ---- */
     ps_status (*matmul)(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c, ps_err *err);
 } ps_backend_ops;
 

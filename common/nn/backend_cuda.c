@@ -69,7 +69,7 @@ static struct {
     __typeof__(&cublasSetStream_v2) set_stream;
     __typeof__(&cublasSetMathMode) set_math_mode;
     __typeof__(&cublasSgemm_v2) sgemm;
-    __typeof__(&cublasSgemmStridedBatched) sgemm_strided_batched;
+    __typeof__(&cublasSgemmStridedBatched) sgemm_batched;
     __typeof__(&cublasGetStatusString) status_string;
 } blas_fn;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -87,7 +87,7 @@ static void blas_open(void) {
         {"cublasSetStream_v2", offsetof(__typeof__(blas_fn), set_stream)},
         {"cublasSetMathMode", offsetof(__typeof__(blas_fn), set_math_mode)},
         {"cublasSgemm_v2", offsetof(__typeof__(blas_fn), sgemm)},
-        {"cublasSgemmStridedBatched", offsetof(__typeof__(blas_fn), sgemm_strided_batched)},
+        {"cublasSgemmStridedBatched", offsetof(__typeof__(blas_fn), sgemm_batched)},
         {"cublasGetStatusString", offsetof(__typeof__(blas_fn), status_string)},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
@@ -121,7 +121,7 @@ const char *ps_cuda_blas_status_string(int status) {
 #define cublasSetMathMode(...) blas_fn.set_math_mode(__VA_ARGS__)
 #define cublasSgemm(...) blas_fn.sgemm(__VA_ARGS__)
 #undef cublasSgemmStridedBatched
-#define cublasSgemmStridedBatched(...) blas_fn.sgemm_strided_batched(__VA_ARGS__)
+#define cublasSgemmStridedBatched(...) blas_fn.sgemm_batched(__VA_ARGS__)
 #define cublasGetStatusString(...) blas_fn.status_string(__VA_ARGS__)
 
 /* ------------------------------------------------------------ checking */
@@ -884,6 +884,34 @@ done:
     return rc;
 }
 
+/* ------------------------------------------------------------- matmul */
+
+/* Row-major c (m, n) = op(a) (m, k) . op(b) (k, n) is, column-major,
+ * c^T (n, m) = op(b)^T (n, k) . op(a)^T (k, m): b's buffer read
+ * column-major is b^T ((n, k), ld n) or, with trans_b, b ((k, n), ld k,
+ * op T); a's likewise. One strided-batched GEMM for the whole batch. */
+static ps_status cu_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
+                           ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc;
+    cuda_ctx *cx = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if (d->batch <= 0 || d->m <= 0 || d->n <= 0) return PS_OK;
+    if (d->batch > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "matmul: a batch of %lld matrices is more than cuBLAS takes",
+                          (long long)d->batch);
+    if ((rc = ctx_acquire(im, &cx, err)) != PS_OK) return rc;
+    PS_CUBLAS_CHECK(cublasSgemmStridedBatched(cx->blas, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                              d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d->n, d->m, d->k, &one, b,
+                                              d->trans_b ? d->k : d->n, (long long)d->k * d->n, a,
+                                              d->trans_a ? d->m : d->k, (long long)d->m * d->k, &zero, c, d->n,
+                                              (long long)d->m * d->n, (int)d->batch));
+    PS_CUDA_SYNC(cx);
+done:
+    ctx_release(im, cx);
+    return rc;
+}
+
 /* --------------------------------------------------------- elementwise */
 
 static ps_status cu_mul(void *impl, int64_t count, const float *x, const float *mask, float *y, ps_err *err) {
@@ -1141,31 +1169,6 @@ static ps_status cu_add_out(void *impl, int64_t count, const float *a, const flo
 static ps_status cu_fill(void *impl, int64_t count, float *x, float value, ps_err *err) {
     if (count <= 0) return PS_OK;
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_fill(count, x, value, c->stream));
-}
-
-/* matmul: row-major C_b (m, n) = op(A_b) op(B_b) is column-major C_b^T (n,
- * m) = op(B_b)^T op(A_b)^T: one strided-batched GEMM with the operands
- * swapped (B's leading dimension n, or k when transposed; A's k, or m). */
-static ps_status cu_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *cm,
-                           ps_err *err) {
-    cuda_impl *im = impl;
-    ps_status rc;
-    cuda_ctx *c = NULL;
-    const float one = 1.0f, zero = 0.0f;
-    if (d->batch == 0 || d->m == 0 || d->n == 0) return PS_OK;
-    if (d->batch > INT_MAX)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "matmul: a batch of %lld matrices is more than cuBLAS takes",
-                          (long long)d->batch);
-    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    PS_CUBLAS_CHECK(cublasSgemmStridedBatched(c->blas, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                              d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d->n, d->m, d->k, &one, b,
-                                              d->trans_b ? d->k : d->n, (long long)d->k * d->n, a,
-                                              d->trans_a ? d->m : d->k, (long long)d->m * d->k, &zero, cm, d->n,
-                                              (long long)d->m * d->n, (int)d->batch));
-    PS_CUDA_SYNC(c);
-done:
-    ctx_release(im, c);
-    return rc;
 }
 
 static ps_status cu_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {

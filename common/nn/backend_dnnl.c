@@ -74,13 +74,14 @@ typedef enum {
     PK_ELTWISE_FWD, PK_ELTWISE_BWD,
     PK_CONV_BWD_W_AS_FWD,
     PK_PERMUTE,
+    PK_MATMUL,
 } prim_kind;
 
 /* Everything a primitive depends on. Compared with memcmp: always build
  * from a zeroed value (key_make; no padding bytes). dims: conv
  * n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups; pool n,c,h,w,kh,kw,sh,sw,
  * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols; permute
- * n,ndim,dims[4],perm[4]. */
+ * n,ndim,dims[4],perm[4]; matmul batch,m,n,k,trans_a,trans_b. */
 #define PS_DNNL_KEY_DIMS 14
 typedef struct prim_key {
     int32_t kind;
@@ -175,6 +176,7 @@ static const prim_kind_info kKindInfo[] = {
     [PK_ELTWISE_BWD] = { "activation backward", 0 },
     [PK_CONV_BWD_W_AS_FWD] = { "convolution backward weights (as a forward convolution)", 0 },
     [PK_PERMUTE] = { "permute (a strided reorder)", 1 },
+    [PK_MATMUL] = { "matmul", 0 },
 };
 
 /* 1 when oneDNN's implementation string names a reference kernel: "ref:any",
@@ -824,6 +826,25 @@ static ps_status create_permute(dnnl_engine_t eng, const prim_key *k, dnnl_primi
     return make_reorder(eng, &src, &dst, prim, err);
 }
 
+/* A batched matrix product (ps_matmul_desc) as oneDNN's matmul: src (batch,
+ * m, k), weights (batch, k, n), dst (batch, m, n); a transposed operand is
+ * its buffer described with the last two strides swapped (no copy). dims:
+ * batch, m, n, k, trans_a, trans_b. */
+static ps_status create_matmul(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
+    const int64_t b = k->dims[0], m = k->dims[1], n = k->dims[2], kk = k->dims[3];
+    const int ta = (int)k->dims[4], tb = (int)k->dims[5];
+    dnnl_dims_t ad = { b, m, kk }, bd = { b, kk, n }, cd = { b, m, n };
+    dnnl_dims_t as = { m * kk, ta ? 1 : kk, ta ? m : 1 }, bs = { kk * n, tb ? 1 : n, tb ? kk : 1 },
+                cs = { m * n, n, 1 };
+    dnnl_memory_desc_t a, w, c;
+    dnnl_matmul_desc_t md;
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a, 3, ad, dnnl_f32, as));
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&w, 3, bd, dnnl_f32, bs));
+    PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c, 3, cd, dnnl_f32, cs));
+    PS_DNNL_CHECK(dnnl_matmul_desc_init(&md, &a, &w, NULL, &c));
+    return make_prim(eng, &md, NULL, prim, err);
+}
+
 static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
                              user_arg *ua, int *nua, ps_err *err) {
     *nua = 0;
@@ -849,6 +870,8 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
         return create_softmax(eng, k, prim, err);
     case PK_PERMUTE:
         return create_permute(eng, k, prim, err);
+    case PK_MATMUL:
+        return create_matmul(eng, k, prim, err);
     }
     return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown primitive kind %d", (int)k->kind);
 }
@@ -2953,25 +2976,16 @@ static ps_status dn_permute(void *impl, const ps_permute_desc *d, const float *x
     return run(im, &k, a, 2, err);
 }
 
-/* matmul: one dnnl_sgemm (oneDNN's JIT GEMM on every ISA it supports) per
- * product of the batch; the products run in parallel over OpenMP threads,
- * each GEMM then single-threaded (attention's products are small: L x L
- * scores of one head). */
+/* Matmul: oneDNN's matmul primitive over the whole batch (create_matmul). */
 static ps_status dn_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
                            ps_err *err) {
-    set_threads(impl);
-    const int64_t sa = (int64_t)d->m * d->k, sb = (int64_t)d->k * d->n, sc = (int64_t)d->m * d->n;
-    const char ta = d->trans_a ? 'T' : 'N', tb = d->trans_b ? 'T' : 'N';
-    const dnnl_dim_t lda = d->trans_a ? d->m : d->k, ldb = d->trans_b ? d->k : d->n;
-    int failed = 0;
-#pragma omp parallel for if (d->batch > 1) schedule(static) reduction(| : failed)
-    for (int64_t q = 0; q < d->batch; q++)
-        failed |= dnnl_sgemm(ta, tb, d->m, d->n, d->k, 1.0f, a + q * sa, lda, b + q * sb, ldb, 0.0f, c + q * sc,
-                             d->n) != dnnl_success;
-    if (failed)
-        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl_sgemm of a batched product (%d x %d x %d) failed", d->m, d->n,
-                          d->k);
-    return PS_OK;
+    dn_impl *im = impl;
+    if (d->batch <= 0 || d->m <= 0 || d->n <= 0) return PS_OK;
+    set_threads(im);
+    const int64_t dims[6] = { d->batch, d->m, d->n, d->k, d->trans_a, d->trans_b };
+    prim_key k = key_make(PK_MATMUL, 0, 6, dims);
+    exec_arg x[] = { { DNNL_ARG_SRC, a }, { DNNL_ARG_WEIGHTS, b }, { DNNL_ARG_DST, c } };
+    return run(im, &k, x, 3, err);
 }
 
 const ps_backend_ops ps_backend_dnnl_ops = {

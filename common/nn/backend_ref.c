@@ -806,23 +806,25 @@ static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *
     return PS_OK;
 }
 
-/* ---- matmul: each product's every element a dot product in double,
- * read through the transposes ---- */
+/* ---- matmul: each output element a sum in double over k, with op(a)
+ * and op(b) read through their strides (a transposed operand is the same
+ * buffer read with its two strides swapped) ---- */
 
 static ps_status ref_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
                             ps_err *err) {
     (void)impl; (void)err;
-    const int64_t sa = (int64_t)d->m * d->k, sb = (int64_t)d->k * d->n, sc = (int64_t)d->m * d->n;
-    for (int64_t q = 0; q < d->batch; q++) {
-        const float *A = a + q * sa, *B = b + q * sb;
-        float *C = c + q * sc;
-        for (int i = 0; i < d->m; i++)
-            for (int j = 0; j < d->n; j++) {
-                double s = 0;
-                for (int p = 0; p < d->k; p++)
-                    s += (double)(d->trans_a ? A[(int64_t)p * d->m + i] : A[(int64_t)i * d->k + p]) *
-                         (double)(d->trans_b ? B[(int64_t)j * d->k + p] : B[(int64_t)p * d->n + j]);
-                C[(int64_t)i * d->n + j] = (float)s;
+    const int64_t m = d->m, n = d->n, k = d->k;
+    /* op(a)[i][p] = a[i * ai + p * ap], op(b)[p][j] = b[p * bp + j * bj] */
+    const int64_t ai = d->trans_a ? 1 : k, ap = d->trans_a ? m : 1;
+    const int64_t bp = d->trans_b ? 1 : n, bj = d->trans_b ? k : 1;
+    for (int64_t t = 0; t < d->batch; t++) {
+        const float *at = a + t * m * k, *bt = b + t * k * n;
+        float *ct = c + t * m * n;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double acc = 0.0;
+                for (int64_t p = 0; p < k; p++) acc += (double)at[i * ai + p * ap] * bt[p * bp + j * bj];
+                ct[i * n + j] = (float)acc;
             }
     }
     return PS_OK;

@@ -2060,6 +2060,116 @@ static double mha_flops(const ps_layer *ly) {
     return 8.0 * L * E * E + 4.0 * L * L * E;
 }
 
+/* ---- MatMul: torch.matmul(a, b) of two computed tensors, each sample a
+ * stack of matrices: (..., m, k) @ (..., k, n) -> (..., m, n), the leading
+ * dims equal (no broadcast), with optional transposes of either operand's
+ * last two dims (transpose_b: a @ b.transpose(-2, -1), attention's
+ * q @ k^T, read in place). Backward: both input gradients, each one more
+ * matmul (backend.h ps_matmul_grad_a / _b). Plain layout. ---- */
+
+/* "input 'q' is (2, 4, 8) and input 'k' is (2, 8, 4)" */
+static const char *matmul_inputs(const ps_layer *ly, char *buf, size_t cap) {
+    char b1[64], b2[64];
+    snprintf(buf, cap, "input '%s' is %s%s and input '%s' is %s%s", ly->def->in_names[0],
+             ps_shape_format(&ly->in[0], b1, sizeof b1), ly->a.trans_a ? " (transpose_a)" : "",
+             ly->def->in_names[1], ps_shape_format(&ly->in[1], b2, sizeof b2), ly->a.trans_b ? " (transpose_b)" : "");
+    return buf;
+}
+
+static ps_status matmul_infer(ps_layer *ly, ps_err *err) {
+    char b[200];
+    for (int i = 0; i < 2; i++)
+        if (ly->in_dtype[i] != PS_DTYPE_F32 || ly->in[i].ndim < 2)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes two float32 stacks of matrices (2 to "
+                              "%d dimensions per sample; the batch is never a matrix dimension)",
+                              matmul_inputs(ly, b, sizeof b), PS_SHAPE_MAX_DIMS);
+    const ps_shape *A = &ly->in[0], *B = &ly->in[1];
+    const int nd = A->ndim;
+    int same = B->ndim == nd;
+    for (int d = 0; same && d < nd - 2; d++) same = A->dims[d] == B->dims[d];
+    if (!same)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes inputs of one rank whose leading (batch) "
+                          "dimensions are equal; broadcasting them is not supported (expand or reshape the "
+                          "smaller one first)", matmul_inputs(ly, b, sizeof b));
+    const int64_t m = ly->a.trans_a ? A->dims[nd - 1] : A->dims[nd - 2], ka = ly->a.trans_a ? A->dims[nd - 2] : A->dims[nd - 1];
+    const int64_t kb = ly->a.trans_b ? B->dims[nd - 1] : B->dims[nd - 2], n = ly->a.trans_b ? B->dims[nd - 2] : B->dims[nd - 1];
+    if (ka != kb)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the inner dimensions differ (%lld and %lld): "
+                          "(..., m, k) @ (..., k, n)", matmul_inputs(ly, b, sizeof b), (long long)ka, (long long)kb);
+    ly->outs = *A;
+    ly->outs.dims[nd - 2] = m;
+    ly->outs.dims[nd - 1] = n;
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static ps_matmul_desc matmul_desc(const ps_layer *ly, int n) {
+    const ps_shape *A = &ly->in[0];
+    const int nd = A->ndim;
+    ps_matmul_desc d = {.batch = n, .m = (int)ly->outs.dims[nd - 2], .n = (int)ly->outs.dims[nd - 1],
+                        .k = (int)(ly->a.trans_a ? A->dims[nd - 2] : A->dims[nd - 1]), .trans_a = ly->a.trans_a,
+                        .trans_b = ly->a.trans_b};
+    for (int k = 0; k < nd - 2; k++) d.batch *= A->dims[k];
+    return d;
+}
+
+static const char *matmul_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->matmul ? NULL : "matmul";
+}
+
+static ps_status matmul_forward(ps_layer_call *c, ps_err *err) {
+    ps_matmul_desc d = matmul_desc(c->ly, c->n);
+    return c->be->ops->matmul(c->be->impl, &d, c->xs[0], c->xs[1], c->y, err);
+}
+
+static ps_status matmul_backward(ps_layer_call *c, ps_err *err) {
+    const ps_matmul_desc d = matmul_desc(c->ly, c->n);
+    ps_status rc = PS_OK;
+    int dc_first;
+    if (c->dxs[0]) {   /* from dy and b */
+        ps_matmul_desc g = ps_matmul_grad_a(&d, &dc_first);
+        rc = c->be->ops->matmul(c->be->impl, &g, dc_first ? c->dy : c->xs[1], dc_first ? c->xs[1] : c->dy,
+                                c->dxs[0], err);
+    }
+    if (rc == PS_OK && c->dxs[1]) {   /* from a and dy */
+        ps_matmul_desc g = ps_matmul_grad_b(&d, &dc_first);
+        rc = c->be->ops->matmul(c->be->impl, &g, dc_first ? c->dy : c->xs[0], dc_first ? c->xs[0] : c->dy,
+                                c->dxs[1], err);
+    }
+    return rc;
+}
+
+static double matmul_flops(const ps_layer *ly) {
+    const ps_matmul_desc d = matmul_desc(ly, 1);
+    return 2.0 * (double)d.batch * d.m * d.n * d.k;
+}
+
+/* ---- MulConstant: x * value, a number fixed in the model file (attention's
+ * scores / sqrt(d), `x * 0.5`); the backward is dy * value. y may be x
+ * (in place). ---- */
+
+static const char *mulconst_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->scale && ops->copy2d ? NULL : "scale/copy2d";
+}
+
+/* dst = src * v (dst == src allowed: then only the scale). */
+static ps_status scaled_copy(const ps_layer_call *c, const float *src, float *dst, int64_t count, ps_err *err) {
+    ps_status rc = PS_OK;
+    if (dst != src) rc = c->be->ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
+    return rc ? rc : c->be->ops->scale(c->be->impl, count, dst, (float)c->ly->a.value, err);
+}
+
+static ps_status mulconst_forward(ps_layer_call *c, ps_err *err) {
+    return scaled_copy(c, c->x, c->y, ps_layer_out_count(c->ly, c->n), err);
+}
+
+static ps_status mulconst_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return scaled_copy(c, c->dy, c->dx, ps_layer_out_count(c->ly, c->n), err);
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -2220,6 +2330,15 @@ static const ps_attr_spec mha_attrs[] = {
     ATTR_BOOL("batch_first", mode, "false"),
     ATTR_END,
 };
+static const ps_attr_spec matmul_attrs[] = {
+    ATTR_BOOL("transpose_a", trans_a, "false"),
+    ATTR_BOOL("transpose_b", trans_b, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec mulconst_attrs[] = {
+    ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -2292,6 +2411,11 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT, 1, 1, mha_attrs, mha_infer, mha_missing, mha_forward,
      mha_backward, mha_bytes, NULL, mha_flops},
+    /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
+    {"MatMul", PS_KIND_BWD_X, 2, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
+     NULL, matmul_flops},
+    {"MulConstant", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE, 1, 1, mulconst_attrs, infer_same, mulconst_missing,
+     mulconst_forward, mulconst_backward, NULL, NULL, NULL},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -2398,6 +2522,7 @@ static const struct {
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
+    {"MatMul", NULL}, {"MulConstant", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -88,6 +88,8 @@ typedef struct ps_layer_attrs {
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
     const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
                                    model definition's string); "" (null): the node's name is the tensor's */
+    int trans_a, trans_b;       /* MatMul transpose_a, transpose_b */
+    double value;               /* MulConstant value */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

@@ -1009,6 +1009,90 @@ static ps_status fold(imp *im) {
         dims[0] = total;
         return const_out(im, 0, 1, dims, f, is_int) ? PS_OK : im->err->code;
     }
+    /* the exporters' x.expand(n, -1, -1) / view(-1) shape arithmetic: Reshape of a constant, ConstantOfShape,
+     * Equal, Where */
+    if (!strcmp(op, "Reshape")) {
+        int64_t shape[MAXD];
+        int ns;
+        if (im->opset < 5) {
+            ns = attr_ints(im, "shape", shape, MAXD);
+        } else {
+            val *sv = in_val(im, 1, 1);
+            if (!sv) return im->err->code;
+            const int64_t *q = cints(im, sv);
+            if (!q) return im->err->code;
+            if (sv->numel > MAXD) return unsup(im, "folding a Reshape to %lld dimensions", (long long)sv->numel);
+            ns = (int)sv->numel;
+            for (int i = 0; i < ns; i++) shape[i] = q[i];
+        }
+        if (ns < 0) return bad(im, "no shape");
+        int64_t known = 1;
+        int neg = -1;
+        for (int i = 0; i < ns; i++) {
+            if (shape[i] == 0 && !attr_i(im, "allowzero", 0)) {
+                if (i >= a->ndim) return bad(im, "shape entry %d is 0 but the input has rank %d", i, a->ndim);
+                shape[i] = a->dims[i];
+            }
+            if (shape[i] == -1 && neg < 0) neg = i;
+            else if (shape[i] < 0) return bad(im, "shape entry %lld", (long long)shape[i]);
+            else known = smul(known, shape[i]);
+        }
+        if (neg >= 0) {
+            if (!known || a->numel % known) return bad(im, "cannot reshape %lld values", (long long)a->numel);
+            shape[neg] = a->numel / known;
+        } else if (known != a->numel) {
+            return bad(im, "cannot reshape %lld values to %lld", (long long)a->numel, (long long)known);
+        }
+        return const_out(im, 0, ns, shape, af, a->is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "ConstantOfShape")) {
+        const int64_t *q = cints(im, a);
+        if (!q) return im->err->code;
+        if (a->ndim != 1 || a->numel > MAXD) return unsup(im, "folding a ConstantOfShape of a rank-%d shape", a->ndim);
+        int64_t cnt = 1;
+        for (int i = 0; i < a->numel; i++) {
+            if (q[i] < 0) return bad(im, "ConstantOfShape to a dimension of %lld", (long long)q[i]);
+            dims[i] = q[i];
+            cnt = smul(cnt, q[i]);
+        }
+        if (cnt > FOLD_MAX) return unsup(im, "folding a ConstantOfShape of %lld values", (long long)cnt);
+        const ps_onnx_attr *va = attr(im, "value");
+        double x = 0;
+        int is_int = 0;
+        if (va && va->t) {   /* a one-element tensor; float 0 without it */
+            ps_err e = {0};
+            is_int = dtype_is_int(va->t->dtype);
+            if (is_int) {
+                int64_t iv;
+                if (va->t->numel != 1 || ps_onnx_tensor_int64s(va->t, &iv, &e)) return bad(im, "its value");
+                x = (double)iv;
+            } else {
+                float fv;
+                if (va->t->numel != 1 || ps_onnx_tensor_floats(va->t, &fv, &e)) return bad(im, "its value");
+                x = fv;
+            }
+        }
+        double *f = palloc(&im->mem, (size_t)(cnt ? cnt : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t i = 0; i < cnt; i++) f[i] = x;
+        return const_out(im, 0, (int)a->numel, dims, f, is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "Where")) {   /* cond ? b : c, each a scalar or of one shape */
+        val *b = in_val(im, 1, 1), *c = in_val(im, 2, 1);
+        if (!b || !c) return im->err->code;
+        const double *bf = cvals(im, b), *cf = cvals(im, c);
+        if (!bf || !cf) return im->err->code;
+        const val *big = a->numel >= b->numel ? a : b;
+        big = big->numel >= c->numel ? big : c;
+        for (const val *v = a; v; v = v == a ? b : v == b ? c : NULL)
+            if (v->numel != 1 && (v->ndim != big->ndim || memcmp(v->dims, big->dims, (size_t)big->ndim * 8)))
+                return unsup(im, "folding a Where of shapes that broadcast other than by a scalar");
+        double *f = palloc(&im->mem, (size_t)(big->numel ? big->numel : 1) * sizeof *f);
+        if (!f) return oom(im);
+        for (int64_t i = 0; i < big->numel; i++)
+            f[i] = af[a->numel == 1 ? 0 : i] != 0 ? bf[b->numel == 1 ? 0 : i] : cf[c->numel == 1 ? 0 : i];
+        return const_out(im, 0, big->ndim, big->dims, f, b->is_int && c->is_int) ? PS_OK : im->err->code;
+    }
     if (!strcmp(op, "Sqrt") || !strcmp(op, "Neg")) {
         double *f = palloc(&im->mem, (size_t)(a->numel ? a->numel : 1) * sizeof *f);
         if (!f) return oom(im);
@@ -1027,6 +1111,10 @@ static ps_status fold(imp *im) {
     if (!f) return oom(im);
     for (int64_t i = 0; i < big->numel; i++) {
         double x = af[a->numel == 1 ? 0 : i], y = bf[b->numel == 1 ? 0 : i];
+        if (!strcmp(op, "Equal")) {   /* the batch symbol equals itself only (a batch is at least 1) */
+            f[i] = x == y;
+            continue;
+        }
         if (x == (double)BATCH_SYM || y == (double)BATCH_SYM) return unsup(im, "arithmetic on the batch size");
         switch (op[0]) {
         case 'A': f[i] = x + y; break;
@@ -1041,7 +1129,8 @@ static ps_status fold(imp *im) {
             }
         }
     }
-    return const_out(im, 0, big->ndim, big->dims, f, a->is_int && b->is_int) ? PS_OK : im->err->code;
+    return const_out(im, 0, big->ndim, big->dims, f, (a->is_int && b->is_int) || !strcmp(op, "Equal")) ? PS_OK
+                                                                                                    : im->err->code;
 }
 
 static int all_const(imp *im) {
@@ -1178,10 +1267,169 @@ static ps_status h_add(imp *im) {
     return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
 }
 
+/* ---- attention written by hand: scalar factors, products of two values, Split ---- */
+
+/* c is a number of the graph (a Constant or folded shape arithmetic, not an initializer: those are learned,
+ * Scale) read as one value: *v. */
+static int scalar_const(imp *im, val *c, double *v) {
+    if (c->kind != VK_CONST || c->init || c->numel != 1) return 0;
+    const double *f = cvals(im, c);
+    if (!f || !isfinite(f[0]) || f[0] == (double)BATCH_SYM) return 0;
+    *v = f[0];
+    return 1;
+}
+
+/* x * value: a MulConstant node (attention's scores / sqrt(d) is a Div by a Constant). */
+static ps_status mul_const(imp *im, val *x, double value) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, "MulConstant", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* A constant operand of a product as a Parameter of its own per-sample shape: its leading (batch) dims
+ * must be 1 (else the whole input is one sample), its per-sample rank the partner's. */
+static int matmul_param(imp *im, val *c, const val *partner, ps_status *rc) {
+    const int off = im->lead, pnd = partner->ndim - off;
+    int cn = c->ndim;
+    int64_t cd[MAXD];
+    memcpy(cd, c->dims, sizeof cd);
+    if (off && cn == partner->ndim) {
+        for (int i = 0; i < off; i++)
+            if (cd[i] != 1) {
+                *rc = along_batch(im, "a constant operand of MatMul");
+                return -1;
+            }
+        memmove(cd, cd + off, (size_t)(cn - off) * sizeof *cd);
+        cn -= off;
+    }
+    if (cn != pnd || cn < 2 || cn > PS_MAXD) {
+        char b1[128], b2[128];
+        *rc = unsup(im, "MatMul of '%s' %s and constant '%s' %s: psd multiplies stacks of matrices of one rank "
+                    "(a 2-D initializer is a Linear's weight)", partner->name,
+                    dims_text(partner->dims, partner->ndim, b1, sizeof b1), c->name, dims_text(c->dims, c->ndim, b2,
+                                                                                             sizeof b2));
+        return -1;
+    }
+    int in = partner->node;
+    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
+    if (p < 0) {
+        *rc = oom(im);
+        return -1;
+    }
+    char b[128];
+    add_attr(im, p, "shape: %s", dims_text(cd, cn, b, sizeof b));
+    if ((*rc = bind(im, p, "weight", c, 0, 0))) return -1;
+    return p;
+}
+
+/* MatMul of two computed values (or of a computed value and a constant that is no Linear's weight, as a
+ * Parameter): psd's MatMul, (..., m, k) @ (..., k, n) with equal leading dims. */
+static ps_status matmul_values(imp *im, val *a, val *b) {
+    ps_status rc = PS_OK;
+    int ins[2] = {a->node, b->node};
+    const val *data = a->kind == VK_DATA ? a : b;
+    if ((rc = need_float(im, data, 1, PS_MAXD, "input"))) return rc;
+    if (a->kind != VK_DATA && (ins[0] = matmul_param(im, a, b, &rc)) < 0) return rc;
+    if (b->kind != VK_DATA && (ins[1] = matmul_param(im, b, a, &rc)) < 0) return rc;
+    const int nd = data->ndim;
+    int64_t ad[MAXD], bd[MAXD];
+    memcpy(ad, a->dims, sizeof ad);
+    memcpy(bd, b->dims, sizeof bd);
+    for (int i = 0; i < im->lead; i++) ad[i] = bd[i] = data->dims[i];   /* a constant's leading 1s face the batch */
+    int same = a->ndim == nd && b->ndim == nd && nd - im->lead >= 2;
+    for (int i = 0; same && i < nd - 2; i++) same = ad[i] == bd[i];
+    if (!same || ad[nd - 1] != bd[nd - 2]) {
+        char b1[128], b2[128];
+        return unsup(im, "MatMul of '%s' %s and '%s' %s: psd's MatMul takes stacks of matrices of one rank with "
+                     "equal leading dimensions (no broadcast) and matching inner ones", a->name,
+                     dims_text(a->dims, a->ndim, b1, sizeof b1), b->name, dims_text(b->dims, b->ndim, b2, sizeof b2));
+    }
+    int pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins);
+    if (pn < 0) return oom(im);
+    int64_t od[MAXD];
+    memcpy(od, ad, sizeof od);
+    od[nd - 1] = bd[nd - 1];
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
+}
+
+/* Split of a computed value along one axis (newer exporters' x.chunk / torch.split): a Narrow per output
+ * that is read. Sizes: the split input (opset 13) or attribute, else equal parts. */
+static ps_status h_split(imp *im) {
+    static const char *const known[] = {"axis", "split", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *n = cur_node(im);
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "Split of a constant");
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int a = norm_axis(im, attr_i(im, "axis", 0), x->ndim, "axis");
+    if (a < 0) return im->err->code;
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, "Split");
+    int64_t sz[MAXD * 4];
+    int ns;
+    const int cap = (int)(sizeof sz / sizeof sz[0]);
+    if (im->opset >= 13 && has_in(im, 1)) {
+        val *c = in_val(im, 1, 1);
+        if (!c) return im->err->code;
+        if (c->kind != VK_CONST) return unsup(im, "split sizes computed from the input's values");
+        const int64_t *q = cints(im, c);
+        if (!q) return im->err->code;
+        if (c->numel > cap) return unsup(im, "a Split into %lld parts", (long long)c->numel);
+        ns = (int)c->numel;
+        for (int i = 0; i < ns; i++) sz[i] = q[i];
+    } else if (im->opset < 13 && attr(im, "split")) {
+        ns = attr_ints(im, "split", sz, cap);
+    } else {
+        ns = n->nout;
+        if (ns < 1 || ns > cap || x->dims[a] % ns) return bad(im, "%lld does not split into %d equal parts",
+                                                             (long long)x->dims[a], ns);
+        for (int i = 0; i < ns; i++) sz[i] = x->dims[a] / ns;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < ns; i++) {
+        if (sz[i] < 1) return unsup(im, "a Split with an empty part (psd's tensors are not empty)");
+        total += sz[i];
+    }
+    if (ns != n->nout || total != x->dims[a])
+        return bad(im, "%d parts summing to %lld for %d outputs of an axis of %lld", ns, (long long)total, n->nout,
+                   (long long)x->dims[a]);
+    int64_t start = 0;
+    for (int k = 0; k < ns; start += sz[k], k++) {
+        val *o = n->out[k][0] ? vget(im, n->out[k]) : NULL;
+        if (!o || !(o->uses || o->graph_output)) continue;   /* a part nothing reads: no node */
+        int in = x->node;
+        int pn = emit(im, "Narrow", NULL, NULL, NULL, 1, &in);
+        if (pn < 0) return oom(im);
+        add_attr(im, pn, "dim: %d, start: %lld, length: %lld", d, (long long)start, (long long)sz[k]);
+        int64_t od[MAXD];
+        memcpy(od, x->dims, sizeof od);
+        od[a] = sz[k];
+        if (!data_out(im, k, pn, PS_ONNX_FLOAT, x->ndim, od)) return im->err->code;
+    }
+    return PS_OK;
+}
+
+/* Div: of constants folded; a computed value by a number of the graph, a MulConstant by its reciprocal. */
 static ps_status h_arith(imp *im) {
     if (all_const(im)) return fold(im);
+    double c;
+    if (!strcmp(cur_node(im)->op_type, "Div")) {
+        val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+        if (!a || !b) return im->err->code;
+        if (a->kind == VK_DATA && scalar_const(im, b, &c)) {
+            if (c == 0) return unsup(im, "a division by 0");
+            return mul_const(im, a, 1.0 / c);
+        }
+    }
     return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
-                 "SiLU, Hardswish, LayerNorm)", cur_node(im)->op_type);
+                 "SiLU, Hardswish, LayerNorm) and by a number (MulConstant)", cur_node(im)->op_type);
 }
 
 /* Mul of a computed value by an initializer (convnext's layer_scale * x):
@@ -1237,6 +1485,9 @@ static ps_status h_mul(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
+    double c;
+    if (a->kind == VK_DATA && scalar_const(im, b, &c)) return mul_const(im, a, c);
+    if (b->kind == VK_DATA && scalar_const(im, a, &c)) return mul_const(im, b, c);
     if (a->kind == VK_DATA && b->kind == VK_CONST) return mul_init(im, a, b);
     if (b->kind == VK_DATA && a->kind == VK_CONST) return mul_init(im, b, a);
     if (a->kind != VK_DATA || b->kind != VK_DATA)
@@ -1324,9 +1575,8 @@ static ps_status h_matmul(imp *im) {
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind == VK_CONST && b->kind == VK_CONST) return unsup(im, "MatMul of two constants");
-    if (b->kind != VK_CONST) return unsup(im, "MatMul of two computed values (psd's Linear multiplies by an "
-                                          "initializer)");
-    return linear(im, a, b, 1, NULL);
+    if (b->kind == VK_CONST && b->ndim == 2) return linear(im, a, b, 1, NULL);
+    return matmul_values(im, a, b);
 }
 
 /* ------------------------------------------------------ Conv and pools */
@@ -1647,7 +1897,10 @@ static ps_status h_reshape(imp *im) {
         ns = (int)sv->numel;
         for (int i = 0; i < ns; i++) shape[i] = q[i];
     }
-    if (x->kind == VK_CONST) return unsup(im, "Reshape of a constant");
+    if (x->kind == VK_CONST) {
+        if (all_const(im)) return fold(im);   /* shape arithmetic (x.expand(n, -1, -1)'s) */
+        return unsup(im, "Reshape of a constant by a computed shape");
+    }
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
     int allowzero = (int)attr_i(im, "allowzero", 0);
     /* leading mode: the first entry must keep the batch (0, the batch symbol, the batch size, or -1 over
@@ -2180,6 +2433,7 @@ static const op_row ops[] = {
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
+    {"Split", h_split, 2},
     {"Concat", h_concat, 1},
     {"Gather", h_gather, 1},
     {"LayerNormalization", h_layernorm, 17},
@@ -2193,6 +2447,9 @@ static const op_row ops[] = {
     {"Squeeze", h_squeeze, 1},
     {"Sqrt", h_fold_only, 1},
     {"Neg", h_fold_only, 1},
+    {"ConstantOfShape", h_fold_only, 9},
+    {"Equal", h_fold_only, 1},
+    {"Where", h_fold_only, 9},
 };
 
 static const op_row *find_op(const char *op) {

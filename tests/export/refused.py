@@ -82,7 +82,7 @@ class SqueezeExcite(nn.Module):        # squeeze-and-excitation: a Mul of (N, C,
         return torch.sigmoid(self.fc(nn.functional.adaptive_avg_pool2d(x, 1))) * x
 
 
-class ScaleByConstant(nn.Module):      # a Mul by a number
+class ScaleByConstant(nn.Module):      # a Mul by a number: MulConstant
     def forward(self, x):
         return x * 0.5                   # REFUSED_CONSTANT
 
@@ -253,3 +253,37 @@ class CrossAttention(nn.Module):       # query and key/value different tensors
 
     def forward(self, x):
         return self.attn(x, self.fc(x), x)[0]   # REFUSED_CROSS
+class Products(nn.Module):             # attention's pieces: torch.bmm, @, torch.matmul, Tensor.matmul, transposes
+    def __init__(self):                # (one fused into its product, one read twice), numbers, softmax(-1), view
+        super().__init__()             # of computed sizes
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):                          # (N, 3, 4)
+        n, t, c = x.shape
+        y = self.fc(x)                             # (N, 3, 6)
+        a = 0.25 * torch.bmm(y, y.transpose(1, 2))
+        z = torch.matmul(a.softmax(-1), y) / 2     # (N, 3, 6)
+        zt = z.transpose(-1, -2)                   # (N, 6, 3)
+        w = zt.matmul(z) + zt @ z                  # (N, 6, 6)
+        return w.reshape(n, 2, t * c + 6)          # (N, 2, 18)
+
+
+class ProductBroadcast(nn.Module):     # a product of (N, 2, 3, 4) and (N, 1, 4, 3): psd broadcasts no batch dims
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):                          # (N, 2, 3, 4)
+        y = self.fc(x)
+        b, _ = y.chunk(2, dim=1)
+        return torch.matmul(y, b.transpose(2, 3))  # REFUSED_BROADCAST
+
+
+class TransposeBatch(nn.Module):       # x.transpose(0, 1): the batch moves
+    def forward(self, x):
+        return x.transpose(0, 1)                   # REFUSED_TRANSPOSE_BATCH
+
+
+class DivideByTensor(nn.Module):       # a number divided by a tensor
+    def forward(self, x):
+        return 1.0 / x                             # REFUSED_DIVIDE

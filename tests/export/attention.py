@@ -1,0 +1,61 @@
+"""A hand-written self-attention block in a small classifier: what
+tests/export/check_attention.py exports with psd-export and with PyTorch's
+ONNX exporter (training mode) and trains one step on psd against PyTorch.
+
+SelfAttention is minGPT's CausalSelfAttention (karpathy/minGPT,
+mingpt/model.py) without its causal mask and dropouts: one Linear to q, k
+and v split three ways, heads split with view + transpose, q @ k^T scaled
+by 1/sqrt(head size), softmax over the last dim, @ v, the heads merged back
+with transpose(1, 2) + view, and the output projection."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        assert n_embd % n_head == 0
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)   # key, query, value projections for all heads, in a batch
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+        self.n_embd = n_embd
+        self.head_size = n_embd // n_head
+
+    def forward(self, x):
+        B, T, C = x.size()   # batch size, sequence length, embedding dimensionality (n_embd)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)   # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)   # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)   # (B, nh, T, hs)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_size)
+        att = F.softmax(att, dim=-1)
+        y = att @ v          # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)   # re-assemble all head outputs side by side
+        return self.c_proj(y)
+
+
+class AttentionClassifier(nn.Module):
+    """(N, T, features) -> (N, classes): an embedding, one pre-norm transformer block (attention and an
+    MLP, both residual), a final LayerNorm, and a Linear over the flattened sequence."""
+
+    def __init__(self, features=5, seq=6, n_embd=16, n_head=4, classes=10):
+        super().__init__()
+        self.embed = nn.Linear(features, n_embd)
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = SelfAttention(n_embd, n_head)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.mlp_act = nn.GELU()
+        self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(seq * n_embd, classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp_proj(self.mlp_act(self.mlp_fc(self.ln_2(x))))
+        x = self.ln_f(x)
+        return self.head(x.flatten(1))
