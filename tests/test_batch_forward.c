@@ -22,11 +22,17 @@
  * the comparison). A retried Backward is answered as without batching.
  * Also a run of stages short of the model (mnist_cnn's conv),
  * int64 ids with a row-sparse gradient (rnn_lm's emb), convnext's Permute
- * and Scale (layer scale) kinds in a residual block, a group whose one
- * member is refused (only it gets the error; the others are answered as
- * unbatched), that a model with BatchNorm is never combined, and on a
- * CUDA device (when there is one; else "cuda: skipped") mnist_cnn on
- * cuda:0 within 1e-5. */
+ * and Scale (layer scale) kinds in a residual block, LayerNorm (its saved
+ * mean and rstd cut per context; affine and not, one and several rows a
+ * sample), a vit encoder block (class token and positional embedding
+ * Parameters, LayerNorm, MultiheadAttention with attention dropout - its
+ * tape cut per context, each context's attention mask its own -, a GELU
+ * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
+ * attention written by hand (psd-export's nodes of
+ * tests/export/attention.py), a group whose one member is refused (only it
+ * gets the error; the others are answered as unbatched), that a model with
+ * BatchNorm is never combined, and on a CUDA device (when there is one;
+ * else "cuda: skipped") mnist_cnn and the vit block on cuda:0 within 1e-5. */
 #include <grpc/grpc.h>
 #include <math.h>
 #include <pthread.h>
@@ -56,16 +62,15 @@ typedef struct server {
     char addr[64];
 } server;
 
-static const char *g_device;   /* mnist_cnn's stages on this device (NULL: cpu) */
+static const char *g_device;   /* the stages below on this device (NULL: cpu) */
+static const char *g_place[2]; /* mnist_cnn's conv and fc, or a test file's main */
 
 static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples, int bwd) {
     ps_err err = {0};
     ps_model_opts mo = {.file = file, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.05f};
-    if (g_device) {
-        mo.n_placement = 2;
-        mo.placement_stage[0] = "conv";
-        mo.placement_stage[1] = "fc";
-        mo.placement_device[0] = mo.placement_device[1] = g_device;
+    for (int i = 0; g_device && i < 2 && g_place[i]; i++) {
+        mo.placement_stage[mo.n_placement] = g_place[i];
+        mo.placement_device[mo.n_placement++] = g_device;
     }
     if (strstr(file, "rnn_lm")) {   /* small: the test is about the slicing, not the size */
         static const char *keys[] = {"ntoken", "ninp", "nhid"};
@@ -407,33 +412,128 @@ static void group_refused(void) {
     ps_model_free(m);
 }
 
-/* convnext's per-sample kinds: Permute (to and from the channels-last layout, Linear on the last dim
- * between) and Scale (its layer scale) in a residual block, written to a temporary file. */
-static void run_convnext_kinds(void) {
+/* A one-stage model (name: cn, stage main, per-sample input shape in_shape,
+ * the nodes' YAML lines) written to a temporary file, through run_model on
+ * ref (1e-6) and dnnl (1e-5), or on g_device (1e-5) when set. */
+static void run_file(const char *in_shape, const char *nodes) {
     char dir[] = "/tmp/ps-test-batch-forward.XXXXXX", path[64];
     if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
     snprintf(path, sizeof path, "%s/cn.yaml", dir);
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
     if (!f) return;
-    fputs("name: cn\nstages:\n  - name: main\n    input: {shape: [4, 3, 3]}\n    nodes:\n"
-          "      - {name: stem, kind: Conv2d, out_channels: 8, kernel_size: 1}\n"
-          "      - {name: blk.p, kind: Permute, dims: [0, 2, 3, 1]}\n"
-          "      - {name: blk.fc, kind: Linear, out_features: 8}\n"
-          "      - {name: blk.q, kind: Permute, dims: [0, 3, 1, 2]}\n"
-          "      - {name: blk, kind: Scale, shape: [8, 1, 1], parameter: layer_scale, init: {layer_scale: \"normal(0, 1)\"}}\n"
-          "      - {name: add, kind: Add, inputs: [blk, stem]}\n"
-          "      - {name: flat, kind: Flatten}\n"
-          "      - {name: fc, kind: Linear, out_features: 10}\n", f);
+    fprintf(f, "name: cn\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n%s", in_shape, nodes);
     fclose(f);
-    run_model(path, NULL, NULL, "ref", 1e-6);
-    run_model(path, NULL, NULL, "dnnl", 1e-5);
+    if (g_device) {
+        run_model(path, NULL, NULL, "ref", 1e-5);
+    } else {
+        run_model(path, NULL, NULL, "ref", 1e-6);
+        run_model(path, NULL, NULL, "dnnl", 1e-5);
+    }
     test_rmtree(dir);
+}
+
+/* convnext's per-sample kinds: Permute (to and from the channels-last layout, Linear on the last dim
+ * between) and Scale (its layer scale) in a residual block. */
+static void run_convnext_kinds(void) {
+    run_file("[4, 3, 3]",
+             "      - {name: stem, kind: Conv2d, out_channels: 8, kernel_size: 1}\n"
+             "      - {name: blk.p, kind: Permute, dims: [0, 2, 3, 1]}\n"
+             "      - {name: blk.fc, kind: Linear, out_features: 8}\n"
+             "      - {name: blk.q, kind: Permute, dims: [0, 3, 1, 2]}\n"
+             "      - {name: blk, kind: Scale, shape: [8, 1, 1], parameter: layer_scale, init: {layer_scale: \"normal(0, 1)\"}}\n"
+             "      - {name: add, kind: Add, inputs: [blk, stem]}\n"
+             "      - {name: flat, kind: Flatten}\n"
+             "      - {name: fc, kind: Linear, out_features: 10}\n");
+}
+
+/* LayerNorm's saved mean and rstd cut per context: over a whole sample
+ * (one row a sample), over its last dim (six rows a sample) with drawn
+ * weight and bias, and without elementwise_affine. */
+static void run_layernorm(void) {
+    run_file("[6, 4]",
+             "      - {name: ln0, kind: LayerNorm, normalized_shape: [6, 4]}\n"
+             "      - {name: fc, kind: Linear, out_features: 5}\n"
+             "      - {name: ln1, kind: LayerNorm, normalized_shape: 5, init: {weight: \"normal(1, 0.5)\", "
+             "bias: \"normal(0, 0.5)\"}}\n"
+             "      - {name: act, kind: Tanh}\n"
+             "      - {name: ln2, kind: LayerNorm, normalized_shape: 5, elementwise_affine: false}\n"
+             "      - {name: flat, kind: Flatten}\n"
+             "      - {name: out, kind: Linear, out_features: 10}\n");
+}
+
+/* A vit encoder block as psd-export writes torchvision's: patches
+ * projected, the class token (a Parameter) joined in front, the positional
+ * embedding (a Parameter) added, pre-norm MultiheadAttention with
+ * attention dropout (its tape - mask, q, k, v, P, o - cut per context, each
+ * context's mask its own) and a GELU MLP, both residual, a final LayerNorm,
+ * the class token's row picked (IndexSelect) for the head. */
+static void run_vit_block(void) {
+    run_file("[4, 6]",
+             "      - {name: proj, kind: Linear, out_features: 8}\n"
+             "      - {name: class_token, kind: Parameter, shape: [1, 1, 8], expand: [1, 8], parameter: null}\n"
+             "      - {name: cat, kind: Concat, inputs: [class_token, proj], dim: 1}\n"
+             "      - {name: encoder, kind: Parameter, shape: [1, 5, 8], expand: [5, 8], parameter: pos_embedding, "
+             "init: {pos_embedding: \"normal(0, 0.5)\"}}\n"
+             "      - {name: pos, kind: Add, inputs: [cat, encoder]}\n"
+             "      - {name: ln_1, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, dropout: 0.3, "
+             "batch_first: true}\n"
+             "      - {name: res1, kind: Add, inputs: [attn, pos]}\n"
+             "      - {name: ln_2, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: fc1, kind: Linear, out_features: 16}\n"
+             "      - {name: gelu, kind: GELU}\n"
+             "      - {name: fc2, kind: Linear, out_features: 8}\n"
+             "      - {name: res2, kind: Add, inputs: [fc2, res1]}\n"
+             "      - {name: ln, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: cls, kind: IndexSelect, dim: 1, index: [0]}\n"
+             "      - {name: flat, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
+/* Attention written by hand (minGPT's), as psd-export writes
+ * tests/export/attention.py's AttentionClassifier (n_embd 8, 2 heads, seq
+ * 6): Narrow, Reshape, Permute, MatMul (transpose_b), MulConstant, Softmax
+ * between LayerNorms in a pre-norm block. */
+static void run_hand_attention(void) {
+    run_file("[6, 5]",
+             "      - {name: embed, kind: Linear, out_features: 8}\n"
+             "      - {name: ln_1, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: attn.c_attn, kind: Linear, out_features: 24}\n"
+             "      - {name: attn.chunk, kind: Narrow, dim: 2, start: 0, length: 8}\n"
+             "      - {name: attn.chunk_1, kind: Narrow, input: attn.c_attn, dim: 2, start: 8, length: 8}\n"
+             "      - {name: attn.chunk_2, kind: Narrow, input: attn.c_attn, dim: 2, start: 16, length: 8}\n"
+             "      - {name: attn.view, kind: Reshape, input: attn.chunk_1, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_1, kind: Reshape, input: attn.chunk, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose_1, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_2, kind: Reshape, input: attn.chunk_2, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose_2, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.matmul, kind: MatMul, inputs: [attn.transpose_1, attn.transpose], "
+             "transpose_b: true}\n"
+             "      - {name: attn.div, kind: MulConstant, value: 0.5}\n"
+             "      - {name: attn.softmax, kind: Softmax, dim: -1}\n"
+             "      - {name: attn.matmul_1, kind: MatMul, inputs: [attn.softmax, attn.transpose_2]}\n"
+             "      - {name: attn.transpose_4, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_3, kind: Reshape, shape: [6, 8]}\n"
+             "      - {name: attn.c_proj, kind: Linear, out_features: 8}\n"
+             "      - {name: add, kind: Add, inputs: [embed, attn.c_proj]}\n"
+             "      - {name: ln_2, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: mlp_fc, kind: Linear, out_features: 32}\n"
+             "      - {name: mlp_act, kind: GELU}\n"
+             "      - {name: mlp_proj, kind: Linear, out_features: 8}\n"
+             "      - {name: add_1, kind: Add, inputs: [add, mlp_proj]}\n"
+             "      - {name: ln_f, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
 int main(void) {
     grpc_init();
     run_convnext_kinds();
+    run_layernorm();
+    run_vit_block();
+    run_hand_attention();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */
@@ -447,9 +547,14 @@ int main(void) {
     if (probe) {
         ps_backend_free(probe);
         g_device = "cuda:0";
+        g_place[0] = "conv";
+        g_place[1] = "fc";
         run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-5);
+        g_place[0] = "main";
+        g_place[1] = NULL;
+        run_vit_block();
         g_device = NULL;
-        printf("cuda:0: batched Forwards and Backwards compared\n");
+        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);

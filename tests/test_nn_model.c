@@ -23,7 +23,8 @@
  *    draw each part's own; p 1 drops everything; eval is the identity;
  *  - MultiheadAttention with attention dropout: the input gradient vs
  *    finite differences with a mask held fixed, a seed replays its mask,
- *    eval is the training forward at a mask of ones;
+ *    combined forwards draw each part's own, eval is the training forward
+ *    at a mask of ones;
  *  - bad input: int64 ids out of range (index and value named), stage runs
  *    that do not chain, an input gradient of int64 ids, non-finite grads;
  *  - the optimizer state (Adam): a step on the decoder alone counts only
@@ -365,8 +366,10 @@ static void test_stochastic_depth(rng *r) {
 /* MultiheadAttention with attention dropout (ref and dnnl): the input
  * gradient against finite differences with a mask held fixed; a seed
  * replays its forward's mask (the same output), another seed draws
- * another; the model counts one dropout node of N*H*L*L draws; eval is
- * deterministic and the training forward at a mask of ones. */
+ * another; a combined forward of two parts gives each the output of its
+ * own forward (its own seed's mask); the model counts one dropout node of
+ * N*H*L*L draws; eval is deterministic and the training forward at a mask
+ * of ones. */
 static void test_attention_dropout(rng *r) {
     char dir[] = "/tmp/ps-test-nn-model.XXXXXX";
     if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
@@ -400,6 +403,24 @@ static void test_attention_dropout(rng *r) {
                   label);
         OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, y2, NULL, NULL, &err));
         CHECK_MSG(memcmp(y1, y2, (size_t)n * L * E * sizeof(float)), "%s: two seeds drew the same mask", label);
+        /* combined forwards (psd's batched Forwards): each part its own seed's mask, its own tape */
+        CHECK_MSG(ps_model_can_group(m, 0, 0), "%s: not combinable", label);
+        {
+            const void *xs[2] = {x, x + L * E};
+            const int ns[2] = {1, n - 1};
+            const uint64_t seeds[2] = {100, 77};
+            float *outs[2] = {malloc((size_t)L * E * sizeof(float)), malloc((size_t)(n - 1) * L * E * sizeof(float))};
+            ps_tape *tapes[2] = {NULL, NULL};
+            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+            for (int i = 0; i < 2; i++) {
+                char what[200];
+                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], y2, NULL, NULL, &err));
+                snprintf(what, sizeof what, "%s: combined forward part %d vs its own forward", label, i);
+                check_scaled(what, outs[i], y2, (size_t)ns[i] * L * E, b ? 1e-5 : 1e-6);
+                ps_tape_free(tapes[i]);
+                free(outs[i]);
+            }
+        }
         masks[0] = ones;
         OKE(ps_model_forward_range(m, 0, 0, x, n, 1, masks, 0, y1, NULL, NULL, &err));
         OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 5, y2, NULL, NULL, &err));

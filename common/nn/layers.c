@@ -1883,7 +1883,9 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
  * dS = softmax's backward of dP; dq = dS k / sqrt(D), dk = dS^T q / sqrt(D);
  * each of dq, dk, dv permuted back and through its linear (dx their sum).
  * The products are the backend's matmul (the scale 1/sqrt(D) applied after
- * the product). The tape keeps the mask (dev[0]), q, k, v and P (dev[1]) and o (dev[2]).
+ * the product). The tape keeps the mask (dev[0]), q, k, v (dev[1..3]), P
+ * (dev[4]) and o (dev[5]), each its own block and sample-major, so that a
+ * combined forward's tape cuts into each caller's (mha_saved).
  * Params (state_dict order, PyTorch's): in_proj_weight (3E, E) xavier
  * uniform, in_proj_bias (3E) zeros, out_proj.weight (E, E) U(+-1/sqrt(E)),
  * out_proj.bias (E) zeros; without bias only the two weights. ---- */
@@ -1968,19 +1970,22 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
     const float s = 1.0f / sqrtf((float)g.D);
     const int drop = c->train && c->ly->a.p > 0;
-    /* tmp: the three projections (3 nle), the scores (p), the heads' output (nle) */
+    /* tmp: the three projections (3 nle), the scores (p), the heads' output (nle); kept: q, k, v, P, o */
     float *tmp = ps_backend_alloc_floats(c->be, 4 * g.nle + g.p);
-    float *qkvp = ps_backend_alloc_floats(c->be, 3 * g.nle + g.p), *o = ps_backend_alloc_floats(c->be, g.nle);
+    float *kept[5] = {ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.nle),
+                      ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.p),
+                      ps_backend_alloc_floats(c->be, g.nle)};
     ps_status rc = PS_OK;
-    if (!tmp || !qkvp || !o) {
+    if (!tmp || !kept[0] || !kept[1] || !kept[2] || !kept[3] || !kept[4]) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
         goto out;
     }
-    float *q = qkvp, *k = q + g.nle, *v = k + g.nle, *P = v + g.nle, *S = tmp + 3 * g.nle, *oh = S + g.p;
+    float *q = kept[0], *k = kept[1], *v = kept[2], *P = kept[3], *o = kept[4];
+    float *S = tmp + 3 * g.nle, *oh = S + g.p;
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
         rc = ops->linear_forward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E,
                                  g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, tmp + j * g.nle, err);
-        if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, qkvp + j * g.nle, err);
+        if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, kept[j], err);
     }
     if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
     if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
@@ -1998,14 +2003,14 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     if (rc == PS_OK)
         rc = ops->linear_forward(c->be->impl, &ld, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
     if (rc == PS_OK && c->train) {   /* the tape frees them */
-        c->saved->dev[1] = qkvp;
-        c->saved->dev[2] = o;
-        qkvp = o = NULL;
+        for (int j = 0; j < 5; j++) {
+            c->saved->dev[1 + j] = kept[j];
+            kept[j] = NULL;
+        }
     }
 out:
     ps_backend_release(c->be, tmp);
-    ps_backend_release(c->be, qkvp);
-    ps_backend_release(c->be, o);
+    for (int j = 0; j < 5; j++) ps_backend_release(c->be, kept[j]);
     return rc;
 }
 
@@ -2014,9 +2019,10 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     const mha_geom g = mha_of(c->ly, c->n);
     const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
     const float s = 1.0f / sqrtf((float)g.D);
-    const float *mask = c->saved->dev[0], *q = c->saved->dev[1], *k = q + g.nle, *v = k + g.nle, *P = v + g.nle;
-    const float *o = c->saved->dev[2];
-    if (!q || !o) return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
+    const float *mask = c->saved->dev[0], *q = c->saved->dev[1], *k = c->saved->dev[2], *v = c->saved->dev[3];
+    const float *P = c->saved->dev[4], *o = c->saved->dev[5];
+    if (!q || !k || !v || !P || !o)
+        return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
     /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (3 nle) and back (nle), A or
      * dA (p), dS (p), dx's parts (nle) */
     float *tmp = ps_backend_alloc_floats(c->be, 7 * g.nle + 2 * g.p);
@@ -2506,10 +2512,31 @@ static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int
     return b ? b : (size_t)-1;
 }
 
+/* mean (dev[0]) and rstd (dev[1]): one float per normalised row, each
+ * sample's rows together */
+static size_t ln_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j < 2 ? (size_t)ln_desc(ly, n).rows * sizeof(float) : 0;
+}
+
+/* mha_forward's tape: the attention dropout's mask (dev[0], in training
+ * with dropout > 0), q, k, v (dev[1..3], (n, H, L, D)), P (dev[4], (n, H,
+ * L, L)), o (dev[5], (n, L, E)) */
+static size_t mha_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    const mha_geom g = mha_of(ly, n);
+    const int64_t floats[PS_LAYER_MAX_SAVED] = {ly->a.p > 0 ? g.p : 0, g.nle, g.nle, g.nle, g.p, g.nle};
+    return (size_t)floats[j] * sizeof(float);
+}
+
 /* Kinds whose sample i's output, saved state and gradients depend on
  * sample i alone, and the bytes of what they save (NULL: nothing). Not
- * here: BatchNorm (batch statistics in training), LayerNorm (its saved
- * statistics are not cut yet), Parameter, IndexSelect, LSTM. */
+ * here: BatchNorm1d/2d (a training forward normalises by the batch's
+ * statistics), LSTM (parameters only: psd never runs it, the trainer
+ * does; its forward refuses). Parameter is here: each sample's output is the tensor
+ * itself, and its gradient from a caller's samples is the sum of their dy
+ * alone (a combined backward computes it per caller, as Linear's bias);
+ * IndexSelect is a copy within each sample (dim 0, the batch, refused). */
 static const struct {
     const char *kind;
     size_t (*saved)(const ps_layer *ly, const ps_backend *be, int n, int j);
@@ -2523,6 +2550,7 @@ static const struct {
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
+    {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

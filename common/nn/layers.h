@@ -127,7 +127,7 @@ typedef struct ps_attr_spec {
 
 #define PS_LAYER_MAX_PARAMS 16  /* LSTM: 4 per layer, num_layers <= 4 */
 #define PS_LAYER_MAX_BUFFERS 3  /* BatchNorm: running_mean, running_var, num_batches_tracked */
-#define PS_LAYER_MAX_SAVED 3
+#define PS_LAYER_MAX_SAVED 6  /* MultiheadAttention: mask, q, k, v, P, o (each sample-major) */
 
 typedef struct ps_layer_param {
     const char *suffix;         /* "weight", "bias" */
