@@ -424,7 +424,7 @@ void rpc_scan_connections(ps_rpc_server *s) {
     conn_list l = {0};
     each_conn(s, collect, &l);
     scan_progress(s, &l);
-    qsort(l.e, (size_t)l.n, sizeof *l.e, by_host_fd);
+    if (l.n > 1) qsort(l.e, (size_t)l.n, sizeof *l.e, by_host_fd);  /* l.e is NULL with no connection */
     int cap = s->opts.max_connections_per_client;
     uint32_t ban[PS_RPC_REFUSED_HOSTS];
     int nban = 0;
