@@ -522,6 +522,16 @@ static void test_old_opsets(void) {
             free(m.p);
         }
     }
+    {   /* strides of 0 (a mutated file make fuzz found: the output size divided by them) */
+        const char *ain[1] = {"x"};
+        attr_spec pa[2] = {pool, {"strides", 7, 0, 0, 2, {0, 0}}};
+        buf n = node("/pool/AveragePool", "AveragePool", 1, ain, "y", 2, pa);
+        buf vi = value_info("x", 4, x4), vo = value_info("y", 4, x4);
+        buf m = model(13, &n, 1, NULL, 0, &vi, &vo);
+        expect_refusal("an AveragePool with strides 0", &m, PS_ERR_INVALID_ARGUMENT,
+                       "kernel_shape 3x3 and strides 0x0 must be positive");
+        free(m.p);
+    }
 }
 
 /* Concat's arity: one input is the identity (torch.cat of a one-tensor

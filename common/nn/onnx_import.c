@@ -1691,6 +1691,9 @@ static ps_status pool(imp *im, int is_max) {
     int n;
     if ((n = attr_ints(im, "kernel_shape", k, 2)) != 2) return bad(im, "kernel_shape must have 2 values");
     if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
+    if (k[0] < 1 || k[1] < 1 || s[0] < 1 || s[1] < 1)
+        return bad(im, "kernel_shape %lldx%lld and strides %lldx%lld must be positive", (long long)k[0],
+                   (long long)k[1], (long long)s[0], (long long)s[1]);
     if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && (dil[0] != 1 || dil[1] != 1))
         return unsup(im, "dilations (psd's pools have none)");
     const int ceil = attr_i(im, "ceil_mode", 0) != 0;
