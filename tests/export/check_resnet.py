@@ -472,10 +472,8 @@ def main():
             xm = x
             if name.startswith("vit_b"):  # zoo.py's: 64x64 images (vit_b_16 at 224 is 196 tokens)
                 extra.update(image_size=64)
-                onnx = "psd's ONNX import does not take vit's export yet (attention as MatMul, Softmax, Reshape)"
             if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
                 xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-                onnx = "psd's ONNX import does not take vit's export yet (attention as MatMul, Softmax, Reshape)"
             both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx, **extra)
         return
 
