@@ -245,6 +245,24 @@ def relu_flips(model, x, gy, k=4):
         yield (", ".join("%s[%d] (float64 input %.3g)" % (n, i, v) for (_, n, _, i, v) in chosen), flipped(chosen))
 
 
+def input_gradient(label, stub, model, x, target):
+    """d loss / d input of one training Forward + Backward against PyTorch autograd's (within 1e-4 of its
+    largest |value|): the gradient a stage before this one would receive."""
+    model = copy.deepcopy(model).train()
+    xr = x.clone().requires_grad_(True)
+    y = model(xr)
+    gy = torch.autograd.grad(F.cross_entropy(y, target), y, retain_graph=True)[0]
+    y.backward(gy)
+    ctx = random.randint(1, 1 << 60)
+    stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1, input=tensor(x.numpy())),
+                 timeout=60)
+    r = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(gy.numpy()),
+                                             want_input_grad=True), timeout=60)
+    got, want = array(r.input_grads[0]).reshape(x.shape), xr.grad.numpy()
+    e = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    check(e <= 1e-4, "%s: the input gradient within 1e-4 of its largest |value| of PyTorch's (%.3g)" % (label, e))
+
+
 def run(label, stub, model, x, target, ref64=False):
     """The checks of the docstring; ref64: gradients against float64 autograd (below)."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
@@ -398,10 +416,11 @@ def run(label, stub, model, x, target, ref64=False):
               "PyTorch's" % label)
 
 
-def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
+def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **extra):
     """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
-    its training-mode ONNX export (opset 13; onnx False: a string, why not), each checked by run(); returns
-    the module."""
+    its training-mode ONNX export (opset 13; onnx not True: a string, why not), each checked by run() (and
+    input_gradient() first with input_grad: a model without BatchNorm, whose extra training forward would move
+    the running statistics); returns the module."""
     import json
     import torchvision
     kwargs = dict(num_classes=10, **extra)
@@ -425,6 +444,8 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
     w = os.path.join(TMP, name + ".safetensors")
     pe.write_safetensors(w, list(model.state_dict().items()), {})
     stub, p = start_psd(name + "_export", "file: %s" % y, ["--init-from", w])
+    if input_grad:
+        input_gradient("%s psd-export" % name, stub, model, x, target)
     run("%s psd-export" % name, stub, copy.deepcopy(model), x, target, ref64=ref64)
     p.kill()
 
@@ -442,6 +463,8 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
         if isinstance(m, torch.nn.BatchNorm2d):
             m.num_batches_tracked.zero_()
     stub, p = start_psd(name + "_onnx", "onnx: %s" % onnx_path, [])
+    if input_grad:
+        input_gradient("%s onnx training export" % name, stub, m2, x, target)
     run("%s onnx training export" % name, stub, m2, x, target, ref64=ref64)
     p.kill()
     return model
@@ -474,7 +497,8 @@ def main():
                 extra.update(image_size=64)
             if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
                 xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-            both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx, **extra)
+            both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx, input_grad=name.startswith("vit"),
+                       **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module
