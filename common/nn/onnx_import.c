@@ -2847,14 +2847,15 @@ static int perm_is(imp *im, int i, const int64_t *want, int n) {
     return 1;
 }
 
-/* The nodes reading value v other than Shape nodes (the exporter's shape arithmetic): their count; the
- * first max of them in out[] (node order). A graph output counts as a reader of its own. */
+/* The live nodes reading value v other than Shape nodes (the exporter's shape arithmetic): their count;
+ * the first max of them in out[] (node order). A graph output counts as a reader of its own, -1. */
 static int data_readers(imp *im, const char *v, int *out, int max) {
     val *x = vget(im, v);
-    int c = x && x->graph_output ? 1 : 0;
+    int c = 0;
+    if (x && x->graph_output && max > 0) out[c++] = -1;   /* read by the graph's consumer */
     for (int i = 0; i < im->m->nnodes; i++) {
         const ps_onnx_node *n = &im->m->nodes[i];
-        if (!strcmp(n->op_type, "Shape")) continue;
+        if (!im->live[i] || !strcmp(n->op_type, "Shape")) continue;
         for (int k = 0; k < n->nin; k++)
             if (!strcmp(n->in[k], v)) {
                 if (c < max) out[c] = i;
@@ -2968,12 +2969,12 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     if (np != 3)
         return WHY("the in-projection '%s' is read by %d nodes, not split three ways into query, key and value",
                    proj, np);
-    int mm_s = -1, mm_o = -1, vt = -1;
+    int mm_s = -1, mm_o = -1;
     for (int j = 0; j < 3; j++) {
         int sl = parts[j];
         if (!is_op(im, sl, "Slice") || strcmp(in0(im, sl), proj) || m->nodes[sl].nout != 1)
-            return WHY("the in-projection '%s' is read by '%s' (%s), not three Slices into query, key and value",
-                       proj, m->nodes[sl].name, m->nodes[sl].op_type);
+            return WHY("the in-projection '%s' is read by %s, not three Slices into query, key and value", proj,
+                       sl < 0 ? "the graph's output" : m->nodes[sl].op_type);
         int r = data_reader(im, out0(im, sl));
         int t = is_op(im, r, "Reshape") && !strcmp(in0(im, r), out0(im, sl)) ? data_reader(im, out0(im, r)) : -1;
         int role = -1, nx = t >= 0 ? data_reader(im, out0(im, t)) : -1;
@@ -2997,7 +2998,6 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
             } else if (is_op(im, nx, "MatMul") && m->nodes[nx].nin == 2 && !strcmp(m->nodes[nx].in[1], out0(im, t))) {
                 role = 2;   /* v, read by the attention weights' product */
                 mm_o = nx;
-                vt = t;
             }
         }
         if (role < 0 || p->part[role])
@@ -3010,7 +3010,6 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
         ADD(t);
         if (role == 0) ADD(p->scale);
     }
-    (void)vt;
     ADD(mm_s);
     /* softmax(q k^T / sqrt(D)), dropout, times v */
     const char *sc = out0(im, mm_s);
