@@ -15,6 +15,15 @@ in a small classifier) through psd, against PyTorch, both ways:
               dynamic batch (the Reshapes' shapes computed by Shape,
               Gather, Unsqueeze and Concat of the input's shape).
 
+Then nn.MultiheadAttention (attention.py's MHABlock) through its
+training-mode exports at opsets 13 and 14 and its eval export (in_proj_weight
+folded transposed into onnx::MatMul_N): psd's importer reads the
+decomposition back as one MultiheadAttention node named as the module's
+parameters are (attn.in_proj_weight, ...), checked as above; with dropout
+0.25 a training forward drops; its exports with a mask, with
+cross-attention and with need_weights=True are refused by psd
+--check-config naming what.
+
 Each is checked by tests/export/check_resnet.py's run(): psd's initial
 parameters are the module's exactly, the eval and training forwards, one
 backward (every parameter gradient within 1e-4 of each tensor's largest

@@ -60,7 +60,10 @@ its own masks);
 vit_small (tests/export/zoo_builders.py: torchvision's VisionTransformer
 at 32x32 in 8x8 patches, 2 layers of 4 heads over 64 dims, its zero head
 and class token drawn small so every gradient shows; a 32x32 batch)
-through psd-export only (psd's ONNX import does not take vit's export);
+both ways, the input gradient too (input_gradient: its ONNX export's
+nn.MultiheadAttention decomposition read back as MultiheadAttention nodes,
+its class token's Expand as a Parameter, every name the state_dict's);
+vit_b_16 (by hand, at 64x64) the same;
 alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
