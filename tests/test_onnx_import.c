@@ -898,8 +898,73 @@ static void test_mha(void) {
     }
 }
 
+/* vit's class token and positional embedding as PyTorch exports them: Expand of an initializer 'cls'
+ * (1, 1, 4) to (2, 1, 4) (the batch), Concat with x (2, 3, 4) along the tokens, Add of 'enc.pos' (1, 4,
+ * 4): Parameters that keep the initializers' names and shapes ('cls': `parameter: null`; 'enc.pos': node
+ * 'enc', `parameter: pos`), computing what they should; an Expand to a first dimension other than the
+ * batch refused. */
+static void test_expand_param(void) {
+    int64_t dx[3] = {2, 3, 4}, dy[3] = {2, 4, 4}, dc[3] = {1, 1, 4}, dp[3] = {1, 4, 4}, shp[3] = {2, 1, 4},
+            bad3[3] = {3, 1, 4};
+    float cls[4] = {0.5f, -1.0f, 2.0f, 0.25f}, pos[16];
+    for (int i = 0; i < 16; i++) pos[i] = (float)i * 0.125f - 1.0f;
+    const char *ex[2] = {"cls", "shp"}, *cat[2] = {"e", "x"}, *ad[2] = {"c", "enc.pos"};
+    attr_spec ax = {"axis", 2, 0, 1, 0, {0}};
+    for (int refuse = 0; refuse < 2; refuse++) {
+        buf inits[3] = {tensor("cls", 3, dc, cls, 4), tensor_i64("shp", 3, refuse ? bad3 : shp),
+                        tensor("enc.pos", 3, dp, pos, 16)};
+        buf ns[3] = {node("/Expand", "Expand", 2, ex, "e", 0, NULL), node("/Concat", "Concat", 2, cat, "c", 1, &ax),
+                     node("/encoder/Add", "Add", 2, ad, "y", 0, NULL)};
+        buf vi = value_info("x", 3, dx), vo = value_info("y", 3, dy);
+        buf m = model(13, ns, 3, inits, 3, &vi, &vo);
+        if (refuse) {
+            expect_refusal("an Expand to a first dimension other than the batch", &m, PS_ERR_UNIMPLEMENTED,
+                           "node '/Expand' (Expand): Expand of 'cls' whose first dimension is not the batch");
+            free(m.p);
+            continue;
+        }
+        ps_err e = {0};
+        ps_onnx_model *om;
+        ps_onnx_import *im = import(&m, &e, &om);
+        CHECK_MSG(im != NULL, "expand: %s", e.msg);
+        if (im) {
+            const char *y = ps_onnx_import_yaml(im, NULL);
+            int ok = strstr(y, "{name: cls, kind: Parameter, shape: [1, 1, 4], expand: [1, 4], "
+                               "parameter: null}") &&
+                     strstr(y, "{name: enc, kind: Parameter, shape: [1, 4, 4], expand: [4, 4], parameter: pos}") &&
+                     ps_onnx_import_num_values(im) == 2 && !strcmp(ps_onnx_import_value_name(im, 0), "cls") &&
+                     !strcmp(ps_onnx_import_value_name(im, 1), "enc.pos");
+            CHECK_MSG(ok, "expand: Parameters cls (parameter: null) and enc (parameter: pos): %s", y);
+            ps_model *pm = ref_model_of(y, &e);
+            float x[24], out[32], want[32];
+            for (int i = 0; i < 24; i++) x[i] = cosf((float)i * 0.9f);
+            for (int k = 0; k < 2 && pm; k++) {   /* the initializers as psd starts from them */
+                float t[16];
+                CHECK(ps_onnx_import_value(im, k, t, &e) == PS_OK);
+                int p = ps_model_find_param(pm, ps_onnx_import_value_name(im, k));
+                CHECK(p >= 0 && ps_model_set_param(pm, p, t, &e) == PS_OK);
+            }
+            for (int n = 0; n < 2; n++)
+                for (int l = 0; l < 4; l++)
+                    for (int c = 0; c < 4; c++)
+                        want[(n * 4 + l) * 4 + c] = (l ? x[(n * 3 + l - 1) * 4 + c] : cls[c]) + pos[l * 4 + c];
+            uint64_t ver;
+            if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+                check_array("expand: [cls expanded, x] + enc.pos", out, want, 32, 0, 0);
+            else if (pm)
+                CHECK_MSG(0, "forward: %s", e.msg);
+            if (ok) printf("ok: expand: class token and positional embedding as named Parameters\n");
+            ps_model_free(pm);
+        }
+        ps_onnx_import_free(im);
+        ps_onnx_free(om);
+        free(m.p);
+    }
+}
+
 int main(void) {
     test_mha();
+    test_expand_param();
     test_attention_pieces();
     test_refusals();
     test_concat_arity();

@@ -132,8 +132,7 @@ typedef struct fused {
  * the pre-pass (find_mha): the ONNX nodes of its roles and the initializers it reads. */
 typedef struct mha_pat {
     int t0, end;                /* the Transpose [1, 0, 2] of x to (L, N, E), the Transpose back */
-    int part[3];                /* q, k, v: the Slices of the in-projection (or -1: split) */
-    int split;                  /* a Split into q, k, v, or -1 */
+    int part[3];                /* q, k, v: the Slices of the in-projection */
     int resh[3];                /* q, k, v: their Reshapes to (L, N*H, D) */
     int scale;                  /* q's Div by sqrt(D) (or Mul by its reciprocal) */
     int drop;                   /* a Dropout of the attention weights, or -1 */
@@ -1299,7 +1298,8 @@ static ps_status h_expand(imp *im) {
         if (i == 0 && im->lead && (b == BATCH_SYM || b == im->batch)) b = im->batch;
         else if (b < 1) return bad(im, "shape entry %d is %lld", i, (long long)q[i]);
         if (a != b && a != 1 && b != 1)
-            return bad(im, "'%s' %s does not broadcast to the shape entry %d (%lld)", c->name, "", i, (long long)b);
+            return bad(im, "'%s' dimension %d (%lld) does not broadcast to the shape's %lld", c->name, i - off,
+                       (long long)a, (long long)b);
         od[i] = a == 1 ? b : a;
     }
     if (im->lead && (r < 1 || (off == 0 && c->dims[0] != 1) || (od[0] != im->batch && !(q[0] == BATCH_SYM))))
@@ -3104,6 +3104,12 @@ static void find_mha(imp *im, int t0) {
     int nodes[MHA_NODES], skip[4], nn, ns;
     int r = mha_match(im, t0, &p, nodes, &nn, skip, &ns);
     if (!r) return;
+    if (r == 1 && im->batch < 1) {
+        r = 2;
+        snprintf(p.why, sizeof p.why, "a dynamic batch: the exporter computes the heads' Reshape to (L, N*H, D) "
+                 "from the batch size, which psd does not fold (export with a fixed batch: psd runs any batch size "
+                 "on the MultiheadAttention node it writes)");
+    }
     mha_pat *g = realloc(im->mha, (size_t)(im->nmha + 1) * sizeof *g);
     if (!g) return;   /* out of memory: the ops are converted one by one (and refused) */
     im->mha = g;

@@ -21,8 +21,8 @@ folded transposed into onnx::MatMul_N): psd's importer reads the
 decomposition back as one MultiheadAttention node named as the module's
 parameters are (attn.in_proj_weight, ...), checked as above; with dropout
 0.25 a training forward drops; its exports with a mask, with
-cross-attention and with need_weights=True are refused by psd
---check-config naming what.
+cross-attention, with need_weights=True and with a dynamic batch (opset
+17) are refused by psd --check-config naming what.
 
 Each is checked by tests/export/check_resnet.py's run(): psd's initial
 parameters are the module's exactly, the eval and training forwards, one
@@ -156,10 +156,13 @@ def mha(x, target):
              "the eval one)")
     p.kill()
     for mode, want in (("mask", "an attention mask (attn_mask or key_padding_mask)"),
-                       ("cross", "cross-attention"), ("weights", "need_weights=True")):
+                       ("cross", "cross-attention"), ("weights", "need_weights=True"),
+                       ("dynamic", "a dynamic batch")):
         path = os.path.join(cr.TMP, "mha_%s.onnx" % mode)
-        torch.onnx.export(MHABlock(mode=mode).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, opset_version=13)
+        dyn = dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}}) if mode == "dynamic" else {}
+        torch.onnx.export(MHABlock(mode="plain" if mode == "dynamic" else mode).train(), x, path,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          opset_version=17 if mode == "dynamic" else 13, **dyn)
         rc, out = check_config(path)
         cr.check(rc != 0 and "node '/attn/Transpose' (Transpose): nn.MultiheadAttention:" in out and want in out,
                  "MultiheadAttention %s: refused at its first Transpose, saying '%s' (%s)"
