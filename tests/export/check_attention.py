@@ -16,7 +16,7 @@ in a small classifier) through psd, against PyTorch, both ways:
               Gather, Unsqueeze and Concat of the input's shape).
 
 Then nn.MultiheadAttention (attention.py's MHABlock) through its
-training-mode exports at opsets 13 and 14 and its eval export (in_proj_weight
+training-mode exports at opsets 13 and 14 (and with bias=False, 3 heads) and its eval export (in_proj_weight
 folded transposed into onnx::MatMul_N): psd's importer reads the
 decomposition back as one MultiheadAttention node named as the module's
 parameters are (attn.in_proj_weight, ...), checked as above; with dropout
@@ -121,22 +121,25 @@ def mha(x, target):
     """nn.MultiheadAttention (attention.py's MHABlock) through its exports: one MultiheadAttention node whose
     parameters are the module's (attn.in_proj_weight, ...), trained one step against PyTorch; what psd refuses
     in it refused by name."""
-    torch.manual_seed(4)
-    model = MHABlock()
-    with torch.no_grad():   # biases and LayerNorms away from their zeros and ones: every gradient shows, and the
-        for t in model.parameters():   # eval export (which dedups equal initializers into Identity) keeps each
-            t.add_(torch.randn_like(t) * 0.1)
-    for what, mode, opset in (("training export", torch.onnx.TrainingMode.TRAINING, 13),
-                              ("training export, opset 14", torch.onnx.TrainingMode.TRAINING, 14),
-                              ("eval export", torch.onnx.TrainingMode.EVAL, 13)):
+    for what, mode, opset, kw in (("training export", torch.onnx.TrainingMode.TRAINING, 13, {}),
+                                  ("training export, opset 14", torch.onnx.TrainingMode.TRAINING, 14, {}),
+                                  # 3 heads: torch 1.13's eval fast path (even heads) fails without biases
+                                  ("training export, bias=False, 3 heads", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"bias": False, "n_embd": 12, "n_head": 3}),
+                                  ("eval export", torch.onnx.TrainingMode.EVAL, 13, {})):
         # the eval export folds in_proj_weight^T into onnx::MatMul_N (E, 3E): bound transposed, named by its
         # in_proj_bias
-        path = os.path.join(cr.TMP, "mha_%s.onnx" % what.replace(" ", "_").replace(",", ""))
+        torch.manual_seed(4)
+        model = MHABlock(**kw)
+        with torch.no_grad():   # biases and LayerNorms away from their zeros and ones: every gradient shows, and
+            for t in model.parameters():   # the eval export (which dedups equal initializers into Identity)
+                t.add_(torch.randn_like(t) * 0.1)   # keeps each
+        path = os.path.join(cr.TMP, "mha_%s.onnx" % what.replace(" ", "_").replace(",", "").replace("=", ""))
         m = copy.deepcopy(model).train()
         torch.onnx.export(copy.deepcopy(m) if mode == torch.onnx.TrainingMode.TRAINING else copy.deepcopy(m).eval(),
                           x, path, training=mode, do_constant_folding=mode == torch.onnx.TrainingMode.EVAL,
                           opset_version=opset)
-        stub, p = cr.start_psd("mha_" + str(opset) + what[:4], "onnx: %s" % path, [])
+        stub, p = cr.start_psd(os.path.basename(path)[:-5], "onnx: %s" % path, [])
         names = sorted(t.name for t in stub.ListParameters(ps_pb2.ListParametersRequest()).parameters)
         cr.check("attn.in_proj_weight" in names and not any(n.startswith("attn.") and "proj" not in n for n in names),
                  "MultiheadAttention %s: one node, attn's parameters under the module's names (%s)" % (what, names))
