@@ -2850,6 +2850,7 @@ static int perm_is(imp *im, int i, const int64_t *want, int n) {
 /* The live nodes reading value v other than Shape nodes (the exporter's shape arithmetic): their count;
  * the first max of them in out[] (node order). A graph output counts as a reader of its own, -1. */
 static int data_readers(imp *im, const char *v, int *out, int max) {
+    if (!v[0]) return 0;   /* an omitted optional input names no value */
     val *x = vget(im, v);
     int c = 0;
     if (x && x->graph_output && max > 0) out[c++] = -1;   /* read by the graph's consumer */
