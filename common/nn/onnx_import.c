@@ -2619,7 +2619,7 @@ static int is_op(imp *im, int i, const char *op) { return i >= 0 && !strcmp(im->
 /* A constant scalar input value (initializer or Constant node) of node i, input k. */
 static int const_scalar(imp *im, int i, int k, double *out) {
     const ps_onnx_node *n = &im->m->nodes[i];
-    if (k >= n->nin) return 0;
+    if (k < 0 || k >= n->nin) return 0;   /* k: other_input's -1 where the node does not read the value */
     val *v = vget(im, n->in[k]);
     if (v && v->kind == VK_CONST && v->t && v->t->numel == 1) {
         float f;
@@ -3763,6 +3763,14 @@ static int yaml_room(char **y, size_t *cap, size_t o, size_t need) {
     return 0;
 }
 
+/* A comment's n bytes of the file's strings (a label, a producer, a node name) kept on their lines: control
+ * characters (a producer 'backend\rtest') become '?'; the two header lines keep the newline between them. */
+static void comment_scrub(char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] < 0x20 && !(s[i] == '\n' && i + 1 < n && s[i + 1] == '#')) || s[i] == 0x7f)
+            s[i] = '?';
+}
+
 /* The model file's text. */
 static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
     size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
@@ -3772,16 +3780,23 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
     char b[256];
     /* the file's strings (a label, a producer, a node name) may be kilobytes: room for each before it */
     if (yaml_room(&y, &cap, o, 1024 + strlen(im->label) + strlen(m->producer) + 2 * strlen(name))) return oom(im);
-    o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s\n",
+    size_t c0 = o;
+    o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s",
                           im->label, m->producer, (long long)m->ir_version, (long long)im->opset,
                           im->whole ? "; the whole input is one sample" : "");
+    comment_scrub(y + c0, o - c0);
+    o += (size_t)snprintf(y + o, cap - o, "\n");
     o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\n", name, name);
     if (im->trailing >= 0 && yaml_room(&y, &cap, o, 256 + strlen(m->nodes[im->trailing].name) +
                                                    strlen(m->nodes[im->trailing].op_type)))
         return oom(im);
-    if (im->trailing >= 0)
-        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it\n",
+    if (im->trailing >= 0) {
+        c0 = o;
+        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it",
                               m->nodes[im->trailing].name, m->nodes[im->trailing].op_type);
+        comment_scrub(y + c0, o - c0);
+        o += (size_t)snprintf(y + o, cap - o, "\n");
+    }
     o += (size_t)snprintf(y + o, cap - o, "stages:\n");
     /* one stage "main"; with a trainer-side LSTM: "pre" (to the LSTM's input), "post" (from its output), and
      * the LSTM's parameters in a stage of its own */
