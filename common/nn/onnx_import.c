@@ -304,6 +304,15 @@ static int has_in(imp *im, int k) {
     return k < n->nin && n->in[k][0];
 }
 
+/* A folded value as an integer: truncated, saturating (a float constant of 1e30 or NaN read as a size is
+ * refused where it is used, not undefined here). */
+static int64_t to_int(double x) {
+    if (!(x == x)) return 0;
+    if (x >= 9.2e18) return INT64_MAX;
+    if (x <= -9.2e18) return INT64_MIN + 1;
+    return (int64_t)x;
+}
+
 /* The folded values of a constant (NULL with err set when too large or not numbers). */
 static const double *cvals(imp *im, val *v) {
     if (v->f) return v->f;
@@ -322,7 +331,7 @@ static const double *cvals(imp *im, val *v) {
         for (int64_t i = 0; i < v->numel; i++) f[i] = (double)q[i];
     } else {
         if (ps_onnx_tensor_floats(v->t, tmp, &e)) { bad(im, "%s", e.msg); return NULL; }
-        for (int64_t i = 0; i < v->numel; i++) { f[i] = tmp[i]; q[i] = (int64_t)tmp[i]; }
+        for (int64_t i = 0; i < v->numel; i++) { f[i] = tmp[i]; q[i] = to_int(tmp[i]); }
     }
     v->f = f;
     v->q = q;
@@ -368,7 +377,7 @@ static val *const_out(imp *im, int k, int ndim, const int64_t *dims, const doubl
     if (!v->f || !v->q) { oom(im); return NULL; }
     for (int64_t i = 0; i < v->numel; i++) {
         v->f[i] = f[i];
-        v->q[i] = f[i] == (double)BATCH_SYM ? BATCH_SYM : (int64_t)f[i];
+        v->q[i] = f[i] == (double)BATCH_SYM ? BATCH_SYM : to_int(f[i]);
     }
     return v;
 }
