@@ -696,7 +696,285 @@ static void test_attention_pieces(void) {
     free(m.p);
 }
 
+/* nn.MultiheadAttention(8, 2, batch_first=True) as PyTorch's exporter decomposes it (torch 1.13, opset 13) on
+ * x (2, 3, 8): Transpose to (L, N, E), MatMul by Transpose(in_proj_weight) + in_proj_bias, three Slices
+ * into q, k, v, each Reshape (3, 4, 4) and Transpose (k's [1, 2, 0]), q / 2 (sqrt(D)), q k^T, Softmax,
+ * [Dropout], times v, Transpose, Reshape (6, 8), Gemm by out_proj, Reshape (3, 2, 8), Transpose back.
+ * variant: "plain"; "eval" (in_proj_weight stored (E, 3E) as onnx::MatMul_9, as an eval export folds it);
+ * "dropout" (0.25 on the attention weights); what psd refuses: "mask" (an Add on the scores), "weights" (the
+ * Softmax's output read outside: need_weights), "scale" (q / 3), "order" (the first Slice is the key). */
+static buf mha_model(const char *variant) {
+    const int eval = !strcmp(variant, "eval"), drop = !strcmp(variant, "dropout"), mask = !strcmp(variant, "mask"),
+              wts = !strcmp(variant, "weights"), order = !strcmp(variant, "order");
+    enum { E = 8, L = 3, N = 2, H = 2 };
+    float w[3 * E * E], b[3 * E], wo[E * E], bo[E], mk[L * L];
+    for (int i = 0; i < 3 * E * E; i++) w[i] = sinf((float)i * 0.37f) * 0.3f;
+    for (int i = 0; i < 3 * E; i++) b[i] = cosf((float)i) * 0.1f;
+    for (int i = 0; i < E * E; i++) wo[i] = cosf((float)i * 0.21f) * 0.3f;
+    for (int i = 0; i < E; i++) bo[i] = sinf((float)i) * 0.1f;
+    for (int i = 0; i < L * L; i++) mk[i] = i % 4 ? 0.0f : -1.0f;
+    int64_t dw[2] = {3 * E, E}, dwt[2] = {E, 3 * E}, db[1] = {3 * E}, dwo[2] = {E, E}, dbo[1] = {E}, dm[2] = {L, L};
+    int64_t s0[1] = {0}, s1[1] = {E}, s2[1] = {2 * E}, s3[1] = {3 * E}, ax[1] = {-1}, hs[3] = {L, N * H, E / H},
+            js[2] = {L * N, E}, ys[3] = {L, N, E}, dx[3] = {N, L, E};
+    buf inits[16];
+    int ni = 0;
+    inits[ni++] = eval ? tensor("onnx::MatMul_9", 2, dwt, w, 3 * E * E) : tensor("attn.in_proj_weight", 2, dw, w,
+                                                                                   3 * E * E);
+    inits[ni++] = tensor("attn.in_proj_bias", 1, db, b, 3 * E);
+    inits[ni++] = tensor("attn.out_proj.weight", 2, dwo, wo, E * E);
+    inits[ni++] = tensor("attn.out_proj.bias", 1, dbo, bo, E);
+    inits[ni++] = tensor_i64("s0", 1, s0);
+    inits[ni++] = tensor_i64("s1", 1, s1);
+    inits[ni++] = tensor_i64("s2", 1, s2);
+    inits[ni++] = tensor_i64("s3", 1, s3);
+    inits[ni++] = tensor_i64("ax", 1, ax);
+    inits[ni++] = tensor_i64("hs", 3, hs);
+    inits[ni++] = tensor_i64("js", 2, js);
+    inits[ni++] = tensor_i64("ys", 3, ys);
+    if (mask) inits[ni++] = tensor("mask", 2, dm, mk, L * L);
+    attr_spec p102 = {"perm", 7, 0, 0, 3, {1, 0, 2}}, p120 = {"perm", 7, 0, 0, 3, {1, 2, 0}},
+              p10 = {"perm", 7, 0, 0, 2, {1, 0}}, tb = {"transB", 2, 0, 1, 0, {0}}, lastax = {"axis", 2, 0, -1, 0, {0}},
+              sc = {"value_float", 1, !strcmp(variant, "scale") ? 3.0 : 2.0, 0, 0, {0}},
+              ratio = {"value_float", 1, 0.25, 0, 0, {0}};
+    const char *x[1] = {"x"}, *wt_in[1] = {"attn.in_proj_weight"}, *mm_in[2] = {"t0", eval ? "onnx::MatMul_9" : "wt"},
+               *add_in[2] = {"attn.in_proj_bias", "mm"}, *sl_q[4] = {"proj", order ? "s1" : "s0", order ? "s2" : "s1", "ax"},
+               *sl_k[4] = {"proj", order ? "s0" : "s1", order ? "s1" : "s2", "ax"}, *sl_v[4] = {"proj", "s2", "s3", "ax"},
+               *rq[2] = {"q0", "hs"}, *rk[2] = {"k0", "hs"}, *rv[2] = {"v0", "hs"}, *tq[1] = {"qr"}, *tk[1] = {"kr"},
+               *tv[1] = {"vr"}, *dq[2] = {"qt", "c"}, *mms[2] = {"qs", "kt"}, *madd[2] = {"sc", "mask"},
+               *smx[1] = {mask ? "scm" : "sc"}, *dr[2] = {"aw", "r"}, *mmo[2] = {drop ? "ad" : "aw", "vt"},
+               *to[1] = {"o"}, *ro[2] = {"ot", "js"}, *gm[3] = {"oj", "attn.out_proj.weight", "attn.out_proj.bias"},
+               *ry[2] = {"g", "ys"}, *ty[1] = {"gy"}, *rs[1] = {"aw"}, *ya[2] = {"yt", "ws"};
+    buf ns[40];
+    int nn = 0;
+    ns[nn++] = node("/attn/Transpose", "Transpose", 1, x, "t0", 1, &p102);
+    if (!eval) ns[nn++] = node("/attn/Transpose_1", "Transpose", 1, wt_in, "wt", 1, &p10);
+    ns[nn++] = node("/attn/MatMul", "MatMul", 2, mm_in, "mm", 0, NULL);
+    ns[nn++] = node("/attn/Add", "Add", 2, add_in, "proj", 0, NULL);
+    ns[nn++] = node("/attn/Slice", "Slice", 4, sl_q, "q0", 0, NULL);
+    ns[nn++] = node("/attn/Slice_1", "Slice", 4, sl_k, "k0", 0, NULL);
+    ns[nn++] = node("/attn/Slice_2", "Slice", 4, sl_v, "v0", 0, NULL);
+    ns[nn++] = node("/attn/Reshape", "Reshape", 2, rq, "qr", 0, NULL);
+    ns[nn++] = node("/attn/Transpose_2", "Transpose", 1, tq, "qt", 1, &p102);
+    ns[nn++] = node("/attn/Reshape_1", "Reshape", 2, rk, "kr", 0, NULL);
+    ns[nn++] = node("/attn/Reshape_2", "Reshape", 2, rv, "vr", 0, NULL);
+    ns[nn++] = node("/attn/Transpose_3", "Transpose", 1, tv, "vt", 1, &p102);
+    ns[nn++] = node("/attn/Constant", "Constant", 0, NULL, "c", 1, &sc);
+    ns[nn++] = node("/attn/Div", "Div", 2, dq, "qs", 0, NULL);
+    ns[nn++] = node("/attn/Transpose_4", "Transpose", 1, tk, "kt", 1, &p120);
+    ns[nn++] = node("/attn/MatMul_1", "MatMul", 2, mms, "sc", 0, NULL);
+    if (mask) ns[nn++] = node("/attn/Add_1", "Add", 2, madd, "scm", 0, NULL);
+    ns[nn++] = node("/attn/Softmax", "Softmax", 1, smx, "aw", 1, &lastax);
+    if (drop) {
+        ns[nn++] = node("/attn/Constant_1", "Constant", 0, NULL, "r", 1, &ratio);
+        ns[nn++] = node("/attn/Dropout", "Dropout", 2, dr, "ad", 0, NULL);
+    }
+    ns[nn++] = node("/attn/MatMul_2", "MatMul", 2, mmo, "o", 0, NULL);
+    ns[nn++] = node("/attn/Transpose_5", "Transpose", 1, to, "ot", 1, &p102);
+    ns[nn++] = node("/attn/Reshape_3", "Reshape", 2, ro, "oj", 0, NULL);
+    ns[nn++] = node("/attn/Gemm", "Gemm", 3, gm, "g", 1, &tb);
+    ns[nn++] = node("/attn/Reshape_4", "Reshape", 2, ry, "gy", 0, NULL);
+    ns[nn++] = node("/attn/Transpose_6", "Transpose", 1, ty, wts ? "yt" : "y", 1, &p102);
+    if (wts) {   /* the weights read too (need_weights=True's average, then used) */
+        ns[nn++] = node("/ReduceSum", "ReduceSum", 1, rs, "ws", 0, NULL);
+        ns[nn++] = node("/Add", "Add", 2, ya, "y", 0, NULL);
+    }
+    buf vi = value_info("x", 3, dx), vo = value_info("y", 3, dx);
+    return model(13, ns, nn, inits, ni, &vi, &vo);
+}
+
+/* The imported model's forward (ref backend, its initial values the initializers) against the
+ * decomposition's own arithmetic, computed here from the same weights: per sample, P = x W^T + b, q, k, v
+ * its thirds, per head h (columns hD..hD+D-1) softmax(q_h k_h^T / sqrt(D)) v_h, joined, y = o Wo^T + bo. */
+static void mha_forward_check(const char *variant, const char *yaml, const ps_onnx_import *im) {
+    enum { E = 8, L = 3, N = 2, H = 2, D = 4 };
+    ps_err e = {0};
+    ps_model *pm = ref_model_of(yaml, &e);
+    if (!pm) return;
+    float w[3 * E * E], b[3 * E], wo[E * E], bo[E], x[N * L * E], out[N * L * E], want[N * L * E], t[3 * E * E];
+    for (int k = 0; k < 4; k++) {   /* psd's parameters from the file's initializers, as psd starts */
+        CHECK(ps_onnx_import_value(im, k, t, &e) == PS_OK);
+        int p = ps_model_find_param(pm, ps_onnx_import_value_name(im, k));
+        CHECK(p >= 0 && ps_model_set_param(pm, p, t, &e) == PS_OK);
+    }
+    /* the graph's weights as mha_model wrote them: W (3E, E) is in_proj_weight, or the transpose of the eval
+     * export's (E, 3E) initializer */
+    const int eval = !strcmp(variant, "eval");
+    for (int r = 0; r < 3 * E; r++)
+        for (int c = 0; c < E; c++) w[r * E + c] = sinf((float)(eval ? c * 3 * E + r : r * E + c) * 0.37f) * 0.3f;
+    for (int i = 0; i < 3 * E; i++) b[i] = cosf((float)i) * 0.1f;
+    for (int i = 0; i < E * E; i++) wo[i] = cosf((float)i * 0.21f) * 0.3f;
+    for (int i = 0; i < E; i++) bo[i] = sinf((float)i) * 0.1f;
+    for (int i = 0; i < N * L * E; i++) x[i] = sinf((float)i * 0.61f + 0.3f);
+    for (int n = 0; n < N; n++) {
+        double P[L][3 * E], o[L][E];
+        for (int l = 0; l < L; l++)
+            for (int r = 0; r < 3 * E; r++) {
+                double acc = b[r];
+                for (int c = 0; c < E; c++) acc += (double)x[(n * L + l) * E + c] * w[r * E + c];
+                P[l][r] = acc;
+            }
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < L; i++) {
+                double s[L], mx = -1e300, z = 0;
+                for (int j = 0; j < L; j++) {
+                    s[j] = 0;
+                    for (int d = 0; d < D; d++) s[j] += P[i][h * D + d] * P[j][E + h * D + d];
+                    s[j] /= sqrt((double)D);
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int j = 0; j < L; j++) z += (s[j] = exp(s[j] - mx));
+                for (int d = 0; d < D; d++) {
+                    o[i][h * D + d] = 0;
+                    for (int j = 0; j < L; j++) o[i][h * D + d] += s[j] / z * P[j][2 * E + h * D + d];
+                }
+            }
+        for (int l = 0; l < L; l++)
+            for (int r = 0; r < E; r++) {
+                double acc = bo[r];
+                for (int c = 0; c < E; c++) acc += o[l][c] * wo[r * E + c];
+                want[(n * L + l) * E + r] = (float)acc;
+            }
+    }
+    uint64_t ver;
+    char what[96];
+    snprintf(what, sizeof what, "mha %s: psd's forward = the decomposition's arithmetic", variant);
+    if (ps_model_forward_range(pm, 0, 0, x, N, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+        check_array(what, out, want, N * L * E, 1e-5, 1e-5);
+    else
+        CHECK_MSG(0, "forward: %s", e.msg);
+    ps_model_free(pm);
+}
+
+/* nn.MultiheadAttention's exported decomposition read back as one MultiheadAttention node whose parameters
+ * are the module's state_dict names (the eval export's (E, 3E) in_proj_weight bound transposed, the node
+ * named by its in_proj_bias), the attention weights' Dropout as its dropout, computing as the kind does (its
+ * own golden check is test_kinds') where the input is per sample; and what it does not take refused at the
+ * first Transpose, saying why (tests/export/check_attention.py trains the real exports against PyTorch). */
+static void test_mha(void) {
+    static const char *const names[4] = {"attn.in_proj_weight", "attn.in_proj_bias", "attn.out_proj.weight",
+                                          "attn.out_proj.bias"};
+    for (int v = 0; v < 3; v++) {
+        const char *variant = v == 0 ? "plain" : v == 1 ? "eval" : "dropout";
+        buf m = mha_model(variant);
+        ps_err e = {0};
+        ps_onnx_model *om;
+        ps_onnx_import *im = import(&m, &e, &om);
+        CHECK_MSG(im != NULL, "mha %s: %s", variant, e.msg);
+        if (im) {
+            const char *y = ps_onnx_import_yaml(im, NULL);
+            int ok = count_of(y, "kind:") == 1 && strstr(y, "input: {shape: [3, 8], dtype: float32}") &&
+                     strstr(y, v == 2 ? "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                        "dropout: 0.25, batch_first: true}"
+                                      : "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                        "batch_first: true}");
+            CHECK_MSG(ok, "mha %s: one MultiheadAttention node: %s", variant, y);
+            int named = ps_onnx_import_num_values(im) == 4;
+            for (int k = 0; k < 4 && named; k++) named = !strcmp(ps_onnx_import_value_name(im, k), names[k]);
+            CHECK_MSG(named, "mha %s: parameters %s, %s, %s, %s", variant, names[0], names[1], names[2], names[3]);
+            float got[192];
+            /* in_proj_weight (3E, E): element (r, c) is w[r * E + c]; the eval export's (E, 3E) holds it at
+             * [c * 3E + r], the same values the builder wrote in PyTorch's layout and read back transposed */
+            CHECK(ps_onnx_import_value(im, 0, got, &e) == PS_OK);
+            int same = 1;
+            for (int r = 0; r < 24; r++)
+                for (int c = 0; c < 8; c++) {
+                    int i = v == 1 ? c * 24 + r : r * 8 + c;
+                    same &= got[r * 8 + c] == sinf((float)i * 0.37f) * 0.3f;
+                }
+            CHECK_MSG(same, "mha %s: in_proj_weight as PyTorch's (3E, E)", variant);
+            if (ok && named && same) printf("ok: mha %s: one MultiheadAttention node, the module's parameters\n",
+                                            variant);
+            if (v < 2) mha_forward_check(variant, y, im);
+        }
+        ps_onnx_import_free(im);
+        ps_onnx_free(om);
+        free(m.p);
+    }
+    static const struct { const char *variant, *needle; } refused[] = {
+        {"mask", "node '/attn/Transpose' (Transpose): nn.MultiheadAttention: the attention scores q k^T go to Add "
+                 "before the Softmax: an attention mask"},
+        {"weights", "node '/attn/Transpose' (Transpose): nn.MultiheadAttention: the attention weights (its "
+                    "Softmax's output) are read outside it: need_weights=True"},
+        {"scale", "node '/attn/Div' (Div): nn.MultiheadAttention: q divided by 3, not sqrt(D) = 2 for D 4"},
+        {"order", "node '/attn/Slice' (Slice): nn.MultiheadAttention: the query is elements [8, 16) of axis 2 of "
+                  "the in-projection, not [0, 8) of the last"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        buf m = mha_model(refused[k].variant);
+        char what[64];
+        snprintf(what, sizeof what, "mha %s", refused[k].variant);
+        expect_refusal(what, &m, PS_ERR_UNIMPLEMENTED, refused[k].needle);
+        free(m.p);
+    }
+}
+
+/* vit's class token and positional embedding as PyTorch exports them: Expand of an initializer 'cls'
+ * (1, 1, 4) to (2, 1, 4) (the batch), Concat with x (2, 3, 4) along the tokens, Add of 'enc.pos' (1, 4,
+ * 4): Parameters that keep the initializers' names and shapes ('cls': `parameter: null`; 'enc.pos': node
+ * 'enc', `parameter: pos`), computing what they should; an Expand to a first dimension other than the
+ * batch refused. */
+static void test_expand_param(void) {
+    int64_t dx[3] = {2, 3, 4}, dy[3] = {2, 4, 4}, dc[3] = {1, 1, 4}, dp[3] = {1, 4, 4}, shp[3] = {2, 1, 4},
+            bad3[3] = {3, 1, 4};
+    float cls[4] = {0.5f, -1.0f, 2.0f, 0.25f}, pos[16];
+    for (int i = 0; i < 16; i++) pos[i] = (float)i * 0.125f - 1.0f;
+    const char *ex[2] = {"cls", "shp"}, *cat[2] = {"e", "x"}, *ad[2] = {"c", "enc.pos"};
+    attr_spec ax = {"axis", 2, 0, 1, 0, {0}};
+    for (int refuse = 0; refuse < 2; refuse++) {
+        buf inits[3] = {tensor("cls", 3, dc, cls, 4), tensor_i64("shp", 3, refuse ? bad3 : shp),
+                        tensor("enc.pos", 3, dp, pos, 16)};
+        buf ns[3] = {node("/Expand", "Expand", 2, ex, "e", 0, NULL), node("/Concat", "Concat", 2, cat, "c", 1, &ax),
+                     node("/encoder/Add", "Add", 2, ad, "y", 0, NULL)};
+        buf vi = value_info("x", 3, dx), vo = value_info("y", 3, dy);
+        buf m = model(13, ns, 3, inits, 3, &vi, &vo);
+        if (refuse) {
+            expect_refusal("an Expand to a first dimension other than the batch", &m, PS_ERR_UNIMPLEMENTED,
+                           "node '/Expand' (Expand): Expand of 'cls' whose first dimension is not the batch");
+            free(m.p);
+            continue;
+        }
+        ps_err e = {0};
+        ps_onnx_model *om;
+        ps_onnx_import *im = import(&m, &e, &om);
+        CHECK_MSG(im != NULL, "expand: %s", e.msg);
+        if (im) {
+            const char *y = ps_onnx_import_yaml(im, NULL);
+            int ok = strstr(y, "{name: cls, kind: Parameter, shape: [1, 1, 4], expand: [1, 4], "
+                               "parameter: null}") &&
+                     strstr(y, "{name: enc, kind: Parameter, shape: [1, 4, 4], expand: [4, 4], parameter: pos}") &&
+                     ps_onnx_import_num_values(im) == 2 && !strcmp(ps_onnx_import_value_name(im, 0), "cls") &&
+                     !strcmp(ps_onnx_import_value_name(im, 1), "enc.pos");
+            CHECK_MSG(ok, "expand: Parameters cls (parameter: null) and enc (parameter: pos): %s", y);
+            ps_model *pm = ref_model_of(y, &e);
+            float x[24], out[32], want[32];
+            for (int i = 0; i < 24; i++) x[i] = cosf((float)i * 0.9f);
+            for (int k = 0; k < 2 && pm; k++) {   /* the initializers as psd starts from them */
+                float t[16];
+                CHECK(ps_onnx_import_value(im, k, t, &e) == PS_OK);
+                int p = ps_model_find_param(pm, ps_onnx_import_value_name(im, k));
+                CHECK(p >= 0 && ps_model_set_param(pm, p, t, &e) == PS_OK);
+            }
+            for (int n = 0; n < 2; n++)
+                for (int l = 0; l < 4; l++)
+                    for (int c = 0; c < 4; c++)
+                        want[(n * 4 + l) * 4 + c] = (l ? x[(n * 3 + l - 1) * 4 + c] : cls[c]) + pos[l * 4 + c];
+            uint64_t ver;
+            if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+                check_array("expand: [cls expanded, x] + enc.pos", out, want, 32, 0, 0);
+            else if (pm)
+                CHECK_MSG(0, "forward: %s", e.msg);
+            if (ok) printf("ok: expand: class token and positional embedding as named Parameters\n");
+            ps_model_free(pm);
+        }
+        ps_onnx_import_free(im);
+        ps_onnx_free(om);
+        free(m.p);
+    }
+}
+
 int main(void) {
+    test_mha();
+    test_expand_param();
     test_attention_pieces();
     test_refusals();
     test_concat_arity();

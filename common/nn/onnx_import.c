@@ -54,7 +54,9 @@ static void pool_free(mpool *p) {
 
 /* ------------------------------------------------------------- state */
 
-enum { VK_NONE = 0, VK_DATA, VK_CONST };
+/* VK_VIRT: a value inside a decomposition psd computes as one node (nn.MultiheadAttention's): no psd node
+ * computes it; only its shape may be read (the exporter's shape arithmetic), where it is known (vshape) */
+enum { VK_NONE = 0, VK_DATA, VK_CONST, VK_VIRT };
 
 typedef struct val {
     struct val *next;           /* hash chain */
@@ -83,6 +85,8 @@ typedef struct val {
     int trainer;                /* an LSTM's hidden-state input or output: the trainer's, not psd's */
     int shuffled;               /* DATA: a ChannelShuffle's output seen as the Transpose's (N, C/g, g, H, W)
                                    that the exporter wrote; its psd node computes (C, H, W) (h_transpose) */
+    int vshape;                 /* VIRT: dims known, the batch at dim bdim (nn.MultiheadAttention's (L, N, E)) */
+    int bdim;
 } val;
 
 enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES };
@@ -124,6 +128,20 @@ typedef struct fused {
     char scope[NAME_MAX_ + 1];
 } fused;
 
+/* nn.MultiheadAttention (batch_first, self-attention, no mask) as PyTorch's exporter decomposes it, found by
+ * the pre-pass (find_mha): the ONNX nodes of its roles and the initializers it reads. */
+typedef struct mha_pat {
+    int t0, end;                /* the Transpose [1, 0, 2] of x to (L, N, E), the Transpose back */
+    int part[3];                /* q, k, v: the Slices of the in-projection */
+    int resh[3];                /* q, k, v: their Reshapes to (L, N*H, D) */
+    int scale;                  /* q's Div by sqrt(D) (or Mul by its reciprocal) */
+    int drop;                   /* a Dropout of the attention weights, or -1 */
+    int resh_o, resh_y;         /* the Reshapes to (L*N, E) and back to (L, N, E) */
+    const char *x, *w, *b, *wo, *bo;   /* the input value; the initializers (b, bo NULL: bias=False) */
+    int w_t, wo_t;              /* w / wo stored (in, out) (an eval export's): bound transposed */
+    char why[400];              /* a decomposition of nn.MultiheadAttention psd does not take: why (at t0) */
+} mha_pat;
+
 typedef struct imp {
     const ps_onnx_model *m;
     const char *label;
@@ -156,6 +174,8 @@ typedef struct imp {
     const char *out_name;       /* the graph output psd computes */
     int out_node;               /* its psd node */
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
+    mha_pat *mha;               /* the nn.MultiheadAttention decompositions found (fz[end].axis, fz[t0].axis) */
+    int nmha;
 } imp;
 
 struct ps_onnx_import {
@@ -266,6 +286,11 @@ static val *in_val(imp *im, int k, int required) {
         unsup(im, "input '%s' is an LSTM's hidden state (the trainer's)", v->name);
         return NULL;
     }
+    if (v->kind == VK_VIRT && strcmp(n->op_type, "Shape")) {
+        unsup(im, "input '%s' is inside the nn.MultiheadAttention psd computes as one node: only its shape may be "
+              "read outside it", v->name);
+        return NULL;
+    }
     if (v->kind == VK_DATA && v->stage != im->stage) {
         unsup(im, "'%s' is computed before the LSTM and read after it: one tensor crosses a stage boundary "
               "(the LSTM's output)", v->name);
@@ -277,6 +302,15 @@ static val *in_val(imp *im, int k, int required) {
 static int has_in(imp *im, int k) {
     const ps_onnx_node *n = cur_node(im);
     return k < n->nin && n->in[k][0];
+}
+
+/* A folded value as an integer: truncated, saturating (a float constant of 1e30 or NaN read as a size is
+ * refused where it is used, not undefined here). */
+static int64_t to_int(double x) {
+    if (!(x == x)) return 0;
+    if (x >= 9.2e18) return INT64_MAX;
+    if (x <= -9.2e18) return INT64_MIN + 1;
+    return (int64_t)x;
 }
 
 /* The folded values of a constant (NULL with err set when too large or not numbers). */
@@ -297,7 +331,7 @@ static const double *cvals(imp *im, val *v) {
         for (int64_t i = 0; i < v->numel; i++) f[i] = (double)q[i];
     } else {
         if (ps_onnx_tensor_floats(v->t, tmp, &e)) { bad(im, "%s", e.msg); return NULL; }
-        for (int64_t i = 0; i < v->numel; i++) { f[i] = tmp[i]; q[i] = (int64_t)tmp[i]; }
+        for (int64_t i = 0; i < v->numel; i++) { f[i] = tmp[i]; q[i] = to_int(tmp[i]); }
     }
     v->f = f;
     v->q = q;
@@ -343,7 +377,7 @@ static val *const_out(imp *im, int k, int ndim, const int64_t *dims, const doubl
     if (!v->f || !v->q) { oom(im); return NULL; }
     for (int64_t i = 0; i < v->numel; i++) {
         v->f[i] = f[i];
-        v->q[i] = f[i] == (double)BATCH_SYM ? BATCH_SYM : (int64_t)f[i];
+        v->q[i] = f[i] == (double)BATCH_SYM ? BATCH_SYM : to_int(f[i]);
     }
     return v;
 }
@@ -809,31 +843,28 @@ static ps_status h_hardsigmoid(imp *im) {
 
 static ps_status h_hardswish(imp *im) { return simple_act(im, "Hardswish", NULL); }
 
-/* Dropout: ratio an attribute before opset 12, an input from 12 (with
- * training_mode); is_test before 7. psd's Dropout is the identity in eval
- * forwards and drops in training ones, as the exported module did. */
-static ps_status h_dropout(imp *im) {
+/* Dropout's ratio: an attribute before opset 12, an input from 12 (with training_mode); is_test before 7
+ * (*p 0: the identity). Its mask output must be unread. */
+static ps_status dropout_ratio(imp *im, double *p) {
     static const char *const known[] = {"ratio", "is_test", "seed", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
-    val *x = in_val(im, 0, 1);
-    if (!x) return im->err->code;
     const ps_onnx_node *n = cur_node(im);
     if (n->nout > 1 && n->out[1][0]) {
         val *mask = vget(im, n->out[1]);
         if (mask && (mask->uses || mask->graph_output)) return unsup(im, "its mask output is used");
     }
-    double p = 0.5;
+    *p = 0.5;
     if (im->opset < 12) {
-        p = attr_f(im, "ratio", 0.5f);
-        if (im->opset < 7 && attr_i(im, "is_test", 0)) return alias_out(im, 0, x);
+        *p = attr_f(im, "ratio", 0.5f);
+        if (im->opset < 7 && attr_i(im, "is_test", 0)) *p = 0;
     } else if (has_in(im, 1)) {
         val *r = in_val(im, 1, 1);
         if (!r) return im->err->code;
         if (r->kind != VK_CONST || r->numel != 1) return unsup(im, "a ratio that is not a constant scalar");
         const double *f = cvals(im, r);
         if (!f) return im->err->code;
-        p = f[0];
+        *p = f[0];
     }
     int training = 0;
     if (has_in(im, 2)) {
@@ -844,10 +875,22 @@ static ps_status h_dropout(imp *im) {
         if (!f) return im->err->code;
         training = f[0] != 0;
     }
-    if (p == 0) return alias_out(im, 0, x);
+    if (*p == 0) return PS_OK;
     if (training && attr(im, "seed"))
         return unsup(im, "seed %lld: psd draws dropout masks from its own seed per forward", (long long)attr_i(im, "seed", 0));
-    if (!(p > 0 && p < 1)) return unsup(im, "ratio %g (psd's dropout takes [0, 1))", p);
+    if (!(*p > 0 && *p < 1)) return unsup(im, "ratio %g (psd's dropout takes [0, 1))", *p);
+    return PS_OK;
+}
+
+/* Dropout: psd's Dropout is the identity in eval forwards and drops in training ones, as the exported module
+ * did. */
+static ps_status h_dropout(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    double p = 0;
+    ps_status rc = dropout_ratio(im, &p);
+    if (rc) return rc;
+    if (p == 0) return alias_out(im, 0, x);
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
     char t[64], f[40];
     snprintf(t, sizeof t, "p: %s", float_text(p, f, sizeof f));
@@ -902,9 +945,13 @@ static ps_status h_shape(imp *im) {
     if (e > r) e = r;
     double f[MAXD];
     int64_t d1[1] = {e > s ? e - s : 0};
+    if (x->kind == VK_VIRT && !x->vshape)
+        return unsup(im, "the shape of '%s', inside nn.MultiheadAttention where the batch is merged with the heads",
+                     x->name);
     for (int i = s; i < e; i++) {
         int64_t d = x->dims[i];
-        if (x->kind == VK_DATA && i < im->lead) f[i - s] = (double)BATCH_SYM;
+        if (x->kind == VK_VIRT && i == x->bdim) f[i - s] = (double)BATCH_SYM;
+        else if (x->kind == VK_DATA && i < im->lead) f[i - s] = (double)BATCH_SYM;
         else if (d < 0) return unsup(im, "the shape of '%s' has a symbolic dimension %d", x->name, i);
         else f[i - s] = (double)d;
     }
@@ -1145,6 +1192,53 @@ static int all_const(imp *im) {
 
 /* --------------------------------------------------------- Parameter */
 
+/* Parameter node pn holding initializer `name` under that state_dict name: the node named after its
+ * prefix and the parameter after its last segment (encoder.pos_embedding: node encoder, `parameter:
+ * pos_embedding`), a tensor at the top of the module after itself (class_token: `parameter: null`, suffix
+ * ""). A name that is no module path (an eval export's onnx::Add_5), or a node name already taken, leaves
+ * the node its own name and the suffix 'weight'. The suffix goes into sfx (24 bytes). */
+static void param_name(imp *im, int pn, const char *name, char *sfx) {
+    snprintf(sfx, 24, "weight");
+    const char *dot = strrchr(name, '.'), *last = dot ? dot + 1 : "";
+    size_t pl = dot ? (size_t)(dot - name) : strlen(name);
+    int ok = pl > 0 && pl <= NAME_MAX_ && strlen(last) < 24 && (!dot || *last) &&
+             !isdigit((unsigned char)name[0]);
+    for (const char *q = last; *q && ok; q++) ok = valid_char(*q);
+    if (!ok) return;
+    char pre[NAME_MAX_ + 1], clean[NAME_MAX_ + 1], own[NAME_MAX_ + 1];
+    memcpy(pre, name, pl);
+    pre[pl] = 0;
+    sanitize(pre, clean, sizeof clean);
+    snprintf(own, sizeof own, "%s", im->pn[pn].name);
+    im->pn[pn].name[0] = 0;   /* not its own rival */
+    if (strcmp(clean, pre) || name_taken(im, pre)) {
+        snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", own);
+        return;
+    }
+    snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", pre);
+    snprintf(sfx, 24, "%s", last);
+}
+
+/* A Parameter node reading psd node `in` (only its batch size) that holds initializer c (shape: its dims,
+ * leading 1s facing the batch) broadcast to the per-sample dims ed[ne]. */
+static int param_emit(imp *im, val *c, int in, const int64_t *cd, int cn, const int64_t *ed, int ne,
+                      ps_status *rc) {
+    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
+    if (p < 0) {
+        *rc = oom(im);
+        return -1;
+    }
+    char b1[128], b2[128], sfx[24];
+    param_name(im, p, c->name, sfx);
+    add_attr(im, p, "shape: %s", dims_text(cd, cn, b1, sizeof b1));
+    if (ne != cn || memcmp(cd, ed, (size_t)cn * sizeof *cd))
+        add_attr(im, p, "expand: %s", dims_text(ed, ne ? ne : 1, b2, sizeof b2));
+    if (!sfx[0]) add_attr(im, p, "parameter: null");
+    else if (strcmp(sfx, "weight")) add_attr(im, p, "parameter: %s", sfx);
+    if ((*rc = bind(im, p, sfx, c, 0, 0))) return -1;
+    return p;
+}
+
 /* A Parameter node: constant c (an initializer) broadcast to the per-sample
  * dims of partner (a computed value), for Add and Concat. */
 static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, int *out_nd, ps_status *rc) {
@@ -1181,20 +1275,60 @@ static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, in
             return -1;
         }
     }
-    int in = partner->node;
-    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
-    if (p < 0) {
-        *rc = oom(im);
-        return -1;
-    }
-    char b1[128], b2[128];
-    add_attr(im, p, "shape: %s", dims_text(cd, cn, b1, sizeof b1));
-    if (pn_nd != cn || memcmp(cd, pd, (size_t)cn * sizeof *cd))
-        add_attr(im, p, "expand: %s", dims_text(pd, pn_nd ? pn_nd : 1, b2, sizeof b2));
-    if ((*rc = bind(im, p, "weight", c, 0, 0))) return -1;
+    /* the initializer's own shape where it has the partner's rank (leading 1s facing the batch: a checkpoint
+     * loads back into the module, encoder.pos_embedding (1, L, E)) */
+    const int full = off && c->ndim == partner->ndim && c->ndim <= PS_MAXD + 1;
+    int p = param_emit(im, c, partner->node, full ? c->dims : cd, full ? c->ndim : cn, pd, pn_nd, rc);
+    if (p < 0) return -1;
     memcpy(out_dims, pd, sizeof pd);
     *out_nd = pn_nd;
     return p;
+}
+
+/* Expand of an initializer over the batch (vit's class_token.expand(n, -1, -1): (1, 1, E) to (N, 1, E)): a
+ * Parameter of the initializer's shape (its leading 1 facing the batch) broadcast to the output's per-sample
+ * dims, reading the stage input for the batch size only. */
+static ps_status h_expand(imp *im) {
+    val *c = in_val(im, 0, 1), *s = in_val(im, 1, 1);
+    if (!c || !s) return im->err->code;
+    if (s->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
+    if (c->kind != VK_CONST || !c->init || !c->t)
+        return unsup(im, "Expand of %s (psd expands an initializer over the batch: a Parameter)",
+                     c->kind == VK_DATA ? "a computed value" : "a constant that is not an initializer");
+    const int64_t *q = cints(im, s);
+    if (!q) return im->err->code;
+    if (s->ndim != 1 || s->numel > MAXD || s->numel < c->ndim)
+        return unsup(im, "Expand to a shape of %lld dimensions from '%s' of %d", (long long)s->numel, c->name,
+                     c->ndim);
+    const int r = (int)s->numel, off = r - c->ndim;
+    int64_t od[MAXD];
+    for (int i = 0; i < r; i++) {   /* numpy's broadcast of the initializer's dims and the shape */
+        int64_t a = i < off ? 1 : c->dims[i - off], b = q[i];
+        if (i == 0 && im->lead && (b == BATCH_SYM || b == im->batch)) b = im->batch;
+        else if (b < 1) return bad(im, "shape entry %d is %lld", i, (long long)q[i]);
+        if (a != b && a != 1 && b != 1)
+            return bad(im, "'%s' dimension %d (%lld) does not broadcast to the shape's %lld", c->name, i - off,
+                       (long long)a, (long long)b);
+        od[i] = a == 1 ? b : a;
+    }
+    if (im->lead && (r < 1 || (off == 0 && c->dims[0] != 1) || (od[0] != im->batch && !(q[0] == BATCH_SYM))))
+        return unsup(im, "Expand of '%s' whose first dimension is not the batch (psd expands an initializer over "
+                     "the batch: the first entry %lld, the batch %lld)", c->name, (long long)q[0],
+                     (long long)im->batch);
+    if (r - im->lead > PS_MAXD || c->ndim > PS_MAXD + 1) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
+    if (c->bound) return unsup(im, "initializer '%s' is read by two nodes: psd gives every node its own parameters",
+                                c->name);
+    int64_t cd[MAXD];
+    int cn = c->ndim;
+    memcpy(cd, c->dims, sizeof cd);
+    if (!cn) { cd[0] = 1; cn = 1; }
+    ps_status rc = PS_OK;
+    int p = param_emit(im, c, -1, cd, cn, od + im->lead, r - im->lead, &rc);
+    if (p < 0) return rc;
+    int64_t dd[MAXD];
+    memcpy(dd, od, sizeof dd);
+    if (im->lead) dd[0] = im->input->dims[0];
+    return data_out(im, 0, p, PS_ONNX_FLOAT, r, dd) ? PS_OK : im->err->code;
 }
 
 /* ------------------------------------------------------------ Add */
@@ -2169,8 +2303,8 @@ static ps_status h_fused(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
-
 static ps_status h_lstm(imp *im);
+static void find_mha(imp *im, int t0);
 
 /* ------------------------------------------------------------- op table */
 
@@ -2271,16 +2405,12 @@ static ps_status h_transpose(imp *im) {
     return PS_OK;
 }
 
-/* Slice of a computed value along one axis, step 1, by constants (x.chunk
- * and x.split's pieces, x[:, a:b]): a Narrow. */
-static ps_status h_slice(imp *im) {
+/* The Slice being converted read as one axis (normalised for rank r), step 1, [*st, *en) of that axis's
+ * dims[axis] elements (clamped; not empty); the data input is not read. */
+static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int64_t *st, int64_t *en) {
     static const char *const known[] = {"starts", "ends", "axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
-    val *x = in_val(im, 0, 1);
-    if (!x) return im->err->code;
-    if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
-    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
     int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
     int cnt[4] = {-1, -1, -1, -1};
     if (im->opset < 10) {
@@ -2302,16 +2432,33 @@ static ps_status h_slice(imp *im) {
     }
     if (cnt[0] != 1 || cnt[1] != 1 || (cnt[2] >= 0 && cnt[2] != 1) || (cnt[3] >= 0 && (cnt[3] != 1 || sv[3][0] != 1)))
         return unsup(im, "a Slice other than along one axis with step 1");
-    int a = norm_axis(im, cnt[2] == 1 ? sv[2][0] : 0, x->ndim, "axis");
+    int a = norm_axis(im, cnt[2] == 1 ? sv[2][0] : 0, r, "axis");
     if (a < 0) return im->err->code;
+    int64_t D = dims[a], s0 = sv[0][0], e0 = sv[1][0];
+    if (s0 < 0) s0 += D;
+    if (e0 < 0) e0 += D;
+    s0 = s0 < 0 ? 0 : s0 > D ? D : s0;
+    e0 = e0 < 0 ? 0 : e0 > D ? D : e0;
+    if (e0 <= s0) return unsup(im, "an empty Slice (%lld to %lld of %lld)", (long long)s0, (long long)e0, (long long)D);
+    *axis = a;
+    *st = s0;
+    *en = e0;
+    return PS_OK;
+}
+
+/* Slice of a computed value along one axis, step 1, by constants (x.chunk
+ * and x.split's pieces, x[:, a:b]): a Narrow. */
+static ps_status h_slice(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    int a = 0;
+    int64_t st = 0, en = 0;
+    if ((rc = slice_args(im, x->dims, x->ndim, &a, &st, &en))) return rc;
     int d = pt_dim(im, a);
     if (d < 0) return along_batch(im, "Slice");
-    int64_t D = x->dims[a], st = sv[0][0], en = sv[1][0];
-    if (st < 0) st += D;
-    if (en < 0) en += D;
-    st = st < 0 ? 0 : st > D ? D : st;
-    en = en < 0 ? 0 : en > D ? D : en;
-    if (en <= st) return unsup(im, "an empty Slice (%lld to %lld of %lld)", (long long)st, (long long)en, (long long)D);
     int in = x->node;
     int pn = emit(im, "Narrow", NULL, NULL, NULL, 1, &in);
     if (pn < 0) return oom(im);
@@ -2437,6 +2584,7 @@ static const op_row ops[] = {
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
     {"Split", h_split, 2},
+    {"Expand", h_expand, 8},
     {"Concat", h_concat, 1},
     {"Gather", h_gather, 1},
     {"LayerNormalization", h_layernorm, 17},
@@ -2483,7 +2631,7 @@ static int is_op(imp *im, int i, const char *op) { return i >= 0 && !strcmp(im->
 /* A constant scalar input value (initializer or Constant node) of node i, input k. */
 static int const_scalar(imp *im, int i, int k, double *out) {
     const ps_onnx_node *n = &im->m->nodes[i];
-    if (k >= n->nin) return 0;
+    if (k < 0 || k >= n->nin) return 0;   /* k: other_input's -1 where the node does not read the value */
     val *v = vget(im, n->in[k]);
     if (v && v->kind == VK_CONST && v->t && v->t->numel == 1) {
         float f;
@@ -2640,6 +2788,8 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "Transpose")) {
+            find_mha(im, i);
         } else if (!strcmp(n->op_type, "Pad") && n->nout == 1 && n->nin >= 1) {
             /* a zero constant Pad of H and W read only by an AveragePool or a Conv: their padding */
             const char *mode = "constant";
@@ -2679,6 +2829,504 @@ static void find_patterns(imp *im) {
             im->fz[c].eps = (double)p[3];
         }
     }
+}
+
+/* ---- nn.MultiheadAttention ----
+ * PyTorch's exporter (F.multi_head_attention_forward, torch 1.13) writes nn.MultiheadAttention(E, H,
+ * batch_first=True) called as self-attention, attn(x, x, x, need_weights=False), on x (N, L, E) as
+ *   Transpose [1, 0, 2] to (L, N, E); MatMul by Transpose(in_proj_weight) (+ in_proj_bias): (L, N, 3E);
+ *   three Slices of the last axis (q, k, v; their bounds Shape arithmetic), each a Reshape to (L, N*H, D)
+ *   and a Transpose: q [1, 0, 2] then Div by sqrt(D) (or Mul by 1/sqrt(D)), k [1, 2, 0], v [1, 0, 2];
+ *   MatMul q k^T (N*H, L, L), Softmax over the last axis, [Dropout], MatMul by v (N*H, L, D);
+ *   Transpose [1, 0, 2], Reshape to (L*N, E), Gemm by out_proj.weight (transB) + out_proj.bias (or MatMul
+ *   by its Transpose + Add), Reshape to (L, N, E), Transpose [1, 0, 2] back to (N, L, E).
+ * The batch moves to dim 1 and merges with the heads, which psd's batch-first graph cannot follow: the
+ * pre-pass finds the whole subgraph structurally (find_mha), its values get no psd node (VK_VIRT: only the
+ * exporter's Shape arithmetic reads them, mha_inner), and at the last Transpose h_mha checks the numbers
+ * (the Slices' bounds, the Reshapes' shapes, the scale) and writes one MultiheadAttention node whose
+ * parameters are the initializers under their own names (encoder.layers.encoder_layer_0.self_attention.
+ * in_proj_weight: node encoder.layers.encoder_layer_0.self_attention). A subgraph that starts as one (the
+ * query's in-projection reads an in_proj initializer) but is something else - cross-attention, a mask, the
+ * attention weights read (need_weights=True) - is refused at its first Transpose, saying which. */
+
+static int perm_is(imp *im, int i, const int64_t *want, int n) {
+    if (!is_op(im, i, "Transpose")) return 0;
+    const ps_onnx_attr *a = ps_onnx_attr_find(&im->m->nodes[i], "perm");
+    if (!a) return n == 2 && want[0] == 1 && want[1] == 0;   /* absent: reversed */
+    if (a->nints != n) return 0;
+    for (int k = 0; k < n; k++)
+        if (a->ints[k] != want[k]) return 0;
+    return 1;
+}
+
+/* The live nodes reading value v other than Shape nodes (the exporter's shape arithmetic): their count;
+ * the first max of them in out[] (node order). A graph output counts as a reader of its own, -1. */
+static int data_readers(imp *im, const char *v, int *out, int max) {
+    if (!v[0]) return 0;   /* an omitted optional input names no value */
+    val *x = vget(im, v);
+    int c = 0;
+    if (x && x->graph_output && max > 0) out[c++] = -1;   /* read by the graph's consumer */
+    for (int i = 0; i < im->m->nnodes; i++) {
+        const ps_onnx_node *n = &im->m->nodes[i];
+        if (!im->live[i] || !strcmp(n->op_type, "Shape")) continue;
+        for (int k = 0; k < n->nin; k++)
+            if (!strcmp(n->in[k], v)) {
+                if (c < max) out[c] = i;
+                c++;
+                break;
+            }
+    }
+    return c;
+}
+
+/* The one node reading v (besides Shape nodes), or -1. */
+static int data_reader(imp *im, const char *v) {
+    int r = -1;
+    return data_readers(im, v, &r, 1) == 1 ? r : -1;
+}
+
+/* An initializer of rank nd read by one node only. */
+static val *mha_init(imp *im, const char *name, int nd) {
+    val *c = vget(im, name);
+    return c && c->kind == VK_CONST && c->init && c->t && c->ndim == nd && c->uses == 1 ? c : NULL;
+}
+
+/* The initializer behind v through at most two Transposes or Slices (cross-attention's slices of
+ * in_proj_weight), or NULL. */
+static const char *mha_root(imp *im, const char *v) {
+    for (int k = 0; k < 3; k++) {
+        val *c = vget(im, v);
+        if (c && c->kind == VK_CONST && c->init) return c->name;
+        int p = producer_of(im, v);
+        if (!is_op(im, p, "Transpose") && !is_op(im, p, "Slice")) return NULL;
+        v = in0(im, p);
+    }
+    return NULL;
+}
+
+/* An nn.MultiheadAttention parameter by its state_dict name (in_proj_weight, in_proj_bias, or the
+ * q_proj_weight of separate projections). */
+static int mha_named(const char *name) {
+    return name && (strstr(name, "in_proj_weight") || strstr(name, "in_proj_bias") || strstr(name, "q_proj_weight"));
+}
+
+/* A weight operand (input k of node i): Transpose [1, 0] of a 2-D initializer (*tr 0, the Transpose node in
+ * *tnode), or a 2-D initializer stored (in, out) (*tr 1). */
+static const char *mha_weight(imp *im, int i, int k, int *tr, int *tnode) {
+    static const int64_t p10[2] = {1, 0};
+    if (k >= im->m->nodes[i].nin) return NULL;
+    const char *b = im->m->nodes[i].in[k];
+    int t = producer_of(im, b);
+    val *bv = vget(im, b);
+    *tnode = -1;
+    if (perm_is(im, t, p10, 2) && mha_init(im, in0(im, t), 2) && bv && bv->uses == 1) {
+        *tr = 0;
+        *tnode = t;
+        return in0(im, t);
+    }
+    if (mha_init(im, b, 2)) {
+        *tr = 1;
+        return b;
+    }
+    return NULL;
+}
+
+#define MHA_NODES 40
+
+/* Match the decomposition from Transpose t0: 1 (p filled, its nodes in nodes[], *nn of them, the ones to
+ * skip outright - weight transposes - in skip[]), 0 (not nn.MultiheadAttention), 2 (one psd refuses: p->why). */
+static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip, int *ns) {
+    static const int64_t p102[3] = {1, 0, 2}, p120[3] = {1, 2, 0};
+    const ps_onnx_model *m = im->m;
+    int like = 0, rd[4];
+    *nn = *ns = 0;
+    memset(p, 0, sizeof *p);
+    p->t0 = t0;
+    p->drop = -1;
+#define WHY(...) (snprintf(p->why, sizeof p->why, __VA_ARGS__), like ? 2 : 0)
+#define ADD(i) (nodes[(*nn)++] = (i))
+    if (!perm_is(im, t0, p102, 3) || m->nodes[t0].nin != 1 || m->nodes[t0].nout != 1) return 0;
+    val *xv = vget(im, in0(im, t0));
+    if (!xv || xv->kind == VK_CONST) return 0;
+    p->x = in0(im, t0);
+    ADD(t0);
+    /* the in-projection: MatMul by in_proj_weight^T (+ in_proj_bias) */
+    const char *t0o = out0(im, t0);
+    int nr = data_readers(im, t0o, rd, 4);
+    for (int k = 0; k < nr && k < 4; k++)
+        if (is_op(im, rd[k], "MatMul") && m->nodes[rd[k]].nin == 2 && mha_named(mha_root(im, m->nodes[rd[k]].in[1])))
+            like = 1;
+    int mm = nr == 1 ? rd[0] : -1, wt;
+    if (!is_op(im, mm, "MatMul") || m->nodes[mm].nin != 2 || strcmp(in0(im, mm), t0o) ||
+        !(p->w = mha_weight(im, mm, 1, &p->w_t, &wt)))
+        return WHY("the query, key and value are not projected together from one input by in_proj_weight: "
+                   "cross-attention (a query other than the key and value) or a key other than the value, which "
+                   "psd's MultiheadAttention (self-attention: attn(x, x, x)) does not take");
+    like |= mha_named(p->w);
+    ADD(mm);
+    if (wt >= 0) skip[(*ns)++] = wt;
+    const char *proj = out0(im, mm);
+    int ad = data_reader(im, proj);
+    if (is_op(im, ad, "Add") && m->nodes[ad].nin == 2) {
+        int bi = other_input(im, ad, proj);
+        val *b = bi >= 0 ? mha_init(im, m->nodes[ad].in[bi], 1) : NULL;
+        if (b) {
+            p->b = b->name;
+            like |= mha_named(p->b);
+            ADD(ad);
+            proj = out0(im, ad);
+        }
+    }
+    /* q, k, v: three Slices, each Reshape (L, N*H, D) and Transpose into the heads */
+    int parts[4], np = data_readers(im, proj, parts, 4);
+    if (np != 3)
+        return WHY("the in-projection '%s' is read by %d nodes, not split three ways into query, key and value",
+                   proj, np);
+    int mm_s = -1, mm_o = -1;
+    for (int j = 0; j < 3; j++) {
+        int sl = parts[j];
+        if (!is_op(im, sl, "Slice") || strcmp(in0(im, sl), proj) || m->nodes[sl].nout != 1)
+            return WHY("the in-projection '%s' is read by %s, not three Slices into query, key and value", proj,
+                       sl < 0 ? "the graph's output" : m->nodes[sl].op_type);
+        int r = data_reader(im, out0(im, sl));
+        int t = is_op(im, r, "Reshape") && !strcmp(in0(im, r), out0(im, sl)) ? data_reader(im, out0(im, r)) : -1;
+        int role = -1, nx = t >= 0 ? data_reader(im, out0(im, t)) : -1;
+        if (perm_is(im, t, p120, 3)) {   /* k, read transposed by q k^T */
+            if (is_op(im, nx, "MatMul") && m->nodes[nx].nin == 2 && !strcmp(m->nodes[nx].in[1], out0(im, t)) &&
+                (mm_s < 0 || mm_s == nx)) {
+                role = 1;
+                mm_s = nx;
+            }
+        } else if (perm_is(im, t, p102, 3)) {
+            double c;
+            if ((is_op(im, nx, "Div") || is_op(im, nx, "Mul")) && m->nodes[nx].nin == 2 &&
+                !strcmp(in0(im, nx), out0(im, t)) && const_scalar(im, nx, 1, &c)) {   /* q, scaled */
+                int s2 = data_reader(im, out0(im, nx));
+                if (is_op(im, s2, "MatMul") && m->nodes[s2].nin == 2 && !strcmp(in0(im, s2), out0(im, nx)) &&
+                    (mm_s < 0 || mm_s == s2)) {
+                    role = 0;
+                    mm_s = s2;
+                    p->scale = nx;
+                }
+            } else if (is_op(im, nx, "MatMul") && m->nodes[nx].nin == 2 && !strcmp(m->nodes[nx].in[1], out0(im, t))) {
+                role = 2;   /* v, read by the attention weights' product */
+                mm_o = nx;
+            }
+        }
+        if (role < 0 || p->part[role])
+            return WHY("the in-projection's part '%s' does not go into the heads as nn.MultiheadAttention's query, "
+                       "key or value (a Reshape, a Transpose, q k^T / sqrt(D) and the product by v)", out0(im, sl));
+        p->part[role] = sl;
+        p->resh[role] = r;
+        ADD(sl);
+        ADD(r);
+        ADD(t);
+        if (role == 0) ADD(p->scale);
+    }
+    ADD(mm_s);
+    /* softmax(q k^T / sqrt(D)), dropout, times v */
+    const char *sc = out0(im, mm_s);
+    int sm = data_reader(im, sc);
+    if (!is_op(im, sm, "Softmax"))
+        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask (attn_mask or "
+                   "key_padding_mask), which psd's MultiheadAttention does not take",
+                   sm < 0 ? "several nodes" : m->nodes[sm].op_type);
+    const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[sm], "axis");
+    int64_t axis = ax ? ax->i : im->opset >= 13 ? -1 : 1;
+    if (axis != -1 && axis != 2) return WHY("a Softmax over axis %lld, not the keys'", (long long)axis);
+    ADD(sm);
+    const char *aw = out0(im, sm);
+    int a = data_reader(im, aw);
+    if (a < 0)
+        return WHY("the attention weights (its Softmax's output) are read outside it: need_weights=True, whose "
+                   "weights psd's MultiheadAttention does not return (call it with need_weights=False)");
+    if (is_op(im, a, "Dropout")) {
+        p->drop = a;
+        ADD(a);
+        aw = out0(im, a);
+        a = data_reader(im, aw);
+    }
+    if (a != mm_o || strcmp(in0(im, a), aw))
+        return WHY("the attention weights are not multiplied by the value: '%s' reads them",
+                   a < 0 ? "several nodes" : m->nodes[a].name);
+    ADD(mm_o);
+    /* the heads joined back, the out-projection, the batch first again */
+    int to = data_reader(im, out0(im, mm_o));
+    if (!perm_is(im, to, p102, 3)) return WHY("the heads' outputs are not transposed back to (L, N*H, D)");
+    ADD(to);
+    p->resh_o = data_reader(im, out0(im, to));
+    if (!is_op(im, p->resh_o, "Reshape") || strcmp(in0(im, p->resh_o), out0(im, to)))
+        return WHY("the heads' outputs are not reshaped to (L*N, E)");
+    ADD(p->resh_o);
+    const char *ho = out0(im, p->resh_o), *po = NULL;
+    int g = data_reader(im, ho);
+    if (is_op(im, g, "Gemm") && m->nodes[g].nin >= 2 && !strcmp(in0(im, g), ho)) {
+        const ps_onnx_node *gn = &m->nodes[g];
+        const ps_onnx_attr *ta = ps_onnx_attr_find(gn, "transA"), *tb = ps_onnx_attr_find(gn, "transB"),
+                           *al = ps_onnx_attr_find(gn, "alpha"), *be = ps_onnx_attr_find(gn, "beta");
+        val *c = gn->nin > 2 && gn->in[2][0] ? mha_init(im, gn->in[2], 1) : NULL;
+        if ((ta && ta->i) || (al && al->f != 1.0f) || (be && be->f != 1.0f) || !mha_init(im, gn->in[1], 2) ||
+            (gn->nin > 2 && gn->in[2][0] && !c))
+            return WHY("the out-projection Gemm '%s' is not x out_proj.weight^T + out_proj.bias", gn->name);
+        p->wo = gn->in[1];
+        p->wo_t = !(tb && tb->i);
+        p->bo = c ? c->name : NULL;
+        ADD(g);
+        po = out0(im, g);
+    } else if (is_op(im, g, "MatMul") && m->nodes[g].nin == 2 && !strcmp(in0(im, g), ho)) {
+        int wot;
+        if (!(p->wo = mha_weight(im, g, 1, &p->wo_t, &wot)))
+            return WHY("the out-projection MatMul '%s' is not by out_proj.weight", m->nodes[g].name);
+        if (wot >= 0) skip[(*ns)++] = wot;
+        ADD(g);
+        po = out0(im, g);
+        int ab = data_reader(im, po);
+        if (is_op(im, ab, "Add") && m->nodes[ab].nin == 2) {
+            int bi = other_input(im, ab, po);
+            val *b = bi >= 0 ? mha_init(im, m->nodes[ab].in[bi], 1) : NULL;
+            if (b) {
+                p->bo = b->name;
+                ADD(ab);
+                po = out0(im, ab);
+            }
+        }
+    } else {
+        return WHY("the joined heads go to %s, not the out-projection (Gemm or MatMul by out_proj.weight)",
+                   g < 0 ? "several nodes" : m->nodes[g].op_type);
+    }
+    if (!p->b != !p->bo)
+        return WHY("an in-projection bias without an out-projection bias, or the reverse (nn.MultiheadAttention's "
+                   "bias is both or neither)");
+    p->resh_y = data_reader(im, po);
+    if (!is_op(im, p->resh_y, "Reshape") || strcmp(in0(im, p->resh_y), po))
+        return WHY("the out-projection is not reshaped back to (L, N, E)");
+    ADD(p->resh_y);
+    p->end = data_reader(im, out0(im, p->resh_y));
+    if (!perm_is(im, p->end, p102, 3) || strcmp(in0(im, p->end), out0(im, p->resh_y)))
+        return WHY("the output is not transposed back to (N, L, E) (batch_first)");
+    return 1;
+#undef WHY
+#undef ADD
+}
+
+/* The pre-pass: nn.MultiheadAttention decompositions from Transpose t0 (leading mode only: a graph read as one
+ * sample keeps the ops as they are). */
+static void find_mha(imp *im, int t0) {
+    if (im->lead != 1 || im->absorbed[t0] || im->fz[t0].kind) return;
+    mha_pat p;
+    int nodes[MHA_NODES], skip[4], nn, ns;
+    int r = mha_match(im, t0, &p, nodes, &nn, skip, &ns);
+    if (!r) return;
+    if (r == 1 && im->batch < 1) {
+        r = 2;
+        snprintf(p.why, sizeof p.why, "a dynamic batch: the exporter computes the heads' Reshape to (L, N*H, D) "
+                 "from the batch size, which psd does not fold (export with a fixed batch: psd runs any batch size "
+                 "on the MultiheadAttention node it writes)");
+    }
+    mha_pat *g = realloc(im->mha, (size_t)(im->nmha + 1) * sizeof *g);
+    if (!g) return;   /* out of memory: the ops are converted one by one (and refused) */
+    im->mha = g;
+    im->mha[im->nmha] = p;
+    if (r == 2) {   /* refused at its first Transpose */
+        im->fz[t0].kind = "MultiheadAttention";
+        im->fz[t0].axis = im->nmha++;
+        return;
+    }
+    for (int k = 0; k < nn; k++) {
+        im->absorbed[nodes[k]] = 2;
+        im->fz[nodes[k]].axis = im->nmha;
+    }
+    for (int k = 0; k < ns; k++) im->absorbed[skip[k]] = 1;
+    im->fz[p.end].kind = "MultiheadAttention";
+    im->fz[p.end].axis = im->nmha++;
+}
+
+/* A node inside an nn.MultiheadAttention: its outputs have no psd node (VK_VIRT). Those of shape (L, N, *)
+ * - the first Transpose, the in-projection, its Slices - keep their shape for the exporter's Shape
+ * arithmetic (the Slices' bounds), the batch at dim 1. */
+static ps_status mha_inner(imp *im) {
+    const mha_pat *p = &im->mha[im->fz[im->cur].axis];
+    const ps_onnx_node *n = cur_node(im);
+    val *x = vget(im, p->x), *w = vget(im, p->w);
+    int64_t d[3] = {0, 0, 0};
+    int known = 0;
+    if (x && x->kind == VK_DATA && x->ndim == 3 && w) {
+        d[0] = x->dims[1];
+        d[1] = x->dims[0];
+        d[2] = x->dims[2];
+        int64_t rows = p->w_t ? w->dims[1] : w->dims[0];
+        known = im->cur == p->t0;
+        if (!strcmp(n->op_type, "MatMul") && !strcmp(in0(im, im->cur), out0(im, p->t0))) {
+            d[2] = rows;
+            known = 1;
+        } else if (!strcmp(n->op_type, "Add") && p->b && other_input(im, im->cur, p->b) >= 0) {
+            d[2] = rows;
+            known = 1;
+        } else if (im->cur == p->part[0] || im->cur == p->part[1] || im->cur == p->part[2]) {
+            int64_t pd[3] = {d[0], d[1], rows}, st = 0, en = 0;
+            int a = 0;
+            if (slice_args(im, pd, 3, &a, &st, &en)) {
+                ps_err_clear(im->err);   /* h_mha says what is wrong with it */
+            } else {
+                memcpy(d, pd, sizeof d);
+                d[a] = en - st;
+                known = 1;
+            }
+        }
+    }
+    for (int k = 0; k < n->nout; k++) {
+        if (!n->out[k][0]) continue;
+        val *v = vmake(im, n->out[k]);
+        if (!v) return oom(im);
+        v->kind = VK_VIRT;
+        v->vshape = known && k == 0;
+        v->bdim = 1;
+        v->ndim = 3;
+        memcpy(v->dims, d, sizeof d);
+    }
+    return PS_OK;
+}
+
+/* The Reshape node i of an nn.MultiheadAttention applied to a value of dims in[3 or 2]: its target shape with
+ * 0 and -1 resolved, into out (ns entries). */
+static ps_status mha_reshape(imp *im, int i, const int64_t *in, int nin, int64_t *out, int *ns) {
+    im->cur = i;
+    int64_t shape[MAXD];
+    int n;
+    if (im->opset < 5) {
+        n = attr_ints(im, "shape", shape, MAXD);
+        if (n < 0) return bad(im, "no shape");
+    } else {
+        val *sv = in_val(im, 1, 1);
+        if (!sv) return im->err->code;
+        if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
+        const int64_t *q = cints(im, sv);
+        if (!q) return im->err->code;
+        if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
+        n = (int)sv->numel;
+        for (int k = 0; k < n; k++) shape[k] = q[k];
+    }
+    int64_t total = prod(in, nin), known = 1;
+    int neg = -1;
+    for (int k = 0; k < n; k++) {
+        int64_t v = shape[k];
+        if (v == 0 && !attr_i(im, "allowzero", 0)) v = k < nin ? in[k] : -2;
+        if (v == -1 && neg < 0) neg = k;
+        else if (v < 1) return unsup(im, "inside nn.MultiheadAttention: shape entry %d is %s", k,
+                                     shape[k] == BATCH_SYM ? "the batch size, unknown (a dynamic batch)" : "not a size");
+        else known = smul(known, v);
+        out[k] = v;
+    }
+    if (neg >= 0) {
+        if (total % known) return bad(im, "cannot reshape %lld elements to the shape", (long long)total);
+        out[neg] = total / known;
+    } else if (known != total) {
+        return bad(im, "cannot reshape %lld elements to %lld", (long long)total, (long long)known);
+    }
+    *ns = n;
+    return PS_OK;
+}
+
+/* The nn.MultiheadAttention ending at the current node (its last Transpose): the numbers checked, one
+ * MultiheadAttention node; at the first Transpose of one psd does not take, the refusal. */
+static ps_status h_mha(imp *im) {
+    const int end = im->cur;
+    const mha_pat *p = &im->mha[im->fz[end].axis];
+    if (p->why[0]) return unsup(im, "nn.MultiheadAttention: %s", p->why);
+    val *x = vget(im, p->x);
+    if (!x || x->kind == VK_NONE) return bad(im, "the attention's input '%s' is unknown", p->x);
+    ps_status rc = need_float(im, x, 2, 2, "the attention's input");
+    if (rc) return rc;
+    const int64_t N = x->dims[0], L = x->dims[1], E = x->dims[2];
+    val *w = vget(im, p->w), *b = p->b ? vget(im, p->b) : NULL, *wo = vget(im, p->wo),
+        *bo = p->bo ? vget(im, p->bo) : NULL;
+    char b1[64];
+    if (w->dims[p->w_t ? 1 : 0] != 3 * E || w->dims[p->w_t ? 0 : 1] != E)
+        return unsup(im, "nn.MultiheadAttention: in_proj_weight '%s' is %s, not (3E, E) for E %lld", w->name,
+                     dims_text(w->dims, w->ndim, b1, sizeof b1), (long long)E);
+    if (b && b->numel != 3 * E) return bad(im, "in_proj_bias '%s' has %lld values, not 3E", b->name, (long long)b->numel);
+    if (wo->dims[0] != E || wo->dims[1] != E)
+        return unsup(im, "nn.MultiheadAttention: out_proj.weight '%s' is %s, not (E, E) for E %lld", wo->name,
+                     dims_text(wo->dims, wo->ndim, b1, sizeof b1), (long long)E);
+    if (bo && bo->numel != E) return bad(im, "out_proj.bias '%s' has %lld values, not E", bo->name, (long long)bo->numel);
+    if (N < 1) {
+        im->cur = end;
+        return unsup(im, "nn.MultiheadAttention with a symbolic batch (its heads' Reshapes need the traced one)");
+    }
+    /* q, k, v: columns [0, E), [E, 2E), [2E, 3E) of the projection, each to (L, N*H, D) */
+    const int64_t proj[3] = {L, N, 3 * E}, part[3] = {L, N, E};
+    int64_t H = 0, D = 0;
+    static const char *const role[3] = {"query", "key", "value"};
+    for (int j = 0; j < 3; j++) {
+        int a = 0;
+        int64_t st = 0, en = 0, sh[MAXD];
+        im->cur = p->part[j];
+        if ((rc = slice_args(im, proj, 3, &a, &st, &en))) return rc;
+        if (a != 2 || st != j * E || en != (j + 1) * E)
+            return unsup(im, "nn.MultiheadAttention: the %s is elements [%lld, %lld) of axis %d of the in-projection, "
+                         "not [%lld, %lld) of the last", role[j], (long long)st, (long long)en, a, (long long)(j * E),
+                         (long long)((j + 1) * E));
+        int ns = 0;
+        if ((rc = mha_reshape(im, p->resh[j], part, 3, sh, &ns))) return rc;
+        if (!j && ns == 3 && sh[0] == L && sh[1] % N == 0 && sh[1] / N * sh[2] == E) {
+            H = sh[1] / N;
+            D = sh[2];
+        }
+        if (ns != 3 || !H || sh[0] != L || sh[1] != N * H || sh[2] != D)
+            return unsup(im, "nn.MultiheadAttention: the %s's shape %s is not (L, N*H, D) = (%lld, %lld*H, E/H)",
+                         role[j], dims_text(sh, ns, b1, sizeof b1), (long long)L, (long long)N);
+    }
+    /* the scale: q / sqrt(D), or q * (1/sqrt(D)) */
+    im->cur = p->scale;
+    double c = 0, want = sqrt((double)D);
+    val *cv = in_val(im, 1, 1);
+    if (!cv) return im->err->code;
+    if (!scalar_const(im, cv, &c)) return unsup(im, "nn.MultiheadAttention: q scaled by '%s', not a number", cv->name);
+    if (!strcmp(cur_node(im)->op_type, "Mul")) c = c ? 1.0 / c : 0;
+    if (fabs(c - want) > 1e-5 * want)
+        return unsup(im, "nn.MultiheadAttention: q divided by %g, not sqrt(D) = %g for D %lld", c, want, (long long)D);
+    double pdrop = 0;
+    if (p->drop >= 0) {
+        im->cur = p->drop;
+        if ((rc = dropout_ratio(im, &pdrop))) return rc;
+    }
+    const int64_t merged[3] = {L, N * H, D}, joined[2] = {L * N, E};
+    int64_t sh[MAXD];
+    int ns = 0;
+    if ((rc = mha_reshape(im, p->resh_o, merged, 3, sh, &ns))) return rc;
+    if (ns != 2 || sh[0] != L * N || sh[1] != E)
+        return unsup(im, "nn.MultiheadAttention: the joined heads' shape %s is not (L*N, E) = (%lld, %lld)",
+                     dims_text(sh, ns, b1, sizeof b1), (long long)(L * N), (long long)E);
+    if ((rc = mha_reshape(im, p->resh_y, joined, 2, sh, &ns))) return rc;
+    if (ns != 3 || sh[0] != L || sh[1] != N || sh[2] != E)
+        return unsup(im, "nn.MultiheadAttention: the output's shape %s is not (L, N, E) = (%lld, %lld, %lld)",
+                     dims_text(sh, ns, b1, sizeof b1), (long long)L, (long long)N, (long long)E);
+    im->cur = end;
+    /* named after the module whose state_dict names the initializers carry (an eval export's in_proj_weight is
+     * onnx::MatMul_84; its in_proj_bias keeps the name) */
+    const char *prefer = p->w, *suffix = "in_proj_weight";
+    static const char *const sfx[4] = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
+    const char *names[4] = {p->w, p->b, p->wo, p->bo};
+    for (int k = 3; k >= 0; k--) {
+        size_t l = names[k] ? strlen(names[k]) : 0, s = strlen(sfx[k]);
+        if (l > s + 1 && names[k][l - s - 1] == '.' && !strcmp(names[k] + l - s, sfx[k])) {
+            prefer = names[k];
+            suffix = sfx[k];
+        }
+    }
+    int xin = x->node;
+    int pn = emit(im, "MultiheadAttention", prefer, suffix, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char f[40];
+    add_attr(im, pn, "embed_dim: %lld, num_heads: %lld", (long long)E, (long long)H);
+    if (pdrop > 0) add_attr(im, pn, "dropout: %s", float_text(pdrop, f, sizeof f));
+    if (!b) add_attr(im, pn, "bias: false");
+    add_attr(im, pn, "batch_first: true");
+    if ((rc = bind(im, pn, "in_proj_weight", w, p->w_t, 0))) return rc;
+    if (b && (rc = bind(im, pn, "in_proj_bias", b, 0, 0))) return rc;
+    if ((rc = bind(im, pn, "out_proj.weight", wo, p->wo_t, 0))) return rc;
+    if (bo && (rc = bind(im, pn, "out_proj.bias", bo, 0, 0))) return rc;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 3, x->dims) ? PS_OK : im->err->code;
 }
 
 /* ---- the LSTM weight glue ----
@@ -3047,9 +3695,20 @@ static ps_status convert(imp *im) {
     }
     find_patterns(im);
     for (int i = 0; i < m->nnodes; i++) {
+        if (im->live[i] && im->absorbed[i] == 2) {   /* inside an nn.MultiheadAttention */
+            im->cur = i;
+            ps_status rc = mha_inner(im);
+            if (rc) return rc;
+            continue;
+        }
         if (!im->live[i] || im->absorbed[i] || !strcmp(m->nodes[i].op_type, "Constant")) continue;
         const ps_onnx_node *n = &m->nodes[i];
         im->cur = i;
+        if (im->fz[i].kind && !strcmp(im->fz[i].kind, "MultiheadAttention")) {
+            ps_status rc = h_mha(im);
+            if (rc) return rc;
+            continue;
+        }
         if (n->domain[0] && strcmp(n->domain, "ai.onnx"))
             return unsup(im, "op domain '%s': psd reads the default ONNX domain", n->domain);
         if (im->fz[i].kind && strcmp(im->fz[i].kind, "Pad")) {
@@ -3116,6 +3775,14 @@ static int yaml_room(char **y, size_t *cap, size_t o, size_t need) {
     return 0;
 }
 
+/* A comment's n bytes of the file's strings (a label, a producer, a node name) kept on their lines: control
+ * characters (a producer 'backend\rtest') become '?'; the two header lines keep the newline between them. */
+static void comment_scrub(char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] < 0x20 && !(s[i] == '\n' && i + 1 < n && s[i + 1] == '#')) || s[i] == 0x7f)
+            s[i] = '?';
+}
+
 /* The model file's text. */
 static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
     size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
@@ -3125,16 +3792,23 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
     char b[256];
     /* the file's strings (a label, a producer, a node name) may be kilobytes: room for each before it */
     if (yaml_room(&y, &cap, o, 1024 + strlen(im->label) + strlen(m->producer) + 2 * strlen(name))) return oom(im);
-    o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s\n",
+    size_t c0 = o;
+    o += (size_t)snprintf(y + o, cap - o, "# imported from ONNX: %s\n#   producer '%s', IR %lld, opset %lld%s",
                           im->label, m->producer, (long long)m->ir_version, (long long)im->opset,
                           im->whole ? "; the whole input is one sample" : "");
+    comment_scrub(y + c0, o - c0);
+    o += (size_t)snprintf(y + o, cap - o, "\n");
     o += (size_t)snprintf(y + o, cap - o, "name: %s\nabout: \"ONNX model %s\"\n", name, name);
     if (im->trailing >= 0 && yaml_room(&y, &cap, o, 256 + strlen(m->nodes[im->trailing].name) +
                                                    strlen(m->nodes[im->trailing].op_type)))
         return oom(im);
-    if (im->trailing >= 0)
-        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it\n",
+    if (im->trailing >= 0) {
+        c0 = o;
+        o += (size_t)snprintf(y + o, cap - o, "# left to the trainer: node '%s' (%s) and what follows it",
                               m->nodes[im->trailing].name, m->nodes[im->trailing].op_type);
+        comment_scrub(y + c0, o - c0);
+        o += (size_t)snprintf(y + o, cap - o, "\n");
+    }
     o += (size_t)snprintf(y + o, cap - o, "stages:\n");
     /* one stage "main"; with a trainer-side LSTM: "pre" (to the LSTM's input), "post" (from its output), and
      * the LSTM's parameters in a stage of its own */
@@ -3240,7 +3914,8 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
     for (int i = 0; i < im.npn; i++)
         for (int k = 0; k < im.pn[i].nb; k++) {
             struct imp_value *v = &res->values[res->nvalues++];
-            snprintf(v->name, sizeof v->name, "%s.%s", im.pn[i].name, im.pn[i].b[k].suffix);
+            snprintf(v->name, sizeof v->name, "%s%s%s", im.pn[i].name, im.pn[i].b[k].suffix[0] ? "." : "",
+                     im.pn[i].b[k].suffix);   /* an empty suffix: the node's name is the tensor's (class_token) */
             v->t = im.pn[i].b[k].t;
             v->transform = im.pn[i].b[k].transform;
             v->offset = im.pn[i].b[k].offset;
@@ -3255,6 +3930,7 @@ out:
     free(im.live);
     free(im.absorbed);
     free(im.fz);
+    free(im.mha);
     return rc;
 }
 

@@ -59,3 +59,40 @@ class AttentionClassifier(nn.Module):
         x = x + self.mlp_proj(self.mlp_act(self.mlp_fc(self.ln_2(x))))
         x = self.ln_f(x)
         return self.head(x.flatten(1))
+
+
+class MHABlock(nn.Module):
+    """(N, T, features) -> (N, classes) around nn.MultiheadAttention (batch_first, self-attention,
+    need_weights=False): an embedding, a pre-norm residual attention block as torchvision's vit encoder
+    layer has it, a final LayerNorm, and a Linear over the flattened sequence. PyTorch's ONNX exporter
+    writes the attention as some 40 ops (the batch moved to dim 1 and merged with the heads) that psd reads
+    back as one MultiheadAttention node.
+
+    mode selects what psd refuses: "mask" (a float attn_mask, a buffer), "cross" (the key and value another
+    tensor than the query), "weights" (need_weights=True, the averaged weights used)."""
+
+    def __init__(self, features=5, seq=6, n_embd=16, n_head=4, classes=10, mode="plain", **mha):
+        super().__init__()
+        self.mode = mode
+        self.embed = nn.Linear(features, n_embd)
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = nn.MultiheadAttention(n_embd, n_head, batch_first=True, **mha)
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(seq * n_embd, classes)
+        if mode == "mask":
+            self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1))
+
+    def forward(self, x):
+        x = self.embed(x)
+        h = self.ln_1(x)
+        if self.mode == "mask":
+            a = self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
+        elif self.mode == "cross":
+            a = self.attn(h, x, x, need_weights=False)[0]
+        elif self.mode == "weights":
+            a, w = self.attn(h, h, h, need_weights=True)
+            a = a + w.sum(-1, keepdim=True)
+        else:
+            a = self.attn(h, h, h, need_weights=False)[0]
+        x = self.ln_f(x + a)
+        return self.head(x.flatten(1))

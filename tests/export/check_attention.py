@@ -15,6 +15,15 @@ in a small classifier) through psd, against PyTorch, both ways:
               dynamic batch (the Reshapes' shapes computed by Shape,
               Gather, Unsqueeze and Concat of the input's shape).
 
+Then nn.MultiheadAttention (attention.py's MHABlock) through its
+training-mode exports at opsets 13 and 14 (and with bias=False, 3 heads) and its eval export (in_proj_weight
+folded transposed into onnx::MatMul_N): psd's importer reads the
+decomposition back as one MultiheadAttention node named as the module's
+parameters are (attn.in_proj_weight, ...), checked as above; with dropout
+0.25 a training forward drops; its exports with a mask, with
+cross-attention, with need_weights=True and with a dynamic batch (opset
+17) are refused by psd --check-config naming what.
+
 Each is checked by tests/export/check_resnet.py's run(): psd's initial
 parameters are the module's exactly, the eval and training forwards, one
 backward (every parameter gradient within 1e-4 of each tensor's largest
@@ -27,6 +36,7 @@ load_state_dict(strict=True), and the eval forward after the step.
 import copy
 import os
 import random
+import subprocess
 import sys
 
 import importlib.machinery
@@ -40,28 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
-from attention import AttentionClassifier  # noqa: E402
+from attention import AttentionClassifier, MHABlock  # noqa: E402
 from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
 
 SHAPE = (6, 5)          # tokens, features per token
-
-
-def input_gradient(label, stub, model, x, target):
-    """d loss / d input of one training Forward + Backward against PyTorch autograd's (within 1e-4 of its
-    largest |value|): the gradient a stage before this one would receive."""
-    model = copy.deepcopy(model).train()
-    xr = x.clone().requires_grad_(True)
-    y = model(xr)
-    gy = torch.autograd.grad(F.cross_entropy(y, target), y, retain_graph=True)[0]
-    y.backward(gy)
-    ctx = random.randint(1, 1 << 60)
-    stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1, input=cr.tensor(x.numpy())),
-                 timeout=60)
-    r = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=cr.tensor(gy.numpy()),
-                                             want_input_grad=True), timeout=60)
-    got, want = cr.array(r.input_grads[0]).reshape(x.shape), xr.grad.numpy()
-    e = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
-    cr.check(e <= 1e-4, "%s: the input gradient within 1e-4 of its largest |value| of PyTorch's (%.3g)" % (label, e))
 
 
 def main():
@@ -86,7 +78,7 @@ def main():
     model = AttentionClassifier()
     w = os.path.join(cr.TMP, "attention.safetensors")
     stub, p = cr.start_psd("attention_export", "file: %s" % y, ["--init-from", w])
-    input_gradient("attention psd-export", stub, model, x, target)
+    cr.input_gradient("attention psd-export", stub, model, x, target)
     cr.run("attention psd-export", stub, copy.deepcopy(model), x, target)
     p.kill()
 
@@ -96,7 +88,7 @@ def main():
     torch.onnx.export(m2, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                       opset_version=13)
     stub, p = cr.start_psd("attention_onnx", "onnx: %s" % path, [])
-    input_gradient("attention onnx training export", stub, m2, x, target)
+    cr.input_gradient("attention onnx training export", stub, m2, x, target)
     cr.run("attention onnx training export", stub, m2, x, target)
     p.kill()
 
@@ -107,9 +99,77 @@ def main():
     torch.onnx.export(m3, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                       opset_version=17, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
     stub, p = cr.start_psd("attention_dyn", "onnx: %s" % path, [])
-    input_gradient("attention onnx export, dynamic batch", stub, m3, x, target)
+    cr.input_gradient("attention onnx export, dynamic batch", stub, m3, x, target)
     cr.run("attention onnx export, dynamic batch", stub, m3, x, target)
     p.kill()
+
+    # 4. nn.MultiheadAttention through its exports
+    mha(x, target)
+
+
+def check_config(onnx_path):
+    """psd --check-config on a config naming onnx_path: (exit status, its output)."""
+    cfg = onnx_path + ".conf.yaml"
+    with open(cfg, "w") as f:
+        f.write("model:\n  onnx: %s\n" % onnx_path)
+    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def mha(x, target):
+    """nn.MultiheadAttention (attention.py's MHABlock) through its exports: one MultiheadAttention node whose
+    parameters are the module's (attn.in_proj_weight, ...), trained one step against PyTorch; what psd refuses
+    in it refused by name."""
+    for what, mode, opset, kw in (("training export", torch.onnx.TrainingMode.TRAINING, 13, {}),
+                                  ("training export, opset 14", torch.onnx.TrainingMode.TRAINING, 14, {}),
+                                  # 3 heads: torch 1.13's eval fast path (even heads) fails without biases
+                                  ("training export, bias=False, 3 heads", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"bias": False, "n_embd": 12, "n_head": 3}),
+                                  ("eval export", torch.onnx.TrainingMode.EVAL, 13, {})):
+        # the eval export folds in_proj_weight^T into onnx::MatMul_N (E, 3E): bound transposed, named by its
+        # in_proj_bias
+        torch.manual_seed(4)
+        model = MHABlock(**kw)
+        with torch.no_grad():   # biases and LayerNorms away from their zeros and ones: every gradient shows, and
+            for t in model.parameters():   # the eval export (which dedups equal initializers into Identity)
+                t.add_(torch.randn_like(t) * 0.1)   # keeps each
+        path = os.path.join(cr.TMP, "mha_%s.onnx" % what.replace(" ", "_").replace(",", "").replace("=", ""))
+        m = copy.deepcopy(model).train()
+        torch.onnx.export(copy.deepcopy(m) if mode == torch.onnx.TrainingMode.TRAINING else copy.deepcopy(m).eval(),
+                          x, path, training=mode, do_constant_folding=mode == torch.onnx.TrainingMode.EVAL,
+                          opset_version=opset)
+        stub, p = cr.start_psd(os.path.basename(path)[:-5], "onnx: %s" % path, [])
+        names = sorted(t.name for t in stub.ListParameters(ps_pb2.ListParametersRequest()).parameters)
+        cr.check("attn.in_proj_weight" in names and not any(n.startswith("attn.") and "proj" not in n for n in names),
+                 "MultiheadAttention %s: one node, attn's parameters under the module's names (%s)" % (what, names))
+        cr.input_gradient("MultiheadAttention " + what, stub, m, x, target)
+        cr.run("MultiheadAttention " + what, stub, m, x, target)
+        p.kill()
+    # dropout on the attention weights is the kind's own (psd draws its masks): the import carries p
+    path = os.path.join(cr.TMP, "mha_dropout.onnx")
+    torch.onnx.export(MHABlock(dropout=0.25).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd("mha_dropout", "onnx: %s" % path, [])
+    ctx = random.randint(1, 1 << 60)
+    a = cr.array(stub.Forward(ps_pb2.ForwardRequest(input=cr.tensor(x.numpy()), train=False), timeout=60).output)
+    b = cr.array(stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                                    input=cr.tensor(x.numpy())), timeout=60).output)
+    cr.check(not np.allclose(a, b), "MultiheadAttention with dropout 0.25: a training forward drops (differs from "
+             "the eval one)")
+    p.kill()
+    for mode, want in (("mask", "an attention mask (attn_mask or key_padding_mask)"),
+                       ("cross", "cross-attention"), ("weights", "need_weights=True"),
+                       ("dynamic", "a dynamic batch")):
+        path = os.path.join(cr.TMP, "mha_%s.onnx" % mode)
+        dyn = dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}}) if mode == "dynamic" else {}
+        torch.onnx.export(MHABlock(mode="plain" if mode == "dynamic" else mode).train(), x, path,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          opset_version=17 if mode == "dynamic" else 13, **dyn)
+        rc, out = check_config(path)
+        cr.check(rc != 0 and "node '/attn/Transpose' (Transpose): nn.MultiheadAttention:" in out and want in out,
+                 "MultiheadAttention %s: refused at its first Transpose, saying '%s' (%s)"
+                 % (mode, want, out.strip().splitlines()[-1] if out.strip() else "no output"))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,10 @@ its own masks);
 vit_small (tests/export/zoo_builders.py: torchvision's VisionTransformer
 at 32x32 in 8x8 patches, 2 layers of 4 heads over 64 dims, its zero head
 and class token drawn small so every gradient shows; a 32x32 batch)
-through psd-export only (psd's ONNX import does not take vit's export);
+both ways, the input gradient too (input_gradient: its ONNX export's
+nn.MultiheadAttention decomposition read back as MultiheadAttention nodes,
+its class token's Expand as a Parameter, every name the state_dict's);
+vit_b_16 (by hand, at 64x64) the same;
 alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
@@ -245,6 +248,24 @@ def relu_flips(model, x, gy, k=4):
         yield (", ".join("%s[%d] (float64 input %.3g)" % (n, i, v) for (_, n, _, i, v) in chosen), flipped(chosen))
 
 
+def input_gradient(label, stub, model, x, target):
+    """d loss / d input of one training Forward + Backward against PyTorch autograd's (within 1e-4 of its
+    largest |value|): the gradient a stage before this one would receive."""
+    model = copy.deepcopy(model).train()
+    xr = x.clone().requires_grad_(True)
+    y = model(xr)
+    gy = torch.autograd.grad(F.cross_entropy(y, target), y, retain_graph=True)[0]
+    y.backward(gy)
+    ctx = random.randint(1, 1 << 60)
+    stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1, input=tensor(x.numpy())),
+                 timeout=60)
+    r = stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=tensor(gy.numpy()),
+                                             want_input_grad=True), timeout=60)
+    got, want = array(r.input_grads[0]).reshape(x.shape), xr.grad.numpy()
+    e = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    check(e <= 1e-4, "%s: the input gradient within 1e-4 of its largest |value| of PyTorch's (%.3g)" % (label, e))
+
+
 def run(label, stub, model, x, target, ref64=False):
     """The checks of the docstring; ref64: gradients against float64 autograd (below)."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
@@ -398,10 +419,11 @@ def run(label, stub, model, x, target, ref64=False):
               "PyTorch's" % label)
 
 
-def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
+def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **extra):
     """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
-    its training-mode ONNX export (opset 13; onnx False: a string, why not), each checked by run(); returns
-    the module."""
+    its training-mode ONNX export (opset 13; onnx not True: a string, why not), each checked by run() (and
+    input_gradient() first with input_grad: a model without BatchNorm, whose extra training forward would move
+    the running statistics); returns the module."""
     import json
     import torchvision
     kwargs = dict(num_classes=10, **extra)
@@ -425,6 +447,8 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
     w = os.path.join(TMP, name + ".safetensors")
     pe.write_safetensors(w, list(model.state_dict().items()), {})
     stub, p = start_psd(name + "_export", "file: %s" % y, ["--init-from", w])
+    if input_grad:
+        input_gradient("%s psd-export" % name, stub, model, x, target)
     run("%s psd-export" % name, stub, copy.deepcopy(model), x, target, ref64=ref64)
     p.kill()
 
@@ -442,6 +466,8 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, **extra):
         if isinstance(m, torch.nn.BatchNorm2d):
             m.num_batches_tracked.zero_()
     stub, p = start_psd(name + "_onnx", "onnx: %s" % onnx_path, [])
+    if input_grad:
+        input_gradient("%s onnx training export" % name, stub, m2, x, target)
     run("%s onnx training export" % name, stub, m2, x, target, ref64=ref64)
     p.kill()
     return model
@@ -472,11 +498,10 @@ def main():
             xm = x
             if name.startswith("vit_b"):  # zoo.py's: 64x64 images (vit_b_16 at 224 is 196 tokens)
                 extra.update(image_size=64)
-                onnx = "psd's ONNX import does not take vit's export yet (attention as MatMul, Softmax, Reshape)"
             if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
                 xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-                onnx = "psd's ONNX import does not take vit's export yet (attention as MatMul, Softmax, Reshape)"
-            both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx, **extra)
+            both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx, input_grad=name.startswith("vit"),
+                       **extra)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module

@@ -39,6 +39,6 @@ def vit_small(**kwargs):
 
 
 def vit_b_16(**kwargs):
-    """torchvision's vit_b_16 (86M parameters; check_resnet.py vit_b_16 by hand, ~1.5 min: not in make
-    test-zoo) with its head and class token drawn."""
+    """torchvision's vit_b_16 (86M parameters; check_resnet.py vit_b_16 by hand, both ways ~5 min: not in
+    make test-zoo) with its head and class token drawn."""
     return _drawn_head(torchvision.models.vit_b_16(**kwargs))

@@ -15,6 +15,12 @@ small ONNX model (under the fuzzer's 70 KB input limit):
                        (Slice, Concat, Unsqueeze of weight_ih_l<k>...), two
                        LSTM layers with their hidden state in and out,
                        MatMul of a Transpose, the trainer's Reshape tail
+  mha_train_13.onnx    a tiny vit block in training mode: a class token's
+                       Expand, Concat, a positional embedding's Add, and
+                       nn.MultiheadAttention (8 wide, 2 heads, dropout 0.1)
+                       as the exporter decomposes it (Transposes, the
+                       in-projection's Slices by Shape arithmetic, Reshapes
+                       into the heads, Div, Softmax, Dropout, Gemm)
   node_*.onnx          a few of Debian libonnx-testdata's node test models
                        (Gather, Concat, Softmax, Gemm)
 
@@ -49,6 +55,18 @@ class Tiny(nn.Module):
         return x.view(x.size(0), 2, 4)
 
 
+class TinyVit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.class_token = nn.Parameter(torch.randn(1, 1, 8))
+        self.pos_embedding = nn.Parameter(torch.randn(1, 4, 8))
+        self.attn = nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)
+
+    def forward(self, x):
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embedding
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
 def main():
     warnings.simplefilter("ignore")
     os.makedirs(OUT, exist_ok=True)
@@ -63,6 +81,8 @@ def main():
     lm = RNNModel("LSTM", 20, 4, 4, 2, 0.0)
     ids = torch.randint(0, 20, (3, 2))
     torch.onnx.export(lm, (ids, lm.init_hidden(2)), os.path.join(OUT, "lm_train_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    torch.onnx.export(TinyVit(), torch.randn(2, 3, 8), os.path.join(OUT, "mha_train_13.onnx"), opset_version=13,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     for t in ("test_gather_1", "test_concat_2d_axis_0", "test_softmax_axis_1", "test_gemm_default_matrix_bias",
               "test_conv_with_autopad_same", "test_reshape_negative_dim", "test_batchnorm_example"):
