@@ -2009,6 +2009,26 @@ static ps_status h_flatten(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
 }
 
+/* The current Reshape node's target shape as written (0 and -1 not yet
+ * resolved) into shape (MAXD entries), *n its length: the attribute before
+ * opset 5, the constant second input from then on. Read by h_reshape and by
+ * the attention matcher's Reshapes (mha_reshape). */
+static ps_status reshape_target(imp *im, int64_t *shape, int *n) {
+    if (im->opset < 5) {
+        *n = attr_ints(im, "shape", shape, MAXD);
+        return *n < 0 ? bad(im, "no shape") : PS_OK;
+    }
+    val *sv = in_val(im, 1, 1);
+    if (!sv) return im->err->code;
+    if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
+    const int64_t *q = cints(im, sv);
+    if (!q) return im->err->code;
+    if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
+    *n = (int)sv->numel;
+    memcpy(shape, q, sizeof *q * (size_t)*n);
+    return PS_OK;
+}
+
 /* Reshape: the shape a constant input (opset >= 5) or attribute; 0 copies
  * a dimension (unless allowzero), -1 is inferred. In leading mode the
  * first entry must keep the batch (0, the batch symbol, the traced batch
@@ -2021,19 +2041,7 @@ static ps_status h_reshape(imp *im) {
     if (!x) return im->err->code;
     int64_t shape[MAXD + 1];
     int ns;
-    if (im->opset < 5) {
-        ns = attr_ints(im, "shape", shape, MAXD);
-        if (ns < 0) return bad(im, "no shape");
-    } else {
-        val *sv = in_val(im, 1, 1);
-        if (!sv) return im->err->code;
-        if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
-        const int64_t *q = cints(im, sv);
-        if (!q) return im->err->code;
-        if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
-        ns = (int)sv->numel;
-        for (int i = 0; i < ns; i++) shape[i] = q[i];
-    }
+    if ((rc = reshape_target(im, shape, &ns))) return rc;
     if (x->kind == VK_CONST) {
         if (all_const(im)) return fold(im);   /* shape arithmetic (x.expand(n, -1, -1)'s) */
         return unsup(im, "Reshape of a constant by a computed shape");
@@ -3193,19 +3201,8 @@ static ps_status mha_reshape(imp *im, int i, const int64_t *in, int nin, int64_t
     im->cur = i;
     int64_t shape[MAXD];
     int n;
-    if (im->opset < 5) {
-        n = attr_ints(im, "shape", shape, MAXD);
-        if (n < 0) return bad(im, "no shape");
-    } else {
-        val *sv = in_val(im, 1, 1);
-        if (!sv) return im->err->code;
-        if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
-        const int64_t *q = cints(im, sv);
-        if (!q) return im->err->code;
-        if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
-        n = (int)sv->numel;
-        for (int k = 0; k < n; k++) shape[k] = q[k];
-    }
+    ps_status rc = reshape_target(im, shape, &n);
+    if (rc) return rc;
     int64_t total = prod(in, nin), known = 1;
     int neg = -1;
     for (int k = 0; k < n; k++) {
