@@ -136,6 +136,8 @@ typedef struct mha_pat {
     int resh[3];                /* q, k, v: their Reshapes to (L, N*H, D) */
     int scale;                  /* q's Div by sqrt(D) (or Mul by its reciprocal) */
     int drop;                   /* a Dropout of the attention weights, or -1 */
+    int mask_mul, mask_add;     /* an attn_mask: the scores' Mul by 1 and its Add of the mask term, or -1 */
+    const char *mask;           /* the mask term the Add reads (h_mha: the causal mask, a constant) */
     int resh_o, resh_y;         /* the Reshapes to (L*N, E) and back to (L, N, E) */
     const char *x, *w, *b, *wo, *bo;   /* the input value; the initializers (b, bo NULL: bias=False) */
     int w_t, wo_t;              /* w / wo stored (in, out) (an eval export's): bound transposed */
@@ -2912,6 +2914,15 @@ static const char *mha_root(imp *im, const char *v) {
     return NULL;
 }
 
+/* A constant scalar input k of node i, or of the Cast that computes it (the exporter's Cast(1) of
+ * baddbmm's alpha and beta). */
+static int const_scalar_cast(imp *im, int i, int k, double *out) {
+    if (const_scalar(im, i, k, out)) return 1;
+    if (k < 0 || k >= im->m->nodes[i].nin) return 0;
+    int c = producer_of(im, im->m->nodes[i].in[k]);
+    return is_op(im, c, "Cast") && im->m->nodes[c].nin == 1 && const_scalar(im, c, 0, out);
+}
+
 /* An nn.MultiheadAttention parameter by its state_dict name (in_proj_weight, in_proj_bias, or the
  * q_proj_weight of separate projections). */
 static int mha_named(const char *name) {
@@ -2951,6 +2962,7 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     memset(p, 0, sizeof *p);
     p->t0 = t0;
     p->drop = -1;
+    p->mask_mul = p->mask_add = -1;
 #define WHY(...) (snprintf(p->why, sizeof p->why, __VA_ARGS__), like ? 2 : 0)
 #define ADD(i) (nodes[(*nn)++] = (i))
     if (!perm_is(im, t0, p102, 3) || m->nodes[t0].nin != 1 || m->nodes[t0].nout != 1) return 0;
@@ -3035,10 +3047,26 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     /* softmax(q k^T / sqrt(D)), dropout, times v */
     const char *sc = out0(im, mm_s);
     int sm = data_reader(im, sc);
+    /* an attn_mask: baddbmm(mask, q, k^T) as the exporter writes it, the scores times 1 plus a mask term
+     * (a float mask Unsqueezed, a bool one through Where(mask, -inf, 0), times 1); h_mha checks that it is
+     * a constant, the causal mask */
+    double one;
+    if (is_op(im, sm, "Mul") && m->nodes[sm].nin == 2 && const_scalar_cast(im, sm, other_input(im, sm, sc), &one) &&
+        one == 1.0) {
+        int ad = data_reader(im, out0(im, sm)), mi = is_op(im, ad, "Add") ? other_input(im, ad, out0(im, sm)) : -1;
+        if (mi >= 0) {
+            p->mask_mul = sm;
+            p->mask_add = ad;
+            p->mask = m->nodes[ad].in[mi];
+            ADD(sm);
+            ADD(ad);
+            sm = data_reader(im, out0(im, ad));
+        }
+    }
     if (!is_op(im, sm, "Softmax"))
-        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask (attn_mask or "
-                   "key_padding_mask), which psd's MultiheadAttention does not take",
-                   sm < 0 ? "several nodes" : m->nodes[sm].op_type);
+        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than an "
+                   "attn_mask added to them (key_padding_mask), which psd's MultiheadAttention does not take (it "
+                   "takes the causal attn_mask)", sm < 0 ? "several nodes" : m->nodes[sm].op_type);
     const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[sm], "axis");
     int64_t axis = ax ? ax->i : im->opset >= 13 ? -1 : 1;
     if (axis != -1 && axis != 2) return WHY("a Softmax over axis %lld, not the keys'", (long long)axis);
@@ -3224,6 +3252,38 @@ static ps_status mha_reshape(imp *im, int i, const int64_t *in, int nin, int64_t
     return PS_OK;
 }
 
+/* The attn_mask term p->mask added to the scores of a sequence of L: *causal 1 when it is the causal mask
+ * (-inf where key j > query i, 0 elsewhere; (L, L), or (1, L, L) and (N*H, L, L) of one such matrix): a
+ * float torch.triu(full(-inf), 1) or a bool torch.triu(ones, 1) through the exporter's Where(mask, -inf, 0);
+ * anything else refused, saying what. */
+static ps_status mha_causal(imp *im, const mha_pat *p, int64_t L, int *causal) {
+    im->cur = p->mask_add;
+    val *mv = vget(im, p->mask);
+    if (!mv || mv->kind != VK_CONST)
+        return unsup(im, "nn.MultiheadAttention: the attention mask '%s' added to its scores is computed from the "
+                     "input (a per-sample attn_mask or key_padding_mask): psd's MultiheadAttention takes a constant "
+                     "causal attn_mask only", p->mask);
+    char b1[64];
+    const int64_t lead = mv->ndim == 3 ? mv->dims[0] : 1;
+    if (mv->ndim < 2 || mv->ndim > 3 || mv->dims[mv->ndim - 1] != L || mv->dims[mv->ndim - 2] != L)
+        return unsup(im, "nn.MultiheadAttention: the attention mask '%s' is %s, not (L, L) = (%lld, %lld)", p->mask,
+                     dims_text(mv->dims, mv->ndim, b1, sizeof b1), (long long)L, (long long)L);
+    const double *f = cvals(im, mv);
+    if (!f) return im->err->code;
+    for (int64_t b = 0; b < lead; b++)
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < L; j++) {
+                const double v = f[(b * L + i) * L + j];
+                if (j > i ? !(isinf(v) && v < 0) : v != 0.0)
+                    return unsup(im, "nn.MultiheadAttention: the attention mask '%s' is not the causal one: element "
+                                 "(%lld, %lld) is %g, where the causal mask (torch.triu(ones(L, L), 1) as attn_mask) "
+                                 "has %s; psd's MultiheadAttention takes the causal attn_mask only", p->mask,
+                                 (long long)i, (long long)j, v, j > i ? "-inf" : "0");
+            }
+    *causal = 1;
+    return PS_OK;
+}
+
 /* The nn.MultiheadAttention ending at the current node (its last Transpose): the numbers checked, one
  * MultiheadAttention node; at the first Transpose of one psd does not take, the refusal. */
 static ps_status h_mha(imp *im) {
@@ -3250,6 +3310,8 @@ static ps_status h_mha(imp *im) {
         im->cur = end;
         return unsup(im, "nn.MultiheadAttention with a symbolic batch (its heads' Reshapes need the traced one)");
     }
+    int causal = 0;
+    if (p->mask_add >= 0 && (rc = mha_causal(im, p, L, &causal)) != PS_OK) return rc;
     /* q, k, v: columns [0, E), [E, 2E), [2E, 3E) of the projection, each to (L, N*H, D) */
     const int64_t proj[3] = {L, N, 3 * E}, part[3] = {L, N, E};
     int64_t H = 0, D = 0;
@@ -3319,6 +3381,7 @@ static ps_status h_mha(imp *im) {
     if (pdrop > 0) add_attr(im, pn, "dropout: %s", float_text(pdrop, f, sizeof f));
     if (!b) add_attr(im, pn, "bias: false");
     add_attr(im, pn, "batch_first: true");
+    if (causal) add_attr(im, pn, "causal: true");
     if ((rc = bind(im, pn, "in_proj_weight", w, p->w_t, 0))) return rc;
     if (b && (rc = bind(im, pn, "in_proj_bias", b, 0, 0))) return rc;
     if ((rc = bind(im, pn, "out_proj.weight", wo, p->wo_t, 0))) return rc;

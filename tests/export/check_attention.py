@@ -205,6 +205,11 @@ def mha(x, target):
                                   # 3 heads: torch 1.13's eval fast path (even heads) fails without biases
                                   ("training export, bias=False, 3 heads", torch.onnx.TrainingMode.TRAINING, 13,
                                    {"bias": False, "n_embd": 12, "n_head": 3}),
+                                  # a causal attn_mask (-inf float and bool buffers): causal: true
+                                  ("training export, causal float mask", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"mode": "mask"}),
+                                  ("training export, causal bool mask", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"mode": "mask_bool"}),
                                   ("eval export", torch.onnx.TrainingMode.EVAL, 13, {})):
         # the eval export folds in_proj_weight^T into onnx::MatMul_N (E, 3E): bound transposed, named by its
         # in_proj_bias
@@ -223,7 +228,8 @@ def mha(x, target):
         cr.check("attn.in_proj_weight" in names and not any(n.startswith("attn.") and "proj" not in n for n in names),
                  "MultiheadAttention %s: one node, attn's parameters under the module's names (%s)" % (what, names))
         cr.input_gradient("MultiheadAttention " + what, stub, m, x, target)
-        cr.run("MultiheadAttention " + what, stub, m, x, target)
+        cr.run("MultiheadAttention " + what, stub, m, x, target, folded=("mask",) if "mask" in kw.get("mode", "")
+               else ())
         p.kill()
     # dropout on the attention weights is the kind's own (psd draws its masks): the import carries p
     path = os.path.join(cr.TMP, "mha_dropout.onnx")
@@ -237,7 +243,8 @@ def mha(x, target):
     cr.check(not np.allclose(a, b), "MultiheadAttention with dropout 0.25: a training forward drops (differs from "
              "the eval one)")
     p.kill()
-    for mode, want in (("mask", "an attention mask (attn_mask or key_padding_mask)"),
+    for mode, want in (("mask_other", "the attention mask '/attn/Mul_4_output_0' is not the causal one: element "
+                                      "(0, 1) is 0"),
                        ("cross", "cross-attention"), ("weights", "need_weights=True"),
                        ("dynamic", "a dynamic batch")):
         path = os.path.join(cr.TMP, "mha_%s.onnx" % mode)
@@ -246,9 +253,10 @@ def mha(x, target):
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           opset_version=17 if mode == "dynamic" else 13, **dyn)
         rc, out = check_config(path)
-        cr.check(rc != 0 and "node '/attn/Transpose' (Transpose): nn.MultiheadAttention:" in out and want in out,
-                 "MultiheadAttention %s: refused at its first Transpose, saying '%s' (%s)"
-                 % (mode, want, out.strip().splitlines()[-1] if out.strip() else "no output"))
+        at = "node '/attn/Add_2' (Add)" if mode == "mask_other" else "node '/attn/Transpose' (Transpose)"
+        cr.check(rc != 0 and at + ": nn.MultiheadAttention:" in out and want in out,
+                 "MultiheadAttention %s: refused at %s, saying '%s' (%s)"
+                 % (mode, at, want, out.strip().splitlines()[-1] if out.strip() else "no output"))
 
 
 if __name__ == "__main__":

@@ -392,9 +392,9 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
         loaded = ""
     except Exception as e:                               # noqa: BLE001 - any refusal is the finding
         loaded = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    also = " (with the masks folded into the model file, %s, from the module)" % ", ".join(folded) if folded else ""
     check(not loaded, "%s: after the step, psd's parameters and buffers load into the module with "
-          "load_state_dict(strict=True)%s %s" % (label, " (with the masks psd-export folded, %s, from the module)"
-                                                 % ", ".join(folded) if folded else "", loaded))
+          "load_state_dict(strict=True)%s %s" % (label, also, loaded))
     counts = [k for k in sd if sd[k].dtype == np.int64]
     bad = [k for k in counts if int(after[k].reshape(())) != int(sd[k])]
     if counts:
