@@ -2456,11 +2456,32 @@ static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int6
     return PS_OK;
 }
 
+/* Slice of a constant along one axis, step 1 (minGPT's causal mask self.bias[:, :, :T, :T]): folded. */
+static ps_status slice_const(imp *im, val *x) {
+    int a = 0;
+    int64_t st = 0, en = 0;
+    ps_status rc = slice_args(im, x->dims, x->ndim, &a, &st, &en);
+    if (rc) return rc;
+    const double *xf = cvals(im, x);
+    if (!xf) return im->err->code;
+    int64_t od[MAXD], outer = 1, inner = 1;
+    memcpy(od, x->dims, sizeof od);
+    od[a] = en - st;
+    for (int k = 0; k < a; k++) outer *= x->dims[k];
+    for (int k = a + 1; k < x->ndim; k++) inner *= x->dims[k];
+    double *f = palloc(&im->mem, (size_t)(outer * (en - st) * inner + 1) * sizeof *f);
+    if (!f) return oom(im);
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(f + o * (en - st) * inner, xf + (o * x->dims[a] + st) * inner, (size_t)((en - st) * inner) * sizeof *f);
+    return const_out(im, 0, x->ndim, od, f, x->is_int) ? PS_OK : im->err->code;
+}
+
 /* Slice of a computed value along one axis, step 1, by constants (x.chunk
  * and x.split's pieces, x[:, a:b]): a Narrow. */
 static ps_status h_slice(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
+    if (x->kind == VK_CONST) return slice_const(im, x);
     if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
     ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
     if (rc) return rc;
@@ -2567,6 +2588,60 @@ static ps_status h_fold_only(imp *im) {
     return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
 }
 
+/* Where(cond, value, x) or Where(cond, x, value) with cond a constant and value a number: x.masked_fill (the
+ * exporter's, minGPT's att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))), a MaskedFill when the
+ * filled positions are a triangle of the last two dims (torch.triu or torch.tril of ones, the same matrix at
+ * every leading index); of constants alone, folded. */
+static ps_status h_where(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *c = in_val(im, 0, 1), *a = in_val(im, 1, 1), *b = in_val(im, 2, 1);
+    if (!c || !a || !b) return im->err->code;
+    const int fill_a = b->kind == VK_DATA;   /* cond true: the value (masked_fill's form) */
+    val *x = fill_a ? b : a, *v = fill_a ? a : b;
+    if (c->kind != VK_CONST || x->kind != VK_DATA || v->kind != VK_CONST || v->numel != 1)
+        return unsup(im, "Where other than masked_fill: a constant condition choosing between a number and a "
+                     "computed value (psd's MaskedFill)");
+    ps_status rc = need_float(im, x, 2, PS_MAXD, "the filled value");
+    if (rc) return rc;
+    const double *cf = cvals(im, c), *vf = cvals(im, v);
+    if (!cf || !vf) return im->err->code;
+    char b1[64], b2[64];
+    const int64_t R = x->dims[x->ndim - 2], C = x->dims[x->ndim - 1];
+    int ok = c->ndim >= 2 && c->ndim <= x->ndim && c->dims[c->ndim - 2] == R && c->dims[c->ndim - 1] == C;
+    for (int k = 0; ok && k < c->ndim - 2; k++)
+        ok = c->dims[k] == 1 || c->dims[k] == x->dims[x->ndim - c->ndim + k];
+    if (!ok)
+        return unsup(im, "masked_fill (Where): the condition '%s' is %s, not (..., %lld, %lld) broadcast over the "
+                     "value's %s", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1), (long long)R, (long long)C,
+                     dims_text(x->dims, x->ndim, b2, sizeof b2));
+    /* the filled positions of each matrix, all the same */
+    const int64_t mats = c->numel / (R * C);
+    for (int64_t t = 1; t < mats; t++)
+        for (int64_t i = 0; i < R * C; i++)
+            if ((cf[t * R * C + i] != 0) != (cf[i] != 0))
+                return unsup(im, "masked_fill (Where): the condition '%s' differs between its matrices (psd's "
+                             "MaskedFill fills one triangle of the last two dims)", c->name);
+    for (int tri = 0; tri < 2; tri++)
+        for (int64_t d = -R; d <= C; d++) {
+            int same = 1;
+            for (int64_t i = 0; same && i < R; i++)
+                for (int64_t j = 0; same && j < C; j++) {
+                    const int in = tri ? j - i <= d : j - i >= d, filled = (cf[i * C + j] != 0) == fill_a;
+                    same = in == filled;
+                }
+            if (!same) continue;
+            int xin = x->node;
+            int pn = emit(im, "MaskedFill", NULL, NULL, NULL, 1, &xin);
+            if (pn < 0) return oom(im);
+            char f[40];
+            add_attr(im, pn, "mask: %s, diagonal: %lld, value: %s", tri ? "tril" : "triu", (long long)d,
+                     float_text(vf[0], f, sizeof f));
+            return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+        }
+    return unsup(im, "masked_fill (Where): the positions the condition '%s' fills are no triangle of the last two "
+                 "dims (torch.triu or torch.tril of ones), which psd's MaskedFill takes", c->name);
+}
+
 static const op_row ops[] = {
     {"Conv", h_conv, 1},
     {"Gemm", h_gemm, 1},
@@ -2610,7 +2685,7 @@ static const op_row ops[] = {
     {"Neg", h_fold_only, 1},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_fold_only, 1},
-    {"Where", h_fold_only, 9},
+    {"Where", h_where, 9},
 };
 
 static const op_row *find_op(const char *op) {

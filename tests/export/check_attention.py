@@ -140,6 +140,21 @@ def masks(pe, target):
         cr.input_gradient(label, stub, model, x, target)
         cr.run(label, stub, copy.deepcopy(model), x, target, folded=("attn.bias",))
         p.kill()
+        # its training-mode ONNX exports: the mask's Slices of attn.bias folded, Equal, Where(cond, -inf, att)
+        # read back as the MaskedFill; at opset 17 with a dynamic batch too
+        for opset, dyn in ((13, {}), (17, dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}}))):
+            path = os.path.join(cr.TMP, "causal_%d_%d.onnx" % (seq, opset))
+            m2 = copy.deepcopy(model).train()
+            torch.onnx.export(copy.deepcopy(m2), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                              do_constant_folding=False, opset_version=opset, **dyn)
+            rc, out = check_config(path)
+            cr.check(rc == 0, "minGPT's ONNX export at T %d, opset %d loads (%s)" % (seq, opset,
+                                                                                     out.strip()[-200:]))
+            label = "minGPT causal attention ONNX opset %d%s, T %d block 8" % (opset, " dynamic" if dyn else "", seq)
+            stub, p = cr.start_psd("causal_onnx_%d_%d" % (seq, opset), "onnx: %s" % path, [])
+            cr.input_gradient(label, stub, m2, x, target)
+            cr.run(label, stub, m2, x, target, folded=("attn.bias",))
+            p.kill()
     torch.manual_seed(0)
     x = torch.randn(4, 6, 5)
     for mode in ("mask", "mask_bool"):
