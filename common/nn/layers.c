@@ -2447,8 +2447,8 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
-    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 1, mha_attrs, mha_infer, mha_missing, mha_forward,
-     mha_backward, mha_bytes, NULL, mha_flops},
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 1, mha_attrs, mha_infer,
+     mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
     {"MatMul", PS_KIND_BWD_X, 2, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
      NULL, matmul_flops},
