@@ -279,6 +279,7 @@ SOFTMAX = [
     ("log_softmax_dim1", (2, 5, 3, 4), 1, 1),
     ("softmax_dim2", (2, 3, 6, 4), 2, 0),
     ("log_softmax_last", (3, 4, 7), 2, 1),
+    ("softmax_last", (3, 4, 7), 2, 0),      # inner 1: dnnl's row-wise backward, not oneDNN's ref:any
 ]
 
 

@@ -24,7 +24,9 @@
  *  - MultiheadAttention with attention dropout: the input gradient vs
  *    finite differences with a mask held fixed, a seed replays its mask,
  *    combined forwards draw each part's own, eval is the training forward
- *    at a mask of ones;
+ *    at a mask of ones; a combined backward of their tapes gives each part
+ *    its own backward's input and parameter gradients while running the
+ *    attention's backward once (backend calls counted);
  *  - bad input: int64 ids out of range (index and value named), stage runs
  *    that do not chain, an input gradient of int64 ids, non-finite grads;
  *  - the optimizer state (Adam): a step on the decoder alone counts only
@@ -363,6 +365,86 @@ static void test_stochastic_depth(rng *r) {
     test_rmtree(dir);
 }
 
+/* Backend calls of the attention's backward, counted by a spy in the
+ * stage backend's ops table: one softmax_backward and four matmuls per
+ * backward call of the attention. */
+static int g_softmax_bwd, g_matmul;
+static const ps_backend_ops *g_real_ops;
+
+static ps_status spy_softmax_backward(void *impl, int64_t rows, int cols, const float *y, const float *dy, float *dx,
+                                      ps_err *err) {
+    g_softmax_bwd++;
+    return g_real_ops->softmax_backward(impl, rows, cols, y, dy, dx, err);
+}
+
+static ps_status spy_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
+                            ps_err *err) {
+    g_matmul++;
+    return g_real_ops->matmul(impl, d, a, b, c, err);
+}
+
+/* The combined backward of a combined forward's tapes (psd's batched
+ * Backwards) against each tape's own backward: each part's input gradient
+ * and its own parameter gradients (ref: bit for bit; dnnl within 1e-6 x
+ * max), and the attention's backward computed once for all the parts -
+ * one softmax backward and four matmuls, where the parts' own backwards
+ * take one and four each (it once ran once per part and once more). */
+static void attention_backward_group(const char *label, ps_model *m, int bk, ps_tape *const *tapes, const int *ns,
+                                     int64_t per, rng *r) {
+    ps_err err = {0};
+    float *gout[2], *gin[2], *gin_alone = malloc((size_t)(ns[0] + ns[1]) * per * sizeof(float));
+    ps_grads *accs[2], *alone[2];
+    for (int i = 0; i < 2; i++) {
+        gout[i] = host_random((size_t)(ns[i] * per), r);
+        gin[i] = malloc((size_t)(ns[i] * per) * sizeof(float));
+        accs[i] = ps_grads_create(m, &err);
+        alone[i] = ps_grads_create(m, &err);
+    }
+    ps_backend *be = (ps_backend *)ps_model_stage_backend(m, 0);
+    ps_backend_ops spy = *be->ops;
+    g_real_ops = be->ops;
+    spy.softmax_backward = spy_softmax_backward;
+    spy.matmul = spy_matmul;
+    be->ops = &spy;
+    g_softmax_bwd = g_matmul = 0;
+    OKE(ps_model_backward_group(m, 2, tapes, (const float *const *)gout, gin, accs, &err));
+    int sm_group = g_softmax_bwd, mm_group = g_matmul;
+    g_softmax_bwd = g_matmul = 0;
+    for (int i = 0; i < 2; i++)
+        OKE(ps_model_backward_acc(m, tapes[i], gout[i], gin_alone + (i ? ns[0] * per : 0), alone[i], &err));
+    be->ops = g_real_ops;
+    CHECK_MSG(sm_group == 1 && mm_group == 4, "%s: the combined backward ran %d softmax backwards and %d matmuls, "
+              "not the attention's backward once (1 and 4)", label, sm_group, mm_group);
+    CHECK_MSG(g_softmax_bwd == 2 && g_matmul == 8, "%s: the parts' own backwards ran %d softmax backwards and %d "
+              "matmuls (2 and 8)", label, g_softmax_bwd, g_matmul);
+    const double tol = bk ? 1e-6 : 0;
+    char what[200];
+    for (int i = 0; i < 2; i++) {
+        const float *want = gin_alone + (i ? ns[0] * per : 0);
+        snprintf(what, sizeof what, "%s: combined backward part %d's input gradient", label, i);
+        if (tol > 0) check_scaled(what, gin[i], want, (size_t)(ns[i] * per), tol);
+        else CHECK_MSG(!memcmp(gin[i], want, (size_t)(ns[i] * per) * sizeof(float)), "%s differs", what);
+        for (int j = 0; j < ps_model_num_params(m); j++) {
+            const ps_param_info *pi = ps_model_param(m, j);
+            float *a = malloc((size_t)pi->numel * sizeof(float)), *b = malloc((size_t)pi->numel * sizeof(float));
+            OKE(ps_grads_get(m, accs[i], j, a, &err));
+            OKE(ps_grads_get(m, alone[i], j, b, &err));
+            snprintf(what, sizeof what, "%s: combined backward part %d's %s gradient", label, i, pi->name);
+            if (tol > 0) check_scaled(what, a, b, (size_t)pi->numel, tol);
+            else CHECK_MSG(!memcmp(a, b, (size_t)pi->numel * sizeof(float)), "%s differs", what);
+            free(a);
+            free(b);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        free(gout[i]);
+        free(gin[i]);
+        ps_grads_free(accs[i]);
+        ps_grads_free(alone[i]);
+    }
+    free(gin_alone);
+}
+
 /* MultiheadAttention with attention dropout (ref and dnnl): the input
  * gradient against finite differences with a mask held fixed; a seed
  * replays its forward's mask (the same output), another seed draws
@@ -417,6 +499,9 @@ static void test_attention_dropout(rng *r) {
                 OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], y2, NULL, NULL, &err));
                 snprintf(what, sizeof what, "%s: combined forward part %d vs its own forward", label, i);
                 check_scaled(what, outs[i], y2, (size_t)ns[i] * L * E, b ? 1e-5 : 1e-6);
+            }
+            attention_backward_group(label, m, b, tapes, ns, (int64_t)L * E, r);
+            for (int i = 0; i < 2; i++) {
                 ps_tape_free(tapes[i]);
                 free(outs[i]);
             }

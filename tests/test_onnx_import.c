@@ -111,7 +111,7 @@ typedef struct attr_spec {
     double f;
     int64_t i;
     int nints;
-    int64_t ints[8];
+    int64_t ints[10];
 } attr_spec;
 
 static buf node(const char *name, const char *op, int nin, const char *const *in, const char *out, int nattr,
@@ -972,6 +972,22 @@ static void test_expand_param(void) {
     }
 }
 
+/* The int lists ONNX moved from an attribute to an input (moved_ints):
+ * Squeeze's axes as an attribute (opset 11) folding a constant, with 9
+ * axes (one past psd's rank limit: the fold once read past its array),
+ * is refused naming them. */
+static void test_moved_ints(void) {
+    int64_t c1[1] = {1}, dx[2] = {2, 3};
+    buf init = tensor_i64("c", 1, c1);
+    const char *sq_in[1] = {"c"}, *add_in[2] = {"x", "s"};
+    attr_spec ax = {"axes", 7, 0, 0, 9, {0, 1, 2, 3, 4, 5, 6, 7, 8}};
+    buf ns[2] = {node("/q/Squeeze", "Squeeze", 1, sq_in, "s", 1, &ax), node("/q/Add", "Add", 2, add_in, "y", 0, NULL)};
+    buf vi = value_info("x", 2, dx), vo = value_info("y", 2, dx);
+    buf m = model(11, ns, 2, &init, 1, &vi, &vo);
+    expect_refusal("a Squeeze of 9 axes", &m, PS_ERR_UNIMPLEMENTED, "axes of more than 8 values");
+    free(m.p);
+}
+
 int main(void) {
     test_mha();
     test_expand_param();
@@ -982,5 +998,6 @@ int main(void) {
     test_softmax_opsets();
     test_attributes();
     test_old_opsets();
+    test_moved_ints();
     return check_summary("test_onnx_import");
 }

@@ -67,9 +67,9 @@ typedef enum {
     PK_POOL_FWD_TRAINING, PK_POOL_FWD_INFERENCE, PK_POOL_BWD,
     PK_IP_FWD, PK_IP_BWD_DATA, PK_IP_BWD_WEIGHTS,
     PK_RELU_FWD, PK_RELU_BWD,
-    PK_LOGSOFTMAX_FWD, PK_LOGSOFTMAX_BWD,
+    PK_LOGSOFTMAX_FWD,          /* the (log-)softmax backwards are C loops (softmax_rows_bwd) */
     PK_REORDER,
-    PK_SOFTMAX_FWD, PK_SOFTMAX_BWD,
+    PK_SOFTMAX_FWD,
     PK_AVGPOOL_FWD, PK_AVGPOOL_BWD,
     PK_ELTWISE_FWD, PK_ELTWISE_BWD,
     PK_CONV_BWD_W_AS_FWD,
@@ -166,10 +166,8 @@ static const prim_kind_info kKindInfo[] = {
     [PK_RELU_FWD] = { "relu forward", 0 },
     [PK_RELU_BWD] = { "relu backward", 0 },
     [PK_LOGSOFTMAX_FWD] = { "log-softmax forward", 1 },
-    [PK_LOGSOFTMAX_BWD] = { "log-softmax backward", 1 },
     [PK_REORDER] = { "reorder", 1 },
     [PK_SOFTMAX_FWD] = { "softmax forward", 0 },  /* a language model's vocabulary: not tiny */
-    [PK_SOFTMAX_BWD] = { "softmax backward", 1 },
     [PK_AVGPOOL_FWD] = { "avg-pool forward", 0 },
     [PK_AVGPOOL_BWD] = { "avg-pool backward", 0 },
     [PK_ELTWISE_FWD] = { "activation forward", 0 },
@@ -749,11 +747,9 @@ static ps_status create_logsoftmax(dnnl_engine_t eng, const prim_key *k, dnnl_pr
     dnnl_memory_desc_t md;
     ps_status st = md_plain(&md, 2, k->dims, dnnl_nc, err);
     if (st) return st;
-    dnnl_logsoftmax_desc_t fwd, bwd;
+    dnnl_logsoftmax_desc_t fwd;
     PS_DNNL_CHECK(dnnl_logsoftmax_forward_desc_init(&fwd, dnnl_forward_training, &md, 1));
-    if (k->kind == PK_LOGSOFTMAX_FWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_logsoftmax_backward_desc_init(&bwd, &md, &md, 1));
-    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    return make_prim(eng, &fwd, NULL, prim, err);
 }
 
 static ps_status create_softmax(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim,
@@ -761,11 +757,9 @@ static ps_status create_softmax(dnnl_engine_t eng, const prim_key *k, dnnl_primi
     dnnl_memory_desc_t md;
     ps_status st = md_plain(&md, 2, k->dims, dnnl_nc, err);
     if (st) return st;
-    dnnl_softmax_desc_t fwd, bwd;
+    dnnl_softmax_desc_t fwd;
     PS_DNNL_CHECK(dnnl_softmax_forward_desc_init(&fwd, dnnl_forward_training, &md, 1));
-    if (k->kind == PK_SOFTMAX_FWD) return make_prim(eng, &fwd, NULL, prim, err);
-    PS_DNNL_CHECK(dnnl_softmax_backward_desc_init(&bwd, &md, &md, 1));
-    return make_bwd_prim(eng, &fwd, &bwd, prim, err);
+    return make_prim(eng, &fwd, NULL, prim, err);
 }
 
 /* Reorder from src to dst (user-managed scratchpad, like every primitive). */
@@ -864,9 +858,9 @@ static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dn
         return create_ip(eng, k, prim, err);
     case PK_RELU_FWD: case PK_RELU_BWD:
         return create_relu(eng, k, prim, err);
-    case PK_LOGSOFTMAX_FWD: case PK_LOGSOFTMAX_BWD:
+    case PK_LOGSOFTMAX_FWD:
         return create_logsoftmax(eng, k, prim, err);
-    case PK_SOFTMAX_FWD: case PK_SOFTMAX_BWD:
+    case PK_SOFTMAX_FWD:
         return create_softmax(eng, k, prim, err);
     case PK_PERMUTE:
         return create_permute(eng, k, prim, err);
@@ -2188,14 +2182,17 @@ static ps_status dn_log_softmax_forward(void *impl, int rows, int cols, const fl
     return run(im, &k, a, 2, err);
 }
 
+static void softmax_rows_bwd(int64_t rows, int cols, int log, const float *y, const float *dy, float *dx);
+
+/* Row-wise, as softmax_backward (softmax_rows_bwd): oneDNN 2.6's
+ * log-softmax backward is ref:any below AVX-512 too, and a classifier's
+ * LogSoftmax runs it every step. */
 static ps_status dn_log_softmax_backward(void *impl, int rows, int cols, const float *y,
                                            const float *dy, float *dx, ps_err *err) {
-    dn_impl *im = impl;
-    set_threads(im);
-    const int64_t dims[2] = { rows, cols };
-    prim_key k = key_make(PK_LOGSOFTMAX_BWD, 0, 2, dims);
-    exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
-    return run(im, &k, a, 3, err);
+    (void)err;
+    set_threads(impl);
+    softmax_rows_bwd(rows, cols, 1, y, dy, dx);
+    return PS_OK;
 }
 
 static ps_status dn_mul(void *impl, int64_t count, const float *x, const float *mask, float *y,
@@ -2307,25 +2304,40 @@ static ps_status dn_softmax_forward(void *impl, int64_t rows, int cols, const fl
     return run(im, &k, a, 2, err);
 }
 
-/* Row-wise softmax backward: an OpenMP loop, not oneDNN's primitive -
- * oneDNN 2.6 has only its reference kernel (ref:any) for it below
- * AVX-512, and multi-head attention runs it over every head's L x L
- * weights. dx = y * (dy - sum(dy * y)), the sum in double. */
-static ps_status dn_softmax_backward(void *impl, int64_t rows, int cols, const float *y,
-                                     const float *dy, float *dx, ps_err *err) {
-    (void)err;
-    set_threads(impl);
+/* Row-wise (log-)softmax backward: an OpenMP loop, not oneDNN's
+ * primitives - oneDNN 2.6 has only its reference kernel (ref:any) for
+ * them below AVX-512, and multi-head attention runs the softmax's over
+ * every head's L x L weights. Softmax: dx = y * (dy - sum(dy * y));
+ * log-softmax: dx = dy - exp(y) * sum(dy); the sums in double. Every
+ * backward of a softmax over the last dimension comes here
+ * (softmax_backward, log_softmax_backward, softmax_dim_backward's
+ * inner 1). */
+static void softmax_rows_bwd(int64_t rows, int cols, int log, const float *y, const float *dy, float *dx) {
 #pragma omp parallel for if (rows * cols >= PS_OMP_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *yr = y + r * cols, *dyr = dy + r * cols;
         float *dxr = dx + r * cols;
         double s = 0;
+        if (log) {
 #pragma omp simd reduction(+ : s)
-        for (int j = 0; j < cols; j++) s += (double)dyr[j] * yr[j];
-        const float sf = (float)s;
+            for (int j = 0; j < cols; j++) s += (double)dyr[j];
+            const float sf = (float)s;
+            for (int j = 0; j < cols; j++) dxr[j] = dyr[j] - expf(yr[j]) * sf;
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int j = 0; j < cols; j++) s += (double)dyr[j] * yr[j];
+            const float sf = (float)s;
 #pragma omp simd
-        for (int j = 0; j < cols; j++) dxr[j] = yr[j] * (dyr[j] - sf);
+            for (int j = 0; j < cols; j++) dxr[j] = yr[j] * (dyr[j] - sf);
+        }
     }
+}
+
+static ps_status dn_softmax_backward(void *impl, int64_t rows, int cols, const float *y,
+                                     const float *dy, float *dx, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    softmax_rows_bwd(rows, cols, 0, y, dy, dx);
     return PS_OK;
 }
 
@@ -2803,10 +2815,11 @@ static ps_status dn_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
 }
 
 /* ---- softmax over one dimension ----
- * inner == 1 (the last dimension) runs the (log-)softmax primitives of
- * softmax_forward / log_softmax_forward; otherwise (oneDNN 2.6 has only
- * ref:any for a strided axis) a C kernel: for each outer index, a block
- * of inner positions at a time, vectorised along inner. */
+ * inner == 1 (the last dimension) runs the (log-)softmax forward
+ * primitives of softmax_forward / log_softmax_forward and the row-wise
+ * backward of softmax_backward (softmax_rows_bwd); otherwise (oneDNN 2.6
+ * has only ref:any for a strided axis) a C kernel: for each outer index,
+ * a block of inner positions at a time, vectorised along inner. */
 #define PS_SM_INNER 64
 
 static void softmax_strided(const ps_softmax_desc *d, const float *x, float *y) {
@@ -2872,13 +2885,9 @@ static ps_status dn_softmax_dim_backward(void *impl, const ps_softmax_desc *d, c
                                          float *dx, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
-    if (d->inner == 1) {
-        const int64_t dims[2] = { d->outer, d->dim };
-        prim_key k = key_make(d->log ? PK_LOGSOFTMAX_BWD : PK_SOFTMAX_BWD, 0, 2, dims);
-        exec_arg a[] = { { DNNL_ARG_DST, y }, { DNNL_ARG_DIFF_DST, dy }, { DNNL_ARG_DIFF_SRC, dx } };
-        return run(im, &k, a, 3, err);
-    }
-    softmax_strided_bwd(d, y, dy, dx);
+    (void)err;
+    if (d->inner == 1) softmax_rows_bwd(d->outer, d->dim, d->log, y, dy, dx);
+    else softmax_strided_bwd(d, y, dy, dx);
     return PS_OK;
 }
 
@@ -2963,9 +2972,30 @@ static ps_status dn_reorder(void *impl, int n, int c, int h, int w, const float 
 }
 
 /* Permute: oneDNN's reorder between a strided view and the dense output (create_permute). */
+/* 1 when permutation d moves no element: the dims longer than 1 keep
+ * their order (a Permute of one dim per sample, heads' permute at one
+ * head). */
+static int permute_is_copy(const ps_permute_desc *d) {
+    int last = -1;
+    for (int j = 0; j < d->ndim; j++) {
+        if (d->dims[d->perm[j]] == 1) continue;
+        if (d->perm[j] < last) return 0;
+        last = d->perm[j];
+    }
+    return 1;
+}
+
+/* A strided reorder (create_permute); a permutation that moves nothing is
+ * a copy (oneDNN's reorder for it is simple:any, its plain C loop). */
 static ps_status dn_permute(void *impl, const ps_permute_desc *d, const float *x, float *y, ps_err *err) {
     dn_impl *im = impl;
     set_threads(im);
+    if (permute_is_copy(d)) {
+        int64_t count = d->n;
+        for (int j = 0; j < d->ndim; j++) count *= d->dims[j];
+        if (x != y) memcpy(y, x, (size_t)count * sizeof(float));
+        return PS_OK;
+    }
     int64_t dims[2 + 2 * PS_PERMUTE_MAX_DIMS] = { d->n, d->ndim };
     for (int j = 0; j < d->ndim; j++) {
         dims[2 + j] = d->dims[j];

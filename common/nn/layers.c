@@ -2045,10 +2045,44 @@ out:
     return rc;
 }
 
+/* Backward of one of a kind's linears over rows rows a sample (x (n*rows,
+ * in), w (out, in), dy (n*rows, out)): dx (NULL: not wanted) for all the
+ * call's samples at once, and the gradients of its weight and bias -
+ * parameters jw and jb (-1: none), at float offsets ow and ob into them -
+ * from the call's samples, or in a combined backward (c->parts) each
+ * part's from its own rows into its own. */
+static ps_status linear_backward_parts(const ps_layer_call *c, int rows, int in, int out, const float *x,
+                                       const float *w, const float *dy, float *dx, int jw, int64_t ow, int jb,
+                                       int64_t ob, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const ps_layer_parts *pt = c->parts;
+    if (!pt) {
+        const ps_linear_desc ld = {c->n * rows, in, out};
+        return ops->linear_backward(c->be->impl, &ld, x, w, dy, dx, c->dw[jw] ? c->dw[jw] + ow : NULL,
+                                    jb >= 0 && c->dw[jb] ? c->dw[jb] + ob : NULL, err);
+    }
+    ps_status rc = PS_OK;
+    if (dx) {
+        const ps_linear_desc ld = {c->n * rows, in, out};
+        rc = ops->linear_backward(c->be->impl, &ld, x, w, dy, dx, NULL, NULL, err);
+    }
+    for (int p = 0; p < pt->k && rc == PS_OK; p++) {
+        float *const *dw = pt->dw + (size_t)p * PS_LAYER_MAX_PARAMS;
+        const int64_t r0 = (int64_t)pt->off[p] * rows;
+        const ps_linear_desc ld = {pt->n[p] * rows, in, out};
+        rc = ops->linear_backward(c->be->impl, &ld, x + r0 * in, w, dy + r0 * out, NULL, dw[jw] ? dw[jw] + ow : NULL,
+                                  jb >= 0 && dw[jb] ? dw[jb] + ob : NULL, err);
+    }
+    return rc;
+}
+
+/* In a combined backward (c->parts) the attention's backward runs once for
+ * every part's samples - all of it is per sample - and only the four
+ * linears' parameter gradients are computed part by part
+ * (linear_backward_parts). */
 static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     const mha_geom g = mha_of(c->ly, c->n);
-    const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
     const float s = 1.0f / sqrtf((float)g.D);
     const float *mask = c->saved->dev[0], *q = c->saved->dev[1], *k = c->saved->dev[2], *v = c->saved->dev[3];
     const float *P = c->saved->dev[4], *o = c->saved->dev[5];
@@ -2061,8 +2095,7 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     float *d_o = tmp, *doh = d_o + g.nle, *dqkv = doh + g.nle, *dback = dqkv + 3 * g.nle, *dA = dback + g.nle,
           *dS = dA + g.p, *dxp = dS + g.p;
     float *dq = dqkv, *dk = dq + g.nle, *dv = dk + g.nle;
-    ps_status rc = ops->linear_backward(c->be->impl, &ld, o, c->w[g.wo], c->dy, d_o, c->dw[g.wo],
-                                        g.bo >= 0 ? c->dw[g.bo] : NULL, err);
+    ps_status rc = linear_backward_parts(c, g.L, g.E, g.E, o, c->w[g.wo], c->dy, d_o, g.wo, 0, g.bo, 0, err);
     if (rc == PS_OK) rc = mha_heads(c, &g, 0, d_o, doh, err);
     const float *A = P;
     if (rc == PS_OK && mask) {
@@ -2078,9 +2111,8 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
         if ((rc = mha_heads(c, &g, 1, dqkv + j * g.nle, dback, err)) != PS_OK) break;
         float *dx = !c->dx ? NULL : j == 0 ? c->dx : dxp;
-        float *dw = c->dw[0] ? c->dw[0] + (int64_t)j * g.E * g.E : NULL;
-        float *db = g.bi >= 0 && c->dw[g.bi] ? c->dw[g.bi] + (int64_t)j * g.E : NULL;
-        rc = ops->linear_backward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E, dback, dx, dw, db, err);
+        rc = linear_backward_parts(c, g.L, g.E, g.E, c->x, c->w[0] + (int64_t)j * g.E * g.E, dback, dx, 0,
+                                   (int64_t)j * g.E * g.E, g.bi, (int64_t)j * g.E, err);
         if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, g.nle, c->dx, dxp, err);
     }
     ps_backend_release(c->be, tmp);
@@ -2497,8 +2529,8 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
-    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT, 1, 1, mha_attrs, mha_infer, mha_missing, mha_forward,
-     mha_backward, mha_bytes, NULL, mha_flops},
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 1, mha_attrs, mha_infer,
+     mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
     {"MatMul", PS_KIND_BWD_X, 2, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
      NULL, matmul_flops},

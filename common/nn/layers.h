@@ -223,7 +223,23 @@ typedef struct ps_layer_call {
     float *dx;                  /* dxs[0] */
     float *dw[PS_LAYER_MAX_PARAMS]; /* dense parameter gradients, overwritten */
     ps_rows *rows;              /* sparse parameter 0: filled with its gradient (host) */
+    const struct ps_layer_parts *parts; /* a combined backward of a PS_KIND_BWD_PARTS kind, else NULL */
 } ps_layer_call;
+
+/* A combined backward (psd's batched Backwards, server/nn/exec_group.c):
+ * the call's n samples are k callers' samples side by side, and each
+ * caller gets the parameter gradients of its own samples alone. A kind
+ * with PS_KIND_BWD_PARTS computes them itself in the one call that
+ * computes every caller's input gradient (its dw are then NULL): part p's
+ * samples are [off[p], off[p] + n[p]) and its gradient of dense parameter
+ * j goes to dw[p * PS_LAYER_MAX_PARAMS + j] (overwritten). Other kinds
+ * never see it: the executor calls their backward once for the input
+ * gradients and once per part for its parameter gradients. */
+typedef struct ps_layer_parts {
+    int k;
+    const int *off, *n;
+    float *const *dw;           /* k * PS_LAYER_MAX_PARAMS */
+} ps_layer_parts;
 
 /* Flags of a kind (ps_layer.flags). */
 enum {
@@ -240,6 +256,9 @@ enum {
     PS_KIND_GRAD_PASS = 512,    /* backward is d input_i = d output for every input (Add): the
                                    executor routes the gradient, the kind's backward is not called */
     PS_KIND_BUFFERS_EVAL = 1024,/* its eval forward differs from training (BatchNorm) */
+    PS_KIND_BWD_PARTS = 2048,   /* backward honours ps_layer_call.parts (dense parameters only): a
+                                   combined backward is one call (MultiheadAttention, whose parameter
+                                   gradients need the whole attention backward) */
 };
 
 typedef struct ps_layer_kind {

@@ -475,6 +475,30 @@ static int attr_ints(imp *im, const char *name, int64_t *out, int max) {
     return a->nints > max ? max + 1 : n;
 }
 
+/* A constant int list that ONNX moved from an attribute to an input (Reshape's
+ * shape at opset 5, Split's sizes and Squeeze/Unsqueeze's axes at 13,
+ * ReduceMean's axes at 18): input idx from opset from_opset on, when the
+ * node has it, else the attribute name. *n: the count, -1 when neither is
+ * there. A list computed from the input's values, or of more than cap
+ * values, is refused naming what. */
+static ps_status moved_ints(imp *im, int idx, int64_t from_opset, const char *name, const char *what, int64_t *out,
+                            int cap, int *n) {
+    if (im->opset >= from_opset && has_in(im, idx)) {
+        val *v = in_val(im, idx, 1);
+        if (!v) return im->err->code;
+        if (v->kind != VK_CONST) return unsup(im, "%s computed from the input's values", what);
+        const int64_t *q = cints(im, v);
+        if (!q) return im->err->code;
+        if (v->numel > cap) return unsup(im, "%s of %lld values", what, (long long)v->numel);
+        *n = (int)v->numel;
+        if (*n) memcpy(out, q, sizeof *q * (size_t)*n);
+        return PS_OK;
+    }
+    *n = im->opset < from_opset ? attr_ints(im, name, out, cap) : -1;
+    if (*n > cap) return unsup(im, "%s of more than %d values", what, cap);
+    return PS_OK;
+}
+
 /* Refuse attributes outside the list the handler reads. */
 static ps_status only_attrs(imp *im, const char *const *known) {
     const ps_onnx_node *n = cur_node(im);
@@ -599,14 +623,22 @@ static void pick_name(imp *im, const char *prefer_init, const char *suffix, cons
         size_t l = strlen(base);
         snprintf(base + l, sizeof base - l, ".%s", extra);
     }
-    if (!base[0] || isdigit((unsigned char)base[0])) {
-        char t[NAME_MAX_ + 1];
-        snprintf(t, sizeof t, "n%s", base);
-        snprintf(base, sizeof base, "%s", t);
+    if (!base[0] || isdigit((unsigned char)base[0])) {   /* "n" before it, the end cut to fit */
+        size_t l = strlen(base);
+        if (l > NAME_MAX_ - 1) l = NAME_MAX_ - 1;
+        memmove(base + 1, base, l);
+        base[0] = 'n';
+        base[l + 1] = 0;
     }
     base[NAME_MAX_ - 6] = 0;
     snprintf(out, NAME_MAX_ + 1, "%s", base);
-    for (int k = 1; name_taken(im, out); k++) snprintf(out, NAME_MAX_ + 1, "%s_%d", base, k);
+    size_t bl = strlen(base);
+    for (int k = 1; name_taken(im, out); k++) {   /* base_1, base_2, ...: at most 94 + 6 characters */
+        char suf[16];
+        int sl = snprintf(suf, sizeof suf, "_%d", k);
+        if (sl < 0 || bl + (size_t)sl > NAME_MAX_) break;
+        memcpy(out + bl, suf, (size_t)sl + 1);
+    }
 }
 
 /* A new psd node of kind reading inputs in[] (psd node indices, -1 = the stage input). */
@@ -960,6 +992,8 @@ static ps_status h_shape(imp *im) {
     return const_out(im, 0, 1, d1, f, 1) ? PS_OK : im->err->code;
 }
 
+static ps_status reshape_target(imp *im, int64_t *shape, int *n);   /* with h_reshape below */
+
 /* A constant op on constants: Cast, Unsqueeze, Squeeze, Gather, Concat,
  * Add, Sub, Mul, Div, Sqrt, Neg - the exporters' shape arithmetic. */
 static ps_status fold(imp *im) {
@@ -978,16 +1012,7 @@ static ps_status fold(imp *im) {
     if (!strcmp(op, "Unsqueeze") || !strcmp(op, "Squeeze")) {
         int64_t axes[MAXD];
         int na;
-        if (im->opset >= 13 && has_in(im, 1)) {
-            val *av = in_val(im, 1, 1);
-            if (!av) return im->err->code;
-            const int64_t *q = cints(im, av);
-            if (!q) return im->err->code;
-            na = (int)(av->numel < MAXD ? av->numel : MAXD);
-            for (int i = 0; i < na; i++) axes[i] = q[i];
-        } else {
-            na = attr_ints(im, "axes", axes, MAXD);
-        }
+        if (moved_ints(im, 1, 13, "axes", "axes", axes, MAXD, &na)) return im->err->code;
         int nd = 0;
         if (!strcmp(op, "Unsqueeze")) {
             int r = a->ndim + (na < 0 ? 0 : na);
@@ -1063,18 +1088,8 @@ static ps_status fold(imp *im) {
     if (!strcmp(op, "Reshape")) {
         int64_t shape[MAXD];
         int ns;
-        if (im->opset < 5) {
-            ns = attr_ints(im, "shape", shape, MAXD);
-        } else {
-            val *sv = in_val(im, 1, 1);
-            if (!sv) return im->err->code;
-            const int64_t *q = cints(im, sv);
-            if (!q) return im->err->code;
-            if (sv->numel > MAXD) return unsup(im, "folding a Reshape to %lld dimensions", (long long)sv->numel);
-            ns = (int)sv->numel;
-            for (int i = 0; i < ns; i++) shape[i] = q[i];
-        }
-        if (ns < 0) return bad(im, "no shape");
+        ps_status rc = reshape_target(im, shape, &ns);
+        if (rc) return rc;
         int64_t known = 1;
         int neg = -1;
         for (int i = 0; i < ns; i++) {
@@ -1511,18 +1526,8 @@ static ps_status h_split(imp *im) {
     int64_t sz[MAXD * 4];
     int ns;
     const int cap = (int)(sizeof sz / sizeof sz[0]);
-    if (im->opset >= 13 && has_in(im, 1)) {
-        val *c = in_val(im, 1, 1);
-        if (!c) return im->err->code;
-        if (c->kind != VK_CONST) return unsup(im, "split sizes computed from the input's values");
-        const int64_t *q = cints(im, c);
-        if (!q) return im->err->code;
-        if (c->numel > cap) return unsup(im, "a Split into %lld parts", (long long)c->numel);
-        ns = (int)c->numel;
-        for (int i = 0; i < ns; i++) sz[i] = q[i];
-    } else if (im->opset < 13 && attr(im, "split")) {
-        ns = attr_ints(im, "split", sz, cap);
-    } else {
+    if ((rc = moved_ints(im, 1, 13, "split", "split sizes", sz, cap, &ns))) return rc;
+    if (ns < 0) {   /* neither: equal parts */
         ns = n->nout;
         if (ns < 1 || ns > cap || x->dims[a] % ns) return bad(im, "%lld does not split into %d equal parts",
                                                              (long long)x->dims[a], ns);
@@ -1900,17 +1905,7 @@ static ps_status h_reducemean(imp *im) {
     if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
     int64_t ax[PS_MAXD + 1];
     int n;
-    if (has_in(im, 1)) {
-        val *a = in_val(im, 1, 1);
-        if (!a) return im->err->code;
-        if (a->kind != VK_CONST) return unsup(im, "axes '%s' computed (psd reads constant axes)", a->name);
-        const int64_t *q = cints(im, a);
-        if (!q) return im->err->code;
-        n = a->numel > PS_MAXD ? PS_MAXD + 1 : (int)a->numel;
-        for (int i = 0; i < n && i < PS_MAXD; i++) ax[i] = q[i];
-    } else {
-        n = attr_ints(im, "axes", ax, PS_MAXD);
-    }
+    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
     if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over the 2 spatial axes [2, 3])");
     int r = x->ndim, seen[2] = {0, 0};
     for (int i = 0; i < n && n == 2; i++) {
@@ -2016,19 +2011,9 @@ static ps_status h_flatten(imp *im) {
  * opset 5, the constant second input from then on. Read by h_reshape and by
  * the attention matcher's Reshapes (mha_reshape). */
 static ps_status reshape_target(imp *im, int64_t *shape, int *n) {
-    if (im->opset < 5) {
-        *n = attr_ints(im, "shape", shape, MAXD);
-        return *n < 0 ? bad(im, "no shape") : PS_OK;
-    }
-    val *sv = in_val(im, 1, 1);
-    if (!sv) return im->err->code;
-    if (sv->kind != VK_CONST) return unsup(im, "a shape computed from the input's values");
-    const int64_t *q = cints(im, sv);
-    if (!q) return im->err->code;
-    if (sv->numel > MAXD) return unsup(im, "a target shape of %lld dimensions", (long long)sv->numel);
-    *n = (int)sv->numel;
-    memcpy(shape, q, sizeof *q * (size_t)*n);
-    return PS_OK;
+    ps_status rc = moved_ints(im, 1, 5, "shape", "a target shape", shape, MAXD, n);
+    if (rc) return rc;
+    return *n < 0 ? bad(im, "no shape") : PS_OK;
 }
 
 /* Reshape: the shape a constant input (opset >= 5) or attribute; 0 copies

@@ -16,7 +16,9 @@
  *    by side into one, and a node with parameters computed as one call
  *    for every caller's input gradient plus one parameter-gradient call
  *    per caller on its own slice (each caller keeps its own parameter
- *    gradients). */
+ *    gradients) - or, for a kind whose parameter gradients need its whole
+ *    backward (MultiheadAttention, PS_KIND_BWD_PARTS), one call told each
+ *    caller's slice and gradients (ps_layer_parts). */
 #include "model_impl.h"
 
 #include <stdlib.h>
@@ -236,9 +238,36 @@ ps_status ps_exec_tape_concat(ps_model *m, ps_tape *const *parts, int k, ps_tape
 /* p + bytes (NULL stays NULL). */
 static const void *at(const void *p, size_t bytes) { return p ? (const char *)p + bytes : NULL; }
 
+/* A PS_KIND_BWD_PARTS node: one call of its backward, each part's
+ * parameter gradients handed to it (ps_layer_parts). */
+static ps_status node_backward_parts(stage *st, const ps_layer_call *c, int l, int s, const ps_bwd_parts *parts,
+                                     ps_err *err) {
+    const ps_layer *ly = c->ly;
+    float **dw = calloc((size_t)parts->k * PS_LAYER_MAX_PARAMS, sizeof *dw);
+    if (!dw) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining backwards");
+    for (int p = 0; p < parts->k; p++)
+        for (int j = 0; j < ly->nparams; j++) {
+            if (ly->param[j].sparse) {
+                free(dw);
+                return ps_err_set(err, PS_ERR_INTERNAL, "node '%s': a kind that computes each part's parameter "
+                                  "gradients has a row-sparse parameter", ly->name);
+            }
+            dw[(size_t)p * PS_LAYER_MAX_PARAMS + j] = parts->dense[p * PS_MODEL_MAX_STAGES + s] + st->slots[l].g_off[j];
+        }
+    const ps_layer_parts lp = {parts->k, parts->off, parts->n, dw};
+    ps_layer_call w = *c;
+    memset(w.dw, 0, sizeof w.dw);
+    w.rows = NULL;
+    w.parts = &lp;
+    ps_status rc = ly->kind->backward(&w, err);
+    free(dw);
+    return rc;
+}
+
 ps_status ps_exec_group_node_backward(stage *st, const ps_layer_call *c, int l, int s, const ps_bwd_parts *parts,
                                       ps_err *err) {
     const ps_layer *ly = c->ly;
+    if (ly->flags & PS_KIND_BWD_PARTS) return node_backward_parts(st, c, l, s, parts, err);
     ps_status rc = PS_OK;
     size_t one[PS_LAYER_MAX_SAVED];
     if (!ps_layer_per_sample(ly, st->be, 1, one))

@@ -279,7 +279,9 @@ typedef struct ps_bwd_parts {
  * wanted, or NULL). Computes the input gradients in one call of the
  * kind's backward with no parameter gradient, then each part's parameter
  * gradients from its slice alone (a call with no input gradient), so no
- * part's parameter gradient holds another part's samples. */
+ * part's parameter gradient holds another part's samples; a
+ * PS_KIND_BWD_PARTS kind in one call that is told the parts
+ * (ps_layer_parts). */
 ps_status ps_exec_group_node_backward(stage *st, const ps_layer_call *c, int l, int s, const ps_bwd_parts *parts,
                                       ps_err *err);
 
