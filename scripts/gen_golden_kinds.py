@@ -350,9 +350,79 @@ CASES = [
         "{name: yt, kind: Permute, dims: [0, 2, 1, 3]}",
         "{name: ym, kind: Reshape, shape: [4, 8]}",
         "{name: proj, kind: Linear, out_features: 8}"])),
+] + [
+    # ---- attention masks: MaskedFill (a triangle of the last two dims set to a value; its twin torch.triu /
+    # torch.tril's mask, or minGPT's own tril buffer sliced to T) and MultiheadAttention's causal attn_mask.
+    # -inf only before a Softmax (an -inf output compares as nan); finite values where the fill is the output
+    ("masked_fill_causal", stage([2, 4, 3], ["{name: a, kind: Linear, out_features: 4}",
+                                             "{name: m, kind: MaskedFill, mask: triu, diagonal: 1, value: -inf}",
+                                             "{name: s, kind: Softmax, dim: -1}"])),
+    ("masked_fill_tril", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 5}",
+                                           "{name: m, kind: MaskedFill, mask: tril, diagonal: -1, value: 2.5}"])),
+    ("masked_fill_triu_wide", stage([4, 3], ["{name: a, kind: Linear, out_features: 6}",
+                                             "{name: m, kind: MaskedFill, mask: triu, diagonal: 2, value: -3.0}",
+                                             "{name: s, kind: Softmax, dim: -1}"])),
+    ("masked_fill_tril_3d", stage([3, 5, 5], ["{name: t, kind: Tanh}",
+                                              "{name: m, kind: MaskedFill, mask: tril, diagonal: -1, value: -.inf}",
+                                              "{name: s, kind: Softmax, dim: -1}"])),
+    # minGPT's CausalSelfAttention as written upstream: c_attn split in three, the heads, q @ k^T * 1/sqrt(4),
+    # att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf')) with the bias tril(ones(n, n)) of block
+    # size n 8 at T 5 (T < n; the twin slices it) and at T 4 = n, softmax, attn_dropout (p 0.2, stored masks)
+    # or none, @ v, the heads merged, c_proj
+    ("mingpt_masked_t5_n8", stage([5, 8], [
+        "{name: c_attn, kind: Linear, out_features: 24, input: input}",
+        "{name: q, kind: Narrow, dim: -1, start: 0, length: 8}",
+        "{name: k, kind: Narrow, dim: -1, start: 8, length: 8, input: c_attn}",
+        "{name: v, kind: Narrow, dim: -1, start: 16, length: 8, input: c_attn}",
+        "{name: qv, kind: Reshape, shape: [5, 2, 4], input: q}",
+        "{name: kv, kind: Reshape, shape: [5, 2, 4], input: k}",
+        "{name: vv, kind: Reshape, shape: [5, 2, 4], input: v}",
+        "{name: qh, kind: Permute, dims: [0, 2, 1, 3], input: qv}",
+        "{name: kh, kind: Permute, dims: [0, 2, 1, 3], input: kv}",
+        "{name: vh, kind: Permute, dims: [0, 2, 1, 3], input: vv}",
+        "{name: att, kind: MatMul, inputs: [qh, kh], transpose_b: true}",
+        "{name: scaled, kind: MulConstant, value: 0.5}",
+        "{name: masked, kind: MaskedFill, mask: triu, diagonal: 1, value: -inf}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: attn_dropout, kind: Dropout, p: 0.2}",
+        "{name: y, kind: MatMul, inputs: [attn_dropout, vh]}",
+        "{name: yt, kind: Permute, dims: [0, 2, 1, 3]}",
+        "{name: ym, kind: Reshape, shape: [5, 8]}",
+        "{name: c_proj, kind: Linear, out_features: 8}"])),
+    ("mingpt_masked_t4_n4", stage([4, 8], [
+        "{name: c_attn, kind: Linear, out_features: 24, input: input}",
+        "{name: q, kind: Narrow, dim: -1, start: 0, length: 8}",
+        "{name: k, kind: Narrow, dim: -1, start: 8, length: 8, input: c_attn}",
+        "{name: v, kind: Narrow, dim: -1, start: 16, length: 8, input: c_attn}",
+        "{name: qv, kind: Reshape, shape: [4, 2, 4], input: q}",
+        "{name: kv, kind: Reshape, shape: [4, 2, 4], input: k}",
+        "{name: vv, kind: Reshape, shape: [4, 2, 4], input: v}",
+        "{name: qh, kind: Permute, dims: [0, 2, 1, 3], input: qv}",
+        "{name: kh, kind: Permute, dims: [0, 2, 1, 3], input: kv}",
+        "{name: vh, kind: Permute, dims: [0, 2, 1, 3], input: vv}",
+        "{name: att, kind: MatMul, inputs: [qh, kh], transpose_b: true}",
+        "{name: scaled, kind: MulConstant, value: 0.5}",
+        "{name: masked, kind: MaskedFill, mask: triu, diagonal: 1, value: -inf}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: y, kind: MatMul, inputs: [sm, vh]}",
+        "{name: yt, kind: Permute, dims: [0, 2, 1, 3]}",
+        "{name: ym, kind: Reshape, shape: [4, 8]}",
+        "{name: c_proj, kind: Linear, out_features: 8}"])),
+    # nn.MultiheadAttention(attn_mask=the causal mask): as a bool torch.triu(ones, 1) or a float
+    # generate_square_subsequent_mask (MHA_MASK), 1 and 2 heads, with and without bias, with attention dropout
+    ("mha_causal_h2", stage([5, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                     "batch_first: true, causal: true}"])),
+    ("mha_causal_h1_nobias", stage([4, 6], ["{name: a, kind: MultiheadAttention, embed_dim: 6, num_heads: 1, "
+                                            "bias: false, batch_first: true, causal: true}"])),
+    ("mha_causal_dropout", stage([5, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                          "dropout: 0.25, batch_first: true, causal: true}"])),
 ]
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
+# attention masks: minGPT's block size per case (MaskedFill's twin is its tril buffer sliced to T); the form of
+# the causal attn_mask the MultiheadAttention twin is called with (default: bool torch.triu(ones, 1))
+MINGPT_BLOCK = {"mingpt_masked_t5_n8": 8, "mingpt_masked_t4_n4": 4}
+MHA_MASK = {"mha_causal_h2": "float", "mha_causal_dropout": "float"}
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
          "hard_blocked": 4.0}
@@ -408,8 +478,8 @@ def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
 
-def make_module(kind, a, shapes):
-    """The torch module of a node, built when its input shapes are known."""
+def make_module(kind, a, shapes, case_name=""):
+    """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
     if kind == "Conv2d":
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
@@ -483,7 +553,19 @@ def make_module(kind, a, shapes):
         return Broadcast(a["shape"], a.get("expand", a["shape"]), a.get("parameter", "weight"))
     if kind == "MultiheadAttention":
         assert a["batch_first"]
-        return MHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True))
+        causal = MHA_MASK.get(case_name, "bool") if a.get("causal", False) else None
+        return MHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True), causal)
+    if kind == "MaskedFill":
+        value = float(a["value"])      # yaml reads -.inf as a float, -inf as a string
+        r, c = s0[-2], s0[-1]
+        if case_name in MINGPT_BLOCK:   # minGPT's own: its tril buffer of the block size, sliced to T
+            n = MINGPT_BLOCK[case_name]
+            assert a["mask"] == "triu" and a.get("diagonal", 0) == 1 and r == c and r <= n
+            bias = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+            return Lambda(lambda x: x.masked_fill(bias[:, :, :r, :r] == 0, value))
+        tri = torch.triu if a["mask"] == "triu" else torch.tril
+        mask = tri(torch.ones(r, c), a.get("diagonal", 0)).bool()
+        return Lambda(lambda x: x.masked_fill(mask, value))
     if kind == "Permute":
         dims = a["dims"]
         return Lambda(lambda x: x.permute(dims))
@@ -533,10 +615,20 @@ class MHA(nn.MultiheadAttention):
     spelled out (F.multi_head_attention_forward's steps), checked against the module itself with a mask of ones
     (dropout off) when built."""
 
-    def __init__(self, e, h, p, bias):
+    def __init__(self, e, h, p, bias, causal=None):
         super().__init__(e, h, dropout=p, bias=bias, batch_first=True)
         self.p = p
         self.mask = None
+        self.causal = causal   # the attn_mask's form: None (no mask), "bool" or "float"
+
+    def attn_mask(self, L):
+        """The causal attn_mask as users write it: torch.triu(ones, 1) as bool (True: not attended), or
+        nn.Transformer.generate_square_subsequent_mask's float (-inf above the diagonal, 0 elsewhere)."""
+        if self.causal == "bool":
+            return torch.triu(torch.ones(L, L, dtype=torch.bool), 1)
+        if self.causal == "float":
+            return nn.Transformer.generate_square_subsequent_mask(L)
+        return None
 
     def spelled(self, x, mask):
         n, L, e = x.shape
@@ -544,7 +636,11 @@ class MHA(nn.MultiheadAttention):
         d = e // h
         q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, -1)
         q, k, v = (t.reshape(n, L, h, d).transpose(1, 2) for t in (q, k, v))
-        a = torch.softmax((q / math.sqrt(d)) @ k.transpose(-2, -1), -1) * mask
+        s = (q / math.sqrt(d)) @ k.transpose(-2, -1)
+        am = self.attn_mask(L)
+        if am is not None:   # as F.multi_head_attention_forward applies it: a bool filled with -inf, a float added
+            s = s.masked_fill(am, float("-inf")) if am.dtype == torch.bool else s + am
+        a = torch.softmax(s, -1) * mask
         return self.out_proj((a @ v).transpose(1, 2).reshape(n, L, e))
 
     def forward(self, x):
@@ -552,12 +648,12 @@ class MHA(nn.MultiheadAttention):
             return self.spelled(x, self.mask)
         # with grad on: torch 1.13's no-grad fast path (_native_multi_head_attention) fails without a bias
         with torch.enable_grad():
-            return super().forward(x, x, x, need_weights=False)[0]
+            return super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]))[0]
 
     def check(self, x):
         p, self.dropout = self.dropout, 0.0
         with torch.enable_grad():
-            want = super().forward(x, x, x, need_weights=False)[0].detach()
+            want = super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]))[0].detach()
         self.dropout = p
         with torch.no_grad():
             got = self.spelled(x, torch.ones(self.mask_shape))
@@ -588,7 +684,7 @@ class Lambda(nn.Module):
 class Net(nn.Module):
     """A model file's stage as a torch module (nodes in file order)."""
 
-    def __init__(self, spec, x):
+    def __init__(self, spec, x, case_name=""):
         super().__init__()
         st = spec["stages"][0]
         self.nodes = []
@@ -598,7 +694,7 @@ class Net(nn.Module):
         for nd in st["nodes"]:
             ins = nd.get("inputs") or [nd.get("input", prev)]
             a = {k: v for k, v in nd.items() if k not in ("name", "kind", "input", "inputs", "init")}
-            m = make_module(nd["kind"], a, [tuple(vals[i].shape[1:]) for i in ins])
+            m = make_module(nd["kind"], a, [tuple(vals[i].shape[1:]) for i in ins], case_name)
             self.mods.append(m)
             self.nodes.append((nd["name"], nd["kind"], ins, m))
             if isinstance(m, MaskDropout):
@@ -651,7 +747,7 @@ def case(idx, name, text):
     def data():
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
-    net = Net(spec, x1)
+    net = Net(spec, x1, name)
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
         for _, kind, _, m in net.nodes:
             if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:

@@ -528,12 +528,49 @@ static void run_hand_attention(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Causal attention: minGPT's CausalSelfAttention as psd-export writes
+ * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
+ * the MaskedFill of its tril buffer, attention dropout), then
+ * nn.MultiheadAttention with a causal attn_mask and attention dropout. */
+static void run_causal_attention(void) {
+    run_file("[6, 5]",
+             "      - {name: embed, kind: Linear, out_features: 8}\n"
+             "      - {name: attn.c_attn, kind: Linear, out_features: 24}\n"
+             "      - {name: attn.chunk, kind: Narrow, dim: 2, start: 0, length: 8}\n"
+             "      - {name: attn.chunk_1, kind: Narrow, input: attn.c_attn, dim: 2, start: 8, length: 8}\n"
+             "      - {name: attn.chunk_2, kind: Narrow, input: attn.c_attn, dim: 2, start: 16, length: 8}\n"
+             "      - {name: attn.view, kind: Reshape, input: attn.chunk_1, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_1, kind: Reshape, input: attn.chunk, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose_1, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_2, kind: Reshape, input: attn.chunk_2, shape: [6, 2, 4]}\n"
+             "      - {name: attn.transpose_2, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.matmul, kind: MatMul, inputs: [attn.transpose_1, attn.transpose], "
+             "transpose_b: true}\n"
+             "      - {name: attn.mul, kind: MulConstant, value: 0.5}\n"
+             "      - {name: attn.masked_fill, kind: MaskedFill, mask: triu, diagonal: 1, value: -inf}\n"
+             "      - {name: attn.softmax, kind: Softmax, dim: -1}\n"
+             "      - {name: attn.attn_dropout, kind: Dropout, p: 0.2}\n"
+             "      - {name: attn.matmul_1, kind: MatMul, inputs: [attn.attn_dropout, attn.transpose_2]}\n"
+             "      - {name: attn.transpose_4, kind: Permute, dims: [0, 2, 1, 3]}\n"
+             "      - {name: attn.view_3, kind: Reshape, shape: [6, 8]}\n"
+             "      - {name: attn.c_proj, kind: Linear, out_features: 8}\n"
+             "      - {name: add, kind: Add, inputs: [embed, attn.c_proj]}\n"
+             "      - {name: ln, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: mha, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, dropout: 0.3, "
+             "batch_first: true, causal: true}\n"
+             "      - {name: add_1, kind: Add, inputs: [add, mha]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 int main(void) {
     grpc_init();
     run_convnext_kinds();
     run_layernorm();
     run_vit_block();
     run_hand_attention();
+    run_causal_attention();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

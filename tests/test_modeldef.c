@@ -230,6 +230,19 @@ static void test_errors(void) {
                "dimensions per sample; the batch is never a matrix dimension)");
     expect_err("mulconst.yaml", HEAD3 "      - {name: s, kind: MulConstant}\n", 0, 6, "node 's' (MulConstant)",
                "value");
+    /* MaskedFill: a triangle of the last two dims of a stack of matrices; -inf a value, nan not */
+    expect_err("mfill_vec.yaml", HEAD3 "      - {name: f, kind: Flatten, input: input}\n"
+               "      - {name: m, kind: MaskedFill, mask: triu, value: -inf}\n", 1, 7, "node 'm' (MaskedFill)",
+               "(24)");
+    expect_err("mfill_mask.yaml", HEAD3 "      - {name: m, kind: MaskedFill, mask: diag, value: 0}\n", 0, 6,
+               "node 'm' (MaskedFill): mask: 'diag' is not one of 'triu', 'tril'", NULL);
+    expect_err("mfill_nan.yaml", HEAD3 "      - {name: m, kind: MaskedFill, mask: tril, value: nan}\n", 0, 6,
+               "node 'm' (MaskedFill): value: 'nan' is neither a number nor a size of the model", NULL);
+    expect_err("mfill_value.yaml", HEAD3 "      - {name: m, kind: MaskedFill, mask: tril}\n", 0, 6,
+               "node 'm' (MaskedFill)", "value");
+    expect_err("mha_causal.yaml", HEAD3 "      - {name: f, kind: Flatten, start_dim: 2, input: input}\n"
+               "      - {name: m, kind: MultiheadAttention, embed_dim: 12, num_heads: 2, batch_first: true, "
+               "causal: 1}\n", 0, 7, "node 'm' (MultiheadAttention): causal: '1' is not true or false", NULL);
 #undef HEAD3
 }
 

@@ -299,6 +299,23 @@ static inline ps_matmul_desc ps_matmul_grad_b(const ps_matmul_desc *d, int *dc_f
     return r;
 }
 
+/* A triangle of each of a batch of (rows, cols) matrices (tri_fill;
+ * attention masks): element (i, j) is in it when j - i >= diagonal (upper:
+ * the elements torch.triu(ones, diagonal) keeps) or j - i <= diagonal
+ * (lower: torch.tril's). minGPT's causal mask fills the upper triangle
+ * above the main diagonal (upper, diagonal 1) with -inf. */
+typedef struct ps_tri_desc {
+    int64_t batch;
+    int64_t rows, cols;
+    int upper;
+    int64_t diagonal;
+    float value;
+} ps_tri_desc;
+
+static inline int ps_tri_in(const ps_tri_desc *d, int64_t i, int64_t j) {
+    return d->upper ? j - i >= d->diagonal : j - i <= d->diagonal;
+}
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -663,6 +680,12 @@ typedef struct ps_backend_ops {
     /* ---- appended for attention (MatMul: q @ k.transpose(-2, -1), att @ v;
      * MultiheadAttention): the batched product of ps_matmul_desc, c written. ---- */
     ps_status (*matmul)(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c, ps_err *err);
+
+    /* ---- appended for attention masks (MaskedFill, MultiheadAttention's
+     * causal): y = x but the elements of ps_tri_desc's triangle of each
+     * matrix, which are d->value (-inf for a mask before a softmax; 0 for
+     * the gradient's backward through it); y may be x. ---- */
+    ps_status (*tri_fill)(void *impl, const ps_tri_desc *d, const float *x, float *y, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

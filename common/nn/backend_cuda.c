@@ -1178,6 +1178,13 @@ static ps_status cu_permute(void *impl, const ps_permute_desc *d, const float *x
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_permute(d->n, d->ndim, odim, ostr, x, y, c->stream));
 }
 
+static ps_status cu_tri_fill(void *impl, const ps_tri_desc *d, const float *x, float *y, ps_err *err) {
+    const int64_t count = d->batch * d->rows * d->cols;
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_tri_fill(count, d->rows, d->cols, d->upper, d->diagonal, d->value, x, y,
+                                                  c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1229,4 +1236,5 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .adaptive_avgpool_backward = cu_adaptive_avgpool_backward,
     .permute = cu_permute,
     .matmul = cu_matmul,
+    .tri_fill = cu_tri_fill,
 };

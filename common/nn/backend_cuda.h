@@ -171,6 +171,12 @@ cudaError_t ps_cuda_permute(int64_t n, int ndim, const int64_t *odims, const int
 /* x *= s. */
 cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream);
 
+/* y = x but the elements (i, j) of each of the count / (rows * cols)
+ * (rows, cols) matrices with j - i >= diagonal (upper) or j - i <=
+ * diagonal (!upper), which are value (ps_tri_desc of backend.h); y may be x. */
+cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int upper, int64_t diagonal, float value,
+                             const float *x, float *y, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -544,6 +544,16 @@ __global__ void scale_kernel(int64_t n, float *x, float s) {
 
 } // namespace
 
+/* One thread per element (grid-stride): in the triangle of its matrix, the value, else x's. */
+__global__ void tri_fill_kernel(int64_t n, int64_t rows, int64_t cols, int upper, int64_t diagonal, float value,
+                                const float *x, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c = i % cols, r = (i / cols) % rows;
+        const bool in = upper ? c - r >= diagonal : c - r <= diagonal;
+        y[i] = in ? value : x[i];
+    }
+}
+
 extern "C" {
 
 cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
@@ -742,6 +752,13 @@ cudaError_t ps_cuda_sparse_adam_rows(int64_t nrows, int64_t width, const int64_t
                                      cudaStream_t stream) {
     sparse_adam_rows_kernel<<<blocks_for(nrows * width), kThreads, 0, stream>>>(nrows, width, rows, w, g_rows,
                                                                                m, v, *a);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int upper, int64_t diagonal, float value,
+                             const float *x, float *y, cudaStream_t stream) {
+    if (count <= 0) return cudaSuccess;
+    tri_fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, rows, cols, upper, diagonal, value, x, y);
     return cudaGetLastError();
 }
 

@@ -3018,6 +3018,31 @@ static ps_status dn_matmul(void *impl, const ps_matmul_desc *d, const float *a, 
     return run(im, &k, x, 3, err);
 }
 
+/* Triangle fill (attention masks): oneDNN has no primitive for it; a
+ * threaded loop over the matrices' rows, each row the run of its columns
+ * before the triangle's edge and the run after it. */
+static ps_status dn_tri_fill(void *impl, const ps_tri_desc *d, const float *x, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t nrows = d->batch * d->rows, cols = d->cols;
+#pragma omp parallel for if (nrows * cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < nrows; r++) {
+        const int64_t i = r % d->rows;
+        /* the triangle's columns of row i: [lo, hi) */
+        int64_t lo = d->upper ? i + d->diagonal : 0, hi = d->upper ? cols : i + d->diagonal + 1;
+        lo = lo < 0 ? 0 : lo > cols ? cols : lo;
+        hi = hi < lo ? lo : hi > cols ? cols : hi;
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        if (yr != xr) {
+            for (int64_t j = 0; j < lo; j++) yr[j] = xr[j];
+            for (int64_t j = hi; j < cols; j++) yr[j] = xr[j];
+        }
+        for (int64_t j = lo; j < hi; j++) yr[j] = d->value;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3070,4 +3095,5 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .adaptive_avgpool_backward = dn_adaptive_avgpool_backward,
     .permute = dn_permute,
     .matmul = dn_matmul,
+    .tri_fill = dn_tri_fill,
 };

@@ -830,6 +830,19 @@ static ps_status ref_matmul(void *impl, const ps_matmul_desc *d, const float *a,
     return PS_OK;
 }
 
+/* ---- tri_fill: every element, the triangle's set to the value ---- */
+
+static ps_status ref_tri_fill(void *impl, const ps_tri_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t t = 0; t < d->batch; t++)
+        for (int64_t i = 0; i < d->rows; i++)
+            for (int64_t j = 0; j < d->cols; j++) {
+                const int64_t o = (t * d->rows + i) * d->cols + j;
+                y[o] = ps_tri_in(d, i, j) ? d->value : x[o];
+            }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -879,4 +892,5 @@ const ps_backend_ops ps_backend_ref_ops = {
     .adaptive_avgpool_backward = ref_adaptive_avgpool_backward,
     .permute = ref_permute,
     .matmul = ref_matmul,
+    .tri_fill = ref_tri_fill,
 };

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 void ps_rows_clear(ps_rows *r) {
     free(r->rows);
@@ -21,6 +22,16 @@ static int is_bool_word(const char *s, int *v) {
     if (!strcmp(s, "true") || !strcmp(s, "True")) { *v = 1; return 1; }
     if (!strcmp(s, "false") || !strcmp(s, "False")) { *v = 0; return 1; }
     return 0;
+}
+
+int ps_attr_infinity(const char *s, double *v) {
+    if (!s) return 0;
+    const double sign = *s == '-' ? -1.0 : 1.0;
+    if (*s == '-' || *s == '+') s++;
+    if (*s == '.') s++;
+    if (strcasecmp(s, "inf")) return 0;
+    *v = sign * INFINITY;
+    return 1;
 }
 
 /* One numeric value: a literal or a size (by name). */
@@ -77,6 +88,14 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
             if (vals[0] && !strcmp(sp->enums[i], vals[0])) { *(int *)(base + sp->off) = i; return PS_OK; }
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: '%s' is not a value it takes", sp->name,
                           vals[0] ? vals[0] : "null");
+    case PS_ATTR_FLOAT_INF:
+        if (ps_attr_infinity(vals[0], &x)) {
+            *(double *)(base + sp->off) = x;
+            return PS_OK;
+        }
+        if ((st = attr_number(ly, sp, vals[0], def, n, keys, values, &x, err))) return st;
+        *(double *)(base + sp->off) = x;
+        return PS_OK;
     case PS_ATTR_FLOAT_OR_NULL:
         if (!vals[0]) { *(int *)(base + sp->off2) = 1; return PS_OK; }
         *(int *)(base + sp->off2) = 0;
@@ -1871,11 +1890,14 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
 
 /* ---- MultiheadAttention: nn.MultiheadAttention(embed_dim, num_heads,
  * dropout, bias, batch_first=True) as self-attention, attn(x, x, x,
- * need_weights=False) with no mask: x (L, E) per sample, H heads of D =
- * E/H. Forward, for the n samples at once:
+ * need_weights=False) with no mask, or with causal the causal attn_mask
+ * (key j > query i masked: torch.triu(ones(L, L), 1) as bool, or -inf
+ * there as nn.Transformer.generate_square_subsequent_mask writes it): x
+ * (L, E) per sample, H heads of D = E/H. Forward, for the n samples at once:
  *   q, k, v = x W_j^T + b_j, W_j rows jE..jE+E-1 of in_proj_weight (j = 0,
  *             1, 2), each (n, L, E) permuted to (n, H, L, D)
- *   P = softmax(q k^T / sqrt(D)) over the last dim, (n, H, L, L)
+ *   P = softmax(q k^T / sqrt(D)) over the last dim, (n, H, L, L); with
+ *       causal the scores of j > i are -inf first (P 0 there)
  *   A = P * mask (dropout on the attention weights in training: the mask
  *       of Dropout's draws, one per element of P), else P
  *   o = A v, (n, H, L, D) permuted back to (n, L, E); y = o W_o^T + b_o
@@ -1940,9 +1962,9 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
     return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
-         : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale" : NULL;
+         : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale"
+         : ly->a.causal && !ops->tri_fill ? "tri_fill" : NULL;
 }
 
 /* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
@@ -1962,6 +1984,14 @@ static ps_status mha_matmul(const ps_layer_call *c, const mha_geom *g, int m, in
     ps_status rc = c->be->ops->matmul(c->be->impl, &d, a, b, out, err);
     if (rc == PS_OK && alpha != 1.0f) rc = c->be->ops->scale(c->be->impl, d.batch * m * nn, out, alpha, err);
     return rc;
+}
+
+/* causal: the scores of key j > query i set to -inf before the softmax (attn_mask the causal mask: its
+ * weights exactly 0, so the softmax's backward gives them no gradient and the backward needs nothing more) */
+static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
+    const ps_tri_desc d = {.batch = (int64_t)g->n * g->H, .rows = g->L, .cols = g->L, .upper = 1, .diagonal = 1,
+                           .value = -INFINITY};
+    return c->be->ops->tri_fill(c->be->impl, &d, S, S, err);
 }
 
 static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
@@ -1988,6 +2018,7 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
         if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, kept[j], err);
     }
     if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
+    if (rc == PS_OK && c->ly->a.causal) rc = mha_causal(c, &g, S, err);
     if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
     const float *A = P;
     if (rc == PS_OK && drop) {
@@ -2208,6 +2239,49 @@ static ps_status mulconst_backward(ps_layer_call *c, ps_err *err) {
     return scaled_copy(c, c->dy, c->dx, ps_layer_out_count(c->ly, c->n), err);
 }
 
+/* ---- MaskedFill: x.masked_fill(mask, value) with a constant mask that is
+ * a triangle of the last two dims, broadcast over the rest: minGPT's
+ * att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf')), the bias
+ * torch.tril(ones(n, n)) sliced to T (psd-export reads the slice at the
+ * exported shape), is mask 'triu', diagonal 1, value -inf. The filled
+ * positions are those of torch.triu(torch.ones(R, C), diagonal) ('triu')
+ * or torch.tril(...) ('tril'); the backward passes dy elsewhere and 0
+ * there (masked_fill's gradient), so a -inf before a softmax gives those
+ * weights exactly 0 and no gradient. y may be x, dx dy (in place). ---- */
+
+static ps_status masked_fill_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 2, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if (isnan(ly->a.value)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value: nan is not a fill value");
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static ps_tri_desc masked_fill_desc(const ps_layer *ly, int n, float value) {
+    const ps_shape *s = &ly->in[0];
+    ps_tri_desc d = {.rows = s->dims[s->ndim - 2], .cols = s->dims[s->ndim - 1], .upper = ly->a.tri == 0,
+                     .diagonal = ly->a.diagonal, .value = value};
+    d.batch = ps_layer_in_count(ly, 0, n) / (d.rows * d.cols);
+    return d;
+}
+
+static const char *tri_fill_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->tri_fill ? NULL : "tri_fill";
+}
+
+static ps_status masked_fill_forward(ps_layer_call *c, ps_err *err) {
+    const ps_tri_desc d = masked_fill_desc(c->ly, c->n, (float)c->ly->a.value);
+    return c->be->ops->tri_fill(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status masked_fill_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_tri_desc d = masked_fill_desc(c->ly, c->n, 0.0f);
+    return c->be->ops->tri_fill(c->be->impl, &d, c->dy, c->dx, err);
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -2366,6 +2440,7 @@ static const ps_attr_spec mha_attrs[] = {
     ATTR_FLOAT("dropout", p, "0.0", 0, 1, 0, 1),
     ATTR_BOOL("bias", bias, "true"),
     ATTR_BOOL("batch_first", mode, "false"),
+    ATTR_BOOL("causal", causal, "false"),
     ATTR_END,
 };
 static const ps_attr_spec matmul_attrs[] = {
@@ -2375,6 +2450,13 @@ static const ps_attr_spec matmul_attrs[] = {
 };
 static const ps_attr_spec mulconst_attrs[] = {
     ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_END,
+};
+static const char *const tri_masks[] = {"triu", "tril", NULL};
+static const ps_attr_spec masked_fill_attrs[] = {
+    {"mask", PS_ATTR_ENUM, A(tri), NULL, 0, 0, 0, 0, tri_masks, 0},
+    {"diagonal", PS_ATTR_INT, A(diagonal), "0", -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, 0},
+    {"value", PS_ATTR_FLOAT_INF, A(value), NULL, 0, 0, 0, 0, NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec no_attrs[] = {ATTR_END};
@@ -2454,6 +2536,9 @@ static const ps_layer_kind kinds[] = {
      NULL, matmul_flops},
     {"MulConstant", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE, 1, 1, mulconst_attrs, infer_same, mulconst_missing,
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},
+    /* attention masks (minGPT's causal masked_fill) */
+    {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
+     masked_fill_backward, NULL, NULL, NULL},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -2582,6 +2667,7 @@ static const struct {
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
+    {"MaskedFill", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

@@ -89,7 +89,11 @@ typedef struct ps_layer_attrs {
     const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
                                    model definition's string); "" (null): the node's name is the tensor's */
     int trans_a, trans_b;       /* MatMul transpose_a, transpose_b */
-    double value;               /* MulConstant value */
+    double value;               /* MulConstant value; MaskedFill value (may be -inf or inf) */
+    /* attention masks */
+    int tri;                    /* MaskedFill mask: 0 'triu', 1 'tril' */
+    int64_t diagonal;           /* MaskedFill diagonal (torch.triu's / torch.tril's) */
+    int causal;                 /* MultiheadAttention causal: query i attends to keys 0..i */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -107,6 +111,7 @@ typedef enum {
     PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */
     PS_ATTR_BATCH_DIMS,         /* as DIMS over a batched tensor's dims: a list of 1..5 (int64_t[5]) */
     PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
+    PS_ATTR_FLOAT_INF,          /* as FLOAT, or an infinity: inf, -inf (YAML's .inf, -.inf; any case) */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {
@@ -291,6 +296,9 @@ const ps_layer_kind *ps_layer_kind_find(const char *name);
 const char *ps_layer_kind_list(char *buf, size_t cap);
 /* Kind k's attribute of that name, or NULL. */
 const ps_attr_spec *ps_layer_kind_attr(const ps_layer_kind *k, const char *name);
+/* 1 and *v = +-INFINITY when s spells an infinity a PS_ATTR_FLOAT_INF
+ * attribute takes (inf, +inf, -inf, .inf, -.inf; any case), else 0. */
+int ps_attr_infinity(const char *s, double *v);
 /* "out_channels, kernel_size, ..." into buf. */
 const char *ps_layer_kind_attr_list(const ps_layer_kind *k, char *buf, size_t cap);
 

@@ -136,6 +136,8 @@ typedef struct mha_pat {
     int resh[3];                /* q, k, v: their Reshapes to (L, N*H, D) */
     int scale;                  /* q's Div by sqrt(D) (or Mul by its reciprocal) */
     int drop;                   /* a Dropout of the attention weights, or -1 */
+    int mask_mul, mask_add;     /* an attn_mask: the scores' Mul by 1 and its Add of the mask term, or -1 */
+    const char *mask;           /* the mask term the Add reads (h_mha: the causal mask, a constant) */
     int resh_o, resh_y;         /* the Reshapes to (L*N, E) and back to (L, N, E) */
     const char *x, *w, *b, *wo, *bo;   /* the input value; the initializers (b, bo NULL: bias=False) */
     int w_t, wo_t;              /* w / wo stored (in, out) (an eval export's): bound transposed */
@@ -2439,11 +2441,32 @@ static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int6
     return PS_OK;
 }
 
+/* Slice of a constant along one axis, step 1 (minGPT's causal mask self.bias[:, :, :T, :T]): folded. */
+static ps_status slice_const(imp *im, val *x) {
+    int a = 0;
+    int64_t st = 0, en = 0;
+    ps_status rc = slice_args(im, x->dims, x->ndim, &a, &st, &en);
+    if (rc) return rc;
+    const double *xf = cvals(im, x);
+    if (!xf) return im->err->code;
+    int64_t od[MAXD], outer = 1, inner = 1;
+    memcpy(od, x->dims, sizeof od);
+    od[a] = en - st;
+    for (int k = 0; k < a; k++) outer *= x->dims[k];
+    for (int k = a + 1; k < x->ndim; k++) inner *= x->dims[k];
+    double *f = palloc(&im->mem, (size_t)(outer * (en - st) * inner + 1) * sizeof *f);
+    if (!f) return oom(im);
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(f + o * (en - st) * inner, xf + (o * x->dims[a] + st) * inner, (size_t)((en - st) * inner) * sizeof *f);
+    return const_out(im, 0, x->ndim, od, f, x->is_int) ? PS_OK : im->err->code;
+}
+
 /* Slice of a computed value along one axis, step 1, by constants (x.chunk
  * and x.split's pieces, x[:, a:b]): a Narrow. */
 static ps_status h_slice(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
+    if (x->kind == VK_CONST) return slice_const(im, x);
     if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
     ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
     if (rc) return rc;
@@ -2550,6 +2573,60 @@ static ps_status h_fold_only(imp *im) {
     return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
 }
 
+/* Where(cond, value, x) or Where(cond, x, value) with cond a constant and value a number: x.masked_fill (the
+ * exporter's, minGPT's att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))), a MaskedFill when the
+ * filled positions are a triangle of the last two dims (torch.triu or torch.tril of ones, the same matrix at
+ * every leading index); of constants alone, folded. */
+static ps_status h_where(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *c = in_val(im, 0, 1), *a = in_val(im, 1, 1), *b = in_val(im, 2, 1);
+    if (!c || !a || !b) return im->err->code;
+    const int fill_a = b->kind == VK_DATA;   /* cond true: the value (masked_fill's form) */
+    val *x = fill_a ? b : a, *v = fill_a ? a : b;
+    if (c->kind != VK_CONST || x->kind != VK_DATA || v->kind != VK_CONST || v->numel != 1)
+        return unsup(im, "Where other than masked_fill: a constant condition choosing between a number and a "
+                     "computed value (psd's MaskedFill)");
+    ps_status rc = need_float(im, x, 2, PS_MAXD, "the filled value");
+    if (rc) return rc;
+    const double *cf = cvals(im, c), *vf = cvals(im, v);
+    if (!cf || !vf) return im->err->code;
+    char b1[64], b2[64];
+    const int64_t R = x->dims[x->ndim - 2], C = x->dims[x->ndim - 1];
+    int ok = c->ndim >= 2 && c->ndim <= x->ndim && c->dims[c->ndim - 2] == R && c->dims[c->ndim - 1] == C;
+    for (int k = 0; ok && k < c->ndim - 2; k++)
+        ok = c->dims[k] == 1 || c->dims[k] == x->dims[x->ndim - c->ndim + k];
+    if (!ok)
+        return unsup(im, "masked_fill (Where): the condition '%s' is %s, not (..., %lld, %lld) broadcast over the "
+                     "value's %s", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1), (long long)R, (long long)C,
+                     dims_text(x->dims, x->ndim, b2, sizeof b2));
+    /* the filled positions of each matrix, all the same */
+    const int64_t mats = c->numel / (R * C);
+    for (int64_t t = 1; t < mats; t++)
+        for (int64_t i = 0; i < R * C; i++)
+            if ((cf[t * R * C + i] != 0) != (cf[i] != 0))
+                return unsup(im, "masked_fill (Where): the condition '%s' differs between its matrices (psd's "
+                             "MaskedFill fills one triangle of the last two dims)", c->name);
+    for (int tri = 0; tri < 2; tri++)
+        for (int64_t d = -R; d <= C; d++) {
+            int same = 1;
+            for (int64_t i = 0; same && i < R; i++)
+                for (int64_t j = 0; same && j < C; j++) {
+                    const int in = tri ? j - i <= d : j - i >= d, filled = (cf[i * C + j] != 0) == fill_a;
+                    same = in == filled;
+                }
+            if (!same) continue;
+            int xin = x->node;
+            int pn = emit(im, "MaskedFill", NULL, NULL, NULL, 1, &xin);
+            if (pn < 0) return oom(im);
+            char f[40];
+            add_attr(im, pn, "mask: %s, diagonal: %lld, value: %s", tri ? "tril" : "triu", (long long)d,
+                     float_text(vf[0], f, sizeof f));
+            return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+        }
+    return unsup(im, "masked_fill (Where): the positions the condition '%s' fills are no triangle of the last two "
+                 "dims (torch.triu or torch.tril of ones), which psd's MaskedFill takes", c->name);
+}
+
 static const op_row ops[] = {
     {"Conv", h_conv, 1},
     {"Gemm", h_gemm, 1},
@@ -2593,7 +2670,7 @@ static const op_row ops[] = {
     {"Neg", h_fold_only, 1},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_fold_only, 1},
-    {"Where", h_fold_only, 9},
+    {"Where", h_where, 9},
 };
 
 static const op_row *find_op(const char *op) {
@@ -2897,6 +2974,15 @@ static const char *mha_root(imp *im, const char *v) {
     return NULL;
 }
 
+/* A constant scalar input k of node i, or of the Cast that computes it (the exporter's Cast(1) of
+ * baddbmm's alpha and beta). */
+static int const_scalar_cast(imp *im, int i, int k, double *out) {
+    if (const_scalar(im, i, k, out)) return 1;
+    if (k < 0 || k >= im->m->nodes[i].nin) return 0;
+    int c = producer_of(im, im->m->nodes[i].in[k]);
+    return is_op(im, c, "Cast") && im->m->nodes[c].nin == 1 && const_scalar(im, c, 0, out);
+}
+
 /* An nn.MultiheadAttention parameter by its state_dict name (in_proj_weight, in_proj_bias, or the
  * q_proj_weight of separate projections). */
 static int mha_named(const char *name) {
@@ -2936,6 +3022,7 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     memset(p, 0, sizeof *p);
     p->t0 = t0;
     p->drop = -1;
+    p->mask_mul = p->mask_add = -1;
 #define WHY(...) (snprintf(p->why, sizeof p->why, __VA_ARGS__), like ? 2 : 0)
 #define ADD(i) (nodes[(*nn)++] = (i))
     if (!perm_is(im, t0, p102, 3) || m->nodes[t0].nin != 1 || m->nodes[t0].nout != 1) return 0;
@@ -3020,10 +3107,26 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     /* softmax(q k^T / sqrt(D)), dropout, times v */
     const char *sc = out0(im, mm_s);
     int sm = data_reader(im, sc);
+    /* an attn_mask: baddbmm(mask, q, k^T) as the exporter writes it, the scores times 1 plus a mask term
+     * (a float mask Unsqueezed, a bool one through Where(mask, -inf, 0), times 1); h_mha checks that it is
+     * a constant, the causal mask */
+    double one;
+    if (is_op(im, sm, "Mul") && m->nodes[sm].nin == 2 && const_scalar_cast(im, sm, other_input(im, sm, sc), &one) &&
+        one == 1.0) {
+        int ad = data_reader(im, out0(im, sm)), mi = is_op(im, ad, "Add") ? other_input(im, ad, out0(im, sm)) : -1;
+        if (mi >= 0) {
+            p->mask_mul = sm;
+            p->mask_add = ad;
+            p->mask = m->nodes[ad].in[mi];
+            ADD(sm);
+            ADD(ad);
+            sm = data_reader(im, out0(im, ad));
+        }
+    }
     if (!is_op(im, sm, "Softmax"))
-        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask (attn_mask or "
-                   "key_padding_mask), which psd's MultiheadAttention does not take",
-                   sm < 0 ? "several nodes" : m->nodes[sm].op_type);
+        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than an "
+                   "attn_mask added to them (key_padding_mask), which psd's MultiheadAttention does not take (it "
+                   "takes the causal attn_mask)", sm < 0 ? "several nodes" : m->nodes[sm].op_type);
     const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[sm], "axis");
     int64_t axis = ax ? ax->i : im->opset >= 13 ? -1 : 1;
     if (axis != -1 && axis != 2) return WHY("a Softmax over axis %lld, not the keys'", (long long)axis);
@@ -3209,6 +3312,38 @@ static ps_status mha_reshape(imp *im, int i, const int64_t *in, int nin, int64_t
     return PS_OK;
 }
 
+/* The attn_mask term p->mask added to the scores of a sequence of L: *causal 1 when it is the causal mask
+ * (-inf where key j > query i, 0 elsewhere; (L, L), or (1, L, L) and (N*H, L, L) of one such matrix): a
+ * float torch.triu(full(-inf), 1) or a bool torch.triu(ones, 1) through the exporter's Where(mask, -inf, 0);
+ * anything else refused, saying what. */
+static ps_status mha_causal(imp *im, const mha_pat *p, int64_t L, int *causal) {
+    im->cur = p->mask_add;
+    val *mv = vget(im, p->mask);
+    if (!mv || mv->kind != VK_CONST)
+        return unsup(im, "nn.MultiheadAttention: the attention mask '%s' added to its scores is computed from the "
+                     "input (a per-sample attn_mask or key_padding_mask): psd's MultiheadAttention takes a constant "
+                     "causal attn_mask only", p->mask);
+    char b1[64];
+    const int64_t lead = mv->ndim == 3 ? mv->dims[0] : 1;
+    if (mv->ndim < 2 || mv->ndim > 3 || mv->dims[mv->ndim - 1] != L || mv->dims[mv->ndim - 2] != L)
+        return unsup(im, "nn.MultiheadAttention: the attention mask '%s' is %s, not (L, L) = (%lld, %lld)", p->mask,
+                     dims_text(mv->dims, mv->ndim, b1, sizeof b1), (long long)L, (long long)L);
+    const double *f = cvals(im, mv);
+    if (!f) return im->err->code;
+    for (int64_t b = 0; b < lead; b++)
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < L; j++) {
+                const double v = f[(b * L + i) * L + j];
+                if (j > i ? !(isinf(v) && v < 0) : v != 0.0)
+                    return unsup(im, "nn.MultiheadAttention: the attention mask '%s' is not the causal one: element "
+                                 "(%lld, %lld) is %g, where the causal mask (torch.triu(ones(L, L), 1) as attn_mask) "
+                                 "has %s; psd's MultiheadAttention takes the causal attn_mask only", p->mask,
+                                 (long long)i, (long long)j, v, j > i ? "-inf" : "0");
+            }
+    *causal = 1;
+    return PS_OK;
+}
+
 /* The nn.MultiheadAttention ending at the current node (its last Transpose): the numbers checked, one
  * MultiheadAttention node; at the first Transpose of one psd does not take, the refusal. */
 static ps_status h_mha(imp *im) {
@@ -3235,6 +3370,8 @@ static ps_status h_mha(imp *im) {
         im->cur = end;
         return unsup(im, "nn.MultiheadAttention with a symbolic batch (its heads' Reshapes need the traced one)");
     }
+    int causal = 0;
+    if (p->mask_add >= 0 && (rc = mha_causal(im, p, L, &causal)) != PS_OK) return rc;
     /* q, k, v: columns [0, E), [E, 2E), [2E, 3E) of the projection, each to (L, N*H, D) */
     const int64_t proj[3] = {L, N, 3 * E}, part[3] = {L, N, E};
     int64_t H = 0, D = 0;
@@ -3304,6 +3441,7 @@ static ps_status h_mha(imp *im) {
     if (pdrop > 0) add_attr(im, pn, "dropout: %s", float_text(pdrop, f, sizeof f));
     if (!b) add_attr(im, pn, "bias: false");
     add_attr(im, pn, "batch_first: true");
+    if (causal) add_attr(im, pn, "causal: true");
     if ((rc = bind(im, pn, "in_proj_weight", w, p->w_t, 0))) return rc;
     if (b && (rc = bind(im, pn, "in_proj_bias", b, 0, 0))) return rc;
     if ((rc = bind(im, pn, "out_proj.weight", wo, p->wo_t, 0))) return rc;

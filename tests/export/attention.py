@@ -37,6 +37,81 @@ class SelfAttention(nn.Module):
         return self.c_proj(y)
 
 
+class GPTConfig:
+    """minGPT's config fields CausalSelfAttention reads."""
+
+    def __init__(self, n_embd=16, n_head=4, block_size=8, attn_pdrop=0.0, resid_pdrop=0.0):
+        self.n_embd, self.n_head, self.block_size = n_embd, n_head, block_size
+        self.attn_pdrop, self.resid_pdrop = attn_pdrop, resid_pdrop
+
+
+class CausalSelfAttention(nn.Module):
+    """
+    A vanilla multi-head masked self-attention layer with a projection at the end.
+    It is possible to use torch.nn.MultiheadAttention here but I am including an
+    explicit implementation here to show that there is nothing too scary here.
+
+    (karpathy/minGPT, mingpt/model.py, as written there: the causal mask a
+    buffer of the block size, sliced to the sequence length T in forward.)
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        # key, query, value projections for all heads, but in a batch
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        # output projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        # regularization
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+        # causal mask to ensure that attention is only applied to the left in the input sequence
+        self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size))
+                                     .view(1, 1, config.block_size, config.block_size))
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+
+    def forward(self, x):
+        B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
+
+        # calculate query, key, values for all heads in batch and move head forward to be the batch dim
+        q, k ,v  = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+
+        # causal self-attention; Self-attend: (B, nh, T, hs) x (B, nh, hs, T) -> (B, nh, T, T)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
+
+        # output projection
+        y = self.resid_dropout(self.c_proj(y))
+        return y
+
+
+class CausalClassifier(nn.Module):
+    """AttentionClassifier's block around minGPT's CausalSelfAttention as written upstream (its mask a
+    tril buffer of block_size, sliced to the sequence length T: T < block_size at seq 6, block 8)."""
+
+    def __init__(self, features=5, seq=6, n_embd=16, n_head=4, classes=10, block_size=8, attn_pdrop=0.0):
+        super().__init__()
+        self.embed = nn.Linear(features, n_embd)
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(GPTConfig(n_embd, n_head, block_size, attn_pdrop))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(seq * n_embd, classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        x = x + self.attn(self.ln_1(x))
+        x = self.ln_f(x)
+        return self.head(x.flatten(1))
+
+
 class AttentionClassifier(nn.Module):
     """(N, T, features) -> (N, classes): an embedding, one pre-norm transformer block (attention and an
     MLP, both residual), a final LayerNorm, and a Linear over the flattened sequence."""
@@ -68,8 +143,12 @@ class MHABlock(nn.Module):
     writes the attention as some 40 ops (the batch moved to dim 1 and merged with the heads) that psd reads
     back as one MultiheadAttention node.
 
-    mode selects what psd refuses: "mask" (a float attn_mask, a buffer), "cross" (the key and value another
-    tensor than the query), "weights" (need_weights=True, the averaged weights used)."""
+    mode "mask" calls it with a causal attn_mask, a float buffer (-inf above the diagonal) as
+    nn.Transformer.generate_square_subsequent_mask writes it; "mask_bool" with a bool buffer torch.triu(ones, 1)
+    (psd-export writes causal: true for these; generate_square_subsequent_mask(T) called in forward does not
+    trace: torch.fx cannot pass a traced size to torch.full); "mask_other" with a bool mask that is not causal (tril(ones, -1) | the diagonal's neighbours),
+    "padding" with a key_padding_mask computed from the input. mode selects what psd refuses too: "cross" (the
+    key and value another tensor than the query), "weights" (need_weights=True, the averaged weights used)."""
 
     def __init__(self, features=5, seq=6, n_embd=16, n_head=4, classes=10, mode="plain", **mha):
         super().__init__()
@@ -81,12 +160,18 @@ class MHABlock(nn.Module):
         self.head = nn.Linear(seq * n_embd, classes)
         if mode == "mask":
             self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1))
+        if mode == "mask_bool":
+            self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
+        if mode == "mask_other":
+            self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 2))
 
     def forward(self, x):
         x = self.embed(x)
         h = self.ln_1(x)
-        if self.mode == "mask":
+        if self.mode in ("mask", "mask_bool", "mask_other"):
             a = self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
+        elif self.mode == "padding":
+            a = self.attn(h, h, h, key_padding_mask=x[:, :, 0] > 0, need_weights=False)[0]
         elif self.mode == "cross":
             a = self.attn(h, x, x, need_weights=False)[0]
         elif self.mode == "weights":

@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
-from attention import AttentionClassifier, MHABlock  # noqa: E402
+from attention import AttentionClassifier, CausalClassifier, MHABlock  # noqa: E402
 from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
 
 SHAPE = (6, 5)          # tokens, features per token
@@ -106,6 +106,100 @@ def main():
     # 4. nn.MultiheadAttention through its exports
     mha(x, target)
 
+    # 5. attention masks through psd-export
+    masks(pe, target)
+
+
+def masks(pe, target):
+    """Causal attention through psd-export: minGPT's CausalSelfAttention as written upstream (its tril buffer
+    of block_size 8 sliced to T: T 6 < 8 and T 8 = 8) as a MaskedFill (mask triu, diagonal 1, value -inf),
+    and nn.MultiheadAttention called with a causal attn_mask (a float -inf buffer, a bool one) as
+    MultiheadAttention with causal: true, each trained one step against PyTorch; masks psd does not take
+    (not a triangle, not the causal one, computed from the input) refused naming them."""
+    for seq in (6, 8):
+        torch.manual_seed(seq)
+        x = torch.randn(4, seq, 5)
+        y = os.path.join(cr.TMP, "causal_%d.yaml" % seq)
+        rc = pe.main([os.path.join(HERE, "attention.py") + ":CausalClassifier", "--kwargs", '{"seq": %d}' % seq,
+                      "--input-shape", "%d,5" % seq, "--seed", "5", "-o", y])
+        cr.check(rc == 0, "psd-export of minGPT's CausalSelfAttention at T %d, block size 8" % seq)
+        with open(y) as f:
+            text = f.read()
+        cr.check("kind: MaskedFill, mask: triu, diagonal: 1, value: -inf" in text, "psd-export: minGPT's "
+                 "masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf')) at T %d is a MaskedFill (triu, "
+                 "diagonal 1, -inf)" % seq)
+        torch.manual_seed(5)
+        model = CausalClassifier(seq=seq)
+        with torch.no_grad():
+            plain = copy.deepcopy(model)
+            plain.attn.bias.fill_(1.0)
+            cr.check(not torch.allclose(plain(x), model(x)), "minGPT at T %d: the mask changes the output (the "
+                     "test sees it)" % seq)
+        label = "minGPT causal attention psd-export, T %d block 8" % seq
+        stub, p = cr.start_psd("causal_%d" % seq, "file: %s" % y, ["--init-from", y[:-5] + ".safetensors"])
+        cr.input_gradient(label, stub, model, x, target)
+        cr.run(label, stub, copy.deepcopy(model), x, target, folded=("attn.bias",))
+        p.kill()
+        # its training-mode ONNX exports: the mask's Slices of attn.bias folded, Equal, Where(cond, -inf, att)
+        # read back as the MaskedFill; at opset 17 with a dynamic batch too
+        for opset, dyn in ((13, {}), (17, dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}}))):
+            path = os.path.join(cr.TMP, "causal_%d_%d.onnx" % (seq, opset))
+            m2 = copy.deepcopy(model).train()
+            torch.onnx.export(copy.deepcopy(m2), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                              do_constant_folding=False, opset_version=opset, **dyn)
+            rc, out = check_config(path)
+            cr.check(rc == 0, "minGPT's ONNX export at T %d, opset %d loads (%s)" % (seq, opset,
+                                                                                     out.strip()[-200:]))
+            label = "minGPT causal attention ONNX opset %d%s, T %d block 8" % (opset, " dynamic" if dyn else "", seq)
+            stub, p = cr.start_psd("causal_onnx_%d_%d" % (seq, opset), "onnx: %s" % path, [])
+            cr.input_gradient(label, stub, m2, x, target)
+            cr.run(label, stub, m2, x, target, folded=("attn.bias",))
+            p.kill()
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5)
+    for mode in ("mask", "mask_bool"):
+        y = os.path.join(cr.TMP, "mha_%s.yaml" % mode)
+        rc = pe.main([os.path.join(HERE, "attention.py") + ":MHABlock", "--kwargs", '{"mode": "%s"}' % mode,
+                      "--input-shape", "6,5", "--seed", "6", "-o", y])
+        cr.check(rc == 0, "psd-export of nn.MultiheadAttention with a causal attn_mask (%s)" % mode)
+        with open(y) as f:
+            text = f.read()
+        cr.check("causal: true" in text, "psd-export: attn_mask=%s is MultiheadAttention's causal: true" % mode)
+        torch.manual_seed(6)
+        model = MHABlock(mode=mode)
+        with torch.no_grad():   # biases and LayerNorms away from their zeros and ones: every gradient shows
+            for t in model.parameters():
+                t.add_(torch.randn_like(t) * 0.1)
+        w = os.path.join(cr.TMP, "mha_%s_moved.safetensors" % mode)
+        sd = model.state_dict()
+        torch_save_st(w, {k: sd[k] for k in sd if k != "mask"})
+        label = "MultiheadAttention causal psd-export (%s)" % mode
+        stub, p = cr.start_psd("mha_" + mode, "file: %s" % y, ["--init-from", w])
+        cr.input_gradient(label, stub, model, x, target)
+        cr.run(label, stub, copy.deepcopy(model), x, target, folded=("mask",))
+        p.kill()
+    # refusals, naming the mask
+    for mode, want in (("mask_other", "its attn_mask (from the buffer mask) is a bool mask other than the causal "
+                                      "one"),
+                       ("padding", "its key_padding_mask is computed from the input (a per-sample mask")):
+        err = run_export([os.path.join(HERE, "attention.py") + ":MHABlock", "--kwargs", '{"mode": "%s"}' % mode,
+                          "--input-shape", "6,5", "-o", os.path.join(cr.TMP, "refused.yaml")])
+        cr.check(want in err, "psd-export refuses MHABlock %s saying '%s' (%s)" % (mode, want, err.strip()[-300:]))
+
+
+def run_export(argv):
+    """psd-export's stderr for argv (it must fail)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "psd-export")] + argv, capture_output=True,
+                       text=True, timeout=300)
+    return r.stderr if r.returncode else "exit 0: " + r.stdout
+
+
+def torch_save_st(path, tensors):
+    """tensors (name -> tensor) as safetensors (psd --init-from)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gen_golden import write_safetensors
+    write_safetensors(path, tensors, {})
+
 
 def check_config(onnx_path):
     """psd --check-config on a config naming onnx_path: (exit status, its output)."""
@@ -126,6 +220,11 @@ def mha(x, target):
                                   # 3 heads: torch 1.13's eval fast path (even heads) fails without biases
                                   ("training export, bias=False, 3 heads", torch.onnx.TrainingMode.TRAINING, 13,
                                    {"bias": False, "n_embd": 12, "n_head": 3}),
+                                  # a causal attn_mask (-inf float and bool buffers): causal: true
+                                  ("training export, causal float mask", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"mode": "mask"}),
+                                  ("training export, causal bool mask", torch.onnx.TrainingMode.TRAINING, 13,
+                                   {"mode": "mask_bool"}),
                                   ("eval export", torch.onnx.TrainingMode.EVAL, 13, {})):
         # the eval export folds in_proj_weight^T into onnx::MatMul_N (E, 3E): bound transposed, named by its
         # in_proj_bias
@@ -144,7 +243,8 @@ def mha(x, target):
         cr.check("attn.in_proj_weight" in names and not any(n.startswith("attn.") and "proj" not in n for n in names),
                  "MultiheadAttention %s: one node, attn's parameters under the module's names (%s)" % (what, names))
         cr.input_gradient("MultiheadAttention " + what, stub, m, x, target)
-        cr.run("MultiheadAttention " + what, stub, m, x, target)
+        cr.run("MultiheadAttention " + what, stub, m, x, target, folded=("mask",) if "mask" in kw.get("mode", "")
+               else ())
         p.kill()
     # dropout on the attention weights is the kind's own (psd draws its masks): the import carries p
     path = os.path.join(cr.TMP, "mha_dropout.onnx")
@@ -158,7 +258,8 @@ def mha(x, target):
     cr.check(not np.allclose(a, b), "MultiheadAttention with dropout 0.25: a training forward drops (differs from "
              "the eval one)")
     p.kill()
-    for mode, want in (("mask", "an attention mask (attn_mask or key_padding_mask)"),
+    for mode, want in (("mask_other", "the attention mask '/attn/Mul_4_output_0' is not the causal one: element "
+                                      "(0, 1) is 0"),
                        ("cross", "cross-attention"), ("weights", "need_weights=True"),
                        ("dynamic", "a dynamic batch")):
         path = os.path.join(cr.TMP, "mha_%s.onnx" % mode)
@@ -167,9 +268,10 @@ def mha(x, target):
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           opset_version=17 if mode == "dynamic" else 13, **dyn)
         rc, out = check_config(path)
-        cr.check(rc != 0 and "node '/attn/Transpose' (Transpose): nn.MultiheadAttention:" in out and want in out,
-                 "MultiheadAttention %s: refused at its first Transpose, saying '%s' (%s)"
-                 % (mode, want, out.strip().splitlines()[-1] if out.strip() else "no output"))
+        at = "node '/attn/Add_2' (Add)" if mode == "mask_other" else "node '/attn/Transpose' (Transpose)"
+        cr.check(rc != 0 and at + ": nn.MultiheadAttention:" in out and want in out,
+                 "MultiheadAttention %s: refused at %s, saying '%s' (%s)"
+                 % (mode, at, want, out.strip().splitlines()[-1] if out.strip() else "no output"))
 
 
 if __name__ == "__main__":
