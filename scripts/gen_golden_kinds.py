@@ -350,6 +350,49 @@ CASES = [
         "{name: yt, kind: Permute, dims: [0, 2, 1, 3]}",
         "{name: ym, kind: Reshape, shape: [4, 8]}",
         "{name: proj, kind: Linear, out_features: 8}"])),
+] + [
+    # ---- swin's shifted windows: Roll (torch.roll: one dim, two with a negative shift as swin's (H, W, C),
+    # three with a shift past the size and a negative dim, the dims of a blocked convolution's output), Pad
+    # (F.pad constant: swin's (0, 0, 0, pad_r, 0, pad_b) before a Linear, every dim with a value, the first
+    # dim only, one dim), Narrow's step (x[:, 1::2]; swin's patch merging: x[..., i::2, j::2, :] of four
+    # pieces joined on the last dim, LayerNorm, Linear)
+    ("roll_one", stage([5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                "{name: r, kind: Roll, shifts: 2, dims: 1}",
+                                "{name: o, kind: Linear, out_features: 2}"])),
+    ("roll_two", stage([4, 5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                   "{name: r, kind: Roll, shifts: [-1, 3], dims: [1, 2]}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("roll_three", stage([3, 4, 2, 2], ["{name: t, kind: Tanh}",
+                                        "{name: r, kind: Roll, shifts: [1, -2, 5], dims: [-1, 1, 2]}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("roll_blocked", stage([3, 4, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+                                       "{name: r, kind: Roll, shifts: [-2, 1], dims: [2, 3]}",
+                                       "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("pad_swin", stage([3, 4, 5], ["{name: l, kind: Linear, out_features: 5}",
+                                   "{name: p, kind: Pad, pad: [0, 0, 0, 2, 0, 3]}",
+                                   "{name: o, kind: Linear, out_features: 4}"])),
+    ("pad_all_value", stage([2, 3, 4], ["{name: t, kind: Tanh}",
+                                        "{name: p, kind: Pad, pad: [1, 2, 2, 1, 1, 0], value: -0.5}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_first_dim", stage([3, 2, 2], ["{name: t, kind: Sigmoid}",
+                                        "{name: p, kind: Pad, pad: [0, 0, 0, 0, 1, 2], value: 0.25}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_1d", stage([5], ["{name: l, kind: Linear, out_features: 4}",
+                           "{name: p, kind: Pad, pad: [2, 1]}",
+                           "{name: o, kind: Linear, out_features: 3}"])),
+    ("narrow_step", stage([6, 5], ["{name: l, kind: Linear, out_features: 5}",
+                                   "{name: n, kind: Narrow, dim: 1, start: 1, length: 3, step: 2}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("patch_merging", stage([4, 4, 3], [
+        "{name: x0h, kind: Narrow, dim: 1, start: 0, length: 2, step: 2, input: input}",
+        "{name: x0, kind: Narrow, dim: 2, start: 0, length: 2, step: 2}",
+        "{name: x1h, kind: Narrow, dim: 1, start: 1, length: 2, step: 2, input: input}",
+        "{name: x1, kind: Narrow, dim: 2, start: 0, length: 2, step: 2}",
+        "{name: x2, kind: Narrow, dim: 2, start: 1, length: 2, step: 2, input: x0h}",
+        "{name: x3, kind: Narrow, dim: -2, start: 1, length: 2, step: 2, input: x1h}",
+        "{name: cat, kind: Concat, inputs: [x0, x1, x2, x3], dim: -1}",
+        "{name: norm, kind: LayerNorm, normalized_shape: 12}",
+        "{name: reduction, kind: Linear, out_features: 6, bias: false}"])),
 ]
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
@@ -494,8 +537,15 @@ def make_module(kind, a, shapes):
         return Lambda(lambda x: x.view(x.shape[0], g, x.shape[1] // g, *x.shape[2:]).transpose(1, 2)
                       .reshape(x.shape))
     if kind == "Narrow":
-        dim, start, length = a.get("dim", 1), a["start"], a["length"]
-        return Lambda(lambda x: x.narrow(dim, start, length))
+        dim, start, length, step = a.get("dim", 1), a["start"], a["length"], a.get("step", 1)
+        return Lambda(lambda x: x[(slice(None),) * (dim % x.dim()) + (slice(start, start + (length - 1) * step + 1,
+                                                                             step),)])
+    if kind == "Roll":
+        shifts, dims = a["shifts"], a["dims"]
+        return Lambda(lambda x: torch.roll(x, shifts, dims))
+    if kind == "Pad":
+        pad, value = a["pad"], a.get("value", 0.0)
+        return Lambda(lambda x: F.pad(x, pad, value=value))
     if kind == "MatMul":
         ta, tb = a.get("transpose_a", False), a.get("transpose_b", False)
         return Lambda(lambda x, y: torch.matmul(x.transpose(-2, -1) if ta else x, y.transpose(-2, -1) if tb else y))

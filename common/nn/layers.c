@@ -107,7 +107,8 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         *(const char **)(base + sp->off) = vals[0] ? vals[0] : "";   /* the definition's (or the table's) string */
         return PS_OK;
     case PS_ATTR_DIMS:
-    case PS_ATTR_BATCH_DIMS: {
+    case PS_ATTR_BATCH_DIMS:
+    case PS_ATTR_PADS: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < nvals; i++) {
             if ((st = attr_number(ly, sp, vals[i], def, n, keys, values, &x, err))) return st;
@@ -1639,40 +1640,52 @@ static const char *copy_missing(const ps_layer *ly, const ps_backend_ops *ops) {
 }
 
 /* ---- Narrow: x.narrow(dim, start, length), one piece of x.chunk(k, dim)
- * or of ONNX's Split; backward puts dy back in place, zeros elsewhere.
+ * or of ONNX's Split; with step, every step-th element from start
+ * (x[..., start::step] of length elements: swin's patch merging takes
+ * x[..., 0::2, 0::2, :]); backward puts dy back in place, zeros elsewhere.
  * Plain layout. ---- */
 
 static ps_status narrow_infer(ps_layer *ly, ps_err *err) {
     int d;
     ps_status rc = need_dim_attr(ly, &d, err);
     if (rc) return rc;
-    if (ly->a.start + ly->a.length > ly->in[0].dims[d])
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start %lld + length %lld is past dim %lld of size %lld",
-                          (long long)ly->a.start, (long long)ly->a.length, (long long)ly->a.dim,
-                          (long long)ly->in[0].dims[d]);
+    if (ly->a.length > 0 && ly->a.start + (ly->a.length - 1) * ly->a.step >= ly->in[0].dims[d])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start %lld + (length %lld - 1) * step %lld is past dim %lld "
+                          "of size %lld", (long long)ly->a.start, (long long)ly->a.length, (long long)ly->a.step,
+                          (long long)ly->a.dim, (long long)ly->in[0].dims[d]);
     ly->outs = ly->in[0];
     ly->outs.dims[d] = ly->a.length;
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
 
-static ps_status narrow_forward(ps_layer_call *c, ps_err *err) {
-    int64_t outer, D, inner, L = c->ly->a.length;
+/* One piece (step 1: one copy of L * inner floats a row) or L copies of inner floats each. to_x 0: x -> y;
+ * 1: y -> x (the backward's dy into dx). */
+static ps_status narrow_copy(const ps_layer_call *c, const float *src, float *dst, int to_x, ps_err *err) {
+    int64_t outer, D, inner, L = c->ly->a.length, st = c->ly->a.step;
     index_select_geom(c->ly, c->n, &outer, &D, &inner);
-    return c->be->ops->copy2d(c->be->impl, outer, L * inner, (const float *)c->x + c->ly->a.start * inner, D * inner,
-                              c->y, L * inner, 0, err);
+    int64_t run = st == 1 ? L : 1, pieces = st == 1 ? 1 : L;
+    ps_status rc = PS_OK;
+    for (int64_t i = 0; i < pieces && rc == PS_OK; i++) {
+        int64_t xo = (c->ly->a.start + i * st) * inner, yo = i * inner;
+        rc = to_x ? c->be->ops->copy2d(c->be->impl, outer, run * inner, src + yo, L * inner, dst + xo, D * inner, 0,
+                                       err)
+                  : c->be->ops->copy2d(c->be->impl, outer, run * inner, src + xo, D * inner, dst + yo, L * inner, 0,
+                                       err);
+    }
+    return rc;
+}
+
+static ps_status narrow_forward(ps_layer_call *c, ps_err *err) {
+    return narrow_copy(c, c->x, c->y, 0, err);
 }
 
 static ps_status narrow_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    int64_t outer, D, inner, L = c->ly->a.length;
-    index_select_geom(c->ly, c->n, &outer, &D, &inner);
     ps_status rc = PS_OK;
-    if (L < D) rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
-    if (rc == PS_OK)
-        rc = c->be->ops->copy2d(c->be->impl, outer, L * inner, c->dy, L * inner, c->dx + c->ly->a.start * inner,
-                                D * inner, 0, err);
-    return rc;
+    if (c->ly->a.length < c->ly->in[0].dims[sample_dim(c->ly->a.dim, c->ly->in[0].ndim)])
+        rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
+    return rc ? rc : narrow_copy(c, c->dy, c->dx, 1, err);
 }
 
 /* ---- Permute: torch.permute(x, dims) / torchvision's Permute(dims) -
@@ -2176,6 +2189,167 @@ static ps_status mulconst_backward(ps_layer_call *c, ps_err *err) {
     return scaled_copy(c, c->dy, c->dx, ps_layer_out_count(c->ly, c->n), err);
 }
 
+/* ---- Roll: torch.roll(x, shifts, dims) - each listed per-sample dimension
+ * rotated by its shift (element i goes to (i + shift) mod size; negative
+ * shifts the other way): swin's cyclic shift of its windows. One roll per
+ * dim, each two strided copies (the piece that wraps and the rest); several
+ * dims go through a scratch tensor. Backward rolls dy by the negated
+ * shifts. Plain layout. ---- */
+
+static ps_status roll_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    if (a->nshifts != a->nrdims)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d shifts for %d dims: one shift per dim", a->nshifts,
+                          a->nrdims);
+    for (int i = 0; i < a->nrdims; i++) {
+        int d = sample_dim(a->rdims[i], ly->in[0].ndim);
+        if (d < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims entry %lld is not a dimension 1..%d of the batched "
+                              "input (0 is the batch)", (long long)a->rdims[i], ly->in[0].ndim);
+        for (int j = 0; j < i; j++)
+            if (sample_dim(a->rdims[j], ly->in[0].ndim) == d)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %lld and %lld are one dimension",
+                                  (long long)a->rdims[j], (long long)a->rdims[i]);
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* dst = src rolled by shift along per-sample dim d (n samples). */
+static ps_status roll_one(const ps_layer_call *c, const float *src, float *dst, int d, int64_t shift, ps_err *err) {
+    const ps_shape *s = &c->ly->in[0];
+    int64_t outer = c->n, inner = 1, D = s->dims[d];
+    for (int k = 0; k < d; k++) outer *= s->dims[k];
+    for (int k = d + 1; k < s->ndim; k++) inner *= s->dims[k];
+    int64_t r = ((shift % D) + D) % D;
+    void *impl = c->be->impl;
+    if (r == 0) return c->be->ops->copy2d(impl, outer, D * inner, src, D * inner, dst, D * inner, 0, err);
+    ps_status rc = c->be->ops->copy2d(impl, outer, (D - r) * inner, src, D * inner, dst + r * inner, D * inner, 0, err);
+    return rc ? rc : c->be->ops->copy2d(impl, outer, r * inner, src + (D - r) * inner, D * inner, dst, D * inner, 0,
+                                        err);
+}
+
+/* dst = src rolled by sign * shifts, dim after dim; the last roll writes dst, the ones before alternate
+ * between a scratch tensor and dst so that no copy reads what it writes. */
+static ps_status roll_all(const ps_layer_call *c, const float *src, float *dst, int sign, ps_err *err) {
+    const ps_layer_attrs *a = &c->ly->a;
+    int k = a->nrdims;
+    float *tmp = NULL;
+    if (k > 1 && !(tmp = ps_backend_alloc_floats(c->be, ps_layer_out_count(c->ly, c->n))))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's roll", c->ly->name);
+    ps_status rc = PS_OK;
+    const float *from = src;
+    for (int i = 0; i < k && rc == PS_OK; i++) {
+        float *to = (k - 1 - i) % 2 == 0 ? dst : tmp;
+        rc = roll_one(c, from, to, sample_dim(a->rdims[i], c->ly->in[0].ndim), sign * a->shifts[i], err);
+        from = to;
+    }
+    ps_backend_release(c->be, tmp);
+    return rc;
+}
+
+static ps_status roll_forward(ps_layer_call *c, ps_err *err) {
+    return roll_all(c, c->x, c->y, 1, err);
+}
+
+static ps_status roll_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return roll_all(c, c->dy, c->dx, -1, err);
+}
+
+/* ---- Pad: F.pad(x, pad, value=value) in 'constant' mode - pad lists
+ * (before, after) pairs from the last dimension backwards, as F.pad's;
+ * each dimension grows by its pair, the new elements are value (swin's
+ * padding to a multiple of its window). The forward fills y and copies x
+ * into it; the backward is that copy the other way (dx the interior of
+ * dy). Plain layout. ---- */
+
+static ps_status pad_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    int nd = ly->in[0].ndim;
+    if (a->npads % 2 || a->npads / 2 > nd)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "pad has %d values: pairs (before, after) for at most the "
+                          "input's %d per-sample dimensions, the last first", a->npads, nd);
+    ly->outs = ly->in[0];
+    for (int i = 0; i < a->npads / 2; i++) {
+        int d = nd - 1 - i;
+        ly->outs.dims[d] = ly->in[0].dims[d] + a->pads[2 * i] + a->pads[2 * i + 1];
+        if (ly->outs.dims[d] > PS_DIM_MAX)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dimension %d padded to %lld", d + 1,
+                              (long long)ly->outs.dims[d]);
+    }
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* The padding before per-sample dim d. */
+static int64_t pad_before(const ps_layer *ly, int d) {
+    int i = ly->in[0].ndim - 1 - d;
+    return i < ly->a.npads / 2 ? ly->a.pads[2 * i] : 0;
+}
+
+/* Copies the input-shaped interior between the input's geometry and the
+ * output's. L, the innermost padded dim: each copy2d moves, for one index of the dims
+ * before L - 1 (the batch included), rows = dim L - 1's size (the batch
+ * when L is 0) of in[L] * inner contiguous floats. to_out 1: src is the
+ * input (x), dst the output (y); 0: src the output's geometry (dy), dst the
+ * input's (dx). */
+static ps_status pad_copy(const ps_layer_call *c, const float *src, float *dst, int to_out, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_shape *in = &ly->in[0], *out = &ly->outs;
+    int nd = in->ndim, L = -1;
+    for (int d = 0; d < nd; d++)
+        if (pad_before(ly, d) || in->dims[d] != out->dims[d]) L = d;
+    const ps_backend_ops *ops = c->be->ops;
+    if (L < 0) {
+        int64_t count = ps_layer_in_count(ly, 0, c->n);
+        return ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
+    }
+    /* batched dims: 0 the batch, k + 1 per-sample dim k */
+    int64_t bin[PS_SHAPE_MAX_DIMS + 1], bout[PS_SHAPE_MAX_DIMS + 1], bpre[PS_SHAPE_MAX_DIMS + 1];
+    bin[0] = bout[0] = c->n;
+    bpre[0] = 0;
+    for (int d = 0; d < nd; d++) {
+        bin[d + 1] = in->dims[d];
+        bout[d + 1] = out->dims[d];
+        bpre[d + 1] = pad_before(ly, d);
+    }
+    int Lb = L + 1;
+    int64_t sin[PS_SHAPE_MAX_DIMS + 2], sout[PS_SHAPE_MAX_DIMS + 2];   /* strides in floats */
+    sin[nd] = sout[nd] = 1;
+    for (int d = nd - 1; d >= 0; d--) { sin[d] = sin[d + 1] * bin[d + 1]; sout[d] = sout[d + 1] * bout[d + 1]; }
+    int64_t cols = bin[Lb] * sin[Lb], rows = bin[Lb - 1], outer = 1;
+    for (int d = 0; d < Lb - 1; d++) outer *= bin[d];
+    ps_status rc = PS_OK;
+    for (int64_t o = 0; o < outer && rc == PS_OK; o++) {
+        int64_t xo = 0, yo = bpre[Lb] * sout[Lb] + bpre[Lb - 1] * sout[Lb - 1], rem = o;
+        for (int d = Lb - 2; d >= 0; d--) {
+            int64_t i = rem % bin[d];
+            rem /= bin[d];
+            xo += i * sin[d];
+            yo += (i + bpre[d]) * sout[d];
+        }
+        rc = to_out ? ops->copy2d(c->be->impl, rows, cols, src + xo, sin[Lb - 1], dst + yo, sout[Lb - 1], 0, err)
+                    : ops->copy2d(c->be->impl, rows, cols, src + yo, sout[Lb - 1], dst + xo, sin[Lb - 1], 0, err);
+    }
+    return rc;
+}
+
+static ps_status pad_forward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = c->be->ops->fill(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, (float)c->ly->a.value, err);
+    return rc ? rc : pad_copy(c, c->x, c->y, 1, err);
+}
+
+static ps_status pad_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return pad_copy(c, c->dy, c->dx, 0, err);
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -2317,6 +2491,7 @@ static const ps_attr_spec narrow_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
     ATTR_INT("start", start, NULL, 0),
     ATTR_INT("length", length, NULL, 1),
+    ATTR_INT("step", step, "1", 1),
     ATTR_END,
 };
 static const ps_attr_spec permute_attrs[] = {
@@ -2343,6 +2518,16 @@ static const ps_attr_spec matmul_attrs[] = {
 };
 static const ps_attr_spec mulconst_attrs[] = {
     ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec roll_attrs[] = {
+    {"shifts", PS_ATTR_DIMS, A(shifts), NULL, -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, A(nshifts)},
+    {"dims", PS_ATTR_DIMS, A(rdims), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nrdims)},
+    ATTR_END,
+};
+static const ps_attr_spec pad_attrs[] = {
+    {"pad", PS_ATTR_PADS, A(pads), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(npads)},
+    ATTR_FLOAT("value", value, "0.0", -1e30, 1e30, 0, 0),
     ATTR_END,
 };
 static const ps_attr_spec no_attrs[] = {ATTR_END};
@@ -2422,6 +2607,9 @@ static const ps_layer_kind kinds[] = {
      NULL, matmul_flops},
     {"MulConstant", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE, 1, 1, mulconst_attrs, infer_same, mulconst_missing,
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},
+    /* swin's shifted windows: torch.roll, F.pad (Narrow's step: its patch merging's strided slices) */
+    {"Roll", 0, 1, 1, roll_attrs, roll_infer, copy_missing, roll_forward, roll_backward, NULL, NULL, zero_flops},
+    {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -2550,6 +2738,7 @@ static const struct {
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
+    {"Roll", NULL}, {"Pad", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

@@ -84,12 +84,17 @@ typedef struct ps_layer_attrs {
     int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
                                    its infer) */
     int64_t start, length;      /* Narrow */
+    int64_t step;               /* Narrow: every step-th element from start (1: a contiguous piece) */
+    int nshifts, nrdims;        /* Roll shifts and dims (PyTorch's dims, the batch counted as 0) */
+    int64_t shifts[PS_SHAPE_MAX_DIMS], rdims[PS_SHAPE_MAX_DIMS];
+    int npads;                  /* Pad pad: F.pad's (before, after) pairs, the last dim's first */
+    int64_t pads[2 * PS_SHAPE_MAX_DIMS];
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
     const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
                                    model definition's string); "" (null): the node's name is the tensor's */
     int trans_a, trans_b;       /* MatMul transpose_a, transpose_b */
-    double value;               /* MulConstant value */
+    double value;               /* MulConstant value, Pad value */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -107,6 +112,7 @@ typedef enum {
     PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */
     PS_ATTR_BATCH_DIMS,         /* as DIMS over a batched tensor's dims: a list of 1..5 (int64_t[5]) */
     PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
+    PS_ATTR_PADS,               /* as DIMS with up to 2 * PS_SHAPE_MAX_DIMS values (F.pad's pad list) */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {
