@@ -40,6 +40,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision.models.swin_transformer as swin
 import torchvision.ops
 import yaml
 
@@ -393,6 +394,29 @@ CASES = [
         "{name: cat, kind: Concat, inputs: [x0, x1, x2, x3], dim: -1}",
         "{name: norm, kind: LayerNorm, normalized_shape: 12}",
         "{name: reduction, kind: Linear, out_features: 6, bias: false}"])),
+    # swin's relative position bias (torchvision's own table, index and _get_relative_position_bias) added to
+    # scores of each window and head, softmax over the keys (so the shifted-window mask's -100 shows), a Linear:
+    # 2x2 windows of a 4x4 grid shifted by 1 both ways, 2x3 windows without a shift, a shift along the columns
+    # only (torchvision's mask then has one region of rows)
+    ("rpb_shift", stage([4, 2, 4, 4], [
+        "{name: t, kind: Tanh, input: input}",
+        "{name: attn, kind: RelativePositionBias, window_size: 2, num_heads: 2, windows: 2, shift_size: 1, "
+        "input: input}",
+        "{name: s, kind: Add, inputs: [t, attn]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 3}"])),
+    ("rpb_rect", stage([2, 3, 6, 6], [
+        "{name: t, kind: Sigmoid, input: input}",
+        "{name: attn, kind: RelativePositionBias, window_size: [2, 3], num_heads: 3, windows: [1, 2], input: input}",
+        "{name: s, kind: Add, inputs: [attn, t]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 2}"])),
+    ("rpb_shift_cols", stage([4, 1, 6, 6], [
+        "{name: attn, kind: RelativePositionBias, window_size: [3, 2], num_heads: 1, windows: [2, 2], "
+        "shift_size: [0, 1], input: input}",
+        "{name: s, kind: Add, inputs: [input, attn]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 2}"])),
 ]
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
@@ -552,6 +576,9 @@ def make_module(kind, a, shapes):
     if kind == "MulConstant":
         v = a["value"]
         return Lambda(lambda x: x * v)
+    if kind == "RelativePositionBias":
+        return RelPosBias(pair(a["window_size"]), a["num_heads"], pair(a.get("windows", 1)),
+                          pair(a.get("shift_size", 0)))
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))
@@ -612,6 +639,45 @@ class MHA(nn.MultiheadAttention):
         with torch.no_grad():
             got = self.spelled(x, torch.ones(self.mask_shape))
         assert torch.allclose(got, want, atol=1e-5), "the spelled-out attention is not nn.MultiheadAttention's"
+
+
+class RelPosBias(nn.Module):
+    """psd's RelativePositionBias kind: torchvision's swin table and index (ShiftedWindowAttention's own
+    define_* methods) through its _get_relative_position_bias, the same for every window, plus (with a shift)
+    the attention mask as shifted_window_attention builds it (its lines, verbatim), for every sample."""
+
+    def __init__(self, window, heads, windows, shift):
+        super().__init__()
+        self.window_size, self.num_heads = list(window), heads
+        swin.ShiftedWindowAttention.define_relative_position_bias_table(self)
+        swin.ShiftedWindowAttention.define_relative_position_index(self)
+        with torch.no_grad():    # away from trunc_normal_'s 0.02 so the bias shows beside the scores
+            self.relative_position_bias_table.normal_(0, 0.5)
+        self.windows, self.shift_size = list(windows), list(shift)
+
+    def forward(self, x):
+        window_size, shift_size = self.window_size, self.shift_size
+        b = swin._get_relative_position_bias(self.relative_position_bias_table, self.relative_position_index,
+                                             window_size)                  # (1, heads, N, N)
+        num_windows = self.windows[0] * self.windows[1]
+        b = b.expand(num_windows, -1, -1, -1)
+        if sum(shift_size) > 0:
+            pad_H, pad_W = self.windows[0] * window_size[0], self.windows[1] * window_size[1]
+            attn_mask = x.new_zeros((pad_H, pad_W))
+            h_slices = ((0, -window_size[0]), (-window_size[0], -shift_size[0]), (-shift_size[0], None))
+            w_slices = ((0, -window_size[1]), (-window_size[1], -shift_size[1]), (-shift_size[1], None))
+            count = 0
+            for h in h_slices:
+                for w in w_slices:
+                    attn_mask[h[0] : h[1], w[0] : w[1]] = count
+                    count += 1
+            attn_mask = attn_mask.view(pad_H // window_size[0], window_size[0], pad_W // window_size[1],
+                                       window_size[1])
+            attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(num_windows, window_size[0] * window_size[1])
+            attn_mask = attn_mask.unsqueeze(1) - attn_mask.unsqueeze(2)
+            attn_mask = attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+            b = b + attn_mask.unsqueeze(1)
+        return b.unsqueeze(0).expand(x.shape[0], -1, -1, -1, -1)
 
 
 class Scale(nn.Module):

@@ -2350,6 +2350,159 @@ static ps_status pad_backward(ps_layer_call *c, ps_err *err) {
     return pad_copy(c, c->dy, c->dx, 0, err);
 }
 
+/* ---- RelativePositionBias: swin's relative position bias, torchvision's
+ * ShiftedWindowAttention: relative_position_bias_table[relative_position_
+ * index] viewed (N, N, heads) and permuted to (heads, N, N), N = Wh * Ww
+ * tokens of a window, the same for each of the windows [nh, nw] of a
+ * sample; with shift_size, plus swin's shifted-window attention mask: the
+ * (nh * Wh, nw * Ww) grid the windows tile is cut into regions (rows [0,
+ * H - Wh), [H - Wh, H - sh), [H - sh, H), columns alike; a shift of 0 one
+ * region), and two tokens of a window from different regions get -100.
+ * Output (nh * nw, heads, N, N) per sample: what shifted_window_attention
+ * adds to q k^T (an Add after it). The input is read for its batch size
+ * only (its gradient is 0). The table's gradient: dy summed over the
+ * samples and windows, permuted back and scattered to the rows the index
+ * names (embedding_backward's dense form). relative_position_index is an
+ * int64 buffer holding torchvision's index, so the state_dict is the
+ * module's; psd computes with that index. ---- */
+
+/* torchvision's relative_position_index, element k = i * N + j of tokens i
+ * and j of a window: (dh + Wh - 1) * (2 Ww - 1) + dw + Ww - 1 for their
+ * row and column differences. */
+static int64_t rpb_index(const ps_layer *ly, int64_t k) {
+    int64_t Wh = ly->a.window[0], Ww = ly->a.window[1], N = Wh * Ww, i = k / N, j = k % N;
+    return (i / Ww - j / Ww + Wh - 1) * (2 * Ww - 1) + (i % Ww - j % Ww + Ww - 1);
+}
+
+static ps_status rpb_infer(ps_layer *ly, ps_err *err) {
+    const ps_layer_attrs *a = &ly->a;
+    for (int i = 0; i < 2; i++)
+        if (a->shift[i] >= a->window[i])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shift_size %lld is not below window_size %lld",
+                              (long long)a->shift[i], (long long)a->window[i]);
+    int64_t N = a->window[0] * a->window[1], nw = a->windows[0] * a->windows[1];
+    if (N > 4096 || nw > 65536)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%lld tokens a window, %lld windows: at most 4096 and 65536",
+                          (long long)N, (long long)nw);
+    ly->outs.ndim = 4;
+    ly->outs.dims[0] = nw;
+    ly->outs.dims[1] = a->num;
+    ly->outs.dims[2] = N;
+    ly->outs.dims[3] = N;
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t tdims[2] = {(2 * a->window[0] - 1) * (2 * a->window[1] - 1), a->num}, idims[1] = {N * N};
+    static const ps_init TRUNC_NORMAL_002 = {PS_INIT_NORMAL, 0, 0.02f, 0};   /* trunc_normal_(std=0.02): +-2 */
+    set_param(ly, 0, "relative_position_bias_table", 2, tdims, 1, TRUNC_NORMAL_002);
+    set_buffer(ly, "relative_position_index", 1, idims, PS_DTYPE_I64, 0);
+    ly->buffer[0].init_i64 = rpb_index;
+    return PS_OK;
+}
+
+static const char *rpb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return !ops->embedding_forward ? "embedding_forward" : !ops->embedding_backward ? "embedding_backward"
+           : !ops->permute ? "permute" : !ops->copy2d ? "copy2d" : !ops->fill ? "fill" : !ops->add ? "add" : NULL;
+}
+
+/* The region of grid row (or column) g of size G (torchvision's slices (0, -win), (-win, -shift), (-shift,
+ * None); with shift 0 its labels differ, but the boundary G - win falls between two windows then, so no window
+ * sees two regions either way). */
+static int rpb_region(int64_t g, int64_t G, int64_t win, int64_t shift) {
+    return g < G - win ? 0 : g < G - shift ? 1 : 2;
+}
+
+/* The index on the device (N * N int64). */
+static int64_t *rpb_device_index(const ps_layer_call *c, ps_err *err) {
+    int64_t NN = c->ly->buffer[0].numel;
+    int64_t *host = malloc((size_t)NN * sizeof *host), *dev = c->be->ops->alloc(c->be->impl, (size_t)NN * 8);
+    if (!host || !dev) {
+        free(host);
+        if (dev) c->be->ops->free(c->be->impl, dev);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's index", c->ly->name);
+        return NULL;
+    }
+    for (int64_t k = 0; k < NN; k++) host[k] = rpb_index(c->ly, k);
+    ps_status rc = c->be->ops->copy_to_device(c->be->impl, dev, host, (size_t)NN * 8, err);
+    free(host);
+    if (rc != PS_OK) { c->be->ops->free(c->be->impl, dev); return NULL; }
+    return dev;
+}
+
+static ps_status rpb_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_layer_attrs *a = &ly->a;
+    const ps_backend_ops *ops = c->be->ops;
+    void *impl = c->be->impl;
+    int64_t H = a->num, N = a->window[0] * a->window[1], HNN = H * N * N, nw = ly->outs.dims[0];
+    int64_t *idx = rpb_device_index(c, err);
+    if (!idx) return err->code;
+    float *g = ps_backend_alloc_floats(c->be, HNN), *one = ps_backend_alloc_floats(c->be, nw * HNN), *mask = NULL;
+    ps_status rc = PS_OK;
+    if (!g || !one) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name); goto done; }
+    /* (N * N, H) rows of the table, then (N, N, H) -> (H, N, N) into window 0 of one sample's output */
+    if ((rc = ops->embedding_forward(impl, N * N, (int)H, idx, c->w[0], g, err)) != PS_OK) goto done;
+    ps_permute_desc pd = {.n = 1, .ndim = 3, .dims = {N, N, H}, .perm = {2, 0, 1}};
+    if ((rc = ops->permute(impl, &pd, g, one, err)) != PS_OK) goto done;
+    for (int64_t w = 1; w < nw && rc == PS_OK; w++)
+        rc = ops->copy2d(impl, 1, HNN, one, HNN, one + w * HNN, HNN, 0, err);
+    if (rc == PS_OK && (a->shift[0] || a->shift[1])) {
+        /* the mask (nw, N, N), broadcast over the heads: -100 across regions */
+        float *host = malloc((size_t)(nw * HNN) * sizeof *host);
+        mask = ps_backend_alloc_floats(c->be, nw * HNN);
+        if (!host || !mask) {
+            free(host);
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's mask", ly->name);
+            goto done;
+        }
+        int64_t Wh = a->window[0], Ww = a->window[1], GH = a->windows[0] * Wh, GW = a->windows[1] * Ww;
+        for (int64_t w = 0; w < nw; w++)
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    int64_t hi = (w / a->windows[1]) * Wh + i / Ww, wi = (w % a->windows[1]) * Ww + i % Ww;
+                    int64_t hj = (w / a->windows[1]) * Wh + j / Ww, wj = (w % a->windows[1]) * Ww + j % Ww;
+                    int same = rpb_region(hi, GH, Wh, a->shift[0]) == rpb_region(hj, GH, Wh, a->shift[0]) &&
+                               rpb_region(wi, GW, Ww, a->shift[1]) == rpb_region(wj, GW, Ww, a->shift[1]);
+                    for (int64_t h = 0; h < H; h++) host[((w * H + h) * N + i) * N + j] = same ? 0.0f : -100.0f;
+                }
+        rc = ops->copy_to_device(impl, mask, host, (size_t)(nw * HNN) * sizeof *host, err);
+        free(host);
+        if (rc == PS_OK) rc = ops->add(impl, nw * HNN, one, mask, err);
+    }
+    for (int s = 0; s < c->n && rc == PS_OK; s++)
+        rc = ops->copy2d(impl, 1, nw * HNN, one, nw * HNN, (float *)c->y + s * nw * HNN, nw * HNN, 0, err);
+done:
+    ps_backend_release(c->be, g);
+    ps_backend_release(c->be, one);
+    ps_backend_release(c->be, mask);
+    ops->free(impl, idx);
+    return rc;
+}
+
+static ps_status rpb_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_backend_ops *ops = c->be->ops;
+    void *impl = c->be->impl;
+    ps_status rc = PS_OK;
+    if (c->dx) rc = ops->fill(impl, ps_layer_in_count(ly, 0, c->n), c->dx, 0.0f, err);
+    if (rc != PS_OK || !c->dw[0]) return rc;
+    int64_t H = ly->a.num, N = ly->a.window[0] * ly->a.window[1], HNN = H * N * N, nw = ly->outs.dims[0];
+    int64_t *idx = rpb_device_index(c, err);
+    if (!idx) return err->code;
+    float *acc = ps_backend_alloc_floats(c->be, HNN), *g = ps_backend_alloc_floats(c->be, HNN);
+    if (!acc || !g) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name); goto done; }
+    rc = ops->fill(impl, HNN, acc, 0.0f, err);
+    for (int64_t k = 0; k < c->n * nw && rc == PS_OK; k++)   /* every sample's every window */
+        rc = ops->copy2d(impl, 1, HNN, c->dy + k * HNN, HNN, acc, HNN, 1, err);
+    ps_permute_desc pd = {.n = 1, .ndim = 3, .dims = {H, N, N}, .perm = {1, 2, 0}};
+    if (rc == PS_OK) rc = ops->permute(impl, &pd, acc, g, err);
+    if (rc == PS_OK) rc = ops->embedding_backward(impl, N * N, (int)H, idx, g, ly->param[0].dims[0], c->dw[0], err);
+done:
+    ps_backend_release(c->be, acc);
+    ps_backend_release(c->be, g);
+    ops->free(impl, idx);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -2530,6 +2683,13 @@ static const ps_attr_spec pad_attrs[] = {
     ATTR_FLOAT("value", value, "0.0", -1e30, 1e30, 0, 0),
     ATTR_END,
 };
+static const ps_attr_spec rpb_attrs[] = {
+    ATTR_PAIR("window_size", window, NULL, 1),
+    {"num_heads", PS_ATTR_INT, A(num), NULL, 1, 65536, 0, 0, NULL, 0},
+    ATTR_PAIR("windows", windows, "1", 1),
+    ATTR_PAIR("shift_size", shift, "0", 0),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -2610,6 +2770,8 @@ static const ps_layer_kind kinds[] = {
     /* swin's shifted windows: torch.roll, F.pad (Narrow's step: its patch merging's strided slices) */
     {"Roll", 0, 1, 1, roll_attrs, roll_infer, copy_missing, roll_forward, roll_backward, NULL, NULL, zero_flops},
     {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
+    {"RelativePositionBias", 0, 1, 1, rpb_attrs, rpb_infer, rpb_missing, rpb_forward, rpb_backward, NULL, NULL,
+     zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -2738,7 +2900,7 @@ static const struct {
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
-    {"Roll", NULL}, {"Pad", NULL},
+    {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

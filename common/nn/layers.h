@@ -89,6 +89,7 @@ typedef struct ps_layer_attrs {
     int64_t shifts[PS_SHAPE_MAX_DIMS], rdims[PS_SHAPE_MAX_DIMS];
     int npads;                  /* Pad pad: F.pad's (before, after) pairs, the last dim's first */
     int64_t pads[2 * PS_SHAPE_MAX_DIMS];
+    int64_t window[2], windows[2], shift[2]; /* RelativePositionBias window_size, windows, shift_size */
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
     const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
@@ -135,6 +136,8 @@ typedef struct ps_attr_spec {
 #define PS_LAYER_MAX_BUFFERS 3  /* BatchNorm: running_mean, running_var, num_batches_tracked */
 #define PS_LAYER_MAX_SAVED 6  /* MultiheadAttention: mask, q, k, v, P, o (each sample-major) */
 
+struct ps_layer;
+
 typedef struct ps_layer_param {
     const char *suffix;         /* "weight", "bias" */
     int ndim;
@@ -155,6 +158,8 @@ typedef struct ps_layer_buffer {
     int64_t numel;
     ps_dtype dtype;
     float init;                 /* initial value of every element */
+    /* or, when set, element k's initial value of an int64 buffer (swin's relative_position_index) */
+    int64_t (*init_i64)(const struct ps_layer *ly, int64_t k);
 } ps_layer_buffer;
 
 struct ps_layer_kind;
