@@ -503,8 +503,6 @@ def main():
                 xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
             if name.startswith("swin"):   # no ONNX path: PyTorch's exporter refuses swin's stochastic depth's
                 onnx = "psd reads no Roll or Pad from ONNX (torch.roll exports as Slices and Concats)"
-                if name == "swin_t":
-                    extra.update(stochastic_depth_prob=0.0)
             if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
                 xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
             both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,

@@ -4,6 +4,7 @@ draws its own dropout masks, so a training forward equals PyTorch's only
 with dropout off, and these builders have no argument for it."""
 import torch
 import torchvision
+import torchvision.ops
 
 
 def efficientnet_b0(**kwargs):
@@ -54,3 +55,13 @@ def swin_small(**kwargs):
               stochastic_depth_prob=0.0)
     kw.update(kwargs)
     return torchvision.models.SwinTransformer(**kw)
+
+
+def swin_t(**kwargs):
+    """torchvision's swin_t (28M parameters; check_resnet.py swin_t by hand at 64x64, not in make test-zoo) with
+    its stochastic depth off (swin_t fixes stochastic_depth_prob at 0.2: no argument for it)."""
+    m = torchvision.models.swin_t(**kwargs)
+    for mod in m.modules():
+        if isinstance(mod, torchvision.ops.StochasticDepth):
+            mod.p = 0.0
+    return m
