@@ -20,7 +20,10 @@ multiplying by stored masks) and runs, in training mode:
 Stored per case C (tensor names "C.<what>"): x1, go1, x2, go2, xe, out1,
 grad_input (float inputs), init.<P> and initbuf.<B> (the weights and
 buffers before; BatchNorm's are perturbed from PyTorch's ones/zeros so the
-affine gradients and the fold are tested), grad.<P>, final.<P>, buf.<B>,
+affine gradients and the fold are tested; rpb_rect's relative_position_index
+reversed, so psd must gather by the buffer it loads), ownbuf.<B> (int64
+buffers but BatchNorm's count as the module builds them: psd's own
+initial values), grad.<P>, final.<P>, buf.<B>,
 eval_out, and masks "C.mask<k>.<f>" (dropout node k in file order, forward
 f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout),
 (N, C) (Dropout2d), (N) or (1) (StochasticDepth 'row' or 'batch': the
@@ -768,6 +771,10 @@ def case(idx, name, text):
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1)
+    t = {}
+    for k, v, buf in sd_items(net):   # int64 buffers as the module builds them (psd's own initial values; not
+        if buf and v.dtype == torch.int64 and not k.endswith("num_batches_tracked"):   # the count Net's build moved
+            t["%s.ownbuf.%s" % (name, k)] = v.detach().clone()
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
         for _, kind, _, m in net.nodes:
             if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
@@ -780,9 +787,10 @@ def case(idx, name, text):
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
                 m.num_batches_tracked.fill_(3)
+            if kind == "RelativePositionBias" and name == "rpb_rect":   # a loaded index other than the formula's:
+                m.relative_position_index.copy_(m.relative_position_index.flip(0))   # psd gathers by the buffer
     has_bn = any(k.startswith("BatchNorm") for _, k, _, _ in net.nodes)
     forwards = 2 if has_bn else 1
-    t = {}
     for k, v, buf in sd_items(net):
         t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
     drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth, MHA))]

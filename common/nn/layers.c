@@ -2363,8 +2363,9 @@ static ps_status pad_backward(ps_layer_call *c, ps_err *err) {
  * only (its gradient is 0). The table's gradient: dy summed over the
  * samples and windows, permuted back and scattered to the rows the index
  * names (embedding_backward's dense form). relative_position_index is an
- * int64 buffer holding torchvision's index, so the state_dict is the
- * module's; psd computes with that index. ---- */
+ * int64 buffer that starts as torchvision's index, so the state_dict is
+ * the module's; psd gathers by the buffer, as PyTorch does (an entry
+ * outside the table refused). ---- */
 
 /* torchvision's relative_position_index, element k = i * N + j of tokens i
  * and j of a window: (dh + Wh - 1) * (2 Ww - 1) + dw + Ww - 1 for their
@@ -2411,9 +2412,12 @@ static int rpb_region(int64_t g, int64_t G, int64_t win, int64_t shift) {
     return g < G - win ? 0 : g < G - shift ? 1 : 2;
 }
 
-/* The index on the device (N * N int64). */
+/* The node's relative_position_index buffer on the device (N * N int64), each entry checked to name a row of
+ * the table (a loaded checkpoint's or --init-from's may hold anything); torchvision's index when the call
+ * carries no buffers. */
 static int64_t *rpb_device_index(const ps_layer_call *c, ps_err *err) {
-    int64_t NN = c->ly->buffer[0].numel;
+    int64_t NN = c->ly->buffer[0].numel, rows = c->ly->param[0].dims[0];
+    const int64_t *buf = c->ibuf ? c->ibuf[0] : NULL;
     int64_t *host = malloc((size_t)NN * sizeof *host), *dev = c->be->ops->alloc(c->be->impl, (size_t)NN * 8);
     if (!host || !dev) {
         free(host);
@@ -2421,7 +2425,17 @@ static int64_t *rpb_device_index(const ps_layer_call *c, ps_err *err) {
         ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's index", c->ly->name);
         return NULL;
     }
-    for (int64_t k = 0; k < NN; k++) host[k] = rpb_index(c->ly, k);
+    for (int64_t k = 0; k < NN; k++) {
+        host[k] = buf ? buf[k] : rpb_index(c->ly, k);
+        if (host[k] < 0 || host[k] >= rows) {
+            ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s.relative_position_index[%lld] is %lld, not a row of "
+                       "the %lld of relative_position_bias_table", c->ly->name, (long long)k, (long long)host[k],
+                       (long long)rows);
+            free(host);
+            c->be->ops->free(c->be->impl, dev);
+            return NULL;
+        }
+    }
     ps_status rc = c->be->ops->copy_to_device(c->be->impl, dev, host, (size_t)NN * 8, err);
     free(host);
     if (rc != PS_OK) { c->be->ops->free(c->be->impl, dev); return NULL; }

@@ -218,6 +218,7 @@ typedef struct ps_layer_call {
     void *y;                    /* output (forward: written; backward: the forward's, when kept) */
     float *const *w;            /* parameters, ly->nparams of them */
     float *const *buf;          /* float32 buffers, in the order of ly->buffer (int64 ones: NULL) */
+    const int64_t *const *ibuf; /* int64 buffers (host memory), in the order of ly->buffer (float32 ones: NULL) */
     ps_layer_saved *saved;
     /* forward */
     int train;
