@@ -501,8 +501,8 @@ def main():
                 extra.update(image_size=64)
             if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
                 xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-            if name.startswith("swin"):   # no ONNX path: PyTorch's exporter refuses swin's stochastic depth's
-                onnx = "psd reads no Roll or Pad from ONNX (torch.roll exports as Slices and Concats)"
+            if name.startswith("swin"):   # no ONNX path (docs/models.md, torchvision models)
+                onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
             if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
                 xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
             both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
