@@ -64,6 +64,12 @@ both ways, the input gradient too (input_gradient: its ONNX export's
 nn.MultiheadAttention decomposition read back as MultiheadAttention nodes,
 its class token's Expand as a Parameter, every name the state_dict's);
 vit_b_16 (by hand, at 64x64) the same;
+swin_small (tests/export/zoo_builders.py: torchvision's SwinTransformer at
+40x40, 4x4 patches and windows, 3 stages of 2 blocks; a 40x40 batch) and
+swin_t (by hand, at 64x64, its stochastic depth off) through psd-export
+only, the input gradient too (its Pad, Roll, RelativePositionBias with the
+shifted-window mask and the patch merging's strided Narrows; every int64
+buffer, relative_position_index among them, equal to the module's);
 alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
