@@ -168,7 +168,7 @@ test-zoo: deps
 	@d=$$(mktemp -d) && /usr/bin/python3 tests/export/zoo.py $(BUILD) $$d $(ZOO_MODELS) && \
 	  /usr/bin/python3 tests/export/check_resnet.py $(BUILD) $$d mobilenet_v3_small regnet_x_400mf regnet_y_400mf \
 	    mnasnet0_5 squeezenet1_1 googlenet alexnet efficientnet_b0 efficientnet_v2_s convnext_tiny \
-	    densenet121 shufflenet_v2_x0_5 vit_small; \
+	    densenet121 shufflenet_v2_x0_5 vit_small swin_small; \
 	  rc=$$?; rm -rf $$d; exit $$rc
 
 # make test builds on every core unless the command line says how (-j N):

@@ -20,7 +20,10 @@ multiplying by stored masks) and runs, in training mode:
 Stored per case C (tensor names "C.<what>"): x1, go1, x2, go2, xe, out1,
 grad_input (float inputs), init.<P> and initbuf.<B> (the weights and
 buffers before; BatchNorm's are perturbed from PyTorch's ones/zeros so the
-affine gradients and the fold are tested), grad.<P>, final.<P>, buf.<B>,
+affine gradients and the fold are tested; rpb_rect's relative_position_index
+reversed, so psd must gather by the buffer it loads), ownbuf.<B> (int64
+buffers but BatchNorm's count as the module builds them: psd's own
+initial values), grad.<P>, final.<P>, buf.<B>,
 eval_out, and masks "C.mask<k>.<f>" (dropout node k in file order, forward
 f = 1, 2): bernoulli(1-p)/(1-p), shaped like the node's input (Dropout),
 (N, C) (Dropout2d), (N) or (1) (StochasticDepth 'row' or 'batch': the
@@ -40,6 +43,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision.models.swin_transformer as swin
 import torchvision.ops
 import yaml
 
@@ -416,6 +420,71 @@ CASES = [
                                             "bias: false, batch_first: true, causal: true}"])),
     ("mha_causal_dropout", stage([5, 8], ["{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
                                           "dropout: 0.25, batch_first: true, causal: true}"])),
+    # ---- swin's shifted windows: Roll (torch.roll: one dim, two with a negative shift as swin's (H, W, C),
+    # three with a shift past the size and a negative dim, the dims of a blocked convolution's output), Pad
+    # (F.pad constant: swin's (0, 0, 0, pad_r, 0, pad_b) before a Linear, every dim with a value, the first
+    # dim only, one dim), Narrow's step (x[:, 1::2]; swin's patch merging: x[..., i::2, j::2, :] of four
+    # pieces joined on the last dim, LayerNorm, Linear)
+    ("roll_one", stage([5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                "{name: r, kind: Roll, shifts: 2, dims: 1}",
+                                "{name: o, kind: Linear, out_features: 2}"])),
+    ("roll_two", stage([4, 5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                   "{name: r, kind: Roll, shifts: [-1, 3], dims: [1, 2]}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("roll_three", stage([3, 4, 2, 2], ["{name: t, kind: Tanh}",
+                                        "{name: r, kind: Roll, shifts: [1, -2, 5], dims: [-1, 1, 2]}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("roll_blocked", stage([3, 4, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+                                       "{name: r, kind: Roll, shifts: [-2, 1], dims: [2, 3]}",
+                                       "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("pad_swin", stage([3, 4, 5], ["{name: l, kind: Linear, out_features: 5}",
+                                   "{name: p, kind: Pad, pad: [0, 0, 0, 2, 0, 3]}",
+                                   "{name: o, kind: Linear, out_features: 4}"])),
+    ("pad_all_value", stage([2, 3, 4], ["{name: t, kind: Tanh}",
+                                        "{name: p, kind: Pad, pad: [1, 2, 2, 1, 1, 0], value: -0.5}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_first_dim", stage([3, 2, 2], ["{name: t, kind: Sigmoid}",
+                                        "{name: p, kind: Pad, pad: [0, 0, 0, 0, 1, 2], value: 0.25}",
+                                        "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_1d", stage([5], ["{name: l, kind: Linear, out_features: 4}",
+                           "{name: p, kind: Pad, pad: [2, 1]}",
+                           "{name: o, kind: Linear, out_features: 3}"])),
+    ("narrow_step", stage([6, 5], ["{name: l, kind: Linear, out_features: 5}",
+                                   "{name: n, kind: Narrow, dim: 1, start: 1, length: 3, step: 2}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("patch_merging", stage([4, 4, 3], [
+        "{name: x0h, kind: Narrow, dim: 1, start: 0, length: 2, step: 2, input: input}",
+        "{name: x0, kind: Narrow, dim: 2, start: 0, length: 2, step: 2}",
+        "{name: x1h, kind: Narrow, dim: 1, start: 1, length: 2, step: 2, input: input}",
+        "{name: x1, kind: Narrow, dim: 2, start: 0, length: 2, step: 2}",
+        "{name: x2, kind: Narrow, dim: 2, start: 1, length: 2, step: 2, input: x0h}",
+        "{name: x3, kind: Narrow, dim: -2, start: 1, length: 2, step: 2, input: x1h}",
+        "{name: cat, kind: Concat, inputs: [x0, x1, x2, x3], dim: -1}",
+        "{name: norm, kind: LayerNorm, normalized_shape: 12}",
+        "{name: reduction, kind: Linear, out_features: 6, bias: false}"])),
+    # swin's relative position bias (torchvision's own table, index and _get_relative_position_bias) added to
+    # scores of each window and head, softmax over the keys (so the shifted-window mask's -100 shows), a Linear:
+    # 2x2 windows of a 4x4 grid shifted by 1 both ways, 2x3 windows without a shift, a shift along the columns
+    # only (torchvision's mask then has one region of rows)
+    ("rpb_shift", stage([4, 2, 4, 4], [
+        "{name: t, kind: Tanh, input: input}",
+        "{name: attn, kind: RelativePositionBias, window_size: 2, num_heads: 2, windows: 2, shift_size: 1, "
+        "input: input}",
+        "{name: s, kind: Add, inputs: [t, attn]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 3}"])),
+    ("rpb_rect", stage([2, 3, 6, 6], [
+        "{name: t, kind: Sigmoid, input: input}",
+        "{name: attn, kind: RelativePositionBias, window_size: [2, 3], num_heads: 3, windows: [1, 2], input: input}",
+        "{name: s, kind: Add, inputs: [attn, t]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 2}"])),
+    ("rpb_shift_cols", stage([4, 1, 6, 6], [
+        "{name: attn, kind: RelativePositionBias, window_size: [3, 2], num_heads: 1, windows: [2, 2], "
+        "shift_size: [0, 1], input: input}",
+        "{name: s, kind: Add, inputs: [input, attn]}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: o, kind: Linear, out_features: 2}"])),
 ]
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
@@ -576,14 +645,24 @@ def make_module(kind, a, shapes, case_name=""):
         return Lambda(lambda x: x.view(x.shape[0], g, x.shape[1] // g, *x.shape[2:]).transpose(1, 2)
                       .reshape(x.shape))
     if kind == "Narrow":
-        dim, start, length = a.get("dim", 1), a["start"], a["length"]
-        return Lambda(lambda x: x.narrow(dim, start, length))
+        dim, start, length, step = a.get("dim", 1), a["start"], a["length"], a.get("step", 1)
+        return Lambda(lambda x: x[(slice(None),) * (dim % x.dim()) + (slice(start, start + (length - 1) * step + 1,
+                                                                             step),)])
+    if kind == "Roll":
+        shifts, dims = a["shifts"], a["dims"]
+        return Lambda(lambda x: torch.roll(x, shifts, dims))
+    if kind == "Pad":
+        pad, value = a["pad"], a.get("value", 0.0)
+        return Lambda(lambda x: F.pad(x, pad, value=value))
     if kind == "MatMul":
         ta, tb = a.get("transpose_a", False), a.get("transpose_b", False)
         return Lambda(lambda x, y: torch.matmul(x.transpose(-2, -1) if ta else x, y.transpose(-2, -1) if tb else y))
     if kind == "MulConstant":
         v = a["value"]
         return Lambda(lambda x: x * v)
+    if kind == "RelativePositionBias":
+        return RelPosBias(pair(a["window_size"]), a["num_heads"], pair(a.get("windows", 1)),
+                          pair(a.get("shift_size", 0)))
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))
@@ -658,6 +737,45 @@ class MHA(nn.MultiheadAttention):
         with torch.no_grad():
             got = self.spelled(x, torch.ones(self.mask_shape))
         assert torch.allclose(got, want, atol=1e-5), "the spelled-out attention is not nn.MultiheadAttention's"
+
+
+class RelPosBias(nn.Module):
+    """psd's RelativePositionBias kind: torchvision's swin table and index (ShiftedWindowAttention's own
+    define_* methods) through its _get_relative_position_bias, the same for every window, plus (with a shift)
+    the attention mask as shifted_window_attention builds it (its lines, verbatim), for every sample."""
+
+    def __init__(self, window, heads, windows, shift):
+        super().__init__()
+        self.window_size, self.num_heads = list(window), heads
+        swin.ShiftedWindowAttention.define_relative_position_bias_table(self)
+        swin.ShiftedWindowAttention.define_relative_position_index(self)
+        with torch.no_grad():    # away from trunc_normal_'s 0.02 so the bias shows beside the scores
+            self.relative_position_bias_table.normal_(0, 0.5)
+        self.windows, self.shift_size = list(windows), list(shift)
+
+    def forward(self, x):
+        window_size, shift_size = self.window_size, self.shift_size
+        b = swin._get_relative_position_bias(self.relative_position_bias_table, self.relative_position_index,
+                                             window_size)                  # (1, heads, N, N)
+        num_windows = self.windows[0] * self.windows[1]
+        b = b.expand(num_windows, -1, -1, -1)
+        if sum(shift_size) > 0:
+            pad_H, pad_W = self.windows[0] * window_size[0], self.windows[1] * window_size[1]
+            attn_mask = x.new_zeros((pad_H, pad_W))
+            h_slices = ((0, -window_size[0]), (-window_size[0], -shift_size[0]), (-shift_size[0], None))
+            w_slices = ((0, -window_size[1]), (-window_size[1], -shift_size[1]), (-shift_size[1], None))
+            count = 0
+            for h in h_slices:
+                for w in w_slices:
+                    attn_mask[h[0] : h[1], w[0] : w[1]] = count
+                    count += 1
+            attn_mask = attn_mask.view(pad_H // window_size[0], window_size[0], pad_W // window_size[1],
+                                       window_size[1])
+            attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(num_windows, window_size[0] * window_size[1])
+            attn_mask = attn_mask.unsqueeze(1) - attn_mask.unsqueeze(2)
+            attn_mask = attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+            b = b + attn_mask.unsqueeze(1)
+        return b.unsqueeze(0).expand(x.shape[0], -1, -1, -1, -1)
 
 
 class Scale(nn.Module):
@@ -748,6 +866,10 @@ def case(idx, name, text):
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1, name)
+    t = {}
+    for k, v, buf in sd_items(net):   # int64 buffers as the module builds them (psd's own initial values; not
+        if buf and v.dtype == torch.int64 and not k.endswith("num_batches_tracked"):   # the count Net's build moved
+            t["%s.ownbuf.%s" % (name, k)] = v.detach().clone()
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
         for _, kind, _, m in net.nodes:
             if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
@@ -760,9 +882,10 @@ def case(idx, name, text):
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
                 m.num_batches_tracked.fill_(3)
+            if kind == "RelativePositionBias" and name == "rpb_rect":   # a loaded index other than the formula's:
+                m.relative_position_index.copy_(m.relative_position_index.flip(0))   # psd gathers by the buffer
     has_bn = any(k.startswith("BatchNorm") for _, k, _, _ in net.nodes)
     forwards = 2 if has_bn else 1
-    t = {}
     for k, v, buf in sd_items(net):
         t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
     drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth, MHA))]

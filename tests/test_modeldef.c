@@ -207,6 +207,27 @@ static void test_errors(void) {
                "node 'p' (Permute): dims: a list of 5 values at most, got 6", NULL);
     expect_err("perm_attr.yaml", HEAD3 "      - {name: p, kind: Permute, dims: [0, 1, 5, 2]}\n", 1, 6,
                "node 'p' (Permute)", "dims: 5 is outside [-5, 4]");
+    /* swin's kinds: Roll's shifts and dims pair up over per-sample dims; Pad's pairs fit the input; Narrow's
+     * step stays inside; RelativePositionBias's shift below its window (test_kinds runs valid ones) */
+    expect_err("roll_count.yaml", HEAD3 "      - {name: r, kind: Roll, shifts: [1, 2], dims: [1]}\n", 1, 6,
+               "node 'r' (Roll)", "2 shifts for 1 dims: one shift per dim");
+    expect_err("roll_batch.yaml", HEAD3 "      - {name: r, kind: Roll, shifts: 1, dims: 0}\n", 1, 6,
+               "node 'r' (Roll)", "dims entry 0 is not a dimension 1..3 of the batched input (0 is the batch)");
+    expect_err("roll_twice.yaml", HEAD3 "      - {name: r, kind: Roll, shifts: [1, 1], dims: [3, -1]}\n", 1, 6,
+               "node 'r' (Roll)", "dims 3 and -1 are one dimension");
+    expect_err("pad_odd.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [1, 2, 3]}\n", 1, 6, "node 'p' (Pad)",
+               "pad has 3 values: pairs (before, after) for at most the input's 3 per-sample dimensions");
+    expect_err("pad_batch.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [0, 0, 0, 0, 0, 0, 1, 1]}\n", 1, 6,
+               "node 'p' (Pad)", "pad has 8 values");
+    expect_err("pad_neg.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [0, -1]}\n", 1, 6, "node 'p' (Pad)",
+               "pad: -1 is outside [0, ");
+    expect_err("pad_long.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}\n", 0, 6,
+               "node 'p' (Pad): pad: a list of 8 values at most, got 10", NULL);
+    expect_err("narrow_step.yaml", HEAD3 "      - {name: n, kind: Narrow, dim: -1, start: 1, length: 3, step: 2}\n",
+               1, 6, "node 'n' (Narrow)", "start 1 + (length 3 - 1) * step 2 is past dim -1 of size 4");
+    expect_err("rpb_shift.yaml", HEAD3 "      - {name: b, kind: RelativePositionBias, window_size: 2, num_heads: 1, "
+               "shift_size: [0, 2]}\n", 1, 6, "node 'b' (RelativePositionBias)", "shift_size 2 is not below "
+               "window_size 2");
     /* Scale: a learned tensor broadcast as (C, 1, 1) over (C, H, W); its state_dict suffix a word */
     expect_err("scale_shape.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 1, 4]}\n", 1, 6,
                "node 's' (Scale)", "shape [2, 1, 4] does not broadcast over the input (2, 3, 4) as Scale takes it");

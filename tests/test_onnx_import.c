@@ -478,7 +478,7 @@ static void test_attributes(void) {
  * before opset 11, an input from 11. A zero Pad of H and W read by an
  * AveragePool is the pool's padding, the zeros counted in the average
  * (count_include_pad, AvgPool2d's default); at opset 11 a Pad with pads as
- * an attribute is not ONNX's Pad of that opset and stays an op psd refuses. */
+ * an attribute is not ONNX's Pad of that opset and is refused naming it. */
 static void test_old_opsets(void) {
     buf r = {0};
     {
@@ -510,7 +510,7 @@ static void test_old_opsets(void) {
             char what[64];
             snprintf(what, sizeof what, "Pad with pads as %s at opset %d", as_attr ? "attribute" : "input", opset);
             if (opset == 11 && as_attr) {
-                expect_refusal(what, &m, PS_ERR_UNIMPLEMENTED, "(Pad)");
+                expect_refusal(what, &m, PS_ERR_UNIMPLEMENTED, "(Pad): attribute 'pads' is not supported");
             } else {
                 y = yaml_of(&m);
                 int ok = strstr(y, "kind: AvgPool2d, kernel_size: 3, stride: 1, padding: 1") && !strstr(y, "Pad") &&
@@ -633,16 +633,37 @@ static void test_shuffle_unit(void) {
     ps_model_free(pm);
     free(y);
     free(m.p);
-    {   /* a Slice with step 2 */
-        buf st = tensor_i64("st", 1, two), t[4] = {tensor_i64("s0", 1, zero), tensor_i64("end", 1, end),
-                                                 tensor_i64("ax1", 1, ax1), st};
-        const char *si[5] = {"x", "s0", "end", "ax1", "st"};
+    {   /* swin's x[..., 1::2, 0::2] (a Slice of two axes with step 2: two strided Narrows), checked numerically;
+         * a step of -1 refused */
+        int64_t one2[2] = {1, 0}, end2[2] = {INT64_MAX, INT64_MAX}, ax23[2] = {2, 3}, st2[2] = {2, 2}, neg[1] = {-1};
+        buf t[4] = {tensor_i64("s", 2, one2), tensor_i64("e", 2, end2), tensor_i64("ax", 2, ax23),
+                    tensor_i64("st", 2, st2)};
+        const char *si[5] = {"x", "s", "e", "ax", "st"};
         buf n = node("/u/Slice", "Slice", 5, si, "y", 0, NULL);
-        int64_t dy[4] = {2, 2, 2, 2};
+        int64_t dy[4] = {2, 4, 1, 1};
         buf vi2 = value_info("x", 4, dx), vo2 = value_info("y", 4, dy);
         buf m2 = model(13, &n, 1, t, 4, &vi2, &vo2);
-        expect_refusal("a Slice with step 2", &m2, PS_ERR_UNIMPLEMENTED, "a Slice other than along one axis with step 1");
+        char *y2 = yaml_of(&m2);
+        CHECK_MSG(count_of(y2, "kind: Narrow") == 2 && strstr(y2, "dim: 2, start: 1, length: 1, step: 2") &&
+                  strstr(y2, "dim: 3, start: 0, length: 1, step: 2"), "strided Slice: %s", y2);
+        ps_model *pm2 = ref_model_of(y2, &e);
+        float o2[8], w2[8];
+        for (int k = 0; k < 8; k++) w2[k] = x[k * 4 + 2];   /* (n, c, 1, 0) of each (2, 2) plane */
+        if (pm2 && ps_model_forward_range(pm2, 0, 0, x, 2, 0, NULL, 0, o2, NULL, &ver, &e) == PS_OK)
+            check_array("x[..., 1::2, 0::2]: two strided Narrows", o2, w2, 8, 0, 0);
+        else if (pm2)
+            CHECK_MSG(0, "forward: %s", e.msg);
+        ps_model_free(pm2);
+        free(y2);
         free(m2.p);
+        buf tn[4] = {tensor_i64("s0", 1, zero), tensor_i64("end", 1, end), tensor_i64("ax1", 1, ax1),
+                     tensor_i64("st", 1, neg)};
+        const char *sn[5] = {"x", "s0", "end", "ax1", "st"};
+        buf nn = node("/u/Slice", "Slice", 5, sn, "y", 0, NULL);
+        buf vi3 = value_info("x", 4, dx), vo3 = value_info("y", 4, dx);
+        buf m3 = model(13, &nn, 1, tn, 4, &vi3, &vo3);
+        expect_refusal("a Slice with step -1", &m3, PS_ERR_UNIMPLEMENTED, "a Slice with step -1 (psd steps forward");
+        free(m3.p);
     }
 }
 

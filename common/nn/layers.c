@@ -126,7 +126,8 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         *(const char **)(base + sp->off) = vals[0] ? vals[0] : "";   /* the definition's (or the table's) string */
         return PS_OK;
     case PS_ATTR_DIMS:
-    case PS_ATTR_BATCH_DIMS: {
+    case PS_ATTR_BATCH_DIMS:
+    case PS_ATTR_PADS: {
         int64_t *p = (int64_t *)(base + sp->off);
         for (int i = 0; i < nvals; i++) {
             if ((st = attr_number(ly, sp, vals[i], def, n, keys, values, &x, err))) return st;
@@ -1658,40 +1659,52 @@ static const char *copy_missing(const ps_layer *ly, const ps_backend_ops *ops) {
 }
 
 /* ---- Narrow: x.narrow(dim, start, length), one piece of x.chunk(k, dim)
- * or of ONNX's Split; backward puts dy back in place, zeros elsewhere.
+ * or of ONNX's Split; with step, every step-th element from start
+ * (x[..., start::step] of length elements: swin's patch merging takes
+ * x[..., 0::2, 0::2, :]); backward puts dy back in place, zeros elsewhere.
  * Plain layout. ---- */
 
 static ps_status narrow_infer(ps_layer *ly, ps_err *err) {
     int d;
     ps_status rc = need_dim_attr(ly, &d, err);
     if (rc) return rc;
-    if (ly->a.start + ly->a.length > ly->in[0].dims[d])
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start %lld + length %lld is past dim %lld of size %lld",
-                          (long long)ly->a.start, (long long)ly->a.length, (long long)ly->a.dim,
-                          (long long)ly->in[0].dims[d]);
+    if (ly->a.length > 0 && ly->a.start + (ly->a.length - 1) * ly->a.step >= ly->in[0].dims[d])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "start %lld + (length %lld - 1) * step %lld is past dim %lld "
+                          "of size %lld", (long long)ly->a.start, (long long)ly->a.length, (long long)ly->a.step,
+                          (long long)ly->a.dim, (long long)ly->in[0].dims[d]);
     ly->outs = ly->in[0];
     ly->outs.dims[d] = ly->a.length;
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
 }
 
-static ps_status narrow_forward(ps_layer_call *c, ps_err *err) {
-    int64_t outer, D, inner, L = c->ly->a.length;
+/* One piece (step 1: one copy of L * inner floats a row) or L copies of inner floats each. to_x 0: x -> y;
+ * 1: y -> x (the backward's dy into dx). */
+static ps_status narrow_copy(const ps_layer_call *c, const float *src, float *dst, int to_x, ps_err *err) {
+    int64_t outer, D, inner, L = c->ly->a.length, st = c->ly->a.step;
     index_select_geom(c->ly, c->n, &outer, &D, &inner);
-    return c->be->ops->copy2d(c->be->impl, outer, L * inner, (const float *)c->x + c->ly->a.start * inner, D * inner,
-                              c->y, L * inner, 0, err);
+    int64_t run = st == 1 ? L : 1, pieces = st == 1 ? 1 : L;
+    ps_status rc = PS_OK;
+    for (int64_t i = 0; i < pieces && rc == PS_OK; i++) {
+        int64_t xo = (c->ly->a.start + i * st) * inner, yo = i * inner;
+        rc = to_x ? c->be->ops->copy2d(c->be->impl, outer, run * inner, src + yo, L * inner, dst + xo, D * inner, 0,
+                                       err)
+                  : c->be->ops->copy2d(c->be->impl, outer, run * inner, src + xo, D * inner, dst + yo, L * inner, 0,
+                                       err);
+    }
+    return rc;
+}
+
+static ps_status narrow_forward(ps_layer_call *c, ps_err *err) {
+    return narrow_copy(c, c->x, c->y, 0, err);
 }
 
 static ps_status narrow_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    int64_t outer, D, inner, L = c->ly->a.length;
-    index_select_geom(c->ly, c->n, &outer, &D, &inner);
     ps_status rc = PS_OK;
-    if (L < D) rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
-    if (rc == PS_OK)
-        rc = c->be->ops->copy2d(c->be->impl, outer, L * inner, c->dy, L * inner, c->dx + c->ly->a.start * inner,
-                                D * inner, 0, err);
-    return rc;
+    if (c->ly->a.length < c->ly->in[0].dims[sample_dim(c->ly->a.dim, c->ly->in[0].ndim)])
+        rc = c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
+    return rc ? rc : narrow_copy(c, c->dy, c->dx, 1, err);
 }
 
 /* ---- Permute: torch.permute(x, dims) / torchvision's Permute(dims) -
@@ -2282,6 +2295,334 @@ static ps_status masked_fill_backward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->tri_fill(c->be->impl, &d, c->dy, c->dx, err);
 }
 
+/* ---- Roll: torch.roll(x, shifts, dims) - each listed per-sample dimension
+ * rotated by its shift (element i goes to (i + shift) mod size; negative
+ * shifts the other way): swin's cyclic shift of its windows. One roll per
+ * dim, each two strided copies (the piece that wraps and the rest); several
+ * dims go through a scratch tensor. Backward rolls dy by the negated
+ * shifts. Plain layout. ---- */
+
+static ps_status roll_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    if (a->nshifts != a->nrdims)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d shifts for %d dims: one shift per dim", a->nshifts,
+                          a->nrdims);
+    for (int i = 0; i < a->nrdims; i++) {
+        int d = sample_dim(a->rdims[i], ly->in[0].ndim);
+        if (d < 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims entry %lld is not a dimension 1..%d of the batched "
+                              "input (0 is the batch)", (long long)a->rdims[i], ly->in[0].ndim);
+        for (int j = 0; j < i; j++)
+            if (sample_dim(a->rdims[j], ly->in[0].ndim) == d)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dims %lld and %lld are one dimension",
+                                  (long long)a->rdims[j], (long long)a->rdims[i]);
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* dst = src rolled by shift along per-sample dim d (n samples). */
+static ps_status roll_one(const ps_layer_call *c, const float *src, float *dst, int d, int64_t shift, ps_err *err) {
+    const ps_shape *s = &c->ly->in[0];
+    int64_t outer = c->n, inner = 1, D = s->dims[d];
+    for (int k = 0; k < d; k++) outer *= s->dims[k];
+    for (int k = d + 1; k < s->ndim; k++) inner *= s->dims[k];
+    int64_t r = ((shift % D) + D) % D;
+    void *impl = c->be->impl;
+    if (r == 0) return c->be->ops->copy2d(impl, outer, D * inner, src, D * inner, dst, D * inner, 0, err);
+    ps_status rc = c->be->ops->copy2d(impl, outer, (D - r) * inner, src, D * inner, dst + r * inner, D * inner, 0, err);
+    return rc ? rc : c->be->ops->copy2d(impl, outer, r * inner, src + (D - r) * inner, D * inner, dst, D * inner, 0,
+                                        err);
+}
+
+/* dst = src rolled by sign * shifts, dim after dim; the last roll writes dst, the ones before alternate
+ * between a scratch tensor and dst so that no copy reads what it writes. */
+static ps_status roll_all(const ps_layer_call *c, const float *src, float *dst, int sign, ps_err *err) {
+    const ps_layer_attrs *a = &c->ly->a;
+    int k = a->nrdims;
+    float *tmp = NULL;
+    if (k > 1 && !(tmp = ps_backend_alloc_floats(c->be, ps_layer_out_count(c->ly, c->n))))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's roll", c->ly->name);
+    ps_status rc = PS_OK;
+    const float *from = src;
+    for (int i = 0; i < k && rc == PS_OK; i++) {
+        float *to = (k - 1 - i) % 2 == 0 ? dst : tmp;
+        rc = roll_one(c, from, to, sample_dim(a->rdims[i], c->ly->in[0].ndim), sign * a->shifts[i], err);
+        from = to;
+    }
+    ps_backend_release(c->be, tmp);
+    return rc;
+}
+
+static ps_status roll_forward(ps_layer_call *c, ps_err *err) {
+    return roll_all(c, c->x, c->y, 1, err);
+}
+
+static ps_status roll_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return roll_all(c, c->dy, c->dx, -1, err);
+}
+
+/* ---- Pad: F.pad(x, pad, value=value) in 'constant' mode - pad lists
+ * (before, after) pairs from the last dimension backwards, as F.pad's;
+ * each dimension grows by its pair, the new elements are value (swin's
+ * padding to a multiple of its window). The forward fills y and copies x
+ * into it; the backward is that copy the other way (dx the interior of
+ * dy). Plain layout. ---- */
+
+static ps_status pad_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    int nd = ly->in[0].ndim;
+    if (a->npads % 2 || a->npads / 2 > nd)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "pad has %d values: pairs (before, after) for at most the "
+                          "input's %d per-sample dimensions, the last first", a->npads, nd);
+    ly->outs = ly->in[0];
+    for (int i = 0; i < a->npads / 2; i++) {
+        int d = nd - 1 - i;
+        ly->outs.dims[d] = ly->in[0].dims[d] + a->pads[2 * i] + a->pads[2 * i + 1];
+        if (ly->outs.dims[d] > PS_DIM_MAX)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dimension %d padded to %lld", d + 1,
+                              (long long)ly->outs.dims[d]);
+    }
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+/* The padding before per-sample dim d. */
+static int64_t pad_before(const ps_layer *ly, int d) {
+    int i = ly->in[0].ndim - 1 - d;
+    return i < ly->a.npads / 2 ? ly->a.pads[2 * i] : 0;
+}
+
+/* Copies the input-shaped interior between the input's geometry and the
+ * output's. L, the innermost padded dim: each copy2d moves, for one index of the dims
+ * before L - 1 (the batch included), rows = dim L - 1's size (the batch
+ * when L is 0) of in[L] * inner contiguous floats. to_out 1: src is the
+ * input (x), dst the output (y); 0: src the output's geometry (dy), dst the
+ * input's (dx). */
+static ps_status pad_copy(const ps_layer_call *c, const float *src, float *dst, int to_out, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_shape *in = &ly->in[0], *out = &ly->outs;
+    int nd = in->ndim, L = -1;
+    for (int d = 0; d < nd; d++)
+        if (pad_before(ly, d) || in->dims[d] != out->dims[d]) L = d;
+    const ps_backend_ops *ops = c->be->ops;
+    if (L < 0) {
+        int64_t count = ps_layer_in_count(ly, 0, c->n);
+        return ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
+    }
+    /* batched dims: 0 the batch, k + 1 per-sample dim k */
+    int64_t bin[PS_SHAPE_MAX_DIMS + 1], bout[PS_SHAPE_MAX_DIMS + 1], bpre[PS_SHAPE_MAX_DIMS + 1];
+    bin[0] = bout[0] = c->n;
+    bpre[0] = 0;
+    for (int d = 0; d < nd; d++) {
+        bin[d + 1] = in->dims[d];
+        bout[d + 1] = out->dims[d];
+        bpre[d + 1] = pad_before(ly, d);
+    }
+    int Lb = L + 1;
+    int64_t sin[PS_SHAPE_MAX_DIMS + 2], sout[PS_SHAPE_MAX_DIMS + 2];   /* strides in floats */
+    sin[nd] = sout[nd] = 1;
+    for (int d = nd - 1; d >= 0; d--) { sin[d] = sin[d + 1] * bin[d + 1]; sout[d] = sout[d + 1] * bout[d + 1]; }
+    int64_t cols = bin[Lb] * sin[Lb], rows = bin[Lb - 1], outer = 1;
+    for (int d = 0; d < Lb - 1; d++) outer *= bin[d];
+    ps_status rc = PS_OK;
+    for (int64_t o = 0; o < outer && rc == PS_OK; o++) {
+        int64_t xo = 0, yo = bpre[Lb] * sout[Lb] + bpre[Lb - 1] * sout[Lb - 1], rem = o;
+        for (int d = Lb - 2; d >= 0; d--) {
+            int64_t i = rem % bin[d];
+            rem /= bin[d];
+            xo += i * sin[d];
+            yo += (i + bpre[d]) * sout[d];
+        }
+        rc = to_out ? ops->copy2d(c->be->impl, rows, cols, src + xo, sin[Lb - 1], dst + yo, sout[Lb - 1], 0, err)
+                    : ops->copy2d(c->be->impl, rows, cols, src + yo, sout[Lb - 1], dst + xo, sin[Lb - 1], 0, err);
+    }
+    return rc;
+}
+
+static ps_status pad_forward(ps_layer_call *c, ps_err *err) {
+    ps_status rc = c->be->ops->fill(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, (float)c->ly->a.value, err);
+    return rc ? rc : pad_copy(c, c->x, c->y, 1, err);
+}
+
+static ps_status pad_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return pad_copy(c, c->dy, c->dx, 0, err);
+}
+
+/* ---- RelativePositionBias: swin's relative position bias, torchvision's
+ * ShiftedWindowAttention: relative_position_bias_table[relative_position_
+ * index] viewed (N, N, heads) and permuted to (heads, N, N), N = Wh * Ww
+ * tokens of a window, the same for each of the windows [nh, nw] of a
+ * sample; with shift_size, plus swin's shifted-window attention mask: the
+ * (nh * Wh, nw * Ww) grid the windows tile is cut into regions (rows [0,
+ * H - Wh), [H - Wh, H - sh), [H - sh, H), columns alike; a shift of 0 one
+ * region), and two tokens of a window from different regions get -100.
+ * Output (nh * nw, heads, N, N) per sample: what shifted_window_attention
+ * adds to q k^T (an Add after it). The input is read for its batch size
+ * only (its gradient is 0). The table's gradient: dy summed over the
+ * samples and windows, permuted back and scattered to the rows the index
+ * names (embedding_backward's dense form). relative_position_index is an
+ * int64 buffer that starts as torchvision's index, so the state_dict is
+ * the module's; psd gathers by the buffer, as PyTorch does (an entry
+ * outside the table refused). ---- */
+
+/* torchvision's relative_position_index, element k = i * N + j of tokens i
+ * and j of a window: (dh + Wh - 1) * (2 Ww - 1) + dw + Ww - 1 for their
+ * row and column differences. */
+static int64_t rpb_index(const ps_layer *ly, int64_t k) {
+    int64_t Wh = ly->a.window[0], Ww = ly->a.window[1], N = Wh * Ww, i = k / N, j = k % N;
+    return (i / Ww - j / Ww + Wh - 1) * (2 * Ww - 1) + (i % Ww - j % Ww + Ww - 1);
+}
+
+static ps_status rpb_infer(ps_layer *ly, ps_err *err) {
+    const ps_layer_attrs *a = &ly->a;
+    for (int i = 0; i < 2; i++)
+        if (a->shift[i] >= a->window[i])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "shift_size %lld is not below window_size %lld",
+                              (long long)a->shift[i], (long long)a->window[i]);
+    int64_t N = a->window[0] * a->window[1], nw = a->windows[0] * a->windows[1];
+    if (N > 4096 || nw > 65536)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%lld tokens a window, %lld windows: at most 4096 and 65536",
+                          (long long)N, (long long)nw);
+    ly->outs.ndim = 4;
+    ly->outs.dims[0] = nw;
+    ly->outs.dims[1] = a->num;
+    ly->outs.dims[2] = N;
+    ly->outs.dims[3] = N;
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t tdims[2] = {(2 * a->window[0] - 1) * (2 * a->window[1] - 1), a->num}, idims[1] = {N * N};
+    static const ps_init TRUNC_NORMAL_002 = {PS_INIT_NORMAL, 0, 0.02f, 0};   /* trunc_normal_(std=0.02): +-2 */
+    set_param(ly, 0, "relative_position_bias_table", 2, tdims, 1, TRUNC_NORMAL_002);
+    set_buffer(ly, "relative_position_index", 1, idims, PS_DTYPE_I64, 0);
+    ly->buffer[0].init_i64 = rpb_index;
+    return PS_OK;
+}
+
+static const char *rpb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return !ops->embedding_forward ? "embedding_forward" : !ops->embedding_backward ? "embedding_backward"
+           : !ops->permute ? "permute" : !ops->copy2d ? "copy2d" : !ops->fill ? "fill" : !ops->add ? "add" : NULL;
+}
+
+/* The region of grid row (or column) g of size G (torchvision's slices (0, -win), (-win, -shift), (-shift,
+ * None); with shift 0 its labels differ, but the boundary G - win falls between two windows then, so no window
+ * sees two regions either way). */
+static int rpb_region(int64_t g, int64_t G, int64_t win, int64_t shift) {
+    return g < G - win ? 0 : g < G - shift ? 1 : 2;
+}
+
+/* The node's relative_position_index buffer on the device (N * N int64), each entry checked to name a row of
+ * the table (a loaded checkpoint's or --init-from's may hold anything); torchvision's index when the call
+ * carries no buffers. */
+static int64_t *rpb_device_index(const ps_layer_call *c, ps_err *err) {
+    int64_t NN = c->ly->buffer[0].numel, rows = c->ly->param[0].dims[0];
+    const int64_t *buf = c->ibuf ? c->ibuf[0] : NULL;
+    int64_t *host = malloc((size_t)NN * sizeof *host), *dev = c->be->ops->alloc(c->be->impl, (size_t)NN * 8);
+    if (!host || !dev) {
+        free(host);
+        if (dev) c->be->ops->free(c->be->impl, dev);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's index", c->ly->name);
+        return NULL;
+    }
+    for (int64_t k = 0; k < NN; k++) {
+        host[k] = buf ? buf[k] : rpb_index(c->ly, k);
+        if (host[k] < 0 || host[k] >= rows) {
+            ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "%s.relative_position_index[%lld] is %lld, not a row of "
+                       "the %lld of relative_position_bias_table", c->ly->name, (long long)k, (long long)host[k],
+                       (long long)rows);
+            free(host);
+            c->be->ops->free(c->be->impl, dev);
+            return NULL;
+        }
+    }
+    ps_status rc = c->be->ops->copy_to_device(c->be->impl, dev, host, (size_t)NN * 8, err);
+    free(host);
+    if (rc != PS_OK) { c->be->ops->free(c->be->impl, dev); return NULL; }
+    return dev;
+}
+
+static ps_status rpb_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_layer_attrs *a = &ly->a;
+    const ps_backend_ops *ops = c->be->ops;
+    void *impl = c->be->impl;
+    int64_t H = a->num, N = a->window[0] * a->window[1], HNN = H * N * N, nw = ly->outs.dims[0];
+    int64_t *idx = rpb_device_index(c, err);
+    if (!idx) return err->code;
+    float *g = ps_backend_alloc_floats(c->be, HNN), *one = ps_backend_alloc_floats(c->be, nw * HNN), *mask = NULL;
+    ps_status rc = PS_OK;
+    if (!g || !one) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name); goto done; }
+    /* (N * N, H) rows of the table, then (N, N, H) -> (H, N, N) into window 0 of one sample's output */
+    if ((rc = ops->embedding_forward(impl, N * N, (int)H, idx, c->w[0], g, err)) != PS_OK) goto done;
+    ps_permute_desc pd = {.n = 1, .ndim = 3, .dims = {N, N, H}, .perm = {2, 0, 1}};
+    if ((rc = ops->permute(impl, &pd, g, one, err)) != PS_OK) goto done;
+    for (int64_t w = 1; w < nw && rc == PS_OK; w++)
+        rc = ops->copy2d(impl, 1, HNN, one, HNN, one + w * HNN, HNN, 0, err);
+    if (rc == PS_OK && (a->shift[0] || a->shift[1])) {
+        /* the mask (nw, N, N), broadcast over the heads: -100 across regions */
+        float *host = malloc((size_t)(nw * HNN) * sizeof *host);
+        mask = ps_backend_alloc_floats(c->be, nw * HNN);
+        if (!host || !mask) {
+            free(host);
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's mask", ly->name);
+            goto done;
+        }
+        int64_t Wh = a->window[0], Ww = a->window[1], GH = a->windows[0] * Wh, GW = a->windows[1] * Ww;
+        for (int64_t w = 0; w < nw; w++)
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    int64_t hi = (w / a->windows[1]) * Wh + i / Ww, wi = (w % a->windows[1]) * Ww + i % Ww;
+                    int64_t hj = (w / a->windows[1]) * Wh + j / Ww, wj = (w % a->windows[1]) * Ww + j % Ww;
+                    int same = rpb_region(hi, GH, Wh, a->shift[0]) == rpb_region(hj, GH, Wh, a->shift[0]) &&
+                               rpb_region(wi, GW, Ww, a->shift[1]) == rpb_region(wj, GW, Ww, a->shift[1]);
+                    for (int64_t h = 0; h < H; h++) host[((w * H + h) * N + i) * N + j] = same ? 0.0f : -100.0f;
+                }
+        rc = ops->copy_to_device(impl, mask, host, (size_t)(nw * HNN) * sizeof *host, err);
+        free(host);
+        if (rc == PS_OK) rc = ops->add(impl, nw * HNN, one, mask, err);
+    }
+    for (int s = 0; s < c->n && rc == PS_OK; s++)
+        rc = ops->copy2d(impl, 1, nw * HNN, one, nw * HNN, (float *)c->y + s * nw * HNN, nw * HNN, 0, err);
+done:
+    ps_backend_release(c->be, g);
+    ps_backend_release(c->be, one);
+    ps_backend_release(c->be, mask);
+    ops->free(impl, idx);
+    return rc;
+}
+
+static ps_status rpb_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_backend_ops *ops = c->be->ops;
+    void *impl = c->be->impl;
+    ps_status rc = PS_OK;
+    if (c->dx) rc = ops->fill(impl, ps_layer_in_count(ly, 0, c->n), c->dx, 0.0f, err);
+    if (rc != PS_OK || !c->dw[0]) return rc;
+    int64_t H = ly->a.num, N = ly->a.window[0] * ly->a.window[1], HNN = H * N * N, nw = ly->outs.dims[0];
+    int64_t *idx = rpb_device_index(c, err);
+    if (!idx) return err->code;
+    float *acc = ps_backend_alloc_floats(c->be, HNN), *g = ps_backend_alloc_floats(c->be, HNN);
+    if (!acc || !g) { rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name); goto done; }
+    rc = ops->fill(impl, HNN, acc, 0.0f, err);
+    for (int64_t k = 0; k < c->n * nw && rc == PS_OK; k++)   /* every sample's every window */
+        rc = ops->copy2d(impl, 1, HNN, c->dy + k * HNN, HNN, acc, HNN, 1, err);
+    ps_permute_desc pd = {.n = 1, .ndim = 3, .dims = {H, N, N}, .perm = {1, 2, 0}};
+    if (rc == PS_OK) rc = ops->permute(impl, &pd, acc, g, err);
+    if (rc == PS_OK) rc = ops->embedding_backward(impl, N * N, (int)H, idx, g, ly->param[0].dims[0], c->dw[0], err);
+done:
+    ps_backend_release(c->be, acc);
+    ps_backend_release(c->be, g);
+    ops->free(impl, idx);
+    return rc;
+}
+
 /* ------------------------------------------------------ attribute tables */
 
 #define A(f) offsetof(ps_layer_attrs, f)
@@ -2423,6 +2764,7 @@ static const ps_attr_spec narrow_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
     ATTR_INT("start", start, NULL, 0),
     ATTR_INT("length", length, NULL, 1),
+    ATTR_INT("step", step, "1", 1),
     ATTR_END,
 };
 static const ps_attr_spec permute_attrs[] = {
@@ -2457,6 +2799,23 @@ static const ps_attr_spec masked_fill_attrs[] = {
     {"mask", PS_ATTR_ENUM, A(tri), NULL, 0, 0, 0, 0, tri_masks, 0},
     {"diagonal", PS_ATTR_INT, A(diagonal), "0", -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, 0},
     {"value", PS_ATTR_FLOAT_INF, A(value), NULL, 0, 0, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec roll_attrs[] = {
+    {"shifts", PS_ATTR_DIMS, A(shifts), NULL, -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, A(nshifts)},
+    {"dims", PS_ATTR_DIMS, A(rdims), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nrdims)},
+    ATTR_END,
+};
+static const ps_attr_spec pad_attrs[] = {
+    {"pad", PS_ATTR_PADS, A(pads), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(npads)},
+    ATTR_FLOAT("value", value, "0.0", -1e30, 1e30, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec rpb_attrs[] = {
+    ATTR_PAIR("window_size", window, NULL, 1),
+    {"num_heads", PS_ATTR_INT, A(num), NULL, 1, 65536, 0, 0, NULL, 0},
+    ATTR_PAIR("windows", windows, "1", 1),
+    ATTR_PAIR("shift_size", shift, "0", 0),
     ATTR_END,
 };
 static const ps_attr_spec no_attrs[] = {ATTR_END};
@@ -2536,6 +2895,11 @@ static const ps_layer_kind kinds[] = {
      NULL, matmul_flops},
     {"MulConstant", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE, 1, 1, mulconst_attrs, infer_same, mulconst_missing,
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},
+    /* swin's shifted windows: torch.roll, F.pad (Narrow's step: its patch merging's strided slices) */
+    {"Roll", 0, 1, 1, roll_attrs, roll_infer, copy_missing, roll_forward, roll_backward, NULL, NULL, zero_flops},
+    {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
+    {"RelativePositionBias", 0, 1, 1, rpb_attrs, rpb_infer, rpb_missing, rpb_forward, rpb_backward, NULL, NULL,
+     zero_flops},
     /* attention masks (minGPT's causal masked_fill) */
     {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
      masked_fill_backward, NULL, NULL, NULL},
@@ -2664,6 +3028,7 @@ static const struct {
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
+    {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},

@@ -84,12 +84,18 @@ typedef struct ps_layer_attrs {
     int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
                                    its infer) */
     int64_t start, length;      /* Narrow */
+    int64_t step;               /* Narrow: every step-th element from start (1: a contiguous piece) */
+    int nshifts, nrdims;        /* Roll shifts and dims (PyTorch's dims, the batch counted as 0) */
+    int64_t shifts[PS_SHAPE_MAX_DIMS], rdims[PS_SHAPE_MAX_DIMS];
+    int npads;                  /* Pad pad: F.pad's (before, after) pairs, the last dim's first */
+    int64_t pads[2 * PS_SHAPE_MAX_DIMS];
+    int64_t window[2], windows[2], shift[2]; /* RelativePositionBias window_size, windows, shift_size */
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
     const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
                                    model definition's string); "" (null): the node's name is the tensor's */
     int trans_a, trans_b;       /* MatMul transpose_a, transpose_b */
-    double value;               /* MulConstant value; MaskedFill value (may be -inf or inf) */
+    double value;               /* MulConstant value; MaskedFill value (may be -inf or inf); Pad value */
     /* attention masks */
     int tri;                    /* MaskedFill mask: 0 'triu', 1 'tril' */
     int64_t diagonal;           /* MaskedFill diagonal (torch.triu's / torch.tril's) */
@@ -112,6 +118,7 @@ typedef enum {
     PS_ATTR_BATCH_DIMS,         /* as DIMS over a batched tensor's dims: a list of 1..5 (int64_t[5]) */
     PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
     PS_ATTR_FLOAT_INF,          /* as FLOAT, or an infinity: inf, -inf (YAML's .inf, -.inf; any case) */
+    PS_ATTR_PADS,               /* as DIMS with up to 2 * PS_SHAPE_MAX_DIMS values (F.pad's pad list) */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {
@@ -134,6 +141,8 @@ typedef struct ps_attr_spec {
 #define PS_LAYER_MAX_BUFFERS 3  /* BatchNorm: running_mean, running_var, num_batches_tracked */
 #define PS_LAYER_MAX_SAVED 6  /* MultiheadAttention: mask, q, k, v, P, o (each sample-major) */
 
+struct ps_layer;
+
 typedef struct ps_layer_param {
     const char *suffix;         /* "weight", "bias" */
     int ndim;
@@ -154,6 +163,8 @@ typedef struct ps_layer_buffer {
     int64_t numel;
     ps_dtype dtype;
     float init;                 /* initial value of every element */
+    /* or, when set, element k's initial value of an int64 buffer (swin's relative_position_index) */
+    int64_t (*init_i64)(const struct ps_layer *ly, int64_t k);
 } ps_layer_buffer;
 
 struct ps_layer_kind;
@@ -212,6 +223,7 @@ typedef struct ps_layer_call {
     void *y;                    /* output (forward: written; backward: the forward's, when kept) */
     float *const *w;            /* parameters, ly->nparams of them */
     float *const *buf;          /* float32 buffers, in the order of ly->buffer (int64 ones: NULL) */
+    const int64_t *const *ibuf; /* int64 buffers (host memory), in the order of ly->buffer (float32 ones: NULL) */
     ps_layer_saved *saved;
     /* forward */
     int train;

@@ -390,9 +390,10 @@ static ps_status read_attr(parse *P, const ps_model_def *d, ps_node_def *nd, con
                     nd->kind_name, k->s);
     if (v->type == Y_SEQ) {
         const int pair = sp->type == PS_ATTR_PAIR || sp->type == PS_ATTR_PAIR_OR_NULL;
-        if (!pair && sp->type != PS_ATTR_DIMS && sp->type != PS_ATTR_BATCH_DIMS)
+        if (!pair && sp->type != PS_ATTR_DIMS && sp->type != PS_ATTR_BATCH_DIMS && sp->type != PS_ATTR_PADS)
             return perr(P, v->line, "node '%s' (%s): %s takes one value, not a list", nd->name, nd->kind_name, k->s);
-        int max = pair ? 2 : sp->type == PS_ATTR_BATCH_DIMS ? PS_SHAPE_MAX_DIMS + 1 : PS_SHAPE_MAX_DIMS;
+        int max = pair ? 2 : sp->type == PS_ATTR_BATCH_DIMS ? PS_SHAPE_MAX_DIMS + 1
+                  : sp->type == PS_ATTR_PADS ? 2 * PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS;
         if (v->n < 1 || v->n > max || (pair && v->n != 2))
             return perr(P, v->line, "node '%s' (%s): %s: a list of %d value%s%s, got %d", nd->name, nd->kind_name,
                         k->s, max, max == 1 ? "" : "s", !pair ? " at most" : "", v->n);

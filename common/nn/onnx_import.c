@@ -2461,8 +2461,10 @@ static ps_status slice_const(imp *im, val *x) {
     return const_out(im, 0, x->ndim, od, f, x->is_int) ? PS_OK : im->err->code;
 }
 
-/* Slice of a computed value along one axis, step 1, by constants (x.chunk
- * and x.split's pieces, x[:, a:b]): a Narrow. */
+/* Slice of a computed value by constants (x.chunk and x.split's pieces,
+ * x[:, a:b], swin's x[..., 0::2, 1::2, :]): a Narrow per axis it cuts,
+ * with its step (1 or more; starts and ends clamped as ONNX's, negatives
+ * from the end); an axis taken whole is no node. */
 static ps_status h_slice(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -2470,19 +2472,122 @@ static ps_status h_slice(imp *im) {
     if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
     ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
     if (rc) return rc;
-    int a = 0;
-    int64_t st = 0, en = 0;
-    if ((rc = slice_args(im, x->dims, x->ndim, &a, &st, &en))) return rc;
-    int d = pt_dim(im, a);
-    if (d < 0) return along_batch(im, "Slice");
-    int in = x->node;
-    int pn = emit(im, "Narrow", NULL, NULL, NULL, 1, &in);
-    if (pn < 0) return oom(im);
-    add_attr(im, pn, "dim: %d, start: %lld, length: %lld", d, (long long)st, (long long)(en - st));
+    static const char *const known[] = {"starts", "ends", "axes", NULL};
+    if ((rc = only_attrs(im, known))) return rc;
+    int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
+    int cnt[4] = {-1, -1, -1, -1};
+    if (im->opset < 10) {
+        static const char *const names[3] = {"starts", "ends", "axes"};
+        for (int k = 0; k < 3; k++) cnt[k] = attr_ints(im, names[k], sv[k], MAXD);
+    } else {
+        for (int k = 0; k < 4; k++) {
+            if (!has_in(im, k + 1)) continue;
+            val *c = in_val(im, k + 1, 1);
+            if (!c) return im->err->code;
+            if (c->kind != VK_CONST) return unsup(im, "%s computed from the input's values",
+                                                   k == 0 ? "starts" : k == 1 ? "ends" : k == 2 ? "axes" : "steps");
+            const int64_t *q = cints(im, c);
+            if (!q) return im->err->code;
+            if (c->numel > MAXD) return bad(im, "%lld slice entries", (long long)c->numel);
+            cnt[k] = (int)c->numel;
+            for (int i = 0; i < cnt[k]; i++) sv[k][i] = q[i];
+        }
+    }
+    int ne = cnt[0];
+    if (ne < 1 || cnt[1] != ne || (cnt[2] >= 0 && cnt[2] != ne) || (cnt[3] >= 0 && cnt[3] != ne))
+        return bad(im, "starts, ends, axes and steps of different lengths");
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
-    od[a] = en - st;
+    int cur = x->node, seen[MAXD] = {0}, pn = -1;
+    for (int k = 0; k < ne; k++) {
+        int a = norm_axis(im, cnt[2] >= 0 ? sv[2][k] : k, x->ndim, "axis");
+        if (a < 0) return im->err->code;
+        if (seen[a]++) return bad(im, "axis %d sliced twice", a);
+        int64_t D = x->dims[a], st = cnt[3] >= 0 ? sv[3][k] : 1, s0 = sv[0][k], e0 = sv[1][k];
+        if (st < 1) return unsup(im, "a Slice with step %lld (psd steps forward: 1 or more)", (long long)st);
+        if (s0 < 0) s0 += D;
+        if (e0 < 0) e0 += D;
+        s0 = s0 < 0 ? 0 : s0 > D ? D : s0;
+        e0 = e0 < 0 ? 0 : e0 > D ? D : e0;
+        if (e0 <= s0)
+            return unsup(im, "an empty Slice (%lld to %lld of %lld)", (long long)s0, (long long)e0, (long long)D);
+        int64_t len = (e0 - s0 + st - 1) / st;
+        if (s0 == 0 && len == D) continue;     /* the whole axis */
+        int d = pt_dim(im, a);
+        if (d < 0) return along_batch(im, "Slice");
+        if ((pn = emit(im, "Narrow", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+        add_attr(im, pn, "dim: %d, start: %lld, length: %lld", d, (long long)s0, (long long)len);
+        if (st != 1) add_attr(im, pn, "step: %lld", (long long)st);
+        od[a] = len;
+        cur = pn;
+    }
+    if (pn < 0) return alias_out(im, 0, x);   /* every axis whole: the value itself */
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+}
+
+/* Pad of a computed value in 'constant' mode (a zero Pad before an
+ * AveragePool or a Conv is their padding, absorbed before): psd's Pad,
+ * ONNX's pads [begin per axis..., end per axis...] as F.pad's (before,
+ * after) pairs from the last axis back; the batch's must be 0. */
+static ps_status h_pad(imp *im) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "Pad of a constant");
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    static const char *const known10[] = {"mode", "pads", "value", NULL}, *const known[] = {"mode", NULL};
+    if ((rc = only_attrs(im, im->opset < 11 ? known10 : known))) return rc;   /* inputs from opset 11 */
+    const ps_onnx_attr *ma = attr(im, "mode");
+    if (ma && ma->s && strcmp(ma->s, "constant")) return unsup(im, "Pad in mode '%s' (psd pads with a constant)", ma->s);
+    int64_t p[2 * MAXD];
+    int np;
+    double value = 0;
+    if (im->opset < 11) {
+        np = attr_ints(im, "pads", p, 2 * MAXD);
+        value = attr_f(im, "value", 0.0f);
+    } else {
+        val *pv = in_val(im, 1, 1);
+        if (!pv) return im->err->code;
+        if (pv->kind != VK_CONST) return unsup(im, "pads computed from the input's values");
+        const int64_t *q = cints(im, pv);
+        if (!q) return im->err->code;
+        if (pv->numel > 2 * MAXD) return bad(im, "%lld pads", (long long)pv->numel);
+        np = (int)pv->numel;
+        for (int i = 0; i < np; i++) p[i] = q[i];
+        if (has_in(im, 2)) {
+            val *cv = in_val(im, 2, 1);
+            if (!cv) return im->err->code;
+            const double *f = cv->kind == VK_CONST && cv->numel == 1 ? cvals(im, cv) : NULL;
+            if (!f) return cv->kind == VK_CONST && cv->numel == 1 ? im->err->code
+                                                                  : unsup(im, "a constant_value that is no number");
+            value = f[0];
+        }
+    }
+    int r = x->ndim;
+    if (np != 2 * r) return bad(im, "%d pads for a tensor of rank %d (2 per axis)", np, r);
+    int first = -1;      /* the outermost padded axis */
+    for (int a = 0; a < r; a++) {
+        if (p[a] < 0 || p[a + r] < 0) return unsup(im, "negative pads (a crop)");
+        if ((p[a] || p[a + r]) && first < 0) first = a;
+    }
+    if (first < 0) return alias_out(im, 0, x);
+    if (pt_dim(im, first) < 0) return along_batch(im, "Pad");
+    char list[256];
+    size_t o = 0;
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    for (int a = r - 1; a >= first; a--) {
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s%lld, %lld", a == r - 1 ? "" : ", ", (long long)p[a],
+                              (long long)p[a + r]);
+        od[a] += p[a] + p[a + r];
+    }
+    int in = x->node;
+    int pn = emit(im, "Pad", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "pad: [%s]", list);
+    char vb[32];
+    if (value != 0) add_attr(im, pn, "value: %s", float_text(value, vb, sizeof vb));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
 }
 
 /* Squeeze / Unsqueeze of a computed value: a Reshape (axes an input from
@@ -2663,6 +2768,7 @@ static const op_row ops[] = {
     {"Cast", h_cast, 1},
     {"Transpose", h_transpose, 1},
     {"Slice", h_slice, 1},
+    {"Pad", h_pad, 1},
     {"LSTM", h_lstm, 7},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},

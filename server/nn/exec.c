@@ -447,12 +447,17 @@ ps_status ps_stage_copy(stage *st, float *dst, const float *src, int64_t count, 
 /* ---------------------------------------------------------------- forward */
 
 /* Node l's parameters and float32 buffers in the copy of the weights the
- * call computes with (ts->w, ts->bufw). */
-static void layer_params(const stage *st, const tape_stage *ts, int l, float **w, float **bw) {
+ * call computes with (ts->w, ts->bufw), and its int64 buffers (the stage's,
+ * host memory: swin's relative_position_index). */
+static void layer_params(const stage *st, const tape_stage *ts, int l, float **w, float **bw,
+                         const int64_t **ib) {
     const ps_layer *ly = &st->layers[l];
     for (int j = 0; j < ly->nparams; j++) w[j] = ts->w + st->slots[l].w_off[j];
-    for (int j = 0; j < ly->nbuffers; j++)
-        bw[j] = ly->buffer[j].dtype == PS_DTYPE_F32 ? ts->bufw + st->slots[l].b_off[j] : NULL;
+    for (int j = 0; j < ly->nbuffers; j++) {
+        int f32 = ly->buffer[j].dtype == PS_DTYPE_F32;
+        bw[j] = f32 ? ts->bufw + st->slots[l].b_off[j] : NULL;
+        ib[j] = f32 ? NULL : st->bufi + st->slots[l].b_off[j];
+    }
 }
 
 /* The call's weights into t's stages. */
@@ -502,11 +507,12 @@ static ps_status node_forward(ps_model *m, stage *st, tape_stage *ts, const stag
         ts->owned[np->out_buf] = 1;
     }
     float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
-    layer_params(st, ts, l, w, bw);
+    const int64_t *ib[PS_LAYER_MAX_BUFFERS] = {0};
+    layer_params(st, ts, l, w, bw, ib);
     const void *xs[PS_NODE_MAX_INPUTS];
     for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
     ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
-                       .buf = bw, .saved = &ts->saved[l], .train = train, .mask = mask, .rng = rng};
+                       .buf = bw, .ibuf = ib, .saved = &ts->saved[l], .train = train, .mask = mask, .rng = rng};
     return ly->kind->forward(&c, err);
 }
 
@@ -748,11 +754,13 @@ static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, c
     }
     if (rc == PS_OK) {
         float *w[PS_LAYER_MAX_PARAMS] = {0}, *bw[PS_LAYER_MAX_BUFFERS] = {0};
-        layer_params(st, ts, l, w, bw);
+        const int64_t *ib[PS_LAYER_MAX_BUFFERS] = {0};
+        layer_params(st, ts, l, w, bw, ib);
         const void *xs[PS_NODE_MAX_INPUTS];
         for (int i = 0; i < ly->nin; i++) xs[i] = ts->buf[np->in_buf[i]];
         ps_layer_call c = {.ly = ly, .be = st->be, .n = n, .xs = xs, .x = xs[0], .y = ts->buf[np->out_buf], .w = w,
-                           .buf = bw, .saved = &ts->saved[l], .train = 1, .dy = dy, .dxs = dxs, .dx = dxs[0]};
+                           .buf = bw, .ibuf = ib, .saved = &ts->saved[l], .train = 1, .dy = dy, .dxs = dxs,
+                           .dx = dxs[0]};
         if (pd->parts && ly->nparams) {   /* input gradients at once, parameter gradients part by part */
             rc = ps_exec_group_node_backward(st, &c, l, s, pd->parts, err);
         } else {

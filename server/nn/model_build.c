@@ -649,7 +649,9 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
             for (int j = 0; j < st->layers[l].nbuffers; j++) {
                 const ps_layer_buffer *b = &st->layers[l].buffer[j];
                 for (int64_t k = 0; k < b->numel; k++) {
-                    if (b->dtype == PS_DTYPE_I64) st->bufi[st->slots[l].b_off[j] + k] = (int64_t)b->init;
+                    if (b->dtype == PS_DTYPE_I64)
+                        st->bufi[st->slots[l].b_off[j] + k] =
+                            b->init_i64 ? b->init_i64(&st->layers[l], k) : (int64_t)b->init;
                     else host[st->slots[l].b_off[j] + k] = b->init;
                 }
             }

@@ -28,6 +28,9 @@ as a module so PyTorch is imported once) on
     multiplied and divided to MulConstant, x.softmax(-1), x.transpose,
     view/reshape of sizes computed from x.shape (a product of two ranks,
     a transpose of the batch and a number divided by a tensor refused);
+    swin's steps written by hand: F.pad to Pad, torch.roll and x.roll to
+    Roll, x[..., i::2, j::2, :] and y[:, :2, 1, 4:] to (strided) Narrows
+    (a roll without dims and a reflect pad refused);
   - the Proxy.__iter__ fix: RNNModel's `output, hidden = self.rnn(...)`
     does not trace with torch 1.13's own Proxy.__iter__ on this Python
     (else the fix is not what makes rnn_lm export - said, not failed) and
@@ -289,6 +292,23 @@ exported_nodes("Products", "3,4", "prod.yaml",
                "`x / 2` as MulConstant, x.softmax(-1) as Softmax, reshape(n, 2, t * c + 6) of x.shape's sizes as "
                "Reshape [2, 18]")
 
+exported_nodes("ShiftedWindows", "5,6,3", "sw.yaml", lambda n: (n["name"], n["kind"], n["inputs"], n["attrs"]),
+               [("fc", "Linear", ["input"], {"out_features": 3}),
+                ("pad", "Pad", ["fc"], {"pad": [0, 0, 0, 2, 0, 1]}),
+                ("roll", "Roll", ["pad"], {"shifts": [-1, 2], "dims": [1, 2]}),
+                ("roll_1", "Roll", ["roll"], {"shifts": [3], "dims": [-2]}),
+                ("getitem", "Narrow", ["roll_1"], {"start": 0, "length": 3, "step": 2}),
+                ("getitem_1", "Narrow", ["getitem"], {"dim": 2, "start": 0, "length": 4, "step": 2}),
+                ("getitem_2", "Narrow", ["roll_1"], {"start": 1, "length": 3, "step": 2}),
+                ("getitem_3", "Narrow", ["getitem_2"], {"dim": 2, "start": 1, "length": 4, "step": 2}),
+                ("cat", "Concat", ["getitem_1", "getitem_3"], {"dim": -1}),
+                ("getitem_4", "Narrow", ["cat"], {"start": 0, "length": 2}),
+                ("getitem_5", "Narrow", ["getitem_4"], {"dim": 2, "start": 1, "length": 1}),
+                ("getitem_6", "Narrow", ["getitem_5"], {"dim": 3, "start": 4, "length": 2}),
+                ("getitem_6_view", "Reshape", ["getitem_6"], {"shape": [2, 2]})],
+               "swin's steps as a user writes them: F.pad (constant) as Pad, torch.roll and x.roll as Roll, "
+               "x[..., i::2, j::2, :] as two strided Narrows, y[:, :2, 1, 4:] as three Narrows and a view")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
@@ -303,6 +323,8 @@ REFUSALS = [
     ("ProductBroadcast", "refused.py:279", "of a (2, 2, 3, 4) and a (2, 1, 4, 3) tensor", "2,3,4"),
     ("TransposeBatch", "refused.py:284", "moves the batch dimension", "3,4"),
     ("DivideByTensor", "refused.py:289", "psd divides a tensor by a number only"),
+    ("RollFlattened", "refused.py:307", "torch.roll without dims"),
+    ("PadReflect", "refused.py:312", "F.pad with mode 'reflect'"),
 ]
 for cls, line, needle, *shape in REFUSALS:
     rc, msg = run([REF + ":" + cls, "--input-shape", shape[0] if shape else "4", "-o", os.path.join(out, "x.yaml")])

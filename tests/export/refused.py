@@ -287,3 +287,26 @@ class TransposeBatch(nn.Module):       # x.transpose(0, 1): the batch moves
 class DivideByTensor(nn.Module):       # a number divided by a tensor
     def forward(self, x):
         return 1.0 / x                             # REFUSED_DIVIDE
+
+
+class ShiftedWindows(nn.Module):      # swin's steps as a user writes them (exported, not refused)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):             # (N, 5, 6, 3)
+        x = nn.functional.pad(self.fc(x), (0, 0, 0, 2, 0, 1))           # (N, 6, 8, 3)
+        x = torch.roll(x, shifts=(-1, 2), dims=(1, 2))
+        x = x.roll(3, -2)
+        y = torch.cat([x[..., 0::2, 0::2, :], x[..., 1::2, 1::2, :]], -1)   # (N, 3, 4, 6)
+        return y[:, :2, 1, 4:]
+
+
+class RollFlattened(nn.Module):
+    def forward(self, x):
+        return torch.roll(x, 1)       # REFUSED_ROLL
+
+
+class PadReflect(nn.Module):
+    def forward(self, x):
+        return nn.functional.pad(x, (1, 1), mode="reflect")   # REFUSED_PAD

@@ -4,6 +4,7 @@ draws its own dropout masks, so a training forward equals PyTorch's only
 with dropout off, and these builders have no argument for it."""
 import torch
 import torchvision
+import torchvision.ops
 
 
 def efficientnet_b0(**kwargs):
@@ -42,3 +43,25 @@ def vit_b_16(**kwargs):
     """torchvision's vit_b_16 (86M parameters; check_resnet.py vit_b_16 by hand, both ways ~5 min: not in
     make test-zoo) with its head and class token drawn."""
     return _drawn_head(torchvision.models.vit_b_16(**kwargs))
+
+
+def swin_small(**kwargs):
+    """torchvision's SwinTransformer (swin_t's code) at a size make test-zoo trains in seconds: 40x40 images in
+    4x4 patches (10x10 tokens), 3 stages of 2 blocks over 16, 32 and 64 dims (2, 2 and 4 heads), 4x4 windows,
+    stochastic depth off. Every path of swin_t at 64x64 shows: the 10x10 and 5x5 grids padded to the window
+    (12, 8) with the shifted blocks' Roll and mask, the 5x5 grid padded to 6 by the patch merging, and at 3x3
+    (one window) no shift, as torchvision decides."""
+    kw = dict(patch_size=[4, 4], embed_dim=16, depths=[2, 2, 2], num_heads=[2, 2, 4], window_size=[4, 4],
+              stochastic_depth_prob=0.0)
+    kw.update(kwargs)
+    return torchvision.models.SwinTransformer(**kw)
+
+
+def swin_t(**kwargs):
+    """torchvision's swin_t (28M parameters; check_resnet.py swin_t by hand at 64x64, not in make test-zoo) with
+    its stochastic depth off (swin_t fixes stochastic_depth_prob at 0.2: no argument for it)."""
+    m = torchvision.models.swin_t(**kwargs)
+    for mod in m.modules():
+        if isinstance(mod, torchvision.ops.StochasticDepth):
+            mod.p = 0.0
+    return m
