@@ -47,10 +47,11 @@ static ps_status held_charge(ps_service *s, svc_fwd_node *node, const char *owne
     if (mine && mine->bytes + bytes > share) {
         size_t have = mine->bytes;
         pthread_mutex_unlock(&s->exec_mu);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ssp: this client's Forwards held back for the slowest "
-                          "rank hold %zu bytes and this one brings %zu more; its share of server.max_context_bytes "
-                          "/ 4 (%zu) among %d clients holding some is %zu bytes; wait for their replies", have,
-                          bytes, budget, holders, share);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ssp: this client's Forwards held back for the slowest "
+                   "rank hold %zu bytes and this one brings %zu more; its share of server.max_context_bytes "
+                   "/ 4 (%zu) among %d clients holding some is %zu bytes; wait for their replies", have,
+                   bytes, budget, holders, share);
+        return ps_err_retry_after(err, PS_CTX_RETRY_AFTER_MS);  /* refused before it ran or waited */
     }
     if (!mine) {
         if (s->nheld == s->cap_held) {

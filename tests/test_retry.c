@@ -120,6 +120,47 @@ static void test_codes_sequence(void) {
     CHECK(z.calls == 1 && c0.nwaits == 0 && r0.total == 0);
 }
 
+/* psd's admission refusals: RESOURCE_EXHAUSTED with psd's hint is "busy"
+ * (sent again), without it final; the waits are at least the hint, within
+ * the budget, and the give-up names the admission limits. */
+static void test_busy(void) {
+    ps_err e = {0};
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "Forward to x failed: RESOURCE_EXHAUSTED: too many calls");
+    CHECK(!ps_retry_busy(&e));                     /* no hint: a message too large, an older psd */
+    CHECK(ps_err_retry_after(&e, 500) == PS_ERR_RESOURCE_EXHAUSTED && ps_retry_busy(&e));
+    ps_err_prefix(&e, "ps0");
+    CHECK(ps_retry_busy(&e));                      /* a prefix keeps the hint */
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "again");
+    CHECK(!ps_retry_busy(&e));                     /* a new error clears it */
+    ps_err_set(&e, PS_ERR_UNAVAILABLE, "down");
+    ps_err_retry_after(&e, 500);
+    CHECK(!ps_retry_busy(&e));                     /* only RESOURCE_EXHAUSTED */
+    CHECK(!ps_retry_busy(NULL));
+
+    fake_clock c = {.t = 10};
+    ps_retry_policy p = fake_policy(&c, 9, 0.2, 10);
+    char logbuf[4096] = "";
+    FILE *log = fmemopen(logbuf, sizeof logbuf, "w");
+    p.log = log;
+    ps_retry r;
+    ps_retry_init(&r, &p);
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "busy");
+    ps_err_retry_after(&e, 2000);
+    int n = 0;
+    while (ps_retry_wait_busy(&r, "Forward", &e)) n++;
+    fclose(log);
+    double sum = 0;
+    for (int i = 0; i < c.nwaits; i++) {
+        sum += c.waits[i];
+        /* at least the hint (the last wait may be cut to the budget) */
+        if (i < c.nwaits - 1) CHECK_MSG(c.waits[i] >= 2.0, "wait %d: %.3f s, below psd's 2 s hint", i, c.waits[i]);
+    }
+    CHECK_MSG(n == c.nwaits && n >= 3 && n <= 5, "%d waits", n);
+    CHECK_MSG(sum <= 9 + 1e-9, "waited %.3f s of a 9 s budget", sum);
+    CHECK_MSG(strstr(logbuf, "psd kept refusing it for its admission limits") &&
+              strstr(logbuf, "server.max_calls_per_client"), "%s", logbuf);
+}
+
 /* Always UNAVAILABLE: the waits grow as the policy says, and together with
  * the calls' own time they stay within the budget. */
 static void test_budget(double cost_s) {
@@ -610,6 +651,7 @@ static void test_once_multi(void) {
 int main(void) {
     test_retryable();
     test_codes_sequence();
+    test_busy();
     test_budget(0);
     test_budget(0.37);
     test_real_clock();

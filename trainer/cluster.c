@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "hash.h"
 #include "security.h"
 
 struct ps_cluster {
@@ -22,6 +23,7 @@ struct ps_cluster {
     int single;                                /* ps_cluster_single */
     long partial, reruns;
     int report_unimplemented_logged;
+    char who[64];                              /* "ps-train: rank 1", for the clients' admission retries */
 };
 
 /* servers.<name>.server_name, or security.server_name. */
@@ -69,6 +71,20 @@ ps_status ps_cluster_open(const ps_config *cfg, long rank, FILE *log, ps_cluster
                               &c->sec[i], err))) {
             ps_cluster_free(c);
             return err ? err->code : PS_ERR_UNAVAILABLE;
+        }
+    }
+    /* psd's admission refusals (a client over its fair share) did nothing:
+     * every call is sent again after a backoff, on the unit budget's terms */
+    snprintf(c->who, sizeof c->who, "ps-train: rank %ld", rank);
+    for (int i = 0; i < c->p.n_servers; i++) {
+        if (!c->cl[i]) continue;
+        ps_retry_policy bp = {.max_s = cfg->trainer.retry_max_s, .backoff_s = cfg->trainer.retry_backoff_s,
+                              .backoff_max_s = cfg->trainer.retry_backoff_max_s,
+                              .seed = ps_hash_str(c->p.server_addr[i]) ^ (uint64_t)rank ^ (uint64_t)getpid() << 20,
+                              .who = c->who, .log = c->log};
+        if (ps_client_set_busy_retry(c->cl[i], &bp, err)) {
+            ps_cluster_free(c);
+            return err ? err->code : PS_ERR_RESOURCE_EXHAUSTED;
         }
     }
     if (n_used != 1) c->single = -1;

@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "retry.h"
 #include "rpc.h"
 #include "status.h"
 #include "wire.h"
@@ -22,6 +23,14 @@ ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_
 ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_message_bytes,
                                    const ps_rpc_security *sec, ps_err *err);
 void ps_client_free(ps_client *c);
+/* Back off after psd's admission refusals (RESOURCE_EXHAUSTED with psd's
+ * retry hint: a client over its fair share of calls or context memory;
+ * retry.h ps_retry_busy): such a call did nothing on psd, so every call of
+ * c sends it again as it is - exactly once holds, a fused Forward with step
+ * included - after a backoff of at least the hint, within p's budget per
+ * call (p->max_s from the first refusal; 0: never), then fails with the
+ * give-up on p->log. Without it (the default) an admission refusal is final. */
+ps_status ps_client_set_busy_retry(ps_client *c, const ps_retry_policy *p, ps_err *err);
 const char *ps_client_target(const ps_client *c);
 
 /* x is (n, c, h, w); out receives n*out_size floats (out_cap floats room). */

@@ -80,6 +80,17 @@ ps_settled ps_retry_settled(ps_status st);
  * the next backoff (cut to what is left of the budget) and return true;
  * else report the give-up and return false. */
 bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err);
+/* psd's admission refusal (docs/protocol.md, "Statuses"): RESOURCE_EXHAUSTED
+ * with psd's retry hint (err->retry_after_ms > 0, psd's trailing metadata
+ * PS_RPC_RETRY_AFTER_KEY) - a client over its fair share of calls or
+ * context memory. psd did nothing with the call: it may be sent again as it
+ * is, whatever it was (a fused Forward with step too). A RESOURCE_EXHAUSTED
+ * without the hint (a message over server.max_message_mb, out of memory, an
+ * older psd) is final. */
+bool ps_retry_busy(const ps_err *err);
+/* ps_retry_wait after an admission refusal: the wait is at least psd's hint,
+ * and the give-up says that psd kept refusing, and what to change. */
+bool ps_retry_wait_busy(ps_retry *r, const char *what, const ps_err *err);
 /* Call fn until it returns something not retryable or the budget is spent;
  * returns its last status (err holds its message). Does not reset. */
 ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err);

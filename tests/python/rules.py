@@ -288,6 +288,56 @@ def main():
     e = expect(psd.Error, lambda: one(cl, c), "without stepping it")
     assert not isinstance(e, psd.ContextLost) and e.code == FP, e
     n += 1
+    # psd's admission refusals (RESOURCE_EXHAUSTED with its retry hint, psd-retry-after-ms): the real
+    # psd.client.Conn.call sends the call again as it is, after at least the hint, on a budget of its own;
+    # without the hint (a message over server.max_message_mb) it is final at once
+    class Refused(grpc.RpcError):
+        def __init__(self, code, md):
+            self._code, self._md = code, md
+
+        def code(self):
+            return self._code
+
+        def details(self):
+            return f"scripted {self._code.name}"
+
+        def trailing_metadata(self):
+            return self._md
+
+    RE = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def real_conn(cl, outcomes):
+        from psd.client import Conn as RealConn
+        conn = RealConn.__new__(RealConn)
+        conn.client, conn.index, conn.server, conn.name = cl, 0, "ps", "ps"
+        cl.cfg, cl.metadata = types.SimpleNamespace(rpc_timeout_s=5.0), None
+        sent = []
+
+        def forward(req, timeout=None, metadata=None):
+            sent.append(req)
+            out = outcomes.pop(0) if len(outcomes) > 1 else outcomes[0]
+            if isinstance(out, Exception):
+                raise out
+            return out
+        conn.stub = types.SimpleNamespace(Forward=forward)
+        return conn, sent
+    busy = Refused(RE, (("psd-retry-after-ms", "1500"),))
+    cl = Client()
+    conn, sent = real_conn(cl, [busy, busy, fwd(5)])
+    req = ps_pb2.ForwardRequest(context_id=7, seq=3)
+    assert conn.call("Forward", req).model_version == 5 and len(sent) == 3 and all(r is req for r in sent), sent
+    assert cl.retries == 2 and cl.clock.t >= 3.0, (cl.retries, cl.clock.t)   # two waits of at least 1.5 s
+    n += 1
+    cl = Client()
+    conn, sent = real_conn(cl, [Refused(RE, ()), fwd(5)])    # no hint: a message too large, an older psd
+    e = expect(psd.Error, lambda: conn.call("Forward", req), "RESOURCE_EXHAUSTED")
+    assert not e.busy and len(sent) == 1 and cl.clock.t == 0, (e, sent)
+    n += 1
+    cl = Client(max_s=4.0)                                     # refused for good: the budget, then the refusal
+    conn, sent = real_conn(cl, [busy])
+    e = expect(psd.Error, lambda: conn.call("Forward", req), "RESOURCE_EXHAUSTED")
+    assert e.busy and e.retry_after_ms == 1500 and 3.9 <= cl.clock.t <= 4.0 and len(sent) >= 2, (cl.clock.t, sent)
+    n += 1
     print(f"rules: {n} scripted cases of docs/protocol.md's retry and settle rules: OK")
 
 
