@@ -247,10 +247,13 @@ ps_status ps_cluster_backward(ps_cluster_batch *b, int server, ps_client_bwd *bw
 
 ps_status ps_cluster_push_gradients(ps_cluster_batch *b, int server, const ps_wire_named *items, size_t n,
                                     ps_err *err) {
+    /* a Forward of the batch went there first: the context must still be there (a restarted psd would
+     * otherwise open a fresh one and step these gradients alone) */
+    int known = (b->touched & (1u << server)) != 0;
     touch(b, server);
     double sq = 0;
-    ps_status st = ps_client_push_gradients(b->cluster->cl[server], b->ctx, (uint32_t)b->cluster->rank, items, n, &sq,
-                                            err);
+    ps_status st = ps_client_push_gradients(b->cluster->cl[server], b->ctx, (uint32_t)b->cluster->rank, known, items,
+                                            n, &sq, err);
     if (st) return ps_err_prefix(err, "%s", b->cluster->name[server]);
     b->sq_norm[server] = sq;
     return PS_OK;

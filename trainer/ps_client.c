@@ -510,11 +510,12 @@ ps_status ps_client_get_gradients_paged(ps_client *c, uint64_t ctx, uint64_t max
     return fetch_pages(c, &p, list, NULL, NULL, err);
 }
 
-ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
-                                   double *sq_norm, ps_err *err) {
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, int context_known,
+                                   const ps_wire_named *items, size_t n, double *sq_norm, ps_err *err) {
     ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
     req.context_id = ctx;
     req.trainer_rank = rank;
+    req.context_known = context_known != 0;
     ps_wire_named_list list = {items, n};
     ps_wire_tensors_encode_bind(&req.gradients, &list);
     ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;

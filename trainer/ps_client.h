@@ -155,9 +155,11 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
                                          uint64_t *version, ps_err *err);
 /* Add the gradients of a parameter-only stage's parameters (n named float32
  * tensors) into context ctx (PushGradients); *sq_norm (may be NULL)
- * receives the context's gradient norm squared after it. */
-ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
-                                   double *sq_norm, ps_err *err);
+ * receives the context's gradient norm squared after it. context_known: a
+ * Forward of ctx went to this psd before (PushGradientsRequest.context_known):
+ * NOT_FOUND when psd no longer knows ctx, instead of opening a fresh one. */
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, int context_known,
+                                   const ps_wire_named *items, size_t n, double *sq_norm, ps_err *err);
 
 /* Several PS nodes: tell a psd that context ctx was applied on the servers
  * applied_on and lost on lost_on (<= 8 names each; proto/ps.proto

@@ -294,7 +294,7 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     ps_wire_named items[LM_MAX_LAYERS * 4];
     char names[LM_MAX_LAYERS * 4][32];
     rnn_grad_items(t, items, names);
-    if ((st = ps_client_push_gradients(cl, ctx, rank, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
+    if ((st = ps_client_push_gradients(cl, ctx, rank, 1, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
         return st;
     /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
     j->scale = clip_scale(t, j->sq_norm);
