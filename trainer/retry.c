@@ -192,6 +192,16 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
             return st;
         }
         if (!ps_retry_retryable(st)) return st;
+        if (ops->marks_step && kept == PS_KEPT_HELD) {
+            /* Unanswered before any call that steps: nothing of ctx can be
+             * applied (it expires on psd). Settling by Step would apply it
+             * as it stands, without what the unit had still to send. */
+            if (!ps_retry_wait(r, unit, err)) return st;
+            if (r->p.log)
+                fprintf(r->p.log, "%s: context %llx left unstepped (no Step was sent); running the %s again\n",
+                        r->p.who, (unsigned long long)ctx, unit);
+            continue;
+        }
         /* Unanswered after the Forward: was the step applied? */
         step_call sc = {ops, ctx};
         st = ps_retry_settle(r, call_step, &sc, err);

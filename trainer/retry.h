@@ -107,16 +107,29 @@ typedef struct ps_ctx_ids {
 void ps_ctx_ids_init(ps_ctx_ids *ids);
 uint64_t ps_ctx_ids_next(ps_ctx_ids *ids);
 
+/* What psd may hold of a unit's context (ps_once_ops.run's *kept). */
+#define PS_KEPT_NONE 0      /* nothing: a failure is simply retried */
+#define PS_KEPT_HELD 1      /* its state (a Forward answered), no call that steps sent yet */
+#define PS_KEPT_STEP 2      /* a call that steps it (Step, Backward or Forward with step) was sent */
+
 /* A unit of work whose step must be applied at most once. */
 typedef struct ps_once_ops {
     const char *unit;       /* "batch": for messages */
-    /* Run the whole unit under ctx, ending with its step. Set *kept = 1 as
-     * soon as psd may hold state for ctx (its Forward answered): a failure
-     * before that is simply retried, one after it is settled. */
+    /* Run the whole unit under ctx, ending with its step. Set *kept =
+     * PS_KEPT_HELD as soon as psd may hold state for ctx (its Forward
+     * answered), and PS_KEPT_STEP just before sending the call that steps
+     * it. A failure before HELD is simply retried; a retryable one at HELD
+     * (no step asked: nothing can have been applied) runs the unit again
+     * under a fresh id - settling there could apply the context without
+     * the calls the unit had still to send (its PushGradients, its
+     * grad_scale); one at STEP is settled. */
     ps_status (*run)(void *arg, uint64_t ctx, int *kept, ps_err *err);
     /* Step(ctx) alone (idempotent). */
     ps_status (*step)(void *arg, uint64_t ctx, ps_err *err);
     void *arg;
+    /* 0 (a run that never says PS_KEPT_STEP): every retryable failure
+     * after HELD is settled, as before PS_KEPT_STEP existed. */
+    int marks_step;
 } ps_once_ops;
 
 /* How often a unit whose context psd no longer knows (NOT_FOUND after its
