@@ -3,6 +3,9 @@
  *
  *  - only UNAVAILABLE and DEADLINE_EXCEEDED are retried; every other code
  *    ends the call at its first attempt;
+ *  - an admission refusal (RESOURCE_EXHAUSTED with psd's hint) is busy,
+ *    one without the hint is not; its waits are at least the hint, within
+ *    the budget, and the give-up names the admission limits;
  *  - attempts follow the scripted codes; the waits start at backoff_s,
  *    double up to backoff_max_s with jitter in [0.5, 1) of that, and their
  *    sum never exceeds retry_max_s (measured on the fake clock, and on the
@@ -10,7 +13,10 @@
  *  - settling: an unanswered step is asked again; OK / NOT_FOUND /
  *    FAILED_PRECONDITION decide applied / re-run;
  *  - ps_retry_once against a fake psd that loses answers or its contexts:
- *    every unit's step is applied exactly once, re-runs use fresh ids.
+ *    every unit's step is applied exactly once, re-runs use fresh ids; a
+ *    unit with a push after its Backward (ps-train lm) whose Backward reply
+ *    is lost runs again instead of being settled into a step without its
+ *    push (marks_step; without it, the older rule, it is - shown);
  *  - ps_retry_once_multi (a batch over several servers) against fake
  *    servers that each apply a context at most once: only touched servers
  *    step; an unanswered Step is settled on its server; lost everywhere =

@@ -3,7 +3,9 @@
  * Retries: a call that failed with PS_ERR_UNAVAILABLE (psd down, restarting
  * or unreachable) or PS_ERR_DEADLINE_EXCEEDED (no answer within the RPC
  * deadline) is tried again after an exponential backoff with jitter; every
- * other status is final. A ps_retry holds one retry budget (policy.max_s):
+ * other status is final - except psd's admission refusals
+ * (ps_retry_busy), which the client (ps_client_set_busy_retry) sends again
+ * as they are, each call on a budget of its own. A ps_retry holds one retry budget (policy.max_s):
  * it starts at the first failure after ps_retry_reset, and no wait goes
  * past it. The trainer resets it for every unit of work (a batch), so the
  * budget is "per batch", not per call.

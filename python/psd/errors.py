@@ -38,6 +38,8 @@ class Error(Exception):
     details: psd's message (or the client's, for what it refused itself)
     method:  the RPC ("Forward", "Step", ...) or None
     server:  the server in words ("ps0 (127.0.0.1:50061)") or None
+    retry_after_ms: psd's admission hint (RETRY_AFTER_KEY) of a
+             RESOURCE_EXHAUSTED, else 0 (see busy)
     """
 
     def __init__(self, code, details, method=None, server=None, retry_after_ms=0):
