@@ -33,9 +33,15 @@ ONE_CTX=16000000
 # --rank R appended by the caller's words), then the equality.
 check_once() {  # name
   local name=$1 s c live r n=0
+  local m s1
   for r in 1 2; do
     grep -q "Training complete!\|fault_trainer: $BATCHES batches" "$tmp/$name$r.log" || fail "$name: trainer $r did not finish"
-    n=$(( n + $(grep -c "RESOURCE_EXHAUSTED.*; retry [0-9]* in" "$tmp/$name$r.log" || true) ))
+    m=$(grep -c "RESOURCE_EXHAUSTED.*; retry [0-9]* in" "$tmp/$name$r.log" || true)
+    n=$(( n + m ))
+    if grep -q "Training complete!" "$tmp/$name$r.log"; then  # ps-train's summary counts them
+      s1=$(sed -n "s/^Rank $r: \([0-9]*\) calls sent again after psd's admission refusals$/\1/p" "$tmp/$name$r.log")
+      [ "${s1:-0}" = "$m" ] || fail "$name: trainer $r logged $m admission retries, its summary says ${s1:-none}"
+    fi
   done
   s=$(status); c=$(echo "$s" | field contexts_applied); live=$(echo "$s" | field live_contexts)
   echo "$name: 2 trainers x $BATCHES batches: $n admission refusals sent again; contexts_applied $c, live $live"

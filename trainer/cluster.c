@@ -120,6 +120,12 @@ int ps_cluster_stage_server(const ps_cluster *c, const char *stage) {
 long ps_cluster_partial_steps(const ps_cluster *c) { return c->partial; }
 long ps_cluster_reruns(const ps_cluster *c) { return c->reruns; }
 
+long ps_cluster_busy_retries(const ps_cluster *c) {
+    long n = 0;
+    for (int i = 0; i < c->p.n_servers; i++) n += ps_client_busy_retries(c->cl[i]);
+    return n;
+}
+
 /* Append src's parameters to dst (not its buffers: BatchNorm's running
  * statistics are psd's state, never a trainer's gradient). */
 static ps_status params_append(ps_wire_param_list *dst, const ps_wire_param_list *src, ps_err *err) {

@@ -54,6 +54,8 @@ ps_status ps_client_set_busy_retry(ps_client *c, const ps_retry_policy *p, ps_er
     return PS_OK;
 }
 
+long ps_client_busy_retries(const ps_client *c) { return c && c->busy ? c->busy->total : 0; }
+
 const char *ps_client_target(const ps_client *c) { return c->target; }
 
 /* One try of method with the encoded request rq; decode the reply into

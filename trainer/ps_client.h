@@ -31,6 +31,8 @@ void ps_client_free(ps_client *c);
  * call (p->max_s from the first refusal; 0: never), then fails with the
  * give-up on p->log. Without it (the default) an admission refusal is final. */
 ps_status ps_client_set_busy_retry(ps_client *c, const ps_retry_policy *p, ps_err *err);
+/* Calls sent again after admission refusals so far (0 without a policy or c). */
+long ps_client_busy_retries(const ps_client *c);
 const char *ps_client_target(const ps_client *c);
 
 /* x is (n, c, h, w); out receives n*out_size floats (out_cap floats room). */
