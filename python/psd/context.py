@@ -188,6 +188,9 @@ class Context:
         targets set): the whole forward, or a shard's rows (positions: the
         rows of the output they fill). Returns the reply."""
         req.context_id, req.train, req.trainer_rank, req.seq = self.id, True, self.client.rank, rec.seq
+        # an earlier Forward of the context went there: psd must still hold it (a retry after a restart is
+        # NOT_FOUND instead of opening a fresh context without the earlier forwards' gradients)
+        req.context_known = conn in self.touched
         self._touch(conn)
         fused = req.HasField("targets")
         try:

@@ -13,9 +13,10 @@ restarted between a batch's decoder Backward and its Step.
    Forward opened the context there): the restarted psd answers NOT_FOUND,
    so the step is psd.ContextLost - not applied with the LSTM's gradients
    alone while the decoder's died with psd.
-3. The wire rule on the restarted psd: context_known on an unknown context
-   is NOT_FOUND; without it (an older client) a push opens the context, as
-   before (this one is then stepped: one context applied).
+3. The wire rule on the restarted psd: context_known (PushGradients, and a
+   Forward's) on an unknown context is NOT_FOUND; without it (an older
+   client) a push opens the context, as before (this one is then stepped:
+   one context applied).
 4. The same batch under psd.attempts: run again, applied.
 Prints the lines the shell checks; exits non-zero on any failure.
 """
@@ -79,10 +80,18 @@ def main():
         sys.exit("push_restart: PushGradients with context_known opened an unknown context")
     except psd.Error as e:
         assert e.code == grpc.StatusCode.NOT_FOUND and "context_known" in e.details, e
+    fwd = ps_pb2.ForwardRequest(context_id=client.ids.next(), train=True, seq=1, stage="decoder",
+                                trainer_rank=client.rank, input=to_wire(torch.zeros(2, 3, nhid)), context_known=True)
+    try:                                         # a Forward retried in place after a restart: the same rule
+        conn.call("Forward", fwd)
+        sys.exit("push_restart: a Forward with context_known opened an unknown context")
+    except psd.Error as e:
+        assert e.code == grpc.StatusCode.NOT_FOUND and "ForwardRequest.context_known" in e.details, e
     req.context_known = False
     conn.call("PushGradients", req)              # an older client's push opens it, as before
     conn.call("Step", ps_pb2.StepRequest(context_id=cid))
-    print("wire: context_known on an unknown context NOT_FOUND; without it opened (older clients)", flush=True)
+    print("wire: context_known (PushGradients, Forward) on an unknown context NOT_FOUND; without it opened (older "
+          "clients)", flush=True)
 
     runs = 0
     for ctx in psd.attempts(client):             # 4. the batch again: applied

@@ -247,6 +247,17 @@ def main():
         expect(psd.Error, lambda: ctx.backward(rec, torch.ones(1, 2), need_input=False), "already backwarded")
         assert ctx.step().version == 1 and c.calls == ["Forward", "Forward", "Backward"], c.calls
     n += 1
+    # context_known: not on a context's first Forward to a server (its retry may open it), on a later Forward
+    # and on a HostedModule's push there (after a restart psd answers NOT_FOUND: lost, never opened afresh)
+    cl = Client()
+    a, b = Conn(0, "a", {"Forward": [fwd()]}), Conn(1, "b", {"Forward": [fwd()]})
+    with Context(cl) as ctx:
+        reqs = [ps_pb2.ForwardRequest() for _ in range(3)]
+        for conn, req in zip([a, b, a], reqs):
+            ctx.forward_part(conn, req, ctx.new_record("stage"))
+        assert [r.context_known for r in reqs] == [False, False, True], reqs
+        ctx.state = "lost"   # never stepped: nothing to check beyond the requests
+    n += 1
     # one call a batch (RemoteStage.train_step): answered; unanswered and settled applied by Step (the
     # loss was in the lost reply: NaN); settled never opened (NOT_FOUND: attempts runs it again) or
     # opened and failed before its backward (FAILED_PRECONDITION while settling): not applied
