@@ -283,7 +283,35 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
                              grpc_byte_buffer **response, int timeout_ms,
                              grpc_status_code *code, char *details,
                              size_t details_len, ps_err *err) {
+    return ps_rpc_client_call_ex(c, method, request, response, timeout_ms, code, details, details_len, NULL, err);
+}
+
+/* The value of PS_RPC_RETRY_AFTER_KEY in md, in ms (1..PS_RPC_RETRY_AFTER_MAX_MS); 0 when absent or not a
+ * plain decimal number. */
+static int retry_after_of(const grpc_metadata_array *md) {
+    for (size_t i = 0; i < md->count; i++) {
+        if (grpc_slice_str_cmp(md->metadata[i].key, PS_RPC_RETRY_AFTER_KEY)) continue;
+        size_t n = GRPC_SLICE_LENGTH(md->metadata[i].value);
+        const unsigned char *v = GRPC_SLICE_START_PTR(md->metadata[i].value);
+        long ms = 0;
+        if (n == 0 || n > 9) return 0;
+        for (size_t k = 0; k < n; k++) {
+            if (v[k] < '0' || v[k] > '9') return 0;
+            ms = ms * 10 + (v[k] - '0');
+        }
+        if (ms > PS_RPC_RETRY_AFTER_MAX_MS) ms = PS_RPC_RETRY_AFTER_MAX_MS;
+        return (int)ms;
+    }
+    return 0;
+}
+
+ps_status ps_rpc_client_call_ex(ps_rpc_client *c, const char *method,
+                                const grpc_byte_buffer *request,
+                                grpc_byte_buffer **response, int timeout_ms,
+                                grpc_status_code *code, char *details,
+                                size_t details_len, int *retry_after_ms, ps_err *err) {
     *response = NULL;
+    if (retry_after_ms) *retry_after_ms = 0;
     *code = GRPC_STATUS_UNKNOWN;
     if (details && details_len) details[0] = '\0';
     /* After UNAVAILABLE (psd restarting, a link down) the caller's own
@@ -361,6 +389,7 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
         }
         if (status != GRPC_STATUS_OK && error_string)
             ps_log(PS_LOG_DEBUG, "rpc %s %s: %s", c->target, method, error_string);
+        if (status == GRPC_STATUS_RESOURCE_EXHAUSTED && retry_after_ms) *retry_after_ms = retry_after_of(&trailing_md);
         if (status == GRPC_STATUS_OK) {
             *response = recv;
             recv = NULL;

@@ -32,6 +32,15 @@
 
 #define PS_RPC_DETAILS_MAX 512     /* size of the details buffer handlers get */
 
+/* Trailing metadata psd sends with a RESOURCE_EXHAUSTED of its admission
+ * control (a client over its fair share of calls or context memory): the
+ * call did nothing, and may be sent again as it is after at least this
+ * many milliseconds (a decimal number). A RESOURCE_EXHAUSTED without it
+ * (a message over server.max_message_mb, out of memory) is final
+ * (docs/protocol.md, "Statuses"). */
+#define PS_RPC_RETRY_AFTER_KEY "psd-retry-after-ms"
+#define PS_RPC_RETRY_AFTER_MAX_MS 60000  /* a client reads no longer hint */
+
 /* ---- status mapping ---------------------------------------------------- */
 
 ps_status ps_status_from_grpc(grpc_status_code code);
@@ -110,6 +119,13 @@ ps_status ps_rpc_client_call(ps_rpc_client *c, const char *method,
                              grpc_byte_buffer **response, int timeout_ms,
                              grpc_status_code *code, char *details,
                              size_t details_len, ps_err *err);
+/* The same; on RESOURCE_EXHAUSTED *retry_after_ms (may be NULL) receives
+ * psd's admission hint (PS_RPC_RETRY_AFTER_KEY), else 0. */
+ps_status ps_rpc_client_call_ex(ps_rpc_client *c, const char *method,
+                                const grpc_byte_buffer *request,
+                                grpc_byte_buffer **response, int timeout_ms,
+                                grpc_status_code *code, char *details,
+                                size_t details_len, int *retry_after_ms, ps_err *err);
 
 
 /* ---- for the two halves (common/rpc.c, server/rpc_*.c) ---------------- */

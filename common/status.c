@@ -33,6 +33,7 @@ ps_status ps_err_set(ps_err *e, ps_status code, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
         e->code = code;
+        e->retry_after_ms = 0;
         vsnprintf(e->msg, sizeof e->msg, fmt, ap);
         va_end(ap);
     }
@@ -59,7 +60,13 @@ ps_status ps_err_prefix(ps_err *e, const char *fmt, ...) {
 }
 
 void ps_err_clear(ps_err *e) {
-    if (e) { e->code = PS_OK; e->msg[0] = '\0'; }
+    if (e) { e->code = PS_OK; e->msg[0] = '\0'; e->retry_after_ms = 0; }
+}
+
+ps_status ps_err_retry_after(ps_err *e, int ms) {
+    if (!e) return PS_ERR_RESOURCE_EXHAUSTED;
+    e->retry_after_ms = ms > 0 ? ms : 0;
+    return e->code;
 }
 
 void ps_assert_fail(const char *expr, const char *file, int line) {

@@ -37,6 +37,13 @@ typedef enum {
 typedef struct ps_err {
     ps_status code;
     char msg[PS_ERR_MSG_MAX];
+    /* > 0: the refusal is psd's admission control (a client's fair share of
+     * calls or context memory, RESOURCE_EXHAUSTED): the call did nothing and
+     * may be sent again as it is, not before this many ms (psd sends it as
+     * the trailing metadata PS_RPC_RETRY_AFTER_KEY; docs/protocol.md,
+     * "Statuses"). 0: no such hint. ps_err_set clears it, ps_err_prefix
+     * keeps it. */
+    int retry_after_ms;
 } ps_err;
 
 /* Name of a status code, e.g. "INVALID_ARGUMENT". Never NULL. */
@@ -52,6 +59,10 @@ ps_status ps_err_prefix(ps_err *e, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 void ps_err_clear(ps_err *e);
+
+/* Mark the error in e as an admission refusal that may be retried as it
+ * is after ms (> 0) milliseconds (ps_err.retry_after_ms); returns e's code. */
+ps_status ps_err_retry_after(ps_err *e, int ms);
 
 /* Invariant check: prints expression, file and line, then aborts. */
 void ps_assert_fail(const char *expr, const char *file, int line)

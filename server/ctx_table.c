@@ -347,6 +347,7 @@ ps_ctx *ps_ctx_table_open_as(ps_ctx_table *t, uint64_t id, uint32_t rank, const 
                    "of them, its fair share among %zu clients is %zu; finish or abandon some (they expire "
                    "after %.0f s)", t->o.max_live, me ? me->count : 0, t->nowners + (me ? 0 : 1),
                    t->o.max_live / (t->nowners + (me ? 0 : 1)), t->o.ttl_s);
+        ps_err_retry_after(err, PS_CTX_RETRY_AFTER_MS);  /* nothing opened: the Forward may come again */
     } else if (!(c = calloc(1, sizeof *c)) || !(me = owner_get_locked(t, owner, 1))) {
         free(c);
         c = NULL;
@@ -384,16 +385,19 @@ ps_status ps_ctx_table_reserve(ps_ctx_table *t, ps_ctx *c, size_t more, ps_err *
                         "in %zu contexts and asks for %zu more; its fair share of server.max_context_bytes "
                         "(%zu) among %zu clients is %zu bytes; Step or abandon contexts, or use smaller "
                         "batches", mine, c->own ? c->own->count : 1, more, max, nown, share);
+        if (more <= max) ps_err_retry_after(err, PS_CTX_RETRY_AFTER_MS);  /* nothing reserved: it may come again */
     } else {
         while (t->bytes + more > max) {
             ps_ctx *v = victim_locked(t, c->own, share, 1);
             if (!v) break;
             evict_locked(t, v, &dead);
         }
-        if (t->bytes + more > max)
+        if (t->bytes + more > max) {
             st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "context memory budget server.max_context_bytes "
                             "(%zu) is in use (%llu bytes by %zu clients) by contexts that are busy; retry "
                             "later", max, (unsigned long long)t->bytes, nown);
+            ps_err_retry_after(err, PS_CTX_RETRY_AFTER_MS);
+        }
     }
     if (st) t->refused++;
     else {

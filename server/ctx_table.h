@@ -69,6 +69,11 @@ typedef struct ps_ctx_fwd {
     size_t bytes;           /* tape bytes, for accounting */
 } ps_ctx_fwd;
 
+/* The admission hint (ps_err.retry_after_ms) of a refusal for a client's
+ * share of contexts or their memory: contexts end at their Step, a batch
+ * or so later. */
+#define PS_CTX_RETRY_AFTER_MS 200
+
 typedef struct ps_ctx {
     uint64_t id;
     uint32_t rank;

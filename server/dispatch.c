@@ -111,6 +111,7 @@ void ps_svc_dispatch(void *user, const ps_rpc_call_info *info, const grpc_byte_b
     if (deferred) return;  /* c belongs to whoever answers it */
     reply(c, st, response, code);
     if (*code != GRPC_STATUS_OK) snprintf(details, dlen, "%s", c->err.msg);
+    if (*code == GRPC_STATUS_RESOURCE_EXHAUSTED) ps_rpc_call_retry_after(info->call, c->err.retry_after_ms);
     call_free(c);
 }
 
@@ -159,6 +160,7 @@ void ps_svc_finish(ps_svc_call *c, ps_status st) {
     ps_prof_call *bound = ps_prof_bound();
     ps_prof_bind(NULL);
     reply(c, st, &resp, &code);
+    if (code == GRPC_STATUS_RESOURCE_EXHAUSTED) ps_rpc_call_retry_after(c->rpc, c->err.retry_after_ms);
     ps_rpc_call_complete(c->rpc, resp, code, code == GRPC_STATUS_OK ? NULL : c->err.msg);
     ps_prof_bind(bound);
     call_free(c);

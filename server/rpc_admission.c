@@ -350,6 +350,9 @@ grpc_status_code rpc_admit(ps_rpc_call *c, const char *rawpeer, const char *meth
         snprintf(details, dlen, "server busy: %d %scalls in progress (limit %d); retry later", n, kind, cap);
     }
     rpc_log_refusal(s, "rpc: %s from %s refused: RESOURCE_EXHAUSTED: %s", method, peer, details);
+    /* the call was not read: the client may send it again as it is (a
+     * stalled client's calls free their slots no sooner than their grace) */
+    c->retry_after_ms = why == STALLED || why == STALLED_ALL ? PS_RPC_STALL_GRACE_MS : PS_RPC_RETRY_AFTER_CALLS_MS;
     return GRPC_STATUS_RESOURCE_EXHAUSTED;
 }
 

@@ -152,6 +152,20 @@ static void prof_fold_locked(ps_rpc_call *c) {
         ps_prof_acc_add(&s->prof[c->m - s->methods], &c->prof, c->t_reply - c->t_accept);
 }
 
+/* With c->mu held: the trailing metadata of a reply with status code -
+ * psd's admission hint (PS_RPC_RETRY_AFTER_KEY) on a RESOURCE_EXHAUSTED
+ * whose refusal set one (rpc_admit, ps_rpc_call_retry_after); the count
+ * (0 or 1), the entry in *md. */
+static size_t trailing_locked(ps_rpc_call *c, grpc_status_code code, grpc_metadata **md) {
+    *md = NULL;
+    if (code != GRPC_STATUS_RESOURCE_EXHAUSTED || c->retry_after_ms <= 0) return 0;
+    int n = snprintf(c->retry_val, sizeof c->retry_val, "%d", c->retry_after_ms);
+    c->retry_md.key = grpc_slice_from_static_string(PS_RPC_RETRY_AFTER_KEY);
+    c->retry_md.value = grpc_slice_from_static_buffer(c->retry_val, (size_t)n);
+    *md = &c->retry_md;
+    return 1;
+}
+
 /* With c->mu held: hand the reply to gRPC. Takes resp. Returns 1 if sent,
  * 0 if the call was cancelled (resp destroyed). c->mu is released while
  * gRPC takes the batch (it writes what it can from this thread, and the
@@ -188,7 +202,8 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
         n++;
     }
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.trailing_metadata_count =
+        trailing_locked(c, code, &ops[n].data.send_status_from_server.trailing_metadata);
     ops[n].data.send_status_from_server.status = code;
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
@@ -228,7 +243,8 @@ static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *detai
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].data.send_initial_metadata.count = 0;
     ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[1].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[1].data.send_status_from_server.trailing_metadata_count =
+        trailing_locked(c, code, &ops[1].data.send_status_from_server.trailing_metadata);
     ops[1].data.send_status_from_server.status = code;
     ops[1].data.send_status_from_server.status_details = &c->status_details;
     close_op_locked(c, &ops[2]);
@@ -722,6 +738,13 @@ int ps_rpc_call_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status
     rpc_call_unlock_maybe_finish(c);
     rpc_call_unref(c);
     return sent;
+}
+
+void ps_rpc_call_retry_after(ps_rpc_call *c, int ms) {
+    if (!c || ms <= 0) return;
+    pthread_mutex_lock(&c->mu);
+    c->retry_after_ms = ms;
+    pthread_mutex_unlock(&c->mu);
 }
 
 int ps_rpc_call_cancelled(ps_rpc_call *c) {

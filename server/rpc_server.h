@@ -162,6 +162,13 @@ ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on
 int ps_rpc_call_complete(ps_rpc_call *call, grpc_byte_buffer *response,
                          grpc_status_code code, const char *details);
 
+/* Before a RESOURCE_EXHAUSTED reply for an admission limit (a client over
+ * its fair share of context memory), by the handler (info->call) or the
+ * owner of a deferred call: the reply carries PS_RPC_RETRY_AFTER_KEY = ms
+ * (rpc.h), telling the client that the call did nothing and may be sent
+ * again as it is after ms. No effect on another status; call NULL: none. */
+void ps_rpc_call_retry_after(ps_rpc_call *call, int ms);
+
 /* 1 once the call ended without a reply having been sent (see above). */
 int ps_rpc_call_cancelled(ps_rpc_call *call);
 
@@ -173,6 +180,10 @@ int ps_rpc_call_cancelled(ps_rpc_call *call);
 /* The per-client cap opts give: max_calls_per_client, or max_calls / 4
  * (at least 1). */
 int ps_rpc_calls_per_client(const ps_rpc_server_opts *opts);
+
+/* The admission hint (PS_RPC_RETRY_AFTER_KEY) of a call refused for the
+ * call caps: calls last milliseconds, a slot frees soon. */
+#define PS_RPC_RETRY_AFTER_CALLS_MS 100
 
 #define PS_RPC_DEFAULT_MAX_STREAMS 64
 #define PS_RPC_DEFAULT_RECV_TIMEOUT_S 30.0

@@ -179,6 +179,9 @@ struct ps_rpc_call {
     grpc_byte_buffer *recv;      /* request message, NULL if none */
     grpc_byte_buffer *send;      /* response message once replied */
     grpc_slice status_details;   /* once replied */
+    int retry_after_ms;          /* > 0: a RESOURCE_EXHAUSTED reply carries PS_RPC_RETRY_AFTER_KEY */
+    char retry_val[16];          /* its value, and the entry: valid until the call is freed */
+    grpc_metadata retry_md;
     int close_cancelled;         /* RECV_CLOSE_ON_SERVER's output */
     int close_started;           /* RECV_CLOSE_ON_SERVER started (its own batch or the reply's) */
     int close_in_reply;          /* ... as part of the reply batch (s->late_close) */

@@ -47,10 +47,11 @@ static ps_status held_charge(ps_service *s, svc_fwd_node *node, const char *owne
     if (mine && mine->bytes + bytes > share) {
         size_t have = mine->bytes;
         pthread_mutex_unlock(&s->exec_mu);
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ssp: this client's Forwards held back for the slowest "
-                          "rank hold %zu bytes and this one brings %zu more; its share of server.max_context_bytes "
-                          "/ 4 (%zu) among %d clients holding some is %zu bytes; wait for their replies", have,
-                          bytes, budget, holders, share);
+        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ssp: this client's Forwards held back for the slowest "
+                   "rank hold %zu bytes and this one brings %zu more; its share of server.max_context_bytes "
+                   "/ 4 (%zu) among %d clients holding some is %zu bytes; wait for their replies", have,
+                   bytes, budget, holders, share);
+        return ps_err_retry_after(err, PS_CTX_RETRY_AFTER_MS);  /* refused before it ran or waited */
     }
     if (!mine) {
         if (s->nheld == s->cap_held) {
@@ -243,7 +244,14 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
     ps_status st = PS_OK;
     if (req->train) {
         ps_ctx_table_note_rank(s->ctx, req->trainer_rank);
-        if (!(c = ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, call->owner, NULL, err))) {
+        /* context_known: an earlier Forward of it came here - an unknown
+         * context was lost with what it held, never opened afresh */
+        c = req->context_known ? ps_ctx_table_acquire_as(s->ctx, req->context_id, call->owner, NULL, NULL, err)
+                               : ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, call->owner, NULL, err);
+        if (!c) {
+            if (req->context_known && err->code == PS_ERR_NOT_FOUND)
+                ps_err_prefix(err, "ForwardRequest.context_known (an earlier Forward of it opened it here: what it "
+                              "recorded is gone)");
             st = err->code;
             goto out;
         }

@@ -200,8 +200,12 @@ int main(void) {
     /* PushGradients cannot name a buffer */
     float zeros[C] = {0};
     ps_wire_named pg = {.name = "bn.running_mean", .ndim = 1, .dims = {C}, .data = zeros};
-    ps_status pst = ps_client_push_gradients(cl, 14, 1, &pg, 1, NULL, &err);
+    ps_status pst = ps_client_push_gradients(cl, 14, 1, 0, &pg, 1, NULL, &err);
     CHECK_MSG(pst != PS_OK && strstr(err.msg, "bn.running_mean"), "%s: %s", ps_status_name(pst), err.msg);
+    /* ... and with context_known (the trainer's Forward opened it here) an
+     * unknown context is NOT_FOUND: never opened afresh (docs/protocol.md) */
+    pst = ps_client_push_gradients(cl, 15, 1, 1, &pg, 1, NULL, &err);
+    CHECK_MSG(pst == PS_ERR_NOT_FOUND && strstr(err.msg, "context_known"), "%s: %s", ps_status_name(pst), err.msg);
 
     /* eval: the running statistics, computed here with psd's weights */
     ps_wire_tensor_list tl;

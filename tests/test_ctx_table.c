@@ -50,7 +50,7 @@ static void test_lifecycle(void) {
     CHECK(open_fwd(t, 2, 0, &err) == PS_OK);
     CHECK(open_fwd(t, 3, 0, &err) == PS_OK);
     CHECK(open_fwd(t, 4, 0, &err) == PS_ERR_RESOURCE_EXHAUSTED);
-    CHECK(strstr(err.msg, "too many open contexts") != NULL);
+    CHECK(strstr(err.msg, "too many open contexts") != NULL && err.retry_after_ms == PS_CTX_RETRY_AFTER_MS);
 
     ps_ctx *c = ps_ctx_table_acquire(t, 1, NULL, NULL, &err);
     CHECK(c != NULL && c->id == 1 && c->nfwd == 2);
@@ -318,6 +318,10 @@ static void test_fair_shares(void) {
     /* the hog (600 > its share 500) is refused; the newcomer up to its share */
     ps_err_clear(&err);
     CHECK(owned_fwd(t, "hog", 50, 300, &err) == PS_ERR_RESOURCE_EXHAUSTED && strstr(err.msg, "fair share"));
+    CHECK(err.retry_after_ms == PS_CTX_RETRY_AFTER_MS);  /* admission: nothing held, it may come again */
+    ps_err_clear(&err);
+    /* more than the whole budget can never fit: final, no hint */
+    CHECK(owned_fwd(t, "hog", 51, 1001, &err) == PS_ERR_RESOURCE_EXHAUSTED && err.retry_after_ms == 0);
     ps_err_clear(&err);
     CHECK(owned_fwd(t, "good", 101, 150, &err) == PS_OK);
     ps_ctx_table_stats(t, &st);

@@ -3,6 +3,9 @@
  *
  *  - only UNAVAILABLE and DEADLINE_EXCEEDED are retried; every other code
  *    ends the call at its first attempt;
+ *  - an admission refusal (RESOURCE_EXHAUSTED with psd's hint) is busy,
+ *    one without the hint is not; its waits are at least the hint, within
+ *    the budget, and the give-up names the admission limits;
  *  - attempts follow the scripted codes; the waits start at backoff_s,
  *    double up to backoff_max_s with jitter in [0.5, 1) of that, and their
  *    sum never exceeds retry_max_s (measured on the fake clock, and on the
@@ -10,7 +13,10 @@
  *  - settling: an unanswered step is asked again; OK / NOT_FOUND /
  *    FAILED_PRECONDITION decide applied / re-run;
  *  - ps_retry_once against a fake psd that loses answers or its contexts:
- *    every unit's step is applied exactly once, re-runs use fresh ids.
+ *    every unit's step is applied exactly once, re-runs use fresh ids; a
+ *    unit with a push after its Backward (ps-train lm) whose Backward reply
+ *    is lost runs again instead of being settled into a step without its
+ *    push (marks_step; without it, the older rule, it is - shown);
  *  - ps_retry_once_multi (a batch over several servers) against fake
  *    servers that each apply a context at most once: only touched servers
  *    step; an unanswered Step is settled on its server; lost everywhere =
@@ -118,6 +124,47 @@ static void test_codes_sequence(void) {
     script z = {ok_after_two, 3};
     CHECK(ps_retry_call(&r0, "call", scripted, &z, &e) == PS_ERR_UNAVAILABLE);
     CHECK(z.calls == 1 && c0.nwaits == 0 && r0.total == 0);
+}
+
+/* psd's admission refusals: RESOURCE_EXHAUSTED with psd's hint is "busy"
+ * (sent again), without it final; the waits are at least the hint, within
+ * the budget, and the give-up names the admission limits. */
+static void test_busy(void) {
+    ps_err e = {0};
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "Forward to x failed: RESOURCE_EXHAUSTED: too many calls");
+    CHECK(!ps_retry_busy(&e));                     /* no hint: a message too large, an older psd */
+    CHECK(ps_err_retry_after(&e, 500) == PS_ERR_RESOURCE_EXHAUSTED && ps_retry_busy(&e));
+    ps_err_prefix(&e, "ps0");
+    CHECK(ps_retry_busy(&e));                      /* a prefix keeps the hint */
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "again");
+    CHECK(!ps_retry_busy(&e));                     /* a new error clears it */
+    ps_err_set(&e, PS_ERR_UNAVAILABLE, "down");
+    ps_err_retry_after(&e, 500);
+    CHECK(!ps_retry_busy(&e));                     /* only RESOURCE_EXHAUSTED */
+    CHECK(!ps_retry_busy(NULL));
+
+    fake_clock c = {.t = 10};
+    ps_retry_policy p = fake_policy(&c, 9, 0.2, 10);
+    char logbuf[4096] = "";
+    FILE *log = fmemopen(logbuf, sizeof logbuf, "w");
+    p.log = log;
+    ps_retry r;
+    ps_retry_init(&r, &p);
+    ps_err_set(&e, PS_ERR_RESOURCE_EXHAUSTED, "busy");
+    ps_err_retry_after(&e, 2000);
+    int n = 0;
+    while (ps_retry_wait_busy(&r, "Forward", &e)) n++;
+    fclose(log);
+    double sum = 0;
+    for (int i = 0; i < c.nwaits; i++) {
+        sum += c.waits[i];
+        /* at least the hint (the last wait may be cut to the budget) */
+        if (i < c.nwaits - 1) CHECK_MSG(c.waits[i] >= 2.0, "wait %d: %.3f s, below psd's 2 s hint", i, c.waits[i]);
+    }
+    CHECK_MSG(n == c.nwaits && n >= 3 && n <= 5, "%d waits", n);
+    CHECK_MSG(sum <= 9 + 1e-9, "waited %.3f s of a 9 s budget", sum);
+    CHECK_MSG(strstr(logbuf, "psd kept refusing it for its admission limits") &&
+              strstr(logbuf, "server.max_calls_per_client"), "%s", logbuf);
 }
 
 /* Always UNAVAILABLE: the waits grow as the policy says, and together with
@@ -229,13 +276,13 @@ static void test_settle(void) {
 
 /* ---- a fake psd for ps_retry_once ------------------------------------- */
 
-enum { FWD, BWD, STEP };
+enum { FWD, BWD, STEP, PUSH };
 typedef struct fault {
     int unit;        /* which unit (0-based) */
     int call;        /* FWD, BWD, STEP */
     int attempt;     /* of that call within the unit (0-based) */
     ps_status code;  /* what the trainer sees */
-    int applied;     /* STEP only: psd applied it before the answer was lost */
+    int applied;     /* STEP, BWD: psd applied it before the answer was lost */
     int restart;     /* psd forgets every context (before answering) */
     int in_use;      /* STEP only: the step stays pending (a sync round) for this many more Step
                       * calls, each answered UNAVAILABLE "in use"; then it is applied */
@@ -249,7 +296,7 @@ typedef struct fake_psd {
     int nctx;
     int applied_per_unit[16];
     int unit;
-    int attempts[3];
+    int attempts[4];
     uint64_t ids_seen[MAX_CTX];
     int nids;
     const fault *faults;
@@ -258,6 +305,9 @@ typedef struct fake_psd {
     int pending;     /* Step calls still answered "in use" before the pending step applies */
     uint64_t pending_ctx;
     int too_old;     /* the next Steps find no record: ALREADY_EXISTS */
+    int with_push;   /* units send PUSH after BWD (ps-train lm's PushGradients): state 4 = complete */
+    int incomplete;  /* steps applied to a context without its PUSH */
+    int marks_step;  /* ps_once_ops.marks_step: the run says PS_KEPT_STEP before its Step */
 } fake_psd;
 
 static int find_ctx(fake_psd *f, uint64_t ctx) {
@@ -279,7 +329,8 @@ static ps_status fake_step_apply(fake_psd *f, uint64_t ctx, ps_err *err) {
     int i = find_ctx(f, ctx);
     if (i < 0) return ps_err_set(err, PS_ERR_NOT_FOUND, "Step: context %llx not found", (unsigned long long)ctx);
     if (f->state[i] == 1) return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "Step: no gradients");
-    if (f->state[i] == 2) {
+    if (f->state[i] == 2 || f->state[i] == 4) {  /* psd cannot tell a context that lacks its push */
+        if (f->with_push && f->state[i] == 2) f->incomplete++;
         f->state[i] = 3;
         f->applied_per_unit[f->unit]++;
     }
@@ -308,6 +359,10 @@ static ps_status fake_call(fake_psd *f, int call, uint64_t ctx, ps_err *err) {
         fake_step_apply(f, ctx, &scratch);
         if (ft->forget) f->too_old = 1;
     }
+    if (ft && call == BWD && ft->applied) {
+        int k = find_ctx(f, ctx);
+        if (k >= 0) f->state[k] = 2;
+    }
     if (ft && ft->code) return ps_err_set(err, ft->code, "fake %d: %s", call, ps_status_name(ft->code));
     int i = find_ctx(f, ctx);
     switch (call) {
@@ -320,6 +375,10 @@ static ps_status fake_call(fake_psd *f, int call, uint64_t ctx, ps_err *err) {
         if (i < 0) return ps_err_set(err, PS_ERR_NOT_FOUND, "Backward: context not found");
         f->state[i] = 2;
         return PS_OK;
+    case PUSH:
+        if (i < 0) return ps_err_set(err, PS_ERR_NOT_FOUND, "PushGradients: context not found");
+        f->state[i] = 4;
+        return PS_OK;
     default:
         return fake_step_apply(f, ctx, err);
     }
@@ -330,8 +389,10 @@ static ps_status unit_run(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     if (f->nids < MAX_CTX) f->ids_seen[f->nids++] = ctx;
     ps_status st = fake_call(f, FWD, ctx, err);
     if (st) return st;
-    *kept = 1;
+    *kept = PS_KEPT_HELD;
     if ((st = fake_call(f, BWD, ctx, err))) return st;
+    if (f->with_push && (st = fake_call(f, PUSH, ctx, err))) return st;
+    if (f->marks_step) *kept = PS_KEPT_STEP;
     return fake_call(f, STEP, ctx, err);
 }
 
@@ -341,7 +402,8 @@ static ps_status unit_step(void *arg, uint64_t ctx, ps_err *err) {
     return fake_call(f, STEP, ctx, err);
 }
 
-/* Run units 0..n-1 through ps_retry_once with these faults. */
+/* Run units 0..n-1 through ps_retry_once with these faults (f's with_push
+ * and marks_step kept). */
 static ps_status run_units(fake_psd *f, int n, const fault *faults, int nfaults, double max_s) {
     fake_clock c = {.t = 0};
     ps_retry_policy p = fake_policy(&c, max_s, 0.1, 1);
@@ -349,10 +411,13 @@ static ps_status run_units(fake_psd *f, int n, const fault *faults, int nfaults,
     ps_retry_init(&r, &p);
     ps_ctx_ids ids;
     ps_ctx_ids_init(&ids);
+    int with_push = f->with_push, marks_step = f->marks_step;
     memset(f, 0, sizeof *f);
+    f->with_push = with_push;
+    f->marks_step = marks_step;
     f->faults = faults;
     f->nfaults = nfaults;
-    ps_once_ops ops = {.unit = "batch", .run = unit_run, .step = unit_step, .arg = f};
+    ps_once_ops ops = {.unit = "batch", .run = unit_run, .step = unit_step, .arg = f, .marks_step = f->marks_step};
     ps_err e = {0};
     ps_status st = PS_OK;
     for (f->unit = 0; f->unit < n; f->unit++) {
@@ -370,7 +435,7 @@ static int ids_distinct(const fake_psd *f) {
 }
 
 static void test_once(void) {
-    fake_psd f;
+    fake_psd f = {0};
     /* No faults: one run per unit. */
     CHECK(run_units(&f, 4, NULL, 0, 10) == PS_OK);
     for (int u = 0; u < 4; u++) CHECK(f.applied_per_unit[u] == 1);
@@ -447,6 +512,31 @@ static void test_once(void) {
     const fault bwd_down[] = {{0, BWD, 0, PS_ERR_UNAVAILABLE}};
     CHECK(run_units(&f, 1, bwd_down, 1, 0) == PS_ERR_UNAVAILABLE);
     CHECK(f.nids == 1 && f.steps_asked == 0);
+
+    /* A unit with a call after its Backward (ps-train lm: PushGradients,
+     * then Step with the clip factor); the Backward applied, its answer
+     * lost. Without marks_step it is settled by Step: applied, but without
+     * its push (the gap docs/protocol.md closed); with marks_step no Step
+     * was sent, so it runs again under a fresh id: applied once, whole. */
+    const fault bwd_lost[] = {{0, BWD, 0, PS_ERR_DEADLINE_EXCEEDED, .applied = 1}};
+    f = (fake_psd){.with_push = 1};
+    CHECK(run_units(&f, 1, bwd_lost, 1, 10) == PS_OK);
+    CHECK_MSG(f.applied_per_unit[0] == 1 && f.incomplete == 1 && f.steps_asked == 1, "legacy: %d applied, %d "
+              "incomplete, %d settling Steps", f.applied_per_unit[0], f.incomplete, f.steps_asked);
+    f = (fake_psd){.with_push = 1, .marks_step = 1};
+    CHECK(run_units(&f, 1, bwd_lost, 1, 10) == PS_OK);
+    CHECK_MSG(f.applied_per_unit[0] == 1 && f.incomplete == 0 && f.steps_asked == 0 && f.nids == 2 &&
+              ids_distinct(&f), "marks_step: %d applied, %d incomplete, %d settling Steps, %d ids",
+              f.applied_per_unit[0], f.incomplete, f.steps_asked, f.nids);
+    /* ... the push unanswered (psd down): the same */
+    const fault push_down[] = {{0, PUSH, 0, PS_ERR_UNAVAILABLE}};
+    CHECK(run_units(&f, 2, push_down, 1, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.applied_per_unit[1] == 1 && f.incomplete == 0 && f.steps_asked == 0);
+    /* ... and a lost Step reply is still settled, never run again */
+    const fault step_lost[] = {{0, STEP, 0, PS_ERR_DEADLINE_EXCEEDED, .applied = 1}};
+    CHECK(run_units(&f, 1, step_lost, 1, 10) == PS_OK);
+    CHECK(f.applied_per_unit[0] == 1 && f.nids == 1 && f.steps_asked == 1 && f.incomplete == 0);
+    f = (fake_psd){0};
 }
 
 static void test_ctx_ids(void) {
@@ -610,6 +700,7 @@ static void test_once_multi(void) {
 int main(void) {
     test_retryable();
     test_codes_sequence();
+    test_busy();
     test_budget(0);
     test_budget(0.37);
     test_real_clock();

@@ -425,6 +425,27 @@ static void test_calls(ps_rpc_server *s) {
     grpc_status_code code = forward_echo(small, 1536, 1024, 3, details, sizeof details, &same);
     CHECK_MSG(code == GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: %s", ps_grpc_code_name(code), details);
     ps_rpc_client_free(small);
+    /* A request over the server's limit: RESOURCE_EXHAUSTED from gRPC
+     * without the admission hint - final for every client
+     * (docs/protocol.md), never retried. */
+    {
+        ps_rpc_client *big = connect_to(s, 4 * MAX_MSG);
+        int64_t dims[2] = {MAX_MSG / 1024 + 1, 1024};   /* just over the server's limit */
+        float *data = calloc((size_t)(dims[0] * dims[1]), sizeof(float));
+        ps_ForwardRequest req = ps_ForwardRequest_init_zero;
+        req.has_input = true;
+        ps_wire_tensor_encode_bind(&req.input, "x", 2, dims, data);
+        grpc_byte_buffer *rb = NULL, *resp = NULL;
+        CHECK(ps_wire_encode(ps_ForwardRequest_fields, &req, &rb, &err) == PS_OK);
+        int hint = -1;
+        CHECK(ps_rpc_client_call_ex(big, M_FORWARD, rb, &resp, 10000, &code, details, sizeof details, &hint, &err) ==
+              PS_OK);
+        CHECK_MSG(code == GRPC_STATUS_RESOURCE_EXHAUSTED && hint == 0, "%s: %s, hint %d", ps_grpc_code_name(code),
+                  details, hint);
+        grpc_byte_buffer_destroy(rb);
+        free(data);
+        ps_rpc_client_free(big);
+    }
 
     /* INVALID_ARGUMENT with details, and no response. */
     grpc_byte_buffer *resp = (grpc_byte_buffer *)1;
@@ -1177,6 +1198,18 @@ static void test_reserved_and_cap(void) {
                   ps_grpc_code_name(a[refused].code));
     char details[256];
     uint64_t v = 0;
+    /* An admission refusal carries psd's retry hint (rpc.h
+     * PS_RPC_RETRY_AFTER_KEY): the call was not read, it may come again. */
+    {
+        grpc_byte_buffer *resp = NULL;
+        grpc_status_code code;
+        int hint = -1;
+        ps_err err;
+        CHECK(ps_rpc_client_call_ex(c, M_GATE, NULL, &resp, WAIT_MS, &code, details, sizeof details, &hint, &err) ==
+              PS_OK);
+        CHECK_MSG(code == GRPC_STATUS_RESOURCE_EXHAUSTED && hint == PS_RPC_RETRY_AFTER_CALLS_MS, "%s (%s), hint %d",
+                  ps_grpc_code_name(code), details, hint);
+    }
     for (int i = 0; i < 3; i++) {
         grpc_status_code code = step_call(c, M_PING, 0, WAIT_MS, details, sizeof details, &v);
         CHECK_MSG(code == GRPC_STATUS_OK && v == 7, "ping: %s: %s", ps_grpc_code_name(code), details);

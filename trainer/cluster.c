@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "hash.h"
 #include "security.h"
 
 struct ps_cluster {
@@ -22,6 +23,7 @@ struct ps_cluster {
     int single;                                /* ps_cluster_single */
     long partial, reruns;
     int report_unimplemented_logged;
+    char who[64];                              /* "ps-train: rank 1", for the clients' admission retries */
 };
 
 /* servers.<name>.server_name, or security.server_name. */
@@ -71,6 +73,20 @@ ps_status ps_cluster_open(const ps_config *cfg, long rank, FILE *log, ps_cluster
             return err ? err->code : PS_ERR_UNAVAILABLE;
         }
     }
+    /* psd's admission refusals (a client over its fair share) did nothing:
+     * every call is sent again after a backoff, on the unit budget's terms */
+    snprintf(c->who, sizeof c->who, "ps-train: rank %ld", rank);
+    for (int i = 0; i < c->p.n_servers; i++) {
+        if (!c->cl[i]) continue;
+        ps_retry_policy bp = {.max_s = cfg->trainer.retry_max_s, .backoff_s = cfg->trainer.retry_backoff_s,
+                              .backoff_max_s = cfg->trainer.retry_backoff_max_s,
+                              .seed = ps_hash_str(c->p.server_addr[i]) ^ (uint64_t)rank ^ (uint64_t)getpid() << 20,
+                              .who = c->who, .log = c->log};
+        if (ps_client_set_busy_retry(c->cl[i], &bp, err)) {
+            ps_cluster_free(c);
+            return err ? err->code : PS_ERR_RESOURCE_EXHAUSTED;
+        }
+    }
     if (n_used != 1) c->single = -1;
     if (n_used == 0) {
         ps_cluster_free(c);
@@ -103,6 +119,12 @@ int ps_cluster_stage_server(const ps_cluster *c, const char *stage) {
 }
 long ps_cluster_partial_steps(const ps_cluster *c) { return c->partial; }
 long ps_cluster_reruns(const ps_cluster *c) { return c->reruns; }
+
+long ps_cluster_busy_retries(const ps_cluster *c) {
+    long n = 0;
+    for (int i = 0; i < c->p.n_servers; i++) n += ps_client_busy_retries(c->cl[i]);
+    return n;
+}
 
 /* Append src's parameters to dst (not its buffers: BatchNorm's running
  * statistics are psd's state, never a trainer's gradient). */
@@ -231,10 +253,13 @@ ps_status ps_cluster_backward(ps_cluster_batch *b, int server, ps_client_bwd *bw
 
 ps_status ps_cluster_push_gradients(ps_cluster_batch *b, int server, const ps_wire_named *items, size_t n,
                                     ps_err *err) {
+    /* a Forward of the batch went there first: the context must still be there (a restarted psd would
+     * otherwise open a fresh one and step these gradients alone) */
+    int known = (b->touched & (1u << server)) != 0;
     touch(b, server);
     double sq = 0;
-    ps_status st = ps_client_push_gradients(b->cluster->cl[server], b->ctx, (uint32_t)b->cluster->rank, items, n, &sq,
-                                            err);
+    ps_status st = ps_client_push_gradients(b->cluster->cl[server], b->ctx, (uint32_t)b->cluster->rank, known, items,
+                                            n, &sq, err);
     if (st) return ps_err_prefix(err, "%s", b->cluster->name[server]);
     b->sq_norm[server] = sq;
     return PS_OK;

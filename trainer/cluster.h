@@ -69,6 +69,8 @@ int ps_cluster_stage_server(const ps_cluster *c, const char *stage);
  * others (partial steps), and re-runs with nothing applied, so far. */
 long ps_cluster_partial_steps(const ps_cluster *c);
 long ps_cluster_reruns(const ps_cluster *c);
+/* Calls sent again after psd's admission refusals, over every server. */
+long ps_cluster_busy_retries(const ps_cluster *c);
 
 /* One batch over several servers (fields read-only for the task except
  * grad_scale). */

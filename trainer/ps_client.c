@@ -10,6 +10,7 @@
 #include <pb_encode.h>
 
 #include "methods.h"
+#include "retry.h"
 #include "rpc.h"
 
 struct ps_client {
@@ -18,6 +19,7 @@ struct ps_client {
     size_t max_bytes;
     int tls, client_cert;   /* how it dials: for the hints on a connection psd closed */
     char target[256];
+    ps_retry *busy;         /* backoff after psd's admission refusals; NULL: they are final */
 };
 
 ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_bytes, ps_err *err) {
@@ -41,24 +43,31 @@ ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_m
 void ps_client_free(ps_client *c) {
     if (!c) return;
     ps_rpc_client_free(c->rpc);
+    free(c->busy);
     free(c);
 }
 
+ps_status ps_client_set_busy_retry(ps_client *c, const ps_retry_policy *p, ps_err *err) {
+    if (!c->busy && !(c->busy = malloc(sizeof *c->busy)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    ps_retry_init(c->busy, p);
+    return PS_OK;
+}
+
+long ps_client_busy_retries(const ps_client *c) { return c && c->busy ? c->busy->total : 0; }
+
 const char *ps_client_target(const ps_client *c) { return c->target; }
 
-/* Encode req, call method, decode the reply into resp (callbacks bound by
- * the caller). */
-static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
-    const ps_method_desc *m = ps_method(id);
-    const char *method = m->path;
-    const pb_msgdesc_t *req_fields = m->request, *resp_fields = m->response;
-    grpc_byte_buffer *rq = NULL, *rs = NULL;
-    ps_status rc = ps_wire_encode(req_fields, req, &rq, err);
-    if (rc) return rc;
+/* One try of method with the encoded request rq; decode the reply into
+ * resp. An admission refusal carries psd's hint in err->retry_after_ms. */
+static ps_status call_once(ps_client *c, const ps_method_desc *m, const grpc_byte_buffer *rq, void *resp,
+                           ps_err *err) {
+    grpc_byte_buffer *rs = NULL;
     grpc_status_code code;
     char details[PS_RPC_DETAILS_MAX] = "";
-    rc = ps_rpc_client_call(c->rpc, method, rq, &rs, c->timeout_ms, &code, details, sizeof details, err);
-    grpc_byte_buffer_destroy(rq);
+    int retry_ms = 0;
+    ps_status rc = ps_rpc_client_call_ex(c->rpc, m->path, rq, &rs, c->timeout_ms, &code, details, sizeof details,
+                                         &retry_ms, err);
     const char *short_name = m->name;
     if (rc) return ps_err_prefix(err, "%s", short_name);
     if (code != GRPC_STATUS_OK) {
@@ -67,7 +76,7 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
          * one, hears only "Socket closed" (psd drops the connection in its handshake): on the calls
          * that connect and monitor, say what may be wrong. */
         const char *hint = "";
-        if (code == GRPC_STATUS_UNAVAILABLE && (id == PS_M_LIST_PARAMETERS || id == PS_M_STATUS) &&
+        if (code == GRPC_STATUS_UNAVAILABLE && (m->id == PS_M_LIST_PARAMETERS || m->id == PS_M_STATUS) &&
             strstr(details, "Socket closed")) {
             if (!c->tls)
                 hint = " (this client dials plaintext: if psd serves TLS, set security.tls: true and security.ca)";
@@ -75,12 +84,32 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
                 hint = " (this client sends no certificate: if psd requires one (security.mutual_tls), set "
                        "security.client_cert and security.client_key)";
         }
-        return ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s%s", short_name, c->target,
-                          ps_grpc_code_name(code), details[0] ? details : "(no details)", hint);
+        rc = ps_err_set(err, ps_status_from_grpc(code), "%s to %s failed: %s: %s%s", short_name, c->target,
+                        ps_grpc_code_name(code), details[0] ? details : "(no details)", hint);
+        ps_err_retry_after(err, retry_ms);
+        return rc;
     }
-    rc = ps_wire_decode(rs, resp_fields, resp, err);
+    rc = ps_wire_decode(rs, m->response, resp, err);
     if (rs) grpc_byte_buffer_destroy(rs);
     if (rc) ps_err_prefix(err, "%s reply", short_name);
+    return rc;
+}
+
+/* Encode req, call method, decode the reply into resp (callbacks bound by
+ * the caller). A call psd refused for its admission limits did nothing
+ * there: with a busy policy it is sent again as it is after a backoff (at
+ * least psd's hint), within the policy's budget (ps_retry_busy). */
+static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp, ps_err *err) {
+    const ps_method_desc *m = ps_method(id);
+    grpc_byte_buffer *rq = NULL;
+    ps_err local;
+    if (!err) err = &local;
+    ps_status rc = ps_wire_encode(m->request, req, &rq, err);
+    if (rc) return rc;
+    if (c->busy) ps_retry_reset(c->busy);
+    while ((rc = call_once(c, m, rq, resp, err)) && c->busy && ps_retry_busy(err) &&
+           ps_retry_wait_busy(c->busy, m->name, err)) {}
+    grpc_byte_buffer_destroy(rq);
     return rc;
 }
 
@@ -483,11 +512,12 @@ ps_status ps_client_get_gradients_paged(ps_client *c, uint64_t ctx, uint64_t max
     return fetch_pages(c, &p, list, NULL, NULL, err);
 }
 
-ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
-                                   double *sq_norm, ps_err *err) {
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, int context_known,
+                                   const ps_wire_named *items, size_t n, double *sq_norm, ps_err *err) {
     ps_PushGradientsRequest req = ps_PushGradientsRequest_init_zero;
     req.context_id = ctx;
     req.trainer_rank = rank;
+    req.context_known = context_known != 0;
     ps_wire_named_list list = {items, n};
     ps_wire_tensors_encode_bind(&req.gradients, &list);
     ps_PushGradientsResponse resp = ps_PushGradientsResponse_init_zero;

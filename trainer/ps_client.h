@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "retry.h"
 #include "rpc.h"
 #include "status.h"
 #include "wire.h"
@@ -22,6 +23,16 @@ ps_client *ps_client_create(const char *target, int timeout_ms, int max_message_
 ps_client *ps_client_create_secure(const char *target, int timeout_ms, int max_message_bytes,
                                    const ps_rpc_security *sec, ps_err *err);
 void ps_client_free(ps_client *c);
+/* Back off after psd's admission refusals (RESOURCE_EXHAUSTED with psd's
+ * retry hint: a client over its fair share of calls or context memory;
+ * retry.h ps_retry_busy): such a call did nothing on psd, so every call of
+ * c sends it again as it is - exactly once holds, a fused Forward with step
+ * included - after a backoff of at least the hint, within p's budget per
+ * call (p->max_s from the first refusal; 0: never), then fails with the
+ * give-up on p->log. Without it (the default) an admission refusal is final. */
+ps_status ps_client_set_busy_retry(ps_client *c, const ps_retry_policy *p, ps_err *err);
+/* Calls sent again after admission refusals so far (0 without a policy or c). */
+long ps_client_busy_retries(const ps_client *c);
 const char *ps_client_target(const ps_client *c);
 
 /* x is (n, c, h, w); out receives n*out_size floats (out_cap floats room). */
@@ -146,9 +157,11 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
                                          uint64_t *version, ps_err *err);
 /* Add the gradients of a parameter-only stage's parameters (n named float32
  * tensors) into context ctx (PushGradients); *sq_norm (may be NULL)
- * receives the context's gradient norm squared after it. */
-ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, const ps_wire_named *items, size_t n,
-                                   double *sq_norm, ps_err *err);
+ * receives the context's gradient norm squared after it. context_known: a
+ * Forward of ctx went to this psd before (PushGradientsRequest.context_known):
+ * NOT_FOUND when psd no longer knows ctx, instead of opening a fresh one. */
+ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, int context_known,
+                                   const ps_wire_named *items, size_t n, double *sq_norm, ps_err *err);
 
 /* Several PS nodes: tell a psd that context ctx was applied on the servers
  * applied_on and lost on lost_on (<= 8 names each; proto/ps.proto

@@ -272,6 +272,8 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
                samples > 0 ? cpu * 1e6 / (double)samples : 0.0);
     }
     if (rt.total) printf("Rank %ld: %ld RPC retries\n", rank, rt.total);
+    long busy = env->cluster ? ps_cluster_busy_retries(env->cluster) : 0;
+    if (busy) printf("Rank %ld: %ld calls sent again after psd's admission refusals\n", rank, busy);
     fflush(stdout);
     if (!o->no_eval && task->evaluate(t, env, &err)) goto fail;
     return 0;

@@ -57,7 +57,10 @@ ps_settled ps_retry_settled(ps_status st) {
     }
 }
 
-bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
+/* After a failure of `what` (err): wait the next backoff, at least min_s,
+ * within the budget (busy: psd refused for its admission limits, which the
+ * give-up names). */
+static bool wait_next(ps_retry *r, const char *what, const ps_err *err, double min_s, bool busy) {
     double now = r->p.now(r->p.clock_arg);
     if (!r->failed) {
         r->failed = true;
@@ -65,7 +68,13 @@ bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
     }
     double used = now - r->t_first;
     if (r->p.max_s <= 0 || used >= r->p.max_s - MIN_WAIT_S) {
-        if (r->p.max_s > 0 && r->p.log)
+        if (r->p.max_s > 0 && r->p.log && busy)
+            fprintf(r->p.log, "%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g); psd kept "
+                    "refusing it for its admission limits (last error: %s). Run fewer trainers or threads per "
+                    "host (or token), smaller batches, or raise psd's server.max_calls_per_client or "
+                    "server.max_context_bytes; steps it acknowledged are kept\n",
+                    r->p.who, what, r->tries, used, r->p.max_s, err && err->msg[0] ? err->msg : "none");
+        else if (r->p.max_s > 0 && r->p.log)
             fprintf(r->p.log, "%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g); "
                     "psd did not come back (last error: %s). Restart this trainer once psd serves again; "
                     "steps it acknowledged are kept\n",
@@ -73,9 +82,11 @@ bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
         return false;
     }
     /* Jitter: a uniform fraction in [0.5, 1) of the backoff, so trainers
-     * that failed together do not come back together. */
+     * that failed together do not come back together; never below psd's
+     * hint. */
     double u = (double)(ps_splitmix64(&r->rng) >> 11) / 9007199254740992.0;
     double d = r->next * (0.5 + 0.5 * u);
+    if (d < min_s) d = min_s;
     if (used + d > r->p.max_s) d = r->p.max_s - used;
     r->tries++;
     r->total++;
@@ -86,6 +97,16 @@ bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) {
     r->next *= 2;
     if (r->next > r->p.backoff_max_s) r->next = r->p.backoff_max_s;
     return true;
+}
+
+bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err) { return wait_next(r, what, err, 0, false); }
+
+bool ps_retry_busy(const ps_err *err) {
+    return err && err->code == PS_ERR_RESOURCE_EXHAUSTED && err->retry_after_ms > 0;
+}
+
+bool ps_retry_wait_busy(ps_retry *r, const char *what, const ps_err *err) {
+    return wait_next(r, what, err, err ? err->retry_after_ms / 1000.0 : 0, true);
 }
 
 ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err) {
@@ -171,6 +192,16 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
             return st;
         }
         if (!ps_retry_retryable(st)) return st;
+        if (ops->marks_step && kept == PS_KEPT_HELD) {
+            /* Unanswered before any call that steps: nothing of ctx can be
+             * applied (it expires on psd). Settling by Step would apply it
+             * as it stands, without what the unit had still to send. */
+            if (!ps_retry_wait(r, unit, err)) return st;
+            if (r->p.log)
+                fprintf(r->p.log, "%s: context %llx left unstepped (no Step was sent); running the %s again\n",
+                        r->p.who, (unsigned long long)ctx, unit);
+            continue;
+        }
         /* Unanswered after the Forward: was the step applied? */
         step_call sc = {ops, ctx};
         st = ps_retry_settle(r, call_step, &sc, err);

@@ -3,7 +3,9 @@
  * Retries: a call that failed with PS_ERR_UNAVAILABLE (psd down, restarting
  * or unreachable) or PS_ERR_DEADLINE_EXCEEDED (no answer within the RPC
  * deadline) is tried again after an exponential backoff with jitter; every
- * other status is final. A ps_retry holds one retry budget (policy.max_s):
+ * other status is final - except psd's admission refusals
+ * (ps_retry_busy), which the client (ps_client_set_busy_retry) sends again
+ * as they are, each call on a budget of its own. A ps_retry holds one retry budget (policy.max_s):
  * it starts at the first failure after ps_retry_reset, and no wait goes
  * past it. The trainer resets it for every unit of work (a batch), so the
  * budget is "per batch", not per call.
@@ -80,6 +82,17 @@ ps_settled ps_retry_settled(ps_status st);
  * the next backoff (cut to what is left of the budget) and return true;
  * else report the give-up and return false. */
 bool ps_retry_wait(ps_retry *r, const char *what, const ps_err *err);
+/* psd's admission refusal (docs/protocol.md, "Statuses"): RESOURCE_EXHAUSTED
+ * with psd's retry hint (err->retry_after_ms > 0, psd's trailing metadata
+ * PS_RPC_RETRY_AFTER_KEY) - a client over its fair share of calls or
+ * context memory. psd did nothing with the call: it may be sent again as it
+ * is, whatever it was (a fused Forward with step too). A RESOURCE_EXHAUSTED
+ * without the hint (a message over server.max_message_mb, out of memory, an
+ * older psd) is final. */
+bool ps_retry_busy(const ps_err *err);
+/* ps_retry_wait after an admission refusal: the wait is at least psd's hint,
+ * and the give-up says that psd kept refusing, and what to change. */
+bool ps_retry_wait_busy(ps_retry *r, const char *what, const ps_err *err);
 /* Call fn until it returns something not retryable or the budget is spent;
  * returns its last status (err holds its message). Does not reset. */
 ps_status ps_retry_call(ps_retry *r, const char *what, ps_retry_fn fn, void *arg, ps_err *err);
@@ -96,16 +109,29 @@ typedef struct ps_ctx_ids {
 void ps_ctx_ids_init(ps_ctx_ids *ids);
 uint64_t ps_ctx_ids_next(ps_ctx_ids *ids);
 
+/* What psd may hold of a unit's context (ps_once_ops.run's *kept). */
+#define PS_KEPT_NONE 0      /* nothing: a failure is simply retried */
+#define PS_KEPT_HELD 1      /* its state (a Forward answered), no call that steps sent yet */
+#define PS_KEPT_STEP 2      /* a call that steps it (Step, Backward or Forward with step) was sent */
+
 /* A unit of work whose step must be applied at most once. */
 typedef struct ps_once_ops {
     const char *unit;       /* "batch": for messages */
-    /* Run the whole unit under ctx, ending with its step. Set *kept = 1 as
-     * soon as psd may hold state for ctx (its Forward answered): a failure
-     * before that is simply retried, one after it is settled. */
+    /* Run the whole unit under ctx, ending with its step. Set *kept =
+     * PS_KEPT_HELD as soon as psd may hold state for ctx (its Forward
+     * answered), and PS_KEPT_STEP just before sending the call that steps
+     * it. A failure before HELD is simply retried; a retryable one at HELD
+     * (no step asked: nothing can have been applied) runs the unit again
+     * under a fresh id - settling there could apply the context without
+     * the calls the unit had still to send (its PushGradients, its
+     * grad_scale); one at STEP is settled. */
     ps_status (*run)(void *arg, uint64_t ctx, int *kept, ps_err *err);
     /* Step(ctx) alone (idempotent). */
     ps_status (*step)(void *arg, uint64_t ctx, ps_err *err);
     void *arg;
+    /* 0 (a run that never says PS_KEPT_STEP): every retryable failure
+     * after HELD is settled, as before PS_KEPT_STEP existed. */
+    int marks_step;
 } ps_once_ops;
 
 /* How often a unit whose context psd no longer knows (NOT_FOUND after its

@@ -193,7 +193,7 @@ static ps_status episode_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         double t0 = (ps_mono_s() * 1e6);
         if ((st = ps_client_forward_ex(j->env->cl, &f, &o, err))) return st;
         if (t->nlat < LAT_CAP) t->lat_us[t->nlat++] = (float)((ps_mono_s() * 1e6) - t0);
-        *kept = 1;
+        *kept = PS_KEPT_HELD;
         if (o.ndim != 2 || o.dims[0] != 1 || o.dims[1] != 2)
             return ps_err_set(err, PS_ERR_INTERNAL, "policy returned a (%lld, %lld) output, expected (1, 2)",
                               (long long)o.dims[0], (long long)(o.ndim > 1 ? o.dims[1] : 0));
@@ -220,6 +220,7 @@ static ps_status episode_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     }
     ps_client_bwd b = {.ctx = ctx, .n = T, .seqs = t->seqs, .grads = t->gt};
     if ((st = ps_client_backward_ex(j->env->cl, &b, NULL, err))) return st;
+    *kept = PS_KEPT_STEP;
     return episode_step(j, ctx, err);
 }
 
@@ -228,7 +229,7 @@ static ps_status cartpole_run_round(void *arg, const ps_task_env *env, int epoch
     cartpole_task *t = arg;
     (void)epoch;
     episode_job job = {.t = t, .env = env};
-    ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job};
+    ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job, .marks_step = 1};
     /* A straggler's episode (its sync round closed without it: ABORTED) is
      * played again under a new context by ps_retry_once, into the open round. */
     ps_status st = ps_retry_once(env->retry, env->ids, &ops, err);

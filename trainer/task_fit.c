@@ -595,13 +595,13 @@ static ps_status single_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     f.input.dims[0] = n;
     if (s->one) {  /* --one-call: psd's cross-entropy, backward and step in this call */
         f.targets = (ps_client_tensor){PS_CLIENT_I64, 1, {n}, t->tgt};
-        *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
+        *kept = PS_KEPT_STEP;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
         return ps_client_train_step(s->cl, &f, &j->loss, &j->version, err);
     }
     ps_client_fwd_out o = {.out = h->out, .out_cap = (int64_t)n * h->out_numel};
     ps_status st = ps_client_forward_ex(s->cl, &f, &o, err);
     if (st) return st;
-    *kept = 1;
+    *kept = PS_KEPT_HELD;
     int64_t per = o.ndim >= 1 && o.dims[0] == n ? prod(o.dims + 1, o.ndim - 1) : -1;
     if (per != h->out_numel)
         return ps_err_set(err, PS_ERR_INTERNAL, "the model returned %d dims (%lld values per sample), expected (%d, "
@@ -612,9 +612,12 @@ static ps_status single_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     memcpy(g.dims, o.dims, sizeof g.dims);
     ps_client_bwd bw = {.ctx = ctx, .n = 1, .seqs = &seq, .grads = &g, .step = s->fuse};
     ps_client_step_out so = {0};
+    if (s->fuse) *kept = PS_KEPT_STEP;
     if ((st = ps_client_backward_ex(s->cl, &bw, &so, err))) return st;
     j->version = so.version;
-    return s->fuse ? PS_OK : single_step(s, ctx, err);
+    if (s->fuse) return PS_OK;
+    *kept = PS_KEPT_STEP;
+    return single_step(s, ctx, err);
 }
 
 /* ---- epochs --------------------------------------------------------------- */
@@ -650,7 +653,7 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
     if (env->cl) {
         single_job s = {.j = &j, .cl = env->cl, .fuse = env->fuse_step && t->grad_scale == 1.0,
                         .one = env->one_call && fit_one_call_fits(t, env)};
-        ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s};
+        ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s, .marks_step = 1};
         if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     } else {
         if (env->one_call == PS_ONE_CALL_ASKED && !t->one_noted) {

@@ -257,7 +257,7 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
                        .input = {PS_CLIENT_I64, 2, {T, N}, j->ids}};
     ps_client_fwd_out fo = {.out = j->e, .out_cap = T * N * t->ninp};
     if ((st = ps_client_forward_ex(cl, &f, &fo, err))) return st;
-    *kept = 1;
+    *kept = PS_KEPT_HELD;
     /* 2. the LSTM's weights when psd's version moved on */
     if ((!t->have_w || fo.version != t->w_version) && (st = pull_weights(t, cl, err))) return st;
     /* 3. the LSTM here, dropout between layers */
@@ -294,12 +294,13 @@ static ps_status lm_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     ps_wire_named items[LM_MAX_LAYERS * 4];
     char names[LM_MAX_LAYERS * 4][32];
     rnn_grad_items(t, items, names);
-    if ((st = ps_client_push_gradients(cl, ctx, rank, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
+    if ((st = ps_client_push_gradients(cl, ctx, rank, 1, items, (size_t)(4 * t->nlayers), &j->sq_norm, err)))
         return st;
     /* 7. clip_grad_norm_(clip) and the lr schedule, as one scale */
     j->scale = clip_scale(t, j->sq_norm);
     ps_client_step_out so;
     ps_client_scalar loss = {"loss", j->loss};   /* the dashboard's loss where psd computes none (logits mode) */
+    *kept = PS_KEPT_STEP;  /* from here a lost reply is settled by Step; before, the batch runs again */
     if ((st = ps_client_step_full(cl, ctx, 0, (float)j->scale, &loss, isfinite(j->loss), &so, NULL, err))) return st;
     j->version = so.version;
     return PS_OK;
@@ -730,7 +731,7 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
         st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", lm_once_multi, &j, &cb, err);
         j.version = cb.version;
     } else if (!st) {
-        ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j};
+        ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j, .marks_step = 1};
         st = ps_retry_once(env->retry, env->ids, &ops, err);
     }
     if (!st) { /* the window is done: carry its state (detached) */

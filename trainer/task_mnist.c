@@ -129,7 +129,7 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     int64_t cols;
     if (j->one) {  /* --one-call: psd's cross-entropy on the model's log-probabilities is the NLL
                     * (log_softmax is idempotent), its backward and the step */
-        *kept = 1;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
+        *kept = PS_KEPT_STEP;  /* psd may have applied it though the reply is lost: ps_retry_once settles by Step */
         ps_client_fwd f = {.ctx = ctx, .rank = (uint32_t)j->rank, .train = 1,
                            .input = {PS_CLIENT_F32, 4, {j->n, 1, j->rows, j->cols}, j->x},
                            .targets = {PS_CLIENT_I64, 1, {j->n}, j->y}};
@@ -140,7 +140,7 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     if (st) return st;
     if (cols != j->k)
         return ps_err_set(err, PS_ERR_INTERNAL, "model returned %lld outputs, expected %d", (long long)cols, j->k);
-    *kept = 1;
+    *kept = PS_KEPT_HELD;
     j->loss = nll_loss(j->lp, j->y, j->n, j->k, j->grad);
     int fused = j->fuse && !j->check;
     ps_client_scalar loss = {"loss", j->loss};   /* psd's round metrics and dashboard */
@@ -150,6 +150,7 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         ps_client_bwd bw = {.ctx = ctx, .n = 1, .seqs = &seq, .grads = &g, .step = 1, .scalars = &loss,
                             .nscalars = isfinite(j->loss)};
         ps_client_step_out so = {0};
+        *kept = PS_KEPT_STEP;
         if ((st = ps_client_backward_ex(j->cl, &bw, &so, err))) return st;
         j->version = so.version;
         return PS_OK;
@@ -160,6 +161,7 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
         if (check_gradients(j->cl, ctx, j->params, j->lp, j->y, j->n, j->k, &j->grad_err))
             return ps_err_set(err, PS_ERR_INTERNAL, "gradient check failed");
     }
+    *kept = PS_KEPT_STEP;
     return batch_step(j, ctx, err);
 }
 
@@ -382,7 +384,7 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
         *out = (ps_task_round){.loss = job.loss, .samples = n, .version = cb.version};
         return PS_OK;
     }
-    ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job};
+    ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job, .marks_step = 1};
     if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     if (job.checked && b % env->cfg->trainer.log_every == 0)
         printf("Rank %ld gradient check batch %d: %zu gradients OK, output bias max error %.2e\n", env->rank, b,

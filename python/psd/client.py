@@ -165,6 +165,25 @@ class Conn:
             pass
 
     def call(self, method, req, timeout=None):
+        """`method`, sent again as it is while psd refuses it for its
+        admission limits (a client over its fair share of calls or context
+        memory: psd.Error.busy; the call did nothing there, so exactly once
+        holds) after a backoff of at least psd's hint, within a budget of its
+        own (trainer.retry_max_s); any other refusal, or the budget spent, as
+        psd.Error (docs/protocol.md, "Statuses")."""
+        c = self.client
+        budget = None
+        while True:
+            try:
+                return self.call_once(method, req, timeout)
+            except Error as err:
+                if not err.busy:
+                    raise
+                budget = budget or c.new_budget()
+                if not budget.wait(method, str(err), min_s=err.retry_after_ms / 1000.0, busy=True):
+                    raise
+
+    def call_once(self, method, req, timeout=None):
         """One try of `method`; psd's refusal as psd.Error."""
         c = self.client
         try:

@@ -188,6 +188,9 @@ class Context:
         targets set): the whole forward, or a shard's rows (positions: the
         rows of the output they fill). Returns the reply."""
         req.context_id, req.train, req.trainer_rank, req.seq = self.id, True, self.client.rank, rec.seq
+        # an earlier Forward of the context went there: psd must still hold it (a retry after a restart is
+        # NOT_FOUND instead of opening a fresh context without the earlier forwards' gradients)
+        req.context_known = conn in self.touched
         self._touch(conn)
         fused = req.HasField("targets")
         try:
@@ -284,8 +287,11 @@ class Context:
                 continue
             conn = h.conn
             grads = h.take_gradients()
+            # a Forward of the context went there first: psd must still hold it (after a restart it answers
+            # NOT_FOUND instead of opening a fresh context that would step these gradients alone)
             req = ps_pb2.PushGradientsRequest(context_id=self.id, trainer_rank=self.client.rank,
-                                              gradients=[to_wire(g, name) for name, g in grads])
+                                              gradients=[to_wire(g, name) for name, g in grads],
+                                              context_known=conn in self.touched)
             self._touch(conn)
             r, _ = self._call(conn, "PushGradients", req, idempotent=True)
             self.sq_norm[conn.index] = r.grad_sq_norm

@@ -16,6 +16,14 @@ import grpc
 
 __all__ = ["Error", "ContextLost", "RoundClosed", "RETRYABLE"]
 
+# psd's trailing metadata on an admission refusal (RESOURCE_EXHAUSTED: a
+# client over its fair share of calls or context memory): the call did
+# nothing and may be sent again as it is after at least this many ms
+# (common/rpc.h PS_RPC_RETRY_AFTER_KEY). Without it a RESOURCE_EXHAUSTED (a
+# message over server.max_message_mb, out of memory) is final.
+RETRY_AFTER_KEY = "psd-retry-after-ms"
+RETRY_AFTER_MAX_MS = 60000
+
 # UNAVAILABLE (psd down, restarting, unreachable) and DEADLINE_EXCEEDED (no
 # answer within trainer.rpc_timeout_s): the outcome is unknown, the call may
 # be tried again (trainer/retry.c ps_retry_retryable).
@@ -30,10 +38,13 @@ class Error(Exception):
     details: psd's message (or the client's, for what it refused itself)
     method:  the RPC ("Forward", "Step", ...) or None
     server:  the server in words ("ps0 (127.0.0.1:50061)") or None
+    retry_after_ms: psd's admission hint (RETRY_AFTER_KEY) of a
+             RESOURCE_EXHAUSTED, else 0 (see busy)
     """
 
-    def __init__(self, code, details, method=None, server=None):
+    def __init__(self, code, details, method=None, server=None, retry_after_ms=0):
         self.code = code
+        self.retry_after_ms = retry_after_ms
         self.status = code.name if isinstance(code, grpc.StatusCode) else str(code)
         self.details = details
         self.method = method
@@ -50,6 +61,12 @@ class Error(Exception):
     def retryable(self):
         """UNAVAILABLE or DEADLINE_EXCEEDED: the outcome is unknown."""
         return self.code in RETRYABLE
+
+    @property
+    def busy(self):
+        """psd's admission refusal (RESOURCE_EXHAUSTED with its retry hint):
+        the call did nothing there and may be sent again as it is."""
+        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED and self.retry_after_ms > 0
 
 
 class ContextLost(Error):
@@ -72,4 +89,20 @@ def from_rpc(e, method, server):
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = (e.details() if hasattr(e, "details") else None) or "(no details)"
     cls = RoundClosed if code == grpc.StatusCode.ABORTED else Error
-    return cls(code, details, method, server)
+    return cls(code, details, method, server, retry_after_of(e) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else 0)
+
+
+def retry_after_of(e):
+    """psd's admission hint (RETRY_AFTER_KEY) of a grpc.RpcError, in ms; 0
+    when it has none."""
+    try:
+        md = e.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001 - an RpcError without metadata
+        return 0
+    for k, v in md:
+        if k == RETRY_AFTER_KEY:
+            v = v.decode() if isinstance(v, bytes) else str(v)
+            if v.isdigit() and len(v) <= 9:
+                return min(int(v), RETRY_AFTER_MAX_MS)
+            return 0
+    return 0

@@ -43,21 +43,28 @@ class Budget:
         self.tries = 0
         self.next = self.backoff_s
 
-    def wait(self, what, err):
+    def wait(self, what, err, min_s=0.0, busy=False):
         """After a failure of `what` (err): if the budget allows, log it,
-        sleep the next backoff (cut to what is left) and return True; else
-        log the give-up and return False."""
+        sleep the next backoff - at least min_s (psd's admission hint), cut
+        to what is left - and return True; else log the give-up (busy: psd
+        kept refusing for its admission limits) and return False."""
         now = self.now()
         if not self.failed:
             self.failed, self.t_first = True, now
         used = now - self.t_first
         if self.max_s <= 0 or used >= self.max_s - MIN_WAIT_S:
-            if self.max_s > 0:
+            if self.max_s > 0 and busy:
+                log.error("%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g); psd kept refusing "
+                          "it for its admission limits (last error: %s). Run fewer trainers or threads per host (or "
+                          "token), smaller batches, or raise psd's server.max_calls_per_client or "
+                          "server.max_context_bytes; steps it acknowledged are kept", self.who, what, self.tries, used,
+                          self.max_s, err or "none")
+            elif self.max_s > 0:
                 log.error("%s: %s: giving up after %d retries in %.1f s (trainer.retry_max_s = %g); psd did not come "
                           "back (last error: %s). Restart this trainer once psd serves again; steps it acknowledged "
                           "are kept", self.who, what, self.tries, used, self.max_s, err or "none")
             return False
-        d = self.next * (0.5 + 0.5 * self.rng.random())
+        d = max(self.next * (0.5 + 0.5 * self.rng.random()), min_s)
         if used + d > self.max_s:
             d = self.max_s - used
         self.tries += 1

@@ -247,6 +247,17 @@ def main():
         expect(psd.Error, lambda: ctx.backward(rec, torch.ones(1, 2), need_input=False), "already backwarded")
         assert ctx.step().version == 1 and c.calls == ["Forward", "Forward", "Backward"], c.calls
     n += 1
+    # context_known: not on a context's first Forward to a server (its retry may open it), on a later Forward
+    # and on a HostedModule's push there (after a restart psd answers NOT_FOUND: lost, never opened afresh)
+    cl = Client()
+    a, b = Conn(0, "a", {"Forward": [fwd()]}), Conn(1, "b", {"Forward": [fwd()]})
+    with Context(cl) as ctx:
+        reqs = [ps_pb2.ForwardRequest() for _ in range(3)]
+        for conn, req in zip([a, b, a], reqs):
+            ctx.forward_part(conn, req, ctx.new_record("stage"))
+        assert [r.context_known for r in reqs] == [False, False, True], reqs
+        ctx.state = "lost"   # never stepped: nothing to check beyond the requests
+    n += 1
     # one call a batch (RemoteStage.train_step): answered; unanswered and settled applied by Step (the
     # loss was in the lost reply: NaN); settled never opened (NOT_FOUND: attempts runs it again) or
     # opened and failed before its backward (FAILED_PRECONDITION while settling): not applied
@@ -287,6 +298,56 @@ def main():
     c = Conn(0, "ps", {"Forward": [ps_pb2.ForwardResponse(model_version=3, loss=0.5)]})
     e = expect(psd.Error, lambda: one(cl, c), "without stepping it")
     assert not isinstance(e, psd.ContextLost) and e.code == FP, e
+    n += 1
+    # psd's admission refusals (RESOURCE_EXHAUSTED with its retry hint, psd-retry-after-ms): the real
+    # psd.client.Conn.call sends the call again as it is, after at least the hint, on a budget of its own;
+    # without the hint (a message over server.max_message_mb) it is final at once
+    class Refused(grpc.RpcError):
+        def __init__(self, code, md):
+            self._code, self._md = code, md
+
+        def code(self):
+            return self._code
+
+        def details(self):
+            return f"scripted {self._code.name}"
+
+        def trailing_metadata(self):
+            return self._md
+
+    RE = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def real_conn(cl, outcomes):
+        from psd.client import Conn as RealConn
+        conn = RealConn.__new__(RealConn)
+        conn.client, conn.index, conn.server, conn.name = cl, 0, "ps", "ps"
+        cl.cfg, cl.metadata = types.SimpleNamespace(rpc_timeout_s=5.0), None
+        sent = []
+
+        def forward(req, timeout=None, metadata=None):
+            sent.append(req)
+            out = outcomes.pop(0) if len(outcomes) > 1 else outcomes[0]
+            if isinstance(out, Exception):
+                raise out
+            return out
+        conn.stub = types.SimpleNamespace(Forward=forward)
+        return conn, sent
+    busy = Refused(RE, (("psd-retry-after-ms", "1500"),))
+    cl = Client()
+    conn, sent = real_conn(cl, [busy, busy, fwd(5)])
+    req = ps_pb2.ForwardRequest(context_id=7, seq=3)
+    assert conn.call("Forward", req).model_version == 5 and len(sent) == 3 and all(r is req for r in sent), sent
+    assert cl.retries == 2 and cl.clock.t >= 3.0, (cl.retries, cl.clock.t)   # two waits of at least 1.5 s
+    n += 1
+    cl = Client()
+    conn, sent = real_conn(cl, [Refused(RE, ()), fwd(5)])    # no hint: a message too large, an older psd
+    e = expect(psd.Error, lambda: conn.call("Forward", req), "RESOURCE_EXHAUSTED")
+    assert not e.busy and len(sent) == 1 and cl.clock.t == 0, (e, sent)
+    n += 1
+    cl = Client(max_s=4.0)                                     # refused for good: the budget, then the refusal
+    conn, sent = real_conn(cl, [busy])
+    e = expect(psd.Error, lambda: conn.call("Forward", req), "RESOURCE_EXHAUSTED")
+    assert e.busy and e.retry_after_ms == 1500 and 3.9 <= cl.clock.t <= 4.0 and len(sent) >= 2, (cl.clock.t, sent)
     n += 1
     print(f"rules: {n} scripted cases of docs/protocol.md's retry and settle rules: OK")
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Integration: psd's admission refusals are backed off and sent again, and
+# every batch is still applied exactly once (docs/protocol.md, "Statuses").
+# Without tokens a client is its host, so two trainers on loopback share
+# one fair share of psd's calls and context memory:
+#  1. server.max_calls_per_client 1: two ps-train (three calls a batch,
+#     --split-calls) are refused RESOURCE_EXHAUSTED "too many calls from
+#     one client" whenever their calls overlap;
+#  2. server.max_context_bytes for one batch's context: two ps-train (one
+#     call a batch: a fused Forward with step) are refused for context
+#     memory whenever their batches overlap;
+#  3. both limits at once: two Python trainers (python/psd,
+#     tests/python/fault_trainer.py).
+# Each run: every trainer exits 0, some call was refused and sent again
+# (the log's "RESOURCE_EXHAUSTED ...; retry N in"), and the fresh psd's
+# Status.contexts_applied equals the batches the trainers ran (none twice,
+# none lost), no context left open. Then what stays final: a context larger
+# than the whole budget gives up at once (ps-train, before any retry),
+# and a message over server.max_message_mb (Python; no hint) is refused
+# at the first try.
+. "$(dirname "$0")/lib.sh" it_busy
+. tests/python/lib.sh
+DATA=${DATA:-data/mnist}
+BATCHES=${BATCHES:-16}
+status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
+field() { sed -n "s/^$1: //p"; }
+retry=(--set trainer.rpc_timeout_s=10 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.05
+       --set trainer.retry_backoff_max_s=0.5)
+# One mnist batch of 64 records a context of ~11.3 MB: room for one, not two.
+ONE_CTX=16000000
+
+# run NAME PSD_ARGS -- TRAINER...: psd with PSD_ARGS, two trainers (ranks 1, 2) running TRAINER (with
+# --rank R appended by the caller's words), then the equality.
+check_once() {  # name
+  local name=$1 s c live r n=0
+  local m s1
+  for r in 1 2; do
+    grep -q "Training complete!\|fault_trainer: $BATCHES batches" "$tmp/$name$r.log" || fail "$name: trainer $r did not finish"
+    m=$(grep -c "RESOURCE_EXHAUSTED.*; retry [0-9]* in" "$tmp/$name$r.log" || true)
+    n=$(( n + m ))
+    if grep -q "Training complete!" "$tmp/$name$r.log"; then  # ps-train's summary counts them
+      s1=$(sed -n "s/^Rank $r: \([0-9]*\) calls sent again after psd's admission refusals$/\1/p" "$tmp/$name$r.log")
+      [ "${s1:-0}" = "$m" ] || fail "$name: trainer $r logged $m admission retries, its summary says ${s1:-none}"
+    fi
+  done
+  s=$(status); c=$(echo "$s" | field contexts_applied); live=$(echo "$s" | field live_contexts)
+  echo "$name: 2 trainers x $BATCHES batches: $n admission refusals sent again; contexts_applied $c, live $live"
+  [ "$n" -gt 0 ] || fail "$name: no call was refused: the limits did not bite"
+  [ "$c" = $(( 2 * BATCHES )) ] || fail "$name: contexts_applied $c, the trainers ran $(( 2 * BATCHES )) batches"
+  [ "$live" = 0 ] || fail "$name: $live contexts left open"
+  kill "$psd"; wait "$psd" 2>/dev/null || true
+}
+
+two_c() {  # name psd-args... : two ps-train with TRAINER_ARGS
+  local name=$1; shift
+  start_psd "$tmp/psd_$name.log" --log-level error "$@" || fail "psd"
+  pids+=("$psd")
+  local r t=()
+  for r in 1 2; do
+    "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --data "$DATA" --max-batches "$BATCHES" \
+        --log-every 1 --no-eval "${retry[@]}" ${TRAINER_ARGS:-} >"$tmp/$name$r.log" 2>&1 &
+    t+=("$!"); pids+=("$!")
+  done
+  for r in 0 1; do wait "${t[r]}" || fail "$name: trainer $(( r + 1 )) failed"; done
+  check_once "$name"
+}
+
+TRAINER_ARGS=--split-calls two_c calls --set server.max_calls_per_client=1
+TRAINER_ARGS= two_c memory --set server.max_context_bytes=$ONE_CTX
+
+# A context larger than the whole budget can never be admitted: refused without the hint, final at once.
+start_psd "$tmp/psd_huge.log" --log-level error --set server.max_context_bytes=4000000 || fail "psd"
+pids+=("$psd")
+if "$BUILD/bin/ps-train" --server "$addr" --data "$DATA" --max-batches 2 --no-eval "${retry[@]}" \
+    >"$tmp/huge.log" 2>&1; then fail "a batch larger than server.max_context_bytes was trained"; fi
+grep -q "RESOURCE_EXHAUSTED: context memory budget" "$tmp/huge.log" || fail "huge: not refused for context memory"
+grep -q "retry [0-9]* in" "$tmp/huge.log" && fail "huge: a context that can never fit was retried"
+kill "$psd"; wait "$psd" 2>/dev/null || true
+echo "huge: a batch larger than server.max_context_bytes refused at once (final)"
+
+# The Python package: both limits at once.
+if ! $PY -c "import grpc, torch, yaml, numpy" 2>/dev/null || [ ! -f python/psd/_proto/ps_pb2_grpc.py ]; then
+  echo "it_busy: Python part skipped (python3 modules or python/psd/_proto missing)"; exit 0
+fi
+name=py
+start_psd "$tmp/psd_py.log" --log-level error --set server.max_calls_per_client=1 \
+    --set server.max_context_bytes=$ONE_CTX || fail "psd"
+pids+=("$psd")
+t=()
+for r in 1 2; do
+  $PY tests/python/fault_trainer.py "$addr" "$DATA" "$BATCHES" --rank "$r" trainer.rpc_timeout_s=10 \
+      trainer.retry_max_s=60 trainer.retry_backoff_s=0.05 trainer.retry_backoff_max_s=0.5 >"$tmp/py$r.log" 2>&1 &
+  t+=("$!"); pids+=("$!")
+done
+for r in 0 1; do wait "${t[r]}" || fail "py: trainer $(( r + 1 )) failed"; done
+check_once py
+
+# A message over psd's server.max_message_mb carries no hint: final at the first try.
+start_psd "$tmp/psd_big.log" --log-level error --set server.max_message_mb=4 || fail "psd"
+pids+=("$psd")
+$PY - "$addr" >"$tmp/big.log" 2>&1 <<'EOF' || fail "big: $(tail -n 3 "$tmp/big.log")"
+import sys, time
+import torch
+import psd
+from psd._proto import ps_pb2
+from psd.tensors import to_wire
+client = psd.connect(sys.argv[1], overrides={"server.max_message_mb": "64", "trainer.retry_max_s": "30"})
+req = ps_pb2.ForwardRequest(input=to_wire(torch.zeros(2000, 1, 28, 28)))   # 6.3 MB
+t0 = time.monotonic()
+try:
+    client.conns[0].call("Forward", req)
+    sys.exit("a 6.3 MB Forward passed psd's 4 MiB limit")
+except psd.Error as e:
+    dt = time.monotonic() - t0
+    assert e.status == "RESOURCE_EXHAUSTED" and not e.busy, e
+    assert client.retries == 0 and dt < 5, (client.retries, dt)
+    print(f"big: {e} - final after {dt:.2f} s, no retry")
+EOF
+cat "$tmp/big.log"
+echo "it_busy: admission refusals backed off and sent again, each batch applied once (C and Python); too large stays final: OK"
