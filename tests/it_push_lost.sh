@@ -51,8 +51,8 @@ BATCHES=2000
 cat >"$tmp/lm.yaml" <<EOF
 cluster: {name: it-push-lost}
 servers:
-  ps0: {address: "127.0.0.1:$b"}
-  ps1: {address: "127.0.0.1:$((b + 1))"}
+  ps0: {address: "127.0.0.1:$b", metrics_listen: "127.0.0.1:$((b + 3))"}
+  ps1: {address: "127.0.0.1:$((b + 1))", metrics_listen: "127.0.0.1:$((b + 2))"}
 model:
   name: rnn_lm
   seed: 1
@@ -74,8 +74,16 @@ wait_for 60 "the lm trainer's batch 5" grep -q "training batch 5 " "$tmp/lm.log"
 held=0
 for _ in $(seq 50); do
   kill -STOP "$p0"; sleep 0.3
-  # the trainer waits on ps0 with ps1 holding its batch's context: after the decoder's call, before the push
-  [ "$(st $((b + 1)) live_contexts)" = 1 ] && { held=1; break; }
+  # the trainer waits on ps0 with ps1 holding its batch's context: after the decoder's Backward, before the
+  # push - not in the Step phase (waiting on ps0's Step, the push done: a restart then loses ps1's step, a
+  # partial step, not this test's case): ps1 has answered one Forward (the decoder's, its loss and backward
+  # fused) more than PushGradients
+  if [ "$(st $((b + 1)) live_contexts)" = 1 ]; then
+    calls=$(curl -sf "http://127.0.0.1:$((b + 2))/metrics" | grep '^psd_call_phase_calls_total{method=')
+    nb=$(echo "$calls" | sed -n 's/^psd_call_phase_calls_total{method="Forward"} //p')
+    np=$(echo "$calls" | sed -n 's/^psd_call_phase_calls_total{method="PushGradients"} //p')
+    [ "${nb:-0}" -gt "${np:-0}" ] && { held=1; break; }
+  fi
   kill -CONT "$p0"; sleep 0.05
 done
 [ "$held" = 1 ] || { kill -CONT "$p0"; fail "ps1 never held a batch's context while ps0 was stopped"; }
