@@ -2400,31 +2400,41 @@ static ps_status h_transpose(imp *im) {
     return PS_OK;
 }
 
-/* The Slice being converted read as one axis (normalised for rank r), step 1, [*st, *en) of that axis's
- * dims[axis] elements (clamped; not empty); the data input is not read. */
-static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int64_t *st, int64_t *en) {
+/* The current Slice's starts, ends, axes and steps into sv[0..3] (cnt[k]:
+ * how many, -1 when absent): attributes before opset 10 (no steps), the
+ * constant inputs 1-4 from then on. Read by slice_args and h_slice. */
+static ps_status slice_lists(imp *im, int64_t sv[4][MAXD], int cnt[4]) {
     static const char *const known[] = {"starts", "ends", "axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
-    int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
-    int cnt[4] = {-1, -1, -1, -1};
+    for (int k = 0; k < 4; k++) cnt[k] = -1;
     if (im->opset < 10) {
         static const char *const names[3] = {"starts", "ends", "axes"};
         for (int k = 0; k < 3; k++) cnt[k] = attr_ints(im, names[k], sv[k], MAXD);
-    } else {
-        for (int k = 0; k < 4; k++) {
-            if (!has_in(im, k + 1)) continue;
-            val *c = in_val(im, k + 1, 1);
-            if (!c) return im->err->code;
-            if (c->kind != VK_CONST) return unsup(im, "%s computed from the input's values",
-                                                   k == 0 ? "starts" : k == 1 ? "ends" : k == 2 ? "axes" : "steps");
-            const int64_t *q = cints(im, c);
-            if (!q) return im->err->code;
-            if (c->numel > MAXD) return bad(im, "%lld slice entries", (long long)c->numel);
-            cnt[k] = (int)c->numel;
-            for (int i = 0; i < cnt[k]; i++) sv[k][i] = q[i];
-        }
+        return PS_OK;
     }
+    for (int k = 0; k < 4; k++) {
+        if (!has_in(im, k + 1)) continue;
+        val *c = in_val(im, k + 1, 1);
+        if (!c) return im->err->code;
+        if (c->kind != VK_CONST) return unsup(im, "%s computed from the input's values",
+                                               k == 0 ? "starts" : k == 1 ? "ends" : k == 2 ? "axes" : "steps");
+        const int64_t *q = cints(im, c);
+        if (!q) return im->err->code;
+        if (c->numel > MAXD) return bad(im, "%lld slice entries", (long long)c->numel);
+        cnt[k] = (int)c->numel;
+        for (int i = 0; i < cnt[k]; i++) sv[k][i] = q[i];
+    }
+    return PS_OK;
+}
+
+/* The Slice being converted read as one axis (normalised for rank r), step 1, [*st, *en) of that axis's
+ * dims[axis] elements (clamped; not empty); the data input is not read. */
+static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int64_t *st, int64_t *en) {
+    ps_status rc;
+    int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
+    int cnt[4];
+    if ((rc = slice_lists(im, sv, cnt))) return rc;
     if (cnt[0] != 1 || cnt[1] != 1 || (cnt[2] >= 0 && cnt[2] != 1) || (cnt[3] >= 0 && (cnt[3] != 1 || sv[3][0] != 1)))
         return unsup(im, "a Slice other than along one axis with step 1");
     int a = norm_axis(im, cnt[2] == 1 ? sv[2][0] : 0, r, "axis");
@@ -2472,27 +2482,9 @@ static ps_status h_slice(imp *im) {
     if (x->kind != VK_DATA) return unsup(im, "Slice of a constant");
     ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
     if (rc) return rc;
-    static const char *const known[] = {"starts", "ends", "axes", NULL};
-    if ((rc = only_attrs(im, known))) return rc;
     int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
-    int cnt[4] = {-1, -1, -1, -1};
-    if (im->opset < 10) {
-        static const char *const names[3] = {"starts", "ends", "axes"};
-        for (int k = 0; k < 3; k++) cnt[k] = attr_ints(im, names[k], sv[k], MAXD);
-    } else {
-        for (int k = 0; k < 4; k++) {
-            if (!has_in(im, k + 1)) continue;
-            val *c = in_val(im, k + 1, 1);
-            if (!c) return im->err->code;
-            if (c->kind != VK_CONST) return unsup(im, "%s computed from the input's values",
-                                                   k == 0 ? "starts" : k == 1 ? "ends" : k == 2 ? "axes" : "steps");
-            const int64_t *q = cints(im, c);
-            if (!q) return im->err->code;
-            if (c->numel > MAXD) return bad(im, "%lld slice entries", (long long)c->numel);
-            cnt[k] = (int)c->numel;
-            for (int i = 0; i < cnt[k]; i++) sv[k][i] = q[i];
-        }
-    }
+    int cnt[4];
+    if ((rc = slice_lists(im, sv, cnt))) return rc;
     int ne = cnt[0];
     if (ne < 1 || cnt[1] != ne || (cnt[2] >= 0 && cnt[2] != ne) || (cnt[3] >= 0 && cnt[3] != ne))
         return bad(im, "starts, ends, axes and steps of different lengths");
