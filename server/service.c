@@ -328,6 +328,15 @@ ps_ctx *svc_acquire_own(ps_svc_call *c, uint64_t id, int *finished, uint64_t *ve
     return ps_ctx_table_acquire_as(c->svc->ctx, id, c->owner, finished, version, err);
 }
 
+ps_ctx *svc_open_or_known(ps_svc_call *c, uint64_t id, uint32_t rank, int known, const char *lost, int *created,
+                          ps_err *err) {
+    if (created) *created = 0;
+    if (!known) return ps_ctx_table_open_as(c->svc->ctx, id, rank, c->owner, created, err);
+    ps_ctx *x = svc_acquire_own(c, id, NULL, NULL, err);
+    if (!x && err->code == PS_ERR_NOT_FOUND) ps_err_prefix(err, "%s", lost);
+    return x;
+}
+
 void svc_account(ps_service *s, ps_ctx *c) {
     size_t tb = 0;
     for (size_t k = 0; k < c->nfwd; k++) tb += c->fwd[k].bytes;

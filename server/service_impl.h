@@ -109,6 +109,15 @@ ps_status svc_split_batch(const ps_Tensor *t, const int64_t *per, int per_ndim, 
 /* The call's own context (the owner that opened it), acquired. */
 ps_ctx *svc_acquire_own(ps_svc_call *c, uint64_t id, int *finished, uint64_t *version, ps_err *err);
 
+/* The context a training call names, acquired: opened when this is its
+ * first call here, unless the client says an earlier call of it came here
+ * (known: a request's context_known). Then an unknown context was lost with
+ * what it held (a restart, an expiry) and is never opened afresh:
+ * NOT_FOUND, prefixed with lost (which field said so, what is gone).
+ * created (may be NULL): set when this call opened it. */
+ps_ctx *svc_open_or_known(ps_svc_call *c, uint64_t id, uint32_t rank, int known, const char *lost, int *created,
+                          ps_err *err);
+
 /* Bytes a context holds now (its tapes and gradients), for the table's accounting. */
 void svc_account(ps_service *s, ps_ctx *c);
 

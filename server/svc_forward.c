@@ -244,14 +244,10 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
     ps_status st = PS_OK;
     if (req->train) {
         ps_ctx_table_note_rank(s->ctx, req->trainer_rank);
-        /* context_known: an earlier Forward of it came here - an unknown
-         * context was lost with what it held, never opened afresh */
-        c = req->context_known ? ps_ctx_table_acquire_as(s->ctx, req->context_id, call->owner, NULL, NULL, err)
-                               : ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, call->owner, NULL, err);
+        c = svc_open_or_known(call, req->context_id, req->trainer_rank, req->context_known,
+                              "ForwardRequest.context_known (an earlier Forward of it opened it here: what it "
+                              "recorded is gone)", NULL, err);
         if (!c) {
-            if (req->context_known && err->code == PS_ERR_NOT_FOUND)
-                ps_err_prefix(err, "ForwardRequest.context_known (an earlier Forward of it opened it here: what it "
-                              "recorded is gone)");
             st = err->code;
             goto out;
         }

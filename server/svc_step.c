@@ -555,19 +555,13 @@ ps_status ps_svc_PushGradients(ps_svc_call *call, const ps_PushGradientsRequest 
     if (req->context_id == 0)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "PushGradientsRequest.context_id is 0 (gradients belong to "
                           "a training context)");
-    /* The trainer says a Forward of it came here first (context_known): an
-     * unknown context was lost (a restart, an expiry) with what it held -
-     * opening a fresh one would step these gradients without the others. */
+    /* context_known: the trainer's Forwards opened it here - opening a
+     * fresh one would step these gradients without the others */
     int created = 0;
-    ps_ctx *c = req->context_known
-                    ? ps_ctx_table_acquire_as(s->ctx, req->context_id, call->owner, NULL, NULL, err)
-                    : ps_ctx_table_open_as(s->ctx, req->context_id, req->trainer_rank, call->owner, &created, err);
-    if (!c) {
-        if (req->context_known && err->code == PS_ERR_NOT_FOUND)
-            ps_err_prefix(err, "PushGradientsRequest.context_known (the trainer's Forwards opened it here: their "
-                          "gradients are gone, nothing of it will be applied here)");
-        return err->code;
-    }
+    ps_ctx *c = svc_open_or_known(call, req->context_id, req->trainer_rank, req->context_known,
+                                  "PushGradientsRequest.context_known (the trainer's Forwards opened it here: their "
+                                  "gradients are gone, nothing of it will be applied here)", &created, err);
+    if (!c) return err->code;
     ps_status st = PS_OK;
     if (created) {
         size_t more = 0;
