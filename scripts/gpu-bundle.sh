@@ -3,9 +3,10 @@
 # cuBLAS and cuDNN 9 but not this project's other libraries (gRPC, oneDNN,
 # libyaml, libmicrohttpd...), e.g. a container image built for PyTorch:
 #   scripts/gpu-bundle.sh [OUT_DIR]          (default .gpu)
-# writes OUT_DIR/bundle.tar.xz holding build/bin/{psd,ps-train}, the CUDA
-# tests and every shared library they need except glibc, libstdc++ and the
-# CUDA libraries. On the GPU machine, from the repository root:
+# writes OUT_DIR/bundle.tar.xz holding build/bin/{psd,ps-train}, the tests
+# gpu-check.sh runs (their data files come from the checkout) and every
+# shared library they need except glibc, libstdc++ and the CUDA libraries.
+# On the GPU machine, from the repository root:
 #   tar -xJf .gpu/bundle.tar.xz -C .gpu && .gpu/use-bundle.sh
 # and then `PREBUILT=1 BUILD=.gpu/build scripts/gpu-check.sh` under the
 # LD_LIBRARY_PATH that use-bundle.sh prints. use-bundle.sh deletes every
@@ -15,14 +16,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu}
 BUILD=${BUILD:-build}
-bins="$BUILD/bin/psd $BUILD/bin/ps-train $BUILD/tests/test_cuda_layers $BUILD/tests/test_cuda_step"
+gtests="test_cuda_layers test_cuda_step test_batch_forward test_kinds"   # what gpu-check.sh runs
+bins="$BUILD/bin/psd $BUILD/bin/ps-train $(printf " $BUILD/tests/%s" $gtests)"
 for b in $bins; do [ -x "$b" ] || { echo "gpu-bundle: $b missing: run make first" >&2; exit 1; }; done
 "$BUILD/bin/psd" --version | grep -q "CUDA: built" || { echo "gpu-bundle: $BUILD was built without CUDA" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/bin" "$stage/build/tests" "$stage/lib"
 cp $BUILD/bin/psd $BUILD/bin/ps-train "$stage/build/bin/"
-cp $BUILD/tests/test_cuda_layers $BUILD/tests/test_cuda_step "$stage/build/tests/"
+for t in $gtests; do cp "$BUILD/tests/$t" "$stage/build/tests/"; done
 # shellcheck disable=SC2086
 ldd $bins | awk '$3 ~ /^\// { print $3 }' | sort -u |
   grep -v -E '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |

@@ -82,6 +82,20 @@ else
   say "PASS test_batch_forward (cuda:0 included): $(tail -n 1 /tmp/gpu-check-test_batch_forward.log)"
 fi
 
+# every layer kind's golden cases (PyTorch autograd, tests/golden/kinds.safetensors)
+# on cuda:0 - the kernels only a GPU runs (tri_fill, the swin kinds' ops, ...);
+# its "cuda: skipped" is a failure here
+set +e
+"$BUILD/tests/test_kinds" >/tmp/gpu-check-test_kinds.log 2>&1
+rc=$?
+set -e
+if [ $rc -ne 0 ] || ! grep -q "cases on cuda:0" /tmp/gpu-check-test_kinds.log; then
+  grep -v "^ok" /tmp/gpu-check-test_kinds.log | tail -n 30
+  fail "test_kinds on cuda:0 (exit $rc, log /tmp/gpu-check-test_kinds.log)"
+else
+  say "PASS test_kinds: $(grep "cases on cuda:0" /tmp/gpu-check-test_kinds.log)"
+fi
+
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
 
