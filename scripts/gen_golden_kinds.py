@@ -89,6 +89,28 @@ CASES = [
     ("avgpool_pad_excl", stage([3, 7, 6], ["{name: p, kind: AvgPool2d, kernel_size: [3, 2], stride: 2, "
                                             "padding: 1, count_include_pad: false}"])),
     ("adaptive", stage([5, 4, 3], ["{name: p, kind: AdaptiveAvgPool2d, output_size: 1}"])),
+    # the 1-d kinds (Conv1d, pools over (N, C, L)): time series, audio, text CNNs
+    ("conv1d_pad", stage([4, 12], ["{name: c, kind: Conv1d, out_channels: 6, kernel_size: 3, padding: 1}"])),
+    ("conv1d_stride_dil_groups", stage([4, 15], ["{name: c, kind: Conv1d, in_channels: 4, out_channels: 6, "
+                                                  "kernel_size: 3, stride: 2, dilation: 2, groups: 2, bias: false}"])),
+    ("conv1d_depthwise", stage([8, 10], ["{name: c, kind: Conv1d, out_channels: 8, kernel_size: 5, padding: 2, "
+                                          "groups: 8}"])),
+    ("maxpool1d_pad", stage([3, 11], ["{name: p, kind: MaxPool1d, kernel_size: 3, stride: 2, padding: 1}"])),
+    ("maxpool1d_ceil", stage([3, 10], ["{name: p, kind: MaxPool1d, kernel_size: 3, ceil_mode: true}"])),
+    ("avgpool1d", stage([3, 10], ["{name: p, kind: AvgPool1d, kernel_size: 2}"])),
+    ("avgpool1d_pad_excl", stage([3, 9], ["{name: p, kind: AvgPool1d, kernel_size: 3, stride: 2, padding: 1, "
+                                           "count_include_pad: false, ceil_mode: true}"])),
+    ("adaptive1d", stage([5, 12], ["{name: p, kind: AdaptiveAvgPool1d, output_size: 1}"])),
+    ("adaptive1d_uneven", stage([5, 10], ["{name: p, kind: AdaptiveAvgPool1d, output_size: 3}"])),
+    ("conv1d_net", stage([3, 20], [
+        "{name: c1, kind: Conv1d, out_channels: 8, kernel_size: 5, padding: 2}",
+        "{name: bn, kind: BatchNorm1d}",
+        "{name: r, kind: ReLU}",
+        "{name: p, kind: MaxPool1d, kernel_size: 2}",
+        "{name: c2, kind: Conv1d, out_channels: 16, kernel_size: 3}",
+        "{name: g, kind: AdaptiveAvgPool1d, output_size: 1}",
+        "{name: f, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 4}"])),
     ("embedding", stage([4], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3}"], "int64")),
     ("relu", stage([2, 3, 4], ["{name: a, kind: ReLU}"])),
     ("leaky_relu", stage([2, 3, 4], ["{name: a, kind: LeakyReLU, negative_slope: 0.2}"])),
@@ -554,6 +576,18 @@ def make_module(kind, a, shapes, case_name=""):
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
                          padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),
                          groups=a.get("groups", 1), bias=a.get("bias", True))
+    if kind == "Conv1d":
+        return nn.Conv1d(s0[0], a["out_channels"], a["kernel_size"], stride=a.get("stride", 1),
+                         padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1),
+                         bias=a.get("bias", True))
+    if kind == "MaxPool1d":
+        return nn.MaxPool1d(a["kernel_size"], stride=a.get("stride", a["kernel_size"]), padding=a.get("padding", 0),
+                            ceil_mode=a.get("ceil_mode", False))
+    if kind == "AvgPool1d":
+        return nn.AvgPool1d(a["kernel_size"], stride=a.get("stride", a["kernel_size"]), padding=a.get("padding", 0),
+                            count_include_pad=a.get("count_include_pad", True), ceil_mode=a.get("ceil_mode", False))
+    if kind == "AdaptiveAvgPool1d":
+        return nn.AdaptiveAvgPool1d(a["output_size"])
     if kind == "Linear":
         return nn.Linear(s0[-1], a["out_features"], bias=a.get("bias", True))
     if kind in ("BatchNorm2d", "BatchNorm1d"):

@@ -170,6 +170,13 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     int n = (int)x1->dims[0];
     int64_t in_k = ps_st_numel(x1) / n, out_k = ps_st_numel(go1) / n;
     int fin = x1->dtype == PS_ST_F32;
+    /* the shapes first: a model whose output is not PyTorch's size would write past `out` */
+    const ps_stage_info *si = ps_model_stage(m, 0);
+    int64_t mine_k = 1;
+    for (int d = 0; si && d < si->out_ndim; d++) mine_k *= si->out_dims[d];
+    CHECK_MSG(si && mine_k == out_k, "%s: per-sample output of %lld elements, PyTorch's %lld", label,
+              (long long)mine_k, (long long)out_k);
+    if (!si || mine_k != out_k) { ps_model_free(m); return; }
     float *out = malloc((size_t)(n * out_k) * sizeof(float)), *gin = malloc((size_t)(n * in_k) * sizeof(float));
     ps_tape *t1 = NULL, *t2 = NULL;
     ps_grads *acc = ps_grads_create(m, &err), *acc2 = NULL;

@@ -22,7 +22,8 @@
  * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
  * tests, Transpose (a Permute), Mul (by its second input, an initializer
  * here: a Scale) and MatMul (2-D: a Linear; 3-D and 4-D: psd's MatMul
- * kind). ONNX's HardSigmoid tests use other
+ * kind), and the 1-D MaxPool and AveragePool tests (MaxPool1d, AvgPool1d).
+ * ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
 #include "model.h"
@@ -61,7 +62,9 @@ static const char *const required_prefixes[] = {
     "test_slice", "test_constant_pad",
     /* attention written by hand: MatMul (2-D: a Linear by the initializer; 3-D and 4-D: psd's MatMul of the
      * input and a Parameter; ONNX's Split tests have several graph outputs, which psd's model cannot) */
-    "test_matmul_", NULL};
+    "test_matmul_",
+    /* the 1-d kinds (MaxPool1d, AvgPool1d over (N, C, L)) */
+    "test_maxpool_1d_default", "test_averagepool_1d_default", NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {

@@ -317,10 +317,54 @@ static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; 
  * padding, dilation, groups, bias); params weight (out, in/groups, kh, kw),
  * bias (out) ---- */
 
+/* The 1-d kinds (Conv1d, MaxPool1d, AvgPool1d, AdaptiveAvgPool1d) are their
+ * 2-d kinds over a (C, 1, L) plane: a sample (C, L) has that memory, and so
+ * has Conv1d's weight (out, in/groups, k) as (out, in/groups, 1, k). Their
+ * attributes fill the second entry of each pair (one_d_infer sets the
+ * first: kernel 1, stride 1, no padding); the backends see 2-d ops. */
+static int one_d(const ps_layer *ly) {
+    const char *k = ly->kind->name;
+    size_t n = strlen(k);
+    return n > 2 && !strcmp(k + n - 2, "1d") && strcmp(k, "BatchNorm1d");
+}
+
+/* Input 0's channels, height and width as the 2-d ops read them. */
+static void plane_of(const ps_layer *ly, int *c, int *h, int *w) {
+    const ps_shape *in = &ly->in[0];
+    *c = (int)in->dims[0];
+    *h = one_d(ly) ? 1 : (int)in->dims[1];
+    *w = (int)in->dims[one_d(ly) ? 1 : 2];
+}
+
+/* A 1-d kind's per-sample input (C, L) and its 2-d pair entries; 2-d kinds:
+ * (C, H, W). */
+static ps_status plane_infer(ps_layer *ly, ps_err *err) {
+    if (!one_d(ly)) return need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ps_layer_attrs *a = &ly->a;
+    a->kernel[0] = 1;
+    a->stride[0] = 1;
+    a->padding[0] = 0;
+    a->dilation[0] = 1;
+    a->output_size[0] = 1;
+    return PS_OK;
+}
+
+/* The output (C', H', W') as a 1-d kind's (C', L') or a 2-d kind's shape. */
+static void plane_out(ps_layer *ly, int64_t c, int64_t h, int64_t w) {
+    ly->outs.ndim = one_d(ly) ? 2 : 3;
+    ly->outs.dims[0] = c;
+    ly->outs.dims[1] = one_d(ly) ? w : h;
+    if (!one_d(ly)) ly->outs.dims[2] = w;
+    ly->out_dtype = PS_DTYPE_F32;
+}
+
 static ps_conv_desc conv_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
-    ps_conv_desc d = {.n = n, .cin = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
-                      .cout = (int)a->out, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
+    int cin, h, w;
+    plane_of(ly, &cin, &h, &w);
+    ps_conv_desc d = {.n = n, .cin = cin, .h = h, .w = w, .cout = (int)a->out, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
                       .src_layout = ly->in_layout[0], .dst_layout = ly->out_layout};
     if (a->kernel[0] == a->kernel[1] && a->stride[0] == a->stride[1] && a->padding[0] == a->padding[1] &&
         a->dilation[0] == 1 && a->dilation[1] == 1 && a->groups == 1) {   /* the square form (MNIST's) */
@@ -339,31 +383,36 @@ static ps_conv_desc conv_desc(const ps_layer *ly, int n) {
 }
 
 static ps_status conv_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    ps_status rc = plane_infer(ly, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
     int64_t cin = ly->in[0].dims[0];
+    int ci, ih, iw;
+    plane_of(ly, &ci, &ih, &iw);
     if ((rc = check_given("in_channels", a->in_features, cin, err))) return rc;
     if (cin % a->groups || a->out % a->groups)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "groups %lld divides neither in_channels %lld and "
                           "out_channels %lld both", (long long)a->groups, (long long)cin, (long long)a->out);
     ps_conv_desc d = conv_desc(ly, 1);
     if (ps_conv_out_h(&d) < 1 || ps_conv_out_w(&d) < 1 ||
-        ly->in[0].dims[1] + 2 * a->padding[0] < a->dilation[0] * (a->kernel[0] - 1) + 1 ||
-        ly->in[0].dims[2] + 2 * a->padding[1] < a->dilation[1] * (a->kernel[1] - 1) + 1)
+        ih + 2 * a->padding[0] < a->dilation[0] * (a->kernel[0] - 1) + 1 ||
+        iw + 2 * a->padding[1] < a->dilation[1] * (a->kernel[1] - 1) + 1) {
+        if (one_d(ly))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel %lld (dilation %lld, padding %lld) does not fit "
+                              "the input (%lld, %lld)", (long long)a->kernel[1], (long long)a->dilation[1],
+                              (long long)a->padding[1], (long long)cin, (long long)iw);
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "kernel %lldx%lld (dilation %lldx%lld, padding %lldx%lld) "
                           "does not fit the input (%lld, %lld, %lld)", (long long)a->kernel[0],
                           (long long)a->kernel[1], (long long)a->dilation[0], (long long)a->dilation[1],
                           (long long)a->padding[0], (long long)a->padding[1], (long long)cin,
-                          (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
-    ly->outs.ndim = 3;
-    ly->outs.dims[0] = a->out;
-    ly->outs.dims[1] = ps_conv_out_h(&d);
-    ly->outs.dims[2] = ps_conv_out_w(&d);
-    ly->out_dtype = PS_DTYPE_F32;
+                          (long long)ih, (long long)iw);
+    }
+    plane_out(ly, a->out, ps_conv_out_h(&d), ps_conv_out_w(&d));
     int64_t fan_in = cin / a->groups * a->kernel[0] * a->kernel[1];
+    /* Conv1d's weight (out, in/groups, k): the same memory as (out, in/groups, 1, k) */
     int64_t wd[4] = {a->out, cin / a->groups, a->kernel[0], a->kernel[1]}, bd[1] = {a->out};
-    set_param(ly, 0, "weight", 4, wd, fan_in, FAN_UNIFORM);
+    if (one_d(ly)) wd[2] = a->kernel[1];
+    set_param(ly, 0, "weight", one_d(ly) ? 3 : 4, wd, fan_in, FAN_UNIFORM);
     if (a->bias) set_param(ly, 1, "bias", 1, bd, fan_in, FAN_UNIFORM);
     return PS_OK;
 }
@@ -402,16 +451,20 @@ static ps_status relu_backward(ps_layer_call *c, ps_err *err) {
  * kernel = stride = in / out; 1x1 is the plane, stride 1) and by the
  * adaptive ops, in the plain layout, where they are not ---- */
 
-static int is_adaptive(const ps_layer *ly) { return !strcmp(ly->kind->name, "AdaptiveAvgPool2d"); }
+static int is_adaptive(const ps_layer *ly) { return !strncmp(ly->kind->name, "AdaptiveAvgPool", 15); }
 
 /* AdaptiveAvgPool2d whose bins are average pooling's windows. */
 static int adaptive_uniform(const ps_layer *ly) {
-    return ly->in[0].dims[1] % ly->a.out_hw[0] == 0 && ly->in[0].dims[2] % ly->a.out_hw[1] == 0;
+    int c, h, w;
+    plane_of(ly, &c, &h, &w);
+    return h % ly->a.out_hw[0] == 0 && w % ly->a.out_hw[1] == 0;
 }
 
 static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
-    ps_pool_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+    int pc, ph, pw;
+    plane_of(ly, &pc, &ph, &pw);
+    ps_pool_desc d = {.n = n, .c = pc, .h = ph, .w = pw,
                       .layout = ly->in_layout[0], .count_include_pad = a->count_include_pad,
                       .ceil_mode = is_adaptive(ly) ? 0 : a->flag};
     if (is_adaptive(ly)) {   /* uniform bins (adaptive_uniform): windows in / out, stride the same */
@@ -438,17 +491,23 @@ static ps_pool_desc pool_desc(const ps_layer *ly, int n) {
 }
 
 static ps_adaptive_desc adaptive_desc(const ps_layer *ly, int n) {
-    ps_adaptive_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2],
-                          (int)ly->a.out_hw[0], (int)ly->a.out_hw[1]};
+    int c, h, w;
+    plane_of(ly, &c, &h, &w);
+    ps_adaptive_desc d = {n, c, h, w, (int)ly->a.out_hw[0], (int)ly->a.out_hw[1]};
     return d;
 }
 
 static ps_status pool_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    ps_status rc = plane_infer(ly, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
+    int pc, ph, pw;
+    plane_of(ly, &pc, &ph, &pw);
     /* PyTorch takes padding up to half the kernel; ONNX (and psd) up to the
      * kernel less one, so every window holds an input position. */
+    if (one_d(ly) && a->padding[1] >= a->kernel[1])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lld is not smaller than the kernel %lld",
+                          (long long)a->padding[1], (long long)a->kernel[1]);
     if (a->padding[0] >= a->kernel[0] || a->padding[1] >= a->kernel[1])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld is not smaller than the kernel %lldx%lld",
                           (long long)a->padding[0], (long long)a->padding[1], (long long)a->kernel[0],
@@ -458,33 +517,30 @@ static ps_status pool_infer(ps_layer *ly, ps_err *err) {
      * divides by less than kh*kw (PyTorch's rule), which oneDNN's
      * avg_include_padding does not: it computes in the plain layout, where
      * every backend runs its own kernel (backend_dnnl.c plain_pool_entry). */
-    if (!strcmp(ly->kind->name, "AvgPool2d") && a->count_include_pad && ps_pool_ceil_extra(&d))
+    if (!strncmp(ly->kind->name, "AvgPool", 7) && a->count_include_pad && ps_pool_ceil_extra(&d))
         ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
-    if (ly->in[0].dims[1] + 2 * a->padding[0] < a->kernel[0] || ly->in[0].dims[2] + 2 * a->padding[1] < a->kernel[1])
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%lld, %lld, %lld)",
-                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)ly->in[0].dims[0],
-                          (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2]);
-    ly->outs.ndim = 3;
-    ly->outs.dims[0] = ly->in[0].dims[0];
-    ly->outs.dims[1] = ps_pool_out_h(&d);
-    ly->outs.dims[2] = ps_pool_out_w(&d);
-    ly->out_dtype = PS_DTYPE_F32;
+    if (ph + 2 * a->padding[0] < a->kernel[0] || pw + 2 * a->padding[1] < a->kernel[1]) {
+        if (one_d(ly))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lld does not fit the input (%d, %d)",
+                              (long long)a->kernel[1], pc, pw);
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "window %lldx%lld does not fit the input (%d, %d, %d)",
+                          (long long)a->kernel[0], (long long)a->kernel[1], pc, ph, pw);
+    }
+    plane_out(ly, pc, ps_pool_out_h(&d), ps_pool_out_w(&d));
     return PS_OK;
 }
 
 /* AdaptiveAvgPool2d: output_size entries null keep the input's size. */
 static ps_status adaptive_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    ps_status rc = plane_infer(ly, err);
     if (rc) return rc;
     ps_layer_attrs *a = &ly->a;
-    for (int i = 0; i < 2; i++) a->out_hw[i] = a->output_size[i] ? a->output_size[i] : ly->in[0].dims[1 + i];
+    int c, hw[2];
+    plane_of(ly, &c, &hw[0], &hw[1]);
+    for (int i = 0; i < 2; i++) a->out_hw[i] = a->output_size[i] ? a->output_size[i] : hw[i];
     /* uneven bins: the adaptive ops, plain layout */
     if (!adaptive_uniform(ly)) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
-    ly->outs.ndim = 3;
-    ly->outs.dims[0] = ly->in[0].dims[0];
-    ly->outs.dims[1] = a->out_hw[0];
-    ly->outs.dims[2] = a->out_hw[1];
-    ly->out_dtype = PS_DTYPE_F32;
+    plane_out(ly, c, a->out_hw[0], a->out_hw[1]);
     return PS_OK;
 }
 
@@ -2661,6 +2717,38 @@ static const ps_attr_spec avgpool_attrs[] = {
     ATTR_BOOL("count_include_pad", count_include_pad, "true"),
     ATTR_END,
 };
+/* the 1-d kinds: one number each, the second entry of the 2-d pair (one_d) */
+static const ps_attr_spec conv1d_attrs[] = {
+    ATTR_INT("in_channels", in_features, "", 1),
+    ATTR_INT("out_channels", out, NULL, 1),
+    ATTR_INT("kernel_size", kernel[1], NULL, 1),
+    ATTR_INT("stride", stride[1], "1", 1),
+    ATTR_INT("padding", padding[1], "0", 0),
+    ATTR_INT("dilation", dilation[1], "1", 1),
+    ATTR_INT("groups", groups, "1", 1),
+    ATTR_BOOL("bias", bias, "true"),
+    {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTR_END,
+};
+static const ps_attr_spec maxpool1d_attrs[] = {
+    ATTR_INT("kernel_size", kernel[1], NULL, 1),
+    ATTR_INT("stride", stride[1], "", 1),
+    ATTR_INT("padding", padding[1], "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec avgpool1d_attrs[] = {
+    ATTR_INT("kernel_size", kernel[1], NULL, 1),
+    ATTR_INT("stride", stride[1], "", 1),
+    ATTR_INT("padding", padding[1], "0", 0),
+    ATTR_BOOL("ceil_mode", flag, "false"),
+    ATTR_BOOL("count_include_pad", count_include_pad, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec adaptive1d_attrs[] = {
+    ATTR_INT("output_size", output_size[1], NULL, 1),
+    ATTR_END,
+};
 static const ps_attr_spec adaptive_attrs[] = {
     {"output_size", PS_ATTR_PAIR_OR_NULL, A(output_size), NULL, 1, 65536, 0, 0, NULL, 0},
     ATTR_END,
@@ -2841,6 +2929,15 @@ static const ps_layer_kind kinds[] = {
      avgpool_backward, NULL, NULL, pool_flops},
     {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
      adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
+    /* (N, C, L): the 2-d kinds over a (C, 1, L) plane (one_d), in the plain layout */
+    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, no_op, conv_forward, conv_backward, NULL, NULL,
+     conv_flops},
+    {"MaxPool1d", 0, 1, 1, maxpool1d_attrs, pool_infer, no_op, pool_forward, pool_backward, pool_bytes, NULL,
+     pool_flops},
+    {"AvgPool1d", 0, 1, 1, avgpool1d_attrs, pool_infer, avgpool_missing, avgpool_forward, avgpool_backward, NULL,
+     NULL, pool_flops},
+    {"AdaptiveAvgPool1d", 0, 1, 1, adaptive1d_attrs, adaptive_infer, adaptive_missing, adaptive_forward,
+     adaptive_backward, NULL, NULL, adaptive_flops},
     {"ReLU", F_ACT | PS_KIND_BWD_Y, 1, 1, inplace_attrs, infer_same, no_op, relu_forward, relu_backward, NULL, NULL,
      NULL},
     {"LeakyReLU", F_ACT, 1, 1, leaky_attrs, leaky_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -3023,7 +3120,8 @@ static const struct {
     size_t (*saved)(const ps_layer *ly, const ps_backend *be, int n, int j);
 } per_sample_kinds[] = {
     {"Conv2d", NULL}, {"Linear", NULL}, {"MaxPool2d", maxpool_saved}, {"AvgPool2d", NULL},
-    {"AdaptiveAvgPool2d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
+    {"AdaptiveAvgPool2d", NULL}, {"Conv1d", NULL}, {"MaxPool1d", maxpool_saved}, {"AvgPool1d", NULL},
+    {"AdaptiveAvgPool1d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
     {"StochasticDepth", sdepth_saved},

@@ -1722,13 +1722,31 @@ static ps_status h_matmul(imp *im) {
 
 /* ------------------------------------------------------ Conv and pools */
 
-/* The 2-D padding of pads [hb, wb, he, we] (or auto_pad), symmetric. */
-static ps_status pads_2d(imp *im, const val *x, const int64_t *k, const int64_t *s, const int64_t *dil, int64_t *pad,
-                         int64_t *extra) {
+/* Conv and the pools over sp spatial dims, 1 (N, C, L) or 2 (N, C, H, W):
+ * psd's 1-d kinds are its 2-d kinds over a (C, 1, L) plane, so a 1-d node's
+ * kernel, strides, dilations and pads are the second entry of 2-entry
+ * arrays whose first is the identity (1, or no padding). */
+
+/* attribute key of sp values into v[2 - sp ..]; absent: v unchanged */
+static ps_status spatial_ints(imp *im, const char *key, int sp, int64_t *v) {
+    int64_t t[2];
+    int n = attr_ints(im, key, t, 2);
+    if (n < 0) return PS_OK;
+    if (n != sp) return bad(im, "%s has %d values (a %d-D node takes %d)", key, n, sp, sp);
+    for (int i = 0; i < sp; i++) v[2 - sp + i] = t[i];
+    return PS_OK;
+}
+
+/* "kernel_size: 3" (1-D: its one entry; 2-D: N or [H, W]) */
+static void spatial_attr(imp *im, int pn, int sp, const char *key, const int64_t *v);
+
+/* The padding of pads [hb, wb, he, we] ([b, e] in 1-D) or auto_pad, symmetric. */
+static ps_status pads_2d(imp *im, const val *x, int sp, const int64_t *k, const int64_t *s, const int64_t *dil,
+                         int64_t *pad, int64_t *extra) {
     int64_t p[4] = {0, 0, 0, 0};
     const char *ap = attr_s(im, "auto_pad", "NOTSET");
     if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
-        for (int i = 0; i < 2; i++) {
+        for (int i = 2 - sp; i < 2; i++) {
             int64_t in = x->dims[x->ndim - 2 + i], out = (in + s[i] - 1) / s[i];
             int64_t total = (out - 1) * s[i] + (k[i] - 1) * dil[i] + 1 - in;
             if (total < 0) total = 0;
@@ -1737,8 +1755,13 @@ static ps_status pads_2d(imp *im, const val *x, const int64_t *k, const int64_t 
             p[i + 2] = total - p[i];
         }
     } else if (!strcmp(ap, "NOTSET")) {
-        int n = attr_ints(im, "pads", p, 4);
-        if (n >= 0 && n != 4) return bad(im, "pads has %d values (2-D takes 4)", n);
+        int64_t t[4];
+        int n = attr_ints(im, "pads", t, 4);
+        if (n >= 0 && n != 2 * sp) return bad(im, "pads has %d values (%d-D takes %d)", n, sp, 2 * sp);
+        for (int i = 0; n > 0 && i < sp; i++) {
+            p[2 - sp + i] = t[i];
+            p[4 - sp + i] = t[sp + i];
+        }
     } else if (strcmp(ap, "VALID")) {
         return unsup(im, "auto_pad '%s'", ap);
     }
@@ -1759,39 +1782,46 @@ static void pair_attr(imp *im, int pn, const char *key, const int64_t *v) {
     else add_attr(im, pn, "%s: [%lld, %lld]", key, (long long)v[0], (long long)v[1]);
 }
 
+static void spatial_attr(imp *im, int pn, int sp, const char *key, const int64_t *v) {
+    if (sp == 1) add_attr(im, pn, "%s: %lld", key, (long long)v[1]);
+    else pair_attr(im, pn, key, v);
+}
+
 static ps_status h_conv(imp *im) {
     static const char *const known[] = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
     val *x = in_val(im, 0, 1), *w = in_val(im, 1, 1), *b = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
     if (!x || !w || (has_in(im, 2) && !b)) return im->err->code;
-    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "a %d-D convolution (psd's Conv2d is 2-D)", x->ndim - 2);
-    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
-    if (w->kind != VK_CONST || w->ndim != 4) return unsup(im, "a weight '%s' that is not a 4-D initializer", w->name);
-    int64_t k[2] = {w->dims[2], w->dims[3]}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2], ks[2];
-    int n;
-    if ((n = attr_ints(im, "kernel_shape", ks, 2)) >= 0 && (n != 2 || ks[0] != k[0] || ks[1] != k[1]))
-        return bad(im, "kernel_shape does not match the weight '%s'", w->name);
-    if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
-    if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && n != 2) return bad(im, "dilations has %d values", n);
+    const int sp = x->ndim - 2;   /* Conv2d, or Conv1d over (N, C, L) */
+    if (x->kind == VK_DATA && sp != 1 && sp != 2)
+        return unsup(im, "a %d-D convolution (psd's Conv1d and Conv2d are 1-D and 2-D)", sp);
+    if ((rc = need_float(im, x, sp + 1, sp + 1, "input"))) return rc;
+    if (w->kind != VK_CONST || w->ndim != sp + 2)
+        return unsup(im, "a weight '%s' that is not a %d-D initializer", w->name, sp + 2);
+    int64_t k[2] = {1, w->dims[w->ndim - 1]}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2], ks[2] = {1, 0};
+    if (sp == 2) k[0] = w->dims[2];
+    if ((rc = spatial_ints(im, "kernel_shape", sp, ks))) return rc;
+    if (ks[1] && (ks[0] != k[0] || ks[1] != k[1])) return bad(im, "kernel_shape does not match the weight '%s'", w->name);
+    if ((rc = spatial_ints(im, "strides", sp, s)) || (rc = spatial_ints(im, "dilations", sp, dil))) return rc;
     int64_t g = attr_i(im, "group", 1);
-    if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
+    if ((rc = pads_2d(im, x, sp, k, s, dil, pad, NULL))) return rc;
     if (im->pad_extra[2] == im->cur + 1) {   /* a zero Pad folded in */
         pad[0] += im->pad_extra[0];
         pad[1] += im->pad_extra[1];
     }
-    int64_t cin = x->dims[x->ndim - 3];
+    int64_t cin = x->dims[x->ndim - sp - 1];
     if (g < 1 || cin % g || w->dims[0] % g || w->dims[1] * g != cin)
         return bad(im, "group %lld does not fit input channels %lld and weight '%s' (%lld, %lld, ...)", (long long)g,
                    (long long)cin, w->name, (long long)w->dims[0], (long long)w->dims[1]);
     int xin = x->node;
-    int pn = emit(im, "Conv2d", w->name, "weight", NULL, 1, &xin);
+    int pn = emit(im, sp == 1 ? "Conv1d" : "Conv2d", w->name, "weight", NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "out_channels: %lld", (long long)w->dims[0]);
-    pair_attr(im, pn, "kernel_size", k);
-    if (s[0] != 1 || s[1] != 1) pair_attr(im, pn, "stride", s);
-    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
-    if (dil[0] != 1 || dil[1] != 1) pair_attr(im, pn, "dilation", dil);
+    spatial_attr(im, pn, sp, "kernel_size", k);
+    if (s[0] != 1 || s[1] != 1) spatial_attr(im, pn, sp, "stride", s);
+    if (pad[0] || pad[1]) spatial_attr(im, pn, sp, "padding", pad);
+    if (dil[0] != 1 || dil[1] != 1) spatial_attr(im, pn, sp, "dilation", dil);
     if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
     if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
     if (b) {
@@ -1803,8 +1833,8 @@ static ps_status h_conv(imp *im) {
     }
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
-    od[x->ndim - 3] = w->dims[0];
-    for (int i = 0; i < 2; i++) {
+    od[x->ndim - sp - 1] = w->dims[0];
+    for (int i = 2 - sp; i < 2; i++) {
         int64_t in = x->dims[x->ndim - 2 + i];
         od[x->ndim - 2 + i] = (in + 2 * pad[i] - dil[i] * (k[i] - 1) - 1) / s[i] + 1;
         if (od[x->ndim - 2 + i] < 1) return bad(im, "the kernel does not fit the input");
@@ -1826,20 +1856,21 @@ static ps_status pool(imp *im, int is_max) {
         val *ix = vget(im, nd->out[1]);
         if (ix && (ix->uses || ix->graph_output)) return unsup(im, "the Indices output");
     }
-    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "%d-D pooling (psd pools 2-D)", x->ndim - 2);
-    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
-    int64_t k[2], s[2] = {1, 1}, dil[2] = {1, 1}, pad[2];
-    int n;
-    if ((n = attr_ints(im, "kernel_shape", k, 2)) != 2) return bad(im, "kernel_shape must have 2 values");
-    if ((n = attr_ints(im, "strides", s, 2)) >= 0 && n != 2) return bad(im, "strides has %d values", n);
+    const int sp = x->ndim - 2;   /* MaxPool2d / AvgPool2d, or their 1-d kinds over (N, C, L) */
+    if (x->kind == VK_DATA && sp != 1 && sp != 2) return unsup(im, "%d-D pooling (psd pools 1-D and 2-D)", sp);
+    if ((rc = need_float(im, x, sp + 1, sp + 1, "input"))) return rc;
+    int64_t k[2] = {1, 0}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2];
+    if ((rc = spatial_ints(im, "kernel_shape", sp, k))) return rc;
+    if (!k[1]) return bad(im, "kernel_shape is missing");
+    if ((rc = spatial_ints(im, "strides", sp, s))) return rc;
     if (k[0] < 1 || k[1] < 1 || s[0] < 1 || s[1] < 1)
         return bad(im, "kernel_shape %lldx%lld and strides %lldx%lld must be positive", (long long)k[0],
                    (long long)k[1], (long long)s[0], (long long)s[1]);
-    if ((n = attr_ints(im, "dilations", dil, 2)) >= 0 && (dil[0] != 1 || dil[1] != 1))
-        return unsup(im, "dilations (psd's pools have none)");
+    if ((rc = spatial_ints(im, "dilations", sp, dil))) return rc;
+    if (dil[0] != 1 || dil[1] != 1) return unsup(im, "dilations (psd's pools have none)");
     const int ceil = attr_i(im, "ceil_mode", 0) != 0;
     if (attr_i(im, "storage_order", 0)) return unsup(im, "storage_order: 1");
-    if ((rc = pads_2d(im, x, k, s, dil, pad, NULL))) return rc;
+    if ((rc = pads_2d(im, x, sp, k, s, dil, pad, NULL))) return rc;
     int cip = is_max ? 0 : (int)attr_i(im, "count_include_pad", 0);
     if (!is_max && im->pad_extra[2] == im->cur + 1) {   /* a zero Pad folded in: it counts in the average */
         if ((pad[0] || pad[1]) && !cip) return unsup(im, "a Pad before an AveragePool that pads without counting");
@@ -1851,16 +1882,17 @@ static ps_status pool(imp *im, int is_max) {
         return unsup(im, "pads %lldx%lld as large as the kernel %lldx%lld", (long long)pad[0], (long long)pad[1],
                      (long long)k[0], (long long)k[1]);
     int xin = x->node;
-    int pn = emit(im, is_max ? "MaxPool2d" : "AvgPool2d", NULL, NULL, NULL, 1, &xin);
+    static const char *const kinds[2][2] = {{"AvgPool1d", "AvgPool2d"}, {"MaxPool1d", "MaxPool2d"}};
+    int pn = emit(im, kinds[is_max][sp - 1], NULL, NULL, NULL, 1, &xin);
     if (pn < 0) return oom(im);
-    pair_attr(im, pn, "kernel_size", k);
-    if (s[0] != k[0] || s[1] != k[1]) pair_attr(im, pn, "stride", s);
-    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
+    spatial_attr(im, pn, sp, "kernel_size", k);
+    if (s[0] != k[0] || s[1] != k[1]) spatial_attr(im, pn, sp, "stride", s);
+    if (pad[0] || pad[1]) spatial_attr(im, pn, sp, "padding", pad);
     if (!is_max && !cip) add_attr(im, pn, "count_include_pad: false");
     if (ceil) add_attr(im, pn, "ceil_mode: true");
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 2 - sp; i < 2; i++) {
         int64_t in = x->dims[x->ndim - 2 + i];
         if (in + 2 * pad[i] < k[i]) return bad(im, "the window does not fit the input");
         /* ceil_mode: ONNX rounds up; PyTorch (psd) also drops a last window
@@ -1880,16 +1912,17 @@ static ps_status h_avgpool(imp *im) { return pool(im, 0); }
 static ps_status h_gap(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
-    if (x->kind == VK_DATA && x->ndim != 4) return unsup(im, "%d-D pooling (psd pools 2-D)", x->ndim - 2);
-    ps_status rc = need_float(im, x, 3, 3, "input");
+    const int sp = x->ndim - 2;
+    if (x->kind == VK_DATA && sp != 1 && sp != 2) return unsup(im, "%d-D pooling (psd pools 1-D and 2-D)", sp);
+    ps_status rc = need_float(im, x, sp + 1, sp + 1, "input");
     if (rc) return rc;
     int xin = x->node;
-    int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+    int pn = emit(im, sp == 1 ? "AdaptiveAvgPool1d" : "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "output_size: 1");
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
-    od[x->ndim - 1] = od[x->ndim - 2] = 1;
+    for (int i = 1; i <= sp; i++) od[x->ndim - i] = 1;
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 

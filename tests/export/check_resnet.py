@@ -452,7 +452,7 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **
     model = build(**kwargs)
     with torch.no_grad():   # running statistics away from 0 and 1, so loading and folding them shows
         for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
+            if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)):
                 m.running_mean.uniform_(-0.2, 0.2)
                 m.running_var.uniform_(0.5, 1.5)
     w = os.path.join(TMP, name + ".safetensors")
@@ -474,7 +474,7 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **
     # the export traced a training forward: its running statistics moved, and the file holds them (ONNX has no
     # num_batches_tracked: psd starts it at 0)
     for m in m2.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
+        if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)):
             m.num_batches_tracked.zero_()
     stub, p = start_psd(name + "_onnx", "onnx: %s" % onnx_path, [])
     if input_grad:
@@ -482,6 +482,34 @@ def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **
     run("%s onnx training export" % name, stub, m2, x, target, ref64=ref64)
     p.kill()
     return model
+
+
+def zoo_model(pe, name, x, target):
+    """One model of make test-zoo (or it_resnet's conv1d_net) both ways, with what it needs."""
+    # dropout off where the builder has it (psd draws its own masks)
+    extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet",
+                                                 "alexnet")) else {}
+    if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
+        extra.update(aux_logits=False, init_weights=False)
+    if name.startswith(("efficientnet", "convnext")):   # stochastic depth off (efficientnet's dropout: zoo_builders.py)
+        extra.update(stochastic_depth_prob=0.0)
+    onnx = True
+    if name == "alexnet":     # its 256x1x1 features pooled to 6x6: PyTorch exports factor sizes only
+        onnx = "PyTorch's exporter refuses adaptive_avg_pool2d to 6x6 from 1x1 (not a factor)"
+    xm = x
+    if name.startswith("vit_b"):  # zoo.py's: 64x64 images (vit_b_16 at 224 is 196 tokens)
+        extra.update(image_size=64)
+    if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
+        xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    if name.startswith("swin"):   # no ONNX path (docs/models.md, torchvision models)
+        onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
+    if name == "conv1d_net":  # zoo_builders.py's 1-D CNN: (3, 64) sequences
+        xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
+    if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
+        xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
+    both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
+               input_grad=name.startswith(("vit", "swin")),
+               **extra)
 
 
 def main():
@@ -496,28 +524,8 @@ def main():
     x = torch.randn(4, 3, 64, 64)
     target = torch.randint(0, 10, (4,))
     if sys.argv[3:]:
-        for name in sys.argv[3:]:     # dropout off where the builder has it (psd draws its own masks)
-            extra = {"dropout": 0.0} if name.startswith(("mobilenet", "mnasnet", "squeezenet", "googlenet",
-                                                         "alexnet")) else {}
-            if name == "googlenet":   # zoo.py's: no auxiliary classifiers (training returns them too)
-                extra.update(aux_logits=False, init_weights=False)
-            if name.startswith(("efficientnet", "convnext")):   # stochastic depth off (efficientnet's dropout: zoo_builders.py)
-                extra.update(stochastic_depth_prob=0.0)
-            onnx = True
-            if name == "alexnet":     # its 256x1x1 features pooled to 6x6: PyTorch exports factor sizes only
-                onnx = "PyTorch's exporter refuses adaptive_avg_pool2d to 6x6 from 1x1 (not a factor)"
-            xm = x
-            if name.startswith("vit_b"):  # zoo.py's: 64x64 images (vit_b_16 at 224 is 196 tokens)
-                extra.update(image_size=64)
-            if name == "vit_small":   # zoo_builders.py's VisionTransformer: 32x32 images (vit_b_16 has 86M parameters)
-                xm = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-            if name.startswith("swin"):   # no ONNX path (docs/models.md, torchvision models)
-                onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
-            if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
-                xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
-            both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
-                       input_grad=name.startswith(("vit", "swin")),
-                       **extra)
+        for name in sys.argv[3:]:
+            zoo_model(pe, name, x, target)
         return
 
     # 1. psd-export, 2. the training-mode ONNX export of the same module
@@ -525,6 +533,8 @@ def main():
     # the same for mobilenet_v2 (ReLU6; ONNX's Clip(0, 6)): the first model the hard activations unblocked.
     # Its classifier's Dropout off: psd draws its own masks
     both_paths(pe, "mobilenet_v2", x, target, ref64=True, dropout=0.0)
+    # a 1-D CNN (Conv1d, BatchNorm1d, the 1-d pools) over (4, 3, 64) sequences
+    zoo_model(pe, "conv1d_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

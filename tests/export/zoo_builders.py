@@ -1,7 +1,8 @@
 """torchvision models with what psd draws itself switched off, for
 tests/export/check_resnet.py (psd-export takes them as FILE.py:NAME): psd
 draws its own dropout masks, so a training forward equals PyTorch's only
-with dropout off, and these builders have no argument for it."""
+with dropout off, and these builders have no argument for it. And models of
+kinds torchvision has none of (conv1d_net)."""
 import torch
 import torchvision
 import torchvision.ops
@@ -65,3 +66,32 @@ def swin_t(**kwargs):
         if isinstance(mod, torchvision.ops.StochasticDepth):
             mod.p = 0.0
     return m
+
+
+class Conv1dNet(torch.nn.Module):
+    """A 1-D CNN over (N, C, L) sequences as time-series and audio users write one: Conv1d with padding,
+    BatchNorm1d, ReLU, MaxPool1d; a strided, dilated, grouped Conv1d without bias, AvgPool1d with padding
+    (count_include_pad=False, ceil_mode), F.max_pool1d, AdaptiveAvgPool1d to 1 and a Linear head."""
+
+    def __init__(self, in_channels=3, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv1d(in_channels, 16, 5, padding=2)
+        self.bn1 = nn.BatchNorm1d(16)
+        self.pool1 = nn.MaxPool1d(2)
+        self.conv2 = nn.Conv1d(16, 32, 3, stride=2, dilation=2, groups=4, bias=False)
+        self.bn2 = nn.BatchNorm1d(32)
+        self.pool2 = nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True)
+        self.conv3 = nn.Conv1d(32, 32, 3, padding=1)   # padding="same": PyTorch 1.13 exports no ONNX of it
+        self.gap = nn.AdaptiveAvgPool1d(1)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        x = self.pool1(torch.relu(self.bn1(self.conv1(x))))
+        x = self.pool2(torch.relu(self.bn2(self.conv2(x))))
+        x = torch.nn.functional.max_pool1d(torch.relu(self.conv3(x)), 2, ceil_mode=True)
+        return self.fc(torch.flatten(self.gap(x), 1))
+
+
+def conv1d_net(**kwargs):
+    return Conv1dNet(**kwargs)
