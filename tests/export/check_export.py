@@ -309,6 +309,29 @@ exported_nodes("ShiftedWindows", "5,6,3", "sw.yaml", lambda n: (n["name"], n["ki
                "swin's steps as a user writes them: F.pad (constant) as Pad, torch.roll and x.roll as Roll, "
                "x[..., i::2, j::2, :] as two strided Narrows, y[:, :2, 1, 4:] as three Narrows and a view")
 
+# the 1-d kinds (tests/export/oned.py)
+ONED = os.path.join(ROOT, "tests", "export", "oned.py")
+rc, msg = run([ONED + ":SameConv1d", "--input-shape", "3,16", "-o", os.path.join(out, "oned.yaml")])
+got = [(n["name"], n["kind"], n["attrs"]) for n in compare.load(os.path.join(out, "oned.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+want = [("conv", "Conv1d", {"out_channels": 4, "kernel_size": 5, "padding": 4, "dilation": 2}),
+        ("valid", "Conv1d", {"out_channels": 4, "kernel_size": 3, "bias": False}),
+        ("avg_pool1d", "AvgPool1d", {"kernel_size": 3, "stride": 2, "padding": 1, "count_include_pad": False}),
+        ("max_pool1d", "MaxPool1d", {"kernel_size": 2, "ceil_mode": True}),
+        ("adaptive_avg_pool1d", "AdaptiveAvgPool1d", {"output_size": 3})]
+if got != want:
+    failures.append(f"SameConv1d: nodes {got}, expected {want}")
+else:
+    print("ok: Conv1d padding='same' (dilated) and 'valid', F.avg_pool1d, F.max_pool1d and F.adaptive_avg_pool1d "
+          "export as Conv1d, AvgPool1d, MaxPool1d, AdaptiveAvgPool1d with their attributes")
+for cls, line, needle in [("EvenSameConv1d", "oned.py:26", "Conv1d padding='same' with an even kernel"),
+                          ("DilatedMaxPool1d", "oned.py:35", "MaxPool1d with return_indices or dilation")]:
+    rc, msg = run([ONED + ":" + cls, "--input-shape", "3,16", "-o", os.path.join(out, "x.yaml")])
+    if rc == 0 or line not in msg or needle not in msg:
+        failures.append(f"{cls}: expected a refusal naming '{needle}' at {line}, got rc {rc}: {msg}")
+    else:
+        print(f"ok: refused {cls}: {msg.strip()[:150]}")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
