@@ -117,4 +117,63 @@ except psd.Error as e:
     print(f"big: {e} - final after {dt:.2f} s, no retry")
 EOF
 cat "$tmp/big.log"
+
+# A slow client's stalled calls (tests/slow_proxy.py holds the request messages of its first two
+# calls 2.5 s, as a GC pause would): past the stall grace (1 s) the second is over
+# server.max_stalled_per_client (1) and psd ends it RESOURCE_EXHAUSTED with psd-retry-after-ms (it
+# read nothing of it), so grpcio sees the hint and the Python package sends it again and succeeds;
+# psd used to cancel it without the hint, final for both clients.
+start_psd "$tmp/psd_stall.log" --log-level warn --set server.max_stalled_per_client=1 \
+    --set server.recv_timeout_s=10 || fail "psd"
+pids+=("$psd")
+stall_run() {  # raw|psd: slow_proxy in front of psd, then the Python check through it
+  local pp port
+  coproc PROXY { exec $PY tests/slow_proxy.py "${addr##*:}" 2 2.5 --on-signal; }
+  pp=$PROXY_PID; pids+=("$pp")
+  read -r -t 10 port <&"${PROXY[0]}" || fail "stall: slow_proxy did not start"
+  $PY - "127.0.0.1:$port" "$1" "$pp" >"$tmp/stall_$1.log" 2>&1 <<'EOF' || fail "stall $1: $(tail -n 5 "$tmp/stall_$1.log")"
+import os, signal, sys, time
+from concurrent import futures
+import grpc
+import psd
+from psd._proto import ps_pb2, ps_pb2_grpc
+addr, what, proxy = sys.argv[1], sys.argv[2], int(sys.argv[3])
+req = ps_pb2.ListParametersRequest()
+def hold_next_two():   # after the client's own set-up calls
+    os.kill(proxy, signal.SIGUSR1)
+    time.sleep(0.3)
+if what == "raw":   # grpcio alone: the status and the trailing metadata
+    stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(addr))
+    hold_next_two()
+    calls = [stub.ListParameters.future(req, timeout=20) for _ in range(2)]
+    ok, refused = 0, []
+    for f in calls:
+        try:
+            f.result()
+            ok += 1
+        except grpc.RpcError as e:
+            refused.append(e)
+    assert ok == 1 and len(refused) == 1, (ok, [(e.code(), e.details()) for e in refused])
+    e = refused[0]
+    hint = dict(e.trailing_metadata() or ()).get("psd-retry-after-ms")
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "not received" in e.details(), (e.code(), e.details())
+    assert hint == "1000", f"no retry hint on the stalled call psd ended: trailing metadata {e.trailing_metadata()}"
+    print(f"stall raw: 1 answered, 1 ended {e.code().name} ({e.details()[:60]}...) with psd-retry-after-ms {hint}")
+else:               # the Python package: sent again after the hint, both answered
+    client = psd.connect(addr, overrides={"trainer.retry_max_s": "30", "trainer.retry_backoff_s": "0.05"})
+    hold_next_two()
+    t0 = time.monotonic()
+    with futures.ThreadPoolExecutor(2) as ex:
+        res = list(ex.map(lambda _: client.conns[0].call("ListParameters", req), range(2)))
+    dt = time.monotonic() - t0
+    assert all(len(r.parameters) > 0 for r in res) and client.retries >= 1, (client.retries, dt)
+    print(f"stall psd: both calls answered in {dt:.1f} s, {client.retries} sent again after psd's hint")
+EOF
+  cat "$tmp/stall_$1.log"
+  kill "$pp" 2>/dev/null; wait "$pp" 2>/dev/null || true
+}
+stall_run raw
+stall_run psd
+grep -aq "cancelled 1 call that stalled" "$tmp/psd_stall.log" || fail "stall: psd did not end a stalled call"
+kill "$psd"; wait "$psd" 2>/dev/null || true
 echo "it_busy: admission refusals backed off and sent again, each batch applied once (C and Python); too large stays final: OK"
