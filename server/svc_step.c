@@ -485,6 +485,20 @@ ps_status ps_svc_Step(ps_svc_call *call, const ps_StepRequest *req, ps_StepRespo
     return step_context(call, c, req->round, req->grad_scale, &sc, err);
 }
 
+/* ---- ReleaseContext -------------------------------------------------------------- */
+
+/* A context its trainer abandons unstepped (ps_ctx_table_discard_as). */
+ps_status ps_svc_ReleaseContext(ps_svc_call *call, const ps_ReleaseContextRequest *req,
+                                ps_ReleaseContextResponse *resp, ps_err *err) {
+    if (!req->context_id)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReleaseContextRequest.context_id: must be non-zero");
+    int how = ps_ctx_table_discard_as(call->svc->ctx, req->context_id, call->owner, err);
+    if (how < 0) return err->code;
+    resp->released = how != PS_CTX_DISCARD_NONE;
+    resp->pending = how == PS_CTX_DISCARD_PENDING;
+    return PS_OK;
+}
+
 /* ---- PushGradients ------------------------------------------------------------- */
 
 /* The pushed gradients, checked, into a scratch accumulator (a refused push

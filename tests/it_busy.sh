@@ -176,4 +176,40 @@ stall_run raw
 stall_run psd
 grep -aq "cancelled 1 call that stalled" "$tmp/psd_stall.log" || fail "stall: psd did not end a stalled call"
 kill "$psd"; wait "$psd" 2>/dev/null || true
+
+# A context the trainer abandons (an exception, a lost batch run again) is released at once
+# (ReleaseContext), not held until server.context_ttl_s: with room for one batch's context (25 MB:
+# a Forward of 64 is admitted 17.7 MB, then holds 11.3), the next batch's Forward is admitted at
+# once - without the release it is refused for the client's own abandoned context (its share)
+# until the TTL, and the trainer starves itself.
+start_psd "$tmp/psd_rel.log" --log-level error --set server.max_context_bytes=25000000 || fail "psd"
+pids+=("$psd")
+$PY - "$addr" >"$tmp/rel.log" 2>&1 <<'EOF' || fail "release: $(tail -n 5 "$tmp/rel.log")"
+import sys
+import torch
+import psd
+from psd._proto import ps_pb2
+from psd.context import Context
+from psd.tensors import to_wire
+client = psd.connect(sys.argv[1], overrides={"trainer.retry_max_s": "5", "trainer.retry_backoff_s": "0.05"})
+conn = client.conns[0]
+def forward(ctx):   # one training Forward of a batch of 64 (a context of ~11 MB)
+    ctx.forward_part(conn, ps_pb2.ForwardRequest(input=to_wire(torch.rand(64, 1, 28, 28))), ctx.new_record("mnist"))
+ids = []
+for i in range(3):
+    try:
+        with Context(client) as ctx:
+            ids.append(ctx.id)
+            forward(ctx)
+            raise RuntimeError("the trainer's own error: the batch is abandoned")
+    except RuntimeError:
+        pass
+st = conn.call("Status", ps_pb2.StatusRequest())
+assert client.retries == 0, f"{client.retries} Forwards refused for the client's own abandoned contexts"
+assert client.released == 3 and st.contexts_released == 3 and st.live_contexts == 0, (client.released, st)
+print(f"release: 3 abandoned contexts of ~11 MB (17.7 MB admitted for each Forward) under a 25 MB budget released at once (contexts_released "
+      f"{st.contexts_released}, live {st.live_contexts}), no Forward refused")
+EOF
+cat "$tmp/rel.log"
+kill "$psd"; wait "$psd" 2>/dev/null || true
 echo "it_busy: admission refusals backed off and sent again, each batch applied once (C and Python); too large stays final: OK"
