@@ -262,7 +262,8 @@ static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *detai
  * on_recv then drops it unread (c->replied), so a call answered so never
  * runs and the client may send it again as it is. A client that does not
  * take even the trailers is cancelled after server.send_timeout_s
- * (send_since, as any reply). 0 if the call was already done. */
+ * (send_since, as any reply). 0 if the call was already done, or the
+ * batch could not start (the caller cancels it then). */
 int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char *details, int retry_after_ms) {
     if (c->replied || c->cancelled || c->finished || !c->call) return 0;
     c->retry_after_ms = retry_after_ms;
@@ -286,7 +287,7 @@ int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char
     }
     if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
     start_batch_locked(c, ops, n, TAG_SEND, "end unread");
-    return 1;
+    return !c->cancelled;  /* not started: the caller cancels it */
 }
 
 /* Event thread: a requested call arrived (metadata only). */

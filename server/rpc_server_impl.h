@@ -418,7 +418,8 @@ void rpc_peer_host(char *dst, size_t n, const char *peer);
 /* With c->mu held: end call c, whose message was not read, with a status
  * (and, for RESOURCE_EXHAUSTED with retry_after_ms > 0, psd's retry hint
  * in the trailers) instead of cancelling it; a message arriving later is
- * dropped unread. 0 if c was already replied, cancelled or finished. */
+ * dropped unread. 0 if c was already replied, cancelled or finished, or
+ * the batch could not start (cancel it then). */
 int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char *details, int retry_after_ms);
 /* Cancel calls that waited too long for their message or for the client
  * to take their reply. */
