@@ -17,7 +17,12 @@
 # none lost), no context left open. Then what stays final: a context larger
 # than the whole budget gives up at once (ps-train, before any retry),
 # and a message over server.max_message_mb (Python; no hint) is refused
-# at the first try.
+# at the first try. Then, through tests/slow_proxy.py (a client that looks
+# slow: its request messages held): a stalled call psd ends past
+# server.max_stalled_per_client carries psd-retry-after-ms and is sent again
+# (grpcio, python/psd); contexts a trainer abandons are released
+# (ReleaseContext: python/psd under room for one context, and ps-train's
+# batch run again when its Backward is held past its deadline).
 . "$(dirname "$0")/lib.sh" it_busy
 . tests/python/lib.sh
 DATA=${DATA:-data/mnist}
@@ -212,4 +217,23 @@ print(f"release: 3 abandoned contexts of ~11 MB (17.7 MB admitted for each Forwa
 EOF
 cat "$tmp/rel.log"
 kill "$psd"; wait "$psd" 2>/dev/null || true
+# ps-train (--split-calls) whose first Backward is held by tests/slow_proxy.py past its deadline
+# (trainer.rpc_timeout_s 1): rule 5 runs the batch again under a fresh id and releases the abandoned
+# context (its Forward is recorded on psd) - psd ends with no live context, one released, and every
+# batch applied once; before ReleaseContext it stayed live until server.context_ttl_s.
+start_psd "$tmp/psd_crel.log" --log-level error || fail "psd"
+pids+=("$psd")
+coproc PROXY { exec $PY tests/slow_proxy.py "${addr##*:}" 1 2.5 --skip 2; }  # ListParameters, Forward pass
+pp=$PROXY_PID; pids+=("$pp")
+read -r -t 10 port <&"${PROXY[0]}" || fail "crel: slow_proxy did not start"
+"$BUILD/bin/ps-train" --server "127.0.0.1:$port" --rank 1 --data "$DATA" --max-batches 4 --no-eval --split-calls \
+    --log-every 1 --set trainer.rpc_timeout_s=1 --set trainer.retry_backoff_s=0.05 >"$tmp/crel.log" 2>&1 ||
+  fail "crel: ps-train failed: $(tail -n 3 "$tmp/crel.log")"
+grep -q "left unstepped (no Step was sent) and released; running the batch again" "$tmp/crel.log" ||
+  fail "crel: the held Backward did not make ps-train run the batch again and release its context"
+s=$(status)
+c=$(echo "$s" | field contexts_applied); live=$(echo "$s" | field live_contexts); rel=$(echo "$s" | field contexts_released)
+echo "crel: ps-train's Backward held past its deadline: batch run again, its first context released; contexts_applied $c, live $live, released $rel"
+[ "$c" = 4 ] && [ "$live" = 0 ] && [ "$rel" = 1 ] || fail "crel: contexts_applied $c (4 batches), live $live (0), released $rel (1)"
+kill "$pp" "$psd"; wait "$psd" 2>/dev/null || true
 echo "it_busy: admission refusals backed off and sent again, each batch applied once (C and Python); too large stays final: OK"

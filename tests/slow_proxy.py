@@ -8,10 +8,12 @@ loaded host). Everything else - other streams' frames, SETTINGS, PINGs,
 WINDOW_UPDATEs, and all that psd sends back - passes at once. Plaintext
 HTTP/2 only; it reads frame headers, never HPACK.
 
-  slow_proxy.py UPSTREAM_PORT HOLD DELAY [--on-signal]
+  slow_proxy.py UPSTREAM_PORT HOLD DELAY [--on-signal] [--skip K] [--log]
 
 With --on-signal nothing is held until SIGUSR1, then the next HOLD streams
-(a client's set-up calls pass untouched). Prints the port it listens on (127.0.0.1) on its first line, then runs until
+(a client's set-up calls pass untouched); with --skip K the first K streams
+with a message pass untouched, then HOLD are held. --log prints each
+stream's first DATA frame (its number and length) to stderr. Prints the port it listens on (127.0.0.1) on its first line, then runs until
 killed; on SIGTERM it prints how many streams it held.
 """
 import heapq
@@ -27,14 +29,23 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 class Held:
     """The streams whose DATA is held, over all connections."""
 
-    def __init__(self, n, delay):
+    def __init__(self, n, delay, skip=0, log=False):
         self.left = n
         self.delay = delay
+        self.skip = skip
+        self.log = log
+        self.seen = 0
         self.mu = threading.Lock()
         self.count = 0
 
-    def take(self):
+    def take(self, ln):
         with self.mu:
+            self.seen += 1
+            if self.log:
+                print(f"slow_proxy: stream {self.seen}: first DATA frame of {ln} bytes", file=sys.stderr, flush=True)
+            if self.skip > 0:
+                self.skip -= 1
+                return False
             if self.left <= 0:
                 return False
             self.left -= 1
@@ -119,7 +130,7 @@ class Down:
                 if ftype == 1 and sid not in self.streams:  # HEADERS of a new stream
                     self.streams[sid] = None
                 if ftype == 0 and sid in self.streams:
-                    if self.streams[sid] is None and self.held.take():
+                    if self.streams[sid] is None and self.held.take(ln):
                         self.streams[sid] = time.monotonic() + self.held.delay
                     if self.streams[sid] is not None and self.streams[sid] > 0:
                         with self.mu:
@@ -148,8 +159,10 @@ def serve(conn, upstream, held):
 
 def main():
     upstream, n, delay = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-    armed = "--on-signal" in sys.argv[4:]
-    held = Held(0 if armed else n, delay)
+    opts = sys.argv[4:]
+    armed = "--on-signal" in opts
+    skip = int(opts[opts.index("--skip") + 1]) if "--skip" in opts else 0
+    held = Held(0 if armed else n, delay, skip, "--log" in opts)
 
     def arm(*_):
         with held.mu:
