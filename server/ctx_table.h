@@ -181,7 +181,8 @@ size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq);
 void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes);
 
 /* Ends an RPC's use of the context, which stays (unless it has no forward,
- * or its owner released it meanwhile: ps_ctx_table_discard_as). */
+ * or its owner released it meanwhile: ps_ctx_table_discard_as) - so c may
+ * be freed: the caller must not touch it afterwards. */
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c);
 
 /* What ps_ctx_table_discard_as did. */
