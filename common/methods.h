@@ -56,6 +56,9 @@
     /* a trainer's report: counters, trainer role */                                                         \
     X(REPORT_PARTIAL, ReportPartial, "ReportPartial", PS_SVC "ReportPartial", ps_ReportPartialRequest,       \
       ps_ReportPartialResponse, PS_MF_MUTATING)                                                              \
+    /* frees a context its trainer abandons: trainer role; not new work (allowed while draining) */          \
+    X(RELEASE_CONTEXT, ReleaseContext, "ReleaseContext", PS_SVC "ReleaseContext", ps_ReleaseContextRequest,  \
+      ps_ReleaseContextResponse, PS_MF_MUTATING)                                                             \
     /* for anyone who may connect: readers too */                                                            \
     X(HEALTH_CHECK, HealthCheck, "Health/Check", "/grpc.health.v1.Health/Check",                             \
       grpc_health_v1_HealthCheckRequest, grpc_health_v1_HealthCheckResponse, PS_MF_READER | PS_MF_RESERVED)

@@ -319,6 +319,27 @@ static int may_run_locked(ps_cons *c, const rank_clock *k, double now) {
     return !k || lo == UINT64_MAX || k->clock <= lo + (uint64_t)c->o.max_staleness;
 }
 
+/* Every slot active: how long until the first one can be reused - the
+ * earliest end of a rank's activity (active_s after it was last seen, or
+ * idle_s after its last Step), among those holding no Forward (a held one
+ * stays active while it waits; none: active_s). In ms for psd's retry hint,
+ * within [PS_CONS_RANK_RETRY_MIN_MS, 60 s]: the refused Forward did nothing,
+ * so a trainer sends it again then. A rank seen again meanwhile stays
+ * active: the next refusal says how long again. */
+#define PS_CONS_RANK_RETRY_MIN_MS 50
+static int slot_free_ms_locked(const ps_cons *c, double now) {
+    double wait = -1;
+    for (int i = 0; i < c->nclocks; i++) {
+        const rank_clock *k = &c->clocks[i];
+        if (k->nheld > 0) continue;
+        double end = k->last_seen + c->o.active_s;
+        if (c->o.idle_s > 0 && k->last_step + c->o.idle_s < end) end = k->last_step + c->o.idle_s;
+        if (wait < 0 || end - now < wait) wait = end - now;
+    }
+    double ms = (wait < 0 ? c->o.active_s : wait) * 1000.0 + 1;
+    return ms < PS_CONS_RANK_RETRY_MIN_MS ? PS_CONS_RANK_RETRY_MIN_MS : ms > 60000 ? 60000 : (int)ms;
+}
+
 /* The clock of rank for owner: found, or a new one (in a free slot, or the
  * slot of the rank idle longest); NULL with err when the rank belongs to
  * another identity, is outside server.ssp_world_size, or every slot is
@@ -346,8 +367,12 @@ static rank_clock *touch_locked(ps_cons *c, uint32_t rank, const char *owner, do
             for (int i = 0; i < c->nclocks; i++)
                 if (!active(c, &c->clocks[i], now) && (!k || c->clocks[i].last_seen < k->last_seen)) k = &c->clocks[i];
             if (!k) {
-                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%d trainer ranks are active (the most psd tracks); set "
-                           "server.ssp_world_size to the trainers' world size", MAX_CLOCKS);
+                int ms = slot_free_ms_locked(c, now);
+                ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "%d trainer ranks are active (the most psd tracks); the "
+                           "first may go idle in %.1f s (server.context_ttl_s after its last Forward, "
+                           "server.ssp_idle_s after its last Step); set server.ssp_world_size to the trainers' "
+                           "world size", MAX_CLOCKS, ms / 1000.0);
+                ps_err_retry_after(err, ms);  /* refused before anything ran: it may come again */
                 return NULL;
             }
         }

@@ -46,7 +46,7 @@ struct ps_ctx_table {
     unsigned char *bloom[2];       /* ids evicted from fin: [0] current, [1] previous generation */
     size_t bloom_n;
     uint64_t live, expired, opened, trainers_seen, bytes;
-    uint64_t evicted, refused;
+    uint64_t evicted, refused, released;
     uint64_t applied;              /* contexts whose step reached the weights (imported + since) */
     pthread_rwlock_t apply_lk;     /* held shared from a step's application to its record; a
                                     * checkpoint's snapshot holds it exclusively */
@@ -502,12 +502,35 @@ void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c) {
         bytes_add_locked(t, c, -(long long)c->reserved);
         c->reserved = 0;
     }
-    int empty = c->nfwd == 0 && !c->grads;
-    if (empty) unlink_locked(t, c);  /* opened by a Forward that failed: nothing to keep */
+    int empty = (c->nfwd == 0 && !c->grads) || c->discard;
+    if (empty) unlink_locked(t, c);  /* opened by a Forward that failed, or released by its owner: nothing to keep */
     c->busy = 0;
     c->last_used = ps_mono_s();
     pthread_mutex_unlock(&t->mu);
     if (empty) ctx_free(t, c);
+}
+
+int ps_ctx_table_discard_as(ps_ctx_table *t, uint64_t id, const char *owner, ps_err *err) {
+    ps_prof_mutex_lock(&t->mu, PS_PHASE_CTX);
+    ps_ctx *c = find_locked(t, id);
+    int how = PS_CTX_DISCARD_NONE;
+    if (c && owner && c->own && strcmp(c->own->key, owner)) {
+        ps_err_set(err, PS_ERR_PERMISSION_DENIED, "context %llu belongs to another client (token or host); only the "
+                   "client that opened a context may release it", (unsigned long long)id);
+        how = -1;
+        c = NULL;
+    } else if (c && c->busy) {
+        how = c->discard ? PS_CTX_DISCARD_PENDING : (t->released++, PS_CTX_DISCARD_PENDING);
+        c->discard = 1;
+        c = NULL;
+    } else if (c) {
+        unlink_locked(t, c);
+        t->released++;
+        how = PS_CTX_DISCARD_FREED;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (c) ctx_free(t, c);
+    return how;
 }
 
 void ps_ctx_table_finish(ps_ctx_table *t, ps_ctx *c, uint64_t version) {
@@ -631,6 +654,7 @@ void ps_ctx_table_stats(ps_ctx_table *t, ps_ctx_stats *out) {
     out->bytes = t->bytes;
     out->finished_kept = t->nfin;
     out->evicted = t->evicted;
+    out->released = t->released;
     out->refused = t->refused;
     out->owners = t->nowners;
     out->applied = t->applied;

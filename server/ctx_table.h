@@ -90,6 +90,7 @@ typedef struct ps_ctx {
     size_t cap;
     double last_used;
     int busy;
+    int discard;            /* released by its owner while busy: freed when the call holding it releases it */
     struct ps_ctx *next;
 } ps_ctx;
 
@@ -104,6 +105,7 @@ typedef struct ps_ctx_stats {
     uint64_t refused;       /* total since start: reservations/opens refused for memory or count */
     uint64_t owners;        /* owners holding contexts now */
     uint64_t applied;       /* total: contexts whose step reached the weights (kept by checkpoints) */
+    uint64_t released;      /* total since start: contexts their owner released unstepped (ps_ctx_table_discard_as) */
 } ps_ctx_stats;
 
 /* What a finished context's step did. */
@@ -178,8 +180,27 @@ size_t ps_ctx_pending(const ps_ctx *c, uint32_t *first_seq);
 /* Set c->bytes (c busy) and the table's total accordingly. */
 void ps_ctx_table_account(ps_ctx_table *t, ps_ctx *c, size_t bytes);
 
-/* Ends an RPC's use of the context, which stays (unless it has no forward). */
+/* Ends an RPC's use of the context, which stays (unless it has no forward,
+ * or its owner released it meanwhile: ps_ctx_table_discard_as) - so c may
+ * be freed: the caller must not touch it afterwards. */
 void ps_ctx_table_release(ps_ctx_table *t, ps_ctx *c);
+
+/* What ps_ctx_table_discard_as did. */
+typedef enum {
+    PS_CTX_DISCARD_NONE = 0,     /* no live context of that id: unknown, expired or finished (its record kept) */
+    PS_CTX_DISCARD_FREED = 1,    /* freed now */
+    PS_CTX_DISCARD_PENDING = 2,  /* a call holds it: freed when that call releases it (a Step that finishes it
+                                    first wins) */
+} ps_ctx_discard_how;
+/* The owner abandons live context id without stepping it (ReleaseContext:
+ * its trainer runs the unit again under a fresh id): its tapes and
+ * gradients are freed at once instead of after the TTL, so they no longer
+ * count against the owner's share; nothing is applied and no finished
+ * record is made (a later call of id finds it unknown: NOT_FOUND). A
+ * finished context's record is never touched. Returns the
+ * ps_ctx_discard_how, or -1 with PERMISSION_DENIED in err when another
+ * owner opened it (owner NULL = no check). */
+int ps_ctx_table_discard_as(ps_ctx_table *t, uint64_t id, const char *owner, ps_err *err);
 
 /* Removes the context and frees its tapes and gradients; remembers it as
  * finished with the given version (the result of its step): applied, or

@@ -262,6 +262,9 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_contexts_refused_total", "counter", "Forwards/Backwards refused for the context memory "
            "budget or the context count.");
     put(&b, "psd_contexts_refused_total %llu\n", (unsigned long long)cs.refused);
+    family(&b, "psd_contexts_released_total", "counter", "Contexts their trainer released unstepped "
+           "(ReleaseContext: the unit runs again under a fresh id) before server.context_ttl_s.");
+    put(&b, "psd_contexts_released_total %llu\n", (unsigned long long)cs.released);
     family(&b, "psd_steps_total", "counter",
            "Optimizer steps applied to the model, including those restored from a checkpoint.");
     put(&b, "psd_steps_total %llu\n", (unsigned long long)version);

@@ -252,6 +252,44 @@ static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *detai
     rpc_call_unlock_maybe_finish(c);
 }
 
+/* With c->mu held (scan_timeouts): end call c, whose request message has
+ * not arrived, with code and details and, for a RESOURCE_EXHAUSTED, psd's
+ * hint retry_after_ms (PS_RPC_RETRY_AFTER_KEY) - a status sent as an
+ * ordinary reply rather than grpc_call_cancel_with_status, which takes no
+ * trailing metadata. Its receive may still be pending: gRPC ends the
+ * stream (trailers, then RST_STREAM NO_ERROR to a client still sending)
+ * and fails the receive, or completes it if the message got in first -
+ * on_recv then drops it unread (c->replied), so a call answered so never
+ * runs and the client may send it again as it is. A client that does not
+ * take even the trailers is cancelled after server.send_timeout_s
+ * (send_since, as any reply). 0 if the call was already done, or the
+ * batch could not start (the caller cancels it then). */
+int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char *details, int retry_after_ms) {
+    if (c->replied || c->cancelled || c->finished || !c->call) return 0;
+    c->retry_after_ms = retry_after_ms;
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 0;
+    n++;
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count =
+        trailing_locked(c, code, &ops[n].data.send_status_from_server.trailing_metadata);
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &c->status_details;
+    n++;
+    if (!c->close_started) {
+        close_op_locked(c, &ops[n++]);
+        c->close_in_reply = 1;
+    }
+    if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    start_batch_locked(c, ops, n, TAG_SEND, "end unread");
+    return !c->cancelled;  /* not started: the caller cancels it */
+}
+
 /* Event thread: a requested call arrived (metadata only). */
 static void on_request(ps_rpc_call *c, int success) {
     ps_rpc_server *s = c->s;
@@ -363,7 +401,7 @@ static void on_recv(ps_rpc_call *c, int success) {
     pthread_mutex_lock(&c->mu);
     c->batches--;
     __atomic_store_n(&c->recv_since, 0, __ATOMIC_RELAXED);
-    if (success && !c->cancelled) {
+    if (success && !c->cancelled && !c->replied) {  /* replied: ended unread (rpc_call_end_unread_locked) */
         c->got_message = 1;
         c->queued = 1;
         ps_rpc_server *s = c->s;

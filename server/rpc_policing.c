@@ -565,9 +565,17 @@ void rpc_scan_timeouts(ps_rpc_server *s) {
                          : "%sreply not taken by the client within %d ms (server.send_timeout_s%s)",
                          stopping ? "server shutting down: " : "", why[i] == 1 ? recv_ms : send_ms,
                          stopping ? ", or less while stopping" : "");
-            grpc_call_cancel_with_status(c->call, why[i] == 3 ? GRPC_STATUS_RESOURCE_EXHAUSTED
-                                                  : stopping ? GRPC_STATUS_UNAVAILABLE
-                                                             : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
+            /* past the stalled caps: nothing of the call was read, so it
+             * ends with psd's retry hint like an admission refusal (a slow
+             * client - a GC pause, a loaded host - sends it again after the
+             * grace; one that stalls again is ended again, its share
+             * bounded as before). The time limits cancel: the client has
+             * had its time. */
+            if (why[i] != 3 || !rpc_call_end_unread_locked(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg,
+                                                          PS_RPC_STALL_GRACE_MS))
+                grpc_call_cancel_with_status(c->call, why[i] == 3 ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                      : stopping ? GRPC_STATUS_UNAVAILABLE
+                                                                 : GRPC_STATUS_DEADLINE_EXCEEDED, msg, NULL);
         }
         pthread_mutex_unlock(&c->mu);
         rpc_call_unref(c);

@@ -414,6 +414,13 @@ void *rpc_watch_main(void *arg);
 int rpc_count_connections(ps_rpc_server *s);
 /* "ipv4:1.2.3.4:5" -> "ipv4:1.2.3.4" (unix peers as they are). */
 void rpc_peer_host(char *dst, size_t n, const char *peer);
+/* ---- rpc_call.c ---- */
+/* With c->mu held: end call c, whose message was not read, with a status
+ * (and, for RESOURCE_EXHAUSTED with retry_after_ms > 0, psd's retry hint
+ * in the trailers) instead of cancelling it; a message arriving later is
+ * dropped unread. 0 if c was already replied, cancelled or finished, or
+ * the batch could not start (cancel it then). */
+int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char *details, int retry_after_ms);
 /* Cancel calls that waited too long for their message or for the client
  * to take their reply. */
 void rpc_scan_timeouts(ps_rpc_server *s);

@@ -340,6 +340,7 @@ ps_status ps_svc_Status(ps_svc_call *call, const ps_StatusRequest *req, ps_Statu
     resp->context_bytes = st.bytes;
     resp->max_context_bytes = s->max_context_bytes;
     resp->contexts_evicted = st.evicted;
+    resp->contexts_released = st.released;
     resp->contexts_refused = st.refused;
     resp->context_clients = (uint32_t)st.owners;
     ps_rpc_admission ad;

@@ -163,11 +163,12 @@ static ps_status step_context(ps_svc_call *call, ps_ctx *c, uint64_t round, floa
     ps_service *s = call->svc;
     uint32_t pending_seq = 0;
     size_t pending = ps_ctx_pending(c, &pending_seq);
-    if (pending) {
+    if (pending) {  /* c may be freed by its release (ReleaseContext meanwhile): nothing of it after */
+        ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: %zu recorded forward%s not backwarded yet (first: "
+                   "seq %u); call Backward first, for every forward of the context", (unsigned long long)c->id,
+                   pending, pending == 1 ? "" : "s", pending_seq);
         ps_ctx_table_release(s->ctx, c);
-        return ps_err_set(err, PS_ERR_FAILED_PRECONDITION, "context %llu: %zu recorded forward%s not backwarded "
-                          "yet (first: seq %u); call Backward first, for every forward of the context",
-                          (unsigned long long)c->id, pending, pending == 1 ? "" : "s", pending_seq);
+        return err->code;
     }
     if (c->nonfinite && !s->nonfinite_skip) {
         svc_count(&s->nonfinite_rejected);
@@ -483,6 +484,20 @@ ps_status ps_svc_Step(ps_svc_call *call, const ps_StepRequest *req, ps_StepRespo
     }
     if (!c) return err->code;
     return step_context(call, c, req->round, req->grad_scale, &sc, err);
+}
+
+/* ---- ReleaseContext -------------------------------------------------------------- */
+
+/* A context its trainer abandons unstepped (ps_ctx_table_discard_as). */
+ps_status ps_svc_ReleaseContext(ps_svc_call *call, const ps_ReleaseContextRequest *req,
+                                ps_ReleaseContextResponse *resp, ps_err *err) {
+    if (!req->context_id)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ReleaseContextRequest.context_id: must be non-zero");
+    int how = ps_ctx_table_discard_as(call->svc->ctx, req->context_id, call->owner, err);
+    if (how < 0) return err->code;
+    resp->released = how != PS_CTX_DISCARD_NONE;
+    resp->pending = how == PS_CTX_DISCARD_PENDING;
+    return PS_OK;
 }
 
 /* ---- PushGradients ------------------------------------------------------------- */

@@ -409,7 +409,12 @@ static void test_ssp_ranks(void) {
             tried = 1;
             CHECK(ok == 4096);
             CHECK(full);
-            usleep((useconds_t)(as * 1.5e6));
+            /* retryable: psd's hint is when the first rank's activity ends (within active_s), and
+             * sent again after it, the Forward is admitted into that slot */
+            int hint = err.retry_after_ms;
+            CHECK_MSG(hint >= 50 && hint <= as * 1000 + 1 && strstr(err.msg, "may go idle in"), "hint %d ms for an "
+                      "activity window of %g s: %s", hint, as, err.msg);
+            usleep((useconds_t)(hint + 20) * 1000);
             CHECK_MSG(ps_cons_ssp_admit(c, 7, "h", NULL, on_ready, &r, &err) == 1, "%s", err.msg);
         }
         ps_cons_free(c);

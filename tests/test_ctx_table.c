@@ -142,6 +142,59 @@ static void test_owner_only(void) {
     ps_ctx_table_free(t);
 }
 
+/* ReleaseContext: an owner abandons its unstepped context - freed at
+ * once (bytes, count and its share back), or when the call holding it
+ * releases it; never another owner's, never a finished one's record. */
+static void test_discard(void) {
+    ps_err err = {0};
+    ps_ctx_table_opts o = {.ttl_s = 60, .max_live = 16, .grads_free = free, .max_bytes = 2500};
+    ps_ctx_table *t = ps_ctx_table_create(&o);
+    ps_ctx_stats st;
+    /* alice holds two contexts of 1000 bytes; a third does not fit the budget */
+    for (uint64_t id = 1; id <= 3; id++) {
+        ps_ctx *c = ps_ctx_table_open_as(t, id, 1, "alice", NULL, &err);
+        CHECK(c != NULL);
+        if (!c) return;
+        ps_status rs = ps_ctx_table_reserve(t, c, 1000, &err);
+        CHECK(rs == (id < 3 ? PS_OK : PS_ERR_RESOURCE_EXHAUSTED));
+        if (!rs) {
+            ps_tape *tp = make_tape(id);
+            CHECK(ps_ctx_add_fwd(t, c, 0, tp, 0, 1000, &err) == PS_OK);
+        }
+        ps_ctx_table_release(t, c);
+    }
+    CHECK(ps_ctx_table_discard_as(t, 1, "mallory", &err) == -1 && err.code == PS_ERR_PERMISSION_DENIED);
+    CHECK(ps_ctx_table_discard_as(t, 1, "alice", &err) == PS_CTX_DISCARD_FREED);
+    ps_ctx_table_stats(t, &st);
+    CHECK_MSG(st.live == 1 && st.bytes == 1000 && st.released == 1, "live %llu, bytes %llu, released %llu",
+              (unsigned long long)st.live, (unsigned long long)st.bytes, (unsigned long long)st.released);
+    CHECK(ps_ctx_table_acquire_as(t, 1, "alice", NULL, NULL, &err) == NULL && err.code == PS_ERR_NOT_FOUND);
+    CHECK(ps_ctx_table_discard_as(t, 1, "alice", &err) == PS_CTX_DISCARD_NONE);  /* again: nothing */
+    /* the room it held is the client's again at once (not after the TTL) */
+    ps_ctx *c = ps_ctx_table_open_as(t, 3, 1, "alice", NULL, &err);
+    CHECK(c != NULL && ps_ctx_table_reserve(t, c, 1000, &err) == PS_OK);
+    if (c) ps_ctx_table_release(t, c);
+    /* busy: freed when the call holding it releases it */
+    c = ps_ctx_table_acquire_as(t, 2, "alice", NULL, NULL, &err);
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(ps_ctx_table_discard_as(t, 2, "alice", &err) == PS_CTX_DISCARD_PENDING);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.live == 1 && st.released == 2);
+    ps_ctx_table_release(t, c);
+    ps_ctx_table_stats(t, &st);
+    CHECK(st.live == 0 && st.bytes == 0);
+    /* a finished context keeps its record: a Step of it still answers its version */
+    CHECK(open_fwd(t, 5, 0, &err) == PS_OK);
+    CHECK((c = ps_ctx_table_acquire_as(t, 5, NULL, NULL, NULL, &err)) != NULL);
+    if (c) ps_ctx_table_finish(t, c, 77);
+    CHECK(ps_ctx_table_discard_as(t, 5, "alice", &err) == PS_CTX_DISCARD_NONE);
+    int finished = 0;
+    uint64_t v = 0;
+    CHECK(ps_ctx_table_acquire(t, 5, &finished, &v, &err) == NULL && finished == 1 && v == 77);
+    ps_ctx_table_free(t);
+}
+
 /* A released context's idle clock restarts: of two contexts opened
  * together, the one used in between survives an expiry that takes the
  * other. Margins are 40 % of a 3 s TTL, not milliseconds. */
@@ -466,6 +519,7 @@ int main(void) {
     if (!model) return check_summary("test_ctx_table");
     test_lifecycle();
     test_owner_only();
+    test_discard();
     test_idle_restart();
     test_settle_window();
     test_concurrent();

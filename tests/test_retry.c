@@ -308,7 +308,17 @@ typedef struct fake_psd {
     int with_push;   /* units send PUSH after BWD (ps-train lm's PushGradients): state 4 = complete */
     int incomplete;  /* steps applied to a context without its PUSH */
     int marks_step;  /* ps_once_ops.marks_step: the run says PS_KEPT_STEP before its Step */
+    int release;     /* ps_once_ops.release set: abandoned contexts are released (state 5) */
+    int released, released_applied;  /* releases of a held context; of an applied one (never) */
 } fake_psd;
+
+/* Contexts the fake psd still holds unstepped (forwarded, backwarded,
+ * pushed): what a re-run leaves behind until its TTL. */
+static int held_ctx(const fake_psd *f) {
+    int n = 0;
+    for (int i = 0; i < f->nctx; i++) n += f->state[i] == 1 || f->state[i] == 2 || f->state[i] == 4;
+    return n;
+}
 
 static int find_ctx(fake_psd *f, uint64_t ctx) {
     for (int i = 0; i < f->nctx; i++)
@@ -396,6 +406,14 @@ static ps_status unit_run(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     return fake_call(f, STEP, ctx, err);
 }
 
+static void unit_release(void *arg, uint64_t ctx) {
+    fake_psd *f = arg;
+    int i = find_ctx(f, ctx);
+    if (i < 0) return;
+    if (f->state[i] == 3) f->released_applied++;
+    else f->released++, f->state[i] = 5;
+}
+
 static ps_status unit_step(void *arg, uint64_t ctx, ps_err *err) {
     fake_psd *f = arg;
     f->steps_asked++;
@@ -411,13 +429,15 @@ static ps_status run_units(fake_psd *f, int n, const fault *faults, int nfaults,
     ps_retry_init(&r, &p);
     ps_ctx_ids ids;
     ps_ctx_ids_init(&ids);
-    int with_push = f->with_push, marks_step = f->marks_step;
+    int with_push = f->with_push, marks_step = f->marks_step, release = f->release;
     memset(f, 0, sizeof *f);
     f->with_push = with_push;
     f->marks_step = marks_step;
+    f->release = release;
     f->faults = faults;
     f->nfaults = nfaults;
-    ps_once_ops ops = {.unit = "batch", .run = unit_run, .step = unit_step, .arg = f, .marks_step = f->marks_step};
+    ps_once_ops ops = {.unit = "batch", .run = unit_run, .step = unit_step, .arg = f, .marks_step = f->marks_step,
+                       .release = f->release ? unit_release : NULL};
     ps_err e = {0};
     ps_status st = PS_OK;
     for (f->unit = 0; f->unit < n; f->unit++) {
@@ -536,6 +556,24 @@ static void test_once(void) {
     const fault step_lost[] = {{0, STEP, 0, PS_ERR_DEADLINE_EXCEEDED, .applied = 1}};
     CHECK(run_units(&f, 1, step_lost, 1, 10) == PS_OK);
     CHECK(f.applied_per_unit[0] == 1 && f.nids == 1 && f.steps_asked == 1 && f.incomplete == 0);
+
+    /* The context a re-run abandons (rule 5: the Backward applied, its
+     * answer lost) stays on psd until its TTL without release; with it,
+     * it is released once - unstepped, never an applied one - and psd
+     * holds nothing of the unit afterwards. */
+    CHECK(run_units(&f, 1, bwd_lost, 1, 10) == PS_OK);
+    CHECK_MSG(held_ctx(&f) == 1 && f.released == 0, "no release: %d held", held_ctx(&f));
+    f = (fake_psd){.with_push = 1, .marks_step = 1, .release = 1};
+    CHECK(run_units(&f, 1, bwd_lost, 1, 10) == PS_OK);
+    CHECK_MSG(held_ctx(&f) == 0 && f.released == 1 && f.released_applied == 0 && f.applied_per_unit[0] == 1 &&
+              f.nids == 2, "release: %d held, %d released, %d applied ones released, %d applied", held_ctx(&f),
+              f.released, f.released_applied, f.applied_per_unit[0]);
+    /* ... and neither a settled Step (applied) nor a context psd lost is released */
+    CHECK(run_units(&f, 1, step_lost, 1, 10) == PS_OK);
+    CHECK(f.released == 0 && f.released_applied == 0 && f.applied_per_unit[0] == 1);
+    const fault lost_ctx[] = {{0, BWD, 0, PS_ERR_NOT_FOUND, .restart = 1}};
+    CHECK(run_units(&f, 1, lost_ctx, 1, 10) == PS_OK);
+    CHECK(f.released == 0 && f.nids == 2 && f.applied_per_unit[0] == 1);
     f = (fake_psd){0};
 }
 
@@ -571,6 +609,8 @@ typedef struct fake_cluster {
     int reports;
     unsigned rep_applied, rep_lost;
     int rep_to[FS];
+    int released[FS];       /* ReleaseContext calls per server */
+    uint64_t released_ctx;
 } fake_cluster;
 
 static int has(const uint64_t *v, int n, uint64_t x) {
@@ -629,6 +669,12 @@ static void mreport(void *arg, int server, uint64_t ctx, unsigned applied, unsig
     c->rep_lost = lost;
 }
 
+static void mrelease(void *arg, int server, uint64_t ctx) {
+    fake_cluster *c = arg;
+    c->released[server]++;
+    c->released_ctx = ctx;
+}
+
 static void test_once_multi(void) {
     fake_clock clk = {.t = 0};
     ps_retry_policy p = fake_policy(&clk, 30, 0.1, 1);
@@ -643,7 +689,7 @@ static void test_once_multi(void) {
     /* 1. touched ps0 and ps1 (not ps2): both step once, no partial. */
     fake_cluster c = {.use = 3};
     ps_multi_ops ops = {.unit = "batch", .n_servers = FS, .names = names, .run = mrun, .step = mstep,
-                        .report = mreport, .arg = &c};
+                        .report = mreport, .release = mrelease, .arg = &c};
     CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
     CHECK(c.s[0].napplied == 1 && c.s[1].napplied == 1 && c.s[2].napplied == 0);
     CHECK(c.steps_sent == 2 && !res.partial && res.applied == 3 && res.lost == 0 && c.reports == 0);
@@ -655,6 +701,7 @@ static void test_once_multi(void) {
     CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
     CHECK(res.partial && res.applied == 1 && res.lost == 2 && res.reruns == 0);
     CHECK(c.runs == 1 && c.s[0].napplied == 1 && c.s[1].napplied == 0);
+    CHECK(c.released[0] == 0 && c.released[1] == 0);  /* a partial step releases nothing: applied on ps0 */
     CHECK(c.reports == FS && c.rep_to[0] == 1 && c.rep_to[1] == 1 && c.rep_to[2] == 1);
     CHECK(c.rep_applied == 1 && c.rep_lost == 2);
     char buf[64];
@@ -668,7 +715,7 @@ static void test_once_multi(void) {
     CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
     CHECK(c.runs == 2 && res.reruns == 1 && !res.partial && res.applied == 3);
     CHECK(c.s[0].napplied == 1 && c.s[1].napplied == 1 && c.s[0].applied[0] == c.last_ctx);
-    CHECK(c.reports == 0);
+    CHECK(c.reports == 0 && c.released[0] == 1 && c.released[1] == 1 && c.released[2] == 0);
 
     /* 4. ps1's Step applied but unanswered: settled on ps1 (its record
      *    answers), applied once, no re-run. */
@@ -684,6 +731,9 @@ static void test_once_multi(void) {
     CHECK(ps_retry_once_multi(&r, &ids, &ops, &res, &e) == PS_OK);
     CHECK(c.runs == 2 && c.steps_sent == 2 && c.s[0].napplied == 1 && c.s[2].napplied == 1);
     CHECK(c.s[0].applied[0] == c.last_ctx && c.s[2].applied[0] == c.last_ctx && res.touched == 5);
+    /* the abandoned id released where the failed run touched it (ps0), on no other server */
+    CHECK_MSG(c.released[0] == 1 && c.released[1] == 0 && c.released[2] == 0 && c.released_ctx != c.last_ctx,
+              "released %d %d %d", c.released[0], c.released[1], c.released[2]);
 
     /* 6. a final refusal of a Step names the server. */
     c = (fake_cluster){.use = 3};

@@ -691,6 +691,26 @@ int main(void) {
     CHECK(v2 > v1);
     CHECK(ps_client_step(cl, ctx + 1, &v1, &err) == PS_OK && v1 == v2);
 
+    /* ReleaseContext: a context abandoned unstepped is freed at once (its
+     * Step then finds nothing); a stepped one keeps its record. */
+    {
+        uint64_t rc = ctx + 3, rv = 0;
+        int released = -1;
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        uint64_t live0 = st.live_contexts, rel0 = st.contexts_released;
+        CHECK(ps_client_forward(cl, rc, 7, 1, x, n, 1, 28, 28, out, 40, &cols, NULL, &err) == PS_OK);
+        CHECK(ps_client_backward(cl, rc, grad, n, 10, 0, NULL, &err) == PS_OK);
+        CHECK_MSG(ps_client_release_context(cl, rc, 7, &released, &err) == PS_OK && released == 1, "%s", err.msg);
+        CHECK(ps_client_status(cl, &st, &err) == PS_OK);
+        CHECK_MSG(st.contexts_released == rel0 + 1 && (ext || st.live_contexts == live0), "released %llu, live %llu",
+                  (unsigned long long)st.contexts_released, (unsigned long long)st.live_contexts);
+        CHECK(ps_client_step(cl, rc, &rv, &err) == PS_ERR_NOT_FOUND);  /* never applied */
+        CHECK(ps_client_release_context(cl, rc, 7, &released, &err) == PS_OK && released == 0);
+        CHECK(ps_client_release_context(cl, ctx + 1, 7, &released, &err) == PS_OK && released == 0);
+        CHECK(ps_client_step(cl, ctx + 1, &rv, &err) == PS_OK && rv == v2);  /* its record answers */
+        CHECK(ps_client_release_context(cl, 0, 7, &released, &err) == PS_ERR_INVALID_ARGUMENT);
+    }
+
     /* Round metrics (hogwild: a round per Step by default): the Step's
      * scalars come back as its round's stats; bad scalars are refused
      * naming the scalar, before anything is applied. */

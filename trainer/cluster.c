@@ -298,6 +298,12 @@ static ps_status op_step(void *arg, int server, uint64_t ctx, ps_err *err) {
     return st;
 }
 
+static void op_release(void *arg, int server, uint64_t ctx) {
+    run_arg *a = arg;
+    ps_cluster *c = a->b->cluster;
+    if (c->cl[server]) ps_client_release_context(c->cl[server], ctx, (uint32_t)c->rank, NULL, NULL);  /* best effort */
+}
+
 static void op_report(void *arg, int server, uint64_t ctx, unsigned applied, unsigned lost) {
     run_arg *a = arg;
     ps_cluster *c = a->b->cluster;
@@ -326,7 +332,7 @@ ps_status ps_cluster_run(ps_cluster *c, ps_retry *r, ps_ctx_ids *ids, const char
     *b = (ps_cluster_batch){.cluster = c, .grad_scale = 1.0f};
     run_arg a = {b, fn, arg};
     ps_multi_ops ops = {.unit = unit, .n_servers = c->p.n_servers, .names = c->names, .run = op_run, .step = op_step,
-                        .report = op_report, .arg = &a};
+                        .report = op_report, .release = op_release, .arg = &a};
     ps_multi_result res;
     ps_status st = ps_retry_once_multi(r, ids, &ops, &res, err);
     b->result = res;

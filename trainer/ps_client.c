@@ -61,12 +61,12 @@ const char *ps_client_target(const ps_client *c) { return c->target; }
 /* One try of method with the encoded request rq; decode the reply into
  * resp. An admission refusal carries psd's hint in err->retry_after_ms. */
 static ps_status call_once(ps_client *c, const ps_method_desc *m, const grpc_byte_buffer *rq, void *resp,
-                           ps_err *err) {
+                           int timeout_ms, ps_err *err) {
     grpc_byte_buffer *rs = NULL;
     grpc_status_code code;
     char details[PS_RPC_DETAILS_MAX] = "";
     int retry_ms = 0;
-    ps_status rc = ps_rpc_client_call_ex(c->rpc, m->path, rq, &rs, c->timeout_ms, &code, details, sizeof details,
+    ps_status rc = ps_rpc_client_call_ex(c->rpc, m->path, rq, &rs, timeout_ms, &code, details, sizeof details,
                                          &retry_ms, err);
     const char *short_name = m->name;
     if (rc) return ps_err_prefix(err, "%s", short_name);
@@ -107,7 +107,7 @@ static ps_status call(ps_client *c, ps_method_id id, const void *req, void *resp
     ps_status rc = ps_wire_encode(m->request, req, &rq, err);
     if (rc) return rc;
     if (c->busy) ps_retry_reset(c->busy);
-    while ((rc = call_once(c, m, rq, resp, err)) && c->busy && ps_retry_busy(err) &&
+    while ((rc = call_once(c, m, rq, resp, c->timeout_ms, err)) && c->busy && ps_retry_busy(err) &&
            ps_retry_wait_busy(c->busy, m->name, err)) {}
     grpc_byte_buffer_destroy(rq);
     return rc;
@@ -530,6 +530,26 @@ const ps_client_round_scalar *ps_client_round_find(const ps_client_round *r, con
     for (int i = 0; r && i < r->n; i++)
         if (!strcmp(r->s[i].name, name)) return &r->s[i];
     return NULL;
+}
+
+ps_status ps_client_release_context(ps_client *c, uint64_t ctx, uint32_t rank, int *released, ps_err *err) {
+    const ps_method_desc *m = ps_method(PS_M_RELEASE_CONTEXT);
+    ps_ReleaseContextRequest req = ps_ReleaseContextRequest_init_zero;
+    req.context_id = ctx;
+    req.trainer_rank = rank;
+    ps_ReleaseContextResponse resp = ps_ReleaseContextResponse_init_zero;
+    grpc_byte_buffer *rq = NULL;
+    ps_err local;
+    if (!err) err = &local;
+    ps_status rc = ps_wire_encode(m->request, &req, &rq, err);
+    /* once, on a short deadline: best effort, never the busy retries, and a
+     * psd too slow to answer must not hold up the unit's next run long */
+    int ms = c->timeout_ms > 0 && c->timeout_ms < PS_CLIENT_RELEASE_TIMEOUT_MS ? c->timeout_ms
+                                                                                : PS_CLIENT_RELEASE_TIMEOUT_MS;
+    if (rc == PS_OK) rc = call_once(c, m, rq, &resp, ms, err);
+    grpc_byte_buffer_destroy(rq);
+    if (released) *released = rc == PS_OK && resp.released;
+    return rc;
 }
 
 ps_status ps_client_report_partial(ps_client *c, uint64_t ctx, uint32_t rank, const char *const *applied_on,

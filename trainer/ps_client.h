@@ -163,6 +163,15 @@ ps_status ps_client_get_stage_parameters(ps_client *c, const char *stage, ps_wir
 ps_status ps_client_push_gradients(ps_client *c, uint64_t ctx, uint32_t rank, int context_known,
                                    const ps_wire_named *items, size_t n, double *sq_norm, ps_err *err);
 
+/* Abandon context ctx, never stepped, whose unit runs again under a fresh
+ * id (ReleaseContext, docs/protocol.md): psd frees it now rather than after
+ * server.context_ttl_s. One try within PS_CLIENT_RELEASE_TIMEOUT_MS, no
+ * admission retries: best effort, and
+ * the caller ignores failures (an older psd: UNIMPLEMENTED). *released
+ * (may be NULL): psd held it live (ReleaseContextResponse.released). */
+#define PS_CLIENT_RELEASE_TIMEOUT_MS 2000  /* its deadline (or trainer.rpc_timeout_s when shorter) */
+ps_status ps_client_release_context(ps_client *c, uint64_t ctx, uint32_t rank, int *released, ps_err *err);
+
 /* Several PS nodes: tell a psd that context ctx was applied on the servers
  * applied_on and lost on lost_on (<= 8 names each; proto/ps.proto
  * ReportPartialRequest); *partial_steps (may be NULL) receives that psd's

@@ -85,13 +85,13 @@ static int print_status(ps_client *cl, ps_err *err) {
     printf("address: %s\nversion: %s\nmodel: %s\nuptime_s: %.1f\nmodel_version: %llu\n"
            "live_contexts: %llu\nexpired_contexts: %llu\ntrainers_seen: %llu\nsamples: %llu\n"
            "nonfinite_policy: %s\nnonfinite_rejected: %llu\nnonfinite_skipped: %llu\ncpu_isa: %s\nconsistency: %s\n"
-           "contexts_applied: %llu\nsync_dropped: %llu\nsync_queued: %llu\n",
+           "contexts_applied: %llu\nsync_dropped: %llu\nsync_queued: %llu\ncontexts_released: %llu\n",
            ps_client_target(cl), st.version, st.model, st.uptime_s, (unsigned long long)st.model_version,
            (unsigned long long)st.live_contexts, (unsigned long long)st.expired_contexts,
            (unsigned long long)st.trainers_seen, (unsigned long long)st.samples, st.nonfinite_policy,
            (unsigned long long)st.nonfinite_rejected, (unsigned long long)st.nonfinite_skipped, st.cpu_isa,
            st.consistency, (unsigned long long)st.contexts_applied, (unsigned long long)st.sync_dropped,
-           (unsigned long long)st.sync_queued);
+           (unsigned long long)st.sync_queued, (unsigned long long)st.contexts_released);
     return 0;
 }
 

@@ -198,8 +198,9 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
              * as it stands, without what the unit had still to send. */
             if (!ps_retry_wait(r, unit, err)) return st;
             if (r->p.log)
-                fprintf(r->p.log, "%s: context %llx left unstepped (no Step was sent); running the %s again\n",
-                        r->p.who, (unsigned long long)ctx, unit);
+                fprintf(r->p.log, "%s: context %llx left unstepped (no Step was sent)%s; running the %s again\n",
+                        r->p.who, (unsigned long long)ctx, ops->release ? " and released" : "", unit);
+            if (ops->release) ops->release(ops->arg, ctx);
             continue;
         }
         /* Unanswered after the Forward: was the step applied? */
@@ -221,6 +222,8 @@ ps_status ps_retry_once(ps_retry *r, ps_ctx_ids *ids, const ps_once_ops *ops, ps
         if (r->p.log)
             fprintf(r->p.log, "%s: context %llx not applied (%s); running the %s again\n", r->p.who,
                     (unsigned long long)ctx, ps_status_name(st), unit);
+        /* FAILED_PRECONDITION: psd holds it, unstepped (NOT_FOUND: gone) */
+        if (st == PS_ERR_FAILED_PRECONDITION && ops->release) ops->release(ops->arg, ctx);
     }
 }
 
@@ -242,6 +245,12 @@ static ps_status call_server_step(void *arg, ps_err *err) {
     return s->ops->step(s->ops->arg, s->server, s->ctx, err);
 }
 
+/* ReleaseContext of ctx on the servers of mask (best effort). */
+static void release_multi(const ps_multi_ops *ops, unsigned mask, uint64_t ctx) {
+    for (int i = 0; ops->release && i < ops->n_servers; i++)
+        if (mask & (1u << i)) ops->release(ops->arg, i, ctx);
+}
+
 ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *ops, ps_multi_result *res,
                               ps_err *err) {
     PS_ASSERT(ops->n_servers >= 1 && ops->n_servers <= PS_RETRY_MAX_SERVERS);
@@ -254,12 +263,16 @@ ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *
         unsigned touched = 0;
         ps_status st = ops->run(ops->arg, ctx, &touched, err);
         if (st != PS_OK) {  /* no Step was asked anywhere: nothing is applied */
-            if (ps_retry_retryable(st) && ps_retry_wait(r, unit, err)) continue;
+            if (ps_retry_retryable(st) && ps_retry_wait(r, unit, err)) {
+                release_multi(ops, touched, ctx);
+                continue;
+            }
             if (st == PS_ERR_NOT_FOUND && touched && ++lost_runs <= PS_RETRY_MAX_LOST) {
                 res->reruns++;
                 if (r->p.log)
                     fprintf(r->p.log, "%s: %s; running the %s again (a psd restarted or the context expired)\n",
                             r->p.who, err ? err->msg : "context not found", unit);
+                release_multi(ops, touched, ctx);  /* the servers that still hold it */
                 continue;
             }
             return st;
@@ -287,6 +300,7 @@ ps_status ps_retry_once_multi(ps_retry *r, ps_ctx_ids *ids, const ps_multi_ops *
                 if (r->p.log)
                     fprintf(r->p.log, "%s: context %llx not applied on any server (%s lost it); running the %s "
                             "again\n", r->p.who, (unsigned long long)ctx, ln, unit);
+                release_multi(ops, lost, ctx);  /* those that answered FAILED_PRECONDITION still hold it */
                 continue;
             }
             return ps_err_set(err, PS_ERR_NOT_FOUND, "%s lost its context %d times in a row (%s)", unit, lost_runs,

@@ -132,6 +132,13 @@ typedef struct ps_once_ops {
     /* 0 (a run that never says PS_KEPT_STEP): every retryable failure
      * after HELD is settled, as before PS_KEPT_STEP existed. */
     int marks_step;
+    /* Abandon ctx, which psd may still hold unstepped, as the unit runs
+     * again under a fresh id (ReleaseContext: psd frees it now instead of
+     * after server.context_ttl_s, so it stops counting against this
+     * client's share): after a retryable failure before the call that
+     * steps, and when settling found it not applicable (FAILED_PRECONDITION).
+     * Best effort, its failures ignored. NULL: contexts expire on psd. */
+    void (*release)(void *arg, uint64_t ctx);
 } ps_once_ops;
 
 /* How often a unit whose context psd no longer knows (NOT_FOUND after its
@@ -181,6 +188,11 @@ typedef struct ps_multi_ops {
     /* ReportPartial to server i (best effort: the callee logs failures);
      * may be NULL. */
     void (*report)(void *arg, int server, uint64_t ctx, unsigned applied, unsigned lost);
+    /* Abandon ctx on server i as the unit runs again under a fresh id (as
+     * ps_once_ops.release): on every touched server after a failure before
+     * the Steps, on the servers that lost it when none applied it. May be
+     * NULL. */
+    void (*release)(void *arg, int server, uint64_t ctx);
     void *arg;
 } ps_multi_ops;
 

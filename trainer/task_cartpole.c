@@ -169,6 +169,11 @@ typedef struct episode_job {
     ps_client_round rep;
 } episode_job;
 
+static void episode_release(void *arg, uint64_t ctx) {
+    episode_job *j = arg;
+    ps_client_release_context(j->env->cl, ctx, (uint32_t)j->env->rank, NULL, NULL);  /* best effort */
+}
+
 static ps_status episode_step(void *arg, uint64_t ctx, ps_err *err) {
     episode_job *j = arg;
     ps_client_scalar sc[2] = {{"reward", (double)j->T}, {"loss", j->loss}};
@@ -229,7 +234,8 @@ static ps_status cartpole_run_round(void *arg, const ps_task_env *env, int epoch
     cartpole_task *t = arg;
     (void)epoch;
     episode_job job = {.t = t, .env = env};
-    ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job, .marks_step = 1};
+    ps_once_ops ops = {.unit = "episode", .run = episode_once, .step = episode_step, .arg = &job, .marks_step = 1,
+                       .release = episode_release};
     /* A straggler's episode (its sync round closed without it: ABORTED) is
      * played again under a new context by ps_retry_once, into the open round. */
     ps_status st = ps_retry_once(env->retry, env->ids, &ops, err);

@@ -574,6 +574,11 @@ typedef struct single_job {
     int fuse, one;
 } single_job;
 
+static void single_release(void *arg, uint64_t ctx) {
+    single_job *s = arg;
+    ps_client_release_context(s->cl, ctx, (uint32_t)s->j->env->rank, NULL, NULL);  /* best effort */
+}
+
 static ps_status single_step(void *arg, uint64_t ctx, ps_err *err) {
     single_job *s = arg;
     ps_client_step_out so;
@@ -653,7 +658,8 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
     if (env->cl) {
         single_job s = {.j = &j, .cl = env->cl, .fuse = env->fuse_step && t->grad_scale == 1.0,
                         .one = env->one_call && fit_one_call_fits(t, env)};
-        ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s, .marks_step = 1};
+        ps_once_ops ops = {.unit = "batch", .run = single_once, .step = single_step, .arg = &s, .marks_step = 1,
+                           .release = single_release};
         if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     } else {
         if (env->one_call == PS_ONE_CALL_ASKED && !t->one_noted) {

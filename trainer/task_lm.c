@@ -453,6 +453,11 @@ static ps_status lm_once_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
     return PS_OK;
 }
 
+static void lm_release(void *arg, uint64_t ctx) {
+    lm_job *j = arg;
+    ps_client_release_context(j->env->cl, ctx, (uint32_t)j->env->rank, NULL, NULL);  /* best effort */
+}
+
 static ps_status lm_step(void *arg, uint64_t ctx, ps_err *err) {
     lm_job *j = arg;
     ps_client_step_out so;
@@ -731,7 +736,8 @@ static ps_status lm_run_round(void *arg, const ps_task_env *env, int epoch, int 
         st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", lm_once_multi, &j, &cb, err);
         j.version = cb.version;
     } else if (!st) {
-        ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j, .marks_step = 1};
+        ps_once_ops ops = {.unit = "batch", .run = lm_once, .step = lm_step, .arg = &j, .marks_step = 1,
+                           .release = lm_release};
         st = ps_retry_once(env->retry, env->ids, &ops, err);
     }
     if (!st) { /* the window is done: carry its state (detached) */

@@ -165,6 +165,11 @@ static ps_status batch_once(void *arg, uint64_t ctx, int *kept, ps_err *err) {
     return batch_step(j, ctx, err);
 }
 
+static void batch_release(void *arg, uint64_t ctx) {
+    batch_job *j = arg;
+    ps_client_release_context(j->cl, ctx, (uint32_t)j->rank, NULL, NULL);  /* best effort */
+}
+
 static ps_status batch_step(void *arg, uint64_t ctx, ps_err *err) {
     batch_job *j = arg;
     ps_client_scalar loss = {"loss", j->loss};
@@ -384,7 +389,8 @@ static ps_status mnist_run_round(void *arg, const ps_task_env *env, int epoch, i
         *out = (ps_task_round){.loss = job.loss, .samples = n, .version = cb.version};
         return PS_OK;
     }
-    ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job, .marks_step = 1};
+    ps_once_ops ops = {.unit = "batch", .run = batch_once, .step = batch_step, .arg = &job, .marks_step = 1,
+                       .release = batch_release};
     if ((st = ps_retry_once(env->retry, env->ids, &ops, err))) return st;
     if (job.checked && b % env->cfg->trainer.log_every == 0)
         printf("Rank %ld gradient check batch %d: %zu gradients OK, output bias max error %.2e\n", env->rank, b,

@@ -212,6 +212,7 @@ class Client:
         self.seen_version = {}      # conn index -> the latest model_version a reply carried
         self.partial_steps = 0      # batches applied on some servers, lost on others
         self.reruns = 0             # batches run again with nothing applied
+        self.released = 0           # contexts released unstepped on a server (ReleaseContext answered)
         self._report_unimplemented = False
         self._discover(wait_s)
 

@@ -42,6 +42,7 @@ log = logging.getLogger("psd")
 _tls = threading.local()
 
 _LOST = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+RELEASE_TIMEOUT_S = 2.0   # ReleaseContext's deadline (or trainer.rpc_timeout_s when shorter), as ps-train's
 
 
 def current(client=None):
@@ -132,12 +133,32 @@ class Context:
         self.state = "closed"
         if typ is None and was == "open" and self.touched:
             warnings.warn(f"psd context {self.id:x} ended without ctx.step(): its gradients were not applied "
-                          "(psd drops the context after server.context_ttl_s)", stacklevel=2)
+                          "(released on psd)", stacklevel=2)
+        if was != "stepped":
+            self._release()
         if isinstance(exc, ContextLost) and self._attempts is not None:
             return self._attempts._lost(self, exc)
         if isinstance(exc, RoundClosed) and self._attempts is not None:
             return self._attempts._late(self, exc)
         return False
+
+    def _release(self):
+        """ReleaseContext on every server the context touched: it ends
+        unstepped (lost, refused, an exception, no ctx.step()) and the batch
+        may run again under a new context, so psd frees it now rather than
+        after server.context_ttl_s, and it stops counting against this
+        client's share (docs/protocol.md). Never un-applies anything: a
+        context psd stepped keeps its record. One try each, on a short
+        deadline, every failure ignored (an older psd: UNIMPLEMENTED)."""
+        timeout = min(self.client.cfg.rpc_timeout_s, RELEASE_TIMEOUT_S)
+        for conn in self.touched:
+            try:
+                conn.call_once("ReleaseContext", ps_pb2.ReleaseContextRequest(context_id=self.id,
+                                                                              trainer_rank=self.client.rank),
+                               timeout=timeout)
+                self.client.released += 1
+            except Error:
+                pass
 
     def _need_open(self, what):
         if self.state != "open":

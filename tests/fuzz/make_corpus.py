@@ -116,6 +116,9 @@ seeds = {
             rec(M["PUSH_GRADIENTS"], push(0, "nope", [1], [1.0])),
     "partial": rec(M["REPORT_PARTIAL"], field(1, 0, 5) + field(2, 0, 1) + named(3, "ps0") + named(4, "ps1")) +
                rec(M["REPORT_PARTIAL"], field(1, 0, 5) + named(3, "bad name")),
+    "release": rec(FW, forward(11, 1)) + rec(M["RELEASE_CONTEXT"], field(1, 0, 11) + field(2, 0, 1)) +
+               rec(ST, field(1, 0, 11)) + rec(M["RELEASE_CONTEXT"], field(1, 0, 11)) +
+               rec(M["RELEASE_CONTEXT"], b""),
     "health": rec(M["HEALTH_CHECK"], named(1, "")) + rec(M["HEALTH_CHECK"], named(1, "ps.ParameterServer")) +
               rec(M["HEALTH_CHECK"], named(1, "other")),
     "tokens": rec(TOKENS, b"# name role token\ntrainer1 trainer 0123456789abcdef0123\nmon reader fedcba9876543210fedc\n"),

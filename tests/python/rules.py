@@ -42,6 +42,7 @@ class Conn:
     def __init__(self, index, name, script):
         self.index, self.name, self.script, self.calls = index, name, script, []
         self.params = []
+        self.released = []   # context ids the client released here (ReleaseContext; not in calls)
 
     def __str__(self):
         return self.name
@@ -56,15 +57,25 @@ class Conn:
             raise cls(out, f"scripted {out.name}", method, self.name)
         return out
 
+    def call_once(self, method, req, timeout=None):
+        assert method == "ReleaseContext", f"{self.name}: unexpected call_once({method})"
+        assert timeout is not None and timeout <= 2.0, timeout
+        self.released.append(req.context_id)
+        out = self.script.get(method, [ps_pb2.ReleaseContextResponse(released=True)])[0]
+        if isinstance(out, grpc.StatusCode):
+            raise psd.Error(out, f"scripted {out.name}", method, self.name)
+        return out
+
 
 class Client:
     def __init__(self, max_s=30.0):
         self.clock = Clock()
         self.ids, self.rank, self.who = ContextIds(1 << 32), 1, "rules"
         self.max_s = max_s
-        self.retries = self.reruns = self.partial_steps = 0
+        self.retries = self.reruns = self.partial_steps = self.released = 0
         self.reports = []
         self.seen_version = {}
+        self.cfg = types.SimpleNamespace(rpc_timeout_s=5.0)
 
     def new_budget(self):
         return Budget(self.max_s, 0.1, 1.0, who=self.who, seed=1, sleep=self.clock.sleep, now=self.clock.now,
@@ -298,6 +309,41 @@ def main():
     c = Conn(0, "ps", {"Forward": [ps_pb2.ForwardResponse(model_version=3, loss=0.5)]})
     e = expect(psd.Error, lambda: one(cl, c), "without stepping it")
     assert not isinstance(e, psd.ContextLost) and e.code == FP, e
+    n += 1
+    # ReleaseContext: a context that ends unstepped is released on every server it touched (psd frees
+    # it now, not after server.context_ttl_s), best effort; never one whose step applied
+    cl = Client()   # a retried Backward refused (lost, ContextLost): released, the batch runs again
+    c = Conn(0, "ps", {"Forward": [fwd()], "Backward": [UNAV, FP, bwd(2)], "Step": [step(3)]})
+    ids, res = [], []
+    for ctx in attempts(cl):
+        with ctx:
+            ids.append(ctx.id)
+            batch(ctx, [c])
+            res.append(ctx.step(grad_scale=0.5))
+    assert len(ids) == 2 and c.released == ids[:1] and cl.released == 1 and res[0].version == 3, (ids, c.released)
+    n += 1
+    cl = Client()   # several servers, lost on both: released on both (ps1 holds it: FAILED_PRECONDITION)
+    a = Conn(0, "ps0", {"Forward": [fwd()], "Backward": [bwd()], "Step": [NF]})
+    b = Conn(1, "ps1", {"Forward": [fwd()], "Backward": [bwd()], "Step": [FP]})
+    with Context(cl) as ctx0:
+        pass
+    expect(psd.ContextLost, lambda: run(cl, [a, b]), "not applied on any server")
+    assert len(a.released) == 1 and a.released == b.released and ctx0.id not in a.released, (a.released, b.released)
+    n += 1
+    cl = Client()   # applied, or a partial step (applied on ps0): nothing released anywhere
+    a = Conn(0, "ps0", {"Forward": [fwd()], "Backward": [bwd()], "Step": [step(3)]})
+    b = Conn(1, "ps1", {"Forward": [fwd()], "Backward": [bwd()], "Step": [NF]})
+    assert run(cl, [a, b]).partial and a.released == b.released == [], (a.released, b.released)
+    n += 1
+    cl = Client()   # the trainer's own exception inside the block; an older psd (UNIMPLEMENTED) is ignored
+    c = Conn(0, "ps", {"Forward": [fwd()], "ReleaseContext": [grpc.StatusCode.UNIMPLEMENTED]})
+    try:
+        with Context(cl) as ctx:
+            batch(ctx, [c])
+            raise KeyError("the trainer's own error")
+    except KeyError:
+        pass
+    assert c.released == [ctx.id] and cl.released == 0, c.released
     n += 1
     # psd's admission refusals (RESOURCE_EXHAUSTED with its retry hint, psd-retry-after-ms): the real
     # psd.client.Conn.call sends the call again as it is, after at least the hint, on a budget of its own;
