@@ -70,6 +70,9 @@ CASES = [
 ]
 
 
+ONNX = {0: 13, 1: 17, 3: 13}     # CASES through their training-mode ONNX exports, at these opsets
+
+
 def load_psd_export():
     loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
     spec = importlib.util.spec_from_loader("psd_export", loader)
@@ -133,8 +136,44 @@ def main():
             cr.input_gradient(label, stub, model, x, target)
         cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
         p.kill()
+        if i in ONNX:
+            onnx(name, label, model, x, target, ONNX[i])
+    path = os.path.join(cr.TMP, "encoder_seqfirst.onnx")
+    torch.onnx.export(TextClassifier(batch_first=False).train(), inputs(TextClassifier, 0)[0], path,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, opset_version=13)
+    rc, out = check_config(path)
+    want = "node '/Transpose' (Transpose): nn.MultiheadAttention: batch_first=False: the (L, N, E) value it " \
+           "projects ('/Transpose_output_0') is read by 2 nodes"
+    cr.check(rc != 0 and want in out, "ONNX import refuses batch_first=False saying '%s' (%s)"
+             % (want, out.strip()[-300:]))
     structure(pe)
     refusals()
+
+
+def check_config(onnx_path):
+    """psd --check-config on a config naming onnx_path: (exit status, its output)."""
+    cfg = onnx_path + ".conf.yaml"
+    with open(cfg, "w") as f:
+        f.write("model:\n  onnx: %s\n" % onnx_path)
+    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def onnx(name, label, model, x, target, opset):
+    """The module's training-mode ONNX export at opset: psd's importer reads each layer's attention back as one
+    MultiheadAttention (the causal mask as causal: true), ReduceMean over the tokens as Reshape and
+    AdaptiveAvgPool2d; trained one step as above."""
+    path = os.path.join(cr.TMP, "%s_%d.onnx" % (name, opset))
+    m = copy.deepcopy(model).train()
+    torch.onnx.export(copy.deepcopy(m), x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=opset)
+    label = "%s, ONNX training export opset %d" % (label, opset)
+    stub, p = cr.start_psd("%s_onnx_%d" % (name, opset), "onnx: %s" % path, [])
+    if x.is_floating_point():
+        cr.input_gradient(label, stub, m, x, target)
+    cr.run(label, stub, m, x, target, ref64=True)
+    p.kill()
 
 
 def nodes(text):
