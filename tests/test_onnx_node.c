@@ -64,7 +64,10 @@ static const char *const required_prefixes[] = {
      * input and a Parameter; ONNX's Split tests have several graph outputs, which psd's model cannot) */
     "test_matmul_",
     /* the 1-d kinds (MaxPool1d, AvgPool1d over (N, C, L)) */
-    "test_maxpool_1d_default", "test_averagepool_1d_default", NULL};
+    "test_maxpool_1d_default", "test_averagepool_1d_default",
+    /* a text classifier's mean over the tokens: ReduceMean over adjacent axes (over all axes: no axis left) */
+    "test_reduce_mean_do_not_keepdims", "test_reduce_mean_keepdims", "test_reduce_mean_negative_axes_keepdims",
+    NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
 static const char *const not_required[] = {

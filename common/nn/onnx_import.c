@@ -1926,43 +1926,72 @@ static ps_status h_gap(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
-/* ReduceMean over the two spatial axes of an (N, C, H, W) value (mnasnet's
- * x.mean([2, 3])): AdaptiveAvgPool2d to 1x1, then Flatten when keepdims is
- * 0. The axes are an attribute before opset 18, an input from it. */
+/* ReduceMean over adjacent axes after the batch. Over the two spatial axes
+ * of an (N, C, H, W) value (mnasnet's x.mean([2, 3])): AdaptiveAvgPool2d to
+ * 1x1, then Flatten when keepdims is 0. Over others (a text classifier's
+ * mean over the tokens, x.mean(dim=1) of (N, T, E)): Reshape to (before,
+ * the axes, after), AdaptiveAvgPool2d to [1, null], Reshape to the mean's
+ * shape, as psd-export writes it. The axes are an attribute before opset
+ * 18, an input from it. */
 static ps_status h_reducemean(imp *im) {
     static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
-    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
     int64_t ax[PS_MAXD + 1];
     int n;
     if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
-    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over the 2 spatial axes [2, 3])");
-    int r = x->ndim, seen[2] = {0, 0};
-    for (int i = 0; i < n && n == 2; i++) {
+    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over adjacent axes after the batch)");
+    int r = x->ndim, lo = r, hi = -1, seen[MAXD] = {0};
+    for (int i = 0; i < n; i++) {
         int a = norm_axis(im, ax[i], r, "axes");
         if (a < 0) return im->err->code;
-        if (a >= r - 2) seen[a - (r - 2)] = 1;
+        if (a < im->lead) return along_batch(im, "a mean over the batch");
+        if (seen[a]) return bad(im, "axis %d twice in axes", a);
+        seen[a] = 1;
+        lo = a < lo ? a : lo;
+        hi = a > hi ? a : hi;
     }
-    if (n != 2 || !seen[0] || !seen[1]) {
-        char buf[128];
-        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over the 2 spatial axes [2, 3]: "
-                     "AdaptiveAvgPool2d)", dims_text(ax, n > PS_MAXD ? PS_MAXD : n, buf, sizeof buf), r);
-    }
+    char buf[128];
+    if (hi - lo + 1 != n)
+        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over adjacent axes after the "
+                     "batch: a Reshape and AdaptiveAvgPool2d)", dims_text(ax, n, buf, sizeof buf), r);
     int keep = (int)attr_i(im, "keepdims", 1);
+    int64_t od[MAXD];   /* the mean's dims */
+    int on = 0;
+    for (int i = 0; i < r; i++)
+        if (i < lo || i > hi || keep) od[on++] = i < lo || i > hi ? x->dims[i] : 1;
     int xin = x->node;
-    int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+    if (r - im->lead == 3 && lo == r - 2) {   /* the spatial axes of (N, C, H, W) */
+        int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
+        if (pn < 0) return oom(im);
+        add_attr(im, pn, "output_size: 1");
+        int64_t kd[MAXD];
+        memcpy(kd, x->dims, sizeof kd);
+        kd[r - 1] = kd[r - 2] = 1;
+        if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, kd) ? PS_OK : im->err->code;
+        int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+        if (f < 0) return oom(im);
+        return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, kd) ? PS_OK : im->err->code;
+    }
+    if (on - im->lead < 1) return unsup(im, "a mean to one value per sample (psd's values keep a dimension)");
+    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
+                        prod(x->dims + hi + 1, r - hi - 1)};
+    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &xin);
     if (pn < 0) return oom(im);
-    add_attr(im, pn, "output_size: 1");
-    int64_t od[MAXD];
-    memcpy(od, x->dims, sizeof od);
-    od[r - 1] = od[r - 2] = 1;
-    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
-    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
-    if (f < 0) return oom(im);
-    return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, od) ? PS_OK : im->err->code;
+    add_attr(im, pn, "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    int pool = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &pn);
+    if (pool < 0) return oom(im);
+    add_attr(im, pool, "output_size: [1, null]");
+    three[1] = 1;
+    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))
+        return data_out(im, 0, pool, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+    int out = emit(im, "Reshape", NULL, NULL, "view", 1, &pool);
+    if (out < 0) return oom(im);
+    add_attr(im, out, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    return data_out(im, 0, out, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
 
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
@@ -3168,6 +3197,10 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
         if (is_op(im, rd[k], "MatMul") && m->nodes[rd[k]].nin == 2 && mha_named(mha_root(im, m->nodes[rd[k]].in[1])))
             like = 1;
     int mm = nr == 1 ? rd[0] : -1, wt;
+    if (like && nr > 1)   /* no Transpose of the attention's own: the batch was already at dim 1 */
+        return WHY("batch_first=False: the (L, N, E) value it projects ('%s') is read by %d nodes (a "
+                   "TransformerEncoderLayer's residual stream); psd holds values batch first: build it with "
+                   "batch_first=True, or use psd-export, which follows the batch to dim 1 and back", t0o, nr);
     if (!is_op(im, mm, "MatMul") || m->nodes[mm].nin != 2 || strcmp(in0(im, mm), t0o) ||
         !(p->w = mha_weight(im, mm, 1, &p->w_t, &wt)))
         return WHY("the query, key and value are not projected together from one input by in_proj_weight: "

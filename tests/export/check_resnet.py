@@ -112,6 +112,9 @@ def check(ok, what):
 
 
 def tensor(a):
+    if np.asarray(a).dtype == np.int64:      # token ids (an Embedding's input)
+        a = np.ascontiguousarray(a)
+        return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=I64)
     a = np.ascontiguousarray(a, dtype=np.float32)
     return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=F32)
 
@@ -295,7 +298,7 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
     y = model(x)
     r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
                                            input=tensor(x.numpy())), timeout=120)
-    y64 = m64(x.double()) if ref64 else None
+    y64 = m64(x.double() if x.is_floating_point() else x) if ref64 else None   # token ids stay int64
     if ref64 and not np.allclose(array(r.output), y.detach().numpy(), 1e-4, 1e-5):
         # a deep BatchNorm net's training forward carries float32 error past that: psd's against float64
         # within 8x PyTorch float32's own
@@ -420,7 +423,7 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
             for k, t in mine.state_dict().items():
                 t.copy_(torch.from_numpy(after[k].reshape(sd[k].shape).astype(sd[k].dtype)))
             want = mine(x).numpy()
-            y64 = mine.double()(x.double()).numpy()
+            y64 = mine.double()(x.double() if x.is_floating_point() else x).numpy()
         e, e32 = (float(np.max(np.abs(v - y64))) for v in (array(r.output), want))
         check(e <= max(8 * e32, 1e-5 * float(np.max(np.abs(y64)))), "%s: eval forward after the step, of psd's "
               "weights and statistics: psd's error against float64 %.3g, within 8x PyTorch float32's (%.3g) or "
