@@ -29,7 +29,8 @@
  * tape cut per context, each context's attention mask its own -, a GELU
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
  * attention written by hand (psd-export's nodes of
- * tests/export/attention.py), a group whose one member is refused (only it
+ * tests/export/attention.py), key padding masks computed from the ids
+ * (each context's samples padded otherwise: its mask its own), a group whose one member is refused (only it
  * gets the error; the others are answered as unbatched), that a model with
  * BatchNorm is never combined, and on a CUDA device (when there is one;
  * else "cuda: skipped") mnist_cnn and the vit block on cuda:0 within 1e-5. */
@@ -63,6 +64,7 @@ typedef struct server {
 } server;
 
 static const char *g_device;   /* the stages below on this device (NULL: cpu) */
+static int g_pad;              /* int64 inputs padded: token ids 1..1000, each sample's last ones pad id 0 */
 static const char *g_place[2]; /* mnist_cnn's conv and fc, or a test file's main */
 
 static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples, int bwd) {
@@ -214,7 +216,9 @@ static void trainer_init(trainer *t, const char *addr, int i, int n, const ps_st
     t->x = malloc(sizeof(int64_t) * (size_t)(n * t->in_per));
     for (int j = 0; j < n * t->in_per; j++) {   /* each trainer its own data */
         unsigned h = (unsigned)(j + 1) * 2654435761u + (unsigned)i * 40503u;
-        if (t->i64) ((int64_t *)t->x)[j] = h % 1000;
+        if (t->i64 && g_pad)   /* sample j / in_per keeps 1 + (sample + 2 i) % in_per tokens: each context its own */
+            ((int64_t *)t->x)[j] = j % t->in_per < 1 + (j / t->in_per + 2 * i) % t->in_per ? 1 + h % 999 : 0;
+        else if (t->i64) ((int64_t *)t->x)[j] = h % 1000;
         else ((float *)t->x)[j] = (float)(h % 2000) / 1000.0f - 1.0f;
     }
     for (int j = 0; j < n; j++) t->tgt[j] = (j * 3 + i) % t->out_per;
@@ -564,8 +568,29 @@ static void run_causal_attention(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Key padding masks computed from the ids (Eq), each context's its own
+ * (its samples padded differently): nn.MultiheadAttention with
+ * key_padding_mask = ids == 0, causal with attention dropout, then one with
+ * the float form ((ids == 0) * -1e4, added) over the residual. */
+static void run_padmask(void) {
+    g_pad = 1;
+    run_file("[6], dtype: int64",
+             "      - {name: emb, kind: Embedding, num_embeddings: 1000, embedding_dim: 8}\n"
+             "      - {name: pad, kind: Eq, value: 0, input: input}\n"
+             "      - {name: m1, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, dropout: 0.3, "
+             "batch_first: true, causal: true, inputs: [emb, pad]}\n"
+             "      - {name: add, kind: Add, inputs: [emb, m1]}\n"
+             "      - {name: neg, kind: MulConstant, value: -10000.0, input: pad}\n"
+             "      - {name: m2, kind: MultiheadAttention, embed_dim: 8, num_heads: 4, batch_first: true, "
+             "key_padding_mask: float, inputs: [add, neg]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+    g_pad = 0;
+}
+
 int main(void) {
     grpc_init();
+    run_padmask();
     run_convnext_kinds();
     run_layernorm();
     run_vit_block();
@@ -590,8 +615,9 @@ int main(void) {
         g_place[0] = "main";
         g_place[1] = NULL;
         run_vit_block();
+        run_padmask();
         g_device = NULL;
-        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block)\n");
+        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);
