@@ -2054,13 +2054,13 @@ static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const
         for (int j = 0; j < (c->ly->a.causal ? 1 : g->L) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
         if (left) continue;
         if (c->ly->a.causal && g->L > 1)
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "sample %d: its key padding mask masks key 0 and causal is "
-                            "true, so query 0 attends to no key (PyTorch 1.13 gives NaN there; pad on the right, "
-                            "or keep token 0 unmasked)", b);
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
+                            "mask masks key 0 and causal is true, so query 0 attends to no key (PyTorch 1.13 gives "
+                            "NaN there; pad on the right, or keep token 0 unmasked)", c->ly->name, b);
         else
-            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "sample %d: its key padding mask masks all %d keys, so its "
-                            "queries attend to no key (PyTorch 1.13 gives NaN there; a sequence needs one token "
-                            "that is not padding)", b, g->L);
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
+                            "mask masks all %d keys, so its queries attend to no key (PyTorch 1.13 gives NaN there; "
+                            "a sequence needs one token that is not padding)", c->ly->name, b, g->L);
     }
     if (host != mask) free(host);
     return rc;
