@@ -921,8 +921,8 @@ static void test_padmask_refusals(void) {
             ps_model *m = make_ids_model(dir, backends[b], nodes, &err);
             CHECK_MSG(m, "%s", err.msg);
             if (!m) continue;
-            /* sample 0 keeps 2 tokens, sample 1 none (causal: key 0 padded, key 2 kept), sample 2 one */
-            int64_t ids[12] = {3, 4, 0, 0, 0, 0, causal ? 5 : 0, 0, 7, 0, 0, 0};
+            /* sample 0 keeps 2 tokens, sample 1 none (causal: key 0 padded, key 1 kept), sample 2 one */
+            int64_t ids[12] = {3, 4, 0, 0, 0, causal ? 5 : 0, 0, 0, 7, 0, 0, 0};
             float out[12 * 8];
             for (int train = 0; train < 2; train++) {
                 ps_tape *t = NULL;
