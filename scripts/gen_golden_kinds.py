@@ -508,8 +508,45 @@ CASES = [
         "{name: sm, kind: Softmax, dim: -1}",
         "{name: o, kind: Linear, out_features: 2}"])),
 ]
+
+# key padding masks computed from the token ids: nn.MultiheadAttention(x, x, x, key_padding_mask=ids == pad) as
+# Embedding, Eq (pad id 0) and MultiheadAttention's second input; the bool mask (with and without causal, with
+# attention dropout) and the float one ((ids == 0) * -1e4, added to the scores). The ids of each case are KPM_IDS'
+# rows: several padded keys, all but one padded, padding in the middle and none (right padding with causal).
+KPM_EMB = "{name: emb, kind: Embedding, num_embeddings: 9, embedding_dim: 8}"
+KPM_EQ = "{name: pad, kind: Eq, value: 0, input: input}"
+CASES += [
+    ("kpm_bool_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                "batch_first: true, inputs: [emb, pad]}"], "int64")),
+    ("kpm_causal_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                  "batch_first: true, causal: true, inputs: [emb, pad]}"], "int64")),
+    ("kpm_dropout_h4", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, "
+                                   "num_heads: 4, dropout: 0.25, batch_first: true, inputs: [emb, pad]}",
+                                   "{name: o, kind: Linear, out_features: 3}"], "int64")),
+    ("kpm_float_h1_nobias", stage([6], [KPM_EMB, KPM_EQ, "{name: neg, kind: MulConstant, value: -10000.0}",
+                                        "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 1, "
+                                        "bias: false, batch_first: true, key_padding_mask: float, inputs: [emb, neg]}"],
+                              "int64")),
+]
+# real tokens per sample (the rest pad id 0): right padding (several keys, all but one), padding in the middle
+# ("mid": tokens 0, 1 and 5 real), none
+KPM_IDS = {"kpm_bool_h2": [3, 1, "mid", 6], "kpm_causal_h2": [2, 1, 6, 4], "kpm_dropout_h4": [4, 1, "mid", 6, 2],
+           "kpm_float_h1_nobias": [1, 5, "mid"]}
+
+
+def kpm_ids(name, shape):
+    ids = torch.randint(1, 9, shape)
+    for b, k in enumerate(KPM_IDS[name]):
+        keep = torch.tensor([0, 1, 5]) if k == "mid" else torch.arange(k)
+        row = torch.zeros(shape[1], dtype=torch.int64)
+        row[keep] = ids[b, keep]
+        ids[b] = row
+    return ids
+
+
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
+NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
 # attention masks: minGPT's block size per case (MaskedFill's twin is its tril buffer sliced to T); the form of
 # the causal attn_mask the MultiheadAttention twin is called with (default: bool torch.triu(ones, 1))
 MINGPT_BLOCK = {"mingpt_masked_t5_n8": 8, "mingpt_masked_t4_n4": 4}
@@ -697,6 +734,9 @@ def make_module(kind, a, shapes, case_name=""):
     if kind == "RelativePositionBias":
         return RelPosBias(pair(a["window_size"]), a["num_heads"], pair(a.get("windows", 1)),
                           pair(a.get("shift_size", 0)))
+    if kind == "Eq":   # torch.eq: a bool tensor, as users pass key_padding_mask
+        v = a["value"]
+        return Lambda(lambda x: x == v)
     if kind == "IndexSelect":
         dim, index = a.get("dim", 1), torch.tensor(a["index"])
         return Lambda(lambda x: x.index_select(dim, index))
@@ -743,7 +783,7 @@ class MHA(nn.MultiheadAttention):
             return nn.Transformer.generate_square_subsequent_mask(L)
         return None
 
-    def spelled(self, x, mask):
+    def spelled(self, x, mask, kpm=None):
         n, L, e = x.shape
         h = self.num_heads
         d = e // h
@@ -753,23 +793,28 @@ class MHA(nn.MultiheadAttention):
         am = self.attn_mask(L)
         if am is not None:   # as F.multi_head_attention_forward applies it: a bool filled with -inf, a float added
             s = s.masked_fill(am, float("-inf")) if am.dtype == torch.bool else s + am
+        if kpm is not None:   # key_padding_mask (n, L): a bool one fills the masked keys with -inf, a float is added
+            k4 = kpm[:, None, None, :]
+            s = s.masked_fill(k4, float("-inf")) if kpm.dtype == torch.bool else s + k4
         a = torch.softmax(s, -1) * mask
         return self.out_proj((a @ v).transpose(1, 2).reshape(n, L, e))
 
-    def forward(self, x):
+    def forward(self, x, kpm=None):
         if self.training and self.p > 0:
-            return self.spelled(x, self.mask)
+            return self.spelled(x, self.mask, kpm)
         # with grad on: torch 1.13's no-grad fast path (_native_multi_head_attention) fails without a bias
         with torch.enable_grad():
-            return super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]))[0]
+            return super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]),
+                                   key_padding_mask=kpm)[0]
 
-    def check(self, x):
+    def check(self, x, kpm=None):
         p, self.dropout = self.dropout, 0.0
         with torch.enable_grad():
-            want = super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]))[0].detach()
+            want = super().forward(x, x, x, need_weights=False, attn_mask=self.attn_mask(x.shape[1]),
+                                   key_padding_mask=kpm)[0].detach()
         self.dropout = p
         with torch.no_grad():
-            got = self.spelled(x, torch.ones(self.mask_shape))
+            got = self.spelled(x, torch.ones(self.mask_shape), kpm)
         assert torch.allclose(got, want, atol=1e-5), "the spelled-out attention is not nn.MultiheadAttention's"
 
 
@@ -857,7 +902,7 @@ class Net(nn.Module):
                 xi = vals[ins[0]]
                 m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1], xi.shape[1])
                 m.mask = torch.ones(m.mask_shape)
-                m.check(xi)
+                m.check(*[vals[i] for i in ins])
             vals[nd["name"]] = m(*[vals[i] for i in ins])
             prev = nd["name"]
         self.out = st.get("output", prev)
@@ -897,6 +942,8 @@ def case(idx, name, text):
     rows = 7 if integer else 0
 
     def data():
+        if name in KPM_IDS:
+            return kpm_ids(name, shape)
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1, name)

@@ -14,9 +14,13 @@ static int64_t per_sample(int ndim, const int64_t *dims) {
 }
 
 /* Forward (training, with a tape), backward and an optimizer step of stage
- * s alone on batch synthetic samples: pixels in [0, 1) for float inputs,
- * id 0 for int64 ones (a row every embedding has). The input gradient is
- * computed for every stage but the first, as a whole-model backward does. */
+ * s alone on batch synthetic samples: pixels in [0, 1) for float inputs;
+ * for int64 ones ids 1, 0, 1, 0, ... along each sample (not all one id: a
+ * key padding mask, Eq of a pad id, would mask every key of a sample, which
+ * psd refuses), and where the model refuses those (a one-row embedding, a
+ * pad id of 1 with a causal mask) id 0 throughout, a row every embedding
+ * has. The input gradient is computed for every stage but the first, as a
+ * whole-model backward does. */
 static ps_status probe_stage(ps_model *m, int s, int batch, ps_err *err) {
     const ps_stage_info *si = ps_model_stage(m, s);
     int64_t in = batch * per_sample(si->in_ndim, si->in_dims);
@@ -39,7 +43,18 @@ static ps_status probe_stage(ps_model *m, int s, int batch, ps_err *err) {
         }
         for (int64_t i = 0; i < out; i++) g[i] = (i % 7 == 0 ? -1.0f : 0.1f) / batch;
         ps_tape *t = NULL;
-        st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
+        if (si->in_dtype == PS_DTYPE_I64) {
+            int64_t per = in / batch;
+            for (int64_t i = 0; i < in; i++) ((int64_t *)x)[i] = (i % per) & 1 ? 0 : 1;
+            st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
+            if (st != PS_OK) {   /* the model refused ids 1: all 0 */
+                memset(x, 0, (size_t)in * sizeof(int64_t));
+                ps_err_clear(err);
+                st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
+            }
+        } else {
+            st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
+        }
         if (st == PS_OK) st = ps_model_backward_acc(m, t, g, gin, acc, err);
         if (st == PS_OK) st = ps_model_step_grads(m, acc, NULL, err);
         ps_tape_free(t);

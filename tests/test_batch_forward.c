@@ -29,7 +29,9 @@
  * tape cut per context, each context's attention mask its own -, a GELU
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
  * attention written by hand (psd-export's nodes of
- * tests/export/attention.py), a group whose one member is refused (only it
+ * tests/export/attention.py), key padding masks computed from the ids
+ * (each context's samples padded otherwise: its mask its own; a context
+ * with a sample of padding only refused alone), a group whose one member is refused (only it
  * gets the error; the others are answered as unbatched), that a model with
  * BatchNorm is never combined, and on a CUDA device (when there is one;
  * else "cuda: skipped") mnist_cnn and the vit block on cuda:0 within 1e-5. */
@@ -63,6 +65,7 @@ typedef struct server {
 } server;
 
 static const char *g_device;   /* the stages below on this device (NULL: cpu) */
+static int g_pad;              /* int64 inputs padded: token ids 1..1000, each sample's last ones pad id 0 */
 static const char *g_place[2]; /* mnist_cnn's conv and fc, or a test file's main */
 
 static int start(server *sv, const char *file, const char *backend, double wait_ms, int max_samples, int bwd) {
@@ -214,7 +217,9 @@ static void trainer_init(trainer *t, const char *addr, int i, int n, const ps_st
     t->x = malloc(sizeof(int64_t) * (size_t)(n * t->in_per));
     for (int j = 0; j < n * t->in_per; j++) {   /* each trainer its own data */
         unsigned h = (unsigned)(j + 1) * 2654435761u + (unsigned)i * 40503u;
-        if (t->i64) ((int64_t *)t->x)[j] = h % 1000;
+        if (t->i64 && g_pad)   /* sample j / in_per keeps 1 + (sample + 2 i) % in_per tokens: each context its own */
+            ((int64_t *)t->x)[j] = j % t->in_per < 1 + (j / t->in_per + 2 * i) % t->in_per ? 1 + h % 999 : 0;
+        else if (t->i64) ((int64_t *)t->x)[j] = h % 1000;
         else ((float *)t->x)[j] = (float)(h % 2000) / 1000.0f - 1.0f;
     }
     for (int j = 0; j < n; j++) t->tgt[j] = (j * 3 + i) % t->out_per;
@@ -335,7 +340,8 @@ static void *forward1(void *arg) {
     ps_client *cl = ps_client_create(t->addr, 60000, MAXMSG, &err);
     if (!cl) { fail(t, PS_ERR_UNAVAILABLE, &err, "client"); return NULL; }
     ps_client_fwd f = {.ctx = t->ctx, .seq = 1, .rank = (uint32_t)(t->ctx & 0xff), .train = 1, .stage = t->stage,
-                       .input = {.dtype = PS_CLIENT_I64, .ndim = 1, .dims = {t->n}, .data = t->x}};
+                       .input = {.dtype = PS_CLIENT_I64, .ndim = 1 + t->in_ndim, .dims = {t->n}, .data = t->x}};
+    memcpy(f.input.dims + 1, t->in_dims, sizeof(int64_t) * (size_t)t->in_ndim);
     ps_client_fwd_out o = {.out = t->out, .out_cap = (int64_t)t->n * t->out_per};
     ps_status st = ps_client_forward_ex(cl, &f, &o, &err);
     if (st) fail(t, st, &err, "forward");
@@ -564,8 +570,85 @@ static void run_causal_attention(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Key padding masks computed from the ids (Eq), each context's its own
+ * (its samples padded differently): nn.MultiheadAttention with
+ * key_padding_mask = ids == 0, causal with attention dropout, then one with
+ * the float form ((ids == 0) * -1e4, added) over the residual. */
+static const char PADMASK_NODES[] =
+             "      - {name: emb, kind: Embedding, num_embeddings: 1000, embedding_dim: 8}\n"
+             "      - {name: pad, kind: Eq, value: 0, input: input}\n"
+             "      - {name: m1, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, dropout: 0.3, "
+             "batch_first: true, causal: true, inputs: [emb, pad]}\n"
+             "      - {name: add, kind: Add, inputs: [emb, m1]}\n"
+             "      - {name: neg, kind: MulConstant, value: -10000.0, input: pad}\n"
+             "      - {name: m2, kind: MultiheadAttention, embed_dim: 8, num_heads: 4, batch_first: true, "
+             "key_padding_mask: float, inputs: [add, neg]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n";
+
+static void run_padmask(void) {
+    g_pad = 1;
+    run_file("[6], dtype: int64", PADMASK_NODES);
+    g_pad = 0;
+}
+
+/* A combined Forward one of whose contexts has a sample of padding only
+ * (its queries attend to no key: refused, where PyTorch 1.13 gives NaN):
+ * only that context gets the error, naming the sample of its own Forward;
+ * the others are answered as unbatched. */
+static void padmask_bad_member(void) {
+    static const int ns[K] = {2, 3, 5};
+    char dir[] = "/tmp/ps-test-batch-forward.XXXXXX", path[64];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    snprintf(path, sizeof path, "%s/cn.yaml", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f, "name: cn\nstages:\n  - name: main\n    input: {shape: [6], dtype: int64}\n    nodes:\n%s",
+            PADMASK_NODES);
+    fclose(f);
+    server a, b;
+    if (start(&a, path, "ref", WAIT_MS, 10, 1) || start(&b, path, "ref", 0, 256, 0)) {
+        stop(&a);
+        test_rmtree(dir);
+        return;
+    }
+    const ps_stage_info *s0 = ps_model_stage(a.model, 0);
+    trainer ta[K], tb[K];
+    pthread_t th[K];
+    g_pad = 1;
+    for (int i = 0; i < K; i++) {
+        trainer_init(&ta[i], a.addr, i, ns[i], s0, s0, NULL, NULL);
+        trainer_init(&tb[i], b.addr, i, ns[i], s0, s0, NULL, NULL);
+    }
+    g_pad = 0;
+    for (int j = 0; j < 6; j++) ((int64_t *)ta[1].x)[2 * 6 + j] = 0;   /* context 1's sample 2: padding only */
+    for (int i = 0; i < K; i++) pthread_create(&th[i], NULL, forward1, &ta[i]);
+    for (int i = 0; i < K; i++) pthread_join(th[i], NULL);
+    CHECK_MSG(ta[1].st == PS_ERR_INVALID_ARGUMENT && strstr(ta[1].msg, "node 'm1' (MultiheadAttention): sample 2") &&
+              strstr(ta[1].msg, "masks key 0 and causal is true"), "%d %s", ta[1].st, ta[1].msg);
+    uint64_t held, combined;
+    ps_service_batch_stats(a.svc, &held, &combined);
+    CHECK_MSG(held == K && combined == 0, "%llu held, %llu combined", (unsigned long long)held,
+              (unsigned long long)combined);
+    for (int i = 0; i < K; i += 2) {
+        forward1(&tb[i]);
+        CHECK_MSG(!ta[i].st && !tb[i].st, "%s / %s", ta[i].msg, tb[i].msg);
+        same("a good member of a group with an all-padding sample", ta[i].out, tb[i].out,
+             (size_t)ta[i].n * (size_t)ta[i].out_per, 1e-6);
+    }
+    for (int i = 0; i < K; i++) {
+        trainer_free(&ta[i]);
+        trainer_free(&tb[i]);
+    }
+    stop(&a);
+    stop(&b);
+    test_rmtree(dir);
+}
+
 int main(void) {
     grpc_init();
+    run_padmask();
     run_convnext_kinds();
     run_layernorm();
     run_vit_block();
@@ -577,6 +660,7 @@ int main(void) {
     run_model("configs/models/mnist_cnn.yaml", "conv", NULL, "dnnl", 1e-5); /* a run short of the model */
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "dnnl", 1e-5);
     bad_member();
+    padmask_bad_member();
     group_refused();
     /* on a CUDA device (scripts/gpu-check.sh runs this test there too) */
     ps_err err = {0};
@@ -590,8 +674,9 @@ int main(void) {
         g_place[0] = "main";
         g_place[1] = NULL;
         run_vit_block();
+        run_padmask();
         g_device = NULL;
-        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block)\n");
+        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);

@@ -887,8 +887,88 @@ static void test_optim_state(rng *r) {
     CHECK_MSG(strstr(err.msg, "momentum 0.9 is not an Adam setting"), "%s", err.msg);
 }
 
+/* A one-stage model of int64 ids (4 a sample) whose nodes are the YAML
+ * lines given, on backend; NULL with the error in err when psd refuses it. */
+static ps_model *make_ids_model(const char *dir, const char *backend, const char *nodes, ps_err *err) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/kpm.yaml", dir);
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f, "cannot write %s", path);
+    if (!f) return NULL;
+    fprintf(f, "name: kpm\nstages:\n  - name: s\n    input: {shape: [4], dtype: int64}\n    nodes:\n"
+               "      - {name: emb, kind: Embedding, num_embeddings: 10, embedding_dim: 8}\n%s", nodes);
+    fclose(f);
+    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.1f};
+    return ps_model_create(&o, err);
+}
+
+/* Key padding masks: a sample whose queries would attend to no key is
+ * refused naming it (PyTorch 1.13 gives NaN), in training and eval, on
+ * each CPU backend, while the other samples' forward runs; masks psd
+ * cannot take are refused at the model's build naming what is wrong. */
+static void test_padmask_refusals(void) {
+    char dir[] = "/tmp/ps-test-kpm.XXXXXX";
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    static const char *const mha = "      - {name: pad, kind: Eq, value: 0, input: input}\n"
+                                   "      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                   "batch_first: true, causal: %s, inputs: [emb, pad]}\n";
+    const char *backends[] = {"ref", "dnnl"};
+    for (int b = 0; b < 2; b++) {
+        for (int causal = 0; causal < 2; causal++) {
+            char nodes[512];
+            snprintf(nodes, sizeof nodes, mha, causal ? "true" : "false");
+            ps_err err = {0};
+            ps_model *m = make_ids_model(dir, backends[b], nodes, &err);
+            CHECK_MSG(m, "%s", err.msg);
+            if (!m) continue;
+            /* sample 0 keeps 2 tokens, sample 1 none (causal: key 0 padded, key 1 kept), sample 2 one */
+            int64_t ids[12] = {3, 4, 0, 0, 0, causal ? 5 : 0, 0, 0, 7, 0, 0, 0};
+            float out[12 * 8];
+            for (int train = 0; train < 2; train++) {
+                ps_tape *t = NULL;
+                ps_status st = ps_model_forward_range(m, 0, 0, ids, 3, train, NULL, 1, out, train ? &t : NULL, NULL,
+                                                      &err);
+                CHECK_MSG(st == PS_ERR_INVALID_ARGUMENT && strstr(err.msg, "attn") && strstr(err.msg, "sample 1") &&
+                          strstr(err.msg, causal ? "masks key 0 and causal is true" : "masks all 4 keys") &&
+                          strstr(err.msg, "NaN"), "%s causal %d train %d: %d %s", backends[b], causal, train, st,
+                          err.msg);
+                ps_tape_free(t);
+                ps_err_clear(&err);
+            }
+            ids[4] = 2;   /* sample 1 keeps token 0: every query attends to some key */
+            OKE(ps_model_forward_range(m, 0, 0, ids, 3, 0, NULL, 1, out, NULL, NULL, &err));
+            int finite = 1;
+            for (int i = 0; i < 12 * 8; i++) finite &= isfinite(out[i]) != 0;
+            CHECK_MSG(finite, "%s causal %d: a non-finite output", backends[b], causal);
+            ps_model_free(m);
+        }
+    }
+    static const struct { const char *nodes, *want; } bad[] = {
+        {"      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+         "inputs: [emb, emb]}\n", "the key padding mask 'emb' is (4, 8) float32 per sample; it must be (4) float32"},
+        {"      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+         "inputs: [emb, input]}\n", "the key padding mask 'input' is (4) int64 per sample; it must be (4) float32"},
+        {"      - {name: pad, kind: Eq, value: 0}\n", "Eq compares int64 token ids with a constant"},
+        {"      - {name: pad, kind: Eq, value: 0.5, input: input}\n"
+         "      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+         "inputs: [emb, pad]}\n", "0.5"},
+        {"      - {name: pad, kind: Eq, value: 0, input: input}\n"
+         "      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, causal: true, "
+         "key_padding_mask: float, inputs: [emb, pad]}\n", "key_padding_mask 'float' with causal"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ps_err err = {0};
+        ps_model *m = make_ids_model(dir, "ref", bad[i].nodes, &err);
+        CHECK_MSG(!m && strstr(err.msg, bad[i].want), "refusal %zu: want '%s', got '%s'", i, bad[i].want,
+                  m ? "(accepted)" : err.msg);
+        ps_model_free(m);
+    }
+    test_rmtree(dir);
+}
+
 int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
+    test_padmask_refusals();
     test_stage_shapes();
     test_input_grads(&r);
     conv_stage_grad_in(&r);

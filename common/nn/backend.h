@@ -316,6 +316,15 @@ static inline int ps_tri_in(const ps_tri_desc *d, int64_t i, int64_t j) {
     return d->upper ? j - i >= d->diagonal : j - i <= d->diagonal;
 }
 
+/* Attention scores (batch, heads, rows, cols) and a key padding mask
+ * (batch, cols): one value per sample and key, the same for every head and
+ * query row (key_pad). */
+typedef struct ps_keypad_desc {
+    int64_t batch;
+    int64_t heads, rows, cols;
+    int additive;     /* 1: the mask is added (PyTorch's float form); 0: nonzero masks the key (-inf) */
+} ps_keypad_desc;
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -686,6 +695,16 @@ typedef struct ps_backend_ops {
      * matrix, which are d->value (-inf for a mask before a softmax; 0 for
      * the gradient's backward through it); y may be x. ---- */
     ps_status (*tri_fill)(void *impl, const ps_tri_desc *d, const float *x, float *y, ps_err *err);
+
+    /* ---- appended for key padding masks computed from the token ids
+     * (Eq, MultiheadAttention's key_padding_mask): ---- */
+    /* y[i] = x[i] == value ? 1 : 0 for i < count; x int64 (token ids), y
+     * float32; both device memory. */
+    ps_status (*eq_const)(void *impl, int64_t count, const int64_t *x, int64_t value, float *y, ps_err *err);
+    /* The scores s of ps_keypad_desc, mask (batch, cols) of each sample's
+     * keys: s[b, h, i, j] += mask[b, j] (additive), else s[b, h, i, j] =
+     * -inf where mask[b, j] != 0 (PyTorch's bool key_padding_mask). */
+    ps_status (*key_pad)(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1185,6 +1185,17 @@ static ps_status cu_tri_fill(void *impl, const ps_tri_desc *d, const float *x, f
                                                   c->stream));
 }
 
+static ps_status cu_eq_const(void *impl, int64_t count, const int64_t *x, int64_t value, float *y, ps_err *err) {
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_eq_const(count, x, value, y, c->stream));
+}
+
+static ps_status cu_key_pad(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err) {
+    const int64_t per = d->heads * d->rows, count = d->batch * per * d->cols;
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_key_pad(count, per, d->cols, d->additive, mask, s, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1237,4 +1248,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .permute = cu_permute,
     .matmul = cu_matmul,
     .tri_fill = cu_tri_fill,
+    .eq_const = cu_eq_const,
+    .key_pad = cu_key_pad,
 };

@@ -177,6 +177,15 @@ cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream)
 cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int upper, int64_t diagonal, float value,
                              const float *x, float *y, cudaStream_t stream);
 
+/* y[i] = x[i] == value ? 1 : 0 (int64 token ids to a float mask). */
+cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, float *y, cudaStream_t stream);
+
+/* Scores s (count = batch * per * cols elements, per = heads * rows), mask
+ * (batch, cols): s += mask[b, j] (additive) or s = -inf where mask[b, j]
+ * != 0 (ps_keypad_desc of backend.h). */
+cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additive, const float *mask, float *s,
+                            cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

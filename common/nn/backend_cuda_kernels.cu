@@ -554,6 +554,19 @@ __global__ void tri_fill_kernel(int64_t n, int64_t rows, int64_t cols, int upper
     }
 }
 
+__global__ void eq_const_kernel(int64_t n, const int64_t *x, int64_t value, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = x[i] == value ? 1.0f : 0.0f;
+}
+
+__global__ void key_pad_kernel(int64_t n, int64_t per, int64_t cols, int additive, const float *mask, float *s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float m = mask[(i / (per * cols)) * cols + i % cols];
+        if (additive) s[i] += m;
+        else if (m != 0.0f) s[i] = -INFINITY;
+    }
+}
+
 extern "C" {
 
 cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
@@ -759,6 +772,19 @@ cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int uppe
                              const float *x, float *y, cudaStream_t stream) {
     if (count <= 0) return cudaSuccess;
     tri_fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, rows, cols, upper, diagonal, value, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, float *y, cudaStream_t stream) {
+    if (count <= 0) return cudaSuccess;
+    eq_const_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, x, value, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additive, const float *mask, float *s,
+                            cudaStream_t stream) {
+    if (count <= 0) return cudaSuccess;
+    key_pad_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, per, cols, additive, mask, s);
     return cudaGetLastError();
 }
 

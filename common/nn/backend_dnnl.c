@@ -3043,6 +3043,34 @@ static ps_status dn_tri_fill(void *impl, const ps_tri_desc *d, const float *x, f
     return PS_OK;
 }
 
+/* Key padding masks (Eq, MultiheadAttention's key_padding_mask): oneDNN
+ * has no primitive for either; threaded loops, key_pad's over the rows of
+ * every sample's heads, each row reading its sample's mask. */
+static ps_status dn_eq_const(void *impl, int64_t count, const int64_t *x, int64_t value, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) y[i] = x[i] == value ? 1.0f : 0.0f;
+    return PS_OK;
+}
+
+static ps_status dn_key_pad(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t per = d->heads * d->rows, nrows = d->batch * per, cols = d->cols;
+#pragma omp parallel for if (nrows * cols >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < nrows; r++) {
+        const float *m = mask + (r / per) * cols;
+        float *sr = s + r * cols;
+        if (d->additive)
+            for (int64_t j = 0; j < cols; j++) sr[j] += m[j];
+        else
+            for (int64_t j = 0; j < cols; j++)
+                if (m[j] != 0.0f) sr[j] = -INFINITY;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3096,4 +3124,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .permute = dn_permute,
     .matmul = dn_matmul,
     .tri_fill = dn_tri_fill,
+    .eq_const = dn_eq_const,
+    .key_pad = dn_key_pad,
 };

@@ -843,6 +843,27 @@ static ps_status ref_tri_fill(void *impl, const ps_tri_desc *d, const float *x, 
     return PS_OK;
 }
 
+/* ---- key padding masks: the ids compared with the pad id, the masked keys' scores ---- */
+
+static ps_status ref_eq_const(void *impl, int64_t count, const int64_t *x, int64_t value, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) y[i] = x[i] == value ? 1.0f : 0.0f;
+    return PS_OK;
+}
+
+static ps_status ref_key_pad(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t r = 0; r < d->heads * d->rows; r++)
+            for (int64_t j = 0; j < d->cols; j++) {
+                const float m = mask[b * d->cols + j];
+                float *e = &s[(b * d->heads * d->rows + r) * d->cols + j];
+                if (d->additive) *e += m;
+                else if (m != 0.0f) *e = -INFINITY;
+            }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -893,4 +914,6 @@ const ps_backend_ops ps_backend_ref_ops = {
     .permute = ref_permute,
     .matmul = ref_matmul,
     .tri_fill = ref_tri_fill,
+    .eq_const = ref_eq_const,
+    .key_pad = ref_key_pad,
 };

@@ -1962,11 +1962,19 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
  * need_weights=False) with no mask, or with causal the causal attn_mask
  * (key j > query i masked: torch.triu(ones(L, L), 1) as bool, or -inf
  * there as nn.Transformer.generate_square_subsequent_mask writes it): x
- * (L, E) per sample, H heads of D = E/H. Forward, for the n samples at once:
+ * (L, E) per sample, H heads of D = E/H; with a second input, the key
+ * padding mask (L) per sample (PyTorch's key_padding_mask (N, S), computed
+ * from the ids by Eq: key_padding_mask 'bool', a nonzero value masks the
+ * key; 'float', the value is added to its scores). Forward, for the n
+ * samples at once:
  *   q, k, v = x W_j^T + b_j, W_j rows jE..jE+E-1 of in_proj_weight (j = 0,
  *             1, 2), each (n, L, E) permuted to (n, H, L, D)
  *   P = softmax(q k^T / sqrt(D)) over the last dim, (n, H, L, L); with
- *       causal the scores of j > i are -inf first (P 0 there)
+ *       causal the scores of j > i are -inf first (P 0 there), with a
+ *       bool key padding mask those of the masked keys j of every query
+ *       (a float one is added). A sample one of whose queries would
+ *       attend to no key (every key masked; with causal, key 0) is
+ *       refused: PyTorch 1.13 gives NaN there (mha_check_keys).
  *   A = P * mask (dropout on the attention weights in training: the mask
  *       of Dropout's draws, one per element of P), else P
  *   o = A v, (n, H, L, D) permuted back to (n, L, E); y = o W_o^T + b_o
@@ -2017,6 +2025,20 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
                           (long long)E, (long long)H);
     if (ly->in[0].dims[0] > 65536 || E > 65536)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence or embedding longer than 65536");
+    if (ly->nin == 2) {   /* the key padding mask: one value per key */
+        char b[64];
+        const char *nm = ly->def ? ly->def->in_names[1] : "mask";
+        if (ly->in_dtype[1] != PS_DTYPE_F32 || ly->in[1].ndim != 1 || ly->in[1].dims[0] != ly->in[0].dims[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the key padding mask '%s' is %s %s per sample; it must "
+                              "be (%lld) float32, one value per key (PyTorch's key_padding_mask (N, S), S = the "
+                              "input's %lld tokens; compute it from the ids with Eq)", nm,
+                              ps_shape_format(&ly->in[1], b, sizeof b), ps_dtype_name(ly->in_dtype[1]),
+                              (long long)ly->in[0].dims[0], (long long)ly->in[0].dims[0]);
+        if (ly->a.kpm_float && ly->a.causal)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "key_padding_mask 'float' with causal: PyTorch 1.13 "
+                              "reads a float key_padding_mask beside a bool causal attn_mask as bool (nonzero "
+                              "masked) and refuses it beside a float one; use key_padding_mask 'bool'");
+    }
     ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
     const float bound = sqrtf(6.0f / (float)(4 * E));   /* xavier_uniform_ of (3E, E) */
@@ -2033,7 +2055,8 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
 static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
          : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale"
-         : ly->a.causal && !ops->tri_fill ? "tri_fill" : NULL;
+         : ly->a.causal && !ops->tri_fill ? "tri_fill" : ly->nin == 2 && !ops->key_pad ? "key_pad"
+         : ly->nin == 2 && !ops->copy_to_host ? "copy_to_host" : NULL;
 }
 
 /* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
@@ -2063,6 +2086,49 @@ static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S,
     return c->be->ops->tri_fill(c->be->impl, &d, S, S, err);
 }
 
+/* The key padding mask of the call's samples (mask (n, L), device
+ * memory): each query must attend to some key. A bool mask masks a
+ * nonzero key, a float one a key whose value is -inf; without causal some
+ * key of the sample must be left, with causal key 0 (query 0 attends to it
+ * alone). PyTorch 1.13 gives NaN for such a query's output (and NaN
+ * gradients to every parameter); psd refuses the Forward naming the
+ * sample, so that one empty sequence does not poison a step. */
+static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const float *mask, ps_err *err) {
+    const int64_t count = (int64_t)g->n * g->L;
+    float *host = (float *)mask;
+    if (c->be->ops->device_kind) {
+        if (!(host = malloc((size_t)(count ? count : 1) * sizeof(float))))
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        ps_status rc = c->be->ops->copy_to_host(c->be->impl, host, mask, (size_t)count * sizeof(float), err);
+        if (rc != PS_OK) { free(host); return rc; }
+    }
+    ps_status rc = PS_OK;
+    const int isf = c->ly->a.kpm_float;
+    for (int b = 0; b < g->n && rc == PS_OK; b++) {
+        const float *m = host + (int64_t)b * g->L;
+        int left = 0;
+        for (int j = 0; j < (c->ly->a.causal ? 1 : g->L) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
+        if (left) continue;
+        if (c->ly->a.causal && g->L > 1)
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
+                            "mask masks key 0 and causal is true, so query 0 attends to no key (PyTorch 1.13 gives "
+                            "NaN there; pad on the right, or keep token 0 unmasked)", c->ly->name, b);
+        else
+            rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
+                            "mask masks all %d keys, so its queries attend to no key (PyTorch 1.13 gives NaN there; "
+                            "a sequence needs one token that is not padding)", c->ly->name, b, g->L);
+    }
+    if (host != mask) free(host);
+    return rc;
+}
+
+/* the key padding mask (n, L) applied to the scores S (n, H, L, L) */
+static ps_status mha_key_pad(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
+    const ps_keypad_desc d = {.batch = g->n, .heads = g->H, .rows = g->L, .cols = g->L,
+                              .additive = c->ly->a.kpm_float};
+    return c->be->ops->key_pad(c->be->impl, &d, (const float *)c->xs[1], S, err);
+}
+
 static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     const mha_geom g = mha_of(c->ly, c->n);
@@ -2079,6 +2145,7 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
         goto out;
     }
+    if (c->ly->nin == 2 && (rc = mha_check_keys(c, &g, (const float *)c->xs[1], err)) != PS_OK) goto out;
     float *q = kept[0], *k = kept[1], *v = kept[2], *P = kept[3], *o = kept[4];
     float *S = tmp + 3 * g.nle, *oh = S + g.p;
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
@@ -2088,6 +2155,7 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     }
     if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
     if (rc == PS_OK && c->ly->a.causal) rc = mha_causal(c, &g, S, err);
+    if (rc == PS_OK && c->ly->nin == 2) rc = mha_key_pad(c, &g, S, err);
     if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
     const float *A = P;
     if (rc == PS_OK && drop) {
@@ -2157,6 +2225,14 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     const float *P = c->saved->dev[4], *o = c->saved->dev[5];
     if (!q || !k || !v || !P || !o)
         return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
+    if (c->ly->nin == 2 && c->dxs && c->dxs[1]) {   /* the key padding mask: a bool one has no gradient */
+        if (c->ly->a.kpm_float)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the float key padding mask '%s' needs a gradient, "
+                              "which psd does not compute (compute the mask from the int64 ids: Eq)", c->ly->name,
+                              c->ly->def ? c->ly->def->in_names[1] : "mask");
+        ps_status rc0 = ops->fill(c->be->impl, (int64_t)g.n * g.L, c->dxs[1], 0.0f, err);
+        if (rc0 != PS_OK) return rc0;
+    }
     /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (3 nle) and back (nle), A or
      * dA (p), dS (p), dx's parts (nle) */
     float *tmp = ps_backend_alloc_floats(c->be, 7 * g.nle + 2 * g.p);
@@ -2196,6 +2272,39 @@ static size_t mha_bytes(const ps_layer *ly, int n) {
 static double mha_flops(const ps_layer *ly) {
     const double L = (double)ly->in[0].dims[0], E = (double)ly->a.out;
     return 8.0 * L * E * E + 4.0 * L * L * E;
+}
+
+/* ---- Eq: ids == value (torch.eq(ids, pad), ids.eq(pad)) for int64 token
+ * ids and a constant, the pad id: a float32 mask of the ids' shape, 1 where
+ * equal, 0 elsewhere - MultiheadAttention's key padding mask computed from
+ * the ids the stage reads (PyTorch's bool key_padding_mask, True = 1). The
+ * ids take no gradient, so neither does the mask: its backward has nothing
+ * to compute. ---- */
+
+static ps_status eq_infer(ps_layer *ly, ps_err *err) {
+    char b[64];
+    if (ly->in_dtype[0] != PS_DTYPE_I64)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "per-sample input %s %s; Eq compares int64 token ids with "
+                          "a constant (the pad id)", ps_shape_format(&ly->in[0], b, sizeof b),
+                          ps_dtype_name(ly->in_dtype[0]));
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *eq_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->eq_const ? NULL : "eq_const";
+}
+
+static ps_status eq_forward(ps_layer_call *c, ps_err *err) {
+    return c->be->ops->eq_const(c->be->impl, ps_layer_out_count(c->ly, c->n), (const int64_t *)c->x,
+                                c->ly->a.eq_value, c->y, err);
+}
+
+static ps_status eq_backward(ps_layer_call *c, ps_err *err) {
+    (void)c; (void)err;
+    return PS_OK;
 }
 
 /* ---- MatMul: torch.matmul(a, b) of two computed tensors, each sample a
@@ -2864,6 +2973,7 @@ static const ps_attr_spec scale_attrs[] = {
     {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
     ATTR_END,
 };
+static const char *const kpm_forms[] = {"bool", "float", NULL};
 static const ps_attr_spec mha_attrs[] = {
     {"embed_dim", PS_ATTR_INT, A(out), NULL, 1, 65536, 0, 0, NULL, 0},
     {"num_heads", PS_ATTR_INT, A(num), NULL, 1, 65536, 0, 0, NULL, 0},
@@ -2871,11 +2981,17 @@ static const ps_attr_spec mha_attrs[] = {
     ATTR_BOOL("bias", bias, "true"),
     ATTR_BOOL("batch_first", mode, "false"),
     ATTR_BOOL("causal", causal, "false"),
+    {"key_padding_mask", PS_ATTR_ENUM, A(kpm_float), "bool", 0, 0, 0, 0, kpm_forms, 0},
     ATTR_END,
 };
 static const ps_attr_spec matmul_attrs[] = {
     ATTR_BOOL("transpose_a", trans_a, "false"),
     ATTR_BOOL("transpose_b", trans_b, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec eq_attrs[] = {
+    {"value", PS_ATTR_INT, A(eq_value), NULL, -9007199254740992.0, 9007199254740992.0, 0, 0,   /* +-2^53 */
+     NULL, 0},
     ATTR_END,
 };
 static const ps_attr_spec mulconst_attrs[] = {
@@ -2985,7 +3101,7 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
-    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 1, mha_attrs, mha_infer,
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 2, mha_attrs, mha_infer,
      mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
     {"MatMul", PS_KIND_BWD_X, 2, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
@@ -3000,6 +3116,8 @@ static const ps_layer_kind kinds[] = {
     /* attention masks (minGPT's causal masked_fill) */
     {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
      masked_fill_backward, NULL, NULL, NULL},
+    /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
+    {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -3131,6 +3249,7 @@ static const struct {
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
     {"MaskedFill", NULL},
+    {"Eq", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

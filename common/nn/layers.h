@@ -100,6 +100,9 @@ typedef struct ps_layer_attrs {
     int tri;                    /* MaskedFill mask: 0 'triu', 1 'tril' */
     int64_t diagonal;           /* MaskedFill diagonal (torch.triu's / torch.tril's) */
     int causal;                 /* MultiheadAttention causal: query i attends to keys 0..i */
+    /* key padding masks computed from the token ids */
+    int64_t eq_value;           /* Eq value: the constant the ids are compared with (the pad id) */
+    int kpm_float;              /* MultiheadAttention key_padding_mask: 0 'bool' (nonzero masks), 1 'float' (added) */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

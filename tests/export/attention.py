@@ -181,3 +181,44 @@ class MHABlock(nn.Module):
             a = self.attn(h, h, h, need_weights=False)[0]
         x = self.ln_f(x + a)
         return self.head(x.flatten(1))
+
+
+class PaddedMHA(nn.Module):
+    """(N, S) int64 token ids -> (N, classes) around nn.MultiheadAttention with the key padding mask
+    computed from the ids (ids == pad, pad id 0): an embedding, a pre-norm residual attention block, a final
+    LayerNorm and a Linear over the flattened sequence - what NLP users write. mode: "eq" (ids == self.pad_id),
+    "method" (ids.eq(pad)), "causal" (== beside a causal bool attn_mask buffer). Refused by psd-export: "ne"
+    (ids != pad, the kept tokens), "pad_tensor" (the pad id computed from the input: ids == ids[:, -1:]),
+    "short" (a mask one key short: PyTorch's own shape check), "embedded" (a mask computed from the
+    embedding, not the ids)."""
+
+    def __init__(self, vocab=11, seq=6, n_embd=8, n_head=2, classes=10, mode="eq", pad_id=0):
+        super().__init__()
+        self.mode, self.pad_id = mode, pad_id
+        self.emb = nn.Embedding(vocab, n_embd)
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = nn.MultiheadAttention(n_embd, n_head, batch_first=True)
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(seq * n_embd, classes)
+        if mode == "causal":
+            self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        h = self.ln_1(x)
+        if self.mode == "method":
+            pad = ids.eq(self.pad_id)
+        elif self.mode == "ne":
+            pad = ids != self.pad_id
+        elif self.mode == "pad_tensor":
+            pad = ids == ids[:, -1:]
+        elif self.mode == "short":
+            pad = ids[:, 1:] == self.pad_id
+        elif self.mode == "embedded":
+            pad = x[:, :, 0] == 0
+        else:
+            pad = ids == self.pad_id
+        am = self.mask if self.mode == "causal" else None
+        a = self.attn(h, h, h, key_padding_mask=pad, attn_mask=am, need_weights=False)[0]
+        x = self.ln_f(x + a)
+        return self.head(x.flatten(1))

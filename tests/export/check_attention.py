@@ -109,6 +109,67 @@ def main():
     # 5. attention masks through psd-export
     masks(pe, target)
 
+    # 6. key padding masks computed from the token ids
+    padding(pe, target)
+
+
+def padding(pe, target):
+    """nn.MultiheadAttention(h, h, h, key_padding_mask=ids == pad) (attention.py's PaddedMHA: ==, ids.eq(pad),
+    and == beside a causal attn_mask) through psd-export: an Eq node of the ids (pad id 0) as
+    MultiheadAttention's second input, trained one step against float64 autograd on ids with several keys
+    padded, all but one, in the middle and none; what psd-export does not take refused naming it."""
+    from attention import PaddedMHA
+    ids = torch.tensor([[5, 3, 0, 0, 0, 0], [7, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6], [4, 8, 0, 9, 0, 2]])
+    for mode in ("eq", "method", "causal"):
+        y = os.path.join(cr.TMP, "padded_%s.yaml" % mode)
+        rc = pe.main([os.path.join(HERE, "attention.py") + ":PaddedMHA", "--kwargs", '{"mode": "%s"}' % mode,
+                      "--input-shape", "6", "--input-dtype", "int64", "--seed", "8", "-o", y])
+        cr.check(rc == 0, "psd-export of nn.MultiheadAttention with key_padding_mask from the ids (%s)" % mode)
+        with open(y) as f:
+            text = f.read()
+        cr.check("{name: eq, kind: Eq, input: input, value: 0}" in text and "inputs: [ln_1, eq]" in text and
+                 ("causal: true" in text) == (mode == "causal"), "psd-export (%s): the mask is an Eq of the ids, "
+                 "MultiheadAttention's second input" % mode)
+        torch.manual_seed(8)
+        model = PaddedMHA(mode=mode)
+        with torch.no_grad():   # biases and LayerNorms away from their zeros and ones: every gradient shows
+            for t in model.parameters():
+                t.add_(torch.randn_like(t) * 0.1)
+            plain = copy.deepcopy(model)
+            plain.pad_id = -1   # no key padded
+            cr.check(not torch.allclose(plain(ids), model(ids)), "PaddedMHA %s: the key padding mask changes the "
+                     "output (the test sees it)" % mode)
+        w = os.path.join(cr.TMP, "padded_%s_moved.safetensors" % mode)
+        sd = model.state_dict()
+        torch_save_st(w, {k: sd[k] for k in sd if k != "mask"})
+        label = "MultiheadAttention key_padding_mask psd-export (%s)" % mode
+        stub, p = cr.start_psd("padded_" + mode, "file: %s" % y, ["--init-from", w])
+        cr.run(label, stub, copy.deepcopy(model), ids, target, ref64=True,
+               folded=("mask",) if mode == "causal" else ())
+        # every key of a sample padded: PyTorch 1.13 gives NaN there, psd refuses the Forward naming the sample
+        bad = ids.clone()
+        bad[1, 0] = 0
+        with torch.no_grad():
+            cr.check(bool(torch.isnan(model.eval()(bad)[1]).all()), "PyTorch 1.13: a sample whose keys are all "
+                     "padding gives NaN")
+        try:
+            stub.Forward(ps_pb2.ForwardRequest(input=cr.tensor(bad.numpy()), train=False), timeout=60)
+            cr.check(False, "psd refuses a sample whose keys are all padding (%s): it answered" % mode)
+        except Exception as e:   # grpc.RpcError
+            msg = e.details() if hasattr(e, "details") else str(e)
+            want = "masks key 0 and causal is true" if mode == "causal" else "masks all 6 keys"
+            cr.check("node 'attn' (MultiheadAttention): sample 1" in msg and want in msg, "psd refuses a sample "
+                     "whose keys are all padding (%s), naming it (%s)" % (mode, msg))
+        p.kill()
+    for mode, want in (("ne", "its key_padding_mask is computed from the input (a per-sample mask) as function "
+                              "operator.ne"),
+                       ("pad_tensor", "the pad id compared with the ids at"),
+                       ("short", "its key_padding_mask is (2, 5) but its query is (2, 6, 8)"),
+                       ("embedded", "not the model's input ids")):
+        err = run_export([os.path.join(HERE, "attention.py") + ":PaddedMHA", "--kwargs", '{"mode": "%s"}' % mode,
+                          "--input-shape", "6", "--input-dtype", "int64", "-o", os.path.join(cr.TMP, "refused.yaml")])
+        cr.check(want in err, "psd-export refuses PaddedMHA %s saying '%s' (%s)" % (mode, want, err.strip()[-300:]))
+
 
 def masks(pe, target):
     """Causal attention through psd-export: minGPT's CausalSelfAttention as written upstream (its tril buffer

@@ -10,7 +10,11 @@ trained one step through psd against PyTorch:
                   a final LayerNorm, a causal float mask buffer);
                   batch_first=False (the embedded tokens transposed to
                   (T, N, E), the mean over dim 0; "gelu", a causal bool mask
-                  buffer, a final LayerNorm);
+                  buffer, a final LayerNorm); src_key_padding_mask = ids
+                  == 0 pre-norm, and batch_first=False beside the causal
+                  float mask, on ids padded at the end (an Eq node every
+                  layer's attention reads; the padding changes the output;
+                  psd's start-up kernel check runs);
   LayerClassifier features -> nn.Linear -> one nn.TransformerEncoderLayer
                   (3 heads, nn.GELU(), pre-norm) -> nn.Linear of the
                   flattened sequence, its input gradient too.
@@ -30,7 +34,7 @@ Then the model file itself: the kinds psd-export writes for each layout
 (pre-norm's LayerNorm before the attention, post-norm's after the Add),
 dropout as Dropout nodes and MultiheadAttention's dropout, a training
 forward with dropout differing from the eval one; and refusals naming
-what: src_key_padding_mask, a mask that is not the causal one, an
+what: a mask that is not the causal one, an
 activation other than ReLU and GELU, a (T, N, E) tensor returned.
 
     check_encoder.py BUILD_DIR TMP_DIR
@@ -67,6 +71,11 @@ CASES = [
     ("TransformerEncoder batch_first=False post-norm gelu, final norm, causal bool mask", TextClassifier,
      {"batch_first": False, "activation": "gelu", "final_norm": True, "mode": "causal_bool"}),
     ("TransformerEncoderLayer pre-norm nn.GELU 3 heads", LayerClassifier, {"activation": "nn.GELU"}),
+    # key padding masks: src_key_padding_mask = ids == 0 (an Eq node every layer's attention reads)
+    ("TransformerEncoder batch_first pre-norm, src_key_padding_mask", TextClassifier,
+     {"norm_first": True, "mode": "padding"}),
+    ("TransformerEncoder batch_first=False, causal float mask and src_key_padding_mask", TextClassifier,
+     {"batch_first": False, "mode": "causal_padding", "final_norm": True}),
 ]
 
 
@@ -102,8 +111,13 @@ def run_export(cls, kwargs):
     return r.stderr if r.returncode else "exit 0: " + r.stdout
 
 
-def inputs(cls, seed):
+def inputs(cls, seed, padded=False):
     torch.manual_seed(seed)
+    if cls is TextClassifier and padded:   # pad id 0 at the end of three of the four samples: 0, 2, 4 and 1 pads
+        ids = torch.randint(1, VOCAB, (4, SEQ))
+        for i, k in enumerate((0, 2, 4, 1)):
+            ids[i, SEQ - k:] = 0
+        return ids, torch.randint(0, 5, (4,))
     if cls is TextClassifier:
         return torch.randint(0, VOCAB, (4, SEQ)), torch.randint(0, 5, (4,))
     return torch.randn(4, SEQ, 5), torch.randint(0, 5, (4,))
@@ -124,14 +138,30 @@ def main():
                 t.add_(torch.randn_like(t) * 0.1)
         w = os.path.join(cr.TMP, name + "_moved.safetensors")
         write_safetensors(w, dict(model.state_dict()), {})
-        x, target = inputs(cls, i)
+        padded = "padding" in kw.get("mode", "")
+        x, target = inputs(cls, i, padded)
+        if padded:
+            cr.check(text.count("kind: Eq") == 1 and text.count(", eq]") == 2 and "value: 0" in text,
+                     "%s: one Eq node of the ids (value 0), read by every layer's attention" % label)
+            with torch.no_grad():
+                plain = copy.deepcopy(model).eval()
+                plain.mode = "causal" if kw["mode"] == "causal_padding" else "plain"
+                cr.check(not torch.allclose(plain(x), model.eval()(x)), "%s: the padding mask changes the output "
+                         "(the test sees it)" % label)
         if kw.get("mode", "").startswith("causal"):     # the buffer is not persistent: not in the state_dict
             with torch.no_grad():
                 plain = copy.deepcopy(model).eval()
                 del plain.mask
+                if plain.mode == "causal_padding":
+                    plain.mode = "padding"
                 cr.check(not torch.allclose(plain(x), model.eval()(x)), "%s: the mask changes the output (the test "
                          "sees it)" % label)
         stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
+        if padded:   # the start-up kernel check's probe ids are not all padding
+            with open(os.path.join(cr.TMP, name + ".log")) as f:
+                log = f.read()
+            cr.check("training kernels:" in log and "kernel check failed" not in log,
+                     "%s: psd's start-up kernel check runs (%s)" % (label, log.strip()[-200:]))
         if cls is LayerClassifier:
             cr.input_gradient(label, stub, model, x, target)
         cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
@@ -215,9 +245,6 @@ def structure(pe):
 
 def refusals():
     for kw, want in (
-            ({"mode": "padding"}, "module 'encoder' (TransformerEncoder) at tests/export/encoder.py:"),
-            ({"mode": "padding"}, "(`x = self.encoder(x, src_key_padding_mask=ids == 0)`): src_key_padding_mask is "
-                                  "not supported yet"),
             ({"mode": "other"}, "its mask (from the buffer mask) is a bool mask other than the causal one: "
                                 "[[0, 0, 1, 1, 1, 1], "),
             ({"activation": "F.silu"}, "the activation of 'encoder.layers.0' is 'silu': psd-export takes 'relu', "

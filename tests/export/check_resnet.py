@@ -112,11 +112,17 @@ def check(ok, what):
 
 
 def tensor(a):
-    if np.asarray(a).dtype == np.int64:      # token ids (an Embedding's input)
+    """a as a request's tensor: int64 token ids as INT64, anything else as FLOAT32."""
+    if np.asarray(a).dtype == np.int64:
         a = np.ascontiguousarray(a)
         return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=I64)
     a = np.ascontiguousarray(a, dtype=np.float32)
     return ps_pb2.Tensor(shape=list(a.shape), data=a.tobytes(), dtype=F32)
+
+
+def as64(x):
+    """x for a float64 copy of a model: floats as float64, token ids as they are."""
+    return x.double() if x.is_floating_point() else x
 
 
 def array(t):
@@ -248,7 +254,7 @@ def relu_flips(model, x, gy, k=4):
             return hook
         hs = [mod.register_forward_hook(flip(n)) for n, mod in relus]
         m.zero_grad()
-        m(x.double()).backward(gy.double())
+        m(as64(x)).backward(gy.double())
         for h in hs:
             h.remove()
         return {n: p.grad.numpy() for n, p in m.named_parameters()}
@@ -298,7 +304,7 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
     y = model(x)
     r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
                                            input=tensor(x.numpy())), timeout=120)
-    y64 = m64(x.double() if x.is_floating_point() else x) if ref64 else None   # token ids stay int64
+    y64 = m64(as64(x)) if ref64 else None
     if ref64 and not np.allclose(array(r.output), y.detach().numpy(), 1e-4, 1e-5):
         # a deep BatchNorm net's training forward carries float32 error past that: psd's against float64
         # within 8x PyTorch float32's own

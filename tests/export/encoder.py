@@ -12,7 +12,7 @@ flattened sequence -> nn.Linear.
 
 mode selects the masks: "causal" (a float -inf buffer as generate_square_subsequent_mask writes it),
 "causal_bool" (a bool triu(ones, 1) buffer), "other" (a bool mask that is not causal: refused), "padding"
-(src_key_padding_mask from the token ids: refused until psd takes key padding masks), "return_seq" (the
+(src_key_padding_mask = ids == 0, the token ids' padding), "causal_padding" (both), "return_seq" (the
 encoder's output returned as it is: with batch_first=False a (T, N, E) tensor, refused).
 """
 import torch
@@ -24,7 +24,7 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "F.relu": F.relu, "F.gelu": F.gel
 
 
 def _mask(mode, seq):
-    if mode == "causal":
+    if mode in ("causal", "causal_padding"):
         return torch.triu(torch.full((seq, seq), float("-inf")), 1)
     if mode == "causal_bool":
         return torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
@@ -56,6 +56,8 @@ class TextClassifier(nn.Module):
             x = x.transpose(0, 1)                   # (T, N, E)
         if self.mode == "padding":
             x = self.encoder(x, src_key_padding_mask=ids == 0)
+        elif self.mode == "causal_padding":
+            x = self.encoder(x, mask=self.mask, src_key_padding_mask=ids == 0)
         elif hasattr(self, "mask"):
             x = self.encoder(x, mask=self.mask)
         else:
