@@ -166,6 +166,41 @@ static size_t trailing_locked(ps_rpc_call *c, grpc_status_code code, grpc_metada
     return 1;
 }
 
+/* With c->mu held: the ops of the call's one send batch into ops (4
+ * entries): initial metadata (with the reply, not with the receive: a call
+ * reset before its message costs psd no write), resp when not NULL, the
+ * status with details and its trailing metadata, and the close when it did
+ * not start at accept (late close: the call ends in this batch's one
+ * completion). Marks the call replied and its send clock started; returns
+ * how many ops. */
+static size_t send_ops_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code code, const char *details,
+                              grpc_op *ops) {
+    c->status_details = grpc_slice_from_copied_string(details);
+    c->replied = 1;
+    memset(ops, 0, 4 * sizeof *ops);
+    size_t n = 0;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 0;
+    n++;
+    if (resp) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = resp;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count =
+        trailing_locked(c, code, &ops[n].data.send_status_from_server.trailing_metadata);
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &c->status_details;
+    n++;
+    if (!c->close_started) {
+        close_op_locked(c, &ops[n++]);
+        c->close_in_reply = 1;
+    }
+    if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    return n;
+}
+
 /* With c->mu held: hand the reply to gRPC. Takes resp. Returns 1 if sent,
  * 0 if the call was cancelled (resp destroyed). c->mu is released while
  * gRPC takes the batch (it writes what it can from this thread, and the
@@ -186,32 +221,8 @@ static int reply_locked(ps_rpc_call *c, grpc_byte_buffer *resp, grpc_status_code
     if (resp) atomic_fetch_add(&c->s->bytes_sent, grpc_byte_buffer_length(resp));
     int prof = c->s->prof != NULL;
     c->send = resp;
-    c->status_details = grpc_slice_from_copied_string(details);
-    c->replied = 1;
     grpc_op ops[4];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    /* initial metadata goes with the reply, not with the receive: a call
-     * reset before its message costs psd no write */
-    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].data.send_initial_metadata.count = 0;
-    n++;
-    if (resp) {
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n].data.send_message.send_message = resp;
-        n++;
-    }
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.trailing_metadata_count =
-        trailing_locked(c, code, &ops[n].data.send_status_from_server.trailing_metadata);
-    ops[n].data.send_status_from_server.status = code;
-    ops[n].data.send_status_from_server.status_details = &c->status_details;
-    n++;
-    if (!c->close_started) {  /* late close: the call ends in this batch's one completion */
-        close_op_locked(c, &ops[n++]);
-        c->close_in_reply = 1;
-    }
-    if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    size_t n = send_ops_locked(c, resp, code, details, ops);
     c->batches++;
     c->sending = 1;
     grpc_call *call = c->call;
@@ -267,25 +278,8 @@ static void call_refuse(ps_rpc_call *c, grpc_status_code code, const char *detai
 int rpc_call_end_unread_locked(ps_rpc_call *c, grpc_status_code code, const char *details, int retry_after_ms) {
     if (c->replied || c->cancelled || c->finished || !c->call) return 0;
     c->retry_after_ms = retry_after_ms;
-    c->status_details = grpc_slice_from_copied_string(details);
-    c->replied = 1;
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].data.send_initial_metadata.count = 0;
-    n++;
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.trailing_metadata_count =
-        trailing_locked(c, code, &ops[n].data.send_status_from_server.trailing_metadata);
-    ops[n].data.send_status_from_server.status = code;
-    ops[n].data.send_status_from_server.status_details = &c->status_details;
-    n++;
-    if (!c->close_started) {
-        close_op_locked(c, &ops[n++]);
-        c->close_in_reply = 1;
-    }
-    if (c->counted) __atomic_store_n(&c->send_since, ps_mono_ms(), __ATOMIC_RELAXED);
+    grpc_op ops[4];
+    size_t n = send_ops_locked(c, NULL, code, details, ops);
     start_batch_locked(c, ops, n, TAG_SEND, "end unread");
     return !c->cancelled;  /* not started: the caller cancels it */
 }
