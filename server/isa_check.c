@@ -42,17 +42,13 @@ static ps_status probe_stage(ps_model *m, int s, int batch, ps_err *err) {
             }
         }
         for (int64_t i = 0; i < out; i++) g[i] = (i % 7 == 0 ? -1.0f : 0.1f) / batch;
+        if (si->in_dtype == PS_DTYPE_I64)
+            for (int64_t i = 0, per = in / batch; i < in; i++) ((int64_t *)x)[i] = (i % per) & 1 ? 0 : 1;
         ps_tape *t = NULL;
-        if (si->in_dtype == PS_DTYPE_I64) {
-            int64_t per = in / batch;
-            for (int64_t i = 0; i < in; i++) ((int64_t *)x)[i] = (i % per) & 1 ? 0 : 1;
-            st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
-            if (st != PS_OK) {   /* the model refused ids 1: all 0 */
-                memset(x, 0, (size_t)in * sizeof(int64_t));
-                ps_err_clear(err);
-                st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
-            }
-        } else {
+        st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
+        if (st != PS_OK && si->in_dtype == PS_DTYPE_I64) {   /* the model refused ids 1: all 0 */
+            memset(x, 0, (size_t)in * sizeof(int64_t));
+            ps_err_clear(err);
             st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
         }
         if (st == PS_OK) st = ps_model_backward_acc(m, t, g, gin, acc, err);
