@@ -39,8 +39,6 @@ import random
 import subprocess
 import sys
 
-import importlib.machinery
-import importlib.util
 
 import numpy as np
 import torch
@@ -57,10 +55,7 @@ SHAPE = (6, 5)          # tokens, features per token
 
 
 def main():
-    loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
-    spec = importlib.util.spec_from_loader("psd_export", loader)
-    pe = importlib.util.module_from_spec(spec)
-    loader.exec_module(pe)
+    pe = cr.load_psd_export()
     torch.manual_seed(0)
     x = torch.randn(4, *SHAPE)
     target = torch.randint(0, 10, (4,))
@@ -208,7 +203,7 @@ def masks(pe, target):
             m2 = copy.deepcopy(model).train()
             torch.onnx.export(copy.deepcopy(m2), x, path, training=torch.onnx.TrainingMode.TRAINING,
                               do_constant_folding=False, opset_version=opset, **dyn)
-            rc, out = check_config(path)
+            rc, out = cr.check_config(path)
             cr.check(rc == 0, "minGPT's ONNX export at T %d, opset %d loads (%s)" % (seq, opset,
                                                                                      out.strip()[-200:]))
             label = "minGPT causal attention ONNX opset %d%s, T %d block 8" % (opset, " dynamic" if dyn else "", seq)
@@ -260,16 +255,6 @@ def torch_save_st(path, tensors):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from gen_golden import write_safetensors
     write_safetensors(path, tensors, {})
-
-
-def check_config(onnx_path):
-    """psd --check-config on a config naming onnx_path: (exit status, its output)."""
-    cfg = onnx_path + ".conf.yaml"
-    with open(cfg, "w") as f:
-        f.write("model:\n  onnx: %s\n" % onnx_path)
-    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
-                       timeout=120)
-    return r.returncode, r.stdout + r.stderr
 
 
 def mha(x, target):
@@ -328,7 +313,7 @@ def mha(x, target):
         torch.onnx.export(MHABlock(mode="plain" if mode == "dynamic" else mode).train(), x, path,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           opset_version=17 if mode == "dynamic" else 13, **dyn)
-        rc, out = check_config(path)
+        rc, out = cr.check_config(path)
         at = "node '/attn/Add_2' (Add)" if mode == "mask_other" else "node '/attn/Transpose' (Transpose)"
         cr.check(rc != 0 and at + ": nn.MultiheadAttention:" in out and want in out,
                  "MultiheadAttention %s: refused at %s, saying '%s' (%s)"

@@ -40,8 +40,6 @@ activation other than ReLU and GELU, a (T, N, E) tensor returned.
     check_encoder.py BUILD_DIR TMP_DIR
 """
 import copy
-import importlib.machinery
-import importlib.util
 import json
 import os
 import random
@@ -82,14 +80,6 @@ CASES = [
 ONNX = {0: 13, 1: 17, 3: 13}     # CASES through their training-mode ONNX exports, at these opsets
 
 
-def load_psd_export():
-    loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
-    spec = importlib.util.spec_from_loader("psd_export", loader)
-    pe = importlib.util.module_from_spec(spec)
-    loader.exec_module(pe)
-    return pe
-
-
 def export(pe, cls, kwargs, name, seed=7):
     y = os.path.join(cr.TMP, name + ".yaml")
     shape = ["--input-shape", str(SEQ), "--input-dtype", "int64"] if cls is TextClassifier else \
@@ -124,7 +114,7 @@ def inputs(cls, seed, padded=False):
 
 
 def main():
-    pe = load_psd_export()
+    pe = cr.load_psd_export()
     for i, (label, cls, kw) in enumerate(CASES):
         name = "encoder_%d" % i
         rc, y, text = export(pe, cls, kw, name)
@@ -171,23 +161,13 @@ def main():
     path = os.path.join(cr.TMP, "encoder_seqfirst.onnx")
     torch.onnx.export(TextClassifier(batch_first=False).train(), inputs(TextClassifier, 0)[0], path,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, opset_version=13)
-    rc, out = check_config(path)
+    rc, out = cr.check_config(path)
     want = "node '/Transpose' (Transpose): nn.MultiheadAttention: batch_first=False: the (L, N, E) value it " \
            "projects ('/Transpose_output_0') is read by 2 nodes"
     cr.check(rc != 0 and want in out, "ONNX import refuses batch_first=False saying '%s' (%s)"
              % (want, out.strip()[-300:]))
     structure(pe)
     refusals()
-
-
-def check_config(onnx_path):
-    """psd --check-config on a config naming onnx_path: (exit status, its output)."""
-    cfg = onnx_path + ".conf.yaml"
-    with open(cfg, "w") as f:
-        f.write("model:\n  onnx: %s\n" % onnx_path)
-    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
-                       timeout=120)
-    return r.returncode, r.stdout + r.stderr
 
 
 def onnx(name, label, model, x, target, opset):

@@ -439,6 +439,25 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
               "PyTorch's" % label)
 
 
+def load_psd_export():
+    """tools/psd-export as a module (PyTorch imported once for every export)."""
+    loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
+    spec = importlib.util.spec_from_loader("psd_export", loader)
+    pe = importlib.util.module_from_spec(spec)
+    loader.exec_module(pe)
+    return pe
+
+
+def check_config(onnx_path):
+    """psd --check-config on a config naming onnx_path: (exit status, its output)."""
+    cfg = onnx_path + ".conf.yaml"
+    with open(cfg, "w") as f:
+        f.write("model:\n  onnx: %s\n" % onnx_path)
+    r = subprocess.run([os.path.join(BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
 def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **extra):
     """torchvision's NAME(num_classes=10, **extra) through psd-export (--init-from its weights) and through
     its training-mode ONNX export (opset 13; onnx not True: a string, why not), each checked by run() (and
@@ -523,10 +542,7 @@ def zoo_model(pe, name, x, target):
 
 def main():
     warnings.simplefilter("ignore")
-    loader = importlib.machinery.SourceFileLoader("psd_export", os.path.join(ROOT, "tools", "psd-export"))
-    spec = importlib.util.spec_from_loader("psd_export", loader)
-    pe = importlib.util.module_from_spec(spec)
-    loader.exec_module(pe)
+    pe = load_psd_export()
     import torchvision
 
     torch.manual_seed(0)
