@@ -68,33 +68,27 @@ for t in test_cuda_layers test_cuda_step; do
   fi
 done
 grep -h "rel err" /tmp/gpu-check-test_cuda_step.log | sort -k4 -g | tail -n 3 | sed 's/^/gpu-check:   worst: /' || true
+# A CPU-and-GPU test whose cuda:0 part must run here: it passes and its log
+# has a line matching PATTERN (its "cuda: skipped" is a failure here).
+cuda_part() {  # test PATTERN noise-filter
+  local t=$1 pattern=$2 noise=$3 log=/tmp/gpu-check-$1.log rc
+  set +e
+  "$BUILD/tests/$t" >"$log" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ] || ! grep -q "$pattern" "$log"; then
+    grep -v "$noise" "$log" | tail -n 30
+    fail "$t on cuda:0 (exit $rc, log $log)"
+  else
+    say "PASS $t (cuda:0 included): $(grep "$pattern" "$log" | tail -n 1)"
+  fi
+}
 # batched training Forwards and Backwards (issue 22 item 4): per-context
-# results on cuda:0 equal unbatched ones within 1e-5; its "cuda: skipped"
-# is a failure here
-set +e
-"$BUILD/tests/test_batch_forward" >/tmp/gpu-check-test_batch_forward.log 2>&1
-rc=$?
-set -e
-if [ $rc -ne 0 ] || ! grep -q "^cuda:0: batched" /tmp/gpu-check-test_batch_forward.log; then
-  grep -v "ps\[info\]" /tmp/gpu-check-test_batch_forward.log | tail -n 30
-  fail "test_batch_forward on cuda:0 (exit $rc, log /tmp/gpu-check-test_batch_forward.log)"
-else
-  say "PASS test_batch_forward (cuda:0 included): $(tail -n 1 /tmp/gpu-check-test_batch_forward.log)"
-fi
-
+# results on cuda:0 equal unbatched ones within 1e-5
+cuda_part test_batch_forward "^cuda:0: batched" "ps\[info\]"
 # every layer kind's golden cases (PyTorch autograd, tests/golden/kinds.safetensors)
-# on cuda:0 - the kernels only a GPU runs (tri_fill, the swin kinds' ops, ...);
-# its "cuda: skipped" is a failure here
-set +e
-"$BUILD/tests/test_kinds" >/tmp/gpu-check-test_kinds.log 2>&1
-rc=$?
-set -e
-if [ $rc -ne 0 ] || ! grep -q "cases on cuda:0" /tmp/gpu-check-test_kinds.log; then
-  grep -v "^ok" /tmp/gpu-check-test_kinds.log | tail -n 30
-  fail "test_kinds on cuda:0 (exit $rc, log /tmp/gpu-check-test_kinds.log)"
-else
-  say "PASS test_kinds: $(grep "cases on cuda:0" /tmp/gpu-check-test_kinds.log)"
-fi
+# on cuda:0 - the kernels only a GPU runs (tri_fill, key_pad, the swin kinds' ops, ...)
+cuda_part test_kinds "cases on cuda:0" "^ok"
 
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
