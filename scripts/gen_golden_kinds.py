@@ -509,6 +509,36 @@ CASES = [
         "{name: o, kind: Linear, out_features: 2}"])),
 ]
 
+# ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
+# batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
+# steps, dropout between layers (stored masks, time-major (num_layers - 1, L, N, H)), a batch of 1; a text
+# classifier's pieces: Embedding, LSTM / GRU, the last step by Narrow, Flatten, Linear.
+RNN_TEXT = ["{name: emb, kind: Embedding, num_embeddings: 7, embedding_dim: 4}"]
+CASES += [
+    ("lstm_l1", stage([5, 4], ["{name: rnn, kind: LSTM, input_size: 4, hidden_size: 6, batch_first: true}"])),
+    ("lstm_l2_len1", stage([1, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}"])),
+    ("lstm_l2_nobias", stage([7, 4], ["{name: rnn, kind: LSTM, hidden_size: 3, num_layers: 2, bias: false, "
+                                      "batch_first: true}"])),
+    ("lstm_l3_dropout", stage([4, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 3, dropout: 0.4, "
+                                       "batch_first: true}"])),
+    ("lstm_n1", stage([6, 2], ["{name: rnn, kind: LSTM, hidden_size: 4, batch_first: true}"])),
+    ("gru_l1", stage([5, 4], ["{name: rnn, kind: GRU, input_size: 4, hidden_size: 6, batch_first: true}"])),
+    ("gru_l2_nobias", stage([6, 3], ["{name: rnn, kind: GRU, hidden_size: 4, num_layers: 2, bias: false, "
+                                     "batch_first: true}"])),
+    ("gru_l2_dropout_len1", stage([1, 4], ["{name: rnn, kind: GRU, hidden_size: 3, num_layers: 2, dropout: 0.5, "
+                                           "batch_first: true}"])),
+    ("lstm_text", stage([6], RNN_TEXT + [
+        "{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}",
+        "{name: last, kind: Narrow, dim: 1, start: 5, length: 1}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 3}"], "int64")),
+    ("gru_text", stage([5], RNN_TEXT + [
+        "{name: rnn, kind: GRU, hidden_size: 6, batch_first: true}",
+        "{name: last, kind: Narrow, dim: 1, start: 4, length: 1}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 2}"], "int64")),
+]
+
 # key padding masks computed from the token ids: nn.MultiheadAttention(x, x, x, key_padding_mask=ids == pad) as
 # Embedding, Eq (pad id 0) and MultiheadAttention's second input; the bool mask (with and without causal, with
 # attention dropout) and the float one ((ids == 0) * -1e4, added to the scores). The ids of each case are KPM_IDS'
@@ -547,6 +577,7 @@ def kpm_ids(name, shape):
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
+NBATCH["lstm_n1"] = 1   # recurrent layers: a batch of one
 # attention masks: minGPT's block size per case (MaskedFill's twin is its tril buffer sliced to T); the form of
 # the causal attn_mask the MultiheadAttention twin is called with (default: bool torch.triu(ones, 1))
 MINGPT_BLOCK = {"mingpt_masked_t5_n8": 8, "mingpt_masked_t4_n4": 4}
@@ -695,6 +726,10 @@ def make_module(kind, a, shapes, case_name=""):
         assert a["batch_first"]
         causal = MHA_MASK.get(case_name, "bool") if a.get("causal", False) else None
         return MHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True), causal)
+    if kind in ("LSTM", "GRU"):
+        return RNN_KINDS[kind](input_size=shapes[0][1], hidden_size=a["hidden_size"],
+                               num_layers=a.get("num_layers", 1), bias=a.get("bias", True),
+                               batch_first=a.get("batch_first", False), dropout=a.get("dropout", 0.0))
     if kind == "MaskedFill":
         value = float(a["value"])      # yaml reads -.inf as a float, -inf as a string
         r, c = s0[-2], s0[-1]
@@ -818,6 +853,60 @@ class MHA(nn.MultiheadAttention):
         assert torch.allclose(got, want, atol=1e-5), "the spelled-out attention is not nn.MultiheadAttention's"
 
 
+class RNNStack:
+    """psd's LSTM / GRU kinds: the module's output sequence (out of out, _ = rnn(x)), its own parameters and
+    state_dict names. In training with dropout between layers, the layers one at a time (torch._VF's
+    single-layer call, the module's own kernel, on the module's own weights) with the stored mask between
+    them, time-major (num_layers - 1, L, N, H) as psd draws it; checked against the module itself with a mask
+    of ones (dropout off) when built."""
+
+    def setup(self):
+        self.p = self.dropout
+        self.mask = None
+
+    def layered(self, x, mask):
+        n = x.shape[0]
+        for k in range(self.num_layers):
+            if k:
+                x = x * mask[k - 1].transpose(0, 1)
+            names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if self.bias else [])
+            ws = [getattr(self, "%s_l%d" % (w, k)) for w in names]
+            h0 = x.new_zeros(1, n, self.hidden_size)
+            if isinstance(self, nn.LSTM):
+                x = torch._VF.lstm(x, (h0, h0), ws, self.bias, 1, 0.0, self.training, False, True)[0]
+            else:
+                x = torch._VF.gru(x, h0, ws, self.bias, 1, 0.0, self.training, False, True)[0]
+        return x
+
+    def forward(self, x):
+        if self.training and self.p > 0:
+            return self.layered(x, self.mask)
+        return super().forward(x)[0]
+
+    def check(self, x):
+        p, self.dropout = self.dropout, 0.0
+        with torch.no_grad():
+            want = super().forward(x)[0]
+            got = self.layered(x, torch.ones(self.mask_shape))
+        self.dropout = p
+        assert torch.allclose(got, want, atol=1e-6), "the layered RNN is not the module's"
+
+
+class LSTMStack(RNNStack, nn.LSTM):
+    def __init__(self, **kw):
+        nn.LSTM.__init__(self, **kw)
+        self.setup()
+
+
+class GRUStack(RNNStack, nn.GRU):
+    def __init__(self, **kw):
+        nn.GRU.__init__(self, **kw)
+        self.setup()
+
+
+RNN_KINDS = {"LSTM": LSTMStack, "GRU": GRUStack}
+
+
 class RelPosBias(nn.Module):
     """psd's RelativePositionBias kind: torchvision's swin table and index (ShiftedWindowAttention's own
     define_* methods) through its _get_relative_position_bias, the same for every window, plus (with a shift)
@@ -898,6 +987,11 @@ class Net(nn.Module):
                 m.p = a.get("p", 0.5)
                 m.mask_shape = mask_shape(m, vals[ins[0]])
                 m.mask = torch.ones(m.mask_shape)
+            if isinstance(m, RNNStack):   # the dropout mask between layers, time-major
+                xi = vals[ins[0]]
+                m.mask_shape = (m.num_layers - 1, xi.shape[1], xi.shape[0], m.hidden_size)
+                m.mask = torch.ones(m.mask_shape)
+                m.check(xi)
             if isinstance(m, MHA):
                 xi = vals[ins[0]]
                 m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1], xi.shape[1])
@@ -969,7 +1063,7 @@ def case(idx, name, text):
     forwards = 2 if has_bn else 1
     for k, v, buf in sd_items(net):
         t["%s.%s.%s" % (name, "initbuf" if buf else "init", k)] = v.detach().clone()
-    drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth, MHA))]
+    drops = [m for _, _, _, m in net.nodes if isinstance(m, (MaskDropout, TorchvisionStochasticDepth, MHA, RNNStack))]
     opt = torch.optim.SGD(net.parameters(), lr=LR) if list(net.parameters()) else None
     net.train()
     xs = [x1, x2]
@@ -978,7 +1072,7 @@ def case(idx, name, text):
         if not integer:
             x.requires_grad_(True)
         for m in drops:   # this forward's masks (every forward has the batch's shapes)
-            if isinstance(m, (MaskDropout, MHA)):   # MHA: every one a dropout node (ones at dropout 0)
+            if isinstance(m, (MaskDropout, MHA, RNNStack)):   # MHA, LSTM, GRU: every one a dropout node (ones at dropout 0)
                 m.mask = (torch.rand(m.mask_shape) >= m.p).float() / (1 - m.p)
         y = net(x)
         for k, m in enumerate(drops):   # stochastic depth drew its own in the forward

@@ -325,6 +325,18 @@ typedef struct ps_keypad_desc {
     int additive;     /* 1: the mask is added (PyTorch's float form); 0: nonzero masks the key (-inf) */
 } ps_keypad_desc;
 
+/* One time step of a recurrent layer (rnn_cell_forward/backward), n rows
+ * of H hidden units, PyTorch's gates:
+ *   LSTM (G = 4, i f g o): i = sig(gx_i + gh_i), f = sig(..f), g = tanh(..g),
+ *        o = sig(..o); c = f * c_prev + i * g; h = o * tanh(c)
+ *   GRU (G = 3, r z n):    r = sig(gx_r + gh_r), z = sig(gx_z + gh_z),
+ *        n = tanh(gx_n + r * gh_n); h = (1 - z) * n + z * h_prev
+ * Row i's gate k is at [i*G*H + k*H, i*G*H + (k+1)*H). */
+typedef struct ps_rnn_cell_desc {
+    int gru;                    /* 0 LSTM, 1 GRU */
+    int64_t n, H;
+} ps_rnn_cell_desc;
+
 /* Elementwise activations (act_forward / act_backward). alpha is
  * LeakyReLU's negative_slope and Hardtanh's min_val, beta Hardtanh's
  * max_val (min_val < max_val); the others ignore them. Formulas
@@ -705,6 +717,27 @@ typedef struct ps_backend_ops {
      * keys: s[b, h, i, j] += mask[b, j] (additive), else s[b, h, i, j] =
      * -inf where mask[b, j] != 0 (PyTorch's bool key_padding_mask). */
     ps_status (*key_pad)(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err);
+
+    /* ---- appended for recurrent layers run by psd (LSTM, GRU): one time
+     * step's gate arithmetic (ps_rnn_cell_desc); the layer kind does the
+     * GEMMs with linear_forward / linear_backward. ---- */
+    /* From gx = W_ih x_t + b_ih and gh = W_hh h_{t-1} + b_hh (n, G*H each,
+     * gates in PyTorch's order): h (n, H), c (n, H; LSTM, else unused) and
+     * act (n, 4H), what rnn_cell_backward reads: LSTM i, f, g, o
+     * (activated), GRU r, z, n (activated) and gh's n part. h_prev, c_prev:
+     * the previous step's (zeros at t = 0). */
+    ps_status (*rnn_cell_forward)(void *impl, const ps_rnn_cell_desc *d, const float *gx, const float *gh,
+                                  const float *h_prev, const float *c_prev, float *h, float *c, float *act,
+                                  ps_err *err);
+    /* From dh = d loss / d h_t (n, H) and, LSTM, dc (n, H) = d loss / d c_t
+     * through c_{t+1} (overwritten with d loss / d c_{t-1}): the gradients
+     * of the step's pre-activations, dgx (n, G*H; for gx, b_ih) and dgh
+     * (for gh, b_hh; LSTM: the same values, dgh may be dgx), and dh_prev
+     * (n, H), the part of d loss / d h_{t-1} that does not go through W_hh
+     * (GRU dh * z, LSTM 0); written. */
+    ps_status (*rnn_cell_backward)(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
+                                   const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
+                                   float *dgh, float *dh_prev, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1196,6 +1196,23 @@ static ps_status cu_key_pad(void *impl, const ps_keypad_desc *d, const float *ma
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_key_pad(count, per, d->cols, d->additive, mask, s, c->stream));
 }
 
+/* Recurrent layers (LSTM, GRU): a time step's gates (the GEMMs are linear_forward / linear_backward's cuBLAS). */
+static ps_status cu_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, const float *gx, const float *gh,
+                                     const float *h_prev, const float *c_prev, float *h, float *c_, float *act,
+                                     ps_err *err) {
+    if (d->n * d->H <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_rnn_cell_forward(d->n, d->H, d->gru, gx, gh, h_prev, c_prev, h, c_, act,
+                                                          c->stream));
+}
+
+static ps_status cu_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
+                                      const float *c_prev, const float *c_, const float *dh, float *dc, float *dgx,
+                                      float *dgh, float *dh_prev, ps_err *err) {
+    if (d->n * d->H <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_rnn_cell_backward(d->n, d->H, d->gru, act, h_prev, c_prev, c_, dh, dc, dgx,
+                                                           dgh, dh_prev, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1250,4 +1267,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .tri_fill = cu_tri_fill,
     .eq_const = cu_eq_const,
     .key_pad = cu_key_pad,
+    .rnn_cell_forward = cu_rnn_cell_forward,
+    .rnn_cell_backward = cu_rnn_cell_backward,
 };

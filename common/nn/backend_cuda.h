@@ -185,6 +185,13 @@ cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, flo
  * != 0 (ps_keypad_desc of backend.h). */
 cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additive, const float *mask, float *s,
                             cudaStream_t stream);
+/* Recurrent layers: one time step's gates (ps_rnn_cell_desc's formulas; n rows of H). */
+cudaError_t ps_cuda_rnn_cell_forward(int64_t n, int64_t H, int gru, const float *gx, const float *gh,
+                                     const float *h_prev, const float *c_prev, float *h, float *c, float *act,
+                                     cudaStream_t stream);
+cudaError_t ps_cuda_rnn_cell_backward(int64_t n, int64_t H, int gru, const float *act, const float *h_prev,
+                                      const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
+                                      float *dgh, float *dh_prev, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -567,6 +567,63 @@ __global__ void key_pad_kernel(int64_t n, int64_t per, int64_t cols, int additiv
     }
 }
 
+/* Recurrent layers (LSTM, GRU): one time step's gates, one thread per (row, hidden unit) (ps_rnn_cell_desc). */
+__device__ __forceinline__ float rnn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void rnn_cell_forward_kernel(int64_t count, int64_t H, int gru, const float *gx, const float *gh,
+                                        const float *h_prev, const float *c_prev, float *h, float *c, float *act) {
+    const int64_t G = gru ? 3 : 4;
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < count; o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = o / H, j = o % H;
+        const float *x = gx + r * G * H, *y = gh + r * G * H;
+        float *a = act + r * 4 * H;
+        if (gru) {
+            const float rg = rnn_sigmoid(x[j] + y[j]), z = rnn_sigmoid(x[H + j] + y[H + j]);
+            const float nn = tanhf(x[2 * H + j] + rg * y[2 * H + j]);
+            h[o] = (1.0f - z) * nn + z * h_prev[o];
+            a[j] = rg; a[H + j] = z; a[2 * H + j] = nn; a[3 * H + j] = y[2 * H + j];
+        } else {
+            const float i = rnn_sigmoid(x[j] + y[j]), f = rnn_sigmoid(x[H + j] + y[H + j]);
+            const float g = tanhf(x[2 * H + j] + y[2 * H + j]), og = rnn_sigmoid(x[3 * H + j] + y[3 * H + j]);
+            const float cn = f * c_prev[o] + i * g;
+            c[o] = cn;
+            h[o] = og * tanhf(cn);
+            a[j] = i; a[H + j] = f; a[2 * H + j] = g; a[3 * H + j] = og;
+        }
+    }
+}
+
+__global__ void rnn_cell_backward_kernel(int64_t count, int64_t H, int gru, const float *act, const float *h_prev,
+                                         const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
+                                         float *dgh, float *dh_prev) {
+    const int64_t G = gru ? 3 : 4;
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < count; o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = o / H, j = o % H;
+        const float *a = act + r * 4 * H;
+        float *gx = dgx + r * G * H, *gh = dgh + r * G * H;
+        if (gru) {
+            const float rg = a[j], z = a[H + j], nn = a[2 * H + j], ghn = a[3 * H + j];
+            const float dn = dh[o] * (1.0f - z) * (1.0f - nn * nn);
+            const float dz = dh[o] * (h_prev[o] - nn) * z * (1.0f - z);
+            const float dr = dn * ghn * rg * (1.0f - rg);
+            gx[j] = dr; gh[j] = dr;
+            gx[H + j] = dz; gh[H + j] = dz;
+            gx[2 * H + j] = dn;
+            gh[2 * H + j] = dn * rg;
+            dh_prev[o] = dh[o] * z;
+        } else {
+            const float i = a[j], f = a[H + j], g = a[2 * H + j], og = a[3 * H + j], tc = tanhf(c[o]);
+            const float dcc = dc[o] + dh[o] * og * (1.0f - tc * tc);
+            const float v0 = dcc * g * i * (1.0f - i), v1 = dcc * c_prev[o] * f * (1.0f - f);
+            const float v2 = dcc * i * (1.0f - g * g), v3 = dh[o] * tc * og * (1.0f - og);
+            gx[j] = v0; gx[H + j] = v1; gx[2 * H + j] = v2; gx[3 * H + j] = v3;
+            gh[j] = v0; gh[H + j] = v1; gh[2 * H + j] = v2; gh[3 * H + j] = v3;
+            dc[o] = dcc * f;
+            dh_prev[o] = 0.0f;
+        }
+    }
+}
+
 extern "C" {
 
 cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
@@ -785,6 +842,26 @@ cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additi
                             cudaStream_t stream) {
     if (count <= 0) return cudaSuccess;
     key_pad_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, per, cols, additive, mask, s);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_rnn_cell_forward(int64_t n, int64_t H, int gru, const float *gx, const float *gh,
+                                     const float *h_prev, const float *c_prev, float *h, float *c, float *act,
+                                     cudaStream_t stream) {
+    const int64_t count = n * H;
+    if (count <= 0) return cudaSuccess;
+    rnn_cell_forward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, H, gru, gx, gh, h_prev, c_prev, h, c,
+                                                                         act);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_rnn_cell_backward(int64_t n, int64_t H, int gru, const float *act, const float *h_prev,
+                                      const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
+                                      float *dgh, float *dh_prev, cudaStream_t stream) {
+    const int64_t count = n * H;
+    if (count <= 0) return cudaSuccess;
+    rnn_cell_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, H, gru, act, h_prev, c_prev, c, dh,
+                                                                          dc, dgx, dgh, dh_prev);
     return cudaGetLastError();
 }
 

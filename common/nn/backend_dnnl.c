@@ -3071,6 +3071,78 @@ static ps_status dn_key_pad(void *impl, const ps_keypad_desc *d, const float *ma
     return PS_OK;
 }
 
+/* Recurrent layers (LSTM, GRU) run by psd: the GEMMs are linear_forward /
+ * linear_backward's inner products; a time step's gate arithmetic has no
+ * oneDNN primitive (its RNN primitives are reference kernels on x86, see
+ * docs/models.md): threaded loops over the rows, as trainer/lstm.c's. */
+
+static float dn_rnn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static ps_status dn_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, const float *gx, const float *gh,
+                                      const float *h_prev, const float *c_prev, float *h, float *c, float *act,
+                                      ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t H = d->H, G = d->gru ? 3 : 4;
+#pragma omp parallel for if (d->n * H >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < d->n; r++) {
+        const float *x = gx + r * G * H, *y = gh + r * G * H;
+        float *a = act + r * 4 * H;
+        for (int64_t j = 0; j < H; j++) {
+            const int64_t o = r * H + j;
+            if (d->gru) {
+                const float rg = dn_rnn_sigmoid(x[j] + y[j]), z = dn_rnn_sigmoid(x[H + j] + y[H + j]);
+                const float nn = tanhf(x[2 * H + j] + rg * y[2 * H + j]);
+                h[o] = (1.0f - z) * nn + z * h_prev[o];
+                a[j] = rg, a[H + j] = z, a[2 * H + j] = nn, a[3 * H + j] = y[2 * H + j];
+            } else {
+                const float i = dn_rnn_sigmoid(x[j] + y[j]), f = dn_rnn_sigmoid(x[H + j] + y[H + j]);
+                const float g = tanhf(x[2 * H + j] + y[2 * H + j]), og = dn_rnn_sigmoid(x[3 * H + j] + y[3 * H + j]);
+                c[o] = f * c_prev[o] + i * g;
+                h[o] = og * tanhf(c[o]);
+                a[j] = i, a[H + j] = f, a[2 * H + j] = g, a[3 * H + j] = og;
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
+                                       const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
+                                       float *dgh, float *dh_prev, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t H = d->H, G = d->gru ? 3 : 4;
+#pragma omp parallel for if (d->n * H >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < d->n; r++) {
+        const float *a = act + r * 4 * H;
+        float *gx = dgx + r * G * H, *gh = dgh + r * G * H;
+        for (int64_t j = 0; j < H; j++) {
+            const int64_t o = r * H + j;
+            if (d->gru) {
+                const float rg = a[j], z = a[H + j], nn = a[2 * H + j], ghn = a[3 * H + j];
+                const float dn = dh[o] * (1.0f - z) * (1.0f - nn * nn);
+                const float dz = dh[o] * (h_prev[o] - nn) * z * (1.0f - z);
+                const float dr = dn * ghn * rg * (1.0f - rg);
+                gx[j] = gh[j] = dr;
+                gx[H + j] = gh[H + j] = dz;
+                gx[2 * H + j] = dn;
+                gh[2 * H + j] = dn * rg;
+                dh_prev[o] = dh[o] * z;
+            } else {
+                const float i = a[j], f = a[H + j], g = a[2 * H + j], og = a[3 * H + j], tc = tanhf(c[o]);
+                const float dcc = dc[o] + dh[o] * og * (1.0f - tc * tc);
+                const float v[4] = {dcc * g * i * (1.0f - i), dcc * c_prev[o] * f * (1.0f - f),
+                                    dcc * i * (1.0f - g * g), dh[o] * tc * og * (1.0f - og)};
+                for (int k = 0; k < 4; k++) gx[k * H + j] = gh[k * H + j] = v[k];
+                dc[o] = dcc * f;
+                dh_prev[o] = 0.0f;
+            }
+        }
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3126,4 +3198,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .tri_fill = dn_tri_fill,
     .eq_const = dn_eq_const,
     .key_pad = dn_key_pad,
+    .rnn_cell_forward = dn_rnn_cell_forward,
+    .rnn_cell_backward = dn_rnn_cell_backward,
 };

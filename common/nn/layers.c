@@ -1285,7 +1285,10 @@ static const char *const lstm_suffix[LSTM_MAX_LAYERS][4] = {
 #undef LSTM_SUFFIXES
 };
 
+static ps_status rnn_infer(ps_layer *ly, ps_err *err);
+
 static ps_status lstm_infer(ps_layer *ly, ps_err *err) {
+    if (ly->in[0].ndim == 2) return rnn_infer(ly, err);   /* (L, input_size): psd runs it (below) */
     ps_status rc = need_ndim(ly, 0, 1, 1, PS_DTYPE_F32, err);
     if (rc) return rc;
     int64_t in = ly->in[0].dims[0], H = ly->a.out;
@@ -1293,6 +1296,10 @@ static ps_status lstm_infer(ps_layer *ly, ps_err *err) {
     if (ly->a.num > LSTM_MAX_LAYERS)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_layers %lld: at most %d", (long long)ly->a.num,
                           LSTM_MAX_LAYERS);
+    if (!ly->a.bias || ly->a.bidirectional)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the trainer's LSTM (a per-step input of one "
+                          "dimension) has biases and one direction", !ly->a.bias ? "bias: false" : "bidirectional");
+    ly->flags = PS_KIND_PARAMS_ONLY;   /* held for the trainer: never forwarded */
     ly->outs = ly->in[0];
     ly->outs.dims[0] = H;
     ly->out_dtype = PS_DTYPE_F32;
@@ -1313,10 +1320,244 @@ static ps_status lstm_refuse(ps_layer_call *c, ps_err *err) {
                       "PushGradients)", c->ly->name);
 }
 
-static double lstm_flops(const ps_layer *ly) {
-    double f = 0, H = (double)ly->a.out;
-    for (int l = 0; l < ly->a.num; l++) f += 2.0 * 4 * H * ((l ? H : (double)ly->in[0].dims[0]) + H);
-    return f;
+/* ---- LSTM and GRU run by psd: nn.LSTM / nn.GRU(input_size, hidden_size,
+ * num_layers, bias, batch_first=True, dropout) over each sample's (L,
+ * input_size) sequence, zero initial state, the output (L, hidden_size)
+ * the last layer's h_t of every step (PyTorch's `out` of `out, _ =
+ * rnn(x)`). PyTorch's parameters per layer k: weight_ih_l<k> (G*H, in),
+ * weight_hh_l<k> (G*H, H), bias_ih_l<k>, bias_hh_l<k> (G*H; without bias:
+ * none), gates in PyTorch's order (LSTM i, f, g, o: G = 4; GRU r, z, n: G
+ * = 3, n = tanh(W_in x + b_in + r * (W_hn h + b_hn))), all U(-1/sqrt(H),
+ * 1/sqrt(H)). In training, dropout between layers (not after the last) as
+ * nn.LSTM's: a mask (num_layers - 1, L, n, H), time-major, drawn per
+ * element like Dropout's.
+ *
+ * Computed time-major: the input permuted to (L, n, in), each layer's input
+ * projection for all steps one linear_forward, then per step the recurrent
+ * linear_forward (h_{t-1} W_hh^T + b_hh) and the backend's rnn_cell_forward
+ * (the gates). The backward runs the steps in reverse with
+ * rnn_cell_backward and one linear_backward per step for d h_{t-1}, then
+ * the weight gradients of all steps in two linear_backwards per layer.
+ * The tape (saved->dev[1], one block) keeps the permuted input, per layer
+ * the hidden states h_0..h_L ((L+1, n, H), h_0 = 0), the cell states
+ * (LSTM, likewise), the step's gate values (L, n, 4H; ps_rnn_cell_desc)
+ * and the dropped-out input of the layer above; dev[0] the dropout mask.
+ * ---- */
+
+typedef struct rnn_geom {
+    int gru, layers, bias, drop;
+    int64_t n, L, I, H, G;
+    int64_t off_x0;                         /* the permuted input (L, n, I) */
+    int64_t off_h[LSTM_MAX_LAYERS];         /* (L+1, n, H) */
+    int64_t off_c[LSTM_MAX_LAYERS];         /* (L+1, n, H), LSTM */
+    int64_t off_a[LSTM_MAX_LAYERS];         /* (L, n, 4H) */
+    int64_t off_xd[LSTM_MAX_LAYERS];        /* layer k's input after dropout (L, n, H), k >= 1 with dropout */
+    int64_t saved;                          /* floats of the block */
+} rnn_geom;
+
+static rnn_geom rnn_of(const ps_layer *ly, int n, int train) {
+    rnn_geom g = {0};
+    g.gru = !strcmp(ly->kind->name, "GRU");
+    g.layers = (int)ly->a.num;
+    g.bias = ly->a.bias;
+    g.drop = train && ly->a.p > 0 && g.layers > 1;
+    g.n = n;
+    g.L = ly->in[0].dims[0];
+    g.I = ly->in[0].dims[1];
+    g.H = ly->a.out;
+    g.G = g.gru ? 3 : 4;
+    int64_t o = 0, nh = g.n * g.H;
+    g.off_x0 = o, o += g.L * g.n * g.I;
+    for (int l = 0; l < g.layers; l++) {
+        g.off_h[l] = o, o += (g.L + 1) * nh;
+        g.off_c[l] = o, o += g.gru ? 0 : (g.L + 1) * nh;
+        g.off_a[l] = o, o += g.L * 4 * nh;
+        g.off_xd[l] = o, o += l && g.drop ? g.L * nh : 0;
+    }
+    g.saved = o;
+    return g;
+}
+
+/* Parameter indices of layer l: weight_ih, weight_hh, bias_ih, bias_hh (-1 without bias). */
+static int rnn_pi(const rnn_geom *g, int l, int k) {
+    const int per = g->bias ? 4 : 2;
+    return k < 2 ? l * per + k : g->bias ? l * per + k : -1;
+}
+
+static ps_status rnn_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int gru = !strcmp(ly->kind->name, "GRU");
+    const int64_t L = ly->in[0].dims[0], in = ly->in[0].dims[1], H = ly->a.out, G = gru ? 3 : 4;
+    if ((rc = check_given("input_size", ly->a.in_features, in, err))) return rc;
+    if (ly->a.num > LSTM_MAX_LAYERS)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_layers %lld: at most %d", (long long)ly->a.num,
+                          LSTM_MAX_LAYERS);
+    if (!ly->a.mode)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch_first is false: psd's batch is the first dimension, "
+                          "so the input must be (N, L, input_size) (batch_first: true)");
+    if (ly->a.bidirectional)
+        return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "bidirectional: true: psd's %s runs forward in time only",
+                          ly->kind->name);
+    if (L > 1000000 || H > 65536 || in > 65536)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence longer than 1000000 or a size over 65536");
+    ly->flags = ly->kind->flags & ~(unsigned)PS_KIND_PARAMS_ONLY;
+    ly->outs = ly->in[0];
+    ly->outs.dims[1] = H;
+    ly->out_dtype = PS_DTYPE_F32;
+    ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
+    int j = 0;
+    for (int l = 0; l < ly->a.num; l++) {
+        int64_t wi[2] = {G * H, l ? H : in}, wh[2] = {G * H, H}, b[1] = {G * H};
+        set_param(ly, j++, lstm_suffix[l][0], 2, wi, H, u);
+        set_param(ly, j++, lstm_suffix[l][1], 2, wh, H, u);
+        if (!ly->a.bias) continue;
+        set_param(ly, j++, lstm_suffix[l][2], 1, b, H, u);
+        set_param(ly, j++, lstm_suffix[l][3], 1, b, H, u);
+    }
+    return PS_OK;
+}
+
+static const char *rnn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (ly->flags & PS_KIND_PARAMS_ONLY) return NULL;
+    return ops->rnn_cell_forward && ops->rnn_cell_backward && ops->permute && ops->fill && ops->add && ops->add_out
+                   && ops->mul
+               ? NULL
+               : "rnn_cell_forward/rnn_cell_backward, permute, fill, add, add_out, mul";
+}
+
+/* (a, b, c) -> (b, a, c): the batch and time axes swapped. */
+static ps_status rnn_swap(const ps_layer_call *c, int64_t a, int64_t b, int64_t k, const float *x, float *y,
+                          ps_err *err) {
+    const ps_permute_desc d = {1, 3, {a, b, k, 1}, {1, 0, 2, 3}};
+    return c->be->ops->permute(c->be->impl, &d, x, y, err);
+}
+
+static ps_status rnn_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->flags & PS_KIND_PARAMS_ONLY) return lstm_refuse(c, err);
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const rnn_geom g = rnn_of(c->ly, c->n, c->train);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    float *S = ps_backend_alloc_floats(c->be, g.saved), *gx = ps_backend_alloc_floats(c->be, g.L * ng + ng);
+    float *mask = NULL, *host = NULL;
+    ps_status rc = PS_OK;
+    if (!S || !gx) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        goto out;
+    }
+    if (g.drop) {
+        const int64_t count = (int64_t)(g.layers - 1) * g.L * nh;
+        if ((rc = mask_begin(c, count, &mask, &host, "dropout", err)) != PS_OK) goto out;
+        if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
+        else drop_draws(c->ly, c->rng, host, count);
+        if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) goto out;
+    }
+    float *gh = gx + g.L * ng;
+    rc = rnn_swap(c, g.n, g.L, g.I, c->x, S + g.off_x0, err);
+    for (int l = 0; l < g.layers && rc == PS_OK; l++) {
+        const float *X = S + g.off_x0;
+        int64_t in = g.I;
+        if (l) {
+            X = S + g.off_h[l - 1] + nh, in = g.H;
+            if (g.drop) {
+                rc = ops->mul(im, g.L * nh, X, mask + (int64_t)(l - 1) * g.L * nh, S + g.off_xd[l], err);
+                X = S + g.off_xd[l];
+            }
+        }
+        float *Hs = S + g.off_h[l], *Cs = g.gru ? NULL : S + g.off_c[l], *A = S + g.off_a[l];
+        const int bi = rnn_pi(&g, l, 2), bh = rnn_pi(&g, l, 3);
+        const ps_linear_desc dx = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)}, dh = {(int)g.n, (int)g.H,
+                                                                                     (int)(g.G * g.H)};
+        if (rc == PS_OK) rc = ops->linear_forward(im, &dx, X, c->w[rnn_pi(&g, l, 0)], bi >= 0 ? c->w[bi] : NULL, gx, err);
+        if (rc == PS_OK) rc = ops->fill(im, nh, Hs, 0.0f, err);
+        if (rc == PS_OK && Cs) rc = ops->fill(im, nh, Cs, 0.0f, err);
+        for (int64_t t = 0; t < g.L && rc == PS_OK; t++) {
+            rc = ops->linear_forward(im, &dh, Hs + t * nh, c->w[rnn_pi(&g, l, 1)], bh >= 0 ? c->w[bh] : NULL, gh,
+                                     err);
+            if (rc == PS_OK)
+                rc = ops->rnn_cell_forward(im, &cd, gx + t * ng, gh, Hs + t * nh, Cs ? Cs + t * nh : NULL,
+                                           Hs + (t + 1) * nh, Cs ? Cs + (t + 1) * nh : NULL, A + t * 4 * nh, err);
+        }
+    }
+    if (rc == PS_OK) rc = rnn_swap(c, g.L, g.n, g.H, S + g.off_h[g.layers - 1] + nh, c->y, err);
+    if (rc == PS_OK && c->train) {   /* the tape frees it */
+        c->saved->dev[1] = S;
+        S = NULL;
+    }
+out:
+    ps_backend_release(c->be, S);
+    ps_backend_release(c->be, gx);
+    return rc;
+}
+
+static ps_status rnn_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->flags & PS_KIND_PARAMS_ONLY) return lstm_refuse(c, err);
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const rnn_geom g = rnn_of(c->ly, c->n, 1);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H, lng = g.L * ng, maxin = g.I > g.H ? g.I : g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    const float *S = c->saved->dev[1], *mask = c->saved->dev[0];
+    const int drop = mask != NULL && g.layers > 1;   /* the forward's: a mask when it dropped */
+    /* dY (L, n, H), dX (L, n, max(I, H)), dgx, dgh (L, n, G*H; LSTM: dgh is dgx), dh, dhrec, dc, tmp (n, H) */
+    float *W = ps_backend_alloc_floats(c->be, g.L * nh + g.L * g.n * maxin + (g.gru ? 2 : 1) * lng + 4 * nh);
+    if (!W) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's backward", c->ly->name);
+    float *dY = W, *dX = dY + g.L * nh, *dgx = dX + g.L * g.n * maxin, *dgh = g.gru ? dgx + lng : dgx;
+    float *dh = dgh + lng, *dhrec = dh + nh, *dc = dhrec + nh, *tmp = dc + nh;
+    ps_status rc = rnn_swap(c, g.n, g.L, g.H, c->dy, dY, err);
+    for (int l = g.layers - 1; l >= 0 && rc == PS_OK; l--) {
+        const float *Hs = S + g.off_h[l], *Cs = g.gru ? NULL : S + g.off_c[l], *A = S + g.off_a[l];
+        const float *X = l == 0 ? S + g.off_x0 : drop ? S + g.off_xd[l] : S + g.off_h[l - 1] + nh;
+        const int64_t in = l ? g.H : g.I;
+        const float *Wih = c->w[rnn_pi(&g, l, 0)], *Whh = c->w[rnn_pi(&g, l, 1)];
+        const ps_linear_desc dh1 = {(int)g.n, (int)g.H, (int)(g.G * g.H)};
+        rc = ops->fill(im, nh, dhrec, 0.0f, err);
+        if (rc == PS_OK) rc = ops->fill(im, nh, dc, 0.0f, err);
+        for (int64_t t = g.L - 1; t >= 0 && rc == PS_OK; t--) {
+            rc = ops->add_out(im, nh, dY + t * nh, dhrec, dh, err);
+            if (rc == PS_OK)
+                rc = ops->rnn_cell_backward(im, &cd, A + t * 4 * nh, Hs + t * nh, Cs ? Cs + t * nh : NULL,
+                                            Cs ? Cs + (t + 1) * nh : NULL, dh, dc, dgx + t * ng, dgh + t * ng, dhrec,
+                                            err);
+            if (rc == PS_OK && t > 0) {
+                rc = ops->linear_backward(im, &dh1, Hs + t * nh, Whh, dgh + t * ng, tmp, NULL, NULL, err);
+                if (rc == PS_OK) rc = ops->add(im, nh, dhrec, tmp, err);
+            }
+        }
+        const int bi = rnn_pi(&g, l, 2), bh = rnn_pi(&g, l, 3);
+        const ps_linear_desc dxi = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)},
+                             dhh = {(int)(g.L * g.n), (int)g.H, (int)(g.G * g.H)};
+        float *dWih = c->dw[rnn_pi(&g, l, 0)], *dWhh = c->dw[rnn_pi(&g, l, 1)];
+        float *dbi = bi >= 0 ? c->dw[bi] : NULL, *dbh = bh >= 0 ? c->dw[bh] : NULL;
+        const int want_dx = l > 0 || c->dx;
+        if (rc == PS_OK && (want_dx || dWih || dbi))
+            rc = ops->linear_backward(im, &dxi, X, Wih, dgx, want_dx ? dX : NULL, dWih, dbi, err);
+        if (rc == PS_OK && (dWhh || dbh)) rc = ops->linear_backward(im, &dhh, Hs, Whh, dgh, NULL, dWhh, dbh, err);
+        if (rc == PS_OK && l > 0) {   /* d loss / d (the layer below's h), through the dropout */
+            rc = drop ? ops->mul(im, g.L * nh, dX, mask + (int64_t)(l - 1) * g.L * nh, dY, err)
+                      : ops->copy2d(im, 1, g.L * nh, dX, g.L * nh, dY, g.L * nh, 0, err);
+        }
+    }
+    if (rc == PS_OK && c->dx) rc = rnn_swap(c, g.L, g.n, g.I, dX, c->dx, err);
+    ps_backend_release(c->be, W);
+    return rc;
+}
+
+static size_t rnn_bytes(const ps_layer *ly, int n) {
+    if (ly->flags & PS_KIND_PARAMS_ONLY) return 0;
+    const rnn_geom g = rnn_of(ly, n, 1);
+    return (size_t)(g.saved + (g.drop ? (int64_t)(g.layers - 1) * g.L * g.n * g.H : 0)) * sizeof(float);
+}
+
+static double rnn_flops(const ps_layer *ly) {
+    const int gru = !strcmp(ly->kind->name, "GRU");
+    double f = 0, H = (double)ly->a.out, G = gru ? 3 : 4;
+    const double L = ly->flags & PS_KIND_PARAMS_ONLY ? 1 : (double)ly->in[0].dims[0];
+    const double in = (double)ly->in[0].dims[ly->in[0].ndim - 1];
+    for (int l = 0; l < ly->a.num; l++) f += 2.0 * G * H * ((l ? H : in) + H);
+    return L * f;
 }
 
 /* ---- Add: the residual sum of its inputs (all of one shape) ---- */
@@ -2907,11 +3148,15 @@ static const ps_attr_spec emb_attrs[] = {
     ATTR_INT("embedding_dim", out, NULL, 1),
     ATTR_END,
 };
+/* LSTM and GRU (nn.LSTM's and nn.GRU's arguments; proj_size is not taken) */
 static const ps_attr_spec lstm_attrs[] = {
     ATTR_INT("input_size", in_features, "", 1),
     ATTR_INT("hidden_size", out, NULL, 1),
     ATTR_INT("num_layers", num, "1", 1),
-    ATTR_FLOAT("dropout", ignored, "0", 0, 1, 0, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_BOOL("batch_first", mode, "false"),
+    ATTR_FLOAT("dropout", p, "0", 0, 1, 0, 1),
+    ATTR_BOOL("bidirectional", bidirectional, "false"),
     ATTR_END,
 };
 static const ps_attr_spec inplace_attrs[] = {
@@ -3082,8 +3327,12 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL, NULL},
     {"Embedding", PS_KIND_BWD_X, 1, 1, emb_attrs, emb_infer, emb_missing, emb_forward, emb_backward, NULL, emb_check,
      zero_flops},
-    {"LSTM", PS_KIND_PARAMS_ONLY, 1, 1, lstm_attrs, lstm_infer, no_op, lstm_refuse, lstm_refuse, NULL, NULL,
-     lstm_flops},
+    /* recurrent layers: an LSTM whose input is one step (rnn_lm's) is held for the trainer (parameters only);
+     * one over (L, input_size) sequences, and a GRU, psd runs */
+    {"LSTM", PS_KIND_PARAMS_ONLY | PS_KIND_DROPOUT, 1, 1, lstm_attrs, lstm_infer, rnn_missing, rnn_forward,
+     rnn_backward, rnn_bytes, NULL, rnn_flops},
+    {"GRU", PS_KIND_DROPOUT, 1, 1, lstm_attrs, rnn_infer, rnn_missing, rnn_forward, rnn_backward, rnn_bytes, NULL,
+     rnn_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
      add_missing, add_forward, view_pass, NULL, NULL, NULL},
     {"Mul", PS_KIND_BWD_X, 2, 2, no_attrs, mul_infer, mul_missing, mul_forward, mul_backward, NULL, NULL, NULL},
@@ -3274,5 +3523,10 @@ int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
     if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
     if (!strcmp(ly->kind->name, "MultiheadAttention")) return ly->a.p > 0 ? mha_of(ly, n).p : 0;   /* one per weight */
+    if (!strcmp(ly->kind->name, "LSTM") || !strcmp(ly->kind->name, "GRU")) {   /* between layers, in training */
+        if (ly->flags & PS_KIND_PARAMS_ONLY) return 0;
+        const rnn_geom g = rnn_of(ly, n, 1);
+        return g.drop ? (int64_t)(g.layers - 1) * g.L * g.n * g.H : 0;
+    }
     return ps_layer_out_count(ly, n);
 }

@@ -103,6 +103,8 @@ typedef struct ps_layer_attrs {
     /* key padding masks computed from the token ids */
     int64_t eq_value;           /* Eq value: the constant the ids are compared with (the pad id) */
     int kpm_float;              /* MultiheadAttention key_padding_mask: 0 'bool' (nonzero masks), 1 'float' (added) */
+    /* recurrent layers (LSTM, GRU) */
+    int bidirectional;          /* refused: psd's recurrent layers run forward in time only */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;

@@ -687,12 +687,20 @@ static ps_status order_stages(parse *P, ps_model_def *d, ps_node_def *nodes) {
     return PS_OK;
 }
 
+/* Node i of stage sd is held for a trainer (parameters only): a kind that
+ * may be (LSTM) reading the stage's own input of one dimension, one step
+ * (rnn_lm's "rnn"); an LSTM over (L, input_size) sequences psd runs. */
+static int params_only(const ps_stage_def *sd, const ps_node_def *nodes, int i) {
+    if (!(nodes[i].kind->flags & PS_KIND_PARAMS_ONLY) || sd->inherit || sd->in_ndim != 1) return 0;
+    return nodes[i].nin == 0 ? i == sd->first : !strcmp(nodes[i].in_names[0], "input");
+}
+
 /* Every node but the stage's output is read by some node of its stage. */
 static ps_status check_dangling(parse *P, ps_model_def *d, const ps_node_def *nodes) {
     for (int s = 0; s < d->nstages; s++) {
         const ps_stage_def *sd = &d->stages[s];
         for (int i = sd->first; i < sd->first + sd->count; i++) {
-            if (i == sd->output || (nodes[i].kind->flags & PS_KIND_PARAMS_ONLY)) continue;
+            if (i == sd->output || params_only(sd, nodes, i)) continue;
             int read = 0;
             for (int k = sd->first; k < sd->first + sd->count && !read; k++)
                 for (int j = 0; j < nodes[k].nin && !read; j++) read = nodes[k].in[j] == i;
@@ -796,7 +804,7 @@ static ps_status read_model(parse *P, const ynode *root, ps_model_def *d) {
         }
         /* parameter-only stages: all or nothing */
         int po = 0;
-        for (int i = sd->first; i < sd->first + sd->count; i++) po += !!(nodes[i].kind->flags & PS_KIND_PARAMS_ONLY);
+        for (int i = sd->first; i < sd->first + sd->count; i++) po += params_only(sd, nodes, i);
         if (po && po != sd->count)
             return perr(P, sd->line, "stage '%s' mixes parameter-only nodes (LSTM: held for a trainer that runs "
                         "them) with nodes psd runs: put them in a stage of their own", sd->name);
@@ -805,7 +813,7 @@ static ps_status read_model(parse *P, const ynode *root, ps_model_def *d) {
                         "the trainer's module reads)", sd->name);
     }
     for (int s = 1; s < d->nstages; s++)   /* a stage after a parameter-only one cannot inherit from it */
-        if (d->stages[s].inherit && (nodes[d->stages[s - 1].first].kind->flags & PS_KIND_PARAMS_ONLY))
+        if (d->stages[s].inherit && params_only(&d->stages[s - 1], nodes, d->stages[s - 1].first))
             return perr(P, d->stages[s].line, "stage '%s' has no input: the stage before it ('%s') holds parameters "
                         "only", d->stages[s].name, d->stages[s - 1].name);
     if ((st = resolve_inputs(P, d, nodes))) return st;

@@ -357,9 +357,18 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
     for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
     for (int l = 0; l < nl; l++)   /* batch statistics in eval too: eval forwards are not sliced */
         if ((st->layers[l].flags & PS_KIND_BUFFERS_EVAL) && !st->layers[l].nbuffers) m->eval_whole = 1;
-    st->info.params_only = nl > 0;
-    for (int l = 0; l < nl; l++)
-        if (!(st->layers[l].kind->flags & PS_KIND_PARAMS_ONLY)) st->info.params_only = 0;
+    int po = 0;   /* flags, not the kind's: an LSTM over one step is held for the trainer, one over (L, in) runs */
+    for (int l = 0; l < nl; l++) po += !!(st->layers[l].flags & PS_KIND_PARAMS_ONLY);
+    if (po && po != nl) {   /* an LSTM fed one step by a node psd runs: the model file's parse let it through */
+        for (int l = 0; l < nl; l++)
+            if (st->layers[l].flags & PS_KIND_PARAMS_ONLY) {
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "per-sample input of one dimension: psd runs an LSTM over "
+                           "(L, input_size) sequences; one that reads one step is held for a trainer and must be "
+                           "alone in its stage, reading its input");
+                return node_err(m, st->layers[l].def, err);
+            }
+    }
+    st->info.params_only = nl > 0 && po == nl;
     return PS_OK;
 }
 
