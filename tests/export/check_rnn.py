@@ -1,0 +1,202 @@
+#!/usr/bin/python3
+"""tests/it_rnn.sh's Python half: nn.LSTM and nn.GRU run by psd inside a
+user's graph (tests/export/rnn.py) through psd-export, against PyTorch:
+
+  TextRNN  token ids -> nn.Embedding -> nn.LSTM / nn.GRU (batch_first=True)
+           -> the last step -> nn.Linear: an LSTM read as out[:, -1]; a
+           2-layer LSTM read as h[-1] of out, (h, c) = lstm(x); a GRU read
+           as h[-1] of out, h = gru(x); a 2-layer GRU without bias read as
+           out[:, -1, :]; an LSTM read as h_n[-1] of _, (h_n, _) = lstm(x);
+  SeqRNN   features (N, T, F) -> a 2-layer nn.GRU / nn.LSTM -> nn.Linear of
+           the flattened output sequence, its input gradient too.
+
+Every parameter is moved off its initial value, psd started with
+--init-from those values, and each model checked by check_resnet.py's run()
+with ref64: psd's initial parameters named as the state_dict
+(rnn.weight_ih_l0, rnn.bias_hh_l1, ...) and valued as it, the eval and
+training forwards, every parameter gradient of one backward against
+float64 autograd (within 8x PyTorch float32's own error or 1e-4 of the
+tensor's largest), the step, psd's tensors loading into the module with
+load_state_dict(strict=True). Then psd trains each text model 60 steps on a
+fixed batch (Forward, Backward, Step; cross-entropy summed over the batch,
+computed here): the loss falls below 0.8 of its first value, each step's
+within 1e-5 of PyTorch's own SGD loop's on the module. A 2-layer LSTM with dropout 0.3: its
+training forward differs from the eval one (psd drops between layers), the
+eval forward is PyTorch's. And refusals naming what: batch_first=False,
+bidirectional, an LSTM's c_n read, h_n[0] of a 2-layer RNN.
+
+    check_rnn.py BUILD_DIR TMP_DIR
+"""
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
+from rnn import SeqRNN, TextRNN  # noqa: E402
+from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from gen_golden import write_safetensors  # noqa: E402
+
+SEQ, VOCAB, BATCH = 6, 20, 8
+
+CASES = [
+    # (label, class, kwargs)
+    ("LSTM, out[:, -1]", TextRNN, {}),
+    ("2-layer LSTM, h[-1] of out, (h, c)", TextRNN, {"num_layers": 2, "read": "h"}),
+    ("GRU, h[-1] of out, h", TextRNN, {"cell": "GRU", "read": "h"}),
+    ("2-layer GRU without bias, out[:, -1, :]", TextRNN, {"cell": "GRU", "num_layers": 2, "bias": False,
+                                                          "read": "out3"}),
+    ("LSTM, h_n[-1] of _, (h_n, _)", TextRNN, {"read": "h_n", "hidden": 7}),
+    ("2-layer GRU over features, the whole sequence", SeqRNN, {}),
+    ("2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM"}),
+]
+
+
+def shape_args(cls):
+    return ["--input-shape", str(SEQ), "--input-dtype", "int64"] if cls is TextRNN else \
+        ["--input-shape", "%d,5" % SEQ]
+
+
+def export(pe, cls, kwargs, name, seed=7):
+    y = os.path.join(cr.TMP, name + ".yaml")
+    rc = pe.main([os.path.join(HERE, "rnn.py") + ":" + cls.__name__, "--kwargs", json.dumps(kwargs),
+                  "--seed", str(seed), "-o", y] + shape_args(cls))
+    with open(y) if rc == 0 else open(os.devnull) as f:
+        return rc, y, f.read()
+
+
+def inputs(cls, seed):
+    torch.manual_seed(seed)
+    x = torch.randint(0, VOCAB, (BATCH, SEQ)) if cls is TextRNN else torch.randn(BATCH, SEQ, 5)
+    return x, torch.randint(0, 4, (BATCH,))
+
+
+def moved(cls, kw, name):
+    torch.manual_seed(7)
+    model = cls(**kw)
+    with torch.no_grad():   # off PyTorch's init: every gradient shows
+        for t in model.parameters():
+            t.add_(torch.randn_like(t) * 0.1)
+    w = os.path.join(cr.TMP, name + "_moved.safetensors")
+    write_safetensors(w, dict(model.state_dict()), {})
+    return model, w
+
+
+def train_steps(label, stub, x, target, model=None, steps=60):
+    """psd trains on one fixed batch (cross-entropy summed over the batch, computed here from psd's outputs;
+    psd's SGD at check_resnet's lr 0.01): the loss falls below 0.8 of its first value, and with model (no
+    dropout) every step's loss is PyTorch's own SGD loop's on the module within 1e-5 of it."""
+    losses, want = [], []
+    if model is not None:
+        model = copy.deepcopy(model).train()
+        opt = torch.optim.SGD(model.parameters(), lr=cr.LR)
+    for s in range(steps):
+        ctx = random.randint(1, 1 << 60)
+        r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                               input=cr.tensor(x.numpy())), timeout=60)
+        y = torch.from_numpy(cr.array(r.output).copy()).requires_grad_(True)
+        loss = F.cross_entropy(y, target, reduction="sum")
+        gy = torch.autograd.grad(loss, y)[0]
+        stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=cr.tensor(gy.numpy())), timeout=60)
+        stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=60)
+        losses.append(float(loss) / len(target))
+        if model is not None:
+            opt.zero_grad()
+            lt = F.cross_entropy(model(x), target, reduction="sum")
+            lt.backward()
+            opt.step()
+            want.append(float(lt) / len(target))
+    cr.check(losses[-1] < 0.8 * losses[0] and all(np.isfinite(losses)),
+             "%s: %d steps through psd on one batch: the loss falls from %.4f to %.4f" % (label, steps, losses[0],
+                                                                                         losses[-1]))
+    if model is not None:
+        e = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+        cr.check(e <= 1e-5, "%s: each of the %d steps' loss within 1e-5 of PyTorch's SGD loop's (worst %.3g; "
+                 "PyTorch's last %.4f)" % (label, steps, e, want[-1]))
+
+
+def main():
+    pe = cr.load_psd_export()
+    for i, (label, cls, kw) in enumerate(CASES):
+        name = "rnn_%d" % i
+        rc, y, text = export(pe, cls, kw, name)
+        cr.check(rc == 0, "psd-export of %s" % label)
+        if rc:
+            continue
+        kind = kw.get("cell", "GRU" if cls is SeqRNN else "LSTM")
+        cr.check("kind: %s" % kind in text and "--trainer-side" not in text,
+                 "%s: the model file runs it as psd's %s node" % (label, kind))
+        model, w = moved(cls, kw, name)
+        x, target = inputs(cls, i)
+        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
+        if cls is SeqRNN:
+            cr.input_gradient(label, stub, model, x, target)
+        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
+        cr.run(label, stub, stepped, x, target, ref64=True)
+        if cls is TextRNN:
+            train_steps(label, stub, x, target, stepped)
+        p.kill()
+    dropout(pe)
+    refusals()
+
+
+def dropout(pe):
+    """A 2-layer LSTM with dropout 0.3 between its layers: written as the node's dropout; psd's eval forward is
+    PyTorch's, a training forward drops (it differs from the eval one) and trains."""
+    kw = {"num_layers": 2, "dropout": 0.3}
+    rc, y, text = export(pe, TextRNN, kw, "rnn_dropout")
+    cr.check(rc == 0 and "dropout: 0.3" in text, "2-layer LSTM with dropout: the node's dropout: 0.3")
+    if rc:
+        return
+    model, w = moved(TextRNN, kw, "rnn_dropout")
+    x, target = inputs(TextRNN, 99)
+    stub, p = cr.start_psd("rnn_dropout", "file: %s" % y, ["--init-from", w])
+    with torch.no_grad():
+        want = model.eval()(x).numpy()
+    ev = cr.array(stub.Forward(ps_pb2.ForwardRequest(input=cr.tensor(x.numpy()), train=False), timeout=60).output)
+    cr.close(ev, want, 1e-4, 1e-5, "2-layer LSTM with dropout: eval forward = PyTorch's eval mode")
+    ctx = random.randint(1, 1 << 60)
+    tr = cr.array(stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
+                                                     input=cr.tensor(x.numpy())), timeout=60).output)
+    cr.check(not np.allclose(tr, ev, 1e-4, 1e-5), "2-layer LSTM with dropout: a training forward drops between "
+             "the layers (differs from the eval one by %.3g)" % float(np.max(np.abs(tr - ev))))
+    stub.ReleaseContext(ps_pb2.ReleaseContextRequest(context_id=ctx), timeout=60)
+    train_steps("2-layer LSTM with dropout", stub, x, target)
+    p.kill()
+
+
+def refusals():
+    for kw, want in (
+            ({"batch_first": False}, "batch_first=False: psd's batch is the first dimension"),
+            ({"bidirectional": True}, "bidirectional=True: psd's LSTM runs forward in time only"),
+            ({"read": "c"}, "c_n of 'rnn' (LSTM) is read at"),
+            ({"read": "h0", "num_layers": 2}, "h_n[0] of 'rnn' (LSTM, 2 layers)"),
+            ({"read": "h0", "num_layers": 2, "cell": "GRU"}, "h_n[0] of 'rnn' (GRU, 2 layers)")):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "psd-export"),
+                            os.path.join(HERE, "rnn.py") + ":TextRNN", "--kwargs", json.dumps(kw),
+                            "-o", os.path.join(cr.TMP, "refused.yaml")] + shape_args(TextRNN),
+                           capture_output=True, text=True, timeout=300)
+        cr.check(r.returncode != 0 and want in r.stderr, "psd-export refuses %s saying '%s' (%s)"
+                 % (json.dumps(kw), want, (r.stderr or r.stdout).strip()[-300:]))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for q in cr.procs:
+            if q.poll() is None:
+                q.kill()
+    print("%d failed" % len(cr.failures) if cr.failures else "all checks passed")
+    sys.exit(1 if cr.failures else 0)
