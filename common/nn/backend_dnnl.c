@@ -3072,9 +3072,12 @@ static ps_status dn_key_pad(void *impl, const ps_keypad_desc *d, const float *ma
 }
 
 /* Recurrent layers (LSTM, GRU) run by psd: the GEMMs are linear_forward /
- * linear_backward's inner products; a time step's gate arithmetic has no
- * oneDNN primitive (its RNN primitives are reference kernels on x86, see
- * docs/models.md): threaded loops over the rows, as trainer/lstm.c's. */
+ * linear_backward's inner products; a time step's gate arithmetic is
+ * threaded loops over the rows, as trainer/lstm.c's. oneDNN 2.6's own
+ * lstm_forward and lbr_gru_forward primitives are not used: at f32 on x86
+ * without AVX-512 they are its "ref" implementation (their impl string at
+ * the host's AVX2 and under ONEDNN_MAX_CPU_ISA=AVX2 and SSE41), which the
+ * kernel check refuses. */
 
 static float dn_rnn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
