@@ -153,6 +153,24 @@ static void test_errors(void) {
                "stage 's': input: {shape: [...], dtype: ...} is required for the first stage", NULL);
     expect_err("mixed.yaml", HEAD "      - {name: a, kind: LSTM, hidden_size: 4}\n      - {name: b, kind: ReLU}\n", 0, 3,
                "stage 's' mixes parameter-only nodes", NULL);
+    /* recurrent layers: an LSTM over one step is the trainer's, alone in its stage; psd runs them over sequences */
+#define SEQ "name: t\nstages:\n  - name: s\n    input: {shape: [5, 3], dtype: float32}\n    nodes:\n"
+    expect_err("lstm_step_fed.yaml", HEAD "      - {name: a, kind: Linear, out_features: 4}\n"
+               "      - {name: b, kind: LSTM, hidden_size: 4}\n", 1, 7,
+               "node 'b' (LSTM): per-sample input of one dimension: psd runs an LSTM over (L, input_size) sequences",
+               NULL);
+    expect_err("lstm_bidir.yaml", SEQ "      - {name: r, kind: LSTM, hidden_size: 4, batch_first: true, "
+               "bidirectional: true}\n", 1, 6, "node 'r' (LSTM): input (5, 3)",
+               "bidirectional: true: psd's LSTM runs forward in time only");
+    expect_err("gru_seq_first.yaml", SEQ "      - {name: r, kind: GRU, hidden_size: 4}\n", 1, 6,
+               "node 'r' (GRU): input (5, 3)",
+               "batch_first is false: psd's batch is the first dimension");
+    expect_err("gru_step.yaml", HEAD "      - {name: r, kind: GRU, hidden_size: 4, batch_first: true}\n", 1, 6,
+               "node 'r' (GRU): input (8)",
+               "per-sample input (8) float32; it takes 2 dimensions");
+    expect_err("lstm_in.yaml", SEQ "      - {name: r, kind: LSTM, input_size: 4, hidden_size: 4, batch_first: true}\n",
+               1, 6, "input_size is 4 but the input has 3", NULL);
+#undef SEQ
     /* built: shapes */
     expect_err("add_shape.yaml",
                HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
