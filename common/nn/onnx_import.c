@@ -3735,6 +3735,33 @@ static void find_lstms(imp *im) {
     }
 }
 
+/* An ONNX LSTM or GRU that is not a layer of a trainer-side LSTM (whose
+ * initial state is a Slice of a graph input, the trainer's): a recurrent
+ * layer psd would run inside the graph (its initial state the zeros the
+ * exporter computes). psd runs those from psd-export's model files (the LSTM
+ * and GRU kinds); their ONNX form is refused here, by name, before the
+ * exporter's shape arithmetic around it would be refused less clearly. */
+static ps_status refuse_graph_rnns(imp *im) {
+    const ps_onnx_model *m = im->m;
+    for (int i = 0; i < m->nnodes; i++) {
+        const ps_onnx_node *n = &m->nodes[i];
+        const int gru = !strcmp(n->op_type, "GRU");
+        if (!gru && strcmp(n->op_type, "LSTM")) continue;
+        if (!gru && n->nin > 5 && n->in[5][0]) {
+            int sl = producer_of(im, n->in[5]);
+            val *g = is_op(im, sl, "Slice") ? vget(im, in0(im, sl)) : NULL;
+            if (g && g->prod < 0 && g->kind != VK_CONST) continue;   /* the trainer's hidden state */
+        }
+        im->cur = i;
+        ps_status rc = unsup(im, "an nn.%s inside the graph (its initial state is not the trainer's, a Slice of a "
+                             "graph input): psd runs LSTM and GRU layers from psd-export's model files (its LSTM "
+                             "and GRU kinds), not from ONNX; export the module with psd-export", n->op_type);
+        im->cur = -1;
+        return rc;
+    }
+    return PS_OK;
+}
+
 /* LSTM: a layer of the trainer-side LSTM. The first one ends stage 0 (its
  * input is that stage's output); its parameters go to a parameter-only
  * stage; its output (squeezed) is stage 1's input. */
@@ -3901,6 +3928,8 @@ static ps_status convert(imp *im) {
     }
     im->cur = -1;
     find_lstms(im);
+    ps_status rrc = refuse_graph_rnns(im);
+    if (rrc) return rrc;
     /* the stage input: the one graph input that is not an initializer (nor an LSTM's hidden state) */
     const ps_onnx_value *gi = NULL;
     for (int i = 0; i < m->ninputs; i++) {
