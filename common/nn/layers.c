@@ -1421,9 +1421,9 @@ static ps_status rnn_infer(ps_layer *ly, ps_err *err) {
 static const char *rnn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     if (ly->flags & PS_KIND_PARAMS_ONLY) return NULL;
     return ops->rnn_cell_forward && ops->rnn_cell_backward && ops->permute && ops->fill && ops->add && ops->add_out
-                   && ops->mul
+                   && ops->mul && ops->copy2d
                ? NULL
-               : "rnn_cell_forward/rnn_cell_backward, permute, fill, add, add_out, mul";
+               : "rnn_cell_forward/rnn_cell_backward, permute, fill, add, add_out, mul, copy2d";
 }
 
 /* (a, b, c) -> (b, a, c): the batch and time axes swapped. */
@@ -1433,8 +1433,19 @@ static ps_status rnn_swap(const ps_layer_call *c, int64_t a, int64_t b, int64_t 
     return c->be->ops->permute(c->be->impl, &d, x, y, err);
 }
 
+/* The GEMMs' rows (ps_linear_desc's int n): a call's steps times samples. */
+static ps_status rnn_check_rows(const ps_layer_call *c, ps_err *err) {
+    const int64_t rows = c->ly->in[0].dims[0] * c->n;
+    if (rows > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: %lld steps x %d samples in one call: at most %d",
+                          c->ly->name, (long long)c->ly->in[0].dims[0], c->n, INT32_MAX);
+    return PS_OK;
+}
+
 static ps_status rnn_forward(ps_layer_call *c, ps_err *err) {
     if (c->ly->flags & PS_KIND_PARAMS_ONLY) return lstm_refuse(c, err);
+    ps_status crc = rnn_check_rows(c, err);
+    if (crc) return crc;
     const ps_backend_ops *ops = c->be->ops;
     void *im = c->be->impl;
     const rnn_geom g = rnn_of(c->ly, c->n, c->train);
@@ -1494,6 +1505,8 @@ out:
 
 static ps_status rnn_backward(ps_layer_call *c, ps_err *err) {
     if (c->ly->flags & PS_KIND_PARAMS_ONLY) return lstm_refuse(c, err);
+    ps_status crc = rnn_check_rows(c, err);
+    if (crc) return crc;
     const ps_backend_ops *ops = c->be->ops;
     void *im = c->be->impl;
     const rnn_geom g = rnn_of(c->ly, c->n, 1);
@@ -3477,8 +3490,9 @@ static size_t mha_saved(const ps_layer *ly, const ps_backend *be, int n, int j) 
 /* Kinds whose sample i's output, saved state and gradients depend on
  * sample i alone, and the bytes of what they save (NULL: nothing). Not
  * here: BatchNorm1d/2d (a training forward normalises by the batch's
- * statistics), LSTM (parameters only: psd never runs it, the trainer
- * does; its forward refuses). Parameter is here: each sample's output is the tensor
+ * statistics), LSTM and GRU (a recurrent node keeps its tape time-major,
+ * (L, n, ...), so one forward's saved state does not cut by samples; a
+ * parameter-only LSTM is never run). Parameter is here: each sample's output is the tensor
  * itself, and its gradient from a caller's samples is the sum of their dy
  * alone (a combined backward computes it per caller, as Linear's bias);
  * IndexSelect is a copy within each sample (dim 0, the batch, refused). */
