@@ -4,7 +4,8 @@
  *    (in place too), max-pool with and without ties, log-softmax, dropout's
  *    mul, add, SGD (momentum, weight decay), Adam and the row-sparse
  *    updates (sgd_update_rows, adam_update_rows), permute and its inverse,
- *    bit for bit;
+ *    bit for bit; a recurrent time step's gates (rnn_cell_forward and
+ *    rnn_cell_backward, LSTM and GRU) within 1e-5;
  *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
  *  - two threads running conv on one backend match a sequential run;
  *  - copy_from_peer between two backends, peer path and the pinned-host
@@ -400,6 +401,42 @@ static void cmp_new_ops(ps_backend *ref, ps_backend *cu, rng *r) {
     }
 }
 
+/* ---- recurrent layers: a time step's gates (rnn_cell_forward/backward), LSTM and GRU, vs the reference ---- */
+
+static void cmp_rnn_cells(ps_backend *ref, ps_backend *cu, rng *r) {
+    ps_backend *bs[2] = { ref, cu };
+    char what[96];
+    for (int gru = 0; gru < 2; gru++) {
+        const ps_rnn_cell_desc d = { gru, 9, 13 };
+        const size_t nh = (size_t)(d.n * d.H), ng = nh * (gru ? 3 : 4), na = nh * 4;
+        float *gx = host_random(ng, r), *gh = host_random(ng, r), *hp = host_random(nh, r), *cp = host_random(nh, r);
+        float *dh = host_random(nh, r), *dc = host_random(nh, r), *res[2][7];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *b = bs[k];
+            float *GX = up(b, gx, ng), *GH = up(b, gh, ng), *HP = up(b, hp, nh), *CP = up(b, cp, nh);
+            float *H = up(b, NULL, nh), *C = up(b, NULL, nh), *A = up(b, NULL, na), *DH = up(b, dh, nh);
+            float *DC = up(b, dc, nh), *DGX = up(b, NULL, ng), *DGH = up(b, NULL, ng), *DHP = up(b, NULL, nh);
+            OK(b->ops->rnn_cell_forward(b->impl, &d, GX, GH, HP, CP, H, C, A, &e_));
+            OK(b->ops->rnn_cell_backward(b->impl, &d, A, HP, CP, C, DH, DC, DGX, DGH, DHP, &e_));
+            res[k][0] = down(b, H, nh); res[k][1] = down(b, C, nh); res[k][2] = down(b, A, na);
+            res[k][3] = down(b, DGX, ng); res[k][4] = down(b, DGH, ng); res[k][5] = down(b, DHP, nh);
+            res[k][6] = down(b, DC, nh);
+            ps_backend_release(b, GX); ps_backend_release(b, GH); ps_backend_release(b, HP);
+            ps_backend_release(b, CP); ps_backend_release(b, DH);
+        }
+        static const char *const names[7] = { "h", "c", "act", "dgx", "dgh", "dh_prev", "dc_prev" };
+        const size_t lens[7] = { nh, nh, na, ng, ng, nh, nh };
+        for (int j = 0; j < 7; j++) {
+            if (gru && (j == 1 || j == 6)) continue;   /* a GRU has no cell state */
+            snprintf(what, sizeof what, "rnn_cell %s %s", gru ? "GRU" : "LSTM", names[j]);
+            check_array(what, res[1][j], res[0][j], lens[j], 1e-6, 1e-5);
+        }
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 7; j++) free(res[k][j]);
+        free(gx); free(gh); free(hp); free(cp); free(dh); free(dc);
+    }
+}
+
 /* ---- concurrency ---- */
 
 typedef struct conv_job {
@@ -518,6 +555,7 @@ int main(void) {
     cmp_linear(ref, cu, (ps_linear_desc){ 1, 9216, 128 }, &r);
     cmp_small_ops(ref, cu, &r);
     cmp_new_ops(ref, cu, &r);
+    cmp_rnn_cells(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };
