@@ -509,6 +509,27 @@ CASES = [
         "{name: o, kind: Linear, out_features: 2}"])),
 ]
 
+
+# key padding masks computed from the token ids: nn.MultiheadAttention(x, x, x, key_padding_mask=ids == pad) as
+# Embedding, Eq (pad id 0) and MultiheadAttention's second input; the bool mask (with and without causal, with
+# attention dropout) and the float one ((ids == 0) * -1e4, added to the scores). The ids of each case are KPM_IDS'
+# rows: several padded keys, all but one padded, padding in the middle and none (right padding with causal).
+KPM_EMB = "{name: emb, kind: Embedding, num_embeddings: 9, embedding_dim: 8}"
+KPM_EQ = "{name: pad, kind: Eq, value: 0, input: input}"
+CASES += [
+    ("kpm_bool_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                "batch_first: true, inputs: [emb, pad]}"], "int64")),
+    ("kpm_causal_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
+                                  "batch_first: true, causal: true, inputs: [emb, pad]}"], "int64")),
+    ("kpm_dropout_h4", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, "
+                                   "num_heads: 4, dropout: 0.25, batch_first: true, inputs: [emb, pad]}",
+                                   "{name: o, kind: Linear, out_features: 3}"], "int64")),
+    ("kpm_float_h1_nobias", stage([6], [KPM_EMB, KPM_EQ, "{name: neg, kind: MulConstant, value: -10000.0}",
+                                        "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 1, "
+                                        "bias: false, batch_first: true, key_padding_mask: float, inputs: [emb, neg]}"],
+                              "int64")),
+]
+
 # ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
 # batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
 # steps, dropout between layers (stored masks, time-major (num_layers - 1, L, N, H)), a batch of 1; a text
@@ -537,26 +558,6 @@ CASES += [
         "{name: last, kind: Narrow, dim: 1, start: 4, length: 1}",
         "{name: flat, kind: Flatten}",
         "{name: fc, kind: Linear, out_features: 2}"], "int64")),
-]
-
-# key padding masks computed from the token ids: nn.MultiheadAttention(x, x, x, key_padding_mask=ids == pad) as
-# Embedding, Eq (pad id 0) and MultiheadAttention's second input; the bool mask (with and without causal, with
-# attention dropout) and the float one ((ids == 0) * -1e4, added to the scores). The ids of each case are KPM_IDS'
-# rows: several padded keys, all but one padded, padding in the middle and none (right padding with causal).
-KPM_EMB = "{name: emb, kind: Embedding, num_embeddings: 9, embedding_dim: 8}"
-KPM_EQ = "{name: pad, kind: Eq, value: 0, input: input}"
-CASES += [
-    ("kpm_bool_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
-                                "batch_first: true, inputs: [emb, pad]}"], "int64")),
-    ("kpm_causal_h2", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, "
-                                  "batch_first: true, causal: true, inputs: [emb, pad]}"], "int64")),
-    ("kpm_dropout_h4", stage([6], [KPM_EMB, KPM_EQ, "{name: attn, kind: MultiheadAttention, embed_dim: 8, "
-                                   "num_heads: 4, dropout: 0.25, batch_first: true, inputs: [emb, pad]}",
-                                   "{name: o, kind: Linear, out_features: 3}"], "int64")),
-    ("kpm_float_h1_nobias", stage([6], [KPM_EMB, KPM_EQ, "{name: neg, kind: MulConstant, value: -10000.0}",
-                                        "{name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 1, "
-                                        "bias: false, batch_first: true, key_padding_mask: float, inputs: [emb, neg]}"],
-                              "int64")),
 ]
 # real tokens per sample (the rest pad id 0): right padding (several keys, all but one), padding in the middle
 # ("mid": tokens 0, 1 and 5 real), none
