@@ -528,6 +528,50 @@ CASES += [
                                         "bias: false, batch_first: true, key_padding_mask: float, inputs: [emb, neg]}"],
                               "int64")),
 ]
+# upsampling (decoders, autoencoders, U-Nets): ConvTranspose2d (stride 2 with output_padding, rectangular with
+# dilation and groups, no bias, the U-Net's 2x2 stride 2, between blocked convolutions) and Upsample (nearest and
+# bilinear with both align_corners, integer, fractional and per-axis scale factors, sizes up, down and kept, and
+# recompute_scale_factor), and a U-Net's step: a strided conv down, Upsample, the skip joined by Concat
+CASES += [
+    ("upconv_s2_op", stage([4, 5, 5], ["{name: u, kind: ConvTranspose2d, out_channels: 6, kernel_size: 3, stride: 2, "
+                                       "padding: 1, output_padding: 1}"])),
+    ("upconv_rect_dil_groups", stage([4, 4, 5], ["{name: u, kind: ConvTranspose2d, in_channels: 4, out_channels: 6, "
+                                                 "kernel_size: [3, 2], stride: [2, 1], padding: [1, 0], "
+                                                 "output_padding: [1, 0], dilation: [2, 1], groups: 2, "
+                                                 "bias: false}"])),
+    ("upconv_k2s2", stage([8, 3, 4], ["{name: u, kind: ConvTranspose2d, out_channels: 4, kernel_size: 2, "
+                                      "stride: 2}"])),
+    ("upconv_blocked", stage([16, 4, 4], ["{name: c1, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                          "{name: u, kind: ConvTranspose2d, out_channels: 16, kernel_size: 2, "
+                                          "stride: 2}",
+                                          "{name: r, kind: ReLU}",
+                                          "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}"])),
+    ("up_nearest_x2", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2}"])),
+    ("up_nearest_frac", stage([3, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7}"])),
+    ("up_nearest_axes", stage([2, 3, 4], ["{name: u, kind: Upsample, scale_factor: [1.5, 3], mode: nearest}"])),
+    ("up_nearest_size", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [7, 9]}"])),
+    ("up_nearest_down", stage([2, 7, 5], ["{name: u, kind: Upsample, size: [3, 2]}"])),
+    ("up_bilinear_x2", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2, mode: bilinear}"])),
+    ("up_bilinear_x2_ac", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2, mode: bilinear, "
+                                            "align_corners: true}"])),
+    ("up_bilinear_frac", stage([2, 4, 5], ["{name: u, kind: Upsample, scale_factor: [1.5, 2.3], mode: bilinear}"])),
+    ("up_bilinear_frac_ac", stage([2, 4, 5], ["{name: u, kind: Upsample, scale_factor: 1.5, mode: bilinear, "
+                                              "align_corners: true}"])),
+    ("up_bilinear_size", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [4, 8], mode: bilinear}"])),
+    ("up_bilinear_size_ac", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [7, 3], mode: bilinear, "
+                                              "align_corners: true}"])),
+    ("up_bilinear_recompute", stage([2, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7, mode: bilinear, "
+                                                "recompute_scale_factor: true}"])),
+    ("up_nearest_recompute", stage([2, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7, "
+                                               "recompute_scale_factor: true}"])),
+    ("unet_step", stage([4, 6, 6], [
+        "{name: down, kind: Conv2d, out_channels: 8, kernel_size: 3, stride: 2, padding: 1, input: input}",
+        "{name: r, kind: ReLU}",
+        "{name: up, kind: Upsample, scale_factor: 2, mode: bilinear}",
+        "{name: cat, kind: Concat, inputs: [up, input], dim: 1}",
+        "{name: out, kind: Conv2d, out_channels: 3, kernel_size: 3, padding: 1}"])),
+]
+
 # real tokens per sample (the rest pad id 0): right padding (several keys, all but one), padding in the middle
 # ("mid": tokens 0, 1 and 5 real), none
 KPM_IDS = {"kpm_bool_h2": [3, 1, "mid", 6], "kpm_causal_h2": [2, 1, 6, 4], "kpm_dropout_h4": [4, 1, "mid", 6, 2],
@@ -734,6 +778,19 @@ def make_module(kind, a, shapes, case_name=""):
     if kind == "RelativePositionBias":
         return RelPosBias(pair(a["window_size"]), a["num_heads"], pair(a.get("windows", 1)),
                           pair(a.get("shift_size", 0)))
+    # upsampling
+    if kind == "ConvTranspose2d":
+        return nn.ConvTranspose2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
+                                  padding=pair(a.get("padding", 0)), output_padding=pair(a.get("output_padding", 0)),
+                                  groups=a.get("groups", 1), bias=a.get("bias", True),
+                                  dilation=pair(a.get("dilation", 1)))
+    if kind == "Upsample":
+        sf = a.get("scale_factor")
+        mode = a.get("mode", "nearest")
+        return nn.Upsample(size=tuple(a["size"]) if "size" in a else None,
+                           scale_factor=tuple(float(v) for v in sf) if isinstance(sf, list) else sf, mode=mode,
+                           align_corners=a.get("align_corners", False) if mode == "bilinear" else None,
+                           recompute_scale_factor=a.get("recompute_scale_factor"))
     if kind == "Eq":   # torch.eq: a bool tensor, as users pass key_padding_mask
         v = a["value"]
         return Lambda(lambda x: x == v)

@@ -37,6 +37,7 @@
 #define PS_NN_BACKEND_H
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -176,6 +177,50 @@ typedef struct ps_adaptive_desc {
 static inline int ps_adaptive_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
 static inline int ps_adaptive_end(int i, int in, int out) {
     return (int)((((int64_t)i + 1) * in + out - 1) / out);
+}
+
+/* ---- upsampling (Upsample / F.interpolate; ConvTranspose2d's bias) ----
+ * Resizing each (h, w) plane of x (n, c, h, w) to (oh, ow), plain layout,
+ * by PyTorch's rules (aten/src/ATen/native/UpSample.h), in float as its CPU
+ * kernels compute them. scale_h / scale_w are the source-index scales:
+ * align_corners (bilinear): (in - 1) / (out - 1), 0 for out 1; else 1 /
+ * scale_factor where the caller gave one (and did not ask to recompute
+ * it), in / out otherwise (ps_resize_scale). */
+typedef struct ps_resize_desc {
+    int n, c, h, w, oh, ow;
+    int bilinear;               /* 0: 'nearest' (PyTorch's legacy nearest: floor), 1: 'bilinear' */
+    int align_corners;          /* bilinear only */
+    float scale_h, scale_w;
+} ps_resize_desc;
+
+/* compute_scales_value / area_pixel_compute_scale; scale_factor <= 0: none given. */
+static inline float ps_resize_scale(int in, int out, double scale_factor, int align_corners) {
+    if (align_corners) return out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    return scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
+}
+
+/* nearest_idx: the source index of output o. */
+static inline int ps_resize_nearest(int o, int in, int out, float scale) {
+    if (out == in) return o;
+    if (out == 2 * in) return o >> 1;
+    const float f = floorf((float)o * scale);
+    return f < (float)(in - 1) ? (int)f : in - 1;
+}
+
+/* The two source indices of output o and the second's weight (the
+ * first's is 1 - *l1): area_pixel_compute_source_index and
+ * guard_index_and_lambda; out == in copies. */
+static inline void ps_resize_linear(int o, int in, int out, float scale, int align_corners, int *i0, int *i1,
+                                    float *l1) {
+    if (out == in) { *i0 = *i1 = o; *l1 = 0.0f; return; }
+    float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
+    if (src < 0.0f) src = 0.0f;
+    int i = (int)floorf(src);
+    if (i > in - 1) i = in - 1;
+    float l = src - (float)i;
+    *i0 = i;
+    *i1 = i < in - 1 ? i + 1 : i;
+    *l1 = l < 0.0f ? 0.0f : l > 1.0f ? 1.0f : l;
 }
 
 /* A per-channel view of an activation for batch normalisation and channel
@@ -705,6 +750,18 @@ typedef struct ps_backend_ops {
      * keys: s[b, h, i, j] += mask[b, j] (additive), else s[b, h, i, j] =
      * -inf where mask[b, j] != 0 (PyTorch's bool key_padding_mask). */
     ps_status (*key_pad)(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err);
+
+    /* ---- appended for upsampling (Upsample, ConvTranspose2d; decoders, U-Nets) ---- */
+    /* y (n,c,oh,ow) = x (n,c,h,w) resized (ps_resize_desc); dx (n,c,h,w)
+     * = the resize's adjoint of dy: each output's gradient added to the
+     * input elements it read, with their weights (dx overwritten). */
+    ps_status (*resize_forward)(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err);
+    ps_status (*resize_backward)(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err);
+    /* Per channel of a plain (n, c, s) tensor (ps_chan_desc, layout plain):
+     * y[i, j, p] += b[j] (bias_add), db[j] = sum over i, p of dy[i, j, p]
+     * (bias_grad, overwritten) - ConvTranspose2d's bias. */
+    ps_status (*bias_add)(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err);
+    ps_status (*bias_grad)(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1196,6 +1196,31 @@ static ps_status cu_key_pad(void *impl, const ps_keypad_desc *d, const float *ma
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_key_pad(count, per, d->cols, d->additive, mask, s, c->stream));
 }
 
+/* ---- upsampling (ps_resize_desc; plain layout), ConvTranspose2d's bias ---- */
+static ps_status cu_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    const ps_cuda_resize p = { d->n * d->c, d->h, d->w, d->oh, d->ow, d->bilinear, d->align_corners, d->scale_h,
+                               d->scale_w };
+    if ((int64_t)p.planes * p.oh * p.ow <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_resize_forward(&p, x, y, c->stream));
+}
+
+static ps_status cu_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    const ps_cuda_resize p = { d->n * d->c, d->h, d->w, d->oh, d->ow, d->bilinear, d->align_corners, d->scale_h,
+                               d->scale_w };
+    if ((int64_t)p.planes * p.h * p.w <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_resize_backward(&p, dy, dx, c->stream));
+}
+
+static ps_status cu_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    if ((int64_t)d->n * d->c * d->s <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bias_add(d->n, d->c, d->s, b, y, c->stream));
+}
+
+static ps_status cu_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    if (d->c <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bias_grad(d->n, d->c, d->s, dy, db, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1250,4 +1275,9 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .tri_fill = cu_tri_fill,
     .eq_const = cu_eq_const,
     .key_pad = cu_key_pad,
+    /* upsampling */
+    .resize_forward = cu_resize_forward,
+    .resize_backward = cu_resize_backward,
+    .bias_add = cu_bias_add,
+    .bias_grad = cu_bias_grad,
 };

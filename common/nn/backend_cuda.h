@@ -186,6 +186,22 @@ cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, flo
 cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additive, const float *mask, float *s,
                             cudaStream_t stream);
 
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ---- */
+/* Resizing planes of (h, w) to (oh, ow) by backend.h's rules
+ * (ps_resize_desc; planes = n * c). The backward zeroes dx and adds each
+ * output's weighted gradient to the inputs it read, atomically (the order
+ * of those sums is the scheduler's, as in PyTorch's CUDA kernel). */
+typedef struct ps_cuda_resize {
+    int planes, h, w, oh, ow, bilinear, align_corners;
+    float scale_h, scale_w;
+} ps_cuda_resize;
+
+cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream);
+cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream);
+/* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double), (n, c, s) plain. */
+cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

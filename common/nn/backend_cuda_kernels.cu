@@ -789,3 +789,123 @@ cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additi
 }
 
 } // extern "C"
+
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ----
+ * backend.h's index rules (ps_resize_nearest, ps_resize_linear), restated
+ * for the device in the same float operations. */
+namespace {
+
+__device__ int resize_nearest(int o, int in, int out, float scale) {
+    if (out == in) return o;
+    if (out == 2 * in) return o >> 1;
+    const float f = floorf(__fmul_rn((float)o, scale));
+    return f < (float)(in - 1) ? (int)f : in - 1;
+}
+
+__device__ void resize_linear(int o, int in, int out, float scale, int align_corners, int *i0, int *i1, float *l1) {
+    if (out == in) { *i0 = *i1 = o; *l1 = 0.0f; return; }
+    float src = align_corners ? __fmul_rn(scale, (float)o) : __fsub_rn(__fmul_rn(scale, __fadd_rn((float)o, 0.5f)), 0.5f);
+    if (src < 0.0f) src = 0.0f;
+    int i = (int)floorf(src);
+    if (i > in - 1) i = in - 1;
+    float l = __fsub_rn(src, (float)i);
+    *i0 = i;
+    *i1 = i < in - 1 ? i + 1 : i;
+    *l1 = l < 0.0f ? 0.0f : l > 1.0f ? 1.0f : l;
+}
+
+__device__ void resize_taps(const ps_cuda_resize &p, int oy, int ox, int iy[2], int ix[2], float wy[2], float wx[2]) {
+    float ly = 0.0f, lx = 0.0f;
+    if (p.bilinear) {
+        resize_linear(oy, p.h, p.oh, p.scale_h, p.align_corners, &iy[0], &iy[1], &ly);
+        resize_linear(ox, p.w, p.ow, p.scale_w, p.align_corners, &ix[0], &ix[1], &lx);
+    } else {
+        iy[0] = iy[1] = resize_nearest(oy, p.h, p.oh, p.scale_h);
+        ix[0] = ix[1] = resize_nearest(ox, p.w, p.ow, p.scale_w);
+    }
+    wy[0] = __fsub_rn(1.0f, ly);
+    wy[1] = ly;
+    wx[0] = __fsub_rn(1.0f, lx);
+    wx[1] = lx;
+}
+
+__global__ void resize_forward_kernel(ps_cuda_resize p, const float *x, float *y) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)(i / p.ow % p.oh);
+        const float *xp = x + i / ((int64_t)p.oh * p.ow) * p.h * p.w;
+        int iy[2], ix[2];
+        float wy[2], wx[2];
+        resize_taps(p, oy, ox, iy, ix, wy, wx);
+        if (!p.bilinear) { y[i] = xp[(int64_t)iy[0] * p.w + ix[0]]; continue; }
+        const float r0 = __fadd_rn(__fmul_rn(wx[0], xp[(int64_t)iy[0] * p.w + ix[0]]),
+                                   __fmul_rn(wx[1], xp[(int64_t)iy[0] * p.w + ix[1]]));
+        const float r1 = __fadd_rn(__fmul_rn(wx[0], xp[(int64_t)iy[1] * p.w + ix[0]]),
+                                   __fmul_rn(wx[1], xp[(int64_t)iy[1] * p.w + ix[1]]));
+        y[i] = __fadd_rn(__fmul_rn(wy[0], r0), __fmul_rn(wy[1], r1));
+    }
+}
+
+/* dx zeroed first; each output adds its share to the inputs it read (as PyTorch's CUDA kernel, atomically). */
+__global__ void resize_backward_kernel(ps_cuda_resize p, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)(i / p.ow % p.oh);
+        float *dxp = dx + i / ((int64_t)p.oh * p.ow) * p.h * p.w;
+        int iy[2], ix[2];
+        float wy[2], wx[2];
+        resize_taps(p, oy, ox, iy, ix, wy, wx);
+        if (!p.bilinear) { atomicAdd(dxp + (int64_t)iy[0] * p.w + ix[0], dy[i]); continue; }
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                atomicAdd(dxp + (int64_t)iy[a] * p.w + ix[b], __fmul_rn(__fmul_rn(wy[a], wx[b]), dy[i]));
+    }
+}
+
+__global__ void bias_add_kernel(int64_t n, int c, int64_t s, const float *b, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], b[i / s % c]);
+}
+
+__global__ void bias_grad_kernel(int n, int c, int64_t s, const float *dy, float *db) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
+        double acc = 0.0; /* as the reference: sums in double */
+        for (int i = 0; i < n; i++)
+            for (int64_t q = 0; q < s; q++) acc += dy[((int64_t)i * c + j) * s + q];
+        db[j] = (float)acc;
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream) {
+    const int64_t n = (int64_t)p->planes * p->oh * p->ow;
+    if (n <= 0) return cudaSuccess;
+    resize_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(*p, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream) {
+    const int64_t n = (int64_t)p->planes * p->oh * p->ow;
+    cudaError_t e = cudaMemsetAsync(dx, 0, (size_t)p->planes * p->h * p->w * sizeof(float), stream);
+    if (e != cudaSuccess || n <= 0) return e;
+    resize_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(*p, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream) {
+    const int64_t count = (int64_t)n * c * s;
+    if (count <= 0) return cudaSuccess;
+    bias_add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, c, s, b, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream) {
+    if (c <= 0) return cudaSuccess;
+    bias_grad_kernel<<<blocks_for(c), kThreads, 0, stream>>>(n, c, s, dy, db);
+    return cudaGetLastError();
+}
+
+} // extern "C"

@@ -2093,6 +2093,125 @@ static ps_status dn_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc
     return PS_OK;
 }
 
+/* ---- upsampling: C loops over planes ----
+ * oneDNN 2.6's resampling primitive computes 'nearest' as round((o + 0.5)
+ * * in / out - 0.5) and 'linear' from the sizes alone, where PyTorch's
+ * nearest takes floor(o * scale) and both take 1 / scale_factor when one
+ * is given (backend.h ps_resize_desc): they differ at non-integer scales,
+ * so upsampling runs here, in the plain layout, by backend.h's rules. The
+ * source indices and weights of the rows and of the columns are computed
+ * once per call; a plane's outputs are then a gather (nearest) or four
+ * multiply-adds in PyTorch's order (bilinear). */
+typedef struct dn_resize_axis {
+    int *i0, *i1;
+    float *l1;
+} dn_resize_axis;
+
+static int dn_resize_axis_make(dn_resize_axis *a, int out, int in, float scale, const ps_resize_desc *d) {
+    a->i0 = malloc((size_t)out * sizeof *a->i0);
+    a->i1 = malloc((size_t)out * sizeof *a->i1);
+    a->l1 = malloc((size_t)out * sizeof *a->l1);
+    if (!a->i0 || !a->i1 || !a->l1) return -1;
+    for (int o = 0; o < out; o++) {
+        if (d->bilinear) {
+            ps_resize_linear(o, in, out, scale, d->align_corners, &a->i0[o], &a->i1[o], &a->l1[o]);
+        } else {
+            a->i0[o] = a->i1[o] = ps_resize_nearest(o, in, out, scale);
+            a->l1[o] = 0.0f;
+        }
+    }
+    return 0;
+}
+
+static void dn_resize_axis_free(dn_resize_axis *a) {
+    free(a->i0);
+    free(a->i1);
+    free(a->l1);
+}
+
+static ps_status dn_resize(void *impl, const ps_resize_desc *d, const float *x, float *y, const float *dy,
+                           float *dx, ps_err *err) {
+    set_threads(impl);
+    dn_resize_axis ay = {0}, ax = {0};
+    if (dn_resize_axis_make(&ay, d->oh, d->h, d->scale_h, d) || dn_resize_axis_make(&ax, d->ow, d->w, d->scale_w, d)) {
+        dn_resize_axis_free(&ay);
+        dn_resize_axis_free(&ax);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl resize: out of memory");
+    }
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int w = d->w, ow = d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        if (dx) {   /* the adjoint: each output's gradient to the inputs it read */
+            const float *gp = dy + p * out;
+            float *dxp = dx + p * in;
+            memset(dxp, 0, (size_t)in * sizeof *dxp);
+            for (int oy = 0; oy < d->oh; oy++) {
+                const float ly1 = ay.l1[oy], ly0 = 1.0f - ly1;
+                float *r0 = dxp + (int64_t)ay.i0[oy] * w, *r1 = dxp + (int64_t)ay.i1[oy] * w;
+                for (int ox = 0; ox < ow; ox++) {
+                    const float g = gp[(int64_t)oy * ow + ox], lx1 = ax.l1[ox], lx0 = 1.0f - lx1;
+                    if (!d->bilinear) { r0[ax.i0[ox]] += g; continue; }
+                    r0[ax.i0[ox]] += ly0 * lx0 * g;
+                    r0[ax.i1[ox]] += ly0 * lx1 * g;
+                    r1[ax.i0[ox]] += ly1 * lx0 * g;
+                    r1[ax.i1[ox]] += ly1 * lx1 * g;
+                }
+            }
+            continue;
+        }
+        const float *xp = x + p * in;
+        float *yp = y + p * out;
+        for (int oy = 0; oy < d->oh; oy++) {
+            const float ly1 = ay.l1[oy], ly0 = 1.0f - ly1;
+            const float *r0 = xp + (int64_t)ay.i0[oy] * w, *r1 = xp + (int64_t)ay.i1[oy] * w;
+            float *yr = yp + (int64_t)oy * ow;
+            if (!d->bilinear) {
+                for (int ox = 0; ox < ow; ox++) yr[ox] = r0[ax.i0[ox]];
+                continue;
+            }
+            for (int ox = 0; ox < ow; ox++) {
+                const float lx1 = ax.l1[ox], lx0 = 1.0f - lx1;
+                yr[ox] = ly0 * (lx0 * r0[ax.i0[ox]] + lx1 * r0[ax.i1[ox]]) +
+                         ly1 * (lx0 * r1[ax.i0[ox]] + lx1 * r1[ax.i1[ox]]);
+            }
+        }
+    }
+    dn_resize_axis_free(&ay);
+    dn_resize_axis_free(&ax);
+    return PS_OK;
+}
+
+static ps_status dn_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    return dn_resize(impl, d, x, y, NULL, NULL, err);
+}
+
+static ps_status dn_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    return dn_resize(impl, d, NULL, NULL, dy, dx, err);
+}
+
+/* ConvTranspose2d's bias over a plain (n, c, s) tensor. */
+static ps_status dn_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t planes = (int64_t)d->n * d->c, s = d->s;
+#pragma omp parallel for if (planes * s >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        const float v = b[p % d->c];
+        float *yp = y + p * s;
+#pragma omp simd
+        for (int64_t i = 0; i < s; i++) yp[i] += v;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    bias_grad(dy, d->n, d->c, d->s, 0, db);
+    return PS_OK;
+}
+
 /* ---- a wide linear forward in chunks of outputs ----
  * The language model's decoder (700 x 200 -> 10000 outputs, 8 MB of
  * weights) as one gemm inner product makes oneDNN's sgemm malloc a packing
@@ -3126,4 +3245,9 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .tri_fill = dn_tri_fill,
     .eq_const = dn_eq_const,
     .key_pad = dn_key_pad,
+    /* upsampling */
+    .resize_forward = dn_resize_forward,
+    .resize_backward = dn_resize_backward,
+    .bias_add = dn_bias_add,
+    .bias_grad = dn_bias_grad,
 };

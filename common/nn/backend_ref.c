@@ -864,6 +864,77 @@ static ps_status ref_key_pad(void *impl, const ps_keypad_desc *d, const float *m
     return PS_OK;
 }
 
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ---- */
+
+/* One plane of ps_resize_desc: out[oy, ox] from in (forward), or dx
+ * accumulated from dy (backward, adj), by backend.h's index rules. */
+static void ref_resize_plane(const ps_resize_desc *d, const float *x, float *y, const float *dy, double *dx) {
+    for (int oy = 0; oy < d->oh; oy++) {
+        int y0, y1;
+        float ly;
+        if (d->bilinear) ps_resize_linear(oy, d->h, d->oh, d->scale_h, d->align_corners, &y0, &y1, &ly);
+        else { y0 = y1 = ps_resize_nearest(oy, d->h, d->oh, d->scale_h); ly = 0.0f; }
+        for (int ox = 0; ox < d->ow; ox++) {
+            int x0, x1;
+            float lx;
+            if (d->bilinear) ps_resize_linear(ox, d->w, d->ow, d->scale_w, d->align_corners, &x0, &x1, &lx);
+            else { x0 = x1 = ps_resize_nearest(ox, d->w, d->ow, d->scale_w); lx = 0.0f; }
+            const float wy[2] = {1.0f - ly, ly}, wx[2] = {1.0f - lx, lx};
+            const int iy[2] = {y0, y1}, ix[2] = {x0, x1};
+            if (dx) {
+                const double g = dy[(size_t)oy * d->ow + ox];
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++) dx[(size_t)iy[a] * d->w + ix[b]] += (double)wy[a] * wx[b] * g;
+                continue;
+            }
+            double v = 0.0;
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 2; b++) v += (double)wy[a] * wx[b] * x[(size_t)iy[a] * d->w + ix[b]];
+            y[(size_t)oy * d->ow + ox] = (float)v;
+        }
+    }
+}
+
+static ps_status ref_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) ref_resize_plane(d, x + p * in, y + p * out, NULL, NULL);
+    return PS_OK;
+}
+
+static ps_status ref_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    (void)impl;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    double *acc = malloc(in * sizeof *acc);
+    if (!acc) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref resize_backward: out of memory");
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) {
+        for (size_t i = 0; i < in; i++) acc[i] = 0.0;
+        ref_resize_plane(d, NULL, NULL, dy + p * out, acc);
+        for (size_t i = 0; i < in; i++) dx[p * in + i] = (float)acc[i];
+    }
+    free(acc);
+    return PS_OK;
+}
+
+static ps_status ref_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int i = 0; i < d->n; i++)
+        for (int j = 0; j < d->c; j++)
+            for (int64_t p = 0; p < d->s; p++) y[((size_t)i * d->c + j) * d->s + p] += b[j];
+    return PS_OK;
+}
+
+static ps_status ref_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    (void)impl; (void)err;
+    for (int j = 0; j < d->c; j++) {
+        double acc = 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) acc += dy[((size_t)i * d->c + j) * d->s + p];
+        db[j] = (float)acc;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -916,4 +987,9 @@ const ps_backend_ops ps_backend_ref_ops = {
     .tri_fill = ref_tri_fill,
     .eq_const = ref_eq_const,
     .key_pad = ref_key_pad,
+    /* upsampling */
+    .resize_forward = ref_resize_forward,
+    .resize_backward = ref_resize_backward,
+    .bias_add = ref_bias_add,
+    .bias_grad = ref_bias_grad,
 };

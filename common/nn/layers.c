@@ -122,6 +122,20 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         }
         return PS_OK;
     }
+    case PS_ATTR_FLOAT_PAIR_OR_NULL: {   /* Upsample's scale_factor: null (not given), N or [h, w] */
+        double *p = (double *)(base + sp->off);
+        *(int *)(base + sp->off2) = 0;
+        if (!is_list && !vals[0]) return PS_OK;
+        for (int i = 0; i < 2; i++) {
+            const char *t = vals[is_list ? i : 0];
+            if (!t) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: entry %d is null", sp->name, i + 1);
+            if ((st = attr_number(ly, sp, t, def, n, keys, values, &x, err))) return st;
+            if ((st = attr_range(sp, x, 0, err))) return st;
+            p[i] = x;
+        }
+        *(int *)(base + sp->off2) = 1;
+        return PS_OK;
+    }
     case PS_ATTR_NAME:   /* null: "" (the node's name is the tensor's whole name) */
         *(const char **)(base + sp->off) = vals[0] ? vals[0] : "";   /* the definition's (or the table's) string */
         return PS_OK;
@@ -431,6 +445,172 @@ static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
 static double conv_flops(const ps_layer *ly) {
     return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)(ly->in[0].dims[0] / ly->a.groups) *
            (double)ly->a.kernel[0] * (double)ly->a.kernel[1];
+}
+
+/* ---- ConvTranspose2d: nn.ConvTranspose2d(in_channels, out_channels,
+ * kernel_size, stride, padding, output_padding, groups, bias, dilation);
+ * params weight (in, out/groups, kh, kw), bias (out) ----
+ * The transposed convolution is the input gradient of the convolution
+ * that maps its output back to its input: Conv2d(out -> in, the same
+ * kernel, stride, padding, dilation, groups) over an (out, H', W') plane,
+ * whose weight (in, out/groups, kh, kw) is this kind's own. So its
+ * forward is that convolution's backward-data (dy = x), its input
+ * gradient that convolution's forward of dy, and its weight gradient that
+ * convolution's weight gradient with dy as the input and x as the output
+ * gradient - oneDNN's and cuDNN's deconvolution are computed so too, and
+ * each backend's convolution ops (with their checks against reference
+ * kernels) serve it. Plain layout; the bias is added per channel. */
+static ps_conv_desc upconv_desc(const ps_layer *ly, int n) {
+    const ps_layer_attrs *a = &ly->a;
+    const int64_t cin = ly->in[0].dims[0];
+    return (ps_conv_desc){.n = n, .cin = (int)a->out, .h = (int)ly->outs.dims[1], .w = (int)ly->outs.dims[2],
+                          .cout = (int)cin, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
+                          .stride_h = (int)a->stride[0], .stride_w = (int)a->stride[1], .pad_h = (int)a->padding[0],
+                          .pad_w = (int)a->padding[1], .dil_h = (int)a->dilation[0], .dil_w = (int)a->dilation[1],
+                          .groups = (int)a->groups, .src_layout = PS_LAYOUT_PLAIN, .dst_layout = PS_LAYOUT_PLAIN};
+}
+
+static ps_chan_desc upconv_chan(const ps_layer *ly, int n) {
+    return (ps_chan_desc){.n = n, .c = (int)ly->outs.dims[0], .s = ly->outs.dims[1] * ly->outs.dims[2],
+                          .layout = PS_LAYOUT_PLAIN};
+}
+
+static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    const int64_t cin = ly->in[0].dims[0];
+    if ((rc = check_given("in_channels", a->in_features, cin, err))) return rc;
+    if (cin % a->groups || a->out % a->groups)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "groups %lld divides neither in_channels %lld and "
+                          "out_channels %lld both", (long long)a->groups, (long long)cin, (long long)a->out);
+    int64_t o[2];
+    for (int i = 0; i < 2; i++) {
+        if (a->output_padding[i] >= a->stride[i])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_padding %lld is not smaller than stride %lld "
+                              "(PyTorch also takes one below the dilation; psd does not)",
+                              (long long)a->output_padding[i], (long long)a->stride[i]);
+        o[i] = (ly->in[0].dims[1 + i] - 1) * a->stride[i] - 2 * a->padding[i] + a->dilation[i] * (a->kernel[i] - 1) +
+               a->output_padding[i] + 1;
+    }
+    if (o[0] < 1 || o[1] < 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld leaves no output of the input (%lld, "
+                          "%lld, %lld) (output %lldx%lld)", (long long)a->padding[0], (long long)a->padding[1],
+                          (long long)cin, (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2],
+                          (long long)o[0], (long long)o[1]);
+    if (o[0] > PS_DIM_MAX || o[1] > PS_DIM_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output %lldx%lld is too large", (long long)o[0],
+                          (long long)o[1]);
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = a->out;
+    ly->outs.dims[1] = o[0];
+    ly->outs.dims[2] = o[1];
+    ly->out_dtype = PS_DTYPE_F32;
+    /* PyTorch's fan_in of this weight: its dim 1 times the kernel */
+    const int64_t fan_in = a->out / a->groups * a->kernel[0] * a->kernel[1];
+    const int64_t wd[4] = {cin, a->out / a->groups, a->kernel[0], a->kernel[1]}, bd[1] = {a->out};
+    set_param(ly, 0, "weight", 4, wd, fan_in, FAN_UNIFORM);
+    if (a->bias) set_param(ly, 1, "bias", 1, bd, fan_in, FAN_UNIFORM);
+    return PS_OK;
+}
+
+static const char *upconv_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (ly->a.bias && !(ops->bias_add && ops->bias_grad)) return "bias_add/bias_grad";
+    return NULL;
+}
+
+static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
+    const ps_conv_desc d = upconv_desc(c->ly, c->n);
+    ps_status rc = c->be->ops->conv2d_backward(c->be->impl, &d, NULL, c->w[0], c->x, c->y, NULL, NULL, err);
+    if (rc || !c->ly->a.bias) return rc;
+    const ps_chan_desc cd = upconv_chan(c->ly, c->n);
+    return c->be->ops->bias_add(c->be->impl, &cd, c->w[1], c->y, err);
+}
+
+static ps_status upconv_backward(ps_layer_call *c, ps_err *err) {
+    const ps_conv_desc d = upconv_desc(c->ly, c->n);
+    ps_status rc;
+    if (c->dx && (rc = c->be->ops->conv2d_forward(c->be->impl, &d, c->dy, c->w[0], NULL, c->dx, err))) return rc;
+    if (c->dw[0] && (rc = c->be->ops->conv2d_backward(c->be->impl, &d, c->dy, c->w[0], c->x, NULL, c->dw[0], NULL,
+                                                       err)))
+        return rc;
+    if (c->ly->a.bias && c->dw[1]) {
+        const ps_chan_desc cd = upconv_chan(c->ly, c->n);
+        return c->be->ops->bias_grad(c->be->impl, &cd, c->dy, c->dw[1], err);
+    }
+    return PS_OK;
+}
+
+static double upconv_flops(const ps_layer *ly) {
+    return 2.0 * (double)ps_shape_numel(&ly->in[0]) * (double)(ly->a.out / ly->a.groups) * (double)ly->a.kernel[0] *
+           (double)ly->a.kernel[1];
+}
+
+/* ---- Upsample: nn.Upsample(size, scale_factor, mode, align_corners,
+ * recompute_scale_factor) and F.interpolate (nn.UpsamplingNearest2d and
+ * nn.UpsamplingBilinear2d are Upsample with mode nearest, and bilinear with
+ * align_corners true) over (C, H, W): PyTorch's output size (size, or
+ * floor(H * scale_factor)) and source indices (backend.h ps_resize_desc).
+ * Plain layout. ---- */
+static ps_resize_desc resize_desc(const ps_layer *ly, int n) {
+    const ps_layer_attrs *a = &ly->a;
+    ps_resize_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                        .oh = (int)ly->outs.dims[1], .ow = (int)ly->outs.dims[2], .bilinear = a->resize_mode == 1,
+                        .align_corners = a->resize_mode == 1 && a->align_corners};
+    const int scaled = a->scale_given && !a->recompute_scale;
+    d.scale_h = ps_resize_scale(d.h, d.oh, scaled ? a->scale_factor[0] : 0, d.align_corners);
+    d.scale_w = ps_resize_scale(d.w, d.ow, scaled ? a->scale_factor[1] : 0, d.align_corners);
+    return d;
+}
+
+static ps_status resize_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    const int has_size = a->size[0] > 0;
+    if (has_size == a->scale_given)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "give either size or scale_factor (%s)",
+                          has_size ? "both are given" : "neither is");
+    if (a->resize_mode == 0 && a->align_corners)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "align_corners applies to mode 'bilinear' only (PyTorch "
+                          "refuses it with 'nearest')");
+    if (has_size && a->recompute_scale)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "recompute_scale_factor needs scale_factor, not size");
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->in[0].dims[0];
+    for (int i = 0; i < 2; i++) {
+        const double o = has_size ? (double)a->size[i] : floor((double)ly->in[0].dims[1 + i] * a->scale_factor[i]);
+        if (o < 1 || o > PS_DIM_MAX || o > 65536.0 * 65536.0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output size %g of input size %lld is outside 1..%lld",
+                              o, (long long)ly->in[0].dims[1 + i], (long long)PS_DIM_MAX);
+        ly->outs.dims[1 + i] = (int64_t)o;
+    }
+    if (ly->outs.dims[1] > 2147483647 / ly->outs.dims[2] || ly->in[0].dims[1] > 2147483647 / ly->in[0].dims[2])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a plane of %lldx%lld is too large",
+                          (long long)ly->outs.dims[1], (long long)ly->outs.dims[2]);
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *resize_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->resize_forward && ops->resize_backward ? NULL : "resize_forward/resize_backward";
+}
+
+static ps_status resize_forward(ps_layer_call *c, ps_err *err) {
+    const ps_resize_desc d = resize_desc(c->ly, c->n);
+    return c->be->ops->resize_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status resize_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_resize_desc d = resize_desc(c->ly, c->n);
+    return c->be->ops->resize_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* Four multiply-adds an output (bilinear), a copy (nearest). */
+static double resize_flops(const ps_layer *ly) {
+    return (ly->a.resize_mode == 1 ? 8.0 : 1.0) * (double)ps_shape_numel(&ly->outs);
 }
 
 /* ---- ReLU ---- */
@@ -3022,6 +3202,29 @@ static const ps_attr_spec rpb_attrs[] = {
     ATTR_PAIR("shift_size", shift, "0", 0),
     ATTR_END,
 };
+/* upsampling: ConvTranspose2d, Upsample */
+static const ps_attr_spec upconv_attrs[] = {
+    ATTR_INT("in_channels", in_features, "", 1),
+    ATTR_INT("out_channels", out, NULL, 1),
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "1", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_PAIR("output_padding", output_padding, "0", 0),
+    ATTR_PAIR("dilation", dilation, "1", 1),
+    ATTR_INT("groups", groups, "1", 1),
+    ATTR_BOOL("bias", bias, "true"),
+    {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTR_END,
+};
+static const char *const resize_modes[] = {"nearest", "bilinear", NULL};
+static const ps_attr_spec resize_attrs[] = {
+    {"size", PS_ATTR_PAIR_OR_NULL, A(size), "null", 1, 65536, 0, 0, NULL, 0},
+    {"scale_factor", PS_ATTR_FLOAT_PAIR_OR_NULL, A(scale_factor), "null", 0, 65536, 1, 0, NULL, A(scale_given)},
+    {"mode", PS_ATTR_ENUM, A(resize_mode), "nearest", 0, 0, 0, 0, resize_modes, 0},
+    ATTR_BOOL("align_corners", align_corners, "false"),
+    ATTR_BOOL("recompute_scale_factor", recompute_scale, "false"),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -3117,7 +3320,11 @@ static const ps_layer_kind kinds[] = {
     {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
      masked_fill_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
-    {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},
+    {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
+    {"ConvTranspose2d", PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
+     upconv_backward, NULL, NULL, upconv_flops},
+    {"Upsample", 0, 1, 1, resize_attrs, resize_infer, resize_missing, resize_forward, resize_backward, NULL, NULL,
+     resize_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -3250,6 +3457,7 @@ static const struct {
     {"MatMul", NULL}, {"MulConstant", NULL},
     {"MaskedFill", NULL},
     {"Eq", NULL},
+    {"ConvTranspose2d", NULL}, {"Upsample", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 
