@@ -6,7 +6,7 @@
 # parameter gradient against float64 autograd, and psd-export's refusals
 # (tests/export/check_upsampling.py says what and to which tolerance).
 . "$(dirname "$0")/lib.sh" it_upsampling
-require_py torch grpc onnx
+require_py torch grpc
 fail_tail=20
 timeout 600 $PY tests/export/check_upsampling.py "$BUILD" "$tmp" || fail "tests/export/check_upsampling.py"
 echo "it_upsampling: all checks passed"

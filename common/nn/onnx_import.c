@@ -2365,6 +2365,150 @@ static void find_mha(imp *im, int t0);
 
 /* ------------------------------------------------------------- op table */
 
+/* ---- upsampling: ConvTranspose and Resize (decoders, U-Nets) ---- */
+
+/* ConvTranspose over (N, C, H, W): psd's ConvTranspose2d. The weight is
+ * (C, out/group, kh, kw), PyTorch's; pads symmetric (auto_pad NOTSET or
+ * VALID), output_padding below the stride; output_shape refused (psd's
+ * size is the attributes'). */
+static ps_status h_upconv(imp *im) {
+    static const char *const known[] = {"auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                                        "output_shape", "pads", "strides", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *w = in_val(im, 1, 1), *b = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
+    if (!x || !w || (has_in(im, 2) && !b)) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4)
+        return unsup(im, "a %d-D transposed convolution (psd's ConvTranspose2d is 2-D)", x->ndim - 2);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    if (w->kind != VK_CONST || w->ndim != 4) return unsup(im, "a weight '%s' that is not a 4-D initializer", w->name);
+    if (attr(im, "output_shape"))
+        return unsup(im, "output_shape (PyTorch's output_size=; psd's ConvTranspose2d takes output_padding)");
+    const char *ap = attr_s(im, "auto_pad", "NOTSET");
+    if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID")) return unsup(im, "auto_pad '%s' of a ConvTranspose", ap);
+    int64_t k[2] = {w->dims[2], w->dims[3]}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2], op[2] = {0, 0};
+    int64_t ks[2] = {1, 0};
+    if ((rc = spatial_ints(im, "kernel_shape", 2, ks))) return rc;
+    if (ks[1] && (ks[0] != k[0] || ks[1] != k[1])) return bad(im, "kernel_shape does not match the weight '%s'", w->name);
+    if ((rc = spatial_ints(im, "strides", 2, s)) || (rc = spatial_ints(im, "dilations", 2, dil)) ||
+        (rc = spatial_ints(im, "output_padding", 2, op)))
+        return rc;
+    if ((rc = pads_2d(im, x, 2, k, s, dil, pad, NULL))) return rc;
+    const int64_t g = attr_i(im, "group", 1), cin = x->dims[1];
+    if (g < 1 || cin % g || w->dims[0] != cin)
+        return bad(im, "group %lld does not fit input channels %lld and weight '%s' (%lld, %lld, ...)", (long long)g,
+                   (long long)cin, w->name, (long long)w->dims[0], (long long)w->dims[1]);
+    for (int i = 0; i < 2; i++)
+        if (s[i] < 1 || dil[i] < 1 || op[i] < 0 || op[i] >= s[i])
+            return unsup(im, "strides %lldx%lld, dilations %lldx%lld and output_padding %lldx%lld (psd's "
+                         "output_padding is below the stride)", (long long)s[0], (long long)s[1], (long long)dil[0],
+                         (long long)dil[1], (long long)op[0], (long long)op[1]);
+    const int64_t cout = w->dims[1] * g;
+    int xin = x->node;
+    int pn = emit(im, "ConvTranspose2d", w->name, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "out_channels: %lld", (long long)cout);
+    pair_attr(im, pn, "kernel_size", k);
+    if (s[0] != 1 || s[1] != 1) pair_attr(im, pn, "stride", s);
+    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
+    if (op[0] || op[1]) pair_attr(im, pn, "output_padding", op);
+    if (dil[0] != 1 || dil[1] != 1) pair_attr(im, pn, "dilation", dil);
+    if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
+    if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
+    if (b) {
+        if (b->kind != VK_CONST || b->numel != cout) return bad(im, "bias '%s' does not fit", b->name);
+        if ((rc = bind(im, pn, "bias", b, 0, 0))) return rc;
+    } else {
+        add_attr(im, pn, "bias: false");
+        im->pn[pn].has_bias_attr = 1;
+    }
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[1] = cout;
+    for (int i = 0; i < 2; i++) {
+        od[2 + i] = (x->dims[2 + i] - 1) * s[i] - 2 * pad[i] + dil[i] * (k[i] - 1) + op[i] + 1;
+        if (od[2 + i] < 1) return bad(im, "the padding leaves no output");
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* Resize over (N, C, H, W) as PyTorch 1.13 exports F.interpolate: psd's
+ * Upsample. 'nearest' with nearest_mode floor and coordinate mode
+ * asymmetric (PyTorch's nearest: floor(o / scale)); 'linear' with
+ * half_pixel or pytorch_half_pixel (align_corners false) or align_corners.
+ * scales [1, 1, sh, sw] (a scale_factor) or sizes [N, C, H', W'], constant. */
+static ps_status h_resize(imp *im) {
+    static const char *const known[] = {"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+                                        "extrapolation_value", "mode", "nearest_mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4)
+        return unsup(im, "Resize of a rank-%d tensor (psd's Upsample resizes (N, C, H, W))", x->ndim);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    const char *mode = attr_s(im, "mode", "nearest"), *ct = attr_s(im, "coordinate_transformation_mode", "half_pixel");
+    const char *nm = attr_s(im, "nearest_mode", "round_prefer_floor");
+    int bilinear, align = 0;
+    if (!strcmp(mode, "nearest")) {
+        if (strcmp(nm, "floor") || strcmp(ct, "asymmetric"))
+            return unsup(im, "nearest Resize with nearest_mode '%s' and coordinate_transformation_mode '%s' (psd's is "
+                         "PyTorch's 'nearest': floor and asymmetric)", nm, ct);
+        bilinear = 0;
+    } else if (!strcmp(mode, "linear")) {
+        if (!strcmp(ct, "align_corners")) align = 1;
+        else if (strcmp(ct, "half_pixel") && strcmp(ct, "pytorch_half_pixel"))
+            return unsup(im, "linear Resize with coordinate_transformation_mode '%s' (psd's bilinear: half_pixel, "
+                         "pytorch_half_pixel or align_corners)", ct);
+        bilinear = 1;
+    } else {
+        return unsup(im, "Resize in mode '%s' (psd's Upsample: nearest and linear)", mode);
+    }
+    if (attr_i(im, "exclude_outside", 0)) return unsup(im, "exclude_outside");
+    val *sc = has_in(im, 2) ? in_val(im, 2, 1) : NULL, *sz = has_in(im, 3) ? in_val(im, 3, 1) : NULL;
+    if ((has_in(im, 2) && !sc) || (has_in(im, 3) && !sz)) return im->err->code;
+    if (sc && sc->numel == 0) sc = NULL;   /* an empty scales beside sizes */
+    if (!sc == !sz) return bad(im, "give scales or sizes, one of them");
+    int pn = -1, xin = x->node;
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    if (sc) {
+        if (sc->kind != VK_CONST) return unsup(im, "scales computed from the input's values");
+        const double *f = cvals(im, sc);
+        if (!f) return im->err->code;
+        if (sc->numel != 4 || f[0] != 1 || f[1] != 1 || !(f[2] > 0) || !(f[3] > 0) || f[2] > 65536 || f[3] > 65536)
+            return unsup(im, "scales other than [1, 1, sh, sw] with positive sh, sw");
+        /* align_corners: ONNX divides by in * scale - 1 where PyTorch divides by the output size - 1 */
+        for (int i = 0; align && i < 2; i++)
+            if ((double)x->dims[2 + i] * f[2 + i] != floor((double)x->dims[2 + i] * f[2 + i]))
+                return unsup(im, "align_corners with scale %g of size %lld (ONNX's scale there is not PyTorch's: "
+                             "give sizes)", f[2 + i], (long long)x->dims[2 + i]);
+        if ((pn = emit(im, "Upsample", NULL, NULL, NULL, 1, &xin)) < 0) return oom(im);
+        if (f[2] == f[3]) add_attr(im, pn, "scale_factor: %.9g", f[2]);
+        else add_attr(im, pn, "scale_factor: [%.9g, %.9g]", f[2], f[3]);
+        for (int i = 0; i < 2; i++) od[2 + i] = (int64_t)floor((double)x->dims[2 + i] * f[2 + i]);
+    } else {
+        if (sz->kind != VK_CONST) return unsup(im, "sizes computed from the input's values");
+        const int64_t *q = cints(im, sz);
+        if (!q) return im->err->code;
+        if (sz->numel != 4 || (q[0] != BATCH_SYM && q[0] != x->dims[0]) || q[1] != x->dims[1] || q[2] < 1 ||
+            q[3] < 1 || q[2] > 65536 || q[3] > 65536)
+            return unsup(im, "sizes other than [N, C, H', W'] (psd resizes H and W)");
+        if ((pn = emit(im, "Upsample", NULL, NULL, NULL, 1, &xin)) < 0) return oom(im);
+        if (q[2] == q[3]) add_attr(im, pn, "size: %lld", (long long)q[2]);
+        else add_attr(im, pn, "size: [%lld, %lld]", (long long)q[2], (long long)q[3]);
+        od[2] = q[2];
+        od[3] = q[3];
+    }
+    if (od[2] < 1 || od[3] < 1) return bad(im, "an output of %lldx%lld", (long long)od[2], (long long)od[3]);
+    if (bilinear && !strcmp(ct, "pytorch_half_pixel") && (od[2] == 1 || od[3] == 1))
+        return unsup(im, "pytorch_half_pixel to a size of 1 (ONNX reads index 0 there, PyTorch's bilinear the "
+                     "half-pixel centre: half_pixel's)");
+    if (bilinear) add_attr(im, pn, "mode: bilinear");
+    if (align) add_attr(im, pn, "align_corners: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
 typedef struct op_row {
     const char *op;
     ps_status (*fn)(imp *im);
@@ -2831,6 +2975,9 @@ static const op_row ops[] = {
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_fold_only, 1},
     {"Where", h_where, 9},
+    /* upsampling */
+    {"ConvTranspose", h_upconv, 1},
+    {"Resize", h_resize, 11},
 };
 
 static const op_row *find_op(const char *op) {

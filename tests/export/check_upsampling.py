@@ -119,7 +119,7 @@ def both_ways(pe, cls, shape, want_nodes, onnx=True, seed=3):
 
 
 # psd's ONNX import of ConvTranspose and Resize (True), or why it is not checked
-ONNX = "psd's ONNX import does not read ConvTranspose and Resize yet"
+ONNX = True
 
 REFUSALS = [   # class, input shape, the line, what the message says
     ("UpOutputSize", "4,4,4", "upsampling.py:55", "called with output_size"),
