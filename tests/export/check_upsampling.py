@@ -4,7 +4,7 @@
 tests/export/upsampling.py's ConvAutoencoder (strided Conv2d down,
 ConvTranspose2d with output_padding up; Fashion-MNIST's 1x28x28) and UNet
 (strided convolutions down; nn.UpsamplingNearest2d, nn.Upsample bilinear,
-F.interpolate nearest to a size, nn.UpsamplingBilinear2d (align_corners)
+F.interpolate nearest to the skip's size (read from its shape), nn.UpsamplingBilinear2d (align_corners)
 and a 2x2 stride-2 ConvTranspose2d up; the skips joined by torch.cat):
 
   - psd-export writes the nodes expected (kinds and attributes);
@@ -19,8 +19,8 @@ and a 2x2 stride-2 ConvTranspose2d up; the skips joined by torch.cat):
     psd's ONNX import reads ConvTranspose and Resize), where the importer
     takes it;
   - what psd-export refuses (ConvTranspose2d called with output_size,
-    bicubic, nearest-exact, a size computed in the forward, a 1-d
-    Upsample) is refused naming the call and its line.
+    bicubic, nearest-exact, a size computed from the batch size, a
+    1-d Upsample) is refused naming the call and its line.
 
     check_upsampling.py BUILD_DIR TMP_DIR
 """
@@ -124,7 +124,7 @@ ONNX = True
 REFUSALS = [   # class, input shape, the line, what the message says
     ("UpOutputSize", "4,4,4", "upsampling.py:55", "called with output_size"),
     ("Bicubic", "2,4,4", "upsampling.py:60", "mode 'bicubic'"),
-    ("SizeFromShape", "2,4,4", "upsampling.py:65", "size computed in the forward"),
+    ("SizeFromBatch", "2,4,4", "upsampling.py:65", "size or scale_factor computed from the batch size"),
     ("NearestExact", "2,4,4", "upsampling.py:74", "mode 'nearest-exact'"),
     ("Upsample1d", "2,4", "upsampling.py:83", "Upsample of a 2-d sample"),
 ]
