@@ -2190,25 +2190,42 @@ static ps_status dn_resize_backward(void *impl, const ps_resize_desc *d, const f
     return dn_resize(impl, d, NULL, NULL, dy, dx, err);
 }
 
-/* ConvTranspose2d's bias over a plain (n, c, s) tensor. */
+/* ConvTranspose2d's bias over an (n, c, s) tensor, plain or blocked (B
+ * channels a position: the B-channel block j/B of sample i is s * B
+ * contiguous floats). */
 static ps_status dn_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
     (void)err;
-    set_threads(impl);
-    const int64_t planes = (int64_t)d->n * d->c, s = d->s;
-#pragma omp parallel for if (planes * s >= PS_OMP_MIN) schedule(static)
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t B = d->layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d->c) : 0;
+    if (d->layout == PS_LAYOUT_BLOCKED && !B)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl bias_add: %d channels are not blocked", d->c);
+    const int64_t planes = B ? (int64_t)d->n * (d->c / B) : (int64_t)d->n * d->c, s = d->s;
+#pragma omp parallel for if (planes * s * (B ? B : 1) >= PS_OMP_MIN) schedule(static)
     for (int64_t p = 0; p < planes; p++) {
-        const float v = b[p % d->c];
-        float *yp = y + p * s;
+        if (!B) {
+            const float v = b[p % d->c];
+            float *yp = y + p * s;
 #pragma omp simd
-        for (int64_t i = 0; i < s; i++) yp[i] += v;
+            for (int64_t i = 0; i < s; i++) yp[i] += v;
+            continue;
+        }
+        const float *bb = b + p % (d->c / B) * B;
+        float *yp = y + p * s * B;
+        for (int64_t i = 0; i < s; i++)
+#pragma omp simd
+            for (int64_t j = 0; j < B; j++) yp[i * B + j] += bb[j];
     }
     return PS_OK;
 }
 
 static ps_status dn_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
-    (void)err;
-    set_threads(impl);
-    bias_grad(dy, d->n, d->c, d->s, 0, db);
+    dn_impl *im = impl;
+    set_threads(im);
+    const int B = d->layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d->c) : 0;
+    if (d->layout == PS_LAYOUT_BLOCKED && !B)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl bias_grad: %d channels are not blocked", d->c);
+    bias_grad(dy, d->n, d->c, d->s, B, db);
     return PS_OK;
 }
 

@@ -459,7 +459,9 @@ static double conv_flops(const ps_layer *ly) {
  * convolution's weight gradient with dy as the input and x as the output
  * gradient - oneDNN's and cuDNN's deconvolution are computed so too, and
  * each backend's convolution ops (with their checks against reference
- * kernels) serve it. Plain layout; the bias is added per channel. */
+ * kernels) serve it, in the layouts they take: the convolution's source is
+ * this node's output, its destination this node's input. The bias is
+ * added per channel. */
 static ps_conv_desc upconv_desc(const ps_layer *ly, int n) {
     const ps_layer_attrs *a = &ly->a;
     const int64_t cin = ly->in[0].dims[0];
@@ -467,12 +469,12 @@ static ps_conv_desc upconv_desc(const ps_layer *ly, int n) {
                           .cout = (int)cin, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
                           .stride_h = (int)a->stride[0], .stride_w = (int)a->stride[1], .pad_h = (int)a->padding[0],
                           .pad_w = (int)a->padding[1], .dil_h = (int)a->dilation[0], .dil_w = (int)a->dilation[1],
-                          .groups = (int)a->groups, .src_layout = PS_LAYOUT_PLAIN, .dst_layout = PS_LAYOUT_PLAIN};
+                          .groups = (int)a->groups, .src_layout = ly->out_layout, .dst_layout = ly->in_layout[0]};
 }
 
 static ps_chan_desc upconv_chan(const ps_layer *ly, int n) {
     return (ps_chan_desc){.n = n, .c = (int)ly->outs.dims[0], .s = ly->outs.dims[1] * ly->outs.dims[2],
-                          .layout = PS_LAYOUT_PLAIN};
+                          .layout = ly->out_layout};
 }
 
 static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
@@ -3321,7 +3323,7 @@ static const ps_layer_kind kinds[] = {
      masked_fill_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
     {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
-    {"ConvTranspose2d", PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
+    {"ConvTranspose2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
      upconv_backward, NULL, NULL, upconv_flops},
     {"Upsample", 0, 1, 1, resize_attrs, resize_infer, resize_missing, resize_forward, resize_backward, NULL, NULL,
      resize_flops},
