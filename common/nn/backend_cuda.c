@@ -1017,7 +1017,13 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_SILU == (int)PS_ACT_SILU && (int)PS_CUDA_ACT_TANH == (int)PS_ACT_TANH &&
                (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_HARDTANH == (int)PS_ACT_HARDTANH &&
                (int)PS_CUDA_ACT_HARDSWISH == (int)PS_ACT_HARDSWISH &&
-               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
+               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_ELU == (int)PS_ACT_ELU &&
+               (int)PS_CUDA_ACT_SELU == (int)PS_ACT_SELU && (int)PS_CUDA_ACT_SOFTPLUS == (int)PS_ACT_SOFTPLUS &&
+               (int)PS_CUDA_ACT_MISH == (int)PS_ACT_MISH && (int)PS_CUDA_ACT_LOGSIGMOID == (int)PS_ACT_LOGSIGMOID &&
+               (int)PS_CUDA_ACT_EXP == (int)PS_ACT_EXP && (int)PS_CUDA_ACT_LOG == (int)PS_ACT_LOG &&
+               (int)PS_CUDA_ACT_ABS == (int)PS_ACT_ABS && (int)PS_CUDA_ACT_SQRT == (int)PS_ACT_SQRT &&
+               (int)PS_CUDA_ACT_POW == (int)PS_ACT_POW && (int)PS_CUDA_ACT_LINEAR == (int)PS_ACT_LINEAR &&
+               (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
 /* Run one launcher (an expression using c->stream) on a context and wait. */

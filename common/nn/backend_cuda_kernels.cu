@@ -297,6 +297,11 @@ __global__ void ln_backward_params_kernel(const float *x, const float *dy, int64
     }
 }
 
+#define SELU_ALPHA 1.67326324235437728f
+#define SELU_SCALE 1.05070098735548049f
+
+__device__ float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
 __device__ float act_f(int kind, float alpha, float beta, float x) {
     switch (kind) {
     case PS_CUDA_ACT_RELU: return x > 0.0f || isnan(x) ? x : 0.0f;
@@ -312,6 +317,17 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_HARDTANH: return x < alpha ? alpha : x > beta ? beta : x;
     case PS_CUDA_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
     case PS_CUDA_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? x : alpha * expm1f(x);
+    case PS_CUDA_ACT_SELU: return SELU_SCALE * (x > 0.0f ? x : SELU_ALPHA * expm1f(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? x : softplus_f(alpha * x) / alpha;
+    case PS_CUDA_ACT_MISH: return x * tanhf(softplus_f(x));
+    case PS_CUDA_ACT_LOGSIGMOID: return -softplus_f(-x);
+    case PS_CUDA_ACT_EXP: return expf(x);
+    case PS_CUDA_ACT_LOG: return logf(x);
+    case PS_CUDA_ACT_ABS: return fabsf(x);
+    case PS_CUDA_ACT_SQRT: return sqrtf(x);
+    case PS_CUDA_ACT_POW: return powf(x, alpha);
+    case PS_CUDA_ACT_LINEAR: return alpha * x + beta;
     }
     return NAN;
 }
@@ -339,6 +355,20 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_HARDTANH: return y <= alpha || y >= beta ? 0.0f : dy;
     case PS_CUDA_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
     case PS_CUDA_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? dy / 6.0f : 0.0f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? dy : dy * alpha * expf(x);
+    case PS_CUDA_ACT_SELU: return dy * SELU_SCALE * (x > 0.0f ? 1.0f : SELU_ALPHA * expf(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? dy : dy / (1.0f + expf(-alpha * x));
+    case PS_CUDA_ACT_MISH: {
+        const float t = tanhf(softplus_f(x)), sg = 1.0f / (1.0f + expf(-x));
+        return dy * (t + x * sg * (1.0f - t * t));
+    }
+    case PS_CUDA_ACT_LOGSIGMOID: return dy / (1.0f + expf(x));
+    case PS_CUDA_ACT_EXP: return dy * expf(x);
+    case PS_CUDA_ACT_LOG: return dy / x;
+    case PS_CUDA_ACT_ABS: return x > 0.0f ? dy : x < 0.0f ? -dy : 0.0f;
+    case PS_CUDA_ACT_SQRT: return dy / (2.0f * sqrtf(x));
+    case PS_CUDA_ACT_POW: return alpha == 0.0f ? 0.0f : dy * alpha * powf(x, alpha - 1.0f);
+    case PS_CUDA_ACT_LINEAR: return dy * alpha;
     }
     return NAN;
 }

@@ -649,6 +649,12 @@ static ps_status ref_ln_backward(void *impl, const ps_ln_desc *d, const float *x
 
 /* ---- activations (computed in double, rounded once) ---- */
 
+#define SELU_ALPHA 1.6732632423543772848170429916717
+#define SELU_SCALE 1.0507009873554804934193349852946
+
+/* log(1 + exp(z)) without overflow */
+static double softplus(double z) { return z > 0.0 ? z + log1p(exp(-z)) : log1p(exp(z)); }
+
 static double act_f(const ps_act_desc *d, double x) {
     switch ((ps_act_kind)d->kind) {
     case PS_ACT_RELU: return x > 0.0 || isnan(x) ? x : 0.0;
@@ -664,6 +670,17 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_HARDTANH: return x < (double)d->alpha ? (double)d->alpha : x > (double)d->beta ? (double)d->beta : x;
     case PS_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
     case PS_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
+    case PS_ACT_ELU: return x > 0.0 ? x : (double)d->alpha * expm1(x);
+    case PS_ACT_SELU: return SELU_SCALE * (x > 0.0 ? x : SELU_ALPHA * expm1(x));
+    case PS_ACT_SOFTPLUS: return (double)d->alpha * x > (double)d->beta ? x : softplus(x * d->alpha) / d->alpha;
+    case PS_ACT_MISH: return x * tanh(softplus(x));
+    case PS_ACT_LOGSIGMOID: return -softplus(-x);
+    case PS_ACT_EXP: return exp(x);
+    case PS_ACT_LOG: return log(x);
+    case PS_ACT_ABS: return fabs(x);
+    case PS_ACT_SQRT: return sqrt(x);
+    case PS_ACT_POW: return pow(x, (double)d->alpha);
+    case PS_ACT_LINEAR: return (double)d->alpha * x + (double)d->beta;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -692,6 +709,23 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_HARDTANH: return y <= (double)d->alpha || y >= (double)d->beta ? 0.0 : dy;
     case PS_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? dy * (x / 3.0 + 0.5) : dy;
     case PS_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? dy / 6.0 : 0.0;
+    case PS_ACT_ELU: return x > 0.0 ? dy : dy * (double)d->alpha * exp(x);
+    case PS_ACT_SELU: return dy * SELU_SCALE * (x > 0.0 ? 1.0 : SELU_ALPHA * exp(x));
+    case PS_ACT_SOFTPLUS: {
+        const double z = (double)d->alpha * x;
+        return z > (double)d->beta ? dy : dy / (1.0 + exp(-z));
+    }
+    case PS_ACT_MISH: {
+        const double t = tanh(softplus(x)), sg = 1.0 / (1.0 + exp(-x));
+        return dy * (t + x * sg * (1.0 - t * t));
+    }
+    case PS_ACT_LOGSIGMOID: return dy / (1.0 + exp(x));
+    case PS_ACT_EXP: return dy * exp(x);
+    case PS_ACT_LOG: return dy / x;
+    case PS_ACT_ABS: return x > 0.0 ? dy : x < 0.0 ? -dy : 0.0;
+    case PS_ACT_SQRT: return dy / (2.0 * sqrt(x));
+    case PS_ACT_POW: return d->alpha == 0.0f ? 0.0 : dy * (double)d->alpha * pow(x, (double)d->alpha - 1.0);
+    case PS_ACT_LINEAR: return dy * (double)d->alpha;
     case PS_ACT_COUNT: break;
     }
     return NAN;

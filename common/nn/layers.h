@@ -103,6 +103,10 @@ typedef struct ps_layer_attrs {
     /* key padding masks computed from the token ids */
     int64_t eq_value;           /* Eq value: the constant the ids are compared with (the pad id) */
     int kpm_float;              /* MultiheadAttention key_padding_mask: 0 'bool' (nonzero masks), 1 'float' (added) */
+    /* elementwise math */
+    double elu_alpha;           /* ELU alpha */
+    double sp_beta, sp_threshold; /* Softplus beta, threshold */
+    double exponent;            /* Pow exponent */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
