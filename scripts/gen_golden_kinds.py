@@ -566,6 +566,8 @@ CASES += [
     ("sub", stage([6], ["{name: a, kind: Linear, out_features: 6, input: input}", "{name: t, kind: Tanh, input: input}",
                         "{name: s, kind: Sub, inputs: [t, a]}"])),
     # on 16 channels: blocked layouts through the activations
+    ("hardtanh_clamp_min", stage([7], ["{name: a, kind: Hardtanh, min_val: -0.3, max_val: .inf}"])),
+    ("hardtanh_clamp_max", stage([7], ["{name: a, kind: Hardtanh, min_val: -.inf, max_val: 0.4}"])),
     ("eltwise_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
                                           "{name: e, kind: ELU}", "{name: m, kind: Mish}",
                                           "{name: k, kind: AddConstant, value: 1.5}", "{name: s, kind: Softplus}",

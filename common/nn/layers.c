@@ -2957,9 +2957,9 @@ static const ps_attr_spec leaky_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
-static const ps_attr_spec hardtanh_attrs[] = {
-    ATTR_FLOAT("min_val", min_val, "-1.0", -1e6, 1e6, 0, 0),
-    ATTR_FLOAT("max_val", max_val, "1.0", -1e6, 1e6, 0, 0),
+static const ps_attr_spec hardtanh_attrs[] = {    /* an infinite side: torch.clamp with min or max only */
+    {"min_val", PS_ATTR_FLOAT_INF, A(min_val), "-1.0", 0, 0, 0, 0, NULL, 0},
+    {"max_val", PS_ATTR_FLOAT_INF, A(max_val), "1.0", 0, 0, 0, 0, NULL, 0},
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };

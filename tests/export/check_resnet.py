@@ -533,6 +533,9 @@ def zoo_model(pe, name, x, target):
         onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
     if name == "conv1d_net":  # zoo_builders.py's 1-D CNN: (3, 64) sequences
         xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
+    if name == "eltwise_net":  # zoo_builders.py's elementwise math: (3, 16, 16) images
+        xm = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+        onnx = "TODO"
     if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
         xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
     both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
