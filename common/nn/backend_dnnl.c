@@ -2401,7 +2401,7 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_MISH] = { dnnl_eltwise_mish, 0, 0.0f },
     [PS_ACT_LOGSIGMOID] = { dnnl_eltwise_logsigmoid, 0, 0.0f },
     [PS_ACT_EXP] = { dnnl_eltwise_exp, 0, 0.0f },
-    [PS_ACT_LOG] = { dnnl_eltwise_log, 0, 0.0f },
+    [PS_ACT_LOG] = { dnnl_alg_kind_undef, 0, 0.0f },           /* oneDNN's is off by 1.4e-6 at log(1): libm's */
     [PS_ACT_ABS] = { dnnl_eltwise_abs, 0, 0.0f },
     [PS_ACT_SQRT] = { dnnl_eltwise_sqrt, 0, 0.0f },
     [PS_ACT_POW] = { dnnl_eltwise_pow, 1, 0.0f },              /* 1 * x ^ exponent: act_key */
@@ -2438,6 +2438,10 @@ static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, f
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) y[i] = a * x[i] + b;
         break;
+    case PS_ACT_LOG:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = logf(x[i]);
+        break;
     default:            /* PS_ACT_HARDSIGMOID */
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
@@ -2461,6 +2465,10 @@ static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, 
     case PS_ACT_LINEAR:
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = a * dy[i];
+        break;
+    case PS_ACT_LOG:
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = dy[i] / x[i];
         break;
     default:            /* PS_ACT_HARDSIGMOID */
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)

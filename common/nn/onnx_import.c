@@ -849,9 +849,8 @@ static ps_status h_clip(imp *im) {
     const int lo = b[0] > -FLT_MAX, hi = b[1] < FLT_MAX;
     if (!lo && !hi) return alias_out(im, 0, x);
     if (lo && !hi && b[0] == 0) return simple_act(im, "ReLU", NULL);
-    if (!lo || !hi)
-        return unsup(im, "only %s bound (%g): psd's Hardtanh takes both, a ReLU a lower bound of 0",
-                     lo ? "a lower" : "an upper", lo ? b[0] : b[1]);
+    if (!lo) b[0] = -INFINITY;      /* one bound: the other side of the Hardtanh open */
+    if (!hi) b[1] = INFINITY;
     if (!((float)b[0] < (float)b[1])) return unsup(im, "min %g is not below max %g", b[0], b[1]);
     if (b[0] == 0 && b[1] == 6) return simple_act(im, "ReLU6", NULL);
     char t[96], f1[40], f2[40];
@@ -1387,11 +1386,16 @@ static int fold_bias(imp *im, const val *x, val *c) {
     return 1;
 }
 
+static int scalar_const(imp *im, val *c, double *v);
+static ps_status add_const(imp *im, val *x, double value);
+
 static ps_status h_add(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind == VK_CONST) { val *t = a; a = b; b = t; }
+    double sc;
+    if (a->kind == VK_DATA && scalar_const(im, b, &sc)) return sc == 0 ? alias_out(im, 0, a) : add_const(im, a, sc);
     if (b->kind == VK_CONST) {
         ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
         if (rc) return rc;
@@ -1440,6 +1444,127 @@ static ps_status mul_const(imp *im, val *x, double value) {
     char b[64];
     add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* ---- elementwise math (users' own layers: x + c, a - b, c - x, x ** c, exp, log, ...) ---- */
+
+/* x + value: an AddConstant node. */
+static ps_status add_const(imp *im, val *x, double value) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, "AddConstant", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* An elementwise kind with one attribute line (or none) on x, then (c != NULL) x * c[0] + c[1] as
+ * MulConstant and AddConstant nodes where those are not 1 and 0: c - x, c / x. */
+static ps_status math_chain(imp *im, val *x, const char *kind, const char *attrs_text, const double *c) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int in = x->node;
+    char b[64];
+    if (kind) {
+        if ((in = emit(im, kind, NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        if (attrs_text) add_attr(im, in, "%s", attrs_text);
+    }
+    if (c && c[0] != 1.0) {
+        if ((in = emit(im, "MulConstant", NULL, NULL, "mul", 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(c[0], b, sizeof b));
+    }
+    if (c && c[1] != 0.0) {
+        if ((in = emit(im, "AddConstant", NULL, NULL, "add", 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(c[1], b, sizeof b));
+    }
+    if (in == x->node) return alias_out(im, 0, x);
+    return data_out(im, 0, in, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* A unary op of a computed value; of constants, refused (psd folds Sqrt and Neg only). */
+static ps_status math_unary(imp *im, const char *kind, const char *attrs_text) {
+    if (all_const(im)) return unsup(im, "%s of constants (psd does not fold it)", cur_node(im)->op_type);
+    return simple_act(im, kind, attrs_text);
+}
+
+static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
+static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
+static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
+static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
+
+static ps_status h_sqrt(imp *im) {
+    if (all_const(im)) return fold(im);
+    return simple_act(im, "Sqrt", NULL);
+}
+
+static ps_status h_neg(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    return x ? mul_const(im, x, -1.0) : im->err->code;
+}
+
+static ps_status h_elu(imp *im) {
+    static const char *const known[] = {"alpha", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    char t[64], f[40];
+    snprintf(t, sizeof t, "alpha: %s", float_text(attr_f(im, "alpha", 1.0f), f, sizeof f));
+    return math_unary(im, "ELU", t);
+}
+
+/* Selu with ONNX's default alpha and gamma (PyTorch's constants, as float) */
+static ps_status h_selu(imp *im) {
+    static const char *const known[] = {"alpha", "gamma", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const float a = attr_f(im, "alpha", 1.67326319217681884765625f), g = attr_f(im, "gamma", 1.05070102214813232421875f);
+    if (a != 1.67326319217681884765625f || g != 1.05070102214813232421875f)
+        return unsup(im, "alpha %g, gamma %g: psd's SELU is PyTorch's (ONNX's defaults)", a, g);
+    return math_unary(im, "SELU", NULL);
+}
+
+/* Softplus: log(exp(x) + 1), PyTorch's at beta 1 (its threshold 20 is where they meet in float32; PyTorch
+ * exports beta != 1 as Mul, Softplus, Div and drops the threshold) */
+static ps_status h_softplus(imp *im) { return math_unary(im, "Softplus", NULL); }
+
+/* Pow(x, exponent) with a constant scalar exponent */
+static ps_status h_pow(imp *im) {
+    if (all_const(im)) return unsup(im, "Pow of constants (psd does not fold it)");
+    val *x = in_val(im, 0, 1), *e = in_val(im, 1, 1);
+    if (!x || !e) return im->err->code;
+    double c;
+    if (x->kind != VK_DATA || !scalar_const(im, e, &c))
+        return unsup(im, "Pow of a computed value by a constant number only (x ** 2)");
+    char t[64], f[40];
+    snprintf(t, sizeof t, "exponent: %s", float_text(c, f, sizeof f));
+    return math_chain(im, x, c == 1.0 ? NULL : "Pow", t, NULL);
+}
+
+/* Sub: a - b of one shape (Sub), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
+static ps_status h_sub(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    double c;
+    if (a->kind == VK_DATA && scalar_const(im, b, &c)) return c == 0 ? alias_out(im, 0, a) : add_const(im, a, -c);
+    if (b->kind == VK_DATA && scalar_const(im, a, &c)) {
+        const double k[2] = {-1.0, c};
+        return math_chain(im, b, NULL, NULL, k);
+    }
+    if (a->kind != VK_DATA || b->kind != VK_DATA)
+        return unsup(im, "Sub of a constant tensor ('%s'): psd subtracts numbers or computed values",
+                     a->kind != VK_DATA ? a->name : b->name);
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
+        return unsup(im, "subtracting '%s' and '%s' of different shapes (psd's Sub takes one shape; broadcasting "
+                     "between computed values is not supported)", a->name, b->name);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, "Sub", NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
 }
 
 /* A constant operand of a product as a Parameter of its own per-sample shape: its leading (batch) dims
@@ -1567,6 +1692,10 @@ static ps_status h_arith(imp *im) {
         if (a->kind == VK_DATA && scalar_const(im, b, &c)) {
             if (c == 0) return unsup(im, "a division by 0");
             return mul_const(im, a, 1.0 / c);
+        }
+        if (b->kind == VK_DATA && scalar_const(im, a, &c)) {   /* c / x (rsqrt's 1 / sqrt(x)) */
+            const double k[2] = {c, 0.0};
+            return math_chain(im, b, "Pow", "exponent: -1.0", k);
         }
     }
     return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
@@ -2802,7 +2931,7 @@ static const op_row ops[] = {
     {"Dropout", h_dropout, 1},
     {"Identity", h_identity, 1},
     {"Add", h_add, 1},
-    {"Sub", h_arith, 1},
+    {"Sub", h_sub, 1},
     {"Mul", h_mul, 1},
     {"Div", h_arith, 1},
     {"MaxPool", h_maxpool, 1},
@@ -2826,8 +2955,17 @@ static const op_row ops[] = {
     {"LSTM", h_lstm, 7},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},
-    {"Sqrt", h_fold_only, 1},
-    {"Neg", h_fold_only, 1},
+    {"Sqrt", h_sqrt, 1},
+    {"Neg", h_neg, 1},
+    /* elementwise math */
+    {"Exp", h_exp, 1},
+    {"Log", h_log, 1},
+    {"Abs", h_abs, 1},
+    {"Reciprocal", h_reciprocal, 1},
+    {"Pow", h_pow, 1},
+    {"Elu", h_elu, 1},
+    {"Selu", h_selu, 1},
+    {"Softplus", h_softplus, 1},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_fold_only, 1},
     {"Where", h_where, 9},

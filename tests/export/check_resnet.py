@@ -535,7 +535,6 @@ def zoo_model(pe, name, x, target):
         xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
     if name == "eltwise_net":  # zoo_builders.py's elementwise math: (3, 16, 16) images
         xm = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
-        onnx = "TODO"
     if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
         xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
     both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
@@ -563,6 +562,8 @@ def main():
     both_paths(pe, "mobilenet_v2", x, target, ref64=True, dropout=0.0)
     # a 1-D CNN (Conv1d, BatchNorm1d, the 1-d pools) over (4, 3, 64) sequences
     zoo_model(pe, "conv1d_net", x, target)
+    # elementwise math as users write it (ELU, Mish, a - b, x + c, sqrt, clamp, SELU, log, exp, x ** 2, rsqrt, ...)
+    zoo_model(pe, "eltwise_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

@@ -108,7 +108,7 @@ class EltwiseNet(torch.nn.Module):
         self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
         self.act1 = nn.ELU(0.8)
         self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
-        self.sp = nn.Softplus(beta=2.0, threshold=5.0)
+        self.sp = nn.Softplus(beta=2.0)      # threshold 20: PyTorch exports no other to ONNX
         self.fc1 = nn.Linear(16, 32)
         self.fc2 = nn.Linear(32, 32)
         self.fc = nn.Linear(32, num_classes)
