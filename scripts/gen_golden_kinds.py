@@ -565,6 +565,17 @@ CASES += [
     ("addconst", stage([2, 3, 4], ["{name: c, kind: AddConstant, value: -0.75}"])),
     ("sub", stage([6], ["{name: a, kind: Linear, out_features: 6, input: input}", "{name: t, kind: Tanh, input: input}",
                         "{name: s, kind: Sub, inputs: [t, a]}"])),
+    # group and instance normalisation (each sample's own statistics; weights perturbed from ones/zeros)
+    ("groupnorm", stage([6, 4, 5], ["{name: g, kind: GroupNorm, num_groups: 3}"])),
+    ("groupnorm_one_group_noaffine", stage([4, 3, 3], ["{name: g, kind: GroupNorm, num_groups: 1, affine: false, "
+                                                        "eps: 0.001}"])),
+    ("groupnorm_per_channel_1d", stage([4, 7], ["{name: g, kind: GroupNorm, num_groups: 4, num_channels: 4}"])),
+    ("groupnorm_flat", stage([6], ["{name: g, kind: GroupNorm, num_groups: 2}"])),
+    ("instancenorm2d_affine", stage([3, 4, 4], ["{name: i, kind: InstanceNorm2d, num_features: 3, affine: true}"])),
+    ("instancenorm1d", stage([3, 9], ["{name: i, kind: InstanceNorm1d}"])),
+    ("groupnorm_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                            "{name: g, kind: GroupNorm, num_groups: 4}", "{name: r, kind: SiLU}",
+                                            "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}"])),
     # on 16 channels: blocked layouts through the activations
     ("hardtanh_clamp_min", stage([7], ["{name: a, kind: Hardtanh, min_val: -0.3, max_val: .inf}"])),
     ("hardtanh_clamp_max", stage([7], ["{name: a, kind: Hardtanh, min_val: -.inf, max_val: 0.4}"])),
@@ -575,7 +586,7 @@ CASES += [
 ]
 
 
-def eltwise_module(kind, a):
+def eltwise_module(kind, a, s0):
     """The torch twin of an elementwise-math node, or None for the other kinds."""
     if kind == "ELU":
         return nn.ELU(a.get("alpha", 1.0))
@@ -597,6 +608,11 @@ def eltwise_module(kind, a):
         return Lambda(lambda x: x + v)
     if kind == "Sub":
         return Lambda(lambda x, y: x - y)
+    if kind == "GroupNorm":
+        return nn.GroupNorm(a["num_groups"], s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", True))
+    if kind in ("InstanceNorm1d", "InstanceNorm2d"):
+        cls = nn.InstanceNorm1d if kind == "InstanceNorm1d" else nn.InstanceNorm2d
+        return cls(s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", False))
     return None
 
 # batch per case (default N)
@@ -666,7 +682,7 @@ def pair(v):
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
-    m = eltwise_module(kind, a)
+    m = eltwise_module(kind, a, s0)
     if m is not None:
         return m
     if kind == "Conv2d":
@@ -1013,7 +1029,8 @@ def case(idx, name, text):
             t["%s.ownbuf.%s" % (name, k)] = v.detach().clone()
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
         for _, kind, _, m in net.nodes:
-            if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
+            if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d") \
+                    and getattr(m, "weight", None) is not None:
                 m.weight.add_(0.2 * torch.randn_like(m.weight))
                 m.bias.add_(0.2 * torch.randn_like(m.bias))
             if kind == "MultiheadAttention" and m.in_proj_bias is not None:   # PyTorch's are zeros

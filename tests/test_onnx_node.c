@@ -71,6 +71,8 @@ static const char *const required_prefixes[] = {
      * input is an initializer) */
     "test_abs", "test_elu", "test_exp", "test_log", "test_neg", "test_reciprocal", "test_selu_default",
     "test_softplus", "test_sqrt",
+    /* nn.InstanceNorm1d / 2d (scale and bias: initializers) */
+    "test_instancenorm_",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */

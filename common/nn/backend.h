@@ -200,6 +200,19 @@ typedef struct ps_ln_desc {
     float eps;
 } ps_ln_desc;
 
+/* Group normalisation (nn.GroupNorm; InstanceNorm1d/2d are groups = c): x
+ * (n, c, s) in the plain layout, its c channels in `groups` groups of
+ * c / groups; each (sample, group) row of (c / groups) * s values
+ * normalised with its own mean and biased variance, then per channel
+ * y = xhat * gamma[ch] + beta[ch] (gamma, beta c each; both NULL without
+ * affine). mean and rstd hold n * groups values, the row (i, g) at
+ * i * groups + g. */
+typedef struct ps_gn_desc {
+    int64_t n, c, s;
+    int64_t groups;
+    float eps;
+} ps_gn_desc;
+
 /* Softmax over one dimension of a tensor seen as (outer, dim, inner):
  * element (o, k, i) at (o*dim + k)*inner + i; softmax over k. inner = 1 is
  * the last dimension (the row-wise softmax_forward); dim 1 of (N, C, H, W)
@@ -733,6 +746,18 @@ typedef struct ps_backend_ops {
      * keys: s[b, h, i, j] += mask[b, j] (additive), else s[b, h, i, j] =
      * -inf where mask[b, j] != 0 (PyTorch's bool key_padding_mask). */
     ps_status (*key_pad)(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err);
+
+    /* Group normalisation (see ps_gn_desc): mean and rstd written when not
+     * NULL (the backward needs them). The backward, with xhat = (x - mean)
+     * * rstd and g = dy * gamma[ch], per row: dx = rstd * (g - mean_row(g)
+     * - xhat * mean_row(g * xhat)); per channel dgamma = sum(dy * xhat),
+     * dbeta = sum(dy) over the samples and s. dx, dgamma, dbeta may each be
+     * NULL. */
+    ps_status (*groupnorm_forward)(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd, ps_err *err);
+    ps_status (*groupnorm_backward)(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                    const float *gamma, const float *mean, const float *rstd, float *dx,
+                                    float *dgamma, float *dbeta, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1072,6 +1072,19 @@ static ps_status cu_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
                                                     c->stream));
 }
 
+static ps_status cu_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma, const float *beta,
+                               float *y, float *mean, float *rstd, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_forward(x, d->n, d->c, d->s, d->groups, d->eps, gamma, beta, y, mean, rstd,
+                                                   c->stream));
+}
+
+static ps_status cu_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_backward(x, dy, d->n, d->c, d->s, d->groups, gamma, mean, rstd, dx, dgamma,
+                                                    dbeta, c->stream));
+}
+
 static ps_status cu_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
                                 ps_err *err) {
     if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
@@ -1256,4 +1269,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .tri_fill = cu_tri_fill,
     .eq_const = cu_eq_const,
     .key_pad = cu_key_pad,
+    .groupnorm_forward = cu_gn_forward,
+    .groupnorm_backward = cu_gn_backward,
 };

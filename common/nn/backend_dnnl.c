@@ -2845,6 +2845,92 @@ PS_CLONES static void ln_cols_grad(const float *x, const float *dy, int64_t rows
     }
 }
 
+/* ---- group normalisation: C kernels (oneDNN 2.6 has none); memory bound:
+ * the forward reads a row twice (mean, squared deviations) and writes it
+ * once, the backward reads it twice for dx and once more per channel for
+ * dgamma / dbeta; sums in double. OpenMP over the rows, then the channels. */
+
+static ps_status dn_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < m; j++) sum += xr[j];
+        const float mu = (float)(sum / (double)m);
+        for (int64_t j = 0; j < m; j++) sq += (double)(xr[j] - mu) * (xr[j] - mu);
+        const float rs = (float)(1.0 / sqrt(sq / (double)m + d->eps));
+        for (int64_t k = 0; k < cg; k++) {
+            const int64_t ch = (r % d->groups) * cg + k;
+            const float a = gamma ? gamma[ch] * rs : rs, b = (beta ? beta[ch] : 0.0f) - mu * a;
+            const float *xs = xr + k * d->s;
+            float *ys = yr + k * d->s;
+#pragma omp simd
+            for (int64_t p = 0; p < d->s; p++) ys[p] = xs[p] * a + b;
+        }
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *rstd, float *dx,
+                                float *dgamma, float *dbeta, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+    if (dx) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * m, *dyr = dy + r * m;
+            const float mu = mean[r], rs = rstd[r];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = k * d->s; p < (k + 1) * d->s; p++) {
+                    a += dyr[p];
+                    b += (double)dyr[p] * (xr[p] - mu);
+                }
+                sg += gm * a;
+                sgx += gm * b * rs;
+            }
+            const float ma = (float)(sg / (double)m), mb = (float)(sgx / (double)m);
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                float *dxs = dx + r * m + k * d->s;
+                const float *xs = xr + k * d->s, *dys = dyr + k * d->s;
+#pragma omp simd
+                for (int64_t p = 0; p < d->s; p++) dxs[p] = rs * (dys[p] * gm - ma - (xs[p] - mu) * rs * mb);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t ch = 0; ch < d->c; ch++) {
+            double dg = 0.0, db = 0.0;
+            for (int64_t i = 0; i < d->n; i++) {
+                const int64_t r = i * d->groups + ch / cg, off = (i * d->c + ch) * d->s;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = 0; p < d->s; p++) {
+                    a += dy[off + p];
+                    b += (double)dy[off + p] * (x[off + p] - mean[r]);
+                }
+                db += a;
+                dg += b * rstd[r];
+            }
+            if (dgamma) dgamma[ch] = (float)dg;
+            if (dbeta) dbeta[ch] = (float)db;
+        }
+    }
+    return PS_OK;
+}
+
 static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
     (void)err;
@@ -3193,4 +3279,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .tri_fill = dn_tri_fill,
     .eq_const = dn_eq_const,
     .key_pad = dn_key_pad,
+    .groupnorm_forward = dn_gn_forward,
+    .groupnorm_backward = dn_gn_backward,
 };

@@ -647,6 +647,66 @@ static ps_status ref_ln_backward(void *impl, const ps_ln_desc *d, const float *x
     return PS_OK;
 }
 
+/* ---- group normalisation (ps_gn_desc), in double ---- */
+
+static ps_status ref_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)impl; (void)err;
+    const int64_t cg = d->c / d->groups, m = cg * d->s;
+    for (int64_t r = 0; r < d->n * d->groups; r++) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < m; j++) sum += xr[j];
+        const double mu = sum / (double)m;
+        for (int64_t j = 0; j < m; j++) sq += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(sq / (double)m + d->eps);
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            yr[j] = (float)((xr[j] - mu) * rs * (gamma ? gamma[ch] : 1.0) + (beta ? beta[ch] : 0.0));
+        }
+        if (mean) mean[r] = (float)mu;
+        if (rstd) rstd[r] = (float)rs;
+    }
+    return PS_OK;
+}
+
+static ps_status ref_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                 const float *gamma, const float *mean, const float *rstd, float *dx,
+                                 float *dgamma, float *dbeta, ps_err *err) {
+    (void)impl; (void)err;
+    const int64_t cg = d->c / d->groups, m = cg * d->s;
+    for (int64_t r = 0; dx && r < d->n * d->groups; r++) {
+        const float *xr = x + r * m, *dyr = dy + r * m;
+        const double mu = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            const double g = dyr[j] * (gamma ? gamma[ch] : 1.0);
+            sg += g;
+            sgx += g * (xr[j] - mu) * rs;
+        }
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            const double g = dyr[j] * (gamma ? gamma[ch] : 1.0), xh = (xr[j] - mu) * rs;
+            dx[r * m + j] = (float)(rs * (g - sg / (double)m - xh * sgx / (double)m));
+        }
+    }
+    for (int64_t ch = 0; (dgamma || dbeta) && ch < d->c; ch++) {
+        double dg = 0.0, db = 0.0;
+        for (int64_t i = 0; i < d->n; i++) {
+            const int64_t r = i * d->groups + ch / cg, off = (i * d->c + ch) * d->s;
+            for (int64_t p = 0; p < d->s; p++) {
+                dg += (double)dy[off + p] * ((x[off + p] - (double)mean[r]) * rstd[r]);
+                db += dy[off + p];
+            }
+        }
+        if (dgamma) dgamma[ch] = (float)dg;
+        if (dbeta) dbeta[ch] = (float)db;
+    }
+    return PS_OK;
+}
+
 /* ---- activations (computed in double, rounded once) ---- */
 
 #define SELU_ALPHA 1.6732632423543772848170429916717
@@ -950,4 +1010,6 @@ const ps_backend_ops ps_backend_ref_ops = {
     .tri_fill = ref_tri_fill,
     .eq_const = ref_eq_const,
     .key_pad = ref_key_pad,
+    .groupnorm_forward = ref_gn_forward,
+    .groupnorm_backward = ref_gn_backward,
 };

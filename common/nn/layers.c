@@ -787,6 +787,84 @@ static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(l
 
 static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
 
+/* ---- GroupNorm: nn.GroupNorm(num_groups, num_channels, eps, affine) over
+ * (C, *) per sample; InstanceNorm1d / InstanceNorm2d (num_features, eps,
+ * affine, without running statistics) are its num_groups = C. Each sample's
+ * group is normalised by its own statistics in training and in eval alike;
+ * the parameters are per channel. Plain layout. ---- */
+
+static ps_gn_desc gn_desc(const ps_layer *ly, int n) {
+    const int64_t c = ly->in[0].dims[0];
+    ps_gn_desc d = {n, c, ps_shape_numel(&ly->in[0]) / c, ly->a.groups, (float)ly->a.eps};
+    return d;
+}
+
+static ps_status gn_infer_dims(ps_layer *ly, int lo, int hi, const char *given, int instance, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, lo, hi, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int64_t c = ly->in[0].dims[0];
+    if ((rc = check_given(given, ly->a.in_features, c, err))) return rc;
+    if (instance) {
+        if (ly->a.track)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "track_running_stats: true (running statistics "
+                              "used in eval) is not supported; psd's instance norm normalises each sample by "
+                              "its own statistics, as PyTorch's default");
+        ly->a.groups = c;
+    } else if (c % ly->a.groups) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_groups %lld does not divide the input's %lld channels",
+                          (long long)ly->a.groups, (long long)c);
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t cd[1] = {c};
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", 1, cd, c, ONES);
+        set_param(ly, 1, "bias", 1, cd, c, ZEROS);
+    }
+    return PS_OK;
+}
+
+static ps_status gn_infer(ps_layer *ly, ps_err *err) {
+    return gn_infer_dims(ly, 1, PS_SHAPE_MAX_DIMS, "num_channels", 0, err);
+}
+static ps_status in1d_infer(ps_layer *ly, ps_err *err) { return gn_infer_dims(ly, 2, 2, "num_features", 1, err); }
+static ps_status in2d_infer(ps_layer *ly, ps_err *err) { return gn_infer_dims(ly, 3, 3, "num_features", 1, err); }
+
+static const char *gn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->groupnorm_forward && ops->groupnorm_backward ? NULL : "groupnorm_forward/groupnorm_backward";
+}
+
+static ps_status gn_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_gn_desc d = gn_desc(ly, c->n);
+    float *mean = NULL, *rstd = NULL;
+    if (c->train) {
+        mean = ps_backend_alloc_floats(c->be, d.n * d.groups);
+        rstd = ps_backend_alloc_floats(c->be, d.n * d.groups);
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = rstd;
+        if (!mean || !rstd) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name);
+    }
+    return c->be->ops->groupnorm_forward(c->be->impl, &d, c->x, ly->a.affine ? c->w[0] : NULL,
+                                         ly->a.affine ? c->w[1] : NULL, c->y, mean, rstd, err);
+}
+
+static ps_status gn_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_gn_desc d = gn_desc(ly, c->n);
+    return c->be->ops->groupnorm_backward(c->be->impl, &d, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx, ly->a.affine ? c->dw[0] : NULL,
+                                          ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t gn_bytes(const ps_layer *ly, int n) {
+    const ps_gn_desc d = gn_desc(ly, n);
+    return 2 * (size_t)(d.n * d.groups) * sizeof(float);
+}
+
+static double gn_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
+
 /* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
  * Tanh, Sigmoid, Hardtanh(min_val, max_val), ReLU6 (Hardtanh(0, 6), as
  * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
@@ -2994,6 +3072,22 @@ static const ps_attr_spec inplace_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
+/* group and instance normalisation */
+static const ps_attr_spec gn_attrs[] = {
+    ATTR_INT("num_groups", groups, NULL, 1),
+    ATTR_INT("num_channels", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_BOOL("affine", affine, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec instnorm_attrs[] = {
+    ATTR_INT("num_features", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_FLOAT("momentum", ignored, "0.1", 0, 1, 0, 0),
+    ATTR_BOOL("affine", affine, "false"),
+    ATTR_BOOL("track_running_stats", track, "false"),
+    ATTR_END,
+};
 /* elementwise math */
 static const ps_attr_spec elu_attrs[] = {
     ATTR_FLOAT("alpha", elu_alpha, "1.0", -1e6, 1e6, 0, 0),
@@ -3211,6 +3305,13 @@ static const ps_layer_kind kinds[] = {
     /* attention masks (minGPT's causal masked_fill) */
     {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
      masked_fill_backward, NULL, NULL, NULL},
+    /* group and instance normalisation (U-Nets, diffusion models, style transfer) */
+    {"GroupNorm", PS_KIND_BWD_X, 1, 1, gn_attrs, gn_infer, gn_missing, gn_forward, gn_backward, gn_bytes, NULL,
+     gn_flops},
+    {"InstanceNorm1d", PS_KIND_BWD_X, 1, 1, instnorm_attrs, in1d_infer, gn_missing, gn_forward, gn_backward, gn_bytes,
+     NULL, gn_flops},
+    {"InstanceNorm2d", PS_KIND_BWD_X, 1, 1, instnorm_attrs, in2d_infer, gn_missing, gn_forward, gn_backward, gn_bytes,
+     NULL, gn_flops},
     /* elementwise math (users' own layers): the activations' ops */
     {"ELU", F_ACT, 1, 1, elu_attrs, elu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"SELU", F_ACT, 1, 1, inplace_attrs, selu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -3318,6 +3419,12 @@ static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int
     return b ? b : (size_t)-1;
 }
 
+/* GroupNorm's mean (dev[0]) and rstd (dev[1]): one float per (sample, group) */
+static size_t gn_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j < 2 ? gn_bytes(ly, n) / 2 : 0;
+}
+
 /* mean (dev[0]) and rstd (dev[1]): one float per normalised row, each
  * sample's rows together */
 static size_t ln_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
@@ -3360,6 +3467,8 @@ static const struct {
     {"MatMul", NULL}, {"MulConstant", NULL},
     {"MaskedFill", NULL},
     {"Eq", NULL},
+    /* group and instance normalisation: each sample's own statistics */
+    {"GroupNorm", gn_saved}, {"InstanceNorm1d", gn_saved}, {"InstanceNorm2d", gn_saved},
     /* elementwise math */
     {"ELU", NULL}, {"SELU", NULL}, {"Softplus", NULL}, {"Mish", NULL}, {"LogSigmoid", NULL}, {"Exp", NULL},
     {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},

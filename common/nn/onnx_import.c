@@ -118,7 +118,7 @@ typedef struct pnode {
 /* Fused ops the pre-pass found: at the node that ends a pattern, its kind
  * and what it reads. */
 typedef struct fused {
-    const char *kind;           /* "GELU", "SiLU", "Hardswish", "LayerNorm" */
+    const char *kind;           /* "GELU", "SiLU", "Hardswish", "LayerNorm", "GroupNorm" (axis: its groups) */
     const char *x;              /* the input value's name */
     const char *scale, *bias;   /* LayerNorm's initializers (names) */
     const char *src[4];         /* LSTM: the initializers behind W, R, B (weight_ih, weight_hh, bias_ih,
@@ -2462,6 +2462,69 @@ static ps_status h_layernorm(imp *im) {
     return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
+/* ---- group and instance normalisation ---- */
+
+/* x (N, C, *) normalised per sample and group: nn.GroupNorm (groups G, from the pattern find_patterns
+ * recognises) or ONNX's InstanceNormalization (instance: groups = C; InstanceNorm1d / 2d for (N, C, L) /
+ * (N, C, H, W), else a GroupNorm of C groups). scale and bias: initializers of C values (weight and bias), or
+ * both NULL (affine false). */
+static ps_status group_norm(imp *im, val *x, int64_t groups, double eps, val *scale, val *bias,
+                            const char *scope_name, int instance) {
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    if (im->lead < 1 || x->ndim - im->lead < 1) return along_batch(im, instance ? "InstanceNormalization" : "GroupNorm");
+    const int64_t c = x->dims[im->lead];
+    const int r = x->ndim - im->lead;     /* per-sample rank */
+    if (instance) groups = c;
+    if (groups < 1 || c % groups)
+        return unsup(im, "%lld groups do not divide the %lld channels", (long long)groups, (long long)c);
+    const char *kind = instance && r == 2 ? "InstanceNorm1d" : instance && r == 3 ? "InstanceNorm2d" : "GroupNorm";
+    int xin = x->node;
+    int pn = emit(im, kind, scale ? scale->name : NULL, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    if (scope_name && scope_name[0] && !(scale && strstr(scale->name, ".weight"))) {
+        char nm[NAME_MAX_ + 1];
+        snprintf(nm, sizeof nm, "%s", scope_name);
+        if (!name_taken(im, nm)) snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
+    }
+    char f[40];
+    if (kind[0] == 'G') add_attr(im, pn, "num_groups: %lld", (long long)groups);
+    if ((float)eps != 1e-5f) add_attr(im, pn, "eps: %s", float_text(eps, f, sizeof f));
+    if (!scale && !bias) {
+        if (kind[0] == 'G') add_attr(im, pn, "affine: false");
+        return PS_OK;
+    }
+    if (!scale || !bias || scale->kind != VK_CONST || bias->kind != VK_CONST || scale->numel != c || bias->numel != c)
+        return unsup(im, "a %s whose scale and bias are not initializers of %lld values", kind, (long long)c);
+    if (kind[0] == 'I') add_attr(im, pn, "affine: true");
+    if ((rc = bind(im, pn, "weight", scale, 0, 0)) || (rc = bind(im, pn, "bias", bias, 0, 0))) return rc;
+    return PS_OK;
+}
+
+/* 1: constant v holds only the value c (PyTorch's exporter's ones and zeros for an instance norm without
+ * weights) */
+static int const_all(imp *im, val *v, double c) {
+    if (!v || v->kind != VK_CONST || v->init) return 0;
+    const double *f = cvals(im, v);
+    for (int64_t i = 0; f && i < v->numel; i++)
+        if (f[i] != c) return 0;
+    return f != NULL;
+}
+
+/* InstanceNormalization (nn.InstanceNorm1d / 2d): with initializers for scale and bias, affine; with the
+ * exporter's constant ones and zeros, without. */
+static ps_status h_instnorm(imp *im) {
+    static const char *const known[] = {"epsilon", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *s = in_val(im, 1, 1), *b = in_val(im, 2, 1);
+    if (!x || !s || !b) return im->err->code;
+    const int plain = const_all(im, s, 1.0) && const_all(im, b, 0.0);
+    if ((rc = group_norm(im, x, 0, attr_f(im, "epsilon", 1e-5f), plain ? NULL : s, plain ? NULL : b, NULL, 1)))
+        return rc;
+    return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 /* ------------------------------------------------- recognised patterns */
 
 static ps_status h_fused(imp *im) {
@@ -2472,6 +2535,11 @@ static ps_status h_fused(imp *im) {
     if (!strcmp(f->kind, "LayerNorm")) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
         if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
+        return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(f->kind, "GroupNorm")) {
+        val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
+        if ((rc = group_norm(im, x, f->axis, f->eps, s, b, f->scope, 0))) return rc;
         return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
     }
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
@@ -2966,6 +3034,7 @@ static const op_row ops[] = {
     {"Elu", h_elu, 1},
     {"Selu", h_selu, 1},
     {"Softplus", h_softplus, 1},
+    {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_fold_only, 1},
     {"Where", h_where, 9},
@@ -3039,6 +3108,80 @@ static void set_scope(imp *im, int i, char *out) {
 /* Output 0 / input 0 of node i, "" when it has none (a malformed graph). */
 static const char *out0(imp *im, int i) { return im->m->nodes[i].nout ? im->m->nodes[i].out[0] : ""; }
 static const char *in0(imp *im, int i) { return im->m->nodes[i].nin ? im->m->nodes[i].in[0] : ""; }
+
+/* The constant tensor input k of node i (an initializer or a Constant node's value), or NULL. */
+static const ps_onnx_tensor *const_input(imp *im, int i, int k) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return NULL;
+    val *v = vget(im, n->in[k]);
+    if (v && v->kind == VK_CONST && v->t) return v->t;
+    int p = producer_of(im, n->in[k]);
+    const ps_onnx_attr *a = is_op(im, p, "Constant") ? ps_onnx_attr_find(&im->m->nodes[p], "value") : NULL;
+    return a ? a->t : NULL;
+}
+
+/* 1: constant input k of node i holds only the value c */
+static int const_input_all(imp *im, int i, int k, float c) {
+    const ps_onnx_tensor *t = const_input(im, i, k);
+    if (!t || t->numel < 1 || t->numel > 65536) return 0;
+    float *f = malloc((size_t)t->numel * sizeof *f);
+    int ok = f && !ps_onnx_tensor_floats(t, f, NULL);
+    for (int64_t j = 0; ok && j < t->numel; j++) ok = f[j] == c;
+    free(f);
+    return ok;
+}
+
+/* nn.GroupNorm's weight (bias) as PyTorch exports it: Unsqueeze(initializer, axes) read by the Mul (Add)
+ * alone -> the initializer's name (*unsq: the Unsqueeze); without weights, a Constant scalar `none`
+ * (1 for the weight, 0 for the bias) -> "". Else NULL. */
+static const char *gn_param(imp *im, int node, int k, double none, int *unsq) {
+    const char *v = im->m->nodes[node].in[k];
+    double c;
+    *unsq = -1;
+    if (const_scalar(im, node, k, &c)) return c == none ? "" : NULL;
+    int u = producer_of(im, v);
+    if (!is_op(im, u, "Unsqueeze") || sole_consumer(im, v) != node) return NULL;
+    val *w = vget(im, in0(im, u));
+    if (!w || w->kind != VK_CONST || !w->init) return NULL;
+    *unsq = u;
+    return w->name;
+}
+
+/* nn.GroupNorm(G, C) as PyTorch exports it: Reshape(x, [0, G, -1]) -> InstanceNormalization(ones(G),
+ * zeros(G)) -> Reshape(., Shape(x)) -> Mul(., Unsqueeze(weight)) -> Add(., Unsqueeze(bias)) (without weights
+ * Mul by 1, Add 0): one GroupNorm node at the Add. */
+static void find_group_norm(imp *im, int i) {
+    const ps_onnx_model *m = im->m;
+    const ps_onnx_node *n = &m->nodes[i];
+    int r1 = producer_of(im, n->in[0]);
+    const ps_onnx_tensor *st = is_op(im, r1, "Reshape") ? const_input(im, r1, 1) : NULL;
+    int64_t sh[3];
+    if (!st || st->numel != 3 || ps_onnx_tensor_int64s(st, sh, NULL) || sh[0] != 0 || sh[1] < 1 || sh[2] != -1 ||
+        sole_consumer(im, out0(im, r1)) != i)
+        return;
+    if (!const_input_all(im, i, 1, 1.0f) || !const_input_all(im, i, 2, 0.0f)) return;
+    int r2 = sole_consumer(im, out0(im, i));
+    int mu = is_op(im, r2, "Reshape") ? sole_consumer(im, out0(im, r2)) : -1;
+    int wk = is_op(im, mu, "Mul") ? other_input(im, mu, out0(im, r2)) : -1;
+    int ad = wk >= 0 ? sole_consumer(im, out0(im, mu)) : -1;
+    int bk = is_op(im, ad, "Add") ? other_input(im, ad, out0(im, mu)) : -1;
+    if (bk < 0) return;
+    int uw, ub;
+    const char *w = gn_param(im, mu, wk, 1.0, &uw), *b = gn_param(im, ad, bk, 0.0, &ub);
+    if (!w || !b || !w[0] != !b[0]) return;
+    im->absorbed[r1] = im->absorbed[i] = im->absorbed[r2] = im->absorbed[mu] = 1;
+    if (uw >= 0) im->absorbed[uw] = 1;
+    if (ub >= 0) im->absorbed[ub] = 1;
+    fused *f = &im->fz[ad];
+    f->kind = "GroupNorm";
+    f->x = in0(im, r1);
+    f->scale = w[0] ? w : NULL;
+    f->bias = b[0] ? b : NULL;
+    f->axis = (int)sh[1];
+    const ps_onnx_attr *e = ps_onnx_attr_find(n, "epsilon");
+    f->eps = e ? e->f : 1e-5;
+    set_scope(im, i, f->scope);
+}
 
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
@@ -3156,6 +3299,8 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "InstanceNormalization") && n->nin == 3 && n->nout == 1) {
+            find_group_norm(im, i);
         } else if (!strcmp(n->op_type, "Transpose")) {
             find_mha(im, i);
         } else if (!strcmp(n->op_type, "Pad") && n->nout == 1 && n->nin >= 1) {

@@ -128,3 +128,31 @@ class EltwiseNet(torch.nn.Module):
 
 def eltwise_net(**kwargs):
     return EltwiseNet(**kwargs)
+
+
+class NormNet(torch.nn.Module):
+    """Group and instance normalisation as U-Nets and style transfer use them: nn.GroupNorm (affine, over
+    blocked convolutions' channels), nn.InstanceNorm2d with affine, F.group_norm and F.instance_norm without;
+    (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 16)
+        self.conv2 = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.in2 = nn.InstanceNorm2d(16, affine=True)
+        self.conv3 = nn.Conv2d(16, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = F.silu(self.gn1(self.conv1(x)))
+        x = torch.relu(self.in2(self.conv2(x)))
+        x = F.group_norm(self.conv3(x), 2)
+        x = F.instance_norm(x + 0.25) * 0.5
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def norm_net(**kwargs):
+    return NormNet(**kwargs)
