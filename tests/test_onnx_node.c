@@ -73,6 +73,8 @@ static const char *const required_prefixes[] = {
     "test_softplus", "test_sqrt",
     /* nn.InstanceNorm1d / 2d (scale and bias: initializers) */
     "test_instancenorm_",
+    /* ReduceSum over adjacent axes (the mean times the count) */
+    "test_reduce_sum_do_not_keepdims", "test_reduce_sum_keepdims", "test_reduce_sum_negative_axes_keepdims_example",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */

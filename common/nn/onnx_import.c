@@ -2062,7 +2062,20 @@ static ps_status h_gap(imp *im) {
  * the axes, after), AdaptiveAvgPool2d to [1, null], Reshape to the mean's
  * shape, as psd-export writes it. The axes are an attribute before opset
  * 18, an input from it. */
-static ps_status h_reducemean(imp *im) {
+/* The reduction's result: psd node pn of dims od (on), times count for a ReduceSum (count 0: a mean). */
+static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double count) {
+    if (count > 0) {
+        int mc = emit(im, "MulConstant", NULL, NULL, "sum", 1, &pn);
+        if (mc < 0) return oom(im);
+        char f[40];
+        add_attr(im, mc, "value: %s", float_text(count, f, sizeof f));
+        pn = mc;
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
+
+/* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) */
+static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
     static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
@@ -2071,13 +2084,14 @@ static ps_status h_reducemean(imp *im) {
     if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
     int64_t ax[PS_MAXD + 1];
     int n;
-    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
-    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over adjacent axes after the batch)");
+    if ((rc = moved_ints(im, 1, axes_input_opset, "axes", "axes", ax, PS_MAXD, &n))) return rc;
+    const char *what = sum ? "sum" : "mean";
+    if (n <= 0) return unsup(im, "a %s over all axes (psd's is over adjacent axes after the batch)", what);
     int r = x->ndim, lo = r, hi = -1, seen[MAXD] = {0};
     for (int i = 0; i < n; i++) {
         int a = norm_axis(im, ax[i], r, "axes");
         if (a < 0) return im->err->code;
-        if (a < im->lead) return along_batch(im, "a mean over the batch");
+        if (a < im->lead) return along_batch(im, sum ? "a sum over the batch" : "a mean over the batch");
         if (seen[a]) return bad(im, "axis %d twice in axes", a);
         seen[a] = 1;
         lo = a < lo ? a : lo;
@@ -2085,13 +2099,14 @@ static ps_status h_reducemean(imp *im) {
     }
     char buf[128];
     if (hi - lo + 1 != n)
-        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over adjacent axes after the "
-                     "batch: a Reshape and AdaptiveAvgPool2d)", dims_text(ax, n, buf, sizeof buf), r);
+        return unsup(im, "a %s over axes %s of a rank-%d value (psd's is over adjacent axes after the batch: a "
+                     "Reshape and AdaptiveAvgPool2d)", what, dims_text(ax, n, buf, sizeof buf), r);
     int keep = (int)attr_i(im, "keepdims", 1);
     int64_t od[MAXD];   /* the mean's dims */
     int on = 0;
     for (int i = 0; i < r; i++)
         if (i < lo || i > hi || keep) od[on++] = i < lo || i > hi ? x->dims[i] : 1;
+    const double count = sum ? (double)prod(x->dims + lo, n) : 0.0;
     int xin = x->node;
     if (r - im->lead == 3 && lo == r - 2) {   /* the spatial axes of (N, C, H, W) */
         int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
@@ -2100,12 +2115,12 @@ static ps_status h_reducemean(imp *im) {
         int64_t kd[MAXD];
         memcpy(kd, x->dims, sizeof kd);
         kd[r - 1] = kd[r - 2] = 1;
-        if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, kd) ? PS_OK : im->err->code;
+        if (keep) return reduce_out(im, pn, r, kd, count);
         int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
         if (f < 0) return oom(im);
-        return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, kd) ? PS_OK : im->err->code;
+        return reduce_out(im, f, r - 2, kd, count);
     }
-    if (on - im->lead < 1) return unsup(im, "a mean to one value per sample (psd's values keep a dimension)");
+    if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
     int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
                         prod(x->dims + hi + 1, r - hi - 1)};
     int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &xin);
@@ -2115,13 +2130,15 @@ static ps_status h_reducemean(imp *im) {
     if (pool < 0) return oom(im);
     add_attr(im, pool, "output_size: [1, null]");
     three[1] = 1;
-    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))
-        return data_out(im, 0, pool, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three)) return reduce_out(im, pool, on, od, count);
     int out = emit(im, "Reshape", NULL, NULL, "view", 1, &pool);
     if (out < 0) return oom(im);
     add_attr(im, out, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    return data_out(im, 0, out, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+    return reduce_out(im, out, on, od, count);
 }
+
+static ps_status h_reducemean(imp *im) { return reduce_mean_sum(im, 18, 0); }
+static ps_status h_reducesum(imp *im) { return reduce_mean_sum(im, 13, 1); }
 
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
  * consumed_inputs; < 7: is_test; < 9: spatial (1 only); >= 14:
@@ -3006,6 +3023,7 @@ static const op_row ops[] = {
     {"AveragePool", h_avgpool, 1},
     {"GlobalAveragePool", h_gap, 1},
     {"ReduceMean", h_reducemean, 1},
+    {"ReduceSum", h_reducesum, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
