@@ -245,6 +245,19 @@ typedef struct ps_ln_desc {
     float eps;
 } ps_ln_desc;
 
+/* Group normalisation (nn.GroupNorm; InstanceNorm1d/2d are groups = c): x
+ * (n, c, s) in the plain layout, its c channels in `groups` groups of
+ * c / groups; each (sample, group) row of (c / groups) * s values
+ * normalised with its own mean and biased variance, then per channel
+ * y = xhat * gamma[ch] + beta[ch] (gamma, beta c each; both NULL without
+ * affine). mean and rstd hold n * groups values, the row (i, g) at
+ * i * groups + g. */
+typedef struct ps_gn_desc {
+    int64_t n, c, s;
+    int64_t groups;
+    float eps;
+} ps_gn_desc;
+
 /* Softmax over one dimension of a tensor seen as (outer, dim, inner):
  * element (o, k, i) at (o*dim + k)*inner + i; softmax over k. inner = 1 is
  * the last dimension (the row-wise softmax_forward); dim 1 of (N, C, H, W)
@@ -387,6 +400,20 @@ typedef struct ps_keypad_desc {
  *              x / 3 + 1/2 on [-3, 3], 1 above
  *   HARDSIGMOID min(max(x + 3, 0), 6) / 6; gradient 1/6 strictly inside
  *              (-3, 3), else 0
+ * Elementwise math (users' own layers; alpha and beta as listed):
+ *   ELU        x > 0 ? x : alpha * (exp(x) - 1)          (alpha: ELU's)
+ *   SELU       1.0507009873554805 * ELU(x) with alpha 1.6732632423543772
+ *   SOFTPLUS   alpha * x > beta ? x : log(1 + exp(alpha * x)) / alpha
+ *              (alpha: softplus's beta, beta: its threshold; gradient 1
+ *              above the threshold, else sigmoid(alpha * x))
+ *   MISH       x * tanh(softplus(x))
+ *   LOGSIGMOID log(sigmoid(x))
+ *   EXP, LOG, ABS, SQRT  exp(x), log(x), |x| (gradient sign(x), 0 at 0),
+ *              sqrt(x)
+ *   POW        x ** alpha (gradient alpha * x ** (alpha - 1), 0 where
+ *              alpha is 0)
+ *   LINEAR     alpha * x + beta (AddConstant: 1, value); its backward
+ *              reads neither x nor y (counted as y: it may run in place)
  * The backward of RELU, TANH, SIGMOID and HARDTANH reads y (the forward's
  * output; HARDTANH's y is strictly inside (alpha, beta) exactly when x is),
  * the others read x (the input): ps_act_backward_reads_x says which, so
@@ -403,17 +430,31 @@ typedef enum {
     PS_ACT_HARDTANH,
     PS_ACT_HARDSWISH,
     PS_ACT_HARDSIGMOID,
+    /* elementwise math */
+    PS_ACT_ELU,
+    PS_ACT_SELU,
+    PS_ACT_SOFTPLUS,
+    PS_ACT_MISH,
+    PS_ACT_LOGSIGMOID,
+    PS_ACT_EXP,
+    PS_ACT_LOG,
+    PS_ACT_ABS,
+    PS_ACT_SQRT,
+    PS_ACT_POW,
+    PS_ACT_LINEAR,
     PS_ACT_COUNT
 } ps_act_kind;
 
 typedef struct ps_act_desc {
     int kind;                   /* a ps_act_kind */
-    float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val */
-    float beta;                 /* HARDTANH's max_val */
+    float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val, ELU's alpha, SOFTPLUS's
+                                   beta, POW's exponent, LINEAR's factor */
+    float beta;                 /* HARDTANH's max_val, SOFTPLUS's threshold, LINEAR's term */
 } ps_act_desc;
 
 static inline int ps_act_backward_reads_x(int kind) {
-    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID && kind != PS_ACT_HARDTANH;
+    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID && kind != PS_ACT_HARDTANH &&
+           kind != PS_ACT_LINEAR;
 }
 
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
@@ -762,6 +803,17 @@ typedef struct ps_backend_ops {
      * (bias_grad, overwritten) - ConvTranspose2d's bias. */
     ps_status (*bias_add)(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err);
     ps_status (*bias_grad)(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err);
+    /* Group normalisation (see ps_gn_desc): mean and rstd written when not
+     * NULL (the backward needs them). The backward, with xhat = (x - mean)
+     * * rstd and g = dy * gamma[ch], per row: dx = rstd * (g - mean_row(g)
+     * - xhat * mean_row(g * xhat)); per channel dgamma = sum(dy * xhat),
+     * dbeta = sum(dy) over the samples and s. dx, dgamma, dbeta may each be
+     * NULL. */
+    ps_status (*groupnorm_forward)(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd, ps_err *err);
+    ps_status (*groupnorm_backward)(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                    const float *gamma, const float *mean, const float *rstd, float *dx,
+                                    float *dgamma, float *dbeta, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

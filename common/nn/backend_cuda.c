@@ -1017,7 +1017,13 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_SILU == (int)PS_ACT_SILU && (int)PS_CUDA_ACT_TANH == (int)PS_ACT_TANH &&
                (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_HARDTANH == (int)PS_ACT_HARDTANH &&
                (int)PS_CUDA_ACT_HARDSWISH == (int)PS_ACT_HARDSWISH &&
-               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
+               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_ELU == (int)PS_ACT_ELU &&
+               (int)PS_CUDA_ACT_SELU == (int)PS_ACT_SELU && (int)PS_CUDA_ACT_SOFTPLUS == (int)PS_ACT_SOFTPLUS &&
+               (int)PS_CUDA_ACT_MISH == (int)PS_ACT_MISH && (int)PS_CUDA_ACT_LOGSIGMOID == (int)PS_ACT_LOGSIGMOID &&
+               (int)PS_CUDA_ACT_EXP == (int)PS_ACT_EXP && (int)PS_CUDA_ACT_LOG == (int)PS_ACT_LOG &&
+               (int)PS_CUDA_ACT_ABS == (int)PS_ACT_ABS && (int)PS_CUDA_ACT_SQRT == (int)PS_ACT_SQRT &&
+               (int)PS_CUDA_ACT_POW == (int)PS_ACT_POW && (int)PS_CUDA_ACT_LINEAR == (int)PS_ACT_LINEAR &&
+               (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
 /* Run one launcher (an expression using c->stream) on a context and wait. */
@@ -1064,6 +1070,19 @@ static ps_status cu_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
                                 ps_err *err) {
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_ln_backward(x, dy, d->rows, d->cols, gamma, mean, rstd, dx, dgamma, dbeta,
                                                     c->stream));
+}
+
+static ps_status cu_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma, const float *beta,
+                               float *y, float *mean, float *rstd, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_forward(x, d->n, d->c, d->s, d->groups, d->eps, gamma, beta, y, mean, rstd,
+                                                   c->stream));
+}
+
+static ps_status cu_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_backward(x, dy, d->n, d->c, d->s, d->groups, gamma, mean, rstd, dx, dgamma,
+                                                    dbeta, c->stream));
 }
 
 static ps_status cu_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
@@ -1280,4 +1299,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .resize_backward = cu_resize_backward,
     .bias_add = cu_bias_add,
     .bias_grad = cu_bias_grad,
+    .groupnorm_forward = cu_gn_forward,
+    .groupnorm_backward = cu_gn_backward,
 };

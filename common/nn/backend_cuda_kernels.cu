@@ -297,6 +297,79 @@ __global__ void ln_backward_params_kernel(const float *x, const float *dy, int64
     }
 }
 
+/* Group normalisation (backend.h ps_gn_desc): one block per (sample, group) row for the statistics, y and
+ * dx; one thread per channel for dgamma / dbeta, the samples and positions summed in order. */
+__global__ void gn_forward_kernel(const float *x, int64_t rows, int64_t groups, int64_t cg, int64_t s, float eps,
+                                  const float *gamma, const float *beta, float *y, float *mean, float *rstd) {
+    __shared__ double red[kThreads];
+    const int64_t m = cg * s;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double acc = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) acc += xr[j];
+        const double mu = block_sum(acc, red) / (double)m;
+        acc = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) acc += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(block_sum(acc, red) / (double)m + eps);
+        const float fm = (float)mu, fr = (float)rs;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const int64_t ch = (r % groups) * cg + j / s;
+            const float t = (xr[j] - fm) * fr;
+            yr[j] = gamma ? t * gamma[ch] + beta[ch] : t;
+        }
+        if (threadIdx.x == 0) {
+            if (mean) mean[r] = fm;
+            if (rstd) rstd[r] = fr;
+        }
+    }
+}
+
+__global__ void gn_backward_dx_kernel(const float *x, const float *dy, int64_t rows, int64_t groups, int64_t cg,
+                                      int64_t s, const float *gamma, const float *mean, const float *rstd, float *dx) {
+    __shared__ double red[kThreads];
+    const int64_t m = cg * s;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * m, *dyr = dy + r * m;
+        const float mu = mean[r], rs = rstd[r];
+        double a = 0.0, b = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[(r % groups) * cg + j / s] : dyr[j];
+            a += g;
+            b += (double)g * ((xr[j] - mu) * rs);
+        }
+        const float ma = (float)(block_sum(a, red) / (double)m), mb = (float)(block_sum(b, red) / (double)m);
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[(r % groups) * cg + j / s] : dyr[j];
+            dx[r * m + j] = rs * (g - ma - (xr[j] - mu) * rs * mb);
+        }
+    }
+}
+
+__global__ void gn_backward_params_kernel(const float *x, const float *dy, int64_t n, int64_t c, int64_t groups,
+                                          int64_t s, const float *mean, const float *rstd, float *dgamma,
+                                          float *dbeta) {
+    const int64_t cg = c / groups;
+    for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < c; ch += (int64_t)gridDim.x * blockDim.x) {
+        double dg = 0.0, db = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t r = i * groups + ch / cg, off = (i * c + ch) * s;
+            for (int64_t p = 0; p < s; p++) {
+                const float g = dy[off + p];
+                dg += (double)g * ((x[off + p] - mean[r]) * rstd[r]);
+                db += g;
+            }
+        }
+        if (dgamma) dgamma[ch] = (float)dg;
+        if (dbeta) dbeta[ch] = (float)db;
+    }
+}
+
+#define SELU_ALPHA 1.67326324235437728f
+#define SELU_SCALE 1.05070098735548049f
+
+__device__ float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
 __device__ float act_f(int kind, float alpha, float beta, float x) {
     switch (kind) {
     case PS_CUDA_ACT_RELU: return x > 0.0f || isnan(x) ? x : 0.0f;
@@ -312,6 +385,17 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_HARDTANH: return x < alpha ? alpha : x > beta ? beta : x;
     case PS_CUDA_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
     case PS_CUDA_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? x : alpha * expm1f(x);
+    case PS_CUDA_ACT_SELU: return SELU_SCALE * (x > 0.0f ? x : SELU_ALPHA * expm1f(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? x : softplus_f(alpha * x) / alpha;
+    case PS_CUDA_ACT_MISH: return x * tanhf(softplus_f(x));
+    case PS_CUDA_ACT_LOGSIGMOID: return -softplus_f(-x);
+    case PS_CUDA_ACT_EXP: return expf(x);
+    case PS_CUDA_ACT_LOG: return logf(x);
+    case PS_CUDA_ACT_ABS: return fabsf(x);
+    case PS_CUDA_ACT_SQRT: return sqrtf(x);
+    case PS_CUDA_ACT_POW: return powf(x, alpha);
+    case PS_CUDA_ACT_LINEAR: return alpha * x + beta;
     }
     return NAN;
 }
@@ -339,6 +423,20 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_HARDTANH: return y <= alpha || y >= beta ? 0.0f : dy;
     case PS_CUDA_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
     case PS_CUDA_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? dy / 6.0f : 0.0f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? dy : dy * alpha * expf(x);
+    case PS_CUDA_ACT_SELU: return dy * SELU_SCALE * (x > 0.0f ? 1.0f : SELU_ALPHA * expf(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? dy : dy / (1.0f + expf(-alpha * x));
+    case PS_CUDA_ACT_MISH: {
+        const float t = tanhf(softplus_f(x)), sg = 1.0f / (1.0f + expf(-x));
+        return dy * (t + x * sg * (1.0f - t * t));
+    }
+    case PS_CUDA_ACT_LOGSIGMOID: return dy / (1.0f + expf(x));
+    case PS_CUDA_ACT_EXP: return dy * expf(x);
+    case PS_CUDA_ACT_LOG: return dy / x;
+    case PS_CUDA_ACT_ABS: return x > 0.0f ? dy : x < 0.0f ? -dy : 0.0f;
+    case PS_CUDA_ACT_SQRT: return dy / (2.0f * sqrtf(x));
+    case PS_CUDA_ACT_POW: return alpha == 0.0f ? 0.0f : dy * alpha * powf(x, alpha - 1.0f);
+    case PS_CUDA_ACT_LINEAR: return dy * alpha;
     }
     return NAN;
 }
@@ -663,6 +761,26 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
     if (dgamma || dbeta)
         ln_backward_params_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(x, dy, rows, cols, mean, rstd, dgamma,
                                                                              dbeta);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_gn_forward(const float *x, int64_t n, int64_t c, int64_t s, int64_t groups, float eps,
+                               const float *gamma, const float *beta, float *y, float *mean, float *rstd,
+                               cudaStream_t stream) {
+    gn_forward_kernel<<<items_for(n * groups), kThreads, 0, stream>>>(x, n * groups, groups, c / groups, s, eps, gamma,
+                                                                       beta, y, mean, rstd);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_gn_backward(const float *x, const float *dy, int64_t n, int64_t c, int64_t s, int64_t groups,
+                                const float *gamma, const float *mean, const float *rstd, float *dx, float *dgamma,
+                                float *dbeta, cudaStream_t stream) {
+    if (dx)
+        gn_backward_dx_kernel<<<items_for(n * groups), kThreads, 0, stream>>>(x, dy, n * groups, groups, c / groups, s,
+                                                                               gamma, mean, rstd, dx);
+    if (dgamma || dbeta)
+        gn_backward_params_kernel<<<blocks_for(c), kThreads, 0, stream>>>(x, dy, n, c, groups, s, mean, rstd, dgamma,
+                                                                          dbeta);
     return cudaGetLastError();
 }
 

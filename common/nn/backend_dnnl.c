@@ -2531,31 +2531,98 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_HARDTANH] = { dnnl_eltwise_clip_v2_use_dst_for_bwd, 1, 0.0f },  /* clip to [alpha, beta] */
     [PS_ACT_HARDSWISH] = { dnnl_eltwise_hardswish, 0, 0.0f },
     [PS_ACT_HARDSIGMOID] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_ELU] = { dnnl_eltwise_elu, 1, 0.0f },
+    [PS_ACT_SELU] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SOFTPLUS] = { dnnl_eltwise_soft_relu, 0, 0.0f },   /* beta 1, threshold >= 20 only: act_alg_of */
+    [PS_ACT_MISH] = { dnnl_eltwise_mish, 0, 0.0f },
+    [PS_ACT_LOGSIGMOID] = { dnnl_eltwise_logsigmoid, 0, 0.0f },
+    [PS_ACT_EXP] = { dnnl_eltwise_exp, 0, 0.0f },
+    [PS_ACT_LOG] = { dnnl_alg_kind_undef, 0, 0.0f },           /* oneDNN's is off by 1.4e-6 at log(1): libm's */
+    [PS_ACT_ABS] = { dnnl_eltwise_abs, 0, 0.0f },
+    [PS_ACT_SQRT] = { dnnl_eltwise_sqrt, 0, 0.0f },
+    [PS_ACT_POW] = { dnnl_eltwise_pow, 1, 0.0f },              /* 1 * x ^ exponent: act_key */
+    [PS_ACT_LINEAR] = { dnnl_alg_kind_undef, 0, 0.0f },        /* a * x + b: a C loop each way */
 };
 
-/* The activations oneDNN 2.6 lacks, as the reference computes them (in float). */
-static void act_c_forward(int kind, int64_t count, const float *x, float *y) {
-    (void)kind;         /* PS_ACT_HARDSIGMOID */
+#define SELU_ALPHA 1.67326324235437728f
+#define SELU_SCALE 1.05070098735548049f
+
+/* oneDNN's soft_relu is softplus with beta 1; its log(1 + exp(x)) equals x
+ * in float32 from x ~ 17 on, so PyTorch's threshold (20 by default) only
+ * shows below that: those run the C loop. */
+static dnnl_alg_kind_t act_alg_of(const ps_act_desc *d) {
+    if (d->kind == PS_ACT_SOFTPLUS && !(d->alpha == 1.0f && d->beta >= 20.0f)) return dnnl_alg_kind_undef;
+    return kActAlg[d->kind].alg;
+}
+
+static float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
+/* The activations oneDNN 2.6 lacks (or lacks with these attributes), as
+ * the reference computes them, in float. */
+static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, float *y) {
+    const float a = d->alpha, b = d->beta;
+    switch (d->kind) {
+    case PS_ACT_SELU:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = SELU_SCALE * (x[i] > 0.0f ? x[i] : SELU_ALPHA * expm1f(x[i]));
+        break;
+    case PS_ACT_SOFTPLUS:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = a * x[i] > b ? x[i] : softplus_f(a * x[i]) / a;
+        break;
+    case PS_ACT_LINEAR:
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < count; i++) {
-        const float v = x[i];
-        y[i] = v <= -3.0f ? 0.0f : v >= 3.0f ? 1.0f : v / 6.0f + 0.5f;
+        for (int64_t i = 0; i < count; i++) y[i] = a * x[i] + b;
+        break;
+    case PS_ACT_LOG:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = logf(x[i]);
+        break;
+    default:            /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) {
+            const float v = x[i];
+            y[i] = v <= -3.0f ? 0.0f : v >= 3.0f ? 1.0f : v / 6.0f + 0.5f;
+        }
     }
 }
 
-static void act_c_backward(int kind, int64_t count, const float *x, const float *dy, float *dx) {
-    (void)kind;         /* PS_ACT_HARDSIGMOID */
+static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, const float *dy, float *dx) {
+    const float a = d->alpha, b = d->beta;
+    switch (d->kind) {
+    case PS_ACT_SELU:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = dy[i] * SELU_SCALE * (x[i] > 0.0f ? 1.0f : SELU_ALPHA * expf(x[i]));
+        break;
+    case PS_ACT_SOFTPLUS:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = a * x[i] > b ? dy[i] : dy[i] / (1.0f + expf(-a * x[i]));
+        break;
+    case PS_ACT_LINEAR:
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
+        for (int64_t i = 0; i < count; i++) dx[i] = a * dy[i];
+        break;
+    case PS_ACT_LOG:
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = dy[i] / x[i];
+        break;
+    default:            /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
+    }
 }
 
 static ps_status act_key(prim_kind kind, const ps_act_desc *d, int64_t count, prim_key *k, ps_err *err) {
     if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
         return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown activation %d", d->kind);
     const act_alg *a = &kActAlg[d->kind];
-    const float alpha = a->use_alpha ? d->alpha : a->alpha, beta = a->use_alpha ? d->beta : 0.0f;
+    float alpha = a->use_alpha ? d->alpha : a->alpha, beta = a->use_alpha ? d->beta : 0.0f;
+    if (d->kind == PS_ACT_POW) {            /* oneDNN's pow is alpha * x ^ beta */
+        alpha = 1.0f;
+        beta = d->alpha;
+    }
     *k = key_make(kind, 0, 1, &count);
-    k->alg = (int32_t)a->alg;
+    k->alg = (int32_t)act_alg_of(d);
     memcpy(&k->alpha_bits, &alpha, sizeof alpha);
     memcpy(&k->beta_bits, &beta, sizeof beta);
     return PS_OK;
@@ -2570,7 +2637,7 @@ static ps_status dn_act_forward(void *impl, const ps_act_desc *d, int64_t count,
     ps_status st = act_key(PK_ELTWISE_FWD, d, count, &k, err);
     if (st) return st;
     if (k.alg == (int32_t)dnnl_alg_kind_undef) {
-        act_c_forward(d->kind, count, x, y);
+        act_c_forward(d, count, x, y);
         return PS_OK;
     }
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
@@ -2587,7 +2654,7 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
     if (st) return st;
     const int rx = ps_act_backward_reads_x(d->kind);
     if (k.alg == (int32_t)dnnl_alg_kind_undef) {
-        act_c_backward(d->kind, count, x, dy, dx);
+        act_c_backward(d, count, x, dy, dx);
         return PS_OK;
     }
     exec_arg a[] = { { rx ? DNNL_ARG_SRC : DNNL_ARG_DST, rx ? x : y }, { DNNL_ARG_DIFF_DST, dy },
@@ -2912,6 +2979,92 @@ PS_CLONES static void ln_cols_grad(const float *x, const float *dy, int64_t rows
         if (dgamma) dgamma[j0 + j] = (float)dg[j];
         if (dbeta) dbeta[j0 + j] = (float)db[j];
     }
+}
+
+/* ---- group normalisation: C kernels (oneDNN 2.6 has none); memory bound:
+ * the forward reads a row twice (mean, squared deviations) and writes it
+ * once, the backward reads it twice for dx and once more per channel for
+ * dgamma / dbeta; sums in double. OpenMP over the rows, then the channels. */
+
+static ps_status dn_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < m; j++) sum += xr[j];
+        const float mu = (float)(sum / (double)m);
+        for (int64_t j = 0; j < m; j++) sq += (double)(xr[j] - mu) * (xr[j] - mu);
+        const float rs = (float)(1.0 / sqrt(sq / (double)m + d->eps));
+        for (int64_t k = 0; k < cg; k++) {
+            const int64_t ch = (r % d->groups) * cg + k;
+            const float a = gamma ? gamma[ch] * rs : rs, b = (beta ? beta[ch] : 0.0f) - mu * a;
+            const float *xs = xr + k * d->s;
+            float *ys = yr + k * d->s;
+#pragma omp simd
+            for (int64_t p = 0; p < d->s; p++) ys[p] = xs[p] * a + b;
+        }
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *rstd, float *dx,
+                                float *dgamma, float *dbeta, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+    if (dx) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * m, *dyr = dy + r * m;
+            const float mu = mean[r], rs = rstd[r];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = k * d->s; p < (k + 1) * d->s; p++) {
+                    a += dyr[p];
+                    b += (double)dyr[p] * (xr[p] - mu);
+                }
+                sg += gm * a;
+                sgx += gm * b * rs;
+            }
+            const float ma = (float)(sg / (double)m), mb = (float)(sgx / (double)m);
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                float *dxs = dx + r * m + k * d->s;
+                const float *xs = xr + k * d->s, *dys = dyr + k * d->s;
+#pragma omp simd
+                for (int64_t p = 0; p < d->s; p++) dxs[p] = rs * (dys[p] * gm - ma - (xs[p] - mu) * rs * mb);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t ch = 0; ch < d->c; ch++) {
+            double dg = 0.0, db = 0.0;
+            for (int64_t i = 0; i < d->n; i++) {
+                const int64_t r = i * d->groups + ch / cg, off = (i * d->c + ch) * d->s;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = 0; p < d->s; p++) {
+                    a += dy[off + p];
+                    b += (double)dy[off + p] * (x[off + p] - mean[r]);
+                }
+                db += a;
+                dg += b * rstd[r];
+            }
+            if (dgamma) dgamma[ch] = (float)dg;
+            if (dbeta) dbeta[ch] = (float)db;
+        }
+    }
+    return PS_OK;
 }
 
 static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
@@ -3267,4 +3420,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .resize_backward = dn_resize_backward,
     .bias_add = dn_bias_add,
     .bias_grad = dn_bias_grad,
+    .groupnorm_forward = dn_gn_forward,
+    .groupnorm_backward = dn_gn_backward,
 };

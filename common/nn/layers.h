@@ -111,6 +111,10 @@ typedef struct ps_layer_attrs {
     int resize_mode;            /* Upsample mode: 0 'nearest', 1 'bilinear' */
     int align_corners;          /* Upsample (bilinear) */
     int recompute_scale;        /* Upsample recompute_scale_factor: the output size's in/out as the scale */
+    /* elementwise math */
+    double elu_alpha;           /* ELU alpha */
+    double sp_beta, sp_threshold; /* Softplus beta, threshold */
+    double exponent;            /* Pow exponent */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
