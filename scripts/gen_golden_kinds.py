@@ -574,35 +574,6 @@ CASES += [
 ]
 
 
-# ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
-# batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
-# steps, dropout between layers (stored masks, time-major (num_layers - 1, L, N, H)), a batch of 1; a text
-# classifier's pieces: Embedding, LSTM / GRU, the last step by Narrow, Flatten, Linear.
-RNN_TEXT = ["{name: emb, kind: Embedding, num_embeddings: 7, embedding_dim: 4}"]
-CASES += [
-    ("lstm_l1", stage([5, 4], ["{name: rnn, kind: LSTM, input_size: 4, hidden_size: 6, batch_first: true}"])),
-    ("lstm_l2_len1", stage([1, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}"])),
-    ("lstm_l2_nobias", stage([7, 4], ["{name: rnn, kind: LSTM, hidden_size: 3, num_layers: 2, bias: false, "
-                                      "batch_first: true}"])),
-    ("lstm_l3_dropout", stage([4, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 3, dropout: 0.4, "
-                                       "batch_first: true}"])),
-    ("lstm_n1", stage([6, 2], ["{name: rnn, kind: LSTM, hidden_size: 4, batch_first: true}"])),
-    ("gru_l1", stage([5, 4], ["{name: rnn, kind: GRU, input_size: 4, hidden_size: 6, batch_first: true}"])),
-    ("gru_l2_nobias", stage([6, 3], ["{name: rnn, kind: GRU, hidden_size: 4, num_layers: 2, bias: false, "
-                                     "batch_first: true}"])),
-    ("gru_l2_dropout_len1", stage([1, 4], ["{name: rnn, kind: GRU, hidden_size: 3, num_layers: 2, dropout: 0.5, "
-                                           "batch_first: true}"])),
-    ("lstm_text", stage([6], RNN_TEXT + [
-        "{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}",
-        "{name: last, kind: Narrow, dim: 1, start: 5, length: 1}",
-        "{name: flat, kind: Flatten}",
-        "{name: fc, kind: Linear, out_features: 3}"], "int64")),
-    ("gru_text", stage([5], RNN_TEXT + [
-        "{name: rnn, kind: GRU, hidden_size: 6, batch_first: true}",
-        "{name: last, kind: Narrow, dim: 1, start: 4, length: 1}",
-        "{name: flat, kind: Flatten}",
-        "{name: fc, kind: Linear, out_features: 2}"], "int64")),
-]
 # real tokens per sample (the rest pad id 0): right padding (several keys, all but one), padding in the middle
 # ("mid": tokens 0, 1 and 5 real), none
 KPM_IDS = {"kpm_bool_h2": [3, 1, "mid", 6], "kpm_causal_h2": [2, 1, 6, 4], "kpm_dropout_h4": [4, 1, "mid", 6, 2],
@@ -658,6 +629,36 @@ CASES += [
                                           "{name: e, kind: ELU}", "{name: m, kind: Mish}",
                                           "{name: k, kind: AddConstant, value: 1.5}", "{name: s, kind: Softplus}",
                                           "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+]
+
+# ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
+# batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
+# steps, dropout between layers (stored masks, time-major (num_layers - 1, L, N, H)), a batch of 1; a text
+# classifier's pieces: Embedding, LSTM / GRU, the last step by Narrow, Flatten, Linear.
+RNN_TEXT = ["{name: emb, kind: Embedding, num_embeddings: 7, embedding_dim: 4}"]
+CASES += [
+    ("lstm_l1", stage([5, 4], ["{name: rnn, kind: LSTM, input_size: 4, hidden_size: 6, batch_first: true}"])),
+    ("lstm_l2_len1", stage([1, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}"])),
+    ("lstm_l2_nobias", stage([7, 4], ["{name: rnn, kind: LSTM, hidden_size: 3, num_layers: 2, bias: false, "
+                                      "batch_first: true}"])),
+    ("lstm_l3_dropout", stage([4, 3], ["{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 3, dropout: 0.4, "
+                                       "batch_first: true}"])),
+    ("lstm_n1", stage([6, 2], ["{name: rnn, kind: LSTM, hidden_size: 4, batch_first: true}"])),
+    ("gru_l1", stage([5, 4], ["{name: rnn, kind: GRU, input_size: 4, hidden_size: 6, batch_first: true}"])),
+    ("gru_l2_nobias", stage([6, 3], ["{name: rnn, kind: GRU, hidden_size: 4, num_layers: 2, bias: false, "
+                                     "batch_first: true}"])),
+    ("gru_l2_dropout_len1", stage([1, 4], ["{name: rnn, kind: GRU, hidden_size: 3, num_layers: 2, dropout: 0.5, "
+                                           "batch_first: true}"])),
+    ("lstm_text", stage([6], RNN_TEXT + [
+        "{name: rnn, kind: LSTM, hidden_size: 5, num_layers: 2, batch_first: true}",
+        "{name: last, kind: Narrow, dim: 1, start: 5, length: 1}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 3}"], "int64")),
+    ("gru_text", stage([5], RNN_TEXT + [
+        "{name: rnn, kind: GRU, hidden_size: 6, batch_first: true}",
+        "{name: last, kind: Narrow, dim: 1, start: 4, length: 1}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 2}"], "int64")),
 ]
 
 
