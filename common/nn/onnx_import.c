@@ -2055,6 +2055,58 @@ static ps_status h_gap(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
+/* GlobalMaxPool (PyTorch's adaptive_max_pool2d to 1) and ReduceMax over every spatial axis (x.amax(dim=(2,
+ * 3))): a MaxPool2d / MaxPool1d over the whole plane (then Flatten where ReduceMax drops the axes). */
+static ps_status global_max(imp *im, int keep) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    const int sp = x->ndim - 2;
+    if (x->kind == VK_DATA && sp != 1 && sp != 2) return unsup(im, "%d-D pooling (psd pools 1-D and 2-D)", sp);
+    ps_status rc = need_float(im, x, sp + 1, sp + 1, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, sp == 1 ? "MaxPool1d" : "MaxPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "kernel_size: %s", sp == 1 ? (snprintf(b, sizeof b, "%lld", (long long)x->dims[2]), b)
+                                                : dims_text(x->dims + 2, 2, b, sizeof b));
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    for (int i = 1; i <= sp; i++) od[x->ndim - i] = 1;
+    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+    if (f < 0) return oom(im);
+    return data_out(im, 0, f, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_gmp(imp *im) { return global_max(im, 1); }
+
+static ps_status h_reducemax(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "ReduceMax of constants (psd does not fold it)");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
+    const int r = x->ndim;
+    int seen[MAXD] = {0}, cnt = 0;
+    for (int i = 0; i < n; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (!seen[a]) cnt++;
+        seen[a] = 1;
+    }
+    int spatial = im->lead == 1 && (r == 3 || r == 4) && cnt == r - 2;
+    for (int a = 2; spatial && a < r; a++) spatial = seen[a];
+    if (!spatial)
+        return unsup(im, "a max over axes other than every spatial axis of (N, C, L) or (N, C, H, W) (psd's is a "
+                     "MaxPool over the whole plane)");
+    return global_max(im, (int)attr_i(im, "keepdims", 1));
+}
+
 /* ReduceMean over adjacent axes after the batch. Over the two spatial axes
  * of an (N, C, H, W) value (mnasnet's x.mean([2, 3])): AdaptiveAvgPool2d to
  * 1x1, then Flatten when keepdims is 0. Over others (a text classifier's
@@ -3168,6 +3220,8 @@ static const op_row ops[] = {
     {"GlobalAveragePool", h_gap, 1},
     {"ReduceMean", h_reducemean, 1},
     {"ReduceSum", h_reducesum, 1},
+    {"GlobalMaxPool", h_gmp, 1},
+    {"ReduceMax", h_reducemax, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
