@@ -2606,6 +2606,19 @@ static ps_status h_fused(imp *im) {
         if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
         return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
     }
+    if (!strcmp(f->kind, "Normalize")) {
+        if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+        int a = norm_axis(im, f->axis, x->ndim, "axes");
+        if (a < 0) return im->err->code;
+        if (pt_dim(im, a) < 0) return along_batch(im, "F.normalize");
+        int in = x->node;
+        int pn = emit(im, "Normalize", NULL, NULL, NULL, 1, &in);
+        if (pn < 0) return oom(im);
+        char e[40];
+        add_attr(im, pn, "dim: %d", pt_dim(im, a));
+        add_attr(im, pn, "eps: %s", float_text(f->eps, e, sizeof e));
+        return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
     if (!strcmp(f->kind, "GroupNorm")) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
         if ((rc = group_norm(im, x, f->axis, f->eps, s, b, f->scope, 0))) return rc;
@@ -3402,6 +3415,40 @@ static void find_group_norm(imp *im, int i) {
     set_scope(im, i, f->scope);
 }
 
+/* F.normalize(x, dim=d, eps) as PyTorch exports it: ReduceL2(x, axes [d], keepdims 1) -> Clip(min eps) ->
+ * Expand(., Shape(x)) -> Div(x, .): one Normalize node at the Div (axis: d as ONNX counts, eps). */
+static void find_normalize(imp *im, int i) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    const ps_onnx_attr *ax = ps_onnx_attr_find(n, "axes"), *kd = ps_onnx_attr_find(n, "keepdims");
+    if (!ax || ax->nints != 1 || (kd && kd->i != 1)) return;
+    const char *x = n->in[0];
+    int cl = sole_consumer(im, out0(im, i));
+    double eps;
+    if (!is_op(im, cl, "Clip")) return;
+    const ps_onnx_node *c = &im->m->nodes[cl];
+    if (im->opset >= 11) {   /* eps a constant scalar, or the exporter's Cast of one */
+        int cast = producer_of(im, c->nin > 1 ? c->in[1] : "");
+        if (!const_scalar(im, cl, 1, &eps) && !(is_op(im, cast, "Cast") && const_scalar(im, cast, 0, &eps))) return;
+        if (c->nin > 2 && c->in[2][0]) return;
+    } else {
+        const ps_onnx_attr *mn = ps_onnx_attr_find(c, "min");
+        if (!mn || ps_onnx_attr_find(c, "max")) return;
+        eps = mn->f;
+    }
+    int ex = sole_consumer(im, out0(im, cl));
+    int dv = is_op(im, ex, "Expand") ? sole_consumer(im, out0(im, ex)) : -1;
+    if (!is_op(im, dv, "Div") || im->m->nodes[dv].nin != 2 || strcmp(in0(im, dv), x) ||
+        strcmp(im->m->nodes[dv].in[1], out0(im, ex)))
+        return;
+    im->absorbed[i] = im->absorbed[cl] = im->absorbed[ex] = 1;
+    fused *f = &im->fz[dv];
+    f->kind = "Normalize";
+    f->x = x;
+    f->axis = (int)ax->ints[0];
+    f->eps = eps;
+    set_scope(im, i, f->scope);
+}
+
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
  * export below opset 14): HardSigmoid(x, alpha 1/6, beta 0.5) -> Mul(x, .). */
@@ -3518,6 +3565,8 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "ReduceL2") && n->nin >= 1 && n->nout == 1) {
+            find_normalize(im, i);
         } else if (!strcmp(n->op_type, "InstanceNormalization") && n->nin == 3 && n->nout == 1) {
             find_group_norm(im, i);
         } else if (!strcmp(n->op_type, "Transpose")) {

@@ -132,7 +132,8 @@ def eltwise_net(**kwargs):
 
 class NormNet(torch.nn.Module):
     """Group and instance normalisation as U-Nets and style transfer use them: nn.GroupNorm (affine, over
-    blocked convolutions' channels), nn.InstanceNorm2d with affine, F.group_norm and F.instance_norm without;
+    blocked convolutions' channels), nn.InstanceNorm2d with affine, F.group_norm and F.instance_norm without,
+    F.normalize over the channels;
     (3, 16, 16) images."""
 
     def __init__(self, num_classes=10):
@@ -151,7 +152,7 @@ class NormNet(torch.nn.Module):
         x = F.silu(self.gn1(self.conv1(x)))
         x = torch.relu(self.in2(self.conv2(x)))
         x = F.group_norm(self.conv3(x), 2)
-        x = F.instance_norm(x + 0.25) * 0.5
+        x = F.instance_norm(x + 0.25) * 0.5 + F.normalize(x, dim=1)
         # 8x8: the mean as a sum (ReduceSum in ONNX), and the max of 2x2 adaptive maxima (ReduceMax in ONNX)
         return self.fc(x.sum(dim=(2, 3)) / 64.0 + self.pool(x).amax(dim=(2, 3)))
 
