@@ -764,14 +764,17 @@ static ps_status h_relu(imp *im) { return simple_act(im, "ReLU", NULL); }
 static ps_status h_sigmoid(imp *im) { return simple_act(im, "Sigmoid", NULL); }
 static ps_status h_tanh(imp *im) { return simple_act(im, "Tanh", NULL); }
 
-static ps_status h_leaky(imp *im) {
+/* An activation whose one ONNX attribute `alpha` (default dflt) is psd's attribute psd_attr. */
+static ps_status alpha_act(imp *im, float dflt, const char *kind, const char *psd_attr) {
     static const char *const known[] = {"alpha", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
     char t[64], f[40];
-    snprintf(t, sizeof t, "negative_slope: %s", float_text(attr_f(im, "alpha", 0.01f), f, sizeof f));
-    return simple_act(im, "LeakyReLU", t);
+    snprintf(t, sizeof t, "%s: %s", psd_attr, float_text(attr_f(im, "alpha", dflt), f, sizeof f));
+    return simple_act(im, kind, t);
 }
+
+static ps_status h_leaky(imp *im) { return alpha_act(im, 0.01f, "LeakyReLU", "negative_slope"); }
 
 static ps_status h_identity(imp *im) {
     val *x = in_val(im, 0, 1);
@@ -1505,14 +1508,7 @@ static ps_status h_neg(imp *im) {
     return x ? mul_const(im, x, -1.0) : im->err->code;
 }
 
-static ps_status h_elu(imp *im) {
-    static const char *const known[] = {"alpha", NULL};
-    ps_status rc = only_attrs(im, known);
-    if (rc) return rc;
-    char t[64], f[40];
-    snprintf(t, sizeof t, "alpha: %s", float_text(attr_f(im, "alpha", 1.0f), f, sizeof f));
-    return math_unary(im, "ELU", t);
-}
+static ps_status h_elu(imp *im) { return alpha_act(im, 1.0f, "ELU", "alpha"); }
 
 /* Selu with ONNX's default alpha and gamma (PyTorch's constants, as float) */
 static ps_status h_selu(imp *im) {
