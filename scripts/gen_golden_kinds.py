@@ -622,6 +622,13 @@ CASES += [
     ("groupnorm_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
                                             "{name: g, kind: GroupNorm, num_groups: 4}", "{name: r, kind: SiLU}",
                                             "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}"])),
+    # F.normalize (p 2): vectors along dim 1, the last dim, the channels of (C, H, W); eps 0.8 at a scale where
+    # some norms fall below it (those divided by eps)
+    ("normalize", stage([6], ["{name: n, kind: Normalize}"])),
+    ("normalize_last", stage([3, 5], ["{name: n, kind: Normalize, dim: -1}"])),
+    ("normalize_channels", stage([4, 3, 3], ["{name: c, kind: Conv2d, out_channels: 4, kernel_size: 1}",
+                                             "{name: n, kind: Normalize, dim: 1}"])),
+    ("normalize_eps", stage([2, 3], ["{name: n, kind: Normalize, dim: 2, eps: 0.8}"])),
     # on 16 channels: blocked layouts through the activations
     ("hardtanh_clamp_min", stage([7], ["{name: a, kind: Hardtanh, min_val: -0.3, max_val: .inf}"])),
     ("hardtanh_clamp_max", stage([7], ["{name: a, kind: Hardtanh, min_val: -.inf, max_val: 0.4}"])),
@@ -684,6 +691,9 @@ def eltwise_module(kind, a, s0):
         return Lambda(lambda x: x + v)
     if kind == "Sub":
         return Lambda(lambda x, y: x - y)
+    if kind == "Normalize":
+        d, e = a.get("dim", 1), a.get("eps", 1e-12)
+        return Lambda(lambda x: F.normalize(x, p=2.0, dim=d, eps=e))
     if kind == "GroupNorm":
         return nn.GroupNorm(a["num_groups"], s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", True))
     if kind in ("InstanceNorm1d", "InstanceNorm2d"):
@@ -702,7 +712,7 @@ MHA_MASK = {"mha_causal_h2": "float", "mha_causal_dropout": "float"}
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
          "hard_blocked": 4.0}
-SCALE.update({"elu": 2.0, "selu": 2.0, "softplus": 3.0, "softplus_beta_threshold": 2.0, "mish": 3.0,
+SCALE.update({"normalize_eps": 0.7, "elu": 2.0, "selu": 2.0, "softplus": 3.0, "softplus_beta_threshold": 2.0, "mish": 3.0,
               "logsigmoid": 3.0, "pow3": 1.5})
 
 

@@ -77,6 +77,8 @@ static const char *const required_prefixes[] = {
     "test_instancenorm_",
     /* ReduceSum over adjacent axes (the mean times the count) */
     "test_reduce_sum_do_not_keepdims", "test_reduce_sum_keepdims", "test_reduce_sum_negative_axes_keepdims_example",
+    /* global max pooling (adaptive_max_pool2d to 1) */
+    "test_globalmaxpool",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */

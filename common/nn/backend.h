@@ -258,6 +258,16 @@ typedef struct ps_gn_desc {
     float eps;
 } ps_gn_desc;
 
+/* L2 normalisation over one dimension (F.normalize, p 2): x seen as (outer,
+ * dim, inner) like ps_softmax_desc; each of the outer * inner vectors of
+ * dim elements (stride inner) divided by max(its 2-norm, eps). */
+typedef struct ps_l2norm_desc {
+    int64_t outer;
+    int dim;
+    int64_t inner;
+    float eps;
+} ps_l2norm_desc;
+
 /* Softmax over one dimension of a tensor seen as (outer, dim, inner):
  * element (o, k, i) at (o*dim + k)*inner + i; softmax over k. inner = 1 is
  * the last dimension (the row-wise softmax_forward); dim 1 of (N, C, H, W)
@@ -826,6 +836,14 @@ typedef struct ps_backend_ops {
     ps_status (*groupnorm_backward)(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
                                     const float *gamma, const float *mean, const float *rstd, float *dx,
                                     float *dgamma, float *dbeta, ps_err *err);
+
+    /* L2 normalisation (see ps_l2norm_desc): y = x / max(|x|, eps) per
+     * vector. The backward from x: with n = |x| and y as above, dx = (dy -
+     * y * sum(dy * y)) / n where n >= eps (PyTorch's clamp_min passes its
+     * gradient at equality), else dy / eps. */
+    ps_status (*l2norm_forward)(void *impl, const ps_l2norm_desc *d, const float *x, float *y, ps_err *err);
+    ps_status (*l2norm_backward)(void *impl, const ps_l2norm_desc *d, const float *x, const float *dy, float *dx,
+                                 ps_err *err);
     /* ---- appended for recurrent layers run by psd (LSTM, GRU): one time
      * step's gate arithmetic (ps_rnn_cell_desc); the layer kind does the
      * GEMMs with linear_forward / linear_backward. ---- */

@@ -1072,6 +1072,15 @@ static ps_status cu_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
                                                     c->stream));
 }
 
+static ps_status cu_l2norm_forward(void *impl, const ps_l2norm_desc *d, const float *x, float *y, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_l2norm_forward(d->outer, d->dim, d->inner, d->eps, x, y, c->stream));
+}
+
+static ps_status cu_l2norm_backward(void *impl, const ps_l2norm_desc *d, const float *x, const float *dy, float *dx,
+                                    ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_l2norm_backward(d->outer, d->dim, d->inner, d->eps, x, dy, dx, c->stream));
+}
+
 static ps_status cu_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma, const float *beta,
                                float *y, float *mean, float *rstd, ps_err *err) {
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_forward(x, d->n, d->c, d->s, d->groups, d->eps, gamma, beta, y, mean, rstd,
@@ -1318,6 +1327,8 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .bias_grad = cu_bias_grad,
     .groupnorm_forward = cu_gn_forward,
     .groupnorm_backward = cu_gn_backward,
+    .l2norm_forward = cu_l2norm_forward,
+    .l2norm_backward = cu_l2norm_backward,
     .rnn_cell_forward = cu_rnn_cell_forward,
     .rnn_cell_backward = cu_rnn_cell_backward,
 };

@@ -85,6 +85,10 @@ cudaError_t ps_cuda_bn_backward(const float *x, const float *dy, int n, int c, i
 
 /* Layer normalisation of rows x cols (ps_ln_desc); mean, rstd may be NULL
  * in the forward; dx, dgamma, dbeta may each be NULL in the backward. */
+cudaError_t ps_cuda_l2norm_forward(int64_t outer, int dim, int64_t inner, float eps, const float *x, float *y,
+                                   cudaStream_t stream);
+cudaError_t ps_cuda_l2norm_backward(int64_t outer, int dim, int64_t inner, float eps, const float *x, const float *dy,
+                                    float *dx, cudaStream_t stream);
 cudaError_t ps_cuda_gn_forward(const float *x, int64_t n, int64_t c, int64_t s, int64_t groups, float eps,
                                const float *gamma, const float *beta, float *y, float *mean, float *rstd,
                                cudaStream_t stream);

@@ -365,6 +365,38 @@ __global__ void gn_backward_params_kernel(const float *x, const float *dy, int64
     }
 }
 
+/* L2 normalisation over one dimension (backend.h ps_l2norm_desc): one thread per vector. */
+__global__ void l2norm_forward_kernel(int64_t outer, int dim, int64_t inner, float eps, const float *x, float *y) {
+    for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < outer * inner;
+         v += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t base = (v / inner) * dim * inner + v % inner;
+        double s = 0.0;
+        for (int k = 0; k < dim; k++) s += (double)x[base + k * inner] * x[base + k * inner];
+        const float r = 1.0f / fmaxf((float)sqrt(s), eps);
+        for (int k = 0; k < dim; k++) y[base + k * inner] = x[base + k * inner] * r;
+    }
+}
+
+__global__ void l2norm_backward_kernel(int64_t outer, int dim, int64_t inner, float eps, const float *x,
+                                       const float *dy, float *dx) {
+    for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < outer * inner;
+         v += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t base = (v / inner) * dim * inner + v % inner;
+        double s = 0.0, dot = 0.0;
+        for (int k = 0; k < dim; k++) {
+            s += (double)x[base + k * inner] * x[base + k * inner];
+            dot += (double)dy[base + k * inner] * x[base + k * inner];
+        }
+        const float n = (float)sqrt(s);
+        if (n < eps) {
+            for (int k = 0; k < dim; k++) dx[base + k * inner] = dy[base + k * inner] / eps;
+            continue;
+        }
+        const float r = 1.0f / n, c = (float)(dot / s);
+        for (int k = 0; k < dim; k++) dx[base + k * inner] = (dy[base + k * inner] - x[base + k * inner] * c) * r;
+    }
+}
+
 #define SELU_ALPHA 1.67326324235437728f
 #define SELU_SCALE 1.05070098735548049f
 
@@ -818,6 +850,18 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
     if (dgamma || dbeta)
         ln_backward_params_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(x, dy, rows, cols, mean, rstd, dgamma,
                                                                              dbeta);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_l2norm_forward(int64_t outer, int dim, int64_t inner, float eps, const float *x, float *y,
+                                   cudaStream_t stream) {
+    l2norm_forward_kernel<<<blocks_for(outer * inner), kThreads, 0, stream>>>(outer, dim, inner, eps, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_l2norm_backward(int64_t outer, int dim, int64_t inner, float eps, const float *x, const float *dy,
+                                    float *dx, cudaStream_t stream) {
+    l2norm_backward_kernel<<<blocks_for(outer * inner), kThreads, 0, stream>>>(outer, dim, inner, eps, x, dy, dx);
     return cudaGetLastError();
 }
 

@@ -3067,6 +3067,51 @@ static ps_status dn_gn_backward(void *impl, const ps_gn_desc *d, const float *x,
     return PS_OK;
 }
 
+/* ---- L2 normalisation over one dimension: C loops (memory bound), OpenMP
+ * over the vectors; the squares summed in double ---- */
+
+static ps_status dn_l2norm_forward(void *impl, const ps_l2norm_desc *d, const float *x, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t nv = d->outer * d->inner;
+#pragma omp parallel for if (nv * d->dim >= PS_OMP_MIN) schedule(static)
+    for (int64_t v = 0; v < nv; v++) {
+        const int64_t base = (v / d->inner) * d->dim * d->inner + v % d->inner;
+        double s = 0.0;
+        for (int k = 0; k < d->dim; k++) s += (double)x[base + k * d->inner] * x[base + k * d->inner];
+        const float r = 1.0f / fmaxf((float)sqrt(s), d->eps);
+        for (int k = 0; k < d->dim; k++) y[base + k * d->inner] = x[base + k * d->inner] * r;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_l2norm_backward(void *impl, const ps_l2norm_desc *d, const float *x, const float *dy, float *dx,
+                                    ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t nv = d->outer * d->inner;
+#pragma omp parallel for if (nv * d->dim >= PS_OMP_MIN) schedule(static)
+    for (int64_t v = 0; v < nv; v++) {
+        const int64_t base = (v / d->inner) * d->dim * d->inner + v % d->inner;
+        double s = 0.0, dot = 0.0;
+        for (int k = 0; k < d->dim; k++) {
+            s += (double)x[base + k * d->inner] * x[base + k * d->inner];
+            dot += (double)dy[base + k * d->inner] * x[base + k * d->inner];
+        }
+        const float n = (float)sqrt(s);
+        if (n < d->eps) {
+            for (int k = 0; k < d->dim; k++) dx[base + k * d->inner] = dy[base + k * d->inner] / d->eps;
+            continue;
+        }
+        const float r = 1.0f / n, c = (float)(dot / s);   /* sum(dy * y) / n = dot / n^2 */
+        for (int k = 0; k < d->dim; k++) {
+            const int64_t j = base + k * d->inner;
+            dx[j] = (dy[j] - x[j] * c) * r;
+        }
+    }
+    return PS_OK;
+}
+
 static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
     (void)err;
@@ -3497,6 +3542,8 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .bias_grad = dn_bias_grad,
     .groupnorm_forward = dn_gn_forward,
     .groupnorm_backward = dn_gn_backward,
+    .l2norm_forward = dn_l2norm_forward,
+    .l2norm_backward = dn_l2norm_backward,
     .rnn_cell_forward = dn_rnn_cell_forward,
     .rnn_cell_backward = dn_rnn_cell_backward,
 };

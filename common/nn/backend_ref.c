@@ -707,6 +707,43 @@ static ps_status ref_gn_backward(void *impl, const ps_gn_desc *d, const float *x
     return PS_OK;
 }
 
+/* ---- L2 normalisation over one dimension (ps_l2norm_desc), in double ---- */
+
+static ps_status ref_l2norm_forward(void *impl, const ps_l2norm_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t i = 0; i < d->inner; i++) {
+            const int64_t base = o * d->dim * d->inner + i;
+            double s = 0.0;
+            for (int k = 0; k < d->dim; k++) s += (double)x[base + k * d->inner] * x[base + k * d->inner];
+            const double n = fmax(sqrt(s), (double)d->eps);
+            for (int k = 0; k < d->dim; k++) y[base + k * d->inner] = (float)(x[base + k * d->inner] / n);
+        }
+    return PS_OK;
+}
+
+static ps_status ref_l2norm_backward(void *impl, const ps_l2norm_desc *d, const float *x, const float *dy, float *dx,
+                                     ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t i = 0; i < d->inner; i++) {
+            const int64_t base = o * d->dim * d->inner + i;
+            double s = 0.0, dot = 0.0;
+            for (int k = 0; k < d->dim; k++) s += (double)x[base + k * d->inner] * x[base + k * d->inner];
+            const double n = sqrt(s);
+            if (n < (double)d->eps) {
+                for (int k = 0; k < d->dim; k++) dx[base + k * d->inner] = (float)(dy[base + k * d->inner] / d->eps);
+                continue;
+            }
+            for (int k = 0; k < d->dim; k++) dot += (double)dy[base + k * d->inner] * x[base + k * d->inner] / n;
+            for (int k = 0; k < d->dim; k++) {
+                const int64_t j = base + k * d->inner;
+                dx[j] = (float)((dy[j] - x[j] / n * dot) / n);
+            }
+        }
+    return PS_OK;
+}
+
 /* ---- activations (computed in double, rounded once) ---- */
 
 #define SELU_ALPHA 1.6732632423543772848170429916717
@@ -1153,6 +1190,8 @@ const ps_backend_ops ps_backend_ref_ops = {
     .bias_grad = ref_bias_grad,
     .groupnorm_forward = ref_gn_forward,
     .groupnorm_backward = ref_gn_backward,
+    .l2norm_forward = ref_l2norm_forward,
+    .l2norm_backward = ref_l2norm_backward,
     .rnn_cell_forward = ref_rnn_cell_forward,
     .rnn_cell_backward = ref_rnn_cell_backward,
 };

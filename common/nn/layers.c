@@ -1047,6 +1047,48 @@ static size_t gn_bytes(const ps_layer *ly, int n) {
 
 static double gn_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
 
+/* ---- Normalize: F.normalize(x, p=2, dim, eps), each vector along dim
+ * divided by max(its 2-norm, eps) (embeddings, cosine classifiers,
+ * contrastive losses). The backward recomputes the norms from x. ---- */
+
+static ps_status l2norm_infer(ps_layer *ly, ps_err *err) {
+    if (ly->a.p != 2.0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "p: %g (psd normalises by the 2-norm only)", ly->a.p);
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
+    if (rc) return rc;
+    if (ly->in[0].dims[d] > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dim %lld has %lld elements: too many", (long long)ly->a.dim,
+                          (long long)ly->in[0].dims[d]);
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static ps_l2norm_desc l2norm_desc(const ps_layer *ly, int n) {
+    const int d = sample_dim(ly->a.dim, ly->in[0].ndim);
+    ps_l2norm_desc s = {n, (int)ly->in[0].dims[d], 1, (float)ly->a.eps};
+    for (int k = 0; k < d; k++) s.outer *= ly->in[0].dims[k];
+    for (int k = d + 1; k < ly->in[0].ndim; k++) s.inner *= ly->in[0].dims[k];
+    return s;
+}
+
+static const char *l2norm_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->l2norm_forward && ops->l2norm_backward ? NULL : "l2norm_forward/l2norm_backward";
+}
+
+static ps_status l2norm_forward(ps_layer_call *c, ps_err *err) {
+    const ps_l2norm_desc d = l2norm_desc(c->ly, c->n);
+    return c->be->ops->l2norm_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status l2norm_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_l2norm_desc d = l2norm_desc(c->ly, c->n);
+    return c->be->ops->l2norm_backward(c->be->impl, &d, c->x, c->dy, c->dx, err);
+}
+
 /* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
  * Tanh, Sigmoid, Hardtanh(min_val, max_val), ReLU6 (Hardtanh(0, 6), as
  * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
@@ -3528,6 +3570,12 @@ static const ps_attr_spec instnorm_attrs[] = {
     ATTR_BOOL("track_running_stats", track, "false"),
     ATTR_END,
 };
+static const ps_attr_spec l2norm_attrs[] = {
+    ATTR_FLOAT("p", p, "2.0", 0, 1e6, 1, 0),
+    {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
+    ATTR_FLOAT("eps", eps, "1e-12", 0, 1, 0, 0),
+    ATTR_END,
+};
 /* elementwise math */
 static const ps_attr_spec elu_attrs[] = {
     ATTR_FLOAT("alpha", elu_alpha, "1.0", -1e6, 1e6, 0, 0),
@@ -3779,6 +3827,9 @@ static const ps_layer_kind kinds[] = {
      NULL, gn_flops},
     {"InstanceNorm2d", PS_KIND_BWD_X, 1, 1, instnorm_attrs, in2d_infer, gn_missing, gn_forward, gn_backward, gn_bytes,
      NULL, gn_flops},
+    /* F.normalize (p 2) */
+    {"Normalize", PS_KIND_BWD_X, 1, 1, l2norm_attrs, l2norm_infer, l2norm_missing, l2norm_forward, l2norm_backward,
+     NULL, NULL, NULL},
     /* elementwise math (users' own layers): the activations' ops */
     {"ELU", F_ACT, 1, 1, elu_attrs, elu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"SELU", F_ACT, 1, 1, inplace_attrs, selu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -3942,6 +3993,7 @@ static const struct {
     {"ConvTranspose2d", NULL}, {"Upsample", NULL},
     /* group and instance normalisation: each sample's own statistics */
     {"GroupNorm", gn_saved}, {"InstanceNorm1d", gn_saved}, {"InstanceNorm2d", gn_saved},
+    {"Normalize", NULL},
     /* elementwise math */
     {"ELU", NULL}, {"SELU", NULL}, {"Softplus", NULL}, {"Mish", NULL}, {"LogSigmoid", NULL}, {"Exp", NULL},
     {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},

@@ -764,14 +764,17 @@ static ps_status h_relu(imp *im) { return simple_act(im, "ReLU", NULL); }
 static ps_status h_sigmoid(imp *im) { return simple_act(im, "Sigmoid", NULL); }
 static ps_status h_tanh(imp *im) { return simple_act(im, "Tanh", NULL); }
 
-static ps_status h_leaky(imp *im) {
+/* An activation whose one ONNX attribute `alpha` (default dflt) is psd's attribute psd_attr. */
+static ps_status alpha_act(imp *im, float dflt, const char *kind, const char *psd_attr) {
     static const char *const known[] = {"alpha", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
     char t[64], f[40];
-    snprintf(t, sizeof t, "negative_slope: %s", float_text(attr_f(im, "alpha", 0.01f), f, sizeof f));
-    return simple_act(im, "LeakyReLU", t);
+    snprintf(t, sizeof t, "%s: %s", psd_attr, float_text(attr_f(im, "alpha", dflt), f, sizeof f));
+    return simple_act(im, kind, t);
 }
+
+static ps_status h_leaky(imp *im) { return alpha_act(im, 0.01f, "LeakyReLU", "negative_slope"); }
 
 static ps_status h_identity(imp *im) {
     val *x = in_val(im, 0, 1);
@@ -1505,14 +1508,7 @@ static ps_status h_neg(imp *im) {
     return x ? mul_const(im, x, -1.0) : im->err->code;
 }
 
-static ps_status h_elu(imp *im) {
-    static const char *const known[] = {"alpha", NULL};
-    ps_status rc = only_attrs(im, known);
-    if (rc) return rc;
-    char t[64], f[40];
-    snprintf(t, sizeof t, "alpha: %s", float_text(attr_f(im, "alpha", 1.0f), f, sizeof f));
-    return math_unary(im, "ELU", t);
-}
+static ps_status h_elu(imp *im) { return alpha_act(im, 1.0f, "ELU", "alpha"); }
 
 /* Selu with ONNX's default alpha and gamma (PyTorch's constants, as float) */
 static ps_status h_selu(imp *im) {
@@ -2055,6 +2051,58 @@ static ps_status h_gap(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
+/* GlobalMaxPool (PyTorch's adaptive_max_pool2d to 1) and ReduceMax over every spatial axis (x.amax(dim=(2,
+ * 3))): a MaxPool2d / MaxPool1d over the whole plane (then Flatten where ReduceMax drops the axes). */
+static ps_status global_max(imp *im, int keep) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    const int sp = x->ndim - 2;
+    if (x->kind == VK_DATA && sp != 1 && sp != 2) return unsup(im, "%d-D pooling (psd pools 1-D and 2-D)", sp);
+    ps_status rc = need_float(im, x, sp + 1, sp + 1, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, sp == 1 ? "MaxPool1d" : "MaxPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "kernel_size: %s", sp == 1 ? (snprintf(b, sizeof b, "%lld", (long long)x->dims[2]), b)
+                                                : dims_text(x->dims + 2, 2, b, sizeof b));
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    for (int i = 1; i <= sp; i++) od[x->ndim - i] = 1;
+    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+    if (f < 0) return oom(im);
+    return data_out(im, 0, f, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_gmp(imp *im) { return global_max(im, 1); }
+
+static ps_status h_reducemax(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "ReduceMax of constants (psd does not fold it)");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
+    const int r = x->ndim;
+    int seen[MAXD] = {0}, cnt = 0;
+    for (int i = 0; i < n; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (!seen[a]) cnt++;
+        seen[a] = 1;
+    }
+    int spatial = im->lead == 1 && (r == 3 || r == 4) && cnt == r - 2;
+    for (int a = 2; spatial && a < r; a++) spatial = seen[a];
+    if (!spatial)
+        return unsup(im, "a max over axes other than every spatial axis of (N, C, L) or (N, C, H, W) (psd's is a "
+                     "MaxPool over the whole plane)");
+    return global_max(im, (int)attr_i(im, "keepdims", 1));
+}
+
 /* ReduceMean over adjacent axes after the batch. Over the two spatial axes
  * of an (N, C, H, W) value (mnasnet's x.mean([2, 3])): AdaptiveAvgPool2d to
  * 1x1, then Flatten when keepdims is 0. Over others (a text classifier's
@@ -2553,6 +2601,19 @@ static ps_status h_fused(imp *im) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
         if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
         return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(f->kind, "Normalize")) {
+        if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+        int a = norm_axis(im, f->axis, x->ndim, "axes");
+        if (a < 0) return im->err->code;
+        if (pt_dim(im, a) < 0) return along_batch(im, "F.normalize");
+        int in = x->node;
+        int pn = emit(im, "Normalize", NULL, NULL, NULL, 1, &in);
+        if (pn < 0) return oom(im);
+        char e[40];
+        add_attr(im, pn, "dim: %d", pt_dim(im, a));
+        add_attr(im, pn, "eps: %s", float_text(f->eps, e, sizeof e));
+        return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
     }
     if (!strcmp(f->kind, "GroupNorm")) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
@@ -3168,6 +3229,8 @@ static const op_row ops[] = {
     {"GlobalAveragePool", h_gap, 1},
     {"ReduceMean", h_reducemean, 1},
     {"ReduceSum", h_reducesum, 1},
+    {"GlobalMaxPool", h_gmp, 1},
+    {"ReduceMax", h_reducemax, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
@@ -3348,6 +3411,40 @@ static void find_group_norm(imp *im, int i) {
     set_scope(im, i, f->scope);
 }
 
+/* F.normalize(x, dim=d, eps) as PyTorch exports it: ReduceL2(x, axes [d], keepdims 1) -> Clip(min eps) ->
+ * Expand(., Shape(x)) -> Div(x, .): one Normalize node at the Div (axis: d as ONNX counts, eps). */
+static void find_normalize(imp *im, int i) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    const ps_onnx_attr *ax = ps_onnx_attr_find(n, "axes"), *kd = ps_onnx_attr_find(n, "keepdims");
+    if (!ax || ax->nints != 1 || (kd && kd->i != 1)) return;
+    const char *x = n->in[0];
+    int cl = sole_consumer(im, out0(im, i));
+    double eps;
+    if (!is_op(im, cl, "Clip")) return;
+    const ps_onnx_node *c = &im->m->nodes[cl];
+    if (im->opset >= 11) {   /* eps a constant scalar, or the exporter's Cast of one */
+        int cast = producer_of(im, c->nin > 1 ? c->in[1] : "");
+        if (!const_scalar(im, cl, 1, &eps) && !(is_op(im, cast, "Cast") && const_scalar(im, cast, 0, &eps))) return;
+        if (c->nin > 2 && c->in[2][0]) return;
+    } else {
+        const ps_onnx_attr *mn = ps_onnx_attr_find(c, "min");
+        if (!mn || ps_onnx_attr_find(c, "max")) return;
+        eps = mn->f;
+    }
+    int ex = sole_consumer(im, out0(im, cl));
+    int dv = is_op(im, ex, "Expand") ? sole_consumer(im, out0(im, ex)) : -1;
+    if (!is_op(im, dv, "Div") || im->m->nodes[dv].nin != 2 || strcmp(in0(im, dv), x) ||
+        strcmp(im->m->nodes[dv].in[1], out0(im, ex)))
+        return;
+    im->absorbed[i] = im->absorbed[cl] = im->absorbed[ex] = 1;
+    fused *f = &im->fz[dv];
+    f->kind = "Normalize";
+    f->x = x;
+    f->axis = (int)ax->ints[0];
+    f->eps = eps;
+    set_scope(im, i, f->scope);
+}
+
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
  * export below opset 14): HardSigmoid(x, alpha 1/6, beta 0.5) -> Mul(x, .). */
@@ -3464,6 +3561,8 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "ReduceL2") && n->nin >= 1 && n->nout == 1) {
+            find_normalize(im, i);
         } else if (!strcmp(n->op_type, "InstanceNormalization") && n->nin == 3 && n->nout == 1) {
             find_group_norm(im, i);
         } else if (!strcmp(n->op_type, "Transpose")) {

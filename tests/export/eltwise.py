@@ -35,3 +35,12 @@ class ClampByTensor(nn.Module):
 class SqueezeBatch(nn.Module):
     def forward(self, x):
         return x.unsqueeze(0)         # REFUSED_SQUEEZE
+
+
+class UnevenAdaptiveMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool2d(4)
+
+    def forward(self, x):
+        return self.pool(x.reshape(x.shape[0], 1, 2, 3))   # REFUSED_ADAPTIVE_MAX
