@@ -532,7 +532,7 @@ CASES += [
 # broadcast over the heads (one GEMM of the heads' rows), the left one, both at once over different dims with
 # transposes - and a learned operand (`parameter`, the same for every sample): x @ W, x @ W.t() (transpose_b)
 # under a top-level name, W.t() @ x on the left with a leading 1, per-head weights (H, D, E), a rank above the
-# sample's (leading 1 facing the batch); multi-query attention (q per head, one k and v for all heads) with a
+# sample's (leading 1 facing the batch), a vector per sample (x (N, k) @ W, then @ V.t()); multi-query attention (q per head, one k and v for all heads) with a
 # parameter projection. The gradient of a broadcast operand is summed over what it faced.
 CASES += [
     ("mm_bc_right", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 4, input: input}",
@@ -560,6 +560,9 @@ CASES += [
     ("mm_param_heads", stage([2, 3, 4], ["{name: a, kind: Tanh}",
                                          "{name: heads, kind: MatMul, parameter: weight, shape: [2, 4, 3]}"])),
     ("mm_param_lead1", stage([3, 4], ["{name: p, kind: MatMul, parameter: W, shape: [1, 4, 2]}"])),
+    ("mm_param_vector", stage([6], ["{name: a, kind: Tanh}",
+                                    "{name: lin.W, kind: MatMul, parameter: null, shape: [6, 4]}",
+                                    "{name: lin.V, kind: MatMul, parameter: null, shape: [3, 4], transpose_b: true}"])),
     ("mm_mqa", stage([4, 8], [
         "{name: q, kind: MatMul, parameter: W_q, shape: [8, 8], input: input}",
         "{name: qh, kind: Reshape, shape: [4, 2, 4]}",

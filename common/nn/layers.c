@@ -2326,7 +2326,9 @@ static ps_status eq_backward(ps_layer_call *c, ps_err *err) {
  * product - x @ W over the whole batch is one GEMM, and W's gradient
  * (R*m, k)^T . (R*m, n) sums over the batch inside it. Otherwise a
  * broadcast operand's gradient is summed by accumulating products
- * (ps_matmul_desc accumulate), one per matrix it faced. Plain layout. ---- */
+ * (ps_matmul_desc accumulate), one per matrix it faced. A vector per
+ * sample times a parameter on the right (x (N, k) @ W (k, n), a custom
+ * linear layer) is one (N, k) @ (k, n) product. Plain layout. ---- */
 
 typedef struct mm_geom {
     int m, n, k, ta, tb;
@@ -2379,8 +2381,18 @@ static const char *matmul_inputs(const ps_layer *ly, char *buf, size_t cap) {
 }
 
 /* The geometry for n samples (infer checked the shapes). */
+/* A vector per sample times the parameter on the right (x (N, k) @ W (k, n)): the samples are the rows. */
+static int mm_vector(const ps_layer *ly) {
+    return mm_param_operand(ly) == 1 && ly->nin == 1 && ly->in[0].ndim == 1;
+}
+
 static mm_geom mm_geometry(const ps_layer *ly, int n) {
     mm_geom g = {.ta = ly->a.trans_a, .tb = ly->a.trans_b};
+    if (mm_vector(ly)) {                     /* one (N, k) @ op(W) product */
+        const int64_t *w = ly->a.dims + ly->a.ndims - 2;
+        g.m = n, g.k = (int)ly->in[0].dims[0], g.n = (int)(g.tb ? w[0] : w[1]);
+        return g;
+    }
     const int nd = ly->outs.ndim + 1;        /* with the batch */
     int64_t d[2][PS_SHAPE_MAX_DIMS + 1];
     for (int i = 0; i < 2; i++) mm_operand_dims(ly, i, nd, d[i]);
@@ -2475,6 +2487,21 @@ static ps_status matmul_infer(ps_layer *ly, ps_err *err) {
     if (p >= 0 && ly->a.ndims < 2)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "MatMul's parameter takes a shape of 2 to %d dimensions "
                           "(a stack of matrices); it has %d", PS_SHAPE_MAX_DIMS, ly->a.ndims);
+    if (p == 1 && ly->in[0].ndim == 1 && ly->in_dtype[0] == PS_DTYPE_F32) {   /* x (N, k) @ W: a row per sample */
+        int lead = 0;
+        while (ly->a.ndims - lead > 2 && ly->a.dims[lead] == 1) lead++;
+        const int64_t *w = ly->a.dims + ly->a.ndims - 2;
+        const int64_t kb = ly->a.trans_b ? w[1] : w[0];
+        if (ly->a.ndims - lead != 2 || ly->a.trans_a || kb != ly->in[0].dims[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a vector per sample takes a parameter matrix on "
+                              "its right whose rows match it ((N, k) @ (k, n); no transpose_a)",
+                              matmul_inputs(ly, b, sizeof b));
+        ly->outs.ndim = 1;
+        ly->outs.dims[0] = ly->a.trans_b ? w[0] : w[1];
+        ly->out_dtype = PS_DTYPE_F32;
+        set_param(ly, 0, ly->a.pname, ly->a.ndims, ly->a.dims, kb, FAN_UNIFORM);
+        return PS_OK;
+    }
     for (int i = 0; i < ly->nin; i++)
         if (ly->in_dtype[i] != PS_DTYPE_F32 || ly->in[i].ndim < 2)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes float32 stacks of matrices (2 to "
