@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
-from attention import AttentionClassifier, CausalClassifier, MHABlock  # noqa: E402
+from attention import AttentionClassifier, CausalClassifier, MHABlock, ParamAttention  # noqa: E402
 from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
 
 SHAPE = (6, 5)          # tokens, features per token
@@ -106,6 +106,44 @@ def main():
 
     # 6. key padding masks computed from the token ids
     padding(pe, target)
+
+    # 7. raw parameters and broadcast matmuls
+    param_matmuls(pe, x, target)
+
+
+def param_matmuls(pe, x, target):
+    """attention.py's ParamAttention (a custom layer x @ self.W + self.b, per-head W_q (H, E, d) under a
+    (N, 1, T, E) input, multi-query k and v broadcast over the heads, x @ W_o.t(), a vector per sample times
+    W) through psd-export: MatMul nodes with `parameter: null` named by each tensor's state_dict name, the
+    transposed W_o read in place (transpose_b), broadcast MatMuls of computed operands; trained one step
+    against float64 autograd. Refused, naming it: a parameter's transpose read by anything but a MatMul."""
+    y = os.path.join(cr.TMP, "param_attention.yaml")
+    rc = pe.main([os.path.join(HERE, "attention.py") + ":ParamAttention", "--input-shape", ",".join(map(str, SHAPE)),
+                  "--seed", "5", "-o", y])
+    cr.check(rc == 0, "psd-export of attention written with raw parameters (x @ self.W)")
+    with open(y) as f:
+        text = f.read()
+    for line in ("{name: inp.W, kind: MatMul, parameter: null, shape: [5, 8]}",
+                 "{name: W_q, kind: MatMul, parameter: null, shape: [2, 8, 4]}",
+                 "{name: matmul, kind: MatMul, inputs: [W_q, W_k], transpose_b: true}",
+                 "{name: W_o, kind: MatMul, transpose_b: true, parameter: null, shape: [8, 8]}",
+                 "{name: head.W, kind: MatMul, parameter: null, shape: [48, 10]}"):
+        cr.check(line in text, "psd-export of ParamAttention writes %s" % line)
+    torch.manual_seed(5)
+    model = ParamAttention()
+    w = os.path.join(cr.TMP, "param_attention.safetensors")
+    stub, p = cr.start_psd("param_attention", "file: %s" % y, ["--init-from", w])
+    cr.input_gradient("raw-parameter attention psd-export", stub, model, x, target)
+    cr.run("raw-parameter attention psd-export", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    src = os.path.join(cr.TMP, "wt.py")
+    with open(src, "w") as f:
+        f.write("import torch\nimport torch.nn as nn\n\n\nclass M(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.W = nn.Parameter(torch.randn(5, 6))\n\n"
+                "    def forward(self, x):\n        return x + self.W.t()\n")
+    err = run_export([src + ":M", "--input-shape", "6,5", "-o", os.path.join(cr.TMP, "wt.yaml")])
+    cr.check("the transpose of 'W' is read by" in err and "as a MatMul operand" in err,
+             "psd-export refuses a parameter's transpose read by an Add, naming it (%s)" % err.strip()[-200:])
 
 
 def padding(pe, target):
