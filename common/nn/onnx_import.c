@@ -1442,69 +1442,86 @@ static ps_status mul_const(imp *im, val *x, double value) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
-/* A constant operand of a product as a Parameter of its own per-sample shape: its leading (batch) dims
- * must be 1 (else the whole input is one sample), its per-sample rank the partner's. */
-static int matmul_param(imp *im, val *c, const val *partner, ps_status *rc) {
-    const int off = im->lead, pnd = partner->ndim - off;
-    int cn = c->ndim;
-    int64_t cd[MAXD];
-    memcpy(cd, c->dims, sizeof cd);
-    if (off && cn == partner->ndim) {
-        for (int i = 0; i < off; i++)
-            if (cd[i] != 1) {
-                *rc = along_batch(im, "a constant operand of MatMul");
-                return -1;
-            }
-        memmove(cd, cd + off, (size_t)(cn - off) * sizeof *cd);
-        cn -= off;
-    }
-    if (cn != pnd || cn < 2 || cn > PS_MAXD) {
-        char b1[128], b2[128];
-        *rc = unsup(im, "MatMul of '%s' %s and constant '%s' %s: psd multiplies stacks of matrices of one rank "
-                    "(a 2-D initializer is a Linear's weight)", partner->name,
-                    dims_text(partner->dims, partner->ndim, b1, sizeof b1), c->name, dims_text(c->dims, c->ndim, b2,
-                                                                                             sizeof b2));
-        return -1;
-    }
-    int in = partner->node;
-    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
-    if (p < 0) {
-        *rc = oom(im);
-        return -1;
-    }
-    char b[128];
-    add_attr(im, p, "shape: %s", dims_text(cd, cn, b, sizeof b));
-    if ((*rc = bind(im, p, "weight", c, 0, 0))) return -1;
-    return p;
+/* 1 when initializer `name` is a state_dict name (module path, then a word) whose last word is not
+ * "weight": a raw parameter of a custom layer (inp.W, W_q), not nn.Linear's weight nor an eval export's
+ * onnx::MatMul_84. */
+static int custom_param_name(const char *name) {
+    const char *dot = strrchr(name, '.'), *last = dot ? dot + 1 : name;
+    if (!*last || strstr(name, "::") || !strcmp(last, "weight") || isdigit((unsigned char)name[0])) return 0;
+    for (const char *q = name; *q; q++)
+        if (!valid_char(*q) && *q != '.') return 0;
+    return 1;
 }
 
-/* MatMul of two computed values (or of a computed value and a constant that is no Linear's weight, as a
- * Parameter): psd's MatMul, (..., m, k) @ (..., k, n) with equal leading dims. */
+/* MatMul of two computed values, leading dims broadcast (numpy's rule; the batch faces the batch), or of a
+ * computed value and a constant that is no Linear's weight (a 2-D right operand is one): psd's MatMul with
+ * that constant as its parameter (`parameter`, `shape`, `parameter_side`; named as param_name says), read
+ * once for every sample, its leading dims right-aligned against the sample's, 1s facing the batch. */
 static ps_status matmul_values(imp *im, val *a, val *b) {
     ps_status rc = PS_OK;
-    int ins[2] = {a->node, b->node};
     const val *data = a->kind == VK_DATA ? a : b;
+    val *c = a->kind == VK_DATA ? (b->kind == VK_DATA ? NULL : b) : a;
     if ((rc = need_float(im, data, 1, PS_MAXD, "input"))) return rc;
-    if (a->kind != VK_DATA && (ins[0] = matmul_param(im, a, b, &rc)) < 0) return rc;
-    if (b->kind != VK_DATA && (ins[1] = matmul_param(im, b, a, &rc)) < 0) return rc;
-    const int nd = data->ndim;
-    int64_t ad[MAXD], bd[MAXD];
-    memcpy(ad, a->dims, sizeof ad);
-    memcpy(bd, b->dims, sizeof bd);
-    for (int i = 0; i < im->lead; i++) ad[i] = bd[i] = data->dims[i];   /* a constant's leading 1s face the batch */
-    int same = a->ndim == nd && b->ndim == nd && nd - im->lead >= 2;
-    for (int i = 0; same && i < nd - 2; i++) same = ad[i] == bd[i];
-    if (!same || ad[nd - 1] != bd[nd - 2]) {
-        char b1[128], b2[128];
-        return unsup(im, "MatMul of '%s' %s and '%s' %s: psd's MatMul takes stacks of matrices of one rank with "
-                     "equal leading dimensions (no broadcast) and matching inner ones", a->name,
-                     dims_text(a->dims, a->ndim, b1, sizeof b1), b->name, dims_text(b->dims, b->ndim, b2, sizeof b2));
+    const int nd = data->ndim, lead = im->lead;
+    char b1[128], b2[128];
+    int64_t ad[MAXD], bd[MAXD], od[MAXD];
+    for (int i = 0; i < nd; i++) {   /* right-aligned, a constant's missing dims 1 */
+        int ja = i - (nd - a->ndim), jb = i - (nd - b->ndim);
+        ad[i] = ja >= 0 ? a->dims[ja] : 1;
+        bd[i] = jb >= 0 ? b->dims[jb] : 1;
     }
-    int pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins);
-    if (pn < 0) return oom(im);
-    int64_t od[MAXD];
-    memcpy(od, ad, sizeof od);
-    od[nd - 1] = bd[nd - 1];
+    const int vec = c == b && nd - lead == 1 && c->ndim == 2;   /* x (N, k) @ W (k, n): a row per sample */
+    int ok = vec || (nd - lead >= 2 && (c ? c->ndim >= 2 && c->ndim <= nd : a->ndim == b->ndim));
+    for (int i = 0; ok && !vec && i < lead; i++) ok = c ? (c == a ? ad[i] : bd[i]) == 1 : 1;   /* the batch */
+    for (int i = 0; ok && i < nd - 2; i++) {
+        ok = ad[i] == bd[i] || ad[i] == 1 || bd[i] == 1 || i < lead;
+        od[i] = i < lead ? data->dims[i] : ad[i] > bd[i] ? ad[i] : bd[i];
+    }
+    if (vec) {
+        memcpy(od, data->dims, sizeof od);
+        od[nd - 1] = b->dims[1];
+    }
+    if (!ok || (vec ? a->dims[nd - 1] != b->dims[0] : ad[nd - 1] != bd[nd - 2]))
+        return unsup(im, "MatMul of '%s' %s and '%s' %s: psd's MatMul takes stacks of matrices (two computed ones of "
+                     "one rank; a constant of 2 or more dims, its leading ones 1 against the batch) whose leading "
+                     "dimensions broadcast and whose inner ones match", a->name,
+                     dims_text(a->dims, a->ndim, b1, sizeof b1), b->name, dims_text(b->dims, b->ndim, b2, sizeof b2));
+    if (!vec) {
+        od[nd - 2] = ad[nd - 2];
+        od[nd - 1] = bd[nd - 1];
+    }
+    int pn;
+    if (c) {
+        int in = data->node;
+        if ((pn = emit(im, "MatMul", c->name, "weight", NULL, 1, &in)) < 0) return oom(im);
+        /* named by the initializer's whole state_dict name, `parameter: null` (a module's W_q, W_k and W_v are
+         * three nodes; its b for an Add stays free); else as param_name says */
+        char sfx[24];
+        const char *iname = c->t && c->t->name[0] ? c->t->name : c->name;
+        im->pn[pn].name[0] = 0;
+        if (custom_param_name(iname) && strlen(iname) <= NAME_MAX_ && !name_taken(im, iname)) {
+            snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", iname);
+            sfx[0] = 0;
+        } else {
+            pick_name(im, iname, "weight", NULL, im->pn[pn].name);
+            param_name(im, pn, iname, sfx);
+        }
+        if (!sfx[0]) add_attr(im, pn, "parameter: null");
+        else add_attr(im, pn, "parameter: %s", sfx);
+        int64_t cd[MAXD];   /* a Transpose of the initializer (x @ W.t()): its own dims, read transposed */
+        memcpy(cd, c->dims, sizeof cd);
+        if (c->tpose) {
+            cd[c->ndim - 2] = c->dims[c->ndim - 1];
+            cd[c->ndim - 1] = c->dims[c->ndim - 2];
+            add_attr(im, pn, c == a ? "transpose_a: true" : "transpose_b: true");
+        }
+        add_attr(im, pn, "shape: %s", dims_text(cd, c->ndim, b1, sizeof b1));
+        if (c == a) add_attr(im, pn, "parameter_side: left");
+        if ((rc = bind(im, pn, sfx, c, c->tpose, 0))) return rc;
+    } else {
+        int ins[2] = {a->node, b->node};
+        if ((pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins)) < 0) return oom(im);
+    }
     return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
 }
 
@@ -1716,7 +1733,10 @@ static ps_status h_matmul(imp *im) {
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind == VK_CONST && b->kind == VK_CONST) return unsup(im, "MatMul of two constants");
-    if (b->kind == VK_CONST && b->ndim == 2) return linear(im, a, b, 1, NULL);
+    /* a 2-D right operand is a Linear's weight - unless it is a state_dict tensor of another name (x @ self.W
+     * of a custom layer: a MatMul by the parameter keeps its name) */
+    if (b->kind == VK_CONST && b->ndim == 2 && !custom_param_name(b->t && b->t->name[0] ? b->t->name : b->name))
+        return linear(im, a, b, 1, NULL);
     return matmul_values(im, a, b);
 }
 

@@ -136,6 +136,16 @@ def param_matmuls(pe, x, target):
     cr.input_gradient("raw-parameter attention psd-export", stub, model, x, target)
     cr.run("raw-parameter attention psd-export", stub, copy.deepcopy(model), x, target, ref64=True)
     p.kill()
+    # its training-mode ONNX export: MatMuls by initializers (W_q (H, E, d), W_k, the transposed W_o's
+    # Transpose folded or read, head.W) and of computed values broadcast over the heads
+    path = os.path.join(cr.TMP, "param_attention.onnx")
+    m2 = copy.deepcopy(model).train()
+    torch.onnx.export(m2, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=13)
+    stub, p = cr.start_psd("param_attention_onnx", "onnx: %s" % path, [])
+    cr.input_gradient("raw-parameter attention onnx export", stub, m2, x, target)
+    cr.run("raw-parameter attention onnx export", stub, m2, x, target, ref64=True)
+    p.kill()
     src = os.path.join(cr.TMP, "wt.py")
     with open(src, "w") as f:
         f.write("import torch\nimport torch.nn as nn\n\n\nclass M(nn.Module):\n    def __init__(self):\n"
