@@ -204,6 +204,7 @@ def padding(pe, target):
             cr.check("node 'attn' (MultiheadAttention): sample 1" in msg and want in msg, "psd refuses a sample "
                      "whose keys are all padding (%s), naming it (%s)" % (mode, msg))
         p.kill()
+    padding_onnx(ids, target)
     for mode, want in (("ne", "its key_padding_mask is computed from the input (a per-sample mask) as function "
                               "operator.ne"),
                        ("pad_tensor", "the pad id compared with the ids at"),
@@ -212,6 +213,34 @@ def padding(pe, target):
         err = run_export([os.path.join(HERE, "attention.py") + ":PaddedMHA", "--kwargs", '{"mode": "%s"}' % mode,
                           "--input-shape", "6", "--input-dtype", "int64", "-o", os.path.join(cr.TMP, "refused.yaml")])
         cr.check(want in err, "psd-export refuses PaddedMHA %s saying '%s' (%s)" % (mode, want, err.strip()[-300:]))
+
+
+def padding_onnx(ids, target):
+    """PaddedMHA (== and ids.eq(pad)) through its training-mode ONNX export at opset 13: Equal of the int64 ids
+    and the pad id as an Eq node, the exporter's mask chain inside the attention (Reshape to (N, 1, 1, S),
+    Expand over the heads, Reshape to (N*H, 1, S), Cast, Where(mask, -inf, 0)) as MultiheadAttention's second
+    input; trained one step against float64 autograd. Beside a causal attn_mask the exporter merges the two
+    masks otherwise: refused, naming it."""
+    from attention import PaddedMHA
+    for mode in ("eq", "method"):
+        torch.manual_seed(8)
+        model = PaddedMHA(mode=mode)
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(torch.randn_like(t) * 0.1)
+        path = os.path.join(cr.TMP, "padded_%s.onnx" % mode)
+        torch.onnx.export(copy.deepcopy(model).train(), ids, path, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, opset_version=13)
+        label = "MultiheadAttention key_padding_mask onnx export (%s)" % mode
+        stub, p = cr.start_psd("padded_onnx_" + mode, "onnx: %s" % path, [])
+        cr.run(label, stub, copy.deepcopy(model), ids, target, ref64=True)
+        p.kill()
+    path = os.path.join(cr.TMP, "padded_causal.onnx")
+    torch.onnx.export(PaddedMHA(mode="causal").train(), ids, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    rc, out = cr.check_config(path)
+    cr.check(rc != 0 and "nn.MultiheadAttention" in out, "the ONNX export of a key_padding_mask beside a causal "
+             "attn_mask is refused, naming it (%s)" % (out.strip().splitlines()[-1] if out.strip() else "no output"))
 
 
 def masks(pe, target):
