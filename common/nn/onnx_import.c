@@ -130,7 +130,8 @@ typedef struct fused {
     char scope[NAME_MAX_ + 1];
 } fused;
 
-/* nn.MultiheadAttention (batch_first, self-attention, no mask) as PyTorch's exporter decomposes it, found by
+/* nn.MultiheadAttention (batch_first, self-attention; the causal attn_mask or key_padding_mask = ids == pad)
+ * as PyTorch's exporter decomposes it, found by
  * the pre-pass (find_mha): the ONNX nodes of its roles and the initializers it reads. */
 typedef struct mha_pat {
     int t0, end;                /* the Transpose [1, 0, 2] of x to (L, N, E), the Transpose back */
@@ -3386,9 +3387,10 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
         }
     }
     if (!is_op(im, sm, "Softmax"))
-        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than an "
-                   "attn_mask added to them (key_padding_mask), which psd's MultiheadAttention does not take (it "
-                   "takes the causal attn_mask)", sm < 0 ? "several nodes" : m->nodes[sm].op_type);
+        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than the "
+                   "term the exporter adds for an attn_mask or a key_padding_mask, which psd's MultiheadAttention "
+                   "does not take (it takes the causal attn_mask and key_padding_mask=ids == pad)",
+                   sm < 0 ? "several nodes" : m->nodes[sm].op_type);
     const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[sm], "axis");
     int64_t axis = ax ? ax->i : im->opset >= 13 ? -1 : 1;
     if (axis != -1 && axis != 2) return WHY("a Softmax over axis %lld, not the keys'", (long long)axis);
