@@ -580,6 +580,50 @@ CASES += [
         "{name: proj, kind: MatMul, parameter: W, shape: [8, 8]}"])),
 ]
 
+# upsampling (decoders, autoencoders, U-Nets): ConvTranspose2d (stride 2 with output_padding, rectangular with
+# dilation and groups, no bias, the U-Net's 2x2 stride 2, between blocked convolutions) and Upsample (nearest and
+# bilinear with both align_corners, integer, fractional and per-axis scale factors, sizes up, down and kept, and
+# recompute_scale_factor), and a U-Net's step: a strided conv down, Upsample, the skip joined by Concat
+CASES += [
+    ("upconv_s2_op", stage([4, 5, 5], ["{name: u, kind: ConvTranspose2d, out_channels: 6, kernel_size: 3, stride: 2, "
+                                       "padding: 1, output_padding: 1}"])),
+    ("upconv_rect_dil_groups", stage([4, 4, 5], ["{name: u, kind: ConvTranspose2d, in_channels: 4, out_channels: 6, "
+                                                 "kernel_size: [3, 2], stride: [2, 1], padding: [1, 0], "
+                                                 "output_padding: [1, 0], dilation: [2, 1], groups: 2, "
+                                                 "bias: false}"])),
+    ("upconv_k2s2", stage([8, 3, 4], ["{name: u, kind: ConvTranspose2d, out_channels: 4, kernel_size: 2, "
+                                      "stride: 2}"])),
+    ("upconv_blocked", stage([16, 4, 4], ["{name: c1, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                          "{name: u, kind: ConvTranspose2d, out_channels: 16, kernel_size: 2, "
+                                          "stride: 2}",
+                                          "{name: r, kind: ReLU}",
+                                          "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}"])),
+    ("up_nearest_x2", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2}"])),
+    ("up_nearest_frac", stage([3, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7}"])),
+    ("up_nearest_axes", stage([2, 3, 4], ["{name: u, kind: Upsample, scale_factor: [1.5, 3], mode: nearest}"])),
+    ("up_nearest_size", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [7, 9]}"])),
+    ("up_nearest_down", stage([2, 7, 5], ["{name: u, kind: Upsample, size: [3, 2]}"])),
+    ("up_bilinear_x2", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2, mode: bilinear}"])),
+    ("up_bilinear_x2_ac", stage([3, 4, 5], ["{name: u, kind: Upsample, scale_factor: 2, mode: bilinear, "
+                                            "align_corners: true}"])),
+    ("up_bilinear_frac", stage([2, 4, 5], ["{name: u, kind: Upsample, scale_factor: [1.5, 2.3], mode: bilinear}"])),
+    ("up_bilinear_frac_ac", stage([2, 4, 5], ["{name: u, kind: Upsample, scale_factor: 1.5, mode: bilinear, "
+                                              "align_corners: true}"])),
+    ("up_bilinear_size", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [4, 8], mode: bilinear}"])),
+    ("up_bilinear_size_ac", stage([3, 4, 5], ["{name: u, kind: Upsample, size: [7, 3], mode: bilinear, "
+                                              "align_corners: true}"])),
+    ("up_bilinear_recompute", stage([2, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7, mode: bilinear, "
+                                                "recompute_scale_factor: true}"])),
+    ("up_nearest_recompute", stage([2, 5, 4], ["{name: u, kind: Upsample, scale_factor: 1.7, "
+                                               "recompute_scale_factor: true}"])),
+    ("unet_step", stage([4, 6, 6], [
+        "{name: down, kind: Conv2d, out_channels: 8, kernel_size: 3, stride: 2, padding: 1, input: input}",
+        "{name: r, kind: ReLU}",
+        "{name: up, kind: Upsample, scale_factor: 2, mode: bilinear}",
+        "{name: cat, kind: Concat, inputs: [up, input], dim: 1}",
+        "{name: out, kind: Conv2d, out_channels: 3, kernel_size: 3, padding: 1}"])),
+]
+
 # real tokens per sample (the rest pad id 0): right padding (several keys, all but one), padding in the middle
 # ("mid": tokens 0, 1 and 5 real), none
 KPM_IDS = {"kpm_bool_h2": [3, 1, "mid", 6], "kpm_causal_h2": [2, 1, 6, 4], "kpm_dropout_h4": [4, 1, "mid", 6, 2],
@@ -596,6 +640,77 @@ def kpm_ids(name, shape):
     return ids
 
 
+# elementwise math (users' own layers): the activations' ops; Log, Sqrt and Pow 0.5 read Abs + AddConstant's
+# positive values
+CASES += [
+    ("elu", stage([2, 3, 4], ["{name: a, kind: ELU, alpha: 0.7}"])),
+    ("selu", stage([7], ["{name: a, kind: SELU}"])),
+    ("softplus", stage([7], ["{name: a, kind: Softplus}"])),
+    ("softplus_beta_threshold", stage([2, 6], ["{name: a, kind: Softplus, beta: 2.0, threshold: 1.0}"])),
+    ("mish", stage([2, 3, 4], ["{name: a, kind: Mish}"])),
+    ("logsigmoid", stage([7], ["{name: a, kind: LogSigmoid}"])),
+    ("exp", stage([7], ["{name: a, kind: Exp}"])),
+    ("abs_log", stage([2, 5], ["{name: a, kind: Abs}", "{name: c, kind: AddConstant, value: 0.1}",
+                               "{name: l, kind: Log}"])),
+    ("abs_sqrt", stage([9], ["{name: a, kind: Abs}", "{name: c, kind: AddConstant, value: 0.2}",
+                             "{name: r, kind: Sqrt}"])),
+    ("pow2", stage([7], ["{name: p, kind: Pow, exponent: 2}"])),
+    ("pow3", stage([2, 4], ["{name: p, kind: Pow, exponent: 3.0}"])),
+    ("pow_half_neg", stage([7], ["{name: a, kind: Abs}", "{name: c, kind: AddConstant, value: 0.3}",
+                                 "{name: p, kind: Pow, exponent: 0.5}", "{name: q, kind: Pow, exponent: -1.5}"])),
+    ("addconst", stage([2, 3, 4], ["{name: c, kind: AddConstant, value: -0.75}"])),
+    ("sub", stage([6], ["{name: a, kind: Linear, out_features: 6, input: input}", "{name: t, kind: Tanh, input: input}",
+                        "{name: s, kind: Sub, inputs: [t, a]}"])),
+    # group and instance normalisation (each sample's own statistics; weights perturbed from ones/zeros)
+    ("groupnorm", stage([6, 4, 5], ["{name: g, kind: GroupNorm, num_groups: 3}"])),
+    ("groupnorm_one_group_noaffine", stage([4, 3, 3], ["{name: g, kind: GroupNorm, num_groups: 1, affine: false, "
+                                                        "eps: 0.001}"])),
+    ("groupnorm_per_channel_1d", stage([4, 7], ["{name: g, kind: GroupNorm, num_groups: 4, num_channels: 4}"])),
+    ("groupnorm_flat", stage([6], ["{name: g, kind: GroupNorm, num_groups: 2}"])),
+    ("instancenorm2d_affine", stage([3, 4, 4], ["{name: i, kind: InstanceNorm2d, num_features: 3, affine: true}"])),
+    ("instancenorm1d", stage([3, 9], ["{name: i, kind: InstanceNorm1d}"])),
+    ("groupnorm_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                            "{name: g, kind: GroupNorm, num_groups: 4}", "{name: r, kind: SiLU}",
+                                            "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}"])),
+    # on 16 channels: blocked layouts through the activations
+    ("hardtanh_clamp_min", stage([7], ["{name: a, kind: Hardtanh, min_val: -0.3, max_val: .inf}"])),
+    ("hardtanh_clamp_max", stage([7], ["{name: a, kind: Hardtanh, min_val: -.inf, max_val: 0.4}"])),
+    ("eltwise_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                          "{name: e, kind: ELU}", "{name: m, kind: Mish}",
+                                          "{name: k, kind: AddConstant, value: 1.5}", "{name: s, kind: Softplus}",
+                                          "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+]
+
+
+def eltwise_module(kind, a, s0):
+    """The torch twin of an elementwise-math node, or None for the other kinds."""
+    if kind == "ELU":
+        return nn.ELU(a.get("alpha", 1.0))
+    if kind == "SELU":
+        return nn.SELU()
+    if kind == "Softplus":
+        return nn.Softplus(a.get("beta", 1.0), a.get("threshold", 20.0))
+    if kind == "Mish":
+        return nn.Mish()
+    if kind == "LogSigmoid":
+        return nn.LogSigmoid()
+    if kind in ("Exp", "Log", "Abs", "Sqrt"):
+        return Lambda(getattr(torch, kind.lower()))
+    if kind == "Pow":
+        e = a["exponent"]
+        return Lambda(lambda x: x ** e)
+    if kind == "AddConstant":
+        v = a["value"]
+        return Lambda(lambda x: x + v)
+    if kind == "Sub":
+        return Lambda(lambda x, y: x - y)
+    if kind == "GroupNorm":
+        return nn.GroupNorm(a["num_groups"], s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", True))
+    if kind in ("InstanceNorm1d", "InstanceNorm2d"):
+        cls = nn.InstanceNorm1d if kind == "InstanceNorm1d" else nn.InstanceNorm2d
+        return cls(s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", False))
+    return None
+
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
@@ -606,6 +721,8 @@ MHA_MASK = {"mha_causal_h2": "float", "mha_causal_dropout": "float"}
 # input scale per case (default 1): values past the hard activations' kinks
 SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.0, "hardsigmoid": 4.0,
          "hard_blocked": 4.0}
+SCALE.update({"elu": 2.0, "selu": 2.0, "softplus": 3.0, "softplus_beta_threshold": 2.0, "mish": 3.0,
+              "logsigmoid": 3.0, "pow3": 1.5})
 
 
 class MaskDropout(nn.Module):
@@ -661,6 +778,9 @@ def pair(v):
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
+    m = eltwise_module(kind, a, s0)
+    if m is not None:
+        return m
     if kind == "Conv2d":
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
                          padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),
@@ -789,6 +909,19 @@ def make_module(kind, a, shapes, case_name=""):
     if kind == "RelativePositionBias":
         return RelPosBias(pair(a["window_size"]), a["num_heads"], pair(a.get("windows", 1)),
                           pair(a.get("shift_size", 0)))
+    # upsampling
+    if kind == "ConvTranspose2d":
+        return nn.ConvTranspose2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
+                                  padding=pair(a.get("padding", 0)), output_padding=pair(a.get("output_padding", 0)),
+                                  groups=a.get("groups", 1), bias=a.get("bias", True),
+                                  dilation=pair(a.get("dilation", 1)))
+    if kind == "Upsample":
+        sf = a.get("scale_factor")
+        mode = a.get("mode", "nearest")
+        return nn.Upsample(size=tuple(a["size"]) if "size" in a else None,
+                           scale_factor=tuple(float(v) for v in sf) if isinstance(sf, list) else sf, mode=mode,
+                           align_corners=a.get("align_corners", False) if mode == "bilinear" else None,
+                           recompute_scale_factor=a.get("recompute_scale_factor"))
     if kind == "Eq":   # torch.eq: a bool tensor, as users pass key_padding_mask
         v = a["value"]
         return Lambda(lambda x: x == v)
@@ -1026,7 +1159,8 @@ def case(idx, name, text):
             t["%s.ownbuf.%s" % (name, k)] = v.detach().clone()
     with torch.no_grad():   # BatchNorm/LayerNorm away from ones/zeros; running stats moved; a count
         for _, kind, _, m in net.nodes:
-            if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
+            if kind in ("BatchNorm2d", "BatchNorm1d", "LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d") \
+                    and getattr(m, "weight", None) is not None:
                 m.weight.add_(0.2 * torch.randn_like(m.weight))
                 m.bias.add_(0.2 * torch.randn_like(m.bias))
             if kind == "MultiheadAttention" and m.in_proj_bias is not None:   # PyTorch's are zeros

@@ -670,6 +670,115 @@ static void cmp_new_ops(ps_backend *ref, ps_backend *dut, rng *r) {
     }
 }
 
+/* ---- upsampling (Upsample's resize, ConvTranspose2d's bias) ----
+ * Every op here is linear in its input, so its backward must be the
+ * forward's adjoint exactly: dx[i] = sum_o r[o] * F(e_i)[o] with e_i the
+ * i-th unit input, the forward probed once per input element (on the
+ * reference backend), the backward run on r. The resize cases: nearest at
+ * 2x, at a given non-integer scale factor and to sizes up and down;
+ * bilinear with and without align_corners, scale factors and sizes. */
+static const ps_resize_desc resize_cases[] = {
+    { 2, 3, 4, 5, 8, 10, 0, 0, 0.5f, 0.5f },
+    { 1, 2, 5, 4, 8, 6, 0, 0, 1.0f / 1.7f, 1.0f / 1.7f },
+    { 2, 2, 4, 5, 7, 3, 0, 0, 4.0f / 7.0f, 5.0f / 3.0f },
+    { 2, 3, 4, 5, 8, 10, 1, 0, 0.5f, 0.5f },
+    { 1, 2, 4, 5, 6, 11, 1, 0, 1.0f / 1.5f, 1.0f / 2.3f },
+    { 2, 2, 4, 5, 7, 3, 1, 1, 3.0f / 6.0f, 4.0f / 2.0f },
+    { 1, 2, 5, 4, 3, 2, 1, 0, 5.0f / 3.0f, 2.0f },
+};
+
+static void fd_upsampling(ps_backend *b, rng *r) {
+    char what[96];
+    for (size_t k = 0; k < sizeof resize_cases / sizeof resize_cases[0]; k++) {
+        const ps_resize_desc *d = &resize_cases[k];
+        const size_t nx = (size_t)d->n * d->c * d->h * d->w, ny = (size_t)d->n * d->c * d->oh * d->ow;
+        float *e = host_zeros(nx), *y = host_zeros(ny), *rr = host_random(ny, r), *dx = host_zeros(nx),
+              *adj = host_zeros(nx);
+        for (size_t i = 0; i < nx; i++) {
+            e[i] = 1.0f;
+            CHECK(b->ops->resize_forward(b->impl, d, e, y, NULL) == PS_OK);
+            double s = 0;
+            for (size_t o = 0; o < ny; o++) s += (double)y[o] * rr[o];
+            adj[i] = (float)s;
+            e[i] = 0.0f;
+        }
+        for (size_t i = 0; i < nx; i++) dx[i] = 99.0f;   /* must be overwritten */
+        CHECK(b->ops->resize_backward(b->impl, d, rr, dx, NULL) == PS_OK);
+        snprintf(what, sizeof what, "resize case %zu (%s) dx = the forward's adjoint", k,
+                 d->bilinear ? "bilinear" : "nearest");
+        check_array(what, dx, adj, nx, 1e-5, 1e-5);
+        free(e); free(y); free(rr); free(dx); free(adj);
+    }
+    /* bias: y += b per channel; db = sum of dy per channel (bias_add's adjoint in b) */
+    {
+        const ps_chan_desc d = { .n = 3, .c = 4, .s = 5, .layout = PS_LAYOUT_PLAIN };
+        const size_t ny = 60;
+        float *y = host_random(ny, r), *y0 = malloc(ny * sizeof *y0), *bias = host_random(4, r),
+              *db = host_zeros(4), *want = host_zeros(4);
+        memcpy(y0, y, ny * sizeof *y);
+        CHECK(b->ops->bias_add(b->impl, &d, bias, y, NULL) == PS_OK);
+        for (size_t i = 0; i < ny; i++) CHECK(y[i] == y0[i] + bias[i / 5 % 4]);
+        for (size_t i = 0; i < ny; i++) want[i / 5 % 4] += y0[i];
+        CHECK(b->ops->bias_grad(b->impl, &d, y0, db, NULL) == PS_OK);
+        check_array("bias_grad", db, want, 4, 1e-6, 1e-6);
+        free(y); free(y0); free(bias); free(db); free(want);
+    }
+}
+
+/* The other backend against the reference on the same cases and on a
+ * decoder's sizes (64 channels of 14x14 to 28x28, batch 8). */
+static void cmp_upsampling(ps_backend *ref, ps_backend *dut, rng *r) {
+    ps_backend *bs[2] = { ref, dut };
+    char what[128];
+    ps_resize_desc cases[sizeof resize_cases / sizeof resize_cases[0] + 2];
+    size_t nc = 0;
+    for (; nc < sizeof resize_cases / sizeof resize_cases[0]; nc++) cases[nc] = resize_cases[nc];
+    cases[nc++] = (ps_resize_desc){ 8, 64, 14, 14, 28, 28, 0, 0, 0.5f, 0.5f };
+    cases[nc++] = (ps_resize_desc){ 8, 64, 14, 14, 28, 28, 1, 0, 0.5f, 0.5f };
+    for (size_t k = 0; k < nc; k++) {
+        const ps_resize_desc *d = &cases[k];
+        const size_t nx = (size_t)d->n * d->c * d->h * d->w, ny = (size_t)d->n * d->c * d->oh * d->ow;
+        float *x = host_random(nx, r), *dy = host_random(ny, r), *y[2], *dx[2];
+        for (int j = 0; j < 2; j++) {
+            ps_backend *b = bs[j];
+            float *X = dev_from(b, x, nx), *Y = dev_from(b, NULL, ny), *DY = dev_from(b, dy, ny),
+                  *DX = dev_from(b, NULL, nx);
+            ps_err err = { 0 };
+            CHECK_MSG(b->ops->resize_forward(b->impl, d, X, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->resize_backward(b->impl, d, DY, DX, &err) == PS_OK, "%s", err.msg);
+            y[j] = host_from(b, Y, ny);
+            dx[j] = host_from(b, DX, nx);
+            ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, DY); ps_backend_release(b, DX);
+        }
+        snprintf(what, sizeof what, "%s resize case %zu y", dut->ops->name, k);
+        check_array(what, y[1], y[0], ny, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "%s resize case %zu dx", dut->ops->name, k);
+        check_scaled(what, dx[1], dx[0], nx, CMP_TOL);
+        for (int j = 0; j < 2; j++) { free(y[j]); free(dx[j]); }
+        free(x); free(dy);
+    }
+    {
+        const ps_chan_desc d = { .n = 8, .c = 16, .s = 28 * 28, .layout = PS_LAYOUT_PLAIN };
+        const size_t ny = (size_t)8 * 16 * 28 * 28;
+        float *y0 = host_random(ny, r), *bias = host_random(16, r), *y[2], *db[2];
+        for (int j = 0; j < 2; j++) {
+            ps_backend *b = bs[j];
+            float *Y = dev_from(b, y0, ny), *B = dev_from(b, bias, 16), *DB = dev_from(b, NULL, 16);
+            CHECK(b->ops->bias_grad(b->impl, &d, Y, DB, NULL) == PS_OK);
+            CHECK(b->ops->bias_add(b->impl, &d, B, Y, NULL) == PS_OK);
+            y[j] = host_from(b, Y, ny);
+            db[j] = host_from(b, DB, 16);
+            ps_backend_release(b, Y); ps_backend_release(b, B); ps_backend_release(b, DB);
+        }
+        snprintf(what, sizeof what, "%s bias_add", dut->ops->name);
+        check_array(what, y[1], y[0], ny, 0, 0);
+        snprintf(what, sizeof what, "%s bias_grad", dut->ops->name);
+        check_array(what, db[1], db[0], 16, 1e-5, 1e-5);
+        for (int j = 0; j < 2; j++) { free(y[j]); free(db[j]); }
+        free(y0); free(bias);
+    }
+}
+
 /* Two threads running conv2d_forward concurrently on one fresh backend
  * (so they also race to create the cached primitive) must match a
  * sequential run bit for bit. */
@@ -858,6 +967,7 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     cmp_linear(ref, dut, (ps_linear_desc){ .n = 5, .in = 200, .out = 6007 }, r);
     cmp_small_ops(ref, dut, r);
     cmp_new_ops(ref, dut, r);
+    cmp_upsampling(ref, dut, r);
     cmp_blocked(ref, dut, r);
     ref_pool_ties(dut);
     check_sgd(dut, r);
@@ -989,6 +1099,7 @@ int main(void) {
     fd_pool(ref, (ps_pool_desc){ .n = 1, .c = 2, .h = 7, .w = 7, .k = 3, .stride = 2 }, &r);
     fd_small_ops(ref, &r);
     fd_new_ops(ref, &r);
+    fd_upsampling(ref, &r);
     ref_pool_ties(ref);
     check_sgd(ref, &r);
     check_cross_entropy(&r);

@@ -37,6 +37,7 @@
 #define PS_NN_BACKEND_H
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -178,6 +179,50 @@ static inline int ps_adaptive_end(int i, int in, int out) {
     return (int)((((int64_t)i + 1) * in + out - 1) / out);
 }
 
+/* ---- upsampling (Upsample / F.interpolate; ConvTranspose2d's bias) ----
+ * Resizing each (h, w) plane of x (n, c, h, w) to (oh, ow), plain layout,
+ * by PyTorch's rules (aten/src/ATen/native/UpSample.h), in float as its CPU
+ * kernels compute them. scale_h / scale_w are the source-index scales:
+ * align_corners (bilinear): (in - 1) / (out - 1), 0 for out 1; else 1 /
+ * scale_factor where the caller gave one (and did not ask to recompute
+ * it), in / out otherwise (ps_resize_scale). */
+typedef struct ps_resize_desc {
+    int n, c, h, w, oh, ow;
+    int bilinear;               /* 0: 'nearest' (PyTorch's legacy nearest: floor), 1: 'bilinear' */
+    int align_corners;          /* bilinear only */
+    float scale_h, scale_w;
+} ps_resize_desc;
+
+/* compute_scales_value / area_pixel_compute_scale; scale_factor <= 0: none given. */
+static inline float ps_resize_scale(int in, int out, double scale_factor, int align_corners) {
+    if (align_corners) return out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    return scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
+}
+
+/* nearest_idx: the source index of output o. */
+static inline int ps_resize_nearest(int o, int in, int out, float scale) {
+    if (out == in) return o;
+    if (out == 2 * in) return o >> 1;
+    const float f = floorf((float)o * scale);
+    return f < (float)(in - 1) ? (int)f : in - 1;
+}
+
+/* The two source indices of output o and the second's weight (the
+ * first's is 1 - *l1): area_pixel_compute_source_index and
+ * guard_index_and_lambda; out == in copies. */
+static inline void ps_resize_linear(int o, int in, int out, float scale, int align_corners, int *i0, int *i1,
+                                    float *l1) {
+    if (out == in) { *i0 = *i1 = o; *l1 = 0.0f; return; }
+    float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
+    if (src < 0.0f) src = 0.0f;
+    int i = (int)floorf(src);
+    if (i > in - 1) i = in - 1;
+    float l = src - (float)i;
+    *i0 = i;
+    *i1 = i < in - 1 ? i + 1 : i;
+    *l1 = l < 0.0f ? 0.0f : l > 1.0f ? 1.0f : l;
+}
+
 /* A per-channel view of an activation for batch normalisation and channel
  * masks: n samples, c channels, s elements per (sample, channel) - H*W for
  * (N, C, H, W), L for (N, C, L), 1 for (N, C). Element (i, j, p) of a plain
@@ -199,6 +244,19 @@ typedef struct ps_ln_desc {
     int64_t rows, cols;
     float eps;
 } ps_ln_desc;
+
+/* Group normalisation (nn.GroupNorm; InstanceNorm1d/2d are groups = c): x
+ * (n, c, s) in the plain layout, its c channels in `groups` groups of
+ * c / groups; each (sample, group) row of (c / groups) * s values
+ * normalised with its own mean and biased variance, then per channel
+ * y = xhat * gamma[ch] + beta[ch] (gamma, beta c each; both NULL without
+ * affine). mean and rstd hold n * groups values, the row (i, g) at
+ * i * groups + g. */
+typedef struct ps_gn_desc {
+    int64_t n, c, s;
+    int64_t groups;
+    float eps;
+} ps_gn_desc;
 
 /* Softmax over one dimension of a tensor seen as (outer, dim, inner):
  * element (o, k, i) at (o*dim + k)*inner + i; softmax over k. inner = 1 is
@@ -349,6 +407,20 @@ typedef struct ps_keypad_desc {
  *              x / 3 + 1/2 on [-3, 3], 1 above
  *   HARDSIGMOID min(max(x + 3, 0), 6) / 6; gradient 1/6 strictly inside
  *              (-3, 3), else 0
+ * Elementwise math (users' own layers; alpha and beta as listed):
+ *   ELU        x > 0 ? x : alpha * (exp(x) - 1)          (alpha: ELU's)
+ *   SELU       1.0507009873554805 * ELU(x) with alpha 1.6732632423543772
+ *   SOFTPLUS   alpha * x > beta ? x : log(1 + exp(alpha * x)) / alpha
+ *              (alpha: softplus's beta, beta: its threshold; gradient 1
+ *              above the threshold, else sigmoid(alpha * x))
+ *   MISH       x * tanh(softplus(x))
+ *   LOGSIGMOID log(sigmoid(x))
+ *   EXP, LOG, ABS, SQRT  exp(x), log(x), |x| (gradient sign(x), 0 at 0),
+ *              sqrt(x)
+ *   POW        x ** alpha (gradient alpha * x ** (alpha - 1), 0 where
+ *              alpha is 0)
+ *   LINEAR     alpha * x + beta (AddConstant: 1, value); its backward
+ *              reads neither x nor y (counted as y: it may run in place)
  * The backward of RELU, TANH, SIGMOID and HARDTANH reads y (the forward's
  * output; HARDTANH's y is strictly inside (alpha, beta) exactly when x is),
  * the others read x (the input): ps_act_backward_reads_x says which, so
@@ -365,17 +437,31 @@ typedef enum {
     PS_ACT_HARDTANH,
     PS_ACT_HARDSWISH,
     PS_ACT_HARDSIGMOID,
+    /* elementwise math */
+    PS_ACT_ELU,
+    PS_ACT_SELU,
+    PS_ACT_SOFTPLUS,
+    PS_ACT_MISH,
+    PS_ACT_LOGSIGMOID,
+    PS_ACT_EXP,
+    PS_ACT_LOG,
+    PS_ACT_ABS,
+    PS_ACT_SQRT,
+    PS_ACT_POW,
+    PS_ACT_LINEAR,
     PS_ACT_COUNT
 } ps_act_kind;
 
 typedef struct ps_act_desc {
     int kind;                   /* a ps_act_kind */
-    float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val */
-    float beta;                 /* HARDTANH's max_val */
+    float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val, ELU's alpha, SOFTPLUS's
+                                   beta, POW's exponent, LINEAR's factor */
+    float beta;                 /* HARDTANH's max_val, SOFTPLUS's threshold, LINEAR's term */
 } ps_act_desc;
 
 static inline int ps_act_backward_reads_x(int kind) {
-    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID && kind != PS_ACT_HARDTANH;
+    return kind != PS_ACT_RELU && kind != PS_ACT_TANH && kind != PS_ACT_SIGMOID && kind != PS_ACT_HARDTANH &&
+           kind != PS_ACT_LINEAR;
 }
 
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
@@ -712,6 +798,29 @@ typedef struct ps_backend_ops {
      * keys: s[b, h, i, j] += mask[b, j] (additive), else s[b, h, i, j] =
      * -inf where mask[b, j] != 0 (PyTorch's bool key_padding_mask). */
     ps_status (*key_pad)(void *impl, const ps_keypad_desc *d, const float *mask, float *s, ps_err *err);
+
+    /* ---- appended for upsampling (Upsample, ConvTranspose2d; decoders, U-Nets) ---- */
+    /* y (n,c,oh,ow) = x (n,c,h,w) resized (ps_resize_desc); dx (n,c,h,w)
+     * = the resize's adjoint of dy: each output's gradient added to the
+     * input elements it read, with their weights (dx overwritten). */
+    ps_status (*resize_forward)(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err);
+    ps_status (*resize_backward)(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err);
+    /* Per channel of a plain (n, c, s) tensor (ps_chan_desc, layout plain):
+     * y[i, j, p] += b[j] (bias_add), db[j] = sum over i, p of dy[i, j, p]
+     * (bias_grad, overwritten) - ConvTranspose2d's bias. */
+    ps_status (*bias_add)(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err);
+    ps_status (*bias_grad)(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err);
+    /* Group normalisation (see ps_gn_desc): mean and rstd written when not
+     * NULL (the backward needs them). The backward, with xhat = (x - mean)
+     * * rstd and g = dy * gamma[ch], per row: dx = rstd * (g - mean_row(g)
+     * - xhat * mean_row(g * xhat)); per channel dgamma = sum(dy * xhat),
+     * dbeta = sum(dy) over the samples and s. dx, dgamma, dbeta may each be
+     * NULL. */
+    ps_status (*groupnorm_forward)(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd, ps_err *err);
+    ps_status (*groupnorm_backward)(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                    const float *gamma, const float *mean, const float *rstd, float *dx,
+                                    float *dgamma, float *dbeta, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1020,7 +1020,13 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_SILU == (int)PS_ACT_SILU && (int)PS_CUDA_ACT_TANH == (int)PS_ACT_TANH &&
                (int)PS_CUDA_ACT_SIGMOID == (int)PS_ACT_SIGMOID && (int)PS_CUDA_ACT_HARDTANH == (int)PS_ACT_HARDTANH &&
                (int)PS_CUDA_ACT_HARDSWISH == (int)PS_ACT_HARDSWISH &&
-               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
+               (int)PS_CUDA_ACT_HARDSIGMOID == (int)PS_ACT_HARDSIGMOID && (int)PS_CUDA_ACT_ELU == (int)PS_ACT_ELU &&
+               (int)PS_CUDA_ACT_SELU == (int)PS_ACT_SELU && (int)PS_CUDA_ACT_SOFTPLUS == (int)PS_ACT_SOFTPLUS &&
+               (int)PS_CUDA_ACT_MISH == (int)PS_ACT_MISH && (int)PS_CUDA_ACT_LOGSIGMOID == (int)PS_ACT_LOGSIGMOID &&
+               (int)PS_CUDA_ACT_EXP == (int)PS_ACT_EXP && (int)PS_CUDA_ACT_LOG == (int)PS_ACT_LOG &&
+               (int)PS_CUDA_ACT_ABS == (int)PS_ACT_ABS && (int)PS_CUDA_ACT_SQRT == (int)PS_ACT_SQRT &&
+               (int)PS_CUDA_ACT_POW == (int)PS_ACT_POW && (int)PS_CUDA_ACT_LINEAR == (int)PS_ACT_LINEAR &&
+               (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
 /* Run one launcher (an expression using c->stream) on a context and wait. */
@@ -1067,6 +1073,19 @@ static ps_status cu_ln_backward(void *impl, const ps_ln_desc *d, const float *x,
                                 ps_err *err) {
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_ln_backward(x, dy, d->rows, d->cols, gamma, mean, rstd, dx, dgamma, dbeta,
                                                     c->stream));
+}
+
+static ps_status cu_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma, const float *beta,
+                               float *y, float *mean, float *rstd, ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_forward(x, d->n, d->c, d->s, d->groups, d->eps, gamma, beta, y, mean, rstd,
+                                                   c->stream));
+}
+
+static ps_status cu_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy, const float *gamma,
+                                const float *mean, const float *rstd, float *dx, float *dgamma, float *dbeta,
+                                ps_err *err) {
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_gn_backward(x, dy, d->n, d->c, d->s, d->groups, gamma, mean, rstd, dx, dgamma,
+                                                    dbeta, c->stream));
 }
 
 static ps_status cu_act_forward(void *impl, const ps_act_desc *d, int64_t count, const float *x, float *y,
@@ -1199,6 +1218,31 @@ static ps_status cu_key_pad(void *impl, const ps_keypad_desc *d, const float *ma
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_key_pad(count, per, d->cols, d->additive, mask, s, c->stream));
 }
 
+/* ---- upsampling (ps_resize_desc; plain layout), ConvTranspose2d's bias ---- */
+static ps_status cu_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    const ps_cuda_resize p = { d->n * d->c, d->h, d->w, d->oh, d->ow, d->bilinear, d->align_corners, d->scale_h,
+                               d->scale_w };
+    if ((int64_t)p.planes * p.oh * p.ow <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_resize_forward(&p, x, y, c->stream));
+}
+
+static ps_status cu_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    const ps_cuda_resize p = { d->n * d->c, d->h, d->w, d->oh, d->ow, d->bilinear, d->align_corners, d->scale_h,
+                               d->scale_w };
+    if ((int64_t)p.planes * p.h * p.w <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_resize_backward(&p, dy, dx, c->stream));
+}
+
+static ps_status cu_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    if ((int64_t)d->n * d->c * d->s <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bias_add(d->n, d->c, d->s, b, y, c->stream));
+}
+
+static ps_status cu_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    if (d->c <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bias_grad(d->n, d->c, d->s, dy, db, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1253,4 +1297,11 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .tri_fill = cu_tri_fill,
     .eq_const = cu_eq_const,
     .key_pad = cu_key_pad,
+    /* upsampling */
+    .resize_forward = cu_resize_forward,
+    .resize_backward = cu_resize_backward,
+    .bias_add = cu_bias_add,
+    .bias_grad = cu_bias_grad,
+    .groupnorm_forward = cu_gn_forward,
+    .groupnorm_backward = cu_gn_backward,
 };

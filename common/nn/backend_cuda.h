@@ -85,6 +85,12 @@ cudaError_t ps_cuda_bn_backward(const float *x, const float *dy, int n, int c, i
 
 /* Layer normalisation of rows x cols (ps_ln_desc); mean, rstd may be NULL
  * in the forward; dx, dgamma, dbeta may each be NULL in the backward. */
+cudaError_t ps_cuda_gn_forward(const float *x, int64_t n, int64_t c, int64_t s, int64_t groups, float eps,
+                               const float *gamma, const float *beta, float *y, float *mean, float *rstd,
+                               cudaStream_t stream);
+cudaError_t ps_cuda_gn_backward(const float *x, const float *dy, int64_t n, int64_t c, int64_t s, int64_t groups,
+                                const float *gamma, const float *mean, const float *rstd, float *dx, float *dgamma,
+                                float *dbeta, cudaStream_t stream);
 cudaError_t ps_cuda_ln_forward(const float *x, int64_t rows, int64_t cols, float eps, const float *gamma,
                                const float *beta, float *y, float *mean, float *rstd, cudaStream_t stream);
 cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, int64_t cols, const float *gamma,
@@ -96,6 +102,8 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
 enum {
     PS_CUDA_ACT_RELU = 0, PS_CUDA_ACT_LEAKY_RELU, PS_CUDA_ACT_GELU, PS_CUDA_ACT_GELU_TANH, PS_CUDA_ACT_SILU,
     PS_CUDA_ACT_TANH, PS_CUDA_ACT_SIGMOID, PS_CUDA_ACT_HARDTANH, PS_CUDA_ACT_HARDSWISH, PS_CUDA_ACT_HARDSIGMOID,
+    PS_CUDA_ACT_ELU, PS_CUDA_ACT_SELU, PS_CUDA_ACT_SOFTPLUS, PS_CUDA_ACT_MISH, PS_CUDA_ACT_LOGSIGMOID,
+    PS_CUDA_ACT_EXP, PS_CUDA_ACT_LOG, PS_CUDA_ACT_ABS, PS_CUDA_ACT_SQRT, PS_CUDA_ACT_POW, PS_CUDA_ACT_LINEAR,
     PS_CUDA_ACT_COUNT
 };
 
@@ -185,6 +193,22 @@ cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, flo
  * != 0 (ps_keypad_desc of backend.h). */
 cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additive, const float *mask, float *s,
                             cudaStream_t stream);
+
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ---- */
+/* Resizing planes of (h, w) to (oh, ow) by backend.h's rules
+ * (ps_resize_desc; planes = n * c). The backward zeroes dx and adds each
+ * output's weighted gradient to the inputs it read, atomically (the order
+ * of those sums is the scheduler's, as in PyTorch's CUDA kernel). */
+typedef struct ps_cuda_resize {
+    int planes, h, w, oh, ow, bilinear, align_corners;
+    float scale_h, scale_w;
+} ps_cuda_resize;
+
+cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream);
+cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream);
+/* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double), (n, c, s) plain. */
+cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

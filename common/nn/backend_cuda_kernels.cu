@@ -297,6 +297,79 @@ __global__ void ln_backward_params_kernel(const float *x, const float *dy, int64
     }
 }
 
+/* Group normalisation (backend.h ps_gn_desc): one block per (sample, group) row for the statistics, y and
+ * dx; one thread per channel for dgamma / dbeta, the samples and positions summed in order. */
+__global__ void gn_forward_kernel(const float *x, int64_t rows, int64_t groups, int64_t cg, int64_t s, float eps,
+                                  const float *gamma, const float *beta, float *y, float *mean, float *rstd) {
+    __shared__ double red[kThreads];
+    const int64_t m = cg * s;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double acc = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) acc += xr[j];
+        const double mu = block_sum(acc, red) / (double)m;
+        acc = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) acc += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(block_sum(acc, red) / (double)m + eps);
+        const float fm = (float)mu, fr = (float)rs;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const int64_t ch = (r % groups) * cg + j / s;
+            const float t = (xr[j] - fm) * fr;
+            yr[j] = gamma ? t * gamma[ch] + beta[ch] : t;
+        }
+        if (threadIdx.x == 0) {
+            if (mean) mean[r] = fm;
+            if (rstd) rstd[r] = fr;
+        }
+    }
+}
+
+__global__ void gn_backward_dx_kernel(const float *x, const float *dy, int64_t rows, int64_t groups, int64_t cg,
+                                      int64_t s, const float *gamma, const float *mean, const float *rstd, float *dx) {
+    __shared__ double red[kThreads];
+    const int64_t m = cg * s;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * m, *dyr = dy + r * m;
+        const float mu = mean[r], rs = rstd[r];
+        double a = 0.0, b = 0.0;
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[(r % groups) * cg + j / s] : dyr[j];
+            a += g;
+            b += (double)g * ((xr[j] - mu) * rs);
+        }
+        const float ma = (float)(block_sum(a, red) / (double)m), mb = (float)(block_sum(b, red) / (double)m);
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+            const float g = gamma ? dyr[j] * gamma[(r % groups) * cg + j / s] : dyr[j];
+            dx[r * m + j] = rs * (g - ma - (xr[j] - mu) * rs * mb);
+        }
+    }
+}
+
+__global__ void gn_backward_params_kernel(const float *x, const float *dy, int64_t n, int64_t c, int64_t groups,
+                                          int64_t s, const float *mean, const float *rstd, float *dgamma,
+                                          float *dbeta) {
+    const int64_t cg = c / groups;
+    for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < c; ch += (int64_t)gridDim.x * blockDim.x) {
+        double dg = 0.0, db = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t r = i * groups + ch / cg, off = (i * c + ch) * s;
+            for (int64_t p = 0; p < s; p++) {
+                const float g = dy[off + p];
+                dg += (double)g * ((x[off + p] - mean[r]) * rstd[r]);
+                db += g;
+            }
+        }
+        if (dgamma) dgamma[ch] = (float)dg;
+        if (dbeta) dbeta[ch] = (float)db;
+    }
+}
+
+#define SELU_ALPHA 1.67326324235437728f
+#define SELU_SCALE 1.05070098735548049f
+
+__device__ float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
 __device__ float act_f(int kind, float alpha, float beta, float x) {
     switch (kind) {
     case PS_CUDA_ACT_RELU: return x > 0.0f || isnan(x) ? x : 0.0f;
@@ -312,6 +385,17 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_HARDTANH: return x < alpha ? alpha : x > beta ? beta : x;
     case PS_CUDA_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
     case PS_CUDA_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? x : alpha * expm1f(x);
+    case PS_CUDA_ACT_SELU: return SELU_SCALE * (x > 0.0f ? x : SELU_ALPHA * expm1f(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? x : softplus_f(alpha * x) / alpha;
+    case PS_CUDA_ACT_MISH: return x * tanhf(softplus_f(x));
+    case PS_CUDA_ACT_LOGSIGMOID: return -softplus_f(-x);
+    case PS_CUDA_ACT_EXP: return expf(x);
+    case PS_CUDA_ACT_LOG: return logf(x);
+    case PS_CUDA_ACT_ABS: return fabsf(x);
+    case PS_CUDA_ACT_SQRT: return sqrtf(x);
+    case PS_CUDA_ACT_POW: return powf(x, alpha);
+    case PS_CUDA_ACT_LINEAR: return alpha * x + beta;
     }
     return NAN;
 }
@@ -339,6 +423,20 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_HARDTANH: return y <= alpha || y >= beta ? 0.0f : dy;
     case PS_CUDA_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
     case PS_CUDA_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? dy / 6.0f : 0.0f;
+    case PS_CUDA_ACT_ELU: return x > 0.0f ? dy : dy * alpha * expf(x);
+    case PS_CUDA_ACT_SELU: return dy * SELU_SCALE * (x > 0.0f ? 1.0f : SELU_ALPHA * expf(x));
+    case PS_CUDA_ACT_SOFTPLUS: return alpha * x > beta ? dy : dy / (1.0f + expf(-alpha * x));
+    case PS_CUDA_ACT_MISH: {
+        const float t = tanhf(softplus_f(x)), sg = 1.0f / (1.0f + expf(-x));
+        return dy * (t + x * sg * (1.0f - t * t));
+    }
+    case PS_CUDA_ACT_LOGSIGMOID: return dy / (1.0f + expf(x));
+    case PS_CUDA_ACT_EXP: return dy * expf(x);
+    case PS_CUDA_ACT_LOG: return dy / x;
+    case PS_CUDA_ACT_ABS: return x > 0.0f ? dy : x < 0.0f ? -dy : 0.0f;
+    case PS_CUDA_ACT_SQRT: return dy / (2.0f * sqrtf(x));
+    case PS_CUDA_ACT_POW: return alpha == 0.0f ? 0.0f : dy * alpha * powf(x, alpha - 1.0f);
+    case PS_CUDA_ACT_LINEAR: return dy * alpha;
     }
     return NAN;
 }
@@ -666,6 +764,26 @@ cudaError_t ps_cuda_ln_backward(const float *x, const float *dy, int64_t rows, i
     return cudaGetLastError();
 }
 
+cudaError_t ps_cuda_gn_forward(const float *x, int64_t n, int64_t c, int64_t s, int64_t groups, float eps,
+                               const float *gamma, const float *beta, float *y, float *mean, float *rstd,
+                               cudaStream_t stream) {
+    gn_forward_kernel<<<items_for(n * groups), kThreads, 0, stream>>>(x, n * groups, groups, c / groups, s, eps, gamma,
+                                                                       beta, y, mean, rstd);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_gn_backward(const float *x, const float *dy, int64_t n, int64_t c, int64_t s, int64_t groups,
+                                const float *gamma, const float *mean, const float *rstd, float *dx, float *dgamma,
+                                float *dbeta, cudaStream_t stream) {
+    if (dx)
+        gn_backward_dx_kernel<<<items_for(n * groups), kThreads, 0, stream>>>(x, dy, n * groups, groups, c / groups, s,
+                                                                               gamma, mean, rstd, dx);
+    if (dgamma || dbeta)
+        gn_backward_params_kernel<<<blocks_for(c), kThreads, 0, stream>>>(x, dy, n, c, groups, s, mean, rstd, dgamma,
+                                                                          dbeta);
+    return cudaGetLastError();
+}
+
 cudaError_t ps_cuda_act_forward(int kind, float alpha, float beta, int64_t count, const float *x, float *y,
                                 cudaStream_t stream) {
     act_forward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, beta, count, x, y);
@@ -785,6 +903,126 @@ cudaError_t ps_cuda_key_pad(int64_t count, int64_t per, int64_t cols, int additi
                             cudaStream_t stream) {
     if (count <= 0) return cudaSuccess;
     key_pad_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, per, cols, additive, mask, s);
+    return cudaGetLastError();
+}
+
+} // extern "C"
+
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ----
+ * backend.h's index rules (ps_resize_nearest, ps_resize_linear), restated
+ * for the device in the same float operations. */
+namespace {
+
+__device__ int resize_nearest(int o, int in, int out, float scale) {
+    if (out == in) return o;
+    if (out == 2 * in) return o >> 1;
+    const float f = floorf(__fmul_rn((float)o, scale));
+    return f < (float)(in - 1) ? (int)f : in - 1;
+}
+
+__device__ void resize_linear(int o, int in, int out, float scale, int align_corners, int *i0, int *i1, float *l1) {
+    if (out == in) { *i0 = *i1 = o; *l1 = 0.0f; return; }
+    float src = align_corners ? __fmul_rn(scale, (float)o) : __fsub_rn(__fmul_rn(scale, __fadd_rn((float)o, 0.5f)), 0.5f);
+    if (src < 0.0f) src = 0.0f;
+    int i = (int)floorf(src);
+    if (i > in - 1) i = in - 1;
+    float l = __fsub_rn(src, (float)i);
+    *i0 = i;
+    *i1 = i < in - 1 ? i + 1 : i;
+    *l1 = l < 0.0f ? 0.0f : l > 1.0f ? 1.0f : l;
+}
+
+__device__ void resize_taps(const ps_cuda_resize &p, int oy, int ox, int iy[2], int ix[2], float wy[2], float wx[2]) {
+    float ly = 0.0f, lx = 0.0f;
+    if (p.bilinear) {
+        resize_linear(oy, p.h, p.oh, p.scale_h, p.align_corners, &iy[0], &iy[1], &ly);
+        resize_linear(ox, p.w, p.ow, p.scale_w, p.align_corners, &ix[0], &ix[1], &lx);
+    } else {
+        iy[0] = iy[1] = resize_nearest(oy, p.h, p.oh, p.scale_h);
+        ix[0] = ix[1] = resize_nearest(ox, p.w, p.ow, p.scale_w);
+    }
+    wy[0] = __fsub_rn(1.0f, ly);
+    wy[1] = ly;
+    wx[0] = __fsub_rn(1.0f, lx);
+    wx[1] = lx;
+}
+
+__global__ void resize_forward_kernel(ps_cuda_resize p, const float *x, float *y) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)(i / p.ow % p.oh);
+        const float *xp = x + i / ((int64_t)p.oh * p.ow) * p.h * p.w;
+        int iy[2], ix[2];
+        float wy[2], wx[2];
+        resize_taps(p, oy, ox, iy, ix, wy, wx);
+        if (!p.bilinear) { y[i] = xp[(int64_t)iy[0] * p.w + ix[0]]; continue; }
+        const float r0 = __fadd_rn(__fmul_rn(wx[0], xp[(int64_t)iy[0] * p.w + ix[0]]),
+                                   __fmul_rn(wx[1], xp[(int64_t)iy[0] * p.w + ix[1]]));
+        const float r1 = __fadd_rn(__fmul_rn(wx[0], xp[(int64_t)iy[1] * p.w + ix[0]]),
+                                   __fmul_rn(wx[1], xp[(int64_t)iy[1] * p.w + ix[1]]));
+        y[i] = __fadd_rn(__fmul_rn(wy[0], r0), __fmul_rn(wy[1], r1));
+    }
+}
+
+/* dx zeroed first; each output adds its share to the inputs it read (as PyTorch's CUDA kernel, atomically). */
+__global__ void resize_backward_kernel(ps_cuda_resize p, const float *dy, float *dx) {
+    const int64_t n = (int64_t)p.planes * p.oh * p.ow;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % p.ow), oy = (int)(i / p.ow % p.oh);
+        float *dxp = dx + i / ((int64_t)p.oh * p.ow) * p.h * p.w;
+        int iy[2], ix[2];
+        float wy[2], wx[2];
+        resize_taps(p, oy, ox, iy, ix, wy, wx);
+        if (!p.bilinear) { atomicAdd(dxp + (int64_t)iy[0] * p.w + ix[0], dy[i]); continue; }
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                atomicAdd(dxp + (int64_t)iy[a] * p.w + ix[b], __fmul_rn(__fmul_rn(wy[a], wx[b]), dy[i]));
+    }
+}
+
+__global__ void bias_add_kernel(int64_t n, int c, int64_t s, const float *b, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], b[i / s % c]);
+}
+
+__global__ void bias_grad_kernel(int n, int c, int64_t s, const float *dy, float *db) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
+        double acc = 0.0; /* as the reference: sums in double */
+        for (int i = 0; i < n; i++)
+            for (int64_t q = 0; q < s; q++) acc += dy[((int64_t)i * c + j) * s + q];
+        db[j] = (float)acc;
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream) {
+    const int64_t n = (int64_t)p->planes * p->oh * p->ow;
+    if (n <= 0) return cudaSuccess;
+    resize_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(*p, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream) {
+    const int64_t n = (int64_t)p->planes * p->oh * p->ow;
+    cudaError_t e = cudaMemsetAsync(dx, 0, (size_t)p->planes * p->h * p->w * sizeof(float), stream);
+    if (e != cudaSuccess || n <= 0) return e;
+    resize_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(*p, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream) {
+    const int64_t count = (int64_t)n * c * s;
+    if (count <= 0) return cudaSuccess;
+    bias_add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, c, s, b, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream) {
+    if (c <= 0) return cudaSuccess;
+    bias_grad_kernel<<<blocks_for(c), kThreads, 0, stream>>>(n, c, s, dy, db);
     return cudaGetLastError();
 }
 

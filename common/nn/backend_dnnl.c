@@ -2109,6 +2109,142 @@ static ps_status dn_adaptive_avgpool_backward(void *impl, const ps_adaptive_desc
     return PS_OK;
 }
 
+/* ---- upsampling: C loops over planes ----
+ * oneDNN 2.6's resampling primitive computes 'nearest' as round((o + 0.5)
+ * * in / out - 0.5) and 'linear' from the sizes alone, where PyTorch's
+ * nearest takes floor(o * scale) and both take 1 / scale_factor when one
+ * is given (backend.h ps_resize_desc): they differ at non-integer scales,
+ * so upsampling runs here, in the plain layout, by backend.h's rules. The
+ * source indices and weights of the rows and of the columns are computed
+ * once per call; a plane's outputs are then a gather (nearest) or four
+ * multiply-adds in PyTorch's order (bilinear). */
+typedef struct dn_resize_axis {
+    int *i0, *i1;
+    float *l1;
+} dn_resize_axis;
+
+static int dn_resize_axis_make(dn_resize_axis *a, int out, int in, float scale, const ps_resize_desc *d) {
+    a->i0 = malloc((size_t)out * sizeof *a->i0);
+    a->i1 = malloc((size_t)out * sizeof *a->i1);
+    a->l1 = malloc((size_t)out * sizeof *a->l1);
+    if (!a->i0 || !a->i1 || !a->l1) return -1;
+    for (int o = 0; o < out; o++) {
+        if (d->bilinear) {
+            ps_resize_linear(o, in, out, scale, d->align_corners, &a->i0[o], &a->i1[o], &a->l1[o]);
+        } else {
+            a->i0[o] = a->i1[o] = ps_resize_nearest(o, in, out, scale);
+            a->l1[o] = 0.0f;
+        }
+    }
+    return 0;
+}
+
+static void dn_resize_axis_free(dn_resize_axis *a) {
+    free(a->i0);
+    free(a->i1);
+    free(a->l1);
+}
+
+static ps_status dn_resize(void *impl, const ps_resize_desc *d, const float *x, float *y, const float *dy,
+                           float *dx, ps_err *err) {
+    set_threads(impl);
+    dn_resize_axis ay = {0}, ax = {0};
+    if (dn_resize_axis_make(&ay, d->oh, d->h, d->scale_h, d) || dn_resize_axis_make(&ax, d->ow, d->w, d->scale_w, d)) {
+        dn_resize_axis_free(&ay);
+        dn_resize_axis_free(&ax);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "dnnl resize: out of memory");
+    }
+    const int64_t planes = (int64_t)d->n * d->c, in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int w = d->w, ow = d->ow;
+#pragma omp parallel for if (planes * (in > out ? in : out) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        if (dx) {   /* the adjoint: each output's gradient to the inputs it read */
+            const float *gp = dy + p * out;
+            float *dxp = dx + p * in;
+            memset(dxp, 0, (size_t)in * sizeof *dxp);
+            for (int oy = 0; oy < d->oh; oy++) {
+                const float ly1 = ay.l1[oy], ly0 = 1.0f - ly1;
+                float *r0 = dxp + (int64_t)ay.i0[oy] * w, *r1 = dxp + (int64_t)ay.i1[oy] * w;
+                for (int ox = 0; ox < ow; ox++) {
+                    const float g = gp[(int64_t)oy * ow + ox], lx1 = ax.l1[ox], lx0 = 1.0f - lx1;
+                    if (!d->bilinear) { r0[ax.i0[ox]] += g; continue; }
+                    r0[ax.i0[ox]] += ly0 * lx0 * g;
+                    r0[ax.i1[ox]] += ly0 * lx1 * g;
+                    r1[ax.i0[ox]] += ly1 * lx0 * g;
+                    r1[ax.i1[ox]] += ly1 * lx1 * g;
+                }
+            }
+            continue;
+        }
+        const float *xp = x + p * in;
+        float *yp = y + p * out;
+        for (int oy = 0; oy < d->oh; oy++) {
+            const float ly1 = ay.l1[oy], ly0 = 1.0f - ly1;
+            const float *r0 = xp + (int64_t)ay.i0[oy] * w, *r1 = xp + (int64_t)ay.i1[oy] * w;
+            float *yr = yp + (int64_t)oy * ow;
+            if (!d->bilinear) {
+                for (int ox = 0; ox < ow; ox++) yr[ox] = r0[ax.i0[ox]];
+                continue;
+            }
+            for (int ox = 0; ox < ow; ox++) {
+                const float lx1 = ax.l1[ox], lx0 = 1.0f - lx1;
+                yr[ox] = ly0 * (lx0 * r0[ax.i0[ox]] + lx1 * r0[ax.i1[ox]]) +
+                         ly1 * (lx0 * r1[ax.i0[ox]] + lx1 * r1[ax.i1[ox]]);
+            }
+        }
+    }
+    dn_resize_axis_free(&ay);
+    dn_resize_axis_free(&ax);
+    return PS_OK;
+}
+
+static ps_status dn_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    return dn_resize(impl, d, x, y, NULL, NULL, err);
+}
+
+static ps_status dn_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    return dn_resize(impl, d, NULL, NULL, dy, dx, err);
+}
+
+/* ConvTranspose2d's bias over an (n, c, s) tensor, plain or blocked (B
+ * channels a position: the B-channel block j/B of sample i is s * B
+ * contiguous floats). */
+static ps_status dn_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    (void)err;
+    dn_impl *im = impl;
+    set_threads(im);
+    const int64_t B = d->layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d->c) : 0;
+    if (d->layout == PS_LAYOUT_BLOCKED && !B)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl bias_add: %d channels are not blocked", d->c);
+    const int64_t planes = B ? (int64_t)d->n * (d->c / B) : (int64_t)d->n * d->c, s = d->s;
+#pragma omp parallel for if (planes * s * (B ? B : 1) >= PS_OMP_MIN) schedule(static)
+    for (int64_t p = 0; p < planes; p++) {
+        if (!B) {
+            const float v = b[p % d->c];
+            float *yp = y + p * s;
+#pragma omp simd
+            for (int64_t i = 0; i < s; i++) yp[i] += v;
+            continue;
+        }
+        const float *bb = b + p % (d->c / B) * B;
+        float *yp = y + p * s * B;
+        for (int64_t i = 0; i < s; i++)
+#pragma omp simd
+            for (int64_t j = 0; j < B; j++) yp[i * B + j] += bb[j];
+    }
+    return PS_OK;
+}
+
+static ps_status dn_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    const int B = d->layout == PS_LAYOUT_BLOCKED ? block_of(im->block, d->c) : 0;
+    if (d->layout == PS_LAYOUT_BLOCKED && !B)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl bias_grad: %d channels are not blocked", d->c);
+    bias_grad(dy, d->n, d->c, d->s, B, db);
+    return PS_OK;
+}
+
 /* ---- a wide linear forward in chunks of outputs ----
  * The language model's decoder (700 x 200 -> 10000 outputs, 8 MB of
  * weights) as one gemm inner product makes oneDNN's sgemm malloc a packing
@@ -2411,31 +2547,98 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_HARDTANH] = { dnnl_eltwise_clip_v2_use_dst_for_bwd, 1, 0.0f },  /* clip to [alpha, beta] */
     [PS_ACT_HARDSWISH] = { dnnl_eltwise_hardswish, 0, 0.0f },
     [PS_ACT_HARDSIGMOID] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_ELU] = { dnnl_eltwise_elu, 1, 0.0f },
+    [PS_ACT_SELU] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SOFTPLUS] = { dnnl_eltwise_soft_relu, 0, 0.0f },   /* beta 1, threshold >= 20 only: act_alg_of */
+    [PS_ACT_MISH] = { dnnl_eltwise_mish, 0, 0.0f },
+    [PS_ACT_LOGSIGMOID] = { dnnl_eltwise_logsigmoid, 0, 0.0f },
+    [PS_ACT_EXP] = { dnnl_eltwise_exp, 0, 0.0f },
+    [PS_ACT_LOG] = { dnnl_alg_kind_undef, 0, 0.0f },           /* oneDNN's is off by 1.4e-6 at log(1): libm's */
+    [PS_ACT_ABS] = { dnnl_eltwise_abs, 0, 0.0f },
+    [PS_ACT_SQRT] = { dnnl_eltwise_sqrt, 0, 0.0f },
+    [PS_ACT_POW] = { dnnl_eltwise_pow, 1, 0.0f },              /* 1 * x ^ exponent: act_key */
+    [PS_ACT_LINEAR] = { dnnl_alg_kind_undef, 0, 0.0f },        /* a * x + b: a C loop each way */
 };
 
-/* The activations oneDNN 2.6 lacks, as the reference computes them (in float). */
-static void act_c_forward(int kind, int64_t count, const float *x, float *y) {
-    (void)kind;         /* PS_ACT_HARDSIGMOID */
+#define SELU_ALPHA 1.67326324235437728f
+#define SELU_SCALE 1.05070098735548049f
+
+/* oneDNN's soft_relu is softplus with beta 1; its log(1 + exp(x)) equals x
+ * in float32 from x ~ 17 on, so PyTorch's threshold (20 by default) only
+ * shows below that: those run the C loop. */
+static dnnl_alg_kind_t act_alg_of(const ps_act_desc *d) {
+    if (d->kind == PS_ACT_SOFTPLUS && !(d->alpha == 1.0f && d->beta >= 20.0f)) return dnnl_alg_kind_undef;
+    return kActAlg[d->kind].alg;
+}
+
+static float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
+/* The activations oneDNN 2.6 lacks (or lacks with these attributes), as
+ * the reference computes them, in float. */
+static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, float *y) {
+    const float a = d->alpha, b = d->beta;
+    switch (d->kind) {
+    case PS_ACT_SELU:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = SELU_SCALE * (x[i] > 0.0f ? x[i] : SELU_ALPHA * expm1f(x[i]));
+        break;
+    case PS_ACT_SOFTPLUS:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = a * x[i] > b ? x[i] : softplus_f(a * x[i]) / a;
+        break;
+    case PS_ACT_LINEAR:
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < count; i++) {
-        const float v = x[i];
-        y[i] = v <= -3.0f ? 0.0f : v >= 3.0f ? 1.0f : v / 6.0f + 0.5f;
+        for (int64_t i = 0; i < count; i++) y[i] = a * x[i] + b;
+        break;
+    case PS_ACT_LOG:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = logf(x[i]);
+        break;
+    default:            /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) {
+            const float v = x[i];
+            y[i] = v <= -3.0f ? 0.0f : v >= 3.0f ? 1.0f : v / 6.0f + 0.5f;
+        }
     }
 }
 
-static void act_c_backward(int kind, int64_t count, const float *x, const float *dy, float *dx) {
-    (void)kind;         /* PS_ACT_HARDSIGMOID */
+static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, const float *dy, float *dx) {
+    const float a = d->alpha, b = d->beta;
+    switch (d->kind) {
+    case PS_ACT_SELU:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = dy[i] * SELU_SCALE * (x[i] > 0.0f ? 1.0f : SELU_ALPHA * expf(x[i]));
+        break;
+    case PS_ACT_SOFTPLUS:
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = a * x[i] > b ? dy[i] : dy[i] / (1.0f + expf(-a * x[i]));
+        break;
+    case PS_ACT_LINEAR:
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
+        for (int64_t i = 0; i < count; i++) dx[i] = a * dy[i];
+        break;
+    case PS_ACT_LOG:
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = dy[i] / x[i];
+        break;
+    default:            /* PS_ACT_HARDSIGMOID */
+#pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
+    }
 }
 
 static ps_status act_key(prim_kind kind, const ps_act_desc *d, int64_t count, prim_key *k, ps_err *err) {
     if (d->kind < 0 || d->kind >= PS_ACT_COUNT)
         return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: unknown activation %d", d->kind);
     const act_alg *a = &kActAlg[d->kind];
-    const float alpha = a->use_alpha ? d->alpha : a->alpha, beta = a->use_alpha ? d->beta : 0.0f;
+    float alpha = a->use_alpha ? d->alpha : a->alpha, beta = a->use_alpha ? d->beta : 0.0f;
+    if (d->kind == PS_ACT_POW) {            /* oneDNN's pow is alpha * x ^ beta */
+        alpha = 1.0f;
+        beta = d->alpha;
+    }
     *k = key_make(kind, 0, 1, &count);
-    k->alg = (int32_t)a->alg;
+    k->alg = (int32_t)act_alg_of(d);
     memcpy(&k->alpha_bits, &alpha, sizeof alpha);
     memcpy(&k->beta_bits, &beta, sizeof beta);
     return PS_OK;
@@ -2450,7 +2653,7 @@ static ps_status dn_act_forward(void *impl, const ps_act_desc *d, int64_t count,
     ps_status st = act_key(PK_ELTWISE_FWD, d, count, &k, err);
     if (st) return st;
     if (k.alg == (int32_t)dnnl_alg_kind_undef) {
-        act_c_forward(d->kind, count, x, y);
+        act_c_forward(d, count, x, y);
         return PS_OK;
     }
     exec_arg a[] = { { DNNL_ARG_SRC, x }, { DNNL_ARG_DST, y } };
@@ -2467,7 +2670,7 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
     if (st) return st;
     const int rx = ps_act_backward_reads_x(d->kind);
     if (k.alg == (int32_t)dnnl_alg_kind_undef) {
-        act_c_backward(d->kind, count, x, dy, dx);
+        act_c_backward(d, count, x, dy, dx);
         return PS_OK;
     }
     exec_arg a[] = { { rx ? DNNL_ARG_SRC : DNNL_ARG_DST, rx ? x : y }, { DNNL_ARG_DIFF_DST, dy },
@@ -2792,6 +2995,92 @@ PS_CLONES static void ln_cols_grad(const float *x, const float *dy, int64_t rows
         if (dgamma) dgamma[j0 + j] = (float)dg[j];
         if (dbeta) dbeta[j0 + j] = (float)db[j];
     }
+}
+
+/* ---- group normalisation: C kernels (oneDNN 2.6 has none); memory bound:
+ * the forward reads a row twice (mean, squared deviations) and writes it
+ * once, the backward reads it twice for dx and once more per channel for
+ * dgamma / dbeta; sums in double. OpenMP over the rows, then the channels. */
+
+static ps_status dn_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < m; j++) sum += xr[j];
+        const float mu = (float)(sum / (double)m);
+        for (int64_t j = 0; j < m; j++) sq += (double)(xr[j] - mu) * (xr[j] - mu);
+        const float rs = (float)(1.0 / sqrt(sq / (double)m + d->eps));
+        for (int64_t k = 0; k < cg; k++) {
+            const int64_t ch = (r % d->groups) * cg + k;
+            const float a = gamma ? gamma[ch] * rs : rs, b = (beta ? beta[ch] : 0.0f) - mu * a;
+            const float *xs = xr + k * d->s;
+            float *ys = yr + k * d->s;
+#pragma omp simd
+            for (int64_t p = 0; p < d->s; p++) ys[p] = xs[p] * a + b;
+        }
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+    }
+    return PS_OK;
+}
+
+static ps_status dn_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                const float *gamma, const float *mean, const float *rstd, float *dx,
+                                float *dgamma, float *dbeta, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t cg = d->c / d->groups, m = cg * d->s, rows = d->n * d->groups;
+    if (dx) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * m, *dyr = dy + r * m;
+            const float mu = mean[r], rs = rstd[r];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = k * d->s; p < (k + 1) * d->s; p++) {
+                    a += dyr[p];
+                    b += (double)dyr[p] * (xr[p] - mu);
+                }
+                sg += gm * a;
+                sgx += gm * b * rs;
+            }
+            const float ma = (float)(sg / (double)m), mb = (float)(sgx / (double)m);
+            for (int64_t k = 0; k < cg; k++) {
+                const float gm = gamma ? gamma[(r % d->groups) * cg + k] : 1.0f;
+                float *dxs = dx + r * m + k * d->s;
+                const float *xs = xr + k * d->s, *dys = dyr + k * d->s;
+#pragma omp simd
+                for (int64_t p = 0; p < d->s; p++) dxs[p] = rs * (dys[p] * gm - ma - (xs[p] - mu) * rs * mb);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+#pragma omp parallel for if (rows * m >= PS_OMP_MIN) schedule(static)
+        for (int64_t ch = 0; ch < d->c; ch++) {
+            double dg = 0.0, db = 0.0;
+            for (int64_t i = 0; i < d->n; i++) {
+                const int64_t r = i * d->groups + ch / cg, off = (i * d->c + ch) * d->s;
+                double a = 0.0, b = 0.0;
+                for (int64_t p = 0; p < d->s; p++) {
+                    a += dy[off + p];
+                    b += (double)dy[off + p] * (x[off + p] - mean[r]);
+                }
+                db += a;
+                dg += b * rstd[r];
+            }
+            if (dgamma) dgamma[ch] = (float)dg;
+            if (dbeta) dbeta[ch] = (float)db;
+        }
+    }
+    return PS_OK;
 }
 
 static ps_status dn_ln_forward(void *impl, const ps_ln_desc *d, const float *x, const float *gamma,
@@ -3143,4 +3432,11 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .tri_fill = dn_tri_fill,
     .eq_const = dn_eq_const,
     .key_pad = dn_key_pad,
+    /* upsampling */
+    .resize_forward = dn_resize_forward,
+    .resize_backward = dn_resize_backward,
+    .bias_add = dn_bias_add,
+    .bias_grad = dn_bias_grad,
+    .groupnorm_forward = dn_gn_forward,
+    .groupnorm_backward = dn_gn_backward,
 };

@@ -647,7 +647,73 @@ static ps_status ref_ln_backward(void *impl, const ps_ln_desc *d, const float *x
     return PS_OK;
 }
 
+/* ---- group normalisation (ps_gn_desc), in double ---- */
+
+static ps_status ref_gn_forward(void *impl, const ps_gn_desc *d, const float *x, const float *gamma,
+                                const float *beta, float *y, float *mean, float *rstd, ps_err *err) {
+    (void)impl; (void)err;
+    const int64_t cg = d->c / d->groups, m = cg * d->s;
+    for (int64_t r = 0; r < d->n * d->groups; r++) {
+        const float *xr = x + r * m;
+        float *yr = y + r * m;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t j = 0; j < m; j++) sum += xr[j];
+        const double mu = sum / (double)m;
+        for (int64_t j = 0; j < m; j++) sq += (xr[j] - mu) * (xr[j] - mu);
+        const double rs = 1.0 / sqrt(sq / (double)m + d->eps);
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            yr[j] = (float)((xr[j] - mu) * rs * (gamma ? gamma[ch] : 1.0) + (beta ? beta[ch] : 0.0));
+        }
+        if (mean) mean[r] = (float)mu;
+        if (rstd) rstd[r] = (float)rs;
+    }
+    return PS_OK;
+}
+
+static ps_status ref_gn_backward(void *impl, const ps_gn_desc *d, const float *x, const float *dy,
+                                 const float *gamma, const float *mean, const float *rstd, float *dx,
+                                 float *dgamma, float *dbeta, ps_err *err) {
+    (void)impl; (void)err;
+    const int64_t cg = d->c / d->groups, m = cg * d->s;
+    for (int64_t r = 0; dx && r < d->n * d->groups; r++) {
+        const float *xr = x + r * m, *dyr = dy + r * m;
+        const double mu = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            const double g = dyr[j] * (gamma ? gamma[ch] : 1.0);
+            sg += g;
+            sgx += g * (xr[j] - mu) * rs;
+        }
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t ch = (r % d->groups) * cg + j / d->s;
+            const double g = dyr[j] * (gamma ? gamma[ch] : 1.0), xh = (xr[j] - mu) * rs;
+            dx[r * m + j] = (float)(rs * (g - sg / (double)m - xh * sgx / (double)m));
+        }
+    }
+    for (int64_t ch = 0; (dgamma || dbeta) && ch < d->c; ch++) {
+        double dg = 0.0, db = 0.0;
+        for (int64_t i = 0; i < d->n; i++) {
+            const int64_t r = i * d->groups + ch / cg, off = (i * d->c + ch) * d->s;
+            for (int64_t p = 0; p < d->s; p++) {
+                dg += (double)dy[off + p] * ((x[off + p] - (double)mean[r]) * rstd[r]);
+                db += dy[off + p];
+            }
+        }
+        if (dgamma) dgamma[ch] = (float)dg;
+        if (dbeta) dbeta[ch] = (float)db;
+    }
+    return PS_OK;
+}
+
 /* ---- activations (computed in double, rounded once) ---- */
+
+#define SELU_ALPHA 1.6732632423543772848170429916717
+#define SELU_SCALE 1.0507009873554804934193349852946
+
+/* log(1 + exp(z)) without overflow */
+static double softplus(double z) { return z > 0.0 ? z + log1p(exp(-z)) : log1p(exp(z)); }
 
 static double act_f(const ps_act_desc *d, double x) {
     switch ((ps_act_kind)d->kind) {
@@ -664,6 +730,17 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_HARDTANH: return x < (double)d->alpha ? (double)d->alpha : x > (double)d->beta ? (double)d->beta : x;
     case PS_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
     case PS_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
+    case PS_ACT_ELU: return x > 0.0 ? x : (double)d->alpha * expm1(x);
+    case PS_ACT_SELU: return SELU_SCALE * (x > 0.0 ? x : SELU_ALPHA * expm1(x));
+    case PS_ACT_SOFTPLUS: return (double)d->alpha * x > (double)d->beta ? x : softplus(x * d->alpha) / d->alpha;
+    case PS_ACT_MISH: return x * tanh(softplus(x));
+    case PS_ACT_LOGSIGMOID: return -softplus(-x);
+    case PS_ACT_EXP: return exp(x);
+    case PS_ACT_LOG: return log(x);
+    case PS_ACT_ABS: return fabs(x);
+    case PS_ACT_SQRT: return sqrt(x);
+    case PS_ACT_POW: return pow(x, (double)d->alpha);
+    case PS_ACT_LINEAR: return (double)d->alpha * x + (double)d->beta;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -692,6 +769,23 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_HARDTANH: return y <= (double)d->alpha || y >= (double)d->beta ? 0.0 : dy;
     case PS_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? dy * (x / 3.0 + 0.5) : dy;
     case PS_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? dy / 6.0 : 0.0;
+    case PS_ACT_ELU: return x > 0.0 ? dy : dy * (double)d->alpha * exp(x);
+    case PS_ACT_SELU: return dy * SELU_SCALE * (x > 0.0 ? 1.0 : SELU_ALPHA * exp(x));
+    case PS_ACT_SOFTPLUS: {
+        const double z = (double)d->alpha * x;
+        return z > (double)d->beta ? dy : dy / (1.0 + exp(-z));
+    }
+    case PS_ACT_MISH: {
+        const double t = tanh(softplus(x)), sg = 1.0 / (1.0 + exp(-x));
+        return dy * (t + x * sg * (1.0 - t * t));
+    }
+    case PS_ACT_LOGSIGMOID: return dy / (1.0 + exp(x));
+    case PS_ACT_EXP: return dy * exp(x);
+    case PS_ACT_LOG: return dy / x;
+    case PS_ACT_ABS: return x > 0.0 ? dy : x < 0.0 ? -dy : 0.0;
+    case PS_ACT_SQRT: return dy / (2.0 * sqrt(x));
+    case PS_ACT_POW: return d->alpha == 0.0f ? 0.0 : dy * (double)d->alpha * pow(x, (double)d->alpha - 1.0);
+    case PS_ACT_LINEAR: return dy * (double)d->alpha;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -865,6 +959,77 @@ static ps_status ref_key_pad(void *impl, const ps_keypad_desc *d, const float *m
     return PS_OK;
 }
 
+/* ---- upsampling (Upsample, ConvTranspose2d's bias) ---- */
+
+/* One plane of ps_resize_desc: out[oy, ox] from in (forward), or dx
+ * accumulated from dy (backward, adj), by backend.h's index rules. */
+static void ref_resize_plane(const ps_resize_desc *d, const float *x, float *y, const float *dy, double *dx) {
+    for (int oy = 0; oy < d->oh; oy++) {
+        int y0, y1;
+        float ly;
+        if (d->bilinear) ps_resize_linear(oy, d->h, d->oh, d->scale_h, d->align_corners, &y0, &y1, &ly);
+        else { y0 = y1 = ps_resize_nearest(oy, d->h, d->oh, d->scale_h); ly = 0.0f; }
+        for (int ox = 0; ox < d->ow; ox++) {
+            int x0, x1;
+            float lx;
+            if (d->bilinear) ps_resize_linear(ox, d->w, d->ow, d->scale_w, d->align_corners, &x0, &x1, &lx);
+            else { x0 = x1 = ps_resize_nearest(ox, d->w, d->ow, d->scale_w); lx = 0.0f; }
+            const float wy[2] = {1.0f - ly, ly}, wx[2] = {1.0f - lx, lx};
+            const int iy[2] = {y0, y1}, ix[2] = {x0, x1};
+            if (dx) {
+                const double g = dy[(size_t)oy * d->ow + ox];
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++) dx[(size_t)iy[a] * d->w + ix[b]] += (double)wy[a] * wx[b] * g;
+                continue;
+            }
+            double v = 0.0;
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 2; b++) v += (double)wy[a] * wx[b] * x[(size_t)iy[a] * d->w + ix[b]];
+            y[(size_t)oy * d->ow + ox] = (float)v;
+        }
+    }
+}
+
+static ps_status ref_resize_forward(void *impl, const ps_resize_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) ref_resize_plane(d, x + p * in, y + p * out, NULL, NULL);
+    return PS_OK;
+}
+
+static ps_status ref_resize_backward(void *impl, const ps_resize_desc *d, const float *dy, float *dx, ps_err *err) {
+    (void)impl;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    double *acc = malloc(in * sizeof *acc);
+    if (!acc) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref resize_backward: out of memory");
+    for (size_t p = 0; p < (size_t)d->n * d->c; p++) {
+        for (size_t i = 0; i < in; i++) acc[i] = 0.0;
+        ref_resize_plane(d, NULL, NULL, dy + p * out, acc);
+        for (size_t i = 0; i < in; i++) dx[p * in + i] = (float)acc[i];
+    }
+    free(acc);
+    return PS_OK;
+}
+
+static ps_status ref_bias_add(void *impl, const ps_chan_desc *d, const float *b, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int i = 0; i < d->n; i++)
+        for (int j = 0; j < d->c; j++)
+            for (int64_t p = 0; p < d->s; p++) y[((size_t)i * d->c + j) * d->s + p] += b[j];
+    return PS_OK;
+}
+
+static ps_status ref_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    (void)impl; (void)err;
+    for (int j = 0; j < d->c; j++) {
+        double acc = 0.0;
+        for (int i = 0; i < d->n; i++)
+            for (int64_t p = 0; p < d->s; p++) acc += dy[((size_t)i * d->c + j) * d->s + p];
+        db[j] = (float)acc;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -917,4 +1082,11 @@ const ps_backend_ops ps_backend_ref_ops = {
     .tri_fill = ref_tri_fill,
     .eq_const = ref_eq_const,
     .key_pad = ref_key_pad,
+    /* upsampling */
+    .resize_forward = ref_resize_forward,
+    .resize_backward = ref_resize_backward,
+    .bias_add = ref_bias_add,
+    .bias_grad = ref_bias_grad,
+    .groupnorm_forward = ref_gn_forward,
+    .groupnorm_backward = ref_gn_backward,
 };

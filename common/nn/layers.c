@@ -122,6 +122,20 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         }
         return PS_OK;
     }
+    case PS_ATTR_FLOAT_PAIR_OR_NULL: {   /* Upsample's scale_factor: null (not given), N or [h, w] */
+        double *p = (double *)(base + sp->off);
+        *(int *)(base + sp->off2) = 0;
+        if (!is_list && !vals[0]) return PS_OK;
+        for (int i = 0; i < 2; i++) {
+            const char *t = vals[is_list ? i : 0];
+            if (!t) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: entry %d is null", sp->name, i + 1);
+            if ((st = attr_number(ly, sp, t, def, n, keys, values, &x, err))) return st;
+            if ((st = attr_range(sp, x, 0, err))) return st;
+            p[i] = x;
+        }
+        *(int *)(base + sp->off2) = 1;
+        return PS_OK;
+    }
     case PS_ATTR_NAME:   /* null: "" (the node's name is the tensor's whole name) */
         *(const char **)(base + sp->off) = vals[0] ? vals[0] : "";   /* the definition's (or the table's) string */
         return PS_OK;
@@ -431,6 +445,174 @@ static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
 static double conv_flops(const ps_layer *ly) {
     return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)(ly->in[0].dims[0] / ly->a.groups) *
            (double)ly->a.kernel[0] * (double)ly->a.kernel[1];
+}
+
+/* ---- ConvTranspose2d: nn.ConvTranspose2d(in_channels, out_channels,
+ * kernel_size, stride, padding, output_padding, groups, bias, dilation);
+ * params weight (in, out/groups, kh, kw), bias (out) ----
+ * The transposed convolution is the input gradient of the convolution
+ * that maps its output back to its input: Conv2d(out -> in, the same
+ * kernel, stride, padding, dilation, groups) over an (out, H', W') plane,
+ * whose weight (in, out/groups, kh, kw) is this kind's own. So its
+ * forward is that convolution's backward-data (dy = x), its input
+ * gradient that convolution's forward of dy, and its weight gradient that
+ * convolution's weight gradient with dy as the input and x as the output
+ * gradient - oneDNN's and cuDNN's deconvolution are computed so too, and
+ * each backend's convolution ops (with their checks against reference
+ * kernels) serve it, in the layouts they take: the convolution's source is
+ * this node's output, its destination this node's input. The bias is
+ * added per channel. */
+static ps_conv_desc upconv_desc(const ps_layer *ly, int n) {
+    const ps_layer_attrs *a = &ly->a;
+    const int64_t cin = ly->in[0].dims[0];
+    return (ps_conv_desc){.n = n, .cin = (int)a->out, .h = (int)ly->outs.dims[1], .w = (int)ly->outs.dims[2],
+                          .cout = (int)cin, .kh = (int)a->kernel[0], .kw = (int)a->kernel[1],
+                          .stride_h = (int)a->stride[0], .stride_w = (int)a->stride[1], .pad_h = (int)a->padding[0],
+                          .pad_w = (int)a->padding[1], .dil_h = (int)a->dilation[0], .dil_w = (int)a->dilation[1],
+                          .groups = (int)a->groups, .src_layout = ly->out_layout, .dst_layout = ly->in_layout[0]};
+}
+
+static ps_chan_desc upconv_chan(const ps_layer *ly, int n) {
+    return (ps_chan_desc){.n = n, .c = (int)ly->outs.dims[0], .s = ly->outs.dims[1] * ly->outs.dims[2],
+                          .layout = ly->out_layout};
+}
+
+static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    const int64_t cin = ly->in[0].dims[0];
+    if ((rc = check_given("in_channels", a->in_features, cin, err))) return rc;
+    if (cin % a->groups || a->out % a->groups)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "groups %lld divides neither in_channels %lld and "
+                          "out_channels %lld both", (long long)a->groups, (long long)cin, (long long)a->out);
+    int64_t o[2];
+    for (int i = 0; i < 2; i++) {
+        if (a->output_padding[i] >= a->stride[i])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output_padding %lld is not smaller than stride %lld "
+                              "(PyTorch also takes one below the dilation; psd does not)",
+                              (long long)a->output_padding[i], (long long)a->stride[i]);
+        o[i] = (ly->in[0].dims[1 + i] - 1) * a->stride[i] - 2 * a->padding[i] + a->dilation[i] * (a->kernel[i] - 1) +
+               a->output_padding[i] + 1;
+    }
+    if (o[0] < 1 || o[1] < 1)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding %lldx%lld leaves no output of the input (%lld, "
+                          "%lld, %lld) (output %lldx%lld)", (long long)a->padding[0], (long long)a->padding[1],
+                          (long long)cin, (long long)ly->in[0].dims[1], (long long)ly->in[0].dims[2],
+                          (long long)o[0], (long long)o[1]);
+    if (o[0] > PS_DIM_MAX || o[1] > PS_DIM_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output %lldx%lld is too large", (long long)o[0],
+                          (long long)o[1]);
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = a->out;
+    ly->outs.dims[1] = o[0];
+    ly->outs.dims[2] = o[1];
+    ly->out_dtype = PS_DTYPE_F32;
+    /* PyTorch's fan_in of this weight: its dim 1 times the kernel */
+    const int64_t fan_in = a->out / a->groups * a->kernel[0] * a->kernel[1];
+    const int64_t wd[4] = {cin, a->out / a->groups, a->kernel[0], a->kernel[1]}, bd[1] = {a->out};
+    set_param(ly, 0, "weight", 4, wd, fan_in, FAN_UNIFORM);
+    if (a->bias) set_param(ly, 1, "bias", 1, bd, fan_in, FAN_UNIFORM);
+    return PS_OK;
+}
+
+static const char *upconv_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (ly->a.bias && !(ops->bias_add && ops->bias_grad)) return "bias_add/bias_grad";
+    return NULL;
+}
+
+static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
+    const ps_conv_desc d = upconv_desc(c->ly, c->n);
+    ps_status rc = c->be->ops->conv2d_backward(c->be->impl, &d, NULL, c->w[0], c->x, c->y, NULL, NULL, err);
+    if (rc || !c->ly->a.bias) return rc;
+    const ps_chan_desc cd = upconv_chan(c->ly, c->n);
+    return c->be->ops->bias_add(c->be->impl, &cd, c->w[1], c->y, err);
+}
+
+static ps_status upconv_backward(ps_layer_call *c, ps_err *err) {
+    const ps_conv_desc d = upconv_desc(c->ly, c->n);
+    ps_status rc;
+    if (c->dx && (rc = c->be->ops->conv2d_forward(c->be->impl, &d, c->dy, c->w[0], NULL, c->dx, err))) return rc;
+    if (c->dw[0] && (rc = c->be->ops->conv2d_backward(c->be->impl, &d, c->dy, c->w[0], c->x, NULL, c->dw[0], NULL,
+                                                       err)))
+        return rc;
+    if (c->ly->a.bias && c->dw[1]) {
+        const ps_chan_desc cd = upconv_chan(c->ly, c->n);
+        return c->be->ops->bias_grad(c->be->impl, &cd, c->dy, c->dw[1], err);
+    }
+    return PS_OK;
+}
+
+static double upconv_flops(const ps_layer *ly) {
+    return 2.0 * (double)ps_shape_numel(&ly->in[0]) * (double)(ly->a.out / ly->a.groups) * (double)ly->a.kernel[0] *
+           (double)ly->a.kernel[1];
+}
+
+/* ---- Upsample: nn.Upsample(size, scale_factor, mode, align_corners,
+ * recompute_scale_factor) and F.interpolate (nn.UpsamplingNearest2d and
+ * nn.UpsamplingBilinear2d are Upsample with mode nearest, and bilinear with
+ * align_corners true) over (C, H, W): PyTorch's output size (size, or
+ * floor(H * scale_factor)) and source indices (backend.h ps_resize_desc).
+ * Plain layout. ---- */
+static ps_resize_desc resize_desc(const ps_layer *ly, int n) {
+    const ps_layer_attrs *a = &ly->a;
+    ps_resize_desc d = {.n = n, .c = (int)ly->in[0].dims[0], .h = (int)ly->in[0].dims[1], .w = (int)ly->in[0].dims[2],
+                        .oh = (int)ly->outs.dims[1], .ow = (int)ly->outs.dims[2], .bilinear = a->resize_mode == 1,
+                        .align_corners = a->resize_mode == 1 && a->align_corners};
+    const int scaled = a->scale_given && !a->recompute_scale;
+    d.scale_h = ps_resize_scale(d.h, d.oh, scaled ? a->scale_factor[0] : 0, d.align_corners);
+    d.scale_w = ps_resize_scale(d.w, d.ow, scaled ? a->scale_factor[1] : 0, d.align_corners);
+    return d;
+}
+
+static ps_status resize_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    const int has_size = a->size[0] > 0;
+    if (has_size == a->scale_given)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "give either size or scale_factor (%s)",
+                          has_size ? "both are given" : "neither is");
+    if (a->resize_mode == 0 && a->align_corners)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "align_corners applies to mode 'bilinear' only (PyTorch "
+                          "refuses it with 'nearest')");
+    if (has_size && a->recompute_scale)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "recompute_scale_factor needs scale_factor, not size");
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->in[0].dims[0];
+    for (int i = 0; i < 2; i++) {
+        const double o = has_size ? (double)a->size[i] : floor((double)ly->in[0].dims[1 + i] * a->scale_factor[i]);
+        if (o < 1 || o > PS_DIM_MAX || o > 65536.0 * 65536.0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "output size %g of input size %lld is outside 1..%lld",
+                              o, (long long)ly->in[0].dims[1 + i], (long long)PS_DIM_MAX);
+        ly->outs.dims[1 + i] = (int64_t)o;
+    }
+    if (ly->outs.dims[1] > 2147483647 / ly->outs.dims[2] || ly->in[0].dims[1] > 2147483647 / ly->in[0].dims[2])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a plane of %lldx%lld is too large",
+                          (long long)ly->outs.dims[1], (long long)ly->outs.dims[2]);
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *resize_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->resize_forward && ops->resize_backward ? NULL : "resize_forward/resize_backward";
+}
+
+static ps_status resize_forward(ps_layer_call *c, ps_err *err) {
+    const ps_resize_desc d = resize_desc(c->ly, c->n);
+    return c->be->ops->resize_forward(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status resize_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_resize_desc d = resize_desc(c->ly, c->n);
+    return c->be->ops->resize_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* Four multiply-adds an output (bilinear), a copy (nearest). */
+static double resize_flops(const ps_layer *ly) {
+    return (ly->a.resize_mode == 1 ? 8.0 : 1.0) * (double)ps_shape_numel(&ly->outs);
 }
 
 /* ---- ReLU ---- */
@@ -787,6 +969,84 @@ static size_t ln_bytes(const ps_layer *ly, int n) { return 2 * (size_t)ln_desc(l
 
 static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
 
+/* ---- GroupNorm: nn.GroupNorm(num_groups, num_channels, eps, affine) over
+ * (C, *) per sample; InstanceNorm1d / InstanceNorm2d (num_features, eps,
+ * affine, without running statistics) are its num_groups = C. Each sample's
+ * group is normalised by its own statistics in training and in eval alike;
+ * the parameters are per channel. Plain layout. ---- */
+
+static ps_gn_desc gn_desc(const ps_layer *ly, int n) {
+    const int64_t c = ly->in[0].dims[0];
+    ps_gn_desc d = {n, c, ps_shape_numel(&ly->in[0]) / c, ly->a.groups, (float)ly->a.eps};
+    return d;
+}
+
+static ps_status gn_infer_dims(ps_layer *ly, int lo, int hi, const char *given, int instance, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, lo, hi, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int64_t c = ly->in[0].dims[0];
+    if ((rc = check_given(given, ly->a.in_features, c, err))) return rc;
+    if (instance) {
+        if (ly->a.track)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "track_running_stats: true (running statistics "
+                              "used in eval) is not supported; psd's instance norm normalises each sample by "
+                              "its own statistics, as PyTorch's default");
+        ly->a.groups = c;
+    } else if (c % ly->a.groups) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_groups %lld does not divide the input's %lld channels",
+                          (long long)ly->a.groups, (long long)c);
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t cd[1] = {c};
+    if (ly->a.affine) {
+        set_param(ly, 0, "weight", 1, cd, c, ONES);
+        set_param(ly, 1, "bias", 1, cd, c, ZEROS);
+    }
+    return PS_OK;
+}
+
+static ps_status gn_infer(ps_layer *ly, ps_err *err) {
+    return gn_infer_dims(ly, 1, PS_SHAPE_MAX_DIMS, "num_channels", 0, err);
+}
+static ps_status in1d_infer(ps_layer *ly, ps_err *err) { return gn_infer_dims(ly, 2, 2, "num_features", 1, err); }
+static ps_status in2d_infer(ps_layer *ly, ps_err *err) { return gn_infer_dims(ly, 3, 3, "num_features", 1, err); }
+
+static const char *gn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->groupnorm_forward && ops->groupnorm_backward ? NULL : "groupnorm_forward/groupnorm_backward";
+}
+
+static ps_status gn_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_gn_desc d = gn_desc(ly, c->n);
+    float *mean = NULL, *rstd = NULL;
+    if (c->train) {
+        mean = ps_backend_alloc_floats(c->be, d.n * d.groups);
+        rstd = ps_backend_alloc_floats(c->be, d.n * d.groups);
+        c->saved->dev[0] = mean;
+        c->saved->dev[1] = rstd;
+        if (!mean || !rstd) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", ly->name);
+    }
+    return c->be->ops->groupnorm_forward(c->be->impl, &d, c->x, ly->a.affine ? c->w[0] : NULL,
+                                         ly->a.affine ? c->w[1] : NULL, c->y, mean, rstd, err);
+}
+
+static ps_status gn_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_gn_desc d = gn_desc(ly, c->n);
+    return c->be->ops->groupnorm_backward(c->be->impl, &d, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          c->saved->dev[0], c->saved->dev[1], c->dx, ly->a.affine ? c->dw[0] : NULL,
+                                          ly->a.affine ? c->dw[1] : NULL, err);
+}
+
+static size_t gn_bytes(const ps_layer *ly, int n) {
+    const ps_gn_desc d = gn_desc(ly, n);
+    return 2 * (size_t)(d.n * d.groups) * sizeof(float);
+}
+
+static double gn_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel(&ly->outs); }
+
 /* ---- activations: LeakyReLU(negative_slope), GELU(approximate), SiLU,
  * Tanh, Sigmoid, Hardtanh(min_val, max_val), ReLU6 (Hardtanh(0, 6), as
  * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
@@ -794,12 +1054,25 @@ static double ln_flops(const ps_layer *ly) { return 5.0 * (double)ps_shape_numel
 
 static ps_act_desc act_desc(const ps_layer *ly) {
     static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
-                                   PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID};
+                                   PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID,
+                                   /* elementwise math: ACT_MATH + k */
+                                   PS_ACT_ELU, PS_ACT_SELU, PS_ACT_SOFTPLUS, PS_ACT_MISH, PS_ACT_LOGSIGMOID,
+                                   PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
         d.alpha = (float)ly->a.min_val;
         d.beta = (float)ly->a.max_val;
+    }
+    if (d.kind == PS_ACT_ELU) d.alpha = (float)ly->a.elu_alpha;
+    if (d.kind == PS_ACT_SOFTPLUS) {
+        d.alpha = (float)ly->a.sp_beta;
+        d.beta = (float)ly->a.sp_threshold;
+    }
+    if (d.kind == PS_ACT_POW) d.alpha = (float)ly->a.exponent;
+    if (d.kind == PS_ACT_LINEAR) {
+        d.alpha = 1.0f;
+        d.beta = (float)ly->a.value;
     }
     return d;
 }
@@ -820,6 +1093,25 @@ static ps_status tanh_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly,
 static ps_status sigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 4, err); }
 static ps_status hardswish_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 6, err); }
 static ps_status hardsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, 7, err); }
+
+/* Elementwise math (users' own layers: nn.ELU, x.exp(), x ** 2, x + 1.0):
+ * the activations' ops, one infer per kind (kinds_of's ACT_MATH + k). */
+#define ACT_MATH 8
+static ps_status elu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 0, err); }
+static ps_status selu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 1, err); }
+static ps_status softplus_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 2, err); }
+static ps_status mish_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 3, err); }
+static ps_status logsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 4, err); }
+static ps_status exp_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 5, err); }
+static ps_status log_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 6, err); }
+static ps_status abs_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 7, err); }
+static ps_status sqrt_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 8, err); }
+static ps_status pow_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 9, err); }
+static ps_status addconst_infer(ps_layer *ly, ps_err *err) {
+    if (!isfinite(ly->a.value)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value: %g is not a finite number",
+                                                  ly->a.value);
+    return act_infer_as(ly, ACT_MATH + 10, err);
+}
 
 static ps_status hardtanh_infer(ps_layer *ly, ps_err *err) {
     /* as float32, the type the kernels compare in */
@@ -1511,6 +1803,50 @@ static ps_status mul_backward(ps_layer_call *c, ps_err *err) {
     }
     ps_backend_release(c->be, prod);
     ps_backend_release(c->be, ones);
+    return rc;
+}
+
+/* ---- Sub: a - b of two computed tensors of one shape (x - y, torch.sub;
+ * ONNX's Sub). The gradients are dy and -dy. ---- */
+
+static ps_status sub_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    for (int i = 0; i < 2; i++) {
+        ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+        if (rc) return rc;
+    }
+    if (!ps_shape_equal(&ly->in[0], &ly->in[1]))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: Sub takes inputs of "
+                          "one shape", ly->def->in_names[0], ps_shape_format(&ly->in[0], b1, sizeof b1),
+                          ly->def->in_names[1], ps_shape_format(&ly->in[1], b2, sizeof b2));
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *sub_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->copy2d && ops->scale && ops->add ? NULL : "copy2d/scale/add";
+}
+
+/* dst = src * f */
+static ps_status copy_scaled(const ps_layer_call *c, const float *src, float *dst, int64_t count, float f,
+                             ps_err *err) {
+    ps_status rc = c->be->ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
+    return rc || f == 1.0f ? rc : c->be->ops->scale(c->be->impl, count, dst, f, err);
+}
+
+static ps_status sub_forward(ps_layer_call *c, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    ps_status rc = copy_scaled(c, c->xs[1], c->y, count, -1.0f, err);
+    return rc ? rc : c->be->ops->add(c->be->impl, count, c->y, c->xs[0], err);
+}
+
+static ps_status sub_backward(ps_layer_call *c, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    ps_status rc = PS_OK;
+    for (int i = 0; i < 2 && rc == PS_OK; i++)
+        if (c->dxs[i]) rc = copy_scaled(c, c->dy, c->dxs[i], count, i ? -1.0f : 1.0f, err);
     return rc;
 }
 
@@ -3085,9 +3421,9 @@ static const ps_attr_spec leaky_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
-static const ps_attr_spec hardtanh_attrs[] = {
-    ATTR_FLOAT("min_val", min_val, "-1.0", -1e6, 1e6, 0, 0),
-    ATTR_FLOAT("max_val", max_val, "1.0", -1e6, 1e6, 0, 0),
+static const ps_attr_spec hardtanh_attrs[] = {    /* an infinite side: torch.clamp with min or max only */
+    {"min_val", PS_ATTR_FLOAT_INF, A(min_val), "-1.0", 0, 0, 0, 0, NULL, 0},
+    {"max_val", PS_ATTR_FLOAT_INF, A(max_val), "1.0", 0, 0, 0, 0, NULL, 0},
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
 };
@@ -3120,6 +3456,41 @@ static const ps_attr_spec lstm_attrs[] = {
 };
 static const ps_attr_spec inplace_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+/* group and instance normalisation */
+static const ps_attr_spec gn_attrs[] = {
+    ATTR_INT("num_groups", groups, NULL, 1),
+    ATTR_INT("num_channels", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_BOOL("affine", affine, "true"),
+    ATTR_END,
+};
+static const ps_attr_spec instnorm_attrs[] = {
+    ATTR_INT("num_features", in_features, "", 1),
+    ATTR_FLOAT("eps", eps, "1e-5", 0, 1, 1, 0),
+    ATTR_FLOAT("momentum", ignored, "0.1", 0, 1, 0, 0),
+    ATTR_BOOL("affine", affine, "false"),
+    ATTR_BOOL("track_running_stats", track, "false"),
+    ATTR_END,
+};
+/* elementwise math */
+static const ps_attr_spec elu_attrs[] = {
+    ATTR_FLOAT("alpha", elu_alpha, "1.0", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec softplus_attrs[] = {
+    ATTR_FLOAT("beta", sp_beta, "1.0", 0, 1e6, 1, 0),
+    ATTR_FLOAT("threshold", sp_threshold, "20.0", -1e6, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec pow_attrs[] = {
+    ATTR_FLOAT("exponent", exponent, NULL, -1e6, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec addconst_attrs[] = {
+    ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
     ATTR_END,
 };
 static const ps_attr_spec dropout_attrs[] = {
@@ -3232,6 +3603,29 @@ static const ps_attr_spec rpb_attrs[] = {
     ATTR_PAIR("shift_size", shift, "0", 0),
     ATTR_END,
 };
+/* upsampling: ConvTranspose2d, Upsample */
+static const ps_attr_spec upconv_attrs[] = {
+    ATTR_INT("in_channels", in_features, "", 1),
+    ATTR_INT("out_channels", out, NULL, 1),
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("stride", stride, "1", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_PAIR("output_padding", output_padding, "0", 0),
+    ATTR_PAIR("dilation", dilation, "1", 1),
+    ATTR_INT("groups", groups, "1", 1),
+    ATTR_BOOL("bias", bias, "true"),
+    {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTR_END,
+};
+static const char *const resize_modes[] = {"nearest", "bilinear", NULL};
+static const ps_attr_spec resize_attrs[] = {
+    {"size", PS_ATTR_PAIR_OR_NULL, A(size), "null", 1, 65536, 0, 0, NULL, 0},
+    {"scale_factor", PS_ATTR_FLOAT_PAIR_OR_NULL, A(scale_factor), "null", 0, 65536, 1, 0, NULL, A(scale_given)},
+    {"mode", PS_ATTR_ENUM, A(resize_mode), "nearest", 0, 0, 0, 0, resize_modes, 0},
+    ATTR_BOOL("align_corners", align_corners, "false"),
+    ATTR_BOOL("recompute_scale_factor", recompute_scale, "false"),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -3326,8 +3720,34 @@ static const ps_layer_kind kinds[] = {
     /* attention masks (minGPT's causal masked_fill) */
     {"MaskedFill", PS_KIND_INPLACE, 1, 1, masked_fill_attrs, masked_fill_infer, tri_fill_missing, masked_fill_forward,
      masked_fill_backward, NULL, NULL, NULL},
+    /* group and instance normalisation (U-Nets, diffusion models, style transfer) */
+    {"GroupNorm", PS_KIND_BWD_X, 1, 1, gn_attrs, gn_infer, gn_missing, gn_forward, gn_backward, gn_bytes, NULL,
+     gn_flops},
+    {"InstanceNorm1d", PS_KIND_BWD_X, 1, 1, instnorm_attrs, in1d_infer, gn_missing, gn_forward, gn_backward, gn_bytes,
+     NULL, gn_flops},
+    {"InstanceNorm2d", PS_KIND_BWD_X, 1, 1, instnorm_attrs, in2d_infer, gn_missing, gn_forward, gn_backward, gn_bytes,
+     NULL, gn_flops},
+    /* elementwise math (users' own layers): the activations' ops */
+    {"ELU", F_ACT, 1, 1, elu_attrs, elu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"SELU", F_ACT, 1, 1, inplace_attrs, selu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Softplus", F_ACT, 1, 1, softplus_attrs, softplus_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Mish", F_ACT, 1, 1, inplace_attrs, mish_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"LogSigmoid", F_ACT, 1, 1, no_attrs, logsigmoid_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Exp", F_ACT, 1, 1, no_attrs, exp_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Log", F_ACT, 1, 1, no_attrs, log_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Abs", F_ACT, 1, 1, no_attrs, abs_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sqrt", F_ACT, 1, 1, no_attrs, sqrt_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Pow", F_ACT, 1, 1, pow_attrs, pow_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"AddConstant", F_ACT, 1, 1, addconst_attrs, addconst_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Sub", 0, 2, 2, no_attrs, sub_infer, sub_missing, sub_forward, sub_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
-    {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},
+    {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
+    {"ConvTranspose2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
+     upconv_backward, NULL, NULL, upconv_flops},
+    {"Upsample", 0, 1, 1, resize_attrs, resize_infer, resize_missing, resize_forward, resize_backward, NULL, NULL,
+     resize_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -3418,6 +3838,12 @@ static size_t maxpool_saved(const ps_layer *ly, const ps_backend *be, int n, int
     return b ? b : (size_t)-1;
 }
 
+/* GroupNorm's mean (dev[0]) and rstd (dev[1]): one float per (sample, group) */
+static size_t gn_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j < 2 ? gn_bytes(ly, n) / 2 : 0;
+}
+
 /* mean (dev[0]) and rstd (dev[1]): one float per normalised row, each
  * sample's rows together */
 static size_t ln_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
@@ -3460,6 +3886,12 @@ static const struct {
     {"MatMul", NULL}, {"MulConstant", NULL},
     {"MaskedFill", NULL},
     {"Eq", NULL},
+    {"ConvTranspose2d", NULL}, {"Upsample", NULL},
+    /* group and instance normalisation: each sample's own statistics */
+    {"GroupNorm", gn_saved}, {"InstanceNorm1d", gn_saved}, {"InstanceNorm2d", gn_saved},
+    /* elementwise math */
+    {"ELU", NULL}, {"SELU", NULL}, {"Softplus", NULL}, {"Mish", NULL}, {"LogSigmoid", NULL}, {"Exp", NULL},
+    {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

@@ -105,6 +105,18 @@ typedef struct ps_layer_attrs {
     /* key padding masks computed from the token ids */
     int64_t eq_value;           /* Eq value: the constant the ids are compared with (the pad id) */
     int kpm_float;              /* MultiheadAttention key_padding_mask: 0 'bool' (nonzero masks), 1 'float' (added) */
+    /* upsampling (decoders, U-Nets) */
+    int64_t output_padding[2];  /* ConvTranspose2d output_padding */
+    double scale_factor[2];     /* Upsample scale_factor (h, w); scale_given 0: null */
+    int scale_given;
+    int64_t size[2];            /* Upsample size (h, w); 0: null */
+    int resize_mode;            /* Upsample mode: 0 'nearest', 1 'bilinear' */
+    int align_corners;          /* Upsample (bilinear) */
+    int recompute_scale;        /* Upsample recompute_scale_factor: the output size's in/out as the scale */
+    /* elementwise math */
+    double elu_alpha;           /* ELU alpha */
+    double sp_beta, sp_threshold; /* Softplus beta, threshold */
+    double exponent;            /* Pow exponent */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -124,6 +136,8 @@ typedef enum {
     PS_ATTR_NAME,               /* const char *: a word of letters, digits and _ (a state_dict suffix) */
     PS_ATTR_FLOAT_INF,          /* as FLOAT, or an infinity: inf, -inf (YAML's .inf, -.inf; any case) */
     PS_ATTR_PADS,               /* as DIMS with up to 2 * PS_SHAPE_MAX_DIMS values (F.pad's pad list) */
+    PS_ATTR_FLOAT_PAIR_OR_NULL, /* double[2]: one value for both or a list of two, or null (sets the int
+                                   at off2 to 1 when given, 0 for null): Upsample's scale_factor */
 } ps_attr_type;
 
 typedef struct ps_attr_spec {

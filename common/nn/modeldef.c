@@ -335,7 +335,8 @@ static const char *const INPUT_KEYS[] = {"shape", "dtype", NULL};
 static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node_def *nd, const ps_attr_spec *sp,
                                   const ynode *v) {
     if (is_null(v)) {
-        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL || sp->type == PS_ATTR_NAME)
+        if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL || sp->type == PS_ATTR_NAME ||
+            sp->type == PS_ATTR_FLOAT_PAIR_OR_NULL)
             return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: no value given", nd->name, nd->kind_name, sp->name);
     }
@@ -389,7 +390,8 @@ static ps_status read_attr(parse *P, const ps_model_def *d, ps_node_def *nd, con
         return perr(P, v->line, "node '%s' (%s): %s: expected a value or a list, got a mapping", nd->name,
                     nd->kind_name, k->s);
     if (v->type == Y_SEQ) {
-        const int pair = sp->type == PS_ATTR_PAIR || sp->type == PS_ATTR_PAIR_OR_NULL;
+        const int pair = sp->type == PS_ATTR_PAIR || sp->type == PS_ATTR_PAIR_OR_NULL ||
+                         sp->type == PS_ATTR_FLOAT_PAIR_OR_NULL;
         if (!pair && sp->type != PS_ATTR_DIMS && sp->type != PS_ATTR_BATCH_DIMS && sp->type != PS_ATTR_PADS)
             return perr(P, v->line, "node '%s' (%s): %s takes one value, not a list", nd->name, nd->kind_name, k->s);
         int max = pair ? 2 : sp->type == PS_ATTR_BATCH_DIMS ? PS_SHAPE_MAX_DIMS + 1

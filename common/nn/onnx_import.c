@@ -120,7 +120,7 @@ typedef struct pnode {
 /* Fused ops the pre-pass found: at the node that ends a pattern, its kind
  * and what it reads. */
 typedef struct fused {
-    const char *kind;           /* "GELU", "SiLU", "Hardswish", "LayerNorm" */
+    const char *kind;           /* "GELU", "SiLU", "Hardswish", "LayerNorm", "GroupNorm" (axis: its groups) */
     const char *x;              /* the input value's name */
     const char *scale, *bias;   /* LayerNorm's initializers (names) */
     const char *src[4];         /* LSTM: the initializers behind W, R, B (weight_ih, weight_hh, bias_ih,
@@ -860,9 +860,8 @@ static ps_status h_clip(imp *im) {
     const int lo = b[0] > -FLT_MAX, hi = b[1] < FLT_MAX;
     if (!lo && !hi) return alias_out(im, 0, x);
     if (lo && !hi && b[0] == 0) return simple_act(im, "ReLU", NULL);
-    if (!lo || !hi)
-        return unsup(im, "only %s bound (%g): psd's Hardtanh takes both, a ReLU a lower bound of 0",
-                     lo ? "a lower" : "an upper", lo ? b[0] : b[1]);
+    if (!lo) b[0] = -INFINITY;      /* one bound: the other side of the Hardtanh open */
+    if (!hi) b[1] = INFINITY;
     if (!((float)b[0] < (float)b[1])) return unsup(im, "min %g is not below max %g", b[0], b[1]);
     if (b[0] == 0 && b[1] == 6) return simple_act(im, "ReLU6", NULL);
     char t[96], f1[40], f2[40];
@@ -1398,11 +1397,16 @@ static int fold_bias(imp *im, const val *x, val *c) {
     return 1;
 }
 
+static int scalar_const(imp *im, val *c, double *v);
+static ps_status add_const(imp *im, val *x, double value);
+
 static ps_status h_add(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind == VK_CONST) { val *t = a; a = b; b = t; }
+    double sc;
+    if (a->kind == VK_DATA && scalar_const(im, b, &sc)) return sc == 0 ? alias_out(im, 0, a) : add_const(im, a, sc);
     if (b->kind == VK_CONST) {
         ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
         if (rc) return rc;
@@ -1453,6 +1457,127 @@ static ps_status mul_const(imp *im, val *x, double value) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
+/* ---- elementwise math (users' own layers: x + c, a - b, c - x, x ** c, exp, log, ...) ---- */
+
+/* x + value: an AddConstant node. */
+static ps_status add_const(imp *im, val *x, double value) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, "AddConstant", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* An elementwise kind with one attribute line (or none) on x, then (c != NULL) x * c[0] + c[1] as
+ * MulConstant and AddConstant nodes where those are not 1 and 0: c - x, c / x. */
+static ps_status math_chain(imp *im, val *x, const char *kind, const char *attrs_text, const double *c) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int in = x->node;
+    char b[64];
+    if (kind) {
+        if ((in = emit(im, kind, NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        if (attrs_text) add_attr(im, in, "%s", attrs_text);
+    }
+    if (c && c[0] != 1.0) {
+        if ((in = emit(im, "MulConstant", NULL, NULL, "mul", 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(c[0], b, sizeof b));
+    }
+    if (c && c[1] != 0.0) {
+        if ((in = emit(im, "AddConstant", NULL, NULL, "add", 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(c[1], b, sizeof b));
+    }
+    if (in == x->node) return alias_out(im, 0, x);
+    return data_out(im, 0, in, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* A unary op of a computed value; of constants, refused (psd folds Sqrt and Neg only). */
+static ps_status math_unary(imp *im, const char *kind, const char *attrs_text) {
+    if (all_const(im)) return unsup(im, "%s of constants (psd does not fold it)", cur_node(im)->op_type);
+    return simple_act(im, kind, attrs_text);
+}
+
+static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
+static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
+static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
+static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
+
+static ps_status h_sqrt(imp *im) {
+    if (all_const(im)) return fold(im);
+    return simple_act(im, "Sqrt", NULL);
+}
+
+static ps_status h_neg(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    return x ? mul_const(im, x, -1.0) : im->err->code;
+}
+
+static ps_status h_elu(imp *im) {
+    static const char *const known[] = {"alpha", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    char t[64], f[40];
+    snprintf(t, sizeof t, "alpha: %s", float_text(attr_f(im, "alpha", 1.0f), f, sizeof f));
+    return math_unary(im, "ELU", t);
+}
+
+/* Selu with ONNX's default alpha and gamma (PyTorch's constants, as float) */
+static ps_status h_selu(imp *im) {
+    static const char *const known[] = {"alpha", "gamma", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const float a = attr_f(im, "alpha", 1.67326319217681884765625f), g = attr_f(im, "gamma", 1.05070102214813232421875f);
+    if (a != 1.67326319217681884765625f || g != 1.05070102214813232421875f)
+        return unsup(im, "alpha %g, gamma %g: psd's SELU is PyTorch's (ONNX's defaults)", a, g);
+    return math_unary(im, "SELU", NULL);
+}
+
+/* Softplus: log(exp(x) + 1), PyTorch's at beta 1 (its threshold 20 is where they meet in float32; PyTorch
+ * exports beta != 1 as Mul, Softplus, Div and drops the threshold) */
+static ps_status h_softplus(imp *im) { return math_unary(im, "Softplus", NULL); }
+
+/* Pow(x, exponent) with a constant scalar exponent */
+static ps_status h_pow(imp *im) {
+    if (all_const(im)) return unsup(im, "Pow of constants (psd does not fold it)");
+    val *x = in_val(im, 0, 1), *e = in_val(im, 1, 1);
+    if (!x || !e) return im->err->code;
+    double c;
+    if (x->kind != VK_DATA || !scalar_const(im, e, &c))
+        return unsup(im, "Pow of a computed value by a constant number only (x ** 2)");
+    char t[64], f[40];
+    snprintf(t, sizeof t, "exponent: %s", float_text(c, f, sizeof f));
+    return math_chain(im, x, c == 1.0 ? NULL : "Pow", t, NULL);
+}
+
+/* Sub: a - b of one shape (Sub), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
+static ps_status h_sub(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    double c;
+    if (a->kind == VK_DATA && scalar_const(im, b, &c)) return c == 0 ? alias_out(im, 0, a) : add_const(im, a, -c);
+    if (b->kind == VK_DATA && scalar_const(im, a, &c)) {
+        const double k[2] = {-1.0, c};
+        return math_chain(im, b, NULL, NULL, k);
+    }
+    if (a->kind != VK_DATA || b->kind != VK_DATA)
+        return unsup(im, "Sub of a constant tensor ('%s'): psd subtracts numbers or computed values",
+                     a->kind != VK_DATA ? a->name : b->name);
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
+        return unsup(im, "subtracting '%s' and '%s' of different shapes (psd's Sub takes one shape; broadcasting "
+                     "between computed values is not supported)", a->name, b->name);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, "Sub", NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
 /* 1 when initializer `name` is a state_dict name (module path, then a word) whose last word is not
  * "weight": a raw parameter of a custom layer (inp.W, W_q), not nn.Linear's weight nor an eval export's
  * onnx::MatMul_84. */
@@ -1483,7 +1608,8 @@ static ps_status matmul_values(imp *im, val *a, val *b) {
     }
     const int vec = c == b && nd - lead == 1 && c->ndim == 2;   /* x (N, k) @ W (k, n): a row per sample */
     int ok = vec || (nd - lead >= 2 && (c ? c->ndim >= 2 && c->ndim <= nd : a->ndim == b->ndim));
-    for (int i = 0; ok && !vec && i < lead; i++) ok = c ? (c == a ? ad[i] : bd[i]) == 1 : 1;   /* the batch */
+    for (int i = 0; c && !vec && i < lead; i++)   /* a constant's dims facing the batch: 1s, or one sample */
+        if ((c == a ? ad[i] : bd[i]) != 1 && c->ndim == nd) return along_batch(im, "a constant operand of MatMul");
     for (int i = 0; ok && i < nd - 2; i++) {
         ok = ad[i] == bd[i] || ad[i] == 1 || bd[i] == 1 || i < lead;
         od[i] = i < lead ? data->dims[i] : ad[i] > bd[i] ? ad[i] : bd[i];
@@ -1595,6 +1721,10 @@ static ps_status h_arith(imp *im) {
         if (a->kind == VK_DATA && scalar_const(im, b, &c)) {
             if (c == 0) return unsup(im, "a division by 0");
             return mul_const(im, a, 1.0 / c);
+        }
+        if (b->kind == VK_DATA && scalar_const(im, a, &c)) {   /* c / x (rsqrt's 1 / sqrt(x)) */
+            const double k[2] = {c, 0.0};
+            return math_chain(im, b, "Pow", "exponent: -1.0", k);
         }
     }
     return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
@@ -1957,6 +2087,58 @@ static ps_status h_gap(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
+/* GlobalMaxPool (PyTorch's adaptive_max_pool2d to 1) and ReduceMax over every spatial axis (x.amax(dim=(2,
+ * 3))): a MaxPool2d / MaxPool1d over the whole plane (then Flatten where ReduceMax drops the axes). */
+static ps_status global_max(imp *im, int keep) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    const int sp = x->ndim - 2;
+    if (x->kind == VK_DATA && sp != 1 && sp != 2) return unsup(im, "%d-D pooling (psd pools 1-D and 2-D)", sp);
+    ps_status rc = need_float(im, x, sp + 1, sp + 1, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pn = emit(im, sp == 1 ? "MaxPool1d" : "MaxPool2d", NULL, NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    char b[64];
+    add_attr(im, pn, "kernel_size: %s", sp == 1 ? (snprintf(b, sizeof b, "%lld", (long long)x->dims[2]), b)
+                                                : dims_text(x->dims + 2, 2, b, sizeof b));
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    for (int i = 1; i <= sp; i++) od[x->ndim - i] = 1;
+    if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
+    int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
+    if (f < 0) return oom(im);
+    return data_out(im, 0, f, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_gmp(imp *im) { return global_max(im, 1); }
+
+static ps_status h_reducemax(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "ReduceMax of constants (psd does not fold it)");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
+    const int r = x->ndim;
+    int seen[MAXD] = {0}, cnt = 0;
+    for (int i = 0; i < n; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (!seen[a]) cnt++;
+        seen[a] = 1;
+    }
+    int spatial = im->lead == 1 && (r == 3 || r == 4) && cnt == r - 2;
+    for (int a = 2; spatial && a < r; a++) spatial = seen[a];
+    if (!spatial)
+        return unsup(im, "a max over axes other than every spatial axis of (N, C, L) or (N, C, H, W) (psd's is a "
+                     "MaxPool over the whole plane)");
+    return global_max(im, (int)attr_i(im, "keepdims", 1));
+}
+
 /* ReduceMean over adjacent axes after the batch. Over the two spatial axes
  * of an (N, C, H, W) value (mnasnet's x.mean([2, 3])): AdaptiveAvgPool2d to
  * 1x1, then Flatten when keepdims is 0. Over others (a text classifier's
@@ -1964,7 +2146,20 @@ static ps_status h_gap(imp *im) {
  * the axes, after), AdaptiveAvgPool2d to [1, null], Reshape to the mean's
  * shape, as psd-export writes it. The axes are an attribute before opset
  * 18, an input from it. */
-static ps_status h_reducemean(imp *im) {
+/* The reduction's result: psd node pn of dims od (on), times count for a ReduceSum (count 0: a mean). */
+static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double count) {
+    if (count > 0) {
+        int mc = emit(im, "MulConstant", NULL, NULL, "sum", 1, &pn);
+        if (mc < 0) return oom(im);
+        char f[40];
+        add_attr(im, mc, "value: %s", float_text(count, f, sizeof f));
+        pn = mc;
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
+
+/* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) */
+static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
     static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
@@ -1973,13 +2168,14 @@ static ps_status h_reducemean(imp *im) {
     if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
     int64_t ax[PS_MAXD + 1];
     int n;
-    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
-    if (n <= 0) return unsup(im, "a mean over all axes (psd's ReduceMean is over adjacent axes after the batch)");
+    if ((rc = moved_ints(im, 1, axes_input_opset, "axes", "axes", ax, PS_MAXD, &n))) return rc;
+    const char *what = sum ? "sum" : "mean";
+    if (n <= 0) return unsup(im, "a %s over all axes (psd's is over adjacent axes after the batch)", what);
     int r = x->ndim, lo = r, hi = -1, seen[MAXD] = {0};
     for (int i = 0; i < n; i++) {
         int a = norm_axis(im, ax[i], r, "axes");
         if (a < 0) return im->err->code;
-        if (a < im->lead) return along_batch(im, "a mean over the batch");
+        if (a < im->lead) return along_batch(im, sum ? "a sum over the batch" : "a mean over the batch");
         if (seen[a]) return bad(im, "axis %d twice in axes", a);
         seen[a] = 1;
         lo = a < lo ? a : lo;
@@ -1987,13 +2183,14 @@ static ps_status h_reducemean(imp *im) {
     }
     char buf[128];
     if (hi - lo + 1 != n)
-        return unsup(im, "a mean over axes %s of a rank-%d value (psd's ReduceMean is over adjacent axes after the "
-                     "batch: a Reshape and AdaptiveAvgPool2d)", dims_text(ax, n, buf, sizeof buf), r);
+        return unsup(im, "a %s over axes %s of a rank-%d value (psd's is over adjacent axes after the batch: a "
+                     "Reshape and AdaptiveAvgPool2d)", what, dims_text(ax, n, buf, sizeof buf), r);
     int keep = (int)attr_i(im, "keepdims", 1);
     int64_t od[MAXD];   /* the mean's dims */
     int on = 0;
     for (int i = 0; i < r; i++)
         if (i < lo || i > hi || keep) od[on++] = i < lo || i > hi ? x->dims[i] : 1;
+    const double count = sum ? (double)prod(x->dims + lo, n) : 0.0;
     int xin = x->node;
     if (r - im->lead == 3 && lo == r - 2) {   /* the spatial axes of (N, C, H, W) */
         int pn = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &xin);
@@ -2002,12 +2199,12 @@ static ps_status h_reducemean(imp *im) {
         int64_t kd[MAXD];
         memcpy(kd, x->dims, sizeof kd);
         kd[r - 1] = kd[r - 2] = 1;
-        if (keep) return data_out(im, 0, pn, PS_ONNX_FLOAT, r, kd) ? PS_OK : im->err->code;
+        if (keep) return reduce_out(im, pn, r, kd, count);
         int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
         if (f < 0) return oom(im);
-        return data_out(im, 0, f, PS_ONNX_FLOAT, r - 2, kd) ? PS_OK : im->err->code;
+        return reduce_out(im, f, r - 2, kd, count);
     }
-    if (on - im->lead < 1) return unsup(im, "a mean to one value per sample (psd's values keep a dimension)");
+    if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
     int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
                         prod(x->dims + hi + 1, r - hi - 1)};
     int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &xin);
@@ -2017,13 +2214,15 @@ static ps_status h_reducemean(imp *im) {
     if (pool < 0) return oom(im);
     add_attr(im, pool, "output_size: [1, null]");
     three[1] = 1;
-    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))
-        return data_out(im, 0, pool, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three)) return reduce_out(im, pool, on, od, count);
     int out = emit(im, "Reshape", NULL, NULL, "view", 1, &pool);
     if (out < 0) return oom(im);
     add_attr(im, out, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    return data_out(im, 0, out, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+    return reduce_out(im, out, on, od, count);
 }
+
+static ps_status h_reducemean(imp *im) { return reduce_mean_sum(im, 18, 0); }
+static ps_status h_reducesum(imp *im) { return reduce_mean_sum(im, 13, 1); }
 
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
  * consumed_inputs; < 7: is_test; < 9: spatial (1 only); >= 14:
@@ -2364,6 +2563,69 @@ static ps_status h_layernorm(imp *im) {
     return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
+/* ---- group and instance normalisation ---- */
+
+/* x (N, C, *) normalised per sample and group: nn.GroupNorm (groups G, from the pattern find_patterns
+ * recognises) or ONNX's InstanceNormalization (instance: groups = C; InstanceNorm1d / 2d for (N, C, L) /
+ * (N, C, H, W), else a GroupNorm of C groups). scale and bias: initializers of C values (weight and bias), or
+ * both NULL (affine false). */
+static ps_status group_norm(imp *im, val *x, int64_t groups, double eps, val *scale, val *bias,
+                            const char *scope_name, int instance) {
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    if (im->lead < 1 || x->ndim - im->lead < 1) return along_batch(im, instance ? "InstanceNormalization" : "GroupNorm");
+    const int64_t c = x->dims[im->lead];
+    const int r = x->ndim - im->lead;     /* per-sample rank */
+    if (instance) groups = c;
+    if (groups < 1 || c % groups)
+        return unsup(im, "%lld groups do not divide the %lld channels", (long long)groups, (long long)c);
+    const char *kind = instance && r == 2 ? "InstanceNorm1d" : instance && r == 3 ? "InstanceNorm2d" : "GroupNorm";
+    int xin = x->node;
+    int pn = emit(im, kind, scale ? scale->name : NULL, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    if (scope_name && scope_name[0] && !(scale && strstr(scale->name, ".weight"))) {
+        char nm[NAME_MAX_ + 1];
+        snprintf(nm, sizeof nm, "%s", scope_name);
+        if (!name_taken(im, nm)) snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", nm);
+    }
+    char f[40];
+    if (kind[0] == 'G') add_attr(im, pn, "num_groups: %lld", (long long)groups);
+    if ((float)eps != 1e-5f) add_attr(im, pn, "eps: %s", float_text(eps, f, sizeof f));
+    if (!scale && !bias) {
+        if (kind[0] == 'G') add_attr(im, pn, "affine: false");
+        return PS_OK;
+    }
+    if (!scale || !bias || scale->kind != VK_CONST || bias->kind != VK_CONST || scale->numel != c || bias->numel != c)
+        return unsup(im, "a %s whose scale and bias are not initializers of %lld values", kind, (long long)c);
+    if (kind[0] == 'I') add_attr(im, pn, "affine: true");
+    if ((rc = bind(im, pn, "weight", scale, 0, 0)) || (rc = bind(im, pn, "bias", bias, 0, 0))) return rc;
+    return PS_OK;
+}
+
+/* 1: constant v holds only the value c (PyTorch's exporter's ones and zeros for an instance norm without
+ * weights) */
+static int const_all(imp *im, val *v, double c) {
+    if (!v || v->kind != VK_CONST || v->init) return 0;
+    const double *f = cvals(im, v);
+    for (int64_t i = 0; f && i < v->numel; i++)
+        if (f[i] != c) return 0;
+    return f != NULL;
+}
+
+/* InstanceNormalization (nn.InstanceNorm1d / 2d): with initializers for scale and bias, affine; with the
+ * exporter's constant ones and zeros, without. */
+static ps_status h_instnorm(imp *im) {
+    static const char *const known[] = {"epsilon", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *s = in_val(im, 1, 1), *b = in_val(im, 2, 1);
+    if (!x || !s || !b) return im->err->code;
+    const int plain = const_all(im, s, 1.0) && const_all(im, b, 0.0);
+    if ((rc = group_norm(im, x, 0, attr_f(im, "epsilon", 1e-5f), plain ? NULL : s, plain ? NULL : b, NULL, 1)))
+        return rc;
+    return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 /* ------------------------------------------------- recognised patterns */
 
 static ps_status h_fused(imp *im) {
@@ -2374,6 +2636,11 @@ static ps_status h_fused(imp *im) {
     if (!strcmp(f->kind, "LayerNorm")) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
         if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
+        return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(f->kind, "GroupNorm")) {
+        val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
+        if ((rc = group_norm(im, x, f->axis, f->eps, s, b, f->scope, 0))) return rc;
         return data_out(im, 0, im->npn - 1, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
     }
     if ((rc = need_float(im, x, 0, PS_MAXD, "input"))) return rc;
@@ -2395,6 +2662,150 @@ static ps_status h_lstm(imp *im);
 static void find_mha(imp *im, int t0);
 
 /* ------------------------------------------------------------- op table */
+
+/* ---- upsampling: ConvTranspose and Resize (decoders, U-Nets) ---- */
+
+/* ConvTranspose over (N, C, H, W): psd's ConvTranspose2d. The weight is
+ * (C, out/group, kh, kw), PyTorch's; pads symmetric (auto_pad NOTSET or
+ * VALID), output_padding below the stride; output_shape refused (psd's
+ * size is the attributes'). */
+static ps_status h_upconv(imp *im) {
+    static const char *const known[] = {"auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                                        "output_shape", "pads", "strides", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *w = in_val(im, 1, 1), *b = has_in(im, 2) ? in_val(im, 2, 1) : NULL;
+    if (!x || !w || (has_in(im, 2) && !b)) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4)
+        return unsup(im, "a %d-D transposed convolution (psd's ConvTranspose2d is 2-D)", x->ndim - 2);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    if (w->kind != VK_CONST || w->ndim != 4) return unsup(im, "a weight '%s' that is not a 4-D initializer", w->name);
+    if (attr(im, "output_shape"))
+        return unsup(im, "output_shape (PyTorch's output_size=; psd's ConvTranspose2d takes output_padding)");
+    const char *ap = attr_s(im, "auto_pad", "NOTSET");
+    if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID")) return unsup(im, "auto_pad '%s' of a ConvTranspose", ap);
+    int64_t k[2] = {w->dims[2], w->dims[3]}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2], op[2] = {0, 0};
+    int64_t ks[2] = {1, 0};
+    if ((rc = spatial_ints(im, "kernel_shape", 2, ks))) return rc;
+    if (ks[1] && (ks[0] != k[0] || ks[1] != k[1])) return bad(im, "kernel_shape does not match the weight '%s'", w->name);
+    if ((rc = spatial_ints(im, "strides", 2, s)) || (rc = spatial_ints(im, "dilations", 2, dil)) ||
+        (rc = spatial_ints(im, "output_padding", 2, op)))
+        return rc;
+    if ((rc = pads_2d(im, x, 2, k, s, dil, pad, NULL))) return rc;
+    const int64_t g = attr_i(im, "group", 1), cin = x->dims[1];
+    if (g < 1 || cin % g || w->dims[0] != cin)
+        return bad(im, "group %lld does not fit input channels %lld and weight '%s' (%lld, %lld, ...)", (long long)g,
+                   (long long)cin, w->name, (long long)w->dims[0], (long long)w->dims[1]);
+    for (int i = 0; i < 2; i++)
+        if (s[i] < 1 || dil[i] < 1 || op[i] < 0 || op[i] >= s[i])
+            return unsup(im, "strides %lldx%lld, dilations %lldx%lld and output_padding %lldx%lld (psd's "
+                         "output_padding is below the stride)", (long long)s[0], (long long)s[1], (long long)dil[0],
+                         (long long)dil[1], (long long)op[0], (long long)op[1]);
+    const int64_t cout = w->dims[1] * g;
+    int xin = x->node;
+    int pn = emit(im, "ConvTranspose2d", w->name, "weight", NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "out_channels: %lld", (long long)cout);
+    pair_attr(im, pn, "kernel_size", k);
+    if (s[0] != 1 || s[1] != 1) pair_attr(im, pn, "stride", s);
+    if (pad[0] || pad[1]) pair_attr(im, pn, "padding", pad);
+    if (op[0] || op[1]) pair_attr(im, pn, "output_padding", op);
+    if (dil[0] != 1 || dil[1] != 1) pair_attr(im, pn, "dilation", dil);
+    if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
+    if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
+    if (b) {
+        if (b->kind != VK_CONST || b->numel != cout) return bad(im, "bias '%s' does not fit", b->name);
+        if ((rc = bind(im, pn, "bias", b, 0, 0))) return rc;
+    } else {
+        add_attr(im, pn, "bias: false");
+        im->pn[pn].has_bias_attr = 1;
+    }
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    od[1] = cout;
+    for (int i = 0; i < 2; i++) {
+        od[2 + i] = (x->dims[2 + i] - 1) * s[i] - 2 * pad[i] + dil[i] * (k[i] - 1) + op[i] + 1;
+        if (od[2 + i] < 1) return bad(im, "the padding leaves no output");
+    }
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* Resize over (N, C, H, W) as PyTorch 1.13 exports F.interpolate: psd's
+ * Upsample. 'nearest' with nearest_mode floor and coordinate mode
+ * asymmetric (PyTorch's nearest: floor(o / scale)); 'linear' with
+ * half_pixel or pytorch_half_pixel (align_corners false) or align_corners.
+ * scales [1, 1, sh, sw] (a scale_factor) or sizes [N, C, H', W'], constant. */
+static ps_status h_resize(imp *im) {
+    static const char *const known[] = {"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+                                        "extrapolation_value", "mode", "nearest_mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind == VK_DATA && x->ndim != 4)
+        return unsup(im, "Resize of a rank-%d tensor (psd's Upsample resizes (N, C, H, W))", x->ndim);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    const char *mode = attr_s(im, "mode", "nearest"), *ct = attr_s(im, "coordinate_transformation_mode", "half_pixel");
+    const char *nm = attr_s(im, "nearest_mode", "round_prefer_floor");
+    int bilinear, align = 0;
+    if (!strcmp(mode, "nearest")) {
+        if (strcmp(nm, "floor") || strcmp(ct, "asymmetric"))
+            return unsup(im, "nearest Resize with nearest_mode '%s' and coordinate_transformation_mode '%s' (psd's is "
+                         "PyTorch's 'nearest': floor and asymmetric)", nm, ct);
+        bilinear = 0;
+    } else if (!strcmp(mode, "linear")) {
+        if (!strcmp(ct, "align_corners")) align = 1;
+        else if (strcmp(ct, "half_pixel") && strcmp(ct, "pytorch_half_pixel"))
+            return unsup(im, "linear Resize with coordinate_transformation_mode '%s' (psd's bilinear: half_pixel, "
+                         "pytorch_half_pixel or align_corners)", ct);
+        bilinear = 1;
+    } else {
+        return unsup(im, "Resize in mode '%s' (psd's Upsample: nearest and linear)", mode);
+    }
+    if (attr_i(im, "exclude_outside", 0)) return unsup(im, "exclude_outside");
+    val *sc = has_in(im, 2) ? in_val(im, 2, 1) : NULL, *sz = has_in(im, 3) ? in_val(im, 3, 1) : NULL;
+    if ((has_in(im, 2) && !sc) || (has_in(im, 3) && !sz)) return im->err->code;
+    if (sc && sc->numel == 0) sc = NULL;   /* an empty scales beside sizes */
+    if (!sc == !sz) return bad(im, "give scales or sizes, one of them");
+    int pn = -1, xin = x->node;
+    int64_t od[MAXD];
+    memcpy(od, x->dims, sizeof od);
+    if (sc) {
+        if (sc->kind != VK_CONST) return unsup(im, "scales computed from the input's values");
+        const double *f = cvals(im, sc);
+        if (!f) return im->err->code;
+        if (sc->numel != 4 || f[0] != 1 || f[1] != 1 || !(f[2] > 0) || !(f[3] > 0) || f[2] > 65536 || f[3] > 65536)
+            return unsup(im, "scales other than [1, 1, sh, sw] with positive sh, sw");
+        /* align_corners: ONNX divides by in * scale - 1 where PyTorch divides by the output size - 1 */
+        for (int i = 0; align && i < 2; i++)
+            if ((double)x->dims[2 + i] * f[2 + i] != floor((double)x->dims[2 + i] * f[2 + i]))
+                return unsup(im, "align_corners with scale %g of size %lld (ONNX's scale there is not PyTorch's: "
+                             "give sizes)", f[2 + i], (long long)x->dims[2 + i]);
+        if ((pn = emit(im, "Upsample", NULL, NULL, NULL, 1, &xin)) < 0) return oom(im);
+        if (f[2] == f[3]) add_attr(im, pn, "scale_factor: %.9g", f[2]);
+        else add_attr(im, pn, "scale_factor: [%.9g, %.9g]", f[2], f[3]);
+        for (int i = 0; i < 2; i++) od[2 + i] = (int64_t)floor((double)x->dims[2 + i] * f[2 + i]);
+    } else {
+        if (sz->kind != VK_CONST) return unsup(im, "sizes computed from the input's values");
+        const int64_t *q = cints(im, sz);
+        if (!q) return im->err->code;
+        if (sz->numel != 4 || (q[0] != BATCH_SYM && q[0] != x->dims[0]) || q[1] != x->dims[1] || q[2] < 1 ||
+            q[3] < 1 || q[2] > 65536 || q[3] > 65536)
+            return unsup(im, "sizes other than [N, C, H', W'] (psd resizes H and W)");
+        if ((pn = emit(im, "Upsample", NULL, NULL, NULL, 1, &xin)) < 0) return oom(im);
+        if (q[2] == q[3]) add_attr(im, pn, "size: %lld", (long long)q[2]);
+        else add_attr(im, pn, "size: [%lld, %lld]", (long long)q[2], (long long)q[3]);
+        od[2] = q[2];
+        od[3] = q[3];
+    }
+    if (od[2] < 1 || od[3] < 1) return bad(im, "an output of %lldx%lld", (long long)od[2], (long long)od[3]);
+    if (bilinear && !strcmp(ct, "pytorch_half_pixel") && (od[2] == 1 || od[3] == 1))
+        return unsup(im, "pytorch_half_pixel to a size of 1 (ONNX reads index 0 there, PyTorch's bilinear the "
+                     "half-pixel centre: half_pixel's)");
+    if (bilinear) add_attr(im, pn, "mode: bilinear");
+    if (align) add_attr(im, pn, "align_corners: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
 
 typedef struct op_row {
     const char *op;
@@ -2870,13 +3281,16 @@ static const op_row ops[] = {
     {"Dropout", h_dropout, 1},
     {"Identity", h_identity, 1},
     {"Add", h_add, 1},
-    {"Sub", h_arith, 1},
+    {"Sub", h_sub, 1},
     {"Mul", h_mul, 1},
     {"Div", h_arith, 1},
     {"MaxPool", h_maxpool, 1},
     {"AveragePool", h_avgpool, 1},
     {"GlobalAveragePool", h_gap, 1},
     {"ReduceMean", h_reducemean, 1},
+    {"ReduceSum", h_reducesum, 1},
+    {"GlobalMaxPool", h_gmp, 1},
+    {"ReduceMax", h_reducemax, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},
@@ -2894,11 +3308,24 @@ static const op_row ops[] = {
     {"LSTM", h_lstm, 7},
     {"Unsqueeze", h_squeeze, 1},
     {"Squeeze", h_squeeze, 1},
-    {"Sqrt", h_fold_only, 1},
-    {"Neg", h_fold_only, 1},
+    {"Sqrt", h_sqrt, 1},
+    {"Neg", h_neg, 1},
+    /* elementwise math */
+    {"Exp", h_exp, 1},
+    {"Log", h_log, 1},
+    {"Abs", h_abs, 1},
+    {"Reciprocal", h_reciprocal, 1},
+    {"Pow", h_pow, 1},
+    {"Elu", h_elu, 1},
+    {"Selu", h_selu, 1},
+    {"Softplus", h_softplus, 1},
+    {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_equal, 1},
     {"Where", h_where, 9},
+    /* upsampling */
+    {"ConvTranspose", h_upconv, 1},
+    {"Resize", h_resize, 11},
 };
 
 static const op_row *find_op(const char *op) {
@@ -2969,6 +3396,80 @@ static void set_scope(imp *im, int i, char *out) {
 /* Output 0 / input 0 of node i, "" when it has none (a malformed graph). */
 static const char *out0(imp *im, int i) { return im->m->nodes[i].nout ? im->m->nodes[i].out[0] : ""; }
 static const char *in0(imp *im, int i) { return im->m->nodes[i].nin ? im->m->nodes[i].in[0] : ""; }
+
+/* The constant tensor input k of node i (an initializer or a Constant node's value), or NULL. */
+static const ps_onnx_tensor *const_input(imp *im, int i, int k) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return NULL;
+    val *v = vget(im, n->in[k]);
+    if (v && v->kind == VK_CONST && v->t) return v->t;
+    int p = producer_of(im, n->in[k]);
+    const ps_onnx_attr *a = is_op(im, p, "Constant") ? ps_onnx_attr_find(&im->m->nodes[p], "value") : NULL;
+    return a ? a->t : NULL;
+}
+
+/* 1: constant input k of node i holds only the value c */
+static int const_input_all(imp *im, int i, int k, float c) {
+    const ps_onnx_tensor *t = const_input(im, i, k);
+    if (!t || t->numel < 1 || t->numel > 65536) return 0;
+    float *f = malloc((size_t)t->numel * sizeof *f);
+    int ok = f && !ps_onnx_tensor_floats(t, f, NULL);
+    for (int64_t j = 0; ok && j < t->numel; j++) ok = f[j] == c;
+    free(f);
+    return ok;
+}
+
+/* nn.GroupNorm's weight (bias) as PyTorch exports it: Unsqueeze(initializer, axes) read by the Mul (Add)
+ * alone -> the initializer's name (*unsq: the Unsqueeze); without weights, a Constant scalar `none`
+ * (1 for the weight, 0 for the bias) -> "". Else NULL. */
+static const char *gn_param(imp *im, int node, int k, double none, int *unsq) {
+    const char *v = im->m->nodes[node].in[k];
+    double c;
+    *unsq = -1;
+    if (const_scalar(im, node, k, &c)) return c == none ? "" : NULL;
+    int u = producer_of(im, v);
+    if (!is_op(im, u, "Unsqueeze") || sole_consumer(im, v) != node) return NULL;
+    val *w = vget(im, in0(im, u));
+    if (!w || w->kind != VK_CONST || !w->init) return NULL;
+    *unsq = u;
+    return w->name;
+}
+
+/* nn.GroupNorm(G, C) as PyTorch exports it: Reshape(x, [0, G, -1]) -> InstanceNormalization(ones(G),
+ * zeros(G)) -> Reshape(., Shape(x)) -> Mul(., Unsqueeze(weight)) -> Add(., Unsqueeze(bias)) (without weights
+ * Mul by 1, Add 0): one GroupNorm node at the Add. */
+static void find_group_norm(imp *im, int i) {
+    const ps_onnx_model *m = im->m;
+    const ps_onnx_node *n = &m->nodes[i];
+    int r1 = producer_of(im, n->in[0]);
+    const ps_onnx_tensor *st = is_op(im, r1, "Reshape") ? const_input(im, r1, 1) : NULL;
+    int64_t sh[3];
+    if (!st || st->numel != 3 || ps_onnx_tensor_int64s(st, sh, NULL) || sh[0] != 0 || sh[1] < 1 || sh[2] != -1 ||
+        sole_consumer(im, out0(im, r1)) != i)
+        return;
+    if (!const_input_all(im, i, 1, 1.0f) || !const_input_all(im, i, 2, 0.0f)) return;
+    int r2 = sole_consumer(im, out0(im, i));
+    int mu = is_op(im, r2, "Reshape") ? sole_consumer(im, out0(im, r2)) : -1;
+    int wk = is_op(im, mu, "Mul") ? other_input(im, mu, out0(im, r2)) : -1;
+    int ad = wk >= 0 ? sole_consumer(im, out0(im, mu)) : -1;
+    int bk = is_op(im, ad, "Add") ? other_input(im, ad, out0(im, mu)) : -1;
+    if (bk < 0) return;
+    int uw, ub;
+    const char *w = gn_param(im, mu, wk, 1.0, &uw), *b = gn_param(im, ad, bk, 0.0, &ub);
+    if (!w || !b || !w[0] != !b[0]) return;
+    im->absorbed[r1] = im->absorbed[i] = im->absorbed[r2] = im->absorbed[mu] = 1;
+    if (uw >= 0) im->absorbed[uw] = 1;
+    if (ub >= 0) im->absorbed[ub] = 1;
+    fused *f = &im->fz[ad];
+    f->kind = "GroupNorm";
+    f->x = in0(im, r1);
+    f->scale = w[0] ? w : NULL;
+    f->bias = b[0] ? b : NULL;
+    f->axis = (int)sh[1];
+    const ps_onnx_attr *e = ps_onnx_attr_find(n, "epsilon");
+    f->eps = e ? e->f : 1e-5;
+    set_scope(im, i, f->scope);
+}
 
 /* GELU: Div(x, sqrt2) -> Erf -> Add(1) -> Mul(x, .) -> Mul(0.5) (or 0.5
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
@@ -3086,6 +3587,8 @@ static void find_patterns(imp *im) {
             im->fz[end].axis = (int)(lo < 0 ? lo : -ax->nints);
             im->fz[end].eps = eps;
             set_scope(im, i, im->fz[end].scope);
+        } else if (!strcmp(n->op_type, "InstanceNormalization") && n->nin == 3 && n->nout == 1) {
+            find_group_norm(im, i);
         } else if (!strcmp(n->op_type, "Transpose")) {
             find_mha(im, i);
         } else if (!strcmp(n->op_type, "Pad") && n->nout == 1 && n->nin >= 1) {

@@ -332,11 +332,51 @@ for cls, line, needle in [("EvenSameConv1d", "oned.py:26", "Conv1d padding='same
     else:
         print(f"ok: refused {cls}: {msg.strip()[:150]}")
 
+# elementwise math (tests/export/eltwise.py)
+ELT = os.path.join(ROOT, "tests", "export", "eltwise.py")
+rc, msg = run([ELT + ":Arith", "--input-shape", "6", "-o", os.path.join(out, "eltwise.yaml")])
+got = [(n["name"], n["kind"], n.get("inputs"), n["attrs"])
+       for n in compare.load(os.path.join(out, "eltwise.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+want = [("fc", "Linear", ["input"], {"out_features": 6}),
+        ("rsub", "MulConstant", ["fc"], {"value": -1.0}),
+        ("rsub_1", "AddConstant", ["rsub"], {"value": 2.0}),
+        ("sub", "AddConstant", ["fc"], {"value": -0.5}),
+        ("sub_1", "Sub", ["rsub_1", "sub"], {}),
+        ("pow", "Pow", ["sub_1"], {"exponent": 2.0}),
+        ("clamp", "Hardtanh", ["pow"], {"min_val": "-inf", "max_val": 3.0}),
+        ("clamp_min", "Hardtanh", ["clamp"], {"max_val": "inf"}),          # min_val -1.0: the default
+        ("elu", "ELU", ["clamp_min"], {"alpha": 0.5}),
+        ("sp", "Softplus", ["elu"], {"beta": 2.0, "threshold": 10.0}),
+        ("unsqueeze", "Reshape", ["sp"], {"shape": [1, 6]}),
+        ("squeeze", "Reshape", ["unsqueeze"], {"shape": [6]}),
+        ("clamp_1", "ReLU", ["squeeze"], {}),
+        ("relu", "ReLU", ["clamp_1"], {}),
+        ("neg", "MulConstant", ["relu"], {"value": -1.0})]
+got = [(nm, k, ins if ins and len(ins) > 1 or nm == "fc" else None, a) for nm, k, ins, a in got] \
+    if isinstance(got, list) else got
+want = [(nm, k, ins if len(ins) > 1 or nm == "fc" else None, a) for nm, k, ins, a in want]
+if got != want:
+    failures.append(f"Arith: nodes {got}, expected {want}")
+else:
+    print("ok: c - x, x - c, x + 0, a - b, ** 2, clamp(max=), clamp_min, nn.ELU, nn.Softplus, unsqueeze, squeeze, "
+          "clamp(min=0), ** 1 and -x export as MulConstant, AddConstant, Sub, Pow, Hardtanh with an infinite side, "
+          "ELU, Softplus, Reshape, ReLU (nothing for + 0 and ** 1)")
+for cls, line, needle in [("PowByTensor", "eltwise.py:27", "pow of a tensor by a number only"),
+                          ("ClampByTensor", "eltwise.py:32", "clamp by tensors"),
+                          ("SqueezeBatch", "eltwise.py:37", "unsqueeze of dim 0: the batch"),
+                          ("UnevenAdaptiveMax", "eltwise.py:46", "AdaptiveMaxPool2d of (2, 3) to (4, 4): psd pools "
+                                                                 "adaptively to sizes that divide")]:
+    rc, msg = run([ELT + ":" + cls, "--input-shape", "6", "-o", os.path.join(out, "x.yaml")])
+    if rc == 0 or line not in msg or needle not in msg:
+        failures.append(f"{cls}: expected a refusal naming '{needle}' at {line}, got rc {rc}: {msg}")
+    else:
+        print(f"ok: refused {cls}: {msg.strip()[:150]}")
+
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
-    ("UnknownModule", "refused.py:43", "module 'act' (Mish)"),
+    ("UnknownModule", "refused.py:43", "module 'act' (Softsign)"),
     ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
     ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
     ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),

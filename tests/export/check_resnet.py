@@ -533,6 +533,8 @@ def zoo_model(pe, name, x, target):
         onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
     if name == "conv1d_net":  # zoo_builders.py's 1-D CNN: (3, 64) sequences
         xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
+    if name in ("eltwise_net", "norm_net"):  # zoo_builders.py's elementwise math and norms: (3, 16, 16) images
+        xm = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
         xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
     both_paths(pe, name, xm, target, ref64=name != "alexnet", onnx=onnx,
@@ -560,6 +562,10 @@ def main():
     both_paths(pe, "mobilenet_v2", x, target, ref64=True, dropout=0.0)
     # a 1-D CNN (Conv1d, BatchNorm1d, the 1-d pools) over (4, 3, 64) sequences
     zoo_model(pe, "conv1d_net", x, target)
+    # elementwise math as users write it (ELU, Mish, a - b, x + c, sqrt, clamp, SELU, log, exp, x ** 2, rsqrt, ...)
+    zoo_model(pe, "eltwise_net", x, target)
+    # group and instance normalisation (nn.GroupNorm, nn.InstanceNorm2d, F.group_norm, F.instance_norm)
+    zoo_model(pe, "norm_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

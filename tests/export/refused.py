@@ -37,7 +37,7 @@ class UnknownModule(nn.Module):        # a leaf module outside the table
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
-        self.act = nn.Mish()
+        self.act = nn.Softsign()
 
     def forward(self, x):
         return self.act(self.fc(x))      # REFUSED_MODULE
@@ -284,9 +284,9 @@ class TransposeBatch(nn.Module):       # x.transpose(0, 1): the batch moves
         return x.transpose(0, 1)                   # REFUSED_TRANSPOSE_BATCH
 
 
-class DivideByTensor(nn.Module):       # a number divided by a tensor
+class DivideByTensor(nn.Module):       # a tensor divided by a tensor (1.0 / x is x ** -1, a Pow)
     def forward(self, x):
-        return 1.0 / x                             # REFUSED_DIVIDE
+        return x / (x * 2.0)                       # REFUSED_DIVIDE
 
 
 class ShiftedWindows(nn.Module):      # swin's steps as a user writes them (exported, not refused)

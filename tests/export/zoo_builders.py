@@ -95,3 +95,66 @@ class Conv1dNet(torch.nn.Module):
 
 def conv1d_net(**kwargs):
     return Conv1dNet(**kwargs)
+
+
+class EltwiseNet(torch.nn.Module):
+    """A network of elementwise math as users write it in their own layers: ELU, Mish, a - b, Softplus with
+    beta and threshold, x + c, sqrt, clamp with min only, squeeze, SELU, abs, log, logsigmoid, x ** 2, -x,
+    exp, c - x, clamp, square, rsqrt, unsqueeze, global max pooling, glu; (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.act1 = nn.ELU(0.8)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.sp = nn.Softplus(beta=2.0)      # threshold 20: PyTorch exports no other to ONNX
+        self.fc1 = nn.Linear(16, 64)
+        self.fc2 = nn.Linear(32, 32)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = self.act1(self.conv1(x))
+        x = x - F.mish(self.conv2(x))
+        x = torch.sqrt(self.sp(x) + 0.5).clamp(min=0.9)
+        x = (F.adaptive_avg_pool2d(x, 1) + F.adaptive_max_pool2d(x, 1)).squeeze(-1).squeeze(-1)
+        h = F.selu(F.glu(self.fc1(x), dim=-1))
+        h = torch.log(h.abs() + 1.0) - F.logsigmoid(h)
+        h = 1.0 - torch.exp(-h.pow(2))
+        h = self.fc2(h).clamp(-2.0, 2.0) * torch.rsqrt(h.square() + 1.0)
+        return self.fc(h.unsqueeze(1)).squeeze(1)
+
+
+def eltwise_net(**kwargs):
+    return EltwiseNet(**kwargs)
+
+
+class NormNet(torch.nn.Module):
+    """Group and instance normalisation as U-Nets and style transfer use them: nn.GroupNorm (affine, over
+    blocked convolutions' channels), nn.InstanceNorm2d with affine, F.group_norm and F.instance_norm without;
+    (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 16)
+        self.conv2 = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.in2 = nn.InstanceNorm2d(16, affine=True)
+        self.conv3 = nn.Conv2d(16, 8, 3, padding=1)
+        self.pool = nn.AdaptiveMaxPool2d((2, 2))
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = F.silu(self.gn1(self.conv1(x)))
+        x = torch.relu(self.in2(self.conv2(x)))
+        x = F.group_norm(self.conv3(x), 2)
+        x = F.instance_norm(x + 0.25) * 0.5
+        # 8x8: the mean as a sum (ReduceSum in ONNX), and the max of 2x2 adaptive maxima (ReduceMax in ONNX)
+        return self.fc(x.sum(dim=(2, 3)) / 64.0 + self.pool(x).amax(dim=(2, 3)))
+
+
+def norm_net(**kwargs):
+    return NormNet(**kwargs)
