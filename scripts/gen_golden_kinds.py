@@ -529,6 +529,58 @@ CASES += [
                                         "bias: false, batch_first: true, key_padding_mask: float, inputs: [emb, neg]}"],
                               "int64")),
 ]
+# MatMul broadcasting (bcast): numpy's rule over the leading dims of two computed operands - the right one
+# broadcast over the heads (one GEMM of the heads' rows), the left one, both at once over different dims with
+# transposes - and a learned operand (`parameter`, the same for every sample): x @ W, x @ W.t() (transpose_b)
+# under a top-level name, W.t() @ x on the left with a leading 1, per-head weights (H, D, E), a rank above the
+# sample's (leading 1 facing the batch), a vector per sample (x (N, k) @ W, then @ V.t()); multi-query attention (q per head, one k and v for all heads) with a
+# parameter projection. The gradient of a broadcast operand is summed over what it faced.
+CASES += [
+    ("mm_bc_right", stage([2, 3, 4], ["{name: a, kind: Linear, out_features: 4, input: input}",
+                                      "{name: n1, kind: Narrow, dim: 1, start: 1, length: 1, input: input}",
+                                      "{name: t, kind: Permute, dims: [0, 1, 3, 2]}",
+                                      "{name: b, kind: Linear, out_features: 5}",
+                                      "{name: m, kind: MatMul, inputs: [a, b]}"])),
+    ("mm_bc_left_tb", stage([2, 3, 4], ["{name: n1, kind: Narrow, dim: 1, start: 0, length: 1, input: input}",
+                                        "{name: a, kind: Tanh}",
+                                        "{name: b, kind: Linear, out_features: 4, input: input}",
+                                        "{name: m, kind: MatMul, inputs: [a, b], transpose_b: true}"])),
+    ("mm_bc_mixed_ta", stage([2, 3, 4, 3], ["{name: n1, kind: Narrow, dim: 2, start: 1, length: 1, input: input}",
+                                            "{name: a, kind: Linear, out_features: 5}",
+                                            "{name: n2, kind: Narrow, dim: 1, start: 0, length: 1, input: input}",
+                                            "{name: b, kind: Sigmoid}",
+                                            "{name: m, kind: MatMul, inputs: [a, b], transpose_a: true}"])),
+    ("mm_param_right", stage([3, 4], ["{name: lin, kind: MatMul, parameter: W, shape: [4, 5]}",
+                                      "{name: t, kind: Tanh}"])),
+    ("mm_param_tb_top", stage([2, 3, 4], ["{name: a, kind: Sigmoid}",
+                                          "{name: W_q, kind: MatMul, parameter: null, shape: [5, 4], "
+                                          "transpose_b: true}"])),
+    ("mm_param_left_ta", stage([2, 4, 5], ["{name: a, kind: Tanh}",
+                                           "{name: mix, kind: MatMul, parameter: W, shape: [1, 4, 3], "
+                                           "parameter_side: left, transpose_a: true}"])),
+    ("mm_param_heads", stage([2, 3, 4], ["{name: a, kind: Tanh}",
+                                         "{name: heads, kind: MatMul, parameter: weight, shape: [2, 4, 3]}"])),
+    ("mm_param_lead1", stage([3, 4], ["{name: p, kind: MatMul, parameter: W, shape: [1, 4, 2]}"])),
+    ("mm_param_vector", stage([6], ["{name: a, kind: Tanh}",
+                                    "{name: lin.W, kind: MatMul, parameter: null, shape: [6, 4]}",
+                                    "{name: lin.V, kind: MatMul, parameter: null, shape: [3, 4], transpose_b: true}"])),
+    ("mm_mqa", stage([4, 8], [
+        "{name: q, kind: MatMul, parameter: W_q, shape: [8, 8], input: input}",
+        "{name: qh, kind: Reshape, shape: [4, 2, 4]}",
+        "{name: qp, kind: Permute, dims: [0, 2, 1, 3]}",
+        "{name: k, kind: Linear, out_features: 4, input: input}",
+        "{name: kh, kind: Reshape, shape: [1, 4, 4]}",
+        "{name: v, kind: Linear, out_features: 4, input: input}",
+        "{name: vh, kind: Reshape, shape: [1, 4, 4]}",
+        "{name: att, kind: MatMul, inputs: [qp, kh], transpose_b: true}",
+        "{name: s, kind: MulConstant, value: 0.5}",
+        "{name: sm, kind: Softmax, dim: -1}",
+        "{name: y, kind: MatMul, inputs: [sm, vh]}",
+        "{name: yp, kind: Permute, dims: [0, 2, 1, 3]}",
+        "{name: ym, kind: Reshape, shape: [4, 8]}",
+        "{name: proj, kind: MatMul, parameter: W, shape: [8, 8]}"])),
+]
+
 # upsampling (decoders, autoencoders, U-Nets): ConvTranspose2d (stride 2 with output_padding, rectangular with
 # dilation and groups, no bias, the U-Net's 2x2 stride 2, between blocked convolutions) and Upsample (nearest and
 # bilinear with both align_corners, integer, fractional and per-axis scale factors, sizes up, down and kept, and
@@ -892,6 +944,9 @@ def make_module(kind, a, shapes, case_name=""):
     if kind == "Pad":
         pad, value = a["pad"], a.get("value", 0.0)
         return Lambda(lambda x: F.pad(x, pad, value=value))
+    if kind == "MatMul" and "parameter" in a:
+        return ParamMatMul(a["shape"], a["parameter"], a.get("parameter_side", "right"),
+                           a.get("transpose_a", False), a.get("transpose_b", False))
     if kind == "MatMul":
         ta, tb = a.get("transpose_a", False), a.get("transpose_b", False)
         return Lambda(lambda x, y: torch.matmul(x.transpose(-2, -1) if ta else x, y.transpose(-2, -1) if tb else y))
@@ -1101,6 +1156,24 @@ class Scale(nn.Module):
 
     def forward(self, x):
         return getattr(self, self.pname) * x
+
+
+class ParamMatMul(nn.Module):
+    """psd's MatMul with a parameter: torch.matmul of x and a learned tensor of its own (named as the file
+    says; null: the node's name itself), on the right (x @ W) or the left (W @ x), either read transposed
+    (W.transpose(-2, -1): x @ W.t()); torch.matmul broadcasts it over the batch and the leading dims."""
+
+    def __init__(self, shape, pname, side, ta, tb):
+        super().__init__()
+        self.pname = pname or "weight"
+        self.top = pname is None
+        self.register_parameter(self.pname, nn.Parameter(torch.randn(shape) * 0.5))
+        self.left, self.ta, self.tb = side == "left", ta, tb
+
+    def forward(self, x):
+        w = getattr(self, self.pname)
+        a, b = (w, x) if self.left else (x, w)
+        return torch.matmul(a.transpose(-2, -1) if self.ta else a, b.transpose(-2, -1) if self.tb else b)
 
 
 class Lambda(nn.Module):

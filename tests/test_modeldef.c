@@ -10,8 +10,9 @@
  *    disagree with its input, a kernel larger than its input), Permute dims
  *    that are not a permutation of the batched input's keeping the batch
  *    at 0, Scale shapes that do not broadcast and parameter names that are
- *    not words, MatMul operands whose batch or inner dimensions differ or
- *    that are not matrices;
+ *    not words, MatMul operands whose batch dimensions do not broadcast,
+ *    whose inner dimensions differ or that are not matrices, a MatMul
+ *    parameter without its shape or beside two inputs;
  *  - a valid DAG builds: shapes, parameter names (module paths, '-' in a
  *    segment as torchvision's regnet 'block1-0'), the stage
  *    input read by two nodes, file order kept where it is topological;
@@ -255,17 +256,34 @@ static void test_errors(void) {
                "node 's' (Scale)", "does not broadcast");
     expect_err("scale_name.yaml", HEAD3 "      - {name: s, kind: Scale, shape: [2, 1, 1], parameter: a.b}\n", 0, 6,
                "node 's' (Scale): parameter: 'a.b' is not a name of 1 to 64 letters, digits and _", NULL);
-    /* MatMul: batch dims equal (no broadcast), inner dims matching, stacks of matrices only */
-    expect_err("matmul_lead.yaml", HEAD3 "      - {name: a, kind: Narrow, start: 0, length: 1, input: input}\n"
+    /* MatMul: batch dims broadcast (equal, or 1), one rank for two computed operands, inner dims matching,
+     * stacks of matrices only; a parameter operand with its shape, never with two inputs */
+    expect_err("matmul_lead.yaml", HEAD3 "      - {name: a, kind: Permute, dims: [0, 2, 1, 3], input: input}\n"
                "      - {name: m, kind: MatMul, inputs: [input, a], transpose_b: true}\n", 1, 7, "node 'm' (MatMul)",
-               "input 'input' is (2, 3, 4) and input 'a' is (1, 3, 4) (transpose_b): MatMul takes inputs of one "
-               "rank whose leading (batch) dimensions are equal; broadcasting them is not supported");
+               "input 'input' is (2, 3, 4) and input 'a' is (3, 2, 4) (transpose_b): batch dimension 1 (2 and 3) "
+               "does not broadcast (equal, or 1 in one of them)");
+    expect_err("matmul_rank.yaml", HEAD3 "      - {name: a, kind: Reshape, shape: [6, 4], input: input}\n"
+               "      - {name: m, kind: MatMul, inputs: [input, a], transpose_b: true}\n", 1, 7, "node 'm' (MatMul)",
+               "MatMul takes two computed inputs of one rank");
+    expect_err("matmul_pshape.yaml", HEAD3 "      - {name: m, kind: MatMul, parameter: W}\n", 1, 6, "node 'm' (MatMul)",
+               "MatMul's parameter takes a shape of 2 to 4 dimensions (a stack of matrices); it has 0");
+    expect_err("matmul_shape.yaml", HEAD3 "      - {name: m, kind: MatMul, shape: [4, 4], inputs: [input, input]}\n",
+               1, 6, "node 'm' (MatMul)", "MatMul's shape is its parameter's");
+    expect_err("matmul_pin2.yaml", HEAD3 "      - {name: m, kind: MatMul, parameter: W, shape: [4, 4], "
+               "inputs: [input, input]}\n", 1, 6, "node 'm' (MatMul)", "MatMul takes two inputs, or one and a "
+               "`parameter` (with its `shape`); it has 2 inputs and a parameter");
+    expect_err("matmul_plead.yaml", HEAD3 "      - {name: m, kind: MatMul, parameter: W, shape: [2, 1, 4, 4]}\n", 1, 6,
+               "node 'm' (MatMul)", "parameter 'm.W' is [2, 1, 4, 4]: the parameter has more dimensions than the "
+               "input's sample and the extra leading ones face the batch, so they must be 1");
+    expect_err("matmul_pinner.yaml", HEAD3 "      - {name: m, kind: MatMul, parameter: null, shape: [3, 5], "
+               "parameter_side: left}\n", 1, 6, "node 'm' (MatMul)", "parameter 'm' is [3, 5] and input 'input' is "
+               "(2, 3, 4): the inner dimensions differ (5 and 3)");
     expect_err("matmul_inner.yaml", HEAD3 "      - {name: m, kind: MatMul, inputs: [input, input]}\n", 1, 6,
                "node 'm' (MatMul)", "input 'input' is (2, 3, 4) and input 'input' is (2, 3, 4): the inner "
                "dimensions differ (4 and 3): (..., m, k) @ (..., k, n)");
     expect_err("matmul_vec.yaml", HEAD3 "      - {name: f, kind: Flatten, input: input}\n"
                "      - {name: m, kind: MatMul, inputs: [f, f]}\n", 1, 7, "node 'm' (MatMul)",
-               "input 'f' is (24) and input 'f' is (24): MatMul takes two float32 stacks of matrices (2 to 4 "
+               "input 'f' is (24) and input 'f' is (24): MatMul takes float32 stacks of matrices (2 to 4 "
                "dimensions per sample; the batch is never a matrix dimension)");
     expect_err("mulconst.yaml", HEAD3 "      - {name: s, kind: MulConstant}\n", 0, 6, "node 's' (MulConstant)",
                "value");

@@ -328,11 +328,18 @@ static inline int64_t ps_permute_strides(const ps_permute_desc *d, int64_t odim[
  * transposed; op(b) likewise, b (k, n) or with trans_b (n, k). Matrix i
  * of a starts at a + i*m*k, of b at b + i*k*n, of c at c + i*m*n (dense,
  * plain row-major); c overlaps neither. The backward is two more of the
- * same op (ps_matmul_grad_a / ps_matmul_grad_b). */
+ * same op (ps_matmul_grad_a / ps_matmul_grad_b).
+ * Broadcasting (MatMul's broadcast batch dims and parameter operand): with
+ * bcast_a, a is one matrix read for every pair (stride 0), likewise
+ * bcast_b; with accumulate, c += the products instead of c = (a broadcast
+ * operand's gradient summed over the matrices it faced). Zero-initialised
+ * fields keep the plain product. */
 typedef struct ps_matmul_desc {
     int64_t batch;
     int m, n, k;
     int trans_a, trans_b;
+    int bcast_a, bcast_b;       /* that operand's one matrix for every pair */
+    int accumulate;             /* c += op(a) . op(b) */
 } ps_matmul_desc;
 
 /* d loss / d a = dc (m, n) . op(b)^T, or transposed (k, m) when trans_a:

@@ -889,7 +889,8 @@ done:
 /* Row-major c (m, n) = op(a) (m, k) . op(b) (k, n) is, column-major,
  * c^T (n, m) = op(b)^T (n, k) . op(a)^T (k, m): b's buffer read
  * column-major is b^T ((n, k), ld n) or, with trans_b, b ((k, n), ld k,
- * op T); a's likewise. One strided-batched GEMM for the whole batch. */
+ * op T); a's likewise. One strided-batched GEMM for the whole batch (a
+ * broadcast operand at stride 0, an accumulated product with beta 1). */
 static ps_status cu_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
                            ps_err *err) {
     cuda_impl *im = impl;
@@ -901,11 +902,13 @@ static ps_status cu_matmul(void *impl, const ps_matmul_desc *d, const float *a, 
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "matmul: a batch of %lld matrices is more than cuBLAS takes",
                           (long long)d->batch);
     if ((rc = ctx_acquire(im, &cx, err)) != PS_OK) return rc;
+    /* a broadcast operand: stride 0 between matrices; accumulate: beta 1 */
     PS_CUBLAS_CHECK(cublasSgemmStridedBatched(cx->blas, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                               d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, d->n, d->m, d->k, &one, b,
-                                              d->trans_b ? d->k : d->n, (long long)d->k * d->n, a,
-                                              d->trans_a ? d->m : d->k, (long long)d->m * d->k, &zero, c, d->n,
-                                              (long long)d->m * d->n, (int)d->batch));
+                                              d->trans_b ? d->k : d->n, d->bcast_b ? 0 : (long long)d->k * d->n, a,
+                                              d->trans_a ? d->m : d->k, d->bcast_a ? 0 : (long long)d->m * d->k,
+                                              d->accumulate ? &one : &zero, c, d->n, (long long)d->m * d->n,
+                                              (int)d->batch));
     PS_CUDA_SYNC(cx);
 done:
     ctx_release(im, cx);

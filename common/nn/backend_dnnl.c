@@ -81,7 +81,7 @@ typedef enum {
  * from a zeroed value (key_make; no padding bytes). dims: conv
  * n,cin,h,w,cout,kh,kw,sh,sw,ph,pw,dh,dw,groups; pool n,c,h,w,kh,kw,sh,sw,
  * ph,pw; ip n,in,out; relu and eltwise count; (log)softmax rows,cols; permute
- * n,ndim,dims[4],perm[4]; matmul batch,m,n,k,trans_a,trans_b. */
+ * n,ndim,dims[4],perm[4]; matmul batch,m,n,k,trans_a,trans_b,bcast_a,bcast_b,accumulate. */
 #define PS_DNNL_KEY_DIMS 14
 typedef struct prim_key {
     int32_t kind;
@@ -822,12 +822,14 @@ static ps_status create_permute(dnnl_engine_t eng, const prim_key *k, dnnl_primi
 
 /* A batched matrix product (ps_matmul_desc) as oneDNN's matmul: src (batch,
  * m, k), weights (batch, k, n), dst (batch, m, n); a transposed operand is
- * its buffer described with the last two strides swapped (no copy). dims:
- * batch, m, n, k, trans_a, trans_b. */
+ * its buffer described with the last two strides swapped (no copy); a
+ * broadcast one has batch 1 (oneDNN's matmul broadcasts batch dims of
+ * 1); accumulate is a sum post-op (dst += the product). dims: batch, m,
+ * n, k, trans_a, trans_b, bcast_a, bcast_b, accumulate. */
 static ps_status create_matmul(dnnl_engine_t eng, const prim_key *k, dnnl_primitive_t *prim, ps_err *err) {
     const int64_t b = k->dims[0], m = k->dims[1], n = k->dims[2], kk = k->dims[3];
     const int ta = (int)k->dims[4], tb = (int)k->dims[5];
-    dnnl_dims_t ad = { b, m, kk }, bd = { b, kk, n }, cd = { b, m, n };
+    dnnl_dims_t ad = { k->dims[6] ? 1 : b, m, kk }, bd = { k->dims[7] ? 1 : b, kk, n }, cd = { b, m, n };
     dnnl_dims_t as = { m * kk, ta ? 1 : kk, ta ? m : 1 }, bs = { kk * n, tb ? 1 : n, tb ? kk : 1 },
                 cs = { m * n, n, 1 };
     dnnl_memory_desc_t a, w, c;
@@ -836,7 +838,21 @@ static ps_status create_matmul(dnnl_engine_t eng, const prim_key *k, dnnl_primit
     PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&w, 3, bd, dnnl_f32, bs));
     PS_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c, 3, cd, dnnl_f32, cs));
     PS_DNNL_CHECK(dnnl_matmul_desc_init(&md, &a, &w, NULL, &c));
-    return make_prim(eng, &md, NULL, prim, err);
+    if (!k->dims[8]) return make_prim(eng, &md, NULL, prim, err);
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    PS_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    ps_status st = PS_OK;
+    if (dnnl_post_ops_create(&po) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl_post_ops_create failed");
+    }
+    if (dnnl_post_ops_append_sum(po, 1.0f) != dnnl_success || dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success)
+        st = ps_err_set(err, PS_ERR_INTERNAL, "dnnl: the matmul's sum post-op was refused");
+    if (st == PS_OK) st = make_prim_attr(eng, &md, NULL, attr, prim, err);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return st;
 }
 
 static ps_status create_prim(dnnl_engine_t eng, int block, const prim_key *k, dnnl_primitive_t *prim,
@@ -3346,8 +3362,9 @@ static ps_status dn_matmul(void *impl, const ps_matmul_desc *d, const float *a, 
     dn_impl *im = impl;
     if (d->batch <= 0 || d->m <= 0 || d->n <= 0) return PS_OK;
     set_threads(im);
-    const int64_t dims[6] = { d->batch, d->m, d->n, d->k, d->trans_a, d->trans_b };
-    prim_key k = key_make(PK_MATMUL, 0, 6, dims);
+    const int64_t dims[9] = { d->batch, d->m, d->n, d->k, d->trans_a, d->trans_b, !!d->bcast_a, !!d->bcast_b,
+                              !!d->accumulate };
+    prim_key k = key_make(PK_MATMUL, 0, 9, dims);
     exec_arg x[] = { { DNNL_ARG_SRC, a }, { DNNL_ARG_WEIGHTS, b }, { DNNL_ARG_DST, c } };
     return run(im, &k, x, 3, err);
 }

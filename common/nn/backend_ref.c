@@ -939,7 +939,8 @@ static ps_status ref_permute(void *impl, const ps_permute_desc *d, const float *
 
 /* ---- matmul: each output element a sum in double over k, with op(a)
  * and op(b) read through their strides (a transposed operand is the same
- * buffer read with its two strides swapped) ---- */
+ * buffer read with its two strides swapped; a broadcast one at stride 0
+ * between matrices; accumulate starts the sum from c) ---- */
 
 static ps_status ref_matmul(void *impl, const ps_matmul_desc *d, const float *a, const float *b, float *c,
                             ps_err *err) {
@@ -949,11 +950,11 @@ static ps_status ref_matmul(void *impl, const ps_matmul_desc *d, const float *a,
     const int64_t ai = d->trans_a ? 1 : k, ap = d->trans_a ? m : 1;
     const int64_t bp = d->trans_b ? 1 : n, bj = d->trans_b ? k : 1;
     for (int64_t t = 0; t < d->batch; t++) {
-        const float *at = a + t * m * k, *bt = b + t * k * n;
+        const float *at = a + (d->bcast_a ? 0 : t * m * k), *bt = b + (d->bcast_b ? 0 : t * k * n);
         float *ct = c + t * m * n;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double acc = 0.0;
+                double acc = d->accumulate ? (double)ct[i * n + j] : 0.0;
                 for (int64_t p = 0; p < k; p++) acc += (double)at[i * ai + p * ap] * bt[p * bp + j * bj];
                 ct[i * n + j] = (float)acc;
             }

@@ -2939,57 +2939,238 @@ static ps_status eq_backward(ps_layer_call *c, ps_err *err) {
     return PS_OK;
 }
 
-/* ---- MatMul: torch.matmul(a, b) of two computed tensors, each sample a
- * stack of matrices: (..., m, k) @ (..., k, n) -> (..., m, n), the leading
- * dims equal (no broadcast), with optional transposes of either operand's
- * last two dims (transpose_b: a @ b.transpose(-2, -1), attention's
- * q @ k^T, read in place). Backward: both input gradients, each one more
- * matmul (backend.h ps_matmul_grad_a / _b). Plain layout. ---- */
+/* ---- MatMul: torch.matmul(a, b), each sample a stack of matrices:
+ * (..., m, k) @ (..., k, n) -> (..., m, n) with numpy's broadcasting of the
+ * leading (batch) dims: right-aligned, a dim of 1 faces any size (the two
+ * computed operands have one rank, so that the batch faces the batch). With
+ * `parameter`, one operand is a learned tensor of the node (`x @ self.W`,
+ * right; `self.W @ x`, parameter_side left) of `shape`, right-aligned
+ * against the other's dims and the same for every sample: the backend reads
+ * its one copy for every matrix it faces (ps_matmul_desc bcast_a/_b), never
+ * a per-sample copy. transpose_a / transpose_b read an operand's last two
+ * dims swapped in place (q @ k^T; x @ W.t()).
+ *
+ * The output's batch dims, the sample's first, are merged into runs where
+ * each operand is alike (indexed, or broadcast: its same matrices again);
+ * each run but the last is a loop, the last one backend call over its
+ * matrices. A broadcast right operand over the last run with a plain left
+ * one folds into the rows: (R, m, k) @ (k, n) is one (R*m, k) @ (k, n)
+ * product - x @ W over the whole batch is one GEMM, and W's gradient
+ * (R*m, k)^T . (R*m, n) sums over the batch inside it. Otherwise a
+ * broadcast operand's gradient is summed by accumulating products
+ * (ps_matmul_desc accumulate), one per matrix it faced. A vector per
+ * sample times a parameter on the right (x (N, k) @ W (k, n), a custom
+ * linear layer) is one (N, k) @ (k, n) product. Plain layout. ---- */
 
-/* "input 'q' is (2, 4, 8) and input 'k' is (2, 8, 4)" */
+typedef struct mm_geom {
+    int m, n, k, ta, tb;
+    int nr;                                  /* runs of the output's batch dims (the sample's included) */
+    int64_t len[PS_SHAPE_MAX_DIMS + 1];      /* matrices along run r */
+    int64_t st[3][PS_SHAPE_MAX_DIMS + 1];    /* a, b, c: elements between consecutive matrices along run r
+                                                (0: broadcast along it) */
+} mm_geom;
+
+/* The operand that is the parameter (0: a, 1: b), or -1. */
+static int mm_param_operand(const ps_layer *ly) {
+    return ly->a.pname ? (ly->a.mm_left ? 0 : 1) : -1;
+}
+
+/* Operand i's dims, the batch's first (0 for the batch: the samples), right-aligned to nd dims with 1s; the
+ * parameter faces the batch with 1. */
+static void mm_operand_dims(const ps_layer *ly, int i, int nd, int64_t *d) {
+    const int p = mm_param_operand(ly);
+    const int64_t *src;
+    int ns;
+    if (p == i) {
+        src = ly->a.dims, ns = ly->a.ndims;
+        if (ns > nd) { src += ns - nd; ns = nd; }   /* leading 1s of the parameter (infer checked) */
+    } else {
+        const ps_shape *s = &ly->in[p < 0 ? i : 0];
+        src = s->dims, ns = s->ndim;
+        *d++ = 0;
+        nd--;
+    }
+    for (int j = 0; j < nd; j++) d[j] = j < nd - ns ? 1 : src[j - (nd - ns)];
+}
+
+/* "input 'q' is (2, 4, 8) and input 'k' is (2, 8, 4)" / "... and parameter 'W' is [8, 4]" */
 static const char *matmul_inputs(const ps_layer *ly, char *buf, size_t cap) {
-    char b1[64], b2[64];
-    snprintf(buf, cap, "input '%s' is %s%s and input '%s' is %s%s", ly->def->in_names[0],
-             ps_shape_format(&ly->in[0], b1, sizeof b1), ly->a.trans_a ? " (transpose_a)" : "",
-             ly->def->in_names[1], ps_shape_format(&ly->in[1], b2, sizeof b2), ly->a.trans_b ? " (transpose_b)" : "");
+    char b[2][64], what[2][96];
+    const int p = mm_param_operand(ly);
+    for (int i = 0, x = 0; i < 2; i++) {
+        if (i == p) {
+            snprintf(what[i], sizeof what[i], "parameter '%s%s%s' is %s", ly->name, ly->a.pname[0] ? "." : "",
+                     ly->a.pname, ps_dims_format_as(b[i], sizeof b[i], ly->a.dims, ly->a.ndims, "[", ", ", "]"));
+        } else {
+            snprintf(what[i], sizeof what[i], "input '%s' is %s", ly->def->in_names[x],
+                     ps_shape_format(&ly->in[x], b[i], sizeof b[i]));
+            x++;
+        }
+    }
+    snprintf(buf, cap, "%s%s and %s%s", what[0], ly->a.trans_a ? " (transpose_a)" : "", what[1],
+             ly->a.trans_b ? " (transpose_b)" : "");
     return buf;
 }
 
+/* The geometry for n samples (infer checked the shapes). */
+/* A vector per sample times the parameter on the right (x (N, k) @ W (k, n)): the samples are the rows. */
+static int mm_vector(const ps_layer *ly) {
+    return mm_param_operand(ly) == 1 && ly->nin == 1 && ly->in[0].ndim == 1;
+}
+
+static mm_geom mm_geometry(const ps_layer *ly, int n) {
+    mm_geom g = {.ta = ly->a.trans_a, .tb = ly->a.trans_b};
+    if (mm_vector(ly)) {                     /* one (N, k) @ op(W) product */
+        const int64_t *w = ly->a.dims + ly->a.ndims - 2;
+        g.m = n, g.k = (int)ly->in[0].dims[0], g.n = (int)(g.tb ? w[0] : w[1]);
+        return g;
+    }
+    const int nd = ly->outs.ndim + 1;        /* with the batch */
+    int64_t d[2][PS_SHAPE_MAX_DIMS + 1];
+    for (int i = 0; i < 2; i++) mm_operand_dims(ly, i, nd, d[i]);
+    d[0][0] = mm_param_operand(ly) == 0 ? 1 : n;
+    d[1][0] = mm_param_operand(ly) == 1 ? 1 : n;
+    g.m = (int)ly->outs.dims[nd - 3];
+    g.n = (int)ly->outs.dims[nd - 2];
+    g.k = (int)(g.ta ? d[0][nd - 2] : d[0][nd - 1]);
+    const int64_t msz[3] = {(int64_t)g.m * g.k, (int64_t)g.k * g.n, (int64_t)g.m * g.n};
+    int64_t len[PS_SHAPE_MAX_DIMS + 1];
+    int full[PS_SHAPE_MAX_DIMS + 1][2], nb = 0;
+    for (int j = 0; j < nd - 2; j++) {       /* the batch dims, a dim of 1 in the output dropped */
+        const int64_t o = d[0][j] > d[1][j] ? d[0][j] : d[1][j];
+        if (o == 1) continue;
+        len[nb] = o;
+        full[nb][0] = d[0][j] == o;
+        full[nb][1] = d[1][j] == o;
+        nb++;
+    }
+    /* runs of dims alike; strides from the innermost */
+    for (int j = 0; j < nb; j++) {
+        if (g.nr > 0 && full[j][0] == full[j - 1][0] && full[j][1] == full[j - 1][1]) {
+            g.len[g.nr - 1] *= len[j];
+            continue;
+        }
+        g.len[g.nr] = len[j];
+        g.st[0][g.nr] = full[j][0];
+        g.st[1][g.nr] = full[j][1];
+        g.st[2][g.nr] = 1;
+        g.nr++;
+    }
+    int64_t acc[3] = {msz[0], msz[1], msz[2]};
+    for (int r = g.nr - 1; r >= 0; r--)
+        for (int t = 0; t < 3; t++) {
+            g.st[t][r] = g.st[t][r] ? acc[t] : 0;
+            acc[t] *= g.st[t][r] ? g.len[r] : 1;
+        }
+    /* x @ W over the last run: its matrices' rows one matrix */
+    if (g.nr > 0 && g.st[1][g.nr - 1] == 0 && !g.ta && (int64_t)g.m * g.len[g.nr - 1] <= INT32_MAX) {
+        g.m = (int)(g.m * g.len[g.nr - 1]);
+        g.nr--;
+    }
+    return g;
+}
+
+/* p . q -> r over the geometry's batch, each with its per-run strides (ps, qs, rs); a run along which r stays
+ * (rs 0) sums its products into it (accumulate after r's first). d: the product of one matrix each. */
+static ps_status mm_run(ps_backend *be, const mm_geom *g, ps_matmul_desc d, const float *p, const int64_t *ps,
+                        const float *q, const int64_t *qs, float *r, const int64_t *rs, ps_err *err) {
+    const int last = g->nr - 1;
+    int64_t outer = 1;
+    for (int j = 0; j < last; j++) outer *= g->len[j];
+    ps_status rc = PS_OK;
+    for (int64_t o = 0; o < outer && rc == PS_OK; o++) {
+        int64_t po = 0, qo = 0, ro = 0, rest = o;
+        int first = 1;
+        for (int j = last - 1; j >= 0; j--) {
+            const int64_t i = rest % g->len[j];
+            rest /= g->len[j];
+            po += i * ps[j], qo += i * qs[j], ro += i * rs[j];
+            if (i && !rs[j]) first = 0;
+        }
+        d.batch = 1;
+        d.bcast_a = d.bcast_b = 0;
+        d.accumulate = !first;
+        if (last < 0) {
+            rc = be->ops->matmul(be->impl, &d, p + po, q + qo, r + ro, err);
+        } else if (rs[last]) {               /* one call over the last run */
+            d.batch = g->len[last];
+            d.bcast_a = !ps[last], d.bcast_b = !qs[last];
+            rc = be->ops->matmul(be->impl, &d, p + po, q + qo, r + ro, err);
+        } else {                             /* r summed along it: a product per matrix */
+            for (int64_t i = 0; i < g->len[last] && rc == PS_OK; i++) {
+                d.accumulate = !first || i > 0;
+                rc = be->ops->matmul(be->impl, &d, p + po + i * ps[last], q + qo + i * qs[last], r + ro, err);
+            }
+        }
+    }
+    return rc;
+}
+
 static ps_status matmul_infer(ps_layer *ly, ps_err *err) {
-    char b[200];
-    for (int i = 0; i < 2; i++)
+    char b[300];
+    const int p = mm_param_operand(ly);
+    if (ly->nin != (p < 0 ? 2 : 1))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "MatMul takes two inputs, or one and a `parameter` (with "
+                          "its `shape`); it has %d input%s%s", ly->nin, ly->nin == 1 ? "" : "s",
+                          p < 0 ? " and no parameter" : " and a parameter");
+    if (p < 0 && ly->a.ndims)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "MatMul's shape is its parameter's: give `parameter` (its "
+                          "state_dict suffix, or null) with it, or neither");
+    if (p >= 0 && ly->a.ndims < 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "MatMul's parameter takes a shape of 2 to %d dimensions "
+                          "(a stack of matrices); it has %d", PS_SHAPE_MAX_DIMS, ly->a.ndims);
+    if (p == 1 && ly->in[0].ndim == 1 && ly->in_dtype[0] == PS_DTYPE_F32) {   /* x (N, k) @ W: a row per sample */
+        int lead = 0;
+        while (ly->a.ndims - lead > 2 && ly->a.dims[lead] == 1) lead++;
+        const int64_t *w = ly->a.dims + ly->a.ndims - 2;
+        const int64_t kb = ly->a.trans_b ? w[1] : w[0];
+        if (ly->a.ndims - lead != 2 || ly->a.trans_a || kb != ly->in[0].dims[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: a vector per sample takes a parameter matrix on "
+                              "its right whose rows match it ((N, k) @ (k, n); no transpose_a)",
+                              matmul_inputs(ly, b, sizeof b));
+        ly->outs.ndim = 1;
+        ly->outs.dims[0] = ly->a.trans_b ? w[0] : w[1];
+        ly->out_dtype = PS_DTYPE_F32;
+        set_param(ly, 0, ly->a.pname, ly->a.ndims, ly->a.dims, kb, FAN_UNIFORM);
+        return PS_OK;
+    }
+    for (int i = 0; i < ly->nin; i++)
         if (ly->in_dtype[i] != PS_DTYPE_F32 || ly->in[i].ndim < 2)
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes two float32 stacks of matrices (2 to "
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes float32 stacks of matrices (2 to "
                               "%d dimensions per sample; the batch is never a matrix dimension)",
                               matmul_inputs(ly, b, sizeof b), PS_SHAPE_MAX_DIMS);
-    const ps_shape *A = &ly->in[0], *B = &ly->in[1];
-    const int nd = A->ndim;
-    int same = B->ndim == nd;
-    for (int d = 0; same && d < nd - 2; d++) same = A->dims[d] == B->dims[d];
-    if (!same)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes inputs of one rank whose leading (batch) "
-                          "dimensions are equal; broadcasting them is not supported (expand or reshape the "
-                          "smaller one first)", matmul_inputs(ly, b, sizeof b));
-    const int64_t m = ly->a.trans_a ? A->dims[nd - 1] : A->dims[nd - 2], ka = ly->a.trans_a ? A->dims[nd - 2] : A->dims[nd - 1];
-    const int64_t kb = ly->a.trans_b ? B->dims[nd - 1] : B->dims[nd - 2], n = ly->a.trans_b ? B->dims[nd - 2] : B->dims[nd - 1];
+    const int nd = ly->in[0].ndim;           /* per sample */
+    if (p < 0 && ly->in[1].ndim != nd)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: MatMul takes two computed inputs of one rank (numpy "
+                          "would face the shorter one's batch with a dimension of the other; unsqueeze it so that "
+                          "the batch faces the batch)", matmul_inputs(ly, b, sizeof b));
+    if (p >= 0) {
+        for (int j = 0; j < ly->a.ndims - nd; j++)
+            if (ly->a.dims[j] != 1)
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the parameter has more dimensions than the "
+                                  "input's sample and the extra leading ones face the batch, so they must be 1",
+                                  matmul_inputs(ly, b, sizeof b));
+    }
+    int64_t d[2][PS_SHAPE_MAX_DIMS + 1];
+    for (int i = 0; i < 2; i++) mm_operand_dims(ly, i, nd + 1, d[i]);
+    ly->outs.ndim = nd;
+    for (int j = 1; j < nd - 1; j++) {
+        if (d[0][j] != d[1][j] && d[0][j] != 1 && d[1][j] != 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: batch dimension %d (%lld and %lld) does not "
+                              "broadcast (equal, or 1 in one of them)", matmul_inputs(ly, b, sizeof b), j,
+                              (long long)d[0][j], (long long)d[1][j]);
+        ly->outs.dims[j - 1] = d[0][j] > d[1][j] ? d[0][j] : d[1][j];
+    }
+    const int64_t m = ly->a.trans_a ? d[0][nd] : d[0][nd - 1], ka = ly->a.trans_a ? d[0][nd - 1] : d[0][nd];
+    const int64_t kb = ly->a.trans_b ? d[1][nd] : d[1][nd - 1], n = ly->a.trans_b ? d[1][nd - 1] : d[1][nd];
     if (ka != kb)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the inner dimensions differ (%lld and %lld): "
                           "(..., m, k) @ (..., k, n)", matmul_inputs(ly, b, sizeof b), (long long)ka, (long long)kb);
-    ly->outs = *A;
     ly->outs.dims[nd - 2] = m;
     ly->outs.dims[nd - 1] = n;
     ly->out_dtype = PS_DTYPE_F32;
+    if (p >= 0) set_param(ly, 0, ly->a.pname, ly->a.ndims, ly->a.dims, ka, FAN_UNIFORM);   /* U(+-1/sqrt(k)) */
     return PS_OK;
-}
-
-static ps_matmul_desc matmul_desc(const ps_layer *ly, int n) {
-    const ps_shape *A = &ly->in[0];
-    const int nd = A->ndim;
-    ps_matmul_desc d = {.batch = n, .m = (int)ly->outs.dims[nd - 2], .n = (int)ly->outs.dims[nd - 1],
-                        .k = (int)(ly->a.trans_a ? A->dims[nd - 2] : A->dims[nd - 1]), .trans_a = ly->a.trans_a,
-                        .trans_b = ly->a.trans_b};
-    for (int k = 0; k < nd - 2; k++) d.batch *= A->dims[k];
-    return d;
 }
 
 static const char *matmul_missing(const ps_layer *ly, const ps_backend_ops *ops) {
@@ -2997,31 +3178,54 @@ static const char *matmul_missing(const ps_layer *ly, const ps_backend_ops *ops)
     return ops->matmul ? NULL : "matmul";
 }
 
+/* a, b and the gradients' pointers of the call: the parameter's or the inputs' */
+static void mm_operands(ps_layer_call *c, const float *x[2], float *dx[2]) {
+    const int p = mm_param_operand(c->ly);
+    for (int i = 0, j = 0; i < 2; i++) {
+        if (i == p) {
+            x[i] = c->w[0];
+            dx[i] = c->dxs ? c->dw[0] : NULL;
+        } else {
+            x[i] = c->xs[j];
+            dx[i] = c->dxs ? c->dxs[j] : NULL;
+            j++;
+        }
+    }
+}
+
 static ps_status matmul_forward(ps_layer_call *c, ps_err *err) {
-    ps_matmul_desc d = matmul_desc(c->ly, c->n);
-    return c->be->ops->matmul(c->be->impl, &d, c->xs[0], c->xs[1], c->y, err);
+    const mm_geom g = mm_geometry(c->ly, c->n);
+    const float *x[2];
+    float *dx[2];
+    mm_operands(c, x, dx);
+    const ps_matmul_desc d = {.m = g.m, .n = g.n, .k = g.k, .trans_a = g.ta, .trans_b = g.tb};
+    return mm_run(c->be, &g, d, x[0], g.st[0], x[1], g.st[1], c->y, g.st[2], err);
 }
 
 static ps_status matmul_backward(ps_layer_call *c, ps_err *err) {
-    const ps_matmul_desc d = matmul_desc(c->ly, c->n);
+    const mm_geom g = mm_geometry(c->ly, c->n);
+    const float *x[2];
+    float *dx[2];
+    mm_operands(c, x, dx);
+    const ps_matmul_desc d = {.m = g.m, .n = g.n, .k = g.k, .trans_a = g.ta, .trans_b = g.tb};
     ps_status rc = PS_OK;
-    int dc_first;
-    if (c->dxs[0]) {   /* from dy and b */
-        ps_matmul_desc g = ps_matmul_grad_a(&d, &dc_first);
-        rc = c->be->ops->matmul(c->be->impl, &g, dc_first ? c->dy : c->xs[1], dc_first ? c->xs[1] : c->dy,
-                                c->dxs[0], err);
-    }
-    if (rc == PS_OK && c->dxs[1]) {   /* from a and dy */
-        ps_matmul_desc g = ps_matmul_grad_b(&d, &dc_first);
-        rc = c->be->ops->matmul(c->be->impl, &g, dc_first ? c->dy : c->xs[0], dc_first ? c->xs[0] : c->dy,
-                                c->dxs[1], err);
+    for (int i = 0; i < 2 && rc == PS_OK; i++) {   /* da from dy and b; db from a and dy */
+        if (!dx[i]) continue;
+        int dc_first;
+        const ps_matmul_desc gd = i == 0 ? ps_matmul_grad_a(&d, &dc_first) : ps_matmul_grad_b(&d, &dc_first);
+        const float *o = x[1 - i];
+        const int64_t *os = g.st[1 - i];
+        rc = dc_first ? mm_run(c->be, &g, gd, c->dy, g.st[2], o, os, dx[i], g.st[i], err)
+                      : mm_run(c->be, &g, gd, o, os, c->dy, g.st[2], dx[i], g.st[i], err);
     }
     return rc;
 }
 
 static double matmul_flops(const ps_layer *ly) {
-    const ps_matmul_desc d = matmul_desc(ly, 1);
-    return 2.0 * (double)d.batch * d.m * d.n * d.k;
+    const mm_geom g = mm_geometry(ly, 1);
+    double batch = 1;
+    for (int r = 0; r < g.nr; r++) batch *= (double)g.len[r];
+    return 2.0 * batch * g.m * g.n * g.k;
 }
 
 /* ---- MulConstant: x * value, a number fixed in the model file (attention's
@@ -3661,9 +3865,15 @@ static const ps_attr_spec mha_attrs[] = {
     {"key_padding_mask", PS_ATTR_ENUM, A(kpm_float), "bool", 0, 0, 0, 0, kpm_forms, 0},
     ATTR_END,
 };
+static const char *const mm_sides[] = {"right", "left", NULL};
 static const ps_attr_spec matmul_attrs[] = {
     ATTR_BOOL("transpose_a", trans_a, "false"),
     ATTR_BOOL("transpose_b", trans_b, "false"),
+    /* a learned operand (x @ self.W): its state_dict suffix (null: the node's name is the tensor's), its dims,
+       its side; not given: two computed inputs */
+    {"parameter", PS_ATTR_NAME, A(pname), "", 0, 0, 0, 0, NULL, 0},
+    {"shape", PS_ATTR_DIMS, A(dims), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"parameter_side", PS_ATTR_ENUM, A(mm_left), "right", 0, 0, 0, 0, mm_sides, 0},
     ATTR_END,
 };
 static const ps_attr_spec eq_attrs[] = {
@@ -3808,7 +4018,7 @@ static const ps_layer_kind kinds[] = {
     {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 2, mha_attrs, mha_infer,
      mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
-    {"MatMul", PS_KIND_BWD_X, 2, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
+    {"MatMul", PS_KIND_BWD_X, 1, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
      NULL, matmul_flops},
     {"MulConstant", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE, 1, 1, mulconst_attrs, infer_same, mulconst_missing,
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},

@@ -92,9 +92,11 @@ typedef struct ps_layer_attrs {
     int64_t window[2], windows[2], shift[2]; /* RelativePositionBias window_size, windows, shift_size */
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];
-    const char *pname;          /* Scale, Parameter parameter: the state_dict suffix of its tensor (the
-                                   model definition's string); "" (null): the node's name is the tensor's */
+    const char *pname;          /* Scale, Parameter, MatMul parameter: the state_dict suffix of its tensor (the
+                                   model definition's string); "" (null): the node's name is the tensor's;
+                                   NULL: not given (MatMul of two inputs) */
     int trans_a, trans_b;       /* MatMul transpose_a, transpose_b */
+    int mm_left;                /* MatMul parameter_side: 0 right (x @ W), 1 left (W @ x) */
     double value;               /* MulConstant value; MaskedFill value (may be -inf or inf); Pad value */
     /* attention masks */
     int tri;                    /* MaskedFill mask: 0 'triu', 1 'tril' */

@@ -83,6 +83,8 @@ typedef struct val {
     int stage;                  /* DATA: the psd stage computing it */
     int lstm_out;               /* DATA: an LSTM's output (1: ONNX's (seq, 1, batch, H); 2: squeezed) */
     int trainer;                /* an LSTM's hidden-state input or output: the trainer's, not psd's */
+    int kpm;                    /* DATA: Equal(ids, pad) as an Eq node, read only as a MultiheadAttention's key
+                                   padding mask (the chain mha_kpm_match claims) */
     int shuffled;               /* DATA: a ChannelShuffle's output seen as the Transpose's (N, C/g, g, H, W)
                                    that the exporter wrote; its psd node computes (C, H, W) (h_transpose) */
     int vshape;                 /* VIRT: dims known, the batch at dim bdim (nn.MultiheadAttention's (L, N, E)) */
@@ -128,7 +130,8 @@ typedef struct fused {
     char scope[NAME_MAX_ + 1];
 } fused;
 
-/* nn.MultiheadAttention (batch_first, self-attention, no mask) as PyTorch's exporter decomposes it, found by
+/* nn.MultiheadAttention (batch_first, self-attention; the causal attn_mask or key_padding_mask = ids == pad)
+ * as PyTorch's exporter decomposes it, found by
  * the pre-pass (find_mha): the ONNX nodes of its roles and the initializers it reads. */
 typedef struct mha_pat {
     int t0, end;                /* the Transpose [1, 0, 2] of x to (L, N, E), the Transpose back */
@@ -138,6 +141,9 @@ typedef struct mha_pat {
     int drop;                   /* a Dropout of the attention weights, or -1 */
     int mask_mul, mask_add;     /* an attn_mask: the scores' Mul by 1 and its Add of the mask term, or -1 */
     const char *mask;           /* the mask term the Add reads (h_mha: the causal mask, a constant) */
+    /* a key_padding_mask = ids == pad: the exporter's chain from the Equal to the mask term (mha_kpm_match),
+     * or kpm_eq -1 */
+    int kpm_eq, kpm_r1, kpm_ex, kpm_r2, kpm_cast, kpm_where, kpm_mul;
     int resh_o, resh_y;         /* the Reshapes to (L*N, E) and back to (L, N, E) */
     const char *x, *w, *b, *wo, *bo;   /* the input value; the initializers (b, bo NULL: bias=False) */
     int w_t, wo_t;              /* w / wo stored (in, out) (an eval export's): bound transposed */
@@ -286,6 +292,11 @@ static val *in_val(imp *im, int k, int required) {
     }
     if (v->trainer) {
         unsup(im, "input '%s' is an LSTM's hidden state (the trainer's)", v->name);
+        return NULL;
+    }
+    if (v->kpm && im->absorbed[im->cur] != 2) {
+        unsup(im, "'%s' (ids == pad) is read by %s: psd reads a comparison of the ids only as "
+              "nn.MultiheadAttention's key_padding_mask", v->name, n->op_type);
         return NULL;
     }
     if (v->kind == VK_VIRT && strcmp(n->op_type, "Shape")) {
@@ -1563,69 +1574,87 @@ static ps_status h_sub(imp *im) {
     return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
 }
 
-/* A constant operand of a product as a Parameter of its own per-sample shape: its leading (batch) dims
- * must be 1 (else the whole input is one sample), its per-sample rank the partner's. */
-static int matmul_param(imp *im, val *c, const val *partner, ps_status *rc) {
-    const int off = im->lead, pnd = partner->ndim - off;
-    int cn = c->ndim;
-    int64_t cd[MAXD];
-    memcpy(cd, c->dims, sizeof cd);
-    if (off && cn == partner->ndim) {
-        for (int i = 0; i < off; i++)
-            if (cd[i] != 1) {
-                *rc = along_batch(im, "a constant operand of MatMul");
-                return -1;
-            }
-        memmove(cd, cd + off, (size_t)(cn - off) * sizeof *cd);
-        cn -= off;
-    }
-    if (cn != pnd || cn < 2 || cn > PS_MAXD) {
-        char b1[128], b2[128];
-        *rc = unsup(im, "MatMul of '%s' %s and constant '%s' %s: psd multiplies stacks of matrices of one rank "
-                    "(a 2-D initializer is a Linear's weight)", partner->name,
-                    dims_text(partner->dims, partner->ndim, b1, sizeof b1), c->name, dims_text(c->dims, c->ndim, b2,
-                                                                                             sizeof b2));
-        return -1;
-    }
-    int in = partner->node;
-    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
-    if (p < 0) {
-        *rc = oom(im);
-        return -1;
-    }
-    char b[128];
-    add_attr(im, p, "shape: %s", dims_text(cd, cn, b, sizeof b));
-    if ((*rc = bind(im, p, "weight", c, 0, 0))) return -1;
-    return p;
+/* 1 when initializer `name` is a state_dict name (module path, then a word) whose last word is not
+ * "weight": a raw parameter of a custom layer (inp.W, W_q), not nn.Linear's weight nor an eval export's
+ * onnx::MatMul_84. */
+static int custom_param_name(const char *name) {
+    const char *dot = strrchr(name, '.'), *last = dot ? dot + 1 : name;
+    if (!*last || strstr(name, "::") || !strcmp(last, "weight") || isdigit((unsigned char)name[0])) return 0;
+    for (const char *q = name; *q; q++)
+        if (!valid_char(*q) && *q != '.') return 0;
+    return 1;
 }
 
-/* MatMul of two computed values (or of a computed value and a constant that is no Linear's weight, as a
- * Parameter): psd's MatMul, (..., m, k) @ (..., k, n) with equal leading dims. */
+/* MatMul of two computed values, leading dims broadcast (numpy's rule; the batch faces the batch), or of a
+ * computed value and a constant that is no Linear's weight (a 2-D right operand is one): psd's MatMul with
+ * that constant as its parameter (`parameter`, `shape`, `parameter_side`; named as param_name says), read
+ * once for every sample, its leading dims right-aligned against the sample's, 1s facing the batch. */
 static ps_status matmul_values(imp *im, val *a, val *b) {
     ps_status rc = PS_OK;
-    int ins[2] = {a->node, b->node};
     const val *data = a->kind == VK_DATA ? a : b;
+    val *c = a->kind == VK_DATA ? (b->kind == VK_DATA ? NULL : b) : a;
     if ((rc = need_float(im, data, 1, PS_MAXD, "input"))) return rc;
-    if (a->kind != VK_DATA && (ins[0] = matmul_param(im, a, b, &rc)) < 0) return rc;
-    if (b->kind != VK_DATA && (ins[1] = matmul_param(im, b, a, &rc)) < 0) return rc;
-    const int nd = data->ndim;
-    int64_t ad[MAXD], bd[MAXD];
-    memcpy(ad, a->dims, sizeof ad);
-    memcpy(bd, b->dims, sizeof bd);
-    for (int i = 0; i < im->lead; i++) ad[i] = bd[i] = data->dims[i];   /* a constant's leading 1s face the batch */
-    int same = a->ndim == nd && b->ndim == nd && nd - im->lead >= 2;
-    for (int i = 0; same && i < nd - 2; i++) same = ad[i] == bd[i];
-    if (!same || ad[nd - 1] != bd[nd - 2]) {
-        char b1[128], b2[128];
-        return unsup(im, "MatMul of '%s' %s and '%s' %s: psd's MatMul takes stacks of matrices of one rank with "
-                     "equal leading dimensions (no broadcast) and matching inner ones", a->name,
-                     dims_text(a->dims, a->ndim, b1, sizeof b1), b->name, dims_text(b->dims, b->ndim, b2, sizeof b2));
+    const int nd = data->ndim, lead = im->lead;
+    char b1[128], b2[128];
+    int64_t ad[MAXD], bd[MAXD], od[MAXD];
+    for (int i = 0; i < nd; i++) {   /* right-aligned, a constant's missing dims 1 */
+        int ja = i - (nd - a->ndim), jb = i - (nd - b->ndim);
+        ad[i] = ja >= 0 ? a->dims[ja] : 1;
+        bd[i] = jb >= 0 ? b->dims[jb] : 1;
     }
-    int pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins);
-    if (pn < 0) return oom(im);
-    int64_t od[MAXD];
-    memcpy(od, ad, sizeof od);
-    od[nd - 1] = bd[nd - 1];
+    const int vec = c == b && nd - lead == 1 && c->ndim == 2;   /* x (N, k) @ W (k, n): a row per sample */
+    int ok = vec || (nd - lead >= 2 && (c ? c->ndim >= 2 && c->ndim <= nd : a->ndim == b->ndim));
+    for (int i = 0; c && !vec && i < lead; i++)   /* a constant's dims facing the batch: 1s, or one sample */
+        if ((c == a ? ad[i] : bd[i]) != 1 && c->ndim == nd) return along_batch(im, "a constant operand of MatMul");
+    for (int i = 0; ok && i < nd - 2; i++) {
+        ok = ad[i] == bd[i] || ad[i] == 1 || bd[i] == 1 || i < lead;
+        od[i] = i < lead ? data->dims[i] : ad[i] > bd[i] ? ad[i] : bd[i];
+    }
+    if (vec) {
+        memcpy(od, data->dims, sizeof od);
+        od[nd - 1] = b->dims[1];
+    }
+    if (!ok || (vec ? a->dims[nd - 1] != b->dims[0] : ad[nd - 1] != bd[nd - 2]))
+        return unsup(im, "MatMul of '%s' %s and '%s' %s: psd's MatMul takes stacks of matrices (two computed ones of "
+                     "one rank; a constant of 2 or more dims, its leading ones 1 against the batch) whose leading "
+                     "dimensions broadcast and whose inner ones match", a->name,
+                     dims_text(a->dims, a->ndim, b1, sizeof b1), b->name, dims_text(b->dims, b->ndim, b2, sizeof b2));
+    if (!vec) {
+        od[nd - 2] = ad[nd - 2];
+        od[nd - 1] = bd[nd - 1];
+    }
+    int pn;
+    if (c) {
+        int in = data->node;
+        if ((pn = emit(im, "MatMul", c->name, "weight", NULL, 1, &in)) < 0) return oom(im);
+        /* named by the initializer's whole state_dict name, `parameter: null` (a module's W_q, W_k and W_v are
+         * three nodes; its b for an Add stays free); else as param_name says */
+        char sfx[24];
+        const char *iname = c->t && c->t->name[0] ? c->t->name : c->name;
+        im->pn[pn].name[0] = 0;
+        if (custom_param_name(iname) && strlen(iname) <= NAME_MAX_ && !name_taken(im, iname)) {
+            snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", iname);
+            sfx[0] = 0;
+        } else {
+            pick_name(im, iname, "weight", NULL, im->pn[pn].name);
+            param_name(im, pn, iname, sfx);
+        }
+        if (!sfx[0]) add_attr(im, pn, "parameter: null");
+        else add_attr(im, pn, "parameter: %s", sfx);
+        int64_t cd[MAXD];   /* a Transpose of the initializer (x @ W.t()): its own dims, read transposed */
+        memcpy(cd, c->dims, sizeof cd);
+        if (c->tpose) {
+            cd[c->ndim - 2] = c->dims[c->ndim - 1];
+            cd[c->ndim - 1] = c->dims[c->ndim - 2];
+            add_attr(im, pn, c == a ? "transpose_a: true" : "transpose_b: true");
+        }
+        add_attr(im, pn, "shape: %s", dims_text(cd, c->ndim, b1, sizeof b1));
+        if (c == a) add_attr(im, pn, "parameter_side: left");
+        if ((rc = bind(im, pn, sfx, c, c->tpose, 0))) return rc;
+    } else {
+        int ins[2] = {a->node, b->node};
+        if ((pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins)) < 0) return oom(im);
+    }
     return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
 }
 
@@ -1841,7 +1870,10 @@ static ps_status h_matmul(imp *im) {
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind == VK_CONST && b->kind == VK_CONST) return unsup(im, "MatMul of two constants");
-    if (b->kind == VK_CONST && b->ndim == 2) return linear(im, a, b, 1, NULL);
+    /* a 2-D right operand is a Linear's weight - unless it is a state_dict tensor of another name (x @ self.W
+     * of a custom layer: a MatMul by the parameter keeps its name) */
+    if (b->kind == VK_CONST && b->ndim == 2 && !custom_param_name(b->t && b->t->name[0] ? b->t->name : b->name))
+        return linear(im, a, b, 1, NULL);
     return matmul_values(im, a, b);
 }
 
@@ -3151,6 +3183,43 @@ static ps_status h_fold_only(imp *im) {
     return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
 }
 
+static const char *out0(imp *im, int i);
+static int data_readers(imp *im, const char *v, int *out, int max);
+
+/* Equal of constants: folded. Equal(ids, pad) of the int64 ids and a constant integer that only
+ * nn.MultiheadAttention key padding mask chains read (mha_kpm_match claimed it): an Eq node, psd's 1/0 float
+ * mask, read as those attentions' second input. */
+static ps_status h_equal(imp *im) {
+    if (all_const(im)) return fold(im);
+    int claimed = 0;
+    for (int k = 0; k < im->nmha; k++) claimed |= im->mha[k].kpm_eq == im->cur && !im->mha[k].why[0];
+    if (!claimed)
+        return unsup(im, "Equal of computed values (psd folds it only on constants, and reads ids == pad as "
+                     "nn.MultiheadAttention's key_padding_mask)");
+    const char *out = out0(im, im->cur);
+    int rd[8], nr = data_readers(im, out, rd, 8);
+    for (int k = 0; k < nr; k++)
+        if (k >= 8 || rd[k] < 0 || im->absorbed[rd[k]] != 2)
+            return unsup(im, "'%s' (ids == pad) is read by %s besides nn.MultiheadAttention's key_padding_mask", out,
+                         k < 8 && rd[k] >= 0 ? im->m->nodes[rd[k]].op_type : "the graph's output or more nodes");
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    val *ids = a->kind == VK_DATA ? a : b, *c = a->kind == VK_DATA ? b : a;
+    double v = 0;
+    if (ids->kind != VK_DATA || ids->dtype != PS_ONNX_INT64 || ids->node >= 0 || !scalar_const(im, c, &v) ||
+        v != floor(v) || fabs(v) > 9007199254740992.0)
+        return unsup(im, "key_padding_mask '%s': psd reads Equal of the model's int64 input ids and a constant "
+                     "integer (ids == pad)", out);
+    int in = ids->node;
+    int pn = emit(im, "Eq", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "value: %lld", (long long)v);
+    val *o = data_out(im, 0, pn, PS_ONNX_FLOAT, ids->ndim, ids->dims);
+    if (!o) return im->err->code;
+    o->kpm = 1;
+    return PS_OK;
+}
+
 /* Where(cond, value, x) or Where(cond, x, value) with cond a constant and value a number: x.masked_fill (the
  * exporter's, minGPT's att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))), a MaskedFill when the
  * filled positions are a triangle of the last two dims (torch.triu or torch.tril of ones, the same matrix at
@@ -3261,7 +3330,7 @@ static const op_row ops[] = {
     {"Softplus", h_softplus, 1},
     {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
-    {"Equal", h_fold_only, 1},
+    {"Equal", h_equal, 1},
     {"Where", h_where, 9},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
@@ -3721,6 +3790,32 @@ static const char *mha_weight(imp *im, int i, int k, int *tr, int *tnode) {
 
 /* Match the decomposition from Transpose t0: 1 (p filled, its nodes in nodes[], *nn of them, the ones to
  * skip outright - weight transposes - in skip[]), 0 (not nn.MultiheadAttention), 2 (one psd refuses: p->why). */
+/* PyTorch 1.13's exporter writes attn(x, x, x, key_padding_mask=ids == pad) (and a TransformerEncoderLayer's
+ * src_key_padding_mask) as Equal(ids, pad) before the attention and, inside it, a Reshape of the bool mask to
+ * (N, 1, 1, S), an Expand to (N, H, 1, S) (its shape Where / Equal / Mul / ConstantOfShape arithmetic on
+ * constants), a Reshape to (N*H, 1, S), a Cast to bool, Where(mask, -inf, zeros) and a Mul by 1: the mask
+ * term p->mask. The structure here (the pre-pass); h_mha checks the numbers (mha_kpm). 1 when it is one. */
+static int mha_kpm_match(imp *im, mha_pat *p) {
+    const ps_onnx_model *m = im->m;
+    int mul = producer_of(im, p->mask);
+    if (!is_op(im, mul, "Mul") || m->nodes[mul].nin != 2) return 0;
+    int wh = producer_of(im, m->nodes[mul].in[0]);
+    if (!is_op(im, wh, "Where") || m->nodes[wh].nin != 3 || data_reader(im, out0(im, wh)) != mul) return 0;
+    int ca = producer_of(im, m->nodes[wh].in[0]);
+    if (!is_op(im, ca, "Cast") || data_reader(im, out0(im, ca)) != wh) return 0;
+    int r2 = producer_of(im, in0(im, ca));
+    if (!is_op(im, r2, "Reshape") || data_reader(im, out0(im, r2)) != ca) return 0;
+    int ex = producer_of(im, in0(im, r2));
+    if (!is_op(im, ex, "Expand") || data_reader(im, out0(im, ex)) != r2) return 0;
+    int r1 = producer_of(im, in0(im, ex));
+    if (!is_op(im, r1, "Reshape") || data_reader(im, out0(im, r1)) != ex) return 0;
+    int eq = producer_of(im, in0(im, r1));
+    if (!is_op(im, eq, "Equal") || m->nodes[eq].nin != 2) return 0;
+    p->kpm_eq = eq, p->kpm_r1 = r1, p->kpm_ex = ex, p->kpm_r2 = r2, p->kpm_cast = ca, p->kpm_where = wh;
+    p->kpm_mul = mul;
+    return 1;
+}
+
 static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip, int *ns) {
     static const int64_t p102[3] = {1, 0, 2}, p120[3] = {1, 2, 0};
     const ps_onnx_model *m = im->m;
@@ -3730,6 +3825,7 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
     p->t0 = t0;
     p->drop = -1;
     p->mask_mul = p->mask_add = -1;
+    p->kpm_eq = -1;
 #define WHY(...) (snprintf(p->why, sizeof p->why, __VA_ARGS__), like ? 2 : 0)
 #define ADD(i) (nodes[(*nn)++] = (i))
     if (!perm_is(im, t0, p102, 3) || m->nodes[t0].nin != 1 || m->nodes[t0].nout != 1) return 0;
@@ -3831,13 +3927,18 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
             p->mask = m->nodes[ad].in[mi];
             ADD(sm);
             ADD(ad);
+            if (mha_kpm_match(im, p)) {   /* key_padding_mask = ids == pad: its chain is the attention's */
+                const int chain[6] = {p->kpm_r1, p->kpm_ex, p->kpm_r2, p->kpm_cast, p->kpm_where, p->kpm_mul};
+                for (int k = 0; k < 6; k++) ADD(chain[k]);
+            }
             sm = data_reader(im, out0(im, ad));
         }
     }
     if (!is_op(im, sm, "Softmax"))
-        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than an "
-                   "attn_mask added to them (key_padding_mask), which psd's MultiheadAttention does not take (it "
-                   "takes the causal attn_mask)", sm < 0 ? "several nodes" : m->nodes[sm].op_type);
+        return WHY("the attention scores q k^T go to %s before the Softmax: an attention mask other than the "
+                   "term the exporter adds for an attn_mask or a key_padding_mask, which psd's MultiheadAttention "
+                   "does not take (it takes the causal attn_mask and key_padding_mask=ids == pad)",
+                   sm < 0 ? "several nodes" : m->nodes[sm].op_type);
     const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[sm], "axis");
     int64_t axis = ax ? ax->i : im->opset >= 13 ? -1 : 1;
     if (axis != -1 && axis != 2) return WHY("a Softmax over axis %lld, not the keys'", (long long)axis);
@@ -4023,6 +4124,61 @@ static ps_status mha_reshape(imp *im, int i, const int64_t *in, int nin, int64_t
     return PS_OK;
 }
 
+/* The key padding mask chain of p (mha_kpm_match) for x (N, L, E) and H heads: its numbers checked (the Eq
+ * of the ids one value per sample and key, repeated over the heads, -inf where it is true and 0 elsewhere,
+ * times 1); *mask the Eq's value. */
+static ps_status mha_kpm(imp *im, const mha_pat *p, int64_t N, int64_t L, int64_t H, val **mask) {
+    const ps_onnx_model *m = im->m;
+    char b1[64];
+    val *eq = vget(im, out0(im, p->kpm_eq));
+    im->cur = p->kpm_r1;
+    if (!eq || !eq->kpm || eq->ndim != 2 || eq->dims[1] != L)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask '%s' is not the model's int64 ids (N, L) = "
+                     "(N, %lld) compared with a constant pad id", out0(im, p->kpm_eq), (long long)L);
+    const int64_t ids[2] = {N, L};
+    int64_t r1[MAXD], r2[MAXD], e[MAXD];
+    int n1 = 0, n2 = 0;
+    ps_status rc = mha_reshape(im, p->kpm_r1, ids, 2, r1, &n1);
+    if (rc) return rc;
+    if (n1 != 4 || r1[0] != N || r1[1] != 1 || r1[2] != 1 || r1[3] != L)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask is reshaped to %s, not (N, 1, 1, L)",
+                     dims_text(r1, n1, b1, sizeof b1));
+    im->cur = p->kpm_ex;
+    val *sh = in_val(im, 1, 1);
+    if (!sh) return im->err->code;
+    if (sh->kind != VK_CONST || sh->numel != 4 || !sh->q)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask is expanded to a shape psd does not fold");
+    for (int k = 0; k < 4; k++) e[k] = sh->q[k] == 1 || sh->q[k] == -1 ? r1[k] : sh->q[k];
+    if (e[0] != N || e[1] != H || e[2] != 1 || e[3] != L)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask is expanded to %s, not (N, H, 1, L) for %lld "
+                     "heads", dims_text(e, 4, b1, sizeof b1), (long long)H);
+    if ((rc = mha_reshape(im, p->kpm_r2, e, 4, r2, &n2))) return rc;
+    if (n2 != 3 || r2[0] != N * H || r2[1] != 1 || r2[2] != L)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask is reshaped to %s, not (N*H, 1, L)",
+                     dims_text(r2, n2, b1, sizeof b1));
+    im->cur = p->kpm_cast;
+    if (attr_i(im, "to", 0) != PS_ONNX_BOOL) return unsup(im, "nn.MultiheadAttention: its key_padding_mask is cast "
+                                                          "to type %lld, not bool", (long long)attr_i(im, "to", 0));
+    im->cur = p->kpm_where;
+    val *fill = in_val(im, 1, 1), *zero = in_val(im, 2, 1);
+    if (!fill || !zero) return im->err->code;
+    double v = 0;
+    const double *zf = zero->kind == VK_CONST ? cvals(im, zero) : NULL;
+    const double *ff = fill->kind == VK_CONST && fill->numel == 1 ? cvals(im, fill) : NULL;
+    int zeros = zf != NULL;
+    for (int64_t k = 0; zeros && k < zero->numel; k++) zeros = zf[k] == 0.0;
+    if (!ff || !(isinf(ff[0]) && ff[0] < 0) || !zeros)
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask fills other than -inf where it is true and 0 "
+                     "elsewhere (Where(mask, -inf, zeros))");
+    im->cur = p->kpm_mul;
+    val *one = in_val(im, 1, 1);
+    if (!one) return im->err->code;
+    if (!scalar_const(im, one, &v) || v != 1.0 || strcmp(m->nodes[p->kpm_mul].in[0], out0(im, p->kpm_where)))
+        return unsup(im, "nn.MultiheadAttention: its key_padding_mask term is not multiplied by 1");
+    *mask = eq;
+    return PS_OK;
+}
+
 /* The attn_mask term p->mask added to the scores of a sequence of L: *causal 1 when it is the causal mask
  * (-inf where key j > query i, 0 elsewhere; (L, L), or (1, L, L) and (N*H, L, L) of one such matrix): a
  * float torch.triu(full(-inf), 1) or a bool torch.triu(ones, 1) through the exporter's Where(mask, -inf, 0);
@@ -4082,7 +4238,7 @@ static ps_status h_mha(imp *im) {
         return unsup(im, "nn.MultiheadAttention with a symbolic batch (its heads' Reshapes need the traced one)");
     }
     int causal = 0;
-    if (p->mask_add >= 0 && (rc = mha_causal(im, p, L, &causal)) != PS_OK) return rc;
+    if (p->mask_add >= 0 && p->kpm_eq < 0 && (rc = mha_causal(im, p, L, &causal)) != PS_OK) return rc;
     /* q, k, v: columns [0, E), [E, 2E), [2E, 3E) of the projection, each to (L, N*H, D) */
     const int64_t proj[3] = {L, N, 3 * E}, part[3] = {L, N, E};
     int64_t H = 0, D = 0;
@@ -4115,6 +4271,8 @@ static ps_status h_mha(imp *im) {
     if (!strcmp(cur_node(im)->op_type, "Mul")) c = c ? 1.0 / c : 0;
     if (fabs(c - want) > 1e-5 * want)
         return unsup(im, "nn.MultiheadAttention: q divided by %g, not sqrt(D) = %g for D %lld", c, want, (long long)D);
+    val *kpm = NULL;
+    if (p->kpm_eq >= 0 && (rc = mha_kpm(im, p, N, L, H, &kpm)) != PS_OK) return rc;
     double pdrop = 0;
     if (p->drop >= 0) {
         im->cur = p->drop;
@@ -4144,8 +4302,8 @@ static ps_status h_mha(imp *im) {
             suffix = sfx[k];
         }
     }
-    int xin = x->node;
-    int pn = emit(im, "MultiheadAttention", prefer, suffix, NULL, 1, &xin);
+    const int ins[2] = {x->node, kpm ? kpm->node : -1};
+    int pn = emit(im, "MultiheadAttention", prefer, suffix, NULL, kpm ? 2 : 1, ins);
     if (pn < 0) return oom(im);
     char f[40];
     add_attr(im, pn, "embed_dim: %lld, num_heads: %lld", (long long)E, (long long)H);

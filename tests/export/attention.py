@@ -222,3 +222,47 @@ class PaddedMHA(nn.Module):
         a = self.attn(h, h, h, key_padding_mask=pad, attn_mask=am, need_weights=False)[0]
         x = self.ln_f(x + a)
         return self.head(x.flatten(1))
+
+
+class ParamLinear(nn.Module):
+    """A custom layer as users write it: x @ self.W + self.b with raw parameters (W (in, out), not
+    nn.Linear's (out, in))."""
+
+    def __init__(self, i, o):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(i, o) / math.sqrt(i))
+        self.b = nn.Parameter(torch.randn(o) * 0.1)
+
+    def forward(self, x):
+        return x @ self.W + self.b
+
+
+class ParamAttention(nn.Module):
+    """(N, 6, 5) -> (N, 10): attention written by hand with raw parameters and broadcast matmuls: a custom
+    ParamLinear in, per-head query weights (H, E, d) read by x (N, 1, T, E) @ W_q (broadcast both ways), one
+    key and value head shared by the heads (multi-query: k and v (N, 1, T, d) broadcast over the heads in
+    q @ k.transpose(-2, -1) and att @ v), torch.matmul and the output projection x @ W_o.t() (transposed in
+    place), then a ParamLinear over the flattened sequence (a vector per sample times W)."""
+
+    def __init__(self, features=5, seq=6, n_embd=8, n_head=2, classes=10):
+        super().__init__()
+        d = n_embd // n_head
+        self.n_head = n_head
+        self.inp = ParamLinear(features, n_embd)
+        self.W_q = nn.Parameter(torch.randn(n_head, n_embd, d) / math.sqrt(n_embd))
+        self.W_k = nn.Parameter(torch.randn(n_embd, d) / math.sqrt(n_embd))
+        self.W_v = nn.Parameter(torch.randn(n_embd, d) / math.sqrt(n_embd))
+        self.W_o = nn.Parameter(torch.randn(n_embd, n_head * d) / math.sqrt(n_embd))
+        self.head = ParamLinear(seq * n_embd, classes)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))                         # (N, T, E)
+        n, t, e = h.shape
+        h4 = h.reshape(n, 1, t, e)
+        q = h4 @ self.W_q                                   # (N, 1, T, E) @ (H, E, d) -> (N, H, T, d)
+        k = torch.matmul(h4, self.W_k)                      # (N, 1, T, d)
+        v = h4.matmul(self.W_v)                             # (N, 1, T, d)
+        att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))), dim=-1)   # (N, H, T, T)
+        y = (att @ v).transpose(1, 2).reshape(n, t, e)      # (N, T, E)
+        y = y @ self.W_o.t()                                # x @ W_o.t(): transpose_b, no copy
+        return self.head(y.flatten(1))

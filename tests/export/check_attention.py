@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
-from attention import AttentionClassifier, CausalClassifier, MHABlock  # noqa: E402
+from attention import AttentionClassifier, CausalClassifier, MHABlock, ParamAttention  # noqa: E402
 from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
 
 SHAPE = (6, 5)          # tokens, features per token
@@ -107,6 +107,54 @@ def main():
     # 6. key padding masks computed from the token ids
     padding(pe, target)
 
+    # 7. raw parameters and broadcast matmuls
+    param_matmuls(pe, x, target)
+
+
+def param_matmuls(pe, x, target):
+    """attention.py's ParamAttention (a custom layer x @ self.W + self.b, per-head W_q (H, E, d) under a
+    (N, 1, T, E) input, multi-query k and v broadcast over the heads, x @ W_o.t(), a vector per sample times
+    W) through psd-export: MatMul nodes with `parameter: null` named by each tensor's state_dict name, the
+    transposed W_o read in place (transpose_b), broadcast MatMuls of computed operands; trained one step
+    against float64 autograd. Refused, naming it: a parameter's transpose read by anything but a MatMul."""
+    y = os.path.join(cr.TMP, "param_attention.yaml")
+    rc = pe.main([os.path.join(HERE, "attention.py") + ":ParamAttention", "--input-shape", ",".join(map(str, SHAPE)),
+                  "--seed", "5", "-o", y])
+    cr.check(rc == 0, "psd-export of attention written with raw parameters (x @ self.W)")
+    with open(y) as f:
+        text = f.read()
+    for line in ("{name: inp.W, kind: MatMul, parameter: null, shape: [5, 8]}",
+                 "{name: W_q, kind: MatMul, parameter: null, shape: [2, 8, 4]}",
+                 "{name: matmul, kind: MatMul, inputs: [W_q, W_k], transpose_b: true}",
+                 "{name: W_o, kind: MatMul, transpose_b: true, parameter: null, shape: [8, 8]}",
+                 "{name: head.W, kind: MatMul, parameter: null, shape: [48, 10]}"):
+        cr.check(line in text, "psd-export of ParamAttention writes %s" % line)
+    torch.manual_seed(5)
+    model = ParamAttention()
+    w = os.path.join(cr.TMP, "param_attention.safetensors")
+    stub, p = cr.start_psd("param_attention", "file: %s" % y, ["--init-from", w])
+    cr.input_gradient("raw-parameter attention psd-export", stub, model, x, target)
+    cr.run("raw-parameter attention psd-export", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    # its training-mode ONNX export: MatMuls by initializers (W_q (H, E, d), W_k, the transposed W_o's
+    # Transpose folded or read, head.W) and of computed values broadcast over the heads
+    path = os.path.join(cr.TMP, "param_attention.onnx")
+    m2 = copy.deepcopy(model).train()
+    torch.onnx.export(m2, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      opset_version=13)
+    stub, p = cr.start_psd("param_attention_onnx", "onnx: %s" % path, [])
+    cr.input_gradient("raw-parameter attention onnx export", stub, m2, x, target)
+    cr.run("raw-parameter attention onnx export", stub, m2, x, target, ref64=True)
+    p.kill()
+    src = os.path.join(cr.TMP, "wt.py")
+    with open(src, "w") as f:
+        f.write("import torch\nimport torch.nn as nn\n\n\nclass M(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.W = nn.Parameter(torch.randn(5, 6))\n\n"
+                "    def forward(self, x):\n        return x + self.W.t()\n")
+    err = run_export([src + ":M", "--input-shape", "6,5", "-o", os.path.join(cr.TMP, "wt.yaml")])
+    cr.check("the transpose of 'W' is read by" in err and "as a MatMul operand" in err,
+             "psd-export refuses a parameter's transpose read by an Add, naming it (%s)" % err.strip()[-200:])
+
 
 def padding(pe, target):
     """nn.MultiheadAttention(h, h, h, key_padding_mask=ids == pad) (attention.py's PaddedMHA: ==, ids.eq(pad),
@@ -156,6 +204,7 @@ def padding(pe, target):
             cr.check("node 'attn' (MultiheadAttention): sample 1" in msg and want in msg, "psd refuses a sample "
                      "whose keys are all padding (%s), naming it (%s)" % (mode, msg))
         p.kill()
+    padding_onnx(ids, target)
     for mode, want in (("ne", "its key_padding_mask is computed from the input (a per-sample mask) as function "
                               "operator.ne"),
                        ("pad_tensor", "the pad id compared with the ids at"),
@@ -164,6 +213,34 @@ def padding(pe, target):
         err = run_export([os.path.join(HERE, "attention.py") + ":PaddedMHA", "--kwargs", '{"mode": "%s"}' % mode,
                           "--input-shape", "6", "--input-dtype", "int64", "-o", os.path.join(cr.TMP, "refused.yaml")])
         cr.check(want in err, "psd-export refuses PaddedMHA %s saying '%s' (%s)" % (mode, want, err.strip()[-300:]))
+
+
+def padding_onnx(ids, target):
+    """PaddedMHA (== and ids.eq(pad)) through its training-mode ONNX export at opset 13: Equal of the int64 ids
+    and the pad id as an Eq node, the exporter's mask chain inside the attention (Reshape to (N, 1, 1, S),
+    Expand over the heads, Reshape to (N*H, 1, S), Cast, Where(mask, -inf, 0)) as MultiheadAttention's second
+    input; trained one step against float64 autograd. Beside a causal attn_mask the exporter merges the two
+    masks otherwise: refused, naming it."""
+    from attention import PaddedMHA
+    for mode in ("eq", "method"):
+        torch.manual_seed(8)
+        model = PaddedMHA(mode=mode)
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(torch.randn_like(t) * 0.1)
+        path = os.path.join(cr.TMP, "padded_%s.onnx" % mode)
+        torch.onnx.export(copy.deepcopy(model).train(), ids, path, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, opset_version=13)
+        label = "MultiheadAttention key_padding_mask onnx export (%s)" % mode
+        stub, p = cr.start_psd("padded_onnx_" + mode, "onnx: %s" % path, [])
+        cr.run(label, stub, copy.deepcopy(model), ids, target, ref64=True)
+        p.kill()
+    path = os.path.join(cr.TMP, "padded_causal.onnx")
+    torch.onnx.export(PaddedMHA(mode="causal").train(), ids, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    rc, out = cr.check_config(path)
+    cr.check(rc != 0 and "nn.MultiheadAttention" in out, "the ONNX export of a key_padding_mask beside a causal "
+             "attn_mask is refused, naming it (%s)" % (out.strip().splitlines()[-1] if out.strip() else "no output"))
 
 
 def masks(pe, target):

@@ -14,7 +14,9 @@ trained one step through psd against PyTorch:
                   == 0 pre-norm, and batch_first=False beside the causal
                   float mask, on ids padded at the end (an Eq node every
                   layer's attention reads; the padding changes the output;
-                  psd's start-up kernel check runs);
+                  psd's start-up kernel check runs; the pre-norm one also
+                  through its training-mode ONNX export, the Equal of the ids
+                  an Eq node each layer's attention reads);
   LayerClassifier features -> nn.Linear -> one nn.TransformerEncoderLayer
                   (3 heads, nn.GELU(), pre-norm) -> nn.Linear of the
                   flattened sequence, its input gradient too.
@@ -77,7 +79,8 @@ CASES = [
 ]
 
 
-ONNX = {0: 13, 1: 17, 3: 13}     # CASES through their training-mode ONNX exports, at these opsets
+ONNX = {0: 13, 1: 17, 3: 13, 4: 13}   # CASES through their training-mode ONNX exports, at these opsets (4:
+# src_key_padding_mask: Equal of the ids as one Eq node, each layer's exported mask chain its attention's input)
 
 
 def export(pe, cls, kwargs, name, seed=7):

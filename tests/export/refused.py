@@ -268,15 +268,15 @@ class Products(nn.Module):             # attention's pieces: torch.bmm, @, torch
         return w.reshape(n, 2, t * c + 6)          # (N, 2, 18)
 
 
-class ProductBroadcast(nn.Module):     # a product of (N, 2, 3, 4) and (N, 1, 4, 3): psd broadcasts no batch dims
+class ProductBroadcast(nn.Module):     # (N, 1, 3, 4) @ (N, 4, 3): numpy faces the batch with a dim of the other
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
 
-    def forward(self, x):                          # (N, 2, 3, 4)
+    def forward(self, x):                          # (N, 3, 4)
         y = self.fc(x)
-        b, _ = y.chunk(2, dim=1)
-        return torch.matmul(y, b.transpose(2, 3))  # REFUSED_BROADCAST
+        n = x.size(0)
+        return torch.matmul(y.reshape(n, 1, 3, 4), y.transpose(1, 2))  # REFUSED_BROADCAST
 
 
 class TransposeBatch(nn.Module):       # x.transpose(0, 1): the batch moves
