@@ -419,14 +419,18 @@ static const char *const kActNames[PS_ACT_COUNT] = {
     [PS_ACT_RELU] = "relu", [PS_ACT_LEAKY_RELU] = "leaky_relu", [PS_ACT_GELU] = "gelu",
     [PS_ACT_GELU_TANH] = "gelu_tanh", [PS_ACT_SILU] = "silu", [PS_ACT_TANH] = "tanh", [PS_ACT_SIGMOID] = "sigmoid",
     [PS_ACT_HARDTANH] = "hardtanh", [PS_ACT_HARDSWISH] = "hardswish", [PS_ACT_HARDSIGMOID] = "hardsigmoid",
+    [PS_ACT_ELU] = "elu", [PS_ACT_SELU] = "selu", [PS_ACT_SOFTPLUS] = "softplus", [PS_ACT_MISH] = "mish",
+    [PS_ACT_LOGSIGMOID] = "logsigmoid", [PS_ACT_EXP] = "exp", [PS_ACT_LOG] = "log", [PS_ACT_ABS] = "abs",
+    [PS_ACT_SQRT] = "sqrt", [PS_ACT_POW] = "pow", [PS_ACT_LINEAR] = "linear",
 };
+_Static_assert(PS_ACT_LINEAR + 1 == PS_ACT_COUNT, "kActNames names every activation");
 
 static ps_act_desc act_desc_of(const gcase *c) {
     char buf[32];
     const char *name = attr_s(c, "act", buf, sizeof buf);
     ps_act_desc d = { .kind = -1, .alpha = (float)attr_f(c, "alpha") };
     for (int k = 0; k < PS_ACT_COUNT; k++)
-        if (name && !strcmp(name, kActNames[k])) d.kind = k;
+        if (name && kActNames[k] && !strcmp(name, kActNames[k])) d.kind = k;
     PS_ASSERT(d.kind >= 0);
     if (d.kind == PS_ACT_HARDTANH) d.beta = (float)attr_f(c, "beta");
     return d;
