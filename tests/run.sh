@@ -11,8 +11,10 @@
 #
 # Two at a time: the tests named in SIDE mostly wait (attack durations,
 # deadlines, timeouts, SIGSTOPped trainers, waits for a process to notice
-# something) rather than compute; they run one after another in a second
-# slot beside the others, which run one after another in the first. Every
+# something; the model-export checks for psd's start-up and PyTorch, one
+# process at a time: their CPU is a sixth to a third of their wall time)
+# rather than compute; they run one after another in a second slot beside
+# the others, which run one after another in the first. Every
 # test has its own temporary directory and picks its ports at random (or
 # lets the kernel pick them), so two never share either. The tests named in
 # ALONE assert bounds that another test's load could break (it_hostile: the
@@ -24,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 TEST_JOBS=${TEST_JOBS:-2}
-SIDE=" ${TEST_SIDE-test_consistency test_ctx_table test_rpc test_security test_sync_once it_faults it_faults_split it_faults_sync it_faults_ssp it_py_faults it_py_faults_sync it_py_faults_ssp it_sync_once} "
+SIDE=" ${TEST_SIDE-test_consistency test_ctx_table test_rpc test_security test_sync_once it_faults it_faults_split it_faults_sync it_faults_ssp it_py_faults it_py_faults_sync it_py_faults_ssp it_sync_once it_attention it_encoder it_rnn it_upsampling} "
 ALONE=" ${TEST_ALONE-it_hostile} "
 pass=0 fail=0 skip=0
 failed=()
