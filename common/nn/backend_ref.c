@@ -1069,7 +1069,9 @@ static ps_status ref_bias_grad(void *impl, const ps_chan_desc *d, const float *d
 
 /* ---- recurrent layers: one time step's gates (LSTM, GRU; ps_rnn_cell_desc) ---- */
 
-static float ref_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The gate arithmetic in double, each result rounded once (the dnnl backend's is float, under OpenMP). */
+static double ref_sig(double v) { return 1.0 / (1.0 + exp(-v)); }
 
 static ps_status ref_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, const float *gx, const float *gh,
                                       const float *h_prev, const float *c_prev, float *h, float *c, float *act,
@@ -1081,17 +1083,20 @@ static ps_status ref_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, con
         float *a = act + r * 4 * H;
         for (int64_t j = 0; j < H; j++) {
             const int64_t o = r * H + j;
+            double gate[4];
+            for (int k = 0; k < (int)G; k++)   /* GRU's n: x_n + r * y_n, below */
+                gate[k] = (double)x[k * H + j] + (d->gru && k == 2 ? 0.0 : (double)y[k * H + j]);
             if (d->gru) {
-                const float rg = ref_sigmoid(x[j] + y[j]), z = ref_sigmoid(x[H + j] + y[H + j]);
-                const float nn = tanhf(x[2 * H + j] + rg * y[2 * H + j]);
-                h[o] = (1.0f - z) * nn + z * h_prev[o];
-                a[j] = rg, a[H + j] = z, a[2 * H + j] = nn, a[3 * H + j] = y[2 * H + j];
+                const double rg = ref_sig(gate[0]), z = ref_sig(gate[1]);
+                const double nn = tanh(gate[2] + rg * (double)y[2 * H + j]);
+                h[o] = (float)((1.0 - z) * nn + z * (double)h_prev[o]);
+                a[j] = (float)rg, a[H + j] = (float)z, a[2 * H + j] = (float)nn, a[3 * H + j] = y[2 * H + j];
             } else {
-                const float i = ref_sigmoid(x[j] + y[j]), f = ref_sigmoid(x[H + j] + y[H + j]);
-                const float g = tanhf(x[2 * H + j] + y[2 * H + j]), og = ref_sigmoid(x[3 * H + j] + y[3 * H + j]);
-                c[o] = f * c_prev[o] + i * g;
-                h[o] = og * tanhf(c[o]);
-                a[j] = i, a[H + j] = f, a[2 * H + j] = g, a[3 * H + j] = og;
+                const double i = ref_sig(gate[0]), f = ref_sig(gate[1]), g = tanh(gate[2]), og = ref_sig(gate[3]);
+                const double cc = f * (double)c_prev[o] + i * g;
+                c[o] = (float)cc;
+                h[o] = (float)(og * tanh(cc));
+                a[j] = (float)i, a[H + j] = (float)f, a[2 * H + j] = (float)g, a[3 * H + j] = (float)og;
             }
         }
     }
@@ -1108,23 +1113,23 @@ static ps_status ref_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, co
         float *gx = dgx + r * G * H, *gh = dgh + r * G * H;
         for (int64_t j = 0; j < H; j++) {
             const int64_t o = r * H + j;
-            if (d->gru) {
-                const float rg = a[j], z = a[H + j], nn = a[2 * H + j], ghn = a[3 * H + j];
-                const float dn = dh[o] * (1.0f - z) * (1.0f - nn * nn);
-                const float dz = dh[o] * (h_prev[o] - nn) * z * (1.0f - z);
-                const float dr = dn * ghn * rg * (1.0f - rg);
-                gx[j] = gh[j] = dr;
-                gx[H + j] = gh[H + j] = dz;
-                gx[2 * H + j] = dn;
-                gh[2 * H + j] = dn * rg;
-                dh_prev[o] = dh[o] * z;
-            } else {
-                const float i = a[j], f = a[H + j], g = a[2 * H + j], og = a[3 * H + j], tc = tanhf(c[o]);
-                const float dcc = dc[o] + dh[o] * og * (1.0f - tc * tc);
-                const float v[4] = {dcc * g * i * (1.0f - i), dcc * c_prev[o] * f * (1.0f - f),
-                                    dcc * i * (1.0f - g * g), dh[o] * tc * og * (1.0f - og)};
-                for (int k = 0; k < 4; k++) gx[k * H + j] = gh[k * H + j] = v[k];
-                dc[o] = dcc * f;
+            const double g0 = a[j], g1 = a[H + j], g2 = a[2 * H + j], g3 = a[3 * H + j], up = dh[o];
+            if (d->gru) {            /* g0 r, g1 z, g2 n, g3 gh_n */
+                const double dn = up * (1.0 - g1) * (1.0 - g2 * g2);
+                const double dz = up * ((double)h_prev[o] - g2) * g1 * (1.0 - g1);
+                const double dr = dn * g3 * g0 * (1.0 - g0);
+                gx[j] = gh[j] = (float)dr;
+                gx[H + j] = gh[H + j] = (float)dz;
+                gx[2 * H + j] = (float)dn;
+                gh[2 * H + j] = (float)(dn * g0);
+                dh_prev[o] = (float)(up * g1);
+            } else {                 /* g0 i, g1 f, g2 g, g3 o */
+                const double tc = tanh((double)c[o]);
+                const double dcc = (double)dc[o] + up * g3 * (1.0 - tc * tc);
+                const double v[4] = {dcc * g2 * g0 * (1.0 - g0), dcc * (double)c_prev[o] * g1 * (1.0 - g1),
+                                     dcc * g0 * (1.0 - g2 * g2), up * tc * g3 * (1.0 - g3)};
+                for (int k = 0; k < 4; k++) gx[k * H + j] = gh[k * H + j] = (float)v[k];
+                dc[o] = (float)(dcc * g1);
                 dh_prev[o] = 0.0f;
             }
         }

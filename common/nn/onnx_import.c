@@ -1448,31 +1448,25 @@ static int scalar_const(imp *im, val *c, double *v) {
     return 1;
 }
 
-/* x * value: a MulConstant node (attention's scores / sqrt(d) is a Div by a Constant). */
-static ps_status mul_const(imp *im, val *x, double value) {
+/* x * value or x + value: a MulConstant or AddConstant node of kind. */
+static ps_status const_node(imp *im, val *x, const char *kind, double value) {
     ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
     if (rc) return rc;
     int xin = x->node;
-    int pn = emit(im, "MulConstant", NULL, NULL, NULL, 1, &xin);
+    int pn = emit(im, kind, NULL, NULL, NULL, 1, &xin);
     if (pn < 0) return oom(im);
     char b[64];
     add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
+
+/* x * value (attention's scores / sqrt(d) is a Div by a Constant) */
+static ps_status mul_const(imp *im, val *x, double value) { return const_node(im, x, "MulConstant", value); }
 
 /* ---- elementwise math (users' own layers: x + c, a - b, c - x, x ** c, exp, log, ...) ---- */
 
-/* x + value: an AddConstant node. */
-static ps_status add_const(imp *im, val *x, double value) {
-    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
-    if (rc) return rc;
-    int xin = x->node;
-    int pn = emit(im, "AddConstant", NULL, NULL, NULL, 1, &xin);
-    if (pn < 0) return oom(im);
-    char b[64];
-    add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
-    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
-}
+/* x + value */
+static ps_status add_const(imp *im, val *x, double value) { return const_node(im, x, "AddConstant", value); }
 
 /* An elementwise kind with one attribute line (or none) on x, then (c != NULL) x * c[0] + c[1] as
  * MulConstant and AddConstant nodes where those are not 1 and 0: c - x, c / x. */
