@@ -365,7 +365,9 @@ for cls, line, needle in [("PowByTensor", "eltwise.py:27", "pow of a tensor by a
                           ("ClampByTensor", "eltwise.py:32", "clamp by tensors"),
                           ("SqueezeBatch", "eltwise.py:37", "unsqueeze of dim 0: the batch"),
                           ("UnevenAdaptiveMax", "eltwise.py:46", "AdaptiveMaxPool2d of (2, 3) to (4, 4): psd pools "
-                                                                 "adaptively to sizes that divide")]:
+                                                                 "adaptively to sizes that divide"),
+                          ("CentreFeatures", "eltwise.py:51", "a - b of a (6,) and a (1,) tensor (per sample): psd's "
+                                                              "Sub takes one shape")]:
     rc, msg = run([ELT + ":" + cls, "--input-shape", "6", "-o", os.path.join(out, "x.yaml")])
     if rc == 0 or line not in msg or needle not in msg:
         failures.append(f"{cls}: expected a refusal naming '{needle}' at {line}, got rc {rc}: {msg}")

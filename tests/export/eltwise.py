@@ -44,3 +44,8 @@ class UnevenAdaptiveMax(nn.Module):
 
     def forward(self, x):
         return self.pool(x.reshape(x.shape[0], 1, 2, 3))   # REFUSED_ADAPTIVE_MAX
+
+
+class CentreFeatures(nn.Module):
+    def forward(self, x):
+        return x - x.mean(dim=1, keepdim=True)   # REFUSED_SUB_BROADCAST
