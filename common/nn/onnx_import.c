@@ -1403,6 +1403,19 @@ static int fold_bias(imp *im, const val *x, val *c) {
 static int scalar_const(imp *im, val *c, double *v);
 static ps_status add_const(imp *im, val *x, double value);
 
+/* kind (Add, Sub) of two computed float values of one shape; verb names the op in the refusal of others. */
+static ps_status same_shape_pair(imp *im, val *a, val *b, const char *kind, const char *verb) {
+    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
+    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
+    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
+        return unsup(im, "%s '%s' and '%s' of different shapes (psd's %s takes one shape; broadcasting between "
+                     "computed values is not supported)", verb, a->name, b->name, kind);
+    int ins[2] = {a->node, b->node};
+    int s = emit(im, kind, NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
 static ps_status h_add(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
@@ -1425,15 +1438,7 @@ static ps_status h_add(imp *im) {
         if (s < 0) return oom(im);
         return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
     }
-    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
-    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
-    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
-        return unsup(im, "adding '%s' and '%s' of different shapes (psd's Add takes one shape; broadcasting "
-                     "between computed values is not supported)", a->name, b->name);
-    int ins[2] = {a->node, b->node};
-    int s = emit(im, "Add", NULL, NULL, NULL, 2, ins);
-    if (s < 0) return oom(im);
-    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+    return same_shape_pair(im, a, b, "Add", "adding");
 }
 
 /* ---- attention written by hand: scalar factors, products of two values, Split ---- */
@@ -1557,15 +1562,7 @@ static ps_status h_sub(imp *im) {
     if (a->kind != VK_DATA || b->kind != VK_DATA)
         return unsup(im, "Sub of a constant tensor ('%s'): psd subtracts numbers or computed values",
                      a->kind != VK_DATA ? a->name : b->name);
-    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
-    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
-    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
-        return unsup(im, "subtracting '%s' and '%s' of different shapes (psd's Sub takes one shape; broadcasting "
-                     "between computed values is not supported)", a->name, b->name);
-    int ins[2] = {a->node, b->node};
-    int s = emit(im, "Sub", NULL, NULL, NULL, 2, ins);
-    if (s < 0) return oom(im);
-    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+    return same_shape_pair(im, a, b, "Sub", "subtracting");
 }
 
 /* 1 when initializer `name` is a state_dict name (module path, then a word) whose last word is not
