@@ -2125,16 +2125,17 @@ static const char *sub_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     return ops->copy2d && ops->scale && ops->add ? NULL : "copy2d/scale/add";
 }
 
-/* dst = src * f */
-static ps_status copy_scaled(const ps_layer_call *c, const float *src, float *dst, int64_t count, float f,
+/* dst = src * f (dst == src allowed: then only the scale; f 1: only the copy). Sub's and MulConstant's. */
+static ps_status scaled_copy(const ps_layer_call *c, const float *src, float *dst, int64_t count, float f,
                              ps_err *err) {
-    ps_status rc = c->be->ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
+    ps_status rc = PS_OK;
+    if (dst != src) rc = c->be->ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
     return rc || f == 1.0f ? rc : c->be->ops->scale(c->be->impl, count, dst, f, err);
 }
 
 static ps_status sub_forward(ps_layer_call *c, ps_err *err) {
     const int64_t count = ps_layer_out_count(c->ly, c->n);
-    ps_status rc = copy_scaled(c, c->xs[1], c->y, count, -1.0f, err);
+    ps_status rc = scaled_copy(c, c->xs[1], c->y, count, -1.0f, err);
     return rc ? rc : c->be->ops->add(c->be->impl, count, c->y, c->xs[0], err);
 }
 
@@ -2142,7 +2143,7 @@ static ps_status sub_backward(ps_layer_call *c, ps_err *err) {
     const int64_t count = ps_layer_out_count(c->ly, c->n);
     ps_status rc = PS_OK;
     for (int i = 0; i < 2 && rc == PS_OK; i++)
-        if (c->dxs[i]) rc = copy_scaled(c, c->dy, c->dxs[i], count, i ? -1.0f : 1.0f, err);
+        if (c->dxs[i]) rc = scaled_copy(c, c->dy, c->dxs[i], count, i ? -1.0f : 1.0f, err);
     return rc;
 }
 
@@ -3237,20 +3238,13 @@ static const char *mulconst_missing(const ps_layer *ly, const ps_backend_ops *op
     return ops->scale && ops->copy2d ? NULL : "scale/copy2d";
 }
 
-/* dst = src * v (dst == src allowed: then only the scale). */
-static ps_status scaled_copy(const ps_layer_call *c, const float *src, float *dst, int64_t count, ps_err *err) {
-    ps_status rc = PS_OK;
-    if (dst != src) rc = c->be->ops->copy2d(c->be->impl, 1, count, src, count, dst, count, 0, err);
-    return rc ? rc : c->be->ops->scale(c->be->impl, count, dst, (float)c->ly->a.value, err);
-}
-
 static ps_status mulconst_forward(ps_layer_call *c, ps_err *err) {
-    return scaled_copy(c, c->x, c->y, ps_layer_out_count(c->ly, c->n), err);
+    return scaled_copy(c, c->x, c->y, ps_layer_out_count(c->ly, c->n), (float)c->ly->a.value, err);
 }
 
 static ps_status mulconst_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return scaled_copy(c, c->dy, c->dx, ps_layer_out_count(c->ly, c->n), err);
+    return scaled_copy(c, c->dy, c->dx, ps_layer_out_count(c->ly, c->n), (float)c->ly->a.value, err);
 }
 
 /* ---- MaskedFill: x.masked_fill(mask, value) with a constant mask that is
