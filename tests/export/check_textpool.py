@@ -15,7 +15,8 @@ training forwards, every parameter gradient of one backward against float64 auto
 float32's own error or 1e-4 of the tensor's largest), the step, a strict load_state_dict of psd's tensors.
 The token ids hold the padding ids, so a padding row's gradient is PyTorch's zeros only if psd leaves it
 out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop (a padding
-row never moves). And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
+row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
+import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim).
 
     check_textpool.py BUILD_DIR TMP_DIR
@@ -94,7 +95,31 @@ def main():
         cr.run(label, stub, stepped, x, target, ref64=True)
         check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
         p.kill()
+    onnx_paths()
     refusals(pe)
+
+
+def onnx_paths():
+    """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
+    with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
+    carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
+    (a ReduceMin to one value per sample) refused naming it."""
+    model, _ = moved(MaxTokens, "textpool_onnx")
+    x, target = inputs(MaxTokens, 1)
+    x[x == VOCAB - 1] = 3
+    path = os.path.join(cr.TMP, "maxtokens.onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd("textpool_onnx", "onnx: %s" % path, [])
+    cr.run("MaxTokens (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    path = os.path.join(cr.TMP, "maxrows.onnx")
+    torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    rc, out = cr.check_config(path)
+    last = out.strip().splitlines()[-1] if out.strip() else "no output"
+    cr.check(rc != 0 and "ReduceMin" in last and "a min to one value per sample" in last,
+             "MaxRows' ONNX export (torch.amin to one value per sample) refused naming it (%s)" % last)
 
 
 def refusals(pe):
