@@ -1,5 +1,5 @@
-"""Text and feature models as users write them around reductions over a dim and the embedding options
-(tests/export/check_textpool.py trains each through psd against PyTorch):
+"""Models as users write them around ops beyond psd's kinds (reductions over a dim, the embedding options, shape moves)
+(tests/export/check_userops.py trains each through psd against PyTorch):
 
 TextCNN    token ids -> nn.Embedding(padding_idx=0) -> Conv1d of widths 2, 3, 4 -> max over time as
            F.max_pool1d(h, h.size(2)).squeeze(2) (the window read from the shape) -> torch.cat -> nn.Linear.
@@ -9,10 +9,13 @@ MaxTokens  token ids -> nn.Embedding(padding_idx=-1) -> nn.Linear -> torch.max(h
 Bags       token ids -> nn.EmbeddingBag of modes mean, sum (with padding_idx) and max -> torch.cat ->
            nn.Linear.
 MaxRows    features (N, 4, 6) -> a Linear -> h.max(dim=2).values and torch.amin(h, (1, 2)) -> nn.Linear.
+ShapeMoves images (N, 1, 6, 6) -> nn.ZeroPad2d, Conv2d, nn.ConstantPad2d, nn.PixelShuffle, Conv2d,
+           F.pixel_unshuffle, torch.stack with nn.Softmin of it, F.layer_norm(v, v.shape[-1:]), x.repeat ->
+           nn.Linear.
 
 And for psd-export's refusals: BagWeights (an EmbeddingBag called with per_sample_weights), BagMeanPad (mode mean with
 padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding's max_norm), ArgMax (the
-indices of x.max(dim) read).
+indices of x.max(dim) read), RepeatBatch (x.repeat along the batch).
 """
 import torch
 import torch.nn as nn
@@ -73,6 +76,27 @@ class MaxRows(nn.Module):
         return self.fc(torch.cat([h.max(dim=2).values, torch.amin(h, (1, 2)).unsqueeze(1)], 1))
 
 
+
+class ShapeMoves(nn.Module):
+    """Super-resolution's nn.PixelShuffle and F.pixel_unshuffle, nn.ZeroPad2d and nn.ConstantPad2d, torch.stack,
+    x.repeat, nn.Softmin and F.layer_norm(x, x.shape[-1:]) on (N, 1, 6, 6) images."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.pad = nn.ZeroPad2d((1, 0, 2, 1))
+        self.conv = nn.Conv2d(1, 8, 3)                               # (8, 7, 5)
+        self.cpad = nn.ConstantPad2d((0, 1, 0, 1), 0.5)              # (8, 8, 6)
+        self.up = nn.PixelShuffle(2)                                 # (2, 16, 12)
+        self.mix = nn.Conv2d(2, 4, 3, stride=2, padding=1)           # (4, 8, 6)
+        self.softmin = nn.Softmin(dim=1)
+        self.fc = nn.Linear(2 * 192 + 3 * 16, classes)
+
+    def forward(self, x):
+        h = self.mix(self.up(self.cpad(self.conv(self.pad(x)))))
+        d = F.pixel_unshuffle(h, 2)                                  # (16, 4, 3)
+        s = torch.stack([d.flatten(1), self.softmin(d).flatten(1)], dim=1)   # (2, 192)
+        r = F.layer_norm(d.mean((2, 3)), d.mean((2, 3)).shape[-1:]).unsqueeze(1).repeat(1, 3, 1)   # (3, 16)
+        return self.fc(torch.cat([s.flatten(1), r.flatten(1)], 1))
+
 class BagWeights(nn.Module):
     def __init__(self):
         super().__init__()
@@ -120,3 +144,12 @@ class ArgMax(nn.Module):
     def forward(self, ids):
         v, i = self.emb(ids).max(dim=1)
         return v + i
+
+
+class RepeatBatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.fc(x).repeat(2, 1)
