@@ -10,6 +10,7 @@ options, shape moves
   MaxRows    x.max(dim=2).values and torch.amin(x, (1, 2)) of (N, 4, 6) features, the input gradient too
   ShapeMoves nn.ZeroPad2d, nn.ConstantPad2d, nn.PixelShuffle, F.pixel_unshuffle, torch.stack, nn.Softmin,
              F.layer_norm(v, v.shape[-1:]), x.repeat on images, the input gradient too
+  Expands    g.unsqueeze(1).expand_as(x) and g.expand(-1, 70) (past 64 copies) of a gate, the input gradient too
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -41,15 +42,15 @@ sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
 import userops  # noqa: E402
-from userops import VOCAB, Bags, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
+from userops import VOCAB, Bags, Expands, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
-         ("ShapeMoves", ShapeMoves)]
-FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], userops.RepeatBatch: [6]}      # float inputs (per sample); the others take token ids
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands)]
+FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], userops.RepeatBatch: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):

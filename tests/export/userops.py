@@ -97,6 +97,20 @@ class ShapeMoves(nn.Module):
         r = F.layer_norm(d.mean((2, 3)), d.mean((2, 3)).shape[-1:]).unsqueeze(1).repeat(1, 3, 1)   # (3, 16)
         return self.fc(torch.cat([s.flatten(1), r.flatten(1)], 1))
 
+
+class Expands(nn.Module):
+    """A gate broadcast by expand_as and a value expanded past 64 copies, on (N, 5, 8) features."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.g = nn.Linear(8, 1)
+        self.out = nn.Linear(40 + 70, classes)
+
+    def forward(self, x):
+        g = torch.sigmoid(self.g(x.mean(1)))                      # (N, 1)
+        h = self.fc(x) * g.unsqueeze(1).expand_as(x)              # (N, 5, 8)
+        return self.out(torch.cat([h.flatten(1), g.expand(-1, 70)], 1))
+
 class BagWeights(nn.Module):
     def __init__(self):
         super().__init__()
