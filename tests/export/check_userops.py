@@ -11,6 +11,8 @@ options, shape moves
   ShapeMoves nn.ZeroPad2d, nn.ConstantPad2d, nn.PixelShuffle, F.pixel_unshuffle, torch.stack, nn.Softmin,
              F.layer_norm(v, v.shape[-1:]), x.repeat on images, the input gradient too
   Expands    g.unsqueeze(1).expand_as(x) and g.expand(-1, 70) (past 64 copies) of a gate, the input gradient too
+  Einsums    two-head attention with torch.einsum: "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...qd,...kd->...kq",
+             "bhdq,bhdk->bhqk" (MatMul with transposes), the input gradient too
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -22,7 +24,7 @@ out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of
 row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
 import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
-along the batch.
+along the batch, an einsum that is not a batched matrix product.
 
     check_userops.py BUILD_DIR TMP_DIR
 """
@@ -42,15 +44,16 @@ sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
 import userops  # noqa: E402
-from userops import VOCAB, Bags, Expands, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
+from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
-         ("ShapeMoves", ShapeMoves), ("Expands", Expands)]
-FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], userops.RepeatBatch: [6]}      # float inputs (per sample); the others take token ids
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums)]
+FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], userops.RepeatBatch: [6],
+            userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -134,7 +137,8 @@ def refusals(pe):
     for cls, want in ((userops.BagWeights, "called with per_sample_weights"), (userops.BagMeanPad, "mode 'mean' with padding_idx"),
                       (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
                       (userops.ArgMax, "the indices of"),
-                      (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch")):
+                      (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
+                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc, _ = export(pe, cls, "refused_" + cls.__name__)

@@ -15,7 +15,8 @@ ShapeMoves images (N, 1, 6, 6) -> nn.ZeroPad2d, Conv2d, nn.ConstantPad2d, nn.Pix
 
 And for psd-export's refusals: BagWeights (an EmbeddingBag called with per_sample_weights), BagMeanPad (mode mean with
 padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding's max_norm), ArgMax (the
-indices of x.max(dim) read), RepeatBatch (x.repeat along the batch).
+indices of x.max(dim) read), RepeatBatch (x.repeat along the batch), EinsumDot (an einsum that is not a
+batched matrix product).
 """
 import torch
 import torch.nn as nn
@@ -111,6 +112,24 @@ class Expands(nn.Module):
         h = self.fc(x) * g.unsqueeze(1).expand_as(x)              # (N, 5, 8)
         return self.out(torch.cat([h.flatten(1), g.expand(-1, 70)], 1))
 
+
+class Einsums(nn.Module):
+    """Two-head attention on (N, 6, 8) features written with torch.einsum: "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd",
+    an output transposed ("...qd,...kd->...kq": B^T A^T) and a transposed operand ("bhdq,bhdk->bhqk")."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.out = nn.Linear(48 + 72 + 72, classes)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = (f(x).view(n, 6, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))   # (N, 2, 6, 4)
+        att = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.5, dim=-1)
+        o = torch.einsum("bhqk,bhkd->bhqd", att, v)
+        o2 = torch.einsum("...qd,...kd->...kq", q, v)
+        o3 = torch.einsum("bhdq,bhdk->bhqk", q.transpose(-1, -2), k.transpose(-1, -2))
+        return self.out(torch.cat([o.flatten(1), o2.flatten(1), o3.flatten(1)], 1))
+
 class BagWeights(nn.Module):
     def __init__(self):
         super().__init__()
@@ -167,3 +186,12 @@ class RepeatBatch(nn.Module):
 
     def forward(self, x):
         return self.fc(x).repeat(2, 1)
+
+
+class EinsumDot(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.einsum("bi,bi->b", self.a(x), self.b(x)).unsqueeze(1)
