@@ -8,7 +8,12 @@ user's graph (tests/export/rnn.py) through psd-export, against PyTorch:
            as h[-1] of out, h = gru(x); a 2-layer GRU without bias read as
            out[:, -1, :]; an LSTM read as h_n[-1] of _, (h_n, _) = lstm(x);
   SeqRNN   features (N, T, F) -> a 2-layer nn.GRU / nn.LSTM -> nn.Linear of
-           the flattened output sequence, its input gradient too.
+           the flattened output sequence, its input gradient too;
+  bidirectional (both directions of each layer feeding the next): a 2-layer
+           LSTM read as torch.cat((h_n[-2], h_n[-1]), dim=1), a GRU read as
+           h = h_n[-2:]; torch.cat((h[0], h[1]), 1), a 3-layer GRU without
+           bias read as h[-1] (the reverse direction's), a 4-layer GRU read
+           as out[:, -1] (both directions), a 2-layer LSTM over features.
 
 Every parameter is moved off its initial value, psd started with
 --init-from those values, and each model checked by check_resnet.py's run()
@@ -26,7 +31,7 @@ eval forward is PyTorch's. ps-train fit trains an exported GRU text
 classifier through psd (Adam) on .npy files whose label is the first of 6
 tokens mod 4 - read at the last step, so only the recurrence carries it
 (chance: 25 %) - to at least 90 % test accuracy. And refusals naming what: batch_first=False,
-bidirectional, an LSTM's c_n read, h_n[0] of a 2-layer RNN; the models'
+an LSTM's c_n read, h_n[0] of a 2-layer RNN (one direction or two); the models'
 ONNX exports (training and eval), which psd's ONNX import refuses naming the
 LSTM or GRU node and pointing to psd-export.
 
@@ -66,6 +71,16 @@ CASES = [
     ("LSTM, h_n[-1] of _, (h_n, _)", TextRNN, {"read": "h_n", "hidden": 7}),
     ("2-layer GRU over features, the whole sequence", SeqRNN, {}),
     ("2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM"}),
+    # bidirectional: h_n (num_layers * 2, N, H), the last layer's rows h_n[-2] (forward) and h_n[-1] (reverse)
+    ("bidirectional 2-layer LSTM, torch.cat((h_n[-2], h_n[-1]), dim=1)", TextRNN,
+     {"bidirectional": True, "num_layers": 2, "read": "cat"}),
+    ("bidirectional GRU, h = h_n[-2:]; torch.cat((h[0], h[1]), 1)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "read": "slice", "hidden": 9}),
+    ("bidirectional 3-layer GRU without bias, h[-1] (the reverse direction's) of out, h", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "num_layers": 3, "bias": False, "read": "h"}),
+    ("bidirectional 4-layer GRU, out[:, -1] (both directions)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "num_layers": 4, "hidden": 16}),
+    ("bidirectional 2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM", "bidirectional": True}),
 ]
 
 
@@ -225,7 +240,8 @@ def fit(pe):
 def refusals():
     for kw, want in (
             ({"batch_first": False}, "batch_first=False: psd's batch is the first dimension"),
-            ({"bidirectional": True}, "bidirectional=True: psd's LSTM runs forward in time only"),
+            ({"bidirectional": True, "read": "h0", "num_layers": 2},
+             "h_n[0] of 'rnn' (LSTM, 2 layers, bidirectional) at"),
             ({"read": "c"}, "c_n of 'rnn' (LSTM) is read at"),
             ({"read": "h0", "num_layers": 2}, "h_n[0] of 'rnn' (LSTM, 2 layers)"),
             ({"read": "h0", "num_layers": 2, "cell": "GRU"}, "h_n[0] of 'rnn' (GRU, 2 layers)")):
