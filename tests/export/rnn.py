@@ -4,7 +4,7 @@ recurrent layers (tests/export/check_rnn.py trains each against PyTorch).
 TextRNN: token ids (N, T) -> nn.Embedding -> nn.LSTM or nn.GRU (batch_first=True) -> the last step -> nn.Linear.
 read selects how the last step is read: "out" (out, _ = rnn(x); out[:, -1]), "out3" (out[:, -1, :]), "h"
 (out, (h, c) = lstm(x) / out, h = gru(x); h[-1]), "h_n" (_, (h_n, _) = lstm(x); h_n[-1]), and for the
-refusals "c" (an LSTM's c_n[-1]), "h0" (h[0] of a 2-layer RNN: not the last layer), "hx" (an initial state).
+refusals "c" (an LSTM's c_n[-1]), "h0" (h[0] of a 2-layer RNN: not the last layer), "hx" (an initial state: zeros; "hx1" ones).
 Bidirectional ones also "cat" (torch.cat((h_n[-2], h_n[-1]), dim=1): the last layer's two directions) and
 "slice" (h = h_n[-2:]; torch.cat((h[0], h[1]), 1)); read "h" of a bidirectional one is its reverse direction's
 final state (h[-1]) alone, and "out" both directions at the last step.
@@ -57,8 +57,8 @@ class TextRNN(nn.Module):
         elif self.read == "h0":
             _, h = self.rnn(x)
             last = (h[0] if self.cell == "GRU" else h[0][0])
-        elif self.read == "hx":
-            h0 = x.new_zeros(self.rnn.num_layers, x.shape[0], self.rnn.hidden_size)
+        elif self.read in ("hx", "hx1"):   # zeros; hx1: ones
+            h0 = x.new_full((self.rnn.num_layers, x.shape[0], self.rnn.hidden_size), float(self.read == "hx1"))
             out, _ = self.rnn(x, h0 if self.cell == "GRU" else (h0, h0))
             last = out[:, -1]
         else:
