@@ -160,9 +160,9 @@ static void test_errors(void) {
                "      - {name: b, kind: LSTM, hidden_size: 4}\n", 1, 7,
                "node 'b' (LSTM): per-sample input of one dimension: psd runs an LSTM over (L, input_size) sequences",
                NULL);
-    expect_err("lstm_bidir.yaml", SEQ "      - {name: r, kind: LSTM, hidden_size: 4, batch_first: true, "
-               "bidirectional: true}\n", 1, 6, "node 'r' (LSTM): input (5, 3)",
-               "bidirectional: true: psd's LSTM runs forward in time only");
+    expect_err("lstm_bidir_step.yaml", HEAD "      - {name: r, kind: LSTM, hidden_size: 4, bidirectional: true}\n",
+               1, 6, "node 'r' (LSTM): input (8)",
+               "bidirectional: the trainer's LSTM (a per-step input of one dimension) has biases and one direction");
     expect_err("gru_seq_first.yaml", SEQ "      - {name: r, kind: GRU, hidden_size: 4}\n", 1, 6,
                "node 'r' (GRU): input (5, 3)",
                "batch_first is false: psd's batch is the first dimension");
