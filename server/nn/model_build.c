@@ -72,6 +72,9 @@ void ps_model_free(ps_model *m) {
     if (m->def_params)
         for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
     free(m->def_params);
+    for (int i = 0; i < m->nalias; i++) free(m->alias_name[i]);
+    free(m->alias_name);
+    free(m->alias_owner);
     if (m->buffers)
         for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
     free(m->buffers);
@@ -583,6 +586,30 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
             }
         }
         h += hosted[ds];
+    }
+    int na = 0;   /* tied parameters' other names (tie:, not share:) */
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) na += seq[ds]->layers[l].def->ntie;
+    m->alias_name = calloc((size_t)na + 1, sizeof *m->alias_name);
+    m->alias_owner = calloc((size_t)na + 1, sizeof *m->alias_owner);
+    if (!m->alias_name || !m->alias_owner) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++) {
+            const ps_node_def *nd = st->layers[l].def;
+            for (int t = 0; t < nd->ntie; t++) {
+                char *owner = join_name(m->def->nodes[nd->ties[t].node].name, nd->ties[t].owner_suffix);
+                char *name = join_name(nd->name, nd->ties[t].suffix);
+                int o = -1;
+                for (int i = 0; owner && i < m->ndef_params && o < 0; i++)
+                    if (!strcmp(m->def_params[i].name, owner)) o = i;
+                free(owner);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                PS_ASSERT(o >= 0 && "a tie's owner is a parameter of the definition");
+                m->alias_name[m->nalias] = name;
+                m->alias_owner[m->nalias++] = o;
+            }
+        }
     }
     int nb = 0;   /* and every buffer */
     for (int ds = 0; ds < m->def->nstages; ds++)

@@ -150,6 +150,9 @@ struct ps_model {
     int nbuffers;
     ps_buffer_info *def_buffers; /* every buffer of the definition (ndef_buffers) */
     int ndef_buffers;
+    char **alias_name;       /* tied parameters' other state_dict names (nalias) ... */
+    int *alias_owner;        /* ... and their owners' indices in def_params */
+    int nalias;
     int nsparse;
     int ndropout;
     int64_t total_weights;
