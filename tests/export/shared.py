@@ -1,8 +1,9 @@
 """Modules whose parameters are used at several sites, for tests/it_shared.sh:
 
   Siamese   one convolutional encoder applied to both images of a sample
-            (N, 2, C, H, W), split by indexing; the two embeddings and their
-            difference joined into a head
+            (N, 2, H, W), split by indexing (x[:, 0:1], x[:, 1:2]: one
+            channel each); the two embeddings and their difference joined
+            into a head
   Repeated  an ALBERT-style block (Linear, LayerNorm, Tanh) applied three
             times, `for _ in range(k): x = x + self.block(x)`, and one
             attention module applied twice
@@ -15,15 +16,15 @@ import torch.nn as nn
 
 
 class Siamese(nn.Module):
-    def __init__(self, c=2, hw=6, emb=8, classes=3):
+    def __init__(self, hw=6, emb=8, classes=3):
         super().__init__()
-        self.encoder = nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+        self.encoder = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
                                      nn.Linear(4 * hw * hw, emb))
         self.head = nn.Linear(3 * emb, classes)
 
     def forward(self, x):
-        a = self.encoder(x[:, 0])
-        b = self.encoder(x[:, 1])
+        a = self.encoder(x[:, 0:1])
+        b = self.encoder(x[:, 1:2])
         return self.head(torch.cat([a, b, a - b], dim=1))
 
 
