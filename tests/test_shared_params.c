@@ -14,14 +14,20 @@
  * path, ps_model_backward_group: each part's gradients its own, summed
  * over the sites) against each part alone, that the parameter is listed
  * once under its owner, that an SGD step moves every site (one storage),
- * and the model-file refusals (file:line naming both nodes). */
+ * a tied model's checkpoint (both state_dict keys, one value; it loads
+ * back) and init files (the alias key accepted when it equals its owner,
+ * refused naming both when not), and the model-file refusals (file:line
+ * naming both nodes). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "check.h"
+#include "checkpoint.h"
 #include "model.h"
+#include "safetensors.h"
 #include "support/tmpdir.h"
 
 #define OKE(expr) do { ps_status rc_ = (expr); CHECK_MSG(rc_ == PS_OK, "%s", err.msg); } while (0)
@@ -320,6 +326,67 @@ done:
     ps_model_free(ref);
 }
 
+/* A tied model's checkpoint holds both keys with one value and loads back;
+ * an init file with the alias key is taken when it equals the owner's and
+ * refused naming both when it does not. */
+static void test_tied_files(void) {
+    ps_err err = {0};
+    ps_model *m = build("tied", TIED, "ref", &err), *m2 = NULL;
+    CHECK_MSG(m, "%s", err.msg);
+    if (!m) return;
+    CHECK(ps_model_num_aliases(m) == 1);
+    int owner = -1;
+    const char *alias = ps_model_alias(m, 0, &owner);
+    CHECK_MSG(alias && !strcmp(alias, "decoder.weight") && owner >= 0 &&
+              !strcmp(ps_model_def_param(m, owner)->name, "encoder.weight"), "alias %s of %d", alias ? alias : "-",
+              owner);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
+    CHECK(mkdir(dir, 0700) == 0);
+    ps_ckpt_info info;
+    OKE(ps_ckpt_save(m, dir, 0, 1, &info, &err));
+    ps_st_file *f = ps_st_read(info.path, &err);
+    CHECK_MSG(f, "%s", err.msg);
+    const ps_st_tensor *a = f ? ps_st_find(f, "decoder.weight") : NULL, *o = f ? ps_st_find(f, "encoder.weight") : NULL;
+    CHECK_MSG(a && o && a->bytes == o->bytes && !memcmp(a->data, o->data, a->bytes),
+              "the checkpoint holds decoder.weight equal to encoder.weight");
+    const char *pm = f ? ps_st_metadata(f, "psd.params") : NULL;
+    CHECK_MSG(pm && strstr(pm, "decoder.weight@s:10,6"), "psd.params lists the alias: %s", pm ? pm : "(none)");
+    m2 = build("tied", TIED, "ref", &err);
+    if (m2) {
+        OKE(ps_ckpt_load(m2, info.path, NULL, &err));
+        int64_t n1 = 0, n2 = 0;
+        float *w1 = param_values(m, "encoder.weight", &n1), *w2 = param_values(m2, "encoder.weight", &n2);
+        CHECK(w1 && w2 && n1 == n2 && !memcmp(w1, w2, (size_t)n1 * sizeof(float)));
+        free(w1);
+        free(w2);
+    }
+    /* init files: the state_dict of PyTorch's tied module, then one whose alias differs */
+    if (f) {
+        ps_st_tensor t[4];
+        int k = 0;
+        for (size_t i = 0; i < ps_st_count(f) && k < 4; i++) t[k++] = *ps_st_get(f, i);
+        char path[300];
+        snprintf(path, sizeof path, "%s/init.safetensors", g_dir);
+        const char *meta[] = {NULL};
+        OKE(ps_st_write(path, t, (size_t)k, meta, &err));
+        if (m2) OKE(ps_ckpt_init_from(m2, path, &err));
+        float *other = malloc(a->bytes);
+        memcpy(other, a->data, a->bytes);
+        other[5] += 1.0f;
+        for (int i = 0; i < k; i++)
+            if (!strcmp(t[i].name, "decoder.weight")) t[i].data = other;
+        OKE(ps_st_write(path, t, (size_t)k, meta, &err));
+        ps_status rc = m2 ? ps_ckpt_init_from(m2, path, &err) : PS_OK;
+        CHECK_MSG(rc == PS_ERR_INVALID_ARGUMENT && strstr(err.msg, "tensor 'decoder.weight' differs from "
+                                                          "'encoder.weight'"), "%s", err.msg);
+        free(other);
+    }
+    ps_st_free(f);
+    ps_model_free(m);
+    ps_model_free(m2);
+}
+
 /* A refused model: the error names the file's line and what. */
 static void refused(const char *name, const char *text, const char *want1, const char *want2) {
     ps_err err = {0};
@@ -379,6 +446,7 @@ int main(void) {
         test_chain(backends[b]);
         test_tied(backends[b]);
     }
+    test_tied_files();
     test_refusals();
     test_rmtree(g_dir);
     return check_summary("test_shared_params");
