@@ -32,6 +32,8 @@
 
 #define OKE(expr) do { ps_status rc_ = (expr); CHECK_MSG(rc_ == PS_OK, "%s", err.msg); } while (0)
 
+#define MAXP 16
+
 static char g_dir[256];
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -210,6 +212,17 @@ static const char *CHAIN_REF =
     "      - {name: block_1, kind: Linear, in_features: 5, out_features: 5}\n"
     "      - {name: a2, kind: Tanh}\n"
     "      - {name: block_2, kind: Linear, in_features: 5, out_features: 5}\n";
+/* one attention module applied twice (its kind computes each part's parameter gradients in one call) */
+static const char *ATTN =
+    "name: attn\nstages:\n  - name: s\n    input: {shape: [3, 4]}\n    nodes:\n"
+    "      - {name: att, kind: MultiheadAttention, embed_dim: 4, num_heads: 2, batch_first: true}\n"
+    "      - {name: t, kind: Tanh}\n"
+    "      - {name: att_1, kind: MultiheadAttention, embed_dim: 4, num_heads: 2, batch_first: true, share: att}\n";
+static const char *ATTN_REF =
+    "name: attn_ref\nstages:\n  - name: s\n    input: {shape: [3, 4]}\n    nodes:\n"
+    "      - {name: att, kind: MultiheadAttention, embed_dim: 4, num_heads: 2, batch_first: true}\n"
+    "      - {name: t, kind: Tanh}\n"
+    "      - {name: att_1, kind: MultiheadAttention, embed_dim: 4, num_heads: 2, batch_first: true}\n";
 static const char *TIED =
     "name: tied\nstages:\n  - name: s\n    input: {shape: [4], dtype: int64}\n    nodes:\n"
     "      - {name: encoder, kind: Embedding, num_embeddings: 10, embedding_dim: 6}\n"
@@ -294,6 +307,36 @@ static void test_chain(const char *backend) {
     snprintf(label, sizeof label, "%s block applied three times", backend);
     compare(label, sh, ref, map, 2, x, 5, 5, 1, 5);
     compare_group(label, sh, x, 2, 3, 5 * sizeof(float), 5);
+done:
+    ps_model_free(sh);
+    ps_model_free(ref);
+}
+
+static void test_attention(const char *backend) {
+    ps_err err = {0};
+    ps_model *sh = build("attn", ATTN, backend, &err), *ref = NULL;
+    CHECK_MSG(sh, "%s", err.msg);
+    if (sh) ref = build("attn_ref", ATTN_REF, backend, &err);
+    CHECK_MSG(ref, "%s", err.msg);
+    if (!sh || !ref) goto done;
+    site_map map[MAXP];
+    char names[MAXP][2][96];
+    int np = ps_model_num_params(sh);
+    CHECK(np == ps_model_num_params(ref) / 2);
+    for (int i = 0; i < np && i < MAXP; i++) {
+        const char *nm = ps_model_param(sh, i)->name;   /* att.<suffix> */
+        snprintf(names[i][0], sizeof names[i][0], "%s", nm);
+        snprintf(names[i][1], sizeof names[i][1], "att_1%s", nm + 3);
+        copy_param(ref, names[i][0], sh, nm);
+        copy_param(ref, names[i][1], sh, nm);
+        map[i] = (site_map){nm, {names[i][0], names[i][1], NULL}};
+    }
+    float x[6 * 12];
+    for (int i = 0; i < 72; i++) x[i] = frand();
+    char label[64];
+    snprintf(label, sizeof label, "%s attention applied twice", backend);
+    compare(label, sh, ref, map, np, x, 6, 12, 1, 12);
+    compare_group(label, sh, x, 2, 4, 12 * sizeof(float), 12);
 done:
     ps_model_free(sh);
     ps_model_free(ref);
@@ -444,6 +487,7 @@ int main(void) {
     for (int b = 0; b < 2; b++) {
         test_twice(backends[b]);
         test_chain(backends[b]);
+        test_attention(backends[b]);
         test_tied(backends[b]);
     }
     test_tied_files();
