@@ -24,7 +24,9 @@ with load_state_dict(strict=True); the input gradient of the float models.
 Then psd's checkpoint after that step: the tied model's file holds both
 keys with one value, every tensor equals psd's, the file loads into the
 module with load_state_dict(strict=True) and gives psd's eval forward, and
-a psd restarted from the checkpoint directory resumes those values. And
+a psd restarted from the checkpoint directory resumes those values. The
+same through each module's training-mode ONNX export (the block without
+its attention): an initializer several nodes read is one parameter. And
 psd-export's refusals: a module with buffers called twice, two sites of one
 module cut into different stages.
 
@@ -37,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -163,7 +166,29 @@ def main():
         stepped = copy.deepcopy(model)      # run() steps it as psd's first step
         cr.run(label, stub, stepped, x, target, ref64=True, tied=tied)
         checkpoint(label, name, y, stub, p, stepped, x, tied, ckdir)
+        onnx(label, name, cls, x, target, tied)
     refusals()
+
+
+def onnx(label, name, cls, x, target, tied):
+    """The module's training-mode ONNX export (opset 13): an initializer read by several nodes (directly or
+    through a Transpose) is one parameter of psd's (share: where a whole node's are, tie: otherwise), named as
+    the state_dict; run() as for psd-export's file. The attention applied twice is left out (psd's ONNX import
+    matches one attention pattern per module, so ALBERT's attention exports through psd-export only)."""
+    kw = {"attention": False} if cls is Repeated else {}
+    model, _ = moved(cls, kw, name + "_onnx")
+    path = os.path.join(cr.TMP, name + "_train.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, opset_version=13)
+    rc, out = cr.check_config(path)
+    want = ["shared: %s is %s (tie" % (a, o) for a, o in tied.items()] if tied else ["(share, stage main)"]
+    cr.check(rc == 0 and all(w in out for w in want), "%s onnx: psd --check-config lists the shared parameters "
+             "(%s): %s" % (label, want, out.strip()[-400:]))
+    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
+    cr.run("%s onnx training export" % label.split(",")[0], stub, model, x, target, ref64=True, tied=tied)
+    p.kill()
 
 
 def refusals():
