@@ -116,6 +116,9 @@ static void test_shared_errors(void) {
     expect_err("tie_shape.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
                "      - name: b\n        kind: Linear\n        out_features: 4\n        tie: {weight: a.weight}\n",
                1, 7, "line 10: b.weight (4, 8) uses a.weight (8, 8) of node 'a' (Linear, line 6)", "one shape");
+    expect_err("tie_init.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - {name: b, kind: Linear, out_features: 8, tie: {weight: a.weight}, init: {weight: zeros}}\n",
+               1, 7, "init.weight of a parameter it uses from 'a' (line 6): give the owner's init", NULL);
     expect_err("sh_buffers.yaml", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 8}\n"
                "      - {name: b, kind: BatchNorm1d, num_features: 8, share: a}\n", 1, 7,
                "share: 'a' (line 6) has buffers (a.running_mean)", NULL);

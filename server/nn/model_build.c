@@ -234,6 +234,13 @@ static int param_index(const ps_layer *ly, const char *suffix) {
     return -1;
 }
 
+/* The line of nd's init: for suffix, 0 when none. */
+static int init_given(const ps_node_def *nd, const char *suffix) {
+    for (int i = 0; i < nd->ninit; i++)
+        if (!strcmp(nd->inits[i].suffix, suffix)) return nd->inits[i].line;
+    return 0;
+}
+
 /* Node l borrows parameter j from node o's parameter oj: checked (shapes,
  * no shard, not held for a trainer), recorded in the slots. */
 static ps_status borrow(ps_model *m, stage *st, int l, int j, int o, int oj, int line, ps_err *err) {
@@ -259,6 +266,9 @@ static ps_status borrow(ps_model *m, stage *st, int l, int j, int o, int oj, int
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: shares parameters with '%s' (line %d), but a trainer "
                    "runs %s (a parameter-only stage): psd shares parameters of nodes it runs", line, ow->name,
                    ow->def->line, (ly->flags & PS_KIND_PARAMS_ONLY) ? ly->name : ow->name);
+    else if (init_given(ly->def, p->suffix))
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: init.%s of a parameter it uses from '%s' (line %d): give "
+                   "the owner's init", init_given(ly->def, p->suffix), p->suffix, ow->name, ow->def->line);
     else {
         st->slots[l].owner[j] = o;
         st->slots[l].owner_j[j] = oj;
