@@ -257,9 +257,9 @@ static ps_status node_backward_parts(stage *st, const ps_layer_call *c, int l, i
     ps_status rc = PS_OK;
     int begun = 0;
     for (int p = 0; p < parts->k && rc == PS_OK; p++, begun++) {
-        ps_rows *none;
-        rc = ps_exec_dw_begin(st, l, parts->dense[p * PS_MODEL_MAX_STAGES + s], NULL, dw + (size_t)p * PS_LAYER_MAX_PARAMS,
-                              &none, &f[p], err);
+        ps_rows *none;   /* no row-sparse parameter here (above) */
+        rc = ps_exec_dw_begin(st, l, parts->dense[p * PS_MODEL_MAX_STAGES + s], NULL,
+                              dw + (size_t)p * PS_LAYER_MAX_PARAMS, &none, &f[p], err);
         if (rc != PS_OK) break;
     }
     if (rc == PS_OK) {

@@ -316,7 +316,8 @@ static ps_status link_shared(ps_model *m, stage *st, ps_err *err) {
         }
         for (int t = 0; t < nd->ntie; t++) {
             const ps_tie_def *td = &nd->ties[t];
-            int o = td->node - first, j = param_index(ly, td->suffix), oj = param_index(&st->layers[o], td->owner_suffix);
+            int o = td->node - first, j = param_index(ly, td->suffix);
+            int oj = param_index(&st->layers[o], td->owner_suffix);
             if (j < 0 || oj < 0) {
                 const ps_layer *bad = j < 0 ? ly : &st->layers[o];
                 char list[256] = "";
