@@ -74,7 +74,9 @@ typedef struct val {
     /* VK_CONST */
     const ps_onnx_tensor *t;    /* a tensor of the file (initializer, Constant, feed), or NULL */
     int init;                   /* an initializer (or feed): may become a parameter */
-    int bound;                  /* already a parameter of a psd node */
+    int bound;                  /* already a parameter of a psd node ... */
+    int bound_pn, bound_tf;     /* ... which, and read how (a later reader read alike shares it) */
+    char bound_suffix[24];
     int64_t numel;
     double *f;                  /* folded values (numel), or NULL until needed */
     int64_t *q;                 /* the same as integers (when integral) */
@@ -104,6 +106,9 @@ typedef struct pbind {
                                    z, r, h to PyTorch's r, z, n */
     int64_t offset;
     int64_t numel;              /* the parameter's elements (t's, or a scalar broadcast to them) */
+    int tie_pn;                 /* 1 + the psd node whose parameter tie_suffix this one is (an initializer read
+                                   by several nodes: share: / tie:, docs/models.md), 0: its own */
+    char tie_suffix[24];
 } pbind;
 
 typedef struct pnode {
@@ -724,6 +729,21 @@ static const char *float_text(double v, char *buf, size_t cap) {
     return buf;
 }
 
+/* The psd node that holds initializer t whole as a parameter of its own
+ * (*b: the binding), or -1. A later reader of t (directly or through a
+ * Transpose) shares it (share: / tie:). */
+static int lent_by(const imp *im, const ps_onnx_tensor *t, int *b) {
+    for (int i = 0; i < im->npn; i++)
+        for (int k = 0; k < im->pn[i].nb; k++) {
+            const pbind *x = &im->pn[i].b[k];
+            if (x->t == t && !x->offset && !x->tie_pn && x->transform != TF_GATES && x->numel == t->numel) {
+                *b = k;
+                return i;
+            }
+        }
+    return -1;
+}
+
 /* Bind a constant initializer as parameter or buffer suffix of psd node pn. */
 static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel);
 
@@ -735,8 +755,21 @@ static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose
 static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel) {
     if (!c->init || !c->t)
         return unsup(im, "'%s' is computed from other values: psd takes parameters from initializers", c->name);
-    if (c->bound && !offset)
+    int ob = -1, on = c->init && c->t && !offset ? lent_by(im, c->t, &ob) : -1;
+    int again = on >= 0;   /* read by an earlier node too (directly or through a Transpose): one parameter */
+    if (c->bound && !offset && !again)
         return unsup(im, "initializer '%s' is read by two nodes: psd gives every node its own parameters", c->name);
+    if (again) {
+        c->bound_pn = on;
+        c->bound_tf = im->pn[on].b[ob].transform;
+        snprintf(c->bound_suffix, sizeof c->bound_suffix, "%s", im->pn[on].b[ob].suffix);
+    }
+    if (again && (!suffix[0] || !c->bound_suffix[0]))
+        return unsup(im, "initializer '%s' is read by two nodes as a tensor of its own (a Parameter): psd shares "
+                     "a node's named parameters", c->name);
+    if (again && (c->bound_tf != transform || (numel && numel != c->t->numel)))
+        return unsup(im, "initializer '%s' is read by two nodes, %s at one of them: psd shares a parameter that "
+                     "every node reads alike", c->name, transform || c->bound_tf ? "transposed" : "in part");
     pnode *p = &im->pn[pn];
     if (p->nb == (int)(sizeof p->b / sizeof p->b[0])) return bad(im, "too many parameters");
     if (!ps_onnx_dtype_size(c->t->dtype) || c->t->dtype == PS_ONNX_BOOL)
@@ -748,6 +781,14 @@ static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transf
     b->transform = transform;
     b->offset = offset;
     b->numel = numel ? numel : c->t->numel;
+    if (again) {
+        b->tie_pn = c->bound_pn + 1;
+        snprintf(b->tie_suffix, sizeof b->tie_suffix, "%s", c->bound_suffix);
+    } else if (!offset) {
+        c->bound_pn = pn;
+        c->bound_tf = transform;
+        snprintf(c->bound_suffix, sizeof c->bound_suffix, "%s", suffix);
+    }
     c->bound = 1;
     return PS_OK;
 }
@@ -1378,7 +1419,9 @@ static ps_status h_expand(imp *im) {
 /* Fold a bias-shaped initializer into the Linear / Conv2d that computed x
  * (written with bias: false and read only here). */
 static int fold_bias(imp *im, const val *x, val *c) {
-    if (x->kind != VK_DATA || x->node < 0 || !c->init || c->bound || x->uses != 1) return 0;
+    int ob;
+    if (x->kind != VK_DATA || x->node < 0 || !c->init || x->uses != 1) return 0;
+    if (c->bound && (!c->t || lent_by(im, c->t, &ob) < 0)) return 0;   /* bound whole: this Linear shares it */
     pnode *p = &im->pn[x->node];
     if (!p->has_bias_attr || p->readers) return 0;
     int64_t want = x->dims[x->ndim - 1];
@@ -1402,7 +1445,9 @@ static int fold_bias(imp *im, const val *x, val *c) {
         const char *wn = p->b[0].t->name;
         size_t wl = strlen(wn);
         int weight_named = wl > 7 && !strcmp(wn + wl - 7, ".weight");   /* keep a state_dict name it has */
-        if (!strcmp(clean, pre) && !weight_named && !name_taken(im, pre)) snprintf(p->name, sizeof p->name, "%s", pre);
+        /* a weight another node holds (tied: tie:) names that node, not this one: the bias's prefix does */
+        if (!strcmp(clean, pre) && (!weight_named || p->b[0].tie_pn) && !name_taken(im, pre))
+            snprintf(p->name, sizeof p->name, "%s", pre);
     }
     /* drop ", bias: false" */
     char *s = strstr(p->attrs, ", bias: false");
@@ -5335,6 +5380,37 @@ static void comment_scrub(char *s, size_t n) {
 }
 
 /* The model file's text. */
+/* ", share: NODE" when every parameter of p is the same parameter of one
+ * node of its kind (one module called at several sites), else ", tie:
+ * {SUFFIX: NODE.SUFFIX, ...}" for those another node holds (an initializer
+ * read by several nodes); nothing when p owns its parameters. Into buf (cap
+ * bytes); returns the bytes written. */
+static size_t shared_text(const imp *im, const pnode *p, char *buf, size_t cap) {
+    int tied = 0, one = -1, same = 1;
+    for (int k = 0; k < p->nb; k++) {
+        const pbind *b = &p->b[k];
+        if (!b->tie_pn) { same = 0; continue; }
+        tied++;
+        if (one < 0) one = b->tie_pn - 1;
+        same &= b->tie_pn - 1 == one && !strcmp(b->tie_suffix, b->suffix);
+    }
+    if (!tied) return 0;
+    const pnode *o = one >= 0 ? &im->pn[one] : NULL;
+    if (same && tied == p->nb && o && !strcmp(o->kind, p->kind) && o->nb == p->nb)
+        return (size_t)snprintf(buf, cap, ", share: %s", o->name);
+    size_t n = (size_t)snprintf(buf, cap, ", tie: {");
+    for (int k = 0, first = 1; k < p->nb && n < cap; k++) {
+        const pbind *b = &p->b[k];
+        if (!b->tie_pn) continue;
+        const char *on = im->pn[b->tie_pn - 1].name;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s: %s%s%s", first ? "" : ", ", b->suffix, on,
+                              b->tie_suffix[0] ? "." : "", b->tie_suffix);
+        first = 0;
+    }
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "}");
+    return n < cap ? n : cap - 1;
+}
+
 static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
     size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
     char *y = malloc(cap);
@@ -5394,7 +5470,9 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
             pnode *p = &im->pn[i];
             if (p->stage != st || (!p->readers && i != last)) continue;
             /* the line: names of at most NAME_MAX_ bytes, attributes, an LSTM's sizes */
-            if (yaml_room(&y, &cap, o, 512 + strlen(p->attrs) + (size_t)p->nin * (NAME_MAX_ + 3))) return oom(im);
+            if (yaml_room(&y, &cap, o, 512 + strlen(p->attrs) + (size_t)p->nin * (NAME_MAX_ + 3) +
+                                           (size_t)p->nb * (NAME_MAX_ + 60)))
+                return oom(im);
             o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
             if (p->nin > 1) {
                 o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
@@ -5408,7 +5486,9 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
             if (st == 2)
                 o += (size_t)snprintf(y + o, cap - o, ", hidden_size: %lld, num_layers: %d", (long long)im->lstm.hidden,
                                       im->lstm.layers);
-            o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
+            o += (size_t)snprintf(y + o, cap - o, "%s", p->attrs);
+            o += shared_text(im, p, y + o, cap - o);
+            o += (size_t)snprintf(y + o, cap - o, "}\n");
             prev = i;
         }
     }
@@ -5464,6 +5544,7 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
     if (!res->values) { rc = oom(&im); goto out; }
     for (int i = 0; i < im.npn; i++)
         for (int k = 0; k < im.pn[i].nb; k++) {
+            if (im.pn[i].b[k].tie_pn) continue;   /* another node's parameter: loaded under its owner's name */
             struct imp_value *v = &res->values[res->nvalues++];
             snprintf(v->name, sizeof v->name, "%s%s%s", im.pn[i].name, im.pn[i].b[k].suffix[0] ? "." : "",
                      im.pn[i].b[k].suffix);   /* an empty suffix: the node's name is the tensor's (class_token) */
