@@ -476,6 +476,28 @@ CASES = [
     ("pad_1d", stage([5], ["{name: l, kind: Linear, out_features: 4}",
                            "{name: p, kind: Pad, pad: [2, 1]}",
                            "{name: o, kind: Linear, out_features: 3}"])),
+    # Pad's other modes (CycleGAN's ReflectionPad2d, convolutions' padding_mode): borders taken from the input, the
+    # corners of 2 and 3 padded dims, pads up to each mode's limit (reflect L - 1, circular L)
+    ("pad_reflect_2d", stage([2, 4, 5], ["{name: t, kind: Tanh}",
+                                         "{name: p, kind: Pad, pad: [2, 1, 3, 1], mode: reflect}",
+                                         "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_replicate_2d", stage([2, 4, 5], ["{name: t, kind: Tanh}",
+                                           "{name: p, kind: Pad, pad: [1, 3, 2, 2], mode: replicate}",
+                                           "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_circular_2d", stage([2, 4, 5], ["{name: t, kind: Tanh}",
+                                          "{name: p, kind: Pad, pad: [2, 1, 1, 4], mode: circular}",
+                                          "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_reflect_1d", stage([3, 5], ["{name: l, kind: Linear, out_features: 5}",
+                                      "{name: p, kind: Pad, pad: [4, 2], mode: reflect}",
+                                      "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_reflect_3d", stage([2, 3, 4, 5], ["{name: t, kind: Sigmoid}",
+                                            "{name: p, kind: Pad, pad: [1, 1, 1, 0, 2, 1], mode: reflect}",
+                                            "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_circular_3d", stage([2, 3, 4, 5], ["{name: t, kind: Sigmoid}",
+                                             "{name: p, kind: Pad, pad: [0, 2, 1, 1, 3, 0], mode: circular}",
+                                             "{name: o, kind: Linear, out_features: 3}"])),
+    ("pad_replicate_conv", stage([3, 6, 6], ["{name: p, kind: Pad, pad: [1, 1, 1, 1], mode: replicate}",
+                                             "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3}"])),
     ("narrow_step", stage([6, 5], ["{name: l, kind: Linear, out_features: 5}",
                                    "{name: n, kind: Narrow, dim: 1, start: 1, length: 3, step: 2}",
                                    "{name: o, kind: Linear, out_features: 2}"])),
@@ -981,7 +1003,9 @@ def make_module(kind, a, shapes, case_name=""):
         shifts, dims = a["shifts"], a["dims"]
         return Lambda(lambda x: torch.roll(x, shifts, dims))
     if kind == "Pad":
-        pad, value = a["pad"], a.get("value", 0.0)
+        pad, value, mode = a["pad"], a.get("value", 0.0), a.get("mode", "constant")
+        if mode != "constant":
+            return Lambda(lambda x: F.pad(x, pad, mode=mode))
         return Lambda(lambda x: F.pad(x, pad, value=value))
     if kind == "MatMul" and "parameter" in a:
         return ParamMatMul(a["shape"], a["parameter"], a.get("parameter_side", "right"),

@@ -3441,12 +3441,20 @@ static ps_status roll_backward(ps_layer_call *c, ps_err *err) {
     return roll_all(c, c->dy, c->dx, -1, err);
 }
 
-/* ---- Pad: F.pad(x, pad, value=value) in 'constant' mode - pad lists
- * (before, after) pairs from the last dimension backwards, as F.pad's;
- * each dimension grows by its pair, the new elements are value (swin's
- * padding to a multiple of its window). The forward fills y and copies x
- * into it; the backward is that copy the other way (dx the interior of
- * dy). Plain layout. ---- */
+/* ---- Pad: F.pad(x, pad, mode, value) - pad lists (before, after) pairs
+ * from the last dimension backwards, as F.pad's; each dimension grows by
+ * its pair. 'constant': the new elements are value (swin's padding to a
+ * multiple of its window); 'reflect' (x[1], x[0] | x[0] ... | x[L-2]),
+ * 'replicate' (x[0], x[0] | ... | x[L-1]) and 'circular' (x[L-1] | ... |
+ * x[0]) take them from the input (CycleGAN's ReflectionPad2d, convolutions'
+ * padding_mode). The forward copies x into y's interior and, for the other
+ * modes, fills the borders dim by dim from the innermost out, each border
+ * slice a strided copy of an interior slice of y (so corners come out as
+ * x[r(i), r(j)]); the backward runs those copies' adjoints in reverse order
+ * (each adds a border slice's gradient into its source slice) in a copy of
+ * dy, then takes the interior. Plain layout. ---- */
+
+enum { PAD_CONSTANT, PAD_REFLECT, PAD_REPLICATE, PAD_CIRCULAR };
 
 static ps_status pad_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
@@ -3456,9 +3464,22 @@ static ps_status pad_infer(ps_layer *ly, ps_err *err) {
     if (a->npads % 2 || a->npads / 2 > nd)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "pad has %d values: pairs (before, after) for at most the "
                           "input's %d per-sample dimensions, the last first", a->npads, nd);
+    if (a->pad_mode != PAD_CONSTANT && a->value != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value %g with mode '%s' (only 'constant' pads with a value)",
+                          a->value, a->pad_mode == PAD_REFLECT ? "reflect" : a->pad_mode == PAD_REPLICATE ? "replicate"
+                                                                                                  : "circular");
     ly->outs = ly->in[0];
     for (int i = 0; i < a->npads / 2; i++) {
         int d = nd - 1 - i;
+        int64_t len = ly->in[0].dims[d], most = a->pad_mode == PAD_REFLECT ? len - 1 : a->pad_mode == PAD_CIRCULAR ? len
+                                                : a->pad_mode == PAD_REPLICATE ? (len ? PS_DIM_MAX : 0) : PS_DIM_MAX;
+        if (a->pads[2 * i] > most || a->pads[2 * i + 1] > most)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "pad (%lld, %lld) of dimension %d of size %lld: mode '%s' "
+                              "takes at most %lld on a side (F.pad's rule)", (long long)a->pads[2 * i],
+                              (long long)a->pads[2 * i + 1], d + 1, (long long)len,
+                              a->pad_mode == PAD_REFLECT ? "reflect" : a->pad_mode == PAD_CIRCULAR ? "circular"
+                                                                                                  : "replicate",
+                              (long long)most);
         ly->outs.dims[d] = ly->in[0].dims[d] + a->pads[2 * i] + a->pads[2 * i + 1];
         if (ly->outs.dims[d] > PS_DIM_MAX)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "dimension %d padded to %lld", d + 1,
@@ -3521,14 +3542,74 @@ static ps_status pad_copy(const ps_layer_call *c, const float *src, float *dst, 
     return rc;
 }
 
+/* The border copies of the modes other than 'constant', in the output's
+ * geometry: per padded dim from the innermost out, per border index j, the
+ * slice at j (every index of the other dims, the batch's included) is the
+ * slice at src(j), an index of the input's part of that dim. forward 1:
+ * y[j] = y[src]; 0: the adjoints in reverse order, g[src] += g[j]. */
+static ps_status pad_borders(const ps_layer_call *c, float *y, int forward, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_shape *in = &ly->in[0], *out = &ly->outs;
+    const int nd = in->ndim, np = ly->a.npads / 2;
+    /* the copies in forward order: (dim, j, src) */
+    int64_t total = 0;
+    for (int i = 0; i < np; i++) total += ly->a.pads[2 * i] + ly->a.pads[2 * i + 1];
+    int64_t (*cp)[3] = malloc((size_t)(total ? total : 1) * sizeof *cp), k = 0;
+    if (!cp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's copies", ly->name);
+    for (int i = 0; i < np; i++) {
+        int d = nd - 1 - i;
+        int64_t b = ly->a.pads[2 * i], e = ly->a.pads[2 * i + 1], L = in->dims[d];
+        for (int64_t j = 0; j < b + e; j++) {
+            int64_t o = j < b ? j : b + L + (j - b);   /* the border index in the output */
+            int64_t t = o - b, s;                      /* its position relative to the input, outside [0, L) */
+            switch (ly->a.pad_mode) {
+            case PAD_REFLECT: s = t < 0 ? -t : 2 * (L - 1) - t; break;
+            case PAD_REPLICATE: s = t < 0 ? 0 : L - 1; break;
+            default: s = ((t % L) + L) % L; break;      /* circular */
+            }
+            cp[k][0] = d;
+            cp[k][1] = o;
+            cp[k][2] = s + b;
+            k++;
+        }
+    }
+    ps_status rc = PS_OK;
+    for (int64_t q = 0; q < total && rc == PS_OK; q++) {
+        const int64_t *x = cp[forward ? q : total - 1 - q];
+        int d = (int)x[0];
+        int64_t inner = 1, outer = c->n;
+        for (int e = d + 1; e < nd; e++) inner *= out->dims[e];
+        for (int e = 0; e < d; e++) outer *= out->dims[e];
+        int64_t ld = out->dims[d] * inner;
+        if (forward)
+            rc = c->be->ops->copy2d(c->be->impl, outer, inner, y + x[2] * inner, ld, y + x[1] * inner, ld, 0, err);
+        else
+            rc = c->be->ops->copy2d(c->be->impl, outer, inner, y + x[1] * inner, ld, y + x[2] * inner, ld, 1, err);
+    }
+    free(cp);
+    return rc;
+}
+
 static ps_status pad_forward(ps_layer_call *c, ps_err *err) {
-    ps_status rc = c->be->ops->fill(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, (float)c->ly->a.value, err);
-    return rc ? rc : pad_copy(c, c->x, c->y, 1, err);
+    ps_status rc = PS_OK;
+    if (c->ly->a.pad_mode == PAD_CONSTANT)
+        rc = c->be->ops->fill(c->be->impl, ps_layer_out_count(c->ly, c->n), c->y, (float)c->ly->a.value, err);
+    if (rc == PS_OK) rc = pad_copy(c, c->x, c->y, 1, err);
+    if (rc == PS_OK && c->ly->a.pad_mode != PAD_CONSTANT) rc = pad_borders(c, c->y, 1, err);
+    return rc;
 }
 
 static ps_status pad_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return pad_copy(c, c->dy, c->dx, 0, err);
+    if (c->ly->a.pad_mode == PAD_CONSTANT) return pad_copy(c, c->dy, c->dx, 0, err);
+    int64_t count = ps_layer_out_count(c->ly, c->n);
+    float *g = ps_backend_alloc_floats(c->be, count);   /* dy's copy: the border adjoints add into it */
+    if (!g) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's gradient", c->ly->name);
+    ps_status rc = c->be->ops->copy2d(c->be->impl, 1, count, c->dy, count, g, count, 0, err);
+    if (rc == PS_OK) rc = pad_borders(c, g, 0, err);
+    if (rc == PS_OK) rc = pad_copy(c, g, c->dx, 0, err);
+    ps_backend_release(c->be, g);
+    return rc;
 }
 
 /* ---- RelativePositionBias: swin's relative position bias, torchvision's
@@ -3880,6 +3961,7 @@ static const ps_attr_spec dropout_attrs[] = {
     ATTR_END,
 };
 static const char *const sdepth_modes[] = {"row", "batch", NULL};
+static const char *const pad_modes[] = {"constant", "reflect", "replicate", "circular", NULL};
 static const ps_attr_spec sdepth_attrs[] = {
     ATTR_FLOAT("p", p, NULL, 0, 1, 0, 0),
     {"mode", PS_ATTR_ENUM, A(mode), NULL, 0, 0, 0, 0, sdepth_modes, 0},
@@ -3975,6 +4057,7 @@ static const ps_attr_spec roll_attrs[] = {
 static const ps_attr_spec pad_attrs[] = {
     {"pad", PS_ATTR_PADS, A(pads), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(npads)},
     ATTR_FLOAT("value", value, "0.0", -1e30, 1e30, 0, 0),
+    {"mode", PS_ATTR_ENUM, A(pad_mode), "constant", 0, 0, 0, 0, pad_modes, 0},
     ATTR_END,
 };
 static const ps_attr_spec rpb_attrs[] = {

@@ -89,6 +89,7 @@ typedef struct ps_layer_attrs {
     int64_t shifts[PS_SHAPE_MAX_DIMS], rdims[PS_SHAPE_MAX_DIMS];
     int npads;                  /* Pad pad: F.pad's (before, after) pairs, the last dim's first */
     int64_t pads[2 * PS_SHAPE_MAX_DIMS];
+    int pad_mode;               /* Pad mode: 0 'constant', 1 'reflect', 2 'replicate', 3 'circular' */
     int64_t window[2], windows[2], shift[2]; /* RelativePositionBias window_size, windows, shift_size */
     int nperm;                  /* Permute dims (PyTorch's, the batch's 0 included) */
     int64_t perm[PS_SHAPE_MAX_DIMS + 1];

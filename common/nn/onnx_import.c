@@ -1236,7 +1236,9 @@ static ps_status fold(imp *im) {
     if (!bf) return im->err->code;
     if (!(a->numel == 1 || b->numel == 1 || (a->ndim == b->ndim && !memcmp(a->dims, b->dims, (size_t)a->ndim * 8))))
         return unsup(im, "folding %s of shapes that broadcast other than by a scalar", op);
-    const val *big = a->numel >= b->numel ? a : b;
+    /* the larger, or of one element each the higher rank (a rank-0 Mul minus a rank-1 Gather is rank 1:
+     * PyTorch's reflect padding's pads arithmetic) */
+    const val *big = a->numel > b->numel || (a->numel == b->numel && a->ndim >= b->ndim) ? a : b;
     double *f = palloc(&im->mem, (size_t)(big->numel ? big->numel : 1) * sizeof *f);
     if (!f) return oom(im);
     for (int64_t i = 0; i < big->numel; i++) {
@@ -2980,6 +2982,35 @@ static ps_status transpose_data(imp *im, val *x, const int64_t *perm, int np) {
  * nn.Linear on 3-D input: MatMul(x, Transpose(weight))): the same tensor,
  * read transposed where it is bound. Of a computed value: a channel
  * shuffle's (above) is a ChannelShuffle, any other a Permute. */
+/* Transpose of a computed constant (the exporters' shape arithmetic: PyTorch's reflect padding turns its
+ * (axis, side) pads into ONNX's order with one): folded. perm absent (np < 0): the axes reversed. */
+static ps_status transpose_const(imp *im, val *x, const int64_t *perm, int np) {
+    const int r = x->ndim;
+    int64_t p[MAXD], od[MAXD], str[MAXD];
+    if (np >= 0 && np != r) return bad(im, "perm of %d axes for a rank-%d value", np, r);
+    int seen[MAXD] = {0};
+    for (int a = 0; a < r; a++) {
+        p[a] = np < 0 ? r - 1 - a : perm[a];
+        if (p[a] < 0 || p[a] >= r || seen[p[a]]++) return bad(im, "perm is not a permutation of %d axes", r);
+        od[a] = x->dims[p[a]];
+    }
+    for (int a = r - 1, m = 1; a >= 0; a--) { str[a] = m; m *= (int)x->dims[a]; }
+    const double *xf = cvals(im, x);
+    if (!xf) return im->err->code;
+    int64_t total = x->numel;
+    double *f = palloc(&im->mem, (size_t)(total ? total : 1) * sizeof *f);
+    if (!f) return oom(im);
+    for (int64_t i = 0; i < total; i++) {
+        int64_t rem = i, src = 0;
+        for (int a = r - 1; a >= 0; a--) {
+            src += (rem % od[a]) * str[p[a]];
+            rem /= od[a];
+        }
+        f[i] = xf[src];
+    }
+    return const_out(im, 0, r, od, f, x->is_int) ? PS_OK : im->err->code;
+}
+
 static ps_status h_transpose(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -2988,6 +3019,7 @@ static ps_status h_transpose(imp *im) {
     ps_status rc;
     if (channel_shuffle_pattern(im, x, perm, np, &rc)) return rc;
     if (x->kind == VK_DATA) return transpose_data(im, x, perm, np);
+    if (x->kind == VK_CONST && !x->init) return transpose_const(im, x, perm, np);
     if (x->kind != VK_CONST || !x->t || !x->init || x->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 ||
                                                                                   perm[1] != 0)))
         return unsup(im, "Transpose of a constant other than a 2-D initializer (psd reads it as a transposed "
@@ -3055,24 +3087,56 @@ static ps_status slice_args(imp *im, const int64_t *dims, int r, int *axis, int6
     return PS_OK;
 }
 
-/* Slice of a constant along one axis, step 1 (minGPT's causal mask self.bias[:, :, :T, :T]): folded. */
+/* Slice of a constant (minGPT's causal mask self.bias[:, :, :T, :T]; PyTorch's reflect padding reverses its
+ * pads by a step of -1): folded, any axes and nonzero steps, starts and ends clamped as ONNX's. */
 static ps_status slice_const(imp *im, val *x) {
-    int a = 0;
-    int64_t st = 0, en = 0;
-    ps_status rc = slice_args(im, x->dims, x->ndim, &a, &st, &en);
+    int64_t sv[4][MAXD];      /* starts, ends, axes, steps */
+    int cnt[4];
+    ps_status rc = slice_lists(im, sv, cnt);
     if (rc) return rc;
+    const int r = x->ndim;
+    if (cnt[0] < 0 || cnt[1] != cnt[0] || (cnt[2] >= 0 && cnt[2] != cnt[0]) || (cnt[3] >= 0 && cnt[3] != cnt[0]))
+        return bad(im, "starts, ends, axes and steps of different lengths");
+    int64_t st[MAXD], step[MAXD], od[MAXD];
+    for (int a = 0; a < r; a++) { st[a] = 0; step[a] = 1; od[a] = x->dims[a]; }
+    int seen[MAXD] = {0};
+    for (int i = 0; i < cnt[0]; i++) {
+        int a = norm_axis(im, cnt[2] >= 0 ? sv[2][i] : i, r, "axis");
+        if (a < 0) return im->err->code;
+        if (seen[a]++) return bad(im, "axis %d twice", a);
+        int64_t D = x->dims[a], s0 = sv[0][i], e0 = sv[1][i], k = cnt[3] >= 0 ? sv[3][i] : 1;
+        if (k == 0) return bad(im, "a step of 0");
+        if (s0 < 0) s0 = s0 < -D ? -1 : s0 + D;
+        if (e0 < 0) e0 = e0 < -D ? -1 : e0 + D;
+        if (k > 0) {
+            s0 = s0 < 0 ? 0 : s0 > D ? D : s0;
+            e0 = e0 < 0 ? 0 : e0 > D ? D : e0;
+            od[a] = e0 > s0 ? (e0 - s0 + k - 1) / k : 0;
+        } else {
+            s0 = s0 < 0 ? -1 : s0 > D - 1 ? D - 1 : s0;
+            e0 = e0 < -1 ? -1 : e0 > D - 1 ? D - 1 : e0;
+            od[a] = s0 > e0 ? (s0 - e0 + (-k) - 1) / (-k) : 0;
+        }
+        st[a] = s0;
+        step[a] = k;
+    }
     const double *xf = cvals(im, x);
     if (!xf) return im->err->code;
-    int64_t od[MAXD], outer = 1, inner = 1;
-    memcpy(od, x->dims, sizeof od);
-    od[a] = en - st;
-    for (int k = 0; k < a; k++) outer *= x->dims[k];
-    for (int k = a + 1; k < x->ndim; k++) inner *= x->dims[k];
-    double *f = palloc(&im->mem, (size_t)(outer * (en - st) * inner + 1) * sizeof *f);
+    int64_t total = prod(od, r), str[MAXD];
+    for (int a = r - 1, m = 1; a >= 0; a--) { str[a] = m; m *= (int)x->dims[a]; }
+    if (total > FOLD_MAX) return unsup(im, "folding a Slice of %lld values", (long long)total);
+    double *f = palloc(&im->mem, (size_t)(total ? total : 1) * sizeof *f);
     if (!f) return oom(im);
-    for (int64_t o = 0; o < outer; o++)
-        memcpy(f + o * (en - st) * inner, xf + (o * x->dims[a] + st) * inner, (size_t)((en - st) * inner) * sizeof *f);
-    return const_out(im, 0, x->ndim, od, f, x->is_int) ? PS_OK : im->err->code;
+    for (int64_t i = 0; i < total; i++) {
+        int64_t rem = i, src = 0;
+        for (int a = r - 1; a >= 0; a--) {
+            int64_t j = rem % od[a];
+            rem /= od[a];
+            src += (st[a] + j * step[a]) * str[a];
+        }
+        f[i] = xf[src];
+    }
+    return const_out(im, 0, r, od, f, x->is_int) ? PS_OK : im->err->code;
 }
 
 /* Slice of a computed value by constants (x.chunk and x.split's pieces,
@@ -3122,9 +3186,10 @@ static ps_status h_slice(imp *im) {
 }
 
 /* Pad of a computed value in 'constant' mode (a zero Pad before an
- * AveragePool or a Conv is their padding, absorbed before): psd's Pad,
- * ONNX's pads [begin per axis..., end per axis...] as F.pad's (before,
- * after) pairs from the last axis back; the batch's must be 0. */
+ * AveragePool or a Conv is their padding, absorbed before), 'reflect' or
+ * 'edge' (PyTorch's reflect and replicate padding): psd's Pad, ONNX's pads
+ * [begin per axis..., end per axis...] as F.pad's (before, after) pairs
+ * from the last axis back; the batch's must be 0. */
 static ps_status h_pad(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -3134,7 +3199,11 @@ static ps_status h_pad(imp *im) {
     static const char *const known10[] = {"mode", "pads", "value", NULL}, *const known[] = {"mode", NULL};
     if ((rc = only_attrs(im, im->opset < 11 ? known10 : known))) return rc;   /* inputs from opset 11 */
     const ps_onnx_attr *ma = attr(im, "mode");
-    if (ma && ma->s && strcmp(ma->s, "constant")) return unsup(im, "Pad in mode '%s' (psd pads with a constant)", ma->s);
+    const char *mode = ma && ma->s ? ma->s : "constant";
+    const char *psd_mode = !strcmp(mode, "constant") ? NULL : !strcmp(mode, "reflect") ? "reflect"
+                         : !strcmp(mode, "edge") ? "replicate" : "";
+    if (psd_mode && !*psd_mode)
+        return unsup(im, "Pad in mode '%s' (psd pads in modes constant, reflect and edge)", mode);
     int64_t p[2 * MAXD];
     int np;
     double value = 0;
@@ -3182,7 +3251,8 @@ static ps_status h_pad(imp *im) {
     if (pn < 0) return oom(im);
     add_attr(im, pn, "pad: [%s]", list);
     char vb[32];
-    if (value != 0) add_attr(im, pn, "value: %s", float_text(value, vb, sizeof vb));
+    if (value != 0 && !psd_mode) add_attr(im, pn, "value: %s", float_text(value, vb, sizeof vb));
+    if (psd_mode) add_attr(im, pn, "mode: %s", psd_mode);
     return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
 }
 

@@ -13,6 +13,8 @@ options, shape moves
   Expands    g.unsqueeze(1).expand_as(x) and g.expand(-1, 70) (past 64 copies) of a gate, the input gradient too
   Einsums    two-head attention with torch.einsum: "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...qd,...kd->...kq",
              "bhdq,bhdk->bhqk" (MatMul with transposes), the input gradient too
+  Paddings   nn.ReflectionPad2d, Conv2d with padding_mode replicate and circular (a Pad, then the convolution),
+             nn.ReplicationPad2d, F.pad(mode="reflect"), the input gradient too; its ONNX export as well
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -44,15 +46,16 @@ sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
 import userops  # noqa: E402
-from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
+from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings, ShapeMoves, TextCNN  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
-         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums)]
-FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], userops.RepeatBatch: [6],
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings)]
+FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
+            userops.RepeatBatch: [6],
             userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
 
 
@@ -123,6 +126,16 @@ def onnx_paths():
                       do_constant_folding=False, opset_version=13)
     stub, p = cr.start_psd("userops_onnx", "onnx: %s" % path, [])
     cr.run("MaxTokens (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    # ONNX's Pad in modes reflect and edge; without the circular convolution (PyTorch 1.13's export of circular
+    # padding slices the wrong rows: pytorch/pytorch#86690)
+    model, _ = moved(lambda: Paddings(circular=False), "paddings_onnx")
+    x, target = inputs(Paddings, 2)
+    path = os.path.join(cr.TMP, "paddings.onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd("paddings_onnx", "onnx: %s" % path, [])
+    cr.run("Paddings (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
     p.kill()
     path = os.path.join(cr.TMP, "maxrows.onnx")
     torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,

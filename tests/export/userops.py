@@ -130,6 +130,26 @@ class Einsums(nn.Module):
         o3 = torch.einsum("bhdq,bhdk->bhqk", q.transpose(-1, -2), k.transpose(-1, -2))
         return self.out(torch.cat([o.flatten(1), o2.flatten(1), o3.flatten(1)], 1))
 
+
+class Paddings(nn.Module):
+    """CycleGAN's nn.ReflectionPad2d before a 7x7 convolution, convolutions with padding_mode replicate and
+    circular, F.pad in reflect mode and nn.ReplicationPad2d, on (N, 1, 8, 8) images. circular=False: the third
+    convolution pads with zeros (for the ONNX path: PyTorch 1.13's ONNX export of circular padding slices the
+    wrong rows, pytorch/pytorch#86690, so its file is not the module)."""
+    def __init__(self, classes=4, circular=True):
+        super().__init__()
+        self.pad = nn.ReflectionPad2d(3)
+        self.c1 = nn.Conv2d(1, 4, 7)                                             # (4, 8, 8)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate")
+        self.c3 = nn.Conv2d(4, 4, 3, padding=(1, 2), padding_mode="circular" if circular else "zeros")  # (4, 8, 10)
+        self.rep = nn.ReplicationPad2d((0, 1, 2, 0))                             # (4, 10, 11)
+        self.fc = nn.Linear(4 * 11 * 14, classes)
+
+    def forward(self, x):
+        h = torch.relu(self.c1(self.pad(x)))
+        h = torch.relu(self.c3(self.c2(h)))
+        return self.fc(F.pad(self.rep(h), (1, 2, 0, 1), mode="reflect").flatten(1))   # (4, 11, 14)
+
 class BagWeights(nn.Module):
     def __init__(self):
         super().__init__()
