@@ -422,8 +422,10 @@ static const char *const kActNames[PS_ACT_COUNT] = {
     [PS_ACT_ELU] = "elu", [PS_ACT_SELU] = "selu", [PS_ACT_SOFTPLUS] = "softplus", [PS_ACT_MISH] = "mish",
     [PS_ACT_LOGSIGMOID] = "logsigmoid", [PS_ACT_EXP] = "exp", [PS_ACT_LOG] = "log", [PS_ACT_ABS] = "abs",
     [PS_ACT_SQRT] = "sqrt", [PS_ACT_POW] = "pow", [PS_ACT_LINEAR] = "linear",
+    [PS_ACT_CELU] = "celu", [PS_ACT_SOFTSIGN] = "softsign", [PS_ACT_TANHSHRINK] = "tanhshrink",
+    [PS_ACT_HARDSHRINK] = "hardshrink", [PS_ACT_SOFTSHRINK] = "softshrink", [PS_ACT_THRESHOLD] = "threshold",
 };
-_Static_assert(PS_ACT_LINEAR + 1 == PS_ACT_COUNT, "kActNames names every activation");
+_Static_assert(PS_ACT_THRESHOLD + 1 == PS_ACT_COUNT, "kActNames names every activation");
 
 static ps_act_desc act_desc_of(const gcase *c) {
     char buf[32];

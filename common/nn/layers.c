@@ -1094,19 +1094,31 @@ static ps_status l2norm_backward(ps_layer_call *c, ps_err *err) {
  * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
  * backward reads the input or the output, as the activation needs ---- */
 
+#define ACT_MATH 8
+#define ACT_SHRINK 19   /* kinds_of's first shrink: ACT_MATH + its 11 elementwise math kinds */
+
 static ps_act_desc act_desc(const ps_layer *ly) {
     static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
                                    PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID,
                                    /* elementwise math: ACT_MATH + k */
                                    PS_ACT_ELU, PS_ACT_SELU, PS_ACT_SOFTPLUS, PS_ACT_MISH, PS_ACT_LOGSIGMOID,
-                                   PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR};
+                                   PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR,
+                                   /* shrinks and thresholds: ACT_SHRINK + k */
+                                   PS_ACT_CELU, PS_ACT_SOFTSIGN, PS_ACT_TANHSHRINK, PS_ACT_HARDSHRINK,
+                                   PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
         d.alpha = (float)ly->a.min_val;
         d.beta = (float)ly->a.max_val;
     }
-    if (d.kind == PS_ACT_ELU) d.alpha = (float)ly->a.elu_alpha;
+    if (d.kind == PS_ACT_ELU || d.kind == PS_ACT_CELU) d.alpha = (float)ly->a.elu_alpha;
+    if (d.kind == PS_ACT_HARDSHRINK || d.kind == PS_ACT_SOFTSHRINK) d.alpha = (float)ly->a.lambd;
+    if (d.kind == PS_ACT_THRESHOLD) {
+        d.alpha = (float)ly->a.threshold;
+        d.beta = (float)ly->a.value;
+    }
+    if (ly->a.act == ACT_SHRINK + 6) d.alpha = (float)((ly->a.rr_lower + ly->a.rr_upper) / 2.0);   /* RReLU, eval */
     if (d.kind == PS_ACT_SOFTPLUS) {
         d.alpha = (float)ly->a.sp_beta;
         d.beta = (float)ly->a.sp_threshold;
@@ -1138,7 +1150,6 @@ static ps_status hardsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer
 
 /* Elementwise math (users' own layers: nn.ELU, x.exp(), x ** 2, x + 1.0):
  * the activations' ops, one infer per kind (kinds_of's ACT_MATH + k). */
-#define ACT_MATH 8
 static ps_status elu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 0, err); }
 static ps_status selu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 1, err); }
 static ps_status softplus_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 2, err); }
@@ -1153,6 +1164,77 @@ static ps_status addconst_infer(ps_layer *ly, ps_err *err) {
     if (!isfinite(ly->a.value)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value: %g is not a finite number",
                                                   ly->a.value);
     return act_infer_as(ly, ACT_MATH + 10, err);
+}
+
+/* Shrinks and thresholds (nn.CELU, nn.Softsign, nn.Tanhshrink, nn.Hardshrink,
+ * nn.Softshrink, nn.Threshold) and nn.RReLU in eval: the activations' ops,
+ * one infer per kind (kinds_of's ACT_SHRINK + k). */
+static ps_status celu_infer(ps_layer *ly, ps_err *err) {
+    if ((float)ly->a.elu_alpha == 0.0f)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "alpha: 0 (CELU divides by alpha)");
+    return act_infer_as(ly, ACT_SHRINK + 0, err);
+}
+static ps_status softsign_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 1, err); }
+static ps_status tanhshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 2, err); }
+static ps_status hardshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 3, err); }
+static ps_status softshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 4, err); }
+static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 5, err); }
+
+/* nn.RReLU: in eval PyTorch's LeakyReLU with slope (lower + upper) / 2; in
+ * training each negative element's slope is a fresh uniform draw, which
+ * psd does not draw: its training forward refuses (rrelu_forward). */
+static ps_status rrelu_infer(ps_layer *ly, ps_err *err) {
+    if (!(ly->a.rr_lower <= ly->a.rr_upper))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lower %g is above upper %g", ly->a.rr_lower,
+                          ly->a.rr_upper);
+    return act_infer_as(ly, ACT_SHRINK + 6, err);
+}
+
+/* ---- PReLU: nn.PReLU(num_parameters, init), y = x > 0 ? x : w * x with a
+ * learned slope w, one for every element (num_parameters 1) or one per
+ * channel, dim 1 of the batched input (per-sample dim 0) as PyTorch's. One
+ * slope runs in any layout; per-channel slopes in the plain one. PyTorch's
+ * init (0.25) is the slopes' default; another is the node's init:
+ * {weight: constant(v)} (the model file's init key). ---- */
+
+static ps_status prelu_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = infer_same(ly, err);
+    if (rc) return rc;
+    const int64_t k = ly->a.num_parameters;
+    if (k != 1 && (ly->in[0].ndim == 0 || ly->in[0].dims[0] != k))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_parameters: %lld, where the input has %lld channels "
+                          "(dim 1): PReLU takes 1 or the channels", (long long)k,
+                          ly->in[0].ndim ? (long long)ly->in[0].dims[0] : 1LL);
+    if (k > 1) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
+    const int64_t dims[1] = {k};
+    const ps_init init = {PS_INIT_CONST, 0.25, 0, 0};   /* PyTorch's init=0.25; a node's init: {weight: ...} */
+    set_param(ly, 0, "weight", 1, dims, k, init);
+    return PS_OK;
+}
+
+static ps_chan_desc prelu_desc(const ps_layer *ly, int n) {
+    ps_chan_desc d = {n, 1, ps_shape_numel(&ly->in[0]), ly->in_layout[0], 0.0f};
+    if (ly->a.num_parameters > 1) {
+        d.c = (int)ly->a.num_parameters;
+        d.s /= d.c;
+    }
+    return d;
+}
+
+static const char *prelu_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->prelu_forward && ops->prelu_backward ? NULL : "prelu_forward/prelu_backward";
+}
+
+static ps_status prelu_forward(ps_layer_call *c, ps_err *err) {
+    const ps_chan_desc d = prelu_desc(c->ly, c->n);
+    return c->be->ops->prelu_forward(c->be->impl, &d, c->x, c->w[0], c->y, err);
+}
+
+static ps_status prelu_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx && !c->dw[0]) return PS_OK;
+    const ps_chan_desc d = prelu_desc(c->ly, c->n);
+    return c->be->ops->prelu_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0], err);
 }
 
 static ps_status hardtanh_infer(ps_layer *ly, ps_err *err) {
@@ -1185,6 +1267,15 @@ static ps_status act_backward(ps_layer_call *c, ps_err *err) {
     int rx = ps_act_backward_reads_x(d.kind);
     return c->be->ops->act_backward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), rx ? c->x : NULL,
                                     rx ? NULL : c->y, c->dy, c->dx, err);
+}
+
+/* RReLU's training forward refuses (rrelu_infer) */
+static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
+    if (c->train && c->ly->a.rr_lower != c->ly->a.rr_upper)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node %s: RReLU in training draws a random slope per "
+                          "element, which psd does not; train with LeakyReLU(negative_slope=%g) (RReLU's eval) "
+                          "or RReLU(lower=upper)", c->ly->name, (c->ly->a.rr_lower + c->ly->a.rr_upper) / 2.0);
+    return act_forward(c, err);
 }
 
 /* ---- Dropout / Dropout2d: inverted dropout with a mask kept in the tape ---- */
@@ -3793,6 +3884,36 @@ static const ps_attr_spec addconst_attrs[] = {
     ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
     ATTR_END,
 };
+/* shrinks, thresholds, PReLU, RReLU */
+static const ps_attr_spec celu_attrs[] = {
+    ATTR_FLOAT("alpha", elu_alpha, "1.0", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec hardshrink_attrs[] = {
+    ATTR_FLOAT("lambd", lambd, "0.5", -1e6, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec softshrink_attrs[] = {
+    ATTR_FLOAT("lambd", lambd, "0.5", 0, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec threshold_attrs[] = {
+    ATTR_FLOAT("threshold", threshold, NULL, -1e30, 1e30, 0, 0),
+    ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec rrelu_attrs[] = {
+    ATTR_FLOAT("lower", rr_lower, "0.125", -1e6, 1e6, 0, 0),
+    ATTR_FLOAT("upper", rr_upper, "0.3333333333333333", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec prelu_attrs[] = {
+    {"num_parameters", PS_ATTR_INT, A(num_parameters), "1", 1, PS_DIM_MAX, 0, 0, NULL, 0},
+    ATTR_END,
+};
 static const ps_attr_spec dropout_attrs[] = {
     ATTR_FLOAT("p", p, "0.5", 0, 1, 0, 1),
     ATTR_BOOL("inplace", flag, "false"),
@@ -4049,6 +4170,20 @@ static const ps_layer_kind kinds[] = {
     {"AddConstant", F_ACT, 1, 1, addconst_attrs, addconst_infer, act_missing, act_forward, act_backward, NULL, NULL,
      NULL},
     {"Sub", 0, 2, 2, no_attrs, sub_infer, sub_missing, sub_forward, sub_backward, NULL, NULL, NULL},
+    /* shrinks and thresholds, nn.RReLU (eval), nn.PReLU (the first activation with a parameter) */
+    {"CELU", F_ACT, 1, 1, celu_attrs, celu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Softsign", F_ACT, 1, 1, no_attrs, softsign_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Tanhshrink", F_ACT, 1, 1, no_attrs, tanhshrink_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Hardshrink", F_ACT, 1, 1, hardshrink_attrs, hardshrink_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
+    {"Softshrink", F_ACT, 1, 1, softshrink_attrs, softshrink_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
+    {"Threshold", F_ACT, 1, 1, threshold_attrs, threshold_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"RReLU", F_ACT, 1, 1, rrelu_attrs, rrelu_infer, act_missing, rrelu_forward, act_backward, NULL, NULL, NULL},
+    {"PReLU", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X, 1, 1, prelu_attrs, prelu_infer, prelu_missing, prelu_forward,
+     prelu_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
     {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
     {"ConvTranspose2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
@@ -4201,6 +4336,9 @@ static const struct {
     /* elementwise math */
     {"ELU", NULL}, {"SELU", NULL}, {"Softplus", NULL}, {"Mish", NULL}, {"LogSigmoid", NULL}, {"Exp", NULL},
     {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},
+    /* shrinks and thresholds, RReLU, PReLU */
+    {"CELU", NULL}, {"Softsign", NULL}, {"Tanhshrink", NULL}, {"Hardshrink", NULL}, {"Softshrink", NULL},
+    {"Threshold", NULL}, {"RReLU", NULL}, {"PReLU", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 
