@@ -718,6 +718,20 @@ CASES += [
                                         "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
     ("shrink_blocked", stage([3, 5, 5], SHRINK_CHAIN)),
 ]
+# AlphaDropout / FeatureAlphaDropout after SELU (F.alpha_dropout's own draws, stored as the masks psd replays);
+# feature-wise on (C, H, W), (C, L), (C) and blocked 16 channels
+CASES += [
+    ("alpha_dropout", stage([2, 6], ["{name: s, kind: SELU}", "{name: d, kind: AlphaDropout, p: 0.3}"])),
+    ("alpha_dropout_default", stage([9], ["{name: d, kind: AlphaDropout}",
+                                          "{name: l, kind: Linear, out_features: 4}"])),
+    ("feature_alpha_dropout", stage([4, 3, 3], ["{name: s, kind: SELU}",
+                                                "{name: d, kind: FeatureAlphaDropout, p: 0.4}"])),
+    ("feature_alpha_dropout_1d", stage([5, 4], ["{name: d, kind: FeatureAlphaDropout, p: 0.25}"])),
+    ("feature_alpha_dropout_flat", stage([6], ["{name: d, kind: FeatureAlphaDropout, p: 0.5}"])),
+    ("feature_alpha_dropout_blocked", stage([3, 5, 5], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}", "{name: s, kind: SELU}",
+        "{name: d, kind: FeatureAlphaDropout, p: 0.2}", "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+]
 
 # ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
 # batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
@@ -864,6 +878,32 @@ class TorchvisionStochasticDepth(nn.Module):
         return y
 
 
+class TorchAlphaDropout(MaskDropout):
+    """F.alpha_dropout / F.feature_alpha_dropout themselves (training mode),
+    their noise recorded as this forward's mask in psd's form (keep / (1 - p),
+    (N, ...) or (N, C)): the draws are redone from the same RNG state as
+    ATen's (bernoulli(1 - p) of the input's shape, or (N, C, 1, ...)) and the
+    affine PyTorch applies is checked to give its output."""
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        fn = F.feature_alpha_dropout if self.channels else F.alpha_dropout
+        state = torch.get_rng_state()
+        y = fn(x, self.p, True)
+        after = torch.get_rng_state()
+        torch.set_rng_state(state)
+        shape = tuple(x.shape[:2]) + (1,) * (x.dim() - 2) if self.channels else tuple(x.shape)
+        keep = torch.empty(shape, dtype=x.dtype).bernoulli_(1 - self.p)
+        assert torch.equal(torch.get_rng_state(), after), "PyTorch drew otherwise"
+        A = 1.7580993408473766
+        a = 1.0 / math.sqrt((A * A * self.p + 1) * (1 - self.p))
+        want = x * (keep * a) + ((keep - 1) * (A * a) + A * a * self.p)
+        assert torch.allclose(y, want, rtol=1e-6, atol=1e-6), "PyTorch's alpha dropout is not a x + b"
+        self.mask = (keep / (1 - self.p)).reshape(self.mask_shape).detach().clone()
+        return y
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -943,6 +983,10 @@ def make_module(kind, a, shapes, case_name=""):
         return MaskDropout(False)
     if kind == "Dropout2d":
         return MaskDropout(True)
+    if kind == "AlphaDropout":
+        return TorchAlphaDropout(False)
+    if kind == "FeatureAlphaDropout":
+        return TorchAlphaDropout(True)
     if kind == "StochasticDepth":
         return TorchvisionStochasticDepth(a["p"], a["mode"])
     if kind == "Flatten":

@@ -1383,6 +1383,88 @@ static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (s
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
+/* ---- AlphaDropout / FeatureAlphaDropout (SELU networks): nn.AlphaDropout(p)
+ * keeps SELU's mean and variance. PyTorch's, with A = 1.7580993408473766
+ * (SELU's scale * alpha) and a = ((1 - p) (1 + p A^2))^-1/2: kept values
+ * a x + A a p, dropped ones -A a (1 - p); here y = m (x + A) - A a (1 - p)
+ * with m = a on kept values, 0 on dropped ones, and dx = m dy. Dropout's
+ * draws (drop_draws: one per element, or per (sample, channel) for
+ * FeatureAlphaDropout, the channels dim 1 of (N, C, ...)), so a replayed
+ * forward draws the same; the tape keeps m. p is below 1 (Dropout's
+ * range), eval the identity. ---- */
+
+#define ALPHA_DROP_ALPHA (-1.7580993408473766)   /* -A */
+
+static double alpha_drop_a(double p) {
+    return 1.0 / sqrt((1.0 - p) * (1.0 + p * ALPHA_DROP_ALPHA * ALPHA_DROP_ALPHA));
+}
+
+/* count draws (injected or drawn) into m: a where kept, 0 where dropped */
+static void alpha_drop_mask(ps_layer_call *c, float *m, int64_t count) {
+    const float a = (float)alpha_drop_a(c->ly->a.p);
+    if (c->mask) memcpy(m, c->mask, (size_t)count * sizeof(float));
+    else drop_draws(c->ly, c->rng, m, count);
+    for (int64_t i = 0; i < count; i++) m[i] = m[i] != 0.0f ? a : 0.0f;
+}
+
+/* y = m (x + A) - A a (1 - p), m applied by mul or mul_channels */
+static ps_status alpha_drop_apply(ps_layer_call *c, const float *mask, int channels, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const double p = c->ly->a.p, a = alpha_drop_a(p);
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    const ps_act_desc shift = {PS_ACT_LINEAR, 1.0f, (float)-ALPHA_DROP_ALPHA},
+                      base = {PS_ACT_LINEAR, 1.0f, (float)(ALPHA_DROP_ALPHA * a * (1.0 - p))};
+    ps_status rc = ops->act_forward(c->be->impl, &shift, count, c->x, c->y, err);
+    if (rc) return rc;
+    if (channels) {
+        const ps_chan_desc d = bn_desc(c->ly, c->n);
+        rc = ops->mul_channels(c->be->impl, &d, c->y, mask, c->y, err);
+    } else {
+        rc = ops->mul(c->be->impl, count, c->y, mask, c->y, err);
+    }
+    if (rc) return rc;
+    return ops->act_forward(c->be->impl, &base, count, c->y, c->y, err);
+}
+
+static ps_status alpha_dropout_forward(ps_layer_call *c, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "alpha dropout", err);
+    if (rc) return rc;
+    alpha_drop_mask(c, host, count);
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
+    return alpha_drop_apply(c, mask, 0, err);
+}
+
+static ps_status feature_alpha_dropout_forward(ps_layer_call *c, ps_err *err) {
+    const ps_chan_desc d = bn_desc(c->ly, c->n);
+    const int64_t count = (int64_t)d.n * d.c;
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "alpha dropout", err);
+    if (rc) return rc;
+    alpha_drop_mask(c, host, count);
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
+    return alpha_drop_apply(c, mask, 1, err);
+}
+
+static ps_status feature_alpha_dropout_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *alpha_dropout_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward ? NULL : "act_forward";
+}
+
+static const char *feature_alpha_dropout_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->mul_channels ? NULL : "act_forward/mul_channels";
+}
+
 /* ---- StochasticDepth: torchvision.ops.StochasticDepth(p, mode), a
  * residual branch dropped whole: per sample ('row') or for the whole
  * batch ('batch'), kept values scaled by 1/(1-p) (at p 1 every value is
@@ -4097,6 +4179,11 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
      dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    /* SELU networks' dropout: the backward is Dropout's / Dropout2d's (dy times the kept mask) */
+    {"AlphaDropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, alpha_dropout_missing, alpha_dropout_forward,
+     dropout_backward, dropout_bytes, NULL, NULL},
+    {"FeatureAlphaDropout", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, feature_alpha_dropout_infer,
+     feature_alpha_dropout_missing, feature_alpha_dropout_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
     {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
      sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
@@ -4321,6 +4408,7 @@ static const struct {
     {"AdaptiveAvgPool1d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"AlphaDropout", dropout_saved}, {"FeatureAlphaDropout", dropout2d_saved},
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
@@ -4360,7 +4448,8 @@ void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) 
 
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
-    if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
+    if (!strcmp(ly->kind->name, "Dropout2d") || !strcmp(ly->kind->name, "FeatureAlphaDropout"))
+        return (int64_t)n * ly->in[0].dims[0];
     if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
     if (!strcmp(ly->kind->name, "MultiheadAttention")) return ly->a.p > 0 ? mha_of(ly, n).p : 0;   /* one per weight */
     if (!strcmp(ly->kind->name, "LSTM") || !strcmp(ly->kind->name, "GRU")) {   /* between layers, in training */
