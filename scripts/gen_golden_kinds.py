@@ -717,6 +717,13 @@ CASES += [
                                         "{name: p, kind: PReLU, num_parameters: 16}", "{name: q, kind: PReLU}",
                                         "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
     ("shrink_blocked", stage([3, 5, 5], SHRINK_CHAIN)),
+    # nn.RReLU: training draws a slope per value (ATen's own, stored as the node's mask), eval the mean slope
+    ("rrelu", stage([2, 6], ["{name: r, kind: RReLU}"])),
+    ("rrelu_bounds", stage([3, 2, 2], ["{name: r, kind: RReLU, lower: 0.05, upper: 0.6}",
+                                       "{name: l, kind: Linear, out_features: 3}"])),
+    ("rrelu_fixed_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                              "{name: r, kind: RReLU, lower: 0.2, upper: 0.2}",
+                                              "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
 ]
 # AlphaDropout / FeatureAlphaDropout after SELU (F.alpha_dropout's own draws, stored as the masks psd replays);
 # feature-wise on (C, H, W), (C, L), (C) and blocked 16 channels
@@ -904,6 +911,25 @@ class TorchAlphaDropout(MaskDropout):
         return y
 
 
+class TorchRReLU(MaskDropout):
+    """nn.RReLU in training through ATen's rrelu_with_noise itself, its
+    noise (the slope of every value at or below 0, 1 elsewhere) recorded as
+    this forward's mask: the slopes psd takes as injected draws. Eval:
+    F.rrelu, the fixed slope (lower + upper) / 2."""
+
+    def __init__(self, lower, upper):
+        super().__init__(False)
+        self.lower, self.upper = lower, upper
+
+    def forward(self, x):
+        if not self.training:
+            return F.rrelu(x, self.lower, self.upper, False)
+        noise = torch.empty_like(x)
+        y = torch._C._nn.rrelu_with_noise(x, noise, self.lower, self.upper, True)
+        self.mask = noise.detach().clone()
+        return y
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -983,6 +1009,8 @@ def make_module(kind, a, shapes, case_name=""):
         return MaskDropout(False)
     if kind == "Dropout2d":
         return MaskDropout(True)
+    if kind == "RReLU":
+        return TorchRReLU(a.get("lower", 1.0 / 8), a.get("upper", 1.0 / 3))
     if kind == "AlphaDropout":
         return TorchAlphaDropout(False)
     if kind == "FeatureAlphaDropout":

@@ -27,6 +27,9 @@
  *    about p dropped, standard-normal input keeps mean 0 and variance 1,
  *    seeds replay, combined forwards draw each part's own, eval is the
  *    identity;
+ *  - RReLU in training: each negative value's slope in [lower, upper),
+ *    its gradient that slope, spread over the range; seeds replay,
+ *    combined forwards draw each part's own; eval is the mean slope's;
  *  - MultiheadAttention with attention dropout: the input gradient vs
  *    finite differences with a mask held fixed, a seed replays its mask,
  *    combined forwards draw each part's own, eval is the training forward
@@ -494,6 +497,86 @@ static void test_alpha_dropout(rng *r) {
             ps_model_free(m);
         }
     free(x); free(out); free(out2); free(k1); free(k2);
+    test_rmtree(dir);
+}
+
+/* ---- RReLU in training, by properties: every negative value's slope
+ * (out / x) in [lower, upper) and its gradient the same slope, positives
+ * passed; the slopes spread over the range; a seed replays them, combined
+ * forwards draw each part's own; eval is LeakyReLU((lower + upper) / 2). ---- */
+static void test_rrelu(rng *r) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    const char *backends[2] = {"ref", "dnnl"};
+    const double lo = 0.1, hi = 0.4;
+    const int n = 500, k = 12;
+    float *x = host_random((size_t)n * k, r), *out = malloc((size_t)n * k * sizeof(float));
+    float *out2 = malloc((size_t)n * k * sizeof(float)), *gin = malloc((size_t)n * k * sizeof(float));
+    float *dy = host_random((size_t)n * k, r);
+    for (int b = 0; b < 2; b++) {
+        snprintf(path, sizeof path, "%s/rrelu_%s.yaml", dir, backends[b]);
+        FILE *f = fopen(path, "w");
+        if (!f) { CHECK_MSG(0, "cannot write %s", path); continue; }
+        fprintf(f, "name: rr\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
+                   "      - {name: r, kind: RReLU, lower: %g, upper: %g}\n", lo, hi);
+        fclose(f);
+        ps_model_opts o = {.file = path, .cpu_backend = backends[b], .seed = 7, .compute_threads = 2, .lr = 0.1f};
+        ps_err err = {0};
+        ps_model *m = ps_model_create(&o, &err);
+        CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
+        if (!m) continue;
+        ps_tape *t = NULL;
+        ps_grads *g = ps_grads_create(m, &err);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out, &t, NULL, &err));
+        if (t && g) OKE(ps_model_backward_acc(m, t, dy, gin, g, &err));
+        int bad = 0, neg = 0, low = 0, high = 0;
+        for (int j = 0; j < n * k; j++) {
+            if (x[j] > 0.0f) {
+                bad += out[j] != x[j] || gin[j] != dy[j];
+                continue;
+            }
+            if (x[j] == 0.0f) continue;
+            const double s = (double)out[j] / x[j];
+            neg++;
+            bad += !(s >= lo - 1e-6 && s < hi + 1e-6) || fabs(gin[j] - s * dy[j]) > 1e-5 * (1.0 + fabs(dy[j]));
+            low += s < lo + (hi - lo) / 4;
+            high += s > hi - (hi - lo) / 4;
+        }
+        CHECK_MSG(!bad, "%s RReLU: %d values off their slope in [%g, %g) (forward or backward)", backends[b], bad, lo, hi);
+        CHECK_MSG(low > neg / 6 && high > neg / 6, "%s RReLU: of %d slopes, %d in the lowest quarter, %d in the highest",
+                  backends[b], neg, low, high);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out2, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RReLU: a seed did not replay its slopes",
+                  backends[b]);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, out2, NULL, NULL, &err));
+        CHECK_MSG(memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RReLU: two seeds drew the same slopes",
+                  backends[b]);
+        {   /* combined forwards: each part its own seed's slopes */
+            const void *xs[2] = {x, x + 200 * k};
+            const int ns[2] = {200, 300};
+            const uint64_t seeds[2] = {55, 56};
+            float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
+            ps_tape *tapes[2] = {NULL, NULL};
+            CHECK_MSG(ps_model_can_group(m, 0, 0), "%s RReLU: not combinable", backends[b]);
+            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+            for (int i = 0; i < 2; i++) {
+                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
+                CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * k * sizeof(float)),
+                          "%s RReLU: combined forward part %d differs from its own forward", backends[b], i);
+                ps_tape_free(tapes[i]);
+                free(outs[i]);
+            }
+        }
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));   /* eval */
+        int ebad = 0;
+        for (int j = 0; j < n * k; j++)
+            ebad += fabsf(out2[j] - (x[j] > 0.0f ? x[j] : (float)((lo + hi) / 2) * x[j])) > 1e-6f;
+        CHECK_MSG(!ebad, "%s RReLU: %d eval values are not LeakyReLU(%g)'s", backends[b], ebad, (lo + hi) / 2);
+        ps_tape_free(t);
+        ps_grads_free(g);
+        ps_model_free(m);
+    }
+    free(x); free(out); free(out2); free(gin); free(dy);
     test_rmtree(dir);
 }
 
@@ -1114,5 +1197,6 @@ int main(void) {
     test_stochastic_depth(&r);   /* last: the others' random data as before it */
     test_attention_dropout(&r);
     test_alpha_dropout(&r);
+    test_rrelu(&r);
     return check_summary("test_nn_model");
 }

@@ -1181,13 +1181,39 @@ static ps_status softshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_
 static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 5, err); }
 
 /* nn.RReLU: in eval PyTorch's LeakyReLU with slope (lower + upper) / 2; in
- * training each negative element's slope is a fresh uniform draw, which
- * psd does not draw: its training forward refuses (rrelu_forward). */
+ * training each element's slope is a uniform draw in [lower, upper)
+ * (rrelu_draws: Dropout's stream and discipline, a replayed forward draws
+ * the same), applied by prelu_forward with one slope per element and kept
+ * in the tape for the backward (dx = dy where x > 0, else slope * dy). In
+ * the plain layout, where the draws' order is the elements'. */
 static ps_status rrelu_infer(ps_layer *ly, ps_err *err) {
     if (!(ly->a.rr_lower <= ly->a.rr_upper))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lower %g is above upper %g", ly->a.rr_lower,
                           ly->a.rr_upper);
     return act_infer_as(ly, ACT_SHRINK + 6, err);
+}
+
+static void rrelu_draws(const ps_layer *ly, ps_rng *rng, float *slope, int64_t n) {
+    const float lo = (float)ly->a.rr_lower, span = (float)(ly->a.rr_upper - ly->a.rr_lower);
+    ps_rng_uniforms(rng, slope, n);
+    for (int64_t i = 0; i < n; i++) slope[i] = lo + slope[i] * span;
+}
+
+static const char *rrelu_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->act_backward && ops->prelu_forward && ops->prelu_backward
+               ? NULL : "act_forward/act_backward/prelu_forward/prelu_backward";
+}
+
+/* the training forward's per-element slopes as prelu's (1, count, 1) */
+static ps_status rrelu_desc(const ps_layer_call *c, ps_chan_desc *d, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    if (count > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node %s: RReLU's training forward of %lld values: more "
+                          "than %d", c->ly->name, (long long)count, INT32_MAX);
+    const ps_chan_desc r = {1, (int)count, 1, PS_LAYOUT_PLAIN, 0.0f};
+    *d = r;
+    return PS_OK;
 }
 
 /* ---- PReLU: nn.PReLU(num_parameters, init), y = x > 0 ? x : w * x with a
@@ -1267,15 +1293,6 @@ static ps_status act_backward(ps_layer_call *c, ps_err *err) {
     int rx = ps_act_backward_reads_x(d.kind);
     return c->be->ops->act_backward(c->be->impl, &d, ps_layer_out_count(c->ly, c->n), rx ? c->x : NULL,
                                     rx ? NULL : c->y, c->dy, c->dx, err);
-}
-
-/* RReLU's training forward refuses (rrelu_infer) */
-static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
-    if (c->train && c->ly->a.rr_lower != c->ly->a.rr_upper)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node %s: RReLU in training draws a random slope per "
-                          "element, which psd does not; train with LeakyReLU(negative_slope=%g) (RReLU's eval) "
-                          "or RReLU(lower=upper)", c->ly->name, (c->ly->a.rr_lower + c->ly->a.rr_upper) / 2.0);
-    return act_forward(c, err);
 }
 
 /* ---- Dropout / Dropout2d: inverted dropout with a mask kept in the tape ---- */
@@ -1382,6 +1399,30 @@ static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *o
 static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
+
+/* RReLU (rrelu_infer): eval the activations' LeakyReLU; training draws a
+ * slope per element, kept in the tape */
+static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
+    if (!c->train) return act_forward(c, err);
+    ps_chan_desc d;
+    ps_status rc = rrelu_desc(c, &d, err);
+    if (rc) return rc;
+    float *slope, *host;
+    if ((rc = mask_begin(c, d.c, &slope, &host, "rrelu slopes", err)) != PS_OK) return rc;
+    if (c->mask) memcpy(host, c->mask, (size_t)d.c * sizeof(float));
+    else rrelu_draws(c->ly, c->rng, host, d.c);
+    if ((rc = mask_end(c, slope, host, d.c, err)) != PS_OK) return rc;
+    return c->be->ops->prelu_forward(c->be->impl, &d, c->x, slope, c->y, err);
+}
+
+static ps_status rrelu_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    if (!c->saved || !c->saved->dev[0]) return act_backward(c, err);
+    ps_chan_desc d;
+    ps_status rc = rrelu_desc(c, &d, err);
+    if (rc) return rc;
+    return c->be->ops->prelu_backward(c->be->impl, &d, c->x, c->saved->dev[0], c->dy, c->dx, NULL, err);
+}
 
 /* ---- AlphaDropout / FeatureAlphaDropout (SELU networks): nn.AlphaDropout(p)
  * keeps SELU's mean and variance. PyTorch's, with A = 1.7580993408473766
@@ -4268,7 +4309,8 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Threshold", F_ACT, 1, 1, threshold_attrs, threshold_infer, act_missing, act_forward, act_backward, NULL, NULL,
      NULL},
-    {"RReLU", F_ACT, 1, 1, rrelu_attrs, rrelu_infer, act_missing, rrelu_forward, act_backward, NULL, NULL, NULL},
+    {"RReLU", PS_KIND_INPLACE | PS_KIND_DROPOUT, 1, 1, rrelu_attrs, rrelu_infer, rrelu_missing, rrelu_forward,
+     rrelu_backward, dropout_bytes, NULL, NULL},
     {"PReLU", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X, 1, 1, prelu_attrs, prelu_infer, prelu_missing, prelu_forward,
      prelu_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
@@ -4426,7 +4468,7 @@ static const struct {
     {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},
     /* shrinks and thresholds, RReLU, PReLU */
     {"CELU", NULL}, {"Softsign", NULL}, {"Tanhshrink", NULL}, {"Hardshrink", NULL}, {"Softshrink", NULL},
-    {"Threshold", NULL}, {"RReLU", NULL}, {"PReLU", NULL},
+    {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 
@@ -4443,6 +4485,10 @@ int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t 
 }
 
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
+    if (!strcmp(ly->kind->name, "RReLU")) {   /* slopes, not keep/drop */
+        rrelu_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
+        return;
+    }
     drop_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
 }
 
