@@ -83,6 +83,9 @@ static const char *const required_prefixes[] = {
      * Threshold(alpha, 0)); ONNX's PRelu tests broadcast slopes over (4, 5) or the last dim, not nn.PReLU's
      * one or per-channel slopes: skipped */
     "test_celu", "test_softsign", "test_shrink_", "test_thresholdedrelu",
+    /* max and min over adjacent axes (torch.max(h, dim=1)'s values, torch.amin; over all axes: the batch's too) */
+    "test_reduce_max_do_not_keepdims", "test_reduce_max_keepdims", "test_reduce_max_negative_axes_keepdims",
+    "test_reduce_min_do_not_keepdims", "test_reduce_min_keepdims", "test_reduce_min_negative_axes_keepdims",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
