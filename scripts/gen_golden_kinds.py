@@ -717,6 +717,56 @@ CASES += [
                                           "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
 ]
 
+# shrinks and thresholds (nn.CELU, Softsign, Tanhshrink, Hardshrink, Softshrink, Threshold) and nn.PReLU (one slope
+# or one per channel, its weight perturbed from 0.25 so each channel's gradient differs); on 16 channels the
+# blocked layouts (PReLU's per-channel slopes in the plain one)
+SHRINK_CHAIN = ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}", "{name: e, kind: CELU, alpha: 0.5}",
+                "{name: th, kind: Threshold, threshold: -0.2, value: 0.3}", "{name: s, kind: Softsign}",
+                "{name: h, kind: Hardshrink, lambd: 0.1}", "{name: t, kind: Tanhshrink}",
+                "{name: k, kind: Softshrink, lambd: 0.01}", "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"]
+CASES += [
+    ("celu", stage([2, 3, 4], ["{name: a, kind: CELU, alpha: 0.7}"])),
+    ("celu_default", stage([7], ["{name: a, kind: CELU}"])),
+    ("celu_alpha2", stage([2, 5], ["{name: a, kind: CELU, alpha: 2.0}"])),
+    ("softsign", stage([7], ["{name: a, kind: Softsign}"])),
+    ("tanhshrink", stage([2, 5], ["{name: a, kind: Tanhshrink}"])),
+    ("hardshrink", stage([2, 6], ["{name: a, kind: Hardshrink}"])),
+    ("hardshrink_lambd", stage([7], ["{name: a, kind: Hardshrink, lambd: 1.2}"])),
+    ("softshrink", stage([2, 6], ["{name: a, kind: Softshrink}"])),
+    ("softshrink_lambd", stage([7], ["{name: a, kind: Softshrink, lambd: 0.3}"])),
+    ("threshold", stage([2, 6], ["{name: a, kind: Threshold, threshold: 0.1, value: -2.0}"])),
+    ("threshold_relu", stage([7], ["{name: a, kind: Threshold, threshold: 0.0, value: 0.0}"])),
+    ("prelu", stage([7], ["{name: p, kind: PReLU}"])),
+    ("prelu_channels", stage([3, 4, 4], ["{name: p, kind: PReLU, num_parameters: 3}"])),
+    ("prelu_channels_1d", stage([4, 5], ["{name: p, kind: PReLU, num_parameters: 4}"])),
+    ("prelu_flat_channels", stage([6], ["{name: p, kind: PReLU, num_parameters: 6}"])),
+    ("prelu_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                        "{name: p, kind: PReLU, num_parameters: 16}", "{name: q, kind: PReLU}",
+                                        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("shrink_blocked", stage([3, 5, 5], SHRINK_CHAIN)),
+    # nn.RReLU: training draws a slope per value (ATen's own, stored as the node's mask), eval the mean slope
+    ("rrelu", stage([2, 6], ["{name: r, kind: RReLU}"])),
+    ("rrelu_bounds", stage([3, 2, 2], ["{name: r, kind: RReLU, lower: 0.05, upper: 0.6}",
+                                       "{name: l, kind: Linear, out_features: 3}"])),
+    ("rrelu_fixed_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                              "{name: r, kind: RReLU, lower: 0.2, upper: 0.2}",
+                                              "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+]
+# AlphaDropout / FeatureAlphaDropout after SELU (F.alpha_dropout's own draws, stored as the masks psd replays);
+# feature-wise on (C, H, W), (C, L), (C) and blocked 16 channels
+CASES += [
+    ("alpha_dropout", stage([2, 6], ["{name: s, kind: SELU}", "{name: d, kind: AlphaDropout, p: 0.3}"])),
+    ("alpha_dropout_default", stage([9], ["{name: d, kind: AlphaDropout}",
+                                          "{name: l, kind: Linear, out_features: 4}"])),
+    ("feature_alpha_dropout", stage([4, 3, 3], ["{name: s, kind: SELU}",
+                                                "{name: d, kind: FeatureAlphaDropout, p: 0.4}"])),
+    ("feature_alpha_dropout_1d", stage([5, 4], ["{name: d, kind: FeatureAlphaDropout, p: 0.25}"])),
+    ("feature_alpha_dropout_flat", stage([6], ["{name: d, kind: FeatureAlphaDropout, p: 0.5}"])),
+    ("feature_alpha_dropout_blocked", stage([3, 5, 5], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}", "{name: s, kind: SELU}",
+        "{name: d, kind: FeatureAlphaDropout, p: 0.2}", "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+]
+
 # ---- recurrent layers run by psd (LSTM, GRU over (L, input_size) per sample): nn.LSTM / nn.GRU with
 # batch_first=True, the output sequence (out of out, _ = rnn(x)); 1 to 3 layers, without bias, sequences of 1 to 7
 # steps, dropout between layers (stored masks, time-major (num_layers - 1, L, N, H)), a batch of 1; a text
@@ -812,6 +862,25 @@ def eltwise_module(kind, a, s0):
         return cls(s0[0], eps=a.get("eps", 1e-5), affine=a.get("affine", False))
     return None
 
+def shrink_module(kind, a, s0):
+    """The torch twin of a shrink, threshold or PReLU node, or None for the other kinds."""
+    if kind == "CELU":
+        return nn.CELU(a.get("alpha", 1.0))
+    if kind == "Softsign":
+        return nn.Softsign()
+    if kind == "Tanhshrink":
+        return nn.Tanhshrink()
+    if kind == "Hardshrink":
+        return nn.Hardshrink(a.get("lambd", 0.5))
+    if kind == "Softshrink":
+        return nn.Softshrink(a.get("lambd", 0.5))
+    if kind == "Threshold":
+        return nn.Threshold(a["threshold"], a["value"])
+    if kind == "PReLU":
+        return nn.PReLU(a.get("num_parameters", 1))
+    return None
+
+
 # batch per case (default N)
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
@@ -826,6 +895,8 @@ SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.
          "hard_blocked": 4.0}
 SCALE.update({"normalize_eps": 0.7, "elu": 2.0, "selu": 2.0, "softplus": 3.0, "softplus_beta_threshold": 2.0, "mish": 3.0,
               "logsigmoid": 3.0, "pow3": 1.5})
+SCALE.update({"celu": 2.0, "celu_alpha2": 3.0, "softsign": 3.0, "tanhshrink": 2.0, "hardshrink_lambd": 2.0,
+              "prelu": 2.0})
 
 
 class MaskDropout(nn.Module):
@@ -874,6 +945,51 @@ class TorchvisionStochasticDepth(nn.Module):
         return y
 
 
+class TorchAlphaDropout(MaskDropout):
+    """F.alpha_dropout / F.feature_alpha_dropout themselves (training mode),
+    their noise recorded as this forward's mask in psd's form (keep / (1 - p),
+    (N, ...) or (N, C)): the draws are redone from the same RNG state as
+    ATen's (bernoulli(1 - p) of the input's shape, or (N, C, 1, ...)) and the
+    affine PyTorch applies is checked to give its output."""
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        fn = F.feature_alpha_dropout if self.channels else F.alpha_dropout
+        state = torch.get_rng_state()
+        y = fn(x, self.p, True)
+        after = torch.get_rng_state()
+        torch.set_rng_state(state)
+        shape = tuple(x.shape[:2]) + (1,) * (x.dim() - 2) if self.channels else tuple(x.shape)
+        keep = torch.empty(shape, dtype=x.dtype).bernoulli_(1 - self.p)
+        assert torch.equal(torch.get_rng_state(), after), "PyTorch drew otherwise"
+        A = 1.7580993408473766
+        a = 1.0 / math.sqrt((A * A * self.p + 1) * (1 - self.p))
+        want = x * (keep * a) + ((keep - 1) * (A * a) + A * a * self.p)
+        assert torch.allclose(y, want, rtol=1e-6, atol=1e-6), "PyTorch's alpha dropout is not a x + b"
+        self.mask = (keep / (1 - self.p)).reshape(self.mask_shape).detach().clone()
+        return y
+
+
+class TorchRReLU(MaskDropout):
+    """nn.RReLU in training through ATen's rrelu_with_noise itself, its
+    noise (the slope of every value at or below 0, 1 elsewhere) recorded as
+    this forward's mask: the slopes psd takes as injected draws. Eval:
+    F.rrelu, the fixed slope (lower + upper) / 2."""
+
+    def __init__(self, lower, upper):
+        super().__init__(False)
+        self.lower, self.upper = lower, upper
+
+    def forward(self, x):
+        if not self.training:
+            return F.rrelu(x, self.lower, self.upper, False)
+        noise = torch.empty_like(x)
+        y = torch._C._nn.rrelu_with_noise(x, noise, self.lower, self.upper, True)
+        self.mask = noise.detach().clone()
+        return y
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -882,6 +998,9 @@ def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
     m = eltwise_module(kind, a, s0)
+    if m is not None:
+        return m
+    m = shrink_module(kind, a, s0)
     if m is not None:
         return m
     if kind == "Conv2d":
@@ -950,6 +1069,12 @@ def make_module(kind, a, shapes, case_name=""):
         return MaskDropout(False)
     if kind == "Dropout2d":
         return MaskDropout(True)
+    if kind == "RReLU":
+        return TorchRReLU(a.get("lower", 1.0 / 8), a.get("upper", 1.0 / 3))
+    if kind == "AlphaDropout":
+        return TorchAlphaDropout(False)
+    if kind == "FeatureAlphaDropout":
+        return TorchAlphaDropout(True)
     if kind == "StochasticDepth":
         return TorchvisionStochasticDepth(a["p"], a["mode"])
     if kind == "Flatten":
@@ -1341,6 +1466,8 @@ def case(idx, name, text):
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
                 m.num_batches_tracked.fill_(3)
+            if kind == "PReLU":   # each slope its own, some above 1, some negative
+                m.weight.add_(0.6 * torch.randn_like(m.weight))
             if kind == "RelativePositionBias" and name == "rpb_rect":   # a loaded index other than the formula's:
                 m.relative_position_index.copy_(m.relative_position_index.flip(0))   # psd gathers by the buffer
     has_bn = any(k.startswith("BatchNorm") for _, k, _, _ in net.nodes)

@@ -271,6 +271,44 @@ def hard_act_cases(c):
               gx=x.grad)
 
 
+# Shrinks, thresholds and PReLU, added later: their own seed (main). Kinks (+-lambd, the threshold, 0) at
+# multiples of 0.1: test_nn_ops' finite differences place every value 0.05 from them.
+SHRINK_ACT = [
+    # name, act, module, alpha, beta
+    ("act_celu", "celu", nn.CELU(0.7), 0.7, 0.0),
+    ("act_celu_1", "celu", nn.CELU(1.0), 1.0, 0.0),          # dnnl: oneDNN's elu
+    ("act_softsign", "softsign", nn.Softsign(), 0.0, 0.0),
+    ("act_tanhshrink", "tanhshrink", nn.Tanhshrink(), 0.0, 0.0),
+    ("act_hardshrink", "hardshrink", nn.Hardshrink(0.5), 0.5, 0.0),
+    ("act_softshrink", "softshrink", nn.Softshrink(0.3), 0.3, 0.0),
+    ("act_threshold", "threshold", nn.Threshold(0.5, -2.0), 0.5, -2.0),
+]
+PRELU = [
+    # name, shape, slopes (1: one for all, else one per channel of dim 1)
+    ("prelu_one", (2, 3, 4, 5), 1),
+    ("prelu_channels", (2, 3, 4, 5), 3),
+    ("prelu_features", (4, 6), 6),
+]
+
+
+def shrink_act_cases(c):
+    for name, act, mod, alpha, beta in SHRINK_ACT:
+        x = rand(2, 3, 4, 5, scale=2.0)
+        y = mod(x)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        c.add(name, desc("act", act=act, alpha=repr(alpha), beta=repr(beta), count=x.numel()), x=x, y=y, gy=gy,
+              gx=x.grad)
+    for name, shape, k in PRELU:
+        x = rand(*shape, scale=2.0)
+        w = (torch.randn(k) * 0.5).requires_grad_(True)
+        y = F.prelu(x, w)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        c.add(name, desc("prelu", n=shape[0], c=k, s=x.numel() // (shape[0] * k)), x=x, w=w, y=y, gy=gy, gx=x.grad,
+              gw=w.grad)
+
+
 # ---- softmax over a dimension ---------------------------------------------
 
 SOFTMAX = [
@@ -371,6 +409,8 @@ def main():
     hard_act_cases(c)
     torch.manual_seed(SEED + 2)
     adaptive_cases(c)
+    torch.manual_seed(SEED + 3)
+    shrink_act_cases(c)
     meta = dict(c.meta)
     meta.update({"generator": "scripts/gen_golden_ops.py", "torch": torch.__version__, "cases": ",".join(c.names)})
     path = os.path.join(out, 'nn_ops.safetensors')

@@ -24,7 +24,8 @@
  * int64 ids with a row-sparse gradient (rnn_lm's emb), convnext's Permute
  * and Scale (layer scale) kinds in a residual block, LayerNorm (its saved
  * mean and rstd cut per context; affine and not, one and several rows a
- * sample), a vit encoder block (class token and positional embedding
+ * sample), PReLU, RReLU, AlphaDropout and FeatureAlphaDropout (each context's slope gradients, slopes and
+ * masks its own), a vit encoder block (class token and positional embedding
  * Parameters, LayerNorm, MultiheadAttention with attention dropout - its
  * tape cut per context, each context's attention mask its own -, a GELU
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
@@ -455,6 +456,23 @@ static void run_convnext_kinds(void) {
              "      - {name: fc, kind: Linear, out_features: 10}\n");
 }
 
+/* The learned and drawn activations: PReLU per channel and with one slope (each context's slope gradients
+ * its own), RReLU's slopes and AlphaDropout's / FeatureAlphaDropout's masks drawn per context, and shrinks. */
+static void run_shrink_kinds(void) {
+    run_file("[4, 3, 3]",
+             "      - {name: conv, kind: Conv2d, out_channels: 6, kernel_size: 1}\n"
+             "      - {name: pr, kind: PReLU, num_parameters: 6, init: {weight: \"normal(0.2, 0.5)\"}}\n"
+             "      - {name: fad, kind: FeatureAlphaDropout, p: 0.3}\n"
+             "      - {name: rr, kind: RReLU, lower: 0.1, upper: 0.4}\n"
+             "      - {name: cel, kind: CELU, alpha: 0.5}\n"
+             "      - {name: flat, kind: Flatten}\n"
+             "      - {name: fc, kind: Linear, out_features: 16}\n"
+             "      - {name: ss, kind: Softshrink, lambd: 0.1}\n"
+             "      - {name: ad, kind: AlphaDropout, p: 0.2}\n"
+             "      - {name: pr1, kind: PReLU}\n"
+             "      - {name: out, kind: Linear, out_features: 10}\n");
+}
+
 /* Parameters used at several sites (share:, tie:; docs/models.md "Shared
  * parameters"): a Linear applied three times and a LayerNorm and a
  * MultiheadAttention twice in a chain, and an Embedding tied to its decoder
@@ -676,6 +694,7 @@ int main(void) {
     run_padmask();
     run_convnext_kinds();
     run_layernorm();
+    run_shrink_kinds();
     run_vit_block();
     run_shared();
     run_hand_attention();

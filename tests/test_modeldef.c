@@ -228,6 +228,19 @@ static void test_errors(void) {
                "node 'a' (Conv2d)", "it takes 3 dimensions of float32");
     expect_err("range.yaml", HEAD "      - {name: a, kind: Dropout, p: 1}\n", 1, 6, "node 'a' (Dropout)",
                "p: 1 is outside [0, 1)");
+    /* shrinks, thresholds, PReLU, RReLU, alpha dropout */
+    expect_err("prelu_c.yaml", HEAD "      - {name: a, kind: PReLU, num_parameters: 3}\n", 1, 6, "node 'a' (PReLU)",
+               "num_parameters: 3, where the input has 8 channels (dim 1): PReLU takes 1 or the channels");
+    expect_err("rrelu.yaml", HEAD "      - {name: a, kind: RReLU, lower: 0.5, upper: 0.2}\n", 1, 6, "node 'a' (RReLU)",
+               "lower 0.5 is above upper 0.2");
+    expect_err("celu.yaml", HEAD "      - {name: a, kind: CELU, alpha: 0}\n", 1, 6, "node 'a' (CELU)",
+               "alpha: 0 (CELU divides by alpha)");
+    expect_err("softshrink.yaml", HEAD "      - {name: a, kind: Softshrink, lambd: -0.5}\n", 1, 6,
+               "node 'a' (Softshrink)", "lambd: -0.5 is outside");
+    expect_err("threshold.yaml", HEAD "      - {name: a, kind: Threshold, threshold: 0.5}\n", 1, 6,
+               "node 'a' (Threshold)", "value");
+    expect_err("alpha_p.yaml", HEAD "      - {name: a, kind: AlphaDropout, p: 1}\n", 1, 6, "node 'a' (AlphaDropout)",
+               "p: 1 is outside [0, 1)");
     expect_err("sd_p.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 1.5, mode: row}\n", 1, 6,
                "node 'a' (StochasticDepth)", "p: 1.5 is outside [0, 1]");
     expect_err("sd_mode.yaml", HEAD "      - {name: a, kind: StochasticDepth, p: 0.2, mode: rows}\n", 0, 6,

@@ -21,6 +21,15 @@
  *    forwards; the backward zeroes and scales exactly the samples the
  *    forward did; a seed replays its masks, combined forwards ('row' only)
  *    draw each part's own; p 1 drops everything; eval is the identity;
+ *  - AlphaDropout and FeatureAlphaDropout (ref and dnnl), by properties:
+ *    each value kept (a x + b, gradient a dy) or dropped (PyTorch's
+ *    constant, gradient 0), per (sample, channel) for the feature kind,
+ *    about p dropped, standard-normal input keeps mean 0 and variance 1,
+ *    seeds replay, combined forwards draw each part's own, eval is the
+ *    identity;
+ *  - RReLU in training: each negative value's slope in [lower, upper),
+ *    its gradient that slope, spread over the range; seeds replay,
+ *    combined forwards draw each part's own; eval is the mean slope's;
  *  - MultiheadAttention with attention dropout: the input gradient vs
  *    finite differences with a mask held fixed, a seed replays its mask,
  *    combined forwards draw each part's own, eval is the training forward
@@ -362,6 +371,212 @@ static void test_stochastic_depth(rng *r) {
         }
         free(x); free(d); free(d2);
     }
+    test_rmtree(dir);
+}
+
+/* ---- AlphaDropout / FeatureAlphaDropout, by properties (their draws are
+ * psd's, not PyTorch's): with PyTorch's constants A = 1.7580993408473766,
+ * a = ((1 - p)(1 + p A^2))^-1/2, every value is either kept, a x + A a p
+ * with gradient a dy, or dropped, -A a (1 - p) with gradient 0;
+ * FeatureAlphaDropout decides per (sample, channel); about p of them drop;
+ * standard-normal input keeps mean 0 and variance 1; a seed replays its
+ * masks and combined forwards draw each part's own; eval is the identity. ---- */
+
+static ps_model *make_alpha_drop(const char *dir, const char *backend, const char *kind, double p) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/ad_%s_%s_%g.yaml", dir, backend, kind, p);
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f, "cannot write %s", path);
+    if (!f) return NULL;
+    fprintf(f, "name: ad\nmax_batch: 4096\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
+               "      - {name: d, kind: %s, p: %g}\n", kind, p);
+    fclose(f);
+    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.1f};
+    ps_err err = {0};
+    ps_model *m = ps_model_create(&o, &err);
+    CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
+    return m;
+}
+
+/* One training forward and backward of n samples of 12 values: kept[i] 1
+ * for a kept value, 0 for a dropped one (-1 and a failed check for a value
+ * that is neither, forward or backward); out receives the forward's output. */
+static void alpha_drop_run(ps_model *m, const char *label, const float *x, int n, uint64_t seed, double p,
+                           int *kept, float *out, rng *r) {
+    ps_err err = {0};
+    const int64_t count = (int64_t)n * 12;
+    const double A = 1.7580993408473766, a = 1.0 / sqrt((1.0 - p) * (1.0 + p * A * A));
+    float *gin = malloc((size_t)count * sizeof(float)), *dy = host_random((size_t)count, r);
+    ps_tape *t = NULL;
+    ps_grads *g = ps_grads_create(m, &err);
+    OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, seed, out, &t, NULL, &err));
+    if (t && g) OKE(ps_model_backward_acc(m, t, dy, gin, g, &err));
+    int bad = 0;
+    for (int64_t j = 0; j < count; j++) {
+        const double keep_v = a * x[j] + A * a * p, drop_v = -A * a * (1.0 - p);
+        const int k = fabs(out[j] - keep_v) <= 1e-5 * (1.0 + fabs(keep_v)) &&
+                      fabs(gin[j] - a * dy[j]) <= 1e-5 * (1.0 + fabs(a * dy[j]));
+        const int d = fabs(out[j] - drop_v) <= 1e-5 * (1.0 + fabs(drop_v)) && gin[j] == 0.0f;
+        kept[j] = k ? 1 : d ? 0 : -1;
+        bad += kept[j] < 0;
+    }
+    CHECK_MSG(!bad, "%s: %d of %lld values neither kept (a x + A a p, gradient a dy) nor dropped (-A a (1 - p), "
+              "gradient 0)", label, bad, (long long)count);
+    ps_tape_free(t);
+    ps_grads_free(g);
+    free(gin); free(dy);
+}
+
+static void test_alpha_dropout(rng *r) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX";
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    const char *backends[2] = {"ref", "dnnl"}, *kinds[2] = {"AlphaDropout", "FeatureAlphaDropout"};
+    const int n = 2000;
+    const int64_t count = (int64_t)n * 12;
+    float *x = malloc((size_t)count * sizeof(float)), *out = malloc((size_t)count * sizeof(float));
+    float *out2 = malloc((size_t)count * sizeof(float));
+    int *k1 = malloc((size_t)count * sizeof(int)), *k2 = malloc((size_t)count * sizeof(int));
+    for (int64_t j = 0; j < count; j += 2) {   /* standard normal (Box-Muller) */
+        const double u1 = (rng_uniform(r) + 1.0) / 2.0 + 1e-12, u2 = (rng_uniform(r) + 1.0) / 2.0;
+        x[j] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+        x[j + 1] = (float)(sqrt(-2.0 * log(u1)) * sin(2.0 * M_PI * u2));
+    }
+    for (int b = 0; b < 2; b++)
+        for (int kk = 0; kk < 2; kk++) {
+            const double p = 0.2;
+            char label[96];
+            snprintf(label, sizeof label, "%s %s", backends[b], kinds[kk]);
+            ps_model *m = make_alpha_drop(dir, backends[b], kinds[kk], p);
+            if (!m) continue;
+            alpha_drop_run(m, label, x, n, 100, p, k1, out, r);
+            int64_t dropped = 0, split = 0;
+            double mean = 0.0, var = 0.0;
+            for (int64_t j = 0; j < count; j++) {
+                dropped += k1[j] == 0;
+                mean += out[j];
+            }
+            mean /= (double)count;
+            for (int64_t j = 0; j < count; j++) var += (out[j] - mean) * (out[j] - mean);
+            var /= (double)(count - 1);
+            for (int64_t q = 0; kk == 1 && q < count / 4; q++)   /* channels of 4 values: one decision each */
+                for (int v = 1; v < 4; v++) split += k1[q * 4 + v] != k1[q * 4];
+            CHECK_MSG(!split, "%s: %lld channels partly dropped", label, (long long)split);
+            /* 24,000 values (6,000 channels): p within 4 standard errors */
+            const double units = kk ? count / 4.0 : (double)count, frac = (double)dropped / (double)count;
+            CHECK_MSG(fabs(frac - p) < 4.0 * sqrt(p * (1.0 - p) / units), "%s: dropped %.4f of the values, p is %g",
+                      label, frac, p);
+            CHECK_MSG(fabs(mean) < 0.05 && fabs(var - 1.0) < 0.08, "%s: standard-normal input came out with mean %.4f,"
+                      " variance %.4f (want 0 and 1)", label, mean, var);
+            alpha_drop_run(m, label, x, n, 100, p, k2, out2, r);   /* seed 100 again: the same mask */
+            CHECK_MSG(!memcmp(k1, k2, (size_t)count * sizeof(int)), "%s: a seed's forward did not replay its mask",
+                      label);
+            alpha_drop_run(m, label, x, n, 101, p, k2, out2, r);
+            CHECK_MSG(memcmp(k1, k2, (size_t)count * sizeof(int)), "%s: two seeds drew the same mask", label);
+            {   /* combined forwards (psd's batched Forwards): each part its own seed's mask */
+                ps_err err = {0};
+                const void *xs[2] = {x, x + 300 * 12};
+                const int ns[2] = {300, 700};
+                const uint64_t seeds[2] = {55, 56};
+                float *outs[2] = {malloc(300 * 12 * sizeof(float)), malloc(700 * 12 * sizeof(float))};
+                ps_tape *tapes[2] = {NULL, NULL};
+                CHECK_MSG(ps_model_can_group(m, 0, 0), "%s: not combinable", label);
+                OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+                for (int i = 0; i < 2; i++) {
+                    OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
+                    CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * 12 * sizeof(float)),
+                              "%s: combined forward part %d differs from its own forward", label, i);
+                    ps_tape_free(tapes[i]);
+                    free(outs[i]);
+                }
+            }
+            {   /* eval: the identity */
+                ps_err err = {0};
+                OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));
+                CHECK_MSG(!memcmp(out2, x, (size_t)count * sizeof(float)), "%s: eval is not the identity", label);
+            }
+            ps_model_free(m);
+        }
+    free(x); free(out); free(out2); free(k1); free(k2);
+    test_rmtree(dir);
+}
+
+/* ---- RReLU in training, by properties: every negative value's slope
+ * (out / x) in [lower, upper) and its gradient the same slope, positives
+ * passed; the slopes spread over the range; a seed replays them, combined
+ * forwards draw each part's own; eval is LeakyReLU((lower + upper) / 2). ---- */
+static void test_rrelu(rng *r) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    const char *backends[2] = {"ref", "dnnl"};
+    const double lo = 0.1, hi = 0.4;
+    const int n = 500, k = 12;
+    float *x = host_random((size_t)n * k, r), *out = malloc((size_t)n * k * sizeof(float));
+    float *out2 = malloc((size_t)n * k * sizeof(float)), *gin = malloc((size_t)n * k * sizeof(float));
+    float *dy = host_random((size_t)n * k, r);
+    for (int b = 0; b < 2; b++) {
+        snprintf(path, sizeof path, "%s/rrelu_%s.yaml", dir, backends[b]);
+        FILE *f = fopen(path, "w");
+        if (!f) { CHECK_MSG(0, "cannot write %s", path); continue; }
+        fprintf(f, "name: rr\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
+                   "      - {name: r, kind: RReLU, lower: %g, upper: %g}\n", lo, hi);
+        fclose(f);
+        ps_model_opts o = {.file = path, .cpu_backend = backends[b], .seed = 7, .compute_threads = 2, .lr = 0.1f};
+        ps_err err = {0};
+        ps_model *m = ps_model_create(&o, &err);
+        CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
+        if (!m) continue;
+        ps_tape *t = NULL;
+        ps_grads *g = ps_grads_create(m, &err);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out, &t, NULL, &err));
+        if (t && g) OKE(ps_model_backward_acc(m, t, dy, gin, g, &err));
+        int bad = 0, neg = 0, low = 0, high = 0;
+        for (int j = 0; j < n * k; j++) {
+            if (x[j] > 0.0f) {
+                bad += out[j] != x[j] || gin[j] != dy[j];
+                continue;
+            }
+            if (x[j] == 0.0f) continue;
+            const double s = (double)out[j] / x[j];
+            neg++;
+            bad += !(s >= lo - 1e-6 && s < hi + 1e-6) || fabs(gin[j] - s * dy[j]) > 1e-5 * (1.0 + fabs(dy[j]));
+            low += s < lo + (hi - lo) / 4;
+            high += s > hi - (hi - lo) / 4;
+        }
+        CHECK_MSG(!bad, "%s RReLU: %d values off their slope in [%g, %g) (forward or backward)", backends[b], bad, lo, hi);
+        CHECK_MSG(low > neg / 6 && high > neg / 6, "%s RReLU: of %d slopes, %d in the lowest quarter, %d in the highest",
+                  backends[b], neg, low, high);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out2, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RReLU: a seed did not replay its slopes",
+                  backends[b]);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, out2, NULL, NULL, &err));
+        CHECK_MSG(memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RReLU: two seeds drew the same slopes",
+                  backends[b]);
+        {   /* combined forwards: each part its own seed's slopes */
+            const void *xs[2] = {x, x + 200 * k};
+            const int ns[2] = {200, 300};
+            const uint64_t seeds[2] = {55, 56};
+            float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
+            ps_tape *tapes[2] = {NULL, NULL};
+            CHECK_MSG(ps_model_can_group(m, 0, 0), "%s RReLU: not combinable", backends[b]);
+            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+            for (int i = 0; i < 2; i++) {
+                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
+                CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * k * sizeof(float)),
+                          "%s RReLU: combined forward part %d differs from its own forward", backends[b], i);
+                ps_tape_free(tapes[i]);
+                free(outs[i]);
+            }
+        }
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));   /* eval */
+        int ebad = 0;
+        for (int j = 0; j < n * k; j++)
+            ebad += fabsf(out2[j] - (x[j] > 0.0f ? x[j] : (float)((lo + hi) / 2) * x[j])) > 1e-6f;
+        CHECK_MSG(!ebad, "%s RReLU: %d eval values are not LeakyReLU(%g)'s", backends[b], ebad, (lo + hi) / 2);
+        ps_tape_free(t);
+        ps_grads_free(g);
+        ps_model_free(m);
+    }
+    free(x); free(out); free(out2); free(gin); free(dy);
     test_rmtree(dir);
 }
 
@@ -981,5 +1196,7 @@ int main(void) {
     test_optim_state(&r);
     test_stochastic_depth(&r);   /* last: the others' random data as before it */
     test_attention_dropout(&r);
+    test_alpha_dropout(&r);
+    test_rrelu(&r);
     return check_summary("test_nn_model");
 }

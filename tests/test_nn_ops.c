@@ -422,8 +422,10 @@ static const char *const kActNames[PS_ACT_COUNT] = {
     [PS_ACT_ELU] = "elu", [PS_ACT_SELU] = "selu", [PS_ACT_SOFTPLUS] = "softplus", [PS_ACT_MISH] = "mish",
     [PS_ACT_LOGSIGMOID] = "logsigmoid", [PS_ACT_EXP] = "exp", [PS_ACT_LOG] = "log", [PS_ACT_ABS] = "abs",
     [PS_ACT_SQRT] = "sqrt", [PS_ACT_POW] = "pow", [PS_ACT_LINEAR] = "linear",
+    [PS_ACT_CELU] = "celu", [PS_ACT_SOFTSIGN] = "softsign", [PS_ACT_TANHSHRINK] = "tanhshrink",
+    [PS_ACT_HARDSHRINK] = "hardshrink", [PS_ACT_SOFTSHRINK] = "softshrink", [PS_ACT_THRESHOLD] = "threshold",
 };
-_Static_assert(PS_ACT_LINEAR + 1 == PS_ACT_COUNT, "kActNames names every activation");
+_Static_assert(PS_ACT_THRESHOLD + 1 == PS_ACT_COUNT, "kActNames names every activation");
 
 static ps_act_desc act_desc_of(const gcase *c) {
     char buf[32];
@@ -432,7 +434,7 @@ static ps_act_desc act_desc_of(const gcase *c) {
     for (int k = 0; k < PS_ACT_COUNT; k++)
         if (name && kActNames[k] && !strcmp(name, kActNames[k])) d.kind = k;
     PS_ASSERT(d.kind >= 0);
-    if (d.kind == PS_ACT_HARDTANH) d.beta = (float)attr_f(c, "beta");
+    if (d.kind == PS_ACT_HARDTANH || d.kind == PS_ACT_THRESHOLD) d.beta = (float)attr_f(c, "beta");
     return d;
 }
 
@@ -490,6 +492,30 @@ static void run_dropout2d(ps_backend *b, const gcase *c, io *v, const run_opts *
         ps_backend_release(b, DY);
     }
     ps_backend_release(b, X); ps_backend_release(b, Y); ps_backend_release(b, MK);
+}
+
+/* PReLU (plain layout): y, and the backward's dx and dw together and each alone. */
+static void run_prelu(ps_backend *b, const gcase *c, io *v, const run_opts *o) {
+    (void)o;
+    const ps_chan_desc d = { .n = (int)attr_i(c, "n"), .c = (int)attr_i(c, "c"), .s = attr_i(c, "s"),
+                             .layout = PS_LAYOUT_PLAIN };
+    const size_t nx = (size_t)d.n * d.c * d.s;
+    float *X = dev_from(b, in_get(v, "x"), nx), *W = dev_from(b, in_get(v, "w"), (size_t)d.c);
+    float *Y = dev_from(b, NULL, nx);
+    RUN(b, prelu_forward, &d, X, W, Y);
+    vec_out(b, v, "y", Y, nx);
+    if (!o->fwd_only) {
+        float *DY = dev_from(b, in_get(v, "gy"), nx), *DX = dev_from(b, NULL, nx), *DW = dev_from(b, NULL, (size_t)d.c);
+        RUN(b, prelu_backward, &d, X, W, DY, DX, DW);
+        vec_out(b, v, "gx", DX, nx);
+        vec_out(b, v, "gw", DW, (size_t)d.c);
+        RUN(b, prelu_backward, &d, X, W, DY, NULL, DW);
+        vec_out(b, v, "gw#alone", DW, (size_t)d.c);
+        RUN(b, prelu_backward, &d, X, W, DY, DX, NULL);
+        vec_out(b, v, "gx#alone", DX, nx);
+        ps_backend_release(b, DY); ps_backend_release(b, DX); ps_backend_release(b, DW);
+    }
+    ps_backend_release(b, X); ps_backend_release(b, W); ps_backend_release(b, Y);
 }
 
 /* Adaptive average pooling (plain layout only). */
@@ -582,6 +608,7 @@ static const kind_row kKinds[] = {
     { "concat", run_concat, 1, 0 },
     { "add", run_add, 0, 0 },
     { "adaptive", run_adaptive, 0, 0 },
+    { "prelu", run_prelu, 0, 0 },
 };
 
 static const kind_row *kind_of(const gcase *c) {
@@ -786,6 +813,10 @@ static void fd_case(ps_backend *ref, const gcase *c, rng *r) {
     /* the hard activations' kinks (0, 6, +-3 and their cases' min/max, all multiples of 0.5) stay 5 FD_EPS
      * from every value, which reach past +-3 */
     if (act && (!strcmp(act, "hardtanh") || !strcmp(act, "hardswish") || !strcmp(act, "hardsigmoid")))
+        fill_distinct(in_get(&v, "x"), in_len(&v, "x"), 10 * FD_EPS, r);
+    /* the shrinks' and thresholds' kinks (their cases' lambd and threshold, multiples of 0.1) and PReLU's 0 */
+    if ((act && (!strcmp(act, "hardshrink") || !strcmp(act, "softshrink") || !strcmp(act, "threshold"))) ||
+        !strcmp(k->kind, "prelu"))
         fill_distinct(in_get(&v, "x"), in_len(&v, "x"), 10 * FD_EPS, r);
     run_opts o = { 0 };
     k->run(ref, c, &v, &o);

@@ -21,6 +21,9 @@
  *    a Concat computing what it should, 65 refused;
  *  - shufflenet's unit: Slices as Narrows, channel_shuffle's Reshape,
  *    Transpose, Reshape as one ChannelShuffle, computing what it should;
+ *  - nn.PReLU's and nn.RReLU's exports: PRelu of Unsqueeze(weight) as PReLU,
+ *    PRelu of RandomUniformLike as RReLU; other RandomUniformLike readers and
+ *    a slope over the last dim refused;
  *  - attention's pieces: a view's shape folded from the exporters'
  *    expand(-1) arithmetic (Reshape of a constant, Shape, ConstantOfShape,
  *    Sub, Add, Equal, Where), a MatMul of a value and its Transpose, a
@@ -995,6 +998,59 @@ static void test_expand_param(void) {
     }
 }
 
+/* nn.PReLU and nn.RReLU as PyTorch 1.13 exports them: PRelu(x, Unsqueeze(p.weight, [1])) over (N, 3, 4) is
+ * node p of kind PReLU with 3 slopes bound to p.weight; PRelu(x, RandomUniformLike(x)) is RReLU with its low
+ * and high; a RandomUniformLike read by anything else, and a slope over the last dim, refused. */
+static void test_prelu_rrelu(void) {
+    int64_t d[3] = {2, 3, 4}, three = 3, four = 4, ax[1] = {1};
+    float w[4] = {0.1f, -0.2f, 0.3f, 0.4f};
+    const char *uq[2] = {"p.weight", "axes"}, *pr[2] = {"x", "s"}, *ru[1] = {"x"}, *add[2] = {"x", "r"};
+    buf vi, vo;   /* fresh for each model (model() takes them) */
+#define IO() (vi = value_info("x", 3, d), vo = value_info("y", 3, d))
+    {
+        buf inits[2] = {tensor("p.weight", 1, &three, w, 3), tensor_i64("axes", 1, ax)};
+        buf ns[2] = {node("/p/Unsqueeze", "Unsqueeze", 2, uq, "s", 0, NULL), node("/p/PRelu", "PRelu", 2, pr, "y", 0, NULL)};
+        IO();
+        buf m = model(13, ns, 2, inits, 2, &vi, &vo);
+        char *y = yaml_of(&m);
+        CHECK_MSG(strstr(y, "{name: p, kind: PReLU, num_parameters: 3}"), "prelu: %s", y);
+        if (strstr(y, "{name: p, kind: PReLU, num_parameters: 3}")) printf("ok: PRelu of Unsqueeze(p.weight) is PReLU p\n");
+        free(y);
+        free(m.p);
+    }
+    {
+        attr_spec a[2] = {{"low", 1, 0.1, 0, 0, {0}}, {"high", 1, 0.3, 0, 0, {0}}};
+        buf ns[2] = {node("/RandomUniformLike", "RandomUniformLike", 1, ru, "s", 2, a),
+                     node("/PRelu", "PRelu", 2, pr, "y", 0, NULL)};
+        IO();
+        buf m = model(13, ns, 2, NULL, 0, &vi, &vo);
+        char *y = yaml_of(&m);
+        const int ok = strstr(y, "kind: RReLU, lower: 0.1, upper: 0.3") != NULL;
+        CHECK_MSG(ok, "rrelu: %s", y);
+        if (ok) printf("ok: PRelu of RandomUniformLike(x) is RReLU(low, high)\n");
+        free(y);
+        free(m.p);
+        buf ns2[2] = {node("/RandomUniformLike", "RandomUniformLike", 1, ru, "r", 2, a),
+                      node("/Add", "Add", 2, add, "y", 0, NULL)};
+        IO();
+        m = model(13, ns2, 2, NULL, 0, &vi, &vo);
+        expect_refusal("a RandomUniformLike added", &m, PS_ERR_UNIMPLEMENTED,
+                       "RandomUniformLike other than nn.RReLU's");
+        free(m.p);
+    }
+    {
+        buf init = tensor("slope", 1, &four, w, 4);
+        const char *pr2[2] = {"x", "slope"};
+        buf n = node("/PRelu", "PRelu", 2, pr2, "y", 0, NULL);
+        IO();
+        buf m = model(13, &n, 1, &init, 1, &vi, &vo);
+        expect_refusal("a PRelu slope over the last dim", &m, PS_ERR_UNIMPLEMENTED,
+                       "psd's PReLU takes one slope or one per channel");
+        free(m.p);
+    }
+#undef IO
+}
+
 /* The int lists ONNX moved from an attribute to an input (moved_ints):
  * Squeeze's axes as an attribute (opset 11) folding a constant, with 9
  * axes (one past psd's rank limit: the fold once read past its array),
@@ -1154,5 +1210,6 @@ int main(void) {
     test_attributes();
     test_old_opsets();
     test_moved_ints();
+    test_prelu_rrelu();
     return check_summary("test_onnx_import");
 }

@@ -79,6 +79,10 @@ static const char *const required_prefixes[] = {
     "test_reduce_sum_do_not_keepdims", "test_reduce_sum_keepdims", "test_reduce_sum_negative_axes_keepdims_example",
     /* global max pooling (adaptive_max_pool2d to 1) */
     "test_globalmaxpool",
+    /* shrinks and thresholds (nn.CELU, nn.Softsign, Shrink as Hardshrink / Softshrink, ThresholdedRelu as
+     * Threshold(alpha, 0)); ONNX's PRelu tests broadcast slopes over (4, 5) or the last dim, not nn.PReLU's
+     * one or per-channel slopes: skipped */
+    "test_celu", "test_softsign", "test_shrink_", "test_thresholdedrelu",
     /* max and min over adjacent axes (torch.max(h, dim=1)'s values, torch.amin; over all axes: the batch's too) */
     "test_reduce_max_do_not_keepdims", "test_reduce_max_keepdims", "test_reduce_max_negative_axes_keepdims",
     "test_reduce_min_do_not_keepdims", "test_reduce_min_keepdims", "test_reduce_min_negative_axes_keepdims",

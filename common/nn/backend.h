@@ -443,6 +443,15 @@ typedef struct ps_rnn_cell_desc {
  *              alpha is 0)
  *   LINEAR     alpha * x + beta (AddConstant: 1, value); its backward
  *              reads neither x nor y (counted as y: it may run in place)
+ * Shrinks and thresholds (alpha, beta as listed):
+ *   CELU       x > 0 ? x : alpha * (exp(x / alpha) - 1)  (alpha: CELU's)
+ *   SOFTSIGN   x / (1 + |x|)
+ *   TANHSHRINK x - tanh(x)
+ *   HARDSHRINK |x| > alpha ? x : 0 (gradient 1 there, else 0; alpha: lambd)
+ *   SOFTSHRINK x > alpha ? x - alpha : x < -alpha ? x + alpha : 0 (gradient
+ *              1 outside [-alpha, alpha], else 0; alpha: lambd)
+ *   THRESHOLD  x > alpha ? x : beta (alpha: threshold, beta: value;
+ *              gradient 1 above the threshold, else 0)
  * The backward of RELU, TANH, SIGMOID and HARDTANH reads y (the forward's
  * output; HARDTANH's y is strictly inside (alpha, beta) exactly when x is),
  * the others read x (the input): ps_act_backward_reads_x says which, so
@@ -471,14 +480,22 @@ typedef enum {
     PS_ACT_SQRT,
     PS_ACT_POW,
     PS_ACT_LINEAR,
+    /* shrinks and thresholds */
+    PS_ACT_CELU,
+    PS_ACT_SOFTSIGN,
+    PS_ACT_TANHSHRINK,
+    PS_ACT_HARDSHRINK,
+    PS_ACT_SOFTSHRINK,
+    PS_ACT_THRESHOLD,
     PS_ACT_COUNT
 } ps_act_kind;
 
 typedef struct ps_act_desc {
     int kind;                   /* a ps_act_kind */
     float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val, ELU's alpha, SOFTPLUS's
-                                   beta, POW's exponent, LINEAR's factor */
-    float beta;                 /* HARDTANH's max_val, SOFTPLUS's threshold, LINEAR's term */
+                                   beta, POW's exponent, LINEAR's factor, CELU's alpha, the shrinks' lambd,
+                                   THRESHOLD's threshold */
+    float beta;                 /* HARDTANH's max_val, SOFTPLUS's threshold, LINEAR's term, THRESHOLD's value */
 } ps_act_desc;
 
 static inline int ps_act_backward_reads_x(int kind) {
@@ -871,6 +888,17 @@ typedef struct ps_backend_ops {
     ps_status (*rnn_cell_backward)(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
                                    const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
                                    float *dgh, float *dh_prev, ps_err *err);
+    /* ---- appended for PReLU (nn.PReLU): over an activation of d->n
+     * samples of d->c channels of d->s values each, one slope w[k] per
+     * channel k: y = x > 0 ? x : w[k] * x. d->layout is PS_LAYOUT_PLAIN
+     * unless d->c is 1 (one slope for every element: any layout). ---- */
+    ps_status (*prelu_forward)(void *impl, const ps_chan_desc *d, const float *x, const float *w, float *y,
+                               ps_err *err);
+    /* dx = x > 0 ? dy : w[k] * dy; dw[k] = the sum over the samples and
+     * values of channel k of (x > 0 ? 0 : x * dy). dx or dw may be NULL
+     * (not computed); both are overwritten. */
+    ps_status (*prelu_backward)(void *impl, const ps_chan_desc *d, const float *x, const float *w, const float *dy,
+                                float *dx, float *dw, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1026,6 +1026,11 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_EXP == (int)PS_ACT_EXP && (int)PS_CUDA_ACT_LOG == (int)PS_ACT_LOG &&
                (int)PS_CUDA_ACT_ABS == (int)PS_ACT_ABS && (int)PS_CUDA_ACT_SQRT == (int)PS_ACT_SQRT &&
                (int)PS_CUDA_ACT_POW == (int)PS_ACT_POW && (int)PS_CUDA_ACT_LINEAR == (int)PS_ACT_LINEAR &&
+               (int)PS_CUDA_ACT_CELU == (int)PS_ACT_CELU && (int)PS_CUDA_ACT_SOFTSIGN == (int)PS_ACT_SOFTSIGN &&
+               (int)PS_CUDA_ACT_TANHSHRINK == (int)PS_ACT_TANHSHRINK &&
+               (int)PS_CUDA_ACT_HARDSHRINK == (int)PS_ACT_HARDSHRINK &&
+               (int)PS_CUDA_ACT_SOFTSHRINK == (int)PS_ACT_SOFTSHRINK &&
+               (int)PS_CUDA_ACT_THRESHOLD == (int)PS_ACT_THRESHOLD &&
                (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
@@ -1261,6 +1266,21 @@ static ps_status cu_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, cons
                                                           c->stream));
 }
 
+static ps_status cu_prelu_forward(void *impl, const ps_chan_desc *d, const float *x, const float *w, float *y,
+                                  ps_err *err) {
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda: prelu of %d slopes in layout %d", d->c, d->layout);
+    if ((int64_t)d->n * d->c * d->s <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_prelu_forward(d->n, d->c, d->s, x, w, y, c->stream));
+}
+
+static ps_status cu_prelu_backward(void *impl, const ps_chan_desc *d, const float *x, const float *w, const float *dy,
+                                   float *dx, float *dw, ps_err *err) {
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "cuda: prelu of %d slopes in layout %d", d->c, d->layout);
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_prelu_backward(d->n, d->c, d->s, x, w, dy, dx, dw, c->stream));
+}
+
 static ps_status cu_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
                                       const float *c_prev, const float *c_, const float *dh, float *dc, float *dgx,
                                       float *dgh, float *dh_prev, ps_err *err) {
@@ -1334,4 +1354,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .l2norm_backward = cu_l2norm_backward,
     .rnn_cell_forward = cu_rnn_cell_forward,
     .rnn_cell_backward = cu_rnn_cell_backward,
+    .prelu_forward = cu_prelu_forward,
+    .prelu_backward = cu_prelu_backward,
 };

@@ -108,6 +108,8 @@ enum {
     PS_CUDA_ACT_TANH, PS_CUDA_ACT_SIGMOID, PS_CUDA_ACT_HARDTANH, PS_CUDA_ACT_HARDSWISH, PS_CUDA_ACT_HARDSIGMOID,
     PS_CUDA_ACT_ELU, PS_CUDA_ACT_SELU, PS_CUDA_ACT_SOFTPLUS, PS_CUDA_ACT_MISH, PS_CUDA_ACT_LOGSIGMOID,
     PS_CUDA_ACT_EXP, PS_CUDA_ACT_LOG, PS_CUDA_ACT_ABS, PS_CUDA_ACT_SQRT, PS_CUDA_ACT_POW, PS_CUDA_ACT_LINEAR,
+    PS_CUDA_ACT_CELU, PS_CUDA_ACT_SOFTSIGN, PS_CUDA_ACT_TANHSHRINK, PS_CUDA_ACT_HARDSHRINK, PS_CUDA_ACT_SOFTSHRINK,
+    PS_CUDA_ACT_THRESHOLD,
     PS_CUDA_ACT_COUNT
 };
 
@@ -204,6 +206,13 @@ cudaError_t ps_cuda_rnn_cell_forward(int64_t n, int64_t H, int gru, const float 
 cudaError_t ps_cuda_rnn_cell_backward(int64_t n, int64_t H, int gru, const float *act, const float *h_prev,
                                       const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
                                       float *dgh, float *dh_prev, cudaStream_t stream);
+
+/* PReLU: backend.h's prelu_forward / prelu_backward over a plain (n, c, s)
+ * activation, one slope per channel (c 1: one for all); dx or dw may be NULL. */
+cudaError_t ps_cuda_prelu_forward(int64_t n, int64_t c, int64_t s, const float *x, const float *w, float *y,
+                                  cudaStream_t stream);
+cudaError_t ps_cuda_prelu_backward(int64_t n, int64_t c, int64_t s, const float *x, const float *w, const float *dy,
+                                   float *dx, float *dw, cudaStream_t stream);
 
 /* ---- upsampling (Upsample, ConvTranspose2d's bias) ---- */
 /* Resizing planes of (h, w) to (oh, ow) by backend.h's rules

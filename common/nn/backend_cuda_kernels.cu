@@ -428,6 +428,12 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_SQRT: return sqrtf(x);
     case PS_CUDA_ACT_POW: return powf(x, alpha);
     case PS_CUDA_ACT_LINEAR: return alpha * x + beta;
+    case PS_CUDA_ACT_CELU: return x > 0.0f ? x : alpha * expm1f(x / alpha);
+    case PS_CUDA_ACT_SOFTSIGN: return x / (1.0f + fabsf(x));
+    case PS_CUDA_ACT_TANHSHRINK: return x - tanhf(x);
+    case PS_CUDA_ACT_HARDSHRINK: return x > alpha || x < -alpha ? x : 0.0f;
+    case PS_CUDA_ACT_SOFTSHRINK: return x > alpha ? x - alpha : x < -alpha ? x + alpha : 0.0f;
+    case PS_CUDA_ACT_THRESHOLD: return x > alpha ? x : beta;
     }
     return NAN;
 }
@@ -469,6 +475,18 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_SQRT: return dy / (2.0f * sqrtf(x));
     case PS_CUDA_ACT_POW: return alpha == 0.0f ? 0.0f : dy * alpha * powf(x, alpha - 1.0f);
     case PS_CUDA_ACT_LINEAR: return dy * alpha;
+    case PS_CUDA_ACT_CELU: return x > 0.0f ? dy : dy * expf(x / alpha);
+    case PS_CUDA_ACT_SOFTSIGN: {
+        const float q = 1.0f + fabsf(x);
+        return dy / (q * q);
+    }
+    case PS_CUDA_ACT_TANHSHRINK: {
+        const float t = tanhf(x);
+        return dy * t * t;
+    }
+    case PS_CUDA_ACT_HARDSHRINK:
+    case PS_CUDA_ACT_SOFTSHRINK: return x > alpha || x < -alpha ? dy : 0.0f;
+    case PS_CUDA_ACT_THRESHOLD: return x > alpha ? dy : 0.0f;
     }
     return NAN;
 }
@@ -482,6 +500,38 @@ __global__ void act_backward_kernel(int kind, float alpha, float beta, int64_t n
                                     const float *dy, float *dx) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dx[i] = act_df(kind, alpha, beta, x ? x[i] : 0.0f, y ? y[i] : 0.0f, dy[i]);
+}
+
+/* PReLU (backend.h prelu_forward): slope w[(i / s) % c] for element i of a
+ * plain (n, c, s) activation. */
+__global__ void prelu_forward_kernel(int64_t count, int64_t c, int64_t s, const float *x, const float *w, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = x[i] > 0.0f ? x[i] : w[(i / s) % c] * x[i];
+}
+
+__global__ void prelu_backward_dx_kernel(int64_t count, int64_t c, int64_t s, const float *x, const float *w,
+                                         const float *dy, float *dx) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        dx[i] = x[i] > 0.0f ? dy[i] : w[(i / s) % c] * dy[i];
+}
+
+/* One block per channel: its threads stride over the channel's n * s
+ * values, summing x * dy where x <= 0 in double, then reduce in shared memory. */
+__global__ void prelu_backward_dw_kernel(int64_t n, int64_t c, int64_t s, const float *x, const float *dy, float *dw) {
+    __shared__ double part[kThreads];
+    const int64_t k = blockIdx.x;
+    double g = 0.0;
+    for (int64_t t = threadIdx.x; t < n * s; t += blockDim.x) {
+        const int64_t i = ((t / s) * c + k) * s + t % s;
+        if (x[i] <= 0.0f) g += (double)x[i] * dy[i];
+    }
+    part[threadIdx.x] = g;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dw[k] = (float)part[0];
 }
 
 /* Adaptive average pooling's bins (backend.h ps_adaptive_desc: PyTorch's
@@ -894,6 +944,19 @@ cudaError_t ps_cuda_act_forward(int kind, float alpha, float beta, int64_t count
 cudaError_t ps_cuda_act_backward(int kind, float alpha, float beta, int64_t count, const float *x, const float *y,
                                  const float *dy, float *dx, cudaStream_t stream) {
     act_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(kind, alpha, beta, count, x, y, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_prelu_forward(int64_t n, int64_t c, int64_t s, const float *x, const float *w, float *y,
+                                  cudaStream_t stream) {
+    prelu_forward_kernel<<<blocks_for(n * c * s), kThreads, 0, stream>>>(n * c * s, c, s, x, w, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_prelu_backward(int64_t n, int64_t c, int64_t s, const float *x, const float *w, const float *dy,
+                                   float *dx, float *dw, cudaStream_t stream) {
+    if (dx) prelu_backward_dx_kernel<<<blocks_for(n * c * s), kThreads, 0, stream>>>(n * c * s, c, s, x, w, dy, dx);
+    if (dw) prelu_backward_dw_kernel<<<(unsigned)c, kThreads, 0, stream>>>(n, c, s, x, dy, dw);
     return cudaGetLastError();
 }
 

@@ -2558,6 +2558,13 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_SQRT] = { dnnl_eltwise_sqrt, 0, 0.0f },
     [PS_ACT_POW] = { dnnl_eltwise_pow, 1, 0.0f },              /* 1 * x ^ exponent: act_key */
     [PS_ACT_LINEAR] = { dnnl_alg_kind_undef, 0, 0.0f },        /* a * x + b: a C loop each way */
+    /* shrinks and thresholds: oneDNN 2.6 has none of them (CELU at alpha 1 is its elu: act_alg_of) */
+    [PS_ACT_CELU] = { dnnl_alg_kind_undef, 1, 0.0f },
+    [PS_ACT_SOFTSIGN] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_TANHSHRINK] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_HARDSHRINK] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SOFTSHRINK] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_THRESHOLD] = { dnnl_alg_kind_undef, 0, 0.0f },
 };
 
 #define SELU_ALPHA 1.67326324235437728f
@@ -2568,10 +2575,40 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
  * shows below that: those run the C loop. */
 static dnnl_alg_kind_t act_alg_of(const ps_act_desc *d) {
     if (d->kind == PS_ACT_SOFTPLUS && !(d->alpha == 1.0f && d->beta >= 20.0f)) return dnnl_alg_kind_undef;
+    if (d->kind == PS_ACT_CELU && d->alpha == 1.0f) return dnnl_eltwise_elu;   /* alpha * (exp(x / alpha) - 1) */
     return kActAlg[d->kind].alg;
 }
 
 static float softplus_f(float z) { return z > 0.0f ? z + log1pf(expf(-z)) : log1pf(expf(z)); }
+
+/* The shrinks and thresholds, one element each way (a: alpha, b: beta). */
+static float shrink_f(int kind, float a, float b, float x) {
+    switch (kind) {
+    case PS_ACT_CELU: return x > 0.0f ? x : a * expm1f(x / a);
+    case PS_ACT_SOFTSIGN: return x / (1.0f + fabsf(x));
+    case PS_ACT_TANHSHRINK: return x - tanhf(x);
+    case PS_ACT_HARDSHRINK: return x > a || x < -a ? x : 0.0f;
+    case PS_ACT_SOFTSHRINK: return x > a ? x - a : x < -a ? x + a : 0.0f;
+    default: return x > a ? x : b;      /* PS_ACT_THRESHOLD */
+    }
+}
+
+static float shrink_df(int kind, float a, float x, float dy) {
+    switch (kind) {
+    case PS_ACT_CELU: return x > 0.0f ? dy : dy * expf(x / a);
+    case PS_ACT_SOFTSIGN: {
+        const float q = 1.0f + fabsf(x);
+        return dy / (q * q);
+    }
+    case PS_ACT_TANHSHRINK: {
+        const float t = tanhf(x);
+        return dy * t * t;
+    }
+    case PS_ACT_HARDSHRINK:
+    case PS_ACT_SOFTSHRINK: return x > a || x < -a ? dy : 0.0f;
+    default: return x > a ? dy : 0.0f;  /* PS_ACT_THRESHOLD */
+    }
+}
 
 /* The activations oneDNN 2.6 lacks (or lacks with these attributes), as
  * the reference computes them, in float. */
@@ -2594,6 +2631,17 @@ static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, f
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) y[i] = logf(x[i]);
         break;
+    case PS_ACT_CELU:
+    case PS_ACT_SOFTSIGN:
+    case PS_ACT_TANHSHRINK:
+    case PS_ACT_HARDSHRINK:
+    case PS_ACT_SOFTSHRINK:
+    case PS_ACT_THRESHOLD: {
+        const int kind = d->kind;
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = shrink_f(kind, a, b, x[i]);
+        break;
+    }
     default:            /* PS_ACT_HARDSIGMOID */
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) {
@@ -2622,6 +2670,17 @@ static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, 
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = dy[i] / x[i];
         break;
+    case PS_ACT_CELU:
+    case PS_ACT_SOFTSIGN:
+    case PS_ACT_TANHSHRINK:
+    case PS_ACT_HARDSHRINK:
+    case PS_ACT_SOFTSHRINK:
+    case PS_ACT_THRESHOLD: {
+        const int kind = d->kind;
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = shrink_df(kind, a, x[i], dy[i]);
+        break;
+    }
     default:            /* PS_ACT_HARDSIGMOID */
 #pragma omp parallel for simd if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = x[i] > -3.0f && x[i] < 3.0f ? dy[i] / 6.0f : 0.0f;
@@ -3461,6 +3520,50 @@ static ps_status dn_rnn_cell_forward(void *impl, const ps_rnn_cell_desc *d, cons
     return PS_OK;
 }
 
+/* PReLU: C loops (oneDNN 2.6's prelu primitive broadcasts its weights by
+ * memory descriptor; psd's one slope or per-channel slopes over a plain
+ * (n, c, s) activation are two loops). The slopes' gradient: each channel's
+ * sum in one thread, in double. */
+static ps_status dn_prelu_forward(void *impl, const ps_chan_desc *d, const float *x, const float *w, float *y,
+                                  ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: prelu of %d slopes in layout %d", d->c, d->layout);
+    const int64_t count = (int64_t)d->n * d->c * d->s, s = d->s;
+    const int c = d->c;
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) y[i] = x[i] > 0.0f ? x[i] : w[(i / s) % c] * x[i];
+    return PS_OK;
+}
+
+static ps_status dn_prelu_backward(void *impl, const ps_chan_desc *d, const float *x, const float *w, const float *dy,
+                                   float *dx, float *dw, ps_err *err) {
+    dn_impl *im = impl;
+    set_threads(im);
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "dnnl: prelu of %d slopes in layout %d", d->c, d->layout);
+    const int64_t count = (int64_t)d->n * d->c * d->s, s = d->s;
+    const int c = d->c, n = d->n;
+    if (dx) {
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = x[i] > 0.0f ? dy[i] : w[(i / s) % c] * dy[i];
+    }
+    if (dw) {
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int k = 0; k < c; k++) {
+            double g = 0.0;
+            for (int b = 0; b < n; b++) {
+                const float *xr = x + ((int64_t)b * c + k) * s, *dr = dy + ((int64_t)b * c + k) * s;
+                for (int64_t j = 0; j < s; j++)
+                    if (xr[j] <= 0.0f) g += (double)xr[j] * dr[j];
+            }
+            dw[k] = (float)g;
+        }
+    }
+    return PS_OK;
+}
+
 static ps_status dn_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, const float *act, const float *h_prev,
                                        const float *c_prev, const float *c, const float *dh, float *dc, float *dgx,
                                        float *dgh, float *dh_prev, ps_err *err) {
@@ -3563,4 +3666,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .l2norm_backward = dn_l2norm_backward,
     .rnn_cell_forward = dn_rnn_cell_forward,
     .rnn_cell_backward = dn_rnn_cell_backward,
+    .prelu_forward = dn_prelu_forward,
+    .prelu_backward = dn_prelu_backward,
 };

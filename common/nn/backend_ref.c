@@ -744,6 +744,39 @@ static ps_status ref_l2norm_backward(void *impl, const ps_l2norm_desc *d, const 
     return PS_OK;
 }
 
+/* ---- PReLU: one slope per channel of a plain (n, c, s) activation, or one
+ * for all of it (c 1); the slopes' gradient summed in double ---- */
+
+static ps_status ref_prelu_forward(void *impl, const ps_chan_desc *d, const float *x, const float *w, float *y,
+                                   ps_err *err) {
+    (void)impl;
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "ref: prelu of %d slopes in layout %d", d->c, d->layout);
+    for (int64_t i = 0; i < (int64_t)d->n * d->c * d->s; i++) {
+        const double v = x[i];
+        y[i] = (float)(v > 0.0 ? v : (double)w[(i / d->s) % d->c] * v);
+    }
+    return PS_OK;
+}
+
+static ps_status ref_prelu_backward(void *impl, const ps_chan_desc *d, const float *x, const float *w, const float *dy,
+                                    float *dx, float *dw, ps_err *err) {
+    (void)impl;
+    if (d->c > 1 && d->layout != PS_LAYOUT_PLAIN)
+        return ps_err_set(err, PS_ERR_INTERNAL, "ref: prelu of %d slopes in layout %d", d->c, d->layout);
+    for (int k = 0; k < d->c; k++) {
+        double g = 0.0;
+        for (int b = 0; b < d->n; b++)
+            for (int64_t j = 0; j < d->s; j++) {
+                const int64_t i = ((int64_t)b * d->c + k) * d->s + j;
+                if (dx) dx[i] = (float)(x[i] > 0.0f ? (double)dy[i] : (double)w[k] * dy[i]);
+                if (x[i] <= 0.0f) g += (double)x[i] * dy[i];
+            }
+        if (dw) dw[k] = (float)g;
+    }
+    return PS_OK;
+}
+
 /* ---- activations (computed in double, rounded once) ---- */
 
 #define SELU_ALPHA 1.6732632423543772848170429916717
@@ -778,6 +811,13 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_SQRT: return sqrt(x);
     case PS_ACT_POW: return pow(x, (double)d->alpha);
     case PS_ACT_LINEAR: return (double)d->alpha * x + (double)d->beta;
+    case PS_ACT_CELU: return x > 0.0 ? x : (double)d->alpha * expm1(x / (double)d->alpha);
+    case PS_ACT_SOFTSIGN: return x / (1.0 + fabs(x));
+    case PS_ACT_TANHSHRINK: return x - tanh(x);
+    case PS_ACT_HARDSHRINK: return x > (double)d->alpha || x < -(double)d->alpha ? x : 0.0;
+    case PS_ACT_SOFTSHRINK:
+        return x > (double)d->alpha ? x - (double)d->alpha : x < -(double)d->alpha ? x + (double)d->alpha : 0.0;
+    case PS_ACT_THRESHOLD: return x > (double)d->alpha ? x : (double)d->beta;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -823,6 +863,18 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_SQRT: return dy / (2.0 * sqrt(x));
     case PS_ACT_POW: return d->alpha == 0.0f ? 0.0 : dy * (double)d->alpha * pow(x, (double)d->alpha - 1.0);
     case PS_ACT_LINEAR: return dy * (double)d->alpha;
+    case PS_ACT_CELU: return x > 0.0 ? dy : dy * exp(x / (double)d->alpha);
+    case PS_ACT_SOFTSIGN: {
+        const double q = 1.0 + fabs(x);
+        return dy / (q * q);
+    }
+    case PS_ACT_TANHSHRINK: {
+        const double t = tanh(x);
+        return dy * t * t;
+    }
+    case PS_ACT_HARDSHRINK:
+    case PS_ACT_SOFTSHRINK: return x > (double)d->alpha || x < -(double)d->alpha ? dy : 0.0;
+    case PS_ACT_THRESHOLD: return x > (double)d->alpha ? dy : 0.0;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -1200,4 +1252,6 @@ const ps_backend_ops ps_backend_ref_ops = {
     .l2norm_backward = ref_l2norm_backward,
     .rnn_cell_forward = ref_rnn_cell_forward,
     .rnn_cell_backward = ref_rnn_cell_backward,
+    .prelu_forward = ref_prelu_forward,
+    .prelu_backward = ref_prelu_backward,
 };

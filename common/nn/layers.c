@@ -1110,19 +1110,31 @@ static ps_status l2norm_backward(ps_layer_call *c, ps_err *err) {
  * PyTorch's), Hardswish, Hardsigmoid (ReLU has its own ops above); the
  * backward reads the input or the output, as the activation needs ---- */
 
+#define ACT_MATH 8
+#define ACT_SHRINK 19   /* kinds_of's first shrink: ACT_MATH + its 11 elementwise math kinds */
+
 static ps_act_desc act_desc(const ps_layer *ly) {
     static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
                                    PS_ACT_HARDTANH, PS_ACT_HARDSWISH, PS_ACT_HARDSIGMOID,
                                    /* elementwise math: ACT_MATH + k */
                                    PS_ACT_ELU, PS_ACT_SELU, PS_ACT_SOFTPLUS, PS_ACT_MISH, PS_ACT_LOGSIGMOID,
-                                   PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR};
+                                   PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR,
+                                   /* shrinks and thresholds: ACT_SHRINK + k */
+                                   PS_ACT_CELU, PS_ACT_SOFTSIGN, PS_ACT_TANHSHRINK, PS_ACT_HARDSHRINK,
+                                   PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
         d.alpha = (float)ly->a.min_val;
         d.beta = (float)ly->a.max_val;
     }
-    if (d.kind == PS_ACT_ELU) d.alpha = (float)ly->a.elu_alpha;
+    if (d.kind == PS_ACT_ELU || d.kind == PS_ACT_CELU) d.alpha = (float)ly->a.elu_alpha;
+    if (d.kind == PS_ACT_HARDSHRINK || d.kind == PS_ACT_SOFTSHRINK) d.alpha = (float)ly->a.lambd;
+    if (d.kind == PS_ACT_THRESHOLD) {
+        d.alpha = (float)ly->a.threshold;
+        d.beta = (float)ly->a.value;
+    }
+    if (ly->a.act == ACT_SHRINK + 6) d.alpha = (float)((ly->a.rr_lower + ly->a.rr_upper) / 2.0);   /* RReLU, eval */
     if (d.kind == PS_ACT_SOFTPLUS) {
         d.alpha = (float)ly->a.sp_beta;
         d.beta = (float)ly->a.sp_threshold;
@@ -1154,7 +1166,6 @@ static ps_status hardsigmoid_infer(ps_layer *ly, ps_err *err) { return act_infer
 
 /* Elementwise math (users' own layers: nn.ELU, x.exp(), x ** 2, x + 1.0):
  * the activations' ops, one infer per kind (kinds_of's ACT_MATH + k). */
-#define ACT_MATH 8
 static ps_status elu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 0, err); }
 static ps_status selu_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 1, err); }
 static ps_status softplus_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MATH + 2, err); }
@@ -1169,6 +1180,103 @@ static ps_status addconst_infer(ps_layer *ly, ps_err *err) {
     if (!isfinite(ly->a.value)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value: %g is not a finite number",
                                                   ly->a.value);
     return act_infer_as(ly, ACT_MATH + 10, err);
+}
+
+/* Shrinks and thresholds (nn.CELU, nn.Softsign, nn.Tanhshrink, nn.Hardshrink,
+ * nn.Softshrink, nn.Threshold) and nn.RReLU in eval: the activations' ops,
+ * one infer per kind (kinds_of's ACT_SHRINK + k). */
+static ps_status celu_infer(ps_layer *ly, ps_err *err) {
+    if ((float)ly->a.elu_alpha == 0.0f)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "alpha: 0 (CELU divides by alpha)");
+    return act_infer_as(ly, ACT_SHRINK + 0, err);
+}
+static ps_status softsign_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 1, err); }
+static ps_status tanhshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 2, err); }
+static ps_status hardshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 3, err); }
+static ps_status softshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 4, err); }
+static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 5, err); }
+
+/* nn.RReLU: in eval PyTorch's LeakyReLU with slope (lower + upper) / 2; in
+ * training each element's slope is a uniform draw in [lower, upper)
+ * (rrelu_draws: Dropout's stream and discipline, a replayed forward draws
+ * the same), applied by prelu_forward with one slope per element and kept
+ * in the tape for the backward (dx = dy where x > 0, else slope * dy). In
+ * the plain layout, where the draws' order is the elements'. */
+static ps_status rrelu_infer(ps_layer *ly, ps_err *err) {
+    if (!(ly->a.rr_lower <= ly->a.rr_upper))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "lower %g is above upper %g", ly->a.rr_lower,
+                          ly->a.rr_upper);
+    return act_infer_as(ly, ACT_SHRINK + 6, err);
+}
+
+static void rrelu_draws(const ps_layer *ly, ps_rng *rng, float *slope, int64_t n) {
+    const float lo = (float)ly->a.rr_lower, span = (float)(ly->a.rr_upper - ly->a.rr_lower);
+    ps_rng_uniforms(rng, slope, n);
+    for (int64_t i = 0; i < n; i++) slope[i] = lo + slope[i] * span;
+}
+
+static const char *rrelu_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->act_backward && ops->prelu_forward && ops->prelu_backward
+               ? NULL : "act_forward/act_backward/prelu_forward/prelu_backward";
+}
+
+/* the training forward's per-element slopes as prelu's (1, count, 1) */
+static ps_status rrelu_desc(const ps_layer_call *c, ps_chan_desc *d, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    if (count > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node %s: RReLU's training forward of %lld values: more "
+                          "than %d", c->ly->name, (long long)count, INT32_MAX);
+    const ps_chan_desc r = {1, (int)count, 1, PS_LAYOUT_PLAIN, 0.0f};
+    *d = r;
+    return PS_OK;
+}
+
+/* ---- PReLU: nn.PReLU(num_parameters, init), y = x > 0 ? x : w * x with a
+ * learned slope w, one for every element (num_parameters 1) or one per
+ * channel, dim 1 of the batched input (per-sample dim 0) as PyTorch's. One
+ * slope runs in any layout; per-channel slopes in the plain one. PyTorch's
+ * init (0.25) is the slopes' default; another is the node's init:
+ * {weight: constant(v)} (the model file's init key). ---- */
+
+static ps_status prelu_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = infer_same(ly, err);
+    if (rc) return rc;
+    const int64_t k = ly->a.num_parameters;
+    if (k != 1 && (ly->in[0].ndim == 0 || ly->in[0].dims[0] != k))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_parameters: %lld, where the input has %lld channels "
+                          "(dim 1): PReLU takes 1 or the channels", (long long)k,
+                          ly->in[0].ndim ? (long long)ly->in[0].dims[0] : 1LL);
+    if (k > 1) ly->flags &= ~(unsigned)PS_KIND_LAYOUT_KEEP;
+    const int64_t dims[1] = {k};
+    const ps_init init = {PS_INIT_CONST, 0.25, 0, 0};   /* PyTorch's init=0.25; a node's init: {weight: ...} */
+    set_param(ly, 0, "weight", 1, dims, k, init);
+    return PS_OK;
+}
+
+static ps_chan_desc prelu_desc(const ps_layer *ly, int n) {
+    ps_chan_desc d = {n, 1, ps_shape_numel(&ly->in[0]), ly->in_layout[0], 0.0f};
+    if (ly->a.num_parameters > 1) {
+        d.c = (int)ly->a.num_parameters;
+        d.s /= d.c;
+    }
+    return d;
+}
+
+static const char *prelu_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->prelu_forward && ops->prelu_backward ? NULL : "prelu_forward/prelu_backward";
+}
+
+static ps_status prelu_forward(ps_layer_call *c, ps_err *err) {
+    const ps_chan_desc d = prelu_desc(c->ly, c->n);
+    return c->be->ops->prelu_forward(c->be->impl, &d, c->x, c->w[0], c->y, err);
+}
+
+static ps_status prelu_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx && !c->dw[0]) return PS_OK;
+    const ps_chan_desc d = prelu_desc(c->ly, c->n);
+    return c->be->ops->prelu_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0], err);
 }
 
 static ps_status hardtanh_infer(ps_layer *ly, ps_err *err) {
@@ -1307,6 +1415,112 @@ static const char *dropout2d_missing(const ps_layer *ly, const ps_backend_ops *o
 static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (size_t)ly->in[0].dims[0] * sizeof(float); }
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
+
+/* RReLU (rrelu_infer): eval the activations' LeakyReLU; training draws a
+ * slope per element, kept in the tape */
+static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
+    if (!c->train) return act_forward(c, err);
+    ps_chan_desc d;
+    ps_status rc = rrelu_desc(c, &d, err);
+    if (rc) return rc;
+    float *slope, *host;
+    if ((rc = mask_begin(c, d.c, &slope, &host, "rrelu slopes", err)) != PS_OK) return rc;
+    if (c->mask) memcpy(host, c->mask, (size_t)d.c * sizeof(float));
+    else rrelu_draws(c->ly, c->rng, host, d.c);
+    if ((rc = mask_end(c, slope, host, d.c, err)) != PS_OK) return rc;
+    return c->be->ops->prelu_forward(c->be->impl, &d, c->x, slope, c->y, err);
+}
+
+static ps_status rrelu_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    if (!c->saved || !c->saved->dev[0]) return act_backward(c, err);
+    ps_chan_desc d;
+    ps_status rc = rrelu_desc(c, &d, err);
+    if (rc) return rc;
+    return c->be->ops->prelu_backward(c->be->impl, &d, c->x, c->saved->dev[0], c->dy, c->dx, NULL, err);
+}
+
+/* ---- AlphaDropout / FeatureAlphaDropout (SELU networks): nn.AlphaDropout(p)
+ * keeps SELU's mean and variance. PyTorch's, with A = 1.7580993408473766
+ * (SELU's scale * alpha) and a = ((1 - p) (1 + p A^2))^-1/2: kept values
+ * a x + A a p, dropped ones -A a (1 - p); here y = m (x + A) - A a (1 - p)
+ * with m = a on kept values, 0 on dropped ones, and dx = m dy. Dropout's
+ * draws (drop_draws: one per element, or per (sample, channel) for
+ * FeatureAlphaDropout, the channels dim 1 of (N, C, ...)), so a replayed
+ * forward draws the same; the tape keeps m. p is below 1 (Dropout's
+ * range), eval the identity. ---- */
+
+#define ALPHA_DROP_ALPHA (-1.7580993408473766)   /* -A */
+
+static double alpha_drop_a(double p) {
+    return 1.0 / sqrt((1.0 - p) * (1.0 + p * ALPHA_DROP_ALPHA * ALPHA_DROP_ALPHA));
+}
+
+/* count draws (injected or drawn) into m: a where kept, 0 where dropped */
+static void alpha_drop_mask(ps_layer_call *c, float *m, int64_t count) {
+    const float a = (float)alpha_drop_a(c->ly->a.p);
+    if (c->mask) memcpy(m, c->mask, (size_t)count * sizeof(float));
+    else drop_draws(c->ly, c->rng, m, count);
+    for (int64_t i = 0; i < count; i++) m[i] = m[i] != 0.0f ? a : 0.0f;
+}
+
+/* y = m (x + A) - A a (1 - p), m applied by mul or mul_channels */
+static ps_status alpha_drop_apply(ps_layer_call *c, const float *mask, int channels, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    const double p = c->ly->a.p, a = alpha_drop_a(p);
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    const ps_act_desc shift = {PS_ACT_LINEAR, 1.0f, (float)-ALPHA_DROP_ALPHA},
+                      base = {PS_ACT_LINEAR, 1.0f, (float)(ALPHA_DROP_ALPHA * a * (1.0 - p))};
+    ps_status rc = ops->act_forward(c->be->impl, &shift, count, c->x, c->y, err);
+    if (rc) return rc;
+    if (channels) {
+        const ps_chan_desc d = bn_desc(c->ly, c->n);
+        rc = ops->mul_channels(c->be->impl, &d, c->y, mask, c->y, err);
+    } else {
+        rc = ops->mul(c->be->impl, count, c->y, mask, c->y, err);
+    }
+    if (rc) return rc;
+    return ops->act_forward(c->be->impl, &base, count, c->y, c->y, err);
+}
+
+static ps_status alpha_dropout_forward(ps_layer_call *c, ps_err *err) {
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "alpha dropout", err);
+    if (rc) return rc;
+    alpha_drop_mask(c, host, count);
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
+    return alpha_drop_apply(c, mask, 0, err);
+}
+
+static ps_status feature_alpha_dropout_forward(ps_layer_call *c, ps_err *err) {
+    const ps_chan_desc d = bn_desc(c->ly, c->n);
+    const int64_t count = (int64_t)d.n * d.c;
+    float *mask, *host;
+    ps_status rc = mask_begin(c, count, &mask, &host, "alpha dropout", err);
+    if (rc) return rc;
+    alpha_drop_mask(c, host, count);
+    if ((rc = mask_end(c, mask, host, count, err)) != PS_OK) return rc;
+    return alpha_drop_apply(c, mask, 1, err);
+}
+
+static ps_status feature_alpha_dropout_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *alpha_dropout_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward ? NULL : "act_forward";
+}
+
+static const char *feature_alpha_dropout_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->act_forward && ops->mul_channels ? NULL : "act_forward/mul_channels";
+}
 
 /* ---- StochasticDepth: torchvision.ops.StochasticDepth(p, mode), a
  * residual branch dropped whole: per sample ('row') or for the whole
@@ -3955,6 +4169,36 @@ static const ps_attr_spec addconst_attrs[] = {
     ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
     ATTR_END,
 };
+/* shrinks, thresholds, PReLU, RReLU */
+static const ps_attr_spec celu_attrs[] = {
+    ATTR_FLOAT("alpha", elu_alpha, "1.0", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec hardshrink_attrs[] = {
+    ATTR_FLOAT("lambd", lambd, "0.5", -1e6, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec softshrink_attrs[] = {
+    ATTR_FLOAT("lambd", lambd, "0.5", 0, 1e6, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec threshold_attrs[] = {
+    ATTR_FLOAT("threshold", threshold, NULL, -1e30, 1e30, 0, 0),
+    ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec rrelu_attrs[] = {
+    ATTR_FLOAT("lower", rr_lower, "0.125", -1e6, 1e6, 0, 0),
+    ATTR_FLOAT("upper", rr_upper, "0.3333333333333333", -1e6, 1e6, 0, 0),
+    ATTR_BOOL("inplace", flag, "false"),
+    ATTR_END,
+};
+static const ps_attr_spec prelu_attrs[] = {
+    {"num_parameters", PS_ATTR_INT, A(num_parameters), "1", 1, PS_DIM_MAX, 0, 0, NULL, 0},
+    ATTR_END,
+};
 static const ps_attr_spec dropout_attrs[] = {
     ATTR_FLOAT("p", p, "0.5", 0, 1, 0, 1),
     ATTR_BOOL("inplace", flag, "false"),
@@ -4140,6 +4384,11 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Dropout2d", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, dropout2d_infer, dropout2d_missing,
      dropout2d_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    /* SELU networks' dropout: the backward is Dropout's / Dropout2d's (dy times the kept mask) */
+    {"AlphaDropout", F_DROP, 1, 1, dropout_attrs, dropout_infer, alpha_dropout_missing, alpha_dropout_forward,
+     dropout_backward, dropout_bytes, NULL, NULL},
+    {"FeatureAlphaDropout", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, feature_alpha_dropout_infer,
+     feature_alpha_dropout_missing, feature_alpha_dropout_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
     {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
      sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
@@ -4213,6 +4462,21 @@ static const ps_layer_kind kinds[] = {
     {"AddConstant", F_ACT, 1, 1, addconst_attrs, addconst_infer, act_missing, act_forward, act_backward, NULL, NULL,
      NULL},
     {"Sub", 0, 2, 2, no_attrs, sub_infer, sub_missing, sub_forward, sub_backward, NULL, NULL, NULL},
+    /* shrinks and thresholds, nn.RReLU (eval), nn.PReLU (the first activation with a parameter) */
+    {"CELU", F_ACT, 1, 1, celu_attrs, celu_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Softsign", F_ACT, 1, 1, no_attrs, softsign_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Tanhshrink", F_ACT, 1, 1, no_attrs, tanhshrink_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"Hardshrink", F_ACT, 1, 1, hardshrink_attrs, hardshrink_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
+    {"Softshrink", F_ACT, 1, 1, softshrink_attrs, softshrink_infer, act_missing, act_forward, act_backward, NULL,
+     NULL, NULL},
+    {"Threshold", F_ACT, 1, 1, threshold_attrs, threshold_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"RReLU", PS_KIND_INPLACE | PS_KIND_DROPOUT, 1, 1, rrelu_attrs, rrelu_infer, rrelu_missing, rrelu_forward,
+     rrelu_backward, dropout_bytes, NULL, NULL},
+    {"PReLU", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X, 1, 1, prelu_attrs, prelu_infer, prelu_missing, prelu_forward,
+     prelu_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
     {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
     {"ConvTranspose2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
@@ -4350,6 +4614,7 @@ static const struct {
     {"AdaptiveAvgPool1d", NULL}, {"ReLU", NULL}, {"LeakyReLU", NULL}, {"GELU", NULL}, {"SiLU", NULL},
     {"Tanh", NULL}, {"Sigmoid", NULL}, {"Hardtanh", NULL}, {"ReLU6", NULL}, {"Hardswish", NULL},
     {"Hardsigmoid", NULL}, {"Dropout", dropout_saved}, {"Dropout2d", dropout2d_saved},
+    {"AlphaDropout", dropout_saved}, {"FeatureAlphaDropout", dropout2d_saved},
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
@@ -4365,6 +4630,9 @@ static const struct {
     /* elementwise math */
     {"ELU", NULL}, {"SELU", NULL}, {"Softplus", NULL}, {"Mish", NULL}, {"LogSigmoid", NULL}, {"Exp", NULL},
     {"Log", NULL}, {"Abs", NULL}, {"Sqrt", NULL}, {"Pow", NULL}, {"AddConstant", NULL}, {"Sub", NULL},
+    /* shrinks and thresholds, RReLU, PReLU */
+    {"CELU", NULL}, {"Softsign", NULL}, {"Tanhshrink", NULL}, {"Hardshrink", NULL}, {"Softshrink", NULL},
+    {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 
@@ -4381,12 +4649,17 @@ int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t 
 }
 
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
+    if (!strcmp(ly->kind->name, "RReLU")) {   /* slopes, not keep/drop */
+        rrelu_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
+        return;
+    }
     drop_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
 }
 
 int64_t ps_layer_dropout_draws(const ps_layer *ly, int n) {
     if (!(ly->flags & PS_KIND_DROPOUT)) return 0;
-    if (!strcmp(ly->kind->name, "Dropout2d")) return (int64_t)n * ly->in[0].dims[0];
+    if (!strcmp(ly->kind->name, "Dropout2d") || !strcmp(ly->kind->name, "FeatureAlphaDropout"))
+        return (int64_t)n * ly->in[0].dims[0];
     if (!strcmp(ly->kind->name, "StochasticDepth")) return ly->a.mode ? 1 : n;
     if (!strcmp(ly->kind->name, "MultiheadAttention")) return ly->a.p > 0 ? mha_of(ly, n).p : 0;   /* one per weight */
     if (!strcmp(ly->kind->name, "LSTM") || !strcmp(ly->kind->name, "GRU")) {   /* between layers, in training */

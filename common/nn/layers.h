@@ -120,6 +120,12 @@ typedef struct ps_layer_attrs {
     double elu_alpha;           /* ELU alpha */
     double sp_beta, sp_threshold; /* Softplus beta, threshold */
     double exponent;            /* Pow exponent */
+    /* shrinks, thresholds and the parametric / randomized leaky ReLUs (CELU's alpha is elu_alpha,
+       Threshold's value is value) */
+    double lambd;               /* Hardshrink, Softshrink lambd */
+    double threshold;           /* Threshold threshold */
+    double rr_lower, rr_upper;  /* RReLU lower, upper */
+    int64_t num_parameters;     /* PReLU num_parameters: 1 or the channels (dim 1 of the batched input) */
     /* recurrent layers (LSTM, GRU) */
     int bidirectional;          /* both directions, outputs concatenated (2H); the trainer's LSTM refuses it */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */

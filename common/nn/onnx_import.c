@@ -3435,6 +3435,103 @@ static ps_status h_where(imp *im) {
                  "dims (torch.triu or torch.tril of ones), which psd's MaskedFill takes", c->name);
 }
 
+/* ---- shrinks, thresholds, PReLU and RReLU ---- */
+
+static int is_op(imp *im, int i, const char *op);
+static const char *in0(imp *im, int i);
+
+static ps_status h_celu(imp *im) { return alpha_act(im, 1.0f, "CELU", "alpha"); }
+static ps_status h_softsign(imp *im) { return math_unary(im, "Softsign", NULL); }
+
+/* Shrink(bias, lambd): x < -lambd ? x + bias : x > lambd ? x - bias : 0 - nn.Hardshrink at bias 0,
+ * nn.Softshrink at bias lambd (PyTorch 1.13 itself writes both as Where subgraphs, which psd refuses) */
+static ps_status h_shrink(imp *im) {
+    static const char *const known[] = {"bias", "lambd", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const float b = attr_f(im, "bias", 0.0f), l = attr_f(im, "lambd", 0.5f);
+    char t[64], f[40];
+    snprintf(t, sizeof t, "lambd: %s", float_text(l, f, sizeof f));
+    if (b == 0.0f) return math_unary(im, "Hardshrink", t);
+    if (b == l && l >= 0.0f) return math_unary(im, "Softshrink", t);
+    return unsup(im, "Shrink with bias %g, lambd %g: psd's are Hardshrink (bias 0) and Softshrink (bias = lambd >= 0)",
+                 b, l);
+}
+
+/* ThresholdedRelu(alpha): x > alpha ? x : 0, nn.Threshold(alpha, 0) */
+static ps_status h_thresholded_relu(imp *im) {
+    static const char *const known[] = {"alpha", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    char t[80], f[40];
+    snprintf(t, sizeof t, "threshold: %s, value: 0.0", float_text(attr_f(im, "alpha", 1.0f), f, sizeof f));
+    return math_unary(im, "Threshold", t);
+}
+
+/* RandomUniformLike(x) read by PRelu(x, .) alone: nn.RReLU in training as PyTorch exports it (h_prelu makes
+ * the RReLU node); its output has no psd node */
+static ps_status h_random_uniform_like(imp *im) {
+    const ps_onnx_node *n = cur_node(im);
+    const int c = sole_consumer(im, n->out[0]);
+    if (!is_op(im, c, "PRelu") || im->m->nodes[c].nin < 2 || strcmp(im->m->nodes[c].in[1], n->out[0]) ||
+        strcmp(in0(im, c), n->in[0]))
+        return unsup(im, "RandomUniformLike other than nn.RReLU's (the slopes of PRelu of its own input): psd "
+                     "draws no random tensors");
+    val *v = vmake(im, n->out[0]);
+    if (!v) return oom(im);
+    v->kind = VK_VIRT;
+    return PS_OK;
+}
+
+/* PRelu(x, slope): nn.PReLU as PyTorch exports it, slope = Unsqueeze(weight, axes) (or an initializer of
+ * its own), one slope or one per channel (dim 1 of (N, C, ...), right-aligned as ONNX broadcasts it);
+ * PRelu(x, RandomUniformLike(x, low, high)): nn.RReLU(low, high) */
+static ps_status h_prelu(imp *im) {
+    const ps_onnx_node *n = cur_node(im);
+    if (n->nin < 2) return bad(im, "PRelu without a slope");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int in = x->node, pn;
+    const int u = producer_of(im, n->in[1]);
+    if (is_op(im, u, "RandomUniformLike")) {
+        const int save = im->cur;
+        im->cur = u;
+        const float lo = attr_f(im, "low", 0.0f), hi = attr_f(im, "high", 1.0f);
+        im->cur = save;
+        char t[96], a[40], b[40];
+        snprintf(t, sizeof t, "lower: %s, upper: %s", float_text(lo, a, sizeof a), float_text(hi, b, sizeof b));
+        if ((pn = emit(im, "RReLU", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        add_attr(im, pn, "%s", t);
+        return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
+    val *w = in_val(im, 1, 1);
+    if (!w) return im->err->code;
+    if (is_op(im, u, "Unsqueeze") && sole_consumer(im, n->in[1]) == im->cur) {   /* nn.PReLU's own weight */
+        val *wi = vget(im, in0(im, u));
+        if (wi && wi->kind == VK_CONST && wi->init) w = wi;
+    }
+    if (w->kind != VK_CONST)
+        return unsup(im, "PRelu by a computed slope ('%s'): psd's PReLU learns its slopes", w->name);
+    int64_t sd[MAXD];
+    const int sn = sample_dims(im, x, sd);
+    const int64_t k = w->numel ? w->numel : prod(w->dims, w->ndim);
+    const val *shape = vget(im, n->in[1]);   /* the slope as PRelu reads it (the Unsqueeze's output) */
+    int ok = k == 1;
+    if (!ok && sn >= 1 && k == sd[0] && shape && shape->ndim <= sn) {   /* (C, 1, ...) facing (C, ...) */
+        ok = shape->ndim == sn && shape->dims[0] == k;
+        for (int d = 1; ok && d < shape->ndim; d++) ok = shape->dims[d] == 1;
+    }
+    if (!ok)
+        return unsup(im, "PRelu slope '%s' of %lld values over '%s': psd's PReLU takes one slope or one per channel "
+                     "(dim 1)", w->name, (long long)k, x->name);
+    if ((pn = emit(im, "PReLU", w->name, "weight", NULL, 1, &in)) < 0) return oom(im);
+    if (k > 1) add_attr(im, pn, "num_parameters: %lld", (long long)k);
+    if ((rc = bind(im, pn, "weight", w, 0, k))) return rc;
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 static const op_row ops[] = {
     {"Conv", h_conv, 1},
     {"Gemm", h_gemm, 1},
@@ -3490,6 +3587,13 @@ static const op_row ops[] = {
     {"Elu", h_elu, 1},
     {"Selu", h_selu, 1},
     {"Softplus", h_softplus, 1},
+    /* shrinks, thresholds, PReLU, RReLU (PRelu of RandomUniformLike) */
+    {"Celu", h_celu, 12},
+    {"Softsign", h_softsign, 1},
+    {"Shrink", h_shrink, 9},
+    {"ThresholdedRelu", h_thresholded_relu, 10},
+    {"PRelu", h_prelu, 7},
+    {"RandomUniformLike", h_random_uniform_like, 1},
     {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_equal, 1},

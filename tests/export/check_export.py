@@ -378,7 +378,7 @@ REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
     ("Shared", "refused.py:23", "module 'fc' (BatchNorm1d) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
-    ("UnknownModule", "refused.py:43", "module 'act' (Softsign)"),
+    ("UnknownModule", "refused.py:43", "module 'act' (Unflatten)"),
     ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
     ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
     ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),
@@ -398,6 +398,40 @@ for cls, line, needle, *shape in REFUSALS:
         failures.append(f"{cls}: expected a refusal naming '{needle}' at {line}, got rc {rc}: {msg}")
     else:
         print(f"ok: refused {cls}: {msg.strip()[:150]}")
+
+# shrinks, thresholds, PReLU, RReLU, alpha dropout (tests/export/shrink.py)
+SHR = os.path.join(ROOT, "tests", "export", "shrink.py")
+rc, msg = run([SHR + ":Shrinks", "--input-shape", "4,3", "-o", os.path.join(out, "shrink.yaml")])
+got = [(n["name"], n["kind"], n["attrs"]) for n in compare.load(os.path.join(out, "shrink.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+want = [("prelu", "PReLU", {"num_parameters": 4}), ("prelu1", "PReLU", {}), ("celu", "CELU", {"alpha": 0.5}),
+        ("sg", "Softsign", {}), ("ts", "Tanhshrink", {}), ("hs", "Hardshrink", {}),
+        ("ss", "Softshrink", {"lambd": 0.25}), ("th", "Threshold", {"threshold": 0.1, "value": -1.0}),
+        ("rr", "RReLU", {"lower": 0.1, "upper": 0.3}), ("ad", "AlphaDropout", {"p": 0.2}),
+        ("fad", "FeatureAlphaDropout", {"p": 0.3}), ("celu_1", "CELU", {"alpha": 2.0}),
+        ("tanhshrink", "Tanhshrink", {}), ("softsign", "Softsign", {}), ("hardshrink", "Hardshrink", {"lambd": 0.3}),
+        ("softshrink", "Softshrink", {"lambd": 0.2}), ("_threshold", "Threshold", {"threshold": 0.5, "value": 0.0}),
+        ("rrelu", "LeakyReLU", {"negative_slope": 0.22916667}), ("rrelu_1", "RReLU", {"lower": 0.2, "upper": 0.4}),
+        ("alpha_dropout", "AlphaDropout", {"p": 0.1}), ("feature_alpha_dropout", "FeatureAlphaDropout", {"p": 0.2})]
+sd = read_safetensors(os.path.join(out, "shrink.safetensors")) if rc == 0 else {}
+if got != want or sorted(sd) != ["prelu.weight", "prelu1.weight"] or abs(sd["prelu1.weight"].item() - 0.1) > 1e-7:
+    failures.append(f"Shrinks: nodes {got}, weights {sorted(sd)}, expected {want} and prelu.weight, prelu1.weight")
+else:
+    print("ok: nn.PReLU (one slope, per channel; its weights), CELU, Softsign, Tanhshrink, Hardshrink, Softshrink, "
+          "Threshold, RReLU, AlphaDropout, FeatureAlphaDropout and their F.* functions export as psd's kinds "
+          "(F.rrelu outside training: LeakyReLU at the mean slope; F.alpha_dropout outside training: nothing)")
+rc, msg = run([SHR + ":FunctionalPReLU", "--input-shape", "4,3", "-o", os.path.join(out, "fprelu.yaml")])
+got = [(n["name"], n["kind"], n["attrs"]) for n in compare.load(os.path.join(out, "fprelu.yaml"))["stages"][0]["nodes"]] \
+    if rc == 0 else msg
+if got != [("act", "PReLU", {"num_parameters": 4})]:
+    failures.append(f"FunctionalPReLU: nodes {got}, expected one PReLU 'act' of 4 slopes")
+else:
+    print("ok: F.prelu(x, self.act.weight) exports as PReLU 'act' (the weight's state_dict name kept)")
+rc, msg = run([SHR + ":PReLUOwnSlope", "--input-shape", "4", "-o", os.path.join(out, "x.yaml")])
+if rc == 0 or "shrink.py:51" not in msg or "names its slopes <node>.weight" not in msg:
+    failures.append(f"PReLUOwnSlope: expected a refusal naming the slope at shrink.py:51, got rc {rc}: {msg}")
+else:
+    print(f"ok: refused PReLUOwnSlope: {msg.strip()[:150]}")
 
 for f in failures:
     print("FAIL:", f)

@@ -538,7 +538,9 @@ def zoo_model(pe, name, x, target):
         onnx = "psd's ONNX import refuses swin's relative position bias (a Transpose of the gathered table)"
     if name == "conv1d_net":  # zoo_builders.py's 1-D CNN: (3, 64) sequences
         xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
-    if name in ("eltwise_net", "norm_net"):  # zoo_builders.py's elementwise math and norms: (3, 16, 16) images
+    if name == "shrink_net":  # no ONNX path: PyTorch 1.13 writes hardshrink/softshrink as Where subgraphs
+        onnx = "PyTorch 1.13 exports hardshrink and softshrink as Where subgraphs and refuses threshold != 0"
+    if name in ("eltwise_net", "norm_net", "prelu_net", "shrink_net"):  # zoo_builders.py's: (3, 16, 16) images
         xm = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
         xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
@@ -571,6 +573,10 @@ def main():
     zoo_model(pe, "eltwise_net", x, target)
     # group and instance normalisation (nn.GroupNorm, nn.InstanceNorm2d, F.group_norm, F.instance_norm)
     zoo_model(pe, "norm_net", x, target)
+    # learned and shrinking activations: nn.PReLU, CELU, RReLU, tanhshrink (both paths); Softsign, Hardshrink,
+    # Softshrink, Threshold (psd-export)
+    zoo_model(pe, "prelu_net", x, target)
+    zoo_model(pe, "shrink_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

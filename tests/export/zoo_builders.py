@@ -130,6 +130,75 @@ def eltwise_net(**kwargs):
     return EltwiseNet(**kwargs)
 
 
+class PReLUNet(torch.nn.Module):
+    """Learned and shrinking activations PyTorch exports to ONNX (both of psd's paths): nn.PReLU per channel
+    over blocked convolutions and with one slope, CELU, tanhshrink (Sub of Tanh in ONNX), nn.RReLU with
+    lower = upper (one slope: PyTorch and psd draw the same; RandomUniformLike + PRelu in ONNX), F.rrelu
+    outside training (LeakyReLU), PReLU per feature of (N, C) vectors; (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.prelu1 = nn.PReLU(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.prelu2 = nn.PReLU(init=0.1)
+        self.celu = nn.CELU(0.7)
+        self.fc1 = nn.Linear(16, 32)
+        self.rrelu = nn.RReLU(0.2, 0.2)
+        self.fc2 = nn.Linear(32, 32)
+        self.prelu3 = nn.PReLU(32)
+        self.fc = nn.Linear(32, num_classes)
+        with torch.no_grad():   # slopes of their own (PyTorch's are all 0.25), some above 1, some negative
+            for p in (self.prelu1, self.prelu3):
+                p.weight.copy_(torch.linspace(-0.5, 1.5, p.weight.numel()))
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = self.prelu1(self.conv1(x))
+        x = self.celu(self.prelu2(self.conv2(x)))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        h = self.fc1(x)
+        h = F.tanhshrink(self.rrelu(F.rrelu(h)))
+        return self.fc(self.prelu3(self.fc2(h)))
+
+
+def prelu_net(**kwargs):
+    return PReLUNet(**kwargs)
+
+
+class ShrinkNet(torch.nn.Module):
+    """Shrinks and thresholds (psd-export's path: PyTorch 1.13 exports hardshrink and softshrink as Where
+    subgraphs, softsign as a Div of computed values, and refuses threshold != 0): Softsign, Hardshrink,
+    Softshrink, Threshold, CELU at alpha 1, F.softsign, F.hardshrink, nn.PReLU; (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.hs = nn.Hardshrink(0.2)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.sg = nn.Softsign()
+        self.th = nn.Threshold(0.05, -0.3)
+        self.fc1 = nn.Linear(16, 32)
+        self.ss = nn.Softshrink(0.1)
+        self.prelu = nn.PReLU()
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = self.hs(self.conv1(x))
+        x = self.th(self.sg(self.conv2(x)))
+        x = F.adaptive_avg_pool2d(F.celu(x), 1).flatten(1)
+        h = self.ss(self.fc1(x) * 3.0)
+        h = F.softsign(F.hardshrink(self.prelu(h), 0.05))
+        return self.fc(h)
+
+
+def shrink_net(**kwargs):
+    return ShrinkNet(**kwargs)
+
+
 class NormNet(torch.nn.Module):
     """Group and instance normalisation as U-Nets and style transfer use them: nn.GroupNorm (affine, over
     blocked convolutions' channels), nn.InstanceNorm2d with affine, F.group_norm and F.instance_norm without,
