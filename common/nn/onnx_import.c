@@ -1447,6 +1447,10 @@ static ps_status add_const(imp *im, val *x, double value);
 static ps_status h_minmax(imp *im) {
     if (all_const(im)) return fold(im);
     const int is_max = !strcmp(cur_node(im)->op_type, "Max");
+    if (cur_node(im)->nin == 1) {   /* of one value: that value */
+        val *x = in_val(im, 0, 1);
+        return x ? alias_out(im, 0, x) : im->err->code;
+    }
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind != VK_DATA) { val *t = a; a = b; b = t; }
@@ -1481,6 +1485,21 @@ static ps_status bcast_pair(imp *im, val *a, val *b, const char *kind, const cha
     return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, od) ? PS_OK : im->err->code;
 }
 
+/* kind (Add, Sub, Div) of computed value x and constant c (an initializer: a learned tensor, x + self.p,
+ * x / self.scale), c a Parameter node broadcast to x's per-sample dims; c_first: c is the first operand. */
+static ps_status with_param(imp *im, val *x, val *c, const char *kind, int c_first) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int64_t pd[MAXD];
+    int pnd;
+    int p = param_node(im, c, x, pd, &pnd, &rc);
+    if (p < 0) return rc;
+    int ins[2] = {c_first ? p : x->node, c_first ? x->node : p};
+    int s = emit(im, kind, NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 static ps_status h_add(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
@@ -1494,14 +1513,7 @@ static ps_status h_add(imp *im) {
         int f = fold_bias(im, a, b);
         if (f < 0) return im->err->code;
         if (f) return alias_out(im, 0, a);
-        int64_t pd[MAXD];
-        int pnd;
-        int p = param_node(im, b, a, pd, &pnd, &rc);
-        if (p < 0) return rc;
-        int ins[2] = {a->node, p};
-        int s = emit(im, "Add", NULL, NULL, NULL, 2, ins);
-        if (s < 0) return oom(im);
-        return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+        return with_param(im, a, b, "Add", 0);
     }
     return bcast_pair(im, a, b, "Add", "adding");
 }
@@ -1613,7 +1625,7 @@ static ps_status h_pow(imp *im) {
     return math_chain(im, x, c == 1.0 ? NULL : "Pow", t, NULL);
 }
 
-/* Sub: a - b of computed values (Sub, broadcast), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
+/* Sub: a - b of computed values (Sub, broadcast), of a computed value and an initializer (with_param), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
 static ps_status h_sub(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
@@ -1624,9 +1636,8 @@ static ps_status h_sub(imp *im) {
         const double k[2] = {-1.0, c};
         return math_chain(im, b, NULL, NULL, k);
     }
-    if (a->kind != VK_DATA || b->kind != VK_DATA)
-        return unsup(im, "Sub of a constant tensor ('%s'): psd subtracts numbers or computed values",
-                     a->kind != VK_DATA ? a->name : b->name);
+    if (a->kind == VK_DATA && b->kind == VK_CONST) return with_param(im, a, b, "Sub", 0);
+    if (b->kind == VK_DATA && a->kind == VK_CONST) return with_param(im, b, a, "Sub", 1);
     return bcast_pair(im, a, b, "Sub", "subtracting");
 }
 
@@ -1764,7 +1775,8 @@ static ps_status h_split(imp *im) {
 }
 
 /* Div: of constants folded; a computed value by a number of the graph, a MulConstant by its reciprocal; c /
- * x a Pow -1; of two computed values psd's Div (broadcast, bcast_pair). */
+ * x a Pow -1; of two computed values psd's Div (broadcast, bcast_pair); of one and an initializer a Div
+ * with a Parameter (with_param). */
 static ps_status h_arith(imp *im) {
     if (all_const(im)) return fold(im);
     double c;
@@ -1784,8 +1796,10 @@ static ps_status h_arith(imp *im) {
     if (!a || !b) return im->err->code;
     if (!strcmp(cur_node(im)->op_type, "Div") && a->kind == VK_DATA && b->kind == VK_DATA)
         return bcast_pair(im, a, b, "Div", "dividing");   /* x / x.norm(...), (x - mu) / std */
-    return unsup(im, "%s by a constant tensor ('%s'): psd divides computed values by numbers (MulConstant) or by "
-                 "computed values (Div)", cur_node(im)->op_type, a->kind != VK_DATA ? a->name : b->name);
+    if (!strcmp(cur_node(im)->op_type, "Div") && (a->kind == VK_DATA) != (b->kind == VK_DATA))
+        return a->kind == VK_DATA ? with_param(im, a, b, "Div", 0) : with_param(im, b, a, "Div", 1);
+    return unsup(im, "%s of '%s' and '%s' (psd divides computed values by numbers, learned tensors or computed "
+                 "values)", cur_node(im)->op_type, a->name, b->name);
 }
 
 /* Mul of a computed value by an initializer (convnext's layer_scale * x):
