@@ -566,6 +566,9 @@ def main():
     zoo_model(pe, "eltwise_net", x, target)
     # group and instance normalisation (nn.GroupNorm, nn.InstanceNorm2d, F.group_norm, F.instance_norm)
     zoo_model(pe, "norm_net", x, target)
+    # numpy broadcasting between computed tensors: centring, standardisation by hand, a gate, a mask, a cosine
+    # head, F.cosine_similarity, norms and x.std as values, torch.div of two tensors (ONNX: ReduceL2, Max)
+    zoo_model(pe, "bcast_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

@@ -195,7 +195,7 @@ class BcastNet(torch.nn.Module):
         f = f - f.mean(dim=1, keepdim=True)
         f = torch.tanh(self.fc1(f))
         f = (f - f.mean(1, keepdim=True)) / f.std(1, keepdim=True)
-        f = f / f.norm(dim=1, keepdim=True) + f / torch.linalg.vector_norm(f, 2, dim=1, keepdim=True)
+        f = f / f.norm(dim=1, keepdim=True) + f / torch.linalg.vector_norm(f, 2, dim=1, keepdim=True) + 0.1 * f
         f = torch.div(self.fc2(f), torch.norm(f, p=2, dim=1, keepdim=True) + 1.0)
         return self.fc(f)
 
