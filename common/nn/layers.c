@@ -1910,9 +1910,11 @@ static double rnn_flops(const ps_layer *ly) {
 /* ---- numpy broadcasting of two computed inputs (Add, Sub, Mul, Div):
  * the two samples' shapes of one rank (the batch, dim 0, is both
  * inputs' own: PyTorch's right-aligned rule with the batch dims equal),
- * each pair of dims equal or one of them 1; the output takes the larger. The backend's binary_bcast computes it, and each input's
- * gradient summed over the dims it was broadcast along. a.bcast is
- * BCAST_NUMPY then (Mul's trailing case keeps its own op). ---- */
+ * each pair of dims equal or one of them 1; the output takes the larger.
+ * The backend's binary_bcast computes it, binary_bcast_backward each
+ * input's gradient summed over the dims it was broadcast along. a.bcast
+ * is BCAST_NUMPY then (Mul's trailing case keeps its own op). Plain
+ * layout; never in place. ---- */
 
 #define BCAST_NUMPY 2
 
