@@ -165,8 +165,9 @@ class BcastNet(torch.nn.Module):
     """Numpy broadcasting between computed tensors as users write it: centring over the channels and over the
     features (x - x.mean(dim, keepdim=True)), a standardisation by hand ((x - mu) / (var + eps).sqrt() over the
     plane, a (N, C, 1, 1) by (N, C, H, W) both ways), a (N, C, 1, 1) sigmoid gate added, a (N, 1, H, W) mask
-    multiplied, F.cosine_similarity of two branches over the channels, x.std, a cosine head
-    (x / x.norm(dim=1, keepdim=True), torch.linalg.vector_norm, torch.norm) and torch.div of two tensors;
+    multiplied, F.cosine_similarity of two branches over the channels, x.std and torch.std, x.var with
+    correction, a norm over the plane (keepdim=False), a cosine head (x / x.norm(dim=1, keepdim=True),
+    torch.linalg.vector_norm, torch.linalg.norm, torch.norm) and torch.div of two tensors;
     (3, 16, 16) images."""
 
     def __init__(self, num_classes=10):
@@ -186,17 +187,18 @@ class BcastNet(torch.nn.Module):
         h = self.conv(x)
         h = h - h.mean(dim=1, keepdim=True)
         mu = h.mean(dim=(2, 3), keepdim=True)
-        h = (h - mu) / (h.var(dim=(2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
+        h = (h - mu) / (torch.var(h, dim=(2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
         g = torch.sigmoid(self.gate(h.mean(dim=(2, 3), keepdim=True)))
-        h = F.relu(h + g)
+        h = F.relu(h + g) * (1.0 + 0.1 * torch.tanh(h.norm(dim=(2, 3)))).unsqueeze(-1).unsqueeze(-1)
         h = h * torch.sigmoid(self.mask(h))
         h = h * F.cosine_similarity(self.a(h), self.b(h), dim=1).unsqueeze(1)
         f = F.max_pool2d(h, 4).flatten(1)
         f = f - f.mean(dim=1, keepdim=True)
         f = torch.tanh(self.fc1(f))
-        f = (f - f.mean(1, keepdim=True)) / f.std(1, keepdim=True)
+        f = (f - f.mean(1, keepdim=True)) / f.std(1, keepdim=True) + 0.1 * f / torch.std(f, dim=1, keepdim=True)
         f = f / f.norm(dim=1, keepdim=True) + f / torch.linalg.vector_norm(f, 2, dim=1, keepdim=True) + 0.1 * f
-        f = torch.div(self.fc2(f), torch.norm(f, p=2, dim=1, keepdim=True) + 1.0)
+        f = torch.div(self.fc2(f), torch.norm(f, p=2, dim=1, keepdim=True) + torch.linalg.norm(f, dim=1, keepdim=True))
+        f = f * (1.0 + f.var(1, keepdim=True, correction=0))
         return self.fc(f)
 
 
