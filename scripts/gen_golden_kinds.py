@@ -112,6 +112,11 @@ CASES = [
         "{name: f, kind: Flatten}",
         "{name: fc, kind: Linear, out_features: 4}"])),
     ("embedding", stage([4], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3}"], "int64")),
+    # padding_idx (its row gets no gradient; the batch holds that id): positive and from the end
+    ("embedding_pad", stage([6], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3, padding_idx: 2}"],
+                            "int64")),
+    ("embedding_pad_neg", stage([6], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3, "
+                                      "padding_idx: -1}"], "int64")),
     ("relu", stage([2, 3, 4], ["{name: a, kind: ReLU}"])),
     ("leaky_relu", stage([2, 3, 4], ["{name: a, kind: LeakyReLU, negative_slope: 0.2}"])),
     ("gelu", stage([7], ["{name: a, kind: GELU}"])),
@@ -909,7 +914,7 @@ def make_module(kind, a, shapes, case_name=""):
         o = a["output_size"]
         return nn.AdaptiveAvgPool2d(tuple(o) if isinstance(o, list) else o)
     if kind == "Embedding":
-        return nn.Embedding(a["num_embeddings"], a["embedding_dim"])
+        return nn.Embedding(a["num_embeddings"], a["embedding_dim"], padding_idx=a.get("padding_idx"))
     if kind == "ReLU":
         return nn.ReLU()
     if kind == "LeakyReLU":

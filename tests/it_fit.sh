@@ -27,6 +27,14 @@
 #     within 1e-5 of run 1's (same batch, same dropout masks), the test
 #     accuracy within 2 points, psd's version 50 (every batch applied
 #     once); with --loss nll it says it sends the three calls.
+#  7. --labels inputs (an autoencoder's targets): a small convolutional
+#     autoencoder (model file written here) trained with --loss mse and
+#     --labels inputs, against a fresh psd of the same seed trained with the
+#     targets numpy wrote ((images / 255 - mean) / std as float32 .npy, the
+#     conversion of --input-scale/--input-mean/--input-std): every logged
+#     training loss and the test MSE agree within 1e-4 (relative); a class
+#     loss (nll) and --test-labels beside --labels inputs are refused
+#     naming the flags.
 . "$(dirname "$0")/lib.sh" it_fit
 set +e
 cleanup_signal=TERM
@@ -226,4 +234,55 @@ out=$("$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$p7" "${IDX[@
 grep -q -- "--one-call needs --loss cross_entropy" <<<"$out" || fail "--one-call with nll: no note: $out"
 kill "$psd_pid"
 
-echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch, --one-call: OK"
+# ---- 7. --labels inputs -----------------------------------------------------------
+cat >"$tmp/ae.yaml" <<'EOF'
+name: tiny_ae
+about: a convolutional autoencoder of 1x28x28 images (it_fit)
+max_batch: 512
+stages:
+  - name: ae
+    input: {shape: [1, 28, 28], dtype: float32}
+    nodes:
+      - {name: enc, kind: Conv2d, out_channels: 4, kernel_size: 3, stride: 2, padding: 1}
+      - {name: act, kind: ReLU}
+      - {name: dec, kind: ConvTranspose2d, out_channels: 1, kernel_size: 3, stride: 2, padding: 1, output_padding: 1}
+EOF
+sed -e "s|^  name: mnist_cnn.*|  file: $tmp/ae.yaml|" -e '/^  placement:/,/^    fc: cpu/d' configs/local.yaml >"$tmp/ae_local.yaml"
+"$PY" - "$DATA" "$tmp" <<'EOF' || fail "numpy autoencoder targets"
+import sys, numpy as np
+d, out = sys.argv[1], sys.argv[2]
+def idx(name):
+    raw = open("%s/%s" % (d, name), "rb").read()
+    nd = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+norm = lambda x: ((x.astype(np.float32) / 255 - np.float32(0.1307)) / np.float32(0.3081))[:, None]
+np.save(out + "/ae_ytr.npy", norm(idx("train-images-idx3-ubyte")))
+np.save(out + "/ae_yte.npy", norm(idx("t10k-images-idx3-ubyte")))
+EOF
+AE=(--config "$tmp/ae_local.yaml" --loss mse --inputs "$DATA/train-images-idx3-ubyte"
+    --test-inputs "$DATA/t10k-images-idx3-ubyte")
+p8=$((base + 8))
+start_psd psd8 --config "$tmp/ae_local.yaml" --listen "127.0.0.1:$p8"
+run_fit ae_in "$p8" "${AE[@]}" --labels inputs || fail "fit --labels inputs exited with $?"
+kill "$psd_pid"
+start_psd psd9 --config "$tmp/ae_local.yaml" --listen "127.0.0.1:$((p8 + 1))"
+run_fit ae_npy "$((p8 + 1))" "${AE[@]}" --labels "$tmp/ae_ytr.npy" --test-labels "$tmp/ae_yte.npy" \
+  || fail "fit with numpy's targets exited with $?"
+losses() { sed -n 's/.*training batch [0-9]* loss \([0-9.]*\).*/\1/p' "$1"; sed -n 's/^Rank [0-9]* test loss \([0-9.]*\).*/\1/p' "$1"; }
+li=$(losses "$tmp/ae_in.log" | tr '\n' ' ') ln=$(losses "$tmp/ae_npy.log" | tr '\n' ' ')
+echo "--labels inputs: losses $li; numpy's targets: $ln"
+[ "$(wc -w <<<"$li")" -ge 6 ] || fail "--labels inputs: too few losses logged: '$li'"
+awk -v a="$li" -v b="$ln" 'BEGIN { n = split(a, x, " "); if (n != split(b, y, " ")) exit 1
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-4 * y[i] + 1e-6) exit 1 } }' \
+  || fail "--labels inputs: losses '$li' differ from numpy's targets' '$ln'"
+first=$(losses "$tmp/ae_in.log" | head -n 1) final=$(losses "$tmp/ae_in.log" | tail -n 1)
+awk -v a="$final" -v b="$first" 'BEGIN { exit !(a < 0.8 * b) }' || fail "--labels inputs: test MSE $final vs first batch $first"
+p3=$((p8 + 1))
+expect_refusal "--labels inputs with nll" "--labels inputs makes the inputs the targets, which needs a loss of dense targets" \
+    "${AE[@]}" --labels inputs --loss nll
+expect_refusal "--labels inputs with --test-labels" "leave out --test-labels $tmp/ae_yte.npy" \
+    "${AE[@]}" --labels inputs --test-labels "$tmp/ae_yte.npy"
+kill "$psd_pid"
+
+echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch, --one-call, --labels inputs: OK"

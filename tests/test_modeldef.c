@@ -216,6 +216,16 @@ static void test_errors(void) {
                "name: t\nstages:\n  - name: s\n    input: {shape: [2, 4, 4]}\n    nodes:\n"
                "      - {name: p, kind: AdaptiveAvgPool2d, output_size: [0, 3]}\n",
                1, 6, "node 'p' (AdaptiveAvgPool2d)", "output_size: 0 is outside [1, 65536]");
+    /* Embedding's padding_idx: a row of the table, negatives from the end (test_kinds runs valid ones) */
+#define HEADI "name: t\nstages:\n  - name: s\n    input: {shape: [5], dtype: int64}\n    nodes:\n"
+    expect_err("pad_idx.yaml", HEADI "      - {name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 2, "
+               "padding_idx: 7}\n", 1, 6, "node 'e' (Embedding)",
+               "padding_idx 7 is not a row of the 7-row table (-7..6, as nn.Embedding's)");
+    expect_err("pad_idx_neg.yaml", HEADI "      - {name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 2, "
+               "padding_idx: -8}\n", 1, 6, "node 'e' (Embedding)", "padding_idx -8 is not a row");
+    expect_err("pad_idx_frac.yaml", HEADI "      - {name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 2, "
+               "padding_idx: 1.5}\n", 1, 6, "node 'e' (Embedding)", "padding_idx: 1.5 is not a whole number");
+#undef HEADI
     /* Permute: PyTorch's dims of the batched input, a permutation keeping the batch at 0 (test_kinds runs
      * the valid ones against PyTorch) */
 #define HEAD3 "name: t\nstages:\n  - name: s\n    input: {shape: [2, 3, 4]}\n    nodes:\n"

@@ -81,6 +81,9 @@ static const char *const required_prefixes[] = {
     "test_reduce_sum_do_not_keepdims", "test_reduce_sum_keepdims", "test_reduce_sum_negative_axes_keepdims_example",
     /* global max pooling (adaptive_max_pool2d to 1) */
     "test_globalmaxpool",
+    /* max and min over adjacent axes (torch.max(h, dim=1)'s values, torch.amin; over all axes: the batch's too) */
+    "test_reduce_max_do_not_keepdims", "test_reduce_max_keepdims", "test_reduce_max_negative_axes_keepdims",
+    "test_reduce_min_do_not_keepdims", "test_reduce_min_keepdims", "test_reduce_min_negative_axes_keepdims",
     /* numpy broadcasting (Sub and Div of a computed value and an initializer: a Parameter), and norms as
      * values (x.norm(dim=1, keepdim=True) exports as ReduceL2; over all axes: no axis left per sample) */
     "test_sub", "test_div", "test_reduce_l2_do_not_keepdims", "test_reduce_l2_keep_dims",

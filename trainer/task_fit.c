@@ -2,7 +2,10 @@
  * from files, with a loss from the table (task.h, docs/fit.md).
  *
  * Data: --inputs and --labels (trainer/dataset.h: IDX, .npy, .npz,
- * safetensors), optionally --test-inputs/--test-labels; a seeded
+ * safetensors), optionally --test-inputs/--test-labels; `--labels inputs`
+ * makes each sample's input, converted as the model receives it
+ * (--input-scale, --input-mean, --input-std), its own target (an
+ * autoencoder's; dense losses only; the test inputs likewise); a seeded
  * --val-fraction of the training samples is held out (the same samples on
  * every rank); each rank trains on its 1/(world_size-1) share of the rest
  * (--all-data: on all of it), shuffled per epoch with its seed.
@@ -79,7 +82,8 @@ typedef struct fit_task {
     size_t max_bytes;
     ps_fit_norm norm;
     /* data */
-    ps_array x, y, tx, ty;
+    ps_array x, y, tx, ty;            /* y, ty empty with labels_in */
+    int labels_in;                    /* --labels inputs: the converted inputs are the targets */
     int have_test;
     uint32_t *train, *val, ntrain, nval, *order;
     uint32_t *test_idx;
@@ -103,6 +107,12 @@ typedef struct fit_task {
     double epoch_loss;
     long epoch_batches;
 } fit_task;
+
+/* The labels of the training (test 0) or test files: with labels_in, the
+ * inputs themselves (fill_batch converts them as inputs). */
+static const ps_array *labels_of(fit_task *t, int test) {
+    return t->labels_in ? (test ? &t->tx : &t->x) : test ? &t->ty : &t->y;
+}
 
 /* ---- flags ------------------------------------------------------------- */
 
@@ -219,6 +229,14 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     if (!t->loss)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --loss is needed (one of %s)",
                           ps_loss_names(names, sizeof names));
+    t->labels_in = !strcmp(t->labels, "inputs");
+    if (t->labels_in && t->loss->class_targets)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --labels inputs makes the inputs the targets, which "
+                          "needs a loss of dense targets (mse or bce_with_logits), not %s's class ids", t->loss->name);
+    if (t->labels_in && t->test_labels[0] && strcmp(t->test_labels, "inputs"))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: with --labels inputs the test inputs are their own "
+                          "targets too; leave out --test-labels %s", t->test_labels);
+    if (t->labels_in && t->test_inputs[0]) snprintf(t->test_labels, sizeof t->test_labels, "inputs");
     if (!t->test_inputs[0] != !t->test_labels[0])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --test-inputs and --test-labels go together");
     if (t->nlr && (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
@@ -228,18 +246,18 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     t->grad_scale = t->nlr ? t->lr[0] / cfg->optimizer.lr : 1.0;
     ps_status st;
     if ((st = load("--inputs", t->inputs, t->max_bytes, &t->x, err)) ||
-        (st = load("--labels", t->labels, t->max_bytes, &t->y, err)))
+        (!t->labels_in && (st = load("--labels", t->labels, t->max_bytes, &t->y, err))))
         return st;
     if (t->test_inputs[0]) {
         if ((st = load("--test-inputs", t->test_inputs, t->max_bytes, &t->tx, err)) ||
-            (st = load("--test-labels", t->test_labels, t->max_bytes, &t->ty, err)))
+            (!t->labels_in && (st = load("--test-labels", t->test_labels, t->max_bytes, &t->ty, err))))
             return st;
         t->have_test = 1;
     }
     /* counts now, before the split and the test indices are allocated by
      * them (shapes against the model once connected) */
-    if ((st = ps_fit_check_samples(&t->x, t->inputs, &t->y, t->labels, err)) ||
-        (t->have_test && (st = ps_fit_check_samples(&t->tx, t->test_inputs, &t->ty, t->test_labels, err))))
+    if ((st = ps_fit_check_samples(&t->x, t->inputs, labels_of(t, 0), t->labels, err)) ||
+        (t->have_test && (st = ps_fit_check_samples(&t->tx, t->test_inputs, labels_of(t, 1), t->test_labels, err))))
         return st;
     int share = t->all_data ? 1 : env->world_size - 1;
     if ((st = ps_fit_split((uint32_t)t->x.dims[0], t->val_fraction, cfg->trainer.seed, (int)env->rank, share,
@@ -331,10 +349,17 @@ static ps_status fit_setup(fit_task *t, const ps_task_env *env, ps_err *err) {
     m->in_int64 = st[0].input_dtype == ps_DType_INT64;
     m->out_ndim = st[ns - 1].output_shape_count;
     memcpy(m->out_dims, st[ns - 1].output_shape, sizeof(int64_t) * (size_t)m->out_ndim);
-    if ((s = ps_fit_check(&t->x, t->inputs, &t->y, t->labels, m, t->loss, &t->norm, &t->lay, err))) return s;
-    if (t->have_test && (s = ps_fit_check(&t->tx, t->test_inputs, &t->ty, t->test_labels, m, t->loss, &t->norm,
-                                          &t->tlay, err)))
+    if (t->labels_in && m->in_int64)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--labels inputs: the model's first stage '%s' takes int64 "
+                          "ids, which cannot be the targets of a dense loss", m->first_stage);
+    if ((s = ps_fit_check(&t->x, t->inputs, labels_of(t, 0), t->labels, m, t->loss, &t->norm, &t->lay, err)))
         return s;
+    if (t->have_test && (s = ps_fit_check(&t->tx, t->test_inputs, labels_of(t, 1), t->test_labels, m, t->loss,
+                                          &t->norm, &t->tlay, err)))
+        return s;
+    if (t->labels_in && t->lay.y_numel != t->lay.x_numel)
+        return ps_err_set(err, PS_ERR_INTERNAL, "--labels inputs: %lld targets per sample for %lld inputs",
+                          (long long)t->lay.y_numel, (long long)t->lay.x_numel);
     if (t->have_test && t->tlay.x_numel != t->lay.x_numel)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--test-inputs %s: %lld values per sample, --inputs %lld",
                           t->test_inputs, (long long)t->tlay.x_numel, (long long)t->lay.x_numel);
@@ -643,8 +668,10 @@ static ps_status fit_begin_epoch(void *arg, const ps_task_env *env, int epoch, i
 static ps_status fill_batch(fit_task *t, const ps_array *x, const ps_array *y, const ps_fit_layout *lay,
                             const uint32_t *idx, int n, ps_err *err) {
     ps_status st = ps_fit_inputs(x, lay, &t->norm, t->model.in_int64, idx, n, t->xf, t->xi, err);
-    if (!st) st = ps_fit_targets(y, lay, t->loss, idx, n, t->tgt, err);
-    return st;
+    if (st) return st;
+    if (t->labels_in) /* checked in fit_init / fit_connect: float inputs, a dense loss, y_numel == x_numel */
+        return ps_fit_inputs(x, lay, &t->norm, 0, idx, n, (float *)t->tgt, NULL, err);
+    return ps_fit_targets(y, lay, t->loss, idx, n, t->tgt, err);
 }
 
 static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int b, ps_task_round *out, ps_err *err) {
@@ -652,7 +679,7 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
     (void)epoch;
     uint32_t bs = (uint32_t)t->bs;
     int n = (int)((uint32_t)(b + 1) * bs <= t->ntrain ? bs : t->ntrain - (uint32_t)b * bs);
-    ps_status st = fill_batch(t, &t->x, &t->y, &t->lay, t->order + (size_t)b * bs, n, err);
+    ps_status st = fill_batch(t, &t->x, labels_of(t, 0), &t->lay, t->order + (size_t)b * bs, n, err);
     if (st) return st;
     fit_job j = {.t = t, .env = env, .lay = &t->lay, .n = n, .train = 1};
     if (env->cl) {
@@ -727,11 +754,11 @@ static ps_status fit_end_epoch(void *arg, const ps_task_env *env, int epoch, ps_
            t->epoch_batches);
     if (t->nval) {
         snprintf(what, sizeof what, "epoch %d/%d validation", epoch + 1, env->cfg->trainer.epochs);
-        return evaluate_set(t, env, what, &t->x, &t->y, &t->lay, t->val, t->nval, err);
+        return evaluate_set(t, env, what, &t->x, labels_of(t, 0), &t->lay, t->val, t->nval, err);
     }
     if (t->have_test && epoch + 1 < env->cfg->trainer.epochs) { /* the last one is the final evaluation's */
         snprintf(what, sizeof what, "epoch %d/%d test", epoch + 1, env->cfg->trainer.epochs);
-        return evaluate_set(t, env, what, &t->tx, &t->ty, &t->tlay, t->test_idx, (uint32_t)t->tx.dims[0], err);
+        return evaluate_set(t, env, what, &t->tx, labels_of(t, 1), &t->tlay, t->test_idx, (uint32_t)t->tx.dims[0], err);
     }
     fflush(stdout);
     return PS_OK;
@@ -741,17 +768,18 @@ static ps_status fit_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
     fit_task *t = arg;
     if (!t->ready) return PS_OK; /* no epoch ran */
     if (t->have_test)
-        return evaluate_set(t, env, "test", &t->tx, &t->ty, &t->tlay, t->test_idx, (uint32_t)t->tx.dims[0], err);
-    if (t->nval) return evaluate_set(t, env, "validation", &t->x, &t->y, &t->lay, t->val, t->nval, err);
+        return evaluate_set(t, env, "test", &t->tx, labels_of(t, 1), &t->tlay, t->test_idx, (uint32_t)t->tx.dims[0], err);
+    if (t->nval) return evaluate_set(t, env, "validation", &t->x, labels_of(t, 0), &t->lay, t->val, t->nval, err);
     printf("Rank %ld: no held-out samples to evaluate (--val-fraction or --test-inputs/--test-labels)\n", env->rank);
     return PS_OK;
 }
 
 static const ps_task_flag fit_flags[] = {
     {"--inputs", "-i", "FILE[:NAME]", NULL, "training inputs: IDX (raw or .gz), .npy, .npz:NAME, safetensors:NAME"},
-    {"--labels", "-l", "FILE[:NAME]", NULL, "training labels (targets), one per input sample"},
+    {"--labels", "-l", "FILE[:NAME]", NULL, "training labels (targets), one per input sample; `inputs`: each input, "
+     "converted as the model gets it, is its own target (an autoencoder's; mse, bce_with_logits)"},
     {"--test-inputs", NULL, "FILE[:NAME]", NULL, "test inputs, evaluated at the end (and per epoch without a split)"},
-    {"--test-labels", NULL, "FILE[:NAME]", NULL, "test labels"},
+    {"--test-labels", NULL, "FILE[:NAME]", NULL, "test labels (none with --labels inputs)"},
     {"--loss", NULL, "NAME", NULL, "nll, cross_entropy, mse or bce_with_logits (as torch.nn.functional)"},
     {"--val-fraction", NULL, "F", NULL, "hold out this fraction of the training samples (seeded, the same on every "
      "rank); loss and accuracy on it after each epoch"},

@@ -105,6 +105,10 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
         if ((st = attr_range(sp, x, 0, err))) return st;
         *(double *)(base + sp->off) = x;
         return PS_OK;
+    case PS_ATTR_INT_OR_NULL:
+        *(int *)(base + sp->off2) = vals[0] != NULL;
+        if (!vals[0]) { *(int64_t *)(base + sp->off) = 0; return PS_OK; }
+        /* fall through */
     case PS_ATTR_INT:
         if ((st = attr_number(ly, sp, vals[0], def, n, keys, values, &x, err))) return st;
         if ((st = attr_range(sp, x, 1, err))) return st;
@@ -218,7 +222,19 @@ static float normal01(ps_rng *r) {  /* Box-Muller */
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
 
+static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r);
+
 void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
+    init_draw(ly, j, host, r);
+    /* Embedding's padding_idx row starts at zeros (nn.Embedding's _fill_padding_idx_with_zero); a shard
+     * holds rows [row_lo, row_lo + num) */
+    if (ly->a.pad_given && ly->param[j].sparse && ly->a.padding_idx >= ly->row_lo &&
+        ly->a.padding_idx < ly->row_lo + ly->param[j].dims[0])
+        memset(host + (ly->a.padding_idx - ly->row_lo) * ly->param[j].dims[1], 0,
+               (size_t)ly->param[j].dims[1] * sizeof(float));
+}
+
+static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r) {
     const ps_layer_param *p = &ly->param[j];
     const ps_init *in = &p->init;
     if (in->kind == PS_INIT_CONST) {
@@ -1490,6 +1506,14 @@ static ps_status emb_infer(ps_layer *ly, ps_err *err) {
     if (rc) return rc;
     if (ly->a.num > INT32_MAX || ly->a.out > INT32_MAX)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_embeddings and embedding_dim are at most %d", INT32_MAX);
+    int64_t rows = ly->row_total ? ly->row_total : ly->a.num;   /* the whole table's, for a shard too */
+    if (ly->a.pad_given) {
+        if (ly->a.padding_idx < -rows || ly->a.padding_idx >= rows)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "padding_idx %lld is not a row of the %lld-row table "
+                              "(-%lld..%lld, as nn.Embedding's)", (long long)ly->a.padding_idx, (long long)rows,
+                              (long long)rows, (long long)rows - 1);
+        if (ly->a.padding_idx < 0) ly->a.padding_idx += rows;
+    }
     ly->outs = ly->in[0];
     ly->outs.dims[ly->outs.ndim++] = ly->a.out;
     ly->out_dtype = PS_DTYPE_F32;
@@ -1586,6 +1610,16 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
         (rc = ops->embedding_backward(impl, n, dim, dslot, c->dy, nrows, dgrows, err)) != PS_OK ||
         (rc = ops->copy_to_host(impl, r.grad, dgrows, (size_t)nrows * dim * sizeof(float), err)) != PS_OK)
         goto done;
+    if (c->ly->a.pad_given) {   /* padding_idx's row gets no gradient (nn.Embedding's): left out of the rows */
+        int64_t pad = c->ly->a.padding_idx - c->ly->row_lo;
+        const int64_t *p = bsearch(&pad, r.rows, (size_t)r.nrows, sizeof *r.rows, cmp_i64);
+        if (p) {
+            int64_t k = p - r.rows;
+            memmove(r.rows + k, r.rows + k + 1, (size_t)(r.nrows - k - 1) * sizeof(int64_t));
+            memmove(r.grad + k * dim, r.grad + (k + 1) * dim, (size_t)(r.nrows - k - 1) * dim * sizeof(float));
+            r.nrows--;
+        }
+    }
     ps_rows_clear(c->rows);
     *c->rows = r;
     memset(&r, 0, sizeof r);
@@ -3825,6 +3859,7 @@ static const ps_attr_spec linear_attrs[] = {
 static const ps_attr_spec emb_attrs[] = {
     ATTR_INT("num_embeddings", num, NULL, 1),
     ATTR_INT("embedding_dim", out, NULL, 1),
+    {"padding_idx", PS_ATTR_INT_OR_NULL, A(padding_idx), "null", -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, A(pad_given)},
     ATTR_END,
 };
 /* LSTM and GRU (nn.LSTM's and nn.GRU's arguments; proj_size is not taken) */

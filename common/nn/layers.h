@@ -104,6 +104,8 @@ typedef struct ps_layer_attrs {
     int causal;                 /* MultiheadAttention causal: query i attends to keys 0..i */
     /* key padding masks computed from the token ids */
     int64_t eq_value;           /* Eq value: the constant the ids are compared with (the pad id) */
+    int64_t padding_idx;        /* Embedding padding_idx (negatives counted from the end); pad_given 0: null */
+    int pad_given;
     int kpm_float;              /* MultiheadAttention key_padding_mask: 0 'bool' (nonzero masks), 1 'float' (added) */
     /* upsampling (decoders, U-Nets) */
     int64_t output_padding[2];  /* ConvTranspose2d output_padding */
@@ -126,6 +128,8 @@ typedef struct ps_layer_attrs {
 /* An attribute of a kind. */
 typedef enum {
     PS_ATTR_INT,                /* int64_t in [lo, hi]; a literal or a size */
+    PS_ATTR_INT_OR_NULL,        /* PS_ATTR_INT, or null (sets the int at off2 to 1 when given, 0 for null):
+                                   Embedding's padding_idx */
     PS_ATTR_PAIR,               /* int64_t[2]: one value for both, or a list of two */
     PS_ATTR_PAIR_OR_NULL,       /* PS_ATTR_PAIR whose values may be null, stored as 0 (AdaptiveAvgPool2d's
                                    output_size: null keeps the input's size) */

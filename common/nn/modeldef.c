@@ -336,6 +336,7 @@ static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node
                                   const ynode *v) {
     if (is_null(v)) {
         if (sp->type == PS_ATTR_FLOAT_OR_NULL || sp->type == PS_ATTR_PAIR_OR_NULL || sp->type == PS_ATTR_NAME ||
+            sp->type == PS_ATTR_INT_OR_NULL ||
             sp->type == PS_ATTR_FLOAT_PAIR_OR_NULL)
             return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: no value given", nd->name, nd->kind_name, sp->name);

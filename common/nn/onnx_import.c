@@ -2175,31 +2175,6 @@ static ps_status global_max(imp *im, int keep) {
 
 static ps_status h_gmp(imp *im) { return global_max(im, 1); }
 
-static ps_status h_reducemax(imp *im) {
-    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
-    ps_status rc = only_attrs(im, known);
-    if (rc) return rc;
-    if (all_const(im)) return unsup(im, "ReduceMax of constants (psd does not fold it)");
-    val *x = in_val(im, 0, 1);
-    if (!x) return im->err->code;
-    int64_t ax[PS_MAXD + 1];
-    int n;
-    if ((rc = moved_ints(im, 1, 18, "axes", "axes", ax, PS_MAXD, &n))) return rc;
-    const int r = x->ndim;
-    int seen[MAXD] = {0}, cnt = 0;
-    for (int i = 0; i < n; i++) {
-        int a = norm_axis(im, ax[i], r, "axes");
-        if (a < 0) return im->err->code;
-        if (!seen[a]) cnt++;
-        seen[a] = 1;
-    }
-    int spatial = im->lead == 1 && (r == 3 || r == 4) && cnt == r - 2;
-    for (int a = 2; spatial && a < r; a++) spatial = seen[a];
-    if (!spatial)
-        return unsup(im, "a max over axes other than every spatial axis of (N, C, L) or (N, C, H, W) (psd's is a "
-                     "MaxPool over the whole plane)");
-    return global_max(im, (int)attr_i(im, "keepdims", 1));
-}
 
 /* ReduceMean over adjacent axes after the batch. Over the two spatial axes
  * of an (N, C, H, W) value (mnasnet's x.mean([2, 3])): AdaptiveAvgPool2d to
@@ -2221,6 +2196,43 @@ static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double c
     return data_out(im, 0, pn, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
 
+/* A Reduce* node's axes [lo, hi] of x (adjacent, after the batch; n of them; an attribute before opset
+ * axes_input_opset, an input from it) and the result's dims od (on of them, keepdims as its attribute says).
+ * what names the reduction in refusals ("mean", "max", ...); how says what psd writes for it. */
+static ps_status reduce_axes(imp *im, const val *x, int axes_input_opset, const char *what, const char *how,
+                             int *lo_out, int *hi_out, int *n_out, int64_t *od, int *on_out) {
+    int64_t ax[PS_MAXD + 1];
+    int n;
+    ps_status rc = moved_ints(im, 1, axes_input_opset, "axes", "axes", ax, PS_MAXD, &n);
+    if (rc) return rc;
+    if (n <= 0) return unsup(im, "a %s over all axes (psd's is over adjacent axes after the batch)", what);
+    int r = x->ndim, lo = r, hi = -1, seen[MAXD] = {0};
+    char buf[128];
+    for (int i = 0; i < n; i++) {
+        int a = norm_axis(im, ax[i], r, "axes");
+        if (a < 0) return im->err->code;
+        if (a < im->lead) {
+            snprintf(buf, sizeof buf, "a %s over the batch", what);
+            return along_batch(im, buf);
+        }
+        if (seen[a]) return bad(im, "axis %d twice in axes", a);
+        seen[a] = 1;
+        lo = a < lo ? a : lo;
+        hi = a > hi ? a : hi;
+    }
+    if (hi - lo + 1 != n)
+        return unsup(im, "a %s over axes %s of a rank-%d value (psd's is over adjacent axes after the batch: %s)",
+                     what, dims_text(ax, n, buf, sizeof buf), r, how);
+    int keep = (int)attr_i(im, "keepdims", 1), on = 0;
+    for (int i = 0; i < r; i++)
+        if (i < lo || i > hi || keep) od[on++] = i < lo || i > hi ? x->dims[i] : 1;
+    *lo_out = lo;
+    *hi_out = hi;
+    *n_out = n;
+    *on_out = on;
+    return PS_OK;
+}
+
 /* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) of x, then
  * the kind post when not NULL (ReduceL2's Sqrt) */
 static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const char *post) {
@@ -2228,30 +2240,13 @@ static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
     if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
-    int64_t ax[PS_MAXD + 1];
-    int n;
-    if ((rc = moved_ints(im, 1, axes_input_opset, "axes", "axes", ax, PS_MAXD, &n))) return rc;
     const char *what = sum ? "sum" : "mean";
-    if (n <= 0) return unsup(im, "a %s over all axes (psd's is over adjacent axes after the batch)", what);
-    int r = x->ndim, lo = r, hi = -1, seen[MAXD] = {0};
-    for (int i = 0; i < n; i++) {
-        int a = norm_axis(im, ax[i], r, "axes");
-        if (a < 0) return im->err->code;
-        if (a < im->lead) return along_batch(im, sum ? "a sum over the batch" : "a mean over the batch");
-        if (seen[a]) return bad(im, "axis %d twice in axes", a);
-        seen[a] = 1;
-        lo = a < lo ? a : lo;
-        hi = a > hi ? a : hi;
-    }
-    char buf[128];
-    if (hi - lo + 1 != n)
-        return unsup(im, "a %s over axes %s of a rank-%d value (psd's is over adjacent axes after the batch: a "
-                     "Reshape and AdaptiveAvgPool2d)", what, dims_text(ax, n, buf, sizeof buf), r);
-    int keep = (int)attr_i(im, "keepdims", 1);
+    int r = x->ndim, lo, hi, n, on;
     int64_t od[MAXD];   /* the mean's dims */
-    int on = 0;
-    for (int i = 0; i < r; i++)
-        if (i < lo || i > hi || keep) od[on++] = i < lo || i > hi ? x->dims[i] : 1;
+    if ((rc = reduce_axes(im, x, axes_input_opset, what, "a Reshape and AdaptiveAvgPool2d", &lo, &hi, &n, od, &on)))
+        return rc;
+    int keep = (int)attr_i(im, "keepdims", 1);
+    char buf[128];
     const double count = sum ? (double)prod(x->dims + lo, n) : 0.0;
     int xin = x->node;
     if (r - im->lead == 3 && lo == r - 2) {   /* the spatial axes of (N, C, H, W) */
@@ -2291,6 +2286,54 @@ static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
 
 static ps_status h_reducemean(imp *im) { return reduce_mean_sum(im, 18, 0); }
 static ps_status h_reducesum(imp *im) { return reduce_mean_sum(im, 13, 1); }
+
+/* x * -1 for a ReduceMin (-max(-x)); returns the new psd node or -1 (err set) */
+static int negate(imp *im, int in) {
+    int pn = emit(im, "MulConstant", NULL, NULL, "neg", 1, &in);
+    if (pn < 0) { oom(im); return -1; }
+    add_attr(im, pn, "value: -1.0");
+    return pn;
+}
+
+/* ReduceMax and ReduceMin (a max of -x, negated) over adjacent axes after the batch: over every spatial axis
+ * of (N, C, L) / (N, C, H, W) (x.amax(dim=(2, 3))) a MaxPool over the whole plane (global_max); otherwise
+ * (torch.max(h, dim=1)'s values over the tokens of (N, T, E)) Reshape to (before, the axes, after), MaxPool2d
+ * over a (the axes, 1) window, Reshape to the result's dims - as psd-export writes them. */
+static ps_status reduce_max_min(imp *im, int neg) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    const char *what = neg ? "min" : "max";
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "Reduce%s of constants (psd does not fold it)", neg ? "Min" : "Max");
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int r = x->ndim, lo, hi, n, on;
+    int64_t od[MAXD];
+    if ((rc = reduce_axes(im, x, 18, what, "a Reshape and MaxPool2d", &lo, &hi, &n, od, &on))) return rc;
+    int keep = (int)attr_i(im, "keepdims", 1);
+    if (!neg && im->lead == 1 && (r == 3 || r == 4) && lo == 2 && hi == r - 1) return global_max(im, keep);
+    if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
+    int cur = x->node;
+    if (neg && (cur = negate(im, cur)) < 0) return im->err->code;
+    char buf[128];
+    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
+                        prod(x->dims + hi + 1, r - hi - 1)};
+    if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    if ((cur = emit(im, "MaxPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "kernel_size: [%lld, 1]", (long long)three[1]);
+    three[1] = 1;
+    if (!(on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))) {
+        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
+        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    }
+    if (neg && (cur = negate(im, cur)) < 0) return im->err->code;
+    return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
+
+static ps_status h_reducemax(imp *im) { return reduce_max_min(im, 0); }
+static ps_status h_reducemin(imp *im) { return reduce_max_min(im, 1); }
 
 /* ReduceSumSquare and ReduceL2 as values (x.norm(dim=1, keepdim=True) exports as ReduceL2; F.normalize's is
  * found apart): Pow 2, the sum (reduce_of), and for ReduceL2 Sqrt - its gradient at an all-zero vector NaN
@@ -3404,6 +3447,7 @@ static const op_row ops[] = {
     {"ReduceProd", h_reduceprod, 1},
     {"GlobalMaxPool", h_gmp, 1},
     {"ReduceMax", h_reducemax, 1},
+    {"ReduceMin", h_reducemin, 1},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},

@@ -2,17 +2,13 @@
 """A convolutional autoencoder for Fashion-MNIST (1x28x28), as a user writes one: two strided 3x3
 convolutions down to 32x7x7, two stride-2 transposed convolutions (output_padding 1) back up to 1x28x28, a
 sigmoid. docs/models.md ("A convolutional autoencoder, trained") exports it with tools/psd-export and trains
-it through psd with ps-train fit and the mse loss, the images as their own targets.
+it through psd with ps-train fit and the mse loss, the images as their own targets (--labels inputs).
 
     /usr/bin/python3 examples/models/conv_autoencoder.py [--epochs 2]    # PyTorch's own loop, for comparison
-    /usr/bin/python3 examples/models/conv_autoencoder.py --targets FILE   # FILE's images / 255 as float32 .npy
-                                                                          # on stdout: fit's --labels
     /usr/bin/python3 examples/models/conv_autoencoder.py --eval-checkpoint CKPT   # psd's checkpoint, strict=True
 """
 import argparse
 import gzip
-import io
-import sys
 import time
 
 import numpy as np
@@ -52,14 +48,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--targets", help="write this IDX file's images / 255 to stdout as a float32 .npy")
     ap.add_argument("--eval-checkpoint", help="load this psd checkpoint (strict=True) and evaluate it")
     a = ap.parse_args()
-    if a.targets:
-        buf = io.BytesIO()
-        np.save(buf, images(a.targets))
-        sys.stdout.buffer.write(buf.getvalue())
-        return
     x = torch.from_numpy(images(a.data + "/train-images-idx3-ubyte.gz"))
     xt = torch.from_numpy(images(a.data + "/t10k-images-idx3-ubyte.gz"))
     torch.manual_seed(a.seed)

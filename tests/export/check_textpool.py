@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""tests/it_textpool.sh's Python half: reductions over a dim and the embedding options users write
+(tests/export/textpool.py) through psd-export and psd, against PyTorch:
+
+  TextCNN    nn.Embedding(padding_idx=0), Conv1d, F.max_pool1d(h, h.size(2)) (a kernel read from the shape)
+  MaxTokens  nn.Embedding(padding_idx=-1), torch.max(h, dim=1)[0], h.min(dim=1).values, torch.amax(h, -1,
+             keepdim=True) over (N, T, H)
+  Bags       nn.EmbeddingBag of modes mean, sum (padding_idx 0) and max on (N, L) bags
+  MaxRows    x.max(dim=2).values and torch.amin(x, (1, 2)) of (N, 4, 6) features, the input gradient too
+
+Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
+PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
+check_resnet.py's run() with ref64: psd's initial parameters named and valued as the state_dict, the eval and
+training forwards, every parameter gradient of one backward against float64 autograd (within 8x PyTorch
+float32's own error or 1e-4 of the tensor's largest), the step, a strict load_state_dict of psd's tensors.
+The token ids hold the padding ids, so a padding row's gradient is PyTorch's zeros only if psd leaves it
+out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop (a padding
+row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
+import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
+padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim).
+
+    check_textpool.py BUILD_DIR TMP_DIR
+"""
+import contextlib
+import copy
+import io
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
+import check_rnn  # noqa: E402
+import textpool  # noqa: E402
+from textpool import VOCAB, Bags, MaxRows, MaxTokens, TextCNN  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from gen_golden import write_safetensors  # noqa: E402
+
+SEQ, BATCH = 7, 6
+CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows)]
+
+
+def export(pe, cls, name, kwargs=None):
+    y = os.path.join(cr.TMP, name + ".yaml")
+    shape = ["--input-shape", "4,6"] if cls is MaxRows else ["--input-shape", str(SEQ), "--input-dtype", "int64"]
+    rc = pe.main([os.path.join(HERE, "textpool.py") + ":" + cls.__name__, "--seed", "3", "-o", y] + shape +
+                 (["--kwargs", json.dumps(kwargs)] if kwargs else []))
+    return rc, y
+
+
+def moved(cls, name):
+    torch.manual_seed(3)
+    model = cls()
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(torch.randn_like(t) * 0.1)
+        if cls is Bags:
+            model.sum.weight[0].zero_()
+    w = os.path.join(cr.TMP, name + "_moved.safetensors")
+    write_safetensors(w, dict(model.state_dict()), {})
+    return model, w
+
+
+def inputs(cls, seed):
+    torch.manual_seed(seed)
+    if cls is MaxRows:
+        return torch.randn(BATCH, 4, 6), torch.randint(0, 4, (BATCH,))
+    x = torch.randint(0, VOCAB, (BATCH, SEQ))
+    x[:, -2:] = 0                      # right padding (id 0) ...
+    x[0, -1] = VOCAB - 1               # ... and MaxTokens' padding id (-1: the last row)
+    x[1, 2] = VOCAB - 1
+    return x, torch.randint(0, 4, (BATCH,))
+
+
+def main():
+    pe = cr.load_psd_export()
+    for i, (label, cls) in enumerate(CASES):
+        name = "textpool_%d" % i
+        rc, y = export(pe, cls, name)
+        cr.check(rc == 0, "psd-export of %s" % label)
+        if rc:
+            continue
+        model, w = moved(cls, name)
+        x, target = inputs(cls, i)
+        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
+        if cls is MaxRows:
+            cr.input_gradient(label, stub, model, x, target)
+        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
+        cr.run(label, stub, stepped, x, target, ref64=True)
+        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
+        p.kill()
+    onnx_paths()
+    refusals(pe)
+
+
+def onnx_paths():
+    """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
+    with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
+    carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
+    (a ReduceMin to one value per sample) refused naming it."""
+    model, _ = moved(MaxTokens, "textpool_onnx")
+    x, target = inputs(MaxTokens, 1)
+    x[x == VOCAB - 1] = 3
+    path = os.path.join(cr.TMP, "maxtokens.onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd("textpool_onnx", "onnx: %s" % path, [])
+    cr.run("MaxTokens (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    path = os.path.join(cr.TMP, "maxrows.onnx")
+    torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    rc, out = cr.check_config(path)
+    last = out.strip().splitlines()[-1] if out.strip() else "no output"
+    cr.check(rc != 0 and "ReduceMin" in last and "a min to one value per sample" in last,
+             "MaxRows' ONNX export (torch.amin to one value per sample) refused naming it (%s)" % last)
+
+
+def refusals(pe):
+    for cls, want in ((textpool.BagWeights, "called with per_sample_weights"), (textpool.BagMeanPad, "mode 'mean' with padding_idx"),
+                      (textpool.BagPadRow, "padding row 1 is not zeros"), (textpool.MaxNorm, "Embedding with max_norm=1.0"),
+                      (textpool.ArgMax, "the indices of")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, _ = export(pe, cls, "refused_" + cls.__name__)
+        msg = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+        cr.check(rc != 0 and want in msg, "psd-export refuses %s naming it: %s" % (cls.__name__, msg))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for q in cr.procs:
+            if q.poll() is None:
+                q.kill()
+    print("%d failed" % len(cr.failures) if cr.failures else "all checks passed")
+    sys.exit(1 if cr.failures else 0)
