@@ -1270,6 +1270,9 @@ static ps_status cu_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, con
 }
 
 /* numpy broadcasting: ps_bcast_geometry's strides handed to the kernels */
+_Static_assert(sizeof ((ps_cuda_bcast *)0)->dims / sizeof(int64_t) == PS_BCAST_MAX_DIMS,
+               "ps_cuda_bcast holds PS_BCAST_MAX_DIMS dims");
+
 static ps_cuda_bcast cu_bcast_of(const ps_bcast_desc *d) {
     const ps_bcast_geom g = ps_bcast_geometry(d);
     ps_cuda_bcast c = {.op = d->op, .nd = g.nd, .count = g.count};
