@@ -2337,7 +2337,7 @@ static ps_status h_reducemin(imp *im) { return reduce_max_min(im, 1); }
 
 /* ReduceSumSquare and ReduceL2 as values (x.norm(dim=1, keepdim=True) exports as ReduceL2; F.normalize's is
  * found apart): Pow 2, the sum (reduce_of), and for ReduceL2 Sqrt - its gradient at an all-zero vector NaN
- * where PyTorch's is 0 (docs/models.md). */
+ * where PyTorch's is 0: h_reducel2 takes it only for a whole-input sample. */
 static ps_status reduce_squares(imp *im, const char *post) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -2353,7 +2353,48 @@ static ps_status reduce_squares(imp *im, const char *post) {
 }
 
 static ps_status h_reducesumsquare(imp *im) { return reduce_squares(im, NULL); }
-static ps_status h_reducel2(imp *im) { return reduce_squares(im, "Sqrt"); }
+
+/* ReduceL2 with the batch leading: sum(x * F.normalize(x)) over the axes, as psd-export writes a norm -
+ * Reshape to (before, the axes, after), Normalize along the axes, Mul by x, AdaptiveAvgPool2d to [1, null],
+ * MulConstant by their count, Reshape to the result: |x| with PyTorch's gradient x / |x|, 0 at an all-zero
+ * vector (reduce_squares' Sqrt gives NaN there; it serves a whole-input sample). */
+static ps_status h_reducel2(imp *im) {
+    if (im->lead != 1) return reduce_squares(im, "Sqrt");
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int r = x->ndim, lo, hi, n, on;
+    int64_t od[MAXD];
+    if ((rc = reduce_axes(im, x, 18, "norm", "a Reshape, Normalize, Mul and AdaptiveAvgPool2d", &lo, &hi, &n, od,
+                          &on)))
+        return rc;
+    if (on - im->lead < 1) return unsup(im, "a norm to one value per sample (psd's values keep a dimension)");
+    char buf[128], f[40];
+    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
+                        prod(x->dims + hi + 1, r - hi - 1)};
+    const int64_t count = three[1];
+    int ins[2] = {x->node, -1}, cur;
+    if ((ins[0] = emit(im, "Reshape", NULL, NULL, "view", 1, ins)) < 0) return oom(im);
+    add_attr(im, ins[0], "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    if ((ins[1] = emit(im, "Normalize", NULL, NULL, "normalize", 1, ins)) < 0) return oom(im);
+    add_attr(im, ins[1], "dim: 2");
+    if ((cur = emit(im, "Mul", NULL, NULL, "mul", 2, ins)) < 0) return oom(im);
+    if ((cur = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "output_size: [1, null]");
+    if (count != 1) {
+        if ((cur = emit(im, "MulConstant", NULL, NULL, "sum", 1, &cur)) < 0) return oom(im);
+        add_attr(im, cur, "value: %s", float_text((double)count, f, sizeof f));
+    }
+    three[1] = 1;
+    if (!(on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))) {
+        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
+        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    }
+    return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
 
 /* ReduceProd of constants folded (x.std's count: the product of gathered Shape dims); of computed values
  * refused. */

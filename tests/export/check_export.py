@@ -387,17 +387,18 @@ want = [("mean_view", *MEAN6[0]), ("mean", *MEAN6[1]), ("mean_view_1", *MEAN6[2]
         ("sub", "Sub", {}), ("std", *MEAN6[0]), ("std_1", *MEAN6[1]), ("std_2", *MEAN6[2]), ("std_3", "Sub", {}),
         ("std_4", "Pow", {"exponent": 2.0}), ("std_5", *MEAN6[0]), ("std_6", *MEAN6[1]), ("std_7", *MEAN6[2]),
         ("std_8", "MulConstant", {"value": 1.2}), ("std_9", "Sqrt", {}), ("div", "Div", {}),
-        ("norm", "Pow", {"exponent": 2.0}), ("norm_1", *MEAN6[0]), ("norm_2", *MEAN6[1]), ("norm_3", *MEAN6[2]),
-        ("norm_4", "MulConstant", {"value": 6.0}), ("norm_5", "Sqrt", {}), ("div_1", "Div", {})]
+        ("norm", *MEAN6[0]), ("norm_1", "Normalize", {"dim": 2}), ("norm_2", "Mul", {}), ("norm_3", *MEAN6[1]),
+        ("norm_4", "MulConstant", {"value": 6.0}), ("norm_5", *MEAN6[2]), ("div_1", "Div", {})]
 pairs = {"sub": ["input", "mean_view_1"], "std_3": ["input", "std_2"], "div": ["sub", "std_9"],
-         "div_1": ["div", "norm_5"]}
+         "norm_2": ["norm", "norm_1"], "div_1": ["div", "norm_5"]}
 want = [(nm, k, pairs.get(nm), a) for nm, k, a in want]
 got = [(nm, k, ins if nm in pairs else None, a) for nm, k, ins, a in got] if isinstance(got, list) else got
 if got != want:
     failures.append(f"Broadcasts: nodes {got}, expected {want}")
 else:
     print("ok: x - x.mean(dim=1, keepdim=True), x.std(1, keepdim=True) and s.norm(dim=1, keepdim=True) export as the "
-          "mean's Reshape / AdaptiveAvgPool2d / Reshape, Sub, Pow, MulConstant, Sqrt; a / b of tensors as Div")
+          "mean's Reshape / AdaptiveAvgPool2d / Reshape, Sub, Pow, MulConstant, Sqrt, the norm as sum(x * "
+          "Normalize(x)); a / b of tensors as Div")
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),

@@ -55,4 +55,4 @@ class Broadcasts(nn.Module):          # (N, 6): numpy broadcasting, norms and va
     def forward(self, x):
         c = x - x.mean(dim=1, keepdim=True)       # the mean (Reshape, AdaptiveAvgPool2d, Reshape), Sub
         s = c / x.std(1, keepdim=True)            # x.std's steps, Div
-        return s / s.norm(dim=1, keepdim=True)    # the norm's steps, Div
+        return s / s.norm(dim=1, keepdim=True)    # the norm: sum(s * Normalize(s)), Div

@@ -204,3 +204,24 @@ class BcastNet(torch.nn.Module):
 
 def bcast_net(**kwargs):
     return BcastNet(**kwargs)
+
+
+class ZeroNormNet(torch.nn.Module):
+    """x.norm of all-zero vectors (a ReLU of values far below 0) beside live ones, over the channels and over
+    the plane: psd-export's norm (sum(x * F.normalize(x))) has PyTorch's gradient there, 0, where a Sqrt of
+    the sum of squares would give NaN; (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        h = self.conv(x)
+        h = h + F.relu(h - 100.0).norm(dim=1, keepdim=True) + 0.1 * h.norm(dim=(2, 3), keepdim=True)
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+def zero_norm_net(**kwargs):
+    return ZeroNormNet(**kwargs)
