@@ -725,6 +725,38 @@ CASES += [
         "{name: fc, kind: Linear, out_features: 2}"], "int64")),
 ]
 
+# ---- bidirectional recurrent layers: nn.LSTM / nn.GRU(bidirectional=True), each layer's input both directions
+# of the layer below (2H), the reverse direction's parameters under PyTorch's *_reverse names; 1 to 4 layers,
+# without bias, a sequence of 1, dropout between layers (mask (num_layers - 1, L, N, 2H)), a batch of 1; a text
+# classifier reading both directions' last states (out[:, -1] is the forward h_n and the reverse's state after
+# its first step; torch.cat((h_n[-2], h_n[-1]), 1) is out[:, -1, :H] joined with out[:, 0, H:]).
+CASES += [
+    ("lstm_bi_l1", stage([5, 4], ["{name: rnn, kind: LSTM, input_size: 4, hidden_size: 3, batch_first: true, "
+                                  "bidirectional: true}"])),
+    ("lstm_bi_l2_nobias", stage([4, 3], ["{name: rnn, kind: LSTM, hidden_size: 4, num_layers: 2, bias: false, "
+                                         "batch_first: true, bidirectional: true}"])),
+    ("lstm_bi_l3_dropout", stage([6, 2], ["{name: rnn, kind: LSTM, hidden_size: 3, num_layers: 3, dropout: 0.4, "
+                                          "batch_first: true, bidirectional: true}"])),
+    ("lstm_bi_l4_len1", stage([1, 3], ["{name: rnn, kind: LSTM, hidden_size: 2, num_layers: 4, "
+                                       "batch_first: true, bidirectional: true}"])),
+    ("gru_bi_l1_n1", stage([6, 3], ["{name: rnn, kind: GRU, hidden_size: 4, batch_first: true, "
+                                    "bidirectional: true}"])),
+    ("gru_bi_l2_dropout", stage([5, 4], ["{name: rnn, kind: GRU, hidden_size: 3, num_layers: 2, dropout: 0.5, "
+                                         "batch_first: true, bidirectional: true}"])),
+    ("gru_bi_l3_nobias", stage([3, 2], ["{name: rnn, kind: GRU, hidden_size: 3, num_layers: 3, bias: false, "
+                                        "batch_first: true, bidirectional: true}"])),
+    ("lstm_bi_text", stage([6], RNN_TEXT + [
+        "{name: rnn, kind: LSTM, hidden_size: 4, num_layers: 2, batch_first: true, bidirectional: true}",
+        "{name: fwd, kind: Narrow, dim: 1, start: 5, length: 1}",
+        "{name: fwd_h, kind: Narrow, input: fwd, dim: 2, start: 0, length: 4}",
+        "{name: rev, kind: Narrow, input: rnn, dim: 1, start: 0, length: 1}",
+        "{name: rev_h, kind: Narrow, input: rev, dim: 2, start: 4, length: 4}",
+        "{name: cat, kind: Concat, inputs: [fwd_h, rev_h], dim: 2}",
+        "{name: flat, kind: Flatten}",
+        "{name: fc, kind: Linear, out_features: 3}"], "int64")),
+]
+NBATCH_BI = {"gru_bi_l1_n1": 1}   # a batch of one
+
 
 # ---- numpy broadcasting of two computed tensors (Add, Sub, Mul, Div): the right operand broadcast, the left one,
 # a middle dim, both at once (each along a dim of its own), a scalar per sample (1, 1, 1) on either side, a
@@ -808,6 +840,7 @@ def eltwise_module(kind, a, s0):
 NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
 NBATCH["lstm_n1"] = 1   # recurrent layers: a batch of one
+NBATCH.update(NBATCH_BI)
 # attention masks: minGPT's block size per case (MaskedFill's twin is its tril buffer sliced to T); the form of
 # the causal attn_mask the MultiheadAttention twin is called with (default: bool torch.triu(ones, 1))
 MINGPT_BLOCK = {"mingpt_masked_t5_n8": 8, "mingpt_masked_t4_n4": 4}
@@ -966,7 +999,8 @@ def make_module(kind, a, shapes, case_name=""):
     if kind in ("LSTM", "GRU"):
         return RNN_KINDS[kind](input_size=shapes[0][1], hidden_size=a["hidden_size"],
                                num_layers=a.get("num_layers", 1), bias=a.get("bias", True),
-                               batch_first=a.get("batch_first", False), dropout=a.get("dropout", 0.0))
+                               batch_first=a.get("batch_first", False), dropout=a.get("dropout", 0.0),
+                               bidirectional=a.get("bidirectional", False))
     if kind == "MaskedFill":
         value = float(a["value"])      # yaml reads -.inf as a float, -inf as a string
         r, c = s0[-2], s0[-1]
@@ -1123,12 +1157,14 @@ class RNNStack:
             if k:
                 x = x * mask[k - 1].transpose(0, 1)
             names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if self.bias else [])
-            ws = [getattr(self, "%s_l%d" % (w, k)) for w in names]
-            h0 = x.new_zeros(1, n, self.hidden_size)
+            dirs = ["", "_reverse"] if self.bidirectional else [""]
+            ws = [getattr(self, "%s_l%d%s" % (w, k, r)) for r in dirs for w in names]
+            h0 = x.new_zeros(len(dirs), n, self.hidden_size)
+            bi = self.bidirectional
             if isinstance(self, nn.LSTM):
-                x = torch._VF.lstm(x, (h0, h0), ws, self.bias, 1, 0.0, self.training, False, True)[0]
+                x = torch._VF.lstm(x, (h0, h0), ws, self.bias, 1, 0.0, self.training, bi, True)[0]
             else:
-                x = torch._VF.gru(x, h0, ws, self.bias, 1, 0.0, self.training, False, True)[0]
+                x = torch._VF.gru(x, h0, ws, self.bias, 1, 0.0, self.training, bi, True)[0]
         return x
 
     def forward(self, x):
@@ -1260,7 +1296,7 @@ class Net(nn.Module):
                 m.mask = torch.ones(m.mask_shape)
             if isinstance(m, RNNStack):   # the dropout mask between layers, time-major
                 xi = vals[ins[0]]
-                m.mask_shape = (m.num_layers - 1, xi.shape[1], xi.shape[0], m.hidden_size)
+                m.mask_shape = (m.num_layers - 1, xi.shape[1], xi.shape[0], (2 if m.bidirectional else 1) * m.hidden_size)
                 m.mask = torch.ones(m.mask_shape)
                 m.check(xi)
             if isinstance(m, MHA):

@@ -44,13 +44,17 @@ static const ps_ckpt_ident single = {"psd", ""};
 static char *params_meta(ps_model *m) {
     size_t cap = 256, o = 0;
     int n = ps_model_num_def_params(m);
+    int na = ps_model_num_aliases(m);
     for (int i = 0; i < n; i++) cap += strlen(ps_model_def_param(m, i)->name) + 160;
+    for (int i = 0; i < na; i++) cap += strlen(ps_model_alias(m, i, NULL)) + 160;
     char *buf = malloc(cap);
     if (!buf) return NULL;
     buf[0] = 0;
-    for (int i = 0; i < n; i++) {
-        const ps_param_info *pi = ps_model_def_param(m, i);
-        o += (size_t)snprintf(buf + o, cap - o, "%s%s@%s:", i ? ";" : "", pi->name, pi->stage ? pi->stage : "");
+    for (int i = 0; i < n + na; i++) {   /* tied parameters' aliases after the parameters: tensors of the part */
+        int owner = i;
+        const char *name = i < n ? ps_model_def_param(m, i)->name : ps_model_alias(m, i - n, &owner);
+        const ps_param_info *pi = ps_model_def_param(m, owner);
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s@%s:", i ? ";" : "", name, pi->stage ? pi->stage : "");
         for (int d = 0; d < pi->ndim; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%" PRId64, d ? "," : "", pi->dims[d]);
         if (pi->sparse) o += (size_t)snprintf(buf + o, cap - o, ":shard");
     }
@@ -108,11 +112,11 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
     int64_t nw = ps_model_num_weights(m);
     const ps_optim_spec *spec = ps_model_optim(m);
     const int ns = ps_optim_num_state(spec);
-    int nb = ps_model_num_buffers(m);
+    int nb = ps_model_num_buffers(m), na = ps_model_num_aliases(m);
     float *w = malloc((size_t)nw * sizeof(float));
     float *sb[PS_OPTIM_MAX_STATE] = {0};   /* state buffer j of every parameter, laid out as w */
     int64_t *steps = calloc((size_t)np + 1, sizeof *steps);
-    ps_st_tensor *t = calloc((size_t)(np + nb) + 1, sizeof *t);
+    ps_st_tensor *t = calloc((size_t)(np + nb + na) + 1, sizeof *t);   /* parameters, buffers, tied aliases */
     const void **ptrs = calloc((size_t)(np + nb) + 1, sizeof *ptrs);
     size_t *numel = calloc((size_t)(np + nb) + 1, sizeof *numel);   /* bytes of each tensor, for the CRC */
     ps_ckpt_optim_param *op = calloc((size_t)np + 1, sizeof *op);
@@ -203,7 +207,17 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
         ptrs[np + b] = bufs[b];
         numel[np + b] = x->bytes;
     }
-    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np + nb));
+    int nt = np + nb;
+    for (int a = 0; a < na; a++) {   /* tied parameters: the alias key too (PyTorch's state_dict has both) */
+        int owner;
+        const char *name = ps_model_alias(m, a, &owner);
+        int i = ps_model_find_param(m, ps_model_def_param(m, owner)->name);
+        if (i < 0) continue;   /* its stage is hosted elsewhere */
+        t[nt] = t[i];
+        snprintf(t[nt].name, sizeof t[nt].name, "%s", name);
+        nt++;
+    }
+    snprintf(crcbuf, sizeof crcbuf, "%08" PRIx32, crc_of(ptrs, numel, np + nb));   /* aliases: equal their owners */
     const char *wmeta[72] = {"format", "pt",
                              "psd.arch", ps_model_arch(m),
                              "psd.model_version", vbuf,
@@ -232,7 +246,7 @@ ps_status ps_ckpt_save_with(ps_model *m, const char *dir, const ps_ckpt_save_opt
     char pbuf[2048];
     PS_ASSERT(part_meta(m, id, wmeta, &nmeta, 70, pbuf, sizeof pbuf) && "part metadata fits");
     wmeta[nmeta] = NULL;
-    if ((rc = ps_st_write(wpath, t, (size_t)(np + nb), wmeta, err))) goto done;
+    if ((rc = ps_st_write(wpath, t, (size_t)nt, wmeta, err))) goto done;
     if (out) {
         out->version = version;
         out->samples = samples;
@@ -316,6 +330,35 @@ static ps_status check_buffer(const char *path, const ps_st_tensor *t, const ps_
     return PS_OK;
 }
 
+/* Tied parameters' alias keys in f: each must hold its owner's values
+ * (the same tensor in PyTorch); a file without them is fine. */
+static ps_status check_aliases(const char *path, const ps_st_file *f, ps_model *m, ps_err *err) {
+    for (int a = 0; a < ps_model_num_aliases(m); a++) {
+        int owner;
+        const char *name = ps_model_alias(m, a, &owner);
+        const ps_param_info *pi = ps_model_def_param(m, owner);
+        const ps_st_tensor *t = ps_st_find(f, name), *o = ps_st_find(f, pi->name);
+        if (!t) continue;
+        ps_status rc = ckpt_check_tensor(path, t, pi, 1, err);
+        if (rc) return rc;
+        int same = o && o->dtype == t->dtype && o->bytes == t->bytes;
+        for (int64_t j = 0, n = ps_st_numel(t); same && j < n; j++)
+            same = t->dtype == PS_ST_F32 ? ((const float *)t->data)[j] == ((const float *)o->data)[j]
+                                         : ((const double *)t->data)[j] == ((const double *)o->data)[j];
+        if (!same)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: tensor '%s' differs from '%s'%s: the model ties "
+                              "them (tie: one tensor), so a file holding both must hold one value", path, name,
+                              pi->name, o ? "" : " (missing)");
+    }
+    return PS_OK;
+}
+
+static int is_alias(ps_model *m, const char *name) {
+    for (int a = 0; a < ps_model_num_aliases(m); a++)
+        if (!strcmp(ps_model_alias(m, a, NULL), name)) return 1;
+    return 0;
+}
+
 /* Every tensor of f is one of the model's parameters (with suffix). */
 static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model *m, const char *suffix,
                                 ps_err *err) {
@@ -329,6 +372,7 @@ static ps_status check_no_extra(const char *path, const ps_st_file *f, ps_model 
                               "model %s)", path, name, ps_model_arch(m));
         memcpy(base, name, n - sl);
         base[n - sl] = '\0';
+        if (!sl && is_alias(m, base)) continue;   /* checked by check_aliases */
         if (ps_model_find_param(m, base) < 0 && (sl || ps_model_find_buffer(m, base) < 0))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter of "
                               "model %s)", path, name, ps_model_arch(m));
@@ -461,6 +505,7 @@ ps_status ps_ckpt_load_with(ps_model *m, const char *path, const ps_ckpt_ident *
         if ((rc = check_buffer(path, wt[np + b], bi, m, err))) goto done;
     }
     if ((rc = check_no_extra(path, wf, m, "", err))) goto done;
+    if ((rc = check_aliases(path, wf, m, err))) goto done;
     if ((rc = check_crc(path, wf, wt, np + nb, err))) goto done;
 
     /* The optimizer sibling, named in the metadata, in the same directory. */
@@ -585,6 +630,7 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
         int known = 0;
         for (int i = 0; i < nd && !known; i++) known = !strcmp(ps_model_def_param(m, i)->name, name);
         for (int i = 0; i < nbd && !known; i++) known = !strcmp(ps_model_def_buffer(m, i)->name, name);
+        known |= is_alias(m, name);   /* a tied parameter's other key: checked below */
         if (!known) {
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: unexpected tensor '%s' (not a parameter or buffer "
                             "of model %s)", path, name, ps_model_arch(m));
@@ -592,6 +638,7 @@ ps_status ps_ckpt_init_from_part(ps_model *m, const char *path, int *skipped, ps
             goto done;
         }
     }
+    if ((rc = check_aliases(path, f, m, err))) goto done;
     /* float64 values must fit float32 - checked before any weight changes */
     for (int i = 0; i < np; i++) {
         if (ts[i]->dtype != PS_ST_F64) continue;

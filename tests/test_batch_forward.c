@@ -32,7 +32,9 @@
  * tests/export/attention.py), numpy broadcasts (Sub, Add, Mul, Div of
  * computed tensors of two shapes), key padding masks computed from the ids
  * (each context's samples padded otherwise: its mask its own; a context
- * with a sample of padding only refused alone), a group whose one member is refused (only it
+ * with a sample of padding only refused alone), parameters used at several
+ * sites (share: and tie:, each context's gradient summed over the sites and
+ * its own), a group whose one member is refused (only it
  * gets the error; the others are answered as unbatched), that a model with
  * BatchNorm is never combined, and on a CUDA device (when there is one;
  * else "cuda: skipped") mnist_cnn and the vit block on cuda:0 within 1e-5. */
@@ -454,6 +456,29 @@ static void run_convnext_kinds(void) {
              "      - {name: fc, kind: Linear, out_features: 10}\n");
 }
 
+/* Parameters used at several sites (share:, tie:; docs/models.md "Shared
+ * parameters"): a Linear applied three times and a LayerNorm and a
+ * MultiheadAttention twice in a chain, and an Embedding tied to its decoder
+ * Linear; each context's gradient summed over the sites, its own. */
+static void run_shared(void) {
+    run_file("[5, 8]",
+             "      - {name: blk, kind: Linear, out_features: 8}\n"
+             "      - {name: ln, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: attn, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true}\n"
+             "      - {name: blk_1, kind: Linear, out_features: 8, share: blk}\n"
+             "      - {name: ln_1, kind: LayerNorm, normalized_shape: 8, share: ln}\n"
+             "      - {name: attn_1, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+             "share: attn}\n"
+             "      - {name: blk_2, kind: Linear, out_features: 8, share: blk}\n"
+             "      - {name: flat, kind: Flatten}\n"
+             "      - {name: out, kind: Linear, out_features: 10}\n");
+    run_file("[3], dtype: int64",
+             "      - {name: encoder, kind: Embedding, num_embeddings: 1000, embedding_dim: 6}\n"
+             "      - {name: act, kind: Tanh}\n"
+             "      - {name: decoder, kind: Linear, out_features: 1000, tie: {weight: encoder.weight}}\n"
+             "      - {name: flat, kind: Flatten}\n");
+}
+
 /* LayerNorm's saved mean and rstd cut per context: over a whole sample
  * (one row a sample), over its last dim (six rows a sample) with drawn
  * weight and bias, and without elementwise_affine. */
@@ -677,6 +702,7 @@ int main(void) {
     run_convnext_kinds();
     run_layernorm();
     run_vit_block();
+    run_shared();
     run_hand_attention();
     run_causal_attention();
     run_broadcasts();
@@ -701,8 +727,10 @@ int main(void) {
         g_place[1] = NULL;
         run_vit_block();
         run_padmask();
+        run_shared();
         g_device = NULL;
-        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks)\n");
+        printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks, "
+               "shared parameters)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);

@@ -95,6 +95,35 @@ static void expect_err(const char *name, const char *text, int build, int line, 
 
 #define HEAD "name: t\nstages:\n  - name: s\n    input: {shape: [8], dtype: float32}\n    nodes:\n"
 
+/* share: / tie: (docs/models.md "Shared parameters"): refusals at the
+ * key's line (parse) or the node's line naming the key's (build), with
+ * both nodes named. */
+static void test_shared_errors(void) {
+    expect_err("sh_unknown.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - name: b\n        kind: Linear\n        out_features: 8\n        share: zz\n", 0, 10,
+               "node 'b': share: 'zz' is not a node of the model", NULL);
+    expect_err("sh_chain.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - {name: b, kind: Linear, out_features: 8, share: a}\n"
+               "      - {name: c, kind: Linear, out_features: 8, share: b}\n", 0, 8,
+               "share: 'b' (line 7) uses the parameters of 'a' itself", "name the owner 'a'");
+    expect_err("sh_kind.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - {name: b, kind: LayerNorm, normalized_shape: 8, share: a}\n", 0, 7,
+               "share: 'a' (line 6) is a Linear", "tie: {PARAMETER: NODE.PARAMETER}");
+    expect_err("tie_none.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8, tie: {weight: nowhere.weight}}\n",
+               0, 6, "tie.weight: 'nowhere.weight' names no node's parameter", NULL);
+    expect_err("tie_map.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8, tie: a.weight}\n", 0, 6,
+               "tie: expected a mapping {PARAMETER: NODE.PARAMETER}", NULL);
+    expect_err("tie_shape.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - name: b\n        kind: Linear\n        out_features: 4\n        tie: {weight: a.weight}\n",
+               1, 7, "line 10: b.weight (4, 8) uses a.weight (8, 8) of node 'a' (Linear, line 6)", "one shape");
+    expect_err("tie_init.yaml", HEAD "      - {name: a, kind: Linear, out_features: 8}\n"
+               "      - {name: b, kind: Linear, out_features: 8, tie: {weight: a.weight}, init: {weight: zeros}}\n",
+               1, 7, "init.weight of a parameter it uses from 'a' (line 6): give the owner's init", NULL);
+    expect_err("sh_buffers.yaml", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 8}\n"
+               "      - {name: b, kind: BatchNorm1d, num_features: 8, share: a}\n", 1, 7,
+               "share: 'a' (line 6) has buffers (a.running_mean)", NULL);
+}
+
 static void test_errors(void) {
     expect_err("syntax.yaml", "name: t\nstages: [\n", 0, 3, "YAML syntax error", NULL);
     expect_err("nodename.yaml", HEAD "      - {name: a/b, kind: Linear, out_features: 2}\n", 0, 6,
@@ -160,9 +189,9 @@ static void test_errors(void) {
                "      - {name: b, kind: LSTM, hidden_size: 4}\n", 1, 7,
                "node 'b' (LSTM): per-sample input of one dimension: psd runs an LSTM over (L, input_size) sequences",
                NULL);
-    expect_err("lstm_bidir.yaml", SEQ "      - {name: r, kind: LSTM, hidden_size: 4, batch_first: true, "
-               "bidirectional: true}\n", 1, 6, "node 'r' (LSTM): input (5, 3)",
-               "bidirectional: true: psd's LSTM runs forward in time only");
+    expect_err("lstm_bidir_step.yaml", HEAD "      - {name: r, kind: LSTM, hidden_size: 4, bidirectional: true}\n",
+               1, 6, "node 'r' (LSTM): input (8)",
+               "bidirectional: the trainer's LSTM (a per-step input of one dimension) has biases and one direction");
     expect_err("gru_seq_first.yaml", SEQ "      - {name: r, kind: GRU, hidden_size: 4}\n", 1, 6,
                "node 'r' (GRU): input (5, 3)",
                "batch_first is false: psd's batch is the first dimension");
@@ -454,6 +483,7 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ps-test-modeldef.XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
     test_errors();
+    test_shared_errors();
     test_shipped();
     test_dag("ref");
     test_dag("dnnl");

@@ -107,11 +107,12 @@ static buf value_info(const char *name, int ndim, const int64_t *dims) {
 
 typedef struct attr_spec {
     const char *name;
-    int type;                   /* 1 float, 2 int, 7 ints */
+    int type;                   /* 1 float, 2 int, 3 string, 7 ints */
     double f;
     int64_t i;
     int nints;
     int64_t ints[10];
+    const char *s;              /* type 3 */
 } attr_spec;
 
 static buf node(const char *name, const char *op, int nin, const char *const *in, const char *out, int nattr,
@@ -126,6 +127,7 @@ static buf node(const char *name, const char *op, int nin, const char *const *in
         f_str(&a, 1, attrs[k].name);
         if (attrs[k].type == 1) f_float(&a, 2, (float)attrs[k].f);
         if (attrs[k].type == 2) f_varint(&a, 3, (uint64_t)attrs[k].i);
+        if (attrs[k].type == 3) f_str(&a, 4, attrs[k].s);
         for (int j = 0; attrs[k].type == 7 && j < attrs[k].nints; j++) f_varint(&a, 8, (uint64_t)attrs[k].ints[j]);
         f_varint(&a, 20, (uint64_t)attrs[k].type);
         f_msg(&n, 5, &a);
@@ -1009,7 +1011,139 @@ static void test_moved_ints(void) {
     free(m.p);
 }
 
+/* ---- LSTM and GRU inside the graph: x (N, L, I) -> Transpose [1, 0, 2] -> one ONNX LSTM or GRU in
+ * ONNX's own gate order (initializers W, R, B; no initial state) -> the exporter's join (Squeeze of the
+ * direction axis, or bidirectional Transpose [0, 2, 1, 3] and Reshape [0, 0, -1]) -> Transpose back: one psd
+ * node whose forward is ONNX's equations written out here (the gates' order, B = [Wb, Rb], the reverse
+ * direction from the last step, GRU's linear_before_reset 1). ---- */
+
+enum { RN = 2, RL = 3, RI = 2, RH = 2 };
+
+static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+static buf rnn_graph(int gru, int D, int lbr, const float *w, const float *r, const float *b) {
+    const int G = gru ? 3 : 4;
+    int64_t xd[3] = {RN, RL, RI}, yd[3] = {RN, RL, D * RH}, wd[3] = {D, G * RH, RI}, rd[3] = {D, G * RH, RH},
+            bd[2] = {D, 2 * G * RH}, sq[1] = {1}, rs[3] = {0, 0, -1};
+    buf nodes[6], inits[5];
+    int nn = 0, ni = 0;
+    attr_spec swap = {"perm", 7, 0, 0, 3, {1, 0, 2}, NULL}, dirs = {"perm", 7, 0, 0, 4, {0, 2, 1, 3}, NULL};
+    attr_spec ra[3] = {{"hidden_size", 2, 0, RH, 0, {0}, NULL},
+                       {"direction", 3, 0, 0, 0, {0}, D == 2 ? "bidirectional" : "forward"},
+                       {"linear_before_reset", 2, 0, lbr, 0, {0}, NULL}};
+    const char *t0[1] = {"x"}, *rin[4] = {"xt", "W", "R", "B"}, *j1[2] = {"y", "sq"}, *j2[1] = {"yt"},
+               *j3[2] = {"ytt", "rs"}, *end[1] = {"yj"};
+    nodes[nn++] = node("/rnn/Transpose", "Transpose", 1, t0, "xt", 1, &swap);
+    nodes[nn++] = node(gru ? "/rnn/GRU" : "/rnn/LSTM", gru ? "GRU" : "LSTM", 4, rin, "y", gru ? 3 : 2, ra);
+    if (D == 1) {
+        nodes[nn++] = node("/rnn/Squeeze", "Squeeze", 2, j1, "yj", 0, NULL);
+    } else {
+        nodes[nn++] = node("/rnn/Transpose_1", "Transpose", 1, j1, "ytt", 1, &dirs);
+        nodes[nn++] = node("/rnn/Reshape", "Reshape", 2, j3, "yj", 0, NULL);
+    }
+    (void)j2;
+    nodes[nn++] = node("/rnn/Transpose_2", "Transpose", 1, end, "out", 1, &swap);
+    inits[ni++] = tensor("W", 3, wd, w, D * G * RH * RI);
+    inits[ni++] = tensor("R", 3, rd, r, D * G * RH * RH);
+    inits[ni++] = tensor("B", 2, bd, b, D * 2 * G * RH);
+    inits[ni++] = tensor_i64(D == 1 ? "sq" : "rs", D == 1 ? 1 : 3, D == 1 ? sq : rs);
+    buf vi = value_info("x", 3, xd), vo = value_info("out", 3, yd);
+    return model(13, nodes, nn, inits, ni, &vi, &vo);
+}
+
+static void rnn_case(int gru, int D) {
+    const int G = gru ? 3 : 4;
+    float w[2 * 4 * RH * RI], r[2 * 4 * RH * RH], b[2 * 8 * RH], x[RN * RL * RI], out[RN * RL * 2 * RH],
+        want[RN * RL * 2 * RH], t[2 * 8 * RH * RI + 64];
+    for (int i = 0; i < D * G * RH * RI; i++) w[i] = sinf((float)i * 0.7f + 0.2f) * 0.6f;
+    for (int i = 0; i < D * G * RH * RH; i++) r[i] = cosf((float)i * 0.9f) * 0.5f;
+    for (int i = 0; i < D * 2 * G * RH; i++) b[i] = sinf((float)i * 1.3f) * 0.4f;
+    for (int i = 0; i < RN * RL * RI; i++) x[i] = cosf((float)i * 0.45f + 0.1f);
+    /* ONNX's equations: gates LSTM i, o, f, c; GRU z, r, h; B = [Wb, Rb] per direction */
+    for (int n = 0; n < RN; n++)
+        for (int d = 0; d < D; d++) {
+            double h[RH] = {0}, c[RH] = {0};
+            for (int s = 0; s < RL; s++) {
+                const int l = d ? RL - 1 - s : s;
+                double gx[4 * RH], gh[4 * RH];
+                for (int q = 0; q < G * RH; q++) {
+                    gx[q] = b[d * 2 * G * RH + q];
+                    gh[q] = b[d * 2 * G * RH + G * RH + q];
+                    for (int k = 0; k < RI; k++) gx[q] += (double)w[(d * G * RH + q) * RI + k] * x[(n * RL + l) * RI + k];
+                    for (int k = 0; k < RH; k++) gh[q] += (double)r[(d * G * RH + q) * RH + k] * h[k];
+                }
+                double hn[RH];
+                for (int u = 0; u < RH; u++) {
+                    if (gru) {
+                        double z = sigm(gx[u] + gh[u]), rr = sigm(gx[RH + u] + gh[RH + u]);
+                        double hh = tanh(gx[2 * RH + u] + rr * gh[2 * RH + u]);
+                        hn[u] = (1 - z) * hh + z * h[u];
+                    } else {
+                        double ig = sigm(gx[u] + gh[u]), og = sigm(gx[RH + u] + gh[RH + u]);
+                        double fg = sigm(gx[2 * RH + u] + gh[2 * RH + u]), cg = tanh(gx[3 * RH + u] + gh[3 * RH + u]);
+                        c[u] = fg * c[u] + ig * cg;
+                        hn[u] = og * tanh(c[u]);
+                    }
+                }
+                for (int u = 0; u < RH; u++) {
+                    h[u] = hn[u];
+                    want[(n * RL + l) * D * RH + d * RH + u] = (float)hn[u];
+                }
+            }
+        }
+    char what[96];
+    snprintf(what, sizeof what, "%s%s in the graph", D == 2 ? "bidirectional " : "", gru ? "GRU" : "LSTM");
+    buf m = rnn_graph(gru, D, 1, w, r, b);
+    ps_err e = {0};
+    ps_onnx_model *om;
+    ps_onnx_import *im = import(&m, &e, &om);
+    CHECK_MSG(im != NULL, "%s: import: %s", what, e.msg);
+    if (im) {
+        const char *y = ps_onnx_import_yaml(im, NULL);
+        char node_text[160];
+        snprintf(node_text, sizeof node_text, "{name: rnn, kind: %s, input_size: %d, hidden_size: %d, batch_first: "
+                 "true%s}", gru ? "GRU" : "LSTM", RI, RH, D == 2 ? ", bidirectional: true" : "");
+        CHECK_MSG(strstr(y, node_text) && count_of(y, "kind:") == 1, "%s: one node %s: %s", what, node_text, y);
+        ps_model *pm = ref_model_of(y, &e);
+        int names = ps_onnx_import_num_values(im) == D * 4;
+        for (int k = 0; pm && k < ps_onnx_import_num_values(im); k++) {
+            CHECK(ps_onnx_import_value(im, k, t, &e) == PS_OK);
+            int p = ps_model_find_param(pm, ps_onnx_import_value_name(im, k));
+            names &= p >= 0;
+            CHECK(p >= 0 && ps_model_set_param(pm, p, t, &e) == PS_OK);
+        }
+        CHECK_MSG(names, "%s: the parameters are PyTorch's rnn.weight_ih_l0 ... (%s ...)", what,
+                  ps_onnx_import_value_name(im, 0));
+        uint64_t ver;
+        char w2[160];
+        snprintf(w2, sizeof w2, "%s: psd's forward = ONNX's equations", what);
+        if (pm && ps_model_forward_range(pm, 0, 0, x, RN, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK) {
+            int before = check_failed_;
+            check_array(w2, out, want, RN * RL * D * RH, 1e-5, 1e-5);
+            if (check_failed_ == before && names) printf("ok: %s\n", w2);
+        } else
+            CHECK_MSG(0, "%s: forward: %s", what, e.msg);
+        ps_model_free(pm);
+    }
+    ps_onnx_import_free(im);
+    ps_onnx_free(om);
+    free(m.p);
+}
+
+static void test_graph_rnns(void) {
+    rnn_case(0, 1);
+    rnn_case(0, 2);
+    rnn_case(1, 1);
+    rnn_case(1, 2);
+    float w[2 * 3 * RH * RI] = {0}, r[2 * 3 * RH * RH] = {0}, b[2 * 6 * RH] = {0};
+    buf m = rnn_graph(1, 1, 0, w, r, b);
+    expect_refusal("a GRU with linear_before_reset 0", &m, PS_ERR_UNIMPLEMENTED,
+                   "node '/rnn/GRU' (GRU): nn.GRU: linear_before_reset 0");
+    free(m.p);
+}
+
 int main(void) {
+    test_graph_rnns();
     test_mha();
     test_expand_param();
     test_attention_pieces();

@@ -1646,12 +1646,17 @@ static double zero_flops(const ps_layer *ly) { (void)ly; return 0; }
  * (PushGradients). A stage of LSTM nodes is parameter-only: Forward and
  * Backward on it are refused. ---- */
 
-#define LSTM_MAX_LAYERS (PS_LAYER_MAX_PARAMS / 4)
-static const char *const lstm_suffix[LSTM_MAX_LAYERS][4] = {
-#define LSTM_SUFFIXES(l) {"weight_ih_l" #l, "weight_hh_l" #l, "bias_ih_l" #l, "bias_hh_l" #l}
-    LSTM_SUFFIXES(0), LSTM_SUFFIXES(1), LSTM_SUFFIXES(2), LSTM_SUFFIXES(3),
-#undef LSTM_SUFFIXES
+#define LSTM_MAX_LAYERS 4
+_Static_assert(LSTM_MAX_LAYERS * 2 * 4 <= PS_LAYER_MAX_PARAMS, "a bidirectional 4-layer LSTM's 32 parameters");
+/* PyTorch's names per layer and direction (the reverse direction's end in _reverse) */
+static const char *const rnn_suffix[LSTM_MAX_LAYERS][2][4] = {
+#define RNN_SUFFIXES(l) {{"weight_ih_l" #l, "weight_hh_l" #l, "bias_ih_l" #l, "bias_hh_l" #l}, \
+                         {"weight_ih_l" #l "_reverse", "weight_hh_l" #l "_reverse", "bias_ih_l" #l "_reverse", \
+                          "bias_hh_l" #l "_reverse"}}
+    RNN_SUFFIXES(0), RNN_SUFFIXES(1), RNN_SUFFIXES(2), RNN_SUFFIXES(3),
+#undef RNN_SUFFIXES
 };
+#define lstm_suffix(l, k) rnn_suffix[l][0][k]
 
 static ps_status rnn_infer(ps_layer *ly, ps_err *err);
 
@@ -1674,10 +1679,10 @@ static ps_status lstm_infer(ps_layer *ly, ps_err *err) {
     ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
     for (int l = 0; l < ly->a.num; l++) {
         int64_t wi[2] = {4 * H, l ? H : in}, wh[2] = {4 * H, H}, b[1] = {4 * H};
-        set_param(ly, 4 * l + 0, lstm_suffix[l][0], 2, wi, H, u);
-        set_param(ly, 4 * l + 1, lstm_suffix[l][1], 2, wh, H, u);
-        set_param(ly, 4 * l + 2, lstm_suffix[l][2], 1, b, H, u);
-        set_param(ly, 4 * l + 3, lstm_suffix[l][3], 1, b, H, u);
+        set_param(ly, 4 * l + 0, lstm_suffix(l, 0), 2, wi, H, u);
+        set_param(ly, 4 * l + 1, lstm_suffix(l, 1), 2, wh, H, u);
+        set_param(ly, 4 * l + 2, lstm_suffix(l, 2), 1, b, H, u);
+        set_param(ly, 4 * l + 3, lstm_suffix(l, 3), 1, b, H, u);
     }
     return PS_OK;
 }
@@ -1689,37 +1694,45 @@ static ps_status lstm_refuse(ps_layer_call *c, ps_err *err) {
 }
 
 /* ---- LSTM and GRU run by psd: nn.LSTM / nn.GRU(input_size, hidden_size,
- * num_layers, bias, batch_first=True, dropout) over each sample's (L,
- * input_size) sequence, zero initial state, the output (L, hidden_size)
+ * num_layers, bias, batch_first=True, dropout, bidirectional) over each
+ * sample's (L, input_size) sequence, zero initial state, the output (L, D*H)
  * the last layer's h_t of every step (PyTorch's `out` of `out, _ =
- * rnn(x)`). PyTorch's parameters per layer k: weight_ih_l<k> (G*H, in),
- * weight_hh_l<k> (G*H, H), bias_ih_l<k>, bias_hh_l<k> (G*H; without bias:
- * none), gates in PyTorch's order (LSTM i, f, g, o: G = 4; GRU r, z, n: G
+ * rnn(x)`; D = 2 directions when bidirectional, the forward one's h_t then
+ * the reverse one's, as PyTorch concatenates them). PyTorch's parameters
+ * per layer k and direction: weight_ih_l<k> (G*H, in), weight_hh_l<k> (G*H,
+ * H), bias_ih_l<k>, bias_hh_l<k> (G*H; without bias: none), the reverse
+ * direction's the same names ending in _reverse, after the forward one's;
+ * in is input_size for layer 0, D*H above (both directions of the layer
+ * below). Gates in PyTorch's order (LSTM i, f, g, o: G = 4; GRU r, z, n: G
  * = 3, n = tanh(W_in x + b_in + r * (W_hn h + b_hn))), all U(-1/sqrt(H),
  * 1/sqrt(H)). In training, dropout between layers (not after the last) as
- * nn.LSTM's: a mask (num_layers - 1, L, n, H), time-major, drawn per
+ * nn.LSTM's: a mask (num_layers - 1, L, n, D*H), time-major, drawn per
  * element like Dropout's.
  *
- * Computed time-major: the input permuted to (L, n, in), each layer's input
- * projection for all steps one linear_forward, then per step the recurrent
- * linear_forward (h_{t-1} W_hh^T + b_hh) and the backend's rnn_cell_forward
- * (the gates). The backward runs the steps in reverse with
- * rnn_cell_backward and one linear_backward per step for d h_{t-1}, then
- * the weight gradients of all steps in two linear_backwards per layer.
- * The tape (saved->dev[1], one block) keeps the permuted input, per layer
- * the hidden states h_0..h_L ((L+1, n, H), h_0 = 0), the cell states
- * (LSTM, likewise), the step's gate values (L, n, 4H; ps_rnn_cell_desc)
- * and the dropped-out input of the layer above; dev[0] the dropout mask.
- * ---- */
+ * Computed time-major: the input permuted to (L, n, in), each layer and
+ * direction's input projection for all steps one linear_forward, then per
+ * step the recurrent linear_forward (h_{t-1} W_hh^T + b_hh) and the
+ * backend's rnn_cell_forward (the gates); the reverse direction runs the
+ * steps from L-1 down to 0. The backward runs each direction's steps the
+ * other way round with rnn_cell_backward and one linear_backward per step
+ * for d h_{t-1}, then the weight gradients of all steps in two
+ * linear_backwards per layer and direction. The tape (saved->dev[1], one
+ * block) keeps the permuted input, per layer and direction the hidden states
+ * ((L+1, n, H): the forward direction's h_0 = 0 first, h_t at t; the
+ * reverse one's h_t at t and its zero start at L), the cell states (LSTM,
+ * likewise), the step's gate values (L, n, 4H; ps_rnn_cell_desc), per layer
+ * of two directions the joined output (L, n, 2H), and the dropped-out
+ * input of the layer above; dev[0] the dropout mask. ---- */
 
 typedef struct rnn_geom {
-    int gru, layers, bias, drop;
+    int gru, layers, bias, drop, D;
     int64_t n, L, I, H, G;
     int64_t off_x0;                         /* the permuted input (L, n, I) */
-    int64_t off_h[LSTM_MAX_LAYERS];         /* (L+1, n, H) */
-    int64_t off_c[LSTM_MAX_LAYERS];         /* (L+1, n, H), LSTM */
-    int64_t off_a[LSTM_MAX_LAYERS];         /* (L, n, 4H) */
-    int64_t off_xd[LSTM_MAX_LAYERS];        /* layer k's input after dropout (L, n, H), k >= 1 with dropout */
+    int64_t off_h[LSTM_MAX_LAYERS][2];      /* (L+1, n, H) per direction */
+    int64_t off_c[LSTM_MAX_LAYERS][2];      /* (L+1, n, H), LSTM */
+    int64_t off_a[LSTM_MAX_LAYERS][2];      /* (L, n, 4H) */
+    int64_t off_y[LSTM_MAX_LAYERS];         /* the two directions joined (L, n, 2H), D = 2 */
+    int64_t off_xd[LSTM_MAX_LAYERS];        /* layer k's input after dropout (L, n, D*H), k >= 1 with dropout */
     int64_t saved;                          /* floats of the block */
 } rnn_geom;
 
@@ -1729,6 +1742,7 @@ static rnn_geom rnn_of(const ps_layer *ly, int n, int train) {
     g.layers = (int)ly->a.num;
     g.bias = ly->a.bias;
     g.drop = train && ly->a.p > 0 && g.layers > 1;
+    g.D = ly->a.bidirectional ? 2 : 1;
     g.n = n;
     g.L = ly->in[0].dims[0];
     g.I = ly->in[0].dims[1];
@@ -1737,25 +1751,37 @@ static rnn_geom rnn_of(const ps_layer *ly, int n, int train) {
     int64_t o = 0, nh = g.n * g.H;
     g.off_x0 = o, o += g.L * g.n * g.I;
     for (int l = 0; l < g.layers; l++) {
-        g.off_h[l] = o, o += (g.L + 1) * nh;
-        g.off_c[l] = o, o += g.gru ? 0 : (g.L + 1) * nh;
-        g.off_a[l] = o, o += g.L * 4 * nh;
-        g.off_xd[l] = o, o += l && g.drop ? g.L * nh : 0;
+        for (int d = 0; d < g.D; d++) {
+            g.off_h[l][d] = o, o += (g.L + 1) * nh;
+            g.off_c[l][d] = o, o += g.gru ? 0 : (g.L + 1) * nh;
+            g.off_a[l][d] = o, o += g.L * 4 * nh;
+        }
+        g.off_y[l] = o, o += g.D == 2 ? g.L * 2 * nh : 0;
+        g.off_xd[l] = o, o += l && g.drop ? g.L * g.D * nh : 0;
     }
     g.saved = o;
     return g;
 }
 
-/* Parameter indices of layer l: weight_ih, weight_hh, bias_ih, bias_hh (-1 without bias). */
-static int rnn_pi(const rnn_geom *g, int l, int k) {
+/* Parameter indices of layer l, direction d: weight_ih, weight_hh, bias_ih, bias_hh (-1 without bias). */
+static int rnn_pi(const rnn_geom *g, int l, int d, int k) {
     const int per = g->bias ? 4 : 2;
-    return k < 2 ? l * per + k : g->bias ? l * per + k : -1;
+    return k < 2 || g->bias ? (l * g->D + d) * per + k : -1;
 }
+
+/* Layer l's output (L, n, D*H) in the tape: the forward h_1..h_L, or both directions joined. */
+static float *rnn_layer_out(const rnn_geom *g, float *S, int l) {
+    return g->D == 2 ? S + g->off_y[l] : S + g->off_h[l][0] + g->n * g->H;
+}
+
+/* Step t of direction d reads state slot rnn_prev and writes rnn_next (forward: t, t+1; reverse: t+1, t). */
+static int64_t rnn_prev(int d, int64_t t) { return d ? t + 1 : t; }
+static int64_t rnn_next(int d, int64_t t) { return d ? t : t + 1; }
 
 static ps_status rnn_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
     if (rc) return rc;
-    const int gru = !strcmp(ly->kind->name, "GRU");
+    const int gru = !strcmp(ly->kind->name, "GRU"), D = ly->a.bidirectional ? 2 : 1;
     const int64_t L = ly->in[0].dims[0], in = ly->in[0].dims[1], H = ly->a.out, G = gru ? 3 : 4;
     if ((rc = check_given("input_size", ly->a.in_features, in, err))) return rc;
     if (ly->a.num > LSTM_MAX_LAYERS)
@@ -1764,24 +1790,23 @@ static ps_status rnn_infer(ps_layer *ly, ps_err *err) {
     if (!ly->a.mode)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batch_first is false: psd's batch is the first dimension, "
                           "so the input must be (N, L, input_size) (batch_first: true)");
-    if (ly->a.bidirectional)
-        return ps_err_set(err, PS_ERR_UNIMPLEMENTED, "bidirectional: true: psd's %s runs forward in time only",
-                          ly->kind->name);
     if (L > 1000000 || H > 65536 || in > 65536)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence longer than 1000000 or a size over 65536");
     ly->flags = ly->kind->flags & ~(unsigned)PS_KIND_PARAMS_ONLY;
     ly->outs = ly->in[0];
-    ly->outs.dims[1] = H;
+    ly->outs.dims[1] = D * H;
     ly->out_dtype = PS_DTYPE_F32;
     ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
     int j = 0;
     for (int l = 0; l < ly->a.num; l++) {
-        int64_t wi[2] = {G * H, l ? H : in}, wh[2] = {G * H, H}, b[1] = {G * H};
-        set_param(ly, j++, lstm_suffix[l][0], 2, wi, H, u);
-        set_param(ly, j++, lstm_suffix[l][1], 2, wh, H, u);
-        if (!ly->a.bias) continue;
-        set_param(ly, j++, lstm_suffix[l][2], 1, b, H, u);
-        set_param(ly, j++, lstm_suffix[l][3], 1, b, H, u);
+        for (int d = 0; d < D; d++) {
+            int64_t wi[2] = {G * H, l ? D * H : in}, wh[2] = {G * H, H}, b[1] = {G * H};
+            set_param(ly, j++, rnn_suffix[l][d][0], 2, wi, H, u);
+            set_param(ly, j++, rnn_suffix[l][d][1], 2, wh, H, u);
+            if (!ly->a.bias) continue;
+            set_param(ly, j++, rnn_suffix[l][d][2], 1, b, H, u);
+            set_param(ly, j++, rnn_suffix[l][d][3], 1, b, H, u);
+        }
     }
     return PS_OK;
 }
@@ -1817,7 +1842,7 @@ static ps_status rnn_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     void *im = c->be->impl;
     const rnn_geom g = rnn_of(c->ly, c->n, c->train);
-    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H, DH = g.D * g.H;
     const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
     float *S = ps_backend_alloc_floats(c->be, g.saved), *gx = ps_backend_alloc_floats(c->be, g.L * ng + ng);
     float *mask = NULL, *host = NULL;
@@ -1827,7 +1852,7 @@ static ps_status rnn_forward(ps_layer_call *c, ps_err *err) {
         goto out;
     }
     if (g.drop) {
-        const int64_t count = (int64_t)(g.layers - 1) * g.L * nh;
+        const int64_t count = (int64_t)(g.layers - 1) * g.L * g.D * nh;
         if ((rc = mask_begin(c, count, &mask, &host, "dropout", err)) != PS_OK) goto out;
         if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
         else drop_draws(c->ly, c->rng, host, count);
@@ -1839,28 +1864,34 @@ static ps_status rnn_forward(ps_layer_call *c, ps_err *err) {
         const float *X = S + g.off_x0;
         int64_t in = g.I;
         if (l) {
-            X = S + g.off_h[l - 1] + nh, in = g.H;
+            X = rnn_layer_out(&g, S, l - 1), in = DH;
             if (g.drop) {
-                rc = ops->mul(im, g.L * nh, X, mask + (int64_t)(l - 1) * g.L * nh, S + g.off_xd[l], err);
+                rc = ops->mul(im, g.L * g.D * nh, X, mask + (int64_t)(l - 1) * g.L * g.D * nh, S + g.off_xd[l], err);
                 X = S + g.off_xd[l];
             }
         }
-        float *Hs = S + g.off_h[l], *Cs = g.gru ? NULL : S + g.off_c[l], *A = S + g.off_a[l];
-        const int bi = rnn_pi(&g, l, 2), bh = rnn_pi(&g, l, 3);
-        const ps_linear_desc dx = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)}, dh = {(int)g.n, (int)g.H,
-                                                                                     (int)(g.G * g.H)};
-        if (rc == PS_OK) rc = ops->linear_forward(im, &dx, X, c->w[rnn_pi(&g, l, 0)], bi >= 0 ? c->w[bi] : NULL, gx, err);
-        if (rc == PS_OK) rc = ops->fill(im, nh, Hs, 0.0f, err);
-        if (rc == PS_OK && Cs) rc = ops->fill(im, nh, Cs, 0.0f, err);
-        for (int64_t t = 0; t < g.L && rc == PS_OK; t++) {
-            rc = ops->linear_forward(im, &dh, Hs + t * nh, c->w[rnn_pi(&g, l, 1)], bh >= 0 ? c->w[bh] : NULL, gh,
-                                     err);
-            if (rc == PS_OK)
-                rc = ops->rnn_cell_forward(im, &cd, gx + t * ng, gh, Hs + t * nh, Cs ? Cs + t * nh : NULL,
-                                           Hs + (t + 1) * nh, Cs ? Cs + (t + 1) * nh : NULL, A + t * 4 * nh, err);
+        for (int d = 0; d < g.D && rc == PS_OK; d++) {
+            float *Hs = S + g.off_h[l][d], *Cs = g.gru ? NULL : S + g.off_c[l][d], *A = S + g.off_a[l][d];
+            const int bi = rnn_pi(&g, l, d, 2), bh = rnn_pi(&g, l, d, 3);
+            const ps_linear_desc dx = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)},
+                                 dh = {(int)g.n, (int)g.H, (int)(g.G * g.H)};
+            const int64_t h0 = rnn_prev(d, d ? g.L - 1 : 0);   /* the zero state's slot */
+            rc = ops->linear_forward(im, &dx, X, c->w[rnn_pi(&g, l, d, 0)], bi >= 0 ? c->w[bi] : NULL, gx, err);
+            if (rc == PS_OK) rc = ops->fill(im, nh, Hs + h0 * nh, 0.0f, err);
+            if (rc == PS_OK && Cs) rc = ops->fill(im, nh, Cs + h0 * nh, 0.0f, err);
+            for (int64_t s = 0; s < g.L && rc == PS_OK; s++) {
+                const int64_t t = d ? g.L - 1 - s : s, tp = rnn_prev(d, t), tn = rnn_next(d, t);
+                rc = ops->linear_forward(im, &dh, Hs + tp * nh, c->w[rnn_pi(&g, l, d, 1)], bh >= 0 ? c->w[bh] : NULL,
+                                         gh, err);
+                if (rc == PS_OK)
+                    rc = ops->rnn_cell_forward(im, &cd, gx + t * ng, gh, Hs + tp * nh, Cs ? Cs + tp * nh : NULL,
+                                               Hs + tn * nh, Cs ? Cs + tn * nh : NULL, A + t * 4 * nh, err);
+            }
+            if (rc == PS_OK && g.D == 2)   /* into the joined output: forward h_1..h_L, reverse h_0..h_{L-1} */
+                rc = ops->copy2d(im, g.L * g.n, g.H, Hs + (d ? 0 : nh), g.H, S + g.off_y[l] + d * g.H, DH, 0, err);
         }
     }
-    if (rc == PS_OK) rc = rnn_swap(c, g.L, g.n, g.H, S + g.off_h[g.layers - 1] + nh, c->y, err);
+    if (rc == PS_OK) rc = rnn_swap(c, g.L, g.n, DH, rnn_layer_out(&g, S, g.layers - 1), c->y, err);
     if (rc == PS_OK && c->train) {   /* the tape frees it */
         c->saved->dev[1] = S;
         S = NULL;
@@ -1878,47 +1909,62 @@ static ps_status rnn_backward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     void *im = c->be->impl;
     const rnn_geom g = rnn_of(c->ly, c->n, 1);
-    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H, lng = g.L * ng, maxin = g.I > g.H ? g.I : g.H;
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H, lng = g.L * ng, DH = g.D * g.H;
+    const int64_t maxin = g.I > DH ? g.I : DH, lnx = g.L * g.n * maxin;
     const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
-    const float *S = c->saved->dev[1], *mask = c->saved->dev[0];
+    float *S = c->saved->dev[1];
+    const float *mask = c->saved->dev[0];
     const int drop = mask != NULL && g.layers > 1;   /* the forward's: a mask when it dropped */
-    /* dY (L, n, H), dX (L, n, max(I, H)), dgx, dgh (L, n, G*H; LSTM: dgh is dgx), dh, dhrec, dc, tmp (n, H) */
-    float *W = ps_backend_alloc_floats(c->be, g.L * nh + g.L * g.n * maxin + (g.gru ? 2 : 1) * lng + 4 * nh);
+    /* dY (L, n, D*H), dX (L, n, max(I, D*H)), dgx, dgh (L, n, G*H; LSTM: dgh is dgx), dh, dhrec, dc, tmp (n, H);
+     * two directions: dYd (L, n, H) one direction's part of dY, dX2 the reverse direction's dX */
+    const int64_t two = g.D == 2;
+    float *W = ps_backend_alloc_floats(c->be, g.L * g.n * DH + lnx + (g.gru ? 2 : 1) * lng + 4 * nh
+                                                  + two * (g.L * nh + lnx));
     if (!W) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's backward", c->ly->name);
-    float *dY = W, *dX = dY + g.L * nh, *dgx = dX + g.L * g.n * maxin, *dgh = g.gru ? dgx + lng : dgx;
+    float *dY = W, *dX = dY + g.L * g.n * DH, *dgx = dX + lnx, *dgh = g.gru ? dgx + lng : dgx;
     float *dh = dgh + lng, *dhrec = dh + nh, *dc = dhrec + nh, *tmp = dc + nh;
-    ps_status rc = rnn_swap(c, g.n, g.L, g.H, c->dy, dY, err);
+    float *dYd = two ? tmp + nh : dY, *dX2 = two ? dYd + g.L * nh : NULL;
+    ps_status rc = rnn_swap(c, g.n, g.L, DH, c->dy, dY, err);
     for (int l = g.layers - 1; l >= 0 && rc == PS_OK; l--) {
-        const float *Hs = S + g.off_h[l], *Cs = g.gru ? NULL : S + g.off_c[l], *A = S + g.off_a[l];
-        const float *X = l == 0 ? S + g.off_x0 : drop ? S + g.off_xd[l] : S + g.off_h[l - 1] + nh;
-        const int64_t in = l ? g.H : g.I;
-        const float *Wih = c->w[rnn_pi(&g, l, 0)], *Whh = c->w[rnn_pi(&g, l, 1)];
-        const ps_linear_desc dh1 = {(int)g.n, (int)g.H, (int)(g.G * g.H)};
-        rc = ops->fill(im, nh, dhrec, 0.0f, err);
-        if (rc == PS_OK) rc = ops->fill(im, nh, dc, 0.0f, err);
-        for (int64_t t = g.L - 1; t >= 0 && rc == PS_OK; t--) {
-            rc = ops->add_out(im, nh, dY + t * nh, dhrec, dh, err);
-            if (rc == PS_OK)
-                rc = ops->rnn_cell_backward(im, &cd, A + t * 4 * nh, Hs + t * nh, Cs ? Cs + t * nh : NULL,
-                                            Cs ? Cs + (t + 1) * nh : NULL, dh, dc, dgx + t * ng, dgh + t * ng, dhrec,
-                                            err);
-            if (rc == PS_OK && t > 0) {
-                rc = ops->linear_backward(im, &dh1, Hs + t * nh, Whh, dgh + t * ng, tmp, NULL, NULL, err);
-                if (rc == PS_OK) rc = ops->add(im, nh, dhrec, tmp, err);
-            }
-        }
-        const int bi = rnn_pi(&g, l, 2), bh = rnn_pi(&g, l, 3);
-        const ps_linear_desc dxi = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)},
-                             dhh = {(int)(g.L * g.n), (int)g.H, (int)(g.G * g.H)};
-        float *dWih = c->dw[rnn_pi(&g, l, 0)], *dWhh = c->dw[rnn_pi(&g, l, 1)];
-        float *dbi = bi >= 0 ? c->dw[bi] : NULL, *dbh = bh >= 0 ? c->dw[bh] : NULL;
+        const float *X = l == 0 ? S + g.off_x0 : drop ? S + g.off_xd[l] : rnn_layer_out(&g, S, l - 1);
+        const int64_t in = l ? DH : g.I;
         const int want_dx = l > 0 || c->dx;
-        if (rc == PS_OK && (want_dx || dWih || dbi))
-            rc = ops->linear_backward(im, &dxi, X, Wih, dgx, want_dx ? dX : NULL, dWih, dbi, err);
-        if (rc == PS_OK && (dWhh || dbh)) rc = ops->linear_backward(im, &dhh, Hs, Whh, dgh, NULL, dWhh, dbh, err);
-        if (rc == PS_OK && l > 0) {   /* d loss / d (the layer below's h), through the dropout */
-            rc = drop ? ops->mul(im, g.L * nh, dX, mask + (int64_t)(l - 1) * g.L * nh, dY, err)
-                      : ops->copy2d(im, 1, g.L * nh, dX, g.L * nh, dY, g.L * nh, 0, err);
+        for (int d = 0; d < g.D && rc == PS_OK; d++) {
+            const float *Hs = S + g.off_h[l][d], *Cs = g.gru ? NULL : S + g.off_c[l][d], *A = S + g.off_a[l][d];
+            const float *Wih = c->w[rnn_pi(&g, l, d, 0)], *Whh = c->w[rnn_pi(&g, l, d, 1)];
+            const ps_linear_desc dh1 = {(int)g.n, (int)g.H, (int)(g.G * g.H)};
+            if (two) rc = ops->copy2d(im, g.L * g.n, g.H, dY + d * g.H, DH, dYd, g.H, 0, err);
+            if (rc == PS_OK) rc = ops->fill(im, nh, dhrec, 0.0f, err);
+            if (rc == PS_OK) rc = ops->fill(im, nh, dc, 0.0f, err);
+            for (int64_t s = g.L - 1; s >= 0 && rc == PS_OK; s--) {   /* the forward's steps backwards */
+                const int64_t t = d ? g.L - 1 - s : s, tp = rnn_prev(d, t), tn = rnn_next(d, t);
+                rc = ops->add_out(im, nh, dYd + t * nh, dhrec, dh, err);
+                if (rc == PS_OK)
+                    rc = ops->rnn_cell_backward(im, &cd, A + t * 4 * nh, Hs + tp * nh, Cs ? Cs + tp * nh : NULL,
+                                                Cs ? Cs + tn * nh : NULL, dh, dc, dgx + t * ng, dgh + t * ng, dhrec,
+                                                err);
+                if (rc == PS_OK && s > 0) {
+                    rc = ops->linear_backward(im, &dh1, Hs + tp * nh, Whh, dgh + t * ng, tmp, NULL, NULL, err);
+                    if (rc == PS_OK) rc = ops->add(im, nh, dhrec, tmp, err);
+                }
+            }
+            const int bi = rnn_pi(&g, l, d, 2), bh = rnn_pi(&g, l, d, 3);
+            const ps_linear_desc dxi = {(int)(g.L * g.n), (int)in, (int)(g.G * g.H)},
+                                 dhh = {(int)(g.L * g.n), (int)g.H, (int)(g.G * g.H)};
+            float *dWih = c->dw[rnn_pi(&g, l, d, 0)], *dWhh = c->dw[rnn_pi(&g, l, d, 1)];
+            float *dbi = bi >= 0 ? c->dw[bi] : NULL, *dbh = bh >= 0 ? c->dw[bh] : NULL;
+            float *dXd = d ? dX2 : dX;
+            if (rc == PS_OK && (want_dx || dWih || dbi))
+                rc = ops->linear_backward(im, &dxi, X, Wih, dgx, want_dx ? dXd : NULL, dWih, dbi, err);
+            /* step t's h_{t-1}: the forward's slots 0..L-1, the reverse's 1..L */
+            if (rc == PS_OK && (dWhh || dbh))
+                rc = ops->linear_backward(im, &dhh, Hs + (d ? nh : 0), Whh, dgh, NULL, dWhh, dbh, err);
+            if (rc == PS_OK && d && want_dx) rc = ops->add(im, g.L * g.n * in, dX, dX2, err);
+        }
+        if (rc == PS_OK && l > 0) {   /* d loss / d (the layer below's output), through the dropout */
+            const int64_t count = g.L * g.n * DH;
+            rc = drop ? ops->mul(im, count, dX, mask + (int64_t)(l - 1) * count, dY, err)
+                      : ops->copy2d(im, 1, count, dX, count, dY, count, 0, err);
         }
     }
     if (rc == PS_OK && c->dx) rc = rnn_swap(c, g.L, g.n, g.I, dX, c->dx, err);
@@ -1929,15 +1975,15 @@ static ps_status rnn_backward(ps_layer_call *c, ps_err *err) {
 static size_t rnn_bytes(const ps_layer *ly, int n) {
     if (ly->flags & PS_KIND_PARAMS_ONLY) return 0;
     const rnn_geom g = rnn_of(ly, n, 1);
-    return (size_t)(g.saved + (g.drop ? (int64_t)(g.layers - 1) * g.L * g.n * g.H : 0)) * sizeof(float);
+    return (size_t)(g.saved + (g.drop ? (int64_t)(g.layers - 1) * g.L * g.n * g.D * g.H : 0)) * sizeof(float);
 }
 
 static double rnn_flops(const ps_layer *ly) {
     const int gru = !strcmp(ly->kind->name, "GRU");
-    double f = 0, H = (double)ly->a.out, G = gru ? 3 : 4;
+    double f = 0, H = (double)ly->a.out, G = gru ? 3 : 4, D = ly->a.bidirectional ? 2 : 1;
     const double L = ly->flags & PS_KIND_PARAMS_ONLY ? 1 : (double)ly->in[0].dims[0];
     const double in = (double)ly->in[0].dims[ly->in[0].ndim - 1];
-    for (int l = 0; l < ly->a.num; l++) f += 2.0 * G * H * ((l ? H : in) + H);
+    for (int l = 0; l < ly->a.num; l++) f += D * 2.0 * G * H * ((l ? D * H : in) + H);
     return L * f;
 }
 

@@ -120,7 +120,7 @@ typedef struct ps_layer_attrs {
     double sp_beta, sp_threshold; /* Softplus beta, threshold */
     double exponent;            /* Pow exponent */
     /* recurrent layers (LSTM, GRU) */
-    int bidirectional;          /* refused: psd's recurrent layers run forward in time only */
+    int bidirectional;          /* both directions, outputs concatenated (2H); the trainer's LSTM refuses it */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -162,7 +162,7 @@ typedef struct ps_attr_spec {
 #define PS_DIM_MAX ((int64_t)1 << 30)
 #define PS_NUMEL_MAX ((int64_t)1 << 40)
 
-#define PS_LAYER_MAX_PARAMS 16  /* LSTM: 4 per layer, num_layers <= 4 */
+#define PS_LAYER_MAX_PARAMS 32  /* LSTM: 4 per layer and direction, num_layers <= 4, bidirectional */
 #define PS_LAYER_MAX_BUFFERS 3  /* BatchNorm: running_mean, running_var, num_batches_tracked */
 #define PS_LAYER_MAX_SAVED 6  /* MultiheadAttention: mask, q, k, v, P, o (each sample-major) */
 

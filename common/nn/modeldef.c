@@ -443,6 +443,38 @@ static ps_status read_inits(parse *P, ps_node_def *nd, const ynode *v) {
     return PS_OK;
 }
 
+/* share: NODE and tie: {SUFFIX: NODE.SUFFIX} as written (resolve_shares
+ * finds the owners once every node is read). */
+static ps_status read_share(parse *P, ps_node_def *nd, const ynode *v) {
+    char what[160];
+    snprintf(what, sizeof what, "node '%s': share", nd->name);
+    ps_status st = need_scalar(P, v, what);
+    if (st) return st;
+    nd->share_name = v->s;
+    nd->share_line = v->line;
+    return PS_OK;
+}
+
+static ps_status read_ties(parse *P, ps_node_def *nd, const ynode *v) {
+    if (v->type != Y_MAP)
+        return perr(P, v->line, "node '%s': tie: expected a mapping {PARAMETER: NODE.PARAMETER}, got %s", nd->name,
+                    kind_word(v));
+    ps_status st = check_keys(P, v, "tie", NULL);
+    if (st) return st;
+    ps_tie_def *t = ps_arena_alloc(P->a, (size_t)(v->n ? v->n : 1) * sizeof *t);
+    if (!t) return ps_err_set(P->err, PS_ERR_RESOURCE_EXHAUSTED, "%s: out of memory", P->path);
+    for (int i = 0; i < v->n; i++) {
+        const ynode *k = v->kids[2 * i], *s = v->kids[2 * i + 1];
+        char what[160];
+        snprintf(what, sizeof what, "node '%s': tie.%s", nd->name, k->s);
+        if ((st = need_scalar(P, s, what))) return st;
+        t[i] = (ps_tie_def){.suffix = k->s, .target = s->s, .node = -1, .line = k->line};
+    }
+    nd->ties = t;
+    nd->ntie = v->n;
+    return PS_OK;
+}
+
 static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int stage, ps_node_def *nd) {
     if (m->type != Y_MAP)
         return perr(P, m->line, "stage '%s': a node is a mapping {name: ..., kind: ...}, got %s",
@@ -451,6 +483,7 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
     if (st) return st;
     nd->line = m->line;
     nd->stage = stage;
+    nd->share = -1;
     const ynode *v = map_get(m, "name");
     if (!v) return perr(P, m->line, "stage '%s': a node without a name", d->stages[stage].name);
     if ((st = need_scalar(P, v, "node name"))) return st;
@@ -500,6 +533,10 @@ static ps_status read_node_def(parse *P, ps_model_def *d, const ynode *m, int st
             continue;
         if (!strcmp(k->s, "init")) {
             if ((st = read_inits(P, nd, val))) return st;
+            continue;
+        }
+        if (!strcmp(k->s, "share") || !strcmp(k->s, "tie")) {
+            if ((st = k->s[0] == 's' ? read_share(P, nd, val) : read_ties(P, nd, val))) return st;
             continue;
         }
         if ((st = read_attr(P, d, nd, k, val, &attrs[nd->nattr]))) return st;
@@ -690,6 +727,89 @@ static ps_status order_stages(parse *P, ps_model_def *d, ps_node_def *nodes) {
     return PS_OK;
 }
 
+/* ------------------------------------------------- shared parameters */
+
+static int node_index(const ps_model_def *d, const ps_node_def *nodes, const char *name, size_t len) {
+    for (int k = 0; k < d->nnodes; k++)
+        if (strlen(nodes[k].name) == len && !strncmp(nodes[k].name, name, len)) return k;
+    return -1;
+}
+
+/* The owner of a share or tie: a node of i's stage, not i, that owns what
+ * it lends (no share, no tie of that parameter: one owner, no chains, no
+ * cycles). what names the key in errors. */
+static ps_status check_owner(parse *P, const ps_model_def *d, const ps_node_def *nodes, int i, int o, int line,
+                             const char *what, const char *osuffix) {
+    const ps_node_def *nd = &nodes[i], *on = &nodes[o];
+    if (o == i) return perr(P, line, "node '%s': %s names the node itself", nd->name, what);
+    if (on->stage != nd->stage)
+        return perr(P, line, "node '%s' (stage '%s'): %s: '%s' (line %d) is in stage '%s'; parameters are shared "
+                    "within a stage only", nd->name, d->stages[nd->stage].name, what, on->name, on->line,
+                    d->stages[on->stage].name);
+    if (on->share_name)
+        return perr(P, line, "node '%s': %s: '%s' (line %d) uses the parameters of '%s' itself (share: on line %d): "
+                    "name the owner '%s'", nd->name, what, on->name, on->line, on->share_name, on->share_line,
+                    on->share_name);
+    for (int t = 0; t < on->ntie; t++)
+        if (!osuffix || !strcmp(on->ties[t].suffix, osuffix))
+            return perr(P, line, "node '%s': %s: %s.%s is tied to %s itself (line %d): name the owner %s", nd->name,
+                        what, on->name, on->ties[t].suffix, on->ties[t].target, on->ties[t].line, on->ties[t].target);
+    return PS_OK;
+}
+
+/* Resolve share: NODE and tie: {SUFFIX: NODE.SUFFIX} to owner nodes.
+ * Whether the parameters exist and their shapes agree is known once the
+ * model is built (model_build.c). */
+static ps_status resolve_shares(parse *P, ps_model_def *d, ps_node_def *nodes) {
+    for (int i = 0; i < d->nnodes; i++) {
+        ps_node_def *nd = &nodes[i];
+        if (nd->share_name && nd->ntie)
+            return perr(P, nd->ties[0].line, "node '%s': tie: with share: (line %d) every parameter is shared "
+                        "already", nd->name, nd->share_line);
+        if (nd->share_name) {
+            int o = node_index(d, nodes, nd->share_name, strlen(nd->share_name));
+            if (o < 0)
+                return perr(P, nd->share_line, "node '%s': share: '%s' is not a node of the model", nd->name,
+                            nd->share_name);
+            ps_status st = check_owner(P, d, nodes, i, o, nd->share_line, "share", NULL);
+            if (st) return st;
+            if (nodes[o].kind != nd->kind)
+                return perr(P, nd->share_line, "node '%s' (%s): share: '%s' (line %d) is a %s; share: takes a node "
+                            "of the same kind (tie: {PARAMETER: NODE.PARAMETER} ties one parameter across kinds)",
+                            nd->name, nd->kind_name, nodes[o].name, nodes[o].line, nodes[o].kind_name);
+            nd->share = o;
+        }
+        ps_tie_def *ties = (ps_tie_def *)nd->ties;
+        for (int t = 0; t < nd->ntie; t++) {
+            ps_tie_def *td = &ties[t];
+            for (int u = 0; u < t; u++)
+                if (!strcmp(ties[u].suffix, td->suffix))
+                    return perr(P, td->line, "node '%s': tie.%s is given twice", nd->name, td->suffix);
+            /* NODE.SUFFIX: the longest node name that is a prefix followed by '.' (or the whole: suffix "") */
+            int o = -1;
+            size_t best = 0, tl = strlen(td->target);
+            for (int k = 0; k < d->nnodes; k++) {
+                size_t nl = strlen(nodes[k].name);
+                if (nl > best && nl <= tl && !strncmp(td->target, nodes[k].name, nl) &&
+                    (td->target[nl] == '.' || td->target[nl] == 0)) {
+                    o = k;
+                    best = nl;
+                }
+            }
+            char what[160];
+            snprintf(what, sizeof what, "tie.%s", td->suffix);
+            if (o < 0)
+                return perr(P, td->line, "node '%s': %s: '%s' names no node's parameter (NODE.PARAMETER, as "
+                            "\"encoder.weight\")", nd->name, what, td->target);
+            td->node = o;
+            td->owner_suffix = td->target[best] ? td->target + best + 1 : "";
+            ps_status st = check_owner(P, d, nodes, i, o, td->line, what, td->owner_suffix);
+            if (st) return st;
+        }
+    }
+    return PS_OK;
+}
+
 /* Node i of stage sd is held for a trainer (parameters only): a kind that
  * may be (LSTM) reading the stage's own input of one dimension, one step
  * (rnn_lm's "rnn"); an LSTM over (L, input_size) sequences psd runs. */
@@ -820,6 +940,7 @@ static ps_status read_model(parse *P, const ynode *root, ps_model_def *d) {
             return perr(P, d->stages[s].line, "stage '%s' has no input: the stage before it ('%s') holds parameters "
                         "only", d->stages[s].name, d->stages[s - 1].name);
     if ((st = resolve_inputs(P, d, nodes))) return st;
+    if ((st = resolve_shares(P, d, nodes))) return st;
     if ((st = order_stages(P, d, nodes))) return st;
     return check_dangling(P, d, nodes);
 }

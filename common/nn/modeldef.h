@@ -12,7 +12,8 @@
  *
  * Loading checks everything that does not depend on size values: the YAML
  * structure, names (unique, well-formed), kinds and their attributes,
- * inputs (known nodes of the same stage), cycles, dangling nodes, the stage
+ * inputs (known nodes of the same stage), shared parameters (share/tie:
+ * an owner of the same stage that owns them itself), cycles, dangling nodes, the stage
  * cuts and the sizes the attributes refer to. Shapes are inferred when a
  * model is built (model.h), where the sizes are known; every error from
  * either step names file:line and the node.
@@ -75,6 +76,18 @@ typedef struct ps_init_def {
     int line;
 } ps_init_def;
 
+/* A parameter a node uses from another node of its stage (docs/models.md,
+ * "Shared parameters"): `share: NODE` (every parameter, suffix NULL) or
+ * `tie: {SUFFIX: NODE.SUFFIX}` (one). The owner holds it (one storage, one
+ * optimizer state, listed and checkpointed under the owner's name). */
+typedef struct ps_tie_def {
+    const char *suffix;         /* this node's parameter ("weight"); NULL: share, every parameter */
+    const char *target;         /* as written: "encoder.weight" (tie) or "enc" (share) */
+    int node;                   /* the owner: node index in the model */
+    const char *owner_suffix;   /* the owner's parameter ("weight"); NULL: share, the same suffix */
+    int line;
+} ps_tie_def;
+
 typedef struct ps_node_def {
     const char *name;           /* module path, "layer1.0.conv1" */
     int line;
@@ -88,6 +101,11 @@ typedef struct ps_node_def {
     const ps_attr_def *attrs;
     int ninit;
     const ps_init_def *inits;
+    const char *share_name;     /* share: NODE as written, NULL = none ... */
+    int share;                  /* ... the owner's node index, -1 = none */
+    int share_line;
+    int ntie;                   /* tie: {SUFFIX: NODE.SUFFIX, ...} */
+    const ps_tie_def *ties;
 } ps_node_def;
 
 typedef struct ps_stage_def {

@@ -74,7 +74,9 @@ typedef struct val {
     /* VK_CONST */
     const ps_onnx_tensor *t;    /* a tensor of the file (initializer, Constant, feed), or NULL */
     int init;                   /* an initializer (or feed): may become a parameter */
-    int bound;                  /* already a parameter of a psd node */
+    int bound;                  /* already a parameter of a psd node ... */
+    int bound_pn, bound_tf;     /* ... which, and read how (a later reader read alike shares it) */
+    char bound_suffix[24];
     int64_t numel;
     double *f;                  /* folded values (numel), or NULL until needed */
     int64_t *q;                 /* the same as integers (when integral) */
@@ -89,18 +91,24 @@ typedef struct val {
                                    that the exporter wrote; its psd node computes (C, H, W) (h_transpose) */
     int vshape;                 /* VIRT: dims known, the batch at dim bdim (nn.MultiheadAttention's (L, N, E)) */
     int bdim;
+    int rnn;                    /* VIRT: 1 + the recurrent chain (rnn_pat) whose final state it is, or 0 */
+    int hlo, hn;                /* its rows hlo .. hlo + hn - 1 of h_n (hn 0: c_n) */
 } val;
 
-enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES };
+enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES, TF_GATES_GRU };
 
 typedef struct pbind {
     char suffix[24];
     const ps_onnx_tensor *t;
     int transform;              /* TF_TRANSPOSE: a 2-D tensor stored transposed (MatMul's B, Gemm's B without
                                    transB); TF_GATES: ONNX LSTM rows in gate order i, o, f, c to PyTorch's
-                                   i, f, g, o, read from element `offset` of t */
+                                   i, f, g, o, read from element `offset` of t; TF_GATES_GRU: ONNX GRU rows
+                                   z, r, h to PyTorch's r, z, n */
     int64_t offset;
     int64_t numel;              /* the parameter's elements (t's, or a scalar broadcast to them) */
+    int tie_pn;                 /* 1 + the psd node whose parameter tie_suffix this one is (an initializer read
+                                   by several nodes: share: / tie:, docs/models.md), 0: its own */
+    char tie_suffix[24];
 } pbind;
 
 typedef struct pnode {
@@ -110,7 +118,7 @@ typedef struct pnode {
     int nin;
     int *in;                    /* (nin) psd node index; -1: the stage input (im->mem) */
     int nb;
-    pbind b[16];                /* an LSTM: 4 per layer */
+    pbind b[32];                /* an LSTM: 4 per layer and direction */
     int onnx;                   /* the ONNX node it came from */
     int has_bias_attr;          /* Linear/Conv2d written with bias: false (a later Add may give it one) */
     int readers;
@@ -184,6 +192,9 @@ typedef struct imp {
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
     mha_pat *mha;               /* the nn.MultiheadAttention decompositions found (fz[end].axis, fz[t0].axis) */
     int nmha;
+    struct rnn_pat *rnn;        /* the LSTM / GRU chains inside the graph (find_graph_rnns) */
+    int nrnn;
+    int *rnn_at;                /* per ONNX node: 1 + the chain it belongs to, or 0 */
 } imp;
 
 struct ps_onnx_import {
@@ -297,6 +308,12 @@ static val *in_val(imp *im, int k, int required) {
     if (v->kpm && im->absorbed[im->cur] != 2) {
         unsup(im, "'%s' (ids == pad) is read by %s: psd reads a comparison of the ids only as "
               "nn.MultiheadAttention's key_padding_mask", v->name, n->op_type);
+        return NULL;
+    }
+    if (v->kind == VK_VIRT && v->rnn && strcmp(n->op_type, "Shape")) {
+        unsup(im, "'%s' is the final %s state of an LSTM or GRU psd computes as one node: psd reads the last "
+              "layer's rows of h_n one at a time (h_n[-1]; bidirectional h_n[-2] and h_n[-1]), each a cut of the "
+              "output", v->name, v->hn ? "hidden" : "cell");
         return NULL;
     }
     if (v->kind == VK_VIRT && strcmp(n->op_type, "Shape")) {
@@ -712,6 +729,21 @@ static const char *float_text(double v, char *buf, size_t cap) {
     return buf;
 }
 
+/* The psd node that holds initializer t whole as a parameter of its own
+ * (*b: the binding), or -1. A later reader of t (directly or through a
+ * Transpose) shares it (share: / tie:). */
+static int lent_by(const imp *im, const ps_onnx_tensor *t, int *b) {
+    for (int i = 0; i < im->npn; i++)
+        for (int k = 0; k < im->pn[i].nb; k++) {
+            const pbind *x = &im->pn[i].b[k];
+            if (x->t == t && !x->offset && !x->tie_pn && x->transform != TF_GATES && x->numel == t->numel) {
+                *b = k;
+                return i;
+            }
+        }
+    return -1;
+}
+
 /* Bind a constant initializer as parameter or buffer suffix of psd node pn. */
 static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel);
 
@@ -723,8 +755,21 @@ static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose
 static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transform, int64_t offset, int64_t numel) {
     if (!c->init || !c->t)
         return unsup(im, "'%s' is computed from other values: psd takes parameters from initializers", c->name);
-    if (c->bound && !offset)
+    int ob = -1, on = c->init && c->t && !offset ? lent_by(im, c->t, &ob) : -1;
+    int again = on >= 0;   /* read by an earlier node too (directly or through a Transpose): one parameter */
+    if (c->bound && !offset && !again)
         return unsup(im, "initializer '%s' is read by two nodes: psd gives every node its own parameters", c->name);
+    if (again) {
+        c->bound_pn = on;
+        c->bound_tf = im->pn[on].b[ob].transform;
+        snprintf(c->bound_suffix, sizeof c->bound_suffix, "%s", im->pn[on].b[ob].suffix);
+    }
+    if (again && (!suffix[0] || !c->bound_suffix[0]))
+        return unsup(im, "initializer '%s' is read by two nodes as a tensor of its own (a Parameter): psd shares "
+                     "a node's named parameters", c->name);
+    if (again && (c->bound_tf != transform || (numel && numel != c->t->numel)))
+        return unsup(im, "initializer '%s' is read by two nodes, %s at one of them: psd shares a parameter that "
+                     "every node reads alike", c->name, transform || c->bound_tf ? "transposed" : "in part");
     pnode *p = &im->pn[pn];
     if (p->nb == (int)(sizeof p->b / sizeof p->b[0])) return bad(im, "too many parameters");
     if (!ps_onnx_dtype_size(c->t->dtype) || c->t->dtype == PS_ONNX_BOOL)
@@ -736,6 +781,14 @@ static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transf
     b->transform = transform;
     b->offset = offset;
     b->numel = numel ? numel : c->t->numel;
+    if (again) {
+        b->tie_pn = c->bound_pn + 1;
+        snprintf(b->tie_suffix, sizeof b->tie_suffix, "%s", c->bound_suffix);
+    } else if (!offset) {
+        c->bound_pn = pn;
+        c->bound_tf = transform;
+        snprintf(c->bound_suffix, sizeof c->bound_suffix, "%s", suffix);
+    }
     c->bound = 1;
     return PS_OK;
 }
@@ -1405,7 +1458,9 @@ static ps_status h_expand(imp *im) {
 /* Fold a bias-shaped initializer into the Linear / Conv2d that computed x
  * (written with bias: false and read only here). */
 static int fold_bias(imp *im, const val *x, val *c) {
-    if (x->kind != VK_DATA || x->node < 0 || !c->init || c->bound || x->uses != 1) return 0;
+    int ob;
+    if (x->kind != VK_DATA || x->node < 0 || !c->init || x->uses != 1) return 0;
+    if (c->bound && (!c->t || lent_by(im, c->t, &ob) < 0)) return 0;   /* bound whole: this Linear shares it */
     pnode *p = &im->pn[x->node];
     if (!p->has_bias_attr || p->readers) return 0;
     int64_t want = x->dims[x->ndim - 1];
@@ -1429,7 +1484,9 @@ static int fold_bias(imp *im, const val *x, val *c) {
         const char *wn = p->b[0].t->name;
         size_t wl = strlen(wn);
         int weight_named = wl > 7 && !strcmp(wn + wl - 7, ".weight");   /* keep a state_dict name it has */
-        if (!strcmp(clean, pre) && !weight_named && !name_taken(im, pre)) snprintf(p->name, sizeof p->name, "%s", pre);
+        /* a weight another node holds (tied: tie:) names that node, not this one: the bias's prefix does */
+        if (!strcmp(clean, pre) && (!weight_named || p->b[0].tie_pn) && !name_taken(im, pre))
+            snprintf(p->name, sizeof p->name, "%s", pre);
     }
     /* drop ", bias: false" */
     char *s = strstr(p->attrs, ", bias: false");
@@ -4529,13 +4586,16 @@ static int const_ints(imp *im, int i, int k, int64_t *out, int max) {
     return (int)v->numel;
 }
 
-/* v = Concat(axis 0) of Slices of one initializer along axis 0 in ONNX's gate order: that initializer's name. */
-static const char *gate_slices(imp *im, const char *v, int64_t H, int *absorb, int *na) {
+/* ONNX's gates from PyTorch's, in rows of H: LSTM i, o, f+c from i, f, g, o; GRU z, r, h from r, z, n */
+static const int64_t lstm_want[3][2] = {{0, 1}, {3, 4}, {1, 3}}, gru_want[3][2] = {{1, 2}, {0, 1}, {2, 3}};
+
+/* v = Concat(axis 0) of Slices of one initializer along axis 0 in ONNX's gate order (want): that initializer's
+ * name. */
+static const char *gate_slices(imp *im, const char *v, int64_t H, const int64_t want[3][2], int *absorb, int *na) {
     int c = producer_of(im, v);
     if (!is_op(im, c, "Concat") || im->m->nodes[c].nin != 3) return NULL;
     const ps_onnx_attr *ax = ps_onnx_attr_find(&im->m->nodes[c], "axis");
     if (ax && ax->i != 0) return NULL;
-    static const int64_t want[3][2] = {{0, 1}, {3, 4}, {1, 3}};
     const char *src = NULL;
     int slices[3];
     for (int k = 0; k < 3; k++) {
@@ -4564,11 +4624,28 @@ static int unsqueezed(imp *im, const char *v) {
     return is_op(im, u, "Unsqueeze") ? u : -1;
 }
 
+/* An LSTM whose initial state is a Slice of a graph input (not an initializer): the trainer's (rnn_lm). */
+static int trainer_lstm(const ps_onnx_model *m, int i) {
+    const ps_onnx_node *n = &m->nodes[i];
+    if (strcmp(n->op_type, "LSTM") || n->nin <= 5 || !n->in[5][0]) return 0;
+    for (int j = 0; j < i; j++) {
+        const ps_onnx_node *s = &m->nodes[j];
+        if (s->nout < 1 || strcmp(s->out[0], n->in[5])) continue;
+        if (strcmp(s->op_type, "Slice") || s->nin < 1) return 0;
+        for (int k = 0; k < m->ninits; k++)
+            if (!strcmp(m->inits[k].name, s->in[0])) return 0;
+        for (int k = 0; k < m->ninputs; k++)
+            if (!strcmp(m->inputs[k].name, s->in[0])) return 1;
+        return 0;
+    }
+    return 0;
+}
+
 static void find_lstms(imp *im) {
     const ps_onnx_model *m = im->m;
     for (int i = 0; i < m->nnodes; i++) {
         const ps_onnx_node *n = &m->nodes[i];
-        if (strcmp(n->op_type, "LSTM") || n->nin < 3) continue;
+        if (strcmp(n->op_type, "LSTM") || n->nin < 3 || !trainer_lstm(m, i)) continue;
         const ps_onnx_attr *hs = ps_onnx_attr_find(n, "hidden_size");
         int64_t H = hs ? hs->i : 0;
         if (H < 1) continue;
@@ -4576,14 +4653,14 @@ static void find_lstms(imp *im) {
         /* W, R and B glued from PyTorch's tensors */
         int uw = unsqueezed(im, n->in[1]), ur = unsqueezed(im, n->in[2]), ub = n->nin > 3 && n->in[3][0]
                                                                                    ? unsqueezed(im, n->in[3]) : -1;
-        const char *sw = uw >= 0 ? gate_slices(im, in0(im, uw), H, absorb, &na) : NULL;
-        const char *sr = ur >= 0 && sw ? gate_slices(im, in0(im, ur), H, absorb, &na) : NULL;
+        const char *sw = uw >= 0 ? gate_slices(im, in0(im, uw), H, lstm_want, absorb, &na) : NULL;
+        const char *sr = ur >= 0 && sw ? gate_slices(im, in0(im, ur), H, lstm_want, absorb, &na) : NULL;
         const char *sbi = NULL, *sbh = NULL;
         if (ub >= 0 && sr) {
             int cb = producer_of(im, in0(im, ub));
             if (is_op(im, cb, "Concat") && m->nodes[cb].nin == 2) {
-                sbi = gate_slices(im, in0(im, cb), H, absorb, &na);
-                sbh = sbi ? gate_slices(im, m->nodes[cb].in[1], H, absorb, &na) : NULL;
+                sbi = gate_slices(im, in0(im, cb), H, lstm_want, absorb, &na);
+                sbh = sbi ? gate_slices(im, m->nodes[cb].in[1], H, lstm_want, absorb, &na) : NULL;
                 if (sbh) absorb[na++] = cb;
             }
         }
@@ -4629,31 +4706,490 @@ static void find_lstms(imp *im) {
     }
 }
 
-/* An ONNX LSTM or GRU that is not a layer of a trainer-side LSTM (whose
- * initial state is a Slice of a graph input, the trainer's): a recurrent
- * layer psd would run inside the graph (its initial state the zeros the
- * exporter computes). psd runs those from psd-export's model files (the LSTM
- * and GRU kinds); their ONNX form is refused here, by name, before the
- * exporter's shape arithmetic around it would be refused less clearly. */
-static ps_status refuse_graph_rnns(imp *im) {
+/* ---- LSTM and GRU inside the graph ----
+ * nn.LSTM / nn.GRU(batch_first=True) as PyTorch's exporter writes them
+ * (torch.onnx's _generic_rnn): x (N, L, I) turned time-major by a Transpose
+ * [1, 0, 2], one ONNX LSTM / GRU per layer from a zero initial state (an
+ * Expand of a constant of zeros, or of a Slice of one), the layers joined by
+ * a Squeeze of the direction axis (one direction) or a Transpose [0, 2, 1, 3]
+ * and a Reshape to (L, N, 2H) (bidirectional), a Transpose [1, 0, 2] back;
+ * the final states Y_h of the layers joined by a Concat into h_n (num_layers
+ * * directions, N, H). One psd LSTM / GRU node computes the chain (a
+ * recurrent chain, rnn_pat); what it does not compute - the time-major
+ * values inside - is VK_VIRT, its shape alone readable (the initial states'
+ * Shape arithmetic). Rows of h_n are read by Gather (or a Slice, then
+ * Gather): the last layer's forward state is the output's last step, the
+ * reverse direction's its first step, each Narrows and a Reshape of the
+ * node. Weights: a training export glues W, R and B from PyTorch's
+ * weight_ih_l<k>[_reverse] ... with Slices, Concats and Unsqueezes, bound
+ * as they are; otherwise (an eval export's folded initializers, ONNX's own
+ * graphs) W (D, G*H, in), R (D, G*H, H), B (D, 2*G*H) in ONNX's gate order
+ * (LSTM i, o, f, c; GRU z, r, h), reordered where bound. */
+
+#define RNN_MAX_LAYERS 4
+
+typedef struct rnn_pat {
+    int gru, D, layers, bias;
+    int64_t H;
+    int t0, end;                        /* the Transposes to and from time-major (end -1: the output unread) */
+    int node[RNN_MAX_LAYERS];           /* the ONNX LSTM / GRU nodes */
+    int join[RNN_MAX_LAYERS][2];        /* after layer k: Squeeze, or Transpose and Reshape; -1 */
+    int hcat;                           /* the Concat of the layers' Y_h, or -1 */
+    const char *x;                      /* the input (N, L, I) */
+    const char *src[RNN_MAX_LAYERS][2][4];  /* glued: PyTorch's tensors per layer and direction; NULL: W, R, B */
+    int pn;                             /* the psd node */
+    int why_at;                         /* a chain psd does not take: the node to name, with why */
+    char why[300];
+} rnn_pat;
+
+/* Unsqueeze(Concat(gate Slices of one initializer)): its name (one direction of W or R). */
+static const char *glue_w(imp *im, const char *v, int64_t H, const int64_t want[3][2], int *ab, int *na) {
+    int u = unsqueezed(im, v);
+    const char *s = u >= 0 ? gate_slices(im, in0(im, u), H, want, ab, na) : NULL;
+    if (s) ab[(*na)++] = u;
+    return s;
+}
+
+/* Unsqueeze(Concat(gate Slices of bias_ih, gate Slices of bias_hh)): bias_ih's name, bias_hh's in *bh. */
+static const char *glue_b(imp *im, const char *v, int64_t H, const int64_t want[3][2], int *ab, int *na,
+                          const char **bh) {
+    int u = unsqueezed(im, v), c = u >= 0 ? producer_of(im, in0(im, u)) : -1;
+    if (!is_op(im, c, "Concat") || im->m->nodes[c].nin != 2) return NULL;
+    const char *bi = gate_slices(im, im->m->nodes[c].in[0], H, want, ab, na);
+    *bh = bi ? gate_slices(im, im->m->nodes[c].in[1], H, want, ab, na) : NULL;
+    if (!*bh) return NULL;
+    ab[(*na)++] = c;
+    ab[(*na)++] = u;
+    return bi;
+}
+
+/* Input k (1 W, 2 R, 3 B) of RNN node i glued from PyTorch's tensors, per direction (two: a Concat of the
+ * directions' parts): the sources into src[d][k - 1] (B: [2] and [3]); 0 if not glued so. */
+static int glue_input(imp *im, int i, int k, int D, int64_t H, const int64_t want[3][2], int *ab, int *na,
+                      const char *src[2][4]) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return 0;
+    const char *part[2] = {n->in[k], NULL};
+    if (D == 2) {
+        int c = producer_of(im, n->in[k]);
+        const ps_onnx_attr *ax = is_op(im, c, "Concat") ? ps_onnx_attr_find(&im->m->nodes[c], "axis") : NULL;
+        if (!is_op(im, c, "Concat") || im->m->nodes[c].nin != 2 || (ax && ax->i != 0)) return 0;
+        part[0] = im->m->nodes[c].in[0];
+        part[1] = im->m->nodes[c].in[1];
+        ab[(*na)++] = c;
+    }
+    for (int d = 0; d < D; d++) {
+        if (k < 3) {
+            if (!(src[d][k - 1] = glue_w(im, part[d], H, want, ab, na))) return 0;
+        } else if (!(src[d][2] = glue_b(im, part[d], H, want, ab, na, &src[d][3]))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one. */
+static int zero_state(imp *im, int i, int k, int *ab, int *na) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    if (k >= n->nin || !n->in[k][0]) return 1;
+    int e = producer_of(im, n->in[k]);
+    if (!is_op(im, e, "Expand")) return 0;
+    int s = producer_of(im, in0(im, e));
+    val *c = is_op(im, s, "Slice") ? vget(im, in0(im, s)) : vget(im, in0(im, e));
+    if (!const_all(im, c, 0.0)) return 0;
+    ab[(*na)++] = e;
+    if (is_op(im, s, "Slice")) ab[(*na)++] = s;
+    return 1;
+}
+
+/* The nodes reading value v (at most max), their count. */
+static int readers_of(imp *im, const char *v, int *out, int max) {
+    int c = 0;
+    for (int i = 0; i < im->m->nnodes; i++)
+        for (int k = 0; k < im->m->nodes[i].nin; k++)
+            if (!strcmp(im->m->nodes[i].in[k], v)) {
+                if (c < max) out[c] = i;
+                c++;
+                break;
+            }
+    return c;
+}
+
+static int node_perm_is(imp *im, int i, const int64_t *want, int n) {
+    const ps_onnx_attr *a = is_op(im, i, "Transpose") ? ps_onnx_attr_find(&im->m->nodes[i], "perm") : NULL;
+    if (!a || a->nints != n) return 0;
+    for (int k = 0; k < n; k++)
+        if (a->ints[k] != want[k]) return 0;
+    return 1;
+}
+
+static void rnn_why(imp *im, rnn_pat *p, int at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void rnn_why(imp *im, rnn_pat *p, int at, const char *fmt, ...) {
+    (void)im;
+    if (p->why[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->why, sizeof p->why, fmt, ap);
+    va_end(ap);
+    p->why_at = at;
+}
+
+/* Layer k's attributes as nn.LSTM / nn.GRU's: why not, into p. */
+static void rnn_attrs(imp *im, rnn_pat *p, int i) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    const ps_onnx_attr *a;
+    const int gru = !strcmp(n->op_type, "GRU");
+    int64_t H = (a = ps_onnx_attr_find(n, "hidden_size")) ? a->i : 0;
+    const char *dir = (a = ps_onnx_attr_find(n, "direction")) && a->s ? a->s : "forward";
+    int D = !strcmp(dir, "bidirectional") ? 2 : 1;
+    if (H < 1 || H > 65536) rnn_why(im, p, i, "hidden_size %lld", (long long)H);
+    if (strcmp(dir, "forward") && D != 2)
+        rnn_why(im, p, i, "direction '%s': psd's %s runs forward or both ways (nn.%s's bidirectional)", dir,
+                n->op_type, n->op_type);
+    if ((a = ps_onnx_attr_find(n, "layout")) && a->i)
+        rnn_why(im, p, i, "layout %lld: psd reads ONNX's time-major layout 0, as PyTorch's exporter writes it "
+                "(a Transpose around it)", (long long)a->i);
+    if (ps_onnx_attr_find(n, "clip") || ((a = ps_onnx_attr_find(n, "input_forget")) && a->i) ||
+        ps_onnx_attr_find(n, "activation_alpha") || ps_onnx_attr_find(n, "activation_beta") ||
+        ((a = ps_onnx_attr_find(n, "activations")) && a->nstrings))
+        rnn_why(im, p, i, "clip, input_forget or activations other than the defaults (nn.%s has none)", n->op_type);
+    if (gru && !((a = ps_onnx_attr_find(n, "linear_before_reset")) && a->i))
+        rnn_why(im, p, i, "linear_before_reset 0 (ONNX's default: the reset gate applied before R_h): psd's GRU "
+                "is PyTorch's, r * (W_hn h + b_hn), linear_before_reset 1");
+    if (n->nin > 4 && n->in[4][0]) rnn_why(im, p, i, "sequence_lens (psd's sequences are all of one length)");
+    if (!gru && n->nin > 7 && n->in[7][0]) rnn_why(im, p, i, "peepholes (P; nn.LSTM has none)");
+    if (!p->layers) {
+        p->gru = gru, p->H = H, p->D = D, p->bias = n->nin > 3 && n->in[3][0];
+    } else if (p->gru != gru || p->H != H || p->D != D || p->bias != (n->nin > 3 && n->in[3][0])) {
+        rnn_why(im, p, i, "layers of different kinds, sizes, directions or biases joined (one nn.%s's layers "
+                "agree)", n->op_type);
+    }
+}
+
+/* The recurrent chains: every LSTM / GRU that is not the trainer's, with what joins its layers. */
+static ps_status find_graph_rnns(imp *im) {
     const ps_onnx_model *m = im->m;
     for (int i = 0; i < m->nnodes; i++) {
         const ps_onnx_node *n = &m->nodes[i];
-        const int gru = !strcmp(n->op_type, "GRU");
-        if (!gru && strcmp(n->op_type, "LSTM")) continue;
-        if (!gru && n->nin > 5 && n->in[5][0]) {
-            int sl = producer_of(im, n->in[5]);
-            val *g = is_op(im, sl, "Slice") ? vget(im, in0(im, sl)) : NULL;
-            if (g && g->prod < 0 && g->kind != VK_CONST) continue;   /* the trainer's hidden state */
+        if ((strcmp(n->op_type, "LSTM") && strcmp(n->op_type, "GRU")) || im->rnn_at[i] || trainer_lstm(m, i))
+            continue;
+        rnn_pat *g = realloc(im->rnn, (size_t)(im->nrnn + 1) * sizeof *g);
+        if (!g) return oom(im);
+        im->rnn = g;
+        rnn_pat *p = &g[im->nrnn];
+        const int idx = ++im->nrnn;
+        memset(p, 0, sizeof *p);
+        p->t0 = p->end = p->hcat = p->pn = -1;
+        memset(p->join, -1, sizeof p->join);
+        int *ab = calloc((size_t)m->nnodes * 2 + 64, sizeof *ab), na = 0;
+        if (!ab) return oom(im);
+        im->rnn_at[i] = idx;
+        rnn_attrs(im, p, i);   /* what the node is (linear_before_reset, peepholes) before where it reads from */
+        p->t0 = n->nin ? producer_of(im, n->in[0]) : -1;
+        static const int64_t swap[3] = {1, 0, 2}, dirs[4] = {0, 2, 1, 3};
+        if (!node_perm_is(im, p->t0, swap, 3)) {
+            rnn_why(im, p, i, "its input '%s' is not a Transpose [1, 0, 2] of a batch-first (N, L, features) tensor "
+                    "(nn.%s(batch_first=True) as PyTorch exports it): psd's batch is the first dimension",
+                    n->nin ? n->in[0] : "", n->op_type);
+            p->t0 = -1;
+        } else {
+            p->x = in0(im, p->t0);
+            im->rnn_at[p->t0] = idx;
         }
-        im->cur = i;
-        ps_status rc = unsup(im, "an nn.%s inside the graph (its initial state is not the trainer's, a Slice of a "
-                             "graph input): psd runs LSTM and GRU layers from psd-export's model files (its LSTM "
-                             "and GRU kinds), not from ONNX; export the module with psd-export", n->op_type);
-        im->cur = -1;
-        return rc;
+        int cur = i;
+        for (;;) {
+            const ps_onnx_node *r = &m->nodes[cur];
+            rnn_attrs(im, p, cur);
+            const int k = p->layers++;
+            p->node[k] = cur;
+            im->rnn_at[cur] = idx;
+            const int64_t(*want)[2] = p->gru ? gru_want : lstm_want;
+            int gna = na;
+            const char *src[2][4] = {{0}};
+            if (glue_input(im, cur, 1, p->D, p->H, want, ab, &gna, src) &&
+                glue_input(im, cur, 2, p->D, p->H, want, ab, &gna, src) &&
+                (!p->bias || glue_input(im, cur, 3, p->D, p->H, want, ab, &gna, src))) {
+                na = gna;
+                memcpy(p->src[k], src, sizeof src);
+            }
+            for (int s = 5; s < 7 && s < r->nin; s++)
+                if (!zero_state(im, cur, s, ab, &na))
+                    rnn_why(im, p, cur, "an initial %s state psd does not read as the exporter's zeros (an Expand "
+                            "of a constant of zeros): psd's %s starts from zeros; call the module without hx",
+                            s == 5 ? "hidden" : "cell", r->op_type);
+            /* the join to the next layer */
+            int rd[8], nr = r->nout ? readers_of(im, r->out[0], rd, 8) : 0, j1 = -1, j2 = -1;
+            if (nr == 0) break;
+            if (p->D == 1 && nr == 1 && is_op(im, rd[0], "Squeeze")) {
+                int64_t ax[1] = {0};
+                int got = const_ints(im, rd[0], 1, ax, 1);
+                const ps_onnx_attr *aa = ps_onnx_attr_find(&m->nodes[rd[0]], "axes");
+                if (!got && aa && aa->nints == 1) ax[0] = aa->ints[0], got = 1;
+                if (got == 1 && (ax[0] == 1 || ax[0] == -3)) j1 = rd[0];
+            } else if (p->D == 2 && nr == 1 && node_perm_is(im, rd[0], dirs, 4)) {
+                int rs[2];
+                int64_t sh[3];   /* to (L, N, 2H): [0, 0, -1] as the exporter writes it, or [0, 0, 2H] */
+                if (readers_of(im, out0(im, rd[0]), rs, 2) == 1 && is_op(im, rs[0], "Reshape") &&
+                    const_ints(im, rs[0], 1, sh, 3) == 3 && !sh[0] && !sh[1] && (sh[2] == -1 || sh[2] == 2 * p->H))
+                    j1 = rd[0], j2 = rs[0];
+            }
+            if (j1 < 0) {
+                rnn_why(im, p, nr ? rd[0] : cur, "the output of layer %d is read by %s, not the exporter's join of "
+                        "its directions (psd computes the layers as one node)", k, nr ? m->nodes[rd[0]].op_type : "");
+                break;
+            }
+            p->join[k][0] = j1, p->join[k][1] = j2;
+            im->rnn_at[j1] = idx;
+            if (j2 >= 0) im->rnn_at[j2] = idx;
+            const char *jo = out0(im, j2 >= 0 ? j2 : j1);
+            int jr[16], njr = readers_of(im, jo, jr, 16), next = -1;
+            for (int q = 0; q < njr && q < 16; q++) {
+                if ((is_op(im, jr[q], "LSTM") || is_op(im, jr[q], "GRU")) && !strcmp(in0(im, jr[q]), jo) &&
+                    next < 0) {
+                    next = jr[q];
+                } else if (node_perm_is(im, jr[q], swap, 3) && p->end < 0) {
+                    p->end = jr[q];
+                } else if (!is_op(im, jr[q], "Shape")) {
+                    rnn_why(im, p, jr[q], "the time-major output of layer %d is read by %s (psd computes the "
+                            "layers as one node, batch-first)", k, m->nodes[jr[q]].op_type);
+                }
+            }
+            if (next >= 0 && p->end >= 0)
+                rnn_why(im, p, p->end, "a layer's output read both by the next layer and after the %s", r->op_type);
+            if (next < 0) break;
+            if (p->layers == RNN_MAX_LAYERS) {
+                rnn_why(im, p, next, "more than %d layers (psd's %s takes num_layers 1 to %d)", RNN_MAX_LAYERS,
+                        r->op_type, RNN_MAX_LAYERS);
+                break;
+            }
+            if (im->rnn_at[next] || trainer_lstm(m, next)) {
+                rnn_why(im, p, next, "a layer joined to two chains");
+                break;
+            }
+            cur = next;
+        }
+        if (p->end >= 0) im->rnn_at[p->end] = idx;
+        /* h_n: the layers' Y_h, joined by a Concat when there are several */
+        const char *hname = NULL;
+        if (p->layers == 1) {
+            hname = m->nodes[p->node[0]].nout > 1 ? m->nodes[p->node[0]].out[1] : NULL;
+        } else {
+            const char *y0 = m->nodes[p->node[0]].nout > 1 ? m->nodes[p->node[0]].out[1] : "";
+            int rd[4];
+            if (y0[0] && readers_of(im, y0, rd, 4) == 1 && is_op(im, rd[0], "Concat") &&
+                m->nodes[rd[0]].nin == p->layers) {
+                int ok = 1;
+                for (int k = 0; k < p->layers; k++)
+                    ok &= m->nodes[p->node[k]].nout > 1 && !strcmp(m->nodes[rd[0]].in[k], m->nodes[p->node[k]].out[1]);
+                const ps_onnx_attr *ax = ps_onnx_attr_find(&m->nodes[rd[0]], "axis");
+                if (ok && (!ax || ax->i == 0)) {
+                    p->hcat = rd[0];
+                    im->rnn_at[rd[0]] = idx;
+                    hname = out0(im, rd[0]);
+                }
+            }
+        }
+        /* its readers psd takes: Gather of a row, Slices of rows (read on), Squeeze of one row */
+        const char *todo[16];
+        int nt = 0;
+        if (hname && hname[0]) todo[nt++] = hname;
+        while (nt > 0) {
+            const char *h = todo[--nt];
+            int rd[16], nr = readers_of(im, h, rd, 16);
+            for (int q = 0; q < nr && q < 16; q++) {
+                int t = rd[q];
+                if ((!is_op(im, t, "Gather") && !is_op(im, t, "Slice") && !is_op(im, t, "Squeeze")) ||
+                    strcmp(in0(im, t), h) || im->rnn_at[t])
+                    continue;
+                im->rnn_at[t] = idx;
+                if (is_op(im, t, "Slice") && nt < 16) todo[nt++] = out0(im, t);
+            }
+        }
+        for (int k = 0; k < na; k++) im->absorbed[ab[k]] = 1;
+        free(ab);
+    }
+    for (int i = 0; i < m->nnodes; i++)
+        if (im->rnn_at[i]) im->absorbed[i] = 3;
+    return PS_OK;
+}
+
+/* VK_VIRT output k of the current node: dims (the batch at bdim), its shape readable. */
+static val *virt_out(imp *im, int k, int ndim, const int64_t *dims, int bdim, int rnn) {
+    const ps_onnx_node *n = cur_node(im);
+    if (k >= n->nout || !n->out[k][0]) return NULL;
+    val *v = vmake(im, n->out[k]);
+    if (!v) { oom(im); return NULL; }
+    v->kind = VK_VIRT;
+    v->vshape = 1;
+    v->bdim = bdim;
+    v->ndim = ndim;
+    v->rnn = rnn;
+    v->hlo = v->hn = 0;
+    memcpy(v->dims, dims, (size_t)ndim * sizeof *dims);
+    return v;
+}
+
+/* The psd node of chain p, at its first layer: the kind, attributes and parameters. */
+static ps_status rnn_emit(imp *im, rnn_pat *p, val *x) {
+    const char *kind = p->gru ? "GRU" : "LSTM";
+    const int64_t G = p->gru ? 3 : 4, H = p->H, I = x->dims[2];
+    const int glued = p->src[0][0][0] != NULL;
+    int xin = x->node;
+    int pn = emit(im, kind, glued ? p->src[0][0][0] : NULL, glued ? "weight_ih_l0" : NULL, NULL, 1, &xin);
+    if (pn < 0) return oom(im);
+    p->pn = pn;
+    if (!glued && im->m->nodes[p->node[0]].name[0]) {   /* the exporter's scope of the module (rnn) */
+        char scope[NAME_MAX_ + 1];
+        scope_of(im->m->nodes[p->node[0]].name, scope, sizeof scope);
+        if (scope[0] && !name_taken(im, scope)) snprintf(im->pn[pn].name, sizeof im->pn[pn].name, "%s", scope);
+    }
+    add_attr(im, pn, "input_size: %lld, hidden_size: %lld", (long long)I, (long long)H);
+    if (p->layers > 1) add_attr(im, pn, "num_layers: %d", p->layers);
+    if (!p->bias) add_attr(im, pn, "bias: false");
+    add_attr(im, pn, "batch_first: true");
+    if (p->D == 2) add_attr(im, pn, "bidirectional: true");
+    static const char *const base[4] = {"weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l"};
+    ps_status rc;
+    for (int l = 0; l < p->layers; l++) {
+        const ps_onnx_node *r = &im->m->nodes[p->node[l]];
+        const int64_t in = l ? p->D * H : I, sizes[4] = {G * H * in, G * H * H, G * H, G * H};
+        val *w = vget(im, r->in[1]), *rr = vget(im, r->in[2]), *b = p->bias ? vget(im, r->in[3]) : NULL;
+        for (int d = 0; d < p->D; d++) {
+            for (int k = 0; k < (p->bias ? 4 : 2); k++) {
+                char suf[24];
+                snprintf(suf, sizeof suf, "%s%d%s", base[k], l, d ? "_reverse" : "");
+                if (p->src[l][d][0]) {   /* glued from PyTorch's tensors: bound as they are */
+                    val *c = vget(im, p->src[l][d][k]);
+                    if (!c || c->kind != VK_CONST || c->numel != sizes[k])
+                        return bad(im, "'%s' does not have the %lld values of %s", p->src[l][d][k],
+                                   (long long)sizes[k], suf);
+                    if ((rc = bind(im, pn, suf, c, 0, 0))) return rc;
+                    continue;
+                }
+                /* ONNX's W (D, G*H, in), R (D, G*H, H), B (D, 2*G*H): this direction's rows, gates reordered */
+                val *c = k == 0 ? w : k == 1 ? rr : b;
+                const int64_t whole = k < 2 ? p->D * sizes[k] : p->D * 2 * G * H;
+                if (!c || c->kind != VK_CONST || !c->init || c->numel != whole)
+                    return unsup(im, "%s's %s: %s '%s' is not an initializer of %lld values (%s)", kind,
+                                 k == 0 ? "W" : k == 1 ? "R" : "B", suf, c ? c->name : "?", (long long)whole,
+                                 k == 0 ? "(D, G*H, input_size)" : k == 1 ? "(D, G*H, H)" : "(D, 2*G*H)");
+                const int64_t off = k < 2 ? d * sizes[k] : d * 2 * G * H + (k == 3 ? G * H : 0);
+                if ((rc = bind_tf(im, pn, suf, c, p->gru ? TF_GATES_GRU : TF_GATES, off, sizes[k]))) return rc;
+            }
+        }
     }
     return PS_OK;
+}
+
+/* Row `row` of chain p's h_n (the current Gather or Squeeze's output): the last layer's final state, a cut
+ * of the node's output - the forward direction's last step, the reverse one's first. */
+static ps_status rnn_h_row(imp *im, rnn_pat *p, int64_t row) {
+    const int layer = (int)(row / p->D), d = (int)(row % p->D);
+    if (layer != p->layers - 1)
+        return unsup(im, "row %lld of h_n: layer %d's final state; psd gives the last layer's (h_n[-1]%s), the "
+                     "output's %s", (long long)row, layer, p->D == 2 ? " and h_n[-2]" : "",
+                     p->D == 2 ? "last step's forward half and first step's reverse half" : "last step");
+    val *x = vget(im, p->x);
+    const int64_t L = x->dims[1], H = p->H;
+    int in = p->pn;
+    int a = emit(im, "Narrow", NULL, NULL, d ? "h_n_reverse" : "h_n", 1, &in);
+    if (a < 0) return oom(im);
+    add_attr(im, a, "start: %lld, length: 1", (long long)(d ? 0 : L - 1));
+    if (p->D == 2) {
+        int b = emit(im, "Narrow", NULL, NULL, d ? "h_n_reverse_half" : "h_n_half", 1, &a);
+        if (b < 0) return oom(im);
+        add_attr(im, b, "dim: 2, start: %lld, length: %lld", (long long)(d * H), (long long)H);
+        a = b;
+    }
+    int r = emit(im, "Reshape", NULL, NULL, d ? "h_n_reverse_view" : "h_n_view", 1, &a);
+    if (r < 0) return oom(im);
+    add_attr(im, r, "shape: [%lld]", (long long)H);
+    int64_t od[2] = {x->dims[0], H};
+    return data_out(im, 0, r, PS_ONNX_FLOAT, 2, od) ? PS_OK : im->err->code;
+}
+
+/* A node of a recurrent chain (absorbed 3). */
+static ps_status rnn_inner(imp *im) {
+    const int i = im->cur;
+    rnn_pat *p = &im->rnn[im->rnn_at[i] - 1];
+    const ps_onnx_node *n = cur_node(im);
+    const int idx = im->rnn_at[i];
+    if (p->why[0] && (i == p->why_at || i == p->t0 || i == p->node[0])) {
+        im->cur = p->why_at;
+        return unsup(im, "nn.%s: %s", im->m->nodes[p->node[0]].op_type, p->why);
+    }
+    val *x = p->x ? vget(im, p->x) : NULL;
+    if (!x || x->kind != VK_DATA || x->dtype != PS_ONNX_FLOAT || x->ndim != 3 || im->lead != 1)
+        return unsup(im, "the %s's input '%s' is not a computed float (N, L, features) batch",
+                     im->m->nodes[p->node[0]].op_type, p->x ? p->x : "?");
+    const int64_t N = x->dims[0], L = x->dims[1], I = x->dims[2], H = p->H, D = p->D;
+    if (i == p->t0) {
+        int64_t d[3] = {L, N, I};
+        return virt_out(im, 0, 3, d, 1, 0) ? PS_OK : im->err->code;
+    }
+    for (int k = 0; k < p->layers; k++) {
+        if (i == p->node[k]) {
+            ps_status rc = k == 0 ? rnn_emit(im, p, x) : PS_OK;
+            if (rc) return rc;
+            int64_t y[4] = {L, D, N, H}, s[3] = {D, N, H};
+            if (n->nout > 0 && n->out[0][0] && !virt_out(im, 0, 4, y, 2, 0)) return im->err->code;
+            val *h = n->nout > 1 && n->out[1][0] ? virt_out(im, 1, 3, s, 1, idx) : NULL;
+            if (h) h->hlo = k * (int)D, h->hn = (int)D;
+            if (n->nout > 2 && n->out[2][0] && !virt_out(im, 2, 3, s, 1, idx)) return im->err->code;   /* c_n */
+            return PS_OK;
+        }
+        if (i == p->join[k][0]) {
+            int64_t sq[3] = {L, N, H}, tr[4] = {L, N, D, H};
+            return virt_out(im, 0, D == 2 ? 4 : 3, D == 2 ? tr : sq, 1, 0) ? PS_OK : im->err->code;
+        }
+        if (i == p->join[k][1]) {
+            int64_t rs[3] = {L, N, D * H};
+            return virt_out(im, 0, 3, rs, 1, 0) ? PS_OK : im->err->code;
+        }
+    }
+    if (i == p->end) {
+        int64_t od[3] = {N, L, D * H};
+        return data_out(im, 0, p->pn, PS_ONNX_FLOAT, 3, od) ? PS_OK : im->err->code;
+    }
+    if (i == p->hcat) {
+        int64_t s[3] = {p->layers * D, N, H};
+        val *h = virt_out(im, 0, 3, s, 1, idx);
+        if (h) h->hlo = 0, h->hn = p->layers * (int)D;
+        return h ? PS_OK : im->err->code;
+    }
+    /* a reader of h_n's rows */
+    val *h = vget(im, in0(im, i));
+    if (!h || h->kind != VK_VIRT || h->rnn != idx || !h->hn)
+        return unsup(im, "a %s of the %s's final cell state c_n (psd gives the last layer's h_n rows only)",
+                     n->op_type, im->m->nodes[p->node[0]].op_type);
+    if (is_op(im, i, "Slice")) {
+        int a = 0;
+        int64_t st = 0, en = 0, dims[3] = {h->hn, 1, H};
+        ps_status rc = slice_args(im, dims, 3, &a, &st, &en);
+        if (rc) return rc;
+        if (a != 0) return unsup(im, "a Slice of h_n along axis %d (psd reads its rows, axis 0)", a);
+        int64_t s[3] = {en - st, N, H};
+        val *o = virt_out(im, 0, 3, s, 1, idx);
+        if (o) o->hlo = h->hlo + (int)st, o->hn = (int)(en - st);
+        return o ? PS_OK : im->err->code;
+    }
+    int64_t row = 0;
+    if (is_op(im, i, "Gather")) {
+        const ps_onnx_attr *ax = attr(im, "axis");
+        int64_t q[1];
+        if ((ax && ax->i != 0) || const_ints(im, i, 1, q, 1) != 1 || vget(im, n->in[1])->ndim != 0)
+            return unsup(im, "a Gather of h_n other than one row (h_n[k])");
+        row = q[0] < 0 ? q[0] + h->hn : q[0];
+        if (row < 0 || row >= h->hn) return bad(im, "row %lld of %d", (long long)q[0], h->hn);
+    } else {   /* Squeeze of its one row */
+        int64_t ax[1] = {0};
+        int got = const_ints(im, i, 1, ax, 1);
+        const ps_onnx_attr *aa = attr(im, "axes");
+        if (!got && aa && aa->nints == 1) ax[0] = aa->ints[0], got = 1;
+        if (h->hn != 1 || got != 1 || (ax[0] != 0 && ax[0] != -3))
+            return unsup(im, "a Squeeze of h_n other than of its one row");
+    }
+    return rnn_h_row(im, p, h->hlo + row);
 }
 
 /* LSTM: a layer of the trainer-side LSTM. The first one ends stage 0 (its
@@ -4821,8 +5357,9 @@ static ps_status convert(imp *im) {
         if (rc) return rc;
     }
     im->cur = -1;
+    if (!(im->rnn_at = calloc((size_t)m->nnodes + 1, sizeof *im->rnn_at))) return oom(im);
     find_lstms(im);
-    ps_status rrc = refuse_graph_rnns(im);
+    ps_status rrc = find_graph_rnns(im);
     if (rrc) return rrc;
     /* the stage input: the one graph input that is not an initializer (nor an LSTM's hidden state) */
     const ps_onnx_value *gi = NULL;
@@ -4905,6 +5442,12 @@ static ps_status convert(imp *im) {
         if (im->live[i] && im->absorbed[i] == 2) {   /* inside an nn.MultiheadAttention */
             im->cur = i;
             ps_status rc = mha_inner(im);
+            if (rc) return rc;
+            continue;
+        }
+        if (im->live[i] && im->absorbed[i] == 3) {   /* inside an LSTM / GRU chain */
+            im->cur = i;
+            ps_status rc = rnn_inner(im);
             if (rc) return rc;
             continue;
         }
@@ -4991,6 +5534,37 @@ static void comment_scrub(char *s, size_t n) {
 }
 
 /* The model file's text. */
+/* ", share: NODE" when every parameter of p is the same parameter of one
+ * node of its kind (one module called at several sites), else ", tie:
+ * {SUFFIX: NODE.SUFFIX, ...}" for those another node holds (an initializer
+ * read by several nodes); nothing when p owns its parameters. Into buf (cap
+ * bytes); returns the bytes written. */
+static size_t shared_text(const imp *im, const pnode *p, char *buf, size_t cap) {
+    int tied = 0, one = -1, same = 1;
+    for (int k = 0; k < p->nb; k++) {
+        const pbind *b = &p->b[k];
+        if (!b->tie_pn) { same = 0; continue; }
+        tied++;
+        if (one < 0) one = b->tie_pn - 1;
+        same &= b->tie_pn - 1 == one && !strcmp(b->tie_suffix, b->suffix);
+    }
+    if (!tied) return 0;
+    const pnode *o = one >= 0 ? &im->pn[one] : NULL;
+    if (same && tied == p->nb && o && !strcmp(o->kind, p->kind) && o->nb == p->nb)
+        return (size_t)snprintf(buf, cap, ", share: %s", o->name);
+    size_t n = (size_t)snprintf(buf, cap, ", tie: {");
+    for (int k = 0, first = 1; k < p->nb && n < cap; k++) {
+        const pbind *b = &p->b[k];
+        if (!b->tie_pn) continue;
+        const char *on = im->pn[b->tie_pn - 1].name;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s: %s%s%s", first ? "" : ", ", b->suffix, on,
+                              b->tie_suffix[0] ? "." : "", b->tie_suffix);
+        first = 0;
+    }
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "}");
+    return n < cap ? n : cap - 1;
+}
+
 static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int out_node) {
     size_t cap = 4096 + (size_t)im->npn * 1400, o = 0;
     char *y = malloc(cap);
@@ -5050,7 +5624,9 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
             pnode *p = &im->pn[i];
             if (p->stage != st || (!p->readers && i != last)) continue;
             /* the line: names of at most NAME_MAX_ bytes, attributes, an LSTM's sizes */
-            if (yaml_room(&y, &cap, o, 512 + strlen(p->attrs) + (size_t)p->nin * (NAME_MAX_ + 3))) return oom(im);
+            if (yaml_room(&y, &cap, o, 512 + strlen(p->attrs) + (size_t)p->nin * (NAME_MAX_ + 3) +
+                                           (size_t)p->nb * (NAME_MAX_ + 60)))
+                return oom(im);
             o += (size_t)snprintf(y + o, cap - o, "      - {name: %s, kind: %s", p->name, p->kind);
             if (p->nin > 1) {
                 o += (size_t)snprintf(y + o, cap - o, ", inputs: [");
@@ -5064,7 +5640,9 @@ static ps_status write_yaml(imp *im, ps_onnx_import *res, const char *name, int 
             if (st == 2)
                 o += (size_t)snprintf(y + o, cap - o, ", hidden_size: %lld, num_layers: %d", (long long)im->lstm.hidden,
                                       im->lstm.layers);
-            o += (size_t)snprintf(y + o, cap - o, "%s}\n", p->attrs);
+            o += (size_t)snprintf(y + o, cap - o, "%s", p->attrs);
+            o += shared_text(im, p, y + o, cap - o);
+            o += (size_t)snprintf(y + o, cap - o, "}\n");
             prev = i;
         }
     }
@@ -5086,7 +5664,7 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
     im.stage0_out = -1;
     im.trailing = -1;
     for (int i = 0; i < m->nnodes && !whole; i++)
-        if (!strcmp(m->nodes[i].op_type, "LSTM")) im.lead = 2;   /* (seq, batch) leading dims */
+        if (trainer_lstm(m, i)) im.lead = 2;   /* (seq, batch) leading dims */
     im.cur = -1;
     im.opset = m->opset;
     im.hcap = 1;
@@ -5120,6 +5698,7 @@ static ps_status import_once(const ps_onnx_model *m, const char *label, const ps
     if (!res->values) { rc = oom(&im); goto out; }
     for (int i = 0; i < im.npn; i++)
         for (int k = 0; k < im.pn[i].nb; k++) {
+            if (im.pn[i].b[k].tie_pn) continue;   /* another node's parameter: loaded under its owner's name */
             struct imp_value *v = &res->values[res->nvalues++];
             snprintf(v->name, sizeof v->name, "%s%s%s", im.pn[i].name, im.pn[i].b[k].suffix[0] ? "." : "",
                      im.pn[i].b[k].suffix);   /* an empty suffix: the node's name is the tensor's (class_token) */
@@ -5138,6 +5717,8 @@ out:
     free(im.absorbed);
     free(im.fz);
     free(im.mha);
+    free(im.rnn);
+    free(im.rnn_at);
     return rc;
 }
 
@@ -5209,6 +5790,16 @@ ps_status ps_onnx_import_value(const ps_onnx_import *im, int i, float *dst, ps_e
         static const int from[4] = {0, 2, 3, 1};
         int64_t g = v->numel / 4;
         for (int k = 0; rc == PS_OK && k < 4; k++) memcpy(dst + k * g, tmp + v->offset + from[k] * g, (size_t)g * 4);
+        free(tmp);
+        return rc;
+    }
+    if (v->transform == TF_GATES_GRU) {   /* ONNX's z, r, h as PyTorch's r, z, n */
+        float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *tmp);
+        if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for '%s'", v->name);
+        ps_status rc = ps_onnx_tensor_floats(t, tmp, err);
+        static const int from[3] = {1, 0, 2};
+        int64_t g = v->numel / 3;
+        for (int k = 0; rc == PS_OK && k < 3; k++) memcpy(dst + k * g, tmp + v->offset + from[k] * g, (size_t)g * 4);
         free(tmp);
         return rc;
     }

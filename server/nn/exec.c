@@ -704,6 +704,57 @@ static ps_status deliver_input(stage *st, const stage_plan *p, vgrads *vg, int l
     return deliver(st, vg, v, g, g_owned, count, err);
 }
 
+/* ------------------------------------------- shared parameters' gradients */
+
+ps_status ps_exec_dw_begin(stage *st, int l, float *dense, ps_rows *rows, float **dw, ps_rows **crows,
+                           ps_dw_sites *f, ps_err *err) {
+    const ps_layer *ly = &st->layers[l];
+    const layer_slot *sl = &st->slots[l];
+    memset(f, 0, sizeof *f);
+    f->rj = -1;
+    memset(dw, 0, PS_LAYER_MAX_PARAMS * sizeof *dw);
+    *crows = NULL;
+    for (int j = 0; j < ly->nparams; j++) {
+        if (ly->param[j].sparse && !sl->shared[j]) { *crows = &rows[sl->param[j]]; continue; }
+        f->dst[j] = dense + sl->g_off[j];
+        if (sl->add_dw[j] && !(f->tmp[j] = ps_backend_alloc_floats(st->be, ly->param[j].numel))) {
+            ps_exec_dw_end(st, l, f, PS_ERR_RESOURCE_EXHAUSTED, err);
+            return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the gradient of %s.%s",
+                              ly->name, ly->param[j].suffix);
+        }
+        if (ly->param[j].sparse) { f->rj = j; *crows = &f->rows; }   /* rows, scattered after */
+        else dw[j] = f->tmp[j] ? f->tmp[j] : f->dst[j];
+    }
+    return PS_OK;
+}
+
+/* Rows r of a (numel) parameter as a dense gradient into dst (device). */
+static ps_status scatter_rows(stage *st, const ps_rows *r, int64_t numel, float *dst, ps_err *err) {
+    float *h = calloc((size_t)(numel ? numel : 1), sizeof *h);
+    if (!h) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory scattering gradient rows");
+    for (int64_t i = 0; i < r->nrows; i++)
+        for (int64_t c = 0; c < r->width; c++) h[r->rows[i] * r->width + c] += r->grad[i * r->width + c];
+    ps_status rc = st->be->ops->copy_to_device(st->be->impl, dst, h, (size_t)numel * sizeof *h, err);
+    free(h);
+    return rc;
+}
+
+ps_status ps_exec_dw_end(stage *st, int l, ps_dw_sites *f, ps_status rc, ps_err *err) {
+    const ps_layer *ly = &st->layers[l];
+    if (rc == PS_OK && f->rj >= 0) {
+        int j = f->rj;
+        rc = scatter_rows(st, &f->rows, ly->param[j].numel, f->tmp[j] ? f->tmp[j] : f->dst[j], err);
+    }
+    for (int j = 0; j < PS_LAYER_MAX_PARAMS; j++) {
+        if (!f->tmp[j]) continue;
+        if (rc == PS_OK) rc = st->be->ops->add(st->be->impl, ly->param[j].numel, f->dst[j], f->tmp[j], err);
+        ps_backend_release(st->be, f->tmp[j]);
+        f->tmp[j] = NULL;
+    }
+    ps_rows_clear(&f->rows);
+    return rc;
+}
+
 static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, const unsigned char *rg, vgrads *vg,
                                int l, int n, int s, pending *pd, ps_err *err) {
     ps_layer *ly = &st->layers[l];
@@ -764,11 +815,9 @@ static ps_status node_backward(stage *st, tape_stage *ts, const stage_plan *p, c
         if (pd->parts && ly->nparams) {   /* input gradients at once, parameter gradients part by part */
             rc = ps_exec_group_node_backward(st, &c, l, s, pd->parts, err);
         } else {
-            for (int j = 0; j < ly->nparams; j++) {
-                if (ly->param[j].sparse) c.rows = &pd->rows[st->slots[l].param[j]];
-                else c.dw[j] = pd->dense[s] + st->slots[l].g_off[j];
-            }
-            rc = ly->kind->backward(&c, err);
+            ps_dw_sites f;
+            rc = ps_exec_dw_begin(st, l, pd->dense[s], pd->rows, c.dw, &c.rows, &f, err);
+            if (rc == PS_OK) rc = ps_exec_dw_end(st, l, &f, ly->kind->backward(&c, err), err);
         }
     }
     for (int i = 0; i < ly->nin; i++) {   /* deliver_input takes each dx over, even when it fails */

@@ -243,24 +243,36 @@ static const void *at(const void *p, size_t bytes) { return p ? (const char *)p 
 static ps_status node_backward_parts(stage *st, const ps_layer_call *c, int l, int s, const ps_bwd_parts *parts,
                                      ps_err *err) {
     const ps_layer *ly = c->ly;
+    for (int j = 0; j < ly->nparams; j++)
+        if (ly->param[j].sparse)
+            return ps_err_set(err, PS_ERR_INTERNAL, "node '%s': a kind that computes each part's parameter "
+                              "gradients has a row-sparse parameter", ly->name);
     float **dw = calloc((size_t)parts->k * PS_LAYER_MAX_PARAMS, sizeof *dw);
-    if (!dw) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining backwards");
-    for (int p = 0; p < parts->k; p++)
-        for (int j = 0; j < ly->nparams; j++) {
-            if (ly->param[j].sparse) {
-                free(dw);
-                return ps_err_set(err, PS_ERR_INTERNAL, "node '%s': a kind that computes each part's parameter "
-                                  "gradients has a row-sparse parameter", ly->name);
-            }
-            dw[(size_t)p * PS_LAYER_MAX_PARAMS + j] = parts->dense[p * PS_MODEL_MAX_STAGES + s] + st->slots[l].g_off[j];
-        }
-    const ps_layer_parts lp = {parts->k, parts->off, parts->n, dw};
-    ps_layer_call w = *c;
-    memset(w.dw, 0, sizeof w.dw);
-    w.rows = NULL;
-    w.parts = &lp;
-    ps_status rc = ly->kind->backward(&w, err);
+    ps_dw_sites *f = calloc((size_t)parts->k, sizeof *f);   /* shared parameters: each part's scratch */
+    if (!dw || !f) {
+        free(dw);
+        free(f);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining backwards");
+    }
+    ps_status rc = PS_OK;
+    int begun = 0;
+    for (int p = 0; p < parts->k && rc == PS_OK; p++, begun++) {
+        ps_rows *none;   /* no row-sparse parameter here (above) */
+        rc = ps_exec_dw_begin(st, l, parts->dense[p * PS_MODEL_MAX_STAGES + s], NULL,
+                              dw + (size_t)p * PS_LAYER_MAX_PARAMS, &none, &f[p], err);
+        if (rc != PS_OK) break;
+    }
+    if (rc == PS_OK) {
+        const ps_layer_parts lp = {parts->k, parts->off, parts->n, dw};
+        ps_layer_call w = *c;
+        memset(w.dw, 0, sizeof w.dw);
+        w.rows = NULL;
+        w.parts = &lp;
+        rc = ly->kind->backward(&w, err);
+    }
+    for (int p = 0; p < begun; p++) rc = ps_exec_dw_end(st, l, &f[p], rc, err);
     free(dw);
+    free(f);
     return rc;
 }
 
@@ -291,13 +303,10 @@ ps_status ps_exec_group_node_backward(stage *st, const ps_layer_call *c, int l, 
         pc.saved = &sv;
         pc.dxs = no_dx;
         pc.dx = NULL;
-        pc.rows = NULL;
-        memset(pc.dw, 0, sizeof pc.dw);
-        for (int j = 0; j < ly->nparams; j++) {
-            if (ly->param[j].sparse) pc.rows = &parts->rows[p][st->slots[l].param[j]];
-            else pc.dw[j] = parts->dense[p * PS_MODEL_MAX_STAGES + s] + st->slots[l].g_off[j];
-        }
-        rc = ly->kind->backward(&pc, err);
+        ps_dw_sites f;
+        rc = ps_exec_dw_begin(st, l, parts->dense[p * PS_MODEL_MAX_STAGES + s], parts->rows[p], pc.dw, &pc.rows, &f,
+                              err);
+        if (rc == PS_OK) rc = ps_exec_dw_end(st, l, &f, ly->kind->backward(&pc, err), err);
     }
     int any_dx = 0;
     for (int i = 0; i < ly->nin; i++) any_dx |= c->dxs[i] != NULL;

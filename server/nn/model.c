@@ -218,6 +218,12 @@ int ps_model_find_param(const ps_model *m, const char *name) {
 }
 int64_t ps_model_num_weights(const ps_model *m) { return m->total_weights; }
 int ps_model_num_def_params(const ps_model *m) { return m->ndef_params; }
+int ps_model_num_aliases(const ps_model *m) { return m->nalias; }
+const char *ps_model_alias(const ps_model *m, int i, int *owner) {
+    if (i < 0 || i >= m->nalias) return NULL;
+    if (owner) *owner = m->alias_owner[i];
+    return m->alias_name[i];
+}
 const ps_param_info *ps_model_def_param(const ps_model *m, int i) {
     return (i >= 0 && i < m->ndef_params) ? &m->def_params[i] : NULL;
 }

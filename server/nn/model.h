@@ -192,6 +192,17 @@ int64_t ps_model_num_weights(const ps_model *m);  /* total parameter count */
 int ps_model_num_def_params(const ps_model *m);
 const ps_param_info *ps_model_def_param(const ps_model *m, int i);
 
+/* Tied parameters (tie: in the model file, docs/models.md "Shared
+ * parameters"): the borrowing node's state_dict name of a parameter another
+ * node owns ("decoder.weight" of "encoder.weight"). PyTorch's state_dict
+ * holds both keys, one storage: checkpoints write the alias beside its
+ * owner (the owner's values) and loaders accept it when it equals the
+ * owner. Alias i (0..ps_model_num_aliases - 1): its name, and in *owner
+ * the index of its owner among ps_model_def_param. (share: lends a whole
+ * node, one module called at several sites: one key, no alias.) */
+int ps_model_num_aliases(const ps_model *m);
+const char *ps_model_alias(const ps_model *m, int i, int *owner);
+
 /* Where a parameter or buffer (by state_dict name) is defined:
  * "[origin: ]path:line: node 'fc1'" into buf (the model file's path when
  * no node has that name; origin: ps_model_opts.origin). For errors about it. */

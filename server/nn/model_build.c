@@ -72,6 +72,9 @@ void ps_model_free(ps_model *m) {
     if (m->def_params)
         for (int i = 0; i < m->ndef_params; i++) free((char *)m->def_params[i].name);
     free(m->def_params);
+    for (int i = 0; i < m->nalias; i++) free(m->alias_name[i]);
+    free(m->alias_name);
+    free(m->alias_owner);
     if (m->buffers)
         for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
     free(m->buffers);
@@ -145,7 +148,7 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     pi->stage = st->def->name;
     pi->device = st->device;
     pi->stage_index = s;
-    pi->sparse = lp->sparse;
+    pi->sparse = lp->sparse && !st->slots[l].shared[j];
     if (lp->sparse && ly->row_total) {
         pi->row_offset = ly->row_lo;
         pi->rows_total = ly->row_total;
@@ -154,7 +157,7 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
     st->slots[l].param[j] = m->nparams;
     st->slots[l].w_off[j] = off;
     st->slots[l].g_off[j] = goff;
-    m->nsparse += lp->sparse;
+    m->nsparse += pi->sparse;
     m->nparams++;
     return PS_OK;
 }
@@ -220,6 +223,147 @@ static ps_status node_err(const ps_model *m, const ps_node_def *nd, ps_err *err)
 /* "origin: " before an error naming the model file (origin given). */
 static ps_status origin_err(const char *origin, ps_err *err) {
     return origin && *origin ? ps_err_prefix(err, "%s", origin) : (err ? err->code : PS_ERR_INVALID_ARGUMENT);
+}
+
+/* ---- shared parameters (share: / tie:, modeldef.h) ---- */
+
+/* The stage-local index of parameter suffix of ly, or -1. */
+static int param_index(const ps_layer *ly, const char *suffix) {
+    for (int j = 0; j < ly->nparams; j++)
+        if (!strcmp(ly->param[j].suffix, suffix)) return j;
+    return -1;
+}
+
+/* The line of nd's init: for suffix, 0 when none. */
+static int init_given(const ps_node_def *nd, const char *suffix) {
+    for (int i = 0; i < nd->ninit; i++)
+        if (!strcmp(nd->inits[i].suffix, suffix)) return nd->inits[i].line;
+    return 0;
+}
+
+/* Node l borrows parameter j from node o's parameter oj: checked (shapes,
+ * no shard, not held for a trainer), recorded in the slots. */
+static ps_status borrow(ps_model *m, stage *st, int l, int j, int o, int oj, int line, ps_err *err) {
+    const ps_layer *ly = &st->layers[l], *ow = &st->layers[o];
+    const ps_layer_param *p = &ly->param[j], *q = &ow->param[oj];
+    char b1[64], b2[64];
+    ps_shape s1 = {.ndim = p->ndim}, s2 = {.ndim = q->ndim};
+    memcpy(s1.dims, p->dims, sizeof p->dims);
+    memcpy(s2.dims, q->dims, sizeof q->dims);
+    int same = p->ndim == q->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = p->dims[d] == q->dims[d];
+    if (!same)
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: %s%s%s %s uses %s%s%s %s of node '%s' (%s, line %d): "
+                   "shared parameters have one shape", line, ly->name, p->suffix[0] ? "." : "", p->suffix,
+                   ps_shape_format(&s1, b1, sizeof b1), ow->name, q->suffix[0] ? "." : "", q->suffix,
+                   ps_shape_format(&s2, b2, sizeof b2), ow->name, ow->kind->name, ow->def->line);
+    else if (ly->row_total || ow->row_total)
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: %s is a shard's table (model.shard_stage) and shares its "
+                   "weight with '%s' (line %d): a shared parameter is held whole", line,
+                   ly->row_total ? ly->name : ow->name, ly->row_total ? ow->name : ly->name,
+                   (ly->row_total ? ow : ly)->def->line);
+    else if ((ly->flags | ow->flags) & PS_KIND_PARAMS_ONLY)
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: shares parameters with '%s' (line %d), but a trainer "
+                   "runs %s (a parameter-only stage): psd shares parameters of nodes it runs", line, ow->name,
+                   ow->def->line, (ly->flags & PS_KIND_PARAMS_ONLY) ? ly->name : ow->name);
+    else if (init_given(ly->def, p->suffix))
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: init.%s of a parameter it uses from '%s' (line %d): give "
+                   "the owner's init", init_given(ly->def, p->suffix), p->suffix, ow->name, ow->def->line);
+    else {
+        st->slots[l].owner[j] = o;
+        st->slots[l].owner_j[j] = oj;
+        st->slots[l].shared[j] = st->slots[o].shared[oj] = 1;
+        return PS_OK;
+    }
+    return node_err(m, ly->def, err);
+}
+
+/* Every node's share: and tie: of stage st into its slots (owner,
+ * owner_j, shared), once the shapes are inferred. */
+static ps_status link_shared(ps_model *m, stage *st, ps_err *err) {
+    int first = st->def->first;
+    for (int l = 0; l < st->nlayers; l++)
+        for (int j = 0; j < PS_LAYER_MAX_PARAMS; j++) st->slots[l].owner[j] = -1;
+    for (int l = 0; l < st->nlayers; l++) {
+        const ps_layer *ly = &st->layers[l];
+        const ps_node_def *nd = ly->def;
+        if (nd->share >= 0) {
+            int o = nd->share - first;
+            const ps_layer *ow = &st->layers[o];
+            if (ly->nbuffers || ow->nbuffers) {
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) has buffers (%s.%s): in "
+                           "PyTorch a module called at two sites updates them at each call; psd shares parameters "
+                           "of nodes without buffers (give each site its own node, or tie: its parameters)",
+                           nd->share_line, ow->name, ow->def->line, ow->name,
+                           (ow->nbuffers ? ow : ly)->buffer[0].suffix);
+                return node_err(m, nd, err);
+            }
+            if (ly->nparams != ow->nparams) {   /* one kind, so one parameter list unless attributes differ */
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) has %d parameters, this "
+                           "node %d: give both the same attributes", nd->share_line, ow->name, ow->def->line,
+                           ow->nparams, ly->nparams);
+                return node_err(m, nd, err);
+            }
+            if (!ly->nparams) {
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: %s has no parameters to share",
+                           nd->share_line, ly->kind->name);
+                return node_err(m, nd, err);
+            }
+            for (int j = 0; j < ly->nparams; j++) {
+                ps_status rc = borrow(m, st, l, j, o, j, nd->share_line, err);
+                if (rc != PS_OK) return rc;
+            }
+        }
+        for (int t = 0; t < nd->ntie; t++) {
+            const ps_tie_def *td = &nd->ties[t];
+            int o = td->node - first, j = param_index(ly, td->suffix);
+            int oj = param_index(&st->layers[o], td->owner_suffix);
+            if (j < 0 || oj < 0) {
+                const ps_layer *bad = j < 0 ? ly : &st->layers[o];
+                char list[256] = "";
+                for (int k = 0; k < bad->nparams; k++) {
+                    size_t n = strlen(list);
+                    snprintf(list + n, sizeof list - n, "%s%s", k ? ", " : "", bad->param[k].suffix);
+                }
+                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: tie.%s: %s '%s' (line %d) has no parameter '%s' "
+                           "(it has: %s)", td->line, td->suffix, bad->kind->name, bad->name, bad->def->line,
+                           j < 0 ? td->suffix : td->owner_suffix, list[0] ? list : "none");
+                return node_err(m, nd, err);
+            }
+            ps_status rc = borrow(m, st, l, j, o, oj, td->line, err);
+            if (rc != PS_OK) return rc;
+        }
+    }
+    return PS_OK;
+}
+
+/* Borrowed parameters take their owners' offsets (the owners are laid
+ * out); add_dw marks every site after the first in backward order (the
+ * reverse of the topological order), whose gradient is added to what the
+ * sites before it wrote. */
+static void lay_out_shared(stage *st) {
+    for (int l = 0; l < st->nlayers; l++)
+        for (int j = 0; j < st->layers[l].nparams; j++) {
+            layer_slot *sl = &st->slots[l];
+            if (sl->owner[j] < 0) continue;
+            const layer_slot *os = &st->slots[sl->owner[j]];
+            sl->param[j] = os->param[sl->owner_j[j]];
+            sl->w_off[j] = os->w_off[sl->owner_j[j]];
+            sl->g_off[j] = os->g_off[sl->owner_j[j]];
+        }
+    for (int k = st->nlayers - 1; k >= 0; k--) {
+        int l = st->order[k];
+        for (int j = 0; j < st->layers[l].nparams; j++) {
+            if (!st->slots[l].shared[j]) continue;
+            int before = 0;   /* a site later in topological order uses the same storage */
+            for (int k2 = k + 1; k2 < st->nlayers && !before; k2++) {
+                int l2 = st->order[k2];
+                for (int j2 = 0; j2 < st->layers[l2].nparams && !before; j2++)
+                    before = st->slots[l2].shared[j2] && st->slots[l2].w_off[j2] == st->slots[l].w_off[j];
+            }
+            st->slots[l].add_dw[j] = (unsigned char)before;
+        }
+    }
 }
 
 /* Build stage st (definition index st->def_index): resolve attributes,
@@ -330,13 +474,18 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
                                   ly->name, ly->kind->name);
         }
     }
+    ps_status lrc = link_shared(m, st, err);
+    if (lrc != PS_OK) return lrc;
     for (int l = 0; l < nl; l++) {   /* file order: state_dict order */
         ps_layer *ly = &st->layers[l];
         for (int j = 0; j < ly->nparams; j++) {
+            if (st->slots[l].owner[j] >= 0) continue;   /* borrowed: laid out below */
             int64_t goff = -1;
-            if (!ly->param[j].sparse) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
+            if (!ly->param[j].sparse || st->slots[l].shared[j]) { goff = st->ngrads; st->ngrads += ly->param[j].numel; }
             ps_status rc;
             if (s >= 0 && (rc = add_param(m, s, l, j, st->nweights, goff, err)) != PS_OK) return rc;
+            st->slots[l].w_off[j] = st->nweights;
+            st->slots[l].g_off[j] = goff;
             st->nweights += ly->param[j].numel;
         }
         for (int j = 0; j < ly->nbuffers; j++) {
@@ -348,13 +497,15 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
             if (s >= 0 && (rc = add_buffer(m, s, l, j, err)) != PS_OK) return rc;
         }
     }
+    lay_out_shared(st);
     const ps_layer *ol = ps_stage_out_layer(st);
     *shape = ol->outs;
     *dtype = ol->out_dtype;
     st->info.out_ndim = shape->ndim;
     memcpy(st->info.out_dims, shape->dims, sizeof st->info.out_dims);
     st->info.params = 0;
-    for (int l = 0; l < nl; l++) st->info.params += st->layers[l].nparams;
+    for (int l = 0; l < nl; l++)
+        for (int j = 0; j < st->layers[l].nparams; j++) st->info.params += st->slots[l].owner[j] < 0;
     for (int l = 0; l < nl; l++)   /* batch statistics in eval too: eval forwards are not sliced */
         if ((st->layers[l].flags & PS_KIND_BUFFERS_EVAL) && !st->layers[l].nbuffers) m->eval_whole = 1;
     int po = 0;   /* flags, not the kind's: an LSTM over one step is held for the trainer, one over (L, in) runs */
@@ -429,6 +580,7 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
         for (int l = 0; l < st->nlayers; l++) {
             const ps_layer *ly = &st->layers[l];
             for (int j = 0; j < ly->nparams; j++) {
+                if (st->slots[l].owner[j] >= 0) continue;   /* borrowed: listed under its owner */
                 const ps_layer_param *lp = &ly->param[j];
                 ps_param_info *pi = &m->def_params[m->ndef_params];
                 char *name = join_name(ly->name, lp->suffix);
@@ -436,7 +588,7 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
                 m->ndef_params++;
                 *pi = (ps_param_info){.name = name, .ndim = lp->ndim, .numel = lp->numel, .stage = st->def->name,
                                       .device = st->device, .stage_index = hosted[ds] ? h : -1,
-                                      .sparse = lp->sparse};
+                                      .sparse = lp->sparse && !st->slots[l].shared[j]};
                 memcpy(pi->dims, lp->dims, sizeof pi->dims);
                 if (lp->sparse && ly->row_total) {   /* the whole table */
                     pi->dims[0] = ly->row_total;
@@ -445,6 +597,30 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
             }
         }
         h += hosted[ds];
+    }
+    int na = 0;   /* tied parameters' other names (tie:, not share:) */
+    for (int ds = 0; ds < m->def->nstages; ds++)
+        for (int l = 0; l < seq[ds]->nlayers; l++) na += seq[ds]->layers[l].def->ntie;
+    m->alias_name = calloc((size_t)na + 1, sizeof *m->alias_name);
+    m->alias_owner = calloc((size_t)na + 1, sizeof *m->alias_owner);
+    if (!m->alias_name || !m->alias_owner) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+    for (int ds = 0; ds < m->def->nstages; ds++) {
+        const stage *st = seq[ds];
+        for (int l = 0; l < st->nlayers; l++) {
+            const ps_node_def *nd = st->layers[l].def;
+            for (int t = 0; t < nd->ntie; t++) {
+                char *owner = join_name(m->def->nodes[nd->ties[t].node].name, nd->ties[t].owner_suffix);
+                char *name = join_name(nd->name, nd->ties[t].suffix);
+                int o = -1;
+                for (int i = 0; owner && i < m->ndef_params && o < 0; i++)
+                    if (!strcmp(m->def_params[i].name, owner)) o = i;
+                free(owner);
+                if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+                PS_ASSERT(o >= 0 && "a tie's owner is a parameter of the definition");
+                m->alias_name[m->nalias] = name;
+                m->alias_owner[m->nalias++] = o;
+            }
+        }
     }
     int nb = 0;   /* and every buffer */
     for (int ds = 0; ds < m->def->nstages; ds++)
@@ -624,7 +800,8 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
         if (!hosted[ds]) {
             for (int l = 0; l < st->nlayers; l++)
                 for (int j = 0; j < st->layers[l].nparams; j++)
-                    if (init_param(&st->layers[l], j, NULL, &rng, err) != PS_OK) goto fail;
+                    if (st->slots[l].owner[j] < 0 && init_param(&st->layers[l], j, NULL, &rng, err) != PS_OK)
+                        goto fail;
             continue;
         }
         int64_t nh = st->nweights > st->nbufw ? st->nweights : st->nbufw;
@@ -647,7 +824,8 @@ static ps_model *model_build(const ps_model_opts *o, int shapes_only, ps_err *er
         ps_status rc = PS_OK;
         for (int l = 0; l < st->nlayers && rc == PS_OK; l++)
             for (int j = 0; j < st->layers[l].nparams && rc == PS_OK; j++)
-                rc = init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng, err);
+                if (st->slots[l].owner[j] < 0)   /* borrowed: its owner's values */
+                    rc = init_param(&st->layers[l], j, host + st->slots[l].w_off[j], &rng, err);
         if (rc == PS_OK)
             rc = st->be->ops->copy_to_device(st->be->impl, st->w, host, (size_t)st->nweights * sizeof(float), err);
         if (m->nstate) memset(host, 0, (size_t)st->nweights * sizeof(float));
@@ -724,7 +902,8 @@ ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FI
         int64_t params = 0;
         double flops = 0;
         for (int l = 0; l < st->nlayers; l++) {
-            for (int j = 0; j < st->layers[l].nparams; j++) params += st->layers[l].param[j].numel;
+            for (int j = 0; j < st->layers[l].nparams; j++)
+                if (st->slots[l].owner[j] < 0) params += st->layers[l].param[j].numel;   /* shared: once */
             flops += ps_layer_flops(&st->layers[l]);
         }
         int64_t act = st->info.params_only ? 0 : (int64_t)ps_exec_tape_bytes(m, s, s, 1);
@@ -742,6 +921,15 @@ ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FI
     char b3[32], b4[32], b5[32];
     fprintf(f, "  %-12s %-22s %-22s %12s %12s %16s\n", "total", "", "", human((double)tp, b3, sizeof b3),
             human(tf, b4, sizeof b4), human((double)ta, b5, sizeof b5));
+    for (int i = 0; i < m->def->nnodes; i++) {   /* shared parameters: counted once, under their owners */
+        const ps_node_def *nd = &m->def->nodes[i];
+        if (nd->share >= 0)
+            fprintf(f, "  shared: %s uses the parameters of %s (share, stage %s)\n", nd->name,
+                    m->def->nodes[nd->share].name, m->def->stages[nd->stage].name);
+        for (int t = 0; t < nd->ntie; t++)
+            fprintf(f, "  shared: %s%s%s is %s (tie, stage %s)\n", nd->name, nd->ties[t].suffix[0] ? "." : "",
+                    nd->ties[t].suffix, nd->ties[t].target, m->def->stages[nd->stage].name);
+    }
     ps_model_free(m);
     return PS_OK;
 }

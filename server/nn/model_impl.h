@@ -19,6 +19,14 @@ typedef struct layer_slot {
     int64_t g_off[PS_LAYER_MAX_PARAMS]; /* offset in the stage's dense gradient block, -1 if sparse */
     int buffer[PS_LAYER_MAX_BUFFERS];   /* index in the model's buffer list */
     int64_t b_off[PS_LAYER_MAX_BUFFERS];/* float32: offset in the stage's buffer block; int64: in its counters */
+    /* Shared parameters (share: / tie:, modeldef.h): a borrowed one has its
+     * owner's param, w_off and g_off. */
+    int owner[PS_LAYER_MAX_PARAMS];     /* -1: its own; else the node (stage-local) it borrows it from ... */
+    int owner_j[PS_LAYER_MAX_PARAMS];   /* ... and its index there */
+    unsigned char shared[PS_LAYER_MAX_PARAMS]; /* used at several sites (lent or borrowed): its gradient is dense
+                                                  even where the kind's is row-sparse (Embedding: scattered) */
+    unsigned char add_dw[PS_LAYER_MAX_PARAMS]; /* a site before this one in backward order writes the gradient:
+                                                  this one adds its own (exec.c ps_exec_dw_begin) */
 } layer_slot;
 
 /* The memory plan of a stage in one mode (exec.c plans it once per stage
@@ -142,6 +150,9 @@ struct ps_model {
     int nbuffers;
     ps_buffer_info *def_buffers; /* every buffer of the definition (ndef_buffers) */
     int ndef_buffers;
+    char **alias_name;       /* tied parameters' other state_dict names (nalias) ... */
+    int *alias_owner;        /* ... and their owners' indices in def_params */
+    int nalias;
     int nsparse;
     int ndropout;
     int64_t total_weights;
@@ -233,6 +244,28 @@ ps_tape *ps_exec_tape_new(ps_model *m, int first, int last, int n);
 /* Bytes of storage id b of stage st for n samples (plain count: a blocked
  * layout holds as many, sample-major). */
 size_t ps_exec_buf_bytes(const stage *st, int b, int n);
+
+/* ---- shared parameters in backward (exec.c) ----
+ * A kind's backward writes (not adds) its parameter gradients. A shared
+ * parameter (layer_slot.shared) is written by its first site in backward
+ * order; every later site (add_dw) writes into scratch that is added in
+ * after. A shared parameter whose kind's gradient is row-sparse
+ * (Embedding) is dense: its rows are scattered into it. */
+typedef struct ps_dw_sites {
+    float *tmp[PS_LAYER_MAX_PARAMS];    /* scratch the kind writes (add_dw), added into dst after */
+    float *dst[PS_LAYER_MAX_PARAMS];    /* the parameter's dense gradient */
+    ps_rows rows;                       /* a shared row-sparse kind's rows, scattered into dst[rj] */
+    int rj;                             /* -1: none */
+} ps_dw_sites;
+
+/* Point dw[] (PS_LAYER_MAX_PARAMS, zeroed here) and *crows at where node l
+ * of st writes its parameter gradients: dense is the stage's gradient block,
+ * rows the per-parameter rows of row-sparse ones. */
+ps_status ps_exec_dw_begin(stage *st, int l, float *dense, ps_rows *rows, float **dw, ps_rows **crows,
+                           ps_dw_sites *f, ps_err *err);
+/* After the backward call (its status rc): scratch added, rows scattered,
+ * everything released (also on error). Returns rc or the first error. */
+ps_status ps_exec_dw_end(stage *st, int l, ps_dw_sites *f, ps_status rc, ps_err *err);
 
 /* ---- combined forwards (exec_group.c) ---- */
 

@@ -141,13 +141,13 @@ def free_port():
     raise RuntimeError("no free port")
 
 
-def start_psd(name, model_line, extra):
+def start_psd(name, model_line, extra, server_extra=""):
     cfg = os.path.join(TMP, name + ".conf.yaml")
     with open(cfg, "w") as f:
         # psd's default message limit (64 MiB): alexnet's gradients (228 MB) and convnext_tiny's (111 MB)
         # come in pages (GetGradients pages as GetParameters does)
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
-                "server:\n  consistency: hogwild\n" % (model_line, LR))
+                "server:\n  consistency: hogwild\n%s" % (model_line, LR, server_extra))
     addr = "127.0.0.1:%d" % free_port()
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
@@ -281,12 +281,15 @@ def input_gradient(label, stub, model, x, target):
     check(e <= 1e-4, "%s: the input gradient within 1e-4 of its largest |value| of PyTorch's (%.3g)" % (label, e))
 
 
-def run(label, stub, model, x, target, ref64=False, folded=()):
+def run(label, stub, model, x, target, ref64=False, folded=(), tied=None):
     """The checks of the docstring; ref64: gradients against float64 autograd (below). folded: buffers
     psd-export folded into the model file as masks (minGPT's attn.bias), not in psd's state_dict: left out of
-    the comparisons, and the strict load takes them from the module."""
+    the comparisons, and the strict load takes them from the module. tied: {alias: owner} of tied parameters
+    (docs/models.md "Shared parameters"): psd lists the owner once; its value stands for both state_dict keys."""
+    tied = tied or {}
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items() if k not in folded}
     got = get_parameters(stub)
+    got.update((a, got[o]) for a, o in tied.items() if o in got and a not in got)
     check(set(got) == set(sd), "%s: psd's parameters and buffers are the state_dict's %d names (%s)"
           % (label, len(sd), sorted(set(got) ^ set(sd))[:4]))
     bad = [k for k in sd if k in got and not np.array_equal(got[k].reshape(sd[k].shape), sd[k])]
@@ -375,12 +378,14 @@ def run(label, stub, model, x, target, ref64=False, folded=()):
             p -= LR * p.grad
     stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=120)
     after = get_parameters(stub)
+    after.update((a, after[o]) for a, o in tied.items() if o in after and a not in after)
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items() if k not in folded}
     sb64 = {k: v.detach().numpy() for k, v in m64.state_dict().items()} if ref64 else {}
     # relative to each tensor's largest value (elements near zero have no relative error of their own), at
     # least 0.01 (a zero-initialised bias moved by LR times a gradient of rounding noise)
     for kind, keys in (("weights", [k for k in sd if k in params]),
-                       ("running statistics", [k for k in sd if k not in params and sd[k].dtype != np.int64])):
+                       ("running statistics", [k for k in sd if k not in params and k not in tied and
+                                               sd[k].dtype != np.int64])):
         if not keys:
             continue        # a model without buffers
         worst, wname = 0.0, ""

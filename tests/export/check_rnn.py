@@ -8,7 +8,12 @@ user's graph (tests/export/rnn.py) through psd-export, against PyTorch:
            as h[-1] of out, h = gru(x); a 2-layer GRU without bias read as
            out[:, -1, :]; an LSTM read as h_n[-1] of _, (h_n, _) = lstm(x);
   SeqRNN   features (N, T, F) -> a 2-layer nn.GRU / nn.LSTM -> nn.Linear of
-           the flattened output sequence, its input gradient too.
+           the flattened output sequence, its input gradient too;
+  bidirectional (both directions of each layer feeding the next): a 2-layer
+           LSTM read as torch.cat((h_n[-2], h_n[-1]), dim=1), a GRU read as
+           h = h_n[-2:]; torch.cat((h[0], h[1]), 1), a 3-layer GRU without
+           bias read as h[-1] (the reverse direction's), a 4-layer GRU read
+           as out[:, -1] (both directions), a 2-layer LSTM over features.
 
 Every parameter is moved off its initial value, psd started with
 --init-from those values, and each model checked by check_resnet.py's run()
@@ -26,9 +31,13 @@ eval forward is PyTorch's. ps-train fit trains an exported GRU text
 classifier through psd (Adam) on .npy files whose label is the first of 6
 tokens mod 4 - read at the last step, so only the recurrence carries it
 (chance: 25 %) - to at least 90 % test accuracy. And refusals naming what: batch_first=False,
-bidirectional, an LSTM's c_n read, h_n[0] of a 2-layer RNN; the models'
-ONNX exports (training and eval), which psd's ONNX import refuses naming the
-LSTM or GRU node and pointing to psd-export.
+an LSTM's c_n read, h_n[0] of a 2-layer RNN (one direction or two). Then
+ONNX: 9 of the models (one direction and both, 1 to 4 layers, with and
+without bias, each reader) exported by torch.onnx in training mode (W, R, B
+glued from PyTorch's tensors) and in eval mode (folded initializers in ONNX's
+gate order), imported by psd as one LSTM / GRU node under the state_dict's
+names and checked as above against float64 autograd; the ONNX import's
+refusals of a c_n read, a lower layer's h_n row and an initial state.
 
     check_rnn.py BUILD_DIR TMP_DIR
 """
@@ -66,6 +75,16 @@ CASES = [
     ("LSTM, h_n[-1] of _, (h_n, _)", TextRNN, {"read": "h_n", "hidden": 7}),
     ("2-layer GRU over features, the whole sequence", SeqRNN, {}),
     ("2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM"}),
+    # bidirectional: h_n (num_layers * 2, N, H), the last layer's rows h_n[-2] (forward) and h_n[-1] (reverse)
+    ("bidirectional 2-layer LSTM, torch.cat((h_n[-2], h_n[-1]), dim=1)", TextRNN,
+     {"bidirectional": True, "num_layers": 2, "read": "cat"}),
+    ("bidirectional GRU, h = h_n[-2:]; torch.cat((h[0], h[1]), 1)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "read": "slice", "hidden": 9}),
+    ("bidirectional 3-layer GRU without bias, h[-1] (the reverse direction's) of out, h", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "num_layers": 3, "bias": False, "read": "h"}),
+    ("bidirectional 4-layer GRU, out[:, -1] (both directions)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "num_layers": 4, "hidden": 16}),
+    ("bidirectional 2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM", "bidirectional": True}),
 ]
 
 
@@ -156,7 +175,8 @@ def main():
     dropout(pe)
     fit(pe)
     refusals()
-    onnx_refused()
+    onnx_models()
+    onnx_refusals()
 
 
 def dropout(pe):
@@ -225,7 +245,8 @@ def fit(pe):
 def refusals():
     for kw, want in (
             ({"batch_first": False}, "batch_first=False: psd's batch is the first dimension"),
-            ({"bidirectional": True}, "bidirectional=True: psd's LSTM runs forward in time only"),
+            ({"bidirectional": True, "read": "h0", "num_layers": 2},
+             "h_n[0] of 'rnn' (LSTM, 2 layers, bidirectional) at"),
             ({"read": "c"}, "c_n of 'rnn' (LSTM) is read at"),
             ({"read": "h0", "num_layers": 2}, "h_n[0] of 'rnn' (LSTM, 2 layers)"),
             ({"read": "h0", "num_layers": 2, "cell": "GRU"}, "h_n[0] of 'rnn' (GRU, 2 layers)")):
@@ -237,24 +258,66 @@ def refusals():
                  % (json.dumps(kw), want, (r.stderr or r.stdout).strip()[-300:]))
 
 
-def onnx_refused():
-    """The ONNX exports of an LSTM and a GRU text model (training and eval): psd --check-config refuses them
-    naming the node and pointing to psd-export (psd's ONNX import reads a trainer-side LSTM only)."""
-    for cell in ("LSTM", "GRU"):
+ONNX_CASES = [
+    # (label, class, kwargs): exported by torch.onnx in training mode (W, R, B glued from PyTorch's tensors) and
+    # in eval mode (constant-folded into initializers in ONNX's gate order)
+    ("LSTM, out[:, -1]", TextRNN, {}),
+    ("2-layer GRU, h[-1] of out, h", TextRNN, {"cell": "GRU", "num_layers": 2, "read": "h"}),
+    ("2-layer LSTM without bias, h_n[-1]", TextRNN, {"num_layers": 2, "bias": False, "read": "h_n", "hidden": 7}),
+    ("bidirectional 2-layer LSTM, torch.cat((h_n[-2], h_n[-1]), dim=1)", TextRNN,
+     {"bidirectional": True, "num_layers": 2, "read": "cat"}),
+    ("bidirectional GRU without bias, h = h_n[-2:]; torch.cat((h[0], h[1]), 1)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "bias": False, "read": "slice", "hidden": 9}),
+    ("bidirectional 3-layer GRU, out[:, -1] (both directions)", TextRNN,
+     {"bidirectional": True, "cell": "GRU", "num_layers": 3}),
+    ("bidirectional 4-layer LSTM, h[-1] (the reverse direction's)", TextRNN,
+     {"bidirectional": True, "num_layers": 4, "read": "h", "hidden": 5}),
+    ("2-layer LSTM over features, the whole sequence", SeqRNN, {"cell": "LSTM"}),
+    ("bidirectional 2-layer GRU over features, the whole sequence", SeqRNN, {"bidirectional": True}),
+]
+
+
+def onnx_export(model, x, path, mode):
+    tm = torch.onnx.TrainingMode.TRAINING if mode == "training" else torch.onnx.TrainingMode.EVAL
+    with warnings.catch_warnings():   # the exporter's note on batch sizes and the RNN's initial state
+        warnings.simplefilter("ignore")
+        torch.onnx.export(copy.deepcopy(model).train(mode == "training"), x, path, opset_version=13, training=tm,
+                          do_constant_folding=mode == "eval")
+
+
+def onnx_models():
+    """The models' ONNX exports (training and eval mode) through psd's ONNX import: one LSTM / GRU node with the
+    state_dict's names and values (every parameter moved off its initial value), checked as the psd-export
+    models are against float64 autograd (the sequence models' input gradient too)."""
+    for i, (label, cls, kw) in enumerate(ONNX_CASES):
         for mode in ("training", "eval"):
-            torch.manual_seed(3)
-            m = TextRNN(cell=cell)
-            path = os.path.join(cr.TMP, "rnn_%s_%s.onnx" % (cell, mode))
-            tm = torch.onnx.TrainingMode.TRAINING if mode == "training" else torch.onnx.TrainingMode.EVAL
-            with warnings.catch_warnings():   # the exporter's note on batch sizes and the LSTM's initial state
-                warnings.simplefilter("ignore")
-                torch.onnx.export(m.train(mode == "training"), inputs(TextRNN, 0)[0], path, opset_version=13,
-                                  training=tm, do_constant_folding=mode == "eval")
-            rc, out = cr.check_config(path)
-            want = "node '/rnn/%s' (%s): an nn.%s inside the graph" % (cell, cell, cell)
-            cr.check(rc != 0 and want in out and "export the module with psd-export" in out,
-                     "ONNX %s export of a %s text model refused saying '%s' (%s)" % (mode, cell, want,
-                                                                                  out.strip()[-300:]))
+            name = "rnn_onnx_%d_%s" % (i, mode)
+            model, _ = moved(cls, kw, name)
+            x, target = inputs(cls, 40 + i)
+            path = os.path.join(cr.TMP, name + ".onnx")
+            onnx_export(model, x, path, mode)
+            lab = "%s, ONNX %s export" % (label, mode)
+            stub, p = cr.start_psd(name, "onnx: %s" % path, [])
+            if cls is SeqRNN:
+                cr.input_gradient(lab, stub, model, x, target)
+            cr.run(lab, stub, copy.deepcopy(model), x, target, ref64=True)
+            p.kill()
+
+
+def onnx_refusals():
+    """What psd's ONNX import of an LSTM / GRU still refuses, naming it: an LSTM's c_n read, a lower layer's h_n
+    row, an initial state of ones (one of zeros, x.new_zeros(...), is the exporter's zeros: taken)."""
+    for kw, want in (
+            ({"read": "c"}, "is the final cell state of an LSTM or GRU psd computes as one node"),
+            ({"read": "h0", "num_layers": 2, "cell": "GRU"}, "row 0 of h_n: layer 0's final state"),
+            ({"read": "h0", "num_layers": 2, "bidirectional": True}, "row 0 of h_n: layer 0's final state"),
+            ({"read": "hx1"}, "an initial hidden state psd does not read as the exporter's zeros")):
+        path = os.path.join(cr.TMP, "rnn_refused.onnx")
+        torch.manual_seed(3)
+        onnx_export(TextRNN(**kw), inputs(TextRNN, 0)[0], path, "training")
+        rc, out = cr.check_config(path)
+        cr.check(rc != 0 and want in out, "ONNX import refuses %s saying '%s' (%s)" % (json.dumps(kw), want,
+                                                                                     out.strip()[-300:]))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ recurrent layers (tests/export/check_rnn.py trains each against PyTorch).
 TextRNN: token ids (N, T) -> nn.Embedding -> nn.LSTM or nn.GRU (batch_first=True) -> the last step -> nn.Linear.
 read selects how the last step is read: "out" (out, _ = rnn(x); out[:, -1]), "out3" (out[:, -1, :]), "h"
 (out, (h, c) = lstm(x) / out, h = gru(x); h[-1]), "h_n" (_, (h_n, _) = lstm(x); h_n[-1]), and for the
-refusals "c" (an LSTM's c_n[-1]), "h0" (h[0] of a 2-layer RNN: not the last layer), "hx" (an initial state).
+refusals "c" (an LSTM's c_n[-1]), "h0" (h[0] of a 2-layer RNN: not the last layer), "hx" (an initial state: zeros; "hx1" ones).
+Bidirectional ones also "cat" (torch.cat((h_n[-2], h_n[-1]), dim=1): the last layer's two directions) and
+"slice" (h = h_n[-2:]; torch.cat((h[0], h[1]), 1)); read "h" of a bidirectional one is its reverse direction's
+final state (h[-1]) alone, and "out" both directions at the last step.
 
 SeqRNN: features (N, T, F) -> nn.LSTM / nn.GRU -> nn.Linear on every step (the whole output sequence).
 """
@@ -20,7 +23,7 @@ class TextRNN(nn.Module):
         self.embed = nn.Embedding(vocab, embed)
         self.rnn = getattr(nn, cell)(embed, hidden, num_layers=num_layers, bias=bias, batch_first=batch_first,
                                      dropout=dropout, bidirectional=bidirectional)
-        self.head = nn.Linear(hidden * (2 if bidirectional else 1), classes)
+        self.head = nn.Linear(hidden * (2 if bidirectional and read not in ("h", "h_n", "h0") else 1), classes)
 
     def forward(self, ids):
         x = self.embed(ids)
@@ -42,11 +45,20 @@ class TextRNN(nn.Module):
         elif self.read == "c":
             _, (h, c) = self.rnn(x)
             last = c[-1]
+        elif self.read in ("cat", "slice"):
+            _, h_n = self.rnn(x)
+            if self.cell == "LSTM":
+                h_n = h_n[0]
+            if self.read == "cat":
+                last = torch.cat((h_n[-2], h_n[-1]), dim=1)
+            else:
+                h = h_n[-2:]
+                last = torch.cat((h[0], h[1]), 1)
         elif self.read == "h0":
             _, h = self.rnn(x)
             last = (h[0] if self.cell == "GRU" else h[0][0])
-        elif self.read == "hx":
-            h0 = x.new_zeros(self.rnn.num_layers, x.shape[0], self.rnn.hidden_size)
+        elif self.read in ("hx", "hx1"):   # zeros; hx1: ones
+            h0 = x.new_full((self.rnn.num_layers, x.shape[0], self.rnn.hidden_size), float(self.read == "hx1"))
             out, _ = self.rnn(x, h0 if self.cell == "GRU" else (h0, h0))
             last = out[:, -1]
         else:
@@ -55,10 +67,11 @@ class TextRNN(nn.Module):
 
 
 class SeqRNN(nn.Module):
-    def __init__(self, features=5, hidden=6, num_layers=2, classes=4, cell="GRU"):
+    def __init__(self, features=5, hidden=6, num_layers=2, classes=4, cell="GRU", bidirectional=False):
         super().__init__()
-        self.rnn = getattr(nn, cell)(features, hidden, num_layers=num_layers, batch_first=True)
-        self.head = nn.Linear(6 * hidden, classes)
+        self.rnn = getattr(nn, cell)(features, hidden, num_layers=num_layers, batch_first=True,
+                                     bidirectional=bidirectional)
+        self.head = nn.Linear(6 * hidden * (2 if bidirectional else 1), classes)
 
     def forward(self, x):
         out, _ = self.rnn(x)

@@ -1,12 +1,18 @@
 #!/usr/bin/python3
-"""tests/it_textpool.sh's Python half: reductions over a dim and the embedding options users write
-(tests/export/textpool.py) through psd-export and psd, against PyTorch:
+"""tests/it_userops.sh's Python half: the ops users write beyond psd's kinds - reductions over a dim, the embedding
+options, shape moves
+(tests/export/userops.py) through psd-export and psd, against PyTorch:
 
   TextCNN    nn.Embedding(padding_idx=0), Conv1d, F.max_pool1d(h, h.size(2)) (a kernel read from the shape)
   MaxTokens  nn.Embedding(padding_idx=-1), torch.max(h, dim=1)[0], h.min(dim=1).values, torch.amax(h, -1,
              keepdim=True) over (N, T, H)
   Bags       nn.EmbeddingBag of modes mean, sum (padding_idx 0) and max on (N, L) bags
   MaxRows    x.max(dim=2).values and torch.amin(x, (1, 2)) of (N, 4, 6) features, the input gradient too
+  ShapeMoves nn.ZeroPad2d, nn.ConstantPad2d, nn.PixelShuffle, F.pixel_unshuffle, torch.stack, nn.Softmin,
+             F.layer_norm(v, v.shape[-1:]), x.repeat on images, the input gradient too
+  Expands    g.unsqueeze(1).expand_as(x) and g.expand(-1, 70) (past 64 copies) of a gate, the input gradient too
+  Einsums    two-head attention with torch.einsum: "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...qd,...kd->...kq",
+             "bhdq,bhdk->bhqk" (MatMul with transposes), the input gradient too
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -17,9 +23,10 @@ The token ids hold the padding ids, so a padding row's gradient is PyTorch's zer
 out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop (a padding
 row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
 import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
-padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim).
+padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
+along the batch, an einsum that is not a batched matrix product.
 
-    check_textpool.py BUILD_DIR TMP_DIR
+    check_userops.py BUILD_DIR TMP_DIR
 """
 import contextlib
 import copy
@@ -36,20 +43,24 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
-import textpool  # noqa: E402
-from textpool import VOCAB, Bags, MaxRows, MaxTokens, TextCNN  # noqa: E402
+import userops  # noqa: E402
+from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, ShapeMoves, TextCNN  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, BATCH = 7, 6
-CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows)]
+CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums)]
+FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], userops.RepeatBatch: [6],
+            userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
     y = os.path.join(cr.TMP, name + ".yaml")
-    shape = ["--input-shape", "4,6"] if cls is MaxRows else ["--input-shape", str(SEQ), "--input-dtype", "int64"]
-    rc = pe.main([os.path.join(HERE, "textpool.py") + ":" + cls.__name__, "--seed", "3", "-o", y] + shape +
+    shape = ["--input-shape", ",".join(map(str, FEATURES[cls]))] if cls in FEATURES else \
+        ["--input-shape", str(SEQ), "--input-dtype", "int64"]
+    rc = pe.main([os.path.join(HERE, "userops.py") + ":" + cls.__name__, "--seed", "3", "-o", y] + shape +
                  (["--kwargs", json.dumps(kwargs)] if kwargs else []))
     return rc, y
 
@@ -69,8 +80,8 @@ def moved(cls, name):
 
 def inputs(cls, seed):
     torch.manual_seed(seed)
-    if cls is MaxRows:
-        return torch.randn(BATCH, 4, 6), torch.randint(0, 4, (BATCH,))
+    if cls in FEATURES:
+        return torch.randn([BATCH] + FEATURES[cls]), torch.randint(0, 4, (BATCH,))
     x = torch.randint(0, VOCAB, (BATCH, SEQ))
     x[:, -2:] = 0                      # right padding (id 0) ...
     x[0, -1] = VOCAB - 1               # ... and MaxTokens' padding id (-1: the last row)
@@ -81,7 +92,7 @@ def inputs(cls, seed):
 def main():
     pe = cr.load_psd_export()
     for i, (label, cls) in enumerate(CASES):
-        name = "textpool_%d" % i
+        name = "userops_%d" % i
         rc, y = export(pe, cls, name)
         cr.check(rc == 0, "psd-export of %s" % label)
         if rc:
@@ -89,7 +100,7 @@ def main():
         model, w = moved(cls, name)
         x, target = inputs(cls, i)
         stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        if cls is MaxRows:
+        if cls in FEATURES:
             cr.input_gradient(label, stub, model, x, target)
         stepped = copy.deepcopy(model)      # run() steps it as psd's first step
         cr.run(label, stub, stepped, x, target, ref64=True)
@@ -104,13 +115,13 @@ def onnx_paths():
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
     carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
     (a ReduceMin to one value per sample) refused naming it."""
-    model, _ = moved(MaxTokens, "textpool_onnx")
+    model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
     path = os.path.join(cr.TMP, "maxtokens.onnx")
     torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd("textpool_onnx", "onnx: %s" % path, [])
+    stub, p = cr.start_psd("userops_onnx", "onnx: %s" % path, [])
     cr.run("MaxTokens (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
     p.kill()
     path = os.path.join(cr.TMP, "maxrows.onnx")
@@ -123,9 +134,11 @@ def onnx_paths():
 
 
 def refusals(pe):
-    for cls, want in ((textpool.BagWeights, "called with per_sample_weights"), (textpool.BagMeanPad, "mode 'mean' with padding_idx"),
-                      (textpool.BagPadRow, "padding row 1 is not zeros"), (textpool.MaxNorm, "Embedding with max_norm=1.0"),
-                      (textpool.ArgMax, "the indices of")):
+    for cls, want in ((userops.BagWeights, "called with per_sample_weights"), (userops.BagMeanPad, "mode 'mean' with padding_idx"),
+                      (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
+                      (userops.ArgMax, "the indices of"),
+                      (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
+                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc, _ = export(pe, cls, "refused_" + cls.__name__)

@@ -1,5 +1,5 @@
-"""Text and feature models as users write them around reductions over a dim and the embedding options
-(tests/export/check_textpool.py trains each through psd against PyTorch):
+"""Models as users write them around ops beyond psd's kinds (reductions over a dim, the embedding options, shape moves)
+(tests/export/check_userops.py trains each through psd against PyTorch):
 
 TextCNN    token ids -> nn.Embedding(padding_idx=0) -> Conv1d of widths 2, 3, 4 -> max over time as
            F.max_pool1d(h, h.size(2)).squeeze(2) (the window read from the shape) -> torch.cat -> nn.Linear.
@@ -9,10 +9,14 @@ MaxTokens  token ids -> nn.Embedding(padding_idx=-1) -> nn.Linear -> torch.max(h
 Bags       token ids -> nn.EmbeddingBag of modes mean, sum (with padding_idx) and max -> torch.cat ->
            nn.Linear.
 MaxRows    features (N, 4, 6) -> a Linear -> h.max(dim=2).values and torch.amin(h, (1, 2)) -> nn.Linear.
+ShapeMoves images (N, 1, 6, 6) -> nn.ZeroPad2d, Conv2d, nn.ConstantPad2d, nn.PixelShuffle, Conv2d,
+           F.pixel_unshuffle, torch.stack with nn.Softmin of it, F.layer_norm(v, v.shape[-1:]), x.repeat ->
+           nn.Linear.
 
 And for psd-export's refusals: BagWeights (an EmbeddingBag called with per_sample_weights), BagMeanPad (mode mean with
 padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding's max_norm), ArgMax (the
-indices of x.max(dim) read).
+indices of x.max(dim) read), RepeatBatch (x.repeat along the batch), EinsumDot (an einsum that is not a
+batched matrix product).
 """
 import torch
 import torch.nn as nn
@@ -73,6 +77,59 @@ class MaxRows(nn.Module):
         return self.fc(torch.cat([h.max(dim=2).values, torch.amin(h, (1, 2)).unsqueeze(1)], 1))
 
 
+
+class ShapeMoves(nn.Module):
+    """Super-resolution's nn.PixelShuffle and F.pixel_unshuffle, nn.ZeroPad2d and nn.ConstantPad2d, torch.stack,
+    x.repeat, nn.Softmin and F.layer_norm(x, x.shape[-1:]) on (N, 1, 6, 6) images."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.pad = nn.ZeroPad2d((1, 0, 2, 1))
+        self.conv = nn.Conv2d(1, 8, 3)                               # (8, 7, 5)
+        self.cpad = nn.ConstantPad2d((0, 1, 0, 1), 0.5)              # (8, 8, 6)
+        self.up = nn.PixelShuffle(2)                                 # (2, 16, 12)
+        self.mix = nn.Conv2d(2, 4, 3, stride=2, padding=1)           # (4, 8, 6)
+        self.softmin = nn.Softmin(dim=1)
+        self.fc = nn.Linear(2 * 192 + 3 * 16, classes)
+
+    def forward(self, x):
+        h = self.mix(self.up(self.cpad(self.conv(self.pad(x)))))
+        d = F.pixel_unshuffle(h, 2)                                  # (16, 4, 3)
+        s = torch.stack([d.flatten(1), self.softmin(d).flatten(1)], dim=1)   # (2, 192)
+        r = F.layer_norm(d.mean((2, 3)), d.mean((2, 3)).shape[-1:]).unsqueeze(1).repeat(1, 3, 1)   # (3, 16)
+        return self.fc(torch.cat([s.flatten(1), r.flatten(1)], 1))
+
+
+class Expands(nn.Module):
+    """A gate broadcast by expand_as and a value expanded past 64 copies, on (N, 5, 8) features."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.g = nn.Linear(8, 1)
+        self.out = nn.Linear(40 + 70, classes)
+
+    def forward(self, x):
+        g = torch.sigmoid(self.g(x.mean(1)))                      # (N, 1)
+        h = self.fc(x) * g.unsqueeze(1).expand_as(x)              # (N, 5, 8)
+        return self.out(torch.cat([h.flatten(1), g.expand(-1, 70)], 1))
+
+
+class Einsums(nn.Module):
+    """Two-head attention on (N, 6, 8) features written with torch.einsum: "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd",
+    an output transposed ("...qd,...kd->...kq": B^T A^T) and a transposed operand ("bhdq,bhdk->bhqk")."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.out = nn.Linear(48 + 72 + 72, classes)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = (f(x).view(n, 6, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))   # (N, 2, 6, 4)
+        att = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.5, dim=-1)
+        o = torch.einsum("bhqk,bhkd->bhqd", att, v)
+        o2 = torch.einsum("...qd,...kd->...kq", q, v)
+        o3 = torch.einsum("bhdq,bhdk->bhqk", q.transpose(-1, -2), k.transpose(-1, -2))
+        return self.out(torch.cat([o.flatten(1), o2.flatten(1), o3.flatten(1)], 1))
+
 class BagWeights(nn.Module):
     def __init__(self):
         super().__init__()
@@ -120,3 +177,21 @@ class ArgMax(nn.Module):
     def forward(self, ids):
         v, i = self.emb(ids).max(dim=1)
         return v + i
+
+
+class RepeatBatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.fc(x).repeat(2, 1)
+
+
+class EinsumDot(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.einsum("bi,bi->b", self.a(x), self.b(x)).unsqueeze(1)
