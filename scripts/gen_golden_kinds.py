@@ -830,6 +830,52 @@ CASES += [
 NBATCH_BI = {"gru_bi_l1_n1": 1}   # a batch of one
 
 
+# ---- numpy broadcasting of two computed tensors (Add, Sub, Mul, Div): the right operand broadcast, the left one,
+# a middle dim, both at once (each along a dim of its own), a scalar per sample (1, 1, 1) on either side, a
+# (C, 1, 1) gate after a blocked convolution; Div of one shape and broadcast both ways, its denominators kept from
+# 0 (Abs + AddConstant); the operands made by Linear out 1, Narrow length 1, AdaptiveAvgPool2d 1, Reshape
+POS = ["{name: pa, kind: Abs, input: input}", "{name: pos, kind: AddConstant, value: 0.5}"]
+SCALAR = ["{name: f, kind: Flatten, input: input}", "{name: l1, kind: Linear, out_features: 1}",
+          "{name: s, kind: Reshape, shape: [1, 1, 1]}"]
+CASES += [
+    ("bcast_sub_right", stage([4, 5], ["{name: l, kind: Linear, out_features: 1, input: input}",
+                                       "{name: d, kind: Sub, inputs: [input, l]}"])),
+    ("bcast_sub_left", stage([4, 5], ["{name: l, kind: Linear, out_features: 1, input: input}",
+                                      "{name: d, kind: Sub, inputs: [l, input]}"])),
+    ("bcast_add_middle", stage([3, 4, 5], ["{name: n, kind: Narrow, dim: 2, start: 1, length: 1, input: input}",
+                                           "{name: t, kind: Tanh, input: input}",
+                                           "{name: a, kind: Add, inputs: [t, n]}"])),
+    ("bcast_add_both", stage([3, 4, 5], ["{name: r, kind: Narrow, dim: 3, start: 2, length: 1, input: input}",
+                                         "{name: c, kind: Narrow, dim: 2, start: 0, length: 1, input: input}",
+                                         "{name: a, kind: Add, inputs: [r, c]}"])),
+    ("bcast_mul_both", stage([4, 5], ["{name: r, kind: Narrow, dim: 1, start: 3, length: 1, input: input}",
+                                      "{name: c, kind: Narrow, dim: 2, start: 1, length: 1, input: input}",
+                                      "{name: m, kind: Mul, inputs: [c, r]}"])),
+    ("bcast_mul_middle_left", stage([3, 4, 5], ["{name: n, kind: Narrow, dim: 2, start: 3, length: 1, input: input}",
+                                                "{name: m, kind: Mul, inputs: [n, input]}"])),
+    ("bcast_scalar_right", stage([2, 3, 4], SCALAR + ["{name: m, kind: Mul, inputs: [input, s]}",
+                                                      "{name: d, kind: Sub, inputs: [m, s]}"])),
+    ("bcast_scalar_left", stage([2, 3, 4], SCALAR + POS + ["{name: d, kind: Div, inputs: [s, pos]}",
+                                                           "{name: a, kind: Add, inputs: [s, d]}"])),
+    ("bcast_gate_blocked", stage([3, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+                                             "{name: g, kind: AdaptiveAvgPool2d, output_size: 1}",
+                                             "{name: a, kind: Add, inputs: [c, g]}",
+                                             "{name: s, kind: Sub, inputs: [g, a]}",
+                                             "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
+    ("div_same", stage([2, 5], POS + ["{name: t, kind: Tanh, input: input}", "{name: d, kind: Div, inputs: [t, pos]}"])),
+    ("div_right", stage([4, 5], POS + ["{name: l, kind: Narrow, dim: 2, start: 0, length: 1}",
+                                       "{name: d, kind: Div, inputs: [input, l]}"])),
+    ("div_left_middle", stage([3, 4, 2], POS + ["{name: n, kind: Narrow, dim: 2, start: 1, length: 1, input: input}",
+                                                "{name: d, kind: Div, inputs: [n, pos]}"])),
+]
+
+
+def bcast_module(kind):
+    """The torch twin of Div (Add, Sub, Mul broadcast as their own twins do), or None."""
+    if kind == "Div":
+        return Lambda(lambda x, y: x / y)
+    return None
+
 def eltwise_module(kind, a, s0):
     """The torch twin of an elementwise-math node, or None for the other kinds."""
     if kind == "ELU":
@@ -998,6 +1044,8 @@ def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
     m = eltwise_module(kind, a, s0)
+    if m is None:
+        m = bcast_module(kind)
     if m is not None:
         return m
     m = shrink_module(kind, a, s0)

@@ -30,7 +30,8 @@
  * tape cut per context, each context's attention mask its own -, a GELU
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
  * attention written by hand (psd-export's nodes of
- * tests/export/attention.py), key padding masks computed from the ids
+ * tests/export/attention.py), numpy broadcasts (Sub, Add, Mul, Div of
+ * computed tensors of two shapes), key padding masks computed from the ids
  * (each context's samples padded otherwise: its mask its own; a context
  * with a sample of padding only refused alone), parameters used at several
  * sites (share: and tie:, each context's gradient summed over the sites and
@@ -577,6 +578,30 @@ static void run_hand_attention(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Numpy broadcasting between computed tensors (bcast_net's pieces as
+ * psd-export writes them): centring by a kept mean (Sub of (C, 1, 1)-like
+ * by the full tensor), a (C, 1, 1) gate added, a (1, H, W) mask
+ * multiplied, a division by a per-sample (1, 1, 1) value on the left. */
+static void run_broadcasts(void) {
+    run_file("[3, 4, 4]",
+             "      - {name: conv, kind: Conv2d, out_channels: 4, kernel_size: 3, padding: 1}\n"
+             "      - {name: mean, kind: AdaptiveAvgPool2d, output_size: 1}\n"
+             "      - {name: sub, kind: Sub, inputs: [conv, mean]}\n"
+             "      - {name: gate, kind: Sigmoid, input: mean}\n"
+             "      - {name: add, kind: Add, inputs: [sub, gate]}\n"
+             "      - {name: m, kind: Narrow, dim: 1, start: 0, length: 1, input: add}\n"
+             "      - {name: mask, kind: Sigmoid}\n"
+             "      - {name: mul, kind: Mul, inputs: [mask, add]}\n"
+             "      - {name: f, kind: Flatten, input: mul}\n"
+             "      - {name: s, kind: Linear, out_features: 1}\n"
+             "      - {name: s3, kind: Reshape, shape: [1, 1, 1]}\n"
+             "      - {name: abs, kind: Abs, input: mul}\n"
+             "      - {name: pos, kind: AddConstant, value: 0.5}\n"
+             "      - {name: div, kind: Div, inputs: [s3, pos]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Causal attention: minGPT's CausalSelfAttention as psd-export writes
  * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
  * the MaskedFill of its tril buffer, attention dropout), then
@@ -699,6 +724,7 @@ int main(void) {
     run_shared();
     run_hand_attention();
     run_causal_attention();
+    run_broadcasts();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

@@ -5,7 +5,9 @@
  *    mul, add, SGD (momentum, weight decay), Adam and the row-sparse
  *    updates (sgd_update_rows, adam_update_rows), permute and its inverse,
  *    bit for bit; a recurrent time step's gates (rnn_cell_forward and
- *    rnn_cell_backward, LSTM and GRU) within 1e-5;
+ *    rnn_cell_backward, LSTM and GRU) within 1e-5; numpy broadcasting
+ *    (binary_bcast bit for bit, each operand's summed gradient within 1e-5;
+ *    add, sub, mul, div over left, right, middle, both, scalar, one shape);
  *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
  *  - two threads running conv on one backend match a sequential run;
  *  - copy_from_peer between two backends, peer path and the pinned-host
@@ -437,6 +439,53 @@ static void cmp_rnn_cells(ps_backend *ref, ps_backend *cu, rng *r) {
     }
 }
 
+/* ---- numpy broadcasting (binary_bcast, binary_bcast_backward): each op over the right operand broadcast,
+ * the left one, a middle dim, both along dims of their own, a scalar per sample, one shape ---- */
+
+static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
+    static const int64_t shapes[][3][4] = {   /* y, a, b: (n, d1, d2, d3) */
+        {{3, 4, 5, 6}, {3, 4, 5, 6}, {3, 4, 5, 1}}, {{3, 4, 5, 6}, {3, 1, 1, 1}, {3, 4, 5, 6}},
+        {{2, 4, 5, 6}, {2, 4, 1, 6}, {2, 4, 5, 6}}, {{2, 4, 5, 6}, {2, 4, 1, 6}, {2, 1, 5, 1}},
+        {{2, 7, 3, 9}, {2, 7, 3, 9}, {2, 7, 3, 9}}, {{5, 16, 8, 8}, {5, 16, 1, 1}, {5, 16, 8, 8}}};
+    static const char *const ops[4] = {"add", "sub", "mul", "div"};
+    ps_backend *bs[2] = {ref, cu};
+    char what[96];
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int op = PS_BINARY_ADD; op <= PS_BINARY_DIV; op++) {
+            ps_bcast_desc d = {.op = op, .ndim = 4};
+            size_t n[3] = {1, 1, 1};
+            for (int k = 0; k < 4; k++) {
+                d.y[k] = shapes[t][0][k];
+                d.a[k] = shapes[t][1][k];
+                d.b[k] = shapes[t][2][k];
+                for (int j = 0; j < 3; j++) n[j] *= (size_t)shapes[t][j][k];
+            }
+            float *a = host_random(n[1], r), *b = host_random(n[2], r), *dy = host_random(n[0], r), *res[2][3];
+            for (size_t i = 0; i < n[2]; i++) b[i] = 0.5f + (b[i] < 0 ? -b[i] : b[i]);   /* away from 0 */
+            for (int k = 0; k < 2; k++) {
+                ps_backend *be = bs[k];
+                float *A = up(be, a, n[1]), *B = up(be, b, n[2]), *DY = up(be, dy, n[0]);
+                float *Y = up(be, NULL, n[0]), *DA = up(be, NULL, n[1]), *DB = up(be, NULL, n[2]);
+                OK(be->ops->binary_bcast(be->impl, &d, A, B, Y, &e_));
+                OK(be->ops->binary_bcast_backward(be->impl, &d, 0, A, B, DY, DA, &e_));
+                OK(be->ops->binary_bcast_backward(be->impl, &d, 1, A, B, DY, DB, &e_));
+                res[k][0] = down(be, Y, n[0]);
+                res[k][1] = down(be, DA, n[1]);
+                res[k][2] = down(be, DB, n[2]);
+                ps_backend_release(be, A); ps_backend_release(be, B); ps_backend_release(be, DY);
+            }
+            static const char *const names[3] = {"y", "da", "db"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(what, sizeof what, "binary_bcast %s case %zu %s", ops[op], t, names[j]);
+                if (j == 0) check_array(what, res[1][j], res[0][j], n[j], 0, 0);   /* one rounding: bit for bit */
+                else check_array(what, res[1][j], res[0][j], n[j], 1e-6, 1e-5);
+            }
+            for (int k = 0; k < 2; k++)
+                for (int j = 0; j < 3; j++) free(res[k][j]);
+            free(a); free(b); free(dy);
+        }
+}
+
 /* ---- concurrency ---- */
 
 typedef struct conv_job {
@@ -556,6 +605,7 @@ int main(void) {
     cmp_small_ops(ref, cu, &r);
     cmp_new_ops(ref, cu, &r);
     cmp_rnn_cells(ref, cu, &r);
+    cmp_bcast(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };

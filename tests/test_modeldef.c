@@ -205,19 +205,24 @@ static void test_errors(void) {
     expect_err("add_shape.yaml",
                HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
                     "      - {name: b, kind: Add, inputs: [a, input]}\n",
-               1, 7, "node 'b' (Add): input (4), (8): input 'a' is (4) but input 'input' is (8)", NULL);
-    /* Mul: one shape, or one whose trailing dims are 1 where its leading ones are the other's
-     * (ps_dims_bcast_trailing): (4) by (8), and (3, 4) by (4, 3), are refused (test_kinds' mul_se takes
-     * (C, 1, 1) by (C, H, W)) */
+               1, 7, "node 'b' (Add): input (4), (8): input 'a' is (4) and input 'input' is (8)",
+               "Add broadcasts inputs of one rank whose dimensions are equal or 1");
+    /* numpy broadcasting of two inputs (Add, Sub, Mul, Div): (4) by (8), (3, 4) by (4, 3) and two ranks are
+     * refused (test_kinds' bcast_* cases take the broadcasts) */
     expect_err("mul_shape.yaml",
                HEAD "      - {name: a, kind: Linear, out_features: 4, input: input}\n"
                     "      - {name: b, kind: Mul, inputs: [a, input]}\n",
-               1, 7, "node 'b' (Mul)", "Mul takes inputs of one shape");
+               1, 7, "node 'b' (Mul)", "Mul broadcasts inputs of one rank");
     expect_err("mul_lead.yaml",
                "name: t\nstages:\n  - name: s\n    input: {shape: [4, 3]}\n    nodes:\n"
                "      - {name: r, kind: Reshape, shape: [3, 4]}\n"
                "      - {name: b, kind: Mul, inputs: [r, input]}\n",
-               1, 7, "node 'b' (Mul): input (3, 4), (4, 3)", "Mul takes inputs of one shape");
+               1, 7, "node 'b' (Mul): input (3, 4), (4, 3)", "dimensions are equal or 1");
+    expect_err("div_rank.yaml",
+               "name: t\nstages:\n  - name: s\n    input: {shape: [8]}\n    nodes:\n"
+               "      - {name: r, kind: Reshape, shape: [1, 8]}\n"
+               "      - {name: b, kind: Div, inputs: [input, r]}\n",
+               1, 7, "node 'b' (Div): input (8), (1, 8)", "Div broadcasts inputs of one rank");
     expect_err("in_features.yaml", HEAD "      - {name: a, kind: Linear, in_features: 9, out_features: 4}\n", 1, 6,
                "node 'a' (Linear)", "in_features is 9 but the input has 8");
     expect_err("kernel.yaml",

@@ -22,7 +22,9 @@
  * opset 14, HardSigmoid then Mul), and MaxPool / AveragePool's ceil_mode
  * tests, Transpose (a Permute), Mul (by its second input, an initializer
  * here: a Scale) and MatMul (2-D: a Linear; 3-D and 4-D: psd's MatMul
- * kind), and the 1-D MaxPool and AveragePool tests (MaxPool1d, AvgPool1d).
+ * kind), and the 1-D MaxPool and AveragePool tests (MaxPool1d, AvgPool1d);
+ * Sub and Div (by an initializer: a Parameter, broadcast) and ReduceL2 /
+ * ReduceSumSquare over some axes (norms as values).
  * ONNX's HardSigmoid tests use other
  * alpha and beta than PyTorch's and are skipped.
  */
@@ -86,6 +88,11 @@ static const char *const required_prefixes[] = {
     /* max and min over adjacent axes (torch.max(h, dim=1)'s values, torch.amin; over all axes: the batch's too) */
     "test_reduce_max_do_not_keepdims", "test_reduce_max_keepdims", "test_reduce_max_negative_axes_keepdims",
     "test_reduce_min_do_not_keepdims", "test_reduce_min_keepdims", "test_reduce_min_negative_axes_keepdims",
+    /* numpy broadcasting (Sub and Div of a computed value and an initializer: a Parameter), and norms as
+     * values (x.norm(dim=1, keepdim=True) exports as ReduceL2; over all axes: no axis left per sample) */
+    "test_sub", "test_div", "test_reduce_l2_do_not_keepdims", "test_reduce_l2_keep_dims",
+    "test_reduce_l2_negative_axes_keep_dims", "test_reduce_sum_square_do_not_keepdims",
+    "test_reduce_sum_square_keepdims", "test_reduce_sum_square_negative_axes_keepdims",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
@@ -101,7 +108,9 @@ static const char *const not_required[] = {
     /* int8; no bounds (the graph output is its input) */
     "test_clip_default_int8", "test_clip_default_inbounds", "test_mul_uint8",
     /* a Slice with step -1; an empty one (psd's tensors are not empty) */
-    "test_slice_neg_steps", "test_slice_start_out_of_bounds", NULL};
+    "test_slice_neg_steps", "test_slice_start_out_of_bounds",
+    /* uint8 */
+    "test_sub_uint8", "test_div_uint8", NULL};
 
 static int required(const char *name) {
     if (strstr(name, "_expanded")) return 0;

@@ -503,6 +503,75 @@ static inline int ps_act_backward_reads_x(int kind) {
            kind != PS_ACT_LINEAR;
 }
 
+/* Numpy broadcasting of two tensors (Add, Sub, Mul, Div of computed
+ * tensors: x - x.mean(1, keepdim=True), x / x.norm(...), a (N, C, 1, 1)
+ * gate): y = a op b with y's dims y[0..ndim-1] (dim 0 the batch, plain
+ * row-major) and each operand's dims a[k], b[k] either y[k] or 1 (1:
+ * that operand's one value read along dim k). The backward of operand
+ * `which` (0: a, 1: b) writes its gradient, of its own dims, the sum over
+ * the dims where it is 1 and y is not of
+ *   which 0: add dy, sub dy,  mul dy * b, div dy / b
+ *   which 1: add dy, sub -dy, mul dy * a, div -dy * a / b^2
+ * (a and b are read only by mul and div; add and sub may pass NULL). */
+#define PS_BCAST_MAX_DIMS 5
+typedef enum { PS_BINARY_ADD, PS_BINARY_SUB, PS_BINARY_MUL, PS_BINARY_DIV } ps_binary_op;
+typedef struct ps_bcast_desc {
+    int op;                             /* a ps_binary_op */
+    int ndim;                           /* 1..PS_BCAST_MAX_DIMS */
+    int64_t y[PS_BCAST_MAX_DIMS], a[PS_BCAST_MAX_DIMS], b[PS_BCAST_MAX_DIMS];
+} ps_bcast_desc;
+
+/* The same broadcast with y's dims of 1 dropped and neighbouring dims
+ * merged where neither operand changes from kept to broadcast (so a
+ * (N, C, 1, 1) by (N, C, H, W) is (N*C, H*W) with a's stride 0 along the
+ * second): nd dims (0: one element), each > 1, and along each the element
+ * strides of y, a and b (0: broadcast). count: y's elements. */
+typedef struct ps_bcast_geom {
+    int nd;
+    int64_t dims[PS_BCAST_MAX_DIMS], sy[PS_BCAST_MAX_DIMS], sa[PS_BCAST_MAX_DIMS], sb[PS_BCAST_MAX_DIMS];
+    int64_t count;
+} ps_bcast_geom;
+
+static inline ps_bcast_geom ps_bcast_geometry(const ps_bcast_desc *d) {
+    ps_bcast_geom g = {0};
+    int ka[PS_BCAST_MAX_DIMS], kb[PS_BCAST_MAX_DIMS];
+    for (int k = 0; k < d->ndim; k++) {
+        if (d->y[k] == 1) continue;
+        const int ia = d->a[k] != 1, ib = d->b[k] != 1;
+        if (g.nd && ka[g.nd - 1] == ia && kb[g.nd - 1] == ib) {
+            g.dims[g.nd - 1] *= d->y[k];
+        } else {
+            ka[g.nd] = ia;
+            kb[g.nd] = ib;
+            g.dims[g.nd++] = d->y[k];
+        }
+    }
+    int64_t sy = 1, sa = 1, sb = 1;
+    for (int k = g.nd - 1; k >= 0; k--) {
+        g.sy[k] = sy;
+        g.sa[k] = ka[k] ? sa : 0;
+        g.sb[k] = kb[k] ? sb : 0;
+        sy *= g.dims[k];
+        if (ka[k]) sa *= g.dims[k];
+        if (kb[k]) sb *= g.dims[k];
+    }
+    g.count = sy;
+    return g;
+}
+
+/* One element of ps_bcast_desc's op and of its gradient term (before
+ * the sum over the broadcast dims); a, b are read by mul and div only. */
+static inline float ps_binary_apply(int op, float a, float b) {
+    return op == PS_BINARY_ADD ? a + b : op == PS_BINARY_SUB ? a - b : op == PS_BINARY_MUL ? a * b : a / b;
+}
+
+static inline double ps_binary_grad(int op, int which, double dy, double a, double b) {
+    if (op == PS_BINARY_ADD) return dy;
+    if (op == PS_BINARY_SUB) return which ? -dy : dy;
+    if (op == PS_BINARY_MUL) return which ? dy * a : dy * b;
+    return which ? -dy * a / (b * b) : dy / b;
+}
+
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
 typedef struct ps_linear_desc {
     int n, in, out;
@@ -899,6 +968,15 @@ typedef struct ps_backend_ops {
      * (not computed); both are overwritten. */
     ps_status (*prelu_backward)(void *impl, const ps_chan_desc *d, const float *x, const float *w, const float *dy,
                                 float *dx, float *dw, ps_err *err);
+
+    /* ---- appended for numpy broadcasting of computed tensors (Add, Sub,
+     * Mul, Div; ps_bcast_desc): y = a op b, and one operand's gradient
+     * summed over the dims it was broadcast along (written, never
+     * accumulated; y and dx overlap nothing). ---- */
+    ps_status (*binary_bcast)(void *impl, const ps_bcast_desc *d, const float *a, const float *b, float *y,
+                              ps_err *err);
+    ps_status (*binary_bcast_backward)(void *impl, const ps_bcast_desc *d, int which, const float *a,
+                                       const float *b, const float *dy, float *dx, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

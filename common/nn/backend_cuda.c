@@ -1289,6 +1289,36 @@ static ps_status cu_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, con
                                                            dgh, dh_prev, c->stream));
 }
 
+/* numpy broadcasting: ps_bcast_geometry's strides handed to the kernels */
+_Static_assert(sizeof ((ps_cuda_bcast *)0)->dims / sizeof(int64_t) == PS_BCAST_MAX_DIMS,
+               "ps_cuda_bcast holds PS_BCAST_MAX_DIMS dims");
+
+static ps_cuda_bcast cu_bcast_of(const ps_bcast_desc *d) {
+    const ps_bcast_geom g = ps_bcast_geometry(d);
+    ps_cuda_bcast c = {.op = d->op, .nd = g.nd, .count = g.count};
+    for (int k = 0; k < g.nd; k++) {
+        c.dims[k] = g.dims[k];
+        c.sy[k] = g.sy[k];
+        c.sa[k] = g.sa[k];
+        c.sb[k] = g.sb[k];
+    }
+    return c;
+}
+
+static ps_status cu_binary_bcast(void *impl, const ps_bcast_desc *d, const float *a, const float *b, float *y,
+                                 ps_err *err) {
+    const ps_cuda_bcast g = cu_bcast_of(d);
+    if (g.count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_binary_bcast(&g, a, b, y, c->stream));
+}
+
+static ps_status cu_binary_bcast_backward(void *impl, const ps_bcast_desc *d, int which, const float *a,
+                                          const float *b, const float *dy, float *dx, ps_err *err) {
+    const ps_cuda_bcast g = cu_bcast_of(d);
+    if (g.count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_binary_bcast_backward(&g, which, a, b, dy, dx, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1356,4 +1386,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .rnn_cell_backward = cu_rnn_cell_backward,
     .prelu_forward = cu_prelu_forward,
     .prelu_backward = cu_prelu_backward,
+    .binary_bcast = cu_binary_bcast,
+    .binary_bcast_backward = cu_binary_bcast_backward,
 };

@@ -230,6 +230,22 @@ cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, fl
 cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream);
 
+/* Numpy broadcasting of two tensors (backend.h's ps_bcast_desc resolved by
+ * ps_bcast_geometry: nd merged dims, each > 1, and the element strides of
+ * y, a and b along them, 0 where broadcast). op: ps_binary_op's values
+ * (0 add, 1 sub, 2 mul, 3 div). The backward writes operand `which`'s
+ * gradient, one thread per element summing its terms in double. */
+typedef struct ps_cuda_bcast {
+    int op, nd;
+    int64_t dims[5], sy[5], sa[5], sb[5];
+    int64_t count;
+} ps_cuda_bcast;
+
+cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const float *b, float *y,
+                                 cudaStream_t stream);
+cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, const float *a, const float *b,
+                                          const float *dy, float *dx, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -804,6 +804,57 @@ __global__ void rnn_cell_backward_kernel(int64_t count, int64_t H, int gru, cons
     }
 }
 
+/* ---- numpy broadcasting (ps_cuda_bcast) ---- */
+
+static __device__ float bcast_apply(int op, float a, float b) {
+    return op == 0 ? __fadd_rn(a, b) : op == 1 ? __fsub_rn(a, b) : op == 2 ? __fmul_rn(a, b) : __fdiv_rn(a, b);
+}
+
+static __device__ double bcast_grad(int op, int which, double dy, double a, double b) {
+    if (op == 0) return dy;
+    if (op == 1) return which ? -dy : dy;
+    if (op == 2) return which ? dy * a : dy * b;
+    return which ? -dy * a / (b * b) : dy / b;
+}
+
+__global__ void binary_bcast_kernel(ps_cuda_bcast g, const float *a, const float *b, float *y) {
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < g.count;
+         o += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = o, oa = 0, ob = 0;
+        for (int k = g.nd - 1; k >= 0; k--) {
+            const int64_t i = rest % g.dims[k];
+            rest /= g.dims[k];
+            oa += i * g.sa[k];
+            ob += i * g.sb[k];
+        }
+        y[o] = bcast_apply(g.op, a[oa], b[ob]);
+    }
+}
+
+__global__ void binary_bcast_backward_kernel(ps_cuda_bcast g, int which, int64_t kept, const float *a,
+                                             const float *b, const float *dy, float *dx) {
+    const int reads = g.op >= 2;
+    const int64_t red = g.count / kept;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < kept;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        double s = 0;
+        for (int64_t r = 0; r < red; r++) {
+            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
+            for (int k = g.nd - 1; k >= 0; k--) {
+                const int keep = (which ? g.sb[k] : g.sa[k]) != 0;
+                const int64_t i = (keep ? rj : rr) % g.dims[k];
+                if (keep) rj /= g.dims[k];
+                else rr /= g.dims[k];
+                oy += i * g.sy[k];
+                oa += i * g.sa[k];
+                ob += i * g.sb[k];
+            }
+            s += bcast_grad(g.op, which, dy[oy], reads ? a[oa] : 0.0, reads ? b[ob] : 0.0);
+        }
+        dx[j] = (float)s;
+    }
+}
+
 extern "C" {
 
 cudaError_t ps_cuda_embedding_forward(int64_t n, int dim, const int64_t *ids, const float *w, float *y,
@@ -1209,5 +1260,20 @@ cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *d
     bias_grad_kernel<<<blocks_for(c), kThreads, 0, stream>>>(n, c, s, dy, db);
     return cudaGetLastError();
 }
+
+cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const float *b, float *y,
+                                 cudaStream_t stream) {
+    binary_bcast_kernel<<<blocks_for(g->count), kThreads, 0, stream>>>(*g, a, b, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, const float *a, const float *b,
+                                          const float *dy, float *dx, cudaStream_t stream) {
+    int64_t kept = 1;
+    for (int k = 0; k < g->nd; k++) kept *= (which ? g->sb[k] : g->sa[k]) ? g->dims[k] : 1;
+    binary_bcast_backward_kernel<<<blocks_for(kept), kThreads, 0, stream>>>(*g, which, kept, a, b, dy, dx);
+    return cudaGetLastError();
+}
+
 
 } // extern "C"

@@ -3600,6 +3600,98 @@ static ps_status dn_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, con
     return PS_OK;
 }
 
+/* ---- numpy broadcasting (ps_bcast_desc): OpenMP loops over the output's
+ * rows (ps_bcast_geometry's last merged dim contiguous in y, stride 0 or 1
+ * in each operand); a gradient element per iteration, summed in double
+ * over the positions that read it (the full-size operand's in one row
+ * loop) ---- */
+
+static ps_status dn_binary_bcast(void *impl, const ps_bcast_desc *d, const float *a, const float *b, float *y,
+                                 ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const ps_bcast_geom g = ps_bcast_geometry(d);
+    const int64_t inner = g.nd ? g.dims[g.nd - 1] : 1, rows = g.count / inner;
+    const int64_t ia = g.nd ? g.sa[g.nd - 1] : 0, ib = g.nd ? g.sb[g.nd - 1] : 0;
+    const int op = d->op;
+#pragma omp parallel for if (g.count >= PS_OMP_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rest = r, oa = 0, ob = 0;
+        for (int k = g.nd - 2; k >= 0; k--) {
+            const int64_t i = rest % g.dims[k];
+            rest /= g.dims[k];
+            oa += i * g.sa[k];
+            ob += i * g.sb[k];
+        }
+        const float *pa = a + oa, *pb = b + ob;
+        float *py = y + r * inner;
+        if (op == PS_BINARY_ADD) {
+#pragma omp simd
+            for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] + pb[p * ib];
+        } else if (op == PS_BINARY_SUB) {
+#pragma omp simd
+            for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] - pb[p * ib];
+        } else if (op == PS_BINARY_MUL) {
+#pragma omp simd
+            for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] * pb[p * ib];
+        } else {
+#pragma omp simd
+            for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] / pb[p * ib];
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_binary_bcast_backward(void *impl, const ps_bcast_desc *d, int which, const float *a,
+                                          const float *b, const float *dy, float *dx, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const ps_bcast_geom g = ps_bcast_geometry(d);
+    const int64_t *sx = which ? g.sb : g.sa;
+    const int reads = d->op == PS_BINARY_MUL || d->op == PS_BINARY_DIV, op = d->op;
+    int64_t kept = 1;
+    for (int k = 0; k < g.nd; k++) kept *= sx[k] ? g.dims[k] : 1;
+    const int64_t red = g.count / kept;
+    if (red == 1) {   /* the full-size operand: elementwise, row by row */
+        const int64_t inner = g.nd ? g.dims[g.nd - 1] : 1, rows = g.count / inner;
+        const int64_t ia = g.nd ? g.sa[g.nd - 1] : 0, ib = g.nd ? g.sb[g.nd - 1] : 0;
+#pragma omp parallel for if (g.count >= PS_OMP_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t rest = r, oa = 0, ob = 0;
+            for (int k = g.nd - 2; k >= 0; k--) {
+                const int64_t i = rest % g.dims[k];
+                rest /= g.dims[k];
+                oa += i * g.sa[k];
+                ob += i * g.sb[k];
+            }
+            const float *pdy = dy + r * inner;
+            float *pdx = dx + r * inner;
+            for (int64_t p = 0; p < inner; p++)
+                pdx[p] = (float)ps_binary_grad(op, which, pdy[p], reads ? a[oa + p * ia] : 0,
+                                               reads ? b[ob + p * ib] : 0);
+        }
+        return PS_OK;
+    }
+#pragma omp parallel for if (g.count >= PS_OMP_MIN) schedule(static)
+    for (int64_t j = 0; j < kept; j++) {
+        double s = 0;
+        for (int64_t r = 0; r < red; r++) {
+            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
+            for (int k = g.nd - 1; k >= 0; k--) {
+                int64_t *rest = sx[k] ? &rj : &rr;
+                const int64_t i = *rest % g.dims[k];
+                *rest /= g.dims[k];
+                oy += i * g.sy[k];
+                oa += i * g.sa[k];
+                ob += i * g.sb[k];
+            }
+            s += ps_binary_grad(op, which, dy[oy], reads ? a[oa] : 0, reads ? b[ob] : 0);
+        }
+        dx[j] = (float)s;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3668,4 +3760,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .rnn_cell_backward = dn_rnn_cell_backward,
     .prelu_forward = dn_prelu_forward,
     .prelu_backward = dn_prelu_backward,
+    .binary_bcast = dn_binary_bcast,
+    .binary_bcast_backward = dn_binary_bcast_backward,
 };

@@ -1189,6 +1189,55 @@ static ps_status ref_rnn_cell_backward(void *impl, const ps_rnn_cell_desc *d, co
     return PS_OK;
 }
 
+/* ---- numpy broadcasting (ps_bcast_desc): every output element from its
+ * operands' positions by ps_bcast_geometry's strides; a gradient element
+ * summed in double over the output positions that read it ---- */
+
+static ps_status ref_binary_bcast(void *impl, const ps_bcast_desc *d, const float *a, const float *b, float *y,
+                                  ps_err *err) {
+    (void)impl; (void)err;
+    const ps_bcast_geom g = ps_bcast_geometry(d);
+    for (int64_t o = 0; o < g.count; o++) {
+        int64_t rest = o, oa = 0, ob = 0;
+        for (int k = g.nd - 1; k >= 0; k--) {
+            const int64_t i = rest % g.dims[k];
+            rest /= g.dims[k];
+            oa += i * g.sa[k];
+            ob += i * g.sb[k];
+        }
+        y[o] = ps_binary_apply(d->op, a[oa], b[ob]);
+    }
+    return PS_OK;
+}
+
+static ps_status ref_binary_bcast_backward(void *impl, const ps_bcast_desc *d, int which, const float *a,
+                                           const float *b, const float *dy, float *dx, ps_err *err) {
+    (void)impl; (void)err;
+    const ps_bcast_geom g = ps_bcast_geometry(d);
+    const int64_t *sx = which ? g.sb : g.sa;
+    const int reads = d->op == PS_BINARY_MUL || d->op == PS_BINARY_DIV;
+    int64_t kept = 1;
+    for (int k = 0; k < g.nd; k++) kept *= sx[k] ? g.dims[k] : 1;
+    const int64_t red = g.count / kept;
+    for (int64_t j = 0; j < kept; j++) {
+        double s = 0;
+        for (int64_t r = 0; r < red; r++) {
+            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
+            for (int k = g.nd - 1; k >= 0; k--) {
+                int64_t *rest = sx[k] ? &rj : &rr;
+                const int64_t i = *rest % g.dims[k];
+                *rest /= g.dims[k];
+                oy += i * g.sy[k];
+                oa += i * g.sa[k];
+                ob += i * g.sb[k];
+            }
+            s += ps_binary_grad(d->op, which, dy[oy], reads ? a[oa] : 0, reads ? b[ob] : 0);
+        }
+        dx[j] = (float)s;
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -1254,4 +1303,6 @@ const ps_backend_ops ps_backend_ref_ops = {
     .rnn_cell_backward = ref_rnn_cell_backward,
     .prelu_forward = ref_prelu_forward,
     .prelu_backward = ref_prelu_backward,
+    .binary_bcast = ref_binary_bcast,
+    .binary_bcast_backward = ref_binary_bcast_backward,
 };

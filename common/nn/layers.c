@@ -2201,25 +2201,92 @@ static double rnn_flops(const ps_layer *ly) {
     return L * f;
 }
 
-/* ---- Add: the residual sum of its inputs (all of one shape) ---- */
+/* ---- numpy broadcasting of two computed inputs (Add, Sub, Mul, Div):
+ * the two samples' shapes of one rank (the batch, dim 0, is both
+ * inputs' own: PyTorch's right-aligned rule with the batch dims equal),
+ * each pair of dims equal or one of them 1; the output takes the larger.
+ * The backend's binary_bcast computes it, binary_bcast_backward each
+ * input's gradient summed over the dims it was broadcast along. a.bcast
+ * is BCAST_NUMPY then (Mul's trailing case keeps its own op). Plain
+ * layout; never in place. ---- */
+
+#define BCAST_NUMPY 2
+
+/* The broadcast shape of inputs 0 and 1 into ly->outs; an error naming
+ * both when they do not broadcast. */
+static ps_status bcast_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    const ps_shape *x = &ly->in[0], *z = &ly->in[1];
+    int ok = x->ndim == z->ndim;
+    ly->outs = *x;
+    for (int k = 0; ok && k < x->ndim; k++) {
+        ok = x->dims[k] == z->dims[k] || x->dims[k] == 1 || z->dims[k] == 1;
+        ly->outs.dims[k] = x->dims[k] == 1 ? z->dims[k] : x->dims[k];
+    }
+    if (!ok)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s and input '%s' is %s: %s broadcasts "
+                          "inputs of one rank whose dimensions are equal or 1 (numpy's rule, per sample)",
+                          ly->def->in_names[0], ps_shape_format(x, b1, sizeof b1), ly->def->in_names[1],
+                          ps_shape_format(z, b2, sizeof b2), ly->kind->name);
+    ly->a.bcast = BCAST_NUMPY;
+    ly->flags &= ~(unsigned)(PS_KIND_INPLACE | PS_KIND_GRAD_PASS | PS_KIND_LAYOUT_KEEP);
+    return PS_OK;
+}
+
+static ps_bcast_desc bcast_desc(const ps_layer *ly, int n, int op) {
+    ps_bcast_desc d = {.op = op, .ndim = ly->outs.ndim + 1};
+    d.y[0] = d.a[0] = d.b[0] = n;
+    for (int k = 0; k < ly->outs.ndim; k++) {
+        d.y[k + 1] = ly->outs.dims[k];
+        d.a[k + 1] = ly->in[0].dims[k];
+        d.b[k + 1] = ly->in[1].dims[k];
+    }
+    return d;
+}
+
+static ps_status bcast_forward(ps_layer_call *c, int op, ps_err *err) {
+    const ps_bcast_desc d = bcast_desc(c->ly, c->n, op);
+    return c->be->ops->binary_bcast(c->be->impl, &d, c->xs[0], c->xs[1], c->y, err);
+}
+
+static ps_status bcast_backward(ps_layer_call *c, int op, ps_err *err) {
+    const ps_bcast_desc d = bcast_desc(c->ly, c->n, op);
+    ps_status rc = PS_OK;
+    for (int i = 0; i < 2 && rc == PS_OK; i++)
+        if (c->dxs[i])
+            rc = c->be->ops->binary_bcast_backward(c->be->impl, &d, i, c->xs[0], c->xs[1], c->dy, c->dxs[i], err);
+    return rc;
+}
+
+static const char *bcast_missing(const ps_backend_ops *ops) {
+    return ops->binary_bcast && ops->binary_bcast_backward ? NULL : "binary_bcast/binary_bcast_backward";
+}
+
+/* ---- Add: the residual sum of its inputs (all of one shape), or of two
+ * that broadcast (numpy's rule, above) ---- */
 
 static ps_status add_infer(ps_layer *ly, ps_err *err) {
     char b1[64], b2[64];
+    ly->a.bcast = -1;
     for (int i = 0; i < ly->nin; i++) {
         ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
         if (rc) return rc;
-        if (!ps_shape_equal(&ly->in[i], &ly->in[0]))
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: Add takes "
-                              "inputs of one shape", ly->def->in_names[0], ps_shape_format(&ly->in[0], b1, sizeof b1),
-                              ly->def->in_names[i], ps_shape_format(&ly->in[i], b2, sizeof b2));
     }
-    ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
+    if (ly->nin == 2 && !ps_shape_equal(&ly->in[0], &ly->in[1])) return bcast_infer(ly, err);
+    for (int i = 0; i < ly->nin; i++)
+        if (!ps_shape_equal(&ly->in[i], &ly->in[0]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: Add of more "
+                              "than two inputs takes inputs of one shape (two may broadcast)", ly->def->in_names[0],
+                              ps_shape_format(&ly->in[0], b1, sizeof b1), ly->def->in_names[i],
+                              ps_shape_format(&ly->in[i], b2, sizeof b2));
+    ly->outs = ly->in[0];
     return PS_OK;
 }
 
 /* y = x0 + x1 + ...: the executor gives y == x0 when it runs in place. */
 static ps_status add_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.bcast == BCAST_NUMPY) return bcast_forward(c, PS_BINARY_ADD, err);
     const ps_backend_ops *ops = c->be->ops;
     int64_t count = ps_layer_out_count(c->ly, c->n);
     ps_status rc = ops->add_out(c->be->impl, count, c->xs[0], c->xs[1], c->y, err);
@@ -2227,8 +2294,13 @@ static ps_status add_forward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* Called only when broadcasting: otherwise PS_KIND_GRAD_PASS routes dy to every input. */
+static ps_status add_backward(ps_layer_call *c, ps_err *err) {
+    return c->ly->a.bcast == BCAST_NUMPY ? bcast_backward(c, PS_BINARY_ADD, err) : view_pass(c, err);
+}
+
 static const char *add_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+    if (ly->a.bcast == BCAST_NUMPY) return bcast_missing(ops);
     return ops->add_out ? NULL : "add_out";
 }
 
@@ -2313,10 +2385,9 @@ static ps_status concat_backward(ps_layer_call *c, ps_err *err) {
  * trailing dims: squeeze-and-excitation's `scale * x` of (N, C, 1, 1) by
  * (N, C, H, W). Plain layout. Backward: d big = dy * small (broadcast), d
  * small = the sum over the broadcast dims of dy * big (a product with a
- * vector of ones). ---- */
+ * vector of ones). Any other numpy broadcast: BCAST_NUMPY. ---- */
 
 static ps_status mul_infer(ps_layer *ly, ps_err *err) {
-    char b1[64], b2[64];
     for (int i = 0; i < 2; i++) {
         ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
         if (rc) return rc;
@@ -2330,18 +2401,14 @@ static ps_status mul_infer(ps_layer *ly, ps_err *err) {
     const int s = ps_shape_numel(&ly->in[0]) < ps_shape_numel(&ly->in[1]) ? 0 : 1;
     const ps_shape *small = &ly->in[s], *big = &ly->in[1 - s];
     if (small->ndim != big->ndim || !ps_dims_bcast_trailing(small->dims, big->dims, small->ndim))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s and input '%s' is %s: Mul takes inputs of "
-                          "one shape, or one whose trailing dimensions are 1 where the other's leading ones are "
-                          "its own ((C, 1, 1) by (C, H, W))", ly->def->in_names[0],
-                          ps_shape_format(&ly->in[0], b1, sizeof b1), ly->def->in_names[1],
-                          ps_shape_format(&ly->in[1], b2, sizeof b2));
+        return bcast_infer(ly, err);   /* any other numpy broadcast */
     ly->outs = *big;
     ly->a.bcast = s;
     return PS_OK;
 }
 
 static const char *mul_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+    if (ly->a.bcast == BCAST_NUMPY) return bcast_missing(ops);
     return ops->mul && ops->mul_channels && ops->linear_forward && ops->fill ? NULL
                                                                             : "mul/mul_channels/linear_forward/fill";
 }
@@ -2359,6 +2426,7 @@ static ps_chan_desc mul_desc(const ps_layer *ly, int n) {
 
 static ps_status mul_forward(ps_layer_call *c, ps_err *err) {
     const ps_layer *ly = c->ly;
+    if (ly->a.bcast == BCAST_NUMPY) return bcast_forward(c, PS_BINARY_MUL, err);
     if (ly->a.bcast < 0)
         return c->be->ops->mul(c->be->impl, ps_layer_out_count(ly, c->n), c->xs[0], c->xs[1], c->y, err);
     ps_chan_desc d = mul_desc(ly, c->n);
@@ -2367,6 +2435,7 @@ static ps_status mul_forward(ps_layer_call *c, ps_err *err) {
 
 static ps_status mul_backward(ps_layer_call *c, ps_err *err) {
     const ps_layer *ly = c->ly;
+    if (ly->a.bcast == BCAST_NUMPY) return bcast_backward(c, PS_BINARY_MUL, err);
     const ps_backend_ops *ops = c->be->ops;
     const int64_t count = ps_layer_out_count(ly, c->n);
     ps_status rc = PS_OK;
@@ -2397,25 +2466,23 @@ static ps_status mul_backward(ps_layer_call *c, ps_err *err) {
 }
 
 /* ---- Sub: a - b of two computed tensors of one shape (x - y, torch.sub;
- * ONNX's Sub). The gradients are dy and -dy. ---- */
+ * ONNX's Sub), or that broadcast (x - x.mean(1, keepdim=True)). The
+ * gradients are dy and -dy (summed over a broadcast input's dims). ---- */
 
 static ps_status sub_infer(ps_layer *ly, ps_err *err) {
-    char b1[64], b2[64];
     for (int i = 0; i < 2; i++) {
         ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
         if (rc) return rc;
     }
-    if (!ps_shape_equal(&ly->in[0], &ly->in[1]))
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but input '%s' is %s: Sub takes inputs of "
-                          "one shape", ly->def->in_names[0], ps_shape_format(&ly->in[0], b1, sizeof b1),
-                          ly->def->in_names[1], ps_shape_format(&ly->in[1], b2, sizeof b2));
-    ly->outs = ly->in[0];
+    ly->a.bcast = -1;
     ly->out_dtype = PS_DTYPE_F32;
+    if (!ps_shape_equal(&ly->in[0], &ly->in[1])) return bcast_infer(ly, err);
+    ly->outs = ly->in[0];
     return PS_OK;
 }
 
 static const char *sub_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+    if (ly->a.bcast == BCAST_NUMPY) return bcast_missing(ops);
     return ops->copy2d && ops->scale && ops->add ? NULL : "copy2d/scale/add";
 }
 
@@ -2428,18 +2495,41 @@ static ps_status scaled_copy(const ps_layer_call *c, const float *src, float *ds
 }
 
 static ps_status sub_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.bcast == BCAST_NUMPY) return bcast_forward(c, PS_BINARY_SUB, err);
     const int64_t count = ps_layer_out_count(c->ly, c->n);
     ps_status rc = scaled_copy(c, c->xs[1], c->y, count, -1.0f, err);
     return rc ? rc : c->be->ops->add(c->be->impl, count, c->y, c->xs[0], err);
 }
 
 static ps_status sub_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.bcast == BCAST_NUMPY) return bcast_backward(c, PS_BINARY_SUB, err);
     const int64_t count = ps_layer_out_count(c->ly, c->n);
     ps_status rc = PS_OK;
     for (int i = 0; i < 2 && rc == PS_OK; i++)
         if (c->dxs[i]) rc = scaled_copy(c, c->dy, c->dxs[i], count, i ? -1.0f : 1.0f, err);
     return rc;
 }
+
+/* ---- Div: a / b of two computed tensors, of one shape or that broadcast
+ * (x / x.norm(dim=1, keepdim=True), (x - mu) / std; torch.div, ONNX's
+ * Div). Gradients dy / b and -dy * a / b^2, summed over a broadcast
+ * input's dims; all through binary_bcast (one shape is its case of no
+ * broadcast dims). ---- */
+
+static ps_status div_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = sub_infer(ly, err);
+    ly->a.bcast = BCAST_NUMPY;
+    return rc;
+}
+
+static const char *div_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return bcast_missing(ops);
+}
+
+static ps_status div_forward(ps_layer_call *c, ps_err *err) { return bcast_forward(c, PS_BINARY_DIV, err); }
+
+static ps_status div_backward(ps_layer_call *c, ps_err *err) { return bcast_backward(c, PS_BINARY_DIV, err); }
 
 /* ---- Parameter: a learned tensor of its own (`shape`), broadcast to each
  * sample (`expand`, numpy's rule: trailing dims equal or 1 in shape) - a
@@ -4406,7 +4496,7 @@ static const ps_layer_kind kinds[] = {
     {"GRU", PS_KIND_DROPOUT, 1, 1, lstm_attrs, rnn_infer, rnn_missing, rnn_forward, rnn_backward, rnn_bytes, NULL,
      rnn_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
-     add_missing, add_forward, view_pass, NULL, NULL, NULL},
+     add_missing, add_forward, add_backward, NULL, NULL, NULL},
     {"Mul", PS_KIND_BWD_X, 2, 2, no_attrs, mul_infer, mul_missing, mul_forward, mul_backward, NULL, NULL, NULL},
     {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
      concat_backward, NULL, NULL, zero_flops},
@@ -4477,6 +4567,8 @@ static const ps_layer_kind kinds[] = {
      rrelu_backward, dropout_bytes, NULL, NULL},
     {"PReLU", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X, 1, 1, prelu_attrs, prelu_infer, prelu_missing, prelu_forward,
      prelu_backward, NULL, NULL, NULL},
+    /* a / b of computed tensors (numpy broadcasting, as Add, Sub and Mul of two) */
+    {"Div", PS_KIND_BWD_X, 2, 2, no_attrs, div_infer, div_missing, div_forward, div_backward, NULL, NULL, NULL},
     /* key padding masks from the token ids (MultiheadAttention's key_padding_mask = ids == pad) */
     {"Eq", 0, 1, 1, eq_attrs, eq_infer, eq_missing, eq_forward, eq_backward, NULL, NULL, NULL},    /* upsampling (decoders, U-Nets): the transposed convolution, nn.Upsample / F.interpolate */
     {"ConvTranspose2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, upconv_attrs, upconv_infer, upconv_missing, upconv_forward,
@@ -4633,6 +4725,7 @@ static const struct {
     /* shrinks and thresholds, RReLU, PReLU */
     {"CELU", NULL}, {"Softsign", NULL}, {"Tanhshrink", NULL}, {"Hardshrink", NULL}, {"Softshrink", NULL},
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
+    {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
 };
 

@@ -81,8 +81,8 @@ typedef struct ps_layer_attrs {
     int ndims2;                 /* Parameter expand (0: its shape) */
     int64_t dims2[PS_SHAPE_MAX_DIMS];
     int act;                    /* the activation of an activation kind (set by its infer) */
-    int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none (set by
-                                   its infer) */
+    int bcast;                  /* Mul: the input broadcast over the other's trailing dims, -1: none; Add,
+                                   Sub, Mul, Div: 2, numpy broadcasting of the two (set by their infer) */
     int64_t start, length;      /* Narrow */
     int64_t step;               /* Narrow: every step-th element from start (1: a contiguous piece) */
     int nshifts, nrdims;        /* Roll shifts and dims (PyTorch's dims, the batch counted as 0) */

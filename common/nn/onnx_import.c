@@ -812,9 +812,7 @@ static ps_status need_float(imp *im, const val *v, int lo, int hi, const char *w
 
 /* ---------------------------------------------------- elementwise ops */
 
-static ps_status simple_act(imp *im, const char *kind, const char *attrs_text) {
-    val *x = in_val(im, 0, 1);
-    if (!x) return im->err->code;
+static ps_status act_of(imp *im, val *x, const char *kind, const char *attrs_text) {
     ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
     if (rc) return rc;
     int in = x->node;
@@ -822,6 +820,12 @@ static ps_status simple_act(imp *im, const char *kind, const char *attrs_text) {
     if (pn < 0) return oom(im);
     if (attrs_text) add_attr(im, pn, "%s", attrs_text);
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
+/* The activation kind of input 0 (x's: Max's value may be input 1). */
+static ps_status simple_act(imp *im, const char *kind, const char *attrs_text) {
+    val *x = in_val(im, 0, 1);
+    return x ? act_of(im, x, kind, attrs_text) : im->err->code;
 }
 
 static ps_status h_relu(imp *im) { return simple_act(im, "ReLU", NULL); }
@@ -889,6 +893,8 @@ static ps_status softmax_like(imp *im, const char *kind) {
 static ps_status h_softmax(imp *im) { return softmax_like(im, "Softmax"); }
 static ps_status h_log_softmax(imp *im) { return softmax_like(im, "LogSoftmax"); }
 
+static ps_status clamp_of(imp *im, val *x, double lo_v, double hi_v);
+
 /* Clip: the bounds attributes before opset 11 (absent: -FLT_MAX,
  * FLT_MAX), optional constant scalar inputs from 11. Both bounds are a
  * Hardtanh (0 and 6: ReLU6, PyTorch's F.relu6 and F.hardtanh export so);
@@ -913,16 +919,22 @@ static ps_status h_clip(imp *im) {
             b[k] = f[0];
         }
     }
+    return clamp_of(im, x, b[0], b[1]);
+}
+
+/* x clamped to [lo, hi] (-FLT_MAX / FLT_MAX and beyond: open): Clip's, and Max / Min by a number's. */
+static ps_status clamp_of(imp *im, val *x, double lo_v, double hi_v) {
+    double b[2] = {lo_v, hi_v};
     const int lo = b[0] > -FLT_MAX, hi = b[1] < FLT_MAX;
     if (!lo && !hi) return alias_out(im, 0, x);
-    if (lo && !hi && b[0] == 0) return simple_act(im, "ReLU", NULL);
+    if (lo && !hi && b[0] == 0) return act_of(im, x, "ReLU", NULL);
     if (!lo) b[0] = -INFINITY;      /* one bound: the other side of the Hardtanh open */
     if (!hi) b[1] = INFINITY;
     if (!((float)b[0] < (float)b[1])) return unsup(im, "min %g is not below max %g", b[0], b[1]);
-    if (b[0] == 0 && b[1] == 6) return simple_act(im, "ReLU6", NULL);
+    if (b[0] == 0 && b[1] == 6) return act_of(im, x, "ReLU6", NULL);
     char t[96], f1[40], f2[40];
     snprintf(t, sizeof t, "min_val: %s, max_val: %s", float_text(b[0], f1, sizeof f1), float_text(b[1], f2, sizeof f2));
-    return simple_act(im, "Hardtanh", t);
+    return act_of(im, x, "Hardtanh", t);
 }
 
 /* PyTorch's hardsigmoid: ONNX's HardSigmoid with alpha 1/6 (as float) and beta 0.5. */
@@ -1122,6 +1134,33 @@ static ps_status fold(imp *im) {
                 if (ix < 0 || ix >= D) return bad(im, "index %lld outside %lld", (long long)idx[j], (long long)D);
                 for (int64_t i = 0; i < inner; i++) f[k++] = af[(o * D + ix) * inner + i];
             }
+        return const_out(im, 0, nd, dims, f, a->is_int) ? PS_OK : im->err->code;
+    }
+    if (!strcmp(op, "ReduceProd")) {   /* of a constant (x.std's count), axes an attribute (before opset 18) */
+        int64_t ax[MAXD];
+        int na;
+        if (moved_ints(im, 1, 18, "axes", "axes", ax, MAXD, &na)) return im->err->code;
+        int red[MAXD] = {0}, nd = 0;
+        for (int i = 0; i < a->ndim; i++) red[i] = na <= 0;
+        for (int i = 0; i < na; i++) {
+            int x = norm_axis(im, ax[i], a->ndim, "axes");
+            if (x < 0) return im->err->code;
+            red[x] = 1;
+        }
+        const int keep = (int)attr_i(im, "keepdims", 1);
+        int64_t outer = 1;
+        for (int i = 0; i < a->ndim; i++) {
+            if (!red[i] || keep) dims[nd++] = red[i] ? 1 : a->dims[i];
+            if (!red[i]) outer *= a->dims[i];
+        }
+        if (outer != 1) return unsup(im, "folding a ReduceProd that keeps values apart");
+        double *f = palloc(&im->mem, sizeof *f);
+        if (!f) return oom(im);
+        f[0] = 1;
+        for (int64_t i = 0; i < a->numel; i++) {
+            if (af[i] == (double)BATCH_SYM) return unsup(im, "arithmetic on the batch size");
+            f[0] *= af[i];
+        }
         return const_out(im, 0, nd, dims, f, a->is_int) ? PS_OK : im->err->code;
     }
     if (!strcmp(op, "Concat")) {
@@ -1462,17 +1501,62 @@ static int fold_bias(imp *im, const val *x, val *c) {
 static int scalar_const(imp *im, val *c, double *v);
 static ps_status add_const(imp *im, val *x, double value);
 
-/* kind (Add, Sub) of two computed float values of one shape; verb names the op in the refusal of others. */
-static ps_status same_shape_pair(imp *im, val *a, val *b, const char *kind, const char *verb) {
+/* Max / Min of a computed value and a number (F.cosine_similarity's clamp_min(w1 * w2, eps^2) exports as
+ * Max): the clamp (clamp_of); of constants folded. */
+static ps_status h_minmax(imp *im) {
+    if (all_const(im)) return fold(im);
+    const int is_max = !strcmp(cur_node(im)->op_type, "Max");
+    if (cur_node(im)->nin == 1) {   /* of one value: that value */
+        val *x = in_val(im, 0, 1);
+        return x ? alias_out(im, 0, x) : im->err->code;
+    }
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind != VK_DATA) { val *t = a; a = b; b = t; }
+    double c;
+    if (cur_node(im)->nin != 2 || a->kind != VK_DATA || !scalar_const(im, b, &c))
+        return unsup(im, "%s of other than a computed value and a number (psd clamps by numbers)",
+                     cur_node(im)->op_type);
+    return is_max ? clamp_of(im, a, c, FLT_MAX) : clamp_of(im, a, -FLT_MAX, c);
+}
+
+/* kind (Add, Sub, Mul, Div) of two computed float values that broadcast as psd's do (numpy's rule: one
+ * rank, each pair of dims equal or one of them 1, the leading batch dims equal); verb names the op in the
+ * refusal of others. */
+static ps_status bcast_pair(imp *im, val *a, val *b, const char *kind, const char *verb) {
     ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
     if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
-    if (a->ndim != b->ndim || memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]))
-        return unsup(im, "%s '%s' and '%s' of different shapes (psd's %s takes one shape; broadcasting between "
-                     "computed values is not supported)", verb, a->name, b->name, kind);
+    if (a->ndim != b->ndim)
+        return unsup(im, "%s '%s' and '%s' of ranks %d and %d (psd's %s broadcasts computed values of one rank)",
+                     verb, a->name, b->name, a->ndim, b->ndim, kind);
+    int64_t od[MAXD];
+    for (int k = 0; k < a->ndim; k++) {
+        if (a->dims[k] != b->dims[k] && k < im->lead) return along_batch(im, "a broadcast");
+        if (a->dims[k] != b->dims[k] && a->dims[k] != 1 && b->dims[k] != 1)
+            return unsup(im, "%s '%s' and '%s': dimension %d is %lld in one and %lld in the other (psd's %s "
+                         "broadcasts dimensions that are equal or 1)", verb, a->name, b->name, k,
+                         (long long)a->dims[k], (long long)b->dims[k], kind);
+        od[k] = a->dims[k] == 1 ? b->dims[k] : a->dims[k];
+    }
     int ins[2] = {a->node, b->node};
     int s = emit(im, kind, NULL, NULL, NULL, 2, ins);
     if (s < 0) return oom(im);
-    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+    return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, od) ? PS_OK : im->err->code;
+}
+
+/* kind (Add, Sub, Div) of computed value x and constant c (an initializer: a learned tensor, x + self.p,
+ * x / self.scale), c a Parameter node broadcast to x's per-sample dims; c_first: c is the first operand. */
+static ps_status with_param(imp *im, val *x, val *c, const char *kind, int c_first) {
+    ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
+    if (rc) return rc;
+    int64_t pd[MAXD];
+    int pnd;
+    int p = param_node(im, c, x, pd, &pnd, &rc);
+    if (p < 0) return rc;
+    int ins[2] = {c_first ? p : x->node, c_first ? x->node : p};
+    int s = emit(im, kind, NULL, NULL, NULL, 2, ins);
+    if (s < 0) return oom(im);
+    return data_out(im, 0, s, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
 static ps_status h_add(imp *im) {
@@ -1488,16 +1572,9 @@ static ps_status h_add(imp *im) {
         int f = fold_bias(im, a, b);
         if (f < 0) return im->err->code;
         if (f) return alias_out(im, 0, a);
-        int64_t pd[MAXD];
-        int pnd;
-        int p = param_node(im, b, a, pd, &pnd, &rc);
-        if (p < 0) return rc;
-        int ins[2] = {a->node, p};
-        int s = emit(im, "Add", NULL, NULL, NULL, 2, ins);
-        if (s < 0) return oom(im);
-        return data_out(im, 0, s, PS_ONNX_FLOAT, a->ndim, a->dims) ? PS_OK : im->err->code;
+        return with_param(im, a, b, "Add", 0);
     }
-    return same_shape_pair(im, a, b, "Add", "adding");
+    return bcast_pair(im, a, b, "Add", "adding");
 }
 
 /* ---- attention written by hand: scalar factors, products of two values, Split ---- */
@@ -1607,7 +1684,7 @@ static ps_status h_pow(imp *im) {
     return math_chain(im, x, c == 1.0 ? NULL : "Pow", t, NULL);
 }
 
-/* Sub: a - b of one shape (Sub), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
+/* Sub: a - b of computed values (Sub, broadcast), of a computed value and an initializer (with_param), x - c (AddConstant -c), c - x (MulConstant -1, AddConstant c) */
 static ps_status h_sub(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
@@ -1618,10 +1695,9 @@ static ps_status h_sub(imp *im) {
         const double k[2] = {-1.0, c};
         return math_chain(im, b, NULL, NULL, k);
     }
-    if (a->kind != VK_DATA || b->kind != VK_DATA)
-        return unsup(im, "Sub of a constant tensor ('%s'): psd subtracts numbers or computed values",
-                     a->kind != VK_DATA ? a->name : b->name);
-    return same_shape_pair(im, a, b, "Sub", "subtracting");
+    if (a->kind == VK_DATA && b->kind == VK_CONST) return with_param(im, a, b, "Sub", 0);
+    if (b->kind == VK_DATA && a->kind == VK_CONST) return with_param(im, b, a, "Sub", 1);
+    return bcast_pair(im, a, b, "Sub", "subtracting");
 }
 
 /* 1 when initializer `name` is a state_dict name (module path, then a word) whose last word is not
@@ -1757,7 +1833,9 @@ static ps_status h_split(imp *im) {
     return PS_OK;
 }
 
-/* Div: of constants folded; a computed value by a number of the graph, a MulConstant by its reciprocal. */
+/* Div: of constants folded; a computed value by a number of the graph, a MulConstant by its reciprocal; c /
+ * x a Pow -1; of two computed values psd's Div (broadcast, bcast_pair); of one and an initializer a Div
+ * with a Parameter (with_param). */
 static ps_status h_arith(imp *im) {
     if (all_const(im)) return fold(im);
     double c;
@@ -1773,8 +1851,14 @@ static ps_status h_arith(imp *im) {
             return math_chain(im, b, "Pow", "exponent: -1.0", k);
         }
     }
-    return unsup(im, "%s of computed values is supported only inside the decompositions psd recognises (GELU, "
-                 "SiLU, Hardswish, LayerNorm) and by a number (MulConstant)", cur_node(im)->op_type);
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (!strcmp(cur_node(im)->op_type, "Div") && a->kind == VK_DATA && b->kind == VK_DATA)
+        return bcast_pair(im, a, b, "Div", "dividing");   /* x / x.norm(...), (x - mu) / std */
+    if (!strcmp(cur_node(im)->op_type, "Div") && (a->kind == VK_DATA) != (b->kind == VK_DATA))
+        return a->kind == VK_DATA ? with_param(im, a, b, "Div", 0) : with_param(im, b, a, "Div", 1);
+    return unsup(im, "%s of '%s' and '%s' (psd divides computed values by numbers, learned tensors or computed "
+                 "values)", cur_node(im)->op_type, a->name, b->name);
 }
 
 /* Mul of a computed value by an initializer (convnext's layer_scale * x):
@@ -1822,10 +1906,10 @@ static ps_status mul_init(imp *im, val *x, val *c) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
 
-/* Mul of two computed values: psd's Mul (one shape, or one whose trailing
- * dims are 1 where its leading ones are the other's: squeeze-and-
- * excitation's (N, C, 1, 1) by (N, C, H, W)). By an initializer: a Scale
- * (mul_init); by another constant: refused. */
+/* Mul of two computed values: psd's Mul (one shape, or broadcast:
+ * squeeze-and-excitation's (N, C, 1, 1) by (N, C, H, W), a (N, 1, H, W)
+ * mask; bcast_pair). By an initializer: a Scale (mul_init); by another
+ * constant: refused. */
 static ps_status h_mul(imp *im) {
     if (all_const(im)) return fold(im);
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
@@ -1838,16 +1922,7 @@ static ps_status h_mul(imp *im) {
     if (a->kind != VK_DATA || b->kind != VK_DATA)
         return unsup(im, "Mul by a constant ('%s'): psd's Mul takes two computed values",
                      a->kind != VK_DATA ? a->name : b->name);
-    ps_status rc = need_float(im, a, 0, PS_MAXD, "input");
-    if (rc || (rc = need_float(im, b, 0, PS_MAXD, "input"))) return rc;
-    const val *big = prod(a->dims, a->ndim) >= prod(b->dims, b->ndim) ? a : b, *small = big == a ? b : a;
-    if (a->ndim != b->ndim || !ps_dims_bcast_trailing(small->dims, big->dims, small->ndim))
-        return unsup(im, "multiplying '%s' and '%s': psd's Mul takes one shape, or one whose trailing dimensions "
-                     "are 1 ((N, C, 1, 1) by (N, C, H, W))", a->name, b->name);
-    int ins[2] = {a->node, b->node};
-    int s = emit(im, "Mul", NULL, NULL, NULL, 2, ins);
-    if (s < 0) return oom(im);
-    return data_out(im, 0, s, PS_ONNX_FLOAT, big->ndim, big->dims) ? PS_OK : im->err->code;
+    return bcast_pair(im, a, b, "Mul", "multiplying");
 }
 
 /* ------------------------------------------------------------ Linear */
@@ -2168,7 +2243,7 @@ static ps_status h_gmp(imp *im) { return global_max(im, 1); }
  * shape, as psd-export writes it. The axes are an attribute before opset
  * 18, an input from it. */
 /* The reduction's result: psd node pn of dims od (on), times count for a ReduceSum (count 0: a mean). */
-static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double count) {
+static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double count, const char *post) {
     if (count > 0) {
         int mc = emit(im, "MulConstant", NULL, NULL, "sum", 1, &pn);
         if (mc < 0) return oom(im);
@@ -2176,6 +2251,7 @@ static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double c
         add_attr(im, mc, "value: %s", float_text(count, f, sizeof f));
         pn = mc;
     }
+    if (post && (pn = emit(im, post, NULL, NULL, NULL, 1, &pn)) < 0) return oom(im);
     return data_out(im, 0, pn, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
 
@@ -2216,13 +2292,12 @@ static ps_status reduce_axes(imp *im, const val *x, int axes_input_opset, const 
     return PS_OK;
 }
 
-/* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) */
-static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
+/* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) of x, then
+ * the kind post when not NULL (ReduceL2's Sqrt) */
+static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const char *post) {
     static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
     ps_status rc = only_attrs(im, known);
     if (rc) return rc;
-    val *x = in_val(im, 0, 1);
-    if (!x) return im->err->code;
     if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
     const char *what = sum ? "sum" : "mean";
     int r = x->ndim, lo, hi, n, on;
@@ -2240,10 +2315,10 @@ static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
         int64_t kd[MAXD];
         memcpy(kd, x->dims, sizeof kd);
         kd[r - 1] = kd[r - 2] = 1;
-        if (keep) return reduce_out(im, pn, r, kd, count);
+        if (keep) return reduce_out(im, pn, r, kd, count, post);
         int f = emit(im, "Flatten", NULL, NULL, "flatten", 1, &pn);
         if (f < 0) return oom(im);
-        return reduce_out(im, f, r - 2, kd, count);
+        return reduce_out(im, f, r - 2, kd, count, post);
     }
     if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
     int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
@@ -2255,11 +2330,17 @@ static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
     if (pool < 0) return oom(im);
     add_attr(im, pool, "output_size: [1, null]");
     three[1] = 1;
-    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three)) return reduce_out(im, pool, on, od, count);
+    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))
+        return reduce_out(im, pool, on, od, count, post);
     int out = emit(im, "Reshape", NULL, NULL, "view", 1, &pool);
     if (out < 0) return oom(im);
     add_attr(im, out, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    return reduce_out(im, out, on, od, count);
+    return reduce_out(im, out, on, od, count, post);
+}
+
+static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
+    val *x = in_val(im, 0, 1);
+    return x ? reduce_of(im, x, axes_input_opset, sum, NULL) : im->err->code;
 }
 
 static ps_status h_reducemean(imp *im) { return reduce_mean_sum(im, 18, 0); }
@@ -2312,6 +2393,74 @@ static ps_status reduce_max_min(imp *im, int neg) {
 
 static ps_status h_reducemax(imp *im) { return reduce_max_min(im, 0); }
 static ps_status h_reducemin(imp *im) { return reduce_max_min(im, 1); }
+
+/* ReduceSumSquare and ReduceL2 as values (x.norm(dim=1, keepdim=True) exports as ReduceL2; F.normalize's is
+ * found apart): Pow 2, the sum (reduce_of), and for ReduceL2 Sqrt - its gradient at an all-zero vector NaN
+ * where PyTorch's is 0: h_reducel2 takes it only for a whole-input sample. */
+static ps_status reduce_squares(imp *im, const char *post) {
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    ps_status rc = need_float(im, x, 1, PS_MAXD, "input");
+    if (rc) return rc;
+    int xin = x->node;
+    int pw = emit(im, "Pow", NULL, NULL, "square", 1, &xin);
+    if (pw < 0) return oom(im);
+    add_attr(im, pw, "exponent: 2.0");
+    val sq = *x;
+    sq.node = pw;
+    return reduce_of(im, &sq, 18, 1, post);
+}
+
+static ps_status h_reducesumsquare(imp *im) { return reduce_squares(im, NULL); }
+
+/* ReduceL2 with the batch leading: sum(x * F.normalize(x)) over the axes, as psd-export writes a norm -
+ * Reshape to (before, the axes, after), Normalize along the axes, Mul by x, AdaptiveAvgPool2d to [1, null],
+ * MulConstant by their count, Reshape to the result: |x| with PyTorch's gradient x / |x|, 0 at an all-zero
+ * vector (reduce_squares' Sqrt gives NaN there; it serves a whole-input sample). */
+static ps_status h_reducel2(imp *im) {
+    if (im->lead != 1) return reduce_squares(im, "Sqrt");
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int r = x->ndim, lo, hi, n, on;
+    int64_t od[MAXD];
+    if ((rc = reduce_axes(im, x, 18, "norm", "a Reshape, Normalize, Mul and AdaptiveAvgPool2d", &lo, &hi, &n, od,
+                          &on)))
+        return rc;
+    if (on - im->lead < 1) return unsup(im, "a norm to one value per sample (psd's values keep a dimension)");
+    char buf[128], f[40];
+    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
+                        prod(x->dims + hi + 1, r - hi - 1)};
+    const int64_t count = three[1];
+    int ins[2] = {x->node, -1}, cur;
+    if ((ins[0] = emit(im, "Reshape", NULL, NULL, "view", 1, ins)) < 0) return oom(im);
+    add_attr(im, ins[0], "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    if ((ins[1] = emit(im, "Normalize", NULL, NULL, "normalize", 1, ins)) < 0) return oom(im);
+    add_attr(im, ins[1], "dim: 2");
+    if ((cur = emit(im, "Mul", NULL, NULL, "mul", 2, ins)) < 0) return oom(im);
+    if ((cur = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "output_size: [1, null]");
+    if (count != 1) {
+        if ((cur = emit(im, "MulConstant", NULL, NULL, "sum", 1, &cur)) < 0) return oom(im);
+        add_attr(im, cur, "value: %s", float_text((double)count, f, sizeof f));
+    }
+    three[1] = 1;
+    if (!(on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))) {
+        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
+        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    }
+    return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
+
+/* ReduceProd of constants folded (x.std's count: the product of gathered Shape dims); of computed values
+ * refused. */
+static ps_status h_reduceprod(imp *im) {
+    if (all_const(im)) return fold(im);
+    return unsup(im, "ReduceProd of computed values (psd folds it over constant shapes only)");
+}
 
 /* BatchNormalization: scale, B, mean, var initializers. Opset < 6:
  * consumed_inputs; < 7: is_test; < 9: spatial (1 only); >= 14:
@@ -3541,6 +3690,8 @@ static const op_row ops[] = {
     {"Sigmoid", h_sigmoid, 1},
     {"Tanh", h_tanh, 1},
     {"Clip", h_clip, 6},
+    {"Max", h_minmax, 1},
+    {"Min", h_minmax, 1},
     {"HardSigmoid", h_hardsigmoid, 6},
     {"HardSwish", h_hardswish, 14},
     {"Softmax", h_softmax, 1},
@@ -3556,6 +3707,9 @@ static const op_row ops[] = {
     {"GlobalAveragePool", h_gap, 1},
     {"ReduceMean", h_reducemean, 1},
     {"ReduceSum", h_reducesum, 1},
+    {"ReduceSumSquare", h_reducesumsquare, 1},
+    {"ReduceL2", h_reducel2, 1},
+    {"ReduceProd", h_reduceprod, 1},
     {"GlobalMaxPool", h_gmp, 1},
     {"ReduceMax", h_reducemax, 1},
     {"ReduceMin", h_reducemin, 1},

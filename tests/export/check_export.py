@@ -27,7 +27,10 @@ as a module so PyTorch is imported once) on
     MatMul (a transpose only it reads folded into transpose_b), numbers
     multiplied and divided to MulConstant, x.softmax(-1), x.transpose,
     view/reshape of sizes computed from x.shape (a product of two ranks,
-    a transpose of the batch and a number divided by a tensor refused);
+    a transpose of the batch and a tensor divided by one of another rank
+    refused); numpy broadcasting (eltwise.py's Broadcasts: x - x.mean(dim=1,
+    keepdim=True), x.std, x.norm and a / b node for node; a - b of two
+    ranks refused);
     swin's steps written by hand: F.pad to Pad, torch.roll and x.roll to
     Roll, x[..., i::2, j::2, :] and y[:, :2, 1, 4:] to (strided) Narrows
     (a roll without dims and a reflect pad refused);
@@ -366,13 +369,36 @@ for cls, line, needle in [("PowByTensor", "eltwise.py:27", "pow of a tensor by a
                           ("SqueezeBatch", "eltwise.py:37", "unsqueeze of dim 0: the batch"),
                           ("UnevenAdaptiveMax", "eltwise.py:46", "AdaptiveMaxPool2d of (2, 3) to (4, 4): psd pools "
                                                                  "adaptively to sizes that divide"),
-                          ("CentreFeatures", "eltwise.py:51", "a - b of a (6,) and a (1,) tensor (per sample): psd's "
-                                                              "Sub takes one shape")]:
+                          ("SubOfTwoRanks", "eltwise.py:51", "a - b of a (6,) and a (1, 6) tensor (per sample): psd "
+                                                             "broadcasts two computed tensors of one rank")]:
     rc, msg = run([ELT + ":" + cls, "--input-shape", "6", "-o", os.path.join(out, "x.yaml")])
     if rc == 0 or line not in msg or needle not in msg:
         failures.append(f"{cls}: expected a refusal naming '{needle}' at {line}, got rc {rc}: {msg}")
     else:
         print(f"ok: refused {cls}: {msg.strip()[:150]}")
+
+# numpy broadcasting, norms and variances as values (tests/export/eltwise.py's Broadcasts)
+rc, msg = run([ELT + ":Broadcasts", "--input-shape", "6", "-o", os.path.join(out, "bcast.yaml")])
+got = [(n["name"], n["kind"], n.get("inputs"), n["attrs"])
+       for n in compare.load(os.path.join(out, "bcast.yaml"))["stages"][0]["nodes"]] if rc == 0 else msg
+MEAN6 = [("Reshape", {"shape": [1, 6, 1]}), ("AdaptiveAvgPool2d", {"output_size": [1, None]}),
+         ("Reshape", {"shape": [1]})]
+want = [("mean_view", *MEAN6[0]), ("mean", *MEAN6[1]), ("mean_view_1", *MEAN6[2]),
+        ("sub", "Sub", {}), ("std", *MEAN6[0]), ("std_1", *MEAN6[1]), ("std_2", *MEAN6[2]), ("std_3", "Sub", {}),
+        ("std_4", "Pow", {"exponent": 2.0}), ("std_5", *MEAN6[0]), ("std_6", *MEAN6[1]), ("std_7", *MEAN6[2]),
+        ("std_8", "MulConstant", {"value": 1.2}), ("std_9", "Sqrt", {}), ("div", "Div", {}),
+        ("norm", *MEAN6[0]), ("norm_1", "Normalize", {"dim": 2}), ("norm_2", "Mul", {}), ("norm_3", *MEAN6[1]),
+        ("norm_4", "MulConstant", {"value": 6.0}), ("norm_5", *MEAN6[2]), ("div_1", "Div", {})]
+pairs = {"sub": ["input", "mean_view_1"], "std_3": ["input", "std_2"], "div": ["sub", "std_9"],
+         "norm_2": ["norm", "norm_1"], "div_1": ["div", "norm_5"]}
+want = [(nm, k, pairs.get(nm), a) for nm, k, a in want]
+got = [(nm, k, ins if nm in pairs else None, a) for nm, k, ins, a in got] if isinstance(got, list) else got
+if got != want:
+    failures.append(f"Broadcasts: nodes {got}, expected {want}")
+else:
+    print("ok: x - x.mean(dim=1, keepdim=True), x.std(1, keepdim=True) and s.norm(dim=1, keepdim=True) export as the "
+          "mean's Reshape / AdaptiveAvgPool2d / Reshape, Sub, Pow, MulConstant, Sqrt, the norm as sum(x * "
+          "Normalize(x)); a / b of tensors as Div")
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
@@ -388,7 +414,7 @@ REFUSALS = [
     ("ProductBroadcast", "refused.py:279", "of a (2, 1, 3, 4) and a (2, 4, 3) tensor", "3,4"),
     ("ProductBroadcast", "refused.py:279", "psd's MatMul takes two computed stacks of matrices of one rank", "3,4"),
     ("TransposeBatch", "refused.py:284", "moves the batch dimension", "3,4"),
-    ("DivideByTensor", "refused.py:289", "psd divides a tensor by a number only"),
+    ("DivideByTensor", "refused.py:289", "a / b of a (4,) and a (1, 4) tensor (per sample): psd broadcasts"),
     ("RollFlattened", "refused.py:307", "torch.roll without dims"),
     ("PadReflect", "refused.py:312", "F.pad with mode 'reflect'"),
 ]

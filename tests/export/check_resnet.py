@@ -540,7 +540,9 @@ def zoo_model(pe, name, x, target):
         xm = torch.randn(4, 3, 64, generator=torch.Generator().manual_seed(2))
     if name == "shrink_net":  # no ONNX path: PyTorch 1.13 writes hardshrink/softshrink as Where subgraphs
         onnx = "PyTorch 1.13 exports hardshrink and softshrink as Where subgraphs and refuses threshold != 0"
-    if name in ("eltwise_net", "norm_net", "prelu_net", "shrink_net"):  # zoo_builders.py's: (3, 16, 16) images
+    if name == "zero_norm_net":   # the ONNX graph's own arithmetic is NaN there (its norm is Sqrt(ReduceSum(x * x)))
+        onnx = "PyTorch's exporter writes x.norm as Sqrt(ReduceSum(x * x)), NaN at a zero vector by its own arithmetic"
+    if name in ("eltwise_net", "norm_net", "prelu_net", "shrink_net", "bcast_net", "zero_norm_net"):  # zoo_builders.py's: (3, 16, 16) images
         xm = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     if name == "swin_small":  # zoo_builders.py's SwinTransformer: 40x40 images (10x10 tokens, 4x4 windows)
         xm = torch.randn(4, 3, 40, 40, generator=torch.Generator().manual_seed(1))
@@ -577,6 +579,11 @@ def main():
     # Softshrink, Threshold (psd-export)
     zoo_model(pe, "prelu_net", x, target)
     zoo_model(pe, "shrink_net", x, target)
+    # numpy broadcasting between computed tensors: centring, standardisation by hand, a gate, a mask, a cosine
+    # head, F.cosine_similarity, norms and x.std as values, torch.div of two tensors (ONNX: ReduceL2, Max)
+    zoo_model(pe, "bcast_net", x, target)
+    # the norm of all-zero vectors: PyTorch's gradient (0), not a NaN (psd-export only)
+    zoo_model(pe, "zero_norm_net", x, target)
 
     # 3. the eval export: BatchNorm folded into the convolutions, the graph psd trains is that one
     eval_path = os.path.join(TMP, "resnet18_eval.onnx")

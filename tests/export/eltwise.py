@@ -46,6 +46,13 @@ class UnevenAdaptiveMax(nn.Module):
         return self.pool(x.reshape(x.shape[0], 1, 2, 3))   # REFUSED_ADAPTIVE_MAX
 
 
-class CentreFeatures(nn.Module):
+class SubOfTwoRanks(nn.Module):
     def forward(self, x):
-        return x - x.mean(dim=1, keepdim=True)   # REFUSED_SUB_BROADCAST
+        return x - x.unsqueeze(1)                # REFUSED_SUB_BROADCAST
+
+
+class Broadcasts(nn.Module):          # (N, 6): numpy broadcasting, norms and variances as values
+    def forward(self, x):
+        c = x - x.mean(dim=1, keepdim=True)       # the mean (Reshape, AdaptiveAvgPool2d, Reshape), Sub
+        s = c / x.std(1, keepdim=True)            # x.std's steps, Div
+        return s / s.norm(dim=1, keepdim=True)    # the norm: sum(s * Normalize(s)), Div

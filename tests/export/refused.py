@@ -284,9 +284,9 @@ class TransposeBatch(nn.Module):       # x.transpose(0, 1): the batch moves
         return x.transpose(0, 1)                   # REFUSED_TRANSPOSE_BATCH
 
 
-class DivideByTensor(nn.Module):       # a tensor divided by a tensor (1.0 / x is x ** -1, a Pow)
+class DivideByTensor(nn.Module):       # a tensor divided by one of another rank (numpy would face the batch)
     def forward(self, x):
-        return x / (x * 2.0)                       # REFUSED_DIVIDE
+        return x / x.unsqueeze(1)                  # REFUSED_DIVIDE
 
 
 class ShiftedWindows(nn.Module):      # swin's steps as a user writes them (exported, not refused)

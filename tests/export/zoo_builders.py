@@ -228,3 +228,69 @@ class NormNet(torch.nn.Module):
 
 def norm_net(**kwargs):
     return NormNet(**kwargs)
+
+
+class BcastNet(torch.nn.Module):
+    """Numpy broadcasting between computed tensors as users write it: centring over the channels and over the
+    features (x - x.mean(dim, keepdim=True)), a standardisation by hand ((x - mu) / (var + eps).sqrt() over the
+    plane, a (N, C, 1, 1) by (N, C, H, W) both ways), a (N, C, 1, 1) sigmoid gate added, a (N, 1, H, W) mask
+    multiplied, F.cosine_similarity of two branches over the channels, x.std and torch.std, x.var with
+    correction, a norm over the plane (keepdim=False), a cosine head (x / x.norm(dim=1, keepdim=True),
+    torch.linalg.vector_norm, torch.linalg.norm, torch.norm) and torch.div of two tensors;
+    (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        nn = torch.nn
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.gate = nn.Conv2d(8, 8, 1)
+        self.mask = nn.Conv2d(8, 1, 1)
+        self.a = nn.Conv2d(8, 8, 1)
+        self.b = nn.Conv2d(8, 8, 1)
+        self.fc1 = nn.Linear(128, 32)
+        self.fc2 = nn.Linear(32, 16)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        h = self.conv(x)
+        h = h - h.mean(dim=1, keepdim=True)
+        mu = h.mean(dim=(2, 3), keepdim=True)
+        h = (h - mu) / (torch.var(h, dim=(2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
+        g = torch.sigmoid(self.gate(h.mean(dim=(2, 3), keepdim=True)))
+        h = F.relu(h + g) * (1.0 + 0.1 * torch.tanh(h.norm(dim=(2, 3)))).unsqueeze(-1).unsqueeze(-1)
+        h = h * torch.sigmoid(self.mask(h))
+        h = h * F.cosine_similarity(self.a(h), self.b(h), dim=1).unsqueeze(1)
+        f = F.max_pool2d(h, 4).flatten(1)
+        f = f - f.mean(dim=1, keepdim=True)
+        f = torch.tanh(self.fc1(f))
+        f = (f - f.mean(1, keepdim=True)) / f.std(1, keepdim=True) + 0.1 * f / torch.std(f, dim=1, keepdim=True)
+        f = f / f.norm(dim=1, keepdim=True) + f / torch.linalg.vector_norm(f, 2, dim=1, keepdim=True) + 0.1 * f
+        f = torch.div(self.fc2(f), torch.norm(f, p=2, dim=1, keepdim=True) + torch.linalg.norm(f, dim=1, keepdim=True))
+        f = f * (1.0 + f.var(1, keepdim=True, correction=0))
+        return self.fc(f)
+
+
+def bcast_net(**kwargs):
+    return BcastNet(**kwargs)
+
+
+class ZeroNormNet(torch.nn.Module):
+    """x.norm of all-zero vectors (a ReLU of values far below 0) beside live ones, over the channels and over
+    the plane: psd-export's norm (sum(x * F.normalize(x))) has PyTorch's gradient there, 0, where a Sqrt of
+    the sum of squares would give NaN; (3, 16, 16) images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        h = self.conv(x)
+        h = h + F.relu(h - 100.0).norm(dim=1, keepdim=True) + 0.1 * h.norm(dim=(2, 3), keepdim=True)
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+def zero_norm_net(**kwargs):
+    return ZeroNormNet(**kwargs)
