@@ -248,18 +248,7 @@ stages:
       - {name: dec, kind: ConvTranspose2d, out_channels: 1, kernel_size: 3, stride: 2, padding: 1, output_padding: 1}
 EOF
 sed -e "s|^  name: mnist_cnn.*|  file: $tmp/ae.yaml|" -e '/^  placement:/,/^    fc: cpu/d' configs/local.yaml >"$tmp/ae_local.yaml"
-"$PY" - "$DATA" "$tmp" <<'EOF' || fail "numpy autoencoder targets"
-import sys, numpy as np
-d, out = sys.argv[1], sys.argv[2]
-def idx(name):
-    raw = open("%s/%s" % (d, name), "rb").read()
-    nd = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
-norm = lambda x: ((x.astype(np.float32) / 255 - np.float32(0.1307)) / np.float32(0.3081))[:, None]
-np.save(out + "/ae_ytr.npy", norm(idx("train-images-idx3-ubyte")))
-np.save(out + "/ae_yte.npy", norm(idx("t10k-images-idx3-ubyte")))
-EOF
+# the targets numpy converted: section 2's xtr.npy / xte.npy, (images / 255 - 0.1307) / 0.3081 as float32
 AE=(--config "$tmp/ae_local.yaml" --loss mse --inputs "$DATA/train-images-idx3-ubyte"
     --test-inputs "$DATA/t10k-images-idx3-ubyte")
 p8=$((base + 8))
@@ -267,7 +256,7 @@ start_psd psd8 --config "$tmp/ae_local.yaml" --listen "127.0.0.1:$p8"
 run_fit ae_in "$p8" "${AE[@]}" --labels inputs || fail "fit --labels inputs exited with $?"
 kill "$psd_pid"
 start_psd psd9 --config "$tmp/ae_local.yaml" --listen "127.0.0.1:$((p8 + 1))"
-run_fit ae_npy "$((p8 + 1))" "${AE[@]}" --labels "$tmp/ae_ytr.npy" --test-labels "$tmp/ae_yte.npy" \
+run_fit ae_npy "$((p8 + 1))" "${AE[@]}" --labels "$tmp/xtr.npy" --test-labels "$tmp/xte.npy" \
   || fail "fit with numpy's targets exited with $?"
 losses() { sed -n 's/.*training batch [0-9]* loss \([0-9.]*\).*/\1/p' "$1"; sed -n 's/^Rank [0-9]* test loss \([0-9.]*\).*/\1/p' "$1"; }
 li=$(losses "$tmp/ae_in.log" | tr '\n' ' ') ln=$(losses "$tmp/ae_npy.log" | tr '\n' ' ')
@@ -281,8 +270,8 @@ awk -v a="$final" -v b="$first" 'BEGIN { exit !(a < 0.8 * b) }' || fail "--label
 p3=$((p8 + 1))
 expect_refusal "--labels inputs with nll" "--labels inputs makes the inputs the targets, which needs a loss of dense targets" \
     "${AE[@]}" --labels inputs --loss nll
-expect_refusal "--labels inputs with --test-labels" "leave out --test-labels $tmp/ae_yte.npy" \
-    "${AE[@]}" --labels inputs --test-labels "$tmp/ae_yte.npy"
+expect_refusal "--labels inputs with --test-labels" "leave out --test-labels $tmp/xte.npy" \
+    "${AE[@]}" --labels inputs --test-labels "$tmp/xte.npy"
 kill "$psd_pid"
 
 echo "it_fit: IDX, .npz and .npy agree, refusals name the file, 2-server cluster trains, --lr per epoch, --one-call, --labels inputs: OK"

@@ -572,6 +572,29 @@ static inline double ps_binary_grad(int op, int which, double dy, double a, doub
     return which ? -dy * a / (b * b) : dy / b;
 }
 
+/* Element j of operand `which`'s gradient (of its own kept elements):
+ * the sum in double of ps_binary_grad over the red positions of the dims
+ * where it is broadcast (sx: its strides in g, 0 where broadcast). The
+ * plain loop every CPU backend's binary_bcast_backward runs per element. */
+static inline double ps_bcast_grad_sum(const ps_bcast_geom *g, const int64_t *sx, int op, int which, int64_t j,
+                                       int64_t red, const float *a, const float *b, const float *dy) {
+    const int reads = op == PS_BINARY_MUL || op == PS_BINARY_DIV;
+    double s = 0;
+    for (int64_t r = 0; r < red; r++) {
+        int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
+        for (int k = g->nd - 1; k >= 0; k--) {
+            int64_t *rest = sx[k] ? &rj : &rr;
+            const int64_t i = *rest % g->dims[k];
+            *rest /= g->dims[k];
+            oy += i * g->sy[k];
+            oa += i * g->sa[k];
+            ob += i * g->sb[k];
+        }
+        s += ps_binary_grad(op, which, dy[oy], reads ? a[oa] : 0, reads ? b[ob] : 0);
+    }
+    return s;
+}
+
 /* Fully connected: y (n, out) = x (n, in) . w (out, in)^T + b (out). */
 typedef struct ps_linear_desc {
     int n, in, out;

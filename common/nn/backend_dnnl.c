@@ -3673,22 +3673,7 @@ static ps_status dn_binary_bcast_backward(void *impl, const ps_bcast_desc *d, in
         return PS_OK;
     }
 #pragma omp parallel for if (g.count >= PS_OMP_MIN) schedule(static)
-    for (int64_t j = 0; j < kept; j++) {
-        double s = 0;
-        for (int64_t r = 0; r < red; r++) {
-            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
-            for (int k = g.nd - 1; k >= 0; k--) {
-                int64_t *rest = sx[k] ? &rj : &rr;
-                const int64_t i = *rest % g.dims[k];
-                *rest /= g.dims[k];
-                oy += i * g.sy[k];
-                oa += i * g.sa[k];
-                ob += i * g.sb[k];
-            }
-            s += ps_binary_grad(op, which, dy[oy], reads ? a[oa] : 0, reads ? b[ob] : 0);
-        }
-        dx[j] = (float)s;
-    }
+    for (int64_t j = 0; j < kept; j++) dx[j] = (float)ps_bcast_grad_sum(&g, sx, op, which, j, red, a, b, dy);
     return PS_OK;
 }
 

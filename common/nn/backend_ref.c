@@ -1215,26 +1215,10 @@ static ps_status ref_binary_bcast_backward(void *impl, const ps_bcast_desc *d, i
     (void)impl; (void)err;
     const ps_bcast_geom g = ps_bcast_geometry(d);
     const int64_t *sx = which ? g.sb : g.sa;
-    const int reads = d->op == PS_BINARY_MUL || d->op == PS_BINARY_DIV;
     int64_t kept = 1;
     for (int k = 0; k < g.nd; k++) kept *= sx[k] ? g.dims[k] : 1;
     const int64_t red = g.count / kept;
-    for (int64_t j = 0; j < kept; j++) {
-        double s = 0;
-        for (int64_t r = 0; r < red; r++) {
-            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
-            for (int k = g.nd - 1; k >= 0; k--) {
-                int64_t *rest = sx[k] ? &rj : &rr;
-                const int64_t i = *rest % g.dims[k];
-                *rest /= g.dims[k];
-                oy += i * g.sy[k];
-                oa += i * g.sa[k];
-                ob += i * g.sb[k];
-            }
-            s += ps_binary_grad(d->op, which, dy[oy], reads ? a[oa] : 0, reads ? b[ob] : 0);
-        }
-        dx[j] = (float)s;
-    }
+    for (int64_t j = 0; j < kept; j++) dx[j] = (float)ps_bcast_grad_sum(&g, sx, d->op, which, j, red, a, b, dy);
     return PS_OK;
 }
 

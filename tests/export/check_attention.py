@@ -398,10 +398,4 @@ def mha(x, target):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        for p in cr.procs:
-            if p.poll() is None:
-                p.kill()
-    sys.exit(1 if cr.failures else 0)
+    cr.run_main(main)

@@ -656,11 +656,17 @@ def main():
         p.kill()
 
 
-if __name__ == "__main__":
+def run_main(main_fn):
+    """A check script's end: main_fn, then every psd it started stopped, exit 1 when a check failed."""
     try:
-        main()
+        main_fn()
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    print("%d failed" % len(failures) if failures else "all checks passed")
     sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -321,11 +321,4 @@ def onnx_refusals():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        for q in cr.procs:
-            if q.poll() is None:
-                q.kill()
-    print("%d failed" % len(cr.failures) if cr.failures else "all checks passed")
-    sys.exit(1 if cr.failures else 0)
+    cr.run_main(main)

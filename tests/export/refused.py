@@ -307,6 +307,6 @@ class RollFlattened(nn.Module):
         return torch.roll(x, 1)       # REFUSED_ROLL
 
 
-class PadReflect(nn.Module):
+class PadCrop(nn.Module):
     def forward(self, x):
-        return nn.functional.pad(x, (1, 1), mode="reflect")   # REFUSED_PAD
+        return nn.functional.pad(x, (-1, 1), mode="reflect")   # REFUSED_PAD
