@@ -153,9 +153,16 @@ def start_psd(name, model_line, extra, server_extra=""):
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
                          stderr=log, stdout=log)
     procs.append(p)
+    t0 = time.time()
+    # the port first: a gRPC channel whose first connection is refused stays in backoff ~5 s (grpcio 1.51), which
+    # each start-up used to wait after psd was serving (~0.2 s)
+    while p.poll() is None and time.time() - t0 < 120:
+        with socket.socket() as sk:
+            if sk.connect_ex(("127.0.0.1", int(addr.rsplit(":", 1)[1]))) == 0:
+                break
+        time.sleep(0.05)
     stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(addr, options=[
         ("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]))
-    t0 = time.time()
     while True:
         try:
             stub.ListParameters(ps_pb2.ListParametersRequest(), timeout=5)
