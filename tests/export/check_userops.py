@@ -55,7 +55,7 @@ SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
          ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings)]
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
-            userops.RepeatBatch: [6],
+            userops.RepeatBatch: [6], userops.SoftsignNet: [6],
             userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
 
 
@@ -136,6 +136,14 @@ def onnx_paths():
                       do_constant_folding=False, opset_version=13)
     stub, p = cr.start_psd("paddings_onnx", "onnx: %s" % path, [])
     cr.run("Paddings (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+    model, _ = moved(userops.SoftsignNet, "softsign_onnx")   # Softsign as Abs, Add, Div (broadcasting Div's path)
+    x, target = inputs(userops.SoftsignNet, 3)
+    path = os.path.join(cr.TMP, "softsign.onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd("softsign_onnx", "onnx: %s" % path, [])
+    cr.run("SoftsignNet (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
     p.kill()
     path = os.path.join(cr.TMP, "maxrows.onnx")
     torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,

@@ -215,3 +215,13 @@ class EinsumDot(nn.Module):
 
     def forward(self, x):
         return torch.einsum("bi,bi->b", self.a(x), self.b(x)).unsqueeze(1)
+
+
+class SoftsignNet(nn.Module):
+    """nn.Softsign between two Linears: PyTorch 1.13 exports it as Abs, Add and a Div of computed values."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, classes)
+
+    def forward(self, x):
+        return self.b(nn.functional.softsign(self.a(x)))
