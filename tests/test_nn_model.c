@@ -74,6 +74,26 @@ static ps_model *make(const char *arch, const char *backend, float momentum, int
     return m;
 }
 
+/* The model file text written to path, built on backend (seed 7, lr 0.1); NULL with err set when psd
+ * refuses it (and a failed check when path cannot be written). */
+static ps_model *model_from_text(const char *path, const char *backend, const char *text, ps_err *err) {
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f, "cannot write %s", path);
+    if (!f) return NULL;
+    fputs(text, f);
+    fclose(f);
+    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.1f};
+    return ps_model_create(&o, err);
+}
+
+/* model_from_text, with a failed check when psd refuses it. */
+static ps_model *model_from_text_ok(const char *path, const char *backend, const char *text) {
+    ps_err err = {0};
+    ps_model *m = model_from_text(path, backend, text, &err);
+    CHECK_MSG(m != NULL || !err.code, "%s: %s", path, err.msg);
+    return m;
+}
+
 static const char *RNN_KEYS[4] = {"ntoken", "ninp", "nhid", "dropout"};
 
 static ps_model *make_rnn(const char *backend, int ninp, int nhid) {
@@ -235,19 +255,11 @@ static void test_dropout_seeds(rng *r) {
 
 /* A one-stage model file with a StochasticDepth on (3, 2, 2) samples, in dir. */
 static ps_model *make_sdepth(const char *dir, const char *backend, double p, const char *mode) {
-    char path[512];
+    char path[512], text[512];
     snprintf(path, sizeof path, "%s/sd_%s_%s.yaml", dir, backend, mode);
-    FILE *f = fopen(path, "w");
-    CHECK_MSG(f, "cannot write %s", path);
-    if (!f) return NULL;
-    fprintf(f, "name: sd\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
-               "      - {name: sd, kind: StochasticDepth, p: %g, mode: %s}\n", p, mode);
-    fclose(f);
-    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.1f};
-    ps_err err = {0};
-    ps_model *m = ps_model_create(&o, &err);
-    CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
-    return m;
+    snprintf(text, sizeof text, "name: sd\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n"
+             "    nodes:\n      - {name: sd, kind: StochasticDepth, p: %g, mode: %s}\n", p, mode);
+    return model_from_text_ok(path, backend, text);
 }
 
 /* One training forward and backward of n samples (12 values each) with
@@ -383,19 +395,11 @@ static void test_stochastic_depth(rng *r) {
  * masks and combined forwards draw each part's own; eval is the identity. ---- */
 
 static ps_model *make_alpha_drop(const char *dir, const char *backend, const char *kind, double p) {
-    char path[512];
+    char path[512], text[512];
     snprintf(path, sizeof path, "%s/ad_%s_%s_%g.yaml", dir, backend, kind, p);
-    FILE *f = fopen(path, "w");
-    CHECK_MSG(f, "cannot write %s", path);
-    if (!f) return NULL;
-    fprintf(f, "name: ad\nmax_batch: 4096\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
-               "      - {name: d, kind: %s, p: %g}\n", kind, p);
-    fclose(f);
-    ps_model_opts o = {.file = path, .cpu_backend = backend, .seed = 7, .compute_threads = 2, .lr = 0.1f};
-    ps_err err = {0};
-    ps_model *m = ps_model_create(&o, &err);
-    CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
-    return m;
+    snprintf(text, sizeof text, "name: ad\nmax_batch: 4096\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n"
+             "    nodes:\n      - {name: d, kind: %s, p: %g}\n", kind, p);
+    return model_from_text_ok(path, backend, text);
 }
 
 /* One training forward and backward of n samples of 12 values: kept[i] 1
@@ -514,17 +518,13 @@ static void test_rrelu(rng *r) {
     float *out2 = malloc((size_t)n * k * sizeof(float)), *gin = malloc((size_t)n * k * sizeof(float));
     float *dy = host_random((size_t)n * k, r);
     for (int b = 0; b < 2; b++) {
+        char text[512];
         snprintf(path, sizeof path, "%s/rrelu_%s.yaml", dir, backends[b]);
-        FILE *f = fopen(path, "w");
-        if (!f) { CHECK_MSG(0, "cannot write %s", path); continue; }
-        fprintf(f, "name: rr\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n    nodes:\n"
-                   "      - {name: r, kind: RReLU, lower: %g, upper: %g}\n", lo, hi);
-        fclose(f);
-        ps_model_opts o = {.file = path, .cpu_backend = backends[b], .seed = 7, .compute_threads = 2, .lr = 0.1f};
-        ps_err err = {0};
-        ps_model *m = ps_model_create(&o, &err);
-        CHECK_MSG(m != NULL, "%s: %s", path, err.msg);
+        snprintf(text, sizeof text, "name: rr\nmax_batch: 1024\nstages:\n  - name: s\n    input: {shape: [3, 2, 2]}\n"
+                 "    nodes:\n      - {name: r, kind: RReLU, lower: %g, upper: %g}\n", lo, hi);
+        ps_model *m = model_from_text_ok(path, backends[b], text);
         if (!m) continue;
+        ps_err err = {0};
         ps_tape *t = NULL;
         ps_grads *g = ps_grads_create(m, &err);
         OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out, &t, NULL, &err));

@@ -1609,25 +1609,28 @@ static ps_status mul_const(imp *im, val *x, double value) { return const_node(im
 /* x + value */
 static ps_status add_const(imp *im, val *x, double value) { return const_node(im, x, "AddConstant", value); }
 
+/* A MulConstant or AddConstant (kind) of value reading psd node in, suffix in its name; the new node, or -1
+ * (out of memory: err set). */
+static int emit_value(imp *im, const char *kind, int in, const char *suffix, double value) {
+    int pn = emit(im, kind, NULL, NULL, suffix, 1, &in);
+    if (pn < 0) return oom(im), -1;
+    char b[64];
+    add_attr(im, pn, "value: %s", float_text(value, b, sizeof b));
+    return pn;
+}
+
 /* An elementwise kind with one attribute line (or none) on x, then (c != NULL) x * c[0] + c[1] as
  * MulConstant and AddConstant nodes where those are not 1 and 0: c - x, c / x. */
 static ps_status math_chain(imp *im, val *x, const char *kind, const char *attrs_text, const double *c) {
     ps_status rc = need_float(im, x, 0, PS_MAXD, "input");
     if (rc) return rc;
     int in = x->node;
-    char b[64];
     if (kind) {
         if ((in = emit(im, kind, NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
         if (attrs_text) add_attr(im, in, "%s", attrs_text);
     }
-    if (c && c[0] != 1.0) {
-        if ((in = emit(im, "MulConstant", NULL, NULL, "mul", 1, &in)) < 0) return oom(im);
-        add_attr(im, in, "value: %s", float_text(c[0], b, sizeof b));
-    }
-    if (c && c[1] != 0.0) {
-        if ((in = emit(im, "AddConstant", NULL, NULL, "add", 1, &in)) < 0) return oom(im);
-        add_attr(im, in, "value: %s", float_text(c[1], b, sizeof b));
-    }
+    if (c && c[0] != 1.0 && (in = emit_value(im, "MulConstant", in, "mul", c[0])) < 0) return im->err->code;
+    if (c && c[1] != 0.0 && (in = emit_value(im, "AddConstant", in, "add", c[1])) < 0) return im->err->code;
     if (in == x->node) return alias_out(im, 0, x);
     return data_out(im, 0, in, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
 }
@@ -2244,13 +2247,7 @@ static ps_status h_gmp(imp *im) { return global_max(im, 1); }
  * 18, an input from it. */
 /* The reduction's result: psd node pn of dims od (on), times count for a ReduceSum (count 0: a mean). */
 static ps_status reduce_out(imp *im, int pn, int on, const int64_t *od, double count, const char *post) {
-    if (count > 0) {
-        int mc = emit(im, "MulConstant", NULL, NULL, "sum", 1, &pn);
-        if (mc < 0) return oom(im);
-        char f[40];
-        add_attr(im, mc, "value: %s", float_text(count, f, sizeof f));
-        pn = mc;
-    }
+    if (count > 0 && (pn = emit_value(im, "MulConstant", pn, "sum", count)) < 0) return im->err->code;
     if (post && (pn = emit(im, post, NULL, NULL, NULL, 1, &pn)) < 0) return oom(im);
     return data_out(im, 0, pn, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
@@ -2292,6 +2289,31 @@ static ps_status reduce_axes(imp *im, const val *x, int axes_input_opset, const 
     return PS_OK;
 }
 
+/* A reduction over x's axes [lo, hi] (n of them) other than the spatial ones: x viewed as three[] = (before,
+ * the axes, after) - a Reshape node, or -1 (err set) - for a pooling over three[1] ... */
+static int reduce_view_in(imp *im, const val *x, int lo, int hi, int n, int64_t three[3]) {
+    three[0] = prod(x->dims + im->lead, lo - im->lead);
+    three[1] = prod(x->dims + lo, n);
+    three[2] = prod(x->dims + hi + 1, x->ndim - hi - 1);
+    char buf[128];
+    int in = x->node, pn = emit(im, "Reshape", NULL, NULL, "view", 1, &in);
+    if (pn < 0) return oom(im), -1;
+    add_attr(im, pn, "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    return pn;
+}
+
+/* ... and the pooled (before, 1, after) node in viewed as the result's dims od (on of them): in itself when
+ * they are those, else a Reshape (-1: err set). */
+static int reduce_view_out(imp *im, int in, int on, const int64_t *od, const int64_t three[3]) {
+    const int64_t pooled[3] = {three[0], 1, three[2]};
+    if (on - im->lead == 3 && !memcmp(od + im->lead, pooled, sizeof pooled)) return in;
+    char buf[128];
+    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &in);
+    if (pn < 0) return oom(im), -1;
+    add_attr(im, pn, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    return pn;
+}
+
 /* ReduceMean (its axes an input from opset 18) and ReduceSum (from 13: the mean times the count) of x, then
  * the kind post when not NULL (ReduceL2's Sqrt) */
 static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const char *post) {
@@ -2305,7 +2327,6 @@ static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const
     if ((rc = reduce_axes(im, x, axes_input_opset, what, "a Reshape and AdaptiveAvgPool2d", &lo, &hi, &n, od, &on)))
         return rc;
     int keep = (int)attr_i(im, "keepdims", 1);
-    char buf[128];
     const double count = sum ? (double)prod(x->dims + lo, n) : 0.0;
     int xin = x->node;
     if (r - im->lead == 3 && lo == r - 2) {   /* the spatial axes of (N, C, H, W) */
@@ -2321,21 +2342,13 @@ static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const
         return reduce_out(im, f, r - 2, kd, count, post);
     }
     if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
-    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
-                        prod(x->dims + hi + 1, r - hi - 1)};
-    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &xin);
-    if (pn < 0) return oom(im);
-    add_attr(im, pn, "shape: %s", dims_text(three, 3, buf, sizeof buf));
-    int pool = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &pn);
-    if (pool < 0) return oom(im);
-    add_attr(im, pool, "output_size: [1, null]");
-    three[1] = 1;
-    if (on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))
-        return reduce_out(im, pool, on, od, count, post);
-    int out = emit(im, "Reshape", NULL, NULL, "view", 1, &pool);
-    if (out < 0) return oom(im);
-    add_attr(im, out, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    return reduce_out(im, out, on, od, count, post);
+    int64_t three[3];
+    int cur = reduce_view_in(im, x, lo, hi, n, three);
+    if (cur < 0) return im->err->code;
+    if ((cur = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "output_size: [1, null]");
+    if ((cur = reduce_view_out(im, cur, on, od, three)) < 0) return im->err->code;
+    return reduce_out(im, cur, on, od, count, post);
 }
 
 static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
@@ -2345,14 +2358,6 @@ static ps_status reduce_mean_sum(imp *im, int axes_input_opset, int sum) {
 
 static ps_status h_reducemean(imp *im) { return reduce_mean_sum(im, 18, 0); }
 static ps_status h_reducesum(imp *im) { return reduce_mean_sum(im, 13, 1); }
-
-/* x * -1 for a ReduceMin (-max(-x)); returns the new psd node or -1 (err set) */
-static int negate(imp *im, int in) {
-    int pn = emit(im, "MulConstant", NULL, NULL, "neg", 1, &in);
-    if (pn < 0) { oom(im); return -1; }
-    add_attr(im, pn, "value: -1.0");
-    return pn;
-}
 
 /* ReduceMax and ReduceMin (a max of -x, negated) over adjacent axes after the batch: over every spatial axis
  * of (N, C, L) / (N, C, H, W) (x.amax(dim=(2, 3))) a MaxPool over the whole plane (global_max); otherwise
@@ -2373,21 +2378,15 @@ static ps_status reduce_max_min(imp *im, int neg) {
     int keep = (int)attr_i(im, "keepdims", 1);
     if (!neg && im->lead == 1 && (r == 3 || r == 4) && lo == 2 && hi == r - 1) return global_max(im, keep);
     if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
-    int cur = x->node;
-    if (neg && (cur = negate(im, cur)) < 0) return im->err->code;
-    char buf[128];
-    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
-                        prod(x->dims + hi + 1, r - hi - 1)};
-    if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
-    add_attr(im, cur, "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    val src = *x;       /* a min: the max of -x (a MulConstant by -1), negated */
+    if (neg && (src.node = emit_value(im, "MulConstant", x->node, "neg", -1.0)) < 0) return im->err->code;
+    int64_t three[3];
+    int cur = reduce_view_in(im, &src, lo, hi, n, three);
+    if (cur < 0) return im->err->code;
     if ((cur = emit(im, "MaxPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
     add_attr(im, cur, "kernel_size: [%lld, 1]", (long long)three[1]);
-    three[1] = 1;
-    if (!(on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))) {
-        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
-        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    }
-    if (neg && (cur = negate(im, cur)) < 0) return im->err->code;
+    if ((cur = reduce_view_out(im, cur, on, od, three)) < 0) return im->err->code;
+    if (neg && (cur = emit_value(im, "MulConstant", cur, "neg", -1.0)) < 0) return im->err->code;
     return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
 
@@ -2425,33 +2424,23 @@ static ps_status h_reducel2(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
     if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
-    int r = x->ndim, lo, hi, n, on;
+    int lo, hi, n, on;
     int64_t od[MAXD];
     if ((rc = reduce_axes(im, x, 18, "norm", "a Reshape, Normalize, Mul and AdaptiveAvgPool2d", &lo, &hi, &n, od,
                           &on)))
         return rc;
     if (on - im->lead < 1) return unsup(im, "a norm to one value per sample (psd's values keep a dimension)");
-    char buf[128], f[40];
-    int64_t three[3] = {prod(x->dims + im->lead, lo - im->lead), prod(x->dims + lo, n),
-                        prod(x->dims + hi + 1, r - hi - 1)};
-    const int64_t count = three[1];
-    int ins[2] = {x->node, -1}, cur;
-    if ((ins[0] = emit(im, "Reshape", NULL, NULL, "view", 1, ins)) < 0) return oom(im);
-    add_attr(im, ins[0], "shape: %s", dims_text(three, 3, buf, sizeof buf));
+    int64_t three[3];
+    int ins[2] = {reduce_view_in(im, x, lo, hi, n, three), -1}, cur;
+    if (ins[0] < 0) return im->err->code;
     if ((ins[1] = emit(im, "Normalize", NULL, NULL, "normalize", 1, ins)) < 0) return oom(im);
     add_attr(im, ins[1], "dim: 2");
     if ((cur = emit(im, "Mul", NULL, NULL, "mul", 2, ins)) < 0) return oom(im);
     if ((cur = emit(im, "AdaptiveAvgPool2d", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
     add_attr(im, cur, "output_size: [1, null]");
-    if (count != 1) {
-        if ((cur = emit(im, "MulConstant", NULL, NULL, "sum", 1, &cur)) < 0) return oom(im);
-        add_attr(im, cur, "value: %s", float_text((double)count, f, sizeof f));
-    }
-    three[1] = 1;
-    if (!(on - im->lead == 3 && !memcmp(od + im->lead, three, sizeof three))) {
-        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &cur)) < 0) return oom(im);
-        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
-    }
+    if (three[1] != 1 && (cur = emit_value(im, "MulConstant", cur, "sum", (double)three[1])) < 0)
+        return im->err->code;
+    if ((cur = reduce_view_out(im, cur, on, od, three)) < 0) return im->err->code;
     return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
 }
 

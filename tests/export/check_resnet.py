@@ -663,6 +663,22 @@ def main():
         p.kill()
 
 
+def moved(make, name, seed=7, after=None):
+    """make() built under seed, every parameter moved off its initial value by 0.1 N(0, 1) (every gradient then
+    shows), after(model) for a script's own adjustment, its state_dict written for psd's --init-from:
+    (model, the file's path)."""
+    torch.manual_seed(seed)
+    model = make()
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(torch.randn_like(t) * 0.1)
+        if after is not None:
+            after(model)
+    w = os.path.join(TMP, name + "_moved.safetensors")
+    load_psd_export().write_safetensors(w, list(model.state_dict().items()), {})
+    return model, w
+
+
 def run_main(main_fn):
     """A check script's end: main_fn, then every psd it started stopped, exit 1 when a check failed."""
     try:

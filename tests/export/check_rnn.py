@@ -60,8 +60,6 @@ import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, 
 from rnn import SeqRNN, TextRNN  # noqa: E402
 from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the path)
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, VOCAB, BATCH = 6, 20, 8
 
@@ -108,14 +106,7 @@ def inputs(cls, seed):
 
 
 def moved(cls, kw, name):
-    torch.manual_seed(7)
-    model = cls(**kw)
-    with torch.no_grad():   # off PyTorch's init: every gradient shows
-        for t in model.parameters():
-            t.add_(torch.randn_like(t) * 0.1)
-    w = os.path.join(cr.TMP, name + "_moved.safetensors")
-    write_safetensors(w, dict(model.state_dict()), {})
-    return model, w
+    return cr.moved(lambda: cls(**kw), name)
 
 
 def train_steps(label, stub, x, target, model=None, steps=60):

@@ -52,8 +52,6 @@ from psd._proto import ps_pb2  # noqa: E402  (check_resnet put python/ on the pa
 from psd.checkpoint import read_safetensors  # noqa: E402
 from shared import Repeated, Siamese, TiedLM  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from gen_golden import write_safetensors  # noqa: E402
 
 BATCH = 6
 CASES = [
@@ -76,14 +74,7 @@ def export(pe, cls, kwargs, shape, name, extra=()):
 
 
 def moved(cls, kw, name):
-    torch.manual_seed(7)
-    model = cls(**kw)
-    with torch.no_grad():   # off PyTorch's init: every gradient shows (a tied tensor moves once)
-        for t in model.parameters():
-            t.add_(torch.randn_like(t) * 0.1)
-    w = os.path.join(cr.TMP, name + "_moved.safetensors")
-    write_safetensors(w, dict(model.state_dict()), {})
-    return model, w
+    return cr.moved(lambda: cls(**kw), name)   # a tied tensor is one parameter: it moves once
 
 
 def inputs(cls, seed):

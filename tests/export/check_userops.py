@@ -38,18 +38,14 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
 import userops  # noqa: E402
 from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings, ShapeMoves, TextCNN  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from gen_golden import write_safetensors  # noqa: E402
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
@@ -69,16 +65,8 @@ def export(pe, cls, name, kwargs=None):
 
 
 def moved(cls, name):
-    torch.manual_seed(3)
-    model = cls()
-    with torch.no_grad():
-        for t in model.parameters():
-            t.add_(torch.randn_like(t) * 0.1)
-        if cls is Bags:
-            model.sum.weight[0].zero_()
-    w = os.path.join(cr.TMP, name + "_moved.safetensors")
-    write_safetensors(w, dict(model.state_dict()), {})
-    return model, w
+    # a bag's padding row kept at zeros, as PyTorch's init and training keep it
+    return cr.moved(cls, name, seed=3, after=(lambda m: m.sum.weight[0].zero_()) if cls is Bags else None)
 
 
 def inputs(cls, seed):
@@ -113,6 +101,16 @@ def main():
     refusals(pe)
 
 
+def onnx_run(label, model, x, target, name):
+    """model's training-mode ONNX export through psd's ONNX import, checked by check_resnet's run() with ref64."""
+    path = os.path.join(cr.TMP, name + ".onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
+    cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+
+
 def onnx_paths():
     """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
@@ -121,30 +119,13 @@ def onnx_paths():
     model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
-    path = os.path.join(cr.TMP, "maxtokens.onnx")
-    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd("userops_onnx", "onnx: %s" % path, [])
-    cr.run("MaxTokens (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
-    p.kill()
+    onnx_run("MaxTokens (ONNX)", model, x, target, "maxtokens")
     # ONNX's Pad in modes reflect and edge; without the circular convolution (PyTorch 1.13's export of circular
     # padding slices the wrong rows: pytorch/pytorch#86690)
     model, _ = moved(lambda: Paddings(circular=False), "paddings_onnx")
-    x, target = inputs(Paddings, 2)
-    path = os.path.join(cr.TMP, "paddings.onnx")
-    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd("paddings_onnx", "onnx: %s" % path, [])
-    cr.run("Paddings (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
-    p.kill()
+    onnx_run("Paddings (ONNX)", model, *inputs(Paddings, 2), "paddings")
     model, _ = moved(userops.SoftsignNet, "softsign_onnx")   # Softsign as Abs, Add, Div (broadcasting Div's path)
-    x, target = inputs(userops.SoftsignNet, 3)
-    path = os.path.join(cr.TMP, "softsign.onnx")
-    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd("softsign_onnx", "onnx: %s" % path, [])
-    cr.run("SoftsignNet (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
-    p.kill()
+    onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
     path = os.path.join(cr.TMP, "maxrows.onnx")
     torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, opset_version=13)
