@@ -870,6 +870,69 @@ CASES += [
 ]
 
 
+# ---- users' elementwise functions: Maximum / Minimum of two tensors (one shape with ties - x against ReLU(x),
+# equal wherever x > 0, half the gradient to each - and broadcast either way), the comparisons of a tensor with a
+# number feeding Where (both operands tensors, b a number, a a number, b -inf), Log1p (its input kept above -1),
+# Expm1, Sin, Cos, Flip over one dim and over two (one of them negative)
+CASES += [
+    ("maximum_ties", stage([2, 5], ["{name: r, kind: ReLU, input: input}",
+                                    "{name: m, kind: Maximum, inputs: [input, r]}"])),
+    ("maximum_bcast_right", stage([4, 5], ["{name: l, kind: Narrow, dim: 2, start: 1, length: 1, input: input}",
+                                           "{name: t, kind: Tanh, input: input}",
+                                           "{name: m, kind: Maximum, inputs: [t, l]}"])),
+    ("minimum_ties", stage([2, 5], ["{name: r, kind: ReLU, input: input}",
+                                    "{name: m, kind: Minimum, inputs: [r, input]}"])),
+    ("minimum_bcast_left", stage([3, 4, 2], ["{name: n, kind: Narrow, dim: 2, start: 3, length: 1, input: input}",
+                                             "{name: m, kind: Minimum, inputs: [n, input]}"])),
+    ("where_greater", stage([3, 4], ["{name: t, kind: MulConstant, value: 0.1, input: input}",
+                                     "{name: g, kind: Greater, value: 0.2, input: input}",
+                                     "{name: w, kind: Where, inputs: [g, input, t]}"])),
+    ("where_less_b", stage([3, 4], ["{name: t, kind: Tanh, input: input}",
+                                    "{name: c, kind: Less, value: -0.3, input: t}",
+                                    "{name: w, kind: Where, inputs: [c, t], b: 0.5}"])),
+    ("where_ge_a", stage([12], ["{name: c, kind: GreaterOrEqual, value: 0.0, input: input}",
+                                "{name: e, kind: Exp, input: input}",
+                                "{name: w, kind: Where, inputs: [c, e], a: -1.5}"])),
+    ("where_le_inf", stage([2, 6], ["{name: c, kind: LessOrEqual, value: 0.4, input: input}",
+                                    "{name: w, kind: Where, inputs: [c, input], b: -.inf}",
+                                    "{name: s, kind: Softmax, dim: -1}"])),
+    ("log1p", stage([2, 5], POS + ["{name: l, kind: Log1p}"])),
+    ("expm1", stage([2, 5], ["{name: e, kind: Expm1}"])),
+    ("sin", stage([3, 4], ["{name: s, kind: Sin}"])),
+    ("cos", stage([3, 4], ["{name: c, kind: Cos}"])),
+    ("flip_one", stage([3, 4, 5], ["{name: l, kind: Linear, out_features: 4}",
+                                   "{name: f, kind: Flip, dims: [2]}"])),
+    ("flip_two", stage([3, 4, 5], ["{name: t, kind: Tanh}", "{name: f, kind: Flip, dims: [1, -1]}",
+                                   "{name: l, kind: Linear, out_features: 3}"])),
+]
+SCALE_ELEM3 = {"sin": 3.0, "cos": 3.0, "expm1": 1.5}
+
+
+def elem3_module(kind, a):
+    """The torch twin of Maximum, Minimum, a comparison, Where, Log1p, Expm1, Sin, Cos, Flip, or None."""
+    if kind in ("Maximum", "Minimum"):
+        return Lambda(torch.maximum if kind == "Maximum" else torch.minimum)
+    if kind in ("Greater", "Less", "GreaterOrEqual", "LessOrEqual"):   # a 0/1 float mask, as psd's
+        v = a["value"]
+        op = {"Greater": torch.gt, "Less": torch.lt, "GreaterOrEqual": torch.ge, "LessOrEqual": torch.le}[kind]
+        return Lambda(lambda x: op(x, v).float())
+    if kind == "Where":   # torch.where(cond, a, b), a or b a number where the node says so
+        va, vb = a.get("a"), a.get("b")
+
+        def where(c, *xs):
+            xs = list(xs)
+            pa = xs.pop(0) if va is None else float(va)
+            pb = xs.pop(0) if vb is None else float(vb)
+            return torch.where(c != 0, pa, pb)
+        return Lambda(where)
+    if kind in ("Log1p", "Expm1", "Sin", "Cos"):
+        return Lambda(getattr(torch, kind.lower()))
+    if kind == "Flip":
+        dims = a["dims"]
+        return Lambda(lambda x: torch.flip(x, dims))
+    return None
+
+
 def bcast_module(kind):
     """The torch twin of Div (Add, Sub, Mul broadcast as their own twins do), or None."""
     if kind == "Div":
@@ -941,6 +1004,7 @@ SCALE = {"hardtanh": 2.0, "hardtanh_default": 2.0, "relu6": 5.0, "hardswish": 4.
          "hard_blocked": 4.0}
 SCALE.update({"normalize_eps": 0.7, "elu": 2.0, "selu": 2.0, "softplus": 3.0, "softplus_beta_threshold": 2.0, "mish": 3.0,
               "logsigmoid": 3.0, "pow3": 1.5})
+SCALE.update(SCALE_ELEM3)
 SCALE.update({"celu": 2.0, "celu_alpha2": 3.0, "softsign": 3.0, "tanhshrink": 2.0, "hardshrink_lambd": 2.0,
               "prelu": 2.0})
 
@@ -1043,6 +1107,9 @@ def pair(v):
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
+    m = elem3_module(kind, a)
+    if m is not None:
+        return m
     m = eltwise_module(kind, a, s0)
     if m is None:
         m = bcast_module(kind)

@@ -487,6 +487,18 @@ typedef enum {
     PS_ACT_HARDSHRINK,
     PS_ACT_SOFTSHRINK,
     PS_ACT_THRESHOLD,
+    /* more elementwise math (torch.log1p, expm1, sin, cos) and the
+     * comparisons of a tensor with a number (alpha): 1 where x > alpha (GT),
+     * x < alpha (LT), x >= alpha (GE), x <= alpha (LE), else 0 (NaN: 0),
+     * whose gradient is zero (Where's condition) */
+    PS_ACT_LOG1P,
+    PS_ACT_EXPM1,
+    PS_ACT_SIN,
+    PS_ACT_COS,
+    PS_ACT_GT,
+    PS_ACT_LT,
+    PS_ACT_GE,
+    PS_ACT_LE,
     PS_ACT_COUNT
 } ps_act_kind;
 
@@ -494,7 +506,7 @@ typedef struct ps_act_desc {
     int kind;                   /* a ps_act_kind */
     float alpha;                /* LEAKY_RELU's negative_slope, HARDTANH's min_val, ELU's alpha, SOFTPLUS's
                                    beta, POW's exponent, LINEAR's factor, CELU's alpha, the shrinks' lambd,
-                                   THRESHOLD's threshold */
+                                   THRESHOLD's threshold, the comparisons' number */
     float beta;                 /* HARDTANH's max_val, SOFTPLUS's threshold, LINEAR's term, THRESHOLD's value */
 } ps_act_desc;
 
@@ -512,9 +524,16 @@ static inline int ps_act_backward_reads_x(int kind) {
  * the dims where it is 1 and y is not of
  *   which 0: add dy, sub dy,  mul dy * b, div dy / b
  *   which 1: add dy, sub -dy, mul dy * a, div -dy * a / b^2
- * (a and b are read only by mul and div; add and sub may pass NULL). */
+ * and for max (torch.maximum) and min (torch.minimum) dy to the operand
+ * that is larger (smaller), half of it to each where a == b, as
+ * PyTorch's; y is NaN where either operand is.
+ * (a and b are read only by mul, div, max and min (ps_binary_reads); add
+ * and sub may pass NULL). */
 #define PS_BCAST_MAX_DIMS 5
-typedef enum { PS_BINARY_ADD, PS_BINARY_SUB, PS_BINARY_MUL, PS_BINARY_DIV } ps_binary_op;
+typedef enum {
+    PS_BINARY_ADD, PS_BINARY_SUB, PS_BINARY_MUL, PS_BINARY_DIV,
+    PS_BINARY_MAX, PS_BINARY_MIN        /* Maximum, Minimum */
+} ps_binary_op;
 typedef struct ps_bcast_desc {
     int op;                             /* a ps_binary_op */
     int ndim;                           /* 1..PS_BCAST_MAX_DIMS */
@@ -560,15 +579,27 @@ static inline ps_bcast_geom ps_bcast_geometry(const ps_bcast_desc *d) {
 }
 
 /* One element of ps_bcast_desc's op and of its gradient term (before
- * the sum over the broadcast dims); a, b are read by mul and div only. */
+ * the sum over the broadcast dims); a, b are read where ps_binary_reads. */
+static inline int ps_binary_reads(int op) { return op != PS_BINARY_ADD && op != PS_BINARY_SUB; }
+
 static inline float ps_binary_apply(int op, float a, float b) {
+    if (op == PS_BINARY_MAX) return a > b || a != a ? a : b;   /* a NaN on either side: NaN */
+    if (op == PS_BINARY_MIN) return a < b || a != a ? a : b;
     return op == PS_BINARY_ADD ? a + b : op == PS_BINARY_SUB ? a - b : op == PS_BINARY_MUL ? a * b : a / b;
+}
+
+/* max / min: dy to the winner, dy / 2 to each on a tie */
+static inline double ps_binary_extreme_grad(int op, int which, double dy, double a, double b) {
+    const double mine = which ? b : a, other = which ? a : b;
+    if (mine == other) return dy / 2;
+    return (op == PS_BINARY_MAX ? mine > other : mine < other) ? dy : 0.0;
 }
 
 static inline double ps_binary_grad(int op, int which, double dy, double a, double b) {
     if (op == PS_BINARY_ADD) return dy;
     if (op == PS_BINARY_SUB) return which ? -dy : dy;
     if (op == PS_BINARY_MUL) return which ? dy * a : dy * b;
+    if (op == PS_BINARY_MAX || op == PS_BINARY_MIN) return ps_binary_extreme_grad(op, which, dy, a, b);
     return which ? -dy * a / (b * b) : dy / b;
 }
 
@@ -578,7 +609,7 @@ static inline double ps_binary_grad(int op, int which, double dy, double a, doub
  * plain loop every CPU backend's binary_bcast_backward runs per element. */
 static inline double ps_bcast_grad_sum(const ps_bcast_geom *g, const int64_t *sx, int op, int which, int64_t j,
                                        int64_t red, const float *a, const float *b, const float *dy) {
-    const int reads = op == PS_BINARY_MUL || op == PS_BINARY_DIV;
+    const int reads = ps_binary_reads(op);
     double s = 0;
     for (int64_t r = 0; r < red; r++) {
         int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
@@ -1000,6 +1031,15 @@ typedef struct ps_backend_ops {
                               ps_err *err);
     ps_status (*binary_bcast_backward)(void *impl, const ps_bcast_desc *d, int which, const float *a,
                                        const float *b, const float *dy, float *dx, ps_err *err);
+
+    /* ---- appended for torch.where (Where): y = cond != 0 ? a : b over
+     * count elements of one shape; a NULL a (b) reads the number av (bv)
+     * instead. The backward writes da = cond != 0 ? dy : 0 and db = cond
+     * != 0 ? 0 : dy (either NULL: not computed); none to cond. ---- */
+    ps_status (*where)(void *impl, int64_t count, const float *cond, const float *a, float av, const float *b,
+                       float bv, float *y, ps_err *err);
+    ps_status (*where_backward)(void *impl, int64_t count, const float *cond, const float *dy, float *da,
+                                float *db, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1031,6 +1031,10 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_HARDSHRINK == (int)PS_ACT_HARDSHRINK &&
                (int)PS_CUDA_ACT_SOFTSHRINK == (int)PS_ACT_SOFTSHRINK &&
                (int)PS_CUDA_ACT_THRESHOLD == (int)PS_ACT_THRESHOLD &&
+               (int)PS_CUDA_ACT_LOG1P == (int)PS_ACT_LOG1P && (int)PS_CUDA_ACT_EXPM1 == (int)PS_ACT_EXPM1 &&
+               (int)PS_CUDA_ACT_SIN == (int)PS_ACT_SIN && (int)PS_CUDA_ACT_COS == (int)PS_ACT_COS &&
+               (int)PS_CUDA_ACT_GT == (int)PS_ACT_GT && (int)PS_CUDA_ACT_LT == (int)PS_ACT_LT &&
+               (int)PS_CUDA_ACT_GE == (int)PS_ACT_GE && (int)PS_CUDA_ACT_LE == (int)PS_ACT_LE &&
                (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
@@ -1319,6 +1323,20 @@ static ps_status cu_binary_bcast_backward(void *impl, const ps_bcast_desc *d, in
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_binary_bcast_backward(&g, which, a, b, dy, dx, c->stream));
 }
 
+_Static_assert(PS_BINARY_MAX == 4 && PS_BINARY_MIN == 5, "the kernels' max and min are ops 4 and 5");
+
+static ps_status cu_where(void *impl, int64_t count, const float *cond, const float *a, float av, const float *b,
+                          float bv, float *y, ps_err *err) {
+    if (count <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_where(count, cond, a, av, b, bv, y, c->stream));
+}
+
+static ps_status cu_where_backward(void *impl, int64_t count, const float *cond, const float *dy, float *da,
+                                   float *db, ps_err *err) {
+    if (count <= 0 || (!da && !db)) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_where_backward(count, cond, dy, da, db, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1388,4 +1406,6 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .prelu_backward = cu_prelu_backward,
     .binary_bcast = cu_binary_bcast,
     .binary_bcast_backward = cu_binary_bcast_backward,
+    .where = cu_where,
+    .where_backward = cu_where_backward,
 };

@@ -110,6 +110,8 @@ enum {
     PS_CUDA_ACT_EXP, PS_CUDA_ACT_LOG, PS_CUDA_ACT_ABS, PS_CUDA_ACT_SQRT, PS_CUDA_ACT_POW, PS_CUDA_ACT_LINEAR,
     PS_CUDA_ACT_CELU, PS_CUDA_ACT_SOFTSIGN, PS_CUDA_ACT_TANHSHRINK, PS_CUDA_ACT_HARDSHRINK, PS_CUDA_ACT_SOFTSHRINK,
     PS_CUDA_ACT_THRESHOLD,
+    PS_CUDA_ACT_LOG1P, PS_CUDA_ACT_EXPM1, PS_CUDA_ACT_SIN, PS_CUDA_ACT_COS, PS_CUDA_ACT_GT, PS_CUDA_ACT_LT,
+    PS_CUDA_ACT_GE, PS_CUDA_ACT_LE,
     PS_CUDA_ACT_COUNT
 };
 
@@ -233,7 +235,7 @@ cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *d
 /* Numpy broadcasting of two tensors (backend.h's ps_bcast_desc resolved by
  * ps_bcast_geometry: nd merged dims, each > 1, and the element strides of
  * y, a and b along them, 0 where broadcast). op: ps_binary_op's values
- * (0 add, 1 sub, 2 mul, 3 div). The backward writes operand `which`'s
+ * (0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min). The backward writes operand `which`'s
  * gradient, one thread per element summing its terms in double. */
 typedef struct ps_cuda_bcast {
     int op, nd;
@@ -245,6 +247,12 @@ cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const f
                                  cudaStream_t stream);
 cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, const float *a, const float *b,
                                           const float *dy, float *dx, cudaStream_t stream);
+
+/* torch.where (backend.h's where / where_backward): a NULL a (b) reads av (bv); da, db may be NULL. */
+cudaError_t ps_cuda_where(int64_t count, const float *cond, const float *a, float av, const float *b, float bv,
+                          float *y, cudaStream_t stream);
+cudaError_t ps_cuda_where_backward(int64_t count, const float *cond, const float *dy, float *da, float *db,
+                                   cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -434,6 +434,14 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_HARDSHRINK: return x > alpha || x < -alpha ? x : 0.0f;
     case PS_CUDA_ACT_SOFTSHRINK: return x > alpha ? x - alpha : x < -alpha ? x + alpha : 0.0f;
     case PS_CUDA_ACT_THRESHOLD: return x > alpha ? x : beta;
+    case PS_CUDA_ACT_LOG1P: return log1pf(x);
+    case PS_CUDA_ACT_EXPM1: return expm1f(x);
+    case PS_CUDA_ACT_SIN: return sinf(x);
+    case PS_CUDA_ACT_COS: return cosf(x);
+    case PS_CUDA_ACT_GT: return x > alpha ? 1.0f : 0.0f;
+    case PS_CUDA_ACT_LT: return x < alpha ? 1.0f : 0.0f;
+    case PS_CUDA_ACT_GE: return x >= alpha ? 1.0f : 0.0f;
+    case PS_CUDA_ACT_LE: return x <= alpha ? 1.0f : 0.0f;
     }
     return NAN;
 }
@@ -487,6 +495,14 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_HARDSHRINK:
     case PS_CUDA_ACT_SOFTSHRINK: return x > alpha || x < -alpha ? dy : 0.0f;
     case PS_CUDA_ACT_THRESHOLD: return x > alpha ? dy : 0.0f;
+    case PS_CUDA_ACT_LOG1P: return dy / (1.0f + x);
+    case PS_CUDA_ACT_EXPM1: return dy * expf(x);
+    case PS_CUDA_ACT_SIN: return dy * cosf(x);
+    case PS_CUDA_ACT_COS: return -dy * sinf(x);
+    case PS_CUDA_ACT_GT:
+    case PS_CUDA_ACT_LT:
+    case PS_CUDA_ACT_GE:
+    case PS_CUDA_ACT_LE: return 0.0f;
     }
     return NAN;
 }
@@ -807,6 +823,8 @@ __global__ void rnn_cell_backward_kernel(int64_t count, int64_t H, int gru, cons
 /* ---- numpy broadcasting (ps_cuda_bcast) ---- */
 
 static __device__ float bcast_apply(int op, float a, float b) {
+    if (op == 4) return a > b || isnan(a) ? a : b;   /* max, min: NaN on either side gives NaN */
+    if (op == 5) return a < b || isnan(a) ? a : b;
     return op == 0 ? __fadd_rn(a, b) : op == 1 ? __fsub_rn(a, b) : op == 2 ? __fmul_rn(a, b) : __fdiv_rn(a, b);
 }
 
@@ -814,6 +832,11 @@ static __device__ double bcast_grad(int op, int which, double dy, double a, doub
     if (op == 0) return dy;
     if (op == 1) return which ? -dy : dy;
     if (op == 2) return which ? dy * a : dy * b;
+    if (op == 4 || op == 5) {   /* dy to the winner, half to each on a tie */
+        const double mine = which ? b : a, other = which ? a : b;
+        if (mine == other) return dy / 2;
+        return (op == 4 ? mine > other : mine < other) ? dy : 0.0;
+    }
     return which ? -dy * a / (b * b) : dy / b;
 }
 
@@ -852,6 +875,22 @@ __global__ void binary_bcast_backward_kernel(ps_cuda_bcast g, int which, int64_t
             s += bcast_grad(g.op, which, dy[oy], reads ? a[oa] : 0.0, reads ? b[ob] : 0.0);
         }
         dx[j] = (float)s;
+    }
+}
+
+/* ---- torch.where (ps_cuda_where) ---- */
+
+__global__ void where_kernel(int64_t n, const float *cond, const float *a, float av, const float *b, float bv,
+                             float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = cond[i] != 0.0f ? (a ? a[i] : av) : (b ? b[i] : bv);
+}
+
+__global__ void where_backward_kernel(int64_t n, const float *cond, const float *dy, float *da, float *db) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const bool pick_a = cond[i] != 0.0f;
+        if (da) da[i] = pick_a ? dy[i] : 0.0f;
+        if (db) db[i] = pick_a ? 0.0f : dy[i];
     }
 }
 
@@ -1272,6 +1311,18 @@ cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, con
     int64_t kept = 1;
     for (int k = 0; k < g->nd; k++) kept *= (which ? g->sb[k] : g->sa[k]) ? g->dims[k] : 1;
     binary_bcast_backward_kernel<<<blocks_for(kept), kThreads, 0, stream>>>(*g, which, kept, a, b, dy, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_where(int64_t count, const float *cond, const float *a, float av, const float *b, float bv,
+                          float *y, cudaStream_t stream) {
+    where_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, cond, a, av, b, bv, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_where_backward(int64_t count, const float *cond, const float *dy, float *da, float *db,
+                                   cudaStream_t stream) {
+    where_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, cond, dy, da, db);
     return cudaGetLastError();
 }
 

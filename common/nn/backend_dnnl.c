@@ -2565,6 +2565,15 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_HARDSHRINK] = { dnnl_alg_kind_undef, 0, 0.0f },
     [PS_ACT_SOFTSHRINK] = { dnnl_alg_kind_undef, 0, 0.0f },
     [PS_ACT_THRESHOLD] = { dnnl_alg_kind_undef, 0, 0.0f },
+    /* log1p, expm1, sin, cos and the comparisons: oneDNN 2.6 has none (math_f below) */
+    [PS_ACT_LOG1P] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_EXPM1] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SIN] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_COS] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_GT] = { dnnl_alg_kind_undef, 1, 0.0f },
+    [PS_ACT_LT] = { dnnl_alg_kind_undef, 1, 0.0f },
+    [PS_ACT_GE] = { dnnl_alg_kind_undef, 1, 0.0f },
+    [PS_ACT_LE] = { dnnl_alg_kind_undef, 1, 0.0f },
 };
 
 #define SELU_ALPHA 1.67326324235437728f
@@ -2610,6 +2619,31 @@ static float shrink_df(int kind, float a, float x, float dy) {
     }
 }
 
+/* log1p, expm1, sin, cos and the comparisons with a (gradient zero), one
+ * element each way */
+static float math_f(int kind, float a, float x) {
+    switch (kind) {
+    case PS_ACT_LOG1P: return log1pf(x);
+    case PS_ACT_EXPM1: return expm1f(x);
+    case PS_ACT_SIN: return sinf(x);
+    case PS_ACT_COS: return cosf(x);
+    case PS_ACT_GT: return x > a ? 1.0f : 0.0f;
+    case PS_ACT_LT: return x < a ? 1.0f : 0.0f;
+    case PS_ACT_GE: return x >= a ? 1.0f : 0.0f;
+    default: return x <= a ? 1.0f : 0.0f;   /* PS_ACT_LE */
+    }
+}
+
+static float math_df(int kind, float x, float dy) {
+    switch (kind) {
+    case PS_ACT_LOG1P: return dy / (1.0f + x);
+    case PS_ACT_EXPM1: return dy * expf(x);
+    case PS_ACT_SIN: return dy * cosf(x);
+    case PS_ACT_COS: return -dy * sinf(x);
+    default: return 0.0f;                   /* the comparisons */
+    }
+}
+
 /* The activations oneDNN 2.6 lacks (or lacks with these attributes), as
  * the reference computes them, in float. */
 static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, float *y) {
@@ -2640,6 +2674,19 @@ static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, f
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) y[i] = shrink_f(kind, a, b, x[i]);
+        break;
+    }
+    case PS_ACT_LOG1P:
+    case PS_ACT_EXPM1:
+    case PS_ACT_SIN:
+    case PS_ACT_COS:
+    case PS_ACT_GT:
+    case PS_ACT_LT:
+    case PS_ACT_GE:
+    case PS_ACT_LE: {
+        const int kind = d->kind;
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) y[i] = math_f(kind, a, x[i]);
         break;
     }
     default:            /* PS_ACT_HARDSIGMOID */
@@ -2679,6 +2726,19 @@ static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, 
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = shrink_df(kind, a, x[i], dy[i]);
+        break;
+    }
+    case PS_ACT_LOG1P:
+    case PS_ACT_EXPM1:
+    case PS_ACT_SIN:
+    case PS_ACT_COS:
+    case PS_ACT_GT:
+    case PS_ACT_LT:
+    case PS_ACT_GE:
+    case PS_ACT_LE: {
+        const int kind = d->kind;
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+        for (int64_t i = 0; i < count; i++) dx[i] = math_df(kind, x[i], dy[i]);
         break;
     }
     default:            /* PS_ACT_HARDSIGMOID */
@@ -3634,6 +3694,8 @@ static ps_status dn_binary_bcast(void *impl, const ps_bcast_desc *d, const float
         } else if (op == PS_BINARY_MUL) {
 #pragma omp simd
             for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] * pb[p * ib];
+        } else if (op == PS_BINARY_MAX || op == PS_BINARY_MIN) {
+            for (int64_t p = 0; p < inner; p++) py[p] = ps_binary_apply(op, pa[p * ia], pb[p * ib]);
         } else {
 #pragma omp simd
             for (int64_t p = 0; p < inner; p++) py[p] = pa[p * ia] / pb[p * ib];
@@ -3648,7 +3710,7 @@ static ps_status dn_binary_bcast_backward(void *impl, const ps_bcast_desc *d, in
     set_threads(impl);
     const ps_bcast_geom g = ps_bcast_geometry(d);
     const int64_t *sx = which ? g.sb : g.sa;
-    const int reads = d->op == PS_BINARY_MUL || d->op == PS_BINARY_DIV, op = d->op;
+    const int reads = ps_binary_reads(d->op), op = d->op;
     int64_t kept = 1;
     for (int k = 0; k < g.nd; k++) kept *= sx[k] ? g.dims[k] : 1;
     const int64_t red = g.count / kept;
@@ -3674,6 +3736,30 @@ static ps_status dn_binary_bcast_backward(void *impl, const ps_bcast_desc *d, in
     }
 #pragma omp parallel for if (g.count >= PS_OMP_MIN) schedule(static)
     for (int64_t j = 0; j < kept; j++) dx[j] = (float)ps_bcast_grad_sum(&g, sx, op, which, j, red, a, b, dy);
+    return PS_OK;
+}
+
+/* ---- torch.where: OpenMP over the elements ---- */
+
+static ps_status dn_where(void *impl, int64_t count, const float *cond, const float *a, float av, const float *b,
+                          float bv, float *y, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) y[i] = cond[i] != 0.0f ? (a ? a[i] : av) : (b ? b[i] : bv);
+    return PS_OK;
+}
+
+static ps_status dn_where_backward(void *impl, int64_t count, const float *cond, const float *dy, float *da,
+                                   float *db, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+#pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
+    for (int64_t i = 0; i < count; i++) {
+        const int pick_a = cond[i] != 0.0f;
+        if (da) da[i] = pick_a ? dy[i] : 0.0f;
+        if (db) db[i] = pick_a ? 0.0f : dy[i];
+    }
     return PS_OK;
 }
 
@@ -3747,4 +3833,6 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .prelu_backward = dn_prelu_backward,
     .binary_bcast = dn_binary_bcast,
     .binary_bcast_backward = dn_binary_bcast_backward,
+    .where = dn_where,
+    .where_backward = dn_where_backward,
 };

@@ -818,6 +818,14 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_SOFTSHRINK:
         return x > (double)d->alpha ? x - (double)d->alpha : x < -(double)d->alpha ? x + (double)d->alpha : 0.0;
     case PS_ACT_THRESHOLD: return x > (double)d->alpha ? x : (double)d->beta;
+    case PS_ACT_LOG1P: return log1p(x);
+    case PS_ACT_EXPM1: return expm1(x);
+    case PS_ACT_SIN: return sin(x);
+    case PS_ACT_COS: return cos(x);
+    case PS_ACT_GT: return x > (double)d->alpha;
+    case PS_ACT_LT: return x < (double)d->alpha;
+    case PS_ACT_GE: return x >= (double)d->alpha;
+    case PS_ACT_LE: return x <= (double)d->alpha;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -875,6 +883,14 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_HARDSHRINK:
     case PS_ACT_SOFTSHRINK: return x > (double)d->alpha || x < -(double)d->alpha ? dy : 0.0;
     case PS_ACT_THRESHOLD: return x > (double)d->alpha ? dy : 0.0;
+    case PS_ACT_LOG1P: return dy / (1.0 + x);
+    case PS_ACT_EXPM1: return dy * exp(x);
+    case PS_ACT_SIN: return dy * cos(x);
+    case PS_ACT_COS: return -dy * sin(x);
+    case PS_ACT_GT:
+    case PS_ACT_LT:
+    case PS_ACT_GE:
+    case PS_ACT_LE: return 0.0;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -1222,6 +1238,26 @@ static ps_status ref_binary_bcast_backward(void *impl, const ps_bcast_desc *d, i
     return PS_OK;
 }
 
+/* ---- torch.where: a pick per element ---- */
+
+static ps_status ref_where(void *impl, int64_t count, const float *cond, const float *a, float av, const float *b,
+                           float bv, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) y[i] = cond[i] != 0.0f ? (a ? a[i] : av) : (b ? b[i] : bv);
+    return PS_OK;
+}
+
+static ps_status ref_where_backward(void *impl, int64_t count, const float *cond, const float *dy, float *da,
+                                    float *db, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t i = 0; i < count; i++) {
+        const int pick_a = cond[i] != 0.0f;
+        if (da) da[i] = pick_a ? dy[i] : 0.0f;
+        if (db) db[i] = pick_a ? 0.0f : dy[i];
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -1289,4 +1325,6 @@ const ps_backend_ops ps_backend_ref_ops = {
     .prelu_backward = ref_prelu_backward,
     .binary_bcast = ref_binary_bcast,
     .binary_bcast_backward = ref_binary_bcast_backward,
+    .where = ref_where,
+    .where_backward = ref_where_backward,
 };

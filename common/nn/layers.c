@@ -99,6 +99,11 @@ static ps_status attr_set(ps_layer *ly, const ps_attr_spec *sp, int is_list, int
     case PS_ATTR_FLOAT_OR_NULL:
         if (!vals[0]) { *(int *)(base + sp->off2) = 1; return PS_OK; }
         *(int *)(base + sp->off2) = 0;
+        if (ps_attr_infinity(vals[0], &x)) {   /* within the range only where it is open-ended (Where's a, b) */
+            if ((st = attr_range(sp, x, 0, err))) return st;
+            *(double *)(base + sp->off) = x;
+            return PS_OK;
+        }
         /* fall through */
     case PS_ATTR_FLOAT:
         if ((st = attr_number(ly, sp, vals[0], def, n, keys, values, &x, err))) return st;
@@ -1112,6 +1117,7 @@ static ps_status l2norm_backward(ps_layer_call *c, ps_err *err) {
 
 #define ACT_MATH 8
 #define ACT_SHRINK 19   /* kinds_of's first shrink: ACT_MATH + its 11 elementwise math kinds */
+#define ACT_MORE 26     /* kinds_of's Log1p: ACT_SHRINK + its 6 shrinks and RReLU */
 
 static ps_act_desc act_desc(const ps_layer *ly) {
     static const int kinds_of[] = {PS_ACT_LEAKY_RELU, PS_ACT_GELU, PS_ACT_SILU, PS_ACT_TANH, PS_ACT_SIGMOID,
@@ -1121,7 +1127,10 @@ static ps_act_desc act_desc(const ps_layer *ly) {
                                    PS_ACT_EXP, PS_ACT_LOG, PS_ACT_ABS, PS_ACT_SQRT, PS_ACT_POW, PS_ACT_LINEAR,
                                    /* shrinks and thresholds: ACT_SHRINK + k */
                                    PS_ACT_CELU, PS_ACT_SOFTSIGN, PS_ACT_TANHSHRINK, PS_ACT_HARDSHRINK,
-                                   PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU};
+                                   PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU,
+                                   /* more math and the comparisons: ACT_MORE + k */
+                                   PS_ACT_LOG1P, PS_ACT_EXPM1, PS_ACT_SIN, PS_ACT_COS, PS_ACT_GT, PS_ACT_LT,
+                                   PS_ACT_GE, PS_ACT_LE};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
@@ -1144,6 +1153,7 @@ static ps_act_desc act_desc(const ps_layer *ly) {
         d.alpha = 1.0f;
         d.beta = (float)ly->a.value;
     }
+    if (d.kind >= PS_ACT_GT && d.kind <= PS_ACT_LE) d.alpha = (float)ly->a.value;
     return d;
 }
 
@@ -1195,6 +1205,24 @@ static ps_status tanhshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_
 static ps_status hardshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 3, err); }
 static ps_status softshrink_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 4, err); }
 static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_SHRINK + 5, err); }
+
+/* torch.log1p, expm1, sin, cos (kinds_of's ACT_MORE + k), and a tensor
+ * compared with a number (h > 0.5: Greater, Less, GreaterOrEqual,
+ * LessOrEqual, value the number): 1 where it holds, else 0, as floats -
+ * Where's condition; their gradient is zero (PyTorch's bool has none). */
+static ps_status log1p_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 0, err); }
+static ps_status expm1_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 1, err); }
+static ps_status sin_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 2, err); }
+static ps_status cos_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 3, err); }
+static ps_status compare_infer(ps_layer *ly, int k, ps_err *err) {
+    if (!isfinite((float)ly->a.value))
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "value: %g is not a finite float32 number", ly->a.value);
+    return act_infer_as(ly, ACT_MORE + 4 + k, err);
+}
+static ps_status gt_infer(ps_layer *ly, ps_err *err) { return compare_infer(ly, 0, err); }
+static ps_status lt_infer(ps_layer *ly, ps_err *err) { return compare_infer(ly, 1, err); }
+static ps_status ge_infer(ps_layer *ly, ps_err *err) { return compare_infer(ly, 2, err); }
+static ps_status le_infer(ps_layer *ly, ps_err *err) { return compare_infer(ly, 3, err); }
 
 /* nn.RReLU: in eval PyTorch's LeakyReLU with slope (lower + upper) / 2; in
  * training each element's slope is a uniform draw in [lower, upper)
@@ -2531,6 +2559,71 @@ static ps_status div_forward(ps_layer_call *c, ps_err *err) { return bcast_forwa
 
 static ps_status div_backward(ps_layer_call *c, ps_err *err) { return bcast_backward(c, PS_BINARY_DIV, err); }
 
+/* ---- Maximum, Minimum: torch.maximum(a, b) / torch.max(a, b) and the
+ * minimum of two computed tensors, of one shape or that broadcast (numpy's
+ * rule, as Div). The gradient goes to the larger (smaller) operand, half
+ * to each where they are equal (PyTorch's), summed over a broadcast
+ * input's dims; NaN on either side gives NaN. ---- */
+
+static ps_status extreme_forward(ps_layer_call *c, ps_err *err) {
+    return bcast_forward(c, c->ly->kind->name[1] == 'a' ? PS_BINARY_MAX : PS_BINARY_MIN, err);
+}
+
+static ps_status extreme_backward(ps_layer_call *c, ps_err *err) {
+    return bcast_backward(c, c->ly->kind->name[1] == 'a' ? PS_BINARY_MAX : PS_BINARY_MIN, err);
+}
+
+/* ---- Where: torch.where(cond, a, b) - a where cond is nonzero, b
+ * elsewhere; cond a float mask (Greater, Less, ... of a tensor and a
+ * number; Eq), a and b computed tensors of cond's shape or numbers
+ * (attributes a, b: a number given there is not an input). Inputs: cond,
+ * then a and b as far as they are tensors. The gradient goes to a where
+ * cond holds, to b elsewhere, none to cond. ---- */
+
+static ps_status where_infer(ps_layer *ly, ps_err *err) {
+    char b1[64], b2[64];
+    const ps_layer_attrs *a = &ly->a;
+    const int want = 1 + a->where_a_null + a->where_b_null;
+    if (ly->nin != want)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d inputs, where Where takes %d: the condition, then %s",
+                          ly->nin, want, want == 3 ? "a and b (neither is a number)"
+                          : want == 2 ? (a->where_a_null ? "a (b is the number b:)" : "b (a is the number a:)")
+                          : "nothing else (a and b are numbers)");
+    for (int i = 0; i < ly->nin; i++) {
+        ps_status rc = need_ndim(ly, i, 0, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+        if (rc) return rc;
+        if (!ps_shape_equal(&ly->in[i], &ly->in[0]))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input '%s' is %s but the condition '%s' is %s: Where "
+                              "takes inputs of the condition's shape", ly->def->in_names[i],
+                              ps_shape_format(&ly->in[i], b1, sizeof b1), ly->def->in_names[0],
+                              ps_shape_format(&ly->in[0], b2, sizeof b2));
+    }
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *where_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->where && ops->where_backward && ops->fill ? NULL : "where/where_backward/fill";
+}
+
+static ps_status where_forward(ps_layer_call *c, ps_err *err) {
+    const ps_layer_attrs *a = &c->ly->a;
+    const float *xa = a->where_a_null ? c->xs[1] : NULL, *xb = a->where_b_null ? c->xs[1 + a->where_a_null] : NULL;
+    return c->be->ops->where(c->be->impl, ps_layer_out_count(c->ly, c->n), c->xs[0], xa, (float)a->where_a, xb,
+                             (float)a->where_b, c->y, err);
+}
+
+static ps_status where_backward(ps_layer_call *c, ps_err *err) {
+    const ps_layer_attrs *a = &c->ly->a;
+    const int64_t count = ps_layer_out_count(c->ly, c->n);
+    float *da = a->where_a_null ? c->dxs[1] : NULL, *db = a->where_b_null ? c->dxs[1 + a->where_a_null] : NULL;
+    ps_status rc = c->dxs[0] ? c->be->ops->fill(c->be->impl, count, c->dxs[0], 0.0f, err) : PS_OK;
+    if (rc || (!da && !db)) return rc;
+    return c->be->ops->where_backward(c->be->impl, count, c->xs[0], c->dy, da, db, err);
+}
+
 /* ---- Parameter: a learned tensor of its own (`shape`), broadcast to each
  * sample (`expand`, numpy's rule: trailing dims equal or 1 in shape) - a
  * constant operand of an imported graph (ONNX Add/Concat with an
@@ -3681,13 +3774,11 @@ static ps_status masked_fill_backward(ps_layer_call *c, ps_err *err) {
  * dims go through a scratch tensor. Backward rolls dy by the negated
  * shifts. Plain layout. ---- */
 
-static ps_status roll_infer(ps_layer *ly, ps_err *err) {
+/* Roll's and Flip's dims: each a per-sample dimension, none twice; the output the input's shape. */
+static ps_status rdims_infer(ps_layer *ly, ps_err *err) {
     ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
     if (rc) return rc;
     const ps_layer_attrs *a = &ly->a;
-    if (a->nshifts != a->nrdims)
-        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d shifts for %d dims: one shift per dim", a->nshifts,
-                          a->nrdims);
     for (int i = 0; i < a->nrdims; i++) {
         int d = sample_dim(a->rdims[i], ly->in[0].ndim);
         if (d < 0)
@@ -3701,6 +3792,13 @@ static ps_status roll_infer(ps_layer *ly, ps_err *err) {
     ly->outs = ly->in[0];
     ly->out_dtype = PS_DTYPE_F32;
     return PS_OK;
+}
+
+static ps_status roll_infer(ps_layer *ly, ps_err *err) {
+    if (ly->a.nshifts != ly->a.nrdims)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d shifts for %d dims: one shift per dim", ly->a.nshifts,
+                          ly->a.nrdims);
+    return rdims_infer(ly, err);
 }
 
 /* dst = src rolled by shift along per-sample dim d (n samples). */
@@ -3717,9 +3815,27 @@ static ps_status roll_one(const ps_layer_call *c, const float *src, float *dst, 
                                         err);
 }
 
-/* dst = src rolled by sign * shifts, dim after dim; the last roll writes dst, the ones before alternate
- * between a scratch tensor and dst so that no copy reads what it writes. */
-static ps_status roll_all(const ps_layer_call *c, const float *src, float *dst, int sign, ps_err *err) {
+/* dst = src flipped along per-sample dim d (n samples): one strided copy per index. */
+static ps_status flip_one(const ps_layer_call *c, const float *src, float *dst, int d, int64_t unused, ps_err *err) {
+    (void)unused;
+    const ps_shape *s = &c->ly->in[0];
+    int64_t outer = c->n, inner = 1, D = s->dims[d];
+    for (int k = 0; k < d; k++) outer *= s->dims[k];
+    for (int k = d + 1; k < s->ndim; k++) inner *= s->dims[k];
+    ps_status rc = PS_OK;
+    for (int64_t i = 0; i < D && rc == PS_OK; i++)
+        rc = c->be->ops->copy2d(c->be->impl, outer, inner, src + i * inner, D * inner, dst + (D - 1 - i) * inner,
+                                D * inner, 0, err);
+    return rc;
+}
+
+typedef ps_status (*dim_move)(const ps_layer_call *c, const float *src, float *dst, int d, int64_t shift,
+                              ps_err *err);
+
+/* dst = src moved by one (roll_one by sign * shifts, flip_one) along each of dims in turn; the last move writes
+ * dst, the ones before alternate between a scratch tensor and dst so that no copy reads what it writes. */
+static ps_status dims_move_all(const ps_layer_call *c, const float *src, float *dst, int sign, dim_move one,
+                               ps_err *err) {
     const ps_layer_attrs *a = &c->ly->a;
     int k = a->nrdims;
     float *tmp = NULL;
@@ -3729,7 +3845,7 @@ static ps_status roll_all(const ps_layer_call *c, const float *src, float *dst, 
     const float *from = src;
     for (int i = 0; i < k && rc == PS_OK; i++) {
         float *to = (k - 1 - i) % 2 == 0 ? dst : tmp;
-        rc = roll_one(c, from, to, sample_dim(a->rdims[i], c->ly->in[0].ndim), sign * a->shifts[i], err);
+        rc = one(c, from, to, sample_dim(a->rdims[i], c->ly->in[0].ndim), sign * a->shifts[i], err);
         from = to;
     }
     ps_backend_release(c->be, tmp);
@@ -3737,12 +3853,26 @@ static ps_status roll_all(const ps_layer_call *c, const float *src, float *dst, 
 }
 
 static ps_status roll_forward(ps_layer_call *c, ps_err *err) {
-    return roll_all(c, c->x, c->y, 1, err);
+    return dims_move_all(c, c->x, c->y, 1, roll_one, err);
 }
 
 static ps_status roll_backward(ps_layer_call *c, ps_err *err) {
     if (!c->dx) return PS_OK;
-    return roll_all(c, c->dy, c->dx, -1, err);
+    return dims_move_all(c, c->dy, c->dx, -1, roll_one, err);
+}
+
+/* ---- Flip: torch.flip(x, dims) - each listed per-sample dimension
+ * reversed (element i goes to size - 1 - i); its own inverse, so the
+ * backward flips dy. Roll's copies (one per index of a flipped dim). Plain
+ * layout. ---- */
+
+static ps_status flip_forward(ps_layer_call *c, ps_err *err) {
+    return dims_move_all(c, c->x, c->y, 1, flip_one, err);
+}
+
+static ps_status flip_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    return dims_move_all(c, c->dy, c->dx, 1, flip_one, err);
 }
 
 /* ---- Pad: F.pad(x, pad, mode, value) - pad lists (before, after) pairs
@@ -4388,6 +4518,20 @@ static const ps_attr_spec roll_attrs[] = {
     {"dims", PS_ATTR_DIMS, A(rdims), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nrdims)},
     ATTR_END,
 };
+static const ps_attr_spec flip_attrs[] = {
+    {"dims", PS_ATTR_DIMS, A(rdims), NULL, -(PS_SHAPE_MAX_DIMS + 1), PS_SHAPE_MAX_DIMS, 0, 0, NULL, A(nrdims)},
+    ATTR_END,
+};
+/* a tensor compared with a number; Where's numbers in place of a and b (null: an input) */
+static const ps_attr_spec compare_attrs[] = {
+    ATTR_FLOAT("value", value, NULL, -1e30, 1e30, 0, 0),
+    ATTR_END,
+};
+static const ps_attr_spec where_attrs[] = {
+    {"a", PS_ATTR_FLOAT_OR_NULL, A(where_a), "null", -INFINITY, INFINITY, 0, 0, NULL, A(where_a_null)},
+    {"b", PS_ATTR_FLOAT_OR_NULL, A(where_b), "null", -INFINITY, INFINITY, 0, 0, NULL, A(where_b_null)},
+    ATTR_END,
+};
 static const ps_attr_spec pad_attrs[] = {
     {"pad", PS_ATTR_PADS, A(pads), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(npads)},
     ATTR_FLOAT("value", value, "0.0", -1e30, 1e30, 0, 0),
@@ -4575,6 +4719,25 @@ static const ps_layer_kind kinds[] = {
      upconv_backward, NULL, NULL, upconv_flops},
     {"Upsample", 0, 1, 1, resize_attrs, resize_infer, resize_missing, resize_forward, resize_backward, NULL, NULL,
      resize_flops},
+    /* users' elementwise functions: torch.maximum / minimum of two tensors (numpy broadcasting, as Div),
+     * torch.where with a comparison of a tensor and a number as its condition, log1p, expm1, sin, cos,
+     * torch.flip */
+    {"Maximum", PS_KIND_BWD_X, 2, 2, no_attrs, div_infer, div_missing, extreme_forward, extreme_backward, NULL, NULL,
+     NULL},
+    {"Minimum", PS_KIND_BWD_X, 2, 2, no_attrs, div_infer, div_missing, extreme_forward, extreme_backward, NULL, NULL,
+     NULL},
+    {"Greater", F_ACT, 1, 1, compare_attrs, gt_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Less", F_ACT, 1, 1, compare_attrs, lt_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"GreaterOrEqual", F_ACT, 1, 1, compare_attrs, ge_infer, act_missing, act_forward, act_backward, NULL, NULL,
+     NULL},
+    {"LessOrEqual", F_ACT, 1, 1, compare_attrs, le_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Where", PS_KIND_BWD_X, 1, 3, where_attrs, where_infer, where_missing, where_forward, where_backward, NULL,
+     NULL, NULL},
+    {"Log1p", F_ACT, 1, 1, no_attrs, log1p_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Expm1", F_ACT, 1, 1, no_attrs, expm1_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sin", F_ACT, 1, 1, no_attrs, sin_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Cos", F_ACT, 1, 1, no_attrs, cos_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Flip", 0, 1, 1, flip_attrs, rdims_infer, copy_missing, flip_forward, flip_backward, NULL, NULL, zero_flops},
 };
 
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -4727,6 +4890,10 @@ static const struct {
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
+    /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
+    {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"Flip", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

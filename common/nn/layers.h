@@ -128,6 +128,9 @@ typedef struct ps_layer_attrs {
     int64_t num_parameters;     /* PReLU num_parameters: 1 or the channels (dim 1 of the batched input) */
     /* recurrent layers (LSTM, GRU) */
     int bidirectional;          /* both directions, outputs concatenated (2H); the trainer's LSTM refuses it */
+    /* Where: a number in place of input a (b); where_a_null (where_b_null) 1: a (b) is an input */
+    double where_a, where_b;
+    int where_a_null, where_b_null;
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
 } ps_layer_attrs;
@@ -141,7 +144,8 @@ typedef enum {
     PS_ATTR_PAIR_OR_NULL,       /* PS_ATTR_PAIR whose values may be null, stored as 0 (AdaptiveAvgPool2d's
                                    output_size: null keeps the input's size) */
     PS_ATTR_FLOAT,              /* double in [lo, hi] (lo_open/hi_open exclude) */
-    PS_ATTR_FLOAT_OR_NULL,      /* double, or null (sets the int after the double: momentum_null) */
+    PS_ATTR_FLOAT_OR_NULL,      /* double, or null (sets the int at off2 to 1 for null, 0 otherwise:
+                                   momentum_null); an infinity where the range [lo, hi] holds it */
     PS_ATTR_BOOL,               /* int 0/1 */
     PS_ATTR_ENUM,               /* int: index into enums */
     PS_ATTR_DIMS,               /* int ndims then int64_t dims[4]: one value or a list of 1..4 */

@@ -370,7 +370,8 @@ static ps_status check_attr_value(parse *P, const ps_model_def *d, const ps_node
                     "state_dict suffix)", nd->name, nd->kind_name, sp->name, v->s);
     }
     default:
-        if (sp->type == PS_ATTR_FLOAT_INF && ps_attr_infinity(v->s, &x)) return PS_OK;
+        if ((sp->type == PS_ATTR_FLOAT_INF || sp->type == PS_ATTR_FLOAT_OR_NULL) && ps_attr_infinity(v->s, &x))
+            return PS_OK;
         if (parse_number(v->s, &x) || ps_model_def_size(d, v->s)) return PS_OK;
         return perr(P, v->line, "node '%s' (%s): %s: '%s' is neither a number nor a size of the model%s", nd->name,
                     nd->kind_name, sp->name, v->s, d->nsizes ? " (sizes: see sizes:)" : " (it has no sizes)");
