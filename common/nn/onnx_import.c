@@ -1501,8 +1501,11 @@ static int fold_bias(imp *im, const val *x, val *c) {
 static int scalar_const(imp *im, val *c, double *v);
 static ps_status add_const(imp *im, val *x, double value);
 
+static ps_status bcast_pair(imp *im, val *a, val *b, const char *kind, const char *verb);
+
 /* Max / Min of a computed value and a number (F.cosine_similarity's clamp_min(w1 * w2, eps^2) exports as
- * Max): the clamp (clamp_of); of constants folded. */
+ * Max): the clamp (clamp_of); of two computed values (torch.maximum, torch.max(a, b)): Maximum / Minimum,
+ * broadcast as Div's; of constants folded. */
 static ps_status h_minmax(imp *im) {
     if (all_const(im)) return fold(im);
     const int is_max = !strcmp(cur_node(im)->op_type, "Max");
@@ -1512,6 +1515,8 @@ static ps_status h_minmax(imp *im) {
     }
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
+    if (cur_node(im)->nin == 2 && a->kind == VK_DATA && b->kind == VK_DATA)
+        return bcast_pair(im, a, b, is_max ? "Maximum" : "Minimum", is_max ? "the maximum of" : "the minimum of");
     if (a->kind != VK_DATA) { val *t = a; a = b; b = t; }
     double c;
     if (cur_node(im)->nin != 2 || a->kind != VK_DATA || !scalar_const(im, b, &c))
@@ -1642,6 +1647,8 @@ static ps_status math_unary(imp *im, const char *kind, const char *attrs_text) {
 }
 
 static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
+static ps_status h_sin(imp *im) { return math_unary(im, "Sin", NULL); }
+static ps_status h_cos(imp *im) { return math_unary(im, "Cos", NULL); }
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
@@ -3473,6 +3480,8 @@ static ps_status h_cast(imp *im) {
     if (!x) return im->err->code;
     int64_t to = attr_i(im, "to", 0);
     if (x->kind == VK_DATA && to == x->dtype) return alias_out(im, 0, x);
+    if (x->kind == VK_DATA && x->dtype == PS_ONNX_BOOL && x->node >= 0 && to == PS_ONNX_FLOAT)   /* a comparison's */
+        return data_out(im, 0, x->node, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;   /* 1/0 mask */
     return unsup(im, "Cast of a computed %s value to %s (psd computes in float32; ids are int64)",
                  ps_onnx_dtype_name(x->dtype), ps_onnx_dtype_name((int32_t)to));
 }
@@ -3523,10 +3532,13 @@ static ps_status h_equal(imp *im) {
  * exporter's, minGPT's att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))), a MaskedFill when the
  * filled positions are a triangle of the last two dims (torch.triu or torch.tril of ones, the same matrix at
  * every leading index); of constants alone, folded. */
+static ps_status where_computed(imp *im, val *c, val *a, val *b);
+
 static ps_status h_where(imp *im) {
     if (all_const(im)) return fold(im);
     val *c = in_val(im, 0, 1), *a = in_val(im, 1, 1), *b = in_val(im, 2, 1);
     if (!c || !a || !b) return im->err->code;
+    if (c->kind == VK_DATA) return where_computed(im, c, a, b);
     const int fill_a = b->kind == VK_DATA;   /* cond true: the value (masked_fill's form) */
     val *x = fill_a ? b : a, *v = fill_a ? a : b;
     if (c->kind != VK_CONST || x->kind != VK_DATA || v->kind != VK_CONST || v->numel != 1)
@@ -3571,6 +3583,74 @@ static ps_status h_where(imp *im) {
         }
     return unsup(im, "masked_fill (Where): the positions the condition '%s' fills are no triangle of the last two "
                  "dims (torch.triu or torch.tril of ones), which psd's MaskedFill takes", c->name);
+}
+
+/* ---- comparisons of a computed value with a number, and Where choosing by them ---- */
+
+/* Greater, Less, GreaterOrEqual, LessOrEqual of a computed float value and a constant number (either side;
+ * h > 0.5, 0.5 >= h), or of two computed values (as their difference against 0): psd's kind of that name, a 1/0 float mask marked bool here, so that only Where (and
+ * a Cast to float) read it; of constants folded. */
+static ps_status h_compare(imp *im) {
+    if (all_const(im)) return fold(im);
+    static const char *const mirror[][2] = {{"Greater", "Less"}, {"Less", "Greater"},
+                                            {"GreaterOrEqual", "LessOrEqual"}, {"LessOrEqual", "GreaterOrEqual"}};
+    const char *op = cur_node(im)->op_type, *kind = op;
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    double c;
+    if (a->kind != VK_DATA && b->kind == VK_DATA) {   /* c < h: h > c */
+        val *t = a; a = b; b = t;
+        for (size_t i = 0; i < sizeof mirror / sizeof mirror[0]; i++)
+            if (!strcmp(op, mirror[i][0])) kind = mirror[i][1];
+    }
+    ps_status rc;
+    if (a->kind == VK_DATA && b->kind == VK_DATA) {   /* a > b: a - b > 0 (two floats differ iff a - b != 0) */
+        if ((rc = bcast_pair(im, a, b, "Sub", "comparing"))) return rc;
+        a = vget(im, cur_node(im)->out[0]);
+        c = 0.0;
+    } else if (a->kind != VK_DATA || !scalar_const(im, b, &c)) {
+        return unsup(im, "%s of other than computed values and a number (psd compares a tensor with a number, or "
+                     "two that broadcast)", op);
+    }
+    if ((rc = need_float(im, a, 0, PS_MAXD, "input"))) return rc;
+    int in = a->node;
+    int pn = emit(im, kind, NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    char f[40];
+    add_attr(im, pn, "value: %s", float_text(c, f, sizeof f));
+    return data_out(im, 0, pn, PS_ONNX_BOOL, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
+/* Where(cond, a, b) with cond a comparison's mask (h_compare) and a, b computed values of its shape or numbers
+ * (torch.where(h > 0, h, 0.1 * h)): psd's Where. */
+static ps_status where_computed(imp *im, val *c, val *a, val *b) {
+    char b1[64], b2[64];
+    if (c->dtype != PS_ONNX_BOOL || c->node < 0)
+        return unsup(im, "Where of the computed condition '%s': psd takes a comparison of a computed value with a "
+                     "number (Greater, Less, GreaterOrEqual, LessOrEqual) there", c->name);
+    int ins[3] = {c->node, -1, -1}, nin = 1;
+    double num[2];
+    val *ab[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        if (ab[k]->kind == VK_DATA) {
+            ps_status rc = need_float(im, ab[k], 0, PS_MAXD, "input");
+            if (rc) return rc;
+            if (ab[k]->ndim != c->ndim || memcmp(ab[k]->dims, c->dims, (size_t)c->ndim * sizeof c->dims[0]))
+                return unsup(im, "Where of the condition '%s' %s and '%s' %s: psd's Where takes values of the "
+                             "condition's shape, or numbers", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1),
+                             ab[k]->name, dims_text(ab[k]->dims, ab[k]->ndim, b2, sizeof b2));
+            ins[nin++] = ab[k]->node;
+        } else if (ab[k]->kind != VK_CONST || ab[k]->init || ab[k]->numel != 1 || !cvals(im, ab[k]) ||
+                   isnan(num[k] = cvals(im, ab[k])[0])) {
+            return unsup(im, "Where choosing '%s': psd takes a computed value or a number", ab[k]->name);
+        }
+    }
+    int pn = emit(im, "Where", NULL, NULL, NULL, nin, ins);
+    if (pn < 0) return oom(im);
+    char f[40];
+    for (int k = 0; k < 2; k++)
+        if (ab[k]->kind != VK_DATA) add_attr(im, pn, "%s: %s", k ? "b" : "a", float_text(num[k], f, sizeof f));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, c->ndim, c->dims) ? PS_OK : im->err->code;
 }
 
 /* ---- shrinks, thresholds, PReLU and RReLU ---- */
@@ -3741,6 +3821,13 @@ static const op_row ops[] = {
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_equal, 1},
     {"Where", h_where, 9},
+    /* comparisons with a number (Where's condition), sin, cos */
+    {"Greater", h_compare, 9},
+    {"Less", h_compare, 9},
+    {"GreaterOrEqual", h_compare, 12},
+    {"LessOrEqual", h_compare, 12},
+    {"Sin", h_sin, 7},
+    {"Cos", h_cos, 7},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
