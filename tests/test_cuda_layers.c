@@ -7,7 +7,8 @@
  *    bit for bit; a recurrent time step's gates (rnn_cell_forward and
  *    rnn_cell_backward, LSTM and GRU) within 1e-5; numpy broadcasting
  *    (binary_bcast bit for bit, each operand's summed gradient within 1e-5;
- *    add, sub, mul, div over left, right, middle, both, scalar, one shape);
+ *    add, sub, mul, div, max, min (ties on a grid) over left, right, middle, both, scalar, one shape);
+ *    torch.where (where, where_backward) with tensors and numbers, bit for bit;
  *  - a failing cuDNN call is PS_ERR_INTERNAL naming the call, file and line;
  *  - two threads running conv on one backend match a sequential run;
  *  - copy_from_peer between two backends, peer path and the pinned-host
@@ -447,11 +448,11 @@ static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
         {{3, 4, 5, 6}, {3, 4, 5, 6}, {3, 4, 5, 1}}, {{3, 4, 5, 6}, {3, 1, 1, 1}, {3, 4, 5, 6}},
         {{2, 4, 5, 6}, {2, 4, 1, 6}, {2, 4, 5, 6}}, {{2, 4, 5, 6}, {2, 4, 1, 6}, {2, 1, 5, 1}},
         {{2, 7, 3, 9}, {2, 7, 3, 9}, {2, 7, 3, 9}}, {{5, 16, 8, 8}, {5, 16, 1, 1}, {5, 16, 8, 8}}};
-    static const char *const ops[4] = {"add", "sub", "mul", "div"};
+    static const char *const ops[6] = {"add", "sub", "mul", "div", "max", "min"};
     ps_backend *bs[2] = {ref, cu};
     char what[96];
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
-        for (int op = PS_BINARY_ADD; op <= PS_BINARY_DIV; op++) {
+        for (int op = PS_BINARY_ADD; op <= PS_BINARY_MIN; op++) {
             ps_bcast_desc d = {.op = op, .ndim = 4};
             size_t n[3] = {1, 1, 1};
             for (int k = 0; k < 4; k++) {
@@ -462,6 +463,10 @@ static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
             }
             float *a = host_random(n[1], r), *b = host_random(n[2], r), *dy = host_random(n[0], r), *res[2][3];
             for (size_t i = 0; i < n[2]; i++) b[i] = 0.5f + (b[i] < 0 ? -b[i] : b[i]);   /* away from 0 */
+            if (op >= PS_BINARY_MAX) {   /* max, min: values on a grid of 1/4, so that many pairs tie */
+                for (size_t i = 0; i < n[1]; i++) a[i] = 0.25f * (float)(int)(4.0f * a[i]) + 0.5f;
+                for (size_t i = 0; i < n[2]; i++) b[i] = 0.25f * (float)(int)(4.0f * b[i]);
+            }
             for (int k = 0; k < 2; k++) {
                 ps_backend *be = bs[k];
                 float *A = up(be, a, n[1]), *B = up(be, b, n[2]), *DY = up(be, dy, n[0]);
@@ -484,6 +489,41 @@ static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
                 for (int j = 0; j < 3; j++) free(res[k][j]);
             free(a); free(b); free(dy);
         }
+}
+
+/* ---- torch.where (where, where_backward): tensors on both sides, then a number for a and for b; bit for
+ * bit ---- */
+
+static void cmp_where(ps_backend *ref, ps_backend *cu, rng *r) {
+    const size_t n = 3001;
+    float *c = host_random(n, r), *a = host_random(n, r), *b = host_random(n, r), *dy = host_random(n, r);
+    for (size_t i = 0; i < n; i++) c[i] = c[i] > 0.2f ? 1.0f : 0.0f;
+    ps_backend *bs[2] = {ref, cu};
+    char what[64];
+    for (int form = 0; form < 3; form++) {   /* 0: a and b tensors; 1: a the number 1.5; 2: b -2.5 */
+        float *res[2][3];
+        for (int k = 0; k < 2; k++) {
+            ps_backend *be = bs[k];
+            float *C = up(be, c, n), *A = up(be, a, n), *B = up(be, b, n), *DY = up(be, dy, n);
+            float *Y = up(be, NULL, n), *DA = up(be, NULL, n), *DB = up(be, NULL, n);
+            OK(be->ops->where(be->impl, (int64_t)n, C, form == 1 ? NULL : A, 1.5f, form == 2 ? NULL : B, -2.5f,
+                              Y, &e_));
+            OK(be->ops->where_backward(be->impl, (int64_t)n, C, DY, DA, DB, &e_));
+            res[k][0] = down(be, Y, n);
+            res[k][1] = down(be, DA, n);
+            res[k][2] = down(be, DB, n);
+            ps_backend_release(be, C); ps_backend_release(be, A); ps_backend_release(be, B);
+            ps_backend_release(be, DY);
+        }
+        static const char *const names[3] = {"y", "da", "db"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(what, sizeof what, "where form %d %s", form, names[j]);
+            check_array(what, res[1][j], res[0][j], n, 0, 0);
+        }
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 3; j++) free(res[k][j]);
+    }
+    free(c); free(a); free(b); free(dy);
 }
 
 /* ---- concurrency ---- */
@@ -606,6 +646,7 @@ int main(void) {
     cmp_new_ops(ref, cu, &r);
     cmp_rnn_cells(ref, cu, &r);
     cmp_bcast(ref, cu, &r);
+    cmp_where(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };
