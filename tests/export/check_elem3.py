@@ -9,6 +9,7 @@ psd, against PyTorch:
             before a softmax
   Periodic  torch.sin, x.cos(), torch.log1p, torch.expm1
   Flips     torch.flip(h, dims=[1]), h.flip(-1), torch.fliplr(h), h.flip(1, 2)
+  Masks     comparison masks multiplied in: h * (h > 0).float(), h * (h < -0.5), (h >= 0.3).to(torch.float32)
 
 Every parameter is moved off its initial value, psd started with --init-from those values, and each model checked
 by check_resnet.py's run() with ref64: psd's initial parameters named and valued as the state_dict, the eval and
@@ -39,7 +40,7 @@ import elem3  # noqa: E402
 
 BATCH = 6
 CASES = [("Extremes", elem3.Extremes), ("Wheres", elem3.Wheres), ("Periodic", elem3.Periodic),
-         ("Flips", elem3.Flips)]
+         ("Flips", elem3.Flips), ("Masks", elem3.Masks)]
 FEATURES = {elem3.Flips: [4, 6]}      # per-sample input shape; the others (8,)
 
 

@@ -15,6 +15,9 @@ Flips     sequences (N, 4, 6) -> a Linear -> h + torch.flip(h, dims=[1]) (both d
 
 Wheres(number_a=False) and Periodic(expm1=False) are the forms PyTorch 1.13 exports to ONNX as float.
 
+Masks     features (N, 8) -> a Linear -> h * (h > 0).float() + h * (h < -0.5) + 0.5 * h * (h >= 0.3).to(torch.float32)
+          (comparison masks multiplied in) -> nn.Linear.
+
 And for psd-export's refusals: WhereIndices (torch.where(cond) alone), FlipBatch (torch.flip over dim 0),
 WhereBroadcast (a and b of another shape than the condition), CompareInf (h > inf).
 """
@@ -75,6 +78,17 @@ class Flips(nn.Module):
         h = self.lin(x)                                              # (N, 4, 5)
         both = h + torch.flip(h, dims=[1])
         return self.fc(torch.cat([both, h.flip(-1), torch.fliplr(h), h.flip(1, 2)], 1).flatten(1))
+
+
+class Masks(nn.Module):
+    def __init__(self, classes=4):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+        self.fc = nn.Linear(6, classes)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.fc(h * (h > 0).float() + h * (h < -0.5) + 0.5 * h * (h >= 0.3).to(torch.float32))
 
 
 class WhereIndices(nn.Module):
