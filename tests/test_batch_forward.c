@@ -31,7 +31,7 @@
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
  * attention written by hand (psd-export's nodes of
  * tests/export/attention.py), numpy broadcasts (Sub, Add, Mul, Div of
- * computed tensors of two shapes), key padding masks computed from the ids
+ * computed tensors of two shapes), Maximum, a comparison and Where, Sin, Log1p and Flip, key padding masks computed from the ids
  * (each context's samples padded otherwise: its mask its own; a context
  * with a sample of padding only refused alone), parameters used at several
  * sites (share: and tie:, each context's gradient summed over the sites and
@@ -602,6 +602,25 @@ static void run_broadcasts(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Users' elementwise functions as psd-export writes them (tests/export/elem3.py's): Maximum of a
+ * (C, L) tensor and a broadcast (C, 1) one, a comparison's mask choosing by Where (a number for b), Sin,
+ * Log1p, Flip of the sequence dim added back. */
+static void run_elementwise(void) {
+    run_file("[4, 6]",
+             "      - {name: lin, kind: Linear, out_features: 5}\n"
+             "      - {name: g, kind: Narrow, dim: 2, start: 0, length: 1}\n"
+             "      - {name: max, kind: Maximum, inputs: [lin, g]}\n"
+             "      - {name: gt, kind: Greater, value: 0.1, input: lin}\n"
+             "      - {name: where, kind: Where, inputs: [gt, max], b: -0.5}\n"
+             "      - {name: sin, kind: Sin}\n"
+             "      - {name: abs, kind: Abs, input: lin}\n"
+             "      - {name: log1p, kind: Log1p}\n"
+             "      - {name: flip, kind: Flip, dims: [1]}\n"
+             "      - {name: add, kind: Add, inputs: [sin, flip]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Causal attention: minGPT's CausalSelfAttention as psd-export writes
  * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
  * the MaskedFill of its tril buffer, attention dropout), then
@@ -725,6 +744,7 @@ int main(void) {
     run_hand_attention();
     run_causal_attention();
     run_broadcasts();
+    run_elementwise();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */
