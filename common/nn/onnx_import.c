@@ -3309,7 +3309,24 @@ static ps_status h_slice(imp *im) {
         if (a < 0) return im->err->code;
         if (seen[a]++) return bad(im, "axis %d sliced twice", a);
         int64_t D = x->dims[a], st = cnt[3] >= 0 ? sv[3][k] : 1, s0 = sv[0][k], e0 = sv[1][k];
-        if (st < 1) return unsup(im, "a Slice with step %lld (psd steps forward: 1 or more)", (long long)st);
+        if (st == -1) {   /* torch.flip's export: the whole axis backwards (start clamped to D - 1, end to -1) */
+            s0 = s0 < 0 ? s0 + D : s0;
+            e0 = e0 < 0 ? e0 + D : e0;
+            s0 = s0 < 0 ? 0 : s0 > D - 1 ? D - 1 : s0;
+            e0 = e0 < -1 ? -1 : e0 > D - 1 ? D - 1 : e0;
+            if (s0 != D - 1 || e0 != -1)
+                return unsup(im, "a Slice with step -1 over %lld to %lld of %lld (psd reverses whole axes: Flip)",
+                             (long long)s0, (long long)e0, (long long)D);
+            int d = pt_dim(im, a);
+            if (d < 0) return along_batch(im, "Slice");
+            if ((pn = emit(im, "Flip", NULL, NULL, NULL, 1, &cur)) < 0) return oom(im);
+            add_attr(im, pn, "dims: [%d]", d);
+            cur = pn;
+            continue;
+        }
+        if (st < 1)
+            return unsup(im, "a Slice with step %lld (psd steps forward: 1 or more, or -1 over a whole axis)",
+                         (long long)st);
         if (s0 < 0) s0 += D;
         if (e0 < 0) e0 += D;
         s0 = s0 < 0 ? 0 : s0 > D ? D : s0;

@@ -18,8 +18,9 @@ own error or 1e-4 of the tensor's largest), the input gradient, the step, a stri
 tensors; then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop. The
 training-mode ONNX exports of Extremes (Max, Min), Wheres (Where of Greater, Less - of two computed values too -,
 GreaterOrEqual, LessOrEqual; where(h < g, h, g) for where(h < g, 1.0, g), which PyTorch 1.13 exports as double)
-and Periodic (Sin, Cos; log1p as Log of Add; without expm1, which PyTorch 1.13 does not export) through psd's
-ONNX import the same way. And psd-export's refusals: torch.where(cond)
+Periodic (Sin, Cos; log1p as Log of Add; without expm1, which PyTorch 1.13 does not export) and Flips
+(Slices with step -1 over whole axes: Flip; without fliplr, which PyTorch 1.13 does not export) through psd's ONNX
+import the same way. And psd-export's refusals: torch.where(cond)
 alone, torch.flip over the batch, Where's a of another shape than the condition, a comparison with inf.
 
     check_elem3.py BUILD_DIR TMP_DIR
@@ -78,10 +79,11 @@ def main():
 
 
 def onnx_paths():
-    """The training-mode ONNX exports (Max, Min; Where, Greater, Less, ...; Sin, Cos) through psd's ONNX import,
-    checked by check_resnet's run() with ref64 against the module."""
-    makes = [elem3.Extremes, lambda: elem3.Wheres(number_a=False), lambda: elem3.Periodic(expm1=False)]
-    for i, (label, cls) in enumerate(CASES[:3]):
+    """The training-mode ONNX exports (Max, Min; Where, Greater, Less, ...; Sin, Cos; Slice by -1) through psd's ONNX
+    import, checked by check_resnet's run() with ref64 against the module."""
+    makes = [elem3.Extremes, lambda: elem3.Wheres(number_a=False), lambda: elem3.Periodic(expm1=False),
+             lambda: elem3.Flips(fliplr=False)]
+    for i, (label, cls) in enumerate(CASES[:4]):
         model, _ = cr.moved(makes[i], "elem3_onnx_%d" % i, seed=3)
         x, target = inputs(cls, 10 + i)
         path = os.path.join(cr.TMP, "elem3_%d.onnx" % i)

@@ -13,7 +13,8 @@ Periodic  features (N, 8) -> a Linear -> torch.sin(h), h.cos(), torch.log1p(h.ab
 Flips     sequences (N, 4, 6) -> a Linear -> h + torch.flip(h, dims=[1]) (both directions of the sequence),
           h.flip(-1), torch.fliplr(h), h.flip(1, 2) -> torch.cat -> flatten -> nn.Linear.
 
-Wheres(number_a=False) and Periodic(expm1=False) are the forms PyTorch 1.13 exports to ONNX as float.
+Wheres(number_a=False), Periodic(expm1=False) and Flips(fliplr=False) are the forms PyTorch 1.13 exports to ONNX
+(as float; torch.flip as Slices with step -1).
 
 Masks     features (N, 8) -> a Linear -> h * (h > 0).float() + h * (h < -0.5) + 0.5 * h * (h >= 0.3).to(torch.float32)
           (comparison masks multiplied in) -> nn.Linear.
@@ -69,15 +70,17 @@ class Periodic(nn.Module):
 
 
 class Flips(nn.Module):
-    def __init__(self, classes=4):
+    def __init__(self, classes=4, fliplr=True):
         super().__init__()
+        self.fliplr = fliplr              # False: h.flip(1) (PyTorch 1.13 does not export fliplr to ONNX)
         self.lin = nn.Linear(6, 5)
         self.fc = nn.Linear(4 * 4 * 5, classes)
 
     def forward(self, x):
         h = self.lin(x)                                              # (N, 4, 5)
         both = h + torch.flip(h, dims=[1])
-        return self.fc(torch.cat([both, h.flip(-1), torch.fliplr(h), h.flip(1, 2)], 1).flatten(1))
+        lr = torch.fliplr(h) if self.fliplr else h.flip(1)
+        return self.fc(torch.cat([both, h.flip(-1), lr, h.flip(1, 2)], 1).flatten(1))
 
 
 class Masks(nn.Module):
