@@ -27,7 +27,12 @@
  *  - attention's pieces: a view's shape folded from the exporters'
  *    expand(-1) arithmetic (Reshape of a constant, Shape, ConstantOfShape,
  *    Sub, Add, Equal, Where), a MatMul of a value and its Transpose, a
- *    Split whose first part nothing reads, computing what they should.
+ *    Split whose first part nothing reads, computing what they should;
+ *  - users' elementwise functions: Greater with the number first (a Less),
+ *    Where by it between a value and a number, Max of two computed values,
+ *    a Slice with step -1 over a whole axis (Flip), computing what they
+ *    should (a value on the threshold too); a partial step -1 and Where by
+ *    a condition that is no comparison refused.
  */
 #include "model.h"
 #include "onnx.h"
@@ -110,12 +115,13 @@ static buf value_info(const char *name, int ndim, const int64_t *dims) {
 
 typedef struct attr_spec {
     const char *name;
-    int type;                   /* 1 float, 2 int, 3 string, 7 ints */
+    int type;                   /* 1 float, 2 int, 3 string, 4 tensor, 7 ints */
     double f;
     int64_t i;
     int nints;
     int64_t ints[10];
     const char *s;              /* type 3 */
+    const buf *t;               /* type 4: a TensorProto (copied) */
 } attr_spec;
 
 static buf node(const char *name, const char *op, int nin, const char *const *in, const char *out, int nattr,
@@ -131,6 +137,7 @@ static buf node(const char *name, const char *op, int nin, const char *const *in
         if (attrs[k].type == 1) f_float(&a, 2, (float)attrs[k].f);
         if (attrs[k].type == 2) f_varint(&a, 3, (uint64_t)attrs[k].i);
         if (attrs[k].type == 3) f_str(&a, 4, attrs[k].s);
+        if (attrs[k].type == 4) f_bytes(&a, 5, attrs[k].t->p, attrs[k].t->n);
         for (int j = 0; attrs[k].type == 7 && j < attrs[k].nints; j++) f_varint(&a, 8, (uint64_t)attrs[k].ints[j]);
         f_varint(&a, 20, (uint64_t)attrs[k].type);
         f_msg(&n, 5, &a);
@@ -667,9 +674,65 @@ static void test_shuffle_unit(void) {
         buf nn = node("/u/Slice", "Slice", 5, sn, "y", 0, NULL);
         buf vi3 = value_info("x", 4, dx), vo3 = value_info("y", 4, dx);
         buf m3 = model(13, &nn, 1, tn, 4, &vi3, &vo3);
-        expect_refusal("a Slice with step -1", &m3, PS_ERR_UNIMPLEMENTED, "a Slice with step -1 (psd steps forward");
+        expect_refusal("a Slice with step -1 of part of an axis", &m3, PS_ERR_UNIMPLEMENTED,
+                       "a Slice with step -1 over 0 to 3 of 4 (psd reverses whole axes: Flip)");
         free(m3.p);
     }
+}
+
+/* users' elementwise functions as an exporter may write them: Greater(0.5, x) with the number first (a Less of
+ * x), Where choosing x or the number -1 by it, Max of that and Relu(x) (two computed values: Maximum), a Slice
+ * with step -1 over the whole axis 1 (torch.flip: Flip), checked numerically; Where by a condition that is no
+ * comparison refused. */
+static void test_elementwise(void) {
+    int64_t dx[2] = {2, 4}, st[1] = {-1}, en[1] = {INT64_MIN}, ax1[1] = {1}, step[1] = {-1};
+    const float half = 0.5f, m1 = -1.0f;
+    buf half_t = tensor("", 0, NULL, &half, 1), m1_t = tensor("", 0, NULL, &m1, 1);
+    attr_spec hv = {"value", 4, 0, 0, 0, {0}, NULL, &half_t}, mv = {"value", 4, 0, 0, 0, {0}, NULL, &m1_t};
+    buf inits[4] = {tensor_i64("st", 1, st), tensor_i64("en", 1, en), tensor_i64("ax1", 1, ax1),
+                    tensor_i64("step", 1, step)};
+    const char *gt_in[2] = {"half", "x"}, *wh_in[3] = {"g", "x", "m1"}, *r_in[1] = {"x"}, *mx_in[2] = {"w", "r"},
+               *sl_in[5] = {"mx", "st", "en", "ax1", "step"};
+    buf ns[7] = {node("/Constant", "Constant", 0, NULL, "half", 1, &hv),
+                 node("/Constant_1", "Constant", 0, NULL, "m1", 1, &mv),
+                 node("/Greater", "Greater", 2, gt_in, "g", 0, NULL), node("/Where", "Where", 3, wh_in, "w", 0, NULL),
+                 node("/Relu", "Relu", 1, r_in, "r", 0, NULL), node("/Max", "Max", 2, mx_in, "mx", 0, NULL),
+                 node("/Slice", "Slice", 5, sl_in, "y", 0, NULL)};
+    buf vi = value_info("x", 2, dx), vo = value_info("y", 2, dx);
+    buf m = model(13, ns, 7, inits, 4, &vi, &vo);
+    char *y = yaml_of(&m);
+    CHECK_MSG(strstr(y, "kind: Less") && strstr(y, "value: 0.5") && strstr(y, "kind: Where") &&
+              strstr(y, "b: -1.0") && strstr(y, "kind: Maximum") && strstr(y, "kind: Flip") &&
+              strstr(y, "dims: [1]"), "elementwise: %s", y);
+    ps_err e = {0};
+    ps_model *pm = ref_model_of(y, &e);
+    float x[8], out[8], want[8];
+    for (int i = 0; i < 8; i++) x[i] = sinf((float)i * 1.7f) * 1.5f;
+    x[3] = 0.5f;   /* on the threshold: 0.5 > 0.5 is false, so -1 there */
+    for (int n = 0; n < 2; n++)
+        for (int j = 0; j < 4; j++) {
+            const float v = x[n * 4 + j], w = 0.5f > v ? v : -1.0f;
+            want[n * 4 + 3 - j] = fmaxf(w, fmaxf(v, 0.0f));
+        }
+    uint64_t ver;
+    if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK)
+        check_array("Greater of a number first, Where, Max of two computed values, Slice by -1", out, want, 8, 0, 0);
+    else if (pm)
+        CHECK_MSG(0, "forward: %s", e.msg);
+    ps_model_free(pm);
+    free(y);
+    free(m.p);
+    {   /* Where by a computed condition that is no comparison (the input itself) */
+        const char *w2_in[3] = {"x", "x", "m1"};
+        buf n2[2] = {node("/Constant_1", "Constant", 0, NULL, "m1", 1, &mv), node("/Where", "Where", 3, w2_in, "y", 0, NULL)};
+        buf vi2 = value_info("x", 2, dx), vo2 = value_info("y", 2, dx);
+        buf m2 = model(13, n2, 2, NULL, 0, &vi2, &vo2);
+        expect_refusal("Where by a computed condition that is no comparison", &m2, PS_ERR_UNIMPLEMENTED,
+                       "psd takes a comparison of a computed value with a number");
+        free(m2.p);
+    }
+    free(half_t.p);
+    free(m1_t.p);
 }
 
 /* attention's pieces as exporters write them: a view's shape from the exporters' expand(-1) arithmetic on
@@ -1206,6 +1269,7 @@ int main(void) {
     test_refusals();
     test_concat_arity();
     test_shuffle_unit();
+    test_elementwise();
     test_softmax_opsets();
     test_attributes();
     test_old_opsets();
