@@ -904,6 +904,15 @@ CASES += [
                                    "{name: f, kind: Flip, dims: [2]}"])),
     ("flip_two", stage([3, 4, 5], ["{name: t, kind: Tanh}", "{name: f, kind: Flip, dims: [1, -1]}",
                                    "{name: l, kind: Linear, out_features: 3}"])),
+    # after convolutions of 16 channels (dnnl's blocked layout): a comparison, Where, Maximum and Flip between them
+    ("elementwise_blocked", stage([3, 5, 5], [
+        "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}",
+        "{name: g, kind: GreaterOrEqual, value: 0.05}",
+        "{name: w, kind: Where, inputs: [g, c], b: 0.0}",
+        "{name: c2, kind: Conv2d, out_channels: 16, kernel_size: 1}",
+        "{name: m, kind: Maximum, inputs: [w, c2]}",
+        "{name: f, kind: Flip, dims: [2]}",
+        "{name: c3, kind: Conv2d, out_channels: 16, kernel_size: 1}"])),
 ]
 SCALE_ELEM3 = {"sin": 3.0, "cos": 3.0, "expm1": 1.5}
 

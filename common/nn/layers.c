@@ -2565,13 +2565,13 @@ static ps_status div_backward(ps_layer_call *c, ps_err *err) { return bcast_back
  * to each where they are equal (PyTorch's), summed over a broadcast
  * input's dims; NaN on either side gives NaN. ---- */
 
-static ps_status extreme_forward(ps_layer_call *c, ps_err *err) {
-    return bcast_forward(c, c->ly->kind->name[1] == 'a' ? PS_BINARY_MAX : PS_BINARY_MIN, err);
+static int extreme_op(const ps_layer *ly) {
+    return !strcmp(ly->kind->name, "Maximum") ? PS_BINARY_MAX : PS_BINARY_MIN;
 }
 
-static ps_status extreme_backward(ps_layer_call *c, ps_err *err) {
-    return bcast_backward(c, c->ly->kind->name[1] == 'a' ? PS_BINARY_MAX : PS_BINARY_MIN, err);
-}
+static ps_status extreme_forward(ps_layer_call *c, ps_err *err) { return bcast_forward(c, extreme_op(c->ly), err); }
+
+static ps_status extreme_backward(ps_layer_call *c, ps_err *err) { return bcast_backward(c, extreme_op(c->ly), err); }
 
 /* ---- Where: torch.where(cond, a, b) - a where cond is nonzero, b
  * elsewhere; cond a float mask (Greater, Less, ... of a tensor and a
