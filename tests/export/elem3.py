@@ -20,7 +20,8 @@ Masks     features (N, 8) -> a Linear -> h * (h > 0).float() + h * (h < -0.5) + 
           (comparison masks multiplied in) -> nn.Linear.
 
 And for psd-export's refusals: WhereIndices (torch.where(cond) alone), FlipBatch (torch.flip over dim 0),
-WhereBroadcast (a and b of another shape than the condition), CompareInf (h > inf).
+WhereBroadcast (a and b of another shape than the condition), CompareInf (h > inf), WhereBuffer (a buffer as the
+condition).
 """
 import torch
 import torch.nn as nn
@@ -131,3 +132,13 @@ class CompareInf(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         return torch.where(h < float("inf"), h, 0.0)
+
+
+class WhereBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.register_buffer("keep", torch.tensor([True, False, True, True]))
+
+    def forward(self, x):
+        return torch.where(self.keep, self.lin(x), 0.0)
