@@ -17,6 +17,7 @@ options, shape moves
              nn.ReplicationPad2d, F.pad(mode="reflect"), the input gradient too; its ONNX export as well
   Functional F.conv2d / F.conv1d / F.linear with a module's own parameters (custom layers; an nn.Linear's weight
              and bias read at two sites: one node's parameters, shared), the input gradient too
+  FuncEmbedding  a custom layer's F.embedding(ids, self.weight, padding_idx=0), F.linear of a head's parameters
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -53,7 +54,7 @@ from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings,
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
          ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings),
-         ("Functional", userops.Functional)]
+         ("Functional", userops.Functional), ("FuncEmbedding", userops.FuncEmbedding)]
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
             userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],

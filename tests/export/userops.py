@@ -298,3 +298,24 @@ class ZerosState(nn.Module):
     def forward(self, x):
         h = torch.zeros(x.size(0), 4)
         return self.cell(x, h)
+
+
+class MyEmbedding(nn.Module):
+    """A custom embedding table read by F.embedding (padding_idx 0: that row gets no gradient)."""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(VOCAB, 6))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight, padding_idx=0)
+
+
+class FuncEmbedding(nn.Module):
+    """Token ids through a custom F.embedding layer, a sum over the tokens, F.linear of a head's parameters."""
+    def __init__(self):
+        super().__init__()
+        self.emb = MyEmbedding()
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, ids):
+        return F.linear(self.emb(ids).sum(1), self.head.weight, self.head.bias)
