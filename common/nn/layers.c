@@ -1416,6 +1416,48 @@ static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (s
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
+/* ---- RandnLike: torch.randn_like(x), standard normal noise of the input's
+ * shape (the reparameterisation of a VAE, z = mu + eps * std). Drawn on
+ * Dropout's stream with its discipline (a replayed training forward draws
+ * the same; psd's batched forwards take each part's own draws), in eval
+ * too, from the eval forward's stream, as PyTorch samples in eval. No
+ * gradient reaches the input, which gives only the shape. ---- */
+
+static void randn_draws(ps_rng *rng, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = normal01(rng);
+}
+
+static ps_status randn_infer(ps_layer *ly, ps_err *err) {
+    if (ly->in_dtype[0] != PS_DTYPE_F32)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input is %s; RandnLike takes float32",
+                          ps_dtype_name(ly->in_dtype[0]));
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *randn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->fill ? NULL : "fill";
+}
+
+static ps_status randn_forward(ps_layer_call *c, ps_err *err) {
+    int64_t count = ps_layer_out_count(c->ly, c->n);
+    int dev = c->be->ops->device_kind != 0;
+    float *host = dev ? malloc((size_t)(count ? count : 1) * sizeof(float)) : c->y;
+    if (!host) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for randn_like's noise");
+    if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
+    else randn_draws(c->rng, host, count);
+    ps_status rc = dev ? c->be->ops->copy_to_device(c->be->impl, c->y, host, (size_t)count * sizeof(float), err)
+                       : PS_OK;
+    if (dev) free(host);
+    return rc;
+}
+
+static ps_status randn_backward(ps_layer_call *c, ps_err *err) {
+    return c->dx ? c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err) : PS_OK;
+}
+
 /* RReLU (rrelu_infer): eval the activations' LeakyReLU; training draws a
  * slope per element, kept in the tape */
 static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
@@ -4515,6 +4557,8 @@ static const ps_layer_kind kinds[] = {
      dropout_backward, dropout_bytes, NULL, NULL},
     {"FeatureAlphaDropout", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, feature_alpha_dropout_infer,
      feature_alpha_dropout_missing, feature_alpha_dropout_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    {"RandnLike", PS_KIND_DROPOUT, 1, 1, no_attrs, randn_infer, randn_missing, randn_forward, randn_backward, NULL, NULL,
+     zero_flops},
     {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
      sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
@@ -4765,7 +4809,7 @@ static const struct {
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
-    {"Constant", NULL},
+    {"Constant", NULL}, {"RandnLike", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {
@@ -4783,6 +4827,10 @@ int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t 
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
     if (!strcmp(ly->kind->name, "RReLU")) {   /* slopes, not keep/drop */
         rrelu_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
+        return;
+    }
+    if (!strcmp(ly->kind->name, "RandnLike")) {   /* the noise itself */
+        randn_draws(rng, mask, ps_layer_dropout_draws(ly, n));
         return;
     }
     drop_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
