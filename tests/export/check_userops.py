@@ -30,7 +30,8 @@ row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin ove
 import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
 along the batch, an einsum that is not a batched matrix product, F.linear of a transposed parameter or of
-parameters not named weight / bias, torch.zeros of a traced size (torch.fx's own refusal, named with the line).
+parameters not named weight / bias, torch.zeros of a traced size (torch.fx's own refusal, named with the line). A
+module returning a value computed before another: that value is psd's output.
 
     check_userops.py BUILD_DIR TMP_DIR
 """
@@ -58,7 +59,7 @@ CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRo
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
             userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],
-            userops.LinearNamed: [6], userops.ZerosState: [6]}      # float inputs (per sample); the others take token ids
+            userops.LinearNamed: [6], userops.ZerosState: [6], userops.ReturnsEarlier: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -105,6 +106,21 @@ def main():
         p.kill()
     onnx_paths()
     refusals(pe)
+    returns_earlier(pe)
+
+
+def returns_earlier(pe):
+    """A module returning a value computed before another: psd's output is that value (its node last, the
+    unused one dropped), and psd-export names the tensors no node reads."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc, y = export(pe, userops.ReturnsEarlier, "returns_earlier")
+    text = open(y).read() if rc == 0 else ""
+    nodes = [ln for ln in text.splitlines() if ln.strip().startswith("- {name:")]
+    cr.check(rc == 0 and len(nodes) == 1 and "name: a," in nodes[-1],
+             "ReturnsEarlier: the returned Linear 'a' is the output, the unused 'b' dropped (%s)" % nodes)
+    cr.check("not in psd's state_dict" in out.getvalue() and "b.weight, b.bias" in out.getvalue(),
+             "ReturnsEarlier: psd-export names b's tensors as unread")
 
 
 def onnx_run(label, model, x, target, name):

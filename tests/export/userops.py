@@ -319,3 +319,16 @@ class FuncEmbedding(nn.Module):
 
     def forward(self, ids):
         return F.linear(self.emb(ids).sum(1), self.head.weight, self.head.bias)
+
+
+class ReturnsEarlier(nn.Module):
+    """forward returns a value computed before another (unused) one: the output is `a`'s, not the last
+    computed `b`'s, and b's tensors are named as unread."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 3), nn.Linear(3, 2)
+
+    def forward(self, x):
+        y = self.a(x)
+        self.b(y)
+        return y
