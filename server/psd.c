@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "wire.h"
 #include "cli.h"
 #include "clock.h"
 #include "config.h"
@@ -286,6 +287,22 @@ static ps_status print_stage_table(const ps_config *cfg, const char *cfg_where, 
     return ps_model_describe(&all, wp, f, err);
 }
 
+/* Every hosted stage's input and output fit a request's or reply's tensor
+ * (PS_WIRE_MAX_DIMS with the batch): a model psd could build but never be
+ * called with is refused at start and by --check-config. */
+static ps_status wire_shapes(ps_model *m, ps_err *err) {
+    for (int s = 0; s < ps_model_num_stages(m); s++) {
+        const ps_stage_info *si = ps_model_stage(m, s);
+        const int worst = si->in_ndim > si->out_ndim ? si->in_ndim : si->out_ndim;
+        if (worst > PS_WIRE_MAX_DIMS - 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s': its %s has %d dimensions per sample; a "
+                              "request's or reply's tensor carries at most %d with the batch (join or flatten dims, "
+                              "or cut the stage elsewhere)", si->name, si->in_ndim > PS_WIRE_MAX_DIMS - 1 ? "input"
+                              : "output", worst, PS_WIRE_MAX_DIMS);
+    }
+    return PS_OK;
+}
+
 /* A Constant's buffer has no values of its own: psd starts only where
  * --init-from, a checkpoint or the ONNX file gives them. */
 static ps_status unset_constant(ps_model *m, ps_err *err) {
@@ -439,6 +456,10 @@ int main(int argc, char **argv) {
                     resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
             if (!resumes) rc = 2;
         }
+        if (!rc && wire_shapes(model, &err)) {
+            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+            rc = 2;
+        }
         if (!rc && !resumes && !init_from && !onnx && unset_constant(model, &err)) {
             fprintf(stderr, "psd: %s: %s\n", where, err.msg);
             rc = 2;
@@ -492,7 +513,8 @@ int main(int argc, char **argv) {
     } else if (ckdir[0]) {
         ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
     }
-    if (!have_ckpt && !init_from && !(mo.file && ps_onnx_is_onnx_file(mo.file)) && unset_constant(model, &err)) {
+    if (wire_shapes(model, &err) ||
+        (!have_ckpt && !init_from && !(mo.file && ps_onnx_is_onnx_file(mo.file)) && unset_constant(model, &err))) {
         ps_log(PS_LOG_ERROR, "%s", err.msg);
         ps_model_free(model);
         return 1;

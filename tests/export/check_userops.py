@@ -31,7 +31,10 @@ import the same way; MaxRows' (a ReduceMin to one value per sample) refused nami
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
 along the batch, an einsum that is not a batched matrix product, F.linear of a transposed parameter or of
 parameters not named weight / bias, torch.zeros of a traced size (torch.fx's own refusal, named with the line). A
-module returning a value computed before another: that value is psd's output.
+module returning a value computed before another: that value is psd's output. Two modules of two inputs
+(forward(self, a, b); --input-shape once each): TwoViews (two images through one shared encoder: psd's input
+(2, 6, 6), joined along dim 1) and ImageAndFeatures (an image and 5 features: 36 + 5 values, joined), checked as the
+models above against the module called on the pieces.
 
     check_userops.py BUILD_DIR TMP_DIR
 """
@@ -40,6 +43,7 @@ import copy
 import io
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -107,6 +111,43 @@ def main():
     onnx_paths()
     refusals(pe)
     returns_earlier(pe)
+    multi_inputs(pe)
+
+
+def multi_inputs(pe):
+    """forward(self, a, b): each --input-shape an input; psd's one input is them joined along dim 1 (shapes that
+    differ only there) or flattened and joined; checked as the CASES against the module called on the pieces (its
+    X subclass)."""
+    for label, cls, ref, shapes in (("TwoViews", userops.TwoViews, userops.TwoViewsX, ["1,6,6", "1,6,6"]),
+                                    ("ImageAndFeatures", userops.ImageAndFeatures, userops.ImageAndFeaturesX,
+                                     ["1,6,6", "5"])):
+        y = os.path.join(cr.TMP, label + ".yaml")
+        rc = pe.main([os.path.join(HERE, "userops.py") + ":" + cls.__name__, "--seed", "3", "-o", y] +
+                     [a for x in shapes for a in ("--input-shape", x)])
+        cr.check(rc == 0, "psd-export of %s with two --input-shape" % label)
+        if rc:
+            continue
+        model, w = cr.moved(ref, label, seed=3)
+        torch.manual_seed(11)
+        x = torch.randn(BATCH, 2, 6, 6) if cls is userops.TwoViews else torch.randn(BATCH, 41)
+        target = torch.randint(0, 4, (BATCH,))
+        stub, p = cr.start_psd(label, "file: %s" % y, ["--init-from", w])
+        cr.input_gradient(label, stub, model, x, target)
+        stepped = copy.deepcopy(model)
+        cr.run(label, stub, stepped, x, target, ref64=True)
+        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
+        p.kill()
+    # a stage whose input has 4 dims per sample could never be sent (a tensor has 4 with the batch): refused
+    y = os.path.join(cr.TMP, "wide_input.yaml")
+    with open(y, "w") as f:
+        f.write("name: wide\nstages:\n  - name: main\n    input: {shape: [2, 1, 6, 6]}\n    nodes:\n"
+                "      - {name: flat, kind: Flatten}\n")
+    with open(y + ".conf.yaml", "w") as f:
+        f.write("model:\n  file: %s\n" % y)
+    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"], capture_output=True,
+                       text=True, timeout=60)
+    cr.check(r.returncode != 0 and "stage 'main': its input has 4 dimensions per sample" in r.stderr,
+             "psd --check-config refuses a stage input of 4 dims per sample (%s)" % r.stderr.strip()[-160:])
 
 
 def returns_earlier(pe):

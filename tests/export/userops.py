@@ -332,3 +332,38 @@ class ReturnsEarlier(nn.Module):
         y = self.a(x)
         self.b(y)
         return y
+
+
+class TwoViews(nn.Module):
+    """Two images through one convolutional encoder (its parameters shared), joined, a head: forward takes
+    two inputs (psd's input is them joined along dim 1, (2, 6, 6) per sample)."""
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Tanh(), nn.AdaptiveAvgPool2d(2), nn.Flatten())
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, input1, input2):
+        return self.head(torch.cat((self.enc(input1), self.enc(input2)), 1))
+
+
+class TwoViewsX(TwoViews):
+    """TwoViews on psd's one input (the PyTorch reference of the check; the same state_dict)."""
+    def forward(self, x):
+        return super().forward(x[:, 0:1], x[:, 1:2])
+
+
+class ImageAndFeatures(nn.Module):
+    """An image and a feature vector of other shapes (psd's input is them flattened and joined: 36 + 5)."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.feat = nn.Linear(5, 4)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, img, feats):
+        return self.head(torch.cat((torch.tanh(self.conv(img)).mean((2, 3)), torch.tanh(self.feat(feats))), 1))
+
+
+class ImageAndFeaturesX(ImageAndFeatures):
+    def forward(self, x):
+        return super().forward(x[:, :36].reshape(-1, 1, 6, 6), x[:, 36:])
