@@ -4311,7 +4311,7 @@ static const ps_attr_spec flatten_attrs[] = {
     ATTR_END,
 };
 static const ps_attr_spec reshape_attrs[] = {
-    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims), 1},
     ATTR_END,
 };
 static const ps_attr_spec param_attrs[] = {

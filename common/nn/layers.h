@@ -162,6 +162,7 @@ typedef struct ps_attr_spec {
     int lo_open, hi_open;
     const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
     size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS, BATCH_DIMS: ndims */
+    int empty_ok;               /* DIMS: an empty list is a value (Reshape's shape [], one value per sample) */
 } ps_attr_spec;
 
 /* Bounds the builder holds every shape to (anything larger is refused):
