@@ -130,6 +130,7 @@ typedef struct ps_layer_attrs {
     int bidirectional;          /* both directions, outputs concatenated (2H); the trainer's LSTM refuses it */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
+    int cum_reverse, cum_exclusive;   /* CumSum reverse, exclusive (ONNX's CumSum attributes) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */
