@@ -16,7 +16,9 @@ by check_resnet.py's run() with ref64: psd's initial parameters named and valued
 training forwards, every parameter gradient of one backward against float64 autograd (within 8x PyTorch float32's
 own error or 1e-4 of the tensor's largest), the step, a strict load_state_dict of psd's tensors; the input
 gradient against float64 autograd; then 20 SGD steps through psd on one batch, each step's loss within 1e-5 of
-PyTorch's own loop. And psd-export's refusals: x[None] (a dim before the batch), torch.cumsum along the batch,
+PyTorch's own loop. Their training-mode ONNX exports (PerSample's with views for the unflattens: torch 1.13 cannot
+export aten::unflatten) through psd's ONNX import the same way: ReduceMean / ReduceSum / ReduceMax to one value
+per sample, Unsqueeze, ReduceLogSumExp, CumSum. And psd-export's refusals: x[None] (a dim before the batch), torch.cumsum along the batch,
 torch.logsumexp over the batch.
 
     check_shape3.py BUILD_DIR TMP_DIR
@@ -75,7 +77,30 @@ def main():
         cr.run(label, stub, stepped, x, target, ref64=True)
         check_rnn.train_steps(label, stub, x, target, stepped, steps=20)
         p.kill()
+    onnx_paths()
     refusals(pe)
+
+
+def onnx_run(label, model, x, target, name):
+    """model's training-mode ONNX export through psd's ONNX import, checked by check_resnet's run() with ref64."""
+    path = os.path.join(cr.TMP, name + ".onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
+    cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+
+
+def onnx_paths():
+    """The models' training-mode ONNX exports through psd's ONNX import, checked as above: SEGate's (ReduceMean,
+    Unsqueeze), PerSample's with views for the unflattens (ReduceMean, ReduceSum, ReduceMax to one value per sample
+    and Unsqueeze), LogSumExp's (ReduceLogSumExp kept, over a middle axis and to one value per sample), CumSum's
+    (CumSum along three axes)."""
+    for i, (label, make) in enumerate((("SEGate", SEGate), ("PerSample", lambda: PerSample(unflatten=False)),
+                                       ("LogSumExp", LogSumExp), ("CumSum", CumSum))):
+        model, _ = cr.moved(make, "shape3_onnx_%d" % i, seed=3)
+        x, target = inputs(SEGate if label == "SEGate" else CumSum, 10 + i)
+        onnx_run(label + " (ONNX)", model, x, target, "shape3_%d" % i)
 
 
 def refusals(pe):

@@ -7,7 +7,7 @@ SEGate     images (N, 2, 6, 6) -> Conv2d -> a squeeze-and-excitation gate writte
            of the pooled features -> nn.Linear.
 PerSample  features (N, 16) -> Linear -> h * h.mean(1)[:, None], (h.view(-1, 4, 4) * h.sum(1)[:, None, None]),
            h - h.amax(1, keepdim=True), torch.tanh(h.std(1)).unsqueeze(1), nn.Unflatten(1, (2, 8)) and
-           h.unflatten(1, (4, -1)) -> nn.Linear.
+           h.unflatten(1, (4, -1)) -> nn.Linear (unflatten=False: views instead, for its ONNX export).
 LogSumExp  features (N, 16) -> Linear -> h - torch.logsumexp(h, 1, keepdim=True) (a hand-written log_softmax),
            h.view(-1, 4, 4).logsumexp(dim=2) (a middle dim) and torch.logsumexp(h, -1)[:, None] (one value per
            sample) -> nn.Linear; its inputs are scaled so that exp(x) of the unshifted sum would overflow float32.
@@ -42,8 +42,9 @@ class SEGate(nn.Module):
 
 
 class PerSample(nn.Module):
-    def __init__(self, classes=4):
-        super().__init__()
+    def __init__(self, classes=4, unflatten=True):   # unflatten False: views instead (torch 1.13 cannot export
+        super().__init__()                           # aten::unflatten to ONNX)
+        self.unflatten = unflatten
         self.lin = nn.Linear(16, 16)
         self.u = nn.Unflatten(1, (2, 8))
         self.fc = nn.Linear(16 * 4 + 1, classes)
@@ -54,8 +55,8 @@ class PerSample(nn.Module):
         b = (h.view(-1, 4, 4) * h.sum(1)[:, None, None]).flatten(1)
         c = h - h.amax(1, keepdim=True)
         d = torch.tanh(h.std(1)).unsqueeze(1)
-        e = self.u(h).transpose(1, 2).flatten(1)
-        f = h.unflatten(1, (4, -1)).transpose(1, 2).flatten(1)
+        e = (self.u(h) if self.unflatten else h.view(-1, 2, 8)).transpose(1, 2).flatten(1)
+        f = (h.unflatten(1, (4, -1)) if self.unflatten else h.view(-1, 4, 4)).transpose(1, 2).flatten(1)
         return self.fc(torch.cat([a, b, c, d, e - f * 0.5], 1))
 
 
