@@ -2630,6 +2630,36 @@ static ps_status param_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Constant: a registered buffer read as a value (x + self.pe, (x -
+ * self.mean) / self.std). The Parameter kind's shape, expand and
+ * broadcast, over a float32 buffer that is never trained and never
+ * changes; its values are the weights file's, a checkpoint's or the ONNX
+ * file's (external: psd refuses to start without them). Only the input's
+ * batch size is read; no gradient flows anywhere. ---- */
+
+static ps_status const_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = param_infer(ly, err);   /* shape against expand, outs; it sets a parameter ... */
+    if (rc) return rc;
+    ly->nparams = 0;                       /* ... which a Constant holds as a buffer instead */
+    set_buffer(ly, ly->a.pname, ly->a.ndims, ly->a.dims, PS_DTYPE_F32, 0.0f);
+    ly->buffer[ly->nbuffers - 1].external = 1;
+    return PS_OK;
+}
+
+static ps_status const_forward(ps_layer_call *c, ps_err *err) {
+    bcast b = param_bcast(c->ly);
+    ps_status rc = PS_OK;
+    for (int s = 0; s < c->n && rc == PS_OK; s++)
+        for (int64_t o = 0; o < b.outer && rc == PS_OK; o++)
+            rc = c->be->ops->copy2d(c->be->impl, 1, b.run, c->buf[0] + bcast_src(&b, o), b.run,
+                                    (float *)c->y + s * b.numel + o * b.run, b.run, 0, err);
+    return rc;
+}
+
+static ps_status const_backward(ps_layer_call *c, ps_err *err) {
+    return c->dx ? c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err) : PS_OK;
+}
+
 /* ---- IndexSelect: x.index_select(dim, index) with a constant index list
  * (ONNX Gather of a computed value by constant indices); backward sums
  * dy into the selected positions (repeated indices add). ---- */
@@ -4357,6 +4387,12 @@ static const ps_attr_spec param_attrs[] = {
     {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
     ATTR_END,
 };
+static const ps_attr_spec const_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"expand", PS_ATTR_DIMS, A(dims2), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims2)},
+    {"buffer", PS_ATTR_NAME, A(pname), NULL, 0, 0, 0, 0, NULL, 0},   /* required: a suffix, or null */
+    ATTR_END,
+};
 static const ps_attr_spec index_select_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), "1", -5, 5, 0, 0, NULL, 0},
     {"index", PS_ATTR_DIMS, A(dims), NULL, 0, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
@@ -4544,6 +4580,8 @@ static const ps_layer_kind kinds[] = {
     {"Concat", PS_KIND_LAYOUT_KEEP, 2, PS_NODE_MAX_INPUTS, concat_attrs, concat_infer, concat_missing, concat_forward,
      concat_backward, NULL, NULL, zero_flops},
     {"Parameter", 0, 1, 1, param_attrs, param_infer, copy_fill_missing, param_forward, param_backward, NULL, NULL,
+     zero_flops},
+    {"Constant", 0, 1, 1, const_attrs, const_infer, copy_fill_missing, const_forward, const_backward, NULL, NULL,
      zero_flops},
     {"IndexSelect", 0, 1, 1, index_select_attrs, index_select_infer, copy_fill_missing, index_select_forward,
      index_select_backward, NULL, NULL, zero_flops},
@@ -4774,6 +4812,7 @@ static const struct {
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
+    {"Constant", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

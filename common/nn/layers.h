@@ -199,6 +199,8 @@ typedef struct ps_layer_buffer {
     float init;                 /* initial value of every element */
     /* or, when set, element k's initial value of an int64 buffer (swin's relative_position_index) */
     int64_t (*init_i64)(const struct ps_layer *ly, int64_t k);
+    int external;               /* 1: no values of its own (Constant): they come from --init-from, a
+                                   checkpoint or the ONNX file, and psd refuses to start without them */
 } ps_layer_buffer;
 
 struct ps_layer_kind;

@@ -165,7 +165,7 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
 static ps_buffer_info buffer_info(const stage *st, const ps_layer *ly, int j, int stage_index, char *name) {
     const ps_layer_buffer *b = &ly->buffer[j];
     ps_buffer_info bi = {.name = name, .ndim = b->ndim, .numel = b->numel, .dtype = b->dtype, .stage = st->def->name,
-                         .device = st->device, .stage_index = stage_index};
+                         .device = st->device, .stage_index = stage_index, .external = b->external};
     memcpy(bi.dims, b->dims, sizeof bi.dims);
     return bi;
 }

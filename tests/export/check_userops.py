@@ -15,6 +15,9 @@ options, shape moves
              "bhdq,bhdk->bhqk" (MatMul with transposes), the input gradient too
   Paddings   nn.ReflectionPad2d, Conv2d with padding_mode replicate and circular (a Pad, then the convolution),
              nn.ReplicationPad2d, F.pad(mode="reflect"), the input gradient too; its ONNX export as well
+  Functional F.conv2d / F.conv1d / F.linear with a module's own parameters (custom layers; an nn.Linear's weight
+             and bias read at two sites: one node's parameters, shared), the input gradient too
+  FuncEmbedding  a custom layer's F.embedding(ids, self.weight, padding_idx=0), F.linear of a head's parameters
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -26,7 +29,8 @@ out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of
 row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
 import the same way, and MaxRows' (a ReduceMin to one value per sample). And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
-along the batch, an einsum that is not a batched matrix product.
+along the batch, an einsum that is not a batched matrix product, F.linear of a transposed parameter or of
+parameters not named weight / bias, torch.zeros of a traced size (torch.fx's own refusal, named with the line).
 
     check_userops.py BUILD_DIR TMP_DIR
 """
@@ -49,10 +53,12 @@ from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings,
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
-         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings)]
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings),
+         ("Functional", userops.Functional), ("FuncEmbedding", userops.FuncEmbedding)]
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
-            userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
+            userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],
+            userops.LinearNamed: [6], userops.ZerosState: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -135,7 +141,10 @@ def refusals(pe):
                       (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
                       (userops.ArgMax, "the indices of"),
                       (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
-                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product")):
+                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product"),
+                      (userops.LinearT, "its weight is a computed tensor (a transpose or view of a parameter)"),
+                      (userops.LinearNamed, "W are not one module's weight and bias"),
+                      (userops.ZerosState, "torch.fx cannot trace")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc, _ = export(pe, cls, "refused_" + cls.__name__)
