@@ -870,7 +870,7 @@ CASES += [
 ]
 
 
-# ---- shape3: CumSum (torch.cumsum along the first, a middle and the last dim; ONNX's reverse and exclusive, alone
+# ---- CumSum (torch.cumsum along the first, a middle and the last dim; ONNX's reverse and exclusive, alone
 # and together) and one value per sample: Reshape to [] (per-sample shape ()), an op on it, back to [1] to gate
 # the input, and a stage whose output is () per sample
 CASES += [
@@ -895,7 +895,7 @@ CASES += [
 ]
 
 
-def shape3_module(kind, a):
+def cumsum_module(kind, a):
     """The torch twin of a CumSum node, or None for the other kinds."""
     if kind != "CumSum":
         return None
@@ -1091,7 +1091,7 @@ def make_module(kind, a, shapes, case_name=""):
     m = shrink_module(kind, a, s0)
     if m is not None:
         return m
-    m = shape3_module(kind, a)
+    m = cumsum_module(kind, a)
     if m is not None:
         return m
     if kind == "Conv2d":

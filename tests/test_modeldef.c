@@ -299,7 +299,7 @@ static void test_errors(void) {
                "pad: -1 is outside [0, ");
     expect_err("pad_long.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}\n", 0, 6,
                "node 'p' (Pad): pad: a list of 8 values at most, got 10", NULL);
-    /* shape3: an empty list is Reshape's shape (one value per sample) only; CumSum's dim after the batch */
+    /* an empty list is Reshape's shape (one value per sample) only; CumSum's dim after the batch */
     expect_err("ln_empty.yaml", HEAD3 "      - {name: l, kind: LayerNorm, normalized_shape: []}\n", 0, 6,
                "node 'l' (LayerNorm): normalized_shape: an empty list (give at least one value)", NULL);
     expect_err("reshape_scalar.yaml", HEAD3 "      - {name: r, kind: Reshape, shape: []}\n", 1, 6, "node 'r' (Reshape)",
