@@ -870,6 +870,46 @@ CASES += [
 ]
 
 
+# ---- CumSum (torch.cumsum along the first, a middle and the last dim; ONNX's reverse and exclusive, alone
+# and together) and one value per sample: Reshape to [] (per-sample shape ()), an op on it, back to [1] to gate
+# the input, and a stage whose output is () per sample
+CASES += [
+    ("cumsum_dim1", stage([5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                   "{name: c, kind: CumSum, dim: 1}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("cumsum_middle", stage([2, 4, 3], ["{name: t, kind: Tanh}", "{name: c, kind: CumSum, dim: 2}"])),
+    ("cumsum_last", stage([3, 2, 5], ["{name: c, kind: CumSum, dim: -1}",
+                                      "{name: o, kind: Linear, out_features: 2}"])),
+    ("cumsum_reverse", stage([6], ["{name: c, kind: CumSum, dim: 1, reverse: true}"])),
+    ("cumsum_exclusive", stage([3, 4], ["{name: c, kind: CumSum, dim: 1, exclusive: true}"])),
+    ("cumsum_reverse_exclusive", stage([4, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                                "{name: c, kind: CumSum, dim: -1, reverse: true, exclusive: true}"])),
+    ("scalar_gate", stage([6], ["{name: l, kind: Linear, out_features: 1}",
+                                "{name: s, kind: Reshape, shape: []}",
+                                "{name: e, kind: Tanh}",
+                                "{name: g, kind: Reshape, shape: [1]}",
+                                "{name: m, kind: Mul, inputs: [input, g]}"])),
+    ("scalar_out", stage([3], ["{name: l, kind: Linear, out_features: 1}",
+                               "{name: s, kind: Reshape, shape: []}",
+                               "{name: e, kind: Exp}"])),
+]
+
+
+def cumsum_module(kind, a):
+    """The torch twin of a CumSum node, or None for the other kinds."""
+    if kind != "CumSum":
+        return None
+    dim, rev, exc = a["dim"], a.get("reverse", False), a.get("exclusive", False)
+
+    def cumsum(x):
+        x = x.flip(dim) if rev else x
+        y = torch.cumsum(x, dim)
+        if exc:          # shifted one along: the first 0, the element itself left out
+            y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
+        return y.flip(dim) if rev else y
+    return Lambda(cumsum)
+
+
 def bcast_module(kind):
     """The torch twin of Div (Add, Sub, Mul broadcast as their own twins do), or None."""
     if kind == "Div":
@@ -1049,6 +1089,9 @@ def make_module(kind, a, shapes, case_name=""):
     if m is not None:
         return m
     m = shrink_module(kind, a, s0)
+    if m is not None:
+        return m
+    m = cumsum_module(kind, a)
     if m is not None:
         return m
     if kind == "Conv2d":

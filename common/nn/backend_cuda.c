@@ -1319,6 +1319,12 @@ static ps_status cu_binary_bcast_backward(void *impl, const ps_bcast_desc *d, in
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_binary_bcast_backward(&g, which, a, b, dy, dx, c->stream));
 }
 
+static ps_status cu_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err) {
+    if (d->outer * d->len * d->inner <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_cumsum(d->outer, d->len, d->inner, d->reverse, d->exclusive, x, y,
+                                                c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1388,4 +1394,5 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .prelu_backward = cu_prelu_backward,
     .binary_bcast = cu_binary_bcast,
     .binary_bcast_backward = cu_binary_bcast_backward,
+    .cumsum = cu_cumsum,
 };

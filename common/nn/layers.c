@@ -3817,6 +3817,43 @@ static ps_status roll_backward(ps_layer_call *c, ps_err *err) {
     return roll_all(c, c->dy, c->dx, -1, err);
 }
 
+/* ---- CumSum: torch.cumsum(x, dim) - the running sum along one per-sample
+ * dimension (PyTorch's dim, the batch counted as 0); reverse and exclusive
+ * as ONNX's CumSum (from the end; the element itself left out). The
+ * backward is the running sum of dy the other way (exclusive kept). Each
+ * line summed in double. Plain layout. ---- */
+
+static ps_status cumsum_infer(ps_layer *ly, ps_err *err) {
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
+    if (rc) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *cumsum_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->cumsum ? NULL : "cumsum";
+}
+
+static ps_cumsum_desc cumsum_desc(const ps_layer *ly, int n, int backward) {
+    ps_cumsum_desc d = {.reverse = !ly->a.cum_reverse != !backward, .exclusive = ly->a.cum_exclusive};
+    index_select_geom(ly, n, &d.outer, &d.len, &d.inner);
+    return d;
+}
+
+static ps_status cumsum_forward(ps_layer_call *c, ps_err *err) {
+    const ps_cumsum_desc d = cumsum_desc(c->ly, c->n, 0);
+    return c->be->ops->cumsum(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status cumsum_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_cumsum_desc d = cumsum_desc(c->ly, c->n, 1);
+    return c->be->ops->cumsum(c->be->impl, &d, c->dy, c->dx, err);
+}
+
 /* ---- Pad: F.pad(x, pad, mode, value) - pad lists (before, after) pairs
  * from the last dimension backwards, as F.pad's; each dimension grows by
  * its pair. 'constant': the new elements are value (swin's padding to a
@@ -4383,7 +4420,7 @@ static const ps_attr_spec flatten_attrs[] = {
     ATTR_END,
 };
 static const ps_attr_spec reshape_attrs[] = {
-    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims), 1},
     ATTR_END,
 };
 static const ps_attr_spec param_attrs[] = {
@@ -4405,6 +4442,12 @@ static const ps_attr_spec index_select_attrs[] = {
 };
 static const ps_attr_spec shuffle_attrs[] = {
     ATTR_INT("groups", groups, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec cumsum_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
+    ATTR_BOOL("reverse", cum_reverse, "false"),
+    ATTR_BOOL("exclusive", cum_exclusive, "false"),
     ATTR_END,
 };
 static const ps_attr_spec narrow_attrs[] = {
@@ -4603,6 +4646,9 @@ static const ps_layer_kind kinds[] = {
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},
     /* swin's shifted windows: torch.roll, F.pad (Narrow's step: its patch merging's strided slices) */
     {"Roll", 0, 1, 1, roll_attrs, roll_infer, copy_missing, roll_forward, roll_backward, NULL, NULL, zero_flops},
+    /* torch.cumsum (users' hand-written layers; ONNX's CumSum) */
+    {"CumSum", 0, 1, 1, cumsum_attrs, cumsum_infer, cumsum_missing, cumsum_forward, cumsum_backward, NULL, NULL,
+     NULL},
     {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
     {"RelativePositionBias", 0, 1, 1, rpb_attrs, rpb_infer, rpb_missing, rpb_forward, rpb_backward, NULL, NULL,
      zero_flops},
@@ -4792,6 +4838,7 @@ static const struct {
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
+    {"CumSum", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},

@@ -130,6 +130,7 @@ typedef struct ps_layer_attrs {
     int bidirectional;          /* both directions, outputs concatenated (2H); the trainer's LSTM refuses it */
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
+    int cum_reverse, cum_exclusive;   /* CumSum reverse, exclusive (ONNX's CumSum attributes) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */
@@ -162,6 +163,7 @@ typedef struct ps_attr_spec {
     int lo_open, hi_open;
     const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
     size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS, BATCH_DIMS: ndims */
+    int empty_ok;               /* DIMS: an empty list is a value (Reshape's shape [], one value per sample) */
 } ps_attr_spec;
 
 /* Bounds the builder holds every shape to (anything larger is refused):

@@ -37,7 +37,7 @@ class UnknownModule(nn.Module):        # a leaf module outside the table
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
-        self.act = nn.Unflatten(1, (2, 2))
+        self.act = nn.LPPool1d(2, 2)
 
     def forward(self, x):
         return self.act(self.fc(x))      # REFUSED_MODULE
@@ -123,9 +123,9 @@ class SpatialMean(nn.Module):          # mnasnet's x.mean([2, 3]): AdaptiveAvgPo
         return torch.mean(x, (-1, -2), keepdim=True) + x.mean([2, 3]).view(x.size(0), -1, 1, 1)
 
 
-class MeanOverFeatures(nn.Module):     # a mean over other dims
+class MeanOverFeatures(nn.Module):     # a mean over the batch (x.mean(1), one value per sample, is taken)
     def forward(self, x):
-        return x.mean(1)                 # REFUSED_MEAN
+        return x.mean(0)                 # REFUSED_MEAN
 
 
 class CeilPools(nn.Module):            # squeezenet's and googlenet's ceil_mode pools
