@@ -965,9 +965,15 @@ ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FI
             human(tf, b4, sizeof b4), human((double)ta, b5, sizeof b5));
     for (int i = 0; i < m->def->nnodes; i++) {   /* shared parameters: counted once, under their owners */
         const ps_node_def *nd = &m->def->nodes[i];
-        if (nd->share >= 0)
-            fprintf(f, "  shared: %s uses the parameters of %s (share, stage %s)\n", nd->name,
+        if (nd->share >= 0) {
+            const ps_layer *ly = NULL;   /* its layer: buffers used too (a BatchNorm called at several sites) */
+            for (int s = 0; s < m->nstages && !ly; s++)
+                for (int l = 0; l < m->stages[s].nlayers && !ly; l++)
+                    if (m->stages[s].layers[l].def == nd) ly = &m->stages[s].layers[l];
+            const char *what = ly && ly->nbuffers ? (ly->nparams ? "parameters and buffers" : "buffers") : "parameters";
+            fprintf(f, "  shared: %s uses the %s of %s (share, stage %s)\n", nd->name, what,
                     m->def->nodes[nd->share].name, m->def->stages[nd->stage].name);
+        }
         for (int t = 0; t < nd->ntie; t++)
             fprintf(f, "  shared: %s%s%s is %s (tie, stage %s)\n", nd->name, nd->ties[t].suffix[0] ? "." : "",
                     nd->ties[t].suffix, nd->ties[t].target, m->def->stages[nd->stage].name);
