@@ -5,9 +5,10 @@ order; eval reads them at every site.
 
   SiameseBN       SimCLR-style: one CNN encoder (Conv2d, BatchNorm2d, ReLU,
                   MaxPool2d, Conv2d, BatchNorm2d, ReLU, Flatten, Linear,
-                  BatchNorm1d) applied to both views of a sample (N, 2, C,
-                  H, W): encoder(x[:, 0]), encoder(x[:, 1]); the two
-                  embeddings and their difference into a head
+                  BatchNorm1d) applied to both views of a sample, stacked
+                  on the channels (N, 2C, H, W): encoder(x[:, :C]),
+                  encoder(x[:, C:]); the two embeddings and their
+                  difference into a head
   Triplet         one encoder (Linear, BatchNorm1d(affine=False,
                   momentum=None): buffers and no parameters, a cumulative
                   average) applied to anchor, positive and negative
@@ -21,6 +22,7 @@ import torch.nn as nn
 class SiameseBN(nn.Module):
     def __init__(self, c=3, hw=8, emb=16, classes=3):
         super().__init__()
+        self.c = c
         self.encoder = nn.Sequential(
             nn.Conv2d(c, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
@@ -28,8 +30,8 @@ class SiameseBN(nn.Module):
         self.head = nn.Linear(3 * emb, classes)
 
     def forward(self, x):
-        a = self.encoder(x[:, 0])
-        b = self.encoder(x[:, 1])
+        a = self.encoder(x[:, :self.c])
+        b = self.encoder(x[:, self.c:])
         return self.head(torch.cat([a, b, a - b], dim=1))
 
 
