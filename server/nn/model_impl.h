@@ -111,7 +111,8 @@ typedef struct buffer_loc {
  * kept in the accumulated gradients until the step folds them (model.c):
  * host copies of what the kind's stats() names. */
 typedef struct fold_record {
-    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order */
+    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order; within
+                                one tape the nodes' topological (forward) order (grads.c) */
     uint32_t seq;
     int stage, layer;
     int nstats;
