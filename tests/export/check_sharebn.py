@@ -29,6 +29,11 @@ psd-export and psd, against PyTorch (docs/models.md "Shared parameters"):
     evaluating (eval mode: the shared running statistics at every site)
     to psd's eval forward and to PyTorch's loop's within 1e-4.
 
+The siamese and recurrent-depth modules' training-mode ONNX exports
+through psd's ONNX import the same way (run() and the loop): the
+BatchNormalization nodes of one module read the same initializers, one
+node of psd's with share: at the others.
+
     check_sharebn.py BUILD_DIR TMP_DIR
 """
 import copy
@@ -39,6 +44,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -225,10 +231,34 @@ def main():
         ckdir = os.path.join(cr.TMP, name + "_ckpt")
         stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w],
                                "  checkpoint_dir: %s\n  checkpoint_every_steps: 1\n" % ckdir)
+        onnx_model = copy.deepcopy(model)
         cr.run(label, stub, model, x, target, ref64=True)      # psd's first step; steps model as PyTorch does
         loop(label, stub, model, shape, 10 * i + 1)
         checkpoint(label, stub, model, x, ckdir)
         p.kill()
+        if cls is not Triplet:   # its BatchNorm(affine=False) exports its weight as a computed Constant
+            onnx(label, name, onnx_model, x, target, shape, 10 * i + 1)
+
+
+def onnx(label, name, model, x, target, shape, seed):
+    """The module's training-mode ONNX export: the BatchNormalization nodes of one module read the same
+    initializers (one node of psd's, share: at the later ones); run() and the loop as for psd-export's file."""
+    path = os.path.join(cr.TMP, name + "_train.onnx")
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          opset_version=13)
+    # the export traced a training forward: the running statistics moved (at every site) and the file holds
+    # them; ONNX has no num_batches_tracked: psd starts it at 0 (check_resnet.both_paths)
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.num_batches_tracked.zero_()
+    label = label.split(" (")[0] + " onnx training export"
+    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
+    cr.run(label, stub, model, x, target, ref64=True)
+    loop(label, stub, model, shape, seed)
+    p.kill()
 
 
 if __name__ == "__main__":

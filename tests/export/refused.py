@@ -14,10 +14,11 @@ class UsesMatmul(nn.Module):           # a function outside the table
         return torch.matmul(y, y.t())   # REFUSED_MATMUL
 
 
-class Shared(nn.Module):               # a module with buffers called twice (parameters alone are shared)
+class Shared(nn.Module):               # a module with buffers other than BatchNorm's called twice
     def __init__(self):
         super().__init__()
-        self.fc = nn.BatchNorm1d(4)
+        self.fc = nn.Linear(4, 4)
+        self.fc.register_buffer("scale", torch.ones(4))
 
     def forward(self, x):
         return self.fc(torch.relu(self.fc(x)))   # REFUSED_SHARED
