@@ -5,8 +5,9 @@ triplet network whose encoder's BatchNorm1d has affine=False and
 momentum=None, a recurrent-depth block applied three times) through
 psd-export and psd, against PyTorch (docs/models.md "Shared parameters"):
 
-  - the model file holds `share:` for every later call of a BatchNorm, and
-    psd --check-config says which share parameters and buffers;
+  - the model file holds `share:` for every later call of a BatchNorm,
+    psd --check-config says which share parameters and buffers, and
+    ListParameters lists the state_dict's names once each;
   - every parameter moved off its initial value and the running statistics
     off their defaults, psd started with --init-from the module's
     state_dict, then check_resnet.py's run() with ref64: psd's parameters
@@ -27,7 +28,8 @@ psd-export and psd, against PyTorch (docs/models.md "Shared parameters"):
     (the buffers once), every tensor psd's, loading into the module with
     load_state_dict(strict=True) with its buffers equal to psd's, and
     evaluating (eval mode: the shared running statistics at every site)
-    to psd's eval forward and to PyTorch's loop's within 1e-4.
+    to psd's eval forward and to PyTorch's loop's within 1e-4; a psd
+    restarted from the checkpoint resumes every parameter and buffer.
 
 The siamese and recurrent-depth modules' training-mode ONNX exports
 through psd's ONNX import the same way (run() and the loop): the
@@ -159,7 +161,7 @@ def newest_ckpt(d, after, timeout=60):
     return None
 
 
-def checkpoint(label, stub, model, x, ckdir):
+def checkpoint(label, name, y, stub, p, model, x, ckdir):
     """psd's newest checkpoint: the state_dict's keys, psd's values, a strict load with equal buffers, its eval
     forward psd's and PyTorch's loop's."""
     now = cr.get_parameters(stub)
@@ -202,6 +204,14 @@ def checkpoint(label, stub, model, x, ckdir):
              "site): psd's = the loaded module's" % label)
     cr.check(rel(cr.array(r.output), theirs) <= 1e-4, "%s: eval forward after %d steps within 1e-4 of PyTorch's "
              "loop's module (%.2g)" % (label, STEPS + 1, rel(cr.array(r.output), theirs)))
+    p.kill()
+    p.wait()
+    stub2, p2 = cr.start_psd(name + "_resumed", "file: %s" % y, [], "  checkpoint_dir: %s\n" % ckdir)
+    again = cr.get_parameters(stub2)
+    bad = [k for k in now if k not in again or not np.array_equal(again[k], now[k])]
+    cr.check(set(again) == set(now) and not bad, "%s: psd restarted from the checkpoint resumes every parameter and "
+             "buffer (%s)" % (label, bad[:4] or sorted(set(again) ^ set(now))[:4]))
+    p2.kill()
 
 
 def main():
@@ -231,10 +241,16 @@ def main():
         ckdir = os.path.join(cr.TMP, name + "_ckpt")
         stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w],
                                "  checkpoint_dir: %s\n  checkpoint_every_steps: 1\n" % ckdir)
+        listed = [t.name for t in stub.ListParameters(ps_pb2.ListParametersRequest(), timeout=30).parameters]
+        want = list(model.state_dict())
+        cr.check(sorted(listed) == sorted(want), "%s: ListParameters lists the state_dict's %d names once each, "
+                 "every BatchNorm's buffers under its first call's (%s)"
+                 % (label, len(want), sorted(set(listed) ^ set(want))[:4] or
+                    [k for k in set(listed) if listed.count(k) > 1][:4]))
         onnx_model = copy.deepcopy(model)
         cr.run(label, stub, model, x, target, ref64=True)      # psd's first step; steps model as PyTorch does
         loop(label, stub, model, shape, 10 * i + 1)
-        checkpoint(label, stub, model, x, ckdir)
+        checkpoint(label, name, y, stub, p, model, x, ckdir)
         p.kill()
         if cls is not Triplet:   # its BatchNorm(affine=False) exports its weight as a computed Constant
             onnx(label, name, onnx_model, x, target, shape, 10 * i + 1)
