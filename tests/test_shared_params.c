@@ -20,7 +20,8 @@
  * of buffers, listed once; each site's batch statistics folded into it in
  * forward order, not file order, with PyTorch's momentum rule once per
  * call, against the same network with a BatchNorm per site; eval reads the
- * shared running statistics at both), and the model-file refusals
+ * shared running statistics at both; two forwards of one context fold in
+ * seq order, then site order), and the model-file refusals
  * (file:line naming both nodes). */
 #include <math.h>
 #include <stdio.h>
@@ -285,6 +286,75 @@ static void train_step(ps_model *m, const float *x, int n, int64_t out_k) {
     free(gout);
 }
 
+/* The batch statistics of each site of ref (momentum 1, the shared
+ * model's parameters at each site) for x: one step of ref, its buffers. */
+static void site_stats(ps_model *ref, ps_model *sh, const float *x, int n, float mean[2][4], float var[2][4]) {
+    const char *own[4] = {"lin.weight", "lin.bias", "bn.weight", "bn.bias"};
+    for (int k = 0; k < 4; k++) copy_param(ref, own[k], sh, own[k]);
+    copy_param(ref, "bn_1.weight", sh, "bn.weight");
+    copy_param(ref, "bn_1.bias", sh, "bn.bias");
+    train_step(ref, x, n, 4);
+    for (int s = 0; s < 2; s++) {
+        float *m = buffer_values(ref, s ? "bn_1.running_mean" : "bn.running_mean");
+        float *v = buffer_values(ref, s ? "bn_1.running_var" : "bn.running_var");
+        for (int c = 0; c < 4 && m && v; c++) { mean[s][c] = m[c]; var[s][c] = v[c]; }
+        free(m);
+        free(v);
+    }
+}
+
+/* Two forwards of one context before its step (seq 0 and 1, their
+ * backwards in reverse order): four folds into the one set, forward by
+ * forward (seq order), site by site within each, as PyTorch's two calls of
+ * the model update them. */
+static void test_batchnorm_seq(const char *backend, ps_model *sh, ps_model *ref) {
+    ps_err err = {0};
+    enum { N = 7 };
+    float x[2][N * 6], mean[2][2][4], var[2][2][4];
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < N * 6; i++) x[f][i] = (1.0f + (float)f) * frand() - 0.3f * (float)f;
+    float *rm0 = buffer_values(sh, "bn.running_mean"), *rv0 = buffer_values(sh, "bn.running_var");
+    int64_t *nbt0 = buffer_values(sh, "bn.num_batches_tracked");
+    for (int f = 0; f < 2; f++) site_stats(ref, sh, x[f], N, mean[f], var[f]);
+    ps_tape *t[2] = {NULL, NULL};
+    ps_grads *g = ps_grads_create(sh, &err);
+    float out[N * 4], gout[N * 4];
+    for (int i = 0; i < N * 4; i++) gout[i] = frand();
+    for (int f = 0; f < 2; f++) {
+        OKE(ps_model_forward_range(sh, 0, 0, x[f], N, 1, NULL, 0, out, &t[f], NULL, &err));
+        if (t[f]) ps_tape_set_key(t[f], 77, (uint32_t)f);
+    }
+    for (int f = 1; f >= 0; f--)
+        if (t[f]) OKE(ps_model_backward_acc(sh, t[f], gout, NULL, g, &err));
+    uint64_t v = 0;
+    OKE(ps_model_step_grads(sh, g, &v, &err));
+    float *rm = buffer_values(sh, "bn.running_mean"), *rv = buffer_values(sh, "bn.running_var");
+    int64_t *nbt = buffer_values(sh, "bn.num_batches_tracked");
+    if (rm0 && rv0 && nbt0 && rm && rv && nbt) {
+        float wm[4], wv[4];
+        for (int c = 0; c < 4; c++) {
+            double a = rm0[c], b = rv0[c];
+            for (int f = 0; f < 2; f++)
+                for (int s = 0; s < 2; s++) {
+                    a = 0.9 * a + 0.1 * mean[f][s][c];
+                    b = 0.9 * b + 0.1 * var[f][s][c];
+                }
+            wm[c] = (float)a;
+            wv[c] = (float)b;
+        }
+        char label[96];
+        snprintf(label, sizeof label, "%s two forwards of one context: running_mean (seq, then site order)", backend);
+        check_scaled(label, rm, wm, 4, 1e-5);
+        snprintf(label, sizeof label, "%s two forwards of one context: running_var (seq, then site order)", backend);
+        check_scaled(label, rv, wv, 4, 1e-5);
+        CHECK_MSG(*nbt == *nbt0 + 4, "%s num_batches_tracked %lld after %lld and two forwards of two calls", backend,
+                  (long long)*nbt, (long long)*nbt0);
+    }
+    for (int f = 0; f < 2; f++) ps_tape_free(t[f]);
+    ps_grads_free(g);
+    free(rm0); free(rv0); free(nbt0); free(rm); free(rv); free(nbt);
+}
+
 static void test_batchnorm(const char *backend) {
     ps_err err = {0};
     ps_model *sh = build("bnsh", BNSH, backend, &err), *ref = NULL;
@@ -348,6 +418,7 @@ static void test_batchnorm(const char *backend) {
         check_scaled(label, e1, e2, N * 4, 1e-6);
     }
     free(m1); free(v1); free(m2); free(v2); free(rm); free(rv); free(nbt);
+    test_batchnorm_seq(backend, sh, ref);
 done:
     ps_model_free(sh);
     ps_model_free(ref);
