@@ -120,8 +120,9 @@ static void test_shared_errors(void) {
                "      - {name: b, kind: Linear, out_features: 8, tie: {weight: a.weight}, init: {weight: zeros}}\n",
                1, 7, "init.weight of a parameter it uses from 'a' (line 6): give the owner's init", NULL);
     expect_err("sh_buffers.yaml", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 8}\n"
-               "      - {name: b, kind: BatchNorm1d, num_features: 8, share: a}\n", 1, 7,
-               "share: 'a' (line 6) has buffers (a.running_mean)", NULL);
+               "      - {name: b, kind: BatchNorm1d, num_features: 8, eps: 0.001, share: a}\n", 1, 7,
+               "share: 'a' (line 6) updates the buffers it lends with eps 1e-05, momentum 0.1;",
+               "this node with eps 0.001");
 }
 
 static void test_errors(void) {
