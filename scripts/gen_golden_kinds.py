@@ -870,9 +870,49 @@ CASES += [
 ]
 
 
+# ---- CumSum (torch.cumsum along the first, a middle and the last dim; ONNX's reverse and exclusive, alone
+# and together) and one value per sample: Reshape to [] (per-sample shape ()), an op on it, back to [1] to gate
+# the input, and a stage whose output is () per sample
+CASES += [
+    ("cumsum_dim1", stage([5, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                   "{name: c, kind: CumSum, dim: 1}",
+                                   "{name: o, kind: Linear, out_features: 2}"])),
+    ("cumsum_middle", stage([2, 4, 3], ["{name: t, kind: Tanh}", "{name: c, kind: CumSum, dim: 2}"])),
+    ("cumsum_last", stage([3, 2, 5], ["{name: c, kind: CumSum, dim: -1}",
+                                      "{name: o, kind: Linear, out_features: 2}"])),
+    ("cumsum_reverse", stage([6], ["{name: c, kind: CumSum, dim: 1, reverse: true}"])),
+    ("cumsum_exclusive", stage([3, 4], ["{name: c, kind: CumSum, dim: 1, exclusive: true}"])),
+    ("cumsum_reverse_exclusive", stage([4, 3], ["{name: l, kind: Linear, out_features: 3}",
+                                                "{name: c, kind: CumSum, dim: -1, reverse: true, exclusive: true}"])),
+    ("scalar_gate", stage([6], ["{name: l, kind: Linear, out_features: 1}",
+                                "{name: s, kind: Reshape, shape: []}",
+                                "{name: e, kind: Tanh}",
+                                "{name: g, kind: Reshape, shape: [1]}",
+                                "{name: m, kind: Mul, inputs: [input, g]}"])),
+    ("scalar_out", stage([3], ["{name: l, kind: Linear, out_features: 1}",
+                               "{name: s, kind: Reshape, shape: []}",
+                               "{name: e, kind: Exp}"])),
+]
+
+
+def cumsum_module(kind, a):
+    """The torch twin of a CumSum node, or None for the other kinds."""
+    if kind != "CumSum":
+        return None
+    dim, rev, exc = a["dim"], a.get("reverse", False), a.get("exclusive", False)
+
+    def cumsum(x):
+        x = x.flip(dim) if rev else x
+        y = torch.cumsum(x, dim)
+        if exc:          # shifted one along: the first 0, the element itself left out
+            y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
+        return y.flip(dim) if rev else y
+    return Lambda(cumsum)
+
+
 # ---- users' elementwise functions: Maximum / Minimum of two tensors (one shape with ties - x against ReLU(x),
 # equal wherever x > 0, half the gradient to each - and broadcast either way), the comparisons of a tensor with a
-# number feeding Where (both operands tensors, b a number, a a number, b -inf), Log1p (its input kept above -1),
+# number feeding Where (both operands tensors, b a number, a a number, b -inf then Exp), Log1p (its input kept above -1),
 # Expm1, Sin, Cos, Flip over one dim and over two (one of them negative)
 CASES += [
     ("maximum_ties", stage([2, 5], ["{name: r, kind: ReLU, input: input}",
@@ -895,7 +935,7 @@ CASES += [
                                 "{name: w, kind: Where, inputs: [c, e], a: -1.5}"])),
     ("where_le_inf", stage([2, 6], ["{name: c, kind: LessOrEqual, value: 0.4, input: input}",
                                     "{name: w, kind: Where, inputs: [c, input], b: -.inf}",
-                                    "{name: s, kind: Softmax, dim: -1}"])),
+                                    "{name: e, kind: Exp}"])),   # exp(-inf) = 0, no row of NaN
     ("log1p", stage([2, 5], POS + ["{name: l, kind: Log1p}"])),
     ("expm1", stage([2, 5], ["{name: e, kind: Expm1}"])),
     ("sin", stage([3, 4], ["{name: s, kind: Sin}"])),
@@ -1125,6 +1165,9 @@ def make_module(kind, a, shapes, case_name=""):
     if m is not None:
         return m
     m = shrink_module(kind, a, s0)
+    if m is not None:
+        return m
+    m = cumsum_module(kind, a)
     if m is not None:
         return m
     if kind == "Conv2d":

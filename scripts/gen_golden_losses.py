@@ -15,7 +15,9 @@ answers:
   <case>.grad      F32 like out: d loss / d out from autograd in float32
   <case>.correct   I64 (1,) correct predictions (argmax over dim 1 == target;
                    for bce_with_logits (out > 0) == (target > 0.5)); absent
-                   for mse
+                   for mse and vae_bce
+vae_bce's cases (rows [recon, mu, logvar]) hold their targets per row in the
+metadata "<case>.t", the target F32 (n, t).
 Metadata "<case>.loss_name" names the row of the table, "<case>.shape" is
 "n,c,inner", "<case>.loss" the mean loss (repr of a float64) computed by
 torch.nn.functional in float64 from the float32 output.
@@ -76,4 +78,35 @@ bl[0, 0], bl[1, 0], bl[2, 0] = 40.0, -40.0, 0.0
 case("bce_binary", "bce_with_logits", bl, torch.randint(0, 2, (9, 1)).float())
 case("bce_soft", "bce_with_logits", torch.randn(4, 3) * 2, torch.rand(4, 3))
 
+
+
+def vae_loss(out, target, t):
+    """PyTorch's examples/vae loss_function on rows [recon (t), mu (L), logvar (L)], per sample (the sum / n)."""
+    L = (out.shape[1] - t) // 2
+    recon, mu, logvar = out[:, :t], out[:, t:t + L], out[:, t + L:]
+    bce = F.binary_cross_entropy(recon, target, reduction="sum")
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return (bce + kld) / out.shape[0]
+
+
+def vae_case(name, n, t, L):
+    """vae_bce: <case>.t (metadata) the targets per row; <case>.target F32 (n, t)."""
+    out = torch.cat([torch.sigmoid(torch.randn(n, t) * 3), torch.randn(n, L), torch.randn(n, L) * 2], 1)
+    out[0, 0] = 1e-30                      # a recon at 0 and at 1: PyTorch's log clamped at -100
+    out[1, 1] = 1.0
+    target = torch.rand(n, t)
+    target[2] = (target[2] > 0.5).float()   # binary pixels too
+    x = out.clone().requires_grad_(True)
+    vae_loss(x, target, t).backward()
+    tensors[name + ".out"] = out.contiguous()
+    tensors[name + ".target"] = target.contiguous()
+    tensors[name + ".grad"] = x.grad.contiguous()
+    meta[name + ".loss"] = repr(float(vae_loss(out.double(), target.double(), t)))
+    meta[name + ".loss_name"] = "vae_bce"
+    meta[name + ".shape"] = "%d,%d,%d" % (n, t + 2 * L, 1)
+    meta[name + ".t"] = str(t)
+
+
+vae_case("vae_small", 5, 12, 3)
+vae_case("vae_mnist", 4, 784, 20)
 write_safetensors(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, tensors, meta)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "wire.h"
 #include "cli.h"
 #include "clock.h"
 #include "config.h"
@@ -286,6 +287,34 @@ static ps_status print_stage_table(const ps_config *cfg, const char *cfg_where, 
     return ps_model_describe(&all, wp, f, err);
 }
 
+/* Every hosted stage's input and output fit a request's or reply's tensor
+ * (PS_WIRE_MAX_DIMS with the batch): a model psd could build but never be
+ * called with is refused at start and by --check-config. */
+static ps_status wire_shapes(ps_model *m, ps_err *err) {
+    for (int s = 0; s < ps_model_num_stages(m); s++) {
+        const ps_stage_info *si = ps_model_stage(m, s);
+        const int worst = si->in_ndim > si->out_ndim ? si->in_ndim : si->out_ndim;
+        if (worst > PS_WIRE_MAX_DIMS - 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "stage '%s': its %s has %d dimensions per sample; a "
+                              "request's or reply's tensor carries at most %d with the batch (join or flatten dims, "
+                              "or cut the stage elsewhere)", si->name, si->in_ndim > PS_WIRE_MAX_DIMS - 1 ? "input"
+                              : "output", worst, PS_WIRE_MAX_DIMS);
+    }
+    return PS_OK;
+}
+
+/* A Constant's buffer has no values of its own: psd starts only where
+ * --init-from, a checkpoint or the ONNX file gives them. */
+static ps_status unset_constant(ps_model *m, ps_err *err) {
+    const char *name = ps_model_unset_constant(m);
+    if (!name) return PS_OK;
+    char where[PS_ERR_MSG_MAX / 2];
+    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "buffer '%s' (%s) is a Constant, whose values come from the "
+                      "weights: start psd with --init-from a safetensors file holding it (psd-export writes one "
+                      "beside the model file), or resume from a checkpoint", name,
+                      ps_model_where(m, name, where, sizeof where));
+}
+
 int main(int argc, char **argv) {
     ps_log_set_prog("psd");
     /* GNU OpenMP reads OMP_WAIT_POLICY when it loads: spinning workers
@@ -427,6 +456,14 @@ int main(int argc, char **argv) {
                     resumes ? " (unused: psd resumes from the checkpoint in server.checkpoint_dir)" : "");
             if (!resumes) rc = 2;
         }
+        if (!rc && wire_shapes(model, &err)) {
+            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+            rc = 2;
+        }
+        if (!rc && !resumes && !init_from && !onnx && unset_constant(model, &err)) {
+            fprintf(stderr, "psd: %s: %s\n", where, err.msg);
+            rc = 2;
+        }
         char warn[256];
         if (!rc && stop_metric_warning(&cfg, warn, sizeof warn)) fprintf(stderr, "psd: warning: %s\n", warn);
         ps_model_free(model);
@@ -475,6 +512,12 @@ int main(int argc, char **argv) {
         ps_log(PS_LOG_INFO, "initial weights from the initializers of %s", mo.file);
     } else if (ckdir[0]) {
         ps_log(PS_LOG_INFO, "no checkpoint in %s: starting from freshly initialised weights", ckdir);
+    }
+    if (wire_shapes(model, &err) ||
+        (!have_ckpt && !init_from && !(mo.file && ps_onnx_is_onnx_file(mo.file)) && unset_constant(model, &err))) {
+        ps_log(PS_LOG_ERROR, "%s", err.msg);
+        ps_model_free(model);
+        return 1;
     }
 
     sigset_t sigs;

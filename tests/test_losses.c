@@ -2,7 +2,8 @@
  * PyTorch: every case of tests/golden/losses.safetensors
  * (scripts/gen_golden_losses.py) gives the same mean loss (torch's, in
  * float64), the same gradient (autograd, float32) and the same number of
- * correct predictions; and every row of the table has a case. */
+ * correct predictions (vae_bce: the targets cover each row's recon only); and every row of
+ * the table has a case. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,11 +45,16 @@ int main(void) {
         snprintf(k2, sizeof k2, "%s.correct", cs);
         corr = ps_st_find(g, k2);
         int64_t numel = n * c * inner;
+        long long tper = c * inner;   /* targets per row: the row's (dense), or the case's t (forward_t) */
+        snprintf(k2, sizeof k2, "%s.t", cs);
+        if (l->forward_t) CHECK_MSG(ps_st_metadata(g, k2) && sscanf(ps_st_metadata(g, k2), "%lld", &tper) == 1 &&
+                                        tgt && ps_st_numel(tgt) == n * tper, "%s: targets per row", cs);
         CHECK_MSG(out && grad && tgt && ps_st_numel(out) == numel && ps_st_numel(grad) == numel, "%s: tensors", cs);
         CHECK_MSG(tgt && tgt->dtype == (l->class_targets ? PS_ST_I64 : PS_ST_F32), "%s: target dtype", cs);
         if (!out || !grad || !tgt || ps_st_numel(out) != numel) continue;
         float *g2 = malloc((size_t)numel * sizeof *g2);
-        double loss = l->forward(out->data, tgt->data, n, c, inner, g2);
+        double loss = l->forward_t ? l->forward_t(out->data, tgt->data, n, c * inner, tper, g2)
+                                   : l->forward(out->data, tgt->data, n, c, inner, g2);
         CHECK_CLOSE(loss, want_loss, 1e-7, 1e-6);
         char what[128];
         snprintf(what, sizeof what, "%s gradient", cs);
@@ -71,9 +77,10 @@ int main(void) {
         CHECK_MSG(covered[r], "loss %s has no PyTorch case in %s", ps_loss_at(r)->name, GOLDEN);
     CHECK(cases >= 8);
     char names[128];
-    CHECK(!strcmp(ps_loss_names(names, sizeof names), "nll, cross_entropy, mse, bce_with_logits"));
+    CHECK(!strcmp(ps_loss_names(names, sizeof names), "nll, cross_entropy, mse, bce_with_logits, vae_bce"));
     CHECK(ps_loss_find("hinge") == NULL);
     CHECK(ps_loss_predictions(ps_loss_find("nll"), 10, 6) == 6 && ps_loss_predictions(ps_loss_find("mse"), 10, 6) == 60);
+    CHECK(ps_loss_predictions(ps_loss_find("vae_bce"), 824, 1) == 1);
     ps_st_free(g);
     return check_summary("test_losses");
 }

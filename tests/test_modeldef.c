@@ -120,8 +120,9 @@ static void test_shared_errors(void) {
                "      - {name: b, kind: Linear, out_features: 8, tie: {weight: a.weight}, init: {weight: zeros}}\n",
                1, 7, "init.weight of a parameter it uses from 'a' (line 6): give the owner's init", NULL);
     expect_err("sh_buffers.yaml", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 8}\n"
-               "      - {name: b, kind: BatchNorm1d, num_features: 8, share: a}\n", 1, 7,
-               "share: 'a' (line 6) has buffers (a.running_mean)", NULL);
+               "      - {name: b, kind: BatchNorm1d, num_features: 8, eps: 0.001, share: a}\n", 1, 7,
+               "share: 'a' (line 6) updates the buffers it lends with eps 1e-05, momentum 0.1;",
+               "this node with eps 0.001");
 }
 
 static void test_errors(void) {
@@ -299,6 +300,13 @@ static void test_errors(void) {
                "pad: -1 is outside [0, ");
     expect_err("pad_long.yaml", HEAD3 "      - {name: p, kind: Pad, pad: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}\n", 0, 6,
                "node 'p' (Pad): pad: a list of 8 values at most, got 10", NULL);
+    /* an empty list is Reshape's shape (one value per sample) only; CumSum's dim after the batch */
+    expect_err("ln_empty.yaml", HEAD3 "      - {name: l, kind: LayerNorm, normalized_shape: []}\n", 0, 6,
+               "node 'l' (LayerNorm): normalized_shape: an empty list (give at least one value)", NULL);
+    expect_err("reshape_scalar.yaml", HEAD3 "      - {name: r, kind: Reshape, shape: []}\n", 1, 6, "node 'r' (Reshape)",
+               "shape: 24 elements per sample cannot be viewed as the given shape");
+    expect_err("cumsum_batch.yaml", HEAD3 "      - {name: c, kind: CumSum, dim: 0}\n", 1, 6, "node 'c' (CumSum)",
+               "dim 0 is not a dimension 1..3 of the batched input (0 is the batch)");
     expect_err("narrow_step.yaml", HEAD3 "      - {name: n, kind: Narrow, dim: -1, start: 1, length: 3, step: 2}\n",
                1, 6, "node 'n' (Narrow)", "start 1 + (length 3 - 1) * step 2 is past dim -1 of size 4");
     expect_err("rpb_shift.yaml", HEAD3 "      - {name: b, kind: RelativePositionBias, window_size: 2, num_heads: 1, "

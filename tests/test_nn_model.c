@@ -1181,6 +1181,77 @@ static void test_padmask_refusals(void) {
     test_rmtree(dir);
 }
 
+/* RandnLike (torch.randn_like): standard normal noise of the input's shape
+ * on Dropout's stream - its moments (mean within 0.02, variance within
+ * 0.03 of 1 over 6,000 draws; about 3 and 2 standard errors), a seed
+ * replays it, another seed draws other noise, combined forwards give each
+ * part its own seed's noise, eval draws too; no gradient reaches the input
+ * (zeros). On both CPU backends. */
+static void test_randn_like(rng *r) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    const char *backends[2] = {"ref", "dnnl"};
+    const int n = 500, k = 12;
+    float *x = host_random((size_t)n * k, r), *out = malloc((size_t)n * k * sizeof(float));
+    float *out2 = malloc((size_t)n * k * sizeof(float)), *gin = malloc((size_t)n * k * sizeof(float));
+    float *dy = host_random((size_t)n * k, r);
+    for (int b = 0; b < 2; b++) {
+        snprintf(path, sizeof path, "%s/randn_%s.yaml", dir, backends[b]);
+        ps_model *m = model_from_text_ok(path, backends[b], "name: rn\nmax_batch: 1024\nstages:\n  - name: s\n"
+                                         "    input: {shape: [3, 4]}\n    nodes:\n      - {name: e, kind: RandnLike}\n");
+        if (!m) continue;
+        ps_err err = {0};
+        ps_tape *t = NULL;
+        ps_grads *g = ps_grads_create(m, &err);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out, &t, NULL, &err));
+        for (int j = 0; j < n * k; j++) gin[j] = 1.0f;
+        if (t && g) OKE(ps_model_backward_acc(m, t, dy, gin, g, &err));
+        double s1 = 0, s2 = 0;
+        int nonzero = 0;
+        for (int j = 0; j < n * k; j++) {
+            s1 += out[j];
+            s2 += (double)out[j] * out[j];
+            nonzero += gin[j] != 0.0f;
+        }
+        const double mean = s1 / (n * k), var = s2 / (n * k) - mean * mean;
+        CHECK_MSG(fabs(mean) < 0.02 && fabs(var - 1.0) < 0.03, "%s RandnLike: mean %.4f, variance %.4f of %d draws",
+                  backends[b], mean, var, n * k);
+        CHECK_MSG(!nonzero, "%s RandnLike: %d input gradients are not zero", backends[b], nonzero);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 100, out2, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RandnLike: a seed did not replay its noise",
+                  backends[b]);
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, out2, NULL, NULL, &err));
+        CHECK_MSG(memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RandnLike: two seeds drew the same noise",
+                  backends[b]);
+        {   /* combined forwards: each part its own seed's noise */
+            const void *xs[2] = {x, x + 200 * k};
+            const int ns[2] = {200, 300};
+            const uint64_t seeds[2] = {55, 56};
+            float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
+            ps_tape *tapes[2] = {NULL, NULL};
+            CHECK_MSG(ps_model_can_group(m, 0, 0), "%s RandnLike: not combinable", backends[b]);
+            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+            for (int i = 0; i < 2; i++) {
+                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
+                CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * k * sizeof(float)),
+                          "%s RandnLike: combined forward part %d differs from its own forward", backends[b], i);
+                ps_tape_free(tapes[i]);
+                free(outs[i]);
+            }
+        }
+        OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));   /* eval samples too */
+        s1 = s2 = 0;
+        for (int j = 0; j < n * k; j++) s1 += out2[j], s2 += (double)out2[j] * out2[j];
+        CHECK_MSG(fabs(s2 / (n * k) - 1.0) < 0.05, "%s RandnLike: eval's noise has second moment %.4f",
+                  backends[b], s2 / (n * k));
+        ps_tape_free(t);
+        ps_grads_free(g);
+        ps_model_free(m);
+    }
+    free(x); free(out); free(out2); free(gin); free(dy);
+    test_rmtree(dir);
+}
+
 int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
     test_padmask_refusals();
@@ -1198,5 +1269,6 @@ int main(void) {
     test_attention_dropout(&r);
     test_alpha_dropout(&r);
     test_rrelu(&r);
+    test_randn_like(&r);
     return check_summary("test_nn_model");
 }

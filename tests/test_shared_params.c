@@ -16,8 +16,13 @@
  * once under its owner, that an SGD step moves every site (one storage),
  * a tied model's checkpoint (both state_dict keys, one value; it loads
  * back) and init files (the alias key accepted when it equals its owner,
- * refused naming both when not), and the model-file refusals (file:line
- * naming both nodes). */
+ * refused naming both when not), a BatchNorm called at two sites (one set
+ * of buffers, listed once; each site's batch statistics folded into it in
+ * forward order, not file order, with PyTorch's momentum rule once per
+ * call, against the same network with a BatchNorm per site; eval reads the
+ * shared running statistics at both; two forwards of one context fold in
+ * seq order, then site order), and the model-file refusals
+ * (file:line naming both nodes). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +236,193 @@ static const char *TIED_REF =
     "name: tied_ref\nstages:\n  - name: s\n    input: {shape: [4], dtype: int64}\n    nodes:\n"
     "      - {name: encoder, kind: Embedding, num_embeddings: 10, embedding_dim: 6}\n"
     "      - {name: decoder, kind: Linear, in_features: 6, out_features: 10}\n";
+
+/* One BatchNorm called at two sites (a siamese encoder's BatchNorm, a
+ * recurrent-depth block): one set of buffers, which both sites' training
+ * forwards update in forward order. Listed in file order bn_1 (the second
+ * call) before bn, so a fold in file order rather than forward order gives
+ * other running statistics. */
+static const char *BNSH =
+    "name: bnsh\nstages:\n  - name: s\n    input: {shape: [6]}\n    nodes:\n"
+    "      - {name: bn_1, kind: BatchNorm1d, num_features: 4, input: t, share: bn}\n"
+    "      - {name: lin, kind: Linear, in_features: 6, out_features: 4, input: input}\n"
+    "      - {name: bn, kind: BatchNorm1d, num_features: 4, input: lin}\n"
+    "      - {name: t, kind: Tanh, input: bn}\n"
+    "      - {name: out, kind: Add, inputs: [bn, bn_1]}\n";
+/* each site its own BatchNorm; momentum 1: a step leaves each site's batch statistics in its buffers */
+static const char *BNSH_REF =
+    "name: bnsh_ref\nstages:\n  - name: s\n    input: {shape: [6]}\n    nodes:\n"
+    "      - {name: bn_1, kind: BatchNorm1d, num_features: 4, momentum: 1.0, input: t}\n"
+    "      - {name: lin, kind: Linear, in_features: 6, out_features: 4, input: input}\n"
+    "      - {name: bn, kind: BatchNorm1d, num_features: 4, momentum: 1.0, input: lin}\n"
+    "      - {name: t, kind: Tanh, input: bn}\n"
+    "      - {name: out, kind: Add, inputs: [bn, bn_1]}\n";
+
+static void *buffer_values(ps_model *m, const char *name) {
+    ps_err err = {0};
+    int i = ps_model_find_buffer(m, name);
+    CHECK_MSG(i >= 0, "no buffer %s", name);
+    if (i < 0) return NULL;
+    const ps_buffer_info *b = ps_model_buffer(m, i);
+    void *v = malloc((size_t)(b->numel ? b->numel : 1) * 8);
+    OKE(ps_model_get_buffer(m, i, v, &err));
+    return v;
+}
+
+/* One training forward and step of each model on x (n samples). */
+static void train_step(ps_model *m, const float *x, int n, int64_t out_k) {
+    ps_err err = {0};
+    float *out = malloc((size_t)(n * out_k) * sizeof(float)), *gout = malloc((size_t)(n * out_k) * sizeof(float));
+    for (int64_t i = 0; i < n * out_k; i++) gout[i] = frand();
+    ps_tape *t = NULL;
+    ps_grads *g = ps_grads_create(m, &err);
+    OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 0, out, &t, NULL, &err));
+    if (t) OKE(ps_model_backward_acc(m, t, gout, NULL, g, &err));
+    uint64_t v = 0;
+    OKE(ps_model_step_grads(m, g, &v, &err));
+    ps_tape_free(t);
+    ps_grads_free(g);
+    free(out);
+    free(gout);
+}
+
+/* The batch statistics of each site of ref (momentum 1, the shared
+ * model's parameters at each site) for x: one step of ref, its buffers. */
+static void site_stats(ps_model *ref, ps_model *sh, const float *x, int n, float mean[2][4], float var[2][4]) {
+    const char *own[4] = {"lin.weight", "lin.bias", "bn.weight", "bn.bias"};
+    for (int k = 0; k < 4; k++) copy_param(ref, own[k], sh, own[k]);
+    copy_param(ref, "bn_1.weight", sh, "bn.weight");
+    copy_param(ref, "bn_1.bias", sh, "bn.bias");
+    train_step(ref, x, n, 4);
+    for (int s = 0; s < 2; s++) {
+        float *m = buffer_values(ref, s ? "bn_1.running_mean" : "bn.running_mean");
+        float *v = buffer_values(ref, s ? "bn_1.running_var" : "bn.running_var");
+        for (int c = 0; c < 4 && m && v; c++) { mean[s][c] = m[c]; var[s][c] = v[c]; }
+        free(m);
+        free(v);
+    }
+}
+
+/* Two forwards of one context before its step (seq 0 and 1, their
+ * backwards in reverse order): four folds into the one set, forward by
+ * forward (seq order), site by site within each, as PyTorch's two calls of
+ * the model update them. */
+static void test_batchnorm_seq(const char *backend, ps_model *sh, ps_model *ref) {
+    ps_err err = {0};
+    enum { N = 7 };
+    float x[2][N * 6], mean[2][2][4], var[2][2][4];
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < N * 6; i++) x[f][i] = (1.0f + (float)f) * frand() - 0.3f * (float)f;
+    float *rm0 = buffer_values(sh, "bn.running_mean"), *rv0 = buffer_values(sh, "bn.running_var");
+    int64_t *nbt0 = buffer_values(sh, "bn.num_batches_tracked");
+    for (int f = 0; f < 2; f++) site_stats(ref, sh, x[f], N, mean[f], var[f]);
+    ps_tape *t[2] = {NULL, NULL};
+    ps_grads *g = ps_grads_create(sh, &err);
+    float out[N * 4], gout[N * 4];
+    for (int i = 0; i < N * 4; i++) gout[i] = frand();
+    for (int f = 0; f < 2; f++) {
+        OKE(ps_model_forward_range(sh, 0, 0, x[f], N, 1, NULL, 0, out, &t[f], NULL, &err));
+        if (t[f]) ps_tape_set_key(t[f], 77, (uint32_t)f);
+    }
+    for (int f = 1; f >= 0; f--)
+        if (t[f]) OKE(ps_model_backward_acc(sh, t[f], gout, NULL, g, &err));
+    uint64_t v = 0;
+    OKE(ps_model_step_grads(sh, g, &v, &err));
+    float *rm = buffer_values(sh, "bn.running_mean"), *rv = buffer_values(sh, "bn.running_var");
+    int64_t *nbt = buffer_values(sh, "bn.num_batches_tracked");
+    if (rm0 && rv0 && nbt0 && rm && rv && nbt) {
+        float wm[4], wv[4];
+        for (int c = 0; c < 4; c++) {
+            double a = rm0[c], b = rv0[c];
+            for (int f = 0; f < 2; f++)
+                for (int s = 0; s < 2; s++) {
+                    a = 0.9 * a + 0.1 * mean[f][s][c];
+                    b = 0.9 * b + 0.1 * var[f][s][c];
+                }
+            wm[c] = (float)a;
+            wv[c] = (float)b;
+        }
+        char label[96];
+        snprintf(label, sizeof label, "%s two forwards of one context: running_mean (seq, then site order)", backend);
+        check_scaled(label, rm, wm, 4, 1e-5);
+        snprintf(label, sizeof label, "%s two forwards of one context: running_var (seq, then site order)", backend);
+        check_scaled(label, rv, wv, 4, 1e-5);
+        CHECK_MSG(*nbt == *nbt0 + 4, "%s num_batches_tracked %lld after %lld and two forwards of two calls", backend,
+                  (long long)*nbt, (long long)*nbt0);
+    }
+    for (int f = 0; f < 2; f++) ps_tape_free(t[f]);
+    ps_grads_free(g);
+    free(rm0); free(rv0); free(nbt0); free(rm); free(rv); free(nbt);
+}
+
+static void test_batchnorm(const char *backend) {
+    ps_err err = {0};
+    ps_model *sh = build("bnsh", BNSH, backend, &err), *ref = NULL;
+    CHECK_MSG(sh, "%s", err.msg);
+    if (sh) ref = build("bnsh_ref", BNSH_REF, backend, &err);
+    CHECK_MSG(ref, "%s", err.msg);
+    if (!sh || !ref) goto done;
+    /* listed once, under the first call's names (PyTorch's state_dict) */
+    CHECK_MSG(ps_model_num_params(sh) == 4 && ps_model_find_param(sh, "bn_1.weight") < 0,
+              "%d parameters", ps_model_num_params(sh));
+    CHECK_MSG(ps_model_num_buffers(sh) == 3 && ps_model_find_buffer(sh, "bn_1.running_mean") < 0 &&
+              ps_model_find_buffer(sh, "bn.num_batches_tracked") >= 0, "%d buffers", ps_model_num_buffers(sh));
+    CHECK_MSG(ps_model_num_def_buffers(sh) == 3, "%d definition buffers", ps_model_num_def_buffers(sh));
+    const char *own[4] = {"lin.weight", "lin.bias", "bn.weight", "bn.bias"};
+    for (int k = 0; k < 4; k++) copy_param(ref, own[k], sh, own[k]);
+    copy_param(ref, "bn_1.weight", sh, "bn.weight");
+    copy_param(ref, "bn_1.bias", sh, "bn.bias");
+    enum { N = 9 };
+    float x[N * 6];
+    for (int i = 0; i < N * 6; i++) x[i] = 2.0f * frand() + 0.5f;
+    const site_map map[4] = {{"lin.weight", {"lin.weight", NULL}}, {"lin.bias", {"lin.bias", NULL}},
+                             {"bn.weight", {"bn.weight", "bn_1.weight", NULL}},
+                             {"bn.bias", {"bn.bias", "bn_1.bias", NULL}}};
+    char label[96];
+    snprintf(label, sizeof label, "%s BatchNorm applied twice (training)", backend);
+    compare(label, sh, ref, map, 4, x, N, 4, 1, 6);
+    /* a step: both sites' batch statistics folded into the one set, first call first */
+    train_step(sh, x, N, 4);
+    train_step(ref, x, N, 4);
+    float *m1 = buffer_values(ref, "bn.running_mean"), *v1 = buffer_values(ref, "bn.running_var");
+    float *m2 = buffer_values(ref, "bn_1.running_mean"), *v2 = buffer_values(ref, "bn_1.running_var");
+    float *rm = buffer_values(sh, "bn.running_mean"), *rv = buffer_values(sh, "bn.running_var");
+    int64_t *nbt = buffer_values(sh, "bn.num_batches_tracked");
+    if (m1 && v1 && m2 && v2 && rm && rv && nbt) {
+        float wm[4], wv[4];
+        for (int c = 0; c < 4; c++) {   /* PyTorch's momentum rule once per call: bn, then bn_1 */
+            wm[c] = (float)(0.9 * (0.9 * 0.0 + 0.1 * m1[c]) + 0.1 * m2[c]);
+            wv[c] = (float)(0.9 * (0.9 * 1.0 + 0.1 * v1[c]) + 0.1 * v2[c]);
+        }
+        snprintf(label, sizeof label, "%s shared running_mean (first call folded first)", backend);
+        check_scaled(label, rm, wm, 4, 1e-5);
+        snprintf(label, sizeof label, "%s shared running_var (first call folded first)", backend);
+        check_scaled(label, rv, wv, 4, 1e-5);
+        CHECK_MSG(*nbt == 2, "%s num_batches_tracked %lld after one step of two calls", backend, (long long)*nbt);
+        /* eval: both sites normalise with the shared running statistics */
+        for (int k = 0; k < 4; k++) copy_param(ref, own[k], sh, own[k]);
+        copy_param(ref, "bn_1.weight", sh, "bn.weight");
+        copy_param(ref, "bn_1.bias", sh, "bn.bias");
+        const char *site[2] = {"bn", "bn_1"}, *suf[3] = {"running_mean", "running_var", "num_batches_tracked"};
+        void *vals[3] = {rm, rv, nbt};
+        for (int s2 = 0; s2 < 2; s2++)
+            for (int k = 0; k < 3; k++) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "%s.%s", site[s2], suf[k]);
+                OKE(ps_model_set_buffer(ref, ps_model_find_buffer(ref, nm), vals[k], &err));
+            }
+        float e1[N * 4], e2[N * 4];
+        OKE(ps_model_forward_range(sh, 0, 0, x, N, 0, NULL, 0, e1, NULL, NULL, &err));
+        OKE(ps_model_forward_range(ref, 0, 0, x, N, 0, NULL, 0, e2, NULL, NULL, &err));
+        snprintf(label, sizeof label, "%s BatchNorm applied twice (eval: the shared running statistics)", backend);
+        check_scaled(label, e1, e2, N * 4, 1e-6);
+    }
+    free(m1); free(v1); free(m2); free(v2); free(rm); free(rv); free(nbt);
+    test_batchnorm_seq(backend, sh, ref);
+done:
+    ps_model_free(sh);
+    ps_model_free(ref);
+}
 
 static void test_twice(const char *backend) {
     ps_err err = {0};
@@ -467,8 +659,14 @@ static void test_refusals(void) {
                           "      - {name: b, kind: Linear, in_features: 6, out_features: 6, share: a}\n",
             "bad.yaml:9: node 'b' (stage 't'): share: 'a' (line 6) is in stage 's'", "within a stage only");
     refused("buffers", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 6}\n"
-                            "      - {name: b, kind: BatchNorm1d, num_features: 6, share: a}\n",
-            "bad.yaml:7: node 'b' (BatchNorm1d): line 7: share: 'a' (line 6) has buffers (a.running_mean)", NULL);
+                            "      - {name: b, kind: BatchNorm1d, num_features: 6, track_running_stats: false, "
+                            "share: a}\n",
+            "bad.yaml:7: node 'b' (BatchNorm1d): line 7: share: 'a' (line 6) has 3 buffers (running_mean, ...), "
+            "this node 0", NULL);
+    refused("momentum", HEAD "      - {name: a, kind: BatchNorm1d, num_features: 6}\n"
+                             "      - {name: b, kind: BatchNorm1d, num_features: 6, momentum: 0.2, share: a}\n",
+            "bad.yaml:7: node 'b' (BatchNorm1d): line 7: share: 'a' (line 6) updates the buffers it lends with eps "
+            "1e-05, momentum 0.1", "momentum 0.2");
     refused("suffix", HEAD "      - {name: a, kind: Linear, in_features: 6, out_features: 6}\n"
                            "      - {name: b, kind: Linear, in_features: 6, out_features: 6, tie: {weight: a.wieght}}\n",
             "line 7: tie.weight: Linear 'a' (line 6) has no parameter 'wieght' (it has: weight, bias)", NULL);
@@ -489,6 +687,7 @@ int main(void) {
         test_chain(backends[b]);
         test_attention(backends[b]);
         test_tied(backends[b]);
+        test_batchnorm(backends[b]);
     }
     test_tied_files();
     test_refusals();

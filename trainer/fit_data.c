@@ -96,7 +96,16 @@ ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, 
     if (loss->class_targets && m->out_ndim < 1)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "loss %s needs an output with a class dim; the model outputs a "
                           "scalar per sample", loss->name);
-    if (!squeezed_equal(y->dims + 1, y->ndim - 1, want, nwant)) {
+    if (loss->forward_t) {   /* targets: the first t of each row's values, the rest (mu, logvar) pairs */
+        int64_t per_row = lay->classes * lay->inner, yn = ps_array_row_numel(y);
+        lay->t_per_row = yn / (lay->rows ? lay->rows : 1);
+        if (yn % (lay->rows ? lay->rows : 1) || !(lay->t_per_row < per_row) || (per_row - lay->t_per_row) % 2)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "labels %s: each sample's label is %s (%lld values), but "
+                              "loss %s on the model's output %s per sample needs fewer targets than outputs, the rest "
+                              "a mean and a log-variance of one size ([recon, mu, logvar])", yname,
+                              ps_array_shape_str(y->dims + 1, y->ndim - 1, s1, sizeof s1), (long long)yn, loss->name,
+                              ps_array_shape_str(m->out_dims, m->out_ndim, s2, sizeof s2));
+    } else if (!squeezed_equal(y->dims + 1, y->ndim - 1, want, nwant)) {
         char s3[160];
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "labels %s: each sample's label is %s, but loss %s on the "
                           "model's output %s per sample needs %s (%s)", yname,

@@ -67,6 +67,7 @@ typedef struct ps_fit_layout {
     int64_t classes;                     /* c: output dim after extra (dense losses: its size too) */
     int64_t inner;                       /* elements per (row, class) */
     int64_t y_numel;                     /* label elements per sample */
+    int64_t t_per_row;                   /* a forward_t loss's targets per row (vae_bce: the recon's size) */
     double scale;                        /* resolved input scale */
 } ps_fit_layout;
 

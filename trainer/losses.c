@@ -94,6 +94,33 @@ static int64_t bce_correct(const float *out, const void *targets, int64_t n, int
     return ok;
 }
 
+/* PyTorch's examples/vae loss per row [recon (t), mu (L), logvar (L)]: the
+ * binary cross-entropy of the recon (probabilities; each log clamped at
+ * -100 and the gradient's denominator at 1e-12, as PyTorch's) summed over
+ * the t targets, plus the KL divergence from N(0, 1) summed over the L
+ * latents; the mean over rows. */
+static double vae_forward(const float *out, const float *tg, int64_t n, int64_t c, int64_t t, float *grad) {
+    const int64_t L = (c - t) / 2;
+    double loss = 0;
+    for (int64_t s = 0; s < n; s++) {
+        const float *o = out + s * c, *y = tg + s * t;
+        float *g = grad + s * c;
+        for (int64_t j = 0; j < t; j++) {
+            double x = o[j], lx = x > 0 ? log(x) : -100.0, l1 = x < 1 ? log1p(-x) : -100.0;
+            loss -= y[j] * (lx > -100.0 ? lx : -100.0) + (1.0 - y[j]) * (l1 > -100.0 ? l1 : -100.0);
+            double den = (1.0 - x) * x;
+            g[j] = (float)((x - y[j]) / (den > 1e-12 ? den : 1e-12) / (double)n);
+        }
+        for (int64_t l = 0; l < L; l++) {
+            double mu = o[t + l], lv = o[t + L + l];
+            loss += -0.5 * (1.0 + lv - mu * mu - exp(lv));
+            g[t + l] = (float)(mu / (double)n);
+            g[t + L + l] = (float)(0.5 * (exp(lv) - 1.0) / (double)n);
+        }
+    }
+    return loss / (double)n;
+}
+
 static const ps_loss g_losses[] = {
     {"nll", "F.nll_loss: the model outputs log-probabilities (LogSoftmax), targets are class ids", 1, nll_forward,
      argmax_correct},
@@ -102,6 +129,9 @@ static const ps_loss g_losses[] = {
     {"mse", "F.mse_loss: targets are numbers shaped like the output", 0, mse_forward, NULL},
     {"bce_with_logits", "F.binary_cross_entropy_with_logits: logits, targets in [0, 1] shaped like the output", 0,
      bce_forward, bce_correct},
+    {"vae_bce", "a VAE's loss (PyTorch's examples/vae): binary cross-entropy of the recon, summed, plus the KL "
+     "divergence; the output is [recon, mu, logvar] (psd-export joins a module's tuple), targets the recon's size "
+     "(--labels inputs)", 0, NULL, NULL, vae_forward},
 };
 #define N_LOSSES ((int)(sizeof g_losses / sizeof g_losses[0]))
 
@@ -122,4 +152,6 @@ const char *ps_loss_names(char *buf, size_t len) {
     return buf;
 }
 
-int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner) { return l->class_targets ? inner : c * inner; }
+int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner) {
+    return l->forward_t ? 1 : l->class_targets ? inner : c * inner;
+}

@@ -14,6 +14,12 @@
  *    values; c and inner only matter for the count);
  *      mse               F.mse_loss(out, t)
  *      bce_with_logits   F.binary_cross_entropy_with_logits(out, t)
+ *  - a VAE's loss (forward_t): targets are float32, the first t values of
+ *    each output row; the rest of the row is a Gaussian's mean and
+ *    log-variance, L values each;
+ *      vae_bce           PyTorch's examples/vae: per sample
+ *                        F.binary_cross_entropy(recon, t, reduction='sum')
+ *                        - 0.5 * sum(1 + logvar - mu^2 - exp(logvar))
  * The value is the mean over every prediction (n*inner for class losses,
  * n*c*inner for dense), summed in double; grad (n*c*inner floats, not
  * aliasing out) receives d loss / d out.
@@ -37,6 +43,11 @@ typedef struct ps_loss {
     /* Correct predictions of the n*inner (class) or n*c*inner (dense)
      * made; NULL when the loss has no accuracy. */
     int64_t (*correct)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner);
+    /* Set (forward then NULL) for a loss whose targets cover only the
+     * first t of each output row's c values: n rows, the value the mean
+     * over rows of each row's sum, grad (n*c) d loss / d out. vae_bce:
+     * the row is [recon (t), mu (L), logvar (L)], c = t + 2L. */
+    double (*forward_t)(const float *out, const float *targets, int64_t n, int64_t c, int64_t t, float *grad);
 } ps_loss;
 
 const ps_loss *ps_loss_find(const char *name); /* NULL when unknown */
@@ -44,7 +55,7 @@ int ps_loss_count(void);
 const ps_loss *ps_loss_at(int i);
 /* "nll, cross_entropy, mse, bce_with_logits" into buf. */
 const char *ps_loss_names(char *buf, size_t len);
-/* Predictions one sample makes: inner (class) or c*inner (dense). */
+/* Predictions one sample makes: inner (class), c*inner (dense), 1 (forward_t: a sum per sample). */
 int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner);
 
 #endif

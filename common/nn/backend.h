@@ -681,6 +681,16 @@ typedef struct ps_adam_scalars {
  * tensor. d->step >= 1. */
 ps_adam_scalars ps_adam_scalars_of(const ps_adam_desc *d);
 
+/* A cumulative sum (torch.cumsum, ONNX's CumSum) along the middle axis
+ * of an (outer, len, inner) view: y[o, i, k] = the sum of x[o, j, k] over
+ * j <= i (reverse: j >= i; exclusive: the element itself left out, j < i
+ * or j > i; the first element of a line then 0). The backward is the same
+ * op with reverse flipped (exclusive kept). */
+typedef struct ps_cumsum_desc {
+    int64_t outer, len, inner;
+    int reverse, exclusive;
+} ps_cumsum_desc;
+
 typedef struct ps_backend_ops {
     const char *name;
     /* NULL for backends computing in host memory (CPU); otherwise the device
@@ -1040,6 +1050,10 @@ typedef struct ps_backend_ops {
                        float bv, float *y, ps_err *err);
     ps_status (*where_backward)(void *impl, int64_t count, const float *cond, const float *dy, float *da,
                                 float *db, ps_err *err);
+
+    /* ---- appended for torch.cumsum (CumSum; ps_cumsum_desc): y written,
+     * each line summed in double and rounded once; y overlaps nothing. ---- */
+    ps_status (*cumsum)(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

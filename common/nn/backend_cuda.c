@@ -1337,6 +1337,12 @@ static ps_status cu_where_backward(void *impl, int64_t count, const float *cond,
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_where_backward(count, cond, dy, da, db, c->stream));
 }
 
+static ps_status cu_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err) {
+    if (d->outer * d->len * d->inner <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_cumsum(d->outer, d->len, d->inner, d->reverse, d->exclusive, x, y,
+                                                c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1408,4 +1414,5 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .binary_bcast_backward = cu_binary_bcast_backward,
     .where = cu_where,
     .where_backward = cu_where_backward,
+    .cumsum = cu_cumsum,
 };

@@ -193,6 +193,11 @@ cudaError_t ps_cuda_scale(int64_t count, float *x, float s, cudaStream_t stream)
 cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int upper, int64_t diagonal, float value,
                              const float *x, float *y, cudaStream_t stream);
 
+/* The cumulative sum of ps_cumsum_desc (backend.h) along the middle axis of
+ * (outer, len, inner): one thread per (o, k) line, summed in double. */
+cudaError_t ps_cuda_cumsum(int64_t outer, int64_t len, int64_t inner, int reverse, int exclusive, const float *x,
+                           float *y, cudaStream_t stream);
+
 /* y[i] = x[i] == value ? 1 : 0 (int64 token ids to a float mask). */
 cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, float *y, cudaStream_t stream);
 

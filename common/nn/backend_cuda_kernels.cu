@@ -750,6 +750,25 @@ __global__ void tri_fill_kernel(int64_t n, int64_t rows, int64_t cols, int upper
     }
 }
 
+/* One thread per (o, k) line (grid-stride), its len elements summed in order in double. */
+__global__ void cumsum_kernel(int64_t lines, int64_t len, int64_t inner, int reverse, int exclusive, const float *x,
+                              float *y) {
+    for (int64_t l = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; l < lines; l += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = l / inner, k = l % inner;
+        double acc = 0.0;
+        for (int64_t t = 0; t < len; t++) {
+            const int64_t i = reverse ? len - 1 - t : t, at = (o * len + i) * inner + k;
+            if (exclusive) {
+                y[at] = (float)acc;
+                acc += x[at];
+            } else {
+                acc += x[at];
+                y[at] = (float)acc;
+            }
+        }
+    }
+}
+
 __global__ void eq_const_kernel(int64_t n, const int64_t *x, int64_t value, float *y) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = x[i] == value ? 1.0f : 0.0f;
@@ -1144,6 +1163,14 @@ cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int uppe
                              const float *x, float *y, cudaStream_t stream) {
     if (count <= 0) return cudaSuccess;
     tri_fill_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, rows, cols, upper, diagonal, value, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_cumsum(int64_t outer, int64_t len, int64_t inner, int reverse, int exclusive, const float *x,
+                           float *y, cudaStream_t stream) {
+    const int64_t lines = outer * inner;
+    if (lines <= 0 || len <= 0) return cudaSuccess;
+    cumsum_kernel<<<blocks_for(lines), kThreads, 0, stream>>>(lines, len, inner, reverse, exclusive, x, y);
     return cudaGetLastError();
 }
 

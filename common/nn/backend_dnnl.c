@@ -3763,6 +3763,48 @@ static ps_status dn_where_backward(void *impl, int64_t count, const float *cond,
     return PS_OK;
 }
 
+/* Cumulative sum (torch.cumsum): oneDNN has no primitive for it; a threaded
+ * loop over the outer index, each thread running its (len, inner) block row
+ * by row with inner double accumulators (the inner elements of a row are
+ * contiguous, so the loop vectorises), rounded once per element as ref's. */
+static ps_status dn_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err) {
+    set_threads(impl);
+    const int64_t inner = d->inner, len = d->len;
+    int failed = 0;
+#pragma omp parallel if (d->outer * len * inner >= PS_OMP_MIN)
+    {
+        double *acc = malloc((size_t)(inner > 0 ? inner : 1) * sizeof *acc);
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < d->outer; o++) {
+            if (!acc) continue;
+            for (int64_t k = 0; k < inner; k++) acc[k] = 0.0;
+            for (int64_t t = 0; t < len; t++) {
+                const int64_t i = d->reverse ? len - 1 - t : t;
+                const float *xr = x + (o * len + i) * inner;
+                float *yr = y + (o * len + i) * inner;
+                if (d->exclusive) {
+                    for (int64_t k = 0; k < inner; k++) {
+                        yr[k] = (float)acc[k];
+                        acc[k] += xr[k];
+                    }
+                } else {
+                    for (int64_t k = 0; k < inner; k++) {
+                        acc[k] += xr[k];
+                        yr[k] = (float)acc[k];
+                    }
+                }
+            }
+        }
+        free(acc);
+    }
+    if (failed) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for cumsum's accumulators");
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3835,4 +3877,5 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .binary_bcast_backward = dn_binary_bcast_backward,
     .where = dn_where,
     .where_backward = dn_where_backward,
+    .cumsum = dn_cumsum,
 };

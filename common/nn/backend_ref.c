@@ -1258,6 +1258,27 @@ static ps_status ref_where_backward(void *impl, int64_t count, const float *cond
     return PS_OK;
 }
 
+/* ---- cumsum: each (o, k) line of the (outer, len, inner) view summed in order, in double ---- */
+
+static ps_status ref_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t o = 0; o < d->outer; o++)
+        for (int64_t k = 0; k < d->inner; k++) {
+            double acc = 0.0;
+            for (int64_t t = 0; t < d->len; t++) {
+                const int64_t i = d->reverse ? d->len - 1 - t : t, at = (o * d->len + i) * d->inner + k;
+                if (d->exclusive) {
+                    y[at] = (float)acc;
+                    acc += x[at];
+                } else {
+                    acc += x[at];
+                    y[at] = (float)acc;
+                }
+            }
+        }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -1327,4 +1348,5 @@ const ps_backend_ops ps_backend_ref_ops = {
     .binary_bcast_backward = ref_binary_bcast_backward,
     .where = ref_where,
     .where_backward = ref_where_backward,
+    .cumsum = ref_cumsum,
 };

@@ -1444,6 +1444,48 @@ static size_t dropout2d_bytes(const ps_layer *ly, int n) { return (size_t)n * (s
 
 static size_t dropout_bytes(const ps_layer *ly, int n) { return (size_t)ps_layer_out_count(ly, n) * sizeof(float); }
 
+/* ---- RandnLike: torch.randn_like(x), standard normal noise of the input's
+ * shape (the reparameterisation of a VAE, z = mu + eps * std). Drawn on
+ * Dropout's stream with its discipline (a replayed training forward draws
+ * the same; psd's batched forwards take each part's own draws), in eval
+ * too, from the eval forward's stream, as PyTorch samples in eval. No
+ * gradient reaches the input, which gives only the shape. ---- */
+
+static void randn_draws(ps_rng *rng, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = normal01(rng);
+}
+
+static ps_status randn_infer(ps_layer *ly, ps_err *err) {
+    if (ly->in_dtype[0] != PS_DTYPE_F32)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input is %s; RandnLike takes float32",
+                          ps_dtype_name(ly->in_dtype[0]));
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *randn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->fill ? NULL : "fill";
+}
+
+static ps_status randn_forward(ps_layer_call *c, ps_err *err) {
+    int64_t count = ps_layer_out_count(c->ly, c->n);
+    int dev = c->be->ops->device_kind != 0;
+    float *host = dev ? malloc((size_t)(count ? count : 1) * sizeof(float)) : c->y;
+    if (!host) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for randn_like's noise");
+    if (c->mask) memcpy(host, c->mask, (size_t)count * sizeof(float));
+    else randn_draws(c->rng, host, count);
+    ps_status rc = dev ? c->be->ops->copy_to_device(c->be->impl, c->y, host, (size_t)count * sizeof(float), err)
+                       : PS_OK;
+    if (dev) free(host);
+    return rc;
+}
+
+static ps_status randn_backward(ps_layer_call *c, ps_err *err) {
+    return c->dx ? c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err) : PS_OK;
+}
+
 /* RReLU (rrelu_infer): eval the activations' LeakyReLU; training draws a
  * slope per element, kept in the tape */
 static ps_status rrelu_forward(ps_layer_call *c, ps_err *err) {
@@ -2723,6 +2765,36 @@ static ps_status param_backward(ps_layer_call *c, ps_err *err) {
     return rc;
 }
 
+/* ---- Constant: a registered buffer read as a value (x + self.pe, (x -
+ * self.mean) / self.std). The Parameter kind's shape, expand and
+ * broadcast, over a float32 buffer that is never trained and never
+ * changes; its values are the weights file's, a checkpoint's or the ONNX
+ * file's (external: psd refuses to start without them). Only the input's
+ * batch size is read; no gradient flows anywhere. ---- */
+
+static ps_status const_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = param_infer(ly, err);   /* shape against expand, outs; it sets a parameter ... */
+    if (rc) return rc;
+    ly->nparams = 0;                       /* ... which a Constant holds as a buffer instead */
+    set_buffer(ly, ly->a.pname, ly->a.ndims, ly->a.dims, PS_DTYPE_F32, 0.0f);
+    ly->buffer[ly->nbuffers - 1].external = 1;
+    return PS_OK;
+}
+
+static ps_status const_forward(ps_layer_call *c, ps_err *err) {
+    bcast b = param_bcast(c->ly);
+    ps_status rc = PS_OK;
+    for (int s = 0; s < c->n && rc == PS_OK; s++)
+        for (int64_t o = 0; o < b.outer && rc == PS_OK; o++)
+            rc = c->be->ops->copy2d(c->be->impl, 1, b.run, c->buf[0] + bcast_src(&b, o), b.run,
+                                    (float *)c->y + s * b.numel + o * b.run, b.run, 0, err);
+    return rc;
+}
+
+static ps_status const_backward(ps_layer_call *c, ps_err *err) {
+    return c->dx ? c->be->ops->fill(c->be->impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err) : PS_OK;
+}
+
 /* ---- IndexSelect: x.index_select(dim, index) with a constant index list
  * (ONNX Gather of a computed value by constant indices); backward sums
  * dy into the selected positions (repeated indices add). ---- */
@@ -3875,6 +3947,43 @@ static ps_status flip_backward(ps_layer_call *c, ps_err *err) {
     return dims_move_all(c, c->dy, c->dx, 1, flip_one, err);
 }
 
+/* ---- CumSum: torch.cumsum(x, dim) - the running sum along one per-sample
+ * dimension (PyTorch's dim, the batch counted as 0); reverse and exclusive
+ * as ONNX's CumSum (from the end; the element itself left out). The
+ * backward is the running sum of dy the other way (exclusive kept). Each
+ * line summed in double. Plain layout. ---- */
+
+static ps_status cumsum_infer(ps_layer *ly, ps_err *err) {
+    int d;
+    ps_status rc = need_dim_attr(ly, &d, err);
+    if (rc) return rc;
+    ly->outs = ly->in[0];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *cumsum_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->cumsum ? NULL : "cumsum";
+}
+
+static ps_cumsum_desc cumsum_desc(const ps_layer *ly, int n, int backward) {
+    ps_cumsum_desc d = {.reverse = !ly->a.cum_reverse != !backward, .exclusive = ly->a.cum_exclusive};
+    index_select_geom(ly, n, &d.outer, &d.len, &d.inner);
+    return d;
+}
+
+static ps_status cumsum_forward(ps_layer_call *c, ps_err *err) {
+    const ps_cumsum_desc d = cumsum_desc(c->ly, c->n, 0);
+    return c->be->ops->cumsum(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status cumsum_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_cumsum_desc d = cumsum_desc(c->ly, c->n, 1);
+    return c->be->ops->cumsum(c->be->impl, &d, c->dy, c->dx, err);
+}
+
 /* ---- Pad: F.pad(x, pad, mode, value) - pad lists (before, after) pairs
  * from the last dimension backwards, as F.pad's; each dimension grows by
  * its pair. 'constant': the new elements are value (swin's padding to a
@@ -4441,13 +4550,19 @@ static const ps_attr_spec flatten_attrs[] = {
     ATTR_END,
 };
 static const ps_attr_spec reshape_attrs[] = {
-    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, -1, PS_DIM_MAX, 0, 0, NULL, A(ndims), 1},
     ATTR_END,
 };
 static const ps_attr_spec param_attrs[] = {
     {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
     {"expand", PS_ATTR_DIMS, A(dims2), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims2)},
     {"parameter", PS_ATTR_NAME, A(pname), "weight", 0, 0, 0, 0, NULL, 0},
+    ATTR_END,
+};
+static const ps_attr_spec const_attrs[] = {
+    {"shape", PS_ATTR_DIMS, A(dims), NULL, 1, PS_DIM_MAX, 0, 0, NULL, A(ndims)},
+    {"expand", PS_ATTR_DIMS, A(dims2), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ndims2)},
+    {"buffer", PS_ATTR_NAME, A(pname), NULL, 0, 0, 0, 0, NULL, 0},   /* required: a suffix, or null */
     ATTR_END,
 };
 static const ps_attr_spec index_select_attrs[] = {
@@ -4457,6 +4572,12 @@ static const ps_attr_spec index_select_attrs[] = {
 };
 static const ps_attr_spec shuffle_attrs[] = {
     ATTR_INT("groups", groups, NULL, 1),
+    ATTR_END,
+};
+static const ps_attr_spec cumsum_attrs[] = {
+    {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
+    ATTR_BOOL("reverse", cum_reverse, "false"),
+    ATTR_BOOL("exclusive", cum_exclusive, "false"),
     ATTR_END,
 };
 static const ps_attr_spec narrow_attrs[] = {
@@ -4623,6 +4744,8 @@ static const ps_layer_kind kinds[] = {
      dropout_backward, dropout_bytes, NULL, NULL},
     {"FeatureAlphaDropout", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, dropout_attrs, feature_alpha_dropout_infer,
      feature_alpha_dropout_missing, feature_alpha_dropout_forward, dropout2d_backward, dropout2d_bytes, NULL, NULL},
+    {"RandnLike", PS_KIND_DROPOUT, 1, 1, no_attrs, randn_infer, randn_missing, randn_forward, randn_backward, NULL, NULL,
+     zero_flops},
     {"StochasticDepth", F_DROP | PS_KIND_LAYOUT_KEEP, 1, 1, sdepth_attrs, infer_same, dropout2d_missing,
      sdepth_forward, sdepth_backward, sdepth_bytes, NULL, NULL},
     {"Flatten", PS_KIND_VIEW, 1, 1, flatten_attrs, flatten_infer, no_op, view_pass, view_pass, NULL, NULL, zero_flops},
@@ -4646,6 +4769,8 @@ static const ps_layer_kind kinds[] = {
      concat_backward, NULL, NULL, zero_flops},
     {"Parameter", 0, 1, 1, param_attrs, param_infer, copy_fill_missing, param_forward, param_backward, NULL, NULL,
      zero_flops},
+    {"Constant", 0, 1, 1, const_attrs, const_infer, copy_fill_missing, const_forward, const_backward, NULL, NULL,
+     zero_flops},
     {"IndexSelect", 0, 1, 1, index_select_attrs, index_select_infer, copy_fill_missing, index_select_forward,
      index_select_backward, NULL, NULL, zero_flops},
     {"ChannelShuffle", 0, 1, 1, shuffle_attrs, shuffle_infer, copy_missing, shuffle_forward, shuffle_backward, NULL,
@@ -4665,6 +4790,9 @@ static const ps_layer_kind kinds[] = {
      mulconst_forward, mulconst_backward, NULL, NULL, NULL},
     /* swin's shifted windows: torch.roll, F.pad (Narrow's step: its patch merging's strided slices) */
     {"Roll", 0, 1, 1, roll_attrs, roll_infer, copy_missing, roll_forward, roll_backward, NULL, NULL, zero_flops},
+    /* torch.cumsum (users' hand-written layers; ONNX's CumSum) */
+    {"CumSum", 0, 1, 1, cumsum_attrs, cumsum_infer, cumsum_missing, cumsum_forward, cumsum_backward, NULL, NULL,
+     NULL},
     {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
     {"RelativePositionBias", 0, 1, 1, rpb_attrs, rpb_infer, rpb_missing, rpb_forward, rpb_backward, NULL, NULL,
      zero_flops},
@@ -4873,6 +5001,7 @@ static const struct {
     {"StochasticDepth", sdepth_saved},
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
+    {"CumSum", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
@@ -4890,6 +5019,7 @@ static const struct {
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
+    {"Constant", NULL}, {"RandnLike", NULL},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
     {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
@@ -4911,6 +5041,10 @@ int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t 
 void ps_layer_dropout_mask(const ps_layer *ly, int n, ps_rng *rng, float *mask) {
     if (!strcmp(ly->kind->name, "RReLU")) {   /* slopes, not keep/drop */
         rrelu_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));
+        return;
+    }
+    if (!strcmp(ly->kind->name, "RandnLike")) {   /* the noise itself */
+        randn_draws(rng, mask, ps_layer_dropout_draws(ly, n));
         return;
     }
     drop_draws(ly, rng, mask, ps_layer_dropout_draws(ly, n));

@@ -133,6 +133,7 @@ typedef struct ps_layer_attrs {
     int where_a_null, where_b_null;
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
+    int cum_reverse, cum_exclusive;   /* CumSum reverse, exclusive (ONNX's CumSum attributes) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */
@@ -166,6 +167,7 @@ typedef struct ps_attr_spec {
     int lo_open, hi_open;
     const char *const *enums;   /* PS_ATTR_ENUM: NULL-terminated */
     size_t off2;                /* FLOAT_OR_NULL: the int set on null; DIMS, BATCH_DIMS: ndims */
+    int empty_ok;               /* DIMS: an empty list is a value (Reshape's shape [], one value per sample) */
 } ps_attr_spec;
 
 /* Bounds the builder holds every shape to (anything larger is refused):
@@ -201,6 +203,8 @@ typedef struct ps_layer_buffer {
     float init;                 /* initial value of every element */
     /* or, when set, element k's initial value of an int64 buffer (swin's relative_position_index) */
     int64_t (*init_i64)(const struct ps_layer *ly, int64_t k);
+    int external;               /* 1: no values of its own (Constant): they come from --init-from, a
+                                   checkpoint or the ONNX file, and psd refuses to start without them */
 } ps_layer_buffer;
 
 struct ps_layer_kind;

@@ -398,7 +398,10 @@ static ps_status read_attr(parse *P, const ps_model_def *d, ps_node_def *nd, con
             return perr(P, v->line, "node '%s' (%s): %s takes one value, not a list", nd->name, nd->kind_name, k->s);
         int max = pair ? 2 : sp->type == PS_ATTR_BATCH_DIMS ? PS_SHAPE_MAX_DIMS + 1
                   : sp->type == PS_ATTR_PADS ? 2 * PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS;
-        if (v->n < 1 || v->n > max || (pair && v->n != 2))
+        if (v->n == 0 && !sp->empty_ok)
+            return perr(P, v->line, "node '%s' (%s): %s: an empty list (give at least one value)", nd->name,
+                        nd->kind_name, k->s);
+        if (v->n > max || (pair && v->n != 2))
             return perr(P, v->line, "node '%s' (%s): %s: a list of %d value%s%s, got %d", nd->name, nd->kind_name,
                         k->s, max, max == 1 ? "" : "s", !pair ? " at most" : "", v->n);
         ad->is_list = 1;

@@ -77,7 +77,8 @@ typedef struct ps_init_def {
 } ps_init_def;
 
 /* A parameter a node uses from another node of its stage (docs/models.md,
- * "Shared parameters"): `share: NODE` (every parameter, suffix NULL) or
+ * "Shared parameters"): `share: NODE` (every parameter, suffix NULL, and
+ * every buffer: model_build.c) or
  * `tie: {SUFFIX: NODE.SUFFIX}` (one). The owner holds it (one storage, one
  * optimizer state, listed and checkpointed under the owner's name). */
 typedef struct ps_tie_def {

@@ -2348,7 +2348,6 @@ static ps_status reduce_of(imp *im, val *x, int axes_input_opset, int sum, const
         if (f < 0) return oom(im);
         return reduce_out(im, f, r - 2, kd, count, post);
     }
-    if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
     int64_t three[3];
     int cur = reduce_view_in(im, x, lo, hi, n, three);
     if (cur < 0) return im->err->code;
@@ -2384,7 +2383,6 @@ static ps_status reduce_max_min(imp *im, int neg) {
     if ((rc = reduce_axes(im, x, 18, what, "a Reshape and MaxPool2d", &lo, &hi, &n, od, &on))) return rc;
     int keep = (int)attr_i(im, "keepdims", 1);
     if (!neg && im->lead == 1 && (r == 3 || r == 4) && lo == 2 && hi == r - 1) return global_max(im, keep);
-    if (on - im->lead < 1) return unsup(im, "a %s to one value per sample (psd's values keep a dimension)", what);
     val src = *x;       /* a min: the max of -x (a MulConstant by -1), negated */
     if (neg && (src.node = emit_value(im, "MulConstant", x->node, "neg", -1.0)) < 0) return im->err->code;
     int64_t three[3];
@@ -2398,6 +2396,79 @@ static ps_status reduce_max_min(imp *im, int neg) {
 }
 
 static ps_status h_reducemax(imp *im) { return reduce_max_min(im, 0); }
+
+/* ReduceLogSumExp (torch.logsumexp) over adjacent axes after the batch, shifted by the max as PyTorch computes
+ * it: m = the max over the axes, kept (Reshape, MaxPool2d, Reshape), then m + log(sum(exp(x - m))) - Sub
+ * (broadcast), Exp, the sum (Reshape, AdaptiveAvgPool2d, Reshape, a MulConstant by the count), Log, Add m - and
+ * a Reshape without the axes unless keepdims; as psd-export writes it. Its gradient is softmax(x) (m's two paths
+ * cancel), and exp never overflows. */
+static ps_status h_reducelogsumexp(imp *im) {
+    static const char *const known[] = {"axes", "keepdims", "noop_with_empty_axes", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    int r = x->ndim, lo, hi, n, on;
+    int64_t od[MAXD], kd[MAXD], three[3];
+    if ((rc = reduce_axes(im, x, 18, "logsumexp", "a max-shifted Sub, Exp, sum, Log and Add", &lo, &hi, &n, od,
+                          &on)))
+        return rc;
+    memcpy(kd, x->dims, sizeof kd);
+    for (int i = lo; i <= hi; i++) kd[i] = 1;
+    int cur = reduce_view_in(im, x, lo, hi, n, three);
+    if (cur < 0) return im->err->code;
+    if ((cur = emit(im, "MaxPool2d", NULL, NULL, "max", 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "kernel_size: [%lld, 1]", (long long)three[1]);
+    int m = reduce_view_out(im, cur, r, kd, three);
+    if (m < 0) return im->err->code;
+    int ins[2] = {x->node, m};
+    if ((cur = emit(im, "Sub", NULL, NULL, "sub", 2, ins)) < 0) return oom(im);
+    val e = *x;
+    if ((e.node = emit(im, "Exp", NULL, NULL, "exp", 1, &cur)) < 0) return oom(im);
+    if ((cur = reduce_view_in(im, &e, lo, hi, n, three)) < 0) return im->err->code;
+    if ((cur = emit(im, "AdaptiveAvgPool2d", NULL, NULL, "sum", 1, &cur)) < 0) return oom(im);
+    add_attr(im, cur, "output_size: [1, null]");
+    if ((cur = reduce_view_out(im, cur, r, kd, three)) < 0) return im->err->code;
+    if (three[1] != 1 && (cur = emit_value(im, "MulConstant", cur, "sum", (double)three[1])) < 0)
+        return im->err->code;
+    if ((cur = emit(im, "Log", NULL, NULL, "log", 1, &cur)) < 0) return oom(im);
+    ins[0] = m;
+    ins[1] = cur;
+    if ((cur = emit(im, "Add", NULL, NULL, "add", 2, ins)) < 0) return oom(im);
+    if (on != r) {
+        char buf[128];
+        int in = cur;
+        if ((cur = emit(im, "Reshape", NULL, NULL, "view", 1, &in)) < 0) return oom(im);
+        add_attr(im, cur, "shape: %s", dims_text(od + im->lead, on - im->lead, buf, sizeof buf));
+    }
+    return data_out(im, 0, cur, PS_ONNX_FLOAT, on, od) ? PS_OK : im->err->code;
+}
+
+/* CumSum (torch.cumsum) along a constant axis after the batch, with its exclusive and reverse attributes:
+ * psd's CumSum. */
+static ps_status h_cumsum(imp *im) {
+    static const char *const known[] = {"exclusive", "reverse", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *av = x ? in_val(im, 1, 1) : NULL;
+    if (!av) return im->err->code;
+    if ((rc = need_float(im, x, 1, PS_MAXD, "input"))) return rc;
+    if (av->kind != VK_CONST) return unsup(im, "a CumSum along an axis computed from the input's values");
+    const int64_t *q = cints(im, av);
+    if (!q) return im->err->code;
+    if (av->numel != 1) return bad(im, "axis: one value, got %lld", (long long)av->numel);
+    int a = norm_axis(im, q[0], x->ndim, "axis");
+    if (a < 0) return im->err->code;
+    int d = pt_dim(im, a);
+    if (d < 0) return along_batch(im, "CumSum");
+    int in = x->node, pn = emit(im, "CumSum", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "dim: %d", d);
+    if (attr_i(im, "reverse", 0)) add_attr(im, pn, "reverse: true");
+    if (attr_i(im, "exclusive", 0)) add_attr(im, pn, "exclusive: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
 static ps_status h_reducemin(imp *im) { return reduce_max_min(im, 1); }
 
 /* ReduceSumSquare and ReduceL2 as values (x.norm(dim=1, keepdim=True) exports as ReduceL2; F.normalize's is
@@ -2436,7 +2507,6 @@ static ps_status h_reducel2(imp *im) {
     if ((rc = reduce_axes(im, x, 18, "norm", "a Reshape, Normalize, Mul and AdaptiveAvgPool2d", &lo, &hi, &n, od,
                           &on)))
         return rc;
-    if (on - im->lead < 1) return unsup(im, "a norm to one value per sample (psd's values keep a dimension)");
     int64_t three[3];
     int ins[2] = {reduce_view_in(im, x, lo, hi, n, three), -1}, cur;
     if (ins[0] < 0) return im->err->code;
@@ -2606,7 +2676,6 @@ static ps_status h_reshape(imp *im) {
         full[3] == x->dims[4])   /* channel_shuffle's view back: what the ChannelShuffle node computes */
         return data_out(im, 0, xin, PS_ONNX_FLOAT, ns, full) ? PS_OK : im->err->code;
     if (ns - off > PS_MAXD) return unsup(im, "more than %d dimensions per sample", PS_MAXD);
-    if (ns - off < 1) return unsup(im, "a Reshape to one value per sample");
     pn = emit(im, "Reshape", NULL, NULL, NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "shape: %s", dims_text(full + off, ns - off, b, sizeof b));
@@ -3799,6 +3868,8 @@ static const op_row ops[] = {
     {"GlobalMaxPool", h_gmp, 1},
     {"ReduceMax", h_reducemax, 1},
     {"ReduceMin", h_reducemin, 1},
+    {"ReduceLogSumExp", h_reducelogsumexp, 1},
+    {"CumSum", h_cumsum, 11},
     {"BatchNormalization", h_batchnorm, 1},
     {"Flatten", h_flatten, 1},
     {"Reshape", h_reshape, 1},

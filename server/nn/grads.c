@@ -52,7 +52,8 @@ ps_status ps_grads_record(ps_model *m, ps_grads *g, ps_tape *t, ps_err *err) {
     ps_status rc = PS_OK;
     for (int s = t->first; s <= t->last && rc == PS_OK; s++) {
         stage *st = &m->stages[s];
-        for (int l = 0; l < st->nlayers && rc == PS_OK; l++) {
+        for (int o = 0; o < st->nlayers && rc == PS_OK; o++) {   /* forward order: a shared BatchNorm's sites */
+            const int l = st->order[o];                          /* fold in the order PyTorch calls them */
             const ps_layer *ly = &st->layers[l];
             const float *dev[4];
             int64_t len[4];

@@ -245,6 +245,11 @@ const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_
 }
 
 int ps_model_num_buffers(const ps_model *m) { return m->nbuffers; }
+const char *ps_model_unset_constant(const ps_model *m) {
+    for (int i = 0; i < m->nbuffers; i++)
+        if (m->buffers[i].external) return m->buffers[i].name;
+    return NULL;
+}
 const ps_buffer_info *ps_model_buffer(const ps_model *m, int i) {
     return (i >= 0 && i < m->nbuffers) ? &m->buffers[i] : NULL;
 }

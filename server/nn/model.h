@@ -134,6 +134,7 @@ typedef struct ps_buffer_info {
     const char *stage;
     const char *device;
     int stage_index;               /* hosted stage; -1 in the definition's list for one hosted elsewhere */
+    int external;                  /* a Constant's: no values of its own (ps_model_unset_constant) */
 } ps_buffer_info;
 
 typedef struct ps_stage_info {
@@ -213,6 +214,9 @@ const char *ps_model_where(const ps_model *m, const char *name, char *buf, size_
 /* The buffers of the hosted stages, in state_dict order. */
 int ps_model_num_buffers(const ps_model *m);
 const ps_buffer_info *ps_model_buffer(const ps_model *m, int i);   /* NULL if out of range */
+/* The name of a hosted buffer with no values of its own (a Constant's, whose
+ * values come from --init-from, a checkpoint or the ONNX file), or NULL. */
+const char *ps_model_unset_constant(const ps_model *m);
 int ps_model_find_buffer(const ps_model *m, const char *name);     /* -1 if absent */
 /* Every buffer of the definition, hosted here or not (stage_index -1 for
  * the others), as ps_model_def_param. */

@@ -165,7 +165,7 @@ static ps_status add_param(ps_model *m, int s, int l, int j, int64_t off, int64_
 static ps_buffer_info buffer_info(const stage *st, const ps_layer *ly, int j, int stage_index, char *name) {
     const ps_layer_buffer *b = &ly->buffer[j];
     ps_buffer_info bi = {.name = name, .ndim = b->ndim, .numel = b->numel, .dtype = b->dtype, .stage = st->def->name,
-                         .device = st->device, .stage_index = stage_index};
+                         .device = st->device, .stage_index = stage_index, .external = b->external};
     memcpy(bi.dims, b->dims, sizeof bi.dims);
     return bi;
 }
@@ -278,37 +278,70 @@ static ps_status borrow(ps_model *m, stage *st, int l, int j, int o, int oj, int
     return node_err(m, ly->def, err);
 }
 
+/* Node l uses the buffers of node o (share: of a node with buffers, a
+ * BatchNorm called at several sites: PyTorch's module holds one set, which
+ * each call's training forward updates): the same buffers, of one shape
+ * each; recorded in buf_owner. */
+static ps_status share_buffers(ps_model *m, stage *st, int l, int o, int line, ps_err *err) {
+    const ps_layer *ly = &st->layers[l], *ow = &st->layers[o];
+    if (!ly->nbuffers && !ow->nbuffers) return PS_OK;
+    int same = ly->nbuffers == ow->nbuffers;
+    for (int j = 0; same && j < ly->nbuffers; j++) {
+        const ps_layer_buffer *a = &ly->buffer[j], *b = &ow->buffer[j];
+        same = !strcmp(a->suffix, b->suffix) && a->dtype == b->dtype && a->ndim == b->ndim &&
+               !memcmp(a->dims, b->dims, (size_t)a->ndim * sizeof a->dims[0]);
+    }
+    if (!same) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) has %d buffers%s%s%s, this node "
+                   "%d that do not match them: a module called at several sites holds one set; give both the same "
+                   "attributes", line, ow->name, ow->def->line, ow->nbuffers, ow->nbuffers ? " (" : "",
+                   ow->nbuffers ? ow->buffer[0].suffix : "", ow->nbuffers ? ", ...)" : "", ly->nbuffers);
+        return node_err(m, ly->def, err);
+    }
+    if (ly->a.eps != ow->a.eps || ly->a.momentum != ow->a.momentum || ly->a.momentum_null != ow->a.momentum_null) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) updates the buffers it lends with "
+                   "eps %g, momentum %g%s; this node with eps %g, momentum %g%s: one module has one of each",
+                   line, ow->name, ow->def->line, ow->a.eps, ow->a.momentum, ow->a.momentum_null ? " (null)" : "",
+                   ly->a.eps, ly->a.momentum, ly->a.momentum_null ? " (null)" : "");
+        return node_err(m, ly->def, err);
+    }
+    if ((ly->flags | ow->flags) & PS_KIND_PARAMS_ONLY) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: shares buffers with '%s' (line %d), but a trainer runs "
+                   "%s (a parameter-only stage)", line, ow->name, ow->def->line,
+                   (ly->flags & PS_KIND_PARAMS_ONLY) ? ly->name : ow->name);
+        return node_err(m, ly->def, err);
+    }
+    st->slots[l].buf_owner = o;
+    return PS_OK;
+}
+
 /* Every node's share: and tie: of stage st into its slots (owner,
  * owner_j, shared), once the shapes are inferred. */
 static ps_status link_shared(ps_model *m, stage *st, ps_err *err) {
     int first = st->def->first;
-    for (int l = 0; l < st->nlayers; l++)
+    for (int l = 0; l < st->nlayers; l++) {
         for (int j = 0; j < PS_LAYER_MAX_PARAMS; j++) st->slots[l].owner[j] = -1;
+        st->slots[l].buf_owner = -1;
+    }
     for (int l = 0; l < st->nlayers; l++) {
         const ps_layer *ly = &st->layers[l];
         const ps_node_def *nd = ly->def;
         if (nd->share >= 0) {
             int o = nd->share - first;
             const ps_layer *ow = &st->layers[o];
-            if (ly->nbuffers || ow->nbuffers) {
-                ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) has buffers (%s.%s): in "
-                           "PyTorch a module called at two sites updates them at each call; psd shares parameters "
-                           "of nodes without buffers (give each site its own node, or tie: its parameters)",
-                           nd->share_line, ow->name, ow->def->line, ow->name,
-                           (ow->nbuffers ? ow : ly)->buffer[0].suffix);
-                return node_err(m, nd, err);
-            }
             if (ly->nparams != ow->nparams) {   /* one kind, so one parameter list unless attributes differ */
                 ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: '%s' (line %d) has %d parameters, this "
                            "node %d: give both the same attributes", nd->share_line, ow->name, ow->def->line,
                            ow->nparams, ly->nparams);
                 return node_err(m, nd, err);
             }
-            if (!ly->nparams) {
+            if (!ly->nparams && !ly->nbuffers && !ow->nbuffers) {
                 ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "line %d: share: %s has no parameters to share",
                            nd->share_line, ly->kind->name);
                 return node_err(m, nd, err);
             }
+            ps_status brc = share_buffers(m, st, l, o, nd->share_line, err);
+            if (brc != PS_OK) return brc;
             for (int j = 0; j < ly->nparams; j++) {
                 ps_status rc = borrow(m, st, l, j, o, j, nd->share_line, err);
                 if (rc != PS_OK) return rc;
@@ -337,11 +370,19 @@ static ps_status link_shared(ps_model *m, stage *st, ps_err *err) {
     return PS_OK;
 }
 
-/* Borrowed parameters take their owners' offsets (the owners are laid
- * out); add_dw marks every site after the first in backward order (the
- * reverse of the topological order), whose gradient is added to what the
- * sites before it wrote. */
+/* Borrowed parameters and buffers take their owners' offsets (the owners
+ * are laid out); add_dw marks every site after the first in backward order
+ * (the reverse of the topological order), whose gradient is added to what
+ * the sites before it wrote. */
 static void lay_out_shared(stage *st) {
+    for (int l = 0; l < st->nlayers; l++) {
+        layer_slot *sl = &st->slots[l];
+        if (sl->buf_owner < 0) continue;
+        for (int j = 0; j < st->layers[l].nbuffers; j++) {
+            sl->buffer[j] = st->slots[sl->buf_owner].buffer[j];
+            sl->b_off[j] = st->slots[sl->buf_owner].b_off[j];
+        }
+    }
     for (int l = 0; l < st->nlayers; l++)
         for (int j = 0; j < st->layers[l].nparams; j++) {
             layer_slot *sl = &st->slots[l];
@@ -488,7 +529,7 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
             st->slots[l].g_off[j] = goff;
             st->nweights += ly->param[j].numel;
         }
-        for (int j = 0; j < ly->nbuffers; j++) {
+        for (int j = 0; j < ly->nbuffers && st->slots[l].buf_owner < 0; j++) {   /* shared: laid out below */
             const ps_layer_buffer *b = &ly->buffer[j];
             st->slots[l].buffer[j] = -1;
             if (b->dtype == PS_DTYPE_I64) { st->slots[l].b_off[j] = st->nbufi; st->nbufi += b->numel; }
@@ -624,14 +665,15 @@ static ps_status list_def_params(ps_model *m, stage *const *seq, const int *host
     }
     int nb = 0;   /* and every buffer */
     for (int ds = 0; ds < m->def->nstages; ds++)
-        for (int l = 0; l < seq[ds]->nlayers; l++) nb += seq[ds]->layers[l].nbuffers;
+        for (int l = 0; l < seq[ds]->nlayers; l++)
+            if (seq[ds]->slots[l].buf_owner < 0) nb += seq[ds]->layers[l].nbuffers;   /* shared: once */
     if (!(m->def_buffers = calloc((size_t)nb + 1, sizeof *m->def_buffers)))
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
     h = 0;
     for (int ds = 0; ds < m->def->nstages; ds++) {
         const stage *st = seq[ds];
         for (int l = 0; l < st->nlayers; l++)
-            for (int j = 0; j < st->layers[l].nbuffers; j++) {
+            for (int j = 0; j < st->layers[l].nbuffers && st->slots[l].buf_owner < 0; j++) {
                 char *name = join_name(st->layers[l].name, st->layers[l].buffer[j].suffix);
                 if (!name) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory");
                 m->def_buffers[m->ndef_buffers++] = buffer_info(st, &st->layers[l], j, hosted[ds] ? h : -1, name);
@@ -923,9 +965,15 @@ ps_status ps_model_describe(const ps_model_opts *o, const char *const *where, FI
             human(tf, b4, sizeof b4), human((double)ta, b5, sizeof b5));
     for (int i = 0; i < m->def->nnodes; i++) {   /* shared parameters: counted once, under their owners */
         const ps_node_def *nd = &m->def->nodes[i];
-        if (nd->share >= 0)
-            fprintf(f, "  shared: %s uses the parameters of %s (share, stage %s)\n", nd->name,
+        if (nd->share >= 0) {
+            const ps_layer *ly = NULL;   /* its layer: buffers used too (a BatchNorm called at several sites) */
+            for (int s = 0; s < m->nstages && !ly; s++)
+                for (int l = 0; l < m->stages[s].nlayers && !ly; l++)
+                    if (m->stages[s].layers[l].def == nd) ly = &m->stages[s].layers[l];
+            const char *what = ly && ly->nbuffers ? (ly->nparams ? "parameters and buffers" : "buffers") : "parameters";
+            fprintf(f, "  shared: %s uses the %s of %s (share, stage %s)\n", nd->name, what,
                     m->def->nodes[nd->share].name, m->def->stages[nd->stage].name);
+        }
         for (int t = 0; t < nd->ntie; t++)
             fprintf(f, "  shared: %s%s%s is %s (tie, stage %s)\n", nd->name, nd->ties[t].suffix[0] ? "." : "",
                     nd->ties[t].suffix, nd->ties[t].target, m->def->stages[nd->stage].name);

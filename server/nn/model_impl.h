@@ -27,6 +27,11 @@ typedef struct layer_slot {
                                                   even where the kind's is row-sparse (Embedding: scattered) */
     unsigned char add_dw[PS_LAYER_MAX_PARAMS]; /* a site before this one in backward order writes the gradient:
                                                   this one adds its own (exec.c ps_exec_dw_begin) */
+    /* A share: of a node with buffers (a BatchNorm called at several
+     * sites): its buffers are the owner's (buffer, b_off), which every
+     * site's training forward folds into, in forward order
+     * (model_step.c). */
+    int buf_owner;                      /* -1: its own buffers; else the node (stage-local) whose buffers it uses */
 } layer_slot;
 
 /* The memory plan of a stage in one mode (exec.c plans it once per stage
@@ -106,7 +111,8 @@ typedef struct buffer_loc {
  * kept in the accumulated gradients until the step folds them (model.c):
  * host copies of what the kind's stats() names. */
 typedef struct fold_record {
-    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order */
+    uint64_t key;            /* the tape's key and seq (ps_tape_set_key): the fold order; within
+                                one tape the nodes' topological (forward) order (grads.c) */
     uint32_t seq;
     int stage, layer;
     int nstats;

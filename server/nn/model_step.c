@@ -99,7 +99,10 @@ static ps_status stage_rows(ps_model *m, int i, const ps_rows *r, param_grad *pg
 /* ---- running statistics: the folds a step applies ---- */
 
 /* The nodes g's records touch, each with host copies of its float32
- * buffers; the records in fold order. Built before the weights lock. */
+ * buffers; the records in fold order. Built before the weights lock. A
+ * node that uses another's buffers (share: of a BatchNorm called at several
+ * sites, layer_slot.buf_owner) is that node here: every site folds into
+ * the one host copy, in record order. */
 typedef struct fold_plan {
     int *order;              /* (nrecs) record indices in (key, seq) order, stable */
     int nlayers;
@@ -109,6 +112,20 @@ typedef struct fold_plan {
 
 static const ps_grads *g_sort;   /* qsort has no context; the sort runs under fold_mu */
 static pthread_mutex_t fold_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The node whose buffers a record of (stage s, layer l) folds into. */
+static int buffers_of(const ps_model *m, int s, int l) {
+    int o = m->stages[s].slots[l].buf_owner;
+    return o >= 0 ? o : l;
+}
+
+/* The index in fp of the node whose buffers rec folds into, -1 if none yet. */
+static int plan_node(const ps_model *m, const fold_plan *fp, const fold_record *rec) {
+    int l = buffers_of(m, rec->stage, rec->layer);
+    for (int k = 0; k < fp->nlayers; k++)
+        if (fp->at[k][0] == rec->stage && fp->at[k][1] == l) return k;
+    return -1;
+}
 
 static int cmp_rec(const void *a, const void *b) {
     const fold_record *x = &g_sort->recs[*(const int *)a], *y = &g_sort->recs[*(const int *)b];
@@ -139,13 +156,11 @@ static ps_status fold_prepare(ps_model *m, const ps_grads *g, fold_plan *fp, ps_
     pthread_mutex_unlock(&fold_mu);
     for (int r = 0; r < g->nrecs; r++) {
         const fold_record *rec = &g->recs[r];
-        int k = 0;
-        while (k < fp->nlayers && (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer)) k++;
-        if (k < fp->nlayers) continue;
+        if (plan_node(m, fp, rec) >= 0) continue;
+        int k = fp->nlayers++;
         fp->at[k][0] = rec->stage;
-        fp->at[k][1] = rec->layer;
-        fp->nlayers++;
-        const ps_layer *ly = &m->stages[rec->stage].layers[rec->layer];
+        fp->at[k][1] = buffers_of(m, rec->stage, rec->layer);
+        const ps_layer *ly = &m->stages[rec->stage].layers[fp->at[k][1]];
         for (int j = 0; j < ly->nbuffers; j++)
             if (ly->buffer[j].dtype == PS_DTYPE_F32 &&
                 !(fp->fbuf[k][j] = malloc((size_t)ly->buffer[j].numel * sizeof(float))))
@@ -168,8 +183,8 @@ static ps_status fold_apply(ps_model *m, const ps_grads *g, fold_plan *fp, float
     }
     for (int r = 0; r < g->nrecs && rc == PS_OK; r++) {
         const fold_record *rec = &g->recs[fp->order[r]];
-        int k = 0;
-        while (fp->at[k][0] != rec->stage || fp->at[k][1] != rec->layer) k++;
+        int k = plan_node(m, fp, rec);
+        PS_ASSERT(k >= 0 && "fold_prepare planned every record's node");
         stage *st = &m->stages[rec->stage];
         const ps_layer *ly = &st->layers[rec->layer];
         int64_t *ibuf[PS_LAYER_MAX_BUFFERS] = {0};

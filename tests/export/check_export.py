@@ -402,10 +402,10 @@ else:
 
 REFUSALS = [
     ("UsesMatmul", "refused.py:14", "Tensor.t"),
-    ("Shared", "refused.py:23", "module 'fc' (BatchNorm1d) is called at several sites"),
+    ("Shared", "refused.py:23", "module 'fc' (Linear) is called at several sites"),
     ("DirectParameter", "refused.py:33", "'scale' is used directly in forward"),
-    ("UnknownModule", "refused.py:43", "module 'act' (Unflatten)"),
-    ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 1 of a (2, 4) tensor"),
+    ("UnknownModule", "refused.py:43", "module 'act' (LPPool1d)"),
+    ("MeanOverFeatures", "refused.py:128", "method Tensor.mean over dim 0 of a (2, 4) tensor"),
     ("PermuteBatch", "refused.py:170", "moves the batch dimension"),
     ("ScaleTwice", "refused.py:180", "'inner.gamma' is used at several sites"),
     ("AssertFails", "refused.py:234", "AssertionError: five features"),

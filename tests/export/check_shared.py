@@ -27,8 +27,10 @@ module with load_state_dict(strict=True) and gives psd's eval forward, and
 a psd restarted from the checkpoint directory resumes those values. The
 same through each module's training-mode ONNX export (the block without
 its attention): an initializer several nodes read is one parameter. And
-psd-export's refusals: a module with buffers called twice, two sites of one
-module cut into different stages.
+psd-export's refusals: a module with buffers other than BatchNorm's called
+twice (a Linear given a buffer of its own; a BatchNorm called twice is
+tests/it_sharebn.sh's), two sites of one module cut into
+different stages.
 
     check_shared.py BUILD_DIR TMP_DIR
 """
@@ -183,14 +185,15 @@ def onnx(label, name, cls, x, target, tied):
 
 
 def refusals():
-    src = os.path.join(cr.TMP, "bn_twice.py")
+    src = os.path.join(cr.TMP, "buffer_twice.py")
     with open(src, "w") as f:
-        f.write("import torch.nn as nn\n\n\nclass BNTwice(nn.Module):\n    def __init__(self):\n"
-                "        super().__init__()\n        self.bn = nn.BatchNorm1d(4)\n\n"
-                "    def forward(self, x):\n        return self.bn(self.bn(x))\n")
+        f.write("import torch\nimport torch.nn as nn\n\n\nclass BufferTwice(nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(4, 4)\n"
+                "        self.lin.register_buffer('scale', torch.ones(4))\n\n"
+                "    def forward(self, x):\n        return self.lin(self.lin(x))\n")
     for args, want in (
-            ([src + ":BNTwice", "--input-shape", "4"],
-             "module 'bn' (BatchNorm1d) is called at several sites (again at"),
+            ([src + ":BufferTwice", "--input-shape", "4"],
+             "module 'lin' (Linear) is called at several sites (again at"),
             ([os.path.join(HERE, "shared.py") + ":Repeated", "--input-shape", "5,8", "--stage", "a=inp:add_1",
               "--stage", "b=block.0_1:out"],
              "node 'block.0_1' (stage 'b') uses the parameters of 'block.0' (stage 'a', share): psd shares "

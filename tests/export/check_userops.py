@@ -15,6 +15,9 @@ options, shape moves
              "bhdq,bhdk->bhqk" (MatMul with transposes), the input gradient too
   Paddings   nn.ReflectionPad2d, Conv2d with padding_mode replicate and circular (a Pad, then the convolution),
              nn.ReplicationPad2d, F.pad(mode="reflect"), the input gradient too; its ONNX export as well
+  Functional F.conv2d / F.conv1d / F.linear with a module's own parameters (custom layers; an nn.Linear's weight
+             and bias read at two sites: one node's parameters, shared), the input gradient too
+  FuncEmbedding  a custom layer's F.embedding(ids, self.weight, padding_idx=0), F.linear of a head's parameters
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -24,9 +27,14 @@ float32's own error or 1e-4 of the tensor's largest), the step, a strict load_st
 The token ids hold the padding ids, so a padding row's gradient is PyTorch's zeros only if psd leaves it
 out. Then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop (a padding
 row never moves). MaxTokens' training-mode ONNX export (ReduceMax, ReduceMin over the tokens) through psd's ONNX
-import the same way; MaxRows' (a ReduceMin to one value per sample) refused naming it. And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
+import the same way, and MaxRows' (a ReduceMin to one value per sample). And psd-export's refusals: an EmbeddingBag called with per_sample_weights, mode mean with
 padding_idx, a padding row that is not zeros, an Embedding with max_norm, the indices of x.max(dim), x.repeat
-along the batch, an einsum that is not a batched matrix product.
+along the batch, an einsum that is not a batched matrix product, F.linear of a transposed parameter or of
+parameters not named weight / bias, torch.zeros of a traced size (torch.fx's own refusal, named with the line). A
+module returning a value computed before another: that value is psd's output. Two modules of two inputs
+(forward(self, a, b); --input-shape once each): TwoViews (two images through one shared encoder: psd's input
+(2, 6, 6), joined along dim 1) and ImageAndFeatures (an image and 5 features: 36 + 5 values, joined), checked as the
+models above against the module called on the pieces.
 
     check_userops.py BUILD_DIR TMP_DIR
 """
@@ -35,6 +43,7 @@ import copy
 import io
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -49,10 +58,12 @@ from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings,
 
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
-         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings)]
+         ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings),
+         ("Functional", userops.Functional), ("FuncEmbedding", userops.FuncEmbedding)]
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
-            userops.EinsumDot: [6]}      # float inputs (per sample); the others take token ids
+            userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],
+            userops.LinearNamed: [6], userops.ZerosState: [6], userops.ReturnsEarlier: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -99,6 +110,58 @@ def main():
         p.kill()
     onnx_paths()
     refusals(pe)
+    returns_earlier(pe)
+    multi_inputs(pe)
+
+
+def multi_inputs(pe):
+    """forward(self, a, b): each --input-shape an input; psd's one input is them joined along dim 1 (shapes that
+    differ only there) or flattened and joined; checked as the CASES against the module called on the pieces (its
+    X subclass)."""
+    for label, cls, ref, shapes in (("TwoViews", userops.TwoViews, userops.TwoViewsX, ["1,6,6", "1,6,6"]),
+                                    ("ImageAndFeatures", userops.ImageAndFeatures, userops.ImageAndFeaturesX,
+                                     ["1,6,6", "5"])):
+        y = os.path.join(cr.TMP, label + ".yaml")
+        rc = pe.main([os.path.join(HERE, "userops.py") + ":" + cls.__name__, "--seed", "3", "-o", y] +
+                     [a for x in shapes for a in ("--input-shape", x)])
+        cr.check(rc == 0, "psd-export of %s with two --input-shape" % label)
+        if rc:
+            continue
+        model, w = cr.moved(ref, label, seed=3)
+        torch.manual_seed(11)
+        x = torch.randn(BATCH, 2, 6, 6) if cls is userops.TwoViews else torch.randn(BATCH, 41)
+        target = torch.randint(0, 4, (BATCH,))
+        stub, p = cr.start_psd(label, "file: %s" % y, ["--init-from", w])
+        cr.input_gradient(label, stub, model, x, target)
+        stepped = copy.deepcopy(model)
+        cr.run(label, stub, stepped, x, target, ref64=True)
+        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
+        p.kill()
+    # a stage whose input has 4 dims per sample could never be sent (a tensor has 4 with the batch): refused
+    y = os.path.join(cr.TMP, "wide_input.yaml")
+    with open(y, "w") as f:
+        f.write("name: wide\nstages:\n  - name: main\n    input: {shape: [2, 1, 6, 6]}\n    nodes:\n"
+                "      - {name: flat, kind: Flatten}\n")
+    with open(y + ".conf.yaml", "w") as f:
+        f.write("model:\n  file: %s\n" % y)
+    r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"], capture_output=True,
+                       text=True, timeout=60)
+    cr.check(r.returncode != 0 and "stage 'main': its input has 4 dimensions per sample" in r.stderr,
+             "psd --check-config refuses a stage input of 4 dims per sample (%s)" % r.stderr.strip()[-160:])
+
+
+def returns_earlier(pe):
+    """A module returning a value computed before another: psd's output is that value (its node last, the
+    unused one dropped), and psd-export names the tensors no node reads."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc, y = export(pe, userops.ReturnsEarlier, "returns_earlier")
+    text = open(y).read() if rc == 0 else ""
+    nodes = [ln for ln in text.splitlines() if ln.strip().startswith("- {name:")]
+    cr.check(rc == 0 and len(nodes) == 1 and "name: a," in nodes[-1],
+             "ReturnsEarlier: the returned Linear 'a' is the output, the unused 'b' dropped (%s)" % nodes)
+    cr.check("not in psd's state_dict" in out.getvalue() and "b.weight, b.bias" in out.getvalue(),
+             "ReturnsEarlier: psd-export names b's tensors as unread")
 
 
 def onnx_run(label, model, x, target, name):
@@ -115,7 +178,7 @@ def onnx_paths():
     """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
     carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
-    (a ReduceMin to one value per sample) refused naming it."""
+    (a ReduceMin to one value per sample) the same way."""
     model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
@@ -126,13 +189,8 @@ def onnx_paths():
     onnx_run("Paddings (ONNX)", model, *inputs(Paddings, 2), "paddings")
     model, _ = moved(userops.SoftsignNet, "softsign_onnx")   # Softsign as Abs, Add, Div (broadcasting Div's path)
     onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
-    path = os.path.join(cr.TMP, "maxrows.onnx")
-    torch.onnx.export(MaxRows().train(), torch.randn(2, 4, 6), path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    rc, out = cr.check_config(path)
-    last = out.strip().splitlines()[-1] if out.strip() else "no output"
-    cr.check(rc != 0 and "ReduceMin" in last and "a min to one value per sample" in last,
-             "MaxRows' ONNX export (torch.amin to one value per sample) refused naming it (%s)" % last)
+    model, _ = moved(MaxRows, "maxrows_onnx")     # a ReduceMin to one value per sample (per-sample shape ())
+    onnx_run("MaxRows (ONNX)", model, *inputs(MaxRows, 4), "maxrows")
 
 
 def refusals(pe):
@@ -140,7 +198,10 @@ def refusals(pe):
                       (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
                       (userops.ArgMax, "the indices of"),
                       (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
-                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product")):
+                      (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product"),
+                      (userops.LinearT, "its weight is a computed tensor (a transpose or view of a parameter)"),
+                      (userops.LinearNamed, "W are not one module's weight and bias"),
+                      (userops.ZerosState, "torch.fx cannot trace")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc, _ = export(pe, cls, "refused_" + cls.__name__)

@@ -225,3 +225,145 @@ class SoftsignNet(nn.Module):
 
     def forward(self, x):
         return self.b(nn.functional.softsign(self.a(x)))
+
+
+class MyLinear(nn.Module):
+    """A custom layer holding its own weight and bias, calling F.linear."""
+    def __init__(self, i, o):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(o, i) / i ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(o))
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class MyConv(nn.Module):
+    """A custom convolution: F.conv2d with its own weight and bias, stride, padding, dilation as keywords."""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 2, 3, 3) * 0.2)
+        self.bias = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, stride=1, padding=2, dilation=2)
+
+
+class Functional(nn.Module):
+    """Functional layers with module parameters: a custom F.conv2d layer, F.conv1d without bias over the rows,
+    F.linear of an nn.Linear's own weight and bias called twice (one node's parameters, shared), a custom
+    F.linear layer."""
+    def __init__(self):
+        super().__init__()
+        self.conv = MyConv()
+        self.c1 = nn.Conv1d(4, 4, 3, bias=False)
+        self.lin = nn.Linear(8, 8)
+        self.head = MyLinear(8, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.conv(x))                          # (N, 4, 6, 6)
+        h = F.conv1d(h.flatten(2), self.c1.weight, padding=1)  # (N, 4, 36)
+        h = h.mean(1).view(-1, 4, 9)[:, :, :8].mean(1)        # (N, 8)
+        h = torch.tanh(F.linear(h, self.lin.weight, self.lin.bias))
+        h = torch.tanh(F.linear(h, self.lin.weight, self.lin.bias))
+        return self.head(h)
+
+
+class LinearT(nn.Module):
+    """Refused: F.linear with a transposed parameter (a tied autoencoder's decoder)."""
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return F.linear(torch.relu(self.enc(x)), self.enc.weight.t())
+
+
+class LinearNamed(nn.Module):
+    """Refused: F.linear with parameters psd cannot name <node>.weight / <node>.bias."""
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        return F.linear(x, self.W)
+
+
+class ZerosState(nn.Module):
+    """Refused by torch.fx itself (torch.zeros of a traced size): psd-export names the line."""
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(6, 4)
+
+    def forward(self, x):
+        h = torch.zeros(x.size(0), 4)
+        return self.cell(x, h)
+
+
+class MyEmbedding(nn.Module):
+    """A custom embedding table read by F.embedding (padding_idx 0: that row gets no gradient)."""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(VOCAB, 6))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight, padding_idx=0)
+
+
+class FuncEmbedding(nn.Module):
+    """Token ids through a custom F.embedding layer, a sum over the tokens, F.linear of a head's parameters."""
+    def __init__(self):
+        super().__init__()
+        self.emb = MyEmbedding()
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, ids):
+        return F.linear(self.emb(ids).sum(1), self.head.weight, self.head.bias)
+
+
+class ReturnsEarlier(nn.Module):
+    """forward returns a value computed before another (unused) one: the output is `a`'s, not the last
+    computed `b`'s, and b's tensors are named as unread."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 3), nn.Linear(3, 2)
+
+    def forward(self, x):
+        y = self.a(x)
+        self.b(y)
+        return y
+
+
+class TwoViews(nn.Module):
+    """Two images through one convolutional encoder (its parameters shared), joined, a head: forward takes
+    two inputs (psd's input is them joined along dim 1, (2, 6, 6) per sample)."""
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Tanh(), nn.AdaptiveAvgPool2d(2), nn.Flatten())
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, input1, input2):
+        return self.head(torch.cat((self.enc(input1), self.enc(input2)), 1))
+
+
+class TwoViewsX(TwoViews):
+    """TwoViews on psd's one input (the PyTorch reference of the check; the same state_dict)."""
+    def forward(self, x):
+        return super().forward(x[:, 0:1], x[:, 1:2])
+
+
+class ImageAndFeatures(nn.Module):
+    """An image and a feature vector of other shapes (psd's input is them flattened and joined: 36 + 5)."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.feat = nn.Linear(5, 4)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, img, feats):
+        return self.head(torch.cat((torch.tanh(self.conv(img)).mean((2, 3)), torch.tanh(self.feat(feats))), 1))
+
+
+class ImageAndFeaturesX(ImageAndFeatures):
+    def forward(self, x):
+        return super().forward(x[:, :36].reshape(-1, 1, 6, 6), x[:, 36:])
