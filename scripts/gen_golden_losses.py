@@ -14,7 +14,8 @@ answers:
                    shaped like out (mse, bce_with_logits)
   <case>.grad      F32 like out: d loss / d out from autograd in float32
   <case>.correct   I64 (1,) correct predictions (argmax over dim 1 == target;
-                   for bce_with_logits (out > 0) == (target > 0.5)); absent
+                   for bce_with_logits (out > 0) == (target > 0.5), for bce
+                   (out > 0.5) == (target > 0.5)); absent
                    for mse and vae_bce
 vae_bce's cases (rows [recon, mu, logvar]) hold their targets per row in the
 metadata "<case>.t", the target F32 (n, t).
@@ -42,7 +43,7 @@ def case(name, loss_name, out, target):
     n, c = out.shape[0], out.shape[1]
     inner = out[0, 0].numel()
     fn = {"nll": F.nll_loss, "cross_entropy": F.cross_entropy, "mse": F.mse_loss,
-          "bce_with_logits": F.binary_cross_entropy_with_logits}[loss_name]
+          "bce_with_logits": F.binary_cross_entropy_with_logits, "bce": F.binary_cross_entropy}[loss_name]
     x = out.clone().requires_grad_(True)
     fn(x, target).backward()
     loss64 = fn(out.double(), target if target.dtype == torch.int64 else target.double())
@@ -54,6 +55,8 @@ def case(name, loss_name, out, target):
         tensors[name + ".correct"] = (out.argmax(1) == target).sum().reshape(1)
     elif loss_name == "bce_with_logits":
         tensors[name + ".correct"] = ((out > 0) == (target > 0.5)).sum().reshape(1)
+    elif loss_name == "bce":
+        tensors[name + ".correct"] = ((out > 0.5) == (target > 0.5)).sum().reshape(1)
     meta[name + ".loss_name"] = loss_name
     meta[name + ".shape"] = "%d,%d,%d" % (n, c, inner)
 
@@ -78,6 +81,11 @@ bl[0, 0], bl[1, 0], bl[2, 0] = 40.0, -40.0, 0.0
 case("bce_binary", "bce_with_logits", bl, torch.randint(0, 2, (9, 1)).float())
 case("bce_soft", "bce_with_logits", torch.randn(4, 3) * 2, torch.rand(4, 3))
 
+
+probs = torch.sigmoid(torch.randn(6, 4) * 3)
+probs[0, 0], probs[1, 1] = 0.0, 1.0      # PyTorch clamps each log at -100
+case("bcep_mixed", "bce", probs, torch.rand(6, 4))
+case("bcep_binary", "bce", torch.sigmoid(torch.randn(9, 1) * 2), torch.randint(0, 2, (9, 1)).float())
 
 
 def vae_loss(out, target, t):

@@ -77,7 +77,7 @@ int main(void) {
         CHECK_MSG(covered[r], "loss %s has no PyTorch case in %s", ps_loss_at(r)->name, GOLDEN);
     CHECK(cases >= 8);
     char names[128];
-    CHECK(!strcmp(ps_loss_names(names, sizeof names), "nll, cross_entropy, mse, bce_with_logits, vae_bce"));
+    CHECK(!strcmp(ps_loss_names(names, sizeof names), "nll, cross_entropy, mse, bce_with_logits, bce, vae_bce"));
     CHECK(ps_loss_find("hinge") == NULL);
     CHECK(ps_loss_predictions(ps_loss_find("nll"), 10, 6) == 6 && ps_loss_predictions(ps_loss_find("mse"), 10, 6) == 60);
     CHECK(ps_loss_predictions(ps_loss_find("vae_bce"), 824, 1) == 1);

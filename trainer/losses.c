@@ -94,9 +94,34 @@ static int64_t bce_correct(const float *out, const void *targets, int64_t n, int
     return ok;
 }
 
+/* F.binary_cross_entropy of probabilities: each log clamped at -100 and the
+ * gradient's denominator at 1e-12, as PyTorch's. */
+static double bce_prob_term(double x, double y, double *g) {
+    double lx = x > 0 ? log(x) : -100.0, l1 = x < 1 ? log1p(-x) : -100.0, den = (1.0 - x) * x;
+    *g = (x - y) / (den > 1e-12 ? den : 1e-12);
+    return -(y * (lx > -100.0 ? lx : -100.0) + (1.0 - y) * (l1 > -100.0 ? l1 : -100.0));
+}
+
+static double bcep_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+    const float *t = targets;
+    const int64_t m = n * c * inner;
+    double loss = 0, g;
+    for (int64_t k = 0; k < m; k++) {
+        loss += bce_prob_term(out[k], t[k], &g);
+        grad[k] = (float)(g / (double)m);
+    }
+    return loss / (double)m;
+}
+
+static int64_t bcep_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+    const float *t = targets;
+    int64_t ok = 0;
+    for (int64_t k = 0; k < n * c * inner; k++) ok += (out[k] > 0.5f) == (t[k] > 0.5f);
+    return ok;
+}
+
 /* PyTorch's examples/vae loss per row [recon (t), mu (L), logvar (L)]: the
- * binary cross-entropy of the recon (probabilities; each log clamped at
- * -100 and the gradient's denominator at 1e-12, as PyTorch's) summed over
+ * binary cross-entropy of the recon (bce_prob_term) summed over
  * the t targets, plus the KL divergence from N(0, 1) summed over the L
  * latents; the mean over rows. */
 static double vae_forward(const float *out, const float *tg, int64_t n, int64_t c, int64_t t, float *grad) {
@@ -106,10 +131,9 @@ static double vae_forward(const float *out, const float *tg, int64_t n, int64_t 
         const float *o = out + s * c, *y = tg + s * t;
         float *g = grad + s * c;
         for (int64_t j = 0; j < t; j++) {
-            double x = o[j], lx = x > 0 ? log(x) : -100.0, l1 = x < 1 ? log1p(-x) : -100.0;
-            loss -= y[j] * (lx > -100.0 ? lx : -100.0) + (1.0 - y[j]) * (l1 > -100.0 ? l1 : -100.0);
-            double den = (1.0 - x) * x;
-            g[j] = (float)((x - y[j]) / (den > 1e-12 ? den : 1e-12) / (double)n);
+            double gj;
+            loss += bce_prob_term(o[j], y[j], &gj);
+            g[j] = (float)(gj / (double)n);
         }
         for (int64_t l = 0; l < L; l++) {
             double mu = o[t + l], lv = o[t + L + l];
@@ -129,6 +153,8 @@ static const ps_loss g_losses[] = {
     {"mse", "F.mse_loss: targets are numbers shaped like the output", 0, mse_forward, NULL},
     {"bce_with_logits", "F.binary_cross_entropy_with_logits: logits, targets in [0, 1] shaped like the output", 0,
      bce_forward, bce_correct},
+    {"bce", "F.binary_cross_entropy: probabilities (a final sigmoid), targets in [0, 1] shaped like the output", 0,
+     bcep_forward, bcep_correct},
     {"vae_bce", "a VAE's loss (PyTorch's examples/vae): binary cross-entropy of the recon, summed, plus the KL "
      "divergence; the output is [recon, mu, logvar] (psd-export joins a module's tuple), targets the recon's size "
      "(--labels inputs)", 0, NULL, NULL, vae_forward},

@@ -14,6 +14,7 @@
  *    values; c and inner only matter for the count);
  *      mse               F.mse_loss(out, t)
  *      bce_with_logits   F.binary_cross_entropy_with_logits(out, t)
+ *      bce               F.binary_cross_entropy(out, t): out holds probabilities
  *  - a VAE's loss (forward_t): targets are float32, the first t values of
  *    each output row; the rest of the row is a Gaussian's mean and
  *    log-variance, L values each;
@@ -26,7 +27,7 @@
  *
  * Accuracy: class losses count argmax over c == target (the first maximum
  * wins, as torch.argmax); bce_with_logits counts (out > 0) == (t > 0.5);
- * mse has none (correct is NULL). Each is checked against PyTorch by
+ * bce counts (out > 0.5) == (t > 0.5); mse has none (correct is NULL). Each is checked against PyTorch by
  * tests/test_losses.c (tests/golden/losses.safetensors).
  */
 #ifndef PS_TRAINER_LOSSES_H

@@ -779,10 +779,10 @@ static ps_status fit_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
 static const ps_task_flag fit_flags[] = {
     {"--inputs", "-i", "FILE[:NAME]", NULL, "training inputs: IDX (raw or .gz), .npy, .npz:NAME, safetensors:NAME"},
     {"--labels", "-l", "FILE[:NAME]", NULL, "training labels (targets), one per input sample; `inputs`: each input, "
-     "converted as the model gets it, is its own target (an autoencoder's; mse, bce_with_logits, vae_bce)"},
+     "converted as the model gets it, is its own target (an autoencoder's; mse, bce_with_logits, bce, vae_bce)"},
     {"--test-inputs", NULL, "FILE[:NAME]", NULL, "test inputs, evaluated at the end (and per epoch without a split)"},
     {"--test-labels", NULL, "FILE[:NAME]", NULL, "test labels (none with --labels inputs)"},
-    {"--loss", NULL, "NAME", NULL, "nll, cross_entropy, mse, bce_with_logits (as torch.nn.functional) or vae_bce (a VAE's: docs/fit.md)"},
+    {"--loss", NULL, "NAME", NULL, "nll, cross_entropy, mse, bce_with_logits, bce (as torch.nn.functional) or vae_bce (a VAE's: docs/fit.md)"},
     {"--val-fraction", NULL, "F", NULL, "hold out this fraction of the training samples (seeded, the same on every "
      "rank); loss and accuracy on it after each epoch"},
     {"--batch-size", "-b", "N", "trainer.batch_size", "samples per batch, 1..512 (trainer.batch_size)"},

@@ -23,7 +23,6 @@ and one whose leading dim would face the batch, naming them.
     check_buffers.py BUILD_DIR TMP_DIR
 """
 import contextlib
-import copy
 import io
 import os
 import subprocess
@@ -89,18 +88,17 @@ def main():
                      "NonPersistent: psd-export names the non-persistent buffer it holds")
         model, w = moved(cls, name)
         x, target = inputs(cls, i)
-        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        if cls in FEATURES:
-            cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
-        got = cr.get_parameters(stub)
-        same = all(torch.equal(torch.from_numpy(got[k].reshape(v.shape)), v) for k, v in model.named_buffers())
-        cr.check(same, "%s: the buffers are unchanged after training" % label)
-        p.kill()
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=cls in FEATURES, steps=30,
+                          after=lambda stub: unchanged(label, stub, model))
     no_values(y)
     refusals(pe)
+
+
+def unchanged(label, stub, model):
+    """Training moved no buffer: psd's are the module's values."""
+    got = cr.get_parameters(stub)
+    same = all(torch.equal(torch.from_numpy(got[k].reshape(v.shape)), v) for k, v in model.named_buffers())
+    cr.check(same, "%s: the buffers are unchanged after training" % label)
 
 
 def no_values(y):

@@ -460,6 +460,16 @@ def load_psd_export():
     return pe
 
 
+def onnx_run(label, model, x, target, name):
+    """model's training-mode ONNX export (opset 13) through psd's ONNX import, checked by run() with ref64."""
+    path = os.path.join(TMP, name + ".onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=13)
+    stub, p = start_psd(name + "_onnx", "onnx: %s" % path, [])
+    run(label, stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
+
+
 def check_config(onnx_path):
     """psd --check-config on a config naming onnx_path: (exit status, its output)."""
     cfg = onnx_path + ".conf.yaml"

@@ -109,6 +109,22 @@ def moved(cls, kw, name):
     return cr.moved(lambda: cls(**kw), name)
 
 
+def checked(label, name, y, w, model, x, target, input_grad=False, steps=60, after=None):
+    """psd started on model file y with --init-from w: the input gradient (input_grad), check_resnet's run() with
+    ref64 on a copy of model (stepped as psd's first step), then steps (0: none) SGD steps of train_steps, then
+    after(stub) for a script's own checks of the trained psd."""
+    stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
+    if input_grad:
+        cr.input_gradient(label, stub, model, x, target)
+    stepped = copy.deepcopy(model)      # run() steps it as psd's first step
+    cr.run(label, stub, stepped, x, target, ref64=True)
+    if steps:
+        train_steps(label, stub, x, target, stepped, steps=steps)
+    if after is not None:
+        after(stub)
+    p.kill()
+
+
 def train_steps(label, stub, x, target, model=None, steps=60):
     """psd trains on one fixed batch (cross-entropy summed over the batch, computed here from psd's outputs;
     psd's SGD at check_resnet's lr 0.01): the loss falls below 0.8 of its first value, and with model (no
@@ -155,14 +171,7 @@ def main():
                  "%s: the model file runs it as psd's %s node" % (label, kind))
         model, w = moved(cls, kw, name)
         x, target = inputs(cls, i)
-        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        if cls is SeqRNN:
-            cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        if cls is TextRNN:
-            train_steps(label, stub, x, target, stepped)
-        p.kill()
+        checked(label, name, y, w, model, x, target, input_grad=cls is SeqRNN, steps=60 if cls is TextRNN else 0)
     dropout(pe)
     fit(pe)
     refusals()

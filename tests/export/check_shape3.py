@@ -24,7 +24,6 @@ torch.logsumexp over the batch.
     check_shape3.py BUILD_DIR TMP_DIR
 """
 import contextlib
-import copy
 import io
 import os
 import sys
@@ -71,24 +70,9 @@ def main():
                 h = model.lin(x) * model.scale
             cr.check(torch.isinf(torch.exp(h)).any().item(),
                      "LogSumExp's inputs overflow an unshifted exp (max %.1f)" % h.max().item())
-        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        check_rnn.train_steps(label, stub, x, target, stepped, steps=20)
-        p.kill()
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=20)
     onnx_paths()
     refusals(pe)
-
-
-def onnx_run(label, model, x, target, name):
-    """model's training-mode ONNX export through psd's ONNX import, checked by check_resnet's run() with ref64."""
-    path = os.path.join(cr.TMP, name + ".onnx")
-    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
-    cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
-    p.kill()
 
 
 def onnx_paths():
@@ -100,7 +84,7 @@ def onnx_paths():
                                        ("LogSumExp", LogSumExp), ("CumSum", CumSum))):
         model, _ = cr.moved(make, "shape3_onnx_%d" % i, seed=3)
         x, target = inputs(SEGate if label == "SEGate" else CumSum, 10 + i)
-        onnx_run(label + " (ONNX)", model, x, target, "shape3_%d" % i)
+        cr.onnx_run(label + " (ONNX)", model, x, target, "shape3_%d" % i)
 
 
 def refusals(pe):

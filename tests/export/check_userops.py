@@ -39,7 +39,6 @@ models above against the module called on the pieces.
     check_userops.py BUILD_DIR TMP_DIR
 """
 import contextlib
-import copy
 import io
 import json
 import os
@@ -101,13 +100,7 @@ def main():
             continue
         model, w = moved(cls, name)
         x, target = inputs(cls, i)
-        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        if cls in FEATURES:
-            cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
-        p.kill()
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=cls in FEATURES, steps=30)
     onnx_paths()
     refusals(pe)
     returns_earlier(pe)
@@ -131,12 +124,7 @@ def multi_inputs(pe):
         torch.manual_seed(11)
         x = torch.randn(BATCH, 2, 6, 6) if cls is userops.TwoViews else torch.randn(BATCH, 41)
         target = torch.randint(0, 4, (BATCH,))
-        stub, p = cr.start_psd(label, "file: %s" % y, ["--init-from", w])
-        cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
-        p.kill()
+        check_rnn.checked(label, label, y, w, model, x, target, input_grad=True, steps=30)
     # a stage whose input has 4 dims per sample could never be sent (a tensor has 4 with the batch): refused
     y = os.path.join(cr.TMP, "wide_input.yaml")
     with open(y, "w") as f:
@@ -164,16 +152,6 @@ def returns_earlier(pe):
              "ReturnsEarlier: psd-export names b's tensors as unread")
 
 
-def onnx_run(label, model, x, target, name):
-    """model's training-mode ONNX export through psd's ONNX import, checked by check_resnet's run() with ref64."""
-    path = os.path.join(cr.TMP, name + ".onnx")
-    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, opset_version=13)
-    stub, p = cr.start_psd(name + "_onnx", "onnx: %s" % path, [])
-    cr.run(label, stub, copy.deepcopy(model), x, target, ref64=True)
-    p.kill()
-
-
 def onnx_paths():
     """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
@@ -182,15 +160,15 @@ def onnx_paths():
     model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
-    onnx_run("MaxTokens (ONNX)", model, x, target, "maxtokens")
+    cr.onnx_run("MaxTokens (ONNX)", model, x, target, "maxtokens")
     # ONNX's Pad in modes reflect and edge; without the circular convolution (PyTorch 1.13's export of circular
     # padding slices the wrong rows: pytorch/pytorch#86690)
     model, _ = moved(lambda: Paddings(circular=False), "paddings_onnx")
-    onnx_run("Paddings (ONNX)", model, *inputs(Paddings, 2), "paddings")
+    cr.onnx_run("Paddings (ONNX)", model, *inputs(Paddings, 2), "paddings")
     model, _ = moved(userops.SoftsignNet, "softsign_onnx")   # Softsign as Abs, Add, Div (broadcasting Div's path)
-    onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
+    cr.onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
     model, _ = moved(MaxRows, "maxrows_onnx")     # a ReduceMin to one value per sample (per-sample shape ())
-    onnx_run("MaxRows (ONNX)", model, *inputs(MaxRows, 4), "maxrows")
+    cr.onnx_run("MaxRows (ONNX)", model, *inputs(MaxRows, 4), "maxrows")
 
 
 def refusals(pe):
