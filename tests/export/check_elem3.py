@@ -27,7 +27,6 @@ Where's condition.
     check_elem3.py BUILD_DIR TMP_DIR
 """
 import contextlib
-import copy
 import io
 import os
 import sys
@@ -69,12 +68,7 @@ def main():
             continue
         model, w = cr.moved(cls, name, seed=3)
         x, target = inputs(cls, i)
-        stub, p = cr.start_psd(name, "file: %s" % y, ["--init-from", w])
-        cr.input_gradient(label, stub, model, x, target)
-        stepped = copy.deepcopy(model)      # run() steps it as psd's first step
-        cr.run(label, stub, stepped, x, target, ref64=True)
-        check_rnn.train_steps(label, stub, x, target, stepped, steps=30)
-        p.kill()
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
     onnx_paths()
     refusals(pe)
 
@@ -86,13 +80,7 @@ def onnx_paths():
              lambda: elem3.Flips(fliplr=False)]
     for i, (label, cls) in enumerate(CASES[:4]):
         model, _ = cr.moved(makes[i], "elem3_onnx_%d" % i, seed=3)
-        x, target = inputs(cls, 10 + i)
-        path = os.path.join(cr.TMP, "elem3_%d.onnx" % i)
-        torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, opset_version=13)
-        stub, p = cr.start_psd("elem3_onnx_%d" % i, "onnx: %s" % path, [])
-        cr.run(label + " (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
-        p.kill()
+        cr.onnx_run(label + " (ONNX)", model, *inputs(cls, 10 + i), "elem3_%d" % i)
 
 
 def refusals(pe):
