@@ -2271,6 +2271,168 @@ static double rnn_flops(const ps_layer *ly) {
     return L * f;
 }
 
+/* ---- LSTMCell and GRUCell: nn.LSTMCell / nn.GRUCell(input_size,
+ * hidden_size, bias), one time step, the cell a loop calls once per step
+ * (a node per call, the later ones share: the first's parameters). Inputs
+ * x (input_size), then the state: GRUCell h (H), LSTMCell h and c (H each);
+ * without them the state is zeros (PyTorch's cell(x)). Output: GRUCell's h'
+ * (H); LSTMCell's h' and c' joined, (2H) = [h', c'] (psd's nodes have one
+ * output: Narrow cuts h' and c' apart). PyTorch's parameters weight_ih
+ * (G*H, input_size), weight_hh (G*H, H), bias_ih, bias_hh (G*H; without
+ * bias: none), gates in PyTorch's order (LSTM i, f, g, o; GRU r, z, n), all
+ * U(-1/sqrt(H), 1/sqrt(H)). One step of the LSTM / GRU kinds above: the two
+ * GEMMs by linear_forward, the gates by the backend's rnn_cell_forward; the
+ * backward rnn_cell_backward and two linear_backwards. The tape (dev[0])
+ * keeps the gate values (n, 4H; ps_rnn_cell_desc) and, LSTMCell, c' (n, H),
+ * each sample's together; the backward reads the inputs. ---- */
+
+typedef struct cell_geom {
+    int gru, bias, given;          /* given: the state is an input (else zeros) */
+    int64_t n, I, H, G;
+} cell_geom;
+
+static cell_geom cell_of(const ps_layer *ly, int n) {
+    cell_geom g;
+    g.gru = !strcmp(ly->kind->name, "GRUCell");
+    g.bias = ly->a.bias;
+    g.given = ly->nin > 1;
+    g.n = n;
+    g.I = ly->in[0].dims[0];
+    g.H = ly->a.out;
+    g.G = g.gru ? 3 : 4;
+    return g;
+}
+
+/* The tape's floats per sample: the gates (4H), LSTMCell's c' (H). */
+static int64_t cell_saved_per_sample(const cell_geom *g) { return 4 * g->H + (g->gru ? 0 : g->H); }
+
+static ps_status cell_infer(ps_layer *ly, ps_err *err) {
+    const int gru = !strcmp(ly->kind->name, "GRUCell");
+    const int64_t H = ly->a.out, G = gru ? 3 : 4;
+    ps_status rc = need_ndim(ly, 0, 1, 1, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int64_t in = ly->in[0].dims[0];
+    if ((rc = check_given("input_size", ly->a.in_features, in, err))) return rc;
+    if (!gru && ly->nin == 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "LSTMCell takes x, or x, h and c (nn.LSTMCell's (h, c)): "
+                          "2 inputs given");
+    for (int i = 1; i < ly->nin; i++) {
+        char b[64];
+        if ((rc = need_ndim(ly, i, 1, 1, PS_DTYPE_F32, err))) return rc;
+        if (ly->in[i].dims[0] != H)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s's state %s is %s: hidden_size is %lld",
+                              ly->kind->name, i == 1 ? "h" : "c", ps_shape_format(&ly->in[i], b, sizeof b),
+                              (long long)H);
+    }
+    if (H > 65536 || in > 65536) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a size over 65536");
+    ly->outs = ly->in[0];
+    ly->outs.dims[0] = gru ? H : 2 * H;
+    ly->out_dtype = PS_DTYPE_F32;
+    const ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
+    const int64_t wi[2] = {G * H, in}, wh[2] = {G * H, H}, b[1] = {G * H};
+    set_param(ly, 0, "weight_ih", 2, wi, H, u);
+    set_param(ly, 1, "weight_hh", 2, wh, H, u);
+    if (ly->a.bias) {
+        set_param(ly, 2, "bias_ih", 1, b, H, u);
+        set_param(ly, 3, "bias_hh", 1, b, H, u);
+    }
+    return PS_OK;
+}
+
+static const char *cell_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->rnn_cell_forward && ops->rnn_cell_backward && ops->fill && ops->add && ops->copy2d
+               ? NULL
+               : "rnn_cell_forward/rnn_cell_backward, fill, add, copy2d";
+}
+
+static ps_status cell_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const cell_geom g = cell_of(c->ly, c->n);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    const ps_linear_desc dx = {c->n, (int)g.I, (int)(g.G * g.H)}, dh = {c->n, (int)g.H, (int)(g.G * g.H)};
+    /* tape: act (n, 4H), LSTMCell c' (n, H); work: gx, gh (n, G*H), zeros (n, H) without a state, h' (n, H) */
+    float *T = ps_backend_alloc_floats(c->be, g.n * cell_saved_per_sample(&g));
+    float *W = ps_backend_alloc_floats(c->be, 2 * ng + (g.given ? 0 : nh) + nh);
+    ps_status rc = PS_OK;
+    if (!T || !W) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        goto out;
+    }
+    float *act = T, *cn = g.gru ? NULL : T + 4 * nh;
+    float *gx = W, *gh = gx + ng, *zero = g.given ? NULL : gh + ng, *hn = (g.given ? gh + ng : zero + nh);
+    const float *h0 = g.given ? c->xs[1] : zero, *c0 = g.gru ? NULL : g.given ? c->xs[2] : zero;
+    if (!g.given) rc = ops->fill(im, nh, zero, 0.0f, err);
+    if (rc == PS_OK) rc = ops->linear_forward(im, &dx, c->x, c->w[0], g.bias ? c->w[2] : NULL, gx, err);
+    if (rc == PS_OK) rc = ops->linear_forward(im, &dh, h0, c->w[1], g.bias ? c->w[3] : NULL, gh, err);
+    /* GRUCell: h' straight into the output; LSTMCell: h' and c' apart, then joined row by row */
+    if (rc == PS_OK)
+        rc = ops->rnn_cell_forward(im, &cd, gx, gh, h0, c0, g.gru ? c->y : hn, cn, act, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, hn, g.H, c->y, 2 * g.H, 0, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, cn, g.H, (float *)c->y + g.H, 2 * g.H, 0, err);
+    if (rc == PS_OK && c->train) {   /* the tape frees it */
+        c->saved->dev[0] = T;
+        T = NULL;
+    }
+out:
+    ps_backend_release(c->be, T);
+    ps_backend_release(c->be, W);
+    return rc;
+}
+
+static ps_status cell_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const cell_geom g = cell_of(c->ly, c->n);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    const ps_linear_desc dxd = {c->n, (int)g.I, (int)(g.G * g.H)}, dhd = {c->n, (int)g.H, (int)(g.G * g.H)};
+    const float *T = c->saved->dev[0], *act = T, *cn = g.gru ? NULL : T + 4 * nh;
+    float *dh0 = g.given ? c->dxs[1] : NULL, *dc0 = g.given && !g.gru ? c->dxs[2] : NULL;
+    /* dgx, dgh (n, G*H; LSTMCell: dgh is dgx), zeros (n, H) without a state; LSTMCell's dh, dc (n, H) cut from
+     * dy; dh_prev's part outside W_hh (n, H) */
+    float *W = ps_backend_alloc_floats(c->be, 2 * ng + (g.given ? 0 : nh) + (g.gru ? 0 : 2 * nh) + nh);
+    if (!W) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's backward", c->ly->name);
+    float *dgx = W, *dgh = g.gru ? dgx + ng : dgx, *p = dgx + 2 * ng;
+    float *zero = g.given ? NULL : p;
+    p += g.given ? 0 : nh;
+    float *dh = g.gru ? NULL : p, *dc = g.gru ? NULL : p + nh;
+    p += g.gru ? 0 : 2 * nh;
+    float *dhp = p;
+    const float *h0 = g.given ? c->xs[1] : zero, *c0 = g.gru ? NULL : g.given ? c->xs[2] : zero;
+    ps_status rc = g.given ? PS_OK : ops->fill(im, nh, zero, 0.0f, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, c->dy, 2 * g.H, dh, g.H, 0, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, c->dy + g.H, 2 * g.H, dc, g.H, 0, err);
+    if (rc == PS_OK)   /* dc: d loss / d c' in, d loss / d c (the state given) out */
+        rc = ops->rnn_cell_backward(im, &cd, act, h0, c0, cn, g.gru ? c->dy : dh, dc, dgx, dgh, dhp, err);
+    if (rc == PS_OK && (c->dx || c->dw[0] || (g.bias && c->dw[2])))
+        rc = ops->linear_backward(im, &dxd, c->x, c->w[0], dgx, c->dx, c->dw[0], g.bias ? c->dw[2] : NULL, err);
+    if (rc == PS_OK && (dh0 || c->dw[1] || (g.bias && c->dw[3])))
+        rc = ops->linear_backward(im, &dhd, h0, c->w[1], dgh, dh0, c->dw[1], g.bias ? c->dw[3] : NULL, err);
+    if (rc == PS_OK && dh0) rc = ops->add(im, nh, dh0, dhp, err);   /* GRUCell's z * dh' (LSTMCell's is 0) */
+    if (rc == PS_OK && dc0) rc = ops->copy2d(im, 1, nh, dc, nh, dc0, nh, 0, err);
+    ps_backend_release(c->be, W);
+    return rc;
+}
+
+static size_t cell_bytes(const ps_layer *ly, int n) {
+    const cell_geom g = cell_of(ly, n);
+    return (size_t)(g.n * cell_saved_per_sample(&g)) * sizeof(float);
+}
+
+static double cell_flops(const ps_layer *ly) {
+    const cell_geom g = cell_of(ly, 1);
+    return 2.0 * (double)(g.G * g.H) * (double)(g.I + g.H) + 10.0 * (double)g.H;
+}
+
+/* The tape's gates and c' (dev[0]), each sample's rows together. */
+static size_t cell_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j == 0 ? cell_bytes(ly, n) : 0;
+}
+
 /* ---- numpy broadcasting of two computed inputs (Add, Sub, Mul, Div):
  * the two samples' shapes of one rank (the batch, dim 0, is both
  * inputs' own: PyTorch's right-aligned rule with the batch dims equal),
@@ -4453,6 +4615,13 @@ static const ps_attr_spec lstm_attrs[] = {
     ATTR_BOOL("bidirectional", bidirectional, "false"),
     ATTR_END,
 };
+/* LSTMCell and GRUCell (nn.LSTMCell's and nn.GRUCell's arguments) */
+static const ps_attr_spec cell_attrs[] = {
+    ATTR_INT("input_size", in_features, "", 1),
+    ATTR_INT("hidden_size", out, NULL, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_END,
+};
 static const ps_attr_spec inplace_attrs[] = {
     ATTR_BOOL("inplace", flag, "false"),
     ATTR_END,
@@ -4762,6 +4931,11 @@ static const ps_layer_kind kinds[] = {
      rnn_backward, rnn_bytes, NULL, rnn_flops},
     {"GRU", PS_KIND_DROPOUT, 1, 1, lstm_attrs, rnn_infer, rnn_missing, rnn_forward, rnn_backward, rnn_bytes, NULL,
      rnn_flops},
+    /* one step of a recurrent cell (a loop's nn.LSTMCell / nn.GRUCell): x, then the state (none: zeros) */
+    {"LSTMCell", PS_KIND_BWD_X, 1, 3, cell_attrs, cell_infer, cell_missing, cell_forward, cell_backward, cell_bytes,
+     NULL, cell_flops},
+    {"GRUCell", PS_KIND_BWD_X, 1, 2, cell_attrs, cell_infer, cell_missing, cell_forward, cell_backward, cell_bytes,
+     NULL, cell_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
      add_missing, add_forward, add_backward, NULL, NULL, NULL},
     {"Mul", PS_KIND_BWD_X, 2, 2, no_attrs, mul_infer, mul_missing, mul_forward, mul_backward, NULL, NULL, NULL},
@@ -5024,6 +5198,8 @@ static const struct {
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
     {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
+    /* recurrent cells: the tape's gates and c' sample-major */
+    {"LSTMCell", cell_saved}, {"GRUCell", cell_saved},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {
