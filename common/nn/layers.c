@@ -2282,9 +2282,9 @@ static double rnn_flops(const ps_layer *ly) {
  * bias: none), gates in PyTorch's order (LSTM i, f, g, o; GRU r, z, n), all
  * U(-1/sqrt(H), 1/sqrt(H)). One step of the LSTM / GRU kinds above: the two
  * GEMMs by linear_forward, the gates by the backend's rnn_cell_forward; the
- * backward rnn_cell_backward and two linear_backwards. The tape (dev[0])
- * keeps the gate values (n, 4H; ps_rnn_cell_desc) and, LSTMCell, c' (n, H),
- * each sample's together; the backward reads the inputs. ---- */
+ * backward rnn_cell_backward and two linear_backwards. The tape keeps the
+ * gate values (dev[0], (n, 4H); ps_rnn_cell_desc) and, LSTMCell, c' (dev[1],
+ * (n, H)), both sample-major; the backward reads the inputs. ---- */
 
 typedef struct cell_geom {
     int gru, bias, given;          /* given: the state is an input (else zeros) */
@@ -2303,8 +2303,6 @@ static cell_geom cell_of(const ps_layer *ly, int n) {
     return g;
 }
 
-/* The tape's floats per sample: the gates (4H), LSTMCell's c' (H). */
-static int64_t cell_saved_per_sample(const cell_geom *g) { return 4 * g->H + (g->gru ? 0 : g->H); }
 
 static ps_status cell_infer(ps_layer *ly, ps_err *err) {
     const int gru = !strcmp(ly->kind->name, "GRUCell");
@@ -2354,14 +2352,13 @@ static ps_status cell_forward(ps_layer_call *c, ps_err *err) {
     const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
     const ps_linear_desc dx = {c->n, (int)g.I, (int)(g.G * g.H)}, dh = {c->n, (int)g.H, (int)(g.G * g.H)};
     /* tape: act (n, 4H), LSTMCell c' (n, H); work: gx, gh (n, G*H), zeros (n, H) without a state, h' (n, H) */
-    float *T = ps_backend_alloc_floats(c->be, g.n * cell_saved_per_sample(&g));
+    float *act = ps_backend_alloc_floats(c->be, 4 * nh), *cn = g.gru ? NULL : ps_backend_alloc_floats(c->be, nh);
     float *W = ps_backend_alloc_floats(c->be, 2 * ng + (g.given ? 0 : nh) + nh);
     ps_status rc = PS_OK;
-    if (!T || !W) {
+    if (!act || (!g.gru && !cn) || !W) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
         goto out;
     }
-    float *act = T, *cn = g.gru ? NULL : T + 4 * nh;
     float *gx = W, *gh = gx + ng, *zero = g.given ? NULL : gh + ng, *hn = (g.given ? gh + ng : zero + nh);
     const float *h0 = g.given ? c->xs[1] : zero, *c0 = g.gru ? NULL : g.given ? c->xs[2] : zero;
     if (!g.given) rc = ops->fill(im, nh, zero, 0.0f, err);
@@ -2372,12 +2369,14 @@ static ps_status cell_forward(ps_layer_call *c, ps_err *err) {
         rc = ops->rnn_cell_forward(im, &cd, gx, gh, h0, c0, g.gru ? c->y : hn, cn, act, err);
     if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, hn, g.H, c->y, 2 * g.H, 0, err);
     if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, cn, g.H, (float *)c->y + g.H, 2 * g.H, 0, err);
-    if (rc == PS_OK && c->train) {   /* the tape frees it */
-        c->saved->dev[0] = T;
-        T = NULL;
+    if (rc == PS_OK && c->train) {   /* the tape frees them */
+        c->saved->dev[0] = act;
+        c->saved->dev[1] = cn;
+        act = cn = NULL;
     }
 out:
-    ps_backend_release(c->be, T);
+    ps_backend_release(c->be, act);
+    ps_backend_release(c->be, cn);
     ps_backend_release(c->be, W);
     return rc;
 }
@@ -2389,7 +2388,7 @@ static ps_status cell_backward(ps_layer_call *c, ps_err *err) {
     const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
     const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
     const ps_linear_desc dxd = {c->n, (int)g.I, (int)(g.G * g.H)}, dhd = {c->n, (int)g.H, (int)(g.G * g.H)};
-    const float *T = c->saved->dev[0], *act = T, *cn = g.gru ? NULL : T + 4 * nh;
+    const float *act = c->saved->dev[0], *cn = c->saved->dev[1];
     float *dh0 = g.given ? c->dxs[1] : NULL, *dc0 = g.given && !g.gru ? c->dxs[2] : NULL;
     /* dgx, dgh (n, G*H; LSTMCell: dgh is dgx), zeros (n, H) without a state; LSTMCell's dh, dc (n, H) cut from
      * dy; dh_prev's part outside W_hh (n, H) */
@@ -2419,7 +2418,7 @@ static ps_status cell_backward(ps_layer_call *c, ps_err *err) {
 
 static size_t cell_bytes(const ps_layer *ly, int n) {
     const cell_geom g = cell_of(ly, n);
-    return (size_t)(g.n * cell_saved_per_sample(&g)) * sizeof(float);
+    return (size_t)(g.n * (4 * g.H + (g.gru ? 0 : g.H))) * sizeof(float);
 }
 
 static double cell_flops(const ps_layer *ly) {
@@ -2427,10 +2426,12 @@ static double cell_flops(const ps_layer *ly) {
     return 2.0 * (double)(g.G * g.H) * (double)(g.I + g.H) + 10.0 * (double)g.H;
 }
 
-/* The tape's gates and c' (dev[0]), each sample's rows together. */
+/* The tape's gates (dev[0], 4H a sample) and LSTMCell's c' (dev[1], H a sample). */
 static size_t cell_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     (void)be;
-    return j == 0 ? cell_bytes(ly, n) : 0;
+    const cell_geom g = cell_of(ly, n);
+    const int64_t per = j == 0 ? 4 * g.H : j == 1 && !g.gru ? g.H : 0;
+    return (size_t)(g.n * per) * sizeof(float);
 }
 
 /* ---- numpy broadcasting of two computed inputs (Add, Sub, Mul, Div):
