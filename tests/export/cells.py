@@ -99,3 +99,4 @@ class HalfZeros(nn.Module):
         h = x.new_zeros(x.size(0), 4)
         h, c = self.cell(x[:, 0], (h, self.c0(x[:, 0])))
         return self.fc(h)
+
