@@ -9,6 +9,8 @@ time_sequence_prediction example and seq2seq decoders write them), for tests/it_
                the outputs torch.stack(outs, 1), flattened into a Linear
   MixedCells   an nn.GRUCell from h = None feeding an nn.LSTMCell(bias=False) from state = None, its (h, c)
                passed on whole (state = self.lstm(h, state)), the last h + c into the head
+  Decoder      a seq2seq decoder: a GRUCell from an encoder's state (a computed h at the first call), each
+               step's output (a shared Linear) the next step's input, the outputs stacked into a head
   HalfZeros    refused: an LSTMCell's h zeros, c computed
 
 torch.fx unrolls each loop: one call of the cell per step, the same module; psd-export writes a node per call,
@@ -100,3 +102,24 @@ class HalfZeros(nn.Module):
         h, c = self.cell(x[:, 0], (h, self.c0(x[:, 0])))
         return self.fc(h)
 
+
+
+class Decoder(nn.Module):
+    """A seq2seq decoder: the state from an encoder (a computed initial h), each step's output (a Linear, shared)
+    the next step's input, the outputs stacked into the head."""
+    def __init__(self, hidden=10):
+        super().__init__()
+        self.enc = nn.Linear(STEPS * FEATURES, hidden)
+        self.cell = nn.GRUCell(FEATURES, hidden)
+        self.out = nn.Linear(hidden, FEATURES)
+        self.head = nn.Linear(STEPS * FEATURES, CLASSES)
+
+    def forward(self, x):
+        h = torch.tanh(self.enc(x.flatten(1)))
+        y = x[:, 0]
+        outs = []
+        for _ in range(STEPS):
+            h = self.cell(y, h)
+            y = self.out(h)
+            outs.append(y)
+        return self.head(torch.stack(outs, 1).flatten(1))

@@ -8,6 +8,8 @@ PyTorch:
   StackedCells  two LSTMCells stacked (x.new_zeros, torch.zeros_like states), a Linear per step (one module,
                 shared too), torch.stack(outs, 1) into the head
   MixedCells    a GRUCell from h = None into an LSTMCell(bias=False) from state = None, (h, c) passed on whole
+  Decoder       a seq2seq decoder: a GRUCell from an encoder's h, each step's output (a shared Linear) the next
+                step's input
 
 Each export is checked for its shape: a node per call, the later calls of a cell with share: its first
 (psd --check-config lists them), the cell parameters once under PyTorch's names (weight_ih, weight_hh,
@@ -39,7 +41,8 @@ BATCH = 6
 CASES = [("LSTMLoop", cells.LSTMLoop, {"cell": ("LSTMCell", 5)}),
          ("GRULoop", cells.GRULoop, {"cell": ("GRUCell", 5)}),
          ("StackedCells", cells.StackedCells, {"lstm1": ("LSTMCell", 5), "lstm2": ("LSTMCell", 5)}),
-         ("MixedCells", cells.MixedCells, {"gru": ("GRUCell", 5), "lstm": ("LSTMCell", 5)})]
+         ("MixedCells", cells.MixedCells, {"gru": ("GRUCell", 5), "lstm": ("LSTMCell", 5)}),
+         ("Decoder", cells.Decoder, {"cell": ("GRUCell", 5)})]
 
 
 def export(pe, cls, name):
@@ -59,14 +62,16 @@ def shape_of_export(label, y, cls, mods):
                  "%s: %s is %d %s nodes, %d of them share: %s (%s)"
                  % (label, mod, calls, kind, calls - 1, mod, [(nd["name"], nd.get("share")) for nd in sites]))
         first = next(nd for nd in nodes if nd["name"] == mod)
-        cr.check(not first.get("inputs"), "%s: %s's first call starts from zeros (no state input): %s"
-                 % (label, mod, first.get("inputs")))
+        given = cls is cells.Decoder      # its first call's h is the encoder's
+        cr.check(bool(first.get("inputs")) == given, "%s: %s's first call %s: %s"
+                 % (label, mod, "takes the encoder's h" if given else "starts from zeros (no state input)",
+                    first.get("inputs")))
     with open(y + ".conf.yaml", "w") as f:
         f.write("model:\n  file: %s\n" % y)
     r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"],
                        capture_output=True, text=True, timeout=60)
     shared = r.stdout.count("uses the parameters of") + r.stderr.count("uses the parameters of")
-    want = sum(calls - 1 for _, calls in mods.values()) + (4 if cls is cells.StackedCells else 0)
+    want = sum(calls - 1 for _, calls in mods.values()) + (4 if cls in (cells.StackedCells, cells.Decoder) else 0)
     cr.check(r.returncode == 0 and shared == want, "%s: psd --check-config OK, %d shared nodes listed (%d)"
              % (label, want, shared))
     torch.manual_seed(3)
