@@ -956,6 +956,17 @@ CASES += [
 ]
 SCALE_ELEM3 = {"sin": 3.0, "cos": 3.0, "expm1": 1.5}
 
+# ---- nn.Bilinear: y = x1^T W x2 + b of two computed inputs (two Linears of the input); over (3, 4) rows per sample
+# without bias, one operand the input itself (its gradient through both paths)
+CASES += [
+    ("bilinear", stage([6], ["{name: a, kind: Linear, out_features: 4, input: input}",
+                             "{name: b, kind: Linear, out_features: 3, input: input}",
+                             "{name: bl, kind: Bilinear, inputs: [a, b], out_features: 5}"])),
+    ("bilinear_rows_nobias", stage([3, 4], ["{name: t, kind: Tanh}",
+                                            "{name: bl, kind: Bilinear, inputs: [input, t], out_features: 2, "
+                                            "bias: false}"])),
+]
+
 
 def elem3_module(kind, a):
     """The torch twin of Maximum, Minimum, a comparison, Where, Log1p, Expm1, Sin, Cos, Flip, or None."""
@@ -1170,6 +1181,8 @@ def make_module(kind, a, shapes, case_name=""):
     m = cumsum_module(kind, a)
     if m is not None:
         return m
+    if kind == "Bilinear":
+        return nn.Bilinear(s0[-1], shapes[1][-1], a["out_features"], bias=a.get("bias", True))
     if kind == "Conv2d":
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
                          padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),

@@ -367,3 +367,19 @@ class ImageAndFeatures(nn.Module):
 class ImageAndFeaturesX(ImageAndFeatures):
     def forward(self, x):
         return super().forward(x[:, :36].reshape(-1, 1, 6, 6), x[:, 36:])
+
+
+class BilinearNet(nn.Module):
+    """nn.Bilinear of two views of the input (two Linears), then a head; a second Bilinear over (3, 2) rows of
+    the input against itself."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 4), nn.Linear(6, 3)
+        self.bl = nn.Bilinear(4, 3, 5)
+        self.rows = nn.Bilinear(2, 2, 2, bias=False)
+        self.head = nn.Linear(11, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.bl(self.a(x), self.b(x)))
+        r = self.rows(x.view(-1, 3, 2), torch.tanh(x).view(-1, 3, 2)).flatten(1)
+        return self.head(torch.cat((h, r), 1))
