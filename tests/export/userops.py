@@ -18,6 +18,8 @@ padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding
 indices of x.max(dim) read), RepeatBatch (x.repeat along the batch), EinsumDot (an einsum that is not a
 batched matrix product).
 """
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -383,3 +385,18 @@ class BilinearNet(nn.Module):
         h = torch.tanh(self.bl(self.a(x), self.b(x)))
         r = self.rows(x.view(-1, 3, 2), torch.tanh(x).view(-1, 3, 2)).flatten(1)
         return self.head(torch.cat((h, r), 1))
+
+
+def bert_gelu(x):
+    """The GELU of BERT-era code, written with erf."""
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+class ErfGelu(nn.Module):
+    """A hand-written GELU (torch.erf) between two Linears, and torch.special.erf of a feature."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(bert_gelu(self.a(x))) + torch.special.erf(x[:, :4])
