@@ -8,6 +8,8 @@ i.reshape(n, -1)], 1)); each nn.Embedding / nn.EmbeddingBag called on an input i
            part (two other tables' rows joined, Linears), a head: 4 logits
   History  a user id and a history of 5 item ids (0 pads): the user's row, nn.EmbeddingBag's mean of the history,
            the history's rows (nn.Embedding, padding_idx 0) flattened, joined, a Linear
+  SharedItems  a user id, a candidate item id and a history of 5 item ids: one item table called at two sites (the
+           candidate's row, the history's mean), two Embeddings of two slices sharing it
 
 Each: every parameter moved off its initial value, psd started with --init-from those values, and checked by
 check_rnn.checked (check_resnet's run() with ref64: psd's initial parameters named and valued as the state_dict,
@@ -59,7 +61,9 @@ def main():
     hist = np.concatenate([g.integers(0, USERS, (BATCH, 1)), g.integers(0, ITEMS, (BATCH, HIST))], 1)
     hist[:, -2:] = 0                     # padded histories (id 0: items' padding row, a row of the bag's mean)
     for label, cls, ref, shapes, x in (("NCF", ids2.NCF, ids2.NCFX, ["", ""], ncf_ids(g, BATCH)),
-                                       ("History", ids2.History, ids2.HistoryX, ["", str(HIST)], hist)):
+                                       ("History", ids2.History, ids2.HistoryX, ["", str(HIST)], hist),
+                                       ("SharedItems", ids2.SharedItems, ids2.SharedItemsX, ["", "", str(HIST)],
+                                        np.concatenate([ncf_ids(g, BATCH), hist[:, 1:]], 1))):
         rc, y = export(pe, cls, label, shapes)
         cr.check(rc == 0, "psd-export of %s with int64 inputs of per-sample shapes %s" % (label, shapes))
         if rc:
@@ -70,6 +74,8 @@ def main():
         model, w = cr.moved(ref, label, seed=3,
                             after=(lambda m: m.items.weight[0].zero_()) if cls is ids2.History else None)
         xt = torch.from_numpy(x)
+        if cls is ids2.SharedItems:
+            cr.check("share: items" in text, "SharedItems: the item table's second site shares the first's")
         target = torch.randint(0, 4 if cls is ids2.NCF else 3, (BATCH,), generator=torch.Generator().manual_seed(1))
         check_rnn.checked(label, label, y, w, model, xt, target, steps=30,
                           after=bad_ids if cls is ids2.NCF else None)

@@ -50,6 +50,24 @@ class HistoryX(History):
         return super().forward(x[:, 0], x[:, 1:])
 
 
+class SharedItems(nn.Module):
+    """Three inputs - a user id, a candidate item id and a history of HIST item ids - one item table read at two
+    sites (the candidate's row and the history's rows, their mean): psd's Embeddings of the two slices share it."""
+    def __init__(self, dim=4):
+        super().__init__()
+        self.user = nn.Embedding(USERS, dim)
+        self.items = nn.Embedding(ITEMS, dim)
+        self.head = nn.Linear(3 * dim, 3)
+
+    def forward(self, user, item, hist):
+        return self.head(torch.cat((self.user(user), self.items(item), self.items(hist).mean(1)), 1))
+
+
+class SharedItemsX(SharedItems):
+    def forward(self, x):
+        return super().forward(x[:, 0], x[:, 1], x[:, 2:])
+
+
 class IdArithmetic(nn.Module):
     """Refused: an id input read by something other than an embedding (user + 1)."""
     def __init__(self):
