@@ -7,9 +7,9 @@ i.reshape(n, -1)], 1)); each nn.Embedding / nn.EmbeddingBag called on an input i
   NCF      user and item ids (one each a sample): a GMF part (the two rows' product and its dot product), an MLP
            part (two other tables' rows joined, Linears), a head: 4 logits
   History  a user id and a history of 5 item ids (0 pads): the user's row, nn.EmbeddingBag's mean of the history,
-           the history's rows (nn.Embedding, padding_idx 0) flattened, joined, a Linear
+           the history's rows (nn.Embedding, padding_idx 0) flattened, joined, a Linear (user.to(torch.long))
   SharedItems  a user id, a candidate item id and a history of 5 item ids: one item table called at two sites (the
-           candidate's row, the history's mean), two Embeddings of two slices sharing it
+           candidate's row, the history's mean), two Embeddings of two slices sharing it (user.long())
 
 Each: every parameter moved off its initial value, psd started with --init-from those values, and checked by
 check_rnn.checked (check_resnet's run() with ref64: psd's initial parameters named and valued as the state_dict,

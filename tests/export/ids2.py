@@ -33,7 +33,8 @@ class NCFX(NCF):
 
 class History(nn.Module):
     """A user id and a history of HIST item ids (0 pads): the user's row, the history's mean (nn.EmbeddingBag)
-    and its rows in order (nn.Embedding with padding_idx 0, flattened), joined, a Linear."""
+    and its rows in order (nn.Embedding with padding_idx 0, flattened), joined, a Linear; user.to(torch.long) an
+    identity."""
     def __init__(self, dim=4):
         super().__init__()
         self.user = nn.Embedding(USERS, dim)
@@ -42,7 +43,7 @@ class History(nn.Module):
         self.head = nn.Linear(dim * (2 + HIST), 3)
 
     def forward(self, user, hist):
-        return self.head(torch.cat((self.user(user), self.bag(hist), self.items(hist).flatten(1)), 1))
+        return self.head(torch.cat((self.user(user.to(torch.long)), self.bag(hist), self.items(hist).flatten(1)), 1))
 
 
 class HistoryX(History):
@@ -52,7 +53,8 @@ class HistoryX(History):
 
 class SharedItems(nn.Module):
     """Three inputs - a user id, a candidate item id and a history of HIST item ids - one item table read at two
-    sites (the candidate's row and the history's rows, their mean): psd's Embeddings of the two slices share it."""
+    sites (the candidate's row and the history's rows, their mean): psd's Embeddings of the two slices share it;
+    user.long() an identity."""
     def __init__(self, dim=4):
         super().__init__()
         self.user = nn.Embedding(USERS, dim)
@@ -60,7 +62,7 @@ class SharedItems(nn.Module):
         self.head = nn.Linear(3 * dim, 3)
 
     def forward(self, user, item, hist):
-        return self.head(torch.cat((self.user(user), self.items(item), self.items(hist).mean(1)), 1))
+        return self.head(torch.cat((self.user(user.long()), self.items(item), self.items(hist).mean(1)), 1))
 
 
 class SharedItemsX(SharedItems):
