@@ -956,6 +956,18 @@ CASES += [
 ]
 SCALE_ELEM3 = {"sin": 3.0, "cos": 3.0, "expm1": 1.5}
 
+# ---- nn.Bilinear: y = x1^T W x2 + b of two computed inputs (two Linears of the input); over (3, 4) rows per sample
+# without bias, one operand the input itself (its gradient through both paths). torch.erf (a GELU written by hand)
+CASES += [
+    ("bilinear", stage([6], ["{name: a, kind: Linear, out_features: 4, input: input}",
+                             "{name: b, kind: Linear, out_features: 3, input: input}",
+                             "{name: bl, kind: Bilinear, inputs: [a, b], out_features: 5}"])),
+    ("erf", stage([3, 4], ["{name: l, kind: Linear, out_features: 4}", "{name: e, kind: Erf}"])),
+    ("bilinear_rows_nobias", stage([3, 4], ["{name: t, kind: Tanh}",
+                                            "{name: bl, kind: Bilinear, inputs: [input, t], out_features: 2, "
+                                            "bias: false}"])),
+]
+
 # ids2: Embeddings reading a slice of each sample's flat int64 ids (ids_start, ids_shape: a model of several id
 # inputs joined), over a 2-D input; an NCF-like stage: a user id, an item id (padding_idx) and a history of 4 item
 # ids from one input of 6, the user and item rows multiplied, the history flattened, joined, a Linear
@@ -1210,6 +1222,10 @@ def make_module(kind, a, shapes, case_name=""):
     m = cumsum_module(kind, a)
     if m is not None:
         return m
+    if kind == "Erf":
+        return Lambda(torch.erf)
+    if kind == "Bilinear":
+        return nn.Bilinear(s0[-1], shapes[1][-1], a["out_features"], bias=a.get("bias", True))
     if kind == "Conv2d":
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
                          padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),

@@ -1130,7 +1130,7 @@ static ps_act_desc act_desc(const ps_layer *ly) {
                                    PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU,
                                    /* more math and the comparisons: ACT_MORE + k */
                                    PS_ACT_LOG1P, PS_ACT_EXPM1, PS_ACT_SIN, PS_ACT_COS, PS_ACT_GT, PS_ACT_LT,
-                                   PS_ACT_GE, PS_ACT_LE};
+                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
@@ -1211,6 +1211,7 @@ static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_a
  * LessOrEqual, value the number): 1 where it holds, else 0, as floats -
  * Where's condition; their gradient is zero (PyTorch's bool has none). */
 static ps_status log1p_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 0, err); }
+static ps_status erf_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 8, err); }
 static ps_status expm1_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 1, err); }
 static ps_status sin_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 2, err); }
 static ps_status cos_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 3, err); }
@@ -1728,6 +1729,108 @@ static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
 }
 
 static double linear_flops(const ps_layer *ly) { return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)ps_shape_last(&ly->in[0]); }
+
+/* ---- Bilinear: nn.Bilinear, y = x1^T W x2 + b per row: x1 (..., I) and
+ * x2 (..., J) with the same leading dims, W (O, I, J), b (O). Computed as
+ * Z = the outer products x1 x2^T of the rows (a batched matmul of (I, 1)
+ * by (1, J)), then Linear's y = Z W^T + b with W read as (O, I*J); the
+ * training tape keeps Z for the backward: Linear's backward gives dZ, dW
+ * and db, then dx1 = dZ x2 and dx2 = x1^T dZ row by row (two batched
+ * matmuls). ---- */
+
+typedef struct bil_geom {
+    int64_t rows;   /* n times the leading dims */
+    int i, j, o;
+} bil_geom;
+
+static bil_geom bil_of(const ps_layer *ly, int n) {
+    bil_geom g = {n, (int)ps_shape_last(&ly->in[0]), (int)ps_shape_last(&ly->in[1]), (int)ly->a.out};
+    for (int d = 0; d + 1 < ly->in[0].ndim; d++) g.rows *= ly->in[0].dims[d];
+    return g;
+}
+
+static ps_status bilinear_infer(ps_layer *ly, ps_err *err) {
+    char b0[64], b1[64];
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (!rc) rc = need_ndim(ly, 1, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int same = ly->in[0].ndim == ly->in[1].ndim;
+    for (int d = 0; same && d + 1 < ly->in[0].ndim; d++) same = ly->in[0].dims[d] == ly->in[1].dims[d];
+    if (!same)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s and %s: Bilinear takes two of the same leading "
+                          "dims (only the last may differ)", ps_shape_format(&ly->in[0], b0, sizeof b0),
+                          ps_shape_format(&ly->in[1], b1, sizeof b1));
+    int64_t i = ps_shape_last(&ly->in[0]), j = ps_shape_last(&ly->in[1]);
+    if ((rc = check_given("in1_features", ly->a.in_features, i, err)) ||
+        (rc = check_given("in2_features", ly->a.in2_features, j, err)))
+        return rc;
+    if (i * j > (int64_t)1 << 24)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "in1_features x in2_features is %lld: psd's Bilinear takes "
+                          "at most 2^24", (long long)(i * j));
+    ly->outs = ly->in[0];
+    ly->outs.dims[ly->outs.ndim - 1] = ly->a.out;
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t wd[3] = {ly->a.out, i, j}, bd[1] = {ly->a.out};
+    set_param(ly, 0, "weight", 3, wd, i, FAN_UNIFORM);   /* PyTorch's U(+-1/sqrt(in1_features)) for both */
+    if (ly->a.bias) set_param(ly, 1, "bias", 1, bd, i, FAN_UNIFORM);
+    return PS_OK;
+}
+
+static const char *bilinear_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->matmul && ops->linear_forward && ops->linear_backward ? NULL
+                                                                      : "matmul/linear_forward/linear_backward";
+}
+
+static ps_status bilinear_forward(ps_layer_call *c, ps_err *err) {
+    const bil_geom g = bil_of(c->ly, c->n);
+    float *z = ps_backend_alloc_floats(c->be, g.rows * g.i * g.j);
+    if (!z) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for Bilinear's outer products");
+    const ps_matmul_desc outer = {.batch = g.rows, .m = g.i, .n = g.j, .k = 1};
+    ps_status rc = c->be->ops->matmul(c->be->impl, &outer, c->xs[0], c->xs[1], z, err);
+    const ps_linear_desc ld = {(int)g.rows, g.i * g.j, g.o};
+    if (rc == PS_OK)
+        rc = c->be->ops->linear_forward(c->be->impl, &ld, z, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
+    if (rc == PS_OK && c->train) {   /* kept for the backward */
+        ps_backend_release(c->be, c->saved->dev[0]);
+        c->saved->dev[0] = z;
+    } else {
+        ps_backend_release(c->be, z);
+    }
+    return rc;
+}
+
+static ps_status bilinear_backward(ps_layer_call *c, ps_err *err) {
+    const bil_geom g = bil_of(c->ly, c->n);
+    const float *z = c->saved->dev[0];
+    if (!z) return ps_err_set(err, PS_ERR_INTERNAL, "Bilinear's backward without its forward's products");
+    const int inputs = c->dxs[0] || c->dxs[1];
+    float *dz = inputs ? ps_backend_alloc_floats(c->be, g.rows * g.i * g.j) : NULL;
+    if (inputs && !dz) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for Bilinear's gradient");
+    const ps_linear_desc ld = {(int)g.rows, g.i * g.j, g.o};
+    ps_status rc = c->be->ops->linear_backward(c->be->impl, &ld, z, c->w[0], c->dy, dz, c->dw[0],
+                                               c->ly->a.bias ? c->dw[1] : NULL, err);
+    if (rc == PS_OK && c->dxs[0]) {   /* dx1 (I, 1) = dZ (I, J) . x2^T, x2 stored (1, J) */
+        const ps_matmul_desc d1 = {.batch = g.rows, .m = g.i, .n = 1, .k = g.j, .trans_b = 1};
+        rc = c->be->ops->matmul(c->be->impl, &d1, dz, c->xs[1], c->dxs[0], err);
+    }
+    if (rc == PS_OK && c->dxs[1]) {   /* dx2 (1, J) = x1 (1, I) . dZ (I, J) */
+        const ps_matmul_desc d2 = {.batch = g.rows, .m = 1, .n = g.j, .k = g.i};
+        rc = c->be->ops->matmul(c->be->impl, &d2, c->xs[0], dz, c->dxs[1], err);
+    }
+    ps_backend_release(c->be, dz);
+    return rc;
+}
+
+static size_t bilinear_bytes(const ps_layer *ly, int n) {
+    const bil_geom g = bil_of(ly, n);
+    return (size_t)g.rows * (size_t)g.i * (size_t)g.j * sizeof(float);
+}
+
+static double bilinear_flops(const ps_layer *ly) {
+    const bil_geom g = bil_of(ly, 1);
+    return (double)g.rows * g.i * g.j * (2.0 * g.o + 1.0);
+}
 
 /* ---- LogSoftmax and Softmax over dim: the row-wise ops when dim is
  * the last one that is not 1, the strided op otherwise ---- */
@@ -4504,6 +4607,13 @@ static const ps_attr_spec linear_attrs[] = {
     ATTR_BOOL("bias", bias, "true"),
     ATTR_END,
 };
+static const ps_attr_spec bilinear_attrs[] = {
+    ATTR_INT("in1_features", in_features, "", 1),
+    ATTR_INT("in2_features", in2_features, "", 1),
+    ATTR_INT("out_features", out, NULL, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_END,
+};
 static const ps_attr_spec emb_attrs[] = {
     ATTR_INT("num_embeddings", num, NULL, 1),
     ATTR_INT("embedding_dim", out, NULL, 1),
@@ -4771,6 +4881,8 @@ static const ps_layer_kind kinds[] = {
      conv_backward, NULL, NULL, conv_flops},
     {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
+    {"Bilinear", PS_KIND_BWD_X, 2, 2, bilinear_attrs, bilinear_infer, bilinear_missing, bilinear_forward,
+     bilinear_backward, bilinear_bytes, NULL, bilinear_flops},
     {"BatchNorm2d", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn2d_infer,
      bn_missing, bn_forward, bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
     {"BatchNorm1d", PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn1d_infer, bn_missing, bn_forward,
@@ -4933,6 +5045,7 @@ static const ps_layer_kind kinds[] = {
     {"Where", PS_KIND_BWD_X, 1, 3, where_attrs, where_infer, where_missing, where_forward, where_backward, NULL,
      NULL, NULL},
     {"Log1p", F_ACT, 1, 1, no_attrs, log1p_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Erf", F_ACT, 1, 1, no_attrs, erf_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Expm1", F_ACT, 1, 1, no_attrs, expm1_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sin", F_ACT, 1, 1, no_attrs, sin_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Cos", F_ACT, 1, 1, no_attrs, cos_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -5093,7 +5206,7 @@ static const struct {
     {"Constant", NULL}, {"RandnLike", NULL},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
-    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
 };
 
