@@ -968,6 +968,43 @@ CASES += [
                                             "bias: false}"])),
 ]
 
+# ids2: Embeddings reading a slice of each sample's flat int64 ids (ids_start, ids_shape: a model of several id
+# inputs joined), over a 2-D input; an NCF-like stage: a user id, an item id (padding_idx) and a history of 4 item
+# ids from one input of 6, the user and item rows multiplied, the history flattened, joined, a Linear
+CASES += [
+    ("embedding_slice", stage([2, 4], ["{name: e, kind: Embedding, num_embeddings: 7, embedding_dim: 3, "
+                                       "ids_start: 3, ids_shape: [2, 2]}"], "int64")),
+    ("embedding_slices_ncf", stage([6], [
+        "{name: u, kind: Embedding, num_embeddings: 7, embedding_dim: 4, ids_start: 0, ids_shape: [], input: input}",
+        "{name: i, kind: Embedding, num_embeddings: 7, embedding_dim: 4, padding_idx: 2, ids_start: 1, "
+        "input: input}",
+        "{name: h, kind: Embedding, num_embeddings: 7, embedding_dim: 4, ids_start: 2, ids_shape: [4], input: input}",
+        "{name: hf, kind: Flatten, input: h}",
+        "{name: ui, kind: Mul, inputs: [u, i]}",
+        "{name: c, kind: Concat, dim: 1, inputs: [ui, hf]}",
+        "{name: fc, kind: Linear, out_features: 2}"], "int64")),
+]
+
+
+class SlicedEmbedding(nn.Embedding):
+    """Embedding's ids_start / ids_shape: nn.Embedding of x.reshape(n, -1)[:, start:start + k] as (n, *shape)."""
+
+    def __init__(self, num, dim, padding_idx, start, shape):
+        super().__init__(num, dim, padding_idx=padding_idx)
+        self.start, self.shape = start, list(shape)
+
+    def forward(self, x):
+        n, k = x.shape[0], math.prod(self.shape)
+        return super().forward(x.reshape(n, -1)[:, self.start:self.start + k].reshape([n] + self.shape))
+
+
+def ids2_module(kind, a):
+    """The torch twin of an Embedding reading a slice of the ids, or None."""
+    if kind == "Embedding" and "ids_start" in a:
+        return SlicedEmbedding(a["num_embeddings"], a["embedding_dim"], a.get("padding_idx"), a["ids_start"],
+                               a.get("ids_shape", []))
+    return None
+
 
 # ---- recurrent cells (nn.LSTMCell / nn.GRUCell, one step a node): x and the state cut from one input by Narrow
 # (the input gradient then holds x's, h's and c's), without a state (zeros: cell(x)), without bias, a batch of
@@ -1232,6 +1269,9 @@ def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
     m = elem3_module(kind, a)
+    if m is not None:
+        return m
+    m = ids2_module(kind, a)
     if m is not None:
         return m
     m = eltwise_module(kind, a, s0)

@@ -13,7 +13,9 @@
  *    unknown hosted stage, a shard of a non-embedding stage and a bad row
  *    range are INVALID_ARGUMENT. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "model.h"
@@ -251,6 +253,30 @@ static void refusals(void) {
     CHECK_MSG(strstr(err.msg, "[5, 10001)"), "%s", err.msg);
 }
 
+/* An Embedding reading a slice of the ids (ids_start: several id inputs joined) first in a stage: the trainer
+ * routes a sharded stage's whole input by id, so it cannot be sharded. */
+static void sliced_refused(void) {
+    char dir[] = "/tmp/ps-test-model-shard.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    snprintf(path, sizeof path, "%s/ids.yaml", dir);
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f, "cannot write %s", path);
+    if (!f) return;
+    fputs("name: ids\nstages:\n  - name: emb\n    input: {shape: [2], dtype: int64}\n    nodes:\n"
+          "      - {name: item, kind: Embedding, num_embeddings: 20, embedding_dim: 4, ids_start: 1}\n", f);
+    fclose(f);
+    ps_err err = {0};
+    ps_model_opts o = {.file = path, .cpu_backend = "ref", .seed = 1, .lr = 0.1f, .n_hosted = 1, .hosted = {"emb"},
+                       .shard_stage = "emb", .shard_lo = 0, .shard_hi = 10};
+    ps_model *m = ps_model_create(&o, &err);
+    CHECK(!m && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "cannot be sharded") && strstr(err.msg, "'item' reads a slice of the ids"), "%s",
+              err.msg);
+    ps_model_free(m);
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     emb_shards("ref", PS_OPTIM_SGD);
     emb_shards("ref", PS_OPTIM_ADAM);
@@ -259,5 +285,6 @@ int main(void) {
     mnist_split("ref");
     mnist_split("dnnl");
     refusals();
+    sliced_refused();
     return check_summary("test_model_shard");
 }

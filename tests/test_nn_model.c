@@ -1252,6 +1252,53 @@ static void test_randn_like(rng *r) {
     test_rmtree(dir);
 }
 
+/* Embeddings reading slices of the ids (ids_start / ids_shape): only a
+ * slice's ids are checked - one out of its table's rows refused with its
+ * sample and position, ids that no node reads ignored - and a sliced table
+ * cannot be sharded past its input; the values are test_kinds' (PyTorch). */
+static void test_sliced_ids(void) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    snprintf(path, sizeof path, "%s/ids.yaml", dir);
+    ps_err err = {0};
+    ps_model *m = model_from_text_ok(path, "ref", "name: ids\nstages:\n  - name: s\n"
+        "    input: {shape: [5], dtype: int64}\n    nodes:\n"
+        "      - {name: u, kind: Embedding, num_embeddings: 4, embedding_dim: 3, ids_start: 0, input: input}\n"
+        "      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3, ids_start: 1, ids_shape: [2], "
+        "input: input}\n"
+        "      - {name: f, kind: Flatten, input: i}\n"
+        "      - {name: c, kind: Concat, dim: 1, inputs: [u, f]}\n");
+    if (m) {
+        /* ids 3 and 4 of each sample are no slice's: any value */
+        int64_t x[10] = {3, 9, 0, 999, -5, 0, 2, 7, -1, 1 << 30};
+        float out[18];
+        OKE(ps_model_forward_range(m, 0, 0, x, 2, 0, NULL, 0, out, NULL, NULL, &err));
+        x[0] = 4;   /* u's table has 4 rows */
+        CHECK(ps_model_forward_range(m, 0, 0, x, 2, 0, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "input[0][0] = 4") && strstr(err.msg, "u.weight (0..3)"), "%s", err.msg);
+        x[0] = 3;
+        x[7] = 10;   /* sample 1, id 1 of i's slice */
+        CHECK(ps_model_forward_range(m, 0, 0, x, 2, 1, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "input[1][2] = 10") && strstr(err.msg, "id 1 of i's slice"), "%s", err.msg);
+        x[7] = -1;
+        CHECK(ps_model_forward_range(m, 0, 0, x, 2, 1, NULL, 0, out, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err.msg, "input[1][2] = -1"), "%s", err.msg);
+        ps_model_free(m);
+    }
+    /* a slice past the input; a shape without a start */
+    m = model_from_text(path, "ref", "name: ids\nstages:\n  - name: s\n    input: {shape: [5], dtype: int64}\n"
+        "    nodes:\n      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3, ids_start: 2, "
+        "ids_shape: [2, 2]}\n", &err);
+    CHECK(!m);
+    CHECK_MSG(strstr(err.msg, "ids_start 2 and ids_shape (4 ids) read past the 5 ids of each sample"), "%s", err.msg);
+    m = model_from_text(path, "ref", "name: ids\nstages:\n  - name: s\n    input: {shape: [5], dtype: int64}\n"
+        "    nodes:\n      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3, ids_shape: [2]}\n",
+        &err);
+    CHECK(!m);
+    CHECK_MSG(strstr(err.msg, "ids_shape without ids_start"), "%s", err.msg);
+    test_rmtree(dir);
+}
+
 int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
     test_padmask_refusals();
@@ -1264,6 +1311,7 @@ int main(void) {
     test_atomic_step(&r);
     test_eval_slices(&r);
     test_bad_input();
+    test_sliced_ids();
     test_optim_state(&r);
     test_stochastic_depth(&r);   /* last: the others' random data as before it */
     test_attention_dropout(&r);

@@ -1886,11 +1886,37 @@ static ps_status softmax_backward(ps_layer_call *c, ps_err *err) { return sm_bac
 
 /* ---- Embedding: nn.Embedding(num_embeddings, embedding_dim); int64 ids
  * in, rows out. The weight's gradient is row-sparse: the unique ids of the
- * batch and the sum of the output gradients of each (a scatter-add). ---- */
+ * batch and the sum of the output gradients of each (a scatter-add).
+ * With ids_start it reads a slice of each sample's flat ids (a model of
+ * several id inputs, joined): ids_start .. ids_start + numel(ids_shape) - 1,
+ * viewed as ids_shape; only that slice is checked and read. ---- */
+
+/* The ids a sample of the node reads: the slice's, or the whole input's. */
+static int64_t emb_ids_per_sample(const ps_layer *ly) {
+    if (!ly->a.ids_sliced) return ps_shape_numel(&ly->in[0]);
+    int64_t k = 1;
+    for (int i = 0; i < ly->a.ids_ndims; i++) k *= ly->a.ids_dims[i];
+    return k;
+}
 
 static ps_status emb_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 0, PS_SHAPE_MAX_DIMS - 1, PS_DTYPE_I64, err);
+    ps_status rc = need_ndim(ly, 0, 0, ly->a.ids_sliced ? PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS - 1, PS_DTYPE_I64,
+                             err);
     if (rc) return rc;
+    if (ly->a.ids_sliced) {
+        char b[64];
+        int64_t k = 1, per = ps_shape_numel(&ly->in[0]);
+        if (ly->a.ids_ndims > PS_SHAPE_MAX_DIMS - 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ids_shape has %d dimensions; it takes at most %d (the "
+                              "rows add one)", ly->a.ids_ndims, PS_SHAPE_MAX_DIMS - 1);
+        for (int i = 0; i < ly->a.ids_ndims; i++) k = sat_mul(k, ly->a.ids_dims[i]);
+        if (ly->a.ids_start + k > per)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ids_start %lld and ids_shape (%lld ids) read past the "
+                              "%lld ids of each sample (input %s)", (long long)ly->a.ids_start, (long long)k,
+                              (long long)per, ps_shape_format(&ly->in[0], b, sizeof b));
+    } else if (ly->a.ids_ndims) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "ids_shape without ids_start (the slice's first id)");
+    }
     if (ly->a.num > INT32_MAX || ly->a.out > INT32_MAX)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "num_embeddings and embedding_dim are at most %d", INT32_MAX);
     int64_t rows = ly->row_total ? ly->row_total : ly->a.num;   /* the whole table's, for a shard too */
@@ -1902,6 +1928,10 @@ static ps_status emb_infer(ps_layer *ly, ps_err *err) {
         if (ly->a.padding_idx < 0) ly->a.padding_idx += rows;
     }
     ly->outs = ly->in[0];
+    if (ly->a.ids_sliced) {
+        ly->outs.ndim = ly->a.ids_ndims;
+        for (int i = 0; i < ly->a.ids_ndims; i++) ly->outs.dims[i] = ly->a.ids_dims[i];
+    }
     ly->outs.dims[ly->outs.ndim++] = ly->a.out;
     ly->out_dtype = PS_DTYPE_F32;
     int64_t wd[2] = {ly->a.num, ly->a.out};
@@ -1915,11 +1945,21 @@ static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
     return ops->embedding_forward && ops->embedding_backward ? NULL : "embedding_forward/embedding_backward";
 }
 
+/* Sliced: only the slice's ids are checked (the others are not read by this
+ * node; psd's other kinds do not read int64 ids). */
 static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err) {
     const int64_t *ids = host_x;
     int64_t lo = ly->row_lo, hi = ly->row_lo + ly->a.num;
-    for (int64_t i = 0; i < count; i++) {
+    int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
+    int64_t n = ly->a.ids_sliced ? (per ? count / per : 0) * k : count;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t i = ly->a.ids_sliced ? j / k * per + ly->a.ids_start + j % k : j;
         if (ids[i] >= lo && ids[i] < hi) continue;
+        if (ly->a.ids_sliced)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %lld (id %lld of %s's slice "
+                              "ids_start %lld) is not a row of %s.weight (%lld..%lld)", (long long)(i / per),
+                              (long long)(i % per), (long long)ids[i], (long long)(j % k), ly->name,
+                              (long long)ly->a.ids_start, ly->name, (long long)lo, (long long)(hi - 1));
         if (ly->row_total)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
                               "input[%lld] = %lld is outside this shard's rows [%lld, %lld) of %s.weight "
@@ -1931,16 +1971,43 @@ static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count
     return PS_OK;
 }
 
-/* A shard's ids (global) as local rows, in a new buffer of c->be's
- * device; NULL on failure (err set). */
+/* The c->n * emb_ids_per_sample ids the node reads, as rows of its table
+ * (a shard's global ids as local rows; a slice gathered), in a new host
+ * buffer (*out, the caller frees it). */
+static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    ps_status rc;
+    *out = NULL;
+    int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
+    size_t xb = (size_t)(c->n * per) * sizeof(int64_t), ib = (size_t)(c->n * k) * sizeof(int64_t);
+    int64_t *x = malloc(xb ? xb : 8), *h = ly->a.ids_sliced ? malloc(ib ? ib : 8) : x;
+    if (!x || !h) {
+        if (h != x) free(h);
+        free(x);
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", ly->name);
+    }
+    if ((rc = c->be->ops->copy_to_host(c->be->impl, x, c->x, xb, err)) != PS_OK) {
+        if (h != x) free(h);
+        free(x);
+        return rc;
+    }
+    if (h != x) {
+        for (int64_t s = 0; s < c->n; s++) memcpy(h + s * k, x + s * per + ly->a.ids_start, (size_t)k * sizeof *h);
+        free(x);
+    }
+    for (int64_t i = 0; i < c->n * k; i++) h[i] -= ly->row_lo;
+    *out = h;
+    return PS_OK;
+}
+
+/* emb_host_ids in a new buffer of c->be's device; NULL on failure (err set). */
 static int64_t *emb_local_ids(const ps_layer_call *c, int64_t n, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     size_t ib = (size_t)n * sizeof(int64_t);
-    int64_t *h = malloc(ib ? ib : 8), *d = ops->alloc(c->be->impl, ib ? ib : 8);
-    ps_status rc = PS_OK;
-    if (!h || !d) rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", c->ly->name);
-    if (rc == PS_OK) rc = ops->copy_to_host(c->be->impl, h, c->x, ib, err);
-    for (int64_t i = 0; rc == PS_OK && i < n; i++) h[i] -= c->ly->row_lo;
+    int64_t *h = NULL, *d = NULL;
+    ps_status rc = emb_host_ids(c, &h, err);
+    if (rc == PS_OK && !(d = ops->alloc(c->be->impl, ib ? ib : 8)))
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's ids", c->ly->name);
     if (rc == PS_OK) rc = ops->copy_to_device(c->be->impl, d, h, ib, err);
     free(h);
     if (rc != PS_OK) { ps_backend_release(c->be, d); return NULL; }
@@ -1948,9 +2015,10 @@ static int64_t *emb_local_ids(const ps_layer_call *c, int64_t n, ps_err *err) {
 }
 
 static ps_status emb_forward(ps_layer_call *c, ps_err *err) {
-    int64_t n = c->n * ps_shape_numel(&c->ly->in[0]);
+    int64_t n = c->n * emb_ids_per_sample(c->ly);
     int dim = (int)c->ly->a.out;
-    if (!c->ly->row_lo) return c->be->ops->embedding_forward(c->be->impl, n, dim, c->x, c->w[0], c->y, err);
+    if (!c->ly->row_lo && !c->ly->a.ids_sliced)
+        return c->be->ops->embedding_forward(c->be->impl, n, dim, c->x, c->w[0], c->y, err);
     int64_t *ids = emb_local_ids(c, n, err);
     if (!ids) return PS_ERR_RESOURCE_EXHAUSTED;
     ps_status rc = c->be->ops->embedding_forward(c->be->impl, n, dim, ids, c->w[0], c->y, err);
@@ -1966,17 +2034,17 @@ static int cmp_i64(const void *a, const void *b) {
 static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     void *impl = c->be->impl;
-    int64_t n = c->n * ps_shape_numel(&c->ly->in[0]);
+    int64_t n = c->n * emb_ids_per_sample(c->ly);
     int dim = (int)c->ly->a.out;
     size_t ib = (size_t)n * sizeof(int64_t);
-    int64_t *ids = malloc(ib ? ib : 8), *sorted = malloc(ib ? ib : 8), *slot = malloc(ib ? ib : 8);
+    int64_t *ids = NULL;
+    ps_status rc = emb_host_ids(c, &ids, err);   /* a shard's local rows; a slice's */
+    int64_t *sorted = malloc(ib ? ib : 8), *slot = malloc(ib ? ib : 8);
     int64_t *dslot = ops->alloc(impl, ib ? ib : 8);
     float *dgrows = NULL;
-    ps_status rc = PS_OK;
     ps_rows r = {0};
-    if (!ids || !sorted || !slot || !dslot) goto oom;
-    if ((rc = ops->copy_to_host(impl, ids, c->x, ib, err)) != PS_OK) goto done;
-    for (int64_t i = 0; i < n; i++) ids[i] -= c->ly->row_lo;   /* a shard's local rows */
+    if (rc != PS_OK) goto done;
+    if (!sorted || !slot || !dslot) goto oom;
     memcpy(sorted, ids, ib);
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_i64);
     int64_t nrows = 0;
@@ -4713,6 +4781,9 @@ static const ps_attr_spec emb_attrs[] = {
     ATTR_INT("num_embeddings", num, NULL, 1),
     ATTR_INT("embedding_dim", out, NULL, 1),
     {"padding_idx", PS_ATTR_INT_OR_NULL, A(padding_idx), "null", -PS_DIM_MAX, PS_DIM_MAX, 0, 0, NULL, A(pad_given)},
+    /* a slice of each sample's flat ids (several id inputs joined): its first, and its per-sample shape */
+    {"ids_start", PS_ATTR_INT_OR_NULL, A(ids_start), "null", 0, PS_NUMEL_MAX, 0, 0, NULL, A(ids_sliced)},
+    {"ids_shape", PS_ATTR_DIMS, A(ids_dims), "", 1, PS_DIM_MAX, 0, 0, NULL, A(ids_ndims), 1},
     ATTR_END,
 };
 /* LSTM and GRU (nn.LSTM's and nn.GRU's arguments; proj_size is not taken) */

@@ -135,6 +135,13 @@ typedef struct ps_layer_attrs {
     int flag;                   /* accepted and without effect (inplace, batch_first, ...) */
     double ignored;
     int cum_reverse, cum_exclusive;   /* CumSum reverse, exclusive (ONNX's CumSum attributes) */
+    /* Embedding of a slice of the stage input's ids (a model of several id inputs joined flat): each
+       sample's ids ids_start .. ids_start + numel(ids_shape) - 1, viewed as ids_shape; ids_sliced 0 (ids_start
+       null): the whole input */
+    int64_t ids_start;
+    int ids_sliced;
+    int ids_ndims;
+    int64_t ids_dims[PS_SHAPE_MAX_DIMS];
 } ps_layer_attrs;
 
 /* An attribute of a kind. */

@@ -487,6 +487,10 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
             if (strcmp(ly->kind->name, "Embedding"))
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': stage '%s' cannot be sharded: its "
                                   "first node is %s, not an Embedding", d->name, sd->name, ly->kind->name);
+            if (ly->a.ids_sliced)   /* the trainer routes each id of a sharded stage's input to its shard */
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': stage '%s' cannot be sharded: its "
+                                  "Embedding '%s' reads a slice of the ids (ids_start), not the whole input",
+                                  d->name, sd->name, ly->name);
             if (o->shard_lo < 0 || o->shard_lo >= o->shard_hi || o->shard_hi > ly->a.num)
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "model '%s': shard rows [%lld, %lld) of stage "
                                   "'%s' are not a non-empty range within its %lld rows", d->name,
