@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""tests/it_elem4.sh's Python half: users' fills and masks (tests/export/elem4.py) through psd-export and psd,
+against PyTorch:
+
+  Fills   torch.maximum(h, torch.zeros_like(h)), torch.where(h > 0, h, torch.zeros_like(h)), h + torch.ones_like(h),
+          torch.minimum(h, torch.full_like(h, 0.25)), h.new_full(h.shape, 0.5), h.new_ones(h.size())
+  States  x.new_zeros(x.size(0), 16) as an initial state (wider than x: a Pad), x.new_ones(x.size(0), 4) (narrower:
+          a Narrow), x.new_full((x.size(0), 2, 3), 0.1) (of two dims: a Reshape) - each a Where of two numbers
+  Masked  masked_fill with masks computed from the input: h < 0, h > 0.5 (torch.masked_fill), m == 0 of a computed
+          0/1 m (fill -1e9 before a softmax), m != 1, ~(g > 0.2), g.bool(), h == h.amax(-1, keepdim=True)
+
+Every parameter is moved off its initial value, psd started with --init-from those values, and each model checked
+by check_rnn.checked (check_resnet.py's run() with ref64): psd's initial parameters named and valued as the
+state_dict, the eval and training forwards, every parameter gradient of one backward against float64 autograd
+(within 8x PyTorch float32's own error or 1e-4 of the tensor's largest) - zeros_like's zero gradient to h
+included -, the input gradient, the step, a strict load_state_dict of psd's tensors; then 30 SGD steps through psd
+on one batch, each step's loss within 1e-5 of PyTorch's own loop. Masked(onnx=True)'s training-mode ONNX export
+(masked_fill as Where of the comparisons; m == 0 of the float mask as Equal, which psd's ONNX import refuses, is
+checked here only through psd-export) through psd's ONNX import the same way, where psd imports it. And
+psd-export's refusals: sizes without the batch, a mask of another shape than the tensor, a NaN fill, a fill of
+int64, masked_fill_ of a tensor read after.
+
+    check_elem4.py BUILD_DIR TMP_DIR
+"""
+import contextlib
+import io
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
+import check_rnn  # noqa: E402
+import elem4  # noqa: E402
+
+BATCH = 6
+CASES = [("Fills", elem4.Fills), ("States", elem4.States), ("Masked", elem4.Masked)]
+
+
+def export(pe, cls, name):
+    y = os.path.join(cr.TMP, name + ".yaml")
+    rc = pe.main([os.path.join(HERE, "elem4.py") + ":" + cls.__name__, "--seed", "3", "-o", y,
+                  "--input-shape", "8"])
+    return rc, y
+
+
+def inputs(seed):
+    torch.manual_seed(seed)
+    return torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,))
+
+
+def main():
+    pe = cr.load_psd_export()
+    for i, (label, cls) in enumerate(CASES):
+        name = "elem4_%d" % i
+        rc, y = export(pe, cls, name)
+        cr.check(rc == 0, "psd-export of %s" % label)
+        if rc:
+            continue
+        model, w = cr.moved(cls, name, seed=3)
+        x, target = inputs(i)
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
+    refusals(pe)
+
+
+def refusals(pe):
+    for cls, want in ((elem4.NoBatch, "the fill of size (4, 6) (the batch is 2): psd's values have the batch as dim 0"),
+                      (elem4.MaskBroadcast, "a (1,) mask (per sample) of a (6,) tensor"),
+                      (elem4.FillNaN, "the fill with the fill value nan"),
+                      (elem4.FillLong, "the fill of dtype int64"),
+                      (elem4.InPlaceShared, "fills 'lin' in place, which is read elsewhere too")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, _ = export(pe, cls, "refused_" + cls.__name__)
+        msg = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+        cr.check(rc != 0 and want in msg, "psd-export refuses %s naming it: %s" % (cls.__name__, msg))
+
+
+if __name__ == "__main__":
+    cr.run_main(main)

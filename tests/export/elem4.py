@@ -1,0 +1,125 @@
+"""Models as users write them around fills and masks (tests/export/check_elem4.py trains each through psd against
+PyTorch):
+
+Fills      features (N, 8) -> a Linear h -> torch.maximum(h, torch.zeros_like(h)), torch.where(h > 0, h,
+           torch.zeros_like(h)), h + torch.ones_like(h), torch.minimum(h, torch.full_like(h, 0.25)),
+           h * h.new_full(h.shape, 0.5) + h.new_ones(h.size()) -> torch.cat -> nn.Linear.
+States     features (N, 8) -> an initial state h0 = x.new_zeros(x.size(0), 16) (wider than x), x.new_ones(x.size(0),
+           4) and x.new_full((x.size(0), 2, 3), 0.1) (narrower, of two dims) with Linears of x; h1 = tanh(inp(x) +
+           rec(h0)), h2 = tanh(inp2(x) + rec2(h1) + h0) -> torch.cat -> nn.Linear.
+Masked     features (N, 8) -> Linears h, g -> h.masked_fill(h < 0, 0.0), torch.masked_fill(h, h > 0.5, 1.0),
+           h.masked_fill(m == 0, -1e9).softmax(-1) with m = (g > 0).float() a computed 0/1 mask, h.masked_fill(m != 1,
+           0.3), h.masked_fill(~(g > 0.2), -0.5), h.masked_fill(g.bool(), 0.1) (g != 0), h.masked_fill(h == h.amax(-1,
+           keepdim=True), -1e9).softmax(-1) (the top one out, two tensors compared), g itself -> torch.cat ->
+           nn.Linear.
+
+Masked(onnx=True) leaves out what PyTorch 1.13 does not export to ONNX the way psd imports it (see check_elem4.py).
+
+And for psd-export's refusals: NoBatch (h.new_zeros(4, 6): sizes without the batch), MaskBroadcast (an (N, 1) mask
+of an (N, 6) tensor), FillNaN (torch.full_like(h, nan)), FillLong (torch.zeros_like(h, dtype=torch.long)),
+InPlaceShared (h.masked_fill_(h < 0, 0) with h read after).
+"""
+import torch
+import torch.nn as nn
+
+
+class Fills(nn.Module):
+    def __init__(self, classes=4):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+        self.fc = nn.Linear(5 * 6, classes)
+
+    def forward(self, x):
+        h = self.lin(x)
+        relu = torch.maximum(h, torch.zeros_like(h))
+        pos = torch.where(h > 0, h, torch.zeros_like(h))
+        shift = h + torch.ones_like(h)
+        low = torch.minimum(h, torch.full_like(h, 0.25))
+        half = h * h.new_full(h.shape, 0.5) + h.new_ones(h.size())
+        return self.fc(torch.cat([relu, pos, shift, low, half], 1))
+
+
+class States(nn.Module):
+    def __init__(self, classes=4):
+        super().__init__()
+        self.inp, self.rec = nn.Linear(8, 16), nn.Linear(16, 16)
+        self.inp2, self.rec2 = nn.Linear(8, 16), nn.Linear(16, 16)
+        self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 6)
+        self.fc = nn.Linear(16 + 4 + 6, classes)
+
+    def forward(self, x):
+        h0 = x.new_zeros(x.size(0), 16)
+        h1 = torch.tanh(self.inp(x) + self.rec(h0))
+        h2 = torch.tanh(self.inp2(x) + self.rec2(h1) + h0)
+        a = self.a(x) * x.new_ones(x.size(0), 4)
+        b = self.b(x).view(-1, 2, 3) + x.new_full((x.size(0), 2, 3), 0.1)
+        return self.fc(torch.cat([h2, a, b.flatten(1)], 1))
+
+
+class Masked(nn.Module):
+    def __init__(self, classes=4, onnx=False):
+        super().__init__()
+        self.onnx = onnx
+        self.lin, self.g = nn.Linear(8, 6), nn.Linear(8, 6)
+        self.fc = nn.Linear((6 if onnx else 8) * 6, classes)
+
+    def forward(self, x):
+        h, g = self.lin(x), self.g(x)
+        m = (g > 0).float()
+        parts = [h.masked_fill(h < 0, 0.0), torch.masked_fill(h, h > 0.5, 1.0),
+                 h.masked_fill(m == 0, -1e9).softmax(-1), h.masked_fill(m != 1, 0.3),
+                 h.masked_fill(~(g > 0.2), -0.5), g]
+        if not self.onnx:
+            parts += [h.masked_fill(g.bool(), 0.1), h.masked_fill(h == h.amax(-1, keepdim=True), -1e9).softmax(-1)]
+        return self.fc(torch.cat(parts, 1))
+
+
+class NoBatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h + h.new_zeros(4, 6).sum(0)
+
+
+class MaskBroadcast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.g = nn.Linear(8, 6), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h.masked_fill(self.g(x) > 0, 0.0)
+
+
+class FillNaN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.maximum(h, torch.full_like(h, float("nan")))
+
+
+class FillLong(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h + torch.zeros_like(h, dtype=torch.long)
+
+
+class InPlaceShared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        r = h.masked_fill_(h < 0, 0.0)
+        return r + h
