@@ -3568,6 +3568,16 @@ static ps_status h_cast(imp *im) {
     if (x->kind == VK_DATA && to == x->dtype) return alias_out(im, 0, x);
     if (x->kind == VK_DATA && x->dtype == PS_ONNX_BOOL && x->node >= 0 && to == PS_ONNX_FLOAT)   /* a comparison's */
         return data_out(im, 0, x->node, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;   /* 1/0 mask */
+    if (x->kind == VK_DATA && x->dtype == PS_ONNX_FLOAT && x->node >= 0 && to == PS_ONNX_BOOL) {   /* m.bool() */
+        int in = x->node;   /* m != 0: Abs, LessOrEqual 0 (m == 0), Where(that, 0, 1) - NaN true, as PyTorch's */
+        if ((in = emit(im, "Abs", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        if ((in = emit(im, "LessOrEqual", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: 0.0");
+        int pn = emit(im, "Where", NULL, NULL, NULL, 1, &in);
+        if (pn < 0) return oom(im);
+        add_attr(im, pn, "a: 0.0, b: 1.0");
+        return data_out(im, 0, pn, PS_ONNX_BOOL, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
     return unsup(im, "Cast of a computed %s value to %s (psd computes in float32; ids are int64)",
                  ps_onnx_dtype_name(x->dtype), ps_onnx_dtype_name((int32_t)to));
 }
@@ -3580,6 +3590,54 @@ static ps_status h_fold_only(imp *im) {
 static const char *out0(imp *im, int i);
 static int data_readers(imp *im, const char *v, int *out, int max);
 
+/* ---- masks computed from the input (elem4): Equal of computed float values, Not of a comparison ---- */
+
+/* Equal(a, c) of a computed float value and a number, or Equal(a, b) of two that broadcast (masked_fill(m == 0,
+ * v) of a computed 1/0 m): |a - c| <= 0 - an AddConstant -c (none for 0) or a Sub, an Abs, a LessOrEqual 0: exactly
+ * a == c (two floats differ iff their difference is not 0; NaN: 0), a 1/0 float mask marked bool as h_compare's. */
+static ps_status equal_computed(imp *im) {
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind != VK_DATA && b->kind == VK_DATA) { val *t = a; a = b; b = t; }
+    ps_status rc;
+    double c = 0.0;
+    char f[40];
+    if (a->kind == VK_DATA && b->kind == VK_DATA) {
+        if ((rc = bcast_pair(im, a, b, "Sub", "comparing"))) return rc;
+        a = vget(im, cur_node(im)->out[0]);
+    } else if (a->kind != VK_DATA || !scalar_const(im, b, &c) || !isfinite(c)) {
+        return unsup(im, "Equal of other than computed values and a finite number (psd compares a float tensor with a "
+                     "number or two that broadcast; ids == pad as nn.MultiheadAttention's key_padding_mask)");
+    }
+    if ((rc = need_float(im, a, 0, PS_MAXD, "input"))) return rc;
+    int in = a->node;
+    if (c != 0.0) {
+        if ((in = emit(im, "AddConstant", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(-c, f, sizeof f));
+    }
+    if ((in = emit(im, "Abs", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+    int pn = emit(im, "LessOrEqual", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "value: 0.0");
+    return data_out(im, 0, pn, PS_ONNX_BOOL, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
+/* Not(mask) of a comparison's mask (~(g > 0.2), m != 1 as Not(Equal)): Where(mask, 0, 1), a mask again; of
+ * constants folded. */
+static ps_status h_not(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA || x->dtype != PS_ONNX_BOOL || x->node < 0)
+        return unsup(im, "Not of '%s': psd negates a comparison's mask (Greater, Less, ..., Equal of float values)",
+                     x->name);
+    int in = x->node;
+    int pn = emit(im, "Where", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "a: 0.0, b: 1.0");
+    return data_out(im, 0, pn, PS_ONNX_BOOL, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 /* Equal of constants: folded. Equal(ids, pad) of the int64 ids and a constant integer that only
  * nn.MultiheadAttention key padding mask chains read (mha_kpm_match claimed it): an Eq node, psd's 1/0 float
  * mask, read as those attentions' second input. */
@@ -3587,9 +3645,7 @@ static ps_status h_equal(imp *im) {
     if (all_const(im)) return fold(im);
     int claimed = 0;
     for (int k = 0; k < im->nmha; k++) claimed |= im->mha[k].kpm_eq == im->cur && !im->mha[k].why[0];
-    if (!claimed)
-        return unsup(im, "Equal of computed values (psd folds it only on constants, and reads ids == pad as "
-                     "nn.MultiheadAttention's key_padding_mask)");
+    if (!claimed) return equal_computed(im);
     const char *out = out0(im, im->cur);
     int rd[8], nr = data_readers(im, out, rd, 8);
     for (int k = 0; k < nr; k++)
@@ -3908,6 +3964,7 @@ static const op_row ops[] = {
     {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_equal, 1},
+    {"Not", h_not, 1},
     {"Where", h_where, 9},
     /* comparisons with a number (Where's condition), sin, cos */
     {"Greater", h_compare, 9},

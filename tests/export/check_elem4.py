@@ -14,10 +14,10 @@ by check_rnn.checked (check_resnet.py's run() with ref64): psd's initial paramet
 state_dict, the eval and training forwards, every parameter gradient of one backward against float64 autograd
 (within 8x PyTorch float32's own error or 1e-4 of the tensor's largest) - zeros_like's zero gradient to h
 included -, the input gradient, the step, a strict load_state_dict of psd's tensors; then 30 SGD steps through psd
-on one batch, each step's loss within 1e-5 of PyTorch's own loop. Masked(onnx=True)'s training-mode ONNX export
-(masked_fill as Where of the comparisons; m == 0 of the float mask as Equal, which psd's ONNX import refuses, is
-checked here only through psd-export) through psd's ONNX import the same way, where psd imports it. And
-psd-export's refusals: sizes without the batch, a mask of another shape than the tensor, a NaN fill, a fill of
+on one batch, each step's loss within 1e-5 of PyTorch's own loop. Masked's training-mode ONNX export (masked_fill as
+Where of Less / Greater, Equal of a computed float value and a number or of two (h == amax), Not, Cast of a float to
+bool) through psd's ONNX import, checked by check_resnet's run() with ref64 the same way. And psd-export's
+refusals: sizes without the batch, a mask of another shape than the tensor, a NaN fill, a fill of
 int64, masked_fill_ of a tensor read after.
 
     check_elem4.py BUILD_DIR TMP_DIR
@@ -62,6 +62,8 @@ def main():
         model, w = cr.moved(cls, name, seed=3)
         x, target = inputs(i)
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
+    model, _ = cr.moved(elem4.Masked, "elem4_onnx_2", seed=3)
+    cr.onnx_run("Masked (ONNX)", model, *inputs(12), "elem4_2")
     refusals(pe)
 
 

@@ -13,7 +13,8 @@ Masked     features (N, 8) -> Linears h, g -> h.masked_fill(h < 0, 0.0), torch.m
            keepdim=True), -1e9).softmax(-1) (the top one out, two tensors compared), g itself -> torch.cat ->
            nn.Linear.
 
-Masked(onnx=True) leaves out what PyTorch 1.13 does not export to ONNX the way psd imports it (see check_elem4.py).
+Masked's training-mode ONNX export (Where of Less, Greater, Equal of the float mask, Not, Cast to bool) goes through
+psd's ONNX import too.
 
 And for psd-export's refusals: NoBatch (h.new_zeros(4, 6): sizes without the batch), MaskBroadcast (an (N, 1) mask
 of an (N, 6) tensor), FillNaN (torch.full_like(h, nan)), FillLong (torch.zeros_like(h, dtype=torch.long)),
@@ -57,20 +58,18 @@ class States(nn.Module):
 
 
 class Masked(nn.Module):
-    def __init__(self, classes=4, onnx=False):
+    def __init__(self, classes=4):
         super().__init__()
-        self.onnx = onnx
         self.lin, self.g = nn.Linear(8, 6), nn.Linear(8, 6)
-        self.fc = nn.Linear((6 if onnx else 8) * 6, classes)
+        self.fc = nn.Linear(8 * 6, classes)
 
     def forward(self, x):
         h, g = self.lin(x), self.g(x)
         m = (g > 0).float()
         parts = [h.masked_fill(h < 0, 0.0), torch.masked_fill(h, h > 0.5, 1.0),
                  h.masked_fill(m == 0, -1e9).softmax(-1), h.masked_fill(m != 1, 0.3),
-                 h.masked_fill(~(g > 0.2), -0.5), g]
-        if not self.onnx:
-            parts += [h.masked_fill(g.bool(), 0.1), h.masked_fill(h == h.amax(-1, keepdim=True), -1e9).softmax(-1)]
+                 h.masked_fill(~(g > 0.2), -0.5), g, h.masked_fill(g.bool(), 0.1),
+                 h.masked_fill(h == h.amax(-1, keepdim=True), -1e9).softmax(-1)]
         return self.fc(torch.cat(parts, 1))
 
 
