@@ -86,7 +86,6 @@ def onnx_paths():
 def refusals(pe):
     for cls, want in ((elem3.WhereIndices, "torch.where(condition) (the indices where it holds)"),
                       (elem3.FlipBatch, "that flips the batch (dim 0)"),
-                      (elem3.WhereBroadcast, "psd's Where takes a and b of the condition's shape"),
                       (elem3.CompareInf, "the comparison Less with inf"),
                       (elem3.WhereBuffer, "torch.where with the tensor 'keep' of the module as its condition")):
         err = io.StringIO()

@@ -8,6 +8,8 @@ against PyTorch:
           a Narrow), x.new_full((x.size(0), 2, 3), 0.1) (of two dims: a Reshape) - each a Where of two numbers
   Masked  masked_fill with masks computed from the input: h < 0, h > 0.5 (torch.masked_fill), m == 0 of a computed
           0/1 m (fill -1e9 before a softmax), m != 1, ~(g > 0.2), g.bool(), h == h.amax(-1, keepdim=True)
+  Broadcasts  torch.where whose condition, a and b broadcast ((N, 6) and (N, 1); (N, 3, 1), (N, 3, 4), (N, 1, 4)),
+          masked_fill by a mask that broadcasts ((N, 1) of (N, 6), (N, 1, 4) of (N, 3, 4)): Concats of copies
 
 Every parameter is moved off its initial value, psd started with --init-from those values, and each model checked
 by check_rnn.checked (check_resnet.py's run() with ref64): psd's initial parameters named and valued as the
@@ -17,7 +19,7 @@ included -, the input gradient, the step, a strict load_state_dict of psd's tens
 on one batch, each step's loss within 1e-5 of PyTorch's own loop. Masked's training-mode ONNX export (masked_fill as
 Where of Less / Greater, Equal of a computed float value and a number or of two (h == amax), Not, Cast of a float to
 bool) through psd's ONNX import, checked by check_resnet's run() with ref64 the same way. And psd-export's
-refusals: sizes without the batch, a mask of another shape than the tensor, a NaN fill, a fill of
+refusals: sizes without the batch, a NaN fill, a fill of
 int64, masked_fill_ of a tensor read after.
 
     check_elem4.py BUILD_DIR TMP_DIR
@@ -36,7 +38,7 @@ import check_rnn  # noqa: E402
 import elem4  # noqa: E402
 
 BATCH = 6
-CASES = [("Fills", elem4.Fills), ("States", elem4.States), ("Masked", elem4.Masked)]
+CASES = [("Fills", elem4.Fills), ("States", elem4.States), ("Masked", elem4.Masked), ("Broadcasts", elem4.Broadcasts)]
 
 
 def export(pe, cls, name):
@@ -69,7 +71,6 @@ def main():
 
 def refusals(pe):
     for cls, want in ((elem4.NoBatch, "the fill of size (4, 6) (the batch is 2): psd's values have the batch as dim 0"),
-                      (elem4.MaskBroadcast, "a (1,) mask (per sample) of a (6,) tensor"),
                       (elem4.FillNaN, "the fill with the fill value nan"),
                       (elem4.FillLong, "the fill of dtype int64"),
                       (elem4.InPlaceShared, "fills 'lin' in place, which is read elsewhere too")):

@@ -16,8 +16,12 @@ Masked     features (N, 8) -> Linears h, g -> h.masked_fill(h < 0, 0.0), torch.m
 Masked's training-mode ONNX export (Where of Less, Greater, Equal of the float mask, Not, Cast to bool) goes through
 psd's ONNX import too.
 
-And for psd-export's refusals: NoBatch (h.new_zeros(4, 6): sizes without the batch), MaskBroadcast (an (N, 1) mask
-of an (N, 6) tensor), FillNaN (torch.full_like(h, nan)), FillLong (torch.zeros_like(h, dtype=torch.long)),
+Broadcasts features (N, 8) -> Linears h (N, 6), g (N, 1), k (N, 6) -> torch.where(h > 0, h, g), torch.where(g > 0, h,
+           0.0), torch.where(h > 0, g, k), h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, 1.0, h); Linears viewed
+           as v (N, 3, 4), r (N, 3, 1), c (N, 1, 4) -> torch.where(r > 0, v, c), v.masked_fill(c < 0, 0.0) (the
+           condition, a, b and the mask broadcast), r -> torch.cat -> nn.Linear.
+
+And for psd-export's refusals: NoBatch (h.new_zeros(4, 6): sizes without the batch), FillNaN (torch.full_like(h, nan)), FillLong (torch.zeros_like(h, dtype=torch.long)),
 InPlaceShared (h.masked_fill_(h < 0, 0) with h read after).
 """
 import torch
@@ -73,6 +77,22 @@ class Masked(nn.Module):
         return self.fc(torch.cat(parts, 1))
 
 
+class Broadcasts(nn.Module):
+    def __init__(self, classes=4):
+        super().__init__()
+        self.lin, self.g, self.k = nn.Linear(8, 6), nn.Linear(8, 1), nn.Linear(8, 6)
+        self.v, self.r, self.c = nn.Linear(8, 12), nn.Linear(8, 3), nn.Linear(8, 4)
+        self.fc = nn.Linear(5 * 6 + 2 * 12 + 3, classes)
+
+    def forward(self, x):
+        h, g, k = self.lin(x), self.g(x), self.k(x)
+        v, r, c = self.v(x).view(-1, 3, 4), self.r(x).view(-1, 3, 1), self.c(x).view(-1, 1, 4)
+        parts = [torch.where(h > 0, h, g), torch.where(g > 0, h, 0.0), torch.where(h > 0, g, k),
+                 h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, 1.0, h)]
+        grid = [torch.where(r > 0, v, c), v.masked_fill(c < 0, 0.0)]
+        return self.fc(torch.cat(parts + [t.flatten(1) for t in grid + [r]], 1))   # r: a gradient for self.r
+
+
 class NoBatch(nn.Module):
     def __init__(self):
         super().__init__()
@@ -81,16 +101,6 @@ class NoBatch(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         return h + h.new_zeros(4, 6).sum(0)
-
-
-class MaskBroadcast(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin, self.g = nn.Linear(8, 6), nn.Linear(8, 1)
-
-    def forward(self, x):
-        h = self.lin(x)
-        return h.masked_fill(self.g(x) > 0, 0.0)
 
 
 class FillNaN(nn.Module):
