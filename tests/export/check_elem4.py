@@ -10,6 +10,9 @@ against PyTorch:
           0/1 m (fill -1e9 before a softmax), m != 1, ~(g > 0.2), g.bool(), h == h.amax(-1, keepdim=True)
   Broadcasts  torch.where whose condition, a and b broadcast ((N, 6) and (N, 1); (N, 3, 1), (N, 3, 4), (N, 1, 4)),
           masked_fill by a mask that broadcasts ((N, 1) of (N, 6), (N, 1, 4) of (N, 3, 4)): Concats of copies
+  PadAttention  attention over int64 ids written by hand with the padding mask users build: mask = (ids !=
+          0).unsqueeze(1) (Eq, Where), scores.masked_fill(mask == 0, -1e9) and masked_fill(~mask, -inf) before a
+          softmax (no input gradient: the ids have none)
 
 Every parameter is moved off its initial value, psd started with --init-from those values, and each model checked
 by check_rnn.checked (check_resnet.py's run() with ref64): psd's initial parameters named and valued as the
@@ -38,18 +41,24 @@ import check_rnn  # noqa: E402
 import elem4  # noqa: E402
 
 BATCH = 6
-CASES = [("Fills", elem4.Fills), ("States", elem4.States), ("Masked", elem4.Masked), ("Broadcasts", elem4.Broadcasts)]
+CASES = [("Fills", elem4.Fills), ("States", elem4.States), ("Masked", elem4.Masked), ("Broadcasts", elem4.Broadcasts),
+         ("PadAttention", elem4.PadAttention)]
 
 
 def export(pe, cls, name):
     y = os.path.join(cr.TMP, name + ".yaml")
-    rc = pe.main([os.path.join(HERE, "elem4.py") + ":" + cls.__name__, "--seed", "3", "-o", y,
-                  "--input-shape", "8"])
+    more = ["--input-shape", "6", "--input-dtype", "int64"] if cls is elem4.PadAttention else ["--input-shape", "8"]
+    rc = pe.main([os.path.join(HERE, "elem4.py") + ":" + cls.__name__, "--seed", "3", "-o", y] + more)
     return rc, y
 
 
-def inputs(seed):
+def inputs(seed, cls=None):
     torch.manual_seed(seed)
+    if cls is elem4.PadAttention:    # ids 1..19, then 0 (the pad) from a length of 1 to 6 on
+        ids = torch.randint(1, 20, (BATCH, 6))
+        for i, n in enumerate(torch.randint(1, 7, (BATCH,)).tolist()):
+            ids[i, n:] = 0
+        return ids, torch.randint(0, 4, (BATCH,))
     return torch.randn(BATCH, 8), torch.randint(0, 4, (BATCH,))
 
 
@@ -62,8 +71,8 @@ def main():
         if rc:
             continue
         model, w = cr.moved(cls, name, seed=3)
-        x, target = inputs(i)
-        check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
+        x, target = inputs(i, cls)
+        check_rnn.checked(label, name, y, w, model, x, target, input_grad=x.is_floating_point(), steps=30)
     model, _ = cr.moved(elem4.Masked, "elem4_onnx_2", seed=3)
     cr.onnx_run("Masked (ONNX)", model, *inputs(12), "elem4_2")
     refusals(pe)

@@ -21,6 +21,10 @@ Broadcasts features (N, 8) -> Linears h (N, 6), g (N, 1), k (N, 6) -> torch.wher
            as v (N, 3, 4), r (N, 3, 1), c (N, 1, 4) -> torch.where(r > 0, v, c), v.masked_fill(c < 0, 0.0) (the
            condition, a, b and the mask broadcast), r -> torch.cat -> nn.Linear.
 
+PadAttention  ids (N, 6) int64, 0 the pad -> nn.Embedding, q, k, v Linears, q @ k^T / sqrt(8); mask = (ids !=
+           0).unsqueeze(1); scores.masked_fill(mask == 0, -1e9) and scores.masked_fill(~mask, -inf), each softmax @ v
+           -> torch.cat -> flatten -> nn.Linear.
+
 And for psd-export's refusals: NoBatch (h.new_zeros(4, 6): sizes without the batch), FillNaN (torch.full_like(h, nan)), FillLong (torch.zeros_like(h, dtype=torch.long)),
 InPlaceShared (h.masked_fill_(h < 0, 0) with h read after).
 """
@@ -132,3 +136,23 @@ class InPlaceShared(nn.Module):
         h = self.lin(x)
         r = h.masked_fill_(h < 0, 0.0)
         return r + h
+
+
+class PadAttention(nn.Module):
+    """Attention over token ids written by hand with the padding mask users build (The Annotated Transformer's
+    mask = (src != pad).unsqueeze(-2); scores.masked_fill(mask == 0, -1e9)): ids (N, 6) int64, 0 the pad."""
+
+    def __init__(self, vocab=20, dim=8, classes=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.fc = nn.Linear(2 * 6 * dim, classes)
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        q, k, v = self.q(e), self.k(e), self.v(e)
+        scores = q @ k.transpose(-2, -1) / 8 ** 0.5                      # (N, 6, 6)
+        mask = (ids != 0).unsqueeze(1)                                  # (N, 1, 6)
+        a = scores.masked_fill(mask == 0, -1e9).softmax(-1) @ v
+        b = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        return self.fc(torch.cat([a, b], 1).flatten(1))
