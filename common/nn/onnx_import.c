@@ -3599,6 +3599,10 @@ static ps_status equal_computed(imp *im) {
     val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
     if (!a || !b) return im->err->code;
     if (a->kind != VK_DATA && b->kind == VK_DATA) { val *t = a; a = b; b = t; }
+    if (a->kind == VK_DATA && a->dtype != PS_ONNX_FLOAT)
+        return unsup(im, "Equal of the computed %s value '%s' (psd compares float values, and reads ids == pad of the "
+                     "int64 input ids as nn.MultiheadAttention's key_padding_mask)", ps_onnx_dtype_name(a->dtype),
+                     a->name);
     ps_status rc;
     double c = 0.0;
     char f[40];
@@ -3763,36 +3767,79 @@ static ps_status h_compare(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_BOOL, a->ndim, a->dims) ? PS_OK : im->err->code;
 }
 
-/* Where(cond, a, b) with cond a comparison's mask (h_compare) and a, b computed values of its shape or numbers
- * (torch.where(h > 0, h, 0.1 * h)): psd's Where. */
+/* r copies of psd node cur joined along psd dim d: one Concat of r, or (r > 64, Concat's most) Concats of
+ * Concats, as psd-export's repeat_steps. Returns the node, or -1 (the error set). */
+static int concat_copies(imp *im, int cur, int64_t r, int d) {
+    int ins[64];
+    int64_t n = r <= 64 ? r : 64;
+    for (int64_t k = 0; k < n; k++) ins[k] = cur;
+    int big = emit(im, "Concat", NULL, NULL, NULL, (int)n, ins);
+    if (big < 0) { oom(im); return -1; }
+    if (d != 1) add_attr(im, big, "dim: %d", d);
+    if (r <= 64) return big;
+    if (r / 64 > 1 && (big = concat_copies(im, big, r / 64, d)) < 0) return -1;
+    if (r % 64 == 0) return big;
+    ins[0] = big;
+    for (int64_t k = 1; k <= r % 64; k++) ins[k] = cur;
+    int pn = emit(im, "Concat", NULL, NULL, NULL, (int)(r % 64) + 1, ins);
+    if (pn < 0) { oom(im); return -1; }
+    if (d != 1) add_attr(im, pn, "dim: %d", d);
+    return pn;
+}
+
+/* Where(cond, a, b) with cond a comparison's mask (h_compare) and a, b computed values or numbers (torch.where(h >
+ * 0, h, 0.1 * h)): psd's Where, its inputs of one shape - a computed one that broadcasts (numpy's rule, one rank,
+ * the batch dims equal) first repeated along its size-1 dims (concat_copies, as x.expand_as(y)). */
 static ps_status where_computed(imp *im, val *c, val *a, val *b) {
     char b1[64], b2[64];
     if (c->dtype != PS_ONNX_BOOL || c->node < 0)
         return unsup(im, "Where of the computed condition '%s': psd takes a comparison of a computed value with a "
                      "number (Greater, Less, GreaterOrEqual, LessOrEqual) there", c->name);
-    int ins[3] = {c->node, -1, -1}, nin = 1;
+    val *vs[3] = {c, a, b};
+    int64_t od[MAXD];
+    memcpy(od, c->dims, sizeof od);
     double num[2];
-    val *ab[2] = {a, b};
-    for (int k = 0; k < 2; k++) {
-        if (ab[k]->kind == VK_DATA) {
-            ps_status rc = need_float(im, ab[k], 0, PS_MAXD, "input");
+    for (int k = 1; k < 3; k++) {
+        val *v = vs[k];
+        if (v->kind == VK_DATA) {
+            ps_status rc = need_float(im, v, 0, PS_MAXD, "input");
             if (rc) return rc;
-            if (ab[k]->ndim != c->ndim || memcmp(ab[k]->dims, c->dims, (size_t)c->ndim * sizeof c->dims[0]))
-                return unsup(im, "Where of the condition '%s' %s and '%s' %s: psd's Where takes values of the "
-                             "condition's shape, or numbers", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1),
-                             ab[k]->name, dims_text(ab[k]->dims, ab[k]->ndim, b2, sizeof b2));
-            ins[nin++] = ab[k]->node;
-        } else if (ab[k]->kind != VK_CONST || ab[k]->init || ab[k]->numel != 1 || !cvals(im, ab[k]) ||
-                   isnan(num[k] = cvals(im, ab[k])[0])) {
-            return unsup(im, "Where choosing '%s': psd takes a computed value or a number", ab[k]->name);
+            if (v->ndim != c->ndim)
+                return unsup(im, "Where of the condition '%s' %s and '%s' %s: psd's Where broadcasts values of the "
+                             "condition's rank", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1), v->name,
+                             dims_text(v->dims, v->ndim, b2, sizeof b2));
+            for (int i = 0; i < c->ndim; i++) {
+                if (v->dims[i] == od[i] || v->dims[i] == 1) continue;
+                if (od[i] != 1)
+                    return unsup(im, "Where of '%s' %s: dimension %d is %lld, where the others have %lld (psd "
+                                 "broadcasts dimensions that are equal or 1)", v->name,
+                                 dims_text(v->dims, v->ndim, b2, sizeof b2), i, (long long)v->dims[i],
+                                 (long long)od[i]);
+                od[i] = v->dims[i];
+            }
+        } else if (v->kind != VK_CONST || v->init || v->numel != 1 || !cvals(im, v) ||
+                   isnan(num[k - 1] = cvals(im, v)[0])) {
+            return unsup(im, "Where choosing '%s': psd takes a computed value or a number", v->name);
         }
+    }
+    int ins[3], nin = 0;
+    for (int k = 0; k < 3; k++) {
+        val *v = vs[k];
+        if (v->kind != VK_DATA) continue;
+        int cur = v->node;   /* -1: the graph's input itself */
+        for (int i = 0; i < v->ndim; i++) {
+            if (v->dims[i] == od[i]) continue;
+            if (pt_dim(im, i) < 0) return along_batch(im, "a broadcast");
+            if ((cur = concat_copies(im, cur, od[i], pt_dim(im, i))) < 0) return im->err->code;
+        }
+        ins[nin++] = cur;
     }
     int pn = emit(im, "Where", NULL, NULL, NULL, nin, ins);
     if (pn < 0) return oom(im);
     char f[40];
-    for (int k = 0; k < 2; k++)
-        if (ab[k]->kind != VK_DATA) add_attr(im, pn, "%s: %s", k ? "b" : "a", float_text(num[k], f, sizeof f));
-    return data_out(im, 0, pn, PS_ONNX_FLOAT, c->ndim, c->dims) ? PS_OK : im->err->code;
+    for (int k = 1; k < 3; k++)
+        if (vs[k]->kind != VK_DATA) add_attr(im, pn, "%s: %s", k == 2 ? "b" : "a", float_text(num[k - 1], f, sizeof f));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, c->ndim, od) ? PS_OK : im->err->code;
 }
 
 /* ---- shrinks, thresholds, PReLU and RReLU ---- */

@@ -21,7 +21,8 @@ state_dict, the eval and training forwards, every parameter gradient of one back
 included -, the input gradient, the step, a strict load_state_dict of psd's tensors; then 30 SGD steps through psd
 on one batch, each step's loss within 1e-5 of PyTorch's own loop. Masked's training-mode ONNX export (masked_fill as
 Where of Less / Greater, Equal of a computed float value and a number or of two (h == amax), Not, Cast of a float to
-bool) through psd's ONNX import, checked by check_resnet's run() with ref64 the same way. And psd-export's
+bool) and Broadcasts' (Where of a condition, a and b that broadcast) through psd's ONNX import, checked by
+check_resnet's run() with ref64 the same way. And psd-export's
 refusals: sizes without the batch, a NaN fill, a fill of
 int64, masked_fill_ of a tensor read after.
 
@@ -75,6 +76,8 @@ def main():
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=x.is_floating_point(), steps=30)
     model, _ = cr.moved(elem4.Masked, "elem4_onnx_2", seed=3)
     cr.onnx_run("Masked (ONNX)", model, *inputs(12), "elem4_2")
+    model, _ = cr.moved(elem4.Broadcasts, "elem4_onnx_3", seed=3)
+    cr.onnx_run("Broadcasts (ONNX)", model, *inputs(13), "elem4_3")
     refusals(pe)
 
 

@@ -17,7 +17,7 @@ Masked's training-mode ONNX export (Where of Less, Greater, Equal of the float m
 psd's ONNX import too.
 
 Broadcasts features (N, 8) -> Linears h (N, 6), g (N, 1), k (N, 6) -> torch.where(h > 0, h, g), torch.where(g > 0, h,
-           0.0), torch.where(h > 0, g, k), h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, 1.0, h); Linears viewed
+           0.0), torch.where(h > 0, g, k), h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, h, 1.0); Linears viewed
            as v (N, 3, 4), r (N, 3, 1), c (N, 1, 4) -> torch.where(r > 0, v, c), v.masked_fill(c < 0, 0.0) (the
            condition, a, b and the mask broadcast), r -> torch.cat -> nn.Linear.
 
@@ -92,7 +92,7 @@ class Broadcasts(nn.Module):
         h, g, k = self.lin(x), self.g(x), self.k(x)
         v, r, c = self.v(x).view(-1, 3, 4), self.r(x).view(-1, 3, 1), self.c(x).view(-1, 1, 4)
         parts = [torch.where(h > 0, h, g), torch.where(g > 0, h, 0.0), torch.where(h > 0, g, k),
-                 h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, 1.0, h)]
+                 h.masked_fill(g > 0.1, -0.5), torch.where(g < 0, h, 1.0)]
         grid = [torch.where(r > 0, v, c), v.masked_fill(c < 0, 0.0)]
         return self.fc(torch.cat(parts + [t.flatten(1) for t in grid + [r]], 1))   # r: a gradient for self.r
 
