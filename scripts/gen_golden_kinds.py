@@ -956,6 +956,80 @@ CASES += [
 ]
 SCALE_ELEM3 = {"sin": 3.0, "cos": 3.0, "expm1": 1.5}
 
+# ---- nn.Bilinear: y = x1^T W x2 + b of two computed inputs (two Linears of the input); over (3, 4) rows per sample
+# without bias, one operand the input itself (its gradient through both paths). torch.erf (a GELU written by hand)
+CASES += [
+    ("bilinear", stage([6], ["{name: a, kind: Linear, out_features: 4, input: input}",
+                             "{name: b, kind: Linear, out_features: 3, input: input}",
+                             "{name: bl, kind: Bilinear, inputs: [a, b], out_features: 5}"])),
+    ("erf", stage([3, 4], ["{name: l, kind: Linear, out_features: 4}", "{name: e, kind: Erf}"])),
+    ("bilinear_rows_nobias", stage([3, 4], ["{name: t, kind: Tanh}",
+                                            "{name: bl, kind: Bilinear, inputs: [input, t], out_features: 2, "
+                                            "bias: false}"])),
+]
+
+
+# ---- recurrent cells (nn.LSTMCell / nn.GRUCell, one step a node): x and the state cut from one input by Narrow
+# (the input gradient then holds x's, h's and c's), without a state (zeros: cell(x)), without bias, a batch of
+# one; and loops unrolled as psd-export writes them: a node per step, the later ones share: the first's
+# parameters (their gradient the sum over the steps), LSTMCell's (2H) output cut into h and c by Narrow.
+def cell_loop(kind, steps, feat, H, head=3):
+    nodes = []
+    for t in range(steps):
+        nodes += ["{name: x%d, kind: Narrow, dim: 1, start: %d, length: 1, input: input}" % (t, t),
+                  "{name: x%dv, kind: Reshape, shape: [%d]}" % (t, feat)]
+        state = [] if t == 0 else ["h%d" % (t - 1)] + (["c%d" % (t - 1)] if kind == "LSTMCell" else [])
+        share = ", share: cell0" if t else ""
+        nodes.append("{name: cell%d, kind: %s, hidden_size: %d, inputs: [%s]%s}"
+                     % (t, kind, H, ", ".join(["x%dv" % t] + state), share))
+        nodes.append("{name: h%d, kind: Narrow, dim: 1, start: 0, length: %d, input: cell%d}" % (t, H, t))
+        if kind == "LSTMCell" and t < steps - 1:   # the last step's c is read by nothing
+            nodes.append("{name: c%d, kind: Narrow, dim: 1, start: %d, length: %d, input: cell%d}" % (t, H, H, t))
+    return stage([steps, feat], nodes + ["{name: fc, kind: Linear, out_features: %d, input: h%d}" % (head, steps - 1)])
+
+
+CELL_SPLIT = ["{name: x, kind: Narrow, dim: 1, start: 0, length: 5, input: input}",
+              "{name: h, kind: Narrow, dim: 1, start: 5, length: 4, input: input}",
+              "{name: c, kind: Narrow, dim: 1, start: 9, length: 4, input: input}"]
+CASES += [
+    ("lstmcell_state", stage([13], CELL_SPLIT + [
+        "{name: cell, kind: LSTMCell, input_size: 5, hidden_size: 4, inputs: [x, h, c]}"])),
+    ("lstmcell_zeros", stage([5], ["{name: cell, kind: LSTMCell, hidden_size: 3}"])),
+    ("lstmcell_nobias_n1", stage([13], CELL_SPLIT + [
+        "{name: cell, kind: LSTMCell, hidden_size: 4, bias: false, inputs: [x, h, c]}"])),
+    ("grucell_state", stage([9], CELL_SPLIT[:2] + [
+        "{name: cell, kind: GRUCell, input_size: 5, hidden_size: 4, inputs: [x, h]}"])),
+    ("grucell_zeros", stage([4], ["{name: cell, kind: GRUCell, hidden_size: 6}"])),
+    ("grucell_nobias", stage([9], CELL_SPLIT[:2] + [
+        "{name: cell, kind: GRUCell, hidden_size: 4, bias: false, inputs: [x, h]}"])),
+    ("lstmcell_loop", cell_loop("LSTMCell", 4, 3, 5)),
+    ("grucell_loop", cell_loop("GRUCell", 3, 4, 3)),
+]
+NBATCH_CELLS = {"lstmcell_nobias_n1": 1}
+
+
+class LSTMCellTwin(nn.LSTMCell):
+    """psd's LSTMCell: nn.LSTMCell on x and (h, c) (none: zeros), h' and c' joined (N, 2H)."""
+
+    def forward(self, x, h=None, c=None):
+        h2, c2 = super().forward(x, None if h is None else (h, c))
+        return torch.cat([h2, c2], 1)
+
+
+class GRUCellTwin(nn.GRUCell):
+    """psd's GRUCell: nn.GRUCell on x and h (none: zeros)."""
+
+    def forward(self, x, h=None):
+        return super().forward(x, h)
+
+
+def cell_module(kind, a, shapes):
+    """The torch twin of LSTMCell / GRUCell, or None."""
+    if kind not in ("LSTMCell", "GRUCell"):
+        return None
+    cls = LSTMCellTwin if kind == "LSTMCell" else GRUCellTwin
+    return cls(shapes[0][0], a["hidden_size"], bias=a.get("bias", True))
+
 
 def elem3_module(kind, a):
     """The torch twin of Maximum, Minimum, a comparison, Where, Log1p, Expm1, Sin, Cos, Flip, or None."""
@@ -1044,6 +1118,7 @@ NBATCH = {"mha_h4_n1": 1, "mha_h2_dropout_n5": 5}
 NBATCH.update({k: len(v) for k, v in KPM_IDS.items()})
 NBATCH["lstm_n1"] = 1   # recurrent layers: a batch of one
 NBATCH.update(NBATCH_BI)
+NBATCH.update(NBATCH_CELLS)
 # attention masks: minGPT's block size per case (MaskedFill's twin is its tril buffer sliced to T); the form of
 # the causal attn_mask the MultiheadAttention twin is called with (default: bool torch.triu(ones, 1))
 MINGPT_BLOCK = {"mingpt_masked_t5_n8": 8, "mingpt_masked_t4_n4": 4}
@@ -1170,6 +1245,13 @@ def make_module(kind, a, shapes, case_name=""):
     m = cumsum_module(kind, a)
     if m is not None:
         return m
+    m = cell_module(kind, a, shapes)
+    if m is not None:
+        return m
+    if kind == "Erf":
+        return Lambda(torch.erf)
+    if kind == "Bilinear":
+        return nn.Bilinear(s0[-1], shapes[1][-1], a["out_features"], bias=a.get("bias", True))
     if kind == "Conv2d":
         return nn.Conv2d(s0[0], a["out_channels"], pair(a["kernel_size"]), stride=pair(a.get("stride", 1)),
                          padding=pair(a.get("padding", 0)), dilation=pair(a.get("dilation", 1)),
@@ -1549,13 +1631,18 @@ class Net(nn.Module):
         super().__init__()
         st = spec["stages"][0]
         self.nodes = []
+        self.shared = set()   # nodes with share: (their tensors are the owner's, listed once under its name)
         self.mods = nn.ModuleList()
         vals = {"input": x}
         prev = "input"
         for nd in st["nodes"]:
             ins = nd.get("inputs") or [nd.get("input", prev)]
-            a = {k: v for k, v in nd.items() if k not in ("name", "kind", "input", "inputs", "init")}
-            m = make_module(nd["kind"], a, [tuple(vals[i].shape[1:]) for i in ins], case_name)
+            a = {k: v for k, v in nd.items() if k not in ("name", "kind", "input", "inputs", "init", "share")}
+            if "share" in nd:   # a later call of one module: the first node's module itself
+                m = next(om for on, _, _, om in self.nodes if on == nd["share"])
+                self.shared.add(nd["name"])
+            else:
+                m = make_module(nd["kind"], a, [tuple(vals[i].shape[1:]) for i in ins], case_name)
             self.mods.append(m)
             self.nodes.append((nd["name"], nd["kind"], ins, m))
             if isinstance(m, MaskDropout):
@@ -1596,6 +1683,8 @@ def sd_items(net):
     """(state_dict key, tensor, is_buffer) of every node, named as psd names them."""
     out = []
     for name, kind, _, m in net.nodes:
+        if name in net.shared:
+            continue
         params = dict(m.named_parameters())
         for k, v in m.state_dict().items():
             out.append((key_of(name, m, k), v, k not in params))
@@ -1664,6 +1753,8 @@ def case(idx, name, text):
             if not integer:
                 t["%s.grad_input" % name] = x.grad.detach().clone()
             for nname, kind, _, m in net.nodes:
+                if nname in net.shared:
+                    continue
                 for pn, p in m.named_parameters():
                     g = p.grad if p.grad is not None else torch.zeros_like(p)
                     t["%s.grad.%s" % (name, key_of(nname, m, pn))] = g.detach().clone()

@@ -35,7 +35,8 @@
  * (each context's samples padded otherwise: its mask its own; a context
  * with a sample of padding only refused alone), parameters used at several
  * sites (share: and tie:, each context's gradient summed over the sites and
- * its own), a group whose one member is refused (only it
+ * its own), recurrent cells in an unrolled loop (LSTMCell, GRUCell: each
+ * call's tape cut per context), a group whose one member is refused (only it
  * gets the error; the others are answered as unbatched), that a model with
  * BatchNorm is never combined, and on a CUDA device (when there is one;
  * else "cuda: skipped") mnist_cnn and the vit block on cuda:0 within 1e-5. */
@@ -497,6 +498,36 @@ static void run_shared(void) {
              "      - {name: flat, kind: Flatten}\n");
 }
 
+/* Recurrent cells in an unrolled loop (psd-export's nodes of a loop's
+ * nn.LSTMCell / nn.GRUCell): an LSTMCell called three times (share:, from
+ * zeros, then (h, c) cut from its (2H) output), a GRUCell reading its h's;
+ * each call's tape (the gates, LSTMCell's c') cut per context. */
+static void run_cells(void) {
+    char nodes[4096], prev[32] = "";
+    size_t k = 0;
+    for (int t = 0; t < 3; t++) {
+        k += (size_t)snprintf(nodes + k, sizeof nodes - k,
+                              "      - {name: x%d, kind: Narrow, dim: 1, start: %d, length: 1, input: input}\n"
+                              "      - {name: x%dv, kind: Reshape, shape: [4]}\n", t, t, t);
+        if (t == 0)
+            k += (size_t)snprintf(nodes + k, sizeof nodes - k, "      - {name: cell0, kind: LSTMCell, hidden_size: 5}\n");
+        else
+            k += (size_t)snprintf(nodes + k, sizeof nodes - k,
+                                  "      - {name: cell%d, kind: LSTMCell, hidden_size: 5, inputs: [x%dv, h%d, c%d], "
+                                  "share: cell0}\n", t, t, t - 1, t - 1);
+        k += (size_t)snprintf(nodes + k, sizeof nodes - k,
+                              "      - {name: h%d, kind: Narrow, dim: 1, start: 0, length: 5, input: cell%d}\n", t, t);
+        if (t < 2)
+            k += (size_t)snprintf(nodes + k, sizeof nodes - k,
+                                  "      - {name: c%d, kind: Narrow, dim: 1, start: 5, length: 5, input: cell%d}\n", t, t);
+        k += (size_t)snprintf(nodes + k, sizeof nodes - k, "      - {name: g%d, kind: GRUCell, hidden_size: 6, "
+                              "inputs: [h%d%s]%s}\n", t, t, prev, t ? ", share: g0" : "");
+        snprintf(prev, sizeof prev, ", g%d", t);
+    }
+    snprintf(nodes + k, sizeof nodes - k, "      - {name: out, kind: Linear, out_features: 10}\n");
+    run_file("[3, 4]", nodes);
+}
+
 /* LayerNorm's saved mean and rstd cut per context: over a whole sample
  * (one row a sample), over its last dim (six rows a sample) with drawn
  * weight and bias, and without elementwise_affine. */
@@ -741,6 +772,7 @@ int main(void) {
     run_shrink_kinds();
     run_vit_block();
     run_shared();
+    run_cells();
     run_hand_attention();
     run_causal_attention();
     run_broadcasts();

@@ -442,6 +442,7 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_LT: return x < alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_GE: return x >= alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_LE: return x <= alpha ? 1.0f : 0.0f;
+    case PS_CUDA_ACT_ERF: return erff(x);
     }
     return NAN;
 }
@@ -503,6 +504,7 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_LT:
     case PS_CUDA_ACT_GE:
     case PS_CUDA_ACT_LE: return 0.0f;
+    case PS_CUDA_ACT_ERF: return dy * 1.12837916709551257390f * expf(-x * x);
     }
     return NAN;
 }

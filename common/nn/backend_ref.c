@@ -826,6 +826,7 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_LT: return x < (double)d->alpha;
     case PS_ACT_GE: return x >= (double)d->alpha;
     case PS_ACT_LE: return x <= (double)d->alpha;
+    case PS_ACT_ERF: return erf(x);
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -891,6 +892,7 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_LT:
     case PS_ACT_GE:
     case PS_ACT_LE: return 0.0;
+    case PS_ACT_ERF: return dy * 1.12837916709551257390 * exp(-x * x);   /* 2 / sqrt(pi) */
     case PS_ACT_COUNT: break;
     }
     return NAN;

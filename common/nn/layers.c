@@ -1130,7 +1130,7 @@ static ps_act_desc act_desc(const ps_layer *ly) {
                                    PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU,
                                    /* more math and the comparisons: ACT_MORE + k */
                                    PS_ACT_LOG1P, PS_ACT_EXPM1, PS_ACT_SIN, PS_ACT_COS, PS_ACT_GT, PS_ACT_LT,
-                                   PS_ACT_GE, PS_ACT_LE};
+                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
@@ -1211,6 +1211,7 @@ static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_a
  * LessOrEqual, value the number): 1 where it holds, else 0, as floats -
  * Where's condition; their gradient is zero (PyTorch's bool has none). */
 static ps_status log1p_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 0, err); }
+static ps_status erf_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 8, err); }
 static ps_status expm1_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 1, err); }
 static ps_status sin_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 2, err); }
 static ps_status cos_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 3, err); }
@@ -1728,6 +1729,108 @@ static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
 }
 
 static double linear_flops(const ps_layer *ly) { return 2.0 * (double)ps_shape_numel(&ly->outs) * (double)ps_shape_last(&ly->in[0]); }
+
+/* ---- Bilinear: nn.Bilinear, y = x1^T W x2 + b per row: x1 (..., I) and
+ * x2 (..., J) with the same leading dims, W (O, I, J), b (O). Computed as
+ * Z = the outer products x1 x2^T of the rows (a batched matmul of (I, 1)
+ * by (1, J)), then Linear's y = Z W^T + b with W read as (O, I*J); the
+ * training tape keeps Z for the backward: Linear's backward gives dZ, dW
+ * and db, then dx1 = dZ x2 and dx2 = x1^T dZ row by row (two batched
+ * matmuls). ---- */
+
+typedef struct bil_geom {
+    int64_t rows;   /* n times the leading dims */
+    int i, j, o;
+} bil_geom;
+
+static bil_geom bil_of(const ps_layer *ly, int n) {
+    bil_geom g = {n, (int)ps_shape_last(&ly->in[0]), (int)ps_shape_last(&ly->in[1]), (int)ly->a.out};
+    for (int d = 0; d + 1 < ly->in[0].ndim; d++) g.rows *= ly->in[0].dims[d];
+    return g;
+}
+
+static ps_status bilinear_infer(ps_layer *ly, ps_err *err) {
+    char b0[64], b1[64];
+    ps_status rc = need_ndim(ly, 0, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (!rc) rc = need_ndim(ly, 1, 1, PS_SHAPE_MAX_DIMS, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    int same = ly->in[0].ndim == ly->in[1].ndim;
+    for (int d = 0; same && d + 1 < ly->in[0].ndim; d++) same = ly->in[0].dims[d] == ly->in[1].dims[d];
+    if (!same)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s and %s: Bilinear takes two of the same leading "
+                          "dims (only the last may differ)", ps_shape_format(&ly->in[0], b0, sizeof b0),
+                          ps_shape_format(&ly->in[1], b1, sizeof b1));
+    int64_t i = ps_shape_last(&ly->in[0]), j = ps_shape_last(&ly->in[1]);
+    if ((rc = check_given("in1_features", ly->a.in_features, i, err)) ||
+        (rc = check_given("in2_features", ly->a.in2_features, j, err)))
+        return rc;
+    if (i * j > (int64_t)1 << 24)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "in1_features x in2_features is %lld: psd's Bilinear takes "
+                          "at most 2^24", (long long)(i * j));
+    ly->outs = ly->in[0];
+    ly->outs.dims[ly->outs.ndim - 1] = ly->a.out;
+    ly->out_dtype = PS_DTYPE_F32;
+    int64_t wd[3] = {ly->a.out, i, j}, bd[1] = {ly->a.out};
+    set_param(ly, 0, "weight", 3, wd, i, FAN_UNIFORM);   /* PyTorch's U(+-1/sqrt(in1_features)) for both */
+    if (ly->a.bias) set_param(ly, 1, "bias", 1, bd, i, FAN_UNIFORM);
+    return PS_OK;
+}
+
+static const char *bilinear_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->matmul && ops->linear_forward && ops->linear_backward ? NULL
+                                                                      : "matmul/linear_forward/linear_backward";
+}
+
+static ps_status bilinear_forward(ps_layer_call *c, ps_err *err) {
+    const bil_geom g = bil_of(c->ly, c->n);
+    float *z = ps_backend_alloc_floats(c->be, g.rows * g.i * g.j);
+    if (!z) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for Bilinear's outer products");
+    const ps_matmul_desc outer = {.batch = g.rows, .m = g.i, .n = g.j, .k = 1};
+    ps_status rc = c->be->ops->matmul(c->be->impl, &outer, c->xs[0], c->xs[1], z, err);
+    const ps_linear_desc ld = {(int)g.rows, g.i * g.j, g.o};
+    if (rc == PS_OK)
+        rc = c->be->ops->linear_forward(c->be->impl, &ld, z, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
+    if (rc == PS_OK && c->train) {   /* kept for the backward */
+        ps_backend_release(c->be, c->saved->dev[0]);
+        c->saved->dev[0] = z;
+    } else {
+        ps_backend_release(c->be, z);
+    }
+    return rc;
+}
+
+static ps_status bilinear_backward(ps_layer_call *c, ps_err *err) {
+    const bil_geom g = bil_of(c->ly, c->n);
+    const float *z = c->saved->dev[0];
+    if (!z) return ps_err_set(err, PS_ERR_INTERNAL, "Bilinear's backward without its forward's products");
+    const int inputs = c->dxs[0] || c->dxs[1];
+    float *dz = inputs ? ps_backend_alloc_floats(c->be, g.rows * g.i * g.j) : NULL;
+    if (inputs && !dz) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for Bilinear's gradient");
+    const ps_linear_desc ld = {(int)g.rows, g.i * g.j, g.o};
+    ps_status rc = c->be->ops->linear_backward(c->be->impl, &ld, z, c->w[0], c->dy, dz, c->dw[0],
+                                               c->ly->a.bias ? c->dw[1] : NULL, err);
+    if (rc == PS_OK && c->dxs[0]) {   /* dx1 (I, 1) = dZ (I, J) . x2^T, x2 stored (1, J) */
+        const ps_matmul_desc d1 = {.batch = g.rows, .m = g.i, .n = 1, .k = g.j, .trans_b = 1};
+        rc = c->be->ops->matmul(c->be->impl, &d1, dz, c->xs[1], c->dxs[0], err);
+    }
+    if (rc == PS_OK && c->dxs[1]) {   /* dx2 (1, J) = x1 (1, I) . dZ (I, J) */
+        const ps_matmul_desc d2 = {.batch = g.rows, .m = 1, .n = g.j, .k = g.i};
+        rc = c->be->ops->matmul(c->be->impl, &d2, c->xs[0], dz, c->dxs[1], err);
+    }
+    ps_backend_release(c->be, dz);
+    return rc;
+}
+
+static size_t bilinear_bytes(const ps_layer *ly, int n) {
+    const bil_geom g = bil_of(ly, n);
+    return (size_t)g.rows * (size_t)g.i * (size_t)g.j * sizeof(float);
+}
+
+static double bilinear_flops(const ps_layer *ly) {
+    const bil_geom g = bil_of(ly, 1);
+    return (double)g.rows * g.i * g.j * (2.0 * g.o + 1.0);
+}
 
 /* ---- LogSoftmax and Softmax over dim: the row-wise ops when dim is
  * the last one that is not 1, the strided op otherwise ---- */
@@ -2269,6 +2372,169 @@ static double rnn_flops(const ps_layer *ly) {
     const double in = (double)ly->in[0].dims[ly->in[0].ndim - 1];
     for (int l = 0; l < ly->a.num; l++) f += D * 2.0 * G * H * ((l ? D * H : in) + H);
     return L * f;
+}
+
+/* ---- LSTMCell and GRUCell: nn.LSTMCell / nn.GRUCell(input_size,
+ * hidden_size, bias), one time step, the cell a loop calls once per step
+ * (a node per call, the later ones share: the first's parameters). Inputs
+ * x (input_size), then the state: GRUCell h (H), LSTMCell h and c (H each);
+ * without them the state is zeros (PyTorch's cell(x)). Output: GRUCell's h'
+ * (H); LSTMCell's h' and c' joined, (2H) = [h', c'] (psd's nodes have one
+ * output: Narrow cuts h' and c' apart). PyTorch's parameters weight_ih
+ * (G*H, input_size), weight_hh (G*H, H), bias_ih, bias_hh (G*H; without
+ * bias: none), gates in PyTorch's order (LSTM i, f, g, o; GRU r, z, n), all
+ * U(-1/sqrt(H), 1/sqrt(H)). One step of the LSTM / GRU kinds above: the two
+ * GEMMs by linear_forward, the gates by the backend's rnn_cell_forward; the
+ * backward rnn_cell_backward and two linear_backwards. The tape keeps the
+ * gate values (dev[0], (n, 4H); ps_rnn_cell_desc) and, LSTMCell, c' (dev[1],
+ * (n, H)), both sample-major; the backward reads the inputs. ---- */
+
+typedef struct cell_geom {
+    int gru, bias, given;          /* given: the state is an input (else zeros) */
+    int64_t n, I, H, G;
+} cell_geom;
+
+static cell_geom cell_of(const ps_layer *ly, int n) {
+    cell_geom g;
+    g.gru = !strcmp(ly->kind->name, "GRUCell");
+    g.bias = ly->a.bias;
+    g.given = ly->nin > 1;
+    g.n = n;
+    g.I = ly->in[0].dims[0];
+    g.H = ly->a.out;
+    g.G = g.gru ? 3 : 4;
+    return g;
+}
+
+
+static ps_status cell_infer(ps_layer *ly, ps_err *err) {
+    const int gru = !strcmp(ly->kind->name, "GRUCell");
+    const int64_t H = ly->a.out, G = gru ? 3 : 4;
+    ps_status rc = need_ndim(ly, 0, 1, 1, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    const int64_t in = ly->in[0].dims[0];
+    if ((rc = check_given("input_size", ly->a.in_features, in, err))) return rc;
+    if (!gru && ly->nin == 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "LSTMCell takes x, or x, h and c (nn.LSTMCell's (h, c)): "
+                          "2 inputs given");
+    for (int i = 1; i < ly->nin; i++) {
+        char b[64];
+        if ((rc = need_ndim(ly, i, 1, 1, PS_DTYPE_F32, err))) return rc;
+        if (ly->in[i].dims[0] != H)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s's state %s is %s: hidden_size is %lld",
+                              ly->kind->name, i == 1 ? "h" : "c", ps_shape_format(&ly->in[i], b, sizeof b),
+                              (long long)H);
+    }
+    if (H > 65536 || in > 65536) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a size over 65536");
+    ly->outs = ly->in[0];
+    ly->outs.dims[0] = gru ? H : 2 * H;
+    ly->out_dtype = PS_DTYPE_F32;
+    const ps_init u = {PS_INIT_UNIFORM, 0, 0, 1};
+    const int64_t wi[2] = {G * H, in}, wh[2] = {G * H, H}, b[1] = {G * H};
+    set_param(ly, 0, "weight_ih", 2, wi, H, u);
+    set_param(ly, 1, "weight_hh", 2, wh, H, u);
+    if (ly->a.bias) {
+        set_param(ly, 2, "bias_ih", 1, b, H, u);
+        set_param(ly, 3, "bias_hh", 1, b, H, u);
+    }
+    return PS_OK;
+}
+
+static const char *cell_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->rnn_cell_forward && ops->rnn_cell_backward && ops->fill && ops->add && ops->copy2d
+               ? NULL
+               : "rnn_cell_forward/rnn_cell_backward, fill, add, copy2d";
+}
+
+static ps_status cell_forward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const cell_geom g = cell_of(c->ly, c->n);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    const ps_linear_desc dx = {c->n, (int)g.I, (int)(g.G * g.H)}, dh = {c->n, (int)g.H, (int)(g.G * g.H)};
+    /* tape: act (n, 4H), LSTMCell c' (n, H); work: gx, gh (n, G*H), zeros (n, H) without a state, h' (n, H) */
+    float *act = ps_backend_alloc_floats(c->be, 4 * nh), *cn = g.gru ? NULL : ps_backend_alloc_floats(c->be, nh);
+    float *W = ps_backend_alloc_floats(c->be, 2 * ng + (g.given ? 0 : nh) + nh);
+    ps_status rc = PS_OK;
+    if (!act || (!g.gru && !cn) || !W) {
+        rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
+        goto out;
+    }
+    float *gx = W, *gh = gx + ng, *zero = g.given ? NULL : gh + ng, *hn = (g.given ? gh + ng : zero + nh);
+    const float *h0 = g.given ? c->xs[1] : zero, *c0 = g.gru ? NULL : g.given ? c->xs[2] : zero;
+    if (!g.given) rc = ops->fill(im, nh, zero, 0.0f, err);
+    if (rc == PS_OK) rc = ops->linear_forward(im, &dx, c->x, c->w[0], g.bias ? c->w[2] : NULL, gx, err);
+    if (rc == PS_OK) rc = ops->linear_forward(im, &dh, h0, c->w[1], g.bias ? c->w[3] : NULL, gh, err);
+    /* GRUCell: h' straight into the output; LSTMCell: h' and c' apart, then joined row by row */
+    if (rc == PS_OK)
+        rc = ops->rnn_cell_forward(im, &cd, gx, gh, h0, c0, g.gru ? c->y : hn, cn, act, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, hn, g.H, c->y, 2 * g.H, 0, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, cn, g.H, (float *)c->y + g.H, 2 * g.H, 0, err);
+    if (rc == PS_OK && c->train) {   /* the tape frees them */
+        c->saved->dev[0] = act;
+        c->saved->dev[1] = cn;
+        act = cn = NULL;
+    }
+out:
+    ps_backend_release(c->be, act);
+    ps_backend_release(c->be, cn);
+    ps_backend_release(c->be, W);
+    return rc;
+}
+
+static ps_status cell_backward(ps_layer_call *c, ps_err *err) {
+    const ps_backend_ops *ops = c->be->ops;
+    void *im = c->be->impl;
+    const cell_geom g = cell_of(c->ly, c->n);
+    const int64_t nh = g.n * g.H, ng = g.n * g.G * g.H;
+    const ps_rnn_cell_desc cd = {g.gru, g.n, g.H};
+    const ps_linear_desc dxd = {c->n, (int)g.I, (int)(g.G * g.H)}, dhd = {c->n, (int)g.H, (int)(g.G * g.H)};
+    const float *act = c->saved->dev[0], *cn = c->saved->dev[1];
+    float *dh0 = g.given ? c->dxs[1] : NULL, *dc0 = g.given && !g.gru ? c->dxs[2] : NULL;
+    /* dgx, dgh (n, G*H; LSTMCell: dgh is dgx), zeros (n, H) without a state; LSTMCell's dh, dc (n, H) cut from
+     * dy; dh_prev's part outside W_hh (n, H) */
+    float *W = ps_backend_alloc_floats(c->be, 2 * ng + (g.given ? 0 : nh) + (g.gru ? 0 : 2 * nh) + nh);
+    if (!W) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's backward", c->ly->name);
+    float *dgx = W, *dgh = g.gru ? dgx + ng : dgx, *p = dgx + 2 * ng;
+    float *zero = g.given ? NULL : p;
+    p += g.given ? 0 : nh;
+    float *dh = g.gru ? NULL : p, *dc = g.gru ? NULL : p + nh;
+    p += g.gru ? 0 : 2 * nh;
+    float *dhp = p;
+    const float *h0 = g.given ? c->xs[1] : zero, *c0 = g.gru ? NULL : g.given ? c->xs[2] : zero;
+    ps_status rc = g.given ? PS_OK : ops->fill(im, nh, zero, 0.0f, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, c->dy, 2 * g.H, dh, g.H, 0, err);
+    if (rc == PS_OK && !g.gru) rc = ops->copy2d(im, g.n, g.H, c->dy + g.H, 2 * g.H, dc, g.H, 0, err);
+    if (rc == PS_OK)   /* dc: d loss / d c' in, d loss / d c (the state given) out */
+        rc = ops->rnn_cell_backward(im, &cd, act, h0, c0, cn, g.gru ? c->dy : dh, dc, dgx, dgh, dhp, err);
+    if (rc == PS_OK && (c->dx || c->dw[0] || (g.bias && c->dw[2])))
+        rc = ops->linear_backward(im, &dxd, c->x, c->w[0], dgx, c->dx, c->dw[0], g.bias ? c->dw[2] : NULL, err);
+    if (rc == PS_OK && (dh0 || c->dw[1] || (g.bias && c->dw[3])))
+        rc = ops->linear_backward(im, &dhd, h0, c->w[1], dgh, dh0, c->dw[1], g.bias ? c->dw[3] : NULL, err);
+    if (rc == PS_OK && dh0) rc = ops->add(im, nh, dh0, dhp, err);   /* GRUCell's z * dh' (LSTMCell's is 0) */
+    if (rc == PS_OK && dc0) rc = ops->copy2d(im, 1, nh, dc, nh, dc0, nh, 0, err);
+    ps_backend_release(c->be, W);
+    return rc;
+}
+
+static size_t cell_bytes(const ps_layer *ly, int n) {
+    const cell_geom g = cell_of(ly, n);
+    return (size_t)(g.n * (4 * g.H + (g.gru ? 0 : g.H))) * sizeof(float);
+}
+
+static double cell_flops(const ps_layer *ly) {
+    const cell_geom g = cell_of(ly, 1);
+    return 2.0 * (double)(g.G * g.H) * (double)(g.I + g.H) + 10.0 * (double)g.H;
+}
+
+/* The tape's gates (dev[0], 4H a sample) and LSTMCell's c' (dev[1], H a sample). */
+static size_t cell_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    const cell_geom g = cell_of(ly, n);
+    const int64_t per = j == 0 ? 4 * g.H : j == 1 && !g.gru ? g.H : 0;
+    return (size_t)(g.n * per) * sizeof(float);
 }
 
 /* ---- numpy broadcasting of two computed inputs (Add, Sub, Mul, Div):
@@ -4436,6 +4702,13 @@ static const ps_attr_spec linear_attrs[] = {
     ATTR_BOOL("bias", bias, "true"),
     ATTR_END,
 };
+static const ps_attr_spec bilinear_attrs[] = {
+    ATTR_INT("in1_features", in_features, "", 1),
+    ATTR_INT("in2_features", in2_features, "", 1),
+    ATTR_INT("out_features", out, NULL, 1),
+    ATTR_BOOL("bias", bias, "true"),
+    ATTR_END,
+};
 static const ps_attr_spec emb_attrs[] = {
     ATTR_INT("num_embeddings", num, NULL, 1),
     ATTR_INT("embedding_dim", out, NULL, 1),
@@ -4451,6 +4724,13 @@ static const ps_attr_spec lstm_attrs[] = {
     ATTR_BOOL("batch_first", mode, "false"),
     ATTR_FLOAT("dropout", p, "0", 0, 1, 0, 1),
     ATTR_BOOL("bidirectional", bidirectional, "false"),
+    ATTR_END,
+};
+/* LSTMCell and GRUCell (nn.LSTMCell's and nn.GRUCell's arguments) */
+static const ps_attr_spec cell_attrs[] = {
+    ATTR_INT("input_size", in_features, "", 1),
+    ATTR_INT("hidden_size", out, NULL, 1),
+    ATTR_BOOL("bias", bias, "true"),
     ATTR_END,
 };
 static const ps_attr_spec inplace_attrs[] = {
@@ -4700,6 +4980,8 @@ static const ps_layer_kind kinds[] = {
      conv_backward, NULL, NULL, conv_flops},
     {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
+    {"Bilinear", PS_KIND_BWD_X, 2, 2, bilinear_attrs, bilinear_infer, bilinear_missing, bilinear_forward,
+     bilinear_backward, bilinear_bytes, NULL, bilinear_flops},
     {"BatchNorm2d", PS_KIND_LAYOUT_KEEP | PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn2d_infer,
      bn_missing, bn_forward, bn_backward, bn_bytes, NULL, bn_flops, bn_stats, bn_fold},
     {"BatchNorm1d", PS_KIND_BWD_X | PS_KIND_BUFFERS_EVAL, 1, 1, bn_attrs, bn1d_infer, bn_missing, bn_forward,
@@ -4762,6 +5044,11 @@ static const ps_layer_kind kinds[] = {
      rnn_backward, rnn_bytes, NULL, rnn_flops},
     {"GRU", PS_KIND_DROPOUT, 1, 1, lstm_attrs, rnn_infer, rnn_missing, rnn_forward, rnn_backward, rnn_bytes, NULL,
      rnn_flops},
+    /* one step of a recurrent cell (a loop's nn.LSTMCell / nn.GRUCell): x, then the state (none: zeros) */
+    {"LSTMCell", PS_KIND_BWD_X, 1, 3, cell_attrs, cell_infer, cell_missing, cell_forward, cell_backward, cell_bytes,
+     NULL, cell_flops},
+    {"GRUCell", PS_KIND_BWD_X, 1, 2, cell_attrs, cell_infer, cell_missing, cell_forward, cell_backward, cell_bytes,
+     NULL, cell_flops},
     {"Add", PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE | PS_KIND_GRAD_PASS, 2, PS_NODE_MAX_INPUTS, no_attrs, add_infer,
      add_missing, add_forward, add_backward, NULL, NULL, NULL},
     {"Mul", PS_KIND_BWD_X, 2, 2, no_attrs, mul_infer, mul_missing, mul_forward, mul_backward, NULL, NULL, NULL},
@@ -4862,6 +5149,7 @@ static const ps_layer_kind kinds[] = {
     {"Where", PS_KIND_BWD_X, 1, 3, where_attrs, where_infer, where_missing, where_forward, where_backward, NULL,
      NULL, NULL},
     {"Log1p", F_ACT, 1, 1, no_attrs, log1p_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Erf", F_ACT, 1, 1, no_attrs, erf_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Expm1", F_ACT, 1, 1, no_attrs, expm1_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sin", F_ACT, 1, 1, no_attrs, sin_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Cos", F_ACT, 1, 1, no_attrs, cos_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -5022,8 +5310,10 @@ static const struct {
     {"Constant", NULL}, {"RandnLike", NULL},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
-    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
+    /* recurrent cells: the tape's gates and c' sample-major */
+    {"LSTMCell", cell_saved}, {"GRUCell", cell_saved},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -55,6 +55,7 @@ typedef struct ps_layer_attrs {
     int64_t in_features;        /* Conv2d in_channels, Linear in_features, BatchNorm num_features, LSTM
                                    input_size: 0 = inferred (when given, it must match) */
     int64_t out;                /* out_channels, out_features, embedding_dim, hidden_size, embed_dim */
+    int64_t in2_features;       /* Bilinear: the second input's size (0 = inferred; when given, it must match) */
     int64_t num;                /* Embedding num_embeddings, LSTM num_layers, MultiheadAttention num_heads */
     int64_t kernel[2], stride[2], padding[2], dilation[2]; /* stride 0 = the kernel (pools) */
     int64_t groups;             /* Conv2d, ChannelShuffle */

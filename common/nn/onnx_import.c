@@ -1649,6 +1649,7 @@ static ps_status math_unary(imp *im, const char *kind, const char *attrs_text) {
 static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
 static ps_status h_sin(imp *im) { return math_unary(im, "Sin", NULL); }
 static ps_status h_cos(imp *im) { return math_unary(im, "Cos", NULL); }
+static ps_status h_erf(imp *im) { return math_unary(im, "Erf", NULL); }   /* outside a GELU psd recognises */
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
@@ -4020,6 +4021,7 @@ static const op_row ops[] = {
     {"LessOrEqual", h_compare, 12},
     {"Sin", h_sin, 7},
     {"Cos", h_cos, 7},
+    {"Erf", h_erf, 9},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
@@ -5926,11 +5928,7 @@ static ps_status convert(imp *im) {
             if (rc) return rc;
             continue;
         }
-        if (!r) {
-            if (!strcmp(n->op_type, "Erf"))
-                return unsup(im, "op Erf outside the GELU decomposition psd recognises");
-            return unsup(im, "op %s is not supported", n->op_type);
-        }
+        if (!r) return unsup(im, "op %s is not supported", n->op_type);
         if (im->opset < r->min_opset) return unsup(im, "opset %lld (psd reads %s from opset %d)",
                                                    (long long)im->opset, n->op_type, r->min_opset);
         ps_status rc = r->fn(im);

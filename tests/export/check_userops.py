@@ -18,6 +18,10 @@ options, shape moves
   Functional F.conv2d / F.conv1d / F.linear with a module's own parameters (custom layers; an nn.Linear's weight
              and bias read at two sites: one node's parameters, shared), the input gradient too
   FuncEmbedding  a custom layer's F.embedding(ids, self.weight, padding_idx=0), F.linear of a head's parameters
+  BilinearNet    nn.Bilinear of two Linears of the input, and one over (3, 2) rows per sample without bias; the
+                 input gradient too
+  ErfGelu        a GELU written with torch.erf (BERT-era code) and torch.special.erf; the input gradient too; its
+                 ONNX export as well (Erf, Div, Mul, Add: the import's GELU or an Erf node)
 
 Every parameter is moved off its initial value (a padding row of the EmbeddingBag kept at zeros, as
 PyTorch's init and training keep it), psd started with --init-from those values, and each model checked by
@@ -58,11 +62,13 @@ from userops import VOCAB, Bags, Einsums, Expands, MaxRows, MaxTokens, Paddings,
 SEQ, BATCH = 7, 6
 CASES = [("TextCNN", TextCNN), ("MaxTokens", MaxTokens), ("Bags", Bags), ("MaxRows", MaxRows),
          ("ShapeMoves", ShapeMoves), ("Expands", Expands), ("Einsums", Einsums), ("Paddings", Paddings),
-         ("Functional", userops.Functional), ("FuncEmbedding", userops.FuncEmbedding)]
+         ("Functional", userops.Functional), ("FuncEmbedding", userops.FuncEmbedding),
+         ("BilinearNet", userops.BilinearNet), ("ErfGelu", userops.ErfGelu)]
 FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6, 8], Paddings: [1, 8, 8],
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
             userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],
-            userops.LinearNamed: [6], userops.ZerosState: [6], userops.ReturnsEarlier: [6]}      # float inputs (per sample); the others take token ids
+            userops.LinearNamed: [6], userops.ZerosState: [6], userops.ReturnsEarlier: [6],
+            userops.BilinearNet: [6], userops.ErfGelu: [6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -165,6 +171,8 @@ def onnx_paths():
     # padding slices the wrong rows: pytorch/pytorch#86690)
     model, _ = moved(lambda: Paddings(circular=False), "paddings_onnx")
     cr.onnx_run("Paddings (ONNX)", model, *inputs(Paddings, 2), "paddings")
+    model, _ = moved(userops.ErfGelu, "erfgelu_onnx")       # a hand-written GELU, and Erf of a feature alone
+    cr.onnx_run("ErfGelu (ONNX)", model, *inputs(userops.ErfGelu, 4), "erfgelu")
     model, _ = moved(userops.SoftsignNet, "softsign_onnx")   # Softsign as Abs, Add, Div (broadcasting Div's path)
     cr.onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
     model, _ = moved(MaxRows, "maxrows_onnx")     # a ReduceMin to one value per sample (per-sample shape ())

@@ -18,6 +18,8 @@ padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding
 indices of x.max(dim) read), RepeatBatch (x.repeat along the batch), EinsumDot (an einsum that is not a
 batched matrix product).
 """
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -367,3 +369,34 @@ class ImageAndFeatures(nn.Module):
 class ImageAndFeaturesX(ImageAndFeatures):
     def forward(self, x):
         return super().forward(x[:, :36].reshape(-1, 1, 6, 6), x[:, 36:])
+
+
+class BilinearNet(nn.Module):
+    """nn.Bilinear of two views of the input (two Linears), then a head; a second Bilinear over (3, 2) rows of
+    the input against itself."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 4), nn.Linear(6, 3)
+        self.bl = nn.Bilinear(4, 3, 5)
+        self.rows = nn.Bilinear(2, 2, 2, bias=False)
+        self.head = nn.Linear(11, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.bl(self.a(x), self.b(x)))
+        r = self.rows(x.view(-1, 3, 2), torch.tanh(x).view(-1, 3, 2)).flatten(1)
+        return self.head(torch.cat((h, r), 1))
+
+
+def bert_gelu(x):
+    """The GELU of BERT-era code, written with erf."""
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+class ErfGelu(nn.Module):
+    """A hand-written GELU (torch.erf) between two Linears, and torch.special.erf of a feature."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(bert_gelu(self.a(x))) + torch.special.erf(x[:, :4])
