@@ -3569,6 +3569,16 @@ static ps_status h_cast(imp *im) {
     if (x->kind == VK_DATA && to == x->dtype) return alias_out(im, 0, x);
     if (x->kind == VK_DATA && x->dtype == PS_ONNX_BOOL && x->node >= 0 && to == PS_ONNX_FLOAT)   /* a comparison's */
         return data_out(im, 0, x->node, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;   /* 1/0 mask */
+    if (x->kind == VK_DATA && x->dtype == PS_ONNX_FLOAT && x->node >= 0 && to == PS_ONNX_BOOL) {   /* m.bool() */
+        int in = x->node;   /* m != 0: Abs, LessOrEqual 0 (m == 0), Where(that, 0, 1) - NaN true, as PyTorch's */
+        if ((in = emit(im, "Abs", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        if ((in = emit(im, "LessOrEqual", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: 0.0");
+        int pn = emit(im, "Where", NULL, NULL, NULL, 1, &in);
+        if (pn < 0) return oom(im);
+        add_attr(im, pn, "a: 0.0, b: 1.0");
+        return data_out(im, 0, pn, PS_ONNX_BOOL, x->ndim, x->dims) ? PS_OK : im->err->code;
+    }
     return unsup(im, "Cast of a computed %s value to %s (psd computes in float32; ids are int64)",
                  ps_onnx_dtype_name(x->dtype), ps_onnx_dtype_name((int32_t)to));
 }
@@ -3581,6 +3591,58 @@ static ps_status h_fold_only(imp *im) {
 static const char *out0(imp *im, int i);
 static int data_readers(imp *im, const char *v, int *out, int max);
 
+/* ---- masks computed from the input (elem4): Equal of computed float values, Not of a comparison ---- */
+
+/* Equal(a, c) of a computed float value and a number, or Equal(a, b) of two that broadcast (masked_fill(m == 0,
+ * v) of a computed 1/0 m): |a - c| <= 0 - an AddConstant -c (none for 0) or a Sub, an Abs, a LessOrEqual 0: exactly
+ * a == c (two floats differ iff their difference is not 0; NaN: 0), a 1/0 float mask marked bool as h_compare's. */
+static ps_status equal_computed(imp *im) {
+    val *a = in_val(im, 0, 1), *b = in_val(im, 1, 1);
+    if (!a || !b) return im->err->code;
+    if (a->kind != VK_DATA && b->kind == VK_DATA) { val *t = a; a = b; b = t; }
+    if (a->kind == VK_DATA && a->dtype != PS_ONNX_FLOAT)
+        return unsup(im, "Equal of the computed %s value '%s' (psd compares float values, and reads ids == pad of the "
+                     "int64 input ids as nn.MultiheadAttention's key_padding_mask)", ps_onnx_dtype_name(a->dtype),
+                     a->name);
+    ps_status rc;
+    double c = 0.0;
+    char f[40];
+    if (a->kind == VK_DATA && b->kind == VK_DATA) {
+        if ((rc = bcast_pair(im, a, b, "Sub", "comparing"))) return rc;
+        a = vget(im, cur_node(im)->out[0]);
+    } else if (a->kind != VK_DATA || !scalar_const(im, b, &c) || !isfinite(c)) {
+        return unsup(im, "Equal of other than computed values and a finite number (psd compares a float tensor with a "
+                     "number or two that broadcast; ids == pad as nn.MultiheadAttention's key_padding_mask)");
+    }
+    if ((rc = need_float(im, a, 0, PS_MAXD, "input"))) return rc;
+    int in = a->node;
+    if (c != 0.0) {
+        if ((in = emit(im, "AddConstant", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+        add_attr(im, in, "value: %s", float_text(-c, f, sizeof f));
+    }
+    if ((in = emit(im, "Abs", NULL, NULL, NULL, 1, &in)) < 0) return oom(im);
+    int pn = emit(im, "LessOrEqual", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "value: 0.0");
+    return data_out(im, 0, pn, PS_ONNX_BOOL, a->ndim, a->dims) ? PS_OK : im->err->code;
+}
+
+/* Not(mask) of a comparison's mask (~(g > 0.2), m != 1 as Not(Equal)): Where(mask, 0, 1), a mask again; of
+ * constants folded. */
+static ps_status h_not(imp *im) {
+    if (all_const(im)) return fold(im);
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA || x->dtype != PS_ONNX_BOOL || x->node < 0)
+        return unsup(im, "Not of '%s': psd negates a comparison's mask (Greater, Less, ..., Equal of float values)",
+                     x->name);
+    int in = x->node;
+    int pn = emit(im, "Where", NULL, NULL, NULL, 1, &in);
+    if (pn < 0) return oom(im);
+    add_attr(im, pn, "a: 0.0, b: 1.0");
+    return data_out(im, 0, pn, PS_ONNX_BOOL, x->ndim, x->dims) ? PS_OK : im->err->code;
+}
+
 /* Equal of constants: folded. Equal(ids, pad) of the int64 ids and a constant integer that only
  * nn.MultiheadAttention key padding mask chains read (mha_kpm_match claimed it): an Eq node, psd's 1/0 float
  * mask, read as those attentions' second input. */
@@ -3588,9 +3650,7 @@ static ps_status h_equal(imp *im) {
     if (all_const(im)) return fold(im);
     int claimed = 0;
     for (int k = 0; k < im->nmha; k++) claimed |= im->mha[k].kpm_eq == im->cur && !im->mha[k].why[0];
-    if (!claimed)
-        return unsup(im, "Equal of computed values (psd folds it only on constants, and reads ids == pad as "
-                     "nn.MultiheadAttention's key_padding_mask)");
+    if (!claimed) return equal_computed(im);
     const char *out = out0(im, im->cur);
     int rd[8], nr = data_readers(im, out, rd, 8);
     for (int k = 0; k < nr; k++)
@@ -3708,36 +3768,79 @@ static ps_status h_compare(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_BOOL, a->ndim, a->dims) ? PS_OK : im->err->code;
 }
 
-/* Where(cond, a, b) with cond a comparison's mask (h_compare) and a, b computed values of its shape or numbers
- * (torch.where(h > 0, h, 0.1 * h)): psd's Where. */
+/* r copies of psd node cur joined along psd dim d: one Concat of r, or (r > 64, Concat's most) Concats of
+ * Concats, as psd-export's repeat_steps. Returns the node, or -1 (the error set). */
+static int concat_copies(imp *im, int cur, int64_t r, int d) {
+    int ins[64];
+    int64_t n = r <= 64 ? r : 64;
+    for (int64_t k = 0; k < n; k++) ins[k] = cur;
+    int big = emit(im, "Concat", NULL, NULL, NULL, (int)n, ins);
+    if (big < 0) { oom(im); return -1; }
+    if (d != 1) add_attr(im, big, "dim: %d", d);
+    if (r <= 64) return big;
+    if (r / 64 > 1 && (big = concat_copies(im, big, r / 64, d)) < 0) return -1;
+    if (r % 64 == 0) return big;
+    ins[0] = big;
+    for (int64_t k = 1; k <= r % 64; k++) ins[k] = cur;
+    int pn = emit(im, "Concat", NULL, NULL, NULL, (int)(r % 64) + 1, ins);
+    if (pn < 0) { oom(im); return -1; }
+    if (d != 1) add_attr(im, pn, "dim: %d", d);
+    return pn;
+}
+
+/* Where(cond, a, b) with cond a comparison's mask (h_compare) and a, b computed values or numbers (torch.where(h >
+ * 0, h, 0.1 * h)): psd's Where, its inputs of one shape - a computed one that broadcasts (numpy's rule, one rank,
+ * the batch dims equal) first repeated along its size-1 dims (concat_copies, as x.expand_as(y)). */
 static ps_status where_computed(imp *im, val *c, val *a, val *b) {
     char b1[64], b2[64];
     if (c->dtype != PS_ONNX_BOOL || c->node < 0)
         return unsup(im, "Where of the computed condition '%s': psd takes a comparison of a computed value with a "
                      "number (Greater, Less, GreaterOrEqual, LessOrEqual) there", c->name);
-    int ins[3] = {c->node, -1, -1}, nin = 1;
+    val *vs[3] = {c, a, b};
+    int64_t od[MAXD];
+    memcpy(od, c->dims, sizeof od);
     double num[2];
-    val *ab[2] = {a, b};
-    for (int k = 0; k < 2; k++) {
-        if (ab[k]->kind == VK_DATA) {
-            ps_status rc = need_float(im, ab[k], 0, PS_MAXD, "input");
+    for (int k = 1; k < 3; k++) {
+        val *v = vs[k];
+        if (v->kind == VK_DATA) {
+            ps_status rc = need_float(im, v, 0, PS_MAXD, "input");
             if (rc) return rc;
-            if (ab[k]->ndim != c->ndim || memcmp(ab[k]->dims, c->dims, (size_t)c->ndim * sizeof c->dims[0]))
-                return unsup(im, "Where of the condition '%s' %s and '%s' %s: psd's Where takes values of the "
-                             "condition's shape, or numbers", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1),
-                             ab[k]->name, dims_text(ab[k]->dims, ab[k]->ndim, b2, sizeof b2));
-            ins[nin++] = ab[k]->node;
-        } else if (ab[k]->kind != VK_CONST || ab[k]->init || ab[k]->numel != 1 || !cvals(im, ab[k]) ||
-                   isnan(num[k] = cvals(im, ab[k])[0])) {
-            return unsup(im, "Where choosing '%s': psd takes a computed value or a number", ab[k]->name);
+            if (v->ndim != c->ndim)
+                return unsup(im, "Where of the condition '%s' %s and '%s' %s: psd's Where broadcasts values of the "
+                             "condition's rank", c->name, dims_text(c->dims, c->ndim, b1, sizeof b1), v->name,
+                             dims_text(v->dims, v->ndim, b2, sizeof b2));
+            for (int i = 0; i < c->ndim; i++) {
+                if (v->dims[i] == od[i] || v->dims[i] == 1) continue;
+                if (od[i] != 1)
+                    return unsup(im, "Where of '%s' %s: dimension %d is %lld, where the others have %lld (psd "
+                                 "broadcasts dimensions that are equal or 1)", v->name,
+                                 dims_text(v->dims, v->ndim, b2, sizeof b2), i, (long long)v->dims[i],
+                                 (long long)od[i]);
+                od[i] = v->dims[i];
+            }
+        } else if (v->kind != VK_CONST || v->init || v->numel != 1 || !cvals(im, v) ||
+                   isnan(num[k - 1] = cvals(im, v)[0])) {
+            return unsup(im, "Where choosing '%s': psd takes a computed value or a number", v->name);
         }
+    }
+    int ins[3], nin = 0;
+    for (int k = 0; k < 3; k++) {
+        val *v = vs[k];
+        if (v->kind != VK_DATA) continue;
+        int cur = v->node;   /* -1: the graph's input itself */
+        for (int i = 0; i < v->ndim; i++) {
+            if (v->dims[i] == od[i]) continue;
+            if (pt_dim(im, i) < 0) return along_batch(im, "a broadcast");
+            if ((cur = concat_copies(im, cur, od[i], pt_dim(im, i))) < 0) return im->err->code;
+        }
+        ins[nin++] = cur;
     }
     int pn = emit(im, "Where", NULL, NULL, NULL, nin, ins);
     if (pn < 0) return oom(im);
     char f[40];
-    for (int k = 0; k < 2; k++)
-        if (ab[k]->kind != VK_DATA) add_attr(im, pn, "%s: %s", k ? "b" : "a", float_text(num[k], f, sizeof f));
-    return data_out(im, 0, pn, PS_ONNX_FLOAT, c->ndim, c->dims) ? PS_OK : im->err->code;
+    for (int k = 1; k < 3; k++)
+        if (vs[k]->kind != VK_DATA) add_attr(im, pn, "%s: %s", k == 2 ? "b" : "a", float_text(num[k - 1], f, sizeof f));
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, c->ndim, od) ? PS_OK : im->err->code;
 }
 
 /* ---- shrinks, thresholds, PReLU and RReLU ---- */
@@ -3909,6 +4012,7 @@ static const op_row ops[] = {
     {"InstanceNormalization", h_instnorm, 6},
     {"ConstantOfShape", h_fold_only, 9},
     {"Equal", h_equal, 1},
+    {"Not", h_not, 1},
     {"Where", h_where, 9},
     /* comparisons with a number (Where's condition), sin, cos */
     {"Greater", h_compare, 9},

@@ -21,8 +21,8 @@ GreaterOrEqual, LessOrEqual; where(h < g, h, g) for where(h < g, 1.0, g), which 
 Periodic (Sin, Cos; log1p as Log of Add; without expm1, which PyTorch 1.13 does not export) and Flips
 (Slices with step -1 over whole axes: Flip; without fliplr, which PyTorch 1.13 does not export) through psd's ONNX
 import the same way. And psd-export's refusals: torch.where(cond)
-alone, torch.flip over the batch, Where's a of another shape than the condition, a comparison with inf, a buffer as
-Where's condition.
+alone, torch.flip over the batch, a comparison with inf, a buffer as Where's condition (a and b that broadcast
+against the condition: tests/export/check_elem4.py).
 
     check_elem3.py BUILD_DIR TMP_DIR
 """
@@ -86,7 +86,6 @@ def onnx_paths():
 def refusals(pe):
     for cls, want in ((elem3.WhereIndices, "torch.where(condition) (the indices where it holds)"),
                       (elem3.FlipBatch, "that flips the batch (dim 0)"),
-                      (elem3.WhereBroadcast, "psd's Where takes a and b of the condition's shape"),
                       (elem3.CompareInf, "the comparison Less with inf"),
                       (elem3.WhereBuffer, "torch.where with the tensor 'keep' of the module as its condition")):
         err = io.StringIO()

@@ -20,8 +20,8 @@ Masks     features (N, 8) -> a Linear -> h * (h > 0).float() + h * (h < -0.5) + 
           (comparison masks multiplied in) -> nn.Linear.
 
 And for psd-export's refusals: WhereIndices (torch.where(cond) alone), FlipBatch (torch.flip over dim 0),
-WhereBroadcast (a and b of another shape than the condition), CompareInf (h > inf), WhereBuffer (a buffer as the
-condition).
+CompareInf (h > inf), WhereBuffer (a buffer as the condition); a and b that broadcast against the condition are
+tests/export/elem4.py's Broadcasts, trained.
 """
 import torch
 import torch.nn as nn
@@ -112,16 +112,6 @@ class FlipBatch(nn.Module):
 
     def forward(self, x):
         return torch.flip(self.lin(x), dims=[0])
-
-
-class WhereBroadcast(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin, self.g = nn.Linear(8, 4), nn.Linear(8, 1)
-
-    def forward(self, x):
-        h = self.lin(x)
-        return torch.where(h > 0, h, self.g(x))
 
 
 class CompareInf(nn.Module):
