@@ -75,7 +75,9 @@ only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
 """
 import collections
+import contextlib
 import copy
+import io
 import importlib.machinery
 import importlib.util
 import os
@@ -458,6 +460,17 @@ def load_psd_export():
     pe = importlib.util.module_from_spec(spec)
     loader.exec_module(pe)
     return pe
+
+
+def refused(export, cases, also=""):
+    """psd-export refuses each (cls, words) of cases, its last stderr line holding the words (and also):
+    export(cls, name) runs it, its first result the exit status."""
+    for cls, want in cases:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = export(cls, "refused_" + cls.__name__)[0]
+        msg = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+        check(rc != 0 and want in msg and also in msg, "psd-export refuses %s naming it: %s" % (cls.__name__, msg))
 
 
 def onnx_run(label, model, x, target, name):
