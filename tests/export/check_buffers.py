@@ -119,8 +119,8 @@ def no_values(y):
 
 def refusals(pe):
     cr.refused(lambda cls, name: export(pe, cls, name), (
-                (buffers.BatchSized, "the buffer 'b' of shape (2, 16, 8)"),
-                (buffers.Derived, "reads a constant tensor (computed from the buffer pe)")))
+        (buffers.BatchSized, "the buffer 'b' of shape (2, 16, 8)"),
+        (buffers.Derived, "reads a constant tensor (computed from the buffer pe)")))
 
 
 if __name__ == "__main__":

@@ -83,10 +83,10 @@ def onnx_paths():
 
 def refusals(pe):
     cr.refused(lambda cls, name: export(pe, cls, name), (
-                (elem3.WhereIndices, "torch.where(condition) (the indices where it holds)"),
-                (elem3.FlipBatch, "that flips the batch (dim 0)"),
-                (elem3.CompareInf, "the comparison Less with inf"),
-                (elem3.WhereBuffer, "torch.where with the tensor 'keep' of the module as its condition")))
+        (elem3.WhereIndices, "torch.where(condition) (the indices where it holds)"),
+        (elem3.FlipBatch, "that flips the batch (dim 0)"),
+        (elem3.CompareInf, "the comparison Less with inf"),
+        (elem3.WhereBuffer, "torch.where with the tensor 'keep' of the module as its condition")))
 
 
 if __name__ == "__main__":

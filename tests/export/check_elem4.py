@@ -81,10 +81,10 @@ def main():
 
 def refusals(pe):
     cr.refused(lambda cls, name: export(pe, cls, name), (
-                (elem4.NoBatch, "the fill of size (4, 6) (the batch is 2): psd's values have the batch as dim 0"),
-                (elem4.FillNaN, "the fill with the fill value nan"),
-                (elem4.FillLong, "the fill of dtype int64"),
-                (elem4.InPlaceShared, "fills 'lin' in place, which is read elsewhere too")))
+        (elem4.NoBatch, "the fill of size (4, 6) (the batch is 2): psd's values have the batch as dim 0"),
+        (elem4.FillNaN, "the fill with the fill value nan"),
+        (elem4.FillLong, "the fill of dtype int64"),
+        (elem4.InPlaceShared, "fills 'lin' in place, which is read elsewhere too")))
 
 
 if __name__ == "__main__":

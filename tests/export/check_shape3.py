@@ -87,9 +87,9 @@ def onnx_paths():
 
 def refusals(pe):
     cr.refused(lambda cls, name: export(pe, cls, name), (
-                (shape3.NoneBatch, "adds a dim before the batch"),
-                (shape3.CumBatch, "cumsum along dim 0: psd sums along a constant dim after the batch"),
-                (shape3.LseBatch, "logsumexp over dim [0]")))
+        (shape3.NoneBatch, "adds a dim before the batch"),
+        (shape3.CumBatch, "cumsum along dim 0: psd sums along a constant dim after the batch"),
+        (shape3.LseBatch, "logsumexp over dim [0]")))
 
 
 if __name__ == "__main__":

@@ -181,14 +181,14 @@ def onnx_paths():
 
 def refusals(pe):
     cr.refused(lambda cls, name: export(pe, cls, name), (
-                (userops.BagWeights, "called with per_sample_weights"), (userops.BagMeanPad, "mode 'mean' with padding_idx"),
-                (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
-                (userops.ArgMax, "the indices of"),
-                (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
-                (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product"),
-                (userops.LinearT, "its weight is a computed tensor (a transpose or view of a parameter)"),
-                (userops.LinearNamed, "W are not one module's weight and bias"),
-                (userops.ZerosState, "torch.fx cannot trace")))
+        (userops.BagWeights, "called with per_sample_weights"), (userops.BagMeanPad, "mode 'mean' with padding_idx"),
+        (userops.BagPadRow, "padding row 1 is not zeros"), (userops.MaxNorm, "Embedding with max_norm=1.0"),
+        (userops.ArgMax, "the indices of"),
+        (userops.RepeatBatch, "repeat(2, 1) of a 2-d tensor (psd repeats dims after the batch"),
+        (userops.EinsumDot, "einsum 'bi,bi->b' is not a batched matrix product"),
+        (userops.LinearT, "its weight is a computed tensor (a transpose or view of a parameter)"),
+        (userops.LinearNamed, "W are not one module's weight and bias"),
+        (userops.ZerosState, "torch.fx cannot trace")))
 
 
 if __name__ == "__main__":
