@@ -31,7 +31,7 @@
  * MLP, residual Adds, the class token's row by IndexSelect) and minGPT's
  * attention written by hand (psd-export's nodes of
  * tests/export/attention.py), numpy broadcasts (Sub, Add, Mul, Div of
- * computed tensors of two shapes), Maximum, a comparison and Where, Sin, Log1p and Flip, key padding masks computed from the ids
+ * computed tensors of two shapes), Maximum, a comparison and Where, Sin, Log1p and Flip, Bilinear and RandnLike, key padding masks computed from the ids
  * (each context's samples padded otherwise: its mask its own; a context
  * with a sample of padding only refused alone), parameters used at several
  * sites (share: and tie:, each context's gradient summed over the sites and
@@ -652,6 +652,19 @@ static void run_elementwise(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* nn.Bilinear of two Linears (its tape, the rows' outer products, cut per caller) and a VAE's
+ * reparameterisation (RandnLike's noise, each caller's own draws) between it and the head. */
+static void run_bilinear(void) {
+    run_file("[6]",
+             "      - {name: a, kind: Linear, out_features: 4}\n"
+             "      - {name: b, kind: Linear, input: input, out_features: 3}\n"
+             "      - {name: bl, kind: Bilinear, inputs: [a, b], out_features: 5}\n"
+             "      - {name: eps, kind: RandnLike}\n"
+             "      - {name: scaled, kind: MulConstant, value: 0.1}\n"
+             "      - {name: z, kind: Add, inputs: [bl, scaled]}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Causal attention: minGPT's CausalSelfAttention as psd-export writes
  * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
  * the MaskedFill of its tril buffer, attention dropout), then
@@ -777,6 +790,7 @@ int main(void) {
     run_causal_attention();
     run_broadcasts();
     run_elementwise();
+    run_bilinear();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

@@ -5296,6 +5296,11 @@ static size_t dropout_saved(const ps_layer *ly, const ps_backend *be, int n, int
     return j == 0 ? dropout_bytes(ly, n) : 0;
 }
 
+static size_t bilinear_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
+    (void)be;
+    return j == 0 ? bilinear_bytes(ly, n) : 0;   /* the rows' outer products, sample-major */
+}
+
 static size_t dropout2d_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     (void)be;
     return j == 0 ? dropout2d_bytes(ly, n) : 0;
@@ -5378,7 +5383,7 @@ static const struct {
     {"Threshold", NULL}, {"RReLU", dropout_saved}, {"PReLU", NULL},
     {"Div", NULL},
     {"LayerNorm", ln_saved}, {"MultiheadAttention", mha_saved}, {"Parameter", NULL}, {"IndexSelect", NULL},
-    {"Constant", NULL}, {"RandnLike", NULL},
+    {"Constant", NULL}, {"RandnLike", NULL}, {"Bilinear", bilinear_saved},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
     {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
