@@ -24,7 +24,6 @@ item % 2: test accuracy from chance (25 %) to at least 90 %.
     check_ids2.py BUILD_DIR TMP_DIR
 """
 import os
-import subprocess
 import sys
 
 import grpc
@@ -120,26 +119,8 @@ def fit(pe):
         files[part] = (os.path.join(cr.TMP, "ncf_%s_x.npy" % part), os.path.join(cr.TMP, "ncf_%s_y.npy" % part))
         np.save(files[part][0], ids)
         np.save(files[part][1], ((ids[:, 0] % 2) * 2 + ids[:, 1] % 2).astype(np.int64))
-    cfg = os.path.join(cr.TMP, "ncf_fit.conf.yaml")
-    with open(cfg, "w") as f:
-        f.write("model:\n  file: %s\n  backend: dnnl\noptimizer:\n  type: adam\n  lr: 0.01\n"
-                "server:\n  consistency: hogwild\n" % y)
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, "ncf_fit.psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr], stdout=log,
-                         stderr=log)
-    cr.procs.append(p)
-    r = subprocess.run([os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,
-                        "--world-size", "2", "--inputs", files["train"][0], "--labels", files["train"][1],
-                        "--test-inputs", files["test"][0], "--test-labels", files["test"][1], "--loss",
-                        "cross_entropy", "--batch-size", "32", "--epochs", "6", "--seed", "3", "--wait-s", "60",
-                        "--log-every", "1000"], capture_output=True, text=True, timeout=300)
-    p.kill()
-    acc = [ln for ln in r.stdout.splitlines() if " test loss " in ln]
-    got = float(acc[-1].split("accuracy ")[1].split("%")[0]) if acc else -1.0
-    cr.check(r.returncode == 0 and got >= 90.0, "ps-train fit: NCF through psd on (N, 2) int64 ids, the label "
-             "(user %% 2) * 2 + item %% 2: %s (exit %d%s)" % (acc[-1] if acc else "no test line", r.returncode,
-                                                           "" if acc else ": " + (r.stdout + r.stderr)[-400:]))
+    check_rnn.fit_accuracy("ncf_fit", y, files, 6, "NCF through psd on (N, 2) int64 ids, the label "
+                           "(user % 2) * 2 + item % 2")
 
 
 if __name__ == "__main__":

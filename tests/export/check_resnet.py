@@ -462,6 +462,19 @@ def load_psd_export():
     return pe
 
 
+def strict_load(label, model, ck):
+    """A copy of model with checkpoint tensors ck loaded by load_state_dict(strict=True), checked to load:
+    (the copy, '' or the refusal)."""
+    loaded = copy.deepcopy(model)
+    try:
+        loaded.load_state_dict(ck, strict=True)
+        err = ""
+    except Exception as e:   # noqa: BLE001 - any refusal is the finding
+        err = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    check(not err, "%s: the checkpoint loads into the module with load_state_dict(strict=True) %s" % (label, err))
+    return loaded, err
+
+
 def refused(export, cases, also=""):
     """psd-export refuses each (cls, words) of cases, its last stderr line holding the words (and also):
     export(cls, name) runs it, its first result the exit status."""

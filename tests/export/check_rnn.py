@@ -204,6 +204,32 @@ def dropout(pe):
     p.kill()
 
 
+def fit_accuracy(name, y, files, epochs, what):
+    """ps-train fit (Adam, lr 0.01, cross_entropy, batch 32, seed 3) of model file y through a psd of its own, on
+    files {"train": (inputs, labels), "test": (inputs, labels)} (.npy): the run ends and the test accuracy is at
+    least 90 % (what: the check's words)."""
+    cfg = os.path.join(cr.TMP, name + ".conf.yaml")
+    with open(cfg, "w") as f:
+        f.write("model:\n  file: %s\n  backend: dnnl\noptimizer:\n  type: adam\n  lr: 0.01\n"
+                "server:\n  consistency: hogwild\n" % y)
+    addr = "127.0.0.1:%d" % cr.free_port()
+    log = open(os.path.join(cr.TMP, name + ".psd.log"), "w")
+    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr], stdout=log,
+                         stderr=log)
+    cr.procs.append(p)
+    r = subprocess.run([os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,
+                        "--world-size", "2", "--inputs", files["train"][0], "--labels", files["train"][1],
+                        "--test-inputs", files["test"][0], "--test-labels", files["test"][1], "--loss",
+                        "cross_entropy", "--batch-size", "32", "--epochs", str(epochs), "--seed", "3", "--wait-s",
+                        "60", "--log-every", "1000"], capture_output=True, text=True, timeout=300)
+    p.kill()
+    acc = [ln for ln in r.stdout.splitlines() if " test loss " in ln]
+    got = float(acc[-1].split("accuracy ")[1].split("%")[0]) if acc else -1.0
+    cr.check(r.returncode == 0 and got >= 90.0, "ps-train fit: %s: %s (exit %d%s)"
+             % (what, acc[-1] if acc else "no test line", r.returncode,
+                "" if acc else ": " + (r.stdout + r.stderr)[-400:]))
+
+
 def fit(pe):
     """ps-train fit trains an exported GRU text classifier through psd on .npy files whose label is the first
     token's id mod 4 (read at the last step: the answer crosses every step of the recurrence): test accuracy
@@ -220,26 +246,8 @@ def fit(pe):
         files[part] = (os.path.join(cr.TMP, "fit_%s_x.npy" % part), os.path.join(cr.TMP, "fit_%s_y.npy" % part))
         np.save(files[part][0], ids)
         np.save(files[part][1], (ids[:, 0] % 4).astype(np.int64))
-    cfg = os.path.join(cr.TMP, "rnn_fit.conf.yaml")
-    with open(cfg, "w") as f:
-        f.write("model:\n  file: %s\n  backend: dnnl\noptimizer:\n  type: adam\n  lr: 0.01\n"
-                "server:\n  consistency: hogwild\n" % y)
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, "rnn_fit.psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr], stdout=log,
-                         stderr=log)
-    cr.procs.append(p)
-    r = subprocess.run([os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,
-                        "--world-size", "2", "--inputs", files["train"][0], "--labels", files["train"][1],
-                        "--test-inputs", files["test"][0], "--test-labels", files["test"][1], "--loss",
-                        "cross_entropy", "--batch-size", "32", "--epochs", "8", "--seed", "3", "--wait-s", "60",
-                        "--log-every", "1000"], capture_output=True, text=True, timeout=300)
-    p.kill()
-    acc = [ln for ln in r.stdout.splitlines() if " test loss " in ln]
-    got = float(acc[-1].split("accuracy ")[1].split("%")[0]) if acc else -1.0
-    cr.check(r.returncode == 0 and got >= 90.0, "ps-train fit: the GRU text classifier through psd, the label the "
-             "first of 6 tokens mod 4: %s (exit %d%s)" % (acc[-1] if acc else "no test line", r.returncode,
-                                                         "" if acc else ": " + (r.stdout + r.stderr)[-400:]))
+    fit_accuracy("rnn_fit", y, files, 8, "the GRU text classifier through psd, the label the first of 6 tokens "
+                 "mod 4")
 
 
 def refusals():

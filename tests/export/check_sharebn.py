@@ -183,13 +183,7 @@ def checkpoint(label, name, y, stub, p, model, x, ckdir):
              "(%s)" % (label, len(want), sorted(set(ck) ^ want)[:4]))
     bad = [k for k in now if k not in ck or not np.array_equal(ck[k].numpy().reshape(-1), now[k].reshape(-1))]
     cr.check(not bad, "%s: every checkpoint tensor is psd's value (%s)" % (label, bad[:4]))
-    loaded = copy.deepcopy(model)
-    try:
-        loaded.load_state_dict(ck, strict=True)
-        err = ""
-    except Exception as e:   # noqa: BLE001 - any refusal is the finding
-        err = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
-    cr.check(not err, "%s: the checkpoint loads into the module with load_state_dict(strict=True) %s" % (label, err))
+    loaded, err = cr.strict_load(label, model, ck)
     if err:
         return
     bufs = dict(loaded.named_buffers())

@@ -114,13 +114,7 @@ def checkpoint(label, name, y, stub, p, model, x, tied, ckdir):
     bad += [a for a, o in tied.items() if a not in ck or o not in ck or not torch.equal(ck[a], ck[o])]
     cr.check(not bad, "%s: every checkpoint tensor is psd's value%s (%s)"
              % (label, ", a tied key its owner's" if tied else "", bad[:4]))
-    loaded = copy.deepcopy(model)
-    try:
-        loaded.load_state_dict(ck, strict=True)
-        err = ""
-    except Exception as e:   # noqa: BLE001 - any refusal is the finding
-        err = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
-    cr.check(not err, "%s: the checkpoint loads into the module with load_state_dict(strict=True) %s" % (label, err))
+    loaded, err = cr.strict_load(label, model, ck)
     if tied and not err:
         cr.check(all(loaded.get_parameter(a) is loaded.get_parameter(o) for a, o in tied.items()),
                  "%s: after the strict load the module's weights are still tied" % label)
