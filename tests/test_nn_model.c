@@ -504,6 +504,28 @@ static void test_alpha_dropout(rng *r) {
     test_rmtree(dir);
 }
 
+/* A forward combining two parts (200 and 300 samples of x, k per sample;
+ * seeds 55 and 56) gives each part exactly its own forward's output with
+ * its seed: the draws of a dropout-stream kind are each caller's own. */
+static void check_group_draws(ps_model *m, const char *kind, const char *backend, const float *x, int k,
+                              float *out) {
+    ps_err err = {0};
+    const void *xs[2] = {x, x + 200 * k};
+    const int ns[2] = {200, 300};
+    const uint64_t seeds[2] = {55, 56};
+    float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
+    ps_tape *tapes[2] = {NULL, NULL};
+    CHECK_MSG(ps_model_can_group(m, 0, 0), "%s %s: not combinable", backend, kind);
+    OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
+    for (int i = 0; i < 2; i++) {
+        OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out, NULL, NULL, &err));
+        CHECK_MSG(!memcmp(out, outs[i], (size_t)ns[i] * k * sizeof(float)),
+                  "%s %s: combined forward part %d differs from its own forward", backend, kind, i);
+        ps_tape_free(tapes[i]);
+        free(outs[i]);
+    }
+}
+
 /* ---- RReLU in training, by properties: every negative value's slope
  * (out / x) in [lower, upper) and its gradient the same slope, positives
  * passed; the slopes spread over the range; a seed replays them, combined
@@ -551,22 +573,7 @@ static void test_rrelu(rng *r) {
         OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, out2, NULL, NULL, &err));
         CHECK_MSG(memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RReLU: two seeds drew the same slopes",
                   backends[b]);
-        {   /* combined forwards: each part its own seed's slopes */
-            const void *xs[2] = {x, x + 200 * k};
-            const int ns[2] = {200, 300};
-            const uint64_t seeds[2] = {55, 56};
-            float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
-            ps_tape *tapes[2] = {NULL, NULL};
-            CHECK_MSG(ps_model_can_group(m, 0, 0), "%s RReLU: not combinable", backends[b]);
-            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
-            for (int i = 0; i < 2; i++) {
-                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
-                CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * k * sizeof(float)),
-                          "%s RReLU: combined forward part %d differs from its own forward", backends[b], i);
-                ps_tape_free(tapes[i]);
-                free(outs[i]);
-            }
-        }
+        check_group_draws(m, "RReLU", backends[b], x, k, out2);
         OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));   /* eval */
         int ebad = 0;
         for (int j = 0; j < n * k; j++)
@@ -1223,22 +1230,7 @@ static void test_randn_like(rng *r) {
         OKE(ps_model_forward_range(m, 0, 0, x, n, 1, NULL, 101, out2, NULL, NULL, &err));
         CHECK_MSG(memcmp(out, out2, (size_t)n * k * sizeof(float)), "%s RandnLike: two seeds drew the same noise",
                   backends[b]);
-        {   /* combined forwards: each part its own seed's noise */
-            const void *xs[2] = {x, x + 200 * k};
-            const int ns[2] = {200, 300};
-            const uint64_t seeds[2] = {55, 56};
-            float *outs[2] = {malloc(200 * k * sizeof(float)), malloc(300 * k * sizeof(float))};
-            ps_tape *tapes[2] = {NULL, NULL};
-            CHECK_MSG(ps_model_can_group(m, 0, 0), "%s RandnLike: not combinable", backends[b]);
-            OKE(ps_model_forward_group(m, 0, 0, 2, xs, ns, seeds, outs, tapes, NULL, &err));
-            for (int i = 0; i < 2; i++) {
-                OKE(ps_model_forward_range(m, 0, 0, xs[i], ns[i], 1, NULL, seeds[i], out2, NULL, NULL, &err));
-                CHECK_MSG(!memcmp(out2, outs[i], (size_t)ns[i] * k * sizeof(float)),
-                          "%s RandnLike: combined forward part %d differs from its own forward", backends[b], i);
-                ps_tape_free(tapes[i]);
-                free(outs[i]);
-            }
-        }
+        check_group_draws(m, "RandnLike", backends[b], x, k, out2);
         OKE(ps_model_forward_range(m, 0, 0, x, n, 0, NULL, 100, out2, NULL, NULL, &err));   /* eval samples too */
         s1 = s2 = 0;
         for (int j = 0; j < n * k; j++) s1 += out2[j], s2 += (double)out2[j] * out2[j];
