@@ -150,7 +150,16 @@ def start_psd(name, model_line, extra, server_extra=""):
         # come in pages (GetGradients pages as GetParameters does)
         f.write("model:\n  %s\n  backend: dnnl\noptimizer:\n  type: sgd\n  lr: %g\n  momentum: 0\n"
                 "server:\n  consistency: hogwild\n%s" % (model_line, LR, server_extra))
-    addr = "127.0.0.1:%d" % free_port()
+    for attempt in range(5):
+        started = start_on(name, cfg, extra, "127.0.0.1:%d" % free_port())
+        if started is not None:
+            return started
+    raise RuntimeError("psd (%s) found no free port in 5 tries" % name)
+
+
+def start_on(name, cfg, extra, addr):
+    """psd on config cfg listening on addr: (stub, process) once it answers; None when the port was taken between
+    free_port() and psd's bind (another test's process: try another port); RuntimeError when psd does not start."""
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen([os.path.join(BUILD, "bin", "psd"), "--config", cfg, "--listen", addr] + extra,
                          stderr=log, stdout=log)
@@ -168,12 +177,18 @@ def start_psd(name, model_line, extra, server_extra=""):
     while True:
         try:
             stub.ListParameters(ps_pb2.ListParametersRequest(), timeout=5)
-            return stub, p
+            log.flush()
+            if p.poll() is None and " serving model " in open(log.name).read():   # this psd, not another on the port
+                return stub, p
         except grpc.RpcError:
-            if p.poll() is not None or time.time() - t0 > 120:
-                log.close()
-                raise RuntimeError("psd (%s) did not start: %s" % (name, open(log.name).read()[-2000:]))
-            time.sleep(0.3)
+            pass
+        if p.poll() is not None or time.time() - t0 > 120:
+            log.close()
+            said = open(log.name).read()
+            if p.poll() is not None and "is already in use" in said:
+                return None
+            raise RuntimeError("psd (%s) did not start: %s" % (name, said[-2000:]))
+        time.sleep(0.3)
 
 
 def get_parameters(stub):
