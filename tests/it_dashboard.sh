@@ -173,7 +173,7 @@ kill -TERM "$psd"; wait "$psd" || fail "psd's stop (slowloris)"
 # ---- 4. HTTPS ------------------------------------------------------------------
 scripts/gen-test-certs.sh "$tmp/c" >/dev/null
 out=$("$BUILD/bin/psd" --check-config /dev/null --set server.metrics_tls=true 2>&1) && fail "--check-config accepted metrics_tls without a certificate"
-echo "$out" | grep -q "server.metrics_tls is true but security.cert" || fail "--check-config's message: $out"
+<<<"$out" grep -q "server.metrics_tls is true but security.cert" || fail "--check-config's message: $out"
 echo "ok    --check-config refuses server.metrics_tls without security.cert"
 port=$(free_port); mport=$((port + 1))
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --set server.metrics_tls=true \

@@ -34,7 +34,7 @@ addr="127.0.0.1:$port"
 if [ -z "${RESTART_ONLY:-}" ]; then
 if "$BUILD/bin/ps-train" nosuchtask --server "$addr" >"$tmp/cli.log" 2>&1; then echo "unknown task accepted"; exit 1; fi
 grep -q "unknown task 'nosuchtask'; tasks: mnist" "$tmp/cli.log" || { echo "bad unknown-task error:"; cat "$tmp/cli.log"; exit 1; }
-"$BUILD/bin/ps-train" mnist --help | grep -q -- "--batch-size N" || { echo "ps-train mnist --help lacks --batch-size"; exit 1; }
+help=$("$BUILD/bin/ps-train" mnist --help); <<<"$help" grep -q -- "--batch-size N" || { echo "ps-train mnist --help lacks --batch-size"; exit 1; }
 fi
 
 status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
@@ -167,8 +167,8 @@ set -e
 msg=$(grep -m1 'giving up after' "$tmp/gone.log" || true)
 echo "trainer after psd died for good: exit $grc: $msg"
 [ $grc -ne 0 ] || gone_fail "the trainer exited 0 with psd gone"
-echo "$msg" | grep -q "psd did not come back (last error: " || gone_fail "no give-up message"
-echo "$msg" | grep -qi "deadline" && gone_fail "the trainer gave up on a deadline, not on psd gone"
+<<<"$msg" grep -q "psd did not come back (last error: " || gone_fail "no give-up message"
+<<<"$msg" grep -qi "deadline" && gone_fail "the trainer gave up on a deadline, not on psd gone"
 echo "$msg" | awk -v b=$GONE_MAX_S '{ if (match($0, /giving up after [0-9]+ retries in [0-9.]+ s/)) {
     split(substr($0, RSTART, RLENGTH), w, " "); n = w[4]; used = w[7] }
   else exit 1

@@ -42,9 +42,9 @@ model:
 EOF
 printf 'model:\n  seed: 2\n' >"$tmp/cfg/plain.yaml"
 out=$("$BUILD/bin/psd" --check-config "$tmp/cfg/psd.yaml" 2>&1) || fail "valid model refused: $out"
-echo "$out" | grep -q "model res (.*res.yaml): a residual block" || fail "no stage table: $out"
-echo "$out" | grep -Eq "^  body +\(1, 8, 8\) f32 +\(8\) f32 +672 " || fail "body row: $out"
-echo "$out" | grep -Eq "^  head +\(8\) f32 +\(3\) f32 +27 " || fail "head row: $out"
+<<<"$out" grep -q "model res (.*res.yaml): a residual block" || fail "no stage table: $out"
+<<<"$out" grep -Eq "^  body +\(1, 8, 8\) f32 +\(8\) f32 +672 " || fail "body row: $out"
+<<<"$out" grep -Eq "^  head +\(8\) f32 +\(3\) f32 +27 " || fail "head row: $out"
 echo "ok: --check-config prints the stage table of a model file (model.file relative to the config)"
 
 refused() {  # what needle yaml-lines

@@ -163,8 +163,8 @@ tr=
 msg=$(grep -m1 'giving up after' "$tmp/gone.err" || true)
 echo "trainer after psd died for good: exit $grc: $msg"
 [ $grc -ne 0 ] || fail "the trainer exited 0 with psd gone"
-[ -n "$msg" ] && echo "$msg" | grep -q "psd did not come back (last error: " || fail "no give-up message"
-echo "$msg" | grep -qi "deadline" && fail "the trainer gave up on a deadline, not on psd gone"
+[ -n "$msg" ] && <<<"$msg" grep -q "psd did not come back (last error: " || fail "no give-up message"
+<<<"$msg" grep -qi "deadline" && fail "the trainer gave up on a deadline, not on psd gone"
 $PY - "$msg" "$GONE_MAX_S" <<'PYEOF' || fail "the give-up did not follow the retry budget"
 import re, sys
 m = re.search(r"giving up after (\d+) retries in ([0-9.]+) s", sys.argv[1])

@@ -54,14 +54,14 @@ paste <(grep -o "own [0-9]*" "$tmp/smoke1.log" | awk '{print $2}') <(grep -o "ow
   awk '{m = $1 < $2 ? $1 : $2; if (m != $3 + 0) { print "round " NR ": min(" $1 "," $2 ") != " $3; bad = 1 } } END { exit bad }' ||
   fail "the rounds' min reward is not the observers' smaller episode"
 st=$("$BUILD/bin/ps-train" status --server "$addr") || fail "ps-train status"
-echo "$st" | grep -q "version 6 (optimizer steps applied)" || fail "model version after 6 rounds: $st"
-echo "$st" | grep -q "metrics round     6 (not solved" || fail "status metrics round: $st"
-echo "$st" | grep -Eq "reward +count 2 " || fail "status reward scalar: $st"
+<<<"$st" grep -q "version 6 (optimizer steps applied)" || fail "model version after 6 rounds: $st"
+<<<"$st" grep -q "metrics round     6 (not solved" || fail "status metrics round: $st"
+<<<"$st" grep -Eq "reward +count 2 " || fail "status reward scalar: $st"
 m=$(curl -sf "http://$maddr/metrics") || fail "/metrics"
-echo "$m" | grep -q '^psd_metrics_rounds_total 6$' || fail "/metrics: psd_metrics_rounds_total"
-echo "$m" | grep -q '^psd_round_scalar{name="reward",stat="count"} 2$' || fail "/metrics: reward count"
-echo "$m" | grep -q '^psd_round_scalar{name="loss",stat="mean"} ' || fail "/metrics: loss mean"
-echo "$m" | grep -q '^psd_solved{metric="reward"} 0$' || fail "/metrics: psd_solved"
+<<<"$m" grep -q '^psd_metrics_rounds_total 6$' || fail "/metrics: psd_metrics_rounds_total"
+<<<"$m" grep -q '^psd_round_scalar{name="reward",stat="count"} 2$' || fail "/metrics: reward count"
+<<<"$m" grep -q '^psd_round_scalar{name="loss",stat="mean"} ' || fail "/metrics: loss mean"
+<<<"$m" grep -q '^psd_solved{metric="reward"} 0$' || fail "/metrics: psd_solved"
 stop_psd
 
 # ---- 2. stop threshold
