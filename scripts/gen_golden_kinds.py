@@ -1261,6 +1261,58 @@ class TorchRReLU(MaskDropout):
         return y
 
 
+# ---- spatial transformers (the STN tutorial): AffineGrid (theta from a Linear of the input, viewed (2, 3)) and
+# GridSample reading the input at that grid (the input's gradient through both paths, theta's through the Linear);
+# and grids computed per point (a 1x1 Conv2d of the input, permuted to (H', W', 2), tanh times 1.4 so that some
+# points lie outside [-1, 1]) under each padding mode, both align_corners, nearest
+def stn_stage(shape, size, ac="false", gs=""):
+    return stage(shape, ["{name: f, kind: Flatten}",
+                         "{name: loc, kind: Linear, out_features: 6}",
+                         "{name: theta, kind: Reshape, shape: [2, 3]}",
+                         "{name: grid, kind: AffineGrid, size: %s, align_corners: %s}" % (json.dumps(size), ac),
+                         "{name: gs, kind: GridSample, inputs: [input, grid], align_corners: %s%s}" % (ac, gs)])
+
+
+def grid_stage(shape, gs):
+    return stage(shape, ["{name: gc, kind: Conv2d, out_channels: 2, kernel_size: 1}",
+                         "{name: gp, kind: Permute, dims: [0, 2, 3, 1]}",
+                         "{name: gt, kind: Tanh}",
+                         "{name: gm, kind: MulConstant, value: 1.4}",
+                         "{name: gs, kind: GridSample, inputs: [input, gm]%s}" % gs])
+
+
+CASES += [
+    ("stn_affine", stn_stage([2, 6, 7], [4, 5])),
+    ("stn_affine_ac_border", stn_stage([3, 5, 5], [6, 3], "true", ", padding_mode: border")),
+    ("stn_affine_one_col", stn_stage([1, 4, 4], [3, 1])),
+    ("gridsample_zeros", grid_stage([3, 5, 6], "")),
+    ("gridsample_zeros_ac", grid_stage([2, 4, 7], ", align_corners: true")),
+    ("gridsample_border", grid_stage([3, 5, 6], ", padding_mode: border")),
+    ("gridsample_border_ac", grid_stage([2, 6, 4], ", padding_mode: border, align_corners: true")),
+    ("gridsample_reflection", grid_stage([3, 5, 6], ", padding_mode: reflection")),
+    ("gridsample_reflection_ac", grid_stage([2, 4, 5], ", padding_mode: reflection, align_corners: true")),
+    ("gridsample_nearest", grid_stage([3, 5, 6], ", mode: nearest")),
+    ("gridsample_nearest_border_ac", grid_stage([2, 5, 4], ", mode: nearest, padding_mode: border, "
+                                                             "align_corners: true")),
+]
+
+# inputs at half scale: an eval output after the SGD step moves by ~20x a weight's rounding (grid_sample's
+# d out / d grid is the input's differences times size / 2), beyond the tolerance at full scale
+SCALE.update({name: 0.5 for name, _ in CASES if name.startswith(("stn_", "gridsample_"))})
+
+
+def stn_module(kind, a):
+    """The torch twin of AffineGrid (theta (N, 2, 3) -> F.affine_grid at (N, 1, H, W)) or GridSample, or None."""
+    ac = a.get("align_corners", False)
+    if kind == "AffineGrid":
+        h, w = pair(a["size"])
+        return Lambda(lambda t: F.affine_grid(t, [t.shape[0], 1, h, w], align_corners=ac))
+    if kind == "GridSample":
+        return Lambda(lambda x, g: F.grid_sample(x, g, mode=a.get("mode", "bilinear"),
+                                                 padding_mode=a.get("padding_mode", "zeros"), align_corners=ac))
+    return None
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -1272,6 +1324,9 @@ def make_module(kind, a, shapes, case_name=""):
     if m is not None:
         return m
     m = ids2_module(kind, a)
+    if m is not None:
+        return m
+    m = stn_module(kind, a)
     if m is not None:
         return m
     m = eltwise_module(kind, a, s0)

@@ -3810,6 +3810,150 @@ static ps_status dn_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, 
     return PS_OK;
 }
 
+/* ---- spatial transformers (AffineGrid, GridSample): oneDNN has no
+ * sampling primitive; C loops over samples (backend.h's index rules),
+ * in float as PyTorch's CPU kernels. ---- */
+
+static ps_status dn_affine_grid(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t pts = (int64_t)d->h * d->w;
+#pragma omp parallel for if ((int64_t)d->n * pts >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        const float *t = theta + (int64_t)i * 6;
+        float *g = grid + (int64_t)i * pts * 2;
+        for (int yy = 0; yy < d->h; yy++) {
+            const float by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++, g += 2) {
+                const float bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                g[0] = t[0] * bx + t[1] * by + t[2];
+                g[1] = t[3] * bx + t[4] * by + t[5];
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_affine_grid_backward(void *impl, const ps_affgrid_desc *d, const float *dgrid, float *dtheta,
+                                         ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t pts = (int64_t)d->h * d->w;
+#pragma omp parallel for if ((int64_t)d->n * pts >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        float acc[6] = {0};
+        const float *g = dgrid + (int64_t)i * pts * 2;
+        for (int yy = 0; yy < d->h; yy++) {
+            const float by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++, g += 2) {
+                const float bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                for (int r = 0; r < 2; r++) {
+                    acc[3 * r] += g[r] * bx;
+                    acc[3 * r + 1] += g[r] * by;
+                    acc[3 * r + 2] += g[r];
+                }
+            }
+        }
+        memcpy(dtheta + (int64_t)i * 6, acc, sizeof acc);
+    }
+    return PS_OK;
+}
+
+/* One grid point's taps: the top-left (nearest: the) input position, the
+ * offsets of the second column and row (1, or 0 for nearest), their
+ * weights and d index / d grid. */
+typedef struct dn_gs_taps {
+    int x0, y0;
+    float lx, ly;               /* weights of column x0 + 1 and row y0 + 1 (of x0, y0: 1 - them) */
+    float gmx, gmy;
+} dn_gs_taps;
+
+static inline dn_gs_taps dn_gs_point(const ps_gridsample_desc *d, const float *g) {
+    dn_gs_taps t;
+    const int nearest = d->mode == PS_GS_NEAREST;
+    const float ix = ps_gs_source(g[0], d->w, d->padding, d->align_corners, &t.gmx);
+    const float iy = ps_gs_source(g[1], d->h, d->padding, d->align_corners, &t.gmy);
+    t.x0 = ps_gs_index(ix, d->w, nearest);
+    t.y0 = ps_gs_index(iy, d->h, nearest);
+    t.lx = nearest ? 0.0f : ix - (float)t.x0;
+    t.ly = nearest ? 0.0f : iy - (float)t.y0;
+    return t;
+}
+
+static ps_status dn_grid_sample(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid, float *y,
+                                ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int w = d->w, h = d->h;
+#pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++)
+        for (int64_t q = 0; q < out; q++) {
+            const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
+            const int x1 = t.x0 + 1, y1 = t.y0 + 1;
+            const int in00 = t.x0 >= 0 && t.x0 < w && t.y0 >= 0 && t.y0 < h, in01 = x1 >= 0 && x1 < w && t.y0 >= 0 && t.y0 < h,
+                      in10 = t.x0 >= 0 && t.x0 < w && y1 >= 0 && y1 < h, in11 = x1 >= 0 && x1 < w && y1 >= 0 && y1 < h;
+            const float w00 = (1.0f - t.lx) * (1.0f - t.ly), w01 = t.lx * (1.0f - t.ly), w10 = (1.0f - t.lx) * t.ly,
+                        w11 = t.lx * t.ly;
+            for (int c = 0; c < d->c; c++) {
+                const float *p = x + ((int64_t)i * d->c + c) * in;
+                float v;
+                if (d->mode == PS_GS_NEAREST) v = in00 ? p[(int64_t)t.y0 * w + t.x0] : 0.0f;
+                else
+                    v = (in00 ? w00 * p[(int64_t)t.y0 * w + t.x0] : 0.0f) + (in01 ? w01 * p[(int64_t)t.y0 * w + x1] : 0.0f) +
+                        (in10 ? w10 * p[(int64_t)y1 * w + t.x0] : 0.0f) + (in11 ? w11 * p[(int64_t)y1 * w + x1] : 0.0f);
+                y[((int64_t)i * d->c + c) * out + q] = v;
+            }
+        }
+    return PS_OK;
+}
+
+static ps_status dn_grid_sample_backward(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid,
+                                         const float *dy, float *dx, float *dgrid, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int w = d->w, h = d->h, nearest = d->mode == PS_GS_NEAREST;
+#pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        if (dx) memset(dx + (int64_t)i * d->c * in, 0, (size_t)(d->c * in) * sizeof *dx);
+        for (int64_t q = 0; q < out; q++) {
+            const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
+            const int x1 = t.x0 + 1, y1 = t.y0 + 1;
+            const int in00 = t.x0 >= 0 && t.x0 < w && t.y0 >= 0 && t.y0 < h, in01 = x1 >= 0 && x1 < w && t.y0 >= 0 && t.y0 < h,
+                      in10 = t.x0 >= 0 && t.x0 < w && y1 >= 0 && y1 < h, in11 = x1 >= 0 && x1 < w && y1 >= 0 && y1 < h;
+            const float w00 = (1.0f - t.lx) * (1.0f - t.ly), w01 = t.lx * (1.0f - t.ly), w10 = (1.0f - t.lx) * t.ly,
+                        w11 = t.lx * t.ly;
+            float gx = 0.0f, gy = 0.0f;
+            for (int c = 0; c < d->c; c++) {
+                const int64_t base = ((int64_t)i * d->c + c) * in;
+                const float go = dy[((int64_t)i * d->c + c) * out + q];
+                if (nearest) {
+                    if (dx && in00) dx[base + (int64_t)t.y0 * w + t.x0] += go;
+                    continue;
+                }
+                if (dx) {
+                    if (in00) dx[base + (int64_t)t.y0 * w + t.x0] += w00 * go;
+                    if (in01) dx[base + (int64_t)t.y0 * w + x1] += w01 * go;
+                    if (in10) dx[base + (int64_t)y1 * w + t.x0] += w10 * go;
+                    if (in11) dx[base + (int64_t)y1 * w + x1] += w11 * go;
+                }
+                if (!dgrid) continue;
+                const float *p = x + base;
+                const float nw = in00 ? p[(int64_t)t.y0 * w + t.x0] : 0.0f, ne = in01 ? p[(int64_t)t.y0 * w + x1] : 0.0f,
+                            sw = in10 ? p[(int64_t)y1 * w + t.x0] : 0.0f, se = in11 ? p[(int64_t)y1 * w + x1] : 0.0f;
+                gx += ((ne - nw) * (1.0f - t.ly) + (se - sw) * t.ly) * go;
+                gy += ((sw - nw) * (1.0f - t.lx) + (se - ne) * t.lx) * go;
+            }
+            if (dgrid) {
+                dgrid[((int64_t)i * out + q) * 2] = gx * t.gmx;
+                dgrid[((int64_t)i * out + q) * 2 + 1] = gy * t.gmy;
+            }
+        }
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3883,4 +4027,9 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .where = dn_where,
     .where_backward = dn_where_backward,
     .cumsum = dn_cumsum,
+    /* spatial transformers */
+    .affine_grid = dn_affine_grid,
+    .affine_grid_backward = dn_affine_grid_backward,
+    .grid_sample = dn_grid_sample,
+    .grid_sample_backward = dn_grid_sample_backward,
 };

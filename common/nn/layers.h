@@ -142,6 +142,9 @@ typedef struct ps_layer_attrs {
     int ids_sliced;
     int ids_ndims;
     int64_t ids_dims[PS_SHAPE_MAX_DIMS];
+    /* spatial transformers: AffineGrid's size is size[2] (the grid's H, W), align_corners both kinds' */
+    int gs_mode;                /* GridSample mode: 0 'bilinear', 1 'nearest', 2 'bicubic' (refused) */
+    int gs_padding;             /* GridSample padding_mode: 0 'zeros', 1 'border', 2 'reflection' */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */
