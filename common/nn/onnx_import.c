@@ -3124,6 +3124,47 @@ static ps_status h_resize(imp *im) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
 }
 
+/* GridSample (opset 16; PyTorch 1.13's export of F.grid_sample; F.affine_grid it does not export): x (N, C, H,
+ * W) read at grid (N, H', W', 2) -> (N, C, H', W'), psd's GridSample. mode bilinear or nearest (opset 20's
+ * 'linear' is bilinear), padding_mode zeros, border or reflection, align_corners. A constant grid (an
+ * initializer, (1, H', W', 2)) is a Parameter: the same grid for every sample, learned as a module's own tensor
+ * would be. */
+static ps_status h_gridsample(imp *im) {
+    static const char *const known[] = {"align_corners", "mode", "padding_mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *g = in_val(im, 1, 1);
+    if (!x || !g) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "GridSample of a constant input");
+    if (x->ndim != 4 || im->lead != 1)
+        return unsup(im, "GridSample of a rank-%d input (psd's GridSample is the 2-d one: (N, C, H, W))", x->ndim);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    const char *mode = attr_s(im, "mode", "bilinear"), *pad = attr_s(im, "padding_mode", "zeros");
+    const int nearest = !strcmp(mode, "nearest");
+    if (!nearest && strcmp(mode, "bilinear") && strcmp(mode, "linear"))
+        return unsup(im, "GridSample in mode '%s' (psd's: bilinear and nearest)", mode);
+    if (strcmp(pad, "zeros") && strcmp(pad, "border") && strcmp(pad, "reflection"))
+        return unsup(im, "GridSample with padding_mode '%s'", pad);
+    if (g->ndim != 4 || g->dims[3] != 2)
+        return unsup(im, "GridSample with a rank-%d grid (psd's takes (N, H', W', 2))", g->ndim);
+    int gn;
+    if (g->kind == VK_CONST) {
+        if (g->dims[0] != 1) return along_batch(im, "a constant grid");
+        if ((gn = param_emit(im, g, x->node, g->dims, 4, g->dims + 1, 3, &rc)) < 0) return rc;
+    } else {
+        if ((rc = need_float(im, g, 3, 3, "grid"))) return rc;
+        gn = g->node;
+    }
+    int ins[2] = {x->node, gn};
+    int pn = emit(im, "GridSample", NULL, NULL, NULL, 2, ins);
+    if (pn < 0) return oom(im);
+    if (nearest) add_attr(im, pn, "mode: nearest");
+    if (strcmp(pad, "zeros")) add_attr(im, pn, "padding_mode: %s", pad);
+    if (attr_i(im, "align_corners", 0)) add_attr(im, pn, "align_corners: true");
+    const int64_t od[4] = {x->dims[0], x->dims[1], g->dims[1], g->dims[2]};
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
 typedef struct op_row {
     const char *op;
     ps_status (*fn)(imp *im);
@@ -4025,6 +4066,7 @@ static const op_row ops[] = {
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
+    {"GridSample", h_gridsample, 16},
 };
 
 static const op_row *find_op(const char *op) {
