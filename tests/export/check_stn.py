@@ -18,7 +18,9 @@ PyTorch's own loop from the same weights on the same batches: the first 30 steps
 PyTorch's, every step's within twice PyTorch float32's own distance from the same loop in float64 (at the identity
 theta the grid points sit on pixel centres, where grid_sample's gradient is one-sided, so float32 rounding picks a
 side and two float32 runs drift apart after a while, as PyTorch's float32 and float64 runs do from the first
-step), and the loss falling below 0.8 of its start. And psd-export's refusals
+step), and the loss falling below 0.8 of its start. GridNet (a grid computed per point by a 1x1 convolution,
+border padding) exported to ONNX at opset 16 (GridSample) through psd's ONNX import, checked the same way. And
+psd-export's refusals
 of a 3-d affine grid and bicubic sampling.
 
     check_stn.py BUILD_DIR TMP_DIR
@@ -133,9 +135,25 @@ def main():
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=0)
         if cls is stn.Net:
             train(pe, label, cls, y)
+    onnx_grid()
     cr.refused(lambda cls, name: export(pe, cls, name), (
         (stn.AffineGrid3d, "the 2-d one (size (N, C, H, W), theta (N, 2, 3))"),
         (stn.GridBicubic, "mode 'bicubic'")))
+
+
+def onnx_grid():
+    """GridNet's training-mode ONNX export at opset 16 (GridSample of a grid computed from the input; PyTorch 1.13
+    does not export F.affine_grid) through psd's ONNX import, checked by check_resnet's run() with float64
+    autograd."""
+    model, _ = cr.moved(stn.GridNet, "gridnet_onnx", seed=3)
+    x, target = mnist(8, 900)
+    path = os.path.join(cr.TMP, "gridnet.onnx")
+    torch.onnx.export(copy.deepcopy(model).train(), x, path, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, opset_version=16)
+    stub, p = cr.start_psd("gridnet_onnx", "onnx: %s" % path, [])
+    cr.input_gradient("GridNet (ONNX)", stub, model, x, target)
+    cr.run("GridNet (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
+    p.kill()
 
 
 if __name__ == "__main__":

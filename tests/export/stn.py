@@ -6,8 +6,9 @@ Linears, dropout, log_softmax). p: the dropouts' probability (the tutorial's 0.5
 own loop, whose dropout draws psd does not replay).
 
 StnBorder warps with padding_mode border and align_corners True; StnNearest samples nearest (its grid gets no
-gradient: the localisation net does not train, as in PyTorch). AffineGrid3d (a 5-d size) and GridBicubic are
-refused by psd-export.
+gradient: the localisation net does not train, as in PyTorch). GridNet reads the input at a grid computed per point
+(the ONNX import's path: PyTorch 1.13 exports grid_sample, not affine_grid). AffineGrid3d (a 5-d size) and
+GridBicubic are refused by psd-export.
 """
 import torch
 import torch.nn as nn
@@ -95,3 +96,20 @@ class GridBicubic(nn.Module):
         theta = self.fc(x.flatten(1)).view(-1, 2, 3)
         grid = F.affine_grid(theta, x.size(), align_corners=False)
         return F.grid_sample(x, grid, mode="bicubic", align_corners=False).flatten(1)
+
+
+class GridNet(nn.Module):
+    """A grid computed per point (a 1x1 convolution of the input, tanh, permuted to (N, H, W, 2)) read by
+    F.grid_sample with border padding, then a small classifier: PyTorch 1.13 exports grid_sample to ONNX (opset 16:
+    GridSample), not affine_grid, so this is the ONNX import's path."""
+
+    def __init__(self):
+        super().__init__()
+        self.grid = nn.Conv2d(1, 2, kernel_size=1)
+        self.conv = nn.Conv2d(1, 4, kernel_size=5, stride=2)
+        self.fc = nn.Linear(4 * 12 * 12, 10)
+
+    def forward(self, x):
+        g = torch.tanh(self.grid(x)).permute(0, 2, 3, 1)
+        x = F.grid_sample(x, g, padding_mode="border", align_corners=False)
+        return self.fc(F.relu(self.conv(x)).flatten(1))
