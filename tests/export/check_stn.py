@@ -21,7 +21,8 @@ side and two float32 runs drift apart after a while, as PyTorch's float32 and fl
 step), and the loss falling below 0.8 of its start. GridNet (a grid computed per point by a 1x1 convolution,
 border padding) exported to ONNX at opset 16 (GridSample) through psd's ONNX import, checked the same way. And
 psd-export's refusals
-of a 3-d affine grid and bicubic sampling.
+of a 3-d affine grid and bicubic sampling, and psd --check-config's of model files whose AffineGrid or GridSample
+does not fit (a (3, 4) theta, a grid of 3 values a point, mode bicubic, padding_mode circular).
 
     check_stn.py BUILD_DIR TMP_DIR
 """
@@ -29,6 +30,7 @@ import copy
 import json
 import os
 import random
+import subprocess
 import sys
 
 import numpy as np
@@ -136,6 +138,7 @@ def main():
         if cls is stn.Net:
             train(pe, label, cls, y)
     onnx_grid()
+    refused_files()
     cr.refused(lambda cls, name: export(pe, cls, name), (
         (stn.AffineGrid3d, "the 2-d one (size (N, C, H, W), theta (N, 2, 3))"),
         (stn.GridBicubic, "mode 'bicubic'")))
@@ -154,6 +157,31 @@ def onnx_grid():
     cr.input_gradient("GridNet (ONNX)", stub, model, x, target)
     cr.run("GridNet (ONNX)", stub, copy.deepcopy(model), x, target, ref64=True)
     p.kill()
+
+
+def refused_files():
+    """psd --check-config refuses model files whose AffineGrid or GridSample does not fit, naming what."""
+    for what, nodes, want in (
+            ("AffineGrid of a (3, 4) theta", "{name: g, kind: AffineGrid, size: [4, 4]}",
+             "AffineGrid takes theta (2, 3)"),
+            ("GridSample of a grid of 3 values a point", "{name: g, kind: GridSample, inputs: [input, input]}",
+             "GridSample takes the input (C, H, W) and a grid (H', W', 2)"),
+            ("GridSample in mode bicubic", "{name: p, kind: Permute, dims: [0, 2, 3, 1]}\n"
+             "      - {name: n, kind: Narrow, dim: 3, start: 0, length: 2}\n"
+             "      - {name: g, kind: GridSample, inputs: [input, n], mode: bicubic}", "mode 'bicubic'"),
+            ("GridSample with padding_mode circular", "{name: g, kind: GridSample, inputs: [input, input], "
+             "padding_mode: circular}", "padding_mode")):
+        shape = "[3, 4]" if "theta" in what else "[3, 4, 4]"
+        y = os.path.join(cr.TMP, "refused_%d.yaml" % len(what))
+        with open(y, "w") as f:
+            f.write("name: r\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n      - %s\n"
+                    % (shape, nodes))
+        with open(y + ".conf.yaml", "w") as f:
+            f.write("model:\n  file: %s\n" % y)
+        r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"],
+                           capture_output=True, text=True, timeout=60)
+        cr.check(r.returncode != 0 and want in r.stderr, "psd --check-config refuses %s naming it (%s)"
+                 % (what, r.stderr.strip()[-200:]))
 
 
 if __name__ == "__main__":
