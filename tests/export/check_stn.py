@@ -53,8 +53,9 @@ BATCH, STEPS, EXACT = 32, 150, 30
 def mnist(n, offset=0):
     """n digits from the MNIST training set (offset on), normalised as the tutorial's transform, plus N(0, 1e-3^2)
     noise, and labels. The noise: a digit's background is one value, so the localisation net's max pools see
-    equal values, and which of them takes the gradient is the backend's choice (oneDNN's is not PyTorch's);
-    noise far below a grey level keeps them apart."""
+    windows of equal (or last-bit apart) convolution outputs, where which element takes the gradient follows
+    each backend's rounding (the input gradient is 4% off PyTorch's without it); noise far below a grey level
+    keeps them apart."""
     with open(os.path.join(DATA, "train-images-idx3-ubyte"), "rb") as f:
         f.seek(16 + offset * 784)
         x = np.frombuffer(f.read(n * 784), dtype=np.uint8).reshape(n, 1, 28, 28)
