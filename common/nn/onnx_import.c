@@ -188,6 +188,8 @@ typedef struct imp {
     } lstm;
     int trailing;               /* ONNX node where the trainer's part after the model begins, or -1 */
     const char *out_name;       /* the graph output psd computes */
+    const char *outs[MAX_INPUTS];   /* several graph outputs: joined into psd's one (join_outputs) */
+    int nouts;
     int out_node;               /* its psd node */
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
     mha_pat *mha;               /* the nn.MultiheadAttention decompositions found (fz[end].axis, fz[t0].axis) */
@@ -1653,6 +1655,24 @@ static ps_status h_erf(imp *im) { return math_unary(im, "Erf", NULL); }   /* out
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
+
+/* RandomNormalLike: standard normal noise of a computed value's shape (a VAE's eps) as psd's RandnLike, drawn on
+ * the dropout stream; mean and scale as AddConstant / MulConstant after it. */
+static ps_status h_random_normal_like(imp *im) {
+    static const char *const known[] = {"dtype", "mean", "scale", "seed", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (attr(im, "seed"))
+        return unsup(im, "seed %g: psd draws the noise from its own seed per forward", attr_f(im, "seed", 0));
+    if (attr(im, "dtype") && attr_i(im, "dtype", PS_ONNX_FLOAT) != PS_ONNX_FLOAT)
+        return unsup(im, "dtype %s (psd draws float32 noise)", ps_onnx_dtype_name((int)attr_i(im, "dtype", 0)));
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA)
+        return unsup(im, "noise shaped like a constant: psd draws it like a computed value (torch.randn_like(x))");
+    double c[2] = {attr_f(im, "scale", 1.0f), attr_f(im, "mean", 0.0f)};
+    return math_chain(im, x, "RandnLike", NULL, c);
+}
 
 static ps_status h_sqrt(imp *im) {
     if (all_const(im)) return fold(im);
@@ -4022,6 +4042,7 @@ static const op_row ops[] = {
     {"Sin", h_sin, 7},
     {"Cos", h_cos, 7},
     {"Erf", h_erf, 9},
+    {"RandomNormalLike", h_random_normal_like, 1},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
@@ -5754,6 +5775,49 @@ static ps_status trainer_tail(imp *im, int first) {
     return PS_OK;
 }
 
+/* Several graph outputs (a VAE's recon, mu and logvar): psd's model has one, so each is flattened after the
+ * batch and they are joined along dim 1 in the graph's order, as psd-export joins a module's tuple output. The
+ * Concat becomes the output im->out_name names. */
+static ps_status join_outputs(imp *im) {
+    int ins[MAX_INPUTS], last = -1;
+    int64_t total = 0;
+    for (int k = 0; k < im->nouts; k++) {
+        val *v = vget(im, im->outs[k]);
+        if (!v || v->kind != VK_DATA || v->node < 0)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes "
+                              "its outputs from the input", im->label, im->outs[k],
+                              v && v->kind == VK_CONST ? "a constant" : "the input itself");
+        if (v->dtype != PS_ONNX_FLOAT)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s (psd joins float "
+                              "outputs)", im->label, im->outs[k], ps_onnx_dtype_name(v->dtype));
+        if (im->whole || im->lead != 1 || v->stage != im->stage)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s': psd joins several outputs "
+                              "of a model whose batch is dim 0, computed in its last stage", im->label, im->outs[k]);
+        im->cur = v->prod;
+        ins[k] = v->node;
+        if (v->ndim != 2) {
+            if ((ins[k] = emit(im, "Flatten", NULL, NULL, "flat", 1, &v->node)) < 0) return oom(im);
+        }
+        total += prod(v->dims + 1, v->ndim - 1);
+        if (v->prod > last) last = v->prod;
+    }
+    im->cur = last;
+    int pn = emit(im, "Concat", NULL, NULL, "outputs", im->nouts, ins);
+    if (pn < 0) return oom(im);
+    val *j = vmake(im, "psd.outputs");
+    if (!j) return oom(im);
+    j->kind = VK_DATA;
+    j->node = pn;
+    j->stage = im->stage;
+    j->dtype = PS_ONNX_FLOAT;
+    j->ndim = 2;
+    j->dims[0] = -1;
+    j->dims[1] = total;
+    im->out_name = j->name;
+    im->cur = -1;
+    return PS_OK;
+}
+
 static ps_status convert(imp *im) {
     const ps_onnx_model *m = im->m;
     const ps_onnx_import_opts *o = im->o;
@@ -5864,14 +5928,17 @@ static ps_status convert(imp *im) {
         if (!v) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
                                   im->label, m->outputs[i].name);
         if (v->trainer) continue;
-        nout++;
+        if (nout == MAX_INPUTS)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has more than %d outputs (psd joins at "
+                              "most %d into its one)", im->label, MAX_INPUTS, MAX_INPUTS);
+        im->outs[nout++] = v->name;
         out = v;
+        if (v->prod >= 0) im->live[v->prod] = 1;
     }
-    if (nout != 1)
-        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has %d outputs: psd's model has one",
-                          im->label, nout);
+    if (nout == 0)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has no output psd computes", im->label);
+    im->nouts = nout;
     im->out_name = out->name;
-    if (out->prod >= 0) im->live[out->prod] = 1;
     for (int i = m->nnodes - 1; i >= 0; i--) {
         if (!im->live[i]) continue;
         for (int k = 0; k < m->nodes[i].nin; k++) {
@@ -5938,6 +6005,10 @@ static ps_status convert(imp *im) {
     }
     im->cur = -1;
     if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
+    if (im->nouts > 1) {
+        ps_status rc = join_outputs(im);
+        if (rc) return rc;
+    }
     out = vget(im, im->out_name);
     if (!out || out->kind != VK_DATA || out->node < 0)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
