@@ -3246,6 +3246,94 @@ static ps_status transpose_const(imp *im, val *x, const int64_t *perm, int np) {
     return const_out(im, 0, r, od, f, x->is_int) ? PS_OK : im->err->code;
 }
 
+/* ---- DepthToSpace and SpaceToDepth (nn.PixelShuffle's export, super-resolution nets): Reshapes and Permutes of
+ * at most 4 per-sample dims, as psd-export writes nn.PixelShuffle ---- */
+
+/* A Reshape of psd node in to the per-sample shape[n], then (np > 0) a Permute of the per-sample dims by perm[np]:
+ * the last node, or -1 (err set). */
+static int view_perm(imp *im, int in, const int64_t *shape, int n, const int *perm, int np) {
+    char b[128];
+    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &in);
+    if (pn < 0) return oom(im), -1;
+    add_attr(im, pn, "shape: %s", dims_text(shape, n, b, sizeof b));
+    if (np <= 0) return pn;
+    int64_t dims[PS_MAXD + 1] = {0};
+    for (int k = 0; k < np; k++) dims[k + 1] = perm[k] + 1;
+    int pp = emit(im, "Permute", NULL, NULL, "permute", 1, &pn);
+    if (pp < 0) return oom(im), -1;
+    add_attr(im, pp, "dims: %s", dims_text(dims, np + 1, b, sizeof b));
+    return pp;
+}
+
+/* x (N, C, H, W) and the blocksize attribute, checked: *r, or an error. */
+static ps_status space_depth_in(imp *im, val **x, int64_t *r) {
+    static const char *const known[] = {"blocksize", "mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "%s of a constant", cur_node(im)->op_type);
+    if (!(*x = in_val(im, 0, 1))) return im->err->code;
+    if ((rc = need_float(im, *x, 0, PS_MAXD, "input"))) return rc;
+    if (!attr(im, "blocksize")) return bad(im, "no blocksize");
+    *r = attr_i(im, "blocksize", 0);
+    if (*r < 1 || *r > 4096) return bad(im, "blocksize %lld", (long long)*r);
+    if ((*x)->ndim != 4 || im->lead != 1 || im->whole)
+        return unsup(im, "input of rank %d (psd reads (N, C, H, W) with the batch first)", (*x)->ndim);
+    return PS_OK;
+}
+
+/* DepthToSpace: mode CRD (PyTorch's pixel_shuffle: out[c, h r + i, w r + j] = in[c r^2 + i r + j, h, w]) or DCR
+ * (ONNX's default: in[(i r + j) C' + c, h, w]). */
+static ps_status h_depth_to_space(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    const char *mode = attr_s(im, "mode", "DCR");
+    const int crd = !strcmp(mode, "CRD");
+    if (!crd && strcmp(mode, "DCR")) return unsup(im, "mode '%s' (ONNX's are DCR and CRD)", mode);
+    const int64_t C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    if (C % (r * r)) return bad(im, "%lld channels are not a multiple of blocksize^2 = %lld", (long long)C,
+                                (long long)(r * r));
+    const int64_t c = C / (r * r);
+    static const int p0231[4] = {0, 2, 3, 1}, p0213[4] = {0, 2, 1, 3}, p1203[4] = {1, 2, 0, 3};
+    int in = x->node;
+    if (crd) {   /* (c r + i, j, h, w) -> (c r + i, h, w, j); (c, i, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {c * r, r, H, W}, b[4] = {c, r, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p0213, 4)) < 0)
+            return im->err->code;
+    } else {     /* (i, j, c h, w) -> (i, c h, w, j); (i, c, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {r, r, c * H, W}, b[4] = {r, c, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p1203, 4)) < 0)
+            return im->err->code;
+    }
+    const int64_t o[3] = {c, H * r, W * r};
+    if ((in = view_perm(im, in, o, 3, NULL, 0)) < 0) return im->err->code;
+    const int64_t od[4] = {x->dims[0], c, H * r, W * r};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* SpaceToDepth: out[(i r + j) C + c, h, w] = in[c, h r + i, w r + j] (DepthToSpace DCR's inverse; PyTorch writes
+ * pixel_unshuffle as Reshapes and a Transpose instead). */
+static ps_status h_space_to_depth(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    if (attr(im, "mode")) return unsup(im, "a mode attribute (SpaceToDepth has none)");
+    const int64_t C = x->dims[1], H = x->dims[2] / r, W = x->dims[3] / r;
+    if (x->dims[2] % r || x->dims[3] % r)
+        return bad(im, "%lldx%lld is not a multiple of blocksize %lld", (long long)x->dims[2], (long long)x->dims[3],
+                   (long long)r);
+    static const int p2013[4] = {2, 0, 1, 3}, p021[3] = {0, 2, 1};
+    const int64_t a[4] = {C, H, r, W * r}, b[3] = {r, C * H * W, r}, o[3] = {r * r * C, H, W};
+    int in = x->node;   /* (c, h, i, w') -> (i, c, h, w'); (i, c h w, j) -> (i, j, c h w) */
+    if ((in = view_perm(im, in, a, 4, p2013, 4)) < 0 || (in = view_perm(im, in, b, 3, p021, 3)) < 0 ||
+        (in = view_perm(im, in, o, 3, NULL, 0)) < 0)
+        return im->err->code;
+    const int64_t od[4] = {x->dims[0], r * r * C, H, W};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
 static ps_status h_transpose(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -4043,6 +4131,8 @@ static const op_row ops[] = {
     {"Cos", h_cos, 7},
     {"Erf", h_erf, 9},
     {"RandomNormalLike", h_random_normal_like, 1},
+    {"DepthToSpace", h_depth_to_space, 1},
+    {"SpaceToDepth", h_space_to_depth, 1},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
