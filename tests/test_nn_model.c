@@ -1359,8 +1359,8 @@ static void test_mixed_ids(void) {
     }
     ps_model_free(mi);
     ps_model_free(mf);
-    ps_model *m = model_from_text(path, "ref", "name: ids\nstages:\n  - name: s\n    input: {shape: [5], dtype: float32}\n"
-        "    nodes:\n      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3}\n", &err);
+    ps_model *m = model_from_text(path, "ref", "name: ids\nstages:\n  - name: s\n"
+        "    input: {shape: [5], dtype: float32}\n    nodes:\n      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3}\n", &err);
     CHECK(!m);
     CHECK_MSG(strstr(err.msg, "float32 ids only in a slice (ids_start) of a mixed input"), "%s", err.msg);
     ps_model_free(m);
