@@ -18,7 +18,8 @@ parameter gradient of one backward against float64 autograd, the input gradient 
 the ids, as .long() has none), a strict load_state_dict, 30 SGD steps each within 1e-5 of PyTorch's own loop); the
 reference is the module called on the pieces of psd's joined input (its X subclass). psd refuses a Forward whose
 id slot holds 2.5, -1 or 2^24 (not an exact id) or an id past its table, naming sample, position and table.
-psd-export refuses an id input used as a number and a count of --input-dtype that fits neither rule.
+psd-export refuses an id input used as a number and a count of --input-dtype that fits neither rule, and
+hints at --input-dtype per input when ids reach an nn.Embedding as float32 (none given).
 
 ps-train fit trains WideDeep through psd from two .npy files (--inputs ids.npy --inputs feats.npy; the label the
 user id's parity XOR the first feature's sign) beside PyTorch's own loop from the same initial weights (plain
@@ -89,6 +90,9 @@ def main():
         target = torch.randint(0, classes, (BATCH,), generator=torch.Generator().manual_seed(1))
         check_rnn.checked(label, label, y, w, model, xt, target, input_grad=True, steps=30,
                           after=bad_ids if cls is multiin.WideDeep else None)
+        log = open(os.path.join(cr.TMP, label + ".log")).read()
+        cr.check("cpu ISA " in log and "kernel check failed" not in log,
+                 "%s: psd's start-up kernel check probes the mixed input (ids 0 where its pixels are not ids)" % label)
     refusals(pe)
     fit(pe)
 
@@ -116,6 +120,8 @@ def refusals(pe):
                ((multiin.IdTimesFeature, "reads the int64 input 'ids'"),))
     cr.refused(lambda cls, name: export(pe, cls, name, ["3", str(FEATS)], ["int64", "float32", "int64"]),
                ((multiin.WideDeep, "3 --input-dtype given for 2 --input-shape"),))
+    cr.refused(lambda cls, name: export(pe, cls, name, ["3", str(FEATS)], []),
+               ((multiin.WideDeep, "give --input-dtype once per input"),))
 
 
 def torch_loop(model, data, epochs, lr, batch, seed):
