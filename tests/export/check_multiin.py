@@ -22,7 +22,8 @@ psd-export refuses an id input used as a number and a count of --input-dtype tha
 hints at --input-dtype per input when ids reach an nn.Embedding as float32 (none given).
 
 ps-train fit trains WideDeep through psd from two .npy files (--inputs ids.npy --inputs feats.npy; the label the
-user id's parity XOR the first feature's sign) beside PyTorch's own loop from the same initial weights (plain
+user id's parity XOR the first feature's sign; the test arrays two members of one .npz, --test-inputs t.npz:ids
+--test-inputs t.npz:feats) beside PyTorch's own loop from the same initial weights (plain
 SGD, lr 0.1, batch 32, 8 epochs): both reach at least 90 % test accuracy and lie within 3 points and 0.1 of test
 loss of each other. Refused by ps-train naming what is wrong: arrays of different row counts, arrays whose values
 together are not the model's, --input-mean with several inputs, an id of 2^24 joined with float features, and the
@@ -183,7 +184,9 @@ def fit(pe):
         return subprocess.run(args + list(extra), capture_output=True, text=True, timeout=300)
 
     train_in = [f["train", "ids"], f["train", "feats"]]
-    test_in = [f["test", "ids"], f["test", "feats"]]
+    npz = os.path.join(cr.TMP, "wd_test.npz")       # the test arrays as two members of one .npz
+    np.savez(npz, ids=data[1][0], feats=data[1][1])
+    test_in = [npz + ":ids", npz + ":feats"]
     # refusals first (nothing trained; psd's weights still the initial ones)
     short = os.path.join(cr.TMP, "wd_short_feats.npy")
     np.save(short, data[0][1][:100])
