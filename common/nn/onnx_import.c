@@ -5343,11 +5343,25 @@ static int glue_input(imp *im, int i, int k, int D, int64_t H, const int64_t wan
     return 1;
 }
 
-/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one. */
+/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one, or (an export
+ * with a dynamic batch: torch.onnx's dynamic_axes) a ConstantOfShape of zeros to the shape the batch gives or a
+ * Slice of one. */
 static int zero_state(imp *im, int i, int k, int *ab, int *na) {
     const ps_onnx_node *n = &im->m->nodes[i];
     if (k >= n->nin || !n->in[k][0]) return 1;
     int e = producer_of(im, n->in[k]);
+    int cs = is_op(im, e, "ConstantOfShape") ? e : is_op(im, e, "Slice") ? producer_of(im, in0(im, e)) : -1;
+    if (is_op(im, cs, "ConstantOfShape")) {   /* itself, or a Slice of it (a layer's rows) */
+        const ps_onnx_attr *va = ps_onnx_attr_find(&im->m->nodes[cs], "value");
+        float fv = 0;
+        ps_err er = {0};
+        if (va && (!va->t || va->t->numel != 1 || dtype_is_int(va->t->dtype) || ps_onnx_tensor_floats(va->t, &fv, &er)
+                   || fv != 0))
+            return 0;
+        ab[(*na)++] = cs;
+        if (e != cs) ab[(*na)++] = e;
+        return 1;
+    }
     if (!is_op(im, e, "Expand")) return 0;
     int s = producer_of(im, in0(im, e));
     val *c = is_op(im, s, "Slice") ? vget(im, in0(im, s)) : vget(im, in0(im, e));
@@ -5470,7 +5484,7 @@ static ps_status find_graph_rnns(imp *im) {
             for (int s = 5; s < 7 && s < r->nin; s++)
                 if (!zero_state(im, cur, s, ab, &na))
                     rnn_why(im, p, cur, "an initial %s state psd does not read as the exporter's zeros (an Expand "
-                            "of a constant of zeros): psd's %s starts from zeros; call the module without hx",
+                            "of a constant of zeros, a ConstantOfShape of zeros): psd's %s starts from zeros; call the module without hx",
                             s == 5 ? "hidden" : "cell", r->op_type);
             /* the join to the next layer */
             int rd[8], nr = r->nout ? readers_of(im, r->out[0], rd, 8) : 0, j1 = -1, j2 = -1;
