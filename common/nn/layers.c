@@ -2001,9 +2001,19 @@ static int64_t emb_ids_per_sample(const ps_layer *ly) {
     return k;
 }
 
+/* A mixed input (int64 ids and float32 features, joined as one float32
+ * input) carries its ids as float32 values: exact integers below 2^24
+ * (EMB_F32_IDS), read only by an Embedding of a slice. */
+#define EMB_F32_IDS 16777216.0f
+
+static int emb_f32_ids(const ps_layer *ly) { return ly->in_dtype[0] == PS_DTYPE_F32; }
+
 static ps_status emb_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 0, ly->a.ids_sliced ? PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS - 1, PS_DTYPE_I64,
-                             err);
+    if (emb_f32_ids(ly) && !ly->a.ids_sliced)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "its input is float32: an Embedding reads int64 ids, or "
+                          "float32 ids only in a slice (ids_start) of a mixed input of ids and features");
+    ps_status rc = need_ndim(ly, 0, 0, ly->a.ids_sliced ? PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS - 1,
+                             emb_f32_ids(ly) ? PS_DTYPE_F32 : PS_DTYPE_I64, err);
     if (rc) return rc;
     if (ly->a.ids_sliced) {
         char b[64];
@@ -2043,7 +2053,7 @@ static ps_status emb_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+    if (emb_f32_ids(ly) && !ops->fill) return "fill";
     return ops->embedding_forward && ops->embedding_backward ? NULL : "embedding_forward/embedding_backward";
 }
 
@@ -2051,11 +2061,25 @@ static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
  * node; psd's other kinds do not read int64 ids). */
 static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err) {
     const int64_t *ids = host_x;
+    const float *fids = host_x;           /* a mixed input's float32 ids */
     int64_t lo = ly->row_lo, hi = ly->row_lo + ly->a.num;
     int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
     int64_t n = ly->a.ids_sliced ? (per ? count / per : 0) * k : count;
     for (int64_t j = 0; j < n; j++) {
         int64_t i = ly->a.ids_sliced ? j / k * per + ly->a.ids_start + j % k : j;
+        if (emb_f32_ids(ly)) {
+            float v = fids[i];
+            if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %.9g (id %lld of %s's slice "
+                                  "ids_start %lld) is not an id: the float32 input carries ids as exact integers "
+                                  "0..16777215 (2^24 - 1)", (long long)(i / per), (long long)(i % per), (double)v,
+                                  (long long)(j % k), ly->name, (long long)ly->a.ids_start);
+            if ((int64_t)v >= lo && (int64_t)v < hi) continue;
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %lld (id %lld of %s's slice "
+                              "ids_start %lld) is not a row of %s.weight (%lld..%lld)", (long long)(i / per),
+                              (long long)(i % per), (long long)v, (long long)(j % k), ly->name,
+                              (long long)ly->a.ids_start, ly->name, (long long)lo, (long long)(hi - 1));
+        }
         if (ids[i] >= lo && ids[i] < hi) continue;
         if (ly->a.ids_sliced)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %lld (id %lld of %s's slice "
@@ -2081,7 +2105,9 @@ static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err
     ps_status rc;
     *out = NULL;
     int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
-    size_t xb = (size_t)(c->n * per) * sizeof(int64_t), ib = (size_t)(c->n * k) * sizeof(int64_t);
+    int f32 = emb_f32_ids(ly);            /* a mixed input's float32 ids (a slice: emb_infer) */
+    size_t xb = (size_t)(c->n * per) * (f32 ? sizeof(float) : sizeof(int64_t));
+    size_t ib = (size_t)(c->n * k) * sizeof(int64_t);
     int64_t *x = malloc(xb ? xb : 8), *h = ly->a.ids_sliced ? malloc(ib ? ib : 8) : x;
     if (!x || !h) {
         if (h != x) free(h);
@@ -2093,7 +2119,23 @@ static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err
         free(x);
         return rc;
     }
-    if (h != x) {
+    if (f32) {   /* checked as the stage's input (emb_check); a computed slice is checked here */
+        const float *fx = (const float *)x;
+        for (int64_t s = 0; s < c->n; s++)
+            for (int64_t j = 0; j < k; j++) {
+                float v = fx[s * per + ly->a.ids_start + j];
+                if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v) || (int64_t)v < ly->row_lo ||
+                    (int64_t)v >= ly->row_lo + ly->a.num) {
+                    free(h);
+                    free(x);
+                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: id %.9g of sample %lld is not a row of "
+                                      "%s.weight (0..%lld)", ly->name, (double)v, (long long)s, ly->name,
+                                      (long long)(ly->a.num - 1));
+                }
+                h[s * k + j] = (int64_t)v;
+            }
+        free(x);
+    } else if (h != x) {
         for (int64_t s = 0; s < c->n; s++) memcpy(h + s * k, x + s * per + ly->a.ids_start, (size_t)k * sizeof *h);
         free(x);
     }
@@ -2180,6 +2222,8 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     ps_rows_clear(c->rows);
     *c->rows = r;
     memset(&r, 0, sizeof r);
+    if (c->dx)   /* a mixed float32 input's gradient: none through ids (zeros; the features' Narrows add theirs) */
+        rc = ops->fill(impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
     goto done;
 oom:
     rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s.weight gradient", c->ly->name);

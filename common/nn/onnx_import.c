@@ -188,6 +188,8 @@ typedef struct imp {
     } lstm;
     int trailing;               /* ONNX node where the trainer's part after the model begins, or -1 */
     const char *out_name;       /* the graph output psd computes */
+    const char *outs[MAX_INPUTS];   /* several graph outputs: joined into psd's one (join_outputs) */
+    int nouts;
     int out_node;               /* its psd node */
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
     mha_pat *mha;               /* the nn.MultiheadAttention decompositions found (fz[end].axis, fz[t0].axis) */
@@ -1653,6 +1655,24 @@ static ps_status h_erf(imp *im) { return math_unary(im, "Erf", NULL); }   /* out
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
+
+/* RandomNormalLike: standard normal noise of a computed value's shape (a VAE's eps) as psd's RandnLike, drawn on
+ * the dropout stream; mean and scale as AddConstant / MulConstant after it. */
+static ps_status h_random_normal_like(imp *im) {
+    static const char *const known[] = {"dtype", "mean", "scale", "seed", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (attr(im, "seed"))
+        return unsup(im, "seed %g: psd draws the noise from its own seed per forward", attr_f(im, "seed", 0));
+    if (attr(im, "dtype") && attr_i(im, "dtype", PS_ONNX_FLOAT) != PS_ONNX_FLOAT)
+        return unsup(im, "dtype %s (psd draws float32 noise)", ps_onnx_dtype_name((int)attr_i(im, "dtype", 0)));
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA)
+        return unsup(im, "noise shaped like a constant: psd draws it like a computed value (torch.randn_like(x))");
+    double c[2] = {attr_f(im, "scale", 1.0f), attr_f(im, "mean", 0.0f)};
+    return math_chain(im, x, "RandnLike", NULL, c);
+}
 
 static ps_status h_sqrt(imp *im) {
     if (all_const(im)) return fold(im);
@@ -3267,6 +3287,94 @@ static ps_status transpose_const(imp *im, val *x, const int64_t *perm, int np) {
     return const_out(im, 0, r, od, f, x->is_int) ? PS_OK : im->err->code;
 }
 
+/* ---- DepthToSpace and SpaceToDepth (nn.PixelShuffle's export, super-resolution nets): Reshapes and Permutes of
+ * at most 4 per-sample dims, as psd-export writes nn.PixelShuffle ---- */
+
+/* A Reshape of psd node in to the per-sample shape[n], then (np > 0) a Permute of the per-sample dims by perm[np]:
+ * the last node, or -1 (err set). */
+static int view_perm(imp *im, int in, const int64_t *shape, int n, const int *perm, int np) {
+    char b[128];
+    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &in);
+    if (pn < 0) return oom(im), -1;
+    add_attr(im, pn, "shape: %s", dims_text(shape, n, b, sizeof b));
+    if (np <= 0) return pn;
+    int64_t dims[PS_MAXD + 1] = {0};
+    for (int k = 0; k < np; k++) dims[k + 1] = perm[k] + 1;
+    int pp = emit(im, "Permute", NULL, NULL, "permute", 1, &pn);
+    if (pp < 0) return oom(im), -1;
+    add_attr(im, pp, "dims: %s", dims_text(dims, np + 1, b, sizeof b));
+    return pp;
+}
+
+/* x (N, C, H, W) and the blocksize attribute, checked: *r, or an error. */
+static ps_status space_depth_in(imp *im, val **x, int64_t *r) {
+    static const char *const known[] = {"blocksize", "mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "%s of a constant", cur_node(im)->op_type);
+    if (!(*x = in_val(im, 0, 1))) return im->err->code;
+    if ((rc = need_float(im, *x, 0, PS_MAXD, "input"))) return rc;
+    if (!attr(im, "blocksize")) return bad(im, "no blocksize");
+    *r = attr_i(im, "blocksize", 0);
+    if (*r < 1 || *r > 4096) return bad(im, "blocksize %lld", (long long)*r);
+    if ((*x)->ndim != 4 || im->lead != 1 || im->whole)
+        return unsup(im, "input of rank %d (psd reads (N, C, H, W) with the batch first)", (*x)->ndim);
+    return PS_OK;
+}
+
+/* DepthToSpace: mode CRD (PyTorch's pixel_shuffle: out[c, h r + i, w r + j] = in[c r^2 + i r + j, h, w]) or DCR
+ * (ONNX's default: in[(i r + j) C' + c, h, w]). */
+static ps_status h_depth_to_space(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    const char *mode = attr_s(im, "mode", "DCR");
+    const int crd = !strcmp(mode, "CRD");
+    if (!crd && strcmp(mode, "DCR")) return unsup(im, "mode '%s' (ONNX's are DCR and CRD)", mode);
+    const int64_t C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    if (C % (r * r)) return bad(im, "%lld channels are not a multiple of blocksize^2 = %lld", (long long)C,
+                                (long long)(r * r));
+    const int64_t c = C / (r * r);
+    static const int p0231[4] = {0, 2, 3, 1}, p0213[4] = {0, 2, 1, 3}, p1203[4] = {1, 2, 0, 3};
+    int in = x->node;
+    if (crd) {   /* (c r + i, j, h, w) -> (c r + i, h, w, j); (c, i, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {c * r, r, H, W}, b[4] = {c, r, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p0213, 4)) < 0)
+            return im->err->code;
+    } else {     /* (i, j, c h, w) -> (i, c h, w, j); (i, c, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {r, r, c * H, W}, b[4] = {r, c, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p1203, 4)) < 0)
+            return im->err->code;
+    }
+    const int64_t o[3] = {c, H * r, W * r};
+    if ((in = view_perm(im, in, o, 3, NULL, 0)) < 0) return im->err->code;
+    const int64_t od[4] = {x->dims[0], c, H * r, W * r};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* SpaceToDepth: out[(i r + j) C + c, h, w] = in[c, h r + i, w r + j] (DepthToSpace DCR's inverse; PyTorch writes
+ * pixel_unshuffle as Reshapes and a Transpose instead). */
+static ps_status h_space_to_depth(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    if (attr(im, "mode")) return unsup(im, "a mode attribute (SpaceToDepth has none)");
+    const int64_t C = x->dims[1], H = x->dims[2] / r, W = x->dims[3] / r;
+    if (x->dims[2] % r || x->dims[3] % r)
+        return bad(im, "%lldx%lld is not a multiple of blocksize %lld", (long long)x->dims[2], (long long)x->dims[3],
+                   (long long)r);
+    static const int p2013[4] = {2, 0, 1, 3}, p021[3] = {0, 2, 1};
+    const int64_t a[4] = {C, H, r, W * r}, b[3] = {r, C * H * W, r}, o[3] = {r * r * C, H, W};
+    int in = x->node;   /* (c, h, i, w') -> (i, c, h, w'); (i, c h w, j) -> (i, j, c h w) */
+    if ((in = view_perm(im, in, a, 4, p2013, 4)) < 0 || (in = view_perm(im, in, b, 3, p021, 3)) < 0 ||
+        (in = view_perm(im, in, o, 3, NULL, 0)) < 0)
+        return im->err->code;
+    const int64_t od[4] = {x->dims[0], r * r * C, H, W};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
 static ps_status h_transpose(imp *im) {
     val *x = in_val(im, 0, 1);
     if (!x) return im->err->code;
@@ -4063,6 +4171,9 @@ static const op_row ops[] = {
     {"Sin", h_sin, 7},
     {"Cos", h_cos, 7},
     {"Erf", h_erf, 9},
+    {"RandomNormalLike", h_random_normal_like, 1},
+    {"DepthToSpace", h_depth_to_space, 1},
+    {"SpaceToDepth", h_space_to_depth, 1},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
@@ -5274,11 +5385,25 @@ static int glue_input(imp *im, int i, int k, int D, int64_t H, const int64_t wan
     return 1;
 }
 
-/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one. */
+/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one, or (an export
+ * with a dynamic batch: torch.onnx's dynamic_axes) a ConstantOfShape of zeros to the shape the batch gives or a
+ * Slice of one. */
 static int zero_state(imp *im, int i, int k, int *ab, int *na) {
     const ps_onnx_node *n = &im->m->nodes[i];
     if (k >= n->nin || !n->in[k][0]) return 1;
     int e = producer_of(im, n->in[k]);
+    int cs = is_op(im, e, "ConstantOfShape") ? e : is_op(im, e, "Slice") ? producer_of(im, in0(im, e)) : -1;
+    if (is_op(im, cs, "ConstantOfShape")) {   /* itself, or a Slice of it (a layer's rows) */
+        const ps_onnx_attr *va = ps_onnx_attr_find(&im->m->nodes[cs], "value");
+        float fv = 0;
+        ps_err er = {0};
+        if (va && (!va->t || va->t->numel != 1 || dtype_is_int(va->t->dtype) || ps_onnx_tensor_floats(va->t, &fv, &er)
+                   || fv != 0))
+            return 0;
+        ab[(*na)++] = cs;
+        if (e != cs) ab[(*na)++] = e;
+        return 1;
+    }
     if (!is_op(im, e, "Expand")) return 0;
     int s = producer_of(im, in0(im, e));
     val *c = is_op(im, s, "Slice") ? vget(im, in0(im, s)) : vget(im, in0(im, e));
@@ -5401,7 +5526,7 @@ static ps_status find_graph_rnns(imp *im) {
             for (int s = 5; s < 7 && s < r->nin; s++)
                 if (!zero_state(im, cur, s, ab, &na))
                     rnn_why(im, p, cur, "an initial %s state psd does not read as the exporter's zeros (an Expand "
-                            "of a constant of zeros): psd's %s starts from zeros; call the module without hx",
+                            "of a constant of zeros, a ConstantOfShape of zeros): psd's %s starts from zeros; call the module without hx",
                             s == 5 ? "hidden" : "cell", r->op_type);
             /* the join to the next layer */
             int rd[8], nr = r->nout ? readers_of(im, r->out[0], rd, 8) : 0, j1 = -1, j2 = -1;
@@ -5796,6 +5921,49 @@ static ps_status trainer_tail(imp *im, int first) {
     return PS_OK;
 }
 
+/* Several graph outputs (a VAE's recon, mu and logvar): psd's model has one, so each is flattened after the
+ * batch and they are joined along dim 1 in the graph's order, as psd-export joins a module's tuple output. The
+ * Concat becomes the output im->out_name names. */
+static ps_status join_outputs(imp *im) {
+    int ins[MAX_INPUTS], last = -1;
+    int64_t total = 0;
+    for (int k = 0; k < im->nouts; k++) {
+        val *v = vget(im, im->outs[k]);
+        if (!v || v->kind != VK_DATA || v->node < 0)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes "
+                              "its outputs from the input", im->label, im->outs[k],
+                              v && v->kind == VK_CONST ? "a constant" : "the input itself");
+        if (v->dtype != PS_ONNX_FLOAT)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s (psd joins float "
+                              "outputs)", im->label, im->outs[k], ps_onnx_dtype_name(v->dtype));
+        if (im->whole || im->lead != 1 || v->stage != im->stage)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s': psd joins several outputs "
+                              "of a model whose batch is dim 0, computed in its last stage", im->label, im->outs[k]);
+        im->cur = v->prod;
+        ins[k] = v->node;
+        if (v->ndim != 2) {
+            if ((ins[k] = emit(im, "Flatten", NULL, NULL, "flat", 1, &v->node)) < 0) return oom(im);
+        }
+        total += prod(v->dims + 1, v->ndim - 1);
+        if (v->prod > last) last = v->prod;
+    }
+    im->cur = last;
+    int pn = emit(im, "Concat", NULL, NULL, "outputs", im->nouts, ins);
+    if (pn < 0) return oom(im);
+    val *j = vmake(im, "psd.outputs");
+    if (!j) return oom(im);
+    j->kind = VK_DATA;
+    j->node = pn;
+    j->stage = im->stage;
+    j->dtype = PS_ONNX_FLOAT;
+    j->ndim = 2;
+    j->dims[0] = -1;
+    j->dims[1] = total;
+    im->out_name = j->name;
+    im->cur = -1;
+    return PS_OK;
+}
+
 static ps_status convert(imp *im) {
     const ps_onnx_model *m = im->m;
     const ps_onnx_import_opts *o = im->o;
@@ -5906,14 +6074,17 @@ static ps_status convert(imp *im) {
         if (!v) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
                                   im->label, m->outputs[i].name);
         if (v->trainer) continue;
-        nout++;
+        if (nout == MAX_INPUTS)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has more than %d outputs (psd joins at "
+                              "most %d into its one)", im->label, MAX_INPUTS, MAX_INPUTS);
+        im->outs[nout++] = v->name;
         out = v;
+        if (v->prod >= 0) im->live[v->prod] = 1;
     }
-    if (nout != 1)
-        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has %d outputs: psd's model has one",
-                          im->label, nout);
+    if (nout == 0)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has no output psd computes", im->label);
+    im->nouts = nout;
     im->out_name = out->name;
-    if (out->prod >= 0) im->live[out->prod] = 1;
     for (int i = m->nnodes - 1; i >= 0; i--) {
         if (!im->live[i]) continue;
         for (int k = 0; k < m->nodes[i].nin; k++) {
@@ -5980,6 +6151,10 @@ static ps_status convert(imp *im) {
     }
     im->cur = -1;
     if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
+    if (im->nouts > 1) {
+        ps_status rc = join_outputs(im);
+        if (rc) return rc;
+    }
     out = vget(im, im->out_name);
     if (!out || out->kind != VK_DATA || out->node < 0)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
