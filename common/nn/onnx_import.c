@@ -1815,6 +1815,98 @@ static ps_status matmul_values(imp *im, val *a, val *b) {
     return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
 }
 
+/* Einsum of two computed values that is a batched matrix product (attention written with torch.einsum:
+ * "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...qd,...kd->...kq"), as psd-export writes it: operands and output of
+ * one rank (3 or more, the batch first), the same leading subscripts in all three, the last two of each operand
+ * one kept and one summed over - a MatMul with transpose_a / transpose_b (an output transposed: B^T A^T).
+ * Anything else refused, naming the equation. */
+static ps_status h_einsum(imp *im) {
+    static const char *const known[] = {"equation", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *nd = cur_node(im);
+    const char *eq = attr_s(im, "equation", NULL);
+    if (!eq) return bad(im, "no equation");
+    if (nd->nin != 2) return unsup(im, "Einsum of %d operands (psd writes einsum of two as a MatMul)", nd->nin);
+    val *x[2] = {in_val(im, 0, 1), in_val(im, 1, 1)};
+    if (!x[0] || !x[1]) return im->err->code;
+    for (int k = 0; k < 2; k++) {
+        if (x[k]->kind != VK_DATA)
+            return unsup(im, "Einsum '%s' of a constant operand (psd writes einsum of two computed values as a "
+                         "MatMul; x @ W is a MatMul export)", eq);
+        if ((rc = need_float(im, x[k], 1, PS_MAXD, "operand"))) return rc;
+    }
+    /* the equation without spaces, each "..." as the spare capital letters it stands for */
+    char t[3][MAXD + 1];
+    int tl[3] = {0, 0, 0}, part = 0, ell[3] = {-1, -1, -1};
+    for (const char *q = eq; *q; q++) {
+        if (*q == ' ') continue;
+        if (*q == ',' && part == 0) { part = 1; continue; }
+        if (q[0] == '-' && q[1] == '>' && part == 1) { part = 2; q++; continue; }
+        if (q[0] == '.' && q[1] == '.' && q[2] == '.' && ell[part] < 0) { ell[part] = tl[part]; q += 2; continue; }
+        if (!isalpha((unsigned char)*q) || tl[part] >= MAXD) return unsup(im, "Einsum '%s': psd reads 'ab,cd->ef' "
+                                                                         "of at most %d subscripts each", eq, MAXD);
+        t[part][tl[part]++] = *q;
+    }
+    if (part != 2) return unsup(im, "Einsum '%s': psd takes two operands and an explicit output ('->')", eq);
+    const int r = x[0]->ndim;
+    int n_ell = -1;
+    for (int k = 0; k < 2; k++)
+        if (ell[k] >= 0) n_ell = x[k]->ndim - tl[k];
+    if (n_ell < 0 && ell[2] >= 0) return bad(im, "'...' in the output of '%s' only", eq);
+    for (int k = 0; k < 3; k++) {   /* expand: "...": capitals A, B, ... (ONNX's subscripts are letters) */
+        if (ell[k] < 0) continue;
+        if (n_ell < 0 || tl[k] + n_ell > MAXD) return unsup(im, "Einsum '%s': its '...'", eq);
+        for (int i = 0; i < tl[k]; i++)
+            if (isupper((unsigned char)t[k][i])) return unsup(im, "Einsum '%s': capitals beside '...'", eq);
+        memmove(t[k] + ell[k] + n_ell, t[k] + ell[k], (size_t)(tl[k] - ell[k]));
+        for (int i = 0; i < n_ell; i++) t[k][ell[k] + i] = (char)('A' + i);
+        tl[k] += n_ell;
+    }
+    int ok = tl[0] == x[0]->ndim && tl[1] == x[1]->ndim && tl[0] == r && tl[1] == r && tl[2] == r && r >= 3 &&
+             !memcmp(t[0], t[1], (size_t)(r - 2)) && !memcmp(t[0], t[2], (size_t)(r - 2));
+    for (int k = 0; k < 3 && ok; k++)   /* no subscript twice in a term (a diagonal) */
+        for (int i = 0; i < r; i++)
+            for (int j = i + 1; j < r; j++) ok &= t[k][i] != t[k][j];
+    char kk = 0, ii = 0, jj = 0;
+    if (ok) {   /* k: the one subscript of the last two both operands have, summed over; i, j: the kept ones */
+        int shared = 0;
+        for (int a = r - 2; a < r; a++)
+            for (int b = r - 2; b < r; b++)
+                if (t[0][a] == t[1][b]) { kk = t[0][a]; shared++; }
+        ok = shared == 1 && !memchr(t[2], kk, (size_t)r);
+        ii = t[0][r - 2] == kk ? t[0][r - 1] : t[0][r - 2];
+        jj = t[1][r - 2] == kk ? t[1][r - 1] : t[1][r - 2];
+    }
+    int ta = t[0][r - 2] == kk, tb = t[1][r - 1] == kk, swap = 0;
+    if (ok && t[2][r - 2] == ii && t[2][r - 1] == jj) swap = 0;
+    else if (ok && t[2][r - 2] == jj && t[2][r - 1] == ii) swap = 1;   /* (A B)^T = B^T A^T */
+    else ok = 0;
+    if (!ok)
+        return unsup(im, "Einsum '%s' is not a batched matrix product (psd writes einsum as a MatMul: operands and "
+                     "output of one rank, 3 or more with the batch first, the same leading subscripts, the last two "
+                     "of each operand one kept and one summed over)", eq);
+    for (int d = 0; d < r - 2; d++)
+        if (x[0]->dims[d] != x[1]->dims[d] && d >= im->lead)
+            return unsup(im, "Einsum '%s': leading dims %lld and %lld differ", eq, (long long)x[0]->dims[d],
+                         (long long)x[1]->dims[d]);
+    const val *A = swap ? x[1] : x[0], *B = swap ? x[0] : x[1];
+    const int tA = swap ? !tb : ta, tB = swap ? !ta : tb;
+    int64_t od[MAXD];
+    memcpy(od, A->dims, sizeof od);
+    od[r - 2] = tA ? A->dims[r - 1] : A->dims[r - 2];
+    od[r - 1] = tB ? B->dims[r - 2] : B->dims[r - 1];
+    const int64_t kA = tA ? A->dims[r - 2] : A->dims[r - 1], kB = tB ? B->dims[r - 1] : B->dims[r - 2];
+    if (kA != kB) return bad(im, "Einsum '%s': the summed subscript is %lld and %lld long", eq, (long long)kA,
+                             (long long)kB);
+    int ins[2] = {A->node, B->node};
+    int pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins);
+    if (pn < 0) return oom(im);
+    if (tA) add_attr(im, pn, "transpose_a: true");
+    if (tB) add_attr(im, pn, "transpose_b: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
+}
+
 /* Split of a computed value along one axis (newer exporters' x.chunk / torch.split): a Narrow per output
  * that is read. Sizes: the split input (opset 13) or attribute, else equal parts. */
 static ps_status h_split(imp *im) {
@@ -4132,6 +4224,7 @@ static const op_row ops[] = {
     {"Erf", h_erf, 9},
     {"RandomNormalLike", h_random_normal_like, 1},
     {"DepthToSpace", h_depth_to_space, 1},
+    {"Einsum", h_einsum, 12},
     {"SpaceToDepth", h_space_to_depth, 1},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
