@@ -13,7 +13,9 @@ training forwards, every gradient (weight_g, weight_v, bias) of one backward aga
 PyTorch float32's own error or 1e-4 of the tensor's largest), the step, psd's tensors loading into the module with
 load_state_dict(strict=True); then 30 SGD steps through psd, each step's loss within 1e-5 of PyTorch's own loop.
 psd's own initialisation (no --init-from): every weight_g is ||weight_v|| over all dims but weight_norm's dim, as
-nn.utils.weight_norm sets it (so the weight starts as weight_v, PyTorch's default layer's). And psd-export's refusals,
+nn.utils.weight_norm sets it (so the weight starts as weight_v, PyTorch's default layer's). Both models' training-mode
+ONNX exports (weight_norm as ReduceL2, Div and Mul of the initializers before the Gemm / Conv / ConvTranspose) through
+psd's ONNX import, checked by run() the same way (weight_g and weight_v under their names). And psd-export's refusals,
 each naming the module and what to do: nn.utils.spectral_norm, torch.nn.utils.prune, weight_norm(dim=1), weight_norm
 of an LSTM's weight_hh_l0, a Linear holding a buffer its kind does not read.
 
@@ -77,6 +79,7 @@ def main():
         x, target = torch.randn([BATCH] + shape), torch.randint(0, 4, (BATCH,))
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
         own_init(label, y, model)
+        cr.onnx_run(label + " (ONNX)", model, x, target, "wnorm_onnx_%d" % i)
     cr.refused(lambda cls, name: export(pe, cls, name, [3, 8] if cls is wnorm.WNLstm else [8]), (
         (wnorm.SpectralNet, "by SpectralNorm from bias, weight_orig, weight_u, weight_v (its state_dict), which psd's "
                             "Linear cannot read: remove it with torch.nn.utils.remove_spectral_norm(module)"),
