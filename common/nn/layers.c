@@ -416,7 +416,7 @@ static ps_status wn_params(ps_layer *ly, ps_err *err) {
     g->suffix = "weight_g";
     g->init = WN_NORM;
     g->ndim = ly->a.wn_dim_given ? w.ndim : 0;   /* (D, 1, ...) as norm_except_dim keeps it; a 0-d one for null */
-    for (int d = 1; d < g->ndim; d++) g->dims[d] = 1;
+    for (int d = ly->a.wn_dim_given; d < 4; d++) g->dims[d] = 1;
     g->numel = rows;
     ly->nparams++;
     return PS_OK;
@@ -436,10 +436,15 @@ static ps_status wn_weight(const ps_layer_call *c, float *u, float *w, ps_err *e
     return rc ? rc : c->be->ops->mul_channels(c->be->impl, &r, u, c->w[0], w, err);
 }
 
-/* c as the kind's own call on weight w: a copy of the node without weight_norm (plain), params w and the bias. */
+/* c as the kind's own call on weight w: a copy of the node without weight_norm (plain: its parameters the
+ * kind's weight, of v's shape, and bias), params w and the bias. */
 static ps_layer_call wn_plain_call(const ps_layer_call *c, ps_layer *plain, float **ws, float *w) {
     *plain = *c->ly;
     plain->a.wn = 0;
+    plain->nparams = c->ly->nparams - 1;
+    plain->param[0] = c->ly->param[1];
+    plain->param[0].suffix = "weight";
+    plain->param[1] = c->ly->param[2];
     ws[0] = w;
     ws[1] = c->ly->a.bias ? c->w[2] : NULL;
     ps_layer_call cc = *c;
