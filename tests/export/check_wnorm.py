@@ -17,7 +17,8 @@ nn.utils.weight_norm sets it (so the weight starts as weight_v, PyTorch's defaul
 ONNX exports (weight_norm as ReduceL2, Div and Mul of the initializers before the Gemm / Conv / ConvTranspose) through
 psd's ONNX import, checked by run() the same way (weight_g and weight_v under their names). And psd-export's refusals,
 each naming the module and what to do: nn.utils.spectral_norm, torch.nn.utils.prune, weight_norm(dim=1), weight_norm
-of an LSTM's weight_hh_l0, a Linear holding a buffer its kind does not read.
+of an LSTM's weight_hh_l0, a Linear holding a buffer its kind does not
+read, a Linear under torch.nn.utils.parametrizations.orthogonal.
 
     check_wnorm.py BUILD_DIR TMP_DIR
 """
@@ -87,7 +88,9 @@ def main():
                           "cannot read: make the pruning permanent with torch.nn.utils.prune.remove"),
         (wnorm.WNDim1, "nn.utils.weight_norm(dim=1): psd maps nn.utils.weight_norm(module) of a Linear"),
         (wnorm.WNLstm, "'weight_hh_l0' is under nn.utils.weight_norm(dim=0)"),
-        (wnorm.ExtraBuffer, "it holds weight, bias, scale, and psd's Linear reads weight, bias")))
+        (wnorm.ExtraBuffer, "it holds weight, bias, scale, and psd's Linear reads weight, bias"),
+        (wnorm.Orthogonal, "its weight is computed by torch.nn.utils.parametrize from bias, parametrizations.weight."
+                           "original, parametrizations.weight.0.base: psd reads plain tensors; remove it with")))
 
 
 if __name__ == "__main__":

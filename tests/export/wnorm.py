@@ -8,9 +8,10 @@ WNUpNet    images (N, 3, 5, 5) -> weight_norm(Conv2d) -> ReLU -> weight_norm(Con
 
 And for psd-export's refusals: SpectralNet (nn.utils.spectral_norm of a Linear), PrunedNet (a Linear pruned by
 torch.nn.utils.prune), WNDim1 (weight_norm(Linear, dim=1): a norm per column), WNLstm (weight_norm of an LSTM's
-weight_hh_l0), ExtraBuffer (a Linear with a buffer of its own, no hook).
+weight_hh_l0), ExtraBuffer (a Linear with a buffer of its own, no hook),
+Orthogonal (torch.nn.utils.parametrizations.orthogonal: a ParametrizedLinear).
 
-Every class copies by rebuilding itself and loading its state_dict: PyTorch 1.13 cannot deepcopy a weight-normed
+WNConvNet and WNUpNet copy by rebuilding themselves and loading their state_dict: PyTorch 1.13 cannot deepcopy a weight-normed
 module (its weight is a computed tensor, which deepcopy refuses), and the checks copy models.
 """
 import torch
@@ -95,6 +96,17 @@ class ExtraBuffer(nn.Module):
         super().__init__()
         self.l = nn.Linear(8, 8)
         self.l.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        return self.l(x)
+
+
+class Orthogonal(nn.Module):
+    """torch.nn.utils.parametrizations.orthogonal of a Linear (a ParametrizedLinear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.utils.parametrizations.orthogonal(nn.Linear(8, 8))
 
     def forward(self, x):
         return self.l(x)
