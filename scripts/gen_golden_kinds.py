@@ -1313,6 +1313,39 @@ def stn_module(kind, a):
     return None
 
 
+# ---- weight normalisation (nn.utils.weight_norm: weight_g, weight_v) of Linear, Conv1d, Conv2d and
+# ConvTranspose2d: dim 0 (the default) and None (one norm of the whole weight), with and without bias; weight_g
+# moved off ||weight_v|| (case()) so that w differs from v
+CASES += [
+    ("wnorm_linear", stage([5], ["{name: l, kind: Linear, out_features: 4, weight_norm: true}"])),
+    ("wnorm_linear_none_nobias", stage([3, 5], ["{name: l, kind: Linear, out_features: 4, bias: false, "
+                                                "weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_conv1d", stage([4, 12], ["{name: c, kind: Conv1d, out_channels: 6, kernel_size: 3, padding: 2, "
+                                     "dilation: 2, weight_norm: true}"])),
+    ("wnorm_conv2d_groups", stage([4, 6, 6], ["{name: c, kind: Conv2d, out_channels: 6, kernel_size: 3, groups: 2, "
+                                              "padding: 1, weight_norm: true, weight_norm_dim: 0}"])),
+    ("wnorm_conv2d_none", stage([16, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, "
+                                             "bias: false, weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_upconv", stage([4, 5, 5], ["{name: u, kind: ConvTranspose2d, out_channels: 6, kernel_size: 3, stride: 2, "
+                                       "padding: 1, output_padding: 1, weight_norm: true}"])),
+    ("wnorm_upconv_none", stage([4, 3, 4], ["{name: u, kind: ConvTranspose2d, out_channels: 4, kernel_size: 2, "
+                                            "stride: 2, groups: 2, weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_net", stage([3, 16], ["{name: c, kind: Conv1d, out_channels: 8, kernel_size: 3, padding: 1, "
+                                  "weight_norm: true}",
+                                  "{name: a, kind: LeakyReLU, negative_slope: 0.1}",
+                                  "{name: f, kind: Flatten}",
+                                  "{name: l, kind: Linear, out_features: 5, weight_norm: true}"])),
+]
+
+
+def wnorm_module(kind, a, shapes, case_name):
+    """nn.utils.weight_norm of the node's module (weight_norm: true), dim weight_norm_dim (default 0), or None."""
+    if not a.get("weight_norm"):
+        return None
+    plain = {k: v for k, v in a.items() if k not in ("weight_norm", "weight_norm_dim")}
+    return nn.utils.weight_norm(make_module(kind, plain, shapes, case_name), dim=a.get("weight_norm_dim", 0))
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -1320,6 +1353,9 @@ def pair(v):
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
+    m = wnorm_module(kind, a, shapes, case_name)
+    if m is not None:
+        return m
     m = elem3_module(kind, a)
     if m is not None:
         return m
@@ -1817,6 +1853,8 @@ def case(idx, name, text):
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
                 m.num_batches_tracked.fill_(3)
+            if getattr(m, "weight_g", None) is not None:   # weight_norm: g off ||v||, so w is not v
+                m.weight_g.mul_(torch.empty_like(m.weight_g).uniform_(0.5, 2.0))
             if kind == "PReLU":   # each slope its own, some above 1, some negative
                 m.weight.add_(0.6 * torch.randn_like(m.weight))
             if kind == "RelativePositionBias" and name == "rpb_rect":   # a loaded index other than the formula's:

@@ -228,6 +228,7 @@ static float normal01(ps_rng *r) {  /* Box-Muller */
 }
 
 static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r);
+static float init_value(const ps_layer_param *p, ps_rng *r);
 
 void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
     init_draw(ly, j, host, r);
@@ -242,21 +243,34 @@ void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
 static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r) {
     const ps_layer_param *p = &ly->param[j];
     const ps_init *in = &p->init;
-    if (in->kind == PS_INIT_CONST) {
-        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a;
+    if (in->kind == PS_INIT_WEIGHT_NORM) {   /* weight_g: the norms of weight_v's draw, from a copy of the stream */
+        const ps_layer_param *v = &ly->param[j + 1];
+        ps_rng copy = *r;
+        const int64_t rows = p->numel, k = v->numel / p->numel;
+        for (int64_t i = 0; i < rows; i++) {
+            double s = 0.0;
+            for (int64_t e = 0; e < k; e++) {
+                const double x = init_value(v, &copy);
+                s += x * x;
+            }
+            host[i] = (float)sqrt(s);
+        }
         return;
     }
-    if (in->kind == PS_INIT_NORMAL) {
-        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + in->b * normal01(r);
-        return;
-    }
+    for (int64_t i = 0; i < p->numel; i++) host[i] = init_value(p, r);
+}
+
+/* One value of parameter p's initialisation (its elements are drawn in order, each so). */
+static float init_value(const ps_layer_param *p, ps_rng *r) {
+    const ps_init *in = &p->init;
+    if (in->kind == PS_INIT_CONST) return in->a;
+    if (in->kind == PS_INIT_NORMAL) return in->a + in->b * normal01(r);
     /* uniform: symmetric bounds as (2u - 1) * bound (the draw the C tables made) */
     if (in->fan_bound || in->a == -in->b) {
-        float bound = in->fan_bound ? 1.0f / sqrtf((float)(p->fan_in ? p->fan_in : 1)) : in->b;
-        for (int64_t i = 0; i < p->numel; i++) host[i] = (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
-        return;
+        const float bound = in->fan_bound ? 1.0f / sqrtf((float)(p->fan_in ? p->fan_in : 1)) : in->b;
+        return (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
     }
-    for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + (in->b - in->a) * ps_rng_uniform(r);
+    return in->a + (in->b - in->a) * ps_rng_uniform(r);
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -347,6 +361,140 @@ static ps_status need_dim_attr(const ps_layer *ly, int *d, ps_err *err) {
 static const char *no_op(const ps_layer *ly, const ps_backend_ops *ops) { (void)ly; (void)ops; return NULL; }
 
 static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; return PS_OK; }
+
+/* ---- weight normalisation: nn.utils.weight_norm(module, 'weight', dim) of
+ * Linear, Conv1d, Conv2d and ConvTranspose2d (attributes weight_norm, false,
+ * and weight_norm_dim: 0, weight_norm's default, or null, its dim=None: one
+ * norm of the whole weight). The node's weight is
+ *     w = g * v / ||v||
+ * with the norm over every dim of v but weight_norm_dim (PyTorch's
+ * norm_except_dim), and its parameters are PyTorch's: weight_g (v's shape
+ * with 1s but dim 0; a scalar for null) and weight_v (the weight's shape),
+ * trained as the reparametrisation - psd never holds w. One step serves the
+ * four kinds: ps_layer_infer calls wn_params after the kind's infer set
+ * weight (and bias); the kinds' forward and backward hand a weight-normed
+ * call to wn_forward / wn_backward, which compute w into scratch memory with
+ * the backend's l2norm (u = v / ||v|| per row of v seen as (D, K)) and
+ * mul_channels (w = g u), run the kind's own forward or backward on w, and
+ * turn its weight gradient dw into PyTorch's (_weight_norm_interface_backward)
+ *     dg = sum_k dw * u               (mul, then bias_grad per row)
+ *     dv = (g / ||v||) (dw - u dg)     (l2norm_backward of g dw)
+ * so every backend with those ops runs it, each op checked against the ref
+ * backend's. Parameters weight_g (0), weight_v (1), bias (2): g's default
+ * initialisation (||v|| of v's draw, as weight_norm() sets it,
+ * PS_INIT_WEIGHT_NORM) draws v's values from a copy of the stream before v
+ * draws them. ---- */
+
+typedef ps_status (*layer_fn)(ps_layer_call *c, ps_err *err);
+
+static const ps_init WN_NORM = {PS_INIT_WEIGHT_NORM, 0, 0, 0};
+
+/* weight_v as D rows of K: D = its dim 0 (weight_norm_dim 0) or 1 (null) */
+static ps_chan_desc wn_rows(const ps_layer *ly) {
+    const ps_layer_param *v = &ly->param[1];
+    const int64_t d = ly->a.wn_dim_given ? v->dims[0] : 1;
+    return (ps_chan_desc){.n = 1, .c = (int)d, .s = v->numel / d, .layout = PS_LAYOUT_PLAIN};
+}
+
+/* The kind's weight (param 0) and bias (param 1, if any) as weight_g, weight_v, bias. */
+static ps_status wn_params(ps_layer *ly, ps_err *err) {
+    if (!ly->a.wn) return PS_OK;
+    if (ly->a.wn_dim_given && ly->a.wn_dim != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "weight_norm_dim %lld: psd normalises the weight over every "
+                          "dim but 0 (weight_norm's default dim=0) or as a whole (null: dim=None)",
+                          (long long)ly->a.wn_dim);
+    PS_ASSERT(ly->nparams >= 1 && ly->nparams <= 2 && !strcmp(ly->param[0].suffix, "weight"));
+    const ps_layer_param w = ly->param[0];
+    const int64_t rows = ly->a.wn_dim_given ? w.dims[0] : 1;
+    if (w.numel / rows > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "weight_norm: %lld elements under one norm (psd takes at most "
+                          "2^31 - 1)", (long long)(w.numel / rows));
+    if (ly->nparams == 2) ly->param[2] = ly->param[1];
+    ly->param[1] = w;
+    ly->param[1].suffix = "weight_v";
+    ps_layer_param *g = &ly->param[0];
+    g->suffix = "weight_g";
+    g->init = WN_NORM;
+    g->ndim = ly->a.wn_dim_given ? w.ndim : 0;   /* (D, 1, ...) as norm_except_dim keeps it; a 0-d one for null */
+    for (int d = ly->a.wn_dim_given; d < 4; d++) g->dims[d] = 1;
+    g->numel = rows;
+    ly->nparams++;
+    return PS_OK;
+}
+
+static const char *wn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (!ly->a.wn || (ops->l2norm_forward && ops->l2norm_backward && ops->mul_channels && ops->mul && ops->bias_grad))
+        return NULL;
+    return "l2norm_forward/l2norm_backward/mul_channels/mul/bias_grad";
+}
+
+/* u = v / ||v|| per row, w = g u (w may be u). */
+static ps_status wn_weight(const ps_layer_call *c, float *u, float *w, ps_err *err) {
+    const ps_chan_desc r = wn_rows(c->ly);
+    const ps_l2norm_desc nd = {r.c, (int)r.s, 1, 0.0f};
+    ps_status rc = c->be->ops->l2norm_forward(c->be->impl, &nd, c->w[1], u, err);
+    return rc ? rc : c->be->ops->mul_channels(c->be->impl, &r, u, c->w[0], w, err);
+}
+
+/* c as the kind's own call on weight w: a copy of the node without weight_norm (plain: its parameters the
+ * kind's weight, of v's shape, and bias), params w and the bias. */
+static ps_layer_call wn_plain_call(const ps_layer_call *c, ps_layer *plain, float **ws, float *w) {
+    *plain = *c->ly;
+    plain->a.wn = 0;
+    plain->nparams = c->ly->nparams - 1;
+    plain->param[0] = c->ly->param[1];
+    plain->param[0].suffix = "weight";
+    plain->param[1] = c->ly->param[2];
+    ws[0] = w;
+    ws[1] = c->ly->a.bias ? c->w[2] : NULL;
+    ps_layer_call cc = *c;
+    cc.ly = plain;
+    cc.w = ws;
+    return cc;
+}
+
+static ps_status wn_forward(ps_layer_call *c, layer_fn fn, ps_err *err) {
+    float *w = ps_backend_alloc_floats(c->be, c->ly->param[1].numel), *ws[2];
+    if (!w) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's weight (weight_norm)", c->ly->name);
+    ps_layer plain;
+    ps_layer_call cc = wn_plain_call(c, &plain, ws, w);
+    ps_status rc = wn_weight(c, w, w, err);
+    if (rc == PS_OK) rc = fn(&cc, err);
+    ps_backend_release(c->be, w);
+    return rc;
+}
+
+static ps_status wn_backward(ps_layer_call *c, layer_fn fn, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const int64_t nw = ly->param[1].numel;
+    const int grads = c->dw[0] || c->dw[1];
+    float *u = ps_backend_alloc_floats(c->be, nw), *w = ps_backend_alloc_floats(c->be, nw);
+    float *dw = grads ? ps_backend_alloc_floats(c->be, nw) : NULL, *ws[2];
+    ps_status rc = !u || !w || (grads && !dw)
+                       ? ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's weight gradient "
+                                    "(weight_norm)", ly->name)
+                       : wn_weight(c, u, w, err);
+    ps_layer plain;
+    ps_layer_call cc = wn_plain_call(c, &plain, ws, w);
+    memset(cc.dw, 0, sizeof cc.dw);
+    cc.dw[0] = dw;
+    cc.dw[1] = ly->a.bias ? c->dw[2] : NULL;
+    if (rc == PS_OK) rc = fn(&cc, err);
+    const ps_chan_desc r = wn_rows(ly);
+    const ps_l2norm_desc nd = {r.c, (int)r.s, 1, 0.0f};
+    if (rc == PS_OK && c->dw[0]) {   /* dg = sum over each row of dw * u (w is free now) */
+        rc = c->be->ops->mul(c->be->impl, nw, dw, u, w, err);
+        if (rc == PS_OK) rc = c->be->ops->bias_grad(c->be->impl, &r, w, c->dw[0], err);
+    }
+    if (rc == PS_OK && c->dw[1]) {   /* dv = l2norm_backward(v, g dw) */
+        rc = c->be->ops->mul_channels(c->be->impl, &r, dw, c->w[0], dw, err);
+        if (rc == PS_OK) rc = c->be->ops->l2norm_backward(c->be->impl, &nd, c->w[1], dw, c->dw[1], err);
+    }
+    ps_backend_release(c->be, u);
+    ps_backend_release(c->be, w);
+    ps_backend_release(c->be, dw);
+    return rc;
+}
 
 /* ---- Conv2d: nn.Conv2d(in_channels, out_channels, kernel_size, stride,
  * padding, dilation, groups, bias); params weight (out, in/groups, kh, kw),
@@ -453,11 +601,13 @@ static ps_status conv_infer(ps_layer *ly, ps_err *err) {
 }
 
 static ps_status conv_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, conv_forward, err);
     ps_conv_desc d = conv_desc(c->ly, c->n);
     return c->be->ops->conv2d_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, conv_backward, err);
     ps_conv_desc d = conv_desc(c->ly, c->n);
     return c->be->ops->conv2d_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
                                        c->ly->a.bias ? c->dw[1] : NULL, err);
@@ -538,11 +688,13 @@ static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *upconv_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (wn_missing(ly, ops)) return wn_missing(ly, ops);
     if (ly->a.bias && !(ops->bias_add && ops->bias_grad)) return "bias_add/bias_grad";
     return NULL;
 }
 
 static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, upconv_forward, err);
     const ps_conv_desc d = upconv_desc(c->ly, c->n);
     ps_status rc = c->be->ops->conv2d_backward(c->be->impl, &d, NULL, c->w[0], c->x, c->y, NULL, NULL, err);
     if (rc || !c->ly->a.bias) return rc;
@@ -551,6 +703,7 @@ static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
 }
 
 static ps_status upconv_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, upconv_backward, err);
     const ps_conv_desc d = upconv_desc(c->ly, c->n);
     ps_status rc;
     if (c->dx && (rc = c->be->ops->conv2d_forward(c->be->impl, &d, c->dy, c->w[0], NULL, c->dx, err))) return rc;
@@ -1820,11 +1973,13 @@ static ps_status linear_infer(ps_layer *ly, ps_err *err) {
 }
 
 static ps_status linear_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, linear_forward, err);
     ps_linear_desc d = linear_desc(c->ly, c->n);
     return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, linear_backward, err);
     ps_linear_desc d = linear_desc(c->ly, c->n);
     return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
                                        c->ly->a.bias ? c->dw[1] : NULL, err);
@@ -4810,6 +4965,10 @@ done:
 #define ATTR_BOOL(nm, f, d) {nm, PS_ATTR_BOOL, A(f), d, 0, 1, 0, 0, NULL, 0}
 #define ATTR_FLOAT(nm, f, d, lo, hi, lo_open, hi_open) {nm, PS_ATTR_FLOAT, A(f), d, lo, hi, lo_open, hi_open, NULL, 0}
 #define ATTR_END {NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, 0}
+/* weight normalisation (nn.utils.weight_norm) of Linear, Conv1d, Conv2d, ConvTranspose2d: wn_params */
+#define ATTRS_WEIGHT_NORM \
+    ATTR_BOOL("weight_norm", wn, "false"),\
+    {"weight_norm_dim", PS_ATTR_INT_OR_NULL, A(wn_dim), "0", -8, 8, 0, 0, NULL, A(wn_dim_given)}
 
 static const char *const padding_modes[] = {"zeros", NULL};
 
@@ -4823,6 +4982,7 @@ static const ps_attr_spec conv_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec maxpool_attrs[] = {
@@ -4851,6 +5011,7 @@ static const ps_attr_spec conv1d_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec maxpool1d_attrs[] = {
@@ -4914,6 +5075,7 @@ static const ps_attr_spec linear_attrs[] = {
     ATTR_INT("in_features", in_features, "", 1),
     ATTR_INT("out_features", out, NULL, 1),
     ATTR_BOOL("bias", bias, "true"),
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec bilinear_attrs[] = {
@@ -5175,6 +5337,7 @@ static const ps_attr_spec upconv_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const char *const resize_modes[] = {"nearest", "bilinear", NULL};
@@ -5206,9 +5369,9 @@ static const ps_attr_spec no_attrs[] = {ATTR_END};
 #define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
 #define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
-    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, no_op, conv_forward,
+    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, wn_missing, conv_forward,
      conv_backward, NULL, NULL, conv_flops},
-    {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
+    {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, wn_missing, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
     {"Bilinear", PS_KIND_BWD_X, 2, 2, bilinear_attrs, bilinear_infer, bilinear_missing, bilinear_forward,
      bilinear_backward, bilinear_bytes, NULL, bilinear_flops},
@@ -5225,7 +5388,7 @@ static const ps_layer_kind kinds[] = {
     {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
      adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     /* (N, C, L): the 2-d kinds over a (C, 1, L) plane (one_d), in the plain layout */
-    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, no_op, conv_forward, conv_backward, NULL, NULL,
+    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward, conv_backward, NULL, NULL,
      conv_flops},
     {"MaxPool1d", 0, 1, 1, maxpool1d_attrs, pool_infer, no_op, pool_forward, pool_backward, pool_bytes, NULL,
      pool_flops},
@@ -5428,6 +5591,7 @@ ps_status ps_layer_infer(ps_layer *ly, ps_err *err) {
     memset(ly->buffer, 0, sizeof ly->buffer);
     ly->flags = ly->kind->flags;
     ps_status rc = ly->kind->infer(ly, err);
+    if (rc == PS_OK) rc = wn_params(ly, err);   /* weight_norm: weight_g, weight_v for the kind's weight */
     if (rc != PS_OK) return rc;
     for (int i = 0; ly->def && i < ly->def->ninit; i++) {   /* the file's init: entries */
         const ps_init_def *id = &ly->def->inits[i];

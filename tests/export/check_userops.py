@@ -163,7 +163,8 @@ def onnx_paths():
     """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
     carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
-    (a ReduceMin to one value per sample) the same way, and PixelNet's (nn.PixelShuffle as DepthToSpace)."""
+    (a ReduceMin to one value per sample) the same way, PixelNet's (nn.PixelShuffle as DepthToSpace) and
+    Einsums' (ONNX's Einsum as MatMuls)."""
     model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
@@ -180,6 +181,8 @@ def onnx_paths():
     cr.onnx_run("MaxRows (ONNX)", model, *inputs(MaxRows, 4), "maxrows")
     model, _ = moved(userops.PixelNet, "pixelnet_onnx")     # nn.PixelShuffle as DepthToSpace (mode CRD)
     cr.onnx_run("PixelNet (ONNX)", model, *inputs(userops.PixelNet, 5), "pixelnet")
+    model, _ = moved(Einsums, "einsums_onnx")     # ONNX's Einsum: MatMuls with transposes, an output transposed
+    cr.onnx_run("Einsums (ONNX)", model, *inputs(Einsums, 6), "einsums")
 
 
 def refusals(pe):
