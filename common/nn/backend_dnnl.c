@@ -3859,13 +3859,13 @@ static ps_status dn_affine_grid_backward(void *impl, const ps_affgrid_desc *d, c
     return PS_OK;
 }
 
-/* One grid point's taps: the top-left (nearest: the) input position, the
- * offsets of the second column and row (1, or 0 for nearest), their
- * weights and d index / d grid. */
+/* One grid point's taps nw, ne, sw, se (nearest: nw alone): their offsets
+ * in a plane (-1 outside the input), their weights, and d index / d grid;
+ * lx, ly the weights of the second column and row. */
 typedef struct dn_gs_taps {
-    int x0, y0;
-    float lx, ly;               /* weights of column x0 + 1 and row y0 + 1 (of x0, y0: 1 - them) */
-    float gmx, gmy;
+    int64_t off[4];
+    float w[4];
+    float lx, ly, gmx, gmy;
 } dn_gs_taps;
 
 static inline dn_gs_taps dn_gs_point(const ps_gridsample_desc *d, const float *g) {
@@ -3873,10 +3873,14 @@ static inline dn_gs_taps dn_gs_point(const ps_gridsample_desc *d, const float *g
     const int nearest = d->mode == PS_GS_NEAREST;
     const float ix = ps_gs_source(g[0], d->w, d->padding, d->align_corners, &t.gmx);
     const float iy = ps_gs_source(g[1], d->h, d->padding, d->align_corners, &t.gmy);
-    t.x0 = ps_gs_index(ix, d->w, nearest);
-    t.y0 = ps_gs_index(iy, d->h, nearest);
-    t.lx = nearest ? 0.0f : ix - (float)t.x0;
-    t.ly = nearest ? 0.0f : iy - (float)t.y0;
+    const int x0 = ps_gs_index(ix, d->w, nearest), y0 = ps_gs_index(iy, d->h, nearest);
+    t.lx = nearest ? 0.0f : ix - (float)x0;
+    t.ly = nearest ? 0.0f : iy - (float)y0;
+    for (int k = 0; k < 4; k++) {
+        const int xx = x0 + (k & 1), yy = y0 + (k >> 1);
+        t.off[k] = xx >= 0 && xx < d->w && yy >= 0 && yy < d->h ? (int64_t)yy * d->w + xx : -1;
+        t.w[k] = ((k & 1) ? t.lx : 1.0f - t.lx) * ((k >> 1) ? t.ly : 1.0f - t.ly);
+    }
     return t;
 }
 
@@ -3885,23 +3889,16 @@ static ps_status dn_grid_sample(void *impl, const ps_gridsample_desc *d, const f
     (void)err;
     set_threads(impl);
     const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
-    const int w = d->w, h = d->h;
+    const int taps = d->mode == PS_GS_NEAREST ? 1 : 4;
 #pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
     for (int i = 0; i < d->n; i++)
         for (int64_t q = 0; q < out; q++) {
             const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
-            const int x1 = t.x0 + 1, y1 = t.y0 + 1;
-            const int in00 = t.x0 >= 0 && t.x0 < w && t.y0 >= 0 && t.y0 < h, in01 = x1 >= 0 && x1 < w && t.y0 >= 0 && t.y0 < h,
-                      in10 = t.x0 >= 0 && t.x0 < w && y1 >= 0 && y1 < h, in11 = x1 >= 0 && x1 < w && y1 >= 0 && y1 < h;
-            const float w00 = (1.0f - t.lx) * (1.0f - t.ly), w01 = t.lx * (1.0f - t.ly), w10 = (1.0f - t.lx) * t.ly,
-                        w11 = t.lx * t.ly;
             for (int c = 0; c < d->c; c++) {
                 const float *p = x + ((int64_t)i * d->c + c) * in;
-                float v;
-                if (d->mode == PS_GS_NEAREST) v = in00 ? p[(int64_t)t.y0 * w + t.x0] : 0.0f;
-                else
-                    v = (in00 ? w00 * p[(int64_t)t.y0 * w + t.x0] : 0.0f) + (in01 ? w01 * p[(int64_t)t.y0 * w + x1] : 0.0f) +
-                        (in10 ? w10 * p[(int64_t)y1 * w + t.x0] : 0.0f) + (in11 ? w11 * p[(int64_t)y1 * w + x1] : 0.0f);
+                float v = 0.0f;
+                for (int k = 0; k < taps; k++)
+                    if (t.off[k] >= 0) v += taps == 1 ? p[t.off[k]] : t.w[k] * p[t.off[k]];
                 y[((int64_t)i * d->c + c) * out + q] = v;
             }
         }
@@ -3913,37 +3910,23 @@ static ps_status dn_grid_sample_backward(void *impl, const ps_gridsample_desc *d
     (void)err;
     set_threads(impl);
     const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
-    const int w = d->w, h = d->h, nearest = d->mode == PS_GS_NEAREST;
+    const int nearest = d->mode == PS_GS_NEAREST, taps = nearest ? 1 : 4;
 #pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
     for (int i = 0; i < d->n; i++) {
         if (dx) memset(dx + (int64_t)i * d->c * in, 0, (size_t)(d->c * in) * sizeof *dx);
         for (int64_t q = 0; q < out; q++) {
             const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
-            const int x1 = t.x0 + 1, y1 = t.y0 + 1;
-            const int in00 = t.x0 >= 0 && t.x0 < w && t.y0 >= 0 && t.y0 < h, in01 = x1 >= 0 && x1 < w && t.y0 >= 0 && t.y0 < h,
-                      in10 = t.x0 >= 0 && t.x0 < w && y1 >= 0 && y1 < h, in11 = x1 >= 0 && x1 < w && y1 >= 0 && y1 < h;
-            const float w00 = (1.0f - t.lx) * (1.0f - t.ly), w01 = t.lx * (1.0f - t.ly), w10 = (1.0f - t.lx) * t.ly,
-                        w11 = t.lx * t.ly;
             float gx = 0.0f, gy = 0.0f;
             for (int c = 0; c < d->c; c++) {
                 const int64_t base = ((int64_t)i * d->c + c) * in;
                 const float go = dy[((int64_t)i * d->c + c) * out + q];
-                if (nearest) {
-                    if (dx && in00) dx[base + (int64_t)t.y0 * w + t.x0] += go;
-                    continue;
-                }
-                if (dx) {
-                    if (in00) dx[base + (int64_t)t.y0 * w + t.x0] += w00 * go;
-                    if (in01) dx[base + (int64_t)t.y0 * w + x1] += w01 * go;
-                    if (in10) dx[base + (int64_t)y1 * w + t.x0] += w10 * go;
-                    if (in11) dx[base + (int64_t)y1 * w + x1] += w11 * go;
-                }
-                if (!dgrid) continue;
-                const float *p = x + base;
-                const float nw = in00 ? p[(int64_t)t.y0 * w + t.x0] : 0.0f, ne = in01 ? p[(int64_t)t.y0 * w + x1] : 0.0f,
-                            sw = in10 ? p[(int64_t)y1 * w + t.x0] : 0.0f, se = in11 ? p[(int64_t)y1 * w + x1] : 0.0f;
-                gx += ((ne - nw) * (1.0f - t.ly) + (se - sw) * t.ly) * go;
-                gy += ((sw - nw) * (1.0f - t.lx) + (se - ne) * t.lx) * go;
+                for (int k = 0; k < taps && dx; k++)
+                    if (t.off[k] >= 0) dx[base + t.off[k]] += nearest ? go : t.w[k] * go;
+                if (nearest || !dgrid) continue;
+                float v[4];
+                for (int k = 0; k < 4; k++) v[k] = t.off[k] >= 0 ? x[base + t.off[k]] : 0.0f;
+                gx += ((v[1] - v[0]) * (1.0f - t.ly) + (v[3] - v[2]) * t.ly) * go;
+                gy += ((v[2] - v[0]) * (1.0f - t.lx) + (v[3] - v[1]) * t.lx) * go;
             }
             if (dgrid) {
                 dgrid[((int64_t)i * out + q) * 2] = gx * t.gmx;

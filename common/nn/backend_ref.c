@@ -1345,7 +1345,9 @@ static ref_gs_taps ref_gs_point(const ps_gridsample_desc *d, const float *g) {
     return t;
 }
 
-static int ref_gs_in(const ps_gridsample_desc *d, int xx, int yy) { return xx >= 0 && xx < d->w && yy >= 0 && yy < d->h; }
+static int ref_gs_in(const ps_gridsample_desc *d, int xx, int yy) {
+    return xx >= 0 && xx < d->w && yy >= 0 && yy < d->h;
+}
 
 /* Tap (a, b) (row y0 + a, column x0 + b) of plane p, 0 outside. */
 static double ref_gs_val(const ps_gridsample_desc *d, const float *p, const ref_gs_taps *t, int a, int b) {
@@ -1389,9 +1391,11 @@ static ps_status ref_grid_sample_backward(void *impl, const ps_gridsample_desc *
                 const double go = dy[((size_t)i * d->c + c) * out + q];
                 const int taps = d->mode == PS_GS_NEAREST ? 1 : 2;
                 for (int a = 0; a < taps && acc; a++)
-                    for (int b = 0; b < taps; b++)
-                        if (ref_gs_in(d, t.x0 + b, t.y0 + a))
-                            acc[(size_t)c * in + (size_t)(t.y0 + a) * d->w + t.x0 + b] += (double)t.wy[a] * t.wx[b] * go;
+                    for (int b = 0; b < taps; b++) {
+                        const int xx = t.x0 + b, yy = t.y0 + a;
+                        if (ref_gs_in(d, xx, yy))
+                            acc[(size_t)c * in + (size_t)yy * d->w + xx] += (double)t.wy[a] * t.wx[b] * go;
+                    }
                 if (d->mode == PS_GS_NEAREST || !dgrid) continue;
                 const double nw = ref_gs_val(d, p, &t, 0, 0), ne = ref_gs_val(d, p, &t, 0, 1),
                              sw = ref_gs_val(d, p, &t, 1, 0), se = ref_gs_val(d, p, &t, 1, 1);
