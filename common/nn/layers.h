@@ -142,6 +142,9 @@ typedef struct ps_layer_attrs {
     int ids_sliced;
     int ids_ndims;
     int64_t ids_dims[PS_SHAPE_MAX_DIMS];
+    /* cross-attention (encoder-decoder Transformers) */
+    int cross;                  /* MultiheadAttention cross: queries from input 0, keys and values from input 1
+                                   (attn(x, memory, memory): nn.TransformerDecoderLayer's multihead_attn) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */
