@@ -13,7 +13,7 @@ Decoder: features (N, S + T, F), the first S rows a memory and the last T the ta
 nn.Linear, then an nn.TransformerDecoder (num_layers, a final LayerNorm) with a causal tgt_mask buffer, then
 nn.Linear of the flattened sequence: the input gradient reaches both parts through the cross-attention.
 
-DecoderLayer: the same with one nn.TransformerDecoderLayer called directly (pre-norm by default, nn.GELU()).
+DecoderLayer: the same with one nn.TransformerDecoderLayer called directly (pre-norm by default, F.gelu).
 """
 import math
 
@@ -125,7 +125,10 @@ class Decoder(nn.Module):
 
 
 class DecoderLayer(Decoder):
-    def __init__(self, activation="nn.GELU", norm_first=True, **kw):
+    # F.gelu, not nn.GELU(): PyTorch 1.13's TransformerDecoderLayer.__setstate__ sets activation = F.relu when
+    # its __dict__ has none, which a module activation (held in _modules) never is, so a deepcopy of a layer
+    # built with nn.GELU() computes ReLU (the checks deep-copy their references)
+    def __init__(self, activation="F.gelu", norm_first=True, **kw):
         super().__init__(activation=activation, norm_first=norm_first, single=True, **kw)
 
 
