@@ -22,13 +22,15 @@ steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own lo
 change the output (the test sees it). Then the model files: a MultiheadAttention with cross: true per decoder
 layer reading the memory, causal: true on the decoder's self-attentions only, pre-norm's node order, Dropout
 nodes and the attention's dropout at p 0.1, nn.GELU() as a GELU node; and psd-export's refusals naming what: a tgt_mask other than the
-causal one, a memory_key_padding_mask, an activation other than ReLU / GELU.
+causal one, a memory_key_padding_mask, an activation other than ReLU / GELU; psd's build refusing cross-attention
+model files that do not fit (one input, a memory of another width, causal with cross, three inputs without cross).
 
     check_tdec.py BUILD_DIR TMP_DIR
 """
 import copy
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -101,6 +103,7 @@ def main():
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=cls in (Decoder, DecoderLayer), steps=30)
     structure(pe)
     refusals(pe)
+    builds_refused()
 
 
 def nodes(text):
@@ -152,6 +155,32 @@ def refusals(pe):
             rc = export(pe, cls, "tdec_refused", kw)[0]
         msg = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
         cr.check(rc != 0 and want in msg, "psd-export refuses %s naming it: %s" % (label, msg))
+
+
+def builds_refused():
+    """psd --check-config on MultiheadAttention nodes with cross that do not fit: the message names what."""
+    narrow = "{name: q, kind: Narrow, dim: 1, start: 0, length: 4}"
+    mha = "kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true"
+    for nodes, want in (
+            (["{name: a, %s, cross: true}" % mha], "cross is true but the node has one input"),
+            ([narrow, "{name: w, kind: Narrow, input: input, dim: 2, start: 0, length: 4}",
+              "{name: a, inputs: [q, w], %s, cross: true}" % mha],
+             "input (4, 8), (6, 4): the memory 'w' is (6, 4) float32 per sample; cross-attention reads (S, 8)"),
+            ([narrow, "{name: a, inputs: [q, input], %s, cross: true, causal: true}" % mha], "causal with cross"),
+            ([narrow, "{name: a, inputs: [q, input, input], %s}" % mha], "three inputs without cross"),
+            ([narrow, "{name: a, inputs: [q, input, input], %s, cross: true}" % mha],
+             "input (4, 8), (6, 8), (6, 8): the key padding mask 'input' is (6, 8) float32 per sample; it must be "
+             "(6) float32")):
+        y = os.path.join(cr.TMP, "tdec_bad.yaml")
+        with open(y, "w") as f:
+            f.write("name: bad\nstages:\n  - name: s\n    input: {shape: [6, 8]}\n    nodes:\n" +
+                    "".join("      - %s\n" % n for n in nodes))
+        with open(y + ".conf.yaml", "w") as f:
+            f.write("model:\n  file: %s\n" % y)
+        r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"],
+                           capture_output=True, text=True, timeout=60)
+        cr.check(r.returncode != 0 and want in r.stderr, "psd --check-config refuses a MultiheadAttention saying "
+                 "'%s' (%s)" % (want, r.stderr.strip()[-200:]))
 
 
 if __name__ == "__main__":
