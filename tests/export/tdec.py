@@ -8,6 +8,8 @@ nn.Transformer(batch_first=True), a generator nn.Linear - reading one (N, S + T)
 inputs, joined flat). Its logits (N, T, V) are returned flattened, (N, T*V), for a one-label loss. tgt_mask:
 "buffer" (generate_square_subsequent_mask's float -inf mask, a non-persistent buffer), "triu" (a bool
 torch.triu of ones made in forward from constant sizes), "none", or "other" (a mask that is not causal: refused).
+padding: the tutorial's key padding masks, src == pad_id as src_key_padding_mask and memory_key_padding_mask and
+trg == pad_id as tgt_key_padding_mask.
 
 Decoder: features (N, S + T, F), the first S rows a memory and the last T the target, each through its own
 nn.Linear, then an nn.TransformerDecoder (num_layers, a final LayerNorm) with a causal tgt_mask buffer, then
@@ -55,9 +57,10 @@ class TokenEmbedding(nn.Module):
 class Seq2Seq(nn.Module):
     def __init__(self, src_len=5, tgt_len=4, src_vocab=11, tgt_vocab=9, emb_size=8, nhead=2, num_encoder_layers=2,
                  num_decoder_layers=2, dim_feedforward=16, dropout=0.0, activation="relu", norm_first=False,
-                 tgt_mask="buffer", inputs="slice"):
+                 tgt_mask="buffer", inputs="slice", padding=False, pad_id=1):
         super().__init__()
         self.src_len, self.tgt_len, self.mask_mode, self.inputs = src_len, tgt_len, tgt_mask, inputs
+        self.padding, self.pad_id = padding, pad_id
         self.transformer = nn.Transformer(d_model=emb_size, nhead=nhead, num_encoder_layers=num_encoder_layers,
                                           num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
                                           dropout=dropout, activation=ACTIVATIONS[activation], batch_first=True,
@@ -83,7 +86,13 @@ class Seq2Seq(nn.Module):
     def translate(self, src, trg):
         src_emb = self.positional_encoding(self.src_tok_emb(src))
         tgt_emb = self.positional_encoding(self.tgt_tok_emb(trg))
-        outs = self.transformer(src_emb, tgt_emb, tgt_mask=self.mask())
+        if self.padding:   # the tutorial's create_mask: the ids' padding, the source's also the memory's
+            src_padding_mask, tgt_padding_mask = src == self.pad_id, trg == self.pad_id
+            outs = self.transformer(src_emb, tgt_emb, tgt_mask=self.mask(), src_key_padding_mask=src_padding_mask,
+                                    tgt_key_padding_mask=tgt_padding_mask,
+                                    memory_key_padding_mask=src_padding_mask)
+        else:
+            outs = self.transformer(src_emb, tgt_emb, tgt_mask=self.mask())
         return self.generator(outs).flatten(1)
 
     def forward(self, ids, tgt=None):
