@@ -8,8 +8,8 @@ nn.Transformer(batch_first=True), a generator nn.Linear - reading one (N, S + T)
 inputs, joined flat). Its logits (N, T, V) are returned flattened, (N, T*V), for a one-label loss. tgt_mask:
 "buffer" (generate_square_subsequent_mask's float -inf mask, a non-persistent buffer), "triu" (a bool
 torch.triu of ones made in forward from constant sizes), "none", or "other" (a mask that is not causal: refused).
-padding: the tutorial's key padding masks, src == pad_id as src_key_padding_mask and memory_key_padding_mask and
-trg == pad_id as tgt_key_padding_mask.
+padding: the tutorial's masks - src_mask all False (torch.zeros((S, S)).type(torch.bool)), src == pad_id as
+src_key_padding_mask and memory_key_padding_mask, trg == pad_id as tgt_key_padding_mask.
 
 Decoder: features (N, S + T, F), the first S rows a memory and the last T the target, each through its own
 nn.Linear, then an nn.TransformerDecoder (num_layers, a final LayerNorm) with a causal tgt_mask buffer, then
@@ -86,9 +86,11 @@ class Seq2Seq(nn.Module):
     def translate(self, src, trg):
         src_emb = self.positional_encoding(self.src_tok_emb(src))
         tgt_emb = self.positional_encoding(self.tgt_tok_emb(trg))
-        if self.padding:   # the tutorial's create_mask: the ids' padding, the source's also the memory's
+        if self.padding:   # the tutorial's create_mask: src_mask all False, the ids' padding (the source's also the
+            src_mask = torch.zeros((self.src_len, self.src_len)).type(torch.bool)   # memory's)
             src_padding_mask, tgt_padding_mask = src == self.pad_id, trg == self.pad_id
-            outs = self.transformer(src_emb, tgt_emb, tgt_mask=self.mask(), src_key_padding_mask=src_padding_mask,
+            outs = self.transformer(src_emb, tgt_emb, src_mask=src_mask, tgt_mask=self.mask(),
+                                    src_key_padding_mask=src_padding_mask,
                                     tgt_key_padding_mask=tgt_padding_mask,
                                     memory_key_padding_mask=src_padding_mask)
         else:
