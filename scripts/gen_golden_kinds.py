@@ -1471,6 +1471,8 @@ def make_module(kind, a, shapes, case_name=""):
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
         return Broadcast(a["shape"], a.get("expand", a["shape"]), a.get("parameter", "weight"))
+    if kind == "MultiheadAttention" and a.get("cross", False):
+        return CrossMHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True))
     if kind == "MultiheadAttention":
         assert a["batch_first"]
         causal = MHA_MASK.get(case_name, "bool") if a.get("causal", False) else None
@@ -1755,6 +1757,69 @@ class Lambda(nn.Module):
         return self.f(*xs)
 
 
+# ---- cross-attention (encoder-decoder Transformers: nn.TransformerDecoderLayer's multihead_attn) ----
+# MultiheadAttention with cross: true, attn(q, mem, mem, need_weights=False): queries from one tensor, keys and
+# values from a memory of another length - cut from one input by Narrows (4 queries, 5 memory rows), so that
+# grad_input holds both inputs' gradients; without bias and with attention dropout (stored masks (N, H, 4, 5)),
+# the memory through a Linear; and with the memory's key padding mask (Eq of the ids, narrowed to the memory).
+CROSS_Q = "{name: q, kind: Narrow, dim: 1, start: 0, length: 4, input: %s}"
+CROSS_M = "{name: m, kind: Narrow, dim: 1, start: 4, length: 5, input: %s}"
+CASES += [
+    ("cross_h2", stage([9, 8], [CROSS_Q % "input", CROSS_M % "input",
+                                "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+                                "cross: true, inputs: [q, m]}"])),
+    ("cross_h4_dropout_nobias", stage([9, 8], [
+        CROSS_Q % "input", CROSS_M % "input", "{name: ml, kind: Linear, out_features: 8, input: m}",
+        "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 4, dropout: 0.25, bias: false, "
+        "batch_first: true, cross: true, inputs: [q, ml]}",
+        "{name: o, kind: Linear, out_features: 3}"])),
+    ("cross_kpm_h2", stage([9], [KPM_EMB, KPM_EQ, CROSS_Q % "emb", CROSS_M % "emb",
+                                 "{name: mp, kind: Narrow, dim: 1, start: 4, length: 5, input: pad}",
+                                 "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+                                 "cross: true, inputs: [q, m, mp]}"], "int64")),
+]
+KPM_IDS["cross_kpm_h2"] = [9, 7, "mid"]   # memory rows 4..8: none padded, two, all but token 5
+
+
+class CrossMHA(MHA):
+    """psd's MultiheadAttention with cross: true: nn.MultiheadAttention (batch_first) as attn(q, mem, mem,
+    need_weights=False, key_padding_mask=kpm), spelled out in training with dropout (the stored mask (N, H, L,
+    S)), checked against the module itself when built."""
+
+    def spelled(self, x, mask, mem=None, kpm=None):
+        n, L, e = x.shape
+        S = mem.shape[1]
+        h = self.num_heads
+        d = e // h
+        w, b = self.in_proj_weight, self.in_proj_bias
+        q = F.linear(x, w[:e], None if b is None else b[:e])
+        k = F.linear(mem, w[e:2 * e], None if b is None else b[e:2 * e])
+        v = F.linear(mem, w[2 * e:], None if b is None else b[2 * e:])
+        q = q.reshape(n, L, h, d).transpose(1, 2)
+        k, v = (t.reshape(n, S, h, d).transpose(1, 2) for t in (k, v))
+        s = (q / math.sqrt(d)) @ k.transpose(-2, -1)
+        if kpm is not None:
+            s = s.masked_fill(kpm[:, None, None, :], float("-inf"))
+        a = torch.softmax(s, -1) * mask
+        return self.out_proj((a @ v).transpose(1, 2).reshape(n, L, e))
+
+    def forward(self, x, mem, kpm=None):
+        if self.training and self.p > 0:
+            return self.spelled(x, self.mask, mem, kpm)
+        with torch.enable_grad():
+            return nn.MultiheadAttention.forward(self, x, mem, mem, need_weights=False, key_padding_mask=kpm)[0]
+
+    def check(self, x, mem, kpm=None):
+        p, self.dropout = self.dropout, 0.0
+        with torch.enable_grad():
+            want = nn.MultiheadAttention.forward(self, x, mem, mem, need_weights=False,
+                                                 key_padding_mask=kpm)[0].detach()
+        self.dropout = p
+        with torch.no_grad():
+            got = self.spelled(x, torch.ones(self.mask_shape), mem, kpm)
+        assert torch.allclose(got, want, atol=1e-5), "the spelled-out cross-attention is not nn.MultiheadAttention's"
+
+
 class Net(nn.Module):
     """A model file's stage as a torch module (nodes in file order)."""
 
@@ -1787,7 +1852,8 @@ class Net(nn.Module):
                 m.check(xi)
             if isinstance(m, MHA):
                 xi = vals[ins[0]]
-                m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1], xi.shape[1])
+                m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1],
+                                vals[ins[1]].shape[1] if isinstance(m, CrossMHA) else xi.shape[1])
                 m.mask = torch.ones(m.mask_shape)
                 m.check(*[vals[i] for i in ins])
             vals[nd["name"]] = m(*[vals[i] for i in ins])

@@ -3804,23 +3804,34 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
  * combined forward's tape cuts into each caller's (mha_saved).
  * Params (state_dict order, PyTorch's): in_proj_weight (3E, E) xavier
  * uniform, in_proj_bias (3E) zeros, out_proj.weight (E, E) U(+-1/sqrt(E)),
- * out_proj.bias (E) zeros; without bias only the two weights. ---- */
+ * out_proj.bias (E) zeros; without bias only the two weights.
+ * Cross-attention (cross: true; nn.TransformerDecoderLayer's
+ * multihead_attn(x, memory, memory)): q from input 0 (L, E), k and v from
+ * input 1, the memory (S, E) of another length; a third input is the
+ * memory's key padding mask (S). The same steps with P (n, H, L, S); the
+ * backward's dq goes to input 0, dk + dv to the memory. Not with causal. ---- */
 
 typedef struct mha_geom {
-    int n, L, E, H, D;
-    int64_t nle, p;             /* n*L*E (q, k, v, o), n*H*L*L (P) */
+    int n, L, Lk, E, H, D;      /* L queries; Lk keys and values (L, but with cross the memory's length) */
+    int64_t nle, nke, p;        /* n*L*E (q, o), n*Lk*E (k, v), n*H*L*Lk (P) */
     int wo, bi, bo;             /* parameter indices: out_proj.weight, in_proj_bias, out_proj.bias (-1: none) */
+    int kv, km;                 /* input indices: the keys' and values' (1 with cross, else 0), the key padding
+                                   mask's (-1: none) */
 } mha_geom;
 
 static mha_geom mha_of(const ps_layer *ly, int n) {
     mha_geom g;
     g.n = n;
+    g.kv = ly->a.cross ? 1 : 0;
+    g.km = ly->nin > 1 + g.kv ? 1 + g.kv : -1;
     g.L = (int)ly->in[0].dims[0];
+    g.Lk = ly->nin > g.kv && ly->in[g.kv].ndim >= 1 ? (int)ly->in[g.kv].dims[0] : g.L;
     g.E = (int)ly->a.out;
     g.H = (int)ly->a.num;
     g.D = g.E / g.H;
     g.nle = (int64_t)n * g.L * g.E;
-    g.p = (int64_t)n * g.H * g.L * g.L;
+    g.nke = (int64_t)n * g.Lk * g.E;
+    g.p = (int64_t)n * g.H * g.L * g.Lk;
     g.bi = ly->a.bias ? 1 : -1;
     g.wo = ly->a.bias ? 2 : 1;
     g.bo = ly->a.bias ? 3 : -1;
@@ -3842,15 +3853,37 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
                           (long long)E, (long long)H);
     if (ly->in[0].dims[0] > 65536 || E > 65536)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence or embedding longer than 65536");
-    if (ly->nin == 2) {   /* the key padding mask: one value per key */
+    if (ly->a.cross) {   /* the keys and values: the memory, (S, E) per sample */
         char b[64];
-        const char *nm = ly->def ? ly->def->in_names[1] : "mask";
-        if (ly->in_dtype[1] != PS_DTYPE_F32 || ly->in[1].ndim != 1 || ly->in[1].dims[0] != ly->in[0].dims[0])
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the key padding mask '%s' is %s %s per sample; it must "
-                              "be (%lld) float32, one value per key (PyTorch's key_padding_mask (N, S), S = the "
-                              "input's %lld tokens; compute it from the ids with Eq)", nm,
+        const char *nm = ly->def && ly->nin > 1 ? ly->def->in_names[1] : "memory";
+        if (ly->nin < 2)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "cross is true but the node has one input: "
+                              "cross-attention reads the queries (input 0) and the memory its keys and values "
+                              "come from (input 1; a key padding mask of the memory third)");
+        if (ly->in_dtype[1] != PS_DTYPE_F32 || ly->in[1].ndim != 2 || ly->in[1].dims[1] != E)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the memory '%s' is %s %s per sample; cross-attention "
+                              "reads (S, %lld) float32 keys and values (embed_dim %lld)", nm,
                               ps_shape_format(&ly->in[1], b, sizeof b), ps_dtype_name(ly->in_dtype[1]),
-                              (long long)ly->in[0].dims[0], (long long)ly->in[0].dims[0]);
+                              (long long)E, (long long)E);
+        if (ly->in[1].dims[0] > 65536)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a memory longer than 65536");
+        if (ly->a.causal)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "causal with cross: the causal mask is a "
+                              "self-attention's (nn.Transformer's tgt_mask); its memory_mask is not taken");
+    } else if (ly->nin == 3) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "three inputs without cross: self-attention reads its "
+                          "input and a key padding mask (cross: true reads queries, memory and its mask)");
+    }
+    const mha_geom g = mha_of(ly, 1);
+    if (g.km >= 0) {   /* the key padding mask: one value per key */
+        char b[64];
+        const char *nm = ly->def ? ly->def->in_names[g.km] : "mask";
+        if (ly->in_dtype[g.km] != PS_DTYPE_F32 || ly->in[g.km].ndim != 1 || ly->in[g.km].dims[0] != g.Lk)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the key padding mask '%s' is %s %s per sample; it must "
+                              "be (%d) float32, one value per key (PyTorch's key_padding_mask (N, S), S = the "
+                              "%s's %d tokens; compute it from the ids with Eq)", nm,
+                              ps_shape_format(&ly->in[g.km], b, sizeof b), ps_dtype_name(ly->in_dtype[g.km]),
+                              g.Lk, ly->a.cross ? "memory" : "input", g.Lk);
         if (ly->a.kpm_float && ly->a.causal)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "key_padding_mask 'float' with causal: PyTorch 1.13 "
                               "reads a float key_padding_mask beside a bool causal attn_mask as bool (nonzero "
@@ -3861,7 +3894,6 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
     const float bound = sqrtf(6.0f / (float)(4 * E));   /* xavier_uniform_ of (3E, E) */
     const ps_init xavier = {PS_INIT_UNIFORM, -bound, bound, 0};
     int64_t wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E}, bo[1] = {E};
-    const mha_geom g = mha_of(ly, 1);
     set_param(ly, 0, "in_proj_weight", 2, wi, E, xavier);
     if (g.bi >= 0) set_param(ly, g.bi, "in_proj_bias", 1, bi, E, ZEROS);
     set_param(ly, g.wo, "out_proj.weight", 2, wo, E, FAN_UNIFORM);
@@ -3870,18 +3902,20 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    const int km = mha_of(ly, 1).km >= 0;
     return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
          : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale"
-         : ly->a.causal && !ops->tri_fill ? "tri_fill" : ly->nin == 2 && !ops->key_pad ? "key_pad"
-         : ly->nin == 2 && !ops->copy_to_host ? "copy_to_host" : NULL;
+         : ly->a.causal && !ops->tri_fill ? "tri_fill" : km && !ops->key_pad ? "key_pad"
+         : km && !ops->copy_to_host ? "copy_to_host" : NULL;
 }
 
-/* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
-static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int back, const float *x, float *y,
+/* (n, L, H, D) <-> (n, H, L, D) for L tokens (the queries' or the keys'): the heads out of the embedding and
+ * back */
+static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int L, int back, const float *x, float *y,
                            ps_err *err) {
     ps_permute_desc d = {.n = g->n, .ndim = 3, .perm = {1, 0, 2}};
-    d.dims[0] = back ? g->H : g->L;
-    d.dims[1] = back ? g->L : g->H;
+    d.dims[0] = back ? g->H : L;
+    d.dims[1] = back ? L : g->H;
     d.dims[2] = g->D;
     return c->be->ops->permute(c->be->impl, &d, x, y, err);
 }
@@ -3898,7 +3932,7 @@ static ps_status mha_matmul(const ps_layer_call *c, const mha_geom *g, int m, in
 /* causal: the scores of key j > query i set to -inf before the softmax (attn_mask the causal mask: its
  * weights exactly 0, so the softmax's backward gives them no gradient and the backward needs nothing more) */
 static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
-    const ps_tri_desc d = {.batch = (int64_t)g->n * g->H, .rows = g->L, .cols = g->L, .upper = 1, .diagonal = 1,
+    const ps_tri_desc d = {.batch = (int64_t)g->n * g->H, .rows = g->L, .cols = g->Lk, .upper = 1, .diagonal = 1,
                            .value = -INFINITY};
     return c->be->ops->tri_fill(c->be->impl, &d, S, S, err);
 }
@@ -3911,7 +3945,7 @@ static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S,
  * gradients to every parameter); psd refuses the Forward naming the
  * sample, so that one empty sequence does not poison a step. */
 static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const float *mask, ps_err *err) {
-    const int64_t count = (int64_t)g->n * g->L;
+    const int64_t count = (int64_t)g->n * g->Lk;
     float *host = (float *)mask;
     if (c->be->ops->device_kind) {
         if (!(host = malloc((size_t)(count ? count : 1) * sizeof(float))))
@@ -3922,9 +3956,9 @@ static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const
     ps_status rc = PS_OK;
     const int isf = c->ly->a.kpm_float;
     for (int b = 0; b < g->n && rc == PS_OK; b++) {
-        const float *m = host + (int64_t)b * g->L;
+        const float *m = host + (int64_t)b * g->Lk;
         int left = 0;
-        for (int j = 0; j < (c->ly->a.causal ? 1 : g->L) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
+        for (int j = 0; j < (c->ly->a.causal ? 1 : g->Lk) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
         if (left) continue;
         if (c->ly->a.causal && g->L > 1)
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
@@ -3933,47 +3967,49 @@ static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const
         else
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
                             "mask masks all %d keys, so its queries attend to no key (PyTorch 1.13 gives NaN there; "
-                            "a sequence needs one token that is not padding)", c->ly->name, b, g->L);
+                            "a sequence needs one token that is not padding)", c->ly->name, b, g->Lk);
     }
     if (host != mask) free(host);
     return rc;
 }
 
-/* the key padding mask (n, L) applied to the scores S (n, H, L, L) */
+/* the key padding mask (n, Lk) applied to the scores S (n, H, L, Lk) */
 static ps_status mha_key_pad(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
-    const ps_keypad_desc d = {.batch = g->n, .heads = g->H, .rows = g->L, .cols = g->L,
+    const ps_keypad_desc d = {.batch = g->n, .heads = g->H, .rows = g->L, .cols = g->Lk,
                               .additive = c->ly->a.kpm_float};
-    return c->be->ops->key_pad(c->be->impl, &d, (const float *)c->xs[1], S, err);
+    return c->be->ops->key_pad(c->be->impl, &d, (const float *)c->xs[g->km], S, err);
 }
 
 static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     const mha_geom g = mha_of(c->ly, c->n);
-    const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
     const float s = 1.0f / sqrtf((float)g.D);
     const int drop = c->train && c->ly->a.p > 0;
-    /* tmp: the three projections (3 nle), the scores (p), the heads' output (nle); kept: q, k, v, P, o */
-    float *tmp = ps_backend_alloc_floats(c->be, 4 * g.nle + g.p);
-    float *kept[5] = {ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.nle),
-                      ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.p),
+    /* tmp: the three projections (nle, 2 nke), the scores (p), the heads' output (nle); kept: q, k, v, P, o */
+    float *tmp = ps_backend_alloc_floats(c->be, 2 * g.nle + 2 * g.nke + g.p);
+    float *kept[5] = {ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.nke),
+                      ps_backend_alloc_floats(c->be, g.nke), ps_backend_alloc_floats(c->be, g.p),
                       ps_backend_alloc_floats(c->be, g.nle)};
     ps_status rc = PS_OK;
     if (!tmp || !kept[0] || !kept[1] || !kept[2] || !kept[3] || !kept[4]) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
         goto out;
     }
-    if (c->ly->nin == 2 && (rc = mha_check_keys(c, &g, (const float *)c->xs[1], err)) != PS_OK) goto out;
+    if (g.km >= 0 && (rc = mha_check_keys(c, &g, (const float *)c->xs[g.km], err)) != PS_OK) goto out;
     float *q = kept[0], *k = kept[1], *v = kept[2], *P = kept[3], *o = kept[4];
-    float *S = tmp + 3 * g.nle, *oh = S + g.p;
-    for (int j = 0; j < 3 && rc == PS_OK; j++) {
-        rc = ops->linear_forward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E,
-                                 g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, tmp + j * g.nle, err);
-        if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, kept[j], err);
+    float *proj[3] = {tmp, tmp + g.nle, tmp + g.nle + g.nke};
+    float *S = tmp + g.nle + 2 * g.nke, *oh = S + g.p;
+    for (int j = 0; j < 3 && rc == PS_OK; j++) {   /* q from input 0; k, v from input kv (the memory, or 0) */
+        const int rows = j ? g.Lk : g.L;
+        const ps_linear_desc ld = {g.n * rows, g.E, g.E};
+        rc = ops->linear_forward(c->be->impl, &ld, j ? c->xs[g.kv] : c->x, c->w[0] + (int64_t)j * g.E * g.E,
+                                 g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, proj[j], err);
+        if (rc == PS_OK) rc = mha_heads(c, &g, rows, 0, proj[j], kept[j], err);
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.Lk, g.D, 0, 1, s, q, k, S, err);
     if (rc == PS_OK && c->ly->a.causal) rc = mha_causal(c, &g, S, err);
-    if (rc == PS_OK && c->ly->nin == 2) rc = mha_key_pad(c, &g, S, err);
-    if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
+    if (rc == PS_OK && g.km >= 0) rc = mha_key_pad(c, &g, S, err);
+    if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.Lk, g.Lk, S, P, err);
     const float *A = P;
     if (rc == PS_OK && drop) {
         float *mask, *host;
@@ -3983,10 +4019,11 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
         if ((rc = mask_end(c, mask, host, g.p, err)) == PS_OK) rc = ops->mul(c->be->impl, g.p, P, mask, S, err);
         A = S;
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, 1.0f, A, v, oh, err);
-    if (rc == PS_OK) rc = mha_heads(c, &g, 1, oh, o, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.Lk, 0, 0, 1.0f, A, v, oh, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, g.L, 1, oh, o, err);
+    const ps_linear_desc lo = {g.n * g.L, g.E, g.E};
     if (rc == PS_OK)
-        rc = ops->linear_forward(c->be->impl, &ld, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
+        rc = ops->linear_forward(c->be->impl, &lo, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
     if (rc == PS_OK && c->train) {   /* the tape frees them */
         for (int j = 0; j < 5; j++) {
             c->saved->dev[1 + j] = kept[j];
@@ -4042,40 +4079,48 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     const float *P = c->saved->dev[4], *o = c->saved->dev[5];
     if (!q || !k || !v || !P || !o)
         return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
-    if (c->ly->nin == 2 && c->dxs && c->dxs[1]) {   /* the key padding mask: a bool one has no gradient */
+    if (g.km >= 0 && c->dxs && c->dxs[g.km]) {   /* the key padding mask: a bool one has no gradient */
         if (c->ly->a.kpm_float)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the float key padding mask '%s' needs a gradient, "
                               "which psd does not compute (compute the mask from the int64 ids: Eq)", c->ly->name,
-                              c->ly->def ? c->ly->def->in_names[1] : "mask");
-        ps_status rc0 = ops->fill(c->be->impl, (int64_t)g.n * g.L, c->dxs[1], 0.0f, err);
+                              c->ly->def ? c->ly->def->in_names[g.km] : "mask");
+        ps_status rc0 = ops->fill(c->be->impl, (int64_t)g.n * g.Lk, c->dxs[g.km], 0.0f, err);
         if (rc0 != PS_OK) return rc0;
     }
-    /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (3 nle) and back (nle), A or
-     * dA (p), dS (p), dx's parts (nle) */
-    float *tmp = ps_backend_alloc_floats(c->be, 7 * g.nle + 2 * g.p);
+    /* where each projection's input gradient goes: q's to dx; with cross k's and v's to the memory's (k
+     * writes, v adds), else both added to dx (NULL: not wanted) */
+    float *dkv = g.kv ? (c->dxs ? c->dxs[g.kv] : NULL) : c->dx;
+    const int64_t nmax = g.nle > g.nke ? g.nle : g.nke;
+    /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (nle, 2 nke) and back (the
+     * larger), A or dA (p), dS (p), an input gradient's part (nke) */
+    float *tmp = ps_backend_alloc_floats(c->be, 3 * g.nle + 3 * g.nke + nmax + 2 * g.p);
     if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
-    float *d_o = tmp, *doh = d_o + g.nle, *dqkv = doh + g.nle, *dback = dqkv + 3 * g.nle, *dA = dback + g.nle,
-          *dS = dA + g.p, *dxp = dS + g.p;
-    float *dq = dqkv, *dk = dq + g.nle, *dv = dk + g.nle;
+    float *d_o = tmp, *doh = d_o + g.nle, *dq = doh + g.nle, *dk = dq + g.nle, *dv = dk + g.nke,
+          *dback = dv + g.nke, *dA = dback + nmax, *dS = dA + g.p, *dxp = dS + g.p;
+    float *dheads[3] = {dq, dk, dv};
     ps_status rc = linear_backward_parts(c, g.L, g.E, g.E, o, c->w[g.wo], c->dy, d_o, g.wo, 0, g.bo, 0, err);
-    if (rc == PS_OK) rc = mha_heads(c, &g, 0, d_o, doh, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, g.L, 0, d_o, doh, err);
     const float *A = P;
     if (rc == PS_OK && mask) {
         rc = ops->mul(c->be->impl, g.p, P, mask, dA, err);
         A = dA;
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, 1.0f, doh, v, dA, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.Lk, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.Lk, g.D, 0, 1, 1.0f, doh, v, dA, err);
     if (rc == PS_OK && mask) rc = ops->mul(c->be->impl, g.p, dA, mask, dA, err);
-    if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.L, g.L, P, dA, dS, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, s, dS, k, dq, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, s, dS, q, dk, err);
+    if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.Lk, g.Lk, P, dA, dS, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.Lk, 0, 0, s, dS, k, dq, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.Lk, g.D, g.L, 1, 0, s, dS, q, dk, err);
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
-        if ((rc = mha_heads(c, &g, 1, dqkv + j * g.nle, dback, err)) != PS_OK) break;
-        float *dx = !c->dx ? NULL : j == 0 ? c->dx : dxp;
-        rc = linear_backward_parts(c, g.L, g.E, g.E, c->x, c->w[0] + (int64_t)j * g.E * g.E, dback, dx, 0,
-                                   (int64_t)j * g.E * g.E, g.bi, (int64_t)j * g.E, err);
-        if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, g.nle, c->dx, dxp, err);
+        const int rows = j ? g.Lk : g.L;
+        const int64_t cnt = j ? g.nke : g.nle;
+        if ((rc = mha_heads(c, &g, rows, 1, dheads[j], dback, err)) != PS_OK) break;
+        float *dst = j ? dkv : c->dx;
+        const int first = j == 0 || (g.kv && j == 1);   /* writes its input's gradient; the others add */
+        float *dx = !dst ? NULL : first ? dst : dxp;
+        rc = linear_backward_parts(c, rows, g.E, g.E, j ? c->xs[g.kv] : c->x, c->w[0] + (int64_t)j * g.E * g.E,
+                                   dback, dx, 0, (int64_t)j * g.E * g.E, g.bi, (int64_t)j * g.E, err);
+        if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, cnt, dst, dxp, err);
     }
     ps_backend_release(c->be, tmp);
     return rc;
@@ -4083,12 +4128,13 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
 
 static size_t mha_bytes(const ps_layer *ly, int n) {
     const mha_geom g = mha_of(ly, n);
-    return (size_t)((ly->a.p > 0 ? g.p : 0) + 4 * g.nle + g.p) * sizeof(float);
+    return (size_t)((ly->a.p > 0 ? g.p : 0) + 2 * g.nle + 2 * g.nke + g.p) * sizeof(float);
 }
 
 static double mha_flops(const ps_layer *ly) {
-    const double L = (double)ly->in[0].dims[0], E = (double)ly->a.out;
-    return 8.0 * L * E * E + 4.0 * L * L * E;
+    const mha_geom g = mha_of(ly, 1);
+    const double L = g.L, Lk = g.Lk, E = g.E;
+    return 4.0 * L * E * E + 4.0 * Lk * E * E + 4.0 * L * Lk * E;
 }
 
 /* ---- Eq: ids == value (torch.eq(ids, pad), ids.eq(pad)) for int64 token
@@ -5264,6 +5310,7 @@ static const ps_attr_spec mha_attrs[] = {
     ATTR_BOOL("batch_first", mode, "false"),
     ATTR_BOOL("causal", causal, "false"),
     {"key_padding_mask", PS_ATTR_ENUM, A(kpm_float), "bool", 0, 0, 0, 0, kpm_forms, 0},
+    ATTR_BOOL("cross", cross, "false"),
     ATTR_END,
 };
 static const char *const mm_sides[] = {"right", "left", NULL};
@@ -5461,7 +5508,7 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
-    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 2, mha_attrs, mha_infer,
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 3, mha_attrs, mha_infer,
      mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
     {"MatMul", PS_KIND_BWD_X, 1, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
@@ -5667,7 +5714,7 @@ static size_t ln_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
 static size_t mha_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     (void)be;
     const mha_geom g = mha_of(ly, n);
-    const int64_t floats[PS_LAYER_MAX_SAVED] = {ly->a.p > 0 ? g.p : 0, g.nle, g.nle, g.nle, g.p, g.nle};
+    const int64_t floats[PS_LAYER_MAX_SAVED] = {ly->a.p > 0 ? g.p : 0, g.nle, g.nke, g.nke, g.p, g.nle};
     return (size_t)floats[j] * sizeof(float);
 }
 

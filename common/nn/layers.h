@@ -153,6 +153,9 @@ typedef struct ps_layer_attrs {
     int wn;
     int64_t wn_dim;
     int wn_dim_given;
+    /* cross-attention (encoder-decoder Transformers) */
+    int cross;                  /* MultiheadAttention cross: queries from input 0, keys and values from input 1
+                                   (attn(x, memory, memory): nn.TransformerDecoderLayer's multihead_attn) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */

@@ -4865,7 +4865,8 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
         !(p->w = mha_weight(im, mm, 1, &p->w_t, &wt)))
         return WHY("the query, key and value are not projected together from one input by in_proj_weight: "
                    "cross-attention (a query other than the key and value) or a key other than the value, which "
-                   "psd's MultiheadAttention (self-attention: attn(x, x, x)) does not take");
+                   "the ONNX import does not read (it reads self-attention, attn(x, x, x); psd-export writes "
+                   "nn.TransformerDecoderLayer's cross-attention as MultiheadAttention cross: true)");
     like |= mha_named(p->w);
     ADD(mm);
     if (wt >= 0) skip[(*ns)++] = wt;
