@@ -1650,6 +1650,7 @@ static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
 static ps_status h_sin(imp *im) { return math_unary(im, "Sin", NULL); }
 static ps_status h_cos(imp *im) { return math_unary(im, "Cos", NULL); }
 static ps_status h_erf(imp *im) { return math_unary(im, "Erf", NULL); }   /* outside a GELU psd recognises */
+static ps_status h_sign(imp *im) { return math_unary(im, "Sign", NULL); }
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
@@ -4022,6 +4023,7 @@ static const op_row ops[] = {
     {"Sin", h_sin, 7},
     {"Cos", h_cos, 7},
     {"Erf", h_erf, 9},
+    {"Sign", h_sign, 9},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
