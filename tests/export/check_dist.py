@@ -12,6 +12,8 @@ psd-export and psd, against PyTorch:
               and F.cosine_similarity beside them
   Signs       torch.sign(h) * h, x.sign() (gradient zero)
   KMeans      fixed centres, a registered buffer, read as centers.unsqueeze(0) and centers[None] (Constant nodes)
+  Pools       nn.LPPool2d (p 2; p 3 with a (2, 3) kernel, stride (1, 2), ceil_mode), nn.LPPool1d (p 1.5) and
+              F.lp_pool2d: PyTorch's own composition (Pow, AvgPool, Sign, Abs, ReLU, Mul, MulConstant, Pow)
 
 Every parameter is moved off its initial value, psd started with --init-from those values, and each model checked
 by check_rnn.checked: the input gradient, check_resnet.py's run() with ref64 (psd's initial parameters named and
@@ -42,7 +44,8 @@ import dist  # noqa: E402
 
 BATCH = 6
 CASES = [("ProtoNet", dist.ProtoNet), ("ProtoViews", dist.ProtoViews), ("Cdists", dist.Cdists),
-         ("Pairs", dist.Pairs), ("Signs", dist.Signs), ("KMeans", dist.KMeans)]
+         ("Pairs", dist.Pairs), ("Signs", dist.Signs), ("KMeans", dist.KMeans),
+         ("Pools", dist.Pools)]
 
 
 def export(pe, cls, name):

@@ -12,6 +12,7 @@ Pairs      F.pairwise_distance(a(x), b(x)), with p 1 and keepdim, nn.PairwiseDis
            anchor F.pairwise_distance(h, self.anchor) and F.cosine_similarity(a(x), b(x)) -> joined -> Linear.
 Signs      torch.sign(h) * h (|h|: the gradient through h's side only), h.sign() added to a Linear's output (no
            gradient through the sign).
+Pools      nn.LPPool2d / nn.LPPool1d and F.lp_pool2d of several norms, kernels, strides, ceil_mode.
 KMeans     fixed centres (a registered buffer (5, 8)): -((h.unsqueeze(1) - self.centers.unsqueeze(0)) ** 2).sum(-1),
            and torch.cdist(h, self.centers[None]) (the buffer indexed by None).
 
@@ -138,6 +139,28 @@ class KMeans(nn.Module):
         h = torch.tanh(self.l(x))
         d = -((h.unsqueeze(1) - self.centers.unsqueeze(0)) ** 2).sum(-1)
         return self.fc(torch.cat([d, torch.cdist(h.unsqueeze(1), self.centers[None]).flatten(1)], 1))
+
+
+class Pools(nn.Module):
+    """nn.LPPool2d(2, 2), nn.LPPool2d(3, (2, 3), stride=(1, 2), ceil_mode=True), nn.LPPool1d(1.5, 3, stride=2) and
+    F.lp_pool2d(h, 2, 3) of a Linear's output viewed as (2, 6, 6) (sigmoid where p is odd or fractional: a
+    negative window's sum has no real root, NaN in PyTorch too)."""
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(6, 72)
+        self.p2 = nn.LPPool2d(2, 2)
+        self.p3 = nn.LPPool2d(3, (2, 3), stride=(1, 2), ceil_mode=True)
+        self.p1 = nn.LPPool1d(1.5, 3, stride=2)
+        self.fc = nn.Linear(18 + 30 + 32 + 8, 3)
+
+    def forward(self, x):
+        h = self.l(x).view(-1, 2, 6, 6)
+        s = torch.sigmoid(h)
+        a = self.p2(h).flatten(1)
+        b = self.p3(s).flatten(1)
+        c = self.p1(s.view(-1, 4, 18)).flatten(1)
+        d = F.lp_pool2d(h, 2, 3).flatten(1)
+        return self.fc(torch.cat([a, b, c, d], 1))
 
 
 class DistAll(ProtoNet):
