@@ -13,6 +13,7 @@ Pairs      F.pairwise_distance(a(x), b(x)), with p 1 and keepdim, nn.PairwiseDis
 Signs      torch.sign(h) * h (|h|: the gradient through h's side only), h.sign() added to a Linear's output (no
            gradient through the sign).
 Pools      nn.LPPool2d / nn.LPPool1d and F.lp_pool2d of several norms, kernels, strides, ceil_mode.
+BufferMask a buffer's view as a mask (self.mask[None] == 0 in masked_fill), as before.
 KMeans     fixed centres (a registered buffer (5, 8)): -((h.unsqueeze(1) - self.centers.unsqueeze(0)) ** 2).sum(-1),
            and torch.cdist(h, self.centers[None]) (the buffer indexed by None).
 
@@ -161,6 +162,21 @@ class Pools(nn.Module):
         c = self.p1(s.view(-1, 4, 18)).flatten(1)
         d = F.lp_pool2d(h, 2, 3).flatten(1)
         return self.fc(torch.cat([a, b, c, d], 1))
+
+
+class BufferMask(nn.Module):
+    """A buffer's view read as a mask, as before views of buffers were values: self.mask[None] == 0 of a
+    registered (4, 4) tril (a MaskedFill)."""
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(6, 16)
+        self.register_buffer("mask", torch.tril(torch.ones(4, 4)), persistent=False)
+        self.fc = nn.Linear(16 + 6, 3)
+
+    def forward(self, x):
+        h = self.l(x).view(-1, 4, 4)
+        a = h.masked_fill(self.mask[None] == 0, float("-inf")).softmax(-1).flatten(1)
+        return self.fc(torch.cat([a, x], 1))
 
 
 class DistAll(ProtoNet):
