@@ -12,6 +12,7 @@ psd-export and psd, against PyTorch:
               and F.cosine_similarity beside them
   Signs       torch.sign(h) * h, x.sign() (gradient zero)
   KMeans      fixed centres, a registered buffer, read as centers.unsqueeze(0) and centers[None] (Constant nodes)
+  BufferMask  self.mask[None] == 0 of a registered tril in masked_fill: a buffer's view still a mask (MaskedFill)
   Pools       nn.LPPool2d (p 2; p 3 with a (2, 3) kernel, stride (1, 2), ceil_mode), nn.LPPool1d (p 1.5) and
               F.lp_pool2d: PyTorch's own composition (Pow, AvgPool, Sign, Abs, ReLU, Mul, MulConstant, Pow)
 
@@ -20,9 +21,11 @@ by check_rnn.checked: the input gradient, check_resnet.py's run() with ref64 (ps
 valued as the state_dict, the eval and training forwards, every parameter gradient of one backward against float64
 autograd within 8x PyTorch float32's own error or 1e-4 of the tensor's largest, the step, a strict
 load_state_dict), then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop.
-PairsL2's (F.pairwise_distance p 2, against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch
+ProtoNet's (the prototypes' Unsqueeze of an initializer: a Parameter under its name, a Sub broadcasting the
+sample's (1, 8) against it), PairsL2's (F.pairwise_distance p 2, against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch
 1.13 exports p 1 without its Abs, which psd computes as written: NaN) and Signs' (Sign) training-mode ONNX exports
-through psd's ONNX import the same way.
+through psd's ONNX import the same way, and KMeans' refused there (its buffer, an initializer to ONNX, read at
+two sites).
 A prototypical-network classifier (ProtoNet: distances to learned class prototypes as logits) trained by ps-train
 fit through psd on 5 Gaussian clusters: test accuracy from chance (20 %) to at least 90 %. And psd-export's
 refusals: torch.dist (one number for the whole batch), cdist of two computed (N, M) tensors, cdist with p 3, a
@@ -45,7 +48,7 @@ import dist  # noqa: E402
 BATCH = 6
 CASES = [("ProtoNet", dist.ProtoNet), ("ProtoViews", dist.ProtoViews), ("Cdists", dist.Cdists),
          ("Pairs", dist.Pairs), ("Signs", dist.Signs), ("KMeans", dist.KMeans),
-         ("Pools", dist.Pools)]
+         ("Pools", dist.Pools), ("BufferMask", dist.BufferMask)]
 
 
 def export(pe, cls, name):
@@ -72,9 +75,15 @@ def main():
         model, w = cr.moved(cls, name, seed=3)
         x, target = inputs(i)
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
-    for label, cls in (("PairsL2", dist.PairsL2), ("Signs", dist.Signs)):
+    for label, cls in (("ProtoNet", dist.ProtoNet), ("PairsL2", dist.PairsL2), ("Signs", dist.Signs)):
         model, _ = cr.moved(cls, label.lower() + "_onnx", seed=3)
         cr.onnx_run("%s (ONNX)" % label, model, *inputs(7), label.lower())
+    model, _ = cr.moved(dist.KMeans, "kmeans_onnx", seed=3)
+    path = os.path.join(cr.TMP, "kmeans.onnx")
+    check_rnn.onnx_export(model, inputs(7)[0], path, "training")
+    rc, said = cr.check_config(path)
+    cr.check(rc != 0 and "is read by two nodes" in said, "KMeans' ONNX export refused naming the centres read "
+             "twice (%s)" % said.strip()[-200:])
     prototypes_fit(pe)
     cr.refused(lambda cls, name: export(pe, cls, name), (
         (dist.DistAll, "torch.dist at"), (dist.CdistBatch, "of two computed (N, M) tensors compares every sample"),
