@@ -1072,6 +1072,19 @@ static ps_status h_shape(imp *im) {
 
 static ps_status reshape_target(imp *im, int64_t *shape, int *n);   /* with h_reshape below */
 
+/* v, folded from initializer a by an Unsqueeze or Reshape that only added leading 1s (a prototype layer's
+ * self.c.unsqueeze(0), self.c.view(1, R, M)): still that initializer, its values in its order, so it may become
+ * a Parameter of the initializer's own name and shape (param_emit, param_node). */
+static void init_view(val *v, const val *a) {
+    int lead1 = a->init && a->t && !a->tpose && !a->is_int && v->ndim > a->ndim &&
+                !memcmp(v->dims + v->ndim - a->ndim, a->dims, (size_t)a->ndim * sizeof *a->dims);
+    for (int i = 0; lead1 && i < v->ndim - a->ndim; i++) lead1 = v->dims[i] == 1;
+    if (lead1) {
+        v->init = 1;
+        v->t = a->t;
+    }
+}
+
 /* A constant op on constants: Cast, Unsqueeze, Squeeze, Gather, Concat,
  * Add, Sub, Mul, Div, Sqrt, Neg - the exporters' shape arithmetic. */
 static ps_status fold(imp *im) {
@@ -1112,15 +1125,7 @@ static ps_status fold(imp *im) {
         }
         val *v = const_out(im, 0, nd, dims, af, a->is_int);
         if (!v) return im->err->code;
-        /* an initializer with leading 1s added (a prototype layer's self.c.unsqueeze(0)): still that initializer,
-         * its values in its order, so it may become a Parameter of the initializer's own shape (param_node) */
-        int lead1 = !strcmp(op, "Unsqueeze") && a->init && a->t && !a->tpose && !a->is_int && nd > a->ndim &&
-                    !memcmp(dims + nd - a->ndim, a->dims, (size_t)a->ndim * sizeof *dims);
-        for (int i = 0; lead1 && i < nd - a->ndim; i++) lead1 = dims[i] == 1;
-        if (lead1) {
-            v->init = 1;
-            v->t = a->t;
-        }
+        init_view(v, a);
         return PS_OK;
     }
     if (!strcmp(op, "Gather")) {
@@ -1223,7 +1228,10 @@ static ps_status fold(imp *im) {
         } else if (known != a->numel) {
             return bad(im, "cannot reshape %lld values to %lld", (long long)a->numel, (long long)known);
         }
-        return const_out(im, 0, ns, shape, af, a->is_int) ? PS_OK : im->err->code;
+        val *v = const_out(im, 0, ns, shape, af, a->is_int);
+        if (!v) return im->err->code;
+        init_view(v, a);
+        return PS_OK;
     }
     if (!strcmp(op, "ConstantOfShape")) {
         const int64_t *q = cints(im, a);

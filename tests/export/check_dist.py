@@ -21,8 +21,8 @@ by check_rnn.checked: the input gradient, check_resnet.py's run() with ref64 (ps
 valued as the state_dict, the eval and training forwards, every parameter gradient of one backward against float64
 autograd within 8x PyTorch float32's own error or 1e-4 of the tensor's largest, the step, a strict
 load_state_dict), then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop.
-ProtoNet's (the prototypes' Unsqueeze of an initializer: a Parameter under its name, a Sub broadcasting the
-sample's (1, 8) against it), PairsL2's (F.pairwise_distance p 2, against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch
+ProtoNet's and ProtoReshape's (the prototypes' Unsqueeze or Reshape of an initializer adding leading 1s: a
+Parameter under its name, a Sub broadcasting the sample's (1, 8) against it), PairsL2's (F.pairwise_distance p 2, against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch
 1.13 exports p 1 without its Abs, which psd computes as written: NaN) and Signs' (Sign) training-mode ONNX exports
 through psd's ONNX import the same way, and KMeans' refused there (its buffer, an initializer to ONNX, read at
 two sites).
@@ -75,7 +75,8 @@ def main():
         model, w = cr.moved(cls, name, seed=3)
         x, target = inputs(i)
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
-    for label, cls in (("ProtoNet", dist.ProtoNet), ("PairsL2", dist.PairsL2), ("Signs", dist.Signs)):
+    for label, cls in (("ProtoNet", dist.ProtoNet), ("ProtoReshape", dist.ProtoReshape), ("PairsL2", dist.PairsL2),
+                       ("Signs", dist.Signs)):
         model, _ = cr.moved(cls, label.lower() + "_onnx", seed=3)
         cr.onnx_run("%s (ONNX)" % label, model, *inputs(7), label.lower())
     model, _ = cr.moved(dist.KMeans, "kmeans_onnx", seed=3)

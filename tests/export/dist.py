@@ -37,6 +37,13 @@ class ProtoNet(nn.Module):
         return -((h.unsqueeze(1) - self.c.unsqueeze(0)) ** 2).sum(-1)
 
 
+class ProtoReshape(ProtoNet):
+    """ProtoNet with the prototypes read as self.c.view(1, 5, 8) (its ONNX export: a Reshape of the initializer)."""
+    def forward(self, x):
+        h = torch.tanh(self.l(x))
+        return -((h.unsqueeze(1) - self.c.view(1, 5, 8)) ** 2).sum(-1)
+
+
 class Protos(nn.Module):
     def __init__(self, n, d):
         super().__init__()
