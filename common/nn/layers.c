@@ -5388,7 +5388,8 @@ static const struct {
     {"Constant", NULL}, {"RandnLike", NULL}, {"Bilinear", bilinear_saved},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
-    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Sign", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Sign", NULL},
+    {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
     /* recurrent cells: the tape's gates and c' sample-major */
     {"LSTMCell", cell_saved}, {"GRUCell", cell_saved},

@@ -22,10 +22,10 @@ valued as the state_dict, the eval and training forwards, every parameter gradie
 autograd within 8x PyTorch float32's own error or 1e-4 of the tensor's largest, the step, a strict
 load_state_dict), then 30 SGD steps through psd on one batch, each step's loss within 1e-5 of PyTorch's own loop.
 ProtoNet's and ProtoReshape's (the prototypes' Unsqueeze or Reshape of an initializer adding leading 1s: a
-Parameter under its name, a Sub broadcasting the sample's (1, 8) against it), PairsL2's (F.pairwise_distance p 2, against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch
-1.13 exports p 1 without its Abs, which psd computes as written: NaN) and Signs' (Sign) training-mode ONNX exports
-through psd's ONNX import the same way, and KMeans' refused there (its buffer, an initializer to ONNX, read at
-two sites).
+Parameter under its name, a Sub broadcasting the sample's (1, 8) against it), PairsL2's (F.pairwise_distance p 2,
+against an anchor, F.cosine_similarity: Sub, Pow, ReduceSum, Pow; PyTorch 1.13 exports p 1 without its Abs, which
+psd computes as written: NaN) and Signs' (Sign) training-mode ONNX exports through psd's ONNX import the same way,
+and KMeans' refused there (its buffer, an initializer to ONNX, read at two sites).
 A prototypical-network classifier (ProtoNet: distances to learned class prototypes as logits) trained by ps-train
 fit through psd on 5 Gaussian clusters: test accuracy from chance (20 %) to at least 90 %. And psd-export's
 refusals: torch.dist (one number for the whole batch), cdist of two computed (N, M) tensors, cdist with p 3, a
