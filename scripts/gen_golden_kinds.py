@@ -1270,6 +1270,39 @@ class TorchRReLU(MaskDropout):
         return y
 
 
+# ---- weight normalisation (nn.utils.weight_norm: weight_g, weight_v) of Linear, Conv1d, Conv2d and
+# ConvTranspose2d: dim 0 (the default) and None (one norm of the whole weight), with and without bias; weight_g
+# moved off ||weight_v|| (case()) so that w differs from v
+CASES += [
+    ("wnorm_linear", stage([5], ["{name: l, kind: Linear, out_features: 4, weight_norm: true}"])),
+    ("wnorm_linear_none_nobias", stage([3, 5], ["{name: l, kind: Linear, out_features: 4, bias: false, "
+                                                "weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_conv1d", stage([4, 12], ["{name: c, kind: Conv1d, out_channels: 6, kernel_size: 3, padding: 2, "
+                                     "dilation: 2, weight_norm: true}"])),
+    ("wnorm_conv2d_groups", stage([4, 6, 6], ["{name: c, kind: Conv2d, out_channels: 6, kernel_size: 3, groups: 2, "
+                                              "padding: 1, weight_norm: true, weight_norm_dim: 0}"])),
+    ("wnorm_conv2d_none", stage([16, 5, 5], ["{name: c, kind: Conv2d, out_channels: 16, kernel_size: 3, "
+                                             "bias: false, weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_upconv", stage([4, 5, 5], ["{name: u, kind: ConvTranspose2d, out_channels: 6, kernel_size: 3, stride: 2, "
+                                       "padding: 1, output_padding: 1, weight_norm: true}"])),
+    ("wnorm_upconv_none", stage([4, 3, 4], ["{name: u, kind: ConvTranspose2d, out_channels: 4, kernel_size: 2, "
+                                            "stride: 2, groups: 2, weight_norm: true, weight_norm_dim: null}"])),
+    ("wnorm_net", stage([3, 16], ["{name: c, kind: Conv1d, out_channels: 8, kernel_size: 3, padding: 1, "
+                                  "weight_norm: true}",
+                                  "{name: a, kind: LeakyReLU, negative_slope: 0.1}",
+                                  "{name: f, kind: Flatten}",
+                                  "{name: l, kind: Linear, out_features: 5, weight_norm: true}"])),
+]
+
+
+def wnorm_module(kind, a, shapes, case_name):
+    """nn.utils.weight_norm of the node's module (weight_norm: true), dim weight_norm_dim (default 0), or None."""
+    if not a.get("weight_norm"):
+        return None
+    plain = {k: v for k, v in a.items() if k not in ("weight_norm", "weight_norm_dim")}
+    return nn.utils.weight_norm(make_module(kind, plain, shapes, case_name), dim=a.get("weight_norm_dim", 0))
+
+
 def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
@@ -1277,6 +1310,9 @@ def pair(v):
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
+    m = wnorm_module(kind, a, shapes, case_name)
+    if m is not None:
+        return m
     m = elem3_module(kind, a)
     if m is not None:
         return m
@@ -1391,6 +1427,8 @@ def make_module(kind, a, shapes, case_name=""):
         return Lambda(lambda *xs: torch.cat(xs, dim))
     if kind == "Parameter":
         return Broadcast(a["shape"], a.get("expand", a["shape"]), a.get("parameter", "weight"))
+    if kind == "MultiheadAttention" and a.get("cross", False):
+        return CrossMHA(a["embed_dim"], a["num_heads"], a.get("dropout", 0.0), a.get("bias", True))
     if kind == "MultiheadAttention":
         assert a["batch_first"]
         causal = MHA_MASK.get(case_name, "bool") if a.get("causal", False) else None
@@ -1675,6 +1713,69 @@ class Lambda(nn.Module):
         return self.f(*xs)
 
 
+# ---- cross-attention (encoder-decoder Transformers: nn.TransformerDecoderLayer's multihead_attn) ----
+# MultiheadAttention with cross: true, attn(q, mem, mem, need_weights=False): queries from one tensor, keys and
+# values from a memory of another length - cut from one input by Narrows (4 queries, 5 memory rows), so that
+# grad_input holds both inputs' gradients; without bias and with attention dropout (stored masks (N, H, 4, 5)),
+# the memory through a Linear; and with the memory's key padding mask (Eq of the ids, narrowed to the memory).
+CROSS_Q = "{name: q, kind: Narrow, dim: 1, start: 0, length: 4, input: %s}"
+CROSS_M = "{name: m, kind: Narrow, dim: 1, start: 4, length: 5, input: %s}"
+CASES += [
+    ("cross_h2", stage([9, 8], [CROSS_Q % "input", CROSS_M % "input",
+                                "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+                                "cross: true, inputs: [q, m]}"])),
+    ("cross_h4_dropout_nobias", stage([9, 8], [
+        CROSS_Q % "input", CROSS_M % "input", "{name: ml, kind: Linear, out_features: 8, input: m}",
+        "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 4, dropout: 0.25, bias: false, "
+        "batch_first: true, cross: true, inputs: [q, ml]}",
+        "{name: o, kind: Linear, out_features: 3}"])),
+    ("cross_kpm_h2", stage([9], [KPM_EMB, KPM_EQ, CROSS_Q % "emb", CROSS_M % "emb",
+                                 "{name: mp, kind: Narrow, dim: 1, start: 4, length: 5, input: pad}",
+                                 "{name: a, kind: MultiheadAttention, embed_dim: 8, num_heads: 2, batch_first: true, "
+                                 "cross: true, inputs: [q, m, mp]}"], "int64")),
+]
+KPM_IDS["cross_kpm_h2"] = [9, 7, "mid"]   # memory rows 4..8: none padded, two, all but token 5
+
+
+class CrossMHA(MHA):
+    """psd's MultiheadAttention with cross: true: nn.MultiheadAttention (batch_first) as attn(q, mem, mem,
+    need_weights=False, key_padding_mask=kpm), spelled out in training with dropout (the stored mask (N, H, L,
+    S)), checked against the module itself when built."""
+
+    def spelled(self, x, mask, mem=None, kpm=None):
+        n, L, e = x.shape
+        S = mem.shape[1]
+        h = self.num_heads
+        d = e // h
+        w, b = self.in_proj_weight, self.in_proj_bias
+        q = F.linear(x, w[:e], None if b is None else b[:e])
+        k = F.linear(mem, w[e:2 * e], None if b is None else b[e:2 * e])
+        v = F.linear(mem, w[2 * e:], None if b is None else b[2 * e:])
+        q = q.reshape(n, L, h, d).transpose(1, 2)
+        k, v = (t.reshape(n, S, h, d).transpose(1, 2) for t in (k, v))
+        s = (q / math.sqrt(d)) @ k.transpose(-2, -1)
+        if kpm is not None:
+            s = s.masked_fill(kpm[:, None, None, :], float("-inf"))
+        a = torch.softmax(s, -1) * mask
+        return self.out_proj((a @ v).transpose(1, 2).reshape(n, L, e))
+
+    def forward(self, x, mem, kpm=None):
+        if self.training and self.p > 0:
+            return self.spelled(x, self.mask, mem, kpm)
+        with torch.enable_grad():
+            return nn.MultiheadAttention.forward(self, x, mem, mem, need_weights=False, key_padding_mask=kpm)[0]
+
+    def check(self, x, mem, kpm=None):
+        p, self.dropout = self.dropout, 0.0
+        with torch.enable_grad():
+            want = nn.MultiheadAttention.forward(self, x, mem, mem, need_weights=False,
+                                                 key_padding_mask=kpm)[0].detach()
+        self.dropout = p
+        with torch.no_grad():
+            got = self.spelled(x, torch.ones(self.mask_shape), mem, kpm)
+        assert torch.allclose(got, want, atol=1e-5), "the spelled-out cross-attention is not nn.MultiheadAttention's"
+
+
 class Net(nn.Module):
     """A model file's stage as a torch module (nodes in file order)."""
 
@@ -1707,7 +1808,8 @@ class Net(nn.Module):
                 m.check(xi)
             if isinstance(m, MHA):
                 xi = vals[ins[0]]
-                m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1], xi.shape[1])
+                m.mask_shape = (xi.shape[0], m.num_heads, xi.shape[1],
+                                vals[ins[1]].shape[1] if isinstance(m, CrossMHA) else xi.shape[1])
                 m.mask = torch.ones(m.mask_shape)
                 m.check(*[vals[i] for i in ins])
             vals[nd["name"]] = m(*[vals[i] for i in ins])
@@ -1775,6 +1877,8 @@ def case(idx, name, text):
                 m.running_mean.add_(0.3 * torch.randn_like(m.running_mean))
                 m.running_var.mul_(torch.empty_like(m.running_var).uniform_(0.5, 2.0))
                 m.num_batches_tracked.fill_(3)
+            if getattr(m, "weight_g", None) is not None:   # weight_norm: g off ||v||, so w is not v
+                m.weight_g.mul_(torch.empty_like(m.weight_g).uniform_(0.5, 2.0))
             if kind == "PReLU":   # each slope its own, some above 1, some negative
                 m.weight.add_(0.6 * torch.randn_like(m.weight))
             if kind == "RelativePositionBias" and name == "rpb_rect":   # a loaded index other than the formula's:

@@ -19,7 +19,8 @@ static int64_t per_sample(int ndim, const int64_t *dims) {
  * key padding mask, Eq of a pad id, would mask every key of a sample, which
  * psd refuses), and where the model refuses those (a one-row embedding, a
  * pad id of 1 with a causal mask) id 0 throughout, a row every embedding
- * has. The input gradient is computed for every stage but the first, as a
+ * has (a mixed float32 input of ids and features, whose id slots refuse
+ * the pixels, likewise). The input gradient is computed for every stage but the first, as a
  * whole-model backward does. */
 static ps_status probe_stage(ps_model *m, int s, int batch, ps_err *err) {
     const ps_stage_info *si = ps_model_stage(m, s);
@@ -46,8 +47,8 @@ static ps_status probe_stage(ps_model *m, int s, int batch, ps_err *err) {
             for (int64_t i = 0, per = in / batch; i < in; i++) ((int64_t *)x)[i] = (i % per) & 1 ? 0 : 1;
         ps_tape *t = NULL;
         st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
-        if (st != PS_OK && si->in_dtype == PS_DTYPE_I64) {   /* the model refused ids 1: all 0 */
-            memset(x, 0, (size_t)in * sizeof(int64_t));
+        if (st != PS_OK) {   /* the model refused ids 1, or a mixed float32 input's pixels as ids: all 0 */
+            memset(x, 0, (size_t)in * ps_dtype_size(si->in_dtype));
             ps_err_clear(err);
             st = ps_model_forward_range(m, s, s, x, batch, 1, NULL, 1, y, &t, NULL, err);
         }

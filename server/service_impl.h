@@ -49,6 +49,7 @@ struct ps_service {
     size_t max_tensor_bytes;
     double start;
     uint64_t samples;            /* __atomic */
+    uint64_t eval_draws;         /* __atomic: eval Forwards without a context (their RandnLike noise) */
     uint64_t nonfinite_rejected; /* __atomic */
     uint64_t nonfinite_skipped;  /* __atomic */
     int nonfinite_skip;

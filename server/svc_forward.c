@@ -299,7 +299,12 @@ static ps_status forward_run(ps_svc_call *call, const ps_ForwardRequest *req, co
             __atomic_add_fetch(&s->samples, (uint64_t)n, __ATOMIC_RELAXED);
         }
     } else {
-        if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 0, NULL, 0, out, NULL,
+        /* an eval forward's noise (RandnLike: PyTorch samples in eval too): a request naming a context draws what
+         * its context id, rank and seq give, as a training one; one without draws fresh noise each call */
+        uint64_t seed = req->context_id ? dropout_seed(req->context_id, req->trainer_rank, req->seq)
+                                        : dropout_seed(__atomic_add_fetch(&s->eval_draws, 1, __ATOMIC_RELAXED),
+                                                       UINT32_MAX, 0);
+        if ((st = ps_model_forward_range(s->model, first, last, in->data, (int)n, 0, NULL, seed, out, NULL,
                                          &version, err)))
             goto out;
     }

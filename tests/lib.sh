@@ -12,7 +12,10 @@
 #                    (SIGKILL; cleanup_signal=TERM sends SIGTERM and waits)
 #   fail MSG...      prints "it_name: FAIL: MSG" and the last lines of every
 #                    $tmp/*.log, exits 1
-#   free_port        a random TCP port in 20000..39999 that nothing listens on
+#   free_port        the first of 16 consecutive TCP ports (20000..32767, below
+#                    Linux's ephemeral range) that nothing listens on, reserved
+#                    for this script until it exits (port + 1 ... port + 15 are
+#                    its too): tests running side by side never pick the same
 #   listening PORT   true when something accepts on 127.0.0.1:PORT
 #   wait_for SECS WHAT CMD...  runs CMD every 0.1 s until it succeeds; after
 #                    SECS seconds fails with "WHAT did not happen within SECS s"
@@ -40,6 +43,7 @@ lib_exit() {
   if declare -F on_exit >/dev/null; then on_exit || true; fi
   for p in "${pids[@]}"; do kill "-$cleanup_signal" "$p" 2>/dev/null || true; done
   [ "$cleanup_signal" = KILL ] || wait 2>/dev/null || true
+  release_ports
   if { [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; } && [ -z "${KEEP_TMP:-}" ]; then rm -rf "$tmp"
   else echo "$lib_name: logs kept in $tmp" >&2; fi
 }
@@ -58,14 +62,33 @@ fail() {
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Port reservations: a symlink $PORTS_DIR/BLOCK -> the owner's pid, made
+# atomically by ln -s; a block whose owner is gone (a killed test) is taken
+# over. tests/export/check_resnet.py's free_port() shares the directory.
+PORTS_DIR=${TMPDIR:-/tmp}/ps-test-ports
 free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$(( 20000 + RANDOM % 20000 ))
-    listening "$p" || { echo "$p"; return 0; }
+  local b p i owner
+  mkdir -p "$PORTS_DIR"
+  for _ in $(seq 200); do
+    b=$(( RANDOM % 798 )); p=$(( 20000 + 16 * b ))
+    if ! ln -s "$$" "$PORTS_DIR/$b" 2>/dev/null; then
+      owner=$(readlink "$PORTS_DIR/$b" 2>/dev/null) || continue
+      kill -0 "$owner" 2>/dev/null && continue
+      rm -f "$PORTS_DIR/$b"; ln -s "$$" "$PORTS_DIR/$b" 2>/dev/null || continue
+    fi
+    for i in $(seq 0 15); do listening $(( p + i )) && break; done
+    if listening $(( p + i )); then continue; fi  # held by something else: keep it reserved, try another
+    echo "$p"; return 0
   done
-  echo "$lib_name: no free port found" >&2
+  echo "$lib_name: no free port block found in $PORTS_DIR" >&2
   return 1
+}
+release_ports() {
+  local f
+  for f in "$PORTS_DIR"/*; do
+    [ -L "$f" ] && [ "$(readlink "$f")" = "$$" ] && rm -f "$f"
+  done
+  return 0
 }
 
 wait_for() {  # SECS WHAT CMD...

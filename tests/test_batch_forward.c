@@ -33,7 +33,8 @@
  * tests/export/attention.py), numpy broadcasts (Sub, Add, Mul, Div of
  * computed tensors of two shapes), Maximum, a comparison and Where, Sin, Log1p and Flip, Bilinear and RandnLike, key padding masks computed from the ids
  * (each context's samples padded otherwise: its mask its own; a context
- * with a sample of padding only refused alone), parameters used at several
+ * with a sample of padding only refused alone), cross-attention over a
+ * memory of another length, parameters used at several
  * sites (share: and tie:, each context's gradient summed over the sites and
  * its own), recurrent cells in an unrolled loop (LSTMCell, GRUCell: each
  * call's tape cut per context), a group whose one member is refused (only it
@@ -701,6 +702,28 @@ static void run_causal_attention(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Cross-attention (an nn.TransformerDecoderLayer as psd-export writes it):
+ * features embedded, cut into a 4-row target and a 5-row memory, the
+ * target's causal self-attention and its cross-attention over the memory
+ * (MultiheadAttention cross: true), both with attention dropout: each
+ * context's tape (q (n, H, 4, D), k and v (n, H, 5, D), P (n, H, 4, 5))
+ * and masks its own, the memory's gradient reaching the embedding. */
+static void run_cross_attention(void) {
+    run_file("[9, 5]",
+             "      - {name: embed, kind: Linear, out_features: 8}\n"
+             "      - {name: tgt, kind: Narrow, dim: 1, start: 0, length: 4}\n"
+             "      - {name: mem, kind: Narrow, input: embed, dim: 1, start: 4, length: 5}\n"
+             "      - {name: dec.self_attn, kind: MultiheadAttention, input: tgt, embed_dim: 8, num_heads: 2, "
+             "dropout: 0.3, batch_first: true, causal: true}\n"
+             "      - {name: dec.add, kind: Add, inputs: [tgt, dec.self_attn]}\n"
+             "      - {name: dec.norm1, kind: LayerNorm, normalized_shape: 8}\n"
+             "      - {name: dec.multihead_attn, kind: MultiheadAttention, inputs: [dec.norm1, mem], embed_dim: 8, "
+             "num_heads: 2, dropout: 0.3, batch_first: true, cross: true}\n"
+             "      - {name: dec.add_1, kind: Add, inputs: [dec.norm1, dec.multihead_attn]}\n"
+             "      - {name: flatten, kind: Flatten}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Key padding masks computed from the ids (Eq), each context's its own
  * (its samples padded differently): nn.MultiheadAttention with
  * key_padding_mask = ids == 0, causal with attention dropout, then one with
@@ -788,6 +811,7 @@ int main(void) {
     run_cells();
     run_hand_attention();
     run_causal_attention();
+    run_cross_attention();
     run_broadcasts();
     run_elementwise();
     run_bilinear();
@@ -813,9 +837,10 @@ int main(void) {
         run_vit_block();
         run_padmask();
         run_shared();
+        run_cross_attention();
         g_device = NULL;
         printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks, "
-               "shared parameters)\n");
+               "shared parameters, cross-attention)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);

@@ -3,7 +3,8 @@
  * dtypes, class ids out of range, channel counts), what it accepts (size-1
  * dims, extra leading id dims), the batches it builds (normalisation per
  * channel, computed here independently in double) and the held-out split
- * (disjoint, complete, the same on every rank, shares that partition). */
+ * (disjoint, complete, the same on every rank, shares that partition),
+ * several input arrays joined (ps_fit_join). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,9 +196,56 @@ static void test_split(void) {
     CHECK(ps_fit_split(3, 0, 1, 1, 4, &tr, &nt, &va, &nv, &e) == PS_ERR_INVALID_ARGUMENT && strstr(e.msg, "4 trainers"));
 }
 
+/* ps_fit_join: several input arrays into the one input, each sample's values in order (np.concatenate of
+ * the flattened arrays, written out here by hand); int64 when all are integers, float32 with ids exact when a
+ * float array is among them; refusals naming the array. */
+static void test_join(void) {
+    ps_err e = {0};
+    ps_array parts[3], out;
+    const char *names[3] = {"ids.npy", "feats.npy", "hist.npy"};
+    parts[0] = arr(PS_ARRAY_I64, 2, (int64_t[]){2, 2});
+    parts[1] = arr(PS_ARRAY_F64, 3, (int64_t[]){2, 1, 3});
+    parts[2] = arr(PS_ARRAY_U8, 1, (int64_t[]){2});
+    for (int i = 0; i < 4; i++) ((int64_t *)parts[0].data)[i] = 10 * i + 1;
+    for (int i = 0; i < 6; i++) ((double *)parts[1].data)[i] = 0.5 + i;
+    ((uint8_t *)parts[2].data)[0] = 7;
+    ((uint8_t *)parts[2].data)[1] = 200;
+    CHECK_MSG(ps_fit_join(parts, names, 3, 1 << 20, &out, &e) == PS_OK, "%s", e.msg);
+    const float want[2][6] = {{1, 11, 0.5f, 1.5f, 2.5f, 7}, {21, 31, 3.5f, 4.5f, 5.5f, 200}};
+    CHECK(out.dtype == PS_ARRAY_F32 && out.ndim == 2 && out.dims[0] == 2 && out.dims[1] == 6);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 6; j++)
+            CHECK_MSG(((float *)out.data)[r * 6 + j] == want[r][j], "joined [%d][%d] = %g, want %g", r, j,
+                      ((float *)out.data)[r * 6 + j], want[r][j]);
+    ps_array_free(&out);
+    const char *inames[2] = {"ids.npy", "hist.npy"};
+    ps_array ints[2] = {parts[0], parts[2]};
+    CHECK_MSG(ps_fit_join(ints, inames, 2, 1 << 20, &out, &e) == PS_OK, "%s", e.msg);
+    const int64_t iwant[2][3] = {{1, 11, 7}, {21, 31, 200}};
+    CHECK(out.dtype == PS_ARRAY_I64 && out.dims[1] == 3);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 3; j++) CHECK(((int64_t *)out.data)[r * 3 + j] == iwant[r][j]);
+    ps_array_free(&out);
+    ((int64_t *)parts[0].data)[3] = 1 << 24;   /* not exact in float32 beside float features */
+    CHECK(ps_fit_join(parts, names, 2, 1 << 20, &out, &e) == PS_ERR_INVALID_ARGUMENT &&
+          strstr(e.msg, "ids.npy: sample 1 value 16777216 (position 1) is not exact in float32"));
+    CHECK(!out.data);
+    CHECK_MSG(ps_fit_join(ints, inames, 2, 1 << 20, &out, &e) == PS_OK, "%s", e.msg);   /* int64: exact */
+    ps_array_free(&out);
+    ps_array short1 = arr(PS_ARRAY_F32, 2, (int64_t[]){3, 2});
+    ps_array two[2] = {parts[0], short1};
+    const char *snames[2] = {"ids.npy", "short.npy"};
+    CHECK(ps_fit_join(two, snames, 2, 1 << 20, &out, &e) == PS_ERR_INVALID_ARGUMENT &&
+          strstr(e.msg, "inputs short.npy hold 3 samples (3, 2), but inputs ids.npy hold 2 (2, 2)"));
+    CHECK(ps_fit_join(parts, names, 3, 16, &out, &e) == PS_ERR_RESOURCE_EXHAUSTED);   /* 48 bytes over 16 */
+    for (int i = 0; i < 3; i++) ps_array_free(&parts[i]);
+    ps_array_free(&short1);
+}
+
 int main(void) {
     test_checks();
     test_batches();
     test_split();
+    test_join();
     return check_summary("test_fit_data");
 }

@@ -125,6 +125,17 @@ static void test_shared_errors(void) {
                "this node with eps 0.001");
 }
 
+/* weight_norm: a dim psd does not normalise over, and an init: of the weight it no longer has */
+static void test_weight_norm_errors(void) {
+    expect_err("wn_dim.yaml", HEAD "      - {name: a, kind: Linear, out_features: 4, weight_norm: true, "
+               "weight_norm_dim: 1}\n", 1, 6, "node 'a' (Linear)",
+               "weight_norm_dim 1: psd normalises the weight over every dim but 0 (weight_norm's default dim=0) or as "
+               "a whole (null: dim=None)");
+    expect_err("wn_init.yaml", HEAD "      - {name: a, kind: Linear, out_features: 4, weight_norm: true, "
+               "init: {weight: zeros}}\n", 1, 6, "node 'a' (Linear)",
+               "init.weight: no parameter 'weight' (parameters: weight_g, weight_v, bias)");
+}
+
 static void test_errors(void) {
     expect_err("syntax.yaml", "name: t\nstages: [\n", 0, 3, "YAML syntax error", NULL);
     expect_err("nodename.yaml", HEAD "      - {name: a/b, kind: Linear, out_features: 2}\n", 0, 6,
@@ -505,6 +516,7 @@ int main(void) {
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
     test_errors();
     test_shared_errors();
+    test_weight_norm_errors();
     test_shipped();
     test_dag("ref");
     test_dag("dnnl");

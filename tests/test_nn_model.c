@@ -36,6 +36,9 @@
  *    at a mask of ones; a combined backward of their tapes gives each part
  *    its own backward's input and parameter gradients while running the
  *    attention's backward once (backend calls counted);
+ *  - a mixed float32 input of ids and features: sliced Embeddings give the
+ *    int64 model's rows, ids that are not exact ids or rows refused, the
+ *    input gradient 0 at the ids;
  *  - bad input: int64 ids out of range (index and value named), stage runs
  *    that do not chain, an input gradient of int64 ids, non-finite grads;
  *  - the optimizer state (Adam): a step on the decoder alone counts only
@@ -1291,8 +1294,82 @@ static void test_sliced_ids(void) {
     test_rmtree(dir);
 }
 
+/* A mixed input: int64 ids and float32 features joined as one float32 input, the ids exact integers in it.
+ * Embeddings of its slices give the rows the same model of int64 ids gives (the same seeded weights), a
+ * Narrow the features; a value that is not an exact id in [0, 2^24) or not a row is refused naming sample
+ * and position; the input gradient is 0 at the ids and dy at the features; an Embedding of a whole float32
+ * input is refused. */
+static void test_mixed_ids(void) {
+    char dir[] = "/tmp/ps-test-nn-model.XXXXXX", path[600];
+    if (!mkdtemp(dir)) { CHECK_MSG(0, "mkdtemp failed"); return; }
+    snprintf(path, sizeof path, "%s/mixed.yaml", dir);
+    const char *nodes =
+        "      - {name: u, kind: Embedding, num_embeddings: 4, embedding_dim: 3, ids_start: 0, input: input}\n"
+        "      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3, ids_start: 1, ids_shape: [2], "
+        "input: input}\n"
+        "      - {name: f, kind: Flatten, input: i}\n";
+    char text[2048];
+    snprintf(text, sizeof text, "name: mixed\nstages:\n  - name: s\n    input: {shape: [5], dtype: int64}\n"
+             "    nodes:\n%s      - {name: c, kind: Concat, dim: 1, inputs: [u, f]}\n", nodes);
+    ps_err err = {0};
+    ps_model *mi = model_from_text_ok(path, "ref", text);
+    snprintf(text, sizeof text, "name: mixed\nstages:\n  - name: s\n    input: {shape: [5], dtype: float32}\n"
+             "    nodes:\n%s      - {name: x, kind: Narrow, input: input, start: 3, length: 2}\n"
+             "      - {name: c, kind: Concat, dim: 1, inputs: [u, f, x]}\n", nodes);
+    ps_model *mf = model_from_text_ok(path, "ref", text);
+    if (mi && mf) {
+        int64_t ids[10] = {3, 9, 0, 0, 0, 1, 2, 7, 0, 0};
+        float x[10] = {3, 9, 0, 0.25f, -1.5f, 1, 2, 7, 2.5f, 16777216.0f}, oi[18], of[22];
+        OKE(ps_model_forward_range(mi, 0, 0, ids, 2, 0, NULL, 0, oi, NULL, NULL, &err));
+        OKE(ps_model_forward_range(mf, 0, 0, x, 2, 0, NULL, 0, of, NULL, NULL, &err));
+        for (int s = 0; s < 2; s++) {
+            for (int j = 0; j < 9; j++)
+                CHECK_MSG(of[s * 11 + j] == oi[s * 9 + j], "sample %d value %d: %g, the int64 model's %g", s, j,
+                          of[s * 11 + j], oi[s * 9 + j]);
+            CHECK(of[s * 11 + 9] == x[s * 5 + 3] && of[s * 11 + 10] == x[s * 5 + 4]);
+        }
+        /* training: d input is 0 at the ids, dy at the features */
+        ps_tape *t = NULL;
+        float dy[22], gin[10];
+        for (int j = 0; j < 22; j++) dy[j] = 0.125f * (float)(j + 1);
+        OKE(ps_model_forward_range(mf, 0, 0, x, 2, 1, NULL, 0, of, &t, NULL, &err));
+        ps_grads *g = ps_grads_create(mf, &err);
+        if (t && g) {
+            OKE(ps_model_backward_acc(mf, t, dy, gin, g, &err));
+            for (int s = 0; s < 2; s++)
+                for (int j = 0; j < 5; j++)
+                    CHECK_MSG(gin[s * 5 + j] == (j < 3 ? 0.0f : dy[s * 11 + 9 + j - 3]), "d input[%d][%d] = %g", s, j,
+                              gin[s * 5 + j]);
+        }
+        ps_grads_free(g);
+        ps_tape_free(t);
+        const struct { int at; float v; const char *words; } bad[] = {
+            {1, 2.5f, "input[0][1] = 2.5 (id 0 of i's slice ids_start 1) is not an id"},
+            {7, -1.0f, "input[1][2] = -1 (id 1 of i's slice ids_start 1) is not an id"},
+            {5, 16777216.0f, "input[1][0] = 16777216 (id 0 of u's slice ids_start 0) is not an id"},
+            {0, 4.0f, "input[0][0] = 4 (id 0 of u's slice ids_start 0) is not a row of u.weight (0..3)"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            float y[10];
+            memcpy(y, x, sizeof y);
+            y[bad[k].at] = bad[k].v;
+            CHECK(ps_model_forward_range(mf, 0, 0, y, 2, 0, NULL, 0, of, NULL, NULL, &err) == PS_ERR_INVALID_ARGUMENT);
+            CHECK_MSG(strstr(err.msg, bad[k].words), "%s", err.msg);
+        }
+    }
+    ps_model_free(mi);
+    ps_model_free(mf);
+    ps_model *m = model_from_text(path, "ref", "name: ids\nstages:\n  - name: s\n"
+        "    input: {shape: [5], dtype: float32}\n    nodes:\n      - {name: i, kind: Embedding, num_embeddings: 10, embedding_dim: 3}\n", &err);
+    CHECK(!m);
+    CHECK_MSG(strstr(err.msg, "float32 ids only in a slice (ids_start) of a mixed input"), "%s", err.msg);
+    ps_model_free(m);
+    test_rmtree(dir);
+}
+
 int main(void) {
     rng r = {0x2545f4914f6cdd1dull};
+    test_mixed_ids();
     test_padmask_refusals();
     test_stage_shapes();
     test_input_grads(&r);

@@ -32,7 +32,10 @@
  *    Where by it between a value and a number, Max of two computed values,
  *    a Slice with step -1 over a whole axis (Flip), computing what they
  *    should (a value on the threshold too); a partial step -1 and Where by
- *    a condition that is no comparison refused.
+ *    a condition that is no comparison refused;
+ *  - a VAE's export: RandomNormalLike (mean, scale) as RandnLike and constants, three graph outputs joined
+ *    into psd's one (flattened, in order), computing what they should; a seed, a double dtype and an output
+ *    that is the input itself refused.
  */
 #include "model.h"
 #include "onnx.h"
@@ -735,6 +738,90 @@ static void test_elementwise(void) {
     free(m1_t.p);
 }
 
+/* A graph of several outputs (value infos outs[0..nout-1]), default domain at opset 13 */
+static buf model_outs(buf *nodes, int nn, buf *inits, int ni, buf *in, buf *outs, int nout) {
+    buf g = {0}, m = {0}, o = {0};
+    for (int i = 0; i < nn; i++) f_msg(&g, 1, &nodes[i]);
+    f_str(&g, 2, "g");
+    for (int i = 0; i < ni; i++) f_msg(&g, 5, &inits[i]);
+    f_msg(&g, 11, in);
+    for (int i = 0; i < nout; i++) f_msg(&g, 12, &outs[i]);
+    f_varint(&m, 1, 7);
+    f_str(&m, 2, "test_onnx_import");
+    f_msg(&m, 7, &g);
+    f_str(&o, 1, "");
+    f_varint(&o, 2, 13);
+    f_msg(&m, 8, &o);
+    return m;
+}
+
+/* A VAE's export: torch.randn_like as RandomNormalLike (mean 2, scale 0.5: a RandnLike, MulConstant 0.5,
+ * AddConstant 2), and three graph outputs r = relu(x) (2, 4), e = exp(x viewed (2, 2, 2)), z the noise (2, 4),
+ * joined as psd's one output (2, 12): r | e flattened | z, checked numerically for r and e, z drawn with mean 2
+ * and spread 0.5 (8 draws: distinct, inside 2 +- 3); a seed, a double dtype and an output that is the input
+ * itself refused. */
+static void test_outputs_noise(void) {
+    int64_t dx[2] = {2, 4}, de[3] = {2, 2, 2}, shp[3] = {0, 2, 2};
+    buf init = tensor_i64("shp", 3, shp);
+    attr_spec rn[2] = {{"mean", 1, 2.0, 0, 0, {0}, NULL, NULL}, {"scale", 1, 0.5, 0, 0, {0}, NULL, NULL}};
+    const char *x1[1] = {"x"}, *rs_in[2] = {"x", "shp"}, *q1[1] = {"q"}, *r1[1] = {"r"};
+    buf ns[4] = {node("/Relu", "Relu", 1, x1, "r", 0, NULL), node("/Reshape", "Reshape", 2, rs_in, "q", 0, NULL),
+                 node("/Exp", "Exp", 1, q1, "e", 0, NULL),
+                 node("/RandomNormalLike", "RandomNormalLike", 1, r1, "z", 2, rn)};
+    buf vi = value_info("x", 2, dx), vo[3] = {value_info("r", 2, dx), value_info("e", 3, de), value_info("z", 2, dx)};
+    buf m = model_outs(ns, 4, &init, 1, &vi, vo, 3);
+    char *y = yaml_of(&m);
+    CHECK_MSG(strstr(y, "kind: RandnLike") && strstr(y, "kind: MulConstant, value: 0.5") &&
+              strstr(y, "kind: AddConstant, value: 2.0") && strstr(y, "kind: Flatten") && strstr(y, "kind: Concat"),
+              "outputs and noise: %s", y);
+    ps_err e = {0};
+    ps_model *pm = ref_model_of(y, &e);
+    float x[8], out[24], want[16], got[16];
+    for (int i = 0; i < 8; i++) x[i] = sinf((float)i * 1.3f);
+    uint64_t ver;
+    if (pm && ps_model_forward_range(pm, 0, 0, x, 2, 0, NULL, 0, out, NULL, &ver, &e) == PS_OK) {
+        int distinct = 1, inside = 1;
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++) {
+                want[n * 8 + j] = fmaxf(x[n * 4 + j], 0.0f);
+                want[n * 8 + 4 + j] = expf(x[n * 4 + j]);
+                got[n * 8 + j] = out[n * 12 + j];
+                got[n * 8 + 4 + j] = out[n * 12 + 4 + j];
+                const float z = out[n * 12 + 8 + j];
+                inside &= z > -1.0f && z < 5.0f;
+                for (int k = 0; k < n * 4 + j; k++) distinct &= z != out[(k / 4) * 12 + 8 + k % 4];
+            }
+        check_array("three graph outputs joined: relu(x) | exp(x) flattened", got, want, 16, 1e-6, 1e-6);
+        CHECK_MSG(distinct && inside, "RandomNormalLike(mean 2, scale 0.5): 8 draws distinct %d, inside 2 +- 3 %d",
+                  distinct, inside);
+        if (distinct && inside) printf("ok: RandomNormalLike(mean 2, scale 0.5): 8 distinct draws inside 2 +- 3\n");
+    } else if (pm) {
+        CHECK_MSG(0, "forward: %s", e.msg);
+    }
+    ps_model_free(pm);
+    free(y);
+    free(m.p);
+    {
+        attr_spec sd[1] = {{"seed", 1, 7.0, 0, 0, {0}, NULL, NULL}}, dt[1] = {{"dtype", 2, 0, 11, 0, {0}, NULL, NULL}};
+        const char *specs[2] = {"a seed", "a double dtype"}, *needles[2] = {"seed 7", "dtype"};
+        for (int k = 0; k < 2; k++) {
+            buf n1 = node("/RandomNormalLike", "RandomNormalLike", 1, x1, "y", 1, k ? dt : sd);
+            buf vi1 = value_info("x", 2, dx), vo1 = value_info("y", 2, dx);
+            buf m1 = model(13, &n1, 1, NULL, 0, &vi1, &vo1);
+            char what[64];
+            snprintf(what, sizeof what, "RandomNormalLike with %s", specs[k]);
+            expect_refusal(what, &m1, PS_ERR_UNIMPLEMENTED, needles[k]);
+            free(m1.p);
+        }
+        buf n2 = node("/Relu", "Relu", 1, x1, "r", 0, NULL);
+        buf vi2 = value_info("x", 2, dx), vo2[2] = {value_info("r", 2, dx), value_info("x", 2, dx)};
+        buf m2 = model_outs(&n2, 1, NULL, 0, &vi2, vo2, 2);
+        expect_refusal("a graph output that is the input itself", &m2, PS_ERR_UNIMPLEMENTED, "the input itself");
+        free(m2.p);
+    }
+    free(init.p);
+}
+
 /* attention's pieces as exporters write them: a view's shape from the exporters' expand(-1) arithmetic on
  * constants (Reshape of a constant, Shape, ConstantOfShape, Sub, Add, Equal, Where: [2, 4, 3] -> [2, -1, 3]),
  * a MatMul of two computed values (x and its Transpose), a Split along the last dim whose first part nothing
@@ -1270,6 +1357,7 @@ int main(void) {
     test_concat_arity();
     test_shuffle_unit();
     test_elementwise();
+    test_outputs_noise();
     test_softmax_opsets();
     test_attributes();
     test_old_opsets();

@@ -9,7 +9,9 @@
  * Reshape's shape, a Gather's indices); the model is built on the dnnl
  * backend (and every test that passes there again on ref), the initial
  * weights loaded from the file, and one eval forward of input_0.pb is
- * compared with output_0.pb by numpy.allclose(rtol=1e-4, atol=1e-6).
+ * compared with output_0.pb by numpy.allclose(rtol=1e-4, atol=1e-6) (a
+ * graph of several outputs: with output_0.pb, output_1.pb, ... joined as
+ * the import joins them, each flattened after the batch, in order).
  * A test is skipped only when the import refuses it as unsupported
  * (PS_ERR_UNIMPLEMENTED: an op, attribute or shape psd does not have),
  * printed with the reason; any other error fails. The tests of the ops
@@ -63,8 +65,10 @@ static const char *const required_prefixes[] = {
      * (swin's x[..., 0::2, 1::2, :] has steps) and a constant Pad (swin's padding to its window) */
     "test_slice", "test_constant_pad",
     /* attention written by hand: MatMul (2-D: a Linear by the initializer; 3-D and 4-D: psd's MatMul of the
-     * input and a Parameter; ONNX's Split tests have several graph outputs, which psd's model cannot) */
+     * input and a Parameter) */
     "test_matmul_",
+    /* several graph outputs, joined into psd's one (each flattened after the batch, in order): Split's 2-D tests */
+    "test_split_equal_parts_2d", "test_split_variable_parts_2d",
     /* the 1-d kinds (MaxPool1d, AvgPool1d over (N, C, L)) */
     "test_maxpool_1d_default", "test_averagepool_1d_default",
     /* a text classifier's mean over the tokens: ReduceMean over adjacent axes (over all axes: no axis left) */
@@ -76,7 +80,7 @@ static const char *const required_prefixes[] = {
     "test_abs", "test_elu", "test_exp", "test_log", "test_neg", "test_reciprocal", "test_selu_default",
     "test_softplus", "test_sqrt",
     /* sin / cos (sinusoidal features; not sinh and cosh: a name matches up to an '_') */
-    "test_sin", "test_cos", "test_erf", "test_sign",
+    "test_sin", "test_cos", "test_erf", "test_sign", "test_depthtospace_", "test_spacetodepth",
     /* nn.InstanceNorm1d / 2d (scale and bias: initializers) */
     "test_instancenorm_",
     /* ReduceSum over adjacent axes (the mean times the count) */
@@ -152,8 +156,10 @@ static void free_pb(loaded *l) {
 enum { T_OK, T_SKIP, T_FAIL };
 
 /* One backend: build, load weights, forward, compare. */
+/* want[nwant]: the graph's outputs, which psd's import joins into its one (each flattened after the batch, in
+ * order): compared joined the same way. */
 static int run_backend(const char *dir, const char *yaml_path, const ps_onnx_import *im, const char *backend,
-                       const ps_onnx_tensor *x, const ps_onnx_tensor *want, char *why, size_t cap) {
+                       const ps_onnx_tensor *x, ps_onnx_tensor *const *want, int nwant, char *why, size_t cap) {
     ps_err e = {0};
     ps_model_opts mo = {0};
     mo.file = yaml_path;
@@ -176,19 +182,33 @@ static int run_backend(const char *dir, const char *yaml_path, const ps_onnx_imp
                  (long long)per);
         goto done;
     }
-    int64_t outper = 1;
+    int64_t outper = 1, total = 0;
     for (int d = 0; d < si->out_ndim; d++) outper *= si->out_dims[d];
-    if (outper * n != want->numel) {
-        snprintf(why, cap, "psd computes %lld values, ONNX's output has %lld", (long long)(outper * n),
-                 (long long)want->numel);
+    for (int k = 0; k < nwant; k++) {
+        if (want[k]->numel % n) {
+            snprintf(why, cap, "output %d's %lld values are not %lld samples'", k, (long long)want[k]->numel,
+                     (long long)n);
+            goto done;
+        }
+        total += want[k]->numel;
+    }
+    if (outper * n != total) {
+        snprintf(why, cap, "psd computes %lld values, ONNX's output%s %lld", (long long)(outper * n),
+                 nwant > 1 ? "s have" : " has", (long long)total);
         goto done;
     }
     xin = malloc((size_t)x->numel * 8 + 8);
-    out = malloc((size_t)want->numel * sizeof(float) + 4);
-    float *wantf = malloc((size_t)want->numel * sizeof(float) + 4);
-    if (!xin || !out || !wantf) { free(wantf); snprintf(why, cap, "out of memory"); goto done; }
+    out = malloc((size_t)total * sizeof(float) + 4);
+    float *wantf = malloc((size_t)total * sizeof(float) + 4), *part = malloc((size_t)total * sizeof(float) + 4);
+    if (!xin || !out || !wantf || !part) { free(wantf); free(part); snprintf(why, cap, "out of memory"); goto done; }
     ps_status st = si->in_dtype == PS_DTYPE_I64 ? ps_onnx_tensor_int64s(x, xin, &e) : ps_onnx_tensor_floats(x, xin, &e);
-    if (!st) st = ps_onnx_tensor_floats(want, wantf, &e);
+    for (int k = 0, at = 0; k < nwant && !st; k++) {   /* sample i's values: each output's part i, in order */
+        const int64_t pk = want[k]->numel / n;
+        if (!(st = ps_onnx_tensor_floats(want[k], part, &e)))
+            for (int64_t i = 0; i < n; i++) memcpy(wantf + i * outper + at, part + i * pk, (size_t)pk * sizeof(float));
+        at += (int)pk;
+    }
+    free(part);
     if (st) { free(wantf); snprintf(why, cap, "%s", e.msg); goto done; }
     uint64_t ver;
     if (ps_model_forward_range(m, 0, 0, xin, (int)n, 0, NULL, 0, out, NULL, &ver, &e)) {
@@ -198,7 +218,7 @@ static int run_backend(const char *dir, const char *yaml_path, const ps_onnx_imp
     }
     int64_t bad = -1;
     double worst = 0;
-    for (int64_t i = 0; i < want->numel; i++) {
+    for (int64_t i = 0; i < total; i++) {
         double d = fabs((double)out[i] - wantf[i]), tol = ATOL + RTOL * fabs((double)wantf[i]);
         if (!(d <= tol) && (isnan(out[i]) != isnan(wantf[i]) || !isnan(wantf[i]))) {
             if (bad < 0 || d - tol > worst) { bad = i; worst = d - tol; }
@@ -227,8 +247,8 @@ static int run_test(const char *root, const char *name, char *why, size_t cap) {
     if (!mf) { snprintf(why, cap, "%s", e.msg); return T_FAIL; }
     ps_onnx_model *om = ps_onnx_parse(mf->data, mf->len, path, &e);
     int rc = T_FAIL;
-    loaded ins[16], outp;
-    int nins = 0, have_out = 0;
+    loaded ins[16], outp[16];
+    int nins = 0, nout = 0;
     ps_onnx_import *im = NULL;
     char yaml_path[64] = "";
     memset(ins, 0, sizeof ins);
@@ -265,23 +285,26 @@ static int run_test(const char *root, const char *name, char *why, size_t cap) {
         goto done;
     }
     if (nins < 1) { snprintf(why, cap, "the import took a graph without a numeric input"); goto done; }
-    snprintf(path, sizeof path, "%s/test_data_set_0/output_0.pb", dir);
-    if (load_pb(path, &outp, why, cap)) goto done;
-    have_out = 1;
+    ps_onnx_tensor *wants[16];
+    for (; nout < om->noutputs && nout < 16; nout++) {
+        snprintf(path, sizeof path, "%s/test_data_set_0/output_%d.pb", dir, nout);
+        if (load_pb(path, &outp[nout], why, cap)) goto done;
+        wants[nout] = outp[nout].t;
+    }
     snprintf(yaml_path, sizeof yaml_path, "/tmp/test_onnx_node.%d.yaml", (int)getpid());
     FILE *f = fopen(yaml_path, "w");
     size_t len;
     const char *text = ps_onnx_import_yaml(im, &len);
     if (!f || fwrite(text, 1, len, f) != len) { snprintf(why, cap, "cannot write %s", yaml_path); if (f) fclose(f); goto done; }
     fclose(f);
-    rc = run_backend(dir, yaml_path, im, "dnnl", ins[0].t, outp.t, why, cap);
-    if (rc == T_OK) rc = run_backend(dir, yaml_path, im, "ref", ins[0].t, outp.t, why, cap);
+    rc = run_backend(dir, yaml_path, im, "dnnl", ins[0].t, wants, nout, why, cap);
+    if (rc == T_OK) rc = run_backend(dir, yaml_path, im, "ref", ins[0].t, wants, nout, why, cap);
     if (rc != T_OK && getenv("ONNX_NODE_VERBOSE")) fprintf(stderr, "--- %s\n%s", name, text);
 done:
     if (yaml_path[0]) unlink(yaml_path);
     ps_onnx_import_free(im);
     for (int i = 0; i < nins; i++) free_pb(&ins[i]);
-    if (have_out) free_pb(&outp);
+    for (int i = 0; i < nout; i++) free_pb(&outp[i]);
     ps_onnx_free(om);
     ps_onnx_unmap(mf);
     return rc;

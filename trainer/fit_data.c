@@ -50,6 +50,80 @@ ps_status ps_fit_check_samples(const ps_array *x, const char *xname, const ps_ar
     return PS_OK;
 }
 
+ps_status ps_fit_join(const ps_array *parts, const char *const *names, int n, size_t max_bytes, ps_array *out,
+                      ps_err *err) {
+    char s1[160], s2[160];
+    memset(out, 0, sizeof *out);
+    if (n < 1 || n > PS_FIT_MAX_INPUTS)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%d input arrays; fit joins 1..%d", n, PS_FIT_MAX_INPUTS);
+    int all_int = 1;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const ps_array *a = &parts[i];
+        if (a->ndim < 1)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s: a scalar; samples go along dim 0", names[i]);
+        if (a->dims[0] != parts[0].dims[0])
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s hold %lld samples %s, but inputs %s hold "
+                              "%lld %s: the arrays of a model's several inputs hold the same samples, row for row",
+                              names[i], (long long)a->dims[0], ps_array_shape_str(a->dims, a->ndim, s1, sizeof s1),
+                              names[0], (long long)parts[0].dims[0],
+                              ps_array_shape_str(parts[0].dims, parts[0].ndim, s2, sizeof s2));
+        if (ps_array_row_numel(a) == 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s: each sample is %s, no values", names[i],
+                              ps_array_shape_str(a->dims + 1, a->ndim - 1, s1, sizeof s1));
+        all_int &= ps_array_dtype_is_int(a->dtype);
+        total += ps_array_row_numel(a);
+    }
+    int64_t rows = parts[0].dims[0], dims[2] = {rows, total};
+    size_t esize = all_int ? sizeof(int64_t) : sizeof(float), bytes;
+    ps_status st = ps_array_check_size(dims, 2, esize, max_bytes, "the joined inputs", &bytes, err);
+    if (st) return st;
+    out->dtype = all_int ? PS_ARRAY_I64 : PS_ARRAY_F32;
+    out->ndim = 2;
+    out->dims[0] = rows;
+    out->dims[1] = total;
+    out->bytes = bytes;
+    if (!(out->data = malloc(bytes ? bytes : 1)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory joining the inputs (%zu bytes)", bytes);
+    int64_t *tmp = NULL, off = 0;
+    for (int i = 0; i < n && st == PS_OK; i++) {
+        const ps_array *a = &parts[i];
+        int64_t k = ps_array_row_numel(a);
+        if (!all_int && ps_array_dtype_is_int(a->dtype) && !tmp && !(tmp = malloc((size_t)k * sizeof *tmp)))
+            st = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory joining the inputs");
+        for (int64_t r = 0; r < rows && st == PS_OK; r++) {
+            if (all_int) {
+                st = ps_array_to_i64(a, r * k, k, (int64_t *)out->data + r * total + off, err);
+                if (st) ps_err_prefix(err, "inputs %s", names[i]);
+                continue;
+            }
+            float *o = (float *)out->data + r * total + off;
+            if (!ps_array_dtype_is_int(a->dtype)) {
+                ps_array_to_f32(a, r * k, k, o);
+                continue;
+            }
+            if ((st = ps_array_to_i64(a, r * k, k, tmp, err))) {
+                ps_err_prefix(err, "inputs %s", names[i]);
+                break;
+            }
+            for (int64_t j = 0; j < k; j++) {
+                if (tmp[j] >= (1 << 24) || tmp[j] <= -(1 << 24)) {
+                    st = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s: sample %lld value %lld (position %lld) "
+                                    "is not exact in float32: joined with float inputs, ids travel as float32 "
+                                    "integers, below 2^24 = 16777216", names[i], (long long)r, (long long)tmp[j],
+                                    (long long)j);
+                    break;
+                }
+                o[j] = (float)tmp[j];
+            }
+        }
+        off += k;
+    }
+    free(tmp);
+    if (st) ps_array_free(out);
+    return st;
+}
+
 ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
                        const ps_fit_model *m, const ps_loss *loss, const ps_fit_norm *norm, ps_fit_layout *lay,
                        ps_err *err) {

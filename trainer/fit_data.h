@@ -80,6 +80,18 @@ typedef struct ps_fit_layout {
 ps_status ps_fit_check_samples(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
                                ps_err *err);
 
+/* Several input arrays (a model of several inputs: psd-export's forward(self, ids, feats)) joined into the
+ * one input psd takes, *out (N, total): each sample's values of parts[0], then parts[1], ... flattened in C
+ * order - np.concatenate([a.reshape(n, -1) for a in parts], 1), which is also psd-export's join along dim 1 of
+ * inputs differing only there (ps-train fit gives *out the model's per-sample shape once connected). Every
+ * part holds at least one dim and the same N samples as parts[0], each with at least one value (names[i] in
+ * the errors). All integer parts: int64; any float part: float32, the integer parts' values exact in it (ids
+ * of a mixed input, below 2^24 in magnitude; a larger value is refused naming its part, sample and value).
+ * At most PS_FIT_MAX_INPUTS parts; *out is allocated (ps_array_free). */
+#define PS_FIT_MAX_INPUTS 8
+ps_status ps_fit_join(const ps_array *parts, const char *const *names, int n, size_t max_bytes, ps_array *out,
+                      ps_err *err);
+
 /* Check x (named xname) and y (yname) against the model and the loss; fill
  * *lay. nclass_check: check every class id's range (class losses). */
 ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,

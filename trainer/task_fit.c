@@ -73,7 +73,11 @@ typedef struct fit_hop {
 
 typedef struct fit_task {
     /* flags */
-    char inputs[1024], labels[1024], test_inputs[1024], test_labels[1024];
+    char inputs[1024], labels[1024], test_inputs[1024], test_labels[1024];   /* inputs: the names, in messages */
+    /* --inputs / --test-inputs given once per input of a model of several (joined: ps_fit_join) */
+    char in_spec[2][PS_FIT_MAX_INPUTS][1024];
+    int n_in[2];
+    int norm_given;                   /* --input-scale, --input-mean or --input-std */
     const ps_loss *loss;
     double val_fraction;
     double lr[PS_FIT_MAX_CHANNELS];   /* --lr: per epoch, the last repeats; nlr 0: optimizer.lr */
@@ -140,6 +144,17 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         if (!strcmp(flag, paths[i].flag)) {
             if (strlen(v) >= sizeof t->inputs) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: path too long", flag);
+            int test = !strcmp(flag, "--test-inputs");
+            if (test || !strcmp(flag, "--inputs")) {   /* once per input of the model, in forward's order */
+                int *k = &t->n_in[test];
+                if (*k == PS_FIT_MAX_INPUTS)
+                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: more than %d input arrays", flag,
+                                      PS_FIT_MAX_INPUTS);
+                snprintf(t->in_spec[test][(*k)++], sizeof t->inputs, "%s", v);
+                size_t used = *k > 1 ? strlen(paths[i].dst) : 0;
+                snprintf(paths[i].dst + used, sizeof t->inputs - used, "%s%s", *k > 1 ? " + " : "", v);
+                return PS_OK;
+            }
             snprintf(paths[i].dst, sizeof t->inputs, "%s", v);
             return PS_OK;
         }
@@ -159,6 +174,7 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
             if (!(t->lr[i] > 0)) return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--lr %s: every value must be > 0", v);
         return PS_OK;
     }
+    if (!strncmp(flag, "--input-", 8)) t->norm_given = 1;
     if (!strcmp(flag, "--input-scale")) {
         return ps_parse_double(flag, v, 0, 1e300, PS_PARSE_OPEN_LO, &t->norm.scale, err);
     }
@@ -220,6 +236,43 @@ static ps_status load(const char *flag, const char *spec, size_t max_bytes, ps_a
     return st ? ps_err_prefix(err, "%s", flag) : PS_OK;
 }
 
+/* The inputs of flag (test 0: --inputs, 1: --test-inputs) into *x: one array as it is, several joined
+ * (ps_fit_join; the model's per-sample shape once connected, fit_setup). */
+static ps_status load_inputs(fit_task *t, int test, ps_array *x, ps_err *err) {
+    const char *flag = test ? "--test-inputs" : "--inputs";
+    int n = t->n_in[test];
+    if (n == 1) return load(flag, t->in_spec[test][0], t->max_bytes, x, err);
+    ps_array parts[PS_FIT_MAX_INPUTS] = {0};
+    const char *names[PS_FIT_MAX_INPUTS] = {0};
+    ps_status st = PS_OK;
+    for (int i = 0; i < n && st == PS_OK; i++) {
+        names[i] = t->in_spec[test][i];
+        st = load(flag, names[i], t->max_bytes, &parts[i], err);
+    }
+    if (st == PS_OK && (st = ps_fit_join(parts, names, n, t->max_bytes, x, err))) ps_err_prefix(err, "%s", flag);
+    for (int i = 0; i < n; i++) ps_array_free(&parts[i]);
+    return st;
+}
+
+/* A joined input (several --inputs) in the model's per-sample shape: the join holds the values of psd-export's
+ * join (flattened, or along dim 1 - the same values), so only their count must match. */
+static ps_status shape_joined(fit_task *t, int test, ps_array *x, ps_err *err) {
+    const ps_fit_model *m = &t->model;
+    if (t->n_in[test] < 2) return PS_OK;
+    char sh[96];
+    int64_t want = 1;
+    for (int i = 0; i < m->in_ndim; i++) want *= m->in_dims[i];
+    if (x->dims[1] != want)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s %s: the %d arrays hold %lld values a sample together, "
+                          "but the model's first stage '%s' takes %s (%lld values): give one array per input of "
+                          "forward, in its order (psd-export prints the join)", test ? "--test-inputs" : "--inputs",
+                          test ? t->test_inputs : t->inputs, t->n_in[test], (long long)x->dims[1], m->first_stage,
+                          ps_array_shape_str(m->in_dims, m->in_ndim, sh, sizeof sh), (long long)want);
+    x->ndim = 1 + m->in_ndim;
+    for (int i = 0; i < m->in_ndim; i++) x->dims[1 + i] = m->in_dims[i];
+    return PS_OK;
+}
+
 static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     fit_task *t = arg;
     const ps_config *cfg = env->cfg;
@@ -239,17 +292,26 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     if (t->labels_in && t->test_inputs[0]) snprintf(t->test_labels, sizeof t->test_labels, "inputs");
     if (!t->test_inputs[0] != !t->test_labels[0])
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --test-inputs and --test-labels go together");
+    if (t->n_in[1] && t->n_in[1] != t->n_in[0])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: %d --inputs but %d --test-inputs: give both once per "
+                          "input of the model, in the same order", t->n_in[0], t->n_in[1]);
+    if (t->n_in[0] > 1 && t->norm_given)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: with several --inputs the values reach the model as "
+                          "they are (ids must stay ids): scale the float arrays beforehand, without --input-scale, "
+                          "--input-mean or --input-std");
+    if (t->n_in[0] > 1 && t->labels_in)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --labels inputs takes one --inputs array");
     if (t->nlr && (cfg->optimizer.kind != PS_OPTIM_SGD || cfg->optimizer.weight_decay != 0 || !(cfg->optimizer.lr > 0)))
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --lr scales psd's steps by lr / optimizer.lr, which is "
                           "the same as that lr only for plain SGD (optimizer.type sgd, weight_decay 0; momentum is "
                           "fine) with optimizer.lr of the config psd runs; set optimizer.lr in the config instead");
     t->grad_scale = t->nlr ? t->lr[0] / cfg->optimizer.lr : 1.0;
     ps_status st;
-    if ((st = load("--inputs", t->inputs, t->max_bytes, &t->x, err)) ||
+    if ((st = load_inputs(t, 0, &t->x, err)) ||
         (!t->labels_in && (st = load("--labels", t->labels, t->max_bytes, &t->y, err))))
         return st;
     if (t->test_inputs[0]) {
-        if ((st = load("--test-inputs", t->test_inputs, t->max_bytes, &t->tx, err)) ||
+        if ((st = load_inputs(t, 1, &t->tx, err)) ||
             (!t->labels_in && (st = load("--test-labels", t->test_labels, t->max_bytes, &t->ty, err))))
             return st;
         t->have_test = 1;
@@ -352,6 +414,8 @@ static ps_status fit_setup(fit_task *t, const ps_task_env *env, ps_err *err) {
     if (t->labels_in && m->in_int64)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--labels inputs: the model's first stage '%s' takes int64 "
                           "ids, which cannot be the targets of a dense loss", m->first_stage);
+    if ((s = shape_joined(t, 0, &t->x, err)) || (t->have_test && (s = shape_joined(t, 1, &t->tx, err))))
+        return s;
     if ((s = ps_fit_check(&t->x, t->inputs, labels_of(t, 0), t->labels, m, t->loss, &t->norm, &t->lay, err)))
         return s;
     if (t->have_test && (s = ps_fit_check(&t->tx, t->test_inputs, labels_of(t, 1), t->test_labels, m, t->loss,
@@ -777,10 +841,12 @@ static ps_status fit_evaluate(void *arg, const ps_task_env *env, ps_err *err) {
 }
 
 static const ps_task_flag fit_flags[] = {
-    {"--inputs", "-i", "FILE[:NAME]", NULL, "training inputs: IDX (raw or .gz), .npy, .npz:NAME, safetensors:NAME"},
+    {"--inputs", "-i", "FILE[:NAME]", NULL, "training inputs: IDX (raw or .gz), .npy, .npz:NAME, safetensors:NAME; "
+     "once per input of a model of several, in forward's order (joined as psd-export prints)"},
     {"--labels", "-l", "FILE[:NAME]", NULL, "training labels (targets), one per input sample; `inputs`: each input, "
      "converted as the model gets it, is its own target (an autoencoder's; mse, bce_with_logits, bce, vae_bce)"},
-    {"--test-inputs", NULL, "FILE[:NAME]", NULL, "test inputs, evaluated at the end (and per epoch without a split)"},
+    {"--test-inputs", NULL, "FILE[:NAME]", NULL, "test inputs, evaluated at the end (and per epoch without a split); "
+     "as many as --inputs"},
     {"--test-labels", NULL, "FILE[:NAME]", NULL, "test labels (none with --labels inputs)"},
     {"--loss", NULL, "NAME", NULL, "nll, cross_entropy, mse, bce_with_logits, bce (as torch.nn.functional) or vae_bce (a VAE's: docs/fit.md)"},
     {"--val-fraction", NULL, "F", NULL, "hold out this fraction of the training samples (seeded, the same on every "

@@ -228,6 +228,7 @@ static float normal01(ps_rng *r) {  /* Box-Muller */
 }
 
 static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r);
+static float init_value(const ps_layer_param *p, ps_rng *r);
 
 void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
     init_draw(ly, j, host, r);
@@ -242,21 +243,34 @@ void ps_layer_init_param(const ps_layer *ly, int j, float *host, ps_rng *r) {
 static void init_draw(const ps_layer *ly, int j, float *host, ps_rng *r) {
     const ps_layer_param *p = &ly->param[j];
     const ps_init *in = &p->init;
-    if (in->kind == PS_INIT_CONST) {
-        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a;
+    if (in->kind == PS_INIT_WEIGHT_NORM) {   /* weight_g: the norms of weight_v's draw, from a copy of the stream */
+        const ps_layer_param *v = &ly->param[j + 1];
+        ps_rng copy = *r;
+        const int64_t rows = p->numel, k = v->numel / p->numel;
+        for (int64_t i = 0; i < rows; i++) {
+            double s = 0.0;
+            for (int64_t e = 0; e < k; e++) {
+                const double x = init_value(v, &copy);
+                s += x * x;
+            }
+            host[i] = (float)sqrt(s);
+        }
         return;
     }
-    if (in->kind == PS_INIT_NORMAL) {
-        for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + in->b * normal01(r);
-        return;
-    }
+    for (int64_t i = 0; i < p->numel; i++) host[i] = init_value(p, r);
+}
+
+/* One value of parameter p's initialisation (its elements are drawn in order, each so). */
+static float init_value(const ps_layer_param *p, ps_rng *r) {
+    const ps_init *in = &p->init;
+    if (in->kind == PS_INIT_CONST) return in->a;
+    if (in->kind == PS_INIT_NORMAL) return in->a + in->b * normal01(r);
     /* uniform: symmetric bounds as (2u - 1) * bound (the draw the C tables made) */
     if (in->fan_bound || in->a == -in->b) {
-        float bound = in->fan_bound ? 1.0f / sqrtf((float)(p->fan_in ? p->fan_in : 1)) : in->b;
-        for (int64_t i = 0; i < p->numel; i++) host[i] = (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
-        return;
+        const float bound = in->fan_bound ? 1.0f / sqrtf((float)(p->fan_in ? p->fan_in : 1)) : in->b;
+        return (2.0f * ps_rng_uniform(r) - 1.0f) * bound;
     }
-    for (int64_t i = 0; i < p->numel; i++) host[i] = in->a + (in->b - in->a) * ps_rng_uniform(r);
+    return in->a + (in->b - in->a) * ps_rng_uniform(r);
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -347,6 +361,140 @@ static ps_status need_dim_attr(const ps_layer *ly, int *d, ps_err *err) {
 static const char *no_op(const ps_layer *ly, const ps_backend_ops *ops) { (void)ly; (void)ops; return NULL; }
 
 static ps_status view_pass(ps_layer_call *c, ps_err *err) { (void)c; (void)err; return PS_OK; }
+
+/* ---- weight normalisation: nn.utils.weight_norm(module, 'weight', dim) of
+ * Linear, Conv1d, Conv2d and ConvTranspose2d (attributes weight_norm, false,
+ * and weight_norm_dim: 0, weight_norm's default, or null, its dim=None: one
+ * norm of the whole weight). The node's weight is
+ *     w = g * v / ||v||
+ * with the norm over every dim of v but weight_norm_dim (PyTorch's
+ * norm_except_dim), and its parameters are PyTorch's: weight_g (v's shape
+ * with 1s but dim 0; a scalar for null) and weight_v (the weight's shape),
+ * trained as the reparametrisation - psd never holds w. One step serves the
+ * four kinds: ps_layer_infer calls wn_params after the kind's infer set
+ * weight (and bias); the kinds' forward and backward hand a weight-normed
+ * call to wn_forward / wn_backward, which compute w into scratch memory with
+ * the backend's l2norm (u = v / ||v|| per row of v seen as (D, K)) and
+ * mul_channels (w = g u), run the kind's own forward or backward on w, and
+ * turn its weight gradient dw into PyTorch's (_weight_norm_interface_backward)
+ *     dg = sum_k dw * u               (mul, then bias_grad per row)
+ *     dv = (g / ||v||) (dw - u dg)     (l2norm_backward of g dw)
+ * so every backend with those ops runs it, each op checked against the ref
+ * backend's. Parameters weight_g (0), weight_v (1), bias (2): g's default
+ * initialisation (||v|| of v's draw, as weight_norm() sets it,
+ * PS_INIT_WEIGHT_NORM) draws v's values from a copy of the stream before v
+ * draws them. ---- */
+
+typedef ps_status (*layer_fn)(ps_layer_call *c, ps_err *err);
+
+static const ps_init WN_NORM = {PS_INIT_WEIGHT_NORM, 0, 0, 0};
+
+/* weight_v as D rows of K: D = its dim 0 (weight_norm_dim 0) or 1 (null) */
+static ps_chan_desc wn_rows(const ps_layer *ly) {
+    const ps_layer_param *v = &ly->param[1];
+    const int64_t d = ly->a.wn_dim_given ? v->dims[0] : 1;
+    return (ps_chan_desc){.n = 1, .c = (int)d, .s = v->numel / d, .layout = PS_LAYOUT_PLAIN};
+}
+
+/* The kind's weight (param 0) and bias (param 1, if any) as weight_g, weight_v, bias. */
+static ps_status wn_params(ps_layer *ly, ps_err *err) {
+    if (!ly->a.wn) return PS_OK;
+    if (ly->a.wn_dim_given && ly->a.wn_dim != 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "weight_norm_dim %lld: psd normalises the weight over every "
+                          "dim but 0 (weight_norm's default dim=0) or as a whole (null: dim=None)",
+                          (long long)ly->a.wn_dim);
+    PS_ASSERT(ly->nparams >= 1 && ly->nparams <= 2 && !strcmp(ly->param[0].suffix, "weight"));
+    const ps_layer_param w = ly->param[0];
+    const int64_t rows = ly->a.wn_dim_given ? w.dims[0] : 1;
+    if (w.numel / rows > INT32_MAX)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "weight_norm: %lld elements under one norm (psd takes at most "
+                          "2^31 - 1)", (long long)(w.numel / rows));
+    if (ly->nparams == 2) ly->param[2] = ly->param[1];
+    ly->param[1] = w;
+    ly->param[1].suffix = "weight_v";
+    ps_layer_param *g = &ly->param[0];
+    g->suffix = "weight_g";
+    g->init = WN_NORM;
+    g->ndim = ly->a.wn_dim_given ? w.ndim : 0;   /* (D, 1, ...) as norm_except_dim keeps it; a 0-d one for null */
+    for (int d = ly->a.wn_dim_given; d < 4; d++) g->dims[d] = 1;
+    g->numel = rows;
+    ly->nparams++;
+    return PS_OK;
+}
+
+static const char *wn_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (!ly->a.wn || (ops->l2norm_forward && ops->l2norm_backward && ops->mul_channels && ops->mul && ops->bias_grad))
+        return NULL;
+    return "l2norm_forward/l2norm_backward/mul_channels/mul/bias_grad";
+}
+
+/* u = v / ||v|| per row, w = g u (w may be u). */
+static ps_status wn_weight(const ps_layer_call *c, float *u, float *w, ps_err *err) {
+    const ps_chan_desc r = wn_rows(c->ly);
+    const ps_l2norm_desc nd = {r.c, (int)r.s, 1, 0.0f};
+    ps_status rc = c->be->ops->l2norm_forward(c->be->impl, &nd, c->w[1], u, err);
+    return rc ? rc : c->be->ops->mul_channels(c->be->impl, &r, u, c->w[0], w, err);
+}
+
+/* c as the kind's own call on weight w: a copy of the node without weight_norm (plain: its parameters the
+ * kind's weight, of v's shape, and bias), params w and the bias. */
+static ps_layer_call wn_plain_call(const ps_layer_call *c, ps_layer *plain, float **ws, float *w) {
+    *plain = *c->ly;
+    plain->a.wn = 0;
+    plain->nparams = c->ly->nparams - 1;
+    plain->param[0] = c->ly->param[1];
+    plain->param[0].suffix = "weight";
+    plain->param[1] = c->ly->param[2];
+    ws[0] = w;
+    ws[1] = c->ly->a.bias ? c->w[2] : NULL;
+    ps_layer_call cc = *c;
+    cc.ly = plain;
+    cc.w = ws;
+    return cc;
+}
+
+static ps_status wn_forward(ps_layer_call *c, layer_fn fn, ps_err *err) {
+    float *w = ps_backend_alloc_floats(c->be, c->ly->param[1].numel), *ws[2];
+    if (!w) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's weight (weight_norm)", c->ly->name);
+    ps_layer plain;
+    ps_layer_call cc = wn_plain_call(c, &plain, ws, w);
+    ps_status rc = wn_weight(c, w, w, err);
+    if (rc == PS_OK) rc = fn(&cc, err);
+    ps_backend_release(c->be, w);
+    return rc;
+}
+
+static ps_status wn_backward(ps_layer_call *c, layer_fn fn, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const int64_t nw = ly->param[1].numel;
+    const int grads = c->dw[0] || c->dw[1];
+    float *u = ps_backend_alloc_floats(c->be, nw), *w = ps_backend_alloc_floats(c->be, nw);
+    float *dw = grads ? ps_backend_alloc_floats(c->be, nw) : NULL, *ws[2];
+    ps_status rc = !u || !w || (grads && !dw)
+                       ? ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s's weight gradient "
+                                    "(weight_norm)", ly->name)
+                       : wn_weight(c, u, w, err);
+    ps_layer plain;
+    ps_layer_call cc = wn_plain_call(c, &plain, ws, w);
+    memset(cc.dw, 0, sizeof cc.dw);
+    cc.dw[0] = dw;
+    cc.dw[1] = ly->a.bias ? c->dw[2] : NULL;
+    if (rc == PS_OK) rc = fn(&cc, err);
+    const ps_chan_desc r = wn_rows(ly);
+    const ps_l2norm_desc nd = {r.c, (int)r.s, 1, 0.0f};
+    if (rc == PS_OK && c->dw[0]) {   /* dg = sum over each row of dw * u (w is free now) */
+        rc = c->be->ops->mul(c->be->impl, nw, dw, u, w, err);
+        if (rc == PS_OK) rc = c->be->ops->bias_grad(c->be->impl, &r, w, c->dw[0], err);
+    }
+    if (rc == PS_OK && c->dw[1]) {   /* dv = l2norm_backward(v, g dw) */
+        rc = c->be->ops->mul_channels(c->be->impl, &r, dw, c->w[0], dw, err);
+        if (rc == PS_OK) rc = c->be->ops->l2norm_backward(c->be->impl, &nd, c->w[1], dw, c->dw[1], err);
+    }
+    ps_backend_release(c->be, u);
+    ps_backend_release(c->be, w);
+    ps_backend_release(c->be, dw);
+    return rc;
+}
 
 /* ---- Conv2d: nn.Conv2d(in_channels, out_channels, kernel_size, stride,
  * padding, dilation, groups, bias); params weight (out, in/groups, kh, kw),
@@ -453,11 +601,13 @@ static ps_status conv_infer(ps_layer *ly, ps_err *err) {
 }
 
 static ps_status conv_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, conv_forward, err);
     ps_conv_desc d = conv_desc(c->ly, c->n);
     return c->be->ops->conv2d_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, conv_backward, err);
     ps_conv_desc d = conv_desc(c->ly, c->n);
     return c->be->ops->conv2d_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
                                        c->ly->a.bias ? c->dw[1] : NULL, err);
@@ -538,11 +688,13 @@ static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *upconv_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    if (wn_missing(ly, ops)) return wn_missing(ly, ops);
     if (ly->a.bias && !(ops->bias_add && ops->bias_grad)) return "bias_add/bias_grad";
     return NULL;
 }
 
 static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, upconv_forward, err);
     const ps_conv_desc d = upconv_desc(c->ly, c->n);
     ps_status rc = c->be->ops->conv2d_backward(c->be->impl, &d, NULL, c->w[0], c->x, c->y, NULL, NULL, err);
     if (rc || !c->ly->a.bias) return rc;
@@ -551,6 +703,7 @@ static ps_status upconv_forward(ps_layer_call *c, ps_err *err) {
 }
 
 static ps_status upconv_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, upconv_backward, err);
     const ps_conv_desc d = upconv_desc(c->ly, c->n);
     ps_status rc;
     if (c->dx && (rc = c->be->ops->conv2d_forward(c->be->impl, &d, c->dy, c->w[0], NULL, c->dx, err))) return rc;
@@ -1719,11 +1872,13 @@ static ps_status linear_infer(ps_layer *ly, ps_err *err) {
 }
 
 static ps_status linear_forward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_forward(c, linear_forward, err);
     ps_linear_desc d = linear_desc(c->ly, c->n);
     return c->be->ops->linear_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
 static ps_status linear_backward(ps_layer_call *c, ps_err *err) {
+    if (c->ly->a.wn) return wn_backward(c, linear_backward, err);
     ps_linear_desc d = linear_desc(c->ly, c->n);
     return c->be->ops->linear_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
                                        c->ly->a.bias ? c->dw[1] : NULL, err);
@@ -1900,9 +2055,19 @@ static int64_t emb_ids_per_sample(const ps_layer *ly) {
     return k;
 }
 
+/* A mixed input (int64 ids and float32 features, joined as one float32
+ * input) carries its ids as float32 values: exact integers below 2^24
+ * (EMB_F32_IDS), read only by an Embedding of a slice. */
+#define EMB_F32_IDS 16777216.0f
+
+static int emb_f32_ids(const ps_layer *ly) { return ly->in_dtype[0] == PS_DTYPE_F32; }
+
 static ps_status emb_infer(ps_layer *ly, ps_err *err) {
-    ps_status rc = need_ndim(ly, 0, 0, ly->a.ids_sliced ? PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS - 1, PS_DTYPE_I64,
-                             err);
+    if (emb_f32_ids(ly) && !ly->a.ids_sliced)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "its input is float32: an Embedding reads int64 ids, or "
+                          "float32 ids only in a slice (ids_start) of a mixed input of ids and features");
+    ps_status rc = need_ndim(ly, 0, 0, ly->a.ids_sliced ? PS_SHAPE_MAX_DIMS : PS_SHAPE_MAX_DIMS - 1,
+                             emb_f32_ids(ly) ? PS_DTYPE_F32 : PS_DTYPE_I64, err);
     if (rc) return rc;
     if (ly->a.ids_sliced) {
         char b[64];
@@ -1942,7 +2107,7 @@ static ps_status emb_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    (void)ly;
+    if (emb_f32_ids(ly) && !ops->fill) return "fill";
     return ops->embedding_forward && ops->embedding_backward ? NULL : "embedding_forward/embedding_backward";
 }
 
@@ -1950,11 +2115,25 @@ static const char *emb_missing(const ps_layer *ly, const ps_backend_ops *ops) {
  * node; psd's other kinds do not read int64 ids). */
 static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count, ps_err *err) {
     const int64_t *ids = host_x;
+    const float *fids = host_x;           /* a mixed input's float32 ids */
     int64_t lo = ly->row_lo, hi = ly->row_lo + ly->a.num;
     int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
     int64_t n = ly->a.ids_sliced ? (per ? count / per : 0) * k : count;
     for (int64_t j = 0; j < n; j++) {
         int64_t i = ly->a.ids_sliced ? j / k * per + ly->a.ids_start + j % k : j;
+        if (emb_f32_ids(ly)) {
+            float v = fids[i];
+            if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v))
+                return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %.9g (id %lld of %s's slice "
+                                  "ids_start %lld) is not an id: the float32 input carries ids as exact integers "
+                                  "0..16777215 (2^24 - 1)", (long long)(i / per), (long long)(i % per), (double)v,
+                                  (long long)(j % k), ly->name, (long long)ly->a.ids_start);
+            if ((int64_t)v >= lo && (int64_t)v < hi) continue;
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %lld (id %lld of %s's slice "
+                              "ids_start %lld) is not a row of %s.weight (%lld..%lld)", (long long)(i / per),
+                              (long long)(i % per), (long long)v, (long long)(j % k), ly->name,
+                              (long long)ly->a.ids_start, ly->name, (long long)lo, (long long)(hi - 1));
+        }
         if (ids[i] >= lo && ids[i] < hi) continue;
         if (ly->a.ids_sliced)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %lld (id %lld of %s's slice "
@@ -1980,7 +2159,9 @@ static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err
     ps_status rc;
     *out = NULL;
     int64_t per = ps_shape_numel(&ly->in[0]), k = emb_ids_per_sample(ly);
-    size_t xb = (size_t)(c->n * per) * sizeof(int64_t), ib = (size_t)(c->n * k) * sizeof(int64_t);
+    int f32 = emb_f32_ids(ly);            /* a mixed input's float32 ids (a slice: emb_infer) */
+    size_t xb = (size_t)(c->n * per) * (f32 ? sizeof(float) : sizeof(int64_t));
+    size_t ib = (size_t)(c->n * k) * sizeof(int64_t);
     int64_t *x = malloc(xb ? xb : 8), *h = ly->a.ids_sliced ? malloc(ib ? ib : 8) : x;
     if (!x || !h) {
         if (h != x) free(h);
@@ -1992,7 +2173,23 @@ static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err
         free(x);
         return rc;
     }
-    if (h != x) {
+    if (f32) {   /* checked as the stage's input (emb_check); a computed slice is checked here */
+        const float *fx = (const float *)x;
+        for (int64_t s = 0; s < c->n; s++)
+            for (int64_t j = 0; j < k; j++) {
+                float v = fx[s * per + ly->a.ids_start + j];
+                if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v) || (int64_t)v < ly->row_lo ||
+                    (int64_t)v >= ly->row_lo + ly->a.num) {
+                    free(h);
+                    free(x);
+                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: id %.9g of sample %lld is not a row of "
+                                      "%s.weight (0..%lld)", ly->name, (double)v, (long long)s, ly->name,
+                                      (long long)(ly->a.num - 1));
+                }
+                h[s * k + j] = (int64_t)v;
+            }
+        free(x);
+    } else if (h != x) {
         for (int64_t s = 0; s < c->n; s++) memcpy(h + s * k, x + s * per + ly->a.ids_start, (size_t)k * sizeof *h);
         free(x);
     }
@@ -2079,6 +2276,8 @@ static ps_status emb_backward(ps_layer_call *c, ps_err *err) {
     ps_rows_clear(c->rows);
     *c->rows = r;
     memset(&r, 0, sizeof r);
+    if (c->dx)   /* a mixed float32 input's gradient: none through ids (zeros; the features' Narrows add theirs) */
+        rc = ops->fill(impl, ps_layer_in_count(c->ly, 0, c->n), c->dx, 0.0f, err);
     goto done;
 oom:
     rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the %s.weight gradient", c->ly->name);
@@ -3504,23 +3703,34 @@ static ps_status scale_backward(ps_layer_call *c, ps_err *err) {
  * combined forward's tape cuts into each caller's (mha_saved).
  * Params (state_dict order, PyTorch's): in_proj_weight (3E, E) xavier
  * uniform, in_proj_bias (3E) zeros, out_proj.weight (E, E) U(+-1/sqrt(E)),
- * out_proj.bias (E) zeros; without bias only the two weights. ---- */
+ * out_proj.bias (E) zeros; without bias only the two weights.
+ * Cross-attention (cross: true; nn.TransformerDecoderLayer's
+ * multihead_attn(x, memory, memory)): q from input 0 (L, E), k and v from
+ * input 1, the memory (S, E) of another length; a third input is the
+ * memory's key padding mask (S). The same steps with P (n, H, L, S); the
+ * backward's dq goes to input 0, dk + dv to the memory. Not with causal. ---- */
 
 typedef struct mha_geom {
-    int n, L, E, H, D;
-    int64_t nle, p;             /* n*L*E (q, k, v, o), n*H*L*L (P) */
+    int n, L, Lk, E, H, D;      /* L queries; Lk keys and values (L, but with cross the memory's length) */
+    int64_t nle, nke, p;        /* n*L*E (q, o), n*Lk*E (k, v), n*H*L*Lk (P) */
     int wo, bi, bo;             /* parameter indices: out_proj.weight, in_proj_bias, out_proj.bias (-1: none) */
+    int kv, km;                 /* input indices: the keys' and values' (1 with cross, else 0), the key padding
+                                   mask's (-1: none) */
 } mha_geom;
 
 static mha_geom mha_of(const ps_layer *ly, int n) {
     mha_geom g;
     g.n = n;
+    g.kv = ly->a.cross ? 1 : 0;
+    g.km = ly->nin > 1 + g.kv ? 1 + g.kv : -1;
     g.L = (int)ly->in[0].dims[0];
+    g.Lk = ly->nin > g.kv && ly->in[g.kv].ndim >= 1 ? (int)ly->in[g.kv].dims[0] : g.L;
     g.E = (int)ly->a.out;
     g.H = (int)ly->a.num;
     g.D = g.E / g.H;
     g.nle = (int64_t)n * g.L * g.E;
-    g.p = (int64_t)n * g.H * g.L * g.L;
+    g.nke = (int64_t)n * g.Lk * g.E;
+    g.p = (int64_t)n * g.H * g.L * g.Lk;
     g.bi = ly->a.bias ? 1 : -1;
     g.wo = ly->a.bias ? 2 : 1;
     g.bo = ly->a.bias ? 3 : -1;
@@ -3542,15 +3752,37 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
                           (long long)E, (long long)H);
     if (ly->in[0].dims[0] > 65536 || E > 65536)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a sequence or embedding longer than 65536");
-    if (ly->nin == 2) {   /* the key padding mask: one value per key */
+    if (ly->a.cross) {   /* the keys and values: the memory, (S, E) per sample */
         char b[64];
-        const char *nm = ly->def ? ly->def->in_names[1] : "mask";
-        if (ly->in_dtype[1] != PS_DTYPE_F32 || ly->in[1].ndim != 1 || ly->in[1].dims[0] != ly->in[0].dims[0])
-            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the key padding mask '%s' is %s %s per sample; it must "
-                              "be (%lld) float32, one value per key (PyTorch's key_padding_mask (N, S), S = the "
-                              "input's %lld tokens; compute it from the ids with Eq)", nm,
+        const char *nm = ly->def && ly->nin > 1 ? ly->def->in_names[1] : "memory";
+        if (ly->nin < 2)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "cross is true but the node has one input: "
+                              "cross-attention reads the queries (input 0) and the memory its keys and values "
+                              "come from (input 1; a key padding mask of the memory third)");
+        if (ly->in_dtype[1] != PS_DTYPE_F32 || ly->in[1].ndim != 2 || ly->in[1].dims[1] != E)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the memory '%s' is %s %s per sample; cross-attention "
+                              "reads (S, %lld) float32 keys and values (embed_dim %lld)", nm,
                               ps_shape_format(&ly->in[1], b, sizeof b), ps_dtype_name(ly->in_dtype[1]),
-                              (long long)ly->in[0].dims[0], (long long)ly->in[0].dims[0]);
+                              (long long)E, (long long)E);
+        if (ly->in[1].dims[0] > 65536)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "a memory longer than 65536");
+        if (ly->a.causal)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "causal with cross: the causal mask is a "
+                              "self-attention's (nn.Transformer's tgt_mask); its memory_mask is not taken");
+    } else if (ly->nin == 3) {
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "three inputs without cross: self-attention reads its "
+                          "input and a key padding mask (cross: true reads queries, memory and its mask)");
+    }
+    const mha_geom g = mha_of(ly, 1);
+    if (g.km >= 0) {   /* the key padding mask: one value per key */
+        char b[64];
+        const char *nm = ly->def ? ly->def->in_names[g.km] : "mask";
+        if (ly->in_dtype[g.km] != PS_DTYPE_F32 || ly->in[g.km].ndim != 1 || ly->in[g.km].dims[0] != g.Lk)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "the key padding mask '%s' is %s %s per sample; it must "
+                              "be (%d) float32, one value per key (PyTorch's key_padding_mask (N, S), S = the "
+                              "%s's %d tokens; compute it from the ids with Eq)", nm,
+                              ps_shape_format(&ly->in[g.km], b, sizeof b), ps_dtype_name(ly->in_dtype[g.km]),
+                              g.Lk, ly->a.cross ? "memory" : "input", g.Lk);
         if (ly->a.kpm_float && ly->a.causal)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "key_padding_mask 'float' with causal: PyTorch 1.13 "
                               "reads a float key_padding_mask beside a bool causal attn_mask as bool (nonzero "
@@ -3561,7 +3793,6 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
     const float bound = sqrtf(6.0f / (float)(4 * E));   /* xavier_uniform_ of (3E, E) */
     const ps_init xavier = {PS_INIT_UNIFORM, -bound, bound, 0};
     int64_t wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E}, bo[1] = {E};
-    const mha_geom g = mha_of(ly, 1);
     set_param(ly, 0, "in_proj_weight", 2, wi, E, xavier);
     if (g.bi >= 0) set_param(ly, g.bi, "in_proj_bias", 1, bi, E, ZEROS);
     set_param(ly, g.wo, "out_proj.weight", 2, wo, E, FAN_UNIFORM);
@@ -3570,18 +3801,20 @@ static ps_status mha_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *mha_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    const int km = mha_of(ly, 1).km >= 0;
     return !ops->matmul ? "matmul" : !ops->permute ? "permute" : !ops->softmax_forward ? "softmax_forward"
          : !ops->softmax_backward ? "softmax_backward" : !ops->add ? "add" : !ops->scale ? "scale"
-         : ly->a.causal && !ops->tri_fill ? "tri_fill" : ly->nin == 2 && !ops->key_pad ? "key_pad"
-         : ly->nin == 2 && !ops->copy_to_host ? "copy_to_host" : NULL;
+         : ly->a.causal && !ops->tri_fill ? "tri_fill" : km && !ops->key_pad ? "key_pad"
+         : km && !ops->copy_to_host ? "copy_to_host" : NULL;
 }
 
-/* (n, L, H, D) <-> (n, H, L, D): the heads out of the embedding and back */
-static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int back, const float *x, float *y,
+/* (n, L, H, D) <-> (n, H, L, D) for L tokens (the queries' or the keys'): the heads out of the embedding and
+ * back */
+static ps_status mha_heads(const ps_layer_call *c, const mha_geom *g, int L, int back, const float *x, float *y,
                            ps_err *err) {
     ps_permute_desc d = {.n = g->n, .ndim = 3, .perm = {1, 0, 2}};
-    d.dims[0] = back ? g->H : g->L;
-    d.dims[1] = back ? g->L : g->H;
+    d.dims[0] = back ? g->H : L;
+    d.dims[1] = back ? L : g->H;
     d.dims[2] = g->D;
     return c->be->ops->permute(c->be->impl, &d, x, y, err);
 }
@@ -3598,7 +3831,7 @@ static ps_status mha_matmul(const ps_layer_call *c, const mha_geom *g, int m, in
 /* causal: the scores of key j > query i set to -inf before the softmax (attn_mask the causal mask: its
  * weights exactly 0, so the softmax's backward gives them no gradient and the backward needs nothing more) */
 static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
-    const ps_tri_desc d = {.batch = (int64_t)g->n * g->H, .rows = g->L, .cols = g->L, .upper = 1, .diagonal = 1,
+    const ps_tri_desc d = {.batch = (int64_t)g->n * g->H, .rows = g->L, .cols = g->Lk, .upper = 1, .diagonal = 1,
                            .value = -INFINITY};
     return c->be->ops->tri_fill(c->be->impl, &d, S, S, err);
 }
@@ -3611,7 +3844,7 @@ static ps_status mha_causal(const ps_layer_call *c, const mha_geom *g, float *S,
  * gradients to every parameter); psd refuses the Forward naming the
  * sample, so that one empty sequence does not poison a step. */
 static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const float *mask, ps_err *err) {
-    const int64_t count = (int64_t)g->n * g->L;
+    const int64_t count = (int64_t)g->n * g->Lk;
     float *host = (float *)mask;
     if (c->be->ops->device_kind) {
         if (!(host = malloc((size_t)(count ? count : 1) * sizeof(float))))
@@ -3622,9 +3855,9 @@ static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const
     ps_status rc = PS_OK;
     const int isf = c->ly->a.kpm_float;
     for (int b = 0; b < g->n && rc == PS_OK; b++) {
-        const float *m = host + (int64_t)b * g->L;
+        const float *m = host + (int64_t)b * g->Lk;
         int left = 0;
-        for (int j = 0; j < (c->ly->a.causal ? 1 : g->L) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
+        for (int j = 0; j < (c->ly->a.causal ? 1 : g->Lk) && !left; j++) left = isf ? m[j] != -INFINITY : m[j] == 0.0f;
         if (left) continue;
         if (c->ly->a.causal && g->L > 1)
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
@@ -3633,47 +3866,49 @@ static ps_status mha_check_keys(const ps_layer_call *c, const mha_geom *g, const
         else
             rc = ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "node '%s' (MultiheadAttention): sample %d: its key padding "
                             "mask masks all %d keys, so its queries attend to no key (PyTorch 1.13 gives NaN there; "
-                            "a sequence needs one token that is not padding)", c->ly->name, b, g->L);
+                            "a sequence needs one token that is not padding)", c->ly->name, b, g->Lk);
     }
     if (host != mask) free(host);
     return rc;
 }
 
-/* the key padding mask (n, L) applied to the scores S (n, H, L, L) */
+/* the key padding mask (n, Lk) applied to the scores S (n, H, L, Lk) */
 static ps_status mha_key_pad(const ps_layer_call *c, const mha_geom *g, float *S, ps_err *err) {
-    const ps_keypad_desc d = {.batch = g->n, .heads = g->H, .rows = g->L, .cols = g->L,
+    const ps_keypad_desc d = {.batch = g->n, .heads = g->H, .rows = g->L, .cols = g->Lk,
                               .additive = c->ly->a.kpm_float};
-    return c->be->ops->key_pad(c->be->impl, &d, (const float *)c->xs[1], S, err);
+    return c->be->ops->key_pad(c->be->impl, &d, (const float *)c->xs[g->km], S, err);
 }
 
 static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
     const ps_backend_ops *ops = c->be->ops;
     const mha_geom g = mha_of(c->ly, c->n);
-    const ps_linear_desc ld = {g.n * g.L, g.E, g.E};
     const float s = 1.0f / sqrtf((float)g.D);
     const int drop = c->train && c->ly->a.p > 0;
-    /* tmp: the three projections (3 nle), the scores (p), the heads' output (nle); kept: q, k, v, P, o */
-    float *tmp = ps_backend_alloc_floats(c->be, 4 * g.nle + g.p);
-    float *kept[5] = {ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.nle),
-                      ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.p),
+    /* tmp: the three projections (nle, 2 nke), the scores (p), the heads' output (nle); kept: q, k, v, P, o */
+    float *tmp = ps_backend_alloc_floats(c->be, 2 * g.nle + 2 * g.nke + g.p);
+    float *kept[5] = {ps_backend_alloc_floats(c->be, g.nle), ps_backend_alloc_floats(c->be, g.nke),
+                      ps_backend_alloc_floats(c->be, g.nke), ps_backend_alloc_floats(c->be, g.p),
                       ps_backend_alloc_floats(c->be, g.nle)};
     ps_status rc = PS_OK;
     if (!tmp || !kept[0] || !kept[1] || !kept[2] || !kept[3] || !kept[4]) {
         rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
         goto out;
     }
-    if (c->ly->nin == 2 && (rc = mha_check_keys(c, &g, (const float *)c->xs[1], err)) != PS_OK) goto out;
+    if (g.km >= 0 && (rc = mha_check_keys(c, &g, (const float *)c->xs[g.km], err)) != PS_OK) goto out;
     float *q = kept[0], *k = kept[1], *v = kept[2], *P = kept[3], *o = kept[4];
-    float *S = tmp + 3 * g.nle, *oh = S + g.p;
-    for (int j = 0; j < 3 && rc == PS_OK; j++) {
-        rc = ops->linear_forward(c->be->impl, &ld, c->x, c->w[0] + (int64_t)j * g.E * g.E,
-                                 g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, tmp + j * g.nle, err);
-        if (rc == PS_OK) rc = mha_heads(c, &g, 0, tmp + j * g.nle, kept[j], err);
+    float *proj[3] = {tmp, tmp + g.nle, tmp + g.nle + g.nke};
+    float *S = tmp + g.nle + 2 * g.nke, *oh = S + g.p;
+    for (int j = 0; j < 3 && rc == PS_OK; j++) {   /* q from input 0; k, v from input kv (the memory, or 0) */
+        const int rows = j ? g.Lk : g.L;
+        const ps_linear_desc ld = {g.n * rows, g.E, g.E};
+        rc = ops->linear_forward(c->be->impl, &ld, j ? c->xs[g.kv] : c->x, c->w[0] + (int64_t)j * g.E * g.E,
+                                 g.bi >= 0 ? c->w[g.bi] + (int64_t)j * g.E : NULL, proj[j], err);
+        if (rc == PS_OK) rc = mha_heads(c, &g, rows, 0, proj[j], kept[j], err);
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, s, q, k, S, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.Lk, g.D, 0, 1, s, q, k, S, err);
     if (rc == PS_OK && c->ly->a.causal) rc = mha_causal(c, &g, S, err);
-    if (rc == PS_OK && c->ly->nin == 2) rc = mha_key_pad(c, &g, S, err);
-    if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.L, g.L, S, P, err);
+    if (rc == PS_OK && g.km >= 0) rc = mha_key_pad(c, &g, S, err);
+    if (rc == PS_OK) rc = ops->softmax_forward(c->be->impl, g.p / g.Lk, g.Lk, S, P, err);
     const float *A = P;
     if (rc == PS_OK && drop) {
         float *mask, *host;
@@ -3683,10 +3918,11 @@ static ps_status mha_forward(ps_layer_call *c, ps_err *err) {
         if ((rc = mask_end(c, mask, host, g.p, err)) == PS_OK) rc = ops->mul(c->be->impl, g.p, P, mask, S, err);
         A = S;
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, 1.0f, A, v, oh, err);
-    if (rc == PS_OK) rc = mha_heads(c, &g, 1, oh, o, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.Lk, 0, 0, 1.0f, A, v, oh, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, g.L, 1, oh, o, err);
+    const ps_linear_desc lo = {g.n * g.L, g.E, g.E};
     if (rc == PS_OK)
-        rc = ops->linear_forward(c->be->impl, &ld, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
+        rc = ops->linear_forward(c->be->impl, &lo, o, c->w[g.wo], g.bo >= 0 ? c->w[g.bo] : NULL, c->y, err);
     if (rc == PS_OK && c->train) {   /* the tape frees them */
         for (int j = 0; j < 5; j++) {
             c->saved->dev[1 + j] = kept[j];
@@ -3742,40 +3978,48 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
     const float *P = c->saved->dev[4], *o = c->saved->dev[5];
     if (!q || !k || !v || !P || !o)
         return ps_err_set(err, PS_ERR_INTERNAL, "%s: backward without a training forward", c->ly->name);
-    if (c->ly->nin == 2 && c->dxs && c->dxs[1]) {   /* the key padding mask: a bool one has no gradient */
+    if (g.km >= 0 && c->dxs && c->dxs[g.km]) {   /* the key padding mask: a bool one has no gradient */
         if (c->ly->a.kpm_float)
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: the float key padding mask '%s' needs a gradient, "
                               "which psd does not compute (compute the mask from the int64 ids: Eq)", c->ly->name,
-                              c->ly->def ? c->ly->def->in_names[1] : "mask");
-        ps_status rc0 = ops->fill(c->be->impl, (int64_t)g.n * g.L, c->dxs[1], 0.0f, err);
+                              c->ly->def ? c->ly->def->in_names[g.km] : "mask");
+        ps_status rc0 = ops->fill(c->be->impl, (int64_t)g.n * g.Lk, c->dxs[g.km], 0.0f, err);
         if (rc0 != PS_OK) return rc0;
     }
-    /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (3 nle) and back (nle), A or
-     * dA (p), dS (p), dx's parts (nle) */
-    float *tmp = ps_backend_alloc_floats(c->be, 7 * g.nle + 2 * g.p);
+    /* where each projection's input gradient goes: q's to dx; with cross k's and v's to the memory's (k
+     * writes, v adds), else both added to dx (NULL: not wanted) */
+    float *dkv = g.kv ? (c->dxs ? c->dxs[g.kv] : NULL) : c->dx;
+    const int64_t nmax = g.nle > g.nke ? g.nle : g.nke;
+    /* tmp: d o (nle, then its heads' form), the three gradients in heads' form (nle, 2 nke) and back (the
+     * larger), A or dA (p), dS (p), an input gradient's part (nke) */
+    float *tmp = ps_backend_alloc_floats(c->be, 3 * g.nle + 3 * g.nke + nmax + 2 * g.p);
     if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for %s", c->ly->name);
-    float *d_o = tmp, *doh = d_o + g.nle, *dqkv = doh + g.nle, *dback = dqkv + 3 * g.nle, *dA = dback + g.nle,
-          *dS = dA + g.p, *dxp = dS + g.p;
-    float *dq = dqkv, *dk = dq + g.nle, *dv = dk + g.nle;
+    float *d_o = tmp, *doh = d_o + g.nle, *dq = doh + g.nle, *dk = dq + g.nle, *dv = dk + g.nke,
+          *dback = dv + g.nke, *dA = dback + nmax, *dS = dA + g.p, *dxp = dS + g.p;
+    float *dheads[3] = {dq, dk, dv};
     ps_status rc = linear_backward_parts(c, g.L, g.E, g.E, o, c->w[g.wo], c->dy, d_o, g.wo, 0, g.bo, 0, err);
-    if (rc == PS_OK) rc = mha_heads(c, &g, 0, d_o, doh, err);
+    if (rc == PS_OK) rc = mha_heads(c, &g, g.L, 0, d_o, doh, err);
     const float *A = P;
     if (rc == PS_OK && mask) {
         rc = ops->mul(c->be->impl, g.p, P, mask, dA, err);
         A = dA;
     }
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.L, g.D, 0, 1, 1.0f, doh, v, dA, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.Lk, g.D, g.L, 1, 0, 1.0f, A, doh, dv, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.Lk, g.D, 0, 1, 1.0f, doh, v, dA, err);
     if (rc == PS_OK && mask) rc = ops->mul(c->be->impl, g.p, dA, mask, dA, err);
-    if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.L, g.L, P, dA, dS, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 0, 0, s, dS, k, dq, err);
-    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.L, 1, 0, s, dS, q, dk, err);
+    if (rc == PS_OK) rc = ops->softmax_backward(c->be->impl, g.p / g.Lk, g.Lk, P, dA, dS, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.L, g.D, g.Lk, 0, 0, s, dS, k, dq, err);
+    if (rc == PS_OK) rc = mha_matmul(c, &g, g.Lk, g.D, g.L, 1, 0, s, dS, q, dk, err);
     for (int j = 0; j < 3 && rc == PS_OK; j++) {
-        if ((rc = mha_heads(c, &g, 1, dqkv + j * g.nle, dback, err)) != PS_OK) break;
-        float *dx = !c->dx ? NULL : j == 0 ? c->dx : dxp;
-        rc = linear_backward_parts(c, g.L, g.E, g.E, c->x, c->w[0] + (int64_t)j * g.E * g.E, dback, dx, 0,
-                                   (int64_t)j * g.E * g.E, g.bi, (int64_t)j * g.E, err);
-        if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, g.nle, c->dx, dxp, err);
+        const int rows = j ? g.Lk : g.L;
+        const int64_t cnt = j ? g.nke : g.nle;
+        if ((rc = mha_heads(c, &g, rows, 1, dheads[j], dback, err)) != PS_OK) break;
+        float *dst = j ? dkv : c->dx;
+        const int first = j == 0 || (g.kv && j == 1);   /* writes its input's gradient; the others add */
+        float *dx = !dst ? NULL : first ? dst : dxp;
+        rc = linear_backward_parts(c, rows, g.E, g.E, j ? c->xs[g.kv] : c->x, c->w[0] + (int64_t)j * g.E * g.E,
+                                   dback, dx, 0, (int64_t)j * g.E * g.E, g.bi, (int64_t)j * g.E, err);
+        if (rc == PS_OK && dx == dxp) rc = ops->add(c->be->impl, cnt, dst, dxp, err);
     }
     ps_backend_release(c->be, tmp);
     return rc;
@@ -3783,12 +4027,13 @@ static ps_status mha_backward(ps_layer_call *c, ps_err *err) {
 
 static size_t mha_bytes(const ps_layer *ly, int n) {
     const mha_geom g = mha_of(ly, n);
-    return (size_t)((ly->a.p > 0 ? g.p : 0) + 4 * g.nle + g.p) * sizeof(float);
+    return (size_t)((ly->a.p > 0 ? g.p : 0) + 2 * g.nle + 2 * g.nke + g.p) * sizeof(float);
 }
 
 static double mha_flops(const ps_layer *ly) {
-    const double L = (double)ly->in[0].dims[0], E = (double)ly->a.out;
-    return 8.0 * L * E * E + 4.0 * L * L * E;
+    const mha_geom g = mha_of(ly, 1);
+    const double L = g.L, Lk = g.Lk, E = g.E;
+    return 4.0 * L * E * E + 4.0 * Lk * E * E + 4.0 * L * Lk * E;
 }
 
 /* ---- Eq: ids == value (torch.eq(ids, pad), ids.eq(pad)) for int64 token
@@ -4665,6 +4910,10 @@ done:
 #define ATTR_BOOL(nm, f, d) {nm, PS_ATTR_BOOL, A(f), d, 0, 1, 0, 0, NULL, 0}
 #define ATTR_FLOAT(nm, f, d, lo, hi, lo_open, hi_open) {nm, PS_ATTR_FLOAT, A(f), d, lo, hi, lo_open, hi_open, NULL, 0}
 #define ATTR_END {NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, 0}
+/* weight normalisation (nn.utils.weight_norm) of Linear, Conv1d, Conv2d, ConvTranspose2d: wn_params */
+#define ATTRS_WEIGHT_NORM \
+    ATTR_BOOL("weight_norm", wn, "false"),\
+    {"weight_norm_dim", PS_ATTR_INT_OR_NULL, A(wn_dim), "0", -8, 8, 0, 0, NULL, A(wn_dim_given)}
 
 static const char *const padding_modes[] = {"zeros", NULL};
 
@@ -4678,6 +4927,7 @@ static const ps_attr_spec conv_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec maxpool_attrs[] = {
@@ -4706,6 +4956,7 @@ static const ps_attr_spec conv1d_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec maxpool1d_attrs[] = {
@@ -4769,6 +5020,7 @@ static const ps_attr_spec linear_attrs[] = {
     ATTR_INT("in_features", in_features, "", 1),
     ATTR_INT("out_features", out, NULL, 1),
     ATTR_BOOL("bias", bias, "true"),
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const ps_attr_spec bilinear_attrs[] = {
@@ -4957,6 +5209,7 @@ static const ps_attr_spec mha_attrs[] = {
     ATTR_BOOL("batch_first", mode, "false"),
     ATTR_BOOL("causal", causal, "false"),
     {"key_padding_mask", PS_ATTR_ENUM, A(kpm_float), "bool", 0, 0, 0, 0, kpm_forms, 0},
+    ATTR_BOOL("cross", cross, "false"),
     ATTR_END,
 };
 static const char *const mm_sides[] = {"right", "left", NULL};
@@ -5030,6 +5283,7 @@ static const ps_attr_spec upconv_attrs[] = {
     ATTR_INT("groups", groups, "1", 1),
     ATTR_BOOL("bias", bias, "true"),
     {"padding_mode", PS_ATTR_ENUM, A(flag), "zeros", 0, 0, 0, 0, padding_modes, 0},
+    ATTRS_WEIGHT_NORM,
     ATTR_END,
 };
 static const char *const resize_modes[] = {"nearest", "bilinear", NULL};
@@ -5048,9 +5302,9 @@ static const ps_attr_spec no_attrs[] = {ATTR_END};
 #define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
 #define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
-    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, no_op, conv_forward,
+    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, wn_missing, conv_forward,
      conv_backward, NULL, NULL, conv_flops},
-    {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, no_op, linear_forward, linear_backward, NULL, NULL,
+    {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, wn_missing, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
     {"Bilinear", PS_KIND_BWD_X, 2, 2, bilinear_attrs, bilinear_infer, bilinear_missing, bilinear_forward,
      bilinear_backward, bilinear_bytes, NULL, bilinear_flops},
@@ -5067,7 +5321,7 @@ static const ps_layer_kind kinds[] = {
     {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
      adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     /* (N, C, L): the 2-d kinds over a (C, 1, L) plane (one_d), in the plain layout */
-    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, no_op, conv_forward, conv_backward, NULL, NULL,
+    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward, conv_backward, NULL, NULL,
      conv_flops},
     {"MaxPool1d", 0, 1, 1, maxpool1d_attrs, pool_infer, no_op, pool_forward, pool_backward, pool_bytes, NULL,
      pool_flops},
@@ -5140,7 +5394,7 @@ static const ps_layer_kind kinds[] = {
      NULL, zero_flops},
     {"Scale", PS_KIND_BWD_X, 1, 1, scale_attrs, scale_infer, scale_missing, scale_forward, scale_backward, NULL,
      NULL, NULL},
-    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 2, mha_attrs, mha_infer,
+    {"MultiheadAttention", PS_KIND_BWD_X | PS_KIND_DROPOUT | PS_KIND_BWD_PARTS, 1, 3, mha_attrs, mha_infer,
      mha_missing, mha_forward, mha_backward, mha_bytes, NULL, mha_flops},
     /* attention written by hand (q @ k^T / sqrt(d), softmax, @ v) */
     {"MatMul", PS_KIND_BWD_X, 1, 2, matmul_attrs, matmul_infer, matmul_missing, matmul_forward, matmul_backward, NULL,
@@ -5266,6 +5520,7 @@ ps_status ps_layer_infer(ps_layer *ly, ps_err *err) {
     memset(ly->buffer, 0, sizeof ly->buffer);
     ly->flags = ly->kind->flags;
     ps_status rc = ly->kind->infer(ly, err);
+    if (rc == PS_OK) rc = wn_params(ly, err);   /* weight_norm: weight_g, weight_v for the kind's weight */
     if (rc != PS_OK) return rc;
     for (int i = 0; ly->def && i < ly->def->ninit; i++) {   /* the file's init: entries */
         const ps_init_def *id = &ly->def->inits[i];
@@ -5341,7 +5596,7 @@ static size_t ln_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
 static size_t mha_saved(const ps_layer *ly, const ps_backend *be, int n, int j) {
     (void)be;
     const mha_geom g = mha_of(ly, n);
-    const int64_t floats[PS_LAYER_MAX_SAVED] = {ly->a.p > 0 ? g.p : 0, g.nle, g.nle, g.nle, g.p, g.nle};
+    const int64_t floats[PS_LAYER_MAX_SAVED] = {ly->a.p > 0 ? g.p : 0, g.nle, g.nke, g.nke, g.p, g.nle};
     return (size_t)floats[j] * sizeof(float);
 }
 

@@ -42,6 +42,8 @@ typedef enum {
     PS_INIT_UNIFORM,      /* U(a, b); DEFAULT's uniform is U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
     PS_INIT_NORMAL,       /* N(a, b^2): mean a, std b */
     PS_INIT_CONST,        /* every element a */
+    PS_INIT_WEIGHT_NORM,  /* weight_g of a weight-normed node (weight_norm: true): ||weight_v|| of the values
+                             weight_v (the next parameter) draws, as nn.utils.weight_norm sets it */
 } ps_init_kind;
 
 typedef struct ps_init {
@@ -142,6 +144,15 @@ typedef struct ps_layer_attrs {
     int ids_sliced;
     int ids_ndims;
     int64_t ids_dims[PS_SHAPE_MAX_DIMS];
+    /* weight normalisation (nn.utils.weight_norm) of Linear, Conv1d, Conv2d, ConvTranspose2d: wn 1: the
+       weight is weight_g * weight_v / ||weight_v||, the norm over every dim but wn_dim (wn_dim_given 0:
+       weight_norm_dim null, one norm of the whole weight) */
+    int wn;
+    int64_t wn_dim;
+    int wn_dim_given;
+    /* cross-attention (encoder-decoder Transformers) */
+    int cross;                  /* MultiheadAttention cross: queries from input 0, keys and values from input 1
+                                   (attn(x, memory, memory): nn.TransformerDecoderLayer's multihead_attn) */
 } ps_layer_attrs;
 
 /* An attribute of a kind. */

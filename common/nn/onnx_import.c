@@ -93,6 +93,11 @@ typedef struct val {
     int bdim;
     int rnn;                    /* VIRT: 1 + the recurrent chain (rnn_pat) whose final state it is, or 0 */
     int hlo, hn;                /* its rows hlo .. hlo + hn - 1 of h_n (hn 0: c_n) */
+    /* CONST: nn.utils.weight_norm's w = g v / ||v|| as PyTorch exports it (find_weight_norm), read as a Gemm's,
+       Conv's or ConvTranspose's weight: this value stands for v (its initializer t), wn_g for g; wn_null: dim=None
+       (one norm of the whole), else dim 0 */
+    struct val *wn_g;
+    int wn_null;
 } val;
 
 enum { TF_NONE = 0, TF_TRANSPOSE, TF_GATES, TF_GATES_GRU };
@@ -188,6 +193,8 @@ typedef struct imp {
     } lstm;
     int trailing;               /* ONNX node where the trainer's part after the model begins, or -1 */
     const char *out_name;       /* the graph output psd computes */
+    const char *outs[MAX_INPUTS];   /* several graph outputs: joined into psd's one (join_outputs) */
+    int nouts;
     int out_node;               /* its psd node */
     int64_t pad_extra[3];       /* a zero Pad folded into the node being converted: H, W, node + 1 */
     mha_pat *mha;               /* the nn.MultiheadAttention decompositions found (fz[end].axis, fz[t0].axis) */
@@ -749,6 +756,19 @@ static ps_status bind_tf(imp *im, int pn, const char *suffix, val *c, int transf
 
 static ps_status bind(imp *im, int pn, const char *suffix, val *c, int transpose, int64_t numel) {
     return bind_tf(im, pn, suffix, c, (transpose ^ c->tpose) ? TF_TRANSPOSE : TF_NONE, 0, numel);
+}
+
+/* A Linear's / convolution's weight: the initializer w (transposed), or weight_norm's g and v (wn_g) as the
+ * kind's weight_g and weight_v with its weight_norm attributes. */
+static ps_status bind_weight(imp *im, int pn, val *w, int transpose) {
+    if (!w->wn_g) return bind(im, pn, "weight", w, transpose, 0);
+    if (transpose ^ w->tpose)
+        return unsup(im, "weight_norm of '%s' read transposed (psd's weight_norm normalises the weight as PyTorch "
+                     "holds it)", w->name);
+    add_attr(im, pn, "weight_norm: true");
+    if (w->wn_null) add_attr(im, pn, "weight_norm_dim: null");
+    ps_status rc = bind(im, pn, "weight_g", w->wn_g, 0, 0);
+    return rc ? rc : bind(im, pn, "weight_v", w, 0, 0);
 }
 
 /* Bind with a transform; an initializer read in parts (an LSTM's B) is bound once per part. */
@@ -1690,6 +1710,24 @@ static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
 
+/* RandomNormalLike: standard normal noise of a computed value's shape (a VAE's eps) as psd's RandnLike, drawn on
+ * the dropout stream; mean and scale as AddConstant / MulConstant after it. */
+static ps_status h_random_normal_like(imp *im) {
+    static const char *const known[] = {"dtype", "mean", "scale", "seed", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (attr(im, "seed"))
+        return unsup(im, "seed %g: psd draws the noise from its own seed per forward", attr_f(im, "seed", 0));
+    if (attr(im, "dtype") && attr_i(im, "dtype", PS_ONNX_FLOAT) != PS_ONNX_FLOAT)
+        return unsup(im, "dtype %s (psd draws float32 noise)", ps_onnx_dtype_name((int)attr_i(im, "dtype", 0)));
+    val *x = in_val(im, 0, 1);
+    if (!x) return im->err->code;
+    if (x->kind != VK_DATA)
+        return unsup(im, "noise shaped like a constant: psd draws it like a computed value (torch.randn_like(x))");
+    double c[2] = {attr_f(im, "scale", 1.0f), attr_f(im, "mean", 0.0f)};
+    return math_chain(im, x, "RandnLike", NULL, c);
+}
+
 static ps_status h_sqrt(imp *im) {
     if (all_const(im)) return fold(im);
     return simple_act(im, "Sqrt", NULL);
@@ -1829,6 +1867,98 @@ static ps_status matmul_values(imp *im, val *a, val *b) {
         if ((pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins)) < 0) return oom(im);
     }
     return data_out(im, 0, pn, PS_ONNX_FLOAT, nd, od) ? PS_OK : im->err->code;
+}
+
+/* Einsum of two computed values that is a batched matrix product (attention written with torch.einsum:
+ * "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...qd,...kd->...kq"), as psd-export writes it: operands and output of
+ * one rank (3 or more, the batch first), the same leading subscripts in all three, the last two of each operand
+ * one kept and one summed over - a MatMul with transpose_a / transpose_b (an output transposed: B^T A^T).
+ * Anything else refused, naming the equation. */
+static ps_status h_einsum(imp *im) {
+    static const char *const known[] = {"equation", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    const ps_onnx_node *nd = cur_node(im);
+    const char *eq = attr_s(im, "equation", NULL);
+    if (!eq) return bad(im, "no equation");
+    if (nd->nin != 2) return unsup(im, "Einsum of %d operands (psd writes einsum of two as a MatMul)", nd->nin);
+    val *x[2] = {in_val(im, 0, 1), in_val(im, 1, 1)};
+    if (!x[0] || !x[1]) return im->err->code;
+    for (int k = 0; k < 2; k++) {
+        if (x[k]->kind != VK_DATA)
+            return unsup(im, "Einsum '%s' of a constant operand (psd writes einsum of two computed values as a "
+                         "MatMul; x @ W is a MatMul export)", eq);
+        if ((rc = need_float(im, x[k], 1, PS_MAXD, "operand"))) return rc;
+    }
+    /* the equation without spaces, each "..." as the spare capital letters it stands for */
+    char t[3][MAXD + 1];
+    int tl[3] = {0, 0, 0}, part = 0, ell[3] = {-1, -1, -1};
+    for (const char *q = eq; *q; q++) {
+        if (*q == ' ') continue;
+        if (*q == ',' && part == 0) { part = 1; continue; }
+        if (q[0] == '-' && q[1] == '>' && part == 1) { part = 2; q++; continue; }
+        if (q[0] == '.' && q[1] == '.' && q[2] == '.' && ell[part] < 0) { ell[part] = tl[part]; q += 2; continue; }
+        if (!isalpha((unsigned char)*q) || tl[part] >= MAXD) return unsup(im, "Einsum '%s': psd reads 'ab,cd->ef' "
+                                                                         "of at most %d subscripts each", eq, MAXD);
+        t[part][tl[part]++] = *q;
+    }
+    if (part != 2) return unsup(im, "Einsum '%s': psd takes two operands and an explicit output ('->')", eq);
+    const int r = x[0]->ndim;
+    int n_ell = -1;
+    for (int k = 0; k < 2; k++)
+        if (ell[k] >= 0) n_ell = x[k]->ndim - tl[k];
+    if (n_ell < 0 && ell[2] >= 0) return bad(im, "'...' in the output of '%s' only", eq);
+    for (int k = 0; k < 3; k++) {   /* expand: "...": capitals A, B, ... (ONNX's subscripts are letters) */
+        if (ell[k] < 0) continue;
+        if (n_ell < 0 || tl[k] + n_ell > MAXD) return unsup(im, "Einsum '%s': its '...'", eq);
+        for (int i = 0; i < tl[k]; i++)
+            if (isupper((unsigned char)t[k][i])) return unsup(im, "Einsum '%s': capitals beside '...'", eq);
+        memmove(t[k] + ell[k] + n_ell, t[k] + ell[k], (size_t)(tl[k] - ell[k]));
+        for (int i = 0; i < n_ell; i++) t[k][ell[k] + i] = (char)('A' + i);
+        tl[k] += n_ell;
+    }
+    int ok = tl[0] == x[0]->ndim && tl[1] == x[1]->ndim && tl[0] == r && tl[1] == r && tl[2] == r && r >= 3 &&
+             !memcmp(t[0], t[1], (size_t)(r - 2)) && !memcmp(t[0], t[2], (size_t)(r - 2));
+    for (int k = 0; k < 3 && ok; k++)   /* no subscript twice in a term (a diagonal) */
+        for (int i = 0; i < r; i++)
+            for (int j = i + 1; j < r; j++) ok &= t[k][i] != t[k][j];
+    char kk = 0, ii = 0, jj = 0;
+    if (ok) {   /* k: the one subscript of the last two both operands have, summed over; i, j: the kept ones */
+        int shared = 0;
+        for (int a = r - 2; a < r; a++)
+            for (int b = r - 2; b < r; b++)
+                if (t[0][a] == t[1][b]) { kk = t[0][a]; shared++; }
+        ok = shared == 1 && !memchr(t[2], kk, (size_t)r);
+        ii = t[0][r - 2] == kk ? t[0][r - 1] : t[0][r - 2];
+        jj = t[1][r - 2] == kk ? t[1][r - 1] : t[1][r - 2];
+    }
+    int ta = t[0][r - 2] == kk, tb = t[1][r - 1] == kk, swap = 0;
+    if (ok && t[2][r - 2] == ii && t[2][r - 1] == jj) swap = 0;
+    else if (ok && t[2][r - 2] == jj && t[2][r - 1] == ii) swap = 1;   /* (A B)^T = B^T A^T */
+    else ok = 0;
+    if (!ok)
+        return unsup(im, "Einsum '%s' is not a batched matrix product (psd writes einsum as a MatMul: operands and "
+                     "output of one rank, 3 or more with the batch first, the same leading subscripts, the last two "
+                     "of each operand one kept and one summed over)", eq);
+    for (int d = 0; d < r - 2; d++)
+        if (x[0]->dims[d] != x[1]->dims[d] && d >= im->lead)
+            return unsup(im, "Einsum '%s': leading dims %lld and %lld differ", eq, (long long)x[0]->dims[d],
+                         (long long)x[1]->dims[d]);
+    const val *A = swap ? x[1] : x[0], *B = swap ? x[0] : x[1];
+    const int tA = swap ? !tb : ta, tB = swap ? !ta : tb;
+    int64_t od[MAXD];
+    memcpy(od, A->dims, sizeof od);
+    od[r - 2] = tA ? A->dims[r - 1] : A->dims[r - 2];
+    od[r - 1] = tB ? B->dims[r - 2] : B->dims[r - 1];
+    const int64_t kA = tA ? A->dims[r - 2] : A->dims[r - 1], kB = tB ? B->dims[r - 1] : B->dims[r - 2];
+    if (kA != kB) return bad(im, "Einsum '%s': the summed subscript is %lld and %lld long", eq, (long long)kA,
+                             (long long)kB);
+    int ins[2] = {A->node, B->node};
+    int pn = emit(im, "MatMul", NULL, NULL, NULL, 2, ins);
+    if (pn < 0) return oom(im);
+    if (tA) add_attr(im, pn, "transpose_a: true");
+    if (tB) add_attr(im, pn, "transpose_b: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, r, od) ? PS_OK : im->err->code;
 }
 
 /* Split of a computed value along one axis (newer exporters' x.chunk / torch.split): a Narrow per output
@@ -1985,10 +2115,10 @@ static ps_status linear(imp *im, val *x, val *w, int w_is_in_out, val *c) {
         return bad(im, "input '%s' has %lld features but the weight '%s' takes %lld", x->name,
                    (long long)x->dims[x->ndim - 1], w->name, (long long)in);
     int xin = x->node;
-    int pn = emit(im, "Linear", w->t ? w->t->name : w->name, "weight", NULL, 1, &xin);
+    int pn = emit(im, "Linear", w->t ? w->t->name : w->name, w->wn_g ? "weight_v" : "weight", NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "out_features: %lld", (long long)out);
-    if ((rc = bind(im, pn, "weight", w, w_is_in_out, 0))) return rc;
+    if ((rc = bind_weight(im, pn, w, w_is_in_out))) return rc;
     int64_t od[MAXD];
     memcpy(od, x->dims, sizeof od);
     od[x->ndim - 1] = out;
@@ -2144,7 +2274,7 @@ static ps_status h_conv(imp *im) {
         return bad(im, "group %lld does not fit input channels %lld and weight '%s' (%lld, %lld, ...)", (long long)g,
                    (long long)cin, w->name, (long long)w->dims[0], (long long)w->dims[1]);
     int xin = x->node;
-    int pn = emit(im, sp == 1 ? "Conv1d" : "Conv2d", w->name, "weight", NULL, 1, &xin);
+    int pn = emit(im, sp == 1 ? "Conv1d" : "Conv2d", w->name, w->wn_g ? "weight_v" : "weight", NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "out_channels: %lld", (long long)w->dims[0]);
     spatial_attr(im, pn, sp, "kernel_size", k);
@@ -2152,7 +2282,7 @@ static ps_status h_conv(imp *im) {
     if (pad[0] || pad[1]) spatial_attr(im, pn, sp, "padding", pad);
     if (dil[0] != 1 || dil[1] != 1) spatial_attr(im, pn, sp, "dilation", dil);
     if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
-    if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
+    if ((rc = bind_weight(im, pn, w, 0))) return rc;
     if (b) {
         if (b->kind != VK_CONST || b->numel != w->dims[0]) return bad(im, "bias '%s' does not fit", b->name);
         if ((rc = bind(im, pn, "bias", b, 0, 0))) return rc;
@@ -2968,11 +3098,36 @@ static ps_status h_instnorm(imp *im) {
 
 /* ------------------------------------------------- recognised patterns */
 
+static const char *out0(imp *im, int i);
+
+/* nn.utils.weight_norm's Mul (find_weight_norm): its output stands for v (x), with g (f->scale), for the
+ * Gemm / Conv / ConvTranspose that reads it as its weight (bind_weight). */
+static ps_status weight_norm_value(imp *im, const fused *f, const val *x) {
+    val *g = vget(im, f->scale), *o = vmake(im, out0(im, im->cur));
+    if (!o) return oom(im);
+    if (x->kind != VK_CONST || !x->init || !x->t || !g || g->kind != VK_CONST || !g->init || !g->t)
+        return unsup(im, "weight_norm of '%s' by '%s': psd takes g and v as initializers", x->name, f->scale);
+    if (g->numel != (f->axis ? 1 : x->dims[0]))
+        return bad(im, "weight_norm's g '%s' has %lld values for v '%s' of %lld rows", g->name, (long long)g->numel,
+                   x->name, (long long)x->dims[0]);
+    val saved = *o;
+    *o = *x;
+    o->next = saved.next;
+    o->name = saved.name;
+    o->uses = saved.uses;
+    o->prod = saved.prod;
+    o->graph_output = saved.graph_output;
+    o->wn_g = g;
+    o->wn_null = f->axis;
+    return PS_OK;
+}
+
 static ps_status h_fused(imp *im) {
     fused *f = &im->fz[im->cur];
     val *x = vget(im, f->x);
     if (!x || x->kind == VK_NONE) return bad(im, "the %s's input '%s' is unknown", f->kind, f->x);
     ps_status rc;
+    if (!strcmp(f->kind, "WeightNorm")) return weight_norm_value(im, f, x);
     if (!strcmp(f->kind, "LayerNorm")) {
         val *s = f->scale ? vget(im, f->scale) : NULL, *b = f->bias ? vget(im, f->bias) : NULL;
         if ((rc = layer_norm(im, x, f->axis, f->eps, s, b, f->scope))) return rc;
@@ -3056,7 +3211,7 @@ static ps_status h_upconv(imp *im) {
                          (long long)dil[1], (long long)op[0], (long long)op[1]);
     const int64_t cout = w->dims[1] * g;
     int xin = x->node;
-    int pn = emit(im, "ConvTranspose2d", w->name, "weight", NULL, 1, &xin);
+    int pn = emit(im, "ConvTranspose2d", w->name, w->wn_g ? "weight_v" : "weight", NULL, 1, &xin);
     if (pn < 0) return oom(im);
     add_attr(im, pn, "out_channels: %lld", (long long)cout);
     pair_attr(im, pn, "kernel_size", k);
@@ -3065,7 +3220,7 @@ static ps_status h_upconv(imp *im) {
     if (op[0] || op[1]) pair_attr(im, pn, "output_padding", op);
     if (dil[0] != 1 || dil[1] != 1) pair_attr(im, pn, "dilation", dil);
     if (g != 1) add_attr(im, pn, "groups: %lld", (long long)g);
-    if ((rc = bind(im, pn, "weight", w, 0, 0))) return rc;
+    if ((rc = bind_weight(im, pn, w, 0))) return rc;
     if (b) {
         if (b->kind != VK_CONST || b->numel != cout) return bad(im, "bias '%s' does not fit", b->name);
         if ((rc = bind(im, pn, "bias", b, 0, 0))) return rc;
@@ -3260,6 +3415,94 @@ static ps_status transpose_const(imp *im, val *x, const int64_t *perm, int np) {
         f[i] = xf[src];
     }
     return const_out(im, 0, r, od, f, x->is_int) ? PS_OK : im->err->code;
+}
+
+/* ---- DepthToSpace and SpaceToDepth (nn.PixelShuffle's export, super-resolution nets): Reshapes and Permutes of
+ * at most 4 per-sample dims, as psd-export writes nn.PixelShuffle ---- */
+
+/* A Reshape of psd node in to the per-sample shape[n], then (np > 0) a Permute of the per-sample dims by perm[np]:
+ * the last node, or -1 (err set). */
+static int view_perm(imp *im, int in, const int64_t *shape, int n, const int *perm, int np) {
+    char b[128];
+    int pn = emit(im, "Reshape", NULL, NULL, "view", 1, &in);
+    if (pn < 0) return oom(im), -1;
+    add_attr(im, pn, "shape: %s", dims_text(shape, n, b, sizeof b));
+    if (np <= 0) return pn;
+    int64_t dims[PS_MAXD + 1] = {0};
+    for (int k = 0; k < np; k++) dims[k + 1] = perm[k] + 1;
+    int pp = emit(im, "Permute", NULL, NULL, "permute", 1, &pn);
+    if (pp < 0) return oom(im), -1;
+    add_attr(im, pp, "dims: %s", dims_text(dims, np + 1, b, sizeof b));
+    return pp;
+}
+
+/* x (N, C, H, W) and the blocksize attribute, checked: *r, or an error. */
+static ps_status space_depth_in(imp *im, val **x, int64_t *r) {
+    static const char *const known[] = {"blocksize", "mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    if (all_const(im)) return unsup(im, "%s of a constant", cur_node(im)->op_type);
+    if (!(*x = in_val(im, 0, 1))) return im->err->code;
+    if ((rc = need_float(im, *x, 0, PS_MAXD, "input"))) return rc;
+    if (!attr(im, "blocksize")) return bad(im, "no blocksize");
+    *r = attr_i(im, "blocksize", 0);
+    if (*r < 1 || *r > 4096) return bad(im, "blocksize %lld", (long long)*r);
+    if ((*x)->ndim != 4 || im->lead != 1 || im->whole)
+        return unsup(im, "input of rank %d (psd reads (N, C, H, W) with the batch first)", (*x)->ndim);
+    return PS_OK;
+}
+
+/* DepthToSpace: mode CRD (PyTorch's pixel_shuffle: out[c, h r + i, w r + j] = in[c r^2 + i r + j, h, w]) or DCR
+ * (ONNX's default: in[(i r + j) C' + c, h, w]). */
+static ps_status h_depth_to_space(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    const char *mode = attr_s(im, "mode", "DCR");
+    const int crd = !strcmp(mode, "CRD");
+    if (!crd && strcmp(mode, "DCR")) return unsup(im, "mode '%s' (ONNX's are DCR and CRD)", mode);
+    const int64_t C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    if (C % (r * r)) return bad(im, "%lld channels are not a multiple of blocksize^2 = %lld", (long long)C,
+                                (long long)(r * r));
+    const int64_t c = C / (r * r);
+    static const int p0231[4] = {0, 2, 3, 1}, p0213[4] = {0, 2, 1, 3}, p1203[4] = {1, 2, 0, 3};
+    int in = x->node;
+    if (crd) {   /* (c r + i, j, h, w) -> (c r + i, h, w, j); (c, i, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {c * r, r, H, W}, b[4] = {c, r, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p0213, 4)) < 0)
+            return im->err->code;
+    } else {     /* (i, j, c h, w) -> (i, c h, w, j); (i, c, h, w') -> (c, h, i, w') */
+        const int64_t a[4] = {r, r, c * H, W}, b[4] = {r, c, H, W * r};
+        if ((in = view_perm(im, in, a, 4, p0231, 4)) < 0 || (in = view_perm(im, in, b, 4, p1203, 4)) < 0)
+            return im->err->code;
+    }
+    const int64_t o[3] = {c, H * r, W * r};
+    if ((in = view_perm(im, in, o, 3, NULL, 0)) < 0) return im->err->code;
+    const int64_t od[4] = {x->dims[0], c, H * r, W * r};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* SpaceToDepth: out[(i r + j) C + c, h, w] = in[c, h r + i, w r + j] (DepthToSpace DCR's inverse; PyTorch writes
+ * pixel_unshuffle as Reshapes and a Transpose instead). */
+static ps_status h_space_to_depth(imp *im) {
+    val *x;
+    int64_t r;
+    ps_status rc = space_depth_in(im, &x, &r);
+    if (rc) return rc;
+    if (attr(im, "mode")) return unsup(im, "a mode attribute (SpaceToDepth has none)");
+    const int64_t C = x->dims[1], H = x->dims[2] / r, W = x->dims[3] / r;
+    if (x->dims[2] % r || x->dims[3] % r)
+        return bad(im, "%lldx%lld is not a multiple of blocksize %lld", (long long)x->dims[2], (long long)x->dims[3],
+                   (long long)r);
+    static const int p2013[4] = {2, 0, 1, 3}, p021[3] = {0, 2, 1};
+    const int64_t a[4] = {C, H, r, W * r}, b[3] = {r, C * H * W, r}, o[3] = {r * r * C, H, W};
+    int in = x->node;   /* (c, h, i, w') -> (i, c, h, w'); (i, c h w, j) -> (i, j, c h w) */
+    if ((in = view_perm(im, in, a, 4, p2013, 4)) < 0 || (in = view_perm(im, in, b, 3, p021, 3)) < 0 ||
+        (in = view_perm(im, in, o, 3, NULL, 0)) < 0)
+        return im->err->code;
+    const int64_t od[4] = {x->dims[0], r * r * C, H, W};
+    return data_out(im, 0, in, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
 }
 
 static ps_status h_transpose(imp *im) {
@@ -3624,7 +3867,6 @@ static ps_status h_fold_only(imp *im) {
     return unsup(im, "%s of computed values (psd folds it only on constants)", cur_node(im)->op_type);
 }
 
-static const char *out0(imp *im, int i);
 static int data_readers(imp *im, const char *v, int *out, int max);
 
 /* ---- masks computed from the input (elem4): Equal of computed float values, Not of a comparison ---- */
@@ -4058,6 +4300,10 @@ static const op_row ops[] = {
     {"Sin", h_sin, 7},
     {"Cos", h_cos, 7},
     {"Erf", h_erf, 9},
+    {"RandomNormalLike", h_random_normal_like, 1},
+    {"DepthToSpace", h_depth_to_space, 1},
+    {"Einsum", h_einsum, 12},
+    {"SpaceToDepth", h_space_to_depth, 1},
     {"Sign", h_sign, 9},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
@@ -4245,10 +4491,49 @@ static void find_normalize(imp *im, int i) {
  * applied to x first). SiLU: Sigmoid(x) -> Mul(x, .). Hardswish (PyTorch's
  * export below opset 14): HardSigmoid(x, alpha 1/6, beta 0.5) -> Mul(x, .). */
 
+/* nn.utils.weight_norm(module, dim=0 or None) as PyTorch exports it before the Gemm (transB 1), Conv or
+ * ConvTranspose that reads the weight: ReduceL2(v, axes: every one but 0, or all; keepdims 1) -> Div(v, .) ->
+ * Mul(., g) (either order), v and g initializers read nowhere else. The ReduceL2 and the Div are absorbed; the Mul
+ * becomes a value standing for v and g (weight_norm_value), which the node binds as weight_v and weight_g. */
+static void find_weight_norm(imp *im, int i) {
+    const ps_onnx_node *n = &im->m->nodes[i];
+    const ps_onnx_attr *ax = ps_onnx_attr_find(n, "axes"), *kd = ps_onnx_attr_find(n, "keepdims");
+    val *v = n->nin == 1 ? vget(im, n->in[0]) : NULL;
+    if (!ax || (kd && kd->i != 1) || !v || v->kind != VK_CONST || !v->init || !v->t || v->ndim < 2 || v->uses != 2 ||
+        v->graph_output)
+        return;
+    const int all = (int)ax->nints == v->ndim;
+    if (!all && (int)ax->nints != v->ndim - 1) return;
+    for (int k = 0; k < (int)ax->nints; k++)
+        if (ax->ints[k] != k + !all && ax->ints[k] != k + !all - v->ndim) return;
+    int dv = sole_consumer(im, out0(im, i));
+    if (!is_op(im, dv, "Div") || im->m->nodes[dv].nin != 2 || strcmp(in0(im, dv), v->name) ||
+        strcmp(im->m->nodes[dv].in[1], out0(im, i)))
+        return;
+    int mu = sole_consumer(im, out0(im, dv)), gi = is_op(im, mu, "Mul") ? other_input(im, mu, out0(im, dv)) : -1;
+    val *g = gi >= 0 ? vget(im, im->m->nodes[mu].in[gi]) : NULL;
+    if (!g || g->kind != VK_CONST || !g->init || !g->t || g->uses != 1 || g->graph_output) return;
+    int rd = sole_consumer(im, out0(im, mu));
+    const ps_onnx_node *r = rd >= 0 ? &im->m->nodes[rd] : NULL;
+    if (!r || r->nin < 2 || strcmp(r->in[1], out0(im, mu)) || strcmp(r->in[0], out0(im, mu)) == 0) return;
+    if (!is_op(im, rd, "Conv") && !is_op(im, rd, "ConvTranspose") && !is_op(im, rd, "Gemm")) return;
+    if (is_op(im, rd, "Gemm")) {
+        const ps_onnx_attr *tb = ps_onnx_attr_find(r, "transB");
+        if (!tb || tb->i != 1) return;
+    }
+    im->absorbed[i] = im->absorbed[dv] = 1;
+    fused *f = &im->fz[mu];
+    f->kind = "WeightNorm";
+    f->x = v->name;
+    f->scale = g->name;
+    f->axis = all;
+}
+
 static void find_patterns(imp *im) {
     const ps_onnx_model *m = im->m;
     for (int i = 0; i < m->nnodes; i++) {
         const ps_onnx_node *n = &m->nodes[i];
+        if (!strcmp(n->op_type, "ReduceL2")) find_weight_norm(im, i);   /* may also be find_normalize's */
         if (!strcmp(n->op_type, "Erf") && n->nin == 1 && n->nout == 1) {
             int dv = producer_of(im, n->in[0]);
             double c;
@@ -4575,7 +4860,8 @@ static int mha_match(imp *im, int t0, mha_pat *p, int *nodes, int *nn, int *skip
         !(p->w = mha_weight(im, mm, 1, &p->w_t, &wt)))
         return WHY("the query, key and value are not projected together from one input by in_proj_weight: "
                    "cross-attention (a query other than the key and value) or a key other than the value, which "
-                   "psd's MultiheadAttention (self-attention: attn(x, x, x)) does not take");
+                   "the ONNX import does not read (it reads self-attention, attn(x, x, x); psd-export writes "
+                   "nn.TransformerDecoderLayer's cross-attention as MultiheadAttention cross: true)");
     like |= mha_named(p->w);
     ADD(mm);
     if (wt >= 0) skip[(*ns)++] = wt;
@@ -5269,11 +5555,25 @@ static int glue_input(imp *im, int i, int k, int D, int64_t H, const int64_t wan
     return 1;
 }
 
-/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one. */
+/* Input k of RNN node i is absent or zeros: an Expand of a constant of zeros or of a Slice of one, or (an export
+ * with a dynamic batch: torch.onnx's dynamic_axes) a ConstantOfShape of zeros to the shape the batch gives or a
+ * Slice of one. */
 static int zero_state(imp *im, int i, int k, int *ab, int *na) {
     const ps_onnx_node *n = &im->m->nodes[i];
     if (k >= n->nin || !n->in[k][0]) return 1;
     int e = producer_of(im, n->in[k]);
+    int cs = is_op(im, e, "ConstantOfShape") ? e : is_op(im, e, "Slice") ? producer_of(im, in0(im, e)) : -1;
+    if (is_op(im, cs, "ConstantOfShape")) {   /* itself, or a Slice of it (a layer's rows) */
+        const ps_onnx_attr *va = ps_onnx_attr_find(&im->m->nodes[cs], "value");
+        float fv = 0;
+        ps_err er = {0};
+        if (va && (!va->t || va->t->numel != 1 || dtype_is_int(va->t->dtype) || ps_onnx_tensor_floats(va->t, &fv, &er)
+                   || fv != 0))
+            return 0;
+        ab[(*na)++] = cs;
+        if (e != cs) ab[(*na)++] = e;
+        return 1;
+    }
     if (!is_op(im, e, "Expand")) return 0;
     int s = producer_of(im, in0(im, e));
     val *c = is_op(im, s, "Slice") ? vget(im, in0(im, s)) : vget(im, in0(im, e));
@@ -5396,7 +5696,7 @@ static ps_status find_graph_rnns(imp *im) {
             for (int s = 5; s < 7 && s < r->nin; s++)
                 if (!zero_state(im, cur, s, ab, &na))
                     rnn_why(im, p, cur, "an initial %s state psd does not read as the exporter's zeros (an Expand "
-                            "of a constant of zeros): psd's %s starts from zeros; call the module without hx",
+                            "of a constant of zeros, a ConstantOfShape of zeros): psd's %s starts from zeros; call the module without hx",
                             s == 5 ? "hidden" : "cell", r->op_type);
             /* the join to the next layer */
             int rd[8], nr = r->nout ? readers_of(im, r->out[0], rd, 8) : 0, j1 = -1, j2 = -1;
@@ -5791,6 +6091,49 @@ static ps_status trainer_tail(imp *im, int first) {
     return PS_OK;
 }
 
+/* Several graph outputs (a VAE's recon, mu and logvar): psd's model has one, so each is flattened after the
+ * batch and they are joined along dim 1 in the graph's order, as psd-export joins a module's tuple output. The
+ * Concat becomes the output im->out_name names. */
+static ps_status join_outputs(imp *im) {
+    int ins[MAX_INPUTS], last = -1;
+    int64_t total = 0;
+    for (int k = 0; k < im->nouts; k++) {
+        val *v = vget(im, im->outs[k]);
+        if (!v || v->kind != VK_DATA || v->node < 0)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes "
+                              "its outputs from the input", im->label, im->outs[k],
+                              v && v->kind == VK_CONST ? "a constant" : "the input itself");
+        if (v->dtype != PS_ONNX_FLOAT)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s (psd joins float "
+                              "outputs)", im->label, im->outs[k], ps_onnx_dtype_name(v->dtype));
+        if (im->whole || im->lead != 1 || v->stage != im->stage)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s': psd joins several outputs "
+                              "of a model whose batch is dim 0, computed in its last stage", im->label, im->outs[k]);
+        im->cur = v->prod;
+        ins[k] = v->node;
+        if (v->ndim != 2) {
+            if ((ins[k] = emit(im, "Flatten", NULL, NULL, "flat", 1, &v->node)) < 0) return oom(im);
+        }
+        total += prod(v->dims + 1, v->ndim - 1);
+        if (v->prod > last) last = v->prod;
+    }
+    im->cur = last;
+    int pn = emit(im, "Concat", NULL, NULL, "outputs", im->nouts, ins);
+    if (pn < 0) return oom(im);
+    val *j = vmake(im, "psd.outputs");
+    if (!j) return oom(im);
+    j->kind = VK_DATA;
+    j->node = pn;
+    j->stage = im->stage;
+    j->dtype = PS_ONNX_FLOAT;
+    j->ndim = 2;
+    j->dims[0] = -1;
+    j->dims[1] = total;
+    im->out_name = j->name;
+    im->cur = -1;
+    return PS_OK;
+}
+
 static ps_status convert(imp *im) {
     const ps_onnx_model *m = im->m;
     const ps_onnx_import_opts *o = im->o;
@@ -5901,14 +6244,17 @@ static ps_status convert(imp *im) {
         if (!v) return ps_err_set(im->err, PS_ERR_INVALID_ARGUMENT, "%s: graph output '%s' is never computed",
                                   im->label, m->outputs[i].name);
         if (v->trainer) continue;
-        nout++;
+        if (nout == MAX_INPUTS)
+            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has more than %d outputs (psd joins at "
+                              "most %d into its one)", im->label, MAX_INPUTS, MAX_INPUTS);
+        im->outs[nout++] = v->name;
         out = v;
+        if (v->prod >= 0) im->live[v->prod] = 1;
     }
-    if (nout != 1)
-        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has %d outputs: psd's model has one",
-                          im->label, nout);
+    if (nout == 0)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the graph has no output psd computes", im->label);
+    im->nouts = nout;
     im->out_name = out->name;
-    if (out->prod >= 0) im->live[out->prod] = 1;
     for (int i = m->nnodes - 1; i >= 0; i--) {
         if (!im->live[i]) continue;
         for (int k = 0; k < m->nodes[i].nin; k++) {
@@ -5975,6 +6321,10 @@ static ps_status convert(imp *im) {
     }
     im->cur = -1;
     if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
+    if (im->nouts > 1) {
+        ps_status rc = join_outputs(im);
+        if (rc) return rc;
+    }
     out = vget(im, im->out_name);
     if (!out || out->kind != VK_DATA || out->node < 0)
         return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "

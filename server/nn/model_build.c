@@ -504,8 +504,9 @@ static ps_status build_stage(ps_model *m, stage *st, int s, const build_ctx *bc,
         if ((rc = ps_layer_infer(ly, err)) == PS_OK) rc = check_sizes(ly, err);
         if (rc != PS_OK) {
             char b1[64], b2[64] = "";
-            for (int i = 1; i < ly->nin; i++) {
+            for (int i = 1; i < ly->nin; i++) {   /* the inputs after the first, ", " between them */
                 size_t o = strlen(b2);
+                if (i > 1 && o + 2 < sizeof b2) { strcpy(b2 + o, ", "); o += 2; }
                 ps_shape_format(&ly->in[i], b2 + o, sizeof b2 - o);
             }
             ps_err_prefix(err, "input %s%s%s", ps_shape_format(&ly->in[0], b1, sizeof b1), *b2 ? ", " : "", b2);

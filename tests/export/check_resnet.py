@@ -74,6 +74,7 @@ alexnet (dropout 0; no BatchNorm: float32 tolerances) through psd-export
 only - its 1x1 features adaptively pooled to 6x6, which PyTorch's ONNX
 exporter refuses.
 """
+import atexit
 import collections
 import contextlib
 import copy
@@ -131,16 +132,55 @@ def array(t):
     return np.frombuffer(t.data, dtype=np.float32 if t.dtype == F32 else np.int64).reshape(tuple(t.shape))
 
 
+PORTS_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ps-test-ports")
+_reserved = []
+
+
+def _release_ports():
+    for b in _reserved:
+        try:
+            if os.readlink(os.path.join(PORTS_DIR, b)) == str(os.getpid()):
+                os.unlink(os.path.join(PORTS_DIR, b))
+        except OSError:
+            pass
+
+
+atexit.register(_release_ports)
+
+
 def free_port():
-    for _ in range(50):
-        p = random.randint(20000, 45000)
-        with socket.socket() as s:
+    """The first of 16 consecutive ports (20000..32767, below Linux's ephemeral range) that nothing listens on,
+    reserved until this process exits - tests/lib.sh's free_port and its directory of reservations (a symlink per
+    block naming its owner's pid), so that tests running side by side never pick the same port."""
+    os.makedirs(PORTS_DIR, exist_ok=True)
+    for _ in range(200):
+        b = str(random.randrange(798))
+        link = os.path.join(PORTS_DIR, b)
+        try:
+            os.symlink(str(os.getpid()), link)
+        except FileExistsError:
             try:
-                s.bind(("127.0.0.1", p))
-                return p
-            except OSError:
+                owner = int(os.readlink(link))
+                os.kill(owner, 0)
                 continue
-    raise RuntimeError("no free port")
+            except ProcessLookupError:  # a killed test's block: take it over
+                try:
+                    os.unlink(link)
+                    os.symlink(str(os.getpid()), link)
+                except OSError:
+                    continue
+            except (OSError, ValueError):
+                continue
+        _reserved.append(b)
+        p = 20000 + 16 * int(b)
+        if all(_closed(p + i) for i in range(16)):
+            return p
+    raise RuntimeError("no free port block in %s" % PORTS_DIR)
+
+
+def _closed(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def start_psd(name, model_line, extra, server_extra=""):

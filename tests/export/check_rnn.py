@@ -285,20 +285,27 @@ ONNX_CASES = [
 ]
 
 
+DYNAMIC = (0, 3, 8)   # ONNX_CASES also exported with a dynamic batch
+
+
 def onnx_export(model, x, path, mode):
-    tm = torch.onnx.TrainingMode.TRAINING if mode == "training" else torch.onnx.TrainingMode.EVAL
+    """mode "training", "eval", or "dynamic": training mode with a dynamic batch (dynamic_axes), whose initial
+    states are a ConstantOfShape of zeros to (layers, N, H) rather than an Expand of constant zeros."""
+    tm = torch.onnx.TrainingMode.EVAL if mode == "eval" else torch.onnx.TrainingMode.TRAINING
+    dyn = dict(input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}}) \
+        if mode == "dynamic" else {}
     with warnings.catch_warnings():   # the exporter's note on batch sizes and the RNN's initial state
         warnings.simplefilter("ignore")
-        torch.onnx.export(copy.deepcopy(model).train(mode == "training"), x, path, opset_version=13, training=tm,
-                          do_constant_folding=mode == "eval")
+        torch.onnx.export(copy.deepcopy(model).train(mode != "eval"), x, path, opset_version=13, training=tm,
+                          do_constant_folding=mode == "eval", **dyn)
 
 
 def onnx_models():
-    """The models' ONNX exports (training and eval mode) through psd's ONNX import: one LSTM / GRU node with the
-    state_dict's names and values (every parameter moved off its initial value), checked as the psd-export
-    models are against float64 autograd (the sequence models' input gradient too)."""
+    """The models' ONNX exports (training and eval mode; some with a dynamic batch too) through psd's ONNX import:
+    one LSTM / GRU node with the state_dict's names and values (every parameter moved off its initial value),
+    checked as the psd-export models are against float64 autograd (the sequence models' input gradient too)."""
     for i, (label, cls, kw) in enumerate(ONNX_CASES):
-        for mode in ("training", "eval"):
+        for mode in ("training", "eval") + (("dynamic",) if i in DYNAMIC else ()):
             name = "rnn_onnx_%d_%s" % (i, mode)
             model, _ = moved(cls, kw, name)
             x, target = inputs(cls, 40 + i)

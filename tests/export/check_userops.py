@@ -68,7 +68,8 @@ FEATURES = {MaxRows: [4, 6], ShapeMoves: [1, 6, 6], Expands: [5, 8], Einsums: [6
             userops.RepeatBatch: [6], userops.SoftsignNet: [6],
             userops.EinsumDot: [6], userops.Functional: [2, 6, 6], userops.LinearT: [6],
             userops.LinearNamed: [6], userops.ZerosState: [6], userops.ReturnsEarlier: [6],
-            userops.BilinearNet: [6], userops.ErfGelu: [6]}      # float inputs (per sample); the others take token ids
+            userops.BilinearNet: [6], userops.ErfGelu: [6],
+            userops.PixelNet: [1, 6, 6]}      # float inputs (per sample); the others take token ids
 
 
 def export(pe, cls, name, kwargs=None):
@@ -162,7 +163,8 @@ def onnx_paths():
     """MaxTokens' training-mode ONNX export (ReduceMax over the tokens, ReduceMin, ReduceMax over the features
     with keepdims) through psd's ONNX import, checked as above; its ids without the padding id (ONNX does not
     carry padding_idx, so psd's Embedding there gives that row gradients as a plain Gather's). MaxRows' export
-    (a ReduceMin to one value per sample) the same way."""
+    (a ReduceMin to one value per sample) the same way, PixelNet's (nn.PixelShuffle as DepthToSpace) and
+    Einsums' (ONNX's Einsum as MatMuls)."""
     model, _ = moved(MaxTokens, "userops_onnx")
     x, target = inputs(MaxTokens, 1)
     x[x == VOCAB - 1] = 3
@@ -177,6 +179,10 @@ def onnx_paths():
     cr.onnx_run("SoftsignNet (ONNX)", model, *inputs(userops.SoftsignNet, 3), "softsign")
     model, _ = moved(MaxRows, "maxrows_onnx")     # a ReduceMin to one value per sample (per-sample shape ())
     cr.onnx_run("MaxRows (ONNX)", model, *inputs(MaxRows, 4), "maxrows")
+    model, _ = moved(userops.PixelNet, "pixelnet_onnx")     # nn.PixelShuffle as DepthToSpace (mode CRD)
+    cr.onnx_run("PixelNet (ONNX)", model, *inputs(userops.PixelNet, 5), "pixelnet")
+    model, _ = moved(Einsums, "einsums_onnx")     # ONNX's Einsum: MatMuls with transposes, an output transposed
+    cr.onnx_run("Einsums (ONNX)", model, *inputs(Einsums, 6), "einsums")
 
 
 def refusals(pe):

@@ -12,6 +12,8 @@ MaxRows    features (N, 4, 6) -> a Linear -> h.max(dim=2).values and torch.amin(
 ShapeMoves images (N, 1, 6, 6) -> nn.ZeroPad2d, Conv2d, nn.ConstantPad2d, nn.PixelShuffle, Conv2d,
            F.pixel_unshuffle, torch.stack with nn.Softmin of it, F.layer_norm(v, v.shape[-1:]), x.repeat ->
            nn.Linear.
+PixelNet   images (N, 1, 6, 6) -> Conv2d, nn.PixelShuffle(2), Conv2d -> nn.Linear (through its ONNX export:
+           DepthToSpace).
 
 And for psd-export's refusals: BagWeights (an EmbeddingBag called with per_sample_weights), BagMeanPad (mode mean with
 padding_idx), BagPadRow (a padding row that is not zeros), MaxNorm (nn.Embedding's max_norm), ArgMax (the
@@ -227,6 +229,18 @@ class SoftsignNet(nn.Module):
 
     def forward(self, x):
         return self.b(nn.functional.softsign(self.a(x)))
+
+
+class PixelNet(nn.Module):
+    """pytorch/examples' super_resolution shape: a convolution to r^2 x the channels, nn.PixelShuffle(2) (ONNX's
+    DepthToSpace in mode CRD), a convolution, a Linear head."""
+    def __init__(self, classes=4):
+        super().__init__()
+        self.c1, self.up, self.c2 = nn.Conv2d(1, 8, 3, padding=1), nn.PixelShuffle(2), nn.Conv2d(2, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 12 * 12, classes)
+
+    def forward(self, x):
+        return self.fc(nn.functional.relu(self.c2(self.up(torch.tanh(self.c1(x))))).flatten(1))
 
 
 class MyLinear(nn.Module):
