@@ -968,6 +968,15 @@ CASES += [
                                             "bias: false}"])),
 ]
 
+# ---- dist: torch.sign (its gradient zero, as PyTorch's): a Linear times its own sign, |h|, whose gradient reaches
+# the Linear through the Mul's other side only; exact zeros among its inputs (sign 0)
+CASES += [
+    ("sign", stage([3, 4], ["{name: l, kind: Linear, out_features: 4}", "{name: s, kind: Sign}",
+                            "{name: m, kind: Mul, inputs: [l, s]}", "{name: s2, kind: Sign, input: input}",
+                            "{name: j, kind: Concat, inputs: [m, s2], dim: 1}"])),
+]
+ROUNDED = {"sign"}   # inputs rounded to integers: some exactly 0
+
 # ids2: Embeddings reading a slice of each sample's flat int64 ids (ids_start, ids_shape: a model of several id
 # inputs joined), over a 2-D input; an NCF-like stage: a user id, an item id (padding_idx) and a history of 4 item
 # ids from one input of 6, the user and item rows multiplied, the history flattened, joined, a Linear
@@ -1381,6 +1390,8 @@ def make_module(kind, a, shapes, case_name=""):
         return m
     if kind == "Erf":
         return Lambda(torch.erf)
+    if kind == "Sign":
+        return Lambda(torch.sign)
     if kind == "Bilinear":
         return nn.Bilinear(s0[-1], shapes[1][-1], a["out_features"], bias=a.get("bias", True))
     if kind == "Conv2d":
@@ -1899,6 +1910,8 @@ def case(idx, name, text):
     def data():
         if name in KPM_IDS:
             return kpm_ids(name, shape)
+        if name in ROUNDED:
+            return torch.round(torch.randn(shape) * 1.5)
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1, name)

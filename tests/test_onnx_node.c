@@ -80,7 +80,7 @@ static const char *const required_prefixes[] = {
     "test_abs", "test_elu", "test_exp", "test_log", "test_neg", "test_reciprocal", "test_selu_default",
     "test_softplus", "test_sqrt",
     /* sin / cos (sinusoidal features; not sinh and cosh: a name matches up to an '_') */
-    "test_sin", "test_cos", "test_erf", "test_depthtospace_", "test_spacetodepth",
+    "test_sin", "test_cos", "test_erf", "test_sign", "test_depthtospace_", "test_spacetodepth",
     /* nn.InstanceNorm1d / 2d (scale and bias: initializers) */
     "test_instancenorm_",
     /* ReduceSum over adjacent axes (the mean times the count) */

@@ -500,6 +500,7 @@ typedef enum {
     PS_ACT_GE,
     PS_ACT_LE,
     PS_ACT_ERF,         /* torch.erf (a GELU written by hand: 0.5 x (1 + erf(x / sqrt 2))) */
+    PS_ACT_SIGN,        /* torch.sign: -1, 0 or 1 (NaN: 0); gradient zero, as PyTorch's */
     PS_ACT_COUNT
 } ps_act_kind;
 

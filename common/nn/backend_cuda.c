@@ -1035,7 +1035,7 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_SIN == (int)PS_ACT_SIN && (int)PS_CUDA_ACT_COS == (int)PS_ACT_COS &&
                (int)PS_CUDA_ACT_GT == (int)PS_ACT_GT && (int)PS_CUDA_ACT_LT == (int)PS_ACT_LT &&
                (int)PS_CUDA_ACT_GE == (int)PS_ACT_GE && (int)PS_CUDA_ACT_LE == (int)PS_ACT_LE &&
-               (int)PS_CUDA_ACT_ERF == (int)PS_ACT_ERF &&
+               (int)PS_CUDA_ACT_ERF == (int)PS_ACT_ERF && (int)PS_CUDA_ACT_SIGN == (int)PS_ACT_SIGN &&
                (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 

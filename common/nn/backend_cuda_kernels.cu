@@ -443,6 +443,7 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_GE: return x >= alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_LE: return x <= alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_ERF: return erff(x);
+    case PS_CUDA_ACT_SIGN: return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f;   /* NaN and -0: 0, as PyTorch */
     }
     return NAN;
 }
@@ -505,6 +506,7 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_GE:
     case PS_CUDA_ACT_LE: return 0.0f;
     case PS_CUDA_ACT_ERF: return dy * 1.12837916709551257390f * expf(-x * x);
+    case PS_CUDA_ACT_SIGN: return 0.0f;
     }
     return NAN;
 }

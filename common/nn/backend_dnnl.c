@@ -2575,6 +2575,7 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_GE] = { dnnl_alg_kind_undef, 1, 0.0f },
     [PS_ACT_LE] = { dnnl_alg_kind_undef, 1, 0.0f },
     [PS_ACT_ERF] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SIGN] = { dnnl_alg_kind_undef, 0, 0.0f },
 };
 
 #define SELU_ALPHA 1.67326324235437728f
@@ -2632,6 +2633,7 @@ static float math_f(int kind, float a, float x) {
     case PS_ACT_LT: return x < a ? 1.0f : 0.0f;
     case PS_ACT_GE: return x >= a ? 1.0f : 0.0f;
     case PS_ACT_ERF: return erff(x);
+    case PS_ACT_SIGN: return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f;   /* NaN and -0: 0, as PyTorch */
     default: return x <= a ? 1.0f : 0.0f;   /* PS_ACT_LE */
     }
 }
@@ -2643,7 +2645,7 @@ static float math_df(int kind, float x, float dy) {
     case PS_ACT_SIN: return dy * cosf(x);
     case PS_ACT_COS: return -dy * sinf(x);
     case PS_ACT_ERF: return dy * 1.12837916709551257390f * expf(-x * x);
-    default: return 0.0f;                   /* the comparisons */
+    default: return 0.0f;                   /* the comparisons, sign */
     }
 }
 
@@ -2687,7 +2689,8 @@ static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, f
     case PS_ACT_LT:
     case PS_ACT_GE:
     case PS_ACT_LE:
-    case PS_ACT_ERF: {
+    case PS_ACT_ERF:
+    case PS_ACT_SIGN: {
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) y[i] = math_f(kind, a, x[i]);
@@ -2740,7 +2743,8 @@ static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, 
     case PS_ACT_LT:
     case PS_ACT_GE:
     case PS_ACT_LE:
-    case PS_ACT_ERF: {
+    case PS_ACT_ERF:
+    case PS_ACT_SIGN: {
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = math_df(kind, x[i], dy[i]);

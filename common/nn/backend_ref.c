@@ -827,6 +827,7 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_GE: return x >= (double)d->alpha;
     case PS_ACT_LE: return x <= (double)d->alpha;
     case PS_ACT_ERF: return erf(x);
+    case PS_ACT_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;   /* NaN and -0: 0, as PyTorch */
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -893,6 +894,7 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_GE:
     case PS_ACT_LE: return 0.0;
     case PS_ACT_ERF: return dy * 1.12837916709551257390 * exp(-x * x);   /* 2 / sqrt(pi) */
+    case PS_ACT_SIGN: return 0.0;
     case PS_ACT_COUNT: break;
     }
     return NAN;

@@ -1385,7 +1385,7 @@ static ps_act_desc act_desc(const ps_layer *ly) {
                                    PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU,
                                    /* more math and the comparisons: ACT_MORE + k */
                                    PS_ACT_LOG1P, PS_ACT_EXPM1, PS_ACT_SIN, PS_ACT_COS, PS_ACT_GT, PS_ACT_LT,
-                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF};
+                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF, PS_ACT_SIGN};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
@@ -1467,6 +1467,7 @@ static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_a
  * Where's condition; their gradient is zero (PyTorch's bool has none). */
 static ps_status log1p_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 0, err); }
 static ps_status erf_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 8, err); }
+static ps_status sign_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 9, err); }
 static ps_status expm1_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 1, err); }
 static ps_status sin_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 2, err); }
 static ps_status cos_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 3, err); }
@@ -5595,6 +5596,7 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Log1p", F_ACT, 1, 1, no_attrs, log1p_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Erf", F_ACT, 1, 1, no_attrs, erf_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sign", F_ACT, 1, 1, no_attrs, sign_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Expm1", F_ACT, 1, 1, no_attrs, expm1_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sin", F_ACT, 1, 1, no_attrs, sin_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Cos", F_ACT, 1, 1, no_attrs, cos_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -5761,7 +5763,8 @@ static const struct {
     {"Constant", NULL}, {"RandnLike", NULL}, {"Bilinear", bilinear_saved},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
-    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Sign", NULL},
+    {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
     /* recurrent cells: the tape's gates and c' sample-major */
     {"LSTMCell", cell_saved}, {"GRUCell", cell_saved},
