@@ -847,7 +847,8 @@ static ps_status fit_end_epoch(void *arg, const ps_task_env *env, int epoch, ps_
     printf("Rank %ld epoch %d/%d: training loss %.4f (mean of %ld batches)", env->rank, epoch + 1,
            env->cfg->trainer.epochs, t->epoch_batches ? t->epoch_loss / (double)t->epoch_batches : 0.0,
            t->epoch_batches);
-    if (t->epoch_empty) printf("; %ld batches of only --ignore-index targets left out", t->epoch_empty);
+    if (t->epoch_empty)
+        printf("; %ld batch%s of only --ignore-index targets left out", t->epoch_empty, t->epoch_empty == 1 ? "" : "es");
     printf("\n");
     if (t->nval) {
         snprintf(what, sizeof what, "epoch %d/%d validation", epoch + 1, env->cfg->trainer.epochs);

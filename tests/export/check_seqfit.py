@@ -10,7 +10,8 @@ epoch's training loss within 2e-3 of PyTorch's (and far from the loss with the p
 mask shows), the final test loss within 2e-3 and the accuracy over the non-padding targets within 1 point of
 PyTorch's; --one-call says why psd's fused loss cannot serve (--ignore-index) and trains as three calls; refusals
 naming what is wrong: --ignore-index with a dense loss, a bad --class-dim, a label out of range that is not the
-ignore_index (naming sample and position), (N, T) labels without --class-dim last.
+ignore_index (naming sample and position), (N, T) labels without --class-dim last; a batch of padding only left
+out of the epoch's mean (PyTorch's nan).
 """
 import os
 import subprocess
@@ -141,6 +142,15 @@ def main():
     cr.check(abs(p_loss - t_loss) <= 2e-3 and abs(p_acc - t_acc) <= 1.0,
              "test set after training: psd loss %.4f accuracy %.2f%%, PyTorch %.4f and %.2f%%"
              % (p_loss, p_acc, t_loss, t_acc))
+    # a batch of padding only: loss 0, no gradient (PyTorch: nan), left out of the epoch's mean and said so
+    zeros = os.path.join(cr.TMP, "seq_zero_y.npy")
+    np.save(zeros, np.zeros((NTRAIN, T), np.int64))
+    r = ps_fit(labels=zeros, epochs=1)
+    cr.check(r.returncode == 0 and "training loss 0.0000 (mean of 0 batches); 1 batch of only --ignore-index targets "
+             "left out" in r.stdout and "nan" not in r.stdout,
+             "a batch of padding only is left out of the epoch's mean: %s" % [ln for ln in (r.stdout + r.stderr).splitlines() if "loss" in ln or "rror" in ln][-3:])
+    cr.check("test loss %.4f accuracy %.2f%%" % (p_loss, p_acc) in r.stdout,
+             "the zero gradient of a batch of padding only leaves psd's weights (plain SGD) as they were")
     print("seqfit: psd training losses %s, PyTorch %s; test %s, PyTorch loss %.4f accuracy %.2f%%"
           % (" ".join("%.4f" % v for v in ep[::6]), " ".join("%.4f" % v for v in t_losses[::6]), acc[-1].strip(),
              t_loss, t_acc))
