@@ -21,7 +21,9 @@
  * integer class ids, one per prediction: a sample's label shape is the
  * output's without its class dim (extra dims included), size-1 dims
  * ignored; every id is checked to lie in 0..classes-1 here, naming the
- * sample. Dense losses need one number per output element, any numeric
+ * sample (ps_fit_check_class: the classes may be the output's last dim,
+ * and a label equal to the ignore_index passes whatever its value). Dense
+ * losses need one number per output element, any numeric
  * dtype, converted to float32.
  *
  * Every error names the file (the name given) and says what does not fit.

@@ -33,6 +33,13 @@
  * SGD with the loss scaled the same way, which
  * examples/models/train_small_resnet.py does).
  *
+ * Class losses take --ignore-index (PyTorch's ignore_index: the mean and
+ * accuracy over the other targets; a batch of ignored targets only is 0
+ * with a zero gradient and left out of the epoch's mean) and --class-dim
+ * last (a sequence model's (N, T, V) logits against (N, T) labels:
+ * ps_fit_check_class). psd's fused loss (--one-call) has no ignore_index,
+ * so such a run sends Forward, Backward and Step, saying so.
+ *
  * After each epoch: the mean training loss of its batches, and loss and
  * accuracy (class losses, bce_with_logits) on the held-out split (or the
  * test files when there is no split); at the end: on the test files (or
