@@ -4,7 +4,9 @@
  * dims, extra leading id dims), the batches it builds (normalisation per
  * channel, computed here independently in double) and the held-out split
  * (disjoint, complete, the same on every rank, shares that partition),
- * several input arrays joined (ps_fit_join). */
+ * several input arrays joined (ps_fit_join), and the class options of ps_fit_check_class
+ * (--class-dim last: a (T, V) output against (T,) labels; --ignore-index: a label equal to it
+ * passes whatever its value, any other out of range is refused naming sample and position). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,43 @@ static void test_checks(void) {
     refuse("label per position", &ids, &y, &emb, "cross_entropy", NULL, "needs (6,)", NULL);
     ps_array *all[] = {&x, &y, &y4, &yf, &x27, &xflat, &y2, &y10, &x0, &y0, &yi, &ids, &tgt, &fids};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ps_array_free(all[i]);
+}
+
+/* ps_fit_check_class: a sequence model's (T, V) = (4, 7) output per sample against (4,) labels. */
+static void test_class_opts(void) {
+    ps_fit_model lm = {.in_ndim = 1, .in_int64 = 1, .in_dims = {4}, .out_ndim = 2, .out_dims = {4, 7},
+                       .first_stage = "emb"};
+    ps_array ids = arr(PS_ARRAY_I64, 2, (int64_t[]){3, 4}), tgt = arr(PS_ARRAY_I64, 2, (int64_t[]){3, 4});
+    ps_fit_norm dn = {.scale = -1};
+    ps_fit_layout lay;
+    ps_err e = {0};
+    ps_fit_class last = {.ignore = PS_LOSS_NO_IGNORE, .last = 1};
+    const ps_loss *ce = ps_loss_find("cross_entropy");
+    CHECK_MSG(!ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &last, &dn, &lay, &e), "%s", e.msg);
+    CHECK(lay.classes == 7 && lay.inner == 1 && lay.rows == 1 && lay.loss_rows == 4 && lay.out_numel == 28);
+    CHECK(lay.y_numel == 4);
+    /* classes first (the default): (T, V) is C = 4 over 7 positions, labels (7,) */
+    CHECK(ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, NULL, &dn, &lay, &e) != PS_OK && strstr(e.msg, "(7,)"));
+    /* a label of 7 (= V) refused naming sample 2 position 1; as the ignore_index it passes */
+    ((int64_t *)tgt.data)[2 * 4 + 1] = 7;
+    CHECK(ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &last, &dn, &lay, &e) != PS_OK);
+    CHECK_MSG(strstr(e.msg, "sample 2 has class 7 at position 1") && strstr(e.msg, "0..6"), "%s", e.msg);
+    ps_fit_class ig7 = {.ignore = 7, .last = 1}, ig0 = {.ignore = 0, .last = 1}, ign100 = {.ignore = -100, .last = 1};
+    CHECK_MSG(!ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &ig7, &dn, &lay, &e), "%s", e.msg);
+    e.msg[0] = 0;
+    CHECK(ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &ig0, &dn, &lay, &e) != PS_OK &&
+          strstr(e.msg, "or --ignore-index 0"));
+    ((int64_t *)tgt.data)[2 * 4 + 1] = -100;   /* PyTorch's default ignore_index */
+    CHECK(!ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &ign100, &dn, &lay, &e));
+    CHECK(ps_fit_check_class(&ids, "X", &tgt, "Y", &lm, ce, &last, &dn, &lay, &e) != PS_OK &&
+          strstr(e.msg, "class -100"));
+    /* a dense loss keeps its layout whatever cls says */
+    ps_array yd = arr(PS_ARRAY_F32, 3, (int64_t[]){3, 4, 7});
+    CHECK(!ps_fit_check_class(&ids, "X", &yd, "Y", &lm, ps_loss_find("mse"), &last, &dn, &lay, &e) &&
+          lay.loss_rows == 1 && lay.classes == 4 && lay.inner == 7);
+    ps_array_free(&ids);
+    ps_array_free(&tgt);
+    ps_array_free(&yd);
 }
 
 static void test_batches(void) {
@@ -247,5 +286,6 @@ int main(void) {
     test_batches();
     test_split();
     test_join();
+    test_class_opts();
     return check_summary("test_fit_data");
 }

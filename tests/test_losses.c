@@ -3,7 +3,10 @@
  * (scripts/gen_golden_losses.py) gives the same mean loss (torch's, in
  * float64), the same gradient (autograd, float32) and the same number of
  * correct predictions (vae_bce: the targets cover each row's recon only); and every row of
- * the table has a case. */
+ * the table has a case. Cases with "<case>.ignore" pass PyTorch's ignore_index (the mean and
+ * accuracy over the targets not ignored; all ignored: PyTorch's nan, psd's 0 and no gradient),
+ * "*_last" cases are (N, T, V) logits flattened as loss_fn(logits.reshape(-1, V), tgt.reshape(-1)). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +47,11 @@ int main(void) {
         grad = ps_st_find(g, k2);
         snprintf(k2, sizeof k2, "%s.correct", cs);
         corr = ps_st_find(g, k2);
-        int64_t numel = n * c * inner;
+        int64_t numel = n * c * inner, ignore = PS_LOSS_NO_IGNORE;
+        snprintf(k2, sizeof k2, "%s.ignore", cs);
+        if (ps_st_metadata(g, k2)) ignore = strtoll(ps_st_metadata(g, k2), NULL, 10);
+        snprintf(k2, sizeof k2, "%s.torch_loss", cs);   /* all ignored: PyTorch's nan */
+        if (ps_st_metadata(g, k2)) CHECK_MSG(isnan(strtod(ps_st_metadata(g, k2), NULL)), "%s: torch_loss", cs);
         long long tper = c * inner;   /* targets per row: the row's (dense), or the case's t (forward_t) */
         snprintf(k2, sizeof k2, "%s.t", cs);
         if (l->forward_t) CHECK_MSG(ps_st_metadata(g, k2) && sscanf(ps_st_metadata(g, k2), "%lld", &tper) == 1 &&
@@ -54,7 +61,7 @@ int main(void) {
         if (!out || !grad || !tgt || ps_st_numel(out) != numel) continue;
         float *g2 = malloc((size_t)numel * sizeof *g2);
         double loss = l->forward_t ? l->forward_t(out->data, tgt->data, n, c * inner, tper, g2)
-                                   : l->forward(out->data, tgt->data, n, c, inner, g2);
+                                   : l->forward(out->data, tgt->data, n, c, inner, ignore, g2);
         CHECK_CLOSE(loss, want_loss, 1e-7, 1e-6);
         char what[128];
         snprintf(what, sizeof what, "%s gradient", cs);
@@ -62,11 +69,17 @@ int main(void) {
         if (l->correct) {
             CHECK_MSG(corr && corr->dtype == PS_ST_I64, "%s: no correct count", cs);
             if (corr) {
-                int64_t got = l->correct(out->data, tgt->data, n, c, inner), want = *(const int64_t *)corr->data;
+                int64_t got = l->correct(out->data, tgt->data, n, c, inner, ignore), want = *(const int64_t *)corr->data;
                 CHECK_MSG(got == want, "%s: %lld correct, PyTorch %lld", cs, (long long)got, (long long)want);
             }
         } else {
             CHECK_MSG(!corr, "%s: PyTorch counts accuracy for a loss the table has none for", cs);
+        }
+        if (l->class_targets) {   /* the count the mean divides by: the targets not ignored */
+            const int64_t *ty = tgt->data;
+            int64_t want_n = 0;
+            for (int64_t k = 0; k < n * inner; k++) want_n += ty[k] != ignore;
+            CHECK(ps_loss_counted(l, ty, n, c, inner, ignore) == want_n);
         }
         free(g2);
         cases++;
@@ -75,7 +88,7 @@ int main(void) {
     }
     for (int r = 0; r < ps_loss_count(); r++)
         CHECK_MSG(covered[r], "loss %s has no PyTorch case in %s", ps_loss_at(r)->name, GOLDEN);
-    CHECK(cases >= 8);
+    CHECK(cases >= 17);
     char names[128];
     CHECK(!strcmp(ps_loss_names(names, sizeof names), "nll, cross_entropy, mse, bce_with_logits, bce, vae_bce"));
     CHECK(ps_loss_find("hinge") == NULL);

@@ -127,7 +127,15 @@ ps_status ps_fit_join(const ps_array *parts, const char *const *names, int n, si
 ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
                        const ps_fit_model *m, const ps_loss *loss, const ps_fit_norm *norm, ps_fit_layout *lay,
                        ps_err *err) {
+    return ps_fit_check_class(x, xname, y, yname, m, loss, NULL, norm, lay, err);
+}
+
+ps_status ps_fit_check_class(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
+                             const ps_fit_model *m, const ps_loss *loss, const ps_fit_class *cls,
+                             const ps_fit_norm *norm, ps_fit_layout *lay, ps_err *err) {
     char s1[160], s2[160];
+    const int64_t ignore = cls ? cls->ignore : PS_LOSS_NO_IGNORE;
+    const int last = cls && cls->last && loss->class_targets && m->out_ndim > 1;
     memset(lay, 0, sizeof *lay);
     ps_status st0 = ps_fit_check_samples(x, xname, y, yname, err);
     if (st0) return st0;
@@ -159,14 +167,21 @@ ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, 
                           "ids", xname, ps_array_dtype_name(x->dtype), m->first_stage);
 
     /* the output and the labels */
-    lay->rows = prod(lay->extra, lay->extra_ndim);
-    lay->classes = m->out_ndim ? m->out_dims[0] : 1;
-    lay->inner = m->out_ndim > 1 ? prod(m->out_dims + 1, m->out_ndim - 1) : 1;
-    lay->out_numel = lay->rows * lay->classes * lay->inner;
+    lay->rows = lay->loss_rows = prod(lay->extra, lay->extra_ndim);
     int64_t want[2 * PS_FIT_MAX_DIMS];
     int nwant = 0;
     for (int i = 0; i < lay->extra_ndim; i++) want[nwant++] = lay->extra[i];
-    for (int i = loss->class_targets ? 1 : 0; i < m->out_ndim; i++) want[nwant++] = m->out_dims[i];
+    if (last) { /* (d..., C): rows of C logits, the labels (d...) */
+        lay->classes = m->out_dims[m->out_ndim - 1];
+        lay->inner = 1;
+        lay->loss_rows *= prod(m->out_dims, m->out_ndim - 1);
+        for (int i = 0; i < m->out_ndim - 1; i++) want[nwant++] = m->out_dims[i];
+    } else {
+        lay->classes = m->out_ndim ? m->out_dims[0] : 1;
+        lay->inner = m->out_ndim > 1 ? prod(m->out_dims + 1, m->out_ndim - 1) : 1;
+        for (int i = loss->class_targets ? 1 : 0; i < m->out_ndim; i++) want[nwant++] = m->out_dims[i];
+    }
+    lay->out_numel = lay->rows * prod(m->out_dims, m->out_ndim);
     if (loss->class_targets && m->out_ndim < 1)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "loss %s needs an output with a class dim; the model outputs a "
                           "scalar per sample", loss->name);
@@ -199,11 +214,18 @@ ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, 
             ps_status st = ps_array_to_i64(y, o, n, buf, err);
             if (st) return ps_err_prefix(err, "labels %s", yname);
             for (int64_t k = 0; k < n; k++)
-                if (buf[k] < 0 || buf[k] >= lay->classes)
-                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "labels %s: sample %lld has class %lld, but the "
-                                      "model outputs %lld classes (0..%lld)", yname,
-                                      (long long)((o + k) / lay->y_numel), (long long)buf[k], (long long)lay->classes,
-                                      (long long)lay->classes - 1);
+                if ((buf[k] < 0 || buf[k] >= lay->classes) && buf[k] != ignore) {
+                    char ig[64] = "";
+                    if (ignore != PS_LOSS_NO_IGNORE) snprintf(ig, sizeof ig, " or --ignore-index %lld", (long long)ignore);
+                    return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "labels %s: sample %lld has class %lld at "
+                                      "position %lld, but the model outputs %lld classes (0..%lld%s)%s", yname,
+                                      (long long)((o + k) / lay->y_numel), (long long)buf[k],
+                                      (long long)((o + k) % lay->y_numel), (long long)lay->classes,
+                                      (long long)lay->classes - 1, ig,
+                                      last || m->out_ndim < 2 ? ""
+                                                              : " along the output's dim 1 (PyTorch's (N, C, d...); "
+                                                                "--class-dim last for a (T, V) output)");
+                }
         }
     }
 

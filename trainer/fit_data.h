@@ -21,7 +21,9 @@
  * integer class ids, one per prediction: a sample's label shape is the
  * output's without its class dim (extra dims included), size-1 dims
  * ignored; every id is checked to lie in 0..classes-1 here, naming the
- * sample. Dense losses need one number per output element, any numeric
+ * sample (ps_fit_check_class: the classes may be the output's last dim,
+ * and a label equal to the ignore_index passes whatever its value). Dense
+ * losses need one number per output element, any numeric
  * dtype, converted to float32.
  *
  * Every error names the file (the name given) and says what does not fit.
@@ -63,7 +65,9 @@ typedef struct ps_fit_layout {
     int in_ndim;                         /* the batch tensor: (n, extra..., model input...) */
     int64_t in_dims[PS_FIT_MAX_DIMS];    /* in_dims[0] is set per batch */
     int64_t out_numel;                   /* output floats per sample (extra included) */
-    int64_t rows;                        /* loss rows per sample: prod(extra) */
+    int64_t rows;                        /* positions per sample: prod(extra) */
+    int64_t loss_rows;                   /* loss rows per sample: rows; classes last: rows * the output's dims
+                                          * before its last */
     int64_t classes;                     /* c: output dim after extra (dense losses: its size too) */
     int64_t inner;                       /* elements per (row, class) */
     int64_t y_numel;                     /* label elements per sample */
@@ -97,6 +101,21 @@ ps_status ps_fit_join(const ps_array *parts, const char *const *names, int n, si
 ps_status ps_fit_check(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
                        const ps_fit_model *m, const ps_loss *loss, const ps_fit_norm *norm, ps_fit_layout *lay,
                        ps_err *err);
+
+/* The class losses' options of ps-train fit: PyTorch's ignore_index and where the class dim is. */
+typedef struct ps_fit_class {
+    int64_t ignore;           /* PS_LOSS_NO_IGNORE: none; else a label equal to it is no prediction (any value) */
+    int last;                 /* 1: the output's LAST dim holds the classes, (d..., C) per sample - a language
+                               * model's (T, V) trained as loss_fn(logits.reshape(-1, V), tgt.reshape(-1)); labels
+                               * (d...); 0: PyTorch's (C, d...) */
+} ps_fit_class;
+
+/* ps_fit_check with cls (NULL: no ignore_index, classes first). Class ids
+ * out of 0..classes-1 are refused naming the sample unless equal to
+ * cls->ignore. */
+ps_status ps_fit_check_class(const ps_array *x, const char *xname, const ps_array *y, const char *yname,
+                             const ps_fit_model *m, const ps_loss *loss, const ps_fit_class *cls,
+                             const ps_fit_norm *norm, ps_fit_layout *lay, ps_err *err);
 
 /* The channel count norm's per-channel values must match (0: no check
  * possible): dim 0 of a 3-dim model input. */

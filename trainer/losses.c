@@ -9,13 +9,25 @@
 
 /* ---- class losses: out (n, c, inner), y (n, inner) ------------------------ */
 
-static double nll_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+/* Targets of y[0..m) that count (not ignore). */
+static int64_t counted(const int64_t *y, int64_t m, int64_t ignore) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < m; i++) k += y[i] != ignore;
+    return k;
+}
+
+/* The mean over the targets that count, as PyTorch's reduction='mean' with
+ * ignore_index; none counting: 0 and a zero gradient (losses.h). */
+static double nll_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                          float *grad) {
     const int64_t *y = targets;
-    const int64_t m = n * inner;
+    const int64_t m = counted(y, n * inner, ignore);
     double loss = 0;
     memset(grad, 0, (size_t)(n * c * inner) * sizeof *grad);
+    if (!m) return 0;
     for (int64_t s = 0; s < n; s++)
         for (int64_t i = 0; i < inner; i++) {
+            if (y[s * inner + i] == ignore) continue;
             int64_t k = (s * c + y[s * inner + i]) * inner + i;
             loss -= out[k];
             grad[k] = (float)(-1.0 / (double)m);
@@ -24,20 +36,24 @@ static double nll_forward(const float *out, const void *targets, int64_t n, int6
 }
 
 /* log-softmax over c at (s, i), stride inner. */
-static double ce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+static double ce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                         float *grad) {
     const int64_t *y = targets;
-    if (inner == 1) return ps_cross_entropy(out, y, n, c, grad); /* psd's vectorised one (common/nn/loss.h) */
-    const int64_t m = n * inner;
+    const int64_t m = counted(y, n * inner, ignore);
+    if (inner == 1 && m == n) return ps_cross_entropy(out, y, n, c, grad); /* psd's vectorised one (common/nn/loss.h) */
+    memset(grad, 0, (size_t)(n * c * inner) * sizeof *grad);
+    if (!m) return 0;
     double loss = 0;
     for (int64_t s = 0; s < n; s++)
         for (int64_t i = 0; i < inner; i++) {
+            int64_t t = y[s * inner + i];
+            if (t == ignore) continue;
             const float *o = out + s * c * inner + i;
             float *g = grad + s * c * inner + i;
             double mx = -INFINITY, sum = 0;
             for (int64_t k = 0; k < c; k++) mx = o[k * inner] > mx ? o[k * inner] : mx;
             for (int64_t k = 0; k < c; k++) sum += exp((double)o[k * inner] - mx);
             double lse = mx + log(sum);
-            int64_t t = y[s * inner + i];
             loss += lse - o[t * inner];
             for (int64_t k = 0; k < c; k++)
                 g[k * inner] = (float)((exp((double)o[k * inner] - lse) - (k == t)) / (double)m);
@@ -45,11 +61,13 @@ static double ce_forward(const float *out, const void *targets, int64_t n, int64
     return loss / (double)m;
 }
 
-static int64_t argmax_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+static int64_t argmax_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner,
+                              int64_t ignore) {
     const int64_t *y = targets;
     int64_t ok = 0;
     for (int64_t s = 0; s < n; s++)
         for (int64_t i = 0; i < inner; i++) {
+            if (y[s * inner + i] == ignore) continue;
             const float *o = out + s * c * inner + i;
             int64_t best = 0;
             for (int64_t k = 1; k < c; k++)
@@ -61,7 +79,9 @@ static int64_t argmax_correct(const float *out, const void *targets, int64_t n, 
 
 /* ---- dense losses: out and t of n*c*inner floats ---------------------------- */
 
-static double mse_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+static double mse_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                          float *grad) {
+    (void)ignore;
     const float *t = targets;
     const int64_t m = n * c * inner;
     double loss = 0;
@@ -74,7 +94,9 @@ static double mse_forward(const float *out, const void *targets, int64_t n, int6
 }
 
 /* max(x, 0) - x t + log(1 + exp(-|x|)): PyTorch's stable form. */
-static double bce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+static double bce_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                          float *grad) {
+    (void)ignore;
     const float *t = targets;
     const int64_t m = n * c * inner;
     double loss = 0;
@@ -87,7 +109,9 @@ static double bce_forward(const float *out, const void *targets, int64_t n, int6
     return loss / (double)m;
 }
 
-static int64_t bce_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+static int64_t bce_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner,
+                           int64_t ignore) {
+    (void)ignore;
     const float *t = targets;
     int64_t ok = 0;
     for (int64_t k = 0; k < n * c * inner; k++) ok += (out[k] > 0) == (t[k] > 0.5f);
@@ -102,7 +126,9 @@ static double bce_prob_term(double x, double y, double *g) {
     return -(y * (lx > -100.0 ? lx : -100.0) + (1.0 - y) * (l1 > -100.0 ? l1 : -100.0));
 }
 
-static double bcep_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad) {
+static double bcep_forward(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                          float *grad) {
+    (void)ignore;
     const float *t = targets;
     const int64_t m = n * c * inner;
     double loss = 0, g;
@@ -113,7 +139,9 @@ static double bcep_forward(const float *out, const void *targets, int64_t n, int
     return loss / (double)m;
 }
 
-static int64_t bcep_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner) {
+static int64_t bcep_correct(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner,
+                           int64_t ignore) {
+    (void)ignore;
     const float *t = targets;
     int64_t ok = 0;
     for (int64_t k = 0; k < n * c * inner; k++) ok += (out[k] > 0.5f) == (t[k] > 0.5f);
@@ -176,6 +204,11 @@ const char *ps_loss_names(char *buf, size_t len) {
     for (int i = 0; i < N_LOSSES && o < len; i++)
         o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", g_losses[i].name);
     return buf;
+}
+
+int64_t ps_loss_counted(const ps_loss *l, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore) {
+    if (l->class_targets) return counted(targets, n * inner, ignore);
+    return n * ps_loss_predictions(l, c, inner);
 }
 
 int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner) {

@@ -25,6 +25,14 @@
  * n*c*inner for dense), summed in double; grad (n*c*inner floats, not
  * aliasing out) receives d loss / d out.
  *
+ * ignore (class losses; PS_LOSS_NO_IGNORE: none): PyTorch's ignore_index -
+ * a target equal to it is no prediction: no loss, a zero gradient, not in
+ * the mean's count nor in accuracy (ps_loss_counted says how many count).
+ * A batch whose targets are all ignored gives 0 and a zero gradient
+ * (PyTorch's mean is 0/0 = nan, and nan gradients). Dense losses ignore it.
+ * Class layout "last" ((n, d..., C) as a language model's (N, T, V)) is the
+ * caller's: rows n*prod(d), c = C, inner 1.
+ *
  * Accuracy: class losses count argmax over c == target (the first maximum
  * wins, as torch.argmax); bce_with_logits counts (out > 0) == (t > 0.5);
  * bce counts (out > 0.5) == (t > 0.5); mse has none (correct is NULL). Each is checked against PyTorch by
@@ -40,10 +48,11 @@ typedef struct ps_loss {
     const char *name;           /* "cross_entropy" */
     const char *about;          /* one line for --help: PyTorch's equivalent */
     int class_targets;          /* 1: int64 class ids (n, inner); 0: float32 like the output */
-    double (*forward)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, float *grad);
-    /* Correct predictions of the n*inner (class) or n*c*inner (dense)
-     * made; NULL when the loss has no accuracy. */
-    int64_t (*correct)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner);
+    double (*forward)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore,
+                      float *grad);
+    /* Correct predictions of the n*inner (class; those not ignored) or
+     * n*c*inner (dense) made; NULL when the loss has no accuracy. */
+    int64_t (*correct)(const float *out, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore);
     /* Set (forward then NULL) for a loss whose targets cover only the
      * first t of each output row's c values: n rows, the value the mean
      * over rows of each row's sum, grad (n*c) d loss / d out. vae_bce:
@@ -56,6 +65,11 @@ int ps_loss_count(void);
 const ps_loss *ps_loss_at(int i);
 /* "nll, cross_entropy, mse, bce_with_logits" into buf. */
 const char *ps_loss_names(char *buf, size_t len);
+#define PS_LOSS_NO_IGNORE INT64_MIN   /* no class id is ignored */
+
+/* Predictions that count in a batch of n rows: class losses the targets
+ * other than ignore, dense n * ps_loss_predictions. */
+int64_t ps_loss_counted(const ps_loss *l, const void *targets, int64_t n, int64_t c, int64_t inner, int64_t ignore);
 /* Predictions one sample makes: inner (class), c*inner (dense), 1 (forward_t: a sum per sample). */
 int64_t ps_loss_predictions(const ps_loss *l, int64_t c, int64_t inner);
 

@@ -33,6 +33,13 @@
  * SGD with the loss scaled the same way, which
  * examples/models/train_small_resnet.py does).
  *
+ * Class losses take --ignore-index (PyTorch's ignore_index: the mean and
+ * accuracy over the other targets; a batch of ignored targets only is 0
+ * with a zero gradient and left out of the epoch's mean) and --class-dim
+ * last (a sequence model's (N, T, V) logits against (N, T) labels:
+ * ps_fit_check_class). psd's fused loss (--one-call) has no ignore_index,
+ * so such a run sends Forward, Backward and Step, saying so.
+ *
  * After each epoch: the mean training loss of its batches, and loss and
  * accuracy (class losses, bce_with_logits) on the held-out split (or the
  * test files when there is no split); at the end: on the test files (or
@@ -79,6 +86,8 @@ typedef struct fit_task {
     int n_in[2];
     int norm_given;                   /* --input-scale, --input-mean or --input-std */
     const ps_loss *loss;
+    ps_fit_class cls;                 /* --ignore-index, --class-dim */
+    int cls_given;                    /* either flag: class losses only */
     double val_fraction;
     double lr[PS_FIT_MAX_CHANNELS];   /* --lr: per epoch, the last repeats; nlr 0: optimizer.lr */
     int nlr;
@@ -110,6 +119,7 @@ typedef struct fit_task {
     /* epoch */
     double epoch_loss;
     long epoch_batches;
+    long epoch_empty;                 /* batches whose targets were all --ignore-index: no loss, not in the mean */
 } fit_task;
 
 /* The labels of the training (test 0) or test files: with labels_in, the
@@ -164,6 +174,19 @@ static ps_status fit_set_flag(void *arg, const char *flag, const char *v, ps_err
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--loss: unknown loss '%s' (losses: %s)", v,
                           ps_loss_names(names, sizeof names));
     }
+    if (!strcmp(flag, "--ignore-index")) {
+        long v2;
+        ps_status st = ps_parse_long(flag, v, -(1L << 62), 1L << 62, &v2, err);
+        if (!st) t->cls.ignore = v2, t->cls_given = 1;
+        return st;
+    }
+    if (!strcmp(flag, "--class-dim")) {
+        t->cls_given = 1;
+        if (!strcmp(v, "1")) return t->cls.last = 0, PS_OK;
+        if (!strcmp(v, "last") || !strcmp(v, "-1")) return t->cls.last = 1, PS_OK;
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "--class-dim %s: 1 (PyTorch's (N, C, d...), the default) or "
+                          "last ((N, d..., C): a sequence model's (N, T, V) logits)", v);
+    }
     if (!strcmp(flag, "--val-fraction")) {
         return ps_parse_double(flag, v, 0, 1, PS_PARSE_OPEN_HI, &t->val_fraction, err);
     }
@@ -201,6 +224,7 @@ static void *fit_create(void) {
     fit_task *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->norm.scale = -1;
+    t->cls.ignore = PS_LOSS_NO_IGNORE;
     t->max_bytes = PS_DATA_MAX_BYTES;
     return t;
 }
@@ -282,6 +306,9 @@ static ps_status fit_init(void *arg, const ps_task_env *env, ps_err *err) {
     if (!t->loss)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --loss is needed (one of %s)",
                           ps_loss_names(names, sizeof names));
+    if (t->cls_given && !t->loss->class_targets)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --ignore-index and --class-dim are for the class losses "
+                          "(nll, cross_entropy), not %s", t->loss->name);
     t->labels_in = !strcmp(t->labels, "inputs");
     if (t->labels_in && t->loss->class_targets)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "fit: --labels inputs makes the inputs the targets, which "
@@ -416,10 +443,11 @@ static ps_status fit_setup(fit_task *t, const ps_task_env *env, ps_err *err) {
                           "ids, which cannot be the targets of a dense loss", m->first_stage);
     if ((s = shape_joined(t, 0, &t->x, err)) || (t->have_test && (s = shape_joined(t, 1, &t->tx, err))))
         return s;
-    if ((s = ps_fit_check(&t->x, t->inputs, labels_of(t, 0), t->labels, m, t->loss, &t->norm, &t->lay, err)))
+    if ((s = ps_fit_check_class(&t->x, t->inputs, labels_of(t, 0), t->labels, m, t->loss, &t->cls, &t->norm,
+                                &t->lay, err)))
         return s;
-    if (t->have_test && (s = ps_fit_check(&t->tx, t->test_inputs, labels_of(t, 1), t->test_labels, m, t->loss,
-                                          &t->norm, &t->tlay, err)))
+    if (t->have_test && (s = ps_fit_check_class(&t->tx, t->test_inputs, labels_of(t, 1), t->test_labels, m,
+                                                t->loss, &t->cls, &t->norm, &t->tlay, err)))
         return s;
     if (t->labels_in && t->lay.y_numel != t->lay.x_numel)
         return ps_err_set(err, PS_ERR_INTERNAL, "--labels inputs: %lld targets per sample for %lld inputs",
@@ -518,6 +546,7 @@ typedef struct fit_job {
     ps_cluster_batch *b;              /* several servers (train) */
     double loss;
     int64_t correct;
+    int64_t counted;                  /* predictions in the loss's mean (those not --ignore-index) */
     uint64_t version;
 } fit_job;
 
@@ -623,11 +652,12 @@ static ps_status hop_backward(fit_job *j, int hi, ps_err *err) {
 static void batch_loss(fit_job *j) {
     fit_task *t = j->t;
     fit_hop *last = &t->hops[t->nhops - 1];
-    const int64_t N = (int64_t)j->n * j->lay->rows;
-    j->loss = t->loss->forward_t ? t->loss->forward_t(last->out, t->tgt, N, j->lay->classes * j->lay->inner,
-                                                      j->lay->t_per_row, last->grad)
-                                 : t->loss->forward(last->out, t->tgt, N, j->lay->classes, j->lay->inner, last->grad);
-    j->correct = t->loss->correct ? t->loss->correct(last->out, t->tgt, N, j->lay->classes, j->lay->inner) : 0;
+    const int64_t N = (int64_t)j->n * j->lay->loss_rows, C = j->lay->classes, I = j->lay->inner;
+    const int64_t ig = t->cls.ignore;
+    j->loss = t->loss->forward_t ? t->loss->forward_t(last->out, t->tgt, N, C * I, j->lay->t_per_row, last->grad)
+                                 : t->loss->forward(last->out, t->tgt, N, C, I, ig, last->grad);
+    j->correct = t->loss->correct ? t->loss->correct(last->out, t->tgt, N, C, I, ig) : 0;
+    j->counted = t->loss->forward_t ? N : ps_loss_counted(t->loss, t->tgt, N, C, I, ig);
 }
 
 /* Several servers: the hops' Forwards and Backwards (ps_cluster_run sends the Steps). */
@@ -649,11 +679,12 @@ static ps_status fit_multi(void *arg, ps_cluster_batch *b, ps_err *err) {
  * cross_entropy without extra dims. */
 static int fit_one_call_fits(fit_task *t, const ps_task_env *env) {
     int ok = !strcmp(t->loss->name, "cross_entropy") && t->lay.extra_ndim == 0 && t->lay.inner == 1 &&
-             t->model.out_ndim == 1 && t->grad_scale == 1.0;
+             t->model.out_ndim == 1 && t->grad_scale == 1.0 && t->cls.ignore == PS_LOSS_NO_IGNORE;
     if (!ok && env->one_call == PS_ONE_CALL_ASKED && !t->one_noted) {
         t->one_noted = 1;
         fprintf(stderr, "ps-train fit: --one-call needs --loss cross_entropy, one logits vector per sample "
-                "(psd's fused loss) and no --lr other than psd's; this run sends Forward, Backward and Step\n");
+                "(psd's fused loss), no --ignore-index (psd's fused loss has none) and no --lr other than psd's; "
+                "this run sends Forward, Backward and Step\n");
     }
     return ok;
 }
@@ -728,6 +759,7 @@ static ps_status fit_begin_epoch(void *arg, const ps_task_env *env, int epoch, i
     if (t->nlr) t->grad_scale = t->lr[epoch < t->nlr ? epoch : t->nlr - 1] / env->cfg->optimizer.lr;
     t->epoch_loss = 0;
     t->epoch_batches = 0;
+    t->epoch_empty = 0;
     return PS_OK;
 }
 
@@ -764,8 +796,12 @@ static ps_status fit_run_round(void *arg, const ps_task_env *env, int epoch, int
         if ((st = ps_cluster_run(env->cluster, env->retry, env->ids, "batch", fit_multi, &j, &cb, err))) return st;
         j.version = cb.version;
     }
-    t->epoch_loss += j.loss;
-    t->epoch_batches++;
+    if (t->cls.ignore != PS_LOSS_NO_IGNORE && j.counted == 0) { /* all ignored: no loss, a zero gradient */
+        t->epoch_empty++;
+    } else {
+        t->epoch_loss += j.loss;
+        t->epoch_batches++;
+    }
     *out = (ps_task_round){.loss = j.loss, .samples = n, .version = j.version};
     return PS_OK;
 }
@@ -787,7 +823,7 @@ static ps_status evaluate_set(fit_task *t, const ps_task_env *env, const char *w
                               ps_err *err) {
     double loss_sum = 0;
     int64_t correct = 0, preds = 0;
-    const int64_t per_sample = lay->rows * ps_loss_predictions(t->loss, lay->classes, lay->inner);
+    const int64_t per_sample = lay->loss_rows * ps_loss_predictions(t->loss, lay->classes, lay->inner);
     for (uint32_t s = 0; s < n; s += (uint32_t)t->ebs) {
         int m = (int)(n - s < (uint32_t)t->ebs ? n - s : (uint32_t)t->ebs);
         ps_status st = fill_batch(t, x, y, lay, idx + s, m, err);
@@ -796,14 +832,14 @@ static ps_status evaluate_set(fit_task *t, const ps_task_env *env, const char *w
         ps_retry_reset(env->retry);
         if ((st = ps_retry_call(env->retry, "evaluation Forward", eval_forward, &j, err))) return st;
         batch_loss(&j);
-        loss_sum += j.loss * (double)(m * per_sample); /* the batch's mean, weighted by its predictions */
+        loss_sum += j.loss * (double)j.counted; /* the batch's mean, weighted by its predictions */
         correct += j.correct;
-        preds += m * per_sample;
+        preds += j.counted;
     }
-    double loss = loss_sum / (double)preds;
+    double loss = preds ? loss_sum / (double)preds : 0.0;
     if (t->loss->correct)
         printf("Rank %ld %s loss %.4f accuracy %.2f%% (%lld/%lld %s)\n", env->rank, what, loss,
-               100.0 * (double)correct / (double)preds, (long long)correct, (long long)preds,
+               preds ? 100.0 * (double)correct / (double)preds : 0.0, (long long)correct, (long long)preds,
                per_sample == 1 ? "samples" : "predictions");
     else
         printf("Rank %ld %s loss %.6f (%u samples)\n", env->rank, what, loss, n);
@@ -815,9 +851,12 @@ static ps_status fit_end_epoch(void *arg, const ps_task_env *env, int epoch, ps_
     fit_task *t = arg;
     char what[64];
     if (t->eval_only) return PS_OK;
-    printf("Rank %ld epoch %d/%d: training loss %.4f (mean of %ld batches)\n", env->rank, epoch + 1,
+    printf("Rank %ld epoch %d/%d: training loss %.4f (mean of %ld batches)", env->rank, epoch + 1,
            env->cfg->trainer.epochs, t->epoch_batches ? t->epoch_loss / (double)t->epoch_batches : 0.0,
            t->epoch_batches);
+    if (t->epoch_empty)
+        printf("; %ld batch%s of only --ignore-index targets left out", t->epoch_empty, t->epoch_empty == 1 ? "" : "es");
+    printf("\n");
     if (t->nval) {
         snprintf(what, sizeof what, "epoch %d/%d validation", epoch + 1, env->cfg->trainer.epochs);
         return evaluate_set(t, env, what, &t->x, labels_of(t, 0), &t->lay, t->val, t->nval, err);
@@ -849,6 +888,11 @@ static const ps_task_flag fit_flags[] = {
      "as many as --inputs"},
     {"--test-labels", NULL, "FILE[:NAME]", NULL, "test labels (none with --labels inputs)"},
     {"--loss", NULL, "NAME", NULL, "nll, cross_entropy, mse, bce_with_logits, bce (as torch.nn.functional) or vae_bce (a VAE's: docs/fit.md)"},
+    {"--ignore-index", NULL, "N", NULL, "nll, cross_entropy: labels equal to N are no prediction (PyTorch's "
+     "ignore_index, e.g. the padding id): the mean and accuracy are over the others"},
+    {"--class-dim", NULL, "1|last", NULL, "nll, cross_entropy: where the output's classes are: 1 (PyTorch's (N, C, "
+     "d...), the default) or last ((N, T, V) logits against (N, T) labels, as loss_fn(logits.reshape(-1, V), "
+     "tgt.reshape(-1)))"},
     {"--val-fraction", NULL, "F", NULL, "hold out this fraction of the training samples (seeded, the same on every "
      "rank); loss and accuracy on it after each epoch"},
     {"--batch-size", "-b", "N", "trainer.batch_size", "samples per batch, 1..512 (trainer.batch_size)"},
