@@ -232,6 +232,9 @@ grep -q "one-call" "$tmp/one.log" && fail "--one-call with cross_entropy: it sai
 out=$("$BUILD/bin/ps-train" fit "${COMMON[@]}" --server "127.0.0.1:$p7" "${IDX[@]}" --max-batches 2 --no-eval \
   --one-call 2>&1) || fail "fit --one-call --loss nll exited with $?"
 grep -q -- "--one-call needs --loss cross_entropy" <<<"$out" || fail "--one-call with nll: no note: $out"
+# --no-eval evaluates nothing but still reports each epoch's training loss
+grep -Eq "epoch 1/[0-9]+: training loss [0-9.]+ \(mean of 2 batches\)" <<<"$out" || fail "--no-eval: no training loss line: $out"
+grep -Eq "(test|validation) loss" <<<"$out" && fail "--no-eval evaluated: $out"
 kill "$psd_pid"
 
 # ---- 7. --labels inputs -----------------------------------------------------------

@@ -257,7 +257,7 @@ static int train(const ps_task *task, void *t, ps_task_env *env, const train_opt
             }
         }
         if (tty) fprintf(stderr, "\r\033[K");
-        if (task->end_epoch && !o->no_eval && task->end_epoch(t, env, ep, &err)) goto fail;
+        if (task->end_epoch && task->end_epoch(t, env, ep, &err)) goto fail;
     }
     double secs = ps_mono_s() - t0;
     if (tty) fprintf(stderr, "\r\033[K");
@@ -338,7 +338,8 @@ int main(int argc, char **argv) {
 
     /* one call a batch unless told otherwise (--split-calls, or --fuse-step: a protocol of its own) */
     int one = o.one_call >= 0 ? o.one_call : o.fuse ? 0 : PS_ONE_CALL_DEFAULT;
-    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse, .one_call = one};
+    ps_task_env env = {.cfg = &cfg, .rank = o.rank, .world_size = world, .fuse_step = o.fuse, .one_call = one,
+                       .no_eval = o.no_eval};
     if (task->init(t, &env, &err)) {
         fprintf(stderr, "ps-train: %s\n", err.msg);
         task->destroy(t);

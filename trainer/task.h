@@ -61,6 +61,8 @@ typedef struct ps_task_env {
                                can: PS_ONE_CALL_ASKED (--one-call: say once when it cannot apply),
                                PS_ONE_CALL_DEFAULT (neither --split-calls nor --fuse-step given:
                                silently the split calls where it cannot), 0 (the split calls) */
+    int no_eval;            /* --no-eval: the task evaluates nothing (benchmarks); end_epoch still runs and
+                               reports the epoch's training figures */
     /* Set once connected; NULL in init. */
     struct ps_cluster *cluster;       /* every server of the config (cluster.h) */
     ps_client *cl;                    /* the server hosting every stage; NULL when the stages span
@@ -97,8 +99,8 @@ typedef struct ps_task {
     /* Round `round` of the epoch, its step applied once. */
     ps_status (*run_round)(void *t, const ps_task_env *env, int epoch, int round, ps_task_round *out,
                            ps_err *err);
-    /* After epoch's rounds (held-out loss and accuracy, say); may be NULL.
-     * Skipped with --no-eval, like evaluate. */
+    /* After epoch's rounds (the epoch's training loss; held-out loss and
+     * accuracy, say, unless env->no_eval); may be NULL. */
     ps_status (*end_epoch)(void *t, const ps_task_env *env, int epoch, ps_err *err);
     /* Evaluate psd's current weights and print the result lines. */
     ps_status (*evaluate)(void *t, const ps_task_env *env, ps_err *err);

@@ -857,6 +857,8 @@ static ps_status fit_end_epoch(void *arg, const ps_task_env *env, int epoch, ps_
     if (t->epoch_empty)
         printf("; %ld batch%s of only --ignore-index targets left out", t->epoch_empty, t->epoch_empty == 1 ? "" : "es");
     printf("\n");
+    fflush(stdout);
+    if (env->no_eval) return PS_OK;
     if (t->nval) {
         snprintf(what, sizeof what, "epoch %d/%d validation", epoch + 1, env->cfg->trainer.epochs);
         return evaluate_set(t, env, what, &t->x, labels_of(t, 0), &t->lay, t->val, t->nval, err);
