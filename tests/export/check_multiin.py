@@ -31,7 +31,6 @@ arrays given in the wrong order (psd names the feature value that is not an id).
 
     check_multiin.py BUILD_DIR TMP_DIR
 """
-import copy
 import os
 import subprocess
 import sys
@@ -46,7 +45,7 @@ sys.path.insert(0, HERE)
 import check_resnet as cr  # noqa: E402 (reads BUILD_DIR TMP_DIR from sys.argv, as this script takes them)
 import check_rnn  # noqa: E402
 import multiin  # noqa: E402
-from multiin import CATS, FEATS, HIST, ITEMS, USERS  # noqa: E402
+from multiin import FEATS, HIST, ITEMS  # noqa: E402
 from psd._proto.ps_pb2 import ForwardRequest  # noqa: E402 (check_resnet put python/ on the path)
 
 BATCH = 8
@@ -162,15 +161,8 @@ def fit(pe):
     torch.manual_seed(3)
     ref = multiin.WideDeep()
     t_loss, t_acc = torch_loop(ref, data, epochs, lr, 32, 3)
-    cfg = os.path.join(cr.TMP, "wd_fit.conf.yaml")
-    with open(cfg, "w") as fh:
-        fh.write("model:\n  file: %s\noptimizer:\n  type: sgd\n  lr: %g\nserver:\n  consistency: hogwild\n"
-                 % (y, lr))
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, "wd_fit.psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr, "--init-from",
-                          os.path.splitext(y)[0] + ".safetensors"], stdout=log, stderr=log)
-    cr.procs.append(p)
+    addr, cfg, p = cr.fit_psd("wd_fit", y, "type: sgd\n  lr: %g" % lr,
+                              ["--init-from", os.path.splitext(y)[0] + ".safetensors"])
 
     def ps_fit(inputs, test_inputs, extra=(), labels=None, epochs_=epochs):
         args = [os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,

@@ -197,6 +197,21 @@ def start_psd(name, model_line, extra, server_extra=""):
     raise RuntimeError("psd (%s) found no free port in 5 tries" % name)
 
 
+def fit_psd(name, model_file, optimizer, extra=()):
+    """psd serving model_file (hogwild; optimizer: its YAML lines, e.g. "type: sgd\n  lr: 0.1") for a `ps-train fit`
+    run, started with extra arguments (--init-from): (address, config path, process) once it serves, on another
+    port when the first was taken. ps-train reads the same config (--config)."""
+    cfg = os.path.join(TMP, name + ".conf.yaml")
+    with open(cfg, "w") as f:
+        f.write("model:\n  file: %s\noptimizer:\n  %s\nserver:\n  consistency: hogwild\n" % (model_file, optimizer))
+    for attempt in range(5):
+        addr = "127.0.0.1:%d" % free_port()
+        started = start_on(name, cfg, list(extra), addr)
+        if started is not None:
+            return addr, cfg, started[1]
+    raise RuntimeError("psd (%s) found no free port in 5 tries" % name)
+
+
 def start_on(name, cfg, extra, addr):
     """psd on config cfg listening on addr: (stub, process) once it answers; None when the port was taken between
     free_port() and psd's bind (another test's process: try another port); RuntimeError when psd does not start."""

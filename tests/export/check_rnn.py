@@ -208,15 +208,7 @@ def fit_accuracy(name, y, files, epochs, what):
     """ps-train fit (Adam, lr 0.01, cross_entropy, batch 32, seed 3) of model file y through a psd of its own, on
     files {"train": (inputs, labels), "test": (inputs, labels)} (.npy): the run ends and the test accuracy is at
     least 90 % (what: the check's words)."""
-    cfg = os.path.join(cr.TMP, name + ".conf.yaml")
-    with open(cfg, "w") as f:
-        f.write("model:\n  file: %s\n  backend: dnnl\noptimizer:\n  type: adam\n  lr: 0.01\n"
-                "server:\n  consistency: hogwild\n" % y)
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, name + ".psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr], stdout=log,
-                         stderr=log)
-    cr.procs.append(p)
+    addr, cfg, p = cr.fit_psd(name, y, "type: adam\n  lr: 0.01")
     r = subprocess.run([os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,
                         "--world-size", "2", "--inputs", files["train"][0], "--labels", files["train"][1],
                         "--test-inputs", files["test"][0], "--test-labels", files["test"][1], "--loss",

@@ -80,15 +80,7 @@ def main():
     pe.write_safetensors(w, list(ref.state_dict().items()), {})
     t_losses, t_counted, t_loss, t_acc = torch_loop(ref, data, EPOCHS, LR)
 
-    cfg = os.path.join(cr.TMP, "seqlm.conf.yaml")
-    with open(cfg, "w") as fh:
-        fh.write("model:\n  file: %s\noptimizer:\n  type: sgd\n  lr: %g\nserver:\n  consistency: hogwild\n"
-                 % (y, LR))
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, "seqlm.psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr, "--init-from", w],
-                         stdout=log, stderr=log)
-    cr.procs.append(p)
+    addr, cfg, p = cr.fit_psd("seqlm", y, "type: sgd\n  lr: %g" % LR, ["--init-from", w])
 
     def ps_fit(extra=(), labels=None, epochs=EPOCHS, cls=("--ignore-index", "0", "--class-dim", "last"),
                loss="cross_entropy"):
@@ -186,15 +178,7 @@ def translator(pe):
     pe.write_safetensors(w, list(ref.state_dict().items()), {})
     epochs, lr = 30, 0.3
     t_losses, t_counted, t_loss, t_acc = torch_loop(ref, data, epochs, lr, V=seqfit.TV, pad=seqfit.PAD_IDX)
-    cfg = os.path.join(cr.TMP, "translator.conf.yaml")
-    with open(cfg, "w") as fh:
-        fh.write("model:\n  file: %s\noptimizer:\n  type: sgd\n  lr: %g\nserver:\n  consistency: hogwild\n"
-                 % (y, lr))
-    addr = "127.0.0.1:%d" % cr.free_port()
-    log = open(os.path.join(cr.TMP, "translator.psd.log"), "w")
-    p = subprocess.Popen([os.path.join(cr.BUILD, "bin", "psd"), "--config", cfg, "--listen", addr, "--init-from", w],
-                         stdout=log, stderr=log)
-    cr.procs.append(p)
+    addr, cfg, p = cr.fit_psd("translator", y, "type: sgd\n  lr: %g" % lr, ["--init-from", w])
     r = subprocess.run([os.path.join(cr.BUILD, "bin", "ps-train"), "fit", "--config", cfg, "--server", addr,
                         "--world-size", "2", "--inputs", f["train", "x"], "--labels", f["train", "y"],
                         "--test-inputs", f["test", "x"], "--test-labels", f["test", "y"], "--loss", "cross_entropy",
