@@ -968,6 +968,15 @@ CASES += [
                                             "bias: false}"])),
 ]
 
+# ---- dist: torch.sign (its gradient zero, as PyTorch's): a Linear times its own sign, |h|, whose gradient reaches
+# the Linear through the Mul's other side only; exact zeros among its inputs (sign 0)
+CASES += [
+    ("sign", stage([3, 4], ["{name: l, kind: Linear, out_features: 4}", "{name: s, kind: Sign}",
+                            "{name: m, kind: Mul, inputs: [l, s]}", "{name: s2, kind: Sign, input: input}",
+                            "{name: j, kind: Concat, inputs: [m, s2], dim: 1}"])),
+]
+ROUNDED = {"sign"}   # inputs rounded to integers: some exactly 0
+
 # ids2: Embeddings reading a slice of each sample's flat int64 ids (ids_start, ids_shape: a model of several id
 # inputs joined), over a 2-D input; an NCF-like stage: a user id, an item id (padding_idx) and a history of 4 item
 # ids from one input of 6, the user and item rows multiplied, the history flattened, joined, a Linear
@@ -1261,6 +1270,58 @@ class TorchRReLU(MaskDropout):
         return y
 
 
+# ---- spatial transformers (the STN tutorial): AffineGrid (theta from a Linear of the input, viewed (2, 3)) and
+# GridSample reading the input at that grid (the input's gradient through both paths, theta's through the Linear);
+# and grids computed per point (a 1x1 Conv2d of the input, permuted to (H', W', 2), tanh times 1.4 so that some
+# points lie outside [-1, 1]) under each padding mode, both align_corners, nearest
+def stn_stage(shape, size, ac="false", gs=""):
+    return stage(shape, ["{name: f, kind: Flatten}",
+                         "{name: loc, kind: Linear, out_features: 6}",
+                         "{name: theta, kind: Reshape, shape: [2, 3]}",
+                         "{name: grid, kind: AffineGrid, size: %s, align_corners: %s}" % (json.dumps(size), ac),
+                         "{name: gs, kind: GridSample, inputs: [input, grid], align_corners: %s%s}" % (ac, gs)])
+
+
+def grid_stage(shape, gs):
+    return stage(shape, ["{name: gc, kind: Conv2d, out_channels: 2, kernel_size: 1}",
+                         "{name: gp, kind: Permute, dims: [0, 2, 3, 1]}",
+                         "{name: gt, kind: Tanh}",
+                         "{name: gm, kind: MulConstant, value: 1.4}",
+                         "{name: gs, kind: GridSample, inputs: [input, gm]%s}" % gs])
+
+
+CASES += [
+    ("stn_affine", stn_stage([2, 6, 7], [4, 5])),
+    ("stn_affine_ac_border", stn_stage([3, 5, 5], [6, 3], "true", ", padding_mode: border")),
+    ("stn_affine_one_col", stn_stage([1, 4, 4], [3, 1])),
+    ("gridsample_zeros", grid_stage([3, 5, 6], "")),
+    ("gridsample_zeros_ac", grid_stage([2, 4, 7], ", align_corners: true")),
+    ("gridsample_border", grid_stage([3, 5, 6], ", padding_mode: border")),
+    ("gridsample_border_ac", grid_stage([2, 6, 4], ", padding_mode: border, align_corners: true")),
+    ("gridsample_reflection", grid_stage([3, 5, 6], ", padding_mode: reflection")),
+    ("gridsample_reflection_ac", grid_stage([2, 4, 5], ", padding_mode: reflection, align_corners: true")),
+    ("gridsample_nearest", grid_stage([3, 5, 6], ", mode: nearest")),
+    ("gridsample_nearest_border_ac", grid_stage([2, 5, 4], ", mode: nearest, padding_mode: border, "
+                                                             "align_corners: true")),
+]
+
+# inputs at half scale: an eval output after the SGD step moves by ~20x a weight's rounding (grid_sample's
+# d out / d grid is the input's differences times size / 2), beyond the tolerance at full scale
+SCALE.update({name: 0.5 for name, _ in CASES if name.startswith(("stn_", "gridsample_"))})
+
+
+def stn_module(kind, a):
+    """The torch twin of AffineGrid (theta (N, 2, 3) -> F.affine_grid at (N, 1, H, W)) or GridSample, or None."""
+    ac = a.get("align_corners", False)
+    if kind == "AffineGrid":
+        h, w = pair(a["size"])
+        return Lambda(lambda t: F.affine_grid(t, [t.shape[0], 1, h, w], align_corners=ac))
+    if kind == "GridSample":
+        return Lambda(lambda x, g: F.grid_sample(x, g, mode=a.get("mode", "bilinear"),
+                                                 padding_mode=a.get("padding_mode", "zeros"), align_corners=ac))
+    return None
+
+
 # ---- weight normalisation (nn.utils.weight_norm: weight_g, weight_v) of Linear, Conv1d, Conv2d and
 # ConvTranspose2d: dim 0 (the default) and None (one norm of the whole weight), with and without bias; weight_g
 # moved off ||weight_v|| (case()) so that w differs from v
@@ -1341,6 +1402,9 @@ def make_module(kind, a, shapes, case_name=""):
     m = ids2_module(kind, a)
     if m is not None:
         return m
+    m = stn_module(kind, a)
+    if m is not None:
+        return m
     m = eltwise_module(kind, a, s0)
     if m is None:
         m = bcast_module(kind)
@@ -1360,6 +1424,8 @@ def make_module(kind, a, shapes, case_name=""):
         return m
     if kind == "Erf":
         return Lambda(torch.erf)
+    if kind == "Sign":
+        return Lambda(torch.sign)
     if kind == "Bilinear":
         return nn.Bilinear(s0[-1], shapes[1][-1], a["out_features"], bias=a.get("bias", True))
     if kind == "Conv2d":
@@ -1878,6 +1944,8 @@ def case(idx, name, text):
     def data():
         if name in KPM_IDS:
             return kpm_ids(name, shape)
+        if name in ROUNDED:
+            return torch.round(torch.randn(shape) * 1.5)
         return torch.randint(0, rows, shape) if integer else torch.randn(shape) * SCALE.get(name, 1.0)
     x1, x2, xe = data(), data(), data()
     net = Net(spec, x1, name)

@@ -666,6 +666,26 @@ static void run_bilinear(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* A spatial transformer (tests/export/stn.py's, small): theta from a Linear of the flattened input,
+ * AffineGrid, GridSample reading the input at that grid (border padding, align_corners) and, nearest, at a
+ * grid computed per point, then a head. */
+static void run_spatial(void) {
+    run_file("[2, 6, 6]",
+             "      - {name: f, kind: Flatten}\n"
+             "      - {name: loc, kind: Linear, out_features: 6}\n"
+             "      - {name: theta, kind: Reshape, shape: [2, 3]}\n"
+             "      - {name: grid, kind: AffineGrid, size: [5, 5], align_corners: true}\n"
+             "      - {name: gs, kind: GridSample, inputs: [input, grid], padding_mode: border, "
+             "align_corners: true}\n"
+             "      - {name: gc, kind: Conv2d, input: input, out_channels: 2, kernel_size: 1}\n"
+             "      - {name: gp, kind: Permute, dims: [0, 2, 3, 1]}\n"
+             "      - {name: gn, kind: GridSample, inputs: [input, gp], mode: nearest}\n"
+             "      - {name: f1, kind: Flatten, input: gs}\n"
+             "      - {name: f2, kind: Flatten, input: gn}\n"
+             "      - {name: cat, kind: Concat, dim: 1, inputs: [f1, f2]}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Causal attention: minGPT's CausalSelfAttention as psd-export writes
  * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
  * the MaskedFill of its tril buffer, attention dropout), then
@@ -815,6 +835,7 @@ int main(void) {
     run_broadcasts();
     run_elementwise();
     run_bilinear();
+    run_spatial();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

@@ -779,6 +779,115 @@ static void cmp_upsampling(ps_backend *ref, ps_backend *dut, rng *r) {
     }
 }
 
+/* ---- spatial transformers (AffineGrid's affine_grid, GridSample's
+ * grid_sample) ----
+ * affine_grid is linear in theta and grid_sample in x: each backward must
+ * be its forward's adjoint (probed per input element on the reference, as
+ * the upsampling ops). The grid gradient is checked against PyTorch
+ * autograd by test_kinds' golden cases, and here across backends. Cases:
+ * every mode, padding mode and align_corners, grids reaching past [-1, 1]
+ * (1.3 x uniform). */
+static ps_gridsample_desc gs_case(int k) {
+    const ps_gridsample_desc d = { 2, 2, 4, 5, 3, 4, k % 2 ? PS_GS_NEAREST : PS_GS_BILINEAR, k / 2 % 3, k / 6 };
+    return d;
+}
+
+static float *gs_grid(size_t n, rng *r) {
+    float *g = host_random(n, r);
+    for (size_t i = 0; i < n; i++) g[i] *= 1.3f;
+    return g;
+}
+
+static void fd_spatial(ps_backend *b, rng *r) {
+    char what[96];
+    for (int ac = 0; ac < 2; ac++) {   /* affine_grid: dtheta = the forward's adjoint */
+        const ps_affgrid_desc d = { 2, 3, 4, ac };
+        const size_t nt = 12, ng = 2 * 3 * 4 * 2;
+        float *e = host_zeros(nt), *g = host_zeros(ng), *rr = host_random(ng, r), *dt = host_zeros(nt),
+              *adj = host_zeros(nt);
+        for (size_t i = 0; i < nt; i++) {
+            e[i] = 1.0f;
+            CHECK(b->ops->affine_grid(b->impl, &d, e, g, NULL) == PS_OK);
+            double s = 0;
+            for (size_t o = 0; o < ng; o++) s += (double)g[o] * rr[o];
+            adj[i] = (float)s;
+            e[i] = 0.0f;
+        }
+        for (size_t i = 0; i < nt; i++) dt[i] = 99.0f;   /* must be overwritten */
+        CHECK(b->ops->affine_grid_backward(b->impl, &d, rr, dt, NULL) == PS_OK);
+        snprintf(what, sizeof what, "affine_grid (align_corners %d) dtheta = the forward's adjoint", ac);
+        check_array(what, dt, adj, nt, 1e-5, 1e-5);
+        free(e); free(g); free(rr); free(dt); free(adj);
+    }
+    for (int k = 0; k < 12; k++) {   /* grid_sample: dx = the forward's adjoint in x */
+        const ps_gridsample_desc d = gs_case(k);
+        const size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow;
+        float *grid = gs_grid((size_t)d.n * d.oh * d.ow * 2, r), *e = host_zeros(nx), *y = host_zeros(ny),
+              *rr = host_random(ny, r), *dx = host_zeros(nx), *adj = host_zeros(nx);
+        for (size_t i = 0; i < nx; i++) {
+            e[i] = 1.0f;
+            CHECK(b->ops->grid_sample(b->impl, &d, e, grid, y, NULL) == PS_OK);
+            double s = 0;
+            for (size_t o = 0; o < ny; o++) s += (double)y[o] * rr[o];
+            adj[i] = (float)s;
+            e[i] = 0.0f;
+        }
+        for (size_t i = 0; i < nx; i++) dx[i] = 99.0f;
+        CHECK(b->ops->grid_sample_backward(b->impl, &d, e, grid, rr, dx, NULL, NULL) == PS_OK);
+        snprintf(what, sizeof what, "grid_sample case %d (mode %d, padding %d, align_corners %d) dx = the "
+                 "forward's adjoint", k, d.mode, d.padding, d.align_corners);
+        check_array(what, dx, adj, nx, 1e-5, 1e-5);
+        free(grid); free(e); free(y); free(rr); free(dx); free(adj);
+    }
+}
+
+/* The other backend against the reference: the small cases and the STN
+ * tutorial's sizes (8 digits of 28x28, their grid). */
+static void cmp_spatial(ps_backend *ref, ps_backend *dut, rng *r) {
+    ps_backend *bs[2] = { ref, dut };
+    char what[128];
+    for (int k = 0; k < 14; k++) {
+        ps_gridsample_desc d = gs_case(k % 12);
+        if (k >= 12) d = (ps_gridsample_desc){ 8, 1, 28, 28, 28, 28, PS_GS_BILINEAR, k - 12, 0 };
+        const ps_affgrid_desc ad = { d.n, d.oh, d.ow, d.align_corners };
+        const size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow,
+                     ng = (size_t)d.n * d.oh * d.ow * 2, nt = (size_t)d.n * 6;
+        float *x = host_random(nx, r), *grid = gs_grid(ng, r), *dy = host_random(ny, r), *theta = host_random(nt, r);
+        float *y[2], *dx[2], *dg[2], *ag[2], *dt[2];
+        for (int j = 0; j < 2; j++) {
+            ps_backend *b = bs[j];
+            float *X = dev_from(b, x, nx), *G = dev_from(b, grid, ng), *DY = dev_from(b, dy, ny),
+                  *Y = dev_from(b, NULL, ny), *DX = dev_from(b, NULL, nx), *DG = dev_from(b, NULL, ng),
+                  *T = dev_from(b, theta, nt), *AG = dev_from(b, NULL, ng), *DT = dev_from(b, NULL, nt);
+            ps_err err = { 0 };
+            CHECK_MSG(b->ops->grid_sample(b->impl, &d, X, G, Y, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->grid_sample_backward(b->impl, &d, X, G, DY, DX, DG, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->affine_grid(b->impl, &ad, T, AG, &err) == PS_OK, "%s", err.msg);
+            CHECK_MSG(b->ops->affine_grid_backward(b->impl, &ad, DG, DT, &err) == PS_OK, "%s", err.msg);
+            y[j] = host_from(b, Y, ny);
+            dx[j] = host_from(b, DX, nx);
+            dg[j] = host_from(b, DG, ng);
+            ag[j] = host_from(b, AG, ng);
+            dt[j] = host_from(b, DT, nt);
+            ps_backend_release(b, X); ps_backend_release(b, G); ps_backend_release(b, DY); ps_backend_release(b, Y);
+            ps_backend_release(b, DX); ps_backend_release(b, DG); ps_backend_release(b, T);
+            ps_backend_release(b, AG); ps_backend_release(b, DT);
+        }
+        snprintf(what, sizeof what, "%s grid_sample case %d y", dut->ops->name, k);
+        check_array(what, y[1], y[0], ny, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "%s grid_sample case %d dx", dut->ops->name, k);
+        check_scaled(what, dx[1], dx[0], nx, CMP_TOL);
+        snprintf(what, sizeof what, "%s grid_sample case %d dgrid", dut->ops->name, k);
+        check_scaled(what, dg[1], dg[0], ng, CMP_TOL);
+        snprintf(what, sizeof what, "%s affine_grid case %d grid", dut->ops->name, k);
+        check_array(what, ag[1], ag[0], ng, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "%s affine_grid case %d dtheta", dut->ops->name, k);
+        check_scaled(what, dt[1], dt[0], nt, CMP_TOL);
+        for (int j = 0; j < 2; j++) { free(y[j]); free(dx[j]); free(dg[j]); free(ag[j]); free(dt[j]); }
+        free(x); free(grid); free(dy); free(theta);
+    }
+}
+
 /* Two threads running conv2d_forward concurrently on one fresh backend
  * (so they also race to create the cached primitive) must match a
  * sequential run bit for bit. */
@@ -968,6 +1077,7 @@ static void cmp_backend(ps_backend *ref, const char *name, rng *r) {
     cmp_small_ops(ref, dut, r);
     cmp_new_ops(ref, dut, r);
     cmp_upsampling(ref, dut, r);
+    cmp_spatial(ref, dut, r);
     cmp_blocked(ref, dut, r);
     ref_pool_ties(dut);
     check_sgd(dut, r);
@@ -1100,6 +1210,7 @@ int main(void) {
     fd_small_ops(ref, &r);
     fd_new_ops(ref, &r);
     fd_upsampling(ref, &r);
+    fd_spatial(ref, &r);
     ref_pool_ties(ref);
     check_sgd(ref, &r);
     check_cross_entropy(&r);

@@ -426,8 +426,9 @@ static const char *const kActNames[PS_ACT_COUNT] = {
     [PS_ACT_HARDSHRINK] = "hardshrink", [PS_ACT_SOFTSHRINK] = "softshrink", [PS_ACT_THRESHOLD] = "threshold",
     [PS_ACT_LOG1P] = "log1p", [PS_ACT_EXPM1] = "expm1", [PS_ACT_SIN] = "sin", [PS_ACT_COS] = "cos",
     [PS_ACT_GT] = "gt", [PS_ACT_LT] = "lt", [PS_ACT_GE] = "ge", [PS_ACT_LE] = "le", [PS_ACT_ERF] = "erf",
+    [PS_ACT_SIGN] = "sign",
 };
-_Static_assert(PS_ACT_ERF + 1 == PS_ACT_COUNT, "kActNames names every activation");
+_Static_assert(PS_ACT_SIGN + 1 == PS_ACT_COUNT, "kActNames names every activation");
 
 static ps_act_desc act_desc_of(const gcase *c) {
     char buf[32];

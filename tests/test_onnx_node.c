@@ -80,7 +80,7 @@ static const char *const required_prefixes[] = {
     "test_abs", "test_elu", "test_exp", "test_log", "test_neg", "test_reciprocal", "test_selu_default",
     "test_softplus", "test_sqrt",
     /* sin / cos (sinusoidal features; not sinh and cosh: a name matches up to an '_') */
-    "test_sin", "test_cos", "test_erf", "test_depthtospace_", "test_spacetodepth",
+    "test_sin", "test_cos", "test_erf", "test_sign", "test_depthtospace_", "test_spacetodepth",
     /* nn.InstanceNorm1d / 2d (scale and bias: initializers) */
     "test_instancenorm_",
     /* ReduceSum over adjacent axes (the mean times the count) */
@@ -99,6 +99,8 @@ static const char *const required_prefixes[] = {
     "test_sub", "test_div", "test_reduce_l2_do_not_keepdims", "test_reduce_l2_keep_dims",
     "test_reduce_l2_negative_axes_keep_dims", "test_reduce_sum_square_do_not_keepdims",
     "test_reduce_sum_square_keepdims", "test_reduce_sum_square_negative_axes_keepdims",
+    /* spatial transformers: GridSample (bilinear and nearest, each padding mode, align_corners) */
+    "test_gridsample",
     NULL};
 
 /* Tests those prefixes match that are other ops or variants issue 19 does not list. */
@@ -116,7 +118,9 @@ static const char *const not_required[] = {
     /* a Slice with step -1; an empty one (psd's tensors are not empty) */
     "test_slice_neg_steps", "test_slice_start_out_of_bounds",
     /* uint8 */
-    "test_sub_uint8", "test_div_uint8", NULL};
+    "test_sub_uint8", "test_div_uint8",
+    /* GridSample's bicubic mode */
+    "test_gridsample_bicubic", NULL};
 
 static int required(const char *name) {
     if (strstr(name, "_expanded")) return 0;

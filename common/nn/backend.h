@@ -500,6 +500,7 @@ typedef enum {
     PS_ACT_GE,
     PS_ACT_LE,
     PS_ACT_ERF,         /* torch.erf (a GELU written by hand: 0.5 x (1 + erf(x / sqrt 2))) */
+    PS_ACT_SIGN,        /* torch.sign: -1, 0 or 1 (NaN: 0); gradient zero, as PyTorch's */
     PS_ACT_COUNT
 } ps_act_kind;
 
@@ -704,6 +705,96 @@ typedef struct ps_im2col_desc {
     int64_t kh, kw, sh, sw, ph, pw, dh, dw;
     int64_t oh, ow;
 } ps_im2col_desc;
+/* ---- spatial transformers (AffineGrid, GridSample: F.affine_grid,
+ * F.grid_sample; aten/src/ATen/native/AffineGridGenerator.cpp and
+ * GridSampler.h, PyTorch 1.13) ----
+ * affine_grid: theta (n, 2, 3) -> grid (n, h, w, 2), grid[i, y, x] =
+ * theta[i] @ (bx[x], by[y], 1), bx / by PyTorch's base coordinates
+ * (ps_affgrid_base). grid_sample: x (n, c, h, w) read at grid (n, oh, ow,
+ * 2) (x then y, in [-1, 1] across the input) -> y (n, c, oh, ow). Plain
+ * layout. The source-index helpers below compute in float as PyTorch's
+ * CPU kernels do, and give the derivative of the index with respect to
+ * the grid value (the chain of unnormalise, clip and reflect). */
+typedef struct ps_affgrid_desc {
+    int n, h, w;
+    int align_corners;
+} ps_affgrid_desc;
+
+enum { PS_GS_BILINEAR = 0, PS_GS_NEAREST = 1 };                        /* ps_gridsample_desc.mode */
+enum { PS_GS_ZEROS = 0, PS_GS_BORDER = 1, PS_GS_REFLECTION = 2 };      /* ps_gridsample_desc.padding */
+
+typedef struct ps_gridsample_desc {
+    int n, c, h, w, oh, ow;
+    int mode;                   /* PS_GS_BILINEAR, PS_GS_NEAREST */
+    int padding;                /* PS_GS_ZEROS, PS_GS_BORDER, PS_GS_REFLECTION */
+    int align_corners;
+} ps_gridsample_desc;
+
+/* linspace_from_neg_one: coordinate k of size points, linspace(-1, 1,
+ * size) (at::linspace's two halves), times (size - 1) / size without
+ * align_corners; 0 for one point. */
+static inline float ps_affgrid_base(int k, int size, int align_corners) {
+    if (size <= 1) return 0.0f;
+    const float step = 2.0f / (float)(size - 1);
+    float v = k < size / 2 ? -1.0f + step * (float)k : 1.0f - step * (float)(size - 1 - k);
+    if (!align_corners) v = v * (float)(size - 1) / (float)size;
+    return v;
+}
+
+/* clip_coordinates_set_grad: borders count as outside (gradient 0 there). */
+static inline float ps_gs_clip(float in, int size, float *g) {
+    if (in <= 0.0f) { *g = 0.0f; return 0.0f; }
+    const float max = (float)(size - 1);
+    if (in >= max) { *g = 0.0f; return max; }
+    *g = 1.0f;
+    return in;
+}
+
+/* reflect_coordinates_set_grad over [twice_low / 2, twice_high / 2]. */
+static inline float ps_gs_reflect(float in, int twice_low, int twice_high, float *g) {
+    if (twice_low == twice_high) { *g = 0.0f; return 0.0f; }
+    const float min = (float)twice_low / 2.0f, span = (float)(twice_high - twice_low) / 2.0f;
+    float mult = 1.0f;
+    in = in - min;
+    if (in < 0.0f) { mult = -1.0f; in = -in; }
+    const float extra = fmodf(in, span);
+    const int flips = (int)floorf(in / span);
+    if (flips % 2 == 0) { *g = mult; return extra + min; }
+    *g = -mult;
+    return span - extra + min;
+}
+
+/* grid_sampler_compute_source_index_set_grad: the input coordinate of grid
+ * value coord along an axis of size points, and d index / d coord. */
+static inline float ps_gs_source(float coord, int size, int padding, int align_corners, float *g) {
+    float gc, gr;
+    if (align_corners) {
+        *g = (float)(size - 1) / 2.0f;
+        coord = (coord + 1.0f) / 2.0f * (float)(size - 1);
+    } else {
+        *g = (float)size / 2.0f;
+        coord = ((coord + 1.0f) * (float)size - 1.0f) / 2.0f;
+    }
+    if (padding == PS_GS_BORDER) {
+        coord = ps_gs_clip(coord, size, &gc);
+        *g *= gc;
+    } else if (padding == PS_GS_REFLECTION) {
+        coord = align_corners ? ps_gs_reflect(coord, 0, 2 * (size - 1), &gr)
+                              : ps_gs_reflect(coord, -1, 2 * size - 1, &gr);
+        coord = ps_gs_clip(coord, size, &gc);
+        *g *= gr * gc;
+    }
+    return coord;
+}
+
+/* floor (nearest: round half to even, nearbyint) of a source coordinate
+ * as an index, held to [-2, size + 1] (a NaN to -2): every tap outside the
+ * input is then out of bounds without an overflowing conversion. */
+static inline int ps_gs_index(float v, int size, int nearest) {
+    if (!(v > -2.0f)) return -2;
+    if (!(v < (float)size + 1.0f)) return size + 1;
+    return (int)(nearest ? nearbyintf(v) : floorf(v));
+}
 
 typedef struct ps_backend_ops {
     const char *name;
@@ -1073,6 +1164,25 @@ typedef struct ps_backend_ops {
      * col (x) written whole; the two overlap nothing. ---- */
     ps_status (*im2col)(void *impl, const ps_im2col_desc *d, const float *x, float *col, ps_err *err);
     ps_status (*col2im)(void *impl, const ps_im2col_desc *d, const float *col, float *x, ps_err *err);
+
+    /* ---- appended for spatial transformers (AffineGrid, GridSample; the
+     * STN tutorial). ---- */
+    /* grid (n, h, w, 2) = theta (n, 2, 3) applied to the base coordinates
+     * (ps_affgrid_desc); the backward writes dtheta (n, 2, 3) from dgrid. */
+    ps_status (*affine_grid)(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err);
+    ps_status (*affine_grid_backward)(void *impl, const ps_affgrid_desc *d, const float *dgrid, float *dtheta,
+                                      ps_err *err);
+    /* y (n, c, oh, ow) = x (n, c, h, w) sampled at grid (n, oh, ow, 2)
+     * (ps_gridsample_desc: PyTorch's grid_sampler_2d; corners outside the
+     * input read 0 with zeros padding). The backward writes dx (each
+     * output's gradient added to the input elements it read, with their
+     * weights) and dgrid (the output's derivative along x and y, summed
+     * over the channels, times the source index's d index / d grid; zero
+     * for nearest); either may be NULL (not computed). */
+    ps_status (*grid_sample)(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid, float *y,
+                             ps_err *err);
+    ps_status (*grid_sample_backward)(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid,
+                                      const float *dy, float *dx, float *dgrid, ps_err *err);
 } ps_backend_ops;
 
 /* A created backend: the op table plus its private state. */

@@ -1035,7 +1035,7 @@ _Static_assert((int)PS_CUDA_ACT_RELU == (int)PS_ACT_RELU && (int)PS_CUDA_ACT_LEA
                (int)PS_CUDA_ACT_SIN == (int)PS_ACT_SIN && (int)PS_CUDA_ACT_COS == (int)PS_ACT_COS &&
                (int)PS_CUDA_ACT_GT == (int)PS_ACT_GT && (int)PS_CUDA_ACT_LT == (int)PS_ACT_LT &&
                (int)PS_CUDA_ACT_GE == (int)PS_ACT_GE && (int)PS_CUDA_ACT_LE == (int)PS_ACT_LE &&
-               (int)PS_CUDA_ACT_ERF == (int)PS_ACT_ERF &&
+               (int)PS_CUDA_ACT_ERF == (int)PS_ACT_ERF && (int)PS_CUDA_ACT_SIGN == (int)PS_ACT_SIGN &&
                (int)PS_CUDA_ACT_COUNT == (int)PS_ACT_COUNT,
                "backend_cuda.h's activation kinds are ps_act_kind's");
 
@@ -1360,6 +1360,33 @@ static ps_status cu_col2im(void *impl, const ps_im2col_desc *d, const float *col
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_col2im(&g, col, x, c->stream));
 }
 
+/* ---- spatial transformers (ps_affgrid_desc, ps_gridsample_desc; plain layout) ---- */
+static ps_status cu_affine_grid(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err) {
+    if ((int64_t)d->n * d->h * d->w <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_affine_grid(d->n, d->h, d->w, d->align_corners, theta, grid, c->stream));
+}
+
+static ps_status cu_affine_grid_backward(void *impl, const ps_affgrid_desc *d, const float *dgrid, float *dtheta,
+                                         ps_err *err) {
+    if (d->n <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_affine_grid_backward(d->n, d->h, d->w, d->align_corners, dgrid, dtheta,
+                                                              c->stream));
+}
+
+static ps_status cu_grid_sample(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid, float *y,
+                                ps_err *err) {
+    const ps_cuda_gridsample p = {d->n, d->c, d->h, d->w, d->oh, d->ow, d->mode, d->padding, d->align_corners};
+    if ((int64_t)p.n * p.c * p.oh * p.ow <= 0) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_grid_sample(&p, x, grid, y, c->stream));
+}
+
+static ps_status cu_grid_sample_backward(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid,
+                                         const float *dy, float *dx, float *dgrid, ps_err *err) {
+    const ps_cuda_gridsample p = {d->n, d->c, d->h, d->w, d->oh, d->ow, d->mode, d->padding, d->align_corners};
+    if (p.n <= 0 || (!dx && !dgrid)) return PS_OK;
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_grid_sample_backward(&p, x, grid, dy, dx, dgrid, c->stream));
+}
+
 const ps_backend_ops ps_backend_cuda_ops = {
     .name = "cuda",
     .device_kind = "cuda",
@@ -1434,4 +1461,9 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .cumsum = cu_cumsum,
     .im2col = cu_im2col,
     .col2im = cu_col2im,
+    /* spatial transformers */
+    .affine_grid = cu_affine_grid,
+    .affine_grid_backward = cu_affine_grid_backward,
+    .grid_sample = cu_grid_sample,
+    .grid_sample_backward = cu_grid_sample_backward,
 };

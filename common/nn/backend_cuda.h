@@ -111,7 +111,7 @@ enum {
     PS_CUDA_ACT_CELU, PS_CUDA_ACT_SOFTSIGN, PS_CUDA_ACT_TANHSHRINK, PS_CUDA_ACT_HARDSHRINK, PS_CUDA_ACT_SOFTSHRINK,
     PS_CUDA_ACT_THRESHOLD,
     PS_CUDA_ACT_LOG1P, PS_CUDA_ACT_EXPM1, PS_CUDA_ACT_SIN, PS_CUDA_ACT_COS, PS_CUDA_ACT_GT, PS_CUDA_ACT_LT,
-    PS_CUDA_ACT_GE, PS_CUDA_ACT_LE, PS_CUDA_ACT_ERF,
+    PS_CUDA_ACT_GE, PS_CUDA_ACT_LE, PS_CUDA_ACT_ERF, PS_CUDA_ACT_SIGN,
     PS_CUDA_ACT_COUNT
 };
 
@@ -271,6 +271,27 @@ cudaError_t ps_cuda_where(int64_t count, const float *cond, const float *a, floa
                           float *y, cudaStream_t stream);
 cudaError_t ps_cuda_where_backward(int64_t count, const float *cond, const float *dy, float *da, float *db,
                                    cudaStream_t stream);
+
+/* ---- spatial transformers (AffineGrid, GridSample) ----
+ * backend.h's rules (ps_affgrid_desc, ps_gridsample_desc: mode 0 bilinear,
+ * 1 nearest; padding 0 zeros, 1 border, 2 reflection). The affine
+ * backward sums each sample's six terms in double; grid_sample's backward
+ * zeroes dx and adds each output's weighted gradient to the inputs it
+ * read atomically (as PyTorch's CUDA kernel), and writes dgrid (one
+ * thread per point, its channels summed in order); dx or dgrid may be
+ * NULL. */
+typedef struct ps_cuda_gridsample {
+    int n, c, h, w, oh, ow, mode, padding, align_corners;
+} ps_cuda_gridsample;
+
+cudaError_t ps_cuda_affine_grid(int n, int h, int w, int align_corners, const float *theta, float *grid,
+                                cudaStream_t stream);
+cudaError_t ps_cuda_affine_grid_backward(int n, int h, int w, int align_corners, const float *dgrid, float *dtheta,
+                                         cudaStream_t stream);
+cudaError_t ps_cuda_grid_sample(const ps_cuda_gridsample *p, const float *x, const float *grid, float *y,
+                                cudaStream_t stream);
+cudaError_t ps_cuda_grid_sample_backward(const ps_cuda_gridsample *p, const float *x, const float *grid,
+                                         const float *dy, float *dx, float *dgrid, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -443,6 +443,7 @@ __device__ float act_f(int kind, float alpha, float beta, float x) {
     case PS_CUDA_ACT_GE: return x >= alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_LE: return x <= alpha ? 1.0f : 0.0f;
     case PS_CUDA_ACT_ERF: return erff(x);
+    case PS_CUDA_ACT_SIGN: return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f;   /* NaN and -0: 0, as PyTorch */
     }
     return NAN;
 }
@@ -505,6 +506,7 @@ __device__ float act_df(int kind, float alpha, float beta, float x, float y, flo
     case PS_CUDA_ACT_GE:
     case PS_CUDA_ACT_LE: return 0.0f;
     case PS_CUDA_ACT_ERF: return dy * 1.12837916709551257390f * expf(-x * x);
+    case PS_CUDA_ACT_SIGN: return 0.0f;
     }
     return NAN;
 }
@@ -1405,5 +1407,211 @@ cudaError_t ps_cuda_where_backward(int64_t count, const float *cond, const float
     return cudaGetLastError();
 }
 
+
+} // extern "C"
+
+/* ---- spatial transformers (AffineGrid, GridSample) ----
+ * backend.h's rules (ps_affgrid_base, ps_gs_source, ps_gs_index), restated
+ * for the device in the same float operations. */
+namespace {
+
+__device__ float affgrid_base(int k, int size, int align_corners) {
+    if (size <= 1) return 0.0f;
+    const float step = __fdiv_rn(2.0f, (float)(size - 1));
+    float v = k < size / 2 ? __fadd_rn(-1.0f, __fmul_rn(step, (float)k))
+                           : __fsub_rn(1.0f, __fmul_rn(step, (float)(size - 1 - k)));
+    if (!align_corners) v = __fdiv_rn(__fmul_rn(v, (float)(size - 1)), (float)size);
+    return v;
+}
+
+__device__ float gs_clip(float in, int size, float *g) {
+    if (in <= 0.0f) { *g = 0.0f; return 0.0f; }
+    const float max = (float)(size - 1);
+    if (in >= max) { *g = 0.0f; return max; }
+    *g = 1.0f;
+    return in;
+}
+
+__device__ float gs_reflect(float in, int twice_low, int twice_high, float *g) {
+    if (twice_low == twice_high) { *g = 0.0f; return 0.0f; }
+    const float min = (float)twice_low / 2.0f, span = (float)(twice_high - twice_low) / 2.0f;
+    float mult = 1.0f;
+    in = __fsub_rn(in, min);
+    if (in < 0.0f) { mult = -1.0f; in = -in; }
+    const float extra = fmodf(in, span);
+    const int flips = (int)floorf(__fdiv_rn(in, span));
+    if (flips % 2 == 0) { *g = mult; return __fadd_rn(extra, min); }
+    *g = -mult;
+    return __fadd_rn(__fsub_rn(span, extra), min);
+}
+
+__device__ float gs_source(float coord, int size, int padding, int align_corners, float *g) {
+    float gc, gr;
+    if (align_corners) {
+        *g = (float)(size - 1) / 2.0f;
+        coord = __fmul_rn(__fdiv_rn(__fadd_rn(coord, 1.0f), 2.0f), (float)(size - 1));
+    } else {
+        *g = (float)size / 2.0f;
+        coord = __fdiv_rn(__fsub_rn(__fmul_rn(__fadd_rn(coord, 1.0f), (float)size), 1.0f), 2.0f);
+    }
+    if (padding == 1) {
+        coord = gs_clip(coord, size, &gc);
+        *g = __fmul_rn(*g, gc);
+    } else if (padding == 2) {
+        coord = align_corners ? gs_reflect(coord, 0, 2 * (size - 1), &gr) : gs_reflect(coord, -1, 2 * size - 1, &gr);
+        coord = gs_clip(coord, size, &gc);
+        *g = __fmul_rn(__fmul_rn(*g, gr), gc);
+    }
+    return coord;
+}
+
+__device__ int gs_index(float v, int size, int nearest) {
+    if (!(v > -2.0f)) return -2;
+    if (!(v < (float)size + 1.0f)) return size + 1;
+    return (int)(nearest ? nearbyintf(v) : floorf(v));
+}
+
+/* One grid point: the top-left (nearest: the) tap, the weights of the second column and row, d index / d grid. */
+struct gs_taps {
+    int x0, y0;
+    float lx, ly, gmx, gmy;
+};
+
+__device__ gs_taps gs_point(const ps_cuda_gridsample &p, const float *g) {
+    gs_taps t;
+    const int nearest = p.mode == 1;
+    const float ix = gs_source(g[0], p.w, p.padding, p.align_corners, &t.gmx);
+    const float iy = gs_source(g[1], p.h, p.padding, p.align_corners, &t.gmy);
+    t.x0 = gs_index(ix, p.w, nearest);
+    t.y0 = gs_index(iy, p.h, nearest);
+    t.lx = nearest ? 0.0f : __fsub_rn(ix, (float)t.x0);
+    t.ly = nearest ? 0.0f : __fsub_rn(iy, (float)t.y0);
+    return t;
+}
+
+__device__ bool gs_in(const ps_cuda_gridsample &p, int x, int y) { return x >= 0 && x < p.w && y >= 0 && y < p.h; }
+
+__global__ void affine_grid_kernel(int n, int h, int w, int align_corners, const float *theta, float *grid) {
+    const int64_t count = (int64_t)n * h * w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        const int xx = (int)(i % w), yy = (int)(i / w % h);
+        const float *t = theta + i / ((int64_t)h * w) * 6;
+        const float bx = affgrid_base(xx, w, align_corners), by = affgrid_base(yy, h, align_corners);
+        grid[i * 2] = __fadd_rn(__fadd_rn(__fmul_rn(t[0], bx), __fmul_rn(t[1], by)), t[2]);
+        grid[i * 2 + 1] = __fadd_rn(__fadd_rn(__fmul_rn(t[3], bx), __fmul_rn(t[4], by)), t[5]);
+    }
+}
+
+/* One thread per (sample, theta entry): the sum over the sample's points, in double. */
+__global__ void affine_grid_backward_kernel(int n, int h, int w, int align_corners, const float *dgrid,
+                                            float *dtheta) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < (int64_t)n * 6;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        const int r = (int)(j % 6) / 3, col = (int)(j % 6) % 3;
+        const float *g = dgrid + j / 6 * (int64_t)h * w * 2;
+        double acc = 0.0;
+        for (int yy = 0; yy < h; yy++) {
+            const float by = affgrid_base(yy, h, align_corners);
+            for (int xx = 0; xx < w; xx++) {
+                const float b = col == 0 ? affgrid_base(xx, w, align_corners) : col == 1 ? by : 1.0f;
+                acc += (double)g[((int64_t)yy * w + xx) * 2 + r] * b;
+            }
+        }
+        dtheta[j] = (float)acc;
+    }
+}
+
+__device__ float gs_tap(const ps_cuda_gridsample &p, const float *plane, int x, int y) {
+    return gs_in(p, x, y) ? plane[(int64_t)y * p.w + x] : 0.0f;
+}
+
+__global__ void grid_sample_kernel(ps_cuda_gridsample p, const float *x, const float *grid, float *y) {
+    const int64_t out = (int64_t)p.oh * p.ow, count = (int64_t)p.n * p.c * out;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < count; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t q = k % out, ic = k / out, i = ic / p.c;
+        const gs_taps t = gs_point(p, grid + (i * out + q) * 2);
+        const float *plane = x + ic * p.h * p.w;
+        if (p.mode == 1) { y[k] = gs_tap(p, plane, t.x0, t.y0); continue; }
+        const float r0 = __fadd_rn(__fmul_rn(__fsub_rn(1.0f, t.lx), gs_tap(p, plane, t.x0, t.y0)),
+                                   __fmul_rn(t.lx, gs_tap(p, plane, t.x0 + 1, t.y0)));
+        const float r1 = __fadd_rn(__fmul_rn(__fsub_rn(1.0f, t.lx), gs_tap(p, plane, t.x0, t.y0 + 1)),
+                                   __fmul_rn(t.lx, gs_tap(p, plane, t.x0 + 1, t.y0 + 1)));
+        y[k] = __fadd_rn(__fmul_rn(__fsub_rn(1.0f, t.ly), r0), __fmul_rn(t.ly, r1));
+    }
+}
+
+/* One thread per (sample, grid point), over the channels: dx atomically, dgrid written. */
+__global__ void grid_sample_backward_kernel(ps_cuda_gridsample p, const float *x, const float *grid, const float *dy,
+                                            float *dx, float *dgrid) {
+    const int64_t out = (int64_t)p.oh * p.ow, count = (int64_t)p.n * out, in = (int64_t)p.h * p.w;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < count; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t q = k % out, i = k / out;
+        const gs_taps t = gs_point(p, grid + k * 2);
+        const float wx[2] = {__fsub_rn(1.0f, t.lx), t.lx}, wy[2] = {__fsub_rn(1.0f, t.ly), t.ly};
+        float gx = 0.0f, gy = 0.0f;
+        for (int c = 0; c < p.c; c++) {
+            const int64_t ic = i * p.c + c;
+            const float go = dy[ic * out + q];
+            const float *plane = x + ic * in;
+            if (dx) {
+                const int taps = p.mode == 1 ? 1 : 2;
+                for (int a = 0; a < taps; a++)
+                    for (int b = 0; b < taps; b++)
+                        if (gs_in(p, t.x0 + b, t.y0 + a))
+                            atomicAdd(dx + ic * in + (int64_t)(t.y0 + a) * p.w + t.x0 + b,
+                                      __fmul_rn(__fmul_rn(wy[a], wx[b]), go));
+            }
+            if (p.mode == 1 || !dgrid) continue;
+            const float nw = gs_tap(p, plane, t.x0, t.y0), ne = gs_tap(p, plane, t.x0 + 1, t.y0),
+                        sw = gs_tap(p, plane, t.x0, t.y0 + 1), se = gs_tap(p, plane, t.x0 + 1, t.y0 + 1);
+            gx += ((ne - nw) * wy[0] + (se - sw) * wy[1]) * go;
+            gy += ((sw - nw) * wx[0] + (se - ne) * wx[1]) * go;
+        }
+        if (dgrid) {
+            dgrid[k * 2] = __fmul_rn(gx, t.gmx);
+            dgrid[k * 2 + 1] = __fmul_rn(gy, t.gmy);
+        }
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t ps_cuda_affine_grid(int n, int h, int w, int align_corners, const float *theta, float *grid,
+                                cudaStream_t stream) {
+    const int64_t count = (int64_t)n * h * w;
+    if (count <= 0) return cudaSuccess;
+    affine_grid_kernel<<<blocks_for(count), kThreads, 0, stream>>>(n, h, w, align_corners, theta, grid);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_affine_grid_backward(int n, int h, int w, int align_corners, const float *dgrid, float *dtheta,
+                                         cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    affine_grid_backward_kernel<<<blocks_for((int64_t)n * 6), kThreads, 0, stream>>>(n, h, w, align_corners, dgrid,
+                                                                                    dtheta);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_grid_sample(const ps_cuda_gridsample *p, const float *x, const float *grid, float *y,
+                                cudaStream_t stream) {
+    const int64_t count = (int64_t)p->n * p->c * p->oh * p->ow;
+    if (count <= 0) return cudaSuccess;
+    grid_sample_kernel<<<blocks_for(count), kThreads, 0, stream>>>(*p, x, grid, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_grid_sample_backward(const ps_cuda_gridsample *p, const float *x, const float *grid,
+                                         const float *dy, float *dx, float *dgrid, cudaStream_t stream) {
+    const int64_t count = (int64_t)p->n * p->oh * p->ow;
+    if (dx) {
+        const cudaError_t e = cudaMemsetAsync(dx, 0, (size_t)p->n * p->c * p->h * p->w * sizeof(float), stream);
+        if (e != cudaSuccess) return e;
+    }
+    if (count <= 0) return cudaSuccess;
+    grid_sample_backward_kernel<<<blocks_for(count), kThreads, 0, stream>>>(*p, x, grid, dy, dx, dgrid);
+    return cudaGetLastError();
+}
 
 } // extern "C"

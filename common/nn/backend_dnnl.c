@@ -2575,6 +2575,7 @@ static const act_alg kActAlg[PS_ACT_COUNT] = {
     [PS_ACT_GE] = { dnnl_alg_kind_undef, 1, 0.0f },
     [PS_ACT_LE] = { dnnl_alg_kind_undef, 1, 0.0f },
     [PS_ACT_ERF] = { dnnl_alg_kind_undef, 0, 0.0f },
+    [PS_ACT_SIGN] = { dnnl_alg_kind_undef, 0, 0.0f },
 };
 
 #define SELU_ALPHA 1.67326324235437728f
@@ -2632,6 +2633,7 @@ static float math_f(int kind, float a, float x) {
     case PS_ACT_LT: return x < a ? 1.0f : 0.0f;
     case PS_ACT_GE: return x >= a ? 1.0f : 0.0f;
     case PS_ACT_ERF: return erff(x);
+    case PS_ACT_SIGN: return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f;   /* NaN and -0: 0, as PyTorch */
     default: return x <= a ? 1.0f : 0.0f;   /* PS_ACT_LE */
     }
 }
@@ -2643,7 +2645,7 @@ static float math_df(int kind, float x, float dy) {
     case PS_ACT_SIN: return dy * cosf(x);
     case PS_ACT_COS: return -dy * sinf(x);
     case PS_ACT_ERF: return dy * 1.12837916709551257390f * expf(-x * x);
-    default: return 0.0f;                   /* the comparisons */
+    default: return 0.0f;                   /* the comparisons, sign */
     }
 }
 
@@ -2687,7 +2689,8 @@ static void act_c_forward(const ps_act_desc *d, int64_t count, const float *x, f
     case PS_ACT_LT:
     case PS_ACT_GE:
     case PS_ACT_LE:
-    case PS_ACT_ERF: {
+    case PS_ACT_ERF:
+    case PS_ACT_SIGN: {
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) y[i] = math_f(kind, a, x[i]);
@@ -2740,7 +2743,8 @@ static void act_c_backward(const ps_act_desc *d, int64_t count, const float *x, 
     case PS_ACT_LT:
     case PS_ACT_GE:
     case PS_ACT_LE:
-    case PS_ACT_ERF: {
+    case PS_ACT_ERF:
+    case PS_ACT_SIGN: {
         const int kind = d->kind;
 #pragma omp parallel for if (count >= PS_OMP_MIN) schedule(static)
         for (int64_t i = 0; i < count; i++) dx[i] = math_df(kind, x[i], dy[i]);
@@ -3878,6 +3882,133 @@ static ps_status dn_col2im(void *impl, const ps_im2col_desc *d, const float *col
     return PS_OK;
 }
 
+/* ---- spatial transformers (AffineGrid, GridSample): oneDNN has no
+ * sampling primitive; C loops over samples (backend.h's index rules),
+ * in float as PyTorch's CPU kernels. ---- */
+
+static ps_status dn_affine_grid(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t pts = (int64_t)d->h * d->w;
+#pragma omp parallel for if ((int64_t)d->n * pts >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        const float *t = theta + (int64_t)i * 6;
+        float *g = grid + (int64_t)i * pts * 2;
+        for (int yy = 0; yy < d->h; yy++) {
+            const float by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++, g += 2) {
+                const float bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                g[0] = t[0] * bx + t[1] * by + t[2];
+                g[1] = t[3] * bx + t[4] * by + t[5];
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status dn_affine_grid_backward(void *impl, const ps_affgrid_desc *d, const float *dgrid, float *dtheta,
+                                         ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t pts = (int64_t)d->h * d->w;
+#pragma omp parallel for if ((int64_t)d->n * pts >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        float acc[6] = {0};
+        const float *g = dgrid + (int64_t)i * pts * 2;
+        for (int yy = 0; yy < d->h; yy++) {
+            const float by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++, g += 2) {
+                const float bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                for (int r = 0; r < 2; r++) {
+                    acc[3 * r] += g[r] * bx;
+                    acc[3 * r + 1] += g[r] * by;
+                    acc[3 * r + 2] += g[r];
+                }
+            }
+        }
+        memcpy(dtheta + (int64_t)i * 6, acc, sizeof acc);
+    }
+    return PS_OK;
+}
+
+/* One grid point's taps nw, ne, sw, se (nearest: nw alone): their offsets
+ * in a plane (-1 outside the input), their weights, and d index / d grid;
+ * lx, ly the weights of the second column and row. */
+typedef struct dn_gs_taps {
+    int64_t off[4];
+    float w[4];
+    float lx, ly, gmx, gmy;
+} dn_gs_taps;
+
+static inline dn_gs_taps dn_gs_point(const ps_gridsample_desc *d, const float *g) {
+    dn_gs_taps t;
+    const int nearest = d->mode == PS_GS_NEAREST;
+    const float ix = ps_gs_source(g[0], d->w, d->padding, d->align_corners, &t.gmx);
+    const float iy = ps_gs_source(g[1], d->h, d->padding, d->align_corners, &t.gmy);
+    const int x0 = ps_gs_index(ix, d->w, nearest), y0 = ps_gs_index(iy, d->h, nearest);
+    t.lx = nearest ? 0.0f : ix - (float)x0;
+    t.ly = nearest ? 0.0f : iy - (float)y0;
+    for (int k = 0; k < 4; k++) {
+        const int xx = x0 + (k & 1), yy = y0 + (k >> 1);
+        t.off[k] = xx >= 0 && xx < d->w && yy >= 0 && yy < d->h ? (int64_t)yy * d->w + xx : -1;
+        t.w[k] = ((k & 1) ? t.lx : 1.0f - t.lx) * ((k >> 1) ? t.ly : 1.0f - t.ly);
+    }
+    return t;
+}
+
+static ps_status dn_grid_sample(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid, float *y,
+                                ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int taps = d->mode == PS_GS_NEAREST ? 1 : 4;
+#pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++)
+        for (int64_t q = 0; q < out; q++) {
+            const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
+            for (int c = 0; c < d->c; c++) {
+                const float *p = x + ((int64_t)i * d->c + c) * in;
+                float v = 0.0f;
+                for (int k = 0; k < taps; k++)
+                    if (t.off[k] >= 0) v += taps == 1 ? p[t.off[k]] : t.w[k] * p[t.off[k]];
+                y[((int64_t)i * d->c + c) * out + q] = v;
+            }
+        }
+    return PS_OK;
+}
+
+static ps_status dn_grid_sample_backward(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid,
+                                         const float *dy, float *dx, float *dgrid, ps_err *err) {
+    (void)err;
+    set_threads(impl);
+    const int64_t in = (int64_t)d->h * d->w, out = (int64_t)d->oh * d->ow;
+    const int nearest = d->mode == PS_GS_NEAREST, taps = nearest ? 1 : 4;
+#pragma omp parallel for if ((int64_t)d->n * d->c * out >= PS_OMP_MIN) schedule(static)
+    for (int i = 0; i < d->n; i++) {
+        if (dx) memset(dx + (int64_t)i * d->c * in, 0, (size_t)(d->c * in) * sizeof *dx);
+        for (int64_t q = 0; q < out; q++) {
+            const dn_gs_taps t = dn_gs_point(d, grid + ((int64_t)i * out + q) * 2);
+            float gx = 0.0f, gy = 0.0f;
+            for (int c = 0; c < d->c; c++) {
+                const int64_t base = ((int64_t)i * d->c + c) * in;
+                const float go = dy[((int64_t)i * d->c + c) * out + q];
+                for (int k = 0; k < taps && dx; k++)
+                    if (t.off[k] >= 0) dx[base + t.off[k]] += nearest ? go : t.w[k] * go;
+                if (nearest || !dgrid) continue;
+                float v[4];
+                for (int k = 0; k < 4; k++) v[k] = t.off[k] >= 0 ? x[base + t.off[k]] : 0.0f;
+                gx += ((v[1] - v[0]) * (1.0f - t.ly) + (v[3] - v[2]) * t.ly) * go;
+                gy += ((v[2] - v[0]) * (1.0f - t.lx) + (v[3] - v[1]) * t.lx) * go;
+            }
+            if (dgrid) {
+                dgrid[((int64_t)i * out + q) * 2] = gx * t.gmx;
+                dgrid[((int64_t)i * out + q) * 2 + 1] = gy * t.gmy;
+            }
+        }
+    }
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_dnnl_ops = {
     .name = "dnnl",
     .init = dn_init,
@@ -3953,4 +4084,9 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .cumsum = dn_cumsum,
     .im2col = dn_im2col,
     .col2im = dn_col2im,
+    /* spatial transformers */
+    .affine_grid = dn_affine_grid,
+    .affine_grid_backward = dn_affine_grid_backward,
+    .grid_sample = dn_grid_sample,
+    .grid_sample_backward = dn_grid_sample_backward,
 };

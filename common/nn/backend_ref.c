@@ -827,6 +827,7 @@ static double act_f(const ps_act_desc *d, double x) {
     case PS_ACT_GE: return x >= (double)d->alpha;
     case PS_ACT_LE: return x <= (double)d->alpha;
     case PS_ACT_ERF: return erf(x);
+    case PS_ACT_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;   /* NaN and -0: 0, as PyTorch */
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -893,6 +894,7 @@ static double act_df(const ps_act_desc *d, double x, double y, double dy) {
     case PS_ACT_GE:
     case PS_ACT_LE: return 0.0;
     case PS_ACT_ERF: return dy * 1.12837916709551257390 * exp(-x * x);   /* 2 / sqrt(pi) */
+    case PS_ACT_SIGN: return 0.0;
     case PS_ACT_COUNT: break;
     }
     return NAN;
@@ -1315,6 +1317,139 @@ static ps_status ref_col2im(void *impl, const ps_im2col_desc *d, const float *co
     return PS_OK;
 }
 
+/* ---- spatial transformers (AffineGrid, GridSample; backend.h's index
+ * rules, sums in double) ---- */
+
+static ps_status ref_affine_grid(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err) {
+    (void)impl; (void)err;
+    for (int i = 0; i < d->n; i++) {
+        const float *t = theta + (size_t)i * 6;
+        for (int yy = 0; yy < d->h; yy++) {
+            const double by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++) {
+                const double bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                float *g = grid + (((size_t)i * d->h + yy) * d->w + xx) * 2;
+                g[0] = (float)(t[0] * bx + t[1] * by + t[2]);
+                g[1] = (float)(t[3] * bx + t[4] * by + t[5]);
+            }
+        }
+    }
+    return PS_OK;
+}
+
+static ps_status ref_affine_grid_backward(void *impl, const ps_affgrid_desc *d, const float *dgrid, float *dtheta,
+                                          ps_err *err) {
+    (void)impl; (void)err;
+    for (int i = 0; i < d->n; i++) {
+        double acc[6] = {0};
+        for (int yy = 0; yy < d->h; yy++) {
+            const double by = ps_affgrid_base(yy, d->h, d->align_corners);
+            for (int xx = 0; xx < d->w; xx++) {
+                const double bx = ps_affgrid_base(xx, d->w, d->align_corners);
+                const float *g = dgrid + (((size_t)i * d->h + yy) * d->w + xx) * 2;
+                for (int r = 0; r < 2; r++) {
+                    acc[3 * r] += g[r] * bx;
+                    acc[3 * r + 1] += g[r] * by;
+                    acc[3 * r + 2] += g[r];
+                }
+            }
+        }
+        for (int k = 0; k < 6; k++) dtheta[(size_t)i * 6 + k] = (float)acc[k];
+    }
+    return PS_OK;
+}
+
+/* The taps of one grid point: up to 2x2 input positions (nearest: one),
+ * their weights, and d index / d grid along x and y. */
+typedef struct ref_gs_taps {
+    int x0, y0;                 /* the top-left tap (nearest: the tap) */
+    float wx[2], wy[2];         /* weights of columns x0, x0 + 1 and rows y0, y0 + 1 */
+    float gmx, gmy;
+} ref_gs_taps;
+
+static ref_gs_taps ref_gs_point(const ps_gridsample_desc *d, const float *g) {
+    ref_gs_taps t;
+    const float ix = ps_gs_source(g[0], d->w, d->padding, d->align_corners, &t.gmx);
+    const float iy = ps_gs_source(g[1], d->h, d->padding, d->align_corners, &t.gmy);
+    const int nearest = d->mode == PS_GS_NEAREST;
+    t.x0 = ps_gs_index(ix, d->w, nearest);
+    t.y0 = ps_gs_index(iy, d->h, nearest);
+    t.wx[1] = nearest ? 0.0f : ix - (float)t.x0;
+    t.wy[1] = nearest ? 0.0f : iy - (float)t.y0;
+    t.wx[0] = 1.0f - t.wx[1];
+    t.wy[0] = 1.0f - t.wy[1];
+    return t;
+}
+
+static int ref_gs_in(const ps_gridsample_desc *d, int xx, int yy) {
+    return xx >= 0 && xx < d->w && yy >= 0 && yy < d->h;
+}
+
+/* Tap (a, b) (row y0 + a, column x0 + b) of plane p, 0 outside. */
+static double ref_gs_val(const ps_gridsample_desc *d, const float *p, const ref_gs_taps *t, int a, int b) {
+    const int xx = t->x0 + b, yy = t->y0 + a;
+    return ref_gs_in(d, xx, yy) ? p[(size_t)yy * d->w + xx] : 0.0;
+}
+
+static ps_status ref_grid_sample(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid, float *y,
+                                 ps_err *err) {
+    (void)impl; (void)err;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    for (int i = 0; i < d->n; i++)
+        for (size_t q = 0; q < out; q++) {
+            const ref_gs_taps t = ref_gs_point(d, grid + ((size_t)i * out + q) * 2);
+            for (int c = 0; c < d->c; c++) {
+                const float *p = x + ((size_t)i * d->c + c) * in;
+                double v = 0.0;
+                if (d->mode == PS_GS_NEAREST) v = ref_gs_val(d, p, &t, 0, 0);
+                else
+                    for (int a = 0; a < 2; a++)
+                        for (int b = 0; b < 2; b++) v += (double)t.wy[a] * t.wx[b] * ref_gs_val(d, p, &t, a, b);
+                y[((size_t)i * d->c + c) * out + q] = (float)v;
+            }
+        }
+    return PS_OK;
+}
+
+static ps_status ref_grid_sample_backward(void *impl, const ps_gridsample_desc *d, const float *x, const float *grid,
+                                          const float *dy, float *dx, float *dgrid, ps_err *err) {
+    (void)impl;
+    const size_t in = (size_t)d->h * d->w, out = (size_t)d->oh * d->ow;
+    double *acc = dx ? calloc((size_t)d->c * in + 1, sizeof *acc) : NULL;
+    if (dx && !acc) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "ref grid_sample_backward: out of memory");
+    for (int i = 0; i < d->n; i++) {
+        if (acc) memset(acc, 0, (size_t)d->c * in * sizeof *acc);
+        for (size_t q = 0; q < out; q++) {
+            const ref_gs_taps t = ref_gs_point(d, grid + ((size_t)i * out + q) * 2);
+            double gx = 0.0, gy = 0.0;
+            for (int c = 0; c < d->c; c++) {
+                const float *p = x + ((size_t)i * d->c + c) * in;
+                const double go = dy[((size_t)i * d->c + c) * out + q];
+                const int taps = d->mode == PS_GS_NEAREST ? 1 : 2;
+                for (int a = 0; a < taps && acc; a++)
+                    for (int b = 0; b < taps; b++) {
+                        const int xx = t.x0 + b, yy = t.y0 + a;
+                        if (ref_gs_in(d, xx, yy))
+                            acc[(size_t)c * in + (size_t)yy * d->w + xx] += (double)t.wy[a] * t.wx[b] * go;
+                    }
+                if (d->mode == PS_GS_NEAREST || !dgrid) continue;
+                const double nw = ref_gs_val(d, p, &t, 0, 0), ne = ref_gs_val(d, p, &t, 0, 1),
+                             sw = ref_gs_val(d, p, &t, 1, 0), se = ref_gs_val(d, p, &t, 1, 1);
+                gx += ((ne - nw) * t.wy[0] + (se - sw) * t.wy[1]) * go;
+                gy += ((sw - nw) * t.wx[0] + (se - ne) * t.wx[1]) * go;
+            }
+            if (dgrid) {
+                dgrid[((size_t)i * out + q) * 2] = (float)(gx * t.gmx);
+                dgrid[((size_t)i * out + q) * 2 + 1] = (float)(gy * t.gmy);
+            }
+        }
+        if (acc)
+            for (size_t k = 0; k < (size_t)d->c * in; k++) dx[(size_t)i * d->c * in + k] = (float)acc[k];
+    }
+    free(acc);
+    return PS_OK;
+}
+
 const ps_backend_ops ps_backend_ref_ops = {
     .name = "ref",
     .init = ref_init,
@@ -1387,4 +1522,9 @@ const ps_backend_ops ps_backend_ref_ops = {
     .cumsum = ref_cumsum,
     .im2col = ref_im2col,
     .col2im = ref_col2im,
+    /* spatial transformers */
+    .affine_grid = ref_affine_grid,
+    .affine_grid_backward = ref_affine_grid_backward,
+    .grid_sample = ref_grid_sample,
+    .grid_sample_backward = ref_grid_sample_backward,
 };

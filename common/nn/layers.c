@@ -789,6 +789,108 @@ static double resize_flops(const ps_layer *ly) {
     return (ly->a.resize_mode == 1 ? 8.0 : 1.0) * (double)ps_shape_numel(&ly->outs);
 }
 
+/* ---- spatial transformers: AffineGrid (F.affine_grid(theta, size,
+ * align_corners): theta (2, 3) per sample -> the grid (H, W, 2), size the
+ * model file's [H, W], F.affine_grid's size[2:]) and GridSample
+ * (F.grid_sample(x, grid, mode, padding_mode, align_corners): x (C, H, W)
+ * and grid (H', W', 2) -> (C, H', W')), PyTorch's 2-d rules (backend.h
+ * ps_affgrid_desc, ps_gridsample_desc); gradients to theta, to x and to
+ * the grid (the STN trains its localisation net through them). Plain
+ * layout. ---- */
+static ps_affgrid_desc affgrid_desc(const ps_layer *ly, int n) {
+    const ps_affgrid_desc d = {n, (int)ly->outs.dims[0], (int)ly->outs.dims[1], ly->a.align_corners};
+    return d;
+}
+
+static ps_status affgrid_infer(ps_layer *ly, ps_err *err) {
+    char b[64];
+    ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if (ly->in[0].dims[0] != 2 || ly->in[0].dims[1] != 3)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "per-sample input %s: AffineGrid takes theta (2, 3) (a 2-d "
+                          "affine matrix; theta.view(-1, 2, 3))", ps_shape_format(&ly->in[0], b, sizeof b));
+    if (ly->a.size[0] * ly->a.size[1] > 1 << 24)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "size %lldx%lld: psd's AffineGrid takes at most 2^24 points",
+                          (long long)ly->a.size[0], (long long)ly->a.size[1]);
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->a.size[0];
+    ly->outs.dims[1] = ly->a.size[1];
+    ly->outs.dims[2] = 2;
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *affgrid_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->affine_grid && ops->affine_grid_backward ? NULL : "affine_grid/affine_grid_backward";
+}
+
+static ps_status affgrid_forward(ps_layer_call *c, ps_err *err) {
+    const ps_affgrid_desc d = affgrid_desc(c->ly, c->n);
+    return c->be->ops->affine_grid(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status affgrid_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_affgrid_desc d = affgrid_desc(c->ly, c->n);
+    return c->be->ops->affine_grid_backward(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+/* Three multiply-adds per coordinate. */
+static double affgrid_flops(const ps_layer *ly) { return 6.0 * (double)ps_shape_numel(&ly->outs); }
+
+static ps_gridsample_desc gridsample_desc(const ps_layer *ly, int n) {
+    const ps_gridsample_desc d = {n, (int)ly->in[0].dims[0], (int)ly->in[0].dims[1], (int)ly->in[0].dims[2],
+                                  (int)ly->in[1].dims[0], (int)ly->in[1].dims[1], ly->a.gs_mode, ly->a.gs_padding,
+                                  ly->a.align_corners};
+    return d;
+}
+
+static ps_status gridsample_infer(ps_layer *ly, ps_err *err) {
+    char b0[64], b1[64];
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (!rc) rc = need_ndim(ly, 1, 3, 3, PS_DTYPE_F32, err);
+    if (rc) return rc;
+    if (ly->in[1].dims[2] != 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s and %s: GridSample takes the input (C, H, W) "
+                          "and a grid (H', W', 2) of (x, y) points (4-d input, 2-d sampling)",
+                          ps_shape_format(&ly->in[0], b0, sizeof b0), ps_shape_format(&ly->in[1], b1, sizeof b1));
+    if (ly->a.gs_mode == 2)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "mode 'bicubic': psd's GridSample samples 'bilinear' and "
+                          "'nearest'");
+    if (ly->in[0].dims[1] * ly->in[0].dims[2] > 2147483647 / ly->in[0].dims[0] ||
+        ly->in[1].dims[0] * ly->in[1].dims[1] > 2147483647 / ly->in[0].dims[0])
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "inputs %s and %s are too large for GridSample",
+                          ps_shape_format(&ly->in[0], b0, sizeof b0), ps_shape_format(&ly->in[1], b1, sizeof b1));
+    ly->outs.ndim = 3;
+    ly->outs.dims[0] = ly->in[0].dims[0];
+    ly->outs.dims[1] = ly->in[1].dims[0];
+    ly->outs.dims[2] = ly->in[1].dims[1];
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *gridsample_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return ops->grid_sample && ops->grid_sample_backward ? NULL : "grid_sample/grid_sample_backward";
+}
+
+static ps_status gridsample_forward(ps_layer_call *c, ps_err *err) {
+    const ps_gridsample_desc d = gridsample_desc(c->ly, c->n);
+    return c->be->ops->grid_sample(c->be->impl, &d, c->xs[0], c->xs[1], c->y, err);
+}
+
+static ps_status gridsample_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dxs[0] && !c->dxs[1]) return PS_OK;
+    const ps_gridsample_desc d = gridsample_desc(c->ly, c->n);
+    return c->be->ops->grid_sample_backward(c->be->impl, &d, c->xs[0], c->xs[1], c->dy, c->dxs[0], c->dxs[1], err);
+}
+
+/* Four multiply-adds an output (bilinear), a copy (nearest). */
+static double gridsample_flops(const ps_layer *ly) {
+    return (ly->a.gs_mode == 0 ? 8.0 : 1.0) * (double)ps_shape_numel(&ly->outs);
+}
+
 /* ---- ReLU ---- */
 
 static ps_status relu_forward(ps_layer_call *c, ps_err *err) {
@@ -1283,7 +1385,7 @@ static ps_act_desc act_desc(const ps_layer *ly) {
                                    PS_ACT_SOFTSHRINK, PS_ACT_THRESHOLD, PS_ACT_LEAKY_RELU,
                                    /* more math and the comparisons: ACT_MORE + k */
                                    PS_ACT_LOG1P, PS_ACT_EXPM1, PS_ACT_SIN, PS_ACT_COS, PS_ACT_GT, PS_ACT_LT,
-                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF};
+                                   PS_ACT_GE, PS_ACT_LE, PS_ACT_ERF, PS_ACT_SIGN};
     ps_act_desc d = {kinds_of[ly->a.act], (float)ly->a.slope, 0.0f};
     if (d.kind == PS_ACT_GELU && ly->a.approximate) d.kind = PS_ACT_GELU_TANH;
     if (d.kind == PS_ACT_HARDTANH) {
@@ -1365,6 +1467,7 @@ static ps_status threshold_infer(ps_layer *ly, ps_err *err) { return act_infer_a
  * Where's condition; their gradient is zero (PyTorch's bool has none). */
 static ps_status log1p_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 0, err); }
 static ps_status erf_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 8, err); }
+static ps_status sign_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 9, err); }
 static ps_status expm1_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 1, err); }
 static ps_status sin_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 2, err); }
 static ps_status cos_infer(ps_layer *ly, ps_err *err) { return act_infer_as(ly, ACT_MORE + 3, err); }
@@ -5404,6 +5507,19 @@ static const ps_attr_spec resize_attrs[] = {
     ATTR_BOOL("recompute_scale_factor", recompute_scale, "false"),
     ATTR_END,
 };
+static const ps_attr_spec affgrid_attrs[] = {
+    {"size", PS_ATTR_PAIR, A(size), NULL, 1, 65536, 0, 0, NULL, 0},
+    ATTR_BOOL("align_corners", align_corners, "false"),
+    ATTR_END,
+};
+static const char *const gs_modes[] = {"bilinear", "nearest", "bicubic", NULL};
+static const char *const gs_paddings[] = {"zeros", "border", "reflection", NULL};
+static const ps_attr_spec gridsample_attrs[] = {
+    {"mode", PS_ATTR_ENUM, A(gs_mode), "bilinear", 0, 0, 0, 0, gs_modes, 0},
+    {"padding_mode", PS_ATTR_ENUM, A(gs_padding), "zeros", 0, 0, 0, 0, gs_paddings, 0},
+    ATTR_BOOL("align_corners", align_corners, "false"),
+    ATTR_END,
+};
 static const ps_attr_spec no_attrs[] = {ATTR_END};
 
 /* ---------------------------------------------------------------- table */
@@ -5573,6 +5689,11 @@ static const ps_layer_kind kinds[] = {
      upconv_backward, NULL, NULL, upconv_flops},
     {"Upsample", 0, 1, 1, resize_attrs, resize_infer, resize_missing, resize_forward, resize_backward, NULL, NULL,
      resize_flops},
+    /* spatial transformers (the STN tutorial): F.affine_grid, F.grid_sample (input, grid) */
+    {"AffineGrid", 0, 1, 1, affgrid_attrs, affgrid_infer, affgrid_missing, affgrid_forward, affgrid_backward, NULL,
+     NULL, affgrid_flops},
+    {"GridSample", PS_KIND_BWD_X, 2, 2, gridsample_attrs, gridsample_infer, gridsample_missing, gridsample_forward,
+     gridsample_backward, NULL, NULL, gridsample_flops},
     /* users' elementwise functions: torch.maximum / minimum of two tensors (numpy broadcasting, as Div),
      * torch.where with a comparison of a tensor and a number as its condition, log1p, expm1, sin, cos,
      * torch.flip */
@@ -5589,6 +5710,7 @@ static const ps_layer_kind kinds[] = {
      NULL, NULL},
     {"Log1p", F_ACT, 1, 1, no_attrs, log1p_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Erf", F_ACT, 1, 1, no_attrs, erf_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
+    {"Sign", F_ACT, 1, 1, no_attrs, sign_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Expm1", F_ACT, 1, 1, no_attrs, expm1_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Sin", F_ACT, 1, 1, no_attrs, sin_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
     {"Cos", F_ACT, 1, 1, no_attrs, cos_infer, act_missing, act_forward, act_backward, NULL, NULL, NULL},
@@ -5756,10 +5878,13 @@ static const struct {
     {"Constant", NULL}, {"RandnLike", NULL}, {"Bilinear", bilinear_saved},
     /* maximum / minimum, comparisons and where, log1p, expm1, sin, cos, flip */
     {"Maximum", NULL}, {"Minimum", NULL}, {"Greater", NULL}, {"Less", NULL}, {"GreaterOrEqual", NULL},
-    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
+    {"LessOrEqual", NULL}, {"Where", NULL}, {"Log1p", NULL}, {"Erf", NULL}, {"Sign", NULL},
+    {"Expm1", NULL}, {"Sin", NULL}, {"Cos", NULL},
     {"Flip", NULL},
     /* recurrent cells: the tape's gates and c' sample-major */
     {"LSTMCell", cell_saved}, {"GRUCell", cell_saved},
+    /* spatial transformers */
+    {"AffineGrid", NULL}, {"GridSample", NULL},
 };
 
 int ps_layer_per_sample(const ps_layer *ly, const ps_backend *be, int n, size_t saved[PS_LAYER_MAX_SAVED]) {

@@ -144,6 +144,9 @@ typedef struct ps_layer_attrs {
     int ids_sliced;
     int ids_ndims;
     int64_t ids_dims[PS_SHAPE_MAX_DIMS];
+    /* spatial transformers: AffineGrid's size is size[2] (the grid's H, W), align_corners both kinds' */
+    int gs_mode;                /* GridSample mode: 0 'bilinear', 1 'nearest', 2 'bicubic' (refused) */
+    int gs_padding;             /* GridSample padding_mode: 0 'zeros', 1 'border', 2 'reflection' */
     /* weight normalisation (nn.utils.weight_norm) of Linear, Conv1d, Conv2d, ConvTranspose2d: wn 1: the
        weight is weight_g * weight_v / ||weight_v||, the norm over every dim but wn_dim (wn_dim_given 0:
        weight_norm_dim null, one norm of the whole weight) */

@@ -1092,6 +1092,19 @@ static ps_status h_shape(imp *im) {
 
 static ps_status reshape_target(imp *im, int64_t *shape, int *n);   /* with h_reshape below */
 
+/* v, folded from initializer a by an Unsqueeze or Reshape that only added leading 1s (a prototype layer's
+ * self.c.unsqueeze(0), self.c.view(1, R, M)): still that initializer, its values in its order, so it may become
+ * a Parameter of the initializer's own name and shape (param_emit, param_node). */
+static void init_view(val *v, const val *a) {
+    int lead1 = a->init && a->t && !a->tpose && !a->is_int && v->ndim > a->ndim &&
+                !memcmp(v->dims + v->ndim - a->ndim, a->dims, (size_t)a->ndim * sizeof *a->dims);
+    for (int i = 0; lead1 && i < v->ndim - a->ndim; i++) lead1 = v->dims[i] == 1;
+    if (lead1) {
+        v->init = 1;
+        v->t = a->t;
+    }
+}
+
 /* A constant op on constants: Cast, Unsqueeze, Squeeze, Gather, Concat,
  * Add, Sub, Mul, Div, Sqrt, Neg - the exporters' shape arithmetic. */
 static ps_status fold(imp *im) {
@@ -1130,7 +1143,10 @@ static ps_status fold(imp *im) {
                 if (!drop) dims[nd++] = a->dims[i];
             }
         }
-        return const_out(im, 0, nd, dims, af, a->is_int) ? PS_OK : im->err->code;
+        val *v = const_out(im, 0, nd, dims, af, a->is_int);
+        if (!v) return im->err->code;
+        init_view(v, a);
+        return PS_OK;
     }
     if (!strcmp(op, "Gather")) {
         val *iv = in_val(im, 1, 1);
@@ -1232,7 +1248,10 @@ static ps_status fold(imp *im) {
         } else if (known != a->numel) {
             return bad(im, "cannot reshape %lld values to %lld", (long long)a->numel, (long long)known);
         }
-        return const_out(im, 0, ns, shape, af, a->is_int) ? PS_OK : im->err->code;
+        val *v = const_out(im, 0, ns, shape, af, a->is_int);
+        if (!v) return im->err->code;
+        init_view(v, a);
+        return PS_OK;
     }
     if (!strcmp(op, "ConstantOfShape")) {
         const int64_t *q = cints(im, a);
@@ -1367,13 +1386,15 @@ static void param_name(imp *im, int pn, const char *name, char *sfx) {
  * leading 1s facing the batch) broadcast to the per-sample dims ed[ne]. */
 static int param_emit(imp *im, val *c, int in, const int64_t *cd, int cn, const int64_t *ed, int ne,
                       ps_status *rc) {
-    int p = emit(im, "Parameter", c->name, "weight", NULL, 1, &in);
+    /* an Unsqueeze of an initializer (fold): named by the initializer */
+    const char *iname = c->init && c->t && c->t->name[0] && c->t->ndim < c->ndim ? c->t->name : c->name;
+    int p = emit(im, "Parameter", iname, "weight", NULL, 1, &in);
     if (p < 0) {
         *rc = oom(im);
         return -1;
     }
     char b1[128], b2[128], sfx[24];
-    param_name(im, p, c->name, sfx);
+    param_name(im, p, iname, sfx);
     add_attr(im, p, "shape: %s", dims_text(cd, cn, b1, sizeof b1));
     if (ne != cn || memcmp(cd, ed, (size_t)cn * sizeof *cd))
         add_attr(im, p, "expand: %s", dims_text(ed, ne ? ne : 1, b2, sizeof b2));
@@ -1384,8 +1405,12 @@ static int param_emit(imp *im, val *c, int in, const int64_t *cd, int cn, const 
 }
 
 /* A Parameter node: constant c (an initializer) broadcast to the per-sample
- * dims of partner (a computed value), for Add and Concat. */
-static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, int *out_nd, ps_status *rc) {
+ * dims of partner (a computed value), for Add and Concat. grow: c may be the
+ * larger of the two along a dim where partner's is 1 (a prototype layer's
+ * h.unsqueeze(1) - self.c.unsqueeze(0): (1, M) against (R, M)); the Parameter
+ * and out_dims are then the broadcast shape, for a Sub / Add / Div that
+ * broadcasts partner. */
+static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, int *out_nd, int grow, ps_status *rc) {
     int64_t cd[MAXD];
     int cn = c->ndim;
     memcpy(cd, c->dims, sizeof cd);
@@ -1414,15 +1439,22 @@ static int param_node(imp *im, val *c, const val *partner, int64_t *out_dims, in
     }
     for (int i = 0; i < cn; i++) {
         int64_t x = cd[cn - 1 - i], y = pn_nd ? pd[pn_nd - 1 - i] : 1;
-        if (x != y && x != 1) {
+        if (x != y && x != 1 && !(grow && y == 1 && pn_nd)) {
             *rc = bad(im, "constant '%s' does not broadcast to the per-sample shape of '%s'", c->name, partner->name);
             return -1;
         }
+        if (x != y && x != 1) pd[pn_nd - 1 - i] = x;   /* grow: the broadcast shape */
     }
     /* the initializer's own shape where it has the partner's rank (leading 1s facing the batch: a checkpoint
      * loads back into the module, encoder.pos_embedding (1, L, E)) */
     const int full = off && c->ndim == partner->ndim && c->ndim <= PS_MAXD + 1;
-    int p = param_emit(im, c, partner->node, full ? c->dims : cd, full ? c->ndim : cn, pd, pn_nd, rc);
+    const int64_t *sd = full ? c->dims : cd;
+    int sn = full ? c->ndim : cn;
+    if (c->init && c->t && c->t->ndim < c->ndim && c->t->ndim >= 1 && c->t->ndim <= cn) {
+        sd = c->t->dims;   /* an Unsqueeze of the initializer (fold): its own shape, the 1s added facing the batch */
+        sn = c->t->ndim;
+    }
+    int p = param_emit(im, c, partner->node, sd, sn, pd, pn_nd, rc);
     if (p < 0) return -1;
     memcpy(out_dims, pd, sizeof pd);
     *out_nd = pn_nd;
@@ -1576,12 +1608,15 @@ static ps_status with_param(imp *im, val *x, val *c, const char *kind, int c_fir
     if (rc) return rc;
     int64_t pd[MAXD];
     int pnd;
-    int p = param_node(im, c, x, pd, &pnd, &rc);
+    int p = param_node(im, c, x, pd, &pnd, 1, &rc);
     if (p < 0) return rc;
     int ins[2] = {c_first ? p : x->node, c_first ? x->node : p};
     int s = emit(im, kind, NULL, NULL, NULL, 2, ins);
     if (s < 0) return oom(im);
-    return data_out(im, 0, s, PS_ONNX_FLOAT, x->ndim, x->dims) ? PS_OK : im->err->code;
+    int64_t od[MAXD];   /* x's dims, grown where the constant broadcasts it */
+    memcpy(od, x->dims, sizeof od);
+    for (int i = 0; i < pnd; i++) od[x->ndim - pnd + i] = pd[i];
+    return data_out(im, 0, s, PS_ONNX_FLOAT, x->ndim, od) ? PS_OK : im->err->code;
 }
 
 static ps_status h_add(imp *im) {
@@ -1670,6 +1705,7 @@ static ps_status h_exp(imp *im) { return math_unary(im, "Exp", NULL); }
 static ps_status h_sin(imp *im) { return math_unary(im, "Sin", NULL); }
 static ps_status h_cos(imp *im) { return math_unary(im, "Cos", NULL); }
 static ps_status h_erf(imp *im) { return math_unary(im, "Erf", NULL); }   /* outside a GELU psd recognises */
+static ps_status h_sign(imp *im) { return math_unary(im, "Sign", NULL); }
 static ps_status h_log(imp *im) { return math_unary(im, "Log", NULL); }
 static ps_status h_abs(imp *im) { return math_unary(im, "Abs", NULL); }
 static ps_status h_reciprocal(imp *im) { return math_unary(im, "Pow", "exponent: -1.0"); }
@@ -2107,7 +2143,7 @@ static ps_status linear(imp *im, val *x, val *w, int w_is_in_out, val *c) {
         memcpy(tmp.dims, od, sizeof od);
         int64_t pd[MAXD];
         int pnd;
-        int p = param_node(im, c, &tmp, pd, &pnd, &rc);
+        int p = param_node(im, c, &tmp, pd, &pnd, 0, &rc);
         if (p < 0) return rc;
         int ins[2] = {pn, p};
         int s = emit(im, "Add", NULL, NULL, "add", 2, ins);
@@ -2857,7 +2893,7 @@ static ps_status h_concat(imp *im) {
             memcpy(want, tmp.dims, sizeof want);
             int64_t pd[MAXD];
             int pnd;
-            int p = param_node(im, v, &tmp, pd, &pnd, &rc);
+            int p = param_node(im, v, &tmp, pd, &pnd, 0, &rc);
             if (p < 0) return rc;
             (void)off;
             ins[k] = p;
@@ -3276,6 +3312,47 @@ static ps_status h_resize(imp *im) {
                      "half-pixel centre: half_pixel's)");
     if (bilinear) add_attr(im, pn, "mode: bilinear");
     if (align) add_attr(im, pn, "align_corners: true");
+    return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
+}
+
+/* GridSample (opset 16; PyTorch 1.13's export of F.grid_sample; F.affine_grid it does not export): x (N, C, H,
+ * W) read at grid (N, H', W', 2) -> (N, C, H', W'), psd's GridSample. mode bilinear or nearest (opset 20's
+ * 'linear' is bilinear), padding_mode zeros, border or reflection, align_corners. A constant grid (an
+ * initializer, (1, H', W', 2)) is a Parameter: the same grid for every sample, learned as a module's own tensor
+ * would be. */
+static ps_status h_gridsample(imp *im) {
+    static const char *const known[] = {"align_corners", "mode", "padding_mode", NULL};
+    ps_status rc = only_attrs(im, known);
+    if (rc) return rc;
+    val *x = in_val(im, 0, 1), *g = in_val(im, 1, 1);
+    if (!x || !g) return im->err->code;
+    if (x->kind != VK_DATA) return unsup(im, "GridSample of a constant input");
+    if (x->ndim != 4 || im->lead != 1)
+        return unsup(im, "GridSample of a rank-%d input (psd's GridSample is the 2-d one: (N, C, H, W))", x->ndim);
+    if ((rc = need_float(im, x, 3, 3, "input"))) return rc;
+    const char *mode = attr_s(im, "mode", "bilinear"), *pad = attr_s(im, "padding_mode", "zeros");
+    const int nearest = !strcmp(mode, "nearest");
+    if (!nearest && strcmp(mode, "bilinear") && strcmp(mode, "linear"))
+        return unsup(im, "GridSample in mode '%s' (psd's: bilinear and nearest)", mode);
+    if (strcmp(pad, "zeros") && strcmp(pad, "border") && strcmp(pad, "reflection"))
+        return unsup(im, "GridSample with padding_mode '%s'", pad);
+    if (g->ndim != 4 || g->dims[3] != 2)
+        return unsup(im, "GridSample with a rank-%d grid (psd's takes (N, H', W', 2))", g->ndim);
+    int gn;
+    if (g->kind == VK_CONST) {
+        if (g->dims[0] != 1) return along_batch(im, "a constant grid");
+        if ((gn = param_emit(im, g, x->node, g->dims, 4, g->dims + 1, 3, &rc)) < 0) return rc;
+    } else {
+        if ((rc = need_float(im, g, 3, 3, "grid"))) return rc;
+        gn = g->node;
+    }
+    int ins[2] = {x->node, gn};
+    int pn = emit(im, "GridSample", NULL, NULL, NULL, 2, ins);
+    if (pn < 0) return oom(im);
+    if (nearest) add_attr(im, pn, "mode: nearest");
+    if (strcmp(pad, "zeros")) add_attr(im, pn, "padding_mode: %s", pad);
+    if (attr_i(im, "align_corners", 0)) add_attr(im, pn, "align_corners: true");
+    const int64_t od[4] = {x->dims[0], x->dims[1], g->dims[1], g->dims[2]};
     return data_out(im, 0, pn, PS_ONNX_FLOAT, 4, od) ? PS_OK : im->err->code;
 }
 
@@ -4268,9 +4345,11 @@ static const op_row ops[] = {
     {"DepthToSpace", h_depth_to_space, 1},
     {"Einsum", h_einsum, 12},
     {"SpaceToDepth", h_space_to_depth, 1},
+    {"Sign", h_sign, 9},
     /* upsampling */
     {"ConvTranspose", h_upconv, 1},
     {"Resize", h_resize, 11},
+    {"GridSample", h_gridsample, 16},
 };
 
 static const op_row *find_op(const char *op) {
