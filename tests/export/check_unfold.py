@@ -68,7 +68,8 @@ def refusals():
              "a 3x3 kernel (dilation 2x2) does not fit a 4x4 image padded by 0x0")):
         y = os.path.join(cr.TMP, "refused_%s.yaml" % label.replace(" ", "_"))
         with open(y, "w") as f:
-            f.write("name: r\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n      - %s\n" % (shape, node))
+            f.write("name: r\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n      - %s\n"
+                    % (shape, node))
         with open(y + ".conf.yaml", "w") as f:
             f.write("model:\n  file: %s\n" % y)
         r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"],
