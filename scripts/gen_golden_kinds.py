@@ -1359,6 +1359,37 @@ def pair(v):
     return tuple(v) if isinstance(v, list) else (v, v)
 
 
+# ---- unfold: Unfold (F.unfold, im2col) and Fold (F.fold, col2im: overlaps summed): square and non-square kernels,
+# stride 2, padding, dilation, a Fold whose stride skips pixels (their output and gradient 0), and Unfold -> Fold
+CASES += [
+    ("unfold_rect", stage([3, 5, 6], ["{name: u, kind: Unfold, kernel_size: [2, 3]}"])),
+    ("unfold_stride_pad", stage([2, 7, 7], ["{name: u, kind: Unfold, kernel_size: 3, stride: 2, padding: 1}",
+                                            "{name: o, kind: Linear, out_features: 3}"])),
+    ("unfold_dilation", stage([2, 8, 9], ["{name: t, kind: Tanh}",
+                                          "{name: u, kind: Unfold, kernel_size: [3, 2], dilation: [2, 3], "
+                                          "padding: [1, 2], stride: [2, 1]}"])),
+    ("fold_overlap", stage([12, 9], ["{name: f, kind: Fold, output_size: 4, kernel_size: 2}"])),
+    ("fold_all", stage([12, 6], ["{name: f, kind: Fold, output_size: [5, 6], kernel_size: [2, 3], stride: 2, "
+                                 "padding: 1, dilation: [1, 2]}",
+                                 "{name: c, kind: Conv2d, out_channels: 3, kernel_size: 2}"])),
+    ("fold_gaps", stage([8, 4], ["{name: f, kind: Fold, output_size: [5, 5], kernel_size: 2, stride: 3}"])),
+    ("unfold_fold", stage([2, 6, 6], ["{name: u, kind: Unfold, kernel_size: 3, padding: 1}",
+                                      "{name: s, kind: Sigmoid}",
+                                      "{name: f, kind: Fold, output_size: 6, kernel_size: 3, padding: 1}"])),
+]
+
+
+def unfold_module(kind, a):
+    """The torch twin of an Unfold or Fold node, or None for the other kinds."""
+    if kind not in ("Unfold", "Fold"):
+        return None
+    kw = dict(kernel_size=a["kernel_size"], dilation=a.get("dilation", 1), padding=a.get("padding", 0),
+              stride=a.get("stride", 1))
+    if kind == "Unfold":
+        return nn.Unfold(**kw)
+    return nn.Fold(output_size=a["output_size"], **kw)
+
+
 def make_module(kind, a, shapes, case_name=""):
     """The torch module of a node of case case_name, built when its input shapes are known."""
     s0 = shapes[0]   # per-sample input shape
@@ -1383,6 +1414,9 @@ def make_module(kind, a, shapes, case_name=""):
     if m is not None:
         return m
     m = cumsum_module(kind, a)
+    if m is not None:
+        return m
+    m = unfold_module(kind, a)
     if m is not None:
         return m
     m = cell_module(kind, a, shapes)

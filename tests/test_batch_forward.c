@@ -686,6 +686,23 @@ static void run_spatial(void) {
              "      - {name: head, kind: Linear, out_features: 10}\n");
 }
 
+/* Patch extraction (tests/export/unfold.py's, small): a hand-written patch embedding (Unfold, Permute, Linear
+ * per patch) and an overlap-add (Unfold with padding, Fold of the columns back), then a head: each caller's
+ * columns and input gradient its own. */
+static void run_unfold(void) {
+    run_file("[2, 6, 6]",
+             "      - {name: u, kind: Unfold, kernel_size: 2, stride: 2}\n"
+             "      - {name: t, kind: Permute, dims: [0, 2, 1]}\n"
+             "      - {name: proj, kind: Linear, out_features: 4}\n"
+             "      - {name: f1, kind: Flatten}\n"
+             "      - {name: u2, kind: Unfold, input: input, kernel_size: [3, 2], padding: 1, dilation: [1, 2]}\n"
+             "      - {name: th, kind: Tanh}\n"
+             "      - {name: fold, kind: Fold, output_size: 6, kernel_size: [3, 2], padding: 1, dilation: [1, 2]}\n"
+             "      - {name: f2, kind: Flatten}\n"
+             "      - {name: cat, kind: Concat, dim: 1, inputs: [f1, f2]}\n"
+             "      - {name: head, kind: Linear, out_features: 10}\n");
+}
+
 /* Causal attention: minGPT's CausalSelfAttention as psd-export writes
  * tests/export/attention.py's CausalClassifier (n_embd 8, 2 heads, seq 6:
  * the MaskedFill of its tril buffer, attention dropout), then
@@ -836,6 +853,7 @@ int main(void) {
     run_elementwise();
     run_bilinear();
     run_spatial();
+    run_unfold();
     run_model("configs/models/mnist_cnn.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/cartpole_policy.yaml", NULL, NULL, "ref", 1e-6);
     run_model("configs/models/rnn_lm.yaml", "emb", NULL, "ref", 1e-6);   /* int64 ids, a row-sparse gradient */

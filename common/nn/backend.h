@@ -693,6 +693,18 @@ typedef struct ps_cumsum_desc {
     int reverse, exclusive;
 } ps_cumsum_desc;
 
+/* im2col and col2im (F.unfold and F.fold): n images of (c, h, w) and
+ * their columns (c kh kw, oh ow), column row (ci kh + i) kw + j, column
+ * p ow + q reading image pixel (p sh - ph + i dh, q sw - pw + j dw) (0 when
+ * outside the image). im2col writes every column element; col2im writes
+ * every image element, the sum of the column elements reading it (0 for
+ * pixels no window reads): each is the other's adjoint, so Unfold's
+ * backward is col2im of dy and Fold's is im2col. oh, ow >= 1. */
+typedef struct ps_im2col_desc {
+    int64_t n, c, h, w;
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t oh, ow;
+} ps_im2col_desc;
 /* ---- spatial transformers (AffineGrid, GridSample: F.affine_grid,
  * F.grid_sample; aten/src/ATen/native/AffineGridGenerator.cpp and
  * GridSampler.h, PyTorch 1.13) ----
@@ -1147,6 +1159,12 @@ typedef struct ps_backend_ops {
     /* ---- appended for torch.cumsum (CumSum; ps_cumsum_desc): y written,
      * each line summed in double and rounded once; y overlaps nothing. ---- */
     ps_status (*cumsum)(void *impl, const ps_cumsum_desc *d, const float *x, float *y, ps_err *err);
+
+    /* ---- appended for F.unfold / F.fold (Unfold, Fold; ps_im2col_desc):
+     * col (x) written whole; the two overlap nothing. ---- */
+    ps_status (*im2col)(void *impl, const ps_im2col_desc *d, const float *x, float *col, ps_err *err);
+    ps_status (*col2im)(void *impl, const ps_im2col_desc *d, const float *col, float *x, ps_err *err);
+
     /* ---- appended for spatial transformers (AffineGrid, GridSample; the
      * STN tutorial). ---- */
     /* grid (n, h, w, 2) = theta (n, 2, 3) applied to the base coordinates

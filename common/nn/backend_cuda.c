@@ -1344,6 +1344,22 @@ static ps_status cu_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, 
                                                 c->stream));
 }
 
+static ps_cuda_cols cu_im2col_of(const ps_im2col_desc *d) {
+    return (ps_cuda_cols){.n = d->n, .c = d->c, .h = d->h, .w = d->w, .kh = d->kh, .kw = d->kw, .sh = d->sh,
+                            .sw = d->sw, .ph = d->ph, .pw = d->pw, .dh = d->dh, .dw = d->dw, .oh = d->oh,
+                            .ow = d->ow};
+}
+
+static ps_status cu_im2col(void *impl, const ps_im2col_desc *d, const float *x, float *col, ps_err *err) {
+    const ps_cuda_cols g = cu_im2col_of(d);
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_im2col(&g, x, col, c->stream));
+}
+
+static ps_status cu_col2im(void *impl, const ps_im2col_desc *d, const float *col, float *x, ps_err *err) {
+    const ps_cuda_cols g = cu_im2col_of(d);
+    CU_LAUNCH((cuda_impl *)impl, ps_cuda_col2im(&g, col, x, c->stream));
+}
+
 /* ---- spatial transformers (ps_affgrid_desc, ps_gridsample_desc; plain layout) ---- */
 static ps_status cu_affine_grid(void *impl, const ps_affgrid_desc *d, const float *theta, float *grid, ps_err *err) {
     if ((int64_t)d->n * d->h * d->w <= 0) return PS_OK;
@@ -1443,6 +1459,8 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .where = cu_where,
     .where_backward = cu_where_backward,
     .cumsum = cu_cumsum,
+    .im2col = cu_im2col,
+    .col2im = cu_col2im,
     /* spatial transformers */
     .affine_grid = cu_affine_grid,
     .affine_grid_backward = cu_affine_grid_backward,

@@ -198,6 +198,19 @@ cudaError_t ps_cuda_tri_fill(int64_t count, int64_t rows, int64_t cols, int uppe
 cudaError_t ps_cuda_cumsum(int64_t outer, int64_t len, int64_t inner, int reverse, int exclusive, const float *x,
                            float *y, cudaStream_t stream);
 
+/* im2col / col2im of backend.h's ps_im2col_desc (F.unfold / F.fold), the
+ * same fields. im2col: one thread per column element; col2im: one thread
+ * per image pixel gathering the column elements that read it (no atomics,
+ * a fixed order). */
+typedef struct ps_cuda_cols {
+    int64_t n, c, h, w;
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t oh, ow;
+} ps_cuda_cols;
+
+cudaError_t ps_cuda_im2col(const ps_cuda_cols *g, const float *x, float *col, cudaStream_t stream);
+cudaError_t ps_cuda_col2im(const ps_cuda_cols *g, const float *col, float *x, cudaStream_t stream);
+
 /* y[i] = x[i] == value ? 1 : 0 (int64 token ids to a float mask). */
 cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, float *y, cudaStream_t stream);
 

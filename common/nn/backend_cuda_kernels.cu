@@ -773,6 +773,42 @@ __global__ void cumsum_kernel(int64_t lines, int64_t len, int64_t inner, int rev
     }
 }
 
+/* im2col: one thread per column element (s, ci, i, j, p, q), 0 outside the image. */
+__global__ void im2col_kernel(ps_cuda_cols g, int64_t count, const float *x, float *col) {
+    const int64_t L = g.oh * g.ow;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pq = e % L, r = e / L, k = r % (g.kh * g.kw), plane = r / (g.kh * g.kw);
+        const int64_t y = (pq / g.ow) * g.sh - g.ph + (k / g.kw) * g.dh;
+        const int64_t xx = (pq % g.ow) * g.sw - g.pw + (k % g.kw) * g.dw;
+        col[e] = y >= 0 && y < g.h && xx >= 0 && xx < g.w ? x[(plane * g.h + y) * g.w + xx] : 0.0f;
+    }
+}
+
+/* col2im: one thread per pixel (s, ci, y, x), summing in kernel order (i, j) the column elements whose window
+ * position (p, q) reads it: y = p sh - ph + i dh, so p = (y + ph - i dh) / sh when that divides and 0 <= p < oh. */
+__global__ void col2im_kernel(ps_cuda_cols g, int64_t count, const float *col, float *x) {
+    const int64_t L = g.oh * g.ow;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t xx = e % g.w, y = (e / g.w) % g.h, plane = e / (g.w * g.h);
+        const float *cp = col + plane * g.kh * g.kw * L;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < g.kh; i++) {
+            const int64_t ty = y + g.ph - i * g.dh;
+            if (ty < 0 || ty % g.sh) continue;
+            const int64_t p = ty / g.sh;
+            if (p >= g.oh) continue;
+            for (int64_t j = 0; j < g.kw; j++) {
+                const int64_t tx = xx + g.pw - j * g.dw;
+                if (tx < 0 || tx % g.sw) continue;
+                const int64_t q = tx / g.sw;
+                if (q >= g.ow) continue;
+                acc = __fadd_rn(acc, cp[(i * g.kw + j) * L + p * g.ow + q]);
+            }
+        }
+        x[e] = acc;
+    }
+}
+
 __global__ void eq_const_kernel(int64_t n, const int64_t *x, int64_t value, float *y) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = x[i] == value ? 1.0f : 0.0f;
@@ -1175,6 +1211,20 @@ cudaError_t ps_cuda_cumsum(int64_t outer, int64_t len, int64_t inner, int revers
     const int64_t lines = outer * inner;
     if (lines <= 0 || len <= 0) return cudaSuccess;
     cumsum_kernel<<<blocks_for(lines), kThreads, 0, stream>>>(lines, len, inner, reverse, exclusive, x, y);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_im2col(const ps_cuda_cols *g, const float *x, float *col, cudaStream_t stream) {
+    const int64_t count = g->n * g->c * g->kh * g->kw * g->oh * g->ow;
+    if (count <= 0) return cudaSuccess;
+    im2col_kernel<<<blocks_for(count), kThreads, 0, stream>>>(*g, count, x, col);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_col2im(const ps_cuda_cols *g, const float *col, float *x, cudaStream_t stream) {
+    const int64_t count = g->n * g->c * g->h * g->w;
+    if (count <= 0) return cudaSuccess;
+    col2im_kernel<<<blocks_for(count), kThreads, 0, stream>>>(*g, count, col, x);
     return cudaGetLastError();
 }
 

@@ -3814,6 +3814,74 @@ static ps_status dn_cumsum(void *impl, const ps_cumsum_desc *d, const float *x, 
     return PS_OK;
 }
 
+/* im2col / col2im (F.unfold / F.fold): oneDNN has no primitive for them;
+ * a threaded loop over the (sample, channel) planes, each plane's kernel
+ * rows walked row by row: the columns whose pixels lie inside the image
+ * (q0 <= q < q1, found once per kernel column) read or add with a plain
+ * strided loop, the rest are zeros (im2col) or skipped (col2im). A plane's
+ * pixels are written by its own thread alone, so col2im needs no atomics. */
+
+/* The output columns [*q0, *q1) whose pixel q sw - pw + j dw of kernel
+ * column j lies in [0, w). */
+static void dn_cols_qrange(const ps_im2col_desc *d, int64_t j, int64_t *q0, int64_t *q1) {
+    const int64_t off = j * d->dw - d->pw;
+    int64_t lo = off >= 0 ? 0 : (-off + d->sw - 1) / d->sw;
+    int64_t hi = d->w - off <= 0 ? 0 : (d->w - off + d->sw - 1) / d->sw;
+    if (hi > d->ow) hi = d->ow;
+    if (lo > hi) lo = hi;
+    *q0 = lo;
+    *q1 = hi;
+}
+
+/* One plane: xp its (h, w) pixels, cp its (kh kw, oh ow) columns. */
+static void dn_cols_plane(const ps_im2col_desc *d, float *xp, float *cp, int to_cols) {
+    const int64_t L = d->oh * d->ow, sw = d->sw;
+    for (int64_t i = 0; i < d->kh; i++)
+        for (int64_t j = 0; j < d->kw; j++) {
+            int64_t q0, q1;
+            dn_cols_qrange(d, j, &q0, &q1);
+            float *row = cp + (i * d->kw + j) * L;
+            for (int64_t p = 0; p < d->oh; p++) {
+                const int64_t y = p * d->sh - d->ph + i * d->dh;
+                float *cr = row + p * d->ow;
+                if (y < 0 || y >= d->h) {
+                    if (to_cols) memset(cr, 0, (size_t)d->ow * sizeof *cr);
+                    continue;
+                }
+                const int64_t base = y * d->w + j * d->dw - d->pw;   /* + q sw in [0, w) for q in [q0, q1) */
+                if (to_cols) {
+                    for (int64_t q = 0; q < q0; q++) cr[q] = 0.0f;
+                    for (int64_t q = q0; q < q1; q++) cr[q] = xp[base + q * sw];
+                    for (int64_t q = q1; q < d->ow; q++) cr[q] = 0.0f;
+                } else {
+                    for (int64_t q = q0; q < q1; q++) xp[base + q * sw] += cr[q];
+                }
+            }
+        }
+}
+
+static void dn_cols(void *impl, const ps_im2col_desc *d, float *x, float *col, int to_cols) {
+    set_threads(impl);
+    const int64_t planes = d->n * d->c, hw = d->h * d->w, cl = d->kh * d->kw * d->oh * d->ow;
+#pragma omp parallel for if (planes * (cl > hw ? cl : hw) >= PS_OMP_MIN) schedule(static)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        if (!to_cols) memset(x + pl * hw, 0, (size_t)hw * sizeof *x);
+        dn_cols_plane(d, x + pl * hw, col + pl * cl, to_cols);
+    }
+}
+
+static ps_status dn_im2col(void *impl, const ps_im2col_desc *d, const float *x, float *col, ps_err *err) {
+    (void)err;
+    dn_cols(impl, d, (float *)x, col, 1);   /* x only read when to_cols */
+    return PS_OK;
+}
+
+static ps_status dn_col2im(void *impl, const ps_im2col_desc *d, const float *col, float *x, ps_err *err) {
+    (void)err;
+    dn_cols(impl, d, x, (float *)col, 0);   /* col only read when !to_cols */
+    return PS_OK;
+}
+
 /* ---- spatial transformers (AffineGrid, GridSample): oneDNN has no
  * sampling primitive; C loops over samples (backend.h's index rules),
  * in float as PyTorch's CPU kernels. ---- */
@@ -4014,6 +4082,8 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .where = dn_where,
     .where_backward = dn_where_backward,
     .cumsum = dn_cumsum,
+    .im2col = dn_im2col,
+    .col2im = dn_col2im,
     /* spatial transformers */
     .affine_grid = dn_affine_grid,
     .affine_grid_backward = dn_affine_grid_backward,

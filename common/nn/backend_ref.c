@@ -1283,6 +1283,40 @@ static ps_status ref_cumsum(void *impl, const ps_cumsum_desc *d, const float *x,
     return PS_OK;
 }
 
+/* ---- im2col / col2im (F.unfold / F.fold): one walk over every column
+ * element and the pixel it reads; im2col copies the pixel (0 outside the
+ * image), col2im adds the element to it (x zeroed first) ---- */
+
+static void ref_cols(const ps_im2col_desc *d, float *x, float *col, int to_cols) {
+    const int64_t L = d->oh * d->ow;
+    for (int64_t s = 0; s < d->n; s++)
+        for (int64_t ci = 0; ci < d->c; ci++)
+            for (int64_t i = 0; i < d->kh; i++)
+                for (int64_t j = 0; j < d->kw; j++)
+                    for (int64_t p = 0; p < d->oh; p++)
+                        for (int64_t q = 0; q < d->ow; q++) {
+                            const int64_t y = p * d->sh - d->ph + i * d->dh, xx = q * d->sw - d->pw + j * d->dw;
+                            float *cl = col + ((s * d->c + ci) * d->kh * d->kw + i * d->kw + j) * L + p * d->ow + q;
+                            const int in = y >= 0 && y < d->h && xx >= 0 && xx < d->w;
+                            float *px = in ? x + ((s * d->c + ci) * d->h + y) * d->w + xx : NULL;
+                            if (to_cols) *cl = in ? *px : 0.0f;
+                            else if (in) *px += *cl;
+                        }
+}
+
+static ps_status ref_im2col(void *impl, const ps_im2col_desc *d, const float *x, float *col, ps_err *err) {
+    (void)impl; (void)err;
+    ref_cols(d, (float *)x, col, 1);   /* read only when to_cols */
+    return PS_OK;
+}
+
+static ps_status ref_col2im(void *impl, const ps_im2col_desc *d, const float *col, float *x, ps_err *err) {
+    (void)impl; (void)err;
+    for (int64_t k = 0; k < d->n * d->c * d->h * d->w; k++) x[k] = 0.0f;
+    ref_cols(d, x, (float *)col, 0);   /* read only when !to_cols */
+    return PS_OK;
+}
+
 /* ---- spatial transformers (AffineGrid, GridSample; backend.h's index
  * rules, sums in double) ---- */
 
@@ -1486,6 +1520,8 @@ const ps_backend_ops ps_backend_ref_ops = {
     .where = ref_where,
     .where_backward = ref_where_backward,
     .cumsum = ref_cumsum,
+    .im2col = ref_im2col,
+    .col2im = ref_col2im,
     /* spatial transformers */
     .affine_grid = ref_affine_grid,
     .affine_grid_backward = ref_affine_grid_backward,

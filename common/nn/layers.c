@@ -4666,6 +4666,101 @@ static ps_status cumsum_backward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->cumsum(c->be->impl, &d, c->dy, c->dx, err);
 }
 
+/* ---- Unfold and Fold: nn.Unfold / F.unfold (im2col: each kernel_size
+ * window of a (C, H, W) input, dilated, padded with zeros and strided, as a
+ * column: (C kh kw, L), L the windows) and nn.Fold / F.fold (col2im, its
+ * adjoint: (C kh kw, L) columns summed back into (C, output_size), overlaps
+ * added). Unfold's backward is Fold of dy and Fold's is Unfold of dy: one
+ * backend op pair (im2col, col2im) serves the four. Plain layout. ---- */
+
+/* Windows along one dimension of size n, or <= 0 when the kernel does not fit. */
+static int64_t unfold_blocks(int64_t n, int64_t k, int64_t s, int64_t pad, int64_t dil) {
+    const int64_t span = n + 2 * pad - dil * (k - 1) - 1;
+    return span < 0 ? 0 : span / s + 1;
+}
+
+/* The geometry of a call: the image side is the Unfold's input (fold 0) or the Fold's output (fold 1). */
+static ps_im2col_desc unfold_desc(const ps_layer *ly, int n, int fold) {
+    const ps_layer_attrs *a = &ly->a;
+    ps_im2col_desc d = {.n = n, .kh = a->kernel[0], .kw = a->kernel[1], .sh = a->stride[0], .sw = a->stride[1],
+                        .ph = a->padding[0], .pw = a->padding[1], .dh = a->dilation[0], .dw = a->dilation[1]};
+    d.c = fold ? ly->in[0].dims[0] / (d.kh * d.kw) : ly->in[0].dims[0];
+    d.h = fold ? a->output_size[0] : ly->in[0].dims[1];
+    d.w = fold ? a->output_size[1] : ly->in[0].dims[2];
+    d.oh = unfold_blocks(d.h, d.kh, d.sh, d.ph, d.dh);
+    d.ow = unfold_blocks(d.w, d.kw, d.sw, d.pw, d.dw);
+    return d;
+}
+
+static ps_status unfold_blocks_check(const ps_layer *ly, int64_t h, int64_t w, ps_err *err) {
+    const ps_layer_attrs *a = &ly->a;
+    if (unfold_blocks(h, a->kernel[0], a->stride[0], a->padding[0], a->dilation[0]) <= 0 ||
+        unfold_blocks(w, a->kernel[1], a->stride[1], a->padding[1], a->dilation[1]) <= 0)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "a %lldx%lld kernel (dilation %lldx%lld) does not fit a %lldx%lld image padded by %lldx%lld",
+                          (long long)a->kernel[0], (long long)a->kernel[1], (long long)a->dilation[0],
+                          (long long)a->dilation[1], (long long)h, (long long)w, (long long)a->padding[0],
+                          (long long)a->padding[1]);
+    return PS_OK;
+}
+
+static ps_status unfold_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 3, 3, PS_DTYPE_F32, err);
+    if (rc || (rc = unfold_blocks_check(ly, ly->in[0].dims[1], ly->in[0].dims[2], err))) return rc;
+    const ps_im2col_desc d = unfold_desc(ly, 1, 0);
+    ly->outs = (ps_shape){.ndim = 2, .dims = {d.c * d.kh * d.kw, d.oh * d.ow}};
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static ps_status fold_infer(ps_layer *ly, ps_err *err) {
+    ps_status rc = need_ndim(ly, 0, 2, 2, PS_DTYPE_F32, err);
+    if (rc || (rc = unfold_blocks_check(ly, ly->a.output_size[0], ly->a.output_size[1], err))) return rc;
+    const ps_layer_attrs *a = &ly->a;
+    const int64_t kk = a->kernel[0] * a->kernel[1];
+    const ps_im2col_desc d = unfold_desc(ly, 1, 1);
+    if (ly->in[0].dims[0] % kk)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "%lld column rows are not a multiple of the %lldx%lld kernel's %lld positions",
+                          (long long)ly->in[0].dims[0], (long long)a->kernel[0], (long long)a->kernel[1],
+                          (long long)kk);
+    if (ly->in[0].dims[1] != d.oh * d.ow)
+        return ps_err_set(err, PS_ERR_INVALID_ARGUMENT,
+                          "%lld columns, but output_size %lldx%lld holds %lldx%lld = %lld windows of this kernel",
+                          (long long)ly->in[0].dims[1], (long long)a->output_size[0], (long long)a->output_size[1],
+                          (long long)d.oh, (long long)d.ow, (long long)(d.oh * d.ow));
+    ly->outs = (ps_shape){.ndim = 3, .dims = {d.c, d.h, d.w}};
+    ly->out_dtype = PS_DTYPE_F32;
+    return PS_OK;
+}
+
+static const char *unfold_missing(const ps_layer *ly, const ps_backend_ops *ops) {
+    (void)ly;
+    return !ops->im2col ? "im2col" : !ops->col2im ? "col2im" : NULL;
+}
+
+static ps_status unfold_forward(ps_layer_call *c, ps_err *err) {
+    const ps_im2col_desc d = unfold_desc(c->ly, c->n, 0);
+    return c->be->ops->im2col(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status unfold_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_im2col_desc d = unfold_desc(c->ly, c->n, 0);
+    return c->be->ops->col2im(c->be->impl, &d, c->dy, c->dx, err);
+}
+
+static ps_status fold_forward(ps_layer_call *c, ps_err *err) {
+    const ps_im2col_desc d = unfold_desc(c->ly, c->n, 1);
+    return c->be->ops->col2im(c->be->impl, &d, c->x, c->y, err);
+}
+
+static ps_status fold_backward(ps_layer_call *c, ps_err *err) {
+    if (!c->dx) return PS_OK;
+    const ps_im2col_desc d = unfold_desc(c->ly, c->n, 1);
+    return c->be->ops->im2col(c->be->impl, &d, c->dy, c->dx, err);
+}
+
 /* ---- Pad: F.pad(x, pad, mode, value) - pad lists (before, after) pairs
  * from the last dimension backwards, as F.pad's; each dimension grows by
  * its pair. 'constant': the new elements are value (swin's padding to a
@@ -5280,6 +5375,21 @@ static const ps_attr_spec shuffle_attrs[] = {
     ATTR_INT("groups", groups, NULL, 1),
     ATTR_END,
 };
+static const ps_attr_spec unfold_attrs[] = {
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("dilation", dilation, "1", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_PAIR("stride", stride, "1", 1),
+    ATTR_END,
+};
+static const ps_attr_spec fold_attrs[] = {
+    ATTR_PAIR("output_size", output_size, NULL, 1),
+    ATTR_PAIR("kernel_size", kernel, NULL, 1),
+    ATTR_PAIR("dilation", dilation, "1", 1),
+    ATTR_PAIR("padding", padding, "0", 0),
+    ATTR_PAIR("stride", stride, "1", 1),
+    ATTR_END,
+};
 static const ps_attr_spec cumsum_attrs[] = {
     {"dim", PS_ATTR_INT, A(dim), NULL, -5, 5, 0, 0, NULL, 0},
     ATTR_BOOL("reverse", cum_reverse, "false"),
@@ -5521,6 +5631,10 @@ static const ps_layer_kind kinds[] = {
     /* torch.cumsum (users' hand-written layers; ONNX's CumSum) */
     {"CumSum", 0, 1, 1, cumsum_attrs, cumsum_infer, cumsum_missing, cumsum_forward, cumsum_backward, NULL, NULL,
      NULL},
+    /* F.unfold / F.fold (patch extraction: hand-written patch embeddings, local attention) */
+    {"Unfold", 0, 1, 1, unfold_attrs, unfold_infer, unfold_missing, unfold_forward, unfold_backward, NULL, NULL,
+     zero_flops},
+    {"Fold", 0, 1, 1, fold_attrs, fold_infer, unfold_missing, fold_forward, fold_backward, NULL, NULL, NULL},
     {"Pad", 0, 1, 1, pad_attrs, pad_infer, copy_fill_missing, pad_forward, pad_backward, NULL, NULL, zero_flops},
     {"RelativePositionBias", 0, 1, 1, rpb_attrs, rpb_infer, rpb_missing, rpb_forward, rpb_backward, NULL, NULL,
      zero_flops},
@@ -5743,6 +5857,7 @@ static const struct {
     {"Flatten", NULL}, {"Reshape", NULL}, {"LogSoftmax", NULL}, {"Softmax", NULL}, {"Embedding", NULL},
     {"Roll", NULL}, {"Pad", NULL}, {"RelativePositionBias", NULL},
     {"CumSum", NULL},
+    {"Unfold", NULL}, {"Fold", NULL},
     {"Add", NULL}, {"Mul", NULL}, {"Concat", NULL}, {"ChannelShuffle", NULL}, {"Narrow", NULL},
     {"Permute", NULL}, {"Scale", NULL},
     {"MatMul", NULL}, {"MulConstant", NULL},
