@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu}
 BUILD=${BUILD:-build}
-gtests="test_cuda_layers test_cuda_step test_batch_forward test_kinds"   # what gpu-check.sh runs
+gtests="test_cuda_layers test_cuda_step test_batch_forward test_kinds test_im2col"   # what gpu-check.sh runs
 bins="$BUILD/bin/psd $BUILD/bin/ps-train $(printf " $BUILD/tests/%s" $gtests)"
 for b in $bins; do [ -x "$b" ] || { echo "gpu-bundle: $b missing: run make first" >&2; exit 1; }; done
 "$BUILD/bin/psd" --version | grep -q "CUDA: built" || { echo "gpu-bundle: $BUILD was built without CUDA" >&2; exit 1; }

@@ -3,9 +3,9 @@
 # one GPU and 16 cores; see docs/gpu.md):
 #   1. build with CUDA (nvcc on PATH or in /usr/local/cuda/bin) and check
 #      that psd says "CUDA: built";
-#   2. run the GPU tests (test_cuda_layers, test_cuda_step, and
-#      test_batch_forward's cuda:0 part): here a skip is a failure, since a
-#      GPU is expected;
+#   2. run the GPU tests (test_cuda_layers, test_cuda_step, and the cuda
+#      parts of test_batch_forward, test_kinds and test_im2col): here a skip
+#      is a failure, since a GPU is expected;
 #   3. train one epoch with two trainers three times and print samples/s:
 #        cpu    : conv cpu,    fc cpu    (the CPU figure)
 #        cuda   : conv cuda:0, fc cuda:0 (device-to-device stage boundary)
@@ -89,6 +89,8 @@ cuda_part test_batch_forward "^cuda:0: batched" "ps\[info\]"
 # every layer kind's golden cases (PyTorch autograd, tests/golden/kinds.safetensors)
 # on cuda:0 - the kernels only a GPU runs (tri_fill, key_pad, the swin kinds' ops, ...)
 cuda_part test_kinds "cases on cuda:0" "^ok"
+# im2col / col2im (Unfold, Fold) over geometries past the golden cases, equal to ref
+cuda_part test_im2col "^cuda: [0-9]* geometries" "^ok"
 
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
