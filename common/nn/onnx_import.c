@@ -2192,7 +2192,12 @@ static ps_status spatial_ints(imp *im, const char *key, int sp, int64_t *v) {
     int n = attr_ints(im, key, t, 2);
     if (n < 0) return PS_OK;
     if (n != sp) return bad(im, "%s has %d values (a %d-D node takes %d)", key, n, sp, sp);
-    for (int i = 0; i < sp; i++) v[2 - sp + i] = t[i];
+    const int64_t lo = strcmp(key, "output_padding") ? 1 : 0;   /* sizes, strides, dilations: 1 or more */
+    for (int i = 0; i < sp; i++) {
+        if (t[i] < lo || t[i] > 65536)
+            return bad(im, "%s value %lld (psd takes %lld..65536)", key, (long long)t[i], (long long)lo);
+        v[2 - sp + i] = t[i];
+    }
     return PS_OK;
 }
 
@@ -2321,10 +2326,7 @@ static ps_status pool(imp *im, int is_max) {
     int64_t k[2] = {1, 0}, s[2] = {1, 1}, dil[2] = {1, 1}, pad[2];
     if ((rc = spatial_ints(im, "kernel_shape", sp, k))) return rc;
     if (!k[1]) return bad(im, "kernel_shape is missing");
-    if ((rc = spatial_ints(im, "strides", sp, s))) return rc;
-    if (k[0] < 1 || k[1] < 1 || s[0] < 1 || s[1] < 1)
-        return bad(im, "kernel_shape %lldx%lld and strides %lldx%lld must be positive", (long long)k[0],
-                   (long long)k[1], (long long)s[0], (long long)s[1]);
+    if ((rc = spatial_ints(im, "strides", sp, s))) return rc;   /* each 1 or more (spatial_ints) */
     if ((rc = spatial_ints(im, "dilations", sp, dil))) return rc;
     if (dil[0] != 1 || dil[1] != 1) return unsup(im, "dilations (psd's pools have none)");
     const int ceil = attr_i(im, "ceil_mode", 0) != 0;
