@@ -21,8 +21,17 @@ small ONNX model (under the fuzzer's 70 KB input limit):
                        as the exporter decomposes it (Transposes, the
                        in-projection's Slices by Shape arithmetic, Reshapes
                        into the heads, Div, Softmax, Dropout, Gemm)
+  users_13.onnx        users' ops in training mode: nn.PixelShuffle
+                       (DepthToSpace), attention by torch.einsum (Einsum),
+                       torch.sign, torch.randn_like (RandomNormalLike) and
+                       two graph outputs (a VAE's mu and sample)
+  rnn_dyn_13.onnx      an nn.LSTM exported with a dynamic batch: its initial
+                       states a ConstantOfShape of Shape arithmetic
   node_*.onnx          a few of Debian libonnx-testdata's node test models
-                       (Gather, Concat, Softmax, Gemm)
+                       (Gather, Concat, Softmax, Gemm, DepthToSpace,
+                       GridSample, Split with two outputs)
+  conv_stride0.onnx    a make fuzz finding kept as a seed (a Conv with a
+                       stride of 0); not written by this script
 
     /usr/bin/python3 tests/fuzz/make_onnx_corpus.py
 """
@@ -67,6 +76,32 @@ class TinyVit(nn.Module):
         return self.attn(x, x, x, need_weights=False)[0]
 
 
+class Users(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 16, 3, padding=1)
+        self.up = nn.PixelShuffle(2)
+        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.mu, self.logvar = nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.up(self.conv(x)).flatten(2).transpose(1, 2)          # (N, 16, 4): 16 tokens of 4
+        h = h * torch.sign(h)
+        a = torch.einsum("bqd,bkd->bqk", self.q(h), self.k(h)).softmax(-1)
+        h = torch.einsum("bqk,bkd->bqd", a, h).mean(-1)                # (N, 16)
+        mu, logvar = self.mu(h), self.logvar(h)
+        return mu, mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+
+
+class RnnDyn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(3, 4, batch_first=True), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
 def main():
     warnings.simplefilter("ignore")
     os.makedirs(OUT, exist_ok=True)
@@ -84,8 +119,14 @@ def main():
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     torch.onnx.export(TinyVit(), torch.randn(2, 3, 8), os.path.join(OUT, "mha_train_13.onnx"), opset_version=13,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    torch.onnx.export(Users(), torch.randn(2, 1, 2, 2), os.path.join(OUT, "users_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    torch.onnx.export(RnnDyn(), torch.randn(2, 5, 3), os.path.join(OUT, "rnn_dyn_13.onnx"), opset_version=13,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     for t in ("test_gather_1", "test_concat_2d_axis_0", "test_softmax_axis_1", "test_gemm_default_matrix_bias",
-              "test_conv_with_autopad_same", "test_reshape_negative_dim", "test_batchnorm_example"):
+              "test_conv_with_autopad_same", "test_reshape_negative_dim", "test_batchnorm_example",
+              "test_depthtospace_crd_mode", "test_gridsample", "test_split_equal_parts_2d"):
         shutil.copy(os.path.join(NODE, t, "model.onnx"), os.path.join(OUT, "node_%s.onnx" % t[5:]))
     for f in sorted(os.listdir(OUT)):
         print(f, os.path.getsize(os.path.join(OUT, f)))
