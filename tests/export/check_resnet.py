@@ -86,6 +86,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -574,6 +575,21 @@ def check_config(onnx_path):
     r = subprocess.run([os.path.join(BUILD, "bin", "psd"), "--check-config", cfg], capture_output=True, text=True,
                        timeout=120)
     return r.returncode, r.stdout + r.stderr
+
+
+def refused_file(what, shape, nodes, want):
+    """A one-stage model file (input of per-sample shape, nodes: its node lines in YAML flow form, joined by
+    newlines and indented as the file's) that psd --check-config must refuse with want in its message."""
+    fd, y = tempfile.mkstemp(prefix="refused_", suffix=".yaml", dir=TMP)
+    with os.fdopen(fd, "w") as f:
+        f.write("name: r\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n      - %s\n"
+                % (shape, nodes))
+    with open(y + ".conf.yaml", "w") as f:
+        f.write("model:\n  file: %s\n" % y)
+    r = subprocess.run([os.path.join(BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode != 0 and want in r.stderr, "psd --check-config refuses %s naming it (%s)"
+          % (what, r.stderr.strip()[-200:]))
 
 
 def both_paths(pe, name, x, target, ref64=False, onnx=True, input_grad=False, **extra):

@@ -17,7 +17,6 @@ match output_size's windows and of an Unfold whose kernel does not fit the image
     check_unfold.py BUILD_DIR TMP_DIR
 """
 import os
-import subprocess
 import sys
 
 import torch
@@ -66,16 +65,7 @@ def refusals():
              "9 column rows are not a multiple of the 2x2 kernel's 4 positions"),
             ("Unfold kernel", [2, 4, 4], "{name: u, kind: Unfold, kernel_size: 3, dilation: 2}",
              "a 3x3 kernel (dilation 2x2) does not fit a 4x4 image padded by 0x0")):
-        y = os.path.join(cr.TMP, "refused_%s.yaml" % label.replace(" ", "_"))
-        with open(y, "w") as f:
-            f.write("name: r\nstages:\n  - name: main\n    input: {shape: %s}\n    nodes:\n      - %s\n"
-                    % (shape, node))
-        with open(y + ".conf.yaml", "w") as f:
-            f.write("model:\n  file: %s\n" % y)
-        r = subprocess.run([os.path.join(cr.BUILD, "bin", "psd"), "--check-config", y + ".conf.yaml"],
-                           capture_output=True, text=True, timeout=60)
-        cr.check(r.returncode != 0 and want in r.stderr,
-                 "psd --check-config refuses %s (%s)" % (label, r.stderr.strip()[-200:]))
+        cr.refused_file(label, shape, node, want)
 
 
 if __name__ == "__main__":
