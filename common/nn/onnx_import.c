@@ -1386,8 +1386,20 @@ static void param_name(imp *im, int pn, const char *name, char *sfx) {
  * leading 1s facing the batch) broadcast to the per-sample dims ed[ne]. */
 static int param_emit(imp *im, val *c, int in, const int64_t *cd, int cn, const int64_t *ed, int ne,
                       ps_status *rc) {
-    /* an Unsqueeze of an initializer (fold): named by the initializer */
-    const char *iname = c->init && c->t && c->t->name[0] && c->t->ndim < c->ndim ? c->t->name : c->name;
+    /* a Transpose of a 2-D initializer read as a value (h - self.c.t()): the Parameter holds the initializer as
+     * it is stored (its state_dict name and shape, so a checkpoint loads back into the module), expanded to the
+     * swapped shape, and a Permute swaps its last two dims */
+    const int tp = c->tpose && c->init && c->t && cn == 2 && ne >= 2;
+    int64_t cs[MAXD], es[MAXD];
+    if (tp) {
+        memcpy(cs, cd, (size_t)cn * sizeof *cd);
+        memcpy(es, ed, (size_t)ne * sizeof *ed);
+        cs[0] = cd[1], cs[1] = cd[0];
+        es[ne - 2] = ed[ne - 1], es[ne - 1] = ed[ne - 2];
+        cd = cs, ed = es;
+    }
+    /* an Unsqueeze of an initializer (fold) or its Transpose: named by the initializer */
+    const char *iname = c->init && c->t && c->t->name[0] && (c->t->ndim < c->ndim || tp) ? c->t->name : c->name;
     int p = emit(im, "Parameter", iname, "weight", NULL, 1, &in);
     if (p < 0) {
         *rc = oom(im);
@@ -1400,8 +1412,18 @@ static int param_emit(imp *im, val *c, int in, const int64_t *cd, int cn, const 
         add_attr(im, p, "expand: %s", dims_text(ed, ne ? ne : 1, b2, sizeof b2));
     if (!sfx[0]) add_attr(im, p, "parameter: null");
     else if (strcmp(sfx, "weight")) add_attr(im, p, "parameter: %s", sfx);
-    if ((*rc = bind(im, p, sfx, c, 0, 0))) return -1;
-    return p;
+    if ((*rc = bind(im, p, sfx, c, tp, 0))) return -1;   /* tp ^ c->tpose: as stored */
+    if (!tp) return p;
+    int64_t dims[PS_MAXD + 1];
+    for (int k = 0; k <= ne; k++) dims[k] = k;   /* the batch first, then the per-sample dims, the last two swapped */
+    dims[ne - 1] = ne, dims[ne] = ne - 1;
+    int pp = emit(im, "Permute", NULL, NULL, "t", 1, &p);
+    if (pp < 0) {
+        *rc = oom(im);
+        return -1;
+    }
+    add_attr(im, pp, "dims: %s", dims_text(dims, ne + 1, b1, sizeof b1));
+    return pp;
 }
 
 /* A Parameter node: constant c (an initializer) broadcast to the per-sample

@@ -76,7 +76,7 @@ def main():
         x, target = inputs(i)
         check_rnn.checked(label, name, y, w, model, x, target, input_grad=True, steps=30)
     for label, cls in (("ProtoNet", dist.ProtoNet), ("ProtoReshape", dist.ProtoReshape), ("PairsL2", dist.PairsL2),
-                       ("Signs", dist.Signs)):
+                       ("Signs", dist.Signs), ("ProtoT", dist.ProtoT)):
         model, _ = cr.moved(cls, label.lower() + "_onnx", seed=3)
         cr.onnx_run("%s (ONNX)" % label, model, *inputs(7), label.lower())
     model, _ = cr.moved(dist.KMeans, "kmeans_onnx", seed=3)

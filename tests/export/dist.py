@@ -206,3 +206,16 @@ class CdistP3(ProtoNet):
 class ProtoMatmulView(ProtoNet):
     def forward(self, x):
         return self.l(x) @ self.c.view(8, 5)
+
+
+class ProtoT(nn.Module):
+    """Prototypes stored (embed, classes) and read transposed: h - self.c.t() (its ONNX export: a Transpose of the
+    initializer, read as a Parameter under its own name and shape, then a Permute)."""
+    def __init__(self, features=6, embed=8, classes=5):
+        super().__init__()
+        self.l = nn.Linear(features, embed * classes)
+        self.c = nn.Parameter(torch.randn(embed, classes))
+
+    def forward(self, x):
+        h = torch.tanh(self.l(x)).view(-1, 5, 8)
+        return -((h - self.c.t()) ** 2).sum(-1)
