@@ -31,6 +31,7 @@
 #include "check.h"
 #include "clock.h"
 #include "ps_client.h"
+#include "support/ports.h"
 
 extern char **environ;
 
@@ -137,8 +138,10 @@ int main(int argc, char **argv) {
     if (access(psd_bin, X_OK) != 0) return check_skip("test_faults", "build/bin/psd not built");
 
     srand((unsigned)getpid());
+    int port = test_free_port();   /* reserved: no other test's psd takes it between here and psd's bind */
+    if (port < 0) return 1;
     char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", 20000 + rand() % 20000);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     char *psd_argv[] = {psd_bin, "--listen", addr, "--set", "server.context_ttl_s=2", "--log-level", "warn", NULL};
     pid_t psd;
     if (posix_spawn(&psd, psd_bin, NULL, NULL, psd_argv, environ) != 0) { perror("spawn psd"); return 1; }
