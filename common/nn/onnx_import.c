@@ -6160,18 +6160,26 @@ static ps_status trainer_tail(imp *im, int first) {
 /* Several graph outputs (a VAE's recon, mu and logvar): psd's model has one, so each is flattened after the
  * batch and they are joined along dim 1 in the graph's order, as psd-export joins a module's tuple output. The
  * Concat becomes the output im->out_name names. */
+/* Graph output name, converted: a float value psd computes from the input (*v), or an error naming it. */
+static ps_status output_value(imp *im, const char *name, val **v) {
+    *v = vget(im, name);
+    if (!*v || (*v)->kind != VK_DATA || (*v)->node < 0)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
+                          "output from the input", im->label, name,
+                          *v && (*v)->kind == VK_CONST ? "a constant" : "the input itself");
+    if ((*v)->dtype != PS_ONNX_FLOAT)
+        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s (psd's outputs are float)",
+                          im->label, name, ps_onnx_dtype_name((*v)->dtype));
+    return PS_OK;
+}
+
 static ps_status join_outputs(imp *im) {
     int ins[MAX_INPUTS], last = -1;
     int64_t total = 0;
     for (int k = 0; k < im->nouts; k++) {
-        val *v = vget(im, im->outs[k]);
-        if (!v || v->kind != VK_DATA || v->node < 0)
-            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes "
-                              "its outputs from the input", im->label, im->outs[k],
-                              v && v->kind == VK_CONST ? "a constant" : "the input itself");
-        if (v->dtype != PS_ONNX_FLOAT)
-            return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s (psd joins float "
-                              "outputs)", im->label, im->outs[k], ps_onnx_dtype_name(v->dtype));
+        val *v;
+        ps_status rc = output_value(im, im->outs[k], &v);
+        if (rc) return rc;
         if (im->whole || im->lead != 1 || v->stage != im->stage)
             return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s': psd joins several outputs "
                               "of a model whose batch is dim 0, computed in its last stage", im->label, im->outs[k]);
@@ -6387,18 +6395,9 @@ static ps_status convert(imp *im) {
     }
     im->cur = -1;
     if (im->lstm.layers && im->stage0_out < 0) return unsup(im, "an LSTM psd could not place");
-    if (im->nouts > 1) {
-        ps_status rc = join_outputs(im);
-        if (rc) return rc;
-    }
-    out = vget(im, im->out_name);
-    if (!out || out->kind != VK_DATA || out->node < 0)
-        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: graph output '%s' is %s: psd's model computes its "
-                          "output from the input", im->label, im->out_name,
-                          out && out->kind == VK_CONST ? "a constant" : "the input itself");
-    if (out->dtype != PS_ONNX_FLOAT)
-        return ps_err_set(im->err, PS_ERR_UNIMPLEMENTED, "%s: the output is %s (psd's are float)", im->label,
-                          ps_onnx_dtype_name(out->dtype));
+    ps_status rc = im->nouts > 1 ? join_outputs(im) : PS_OK;   /* several: joined, out_name the join */
+    if (rc == PS_OK) rc = output_value(im, im->out_name, &out);
+    if (rc) return rc;
     im->out_node = out->node;
     return PS_OK;
 }
