@@ -2164,6 +2164,9 @@ static int64_t emb_ids_per_sample(const ps_layer *ly) {
 
 static int emb_f32_ids(const ps_layer *ly) { return ly->in_dtype[0] == PS_DTYPE_F32; }
 
+/* v is such an id: an exact integer in 0..2^24 - 1 */
+static int emb_f32_is_id(float v) { return v >= 0.0f && v < EMB_F32_IDS && v == floorf(v); }
+
 static ps_status emb_infer(ps_layer *ly, ps_err *err) {
     if (emb_f32_ids(ly) && !ly->a.ids_sliced)
         return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "its input is float32: an Embedding reads int64 ids, or "
@@ -2225,7 +2228,7 @@ static ps_status emb_check(const ps_layer *ly, const void *host_x, int64_t count
         int64_t i = ly->a.ids_sliced ? j / k * per + ly->a.ids_start + j % k : j;
         if (emb_f32_ids(ly)) {
             float v = fids[i];
-            if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v))
+            if (!emb_f32_is_id(v))
                 return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "input[%lld][%lld] = %.9g (id %lld of %s's slice "
                                   "ids_start %lld) is not an id: the float32 input carries ids as exact integers "
                                   "0..16777215 (2^24 - 1)", (long long)(i / per), (long long)(i % per), (double)v,
@@ -2280,13 +2283,12 @@ static ps_status emb_host_ids(const ps_layer_call *c, int64_t **out, ps_err *err
         for (int64_t s = 0; s < c->n; s++)
             for (int64_t j = 0; j < k; j++) {
                 float v = fx[s * per + ly->a.ids_start + j];
-                if (!(v >= 0.0f && v < EMB_F32_IDS) || v != floorf(v) || (int64_t)v < ly->row_lo ||
-                    (int64_t)v >= ly->row_lo + ly->a.num) {
+                if (!emb_f32_is_id(v) || (int64_t)v < ly->row_lo || (int64_t)v >= ly->row_lo + ly->a.num) {
                     free(h);
                     free(x);
                     return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "%s: id %.9g of sample %lld is not a row of "
-                                      "%s.weight (0..%lld)", ly->name, (double)v, (long long)s, ly->name,
-                                      (long long)(ly->a.num - 1));
+                                      "%s.weight (%lld..%lld)", ly->name, (double)v, (long long)s, ly->name,
+                                      (long long)ly->row_lo, (long long)(ly->row_lo + ly->a.num - 1));
                 }
                 h[s * k + j] = (int64_t)v;
             }
