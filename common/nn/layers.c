@@ -688,7 +688,8 @@ static ps_status upconv_infer(ps_layer *ly, ps_err *err) {
 }
 
 static const char *upconv_missing(const ps_layer *ly, const ps_backend_ops *ops) {
-    if (wn_missing(ly, ops)) return wn_missing(ly, ops);
+    const char *wn = wn_missing(ly, ops);
+    if (wn) return wn;
     if (ly->a.bias && !(ops->bias_add && ops->bias_grad)) return "bias_add/bias_grad";
     return NULL;
 }
