@@ -114,7 +114,7 @@ static void op_bn(void *p) {
     bctx *c = p;
     ps_chan_desc d = chan(c);
     RUN(c, batchnorm_forward_training, &d, c->x, c->gamma, c->beta, c->y, c->mean, c->var, NULL);
-    RUN(c, batchnorm_backward, &d, 1, c->x, c->dy, c->gamma, c->mean, c->var, c->dx, c->dgamma, c->dbeta);
+    RUN(c, batchnorm_backward, &d, 1, c->x, c->dy, c->gamma, NULL, c->mean, c->var, c->dx, c->dgamma, c->dbeta);
 }
 
 static void op_maxpool(void *p) {

@@ -1825,6 +1825,23 @@ CASES += [
 ]
 KPM_IDS["cross_kpm_h2"] = [9, 7, "mid"]   # memory rows 4..8: none padded, two, all but token 5
 
+# ---- BatchNorm then ReLU: the dnnl backend folds the ReLU into the batch norm (server/nn/exec.c fuse_bn_relu) ----
+# BatchNorm1d of (N, C) features, 20 channels (lane groups of 16 and 4); BatchNorm2d without affine on 16 channels
+# (blocked); on 5 channels (plain, one channel a group); and a BatchNorm whose output a ReLU and a Conv both read
+# (not folded), its ReLU beside it.
+CASES += [
+    ("bn_relu_mlp", stage([5], ["{name: l, kind: Linear, out_features: 20}", "{name: bn, kind: BatchNorm1d}",
+                                "{name: r, kind: ReLU}", "{name: o, kind: Linear, out_features: 4}"])),
+    ("bn_relu_noaffine_blocked", stage([16, 4, 4], ["{name: bn, kind: BatchNorm2d, affine: false}",
+                                                    "{name: r, kind: ReLU}",
+                                                    "{name: o, kind: Conv2d, out_channels: 4, kernel_size: 1}"])),
+    ("bn_relu_plain", stage([5, 4, 4], ["{name: bn, kind: BatchNorm2d}", "{name: r, kind: ReLU}",
+                                        "{name: o, kind: Conv2d, out_channels: 3, kernel_size: 1}"])),
+    ("bn_relu_shared_out", stage([16, 3, 3], ["{name: bn, kind: BatchNorm2d}", "{name: r, kind: ReLU}",
+                                              "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1, input: bn}",
+                                              "{name: s, kind: Add, inputs: [r, c]}"])),
+]
+
 
 class CrossMHA(MHA):
     """psd's MultiheadAttention with cross: true: nn.MultiheadAttention (batch_first) as attn(q, mem, mem,

@@ -589,6 +589,13 @@ int main(int argc, char **argv) {
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.rpc.threads);
+    {
+        int fused = 0;
+        for (int s = 0; s < ps_model_num_stages(model); s++) fused += ps_model_stage(model, s)->fused_bn_relu;
+        if (fused)
+            ps_log(PS_LOG_INFO, "%d BatchNorm + ReLU pair%s computed as one (PS_FUSE=0: apart)", fused,
+                   fused == 1 ? "" : "s");
+    }
     if (cfg.server.metrics_listen[0])
         ps_log(PS_LOG_INFO, "dashboard on %s://%s/ (metrics at /metrics)", cfg.server.metrics_tls ? "https" : "http",
                cfg.server.metrics_listen);

@@ -18,7 +18,11 @@
  *    PyTorch does, in order;
  *  - an eval forward after the step (running statistics, no dropout);
  *  - on dnnl, no primitive created on a oneDNN reference kernel where the
- *    backend allows none (ps_backend_fallbacks: MatMul's matmul among them).
+ *    backend allows none (ps_backend_fallbacks: MatMul's matmul among them);
+ *  - the bn_relu_* cases: dnnl folds each ReLU into its BatchNorm (the
+ *    ReLU a view, exec.c fuse_bn_relu) except where another node reads the
+ *    BatchNorm's output; ref never does (the other cases' BatchNorm + ReLU
+ *    pairs, conv1d_net's and dag's, fold too).
  * And the same on the cuda backend (the case's stage placed on cuda:0, a
  * looser tolerance for the device's summation order) where this binary
  * has CUDA and the machine a device; otherwise that part prints skipped.
@@ -137,6 +141,11 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     CHECK_MSG(m, "%s: %s", label, err.msg);
     if (!m) return;
     check_names(label, g, c, m);
+    if (!strncmp(c, "bn_relu_", 8)) {   /* dnnl folds the ReLU into the BatchNorm, unless another node reads it */
+        int want = !strcmp(backend, "dnnl") && !strstr(c, "shared");
+        CHECK_MSG(ps_model_stage(m, 0)->fused_bn_relu == want, "%s: %d BatchNorm + ReLU pairs fused, want %d", label,
+                  ps_model_stage(m, 0)->fused_bn_relu, want);
+    }
     for (int i = 0; i < ps_model_num_params(m); i++) {
         char what[160];
         snprintf(what, sizeof what, "init.%s", ps_model_param(m, i)->name);

@@ -371,13 +371,13 @@ static void run_bn(ps_backend *b, const gcase *c, io *v, const run_opts *o) {
     if (!o->fwd_only) {
         float *DY = act_in(b, in_get(v, "gy"), d.n, d.c, (int)d.s, 1, o->layout), *DX = dev_from(b, NULL, nx);
         float *DG = affine ? dev_from(b, NULL, (size_t)d.c) : NULL, *DB = affine ? dev_from(b, NULL, (size_t)d.c) : NULL;
-        RUN(b, batchnorm_backward, &d, training, X, DY, G, training ? M : RM, IS, DX, DG, DB);
+        RUN(b, batchnorm_backward, &d, training, X, DY, G, NULL, training ? M : RM, IS, DX, DG, DB);
         act_out(b, v, "gx", DX, d.n, d.c, (int)d.s, 1, o->layout);
         if (affine) {
             vec_out(b, v, "ggamma", DG, (size_t)d.c);
             vec_out(b, v, "gbeta", DB, (size_t)d.c);
             /* dx not wanted: the parameter gradients are the same */
-            RUN(b, batchnorm_backward, &d, training, X, DY, G, training ? M : RM, IS, NULL, DG, DB);
+            RUN(b, batchnorm_backward, &d, training, X, DY, G, NULL, training ? M : RM, IS, NULL, DG, DB);
             vec_out(b, v, "ggamma#nodx", DG, (size_t)d.c);
         }
         ps_backend_release(b, DY); ps_backend_release(b, DX); ps_backend_release(b, DG); ps_backend_release(b, DB);

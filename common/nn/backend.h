@@ -234,6 +234,7 @@ typedef struct ps_chan_desc {
     int64_t s;
     int layout;
     float eps;
+    int relu;   /* batch normalisation, a backend with batchnorm_relu only: a ReLU folded in (see there) */
 } ps_chan_desc;
 
 /* Layer normalisation (nn.LayerNorm): each of rows rows of cols contiguous
@@ -982,10 +983,18 @@ typedef struct ps_backend_ops {
      *   dx = gamma * invstd * (dy - dbeta/m - xhat * dgamma/m)  (batch_stats)
      *   dx = gamma * invstd * dy                                (otherwise)
      * dx, dgamma, dbeta may each be NULL (not computed; dgamma and dbeta
-     * are NULL without affine, and gamma is then NULL). */
+     * are NULL without affine, and gamma and beta are then NULL; beta is
+     * read only with d->relu). */
     ps_status (*batchnorm_backward)(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
-                                    const float *dy, const float *gamma, const float *mean, const float *invstd,
-                                    float *dx, float *dgamma, float *dbeta, ps_err *err);
+                                    const float *dy, const float *gamma, const float *beta, const float *mean,
+                                    const float *invstd, float *dx, float *dgamma, float *dbeta, ps_err *err);
+    /* 1: the three batch-norm ops above take d->relu = 1 (the executor sets
+     * it where a ReLU alone reads the output, server/nn/exec.c): both
+     * forwards write max(0, y) (NaN stays NaN), and the backward's dy is
+     * d loss / d max(0, y), zeroed wherever y <= 0 before the formulas
+     * above - y recomputed from x as the training forward computed it, so
+     * the mask is the forward's exactly. 0: d->relu is always 0. */
+    int batchnorm_relu;
 
     /* Layer normalisation (see ps_ln_desc); gamma, beta (cols) both NULL
      * without elementwise_affine. Per row: mean, biased var, rstd =

@@ -1066,8 +1066,9 @@ static ps_status cu_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
 }
 
 static ps_status cu_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x, const float *dy,
-                                const float *gamma, const float *mean, const float *invstd, float *dx, float *dgamma,
-                                float *dbeta, ps_err *err) {
+                                const float *gamma, const float *beta, const float *mean, const float *invstd,
+                                float *dx, float *dgamma, float *dbeta, ps_err *err) {
+    (void)beta;
     CU_LAUNCH((cuda_impl *)impl, ps_cuda_bn_backward(x, dy, d->n, d->c, d->s, batch_stats, gamma, mean, invstd, dx,
                                                     dgamma, dbeta, c->stream));
 }

@@ -2815,8 +2815,18 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
  * base + i*istride + p*pstride + lane:
  *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
  *   plain, s == 1: up to 16 channels,    base j0,      istride c
- *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B */
+ *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B
+ * A folded ReLU (d->relu, batchnorm_relu): the forwards' map clamps at 0;
+ * the backward's passes read dy where the forward's y = scale*x + shift
+ * (bn_affine's floats, the same expression) was > 0, and 0 elsewhere - one
+ * pass over x, dy and dx fewer than a separate ReLU's forward and backward
+ * (the ReLU kept its own output for the mask). */
 #define PS_BN_LANES 16
+
+/* The ReLU folded into a batch norm: 0 below 0, NaN kept (as oneDNN's relu). */
+#define BN_RELU(v) ((v) < 0.0f ? 0.0f : (v))
+/* A folded ReLU's gradient: g where the forward's y = a*x + b was > 0. */
+#define BN_MASKED(g, a, x, b) ((a) * (x) + (b) > 0.0f ? (g) : 0.0f)
 
 typedef struct bn_group {
     int64_t base, istride, pstride;
@@ -2847,7 +2857,7 @@ static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
  *   mode 1: s1 = sum((x - mu)^2)
  *   mode 2: s1 = sum(dy), s2 = sum(dy * (x - mu)) */
 PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                         int mode, int L, double *s1, double *s2) {
+                         const float *sc, const float *sh, int mode, int L, double *s1, double *s2) {
     for (int l = 0; l < L; l++) s1[l] = s2[l] = 0.0;
     for (int i = 0; i < n; i++) {
         const int64_t o = g->base + i * g->istride;
@@ -2862,11 +2872,19 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
                 } else if (mode == 1) {
 #pragma omp simd reduction(+:a)
                     for (int64_t p = p0; p < pe; p++) a += (xi[p] - m) * (xi[p] - m);
-                } else {
+                } else if (!sc) {
 #pragma omp simd reduction(+:a, b)
                     for (int64_t p = p0; p < pe; p++) {
                         a += gi[p];
                         b += gi[p] * (xi[p] - m);
+                    }
+                } else {
+                    const float ka = sc[0], kb = sh[0];
+#pragma omp simd reduction(+:a, b)
+                    for (int64_t p = p0; p < pe; p++) {
+                        const float gp = BN_MASKED(gi[p], ka, xi[p], kb);
+                        a += gp;
+                        b += gp * (xi[p] - m);
                     }
                 }
                 s1[0] += a;
@@ -2882,11 +2900,18 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
                 } else if (mode == 1) {
 #pragma omp simd
                     for (int l = 0; l < L; l++) a[l] += (xp[l] - mu[l]) * (xp[l] - mu[l]);
-                } else {
+                } else if (!sc) {
 #pragma omp simd
                     for (int l = 0; l < L; l++) {
                         a[l] += gp[l];
                         b[l] += gp[l] * (xp[l] - mu[l]);
+                    }
+                } else {
+#pragma omp simd
+                    for (int l = 0; l < L; l++) {
+                        const float gl = BN_MASKED(gp[l], sc[l], xp[l], sh[l]);
+                        a[l] += gl;
+                        b[l] += gl * (xp[l] - mu[l]);
                     }
                 }
             }
@@ -2899,16 +2924,27 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
 }
 
 /* out = ca*in + cb*(x - mu) + cc per lane (cb, x, mu unused when x is
- * NULL: then out = ca*in + cc, the forward's affine map). */
+ * NULL: then out = ca*in + cc, the forward's affine map, clamped at 0 with
+ * relu). With x and sc, sh (a folded ReLU's backward): in masked by
+ * BN_MASKED(in, sc, x, sh) first. */
 PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
-                        const float *ca, const float *cb, const float *cc, int L, float *out) {
+                        const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
+                        int relu, int L, float *out) {
     for (int i = 0; i < n; i++) {
         const int64_t o = g->base + i * g->istride;
         if (L == 1) {
             const float a = ca[0], c = cc[0], b = x ? cb[0] : 0.0f, m = x ? mu[0] : 0.0f;
-            if (x) {
+            if (x && sc) {
+                const float ka = sc[0], kb = sh[0];
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++)
+                    out[o + p] = a * BN_MASKED(in[o + p], ka, x[o + p], kb) + b * (x[o + p] - m) + c;
+            } else if (x) {
 #pragma omp simd
                 for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + b * (x[o + p] - m) + c;
+            } else if (relu) {
+#pragma omp simd
+                for (int64_t p = 0; p < s; p++) out[o + p] = BN_RELU(a * in[o + p] + c);
             } else {
 #pragma omp simd
                 for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + c;
@@ -2917,9 +2953,17 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
         }
         for (int64_t p = 0; p < s; p++) {
             const int64_t q = o + p * g->pstride;
-            if (x) {
+            if (x && sc) {
+#pragma omp simd
+                for (int l = 0; l < L; l++)
+                    out[q + l] = ca[l] * BN_MASKED(in[q + l], sc[l], x[q + l], sh[l]) + cb[l] * (x[q + l] - mu[l]) +
+                                 cc[l];
+            } else if (x) {
 #pragma omp simd
                 for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
+            } else if (relu) {
+#pragma omp simd
+                for (int l = 0; l < L; l++) out[q + l] = BN_RELU(ca[l] * in[q + l] + cc[l]);
             } else {
 #pragma omp simd
                 for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cc[l];
@@ -2937,17 +2981,34 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
     default: { const int L_ = (L); call; break; } \
     }
 
+/* mode 2 with sc, sh: dy masked by a folded ReLU (bn_sums_l). */
 PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                              int mode, double *s1, double *s2) {
-    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, 0, L_, s1, s2)) }
-    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, 1, L_, s1, s2)) }
-    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, 2, L_, s1, s2)) }
+                              const float *sc, const float *sh, int mode, double *s1, double *s2) {
+    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, NULL, NULL, 0, L_, s1, s2)) }
+    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, NULL, NULL, 1, L_, s1, s2)) }
+    else if (!sc) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, NULL, NULL, 2, L_, s1, s2)) }
+    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, sc, sh, 2, L_, s1, s2)) }
 }
 
+/* The forward's map (x NULL; relu: a folded ReLU) or the backward's (x;
+ * sc, sh: a folded ReLU's mask), bn_map_l. */
 PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
-                             const float *ca, const float *cb, const float *cc, float *out) {
-    if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, L_, out)) }
-    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, L_, out)) }
+                             const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
+                             int relu, float *out) {
+    if (x && sc) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, sc, sh, 0, L_, out)) }
+    else if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, NULL, NULL, 0, L_, out)) }
+    else if (relu) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, 1, L_, out)) }
+    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, 0, L_, out)) }
+}
+
+/* The training forward's y = scale*x + shift for channel j from the
+ * statistics it keeps (mean, invstd as stored): the backward of a folded
+ * ReLU recomputes y from the same floats. */
+static void bn_affine(float mu, float invstd, const float *gamma, const float *beta, int j, float *scale,
+                      float *shift) {
+    const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0, is = invstd;
+    *scale = (float)(is * gm);
+    *shift = (float)(bt - (double)mu * is * gm);
 }
 
 /* (The OpenMP if-clauses are spelled out: compilers that ignore the
@@ -2965,20 +3026,17 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
         const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double s1[PS_BN_LANES], s2[PS_BN_LANES];
         float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
-        bn_sums(&g, d->n, d->s, x, NULL, NULL, 0, s1, s2);
+        bn_sums(&g, d->n, d->s, x, NULL, NULL, NULL, NULL, 0, s1, s2);
         for (int l = 0; l < g.lanes; l++) mu[l] = (float)(s1[l] / m);
-        bn_sums(&g, d->n, d->s, x, NULL, mu, 1, s1, s2);   /* squared deviations from mu */
+        bn_sums(&g, d->n, d->s, x, NULL, mu, NULL, NULL, 1, s1, s2);   /* squared deviations from mu */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
-            const double is = 1.0 / sqrt(s1[l] / m + d->eps);
-            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
-            scale[l] = (float)(is * gm);
-            shift[l] = (float)(bt - mu[l] * is * gm);
             mean[j] = mu[l];
-            invstd[j] = (float)is;
+            invstd[j] = (float)(1.0 / sqrt(s1[l] / m + d->eps));
+            bn_affine(mu[l], invstd[j], gamma, beta, j, &scale[l], &shift[l]);
             if (var_unbiased) var_unbiased[j] = (float)(s1[l] / (m - 1.0));
         }
-        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, d->relu, y);
     }
     return PS_OK;
 }
@@ -2996,20 +3054,18 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
         float scale[PS_BN_LANES], shift[PS_BN_LANES];
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
-            const double is = 1.0 / sqrt((double)running_var[j] + d->eps);
-            const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0;
-            scale[l] = (float)(is * gm);
-            shift[l] = (float)(bt - running_mean[j] * is * gm);
-            if (invstd) invstd[j] = (float)is;
+            const float is = (float)(1.0 / sqrt((double)running_var[j] + d->eps));
+            bn_affine(running_mean[j], is, gamma, beta, j, &scale[l], &shift[l]);
+            if (invstd) invstd[j] = is;
         }
-        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, d->relu, y);
     }
     return PS_OK;
 }
 
 static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
-                                const float *dy, const float *gamma, const float *mean, const float *invstd,
-                                float *dx, float *dgamma, float *dbeta, ps_err *err) {
+                                const float *dy, const float *gamma, const float *beta, const float *mean,
+                                const float *invstd, float *dx, float *dgamma, float *dbeta, ps_err *err) {
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
@@ -3020,8 +3076,12 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
         const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
         float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
-        for (int l = 0; l < g.lanes; l++) mu[l] = mean[g.j0 + l];
-        bn_sums(&g, d->n, d->s, x, dy, mu, 2, sdy, sdyx);
+        float sc[PS_BN_LANES], sh[PS_BN_LANES];   /* a folded ReLU's: the forward's y = sc*x + sh */
+        for (int l = 0; l < g.lanes; l++) {
+            mu[l] = mean[g.j0 + l];
+            if (d->relu) bn_affine(mu[l], invstd[g.j0 + l], gamma, beta, g.j0 + l, &sc[l], &sh[l]);
+        }
+        bn_sums(&g, d->n, d->s, x, dy, mu, d->relu ? sc : NULL, d->relu ? sh : NULL, 2, sdy, sdyx);
         /* dx = ca * dy + cb * (x - mean) + cc per lane */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
@@ -3032,7 +3092,7 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
             cb[l] = batch_stats ? (float)(-gm * s * s * dg / m) : 0.0f;
             cc[l] = batch_stats ? (float)(-gm * s * sdy[l] / m) : 0.0f;
         }
-        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, dx);
+        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, d->relu ? sc : NULL, d->relu ? sh : NULL, 0, dx);
     }
     return PS_OK;
 }
@@ -4047,6 +4107,7 @@ const ps_backend_ops ps_backend_dnnl_ops = {
     .batchnorm_forward_training = dn_bn_forward_training,
     .batchnorm_forward_inference = dn_bn_forward_inference,
     .batchnorm_backward = dn_bn_backward,
+    .batchnorm_relu = 1,
     .layernorm_forward = dn_ln_forward,
     .layernorm_backward = dn_ln_backward,
     .act_forward = dn_act_forward,

@@ -560,9 +560,9 @@ static ps_status ref_bn_forward_inference(void *impl, const ps_chan_desc *d, con
 }
 
 static ps_status ref_bn_backward(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
-                                 const float *dy, const float *gamma, const float *mean, const float *invstd,
-                                 float *dx, float *dgamma, float *dbeta, ps_err *err) {
-    (void)impl; (void)err;
+                                 const float *dy, const float *gamma, const float *beta, const float *mean,
+                                 const float *invstd, float *dx, float *dgamma, float *dbeta, ps_err *err) {
+    (void)impl; (void)err; (void)beta;
     const double m = (double)d->n * d->s;
     for (int j = 0; j < d->c; j++) {
         const double mu = mean[j], is = invstd[j], g = gamma ? gamma[j] : 1.0;

@@ -1082,7 +1082,7 @@ static ps_chan_desc bn_desc(const ps_layer *ly, int n) {
     const ps_shape *in = &ly->in[0];
     int64_t s = 1;
     for (int d = 1; d < in->ndim; d++) s *= in->dims[d];
-    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps};
+    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps, ly->fused_relu};
     return d;
 }
 
@@ -1151,6 +1151,7 @@ static ps_status bn_backward(ps_layer_call *c, ps_err *err) {
     const ps_layer *ly = c->ly;
     ps_chan_desc d = bn_desc(ly, c->n);
     return c->be->ops->batchnorm_backward(c->be->impl, &d, 1, c->x, c->dy, ly->a.affine ? c->w[0] : NULL,
+                                          ly->a.affine ? c->w[1] : NULL,
                                           c->saved->dev[0], c->saved->dev[1], c->dx,
                                           ly->a.affine ? c->dw[0] : NULL, ly->a.affine ? c->dw[1] : NULL, err);
 }

@@ -255,6 +255,8 @@ typedef struct ps_layer {
     int64_t row_lo;                 /* Embedding shard (model.h shard_*): its table holds global rows
                                        [row_lo, row_lo + num) of row_total; ids stay global */
     int64_t row_total;              /* 0 = not a shard */
+    int fused_relu;                 /* BatchNorm: the ReLU after it folded in (ps_chan_desc.relu); set by the
+                                       executor, which makes that ReLU a view passing gradients through */
 } ps_layer;
 
 /* What a node keeps in a tape for its backward pass (backend memory: a

@@ -74,6 +74,42 @@ static void plan_layouts(stage *st) {
     }
 }
 
+/* ------------------------------------------------------- BatchNorm + ReLU
+ * A ReLU right after a BatchNorm (every block of a ResNet) costs two passes
+ * over memory of its own in training: its forward, and its backward
+ * reading the output it kept. Where the stage's backend folds the ReLU
+ * into its batch norm (ops->batchnorm_relu) and the ReLU is all that reads
+ * the BatchNorm's output, the BatchNorm writes max(0, y) and masks its
+ * backward's dy itself (fused_relu), and the ReLU becomes a view whose
+ * backward passes the gradient through: its output is the BatchNorm's, in
+ * the BatchNorm's layout, never kept for the backward. Neither is the
+ * stage's output (its layout is plain). PS_FUSE=0 in psd's environment
+ * leaves every pair as it is (a benchmark's or a test's comparison).
+ * Returns the pairs folded. */
+static int fuse_bn_relu(stage *st) {
+    const char *off = getenv("PS_FUSE");
+    if (!st->be || !st->be->ops->batchnorm_relu || (off && !strcmp(off, "0"))) return 0;
+    int nl = st->nlayers, fused = 0;
+    int *readers = calloc((size_t)nl + 1, sizeof *readers);   /* per value: the inputs reading it */
+    if (!readers) return 0;                                   /* (then nothing is folded) */
+    for (int l = 0; l < nl; l++)
+        for (int i = 0; i < st->layers[l].nin; i++) readers[IV(st, l, i)]++;
+    for (int l = 0; l < nl; l++) {
+        ps_layer *ly = &st->layers[l];
+        int v = IV(st, l, 0);
+        if (strcmp(ly->kind->name, "ReLU") || v == 0 || readers[v] != 1 || v == st->out_val ||
+            l + 1 == st->out_val)
+            continue;
+        ps_layer *bn = &st->layers[v - 1];
+        if (strcmp(bn->kind->name, "BatchNorm2d") && strcmp(bn->kind->name, "BatchNorm1d")) continue;
+        bn->fused_relu = 1;
+        ly->flags = PS_KIND_VIEW | PS_KIND_LAYOUT_KEEP | PS_KIND_GRAD_PASS;
+        fused++;
+    }
+    free(readers);
+    return fused;
+}
+
 /* ------------------------------------------------------------ memory plan */
 
 static int is_view(const ps_layer *ly, int train) {
@@ -284,6 +320,7 @@ ps_status ps_exec_plan(stage *st, ps_err *err) {
     st->rg[1] = calloc((size_t)nl + 1, 1);
     if (!st->val_layout || !st->rg[0] || !st->rg[1])
         return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory planning stage '%s'", st->def->name);
+    st->info.fused_bn_relu = fuse_bn_relu(st);
     plan_layouts(st);
     const char *prof = getenv("PS_EXEC_PROFILE");
     if (prof && *prof && !(st->nprof = calloc(((size_t)nl + 1) * NP_COUNT, sizeof *st->nprof)))
