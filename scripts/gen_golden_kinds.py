@@ -1825,7 +1825,8 @@ CASES += [
 ]
 KPM_IDS["cross_kpm_h2"] = [9, 7, "mid"]   # memory rows 4..8: none padded, two, all but token 5
 
-# ---- BatchNorm then ReLU: the dnnl backend folds the ReLU into the batch norm (server/nn/exec.c fuse_bn_relu) ----
+# ---- BatchNorm then ReLU: the dnnl backend folds the ReLU (ReLU6, Hardtanh(0, max), LeakyReLU) into the batch
+# norm (server/nn/exec.c fuse_bn_relu) ----
 # BatchNorm1d of (N, C) features, 20 channels (lane groups of 16 and 4); BatchNorm2d without affine on 16 channels
 # (blocked); on 5 channels (plain, one channel a group); and a BatchNorm whose output a ReLU and a Conv both read
 # (not folded), its ReLU beside it.
@@ -1840,6 +1841,19 @@ CASES += [
     ("bn_relu_shared_out", stage([16, 3, 3], ["{name: bn, kind: BatchNorm2d}", "{name: r, kind: ReLU}",
                                               "{name: c, kind: Conv2d, out_channels: 16, kernel_size: 1, input: bn}",
                                               "{name: s, kind: Add, inputs: [r, c]}"])),
+    # the other activations it folds: ReLU6 (blocked), LeakyReLU over features, Hardtanh(0, 0.5) (plain: many
+    # values at the cap); Hardtanh(-1, 1) is not ReLU-shaped and stays apart
+    ("bn_relu6_blocked", stage([16, 4, 4], ["{name: bn, kind: BatchNorm2d}", "{name: r, kind: ReLU6}",
+                                            "{name: o, kind: Conv2d, out_channels: 4, kernel_size: 1}"])),
+    ("bn_relu_leaky_mlp", stage([5], ["{name: l, kind: Linear, out_features: 20}", "{name: bn, kind: BatchNorm1d}",
+                                      "{name: r, kind: LeakyReLU, negative_slope: 0.2}",
+                                      "{name: o, kind: Linear, out_features: 4}"])),
+    ("bn_relu_hardtanh_plain", stage([5, 4, 4], ["{name: bn, kind: BatchNorm2d}",
+                                                 "{name: r, kind: Hardtanh, min_val: 0.0, max_val: 0.5}",
+                                                 "{name: o, kind: Conv2d, out_channels: 3, kernel_size: 1}"])),
+    ("bn_relu_hardtanh_nofold", stage([16, 3, 3], ["{name: bn, kind: BatchNorm2d}",
+                                                   "{name: r, kind: Hardtanh, min_val: -1.0, max_val: 1.0}",
+                                                   "{name: o, kind: Conv2d, out_channels: 4, kernel_size: 1}"])),
 ]
 
 

@@ -593,8 +593,8 @@ int main(int argc, char **argv) {
         int fused = 0;
         for (int s = 0; s < ps_model_num_stages(model); s++) fused += ps_model_stage(model, s)->fused_bn_relu;
         if (fused)
-            ps_log(PS_LOG_INFO, "%d BatchNorm + ReLU pair%s computed as one (PS_FUSE=0: apart)", fused,
-                   fused == 1 ? "" : "s");
+            ps_log(PS_LOG_INFO, "%d BatchNorm + ReLU (ReLU6, LeakyReLU) pair%s computed as one (PS_FUSE=0: apart)",
+                   fused, fused == 1 ? "" : "s");
     }
     if (cfg.server.metrics_listen[0])
         ps_log(PS_LOG_INFO, "dashboard on %s://%s/ (metrics at /metrics)", cfg.server.metrics_tls ? "https" : "http",

@@ -19,10 +19,12 @@
  *  - an eval forward after the step (running statistics, no dropout);
  *  - on dnnl, no primitive created on a oneDNN reference kernel where the
  *    backend allows none (ps_backend_fallbacks: MatMul's matmul among them);
- *  - the bn_relu_* cases: dnnl folds each ReLU into its BatchNorm (the
- *    ReLU a view, exec.c fuse_bn_relu) except where another node reads the
- *    BatchNorm's output; ref never does (the other cases' BatchNorm + ReLU
- *    pairs, conv1d_net's and dag's, fold too).
+ *  - the bn_relu* cases: dnnl folds each ReLU (ReLU6, Hardtanh(0, max),
+ *    LeakyReLU) into its BatchNorm (the activation a view, exec.c
+ *    fuse_bn_relu) except where another node reads the BatchNorm's output
+ *    or the activation is not ReLU-shaped (Hardtanh(-1, 1)); ref never
+ *    does (the other cases' BatchNorm + ReLU pairs, conv1d_net's and
+ *    dag's, fold too).
  * And the same on the cuda backend (the case's stage placed on cuda:0, a
  * looser tolerance for the device's summation order) where this binary
  * has CUDA and the machine a device; otherwise that part prints skipped.
@@ -141,8 +143,9 @@ static void run_case(const ps_st_file *g, const char *c, const char *backend) {
     CHECK_MSG(m, "%s: %s", label, err.msg);
     if (!m) return;
     check_names(label, g, c, m);
-    if (!strncmp(c, "bn_relu_", 8)) {   /* dnnl folds the ReLU into the BatchNorm, unless another node reads it */
-        int want = !strcmp(backend, "dnnl") && !strstr(c, "shared");
+    if (!strncmp(c, "bn_relu", 7)) {   /* dnnl folds the activation into the BatchNorm, unless another node reads
+                                          the BatchNorm's output or the activation is not ReLU-shaped */
+        int want = !strcmp(backend, "dnnl") && !strstr(c, "shared") && !strstr(c, "nofold");
         CHECK_MSG(ps_model_stage(m, 0)->fused_bn_relu == want, "%s: %d BatchNorm + ReLU pairs fused, want %d", label,
                   ps_model_stage(m, 0)->fused_bn_relu, want);
     }

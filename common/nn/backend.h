@@ -234,7 +234,10 @@ typedef struct ps_chan_desc {
     int64_t s;
     int layout;
     float eps;
-    int relu;   /* batch normalisation, a backend with batchnorm_relu only: a ReLU folded in (see there) */
+    /* batch normalisation, a backend with batchnorm_relu only: an activation folded in (see there) */
+    int relu;          /* 1: y = act(v) of the batch norm's v: v > 0 ? min(v, relu_hi) : relu_slope * v */
+    float relu_hi;     /* ReLU6 / Hardtanh(0, max): the cap; INFINITY: none (ReLU, LeakyReLU) */
+    float relu_slope;  /* LeakyReLU's negative_slope; 0 (ReLU, ReLU6) */
 } ps_chan_desc;
 
 /* Layer normalisation (nn.LayerNorm): each of rows rows of cols contiguous
@@ -989,11 +992,13 @@ typedef struct ps_backend_ops {
                                     const float *dy, const float *gamma, const float *beta, const float *mean,
                                     const float *invstd, float *dx, float *dgamma, float *dbeta, ps_err *err);
     /* 1: the three batch-norm ops above take d->relu = 1 (the executor sets
-     * it where a ReLU alone reads the output, server/nn/exec.c): both
-     * forwards write max(0, y) (NaN stays NaN), and the backward's dy is
-     * d loss / d max(0, y), zeroed wherever y <= 0 before the formulas
-     * above - y recomputed from x as the training forward computed it, so
-     * the mask is the forward's exactly. 0: d->relu is always 0. */
+     * it where a ReLU, ReLU6, Hardtanh(0, max) or LeakyReLU alone reads the
+     * output, server/nn/exec.c): both forwards write act(y) (ps_chan_desc;
+     * NaN stays NaN), and the backward's dy is d loss / d act(y), taken
+     * through act's gradient at y (PyTorch's: 1 above 0 and below a cap, 0
+     * at or above it, the slope at or below 0) before the formulas above -
+     * y recomputed from x as the training forward computed it, so the mask
+     * is the forward's exactly. 0: d->relu is always 0. */
     int batchnorm_relu;
 
     /* Layer normalisation (see ps_ln_desc); gamma, beta (cols) both NULL

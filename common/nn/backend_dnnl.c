@@ -2816,17 +2816,33 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
  *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
  *   plain, s == 1: up to 16 channels,    base j0,      istride c
  *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B
- * A folded ReLU (d->relu, batchnorm_relu): the forwards' map clamps at 0;
- * the backward's passes read dy where the forward's y = scale*x + shift
- * (bn_affine's floats, the same expression) was > 0, and 0 elsewhere - one
- * pass over x, dy and dx fewer than a separate ReLU's forward and backward
- * (the ReLU kept its own output for the mask). */
+ * A folded activation (d->relu, batchnorm_relu: ReLU, ReLU6 / Hardtanh(0,
+ * max), LeakyReLU): the forwards' map applies it; the backward's passes
+ * take dy through its gradient at the forward's v = scale*x + shift
+ * (bn_affine's floats, the same expression) - one pass over x, dy and dx
+ * fewer than a separate activation's forward and backward (which kept its
+ * own input or output for the mask). */
 #define PS_BN_LANES 16
 
-/* The ReLU folded into a batch norm: 0 below 0, NaN kept (as oneDNN's relu). */
-#define BN_RELU(v) ((v) < 0.0f ? 0.0f : (v))
-/* A folded ReLU's gradient: g where the forward's y = a*x + b was > 0. */
-#define BN_MASKED(g, a, x, b) ((a) * (x) + (b) > 0.0f ? (g) : 0.0f)
+/* The activation folded into a batch norm (ps_chan_desc.relu): ReLU, its
+ * cap (ReLU6, Hardtanh(0, max)) or LeakyReLU's slope below 0. */
+typedef struct bn_act {
+    float hi;       /* the cap; INFINITY: none */
+    float slope;    /* below 0 */
+    int cap;        /* hi < INFINITY */
+} bn_act;
+
+/* The activation of the forward's v = scale*x + shift: above 0 capped at
+ * hi, below 0 times slope, NaN kept (as oneDNN's relu and clip). */
+PS_INLINE float bn_act_fwd(float v, const bn_act *A) {
+    return v > 0.0f ? (v > A->hi ? A->hi : v) : (v < 0.0f ? A->slope * v : v);
+}
+/* d loss / d v from g = d loss / d activation: PyTorch's rules on the
+ * activation's input v - g above 0 (0 at or above a cap: hardtanh's), g *
+ * slope at or below 0 (leaky_relu's; ReLU's slope 0: threshold's). */
+PS_INLINE float bn_act_bwd(float g, float v, const bn_act *A) {
+    return v > 0.0f ? (A->cap && !(v < A->hi) ? 0.0f : g) : A->slope * g;
+}
 
 typedef struct bn_group {
     int64_t base, istride, pstride;
@@ -2857,7 +2873,8 @@ static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
  *   mode 1: s1 = sum((x - mu)^2)
  *   mode 2: s1 = sum(dy), s2 = sum(dy * (x - mu)) */
 PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                         const float *sc, const float *sh, int mode, int L, double *s1, double *s2) {
+                         const float *sc, const float *sh, const bn_act *A, int mode, int L, double *s1,
+                         double *s2) {
     for (int l = 0; l < L; l++) s1[l] = s2[l] = 0.0;
     for (int i = 0; i < n; i++) {
         const int64_t o = g->base + i * g->istride;
@@ -2882,7 +2899,7 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
                     const float ka = sc[0], kb = sh[0];
 #pragma omp simd reduction(+:a, b)
                     for (int64_t p = p0; p < pe; p++) {
-                        const float gp = BN_MASKED(gi[p], ka, xi[p], kb);
+                        const float gp = bn_act_bwd(gi[p], ka * xi[p] + kb, A);
                         a += gp;
                         b += gp * (xi[p] - m);
                     }
@@ -2909,7 +2926,7 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
                 } else {
 #pragma omp simd
                     for (int l = 0; l < L; l++) {
-                        const float gl = BN_MASKED(gp[l], sc[l], xp[l], sh[l]);
+                        const float gl = bn_act_bwd(gp[l], sc[l] * xp[l] + sh[l], A);
                         a[l] += gl;
                         b[l] += gl * (xp[l] - mu[l]);
                     }
@@ -2926,10 +2943,10 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
 /* out = ca*in + cb*(x - mu) + cc per lane (cb, x, mu unused when x is
  * NULL: then out = ca*in + cc, the forward's affine map, clamped at 0 with
  * relu). With x and sc, sh (a folded ReLU's backward): in masked by
- * BN_MASKED(in, sc, x, sh) first. */
+ * bn_act_bwd at sc*x + sh first; A: the folded activation. */
 PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
                         const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
-                        int relu, int L, float *out) {
+                        const bn_act *A, int L, float *out) {
     for (int i = 0; i < n; i++) {
         const int64_t o = g->base + i * g->istride;
         if (L == 1) {
@@ -2938,13 +2955,13 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
                 const float ka = sc[0], kb = sh[0];
 #pragma omp simd
                 for (int64_t p = 0; p < s; p++)
-                    out[o + p] = a * BN_MASKED(in[o + p], ka, x[o + p], kb) + b * (x[o + p] - m) + c;
+                    out[o + p] = a * bn_act_bwd(in[o + p], ka * x[o + p] + kb, A) + b * (x[o + p] - m) + c;
             } else if (x) {
 #pragma omp simd
                 for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + b * (x[o + p] - m) + c;
-            } else if (relu) {
+            } else if (A) {
 #pragma omp simd
-                for (int64_t p = 0; p < s; p++) out[o + p] = BN_RELU(a * in[o + p] + c);
+                for (int64_t p = 0; p < s; p++) out[o + p] = bn_act_fwd(a * in[o + p] + c, A);
             } else {
 #pragma omp simd
                 for (int64_t p = 0; p < s; p++) out[o + p] = a * in[o + p] + c;
@@ -2956,14 +2973,14 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
             if (x && sc) {
 #pragma omp simd
                 for (int l = 0; l < L; l++)
-                    out[q + l] = ca[l] * BN_MASKED(in[q + l], sc[l], x[q + l], sh[l]) + cb[l] * (x[q + l] - mu[l]) +
-                                 cc[l];
+                    out[q + l] = ca[l] * bn_act_bwd(in[q + l], sc[l] * x[q + l] + sh[l], A) +
+                                 cb[l] * (x[q + l] - mu[l]) + cc[l];
             } else if (x) {
 #pragma omp simd
                 for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cb[l] * (x[q + l] - mu[l]) + cc[l];
-            } else if (relu) {
+            } else if (A) {
 #pragma omp simd
-                for (int l = 0; l < L; l++) out[q + l] = BN_RELU(ca[l] * in[q + l] + cc[l]);
+                for (int l = 0; l < L; l++) out[q + l] = bn_act_fwd(ca[l] * in[q + l] + cc[l], A);
             } else {
 #pragma omp simd
                 for (int l = 0; l < L; l++) out[q + l] = ca[l] * in[q + l] + cc[l];
@@ -2981,24 +2998,31 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
     default: { const int L_ = (L); call; break; } \
     }
 
-/* mode 2 with sc, sh: dy masked by a folded ReLU (bn_sums_l). */
+/* mode 2 with sc, sh and A: dy through a folded activation (bn_sums_l). */
 PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                              const float *sc, const float *sh, int mode, double *s1, double *s2) {
-    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, NULL, NULL, 0, L_, s1, s2)) }
-    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, NULL, NULL, 1, L_, s1, s2)) }
-    else if (!sc) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, NULL, NULL, 2, L_, s1, s2)) }
-    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, sc, sh, 2, L_, s1, s2)) }
+                              const float *sc, const float *sh, const bn_act *A, int mode, double *s1, double *s2) {
+    if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, NULL, NULL, NULL, 0, L_, s1, s2)) }
+    else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, NULL, NULL, NULL, 1, L_, s1, s2)) }
+    else if (!sc) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, NULL, NULL, NULL, 2, L_, s1, s2)) }
+    else { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, sc, sh, A, 2, L_, s1, s2)) }
 }
 
-/* The forward's map (x NULL; relu: a folded ReLU) or the backward's (x;
- * sc, sh: a folded ReLU's mask), bn_map_l. */
+/* The forward's map (x NULL; A: a folded activation) or the backward's (x;
+ * sc, sh and A: dy through a folded activation), bn_map_l. */
 PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
                              const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
-                             int relu, float *out) {
-    if (x && sc) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, sc, sh, 0, L_, out)) }
-    else if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, NULL, NULL, 0, L_, out)) }
-    else if (relu) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, 1, L_, out)) }
-    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, 0, L_, out)) }
+                             const bn_act *A, float *out) {
+    if (x && sc) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, sc, sh, A, L_, out)) }
+    else if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, NULL, NULL, NULL, L_, out)) }
+    else if (A) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, A, L_, out)) }
+    else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, NULL, L_, out)) }
+}
+
+/* The activation d folds in, NULL when none (the caller's act). */
+static const bn_act *bn_act_of(const ps_chan_desc *d, bn_act *act) {
+    if (!d->relu) return NULL;
+    *act = (bn_act){ d->relu_hi, d->relu_slope, d->relu_hi < INFINITY };
+    return act;
 }
 
 /* The training forward's y = scale*x + shift for channel j from the
@@ -3019,6 +3043,8 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
+    bn_act act_;
+    const bn_act *A = bn_act_of(d, &act_);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
@@ -3026,9 +3052,9 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
         const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double s1[PS_BN_LANES], s2[PS_BN_LANES];
         float mu[PS_BN_LANES], scale[PS_BN_LANES], shift[PS_BN_LANES];
-        bn_sums(&g, d->n, d->s, x, NULL, NULL, NULL, NULL, 0, s1, s2);
+        bn_sums(&g, d->n, d->s, x, NULL, NULL, NULL, NULL, NULL, 0, s1, s2);
         for (int l = 0; l < g.lanes; l++) mu[l] = (float)(s1[l] / m);
-        bn_sums(&g, d->n, d->s, x, NULL, mu, NULL, NULL, 1, s1, s2);   /* squared deviations from mu */
+        bn_sums(&g, d->n, d->s, x, NULL, mu, NULL, NULL, NULL, 1, s1, s2);   /* squared deviations from mu */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
             mean[j] = mu[l];
@@ -3036,7 +3062,7 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
             bn_affine(mu[l], invstd[j], gamma, beta, j, &scale[l], &shift[l]);
             if (var_unbiased) var_unbiased[j] = (float)(s1[l] / (m - 1.0));
         }
-        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, d->relu, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, A, y);
     }
     return PS_OK;
 }
@@ -3047,6 +3073,8 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
+    bn_act act_;
+    const bn_act *A = bn_act_of(d, &act_);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
@@ -3058,7 +3086,7 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
             bn_affine(running_mean[j], is, gamma, beta, j, &scale[l], &shift[l]);
             if (invstd) invstd[j] = is;
         }
-        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, d->relu, y);
+        bn_map(&g, d->n, d->s, x, NULL, NULL, scale, NULL, shift, NULL, NULL, A, y);
     }
     return PS_OK;
 }
@@ -3069,6 +3097,8 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
+    bn_act act_;
+    const bn_act *A = bn_act_of(d, &act_);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
@@ -3079,9 +3109,9 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
         float sc[PS_BN_LANES], sh[PS_BN_LANES];   /* a folded ReLU's: the forward's y = sc*x + sh */
         for (int l = 0; l < g.lanes; l++) {
             mu[l] = mean[g.j0 + l];
-            if (d->relu) bn_affine(mu[l], invstd[g.j0 + l], gamma, beta, g.j0 + l, &sc[l], &sh[l]);
+            if (A) bn_affine(mu[l], invstd[g.j0 + l], gamma, beta, g.j0 + l, &sc[l], &sh[l]);
         }
-        bn_sums(&g, d->n, d->s, x, dy, mu, d->relu ? sc : NULL, d->relu ? sh : NULL, 2, sdy, sdyx);
+        bn_sums(&g, d->n, d->s, x, dy, mu, A ? sc : NULL, A ? sh : NULL, A, 2, sdy, sdyx);
         /* dx = ca * dy + cb * (x - mean) + cc per lane */
         for (int l = 0; l < g.lanes; l++) {
             const int j = g.j0 + l;
@@ -3092,7 +3122,7 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
             cb[l] = batch_stats ? (float)(-gm * s * s * dg / m) : 0.0f;
             cc[l] = batch_stats ? (float)(-gm * s * sdy[l] / m) : 0.0f;
         }
-        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, d->relu ? sc : NULL, d->relu ? sh : NULL, 0, dx);
+        if (dx) bn_map(&g, d->n, d->s, dy, x, mu, ca, cb, cc, A ? sc : NULL, A ? sh : NULL, A, dx);
     }
     return PS_OK;
 }
