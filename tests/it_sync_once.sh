@@ -45,9 +45,14 @@ field() { sed -n "s/^$1: //p"; }
 stop_psd() { kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"; }
 retry=(--set trainer.rpc_timeout_s=1 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.1
        --set trainer.retry_backoff_max_s=0.5 --no-eval --log-every 1 --data "$DATA")
+# Each case's trainer logs are emptied here, before the trainer starts: its
+# own '>' truncates only once the background process runs, and a poll right
+# after the start read the previous case's log (it_sync_once failed in CI:
+# case 2's "training batch 0" found in case 1's t2.log, then gone).
 trainers() {  # batches extra-args...; starts ranks 1 and 2, sets t1 t2
   local n=$1; shift
   for r in 1 2; do
+    : >"$tmp/t$r.log"
     "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --max-batches "$n" "${retry[@]}" "$@" \
         >"$tmp/t$r.log" 2>&1 &
     eval "t$r=\$!"; pids+=("$!")
@@ -94,6 +99,7 @@ addr=; start_psd psd2.log --set server.consistency=ssp --set server.max_stalenes
 # before it stopped: hence the quick poll.)
 start_trainer() {  # rank [flags...]; sets t<rank>
   local r=$1; shift
+  : >"$tmp/t$r.log"   # emptied now (see trainers)
   "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --max-batches "$N" "${retry[@]}" "$@" \
       >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
@@ -181,6 +187,7 @@ if [[ $CASES == *5* ]]; then
 N=6
 addr=; start_psd psd5.log --set server.consistency=sync --set server.sync_workers=2 --set server.sync_timeout_s=3
 for r in 1 2 3; do
+  : >"$tmp/t$r.log"   # emptied now (see trainers)
   "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 4 --max-batches "$N" "${retry[@]}" \
       --set trainer.rpc_timeout_s=10 >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
