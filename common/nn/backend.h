@@ -229,15 +229,20 @@ static inline void ps_resize_linear(int o, int in, int out, float scale, int ali
  * tensor is at (i*c + j)*s + p; a blocked one (layout PS_LAYOUT_BLOCKED,
  * only for 4-D activations with blocked_layout(c) > 0, s = H*W) follows
  * the formula at the top of this file. eps: batch normalisation only. */
+/* An activation a batch norm applies to its own output v (a backend with
+ * batchnorm_relu): y = v > 0 ? min(v, hi) : slope * v when on. */
+typedef struct ps_bn_act {
+    int on;        /* 0: none */
+    float hi;      /* ReLU6 / Hardtanh(0, max): the cap; INFINITY: none (ReLU, LeakyReLU) */
+    float slope;   /* LeakyReLU's negative_slope; 0 (ReLU, ReLU6) */
+} ps_bn_act;
+
 typedef struct ps_chan_desc {
     int n, c;
     int64_t s;
     int layout;
     float eps;
-    /* batch normalisation, a backend with batchnorm_relu only: an activation folded in (see there) */
-    int relu;          /* 1: y = act(v) of the batch norm's v: v > 0 ? min(v, relu_hi) : relu_slope * v */
-    float relu_hi;     /* ReLU6 / Hardtanh(0, max): the cap; INFINITY: none (ReLU, LeakyReLU) */
-    float relu_slope;  /* LeakyReLU's negative_slope; 0 (ReLU, ReLU6) */
+    ps_bn_act act;   /* batch normalisation only: an activation folded in (batchnorm_relu) */
 } ps_chan_desc;
 
 /* Layer normalisation (nn.LayerNorm): each of rows rows of cols contiguous
@@ -987,18 +992,18 @@ typedef struct ps_backend_ops {
      *   dx = gamma * invstd * dy                                (otherwise)
      * dx, dgamma, dbeta may each be NULL (not computed; dgamma and dbeta
      * are NULL without affine, and gamma and beta are then NULL; beta is
-     * read only with d->relu). */
+     * read only with d->act.on). */
     ps_status (*batchnorm_backward)(void *impl, const ps_chan_desc *d, int batch_stats, const float *x,
                                     const float *dy, const float *gamma, const float *beta, const float *mean,
                                     const float *invstd, float *dx, float *dgamma, float *dbeta, ps_err *err);
-    /* 1: the three batch-norm ops above take d->relu = 1 (the executor sets
+    /* 1: the three batch-norm ops above take d->act.on = 1 (the executor sets
      * it where a ReLU, ReLU6, Hardtanh(0, max) or LeakyReLU alone reads the
      * output, server/nn/exec.c): both forwards write act(y) (ps_chan_desc;
      * NaN stays NaN), and the backward's dy is d loss / d act(y), taken
      * through act's gradient at y (PyTorch's: 1 above 0 and below a cap, 0
      * at or above it, the slope at or below 0) before the formulas above -
      * y recomputed from x as the training forward computed it, so the mask
-     * is the forward's exactly. 0: d->relu is always 0. */
+     * is the forward's exactly. 0: d->act.on is always 0. */
     int batchnorm_relu;
 
     /* Layer normalisation (see ps_ln_desc); gamma, beta (cols) both NULL

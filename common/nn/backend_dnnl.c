@@ -2816,7 +2816,7 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
  *   plain, s > 1:  one channel,          base j*s,     istride c*s, pstride 1
  *   plain, s == 1: up to 16 channels,    base j0,      istride c
  *   blocked:       one block of B lanes, base jb*s*B,  istride c*s, pstride B
- * A folded activation (d->relu, batchnorm_relu: ReLU, ReLU6 / Hardtanh(0,
+ * A folded activation (d->act, batchnorm_relu: ReLU, ReLU6 / Hardtanh(0,
  * max), LeakyReLU): the forwards' map applies it; the backward's passes
  * take dy through its gradient at the forward's v = scale*x + shift
  * (bn_affine's floats, the same expression) - one pass over x, dy and dx
@@ -2824,8 +2824,9 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
  * own input or output for the mask). */
 #define PS_BN_LANES 16
 
-/* The activation folded into a batch norm (ps_chan_desc.relu): ReLU, its
- * cap (ReLU6, Hardtanh(0, max)) or LeakyReLU's slope below 0. */
+/* The activation folded into a batch norm (ps_chan_desc.act) as the
+ * loops read it: ReLU, its cap (ReLU6, Hardtanh(0, max)) or LeakyReLU's
+ * slope below 0. */
 typedef struct bn_act {
     float hi;       /* the cap; INFINITY: none */
     float slope;    /* below 0 */
@@ -2941,9 +2942,9 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
 }
 
 /* out = ca*in + cb*(x - mu) + cc per lane (cb, x, mu unused when x is
- * NULL: then out = ca*in + cc, the forward's affine map, clamped at 0 with
- * relu). With x and sc, sh (a folded ReLU's backward): in masked by
- * bn_act_bwd at sc*x + sh first; A: the folded activation. */
+ * NULL: then out = ca*in + cc, the forward's affine map, through the
+ * folded activation A when there is one). With x and sc, sh (a folded
+ * activation's backward): in taken through bn_act_bwd at sc*x + sh first. */
 PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
                         const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
                         const bn_act *A, int L, float *out) {
@@ -3020,14 +3021,14 @@ PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *i
 
 /* The activation d folds in, NULL when none (the caller's act). */
 static const bn_act *bn_act_of(const ps_chan_desc *d, bn_act *act) {
-    if (!d->relu) return NULL;
-    *act = (bn_act){ d->relu_hi, d->relu_slope, d->relu_hi < INFINITY };
+    if (!d->act.on) return NULL;
+    *act = (bn_act){ d->act.hi, d->act.slope, d->act.hi < INFINITY };
     return act;
 }
 
 /* The training forward's y = scale*x + shift for channel j from the
  * statistics it keeps (mean, invstd as stored): the backward of a folded
- * ReLU recomputes y from the same floats. */
+ * activation recomputes y from the same floats. */
 static void bn_affine(float mu, float invstd, const float *gamma, const float *beta, int j, float *scale,
                       float *shift) {
     const double gm = gamma ? gamma[j] : 1.0, bt = beta ? beta[j] : 0.0, is = invstd;
@@ -3106,7 +3107,7 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
         const bn_group g = bn_group_at(d, block_of(im->block, d->c), gi);
         double sdy[PS_BN_LANES], sdyx[PS_BN_LANES];
         float mu[PS_BN_LANES], ca[PS_BN_LANES], cb[PS_BN_LANES], cc[PS_BN_LANES];
-        float sc[PS_BN_LANES], sh[PS_BN_LANES];   /* a folded ReLU's: the forward's y = sc*x + sh */
+        float sc[PS_BN_LANES], sh[PS_BN_LANES];   /* a folded activation's: the forward's y = sc*x + sh */
         for (int l = 0; l < g.lanes; l++) {
             mu[l] = mean[g.j0 + l];
             if (A) bn_affine(mu[l], invstd[g.j0 + l], gamma, beta, g.j0 + l, &sc[l], &sh[l]);

@@ -1082,8 +1082,7 @@ static ps_chan_desc bn_desc(const ps_layer *ly, int n) {
     const ps_shape *in = &ly->in[0];
     int64_t s = 1;
     for (int d = 1; d < in->ndim; d++) s *= in->dims[d];
-    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps, ly->fused_relu, ly->fused_hi,
-                      ly->fused_slope};
+    ps_chan_desc d = {n, (int)in->dims[0], s, ly->in_layout[0], (float)ly->a.eps, ly->fused};
     return d;
 }
 

@@ -255,10 +255,9 @@ typedef struct ps_layer {
     int64_t row_lo;                 /* Embedding shard (model.h shard_*): its table holds global rows
                                        [row_lo, row_lo + num) of row_total; ids stay global */
     int64_t row_total;              /* 0 = not a shard */
-    int fused_relu;                 /* BatchNorm: the activation after it folded in (ps_chan_desc.relu, with
-                                       fused_hi and fused_slope); set by the executor, which makes that
-                                       activation a view passing gradients through */
-    float fused_hi, fused_slope;
+    ps_bn_act fused;                /* BatchNorm: the activation after it folded in (ps_chan_desc.act); set by
+                                       the executor, which makes that activation a view passing gradients
+                                       through */
 } ps_layer;
 
 /* What a node keeps in a tape for its backward pass (backend memory: a

@@ -82,28 +82,21 @@ static void plan_layouts(stage *st) {
  * Where the stage's backend folds it into its batch norm
  * (ops->batchnorm_relu) and it is all that reads the BatchNorm's output,
  * the BatchNorm applies it and takes its backward's dy through its
- * gradient itself (fused_relu, fused_hi, fused_slope: ps_chan_desc.relu),
+ * gradient itself (its fused: ps_chan_desc.act),
  * and the activation becomes a view whose backward passes the gradient
  * through: its output is the BatchNorm's, in the BatchNorm's layout, never
  * kept for the backward. Neither is the stage's output (its layout is
  * plain). PS_FUSE=0 in psd's environment leaves every pair as it is (a
  * benchmark's or a test's comparison). Returns the pairs folded. */
 
-/* 1 with the activation's cap and slope when node ly is one the batch norm can fold. */
-static int foldable_act(const ps_layer *ly, float *hi, float *slope) {
+/* Node ly as the activation a batch norm folds in (act->on 0: not one it can). */
+static void foldable_act(const ps_layer *ly, ps_bn_act *act) {
     const char *k = ly->kind->name;
-    *hi = INFINITY;
-    *slope = 0.0f;
-    if (!strcmp(k, "ReLU")) return 1;
-    if (!strcmp(k, "LeakyReLU")) {
-        *slope = (float)ly->a.slope;
-        return 1;
-    }
-    if ((!strcmp(k, "ReLU6") || !strcmp(k, "Hardtanh")) && ly->a.min_val == 0.0 && ly->a.max_val > 0.0) {
-        *hi = (float)ly->a.max_val;
-        return 1;
-    }
-    return 0;
+    *act = (ps_bn_act){0, INFINITY, 0.0f};
+    if (!strcmp(k, "ReLU")) act->on = 1;
+    if (!strcmp(k, "LeakyReLU")) *act = (ps_bn_act){1, INFINITY, (float)ly->a.slope};
+    if ((!strcmp(k, "ReLU6") || !strcmp(k, "Hardtanh")) && ly->a.min_val == 0.0 && ly->a.max_val > 0.0)
+        *act = (ps_bn_act){1, (float)ly->a.max_val, 0.0f};
 }
 
 static int fuse_bn_relu(stage *st) {
@@ -117,14 +110,12 @@ static int fuse_bn_relu(stage *st) {
     for (int l = 0; l < nl; l++) {
         ps_layer *ly = &st->layers[l];
         int v = IV(st, l, 0);
-        float hi, slope;
-        if (!foldable_act(ly, &hi, &slope) || v == 0 || readers[v] != 1 || v == st->out_val || l + 1 == st->out_val)
-            continue;
+        ps_bn_act act;
+        foldable_act(ly, &act);
+        if (!act.on || v == 0 || readers[v] != 1 || v == st->out_val || l + 1 == st->out_val) continue;
         ps_layer *bn = &st->layers[v - 1];
         if (strcmp(bn->kind->name, "BatchNorm2d") && strcmp(bn->kind->name, "BatchNorm1d")) continue;
-        bn->fused_relu = 1;
-        bn->fused_hi = hi;
-        bn->fused_slope = slope;
+        bn->fused = act;
         ly->flags = PS_KIND_VIEW | PS_KIND_LAYOUT_KEEP | PS_KIND_GRAD_PASS;
         fused++;
     }

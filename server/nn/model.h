@@ -149,7 +149,8 @@ typedef struct ps_stage_info {
     int params_only;               /* 1: a parameter-only stage (rnn_lm's "rnn"): never forwarded;
                                       its gradients come from ps_grads_add_dense (PushGradients) */
     int64_t row_lo, row_hi;        /* the shard stage: global ids it answers; both 0 = not sharded */
-    int fused_bn_relu;             /* BatchNorm + ReLU pairs its backend computes as one (server/nn/exec.c) */
+    int fused_bn_relu;             /* BatchNorm + ReLU (ReLU6, LeakyReLU) pairs its backend computes as one
+                                      (server/nn/exec.c) */
 } ps_stage_info;
 
 typedef struct ps_grads ps_grads;
