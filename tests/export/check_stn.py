@@ -80,17 +80,13 @@ def train(pe, label, cls, y):
     """STEPS SGD steps through psd (model file y) from cls's initialisation (seed 3: the tutorial's, theta the
     identity), each on the next BATCH digits, beside PyTorch's own loop from the same weights."""
     torch.manual_seed(3)
-    model = cls(p=0.0).train()
-    m0 = copy.deepcopy(model)
+    model = cls(p=0.0).train()   # never trained: each loop below trains a copy
     w = os.path.join(cr.TMP, "stn_train_init.safetensors")
     pe.write_safetensors(w, list(model.state_dict().items()), {})
     stub, p = cr.start_psd("stn_train", "file: %s" % y, ["--init-from", w])
-    m64 = copy.deepcopy(model).double()
-    opt = torch.optim.SGD(model.parameters(), lr=cr.LR)
-    opt64 = torch.optim.SGD(m64.parameters(), lr=cr.LR)
-    losses, want, want64 = [], [], []
-    for s in range(STEPS):
-        x, target = mnist(BATCH, 1000 + s * BATCH)
+    batches = [mnist(BATCH, 1000 + s * BATCH) for s in range(STEPS)]
+    losses = []
+    for x, target in batches:
         ctx = random.randint(1, 1 << 60)
         r = stub.Forward(ps_pb2.ForwardRequest(context_id=ctx, seq=0, train=True, trainer_rank=1,
                                                input=cr.tensor(x.numpy())), timeout=60)
@@ -100,36 +96,30 @@ def train(pe, label, cls, y):
         stub.Backward(ps_pb2.BackwardRequest(context_id=ctx, seq=0, grad_output=cr.tensor(gy.numpy())), timeout=60)
         stub.Step(ps_pb2.StepRequest(context_id=ctx), timeout=60)
         losses.append(float(loss))
-        opt.zero_grad()
-        lt = F.nll_loss(model(x), target)
-        lt.backward()
-        opt.step()
-        want.append(float(lt))
-        opt64.zero_grad()
-        lt = F.nll_loss(m64(x.double()), target)
-        lt.backward()
-        opt64.step()
-        want64.append(float(lt))
     p.kill()
+
+    def torch_losses(m, dtype=torch.float32):   # PyTorch's own loop on the same batches
+        opt = torch.optim.SGD(m.parameters(), lr=cr.LR)
+        out = []
+        for x, target in batches:
+            opt.zero_grad()
+            lt = F.nll_loss(m(x.to(dtype)), target)
+            lt.backward()
+            opt.step()
+            out.append(float(lt))
+        return out
+
+    want, want64 = torch_losses(copy.deepcopy(model)), torch_losses(copy.deepcopy(model).double(), torch.float64)
     # two more float32 loops from the same weights nudged by one part in 2^23 (each weight's last bit or so): how far
     # float32 runs of this loop drift from its float64 one on this machine
     spread = [want]
     for k in (1, 2):
-        mk = copy.deepcopy(m0)
+        mk = copy.deepcopy(model)
         g = torch.Generator().manual_seed(k)
         with torch.no_grad():
             for t in mk.parameters():
                 t.mul_(1 + 2.0 ** -23 * torch.randn(t.shape, generator=g))
-        ok = torch.optim.SGD(mk.parameters(), lr=cr.LR)
-        run = []
-        for s in range(STEPS):
-            x, target = mnist(BATCH, 1000 + s * BATCH)
-            ok.zero_grad()
-            lt = F.nll_loss(mk(x), target)
-            lt.backward()
-            ok.step()
-            run.append(float(lt))
-        spread.append(run)
+        spread.append(torch_losses(mk))
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, want)]
     dist = lambda run: max(abs(a - b) / abs(b) for a, b in zip(run, want64))  # noqa: E731
     own = [abs(a - b) / abs(b) for a, b in zip(want, want64)]
