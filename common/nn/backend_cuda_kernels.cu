@@ -913,27 +913,48 @@ __global__ void binary_bcast_kernel(ps_cuda_bcast g, const float *a, const float
     }
 }
 
-__global__ void binary_bcast_backward_kernel(ps_cuda_bcast g, int which, int64_t kept, const float *a,
-                                             const float *b, const float *dy, float *dx) {
-    const int reads = g.op >= 2;
-    const int64_t red = g.count / kept;
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < kept;
+/* The backward's walk, split on the host: the dims the gradient keeps
+ * (one thread per element j of dx, dx contiguous over them) and the dims
+ * it sums over (r, row-major: the reference's order), each with its y, a
+ * and b strides. The kernel's loops are unrolled over PS_BCAST_MAX_DIMS
+ * with compile-time indices (the split arrays stay in registers). */
+struct bcast_split {
+    int op, which, nk, nr;
+    int64_t kd[5], ky[5], ka[5], kb[5];   /* kept dims, outermost first */
+    int64_t rd[5], ry[5], ra[5], rb[5];   /* summed dims, outermost first */
+    int64_t kept, red;
+};
+
+__global__ void binary_bcast_backward_kernel(bcast_split s, const float *a, const float *b, const float *dy,
+                                             float *dx) {
+    const int reads = s.op >= 2;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < s.kept;
          j += (int64_t)gridDim.x * blockDim.x) {
-        double s = 0;
-        for (int64_t r = 0; r < red; r++) {
-            int64_t rj = j, rr = r, oy = 0, oa = 0, ob = 0;
-            for (int k = g.nd - 1; k >= 0; k--) {
-                const int keep = (which ? g.sb[k] : g.sa[k]) != 0;
-                const int64_t i = (keep ? rj : rr) % g.dims[k];
-                if (keep) rj /= g.dims[k];
-                else rr /= g.dims[k];
-                oy += i * g.sy[k];
-                oa += i * g.sa[k];
-                ob += i * g.sb[k];
+        int64_t rest = j, by = 0, ba = 0, bb = 0;
+#pragma unroll
+        for (int k = 4; k >= 0; k--)
+            if (k < s.nk) {
+                const int64_t i = rest % s.kd[k];
+                rest /= s.kd[k];
+                by += i * s.ky[k];
+                ba += i * s.ka[k];
+                bb += i * s.kb[k];
             }
-            s += bcast_grad(g.op, which, dy[oy], reads ? a[oa] : 0.0, reads ? b[ob] : 0.0);
+        double acc = 0;
+        for (int64_t r = 0; r < s.red; r++) {
+            int64_t rr = r, oy = by, oa = ba, ob = bb;
+#pragma unroll
+            for (int k = 4; k >= 0; k--)
+                if (k < s.nr) {
+                    const int64_t i = rr % s.rd[k];
+                    rr /= s.rd[k];
+                    oy += i * s.ry[k];
+                    oa += i * s.ra[k];
+                    ob += i * s.rb[k];
+                }
+            acc += bcast_grad(s.op, s.which, dy[oy], reads ? a[oa] : 0.0, reads ? b[ob] : 0.0);
         }
-        dx[j] = (float)s;
+        dx[j] = (float)acc;
     }
 }
 
@@ -1389,9 +1410,22 @@ cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const f
 
 cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, const float *a, const float *b,
                                           const float *dy, float *dx, cudaStream_t stream) {
-    int64_t kept = 1;
-    for (int k = 0; k < g->nd; k++) kept *= (which ? g->sb[k] : g->sa[k]) ? g->dims[k] : 1;
-    binary_bcast_backward_kernel<<<blocks_for(kept), kThreads, 0, stream>>>(*g, which, kept, a, b, dy, dx);
+    bcast_split s = {};
+    s.op = g->op;
+    s.which = which;
+    s.kept = s.red = 1;
+    for (int k = 0; k < g->nd && k < 5; k++) {
+        if (which ? g->sb[k] : g->sa[k]) {
+            s.kd[s.nk] = g->dims[k]; s.ky[s.nk] = g->sy[k]; s.ka[s.nk] = g->sa[k]; s.kb[s.nk] = g->sb[k];
+            s.nk++;
+            s.kept *= g->dims[k];
+        } else {
+            s.rd[s.nr] = g->dims[k]; s.ry[s.nr] = g->sy[k]; s.ra[s.nr] = g->sa[k]; s.rb[s.nr] = g->sb[k];
+            s.nr++;
+            s.red *= g->dims[k];
+        }
+    }
+    binary_bcast_backward_kernel<<<blocks_for(s.kept), kThreads, 0, stream>>>(s, a, b, dy, dx);
     return cudaGetLastError();
 }
 
