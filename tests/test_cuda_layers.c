@@ -21,6 +21,7 @@
 #include "check.h"
 #include "support/random.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -491,6 +492,136 @@ static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
         }
 }
 
+/* ---- sum_squares: the sum in double of x^2 on the device (a gradient's norm) against the host's, over
+ * sizes around the block and part counts; a NaN or an inf anywhere makes it non-finite ---- */
+
+static void cmp_sum_squares(ps_backend *cu, rng *r) {
+    static const size_t sizes[] = {1, 255, 256, 257, 1000, 65537, 262144 * 4 + 3, 1199882};
+    char what[64];
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        const size_t n = sizes[t];
+        float *x = host_random(n, r);
+        double want = 0;
+        for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+        float *X = up(cu, x, n);
+        double got = -1;
+        OK(cu->ops->sum_squares(cu->impl, X, (int64_t)n, &got, &e_));
+        snprintf(what, sizeof what, "sum_squares n=%zu", n);
+        CHECK_MSG(fabs(got - want) <= 1e-12 * want * (1 + log2((double)n)), "%s: got %.17g want %.17g", what, got,
+                  want);
+        for (int bad = 0; bad < 2; bad++) {   /* a NaN, then an inf, at the far end */
+            float v = bad ? INFINITY : NAN;
+            ps_err e = {0};
+            CHECK(cu->ops->copy_to_device(cu->impl, X + n - 1, &v, sizeof v, &e) == PS_OK);
+            OK(cu->ops->sum_squares(cu->impl, X, (int64_t)n, &got, &e_));
+            CHECK_MSG(!isfinite(got), "%s with %s: got %g", what, bad ? "inf" : "NaN", got);
+        }
+        ps_backend_release(cu, X);
+        free(x);
+    }
+}
+
+/* ---- the block cache (PS_CUDA_CACHE_MB): blocks freed and handed out again never overlap a live one -
+ * each live block holds its own pattern through rounds of frees and allocations of mixed sizes (some
+ * of one class), under a cap that keeps only a few idle blocks (PS_CUDA_CACHE_MB=1) and the default ---- */
+
+static void check_block_cache(const char *cap_mb, rng *r) {
+    if (cap_mb) setenv("PS_CUDA_CACHE_MB", cap_mb, 1);
+    ps_err err = {0};
+    ps_backend *cu = ps_backend_create("cuda", 0, 0, &err);
+    if (cap_mb) unsetenv("PS_CUDA_CACHE_MB");
+    CHECK_MSG(cu, "%s", err.msg);
+    if (!cu) return;
+    enum { N = 96 };
+    float *blk[N] = {0};
+    size_t len[N] = {0};
+    int bad = 0;
+    for (int round = 0; round < 6; round++) {
+        for (int i = 0; i < N; i++) {
+            if (blk[i] && rng_uniform(r) < 0) continue;   /* about half stay live across the round */
+            ps_backend_release(cu, blk[i]);
+            const uint32_t u = (uint32_t)((rng_uniform(r) + 1.0f) * 8388608.0f);
+            len[i] = i % 4 == 0 ? 1000 : 1 + u % (u & 1 ? 300 : 300000);   /* a quarter of one size */
+            blk[i] = up(cu, NULL, len[i]);
+            float *h = malloc(len[i] * sizeof *h);
+            for (size_t k = 0; k < len[i]; k++) h[k] = (float)(round * N + i);
+            OK(cu->ops->copy_to_device(cu->impl, blk[i], h, len[i] * sizeof *h, &e_));
+            free(h);
+        }
+        for (int i = 0; i < N; i++) {   /* every live block still holds what was written into it */
+            float *h = malloc(len[i] * sizeof *h);
+            OK(cu->ops->copy_to_host(cu->impl, h, blk[i], len[i] * sizeof *h, &e_));
+            for (size_t k = 0; k < len[i]; k++)
+                if (h[k] != h[0]) { bad++; break; }
+            free(h);
+        }
+    }
+    CHECK_MSG(bad == 0, "block cache (PS_CUDA_CACHE_MB=%s): %d live blocks overwritten", cap_mb ? cap_mb : "default",
+              bad);
+    for (int i = 0; i < N; i++) ps_backend_release(cu, blk[i]);
+    ps_backend_free(cu);
+}
+
+/* ---- asynchronous runs (async_begin / async_end): 60 chained ops inside one run, each through a new
+ * temporary freed inside the run (the block cache must not hand it out while the run's queue may still
+ * use it), give exactly the synchronous result; a copy to the host inside the run sees the queue's work
+ * before it; a nested pair ends the run only at the outer end; threads' runs are their own ---- */
+
+typedef struct run_job { ps_backend *cu; int bad; } run_job;
+
+static void *async_chain(void *arg) {
+    run_job *j = arg;
+    ps_backend *cu = j->cu;
+    enum { N = 100003, STEPS = 60 };
+    float *x = malloc(N * sizeof *x), *h = malloc(N * sizeof *h);
+    for (int i = 0; i < N; i++) x[i] = (float)((i % 17) - 8) / 8.0f;   /* sums of these stay exact */
+    float *X = up(cu, x, N), *ACC = up(cu, NULL, N), *D = up(cu, NULL, 1);
+    ps_err e = {0};
+    cu->ops->async_begin(cu->impl);
+    cu->ops->async_begin(cu->impl);   /* nested: only the outer end closes the run */
+    j->bad += cu->ops->fill(cu->impl, N, ACC, 0.0f, &e) != PS_OK;
+    for (int k = 0; k < STEPS; k++) {
+        float *T = ps_backend_alloc_floats(cu, N);
+        j->bad += !T || cu->ops->add_out(cu->impl, N, ACC, X, T, &e) != PS_OK;   /* T = ACC + X */
+        j->bad += cu->ops->relu_forward(cu->impl, 1, X, D, &e) != PS_OK;          /* more queued work */
+        j->bad += cu->ops->add_out(cu->impl, N, T, X, ACC, &e) != PS_OK;          /* ACC = T + X */
+        ps_backend_release(cu, T);
+        if (k == STEPS / 2) {   /* the host copy waits for the queue */
+            j->bad += cu->ops->copy_to_host(cu->impl, h, ACC, N * sizeof *h, &e) != PS_OK;
+            for (int i = 0; i < N; i++) j->bad += h[i] != (float)(2 * (k + 1)) * x[i];
+        }
+    }
+    j->bad += cu->ops->async_end(cu->impl, &e) != PS_OK;   /* inner */
+    j->bad += cu->ops->async_end(cu->impl, &e) != PS_OK;   /* outer: waits */
+    j->bad += cu->ops->copy_to_host(cu->impl, h, ACC, N * sizeof *h, &e) != PS_OK;
+    for (int i = 0; i < N; i++) j->bad += h[i] != (float)(2 * STEPS) * x[i];
+    ps_backend_release(cu, X);
+    ps_backend_release(cu, ACC);
+    ps_backend_release(cu, D);
+    free(x);
+    free(h);
+    return NULL;
+}
+
+static void check_async_runs(ps_backend *cu) {
+    run_job one = {cu, 0};
+    async_chain(&one);
+    CHECK_MSG(one.bad == 0, "async run, one thread: %d wrong", one.bad);
+    enum { T = 4 };
+    run_job jobs[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (run_job){cu, 0};
+        pthread_create(&th[i], NULL, async_chain, &jobs[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        bad += jobs[i].bad;
+    }
+    CHECK_MSG(bad == 0, "async runs, %d threads at once: %d wrong", T, bad);
+}
+
 /* ---- torch.where (where, where_backward): tensors on both sides, then a number for a and for b; bit for
  * bit ---- */
 
@@ -647,6 +778,10 @@ int main(void) {
     cmp_rnn_cells(ref, cu, &r);
     cmp_bcast(ref, cu, &r);
     cmp_where(ref, cu, &r);
+    cmp_sum_squares(cu, &r);
+    check_block_cache(NULL, &r);
+    check_block_cache("1", &r);
+    check_async_runs(cu);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };

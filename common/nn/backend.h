@@ -830,6 +830,24 @@ typedef struct ps_backend_ops {
      * two devices, without a trip through pageable host memory. */
     ps_status (*copy_from_peer)(void *impl, void *dst, void *src_impl, const void *src, size_t bytes,
                                 ps_err *err);
+    /* Optional (NULL: the caller copies x to the host and sums there, as
+     * CPU backends need no op). *out = the sum of x[i]^2 over n floats of
+     * this device's memory, in double (ps_sum_squares' contract, summed in
+     * another order): a gradient's norm and finiteness without moving it
+     * off the device. */
+    ps_status (*sum_squares)(void *impl, const float *x, int64_t n, double *out, ps_err *err);
+    /* Optional (NULL: every op's work is complete when it returns). From
+     * async_begin to the matching async_end (one thread; pairs nest), the
+     * ops this thread calls on this backend may return before their work
+     * is done: they run in call order on one queue of the thread's, and a
+     * buffer freed in between is released at async_end, which waits for
+     * all of it and reports any failure (e.g. a kernel's). Copies to and
+     * from the host, sum_squares and copy_from_peer still complete before
+     * returning. Between the two, no buffer written may be handed to
+     * another thread, nor the weights released to writers: the executor
+     * opens a run per model call and ends it before its locks go. */
+    void (*async_begin)(void *impl);
+    ps_status (*async_end)(void *impl, ps_err *err);
 
     /* x (n,cin,h,w), w (cout,cin/groups,kh,kw), b (cout; NULL: no bias)
      * -> y (n,cout,oh,ow); either form of ps_conv_desc. */

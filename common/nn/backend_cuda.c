@@ -9,13 +9,20 @@
  * not initialised, unless a stage is placed on cuda:N.
  *
  * Execution model. Every op runs on a "context" (stream + cuDNN handle +
- * cuBLAS handle + cuDNN workspace) taken from a per-backend free list, and
- * synchronises its stream before returning, so an op's results are complete
- * when it returns (as with the CPU backends) and any thread may use any
- * buffer next. cuDNN and cuBLAS handles are never used by two threads at
- * once. Device memory comes from a per-backend stream-ordered memory pool
- * that keeps freed blocks (no cudaMalloc/cudaFree per activation), or from
- * cudaMalloc where the device has no memory pools.
+ * cuBLAS handle + cuDNN workspace + pinned copy buffer) taken from a
+ * per-backend free list, and synchronises its stream before returning, so
+ * an op's results are complete when it returns (as with the CPU backends)
+ * and any thread may use any buffer next - except inside an asynchronous
+ * run (async_begin / async_end, which psd's executor opens per model call):
+ * there the thread's ops share one context and queue on its stream without
+ * a wait apiece, the blocks they free are kept aside, and async_end waits
+ * once (PS_CUDA_ASYNC=0: no runs). cuDNN and cuBLAS handles are never used
+ * by two threads at once. Device memory comes from a per-backend
+ * stream-ordered memory pool, or from cudaMalloc where the device has no
+ * memory pools, behind a cache of freed blocks by size class that hands
+ * them out again with no CUDA call (PS_CUDA_CACHE_MB). Copies to and from
+ * the host up to 4 MB go through the context's pinned buffer; a gradient's
+ * sum of squares (its norm and finiteness) is computed on the device.
  *
  * Numerics. Convolutions (any stride, padding, dilation and group count)
  * use FP32 FMA math (no TF32 tensor cores, which Ampere and later would
@@ -154,11 +161,14 @@ static ps_status cuda_fail(ps_err *err, const char *file, int line, const char *
 
 typedef struct cuda_ctx {
     struct cuda_ctx *next;
+    int in_run;               /* held by a thread's asynchronous run (async_begin) */
     cudaStream_t stream;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     void *ws;                 /* cuDNN workspace (ws_bytes), grown on demand */
     size_t ws_bytes;
+    void *pin;                /* pinned host buffer for copies (pin_bytes), grown on demand */
+    size_t pin_bytes;
 } cuda_ctx;
 
 /* Descriptors and chosen algorithms of one convolution shape; immutable
@@ -179,11 +189,37 @@ typedef struct conv_entry {
 #define PS_CUDA_STAGE_CHUNK ((size_t)8 << 20) /* pinned staging buffer */
 #define PS_CUDA_WS_LIMIT ((size_t)512 << 20)   /* largest cuDNN workspace we accept */
 
+/* Freed device blocks kept by size class and handed out again with no
+ * CUDA call (cu_alloc, cu_free): the executor allocates and frees the same
+ * sizes every call, and an allocation from the stream-ordered pool costs a
+ * driver call and a synchronisation of the legacy stream each time. Safe
+ * because every op synchronises before returning, so a freed block is idle.
+ * Live blocks are in a chained hash by pointer (a free names no size);
+ * cached ones in per-class lists. Idle bytes kept at most cap
+ * (PS_CUDA_CACHE_MB, default 1024; 0 turns the cache off); all of them are
+ * given back when an allocation fails. */
+#define BLK_BUCKETS 4096
+#define BLK_CLASSES 320                    /* 512 B .. 2^48 B in steps of 1/8 of a power of two */
+typedef struct blk {
+    struct blk *next;
+    void *p;
+    int cls;
+} blk;
+typedef struct blk_cache {
+    int on;
+    pthread_mutex_t mu;
+    size_t cap, idle;                      /* bytes: the most kept idle, kept idle now */
+    blk *live[BLK_BUCKETS];
+    blk *free_cls[BLK_CLASSES];
+    blk *spare;                            /* unused nodes */
+} blk_cache;
+
 typedef struct cuda_impl {
     int device;
     int have_pool;
     cudaMemPool_t pool;
     int force_staged;                      /* PS_CUDA_STAGE_COPY=host */
+    int async;                             /* async_begin honoured (PS_CUDA_ASYNC=0: not) */
     cudnnActivationDescriptor_t relu;
     pthread_mutex_t mu;                    /* free_ctx, convs, peer */
     cuda_ctx *free_ctx;
@@ -191,6 +227,7 @@ typedef struct cuda_impl {
     signed char peer[PS_CUDA_MAX_DEVICES]; /* 0 unknown, 1 peer copy, -1 staged */
     pthread_mutex_t stage_mu;              /* the pinned staging buffer */
     void *pinned;
+    blk_cache cache;                       /* freed blocks kept for reuse */
 } cuda_impl;
 
 static void ctx_destroy(cuda_ctx *c) {
@@ -199,6 +236,7 @@ static void ctx_destroy(cuda_ctx *c) {
     if (c->dnn) cudnnDestroy(c->dnn);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->ws) cudaFree(c->ws);
+    if (c->pin) cudaFreeHost(c->pin);
     free(c);
 }
 
@@ -223,31 +261,68 @@ done:
     return rc;
 }
 
-/* Make this thread's current device the backend's and take a context. */
+/* ---- a thread's asynchronous runs (backend.h async_begin / async_end) ----
+ * While a run is open, the thread's ops on this backend share one context
+ * (their stream orders them) and end without waiting for it; the blocks
+ * they free are kept aside until the run ends, waits for the stream and
+ * releases them (a block must not be handed to another thread's stream
+ * while this one may still use it). Copies to and from the host still wait,
+ * and a stage boundary from another backend first waits for that backend's
+ * run on this thread (cu_copy_from_peer). One slot per backend a thread has
+ * a run open on. */
+#define PS_CUDA_RUN_SLOTS 8
+typedef struct cuda_run {
+    cuda_impl *im;             /* NULL: slot unused */
+    int depth;                 /* nested async_begin calls */
+    cuda_ctx *c;               /* the run's context, taken at its first op */
+    void **freed;              /* blocks freed during the run */
+    size_t nfreed, cap;
+} cuda_run;
+static __thread cuda_run tls_run[PS_CUDA_RUN_SLOTS];
+
+static cuda_run *run_of(const cuda_impl *im) {
+    for (int i = 0; i < PS_CUDA_RUN_SLOTS; i++)
+        if (tls_run[i].im == im) return &tls_run[i];
+    return NULL;
+}
+
+/* Make this thread's current device the backend's and take a context (the
+ * run's, when this thread has one open on the backend). */
 static ps_status ctx_acquire(cuda_impl *im, cuda_ctx **out, ps_err *err) {
     ps_status rc = PS_OK;
     *out = NULL;
     PS_CUDA_CHECK(cudaSetDevice(im->device));
+    cuda_run *r = run_of(im);
+    if (r && r->c) {
+        *out = r->c;
+        return PS_OK;
+    }
     pthread_mutex_lock(&im->mu);
     cuda_ctx *c = im->free_ctx;
     if (c) im->free_ctx = c->next;
     pthread_mutex_unlock(&im->mu);
-    if (!c) return ctx_create(im, out, err);
+    if (!c && (rc = ctx_create(im, &c, err)) != PS_OK) return rc;
+    if (r) {
+        c->in_run = 1;
+        r->c = c;
+    }
     *out = c;
 done:
     return rc;
 }
 
 static void ctx_release(cuda_impl *im, cuda_ctx *c) {
-    if (!c) return;
+    if (!c || c->in_run) return;   /* a run's context stays with it until async_end */
     pthread_mutex_lock(&im->mu);
     c->next = im->free_ctx;
     im->free_ctx = c;
     pthread_mutex_unlock(&im->mu);
 }
 
-/* Wait for the context's work; every op ends with this. */
-#define PS_CUDA_SYNC(c) PS_CUDA_CHECK(cudaStreamSynchronize((c)->stream))
+/* The end of an op: wait for the context's work, unless it is a run's. */
+#define PS_CUDA_SYNC(c) do { if (!(c)->in_run) PS_CUDA_CHECK(cudaStreamSynchronize((c)->stream)); } while (0)
+/* Wait for the context's work, in a run too (host memory is read or written). */
+#define PS_CUDA_WAIT(c) PS_CUDA_CHECK(cudaStreamSynchronize((c)->stream))
 
 static ps_status ctx_workspace(cuda_ctx *c, size_t bytes, ps_err *err) {
     ps_status rc = PS_OK;
@@ -291,6 +366,7 @@ static void describe_devices(char *buf, size_t size, int count, cudaError_t why)
 }
 
 static void cu_destroy(void *impl);
+static void blk_cache_destroy(cuda_impl *im);
 
 static ps_status cu_init(void **impl, int device, int nthreads, ps_err *err) {
     (void)nthreads;
@@ -312,6 +388,13 @@ static ps_status cu_init(void **impl, int device, int nthreads, ps_err *err) {
     pthread_mutex_init(&im->stage_mu, NULL);
     const char *stage = getenv("PS_CUDA_STAGE_COPY");
     im->force_staged = stage && !strcmp(stage, "host");
+    const char *async = getenv("PS_CUDA_ASYNC");
+    im->async = !(async && !strcmp(async, "0"));
+    const char *cache_mb = getenv("PS_CUDA_CACHE_MB");
+    long mb = cache_mb && *cache_mb ? strtol(cache_mb, NULL, 10) : 1024;
+    pthread_mutex_init(&im->cache.mu, NULL);
+    im->cache.on = mb > 0;
+    im->cache.cap = mb > 0 ? (size_t)mb << 20 : 0;
     *impl = im;
 
     PS_CUDA_CHECK(cudaSetDevice(device));
@@ -365,6 +448,7 @@ static void cu_destroy(void *impl) {
     }
     if (im->relu) cudnnDestroyActivationDescriptor(im->relu);
     if (im->pinned) cudaFreeHost(im->pinned);
+    blk_cache_destroy(im);
     if (im->have_pool) cudaMemPoolDestroy(im->pool);
     pthread_mutex_destroy(&im->mu);
     pthread_mutex_destroy(&im->stage_mu);
@@ -373,11 +457,32 @@ static void cu_destroy(void *impl) {
 
 /* -------------------------------------------------------------- memory */
 
-static void *cu_alloc(void *impl, size_t bytes) {
-    cuda_impl *im = impl;
+/* The class of a request and the bytes a block of it has: 512 B, then
+ * m * 2^(e-3) for m in 8..15 (at most 1/8 more than asked). */
+static int blk_class(size_t bytes, size_t *rounded) {
+    if (bytes <= 512) { *rounded = 512; return 0; }
+    int e = 63 - __builtin_clzll((unsigned long long)bytes);   /* 2^e <= bytes < 2^(e+1) */
+    size_t step = (size_t)1 << (e - 3);
+    size_t m = (bytes + step - 1) / step;                         /* 8..16 */
+    if (m == 16) { m = 8; e++; step <<= 1; }
+    *rounded = m * step;
+    int c = 1 + (e - 9) * 8 + (int)(m - 8);
+    return c < BLK_CLASSES ? c : -1;
+}
+
+static size_t blk_bytes(int cls) {
+    if (cls == 0) return 512;
+    int e = 9 + (cls - 1) / 8, m = 8 + (cls - 1) % 8;
+    return (size_t)m << (e - 3);
+}
+
+static unsigned blk_hash(const void *p) {
+    return (unsigned)((((uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull) >> 52) & (BLK_BUCKETS - 1);
+}
+
+/* Device memory from the pool (or cudaMalloc), outside the cache. */
+static void *raw_alloc(cuda_impl *im, size_t bytes) {
     void *p = NULL;
-    if (cudaSetDevice(im->device) != cudaSuccess) return NULL;
-    if (!bytes) bytes = 1;
     if (im->have_pool) {
         /* Stream-ordered on the legacy stream, then complete, so any
          * context's stream may use the block right away. */
@@ -395,13 +500,184 @@ static void *cu_alloc(void *impl, size_t bytes) {
     return p;
 }
 
-static void cu_free(void *impl, void *p) {
-    cuda_impl *im = impl;
-    if (!p) return;
-    cudaSetDevice(im->device);
+static void raw_free(cuda_impl *im, void *p) {
     /* Every op has synchronised before returning: no work still uses p. */
     if (im->have_pool) cudaFreeAsync(p, 0);
     else cudaFree(p);
+}
+
+/* Give every idle block back (caller holds cache.mu). */
+static void blk_cache_drop(cuda_impl *im) {
+    for (int c = 0; c < BLK_CLASSES; c++)
+        while (im->cache.free_cls[c]) {
+            blk *b = im->cache.free_cls[c];
+            im->cache.free_cls[c] = b->next;
+            raw_free(im, b->p);
+            b->next = im->cache.spare;
+            im->cache.spare = b;
+        }
+    im->cache.idle = 0;
+}
+
+static void blk_cache_destroy(cuda_impl *im) {
+    blk_cache *bc = &im->cache;
+    pthread_mutex_lock(&bc->mu);
+    blk_cache_drop(im);
+    for (int h = 0; h < BLK_BUCKETS; h++)   /* blocks never freed: their nodes only */
+        while (bc->live[h]) {
+            blk *b = bc->live[h];
+            bc->live[h] = b->next;
+            free(b);
+        }
+    while (bc->spare) {
+        blk *b = bc->spare;
+        bc->spare = b->next;
+        free(b);
+    }
+    pthread_mutex_unlock(&bc->mu);
+    pthread_mutex_destroy(&bc->mu);
+}
+
+static void *cu_alloc(void *impl, size_t bytes) {
+    cuda_impl *im = impl;
+    blk_cache *bc = &im->cache;
+    if (cudaSetDevice(im->device) != cudaSuccess) return NULL;
+    if (!bytes) bytes = 1;
+    size_t rounded = bytes;
+    int cls = bc->on ? blk_class(bytes, &rounded) : -1;
+    if (cls < 0) return raw_alloc(im, bytes);
+    pthread_mutex_lock(&bc->mu);
+    blk *b = bc->free_cls[cls];
+    if (b) {   /* a cached block: no CUDA call */
+        bc->free_cls[cls] = b->next;
+        bc->idle -= rounded;
+    } else {
+        pthread_mutex_unlock(&bc->mu);
+        void *p = raw_alloc(im, rounded);
+        pthread_mutex_lock(&bc->mu);
+        if (!p && bc->idle) {   /* out of memory: give the idle blocks back and try again */
+            blk_cache_drop(im);
+            pthread_mutex_unlock(&bc->mu);
+            p = raw_alloc(im, rounded);
+            pthread_mutex_lock(&bc->mu);
+        }
+        if (p && !(b = bc->spare) && !(b = malloc(sizeof *b))) {
+            pthread_mutex_unlock(&bc->mu);
+            raw_free(im, p);
+            return NULL;
+        }
+        if (!p) { pthread_mutex_unlock(&bc->mu); return NULL; }
+        if (b == bc->spare) bc->spare = b->next;
+        b->p = p;
+        b->cls = cls;
+    }
+    unsigned h = blk_hash(b->p);
+    b->next = bc->live[h];
+    bc->live[h] = b;
+    pthread_mutex_unlock(&bc->mu);
+    return b->p;
+}
+
+static void cu_free(void *impl, void *p) {
+    cuda_impl *im = impl;
+    blk_cache *bc = &im->cache;
+    if (!p) return;
+    cuda_run *r = run_of(im);
+    if (r && r->c) {   /* the run's stream may still use p: released at async_end */
+        if (r->nfreed == r->cap) {
+            size_t cap = r->cap ? 2 * r->cap : 64;
+            void **f = realloc(r->freed, cap * sizeof *f);
+            if (f) { r->freed = f; r->cap = cap; }
+        }
+        if (r->nfreed < r->cap) {
+            r->freed[r->nfreed++] = p;
+            return;
+        }
+        cudaSetDevice(im->device);   /* no room to keep it aside: wait for the run's work instead */
+        cudaStreamSynchronize(r->c->stream);
+    }
+    cudaSetDevice(im->device);
+    if (bc->on) {
+        pthread_mutex_lock(&bc->mu);
+        blk **pp = &bc->live[blk_hash(p)];
+        while (*pp && (*pp)->p != p) pp = &(*pp)->next;
+        blk *b = *pp;
+        if (b) {
+            *pp = b->next;
+            const size_t bytes = blk_bytes(b->cls);
+            if (bc->idle + bytes <= bc->cap) {   /* kept for the next request of its class */
+                b->next = bc->free_cls[b->cls];
+                bc->free_cls[b->cls] = b;
+                bc->idle += bytes;
+                pthread_mutex_unlock(&bc->mu);
+                return;
+            }
+            b->next = bc->spare;
+            bc->spare = b;
+        }
+        pthread_mutex_unlock(&bc->mu);
+    }
+    raw_free(im, p);
+}
+
+static void cu_async_begin(void *impl) {
+    cuda_impl *im = impl;
+    if (!im->async) return;
+    cuda_run *r = run_of(im);
+    if (r) { r->depth++; return; }
+    for (int i = 0; i < PS_CUDA_RUN_SLOTS; i++)
+        if (!tls_run[i].im) {
+            tls_run[i] = (cuda_run){.im = im, .depth = 1};
+            return;
+        }
+    /* no slot free: this run's ops stay synchronous */
+}
+
+static ps_status cu_async_end(void *impl, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc = PS_OK;
+    cuda_run *r = run_of(im);
+    if (!r || --r->depth > 0) return PS_OK;
+    cuda_ctx *c = r->c;
+    void **freed = r->freed;
+    size_t nfreed = r->nfreed;
+    *r = (cuda_run){0};   /* closed: what follows is outside the run */
+    if (c) {
+        c->in_run = 0;
+        cudaError_t e = cudaSetDevice(im->device);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess)
+            rc = cuda_fail(err, __FILE__, __LINE__, "cudaStreamSynchronize(end of an asynchronous run)",
+                           cudaGetErrorString(e));
+        ctx_release(im, c);
+    }
+    for (size_t i = 0; i < nfreed; i++) cu_free(im, freed[i]);
+    free(freed);
+    return rc;
+}
+
+/* Copies between the host and the device up to this size go through the
+ * context's own pinned buffer: a copy from or to pageable memory is staged
+ * by the driver through buffers that concurrent copies of the process take
+ * turns on (8 threads' 100 KB inputs ran one at a time, bench_cuda_ops),
+ * while each context's pinned buffer is its own. Larger ones go direct. */
+#define PS_CUDA_PIN_MAX ((size_t)4 << 20)
+
+/* The context's pinned buffer holding at least bytes (0: none to be had). */
+static int ctx_pinned(cuda_ctx *c, size_t bytes) {
+    if (bytes <= c->pin_bytes) return 1;
+    size_t want = (size_t)64 << 10;
+    while (want < bytes) want *= 2;
+    if (c->pin) cudaFreeHost(c->pin);   /* idle: every copy through it waited for its end */
+    c->pin = NULL;
+    c->pin_bytes = 0;
+    if (cudaHostAlloc(&c->pin, want, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->pin = NULL;
+        return 0;
+    }
+    c->pin_bytes = want;
+    return 1;
 }
 
 static ps_status cu_copy(cuda_impl *im, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
@@ -410,10 +686,43 @@ static ps_status cu_copy(cuda_impl *im, void *dst, const void *src, size_t bytes
     cuda_ctx *c = NULL;
     if (!bytes) return PS_OK;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (bytes <= PS_CUDA_PIN_MAX && ctx_pinned(c, bytes)) {
+        if (kind == cudaMemcpyHostToDevice) {
+            memcpy(c->pin, src, bytes);
+            PS_CUDA_CHECK(cudaMemcpyAsync(dst, c->pin, bytes, kind, c->stream));
+            PS_CUDA_WAIT(c);   /* the buffer is free for the next copy, src was read */
+        } else {
+            PS_CUDA_CHECK(cudaMemcpyAsync(c->pin, src, bytes, kind, c->stream));
+            PS_CUDA_WAIT(c);
+            memcpy(dst, c->pin, bytes);
+        }
+        goto done;
+    }
     PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
-    PS_CUDA_SYNC(c);
+    PS_CUDA_WAIT(c);
 done:
     ctx_release(im, c);
+    return rc;
+}
+
+/* The sum in double of x[i]^2 on the device: partial sums per block, then
+ * one block over them (deterministic), and one double back to the host. */
+static ps_status cu_sum_squares(void *impl, const float *x, int64_t n, double *out, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc = PS_OK;
+    cuda_ctx *c = NULL;
+    *out = 0.0;
+    if (n <= 0) return PS_OK;
+    const int parts = ps_cuda_sum_squares_parts(n);
+    double *tmp = cu_alloc(im, ((size_t)parts + 1) * sizeof(double));   /* the partials, then the sum */
+    if (!tmp) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory", im->device);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) goto done;
+    PS_CUDA_CHECK(ps_cuda_sum_squares(n, x, tmp, parts, tmp + parts, c->stream));
+    PS_CUDA_CHECK(cudaMemcpyAsync(out, tmp + parts, sizeof *out, cudaMemcpyDeviceToHost, c->stream));
+    PS_CUDA_WAIT(c);
+done:
+    ctx_release(im, c);
+    cu_free(im, tmp);
     return rc;
 }
 
@@ -465,13 +774,18 @@ static ps_status cu_copy_from_peer(void *impl, void *dst, void *src_impl, const 
     ps_status rc = PS_OK;
     cuda_ctx *c = NULL, *sc = NULL;
     if (!bytes) return PS_OK;
+    cuda_run *sr = sim != im ? run_of(sim) : NULL;
+    if (sr && sr->c) {   /* src may still be being written by this thread's run on the source backend */
+        PS_CUDA_CHECK(cudaSetDevice(sim->device));
+        PS_CUDA_WAIT(sr->c);
+    }
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     if (peer_usable(im, sim)) {
         if (sim->device == im->device)
             PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
         else
             PS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, im->device, src, sim->device, bytes, c->stream));
-        PS_CUDA_SYNC(c);
+        PS_CUDA_WAIT(c);
         goto done;
     }
     /* Through pinned host memory, one chunk at a time. */
@@ -1398,6 +1712,9 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .copy_to_device = cu_copy_to_device,
     .copy_to_host = cu_copy_to_host,
     .copy_from_peer = cu_copy_from_peer,
+    .sum_squares = cu_sum_squares,
+    .async_begin = cu_async_begin,
+    .async_end = cu_async_end,
     .conv2d_forward = cu_conv2d_forward,
     .conv2d_backward = cu_conv2d_backward,
     .relu_forward = cu_relu_forward,

@@ -266,6 +266,14 @@ cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const f
 cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, const float *a, const float *b,
                                           const float *dy, float *dx, cudaStream_t stream);
 
+/* out (one double, device memory) = sum of x[i]^2 over n floats, in double:
+ * each of nparts blocks sums a grid-stride share into partials[block]
+ * (device memory, nparts doubles; nparts <= ps_cuda_sum_squares_parts(n)),
+ * then one block sums the partials in order - the same result every time. */
+int ps_cuda_sum_squares_parts(int64_t n);
+cudaError_t ps_cuda_sum_squares(int64_t n, const float *x, double *partials, int nparts, double *out,
+                                cudaStream_t stream);
+
 /* torch.where (backend.h's where / where_backward): a NULL a (b) reads av (bv); da, db may be NULL. */
 cudaError_t ps_cuda_where(int64_t count, const float *cond, const float *a, float av, const float *b, float bv,
                           float *y, cudaStream_t stream);

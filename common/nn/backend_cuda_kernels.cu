@@ -958,6 +958,27 @@ __global__ void binary_bcast_backward_kernel(bcast_split s, const float *a, cons
     }
 }
 
+/* ---- sum of squares (ps_cuda_sum_squares) ---- */
+
+__global__ void sum_squares_part_kernel(int64_t n, const float *x, double *partials) {
+    __shared__ double red[kThreads];
+    double acc = 0.0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const double v = x[i];
+        acc += v * v;
+    }
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void sum_squares_final_kernel(int nparts, const double *partials, double *out) {
+    __shared__ double red[kThreads];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += partials[i];
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) *out = acc;
+}
+
 /* ---- torch.where (ps_cuda_where) ---- */
 
 __global__ void where_kernel(int64_t n, const float *cond, const float *a, float av, const float *b, float bv,
@@ -1426,6 +1447,18 @@ cudaError_t ps_cuda_binary_bcast_backward(const ps_cuda_bcast *g, int which, con
         }
     }
     binary_bcast_backward_kernel<<<blocks_for(s.kept), kThreads, 0, stream>>>(s, a, b, dy, dx);
+    return cudaGetLastError();
+}
+
+int ps_cuda_sum_squares_parts(int64_t n) {
+    unsigned b = blocks_for(n);
+    return b > 1024 ? 1024 : (int)b;
+}
+
+cudaError_t ps_cuda_sum_squares(int64_t n, const float *x, double *partials, int nparts, double *out,
+                                cudaStream_t stream) {
+    sum_squares_part_kernel<<<nparts, kThreads, 0, stream>>>(n, x, partials);
+    sum_squares_final_kernel<<<1, kThreads, 0, stream>>>(nparts, partials, out);
     return cudaGetLastError();
 }
 

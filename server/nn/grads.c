@@ -339,6 +339,13 @@ static ps_status grads_sq(ps_model *m, const ps_grads *g, double *out, ps_err *e
         if (!g->dense[k]) continue;
         const float *h = g->dense[k];
         float *b = NULL;
+        if (!st->host_memory && st->be->ops->sum_squares) {   /* on the device: one double comes back */
+            double part;
+            ps_status rc = st->be->ops->sum_squares(st->be->impl, g->dense[k], st->ngrads, &part, err);
+            if (rc) return rc;
+            s += part;
+            continue;
+        }
         if (!st->host_memory) {
             b = malloc((size_t)st->ngrads * sizeof(float) + 1);
             if (!b) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory for the gradient norm");

@@ -432,6 +432,31 @@ static ps_status check_input(const ps_model *m, int first, const void *x, int n,
     return PS_OK;
 }
 
+/* A model call's ops on stages first..last run as one asynchronous run on
+ * each backend that offers it (backend.h async_begin: a GPU's ops queue
+ * without a wait apiece); run_end waits for them all - before the call's
+ * locks are released and its buffers handed on - and turns a failure there
+ * into the call's error when it had none (model_impl.h). */
+void ps_model_run_begin(ps_model *m, int first, int last) {
+    for (int s = first; s <= last; s++) {
+        ps_backend *be = m->stages[s].be;
+        if (be->ops->async_begin) be->ops->async_begin(be->impl);
+    }
+}
+
+ps_status ps_model_run_end(ps_model *m, int first, int last, ps_status rc, ps_err *err) {
+    for (int s = first; s <= last; s++) {
+        ps_backend *be = m->stages[s].be;
+        if (!be->ops->async_end) continue;
+        ps_err e = {0};
+        if (be->ops->async_end(be->impl, &e) != PS_OK && rc == PS_OK) {
+            *err = e;
+            rc = e.code;
+        }
+    }
+    return rc;
+}
+
 ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x, int n, int train,
                                  const float *const *dropout_masks, uint64_t dropout_seed, float *out,
                                  ps_tape **tape_out, uint64_t *version_used, ps_err *err) {
@@ -457,12 +482,14 @@ ps_status ps_model_forward_range(ps_model *m, int first, int last, const void *x
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, version_used);
     int slice = train || m->eval_whole ? n : EVAL_SLICE;
+    ps_model_run_begin(m, first, last);
     for (int o = 0; o < n && rc == PS_OK; o += slice) {
         int k = n - o < slice ? n - o : slice;
         rc = ps_exec_forward(m, ws, first, last, (const char *)x + (size_t)o * in_sample, k, train,
                              train && tape_out, dropout_masks, &rng, out ? out + (size_t)o * out_sample : NULL,
                              tape_out, err);
     }
+    rc = ps_model_run_end(m, first, last, rc, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
@@ -522,7 +549,9 @@ ps_status ps_model_forward_group(ps_model *m, int first, int last, int k, const 
     if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, version_used);
+    ps_model_run_begin(m, first, last);
     rc = ps_exec_forward(m, ws, first, last, xs, total, 1, 1, (const float *const *)masks, &unused, NULL, &big, err);
+    rc = ps_model_run_end(m, first, last, rc, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
@@ -553,7 +582,10 @@ ps_status ps_model_backward_acc(ps_model *m, ps_tape *t, const float *grad_out, 
     if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, NULL);
+    const int ok = t && t->m == m;   /* ps_exec_backward refuses another model's tape */
+    if (ok) ps_model_run_begin(m, t->first, t->last);
     ps_status rc = ps_exec_backward(m, ws, t, grad_out, grad_in, acc, err);
+    if (ok) rc = ps_model_run_end(m, t->first, t->last, rc, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);
@@ -576,7 +608,10 @@ ps_status ps_model_backward_group(ps_model *m, int k, ps_tape *const *tapes, con
     if (rows) ps_prof_rdlock(&m->rows_lock, PS_PHASE_LOCK);
     int64_t t0 = ps_prof_begin();
     wset *ws = pin(m, NULL);
+    const int ok = tapes[0] && tapes[0]->m == m;
+    if (ok) ps_model_run_begin(m, tapes[0]->first, tapes[0]->last);
     ps_status rc = ps_exec_backward_group(m, ws, k, tapes, grad_out, grad_in, accs, err);
+    if (ok) rc = ps_model_run_end(m, tapes[0]->first, tapes[0]->last, rc, err);
     unpin(m, ws);
     ps_prof_end(PS_PHASE_COMPUTE, t0);
     if (rows) pthread_rwlock_unlock(&m->rows_lock);

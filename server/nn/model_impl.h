@@ -245,6 +245,15 @@ ps_status ps_exec_forward(ps_model *m, const wset *ws, int first, int last, cons
 ps_status ps_exec_backward(ps_model *m, const wset *ws, ps_tape *t, const float *grad_out, float *grad_in,
                            ps_grads *acc, ps_err *err);
 
+/* A model call's backend ops on stages first..last as one asynchronous run
+ * per backend that offers one (backend.h async_begin / async_end): begin
+ * after the call's locks are taken, end - which waits for the work - before
+ * they are released, before weights are published and before any buffer
+ * written goes to another thread. run_end returns rc, or the run's failure
+ * when rc was PS_OK (into err). */
+void ps_model_run_begin(ps_model *m, int first, int last);
+ps_status ps_model_run_end(ps_model *m, int first, int last, ps_status rc, ps_err *err);
+
 /* An empty tape of stages first..last for n samples (NULL: out of memory). */
 ps_tape *ps_exec_tape_new(ps_model *m, int first, int last, int n);
 /* Bytes of storage id b of stage st for n samples (plain count: a blocked

@@ -261,6 +261,7 @@ static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad 
     }
     int64_t t0 = ps_prof_begin();
     ps_model_call_begin(m, 0);   /* others compute meanwhile: a share of the threads */
+    ps_model_run_begin(m, 0, m->nstages - 1);
     const wset *cur = &m->sets[m->cur];   /* steady: only steps change cur */
     int wrote = 0, rows = 0;
     rc = write_dense_next(m, pg, cur, next, &wrote, err);   /* the copy's stages: nobody reads them yet */
@@ -283,6 +284,7 @@ static ps_status step_snapshot(ps_model *m, const ps_grads *g, const param_grad 
         rc = fold_apply(m, g, fp, next->bufw, err);
         wrote = 1;
     }
+    rc = ps_model_run_end(m, 0, m->nstages - 1, rc, err);   /* the copy complete before it is published */
     ps_model_call_end(m);
     if (wrote) {   /* published: a device failure half-way still changed weights, as in place */
         pthread_mutex_lock(&m->wmu);
@@ -333,6 +335,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
         ps_prof_wrlock(&m->lock, PS_PHASE_LOCK);
         int64_t t0 = ps_prof_begin();
         ps_model_call_begin(m, 1);  /* nothing else computes while the weights are written */
+        ps_model_run_begin(m, 0, m->nstages - 1);
         for (int i = 0; i < m->nparams && rc == PS_OK; i++) {
             if (!pg[i].dense && !pg[i].rows) continue;
             rc = update_param(m, i, &pg[i], m->sets[0].w, err);
@@ -342,6 +345,7 @@ ps_status ps_model_step_grads(ps_model *m, const ps_grads *g, uint64_t *version,
             rc = fold_apply(m, g, &fp, m->sets[0].bufw, err);
             wrote = 1;
         }
+        rc = ps_model_run_end(m, 0, m->nstages - 1, rc, err);   /* written before the lock goes */
         uint64_t v;
         pthread_mutex_lock(&m->version_mu);
         if (wrote) m->version++;  /* a device failure half-way still changed weights */
