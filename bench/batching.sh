@@ -17,8 +17,13 @@
 #   bench/batching.sh                          8 trainers, 3 rounds a mode, twice
 #   TRAINERS="4 8" WAIT_MS=2 REPEAT=1 bench/batching.sh
 #   PLACE="--set model.placement.conv=cuda:0 --set model.placement.fc=cuda:0" bench/batching.sh
+# With PLACE on a GPU (cuda:N) the summary ends with issue 22's target - 8
+# trainers with Forwards and Backwards batched >= 4x the same trainers with
+# batching off - and, where nvidia-smi is there, the GPU's mean utilisation
+# per mode (sampled every 100 ms while each mode's trainers ran).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh   # PY
 BUILD=${BUILD:-build}
 OUT=${OUT:-$BUILD/bench-results/batching-$(date +%Y%m%d-%H%M%S)}
 export TRAINERS=${TRAINERS:-8} RUNS=${RUNS:-3} BUILD
@@ -47,12 +52,20 @@ for rep in $(seq 1 "$REPEAT"); do
       both) args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=true" ;;
     esac
     echo "-- $mode (round $rep): $args"
+    smi=
+    if [[ "${PLACE:-}" == *cuda:* ]] && command -v nvidia-smi >/dev/null 2>&1; then
+      mkdir -p "$OUT/$mode-$rep"
+      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 >"$OUT/$mode-$rep/gpu-util.txt" 2>/dev/null &
+      smi=$!
+    fi
     OUT="$OUT/$mode-$rep" PSD_ARGS="--set server.threads=$threads $args ${PLACE:-}" bench/trainers.sh
+    [ -z "$smi" ] || { kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null || true; }
   done
 done
-/usr/bin/python3 - "$OUT" "$TRAINERS" "$REPEAT" <<'PYEOF' | tee "$OUT/batching.txt"
+gpu=0; [[ "${PLACE:-}" == *cuda:* ]] && gpu=1
+$PY - "$OUT" "$TRAINERS" "$REPEAT" "$gpu" <<'PYEOF' | tee "$OUT/batching.txt"
 import glob, os, re, statistics, sys
-out, counts, rep = sys.argv[1], [int(x) for x in sys.argv[2].split()], int(sys.argv[3])
+out, counts, rep, gpu = sys.argv[1], [int(x) for x in sys.argv[2].split()], int(sys.argv[3]), sys.argv[4] == "1"
 names = {"off": "batching off", "fwd": "Forwards batched", "both": "Forwards+Backwards batched"}
 res, comb = {}, {}
 for mode in names:
@@ -77,7 +90,15 @@ for mode in names:
 print("batched training calls, psd + N bench_trainer (MNIST batch 32, Forward + Backward + Step); medians over")
 print("the alternated repeats of each mode's median round; x off: the same figure over batching off's")
 print(f"{'trainers':>8} {'mode':<28} {'samples/s':>10} {'x off':>6} {'psd CPU us/sample':>18} {'x off':>6}"
-      f"  {'combined: Forwards':>18} {'Backwards':>10}")
+      f"  {'combined: Forwards':>18} {'Backwards':>10}" + (f" {'GPU util %':>10}" if gpu else ""))
+def util(mode):   # the GPU's mean utilisation over the samples taken while this mode's trainers ran
+    v = []
+    for r in range(1, rep + 1):
+        p = os.path.join(out, f"{mode}-{r}", "gpu-util.txt")
+        if os.path.exists(p):
+            v += [float(x) for x in open(p).read().split() if x.replace(".", "", 1).isdigit()]
+    return f"{statistics.mean(v):.0f}" if v else "-"
+rates = {}
 for n in counts:
     base = res.get(("off", n))
     for mode, name in names.items():
@@ -94,5 +115,14 @@ for n in counts:
             h = sum(c.get((kind, "held"), 0) for c in comb.get((mode, n), []))
             k = sum(c.get((kind, "combined"), 0) for c in comb.get((mode, n), []))
             share.append(f"{100 * k / h:.0f} %" if h else "-")
-        print(f"{n:>8} {name:<28} {sps:>10.0f} {rs:>6} {cpu:>18.1f} {rc:>6}  {share[0]:>18} {share[1]:>10}")
+        rates[(mode, n)] = sps
+        print(f"{n:>8} {name:<28} {sps:>10.0f} {rs:>6} {cpu:>18.1f} {rc:>6}  {share[0]:>18} {share[1]:>10}"
+              + (f" {util(mode):>10}" if gpu else ""))
+if gpu:   # issue 22 item 4, on a GPU: 8 trainers batched >= 4x the same 8 trainers with batching off
+    if ("off", 8) in rates and ("both", 8) in rates:
+        g = rates[("both", 8)] / rates[("off", 8)]
+        print(f"target: on the GPU, 8 trainers with Forwards and Backwards batched >= 4x batching off: {g:.2f}x"
+              f"  {'MET' if g >= 4 else 'NOT MET'}")
+    else:
+        print("target: on the GPU, 8 trainers batched >= 4x batching off: not measured (needs TRAINERS with 8)")
 PYEOF

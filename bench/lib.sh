@@ -35,6 +35,18 @@
 
 bench_port() { echo $(( 20000 + RANDOM % 20000 )); }
 
+# Debian's python3 (PyTorch, grpcio) where it is; elsewhere (a GPU machine's
+# image, for the scripts that only need the standard library) the first on PATH.
+PY=${PY:-/usr/bin/python3}
+[ -x "$PY" ] || PY=$(command -v python3 || echo /usr/bin/python3)
+
+# GET http://ADDR/PATH to stdout (curl, or python3's urllib where curl is missing)
+http_get() {
+  if command -v curl >/dev/null 2>&1; then curl -sf "http://$1"
+  else "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://" + sys.argv[1], timeout=10).read().decode())' "$1" 2>/dev/null
+  fi
+}
+
 psd_snap() {
   local pid=$1 maddr=$2 out=$3
   {
@@ -43,7 +55,7 @@ psd_snap() {
     cat /proc/"$pid"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf " runq_s=%.6f", w / 1e9}'
     cat /proc/"$pid"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {printf " ctxsw=%d\n", s}'
     if [ -n "$maddr" ]; then
-      curl -sf "http://$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total|^psd_batched_|^psd_worker_poll_seconds_total' || true
+      http_get "$maddr/metrics" | grep -E '^psd_call_phase_|^psd_samples_total|^psd_batched_|^psd_worker_poll_seconds_total' || true
     fi
   } >"$out"
 }

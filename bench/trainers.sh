@@ -25,11 +25,11 @@ DATA=${DATA:-data/mnist}
 OUT=${OUT:-$BUILD/bench-results/trainers-$(date +%Y%m%d-%H%M%S)}
 TRAINERS=${TRAINERS:-1 2 4 8 16}
 RUNS=${RUNS:-3}
-PY=/usr/bin/python3
-. bench/lib.sh
+. bench/lib.sh   # PY: Debian's python3 where it is
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 # batches per trainer in a round: about the same total work at every count
-if [ -n "${QUICK:-}" ]; then WORK=48; MINB=4; else WORK=192; MINB=8; fi
+# (ROUND_BATCHES: the batches of all trainers together in a round; more on a fast GPU)
+if [ -n "${QUICK:-}" ]; then WORK=${ROUND_BATCHES:-48}; MINB=4; else WORK=${ROUND_BATCHES:-192}; MINB=8; fi
 dir="$OUT/trainers"
 mkdir -p "$dir"
 echo "== psd's cost per sample as trainers grow ($TRAINERS trainers; $RUNS rounds each; load $(cut -d' ' -f1-3 /proc/loadavg))"

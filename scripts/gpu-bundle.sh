@@ -4,7 +4,8 @@
 # libyaml, libmicrohttpd...), e.g. a container image built for PyTorch:
 #   scripts/gpu-bundle.sh [OUT_DIR]          (default .gpu)
 # writes OUT_DIR/bundle.tar.xz holding build/bin/{psd,ps-train}, the tests
-# gpu-check.sh runs (their data files come from the checkout) and every
+# gpu-check.sh runs (their data files come from the checkout), the bench
+# programs it runs (build/bench/{bench_cuda_ops,bench_trainer,bench_group}) and every
 # shared library they need except glibc, libstdc++ and the CUDA libraries.
 # On the GPU machine, from the repository root:
 #   tar -xJf .gpu/bundle.tar.xz -C .gpu && .gpu/use-bundle.sh
@@ -17,14 +18,16 @@ cd "$(dirname "$0")/.."
 OUT=${1:-.gpu}
 BUILD=${BUILD:-build}
 gtests="test_cuda_layers test_cuda_step test_batch_forward test_kinds test_im2col"   # what gpu-check.sh runs
-bins="$BUILD/bin/psd $BUILD/bin/ps-train $(printf " $BUILD/tests/%s" $gtests)"
+gbench="bench_trainer bench_group bench_cuda_ops"   # what gpu-check.sh runs: its per-call costs and bench/batching.sh
+bins="$BUILD/bin/psd $BUILD/bin/ps-train $(printf " $BUILD/tests/%s" $gtests) $(printf " $BUILD/bench/%s" $gbench)"
 for b in $bins; do [ -x "$b" ] || { echo "gpu-bundle: $b missing: run make first" >&2; exit 1; }; done
 "$BUILD/bin/psd" --version | grep -q "CUDA: built" || { echo "gpu-bundle: $BUILD was built without CUDA" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/build/bin" "$stage/build/tests" "$stage/lib"
+mkdir -p "$stage/build/bin" "$stage/build/tests" "$stage/build/bench" "$stage/lib"
 cp $BUILD/bin/psd $BUILD/bin/ps-train "$stage/build/bin/"
 for t in $gtests; do cp "$BUILD/tests/$t" "$stage/build/tests/"; done
+for t in $gbench; do cp "$BUILD/bench/$t" "$stage/build/bench/"; done
 # shellcheck disable=SC2086
 ldd $bins | awk '$3 ~ /^\// { print $3 }' | sort -u |
   grep -v -E '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |

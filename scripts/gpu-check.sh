@@ -11,7 +11,15 @@
 #        cuda   : conv cuda:0, fc cuda:0 (device-to-device stage boundary)
 #        staged : conv cuda:0, fc cuda:0 with PS_CUDA_STAGE_COPY=host, the
 #                 path two GPUs without peer access take (pinned host memory)
-#      each must reach MIN_ACC on the test set.
+#      each must reach MIN_ACC on the test set;
+#   4. what one backend call costs (bench_cuda_ops: allocation, copies, a
+#      1-element op, MNIST's convolutions; 1 and 8 threads), for information;
+#   5. (BATCHING=1, the default) issue 22's GPU figure: bench/batching.sh
+#      with both stages on cuda:0, 8 bench_trainer processes (MNIST batch
+#      32) against psd with batching off, Forwards batched, and Forwards and
+#      Backwards batched, BATCH_REPEAT times alternately: samples/s, psd's CPU
+#      per sample, the GPU's utilisation, and the target (batched >= 4x off).
+#      Its results: BATCH_OUT (default /tmp/gpu-check-batching).
 # Needs the MNIST IDX files in data/mnist (scripts/fetch-mnist.sh, run by
 # `make test`, writes them; copy them over on a machine without network).
 #   scripts/gpu-check.sh            BUILD=build TRAINERS=2 EPOCHS=1 MIN_ACC=90
@@ -92,6 +100,14 @@ cuda_part test_kinds "cases on cuda:0" "^ok"
 # im2col / col2im (Unfold, Fold) over geometries past the golden cases, equal to ref
 cuda_part test_im2col "^cuda: [0-9]* geometries" "^ok"
 
+# what one backend call costs on the GPU (bench/bench_cuda_ops.c): the fixed
+# costs (allocation, copies, a 1-element op's launch and synchronisation)
+# beside MNIST's ops, 1 and 8 threads at once; for information
+if [ -x "$BUILD/bench/bench_cuda_ops" ]; then
+  say "== per-call costs on cuda:0 (bench_cuda_ops; for information)"
+  "$BUILD/bench/bench_cuda_ops" --threads "1 8" 2>&1 | sed 's/^/gpu-check:   /' || fail "bench_cuda_ops"
+fi
+
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
 
@@ -137,6 +153,24 @@ train cuda cuda:0 cuda:0
 train staged cuda:0 cuda:0 PS_CUDA_STAGE_COPY=host
 say "samples/s: cpu $rate_cpu | cuda:0+cuda:0 $rate_cuda | staged through pinned host $rate_staged" \
     "(x$(awk -v g="$rate_cuda" -v c="$rate_cpu" 'BEGIN { printf "%.2f", (c > 0 ? g / c : 0) }') vs CPU)"
+
+if [ "${BATCHING:-1}" = 1 ]; then
+  say "== batching on cuda:0: 8 trainers, batching off / Forwards / Forwards+Backwards"
+  bout=${BATCH_OUT:-/tmp/gpu-check-batching}
+  rm -rf "$bout"
+  set +e
+  OUT="$bout" BUILD="$BUILD" TRAINERS=8 RUNS=${BATCH_RUNS:-3} ROUND_BATCHES=${BATCH_ROUND_BATCHES:-768} REPEAT=${BATCH_REPEAT:-2} GROUP_REPS=3 \
+    PLACE="--set model.placement.conv=cuda:0 --set model.placement.fc=cuda:0" \
+    bench/batching.sh >/tmp/gpu-check-batching.log 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ] || [ ! -s "$bout/batching.txt" ]; then
+    tail -n 30 /tmp/gpu-check-batching.log
+    fail "batching bench (exit $rc, log /tmp/gpu-check-batching.log)"
+  else
+    sed 's/^/gpu-check:   /' "$bout/batching.txt"
+  fi
+fi
 if [ ${#failures[@]} -gt 0 ]; then
   say "${#failures[@]} FAILED after $(( $(date +%s) - t_start )) s:"
   printf 'gpu-check:   %s\n' "${failures[@]}"
