@@ -61,7 +61,8 @@ typedef struct conv_res { float *y, *dx, *dw, *db, *dw_nodx; } conv_res;
 
 static conv_res run_conv(ps_backend *b, const ps_conv_desc *d, const float *x, const float *w,
                          const float *bias, const float *dy) {
-    const size_t nx = (size_t)d->n * d->cin * d->h * d->w, nw = (size_t)d->cout * d->cin * d->kh * d->kw;
+    const int groups = d->groups > 1 ? d->groups : 1;   /* weight (cout, cin / groups, kh, kw) */
+    const size_t nx = (size_t)d->n * d->cin * d->h * d->w, nw = (size_t)d->cout * (d->cin / groups) * d->kh * d->kw;
     const size_t ny = (size_t)d->n * d->cout * ps_conv_out_h(d) * ps_conv_out_w(d);
     float *X = up(b, x, nx), *W = up(b, w, nw), *B = up(b, bias, d->cout), *DY = up(b, dy, ny);
     float *Y = up(b, NULL, ny), *DX = up(b, NULL, nx), *DW = up(b, NULL, nw), *DB = up(b, NULL, d->cout);
@@ -75,13 +76,15 @@ static conv_res run_conv(ps_backend *b, const ps_conv_desc *d, const float *x, c
 }
 
 static void cmp_conv(ps_backend *ref, ps_backend *cu, ps_conv_desc d, rng *r) {
-    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * d.cin * d.kh * d.kw;
+    const int groups = d.groups > 1 ? d.groups : 1;
+    const size_t nx = (size_t)d.n * d.cin * d.h * d.w, nw = (size_t)d.cout * (d.cin / groups) * d.kh * d.kw;
     const size_t ny = (size_t)d.n * d.cout * ps_conv_out_h(&d) * ps_conv_out_w(&d);
     float *x = host_random(nx, r), *w = host_random(nw, r), *b = host_random(d.cout, r), *dy = host_random(ny, r);
     conv_res a = run_conv(ref, &d, x, w, b, dy), o = run_conv(cu, &d, x, w, b, dy);
     char what[128];
-#define CMP(f, cnt) snprintf(what, sizeof what, "conv n%d %d->%d %dx%d k%dx%d s%d p%d " #f, d.n, d.cin, \
-                             d.cout, d.h, d.w, d.kh, d.kw, d.stride, d.pad); \
+#define CMP(f, cnt) snprintf(what, sizeof what, "conv n%d %d->%d %dx%d k%dx%d s%d p%d d%d g%d " #f, \
+                             d.n, d.cin, d.cout, d.h, d.w, d.kh, d.kw, d.stride_h ? d.stride_h : d.stride, \
+                             d.stride_h ? d.pad_h : d.pad, d.dil_h, d.groups); \
     check_scaled(what, o.f, a.f, cnt, CMP_TOL)
     CMP(y, ny); CMP(dx, nx); CMP(dw, nw); CMP(db, (size_t)d.cout); CMP(dw_nodx, nw);
 #undef CMP
@@ -492,6 +495,18 @@ static void cmp_bcast(ps_backend *ref, ps_backend *cu, rng *r) {
         }
 }
 
+/* ---- convolutions past MNIST's: a batched group's 256 samples, a 1x1, dilation with unequal strides,
+ * padding and a rectangular kernel, and a grouped one ---- */
+
+static void cmp_conv_more(ps_backend *ref, ps_backend *cu, rng *r) {
+    cmp_conv(ref, cu, (ps_conv_desc){256, 32, 26, 26, 64, 3, 3, 1, 0}, r);
+    cmp_conv(ref, cu, (ps_conv_desc){4, 16, 7, 7, 24, 1, 1, 1, 0}, r);
+    cmp_conv(ref, cu, (ps_conv_desc){.n = 2, .cin = 6, .h = 15, .w = 12, .cout = 5, .kh = 3, .kw = 2, .stride_h = 2,
+                                     .stride_w = 1, .pad_h = 2, .pad_w = 1, .dil_h = 2, .dil_w = 3, .groups = 1}, r);
+    cmp_conv(ref, cu, (ps_conv_desc){.n = 2, .cin = 8, .h = 9, .w = 9, .cout = 12, .kh = 3, .kw = 3, .stride_h = 1,
+                                     .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 4}, r);
+}
+
 /* ---- sum_squares: the sum in double of x^2 on the device (a gradient's norm) against the host's, over
  * sizes around the block and part counts; a NaN or an inf anywhere makes it non-finite ---- */
 
@@ -782,6 +797,7 @@ int main(void) {
     check_block_cache(NULL, &r);
     check_block_cache("1", &r);
     check_async_runs(cu);
+    cmp_conv_more(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };
