@@ -211,6 +211,9 @@ typedef struct ps_cuda_cols {
 cudaError_t ps_cuda_im2col(const ps_cuda_cols *g, const float *x, float *col, cudaStream_t stream);
 cudaError_t ps_cuda_col2im(const ps_cuda_cols *g, const float *col, float *x, cudaStream_t stream);
 
+/* y[i] = sum over s < parts of p[s count + i], in s order, summed in double. */
+cudaError_t ps_cuda_sum_parts(int64_t count, int parts, const float *p, float *y, cudaStream_t stream);
+
 /* y[i] = x[i] == value ? 1 : 0 (int64 token ids to a float mask). */
 cudaError_t ps_cuda_eq_const(int64_t count, const int64_t *x, int64_t value, float *y, cudaStream_t stream);
 

@@ -809,6 +809,16 @@ __global__ void col2im_kernel(ps_cuda_cols g, int64_t count, const float *col, f
     }
 }
 
+/* y[i] = sum over s < parts of p[s count + i], in s order, in double (the per-image weight gradients'
+ * sum: the same result every time). */
+__global__ void sum_parts_kernel(int64_t count, int parts, const float *p, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        double acc = 0.0;
+        for (int s = 0; s < parts; s++) acc += p[(int64_t)s * count + i];
+        y[i] = (float)acc;
+    }
+}
+
 __global__ void eq_const_kernel(int64_t n, const int64_t *x, int64_t value, float *y) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = x[i] == value ? 1.0f : 0.0f;
@@ -1267,6 +1277,12 @@ cudaError_t ps_cuda_col2im(const ps_cuda_cols *g, const float *col, float *x, cu
     const int64_t count = g->n * g->c * g->h * g->w;
     if (count <= 0) return cudaSuccess;
     col2im_kernel<<<blocks_for(count), kThreads, 0, stream>>>(*g, count, col, x);
+    return cudaGetLastError();
+}
+
+cudaError_t ps_cuda_sum_parts(int64_t count, int parts, const float *p, float *y, cudaStream_t stream) {
+    if (count <= 0) return cudaSuccess;
+    sum_parts_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, parts, p, y);
     return cudaGetLastError();
 }
 
