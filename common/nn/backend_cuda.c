@@ -22,7 +22,9 @@
  * memory pools, behind a cache of freed blocks by size class that hands
  * them out again with no CUDA call (PS_CUDA_CACHE_MB). Copies to and from
  * the host up to 4 MB go through the context's pinned buffer; a gradient's
- * sum of squares (its norm and finiteness) is computed on the device.
+ * sum of squares (its norm and finiteness) is computed on the device; a
+ * convolution's weight gradient is im2col + one batched cuBLAS GEMM over
+ * the images (wgrad_gemm; PS_CUDA_WGRAD=cudnn: cuDNN's).
  *
  * Numerics. Convolutions (any stride, padding, dilation and group count)
  * use FP32 FMA math (no TF32 tensor cores, which Ampere and later would
