@@ -9,6 +9,12 @@
 #  - the phase accounting (server.profile, on by default) counted the 5
 #    Forwards (one call a batch: no Backward or Step), timed their compute,
 #    and its phases fit in each method's span.
+#  - the standard process_* series against the kernel's own accounts of
+#    psd's process read by this test beside the scrape (/proc/PID: VmRSS,
+#    utime + stime, the fd directory, the fd limit, the start time):
+#    resident memory within 25 %, CPU within 0.5 s, descriptors within 4,
+#    the limit equal, the start within 5 s of when the test launched psd;
+#    and through Prometheus.
 . "$(dirname "$0")/lib.sh" it_prometheus
 DATA=${DATA:-data/mnist}
 command -v prometheus >/dev/null || { echo "it_prometheus: skipped: prometheus not installed (scripts/install-deps.sh)"; exit 77; }
@@ -19,6 +25,7 @@ port=$(free_port); mport=$((port + 1)); pport=$((port + 2))
 tok=$(openssl rand -hex 32)
 printf 'trainer1 trainer %s\n' "$tok" >"$tmp/tokens"; chmod 600 "$tmp/tokens"
 printf '%s\n' "$tok" >"$tmp/tok"; chmod 600 "$tmp/tok"
+launched=$(date +%s)
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --set server.metrics_listen="127.0.0.1:$mport" \
   --set security.tokens_file="$tmp/tokens" 2>"$tmp/psd.log" &
 psd=$!; pids+=("$psd")
@@ -27,6 +34,37 @@ for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break
   --max-batches 5 --log-every 5 >"$tmp/train.log" 2>&1 || fail "ps-train"
 for _ in 1 2 3; do "$BUILD/bin/ps-train" --server "127.0.0.1:$port" --status >/dev/null 2>&1 || true; done
 curl -sf "http://127.0.0.1:$mport/metrics" >"$tmp/metrics.txt" || fail "/metrics"
+# psd's own accounts, read right after the scrape (psd re-executes itself: the same pid)
+{ grep VmRSS "/proc/$psd/status"; echo "stat $(cat "/proc/$psd/stat")"; echo "fds $(ls "/proc/$psd/fd" | wc -l)";
+  grep 'Max open files' "/proc/$psd/limits"; echo "clk $(getconf CLK_TCK)"; echo "launched $launched"; } >"$tmp/proc.txt"
+$PY - "$tmp/metrics.txt" "$tmp/proc.txt" <<'PYEOF' || fail "process_* series against /proc"
+import re, sys
+met = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(process_\w+) (\S+)$", line)
+    if m: met[m.group(1)] = float(m.group(2))
+proc = open(sys.argv[2]).read()
+rss = int(re.search(r"VmRSS:\s+(\d+) kB", proc).group(1)) * 1024
+stat = re.search(r"^stat (.*)$", proc, re.M).group(1)
+fields = stat[stat.rindex(")") + 2:].split()   # from field 3 (state) on
+clk = int(re.search(r"^clk (\d+)", proc, re.M).group(1))
+cpu = (int(fields[14 - 3]) + int(fields[15 - 3])) / clk
+fds = int(re.search(r"^fds (\d+)", proc, re.M).group(1))
+limit = int(re.search(r"Max open files\s+(\d+)", proc).group(1))
+launched = int(re.search(r"^launched (\d+)", proc, re.M).group(1))
+want = ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+        "process_start_time_seconds", "process_open_fds", "process_max_fds")
+assert all(k in met for k in want), sorted(met)
+assert abs(met["process_resident_memory_bytes"] - rss) <= 0.25 * rss, (met["process_resident_memory_bytes"], rss)
+assert met["process_virtual_memory_bytes"] >= met["process_resident_memory_bytes"], met
+assert 0 < met["process_cpu_seconds_total"] <= cpu + 0.01 and cpu - met["process_cpu_seconds_total"] <= 0.5, (met, cpu)
+assert abs(met["process_open_fds"] - fds) <= 4, (met["process_open_fds"], fds)
+assert met["process_max_fds"] == limit, (met["process_max_fds"], limit)
+assert abs(met["process_start_time_seconds"] - launched) <= 5, (met["process_start_time_seconds"], launched)
+print("ok: process_* series: resident %.1f MB (VmRSS %.1f), CPU %.2f s (%.2f), %d fds (%d) of %d, started %+.1f s "
+      "after the launch" % (met["process_resident_memory_bytes"] / 1e6, rss / 1e6, met["process_cpu_seconds_total"],
+                            cpu, met["process_open_fds"], fds, limit, met["process_start_time_seconds"] - launched))
+PYEOF
 $PY - "$tmp/metrics.txt" <<'PYEOF' || fail "phase accounting (psd_call_phase_*)"
 import re, sys
 ph, calls = {}, {}
@@ -89,8 +127,10 @@ a=$(query 'psd_calls_refused_total{reason="auth"}')
 rb=$(query 'psd_message_bytes_total{dir="received"}'); sb=$(query 'psd_message_bytes_total{dir="sent"}')
 [ -n "$rb" ] && [ "${rb%.*}" -ge $((5 * 64 * 3136)) ] || fail "psd_message_bytes_total{dir=\"received\"} is '$rb', expected >= $((5 * 64 * 3136))"
 [ -n "$sb" ] && [ "${sb%.*}" -gt 0 ] || fail "psd_message_bytes_total{dir=\"sent\"} is '$sb'"
+r=$(query 'process_resident_memory_bytes{job="psd"}')
+[ -n "$r" ] && [ "${r%.*}" -gt $((8 << 20)) ] || fail "process_resident_memory_bytes through Prometheus is '$r'"
 n=$(query 'count({__name__=~"psd_.+"})')
-echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, message bytes in/out $rb/$sb, $n psd_* series"
+echo "ok: Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') scraped psd: up=1, psd_model_version=$v, psd_serving=$s, refused (auth)=$a, message bytes in/out $rb/$sb, resident $r bytes, $n psd_* series"
 kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"
 pids=()  # stopped above: nothing left to kill
 echo "it_prometheus: a real Prometheus scrapes psd and serves its psd_* series: OK"
