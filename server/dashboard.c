@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "history.h"
 #include "placement.h"
+#include "procstat.h"
 #include "round_metrics.h"
 #include "textbuf.h"
 #include "web_assets.h"
@@ -284,6 +285,10 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     kstr(b, &g, "version", PS_VERSION);
     knum(b, &g, "time", now);
     knum(b, &g, "uptime_s", ps_service_uptime(d->svc));
+    ps_proc_stats ps;
+    ps_proc_self(&ps);
+    if (ps.rss_bytes >= 0) knum(b, &g, "rss_bytes", ps.rss_bytes);   /* absent when /proc cannot say */
+    if (ps.cpu_s >= 0) knum(b, &g, "cpu_s", ps.cpu_s);
     kbool(b, &g, "serving", serving);
     kstr(b, &g, "state", why);
     kbool(b, &g, "draining", ps_service_draining(d->svc));

@@ -6,7 +6,6 @@
 #include "round_metrics.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -16,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
+#include <stddef.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include "clock.h"
 #include "config.h"
 #include "log.h"
+#include "procstat.h"
 #include "prof.h"
 
 #define N_CODES 17 /* gRPC status codes 0..16 */
@@ -195,56 +195,32 @@ static void family(buf *b, const char *name, const char *type, const char *help)
 
 /* A counter family with one label and two values of it:
  * name{label="v1"} n1 and name{label="v2"} n2. */
-/* The Prometheus client libraries' standard process_* series, from /proc:
+/* The Prometheus client libraries' standard process_* series (procstat.h):
  * what an operator alerts on (a daemon's memory growing, its descriptors
- * running out) without a node exporter. Each is left out when its file
- * cannot be read. */
+ * running out) without a node exporter. Each is left out when unknown. */
 static void process_metrics(buf *b) {
-    const long page = sysconf(_SC_PAGESIZE), tck = sysconf(_SC_CLK_TCK);
-    FILE *f = fopen("/proc/self/stat", "r");
-    char line[1024];
-    if (f && fgets(line, sizeof line, f)) {
-        /* fields after the command's ')': 3 state ... 14 utime 15 stime ... 22 starttime 23 vsize 24 rss */
-        const char *q = strrchr(line, ')');   /* the command may hold spaces and parentheses */
-        unsigned long long v[25] = {0};
-        int k = 3;
-        for (q = q ? q + 2 : NULL; q && *q && k <= 24; k++) {
-            if (k > 3) v[k] = strtoull(q, NULL, 10);   /* field 3 is the state letter */
-            q = strchr(q, ' ');
-            if (q) q++;
-        }
-        if (k > 24 && tck > 0) {
-            double boot = -1;
-            FILE *st = fopen("/proc/stat", "r");
-            char l2[256];
-            while (st && fgets(l2, sizeof l2, st))
-                if (!strncmp(l2, "btime ", 6)) { boot = strtod(l2 + 6, NULL); break; }
-            if (st) fclose(st);
-            family(b, "process_cpu_seconds_total", "counter", "User and system CPU time spent, seconds.");
-            put(b, "process_cpu_seconds_total %.2f\n", (double)(v[14] + v[15]) / (double)tck);
-            family(b, "process_resident_memory_bytes", "gauge", "Resident memory size, bytes.");
-            put(b, "process_resident_memory_bytes %llu\n", v[24] * (unsigned long long)page);
-            family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size, bytes.");
-            put(b, "process_virtual_memory_bytes %llu\n", v[23]);
-            if (boot >= 0) {
-                family(b, "process_start_time_seconds", "gauge", "Start time since the Unix epoch, seconds.");
-                put(b, "process_start_time_seconds %.2f\n", boot + (double)v[22] / (double)tck);
-            }
-        }
-    }
-    if (f) fclose(f);
-    DIR *d = opendir("/proc/self/fd");
-    if (d) {
-        long n = 0;
-        for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-        closedir(d);
-        family(b, "process_open_fds", "gauge", "Open file descriptors.");
-        put(b, "process_open_fds %ld\n", n - 1);   /* less the one reading the directory */
-    }
-    struct rlimit rl;
-    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
-        family(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
-        put(b, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+    ps_proc_stats p;
+    ps_proc_self(&p);
+    static const struct { const char *name, *type, *help, *fmt; size_t off; } rows[] = {
+        {"process_cpu_seconds_total", "counter", "User and system CPU time spent, seconds.", "%.2f",
+         offsetof(ps_proc_stats, cpu_s)},
+        {"process_resident_memory_bytes", "gauge", "Resident memory size, bytes.", "%.0f",
+         offsetof(ps_proc_stats, rss_bytes)},
+        {"process_virtual_memory_bytes", "gauge", "Virtual memory size, bytes.", "%.0f",
+         offsetof(ps_proc_stats, vm_bytes)},
+        {"process_start_time_seconds", "gauge", "Start time since the Unix epoch, seconds.", "%.2f",
+         offsetof(ps_proc_stats, start_time_s)},
+        {"process_open_fds", "gauge", "Open file descriptors.", "%.0f", offsetof(ps_proc_stats, open_fds)},
+        {"process_max_fds", "gauge", "Maximum number of open file descriptors.", "%.0f",
+         offsetof(ps_proc_stats, max_fds)},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const double v = *(const double *)((const char *)&p + rows[i].off);
+        if (v < 0) continue;
+        family(b, rows[i].name, rows[i].type, rows[i].help);
+        char num[64];
+        snprintf(num, sizeof num, rows[i].fmt, v);
+        put(b, "%s %s\n", rows[i].name, num);
     }
 }
 

@@ -40,9 +40,9 @@ t1=$!; pids+=("$t1")
 wait "$t1" || fail "trainer 1"
 "$BUILD/bin/ps-train" status --server "127.0.0.1:$port" >"$tmp/status.txt" 2>&1 || fail "ps-train status"
 sleep 2.5   # two more history points: the last batches are in a closed point
-$PY - "$tmp" "$mport" "$BATCHES" <<'PYEOF' || fail "the dashboard's JSON"
+$PY - "$tmp" "$mport" "$BATCHES" "$psd" <<'PYEOF' || fail "the dashboard's JSON"
 import json, math, re, sys, urllib.request
-tmp, mport, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tmp, mport, batches, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 base = f"http://127.0.0.1:{mport}"
 def get(path):
     with urllib.request.urlopen(base + path, timeout=10) as r:
@@ -59,6 +59,10 @@ seen = int(re.search(r"trainers seen\s+(\d+)", s).group(1))
 st, hd, body = get("/api/dashboard")
 d = json.loads(body)
 check(st == 200 and hd["Content-Type"].startswith("application/json"), "GET /api/dashboard: JSON")
+rss = int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) * 1024
+p = d["psd"]
+check(abs(p.get("rss_bytes", -1) - rss) <= 0.25 * rss and p.get("cpu_s", 0) > 0,
+      f"psd's resident memory {p.get('rss_bytes', -1) / 1e6:.1f} MB (its VmRSS {rss / 1e6:.1f}), CPU {p.get('cpu_s')} s")
 check(d["model"]["name"] == model and d["model"]["version"] == version, f"model {model} version {version}")
 check(d["model"]["samples"] == samples, f"samples {d['model']['samples']} == Status {samples}")
 check(d["contexts"]["trainers_seen"] == seen == 2, f"trainers seen {seen}")

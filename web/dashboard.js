@@ -255,7 +255,8 @@
     st.textContent = p.draining ? "draining" : p.serving ? "serving" : "not serving";
     st.className = "pill " + (p.draining ? "warn" : p.serving ? "ok" : "bad");
     st.title = p.state;
-    setText("uptime", "up " + fmtDur(p.uptime_s));
+    setText("uptime", "up " + fmtDur(p.uptime_s) + (p.rss_bytes != null ? " · " + fmtBytes(p.rss_bytes) + " resident" : ""));
+    $("uptime").title = p.cpu_s != null ? "psd's CPU time: " + fmtDur(p.cpu_s) : "";
     document.title = m.model.name + " · v" + m.model.version + " · psd";
   }
 

@@ -12,6 +12,7 @@
 //    STATUS_JSON from `ps-train status` and the trainers' own summaries),
 //    then until the page shows STATUS_JSON's model version, and compares
 //    the page's values with it: model, version, samples, trainers seen,
+//    psd's resident memory shown beside its uptime,
 //    live contexts, last checkpoint, and per trainer rank its samples and
 //    steps against what that trainer itself printed.
 // 3. Checks every request went to psd, none failed, and no script error
@@ -90,6 +91,8 @@ try {
   const st = JSON.parse(readFileSync(statusFile, "utf8"));
   await until(`the page to show version ${st.version}`, async () => (await num("model-version")) === st.version, 30000);
   check((await text("#model-name")) === st.model, `model name ${st.model}`);
+  const up = await text("#uptime");
+  check(/^up .+ · [0-9.]+ (KiB|MiB|GiB) resident$/.test(up), `psd's uptime and resident memory shown ("${up}")`);
   check((await num("model-version")) === st.version, `model version ${await num("model-version")} == Status ${st.version}`);
   check((await num("samples")) === st.samples, `samples ${await num("samples")} == Status ${st.samples}`);
   const seen = (await text("#trainers-foot")).match(/^([\d,]+) rank/);
