@@ -14,6 +14,8 @@
 #      each must reach MIN_ACC on the test set;
 #   4. what one backend call costs (bench_cuda_ops: allocation, copies, a
 #      1-element op, MNIST's convolutions; 1 and 8 threads), for information;
+#      with PROFILE=1 also Nsight Compute's kernel times of its
+#      convolution rows (bench/ncu_summary.py);
 #   5. (BATCHING=1, the default) issue 22's GPU figure: bench/batching.sh
 #      with both stages on cuda:0, 8 bench_trainer processes (MNIST batch
 #      32) against psd with batching off, Forwards batched, and Forwards and
@@ -106,6 +108,22 @@ cuda_part test_im2col "^cuda: [0-9]* geometries" "^ok"
 if [ -x "$BUILD/bench/bench_cuda_ops" ]; then
   say "== per-call costs on cuda:0 (bench_cuda_ops; for information)"
   "$BUILD/bench/bench_cuda_ops" --threads "1 8" 2>&1 | sed 's/^/gpu-check:   /' || fail "bench_cuda_ops"
+fi
+# PROFILE=1: where a convolution's GPU time goes - Nsight Compute's kernel
+# times of bench_cuda_ops' convolution rows, one thread (bench/ncu_summary.py)
+if [ "${PROFILE:-0}" = 1 ]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+  py=$(command -v python3 || true)
+  if [ -z "$ncu" ] || [ -z "$py" ]; then
+    say "PROFILE=1: no ncu or python3 here: no kernel times"
+  elif "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv "$BUILD/bench/bench_cuda_ops" --threads 1 \
+         --calls 2 --reps 2 --only conv >/tmp/gpu-check-ncu.csv 2>/tmp/gpu-check-ncu.err; then
+    say "== kernel times (ncu, PROFILE=1): bench_cuda_ops' convolution rows, launches x mean"
+    "$py" bench/ncu_summary.py /tmp/gpu-check-ncu.csv | sed 's/^/gpu-check:   /' || fail "ncu_summary.py"
+  else
+    tail -n 5 /tmp/gpu-check-ncu.err
+    fail "ncu over bench_cuda_ops (log /tmp/gpu-check-ncu.err)"
+  fi
 fi
 
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
