@@ -2824,25 +2824,19 @@ static ps_status dn_act_backward(void *impl, const ps_act_desc *d, int64_t count
  * own input or output for the mask). */
 #define PS_BN_LANES 16
 
-/* The activation folded into a batch norm (ps_chan_desc.act) as the
- * loops read it: ReLU, its cap (ReLU6, Hardtanh(0, max)) or LeakyReLU's
- * slope below 0. */
-typedef struct bn_act {
-    float hi;       /* the cap; INFINITY: none */
-    float slope;    /* below 0 */
-    int cap;        /* hi < INFINITY */
-} bn_act;
-
-/* The activation of the forward's v = scale*x + shift: above 0 capped at
- * hi, below 0 times slope, NaN kept (as oneDNN's relu and clip). */
-PS_INLINE float bn_act_fwd(float v, const bn_act *A) {
+/* The activation folded into a batch norm (ps_chan_desc.act, ps_bn_act:
+ * ReLU, its cap hi for ReLU6 / Hardtanh(0, max), LeakyReLU's slope below
+ * 0) applied to the forward's v = scale*x + shift: above 0 capped at hi,
+ * below 0 times slope, NaN kept (as oneDNN's relu and clip). */
+PS_INLINE float bn_act_fwd(float v, const ps_bn_act *A) {
     return v > 0.0f ? (v > A->hi ? A->hi : v) : (v < 0.0f ? A->slope * v : v);
 }
 /* d loss / d v from g = d loss / d activation: PyTorch's rules on the
- * activation's input v - g above 0 (0 at or above a cap: hardtanh's), g *
- * slope at or below 0 (leaky_relu's; ReLU's slope 0: threshold's). */
-PS_INLINE float bn_act_bwd(float g, float v, const bn_act *A) {
-    return v > 0.0f ? (A->cap && !(v < A->hi) ? 0.0f : g) : A->slope * g;
+ * activation's input v - g above 0 (0 at or above a cap: hardtanh's; no
+ * cap when hi is INFINITY, so v = +inf keeps g), g * slope at or below 0
+ * (leaky_relu's; ReLU's slope 0: threshold's). */
+PS_INLINE float bn_act_bwd(float g, float v, const ps_bn_act *A) {
+    return v > 0.0f ? (A->hi < INFINITY && !(v < A->hi) ? 0.0f : g) : A->slope * g;
 }
 
 typedef struct bn_group {
@@ -2874,7 +2868,7 @@ static bn_group bn_group_at(const ps_chan_desc *d, int block, int g) {
  *   mode 1: s1 = sum((x - mu)^2)
  *   mode 2: s1 = sum(dy), s2 = sum(dy * (x - mu)) */
 PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                         const float *sc, const float *sh, const bn_act *A, int mode, int L, double *s1,
+                         const float *sc, const float *sh, const ps_bn_act *A, int mode, int L, double *s1,
                          double *s2) {
     for (int l = 0; l < L; l++) s1[l] = s2[l] = 0.0;
     for (int i = 0; i < n; i++) {
@@ -2947,7 +2941,7 @@ PS_INLINE void bn_sums_l(const bn_group *g, int n, int64_t s, const float *x, co
  * activation's backward): in taken through bn_act_bwd at sc*x + sh first. */
 PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
                         const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
-                        const bn_act *A, int L, float *out) {
+                        const ps_bn_act *A, int L, float *out) {
     for (int i = 0; i < n; i++) {
         const int64_t o = g->base + i * g->istride;
         if (L == 1) {
@@ -3001,7 +2995,7 @@ PS_INLINE void bn_map_l(const bn_group *g, int n, int64_t s, const float *in, co
 
 /* mode 2 with sc, sh and A: dy through a folded activation (bn_sums_l). */
 PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *x, const float *dy, const float *mu,
-                              const float *sc, const float *sh, const bn_act *A, int mode, double *s1, double *s2) {
+                              const float *sc, const float *sh, const ps_bn_act *A, int mode, double *s1, double *s2) {
     if (mode == 0) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, NULL, NULL, NULL, NULL, 0, L_, s1, s2)) }
     else if (mode == 1) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, NULL, mu, NULL, NULL, NULL, 1, L_, s1, s2)) }
     else if (!sc) { BN_BY_LANES(g->lanes, bn_sums_l(g, n, s, x, dy, mu, NULL, NULL, NULL, 2, L_, s1, s2)) }
@@ -3012,19 +3006,15 @@ PS_CLONES static void bn_sums(const bn_group *g, int n, int64_t s, const float *
  * sc, sh and A: dy through a folded activation), bn_map_l. */
 PS_CLONES static void bn_map(const bn_group *g, int n, int64_t s, const float *in, const float *x, const float *mu,
                              const float *ca, const float *cb, const float *cc, const float *sc, const float *sh,
-                             const bn_act *A, float *out) {
+                             const ps_bn_act *A, float *out) {
     if (x && sc) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, sc, sh, A, L_, out)) }
     else if (x) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, x, mu, ca, cb, cc, NULL, NULL, NULL, L_, out)) }
     else if (A) { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, A, L_, out)) }
     else { BN_BY_LANES(g->lanes, bn_map_l(g, n, s, in, NULL, NULL, ca, NULL, cc, NULL, NULL, NULL, L_, out)) }
 }
 
-/* The activation d folds in, NULL when none (the caller's act). */
-static const bn_act *bn_act_of(const ps_chan_desc *d, bn_act *act) {
-    if (!d->act.on) return NULL;
-    *act = (bn_act){ d->act.hi, d->act.slope, d->act.hi < INFINITY };
-    return act;
-}
+/* The activation d folds in, NULL when none. */
+static const ps_bn_act *bn_act_of(const ps_chan_desc *d) { return d->act.on ? &d->act : NULL; }
 
 /* The training forward's y = scale*x + shift for channel j from the
  * statistics it keeps (mean, invstd as stored): the backward of a folded
@@ -3044,8 +3034,7 @@ static ps_status dn_bn_forward_training(void *impl, const ps_chan_desc *d, const
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    bn_act act_;
-    const bn_act *A = bn_act_of(d, &act_);
+    const ps_bn_act *A = bn_act_of(d);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
@@ -3074,8 +3063,7 @@ static ps_status dn_bn_forward_inference(void *impl, const ps_chan_desc *d, cons
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    bn_act act_;
-    const bn_act *A = bn_act_of(d, &act_);
+    const ps_bn_act *A = bn_act_of(d);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
     for (int gi = 0; gi < ng; gi++) {
@@ -3098,8 +3086,7 @@ static ps_status dn_bn_backward(void *impl, const ps_chan_desc *d, int batch_sta
     dn_impl *im = impl;
     (void)err;
     set_threads(im);
-    bn_act act_;
-    const bn_act *A = bn_act_of(d, &act_);
+    const ps_bn_act *A = bn_act_of(d);
     const int ng = bn_ngroups(d, block_of(im->block, d->c));
     const double m = (double)d->n * d->s;
 #pragma omp parallel for if ((int64_t)d->n * d->c * d->s >= PS_OMP_MIN) schedule(static)
