@@ -113,7 +113,7 @@ lm_tokens() {
   lm_trainers "$port" "$k" "$mode" "$data" "$windows" "$dir/lm-$mode-$k" || fail=1
   local psd_cpu1
   psd_cpu1=$(awk -v tck="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / tck}' "/proc/$psd/stat" 2>/dev/null || echo 0)
-  curl -sf "http://127.0.0.1:$((port + 1))/metrics" >"$dir/metrics-$mode-$k.txt" 2>/dev/null || true
+  http_get "127.0.0.1:$((port + 1))/metrics" >"$dir/metrics-$mode-$k.txt" 2>/dev/null || true
   kill -TERM "$psd"; wait "$psd" || true
   if [ "$fail" != 0 ]; then
     echo "lm_tokens: a trainer failed ($mode, $k trainers); see $dir/lm-$mode-$k-t*.log" >&2

@@ -14,8 +14,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <stddef.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -193,8 +193,6 @@ static void family(buf *b, const char *name, const char *type, const char *help)
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* A counter family with one label and two values of it:
- * name{label="v1"} n1 and name{label="v2"} n2. */
 /* The Prometheus client libraries' standard process_* series (procstat.h):
  * what an operator alerts on (a daemon's memory growing, its descriptors
  * running out) without a node exporter. Each is left out when unknown. */
@@ -224,6 +222,8 @@ static void process_metrics(buf *b) {
     }
 }
 
+/* A counter family with one label and two values of it:
+ * name{label="v1"} n1 and name{label="v2"} n2. */
 static void counter2(buf *b, const char *name, const char *help, const char *label, const char *v1, uint64_t n1,
                      const char *v2, uint64_t n2) {
     family(b, name, "counter", help);
