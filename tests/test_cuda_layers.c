@@ -507,6 +507,161 @@ static void cmp_conv_more(ps_backend *ref, ps_backend *cu, rng *r) {
                                      .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 4}, r);
 }
 
+/* ---- conv2d_wgrad_parts (a combined backward's per-caller weight gradients): each part's dw and db
+ * against the reference's conv2d_backward of that part's images alone; parts equal and unequal, without
+ * a bias, inside an asynchronous run, and a grouped convolution (part by part inside the op) ---- */
+
+static void cmp_conv_parts(ps_backend *ref, ps_backend *cu, ps_conv_desc d, int k, const int *cnt, int bias,
+                           int in_run, rng *r) {
+    enum { KMAX = 16 };
+    int off[KMAX];
+    d.n = 0;
+    for (int p = 0; p < k; p++) { off[p] = d.n; d.n += cnt[p]; }
+    const ps_conv_desc rd = ps_conv_resolve(&d);
+    const int groups = rd.groups;
+    const size_t x_per = (size_t)d.cin * d.h * d.w, y_per = (size_t)d.cout * ps_conv_out_h(&rd) * ps_conv_out_w(&rd);
+    const size_t nw = (size_t)d.cout * (d.cin / groups) * d.kh * d.kw;
+    float *x = host_random(x_per * d.n, r), *dy = host_random(y_per * d.n, r), *w = host_random(nw, r);
+    float *X = up(cu, x, x_per * d.n), *DY = up(cu, dy, y_per * d.n), *DW[KMAX], *DB[KMAX];
+    for (int p = 0; p < k; p++) { DW[p] = up(cu, NULL, nw); DB[p] = up(cu, NULL, d.cout); }
+    if (in_run) cu->ops->async_begin(cu->impl);
+    OK(cu->ops->conv2d_wgrad_parts(cu->impl, &d, X, DY, k, off, cnt, DW, bias ? DB : NULL, &e_));
+    if (in_run) OK(cu->ops->async_end(cu->impl, &e_));
+    float *RW = up(ref, NULL, nw), *RB = up(ref, NULL, d.cout), *RWT = up(ref, w, nw);
+    for (int p = 0; p < k; p++) {
+        ps_conv_desc dp = d;
+        dp.n = cnt[p];
+        float *RX = up(ref, x + off[p] * x_per, x_per * cnt[p]), *RDY = up(ref, dy + off[p] * y_per, y_per * cnt[p]);
+        OK(ref->ops->conv2d_backward(ref->impl, &dp, RX, RWT, RDY, NULL, RW, bias ? RB : NULL, &e_));
+        float *gw = down(cu, DW[p], nw), *gb = down(cu, DB[p], d.cout);
+        char what[128];
+        snprintf(what, sizeof what, "conv2d_wgrad_parts %d->%d %dx%d g%d part %d of %d (%d images%s%s) dw", d.cin,
+                 d.cout, d.h, d.w, groups, p, k, cnt[p], bias ? "" : ", no bias", in_run ? ", in a run" : "");
+        check_scaled(what, gw, RW, nw, CMP_TOL);
+        if (bias) {
+            what[strlen(what) - 1] = 'b';
+            check_scaled(what, gb, RB, (size_t)d.cout, CMP_TOL);
+        }
+        free(gw); free(gb);
+        ps_backend_release(ref, RX); ps_backend_release(ref, RDY);
+    }
+    ps_backend_release(ref, RW); ps_backend_release(ref, RB); ps_backend_release(ref, RWT);
+    ps_backend_release(cu, X); ps_backend_release(cu, DY);
+    free(x); free(dy); free(w);
+}
+
+static void check_conv_parts(ps_backend *ref, ps_backend *cu, rng *r) {
+    CHECK_MSG(cu->ops->conv2d_wgrad_parts != NULL, "the cuda backend offers conv2d_wgrad_parts");
+    if (!cu->ops->conv2d_wgrad_parts) return;
+    static const int eight[8] = {32, 32, 32, 32, 32, 32, 32, 32}, odd[3] = {3, 5, 1}, one[1] = {4};
+    cmp_conv_parts(ref, cu, (ps_conv_desc){0, 32, 26, 26, 64, 3, 3, 1, 0}, 8, eight, 1, 0, r);   /* MNIST conv2 */
+    cmp_conv_parts(ref, cu, (ps_conv_desc){0, 1, 28, 28, 32, 3, 3, 1, 0}, 8, eight, 1, 1, r);    /* conv1, in a run */
+    cmp_conv_parts(ref, cu, (ps_conv_desc){0, 5, 13, 11, 7, 3, 3, 2, 1}, 3, odd, 1, 1, r);
+    cmp_conv_parts(ref, cu, (ps_conv_desc){0, 5, 13, 11, 7, 3, 3, 2, 1}, 3, odd, 0, 0, r);
+    cmp_conv_parts(ref, cu, (ps_conv_desc){0, 6, 9, 9, 6, 3, 3, 1, 1}, 1, one, 1, 0, r);
+    cmp_conv_parts(ref, cu, (ps_conv_desc){.cin = 8, .h = 9, .w = 9, .cout = 12, .kh = 3, .kw = 3, .stride_h = 1,
+                                           .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 4},
+                   3, odd, 1, 1, r);   /* grouped: the op's part-by-part path */
+}
+
+/* one thread's share of a check on asynchronous runs (peer: a second backend on the same device) */
+typedef struct run_job { ps_backend *cu; int bad; ps_backend *peer; } run_job;
+
+/* ---- copies from the host queued inside a run: each copy's bytes are taken before the call returns (the
+ * caller rewrites its buffer at once), copies past the context's pinned buffer wait for the ones before and
+ * start over, a bigger one grows it, a copy to the host between them; and a stage boundary between two
+ * backends on one device inside runs on both, the source freed inside its run; 4 threads at once ---- */
+
+static void *async_copies(void *arg) {
+    run_job *j = arg;
+    ps_backend *cu = j->cu;
+    enum { K = 48, SMALL = 10007, BIG = 300001 };
+    float *h = malloc(BIG * sizeof *h), *back = malloc(BIG * sizeof *back);
+    float *B[K], *ACC = up(cu, NULL, SMALL);
+    ps_err e = {0};
+    cu->ops->async_begin(cu->impl);
+    j->bad += cu->ops->fill(cu->impl, SMALL, ACC, 0.0f, &e) != PS_OK;
+    for (int i = 0; i < K; i++) {
+        const size_t n = i == K / 2 ? BIG : SMALL;   /* one bigger than the pinned buffer so far */
+        B[i] = ps_backend_alloc_floats(cu, (int64_t)n);
+        for (size_t q = 0; q < n; q++) h[q] = (float)(i + 1);
+        j->bad += !B[i] || cu->ops->copy_to_device(cu->impl, B[i], h, n * sizeof *h, &e) != PS_OK;
+        memset(h, 0xff, n * sizeof *h);   /* NaNs: the copy must have taken its bytes already */
+        j->bad += cu->ops->add_out(cu->impl, SMALL, ACC, B[i], ACC, &e) != PS_OK;
+        if (i == K / 3) {   /* a copy to the host mid-run sees the queue's work before it */
+            j->bad += cu->ops->copy_to_host(cu->impl, back, ACC, SMALL * sizeof *back, &e) != PS_OK;
+            for (size_t q = 0; q < SMALL; q++) j->bad += back[q] != (float)((i + 1) * (i + 2) / 2);
+        }
+    }
+    j->bad += cu->ops->async_end(cu->impl, &e) != PS_OK;
+    j->bad += cu->ops->copy_to_host(cu->impl, back, ACC, SMALL * sizeof *back, &e) != PS_OK;
+    for (size_t q = 0; q < SMALL; q++) j->bad += back[q] != (float)(K * (K + 1) / 2);
+    for (int i = 0; i < K; i++) {
+        const size_t n = i == K / 2 ? BIG : SMALL;
+        j->bad += cu->ops->copy_to_host(cu->impl, back, B[i], n * sizeof *back, &e) != PS_OK;
+        for (size_t q = 0; q < n; q++) j->bad += back[q] != (float)(i + 1);
+        ps_backend_release(cu, B[i]);
+    }
+    ps_backend_release(cu, ACC);
+    /* the stage boundary: S written on backend a, copied to b, freed in a's run, a's next blocks written */
+    ps_backend *a = j->peer, *b = cu;
+    enum { N = 200003, ROUNDS = 20 };
+    for (size_t q = 0; q < N; q++) h[q] = (float)(q % 5);
+    float *X = up(a, h, N);
+    for (int round = 0; round < ROUNDS; round++) {
+        a->ops->async_begin(a->impl);
+        b->ops->async_begin(b->impl);
+        float *S = ps_backend_alloc_floats(a, N), *D = ps_backend_alloc_floats(b, N);
+        j->bad += !S || !D;
+        j->bad += a->ops->add_out(a->impl, N, X, X, S, &e) != PS_OK;        /* S = 2x */
+        j->bad += a->ops->add_out(a->impl, N, S, X, S, &e) != PS_OK;        /* S = 3x */
+        j->bad += b->ops->copy_from_peer(b->impl, D, a->impl, S, N * sizeof(float), &e) != PS_OK;
+        ps_backend_release(a, S);                                          /* kept aside until a's run ends */
+        float *T = ps_backend_alloc_floats(a, N);
+        j->bad += !T || a->ops->fill(a->impl, N, T, -7.0f, &e) != PS_OK;   /* a's stream goes on */
+        j->bad += b->ops->add_out(b->impl, N, D, D, D, &e) != PS_OK;        /* D = 6x */
+        ps_backend_release(a, T);
+        if (round % 2) {   /* either run may end first */
+            j->bad += a->ops->async_end(a->impl, &e) != PS_OK;
+            j->bad += b->ops->async_end(b->impl, &e) != PS_OK;
+        } else {
+            j->bad += b->ops->async_end(b->impl, &e) != PS_OK;
+            j->bad += a->ops->async_end(a->impl, &e) != PS_OK;
+        }
+        j->bad += b->ops->copy_to_host(b->impl, back, D, N * sizeof *back, &e) != PS_OK;
+        for (size_t q = 0; q < N; q++) j->bad += back[q] != 6.0f * (float)(q % 5);
+        ps_backend_release(b, D);
+    }
+    ps_backend_release(a, X);
+    free(h);
+    free(back);
+    return NULL;
+}
+
+static void check_async_copies(ps_backend *cu) {
+    ps_err err = {0};
+    ps_backend *a = ps_backend_create("cuda", 0, 0, &err);   /* another stage's backend on the same device */
+    CHECK_MSG(a != NULL, "%s", err.msg);
+    if (!a) return;
+    run_job one = {cu, 0, a};
+    async_copies(&one);
+    CHECK_MSG(one.bad == 0, "copies queued in a run, one thread: %d wrong", one.bad);
+    enum { T = 4 };
+    run_job jobs[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (run_job){cu, 0, a};
+        pthread_create(&th[i], NULL, async_copies, &jobs[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        bad += jobs[i].bad;
+    }
+    CHECK_MSG(bad == 0, "copies queued in runs, %d threads at once: %d wrong", T, bad);
+    ps_backend_free(a);
+}
+
 /* ---- sum_squares: the sum in double of x^2 on the device (a gradient's norm) against the host's, over
  * sizes around the block and part counts; a NaN or an inf anywhere makes it non-finite ---- */
 
@@ -581,8 +736,6 @@ static void check_block_cache(const char *cap_mb, rng *r) {
  * temporary freed inside the run (the block cache must not hand it out while the run's queue may still
  * use it), give exactly the synchronous result; a copy to the host inside the run sees the queue's work
  * before it; a nested pair ends the run only at the outer end; threads' runs are their own ---- */
-
-typedef struct run_job { ps_backend *cu; int bad; } run_job;
 
 static void *async_chain(void *arg) {
     run_job *j = arg;
@@ -797,7 +950,9 @@ int main(void) {
     check_block_cache(NULL, &r);
     check_block_cache("1", &r);
     check_async_runs(cu);
+    check_async_copies(cu);
     cmp_conv_more(ref, cu, &r);
+    check_conv_parts(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };

@@ -859,6 +859,15 @@ typedef struct ps_backend_ops {
     ps_status (*conv2d_backward)(void *impl, const ps_conv_desc *d, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw,
                                  float *db, ps_err *err);
+    /* A combined backward's weight and bias gradients part by part
+     * (exec_group.c, ps_layer_parts): of d->n images, part p is the cnt[p]
+     * images from off[p]; dw[p] (and db[p] when db is not NULL) from that
+     * part's images alone - what conv2d_backward gives for them - in one
+     * call. NULL: not offered (Conv2d's backward calls conv2d_backward part
+     * by part). */
+    ps_status (*conv2d_wgrad_parts)(void *impl, const ps_conv_desc *d, const float *x, const float *dy,
+                                    int k, const int *off, const int *cnt, float *const *dw,
+                                    float *const *db, ps_err *err);
 
     /* y = max(x, 0) elementwise over count elements (x == y allowed). */
     ps_status (*relu_forward)(void *impl, int64_t count, const float *x, float *y, ps_err *err);

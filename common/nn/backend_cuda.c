@@ -24,7 +24,9 @@
  * the host up to 4 MB go through the context's pinned buffer; a gradient's
  * sum of squares (its norm and finiteness) is computed on the device; a
  * convolution's weight gradient is im2col + one batched cuBLAS GEMM over
- * the images (wgrad_gemm; PS_CUDA_WGRAD=cudnn: cuDNN's).
+ * the images (wgrad_gemm; PS_CUDA_WGRAD=cudnn: cuDNN's), its bias and the
+ * bias's gradient kernels of ours (PS_CUDA_BIAS=cudnn: cuDNN's, whose
+ * calls cost more of the host's time than the work itself takes).
  *
  * Numerics. Convolutions (any stride, padding, dilation and group count)
  * use FP32 FMA math (no TF32 tensor cores, which Ampere and later would
@@ -171,6 +173,10 @@ typedef struct cuda_ctx {
     size_t ws_bytes;
     void *pin;                /* pinned host buffer for copies (pin_bytes), grown on demand */
     size_t pin_bytes;
+    size_t pin_used;          /* in a run: the front of pin that copies queued and not yet
+                                 waited for still read (cu_copy); 0 outside runs */
+    cudaEvent_t ev;           /* orders another context's stream after this one's work
+                                 (cu_copy_from_peer) */
 } cuda_ctx;
 
 /* Descriptors and chosen algorithms of one convolution shape; immutable
@@ -223,6 +229,7 @@ typedef struct cuda_impl {
     int force_staged;                      /* PS_CUDA_STAGE_COPY=host */
     int async;                             /* async_begin honoured (PS_CUDA_ASYNC=0: not) */
     int wgrad_gemm;                        /* conv weight gradients as per-image GEMMs (PS_CUDA_WGRAD) */
+    int bias_ours;                         /* conv bias and its gradient by our kernels (PS_CUDA_BIAS) */
     cudnnActivationDescriptor_t relu;
     pthread_mutex_t mu;                    /* free_ctx, convs, peer */
     cuda_ctx *free_ctx;
@@ -237,6 +244,7 @@ static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     if (c->blas) cublasDestroy(c->blas);
     if (c->dnn) cudnnDestroy(c->dnn);
+    if (c->ev) cudaEventDestroy(c->ev);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->ws) cudaFree(c->ws);
     if (c->pin) cudaFreeHost(c->pin);
@@ -249,6 +257,7 @@ static ps_status ctx_create(cuda_impl *im, cuda_ctx **out, ps_err *err) {
     cuda_ctx *c = calloc(1, sizeof *c);
     if (!c) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of memory", im->device);
     PS_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    PS_CUDA_CHECK(cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming));
     PS_CUDNN_CHECK(cudnnCreate(&c->dnn));
     PS_CUDNN_CHECK(cudnnSetStream(c->dnn, c->stream));
     if (!ps_cuda_blas_load(&why)) {
@@ -269,10 +278,13 @@ done:
  * (their stream orders them) and end without waiting for it; the blocks
  * they free are kept aside until the run ends, waits for the stream and
  * releases them (a block must not be handed to another thread's stream
- * while this one may still use it). Copies to and from the host still wait,
- * and a stage boundary from another backend first waits for that backend's
- * run on this thread (cu_copy_from_peer). One slot per backend a thread has
- * a run open on. */
+ * while this one may still use it). A copy from the host is queued too
+ * (its bytes copied first into a region of the context's pinned buffer of
+ * its own until the run waits); a copy to the host waits. A stage boundary
+ * from another backend on the same device orders the two runs' streams by
+ * events (cu_copy_from_peer); from another device it first waits for that
+ * backend's run on this thread. One slot per backend a thread has a run
+ * open on. */
 #define PS_CUDA_RUN_SLOTS 8
 typedef struct cuda_run {
     cuda_impl *im;             /* NULL: slot unused */
@@ -393,6 +405,8 @@ static ps_status cu_init(void **impl, int device, int nthreads, ps_err *err) {
     im->force_staged = stage && !strcmp(stage, "host");
     const char *wgrad = getenv("PS_CUDA_WGRAD");
     im->wgrad_gemm = !(wgrad && !strcmp(wgrad, "cudnn"));
+    const char *bias = getenv("PS_CUDA_BIAS");
+    im->bias_ours = !(bias && !strcmp(bias, "cudnn"));
     const char *async = getenv("PS_CUDA_ASYNC");
     im->async = !(async && !strcmp(async, "0"));
     const char *cache_mb = getenv("PS_CUDA_CACHE_MB");
@@ -651,6 +665,7 @@ static ps_status cu_async_end(void *impl, ps_err *err) {
         c->in_run = 0;
         cudaError_t e = cudaSetDevice(im->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        c->pin_used = 0;   /* every copy through the pinned buffer is done */
         if (e != cudaSuccess)
             rc = cuda_fail(err, __FILE__, __LINE__, "cudaStreamSynchronize(end of an asynchronous run)",
                            cudaGetErrorString(e));
@@ -668,7 +683,8 @@ static ps_status cu_async_end(void *impl, ps_err *err) {
  * while each context's pinned buffer is its own. Larger ones go direct. */
 #define PS_CUDA_PIN_MAX ((size_t)4 << 20)
 
-/* The context's pinned buffer holding at least bytes (0: none to be had). */
+/* The context's pinned buffer holding at least bytes (0: none to be had);
+ * only while no queued copy reads it (c->pin_used == 0). */
 static int ctx_pinned(cuda_ctx *c, size_t bytes) {
     if (bytes <= c->pin_bytes) return 1;
     size_t want = (size_t)64 << 10;
@@ -685,21 +701,47 @@ static int ctx_pinned(cuda_ctx *c, size_t bytes) {
     return 1;
 }
 
+/* Where in c's pinned buffer a copy of bytes may stage: past the regions
+ * that copies queued in the run still read (c->pin_used), or, when they
+ * leave no room, at 0 after waiting for them; -1: no pinned buffer to be
+ * had (the caller copies direct). */
+static int64_t pin_region(cuda_ctx *c, size_t bytes, ps_err *err) {
+    size_t at = c->pin_used;
+    if (at + bytes > c->pin_bytes) {
+        cudaError_t e = at ? cudaStreamSynchronize(c->stream) : cudaSuccess;
+        if (e != cudaSuccess) {
+            cuda_fail(err, __FILE__, __LINE__, "cudaStreamSynchronize(pinned buffer full)", cudaGetErrorString(e));
+            return -2;
+        }
+        c->pin_used = at = 0;
+        if (!ctx_pinned(c, bytes)) return -1;
+    }
+    return (int64_t)at;
+}
+
 static ps_status cu_copy(cuda_impl *im, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                          ps_err *err) {
     ps_status rc = PS_OK;
     cuda_ctx *c = NULL;
     if (!bytes) return PS_OK;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    if (bytes <= PS_CUDA_PIN_MAX && ctx_pinned(c, bytes)) {
+    int64_t at = bytes <= PS_CUDA_PIN_MAX ? pin_region(c, bytes, err) : -1;
+    if (at == -2) { rc = err->code; goto done; }
+    if (at >= 0) {
+        char *pin = (char *)c->pin + at;
         if (kind == cudaMemcpyHostToDevice) {
-            memcpy(c->pin, src, bytes);
-            PS_CUDA_CHECK(cudaMemcpyAsync(dst, c->pin, bytes, kind, c->stream));
-            PS_CUDA_WAIT(c);   /* the buffer is free for the next copy, src was read */
-        } else {
-            PS_CUDA_CHECK(cudaMemcpyAsync(c->pin, src, bytes, kind, c->stream));
+            memcpy(pin, src, bytes);   /* src is read: the caller may reuse it at once */
+            PS_CUDA_CHECK(cudaMemcpyAsync(dst, pin, bytes, kind, c->stream));
+            if (c->in_run) {   /* queued: the region stays the copy's until the run waits */
+                c->pin_used = (size_t)at + ((bytes + 255) & ~(size_t)255);
+            } else {
+                PS_CUDA_WAIT(c);
+            }
+        } else {   /* after the queued copies in stream order, so their regions may be reused */
+            PS_CUDA_CHECK(cudaMemcpyAsync(pin, src, bytes, kind, c->stream));
             PS_CUDA_WAIT(c);
-            memcpy(dst, c->pin, bytes);
+            c->pin_used = 0;
+            memcpy(dst, pin, bytes);
         }
         goto done;
     }
@@ -780,11 +822,27 @@ static ps_status cu_copy_from_peer(void *impl, void *dst, void *src_impl, const 
     cuda_ctx *c = NULL, *sc = NULL;
     if (!bytes) return PS_OK;
     cuda_run *sr = sim != im ? run_of(sim) : NULL;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if (c->in_run && sim->device == im->device && (sim == im || (sr && sr->c)) && peer_usable(im, sim)) {
+        /* Both sides queued on one device: no wait. The copy follows what this thread's run on the
+         * source queued (src is written there), and that run's stream then waits for the copy: src,
+         * freed during that run, is released only at its end, after the copy has read it. */
+        if (sim != im) {
+            PS_CUDA_CHECK(cudaEventRecord(sr->c->ev, sr->c->stream));
+            PS_CUDA_CHECK(cudaStreamWaitEvent(c->stream, sr->c->ev, 0));
+        }
+        PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        if (sim != im) {
+            PS_CUDA_CHECK(cudaEventRecord(c->ev, c->stream));
+            PS_CUDA_CHECK(cudaStreamWaitEvent(sr->c->stream, c->ev, 0));
+        }
+        goto done;
+    }
     if (sr && sr->c) {   /* src may still be being written by this thread's run on the source backend */
         PS_CUDA_CHECK(cudaSetDevice(sim->device));
         PS_CUDA_WAIT(sr->c);
+        PS_CUDA_CHECK(cudaSetDevice(im->device));
     }
-    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     if (peer_usable(im, sim)) {
         if (sim->device == im->device)
             PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
@@ -948,7 +1006,10 @@ static ps_status cu_conv2d_forward(void *impl, const ps_conv_desc *desc, const f
     if ((rc = ctx_workspace(c, ce->ws_fwd, err)) != PS_OK) goto done;
     PS_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, ce->x, x, ce->w, w, ce->conv, ce->fwd, c->ws,
                                            ce->ws_fwd, &zero, ce->y, y));
-    if (b) PS_CUDNN_CHECK(cudnnAddTensor(c->dnn, &one, ce->b, b, &one, ce->y, y));
+    if (b && im->bias_ours)
+        PS_CUDA_CHECK(ps_cuda_bias_add(d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), b, y, c->stream));
+    else if (b)
+        PS_CUDNN_CHECK(cudnnAddTensor(c->dnn, &one, ce->b, b, &one, ce->y, y));
     PS_CUDA_SYNC(c);
 done:
     ctx_release(im, c);
@@ -974,10 +1035,15 @@ static int wgrad_gemm_fits(const cuda_impl *im, const ps_conv_desc *d) {
            (int64_t)d->n * K * d->cout <= PS_CUDA_WGRAD_MAX / fl;
 }
 
-/* Queue dw's computation on c's stream; *col and *parts (freed by the
- * caller once the stream's work is done) hold its temporaries. */
+/* Queue the weight gradients of k parts of the d->n images on c's stream:
+ * dw[p] the sum of images off[p] .. off[p] + cnt[p] - 1 (k = 1, off 0,
+ * cnt n: an ordinary backward's); *col and *parts (freed by the caller
+ * once the stream's work is done) hold its temporaries. Each image's part
+ * comes from the same GEMM whatever k is, and each dw[p] is summed in
+ * image order as a call of that part alone would sum it. */
 static ps_status wgrad_gemm(cuda_impl *im, cuda_ctx *c, const ps_conv_desc *d, const float *x, const float *dy,
-                            float *dw, float **col, float **parts, ps_err *err) {
+                            int k, const int *off, const int *cnt, float *const *dw, float **col, float **parts,
+                            ps_err *err) {
     ps_status rc = PS_OK;
     const int oh = ps_conv_out_h(d), ow = ps_conv_out_w(d);
     const int64_t K = (int64_t)d->cin * d->kh * d->kw, L = (int64_t)oh * ow;
@@ -995,7 +1061,9 @@ static ps_status wgrad_gemm(cuda_impl *im, cuda_ctx *c, const ps_conv_desc *d, c
     PS_CUBLAS_CHECK(cublasSgemmStridedBatched(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, d->cout, (int)L, &one, *col,
                                               (int)L, K * L, dy, (int)L, (int64_t)d->cout * L, &zero, *parts, (int)K,
                                               K * d->cout, d->n));
-    PS_CUDA_CHECK(ps_cuda_sum_parts(K * d->cout, d->n, *parts, dw, c->stream));
+    for (int p = 0; p < k; p++)
+        PS_CUDA_CHECK(ps_cuda_sum_parts(K * d->cout, cnt[p], *parts + (int64_t)off[p] * K * d->cout, dw[p],
+                                        c->stream));
 done:
     return rc;
 }
@@ -1014,14 +1082,62 @@ static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     if ((rc = conv_lookup(im, c, &d, &ce, err)) != PS_OK) goto done;
     size_t ws = ce->ws_bwd_data > ce->ws_bwd_filter ? ce->ws_bwd_data : ce->ws_bwd_filter;
     if ((rc = ctx_workspace(c, ws, err)) != PS_OK) goto done;
-    if (db) PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
-    if (gemm_dw && (rc = wgrad_gemm(im, c, &d, x, dy, dw, &col, &parts, err)) != PS_OK) goto done;
+    if (db && im->bias_ours)
+        PS_CUDA_CHECK(ps_cuda_bias_grad(d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), dy, db, c->stream));
+    else if (db)
+        PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
+    const int all = 0;
+    if (gemm_dw && (rc = wgrad_gemm(im, c, &d, x, dy, 1, &all, &d.n, &dw, &col, &parts, err)) != PS_OK) goto done;
     if (dw && !gemm_dw)
         PS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(c->dnn, &one, ce->x, x, ce->y, dy, ce->conv, ce->bwd_filter,
                                                       c->ws, ce->ws_bwd_filter, &zero, ce->w, dw));
     if (dx)
         PS_CUDNN_CHECK(cudnnConvolutionBackwardData(c->dnn, &one, ce->w, w, ce->y, dy, ce->conv, ce->bwd_data,
                                                     c->ws, ce->ws_bwd_data, &zero, ce->x, dx));
+    PS_CUDA_SYNC(c);
+done:
+    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses col, parts */
+    ctx_release(im, c);
+    cu_free(im, col);    /* in a run: kept aside until its end */
+    cu_free(im, parts);
+    return rc;
+}
+
+/* backend.h conv2d_wgrad_parts: every image's part of the weight gradient
+ * in one GEMM (wgrad_gemm), then each part's sum, and every part's bias
+ * gradient in one launch (or by cuDNN part by part, as each part's own call
+ * would under PS_CUDA_BIAS=cudnn); shapes the GEMM form does not
+ * take, part by part through cu_conv2d_backward. */
+static ps_status cu_conv2d_wgrad_parts(void *impl, const ps_conv_desc *desc, const float *x, const float *dy, int k,
+                                       const int *off, const int *cnt, float *const *dw, float *const *db,
+                                       ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc = PS_OK;
+    const ps_conv_desc d = ps_conv_resolve(desc);
+    const int64_t x_per = (int64_t)d.cin * d.h * d.w, y_per = (int64_t)d.cout * ps_conv_out_h(&d) * ps_conv_out_w(&d);
+    if (!wgrad_gemm_fits(im, &d)) {
+        for (int p = 0; p < k && rc == PS_OK; p++) {
+            ps_conv_desc dp = d;
+            dp.n = cnt[p];
+            rc = cu_conv2d_backward(impl, &dp, x + off[p] * x_per, NULL, dy + off[p] * y_per, NULL, dw[p],
+                                    db ? db[p] : NULL, err);
+        }
+        return rc;
+    }
+    cuda_ctx *c = NULL;
+    float *col = NULL, *parts = NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if ((rc = wgrad_gemm(im, c, &d, x, dy, k, off, cnt, dw, &col, &parts, err)) != PS_OK) goto done;
+    if (db && im->bias_ours)
+        PS_CUDA_CHECK(ps_cuda_bias_grad_parts(d.cout, y_per / d.cout, dy, k, off, cnt, db, c->stream));
+    for (int p = 0; db && !im->bias_ours && p < k; p++) {
+        ps_conv_desc dp = d;
+        conv_entry *ce = NULL;
+        dp.n = cnt[p];
+        if ((rc = conv_lookup(im, c, &dp, &ce, err)) != PS_OK) goto done;
+        PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy + off[p] * y_per, &zero, ce->b, db[p]));
+    }
     PS_CUDA_SYNC(c);
 done:
     if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses col, parts */
@@ -1773,6 +1889,7 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .async_end = cu_async_end,
     .conv2d_forward = cu_conv2d_forward,
     .conv2d_backward = cu_conv2d_backward,
+    .conv2d_wgrad_parts = cu_conv2d_wgrad_parts,
     .relu_forward = cu_relu_forward,
     .relu_backward = cu_relu_backward,
     .maxpool_workspace_size = cu_maxpool_workspace_size,

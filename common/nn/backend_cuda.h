@@ -252,6 +252,10 @@ cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, fl
 /* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double), (n, c, s) plain. */
 cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream);
+/* Part p's bias gradient db[p] (c) from images off[p] .. off[p] + cnt[p] - 1 of dy (n, c, s); a part's the
+ * same as ps_cuda_bias_grad of its images alone (deterministic, in double). */
+cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, const int *off, const int *cnt,
+                                    float *const *db, cudaStream_t stream);
 
 /* Numpy broadcasting of two tensors (backend.h's ps_bcast_desc resolved by
  * ps_bcast_geometry: nd merged dims, each > 1, and the element strides of

@@ -1398,13 +1398,34 @@ __global__ void bias_add_kernel(int64_t n, int c, int64_t s, const float *b, flo
         y[i] = __fadd_rn(y[i], b[i / s % c]);
 }
 
-__global__ void bias_grad_kernel(int n, int c, int64_t s, const float *dy, float *db) {
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
-        double acc = 0.0; /* as the reference: sums in double */
-        for (int i = 0; i < n; i++)
-            for (int64_t q = 0; q < s; q++) acc += dy[((int64_t)i * c + j) * s + q];
-        db[j] = (float)acc;
+/* Up to kBiasParts parts of a bias gradient per launch, by value. */
+const int kBiasParts = 32;
+struct bias_parts {
+    int off[kBiasParts], cnt[kBiasParts];
+    float *db[kBiasParts];
+};
+
+/* db[p][j] = the sum over images off[p] .. off[p] + cnt[p] - 1 and positions q < s of dy[(i c + j) s + q],
+ * in double: one block per (channel j, part p); each thread sums the same strided subset whatever the
+ * other parts are, then a fixed tree over the block's threads - deterministic, and a part's sum the same
+ * as a call of that part alone. Reads along q are coalesced. */
+__global__ void bias_grad_parts_kernel(int c, int64_t s, const float *dy, bias_parts bp) {
+    __shared__ double sh[kThreads];
+    const int j = blockIdx.x, p = blockIdx.y;
+    const int64_t per = (int64_t)bp.cnt[p] * s;
+    const float *base = dy + (int64_t)bp.off[p] * c * s + (int64_t)j * s;
+    double acc = 0.0;
+    for (int64_t t = threadIdx.x; t < per; t += blockDim.x) {
+        const int64_t i = t / s, q = t - i * s;
+        acc += base[i * c * s + q];
     }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) bp.db[p][j] = (float)sh[0];
 }
 
 } // namespace
@@ -1433,10 +1454,27 @@ cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, 
     return cudaGetLastError();
 }
 
-cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream) {
+cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, const int *off, const int *cnt,
+                                    float *const *db, cudaStream_t stream) {
     if (c <= 0) return cudaSuccess;
-    bias_grad_kernel<<<blocks_for(c), kThreads, 0, stream>>>(n, c, s, dy, db);
-    return cudaGetLastError();
+    for (int p0 = 0; p0 < k; p0 += kBiasParts) {
+        bias_parts bp = {};
+        const int m = k - p0 < kBiasParts ? k - p0 : kBiasParts;
+        for (int p = 0; p < m; p++) {
+            bp.off[p] = off[p0 + p];
+            bp.cnt[p] = cnt[p0 + p];
+            bp.db[p] = db[p0 + p];
+        }
+        bias_grad_parts_kernel<<<dim3((unsigned)c, (unsigned)m), kThreads, 0, stream>>>(c, s, dy, bp);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream) {
+    const int off = 0;
+    return ps_cuda_bias_grad_parts(c, s, dy, 1, &off, &n, &db, stream);
 }
 
 cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const float *b, float *y,

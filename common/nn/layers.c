@@ -606,7 +606,64 @@ static ps_status conv_forward(ps_layer_call *c, ps_err *err) {
     return c->be->ops->conv2d_forward(c->be->impl, &d, c->x, c->w[0], c->ly->a.bias ? c->w[1] : NULL, c->y, err);
 }
 
+static ps_status conv_backward(ps_layer_call *c, ps_err *err);
+
+/* A combined backward (c->parts, PS_KIND_BWD_PARTS): each part's weight and
+ * bias gradients from its own images - in one call where the backend
+ * offers conv2d_wgrad_parts (a GPU's: one GEMM over every image instead of
+ * one call per part), else part by part - then dx for all the images at
+ * once, last (dx may overwrite dy). */
+static ps_status conv_backward_parts(ps_layer_call *c, ps_err *err) {
+    const ps_layer *ly = c->ly;
+    const ps_layer_parts *pt = c->parts;
+    const ps_backend_ops *ops = c->be->ops;
+    ps_status rc = PS_OK;
+    int any = 0, all = 1;   /* a parameter gradient wanted; the weight's and bias's of every part */
+    for (int p = 0; p < pt->k; p++) {
+        float *const *dw = pt->dw + (size_t)p * PS_LAYER_MAX_PARAMS;
+        for (int j = 0; j < ly->nparams; j++) any |= dw[j] != NULL;
+        all &= dw[0] && (!ly->a.bias || dw[1]);
+    }
+    if (any && all && !ly->a.wn && ops->conv2d_wgrad_parts) {
+        float **dw = malloc(2 * (size_t)pt->k * sizeof *dw);
+        if (!dw) return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "out of memory combining backwards");
+        for (int p = 0; p < pt->k; p++) {
+            dw[p] = pt->dw[(size_t)p * PS_LAYER_MAX_PARAMS];
+            dw[pt->k + p] = pt->dw[(size_t)p * PS_LAYER_MAX_PARAMS + 1];
+        }
+        const ps_conv_desc d = conv_desc(ly, c->n);
+        rc = ops->conv2d_wgrad_parts(c->be->impl, &d, c->x, c->dy, pt->k, pt->off, pt->n, dw,
+                                     ly->a.bias ? dw + pt->k : NULL, err);
+        free(dw);
+    } else if (any) {
+        const size_t xs = (size_t)ps_shape_numel(&ly->in[0]) * sizeof(float);
+        const size_t ys = (size_t)ps_layer_out_count(ly, 1) * sizeof(float);
+        float *no_dx[1] = {NULL};
+        for (int p = 0; p < pt->k && rc == PS_OK; p++) {
+            const void *x = (const char *)c->x + xs * (size_t)pt->off[p];
+            ps_layer_call pc = *c;
+            pc.parts = NULL;
+            pc.n = pt->n[p];
+            pc.xs = &x;
+            pc.x = x;
+            pc.dy = (const float *)((const char *)c->dy + ys * (size_t)pt->off[p]);
+            pc.dxs = no_dx;
+            pc.dx = NULL;
+            memcpy(pc.dw, pt->dw + (size_t)p * PS_LAYER_MAX_PARAMS, sizeof pc.dw);
+            rc = conv_backward(&pc, err);
+        }
+    }
+    if (rc == PS_OK && c->dx) {
+        ps_layer_call w = *c;
+        w.parts = NULL;
+        memset(w.dw, 0, sizeof w.dw);
+        rc = conv_backward(&w, err);
+    }
+    return rc;
+}
+
 static ps_status conv_backward(ps_layer_call *c, ps_err *err) {
+    if (c->parts) return conv_backward_parts(c, err);
     if (c->ly->a.wn) return wn_backward(c, conv_backward, err);
     ps_conv_desc d = conv_desc(c->ly, c->n);
     return c->be->ops->conv2d_backward(c->be->impl, &d, c->x, c->w[0], c->dy, c->dx, c->dw[0],
@@ -5531,7 +5588,7 @@ static const ps_attr_spec no_attrs[] = {ATTR_END};
 #define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
 #define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
-    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X, 1, 1, conv_attrs, conv_infer, wn_missing, conv_forward,
+    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv_attrs, conv_infer, wn_missing, conv_forward,
      conv_backward, NULL, NULL, conv_flops},
     {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, wn_missing, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
@@ -5550,7 +5607,7 @@ static const ps_layer_kind kinds[] = {
     {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
      adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     /* (N, C, L): the 2-d kinds over a (C, 1, L) plane (one_d), in the plain layout */
-    {"Conv1d", PS_KIND_BWD_X, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward, conv_backward, NULL, NULL,
+    {"Conv1d", PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward, conv_backward, NULL, NULL,
      conv_flops},
     {"MaxPool1d", 0, 1, 1, maxpool1d_attrs, pool_infer, no_op, pool_forward, pool_backward, pool_bytes, NULL,
      pool_flops},

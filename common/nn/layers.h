@@ -335,7 +335,8 @@ enum {
     PS_KIND_BUFFERS_EVAL = 1024,/* its eval forward differs from training (BatchNorm) */
     PS_KIND_BWD_PARTS = 2048,   /* backward honours ps_layer_call.parts (dense parameters only): a
                                    combined backward is one call (MultiheadAttention, whose parameter
-                                   gradients need the whole attention backward) */
+                                   gradients need the whole attention backward; Conv2d/Conv1d, whose
+                                   backend may offer conv2d_wgrad_parts) */
 };
 
 typedef struct ps_layer_kind {

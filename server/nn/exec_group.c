@@ -16,9 +16,11 @@
  *    by side into one, and a node with parameters computed as one call
  *    for every caller's input gradient plus one parameter-gradient call
  *    per caller on its own slice (each caller keeps its own parameter
- *    gradients) - or, for a kind whose parameter gradients need its whole
- *    backward (MultiheadAttention, PS_KIND_BWD_PARTS), one call told each
- *    caller's slice and gradients (ps_layer_parts). */
+ *    gradients) - or, for a kind with PS_KIND_BWD_PARTS, one call told each
+ *    caller's slice and gradients (ps_layer_parts): MultiheadAttention,
+ *    whose parameter gradients need its whole backward, and Conv2d/Conv1d,
+ *    whose backend may compute every caller's weight gradient in one call
+ *    (backend.h conv2d_wgrad_parts: one GEMM over every image on a GPU). */
 #include "model_impl.h"
 
 #include <stdlib.h>
