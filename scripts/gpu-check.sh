@@ -18,9 +18,11 @@
 #      convolution rows (bench/ncu_summary.py);
 #   5. (BATCHING=1, the default) issue 22's GPU figure: bench/batching.sh
 #      with both stages on cuda:0, 8 bench_trainer processes (MNIST batch
-#      32) against psd with batching off, Forwards batched, and Forwards and
-#      Backwards batched, BATCH_REPEAT times alternately: samples/s, psd's CPU
-#      per sample, the GPU's utilisation, and the target (batched >= 4x off).
+#      32) against psd with batching off, Forwards batched, Forwards and
+#      Backwards batched, and both in groups of at most 64 samples,
+#      BATCH_REPEAT times alternately (after psd's compute alone on cuda:0,
+#      bench_group): samples/s, psd's CPU per sample, the GPU's utilisation,
+#      and the target (the better batched >= 4x off).
 #      Its results: BATCH_OUT (default /tmp/gpu-check-batching).
 # Needs the MNIST IDX files in data/mnist (scripts/fetch-mnist.sh, run by
 # `make test`, writes them; copy them over on a machine without network).
@@ -173,7 +175,7 @@ say "samples/s: cpu $rate_cpu | cuda:0+cuda:0 $rate_cuda | staged through pinned
     "(x$(awk -v g="$rate_cuda" -v c="$rate_cpu" 'BEGIN { printf "%.2f", (c > 0 ? g / c : 0) }') vs CPU)"
 
 if [ "${BATCHING:-1}" = 1 ]; then
-  say "== batching on cuda:0: 8 trainers, batching off / Forwards / Forwards+Backwards"
+  say "== batching on cuda:0: 8 trainers, batching off / Forwards / Forwards+Backwards / in groups <= 64 samples"
   bout=${BATCH_OUT:-/tmp/gpu-check-batching}
   rm -rf "$bout"
   set +e

@@ -507,6 +507,36 @@ static void cmp_conv_more(ps_backend *ref, ps_backend *cu, rng *r) {
                                      .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 4}, r);
 }
 
+/* ---- bias_add and bias_grad over (n, c, s): against the reference (which sums in double too); more
+ * channels than a block's threads, one plane, planes of one value ---- */
+
+static void cmp_bias(ps_backend *ref, ps_backend *cu, rng *r) {
+    static const ps_chan_desc shapes[] = {{.n = 3, .c = 5, .s = 7}, {.n = 32, .c = 64, .s = 576},
+                                          {.n = 2, .c = 300, .s = 1}, {.n = 1, .c = 1, .s = 100003}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const ps_chan_desc d = shapes[t];
+        const size_t ny = (size_t)d.n * d.c * (size_t)d.s;
+        float *y = host_random(ny, r), *b = host_random((size_t)d.c, r), *res[2][2];
+        ps_backend *bs[2] = {ref, cu};
+        for (int k = 0; k < 2; k++) {
+            ps_backend *be = bs[k];
+            float *Y = up(be, y, ny), *B = up(be, b, (size_t)d.c), *DB = up(be, NULL, (size_t)d.c);
+            OK(be->ops->bias_add(be->impl, &d, B, Y, &e_));
+            OK(be->ops->bias_grad(be->impl, &d, Y, DB, &e_));
+            res[k][0] = down(be, Y, ny);
+            res[k][1] = down(be, DB, (size_t)d.c);
+            ps_backend_release(be, B);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "bias_add n%d c%d s%lld", d.n, d.c, (long long)d.s);
+        check_array(what, res[1][0], res[0][0], ny, 0, 0);   /* one float add each: bit for bit */
+        snprintf(what, sizeof what, "bias_grad n%d c%d s%lld", d.n, d.c, (long long)d.s);
+        check_scaled(what, res[1][1], res[0][1], (size_t)d.c, 1e-6);
+        for (int k = 0; k < 2; k++) { free(res[k][0]); free(res[k][1]); }
+        free(y); free(b);
+    }
+}
+
 /* ---- conv2d_wgrad_parts (a combined backward's per-caller weight gradients): each part's dw and db
  * against the reference's conv2d_backward of that part's images alone; parts equal and unequal, without
  * a bias, inside an asynchronous run, and a grouped convolution (part by part inside the op) ---- */
@@ -953,6 +983,7 @@ int main(void) {
     check_async_copies(cu);
     cmp_conv_more(ref, cu, &r);
     check_conv_parts(ref, cu, &r);
+    cmp_bias(ref, cu, &r);
 
     {   /* a failing library call names the call, the file and the line */
         const ps_conv_desc bad = { 1, 1, 8, 8, 1, 3, 3, 1, -5 };

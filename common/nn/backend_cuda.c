@@ -1075,6 +1075,7 @@ static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     cuda_ctx *c = NULL;
     conv_entry *ce = NULL;
     float *col = NULL, *parts = NULL;
+    double *planes = NULL;
     const float one = 1.0f, zero = 0.0f;
     const ps_conv_desc d = ps_conv_resolve(desc);
     const int gemm_dw = dw && wgrad_gemm_fits(im, &d);
@@ -1082,10 +1083,17 @@ static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
     if ((rc = conv_lookup(im, c, &d, &ce, err)) != PS_OK) goto done;
     size_t ws = ce->ws_bwd_data > ce->ws_bwd_filter ? ce->ws_bwd_data : ce->ws_bwd_filter;
     if ((rc = ctx_workspace(c, ws, err)) != PS_OK) goto done;
-    if (db && im->bias_ours)
-        PS_CUDA_CHECK(ps_cuda_bias_grad(d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), dy, db, c->stream));
-    else if (db)
+    if (db && im->bias_ours) {
+        if (!(planes = cu_alloc(im, (size_t)d.n * d.cout * sizeof *planes))) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
+                            im->device);
+            goto done;
+        }
+        PS_CUDA_CHECK(ps_cuda_bias_grad(d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), dy, db, planes,
+                                        c->stream));
+    } else if (db) {
         PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
+    }
     const int all = 0;
     if (gemm_dw && (rc = wgrad_gemm(im, c, &d, x, dy, 1, &all, &d.n, &dw, &col, &parts, err)) != PS_OK) goto done;
     if (dw && !gemm_dw)
@@ -1100,6 +1108,7 @@ done:
     ctx_release(im, c);
     cu_free(im, col);    /* in a run: kept aside until its end */
     cu_free(im, parts);
+    cu_free(im, planes);
     return rc;
 }
 
@@ -1126,11 +1135,18 @@ static ps_status cu_conv2d_wgrad_parts(void *impl, const ps_conv_desc *desc, con
     }
     cuda_ctx *c = NULL;
     float *col = NULL, *parts = NULL;
+    double *planes = NULL;
     const float one = 1.0f, zero = 0.0f;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     if ((rc = wgrad_gemm(im, c, &d, x, dy, k, off, cnt, dw, &col, &parts, err)) != PS_OK) goto done;
-    if (db && im->bias_ours)
-        PS_CUDA_CHECK(ps_cuda_bias_grad_parts(d.cout, y_per / d.cout, dy, k, off, cnt, db, c->stream));
+    if (db && im->bias_ours) {
+        if (!(planes = cu_alloc(im, (size_t)d.n * d.cout * sizeof *planes))) {
+            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
+                            im->device);
+            goto done;
+        }
+        PS_CUDA_CHECK(ps_cuda_bias_grad_parts(d.cout, y_per / d.cout, dy, k, off, cnt, db, planes, c->stream));
+    }
     for (int p = 0; db && !im->bias_ours && p < k; p++) {
         ps_conv_desc dp = d;
         conv_entry *ce = NULL;
@@ -1144,6 +1160,7 @@ done:
     ctx_release(im, c);
     cu_free(im, col);    /* in a run: kept aside until its end */
     cu_free(im, parts);
+    cu_free(im, planes);
     return rc;
 }
 
@@ -1745,8 +1762,22 @@ static ps_status cu_bias_add(void *impl, const ps_chan_desc *d, const float *b, 
 }
 
 static ps_status cu_bias_grad(void *impl, const ps_chan_desc *d, const float *dy, float *db, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc = PS_OK;
+    cuda_ctx *c = NULL;
     if (d->c <= 0) return PS_OK;
-    CU_LAUNCH((cuda_impl *)impl, ps_cuda_bias_grad(d->n, d->c, d->s, dy, db, c->stream));
+    double *planes = cu_alloc(im, (size_t)(d->n > 0 ? d->n : 1) * d->c * sizeof *planes);
+    if (!planes)
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
+                          im->device);
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) goto done;
+    PS_CUDA_CHECK(ps_cuda_bias_grad(d->n, d->c, d->s, dy, db, planes, c->stream));
+    PS_CUDA_SYNC(c);
+done:
+    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses planes */
+    ctx_release(im, c);
+    cu_free(im, planes);   /* in a run: kept aside until its end */
+    return rc;
 }
 
 /* Recurrent layers (LSTM, GRU): a time step's gates (the GEMMs are linear_forward / linear_backward's cuBLAS). */

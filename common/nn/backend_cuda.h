@@ -249,13 +249,15 @@ typedef struct ps_cuda_resize {
 
 cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream);
-/* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double), (n, c, s) plain. */
+/* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double: each plane's sum, then
+ * the planes' in image order; deterministic), (n, c, s) plain. planes: n * c doubles of device scratch. */
 cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
-cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream);
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, double *planes,
+                              cudaStream_t stream);
 /* Part p's bias gradient db[p] (c) from images off[p] .. off[p] + cnt[p] - 1 of dy (n, c, s); a part's the
- * same as ps_cuda_bias_grad of its images alone (deterministic, in double). */
+ * same as ps_cuda_bias_grad of its images alone. planes: (the last image any part reads + 1) * c doubles. */
 cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, const int *off, const int *cnt,
-                                    float *const *db, cudaStream_t stream);
+                                    float *const *db, double *planes, cudaStream_t stream);
 
 /* Numpy broadcasting of two tensors (backend.h's ps_bcast_desc resolved by
  * ps_bcast_geometry: nd merged dims, each > 1, and the element strides of

@@ -1405,27 +1405,30 @@ struct bias_parts {
     float *db[kBiasParts];
 };
 
-/* db[p][j] = the sum over images off[p] .. off[p] + cnt[p] - 1 and positions q < s of dy[(i c + j) s + q],
- * in double: one block per (channel j, part p); each thread sums the same strided subset whatever the
- * other parts are, then a fixed tree over the block's threads - deterministic, and a part's sum the same
- * as a call of that part alone. Reads along q are coalesced. */
-__global__ void bias_grad_parts_kernel(int c, int64_t s, const float *dy, bias_parts bp) {
+/* planes[b] = the sum in double of plane b's s values (x (planes, s)): one block a plane, each thread a
+ * fixed strided subset, then a fixed tree - deterministic. Reads along s are coalesced. */
+__global__ void plane_sum_kernel(int64_t s, const float *x, double *planes) {
     __shared__ double sh[kThreads];
-    const int j = blockIdx.x, p = blockIdx.y;
-    const int64_t per = (int64_t)bp.cnt[p] * s;
-    const float *base = dy + (int64_t)bp.off[p] * c * s + (int64_t)j * s;
+    const float *p = x + (int64_t)blockIdx.x * s;
     double acc = 0.0;
-    for (int64_t t = threadIdx.x; t < per; t += blockDim.x) {
-        const int64_t i = t / s, q = t - i * s;
-        acc += base[i * c * s + q];
-    }
+    for (int64_t q = threadIdx.x; q < s; q += blockDim.x) acc += p[q];
     sh[threadIdx.x] = acc;
     __syncthreads();
     for (int w = kThreads / 2; w > 0; w >>= 1) {
         if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
         __syncthreads();
     }
-    if (threadIdx.x == 0) bp.db[p][j] = (float)sh[0];
+    if (threadIdx.x == 0) planes[blockIdx.x] = sh[0];
+}
+
+/* db[p][j] = the sum over images off[p] .. off[p] + cnt[p] - 1 of planes[i c + j], in image order: one
+ * thread a channel, blockIdx.y the part. */
+__global__ void bias_parts_final_kernel(int c, const double *planes, bias_parts bp) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, p = blockIdx.y;
+    if (j >= c) return;
+    double acc = 0.0;
+    for (int i = bp.off[p]; i < bp.off[p] + bp.cnt[p]; i++) acc += planes[(int64_t)i * c + j];
+    bp.db[p][j] = (float)acc;
 }
 
 } // namespace
@@ -1455,26 +1458,37 @@ cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, 
 }
 
 cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, const int *off, const int *cnt,
-                                    float *const *db, cudaStream_t stream) {
-    if (c <= 0) return cudaSuccess;
-    for (int p0 = 0; p0 < k; p0 += kBiasParts) {
+                                    float *const *db, double *planes, cudaStream_t stream) {
+    int n = 0;   /* the images any part reads: 0 .. n - 1 */
+    for (int p = 0; p < k; p++)
+        if (cnt[p] > 0 && off[p] + cnt[p] > n) n = off[p] + cnt[p];
+    if (c <= 0 || k <= 0) return cudaSuccess;
+    if (n > 0 && s > 0) {
+        plane_sum_kernel<<<(unsigned)((int64_t)n * c), kThreads, 0, stream>>>(s, dy, planes);
+    } else if (n > 0) {
+        cudaError_t e = cudaMemsetAsync(planes, 0, (size_t)n * c * sizeof *planes, stream);
+        if (e != cudaSuccess) return e;
+    }
+    cudaError_t e = cudaGetLastError();
+    for (int p0 = 0; e == cudaSuccess && p0 < k; p0 += kBiasParts) {
         bias_parts bp = {};
         const int m = k - p0 < kBiasParts ? k - p0 : kBiasParts;
         for (int p = 0; p < m; p++) {
             bp.off[p] = off[p0 + p];
-            bp.cnt[p] = cnt[p0 + p];
+            bp.cnt[p] = cnt[p0 + p] > 0 ? cnt[p0 + p] : 0;
             bp.db[p] = db[p0 + p];
         }
-        bias_grad_parts_kernel<<<dim3((unsigned)c, (unsigned)m), kThreads, 0, stream>>>(c, s, dy, bp);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
+        bias_parts_final_kernel<<<dim3((unsigned)((c + kThreads - 1) / kThreads), (unsigned)m), kThreads, 0, stream>>>(
+            c, planes, bp);
+        e = cudaGetLastError();
     }
-    return cudaSuccess;
+    return e;
 }
 
-cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, cudaStream_t stream) {
+cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, double *planes,
+                              cudaStream_t stream) {
     const int off = 0;
-    return ps_cuda_bias_grad_parts(c, s, dy, 1, &off, &n, &db, stream);
+    return ps_cuda_bias_grad_parts(c, s, dy, 1, &off, &n, &db, planes, stream);
 }
 
 cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const float *b, float *y,
