@@ -131,6 +131,32 @@ fi
 [ -f "$DATA/train-images-idx3-ubyte" ] || [ -f "$DATA/train-images-idx3-ubyte.gz" ] ||
   die "no MNIST in $DATA (run scripts/fetch-mnist.sh $DATA where there is network, then copy it here)"
 
+# psd's device memory on /metrics after a GPU run (psd_device_memory_*): its
+# live bytes > 0, free <= total, and what psd holds from its pool (live +
+# cached) no more than the driver counts for psd's process (nvidia-smi).
+device_memory() {  # label metrics_addr psd_pid
+  local body live cached free total smi
+  body=$(curl -sf "http://$2/metrics" 2>/dev/null ||
+         python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=5).read().decode())' "$2" 2>/dev/null) ||
+    { fail "$1: psd's /metrics not readable"; return 0; }
+  live=$(sed -n 's/^psd_device_memory_bytes{device="cuda:0",state="live"} //p' <<<"$body")
+  cached=$(sed -n 's/^psd_device_memory_bytes{device="cuda:0",state="cached"} //p' <<<"$body")
+  free=$(sed -n 's/^psd_device_memory_free_bytes{device="cuda:0"} //p' <<<"$body")
+  total=$(sed -n 's/^psd_device_memory_total_bytes{device="cuda:0"} //p' <<<"$body")
+  [ -n "$live" ] && [ -n "$cached" ] && [ -n "$free" ] && [ -n "$total" ] ||
+    { fail "$1: no psd_device_memory_* series for cuda:0 on /metrics"; return 0; }
+  awk -v l="$live" -v f="$free" -v t="$total" 'BEGIN { exit !(l > 0 && l < t && f <= t) }' ||
+    { fail "$1: device memory live $live, free $free, total $total"; return 0; }
+  smi=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+        awk -F', *' -v p="$3" '$1 == p { print $2 }' | head -n 1)
+  if [ -n "$smi" ]; then
+    awk -v u="$((live + cached))" -v s="$smi" 'BEGIN { exit !(u <= s * 1048576) }' ||
+      { fail "$1: psd holds $((live + cached)) bytes of cuda:0 by /metrics, more than nvidia-smi's $smi MiB"; return 0; }
+  fi
+  say "$1: /metrics after training: cuda:0 live $((live >> 20)) MiB, cached $((cached >> 20)) MiB (nvidia-smi:" \
+      "psd ${smi:-?} MiB); device free $((free >> 20)) of $((total >> 20)) MiB"
+}
+
 # One training run: psd with the given placement, TRAINERS trainers for
 # EPOCHS epochs; prints total samples/s (sum over trainers) and accuracy.
 train() {  # label conv_device fc_device [env...]
@@ -138,6 +164,7 @@ train() {  # label conv_device fc_device [env...]
   local port=$(( 20000 + RANDOM % 20000 )) log
   log=$(mktemp -d "/tmp/gpu-check-$label.XXXXXX")
   env "$@" "$BUILD/bin/psd" --config configs/local.yaml --listen "127.0.0.1:$port" \
+      --metrics-listen "127.0.0.1:$((port + 1))" \
       --set "model.placement.conv=$conv" --set "model.placement.fc=$fc" 2>"$log/psd.log" &
   local psd=$! pids=() r
   for _ in $(seq 1 600); do  # up to 60 s: CUDA and cuDNN start-up takes a moment
@@ -154,6 +181,7 @@ train() {  # label conv_device fc_device [env...]
   done
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ "$conv" = cpu ] || device_memory "$label" "127.0.0.1:$((port + 1))" "$psd"
   kill -TERM "$psd"; wait "$psd" || rc=1
   [ $rc -eq 0 ] || { tail -n 5 "$log"/*.log; { fail "$label: a trainer or psd failed (logs in $log)"; return 0; }; }
   local rate acc_min

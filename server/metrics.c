@@ -248,6 +248,29 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_uptime_seconds", "gauge", "Seconds since psd started.");
     put(&b, "psd_uptime_seconds %.3f\n", ps_service_uptime(m->svc));
     process_metrics(&b);
+    ps_device_memory dm[PS_MODEL_MAX_STAGES];
+    int ndev = ps_model_device_memory(m->model, dm, PS_MODEL_MAX_STAGES);
+    if (ndev > 0) {   /* GPU stages: what psd holds of each device's memory, and the device's own account */
+        family(&b, "psd_device_memory_bytes", "gauge", "Device memory psd's GPU stages hold from the device's "
+               "memory pool, by state: live (in use: weights, gradients, activations kept for backwards) or "
+               "cached (freed, kept for the next request of its size; PS_CUDA_CACHE_MB). cuDNN's workspaces and "
+               "the libraries' own handles are not included.");
+        for (int i = 0; i < ndev; i++) {
+            put(&b, "psd_device_memory_bytes{device=\"%s\",state=\"live\"} %llu\n", dm[i].device,
+                (unsigned long long)(dm[i].used - dm[i].cached));
+            put(&b, "psd_device_memory_bytes{device=\"%s\",state=\"cached\"} %llu\n", dm[i].device,
+                (unsigned long long)dm[i].cached);
+        }
+        family(&b, "psd_device_memory_free_bytes", "gauge", "Free memory of each device psd computes on, as its "
+               "driver counts it (every process).");
+        for (int i = 0; i < ndev; i++)
+            put(&b, "psd_device_memory_free_bytes{device=\"%s\"} %llu\n", dm[i].device,
+                (unsigned long long)dm[i].device_free);
+        family(&b, "psd_device_memory_total_bytes", "gauge", "Total memory of each device psd computes on.");
+        for (int i = 0; i < ndev; i++)
+            put(&b, "psd_device_memory_total_bytes{device=\"%s\"} %llu\n", dm[i].device,
+                (unsigned long long)dm[i].device_total);
+    }
     family(&b, "psd_serving", "gauge", "1 while serving, 0 while draining for shutdown or saturated for "
            "longer than server.health_saturated_s.");
     put(&b, "psd_serving %d\n", ps_service_serving(m->svc, NULL, 0));

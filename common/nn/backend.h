@@ -805,6 +805,14 @@ static inline int ps_gs_index(float v, int size, int nearest) {
     return (int)(nearest ? nearbyintf(v) : floorf(v));
 }
 
+/* memory_stats' answer (bytes). */
+typedef struct ps_backend_memory {
+    uint64_t used;           /* held from the device's pool: in use plus cached (not included: cuDNN's
+                                workspaces and the libraries' own handles) */
+    uint64_t cached;         /* of used, freed blocks kept for the next request (PS_CUDA_CACHE_MB) */
+    uint64_t device_free, device_total;   /* the whole device, every process */
+} ps_backend_memory;
+
 typedef struct ps_backend_ops {
     const char *name;
     /* NULL for backends computing in host memory (CPU); otherwise the device
@@ -841,13 +849,18 @@ typedef struct ps_backend_ops {
      * ops this thread calls on this backend may return before their work
      * is done: they run in call order on one queue of the thread's, and a
      * buffer freed in between is released at async_end, which waits for
-     * all of it and reports any failure (e.g. a kernel's). Copies to and
-     * from the host, sum_squares and copy_from_peer still complete before
-     * returning. Between the two, no buffer written may be handed to
+     * all of it and reports any failure (e.g. a kernel's). A copy from the
+     * host returns once it has read the host's bytes (its caller may reuse
+     * them), a copy_from_peer between two runs of this thread on one device
+     * is ordered on their queues; copies to the host and sum_squares
+     * complete before returning. Between the two, no buffer written may be handed to
      * another thread, nor the weights released to writers: the executor
      * opens a run per model call and ends it before its locks go. */
     void (*async_begin)(void *impl);
     ps_status (*async_end)(void *impl, ps_err *err);
+    /* Optional (NULL for CPU backends): what this backend holds of its
+     * device's memory, and the device's free and total (every process's). */
+    ps_status (*memory_stats)(void *impl, struct ps_backend_memory *out, ps_err *err);
 
     /* x (n,cin,h,w), w (cout,cin/groups,kh,kw), b (cout; NULL: no bias)
      * -> y (n,cout,oh,ow); either form of ps_conv_desc. */

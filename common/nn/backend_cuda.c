@@ -217,6 +217,7 @@ typedef struct blk_cache {
     int on;
     pthread_mutex_t mu;
     size_t cap, idle;                      /* bytes: the most kept idle, kept idle now */
+    size_t live_bytes;                     /* bytes of the blocks handed out (memory_stats) */
     blk *live[BLK_BUCKETS];
     blk *free_cls[BLK_CLASSES];
     blk *spare;                            /* unused nodes */
@@ -593,6 +594,7 @@ static void *cu_alloc(void *impl, size_t bytes) {
     unsigned h = blk_hash(b->p);
     b->next = bc->live[h];
     bc->live[h] = b;
+    bc->live_bytes += rounded;
     pthread_mutex_unlock(&bc->mu);
     return b->p;
 }
@@ -624,6 +626,7 @@ static void cu_free(void *impl, void *p) {
         if (b) {
             *pp = b->next;
             const size_t bytes = blk_bytes(b->cls);
+            bc->live_bytes -= bytes;
             if (bc->idle + bytes <= bc->cap) {   /* kept for the next request of its class */
                 b->next = bc->free_cls[b->cls];
                 bc->free_cls[b->cls] = b;
@@ -637,6 +640,31 @@ static void cu_free(void *impl, void *p) {
         pthread_mutex_unlock(&bc->mu);
     }
     raw_free(im, p);
+}
+
+/* backend.h memory_stats: the pool's memory in use (our cache's idle
+ * blocks included: they are not given back to it) and the cache's idle
+ * bytes; without a pool, the blocks the cache manages. */
+static ps_status cu_memory_stats(void *impl, ps_backend_memory *out, ps_err *err) {
+    cuda_impl *im = impl;
+    ps_status rc = PS_OK;
+    size_t fr = 0, tot = 0;
+    memset(out, 0, sizeof *out);
+    PS_CUDA_CHECK(cudaSetDevice(im->device));
+    PS_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    out->device_free = fr;
+    out->device_total = tot;
+    pthread_mutex_lock(&im->cache.mu);
+    out->cached = im->cache.idle;
+    out->used = im->cache.live_bytes + im->cache.idle;
+    pthread_mutex_unlock(&im->cache.mu);
+    if (im->have_pool) {
+        uint64_t used = 0;
+        PS_CUDA_CHECK(cudaMemPoolGetAttribute(im->pool, cudaMemPoolAttrUsedMemCurrent, &used));
+        out->used = used;
+    }
+done:
+    return rc;
 }
 
 static void cu_async_begin(void *impl) {
@@ -1919,6 +1947,7 @@ const ps_backend_ops ps_backend_cuda_ops = {
     .async_begin = cu_async_begin,
     .async_end = cu_async_end,
     .conv2d_forward = cu_conv2d_forward,
+    .memory_stats = cu_memory_stats,
     .conv2d_backward = cu_conv2d_backward,
     .conv2d_wgrad_parts = cu_conv2d_wgrad_parts,
     .relu_forward = cu_relu_forward,

@@ -334,6 +334,30 @@ void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq) {
 }
 
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
+
+int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max) {
+    int n = 0;
+    for (int s = 0; s < m->nstages; s++) {
+        const stage *st = &m->stages[s];
+        ps_backend_memory bm;
+        ps_err err = {0};
+        if (!st->be || !st->be->ops->memory_stats || st->be->ops->memory_stats(st->be->impl, &bm, &err) != PS_OK)
+            continue;
+        int i = 0;
+        while (i < n && strcmp(out[i].device, st->device)) i++;
+        if (i == n) {
+            if (n == max) continue;
+            memset(&out[n], 0, sizeof out[n]);
+            snprintf(out[n].device, sizeof out[n].device, "%s", st->device);
+            out[n].device_free = bm.device_free;
+            out[n].device_total = bm.device_total;
+            n++;
+        }
+        out[i].used += bm.used;
+        out[i].cached += bm.cached;
+    }
+    return n;
+}
 const ps_stage_info *ps_model_stage(const ps_model *m, int s) {
     return s >= 0 && s < m->nstages ? &m->stages[s].info : NULL;
 }

@@ -240,6 +240,16 @@ void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq);
 
 /* ---- stages ---- */
 int ps_model_num_stages(const ps_model *m);
+
+/* What the GPU stages hold of their devices' memory, one entry per device
+ * (its stages' backends summed; backend.h memory_stats): returns the
+ * number of entries written (<= max), 0 when no stage is on a GPU. */
+typedef struct ps_device_memory {
+    char device[32];                      /* "cuda:0" */
+    uint64_t used, cached;                /* psd's: in use plus cached, cached */
+    uint64_t device_free, device_total;   /* the whole device */
+} ps_device_memory;
+int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max);
 const ps_stage_info *ps_model_stage(const ps_model *m, int s);   /* NULL if out of range */
 int ps_model_find_stage(const ps_model *m, const char *name);    /* -1 if absent */
 
