@@ -19,6 +19,7 @@
 #
 #   bench/batching.sh                          8 trainers, 3 rounds a mode, twice
 #   TRAINERS="4 8" WAIT_MS=2 REPEAT=1 bench/batching.sh
+#   EXECUTORS=4 SMALL_MAX=64 bench/batching.sh   (server.batch_executors, the small groups' size)
 #   PLACE="--set model.placement.conv=cuda:0 --set model.placement.fc=cuda:0" bench/batching.sh
 # With PLACE on a GPU (cuda:N) the summary ends with issue 22's target - 8
 # trainers with Forwards and Backwards batched (the better of the two group
@@ -33,6 +34,7 @@ OUT=${OUT:-$BUILD/bench-results/batching-$(date +%Y%m%d-%H%M%S)}
 export TRAINERS=${TRAINERS:-8} RUNS=${RUNS:-3} BUILD
 WAIT_MS=${WAIT_MS:-2}
 SMALL_MAX=${SMALL_MAX:-64}
+EXECUTORS=${EXECUTORS:-1}   # server.batch_executors of the batched modes
 REPEAT=${REPEAT:-2}
 max=0
 for n in $TRAINERS; do [ "$n" -gt "$max" ] && max=$n; done
@@ -60,6 +62,10 @@ for rep in $(seq 1 "$REPEAT"); do
       fwd)  args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=false" ;;
       both) args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=true" ;;
       small) args="--set server.batch_wait_ms=$WAIT_MS --set server.batch_backward=true --set server.batch_max_samples=$SMALL_MAX" ;;
+    esac
+    case $mode in
+      off) ;;
+      *) args="$args --set server.batch_executors=$EXECUTORS" ;;
     esac
     echo "-- $mode (round $rep): $args"
     smi=

@@ -106,6 +106,7 @@ static const cfg_entry g_table[] = {
     U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
     DBL ("server.batch_wait_ms",   SVC(batch_wait_ms),     0, 0, 1000, 0, "0"),
     INT ("server.batch_max_samples", SVC(batch_max_samples), 1, 65536, "256"),
+    INT ("server.batch_executors", SVC(batch_executors), 1, 64, "1"),
     BOOL("server.batch_backward",  SVC(batch_backward),    "true"),
     DBL ("server.health_saturated_s", SVC(health_saturated_s), 0, 0, 86400, 0, "30"),
     INT ("server.metrics_round_steps", SVC(round_metrics.round_steps), 1, 1000000000, "1"),

@@ -183,6 +183,8 @@ typedef struct ps_service_opts {
                                  for concurrent ones of the same stages to be computed with
                                  (0 = off; svc_batch.c) */
     int batch_max_samples;    /* server.batch_max_samples: samples computed together at most */
+    int batch_executors;      /* server.batch_executors: groups computed at once (each of the Forward
+                                 and Backward batchers' threads; 0: 1) */
     int batch_backward;       /* server.batch_backward: training Backwards are batched too
                                  (with batch_wait_ms > 0) */
     ps_cons_opts cons;        /* server.consistency and its keys (above) */

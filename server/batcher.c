@@ -1,4 +1,4 @@
-/* batcher.c - the held items and the executor thread that groups and runs
+/* batcher.c - the held items and the executor threads that group and run
  * them (see batcher.h). */
 #include "batcher.h"
 
@@ -11,14 +11,15 @@
 #include "prof.h"
 
 #define PS_BATCH_MAX_GROUP 1024   /* items in one group at most */
+#define PS_BATCH_MAX_EXECUTORS 64
 
 struct ps_batcher {
     int64_t max_wait_ns;
     int max_samples;
     ps_batch_run_fn run;
     void *user;
-    pthread_t thread;
-    int started;
+    pthread_t thread[PS_BATCH_MAX_EXECUTORS];
+    int started;                  /* executor threads running */
     pthread_mutex_t mu;
     pthread_cond_t cv;            /* CLOCK_MONOTONIC */
     ps_batch_item *head, *tail;   /* held, oldest first */
@@ -129,11 +130,19 @@ static void *executor_main(void *arg) {
     return NULL;
 }
 
-ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, ps_batch_run_fn run, void *user,
-                              ps_err *err) {
-    if (max_wait_us < 0 || max_samples < 1 || !run) {
-        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batcher: wait %lld us and %d samples (need >= 0 and >= 1)",
-                   (long long)max_wait_us, max_samples);
+static void stop_and_join(ps_batcher *b) {
+    pthread_mutex_lock(&b->mu);
+    b->stop = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < b->started; i++) pthread_join(b->thread[i], NULL);
+}
+
+ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, int executors, ps_batch_run_fn run,
+                              void *user, ps_err *err) {
+    if (max_wait_us < 0 || max_samples < 1 || executors < 1 || executors > PS_BATCH_MAX_EXECUTORS || !run) {
+        ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "batcher: wait %lld us, %d samples and %d executors (need >= 0, "
+                   ">= 1 and 1-%d)", (long long)max_wait_us, max_samples, executors, PS_BATCH_MAX_EXECUTORS);
         return NULL;
     }
     ps_batcher *b = calloc(1, sizeof *b);
@@ -147,25 +156,23 @@ ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, ps_batch_run
     b->user = user;
     pthread_mutex_init(&b->mu, NULL);
     ps_cond_init_mono(&b->cv);
-    int rc = pthread_create(&b->thread, NULL, executor_main, b);
-    if (rc != 0) {
-        ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "batcher: cannot start its thread: %s", strerror(rc));
-        pthread_cond_destroy(&b->cv);
-        pthread_mutex_destroy(&b->mu);
-        free(b);
-        return NULL;
+    for (; b->started < executors; b->started++) {
+        int rc = pthread_create(&b->thread[b->started], NULL, executor_main, b);
+        if (rc != 0) {
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "batcher: cannot start its thread: %s", strerror(rc));
+            stop_and_join(b);
+            pthread_cond_destroy(&b->cv);
+            pthread_mutex_destroy(&b->mu);
+            free(b);
+            return NULL;
+        }
     }
-    b->started = 1;
     return b;
 }
 
 void ps_batcher_free(ps_batcher *b) {
     if (!b) return;
-    pthread_mutex_lock(&b->mu);
-    b->stop = 1;
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    if (b->started) pthread_join(b->thread, NULL);
+    stop_and_join(b);
     pthread_cond_destroy(&b->cv);
     pthread_mutex_destroy(&b->mu);
     free(b);

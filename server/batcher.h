@@ -6,7 +6,7 @@
  * A handler that may combine its call defers it (ps_svc_defer), then
  * submits an item: a key (items with equal keys may run together: same
  * method, run of stages, per-sample shape), its sample count and its own
- * argument. The batcher's executor thread takes the oldest item, gathers
+ * argument. An executor thread of the batcher's takes the oldest item, gathers
  * every held item of its key in arrival order up to max_samples samples,
  * waits while the group is not full - at most until the oldest item has
  * been held max_wait_us - and calls run with the group. run answers every
@@ -17,8 +17,10 @@
  * once. Items of other keys never delay a group: the oldest item of any
  * key is served first, and a full group runs without waiting.
  *
- * Threads: submit from any thread; run is called on the batcher's one
- * executor thread, one group at a time, never with the batcher's lock
+ * Threads: submit from any thread; run is called on the batcher's executor
+ * threads (server.batch_executors), each running one group at a time -
+ * with several, groups run at once, so that callers in different groups do
+ * not wait for each other's computation - never with the batcher's lock
  * held. ps_batcher_free runs what is still held (no waiting) and stops.
  */
 #ifndef PS_BATCHER_H
@@ -44,9 +46,9 @@ typedef struct ps_batch_item {
 typedef void (*ps_batch_run_fn)(void *user, ps_batch_item **items, int n);
 
 /* max_wait_us >= 0 (0: only items already held together are combined),
- * max_samples >= 1. */
-ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, ps_batch_run_fn run, void *user,
-                              ps_err *err);
+ * max_samples >= 1, executors 1-64 (threads running groups). */
+ps_batcher *ps_batcher_create(int64_t max_wait_us, int max_samples, int executors, ps_batch_run_fn run,
+                              void *user, ps_err *err);
 /* Runs every held item (in groups, without waiting), stops the executor.
  * NULL is a no-op. */
 void ps_batcher_free(ps_batcher *b);

@@ -1,5 +1,6 @@
 /* svc_batch.c - batched training Forwards and Backwards
- * (server.batch_wait_ms, server.batch_max_samples, server.batch_backward;
+ * (server.batch_wait_ms, server.batch_max_samples, server.batch_backward,
+ * server.batch_executors;
  * docs/performance.md, "Many trainers on one GPU"): concurrent training
  * forwards of the same run of stages are held
  * up to the wait and computed as one (ps_model_forward_group), each
@@ -199,13 +200,15 @@ ps_status svc_batch_start(ps_service *s, ps_err *err) {
     s->batch_inited = 1;
     if (!(s->opts.batch_wait_ms > 0)) return PS_OK;
     int max = s->opts.batch_max_samples > 0 ? s->opts.batch_max_samples : 256;
-    if (!(s->batcher = ps_batcher_create((int64_t)(s->opts.batch_wait_ms * 1000.0), max, run_group, s, err)))
+    int ex = s->opts.batch_executors > 0 ? s->opts.batch_executors : 1;
+    if (!(s->batcher = ps_batcher_create((int64_t)(s->opts.batch_wait_ms * 1000.0), max, ex, run_group, s, err)))
         return err->code;
     if (s->opts.batch_backward &&
-        !(s->batcher_bwd = ps_batcher_create((int64_t)(s->opts.batch_wait_ms * 1000.0), max, bwd_group, s, err)))
+        !(s->batcher_bwd = ps_batcher_create((int64_t)(s->opts.batch_wait_ms * 1000.0), max, ex, bwd_group, s, err)))
         return err->code;
-    ps_log(PS_LOG_INFO, "batching training Forwards%s: up to %g ms for company, up to %d samples together",
-           s->batcher_bwd ? " and Backwards" : "", s->opts.batch_wait_ms, max);
+    ps_log(PS_LOG_INFO, "batching training Forwards%s: up to %g ms for company, up to %d samples together, %d "
+           "group%s at once", s->batcher_bwd ? " and Backwards" : "", s->opts.batch_wait_ms, max, ex,
+           ex == 1 ? "" : "s");
     for (int i = 0; i < ps_model_num_stages(s->model); i++) {
         const ps_stage_info *si = ps_model_stage(s->model, i);
         if (!si->params_only && !ps_model_can_group(s->model, i, i))

@@ -86,16 +86,54 @@ static void *submitter(void *p) {
     return NULL;
 }
 
+/* Run fn for test 7: counts the groups inside a run at once and waits (up to wait_ms) for a second. */
+typedef struct overlap { pthread_mutex_t mu; pthread_cond_t cv; int inside, most, wait_ms; } overlap;
+
+static void overlap_fn(void *user, ps_batch_item **items, int n) {
+    (void)items; (void)n;
+    overlap *o = user;
+    pthread_mutex_lock(&o->mu);
+    if (++o->inside > o->most) o->most = o->inside;
+    pthread_cond_broadcast(&o->cv);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)o->wait_ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    while (o->inside < 2 && pthread_cond_timedwait(&o->cv, &o->mu, &ts) == 0) {}
+    o->inside--;
+    pthread_mutex_unlock(&o->mu);
+}
+
+static int most_at_once(int executors, int wait_ms) {
+    overlap o = {.wait_ms = wait_ms};
+    pthread_mutex_init(&o.mu, NULL);
+    pthread_cond_init(&o.cv, NULL);
+    ps_err err = {0};
+    ps_batcher *b = ps_batcher_create(0, 1, executors, overlap_fn, &o, &err);
+    CHECK(b != NULL);
+    if (!b) return -1;
+    ps_batch_item it[2] = {{.key = 10, .samples = 1}, {.key = 11, .samples = 1}};
+    ps_batcher_submit(b, &it[0]);
+    ps_batcher_submit(b, &it[1]);
+    ps_batcher_free(b);   /* runs both */
+    pthread_cond_destroy(&o.cv);
+    pthread_mutex_destroy(&o.mu);
+    return o.most;
+}
+
 int main(void) {
     ps_err err = {0};
-    CHECK(ps_batcher_create(-1, 4, run_fn, NULL, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
-    CHECK(ps_batcher_create(10, 0, run_fn, NULL, &err) == NULL);
+    CHECK(ps_batcher_create(-1, 4, 1, run_fn, NULL, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK(ps_batcher_create(10, 0, 1, run_fn, NULL, &err) == NULL);
+    CHECK(ps_batcher_create(10, 4, 0, run_fn, NULL, &err) == NULL && err.code == PS_ERR_INVALID_ARGUMENT);
+    CHECK(ps_batcher_create(10, 4, 65, run_fn, NULL, &err) == NULL && strstr(err.msg, "executors"));
     ps_batcher_free(NULL);
 
     /* 1. a long wait: three items of key 7 submitted together run as one
      * group, in order; an item of another key runs apart */
     rec *r = rec_new();
-    ps_batcher *b = ps_batcher_create(200000, 100, run_fn, r, &err);   /* 200 ms */
+    ps_batcher *b = ps_batcher_create(200000, 100, 1, run_fn, r, &err);   /* 200 ms */
     CHECK(b != NULL);
     ps_batch_item it[16];
     memset(it, 0, sizeof it);
@@ -121,7 +159,7 @@ int main(void) {
     /* 2. max_samples 25: five items of 10 samples run as 2, 2, 1, never
      * above 25; a full group does not wait (wait: 10 s) */
     r = rec_new();
-    b = ps_batcher_create(10000000, 25, run_fn, r, &err);
+    b = ps_batcher_create(10000000, 25, 1, run_fn, r, &err);
     for (int i = 0; i < 5; i++) it[i] = (ps_batch_item){.key = 1, .samples = 10, .arg = (void *)(intptr_t)i};
     /* an item larger than the maximum runs alone, at once */
     it[5] = (ps_batch_item){.key = 2, .samples = 40, .arg = (void *)(intptr_t)5};
@@ -139,7 +177,7 @@ int main(void) {
 
     /* 4. no wait (0): an item runs at once, alone unless others are held */
     r = rec_new();
-    b = ps_batcher_create(0, 64, run_fn, r, &err);
+    b = ps_batcher_create(0, 64, 1, run_fn, r, &err);
     it[0] = (ps_batch_item){.key = 3, .samples = 1, .arg = (void *)(intptr_t)0};
     ps_batcher_submit(b, &it[0]);
     wait_ran(r, 0);
@@ -149,7 +187,7 @@ int main(void) {
     /* 5. eight threads submit 400 items of three keys: each runs exactly
      * once, groups hold one key and at most 32 samples */
     r = rec_new();
-    b = ps_batcher_create(2000, 32, run_fn, r, &err);
+    b = ps_batcher_create(2000, 32, 1, run_fn, r, &err);
     static ps_batch_item many[3200];
     memset(many, 0, sizeof many);
     pthread_t th[8];
@@ -169,5 +207,32 @@ int main(void) {
     CHECK(once);
     CHECK(mixed == 0);
     CHECK(over == 0);
+
+    /* 6. the same with 4 executors (server.batch_executors): still each item once, groups of one key and
+     * at most 32 samples */
+    r = rec_new();
+    b = ps_batcher_create(2000, 32, 4, run_fn, r, &err);
+    CHECK(b != NULL);
+    memset(many, 0, sizeof many);
+    for (int t = 0; t < 8; t++) {
+        sa[t] = (sub_arg){b, many, t * 400, 400};
+        CHECK(pthread_create(&th[t], NULL, submitter, &sa[t]) == 0);
+    }
+    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
+    ps_batcher_free(b);
+    once = 1, mixed = 0, over = 0;
+    for (int i = 0; i < 3200; i++) once &= r->runs[i] == 1;
+    for (int g = 0; g < r->ngroups; g++) {
+        mixed += r->gkey[g] == ~0ULL;
+        over += r->gsamples[g] > 32 && r->gsize[g] > 1;
+    }
+    CHECK_MSG(once, "4 executors: an item ran other than once");
+    CHECK(mixed == 0);
+    CHECK(over == 0);
+
+    /* 7. two groups held at once run at once with 2 executors (each run waits up to 5 s for the other),
+     * one after the other with 1 (each waits 200 ms for a second that never comes) */
+    CHECK_MSG(most_at_once(2, 5000) == 2, "2 executors: the two groups did not run at once");
+    CHECK_MSG(most_at_once(1, 200) == 1, "1 executor: two groups ran at once");
     return check_summary("test_batcher");
 }
