@@ -597,6 +597,26 @@ static void check_conv_parts(ps_backend *ref, ps_backend *cu, rng *r) {
 /* one thread's share of a check on asynchronous runs (peer: a second backend on the same device) */
 typedef struct run_job { ps_backend *cu; int bad; ps_backend *peer; } run_job;
 
+/* fn on one thread, then on 4 at once, each with its own job like proto; checks that none went wrong. */
+static void run_on_threads(void *(*fn)(void *), run_job proto, const char *what) {
+    run_job one = proto;
+    fn(&one);
+    CHECK_MSG(one.bad == 0, "%s, one thread: %d wrong", what, one.bad);
+    enum { T = 4 };
+    run_job jobs[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = proto;
+        pthread_create(&th[i], NULL, fn, &jobs[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        bad += jobs[i].bad;
+    }
+    CHECK_MSG(bad == 0, "%s, %d threads at once: %d wrong", what, T, bad);
+}
+
 /* ---- copies from the host queued inside a run: each copy's bytes are taken before the call returns (the
  * caller rewrites its buffer at once), copies past the context's pinned buffer wait for the ones before and
  * start over, a bigger one grows it, a copy to the host between them; and a stage boundary between two
@@ -673,22 +693,7 @@ static void check_async_copies(ps_backend *cu) {
     ps_backend *a = ps_backend_create("cuda", 0, 0, &err);   /* another stage's backend on the same device */
     CHECK_MSG(a != NULL, "%s", err.msg);
     if (!a) return;
-    run_job one = {cu, 0, a};
-    async_copies(&one);
-    CHECK_MSG(one.bad == 0, "copies queued in a run, one thread: %d wrong", one.bad);
-    enum { T = 4 };
-    run_job jobs[T];
-    pthread_t th[T];
-    for (int i = 0; i < T; i++) {
-        jobs[i] = (run_job){cu, 0, a};
-        pthread_create(&th[i], NULL, async_copies, &jobs[i]);
-    }
-    int bad = 0;
-    for (int i = 0; i < T; i++) {
-        pthread_join(th[i], NULL);
-        bad += jobs[i].bad;
-    }
-    CHECK_MSG(bad == 0, "copies queued in runs, %d threads at once: %d wrong", T, bad);
+    run_on_threads(async_copies, (run_job){cu, 0, a}, "copies queued in runs");
     ps_backend_free(a);
 }
 
@@ -802,22 +807,7 @@ static void *async_chain(void *arg) {
 }
 
 static void check_async_runs(ps_backend *cu) {
-    run_job one = {cu, 0};
-    async_chain(&one);
-    CHECK_MSG(one.bad == 0, "async run, one thread: %d wrong", one.bad);
-    enum { T = 4 };
-    run_job jobs[T];
-    pthread_t th[T];
-    for (int i = 0; i < T; i++) {
-        jobs[i] = (run_job){cu, 0};
-        pthread_create(&th[i], NULL, async_chain, &jobs[i]);
-    }
-    int bad = 0;
-    for (int i = 0; i < T; i++) {
-        pthread_join(th[i], NULL);
-        bad += jobs[i].bad;
-    }
-    CHECK_MSG(bad == 0, "async runs, %d threads at once: %d wrong", T, bad);
+    run_on_threads(async_chain, (run_job){cu, 0, NULL}, "async runs");
 }
 
 /* ---- torch.where (where, where_backward): tensors on both sides, then a number for a and for b; bit for

@@ -1096,34 +1096,59 @@ done:
     return rc;
 }
 
+/* A convolution backward's temporaries on the device: the weight
+ * gradient's columns and per-image parts, the bias gradient's plane sums. */
+typedef struct conv_tmp {
+    float *col, *parts;
+    double *planes;
+} conv_tmp;
+
+/* Queue the bias gradients of k parts of dy (n, c, s) on c's stream (our
+ * kernels: ps_cuda_bias_grad_parts), its plane sums in t->planes. */
+static ps_status bias_grad_queue(cuda_impl *im, cuda_ctx *c, int n, int ch, int64_t s, const float *dy, int k,
+                                 const int *off, const int *cnt, float *const *db, conv_tmp *t, ps_err *err) {
+    ps_status rc = PS_OK;
+    if (!(t->planes = cu_alloc(im, (size_t)(n > 0 ? n : 1) * (size_t)ch * sizeof *t->planes)))
+        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
+                          im->device);
+    PS_CUDA_CHECK(ps_cuda_bias_grad_parts(ch, s, dy, k, off, cnt, db, t->planes, c->stream));
+done:
+    return rc;
+}
+
+/* The end of a call that queued work using t: on failure outside a run,
+ * wait for what was queued; then the context and t go (in a run, t's
+ * blocks are kept aside until its end). */
+static ps_status conv_tmp_end(cuda_impl *im, cuda_ctx *c, conv_tmp *t, ps_status rc) {
+    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);
+    ctx_release(im, c);
+    cu_free(im, t->col);
+    cu_free(im, t->parts);
+    cu_free(im, t->planes);
+    return rc;
+}
+
 static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const float *x, const float *w,
                                     const float *dy, float *dx, float *dw, float *db, ps_err *err) {
     cuda_impl *im = impl;
     ps_status rc;
     cuda_ctx *c = NULL;
     conv_entry *ce = NULL;
-    float *col = NULL, *parts = NULL;
-    double *planes = NULL;
+    conv_tmp t = {0};
     const float one = 1.0f, zero = 0.0f;
     const ps_conv_desc d = ps_conv_resolve(desc);
     const int gemm_dw = dw && wgrad_gemm_fits(im, &d);
+    const int all = 0;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
     if ((rc = conv_lookup(im, c, &d, &ce, err)) != PS_OK) goto done;
     size_t ws = ce->ws_bwd_data > ce->ws_bwd_filter ? ce->ws_bwd_data : ce->ws_bwd_filter;
     if ((rc = ctx_workspace(c, ws, err)) != PS_OK) goto done;
-    if (db && im->bias_ours) {
-        if (!(planes = cu_alloc(im, (size_t)d.n * d.cout * sizeof *planes))) {
-            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
-                            im->device);
-            goto done;
-        }
-        PS_CUDA_CHECK(ps_cuda_bias_grad(d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), dy, db, planes,
-                                        c->stream));
-    } else if (db) {
-        PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
-    }
-    const int all = 0;
-    if (gemm_dw && (rc = wgrad_gemm(im, c, &d, x, dy, 1, &all, &d.n, &dw, &col, &parts, err)) != PS_OK) goto done;
+    if (db && im->bias_ours &&
+        (rc = bias_grad_queue(im, c, d.n, d.cout, (int64_t)ps_conv_out_h(&d) * ps_conv_out_w(&d), dy, 1, &all, &d.n,
+                              &db, &t, err)) != PS_OK)
+        goto done;
+    if (db && !im->bias_ours) PS_CUDNN_CHECK(cudnnConvolutionBackwardBias(c->dnn, &one, ce->y, dy, &zero, ce->b, db));
+    if (gemm_dw && (rc = wgrad_gemm(im, c, &d, x, dy, 1, &all, &d.n, &dw, &t.col, &t.parts, err)) != PS_OK) goto done;
     if (dw && !gemm_dw)
         PS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(c->dnn, &one, ce->x, x, ce->y, dy, ce->conv, ce->bwd_filter,
                                                       c->ws, ce->ws_bwd_filter, &zero, ce->w, dw));
@@ -1132,12 +1157,7 @@ static ps_status cu_conv2d_backward(void *impl, const ps_conv_desc *desc, const 
                                                     c->ws, ce->ws_bwd_data, &zero, ce->x, dx));
     PS_CUDA_SYNC(c);
 done:
-    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses col, parts */
-    ctx_release(im, c);
-    cu_free(im, col);    /* in a run: kept aside until its end */
-    cu_free(im, parts);
-    cu_free(im, planes);
-    return rc;
+    return conv_tmp_end(im, c, &t, rc);
 }
 
 /* backend.h conv2d_wgrad_parts: every image's part of the weight gradient
@@ -1162,19 +1182,13 @@ static ps_status cu_conv2d_wgrad_parts(void *impl, const ps_conv_desc *desc, con
         return rc;
     }
     cuda_ctx *c = NULL;
-    float *col = NULL, *parts = NULL;
-    double *planes = NULL;
+    conv_tmp t = {0};
     const float one = 1.0f, zero = 0.0f;
     if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
-    if ((rc = wgrad_gemm(im, c, &d, x, dy, k, off, cnt, dw, &col, &parts, err)) != PS_OK) goto done;
-    if (db && im->bias_ours) {
-        if (!(planes = cu_alloc(im, (size_t)d.n * d.cout * sizeof *planes))) {
-            rc = ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
-                            im->device);
-            goto done;
-        }
-        PS_CUDA_CHECK(ps_cuda_bias_grad_parts(d.cout, y_per / d.cout, dy, k, off, cnt, db, planes, c->stream));
-    }
+    if ((rc = wgrad_gemm(im, c, &d, x, dy, k, off, cnt, dw, &t.col, &t.parts, err)) != PS_OK) goto done;
+    if (db && im->bias_ours &&
+        (rc = bias_grad_queue(im, c, d.n, d.cout, y_per / d.cout, dy, k, off, cnt, db, &t, err)) != PS_OK)
+        goto done;
     for (int p = 0; db && !im->bias_ours && p < k; p++) {
         ps_conv_desc dp = d;
         conv_entry *ce = NULL;
@@ -1184,12 +1198,7 @@ static ps_status cu_conv2d_wgrad_parts(void *impl, const ps_conv_desc *desc, con
     }
     PS_CUDA_SYNC(c);
 done:
-    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses col, parts */
-    ctx_release(im, c);
-    cu_free(im, col);    /* in a run: kept aside until its end */
-    cu_free(im, parts);
-    cu_free(im, planes);
-    return rc;
+    return conv_tmp_end(im, c, &t, rc);
 }
 
 /* ------------------------------------------------ activation, softmax */
@@ -1793,19 +1802,14 @@ static ps_status cu_bias_grad(void *impl, const ps_chan_desc *d, const float *dy
     cuda_impl *im = impl;
     ps_status rc = PS_OK;
     cuda_ctx *c = NULL;
+    conv_tmp t = {0};
+    const int all = 0;
     if (d->c <= 0) return PS_OK;
-    double *planes = cu_alloc(im, (size_t)(d->n > 0 ? d->n : 1) * d->c * sizeof *planes);
-    if (!planes)
-        return ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "cuda:%d: out of device memory for a bias gradient",
-                          im->device);
-    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) goto done;
-    PS_CUDA_CHECK(ps_cuda_bias_grad(d->n, d->c, d->s, dy, db, planes, c->stream));
+    if ((rc = ctx_acquire(im, &c, err)) != PS_OK) return rc;
+    if ((rc = bias_grad_queue(im, c, d->n, d->c, d->s, dy, 1, &all, &d->n, &db, &t, err)) != PS_OK) goto done;
     PS_CUDA_SYNC(c);
 done:
-    if (rc != PS_OK && c && !c->in_run) cudaStreamSynchronize(c->stream);   /* nothing queued uses planes */
-    ctx_release(im, c);
-    cu_free(im, planes);   /* in a run: kept aside until its end */
-    return rc;
+    return conv_tmp_end(im, c, &t, rc);
 }
 
 /* Recurrent layers (LSTM, GRU): a time step's gates (the GEMMs are linear_forward / linear_backward's cuBLAS). */

@@ -249,13 +249,12 @@ typedef struct ps_cuda_resize {
 
 cudaError_t ps_cuda_resize_forward(const ps_cuda_resize *p, const float *x, float *y, cudaStream_t stream);
 cudaError_t ps_cuda_resize_backward(const ps_cuda_resize *p, const float *dy, float *dx, cudaStream_t stream);
-/* y[i, j, q] += b[j] and db[j] = sum over i, q of dy[i, j, q] (summed in double: each plane's sum, then
- * the planes' in image order; deterministic), (n, c, s) plain. planes: n * c doubles of device scratch. */
+/* y[i, j, q] += b[j], (n, c, s) plain. */
 cudaError_t ps_cuda_bias_add(int n, int c, int64_t s, const float *b, float *y, cudaStream_t stream);
-cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, double *planes,
-                              cudaStream_t stream);
-/* Part p's bias gradient db[p] (c) from images off[p] .. off[p] + cnt[p] - 1 of dy (n, c, s); a part's the
- * same as ps_cuda_bias_grad of its images alone. planes: (the last image any part reads + 1) * c doubles. */
+/* Bias gradients of dy (n, c, s) plain, part by part: db[p][j] = the sum over images off[p] .. off[p] +
+ * cnt[p] - 1 and q of dy[i, j, q], in double - each (image, channel) plane's sum into planes, then the
+ * planes' in image order (deterministic; a part's the same as a call of its images alone). planes:
+ * (the last image any part reads + 1) * c doubles of device scratch. */
 cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, const int *off, const int *cnt,
                                     float *const *db, double *planes, cudaStream_t stream);
 

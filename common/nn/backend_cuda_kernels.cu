@@ -1485,12 +1485,6 @@ cudaError_t ps_cuda_bias_grad_parts(int c, int64_t s, const float *dy, int k, co
     return e;
 }
 
-cudaError_t ps_cuda_bias_grad(int n, int c, int64_t s, const float *dy, float *db, double *planes,
-                              cudaStream_t stream) {
-    const int off = 0;
-    return ps_cuda_bias_grad_parts(c, s, dy, 1, &off, &n, &db, planes, stream);
-}
-
 cudaError_t ps_cuda_binary_bcast(const ps_cuda_bcast *g, const float *a, const float *b, float *y,
                                  cudaStream_t stream) {
     binary_bcast_kernel<<<blocks_for(g->count), kThreads, 0, stream>>>(*g, a, b, y);
