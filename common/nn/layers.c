@@ -5588,8 +5588,8 @@ static const ps_attr_spec no_attrs[] = {ATTR_END};
 #define F_ACT (PS_KIND_LAYOUT_KEEP | PS_KIND_INPLACE)
 #define F_DROP (PS_KIND_EVAL_VIEW | PS_KIND_DROPOUT | PS_KIND_INPLACE)
 static const ps_layer_kind kinds[] = {
-    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv_attrs, conv_infer, wn_missing, conv_forward,
-     conv_backward, NULL, NULL, conv_flops},
+    {"Conv2d", PS_KIND_LAYOUT_BLOCKED | PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv_attrs, conv_infer, wn_missing,
+     conv_forward, conv_backward, NULL, NULL, conv_flops},
     {"Linear", PS_KIND_BWD_X, 1, 1, linear_attrs, linear_infer, wn_missing, linear_forward, linear_backward, NULL, NULL,
      linear_flops},
     {"Bilinear", PS_KIND_BWD_X, 2, 2, bilinear_attrs, bilinear_infer, bilinear_missing, bilinear_forward,
@@ -5607,8 +5607,8 @@ static const ps_layer_kind kinds[] = {
     {"AdaptiveAvgPool2d", PS_KIND_LAYOUT_KEEP, 1, 1, adaptive_attrs, adaptive_infer, adaptive_missing,
      adaptive_forward, adaptive_backward, NULL, NULL, adaptive_flops},
     /* (N, C, L): the 2-d kinds over a (C, 1, L) plane (one_d), in the plain layout */
-    {"Conv1d", PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward, conv_backward, NULL, NULL,
-     conv_flops},
+    {"Conv1d", PS_KIND_BWD_X | PS_KIND_BWD_PARTS, 1, 1, conv1d_attrs, conv_infer, wn_missing, conv_forward,
+     conv_backward, NULL, NULL, conv_flops},
     {"MaxPool1d", 0, 1, 1, maxpool1d_attrs, pool_infer, no_op, pool_forward, pool_backward, pool_bytes, NULL,
      pool_flops},
     {"AvgPool1d", 0, 1, 1, avgpool1d_attrs, pool_infer, avgpool_missing, avgpool_forward, avgpool_backward, NULL,
