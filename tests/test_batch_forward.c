@@ -459,6 +459,23 @@ static void run_convnext_kinds(void) {
              "      - {name: fc, kind: Linear, out_features: 10}\n");
 }
 
+/* Convolutions in a combined backward (Conv2d/Conv1d compute every context's weight gradient in one call
+ * where the backend offers it - a GPU's one GEMM - else part by part): a weight-normalised Conv2d, one
+ * without a bias, a grouped and dilated one with strides and padding, a Conv1d; each context's weight and
+ * bias gradients its own. */
+static void run_conv_kinds(void) {
+    run_file("[4, 9, 9]",
+             "      - {name: wn, kind: Conv2d, out_channels: 6, kernel_size: 3, padding: 1, weight_norm: true}\n"
+             "      - {name: r1, kind: ReLU}\n"
+             "      - {name: nb, kind: Conv2d, out_channels: 6, kernel_size: [3, 2], bias: false}\n"
+             "      - {name: gd, kind: Conv2d, out_channels: 6, kernel_size: 3, groups: 3, dilation: 2, stride: [1, 2],\n"
+             "         padding: 2}\n"
+             "      - {name: flat, kind: Flatten, start_dim: 2}\n"
+             "      - {name: c1, kind: Conv1d, out_channels: 4, kernel_size: 3, padding: 1}\n"
+             "      - {name: flat2, kind: Flatten}\n"
+             "      - {name: fc, kind: Linear, out_features: 10}\n");
+}
+
 /* The learned and drawn activations: PReLU per channel and with one slope (each context's slope gradients
  * its own), RReLU's slopes and AlphaDropout's / FeatureAlphaDropout's masks drawn per context, and shrinks. */
 static void run_shrink_kinds(void) {
@@ -841,6 +858,7 @@ int main(void) {
     grpc_init();
     run_padmask();
     run_convnext_kinds();
+    run_conv_kinds();
     run_layernorm();
     run_shrink_kinds();
     run_vit_block();
@@ -877,9 +895,10 @@ int main(void) {
         run_padmask();
         run_shared();
         run_cross_attention();
+        run_conv_kinds();
         g_device = NULL;
         printf("cuda:0: batched Forwards and Backwards compared (mnist_cnn, the vit block, key padding masks, "
-               "shared parameters, cross-attention)\n");
+               "shared parameters, cross-attention, convolutions)\n");
     } else {
         printf("cuda: skipped (no CUDA device: %s)\n", err.msg);
         ps_err_clear(&err);
