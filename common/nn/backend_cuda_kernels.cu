@@ -1406,19 +1406,14 @@ struct bias_parts {
 };
 
 /* planes[b] = the sum in double of plane b's s values (x (planes, s)): one block a plane, each thread a
- * fixed strided subset, then a fixed tree - deterministic. Reads along s are coalesced. */
+ * fixed strided subset, then block_sum's fixed tree - deterministic. Reads along s are coalesced. */
 __global__ void plane_sum_kernel(int64_t s, const float *x, double *planes) {
-    __shared__ double sh[kThreads];
+    __shared__ double red[kThreads];
     const float *p = x + (int64_t)blockIdx.x * s;
     double acc = 0.0;
     for (int64_t q = threadIdx.x; q < s; q += blockDim.x) acc += p[q];
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) planes[blockIdx.x] = sh[0];
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) planes[blockIdx.x] = acc;
 }
 
 /* db[p][j] = the sum over images off[p] .. off[p] + cnt[p] - 1 of planes[i c + j], in image order: one
