@@ -31,6 +31,7 @@
 # machine without this project's build dependencies: scripts/gpu-bundle.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh   # PY, http_get
 BUILD=${BUILD:-build}
 TRAINERS=${TRAINERS:-2}
 EPOCHS=${EPOCHS:-1}
@@ -115,13 +116,12 @@ fi
 # times of bench_cuda_ops' convolution rows, one thread (bench/ncu_summary.py)
 if [ "${PROFILE:-0}" = 1 ]; then
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
-  py=$(command -v python3 || true)
-  if [ -z "$ncu" ] || [ -z "$py" ]; then
+  if [ -z "$ncu" ] || ! command -v "$PY" >/dev/null 2>&1; then
     say "PROFILE=1: no ncu or python3 here: no kernel times"
   elif "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv "$BUILD/bench/bench_cuda_ops" --threads 1 \
          --calls 2 --reps 2 --only conv >/tmp/gpu-check-ncu.csv 2>/tmp/gpu-check-ncu.err; then
     say "== kernel times (ncu, PROFILE=1): bench_cuda_ops' convolution rows, launches x mean"
-    "$py" bench/ncu_summary.py /tmp/gpu-check-ncu.csv | sed 's/^/gpu-check:   /' || fail "ncu_summary.py"
+    "$PY" bench/ncu_summary.py /tmp/gpu-check-ncu.csv | sed 's/^/gpu-check:   /' || fail "ncu_summary.py"
   else
     tail -n 5 /tmp/gpu-check-ncu.err
     fail "ncu over bench_cuda_ops (log /tmp/gpu-check-ncu.err)"
@@ -136,9 +136,7 @@ fi
 # cached) no more than the driver counts for psd's process (nvidia-smi).
 device_memory() {  # label metrics_addr psd_pid
   local body live cached free total smi
-  body=$(curl -sf "http://$2/metrics" 2>/dev/null ||
-         python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=5).read().decode())' "$2" 2>/dev/null) ||
-    { fail "$1: psd's /metrics not readable"; return 0; }
+  body=$(http_get "$2/metrics") || { fail "$1: psd's /metrics not readable"; return 0; }
   live=$(sed -n 's/^psd_device_memory_bytes{device="cuda:0",state="live"} //p' <<<"$body")
   cached=$(sed -n 's/^psd_device_memory_bytes{device="cuda:0",state="cached"} //p' <<<"$body")
   free=$(sed -n 's/^psd_device_memory_free_bytes{device="cuda:0"} //p' <<<"$body")
