@@ -86,6 +86,36 @@ static void *submitter(void *p) {
     return NULL;
 }
 
+/* Tests 5 and 6: eight threads submit 400 items each, of three keys, to a batcher with that many executors
+ * (wait 2 ms, 32 samples at most): each item runs exactly once, a group holds one key and at most 32
+ * samples (or one item). */
+static void many_submitters(int executors) {
+    ps_err err = {0};
+    rec *r = rec_new();
+    ps_batcher *b = ps_batcher_create(2000, 32, executors, run_fn, r, &err);
+    CHECK(b != NULL);
+    if (!b) return;
+    static ps_batch_item many[3200];
+    memset(many, 0, sizeof many);
+    pthread_t th[8];
+    sub_arg sa[8];
+    for (int t = 0; t < 8; t++) {
+        sa[t] = (sub_arg){b, many, t * 400, 400};
+        CHECK(pthread_create(&th[t], NULL, submitter, &sa[t]) == 0);
+    }
+    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
+    ps_batcher_free(b);
+    int once = 1, mixed = 0, over = 0;
+    for (int i = 0; i < 3200; i++) once &= r->runs[i] == 1;
+    for (int g = 0; g < r->ngroups; g++) {
+        mixed += r->gkey[g] == ~0ULL;
+        over += r->gsamples[g] > 32 && r->gsize[g] > 1;
+    }
+    CHECK_MSG(once, "%d executor(s): an item ran other than once", executors);
+    CHECK_MSG(mixed == 0, "%d executor(s): %d groups mixed keys", executors, mixed);
+    CHECK_MSG(over == 0, "%d executor(s): %d groups over 32 samples", executors, over);
+}
+
 /* Run fn for test 7: counts the groups inside a run at once and waits (up to wait_ms) for a second. */
 typedef struct overlap { pthread_mutex_t mu; pthread_cond_t cv; int inside, most, wait_ms; } overlap;
 
@@ -184,51 +214,10 @@ int main(void) {
     CHECK(r->runs[0] == 1);
     ps_batcher_free(b);
 
-    /* 5. eight threads submit 400 items of three keys: each runs exactly
-     * once, groups hold one key and at most 32 samples */
-    r = rec_new();
-    b = ps_batcher_create(2000, 32, 1, run_fn, r, &err);
-    static ps_batch_item many[3200];
-    memset(many, 0, sizeof many);
-    pthread_t th[8];
-    sub_arg sa[8];
-    for (int t = 0; t < 8; t++) {
-        sa[t] = (sub_arg){b, many, t * 400, 400};
-        CHECK(pthread_create(&th[t], NULL, submitter, &sa[t]) == 0);
-    }
-    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
-    ps_batcher_free(b);
-    int once = 1, mixed = 0, over = 0;
-    for (int i = 0; i < 3200; i++) once &= r->runs[i] == 1;
-    for (int g = 0; g < r->ngroups; g++) {
-        mixed += r->gkey[g] == ~0ULL;
-        over += r->gsamples[g] > 32 && r->gsize[g] > 1;
-    }
-    CHECK(once);
-    CHECK(mixed == 0);
-    CHECK(over == 0);
-
-    /* 6. the same with 4 executors (server.batch_executors): still each item once, groups of one key and
-     * at most 32 samples */
-    r = rec_new();
-    b = ps_batcher_create(2000, 32, 4, run_fn, r, &err);
-    CHECK(b != NULL);
-    memset(many, 0, sizeof many);
-    for (int t = 0; t < 8; t++) {
-        sa[t] = (sub_arg){b, many, t * 400, 400};
-        CHECK(pthread_create(&th[t], NULL, submitter, &sa[t]) == 0);
-    }
-    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
-    ps_batcher_free(b);
-    once = 1, mixed = 0, over = 0;
-    for (int i = 0; i < 3200; i++) once &= r->runs[i] == 1;
-    for (int g = 0; g < r->ngroups; g++) {
-        mixed += r->gkey[g] == ~0ULL;
-        over += r->gsamples[g] > 32 && r->gsize[g] > 1;
-    }
-    CHECK_MSG(once, "4 executors: an item ran other than once");
-    CHECK(mixed == 0);
-    CHECK(over == 0);
+    /* 5. eight threads submit 400 items of three keys: each runs exactly once, groups hold one key and
+     * at most 32 samples; 6. the same with 4 executors (server.batch_executors) */
+    many_submitters(1);
+    many_submitters(4);
 
     /* 7. two groups held at once run at once with 2 executors (each run waits up to 5 s for the other),
      * one after the other with 1 (each waits 200 ms for a second that never comes) */

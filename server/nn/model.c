@@ -334,6 +334,9 @@ void ps_tape_set_key(ps_tape *t, uint64_t key, uint32_t seq) {
 }
 
 int ps_model_num_stages(const ps_model *m) { return m->nstages; }
+const ps_stage_info *ps_model_stage(const ps_model *m, int s) {
+    return s >= 0 && s < m->nstages ? &m->stages[s].info : NULL;
+}
 
 int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max) {
     int n = 0;
@@ -358,9 +361,7 @@ int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max) {
     }
     return n;
 }
-const ps_stage_info *ps_model_stage(const ps_model *m, int s) {
-    return s >= 0 && s < m->nstages ? &m->stages[s].info : NULL;
-}
+
 int ps_model_find_stage(const ps_model *m, const char *name) {
     for (int s = 0; s < m->nstages; s++)
         if (name && !strcmp(m->stages[s].def->name, name)) return s;
