@@ -133,7 +133,8 @@ fi
 
 # psd's device memory on /metrics after a GPU run (psd_device_memory_*): its
 # live bytes > 0, free <= total, and what psd holds from its pool (live +
-# cached) no more than the driver counts for psd's process (nvidia-smi).
+# cached) no more than the driver counts for psd's process (nvidia-smi);
+# the dashboard's /api/dashboard devices.memory says the same.
 device_memory() {  # label metrics_addr psd_pid
   local body live cached free total smi
   body=$(http_get "$2/metrics") || { fail "$1: psd's /metrics not readable"; return 0; }
@@ -153,6 +154,17 @@ device_memory() {  # label metrics_addr psd_pid
   fi
   say "$1: /metrics after training: cuda:0 live $((live >> 20)) MiB, cached $((cached >> 20)) MiB (nvidia-smi:" \
       "psd ${smi:-?} MiB); device free $((free >> 20)) of $((total >> 20)) MiB"
+  # the dashboard's Compute card draws /api/dashboard's devices.memory: the same figures (psd idle, seconds apart)
+  body=$(http_get "$2/api/dashboard") || { fail "$1: psd's /api/dashboard not readable"; return 0; }
+  "$PY" -c '
+import json, sys
+live, cached, total = (int(a) for a in sys.argv[1:4])
+m = {g["device"]: g for g in json.loads(sys.stdin.read())["devices"].get("memory", [])}
+g = m.get("cuda:0")
+ok = g is not None and g["total"] == total and abs(g["live"] - live) <= 64 << 20 and abs(g["cached"] - cached) <= 64 << 20
+print(f"dashboard devices.memory: {g}")
+sys.exit(0 if ok else 1)' "$live" "$cached" "$total" <<<"$body" ||
+    { fail "$1: /api/dashboard's cuda:0 memory is not /metrics' (live $live, cached $cached, total $total)"; return 0; }
 }
 
 # One training run: psd with the given placement, TRAINERS trainers for

@@ -357,7 +357,23 @@ char *ps_dashboard_json(ps_dashboard *d, const char *since, size_t *len) {
     kstr(b, &g, "cpu_backend", ps_config_enum_name("model.backend", (int)c->model.backend));
     knum(b, &g, "compute_threads",
          c->server.compute_threads > 0 ? c->server.compute_threads : (double)sysconf(_SC_NPROCESSORS_ONLN));
-    ps_textbuf_printf(b, "}");
+    /* each GPU psd computes on: what its stages hold (as /metrics'
+     * psd_device_memory_bytes) and the device's own free and total; [] on CPU */
+    ps_device_memory dm[PS_MODEL_MAX_STAGES];
+    int ndev = ps_model_device_memory(d->model, dm, PS_MODEL_MAX_STAGES);
+    key(b, &g, "memory");
+    ps_textbuf_printf(b, "[");
+    for (int i = 0; i < ndev; i++) {
+        int h = 1;
+        ps_textbuf_printf(b, "%s{", i ? "," : "");
+        kstr(b, &h, "device", dm[i].device);
+        knum(b, &h, "live", (double)dm[i].live);
+        knum(b, &h, "cached", (double)dm[i].cached);
+        knum(b, &h, "free", (double)dm[i].device_free);
+        knum(b, &h, "total", (double)dm[i].device_total);
+        ps_textbuf_printf(b, "}");
+    }
+    ps_textbuf_printf(b, "]}");
 
     key(b, &f, "contexts");
     g = 1;

@@ -257,7 +257,7 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
                "the libraries' own handles are not included.");
         for (int i = 0; i < ndev; i++) {
             put(&b, "psd_device_memory_bytes{device=\"%s\",state=\"live\"} %llu\n", dm[i].device,
-                (unsigned long long)(dm[i].used > dm[i].cached ? dm[i].used - dm[i].cached : 0));
+                (unsigned long long)dm[i].live);
             put(&b, "psd_device_memory_bytes{device=\"%s\",state=\"cached\"} %llu\n", dm[i].device,
                 (unsigned long long)dm[i].cached);
         }

@@ -67,6 +67,7 @@ check(d["model"]["name"] == model and d["model"]["version"] == version, f"model 
 check(d["model"]["samples"] == samples, f"samples {d['model']['samples']} == Status {samples}")
 check(d["contexts"]["trainers_seen"] == seen == 2, f"trainers seen {seen}")
 check(d["model"]["unit"] == "samples" and not d["model"]["perplexity"], "MNIST: samples, no perplexity")
+check(d["devices"].get("memory") == [], f"CPU stages: no GPU memory entries ({d['devices'].get('memory')})")
 rows = {t["rank"]: t for t in d["trainers"]}
 for r in (1, 2):
     own = int(re.search(rf"Rank {r}: (\d+) samples in", open(f"{tmp}/rank{r}.log").read()).group(1))

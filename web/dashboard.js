@@ -338,6 +338,10 @@
       ["CPU backend", dv.cpu_backend + ", " + dv.compute_threads + " compute threads"],
       ["build", dv.build],
       ["devices", Array.from(new Set(m.model.stages.map((s) => s.device))).join(", ")],
+      /* a GPU's memory: what psd's stages hold (live, and freed blocks cached for
+       * reuse), then the device's own free and total (every process's) */
+      ...(dv.memory || []).map((g) => [g.device + " memory", fmtBytes(g.live) + " live + " + fmtBytes(g.cached) +
+        " cached · " + fmtBytes(g.free) + " free of " + fmtBytes(g.total)]),
     ]);
     const r = m.rounds;
     rows("rounds", r.scalars.map((s) => [s.name, { text: fmtInt(s.count), cls: "num" }, { text: fmtNum(s.min), cls: "num" },

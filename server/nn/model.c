@@ -356,7 +356,7 @@ int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max) {
             out[n].device_total = bm.device_total;
             n++;
         }
-        out[i].used += bm.used;
+        out[i].live += bm.used > bm.cached ? bm.used - bm.cached : 0;
         out[i].cached += bm.cached;
     }
     return n;

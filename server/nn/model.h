@@ -246,7 +246,7 @@ int ps_model_num_stages(const ps_model *m);
  * number of entries written (<= max), 0 when no stage is on a GPU. */
 typedef struct ps_device_memory {
     char device[32];                      /* "cuda:0" */
-    uint64_t used, cached;                /* psd's: in use plus cached, cached */
+    uint64_t live, cached;                /* psd's stages' pools: in use; freed and kept for reuse */
     uint64_t device_free, device_total;   /* the whole device */
 } ps_device_memory;
 int ps_model_device_memory(const ps_model *m, ps_device_memory *out, int max);

@@ -14,7 +14,9 @@
 //    the page's values with it: model, version, samples, trainers seen,
 //    psd's resident memory shown beside its uptime,
 //    live contexts, last checkpoint, and per trainer rank its samples and
-//    steps against what that trainer itself printed.
+//    steps against what that trainer itself printed; no GPU memory line from
+//    this CPU psd, then (its answers rewritten with two GPUs' figures) one
+//    per device in the page's units.
 // 3. Checks every request went to psd, none failed, and no script error
 //    happened; saves a screenshot. Prints one line per check; exits 1 on any
 //    failure.
@@ -116,6 +118,32 @@ try {
   }
   const lossShown = await num("loss");
   check(isFinite(lossShown) && lossShown > 0 && lossShown < 5, `loss shown: ${lossShown}`);
+
+  // GPU memory in the Compute card: none from this CPU psd; a GPU's figures
+  // (psd's answer with devices.memory filled in, as a GPU psd sends it) drawn
+  // per device in the page's own units
+  const api = await page.evaluate(() => fetch("/api/dashboard", { cache: "no-store" }).then((r) => r.json()));
+  check(Array.isArray(api.devices.memory) && api.devices.memory.length === 0, "CPU psd: devices.memory is [] in /api/dashboard");
+  check(!(await text("#devices-kv")).includes(" memory"), "CPU psd: no device memory line in the Compute card");
+  const MiB = 1048576;
+  const gpus = [{ device: "cuda:0", live: 15 * MiB, cached: 248 * MiB, free: 142043 * MiB, total: 143155 * MiB },
+    { device: "cuda:1", live: 1536 * MiB + 512 * 1024, cached: 0, free: 100 * 1024 * MiB, total: 143155 * MiB }];
+  await page.route((u) => new URL(u).pathname === "/api/dashboard", async (route) => {
+    const r = await route.fetch();
+    const j = await r.json();
+    j.devices.memory = gpus;
+    await route.fulfill({ response: r, json: j });
+  });
+  const card = await until("the GPU memory lines", async () => {
+    const t = await page.$$eval("#devices-kv dt, #devices-kv dd", (es) => es.map((e) => e.textContent));
+    return t.includes("cuda:1 memory") ? t : null;
+  }, 30000).catch(() => []);
+  const line = (dev) => card[card.indexOf(dev + " memory") + 1];
+  check(card.includes("cuda:0 memory") && line("cuda:0") === "15.0 MiB live + 248 MiB cached · 139 GiB free of 140 GiB",
+    `cuda:0 memory shown ("${card.includes("cuda:0 memory") ? line("cuda:0") : "no line"}")`);
+  check(card.includes("cuda:1 memory") && line("cuda:1") === "1.5 GiB live + 0 B cached · 100 GiB free of 140 GiB",
+    `cuda:1 memory shown ("${card.includes("cuda:1 memory") ? line("cuda:1") : "no line"}")`);
+  await page.unrouteAll({ behavior: "ignoreErrors" });
 
   // 3. offline and clean
   check(foreign.length === 0, "every request went to psd" + (foreign.length ? ": " + foreign.join(", ") : ""));
