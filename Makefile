@@ -39,6 +39,11 @@ SYSCONFDIR ?= /etc
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 DOCDIR  ?= $(PREFIX)/share/doc/psd
 BUILD   ?= build
+# A build directory made with flags of its own (make asan, make fuzz) keeps
+# them in $(BUILD)/build.mk: a later `make BUILD=build-asan ...` (the suite's
+# it_install runs `make install`) builds with the same flags and CUDA choice
+# instead of mixing objects. Flags on the command line still win.
+-include $(BUILD)/build.mk
 CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
@@ -182,17 +187,23 @@ test: deps
 unit: all
 	@BUILD=$(BUILD) tests/run.sh --unit
 
+comma := ,
+# build_mk DIR, then lines: DIR/build.mk (above), rewritten only when it changes
+build_mk = mkdir -p $(1) && printf '%s\n' $(2) >$(1)/build.mk.new && \
+    { cmp -s $(1)/build.mk.new $(1)/build.mk && rm $(1)/build.mk.new || mv $(1)/build.mk.new $(1)/build.mk; }
 asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" all
+	@$(call build_mk,build-asan,'OPT := -O1 -fsanitize=address$(comma)undefined -fno-omit-frame-pointer' \
+	    'LDFLAGS := -fsanitize=address$(comma)undefined' 'NVCC := $(NVCC)')
+	@$(MAKE) --no-print-directory BUILD=build-asan all
 
 FUZZ_SECONDS ?= 60
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,build-fuzz/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 fuzz:
 	@scripts/install-deps.sh --fuzz
-	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang-14 NVCC= \
-	    OPT="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" $(FUZZ_BIN)
+	@$(call build_mk,build-fuzz,'CC := clang-14' 'NVCC :=' \
+	    'OPT := -O1 -fsanitize=fuzzer-no-link$(comma)address$(comma)undefined -fno-omit-frame-pointer' \
+	    'LDFLAGS := -fsanitize=address$(comma)undefined')
+	@$(MAKE) --no-print-directory BUILD=build-fuzz $(FUZZ_BIN)
 	@BUILD=build-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(TRN_LIB) $(SRV_LIB) $(LIB)
