@@ -21,8 +21,9 @@ if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
 fi
 
 port=$(free_port); mport=$((port + 1))
+every=50   # server.checkpoint_every_steps (the Status read below waits on it)
 "$BUILD/bin/psd" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --checkpoint-dir "$tmp/ck" \
-  --set server.checkpoint_every_steps=50 2>"$tmp/psd.log" &   # (every= below)
+  --set server.checkpoint_every_steps=$every 2>"$tmp/psd.log" &
 pids+=($!)
 for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break; sleep 0.1; done
 shot=${SCREENSHOT:-$tmp/dashboard.png}
@@ -44,7 +45,6 @@ wait "${tp[2]}" || fail "trainer 2"
 # one may still be written after the last Step (fresh-clone make tests read
 # step 98 and 99 from Status, twice 0.4 s apart, while the page a moment later
 # showed the next one, 160). Settled: none due at the final version.
-every=50
 for _ in $(seq 75); do
   "$BUILD/bin/ps-train" status --server "127.0.0.1:$port" >"$tmp/status.txt" 2>&1 || fail "ps-train status"
   ck=$(sed -n 's/.*last checkpoint *step \([0-9]*\).*/\1/p' "$tmp/status.txt")
