@@ -103,6 +103,8 @@ static const cfg_entry g_table[] = {
     DBL ("server.recv_timeout_s",  RPC(recv_timeout_s),    0, 0.001, 3600, 0, "30"),
     DBL ("server.send_timeout_s",  RPC(send_timeout_s),    0, 0.001, 3600, 0, "60"),
     INT ("server.idle_poll_us",    RPC(idle_poll_us),      0, 100000, "2000"),
+    { .key = "server.local_socket", .type = CT_STRING, FIELD(RPC(local_socket)), .def = "",
+      .check = cfg_check_local_socket },
     U64 ("server.max_context_bytes", SVC(max_context_bytes), "4294967296"),
     DBL ("server.batch_wait_ms",   SVC(batch_wait_ms),     0, 0, 1000, 0, "0"),
     INT ("server.batch_max_samples", SVC(batch_max_samples), 1, 65536, "256"),

@@ -84,10 +84,27 @@ static bool valid_unix_address(const char *v) {
 ps_status cfg_check_dial_address(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
     const char *v = val;
     char sv[128];
-    if (!valid_dial_address(v) && !valid_unix_address(v))
+    /* local:PATH: psd's local transport (server.local_socket) */
+    bool local = !strncmp(v, "local:", 6) && v[6] && strlen(v + 6) <= UNIX_PATH_MAX;
+    if (!valid_dial_address(v) && !valid_unix_address(v) && !local)
         return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
-                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535) "
-                    "nor unix:PATH (a socket path of 1..%d bytes)", cfg_shown(v, sv, sizeof sv), UNIX_PATH_MAX);
+                    "%s is not HOST:PORT (HOST an IPv4 address, [IPv6 address] or a host name; PORT 1..65535), "
+                    "unix:PATH nor local:PATH (a socket path of 1..%d bytes)", cfg_shown(v, sv, sizeof sv),
+                    UNIX_PATH_MAX);
+    return PS_OK;
+}
+
+/* server.local_socket: "" (none) or the path of a unix socket (not
+ * "unix:PATH": that is a gRPC address; trainers dial "local:PATH"). */
+ps_status cfg_check_local_socket(const cfg_entry *e, const void *val, const char *origin, ps_err *err) {
+    const char *v = val;
+    char sv[128];
+    if (!strncmp(v, "unix:", 5) || !strncmp(v, "local:", 6))
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key,
+                        "%s: give the socket's path alone (trainers dial local:PATH)", cfg_shown(v, sv, sizeof sv));
+    if (strlen(v) > UNIX_PATH_MAX)
+        return cfg_fail(err, PS_ERR_INVALID_ARGUMENT, origin, e->key, "%s is longer than %d bytes (a unix socket's "
+                        "path)", cfg_shown(v, sv, sizeof sv), UNIX_PATH_MAX);
     return PS_OK;
 }
 

@@ -80,6 +80,7 @@ ps_status cfg_check_cluster_name(const cfg_entry *e, const void *val, const char
 ps_status cfg_check_arch(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 /* server.address: HOST:PORT as servers.<name>.address, or unix:PATH (what a trainer can dial). */
 ps_status cfg_check_dial_address(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
+ps_status cfg_check_local_socket(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 /* server.stop_metric: "" or a scalar name as psd's round metrics take it. */
 ps_status cfg_check_scalar_name(const cfg_entry *e, const void *val, const char *origin, ps_err *err);
 void cfg_print_servers(const ps_config *c, FILE *f);

@@ -15,6 +15,7 @@
 #include <grpc/support/alloc.h>
 
 #include "log.h"
+#include "rpc_local.h"
 
 #define MAX_ARGS 16
 
@@ -78,7 +79,7 @@ const char *ps_grpc_code_name(grpc_status_code code) {
 
 int ps_rpc_addr_is_loopback(const char *a) {
     if (!a) return 0;
-    if (!strncmp(a, "unix:", 5) || !strncmp(a, "unix-abstract:", 14)) return 1;
+    if (!strncmp(a, "unix:", 5) || !strncmp(a, "unix-abstract:", 14) || !strncmp(a, PS_LOCAL_PREFIX, 6)) return 1;
     static const char *const schemes[] = {"dns:///", "dns:", "ipv4:", "ipv6:"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
         size_t n = strlen(schemes[i]);
@@ -213,6 +214,7 @@ static grpc_channel_args client_args(grpc_arg *args, int max_message_bytes, cons
 /* ---- client ------------------------------------------------------------ */
 
 struct ps_rpc_client {
+    ps_local_client *local;  /* target "local:PATH" (rpc_local.h); then no channel */
     grpc_channel *channel;
     char *target;
     char *auth;   /* "Bearer <token>" or NULL */
@@ -229,6 +231,23 @@ ps_rpc_client *ps_rpc_client_create_secure(const char *target, int max_message_b
     if (!target || !*target) {
         ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "rpc client: empty target");
         return NULL;
+    }
+    if (strncmp(target, PS_LOCAL_PREFIX, strlen(PS_LOCAL_PREFIX)) == 0) {
+        /* psd's local socket: on this host, for psd's user only; no TLS to speak */
+        ps_rpc_client *c = calloc(1, sizeof *c);
+        if (!c || !(c->target = strdup(target))) {
+            free(c);
+            ps_err_set(err, PS_ERR_RESOURCE_EXHAUSTED, "rpc client %s: out of memory", target);
+            return NULL;
+        }
+        size_t region = max_message_bytes > 0 ? (size_t)max_message_bytes : (size_t)4 << 20;
+        c->local = ps_local_client_create(target + strlen(PS_LOCAL_PREFIX), region, sec ? sec->token : NULL, err);
+        if (!c->local) {
+            free(c->target);
+            free(c);
+            return NULL;
+        }
+        return c;
     }
     if (ps_rpc_check_plaintext(target, sec, "rpc client: server address", err)) return NULL;
     ps_rpc_client *c = calloc(1, sizeof *c);
@@ -272,7 +291,8 @@ ps_rpc_client *ps_rpc_client_create_secure(const char *target, int max_message_b
 
 void ps_rpc_client_free(ps_rpc_client *c) {
     if (!c) return;
-    grpc_channel_destroy(c->channel);
+    if (c->local) ps_local_client_free(c->local);
+    if (c->channel) grpc_channel_destroy(c->channel);
     free(c->auth);
     free(c->target);
     free(c);
@@ -310,6 +330,9 @@ ps_status ps_rpc_client_call_ex(ps_rpc_client *c, const char *method,
                                 grpc_byte_buffer **response, int timeout_ms,
                                 grpc_status_code *code, char *details,
                                 size_t details_len, int *retry_after_ms, ps_err *err) {
+    if (c->local)
+        return ps_local_client_call(c->local, method, request, response, timeout_ms, code, details, details_len,
+                                    retry_after_ms, err);
     *response = NULL;
     if (retry_after_ms) *retry_after_ms = 0;
     *code = GRPC_STATUS_UNKNOWN;

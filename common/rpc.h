@@ -87,7 +87,7 @@ typedef struct ps_rpc_security {
 } ps_rpc_security;
 
 /* 1 if addr ("127.0.0.1:5", "[::1]:5", "localhost:5", "unix:/x",
- * "dns:///localhost:5", "ipv4:127.0.0.1:5") names this host only. */
+ * "dns:///localhost:5", "ipv4:127.0.0.1:5", "local:/x") names this host only. */
 int ps_rpc_addr_is_loopback(const char *addr);
 
 /* ---- client ------------------------------------------------------------ */

@@ -152,6 +152,8 @@ typedef struct ps_rpc_server_opts {
                                     for its next call up to this long before
                                     it sleeps (adaptive per worker, see
                                     rpc_server_impl.h); 0 = never polls */
+    char local_socket[108];      /* server.local_socket: the local transport's
+                                    unix socket (common/rpc_local.h); "" = none */
     bool profile;                /* time every call's phases (prof.h),
                                     read with ps_rpc_server_phases */
 } ps_rpc_server_opts;

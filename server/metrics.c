@@ -298,6 +298,12 @@ char *ps_metrics_render(ps_metrics *m, size_t *len) {
     family(&b, "psd_worker_poll_seconds_total", "counter", "Time idle workers spent polling (on a CPU, yielding "
            "it to anything runnable).");
     put(&b, "psd_worker_poll_seconds_total %.6f\n", ad.poll_s);
+    family(&b, "psd_local_connections", "gauge", "Open connections of the local transport "
+           "(server.local_socket): trainers on psd's host.");
+    put(&b, "psd_local_connections %d\n", ad.local_connections);
+    family(&b, "psd_local_calls_total", "counter", "Calls the local transport carried (they count in "
+           "psd_rpcs_total too).");
+    put(&b, "psd_local_calls_total %llu\n", ad.local_calls);
     family(&b, "psd_calls_in_progress", "gauge", "Accepted calls not finished, by class.");
     put(&b, "psd_calls_in_progress{class=\"ordinary\"} %d\n", ad.calls);
     put(&b, "psd_calls_in_progress{class=\"reserved\"} %d\n", ad.reserved_calls);

@@ -111,8 +111,21 @@ static ps_status check_startup(const ps_config *cfg, ps_err *err) {
     if (st) return st;
     ps_metrics_http_opts ho = {cfg->server.metrics_tls ? cfg->security.cert : NULL, cfg->security.key, 0, 0, 0, 0};
     if (cfg->server.metrics_listen[0] && ps_metrics_check_tls(&ho, err)) return err->code;
-    const char *ck = cfg->server.checkpoint.dir;
+    const char *ls = cfg->server.rpc.local_socket;
     struct stat sb;
+    if (ls[0]) {  /* its directory must take a socket; a socket there already may be this psd's */
+        char dir[sizeof cfg->server.rpc.local_socket];
+        snprintf(dir, sizeof dir, "%s", ls);
+        char *slash = strrchr(dir, '/');
+        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        if (lstat(ls, &sb) == 0 && !S_ISSOCK(sb.st_mode))
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.local_socket %s: exists and is not a socket", ls);
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK | X_OK) != 0)
+            return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.local_socket %s: its directory %s is not a "
+                              "directory this user may create a socket in", ls, dir);
+    }
+    const char *ck = cfg->server.checkpoint.dir;
     if (ck[0] && stat(ck, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
             return ps_err_set(err, PS_ERR_INVALID_ARGUMENT, "server.checkpoint_dir %s: not a directory", ck);
@@ -586,6 +599,9 @@ int main(int argc, char **argv) {
     if (cfg.self >= 0)
         ps_log(PS_LOG_INFO, "server %s of cluster %s: hosts %s", cfg.servers[cfg.self].name, cfg.cluster.name,
                placement);
+    if (cfg.server.rpc.local_socket[0])
+        ps_log(PS_LOG_INFO, "local transport on %s (trainers on this host dial local:%s)",
+               cfg.server.rpc.local_socket, cfg.server.rpc.local_socket);
     ps_log(PS_LOG_INFO, "psd %s serving model %s (%lld parameters; %s; cpu stages use %s, %d compute threads) on %s "
            "with %d threads", PS_VERSION, ps_model_arch(model), (long long)ps_model_num_weights(model),
            placement, mo.cpu_backend, mo.compute_threads, cfg.server.listen, cfg.server.rpc.threads);

@@ -130,6 +130,13 @@ static int token_equal(const char *tok, const unsigned char *got, size_t n) {
     return diff == 0 && tl > 0;
 }
 
+int rpc_token_index(const ps_rpc_server *s, const unsigned char *v, size_t n) {
+    int who = -1;
+    for (int i = 0; i < s->ntokens; i++)  /* no early exit: same time for every token */
+        if (token_equal(s->tokens[i].token, v, n) && who < 0) who = i;
+    return who;
+}
+
 /* With tokens configured: who may make this call? GRPC_STATUS_OK and
  * c->who set, or UNAUTHENTICATED / PERMISSION_DENIED with details. */
 static grpc_status_code call_authorize(ps_rpc_call *c, char *details, size_t dlen) {
@@ -152,11 +159,7 @@ static grpc_status_code call_authorize(ps_rpc_call *c, char *details, size_t dle
         snprintf(details, dlen, "authorization metadata is not 'Bearer <token>'");
         return GRPC_STATUS_UNAUTHENTICATED;
     }
-    v += 7;
-    n -= 7;
-    int who = -1;
-    for (int i = 0; i < s->ntokens; i++)  /* no early exit: same time for every token */
-        if (token_equal(s->tokens[i].token, v, n) && who < 0) who = i;
+    int who = rpc_token_index(s, v + 7, n - 7);
     if (who < 0) {
         snprintf(details, dlen, "invalid token");
         return GRPC_STATUS_UNAUTHENTICATED;
@@ -390,5 +393,6 @@ void ps_rpc_server_admission(ps_rpc_server *s, ps_rpc_admission *out) {
     pthread_mutex_unlock(&s->mu);
     out->bytes_received = atomic_load(&s->bytes_received);
     out->bytes_sent = atomic_load(&s->bytes_sent);
+    rpc_local_counts(s, &out->local_connections, &out->local_calls);
 }
 

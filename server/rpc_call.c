@@ -30,6 +30,10 @@ static ps_rpc_call *call_new(ps_rpc_server *s) {
 
 void rpc_call_unref(ps_rpc_call *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    if (c->local) {
+        if (c->send) grpc_byte_buffer_destroy(c->send);
+        pthread_cond_destroy(&c->local_cv);
+    }
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -742,6 +746,7 @@ ps_rpc_call *ps_rpc_call_defer(const ps_rpc_call_info *info, ps_rpc_cancel_fn on
                                void *cancel_arg) {
     ps_rpc_call *c = info ? info->call : NULL;
     if (!c) return NULL;
+    if (c->local) return rpc_local_defer(c, on_cancel, cancel_arg);
     pthread_mutex_lock(&c->mu);
     PS_ASSERT(c->handler_running && !c->deferred); /* from the handler, once */
     c->deferred = 1;
@@ -760,6 +765,7 @@ int ps_rpc_call_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status
         if (response) grpc_byte_buffer_destroy(response);
         return 0;
     }
+    if (c->local) return rpc_local_complete(c, response, code, details);
     pthread_mutex_lock(&c->mu);
     PS_ASSERT(c->deferred && !c->completed); /* exactly once per deferred call */
     c->completed = 1;

@@ -209,6 +209,8 @@ typedef struct ps_rpc_admission {
     unsigned long long polls_hit;       /* idle workers' polls (server.idle_poll_us) that caught a call */
     unsigned long long polls_missed;    /* ... that ended in sleep */
     double poll_s;                      /* the time workers spent polling */
+    int local_connections;              /* open connections of the local transport (opts.local_socket) */
+    unsigned long long local_calls;     /* calls it carried */
     double saturated_s;             /* how long ordinary calls have been
                                        refused for the call cap without a
                                        break of more than 1 s; 0 = not now */

@@ -224,6 +224,15 @@ struct ps_rpc_call {
      * running the handler, and under mu by the rest */
     ps_prof_call prof;
     int64_t t_accept, t_recv, t_defer, t_reply;
+    /* A call of the local transport (rpc_local.c) has the connection that
+     * carries it here, and uses only mu, refs, m, who, handler_running,
+     * deferred, completed, cancelled, cancel_fired, on_cancel, cancel_arg,
+     * retry_after_ms, prof, t_defer, send and the fields below; NULL for a
+     * gRPC call. */
+    struct rpc_local_conn *local;
+    pthread_cond_t local_cv;        /* signalled by ps_rpc_call_complete */
+    grpc_status_code local_code;    /* the deferred answer */
+    char local_details[PS_RPC_DETAILS_MAX];
 };
 
 typedef struct work_queue {
@@ -271,8 +280,11 @@ typedef struct rpc_worker {
     int poll_us;                 /* its polling window now (rpc_call.c worker_next_locked) */
 } rpc_worker;
 
+typedef struct rpc_local rpc_local;
+
 struct ps_rpc_server {
     grpc_server *server;
+    rpc_local *local;                   /* opts.local_socket's transport (rpc_local.c); NULL: none */
     grpc_completion_queue *cq;          /* every call's batches and requests */
     grpc_completion_queue *shutdown_cq;
     pthread_t event_threads[PS_RPC_EVENT_THREADS];
@@ -355,7 +367,26 @@ void *rpc_event_main(void *arg);   /* an event thread */
 void rpc_event_loop(ps_rpc_server *s, int standby);
 void *rpc_worker_main(void *arg);  /* a worker (rpc_worker) */
 
+/* ---- rpc_local.c: the local transport (common/rpc_local.h) ---- */
+/* Bind opts.local_socket (s->local set even on failure: rpc_local_free). */
+ps_status rpc_local_create(ps_rpc_server *s, const char *path, ps_err *err);
+ps_status rpc_local_start(ps_rpc_server *s, ps_err *err);
+/* Stop accepting connections and calls; idle connections close. */
+void rpc_local_stop(ps_rpc_server *s);
+/* rpc_local_stop, then wait for the connections' calls until deadline_ms
+ * (ps_mono_ms), cancel deferred ones then, and join every thread. */
+void rpc_local_finish(ps_rpc_server *s, long long deadline_ms);
+void rpc_local_free(ps_rpc_server *s);
+/* Its open connections and the calls it carried (0 without it). */
+void rpc_local_counts(ps_rpc_server *s, int *connections, unsigned long long *calls);
+/* ps_rpc_call_defer / ps_rpc_call_complete of a local call (c->local). */
+ps_rpc_call *rpc_local_defer(ps_rpc_call *c, ps_rpc_cancel_fn on_cancel, void *cancel_arg);
+int rpc_local_complete(ps_rpc_call *c, grpc_byte_buffer *response, grpc_status_code code, const char *details);
+
 /* ---- rpc_admission.c: who may call, how many calls ---- */
+/* The index of the token whose secret is the n bytes v (constant time over
+ * every token), -1 if none. */
+int rpc_token_index(const ps_rpc_server *s, const unsigned char *v, size_t n);
 /* Copy what a peer controls into dst for a log line: printable ASCII as
  * is, everything else as \xNN, cut with "..." (nothing can forge or flood
  * a log line). */

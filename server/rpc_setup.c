@@ -291,6 +291,10 @@ ps_rpc_server *ps_rpc_server_create_opts(const char *listen_addr, const ps_rpc_s
         return NULL;
     }
     if (strncmp(listen_addr, "unix:", 5) == 0) s->port = 0;
+    if (o.local_socket[0] && rpc_local_create(s, o.local_socket, err)) {
+        ps_rpc_server_free(s);
+        return NULL;
+    }
     return s;
 
 oom:
@@ -342,6 +346,12 @@ ps_status ps_rpc_server_start(ps_rpc_server *s, ps_err *err) {
                               strerror(rc));
         }
         w->running = 1;
+    }
+    ps_status lst = rpc_local_start(s, err);
+    if (lst) {
+        stop_workers(s);
+        s->workers_stop = 0;
+        return lst;
     }
     grpc_server_start(s->server);
     s->started = 1;
@@ -442,6 +452,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
     atomic_store(&s->stopping, 1);
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, s);
     long long t0 = ps_mono_ms();
+    rpc_local_stop(s);
     gpr_timespec dl = grace_ms > 0
         ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(grace_ms, GPR_TIMESPAN))
         : gpr_inf_past(GPR_CLOCK_MONOTONIC);
@@ -478,6 +489,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *s, int grace_ms) {
         ev = grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     }
     PS_ASSERT(ev.type == GRPC_OP_COMPLETE && ev.tag == s);
+    rpc_local_finish(s, t0 + (grace_ms > 0 ? grace_ms : 0));
     if (s->watch_running) {
         atomic_store(&s->watch_stop, 1);
         pthread_join(s->watch_thread, NULL);
@@ -498,6 +510,7 @@ void ps_rpc_server_free(ps_rpc_server *s) {
         ps_rpc_server_shutdown(s, 0);
         grpc_server_destroy(s->server);
     }
+    rpc_local_free(s);
     drain_and_destroy(s->cq);
     drain_and_destroy(s->shutdown_cq);
     if (s->methods)

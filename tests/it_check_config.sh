@@ -119,7 +119,7 @@ psd --check-config configs/psd.yaml --set server.checkpoint_dir="$tmp/ckprobe/ne
 echo "ok: --check-config's checkpoint_dir probes leave nothing behind"
 # values start-up (or the trainers) would refuse, named by key at --check-config
 refused "a server.address trainers cannot dial" \
-  "server.address: '127.0.0.1:99999' is not HOST:PORT (HOST an IPv4 address, .IPv6 address. or a host name; PORT 1..65535) nor unix:PATH" \
+  "server.address: '127.0.0.1:99999' is not HOST:PORT (HOST an IPv4 address, .IPv6 address. or a host name; PORT 1..65535), unix:PATH nor local:PATH" \
   --set server.address=127.0.0.1:99999
 if "$BUILD/bin/ps-train" --server bogus --max-batches 1 >"$tmp/out" 2>&1; then fail "ps-train took --server bogus"; fi
 grep -q "ps-train: command line: server.address: 'bogus' is not HOST:PORT" "$tmp/out" ||

@@ -246,7 +246,7 @@ static void test_docs(void) {
         CHECK_MSG(strstr(doc, key) != NULL, "docs/config.md lacks %s", key);
         keys++;
     }
-    CHECK_MSG(keys == 86, "%d keys", keys);
+    CHECK_MSG(keys == 87, "%d keys", keys);
     free(text);
 
     /* servers.<name>.<field>: every field a printed server has */
@@ -742,7 +742,7 @@ static void set_ok(ps_config *c, const char *k, const char *v) {
 static void test_start_ranges(void) {
     static const struct { const char *key, *value, *want; } bad[] = {
         {"server.address", "bogus", "cli: server.address: 'bogus' is not HOST:PORT (HOST an IPv4 address, "
-                                    "[IPv6 address] or a host name; PORT 1..65535) nor unix:PATH"},
+                                    "[IPv6 address] or a host name; PORT 1..65535), unix:PATH nor local:PATH"},
         {"server.address", "127.0.0.1:0", "'127.0.0.1:0' is not HOST:PORT"},
         {"server.address", "127.0.0.1:65536", "'127.0.0.1:65536' is not HOST:PORT"},
         {"server.address", "bad_host:50051", "'bad_host:50051' is not HOST:PORT"},
@@ -795,7 +795,7 @@ static void test_start_ranges(void) {
     ps_err e;
     ps_err_clear(&e);
     CHECK(ps_config_set(&c, "server.address", too_long, "cli", &e) == PS_ERR_INVALID_ARGUMENT);
-    CONTAINS(e.msg, "nor unix:PATH (a socket path of 1..107 bytes)");
+    CONTAINS(e.msg, "unix:PATH nor local:PATH (a socket path of 1..107 bytes)");
 }
 
 static void test_cluster_parse(void) {

@@ -200,6 +200,10 @@ def _check_address(origin, key, v):
                 f"PORT 1..65535) nor unix:PATH (a socket path of 1..{_UNIX_PATH_MAX} bytes)")
     if not isinstance(v, str) or not v:
         raise bad
+    if v.startswith("local:"):
+        raise Error(grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{origin}: {key}: '{v}' is psd's local transport (server.local_socket), which ps-train and "
+                    f"the C client speak, not this package: dial psd's gRPC address (server.listen) instead")
     if v.startswith("unix:"):
         path = v[5:]
         if path.startswith("//"):

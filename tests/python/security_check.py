@@ -77,6 +77,9 @@ def main():
         m = refused(lambda: psd.connect(yaml_path, server=addr), grpc.StatusCode.INVALID_ARGUMENT,
                     f"server.address: '{addr}' is not HOST:PORT", "nor unix:PATH")
     print(f"ok: {m}")
+    m = refused(lambda: psd.connect("local:/run/psd/local.sock", wait_s=1), grpc.StatusCode.INVALID_ARGUMENT,
+                "is psd's local transport (server.local_socket)", "not this package")
+    print(f"ok: {m}")
     m = refused(lambda: psd.connect(yaml_path, overrides={"security.tls": "false"}),
                 grpc.StatusCode.INVALID_ARGUMENT, "security.client_cert is set but security.tls is false")
     print(f"ok: {m}")
