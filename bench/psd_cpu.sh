@@ -8,7 +8,8 @@
 # bench/run.sh: examples/models/small_resnet.yaml, batch 64, the same psd
 # settings). BATCHES timed batches per trainer after a 5-batch round (start-
 # up, kernels, pools). Environment: N trainers (2), BUILD (build), DATA
-# (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41),
+# (data/mnist), ISA (ONEDNN_MAX_CPU_ISA for psd, e.g. AVX2, SSE41), LOCAL=1
+# for the local transport (server.local_socket; the trainers dial local:PATH),
 # BS (the batch size; MNIST 32, ResNet 64), VERBOSE=1 for the per-thread table, PHASES=1 for psd's per-call phase
 # times (psd_call_phase_seconds_total, us per batch), PSD_LOG=FILE to keep
 # psd's log (stderr; e.g. what PS_EXEC_PROFILE or a debug build prints),
@@ -61,6 +62,11 @@ bs=${BS:-$bs}   # BS=N: another batch size (per-call against per-sample costs)
 . bench/lib.sh
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 port=$(bench_port)
+target=127.0.0.1:$port
+if [ -n "${LOCAL:-}" ]; then
+  pflags+=(--set "server.local_socket=$dir/psd.sock")
+  target=local:$dir/psd.sock
+fi
 (
   [ -n "${ISA:-}" ] && export ONEDNN_MAX_CPU_ISA=$ISA
   [ -n "${CALLS:-}" ] && export PS_EXEC_PROFILE=$dir/exec
@@ -73,7 +79,7 @@ trainers() {  # batches, extra flags...
   local b=$1 pids=() r
   shift
   for r in $(seq 1 "$N"); do
-    "$BUILD/bench/bench_trainer" --server "127.0.0.1:$port" --rank "$r" --batches "$b" --warmup 0 --batch-size "$bs" --loss "$loss" \
+    "$BUILD/bench/bench_trainer" --server "$target" --rank "$r" --batches "$b" --warmup 0 --batch-size "$bs" --loss "$loss" \
       --data "$DATA" "$@" ${tflags[@]+"${tflags[@]}"} >/dev/null &
     pids+=($!)
   done
@@ -88,10 +94,11 @@ snap() {  # tid comm utime stime voluntary nonvoluntary minflt, per thread
 }
 metrics() { curl -sf "http://127.0.0.1:$((port + 1))/metrics" | grep '^psd_call_phase_seconds_total' | sort || true; }
 trainers 5
-snap >"$dir/s0"; metrics >"$dir/m0"
+psnap() { cut -d' ' -f10,14,15 /proc/"$psd"/stat; }  # minflt utime stime of the process: its ended threads too
+snap >"$dir/s0"; psnap >"$dir/p0"; metrics >"$dir/m0"
 mkdir "$dir/ready"
 trainers "$batches" --start-together "$dir/ready" "$N" --out "$dir/t"
-snap >"$dir/s1"; metrics >"$dir/m1"
+snap >"$dir/s1"; psnap >"$dir/p1"; metrics >"$dir/m1"
 kill -TERM "$psd"; wait "$psd" || true
 # bench_trainer --out appends one "trainer ..." line per process
 span_cpu=$(awk '/^trainer/ {for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
@@ -110,13 +117,16 @@ if [ -n "${CALLS:-}" ]; then
       d["fwd"] / 1e3, dw["fwd"] / 1e3, d["bwd"] / 1e3, dw["bwd"] / 1e3}' "$dir/exec")
   [ -n "${EXEC_KEEP:-}" ] && cp "$dir/exec" "$EXEC_KEEP"
 fi
+# psd's CPU and faults from the process's totals (a local transport connection's thread
+# ends with its trainer: only the totals keep it); the per-thread table for the rest
+ptot=$(paste "$dir/p0" "$dir/p1" | awk '{print ($5 + $6 - $2 - $3), ($4 - $1)}')
 join "$dir/s0" "$dir/s1" | awk -v V="${VERBOSE:-}" -v n=$((N * batches * bs)) -v nb=$((N * batches)) \
-  -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" -v calls="$calls" '
+  -v tck="$(getconf CLK_TCK)" -v sc="$span_cpu" -v calls="$calls" -v ptot="$ptot" '
   { u = $10 - $3; s = $11 - $4; c[NR] = u + s; tot += u + s; f += $14 - $7; wt += $15 - $8; cs += $12 - $5 + $13 - $6
     if (V && u + s) printf "  %-8s %-16s utime %5d stime %5d ticks, switches %6d + %6d, minflt %d\n", $1, $2, u, s, $11 - $5, $12 - $6, $13 - $7 }
   END {
     for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) if (c[j] > c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
-    w = c[1] + c[2] + c[3] + c[4]; split(sc, a, " ")
+    w = c[1] + c[2] + c[3] + c[4]; split(sc, a, " "); split(ptot, p, " "); tot = p[1]; f = p[2]
     printf "psd_us=%.1f workers_us=%.1f other_us=%.1f trainers_us=%.1f e2e=%.0f faults_per_batch=%.1f cs_per_batch=%.1f wait_ms_per_batch=%.2f\n",
       tot / tck / n * 1e6, w / tck / n * 1e6, (tot - w) / tck / n * 1e6, a[2] / n * 1e6, n / a[1], f / nb, cs / nb, wt / nb / 1e6
     if (calls != "") printf "calls_us=%s busy=%.2f\n", calls, (tot / tck + a[2]) / a[1] }'

@@ -23,6 +23,9 @@
 #     rounds of 2): a Step whose round filled up without it joins the next
 #     round (Status.sync_queued), a late one runs again into a new round; all
 #     three finish, contexts_applied = 3 x batches.
+# LOCAL=1: the trainers (ps-train) dial psd's local transport
+# (server.local_socket) instead of its gRPC port: a call past its deadline
+# closes its connection there, and psd cancels the call (tests/it_local.sh).
 . "$(dirname "$0")/lib.sh" it_sync_once
 DATA=${DATA:-data/mnist}
 require_py grpc grpc_tools numpy
@@ -32,15 +35,18 @@ fail_tail=8
 on_exit() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done; }  # a trainer left stopped
 proto_stubs
 
-start_psd() {  # log args...; sets psd, addr (keeps addr when set)
+start_psd() {  # log args...; sets psd, addr (keeps addr when set), taddr (the trainers')
   local log=$1; shift
   [ -n "${addr:-}" ] || addr="127.0.0.1:$(free_port)"
-  "$BUILD/bin/psd" --listen "$addr" --log-level info --set server.grace_s=2 "$@" 2>>"$tmp/$log" &
+  local lflags=(); taddr=$addr
+  if [ -n "${LOCAL:-}" ]; then lflags=(--set "server.local_socket=$tmp/psd.sock"); taddr=local:$tmp/psd.sock; fi
+  "$BUILD/bin/psd" --listen "$addr" --log-level info --set server.grace_s=2 ${lflags[@]+"${lflags[@]}"} "$@" \
+    2>>"$tmp/$log" &
   psd=$!; pids+=("$psd")
   for _ in $(seq 150); do status >/dev/null 2>&1 && return 0; kill -0 "$psd" 2>/dev/null || break; sleep 0.1; done
   fail "psd did not come up"
 }
-status() { "$BUILD/bin/ps-train" --server "$addr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
+status() { "$BUILD/bin/ps-train" --server "$taddr" --status --set trainer.rpc_timeout_s=5 2>/dev/null; }
 field() { sed -n "s/^$1: //p"; }
 stop_psd() { kill -TERM "$psd"; wait "$psd" || fail "psd did not stop cleanly"; }
 retry=(--set trainer.rpc_timeout_s=1 --set trainer.retry_max_s=60 --set trainer.retry_backoff_s=0.1
@@ -53,7 +59,7 @@ trainers() {  # batches extra-args...; starts ranks 1 and 2, sets t1 t2
   local n=$1; shift
   for r in 1 2; do
     : >"$tmp/t$r.log"
-    "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --max-batches "$n" "${retry[@]}" "$@" \
+    "$BUILD/bin/ps-train" --server "$taddr" --rank "$r" --world-size 3 --max-batches "$n" "${retry[@]}" "$@" \
         >"$tmp/t$r.log" 2>&1 &
     eval "t$r=\$!"; pids+=("$!")
   done
@@ -100,7 +106,7 @@ addr=; start_psd psd2.log --set server.consistency=ssp --set server.max_stalenes
 start_trainer() {  # rank [flags...]; sets t<rank>
   local r=$1; shift
   : >"$tmp/t$r.log"   # emptied now (see trainers)
-  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 3 --max-batches "$N" "${retry[@]}" "$@" \
+  "$BUILD/bin/ps-train" --server "$taddr" --rank "$r" --world-size 3 --max-batches "$N" "${retry[@]}" "$@" \
       >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
 }
@@ -188,7 +194,7 @@ N=6
 addr=; start_psd psd5.log --set server.consistency=sync --set server.sync_workers=2 --set server.sync_timeout_s=3
 for r in 1 2 3; do
   : >"$tmp/t$r.log"   # emptied now (see trainers)
-  "$BUILD/bin/ps-train" --server "$addr" --rank "$r" --world-size 4 --max-batches "$N" "${retry[@]}" \
+  "$BUILD/bin/ps-train" --server "$taddr" --rank "$r" --world-size 4 --max-batches "$N" "${retry[@]}" \
       --set trainer.rpc_timeout_s=10 >"$tmp/t$r.log" 2>&1 &
   eval "t$r=\$!"; pids+=("$!")
 done

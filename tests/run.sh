@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 TEST_JOBS=${TEST_JOBS:-2}
-SIDE=" ${TEST_SIDE-test_consistency test_ctx_table test_rpc test_security test_sync_once it_faults it_faults_split it_faults_sync it_faults_ssp it_py_faults it_py_faults_sync it_py_faults_ssp it_sync_once it_attention it_encoder it_rnn it_upsampling it_userops it_cells it_shared it_elem3 it_buffers it_vae it_shape3 it_sharebn it_ids2 it_elem4 it_multiin it_wnorm it_tdec it_stn it_dist it_seqfit it_unfold} "
+SIDE=" ${TEST_SIDE-test_consistency test_ctx_table test_rpc test_security test_sync_once it_faults it_faults_split it_faults_sync it_faults_ssp it_py_faults it_py_faults_sync it_py_faults_ssp it_sync_once it_local it_attention it_encoder it_rnn it_upsampling it_userops it_cells it_shared it_elem3 it_buffers it_vae it_shape3 it_sharebn it_ids2 it_elem4 it_multiin it_wnorm it_tdec it_stn it_dist it_seqfit it_unfold} "
 ALONE=" ${TEST_ALONE-it_hostile} "
 pass=0 fail=0 skip=0
 failed=()
