@@ -345,7 +345,8 @@ def main():
     print("   mode: split = Forward, Backward, Step; fused = Forward, Backward(step=true);"
           " plain-layout = split with PS_DNNL_LAYOUT=plain;")
     print("   ct1 = split with server.compute_threads=1 (every call on one thread); one = one call a batch, Forward with")
-    print("   the batch's class ids and step=true (ps-train's default); isa@X, one@X: split, one at an emulated ISA")
+    print("   the batch's class ids and step=true (ps-train's default); local = one over psd's local transport")
+    print("   (server.local_socket: a unix socket and shared memory); isa@X, one@X: split, one at an emulated ISA")
     print(f"   {'mode':<13} {'trainers':>8} {'total samples/s':>16} {'runs':>14} {'psd peak RSS':>13}")
     e2e = {}
     lat = {}
@@ -492,6 +493,12 @@ def main():
                   f"{ideal:.0f} = {f / ideal:.2f}  {verdict(f / ideal >= 0.85)}")
             paired_line("  the same, each repetition against 2 x the step measured beside it",
                         os.path.join(d, "e2e-one-2"))
+        if ("local", 2) in e2e:
+            f = e2e[("local", 2)]
+            print(f"   ... over psd's local transport (server.local_socket; trainers on psd's host): {f:.0f} / "
+                  f"{ideal:.0f} = {f / ideal:.2f}  {verdict(f / ideal >= 0.85)}")
+            paired_line("  the same, each repetition against 2 x the step measured beside it",
+                        os.path.join(d, "e2e-local-2"))
         if ("ct1", 2) in e2e:
             f = e2e[("ct1", 2)]
             print(f"     one compute thread per call (server.compute_threads=1): {f:.0f} = {f / ideal:.2f} x"
@@ -565,9 +572,9 @@ def resnet(d):
             phases[last] = {a: float(b) for a, b in re.findall(r"(forward|backward|step) ([0-9.]+)", line)}
     if not order:
         return
-    e2e, e2e_one = {}, {}
+    e2e, e2e_one, e2e_local = {}, {}, {}
     for col in order:
-        for into, lab in ((e2e, col), (e2e_one, f"one@{col}")):
+        for into, lab in ((e2e, col), (e2e_one, f"one@{col}"), (e2e_local, f"local@{col}")):
             rates = read_e2e(os.path.join(d, f"e2e-{lab}-2"), 2)[0]
             if rates:
                 into[col] = statistics.median(rates)
@@ -604,11 +611,17 @@ def resnet(d):
     eo = [e2e_one.get(c) for c in order]
     row("psd + 2 trainers, one call a batch (fit's default)", eo)
     row("  / (2 x in-process step, 1 thread)", [ratio(a, 2 * b) if b else None for a, b in zip(eo, st1)], "{:.2f}")
+    el = [e2e_local.get(c) for c in order]
+    if any(el):
+        row("... over psd's local transport (server.local_socket)", el)
+        row("  / (2 x in-process step, 1 thread)", [ratio(a, 2 * b) if b else None for a, b in zip(el, st1)], "{:.2f}")
     pa = [par.get(c) for c in order]
     if any(pa):   # the ceiling without the RPC (bench_compute --parallel 2 --snapshots)
         row("2 x 1-thread step in one process, one model", pa)
         row("  / (2 x in-process step, 1 thread)", [ratio(a, 2 * b) if b else None for a, b in zip(pa, st1)], "{:.2f}")
         row("  psd one call a batch / that", [ratio(a, b) for a, b in zip(eo, pa)], "{:.2f}")
+        if any(el):
+            row("  ... over the local transport / that", [ratio(a, b) for a, b in zip(el, pa)], "{:.2f}")
     row("psd start-up: reference kernels logged",
         [fallbacks_logged(d, c) for c in order], "{:d}")
     print()
@@ -625,6 +638,10 @@ def resnet(d):
         if vo is not None:
             isa_target(isa_of[c], "one call a batch (fit's default): the same ratio", vo)
             paired_line("  the same", os.path.join(d, f"e2e-one@{c}-2"), isa=isa_of[c])
+        vl = ratio(el[i], 2 * st1[i]) if st1[i] else None
+        if vl is not None:
+            isa_target(isa_of[c], "... over the local transport (trainers on psd's host)", vl)
+            paired_line("  the same", os.path.join(d, f"e2e-local@{c}-2"), isa=isa_of[c])
 
 
 def fallbacks_logged(d, label):

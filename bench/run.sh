@@ -136,8 +136,10 @@ e2e() {  # label, trainers, psd flags..., -- trainer flags...
   local port; port=$(bench_port)
   local addr="127.0.0.1:$port" maddr="127.0.0.1:$((port + 1))" dir="$OUT/e2e-$label-$n"
   mkdir -p "$dir"
-  "$BUILD/bin/psd" --config "${E2E_CONFIG:-configs/local.yaml}" --listen "$addr" --metrics-listen "$maddr" "${pflags[@]}" \
-    2>"$dir/psd.log" &
+  # E2E_LOCAL=1: the trainers dial psd's local transport (server.local_socket) instead of its gRPC port
+  if [ -n "${E2E_LOCAL:-}" ]; then pflags+=(--set "server.local_socket=$dir/psd.sock"); addr="local:$dir/psd.sock"; fi
+  "$BUILD/bin/psd" --config "${E2E_CONFIG:-configs/local.yaml}" --listen "127.0.0.1:$port" --metrics-listen "$maddr" \
+    "${pflags[@]}" 2>"$dir/psd.log" &
   local psd=$!
   wait_psd "$maddr" || true
   # a short round first (kernels, buffer pools, connections), then psd's
@@ -181,6 +183,8 @@ e2e fused 2 -- --fuse-step
 # one call a batch (ps-train's default; bench_trainer --one-call): Forward with the batch's class ids
 # and step=true, psd's cross-entropy, backward and step; adjacent steps too
 PAIR_STEP="" e2e one 2 -- --one-call
+# the same through psd's local transport (trainers on psd's host: a unix socket and shared memory)
+E2E_LOCAL=1 PAIR_STEP="" e2e local 2 -- --one-call
 # every call on one compute thread (server.compute_threads=1) instead of psd's
 # share of the cores per call: tells on a quiet machine whether calls given
 # two threads (when the other trainer is between calls) cost more than they give
@@ -265,6 +269,8 @@ for isa in host $ISAS; do
       PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "$low" 2 -- --batch-size "$RESNET_BATCH" --loss ce
     E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
       PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "one@$low" 2 -- --batch-size "$RESNET_BATCH" --one-call
+    E2E_LOCAL=1 E2E_CONFIG="$OUT/resnet/psd.yaml" OUT="$OUT/resnet" \
+      PAIR_STEP="--model examples/models/small_resnet.yaml --batch $RESNET_BATCH" e2e "local@$low" 2 -- --batch-size "$RESNET_BATCH" --one-call
   )
 done
 

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,7 @@ struct rpc_local_conn {
     int done;                    /* its thread returned (l->mu): join it */
     int idle;                    /* waiting for its next request (l->mu) */
     int counted;                 /* in its client's count (l->mu) */
+    int poll_us;                 /* its polling window now (next_request) */
     rpc_local_conn *next;
 };
 
@@ -190,11 +192,12 @@ static int client_gone(rpc_local_conn *k) {
 }
 
 /* The deferred call c: wait for its answer, or cancel it. Returns with
- * c->mu held; c->completed or c->cancelled. *why: the status a cancelled
- * call's client gets (-1: none, it is gone). */
+ * c->mu held; c->completed or c->cancelled. *why, for a cancelled call:
+ * the status its client gets, or -1 when the client is gone (nothing to
+ * answer); 0 for an answered one. */
 static void wait_deferred(rpc_local_conn *k, ps_rpc_call *c, gpr_timespec deadline, int *why) {
     rpc_local *l = k->l;
-    *why = -1;
+    *why = 0;
     pthread_mutex_lock(&c->mu);
     while (!c->completed && !c->cancelled) {
         struct timespec ts;
@@ -353,7 +356,7 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
         retry = c->retry_after_ms;
         c->replied = 1;
         pthread_mutex_unlock(&c->mu);
-        if (why == -1 && !c->completed) rc = -1;  /* the client is gone: nothing to answer */
+        if (why == -1) rc = -1;  /* the client is gone: nothing to answer, the connection closes */
     } else {
         pthread_mutex_lock(&c->mu);
         retry = c->retry_after_ms;
@@ -479,6 +482,48 @@ static void welcome(rpc_local_conn *k, grpc_status_code code, const char *detail
     send_all(k, &w, offsetof(ps_local_welcome, details) + strlen(w.details) + 1, k->l->s->send_timeout_ms);
 }
 
+/* The connection's next request message into q: its size, 0 at EOF, -1
+ * on an error. As an idle worker does (rpc_server_impl.h, rpc_worker), it
+ * first polls for up to k->poll_us, yielding its CPU to anything runnable
+ * there, so that a trainer's next call finds its thread on a CPU instead
+ * of waking an idle vCPU (~0.1 ms and more on a VM); the window adapts the
+ * same way: doubled after a sleep a longer poll would have caught (up to
+ * server.idle_poll_us), halved after a longer one (below
+ * PS_RPC_POLL_MIN_US: off). Counted with the workers' polls. */
+static ssize_t next_request(rpc_local_conn *k, ps_local_request *q) {
+    ps_rpc_server *s = k->l->s;
+    const int max = s->opts.idle_poll_us;
+    double t0 = max > 0 ? ps_mono_s() : 0;
+    ssize_t n;
+    if (k->poll_us > 0) {
+        double until = t0 + k->poll_us * 1e-6;
+        for (;;) {
+            n = recv(k->fd, q, sizeof *q, MSG_DONTWAIT);
+            if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || ps_mono_s() >= until) break;
+            sched_yield();
+        }
+        int hit = n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        pthread_mutex_lock(&s->mu);
+        s->poll_s += ps_mono_s() - t0;
+        if (hit) s->polls_hit++;
+        else s->polls_missed++;
+        pthread_mutex_unlock(&s->mu);
+        if (hit) return n;
+    }
+    do n = recv(k->fd, q, sizeof *q, 0);
+    while (n < 0 && errno == EINTR);
+    if (max > 0 && n > 0) {  /* it slept: would a longer poll (up to max) have caught this call? */
+        double us = (ps_mono_s() - t0) * 1e6;
+        if (us <= max) {
+            int grown = k->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US : 2 * k->poll_us;
+            k->poll_us = grown < max ? grown : max;
+        } else if ((k->poll_us /= 2) < PS_RPC_POLL_MIN_US) {
+            k->poll_us = 0;
+        }
+    }
+    return n;
+}
+
 static void *conn_main(void *arg) {
     rpc_local_conn *k = arg;
     rpc_local *l = k->l;
@@ -496,11 +541,10 @@ static void *conn_main(void *arg) {
             k->idle = !stop;
             pthread_mutex_unlock(&l->mu);
             if (stop) break;
-            ssize_t n = recv(k->fd, &q, sizeof q, 0);
+            ssize_t n = next_request(k, &q);
             pthread_mutex_lock(&l->mu);
             k->idle = 0;
             pthread_mutex_unlock(&l->mu);
-            if (n < 0 && errno == EINTR) continue;
             if (n <= 0) break;  /* the client closed it, or psd's shutdown did */
             if (serve_call(k, &q, (size_t)n) != 0) break;
         }
@@ -562,6 +606,7 @@ static void *accept_main(void *arg) {
         k->l = l;
         k->fd = fd;
         k->who = -1;
+        k->poll_us = s->opts.idle_poll_us;
         snprintf(k->peer, sizeof k->peer, "local:pid=%d", (int)cred.pid);
         pthread_mutex_lock(&l->mu);
         int full = l->nconns >= s->opts.max_calls;
