@@ -111,7 +111,7 @@ static ssize_t recv_within(int fd, void *buf, size_t n, int timeout_ms) {
 /* A new connection: socket, memfd, hello, welcome. NULL with *code and
  * details on failure. */
 static local_conn *conn_open(ps_local_client *c, int timeout_ms, grpc_status_code *code, char *details,
-                             size_t dlen) {
+                             size_t dlen, int *retry_after_ms) {
     local_conn *k = calloc(1, sizeof *k);
     int mfd = -1;
     if (!k) {
@@ -180,6 +180,8 @@ static local_conn *conn_open(ps_local_client *c, int timeout_ms, grpc_status_cod
     if (w.code != GRPC_STATUS_OK) {
         *code = (grpc_status_code)w.code;
         snprintf(details, dlen, "%s", w.details);
+        if (w.code == GRPC_STATUS_RESOURCE_EXHAUSTED && retry_after_ms)  /* a cap: psd's hint */
+            *retry_after_ms = w.retry_after_ms < 0 ? 0 : w.retry_after_ms > 60000 ? 60000 : w.retry_after_ms;
         goto fail;
     }
     return k;
@@ -227,7 +229,7 @@ ps_status ps_local_client_call(ps_local_client *c, const char *method, const grp
             k = NULL;
         }
     }
-    if (!k && !(k = conn_open(c, timeout_ms, code, details, details_len))) return PS_OK;
+    if (!k && !(k = conn_open(c, timeout_ms, code, details, details_len, retry_after_ms))) return PS_OK;
 
     if (request) {
         grpc_byte_buffer_reader rd;

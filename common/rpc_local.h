@@ -59,6 +59,8 @@ typedef struct ps_local_hello {
 typedef struct ps_local_welcome {
     uint32_t magic;
     int32_t code;                          /* a grpc_status_code */
+    int32_t retry_after_ms;                /* a refusal for a cap: connect again after this long; 0: final */
+    uint32_t reserved;                     /* 0 */
     uint64_t max_request;                  /* the longest request psd takes (min(region, max_message)) */
     char details[PS_LOCAL_DETAILS_MAX];
 } ps_local_welcome;

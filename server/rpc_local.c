@@ -12,7 +12,7 @@
  * shutdown grace ends.
  *
  * Limits (docs/security.md): at most server.max_calls connections in all
- * and ps_rpc_calls_per_client() per client (the token's name, else "local":
+ * and server.max_connections_per_client per client (the token's name, else "local":
  * every process of psd's user is one client, as every loopback connection
  * is one host for gRPC); a hello must arrive within server.recv_timeout_s;
  * a reply the client does not take within server.send_timeout_s closes the
@@ -63,9 +63,11 @@ struct rpc_local_conn {
     char peer[64];               /* "local:pid=123" */
     pthread_t thread;
     int done;                    /* its thread returned (l->mu): join it */
-    int idle;                    /* waiting for its next request (l->mu) */
+    int wait;                    /* what its thread waits for (l->mu): WAIT_* */
+    long long wait_since;        /* ps_mono_ms() when it began waiting for its reply to be taken */
     int counted;                 /* in its client's count (l->mu) */
     int poll_us;                 /* its polling window now (next_request) */
+    int retry_after_ms;          /* a refused hello's hint (welcome) */
     rpc_local_conn *next;
 };
 
@@ -88,19 +90,54 @@ struct rpc_local {
     atomic_ullong held;          /* request bytes copied out and not yet freed */
 };
 
+#define PS_LOCAL_RETRY_CONNECT_MS 100  /* a hello refused for a cap: connections close often */
 #define LOCAL_WAIT_SLICE_MS 50   /* a deferred call's thread checks its client this often */
 
+/* What a connection's thread waits for; a stopping server closes the
+ * connection (shutdown(2) wakes the thread) of one waiting for its client:
+ * at once when no call is in flight (WAIT_CLIENT: the hello, the next
+ * request), after PS_RPC_SHUTDOWN_CLIENT_MS when the client does not take
+ * its reply (WAIT_REPLY), as the gRPC side cancels such calls. */
+enum { WAIT_NONE, WAIT_CLIENT, WAIT_REPLY };
+
+static void set_wait(rpc_local_conn *k, int w) {
+    pthread_mutex_lock(&k->l->mu);
+    k->wait = w;
+    k->wait_since = w == WAIT_REPLY ? ps_mono_ms() : 0;
+    pthread_mutex_unlock(&k->l->mu);
+}
+
+/* With l->mu held: close the connections a stopping server does not wait for. */
+static void cut_waiting_locked(rpc_local *l) {
+    long long now = ps_mono_ms();
+    for (rpc_local_conn *k = l->conns; k; k = k->next)
+        if (!k->done && (k->wait == WAIT_CLIENT ||
+                         (k->wait == WAIT_REPLY && now - k->wait_since >= PS_RPC_SHUTDOWN_CLIENT_MS)))
+            shutdown(k->fd, SHUT_RDWR);
+}
+
+/* Send one message: 0, -1 when the client is gone, -2 when it did not take
+ * the message within timeout_ms (0: only what the socket takes at once). */
 static int send_all(rpc_local_conn *k, const void *msg, size_t n, int timeout_ms) {
     struct pollfd p = {.fd = k->fd, .events = POLLOUT};
-    for (;;) {
+    int rc = 1, waiting = 0;
+    while (rc == 1) {
         ssize_t r = send(k->fd, msg, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r == (ssize_t)n) return 0;
-        if (r >= 0) return -1;  /* SEQPACKET: all or nothing */
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        int pr = poll(&p, 1, timeout_ms);
-        if (pr <= 0) return -1;  /* the client does not take its reply */
+        if (r == (ssize_t)n) rc = 0;
+        else if (r >= 0) rc = -1;  /* SEQPACKET: all or nothing */
+        else if (errno == EINTR) continue;
+        else if (errno != EAGAIN && errno != EWOULDBLOCK) rc = -1;
+        else if (timeout_ms <= 0) rc = -2;
+        else {
+            if (!waiting) set_wait(k, WAIT_REPLY);
+            waiting = 1;
+            int pr = poll(&p, 1, timeout_ms);
+            if (pr == 0) rc = -2;  /* the client does not take its reply */
+            else if (pr < 0 && errno != EINTR) rc = -1;
+        }
     }
+    if (waiting) set_wait(k, WAIT_NONE);
+    return rc;
 }
 
 static int reply_send(rpc_local_conn *k, uint32_t seq, grpc_status_code code, int retry_after_ms,
@@ -371,7 +408,8 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
             c->prof.ns[PS_PHASE_SEND] = t_sent - t_send;
             ps_prof_acc_add(&s->prof[m - s->methods], &c->prof, t_sent - t_accept);
         }
-        if (rc != 0) rpc_log_refusal(s, "rpc: local connection %s did not take its reply: closed", k->peer);
+        if (rc == -2) rpc_log_refusal(s, "rpc: local connection %s did not take its reply within "
+                                      "server.send_timeout_s: closed", k->peer);
     }
     if (resp) grpc_byte_buffer_destroy(resp);
     rpc_call_unref(c);
@@ -384,12 +422,28 @@ static client_slot *client_find(rpc_local *l, const char *key, int create) {
     return rpc_slot_find(&l->clients, &l->nclients, &l->cap_clients, key, create);
 }
 
+/* The largest message each way: server.max_message_mb, or gRPC's default
+ * (4 MiB) where it is left 0. */
+static uint64_t max_message(const ps_rpc_server *s) {
+    return s->opts.max_message_bytes > 0 ? (uint64_t)s->opts.max_message_bytes : (uint64_t)4 << 20;
+}
+
 /* The hello: token, memfd. 0 and k set up, or a status to refuse with. */
 static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
     rpc_local *l = k->l;
     ps_rpc_server *s = l->s;
     struct pollfd p = {.fd = k->fd, .events = POLLIN};
-    if (poll(&p, 1, s->recv_timeout_ms) <= 0) {
+    pthread_mutex_lock(&l->mu);
+    int stop = atomic_load(&l->stopping);
+    k->wait = WAIT_CLIENT;  /* a stopping server closes it now: no call is in flight */
+    pthread_mutex_unlock(&l->mu);
+    int pr = stop ? 0 : poll(&p, 1, s->recv_timeout_ms);
+    set_wait(k, WAIT_NONE);
+    if (stop || atomic_load(&l->stopping)) {  /* the stop closed it meanwhile */
+        snprintf(details, dlen, "psd is shutting down");
+        return GRPC_STATUS_UNAVAILABLE;
+    }
+    if (pr <= 0) {
         snprintf(details, dlen, "no hello within server.recv_timeout_s");
         return GRPC_STATUS_DEADLINE_EXCEEDED;
     }
@@ -425,11 +479,10 @@ static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
     else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (seals = fcntl(fd, F_GET_SEALS)) < 0 ||
              (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
         snprintf(details, dlen, "the shared memory is not a memfd sealed against shrinking and growing");
-    else if (h.region < PS_LOCAL_REGION_MIN || h.region > (uint64_t)s->opts.max_message_bytes ||
-             (uint64_t)st.st_size != 2 * h.region)
-        snprintf(details, dlen, "the shared memory's region of %llu bytes (file %lld bytes) is not 2 x %d..%d bytes "
+    else if (h.region < PS_LOCAL_REGION_MIN || h.region > max_message(s) || (uint64_t)st.st_size != 2 * h.region)
+        snprintf(details, dlen, "the shared memory's region of %llu bytes (file %lld bytes) is not 2 x %d..%llu bytes "
                  "(server.max_message_mb)", (unsigned long long)h.region, (long long)st.st_size,
-                 PS_LOCAL_REGION_MIN, s->opts.max_message_bytes);
+                 PS_LOCAL_REGION_MIN, (unsigned long long)max_message(s));
     else
         code = GRPC_STATUS_OK;
     if (code == GRPC_STATUS_OK && s->ntokens > 0) {
@@ -456,7 +509,7 @@ static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
     if (code != GRPC_STATUS_OK) return code;
     if (k->who >= 0) snprintf(k->client, sizeof k->client, "token:%s", s->tokens[k->who].name);
     else snprintf(k->client, sizeof k->client, "local");
-    int cap = ps_rpc_calls_per_client(&s->opts);
+    int cap = s->opts.max_connections_per_client;
     pthread_mutex_lock(&l->mu);
     client_slot *c = client_find(l, k->client, 1);
     if (c && c->n[0] < cap) {
@@ -465,21 +518,24 @@ static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
     }
     pthread_mutex_unlock(&l->mu);
     if (!k->counted) {
-        snprintf(details, dlen, "client %s holds %d local connections, its share (server.max_calls_per_client)",
-                 k->client, cap);
+        snprintf(details, dlen, "client %s holds %d local connections, its share "
+                 "(server.max_connections_per_client); connect again when one closes", k->client, cap);
+        k->retry_after_ms = PS_LOCAL_RETRY_CONNECT_MS;
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     }
     return GRPC_STATUS_OK;
 }
 
-static void welcome(rpc_local_conn *k, grpc_status_code code, const char *details) {
+/* The hello's answer; timeout_ms as send_all's (a fresh socket takes it at once). */
+static void welcome(rpc_local_conn *k, grpc_status_code code, const char *details, int timeout_ms) {
     ps_local_welcome w;
     memset(&w, 0, sizeof w);
     w.magic = PS_LOCAL_MAGIC;
     w.code = code;
+    w.retry_after_ms = code == GRPC_STATUS_RESOURCE_EXHAUSTED ? k->retry_after_ms : 0;
     w.max_request = k->max_request;
     snprintf(w.details, sizeof w.details, "%s", details);
-    send_all(k, &w, offsetof(ps_local_welcome, details) + strlen(w.details) + 1, k->l->s->send_timeout_ms);
+    send_all(k, &w, offsetof(ps_local_welcome, details) + strlen(w.details) + 1, timeout_ms);
 }
 
 /* The connection's next request message into q: its size, 0 at EOF, -1
@@ -531,20 +587,18 @@ static void *conn_main(void *arg) {
     grpc_status_code code = hello(k, details, sizeof details);
     if (code != GRPC_STATUS_OK) {
         rpc_log_refusal(l->s, "rpc: local connection %s refused: %s", k->peer, details);
-        welcome(k, code, details);
+        welcome(k, code, details, l->s->send_timeout_ms);
     } else {
-        welcome(k, GRPC_STATUS_OK, "");
+        welcome(k, GRPC_STATUS_OK, "", l->s->send_timeout_ms);
         ps_local_request q;
         for (;;) {
             pthread_mutex_lock(&l->mu);
             int stop = atomic_load(&l->stopping);
-            k->idle = !stop;
+            k->wait = stop ? WAIT_NONE : WAIT_CLIENT;
             pthread_mutex_unlock(&l->mu);
             if (stop) break;
             ssize_t n = next_request(k, &q);
-            pthread_mutex_lock(&l->mu);
-            k->idle = 0;
-            pthread_mutex_unlock(&l->mu);
+            set_wait(k, WAIT_NONE);
             if (n <= 0) break;  /* the client closed it, or psd's shutdown did */
             if (serve_call(k, &q, (size_t)n) != 0) break;
         }
@@ -629,7 +683,8 @@ static void *accept_main(void *arg) {
             snprintf(why, sizeof why, full ? "psd holds server.max_calls (%d) local connections"
                      : "psd cannot start a thread for the connection", s->opts.max_calls);
             rpc_log_refusal(s, "rpc: local connection %s refused: %s", k->peer, why);
-            welcome(k, GRPC_STATUS_RESOURCE_EXHAUSTED, why);
+            k->retry_after_ms = PS_LOCAL_RETRY_CONNECT_MS;
+            welcome(k, GRPC_STATUS_RESOURCE_EXHAUSTED, why, 0);  /* the accept thread never waits on a client */
             close(fd);
             free(k);
         }
@@ -712,8 +767,7 @@ void rpc_local_stop(ps_rpc_server *s) {
         unlink(l->path);
     }
     pthread_mutex_lock(&l->mu);
-    for (rpc_local_conn *k = l->conns; k; k = k->next)
-        if (k->idle && !k->done) shutdown(k->fd, SHUT_RDWR);  /* wakes its recv: no call is lost */
+    cut_waiting_locked(l);  /* wakes their waits: no call is lost */
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -741,9 +795,7 @@ void rpc_local_finish(ps_rpc_server *s, long long deadline_ms) {
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-        /* a connection that became idle after the stop */
-        for (rpc_local_conn *k = l->conns; k; k = k->next)
-            if (k->idle && !k->done) shutdown(k->fd, SHUT_RDWR);
+        cut_waiting_locked(l);  /* those that began waiting since */
     }
     pthread_mutex_unlock(&l->mu);
 }

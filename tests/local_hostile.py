@@ -18,7 +18,7 @@ import sys
 
 MAGIC = 0x314C5350  # "PSL1"
 HELLO = struct.Struct("=IIQI")       # magic, version, region, token_len; token follows
-WELCOME = struct.Struct("=IiQ")      # magic, code, max_request; details follow
+WELCOME = struct.Struct("=IiiIQ")    # magic, code, retry_after_ms, reserved, max_request; details follow
 REQUEST = struct.Struct("=IIQqI")    # magic, seq, len, timeout_ms, path_len; path follows
 REPLY = struct.Struct("=IIiiQ")      # magic, seq, code, retry_after_ms, len; details follow
 REGION = 1 << 16
@@ -46,7 +46,7 @@ def welcome_code(s):
         return -1
     if len(m) < WELCOME.size:
         return -1
-    magic, code, _ = WELCOME.unpack_from(m)
+    magic, code, _, _, _ = WELCOME.unpack_from(m)
     return code if magic == MAGIC else -2
 
 
