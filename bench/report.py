@@ -487,22 +487,19 @@ def main():
         if ("fused", 2) in e2e:
             f = e2e[("fused", 2)]
             print(f"     fused step (Backward with step=true): {f:.0f} = {f / ideal:.2f} x (2 x the 1-thread step)")
-        if ("one", 2) in e2e:
-            f = e2e[("one", 2)]
-            print(f"   one call a batch (ps-train's default), psd + 2 trainers >= 0.85 x (2 x the step): {f:.0f} / "
-                  f"{ideal:.0f} = {f / ideal:.2f}  {verdict(f / ideal >= 0.85)}")
-            paired_line("  the same, each repetition against 2 x the step measured beside it",
-                        os.path.join(d, "e2e-one-2"))
+        def one_call_target(label, what):
+            if (label, 2) in e2e:
+                f = e2e[(label, 2)]
+                print(f"   {what} >= 0.85 x (2 x the step): {f:.0f} / {ideal:.0f} = {f / ideal:.2f}  "
+                      f"{verdict(f / ideal >= 0.85)}")
+                paired_line("  the same, each repetition against 2 x the step measured beside it",
+                            os.path.join(d, f"e2e-{label}-2"))
+        one_call_target("one", "one call a batch (ps-train's default), psd + 2 trainers")
         if ("ct1", 2) in e2e:
             f = e2e[("ct1", 2)]
             print(f"     one compute thread per call (server.compute_threads=1): {f:.0f} = {f / ideal:.2f} x"
                   f" (2 x the 1-thread step), {f / v:.2f} x psd's default")
-        if ("local", 2) in e2e:
-            f = e2e[("local", 2)]
-            print(f"   one call a batch over psd's local transport (server.local_socket; trainers on psd's host): {f:.0f} / "
-                  f"{ideal:.0f} = {f / ideal:.2f}  {verdict(f / ideal >= 0.85)}")
-            paired_line("  the same, each repetition against 2 x the step measured beside it",
-                        os.path.join(d, "e2e-local-2"))
+        one_call_target("local", "one call a batch over psd's local transport (server.local_socket; trainers on psd's host)")
         if peak:
             print(f"     % of the FMA peak ({isa}, {peak:.1f} GFLOP/s per core; {MNIST_TRAIN_FLOP / 1e6:.1f} MFLOP per"
                   f" training sample): in-process 1 thread {100 * one[0] * MNIST_TRAIN_FLOP / 1e9 / peak:.1f}% of one"

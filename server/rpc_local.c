@@ -237,13 +237,7 @@ static void wait_deferred(rpc_local_conn *k, ps_rpc_call *c, gpr_timespec deadli
     *why = 0;
     pthread_mutex_lock(&c->mu);
     while (!c->completed && !c->cancelled) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += LOCAL_WAIT_SLICE_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ps_mono_deadline_ms(LOCAL_WAIT_SLICE_MS);
         pthread_cond_timedwait(&c->local_cv, &c->mu, &ts);
         if (c->completed) break;
         pthread_mutex_unlock(&c->mu);
@@ -787,13 +781,7 @@ void rpc_local_finish(ps_rpc_server *s, long long deadline_ms) {
         }
         if (left < 20) left = 20;
         if (left > 100) left = 100;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += left * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ps_mono_deadline_ms(left);
         pthread_cond_timedwait(&l->cv, &l->mu, &ts);
         cut_waiting_locked(l);  /* those that began waiting since */
     }

@@ -39,15 +39,20 @@ def connect(path):
     return s
 
 
-def welcome_code(s):
+def answer_code(s, st, seq=None):
+    """The code of psd's next message on s, laid out as st (WELCOME: code
+    second; REPLY: seq second, code third): -1 when none came, -2 when it is
+    not an answer (magic, or seq when given)."""
     try:
         m = s.recv(4096)
     except OSError:
         return -1
-    if len(m) < WELCOME.size:
+    if len(m) < st.size:
         return -1
-    magic, code, _, _, _ = WELCOME.unpack_from(m)
-    return code if magic == MAGIC else -2
+    f = st.unpack_from(m)
+    if f[0] != MAGIC or (seq is not None and f[1] != seq):
+        return -2
+    return f[1] if st is WELCOME else f[2]
 
 
 def hello(path, region=REGION, fd_size=None, seal=True, magic=MAGIC, version=1, send_fd=True, raw=None, token=b""):
@@ -59,20 +64,13 @@ def hello(path, region=REGION, fd_size=None, seal=True, magic=MAGIC, version=1, 
         os.close(fd)
     else:
         s.send(msg)
-    return s, welcome_code(s)
+    return s, answer_code(s, WELCOME)
 
 
 def call(s, path_bytes, length, seq=1, raw=None):
     msg = raw if raw is not None else REQUEST.pack(MAGIC, seq, length, 5000, len(path_bytes)) + path_bytes
     s.send(msg)
-    try:
-        m = s.recv(4096)
-    except OSError:
-        return -1
-    if len(m) < REPLY.size:
-        return -1
-    magic, rseq, code, _, _ = REPLY.unpack_from(m)
-    return code if magic == MAGIC and rseq == seq else -2
+    return answer_code(s, REPLY, seq)
 
 
 def garbage(path):

@@ -53,7 +53,8 @@ static void usage(FILE *f, const ps_task *task) {
     fprintf(f,
             "options of every task:\n"
             "  -c, --config FILE        cluster config (YAML); flags override it\n"
-            "  -s, --server ADDR        psd address host:port (server.address)\n"
+            "  -s, --server ADDR        psd address host:port, or local:PATH for psd's local transport on\n"
+            "                           this host (server.address)\n"
             "  -r, --rank N             this trainer's rank, 1..world_size-1 (default 1)\n"
             "  -w, --world-size N       the PS plus all trainers (trainer.world_size)\n"
             "  -e, --epochs N           passes over the training set (trainer.epochs)\n"
