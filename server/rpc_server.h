@@ -45,6 +45,15 @@
  *    accept, as its own batch). Batches of one call never race: each is
  *    started by the one thread that holds the call at that step, under its
  *    lock (rpc_server_impl.h).
+ *  - The local transport (opts.local_socket, rpc_local.c; common/rpc_local.h):
+ *    the same method table on a unix socket for clients on this host.
+ *    Each of its connections has a thread of its own that reads a call,
+ *    runs the handler itself (reserved methods too: no worker, no FIFO) and
+ *    answers; a deferred call holds that thread, which cancels it (on_cancel)
+ *    when its client hangs up, its deadline passes or the shutdown grace
+ *    ends. Its calls are not in ps_rpc_server_admission's call counts but in
+ *    local_connections / local_calls; its caps are per connection (one call
+ *    each): server.max_connections_per_client per client, max_calls in all.
  *  - Nothing interrupts a running handler; info->deadline (monotonic clock)
  *    says when the client gives up. A call whose deadline passed while it
  *    waited for a worker is answered DEADLINE_EXCEEDED without running the
