@@ -546,6 +546,15 @@ static ps_rpc_call *worker_take_locked(rpc_worker *w) {
     return c;
 }
 
+void rpc_poll_adapt(int *poll_us, int max, double slept_us) {
+    if (slept_us <= max) {  /* a longer poll (up to max) would have caught this call */
+        int grown = *poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US : 2 * *poll_us;
+        *poll_us = grown < max ? grown : max;
+    } else if ((*poll_us /= 2) < PS_RPC_POLL_MIN_US) {
+        *poll_us = 0;
+    }
+}
+
 /* With s->mu held (released while waiting): w's next call with affinity
  * (rpc_worker), NULL when stopping and nothing is left. */
 static ps_rpc_call *worker_next_locked(rpc_worker *w) {
@@ -579,15 +588,7 @@ static ps_rpc_call *worker_next_locked(rpc_worker *w) {
         pthread_cond_wait(&w->cv, &s->mu);
         w->sleeping = 0;
     }
-    if (max > 0 && c) {  /* it slept: would a longer poll (up to max) have caught this call? */
-        double us = (ps_mono_s() - t0) * 1e6;
-        if (us <= max) {
-            int grown = w->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US : 2 * w->poll_us;
-            w->poll_us = grown < max ? grown : max;
-        } else if ((w->poll_us /= 2) < PS_RPC_POLL_MIN_US) {
-            w->poll_us = 0;
-        }
-    }
+    if (max > 0 && c) rpc_poll_adapt(&w->poll_us, max, (ps_mono_s() - t0) * 1e6);
     w->idle = 0;
     return c;
 }

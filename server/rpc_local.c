@@ -562,15 +562,7 @@ static ssize_t next_request(rpc_local_conn *k, ps_local_request *q) {
     }
     do n = recv(k->fd, q, sizeof *q, 0);
     while (n < 0 && errno == EINTR);
-    if (max > 0 && n > 0) {  /* it slept: would a longer poll (up to max) have caught this call? */
-        double us = (ps_mono_s() - t0) * 1e6;
-        if (us <= max) {
-            int grown = k->poll_us < PS_RPC_POLL_MIN_US ? PS_RPC_POLL_MIN_US : 2 * k->poll_us;
-            k->poll_us = grown < max ? grown : max;
-        } else if ((k->poll_us /= 2) < PS_RPC_POLL_MIN_US) {
-            k->poll_us = 0;
-        }
-    }
+    if (max > 0 && n > 0) rpc_poll_adapt(&k->poll_us, max, (ps_mono_s() - t0) * 1e6);  /* it slept */
     return n;
 }
 

@@ -263,6 +263,10 @@ typedef struct work_queue {
  * (below PS_RPC_POLL_MIN_US: off), so a worker whose calls come far apart
  * (a trainer computing between them) stops burning its CPU. */
 #define PS_RPC_POLL_MIN_US 50  /* a polling window below this is none */
+/* After a poll that ended in sleep: the window *poll_us grows (doubled, up
+ * to max) when the sleep was no longer than max, else halves (off below
+ * PS_RPC_POLL_MIN_US). Workers and local connections alike. */
+void rpc_poll_adapt(int *poll_us, int max, double slept_us);
 
 typedef struct rpc_worker {
     ps_rpc_server *s;

@@ -26,6 +26,7 @@
 
 #include "check.h"
 #include "clock.h"
+#include "support/rpc_fixtures.h"
 #include "rpc_server.h"
 #include "wire.h"
 
@@ -46,17 +47,6 @@
 
 static atomic_int sleeps_started;
 static atomic_int sleeps_done;
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Poll cond every 2 ms until it holds or ms pass; its final value. */
-#define WAIT_UNTIL(cond, ms) __extension__({ \
-    double until_ = (ps_mono_s() * 1e3) + (ms); \
-    while (!(cond) && (ps_mono_s() * 1e3) < until_) sleep_ms(2); \
-    (cond); })
 
 static void reply_err(const ps_err *err, grpc_status_code *code, char *details, size_t len) {
     *code = ps_grpc_from_status(err->code);
@@ -132,32 +122,12 @@ static grpc_byte_buffer *step_response(uint64_t v) {
     return b;
 }
 
-/* ---- a gate: handlers block in it until the test opens it ------------- */
-
-static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
-static int gate_open;
-static atomic_int gate_blocked;  /* handlers waiting in the gate now */
-static atomic_int gate_passed;   /* handlers that went through */
-
-static void gate_set(int open) {
-    pthread_mutex_lock(&gate_mu);
-    gate_open = open;
-    pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
-}
-
-/* Blocks until the gate opens; replies model_version 5. */
+/* Blocks until the gate (rpc_fixtures.h) opens; replies model_version 5. */
 static void h_gate(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                    grpc_byte_buffer **response, grpc_status_code *code, char *details,
                    size_t details_len) {
     (void)user, (void)info, (void)request, (void)code, (void)details, (void)details_len;
-    pthread_mutex_lock(&gate_mu);
-    atomic_fetch_add(&gate_blocked, 1);
-    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
-    atomic_fetch_sub(&gate_blocked, 1);
-    atomic_fetch_add(&gate_passed, 1);
-    pthread_mutex_unlock(&gate_mu);
+    gate_pass();  /* the gate: rpc_fixtures.h */
     *response = step_response(5);
 }
 
@@ -176,44 +146,11 @@ static void h_tid(void *user, const ps_rpc_call_info *info, const grpc_byte_buff
     *response = step_response((uint64_t)syscall(SYS_gettid));
 }
 
-/* ---- deferred calls: a table of pending handles, as psd's rounds keep --- */
-
-#define MAX_DEFERRED 256
-typedef struct pending { ps_rpc_call *call; uint64_t id; } pending;
-static pthread_mutex_t def_mu = PTHREAD_MUTEX_INITIALIZER;
-static pending def_tab[MAX_DEFERRED];
-static atomic_int def_count;         /* handles in the table */
-static atomic_int def_total;         /* calls deferred so far */
-static atomic_int cancels;           /* on_cancel calls that found their handle */
-static atomic_int cancels_seen_flag; /* ... of which ps_rpc_call_cancelled() said 1 */
-
-/* Whoever removes a handle from the table completes it. */
-static ps_rpc_call *def_take(uint64_t id) {
-    ps_rpc_call *c = NULL;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED && !c; i++)
-        if (def_tab[i].call && def_tab[i].id == id) {
-            c = def_tab[i].call;
-            def_tab[i].call = NULL;
-            atomic_fetch_sub(&def_count, 1);
-        }
-    pthread_mutex_unlock(&def_mu);
-    return c;
-}
+/* ---- deferred calls: handles in the table of rpc_fixtures.h, as psd's rounds keep theirs --- */
 
 static void on_cancel(void *arg, ps_rpc_call *call) {
     (void)arg;
-    int found = 0;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED; i++)
-        if (def_tab[i].call == call) {
-            def_tab[i].call = NULL;
-            atomic_fetch_sub(&def_count, 1);
-            found = 1;
-        }
-    pthread_mutex_unlock(&def_mu);
-    if (!found) return;  /* the normal path took it and completes it */
-    if (ps_rpc_call_cancelled(call)) atomic_fetch_add(&cancels_seen_flag, 1);
+    if (!def_cancel(call)) return;  /* the normal path took it and completes it */
     atomic_fetch_add(&cancels, 1);
     /* Nobody will read this: the call is gone. Must not crash or leak. */
     CHECK(ps_rpc_call_complete(call, step_response(0), GRPC_STATUS_OK, NULL) == 0);
@@ -232,14 +169,7 @@ static void defer_common(const ps_rpc_call_info *info, const grpc_byte_buffer *r
     ps_rpc_call *c = ps_rpc_call_defer(info, quiet ? NULL : on_cancel, NULL);
     CHECK(c != NULL);
     if (!c) return;
-    pthread_mutex_lock(&def_mu);
-    int i = 0;
-    while (i < MAX_DEFERRED && def_tab[i].call) i++;
-    PS_ASSERT(i < MAX_DEFERRED);
-    def_tab[i] = (pending){c, req.context_id};
-    atomic_fetch_add(&def_count, 1);
-    atomic_fetch_add(&def_total, 1);
-    pthread_mutex_unlock(&def_mu);
+    def_put(c, req.context_id);
     /* What a deferring handler leaves behind is ignored, not sent. */
     *code = GRPC_STATUS_INTERNAL;
     snprintf(details, details_len, "must not be sent");

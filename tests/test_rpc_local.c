@@ -51,6 +51,7 @@
 #include <grpc/slice.h>
 
 #include "check.h"
+#include "support/rpc_fixtures.h"
 #include "clock.h"
 #include "rpc_local.h"
 #include "rpc_server.h"
@@ -84,17 +85,6 @@
 #define WAIT_MS 30000
 
 static char g_dir[64];
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Poll cond every 2 ms until it holds or ms pass; its final value. */
-#define WAIT_UNTIL(cond, ms) __extension__({ \
-    double until_ = (ps_mono_s() * 1e3) + (ms); \
-    while (!(cond) && (ps_mono_s() * 1e3) < until_) sleep_ms(2); \
-    (cond); })
 
 /* ---- bytes --------------------------------------------------------------- */
 
@@ -228,91 +218,22 @@ static void h_who(void *user, const ps_rpc_call_info *info, const grpc_byte_buff
     *response = bb_new(b, (size_t)n);
 }
 
-/* ---- a gate: handlers block in it until the test opens it ------------- */
-
-static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
-static int gate_open = 1;
-static atomic_int gate_blocked;  /* handlers waiting in the gate now */
-static atomic_int gate_passed;   /* handlers that went through */
-
-static void gate_set(int open) {
-    pthread_mutex_lock(&gate_mu);
-    gate_open = open;
-    pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
-}
-
 /* Blocks until the gate opens; replies the request's length (u64). */
 static void h_gate(void *user, const ps_rpc_call_info *info, const grpc_byte_buffer *request,
                    grpc_byte_buffer **response, grpc_status_code *code, char *details, size_t details_len) {
     (void)user, (void)info, (void)code, (void)details, (void)details_len;
-    pthread_mutex_lock(&gate_mu);
-    atomic_fetch_add(&gate_blocked, 1);
-    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
-    atomic_fetch_sub(&gate_blocked, 1);
-    atomic_fetch_add(&gate_passed, 1);
-    pthread_mutex_unlock(&gate_mu);
+    gate_pass();  /* the gate: rpc_fixtures.h */
     uint64_t n = request ? grpc_byte_buffer_length((grpc_byte_buffer *)request) : 0;
     *response = bb_new(&n, 8);
 }
 
 /* ---- deferred calls: a table of pending handles, as psd's rounds keep --- */
 
-#define MAX_DEFERRED 64
-typedef struct pending { ps_rpc_call *call; uint64_t id; } pending;
-static pthread_mutex_t def_mu = PTHREAD_MUTEX_INITIALIZER;
-static pending def_tab[MAX_DEFERRED];
-static atomic_int def_count;         /* handles in the table */
-static atomic_int cancels;           /* on_cancel calls that found their handle */
-static atomic_int cancels_seen_flag; /* ... of which ps_rpc_call_cancelled() said 1 */
 static atomic_int cancel_complete_bad; /* ... whose ps_rpc_call_complete did not return 0 */
-
-/* Whoever removes a handle from the table completes it. */
-static ps_rpc_call *def_take(uint64_t id) {
-    ps_rpc_call *c = NULL;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED && !c; i++)
-        if (def_tab[i].call && def_tab[i].id == id) {
-            c = def_tab[i].call;
-            def_tab[i].call = NULL;
-            atomic_fetch_sub(&def_count, 1);
-        }
-    pthread_mutex_unlock(&def_mu);
-    return c;
-}
-
-static int def_has(uint64_t id) {
-    int found = 0;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED; i++) found |= def_tab[i].call && def_tab[i].id == id;
-    pthread_mutex_unlock(&def_mu);
-    return found;
-}
-
-/* ps_rpc_call_cancelled of the pending call id (-1: not in the table). */
-static int def_cancelled(uint64_t id) {
-    int r = -1;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED; i++)
-        if (def_tab[i].call && def_tab[i].id == id) r = ps_rpc_call_cancelled(def_tab[i].call);
-    pthread_mutex_unlock(&def_mu);
-    return r;
-}
 
 static void on_cancel(void *arg, ps_rpc_call *call) {
     (void)arg;
-    int found = 0;
-    pthread_mutex_lock(&def_mu);
-    for (int i = 0; i < MAX_DEFERRED; i++)
-        if (def_tab[i].call == call) {
-            def_tab[i].call = NULL;
-            atomic_fetch_sub(&def_count, 1);
-            found = 1;
-        }
-    pthread_mutex_unlock(&def_mu);
-    if (!found) return;  /* the normal path took it and completes it */
-    if (ps_rpc_call_cancelled(call)) atomic_fetch_add(&cancels_seen_flag, 1);
+    if (!def_cancel(call)) return;  /* the normal path took it and completes it */
     /* Nobody will read this: the call is gone. Must not crash or leak. */
     if (ps_rpc_call_complete(call, bb_new("nobody", 6), GRPC_STATUS_OK, NULL) != 0)
         atomic_fetch_add(&cancel_complete_bad, 1);
@@ -330,13 +251,7 @@ static void h_defer(void *user, const ps_rpc_call_info *info, const grpc_byte_bu
     ps_rpc_call *c = ps_rpc_call_defer(info, quiet ? NULL : on_cancel, NULL);
     CHECK(c != NULL);
     if (!c) return;
-    pthread_mutex_lock(&def_mu);
-    int i = 0;
-    while (i < MAX_DEFERRED && def_tab[i].call) i++;
-    PS_ASSERT(i < MAX_DEFERRED);
-    def_tab[i] = (pending){c, id};
-    atomic_fetch_add(&def_count, 1);
-    pthread_mutex_unlock(&def_mu);
+    def_put(c, id);
     /* What a deferring handler leaves behind is ignored, not sent. */
     *response = bb_new("must not be sent", 16);
     *code = GRPC_STATUS_INTERNAL;
