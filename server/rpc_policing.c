@@ -20,6 +20,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "clock.h"
 #include "log.h"
@@ -438,6 +441,11 @@ static void scan_progress(ps_rpc_server *s, conn_list *l) {
     for (int i = 0; i < l->n; i++) {
         conn_ent *e = &l->e[i];
         if (!e->over || shutdown(e->fd, SHUT_RDWR)) continue;
+        /* what gRPC buffered for it is freed once it has seen the close: hand
+         * it back to the OS a moment later (psd's malloc thresholds keep
+         * freed memory otherwise, and a flood of such connections would add
+         * up in psd's RSS) */
+        atomic_store(&s->trim_at, now_ms + PS_RPC_TRIM_AFTER_CUT_MS);
         char esc[160];
         rpc_escape_str(esc, sizeof esc, e->peer);
         rpc_log_refusal(s, "rpc: connection %s sent %llu bytes without completing a call's headers or message "
@@ -449,6 +457,10 @@ static void scan_progress(ps_rpc_server *s, conn_list *l) {
 
 void rpc_scan_connections(ps_rpc_server *s) {
     if (!s->port) return;  /* unix socket: one host */
+#ifdef __GLIBC__
+    long long trim = atomic_load(&s->trim_at);
+    if (trim && ps_mono_ms() >= trim && atomic_compare_exchange_strong(&s->trim_at, &trim, 0)) malloc_trim(0);
+#endif
     conn_list l = {0};
     each_conn(s, collect, &l);
     scan_progress(s, &l);

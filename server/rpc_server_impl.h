@@ -148,6 +148,9 @@ typedef struct conn_progress {
  * MiB for each), so the scan runs four times a second; it costs a walk of
  * psd's descriptors (/proc/self/fd) and a TCP_INFO per connection. */
 #define PS_RPC_CONN_SCAN_MS 250
+/* After a connection is closed for bytes without progress, psd hands freed
+ * memory back to the OS (malloc_trim) this long later, at a scan. */
+#define PS_RPC_TRIM_AFTER_CUT_MS 300
 
 /* A call whose request message has not arrived this long after its
  * headers counts against server.max_stalled_per_client: a client's burst
@@ -324,6 +327,7 @@ struct ps_rpc_server {
     conn_resets resets[PS_RPC_RESET_SLOTS]; /* recent resets by connection */
     host_resets hosts[PS_RPC_HOST_SLOTS];   /* recent resets by host */
     atomic_llong next_conn_scan;            /* connections per host counted (rpc_scan_connections) */
+    atomic_llong trim_at;                   /* ps_mono_ms() of a malloc_trim due after a cut; 0: none */
     uint32_t refused_hosts[PS_RPC_REFUSED_HOSTS]; /* IPv4 hosts whose new connections the listener drops */
     int nrefused_hosts;                     /* (event thread running the connection scan only) */
     unsigned long long conns_cut;
