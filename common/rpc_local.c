@@ -21,13 +21,7 @@
 
 #include "clock.h"
 #include "log.h"
-
-#ifndef F_SEAL_SHRINK
-#define F_ADD_SEALS 1033
-#define F_SEAL_SEAL 0x0001
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#endif
+#include "rpc.h"
 
 #define LOCAL_HELLO_TIMEOUT_MS 30000  /* psd's answer to a hello, without a call deadline */
 
@@ -45,6 +39,24 @@ struct ps_local_client {
     pthread_mutex_t mu;
     local_conn *idle;              /* connections between calls */
 };
+
+int ps_local_copy_out(const grpc_byte_buffer *b, unsigned char *dst) {
+    grpc_byte_buffer_reader rd;
+    if (!grpc_byte_buffer_reader_init(&rd, (grpc_byte_buffer *)b)) return -1;
+    grpc_slice sl;
+    while (grpc_byte_buffer_reader_next(&rd, &sl)) {
+        memcpy(dst, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+        dst += GRPC_SLICE_LENGTH(sl);
+        grpc_slice_unref(sl);
+    }
+    grpc_byte_buffer_reader_destroy(&rd);
+    return 0;
+}
+
+/* psd's retry hint as a client takes it: 0..PS_RPC_RETRY_AFTER_MAX_MS (rpc.h). */
+static int hint_ms(int32_t ms) {
+    return ms < 0 ? 0 : ms > PS_RPC_RETRY_AFTER_MAX_MS ? PS_RPC_RETRY_AFTER_MAX_MS : ms;
+}
 
 ps_local_client *ps_local_client_create(const char *path, size_t region, const char *token, ps_err *err) {
     if (!path || !*path || strlen(path) >= sizeof ((struct sockaddr_un *)0)->sun_path) {
@@ -181,7 +193,7 @@ static local_conn *conn_open(ps_local_client *c, int timeout_ms, grpc_status_cod
         *code = (grpc_status_code)w.code;
         snprintf(details, dlen, "%s", w.details);
         if (w.code == GRPC_STATUS_RESOURCE_EXHAUSTED && retry_after_ms)  /* a cap: psd's hint */
-            *retry_after_ms = w.retry_after_ms < 0 ? 0 : w.retry_after_ms > 60000 ? 60000 : w.retry_after_ms;
+            *retry_after_ms = hint_ms(w.retry_after_ms);
         goto fail;
     }
     return k;
@@ -231,22 +243,11 @@ ps_status ps_local_client_call(ps_local_client *c, const char *method, const grp
     }
     if (!k && !(k = conn_open(c, timeout_ms, code, details, details_len, retry_after_ms))) return PS_OK;
 
-    if (request) {
-        grpc_byte_buffer_reader rd;
-        if (!grpc_byte_buffer_reader_init(&rd, (grpc_byte_buffer *)request)) {
-            conn_free(c, k);
-            *code = GRPC_STATUS_INTERNAL;
-            snprintf(details, details_len, "cannot read the request");
-            return PS_OK;
-        }
-        grpc_slice sl;
-        unsigned char *dst = k->map;
-        while (grpc_byte_buffer_reader_next(&rd, &sl)) {
-            memcpy(dst, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
-            dst += GRPC_SLICE_LENGTH(sl);
-            grpc_slice_unref(sl);
-        }
-        grpc_byte_buffer_reader_destroy(&rd);
+    if (request && ps_local_copy_out(request, k->map) != 0) {
+        conn_free(c, k);
+        *code = GRPC_STATUS_INTERNAL;
+        snprintf(details, details_len, "cannot read the request");
+        return PS_OK;
     }
     ps_local_request q;
     q.magic = PS_LOCAL_MAGIC;
@@ -277,10 +278,7 @@ ps_status ps_local_client_call(ps_local_client *c, const char *method, const grp
     r.details[sizeof r.details - 1] = '\0';
     *code = (grpc_status_code)r.code;
     snprintf(details, details_len, "%s", r.details);
-    if (r.code == GRPC_STATUS_RESOURCE_EXHAUSTED && retry_after_ms) {
-        int ms = r.retry_after_ms;
-        *retry_after_ms = ms < 0 ? 0 : ms > 60000 ? 60000 : ms;
-    }
+    if (r.code == GRPC_STATUS_RESOURCE_EXHAUSTED && retry_after_ms) *retry_after_ms = hint_ms(r.retry_after_ms);
     if (r.code == GRPC_STATUS_OK) {
         grpc_slice sl = grpc_slice_malloc((size_t)r.len);
         memcpy(GRPC_SLICE_START_PTR(sl), k->map + c->region, (size_t)r.len);

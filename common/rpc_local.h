@@ -30,6 +30,7 @@
 #ifndef PS_RPC_LOCAL_H
 #define PS_RPC_LOCAL_H
 
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,15 @@
 #include <grpc/status.h>
 
 #include "status.h"
+
+/* memfd seals (fcntl.h has them since glibc 2.27; both ends use them) */
+#ifndef F_SEAL_SHRINK
+#define F_ADD_SEALS 1033
+#define F_GET_SEALS 1034
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#endif
 
 #define PS_LOCAL_PREFIX "local:"           /* a target "local:/run/psd/local.sock" */
 #define PS_LOCAL_MAGIC 0x314c5350u         /* "PSL1" */
@@ -82,6 +92,11 @@ typedef struct ps_local_reply {
     uint64_t len;                          /* reply bytes (0 unless OK) */
     char details[PS_LOCAL_DETAILS_MAX];    /* NUL-terminated */
 } ps_local_reply;
+
+/* Copy b's bytes (grpc_byte_buffer_length of them) to dst, the shared
+ * memory, slice by slice; both ends write messages so. 0, or -1 when b
+ * cannot be read. */
+int ps_local_copy_out(const grpc_byte_buffer *b, unsigned char *dst);
 
 /* ---- the client (common/rpc_local.c; used by ps_rpc_client) ----------- */
 

@@ -37,18 +37,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <grpc/byte_buffer_reader.h>
-
 #include "clock.h"
 #include "log.h"
 #include "rpc_local.h"
-
-#ifndef F_SEAL_SHRINK
-#define F_ADD_SEALS 1033
-#define F_GET_SEALS 1034
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#endif
 
 typedef struct rpc_local_conn rpc_local_conn;
 
@@ -56,8 +47,7 @@ struct rpc_local_conn {
     rpc_local *l;
     int fd;
     unsigned char *map;          /* 2 x region bytes: requests, then replies */
-    size_t region;
-    size_t max_request;
+    size_t region;               /* also the longest request: at most server.max_message_mb (hello) */
     int who;                     /* the token's index, -1 without tokens */
     char client[PS_RPC_CLIENT_KEY];
     char peer[64];               /* "local:pid=123" */
@@ -155,24 +145,12 @@ static int reply_send(rpc_local_conn *k, uint32_t seq, grpc_status_code code, in
                      "bytes: the client's max message size)", len, k->region);
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             details = why;
+        } else if (ps_local_copy_out(resp, k->map + k->region) != 0) {
+            code = GRPC_STATUS_INTERNAL;
+            details = "cannot read the reply";
         } else {
-            grpc_byte_buffer_reader rd;
-            if (!grpc_byte_buffer_reader_init(&rd, resp)) {
-                code = GRPC_STATUS_INTERNAL;
-                details = "cannot read the reply";
-            } else {
-                grpc_slice sl;
-                unsigned char *dst = k->map + k->region;
-                while (grpc_byte_buffer_reader_next(&rd, &sl)) {
-                    size_t n = GRPC_SLICE_LENGTH(sl);
-                    memcpy(dst, GRPC_SLICE_START_PTR(sl), n);
-                    dst += n;
-                    grpc_slice_unref(sl);
-                }
-                grpc_byte_buffer_reader_destroy(&rd);
-                r.len = len;
-                atomic_fetch_add(&s->bytes_sent, len);
-            }
+            r.len = len;
+            atomic_fetch_add(&s->bytes_sent, len);
         }
     }
     if (code != GRPC_STATUS_OK) r.len = 0;
@@ -298,9 +276,9 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
         snprintf(details, sizeof details, "token '%s' may not call %s", s->tokens[k->who].name, path);
         return reply_send(k, q->seq, GRPC_STATUS_PERMISSION_DENIED, 0, NULL, details);
     }
-    if (q->len > k->max_request) {
+    if (q->len > k->region) {
         snprintf(details, sizeof details, "request of %llu bytes is larger than %zu bytes (the smaller of the "
-                 "connection's region and server.max_message_mb)", (unsigned long long)q->len, k->max_request);
+                 "connection's region and server.max_message_mb)", (unsigned long long)q->len, k->region);
         return reply_send(k, q->seq, GRPC_STATUS_RESOURCE_EXHAUSTED, 0, NULL, details);
     }
     if (atomic_load(&l->stopping))
@@ -366,9 +344,9 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
 
     pthread_mutex_lock(&c->mu);
     c->handler_running = 0;
-    int deferred = c->deferred;
+    int deferred = c->deferred, retry = c->retry_after_ms;
     pthread_mutex_unlock(&c->mu);
-    int rc = 0, retry;
+    int rc = 0;
     if (deferred) {
         if (resp) grpc_byte_buffer_destroy(resp);
         int why;
@@ -384,15 +362,9 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
             snprintf(details, sizeof details, "%s", why == GRPC_STATUS_DEADLINE_EXCEEDED
                      ? "deadline passed before psd answered" : "psd shut down before it answered");
         }
-        retry = c->retry_after_ms;
-        c->replied = 1;
+        retry = c->retry_after_ms;  /* the owner's, set before it completed */
         pthread_mutex_unlock(&c->mu);
         if (why == -1) rc = -1;  /* the client is gone: nothing to answer, the connection closes */
-    } else {
-        pthread_mutex_lock(&c->mu);
-        retry = c->retry_after_ms;
-        c->replied = 1;
-        pthread_mutex_unlock(&c->mu);
     }
     if (rc == 0) {
         int64_t t_send = s->prof ? ps_prof_now() : 0;
@@ -414,12 +386,6 @@ static int serve_call(rpc_local_conn *k, const ps_local_request *q, size_t n) {
 
 static client_slot *client_find(rpc_local *l, const char *key, int create) {
     return rpc_slot_find(&l->clients, &l->nclients, &l->cap_clients, key, create);
-}
-
-/* The largest message each way: server.max_message_mb, or gRPC's default
- * (4 MiB) where it is left 0. */
-static uint64_t max_message(const ps_rpc_server *s) {
-    return s->opts.max_message_bytes > 0 ? (uint64_t)s->opts.max_message_bytes : (uint64_t)4 << 20;
 }
 
 /* The hello: token, memfd. 0 and k set up, or a status to refuse with. */
@@ -473,10 +439,10 @@ static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
     else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (seals = fcntl(fd, F_GET_SEALS)) < 0 ||
              (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
         snprintf(details, dlen, "the shared memory is not a memfd sealed against shrinking and growing");
-    else if (h.region < PS_LOCAL_REGION_MIN || h.region > max_message(s) || (uint64_t)st.st_size != 2 * h.region)
+    else if (h.region < PS_LOCAL_REGION_MIN || h.region > rpc_max_message(s) || (uint64_t)st.st_size != 2 * h.region)
         snprintf(details, dlen, "the shared memory's region of %llu bytes (file %lld bytes) is not 2 x %d..%llu bytes "
                  "(server.max_message_mb)", (unsigned long long)h.region, (long long)st.st_size,
-                 PS_LOCAL_REGION_MIN, (unsigned long long)max_message(s));
+                 PS_LOCAL_REGION_MIN, (unsigned long long)rpc_max_message(s));
     else
         code = GRPC_STATUS_OK;
     if (code == GRPC_STATUS_OK && s->ntokens > 0) {
@@ -496,7 +462,6 @@ static grpc_status_code hello(rpc_local_conn *k, char *details, size_t dlen) {
         } else {
             k->map = map;
             k->region = (size_t)h.region;
-            k->max_request = k->region;
         }
     }
     if (fd >= 0) close(fd);
@@ -527,7 +492,7 @@ static void welcome(rpc_local_conn *k, grpc_status_code code, const char *detail
     w.magic = PS_LOCAL_MAGIC;
     w.code = code;
     w.retry_after_ms = code == GRPC_STATUS_RESOURCE_EXHAUSTED ? k->retry_after_ms : 0;
-    w.max_request = k->max_request;
+    w.max_request = k->region;
     snprintf(w.details, sizeof w.details, "%s", details);
     send_all(k, &w, offsetof(ps_local_welcome, details) + strlen(w.details) + 1, timeout_ms);
 }
@@ -547,12 +512,13 @@ static ssize_t next_request(rpc_local_conn *k, ps_local_request *q) {
     ssize_t n;
     if (k->poll_us > 0) {
         double until = t0 + k->poll_us * 1e-6;
+        int hit;
         for (;;) {
             n = recv(k->fd, q, sizeof *q, MSG_DONTWAIT);
-            if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || ps_mono_s() >= until) break;
+            hit = n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);  /* a message, EOF or an error */
+            if (hit || ps_mono_s() >= until) break;
             sched_yield();
         }
-        int hit = n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
         pthread_mutex_lock(&s->mu);
         s->poll_s += ps_mono_s() - t0;
         if (hit) s->polls_hit++;

@@ -391,8 +391,7 @@ static void scan_progress(ps_rpc_server *s, conn_list *l) {
      * PS_RPC_OVERSIZE_GRACE_MS, what it reads of one larger than
      * server.max_message_mb before it refuses it (it reads it whole, up to
      * the transport's quota), so that such a client hears why */
-    unsigned long long per_call = s->opts.max_message_bytes > 0 ? (unsigned long long)s->opts.max_message_bytes
-                                                                : 4ull << 20;
+    unsigned long long per_call = rpc_max_message(s);
     unsigned long long oversize = (s->opts.transport_memory_mb > 0 ? (unsigned long long)s->opts.transport_memory_mb
                                                                    : 1024ull) << 20;
     long long now_ms = ps_mono_ms();

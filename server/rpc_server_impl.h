@@ -66,6 +66,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 
 #include <grpc/grpc_security.h>
 
@@ -374,6 +375,12 @@ void *rpc_event_main(void *arg);   /* an event thread */
  * threads), 1 for a thread that polls only while that one is busy. */
 void rpc_event_loop(ps_rpc_server *s, int standby);
 void *rpc_worker_main(void *arg);  /* a worker (rpc_worker) */
+
+/* The largest message each way: server.max_message_mb, or gRPC's default
+ * (4 MiB) where the server leaves it 0. */
+static inline uint64_t rpc_max_message(const ps_rpc_server *s) {
+    return s->opts.max_message_bytes > 0 ? (uint64_t)s->opts.max_message_bytes : (uint64_t)4 << 20;
+}
 
 /* ---- rpc_local.c: the local transport (common/rpc_local.h) ---- */
 /* Bind opts.local_socket (s->local set even on failure: rpc_local_free). */
